@@ -1,0 +1,368 @@
+/*
+ * kvattn.h - the whole public C API of kvattn.
+ *
+ * kvattn owns a paged KV cache and computes attention for one layer of a mixed
+ * serving batch (prefills, chunked prefills, decodes, speculative decodes).
+ * An engine calls it like this every step:
+ *
+ *   kva_plan_create(ctx, &batch_metadata, &plan);      once per step
+ *   for each layer:
+ *     kva_cache_write(ctx, cache[l], ...new K/V...);   reshape_and_cache
+ *     kva_attention_run(ctx, plan, q, cache[l], ...);  attention
+ *   kva_plan_destroy(plan);
+ *
+ * Shape glossary used throughout: T tokens of the step, R requests, H query
+ * heads, Hkv kv heads, D head size of q/k, Dv head size of v/out, B block
+ * (page) size in tokens, NB number of blocks.
+ *
+ * Memory spaces: kva_plan_create reads host arrays. Every tensor argument of a
+ * run-path call (cache_write, attention_run, merge_states, copy_blocks) lives
+ * where the context's backend computes: host memory for the reference and CPU
+ * backends, device memory for the CUDA backend. Run-path calls never allocate
+ * and never synchronize with the host.
+ *
+ * Errors: every fallible call returns a kva_status. On failure, kva_last_error()
+ * holds a message naming the argument and the bad value (thread-local), and no
+ * output, cache or plan passed to the call has been modified.
+ *
+ * Threading: a context may be used from one thread at a time. Different
+ * contexts are independent. A plan and a cache may be read by several calls
+ * in sequence; running one plan concurrently on two threads is not supported
+ * because the plan's backend workspace is shared.
+ */
+#ifndef KVATTN_H
+#define KVATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(KVA_BUILD_SHARED)
+#define KVA_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define KVA_API __attribute__((visibility("default")))
+#else
+#define KVA_API
+#endif
+
+#define KVA_VERSION_MAJOR 0
+#define KVA_VERSION_MINOR 1
+#define KVA_VERSION_PATCH 0
+
+/* "MAJOR.MINOR.PATCH" of the library that is linked (may differ from the header). */
+KVA_API const char *kva_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status codes                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* X(NAME, description): one list generates the enum, kva_status_name() and
+ * kva_status_string(). Values are stable: new codes are appended. */
+#define KVA_STATUS_LIST(X)                                                    \
+    X(OK, "success")                                                          \
+    X(INVALID_ARGUMENT, "an argument has an invalid value")                   \
+    X(NULL_POINTER, "a required pointer argument is NULL")                    \
+    X(UNSUPPORTED, "the configuration is valid but not supported")            \
+    X(OUT_OF_RANGE, "an index or length is outside its valid range")          \
+    X(DTYPE_MISMATCH, "tensor dtypes do not agree")                           \
+    X(SHAPE_MISMATCH, "tensor shapes do not agree")                           \
+    X(OUT_OF_MEMORY, "memory allocation failed")                              \
+    X(BACKEND_UNAVAILABLE, "the requested backend is not available")          \
+    X(DEVICE_ERROR, "the device runtime reported an error")                   \
+    X(IO_ERROR, "a file could not be read or is malformed")                   \
+    X(POOL_EXHAUSTED, "the block pool has too few free blocks")               \
+    X(INTERNAL, "internal error (a bug in kvattn)")
+
+typedef enum kva_status {
+#define KVA_X_(name, desc) KVA_STATUS_##name,
+    KVA_STATUS_LIST(KVA_X_)
+#undef KVA_X_
+        KVA_STATUS_COUNT_
+} kva_status;
+
+/* "KVA_STATUS_OK", ... ; "KVA_STATUS_UNKNOWN" for values outside the enum. */
+KVA_API const char *kva_status_name(kva_status status);
+/* One-line human description of the status code. */
+KVA_API const char *kva_status_string(kva_status status);
+/* Detailed message of the last failing call on this thread ("" if none). */
+KVA_API const char *kva_last_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Data types                                                                */
+/* ------------------------------------------------------------------------ */
+
+typedef enum kva_dtype {
+    KVA_DTYPE_F32 = 0,
+    KVA_DTYPE_F16 = 1,     /* IEEE binary16 */
+    KVA_DTYPE_BF16 = 2,    /* bfloat16 */
+    KVA_DTYPE_I8 = 3,      /* int8, for quantized caches */
+    KVA_DTYPE_FP8_E4M3 = 4, /* OCP fp8 e4m3fn, for quantized caches */
+    KVA_DTYPE_U8 = 5,      /* raw bytes, for packed formats (e.g. FP8 MLA) */
+    KVA_DTYPE_COUNT_
+} kva_dtype;
+
+/* Bytes per element (1, 2 or 4); 0 for an invalid dtype. */
+KVA_API size_t kva_dtype_size(kva_dtype dtype);
+/* "f32", "f16", "bf16", "i8", "fp8_e4m3", "u8"; "invalid" otherwise. */
+KVA_API const char *kva_dtype_name(kva_dtype dtype);
+
+/* Scalar conversions, round-to-nearest-even, NaN stays NaN, overflow to inf. */
+KVA_API uint16_t kva_f32_to_f16(float x);
+KVA_API float kva_f16_to_f32(uint16_t h);
+KVA_API uint16_t kva_f32_to_bf16(float x);
+KVA_API float kva_bf16_to_f32(uint16_t h);
+
+/* Convert n elements between f32/f16/bf16 host buffers (src and dst may not
+ * overlap unless src == dst and the dtypes are equal). */
+KVA_API kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst,
+                               kva_dtype dst_dtype, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* Context                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef enum kva_backend {
+    KVA_BACKEND_REF = 0,  /* scalar C, fp64 accumulation: the reference */
+    KVA_BACKEND_CPU = 1,  /* optimized CPU: threads + SIMD */
+    KVA_BACKEND_CUDA = 2, /* NVIDIA GPUs (sm_80, sm_90a) */
+    KVA_BACKEND_COUNT_
+} kva_backend;
+
+/* "ref", "cpu", "cuda"; "invalid" otherwise. */
+KVA_API const char *kva_backend_name(kva_backend backend);
+/* 1 if the backend was compiled in and can run on this machine, else 0. */
+KVA_API int kva_backend_available(kva_backend backend);
+
+typedef struct kva_context_desc {
+    kva_backend backend;
+    int32_t num_threads; /* CPU backend threads; 0 = all available cores */
+    int32_t device_id;   /* CUDA device ordinal; ignored elsewhere */
+} kva_context_desc;
+
+typedef struct kva_context kva_context;
+
+/* desc may be NULL: CPU backend, all cores. */
+KVA_API kva_status kva_context_create(const kva_context_desc *desc, kva_context **out);
+KVA_API void kva_context_destroy(kva_context *ctx); /* NULL is a no-op */
+KVA_API kva_backend kva_context_backend(const kva_context *ctx);
+/* Threads the CPU backend uses (1 for the reference backend). */
+KVA_API int32_t kva_context_num_threads(const kva_context *ctx);
+
+/* ------------------------------------------------------------------------ */
+/* Paged KV cache                                                            */
+/* ------------------------------------------------------------------------ */
+
+typedef enum kva_layout {
+    KVA_LAYOUT_NHD = 0, /* K: [NB, B, Hkv, D], V: [NB, B, Hkv, Dv] (vLLM, FlashAttention) */
+    KVA_LAYOUT_HND = 1, /* K: [NB, Hkv, B, D], V: [NB, Hkv, B, Dv] (FlashInfer's HND) */
+} kva_layout;
+
+typedef enum kva_quant {
+    KVA_QUANT_NONE = 0, /* K/V stored in the cache dtype (f32, f16 or bf16) */
+    /* Quantized formats (INT8 C8, INT8 per-token keys, FP8 E4M3) are appended here. */
+} kva_quant;
+
+typedef struct kva_cache_desc {
+    int32_t num_blocks;   /* NB >= 1 */
+    int32_t block_size;   /* B >= 1 tokens per block */
+    int32_t num_kv_heads; /* Hkv >= 1 */
+    int32_t head_dim;     /* D: multiple of 8, 8..256 */
+    int32_t head_dim_v;   /* Dv: multiple of 8, 8..256; 0 means Dv = D */
+    kva_dtype dtype;      /* storage dtype: F32, F16 or BF16 for KVA_QUANT_NONE */
+    kva_layout layout;
+    kva_quant quant;
+} kva_cache_desc;
+
+typedef struct kva_cache kva_cache;
+
+/* Allocates K and V storage in the context's memory space. The contents are
+ * unspecified until written. */
+KVA_API kva_status kva_cache_create(kva_context *ctx, const kva_cache_desc *desc,
+                                    kva_cache **out);
+/* Wraps caller-owned storage (host memory for ref/CPU, device memory for CUDA):
+ * k_data holds NB*B*Hkv*D elements, v_data NB*B*Hkv*Dv elements, in the
+ * desc's layout. The caller keeps ownership and must outlive the cache. */
+KVA_API kva_status kva_cache_create_from(kva_context *ctx, const kva_cache_desc *desc,
+                                         void *k_data, void *v_data, kva_cache **out);
+KVA_API void kva_cache_destroy(kva_cache *cache); /* NULL is a no-op */
+
+/* The descriptor with Dv resolved (head_dim_v is never 0 here). */
+KVA_API kva_status kva_cache_get_desc(const kva_cache *cache, kva_cache_desc *out);
+/* Base pointers of the K and V storage (either out-pointer may be NULL). */
+KVA_API kva_status kva_cache_data(const kva_cache *cache, void **k_data, void **v_data);
+/* Bytes of K and of V storage for one block (all kv heads). */
+KVA_API size_t kva_cache_block_bytes_k(const kva_cache *cache);
+KVA_API size_t kva_cache_block_bytes_v(const kva_cache *cache);
+
+/*
+ * Write the new tokens' keys and values into the cache (vLLM's
+ * reshape_and_cache). k: [T, Hkv, D], v: [T, Hkv, Dv] in src_dtype (F32, F16 or
+ * BF16; converted to the cache dtype with round-to-nearest-even). Token t's row
+ * starts at k + t*k_token_stride elements (0 means contiguous, Hkv*D), so slices
+ * of a fused QKV projection can be passed without a copy; heads and channels
+ * of a row are contiguous. slot_mapping: [T] int64, slot = block*B + offset; a
+ * negative slot skips the token (padding). A slot >= NB*B is an error and
+ * nothing is written.
+ */
+KVA_API kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
+                                   const void *k, int64_t k_token_stride, const void *v,
+                                   int64_t v_token_stride, kva_dtype src_dtype,
+                                   const int64_t *slot_mapping);
+
+/* Copy whole blocks inside one cache: pairs [n, 2] int32 of (src, dst) block
+ * ids (vLLM's copy_blocks, used for copy-on-write of shared blocks). All ids are
+ * checked before anything is copied; a dst that appears twice is an error. */
+KVA_API kva_status kva_cache_copy_blocks(kva_context *ctx, kva_cache *cache,
+                                         const int32_t *pairs, int32_t num_pairs);
+
+/* Copy blocks between two caches of the same shape except NB (vLLM's
+ * swap_blocks: swap-out to a host cache, swap-in back). pairs: [n, 2] int32 of
+ * (src block in src, dst block in dst). The caches may belong to contexts of
+ * different backends (device <-> host); ctx is the one that performs the copy. */
+KVA_API kva_status kva_cache_swap_blocks(kva_context *ctx, const kva_cache *src,
+                                         kva_cache *dst, const int32_t *pairs,
+                                         int32_t num_pairs);
+
+/* ------------------------------------------------------------------------ */
+/* Batch metadata and plan                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* The step's state, as vLLM-Ascend's attention backend classifies it. */
+typedef enum kva_attn_state {
+    KVA_STATE_PREFILL_NO_CACHE = 0,  /* only prefills, none has cached context */
+    KVA_STATE_PREFILL_CACHE_HIT = 1, /* only prefills, some start after cached context */
+    KVA_STATE_DECODE_ONLY = 2,       /* every request has q_len == 1 */
+    KVA_STATE_CHUNKED_PREFILL = 3,   /* decodes and prefills mixed */
+    KVA_STATE_SPEC_DECODING = 4,     /* only decodes, some with q_len > 1 */
+    KVA_STATE_EMPTY = 5              /* no query tokens at all */
+} kva_attn_state;
+
+/* "prefill_no_cache", ... */
+KVA_API const char *kva_attn_state_name(kva_attn_state state);
+
+typedef struct kva_plan_desc {
+    /* Batch metadata (host arrays, read during kva_plan_create only). */
+    int32_t num_requests;           /* R >= 0 */
+    const int32_t *query_start_loc; /* [R+1] cu_seqlens_q: non-decreasing, [0] == 0; T = [R] */
+    const int32_t *seq_lens;        /* [R] context + new tokens of each request (kv length) */
+    const int32_t *block_table;     /* [R, block_table_stride] int32 block ids; NULL for
+                                       plans used only with kva_attention_run_ragged */
+    int32_t block_table_stride;     /* max blocks per request (row length of block_table) */
+    int32_t block_size;             /* B of the caches this plan will read */
+    int32_t decode_threshold;       /* q_len <= this counts as a decode (1 + spec tokens);
+                                       0 means 1 */
+
+    /* Attention shape and semantics. */
+    int32_t num_heads;    /* H, a multiple of Hkv */
+    int32_t num_kv_heads; /* Hkv */
+    int32_t head_dim;     /* D */
+    int32_t head_dim_v;   /* Dv; 0 means Dv = D */
+    kva_dtype q_dtype;    /* dtype of q and out: F32, F16 or BF16 */
+    float scale;          /* softmax scale; 0 means 1/sqrt(D) */
+    int32_t causal;       /* bottom-right aligned causal mask (see kva_attention_run) */
+    int32_t window_left;  /* key j visible only if pos - j <= window_left; -1 = no window */
+    float softcap;        /* logits soft-cap c > 0, or 0 for none */
+    const float *alibi_slopes; /* [H] host, copied into the plan; NULL for none */
+} kva_plan_desc;
+
+typedef struct kva_plan kva_plan;
+
+typedef struct kva_plan_info {
+    kva_attn_state state;
+    int32_t num_tokens;         /* T */
+    int32_t num_decodes;        /* requests with q_len <= decode_threshold */
+    int32_t num_decode_tokens;
+    int32_t num_prefills;       /* the other requests */
+    int32_t num_prefill_tokens;
+    int32_t decode_first;       /* 1 if all decodes come before all prefills */
+    int32_t max_q_len;
+    int32_t max_seq_len;
+    int32_t num_work_items;     /* units of parallel work the backend will run */
+} kva_plan_info;
+
+/* Validates the batch metadata and builds the per-step plan: copies the
+ * metadata (to the device for the CUDA backend), classifies the step and
+ * partitions the work for the context's backend. */
+KVA_API kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc,
+                                   kva_plan **out);
+KVA_API void kva_plan_destroy(kva_plan *plan); /* NULL is a no-op */
+KVA_API kva_status kva_plan_get_info(const kva_plan *plan, kva_plan_info *out);
+
+/*
+ * Decode-first reordering helper (vLLM reorders each batch so that decodes come
+ * first). Given q_lens [R], writes a stable permutation perm [R] such that
+ * requests perm[0..] are all decodes (q_len <= decode_threshold, 0 means 1),
+ * then all prefills, each group in its original order. *num_decodes receives
+ * the number of decodes (may be NULL).
+ */
+KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const int32_t *q_lens,
+                                                  int32_t decode_threshold, int32_t *perm,
+                                                  int32_t *num_decodes);
+
+/* ------------------------------------------------------------------------ */
+/* Attention                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Attention for one layer over the paged cache.
+ *   q:     [T, H, D] in the plan's q_dtype (contiguous)
+ *   cache: written for every key the plan's seq_lens cover; its dtype must
+ *          equal q_dtype for unquantized caches; B must equal the plan's.
+ *   sinks: [H] float32 per-head sink logits, or NULL. A sink joins the softmax
+ *          denominator only. They are a layer weight, hence a run argument.
+ *   out:   [T, H, Dv] in q_dtype
+ *   lse:   [T, H] float32 natural-log sum-exp of the row's scores (including
+ *          the sink), or NULL.
+ *
+ * Semantics for request r with q_len q and seq_len s, query i (0 <= i < q):
+ *   pos = s - q + i (bottom-right aligned, as FlashAttention >= 2.1);
+ *   score_j = scale * <q, k_j>; if softcap c > 0: score_j = c * tanh(score_j / c);
+ *   with ALiBi: score_j += slope_h * (j - pos);
+ *   key j is visible if j < s, and (causal) j <= pos, and (window) pos - j <= window_left;
+ *   out = sum_j softmax_j * v_j over visible keys, the sink in the denominator.
+ * A row that sees no key writes 0 and lse = -inf (or the sink logit if a sink
+ * is given). Query head h reads kv head h / (H / Hkv).
+ *
+ * Splitting keys: attention over keys [0, a) and over [a, s), computed with
+ * the sink passed to one of the two parts only, merged by kva_merge_states,
+ * equals attention over [0, s).
+ */
+KVA_API kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, const void *q,
+                                     const kva_cache *cache, const float *sinks, void *out,
+                                     float *lse);
+
+/*
+ * Attention without a cache, over new K/V packed per request (PrefillNoCache,
+ * encoder self-attention with causal = 0, and cross-attention). Request r's keys
+ * are rows kv_start[r] .. kv_start[r] + seq_lens[r] of k and v, where kv_start
+ * is the exclusive prefix sum of the plan's seq_lens.
+ *   k: [sum(seq_lens), Hkv, D], v: [sum(seq_lens), Hkv, Dv] in q_dtype.
+ * Masks and the other arguments are as in kva_attention_run.
+ */
+KVA_API kva_status kva_attention_run_ragged(kva_context *ctx, const kva_plan *plan,
+                                            const void *q, const void *k, const void *v,
+                                            const float *sinks, void *out, float *lse);
+
+/*
+ * Merge two partial attention results over disjoint key sets:
+ *   out = (exp(lse_a) * out_a + exp(lse_b) * out_b) / (exp(lse_a) + exp(lse_b)),
+ *   lse = log(exp(lse_a) + exp(lse_b)), computed stably; a side whose lse is
+ *   -inf contributes nothing; both -inf gives out 0 and lse -inf.
+ *   out_a, out_b, out: [T, H, Dv] in dtype (F32, F16 or BF16); lse_*: [T, H] float32.
+ * out may alias out_a or out_b, lse_out may alias lse_a or lse_b (in-place).
+ */
+KVA_API kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_heads,
+                                    int32_t head_dim_v, kva_dtype dtype, const void *out_a,
+                                    const float *lse_a, const void *out_b, const float *lse_b,
+                                    void *out, float *lse_out);
+
+/* ---- block pool (issue: block pool with prefix caching) ---- */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVATTN_H */

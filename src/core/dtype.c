@@ -1,0 +1,136 @@
+/* dtype.c - element sizes, names, and f32 <-> f16/bf16 conversions. */
+#include "internal.h"
+
+#include <string.h>
+
+size_t kva_dtype_size(kva_dtype dtype)
+{
+    switch (dtype) {
+    case KVA_DTYPE_F32:
+        return 4;
+    case KVA_DTYPE_F16:
+    case KVA_DTYPE_BF16:
+        return 2;
+    case KVA_DTYPE_I8:
+    case KVA_DTYPE_FP8_E4M3:
+    case KVA_DTYPE_U8:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+const char *kva_dtype_name(kva_dtype dtype)
+{
+    static const char *const names[KVA_DTYPE_COUNT_] = {"f32", "f16",      "bf16",
+                                                         "i8",  "fp8_e4m3", "u8"};
+    if ((unsigned)dtype >= (unsigned)KVA_DTYPE_COUNT_)
+        return "invalid";
+    return names[dtype];
+}
+
+int kva__dtype_is_float(kva_dtype dtype)
+{
+    return dtype == KVA_DTYPE_F32 || dtype == KVA_DTYPE_F16 || dtype == KVA_DTYPE_BF16;
+}
+
+int kva__head_dim_ok(int32_t d) { return d >= 8 && d <= KVA_MAX_HEAD_DIM && d % 8 == 0; }
+
+static uint32_t f32_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static float bits_f32(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* IEEE binary32 -> binary16 with round-to-nearest-even, including subnormals. */
+uint16_t kva_f32_to_f16(float x)
+{
+    uint32_t u = f32_bits(x);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t abs = u & 0x7fffffffu;
+    if (abs >= 0x7f800000u) /* inf or NaN: keep NaN quiet and non-zero */
+        return (uint16_t)(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u | ((abs >> 13) & 0x3ffu) : 0));
+    if (abs >= 0x477ff000u) /* rounds to >= 65520: overflow to inf */
+        return (uint16_t)(sign | 0x7c00u);
+    if (abs < 0x38800000u) { /* below 2^-14: subnormal or zero in f16 */
+        if (abs < 0x33000000u) /* below half the smallest subnormal (2^-25): zero */
+            return sign;
+        uint32_t exp = abs >> 23;
+        uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126u - exp; /* 14..24 : value = mant * 2^(exp-150) */
+        uint32_t half = mant >> shift;
+        uint32_t rem = mant & ((1u << shift) - 1u);
+        uint32_t halfway = 1u << (shift - 1u);
+        if (rem > halfway || (rem == halfway && (half & 1u)))
+            half++;
+        return (uint16_t)(sign | half);
+    }
+    /* Normal: rebias exponent (127 -> 15) and round the 13 dropped bits. */
+    uint32_t r = abs - 0x38000000u;
+    uint32_t rem = r & 0x1fffu;
+    uint32_t h = r >> 13;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+        h++; /* may carry into the exponent, which is correct rounding */
+    return (uint16_t)(sign | h);
+}
+
+float kva_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    if (exp == 0x1fu)
+        return bits_f32(sign | 0x7f800000u | (mant << 13));
+    if (exp == 0) {
+        if (mant == 0)
+            return bits_f32(sign);
+        /* Subnormal: mant * 2^-24, exact in f32. */
+        float v = (float)mant * 5.9604644775390625e-8f;
+        return sign ? -v : v;
+    }
+    return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+uint16_t kva_f32_to_bf16(float x)
+{
+    uint32_t u = f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep sign, force a quiet mantissa bit */
+        return (uint16_t)((u >> 16) | 0x40u);
+    uint32_t lsb = (u >> 16) & 1u;
+    u += 0x7fffu + lsb; /* round to nearest even; overflows correctly to inf */
+    return (uint16_t)(u >> 16);
+}
+
+float kva_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst, kva_dtype dst_dtype,
+                       size_t n)
+{
+    kva__clear_error();
+    if (n == 0)
+        return KVA_STATUS_OK;
+    KVA_CHECK_PTR(src);
+    KVA_CHECK_PTR(dst);
+    if (!kva__dtype_is_float(src_dtype))
+        return kva__fail(KVA_STATUS_UNSUPPORTED, "kva_convert: src_dtype %d (%s) is not f32/f16/bf16",
+                         (int)src_dtype, kva_dtype_name(src_dtype));
+    if (!kva__dtype_is_float(dst_dtype))
+        return kva__fail(KVA_STATUS_UNSUPPORTED, "kva_convert: dst_dtype %d (%s) is not f32/f16/bf16",
+                         (int)dst_dtype, kva_dtype_name(dst_dtype));
+    if (src_dtype == dst_dtype) {
+        if (src != dst)
+            memmove(dst, src, n * kva_dtype_size(src_dtype));
+        return KVA_STATUS_OK;
+    }
+    for (size_t i = 0; i < n; i++)
+        kva__store_f(dst, dst_dtype, i, kva__load_f(src, src_dtype, i));
+    return KVA_STATUS_OK;
+}

@@ -1,0 +1,160 @@
+/*
+ * internal.h - definitions shared across kvattn's source files (never installed).
+ *
+ * The public API layer (src/cache, src/plan, src/attn/api.c) validates
+ * every argument, then calls the context's backend through kva__backend_ops.
+ * Backends may assume their inputs are valid.
+ */
+#ifndef KVA_INTERNAL_H
+#define KVA_INTERNAL_H
+
+#include "kvattn.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- errors (src/core/status.c) ---- */
+
+/* Records a printf-style message for kva_last_error() on this thread and
+ * returns status, so call sites read `return kva__fail(KVA_STATUS_X, "...")`. */
+kva_status kva__fail(kva_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* Clears this thread's message; every public entry point calls it first. */
+void kva__clear_error(void);
+
+/* Checks a required pointer argument: returns KVA_STATUS_NULL_POINTER naming it. */
+#define KVA_CHECK_PTR(p)                                                              \
+    do {                                                                              \
+        if ((p) == NULL)                                                              \
+            return kva__fail(KVA_STATUS_NULL_POINTER, "%s: argument '%s' is NULL",    \
+                             __func__, #p);                                           \
+    } while (0)
+
+/* Propagates a failing status. */
+#define KVA_TRY(expr)                                                                 \
+    do {                                                                              \
+        kva_status kva_try_s_ = (expr);                                               \
+        if (kva_try_s_ != KVA_STATUS_OK)                                              \
+            return kva_try_s_;                                                        \
+    } while (0)
+
+/* ---- dtypes (src/core/dtype.c) ---- */
+
+/* 1 for F32, F16, BF16. */
+int kva__dtype_is_float(kva_dtype dtype);
+/* Loads element i of a float-typed buffer as float. */
+static inline float kva__load_f(const void *p, kva_dtype dt, size_t i)
+{
+    if (dt == KVA_DTYPE_F32)
+        return ((const float *)p)[i];
+    if (dt == KVA_DTYPE_F16)
+        return kva_f16_to_f32(((const uint16_t *)p)[i]);
+    return kva_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+/* Stores x as element i of a float-typed buffer (round-to-nearest-even). */
+static inline void kva__store_f(void *p, kva_dtype dt, size_t i, float x)
+{
+    if (dt == KVA_DTYPE_F32)
+        ((float *)p)[i] = x;
+    else if (dt == KVA_DTYPE_F16)
+        ((uint16_t *)p)[i] = kva_f32_to_f16(x);
+    else
+        ((uint16_t *)p)[i] = kva_f32_to_bf16(x);
+}
+
+/* Head sizes every backend supports: multiples of 8 from 8 to 256. */
+#define KVA_MAX_HEAD_DIM 256
+int kva__head_dim_ok(int32_t d);
+
+/* ---- context (src/core/context.c) ---- */
+
+typedef struct kva__backend_ops kva__backend_ops;
+
+struct kva_context {
+    kva_backend backend;
+    int32_t num_threads;
+    int32_t device_id;
+    const kva__backend_ops *ops;
+    /* Scratch memory for run-path calls; grown only by kva_plan_create (never
+     * during a run), in the backend's memory space. */
+    void *workspace;
+    size_t workspace_bytes;
+};
+
+/* Grows ctx->workspace to at least bytes (host memory for ref/CPU). */
+kva_status kva__context_reserve_workspace(kva_context *ctx, size_t bytes);
+
+/* ---- cache (src/cache/) ---- */
+
+struct kva_cache {
+    kva_cache_desc desc;   /* head_dim_v resolved */
+    kva_backend mem;       /* memory space of k/v: REF/CPU = host, CUDA = device */
+    void *k;               /* [NB, B, Hkv, D] (NHD) or [NB, Hkv, B, D] (HND) */
+    void *v;               /* same with Dv */
+    int owns_memory;
+    size_t elem_size;
+    int64_t k_block_elems; /* B * Hkv * D */
+    int64_t v_block_elems; /* B * Hkv * Dv */
+};
+
+/* Element offset of (block, offset in block, kv head) for a row of width
+ * dim in a cache of the given layout; 64-bit throughout. */
+static inline int64_t kva__cache_row(const kva_cache_desc *d, int64_t block, int64_t off,
+                                     int64_t head, int64_t dim)
+{
+    if (d->layout == KVA_LAYOUT_NHD)
+        return ((block * d->block_size + off) * d->num_kv_heads + head) * dim;
+    return ((block * d->num_kv_heads + head) * d->block_size + off) * dim;
+}
+
+/* ---- plan (src/plan/) ---- */
+
+/* Backend-specific work partition; defined by the backend that builds it. */
+typedef struct kva__partition kva__partition;
+
+struct kva_plan {
+    kva_backend backend;       /* backend of the context that built it */
+    kva_plan_desc d;           /* scalars resolved (head_dim_v, scale, decode_threshold);
+                                  its pointer fields are NULL: use the copies below */
+    int32_t *query_start_loc;  /* [R+1] host copy */
+    int32_t *seq_lens;         /* [R] host copy */
+    int64_t *kv_start;         /* [R+1] exclusive prefix sum of seq_lens (ragged K/V rows) */
+    int32_t *block_table;      /* [R, d.block_table_stride] host copy, or NULL */
+    float *alibi_slopes;       /* [H] host copy, or NULL */
+    int32_t max_block_id;      /* largest block id any request reads, -1 if none */
+    kva_plan_info info;
+    size_t workspace_bytes;    /* ctx workspace the run needs (reserved at plan time) */
+    kva__partition *part;      /* built by ops->plan_build, freed by ops->plan_release */
+    void *device;              /* backend-owned device copies (CUDA) */
+};
+
+/* ---- backends ---- */
+
+struct kva__backend_ops {
+    const char *name;
+    /* Builds plan->part and reserves workspace; called at the end of kva_plan_create. */
+    kva_status (*plan_build)(kva_context *ctx, kva_plan *plan);
+    void (*plan_release)(kva_plan *plan);
+    kva_status (*attention_paged)(kva_context *ctx, const kva_plan *plan, const void *q,
+                                  const kva_cache *cache, const float *sinks, void *out,
+                                  float *lse);
+    kva_status (*attention_ragged)(kva_context *ctx, const kva_plan *plan, const void *q,
+                                   const void *k, const void *v, const float *sinks,
+                                   void *out, float *lse);
+    kva_status (*merge_states)(kva_context *ctx, int32_t num_tokens, int32_t num_heads,
+                               int32_t head_dim_v, kva_dtype dtype, const void *out_a,
+                               const float *lse_a, const void *out_b, const float *lse_b,
+                               void *out, float *lse_out);
+};
+
+extern const kva__backend_ops kva__ref_ops; /* src/attn/ref/ */
+extern const kva__backend_ops kva__cpu_ops; /* src/attn/cpu/ */
+
+/* Number of CUDA devices visible (0 without the CUDA build or a GPU). */
+int kva__cuda_device_count(void);
+
+#endif /* KVA_INTERNAL_H */
