@@ -70,6 +70,19 @@ static inline void kva__store_f(void *p, kva_dtype dt, size_t i, float x)
 #define KVA_MAX_HEAD_DIM 256
 int kva__head_dim_ok(int32_t d);
 
+/* ---- CPU features (src/core/cpu_features.c) ---- */
+
+typedef struct kva__cpu_features {
+    int avx2, fma, f16c;           /* x86-64 */
+    int avx512f, avx512bw, avx512vl;
+    int neon;                      /* AArch64 */
+} kva__cpu_features;
+
+/* Detects the running CPU's vector ISA (cpuid + xgetbv on x86-64). */
+void kva__cpu_features_get(kva__cpu_features *out);
+/* Space-separated names of the detected features, e.g. "avx2 fma f16c"; "none" if none. */
+const char *kva__cpu_isa_string(void);
+
 /* ---- context (src/core/context.c) ---- */
 
 typedef struct kva__backend_ops kva__backend_ops;
