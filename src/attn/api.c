@@ -1,0 +1,181 @@
+/*
+ * api.c - the public attention entry points: argument validation, then dispatch
+ * to the context's backend (kva__backend_ops).
+ *
+ * Everything about the batch was checked by kva_plan_create, so the checks here
+ * are O(1): pointers, the plan against the context, and the plan against the
+ * cache's shape and memory space. The run path never loops over the batch on
+ * the host and never reads tensor data here, so the CUDA backend can run it
+ * under graph capture. On any failure nothing has been written.
+ *
+ * Empty tensors: when the plan has no query tokens (T == 0), q, out and the
+ * ragged k/v may be NULL and the call returns OK after validation without
+ * calling the backend. Likewise for kva_merge_states with T * H == 0.
+ */
+#include "internal.h"
+
+/* Name of the context's backend table for messages. */
+static const char *ops_name(const kva_context *ctx)
+{
+    return ctx->ops && ctx->ops->name ? ctx->ops->name : kva_backend_name(ctx->backend);
+}
+
+/* 1 if a cache in memory space mem can be read by a context of backend b: the
+ * reference and CPU backends share host memory, CUDA needs device memory. */
+static int memory_space_ok(kva_backend mem, kva_backend b)
+{
+    int mem_host = mem == KVA_BACKEND_REF || mem == KVA_BACKEND_CPU;
+    int ctx_host = b == KVA_BACKEND_REF || b == KVA_BACKEND_CPU;
+    if (mem_host || ctx_host)
+        return mem_host && ctx_host;
+    return mem == b;
+}
+
+/* Checks shared by the paged and the ragged run: the plan belongs to ctx's
+ * backend and ctx holds the workspace the plan reserved. */
+static kva_status check_plan_for_context(const char *fn, const kva_context *ctx,
+                                         const kva_plan *plan)
+{
+    if (plan->backend != ctx->backend)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: plan was built by backend '%s', but the context's backend is '%s'",
+                         fn, kva_backend_name(plan->backend), kva_backend_name(ctx->backend));
+    if (ctx->workspace_bytes < plan->workspace_bytes)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: plan needs %zu workspace bytes but the context has %zu: the plan "
+                         "was built with another context",
+                         fn, plan->workspace_bytes, ctx->workspace_bytes);
+    return KVA_STATUS_OK;
+}
+
+/* Checks that the cache has the shape, dtype, block ids and memory space the plan expects. */
+static kva_status check_cache_for_plan(const kva_context *ctx, const kva_plan *plan,
+                                       const kva_cache *cache)
+{
+    static const char fn[] = "kva_attention_run";
+    const kva_cache_desc *c = &cache->desc;
+    const kva_plan_desc *d = &plan->d;
+    if (!plan->block_table)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: plan has no block_table (it was built for kva_attention_run_ragged)",
+                         fn);
+    if (c->num_kv_heads != d->num_kv_heads)
+        return kva__fail(KVA_STATUS_SHAPE_MISMATCH,
+                         "%s: cache num_kv_heads = %d but plan num_kv_heads = %d", fn,
+                         (int)c->num_kv_heads, (int)d->num_kv_heads);
+    if (c->head_dim != d->head_dim)
+        return kva__fail(KVA_STATUS_SHAPE_MISMATCH, "%s: cache head_dim = %d but plan head_dim = %d",
+                         fn, (int)c->head_dim, (int)d->head_dim);
+    if (c->head_dim_v != d->head_dim_v)
+        return kva__fail(KVA_STATUS_SHAPE_MISMATCH,
+                         "%s: cache head_dim_v = %d but plan head_dim_v = %d", fn,
+                         (int)c->head_dim_v, (int)d->head_dim_v);
+    if (c->block_size != d->block_size)
+        return kva__fail(KVA_STATUS_SHAPE_MISMATCH,
+                         "%s: cache block_size = %d but plan block_size = %d", fn,
+                         (int)c->block_size, (int)d->block_size);
+    if (c->quant != KVA_QUANT_NONE)
+        return kva__fail(KVA_STATUS_UNSUPPORTED, "%s: cache quant %d is not supported", fn,
+                         (int)c->quant);
+    if (c->dtype != d->q_dtype)
+        return kva__fail(KVA_STATUS_DTYPE_MISMATCH,
+                         "%s: cache dtype %s differs from plan q_dtype %s (unquantized caches "
+                         "must match)",
+                         fn, kva_dtype_name(c->dtype), kva_dtype_name(d->q_dtype));
+    if (plan->max_block_id >= c->num_blocks)
+        return kva__fail(KVA_STATUS_OUT_OF_RANGE,
+                         "%s: block table references block %d but cache has %d blocks (num_blocks)",
+                         fn, (int)plan->max_block_id, (int)c->num_blocks);
+    if (!memory_space_ok(cache->mem, ctx->backend))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: cache lives in %s memory but the context's backend is '%s'", fn,
+                         cache->mem == KVA_BACKEND_CUDA ? "device" : "host",
+                         kva_backend_name(ctx->backend));
+    return KVA_STATUS_OK;
+}
+
+kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, const void *q,
+                             const kva_cache *cache, const float *sinks, void *out, float *lse)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(plan);
+    KVA_CHECK_PTR(cache);
+    const int32_t T = plan->info.num_tokens;
+    if (T > 0) {
+        KVA_CHECK_PTR(q);
+        KVA_CHECK_PTR(out);
+    }
+    KVA_TRY(check_plan_for_context(__func__, ctx, plan));
+    KVA_TRY(check_cache_for_plan(ctx, plan, cache));
+    if (T == 0)
+        return KVA_STATUS_OK;
+    if (!ctx->ops || !ctx->ops->attention_paged)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_attention_run: attention_paged is not implemented by backend '%s'",
+                         ops_name(ctx));
+    return ctx->ops->attention_paged(ctx, plan, q, cache, sinks, out, lse);
+}
+
+kva_status kva_attention_run_ragged(kva_context *ctx, const kva_plan *plan, const void *q,
+                                    const void *k, const void *v, const float *sinks, void *out,
+                                    float *lse)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(plan);
+    const int32_t T = plan->info.num_tokens;
+    if (T > 0) {
+        KVA_CHECK_PTR(q);
+        KVA_CHECK_PTR(k);
+        KVA_CHECK_PTR(v);
+        KVA_CHECK_PTR(out);
+    }
+    KVA_TRY(check_plan_for_context(__func__, ctx, plan));
+    if (T == 0)
+        return KVA_STATUS_OK;
+    if (!ctx->ops || !ctx->ops->attention_ragged)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_attention_run_ragged: attention_ragged is not implemented by "
+                         "backend '%s'",
+                         ops_name(ctx));
+    return ctx->ops->attention_ragged(ctx, plan, q, k, v, sinks, out, lse);
+}
+
+kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_heads,
+                            int32_t head_dim_v, kva_dtype dtype, const void *out_a,
+                            const float *lse_a, const void *out_b, const float *lse_b, void *out,
+                            float *lse_out)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    if (num_tokens < 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva_merge_states: num_tokens = %d is negative",
+                         (int)num_tokens);
+    if (num_heads < 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva_merge_states: num_heads = %d is negative",
+                         (int)num_heads);
+    if (!kva__head_dim_ok(head_dim_v))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_merge_states: head_dim_v = %d is unsupported (multiples of 8 from 8 "
+                         "to %d)",
+                         (int)head_dim_v, KVA_MAX_HEAD_DIM);
+    if (!kva__dtype_is_float(dtype))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_merge_states: dtype %d (%s) is not f32, f16 or bf16", (int)dtype,
+                         kva_dtype_name(dtype));
+    if ((int64_t)num_tokens * num_heads == 0)
+        return KVA_STATUS_OK;
+    KVA_CHECK_PTR(out_a);
+    KVA_CHECK_PTR(lse_a);
+    KVA_CHECK_PTR(out_b);
+    KVA_CHECK_PTR(lse_b);
+    KVA_CHECK_PTR(out);
+    KVA_CHECK_PTR(lse_out);
+    if (!ctx->ops || !ctx->ops->merge_states)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_merge_states: merge_states is not implemented by backend '%s'",
+                         ops_name(ctx));
+    return ctx->ops->merge_states(ctx, num_tokens, num_heads, head_dim_v, dtype, out_a, lse_a,
+                                  out_b, lse_b, out, lse_out);
+}

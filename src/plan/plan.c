@@ -1,0 +1,382 @@
+/*
+ * plan.c - validates one step's batch metadata and builds its kva_plan.
+ *
+ * kva_plan_create checks the whole kva_plan_desc, copies its host arrays into
+ * the plan, classifies the step (kva_attn_state, vLLM-Ascend semantics), and
+ * lets the context's backend partition the work (ops->plan_build). Everything
+ * the run path needs later is checked here once, so kva_attention_run only
+ * compares a few scalars against the cache (O(1), graph-capture friendly).
+ *
+ * Requests with q_len == 0 (padding, or requests that only hold context)
+ * produce no output rows. They are ignored by the classification, the
+ * decode/prefill counts, decode_first, max_q_len and max_seq_len, and their
+ * block ids are not checked (no kernel reads them). Their seq_lens must still
+ * be non-negative and fit the block table, since that is a property of the
+ * metadata's shape, not of the work.
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/*
+ * The plan handed out is the first member of this box, so kva_plan_destroy can
+ * find the backend table of the context that built it (the plan may outlive
+ * that context's use, and struct kva_plan itself only records the backend id).
+ */
+typedef struct plan_box {
+    kva_plan plan;
+    const kva__backend_ops *ops;
+} plan_box;
+
+const char *kva_attn_state_name(kva_attn_state state)
+{
+    switch (state) {
+    case KVA_STATE_PREFILL_NO_CACHE:
+        return "prefill_no_cache";
+    case KVA_STATE_PREFILL_CACHE_HIT:
+        return "prefill_cache_hit";
+    case KVA_STATE_DECODE_ONLY:
+        return "decode_only";
+    case KVA_STATE_CHUNKED_PREFILL:
+        return "chunked_prefill";
+    case KVA_STATE_SPEC_DECODING:
+        return "spec_decoding";
+    case KVA_STATE_EMPTY:
+        return "empty";
+    default:
+        return "invalid";
+    }
+}
+
+/* Checks the attention shape and semantics (everything but the batch arrays). */
+static kva_status check_scalars(const kva_plan_desc *d)
+{
+    if (d->num_requests < 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: num_requests = %d is negative", (int)d->num_requests);
+    if (d->num_heads < 1)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva_plan_create: num_heads = %d, must be >= 1",
+                         (int)d->num_heads);
+    if (d->num_kv_heads < 1)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: num_kv_heads = %d, must be >= 1", (int)d->num_kv_heads);
+    if (d->num_heads % d->num_kv_heads != 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: num_heads = %d is not a multiple of num_kv_heads = %d",
+                         (int)d->num_heads, (int)d->num_kv_heads);
+    if (!kva__head_dim_ok(d->head_dim))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: head_dim = %d is unsupported (multiples of 8 from 8 to %d)",
+                         (int)d->head_dim, KVA_MAX_HEAD_DIM);
+    if (d->head_dim_v != 0 && !kva__head_dim_ok(d->head_dim_v))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: head_dim_v = %d is unsupported (0, or multiples of 8 "
+                         "from 8 to %d)",
+                         (int)d->head_dim_v, KVA_MAX_HEAD_DIM);
+    if (!kva__dtype_is_float(d->q_dtype))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: q_dtype %d (%s) is not f32, f16 or bf16", (int)d->q_dtype,
+                         kva_dtype_name(d->q_dtype));
+    if (!isfinite(d->scale) || d->scale < 0.0f)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: scale = %g, must be finite and >= 0 (0 means 1/sqrt(D))",
+                         (double)d->scale);
+    if (!isfinite(d->softcap) || d->softcap < 0.0f)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: softcap = %g, must be finite and >= 0 (0 means none)",
+                         (double)d->softcap);
+    if (d->window_left < -1)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: window_left = %d, must be >= -1 (-1 means no window)",
+                         (int)d->window_left);
+    if (d->decode_threshold < 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: decode_threshold = %d is negative",
+                         (int)d->decode_threshold);
+    if (d->alibi_slopes) {
+        for (int32_t h = 0; h < d->num_heads; h++)
+            if (!isfinite(d->alibi_slopes[h]))
+                return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                                 "kva_plan_create: alibi_slopes[%d] = %g is not finite", (int)h,
+                                 (double)d->alibi_slopes[h]);
+    }
+    if (d->block_table) {
+        if (d->block_size < 1)
+            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                             "kva_plan_create: block_size = %d, must be >= 1 with a block_table",
+                             (int)d->block_size);
+        if (d->block_table_stride < 0)
+            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                             "kva_plan_create: block_table_stride = %d is negative",
+                             (int)d->block_table_stride);
+    }
+    return KVA_STATUS_OK;
+}
+
+/*
+ * Checks query_start_loc [R+1], seq_lens [R] and block_table [R, stride] and
+ * returns, through *max_block_id, the largest block id any request with
+ * queries reads (-1 if none).
+ */
+static kva_status check_batch(const kva_plan_desc *d, int32_t *max_block_id)
+{
+    const int32_t R = d->num_requests;
+    const int32_t *qsl = d->query_start_loc;
+    *max_block_id = -1;
+    if (R > 0) {
+        if (!qsl)
+            return kva__fail(KVA_STATUS_NULL_POINTER,
+                             "kva_plan_create: desc->query_start_loc is NULL with num_requests = %d",
+                             (int)R);
+        if (!d->seq_lens)
+            return kva__fail(KVA_STATUS_NULL_POINTER,
+                             "kva_plan_create: desc->seq_lens is NULL with num_requests = %d", (int)R);
+    }
+    if (qsl && qsl[0] != 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: query_start_loc[0] = %d, must be 0", (int)qsl[0]);
+    for (int32_t r = 0; r < R; r++) {
+        if (qsl[r + 1] < qsl[r])
+            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                             "kva_plan_create: query_start_loc decreases at index %d (%d after %d)",
+                             (int)(r + 1), (int)qsl[r + 1], (int)qsl[r]);
+        int32_t s = d->seq_lens[r];
+        if (s < 0)
+            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                             "kva_plan_create: seq_lens[%d] = %d is negative", (int)r, (int)s);
+        int64_t q = (int64_t)qsl[r + 1] - qsl[r];
+        if (q > s)
+            return kva__fail(KVA_STATUS_OUT_OF_RANGE,
+                             "kva_plan_create: request %d has q_len = %lld (from query_start_loc) "
+                             "greater than seq_lens[%d] = %d",
+                             (int)r, (long long)q, (int)r, (int)s);
+        if (!d->block_table)
+            continue;
+        int64_t need = ((int64_t)s + d->block_size - 1) / d->block_size;
+        if (need > d->block_table_stride)
+            return kva__fail(KVA_STATUS_OUT_OF_RANGE,
+                             "kva_plan_create: block table too short for seq_len: request %d has "
+                             "seq_lens = %d, needing %lld blocks of block_size %d, but "
+                             "block_table_stride = %d",
+                             (int)r, (int)s, (long long)need, (int)d->block_size,
+                             (int)d->block_table_stride);
+        if (q == 0)
+            continue; /* No kernel reads this request's blocks. */
+        const int32_t *row = d->block_table + (int64_t)r * d->block_table_stride;
+        for (int64_t j = 0; j < need; j++) {
+            if (row[j] < 0)
+                return kva__fail(KVA_STATUS_OUT_OF_RANGE,
+                                 "kva_plan_create: block_table entry %lld of request %d is %d "
+                                 "(negative), but seq_lens[%d] = %d needs it",
+                                 (long long)j, (int)r, (int)row[j], (int)r, (int)s);
+            if (row[j] > *max_block_id)
+                *max_block_id = row[j];
+        }
+    }
+    return KVA_STATUS_OK;
+}
+
+/* Fills plan->info from the copied metadata (decode_threshold already resolved). */
+static void classify(kva_plan *p)
+{
+    kva_plan_info *in = &p->info;
+    const int32_t R = p->d.num_requests;
+    const int32_t thr = p->d.decode_threshold;
+    int any_spec = 0, any_context = 0, seen_prefill = 0;
+    memset(in, 0, sizeof *in);
+    in->num_tokens = R > 0 ? p->query_start_loc[R] : 0;
+    in->decode_first = 1;
+    for (int32_t r = 0; r < R; r++) {
+        int32_t q = p->query_start_loc[r + 1] - p->query_start_loc[r];
+        int32_t s = p->seq_lens[r];
+        if (q == 0)
+            continue;
+        if (q <= thr) {
+            in->num_decodes++;
+            in->num_decode_tokens += q;
+            any_spec |= q > 1;
+            if (seen_prefill)
+                in->decode_first = 0;
+        } else {
+            in->num_prefills++;
+            in->num_prefill_tokens += q;
+            seen_prefill = 1;
+            any_context |= s > q;
+        }
+        if (q > in->max_q_len)
+            in->max_q_len = q;
+        if (s > in->max_seq_len)
+            in->max_seq_len = s;
+    }
+    if (in->num_tokens == 0)
+        in->state = KVA_STATE_EMPTY;
+    else if (in->num_prefills == 0)
+        in->state = any_spec ? KVA_STATE_SPEC_DECODING : KVA_STATE_DECODE_ONLY;
+    else if (in->num_decodes == 0)
+        in->state = any_context ? KVA_STATE_PREFILL_CACHE_HIT : KVA_STATE_PREFILL_NO_CACHE;
+    else
+        in->state = KVA_STATE_CHUNKED_PREFILL;
+}
+
+/* Frees the host copies and the box; the backend part must be released first. */
+static void free_box(plan_box *box)
+{
+    kva_plan *p = &box->plan;
+    free(p->query_start_loc);
+    free(p->seq_lens);
+    free(p->kv_start);
+    free(p->block_table);
+    free(p->alibi_slopes);
+    free(box);
+}
+
+/* malloc of n elements of size sz (at least one element, so 0 is never asked for). */
+static void *alloc_n(size_t n, size_t sz)
+{
+    if (n == 0)
+        n = 1;
+    if (n > SIZE_MAX / sz)
+        return NULL;
+    return malloc(n * sz);
+}
+
+kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan **out)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(desc);
+    KVA_CHECK_PTR(out);
+    KVA_TRY(check_scalars(desc));
+    int32_t max_block_id = -1;
+    KVA_TRY(check_batch(desc, &max_block_id));
+
+    const int32_t R = desc->num_requests;
+    const int32_t H = desc->num_heads;
+    size_t bt_elems = desc->block_table ? (size_t)R * (size_t)desc->block_table_stride : 0;
+    plan_box *box = calloc(1, sizeof *box);
+    if (!box)
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_plan_create: out of memory");
+    kva_plan *p = &box->plan;
+    box->ops = ctx->ops;
+    p->backend = ctx->backend;
+    p->query_start_loc = alloc_n((size_t)R + 1, sizeof(int32_t));
+    p->seq_lens = alloc_n((size_t)R, sizeof(int32_t));
+    p->kv_start = alloc_n((size_t)R + 1, sizeof(int64_t));
+    if (desc->block_table)
+        p->block_table = alloc_n(bt_elems, sizeof(int32_t));
+    if (desc->alibi_slopes)
+        p->alibi_slopes = alloc_n((size_t)H, sizeof(float));
+    if (!p->query_start_loc || !p->seq_lens || !p->kv_start ||
+        (desc->block_table && !p->block_table) || (desc->alibi_slopes && !p->alibi_slopes)) {
+        free_box(box);
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
+                         "kva_plan_create: out of memory copying the metadata of %d requests "
+                         "(block_table_stride = %d)",
+                         (int)R, (int)desc->block_table_stride);
+    }
+
+    /* Host copies; an empty batch may come without arrays at all. */
+    p->query_start_loc[0] = 0;
+    if (R > 0) {
+        memcpy(p->query_start_loc, desc->query_start_loc, ((size_t)R + 1) * sizeof(int32_t));
+        memcpy(p->seq_lens, desc->seq_lens, (size_t)R * sizeof(int32_t));
+    }
+    p->kv_start[0] = 0;
+    for (int32_t r = 0; r < R; r++)
+        p->kv_start[r + 1] = p->kv_start[r] + p->seq_lens[r];
+    if (bt_elems > 0)
+        memcpy(p->block_table, desc->block_table, bt_elems * sizeof(int32_t));
+    if (p->alibi_slopes)
+        memcpy(p->alibi_slopes, desc->alibi_slopes, (size_t)H * sizeof(float));
+    p->max_block_id = max_block_id;
+
+    /* Resolved scalars; the pointer fields stay NULL so nobody reads the caller's arrays. */
+    p->d = *desc;
+    p->d.query_start_loc = NULL;
+    p->d.seq_lens = NULL;
+    p->d.block_table = NULL;
+    p->d.alibi_slopes = NULL;
+    if (!desc->block_table) {
+        p->d.block_table_stride = 0;
+    }
+    if (p->d.head_dim_v == 0)
+        p->d.head_dim_v = p->d.head_dim;
+    if (p->d.scale == 0.0f)
+        p->d.scale = (float)(1.0 / sqrt((double)p->d.head_dim));
+    if (p->d.decode_threshold == 0)
+        p->d.decode_threshold = 1;
+    p->d.causal = desc->causal != 0;
+    classify(p);
+
+    if (ctx->ops && ctx->ops->plan_build) {
+        kva_status st = ctx->ops->plan_build(ctx, p);
+        if (st != KVA_STATUS_OK) {
+            /* plan_release accepts a partly built plan (part/device NULL or valid). */
+            if (ctx->ops->plan_release)
+                ctx->ops->plan_release(p);
+            free_box(box);
+            return st;
+        }
+    }
+    *out = p;
+    return KVA_STATUS_OK;
+}
+
+void kva_plan_destroy(kva_plan *plan)
+{
+    if (!plan)
+        return;
+    plan_box *box = (plan_box *)plan; /* plan is the box's first member */
+    if (box->ops && box->ops->plan_release)
+        box->ops->plan_release(plan);
+    free_box(box);
+}
+
+kva_status kva_plan_get_info(const kva_plan *plan, kva_plan_info *out)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(plan);
+    KVA_CHECK_PTR(out);
+    *out = plan->info;
+    return KVA_STATUS_OK;
+}
+
+kva_status kva_batch_reorder_decode_first(int32_t num_requests, const int32_t *q_lens,
+                                          int32_t decode_threshold, int32_t *perm,
+                                          int32_t *num_decodes)
+{
+    kva__clear_error();
+    if (num_requests < 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_batch_reorder_decode_first: num_requests = %d is negative",
+                         (int)num_requests);
+    if (decode_threshold < 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_batch_reorder_decode_first: decode_threshold = %d is negative",
+                         (int)decode_threshold);
+    if (num_requests > 0) {
+        KVA_CHECK_PTR(q_lens);
+        KVA_CHECK_PTR(perm);
+    }
+    for (int32_t r = 0; r < num_requests; r++)
+        if (q_lens[r] < 0)
+            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                             "kva_batch_reorder_decode_first: q_lens[%d] = %d is negative", (int)r,
+                             (int)q_lens[r]);
+    const int32_t thr = decode_threshold == 0 ? 1 : decode_threshold;
+    /* Two stable passes: decodes (q_len <= thr, q_len 0 included), then prefills. */
+    int32_t n = 0;
+    for (int32_t r = 0; r < num_requests; r++)
+        if (q_lens[r] <= thr)
+            perm[n++] = r;
+    const int32_t nd = n;
+    for (int32_t r = 0; r < num_requests; r++)
+        if (q_lens[r] > thr)
+            perm[n++] = r;
+    if (num_decodes)
+        *num_decodes = nd;
+    return KVA_STATUS_OK;
+}
