@@ -1,0 +1,240 @@
+/*
+ * cache.c - creation, validation and introspection of the paged KV cache.
+ *
+ * A cache holds two arrays in the memory space of the context that created it
+ * (host memory for the reference and CPU backends):
+ *   K: [NB, B, Hkv, D]  (NHD) or [NB, Hkv, B, D]  (HND)
+ *   V: [NB, B, Hkv, Dv] (NHD) or [NB, Hkv, B, Dv] (HND)
+ * In both layouts one block is a contiguous run of B*Hkv*D (resp. B*Hkv*Dv)
+ * elements, which copy/swap rely on. Every size is computed in 64 bits and
+ * checked for overflow, so caches larger than 2^31 elements are supported.
+ *
+ * Writing tokens lives in cache_write.c, block copies in cache_copy.c.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Multiplies a by b; returns 0 (and leaves *out alone) if the product
+ * exceeds limit. All operands are non-negative. */
+static int mul_within(uint64_t a, uint64_t b, uint64_t limit, uint64_t *out)
+{
+    if (b != 0 && a > limit / b)
+        return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* Validates a descriptor and resolves head_dim_v. On success *resolved holds
+ * the descriptor with Dv resolved and *k_bytes / *v_bytes the storage sizes
+ * in bytes (each <= PTRDIFF_MAX). fn names the public caller for messages. */
+static kva_status validate_desc(const char *fn, const kva_cache_desc *d,
+                                kva_cache_desc *resolved, uint64_t *k_bytes,
+                                uint64_t *v_bytes)
+{
+    if (d->num_blocks < 1)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->num_blocks = %d, must be >= 1",
+                         fn, (int)d->num_blocks);
+    if (d->block_size < 1)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->block_size = %d, must be >= 1",
+                         fn, (int)d->block_size);
+    if (d->num_kv_heads < 1)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: desc->num_kv_heads = %d, must be >= 1", fn, (int)d->num_kv_heads);
+    if (d->head_dim < 1)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->head_dim = %d, must be >= 1",
+                         fn, (int)d->head_dim);
+    if (!kva__head_dim_ok(d->head_dim))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: desc->head_dim = %d is not supported (multiples of 8 from 8 to %d)",
+                         fn, (int)d->head_dim, KVA_MAX_HEAD_DIM);
+    if (d->head_dim_v < 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: desc->head_dim_v = %d is negative (0 means head_dim)", fn,
+                         (int)d->head_dim_v);
+    int32_t dv = d->head_dim_v == 0 ? d->head_dim : d->head_dim_v;
+    if (!kva__head_dim_ok(dv))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: desc->head_dim_v = %d is not supported (multiples of 8 from 8 to %d)",
+                         fn, (int)dv, KVA_MAX_HEAD_DIM);
+    if (d->layout != KVA_LAYOUT_NHD && d->layout != KVA_LAYOUT_HND)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: desc->layout = %d is not a kva_layout (NHD = 0, HND = 1)", fn,
+                         (int)d->layout);
+    if (d->quant != KVA_QUANT_NONE)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: desc->quant = %d is not supported (only KVA_QUANT_NONE)", fn,
+                         (int)d->quant);
+    if ((unsigned)d->dtype >= (unsigned)KVA_DTYPE_COUNT_)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->dtype = %d is not a kva_dtype",
+                         fn, (int)d->dtype);
+    if (!kva__dtype_is_float(d->dtype))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: desc->dtype = %s is not a storage dtype for KVA_QUANT_NONE "
+                         "(f32, f16 or bf16)",
+                         fn, kva_dtype_name(d->dtype));
+
+    /* Bytes of K and V: NB * B * Hkv * {D, Dv} * elem, bounded by PTRDIFF_MAX so
+     * that byte offsets fit a signed 64-bit integer everywhere. */
+    const uint64_t limit = (uint64_t)PTRDIFF_MAX;
+    uint64_t rows = 0, kb = 0, vb = 0;
+    size_t elem = kva_dtype_size(d->dtype);
+    int ok = mul_within((uint64_t)d->num_blocks, (uint64_t)d->block_size, limit, &rows) &&
+             mul_within(rows, (uint64_t)d->num_kv_heads, limit, &rows) &&
+             mul_within(rows, (uint64_t)d->head_dim * elem, limit, &kb) &&
+             mul_within(rows, (uint64_t)dv * elem, limit, &vb);
+    if (!ok)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: desc: num_blocks %d * block_size %d * num_kv_heads %d * head_dim "
+                         "%d/%d * %zu bytes overflows the address space",
+                         fn, (int)d->num_blocks, (int)d->block_size, (int)d->num_kv_heads,
+                         (int)d->head_dim, (int)dv, elem);
+    *resolved = *d;
+    resolved->head_dim_v = dv;
+    *k_bytes = kb;
+    *v_bytes = vb;
+    return KVA_STATUS_OK;
+}
+
+/* Allocates the handle and fills its derived fields; k/v are set by the caller. */
+static kva_status new_handle(const char *fn, kva_context *ctx, const kva_cache_desc *resolved,
+                             kva_cache **out)
+{
+    kva_cache *c = calloc(1, sizeof *c);
+    if (!c)
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "%s: out of memory for the cache handle", fn);
+    c->desc = *resolved;
+    c->mem = ctx->backend;
+    c->elem_size = kva_dtype_size(resolved->dtype);
+    int64_t rows = (int64_t)resolved->block_size * resolved->num_kv_heads;
+    c->k_block_elems = rows * resolved->head_dim;
+    c->v_block_elems = rows * resolved->head_dim_v;
+    *out = c;
+    return KVA_STATUS_OK;
+}
+
+/* Host memory for one of K/V: 64-byte aligned (SIMD loads), size rounded up. */
+static void *alloc_host(uint64_t bytes)
+{
+    uint64_t rounded = (bytes + 63u) & ~(uint64_t)63u;
+    if (rounded < bytes || rounded > (uint64_t)PTRDIFF_MAX)
+        return NULL;
+    return aligned_alloc(64, (size_t)rounded);
+}
+
+kva_status kva_cache_create(kva_context *ctx, const kva_cache_desc *desc, kva_cache **out)
+{
+    static const char fn[] = "kva_cache_create";
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(desc);
+    KVA_CHECK_PTR(out);
+    kva_cache_desc d;
+    uint64_t kb, vb;
+    KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb));
+    if (ctx->backend == KVA_BACKEND_CUDA)
+        return kva__fail(KVA_STATUS_BACKEND_UNAVAILABLE,
+                         "%s: ctx backend 'cuda' cannot allocate device caches yet", fn);
+    void *k = alloc_host(kb);
+    void *v = alloc_host(vb);
+    if (!k || !v) {
+        free(k);
+        free(v);
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
+                         "%s: cannot allocate %llu bytes of K and %llu bytes of V", fn,
+                         (unsigned long long)kb, (unsigned long long)vb);
+    }
+    kva_cache *c = NULL;
+    kva_status s = new_handle(fn, ctx, &d, &c);
+    if (s != KVA_STATUS_OK) {
+        free(k);
+        free(v);
+        return s;
+    }
+    c->k = k;
+    c->v = v;
+    c->owns_memory = 1;
+    *out = c;
+    return KVA_STATUS_OK;
+}
+
+kva_status kva_cache_create_from(kva_context *ctx, const kva_cache_desc *desc, void *k_data,
+                                 void *v_data, kva_cache **out)
+{
+    static const char fn[] = "kva_cache_create_from";
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(desc);
+    KVA_CHECK_PTR(k_data);
+    KVA_CHECK_PTR(v_data);
+    KVA_CHECK_PTR(out);
+    kva_cache_desc d;
+    uint64_t kb, vb;
+    KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb));
+    /* Elements are accessed through typed pointers, so the storage must be
+     * aligned to the element size. */
+    size_t elem = kva_dtype_size(d.dtype);
+    if ((uintptr_t)k_data % elem != 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: k_data = %p is not aligned to the %zu-byte %s element", fn,
+                         k_data, elem, kva_dtype_name(d.dtype));
+    if ((uintptr_t)v_data % elem != 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: v_data = %p is not aligned to the %zu-byte %s element", fn,
+                         v_data, elem, kva_dtype_name(d.dtype));
+    /* K and V must not overlap, or writes to one would corrupt the other. */
+    uintptr_t k0 = (uintptr_t)k_data, v0 = (uintptr_t)v_data;
+    if (k0 < v0 + vb && v0 < k0 + kb)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: k_data = %p (%llu bytes) and v_data = %p (%llu bytes) overlap", fn,
+                         k_data, (unsigned long long)kb, v_data, (unsigned long long)vb);
+    kva_cache *c = NULL;
+    KVA_TRY(new_handle(fn, ctx, &d, &c));
+    c->k = k_data;
+    c->v = v_data;
+    c->owns_memory = 0;
+    *out = c;
+    return KVA_STATUS_OK;
+}
+
+void kva_cache_destroy(kva_cache *cache)
+{
+    if (!cache)
+        return;
+    if (cache->owns_memory) {
+        free(cache->k);
+        free(cache->v);
+    }
+    free(cache);
+}
+
+kva_status kva_cache_get_desc(const kva_cache *cache, kva_cache_desc *out)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(cache);
+    KVA_CHECK_PTR(out);
+    *out = cache->desc;
+    return KVA_STATUS_OK;
+}
+
+kva_status kva_cache_data(const kva_cache *cache, void **k_data, void **v_data)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(cache);
+    if (k_data)
+        *k_data = cache->k;
+    if (v_data)
+        *v_data = cache->v;
+    return KVA_STATUS_OK;
+}
+
+size_t kva_cache_block_bytes_k(const kva_cache *cache)
+{
+    return cache ? (size_t)cache->k_block_elems * cache->elem_size : 0;
+}
+
+size_t kva_cache_block_bytes_v(const kva_cache *cache)
+{
+    return cache ? (size_t)cache->v_block_elems * cache->elem_size : 0;
+}

@@ -1,0 +1,245 @@
+/*
+ * cache_copy.c - whole-block copies: kva_cache_copy_blocks inside one cache
+ * (copy-on-write of shared blocks) and kva_cache_swap_blocks between two
+ * caches of the same shape (swap-out / swap-in).
+ *
+ * In both layouts block b of K is the contiguous byte range
+ * [b * B*Hkv*D*elem, (b+1) * B*Hkv*D*elem) and likewise for V, so a block copy
+ * is one memcpy of K and one of V.
+ *
+ * Semantics of the pairs [n, 2] = (src, dst):
+ *   - every id is checked to be in range before anything is copied;
+ *   - a dst block that appears in two pairs is an error (INVALID_ARGUMENT);
+ *   - copy_blocks: a pair with src == dst is a no-op and is allowed;
+ *   - copy_blocks: a block that is the src of one pair and the dst of another
+ *     (pairs with src == dst aside) is rejected with INVALID_ARGUMENT. Such
+ *     chains would need either an order (which copy reads first) or
+ *     read-before-write snapshot semantics; rejecting them keeps every pair
+ *     independent, so pairs can be copied in any order and in parallel.
+ *   - swap_blocks: src and dst are different caches whose storage must not
+ *     overlap, so the chain question does not arise.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+/* Below this many bytes copied in total the copy stays on one thread. */
+#define KVA_COPY_PARALLEL_BYTES 1048576.0
+
+/* Per-block flags used to find duplicates in O(n) when the cache is small
+ * enough for a stack table; larger caches fall back to an O(n^2) scan that
+ * reports the same pair. The table keeps run-path calls allocation-free. */
+#define KVA_FLAG_TABLE_BLOCKS 16384
+enum { FLAG_DST = 1, FLAG_SRC_MOVING = 2, FLAG_DST_MOVING = 4 };
+
+/* Checks that every id of pairs is in range: column 0 against src_blocks,
+ * column 1 against dst_blocks. */
+static kva_status check_ids(const char *fn, const int32_t *pairs, int32_t n, int32_t src_blocks,
+                            int32_t dst_blocks)
+{
+    for (int32_t i = 0; i < n; i++) {
+        int32_t s = pairs[2 * (int64_t)i], t = pairs[2 * (int64_t)i + 1];
+        if (s < 0 || s >= src_blocks)
+            return kva__fail(KVA_STATUS_OUT_OF_RANGE,
+                             "%s: pairs[%d][0] = %d (src block) is outside [0, %d)", fn, (int)i,
+                             (int)s, (int)src_blocks);
+        if (t < 0 || t >= dst_blocks)
+            return kva__fail(KVA_STATUS_OUT_OF_RANGE,
+                             "%s: pairs[%d][1] = %d (dst block) is outside [0, %d)", fn, (int)i,
+                             (int)t, (int)dst_blocks);
+    }
+    return KVA_STATUS_OK;
+}
+
+static kva_status fail_duplicate(const char *fn, const int32_t *pairs, int32_t i)
+{
+    return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                     "%s: pairs[%d][1] = %d: dst block appears in an earlier pair", fn, (int)i,
+                     (int)pairs[2 * (int64_t)i + 1]);
+}
+
+static kva_status fail_chain(const char *fn, const int32_t *pairs, int32_t i)
+{
+    return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                     "%s: pairs[%d][0] = %d: block is both a src and the dst of another pair "
+                     "(chained copies are not supported)",
+                     fn, (int)i, (int)pairs[2 * (int64_t)i]);
+}
+
+/* Rejects duplicate dst ids and, if check_chains, blocks that are both the src
+ * of one moving pair and the dst of another (a moving pair has src != dst).
+ * Ids are in [0, dst_blocks). */
+static kva_status check_pairs(const char *fn, const int32_t *pairs, int32_t n,
+                              int32_t dst_blocks, int check_chains)
+{
+    if (dst_blocks <= KVA_FLAG_TABLE_BLOCKS) {
+        unsigned char flags[KVA_FLAG_TABLE_BLOCKS];
+        memset(flags, 0, (size_t)dst_blocks);
+        for (int32_t i = 0; i < n; i++) {
+            int32_t s = pairs[2 * (int64_t)i], t = pairs[2 * (int64_t)i + 1];
+            if (flags[t] & FLAG_DST)
+                return fail_duplicate(fn, pairs, i);
+            flags[t] |= FLAG_DST;
+            if (check_chains && s != t) {
+                flags[s] |= FLAG_SRC_MOVING;
+                flags[t] |= FLAG_DST_MOVING;
+            }
+        }
+        if (check_chains) {
+            for (int32_t i = 0; i < n; i++) {
+                int32_t s = pairs[2 * (int64_t)i], t = pairs[2 * (int64_t)i + 1];
+                if (s != t && (flags[s] & FLAG_DST_MOVING))
+                    return fail_chain(fn, pairs, i);
+            }
+        }
+        return KVA_STATUS_OK;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        int32_t t = pairs[2 * (int64_t)i + 1];
+        for (int32_t j = 0; j < i; j++)
+            if (pairs[2 * (int64_t)j + 1] == t)
+                return fail_duplicate(fn, pairs, i);
+    }
+    if (check_chains) {
+        for (int32_t i = 0; i < n; i++) {
+            int32_t s = pairs[2 * (int64_t)i];
+            if (s == pairs[2 * (int64_t)i + 1])
+                continue;
+            for (int32_t j = 0; j < n; j++) {
+                int32_t sj = pairs[2 * (int64_t)j], tj = pairs[2 * (int64_t)j + 1];
+                if (sj != tj && tj == s)
+                    return fail_chain(fn, pairs, i);
+            }
+        }
+    }
+    return KVA_STATUS_OK;
+}
+
+/* Copies block pairs from src storage to dst storage (K and V). The caches
+ * have equal block sizes; pairs are validated and independent. */
+static void copy_pairs(const kva_context *ctx, const kva_cache *src, kva_cache *dst,
+                       const int32_t *pairs, int32_t n)
+{
+    const int64_t kbb = src->k_block_elems * (int64_t)src->elem_size;
+    const int64_t vbb = src->v_block_elems * (int64_t)src->elem_size;
+    const char *sk = src->k, *sv = src->v;
+    char *dk = dst->k, *dv = dst->v;
+    const int nt = ctx->num_threads > 0 ? ctx->num_threads : 1;
+    const double total = (double)n * (double)(kbb + vbb);
+    (void)nt;
+    (void)total;
+#pragma omp parallel for num_threads(nt) schedule(static)                                   \
+    if (nt > 1 && n > 1 && total >= KVA_COPY_PARALLEL_BYTES)
+    for (int32_t i = 0; i < n; i++) {
+        int64_t s = pairs[2 * (int64_t)i], t = pairs[2 * (int64_t)i + 1];
+        if (src == dst && s == t)
+            continue;
+        memcpy(dk + t * kbb, sk + s * kbb, (size_t)kbb);
+        memcpy(dv + t * vbb, sv + s * vbb, (size_t)vbb);
+    }
+}
+
+static kva_status check_host(const char *fn, const kva_context *ctx, const kva_cache *c,
+                             const char *name)
+{
+    if (ctx->backend == KVA_BACKEND_CUDA || c->mem == KVA_BACKEND_CUDA)
+        return kva__fail(KVA_STATUS_BACKEND_UNAVAILABLE,
+                         "%s: ctx backend '%s' with %s in %s memory: only host caches are "
+                         "supported yet",
+                         fn, kva_backend_name(ctx->backend), name,
+                         c->mem == KVA_BACKEND_CUDA ? "device" : "host");
+    return KVA_STATUS_OK;
+}
+
+kva_status kva_cache_copy_blocks(kva_context *ctx, kva_cache *cache, const int32_t *pairs,
+                                 int32_t num_pairs)
+{
+    static const char fn[] = "kva_cache_copy_blocks";
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(cache);
+    if (num_pairs < 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: num_pairs = %d is negative", fn,
+                         (int)num_pairs);
+    KVA_TRY(check_host(fn, ctx, cache, "cache"));
+    if (num_pairs == 0)
+        return KVA_STATUS_OK;
+    KVA_CHECK_PTR(pairs);
+    int32_t nb = cache->desc.num_blocks;
+    KVA_TRY(check_ids(fn, pairs, num_pairs, nb, nb));
+    KVA_TRY(check_pairs(fn, pairs, num_pairs, nb, 1));
+    copy_pairs(ctx, cache, cache, pairs, num_pairs);
+    return KVA_STATUS_OK;
+}
+
+/* Checks that two caches agree in everything but num_blocks. */
+static kva_status check_same_shape(const char *fn, const kva_cache_desc *a,
+                                   const kva_cache_desc *b)
+{
+    if (a->dtype != b->dtype)
+        return kva__fail(KVA_STATUS_DTYPE_MISMATCH, "%s: dtype: src is %s, dst is %s", fn,
+                         kva_dtype_name(a->dtype), kva_dtype_name(b->dtype));
+    if (a->quant != b->quant)
+        return kva__fail(KVA_STATUS_DTYPE_MISMATCH, "%s: quant: src is %d, dst is %d", fn,
+                         (int)a->quant, (int)b->quant);
+    const struct {
+        const char *name;
+        int32_t x, y;
+    } f[] = {
+        {"layout", (int32_t)a->layout, (int32_t)b->layout},
+        {"block_size", a->block_size, b->block_size},
+        {"num_kv_heads", a->num_kv_heads, b->num_kv_heads},
+        {"head_dim", a->head_dim, b->head_dim},
+        {"head_dim_v", a->head_dim_v, b->head_dim_v},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].x != f[i].y)
+            return kva__fail(KVA_STATUS_SHAPE_MISMATCH, "%s: %s: src has %d, dst has %d", fn,
+                             f[i].name, (int)f[i].x, (int)f[i].y);
+    return KVA_STATUS_OK;
+}
+
+/* 1 if the byte ranges [a, a+na) and [b, b+nb) overlap. */
+static int ranges_overlap(const void *a, int64_t na, const void *b, int64_t nb)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + (uint64_t)nb && y < x + (uint64_t)na;
+}
+
+kva_status kva_cache_swap_blocks(kva_context *ctx, const kva_cache *src, kva_cache *dst,
+                                 const int32_t *pairs, int32_t num_pairs)
+{
+    static const char fn[] = "kva_cache_swap_blocks";
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(src);
+    KVA_CHECK_PTR(dst);
+    if (src == dst)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: src and dst are the same cache; use kva_cache_copy_blocks", fn);
+    if (num_pairs < 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: num_pairs = %d is negative", fn,
+                         (int)num_pairs);
+    KVA_TRY(check_same_shape(fn, &src->desc, &dst->desc));
+    KVA_TRY(check_host(fn, ctx, src, "src"));
+    KVA_TRY(check_host(fn, ctx, dst, "dst"));
+    /* Two caches over the same caller memory (kva_cache_create_from) would
+     * make the copy order observable; reject them like src == dst. */
+    const int64_t es = (int64_t)src->elem_size;
+    const int64_t sk = src->desc.num_blocks * src->k_block_elems * es;
+    const int64_t sv = src->desc.num_blocks * src->v_block_elems * es;
+    const int64_t dk = dst->desc.num_blocks * dst->k_block_elems * es;
+    const int64_t dv = dst->desc.num_blocks * dst->v_block_elems * es;
+    if (ranges_overlap(src->k, sk, dst->k, dk) || ranges_overlap(src->k, sk, dst->v, dv) ||
+        ranges_overlap(src->v, sv, dst->k, dk) || ranges_overlap(src->v, sv, dst->v, dv))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: the storage of src and dst overlaps; use kva_cache_copy_blocks",
+                         fn);
+    if (num_pairs == 0)
+        return KVA_STATUS_OK;
+    KVA_CHECK_PTR(pairs);
+    KVA_TRY(check_ids(fn, pairs, num_pairs, src->desc.num_blocks, dst->desc.num_blocks));
+    KVA_TRY(check_pairs(fn, pairs, num_pairs, dst->desc.num_blocks, 0));
+    copy_pairs(ctx, src, dst, pairs, num_pairs);
+    return KVA_STATUS_OK;
+}

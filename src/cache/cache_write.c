@@ -1,0 +1,165 @@
+/*
+ * cache_write.c - kva_cache_write: scatter new K/V rows into cache slots
+ * (vLLM's reshape_and_cache).
+ *
+ * Every argument, including every slot, is validated before the first byte
+ * is written, so a failing call leaves the cache untouched. Tokens are
+ * independent and are distributed over the context's threads. When the
+ * source and cache dtypes agree a token is a memcpy (one per token in NHD,
+ * one per head in HND); otherwise elements are converted with
+ * round-to-nearest-even.
+ *
+ * Two tokens with the same non-negative slot write the same cache row; which
+ * token's values the row ends up holding is unspecified (vLLM's kernel has
+ * the same contract). Checking for duplicates would cost a sort or an
+ * allocation on the hot path.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+/* Below this many bytes moved in total the write stays on one thread: the
+ * fork/join costs more than the copy. */
+#define KVA_WRITE_PARALLEL_BYTES 262144.0
+
+/* Converts n elements of one row; the dtypes differ. */
+static void convert_row(void *dst, kva_dtype dst_dt, const void *src, kva_dtype src_dt,
+                        int64_t n)
+{
+    if (src_dt == KVA_DTYPE_F32 && dst_dt == KVA_DTYPE_F16) {
+        const float *s = src;
+        uint16_t *d = dst;
+        for (int64_t i = 0; i < n; i++)
+            d[i] = kva_f32_to_f16(s[i]);
+    } else if (src_dt == KVA_DTYPE_F32 && dst_dt == KVA_DTYPE_BF16) {
+        const float *s = src;
+        uint16_t *d = dst;
+        for (int64_t i = 0; i < n; i++)
+            d[i] = kva_f32_to_bf16(s[i]);
+    } else {
+        /* f16/bf16 sources, or f32 storage: the general path. f16 -> bf16
+         * and bf16 -> f16 pass through f32 exactly, then round once. */
+        for (int64_t i = 0; i < n; i++)
+            kva__store_f(dst, dst_dt, (size_t)i, kva__load_f(src, src_dt, (size_t)i));
+    }
+}
+
+/* Checks a token stride (in source elements) and resolves 0 to row_elems. */
+static kva_status resolve_stride(const char *name, int64_t stride, int64_t row_elems,
+                                 int32_t num_tokens, size_t src_elem, int64_t *out)
+{
+    if (stride == 0)
+        stride = row_elems;
+    if (stride < row_elems)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_cache_write: %s = %lld is smaller than a token's row (%lld "
+                         "elements); 0 means contiguous",
+                         name, (long long)stride, (long long)row_elems);
+    /* The last row ends at (T-1)*stride + row_elems elements; its byte offset
+     * must fit a signed 64-bit integer. */
+    int64_t max_elems = PTRDIFF_MAX / (int64_t)src_elem;
+    if (num_tokens > 1 && stride > (max_elems - row_elems) / (num_tokens - 1))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_cache_write: %s = %lld with num_tokens = %d overflows the "
+                         "address space",
+                         name, (long long)stride, (int)num_tokens);
+    *out = stride;
+    return KVA_STATUS_OK;
+}
+
+/* Writes one token's K or V row (all heads, width dim) into the cache
+ * storage base, at (block, off). */
+static void write_token(const kva_cache *c, char *base, int64_t block, int64_t off,
+                        const char *src, kva_dtype src_dt, int64_t dim)
+{
+    const kva_cache_desc *d = &c->desc;
+    size_t elem = c->elem_size;
+    size_t src_elem = kva_dtype_size(src_dt);
+    if (d->layout == KVA_LAYOUT_NHD) {
+        /* All Hkv heads of the slot are one contiguous run of Hkv*dim. */
+        char *dst = base + kva__cache_row(d, block, off, 0, dim) * (int64_t)elem;
+        int64_t n = (int64_t)d->num_kv_heads * dim;
+        if (src_dt == d->dtype)
+            memcpy(dst, src, (size_t)n * elem);
+        else
+            convert_row(dst, d->dtype, src, src_dt, n);
+        return;
+    }
+    for (int64_t h = 0; h < d->num_kv_heads; h++) {
+        char *dst = base + kva__cache_row(d, block, off, h, dim) * (int64_t)elem;
+        const char *s = src + h * dim * (int64_t)src_elem;
+        if (src_dt == d->dtype)
+            memcpy(dst, s, (size_t)dim * elem);
+        else
+            convert_row(dst, d->dtype, s, src_dt, dim);
+    }
+}
+
+kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
+                           const void *k, int64_t k_token_stride, const void *v,
+                           int64_t v_token_stride, kva_dtype src_dtype,
+                           const int64_t *slot_mapping)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(cache);
+    if (num_tokens < 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_cache_write: num_tokens = %d is negative", (int)num_tokens);
+    if ((unsigned)src_dtype >= (unsigned)KVA_DTYPE_COUNT_)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_cache_write: src_dtype = %d is not a kva_dtype", (int)src_dtype);
+    if (!kva__dtype_is_float(src_dtype))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_cache_write: src_dtype = %s is not supported (f32, f16 or bf16)",
+                         kva_dtype_name(src_dtype));
+    if (ctx->backend == KVA_BACKEND_CUDA || cache->mem == KVA_BACKEND_CUDA)
+        return kva__fail(KVA_STATUS_BACKEND_UNAVAILABLE,
+                         "kva_cache_write: ctx backend '%s' with a cache in %s memory: only "
+                         "host caches are supported yet",
+                         kva_backend_name(ctx->backend),
+                         cache->mem == KVA_BACKEND_CUDA ? "device" : "host");
+    const kva_cache_desc *d = &cache->desc;
+    const int64_t hkv = d->num_kv_heads, dk = d->head_dim, dv = d->head_dim_v;
+    const size_t src_elem = kva_dtype_size(src_dtype);
+    int64_t ks = 0, vs = 0;
+    KVA_TRY(resolve_stride("k_token_stride", k_token_stride, hkv * dk, num_tokens, src_elem,
+                           &ks));
+    KVA_TRY(resolve_stride("v_token_stride", v_token_stride, hkv * dv, num_tokens, src_elem,
+                           &vs));
+    if (num_tokens == 0)
+        return KVA_STATUS_OK;
+    KVA_CHECK_PTR(k);
+    KVA_CHECK_PTR(v);
+    KVA_CHECK_PTR(slot_mapping);
+
+    /* Every slot is checked before anything is written. */
+    const int64_t num_slots = (int64_t)d->num_blocks * d->block_size;
+    for (int32_t t = 0; t < num_tokens; t++) {
+        if (slot_mapping[t] >= num_slots)
+            return kva__fail(KVA_STATUS_OUT_OF_RANGE,
+                             "kva_cache_write: slot_mapping[%d] = %lld is past the cache "
+                             "(num_blocks * block_size = %lld slots)",
+                             (int)t, (long long)slot_mapping[t], (long long)num_slots);
+    }
+
+    const char *kc = k, *vc = v;
+    char *kbase = cache->k, *vbase = cache->v;
+    const int64_t bs = d->block_size;
+    const int64_t kstride_bytes = ks * (int64_t)src_elem, vstride_bytes = vs * (int64_t)src_elem;
+    /* In double: only a threshold, and the product may exceed int64. */
+    const double total_bytes = (double)num_tokens * (double)(hkv * (dk + dv)) * (double)src_elem;
+    const int nt = ctx->num_threads > 0 ? ctx->num_threads : 1;
+    (void)nt;
+#pragma omp parallel for num_threads(nt) schedule(static)                                   \
+    if (nt > 1 && total_bytes >= KVA_WRITE_PARALLEL_BYTES)
+    for (int32_t t = 0; t < num_tokens; t++) {
+        int64_t slot = slot_mapping[t];
+        if (slot < 0)
+            continue; /* padding token */
+        int64_t block = slot / bs, off = slot % bs;
+        write_token(cache, kbase, block, off, kc + t * kstride_bytes, src_dtype, dk);
+        write_token(cache, vbase, block, off, vc + t * vstride_bytes, src_dtype, dv);
+    }
+    return KVA_STATUS_OK;
+}
