@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# deps.sh - installs the Debian packages kvattn builds with, if any is missing.
+# Sourced by main.sh and test.sh; safe to run repeatedly.
+set -euo pipefail
+kva_pkgs=(build-essential cmake ninja-build libssl-dev libxxhash-dev pkg-config)
+kva_missing=()
+for p in "${kva_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || kva_missing+=("$p")
+done
+if [ ${#kva_missing[@]} -gt 0 ]; then
+  echo "deps: installing ${kva_missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${kva_missing[@]}" >/dev/null
+fi

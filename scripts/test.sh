@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# test.sh - build and run every test: the Release build, a smoke run of the CLI,
+# then the whole suite again under -fsanitize=address,undefined.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+jobs=$(nproc)
+
+echo "== Release build and tests"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+ninja -C build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+echo "== CLI smoke test"
+./build/kvattn info
+./build/kvattn bench --batch 2 --context 300 --iters 2 --warmup 1
+./build/kvattn bench --mode prefill --batch 1 --q-len 256 --iters 2 --warmup 1
+if ./build/kvattn bench --no-such-flag >/dev/null 2>&1; then
+  echo "CLI accepted an unknown flag" >&2
+  exit 1
+fi
+
+echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
+# The CUDA runtime and ASan do not mix; the sanitizer build is CPU-only.
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVA_SANITIZE=ON -DKVA_CUDA=OFF >/dev/null
+ninja -C build-asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j"$jobs"
+echo "== all tests passed"
