@@ -443,6 +443,72 @@ static void test_get_info_errors(void)
     kva_context_destroy(ctx);
 }
 
+/* ---- the backend hooks ---- */
+
+/* A fake backend whose plan_build allocates a partition and reserves workspace,
+ * failing for H == 16 after allocating; plan_release frees it and counts calls. */
+static int g_builds, g_releases;
+
+static kva_status fake_build(kva_context *ctx, kva_plan *plan)
+{
+    g_builds++;
+    plan->part = malloc(32);
+    plan->workspace_bytes = 4096;
+    plan->info.num_work_items = 7;
+    if (plan->d.num_heads == 16)
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "fake_build: refusing num_heads = 16");
+    return kva__context_reserve_workspace(ctx, plan->workspace_bytes);
+}
+
+static void fake_release(kva_plan *plan)
+{
+    g_releases++;
+    free(plan->part);
+    plan->part = NULL;
+}
+
+static const kva__backend_ops kFakeOps = {
+    .name = "fake", .plan_build = fake_build, .plan_release = fake_release};
+
+static void test_backend_hooks(void)
+{
+    kva_context *ctx = make_ctx(KVA_BACKEND_REF);
+    const kva__backend_ops *real = ctx->ops;
+    ctx->ops = &kFakeOps;
+    const int32_t q[2] = {1, 5}, s[2] = {9, 5};
+    test_batch b;
+    make_batch(&b, 2, q, s, 0);
+    g_builds = g_releases = 0;
+    kva_plan *plan = NULL;
+    CHECK_OK(kva_plan_create(ctx, &b.d, &plan));
+    CHECK(g_builds == 1 && g_releases == 0);
+    if (plan) {
+        CHECK(plan->part != NULL && plan->info.num_work_items == 7);
+        CHECK(ctx->workspace_bytes >= plan->workspace_bytes);
+        /* The builder saw the resolved scalars and the copies. */
+        CHECK(plan->d.scale > 0.0f && plan->d.decode_threshold == 1);
+        CHECK(plan->info.state == KVA_STATE_CHUNKED_PREFILL);
+    }
+    /* The plan remembers its backend table: destroy releases the partition even
+     * after the context switched tables (ASan checks the free). */
+    ctx->ops = real;
+    kva_plan_destroy(plan);
+    CHECK(g_releases == 1);
+
+    /* A failing build: its status and message come through, the partial
+     * partition is released, nothing leaks, *out is unchanged. */
+    ctx->ops = &kFakeOps;
+    b.d.num_heads = 16;
+    EXPECT_BAD(ctx, &b.d, KVA_STATUS_OUT_OF_MEMORY, "refusing num_heads = 16");
+    CHECK(g_builds == 2 && g_releases == 2);
+    /* Invalid metadata never reaches the backend. */
+    b.d.num_heads = 0;
+    EXPECT_BAD(ctx, &b.d, KVA_STATUS_INVALID_ARGUMENT, "num_heads");
+    CHECK(g_builds == 2);
+    ctx->ops = real;
+    kva_context_destroy(ctx);
+}
+
 /* ---- decode-first reordering ---- */
 
 static void test_reorder_random(void)
@@ -520,6 +586,7 @@ int main(void)
     RUN(test_max_block_id);
     RUN(test_bad_inputs);
     RUN(test_get_info_errors);
+    RUN(test_backend_hooks);
     RUN(test_reorder_random);
     RUN(test_reorder_errors);
     return kva_test_finish();
