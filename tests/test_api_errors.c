@@ -20,8 +20,8 @@
 /* Random host buffers of one run and their snapshots. */
 typedef struct fixture {
     kva_context *ctx;
-    kva_cache *cache;   /* NB=4, B=4, Hkv=2, D=32, f16, NHD */
-    kva_plan *plan;     /* f16, q_lens {1, 3}, seq_lens {5, 7}, stride 2, blocks < NB */
+    kva_cache *cache; /* NB=4, B=4, Hkv=2, D=32, f16, NHD */
+    kva_plan *plan;   /* f16, q_lens {1, 3}, seq_lens {5, 7}, stride 2, blocks < NB */
     uint16_t q[T * H * D];
     uint16_t out[T * H * D];
     float lse[T * H];
@@ -119,16 +119,16 @@ static int untouched(const fixture *f)
 {
     const void *k = f->cache->k, *v = f->cache->v;
     return memcmp(f->out, f->out0, sizeof f->out) == 0 &&
-           memcmp(f->lse, f->lse0, sizeof f->lse) == 0 &&
-           memcmp(k, f->k0, f->cache_bytes) == 0 && memcmp(v, f->v0, f->cache_bytes) == 0;
+           memcmp(f->lse, f->lse0, sizeof f->lse) == 0 && memcmp(k, f->k0, f->cache_bytes) == 0 &&
+           memcmp(v, f->v0, f->cache_bytes) == 0;
 }
 
 /* Runs expr expecting status and a message that mentions substr, with nothing written. */
-#define EXPECT_BAD(f_, expr, status_, substr_)                                            \
-    do {                                                                                  \
-        CHECK_STATUS((expr), (status_));                                                  \
-        CHECK_ERROR_MENTIONS(substr_);                                                    \
-        CHECK_MSG(untouched(f_), "%s wrote to out, lse or the cache", #expr);             \
+#define EXPECT_BAD(f_, expr, status_, substr_)                                                     \
+    do {                                                                                           \
+        CHECK_STATUS((expr), (status_));                                                           \
+        CHECK_ERROR_MENTIONS(substr_);                                                             \
+        CHECK_MSG(untouched(f_), "%s wrote to out, lse or the cache", #expr);                      \
     } while (0)
 
 static const kva_backend kBackends[2] = {KVA_BACKEND_REF, KVA_BACKEND_CPU};
@@ -256,9 +256,9 @@ static void test_paged_plan_context(void)
     CHECK_OK(kva_plan_create(cpu, &d, &cpu_plan));
     EXPECT_BAD(&f, kva_attention_run(f.ctx, cpu_plan, f.q, f.cache, NULL, f.out, f.lse),
                KVA_STATUS_INVALID_ARGUMENT, "plan was built by backend 'cpu'");
-    EXPECT_BAD(&f, kva_attention_run_ragged(f.ctx, cpu_plan, f.q, f.k_rows, f.v_rows, NULL,
-                                            f.out, f.lse),
-               KVA_STATUS_INVALID_ARGUMENT, "plan was built by backend 'cpu'");
+    EXPECT_BAD(
+        &f, kva_attention_run_ragged(f.ctx, cpu_plan, f.q, f.k_rows, f.v_rows, NULL, f.out, f.lse),
+        KVA_STATUS_INVALID_ARGUMENT, "plan was built by backend 'cpu'");
 
     /* A plan that reserved more workspace than this context holds (built with
      * another context of the same backend): forced through the internal field. */
@@ -266,8 +266,8 @@ static void test_paged_plan_context(void)
     f.plan->workspace_bytes = f.ctx->workspace_bytes + 64;
     EXPECT_BAD(&f, kva_attention_run(f.ctx, f.plan, f.q, f.cache, NULL, f.out, f.lse),
                KVA_STATUS_INVALID_ARGUMENT, "workspace");
-    EXPECT_BAD(&f, kva_attention_run_ragged(f.ctx, f.plan, f.q, f.k_rows, f.v_rows, NULL, f.out,
-                                            f.lse),
+    EXPECT_BAD(&f,
+               kva_attention_run_ragged(f.ctx, f.plan, f.q, f.k_rows, f.v_rows, NULL, f.out, f.lse),
                KVA_STATUS_INVALID_ARGUMENT, "workspace");
     f.plan->workspace_bytes = saved;
 
@@ -303,12 +303,12 @@ static void test_unimplemented_ops(void)
     f.ctx->ops = &kNullOps;
     EXPECT_BAD(&f, kva_attention_run(f.ctx, f.plan, f.q, f.cache, NULL, f.out, f.lse),
                KVA_STATUS_UNSUPPORTED, "not implemented by backend 'nullops'");
-    EXPECT_BAD(&f, kva_attention_run_ragged(f.ctx, f.plan, f.q, f.k_rows, f.v_rows, NULL, f.out,
-                                            f.lse),
+    EXPECT_BAD(&f,
+               kva_attention_run_ragged(f.ctx, f.plan, f.q, f.k_rows, f.v_rows, NULL, f.out, f.lse),
                KVA_STATUS_UNSUPPORTED, "not implemented by backend 'nullops'");
-    EXPECT_BAD(&f, kva_merge_states(f.ctx, T, H, D, KVA_DTYPE_F16, f.q, f.lse, f.q, f.lse, f.out,
-                                    f.lse),
-               KVA_STATUS_UNSUPPORTED, "not implemented by backend 'nullops'");
+    EXPECT_BAD(
+        &f, kva_merge_states(f.ctx, T, H, D, KVA_DTYPE_F16, f.q, f.lse, f.q, f.lse, f.out, f.lse),
+        KVA_STATUS_UNSUPPORTED, "not implemented by backend 'nullops'");
     f.ctx->ops = real;
     fixture_free(&f);
 }
@@ -332,16 +332,16 @@ static void test_valid_calls(void)
         fixture_init(&f, kBackends[bi], &rng);
         kva_test_poison(f.out, KVA_DTYPE_F16, T * H * D);
         kva_status s = kva_attention_run(f.ctx, f.plan, f.q, f.cache, NULL, f.out, f.lse);
-        CHECK_MSG(valid_status_ok(kBackends[bi], s), "paged: %s (%s)",
-                  kva_status_name(s), kva_last_error());
+        CHECK_MSG(valid_status_ok(kBackends[bi], s), "paged: %s (%s)", kva_status_name(s),
+                  kva_last_error());
         if (s == KVA_STATUS_OK) {
             for (size_t i = 0; i < T * H * D; i++)
                 CHECK(isfinite(kva_test_get(f.out, KVA_DTYPE_F16, i)));
         }
         kva_test_poison(f.out, KVA_DTYPE_F16, T * H * D);
         s = kva_attention_run_ragged(f.ctx, f.plan, f.q, f.k_rows, f.v_rows, NULL, f.out, NULL);
-        CHECK_MSG(valid_status_ok(kBackends[bi], s), "ragged: %s (%s)",
-                  kva_status_name(s), kva_last_error());
+        CHECK_MSG(valid_status_ok(kBackends[bi], s), "ragged: %s (%s)", kva_status_name(s),
+                  kva_last_error());
         if (s == KVA_STATUS_OK) {
             for (size_t i = 0; i < T * H * D; i++)
                 CHECK(isfinite(kva_test_get(f.out, KVA_DTYPE_F16, i)));
@@ -468,8 +468,8 @@ static void test_merge_errors(void)
         kva_test_poison(f.out, F16, T * H * D);
         kva_test_poison(f.lse, KVA_DTYPE_F32, T * H);
         kva_status s = kva_merge_states(c, T, H, D, F16, a, la, b, lb, f.out, f.lse);
-        CHECK_MSG(valid_status_ok(kBackends[bi], s), "merge: %s (%s)",
-                  kva_status_name(s), kva_last_error());
+        CHECK_MSG(valid_status_ok(kBackends[bi], s), "merge: %s (%s)", kva_status_name(s),
+                  kva_last_error());
         if (s == KVA_STATUS_OK) {
             uint16_t want[T * H * D];
             float want_lse[T * H];

@@ -12,10 +12,10 @@
 /* A batch built from q_lens and seq_lens, with its own arrays. */
 typedef struct test_batch {
     int32_t R;
-    int32_t qsl[MAX_R + 1];       /* [R+1] */
-    int32_t seq[MAX_R];           /* [R] */
-    int32_t bt[MAX_R * 16];       /* [R, stride] */
-    float alibi[8];               /* [H] */
+    int32_t qsl[MAX_R + 1]; /* [R+1] */
+    int32_t seq[MAX_R];     /* [R] */
+    int32_t bt[MAX_R * 16]; /* [R, stride] */
+    float alibi[8];         /* [H] */
     kva_plan_desc d;
 } test_batch;
 
@@ -299,14 +299,14 @@ static char sentinel_byte;
 
 /* Creates a plan from desc expecting status and a message that mentions substr;
  * *out must keep its previous value. */
-#define EXPECT_BAD(ctx_, desc_, status_, substr_)                                         \
-    do {                                                                                  \
-        kva_plan *p_ = SENTINEL;                                                          \
-        CHECK_STATUS(kva_plan_create((ctx_), (desc_), &p_), (status_));                   \
-        CHECK_ERROR_MENTIONS(substr_);                                                    \
-        CHECK(p_ == SENTINEL);                                                            \
-        if (p_ != SENTINEL)                                                               \
-            kva_plan_destroy(p_);                                                         \
+#define EXPECT_BAD(ctx_, desc_, status_, substr_)                                                  \
+    do {                                                                                           \
+        kva_plan *p_ = SENTINEL;                                                                   \
+        CHECK_STATUS(kva_plan_create((ctx_), (desc_), &p_), (status_));                            \
+        CHECK_ERROR_MENTIONS(substr_);                                                             \
+        CHECK(p_ == SENTINEL);                                                                     \
+        if (p_ != SENTINEL)                                                                        \
+            kva_plan_destroy(p_);                                                                  \
     } while (0)
 
 static void test_bad_inputs(void)
@@ -328,11 +328,11 @@ static void test_bad_inputs(void)
         CHECK_ERROR_MENTIONS("out");
 
         kva_plan_desc d;
-#define WITH(field, value, status, substr)                                                \
-    do {                                                                                  \
-        d = b.d;                                                                          \
-        d.field = (value);                                                                \
-        EXPECT_BAD(ctx, &d, status, substr);                                              \
+#define WITH(field, value, status, substr)                                                         \
+    do {                                                                                           \
+        d = b.d;                                                                                   \
+        d.field = (value);                                                                         \
+        EXPECT_BAD(ctx, &d, status, substr);                                                       \
     } while (0)
         WITH(num_requests, -1, KVA_STATUS_INVALID_ARGUMENT, "num_requests");
         WITH(query_start_loc, NULL, KVA_STATUS_NULL_POINTER, "query_start_loc");

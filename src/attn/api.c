@@ -64,8 +64,9 @@ static kva_status check_cache_for_plan(const kva_context *ctx, const kva_plan *p
                          "%s: cache num_kv_heads = %d but plan num_kv_heads = %d", fn,
                          (int)c->num_kv_heads, (int)d->num_kv_heads);
     if (c->head_dim != d->head_dim)
-        return kva__fail(KVA_STATUS_SHAPE_MISMATCH, "%s: cache head_dim = %d but plan head_dim = %d",
-                         fn, (int)c->head_dim, (int)d->head_dim);
+        return kva__fail(KVA_STATUS_SHAPE_MISMATCH,
+                         "%s: cache head_dim = %d but plan head_dim = %d", fn, (int)c->head_dim,
+                         (int)d->head_dim);
     if (c->head_dim_v != d->head_dim_v)
         return kva__fail(KVA_STATUS_SHAPE_MISMATCH,
                          "%s: cache head_dim_v = %d but plan head_dim_v = %d", fn,
@@ -150,11 +151,11 @@ kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_he
     kva__clear_error();
     KVA_CHECK_PTR(ctx);
     if (num_tokens < 0)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva_merge_states: num_tokens = %d is negative",
-                         (int)num_tokens);
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_merge_states: num_tokens = %d is negative", (int)num_tokens);
     if (num_heads < 0)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva_merge_states: num_heads = %d is negative",
-                         (int)num_heads);
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_merge_states: num_heads = %d is negative", (int)num_heads);
     if (!kva__head_dim_ok(head_dim_v))
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_merge_states: head_dim_v = %d is unsupported (multiples of 8 from 8 "

@@ -58,8 +58,8 @@ static kva_status check_scalars(const kva_plan_desc *d)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_plan_create: num_requests = %d is negative", (int)d->num_requests);
     if (d->num_heads < 1)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva_plan_create: num_heads = %d, must be >= 1",
-                         (int)d->num_heads);
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: num_heads = %d, must be >= 1", (int)d->num_heads);
     if (d->num_kv_heads < 1)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_plan_create: num_kv_heads = %d, must be >= 1", (int)d->num_kv_heads);
@@ -68,9 +68,10 @@ static kva_status check_scalars(const kva_plan_desc *d)
                          "kva_plan_create: num_heads = %d is not a multiple of num_kv_heads = %d",
                          (int)d->num_heads, (int)d->num_kv_heads);
     if (!kva__head_dim_ok(d->head_dim))
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_plan_create: head_dim = %d is unsupported (multiples of 8 from 8 to %d)",
-                         (int)d->head_dim, KVA_MAX_HEAD_DIM);
+        return kva__fail(
+            KVA_STATUS_UNSUPPORTED,
+            "kva_plan_create: head_dim = %d is unsupported (multiples of 8 from 8 to %d)",
+            (int)d->head_dim, KVA_MAX_HEAD_DIM);
     if (d->head_dim_v != 0 && !kva__head_dim_ok(d->head_dim_v))
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_plan_create: head_dim_v = %d is unsupported (0, or multiples of 8 "
@@ -78,8 +79,8 @@ static kva_status check_scalars(const kva_plan_desc *d)
                          (int)d->head_dim_v, KVA_MAX_HEAD_DIM);
     if (!kva__dtype_is_float(d->q_dtype))
         return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_plan_create: q_dtype %d (%s) is not f32, f16 or bf16", (int)d->q_dtype,
-                         kva_dtype_name(d->q_dtype));
+                         "kva_plan_create: q_dtype %d (%s) is not f32, f16 or bf16",
+                         (int)d->q_dtype, kva_dtype_name(d->q_dtype));
     if (!isfinite(d->scale) || d->scale < 0.0f)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_plan_create: scale = %g, must be finite and >= 0 (0 means 1/sqrt(D))",
@@ -128,12 +129,13 @@ static kva_status check_batch(const kva_plan_desc *d, int32_t *max_block_id)
     *max_block_id = -1;
     if (R > 0) {
         if (!qsl)
-            return kva__fail(KVA_STATUS_NULL_POINTER,
-                             "kva_plan_create: desc->query_start_loc is NULL with num_requests = %d",
-                             (int)R);
+            return kva__fail(
+                KVA_STATUS_NULL_POINTER,
+                "kva_plan_create: desc->query_start_loc is NULL with num_requests = %d", (int)R);
         if (!d->seq_lens)
             return kva__fail(KVA_STATUS_NULL_POINTER,
-                             "kva_plan_create: desc->seq_lens is NULL with num_requests = %d", (int)R);
+                             "kva_plan_create: desc->seq_lens is NULL with num_requests = %d",
+                             (int)R);
     }
     if (qsl && qsl[0] != 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
