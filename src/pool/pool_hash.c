@@ -1,0 +1,118 @@
+/*
+ * pool_hash.c - block hashes of the prefix cache.
+ *
+ * A full block's hash names its parent block's hash, its B token ids and the
+ * request's extra key, so equal hashes mean equal prefixes (up to the hash's
+ * collision resistance). The bytes hashed are, in order: the parent hash
+ * (hash_len zero bytes for a request's first block), the B token ids as
+ * 4-byte little-endian integers, the extra key's length as an 8-byte
+ * little-endian integer, then the extra key. Every field has a fixed size or
+ * a length prefix, so two different inputs never serialize to the same bytes.
+ */
+#include "pool_internal.h"
+
+#include <openssl/evp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+kva_status kva__pool_hash_init(kva_pool *pool)
+{
+    size_t b = (size_t)pool->desc.block_size;
+    if (pool->desc.hash == KVA_POOL_HASH_SHA256) {
+        pool->hash_len = 32;
+        pool->md_ctx = EVP_MD_CTX_new();
+        if (pool->md_ctx == NULL)
+            return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_pool_create: EVP_MD_CTX_new failed");
+    } else {
+        pool->hash_len = 16;
+        pool->xxh_state = XXH3_createState();
+        if (pool->xxh_state == NULL)
+            return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
+                             "kva_pool_create: XXH3_createState failed");
+    }
+    pool->scratch = malloc(pool->hash_len + 4 * b + 8);
+    if (pool->scratch == NULL)
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_pool_create: out of memory (%zu bytes)",
+                         pool->hash_len + 4 * b + 8);
+    return KVA_STATUS_OK;
+}
+
+void kva__pool_hash_release(kva_pool *pool)
+{
+    EVP_MD_CTX_free(pool->md_ctx);
+    if (pool->xxh_state != NULL)
+        XXH3_freeState(pool->xxh_state);
+    free(pool->scratch);
+    pool->md_ctx = NULL;
+    pool->xxh_state = NULL;
+    pool->scratch = NULL;
+}
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_le64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Writes the 16 bytes of an XXH3-128 result in its canonical (big-endian) form. */
+static void xxh128_bytes(XXH128_hash_t h, uint8_t *out)
+{
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, h);
+    memcpy(out, c.digest, 16);
+}
+
+kva_status kva__pool_hash_block(kva_pool *pool, const uint8_t *parent, const int32_t *tokens,
+                                const uint8_t *extra, size_t extra_len, uint8_t *out)
+{
+    size_t hl = pool->hash_len, b = (size_t)pool->desc.block_size;
+    uint8_t *s = pool->scratch;
+    if (parent != NULL)
+        memcpy(s, parent, hl);
+    else
+        memset(s, 0, hl);
+    for (size_t i = 0; i < b; i++)
+        put_le32(s + hl + 4 * i, (uint32_t)tokens[i]);
+    put_le64(s + hl + 4 * b, (uint64_t)extra_len);
+    size_t len = hl + 4 * b + 8;
+
+    if (pool->desc.hash == KVA_POOL_HASH_SHA256) {
+        EVP_MD_CTX *ctx = pool->md_ctx;
+        unsigned int got = 0;
+        if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1 ||
+            EVP_DigestUpdate(ctx, s, len) != 1 ||
+            (extra_len > 0 && EVP_DigestUpdate(ctx, extra, extra_len) != 1) ||
+            EVP_DigestFinal_ex(ctx, out, &got) != 1 || got != 32)
+            return kva__fail(KVA_STATUS_INTERNAL, "block hash: libcrypto SHA-256 failed");
+        return KVA_STATUS_OK;
+    }
+    XXH3_state_t *st = pool->xxh_state;
+    if (XXH3_128bits_reset(st) != XXH_OK || XXH3_128bits_update(st, s, len) != XXH_OK ||
+        (extra_len > 0 && XXH3_128bits_update(st, extra, extra_len) != XXH_OK))
+        return kva__fail(KVA_STATUS_INTERNAL, "block hash: XXH3-128 failed");
+    xxh128_bytes(XXH3_128bits_digest(st), out);
+    return KVA_STATUS_OK;
+}
+
+kva_status kva__pool_digest(kva_pool_hash hash, const void *data, size_t len, uint8_t *out)
+{
+    if (hash == KVA_POOL_HASH_SHA256) {
+        unsigned int got = 0;
+        if (EVP_Digest(data, len, out, &got, EVP_sha256(), NULL) != 1 || got != 32)
+            return kva__fail(KVA_STATUS_INTERNAL, "digest: libcrypto SHA-256 failed");
+        return KVA_STATUS_OK;
+    }
+    if (hash == KVA_POOL_HASH_XXH3_128) {
+        xxh128_bytes(XXH3_128bits(data, len), out);
+        return KVA_STATUS_OK;
+    }
+    return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "digest: hash %d is not a kva_pool_hash",
+                     (int)hash);
+}
