@@ -1,0 +1,876 @@
+/*
+ * test_cache.c - the paged KV cache: create/create_from, descriptor
+ * validation, kva_cache_write (reshape_and_cache) in both layouts and every
+ * storage/source dtype pair, copy_blocks, swap_blocks, caches past 2^31
+ * elements, and every bad input (status, message, cache byte-identical).
+ *
+ * Expected cache contents are built here with the test's own index math
+ * (strides of the layout written out, not kva__cache_row) into a copy of the
+ * cache taken before the call; the whole K and V storage is then compared
+ * byte for byte, which checks the written rows and that nothing else moved.
+ */
+/* mmap's MAP_ANONYMOUS and MAP_NORESERVE are not in strict C11 / POSIX. */
+#define _DEFAULT_SOURCE 1
+
+#include "harness.h"
+#include "internal.h"
+
+#include <sys/mman.h>
+
+/* The out-of-memory test asks for ~2^54 bytes: AddressSanitizer must return
+ * NULL instead of reporting the request as an error. */
+#if defined(__SANITIZE_ADDRESS__)
+#define KVA_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVA_TEST_ASAN 1
+#endif
+#endif
+#ifdef KVA_TEST_ASAN
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+#endif
+
+static kva_context *new_ctx(kva_backend backend, int32_t threads)
+{
+    kva_context_desc cd = {backend, threads, 0};
+    kva_context *ctx = NULL;
+    CHECK_OK(kva_context_create(&cd, &ctx));
+    return ctx;
+}
+
+static kva_cache_desc make_desc(int32_t nb, int32_t b, int32_t hkv, int32_t d, int32_t dv,
+                                kva_dtype dt, kva_layout layout)
+{
+    kva_cache_desc desc = {nb, b, hkv, d, dv, dt, layout, KVA_QUANT_NONE};
+    return desc;
+}
+
+/* Element offset of (block, off, head) of a row of width dim, written with
+ * explicit strides of each layout. */
+static uint64_t ref_offset(const kva_cache_desc *d, uint64_t block, uint64_t off, uint64_t head,
+                           uint64_t dim)
+{
+    uint64_t b = (uint64_t)d->block_size, h = (uint64_t)d->num_kv_heads;
+    uint64_t block_stride = b * h * dim;
+    if (d->layout == KVA_LAYOUT_NHD)
+        return block * block_stride + off * (h * dim) + head * dim;
+    return block * block_stride + head * (b * dim) + off * dim;
+}
+
+/* Total bytes of K (dim = D) or V (dim = Dv). */
+static size_t store_bytes(const kva_cache_desc *d, int32_t dim)
+{
+    return (size_t)d->num_blocks * (size_t)d->block_size * (size_t)d->num_kv_heads *
+           (size_t)dim * kva_dtype_size(d->dtype);
+}
+
+/* Snapshot of a cache's K and V storage. */
+typedef struct {
+    void *k, *v;
+    size_t kb, vb;
+} snapshot;
+
+static snapshot take(const kva_cache *c)
+{
+    kva_cache_desc d;
+    void *k, *v;
+    CHECK_OK(kva_cache_get_desc(c, &d));
+    CHECK_OK(kva_cache_data(c, &k, &v));
+    snapshot s = {NULL, NULL, store_bytes(&d, d.head_dim), store_bytes(&d, d.head_dim_v)};
+    s.k = malloc(s.kb);
+    s.v = malloc(s.vb);
+    memcpy(s.k, k, s.kb);
+    memcpy(s.v, v, s.vb);
+    return s;
+}
+
+/* 1 if the cache's storage equals the snapshot byte for byte. */
+static int same(const kva_cache *c, const snapshot *s)
+{
+    void *k, *v;
+    kva_cache_data(c, &k, &v);
+    return memcmp(k, s->k, s->kb) == 0 && memcmp(v, s->v, s->vb) == 0;
+}
+
+static void drop(snapshot *s)
+{
+    free(s->k);
+    free(s->v);
+}
+
+/* Fills the whole storage of a cache with random values of its dtype. */
+static void fill_cache(kva_cache *c, kva_rng *r)
+{
+    kva_cache_desc d;
+    void *k, *v;
+    kva_cache_get_desc(c, &d);
+    kva_cache_data(c, &k, &v);
+    size_t es = kva_dtype_size(d.dtype);
+    kva_test_fill(k, d.dtype, store_bytes(&d, d.head_dim) / es, r, 1.0);
+    kva_test_fill(v, d.dtype, store_bytes(&d, d.head_dim_v) / es, r, 1.0);
+}
+
+/* Applies a write to the snapshot with the test's own index math:
+ * src rows at src + t*stride (elements of sdt), heads contiguous. */
+static void expect_write(snapshot *s, const kva_cache_desc *d, int32_t t_count, const void *k,
+                         int64_t ks, const void *v, int64_t vs, kva_dtype sdt,
+                         const int64_t *slots)
+{
+    for (int32_t t = 0; t < t_count; t++) {
+        if (slots[t] < 0)
+            continue;
+        uint64_t block = (uint64_t)slots[t] / (uint64_t)d->block_size;
+        uint64_t off = (uint64_t)slots[t] % (uint64_t)d->block_size;
+        for (int32_t h = 0; h < d->num_kv_heads; h++) {
+            for (int32_t i = 0; i < d->head_dim; i++) {
+                float x = kva__load_f(k, sdt, (size_t)(t * ks + h * d->head_dim + i));
+                kva__store_f(s->k, d->dtype, ref_offset(d, block, off, h, d->head_dim) + i, x);
+            }
+            for (int32_t i = 0; i < d->head_dim_v; i++) {
+                float x = kva__load_f(v, sdt, (size_t)(t * vs + h * d->head_dim_v + i));
+                kva__store_f(s->v, d->dtype, ref_offset(d, block, off, h, d->head_dim_v) + i,
+                             x);
+            }
+        }
+    }
+}
+
+/* Writes T random tokens to distinct random slots (a few of them padding),
+ * from contiguous rows or from slices of a fused QKV buffer, and compares the
+ * whole cache against the expected image. */
+static void run_write_case(kva_context *ctx, int32_t nb, int32_t b, int32_t hkv, int32_t d,
+                           int32_t dv_arg, kva_dtype cdt, kva_layout layout, kva_dtype sdt,
+                           int32_t t_count, int fused, uint64_t seed)
+{
+    kva_rng r = {seed};
+    kva_cache_desc desc = make_desc(nb, b, hkv, d, dv_arg, cdt, layout);
+    int32_t dv = dv_arg ? dv_arg : d;
+    kva_cache *c = NULL;
+    CHECK_OK(kva_cache_create(ctx, &desc, &c));
+    if (!c)
+        return;
+    fill_cache(c, &r);
+    snapshot want = take(c);
+
+    /* Distinct slots: a shuffled prefix of 0..NB*B-1; every 7th token is padding. */
+    int64_t num_slots = (int64_t)nb * b;
+    int64_t *perm = malloc((size_t)num_slots * sizeof *perm);
+    for (int64_t i = 0; i < num_slots; i++)
+        perm[i] = i;
+    for (int64_t i = num_slots - 1; i > 0; i--) {
+        int64_t j = (int64_t)(kva_rng_u64(&r) % (uint64_t)(i + 1)), tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    int64_t *slots = malloc((size_t)t_count * sizeof *slots);
+    const int64_t pads[3] = {-1, -7, INT64_MIN};
+    for (int32_t t = 0; t < t_count; t++)
+        slots[t] = t % 7 == 3 ? pads[t % 3] : perm[t];
+
+    /* Source rows: a fused [T, H*D + Hkv*D + Hkv*Dv] buffer with H = 2*Hkv, or
+     * separate contiguous k and v. */
+    int64_t qw = fused ? 2 * (int64_t)hkv * d : 0;
+    int64_t row = qw + (int64_t)hkv * d + (int64_t)hkv * dv;
+    size_t es = kva_dtype_size(sdt);
+    char *buf = malloc((size_t)(t_count * row) * es);
+    kva_test_fill(buf, sdt, (size_t)(t_count * row), &r, 1.0);
+    const char *k, *v;
+    int64_t ks, vs, ks_arg, vs_arg;
+    if (fused) {
+        k = buf + qw * es;
+        v = buf + (qw + (int64_t)hkv * d) * es;
+        ks = vs = ks_arg = vs_arg = row;
+    } else {
+        k = buf;
+        v = buf + (size_t)t_count * hkv * d * es;
+        ks = (int64_t)hkv * d;
+        vs = (int64_t)hkv * dv;
+        ks_arg = (seed & 1) ? ks : 0; /* explicit contiguous stride or 0 */
+        vs_arg = (seed & 1) ? vs : 0;
+    }
+    expect_write(&want, &c->desc, t_count, k, ks, v, vs, sdt, slots);
+    CHECK_OK(kva_cache_write(ctx, c, t_count, k, ks_arg, v, vs_arg, sdt, slots));
+    CHECK_MSG(same(c, &want),
+              "write: layout %d, cache %s, src %s, B %d, Hkv %d, D %d, Dv %d, T %d, fused %d",
+              (int)layout, kva_dtype_name(cdt), kva_dtype_name(sdt), b, hkv, d, dv, t_count,
+              fused);
+    CHECK(strcmp(kva_last_error(), "") == 0);
+    free(buf);
+    free(slots);
+    free(perm);
+    drop(&want);
+    kva_cache_destroy(c);
+}
+
+static void test_write_all_dtypes_layouts(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_REF, 1);
+    const kva_dtype dts[3] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
+    /* {B, Hkv, D, Dv (0 = D)} */
+    const int32_t shapes[4][4] = {{1, 2, 8, 16}, {16, 8, 64, 32}, {64, 1, 128, 0}, {128, 2, 16, 8}};
+    uint64_t seed = 100;
+    for (int l = 0; l < 2; l++)
+        for (int cd = 0; cd < 3; cd++)
+            for (int sd = 0; sd < 3; sd++)
+                for (int s = 0; s < 4; s++, seed++) {
+                    const int32_t *sh = shapes[s];
+                    int32_t nb = 5, slots = 5 * sh[0];
+                    int32_t t_count = slots < 40 ? slots : 40;
+                    run_write_case(ctx, nb, sh[0], sh[1], sh[2], sh[3], dts[cd],
+                                   (kva_layout)l, dts[sd], t_count, (int)(seed % 3 == 0), seed);
+                }
+    kva_context_destroy(ctx);
+}
+
+/* A large write on the CPU backend with several threads (the parallel path). */
+static void test_write_threaded(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 4);
+    run_write_case(ctx, 40, 32, 8, 64, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD, KVA_DTYPE_F32, 1200, 0,
+                   7);
+    run_write_case(ctx, 40, 32, 8, 64, 32, KVA_DTYPE_BF16, KVA_LAYOUT_HND, KVA_DTYPE_F32, 1200,
+                   1, 8);
+    run_write_case(ctx, 40, 32, 8, 64, 32, KVA_DTYPE_F16, KVA_LAYOUT_HND, KVA_DTYPE_F16, 1200, 0,
+                   9);
+    kva_context_destroy(ctx);
+}
+
+/* A write of a single known value, checked at a hand-computed position. */
+static void test_write_known_position(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_REF, 1);
+    for (int l = 0; l < 2; l++) {
+        /* NB 3, B 4, Hkv 2, D 8, f32; token -> slot 6 = block 1, offset 2. */
+        kva_cache_desc desc = make_desc(3, 4, 2, 8, 0, KVA_DTYPE_F32, (kva_layout)l);
+        kva_cache *c = NULL;
+        CHECK_OK(kva_cache_create(ctx, &desc, &c));
+        float *kd, *vd;
+        kva_cache_data(c, (void **)&kd, (void **)&vd);
+        kva_test_poison(kd, KVA_DTYPE_F32, 3 * 4 * 2 * 8);
+        kva_test_poison(vd, KVA_DTYPE_F32, 3 * 4 * 2 * 8);
+        float k[16], v[16];
+        for (int i = 0; i < 16; i++) {
+            k[i] = 1.0f + (float)i;
+            v[i] = -1.0f - (float)i;
+        }
+        int64_t slot = 6;
+        CHECK_OK(kva_cache_write(ctx, c, 1, k, 0, v, 0, KVA_DTYPE_F32, &slot));
+        /* NHD: head h at ((1*4 + 2)*2 + h)*8; HND: ((1*2 + h)*4 + 2)*8. */
+        int base0 = l == 0 ? 96 : 80, base1 = l == 0 ? 104 : 112;
+        CHECK(kd[base0] == 1.0f && kd[base0 + 7] == 8.0f);
+        CHECK(kd[base1] == 9.0f && kd[base1 + 7] == 16.0f);
+        CHECK(vd[base1 + 3] == -12.0f);
+        int written = 0;
+        for (int i = 0; i < 3 * 4 * 2 * 8; i++)
+            written += !isnan(kd[i]);
+        CHECK(written == 16);
+        kva_cache_destroy(c);
+    }
+    kva_context_destroy(ctx);
+}
+
+static void test_create_desc_and_data(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 2);
+    kva_cache_desc desc = make_desc(7, 16, 4, 128, 0, KVA_DTYPE_BF16, KVA_LAYOUT_HND);
+    kva_cache *c = NULL;
+    CHECK_OK(kva_cache_create(ctx, &desc, &c));
+    kva_cache_desc got;
+    CHECK_OK(kva_cache_get_desc(c, &got));
+    CHECK(got.num_blocks == 7 && got.block_size == 16 && got.num_kv_heads == 4);
+    CHECK(got.head_dim == 128 && got.head_dim_v == 128 && got.dtype == KVA_DTYPE_BF16);
+    CHECK(got.layout == KVA_LAYOUT_HND && got.quant == KVA_QUANT_NONE);
+    CHECK(kva_cache_block_bytes_k(c) == 16 * 4 * 128 * 2);
+    CHECK(kva_cache_block_bytes_v(c) == 16 * 4 * 128 * 2);
+    void *k = NULL, *v = NULL;
+    CHECK_OK(kva_cache_data(c, &k, NULL));
+    CHECK_OK(kva_cache_data(c, NULL, &v));
+    CHECK(k != NULL && v != NULL && k != v);
+    CHECK((uintptr_t)k % 64 == 0 && (uintptr_t)v % 64 == 0);
+    kva_cache_destroy(c);
+
+    desc = make_desc(2, 8, 1, 64, 16, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+    CHECK_OK(kva_cache_create(ctx, &desc, &c));
+    CHECK(kva_cache_block_bytes_k(c) == 8 * 64 * 4);
+    CHECK(kva_cache_block_bytes_v(c) == 8 * 16 * 4);
+    kva_cache_get_desc(c, &got);
+    CHECK(got.head_dim_v == 16);
+    kva_cache_destroy(c);
+    kva_cache_destroy(NULL);
+    CHECK(kva_cache_block_bytes_k(NULL) == 0 && kva_cache_block_bytes_v(NULL) == 0);
+    kva_context_destroy(ctx);
+}
+
+/* create_from wraps caller memory, writes land there, destroy leaves it. */
+static void test_create_from(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_REF, 1);
+    kva_cache_desc desc = make_desc(4, 16, 2, 32, 16, KVA_DTYPE_F16, KVA_LAYOUT_NHD);
+    size_t kn = 4 * 16 * 2 * 32, vn = 4 * 16 * 2 * 16;
+    uint16_t *kmem = malloc(kn * 2), *vmem = malloc(vn * 2);
+    kva_rng r = {31};
+    kva_test_fill(kmem, KVA_DTYPE_F16, kn, &r, 1.0);
+    kva_test_fill(vmem, KVA_DTYPE_F16, vn, &r, 1.0);
+    kva_cache *c = NULL;
+    CHECK_OK(kva_cache_create_from(ctx, &desc, kmem, vmem, &c));
+    void *k, *v;
+    kva_cache_data(c, &k, &v);
+    CHECK(k == kmem && v == vmem);
+    snapshot want = take(c);
+    float ks[3 * 64], vs[3 * 32];
+    kva_test_fill(ks, KVA_DTYPE_F32, 3 * 64, &r, 1.0);
+    kva_test_fill(vs, KVA_DTYPE_F32, 3 * 32, &r, 1.0);
+    int64_t slots[3] = {63, 0, 17};
+    expect_write(&want, &desc, 3, ks, 64, vs, 32, KVA_DTYPE_F32, slots);
+    CHECK_OK(kva_cache_write(ctx, c, 3, ks, 0, vs, 0, KVA_DTYPE_F32, slots));
+    CHECK(memcmp(kmem, want.k, kn * 2) == 0 && memcmp(vmem, want.v, vn * 2) == 0);
+    kva_cache_destroy(c); /* must not free kmem/vmem (ASan would report it) */
+    CHECK(memcmp(kmem, want.k, kn * 2) == 0);
+    drop(&want);
+    free(kmem);
+    free(vmem);
+    kva_context_destroy(ctx);
+}
+
+/* Copies blocks of the snapshot (K and V) with the test's own block math. */
+static void expect_copy(snapshot *dst, const snapshot *src, const kva_cache_desc *d,
+                        const int32_t *pairs, int32_t n)
+{
+    size_t es = kva_dtype_size(d->dtype);
+    size_t kbb = (size_t)d->block_size * d->num_kv_heads * d->head_dim * es;
+    size_t vbb = (size_t)d->block_size * d->num_kv_heads * d->head_dim_v * es;
+    for (int32_t i = 0; i < n; i++) {
+        size_t s = (size_t)pairs[2 * i], t = (size_t)pairs[2 * i + 1];
+        if (dst == src && s == t)
+            continue;
+        memcpy((char *)dst->k + t * kbb, (const char *)src->k + s * kbb, kbb);
+        memcpy((char *)dst->v + t * vbb, (const char *)src->v + s * vbb, vbb);
+    }
+}
+
+static void test_copy_blocks(void)
+{
+    for (int l = 0; l < 2; l++) {
+        kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 3);
+        kva_rng r = {40 + (uint64_t)l};
+        kva_cache_desc desc = make_desc(9, 16, 2, 64, 32, KVA_DTYPE_BF16, (kva_layout)l);
+        kva_cache *c = NULL;
+        CHECK_OK(kva_cache_create(ctx, &desc, &c));
+        fill_cache(c, &r);
+        snapshot before = take(c), want = take(c);
+        /* Pairs (2, 2) and (0, 0) are no-ops; blocks 7 and 8 stay untouched. */
+        const int32_t pairs[5][2] = {{0, 3}, {1, 4}, {2, 2}, {5, 6}, {0, 0}};
+        expect_copy(&want, &before, &c->desc, &pairs[0][0], 5);
+        CHECK_OK(kva_cache_copy_blocks(ctx, c, &pairs[0][0], 5));
+        CHECK(same(c, &want));
+        CHECK_OK(kva_cache_copy_blocks(ctx, c, NULL, 0));
+        CHECK(same(c, &want));
+        drop(&before);
+        drop(&want);
+        kva_cache_destroy(c);
+
+        /* Many pairs over big blocks: the threaded path. */
+        desc = make_desc(64, 64, 8, 64, 0, KVA_DTYPE_F32, (kva_layout)l);
+        CHECK_OK(kva_cache_create(ctx, &desc, &c));
+        fill_cache(c, &r);
+        before = take(c);
+        want = take(c);
+        int32_t many[32][2];
+        for (int i = 0; i < 32; i++) {
+            many[i][0] = 2 * i;      /* even blocks are sources */
+            many[i][1] = 63 - 2 * i; /* odd blocks are destinations */
+        }
+        expect_copy(&want, &before, &c->desc, &many[0][0], 32);
+        CHECK_OK(kva_cache_copy_blocks(ctx, c, &many[0][0], 32));
+        CHECK(same(c, &want));
+        drop(&before);
+        drop(&want);
+        kva_cache_destroy(c);
+        kva_context_destroy(ctx);
+    }
+}
+
+static void test_swap_blocks(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 2);
+    kva_rng r = {50};
+    for (int l = 0; l < 2; l++) {
+        kva_cache_desc ds = make_desc(6, 16, 2, 32, 16, KVA_DTYPE_F16, (kva_layout)l);
+        kva_cache_desc dd = ds;
+        dd.num_blocks = 10;
+        dd.head_dim_v = 16;
+        kva_cache *src = NULL, *dst = NULL;
+        CHECK_OK(kva_cache_create(ctx, &ds, &src));
+        CHECK_OK(kva_cache_create(ctx, &dd, &dst));
+        fill_cache(src, &r);
+        fill_cache(dst, &r);
+        snapshot src_before = take(src), want = take(dst);
+        const int32_t pairs[4][2] = {{5, 9}, {0, 0}, {3, 4}, {5, 1}};
+        expect_copy(&want, &src_before, &src->desc, &pairs[0][0], 4);
+        CHECK_OK(kva_cache_swap_blocks(ctx, src, dst, &pairs[0][0], 4));
+        CHECK(same(dst, &want));
+        CHECK(same(src, &src_before));
+        /* And back: dst block 9 -> src block 2. */
+        const int32_t back[1][2] = {{9, 2}};
+        snapshot want_src = take(src);
+        expect_copy(&want_src, &want, &dst->desc, &back[0][0], 1);
+        CHECK_OK(kva_cache_swap_blocks(ctx, dst, src, &back[0][0], 1));
+        CHECK(same(src, &want_src));
+        CHECK_OK(kva_cache_swap_blocks(ctx, dst, src, NULL, 0));
+        drop(&src_before);
+        drop(&want);
+        drop(&want_src);
+        kva_cache_destroy(src);
+        kva_cache_destroy(dst);
+    }
+    kva_context_destroy(ctx);
+}
+
+/* A cache whose byte offsets pass 2^32: K is 70000 blocks of 64 KiB (4.3 GiB),
+ * mapped with MAP_NORESERVE so that only the touched pages exist. */
+static void test_large_offsets(void)
+{
+    const int32_t nb = 70000, b = 16, hkv = 8, d = 128, dv = 64;
+    const uint64_t kb = (uint64_t)nb * b * hkv * d * 4, vb = (uint64_t)nb * b * hkv * dv * 4;
+    kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 2);
+    for (int l = 0; l < 2; l++) {
+        void *km = mmap(NULL, kb, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        void *vm = mmap(NULL, vb, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (km == MAP_FAILED || vm == MAP_FAILED) {
+            fprintf(stderr, "  test_large_offsets: mmap of %llu bytes failed, skipped\n",
+                    (unsigned long long)(kb + vb));
+            if (km != MAP_FAILED)
+                munmap(km, kb);
+            if (vm != MAP_FAILED)
+                munmap(vm, vb);
+            break;
+        }
+        kva_cache_desc desc = make_desc(nb, b, hkv, d, dv, KVA_DTYPE_F32, (kva_layout)l);
+        kva_cache *c = NULL;
+        CHECK_OK(kva_cache_create_from(ctx, &desc, km, vm, &c));
+        kva_rng r = {60 + (uint64_t)l};
+        float k[3 * 8 * 128], v[3 * 8 * 64];
+        kva_test_fill(k, KVA_DTYPE_F32, 3 * 8 * 128, &r, 1.0);
+        kva_test_fill(v, KVA_DTYPE_F32, 3 * 8 * 64, &r, 1.0);
+        /* The last slot, a slot in the block before it, and slot 5. */
+        int64_t slots[3] = {(int64_t)nb * b - 1, (int64_t)(nb - 2) * b + 7, 5};
+        CHECK_OK(kva_cache_write(ctx, c, 3, k, 0, v, 0, KVA_DTYPE_F32, slots));
+        for (int t = 0; t < 3; t++) {
+            uint64_t blk = (uint64_t)slots[t] / b, off = (uint64_t)slots[t] % b;
+            for (uint64_t h = 0; h < (uint64_t)hkv; h++) {
+                /* Byte positions written out per layout. */
+                uint64_t kpos = l == 0 ? (((blk * b + off) * hkv + h) * d) * 4
+                                       : (((blk * hkv + h) * b + off) * d) * 4;
+                uint64_t vpos = l == 0 ? (((blk * b + off) * hkv + h) * dv) * 4
+                                       : (((blk * hkv + h) * b + off) * dv) * 4;
+                CHECK(memcmp((char *)km + kpos, k + (t * hkv + h) * d, d * 4) == 0);
+                CHECK(memcmp((char *)vm + vpos, v + (t * hkv + h) * dv, dv * 4) == 0);
+                if (t < 2)
+                    CHECK(kpos > ((uint64_t)1 << 32));
+            }
+        }
+        /* The unwritten row of slot NB*B-2, head 0, is still zero (fresh pages). */
+        uint64_t zs = (uint64_t)nb * b - 2, zblk = zs / b, zoff = zs % b;
+        uint64_t zpos = l == 0 ? ((zblk * b + zoff) * hkv) * d * 4
+                               : ((zblk * hkv) * b + zoff) * d * 4;
+        const float *zrow = (const float *)((const char *)km + zpos);
+        CHECK(zrow[0] == 0.0f && zrow[d - 1] == 0.0f);
+        /* Copy the last block onto block 1 and swap it into a small host cache. */
+        const int32_t pairs[1][2] = {{nb - 1, 1}};
+        CHECK_OK(kva_cache_copy_blocks(ctx, c, &pairs[0][0], 1));
+        uint64_t bbk = (uint64_t)b * hkv * d * 4;
+        CHECK(memcmp((char *)km + bbk, (char *)km + (uint64_t)(nb - 1) * bbk, bbk) == 0);
+        kva_cache_desc small = desc;
+        small.num_blocks = 2;
+        kva_cache *h = NULL;
+        CHECK_OK(kva_cache_create(ctx, &small, &h));
+        const int32_t out_pairs[1][2] = {{nb - 2, 0}};
+        CHECK_OK(kva_cache_swap_blocks(ctx, c, h, &out_pairs[0][0], 1));
+        void *hk;
+        kva_cache_data(h, &hk, NULL);
+        CHECK(memcmp(hk, (char *)km + (uint64_t)(nb - 2) * bbk, bbk) == 0);
+        kva_cache_destroy(h);
+        kva_cache_destroy(c);
+        munmap(km, kb);
+        munmap(vm, vb);
+    }
+    kva_context_destroy(ctx);
+}
+
+/* ---- bad inputs ---- */
+
+/* Checks one failing create: status, message, and *out untouched. */
+#define CHECK_CREATE_FAILS(ctx, desc, st, word)                                                \
+    do {                                                                                       \
+        kva_cache *out_ = (kva_cache *)(uintptr_t)0x1234;                                      \
+        CHECK_STATUS(kva_cache_create((ctx), (desc), &out_), (st));                            \
+        CHECK_ERROR_MENTIONS(word);                                                            \
+        CHECK(out_ == (kva_cache *)(uintptr_t)0x1234);                                         \
+    } while (0)
+
+static void test_create_bad_inputs(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_REF, 1);
+    const kva_cache_desc good = make_desc(4, 16, 2, 64, 0, KVA_DTYPE_F16, KVA_LAYOUT_NHD);
+    kva_cache *out = NULL;
+    CHECK_STATUS(kva_cache_create(NULL, &good, &out), KVA_STATUS_NULL_POINTER);
+    CHECK_ERROR_MENTIONS("ctx");
+    CHECK_STATUS(kva_cache_create(ctx, NULL, &out), KVA_STATUS_NULL_POINTER);
+    CHECK_ERROR_MENTIONS("desc");
+    CHECK_STATUS(kva_cache_create(ctx, &good, NULL), KVA_STATUS_NULL_POINTER);
+    CHECK_ERROR_MENTIONS("out");
+    CHECK(out == NULL);
+
+    kva_cache_desc d = good;
+    d.block_size = 0;
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_INVALID_ARGUMENT, "block_size");
+    d = good;
+    d.num_blocks = -1;
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_INVALID_ARGUMENT, "num_blocks");
+    d.num_blocks = 0;
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_INVALID_ARGUMENT, "num_blocks");
+    d = good;
+    d.num_kv_heads = -2;
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_INVALID_ARGUMENT, "num_kv_heads");
+    d = good;
+    d.head_dim = 12;
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_UNSUPPORTED, "head_dim = 12");
+    d.head_dim = 264;
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_UNSUPPORTED, "head_dim = 264");
+    d.head_dim = 0;
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_INVALID_ARGUMENT, "head_dim");
+    d = good;
+    d.head_dim_v = 12;
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_UNSUPPORTED, "head_dim_v");
+    d.head_dim_v = -8;
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_INVALID_ARGUMENT, "head_dim_v");
+    d = good;
+    d.dtype = KVA_DTYPE_I8;
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_UNSUPPORTED, "dtype");
+    d.dtype = KVA_DTYPE_FP8_E4M3;
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_UNSUPPORTED, "dtype");
+    d.dtype = (kva_dtype)42;
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_INVALID_ARGUMENT, "dtype");
+    d = good;
+    d.layout = (kva_layout)7;
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_INVALID_ARGUMENT, "layout");
+    d = good;
+    d.quant = (kva_quant)3;
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_UNSUPPORTED, "quant");
+    /* Sizes: 2^31 * 2^31 * 2^31 * 256 overflows 64 bits; 2^54 bytes fits the
+     * arithmetic but no allocator. */
+    d = make_desc(INT32_MAX, INT32_MAX, INT32_MAX, 256, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_INVALID_ARGUMENT, "num_blocks");
+    d = make_desc(1 << 30, 1 << 20, 1, 8, 0, KVA_DTYPE_F16, KVA_LAYOUT_NHD);
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_OUT_OF_MEMORY, "bytes");
+
+    /* create_from: NULL storage, misaligned storage, K and V overlapping. */
+    float mem[2 * 16 * 2 * 64 + 8];
+    kva_cache_desc f = make_desc(1, 16, 2, 64, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+    out = NULL;
+    CHECK_STATUS(kva_cache_create_from(ctx, &f, NULL, mem, &out), KVA_STATUS_NULL_POINTER);
+    CHECK_ERROR_MENTIONS("k_data");
+    CHECK_STATUS(kva_cache_create_from(ctx, &f, mem, NULL, &out), KVA_STATUS_NULL_POINTER);
+    CHECK_ERROR_MENTIONS("v_data");
+    CHECK_STATUS(kva_cache_create_from(NULL, &f, mem, mem + 2048, &out), KVA_STATUS_NULL_POINTER);
+    CHECK_ERROR_MENTIONS("ctx");
+    CHECK_STATUS(kva_cache_create_from(ctx, NULL, mem, mem + 2048, &out),
+                 KVA_STATUS_NULL_POINTER);
+    CHECK_ERROR_MENTIONS("desc");
+    CHECK_STATUS(kva_cache_create_from(ctx, &f, mem, mem + 2048, NULL), KVA_STATUS_NULL_POINTER);
+    CHECK_ERROR_MENTIONS("out");
+    CHECK_STATUS(kva_cache_create_from(ctx, &f, (char *)mem + 2, mem + 2048, &out),
+                 KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("k_data");
+    CHECK_STATUS(kva_cache_create_from(ctx, &f, mem, (char *)(mem + 2048) + 1, &out),
+                 KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("v_data");
+    CHECK_STATUS(kva_cache_create_from(ctx, &f, mem, mem + 2047, &out),
+                 KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("overlap");
+    f.block_size = 0;
+    CHECK_STATUS(kva_cache_create_from(ctx, &f, mem, mem + 2048, &out),
+                 KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("block_size");
+    CHECK(out == NULL);
+
+    CHECK_STATUS(kva_cache_get_desc(NULL, &f), KVA_STATUS_NULL_POINTER);
+    CHECK_ERROR_MENTIONS("cache");
+    kva_cache *c = NULL;
+    CHECK_OK(kva_cache_create(ctx, &good, &c));
+    CHECK_STATUS(kva_cache_get_desc(c, NULL), KVA_STATUS_NULL_POINTER);
+    CHECK_ERROR_MENTIONS("out");
+    void *k = NULL;
+    CHECK_STATUS(kva_cache_data(NULL, &k, NULL), KVA_STATUS_NULL_POINTER);
+    CHECK_ERROR_MENTIONS("cache");
+    CHECK(k == NULL);
+    kva_cache_destroy(c);
+    kva_context_destroy(ctx);
+}
+
+/* Checks one failing write: status, message mentions word, cache unchanged. */
+#define CHECK_WRITE_FAILS(call, st, word, c, snap)                                             \
+    do {                                                                                       \
+        CHECK_STATUS(call, (st));                                                              \
+        CHECK_ERROR_MENTIONS(word);                                                            \
+        CHECK(same((c), (snap)));                                                              \
+    } while (0)
+
+static void test_write_bad_inputs(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 2);
+    kva_cache_desc desc = make_desc(4, 16, 2, 32, 16, KVA_DTYPE_F16, KVA_LAYOUT_HND);
+    kva_cache *c = NULL;
+    CHECK_OK(kva_cache_create(ctx, &desc, &c));
+    kva_rng r = {70};
+    fill_cache(c, &r);
+    snapshot s = take(c);
+    enum { T = 8 };
+    float k[T * 2 * 32], v[T * 2 * 16];
+    kva_test_fill(k, KVA_DTYPE_F32, T * 64, &r, 1.0);
+    kva_test_fill(v, KVA_DTYPE_F32, T * 32, &r, 1.0);
+    int64_t slots[T] = {0, 1, 2, 3, 4, 5, 6, 7};
+    const kva_dtype f32 = KVA_DTYPE_F32;
+
+    CHECK_WRITE_FAILS(kva_cache_write(NULL, c, T, k, 0, v, 0, f32, slots),
+                      KVA_STATUS_NULL_POINTER, "ctx", c, &s);
+    CHECK_STATUS(kva_cache_write(ctx, NULL, T, k, 0, v, 0, f32, slots), KVA_STATUS_NULL_POINTER);
+    CHECK_ERROR_MENTIONS("cache");
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, NULL, 0, v, 0, f32, slots),
+                      KVA_STATUS_NULL_POINTER, "'k'", c, &s);
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, NULL, 0, f32, slots),
+                      KVA_STATUS_NULL_POINTER, "'v'", c, &s);
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, f32, NULL),
+                      KVA_STATUS_NULL_POINTER, "slot_mapping", c, &s);
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, -1, k, 0, v, 0, f32, slots),
+                      KVA_STATUS_INVALID_ARGUMENT, "num_tokens = -1", c, &s);
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, KVA_DTYPE_I8, slots),
+                      KVA_STATUS_UNSUPPORTED, "src_dtype", c, &s);
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, KVA_DTYPE_FP8_E4M3, slots),
+                      KVA_STATUS_UNSUPPORTED, "src_dtype", c, &s);
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, (kva_dtype)-3, slots),
+                      KVA_STATUS_INVALID_ARGUMENT, "src_dtype", c, &s);
+    /* Strides: smaller than a row (Hkv*D = 64, Hkv*Dv = 32), negative, overflowing. */
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 63, v, 0, f32, slots),
+                      KVA_STATUS_INVALID_ARGUMENT, "k_token_stride = 63", c, &s);
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, -64, v, 0, f32, slots),
+                      KVA_STATUS_INVALID_ARGUMENT, "k_token_stride", c, &s);
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 16, f32, slots),
+                      KVA_STATUS_INVALID_ARGUMENT, "v_token_stride = 16", c, &s);
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, INT64_MAX / 4, v, 0, f32, slots),
+                      KVA_STATUS_INVALID_ARGUMENT, "k_token_stride", c, &s);
+    /* A slot past the cache (NB*B = 64) at token 5: tokens 0..4 are valid,
+     * yet nothing is written. */
+    slots[5] = 64;
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, f32, slots),
+                      KVA_STATUS_OUT_OF_RANGE, "slot_mapping[5] = 64", c, &s);
+    slots[5] = INT64_MAX;
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, f32, slots),
+                      KVA_STATUS_OUT_OF_RANGE, "slot_mapping[5]", c, &s);
+    slots[5] = 5;
+    /* A cache in device memory cannot be written by a host context. */
+    c->mem = KVA_BACKEND_CUDA;
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, f32, slots),
+                      KVA_STATUS_BACKEND_UNAVAILABLE, "cache", c, &s);
+    c->mem = KVA_BACKEND_CPU;
+    /* num_tokens == 0: NULL buffers are fine and nothing changes. */
+    CHECK_OK(kva_cache_write(ctx, c, 0, NULL, 0, NULL, 0, f32, NULL));
+    CHECK(same(c, &s));
+    /* All padding: nothing changes either. */
+    int64_t pad[T] = {-1, -1, -2, -1, -9, -1, -1, -1};
+    CHECK_OK(kva_cache_write(ctx, c, T, k, 0, v, 0, f32, pad));
+    CHECK(same(c, &s));
+    /* The error message is cleared by the next successful call. */
+    CHECK_OK(kva_cache_write(ctx, c, T, k, 0, v, 0, f32, slots));
+    CHECK(strcmp(kva_last_error(), "") == 0);
+    CHECK(!same(c, &s));
+    drop(&s);
+    kva_cache_destroy(c);
+    kva_context_destroy(ctx);
+}
+
+#define CHECK_COPY_FAILS(call, st, word, c, snap)                                              \
+    do {                                                                                       \
+        CHECK_STATUS(call, (st));                                                              \
+        CHECK_ERROR_MENTIONS(word);                                                            \
+        CHECK(same((c), (snap)));                                                              \
+    } while (0)
+
+/* Bad pairs for copy_blocks on a cache of nb blocks (small: the flag table;
+ * large: the pairwise scan). */
+static void check_copy_bad_pairs(kva_context *ctx, int32_t nb)
+{
+    kva_cache_desc desc = make_desc(nb, 2, 1, 8, 0, KVA_DTYPE_F16, KVA_LAYOUT_NHD);
+    kva_cache *c = NULL;
+    CHECK_OK(kva_cache_create(ctx, &desc, &c));
+    kva_rng r = {80 + (uint64_t)nb};
+    fill_cache(c, &r);
+    snapshot s = take(c);
+    const int32_t last = nb - 1;
+    int32_t p[4][2] = {{0, 1}, {2, 3}, {4, 5}, {6, last}};
+
+    CHECK_COPY_FAILS(kva_cache_copy_blocks(NULL, c, &p[0][0], 4), KVA_STATUS_NULL_POINTER, "ctx",
+                     c, &s);
+    CHECK_STATUS(kva_cache_copy_blocks(ctx, NULL, &p[0][0], 4), KVA_STATUS_NULL_POINTER);
+    CHECK_ERROR_MENTIONS("cache");
+    CHECK_COPY_FAILS(kva_cache_copy_blocks(ctx, c, NULL, 4), KVA_STATUS_NULL_POINTER, "pairs", c,
+                     &s);
+    CHECK_COPY_FAILS(kva_cache_copy_blocks(ctx, c, &p[0][0], -2), KVA_STATUS_INVALID_ARGUMENT,
+                     "num_pairs = -2", c, &s);
+    p[3][1] = nb; /* dst past the cache, after three valid pairs */
+    CHECK_COPY_FAILS(kva_cache_copy_blocks(ctx, c, &p[0][0], 4), KVA_STATUS_OUT_OF_RANGE,
+                     "pairs[3][1]", c, &s);
+    p[3][1] = last;
+    p[2][0] = -1;
+    CHECK_COPY_FAILS(kva_cache_copy_blocks(ctx, c, &p[0][0], 4), KVA_STATUS_OUT_OF_RANGE,
+                     "pairs[2][0] = -1", c, &s);
+    p[2][0] = 4;
+    p[3][1] = 3; /* duplicate dst */
+    CHECK_COPY_FAILS(kva_cache_copy_blocks(ctx, c, &p[0][0], 4), KVA_STATUS_INVALID_ARGUMENT,
+                     "pairs[3][1] = 3", c, &s);
+    p[3][1] = last;
+    p[3][0] = 5; /* block 5 is the dst of pair 2 and the src of pair 3: a chain */
+    CHECK_COPY_FAILS(kva_cache_copy_blocks(ctx, c, &p[0][0], 4), KVA_STATUS_INVALID_ARGUMENT,
+                     "pairs[3][0] = 5", c, &s);
+    p[3][0] = 6;
+    p[1][1] = 0; /* block 0 is the src of pair 0 and the dst of pair 1 */
+    CHECK_COPY_FAILS(kva_cache_copy_blocks(ctx, c, &p[0][0], 4), KVA_STATUS_INVALID_ARGUMENT,
+                     "pairs[0][0] = 0", c, &s);
+    /* A self pair next to a pair reading the same block is fine. */
+    int32_t ok[2][2] = {{3, 3}, {3, last}};
+    expect_copy(&s, &s, &c->desc, &ok[0][0], 2);
+    CHECK_OK(kva_cache_copy_blocks(ctx, c, &ok[0][0], 2));
+    CHECK(same(c, &s));
+    drop(&s);
+    kva_cache_destroy(c);
+}
+
+static void test_copy_bad_inputs(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_REF, 1);
+    check_copy_bad_pairs(ctx, 10);
+    check_copy_bad_pairs(ctx, 20000);
+    kva_context_destroy(ctx);
+}
+
+static void test_swap_bad_inputs(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_REF, 1);
+    kva_cache_desc ds = make_desc(4, 16, 2, 32, 0, KVA_DTYPE_BF16, KVA_LAYOUT_NHD);
+    kva_cache_desc dd = ds;
+    dd.num_blocks = 8;
+    kva_cache *src = NULL, *dst = NULL;
+    CHECK_OK(kva_cache_create(ctx, &ds, &src));
+    CHECK_OK(kva_cache_create(ctx, &dd, &dst));
+    kva_rng r = {90};
+    fill_cache(src, &r);
+    fill_cache(dst, &r);
+    snapshot s = take(dst), ss = take(src);
+    int32_t p[3][2] = {{0, 7}, {1, 6}, {3, 0}};
+
+    CHECK_COPY_FAILS(kva_cache_swap_blocks(NULL, src, dst, &p[0][0], 3), KVA_STATUS_NULL_POINTER,
+                     "ctx", dst, &s);
+    CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, NULL, dst, &p[0][0], 3), KVA_STATUS_NULL_POINTER,
+                     "src", dst, &s);
+    CHECK_STATUS(kva_cache_swap_blocks(ctx, src, NULL, &p[0][0], 3), KVA_STATUS_NULL_POINTER);
+    CHECK_ERROR_MENTIONS("dst");
+    CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, src, dst, NULL, 3), KVA_STATUS_NULL_POINTER,
+                     "pairs", dst, &s);
+    CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, src, dst, &p[0][0], -1),
+                     KVA_STATUS_INVALID_ARGUMENT, "num_pairs", dst, &s);
+    CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, dst, dst, &p[0][0], 1),
+                     KVA_STATUS_INVALID_ARGUMENT, "same cache", dst, &s);
+    /* Ids: src ids are checked against the src cache (4 blocks), dst ids
+     * against the dst cache (8 blocks). */
+    p[1][0] = 5;
+    CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, src, dst, &p[0][0], 3), KVA_STATUS_OUT_OF_RANGE,
+                     "pairs[1][0] = 5", dst, &s);
+    p[1][0] = 1;
+    p[2][1] = 8;
+    CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, src, dst, &p[0][0], 3), KVA_STATUS_OUT_OF_RANGE,
+                     "pairs[2][1] = 8", dst, &s);
+    p[2][1] = 7;
+    CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, src, dst, &p[0][0], 3),
+                     KVA_STATUS_INVALID_ARGUMENT, "pairs[2][1] = 7", dst, &s);
+    p[2][1] = 0;
+    CHECK(same(src, &ss));
+
+    /* Mismatched shapes: each field in turn. */
+    struct {
+        const char *field;
+        kva_status st;
+    } cases[] = {{"dtype", KVA_STATUS_DTYPE_MISMATCH},
+                 {"layout", KVA_STATUS_SHAPE_MISMATCH},
+                 {"block_size", KVA_STATUS_SHAPE_MISMATCH},
+                 {"num_kv_heads", KVA_STATUS_SHAPE_MISMATCH},
+                 {"head_dim", KVA_STATUS_SHAPE_MISMATCH},
+                 {"head_dim_v", KVA_STATUS_SHAPE_MISMATCH}};
+    for (int i = 0; i < 6; i++) {
+        kva_cache_desc m = ds;
+        m.num_blocks = 8;
+        if (i == 0)
+            m.dtype = KVA_DTYPE_F16;
+        else if (i == 1)
+            m.layout = KVA_LAYOUT_HND;
+        else if (i == 2)
+            m.block_size = 8;
+        else if (i == 3)
+            m.num_kv_heads = 1;
+        else if (i == 4)
+            m.head_dim = 64, m.head_dim_v = 32;
+        else
+            m.head_dim_v = 64;
+        kva_cache *o = NULL;
+        CHECK_OK(kva_cache_create(ctx, &m, &o));
+        fill_cache(o, &r);
+        snapshot os = take(o);
+        CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, src, o, &p[0][0], 3), cases[i].st,
+                         cases[i].field, o, &os);
+        drop(&os);
+        kva_cache_destroy(o);
+    }
+
+    /* Two caches over the same caller memory overlap. */
+    uint16_t *mem = malloc(2 * 4 * 16 * 2 * 32 * 2);
+    kva_cache *a = NULL, *b = NULL;
+    CHECK_OK(kva_cache_create_from(ctx, &ds, mem, mem + 4096, &a));
+    CHECK_OK(kva_cache_create_from(ctx, &ds, mem + 4096, mem, &b));
+    int32_t one[1][2] = {{0, 1}};
+    CHECK_STATUS(kva_cache_swap_blocks(ctx, a, b, &one[0][0], 1), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("overlap");
+    kva_cache_destroy(a);
+    kva_cache_destroy(b);
+    free(mem);
+
+    /* A device cache cannot be swapped by a host context yet. */
+    dst->mem = KVA_BACKEND_CUDA;
+    CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, src, dst, &p[0][0], 3),
+                     KVA_STATUS_BACKEND_UNAVAILABLE, "dst", dst, &s);
+    dst->mem = KVA_BACKEND_REF;
+    CHECK(same(src, &ss));
+    drop(&s);
+    drop(&ss);
+    kva_cache_destroy(src);
+    kva_cache_destroy(dst);
+    kva_context_destroy(ctx);
+}
+
+int main(void)
+{
+    RUN(test_create_desc_and_data);
+    RUN(test_write_known_position);
+    RUN(test_write_all_dtypes_layouts);
+    RUN(test_write_threaded);
+    RUN(test_create_from);
+    RUN(test_copy_blocks);
+    RUN(test_swap_blocks);
+    RUN(test_large_offsets);
+    RUN(test_create_bad_inputs);
+    RUN(test_write_bad_inputs);
+    RUN(test_copy_bad_inputs);
+    RUN(test_swap_bad_inputs);
+    return kva_test_finish();
+}
