@@ -131,6 +131,7 @@ typedef struct kva__partition kva__partition;
 
 struct kva_plan {
     kva_backend backend;       /* backend of the context that built it */
+    const kva__backend_ops *ops; /* that context's backend table (plan_release at destroy) */
     kva_plan_desc d;           /* scalars resolved (head_dim_v, scale, decode_threshold);
                                   its pointer fields are NULL: use the copies below */
     int32_t *query_start_loc;  /* [R+1] host copy */

@@ -21,16 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/*
- * The plan handed out is the first member of this box, so kva_plan_destroy can
- * find the backend table of the context that built it (the plan may outlive
- * that context's use, and struct kva_plan itself only records the backend id).
- */
-typedef struct plan_box {
-    kva_plan plan;
-    const kva__backend_ops *ops;
-} plan_box;
-
 const char *kva_attn_state_name(kva_attn_state state)
 {
     switch (state) {
@@ -223,16 +213,15 @@ static void classify(kva_plan *p)
         in->state = KVA_STATE_CHUNKED_PREFILL;
 }
 
-/* Frees the host copies and the box; the backend part must be released first. */
-static void free_box(plan_box *box)
+/* Frees the host copies and the plan; the backend part must be released first. */
+static void free_plan(kva_plan *p)
 {
-    kva_plan *p = &box->plan;
     free(p->query_start_loc);
     free(p->seq_lens);
     free(p->kv_start);
     free(p->block_table);
     free(p->alibi_slopes);
-    free(box);
+    free(p);
 }
 
 /* malloc of n elements of size sz (at least one element, so 0 is never asked for). */
@@ -258,11 +247,10 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
     const int32_t R = desc->num_requests;
     const int32_t H = desc->num_heads;
     size_t bt_elems = desc->block_table ? (size_t)R * (size_t)desc->block_table_stride : 0;
-    plan_box *box = calloc(1, sizeof *box);
-    if (!box)
+    kva_plan *p = calloc(1, sizeof *p);
+    if (!p)
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_plan_create: out of memory");
-    kva_plan *p = &box->plan;
-    box->ops = ctx->ops;
+    p->ops = ctx->ops;
     p->backend = ctx->backend;
     p->query_start_loc = alloc_n((size_t)R + 1, sizeof(int32_t));
     p->seq_lens = alloc_n((size_t)R, sizeof(int32_t));
@@ -273,7 +261,7 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
         p->alibi_slopes = alloc_n((size_t)H, sizeof(float));
     if (!p->query_start_loc || !p->seq_lens || !p->kv_start ||
         (desc->block_table && !p->block_table) || (desc->alibi_slopes && !p->alibi_slopes)) {
-        free_box(box);
+        free_plan(p);
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
                          "kva_plan_create: out of memory copying the metadata of %d requests "
                          "(block_table_stride = %d)",
@@ -319,7 +307,7 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
             /* plan_release accepts a partly built plan (part/device NULL or valid). */
             if (ctx->ops->plan_release)
                 ctx->ops->plan_release(p);
-            free_box(box);
+            free_plan(p);
             return st;
         }
     }
@@ -331,10 +319,9 @@ void kva_plan_destroy(kva_plan *plan)
 {
     if (!plan)
         return;
-    plan_box *box = (plan_box *)plan; /* plan is the box's first member */
-    if (box->ops && box->ops->plan_release)
-        box->ops->plan_release(plan);
-    free_box(box);
+    if (plan->ops && plan->ops->plan_release)
+        plan->ops->plan_release(plan);
+    free_plan(plan);
 }
 
 kva_status kva_plan_get_info(const kva_plan *plan, kva_plan_info *out)
