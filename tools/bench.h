@@ -1,0 +1,139 @@
+/*
+ * bench.h - the pieces of `kvattn bench`: options, the step's batch, the
+ * correctness check against the reference backend, and the report.
+ *
+ * Shape glossary as in kvattn.h: T tokens, R requests, H query heads, Hkv kv
+ * heads, D head size, Dv value head size, B block size, NB blocks.
+ */
+#ifndef KVA_CLI_BENCH_H
+#define KVA_CLI_BENCH_H
+
+#include "kvattn.h"
+
+#include <stdint.h>
+
+typedef enum bench_mode { BENCH_DECODE = 0, BENCH_PREFILL = 1, BENCH_MIXED = 2 } bench_mode;
+
+/* Everything the command line sets. Fields left at -1 take their mode's default
+ * in bench_opts_resolve. */
+typedef struct bench_opts {
+    bench_mode mode;
+    int32_t batch;   /* R (decode, prefill) or number of decodes (mixed) */
+    int32_t context; /* cached tokens before the step's new tokens, per request */
+    int32_t q_len;   /* new tokens: per decode (decode), per request (prefill), of the chunk (mixed) */
+    int32_t heads, kv_heads, head_dim, head_dim_v, block_size;
+    kva_dtype dtype;
+    kva_layout layout;
+    int32_t causal;
+    int32_t window; /* window_left, -1 for none */
+    float softcap;
+    kva_backend backend;
+    int32_t threads;
+    int32_t iters; /* 0 = chosen from the warm-up time */
+    int32_t warmup;
+    uint64_t seed;
+    const char *json; /* file for the machine-readable result, or NULL */
+    int no_check;
+    int no_ceiling; /* skip measuring the machine's memory read bandwidth */
+    int ragged;     /* time kva_attention_run_ragged instead of the paged path */
+} bench_opts;
+
+/* Sets the defaults; bench_opts_resolve fills the mode-dependent ones. */
+void bench_opts_init(bench_opts *o);
+void bench_opts_resolve(bench_opts *o);
+const char *bench_mode_name(bench_mode m);
+
+/*
+ * One step's batch on the host: metadata, block tables and every tensor the
+ * run reads or writes. The check batch (a reduced copy) has the same form plus
+ * src_token, the row of the full batch each of its tokens reproduces.
+ */
+typedef struct bench_batch {
+    int32_t num_requests;     /* R */
+    int32_t num_tokens;       /* T */
+    int32_t *query_start_loc; /* [R+1] */
+    int32_t *seq_lens;        /* [R] */
+    int32_t *block_table;     /* [R, block_table_stride], shuffled block ids */
+    int32_t block_table_stride;
+    int32_t num_blocks;    /* NB of the cache: every block of every request */
+    void *q;               /* [T, H, D] dtype */
+    void *out;             /* [T, H, Dv] dtype */
+    float *lse;            /* [T, H] */
+    void *k_new, *v_new;   /* [T, Hkv, D], [T, Hkv, Dv]: the step's new keys/values */
+    int64_t *slot_new;     /* [T] cache slots of the new tokens */
+    void *k_ragged;        /* [sum(seq_lens), Hkv, D] (--ragged only) */
+    void *v_ragged;        /* [sum(seq_lens), Hkv, Dv] (--ragged only) */
+    int64_t *src_token;    /* [T] check batch only: token of the full batch; else NULL */
+} bench_batch;
+
+/* bench_batch.c */
+kva_status bench_batch_build(const bench_opts *o, bench_batch *b);
+void bench_batch_free(bench_batch *b);
+/* The plan descriptor of batch b (pointers into b). */
+void bench_plan_desc(const bench_opts *o, const bench_batch *b, kva_plan_desc *d);
+/* Writes every key and value of every request into the cache: context tokens
+ * from random data, then the step's new tokens (k_new/v_new at slot_new). */
+kva_status bench_cache_fill(kva_context *ctx, const bench_opts *o, const bench_batch *b,
+                            kva_cache *cache);
+/* Writes only the step's new tokens (what an engine does every layer). */
+kva_status bench_cache_write_new(kva_context *ctx, const bench_opts *o, const bench_batch *b,
+                                 kva_cache *cache);
+/* Fills b->k_ragged/v_ragged (allocating them) for the ragged path. */
+kva_status bench_ragged_fill(const bench_opts *o, bench_batch *b);
+/* Fills n elements of a float buffer of dtype dt with uniform values of unit
+ * variance (never all zeros) from the generator state *s. */
+void bench_fill(void *p, kva_dtype dt, size_t n, uint64_t *s);
+/* Fills n elements with NaN so that an element a kernel does not write shows. */
+void bench_poison(void *p, kva_dtype dt, size_t n);
+
+/* Work counted per the docs: KV bytes (every visible key's K and V once per kv
+ * head), FLOPs (2*D + 2*Dv per unmasked (query head, key) pair). */
+typedef struct bench_counts {
+    double kv_bytes;
+    double flops;
+    double pairs; /* unmasked (query head, key) pairs */
+} bench_counts;
+bench_counts bench_count(const bench_opts *o, const bench_batch *b);
+/* Unmasked (query head, key) pairs of one request with q_len q and seq_len s. */
+double bench_request_pairs(const bench_opts *o, int32_t q, int32_t s);
+
+/* bench_check.c */
+typedef struct bench_check_result {
+    int done;           /* 0 when skipped */
+    const char *skip_reason;
+    int ok;
+    double max_abs_err; /* output */
+    double max_lse_err;
+    size_t num_bad;
+    int32_t requests_checked;
+    int32_t tokens_checked;
+    int truncated; /* 1 if the checked requests were shortened (causal prefix) */
+    double ref_seconds;
+} bench_check_result;
+
+/* Runs the reference backend on a reduced copy of the batch (or the whole
+ * batch when it is cheap) and compares with b->out/b->lse, which the backend
+ * under test has just written. Returns a library status; a mismatch is
+ * reported in r->ok, not as a status. */
+kva_status bench_check(const bench_opts *o, const bench_batch *b, const kva_cache *cache,
+                       bench_check_result *r);
+
+/* bench_report.c */
+typedef struct bench_result {
+    kva_plan_info info;
+    int32_t threads;
+    int32_t iters;
+    double median_s, min_s;
+    double plan_s;  /* median kva_plan_create time */
+    double write_s; /* median kva_cache_write of the step's new tokens (paged only) */
+    double read_bw; /* measured machine read bandwidth GB/s, 0 if not measured */
+    bench_counts counts;
+    bench_check_result check;
+} bench_result;
+
+void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_result *r);
+/* Returns 0 on success, -1 if the file cannot be written. */
+int bench_report_json(const char *path, const bench_opts *o, const bench_batch *b,
+                      const bench_result *r);
+
+#endif /* KVA_CLI_BENCH_H */

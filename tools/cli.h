@@ -1,0 +1,53 @@
+/*
+ * cli.h - declarations shared by the files of the `kvattn` command-line tool.
+ *
+ * Exit statuses of every subcommand: KVA_EXIT_OK on success, KVA_EXIT_LIBRARY
+ * when a kvattn call fails (or a correctness check fails), KVA_EXIT_USAGE for
+ * an unknown flag or a bad value.
+ */
+#ifndef KVA_CLI_H
+#define KVA_CLI_H
+
+#include "kvattn.h"
+
+#include <stdint.h>
+
+enum { KVA_EXIT_OK = 0, KVA_EXIT_LIBRARY = 1, KVA_EXIT_USAGE = 2 };
+
+/* ---- subcommands (one file each) ---- */
+
+int kva_cli_info(int argc, char **argv);  /* cmd_info.c */
+int kva_cli_bench(int argc, char **argv); /* cmd_bench.c */
+void kva_cli_usage_bench(void);           /* cmd_bench.c: the bench options */
+
+/* ---- argument parsing (cli_args.c) ---- */
+
+/* Each parser converts the whole string or prints "kvattn: <flag>: ..." to
+ * stderr and returns 0; on success it stores the value and returns 1. */
+int kva_cli_parse_i32(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out);
+int kva_cli_parse_u64(const char *flag, const char *s, uint64_t *out);
+int kva_cli_parse_float(const char *flag, const char *s, float lo, float hi, float *out);
+/* Matches s against names[0..n); stores the index. */
+int kva_cli_parse_choice(const char *flag, const char *s, const char *const *names, int n,
+                         int *out);
+/* Returns the value of a flag that needs one (argv[*i + 1]) and advances *i,
+ * or prints "missing value" and returns NULL. Accepts "--flag=value" too: then
+ * the value is the part after '=' and *i is not advanced. */
+const char *kva_cli_flag_value(int argc, char **argv, int *i, const char *flag);
+/* 1 if argv[i] is flag or starts with "flag=". */
+int kva_cli_flag_is(const char *arg, const char *flag);
+
+/* Prints "kvattn: <what> failed: KVA_STATUS_X: <kva_last_error()>" to stderr
+ * and returns KVA_EXIT_LIBRARY. */
+int kva_cli_lib_error(const char *what, kva_status st);
+
+/* ---- timing and machine (cli_sys.c) ---- */
+
+/* Monotonic clock in seconds (clock_gettime CLOCK_MONOTONIC). */
+double kva_cli_now(void);
+/* Measured memory read bandwidth in GB/s of this machine with the given
+ * number of threads (best of a few passes over a buffer much larger than the
+ * last-level cache); 0 if it cannot be measured. */
+double kva_cli_measure_read_bw(int num_threads);
+
+#endif /* KVA_CLI_H */

@@ -1,0 +1,103 @@
+/* cli_args.c - strict parsing of command-line values for the kvattn tool. */
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int kva_cli_flag_is(const char *arg, const char *flag)
+{
+    size_t n = strlen(flag);
+    return strncmp(arg, flag, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
+}
+
+const char *kva_cli_flag_value(int argc, char **argv, int *i, const char *flag)
+{
+    const char *arg = argv[*i];
+    size_t n = strlen(flag);
+    if (arg[n] == '=')
+        return arg + n + 1;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "kvattn: %s needs a value\n", flag);
+        return NULL;
+    }
+    *i += 1;
+    return argv[*i];
+}
+
+int kva_cli_parse_i32(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || errno == ERANGE) {
+        fprintf(stderr, "kvattn: %s: '%s' is not an integer\n", flag, s);
+        return 0;
+    }
+    if (v < lo || v > hi) {
+        fprintf(stderr, "kvattn: %s: %lld is out of range [%ld, %ld]\n", flag, v, (long)lo,
+                (long)hi);
+        return 0;
+    }
+    *out = (int32_t)v;
+    return 1;
+}
+
+int kva_cli_parse_u64(const char *flag, const char *s, uint64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    if (*s == '-' || *s == '\0') {
+        fprintf(stderr, "kvattn: %s: '%s' is not a non-negative integer\n", flag, s);
+        return 0;
+    }
+    unsigned long long v = strtoull(s, &end, 0);
+    if (*end != '\0' || errno == ERANGE) {
+        fprintf(stderr, "kvattn: %s: '%s' is not a non-negative integer\n", flag, s);
+        return 0;
+    }
+    *out = (uint64_t)v;
+    return 1;
+}
+
+int kva_cli_parse_float(const char *flag, const char *s, float lo, float hi, float *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || errno == ERANGE || !isfinite(v)) {
+        fprintf(stderr, "kvattn: %s: '%s' is not a finite number\n", flag, s);
+        return 0;
+    }
+    if (v < lo || v > hi) {
+        fprintf(stderr, "kvattn: %s: %g is out of range [%g, %g]\n", flag, v, (double)lo,
+                (double)hi);
+        return 0;
+    }
+    *out = (float)v;
+    return 1;
+}
+
+int kva_cli_parse_choice(const char *flag, const char *s, const char *const *names, int n,
+                         int *out)
+{
+    for (int k = 0; k < n; k++) {
+        if (strcmp(s, names[k]) == 0) {
+            *out = k;
+            return 1;
+        }
+    }
+    fprintf(stderr, "kvattn: %s: '%s' is not one of:", flag, s);
+    for (int k = 0; k < n; k++)
+        fprintf(stderr, " %s", names[k]);
+    fputc('\n', stderr);
+    return 0;
+}
+
+int kva_cli_lib_error(const char *what, kva_status st)
+{
+    fprintf(stderr, "kvattn: %s failed: %s: %s\n", what, kva_status_name(st), kva_last_error());
+    return KVA_EXIT_LIBRARY;
+}

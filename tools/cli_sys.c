@@ -1,0 +1,80 @@
+/* cli_sys.c - the monotonic clock and the machine's measured memory read bandwidth. */
+#define _POSIX_C_SOURCE 200809L
+#include "cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+double kva_cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Sums n 64-bit words with four independent accumulators, so the loop is
+ * limited by loads, not by the add latency. */
+static uint64_t sum_words(const uint64_t *p, size_t n)
+{
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        a += p[i];
+        b += p[i + 1];
+        c += p[i + 2];
+        d += p[i + 3];
+    }
+    for (; i < n; i++)
+        a += p[i];
+    return a + b + c + d;
+}
+
+double kva_cli_measure_read_bw(int num_threads)
+{
+    /* 256 MiB: 8x the largest last-level caches of the machines we run on, so
+     * the passes measure DRAM, not cache. */
+    const size_t bytes = (size_t)256 << 20;
+    const size_t words = bytes / sizeof(uint64_t);
+    uint64_t *buf = malloc(bytes);
+    if (!buf)
+        return 0.0;
+    if (num_threads < 1)
+        num_threads = 1;
+    /* Touch every page from the threads that will read them (first touch). */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+#endif
+    for (size_t i = 0; i < words; i++)
+        buf[i] = i;
+    double best = 0.0;
+    volatile uint64_t sink = 0;
+    for (int pass = 0; pass < 4; pass++) {
+        uint64_t total = 0;
+        double t0 = kva_cli_now();
+#ifdef _OPENMP
+#pragma omp parallel num_threads(num_threads) reduction(+ : total)
+        {
+            int nt = omp_get_num_threads(), id = omp_get_thread_num();
+            size_t chunk = (words + (size_t)nt - 1) / (size_t)nt;
+            size_t lo = chunk * (size_t)id;
+            size_t hi = lo + chunk < words ? lo + chunk : words;
+            if (lo < hi)
+                total += sum_words(buf + lo, hi - lo);
+        }
+#else
+        total = sum_words(buf, words);
+#endif
+        double dt = kva_cli_now() - t0;
+        sink += total;
+        if (dt > 0 && (double)bytes / dt / 1e9 > best)
+            best = (double)bytes / dt / 1e9;
+    }
+    (void)sink;
+    free(buf);
+    return best;
+}

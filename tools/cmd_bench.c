@@ -1,0 +1,371 @@
+/*
+ * cmd_bench.c - `kvattn bench`: check one attention shape against the
+ * reference backend, warm up, time it, and report median/min time, GB/s and
+ * GFLOP/s (how bytes and FLOPs are counted: docs/cli.md).
+ *
+ * The step it builds is what an engine runs for one layer: a plan from the
+ * batch metadata, the cache written through kva_cache_write (shuffled block
+ * tables, as a block pool hands them out), then kva_attention_run (or
+ * kva_attention_run_ragged with --ragged, which reads packed K/V, no cache).
+ */
+#include "bench.h"
+#include "cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Timed iterations chosen from the warm-up time when --iters is not given:
+ * about this many seconds in total, within [AUTO_ITERS_MIN, AUTO_ITERS_MAX]. */
+#define AUTO_SECONDS 2.0
+#define AUTO_ITERS_MIN 3
+#define AUTO_ITERS_MAX 200
+/* Plan creations timed for the "plan create" row. */
+#define PLAN_REPEATS 5
+
+void kva_cli_usage_bench(void)
+{
+    printf(
+        "usage: kvattn bench [options]\n"
+        "\n"
+        "Checks one attention shape against the reference backend, warms up, then times\n"
+        "--iters runs and reports the median and min time, KV bytes read, GB/s, FLOPs and\n"
+        "GFLOP/s. Defaults: a serving decode step (16 requests x 4096 cached tokens,\n"
+        "H=32, Hkv=8, D=128, bf16, B=16) on the CPU backend with all cores.\n"
+        "\n"
+        "batch:\n"
+        "  --mode decode|prefill|mixed  decode: R requests of --q-len new tokens (1; >1 is\n"
+        "                       spec decode) after --context cached tokens; prefill: R\n"
+        "                       prompts of --q-len tokens (after --context cached tokens,\n"
+        "                       default 0); mixed: R decodes plus one chunked prefill of\n"
+        "                       --q-len tokens, all after --context cached tokens [decode]\n"
+        "  --batch R            requests (mixed: decodes)     [16; prefill: 2]\n"
+        "  --context N          cached tokens per request     [4096; prefill: 0]\n"
+        "  --q-len n            new tokens per request        [1; prefill: 512; mixed: 256]\n"
+        "  --ragged             time kva_attention_run_ragged (packed K/V, no cache)\n"
+        "shape:\n"
+        "  --heads H            query heads                   [32]\n"
+        "  --kv-heads Hkv       kv heads (H multiple of Hkv)  [8]\n"
+        "  --head-dim D         head size, multiple of 8, <= 256 [128]\n"
+        "  --head-dim-v Dv      value head size (0 = D)       [0]\n"
+        "  --block-size B       tokens per cache block        [16]\n"
+        "  --dtype f32|f16|bf16 q, cache and output dtype     [bf16]\n"
+        "  --layout nhd|hnd     cache layout                  [nhd]\n"
+        "mask:\n"
+        "  --causal 0|1         bottom-right causal mask      [1]\n"
+        "  --window N           sliding window (window_left), -1 = none [-1]\n"
+        "  --softcap c          logits soft-cap, 0 = none     [0]\n"
+        "run:\n"
+        "  --backend ref|cpu    backend to time               [cpu]\n"
+        "  --threads N          CPU threads, 0 = all cores    [0]\n"
+        "  --iters N            timed runs, 0 = about %.0f s worth (%d..%d) [0]\n"
+        "  --warmup N           untimed runs before timing    [2]\n"
+        "  --seed N             random data seed              [1234]\n"
+        "  --no-check           skip the check against the reference backend\n"
+        "  --no-ceiling         skip measuring the machine's memory read bandwidth\n"
+        "  --json FILE          also write the result as JSON to FILE\n"
+        "\n"
+        "Exit status: 0 success, 1 library error or failed check, 2 bad usage.\n",
+        AUTO_SECONDS, AUTO_ITERS_MIN, AUTO_ITERS_MAX);
+}
+
+/* Parses argv into o; returns -1 on success, else the exit status. */
+static int parse_bench(int argc, char **argv, bench_opts *o)
+{
+    static const char *const modes[] = {"decode", "prefill", "mixed"};
+    static const char *const dtypes[] = {"f32", "f16", "bf16"};
+    static const kva_dtype dtype_vals[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
+    static const char *const layouts[] = {"nhd", "hnd"};
+    static const char *const backends[] = {"ref", "cpu"};
+    static const char *const value_flags[] = {
+        "--mode",   "--batch",  "--context",  "--q-len",    "--heads",  "--kv-heads",
+        "--head-dim", "--head-dim-v", "--block-size", "--dtype", "--layout", "--causal",
+        "--window", "--softcap", "--backend", "--threads",  "--iters",  "--warmup",
+        "--seed",   "--json"};
+    const int32_t BIG = 1 << 24;
+    bench_opts_init(o);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int k = 0, ok = 1;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            kva_cli_usage_bench();
+            return KVA_EXIT_OK;
+        }
+        if (strcmp(a, "--no-check") == 0) {
+            o->no_check = 1;
+            continue;
+        }
+        if (strcmp(a, "--no-ceiling") == 0) {
+            o->no_ceiling = 1;
+            continue;
+        }
+        if (strcmp(a, "--ragged") == 0) {
+            o->ragged = 1;
+            continue;
+        }
+        /* Every other option takes a value: "--flag v" or "--flag=v". */
+        const char *f = NULL;
+        for (size_t n = 0; n < sizeof value_flags / sizeof value_flags[0]; n++)
+            if (kva_cli_flag_is(a, value_flags[n]))
+                f = value_flags[n];
+        if (!f) {
+            fprintf(stderr, "kvattn bench: unknown option '%s' (see kvattn bench --help)\n", a);
+            return KVA_EXIT_USAGE;
+        }
+        const char *val = kva_cli_flag_value(argc, argv, &i, f);
+        if (!val)
+            return KVA_EXIT_USAGE;
+        if (!strcmp(f, "--mode")) {
+            ok = kva_cli_parse_choice(f, val, modes, 3, &k);
+            o->mode = (bench_mode)k;
+        } else if (!strcmp(f, "--batch"))
+            ok = kva_cli_parse_i32(f, val, 1, BIG, &o->batch);
+        else if (!strcmp(f, "--context"))
+            ok = kva_cli_parse_i32(f, val, 0, BIG, &o->context);
+        else if (!strcmp(f, "--q-len"))
+            ok = kva_cli_parse_i32(f, val, 1, BIG, &o->q_len);
+        else if (!strcmp(f, "--heads"))
+            ok = kva_cli_parse_i32(f, val, 1, 4096, &o->heads);
+        else if (!strcmp(f, "--kv-heads"))
+            ok = kva_cli_parse_i32(f, val, 1, 4096, &o->kv_heads);
+        else if (!strcmp(f, "--head-dim"))
+            ok = kva_cli_parse_i32(f, val, 8, 256, &o->head_dim);
+        else if (!strcmp(f, "--head-dim-v"))
+            ok = kva_cli_parse_i32(f, val, 0, 256, &o->head_dim_v);
+        else if (!strcmp(f, "--block-size"))
+            ok = kva_cli_parse_i32(f, val, 1, 65536, &o->block_size);
+        else if (!strcmp(f, "--dtype")) {
+            ok = kva_cli_parse_choice(f, val, dtypes, 3, &k);
+            o->dtype = dtype_vals[k];
+        } else if (!strcmp(f, "--layout")) {
+            ok = kva_cli_parse_choice(f, val, layouts, 2, &k);
+            o->layout = k == 0 ? KVA_LAYOUT_NHD : KVA_LAYOUT_HND;
+        } else if (!strcmp(f, "--causal"))
+            ok = kva_cli_parse_i32(f, val, 0, 1, &o->causal);
+        else if (!strcmp(f, "--window"))
+            ok = kva_cli_parse_i32(f, val, -1, BIG, &o->window);
+        else if (!strcmp(f, "--softcap"))
+            ok = kva_cli_parse_float(f, val, 0.0f, 1e6f, &o->softcap);
+        else if (!strcmp(f, "--backend")) {
+            ok = kva_cli_parse_choice(f, val, backends, 2, &k);
+            o->backend = k == 0 ? KVA_BACKEND_REF : KVA_BACKEND_CPU;
+        } else if (!strcmp(f, "--threads"))
+            ok = kva_cli_parse_i32(f, val, 0, 4096, &o->threads);
+        else if (!strcmp(f, "--iters"))
+            ok = kva_cli_parse_i32(f, val, 0, 1000000, &o->iters);
+        else if (!strcmp(f, "--warmup"))
+            ok = kva_cli_parse_i32(f, val, 0, 1000000, &o->warmup);
+        else if (!strcmp(f, "--seed"))
+            ok = kva_cli_parse_u64(f, val, &o->seed);
+        else if (!strcmp(f, "--json")) {
+            o->json = val;
+            if (!*val) {
+                fprintf(stderr, "kvattn: --json: empty file name\n");
+                ok = 0;
+            }
+        }
+        if (!ok)
+            return KVA_EXIT_USAGE;
+    }
+    bench_opts_resolve(o);
+    if (o->head_dim % 8 != 0 || (o->head_dim_v % 8 != 0)) {
+        fprintf(stderr, "kvattn: --head-dim %d / --head-dim-v %d: must be multiples of 8\n",
+                (int)o->head_dim, (int)o->head_dim_v);
+        return KVA_EXIT_USAGE;
+    }
+    if (o->heads % o->kv_heads != 0) {
+        fprintf(stderr, "kvattn: --heads %d is not a multiple of --kv-heads %d\n", (int)o->heads,
+                (int)o->kv_heads);
+        return KVA_EXIT_USAGE;
+    }
+    if ((int64_t)o->context + o->q_len > (1 << 30)) {
+        fprintf(stderr, "kvattn: --context + --q-len is too large\n");
+        return KVA_EXIT_USAGE;
+    }
+    return -1;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Everything one bench run owns, released by bench_cleanup. */
+typedef struct bench_state {
+    bench_batch b;
+    kva_context *ctx;
+    kva_cache *cache;
+    kva_plan *plan;
+    double *times;
+} bench_state;
+
+static void bench_cleanup(bench_state *s)
+{
+    kva_plan_destroy(s->plan);
+    kva_cache_destroy(s->cache);
+    kva_context_destroy(s->ctx);
+    bench_batch_free(&s->b);
+    free(s->times);
+}
+
+static kva_status run_once(const bench_opts *o, bench_state *s)
+{
+    bench_batch *b = &s->b;
+    if (o->ragged)
+        return kva_attention_run_ragged(s->ctx, s->plan, b->q, b->k_ragged, b->v_ragged, NULL,
+                                        b->out, b->lse);
+    return kva_attention_run(s->ctx, s->plan, b->q, s->cache, NULL, b->out, b->lse);
+}
+
+/* The bench proper once the options are valid; returns the exit status. */
+static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
+{
+    kva_status st;
+    bench_batch *b = &s->b;
+    st = bench_batch_build(o, b);
+    if (st != KVA_STATUS_OK) {
+        fprintf(stderr, "kvattn: out of memory building the batch\n");
+        return KVA_EXIT_LIBRARY;
+    }
+    kva_context_desc cd = {o->backend, o->threads, 0};
+    if ((st = kva_context_create(&cd, &s->ctx)) != KVA_STATUS_OK)
+        return kva_cli_lib_error("kva_context_create", st);
+    res->threads = kva_context_num_threads(s->ctx);
+
+    /* Inputs: the paged cache written through kva_cache_write, or packed K/V. */
+    if (o->ragged) {
+        if (bench_ragged_fill(o, b) != KVA_STATUS_OK) {
+            fprintf(stderr, "kvattn: out of memory for the ragged K/V\n");
+            return KVA_EXIT_LIBRARY;
+        }
+    } else {
+        kva_cache_desc desc = {b->num_blocks, o->block_size, o->kv_heads, o->head_dim,
+                               o->head_dim_v,  o->dtype,      o->layout,   KVA_QUANT_NONE};
+        if ((st = kva_cache_create(s->ctx, &desc, &s->cache)) != KVA_STATUS_OK)
+            return kva_cli_lib_error("kva_cache_create", st);
+        if ((st = bench_cache_fill(s->ctx, o, b, s->cache)) != KVA_STATUS_OK)
+            return kva_cli_lib_error("kva_cache_write", st);
+    }
+
+    /* The plan, built a few times to time it (an engine builds one per step). */
+    kva_plan_desc pd;
+    bench_plan_desc(o, b, &pd);
+    double plan_times[PLAN_REPEATS];
+    for (int k = 0; k < PLAN_REPEATS; k++) {
+        kva_plan_destroy(s->plan);
+        s->plan = NULL;
+        double t0 = kva_cli_now();
+        st = kva_plan_create(s->ctx, &pd, &s->plan);
+        plan_times[k] = kva_cli_now() - t0;
+        if (st != KVA_STATUS_OK)
+            return kva_cli_lib_error("kva_plan_create", st);
+    }
+    res->plan_s = median(plan_times, PLAN_REPEATS);
+    if ((st = kva_plan_get_info(s->plan, &res->info)) != KVA_STATUS_OK)
+        return kva_cli_lib_error("kva_plan_get_info", st);
+
+    /* First run into poisoned outputs: what the check compares. */
+    const size_t H = (size_t)o->heads, T = (size_t)b->num_tokens;
+    bench_poison(b->out, o->dtype, T * H * (size_t)o->head_dim_v);
+    bench_poison(b->lse, KVA_DTYPE_F32, T * H);
+    double t0 = kva_cli_now();
+    if ((st = run_once(o, s)) != KVA_STATUS_OK)
+        return kva_cli_lib_error(o->ragged ? "kva_attention_run_ragged" : "kva_attention_run", st);
+    double estimate = kva_cli_now() - t0;
+
+    if (o->no_check) {
+        res->check.skip_reason = "--no-check";
+    } else if (o->backend == KVA_BACKEND_REF) {
+        res->check.skip_reason = "the backend is the reference";
+    } else {
+        if ((st = bench_check(o, b, s->cache, &res->check)) != KVA_STATUS_OK)
+            return kva_cli_lib_error("reference check", st);
+        printf("check: max abs err %.3g, lse err %.3g (%s) vs ref on %d of %d requests, "
+               "%d tokens%s\n",
+               res->check.max_abs_err, res->check.max_lse_err, res->check.ok ? "ok" : "FAILED",
+               (int)res->check.requests_checked, (int)b->num_requests,
+               (int)res->check.tokens_checked, res->check.truncated ? " (causal prefixes)" : "");
+        if (!res->check.ok) {
+            fprintf(stderr,
+                    "kvattn: check failed: backend '%s' differs from the reference in %zu "
+                    "elements (max abs err %.3g); not timing it\n",
+                    kva_backend_name(o->backend), res->check.num_bad, res->check.max_abs_err);
+            return KVA_EXIT_LIBRARY;
+        }
+    }
+    fflush(stdout);
+
+    for (int k = 0; k < o->warmup; k++) {
+        t0 = kva_cli_now();
+        if ((st = run_once(o, s)) != KVA_STATUS_OK)
+            return kva_cli_lib_error("attention (warm-up)", st);
+        double dt = kva_cli_now() - t0;
+        if (dt < estimate)
+            estimate = dt;
+    }
+    int iters = o->iters;
+    if (iters == 0) {
+        double n = estimate > 0 ? AUTO_SECONDS / estimate : AUTO_ITERS_MAX;
+        iters = n < AUTO_ITERS_MIN ? AUTO_ITERS_MIN : n > AUTO_ITERS_MAX ? AUTO_ITERS_MAX : (int)n;
+    }
+    res->iters = iters;
+    s->times = malloc((size_t)iters * sizeof *s->times);
+    if (!s->times) {
+        fprintf(stderr, "kvattn: out of memory\n");
+        return KVA_EXIT_LIBRARY;
+    }
+    for (int k = 0; k < iters; k++) {
+        t0 = kva_cli_now();
+        st = run_once(o, s);
+        s->times[k] = kva_cli_now() - t0;
+        if (st != KVA_STATUS_OK)
+            return kva_cli_lib_error("attention", st);
+    }
+    res->median_s = median(s->times, iters);
+    res->min_s = s->times[0]; /* sorted by median() */
+
+    /* The step's cache write (same slots, same data: idempotent). */
+    if (!o->ragged) {
+        int n = iters < 50 ? iters : 50;
+        for (int k = 0; k < n; k++) {
+            t0 = kva_cli_now();
+            st = bench_cache_write_new(s->ctx, o, b, s->cache);
+            s->times[k] = kva_cli_now() - t0;
+            if (st != KVA_STATUS_OK)
+                return kva_cli_lib_error("kva_cache_write", st);
+        }
+        res->write_s = median(s->times, n);
+    }
+    res->counts = bench_count(o, b);
+    if (!o->no_ceiling)
+        res->read_bw = kva_cli_measure_read_bw(res->threads);
+
+    bench_report_print(o, b, res);
+    if (o->json && bench_report_json(o->json, o, b, res) != 0) {
+        fprintf(stderr, "kvattn: cannot write --json file '%s'\n", o->json);
+        return KVA_EXIT_LIBRARY;
+    }
+    return KVA_EXIT_OK;
+}
+
+int kva_cli_bench(int argc, char **argv)
+{
+    bench_opts o;
+    int rc = parse_bench(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    bench_state s;
+    bench_result res;
+    memset(&s, 0, sizeof s);
+    memset(&res, 0, sizeof res);
+    rc = bench_main(&o, &s, &res);
+    bench_cleanup(&s);
+    return rc;
+}
