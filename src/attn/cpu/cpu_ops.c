@@ -1,6 +1,152 @@
-/* cpu_ops.c - the CPU backend's operation table. */
-#include "internal.h"
+/*
+ * cpu_ops.c - the CPU backend's operation table: plan_build (work partition
+ * and workspace), the threaded run of the work items, and kernel dispatch.
+ */
+#include "cpu_attn.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ---- kernel variants ---- */
+
+static const kva__cpu_attn_fn variants[] = {kva__cpu_attn_v1};
+
+int kva__cpu_attn_num_variants(void) { return (int)(sizeof variants / sizeof variants[0]); }
+
+kva__cpu_attn_fn kva__cpu_attn_variant(int v)
+{
+    return v >= 1 && v <= kva__cpu_attn_num_variants() ? variants[v - 1] : NULL;
+}
+
+int kva__cpu_attn_choose(const kva_plan *plan)
+{
+    (void)plan;
+    return 1;
+}
+
+/* ---- plan ---- */
+
+/* Bytes of the split partials, rounded to 64 (the scratch areas follow). */
+static size_t partial_bytes(const kva__partition *part)
+{
+    return ((size_t)part->partial_floats * sizeof(float) + 63u) & ~(size_t)63u;
+}
+
+static kva_status cpu_plan_build(kva_context *ctx, kva_plan *plan)
+{
+    kva__partition_params pp;
+    pp.num_threads = ctx->num_threads > 0 ? ctx->num_threads : 1;
+    pp.max_rows = KVA_CPU_MAX_ROWS;
+    pp.prefill_rows = KVA_CPU_PREFILL_ROWS;
+    pp.split_align = KVA_CPU_KEY_CHUNK;
+    pp.min_split_keys = 128;
+    pp.max_splits = 64;
+    pp.items_per_thread = 4;
+    kva__partition *part = NULL;
+    KVA_TRY(kva__partition_build(plan, &pp, &part));
+    part->variant = kva__cpu_attn_choose(plan);
+    plan->part = part;
+    plan->info.num_work_items = part->num_items;
+    size_t bytes = 0;
+    if (part->num_items > 0)
+        bytes = partial_bytes(part) +
+                (size_t)pp.num_threads *
+                    kva__cpu_scratch_bytes(plan->d.head_dim, plan->d.head_dim_v);
+    plan->workspace_bytes = bytes;
+    if (bytes > 0)
+        KVA_TRY(kva__context_reserve_workspace(ctx, bytes));
+    return KVA_STATUS_OK;
+}
+
+static void cpu_plan_release(kva_plan *plan)
+{
+    kva__partition_free(plan->part);
+    plan->part = NULL;
+}
+
+/* ---- run ---- */
+
+/* Runs every item of the plan, then merges the split tasks. */
+static void run_items(kva_context *ctx, kva__cpu_run *run)
+{
+    const kva__partition *part = run->part;
+    const kva_plan *plan = run->plan;
+    const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
+    kva__cpu_attn_fn fn = kva__cpu_attn_variant(part->variant);
+    if (!fn)
+        fn = kva__cpu_attn_v1;
+    run->partials = ctx->workspace;
+    run->scratch = (unsigned char *)ctx->workspace + partial_bytes(part);
+    run->scratch_stride = kva__cpu_scratch_bytes(D, Dv);
+    /* The workspace holds scratch for the plan's thread count. */
+    int nt = ctx->num_threads < part->params.num_threads ? ctx->num_threads
+                                                          : part->params.num_threads;
+    if (nt > part->num_items)
+        nt = part->num_items;
+    if (nt < 1)
+        nt = 1;
+    const int32_t ni = part->num_items, nk = part->num_tasks;
+#pragma omp parallel num_threads(nt)
+    {
+#ifdef _OPENMP
+        const int tid = omp_get_thread_num();
+#else
+        const int tid = 0;
+#endif
+        kva__cpu_scratch s;
+        kva__cpu_scratch_map(run->scratch + (size_t)tid * run->scratch_stride, D, Dv, &s);
+#pragma omp for schedule(dynamic, 1)
+        for (int32_t i = 0; i < ni; i++)
+            fn(run, &part->items[i], &s);
+#pragma omp for schedule(dynamic, 1)
+        for (int32_t t = 0; t < nk; t++)
+            kva__cpu_merge_task(run, &part->tasks[t]);
+    }
+}
+
+static kva_status cpu_attention_paged(kva_context *ctx, const kva_plan *plan, const void *q,
+                                      const kva_cache *cache, const float *sinks, void *out,
+                                      float *lse)
+{
+    kva__cpu_run run;
+    memset(&run, 0, sizeof run);
+    run.plan = plan;
+    run.part = plan->part;
+    run.dt = plan->d.q_dtype;
+    run.q = q;
+    run.cache = cache;
+    run.sinks = sinks;
+    run.out = out;
+    run.lse = lse;
+    run_items(ctx, &run);
+    return KVA_STATUS_OK;
+}
+
+static kva_status cpu_attention_ragged(kva_context *ctx, const kva_plan *plan, const void *q,
+                                       const void *k, const void *v, const float *sinks,
+                                       void *out, float *lse)
+{
+    kva__cpu_run run;
+    memset(&run, 0, sizeof run);
+    run.plan = plan;
+    run.part = plan->part;
+    run.dt = plan->d.q_dtype;
+    run.q = q;
+    run.k = k;
+    run.v = v;
+    run.sinks = sinks;
+    run.out = out;
+    run.lse = lse;
+    run_items(ctx, &run);
+    return KVA_STATUS_OK;
+}
 
 const kva__backend_ops kva__cpu_ops = {
     .name = "cpu",
+    .plan_build = cpu_plan_build,
+    .plan_release = cpu_plan_release,
+    .attention_paged = cpu_attention_paged,
+    .attention_ragged = cpu_attention_ragged,
+    .merge_states = kva__cpu_merge_states,
 };

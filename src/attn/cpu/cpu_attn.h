@@ -1,0 +1,92 @@
+/*
+ * cpu_attn.h - internals of the CPU backend shared by its kernel files.
+ *
+ * A run executes the plan's work items (src/plan/partition.h) on an OpenMP
+ * team: each thread takes items from a dynamic schedule and runs a kernel
+ * variant on it with its own scratch area, then the team merges the partial
+ * results of split items. All memory a run touches besides its arguments is
+ * the context workspace, reserved by plan_build:
+ *
+ *   workspace = [ split partials: partial_floats fp32 ]
+ *               [ scratch of thread 0 ] [ scratch of thread 1 ] ...
+ */
+#ifndef KVA_CPU_ATTN_H
+#define KVA_CPU_ATTN_H
+
+#include "../../plan/partition.h"
+
+#include <string.h>
+
+/* Keys loaded (and converted to fp32) together: the score/softmax/PV chunk. */
+#define KVA_CPU_KEY_CHUNK 32
+/* Most attention rows (query rows x heads of a GQA group) per item. */
+#define KVA_CPU_MAX_ROWS 128
+/* Preferred attention rows of a prefill query tile. */
+#define KVA_CPU_PREFILL_ROWS 64
+
+/* Everything a kernel needs to run items of one call. */
+typedef struct kva__cpu_run {
+    const kva_plan *plan;
+    const kva__partition *part;
+    kva_dtype dt;    /* dtype of q, out and K/V */
+    const void *q;   /* [T, H, D] */
+    /* K/V source: a paged cache, or (cache == NULL) ragged rows
+     * k: [sum(seq_lens), Hkv, D], v: [sum(seq_lens), Hkv, Dv]. */
+    const kva_cache *cache;
+    const void *k, *v;
+    const float *sinks; /* [H] or NULL */
+    void *out;          /* [T, H, Dv] */
+    float *lse;         /* [T, H] or NULL */
+    float *partials;    /* split partials, see kva__split_task */
+    unsigned char *scratch; /* per-thread scratch areas */
+    size_t scratch_stride;  /* bytes between two threads' areas (multiple of 64) */
+} kva__cpu_run;
+
+/* A thread's scratch, carved out of its area by kva__cpu_scratch_map. */
+typedef struct kva__cpu_scratch {
+    float *q;      /* [max_rows, D] query tile, scale folded in */
+    float *acc;    /* [max_rows, Dv] unnormalized output accumulators */
+    float *mx;     /* [max_rows] running max of the scores */
+    float *sum;    /* [max_rows] running sum of exp(score - mx) */
+    float *p;      /* [KEY_CHUNK] scores, then probabilities, of one row */
+    float *kbuf;   /* [KEY_CHUNK, D] keys converted to fp32 */
+    float *vbuf;   /* [KEY_CHUNK, Dv] values converted to fp32 */
+    int32_t *lo;   /* [max_rows] first visible key of each query row of the tile */
+    int32_t *hi;   /* [max_rows] one past the last visible key */
+    const float **kp; /* [KEY_CHUNK] fp32 key rows of the chunk */
+    const float **vp; /* [KEY_CHUNK] fp32 value rows of the chunk */
+} kva__cpu_scratch;
+
+/* Bytes of one thread's scratch area (a multiple of 64). */
+size_t kva__cpu_scratch_bytes(int32_t D, int32_t Dv);
+/* Carves a thread's area (64-byte aligned) into its arrays. */
+void kva__cpu_scratch_map(void *area, int32_t D, int32_t Dv, kva__cpu_scratch *s);
+
+/* A kernel variant: computes one work item. */
+typedef void (*kva__cpu_attn_fn)(const kva__cpu_run *run, const kva__work_item *it,
+                                 kva__cpu_scratch *s);
+
+/* Kernel variants (attn_v1.c, ...). */
+void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
+
+/* Number of kernel variants, and variant v (1-based) or NULL. */
+int kva__cpu_attn_num_variants(void);
+kva__cpu_attn_fn kva__cpu_attn_variant(int v);
+/* The variant the dispatcher picks for a plan (1-based). */
+int kva__cpu_attn_choose(const kva_plan *plan);
+
+/* Merges the partials of split task t into out/lse, adding the sink once (cpu_merge.c). */
+void kva__cpu_merge_task(const kva__cpu_run *run, const kva__split_task *t);
+
+/* kva_merge_states for the CPU backend: threaded over tokens x heads. */
+kva_status kva__cpu_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_heads,
+                                 int32_t head_dim_v, kva_dtype dtype, const void *out_a,
+                                 const float *lse_a, const void *out_b, const float *lse_b,
+                                 void *out, float *lse_out);
+
+/* Stores n fp32 values as dtype dt at dst (f16/bf16 round to nearest even). */
+void kva__cpu_store_row(void *dst, kva_dtype dt, const float *src, int32_t n);
+/* Loads n values of dtype dt as fp32 (exact); vectorizable loops. */
+void kva__cpu_load_row(float *restrict dst, const void *restrict src, kva_dtype dt, int32_t n);
+
+#endif /* KVA_CPU_ATTN_H */

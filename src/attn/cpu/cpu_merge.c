@@ -1,0 +1,108 @@
+/*
+ * cpu_merge.c - LSE merges of the CPU backend: the second pass of split-KV
+ * items, and kva_merge_states.
+ *
+ * Both combine partial results over disjoint key sets:
+ *   top = max_s lse_s (and the sink), w_s = exp(lse_s - top),
+ *   out = sum_s w_s out_s / W, lse = top + log W, W = sum_s w_s (+ exp(sink - top)).
+ * A part whose lse is -inf has weight 0; if every part is empty (and there is
+ * no sink) the row is 0 with lse -inf. Accumulation is fp32.
+ */
+#include "cpu_attn.h"
+
+#include <math.h>
+
+void kva__cpu_merge_task(const kva__cpu_run *run, const kva__split_task *t)
+{
+    const kva_plan *plan = run->plan;
+    const int32_t H = plan->d.num_heads, Dv = plan->d.head_dim_v;
+    const int32_t G = H / plan->d.num_kv_heads;
+    const int32_t M = t->nq * t->nh, ns = t->num_splits;
+    const int32_t hbase = t->kv_head * G + t->h0;
+    const int32_t tok0 = plan->query_start_loc[t->req] + t->i0;
+    const size_t esz = kva_dtype_size(run->dt);
+    const int64_t split_floats = (int64_t)M * (Dv + 1);
+    const float *base = run->partials + t->ws_off;
+    float acc[KVA_MAX_HEAD_DIM];
+
+    for (int32_t m = 0; m < M; m++) {
+        const int32_t h = hbase + m % t->nh;
+        const float sink = run->sinks ? run->sinks[h] : -INFINITY;
+        float top = sink;
+        for (int32_t c = 0; c < ns; c++) {
+            float l = base[c * split_floats + (int64_t)M * Dv + m];
+            top = l > top ? l : top;
+        }
+        for (int32_t x = 0; x < Dv; x++)
+            acc[x] = 0.0f;
+        float W = 0.0f, lse = -INFINITY;
+        if (top != -INFINITY) {
+            for (int32_t c = 0; c < ns; c++) {
+                const float *po = base + c * split_floats;
+                const float l = po[(int64_t)M * Dv + m];
+                if (l == -INFINITY)
+                    continue;
+                const float w = expf(l - top);
+                const float *restrict o = po + (size_t)m * Dv;
+                for (int32_t x = 0; x < Dv; x++)
+                    acc[x] += w * o[x];
+                W += w;
+            }
+            if (run->sinks)
+                W += expf(sink - top);
+            const float f = 1.0f / W;
+            for (int32_t x = 0; x < Dv; x++)
+                acc[x] *= f;
+            lse = top + logf(W);
+        }
+        const int64_t row = (int64_t)(tok0 + m / t->nh) * H + h;
+        kva__cpu_store_row((unsigned char *)run->out + (size_t)(row * Dv) * esz, run->dt, acc, Dv);
+        if (run->lse)
+            run->lse[row] = lse;
+    }
+}
+
+/* Merges one (token, head) row; a and b may alias out (every element is read
+ * before it is written). */
+static void merge_row(kva_dtype dt, int32_t Dv, const void *a, float la, const void *b, float lb,
+                      void *out, float *lse_out)
+{
+    float fa[KVA_MAX_HEAD_DIM], fb[KVA_MAX_HEAD_DIM];
+    const float top = la > lb ? la : lb;
+    if (top == -INFINITY) {
+        for (int32_t x = 0; x < Dv; x++)
+            fa[x] = 0.0f;
+        kva__cpu_store_row(out, dt, fa, Dv);
+        *lse_out = -INFINITY;
+        return;
+    }
+    kva__cpu_load_row(fa, a, dt, Dv);
+    kva__cpu_load_row(fb, b, dt, Dv);
+    const float wa = la == -INFINITY ? 0.0f : expf(la - top);
+    const float wb = lb == -INFINITY ? 0.0f : expf(lb - top);
+    const float W = wa + wb;
+    const float ca = wa / W, cb = wb / W;
+    for (int32_t x = 0; x < Dv; x++)
+        fa[x] = ca * fa[x] + cb * fb[x];
+    kva__cpu_store_row(out, dt, fa, Dv);
+    *lse_out = top + logf(W);
+}
+
+kva_status kva__cpu_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_heads,
+                                 int32_t head_dim_v, kva_dtype dtype, const void *out_a,
+                                 const float *lse_a, const void *out_b, const float *lse_b,
+                                 void *out, float *lse_out)
+{
+    const int64_t rows = (int64_t)num_tokens * num_heads;
+    const size_t row_bytes = (size_t)head_dim_v * kva_dtype_size(dtype);
+    const int nt = ctx->num_threads > 1 && rows * head_dim_v >= 16384 ? (int)ctx->num_threads : 1;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < rows; i++) {
+        /* Read both lse values before the (possibly aliased) lse_out is written. */
+        const float la = lse_a[i], lb = lse_b[i];
+        merge_row(dtype, head_dim_v, (const unsigned char *)out_a + (size_t)i * row_bytes, la,
+                  (const unsigned char *)out_b + (size_t)i * row_bytes, lb,
+                  (unsigned char *)out + (size_t)i * row_bytes, &lse_out[i]);
+    }
+    return KVA_STATUS_OK;
+}

@@ -1,0 +1,93 @@
+/*
+ * partition.h - the work partition of a plan (internal; built at plan time).
+ *
+ * The attention of one step is cut into work items over (request, kv head,
+ * query tile, key split). An item always covers a slice of one GQA group: the
+ * query heads kv_head*G + h0 .. + nh (G = H / Hkv) that read the same kv head,
+ * so each K/V row an item loads serves all of its heads (GQA packing). Query
+ * rows are tiled (decodes form one tile, prefills are cut into tiles of a few
+ * dozen rows), so an item computes a tile of nq query rows x nh heads, i.e.
+ * nq * nh "rows" of attention, at most params.max_rows.
+ *
+ * When there are too few items to keep every thread busy, or one item would
+ * dominate the step, an item's key range is split into chunks (split-KV). The
+ * chunks of one tile form a split task: each chunk writes a partial result
+ * (out normalized over its keys, lse without the sink) into the workspace and
+ * a second pass merges the task's partials with an LSE merge (the sink enters
+ * only there, so it is counted once).
+ *
+ * Items are sorted by estimated cost, largest first, so a dynamic schedule
+ * starts the long ones early (longest-processing-time-first).
+ */
+#ifndef KVA_PARTITION_H
+#define KVA_PARTITION_H
+
+#include "internal.h"
+
+/* One unit of parallel work. */
+typedef struct kva__work_item {
+    int32_t req;     /* request r */
+    int32_t kv_head; /* kv head */
+    int32_t h0, nh;  /* query heads kv_head*G + h0 .. kv_head*G + h0 + nh - 1 */
+    int32_t i0, nq;  /* query rows i0 .. i0 + nq - 1 of request r (0 = its first token) */
+    int32_t k0, k1;  /* keys [k0, k1) this item reads (the rows' visible keys, clipped to
+                        the split's chunk) */
+    int32_t task;    /* index into partition tasks for a split item, -1 otherwise */
+    int32_t split;   /* chunk index within the task (0 for an unsplit item) */
+    int64_t cost;    /* estimated cost: row-keys plus loads and a fixed overhead */
+} kva__work_item;
+
+/* A query tile whose keys were split into num_splits chunks. */
+typedef struct kva__split_task {
+    int32_t req, kv_head, h0, nh, i0, nq;
+    int32_t num_splits;
+    /* Float offset in the workspace of the partials: num_splits blocks, each
+     * [nq*nh, Dv] fp32 outputs followed by [nq*nh] fp32 lse. */
+    int64_t ws_off;
+} kva__split_task;
+
+/* How the backend wants the work cut. */
+typedef struct kva__partition_params {
+    int32_t num_threads;      /* threads that will run the items (>= 1) */
+    int32_t max_rows;         /* most attention rows (query rows x heads) per item */
+    int32_t prefill_rows;     /* preferred attention rows of a prefill tile (<= max_rows) */
+    int32_t split_align;      /* split boundaries are multiples of this many keys */
+    int32_t min_split_keys;   /* no chunk shorter than this many keys */
+    int32_t max_splits;       /* most chunks per tile */
+    int32_t items_per_thread; /* aim for at least this many items of similar cost per thread */
+} kva__partition_params;
+
+struct kva__partition {
+    kva__partition_params params;
+    int32_t num_items;
+    kva__work_item *items; /* [num_items], largest cost first */
+    int32_t num_tasks;
+    kva__split_task *tasks; /* [num_tasks] */
+    int64_t partial_floats; /* workspace floats the split partials need (at offset 0) */
+    int64_t total_cost;     /* sum of the items' costs */
+    int32_t variant;        /* kernel variant the backend runs (1-based; set by the backend's
+                               plan_build, tests may override it to compare variants) */
+};
+
+/* Builds the partition of a plan whose metadata (query_start_loc, seq_lens,
+ * d.*) is resolved. */
+kva_status kva__partition_build(const kva_plan *plan, const kva__partition_params *params,
+                                kva__partition **out);
+void kva__partition_free(kva__partition *part); /* NULL is a no-op */
+
+/*
+ * Keys [*lo, *hi) visible to query row i of a request with q_len q and
+ * seq_len s (the semantics of kva_attention_run): pos = s - q + i; causal
+ * limits keys to j <= pos, a window to pos - j <= window_left. The visible
+ * set of a row is always one contiguous range; it may be empty (*lo >= *hi)
+ * only after clipping by a caller.
+ */
+static inline void kva__row_keys(const kva_plan_desc *d, int32_t s, int32_t q, int32_t i,
+                                 int32_t *lo, int32_t *hi)
+{
+    int32_t pos = s - q + i;
+    *hi = d->causal ? pos + 1 : s;
+    *lo = d->window_left >= 0 && pos - d->window_left > 0 ? pos - d->window_left : 0;
+}
+
+#endif /* KVA_PARTITION_H */
