@@ -270,6 +270,56 @@ static void test_write_known_position(void)
     kva_context_destroy(ctx);
 }
 
+/* Conversions inside the write round exactly like the scalar conversions,
+ * also on special values: NaN (quiet, signalling, negative), inf, overflow,
+ * ties, subnormals, signed zero, and random bit patterns of every exponent. */
+static void test_write_special_values(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 2);
+    enum { HKV = 4, D = 64, T = 64, N = T * HKV * D };
+    const uint32_t specials[] = {0x7fc00000u, 0x7f800001u, 0xffc00001u, 0x7f800000u,
+                                 0xff800000u, 0x7f7fffffu, 0x477ff000u, 0x477fefffu,
+                                 0x3f808000u, 0x3f818000u, 0x33000000u, 0x33000001u,
+                                 0x00000001u, 0x80400000u, 0x00000000u, 0x80000000u};
+    float *src = malloc(N * sizeof *src);
+    kva_rng r = {99};
+    for (int i = 0; i < N; i++) {
+        uint32_t u = i < 16 ? specials[i] : (uint32_t)kva_rng_u64(&r);
+        memcpy(&src[i], &u, sizeof u);
+    }
+    int64_t slots[T];
+    for (int t = 0; t < T; t++)
+        slots[t] = T - 1 - t;
+    for (int dt = 1; dt <= 2; dt++) {
+        for (int l = 0; l < 2; l++) {
+            kva_cache_desc desc = make_desc(1, T, HKV, D, 0, (kva_dtype)dt, (kva_layout)l);
+            kva_cache *c = NULL;
+            CHECK_OK(kva_cache_create(ctx, &desc, &c));
+            CHECK_OK(kva_cache_write(ctx, c, T, src, 0, src, 0, KVA_DTYPE_F32, slots));
+            const uint16_t *k;
+            kva_cache_data(c, (void **)&k, NULL);
+            int bad = 0;
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < HKV; h++)
+                    for (int i = 0; i < D; i++) {
+                        float x = src[(t * HKV + h) * D + i];
+                        uint16_t want = dt == 1 ? kva_f32_to_f16(x) : kva_f32_to_bf16(x);
+                        uint16_t got = k[ref_offset(&desc, 0, (uint64_t)slots[t], h, D) + i];
+                        uint32_t bits;
+                        memcpy(&bits, &x, sizeof bits);
+                        if (got != want && bad++ < 5)
+                            fprintf(stderr, "  %s: %08x -> %04x, want %04x\n",
+                                    kva_dtype_name((kva_dtype)dt), (unsigned)bits, got, want);
+                    }
+            CHECK_MSG(bad == 0, "%d special values differ (%s, layout %d)", bad,
+                      kva_dtype_name((kva_dtype)dt), l);
+            kva_cache_destroy(c);
+        }
+    }
+    free(src);
+    kva_context_destroy(ctx);
+}
+
 static void test_create_desc_and_data(void)
 {
     kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 2);
@@ -864,6 +914,7 @@ int main(void)
     RUN(test_write_known_position);
     RUN(test_write_all_dtypes_layouts);
     RUN(test_write_threaded);
+    RUN(test_write_special_values);
     RUN(test_create_from);
     RUN(test_copy_blocks);
     RUN(test_swap_blocks);

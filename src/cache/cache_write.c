@@ -22,6 +22,18 @@
  * fork/join costs more than the copy. */
 #define KVA_WRITE_PARALLEL_BYTES 262144.0
 
+/* f32 -> bf16 with round-to-nearest-even, NaN kept quiet with its sign: the
+ * same rounding as kva_f32_to_bf16 (test_cache checks them bit for bit on
+ * special values), written branch-free so that the row loop vectorizes. */
+static inline uint16_t bf16_rne(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t nan = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
 /* Converts n elements of one row; the dtypes differ. */
 static void convert_row(void *dst, kva_dtype dst_dt, const void *src, kva_dtype src_dt,
                         int64_t n)
@@ -35,7 +47,7 @@ static void convert_row(void *dst, kva_dtype dst_dt, const void *src, kva_dtype 
         const float *s = src;
         uint16_t *d = dst;
         for (int64_t i = 0; i < n; i++)
-            d[i] = kva_f32_to_bf16(s[i]);
+            d[i] = bf16_rne(s[i]);
     } else {
         /* f16/bf16 sources, or f32 storage: the general path. f16 -> bf16
          * and bf16 -> f16 pass through f32 exactly, then round once. */
