@@ -28,7 +28,10 @@
 #endif
 #ifdef KVA_TEST_ASAN
 const char *__asan_default_options(void);
-const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+const char *__asan_default_options(void)
+{
+    return "allocator_may_return_null=1";
+}
 #endif
 
 static kva_context *new_ctx(kva_backend backend, int32_t threads)
@@ -61,8 +64,8 @@ static uint64_t ref_offset(const kva_cache_desc *d, uint64_t block, uint64_t off
 /* Total bytes of K (dim = D) or V (dim = Dv). */
 static size_t store_bytes(const kva_cache_desc *d, int32_t dim)
 {
-    return (size_t)d->num_blocks * (size_t)d->block_size * (size_t)d->num_kv_heads *
-           (size_t)dim * kva_dtype_size(d->dtype);
+    return (size_t)d->num_blocks * (size_t)d->block_size * (size_t)d->num_kv_heads * (size_t)dim *
+           kva_dtype_size(d->dtype);
 }
 
 /* Snapshot of a cache's K and V storage. */
@@ -114,8 +117,7 @@ static void fill_cache(kva_cache *c, kva_rng *r)
 /* Applies a write to the snapshot with the test's own index math:
  * src rows at src + t*stride (elements of sdt), heads contiguous. */
 static void expect_write(snapshot *s, const kva_cache_desc *d, int32_t t_count, const void *k,
-                         int64_t ks, const void *v, int64_t vs, kva_dtype sdt,
-                         const int64_t *slots)
+                         int64_t ks, const void *v, int64_t vs, kva_dtype sdt, const int64_t *slots)
 {
     for (int32_t t = 0; t < t_count; t++) {
         if (slots[t] < 0)
@@ -129,8 +131,7 @@ static void expect_write(snapshot *s, const kva_cache_desc *d, int32_t t_count, 
             }
             for (int32_t i = 0; i < d->head_dim_v; i++) {
                 float x = kva__load_f(v, sdt, (size_t)(t * vs + h * d->head_dim_v + i));
-                kva__store_f(s->v, d->dtype, ref_offset(d, block, off, h, d->head_dim_v) + i,
-                             x);
+                kva__store_f(s->v, d->dtype, ref_offset(d, block, off, h, d->head_dim_v) + i, x);
             }
         }
     }
@@ -193,8 +194,7 @@ static void run_write_case(kva_context *ctx, int32_t nb, int32_t b, int32_t hkv,
     CHECK_OK(kva_cache_write(ctx, c, t_count, k, ks_arg, v, vs_arg, sdt, slots));
     CHECK_MSG(same(c, &want),
               "write: layout %d, cache %s, src %s, B %d, Hkv %d, D %d, Dv %d, T %d, fused %d",
-              (int)layout, kva_dtype_name(cdt), kva_dtype_name(sdt), b, hkv, d, dv, t_count,
-              fused);
+              (int)layout, kva_dtype_name(cdt), kva_dtype_name(sdt), b, hkv, d, dv, t_count, fused);
     CHECK(strcmp(kva_last_error(), "") == 0);
     free(buf);
     free(slots);
@@ -217,8 +217,8 @@ static void test_write_all_dtypes_layouts(void)
                     const int32_t *sh = shapes[s];
                     int32_t nb = 5, slots = 5 * sh[0];
                     int32_t t_count = slots < 40 ? slots : 40;
-                    run_write_case(ctx, nb, sh[0], sh[1], sh[2], sh[3], dts[cd],
-                                   (kva_layout)l, dts[sd], t_count, (int)(seed % 3 == 0), seed);
+                    run_write_case(ctx, nb, sh[0], sh[1], sh[2], sh[3], dts[cd], (kva_layout)l,
+                                   dts[sd], t_count, (int)(seed % 3 == 0), seed);
                 }
     kva_context_destroy(ctx);
 }
@@ -227,10 +227,9 @@ static void test_write_all_dtypes_layouts(void)
 static void test_write_threaded(void)
 {
     kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 4);
-    run_write_case(ctx, 40, 32, 8, 64, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD, KVA_DTYPE_F32, 1200, 0,
-                   7);
-    run_write_case(ctx, 40, 32, 8, 64, 32, KVA_DTYPE_BF16, KVA_LAYOUT_HND, KVA_DTYPE_F32, 1200,
-                   1, 8);
+    run_write_case(ctx, 40, 32, 8, 64, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD, KVA_DTYPE_F32, 1200, 0, 7);
+    run_write_case(ctx, 40, 32, 8, 64, 32, KVA_DTYPE_BF16, KVA_LAYOUT_HND, KVA_DTYPE_F32, 1200, 1,
+                   8);
     run_write_case(ctx, 40, 32, 8, 64, 32, KVA_DTYPE_F16, KVA_LAYOUT_HND, KVA_DTYPE_F16, 1200, 0,
                    9);
     kva_context_destroy(ctx);
@@ -524,8 +523,8 @@ static void test_large_offsets(void)
         }
         /* The unwritten row of slot NB*B-2, head 0, is still zero (fresh pages). */
         uint64_t zs = (uint64_t)nb * b - 2, zblk = zs / b, zoff = zs % b;
-        uint64_t zpos = l == 0 ? ((zblk * b + zoff) * hkv) * d * 4
-                               : ((zblk * hkv) * b + zoff) * d * 4;
+        uint64_t zpos =
+            l == 0 ? ((zblk * b + zoff) * hkv) * d * 4 : ((zblk * hkv) * b + zoff) * d * 4;
         const float *zrow = (const float *)((const char *)km + zpos);
         CHECK(zrow[0] == 0.0f && zrow[d - 1] == 0.0f);
         /* Copy the last block onto block 1 and swap it into a small host cache. */
@@ -553,12 +552,12 @@ static void test_large_offsets(void)
 /* ---- bad inputs ---- */
 
 /* Checks one failing create: status, message, and *out untouched. */
-#define CHECK_CREATE_FAILS(ctx, desc, st, word)                                                \
-    do {                                                                                       \
-        kva_cache *out_ = (kva_cache *)(uintptr_t)0x1234;                                      \
-        CHECK_STATUS(kva_cache_create((ctx), (desc), &out_), (st));                            \
-        CHECK_ERROR_MENTIONS(word);                                                            \
-        CHECK(out_ == (kva_cache *)(uintptr_t)0x1234);                                         \
+#define CHECK_CREATE_FAILS(ctx, desc, st, word)                                                    \
+    do {                                                                                           \
+        kva_cache *out_ = (kva_cache *)(uintptr_t)0x1234;                                          \
+        CHECK_STATUS(kva_cache_create((ctx), (desc), &out_), (st));                                \
+        CHECK_ERROR_MENTIONS(word);                                                                \
+        CHECK(out_ == (kva_cache *)(uintptr_t)0x1234);                                             \
     } while (0)
 
 static void test_create_bad_inputs(void)
@@ -627,8 +626,7 @@ static void test_create_bad_inputs(void)
     CHECK_ERROR_MENTIONS("v_data");
     CHECK_STATUS(kva_cache_create_from(NULL, &f, mem, mem + 2048, &out), KVA_STATUS_NULL_POINTER);
     CHECK_ERROR_MENTIONS("ctx");
-    CHECK_STATUS(kva_cache_create_from(ctx, NULL, mem, mem + 2048, &out),
-                 KVA_STATUS_NULL_POINTER);
+    CHECK_STATUS(kva_cache_create_from(ctx, NULL, mem, mem + 2048, &out), KVA_STATUS_NULL_POINTER);
     CHECK_ERROR_MENTIONS("desc");
     CHECK_STATUS(kva_cache_create_from(ctx, &f, mem, mem + 2048, NULL), KVA_STATUS_NULL_POINTER);
     CHECK_ERROR_MENTIONS("out");
@@ -662,11 +660,11 @@ static void test_create_bad_inputs(void)
 }
 
 /* Checks one failing write: status, message mentions word, cache unchanged. */
-#define CHECK_WRITE_FAILS(call, st, word, c, snap)                                             \
-    do {                                                                                       \
-        CHECK_STATUS(call, (st));                                                              \
-        CHECK_ERROR_MENTIONS(word);                                                            \
-        CHECK(same((c), (snap)));                                                              \
+#define CHECK_WRITE_FAILS(call, st, word, c, snap)                                                 \
+    do {                                                                                           \
+        CHECK_STATUS(call, (st));                                                                  \
+        CHECK_ERROR_MENTIONS(word);                                                                \
+        CHECK(same((c), (snap)));                                                                  \
     } while (0)
 
 static void test_write_bad_inputs(void)
@@ -685,16 +683,16 @@ static void test_write_bad_inputs(void)
     int64_t slots[T] = {0, 1, 2, 3, 4, 5, 6, 7};
     const kva_dtype f32 = KVA_DTYPE_F32;
 
-    CHECK_WRITE_FAILS(kva_cache_write(NULL, c, T, k, 0, v, 0, f32, slots),
-                      KVA_STATUS_NULL_POINTER, "ctx", c, &s);
+    CHECK_WRITE_FAILS(kva_cache_write(NULL, c, T, k, 0, v, 0, f32, slots), KVA_STATUS_NULL_POINTER,
+                      "ctx", c, &s);
     CHECK_STATUS(kva_cache_write(ctx, NULL, T, k, 0, v, 0, f32, slots), KVA_STATUS_NULL_POINTER);
     CHECK_ERROR_MENTIONS("cache");
     CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, NULL, 0, v, 0, f32, slots),
                       KVA_STATUS_NULL_POINTER, "'k'", c, &s);
     CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, NULL, 0, f32, slots),
                       KVA_STATUS_NULL_POINTER, "'v'", c, &s);
-    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, f32, NULL),
-                      KVA_STATUS_NULL_POINTER, "slot_mapping", c, &s);
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, f32, NULL), KVA_STATUS_NULL_POINTER,
+                      "slot_mapping", c, &s);
     CHECK_WRITE_FAILS(kva_cache_write(ctx, c, -1, k, 0, v, 0, f32, slots),
                       KVA_STATUS_INVALID_ARGUMENT, "num_tokens = -1", c, &s);
     CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, KVA_DTYPE_I8, slots),
@@ -715,11 +713,11 @@ static void test_write_bad_inputs(void)
     /* A slot past the cache (NB*B = 64) at token 5: tokens 0..4 are valid,
      * yet nothing is written. */
     slots[5] = 64;
-    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, f32, slots),
-                      KVA_STATUS_OUT_OF_RANGE, "slot_mapping[5] = 64", c, &s);
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, f32, slots), KVA_STATUS_OUT_OF_RANGE,
+                      "slot_mapping[5] = 64", c, &s);
     slots[5] = INT64_MAX;
-    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, f32, slots),
-                      KVA_STATUS_OUT_OF_RANGE, "slot_mapping[5]", c, &s);
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, f32, slots), KVA_STATUS_OUT_OF_RANGE,
+                      "slot_mapping[5]", c, &s);
     slots[5] = 5;
     /* A cache in device memory cannot be written by a host context. */
     c->mem = KVA_BACKEND_CUDA;
@@ -742,11 +740,11 @@ static void test_write_bad_inputs(void)
     kva_context_destroy(ctx);
 }
 
-#define CHECK_COPY_FAILS(call, st, word, c, snap)                                              \
-    do {                                                                                       \
-        CHECK_STATUS(call, (st));                                                              \
-        CHECK_ERROR_MENTIONS(word);                                                            \
-        CHECK(same((c), (snap)));                                                              \
+#define CHECK_COPY_FAILS(call, st, word, c, snap)                                                  \
+    do {                                                                                           \
+        CHECK_STATUS(call, (st));                                                                  \
+        CHECK_ERROR_MENTIONS(word);                                                                \
+        CHECK(same((c), (snap)));                                                                  \
     } while (0)
 
 /* Bad pairs for copy_blocks on a cache of nb blocks (small: the flag table;
@@ -762,8 +760,8 @@ static void check_copy_bad_pairs(kva_context *ctx, int32_t nb)
     const int32_t last = nb - 1;
     int32_t p[4][2] = {{0, 1}, {2, 3}, {4, 5}, {6, last}};
 
-    CHECK_COPY_FAILS(kva_cache_copy_blocks(NULL, c, &p[0][0], 4), KVA_STATUS_NULL_POINTER, "ctx",
-                     c, &s);
+    CHECK_COPY_FAILS(kva_cache_copy_blocks(NULL, c, &p[0][0], 4), KVA_STATUS_NULL_POINTER, "ctx", c,
+                     &s);
     CHECK_STATUS(kva_cache_copy_blocks(ctx, NULL, &p[0][0], 4), KVA_STATUS_NULL_POINTER);
     CHECK_ERROR_MENTIONS("cache");
     CHECK_COPY_FAILS(kva_cache_copy_blocks(ctx, c, NULL, 4), KVA_STATUS_NULL_POINTER, "pairs", c,
@@ -831,8 +829,8 @@ static void test_swap_bad_inputs(void)
                      "pairs", dst, &s);
     CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, src, dst, &p[0][0], -1),
                      KVA_STATUS_INVALID_ARGUMENT, "num_pairs", dst, &s);
-    CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, dst, dst, &p[0][0], 1),
-                     KVA_STATUS_INVALID_ARGUMENT, "same cache", dst, &s);
+    CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, dst, dst, &p[0][0], 1), KVA_STATUS_INVALID_ARGUMENT,
+                     "same cache", dst, &s);
     /* Ids: src ids are checked against the src cache (4 blocks), dst ids
      * against the dst cache (8 blocks). */
     p[1][0] = 5;
@@ -843,8 +841,8 @@ static void test_swap_bad_inputs(void)
     CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, src, dst, &p[0][0], 3), KVA_STATUS_OUT_OF_RANGE,
                      "pairs[2][1] = 8", dst, &s);
     p[2][1] = 7;
-    CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, src, dst, &p[0][0], 3),
-                     KVA_STATUS_INVALID_ARGUMENT, "pairs[2][1] = 7", dst, &s);
+    CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, src, dst, &p[0][0], 3), KVA_STATUS_INVALID_ARGUMENT,
+                     "pairs[2][1] = 7", dst, &s);
     p[2][1] = 0;
     CHECK(same(src, &ss));
 
@@ -852,12 +850,10 @@ static void test_swap_bad_inputs(void)
     struct {
         const char *field;
         kva_status st;
-    } cases[] = {{"dtype", KVA_STATUS_DTYPE_MISMATCH},
-                 {"layout", KVA_STATUS_SHAPE_MISMATCH},
-                 {"block_size", KVA_STATUS_SHAPE_MISMATCH},
-                 {"num_kv_heads", KVA_STATUS_SHAPE_MISMATCH},
-                 {"head_dim", KVA_STATUS_SHAPE_MISMATCH},
-                 {"head_dim_v", KVA_STATUS_SHAPE_MISMATCH}};
+    } cases[] = {
+        {"dtype", KVA_STATUS_DTYPE_MISMATCH},      {"layout", KVA_STATUS_SHAPE_MISMATCH},
+        {"block_size", KVA_STATUS_SHAPE_MISMATCH}, {"num_kv_heads", KVA_STATUS_SHAPE_MISMATCH},
+        {"head_dim", KVA_STATUS_SHAPE_MISMATCH},   {"head_dim_v", KVA_STATUS_SHAPE_MISMATCH}};
     for (int i = 0; i < 6; i++) {
         kva_cache_desc m = ds;
         m.num_blocks = 8;

@@ -47,8 +47,14 @@ static double decode_bf16(uint16_t h)
 
 /* Magnitude of the positive pattern h, where the first infinite pattern
  * stands for the next power of two (the rounding boundary to overflow). */
-static double mag_f16(uint16_t h) { return h == 0x7c00 ? 65536.0 : decode_f16(h); }
-static double mag_bf16(uint16_t h) { return h == 0x7f80 ? ldexp(1.0, 128) : decode_bf16(h); }
+static double mag_f16(uint16_t h)
+{
+    return h == 0x7c00 ? 65536.0 : decode_f16(h);
+}
+static double mag_bf16(uint16_t h)
+{
+    return h == 0x7f80 ? ldexp(1.0, 128) : decode_bf16(h);
+}
 
 static float bits_to_f32(uint32_t u)
 {
@@ -82,7 +88,8 @@ static void test_f16_decode_and_round_trip(void)
         float f = kva_f16_to_f32(h);
         double want = decode_f16(h);
         if (isnan(want)) {
-            if (!isnan(f) || (signbit(f) != 0) != (h >> 15) || !isnan(kva_f16_to_f32(kva_f32_to_f16(f))))
+            if (!isnan(f) || (signbit(f) != 0) != (h >> 15) ||
+                !isnan(kva_f16_to_f32(kva_f32_to_f16(f))))
                 bad++;
             /* NaN stays NaN through the round trip, with its sign. */
             uint16_t back = kva_f32_to_f16(f);
@@ -117,8 +124,8 @@ static void test_bf16_decode_and_round_trip(void)
         }
         if ((double)f != want || (signbit(f) != 0) != (h >> 15) || kva_f32_to_bf16(f) != h) {
             if (bad++ < 5)
-                fprintf(stderr, "  bf16 %04x: decodes to %.9g (want %.9g), back %04x\n", i, f,
-                        want, kva_f32_to_bf16(f));
+                fprintf(stderr, "  bf16 %04x: decodes to %.9g (want %.9g), back %04x\n", i, f, want,
+                        kva_f32_to_bf16(f));
         }
     }
     CHECK_MSG(bad == 0, "%d bf16 patterns failed", bad);

@@ -29,22 +29,21 @@ static int mul_within(uint64_t a, uint64_t b, uint64_t limit, uint64_t *out)
 /* Validates a descriptor and resolves head_dim_v. On success *resolved holds
  * the descriptor with Dv resolved and *k_bytes / *v_bytes the storage sizes
  * in bytes (each <= PTRDIFF_MAX). fn names the public caller for messages. */
-static kva_status validate_desc(const char *fn, const kva_cache_desc *d,
-                                kva_cache_desc *resolved, uint64_t *k_bytes,
-                                uint64_t *v_bytes)
+static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cache_desc *resolved,
+                                uint64_t *k_bytes, uint64_t *v_bytes)
 {
     if (d->num_blocks < 1)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->num_blocks = %d, must be >= 1",
-                         fn, (int)d->num_blocks);
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->num_blocks = %d, must be >= 1", fn,
+                         (int)d->num_blocks);
     if (d->block_size < 1)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->block_size = %d, must be >= 1",
-                         fn, (int)d->block_size);
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->block_size = %d, must be >= 1", fn,
+                         (int)d->block_size);
     if (d->num_kv_heads < 1)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: desc->num_kv_heads = %d, must be >= 1", fn, (int)d->num_kv_heads);
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->num_kv_heads = %d, must be >= 1",
+                         fn, (int)d->num_kv_heads);
     if (d->head_dim < 1)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->head_dim = %d, must be >= 1",
-                         fn, (int)d->head_dim);
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->head_dim = %d, must be >= 1", fn,
+                         (int)d->head_dim);
     if (!kva__head_dim_ok(d->head_dim))
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "%s: desc->head_dim = %d is not supported (multiples of 8 from 8 to %d)",
@@ -67,8 +66,8 @@ static kva_status validate_desc(const char *fn, const kva_cache_desc *d,
                          "%s: desc->quant = %d is not supported (only KVA_QUANT_NONE)", fn,
                          (int)d->quant);
     if ((unsigned)d->dtype >= (unsigned)KVA_DTYPE_COUNT_)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->dtype = %d is not a kva_dtype",
-                         fn, (int)d->dtype);
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->dtype = %d is not a kva_dtype", fn,
+                         (int)d->dtype);
     if (!kva__dtype_is_float(d->dtype))
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "%s: desc->dtype = %s is not a storage dtype for KVA_QUANT_NONE "
@@ -177,12 +176,12 @@ kva_status kva_cache_create_from(kva_context *ctx, const kva_cache_desc *desc, v
     size_t elem = kva_dtype_size(d.dtype);
     if ((uintptr_t)k_data % elem != 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: k_data = %p is not aligned to the %zu-byte %s element", fn,
-                         k_data, elem, kva_dtype_name(d.dtype));
+                         "%s: k_data = %p is not aligned to the %zu-byte %s element", fn, k_data,
+                         elem, kva_dtype_name(d.dtype));
     if ((uintptr_t)v_data % elem != 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: v_data = %p is not aligned to the %zu-byte %s element", fn,
-                         v_data, elem, kva_dtype_name(d.dtype));
+                         "%s: v_data = %p is not aligned to the %zu-byte %s element", fn, v_data,
+                         elem, kva_dtype_name(d.dtype));
     /* K and V must not overlap, or writes to one would corrupt the other. */
     uintptr_t k0 = (uintptr_t)k_data, v0 = (uintptr_t)v_data;
     if (k0 < v0 + vb && v0 < k0 + kb)

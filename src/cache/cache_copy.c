@@ -69,8 +69,8 @@ static kva_status fail_chain(const char *fn, const int32_t *pairs, int32_t i)
 /* Rejects duplicate dst ids and, if check_chains, blocks that are both the src
  * of one moving pair and the dst of another (a moving pair has src != dst).
  * Ids are in [0, dst_blocks). */
-static kva_status check_pairs(const char *fn, const int32_t *pairs, int32_t n,
-                              int32_t dst_blocks, int check_chains)
+static kva_status check_pairs(const char *fn, const int32_t *pairs, int32_t n, int32_t dst_blocks,
+                              int check_chains)
 {
     if (dst_blocks <= KVA_FLAG_TABLE_BLOCKS) {
         unsigned char flags[KVA_FLAG_TABLE_BLOCKS];
@@ -126,10 +126,10 @@ static void copy_pairs(const kva_context *ctx, const kva_cache *src, kva_cache *
     char *dk = dst->k, *dv = dst->v;
     const int nt = ctx->num_threads > 0 ? ctx->num_threads : 1;
     const double total = (double)n * (double)(kbb + vbb);
-    (void)nt;
-    (void)total;
-#pragma omp parallel for num_threads(nt) schedule(static)                                   \
-    if (nt > 1 && n > 1 && total >= KVA_COPY_PARALLEL_BYTES)
+    const int parallel = nt > 1 && n > 1 && total >= KVA_COPY_PARALLEL_BYTES;
+    (void)nt; /* unused without OpenMP */
+    (void)parallel;
+#pragma omp parallel for num_threads(nt) schedule(static) if (parallel)
     for (int32_t i = 0; i < n; i++) {
         int64_t s = pairs[2 * (int64_t)i], t = pairs[2 * (int64_t)i + 1];
         if (src == dst && s == t)
@@ -173,8 +173,7 @@ kva_status kva_cache_copy_blocks(kva_context *ctx, kva_cache *cache, const int32
 }
 
 /* Checks that two caches agree in everything but num_blocks. */
-static kva_status check_same_shape(const char *fn, const kva_cache_desc *a,
-                                   const kva_cache_desc *b)
+static kva_status check_same_shape(const char *fn, const kva_cache_desc *a, const kva_cache_desc *b)
 {
     if (a->dtype != b->dtype)
         return kva__fail(KVA_STATUS_DTYPE_MISMATCH, "%s: dtype: src is %s, dst is %s", fn,
@@ -233,8 +232,7 @@ kva_status kva_cache_swap_blocks(kva_context *ctx, const kva_cache *src, kva_cac
     if (ranges_overlap(src->k, sk, dst->k, dk) || ranges_overlap(src->k, sk, dst->v, dv) ||
         ranges_overlap(src->v, sv, dst->k, dk) || ranges_overlap(src->v, sv, dst->v, dv))
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: the storage of src and dst overlaps; use kva_cache_copy_blocks",
-                         fn);
+                         "%s: the storage of src and dst overlaps; use kva_cache_copy_blocks", fn);
     if (num_pairs == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(pairs);

@@ -35,8 +35,7 @@ static inline uint16_t bf16_rne(float x)
 }
 
 /* Converts n elements of one row; the dtypes differ. */
-static void convert_row(void *dst, kva_dtype dst_dt, const void *src, kva_dtype src_dt,
-                        int64_t n)
+static void convert_row(void *dst, kva_dtype dst_dt, const void *src, kva_dtype src_dt, int64_t n)
 {
     if (src_dt == KVA_DTYPE_F32 && dst_dt == KVA_DTYPE_F16) {
         const float *s = src;
@@ -81,8 +80,8 @@ static kva_status resolve_stride(const char *name, int64_t stride, int64_t row_e
 
 /* Writes one token's K or V row (all heads, width dim) into the cache
  * storage base, at (block, off). */
-static void write_token(const kva_cache *c, char *base, int64_t block, int64_t off,
-                        const char *src, kva_dtype src_dt, int64_t dim)
+static void write_token(const kva_cache *c, char *base, int64_t block, int64_t off, const char *src,
+                        kva_dtype src_dt, int64_t dim)
 {
     const kva_cache_desc *d = &c->desc;
     size_t elem = c->elem_size;
@@ -107,10 +106,9 @@ static void write_token(const kva_cache *c, char *base, int64_t block, int64_t o
     }
 }
 
-kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
-                           const void *k, int64_t k_token_stride, const void *v,
-                           int64_t v_token_stride, kva_dtype src_dtype,
-                           const int64_t *slot_mapping)
+kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens, const void *k,
+                           int64_t k_token_stride, const void *v, int64_t v_token_stride,
+                           kva_dtype src_dtype, const int64_t *slot_mapping)
 {
     kva__clear_error();
     KVA_CHECK_PTR(ctx);
@@ -135,10 +133,8 @@ kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_token
     const int64_t hkv = d->num_kv_heads, dk = d->head_dim, dv = d->head_dim_v;
     const size_t src_elem = kva_dtype_size(src_dtype);
     int64_t ks = 0, vs = 0;
-    KVA_TRY(resolve_stride("k_token_stride", k_token_stride, hkv * dk, num_tokens, src_elem,
-                           &ks));
-    KVA_TRY(resolve_stride("v_token_stride", v_token_stride, hkv * dv, num_tokens, src_elem,
-                           &vs));
+    KVA_TRY(resolve_stride("k_token_stride", k_token_stride, hkv * dk, num_tokens, src_elem, &ks));
+    KVA_TRY(resolve_stride("v_token_stride", v_token_stride, hkv * dv, num_tokens, src_elem, &vs));
     if (num_tokens == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(k);
@@ -162,9 +158,10 @@ kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_token
     /* In double: only a threshold, and the product may exceed int64. */
     const double total_bytes = (double)num_tokens * (double)(hkv * (dk + dv)) * (double)src_elem;
     const int nt = ctx->num_threads > 0 ? ctx->num_threads : 1;
-    (void)nt;
-#pragma omp parallel for num_threads(nt) schedule(static)                                   \
-    if (nt > 1 && total_bytes >= KVA_WRITE_PARALLEL_BYTES)
+    const int parallel = nt > 1 && total_bytes >= KVA_WRITE_PARALLEL_BYTES;
+    (void)nt; /* unused without OpenMP */
+    (void)parallel;
+#pragma omp parallel for num_threads(nt) schedule(static) if (parallel)
     for (int32_t t = 0; t < num_tokens; t++) {
         int64_t slot = slot_mapping[t];
         if (slot < 0)
