@@ -28,6 +28,17 @@ static const char *fmt_time(char *buf, size_t n, double s)
     return buf;
 }
 
+static const char *fmt_flops(char *buf, size_t n, double flops)
+{
+    if (flops >= 1e12)
+        snprintf(buf, n, "%.3f TFLOP", flops / 1e12);
+    else if (flops >= 1e9)
+        snprintf(buf, n, "%.3f GFLOP", flops / 1e9);
+    else
+        snprintf(buf, n, "%.3f MFLOP", flops / 1e6);
+    return buf;
+}
+
 static void row(const char *metric, const char *value, const char *note)
 {
     printf("  %-18s %-16s %s\n", metric, value, note ? note : "");
@@ -74,13 +85,12 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
     double gbps = r->median_s > 0 ? r->counts.kv_bytes / r->median_s / 1e9 : 0;
     snprintf(v, sizeof v, "%.2f GB/s", gbps);
     if (r->read_bw > 0)
-        snprintf(n, sizeof n, "%.0f%% of measured read bandwidth %.2f GB/s",
+        snprintf(n, sizeof n, "%.1f%% of measured read bandwidth %.2f GB/s",
                  100.0 * gbps / r->read_bw, r->read_bw);
     else
         snprintf(n, sizeof n, "read bandwidth not measured");
     row("bandwidth", v, n);
-    snprintf(v, sizeof v, "%.4g GFLOP", r->counts.flops / 1e9);
-    row("FLOPs", v, "2*D + 2*Dv per unmasked (query head, key)");
+    row("FLOPs", fmt_flops(v, sizeof v, r->counts.flops), "2*D + 2*Dv per unmasked (query head, key)");
     snprintf(v, sizeof v, "%.2f GFLOP/s", r->median_s > 0 ? r->counts.flops / r->median_s / 1e9 : 0);
     row("throughput", v, NULL);
     row("plan create", fmt_time(v, sizeof v, r->plan_s), "median, host, once per step");
