@@ -71,8 +71,7 @@ static void check_unchanged(const kva_pool *p, const snapshot *s, int line)
     char msg[512];
     snprintf(msg, sizeof msg, "%s", kva_last_error());
     take_snapshot(p, &now);
-    CHECK_MSG(memcmp(&now, s, sizeof now) == 0, "pool changed by a failing call (line %d)",
-              line);
+    CHECK_MSG(memcmp(&now, s, sizeof now) == 0, "pool changed by a failing call (line %d)", line);
     CHECK_MSG(kva_pool_check(p) == KVA_STATUS_OK, "line %d: %s", line, kva_last_error());
     /* Restore the failing call's message for CHECK_ERROR_MENTIONS. */
     kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s", msg);
@@ -129,10 +128,10 @@ static void test_create_bad_args(void)
 static void test_hash_vectors(void)
 {
     /* FIPS 180-2 appendix B.1: SHA-256("abc"). */
-    static const uint8_t sha_abc[32] = {
-        0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea, 0x41, 0x41, 0x40,
-        0xde, 0x5d, 0xae, 0x22, 0x23, 0xb0, 0x03, 0x61, 0xa3, 0x96, 0x17,
-        0x7a, 0x9c, 0xb4, 0x10, 0xff, 0x61, 0xf2, 0x00, 0x15, 0xad};
+    static const uint8_t sha_abc[32] = {0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea,
+                                        0x41, 0x41, 0x40, 0xde, 0x5d, 0xae, 0x22, 0x23,
+                                        0xb0, 0x03, 0x61, 0xa3, 0x96, 0x17, 0x7a, 0x9c,
+                                        0xb4, 0x10, 0xff, 0x61, 0xf2, 0x00, 0x15, 0xad};
     /* xxHash's published XXH128 of the empty input (canonical form). */
     static const uint8_t xxh_empty[16] = {0x99, 0xaa, 0x06, 0xd3, 0x01, 0x47, 0x98, 0xd8,
                                           0x60, 0x01, 0xc3, 0x24, 0x46, 0x8d, 0x49, 0x7f};
@@ -384,12 +383,11 @@ static void test_window_drop(void)
     /* The next token (position 10) sees keys >= 6: blocks 0..2 go. */
     CHECK_OK(kva_pool_request_drop_window(p, id, 4));
     CHECK_OK(kva_pool_request_block_table(p, id, row, 8, NULL));
-    CHECK(row[0] == 0 && row[1] == 0 && row[2] == 0 && row[3] == before[3] &&
-          row[4] == before[4] && row[5] == 0);
+    CHECK(row[0] == 0 && row[1] == 0 && row[2] == 0 && row[3] == before[3] && row[4] == before[4] &&
+          row[5] == 0);
     /* Released last first: they join the tail as blocks 2, 1, 0. */
     int32_t nq2 = queue_order(p, q, 16);
-    CHECK(nq2 == nq + 3 && q[nq] == before[2] && q[nq + 1] == before[1] &&
-          q[nq + 2] == before[0]);
+    CHECK(nq2 == nq + 3 && q[nq] == before[2] && q[nq + 1] == before[1] && q[nq + 2] == before[0]);
     int64_t slots[4];
     CHECK_STATUS(kva_pool_request_slots(p, id, 4, 4, slots), KVA_STATUS_OUT_OF_RANGE);
     CHECK_ERROR_MENTIONS("sliding window");
@@ -539,8 +537,7 @@ static void test_bad_inputs(void)
     take_snapshot(p, &s);
 
     /* NULL pool everywhere. */
-    CHECK_STATUS(kva_pool_request_add(NULL, prompt, 5, NULL, 0, &out, &c),
-                 KVA_STATUS_NULL_POINTER);
+    CHECK_STATUS(kva_pool_request_add(NULL, prompt, 5, NULL, 0, &out, &c), KVA_STATUS_NULL_POINTER);
     CHECK_ERROR_MENTIONS("pool");
     CHECK_STATUS(kva_pool_request_allocate(NULL, id, 1, 0), KVA_STATUS_NULL_POINTER);
     CHECK_STATUS(kva_pool_request_append_tokens(NULL, id, prompt, 1), KVA_STATUS_NULL_POINTER);
@@ -558,11 +555,9 @@ static void test_bad_inputs(void)
     /* NULL required pointers. */
     CHECK_STATUS(kva_pool_request_add(p, NULL, 5, NULL, 0, &out, &c), KVA_STATUS_NULL_POINTER);
     CHECK_ERROR_MENTIONS("prompt_tokens");
-    CHECK_STATUS(kva_pool_request_add(p, prompt, 5, NULL, 0, NULL, &c),
-                 KVA_STATUS_NULL_POINTER);
+    CHECK_STATUS(kva_pool_request_add(p, prompt, 5, NULL, 0, NULL, &c), KVA_STATUS_NULL_POINTER);
     CHECK_ERROR_MENTIONS("out_request_id");
-    CHECK_STATUS(kva_pool_request_add(p, prompt, 5, NULL, 3, &out, &c),
-                 KVA_STATUS_NULL_POINTER);
+    CHECK_STATUS(kva_pool_request_add(p, prompt, 5, NULL, 3, &out, &c), KVA_STATUS_NULL_POINTER);
     CHECK_ERROR_MENTIONS("extra_key");
     CHECK_STATUS(kva_pool_request_append_tokens(p, id, NULL, 1), KVA_STATUS_NULL_POINTER);
     CHECK_ERROR_MENTIONS("tokens");
@@ -614,8 +609,7 @@ static void test_bad_inputs(void)
     CHECK_ERROR_MENTIONS("n -1");
     CHECK_STATUS(kva_pool_request_drop_window(p, id, -1), KVA_STATUS_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("window_tokens");
-    CHECK_STATUS(kva_pool_request_block_table(p, id, row, -1, NULL),
-                 KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kva_pool_request_block_table(p, id, row, -1, NULL), KVA_STATUS_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("row_len");
     CHECK_STATUS(kva_pool_request_slots(p, id, -1, 1, slots), KVA_STATUS_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("first_pos");

@@ -23,8 +23,8 @@
 #define VOCAB 5
 
 typedef struct {
-    int32_t id;      /* pool request id */
-    int32_t extra;   /* 0 none, 1 "x", 2 "y" */
+    int32_t id;    /* pool request id */
+    int32_t extra; /* 0 none, 1 "x", 2 "y" */
     int32_t tokens[MAX_TOKENS];
     int32_t num_tokens;
     int32_t pending[MAX_TOKENS]; /* prompt tokens not yet computed */
@@ -45,10 +45,19 @@ typedef struct {
 } model;
 
 /* Keys 1 and 2 have equal lengths, so only their bytes tell them apart. */
-static const char *extra_bytes(int32_t e) { return e == 0 ? NULL : e == 1 ? "x" : "y"; }
-static size_t extra_len(int32_t e) { return e == 0 ? 0 : 1; }
+static const char *extra_bytes(int32_t e)
+{
+    return e == 0 ? NULL : e == 1 ? "x" : "y";
+}
+static size_t extra_len(int32_t e)
+{
+    return e == 0 ? 0 : 1;
+}
 
-static int rnd(model *m, int lo, int hi) { return kva_rng_int(&m->rng, lo, hi); }
+static int rnd(model *m, int lo, int hi)
+{
+    return kva_rng_int(&m->rng, lo, hi);
+}
 
 /* Block id of position p of model request r, from the pool's table. */
 static int32_t pool_block(const model *m, const model_req *r, int32_t i)
@@ -85,8 +94,8 @@ static void take_snap(const model *m, snap *s)
     memset(s, 0, sizeof *s);
     CHECK_OK(kva_pool_get_stats(m->pool, &s->stats));
     for (int k = 0; k < m->num_reqs; k++) {
-        CHECK_OK(kva_pool_request_block_table(m->pool, m->reqs[k].id, s->rows[k], MAX_TOKENS,
-                                              NULL));
+        CHECK_OK(
+            kva_pool_request_block_table(m->pool, m->reqs[k].id, s->rows[k], MAX_TOKENS, NULL));
         CHECK_OK(kva_pool_request_get_info(m->pool, m->reqs[k].id, &s->info[k]));
     }
 }
@@ -186,8 +195,7 @@ static void op_add(model *m)
     /* The hit's slots hold exactly this prompt's KV under this key. */
     for (int32_t p = 0; p < c; p++) {
         int64_t slot = (int64_t)pool_block(m, r, p / m->bs) * m->bs + p % m->bs;
-        CHECK_MSG(m->kv_tok[slot] == prompt[p] && m->kv_pos[slot] == p &&
-                      m->kv_extra[slot] == e,
+        CHECK_MSG(m->kv_tok[slot] == prompt[p] && m->kv_pos[slot] == p && m->kv_extra[slot] == e,
                   "op %ld: hit position %d serves another prefix's KV", m->ops, p);
     }
 }
@@ -279,8 +287,7 @@ static void op_fork(model *m, model_req *r)
         return;
     }
     CHECK_OK(st);
-    CHECK(tail ? copy[0] == pool_block(m, r, full) && copy[1] > 0
-               : copy[0] == -1 && copy[1] == -1);
+    CHECK(tail ? copy[0] == pool_block(m, r, full) && copy[1] > 0 : copy[0] == -1 && copy[1] == -1);
     if (tail) /* the engine copies the partial block (kva_cache_copy_blocks) */
         for (int o = 0; o < m->bs; o++) {
             m->kv_tok[copy[1] * m->bs + o] = m->kv_tok[copy[0] * m->bs + o];
@@ -327,8 +334,8 @@ static void op_reset(model *m)
     CHECK(s.num_cached_blocks == 0 && s.num_free_blocks == m->nb - 1);
 }
 
-static void run_config(int32_t nb, int32_t bs, kva_pool_hash hash, int32_t caching,
-                       uint64_t seed, long num_ops)
+static void run_config(int32_t nb, int32_t bs, kva_pool_hash hash, int32_t caching, uint64_t seed,
+                       long num_ops)
 {
     model m;
     memset(&m, 0, sizeof m);
@@ -390,10 +397,22 @@ static void run_config(int32_t nb, int32_t bs, kva_pool_hash hash, int32_t cachi
     free(m.kv_extra);
 }
 
-static void test_random_sha256_b4(void) { run_config(24, 4, KVA_POOL_HASH_SHA256, 1, 11, 40000); }
-static void test_random_xxh3_b1(void) { run_config(24, 1, KVA_POOL_HASH_XXH3_128, 1, 22, 30000); }
-static void test_random_xxh3_b3(void) { run_config(20, 3, KVA_POOL_HASH_XXH3_128, 1, 33, 30000); }
-static void test_random_no_cache(void) { run_config(32, 2, KVA_POOL_HASH_SHA256, 0, 44, 20000); }
+static void test_random_sha256_b4(void)
+{
+    run_config(24, 4, KVA_POOL_HASH_SHA256, 1, 11, 40000);
+}
+static void test_random_xxh3_b1(void)
+{
+    run_config(24, 1, KVA_POOL_HASH_XXH3_128, 1, 22, 30000);
+}
+static void test_random_xxh3_b3(void)
+{
+    run_config(20, 3, KVA_POOL_HASH_XXH3_128, 1, 33, 30000);
+}
+static void test_random_no_cache(void)
+{
+    run_config(32, 2, KVA_POOL_HASH_SHA256, 0, 44, 20000);
+}
 
 int main(void)
 {

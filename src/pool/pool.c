@@ -204,8 +204,8 @@ kva_status kva_pool_create(const kva_pool_desc *desc, kva_pool **out)
                          (int)desc->num_blocks, KVA_POOL_MAX_BLOCKS);
     if (desc->block_size < 1 || desc->block_size > KVA_POOL_MAX_BLOCK_SIZE)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_pool_create: block_size %d is outside [1, %d]",
-                         (int)desc->block_size, KVA_POOL_MAX_BLOCK_SIZE);
+                         "kva_pool_create: block_size %d is outside [1, %d]", (int)desc->block_size,
+                         KVA_POOL_MAX_BLOCK_SIZE);
     if ((int)desc->hash < 0 || desc->hash >= KVA_POOL_HASH_COUNT_)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_pool_create: hash %d is not a kva_pool_hash", (int)desc->hash);
@@ -232,8 +232,7 @@ kva_status kva_pool_create(const kva_pool_desc *desc, kva_pool **out)
     if (p->blocks == NULL || p->block_hashes == NULL || p->map == NULL) {
         kva_pool_destroy(p);
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
-                         "kva_pool_create: out of memory for num_blocks %d",
-                         (int)desc->num_blocks);
+                         "kva_pool_create: out of memory for num_blocks %d", (int)desc->num_blocks);
     }
     memset(p->block_hashes, 0, nb * p->hash_len);
     for (size_t i = 0; i < slots; i++)
@@ -320,8 +319,7 @@ static kva_status check_queue(const kva_pool *pool)
     int32_t nb = pool->desc.num_blocks, count = 0, prev = -1;
     for (int32_t b = pool->free_head; b >= 0; b = pool->blocks[b].next) {
         if (b < 1 || b >= nb)
-            return VIOLATION("free queue holds block id %d (valid: 1..%d)", (int)b,
-                             (int)nb - 1);
+            return VIOLATION("free queue holds block id %d (valid: 1..%d)", (int)b, (int)nb - 1);
         const kva__pool_block *k = &pool->blocks[b];
         if (k->prev != prev)
             return VIOLATION("block %d in the free queue has prev %d, expected %d", (int)b,
@@ -353,24 +351,22 @@ static kva_status check_map(const kva_pool *pool)
         if (first < 1 || first >= nb)
             return VIOLATION("map slot %u holds block id %d", i, (int)first);
         if (kva__pool_map_find(pool, block_hash(pool, first)) != first)
-            return VIOLATION("block %d in map slot %u is not found by its hash", (int)first,
-                             i);
+            return VIOLATION("block %d in map slot %u is not found by its hash", (int)first, i);
         if (pool->blocks[first].dup_prev != -1)
-            return VIOLATION("block %d heads a hash in the map but has dup_prev %d",
-                             (int)first, (int)pool->blocks[first].dup_prev);
+            return VIOLATION("block %d heads a hash in the map but has dup_prev %d", (int)first,
+                             (int)pool->blocks[first].dup_prev);
         int32_t prev = -1;
         for (int32_t b = first; b >= 0; b = pool->blocks[b].dup_next) {
             if (b < 1 || b >= nb || ++chained > nb)
-                return VIOLATION("duplicate list of block %d is broken at %d", (int)first,
-                                 (int)b);
+                return VIOLATION("duplicate list of block %d is broken at %d", (int)first, (int)b);
             const kva__pool_block *k = &pool->blocks[b];
             if (!k->has_hash || k->dup_prev != prev)
                 return VIOLATION("block %d in the map has has_hash %d, dup_prev %d "
                                  "(expected %d)",
                                  (int)b, (int)k->has_hash, (int)k->dup_prev, (int)prev);
             if (memcmp(block_hash(pool, b), block_hash(pool, first), pool->hash_len))
-                return VIOLATION("block %d is listed under block %d's hash but differs",
-                                 (int)b, (int)first);
+                return VIOLATION("block %d is listed under block %d's hash but differs", (int)b,
+                                 (int)first);
             prev = b;
         }
     }
@@ -393,13 +389,13 @@ static kva_status check_request(const kva_pool *pool, int32_t id, const kva__poo
 {
     int32_t nb = pool->desc.num_blocks, bs = pool->desc.block_size;
     if ((int64_t)r->num_tokens > (int64_t)r->num_blocks * bs)
-        return VIOLATION("request %d has %d tokens but only %d blocks", (int)id,
-                         (int)r->num_tokens, (int)r->num_blocks);
+        return VIOLATION("request %d has %d tokens but only %d blocks", (int)id, (int)r->num_tokens,
+                         (int)r->num_blocks);
     int32_t full = r->num_tokens / bs;
     int32_t want_hashes = pool->desc.enable_prefix_caching ? full : 0;
     if (r->num_hashes != want_hashes)
-        return VIOLATION("request %d has %d block hashes, expected %d", (int)id,
-                         (int)r->num_hashes, (int)want_hashes);
+        return VIOLATION("request %d has %d block hashes, expected %d", (int)id, (int)r->num_hashes,
+                         (int)want_hashes);
     for (int32_t i = 0; i < r->num_blocks; i++) {
         int32_t b = r->blocks[i];
         if (b < 0 || b >= nb)
@@ -432,8 +428,7 @@ kva_status kva_pool_check(const kva_pool *pool)
     KVA_CHECK_PTR(pool);
     int32_t nb = pool->desc.num_blocks;
     const kva__pool_block *z = &pool->blocks[0];
-    if (z->ref != 0 || z->in_queue || z->has_hash || pool->free_head == 0 ||
-        pool->free_tail == 0)
+    if (z->ref != 0 || z->in_queue || z->has_hash || pool->free_head == 0 || pool->free_tail == 0)
         return VIOLATION("null block has ref %d, in_queue %d, has_hash %d", (int)z->ref,
                          (int)z->in_queue, (int)z->has_hash);
     KVA_TRY(check_queue(pool));
@@ -450,8 +445,7 @@ kva_status kva_pool_check(const kva_pool *pool)
                          (int)pool->num_free);
     KVA_TRY(check_map(pool));
     if (!pool->desc.enable_prefix_caching && pool->num_cached != 0)
-        return VIOLATION("prefix caching is off but %d blocks are cached",
-                         (int)pool->num_cached);
+        return VIOLATION("prefix caching is off but %d blocks are cached", (int)pool->num_cached);
 
     int32_t *refs = calloc((size_t)nb, sizeof *refs);
     if (refs == NULL)

@@ -28,8 +28,7 @@ kva_status kva__pool_hash_init(kva_pool *pool)
         pool->hash_len = 16;
         pool->xxh_state = XXH3_createState();
         if (pool->xxh_state == NULL)
-            return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
-                             "kva_pool_create: XXH3_createState failed");
+            return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_pool_create: XXH3_createState failed");
     }
     pool->scratch = malloc(pool->hash_len + 4 * b + 8);
     if (pool->scratch == NULL)
@@ -86,8 +85,7 @@ kva_status kva__pool_hash_block(kva_pool *pool, const uint8_t *parent, const int
     if (pool->desc.hash == KVA_POOL_HASH_SHA256) {
         EVP_MD_CTX *ctx = pool->md_ctx;
         unsigned int got = 0;
-        if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1 ||
-            EVP_DigestUpdate(ctx, s, len) != 1 ||
+        if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1 || EVP_DigestUpdate(ctx, s, len) != 1 ||
             (extra_len > 0 && EVP_DigestUpdate(ctx, extra, extra_len) != 1) ||
             EVP_DigestFinal_ex(ctx, out, &got) != 1 || got != 32)
             return kva__fail(KVA_STATUS_INTERNAL, "block hash: libcrypto SHA-256 failed");

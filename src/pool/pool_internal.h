@@ -23,8 +23,8 @@
  * in use (ref > 0, not queued), free and cached (ref 0, queued, has_hash) or
  * free and empty (ref 0, queued, no hash). In-use blocks may hold a hash too. */
 typedef struct kva__pool_block {
-    int32_t ref;      /* requests whose block table holds this block */
-    int32_t prev;     /* free-queue neighbours, -1 at the ends */
+    int32_t ref;  /* requests whose block table holds this block */
+    int32_t prev; /* free-queue neighbours, -1 at the ends */
     int32_t next;
     int32_t dup_prev; /* other cached blocks with the same hash; the map points */
     int32_t dup_next; /* at the one whose dup_prev is -1 */
@@ -49,24 +49,24 @@ typedef struct kva__pool_request {
 
 struct kva_pool {
     kva_pool_desc desc;
-    size_t hash_len;           /* 32 (SHA-256) or 16 (XXH3-128) */
-    kva__pool_block *blocks;   /* [NB] */
-    uint8_t *block_hashes;     /* [NB, hash_len], valid where has_hash */
-    int32_t free_head;         /* least recently freed block, -1 if none */
-    int32_t free_tail;         /* most recently freed block, -1 if none */
+    size_t hash_len;         /* 32 (SHA-256) or 16 (XXH3-128) */
+    kva__pool_block *blocks; /* [NB] */
+    uint8_t *block_hashes;   /* [NB, hash_len], valid where has_hash */
+    int32_t free_head;       /* least recently freed block, -1 if none */
+    int32_t free_tail;       /* most recently freed block, -1 if none */
     int32_t num_free;
-    int32_t num_cached;        /* blocks with has_hash */
-    int32_t *map;              /* [map_mask + 1] open addressing, linear probing:
-                                  block id of a hash's first block, -1 empty */
+    int32_t num_cached; /* blocks with has_hash */
+    int32_t *map;       /* [map_mask + 1] open addressing, linear probing:
+                           block id of a hash's first block, -1 empty */
     uint32_t map_mask;
-    int32_t map_count;         /* distinct hashes in the map */
-    void *md_ctx;              /* EVP_MD_CTX for SHA-256 */
-    void *xxh_state;           /* XXH3_state_t for XXH3-128 */
-    uint8_t *scratch;          /* [hash_len + 4 * B + 8] serialized block */
-    kva__pool_request **reqs;  /* [cap_reqs], NULL where no live request */
+    int32_t map_count;        /* distinct hashes in the map */
+    void *md_ctx;             /* EVP_MD_CTX for SHA-256 */
+    void *xxh_state;          /* XXH3_state_t for XXH3-128 */
+    uint8_t *scratch;         /* [hash_len + 4 * B + 8] serialized block */
+    kva__pool_request **reqs; /* [cap_reqs], NULL where no live request */
     int32_t cap_reqs;
     int32_t num_reqs;
-    int32_t *free_ids;         /* [cap_reqs] stack of unused ids below cap_reqs */
+    int32_t *free_ids; /* [cap_reqs] stack of unused ids below cap_reqs */
     int32_t num_free_ids;
     int64_t query_tokens;
     int64_t hit_tokens;

@@ -79,9 +79,8 @@ static int32_t install_request(kva_pool *pool, kva__pool_request *r)
 }
 
 /* A new request with room for the given counts and a copy of the extra key. */
-static kva__pool_request *new_request(const kva_pool *pool, int32_t cap_blocks,
-                                      int32_t cap_tokens, int32_t cap_hashes,
-                                      const void *extra, size_t extra_len)
+static kva__pool_request *new_request(const kva_pool *pool, int32_t cap_blocks, int32_t cap_tokens,
+                                      int32_t cap_hashes, const void *extra, size_t extra_len)
 {
     kva__pool_request *r = calloc(1, sizeof *r);
     if (r == NULL)
@@ -104,33 +103,33 @@ static kva__pool_request *new_request(const kva_pool *pool, int32_t cap_blocks,
 }
 
 kva_status kva_pool_request_add(kva_pool *pool, const int32_t *prompt_tokens, int32_t n,
-                                const void *extra_key, size_t extra_len,
-                                int32_t *out_request_id, int32_t *out_num_cached_tokens)
+                                const void *extra_key, size_t extra_len, int32_t *out_request_id,
+                                int32_t *out_num_cached_tokens)
 {
     kva__clear_error();
     KVA_CHECK_PTR(pool);
     KVA_CHECK_PTR(prompt_tokens);
     KVA_CHECK_PTR(out_request_id);
     if (n < 1)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: n %d must be >= 1", __func__,
-                         (int)n);
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: n %d must be >= 1", __func__, (int)n);
     if (extra_len > 0 && extra_key == NULL)
         return kva__fail(KVA_STATUS_NULL_POINTER,
                          "%s: argument 'extra_key' is NULL but extra_len is %zu", __func__,
                          extra_len);
     if (extra_len > KVA_POOL_MAX_EXTRA)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: extra_len %zu exceeds %zu",
-                         __func__, extra_len, KVA_POOL_MAX_EXTRA);
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: extra_len %zu exceeds %zu", __func__,
+                         extra_len, KVA_POOL_MAX_EXTRA);
     KVA_TRY(reserve_id(pool, __func__));
 
     int32_t bs = pool->desc.block_size, caching = pool->desc.enable_prefix_caching;
     int32_t max_hit = caching ? (n - 1) / bs : 0;
     kva__pool_request *r =
-        new_request(pool, (int32_t)(((int64_t)n + bs - 1) / bs), n, max_hit, extra_key,
-                    extra_len);
+        new_request(pool, (int32_t)(((int64_t)n + bs - 1) / bs), n, max_hit, extra_key, extra_len);
     if (r == NULL)
-        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "%s: out of memory for a request of %d "
-                         "tokens", __func__, (int)n);
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
+                         "%s: out of memory for a request of %d "
+                         "tokens",
+                         __func__, (int)n);
 
     /* Lookup, read-only: block i hits if its chained hash is in the map. The
      * cap (n - 1) / B keeps at least one prompt token to compute. */
@@ -138,9 +137,8 @@ kva_status kva_pool_request_add(kva_pool *pool, const int32_t *prompt_tokens, in
     size_t hl = pool->hash_len;
     for (int32_t i = 0; i < max_hit; i++) {
         uint8_t *h = r->hashes + (size_t)i * hl;
-        kva_status st = kva__pool_hash_block(pool, i > 0 ? h - hl : NULL,
-                                             prompt_tokens + (size_t)i * bs, r->extra,
-                                             r->extra_len, h);
+        kva_status st = kva__pool_hash_block(
+            pool, i > 0 ? h - hl : NULL, prompt_tokens + (size_t)i * bs, r->extra, r->extra_len, h);
         if (st != KVA_STATUS_OK) {
             kva__pool_request_delete(r);
             return st;
@@ -179,14 +177,14 @@ kva_status kva_pool_request_allocate(kva_pool *pool, int32_t request_id, int32_t
         return KVA_STATUS_OUT_OF_RANGE;
     if (num_new_tokens < 0 || num_lookahead_tokens < 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: num_new_tokens %d and num_lookahead_tokens %d must be >= 0",
-                         __func__, (int)num_new_tokens, (int)num_lookahead_tokens);
+                         "%s: num_new_tokens %d and num_lookahead_tokens %d must be >= 0", __func__,
+                         (int)num_new_tokens, (int)num_lookahead_tokens);
     int64_t bs = pool->desc.block_size;
     int64_t total = (int64_t)r->num_tokens + num_new_tokens + num_lookahead_tokens;
     if (total > INT32_MAX)
         return kva__fail(KVA_STATUS_OUT_OF_RANGE,
-                         "%s: request %d would hold %lld tokens (more than INT32_MAX)",
-                         __func__, (int)request_id, (long long)total);
+                         "%s: request %d would hold %lld tokens (more than INT32_MAX)", __func__,
+                         (int)request_id, (long long)total);
     int64_t need_blocks = (total + bs - 1) / bs;
     int64_t need = need_blocks - r->num_blocks;
     if (need <= 0)
@@ -198,15 +196,15 @@ kva_status kva_pool_request_allocate(kva_pool *pool, int32_t request_id, int32_t
                          __func__, (int)request_id, (long long)need, (long long)total,
                          (int)pool->num_free);
     if (!GROW(r->blocks, r->cap_blocks, need_blocks, sizeof(int32_t)))
-        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "%s: out of memory for %lld blocks",
-                         __func__, (long long)need_blocks);
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "%s: out of memory for %lld blocks", __func__,
+                         (long long)need_blocks);
     while (r->num_blocks < need_blocks)
         r->blocks[r->num_blocks++] = kva__pool_take_free(pool);
     return KVA_STATUS_OK;
 }
 
-kva_status kva_pool_request_append_tokens(kva_pool *pool, int32_t request_id,
-                                          const int32_t *tokens, int32_t n)
+kva_status kva_pool_request_append_tokens(kva_pool *pool, int32_t request_id, const int32_t *tokens,
+                                          int32_t n)
 {
     kva__clear_error();
     KVA_CHECK_PTR(pool);
@@ -214,8 +212,7 @@ kva_status kva_pool_request_append_tokens(kva_pool *pool, int32_t request_id,
     if (r == NULL)
         return KVA_STATUS_OUT_OF_RANGE;
     if (n < 0)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: n %d must be >= 0", __func__,
-                         (int)n);
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: n %d must be >= 0", __func__, (int)n);
     if (n == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(tokens);
@@ -231,8 +228,8 @@ kva_status kva_pool_request_append_tokens(kva_pool *pool, int32_t request_id,
     int32_t old_full = r->num_hashes, new_full = caching ? (int32_t)(end / bs) : 0;
     if (!GROW(r->tokens, r->cap_tokens, end, sizeof(int32_t)) ||
         !GROW(r->hashes, r->cap_hashes, new_full, pool->hash_len))
-        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "%s: out of memory for %lld tokens",
-                         __func__, (long long)end);
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "%s: out of memory for %lld tokens", __func__,
+                         (long long)end);
 
     /* Stage the tokens and the new blocks' hashes past the committed counts,
      * so that a hashing failure changes nothing visible. */
@@ -254,8 +251,8 @@ kva_status kva_pool_request_append_tokens(kva_pool *pool, int32_t request_id,
     return KVA_STATUS_OK;
 }
 
-kva_status kva_pool_request_fork(kva_pool *pool, int32_t src_request_id,
-                                 int32_t *out_request_id, int32_t *out_copy)
+kva_status kva_pool_request_fork(kva_pool *pool, int32_t src_request_id, int32_t *out_request_id,
+                                 int32_t *out_copy)
 {
     kva__clear_error();
     KVA_CHECK_PTR(pool);
@@ -272,11 +269,11 @@ kva_status kva_pool_request_fork(kva_pool *pool, int32_t src_request_id,
                          "free",
                          __func__, (int)src_request_id);
     KVA_TRY(reserve_id(pool, __func__));
-    kva__pool_request *r = new_request(pool, full + tail, s->num_tokens, s->num_hashes,
-                                       s->extra, s->extra_len);
+    kva__pool_request *r =
+        new_request(pool, full + tail, s->num_tokens, s->num_hashes, s->extra, s->extra_len);
     if (r == NULL)
-        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "%s: out of memory forking request %d",
-                         __func__, (int)src_request_id);
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "%s: out of memory forking request %d", __func__,
+                         (int)src_request_id);
 
     memcpy(r->tokens, s->tokens, (size_t)s->num_tokens * sizeof(int32_t));
     memcpy(r->hashes, s->hashes, (size_t)s->num_hashes * pool->hash_len);
@@ -317,8 +314,7 @@ kva_status kva_pool_request_free(kva_pool *pool, int32_t request_id)
     return KVA_STATUS_OK;
 }
 
-kva_status kva_pool_request_drop_window(kva_pool *pool, int32_t request_id,
-                                        int32_t window_tokens)
+kva_status kva_pool_request_drop_window(kva_pool *pool, int32_t request_id, int32_t window_tokens)
 {
     kva__clear_error();
     KVA_CHECK_PTR(pool);
@@ -326,8 +322,8 @@ kva_status kva_pool_request_drop_window(kva_pool *pool, int32_t request_id,
     if (r == NULL)
         return KVA_STATUS_OUT_OF_RANGE;
     if (window_tokens < 0)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: window_tokens %d must be >= 0",
-                         __func__, (int)window_tokens);
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: window_tokens %d must be >= 0", __func__,
+                         (int)window_tokens);
     int32_t first_needed = r->num_tokens - window_tokens;
     if (first_needed <= 0)
         return KVA_STATUS_OK;
@@ -378,9 +374,8 @@ kva_status kva_pool_request_slots(const kva_pool *pool, int32_t request_id, int3
     if (r == NULL)
         return KVA_STATUS_OUT_OF_RANGE;
     if (first_pos < 0 || count < 0)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: first_pos %d and count %d must be >= 0", __func__,
-                         (int)first_pos, (int)count);
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: first_pos %d and count %d must be >= 0",
+                         __func__, (int)first_pos, (int)count);
     if (count == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(slots);
