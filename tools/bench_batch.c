@@ -45,7 +45,7 @@ void bench_opts_resolve(bench_opts *o)
         /* batch, context, q_len */
         {16, 4096, 1},  /* decode: 16 requests, 4096 cached tokens each */
         {2, 0, 512},    /* prefill: 2 prompts of 512 tokens, no cached context */
-        {16, 4096, 256} /* mixed: 16 decodes + one 256-token chunk after 4096 tokens */
+        {16, 2048, 128} /* mixed: 16 decodes + one 128-token chunk, all after 2048 tokens */
     };
     if (o->batch < 0)
         o->batch = defaults[o->mode][0];
