@@ -61,6 +61,7 @@ struct kva_pool {
     uint32_t map_mask;
     int32_t map_count;        /* distinct hashes in the map */
     void *md_ctx;             /* EVP_MD_CTX for SHA-256 */
+    void *md;                 /* EVP_MD fetched once (OpenSSL 3), or NULL */
     void *xxh_state;          /* XXH3_state_t for XXH3-128 */
     uint8_t *scratch;         /* [hash_len + 4 * B + 8] serialized block */
     kva__pool_request **reqs; /* [cap_reqs], NULL where no live request */
