@@ -20,7 +20,8 @@ typedef struct bench_opts {
     bench_mode mode;
     int32_t batch;   /* R (decode, prefill) or number of decodes (mixed) */
     int32_t context; /* cached tokens before the step's new tokens, per request */
-    int32_t q_len;   /* new tokens: per decode (decode), per request (prefill), of the chunk (mixed) */
+    int32_t
+        q_len; /* new tokens: per decode (decode), per request (prefill), of the chunk (mixed) */
     int32_t heads, kv_heads, head_dim, head_dim_v, block_size;
     kva_dtype dtype;
     kva_layout layout;
@@ -55,15 +56,15 @@ typedef struct bench_batch {
     int32_t *seq_lens;        /* [R] */
     int32_t *block_table;     /* [R, block_table_stride], shuffled block ids */
     int32_t block_table_stride;
-    int32_t num_blocks;    /* NB of the cache: every block of every request */
-    void *q;               /* [T, H, D] dtype */
-    void *out;             /* [T, H, Dv] dtype */
-    float *lse;            /* [T, H] */
-    void *k_new, *v_new;   /* [T, Hkv, D], [T, Hkv, Dv]: the step's new keys/values */
-    int64_t *slot_new;     /* [T] cache slots of the new tokens */
-    void *k_ragged;        /* [sum(seq_lens), Hkv, D] (--ragged only) */
-    void *v_ragged;        /* [sum(seq_lens), Hkv, Dv] (--ragged only) */
-    int64_t *src_token;    /* [T] check batch only: token of the full batch; else NULL */
+    int32_t num_blocks;  /* NB of the cache: every block of every request */
+    void *q;             /* [T, H, D] dtype */
+    void *out;           /* [T, H, Dv] dtype */
+    float *lse;          /* [T, H] */
+    void *k_new, *v_new; /* [T, Hkv, D], [T, Hkv, Dv]: the step's new keys/values */
+    int64_t *slot_new;   /* [T] cache slots of the new tokens */
+    void *k_ragged;      /* [sum(seq_lens), Hkv, D] (--ragged only) */
+    void *v_ragged;      /* [sum(seq_lens), Hkv, Dv] (--ragged only) */
+    int64_t *src_token;  /* [T] check batch only: token of the full batch; else NULL */
 } bench_batch;
 
 /* bench_batch.c */
@@ -99,7 +100,7 @@ double bench_request_pairs(const bench_opts *o, int32_t q, int32_t s);
 
 /* bench_check.c */
 typedef struct bench_check_result {
-    int done;           /* 0 when skipped */
+    int done; /* 0 when skipped */
     const char *skip_reason;
     int ok;
     double max_abs_err; /* output */

@@ -143,7 +143,8 @@ static kva_status build_subset(const bench_opts *o, const bench_batch *b, const 
             for (int32_t j = 0; j < r; j++)
                 kv0 += b->seq_lens[j];
             memcpy((char *)cb->k_ragged + (size_t)row * Hkv * D * es,
-                   (const char *)b->k_ragged + (size_t)kv0 * Hkv * D * es, (size_t)s * Hkv * D * es);
+                   (const char *)b->k_ragged + (size_t)kv0 * Hkv * D * es,
+                   (size_t)s * Hkv * D * es);
             memcpy((char *)cb->v_ragged + (size_t)row * Hkv * Dv * es,
                    (const char *)b->v_ragged + (size_t)kv0 * Hkv * Dv * es,
                    (size_t)s * Hkv * Dv * es);
@@ -229,8 +230,8 @@ kva_status bench_check(const bench_opts *o, const bench_batch *b, const kva_cach
     if (st == KVA_STATUS_OK) {
         double t0 = kva_cli_now();
         if (o->ragged)
-            st = kva_attention_run_ragged(ref, plan, cb.q, cb.k_ragged, cb.v_ragged, NULL,
-                                          cb.out, cb.lse);
+            st = kva_attention_run_ragged(ref, plan, cb.q, cb.k_ragged, cb.v_ragged, NULL, cb.out,
+                                          cb.lse);
         else
             st = kva_attention_run(ref, plan, cb.q, cache, NULL, cb.out, cb.lse);
         res->ref_seconds = kva_cli_now() - t0;

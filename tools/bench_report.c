@@ -53,21 +53,20 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
            bench_mode_name(o->mode), o->ragged ? " (ragged, no cache)" : "",
            kva_backend_name(o->backend), (int)r->threads, r->threads == 1 ? "" : "s",
            kva_dtype_name(o->dtype), o->layout == KVA_LAYOUT_NHD ? "nhd" : "hnd");
-    printf("  %-18s R=%d T=%d H=%d Hkv=%d D=%d Dv=%d B=%d NB=%d\n", "shape",
-           (int)b->num_requests, (int)b->num_tokens, (int)o->heads, (int)o->kv_heads,
-           (int)o->head_dim, (int)o->head_dim_v, (int)o->block_size, (int)b->num_blocks);
+    printf("  %-18s R=%d T=%d H=%d Hkv=%d D=%d Dv=%d B=%d NB=%d\n", "shape", (int)b->num_requests,
+           (int)b->num_tokens, (int)o->heads, (int)o->kv_heads, (int)o->head_dim,
+           (int)o->head_dim_v, (int)o->block_size, (int)b->num_blocks);
     if (o->mode == BENCH_MIXED)
         printf("  %-18s %d decodes (q_len 1) + 1 chunk of %d tokens, each after %d cached tokens\n",
                "requests", (int)o->batch, (int)o->q_len, (int)o->context);
     else
         printf("  %-18s %d x (q_len %d after %d cached tokens)\n", "requests", (int)o->batch,
                (int)o->q_len, (int)o->context);
-    printf("  %-18s causal=%d window_left=%d softcap=%g\n", "mask", (int)o->causal,
-           (int)o->window, (double)o->softcap);
+    printf("  %-18s causal=%d window_left=%d softcap=%g\n", "mask", (int)o->causal, (int)o->window,
+           (double)o->softcap);
     printf("  %-18s state %s, %d decodes (%d tokens), %d prefills (%d tokens), %d work items\n",
-           "plan", kva_attn_state_name(pi->state), (int)pi->num_decodes,
-           (int)pi->num_decode_tokens, (int)pi->num_prefills, (int)pi->num_prefill_tokens,
-           (int)pi->num_work_items);
+           "plan", kva_attn_state_name(pi->state), (int)pi->num_decodes, (int)pi->num_decode_tokens,
+           (int)pi->num_prefills, (int)pi->num_prefill_tokens, (int)pi->num_work_items);
     if (r->check.done)
         printf("  %-18s max abs err %.3g, lse %.3g (%s) on %d of %d requests%s\n", "check",
                r->check.max_abs_err, r->check.max_lse_err, r->check.ok ? "ok" : "FAILED",
@@ -81,7 +80,8 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
     printf("  %-18s %-16s %s\n", "metric", "value", "note");
     snprintf(n, sizeof n, "%d iters, min %s", (int)r->iters, fmt_time(t, sizeof t, r->min_s));
     row("attention median", fmt_time(v, sizeof v, r->median_s), n);
-    row("KV bytes read", fmt_bytes(v, sizeof v, r->counts.kv_bytes), "K+V of visible keys, once per kv head");
+    row("KV bytes read", fmt_bytes(v, sizeof v, r->counts.kv_bytes),
+        "K+V of visible keys, once per kv head");
     double gbps = r->median_s > 0 ? r->counts.kv_bytes / r->median_s / 1e9 : 0;
     snprintf(v, sizeof v, "%.2f GB/s", gbps);
     if (r->read_bw > 0)
@@ -90,8 +90,10 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
     else
         snprintf(n, sizeof n, "read bandwidth not measured");
     row("bandwidth", v, n);
-    row("FLOPs", fmt_flops(v, sizeof v, r->counts.flops), "2*D + 2*Dv per unmasked (query head, key)");
-    snprintf(v, sizeof v, "%.2f GFLOP/s", r->median_s > 0 ? r->counts.flops / r->median_s / 1e9 : 0);
+    row("FLOPs", fmt_flops(v, sizeof v, r->counts.flops),
+        "2*D + 2*Dv per unmasked (query head, key)");
+    snprintf(v, sizeof v, "%.2f GFLOP/s",
+             r->median_s > 0 ? r->counts.flops / r->median_s / 1e9 : 0);
     row("throughput", v, NULL);
     row("plan create", fmt_time(v, sizeof v, r->plan_s), "median, host, once per step");
     if (!o->ragged) {
@@ -121,9 +123,9 @@ int bench_report_json(const char *path, const bench_opts *o, const bench_batch *
             "  \"shape\": {\"batch\": %d, \"requests\": %d, \"tokens\": %d, \"context\": %d, "
             "\"q_len\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, "
             "\"head_dim_v\": %d, \"block_size\": %d, \"num_blocks\": %d},\n",
-            (int)o->batch, (int)b->num_requests, (int)b->num_tokens, (int)o->context,
-            (int)o->q_len, (int)o->heads, (int)o->kv_heads, (int)o->head_dim,
-            (int)o->head_dim_v, (int)o->block_size, (int)b->num_blocks);
+            (int)o->batch, (int)b->num_requests, (int)b->num_tokens, (int)o->context, (int)o->q_len,
+            (int)o->heads, (int)o->kv_heads, (int)o->head_dim, (int)o->head_dim_v,
+            (int)o->block_size, (int)b->num_blocks);
     fprintf(f, "  \"mask\": {\"causal\": %d, \"window_left\": %d, \"softcap\": %g},\n",
             (int)o->causal, (int)o->window, (double)o->softcap);
     fprintf(f,
@@ -143,8 +145,7 @@ int bench_report_json(const char *path, const bench_opts *o, const bench_batch *
         fprintf(f, "  \"check\": {\"done\": false},\n");
     fprintf(f, "  \"iters\": %d,\n  \"warmup\": %d,\n  \"seed\": %llu,\n", (int)r->iters,
             (int)o->warmup, (unsigned long long)o->seed);
-    fprintf(f, "  \"median_ms\": %.6f,\n  \"min_ms\": %.6f,\n", r->median_s * 1e3,
-            r->min_s * 1e3);
+    fprintf(f, "  \"median_ms\": %.6f,\n  \"min_ms\": %.6f,\n", r->median_s * 1e3, r->min_s * 1e3);
     fprintf(f, "  \"plan_create_ms\": %.6f,\n", r->plan_s * 1e3);
     if (!o->ragged)
         fprintf(f, "  \"cache_write_ms\": %.6f,\n", r->write_s * 1e3);

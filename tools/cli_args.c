@@ -80,8 +80,7 @@ int kva_cli_parse_float(const char *flag, const char *s, float lo, float hi, flo
     return 1;
 }
 
-int kva_cli_parse_choice(const char *flag, const char *s, const char *const *names, int n,
-                         int *out)
+int kva_cli_parse_choice(const char *flag, const char *s, const char *const *names, int n, int *out)
 {
     for (int k = 0; k < n; k++) {
         if (strcmp(s, names[k]) == 0) {

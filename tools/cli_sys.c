@@ -45,7 +45,7 @@ double kva_cli_measure_read_bw(int num_threads)
         return 0.0;
     if (num_threads < 1)
         num_threads = 1;
-    /* Touch every page from the threads that will read them (first touch). */
+        /* Touch every page from the threads that will read them (first touch). */
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(num_threads) schedule(static)
 #endif

@@ -25,48 +25,47 @@
 
 void kva_cli_usage_bench(void)
 {
-    printf(
-        "usage: kvattn bench [options]\n"
-        "\n"
-        "Checks one attention shape against the reference backend, warms up, then times\n"
-        "--iters runs and reports the median and min time, KV bytes read, GB/s, FLOPs and\n"
-        "GFLOP/s. Defaults: a serving decode step (16 requests x 4096 cached tokens,\n"
-        "H=32, Hkv=8, D=128, bf16, B=16) on the CPU backend with all cores.\n"
-        "\n"
-        "batch:\n"
-        "  --mode decode|prefill|mixed  decode: R requests of --q-len new tokens (1; >1 is\n"
-        "                       spec decode) after --context cached tokens; prefill: R\n"
-        "                       prompts of --q-len tokens (after --context cached tokens,\n"
-        "                       default 0); mixed: R decodes plus one chunked prefill of\n"
-        "                       --q-len tokens, all after --context cached tokens [decode]\n"
-        "  --batch R            requests (mixed: decodes)     [16; prefill: 2]\n"
-        "  --context N          cached tokens per request     [4096; prefill: 0; mixed: 2048]\n"
-        "  --q-len n            new tokens per request        [1; prefill: 512; mixed: 128]\n"
-        "  --ragged             time kva_attention_run_ragged (packed K/V, no cache)\n"
-        "shape:\n"
-        "  --heads H            query heads                   [32]\n"
-        "  --kv-heads Hkv       kv heads (H multiple of Hkv)  [8]\n"
-        "  --head-dim D         head size, multiple of 8, <= 256 [128]\n"
-        "  --head-dim-v Dv      value head size (0 = D)       [0]\n"
-        "  --block-size B       tokens per cache block        [16]\n"
-        "  --dtype f32|f16|bf16 q, cache and output dtype     [bf16]\n"
-        "  --layout nhd|hnd     cache layout                  [nhd]\n"
-        "mask:\n"
-        "  --causal 0|1         bottom-right causal mask      [1]\n"
-        "  --window N           sliding window (window_left), -1 = none [-1]\n"
-        "  --softcap c          logits soft-cap, 0 = none     [0]\n"
-        "run:\n"
-        "  --backend ref|cpu    backend to time               [cpu]\n"
-        "  --threads N          CPU threads, 0 = all cores    [0]\n"
-        "  --iters N            timed runs, 0 = about %.0f s worth (%d..%d) [0]\n"
-        "  --warmup N           untimed runs before timing    [2]\n"
-        "  --seed N             random data seed              [1234]\n"
-        "  --no-check           skip the check against the reference backend\n"
-        "  --no-ceiling         skip measuring the machine's memory read bandwidth\n"
-        "  --json FILE          also write the result as JSON to FILE\n"
-        "\n"
-        "Exit status: 0 success, 1 library error or failed check, 2 bad usage.\n",
-        AUTO_SECONDS, AUTO_ITERS_MIN, AUTO_ITERS_MAX);
+    printf("usage: kvattn bench [options]\n"
+           "\n"
+           "Checks one attention shape against the reference backend, warms up, then times\n"
+           "--iters runs and reports the median and min time, KV bytes read, GB/s, FLOPs and\n"
+           "GFLOP/s. Defaults: a serving decode step (16 requests x 4096 cached tokens,\n"
+           "H=32, Hkv=8, D=128, bf16, B=16) on the CPU backend with all cores.\n"
+           "\n"
+           "batch:\n"
+           "  --mode decode|prefill|mixed  decode: R requests of --q-len new tokens (1; >1 is\n"
+           "                       spec decode) after --context cached tokens; prefill: R\n"
+           "                       prompts of --q-len tokens (after --context cached tokens,\n"
+           "                       default 0); mixed: R decodes plus one chunked prefill of\n"
+           "                       --q-len tokens, all after --context cached tokens [decode]\n"
+           "  --batch R            requests (mixed: decodes)     [16; prefill: 2]\n"
+           "  --context N          cached tokens per request     [4096; prefill: 0; mixed: 2048]\n"
+           "  --q-len n            new tokens per request        [1; prefill: 512; mixed: 128]\n"
+           "  --ragged             time kva_attention_run_ragged (packed K/V, no cache)\n"
+           "shape:\n"
+           "  --heads H            query heads                   [32]\n"
+           "  --kv-heads Hkv       kv heads (H multiple of Hkv)  [8]\n"
+           "  --head-dim D         head size, multiple of 8, <= 256 [128]\n"
+           "  --head-dim-v Dv      value head size (0 = D)       [0]\n"
+           "  --block-size B       tokens per cache block        [16]\n"
+           "  --dtype f32|f16|bf16 q, cache and output dtype     [bf16]\n"
+           "  --layout nhd|hnd     cache layout                  [nhd]\n"
+           "mask:\n"
+           "  --causal 0|1         bottom-right causal mask      [1]\n"
+           "  --window N           sliding window (window_left), -1 = none [-1]\n"
+           "  --softcap c          logits soft-cap, 0 = none     [0]\n"
+           "run:\n"
+           "  --backend ref|cpu    backend to time               [cpu]\n"
+           "  --threads N          CPU threads, 0 = all cores    [0]\n"
+           "  --iters N            timed runs, 0 = about %.0f s worth (%d..%d) [0]\n"
+           "  --warmup N           untimed runs before timing    [2]\n"
+           "  --seed N             random data seed              [1234]\n"
+           "  --no-check           skip the check against the reference backend\n"
+           "  --no-ceiling         skip measuring the machine's memory read bandwidth\n"
+           "  --json FILE          also write the result as JSON to FILE\n"
+           "\n"
+           "Exit status: 0 success, 1 library error or failed check, 2 bad usage.\n",
+           AUTO_SECONDS, AUTO_ITERS_MIN, AUTO_ITERS_MAX);
 }
 
 /* Parses argv into o; returns -1 on success, else the exit status. */
@@ -78,10 +77,10 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
     static const char *const layouts[] = {"nhd", "hnd"};
     static const char *const backends[] = {"ref", "cpu"};
     static const char *const value_flags[] = {
-        "--mode",   "--batch",  "--context",  "--q-len",    "--heads",  "--kv-heads",
-        "--head-dim", "--head-dim-v", "--block-size", "--dtype", "--layout", "--causal",
-        "--window", "--softcap", "--backend", "--threads",  "--iters",  "--warmup",
-        "--seed",   "--json"};
+        "--mode",     "--batch",    "--context",    "--q-len",      "--heads",
+        "--kv-heads", "--head-dim", "--head-dim-v", "--block-size", "--dtype",
+        "--layout",   "--causal",   "--window",     "--softcap",    "--backend",
+        "--threads",  "--iters",    "--warmup",     "--seed",       "--json"};
     const int32_t BIG = 1 << 24;
     bench_opts_init(o);
     for (int i = 1; i < argc; i++) {
@@ -247,7 +246,7 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
         }
     } else {
         kva_cache_desc desc = {b->num_blocks, o->block_size, o->kv_heads, o->head_dim,
-                               o->head_dim_v,  o->dtype,      o->layout,   KVA_QUANT_NONE};
+                               o->head_dim_v, o->dtype,      o->layout,   KVA_QUANT_NONE};
         if ((st = kva_cache_create(s->ctx, &desc, &s->cache)) != KVA_STATUS_OK)
             return kva_cli_lib_error("kva_cache_create", st);
         if ((st = bench_cache_fill(s->ctx, o, b, s->cache)) != KVA_STATUS_OK)

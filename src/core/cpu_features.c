@@ -91,8 +91,8 @@ const char *kva__cpu_isa_string(void)
         int on;
         const char *name;
     } names[] = {
-        {f.avx2, "avx2"},         {f.fma, "fma"},           {f.f16c, "f16c"},
-        {f.avx512f, "avx512f"},   {f.avx512bw, "avx512bw"}, {f.avx512vl, "avx512vl"},
+        {f.avx2, "avx2"},       {f.fma, "fma"},           {f.f16c, "f16c"},
+        {f.avx512f, "avx512f"}, {f.avx512bw, "avx512bw"}, {f.avx512vl, "avx512vl"},
         {f.neon, "neon"},
     };
     size_t len = 0;
