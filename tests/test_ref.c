@@ -38,9 +38,9 @@ typedef struct dense_opts {
  * V [s, Hkv, Dv] (double) -> O [q_len, H, Dv], L [q_len, H] (double).
  * The score matrix S [q_len, s] and its mask are built in full per head.
  */
-static void dense_attention(int32_t q_len, int32_t s, int32_t H, int32_t Hkv, int32_t D,
-                            int32_t Dv, const double *Q, const double *K, const double *V,
-                            const dense_opts *o, double *O, double *L)
+static void dense_attention(int32_t q_len, int32_t s, int32_t H, int32_t Hkv, int32_t D, int32_t Dv,
+                            const double *Q, const double *K, const double *V, const dense_opts *o,
+                            double *O, double *L)
 {
     double *S = malloc(sizeof(double) * (size_t)(q_len > 0 ? q_len : 1) * (size_t)(s > 0 ? s : 1));
     unsigned char *M = malloc((size_t)(q_len > 0 ? q_len : 1) * (size_t)(s > 0 ? s : 1));
@@ -169,8 +169,8 @@ static size_t compare_truth(const char *label, const void *out, kva_dtype dt, co
         got[i] = (float)kva_test_get(out, dt, i);
         w[i] = (float)want[i];
     }
-    size_t bad = kva_test_compare(label, got, w, KVA_DTYPE_F32, n, kva_test_atol(dt),
-                                  kva_test_rtol(dt));
+    size_t bad =
+        kva_test_compare(label, got, w, KVA_DTYPE_F32, n, kva_test_atol(dt), kva_test_rtol(dt));
     if (lse) {
         float *wl = malloc(sizeof(float) * (m ? m : 1));
         for (size_t i = 0; i < m; i++)
@@ -187,6 +187,25 @@ static size_t compare_truth(const char *label, const void *out, kva_dtype dt, co
 /* ------------------------------------------------------------------------ */
 /* Hand-computed case                                                        */
 /* ------------------------------------------------------------------------ */
+
+/* Runs the hand case's plan (2 rows, D = 8, f32) and checks every output
+ * element and lse against the expected value of its row. */
+static void hand_check(kva_context *ctx, const kva_plan *plan, const kva_cache *cache,
+                       const float *q, const float *sinks, const double *want_out,
+                       const double *want_lse, float *out, float *lse, double tol)
+{
+    enum { D = 8 };
+    kva_test_poison(out, KVA_DTYPE_F32, 2 * D);
+    kva_test_poison(lse, KVA_DTYPE_F32, 2);
+    CHECK_OK(kva_attention_run(ctx, plan, q, cache, sinks, out, lse));
+    for (int i = 0; i < 2; i++) {
+        for (int c = 0; c < D; c++)
+            CHECK_MSG(fabs(out[i * D + c] - want_out[i]) <= tol, "sink %d row %d: %.9g vs %.9g",
+                      sinks != NULL, i, out[i * D + c], want_out[i]);
+        CHECK_MSG(fabs(lse[i] - want_lse[i]) <= tol * (1.0 + fabs(want_lse[i])),
+                  "sink %d lse %d: %.9g vs %.9g", sinks != NULL, i, lse[i], want_lse[i]);
+    }
+}
 
 /*
  * One request, q_len 2, seq_len 2, H = Hkv = 1, D = 8, scale 1, causal.
@@ -242,25 +261,31 @@ static void test_hand_computed(void)
     float q[2 * D], out[2 * D], lse[2];
     for (int i = 0; i < 2 * D; i++)
         q[i] = 0.5f;
-    const double want_out[2] = {1.0, 2.4621171572600096};
-    const double want_lse[2] = {0.0, 1.3132616875182228};
-    const double want_out_sink[2] = {0.5, 1.9402922119145731};
-    const double want_lse_sink[2] = {0.6931471805599453, 1.5514447139320509};
     const float sink[1] = {0.0f};
-    for (int with_sink = 0; with_sink < 2; with_sink++) {
-        kva_test_poison(out, KVA_DTYPE_F32, 2 * D);
-        kva_test_poison(lse, KVA_DTYPE_F32, 2);
-        CHECK_OK(kva_attention_run(ctx, plan, q, cache, with_sink ? sink : NULL, out, lse));
-        for (int i = 0; i < 2; i++) {
-            double wo = with_sink ? want_out_sink[i] : want_out[i];
-            double wl = with_sink ? want_lse_sink[i] : want_lse[i];
-            for (int c = 0; c < D; c++)
-                CHECK_MSG(fabs(out[i * D + c] - wo) <= 1e-6, "sink %d row %d: %.9g vs %.9g",
-                          with_sink, i, out[i * D + c], wo);
-            CHECK_MSG(fabs(lse[i] - wl) <= 1e-6, "sink %d lse %d: %.9g vs %.9g", with_sink, i,
-                      lse[i], wl);
-        }
-    }
+    const double want_out[2][2] = {{1.0, 2.4621171572600096}, {0.5, 1.9402922119145731}};
+    const double want_lse[2][2] = {{0.0, 1.3132616875182228},
+                                   {0.6931471805599453, 1.5514447139320509}};
+    for (int with_sink = 0; with_sink < 2; with_sink++)
+        hand_check(ctx, plan, cache, q, with_sink ? sink : NULL, want_out[with_sink],
+                   want_lse[with_sink], out, lse, 1e-6);
+    kva_plan_destroy(plan);
+
+    /*
+     * Scale 1000: scores 0 and 1000, beyond exp's range without the max
+     * subtraction. Query 0: out 1, lse 0. Query 1: p1 = 1 / (1 + e^-1000) = 1
+     * in any precision: out 3, lse 1000.
+     * With a sink logit 2000 (which must join the maximum): both rows have
+     * weight e^(s - 2000) <= e^-1000 on their keys, so out = 0 and lse = 2000
+     * (log(1 + e^-1000 + e^-2000) = 0 in any precision).
+     */
+    pd.scale = 1000.0f;
+    CHECK_OK(kva_plan_create(ctx, &pd, &plan));
+    const float big_sink[1] = {2000.0f};
+    const double big_out[2][2] = {{1.0, 3.0}, {0.0, 0.0}};
+    const double big_lse[2][2] = {{0.0, 1000.0}, {2000.0, 2000.0}};
+    for (int with_sink = 0; with_sink < 2; with_sink++)
+        hand_check(ctx, plan, cache, q, with_sink ? big_sink : NULL, big_out[with_sink],
+                   big_lse[with_sink], out, lse, 1e-6);
     kva_plan_destroy(plan);
     kva_cache_destroy(cache);
     kva_context_destroy(ctx);
@@ -316,8 +341,8 @@ static void note_kinds(const kva_test_batch *b)
 }
 
 /* Fills the plan's mask and score options and the dense options from a case. */
-static void case_options(const grid_case *gc, kva_plan_desc *pd, dense_opts *o,
-                         const float *alibi, const float *sinks)
+static void case_options(const grid_case *gc, kva_plan_desc *pd, dense_opts *o, const float *alibi,
+                         const float *sinks)
 {
     pd->causal = gc->causal;
     pd->window_left = gc->window_left;
@@ -360,8 +385,8 @@ static void check_paged_batch(kva_rng *rng, const char *label, int idx, const gr
     kva_context *ctx = NULL;
     CHECK_OK(kva_context_create(&REF, &ctx));
     kva_cache *cache = NULL;
-    CHECK_OK(kva_test_batch_cache(&b, ctx, rng, gc->Hkv, gc->D, gc->Dv, gc->dt, gc->layout,
-                                  &cache));
+    CHECK_OK(
+        kva_test_batch_cache(&b, ctx, rng, gc->Hkv, gc->D, gc->Dv, gc->dt, gc->layout, &cache));
     void *kc = NULL, *vc = NULL;
     kva_cache_data(cache, &kc, &vc);
 
@@ -403,8 +428,8 @@ static void check_paged_batch(kva_rng *rng, const char *label, int idx, const gr
         free(V);
         free(Q);
     }
-    size_t bad = compare_truth(label, out, gc->dt, want, T * H * (size_t)gc->Dv, lse, want_lse,
-                               T * H);
+    size_t bad =
+        compare_truth(label, out, gc->dt, want, T * H * (size_t)gc->Dv, lse, want_lse, T * H);
     CHECK_MSG(bad == 0, "%s: %zu mismatches (T=%d R=%d)", label, bad, b.T, b.R);
 
     /* Every few cases: without lse the output must be the same, bit for bit. */
@@ -513,8 +538,8 @@ static void run_ragged_case(kva_rng *rng, int idx, const grid_case *gc)
         free(V);
         free(Q);
     }
-    size_t bad = compare_truth(label, out, gc->dt, want, T * H * (size_t)gc->Dv, lse, want_lse,
-                               T * H);
+    size_t bad =
+        compare_truth(label, out, gc->dt, want, T * H * (size_t)gc->Dv, lse, want_lse, T * H);
     CHECK_MSG(bad == 0, "%s: %zu mismatches (T=%d R=%d)", label, bad, b.T, b.R);
 
     free(want);
@@ -549,8 +574,8 @@ static void shuffle(kva_rng *rng, int *a, int n)
 enum { GRID_MAX = 64 };
 static void make_grid(kva_rng *rng, int n, grid_case *cases)
 {
-    static const int32_t dims[][2] = {{64, 64}, {80, 80}, {128, 128}, {256, 256}, {128, 64},
-                                      {64, 256}};
+    static const int32_t dims[][2] = {{64, 64},   {80, 80},  {128, 128},
+                                      {256, 256}, {128, 64}, {64, 256}};
     static const int32_t heads[][2] = {{4, 4}, {8, 2}, {16, 2}, {32, 8}};
     static const int32_t blocks[] = {1, 16, 64, 128};
     static const kva_dtype dts[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
@@ -619,8 +644,8 @@ static void test_zero_query_requests(void)
             for (int32_t i = 0; i < b.stride; i++)
                 b.block_table[(size_t)r * b.stride + i] = -1;
     for (int layout = 0; layout < 2; layout++) {
-        grid_case gc = {64, 64, 8, 2, 4, KVA_DTYPE_F32, (kva_layout)layout, 1, -1,
-                        0.0f, 0.0f, 1, 1, 1, 1.0};
+        grid_case gc = {64,   64, 8, 2, 4,  KVA_DTYPE_F32, (kva_layout)layout, 1, -1, 0.0f,
+                        0.0f, 1,  1, 1, 1.0};
         check_paged_batch(&rng, layout ? "q_len 0, HND" : "q_len 0, NHD", 0, &gc, &b);
     }
     kva_test_batch_free(&b);

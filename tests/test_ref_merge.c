@@ -74,8 +74,8 @@ static size_t compare_merge(const char *label, const void *out, const float *lse
     }
     for (size_t i = 0; i < rows; i++)
         wl[i] = (float)want_lse[i];
-    size_t bad = kva_test_compare(label, got, w, KVA_DTYPE_F32, n, kva_test_atol(dt),
-                                  kva_test_rtol(dt));
+    size_t bad =
+        kva_test_compare(label, got, w, KVA_DTYPE_F32, n, kva_test_atol(dt), kva_test_rtol(dt));
     bad += kva_test_compare_f32(label, lse, wl, rows, kva_test_atol(KVA_DTYPE_F32),
                                 kva_test_rtol(KVA_DTYPE_F32));
     free(got);
@@ -497,8 +497,8 @@ static void test_empty_rows(void)
     for (int with_sink = 0; with_sink < 2; with_sink++) {
         kva_test_poison(out, KVA_DTYPE_F32, T * H * DV);
         kva_test_poison(lse, KVA_DTYPE_F32, T * H);
-        CHECK_OK(kva__ref_ops.attention_ragged(ctx, &plan, q, k, v, with_sink ? sinks : NULL, out,
-                                               lse));
+        CHECK_OK(
+            kva__ref_ops.attention_ragged(ctx, &plan, q, k, v, with_sink ? sinks : NULL, out, lse));
         for (int t = 0; t < T; t++) {
             for (int h = 0; h < H; h++) {
                 const float *o = out + (t * H + h) * DV;
@@ -515,14 +515,14 @@ static void test_empty_rows(void)
                     want_lse = log(den);
                 }
                 for (int c = 0; c < DV; c++)
-                    CHECK_MSG(fabs(o[c] - weight * v[c]) <= 1e-6, "t=%d h=%d sink=%d: %g vs %g",
-                              t, h, with_sink, o[c], weight * v[c]);
+                    CHECK_MSG(fabs(o[c] - weight * v[c]) <= 1e-6, "t=%d h=%d sink=%d: %g vs %g", t,
+                              h, with_sink, o[c], weight * v[c]);
                 if (isinf(want_lse))
                     CHECK_MSG(lse[t * H + h] == -INFINITY, "t=%d h=%d: lse %g", t, h,
                               lse[t * H + h]);
                 else
-                    CHECK_MSG(fabs(lse[t * H + h] - want_lse) <= 1e-5, "t=%d h=%d: lse %g vs %g",
-                              t, h, lse[t * H + h], want_lse);
+                    CHECK_MSG(fabs(lse[t * H + h] - want_lse) <= 1e-5, "t=%d h=%d: lse %g vs %g", t,
+                              h, lse[t * H + h], want_lse);
             }
         }
     }

@@ -27,16 +27,16 @@
  * of the two addressing modes is used: the paged cache (cache != NULL) or
  * ragged packed rows. */
 typedef struct kv_rows {
-    const void *k;              /* paged: cache K base; ragged: [sum(seq_lens), Hkv, D] */
-    const void *v;              /* paged: cache V base; ragged: [sum(seq_lens), Hkv, Dv] */
-    kva_dtype dtype;            /* dtype of k and v */
-    int32_t head;               /* kv head */
-    int32_t head_dim;           /* D */
-    int32_t head_dim_v;         /* Dv */
+    const void *k;               /* paged: cache K base; ragged: [sum(seq_lens), Hkv, D] */
+    const void *v;               /* paged: cache V base; ragged: [sum(seq_lens), Hkv, Dv] */
+    kva_dtype dtype;             /* dtype of k and v */
+    int32_t head;                /* kv head */
+    int32_t head_dim;            /* D */
+    int32_t head_dim_v;          /* Dv */
     const kva_cache_desc *cache; /* paged: the cache's descriptor, else NULL */
-    const int32_t *blocks;      /* paged: the request's block table row */
-    int64_t first_row;          /* ragged: kv_start[r] */
-    int32_t num_kv_heads;       /* ragged: Hkv */
+    const int32_t *blocks;       /* paged: the request's block table row */
+    int64_t first_row;           /* ragged: kv_start[r] */
+    int32_t num_kv_heads;        /* ragged: Hkv */
 } kv_rows;
 
 /* Element offsets of key j's K row and V row from the k and v base pointers. */
@@ -95,8 +95,8 @@ static double key_score(const kva_plan *plan, const kv_rows *kv, const double *q
  * has_sink says whether sink holds the head's sink logit.
  */
 static void attend_row(const kva_plan *plan, const kv_rows *kv, const double *qv, int32_t h,
-                       int64_t pos, int64_t s, int has_sink, double sink, void *out,
-                       size_t out_off, float *lse)
+                       int64_t pos, int64_t s, int has_sink, double sink, void *out, size_t out_off,
+                       float *lse)
 {
     const kva_plan_desc *d = &plan->d;
     const int32_t Dv = d->head_dim_v;
@@ -197,8 +197,8 @@ static kva_status ref_attention_paged(kva_context *ctx, const kva_plan *plan, co
 }
 
 static kva_status ref_attention_ragged(kva_context *ctx, const kva_plan *plan, const void *q,
-                                       const void *k, const void *v, const float *sinks,
-                                       void *out, float *lse)
+                                       const void *k, const void *v, const float *sinks, void *out,
+                                       float *lse)
 {
     kv_rows kv;
     memset(&kv, 0, sizeof kv);
