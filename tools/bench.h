@@ -35,7 +35,7 @@ typedef struct bench_opts {
     uint64_t seed;
     const char *json; /* file for the machine-readable result, or NULL */
     int no_check;
-    int no_ceiling; /* skip measuring the machine's memory read bandwidth */
+    int no_ceiling; /* skip measuring the machine's read bandwidth and FMA peak */
     int ragged;     /* time kva_attention_run_ragged instead of the paged path */
 } bench_opts;
 
@@ -125,9 +125,11 @@ typedef struct bench_result {
     int32_t threads;
     int32_t iters;
     double median_s, min_s;
-    double plan_s;  /* median kva_plan_create time */
-    double write_s; /* median kva_cache_write of the step's new tokens (paged only) */
-    double read_bw; /* measured machine read bandwidth GB/s, 0 if not measured */
+    double plan_s;        /* median kva_plan_create time */
+    double write_s;       /* median kva_cache_write of the step's new tokens (paged only) */
+    double read_bw;       /* measured machine read bandwidth GB/s, 0 if not measured */
+    double fma_peak;      /* measured fp32 FMA peak GFLOP/s, 0 if not measured */
+    const char *peak_isa; /* vector ISA the peak was measured with */
     bench_counts counts;
     bench_check_result check;
 } bench_result;

@@ -92,9 +92,14 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
     row("bandwidth", v, n);
     row("FLOPs", fmt_flops(v, sizeof v, r->counts.flops),
         "2*D + 2*Dv per unmasked (query head, key)");
-    snprintf(v, sizeof v, "%.2f GFLOP/s",
-             r->median_s > 0 ? r->counts.flops / r->median_s / 1e9 : 0);
-    row("throughput", v, NULL);
+    double gflops = r->median_s > 0 ? r->counts.flops / r->median_s / 1e9 : 0;
+    snprintf(v, sizeof v, "%.2f GFLOP/s", gflops);
+    if (r->fma_peak > 0)
+        snprintf(n, sizeof n, "%.1f%% of measured fp32 FMA peak %.1f GFLOP/s (%s)",
+                 100.0 * gflops / r->fma_peak, r->fma_peak, r->peak_isa);
+    else
+        snprintf(n, sizeof n, "FMA peak not measured");
+    row("throughput", v, n);
     row("plan create", fmt_time(v, sizeof v, r->plan_s), "median, host, once per step");
     if (!o->ragged) {
         snprintf(n, sizeof n, "median, %d new tokens (reshape_and_cache)", (int)b->num_tokens);
@@ -151,7 +156,9 @@ int bench_report_json(const char *path, const bench_opts *o, const bench_batch *
         fprintf(f, "  \"cache_write_ms\": %.6f,\n", r->write_s * 1e3);
     fprintf(f, "  \"kv_bytes\": %.0f,\n  \"gbps\": %.4f,\n", r->counts.kv_bytes, gbps);
     fprintf(f, "  \"flops\": %.0f,\n  \"gflops\": %.4f,\n", r->counts.flops, gflops);
-    fprintf(f, "  \"read_bw_gbps\": %.4f\n", r->read_bw);
+    fprintf(f, "  \"read_bw_gbps\": %.4f,\n", r->read_bw);
+    fprintf(f, "  \"fma_peak_gflops\": %.4f,\n  \"fma_peak_isa\": \"%s\"\n", r->fma_peak,
+            r->peak_isa ? r->peak_isa : "");
     fprintf(f, "}\n");
     return fclose(f) == 0 ? 0 : -1;
 }

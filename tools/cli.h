@@ -49,5 +49,9 @@ double kva_cli_now(void);
  * number of threads (best of a few passes over a buffer much larger than the
  * last-level cache); 0 if it cannot be measured. */
 double kva_cli_measure_read_bw(int num_threads);
+/* Measured fp32 FMA peak in GFLOP/s with the given number of threads, using
+ * the widest vector FMA this CPU and OS support (cli_peak.c); *isa receives
+ * its name ("avx512", "avx2+fma", "scalar"). */
+double kva_cli_measure_fma_peak(int num_threads, const char **isa);
 
 #endif /* KVA_CLI_H */

@@ -61,7 +61,7 @@ void kva_cli_usage_bench(void)
            "  --warmup N           untimed runs before timing    [2]\n"
            "  --seed N             random data seed              [1234]\n"
            "  --no-check           skip the check against the reference backend\n"
-           "  --no-ceiling         skip measuring the machine's memory read bandwidth\n"
+           "  --no-ceiling         skip measuring the machine's read bandwidth and FMA peak\n"
            "  --json FILE          also write the result as JSON to FILE\n"
            "\n"
            "Exit status: 0 success, 1 library error or failed check, 2 bad usage.\n",
@@ -343,8 +343,10 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
         res->write_s = median(s->times, n);
     }
     res->counts = bench_count(o, b);
-    if (!o->no_ceiling)
+    if (!o->no_ceiling) {
         res->read_bw = kva_cli_measure_read_bw(res->threads);
+        res->fma_peak = kva_cli_measure_fma_peak(res->threads, &res->peak_isa);
+    }
 
     bench_report_print(o, b, res);
     if (o->json && bench_report_json(o->json, o, b, res) != 0) {
