@@ -32,6 +32,7 @@ typedef struct cfg {
     int share, causal, window, alibi, sinks, ragged;
     float softcap;
     uint64_t seed;
+    double budget; /* most fp64 multiply-adds the reference may spend (0: 4e6) */
     int variant; /* 0: the dispatcher's choice */
     /* Override of the partition (tiny tiles and chunks), or NULL. */
     const kva__partition_params *pp;
@@ -138,7 +139,7 @@ static int32_t run_case_batch(const cfg *c0, const kva_test_batch *given, kva_pl
     } else {
         for (;;) {
             kva_test_batch_random(&batch, &rng, c.R, c.block_size, c.max_len, c.kinds, c.share);
-            if (ref_cost(&batch, &c) <= 4e6 || c.max_len <= 4)
+            if (ref_cost(&batch, &c) <= (c.budget > 0 ? c.budget : 4e6) || c.max_len <= 4)
                 break;
             kva_test_batch_free(&batch);
             c.max_len = c.max_len * 2 / 3;
@@ -282,21 +283,21 @@ static int axis_pick(kva_rng *rng, int *perm, int n, int i)
     return perm[i % n];
 }
 
-static void test_grid(void)
+/* N cases of the covering design over the grid axes, with the given batch
+ * sizes and length limits, drawn from seed. */
+static void grid(int N, const int32_t *reqs, int nreqs, const int32_t *max_lens, int nlens,
+                 double budget, uint64_t seed)
 {
     static const int32_t dims[][2] = {{64, 64}, {80, 80}, {128, 128}, {256, 256}, {128, 64}, {64, 96}};
     static const int32_t heads[][2] = {{4, 4}, {8, 2}, {16, 2}, {32, 8}};
-    static const int32_t reqs[] = {1, 16, 64, 128};
     static const kva_dtype dts[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
     static const int32_t bsizes[] = {1, 7, 16, 32};
     static const unsigned kinds[] = {15u, 15u, 1u, 3u, 12u};
-    static const int32_t max_lens[] = {24, 70, 200};
     static const int32_t windows[] = {-1, -1, 0, 5, 40};
     static const float caps[] = {0.0f, 2.0f};
-    enum { N = 72 };
-    int p_dims[6], p_heads[4], p_reqs[4], p_dts[3], p_lay[2], p_bs[4], p_thr[3], p_kinds[5],
-        p_len[3], p_causal[2], p_win[5], p_cap[2], p_alibi[2], p_sinks[2], p_share[2], p_rag[4];
-    kva_rng rng = {0xc0ffee};
+    int p_dims[6], p_heads[4], p_reqs[8], p_dts[3], p_lay[2], p_bs[4], p_thr[3], p_kinds[5],
+        p_len[8], p_causal[2], p_win[5], p_cap[2], p_alibi[2], p_sinks[2], p_share[2], p_rag[4];
+    kva_rng rng = {seed};
     int failed_before = kva_test_checks_failed_;
     for (int i = 0; i < N; i++) {
         cfg c;
@@ -306,13 +307,13 @@ static void test_grid(void)
         c.Dv = dims[di][1];
         c.H = heads[hi][0];
         c.Hkv = heads[hi][1];
-        c.R = reqs[axis_pick(&rng, p_reqs, 4, i)];
+        c.R = reqs[axis_pick(&rng, p_reqs, nreqs, i)];
         c.dt = dts[axis_pick(&rng, p_dts, 3, i)];
         c.layout = axis_pick(&rng, p_lay, 2, i) ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
         c.block_size = bsizes[axis_pick(&rng, p_bs, 4, i)];
         c.threads = 1 + axis_pick(&rng, p_thr, 3, i);
         c.kinds = kinds[axis_pick(&rng, p_kinds, 5, i)];
-        c.max_len = max_lens[axis_pick(&rng, p_len, 3, i)];
+        c.max_len = max_lens[axis_pick(&rng, p_len, nlens, i)];
         c.causal = axis_pick(&rng, p_causal, 2, i);
         c.window = windows[axis_pick(&rng, p_win, 5, i)];
         c.softcap = caps[axis_pick(&rng, p_cap, 2, i)];
@@ -320,11 +321,30 @@ static void test_grid(void)
         c.sinks = axis_pick(&rng, p_sinks, 2, i);
         c.share = axis_pick(&rng, p_share, 2, i);
         c.ragged = axis_pick(&rng, p_rag, 4, i) == 0;
-        c.seed = 1000 + (uint64_t)i;
+        c.seed = seed + 1000 + (uint64_t)i;
+        c.budget = budget;
         run_case(&c);
         if (kva_test_checks_failed_ - failed_before > 20)
             break; /* enough output */
     }
+}
+
+/* The foundation grid: batch sizes 1-128 (lengths shrink to fit the
+ * reference's budget, so large batches have short requests). */
+static void test_grid(void)
+{
+    static const int32_t reqs[] = {1, 16, 64, 128};
+    static const int32_t lens[] = {30, 100, 300, 1000};
+    grid(72, reqs, 4, lens, 4, 4e6, 0xc0ffee);
+}
+
+/* Few long requests: many key chunks per item, blocks crossed inside chunks,
+ * windows far from the start, and split-KV on 2-3 threads. */
+static void test_grid_long(void)
+{
+    static const int32_t reqs[] = {1, 2, 3};
+    static const int32_t lens[] = {500, 1500};
+    grid(24, reqs, 3, lens, 2, 1.5e7, 0xbeef);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -602,6 +622,7 @@ static void test_merge_states(void)
 int main(void)
 {
     RUN(test_grid);
+    RUN(test_grid_long);
     RUN(test_split_kv);
     RUN(test_custom_partitions);
     RUN(test_prefill_plus_decodes);
