@@ -323,12 +323,19 @@ KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const in
  *   with ALiBi: score_j += slope_h * (j - pos);
  *   key j is visible if j < s, and (causal) j <= pos, and (window) pos - j <= window_left;
  *   out = sum_j softmax_j * v_j over visible keys, the sink in the denominator.
- * A row that sees no key writes 0 and lse = -inf (or the sink logit if a sink
- * is given). Query head h reads kv head h / (H / Hkv).
+ * Since q_len <= seq_len, key j = pos is always visible, so every query row of
+ * a paged or self-attention call sees at least one key; a row that sees none
+ * (possible in the ragged cross-attention form with seq_len 0 keys... and in
+ * merged partial states) writes 0 and lse = -inf, or lse = the sink logit if
+ * a sink is given. Query head h reads kv head h / (H / Hkv). Requests with
+ * q_len 0 produce no rows. Sinks, q, K and V must be finite.
  *
  * Splitting keys: attention over keys [0, a) and over [a, s), computed with
  * the sink passed to one of the two parts only, merged by kva_merge_states,
- * equals attention over [0, s).
+ * equals attention over [0, s) whenever each part can be expressed with the
+ * same mask semantics (e.g. a context part [0, a) with a <= s - q_len run
+ * non-causally, and the rest causally); ALiBi and windows are defined by
+ * positions within the call, so they do not carry over to shifted parts.
  */
 KVA_API kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, const void *q,
                                      const kva_cache *cache, const float *sinks, void *out,
