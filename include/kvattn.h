@@ -247,7 +247,8 @@ typedef struct kva_plan_desc {
     /* Batch metadata (host arrays, read during kva_plan_create only). */
     int32_t num_requests;           /* R >= 0 */
     const int32_t *query_start_loc; /* [R+1] cu_seqlens_q: non-decreasing, [0] == 0; T = [R] */
-    const int32_t *seq_lens;        /* [R] context + new tokens of each request (kv length) */
+    const int32_t *seq_lens;        /* [R] context + new tokens of each request (kv length);
+                                       >= q_len when causal */
     const int32_t *block_table;     /* [R, block_table_stride] int32 block ids; NULL for
                                        plans used only with kva_attention_run_ragged */
     int32_t block_table_stride;     /* max blocks per request (row length of block_table) */
@@ -323,12 +324,12 @@ KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const in
  *   with ALiBi: score_j += slope_h * (j - pos);
  *   key j is visible if j < s, and (causal) j <= pos, and (window) pos - j <= window_left;
  *   out = sum_j softmax_j * v_j over visible keys, the sink in the denominator.
- * Since q_len <= seq_len, key j = pos is always visible, so every query row of
- * a paged or self-attention call sees at least one key; a row that sees none
- * (possible in the ragged cross-attention form with seq_len 0 keys... and in
- * merged partial states) writes 0 and lse = -inf, or lse = the sink logit if
- * a sink is given. Query head h reads kv head h / (H / Hkv). Requests with
- * q_len 0 produce no rows. Sinks, q, K and V must be finite.
+ * Causal plans require q_len <= seq_len, so key j = pos is visible and every
+ * row sees a key. Non-causal plans (encoder, cross-attention) may have
+ * q_len > seq_len, including seq_len 0; a row that sees no key writes 0 and
+ * lse = -inf, or lse = the sink logit if a sink is given. Query head h reads
+ * kv head h / (H / Hkv). Requests with q_len 0 produce no rows. Sinks, q, K
+ * and V must be finite.
  *
  * Splitting keys: attention over keys [0, a) and over [a, s), computed with
  * the sink passed to one of the two parts only, merged by kva_merge_states,

@@ -371,6 +371,15 @@ static void test_bad_inputs(void)
         b.seq[1] = 3; /* q_len 4 > seq_len 3 */
         EXPECT_BAD(ctx, &b.d, KVA_STATUS_OUT_OF_RANGE, "request 1");
         EXPECT_BAD(ctx, &b.d, KVA_STATUS_OUT_OF_RANGE, "seq_lens[1] = 3");
+        EXPECT_BAD(ctx, &b.d, KVA_STATUS_OUT_OF_RANGE, "causal = 1");
+        {
+            /* Non-causal (cross-attention): more queries than keys is valid. */
+            kva_plan_desc nc = b.d;
+            nc.causal = 0;
+            kva_plan *pl = NULL;
+            CHECK_OK(kva_plan_create(ctx, &nc, &pl));
+            kva_plan_destroy(pl);
+        }
         b.seq[1] = 33;
 
         /* The table is one block short for request 1 (33 tokens need 3 blocks of 16). */

@@ -13,6 +13,11 @@
  * block ids are not checked (no kernel reads them). Their seq_lens must still
  * be non-negative and fit the block table, since that is a property of the
  * metadata's shape, not of the work.
+ *
+ * q_len <= seq_len is required of causal plans only: a non-causal plan may
+ * describe cross-attention, where a request's queries (decoder tokens) can
+ * outnumber its keys (encoder tokens), including seq_len 0 (an empty encoder
+ * output), whose rows see no key.
  */
 #include "internal.h"
 
@@ -140,10 +145,12 @@ static kva_status check_batch(const kva_plan_desc *d, int32_t *max_block_id)
             return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                              "kva_plan_create: seq_lens[%d] = %d is negative", (int)r, (int)s);
         int64_t q = (int64_t)qsl[r + 1] - qsl[r];
-        if (q > s)
+        /* Causal self-attention places query i at s - q + i, so q <= s. Non-causal
+         * calls (encoder, cross-attention) may have more queries than keys. */
+        if (d->causal && q > s)
             return kva__fail(KVA_STATUS_OUT_OF_RANGE,
                              "kva_plan_create: request %d has q_len = %lld (from query_start_loc) "
-                             "greater than seq_lens[%d] = %d",
+                             "greater than seq_lens[%d] = %d with causal = 1",
                              (int)r, (long long)q, (int)r, (int)s);
         if (!d->block_table)
             continue;
