@@ -105,9 +105,11 @@ static void run_items(kva_context *ctx, kva__cpu_run *run)
     }
 }
 
-static kva_status cpu_attention_paged(kva_context *ctx, const kva_plan *plan, const void *q,
-                                      const kva_cache *cache, const float *sinks, void *out,
-                                      float *lse)
+/* Runs the plan's items over either the paged cache or ragged K/V (the other
+ * source is NULL). */
+static kva_status run_attention(kva_context *ctx, const kva_plan *plan, const void *q,
+                                const kva_cache *cache, const void *k, const void *v,
+                                const float *sinks, void *out, float *lse)
 {
     kva__cpu_run run;
     memset(&run, 0, sizeof run);
@@ -116,23 +118,6 @@ static kva_status cpu_attention_paged(kva_context *ctx, const kva_plan *plan, co
     run.dt = plan->d.q_dtype;
     run.q = q;
     run.cache = cache;
-    run.sinks = sinks;
-    run.out = out;
-    run.lse = lse;
-    run_items(ctx, &run);
-    return KVA_STATUS_OK;
-}
-
-static kva_status cpu_attention_ragged(kva_context *ctx, const kva_plan *plan, const void *q,
-                                       const void *k, const void *v, const float *sinks,
-                                       void *out, float *lse)
-{
-    kva__cpu_run run;
-    memset(&run, 0, sizeof run);
-    run.plan = plan;
-    run.part = plan->part;
-    run.dt = plan->d.q_dtype;
-    run.q = q;
     run.k = k;
     run.v = v;
     run.sinks = sinks;
@@ -140,6 +125,20 @@ static kva_status cpu_attention_ragged(kva_context *ctx, const kva_plan *plan, c
     run.lse = lse;
     run_items(ctx, &run);
     return KVA_STATUS_OK;
+}
+
+static kva_status cpu_attention_paged(kva_context *ctx, const kva_plan *plan, const void *q,
+                                      const kva_cache *cache, const float *sinks, void *out,
+                                      float *lse)
+{
+    return run_attention(ctx, plan, q, cache, NULL, NULL, sinks, out, lse);
+}
+
+static kva_status cpu_attention_ragged(kva_context *ctx, const kva_plan *plan, const void *q,
+                                       const void *k, const void *v, const float *sinks,
+                                       void *out, float *lse)
+{
+    return run_attention(ctx, plan, q, NULL, k, v, sinks, out, lse);
 }
 
 const kva__backend_ops kva__cpu_ops = {
