@@ -25,10 +25,12 @@
  * holds a message naming the argument and the bad value (thread-local), and no
  * output, cache or plan passed to the call has been modified.
  *
- * Threading: a context may be used from one thread at a time. Different
- * contexts are independent. A plan and a cache may be read by several calls
- * in sequence; running one plan concurrently on two threads is not supported
- * because the plan's backend workspace is shared.
+ * Threading: a context may be used from one thread at a time; its scratch
+ * workspace is shared by the calls made through it. Different contexts are
+ * independent. Plans and caches are only read by attention calls, so one plan
+ * may serve calls on several contexts of the same backend, provided each
+ * context has reserved the plan's workspace (created it, or created a plan at
+ * least as large). Writing a cache while another thread reads it is a race.
  */
 #ifndef KVATTN_H
 #define KVATTN_H
@@ -51,6 +53,11 @@ extern "C" {
 #define KVA_VERSION_MAJOR 0
 #define KVA_VERSION_MINOR 1
 #define KVA_VERSION_PATCH 0
+
+/* Limits every backend accepts (larger values are rejected with a status). */
+#define KVA_MAX_SEQ_LEN (1 << 30) /* longest seq_len, and most query tokens in one plan */
+#define KVA_MAX_HEADS 4096        /* most query heads (and kv heads) */
+#define KVA_MAX_THREADS 1024      /* most CPU threads a context may ask for */
 
 /* "MAJOR.MINOR.PATCH" of the library that is linked (may differ from the header). */
 KVA_API const char *kva_version(void);
@@ -138,7 +145,7 @@ KVA_API int kva_backend_available(kva_backend backend);
 
 typedef struct kva_context_desc {
     kva_backend backend;
-    int32_t num_threads; /* CPU backend threads; 0 = all available cores */
+    int32_t num_threads; /* CPU backend threads, 0..KVA_MAX_THREADS; 0 = all cores */
     int32_t device_id;   /* CUDA device ordinal; ignored elsewhere */
 } kva_context_desc;
 
@@ -264,8 +271,10 @@ typedef struct kva_plan_desc {
     kva_dtype q_dtype;    /* dtype of q and out: F32, F16 or BF16 */
     float scale;          /* softmax scale; 0 means 1/sqrt(D) */
     int32_t causal;       /* bottom-right aligned causal mask (see kva_attention_run) */
-    int32_t window_left;  /* key j visible only if pos - j <= window_left; -1 = no window */
-    float softcap;        /* logits soft-cap c > 0, or 0 for none */
+    int32_t window_left;  /* key j visible only if pos - j <= window_left; -1 = no window
+                             (as are values >= KVA_MAX_SEQ_LEN, which exclude nothing) */
+    float softcap;        /* logits soft-cap c > 0, or 0 for none. Scores (scale * q.k, after
+                             soft-cap and ALiBi) must stay finite in float32. */
     const float *alibi_slopes; /* [H] host, copied into the plan; NULL for none */
 } kva_plan_desc;
 

@@ -376,8 +376,9 @@ static void test_large_offsets(void)
         void *vm = mmap(NULL, vb, PROT_READ | PROT_WRITE,
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (km == MAP_FAILED || vm == MAP_FAILED) {
-            fprintf(stderr, "  test_large_offsets: mmap of %llu bytes failed, skipped\n",
-                    (unsigned long long)(kb + vb));
+            /* MAP_NORESERVE needs no memory up front: a refusal is an environment
+             * problem worth failing on, not a reason to skip silently. */
+            CHECK_MSG(0, "mmap of %llu bytes failed", (unsigned long long)(kb + vb));
             if (km != MAP_FAILED)
                 munmap(km, kb);
             if (vm != MAP_FAILED)

@@ -164,6 +164,11 @@ static void test_write_bad_inputs(void)
                       KVA_STATUS_NULL_POINTER, "'v'", c, &s);
     CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, f32, NULL), KVA_STATUS_NULL_POINTER,
                       "slot_mapping", c, &s);
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, (const char *)k + 2, 0, v, 0, f32, slots),
+                      KVA_STATUS_INVALID_ARGUMENT, "not aligned", c, &s);
+    CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, f32,
+                                      (const int64_t *)(const void *)((const char *)slots + 4)),
+                      KVA_STATUS_INVALID_ARGUMENT, "slot_mapping", c, &s);
     CHECK_WRITE_FAILS(kva_cache_write(ctx, c, -1, k, 0, v, 0, f32, slots),
                       KVA_STATUS_INVALID_ARGUMENT, "num_tokens = -1", c, &s);
     CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, KVA_DTYPE_I8, slots),

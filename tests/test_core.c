@@ -39,6 +39,10 @@ static void test_context(void)
     CHECK_STATUS(kva_context_create(&d, &ctx), KVA_STATUS_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("num_threads");
     CHECK(ctx == NULL);
+    d.num_threads = KVA_MAX_THREADS + 1; /* would make the OpenMP runtime exit the process */
+    CHECK_STATUS(kva_context_create(&d, &ctx), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("num_threads = 1025");
+    CHECK(ctx == NULL);
     kva_context_destroy(NULL);
 }
 

@@ -326,6 +326,9 @@ static void test_convert_bad_inputs(void)
     /* n == 0 touches nothing, so NULL buffers are fine; the error is cleared. */
     CHECK_OK(kva_convert(NULL, KVA_DTYPE_F32, NULL, KVA_DTYPE_F16, 0));
     CHECK(strcmp(kva_last_error(), "") == 0);
+    /* ... but an invalid dtype is reported even then. */
+    CHECK_STATUS(kva_convert(NULL, KVA_DTYPE_I8, NULL, KVA_DTYPE_F16, 0), KVA_STATUS_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("src_dtype");
 }
 
 int main(void)

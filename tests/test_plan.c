@@ -342,10 +342,12 @@ static void test_bad_inputs(void)
         WITH(num_kv_heads, 3, KVA_STATUS_INVALID_ARGUMENT, "num_kv_heads = 3");
         WITH(num_kv_heads, 3, KVA_STATUS_INVALID_ARGUMENT, "num_heads = 8");
         WITH(head_dim, 12, KVA_STATUS_UNSUPPORTED, "head_dim = 12");
-        WITH(head_dim, 0, KVA_STATUS_UNSUPPORTED, "head_dim = 0");
+        WITH(head_dim, 0, KVA_STATUS_INVALID_ARGUMENT, "head_dim = 0");
         WITH(head_dim, 264, KVA_STATUS_UNSUPPORTED, "head_dim = 264");
         WITH(head_dim_v, 20, KVA_STATUS_UNSUPPORTED, "head_dim_v = 20");
-        WITH(head_dim_v, -8, KVA_STATUS_UNSUPPORTED, "head_dim_v = -8");
+        WITH(head_dim_v, -8, KVA_STATUS_INVALID_ARGUMENT, "head_dim_v = -8");
+        WITH(num_heads, KVA_MAX_HEADS + 1, KVA_STATUS_INVALID_ARGUMENT, "num_heads = 4097");
+        WITH(num_kv_heads, KVA_MAX_HEADS + 1, KVA_STATUS_INVALID_ARGUMENT, "num_kv_heads = 4097");
         WITH(q_dtype, KVA_DTYPE_I8, KVA_STATUS_UNSUPPORTED, "q_dtype");
         WITH(q_dtype, (kva_dtype)99, KVA_STATUS_UNSUPPORTED, "q_dtype");
         WITH(block_size, 0, KVA_STATUS_INVALID_ARGUMENT, "block_size");
@@ -380,6 +382,9 @@ static void test_bad_inputs(void)
             CHECK_OK(kva_plan_create(ctx, &nc, &pl));
             kva_plan_destroy(pl);
         }
+        b.seq[1] = KVA_MAX_SEQ_LEN + 1; /* past the limit (the table would be short too) */
+        EXPECT_BAD(ctx, &b.d, KVA_STATUS_OUT_OF_RANGE, "KVA_MAX_SEQ_LEN");
+        EXPECT_BAD(ctx, &b.d, KVA_STATUS_OUT_OF_RANGE, "seq_lens[1] = 1073741825");
         b.seq[1] = 33;
 
         /* The table is one block short for request 1 (33 tokens need 3 blocks of 16). */
@@ -427,6 +432,22 @@ static void test_bad_inputs(void)
         okp = NULL;
         CHECK_OK(kva_plan_create(ctx, &d, &okp));
         kva_plan_destroy(okp);
+        /* A window wider than KVA_MAX_SEQ_LEN excludes nothing: stored as no window. */
+        d.window_left = INT32_MAX;
+        okp = NULL;
+        CHECK_OK(kva_plan_create(ctx, &d, &okp));
+        CHECK(okp && okp->d.window_left == -1);
+        kva_plan_destroy(okp);
+        {
+            /* More query tokens than KVA_MAX_SEQ_LEN (non-causal, no keys). */
+            const int32_t bigq[2] = {0, KVA_MAX_SEQ_LEN + 1}, zero[1] = {0};
+            d = b.d;
+            d.num_requests = 1;
+            d.query_start_loc = bigq;
+            d.seq_lens = zero;
+            d.causal = 0;
+            EXPECT_BAD(ctx, &d, KVA_STATUS_OUT_OF_RANGE, "query_start_loc[1] = 1073741825");
+        }
 #undef WITH
         kva_context_destroy(ctx);
     }

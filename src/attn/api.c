@@ -95,6 +95,22 @@ static kva_status check_cache_for_plan(const kva_context *ctx, const kva_plan *p
     return KVA_STATUS_OK;
 }
 
+/* Checks that every tensor pointer given is aligned to its element size (q, k,
+ * v and out: the plan's q_dtype; sinks and lse: float32). NULL optional ones pass. */
+static kva_status check_aligned_tensors(const kva_plan *plan, const void *q, const void *k,
+                                        const void *v, const float *sinks, const void *out,
+                                        const float *lse)
+{
+    const size_t es = kva_dtype_size(plan->d.q_dtype);
+    KVA_CHECK_ALIGNED(q, es);
+    KVA_CHECK_ALIGNED(k, es);
+    KVA_CHECK_ALIGNED(v, es);
+    KVA_CHECK_ALIGNED(out, es);
+    KVA_CHECK_ALIGNED(sinks, sizeof(float));
+    KVA_CHECK_ALIGNED(lse, sizeof(float));
+    return KVA_STATUS_OK;
+}
+
 kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, const void *q,
                              const kva_cache *cache, const float *sinks, void *out, float *lse)
 {
@@ -111,6 +127,7 @@ kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, const void 
     KVA_TRY(check_cache_for_plan(ctx, plan, cache));
     if (T == 0)
         return KVA_STATUS_OK;
+    KVA_TRY(check_aligned_tensors(plan, q, NULL, NULL, sinks, out, lse));
     if (!ctx->ops || !ctx->ops->attention_paged)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_attention_run: attention_paged is not implemented by backend '%s'",
@@ -135,6 +152,7 @@ kva_status kva_attention_run_ragged(kva_context *ctx, const kva_plan *plan, cons
     KVA_TRY(check_plan_for_context(__func__, ctx, plan));
     if (T == 0)
         return KVA_STATUS_OK;
+    KVA_TRY(check_aligned_tensors(plan, q, k, v, sinks, out, lse));
     if (!ctx->ops || !ctx->ops->attention_ragged)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_attention_run_ragged: attention_ragged is not implemented by "
@@ -173,6 +191,13 @@ kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_he
     KVA_CHECK_PTR(lse_b);
     KVA_CHECK_PTR(out);
     KVA_CHECK_PTR(lse_out);
+    const size_t es = kva_dtype_size(dtype);
+    KVA_CHECK_ALIGNED(out_a, es);
+    KVA_CHECK_ALIGNED(out_b, es);
+    KVA_CHECK_ALIGNED(out, es);
+    KVA_CHECK_ALIGNED(lse_a, sizeof(float));
+    KVA_CHECK_ALIGNED(lse_b, sizeof(float));
+    KVA_CHECK_ALIGNED(lse_out, sizeof(float));
     if (!ctx->ops || !ctx->ops->merge_states)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_merge_states: merge_states is not implemented by backend '%s'",

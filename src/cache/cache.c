@@ -101,8 +101,13 @@ static kva_status new_handle(const char *fn, kva_context *ctx, const kva_cache_d
                              kva_cache **out)
 {
     kva_cache *c = calloc(1, sizeof *c);
-    if (!c)
+    unsigned char *flags = calloc((size_t)resolved->num_blocks, 1);
+    if (!c || !flags) {
+        free(c);
+        free(flags);
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "%s: out of memory for the cache handle", fn);
+    }
+    c->pair_flags = flags;
     c->desc = *resolved;
     c->mem = ctx->backend;
     c->elem_size = kva_dtype_size(resolved->dtype);
@@ -205,6 +210,7 @@ void kva_cache_destroy(kva_cache *cache)
         free(cache->k);
         free(cache->v);
     }
+    free(cache->pair_flags);
     free(cache);
 }
 

@@ -26,10 +26,8 @@
 /* Below this many bytes copied in total the copy stays on one thread. */
 #define KVA_COPY_PARALLEL_BYTES 1048576.0
 
-/* Per-block flags used to find duplicates in O(n) when the cache is small
- * enough for a stack table; larger caches fall back to an O(n^2) scan that
- * reports the same pair. The table keeps run-path calls allocation-free. */
-#define KVA_FLAG_TABLE_BLOCKS 16384
+/* Per-block marks in kva_cache.pair_flags, which find duplicates and chains in
+ * O(pairs) and are cleared again before the check returns. */
 enum { FLAG_DST = 1, FLAG_SRC_MOVING = 2, FLAG_DST_MOVING = 4 };
 
 /* Checks that every id of pairs is in range: column 0 against src_blocks,
@@ -68,51 +66,40 @@ static kva_status fail_chain(const char *fn, const int32_t *pairs, int32_t i)
 
 /* Rejects duplicate dst ids and, if check_chains, blocks that are both the src
  * of one moving pair and the dst of another (a moving pair has src != dst).
- * Ids are in [0, dst_blocks). */
-static kva_status check_pairs(const char *fn, const int32_t *pairs, int32_t n, int32_t dst_blocks,
-                              int check_chains)
+ * Ids are in range. flags [NB of the dst cache] is all zero on entry and is
+ * left all zero on return. */
+static kva_status check_pairs(const char *fn, const int32_t *pairs, int32_t n,
+                              unsigned char *flags, int check_chains)
 {
-    if (dst_blocks <= KVA_FLAG_TABLE_BLOCKS) {
-        unsigned char flags[KVA_FLAG_TABLE_BLOCKS];
-        memset(flags, 0, (size_t)dst_blocks);
+    kva_status st = KVA_STATUS_OK;
+    int32_t marked = 0; /* pairs 0 .. marked-1 have set their flags */
+    for (; marked < n; marked++) {
+        int32_t s = pairs[2 * (int64_t)marked], t = pairs[2 * (int64_t)marked + 1];
+        if (flags[t] & FLAG_DST) {
+            st = fail_duplicate(fn, pairs, marked);
+            break;
+        }
+        flags[t] |= FLAG_DST;
+        if (check_chains && s != t) {
+            flags[s] |= FLAG_SRC_MOVING;
+            flags[t] |= FLAG_DST_MOVING;
+        }
+    }
+    if (st == KVA_STATUS_OK && check_chains) {
         for (int32_t i = 0; i < n; i++) {
             int32_t s = pairs[2 * (int64_t)i], t = pairs[2 * (int64_t)i + 1];
-            if (flags[t] & FLAG_DST)
-                return fail_duplicate(fn, pairs, i);
-            flags[t] |= FLAG_DST;
-            if (check_chains && s != t) {
-                flags[s] |= FLAG_SRC_MOVING;
-                flags[t] |= FLAG_DST_MOVING;
-            }
-        }
-        if (check_chains) {
-            for (int32_t i = 0; i < n; i++) {
-                int32_t s = pairs[2 * (int64_t)i], t = pairs[2 * (int64_t)i + 1];
-                if (s != t && (flags[s] & FLAG_DST_MOVING))
-                    return fail_chain(fn, pairs, i);
-            }
-        }
-        return KVA_STATUS_OK;
-    }
-    for (int32_t i = 0; i < n; i++) {
-        int32_t t = pairs[2 * (int64_t)i + 1];
-        for (int32_t j = 0; j < i; j++)
-            if (pairs[2 * (int64_t)j + 1] == t)
-                return fail_duplicate(fn, pairs, i);
-    }
-    if (check_chains) {
-        for (int32_t i = 0; i < n; i++) {
-            int32_t s = pairs[2 * (int64_t)i];
-            if (s == pairs[2 * (int64_t)i + 1])
-                continue;
-            for (int32_t j = 0; j < n; j++) {
-                int32_t sj = pairs[2 * (int64_t)j], tj = pairs[2 * (int64_t)j + 1];
-                if (sj != tj && tj == s)
-                    return fail_chain(fn, pairs, i);
+            if (s != t && (flags[s] & FLAG_DST_MOVING)) {
+                st = fail_chain(fn, pairs, i);
+                break;
             }
         }
     }
-    return KVA_STATUS_OK;
+    for (int32_t i = 0; i < marked; i++) {
+        flags[pairs[2 * (int64_t)i + 1]] = 0;
+        if (check_chains)
+            flags[pairs[2 * (int64_t)i]] = 0;
+    }
+    return st;
 }
 
 /* Copies block pairs from src storage to dst storage (K and V). The caches
@@ -165,9 +152,10 @@ kva_status kva_cache_copy_blocks(kva_context *ctx, kva_cache *cache, const int32
     if (num_pairs == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(pairs);
+    KVA_CHECK_ALIGNED(pairs, sizeof(int32_t));
     int32_t nb = cache->desc.num_blocks;
     KVA_TRY(check_ids(fn, pairs, num_pairs, nb, nb));
-    KVA_TRY(check_pairs(fn, pairs, num_pairs, nb, 1));
+    KVA_TRY(check_pairs(fn, pairs, num_pairs, cache->pair_flags, 1));
     copy_pairs(ctx, cache, cache, pairs, num_pairs);
     return KVA_STATUS_OK;
 }
@@ -236,8 +224,9 @@ kva_status kva_cache_swap_blocks(kva_context *ctx, const kva_cache *src, kva_cac
     if (num_pairs == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(pairs);
+    KVA_CHECK_ALIGNED(pairs, sizeof(int32_t));
     KVA_TRY(check_ids(fn, pairs, num_pairs, src->desc.num_blocks, dst->desc.num_blocks));
-    KVA_TRY(check_pairs(fn, pairs, num_pairs, dst->desc.num_blocks, 0));
+    KVA_TRY(check_pairs(fn, pairs, num_pairs, dst->pair_flags, 0));
     copy_pairs(ctx, src, dst, pairs, num_pairs);
     return KVA_STATUS_OK;
 }

@@ -140,6 +140,9 @@ kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_token
     KVA_CHECK_PTR(k);
     KVA_CHECK_PTR(v);
     KVA_CHECK_PTR(slot_mapping);
+    KVA_CHECK_ALIGNED(k, src_elem);
+    KVA_CHECK_ALIGNED(v, src_elem);
+    KVA_CHECK_ALIGNED(slot_mapping, sizeof(int64_t));
 
     /* Every slot is checked before anything is written. */
     const int64_t num_slots = (int64_t)d->num_blocks * d->block_size;

@@ -56,9 +56,10 @@ kva_status kva_context_create(const kva_context_desc *desc, kva_context **out)
         return kva__fail(KVA_STATUS_BACKEND_UNAVAILABLE,
                          "kva_context_create: backend '%s' is not available in this build or on this machine",
                          kva_backend_name(d.backend));
-    if (d.num_threads < 0)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva_context_create: num_threads = %d is negative",
-                         (int)d.num_threads);
+    if (d.num_threads < 0 || d.num_threads > KVA_MAX_THREADS)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_context_create: num_threads = %d is outside [0, %d]",
+                         (int)d.num_threads, KVA_MAX_THREADS);
     kva_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_context_create: out of memory");

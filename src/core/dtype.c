@@ -115,16 +115,16 @@ kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst, kva_dtyp
                        size_t n)
 {
     kva__clear_error();
-    if (n == 0)
-        return KVA_STATUS_OK;
-    KVA_CHECK_PTR(src);
-    KVA_CHECK_PTR(dst);
     if (!kva__dtype_is_float(src_dtype))
         return kva__fail(KVA_STATUS_UNSUPPORTED, "kva_convert: src_dtype %d (%s) is not f32/f16/bf16",
                          (int)src_dtype, kva_dtype_name(src_dtype));
     if (!kva__dtype_is_float(dst_dtype))
         return kva__fail(KVA_STATUS_UNSUPPORTED, "kva_convert: dst_dtype %d (%s) is not f32/f16/bf16",
                          (int)dst_dtype, kva_dtype_name(dst_dtype));
+    if (n == 0)
+        return KVA_STATUS_OK;
+    KVA_CHECK_PTR(src);
+    KVA_CHECK_PTR(dst);
     if (src_dtype == dst_dtype) {
         if (src != dst)
             memmove(dst, src, n * kva_dtype_size(src_dtype));

@@ -34,6 +34,16 @@ void kva__clear_error(void);
                              __func__, #p);                                           \
     } while (0)
 
+/* Checks that a tensor pointer is aligned to its element size (or to align
+ * bytes): kernels read it through typed pointers. */
+#define KVA_CHECK_ALIGNED(p, align)                                                   \
+    do {                                                                              \
+        if ((uintptr_t)(const void *)(p) % (uintptr_t)(align) != 0)                  \
+            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,                             \
+                             "%s: argument '%s' = %p is not aligned to %zu bytes",   \
+                             __func__, #p, (const void *)(p), (size_t)(align));       \
+    } while (0)
+
 /* Propagates a failing status. */
 #define KVA_TRY(expr)                                                                 \
     do {                                                                              \
@@ -112,6 +122,9 @@ struct kva_cache {
     size_t elem_size;
     int64_t k_block_elems; /* B * Hkv * D */
     int64_t v_block_elems; /* B * Hkv * Dv */
+    /* [NB] host scratch, all zero between calls: copy/swap pair checks mark
+     * blocks here in O(pairs) without allocating on the run path. */
+    unsigned char *pair_flags;
 };
 
 /* Element offset of (block, offset in block, kv head) for a row of width

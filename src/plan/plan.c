@@ -52,16 +52,25 @@ static kva_status check_scalars(const kva_plan_desc *d)
     if (d->num_requests < 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_plan_create: num_requests = %d is negative", (int)d->num_requests);
-    if (d->num_heads < 1)
+    if (d->num_heads < 1 || d->num_heads > KVA_MAX_HEADS)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_plan_create: num_heads = %d, must be >= 1", (int)d->num_heads);
-    if (d->num_kv_heads < 1)
+                         "kva_plan_create: num_heads = %d is outside [1, %d]", (int)d->num_heads,
+                         KVA_MAX_HEADS);
+    if (d->num_kv_heads < 1 || d->num_kv_heads > KVA_MAX_HEADS)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_plan_create: num_kv_heads = %d, must be >= 1", (int)d->num_kv_heads);
+                         "kva_plan_create: num_kv_heads = %d is outside [1, %d]",
+                         (int)d->num_kv_heads, KVA_MAX_HEADS);
     if (d->num_heads % d->num_kv_heads != 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_plan_create: num_heads = %d is not a multiple of num_kv_heads = %d",
                          (int)d->num_heads, (int)d->num_kv_heads);
+    if (d->head_dim <= 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: head_dim = %d, must be positive", (int)d->head_dim);
+    if (d->head_dim_v < 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: head_dim_v = %d is negative (0 means head_dim)",
+                         (int)d->head_dim_v);
     if (!kva__head_dim_ok(d->head_dim))
         return kva__fail(
             KVA_STATUS_UNSUPPORTED,
@@ -144,6 +153,15 @@ static kva_status check_batch(const kva_plan_desc *d, int32_t *max_block_id)
         if (s < 0)
             return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                              "kva_plan_create: seq_lens[%d] = %d is negative", (int)r, (int)s);
+        if (s > KVA_MAX_SEQ_LEN)
+            return kva__fail(KVA_STATUS_OUT_OF_RANGE,
+                             "kva_plan_create: seq_lens[%d] = %d is above KVA_MAX_SEQ_LEN = %d",
+                             (int)r, (int)s, KVA_MAX_SEQ_LEN);
+        if (qsl[r + 1] > KVA_MAX_SEQ_LEN)
+            return kva__fail(KVA_STATUS_OUT_OF_RANGE,
+                             "kva_plan_create: query_start_loc[%d] = %d: more query tokens than "
+                             "KVA_MAX_SEQ_LEN = %d",
+                             (int)(r + 1), (int)qsl[r + 1], KVA_MAX_SEQ_LEN);
         int64_t q = (int64_t)qsl[r + 1] - qsl[r];
         /* Causal self-attention places query i at s - q + i, so q <= s. Non-causal
          * calls (encoder, cross-attention) may have more queries than keys. */
@@ -303,6 +321,8 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
         p->d.head_dim_v = p->d.head_dim;
     if (p->d.scale == 0.0f)
         p->d.scale = (float)(1.0 / sqrt((double)p->d.head_dim));
+    if (p->d.window_left >= KVA_MAX_SEQ_LEN)
+        p->d.window_left = -1; /* wider than any sequence: excludes nothing */
     if (p->d.decode_threshold == 0)
         p->d.decode_threshold = 1;
     p->d.causal = desc->causal != 0;
