@@ -101,22 +101,22 @@ static void attend_row(const kva_plan *plan, const kv_rows *kv, const double *qv
     const kva_plan_desc *d = &plan->d;
     const int32_t Dv = d->head_dim_v;
 
-    /* Pass 1: the largest logit, the sink included, for a stable softmax. */
+    /* Pass 1: the largest logit, the sink included, for a stable softmax. A NaN
+     * score makes m NaN, so it reaches the output and the LSE. */
     double m = has_sink ? sink : -INFINITY;
-    int any_key = 0;
     for (int64_t j = 0; j < s; j++) {
         if (!key_visible(d, j, pos, s))
             continue;
         const double sc = key_score(plan, kv, qv, h, pos, j);
-        if (sc > m)
-            m = sc;
-        any_key = 1;
+        if (sc > m || isnan(sc))
+            m = isnan(m) ? m : sc;
     }
 
     double acc[KVA_MAX_HEAD_DIM];
     for (int32_t c = 0; c < Dv; c++)
         acc[c] = 0.0;
-    if (!any_key && !has_sink) {
+    /* No visible key and no sink, or every weight exp(-inf) = 0: an empty row. */
+    if (m == -INFINITY) {
         for (int32_t c = 0; c < Dv; c++)
             kva__store_f(out, d->q_dtype, out_off + (size_t)c, 0.0f);
         if (lse)
