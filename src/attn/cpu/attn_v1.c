@@ -18,7 +18,10 @@
  *      rescale of the accumulators) and acc += p * v four keys at a time.
  *   4. Unsplit items normalize (adding the sink to the denominator) and store
  *      out/lse; split items store a partial (out normalized over the chunk,
- *      lse without the sink) for the merge pass.
+ *      lse without the sink) for the merge pass. A row is empty exactly when
+ *      its sum is 0 (no key, or only -inf scores); a NaN score makes the
+ *      running max and the sum NaN, which the partial's lse and the merge
+ *      carry to the output, so NaN rows do not depend on the split.
  *
  * Written in portable C for the auto-vectorizer (restrict pointers, inner
  * loops over D, fp32 accumulators in small arrays); no ISA-specific code, so
@@ -159,32 +162,43 @@ static void load_chunk(const kva__cpu_run *run, const chunk_rows *cr, int32_t n,
 /*
  * Online-softmax update of attention row m (query head h, position pos) with
  * the keys [a, e) of the chunk starting at c0.
+ *
+ * Non-finite scores follow the reference: a NaN score makes the running max
+ * NaN, so the row's out and lse become NaN whatever the key split; scores of
+ * -inf have weight 0, and while every score so far is -inf the row is left
+ * untouched (exp(-inf - -inf) would be NaN), so it stays empty (sum 0).
  */
 static inline void update_row(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m,
                               int32_t h, int32_t pos, int32_t c0, int32_t a, int32_t e)
 {
     const kva_plan *plan = run->plan;
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
-    const float cap = plan->d.softcap;
-    const float slope = plan->alibi_slopes ? plan->alibi_slopes[h] : 0.0f;
     const float *restrict qm = s->q + (size_t)m * D;
     float *restrict p = s->p;
     const int32_t n = e - a;
     const float **kp = s->kp + (a - c0);
     const float **vp = s->vp + (a - c0);
 
-    float cmax = -INFINITY;
-    for (int32_t t = 0; t < n; t++) {
-        float x = dot8(qm, kp[t], D);
-        if (cap > 0.0f)
-            x = cap * tanhf(x / cap);
-        if (plan->alibi_slopes)
-            x += slope * (float)(a + t - pos);
-        p[t] = x;
-        cmax = x > cmax ? x : cmax;
+    /* Scores, then soft-cap and ALiBi in their own loops (no branch per key). */
+    for (int32_t t = 0; t < n; t++)
+        p[t] = dot8(qm, kp[t], D);
+    if (plan->d.softcap > 0.0f) {
+        const float cap = plan->d.softcap, inv_cap = 1.0f / cap;
+        for (int32_t t = 0; t < n; t++)
+            p[t] = cap * tanhf(p[t] * inv_cap);
     }
+    if (plan->alibi_slopes) {
+        const float slope = plan->alibi_slopes[h];
+        for (int32_t t = 0; t < n; t++)
+            p[t] += slope * (float)(a + t - pos);
+    }
+    float cmax = -INFINITY;
+    for (int32_t t = 0; t < n; t++)
+        cmax = kva__cpu_max_nan(p[t], cmax);
     const float mold = s->mx[m];
-    const float mnew = mold > cmax ? mold : cmax;
+    const float mnew = kva__cpu_max_nan(mold, cmax);
+    if (mnew == -INFINITY)
+        return; /* every weight so far is exp(-inf) = 0 */
     const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
     float psum = 0.0f;
     for (int32_t t = 0; t < n; t++) {
@@ -273,13 +287,15 @@ void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it, kva__cp
         float *po = run->partials + t->ws_off + (int64_t)it->split * M * (Dv + 1);
         float *pl = po + (size_t)M * Dv;
         for (int32_t m = 0; m < M; m++) {
+            /* sum is exactly 0 only for a row that saw no key of weight > 0 in
+             * this chunk; a NaN sum stays NaN in out and lse. */
             const float l = s->sum[m];
-            const float f = l > 0.0f ? 1.0f / l : 0.0f;
+            const float f = l == 0.0f ? 0.0f : 1.0f / l;
             const float *acc = s->acc + (size_t)m * Dv;
             float *o = po + (size_t)m * Dv;
             for (int32_t x = 0; x < Dv; x++)
                 o[x] = acc[x] * f;
-            pl[m] = l > 0.0f ? s->mx[m] + logf(l) : -INFINITY;
+            pl[m] = l == 0.0f ? -INFINITY : s->mx[m] + logf(l);
         }
         return;
     }
@@ -291,17 +307,17 @@ void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it, kva__cp
         float f, lse;
         if (run->sinks) {
             const float sink = run->sinks[h];
-            const float top = mx > sink ? mx : sink;
-            const float wk = l > 0.0f ? expf(mx - top) : 0.0f;
+            const float top = kva__cpu_max_nan(mx, sink);
+            const float wk = l == 0.0f ? 0.0f : expf(mx - top);
             const float den = l * wk + expf(sink - top);
             f = wk / den;
             lse = top + logf(den);
-        } else if (l > 0.0f) {
-            f = 1.0f / l;
-            lse = mx + logf(l);
-        } else {
+        } else if (l == 0.0f) {
             f = 0.0f;
             lse = -INFINITY;
+        } else {
+            f = 1.0f / l;
+            lse = mx + logf(l);
         }
         float *acc = s->acc + (size_t)m * Dv;
         for (int32_t x = 0; x < Dv; x++)

@@ -84,6 +84,10 @@ kva_status kva__cpu_merge_states(kva_context *ctx, int32_t num_tokens, int32_t n
                                  const float *lse_a, const void *out_b, const float *lse_b,
                                  void *out, float *lse_out);
 
+/* max(a, b) that returns NaN if either is NaN (plain `a > b ? a : b` drops a
+ * NaN a), so a NaN score reaches the row's max, lse and output. */
+static inline float kva__cpu_max_nan(float a, float b) { return a > b || a != a ? a : b; }
+
 /* Stores n fp32 values as dtype dt at dst (f16/bf16 round to nearest even). */
 void kva__cpu_store_row(void *dst, kva_dtype dt, const float *src, int32_t n);
 /* Loads n values of dtype dt as fp32 (exact); vectorizable loops. */

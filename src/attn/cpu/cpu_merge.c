@@ -5,8 +5,10 @@
  * Both combine partial results over disjoint key sets:
  *   top = max_s lse_s (and the sink), w_s = exp(lse_s - top),
  *   out = sum_s w_s out_s / W, lse = top + log W, W = sum_s w_s (+ exp(sink - top)).
- * A part whose lse is -inf has weight 0; if every part is empty (and there is
- * no sink) the row is 0 with lse -inf. Accumulation is fp32.
+ * A part whose lse is -inf has weight 0 and its out row is not read; if every
+ * part is empty (and there is no sink) the row is 0 with lse -inf. A NaN lse
+ * of a split part makes top, and so the whole row, NaN (kva_merge_states
+ * leaves NaN to the arithmetic). Accumulation is fp32.
  */
 #include "cpu_attn.h"
 
@@ -29,10 +31,8 @@ void kva__cpu_merge_task(const kva__cpu_run *run, const kva__split_task *t)
         const int32_t h = hbase + m % t->nh;
         const float sink = run->sinks ? run->sinks[h] : -INFINITY;
         float top = sink;
-        for (int32_t c = 0; c < ns; c++) {
-            float l = base[c * split_floats + (int64_t)M * Dv + m];
-            top = l > top ? l : top;
-        }
+        for (int32_t c = 0; c < ns; c++)
+            top = kva__cpu_max_nan(base[c * split_floats + (int64_t)M * Dv + m], top);
         for (int32_t x = 0; x < Dv; x++)
             acc[x] = 0.0f;
         float W = 0.0f, lse = -INFINITY;
@@ -68,7 +68,7 @@ static void merge_row(kva_dtype dt, int32_t Dv, const void *a, float la, const v
                       void *out, float *lse_out)
 {
     float fa[KVA_MAX_HEAD_DIM], fb[KVA_MAX_HEAD_DIM];
-    const float top = la > lb ? la : lb;
+    const float top = kva__cpu_max_nan(la, lb); /* NaN if either is */
     if (top == -INFINITY) {
         for (int32_t x = 0; x < Dv; x++)
             fa[x] = 0.0f;
@@ -76,10 +76,17 @@ static void merge_row(kva_dtype dt, int32_t Dv, const void *a, float la, const v
         *lse_out = -INFINITY;
         return;
     }
-    kva__cpu_load_row(fa, a, dt, Dv);
-    kva__cpu_load_row(fb, b, dt, Dv);
-    const float wa = la == -INFINITY ? 0.0f : expf(la - top);
-    const float wb = lb == -INFINITY ? 0.0f : expf(lb - top);
+    /* A side of weight exactly 0 (lse -inf, or so far below the other that the
+     * weight underflows) is not read: its row may hold anything, even NaN. */
+    const float wa = expf(la - top), wb = expf(lb - top);
+    if (wa != 0.0f)
+        kva__cpu_load_row(fa, a, dt, Dv);
+    else
+        memset(fa, 0, (size_t)Dv * sizeof(float));
+    if (wb != 0.0f)
+        kva__cpu_load_row(fb, b, dt, Dv);
+    else
+        memset(fb, 0, (size_t)Dv * sizeof(float));
     const float W = wa + wb;
     const float ca = wa / W, cb = wb / W;
     for (int32_t x = 0; x < Dv; x++)

@@ -1,0 +1,368 @@
+/*
+ * test_cpu_nonfinite.c - the CPU backend on non-finite inputs and scores.
+ *
+ * kva_attention_run asks for finite q, K, V and scores, but a serving engine
+ * that gets a NaN from a bad weight must see it in the affected rows, not a
+ * plausible finite output that depends on how many threads split the keys.
+ * Every case runs the reference once and the CPU backend with 1, 2 and 3
+ * threads and with a partition forced into many small, unaligned key chunks,
+ * and compares with NaN == NaN and -inf == -inf:
+ *   - a NaN in one cached key: NaN out and lse for the rows that see it
+ *     (heads of that kv head, rows whose causal/window range covers the key),
+ *     exact results everywhere else;
+ *   - a NaN in one query row, and a NaN in one value element;
+ *   - chunks whose scores all overflow to -inf (ALiBi slope 1e38, so every key
+ *     but the last few scores -inf in fp32): they carry no weight;
+ *   - a query row whose scores are all -inf (q holds -inf against keys that
+ *     are positive in that channel): every weight is 0, so out 0 and lse =
+ *     the sink, or lse -inf (the empty row) without one;
+ *   - kva_merge_states with NaN/inf garbage rows on a side whose lse is -inf,
+ *     both sides -inf, and weights that underflow in fp32.
+ */
+#include "batchgen.h"
+#include "internal.h"
+#include "../src/attn/cpu/cpu_attn.h"
+
+#include <math.h>
+
+/* |a - b| <= atol + rtol |b|, or both NaN, or the same infinity. */
+static size_t compare_nf(const char *label, const float *got, const float *want, size_t n)
+{
+    const double tol = kva_test_atol(KVA_DTYPE_F32);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double a = got[i], b = want[i];
+        int ok = (isnan(a) && isnan(b)) || (isinf(b) && a == b) ||
+                 fabs(a - b) <= tol + tol * fabs(b);
+        if (!ok) {
+            if (bad < 5)
+                fprintf(stderr, "  %s: element %zu: got %.8g, want %.8g\n", label, i, a, b);
+            bad++;
+        }
+    }
+    return bad;
+}
+
+/* Replaces the plan's partition by one built with pp and grows the workspace. */
+static kva_status repartition(kva_context *ctx, kva_plan *plan, const kva__partition_params *pp)
+{
+    kva__partition *part = NULL;
+    KVA_TRY(kva__partition_build(plan, pp, &part));
+    part->variant = plan->part->variant;
+    kva__partition_free(plan->part);
+    plan->part = part;
+    plan->info.num_work_items = part->num_items;
+    size_t bytes = (((size_t)part->partial_floats * sizeof(float) + 63u) & ~(size_t)63u) +
+                   (size_t)pp->num_threads *
+                       kva__cpu_scratch_bytes(plan->d.head_dim, plan->d.head_dim_v);
+    plan->workspace_bytes = bytes;
+    return kva__context_reserve_workspace(ctx, bytes);
+}
+
+/* One f32 problem over a paged cache (NHD, B = 16): H = 4 query heads on
+ * Hkv = 2 kv heads, D = Dv = 64. */
+typedef struct problem {
+    kva_test_batch b;
+    kva_context *ref;
+    kva_cache *cache;
+    float *k, *v; /* the cache's storage */
+    float *q;     /* [T, H, D] */
+    float sinks[4];
+    float slopes[4];
+    kva_plan_desc pd;
+} problem;
+
+enum { P_H = 4, P_HKV = 2, P_D = 64 };
+
+static void problem_init(problem *p, int32_t R, const int32_t *q_lens, const int32_t *seq_lens,
+                         uint64_t seed)
+{
+    memset(p, 0, sizeof *p);
+    kva_rng rng = {seed};
+    kva_test_batch_init(&p->b, &rng, R, q_lens, seq_lens, 16, 2, 0);
+    kva_context_desc rd = {KVA_BACKEND_REF, 0, 0};
+    CHECK_OK(kva_context_create(&rd, &p->ref));
+    CHECK_OK(kva_test_batch_cache(&p->b, p->ref, &rng, P_HKV, P_D, P_D, KVA_DTYPE_F32,
+                                  KVA_LAYOUT_NHD, &p->cache));
+    void *k = NULL, *v = NULL;
+    if (p->cache)
+        kva_cache_data(p->cache, &k, &v);
+    p->k = k;
+    p->v = v;
+    const size_t nq = (size_t)p->b.T * P_H * P_D;
+    p->q = malloc(nq * sizeof(float) + 1);
+    kva_test_fill(p->q, KVA_DTYPE_F32, nq, &rng, 1.0);
+    for (int h = 0; h < P_H; h++) {
+        p->sinks[h] = (float)kva_rng_normal(&rng);
+        p->slopes[h] = (float)pow(2.0, -(h + 1));
+    }
+    p->pd = kva_test_batch_plan_desc(&p->b, P_H, P_HKV, P_D, P_D, KVA_DTYPE_F32);
+}
+
+static void problem_free(problem *p)
+{
+    kva_cache_destroy(p->cache);
+    kva_context_destroy(p->ref);
+    free(p->q);
+    kva_test_batch_free(&p->b);
+}
+
+/* The K (or V) row of key j of request r, kv head kvh. */
+static float *kv_row(const problem *p, int v, int32_t r, int32_t j, int32_t kvh)
+{
+    const int32_t blk = p->b.block_table[(size_t)r * p->b.stride + (size_t)(j / 16)];
+    return (v ? p->v : p->k) + kva__cache_row(&p->cache->desc, blk, j % 16, kvh, P_D);
+}
+
+/* The q row of request r's query i, head h. */
+static float *q_row(const problem *p, int32_t r, int32_t i, int32_t h)
+{
+    return p->q + ((size_t)(p->b.query_start_loc[r] + i) * P_H + (size_t)h) * P_D;
+}
+
+/*
+ * Runs the problem on the reference and on the CPU backend in four
+ * partitions; compares out and lse. Returns the number of CPU runs whose
+ * partition had split tasks.
+ */
+static int run_problem(const char *label, problem *p, int use_sinks)
+{
+    const size_t no = (size_t)p->b.T * P_H * P_D, nl = (size_t)p->b.T * P_H;
+    float *out_ref = malloc(no * sizeof(float) + 1), *lse_ref = malloc(nl * sizeof(float) + 1);
+    float *out = malloc(no * sizeof(float) + 1), *lse = malloc(nl * sizeof(float) + 1);
+    const float *sk = use_sinks ? p->sinks : NULL;
+    int splits = 0;
+    kva_plan *rplan = NULL;
+    CHECK_OK(kva_plan_create(p->ref, &p->pd, &rplan));
+    kva_test_poison(out_ref, KVA_DTYPE_F32, no);
+    kva_test_poison(lse_ref, KVA_DTYPE_F32, nl);
+    if (rplan)
+        CHECK_OK(kva_attention_run(p->ref, rplan, p->q, p->cache, sk, out_ref, lse_ref));
+    kva_plan_destroy(rplan);
+    for (int mode = 0; mode < 4; mode++) {
+        /* 1, 2, 3 threads with the default partition; 3 threads with many small
+         * unaligned chunks (chunk boundaries inside 32-key loads). */
+        const int thr = mode < 3 ? 1 + mode : 3;
+        kva_context_desc cd = {KVA_BACKEND_CPU, thr, 0};
+        kva_context *cpu = NULL;
+        kva_plan *plan = NULL;
+        CHECK_OK(kva_context_create(&cd, &cpu));
+        CHECK_OK(kva_plan_create(cpu, &p->pd, &plan));
+        if (plan && mode == 3) {
+            kva__partition_params pp = {3, 8, 4, 7, 50, 40, 64};
+            CHECK_OK(repartition(cpu, plan, &pp));
+        }
+        if (plan) {
+            splits += plan->part->num_tasks > 0;
+            kva_test_poison(out, KVA_DTYPE_F32, no);
+            kva_test_poison(lse, KVA_DTYPE_F32, nl);
+            CHECK_OK(kva_attention_run(cpu, plan, p->q, p->cache, sk, out, lse));
+            size_t bad = compare_nf("out", out, out_ref, no) + compare_nf("lse", lse, lse_ref, nl);
+            CHECK_MSG(bad == 0, "%s (sinks %d): %zu mismatches with %d threads%s", label,
+                      use_sinks, bad, thr, mode == 3 ? ", small chunks" : "");
+        }
+        kva_plan_destroy(plan);
+        kva_context_destroy(cpu);
+    }
+    free(out_ref);
+    free(lse_ref);
+    free(out);
+    free(lse);
+    return splits;
+}
+
+/* Number of (token, head) rows of [T, H] lse whose value is NaN. */
+static int count_nan_rows(const problem *p, int use_sinks)
+{
+    const size_t no = (size_t)p->b.T * P_H * P_D, nl = (size_t)p->b.T * P_H;
+    float *out = malloc(no * sizeof(float)), *lse = malloc(nl * sizeof(float));
+    kva_plan *plan = NULL;
+    int n = 0;
+    CHECK_OK(kva_plan_create(p->ref, &p->pd, &plan));
+    if (plan)
+        CHECK_OK(kva_attention_run(p->ref, plan, p->q, p->cache, use_sinks ? p->sinks : NULL,
+                                   out, lse));
+    for (size_t i = 0; i < nl; i++)
+        n += isnan(lse[i]) != 0;
+    kva_plan_destroy(plan);
+    free(out);
+    free(lse);
+    return n;
+}
+
+/* A NaN in one cached key of a 4000-key decode (and of a chunked prefill whose
+ * early rows do not see it): NaN for every row that sees the key. */
+static void test_nan_key(void)
+{
+    static const int32_t q[] = {1, 100}, s[] = {4000, 2500};
+    problem p;
+    problem_init(&p, 2, q, s, 11);
+    kv_row(&p, 0, 0, 1234, 1)[17] = NAN; /* decode: heads 2, 3 */
+    kv_row(&p, 0, 1, 2450, 0)[3] = NAN;  /* prefill: heads 0, 1 of rows i >= 50 */
+    p.pd.causal = 1;
+    /* The reference's own answer: 2 decode rows + 50 * 2 prefill rows. */
+    CHECK_MSG(count_nan_rows(&p, 0) == 2 + 100, "reference has %d NaN rows", count_nan_rows(&p, 0));
+    for (int sk = 0; sk < 2; sk++)
+        CHECK(run_problem("NaN key", &p, sk) >= 2);
+    /* A window that hides the decode's NaN key from it. */
+    p.pd.window_left = 2000;
+    CHECK(run_problem("NaN key, window", &p, 1) >= 2);
+    problem_free(&p);
+}
+
+/* A NaN in one query row, and one in a value element. */
+static void test_nan_q_and_v(void)
+{
+    static const int32_t q[] = {1, 3}, s[] = {4000, 3000};
+    problem p;
+    problem_init(&p, 2, q, s, 12);
+    q_row(&p, 0, 0, 1)[5] = NAN;
+    q_row(&p, 1, 2, 3)[60] = NAN;
+    kv_row(&p, 1, 1, 700, 0)[9] = NAN; /* out element 9 of heads 0, 1 of request 1 */
+    CHECK(count_nan_rows(&p, 1) == 2);
+    for (int sk = 0; sk < 2; sk++)
+        CHECK(run_problem("NaN q / v", &p, sk) >= 2);
+    problem_free(&p);
+}
+
+/* Causal ALiBi with slope 1e38: score_j = x + 1e38 (j - pos) is -inf in fp32
+ * for j <= pos - 4, so whole chunks see only -inf scores (finite in the fp64
+ * reference, whose weights are exactly 0 there as well). */
+static void test_neg_inf_chunks(void)
+{
+    static const int32_t q[] = {1, 40}, s[] = {4000, 1000};
+    problem p;
+    problem_init(&p, 2, q, s, 13);
+    for (int h = 0; h < P_H; h++)
+        p.slopes[h] = 1e38f;
+    p.pd.alibi_slopes = p.slopes;
+    for (int sk = 0; sk < 2; sk++)
+        CHECK(run_problem("-inf chunks (ALiBi overflow)", &p, sk) >= 2);
+    problem_free(&p);
+}
+
+/* q rows whose every score is -inf: channel 7 of q is -inf and channel 7 of
+ * every key of kv head 0 is positive. */
+static void test_neg_inf_rows(void)
+{
+    static const int32_t q[] = {1, 5}, s[] = {4000, 3000};
+    problem p;
+    problem_init(&p, 2, q, s, 14);
+    for (int32_t r = 0; r < 2; r++)
+        for (int32_t j = 0; j < s[r]; j++) {
+            float *k = kv_row(&p, 0, r, j, 0);
+            k[7] = fabsf(k[7]) + 0.25f;
+        }
+    q_row(&p, 0, 0, 1)[7] = -INFINITY;
+    q_row(&p, 1, 4, 0)[7] = -INFINITY;
+    /* The reference: out 0 and lse = sink with sinks, the empty row (out 0,
+     * lse -inf) without. */
+    const size_t no = (size_t)p.b.T * P_H * P_D, nl = (size_t)p.b.T * P_H;
+    float *out = malloc(no * sizeof(float)), *lse = malloc(nl * sizeof(float));
+    kva_plan *plan = NULL;
+    CHECK_OK(kva_plan_create(p.ref, &p.pd, &plan));
+    for (int sk = 0; sk < 2; sk++) {
+        if (plan)
+            CHECK_OK(kva_attention_run(p.ref, plan, p.q, p.cache, sk ? p.sinks : NULL, out, lse));
+        const int64_t rows[2] = {0 * P_H + 1, (int64_t)(1 + 4) * P_H + 0};
+        for (int x = 0; x < 2; x++) {
+            const float want = sk ? p.sinks[rows[x] % P_H] : -INFINITY;
+            CHECK_MSG(lse[rows[x]] == want && out[rows[x] * P_D] == 0.0f,
+                      "reference row %d: lse %g, out[0] %g", (int)rows[x],
+                      (double)lse[rows[x]], (double)out[rows[x] * P_D]);
+        }
+        CHECK(run_problem("-inf rows", &p, sk) >= 2);
+    }
+    kva_plan_destroy(plan);
+    free(out);
+    free(lse);
+    problem_free(&p);
+}
+
+/* kva_merge_states: a side whose lse is -inf contributes nothing, whatever
+ * its out row holds; both -inf gives 0 and -inf; weights that underflow in
+ * fp32 (lse 200 apart) give the other side. */
+static void test_merge_states_nonfinite(void)
+{
+    static const kva_dtype dts[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
+    kva_rng rng = {555};
+    for (int i = 0; i < 6; i++) {
+        const kva_dtype dt = dts[i % 3];
+        const int32_t T = 97, H = 3, Dv = i < 3 ? 8 : 72;
+        const size_t n = (size_t)T * H * Dv, nl = (size_t)T * H, esz = kva_dtype_size(dt);
+        unsigned char *a = malloc(n * esz), *bb = malloc(n * esz), *o_ref = malloc(n * esz),
+                      *o_cpu = malloc(n * esz);
+        float *la = malloc(nl * 4), *lb = malloc(nl * 4), *l_ref = malloc(nl * 4),
+              *l_cpu = malloc(nl * 4);
+        kva_test_fill(a, dt, n, &rng, 1.0);
+        kva_test_fill(bb, dt, n, &rng, 1.0);
+        for (size_t x = 0; x < nl; x++) {
+            const float base = (float)(kva_rng_normal(&rng) * 3);
+            const int kind = (int)(x % 7);
+            unsigned char *ra = a + x * Dv * esz, *rb = bb + x * Dv * esz;
+            la[x] = base;
+            lb[x] = base + (float)kva_rng_normal(&rng);
+            if (kind == 0 || kind == 1) { /* a empty, garbage row (NaN, inf) */
+                la[x] = -INFINITY;
+                for (int32_t c = 0; c < Dv; c++)
+                    kva__store_f(ra, dt, (size_t)c, c % 2 ? NAN : (kind ? -INFINITY : INFINITY));
+            } else if (kind == 2) { /* b empty, garbage row */
+                lb[x] = -INFINITY;
+                for (int32_t c = 0; c < Dv; c++)
+                    kva__store_f(rb, dt, (size_t)c, c % 3 ? INFINITY : NAN);
+            } else if (kind == 3) { /* both empty, garbage rows */
+                la[x] = lb[x] = -INFINITY;
+                kva_test_poison(ra, dt, (size_t)Dv);
+                kva_test_poison(rb, dt, (size_t)Dv);
+            } else if (kind == 4) { /* weights underflow in fp32, finite rows */
+                la[x] = base - 200.0f;
+            } else if (kind == 5) { /* b underflows in fp64 too: its NaN row is skipped */
+                lb[x] = base - 1000.0f;
+                kva_test_poison(rb, dt, (size_t)Dv);
+            }
+        }
+        kva_context_desc rd = {KVA_BACKEND_REF, 0, 0}, cd = {KVA_BACKEND_CPU, 1 + i % 2, 0};
+        kva_context *ref = NULL, *cpu = NULL;
+        CHECK_OK(kva_context_create(&rd, &ref));
+        CHECK_OK(kva_context_create(&cd, &cpu));
+        kva_test_poison(o_ref, dt, n);
+        kva_test_poison(o_cpu, dt, n);
+        kva_test_poison(l_ref, KVA_DTYPE_F32, nl);
+        kva_test_poison(l_cpu, KVA_DTYPE_F32, nl);
+        CHECK_OK(kva_merge_states(ref, T, H, Dv, dt, a, la, bb, lb, o_ref, l_ref));
+        CHECK_OK(kva_merge_states(cpu, T, H, Dv, dt, a, la, bb, lb, o_cpu, l_cpu));
+        size_t bad = kva_test_compare("merge out", o_cpu, o_ref, dt, n, kva_test_atol(dt),
+                                      kva_test_rtol(dt));
+        bad += kva_test_compare_f32("merge lse", l_cpu, l_ref, nl, kva_test_atol(KVA_DTYPE_F32),
+                                    kva_test_rtol(KVA_DTYPE_F32));
+        CHECK_MSG(bad == 0, "merge_states %s Dv=%d: %zu mismatches", kva_dtype_name(dt), (int)Dv,
+                  bad);
+        /* In place over the garbage side: out aliases a, lse_out aliases la. */
+        CHECK_OK(kva_merge_states(cpu, T, H, Dv, dt, a, la, bb, lb, a, la));
+        bad = kva_test_compare("merge in place", a, o_ref, dt, n, kva_test_atol(dt),
+                               kva_test_rtol(dt));
+        bad += kva_test_compare_f32("merge lse in place", la, l_ref, nl,
+                                    kva_test_atol(KVA_DTYPE_F32), kva_test_rtol(KVA_DTYPE_F32));
+        CHECK_MSG(bad == 0, "in-place merge_states %s: %zu mismatches", kva_dtype_name(dt), bad);
+        kva_context_destroy(ref);
+        kva_context_destroy(cpu);
+        free(a);
+        free(bb);
+        free(o_ref);
+        free(o_cpu);
+        free(la);
+        free(lb);
+        free(l_ref);
+        free(l_cpu);
+    }
+}
+
+int main(void)
+{
+    RUN(test_nan_key);
+    RUN(test_nan_q_and_v);
+    RUN(test_neg_inf_chunks);
+    RUN(test_neg_inf_rows);
+    RUN(test_merge_states_nonfinite);
+    return kva_test_finish();
+}
