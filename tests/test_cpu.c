@@ -4,18 +4,30 @@
  * Both backends run the same random inputs (q, a random-filled paged cache or
  * ragged K/V, sinks, ALiBi slopes); the CPU outputs are poisoned with NaN
  * before each run. Covered:
- *   - the foundation grid (head sizes incl. D != Dv, (H, Hkv), batch sizes,
- *     dtypes, NHD/HND, block sizes, masks, soft-cap, ALiBi, sinks, thread
- *     counts 1-3, paged and ragged) by a seeded covering design: every axis
- *     walks its values in a fresh random order every len(values) cases, so
- *     each value appears several times in random combinations;
- *   - split-KV (one long request on 2-3 threads, decodes and a chunked prefill);
+ *   - the foundation grid (head sizes 8-256 incl. D != Dv, D = 8 with Dv = 8
+ *     and 256, (H, Hkv), batch sizes 1-128, dtypes, NHD/HND, block sizes,
+ *     causal, windows, soft-cap, explicit softmax scales, decode thresholds,
+ *     ALiBi, sinks (small and about +-60), q_len 0 / seq_len 0 requests among
+ *     others, thread counts 1-3, paged and ragged) by a seeded covering
+ *     design: every axis walks its values in a fresh random order every
+ *     len(values) cases, so each value appears several times in random
+ *     combinations. Batches over the reference's budget lose requests and
+ *     prefills before keys, and the grid checks (and prints) that most cases
+ *     read more than one key chunk;
+ *   - the long grid: 1-3 long, decode-heavy requests with small H, checked to
+ *     split on 2-3 threads in at least half of its cases, windows included;
+ *   - split-KV with the default partition: one long request on 2-3 threads
+ *     (sink counted once, ALiBi), and split tasks asserted together with
+ *     windows (causal and not), soft-cap, ALiBi, large sinks, explicit scales;
+ *   - MQA 256/1 (a GQA group larger than max_rows, sliced by the default
+ *     partition), and q_len 0 / seq_len 0 requests in explicit batches,
+ *     including non-causal rows with no keys;
  *   - partitions built with extreme parameters (tiny tiles, sliced GQA groups,
  *     one-key chunks, rows that see nothing in a chunk) and every kernel variant;
- *   - a long prefill next to many decodes (balance, num_work_items, results);
- *   - kva_merge_states, including -inf sides and in-place aliasing.
- * Output tolerances are the harness's per q dtype; LSE (float32) uses the f32
- * tolerance.
+ *   - a long prefill next to many decodes (balance, num_work_items, results).
+ * Partition shapes are tested in test_cpu_partition.c, kva_merge_states in
+ * test_cpu_merge.c, non-finite inputs in test_cpu_nonfinite.c. Output tolerances are
+ * the harness's per q dtype; LSE (float32) uses the f32 tolerance.
  */
 #include "batchgen.h"
 #include "internal.h"
@@ -29,11 +41,15 @@ typedef struct cfg {
     unsigned kinds;
     kva_dtype dt;
     kva_layout layout;
-    int share, causal, window, alibi, sinks, ragged;
+    int share, causal, window, alibi, ragged;
+    int sinks; /* 0 none, 1 N(0, 4) logits, 2 large (about +-60: the sink dominates or vanishes) */
+    int empties; /* 1: some requests past the first get q_len 0, or q_len 0 and seq_len 0 */
+    int32_t decode_threshold; /* the plan's (0 means 1) */
     float softcap;
+    float scale; /* the plan's softmax scale, 0 = 1/sqrt(D) */
     uint64_t seed;
     double budget; /* most fp64 multiply-adds the reference may spend (0: 4e6) */
-    int variant; /* 0: the dispatcher's choice */
+    int variant;   /* 0: the dispatcher's choice */
     /* Override of the partition (tiny tiles and chunks), or NULL. */
     const kva__partition_params *pp;
 } cfg;
@@ -47,12 +63,14 @@ static void print_cfg(const cfg *c)
 {
     fprintf(stderr,
             "  case: D=%d Dv=%d H=%d Hkv=%d R=%d B=%d max_len=%d threads=%d kinds=%s %s %s "
-            "share=%d causal=%d window=%d softcap=%g alibi=%d sinks=%d ragged=%d variant=%d "
-            "seed=%llu%s\n",
+            "share=%d causal=%d window=%d softcap=%g scale=%g decode_threshold=%d alibi=%d "
+            "sinks=%d empties=%d ragged=%d variant=%d seed=%llu%s\n",
             c->D, c->Dv, c->H, c->Hkv, c->R, c->block_size, c->max_len, c->threads,
-            kinds_name(c->kinds), kva_dtype_name(c->dt), c->layout == KVA_LAYOUT_NHD ? "NHD" : "HND",
-            c->share, c->causal, c->window, (double)c->softcap, c->alibi, c->sinks, c->ragged,
-            c->variant, (unsigned long long)c->seed, c->pp ? " custom-partition" : "");
+            kinds_name(c->kinds), kva_dtype_name(c->dt),
+            c->layout == KVA_LAYOUT_NHD ? "NHD" : "HND", c->share, c->causal, c->window,
+            (double)c->softcap, (double)c->scale, (int)c->decode_threshold, c->alibi, c->sinks,
+            c->empties, c->ragged, c->variant, (unsigned long long)c->seed,
+            c->pp ? " custom-partition" : "");
 }
 
 /* Fills n elements with uniform values of unit variance in (-sqrt 3, sqrt 3),
@@ -116,17 +134,51 @@ static kva_status repartition(kva_context *ctx, kva_plan *plan, const kva__parti
     kva__partition_free(plan->part);
     plan->part = part;
     plan->info.num_work_items = part->num_items;
-    size_t bytes = (((size_t)part->partial_floats * sizeof(float) + 63u) & ~(size_t)63u) +
-                   (size_t)pp->num_threads *
-                       kva__cpu_scratch_bytes(plan->d.head_dim, plan->d.head_dim_v);
+    size_t bytes =
+        (((size_t)part->partial_floats * sizeof(float) + 63u) & ~(size_t)63u) +
+        (size_t)pp->num_threads * kva__cpu_scratch_bytes(plan->d.head_dim, plan->d.head_dim_v);
     plan->workspace_bytes = bytes;
     return kva__context_reserve_workspace(ctx, bytes);
 }
 
+/* Draws the case's random batch; with c->empties, every third request past
+ * the first loses its queries (q_len 0 with its context kept, or q_len 0 and
+ * seq_len 0 for every sixth), so that empty requests sit between others. */
+static void random_batch(kva_test_batch *b, kva_rng *rng, const cfg *c)
+{
+    kva_test_batch_random(b, rng, c->R, c->block_size, c->max_len, c->kinds, c->share);
+    if (!c->empties || c->R < 2)
+        return;
+    int32_t *q = malloc(sizeof(int32_t) * (size_t)c->R),
+            *sl = malloc(sizeof(int32_t) * (size_t)c->R);
+    for (int32_t r = 0; r < c->R; r++) {
+        q[r] = r % 3 == 1 ? 0 : b->q_lens[r];
+        sl[r] = r % 6 == 1 ? 0 : b->seq_lens[r];
+    }
+    kva_test_batch_free(b);
+    kva_test_batch_init(b, rng, c->R, q, sl, c->block_size, 3, c->share);
+    free(q);
+    free(sl);
+}
+
+/* What the cases of a test exercised (reported and checked by the grids). */
+typedef struct coverage {
+    int cases;
+    int multi_chunk; /* some request has more keys than one KEY_CHUNK load */
+    int split;       /* the CPU plan has split tasks */
+    int split_window, split_softcap, split_alibi, split_sinks; /* ... together with these */
+    int empties; /* batches with q_len 0 / seq_len 0 requests among others */
+} coverage;
+
+static coverage cov;
+
 /*
  * Runs one case on both backends and compares out and lse. If b is NULL a
- * random batch is drawn (shrinking max_len until the reference's cost fits
- * the budget). Returns the CPU plan's number of work items (0 on failure).
+ * random batch is drawn; while the reference's cost exceeds the budget the
+ * batch shrinks: first the number of requests (down to an eighth), then
+ * prefills give way to decodes, then max_len (down to 48, so keys still span
+ * two chunks), then the rest. Returns the CPU plan's number of work items
+ * (0 on failure).
  */
 static int32_t run_case_batch(const cfg *c0, const kva_test_batch *given, kva_plan_info *info_out,
                               int32_t *num_tasks_out)
@@ -137,12 +189,24 @@ static int32_t run_case_batch(const cfg *c0, const kva_test_batch *given, kva_pl
     if (given) {
         batch = *given;
     } else {
+        const int32_t r_floor = c.R / 8 > 1 ? c.R / 8 : 1;
         for (;;) {
-            kva_test_batch_random(&batch, &rng, c.R, c.block_size, c.max_len, c.kinds, c.share);
-            if (ref_cost(&batch, &c) <= (c.budget > 0 ? c.budget : 4e6) || c.max_len <= 4)
+            random_batch(&batch, &rng, &c);
+            if (ref_cost(&batch, &c) <= (c.budget > 0 ? c.budget : 4e6))
+                break;
+            if (c.R > r_floor)
+                c.R = c.R * 2 / 3 > r_floor ? c.R * 2 / 3 : r_floor;
+            else if (c.kinds & 12u)
+                c.kinds = c.kinds & 3u ? c.kinds & 3u : 3u;
+            else if (c.max_len > 48)
+                c.max_len = c.max_len * 2 / 3 > 48 ? c.max_len * 2 / 3 : 48;
+            else if (c.R > 1)
+                c.R = c.R * 2 / 3;
+            else if (c.max_len > 4)
+                c.max_len = c.max_len * 2 / 3;
+            else
                 break;
             kva_test_batch_free(&batch);
-            c.max_len = c.max_len * 2 / 3;
         }
     }
     const kva_test_batch *b = &batch;
@@ -178,11 +242,15 @@ static int32_t run_case_batch(const cfg *c0, const kva_test_batch *given, kva_pl
     pd.causal = c.causal;
     pd.window_left = c.window;
     pd.softcap = c.softcap;
+    pd.scale = c.scale;
+    pd.decode_threshold = c.decode_threshold;
     float *slopes = malloc(sizeof(float) * (size_t)H);
     float *sinks = malloc(sizeof(float) * (size_t)H);
     for (int32_t h = 0; h < H; h++) {
         slopes[h] = (float)pow(2.0, -8.0 * (h + 1) / H);
         sinks[h] = (float)(kva_rng_normal(&rng) * 2.0);
+        if (c.sinks == 2)
+            sinks[h] += h % 2 ? 60.0f : -60.0f;
     }
     pd.alibi_slopes = c.alibi ? slopes : NULL;
 
@@ -236,6 +304,20 @@ static int32_t run_case_batch(const cfg *c0, const kva_test_batch *given, kva_pl
                                       kva_test_atol(c.dt), kva_test_rtol(c.dt));
         CHECK_MSG(bad == 0, "%zu mismatches without lse", bad);
         items = pcpu->info.num_work_items;
+        int32_t max_seq = 0, empty_reqs = 0;
+        for (int32_t r = 0; r < b->R; r++) {
+            max_seq = b->seq_lens[r] > max_seq ? b->seq_lens[r] : max_seq;
+            empty_reqs += b->q_lens[r] == 0;
+        }
+        const int split = pcpu->part->num_tasks > 0;
+        cov.cases++;
+        cov.multi_chunk += max_seq > KVA_CPU_KEY_CHUNK;
+        cov.split += split;
+        cov.split_window += split && c.window >= 0;
+        cov.split_softcap += split && c.softcap > 0.0f;
+        cov.split_alibi += split && c.alibi;
+        cov.split_sinks += split && c.sinks;
+        cov.empties += empty_reqs > 0 && b->R > 2;
         if (info_out)
             *info_out = pcpu->info;
         if (num_tasks_out)
@@ -261,7 +343,10 @@ static int32_t run_case_batch(const cfg *c0, const kva_test_batch *given, kva_pl
     return items;
 }
 
-static int32_t run_case(const cfg *c) { return run_case_batch(c, NULL, NULL, NULL); }
+static int32_t run_case(const cfg *c)
+{
+    return run_case_batch(c, NULL, NULL, NULL);
+}
 
 /* ------------------------------------------------------------------------ */
 /* The foundation grid                                                       */
@@ -283,68 +368,128 @@ static int axis_pick(kva_rng *rng, int *perm, int n, int i)
     return perm[i % n];
 }
 
-/* N cases of the covering design over the grid axes, with the given batch
- * sizes and length limits, drawn from seed. */
-static void grid(int N, const int32_t *reqs, int nreqs, const int32_t *max_lens, int nlens,
-                 double budget, uint64_t seed)
+/* The axes one grid walks besides the shared ones. */
+typedef struct grid_axes {
+    const int32_t *reqs;
+    int nreqs;
+    const int32_t *max_lens;
+    int nlens;
+    const int32_t (*heads)[2]; /* (H, Hkv) */
+    int nheads;
+    const unsigned *kinds;
+    int nkinds;
+    const kva_dtype *dts;
+    int ndts;
+    const int32_t *windows;
+    int nwindows;
+    double budget;
+} grid_axes;
+
+/* Prints what the cases since `before` covered and returns the counts. */
+static coverage coverage_since(const char *name, const coverage *before)
 {
-    static const int32_t dims[][2] = {{64, 64}, {80, 80}, {128, 128}, {256, 256}, {128, 64}, {64, 96}};
-    static const int32_t heads[][2] = {{4, 4}, {8, 2}, {16, 2}, {32, 8}};
-    static const kva_dtype dts[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
+    coverage d;
+    d.cases = cov.cases - before->cases;
+    d.multi_chunk = cov.multi_chunk - before->multi_chunk;
+    d.split = cov.split - before->split;
+    d.split_window = cov.split_window - before->split_window;
+    d.split_softcap = cov.split_softcap - before->split_softcap;
+    d.split_alibi = cov.split_alibi - before->split_alibi;
+    d.split_sinks = cov.split_sinks - before->split_sinks;
+    d.empties = cov.empties - before->empties;
+    fprintf(stderr,
+            "  %s: %d cases, %d with multi-chunk keys, %d split (window %d, softcap %d, "
+            "alibi %d, sinks %d), %d with empty requests\n",
+            name, d.cases, d.multi_chunk, d.split, d.split_window, d.split_softcap, d.split_alibi,
+            d.split_sinks, d.empties);
+    return d;
+}
+
+/* N cases of the covering design over the grid axes, drawn from seed. */
+static void grid(int N, const grid_axes *ax, uint64_t seed)
+{
+    static const int32_t dims[][2] = {{64, 64},  {80, 80}, {128, 128}, {256, 256},
+                                      {128, 64}, {64, 96}, {8, 8},     {8, 256}};
     static const int32_t bsizes[] = {1, 7, 16, 32};
-    static const unsigned kinds[] = {15u, 15u, 1u, 3u, 12u};
-    static const int32_t windows[] = {-1, -1, 0, 5, 40};
     static const float caps[] = {0.0f, 2.0f};
-    int p_dims[6], p_heads[4], p_reqs[8], p_dts[3], p_lay[2], p_bs[4], p_thr[3], p_kinds[5],
-        p_len[8], p_causal[2], p_win[5], p_cap[2], p_alibi[2], p_sinks[2], p_share[2], p_rag[4];
+    static const float scales[] = {0.0f, 0.03f, 0.3f};
+    static const int32_t thresholds[] = {0, 4, 16};
+    int p_dims[8], p_heads[8], p_reqs[8], p_dts[8], p_lay[2], p_bs[4], p_thr[3], p_kinds[8],
+        p_len[8], p_causal[2], p_win[8], p_cap[2], p_alibi[2], p_sinks[3], p_share[2], p_rag[4],
+        p_scale[3], p_dthr[3], p_empty[3];
     kva_rng rng = {seed};
     int failed_before = kva_test_checks_failed_;
     for (int i = 0; i < N; i++) {
         cfg c;
         memset(&c, 0, sizeof c);
-        int di = axis_pick(&rng, p_dims, 6, i), hi = axis_pick(&rng, p_heads, 4, i);
+        int di = axis_pick(&rng, p_dims, 8, i), hi = axis_pick(&rng, p_heads, ax->nheads, i);
         c.D = dims[di][0];
         c.Dv = dims[di][1];
-        c.H = heads[hi][0];
-        c.Hkv = heads[hi][1];
-        c.R = reqs[axis_pick(&rng, p_reqs, nreqs, i)];
-        c.dt = dts[axis_pick(&rng, p_dts, 3, i)];
+        c.H = ax->heads[hi][0];
+        c.Hkv = ax->heads[hi][1];
+        c.R = ax->reqs[axis_pick(&rng, p_reqs, ax->nreqs, i)];
+        c.dt = ax->dts[axis_pick(&rng, p_dts, ax->ndts, i)];
         c.layout = axis_pick(&rng, p_lay, 2, i) ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
         c.block_size = bsizes[axis_pick(&rng, p_bs, 4, i)];
         c.threads = 1 + axis_pick(&rng, p_thr, 3, i);
-        c.kinds = kinds[axis_pick(&rng, p_kinds, 5, i)];
-        c.max_len = max_lens[axis_pick(&rng, p_len, nlens, i)];
+        c.kinds = ax->kinds[axis_pick(&rng, p_kinds, ax->nkinds, i)];
+        c.max_len = ax->max_lens[axis_pick(&rng, p_len, ax->nlens, i)];
         c.causal = axis_pick(&rng, p_causal, 2, i);
-        c.window = windows[axis_pick(&rng, p_win, 5, i)];
+        c.window = ax->windows[axis_pick(&rng, p_win, ax->nwindows, i)];
         c.softcap = caps[axis_pick(&rng, p_cap, 2, i)];
+        c.scale = scales[axis_pick(&rng, p_scale, 3, i)];
+        c.decode_threshold = thresholds[axis_pick(&rng, p_dthr, 3, i)];
         c.alibi = axis_pick(&rng, p_alibi, 2, i);
-        c.sinks = axis_pick(&rng, p_sinks, 2, i);
+        c.sinks = axis_pick(&rng, p_sinks, 3, i);
         c.share = axis_pick(&rng, p_share, 2, i);
         c.ragged = axis_pick(&rng, p_rag, 4, i) == 0;
+        c.empties = axis_pick(&rng, p_empty, 3, i) == 0;
         c.seed = seed + 1000 + (uint64_t)i;
-        c.budget = budget;
+        c.budget = ax->budget;
         run_case(&c);
         if (kva_test_checks_failed_ - failed_before > 20)
             break; /* enough output */
     }
 }
 
-/* The foundation grid: batch sizes 1-128 (lengths shrink to fit the
- * reference's budget, so large batches have short requests). */
+/* The foundation grid: batch sizes 1-128, every head size (8 to 256, D != Dv),
+ * GQA groups 1-8. Over the budget, batches lose requests and prefills before
+ * their keys, so most cases still read several key chunks per item. */
 static void test_grid(void)
 {
-    static const int32_t reqs[] = {1, 16, 64, 128};
-    static const int32_t lens[] = {30, 100, 300, 1000};
-    grid(72, reqs, 4, lens, 4, 4e6, 0xc0ffee);
+    static const int32_t reqs[] = {1, 3, 16, 64, 128};
+    static const int32_t lens[] = {40, 150, 600, 2000};
+    static const int32_t heads[][2] = {{4, 4}, {8, 2}, {16, 2}, {32, 8}};
+    static const unsigned kinds[] = {15u, 15u, 1u, 3u, 12u};
+    static const kva_dtype dts[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
+    static const int32_t windows[] = {-1, -1, 0, 5, 40, 300};
+    const grid_axes ax = {reqs, 5, lens, 4, heads, 4, kinds, 5, dts, 3, windows, 6, 2.5e7};
+    const coverage before = cov;
+    grid(72, &ax, 0xc0ffee);
+    const coverage d = coverage_since("grid", &before);
+    CHECK_MSG(d.multi_chunk * 4 >= d.cases * 3, "%d of %d cases multi-chunk", d.multi_chunk,
+              d.cases);
+    CHECK_MSG(d.empties >= 10, "%d cases with empty requests", d.empties);
 }
 
-/* Few long requests: many key chunks per item, blocks crossed inside chunks,
- * windows far from the start, and split-KV on 2-3 threads. */
+/* Few long requests (decode-heavy, small H, mostly f32 to keep the fp64
+ * reference cheap): many key chunks per item, blocks crossed inside chunks,
+ * windows far from the start, and split-KV on 2-3 threads, windows included. */
 static void test_grid_long(void)
 {
     static const int32_t reqs[] = {1, 2, 3};
-    static const int32_t lens[] = {500, 1500};
-    grid(24, reqs, 3, lens, 2, 1.5e7, 0xbeef);
+    static const int32_t lens[] = {700, 1500, 2500};
+    static const int32_t heads[][2] = {{2, 2}, {4, 1}, {8, 2}, {4, 4}};
+    static const unsigned kinds[] = {1u, 3u, 1u, 15u};
+    static const kva_dtype dts[] = {KVA_DTYPE_F32, KVA_DTYPE_F32, KVA_DTYPE_BF16, KVA_DTYPE_F16};
+    static const int32_t windows[] = {-1, -1, 300, 600, 1000};
+    const grid_axes ax = {reqs, 3, lens, 3, heads, 4, kinds, 4, dts, 4, windows, 5, 4e7};
+    const coverage before = cov;
+    grid(24, &ax, 0xbeef);
+    const coverage d = coverage_since("long grid", &before);
+    CHECK_MSG(d.multi_chunk + 2 >= d.cases, "%d of %d cases multi-chunk", d.multi_chunk, d.cases);
+    CHECK_MSG(d.split * 2 >= d.cases && d.split_window >= 3, "%d of %d split, %d with a window",
+              d.split, d.cases, d.split_window);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -381,7 +526,7 @@ static void test_split_kv(void)
             c.layout = thr == 2 ? KVA_LAYOUT_NHD : KVA_LAYOUT_HND;
             c.causal = 1;
             c.window = -1;
-            c.sinks = 1;          /* the sink must be counted once across the splits */
+            c.sinks = 1; /* the sink must be counted once across the splits */
             c.alibi = k == 2;
             c.seed = 500 + (uint64_t)(k * 10 + thr);
             kva_plan_info info;
@@ -392,6 +537,141 @@ static void test_split_kv(void)
                       (int)items);
             kva_test_batch_free(&b);
         }
+    }
+}
+
+/* Split-KV (default partition) together with each mask and score option: one
+ * long request per case, whose only parallelism on 2-3 threads is splitting. */
+static void test_split_features(void)
+{
+    static const struct {
+        int32_t q, s, window, alibi, sinks, causal, threads;
+        float softcap, scale;
+        kva_dtype dt;
+    } cases[] = {
+        {1, 3000, 700, 0, 0, 1, 2, 0.0f, 0.0f, KVA_DTYPE_F32},   /* window */
+        {3, 2600, 900, 0, 1, 1, 3, 5.0f, 0.0f, KVA_DTYPE_F32},   /* window, softcap, sinks */
+        {70, 1500, 500, 1, 1, 1, 2, 0.0f, 0.0f, KVA_DTYPE_BF16}, /* prefill tile, window, alibi */
+        {1, 3000, -1, 1, 2, 1, 3, 4.0f, 0.0f, KVA_DTYPE_F16},    /* softcap, alibi, large sinks */
+        {5, 2000, 400, 0, 2, 0, 2, 0.0f, 0.4f, KVA_DTYPE_F32},   /* non-causal window, scale */
+        {2, 2800, 1200, 1, 1, 1, 3, 2.0f, 0.02f, KVA_DTYPE_F32}, /* all of them */
+    };
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        kva_test_batch b;
+        make_batch(&b, 600 + (uint64_t)i, 1, &cases[i].q, &cases[i].s, 16);
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.D = 64;
+        c.Dv = i % 2 ? 32 : 64;
+        c.H = 4;
+        c.Hkv = 1;
+        c.R = 1;
+        c.block_size = 16;
+        c.threads = cases[i].threads;
+        c.dt = cases[i].dt;
+        c.layout = i % 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+        c.causal = cases[i].causal;
+        c.window = cases[i].window;
+        c.alibi = cases[i].alibi;
+        c.sinks = cases[i].sinks;
+        c.softcap = cases[i].softcap;
+        c.scale = cases[i].scale;
+        c.ragged = i == 3;
+        c.seed = 700 + (uint64_t)i;
+        int32_t tasks = 0;
+        run_case_batch(&c, &b, NULL, &tasks);
+        CHECK_MSG(tasks >= 1, "case %d: no split task", i);
+        kva_test_batch_free(&b);
+    }
+}
+
+/* MQA with 256 query heads on one kv head: the GQA group exceeds max_rows
+ * (128), so the default partition slices it; decodes, a spec decode and a
+ * short prefill, on 1-3 threads. */
+static void test_mqa_256(void)
+{
+    static const int32_t q[] = {1, 3, 1, 9}, s[] = {300, 200, 45, 60};
+    for (int thr = 1; thr <= 3; thr++) {
+        kva_test_batch b;
+        make_batch(&b, 800 + (uint64_t)thr, 4, q, s, 16);
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.D = thr == 2 ? 8 : 32;
+        c.Dv = 32;
+        c.H = 256;
+        c.Hkv = 1;
+        c.R = 4;
+        c.block_size = 16;
+        c.threads = thr;
+        c.dt = thr == 3 ? KVA_DTYPE_BF16 : KVA_DTYPE_F32;
+        c.causal = 1;
+        c.window = thr == 3 ? 50 : -1;
+        c.sinks = 1;
+        c.alibi = thr == 2;
+        c.seed = 810 + (uint64_t)thr;
+        run_case_batch(&c, &b, NULL, NULL);
+        kva_test_batch_free(&b);
+    }
+    /* The partition itself: two slices of 128 heads per query tile. */
+    kva_test_batch b;
+    make_batch(&b, 800, 4, q, s, 16);
+    kva_plan_desc pd = kva_test_batch_plan_desc(&b, 256, 1, 32, 32, KVA_DTYPE_F32);
+    kva_context_desc cd = {KVA_BACKEND_CPU, 1, 0};
+    kva_context *ctx = NULL;
+    kva_plan *plan = NULL;
+    CHECK_OK(kva_context_create(&cd, &ctx));
+    CHECK_OK(kva_plan_create(ctx, &pd, &plan));
+    if (plan) {
+        int heads[256] = {0};
+        for (int32_t i = 0; i < plan->part->num_items; i++) {
+            const kva__work_item *it = &plan->part->items[i];
+            CHECK(it->nh == 128 && (it->h0 == 0 || it->h0 == 128));
+            if (it->req == 0)
+                for (int32_t h = it->h0; h < it->h0 + it->nh; h++)
+                    heads[h]++;
+        }
+        for (int h = 0; h < 256; h++)
+            CHECK_MSG(heads[h] == 1, "head %d covered %d times", h, heads[h]);
+    }
+    kva_plan_destroy(plan);
+    kva_context_destroy(ctx);
+    kva_test_batch_free(&b);
+}
+
+/* Requests with q_len 0 (with and without context) and seq_len 0 between
+ * others, paged and ragged; non-causal plans may also give queries no keys
+ * (seq_len 0, q_len > 0: out 0, lse -inf or the sink). */
+static void test_empty_requests(void)
+{
+    static const int32_t q_causal[] = {1, 0, 40, 0, 3, 0, 1};
+    static const int32_t s_causal[] = {900, 0, 300, 500, 700, 0, 33};
+    static const int32_t q_cross[] = {2, 4, 0, 7, 0, 1};
+    static const int32_t s_cross[] = {400, 0, 0, 50, 300, 0};
+    for (int i = 0; i < 6; i++) {
+        const int cross = i >= 3;
+        const int32_t R = cross ? 6 : 7;
+        kva_test_batch b;
+        make_batch(&b, 900 + (uint64_t)i, R, cross ? q_cross : q_causal, cross ? s_cross : s_causal,
+                   16);
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.D = 64;
+        c.Dv = 64;
+        c.H = 8;
+        c.Hkv = 2;
+        c.R = R;
+        c.block_size = 16;
+        c.threads = 1 + i % 3;
+        c.dt = (kva_dtype)(i % 3);
+        c.causal = !cross;
+        c.window = i == 2 ? 100 : -1;
+        c.sinks = i % 2;
+        c.ragged = i == 1 || i == 4;
+        c.seed = 910 + (uint64_t)i;
+        kva_plan_info info;
+        memset(&info, 0, sizeof info);
+        CHECK(run_case_batch(&c, &b, &info, NULL) > 0 && info.num_tokens == b.T);
+        kva_test_batch_free(&b);
     }
 }
 
@@ -475,159 +755,15 @@ static void test_prefill_plus_decodes(void)
     }
 }
 
-/* Partition shape only (no attention run, so it can be large): one 32k prefill
- * next to 60 decodes, and a lone long decode, on 2 and 3 threads. */
-static void test_partition_balance(void)
-{
-    enum { R = 61 };
-    static int32_t q[R], s[R];
-    kva_rng rng = {2024};
-    q[0] = 32768;
-    s[0] = 32768;
-    for (int r = 1; r < R; r++) {
-        q[r] = 1;
-        s[r] = kva_rng_int(&rng, 100, 4000);
-    }
-    for (int thr = 2; thr <= 3; thr++) {
-        for (int lone = 0; lone < 2; lone++) {
-            kva_test_batch b;
-            int32_t q1 = 1, s1 = 32768;
-            if (lone)
-                make_batch(&b, 5, 1, &q1, &s1, 16);
-            else
-                make_batch(&b, 5, R, q, s, 16);
-            kva_plan_desc pd = kva_test_batch_plan_desc(&b, 32, 8, 128, 128, KVA_DTYPE_BF16);
-            kva_context_desc cd = {KVA_BACKEND_CPU, thr, 0};
-            kva_context *ctx = NULL;
-            kva_plan *plan = NULL;
-            CHECK_OK(kva_context_create(&cd, &ctx));
-            CHECK_OK(kva_plan_create(ctx, &pd, &plan));
-            if (plan) {
-                const kva__partition *p = plan->part;
-                int64_t max_cost = 0, sum = 0;
-                for (int32_t i = 0; i < p->num_items; i++) {
-                    sum += p->items[i].cost;
-                    if (p->items[i].cost > max_cost)
-                        max_cost = p->items[i].cost;
-                    if (i > 0)
-                        CHECK(p->items[i].cost <= p->items[i - 1].cost); /* longest first */
-                }
-                CHECK(sum == p->total_cost);
-                CHECK(plan->info.num_work_items == p->num_items);
-                CHECK_MSG(p->num_items >= 4 * thr, "%d items", (int)p->num_items);
-                /* No item may hold more than a quarter of one thread's share. */
-                CHECK_MSG(max_cost * 4 * thr <= sum * 1 + 4 * thr * 4096,
-                          "largest item %lld of total %lld (threads %d, lone %d)",
-                          (long long)max_cost, (long long)sum, thr, lone);
-                CHECK(plan->workspace_bytes > 0 && ctx->workspace_bytes >= plan->workspace_bytes);
-            }
-            kva_plan_destroy(plan);
-            kva_context_destroy(ctx);
-            kva_test_batch_free(&b);
-        }
-    }
-}
-
-/* Decode-only batches with many requests are not split: one item per
- * (request, kv head), the whole GQA group in one item. */
-static void test_decode_items(void)
-{
-    enum { R = 64 };
-    int32_t q[R], s[R];
-    for (int r = 0; r < R; r++) {
-        q[r] = 1;
-        s[r] = 100 + r;
-    }
-    kva_test_batch b;
-    make_batch(&b, 3, R, q, s, 16);
-    kva_plan_desc pd = kva_test_batch_plan_desc(&b, 32, 8, 128, 128, KVA_DTYPE_F16);
-    kva_context_desc cd = {KVA_BACKEND_CPU, 2, 0};
-    kva_context *ctx = NULL;
-    kva_plan *plan = NULL;
-    CHECK_OK(kva_context_create(&cd, &ctx));
-    CHECK_OK(kva_plan_create(ctx, &pd, &plan));
-    if (plan) {
-        CHECK_MSG(plan->info.num_work_items == R * 8, "%d items", (int)plan->info.num_work_items);
-        CHECK(plan->part->num_tasks == 0);
-        for (int32_t i = 0; i < plan->part->num_items; i++)
-            CHECK(plan->part->items[i].nh == 4 && plan->part->items[i].nq == 1);
-    }
-    kva_plan_destroy(plan);
-    kva_context_destroy(ctx);
-    kva_test_batch_free(&b);
-}
-
-/* ------------------------------------------------------------------------ */
-/* merge_states                                                              */
-/* ------------------------------------------------------------------------ */
-
-static void test_merge_states(void)
-{
-    kva_rng rng = {8080};
-    static const kva_dtype dts[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
-    for (int i = 0; i < 9; i++) {
-        const kva_dtype dt = dts[i % 3];
-        const int32_t T = kva_rng_int(&rng, 1, 300), H = kva_rng_int(&rng, 1, 8);
-        const int32_t Dv = 8 * kva_rng_int(&rng, 1, 32);
-        const size_t n = (size_t)T * H * Dv, nl = (size_t)T * H, esz = kva_dtype_size(dt);
-        void *a = malloc(n * esz), *bb = malloc(n * esz), *o_ref = malloc(n * esz),
-             *o_cpu = malloc(n * esz);
-        float *la = malloc(nl * 4), *lb = malloc(nl * 4), *l_ref = malloc(nl * 4),
-              *l_cpu = malloc(nl * 4);
-        kva_test_fill(a, dt, n, &rng, 1.0);
-        kva_test_fill(bb, dt, n, &rng, 1.0);
-        for (size_t x = 0; x < nl; x++) {
-            int kind = kva_rng_int(&rng, 0, 5);
-            la[x] = kind == 0 ? -INFINITY : (float)(kva_rng_normal(&rng) * 4);
-            lb[x] = kind == 1 || kind == 2 ? -INFINITY : (float)(kva_rng_normal(&rng) * 4);
-        }
-        kva_context_desc rd = {KVA_BACKEND_REF, 0, 0}, cd = {KVA_BACKEND_CPU, 1 + i % 3, 0};
-        kva_context *ref = NULL, *cpu = NULL;
-        CHECK_OK(kva_context_create(&rd, &ref));
-        CHECK_OK(kva_context_create(&cd, &cpu));
-        kva_test_poison(o_ref, dt, n);
-        kva_test_poison(o_cpu, dt, n);
-        kva_test_poison(l_ref, KVA_DTYPE_F32, nl);
-        kva_test_poison(l_cpu, KVA_DTYPE_F32, nl);
-        CHECK_OK(kva_merge_states(ref, T, H, Dv, dt, a, la, bb, lb, o_ref, l_ref));
-        CHECK_OK(kva_merge_states(cpu, T, H, Dv, dt, a, la, bb, lb, o_cpu, l_cpu));
-        size_t bad = kva_test_compare("merge out", o_cpu, o_ref, dt, n, kva_test_atol(dt),
-                                      kva_test_rtol(dt));
-        bad += kva_test_compare_f32("merge lse", l_cpu, l_ref, nl, kva_test_atol(KVA_DTYPE_F32),
-                                    kva_test_rtol(KVA_DTYPE_F32));
-        CHECK_MSG(bad == 0, "merge_states %s T=%d H=%d Dv=%d: %zu mismatches", kva_dtype_name(dt),
-                  (int)T, (int)H, (int)Dv, bad);
-        /* In place: out aliases out_a (i odd) or out_b, lse_out aliases the same side. */
-        void *io = i % 2 ? a : bb;
-        float *il = i % 2 ? la : lb;
-        CHECK_OK(kva_merge_states(cpu, T, H, Dv, dt, a, la, bb, lb, io, il));
-        bad = kva_test_compare("merge in place", io, o_ref, dt, n, kva_test_atol(dt),
-                               kva_test_rtol(dt));
-        bad += kva_test_compare_f32("merge lse in place", il, l_ref, nl,
-                                    kva_test_atol(KVA_DTYPE_F32), kva_test_rtol(KVA_DTYPE_F32));
-        CHECK_MSG(bad == 0, "in-place merge_states: %zu mismatches", bad);
-        kva_context_destroy(ref);
-        kva_context_destroy(cpu);
-        free(a);
-        free(bb);
-        free(o_ref);
-        free(o_cpu);
-        free(la);
-        free(lb);
-        free(l_ref);
-        free(l_cpu);
-    }
-}
-
 int main(void)
 {
     RUN(test_grid);
     RUN(test_grid_long);
     RUN(test_split_kv);
+    RUN(test_split_features);
+    RUN(test_mqa_256);
+    RUN(test_empty_requests);
     RUN(test_custom_partitions);
     RUN(test_prefill_plus_decodes);
-    RUN(test_partition_balance);
-    RUN(test_decode_items);
-    RUN(test_merge_states);
     return kva_test_finish();
 }

@@ -15,9 +15,8 @@
  *     but the last few scores -inf in fp32): they carry no weight;
  *   - a query row whose scores are all -inf (q holds -inf against keys that
  *     are positive in that channel): every weight is 0, so out 0 and lse =
- *     the sink, or lse -inf (the empty row) without one;
- *   - kva_merge_states with NaN/inf garbage rows on a side whose lse is -inf,
- *     both sides -inf, and weights that underflow in fp32.
+ *     the sink, or lse -inf (the empty row) without one.
+ * kva_merge_states with garbage rows on -inf sides is in test_cpu_merge.c.
  */
 #include "batchgen.h"
 #include "internal.h"
@@ -32,8 +31,8 @@ static size_t compare_nf(const char *label, const float *got, const float *want,
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) {
         const double a = got[i], b = want[i];
-        int ok = (isnan(a) && isnan(b)) || (isinf(b) && a == b) ||
-                 fabs(a - b) <= tol + tol * fabs(b);
+        int ok =
+            (isnan(a) && isnan(b)) || (isinf(b) && a == b) || fabs(a - b) <= tol + tol * fabs(b);
         if (!ok) {
             if (bad < 5)
                 fprintf(stderr, "  %s: element %zu: got %.8g, want %.8g\n", label, i, a, b);
@@ -52,9 +51,9 @@ static kva_status repartition(kva_context *ctx, kva_plan *plan, const kva__parti
     kva__partition_free(plan->part);
     plan->part = part;
     plan->info.num_work_items = part->num_items;
-    size_t bytes = (((size_t)part->partial_floats * sizeof(float) + 63u) & ~(size_t)63u) +
-                   (size_t)pp->num_threads *
-                       kva__cpu_scratch_bytes(plan->d.head_dim, plan->d.head_dim_v);
+    size_t bytes =
+        (((size_t)part->partial_floats * sizeof(float) + 63u) & ~(size_t)63u) +
+        (size_t)pp->num_threads * kva__cpu_scratch_bytes(plan->d.head_dim, plan->d.head_dim_v);
     plan->workspace_bytes = bytes;
     return kva__context_reserve_workspace(ctx, bytes);
 }
@@ -158,8 +157,8 @@ static int run_problem(const char *label, problem *p, int use_sinks)
             kva_test_poison(lse, KVA_DTYPE_F32, nl);
             CHECK_OK(kva_attention_run(cpu, plan, p->q, p->cache, sk, out, lse));
             size_t bad = compare_nf("out", out, out_ref, no) + compare_nf("lse", lse, lse_ref, nl);
-            CHECK_MSG(bad == 0, "%s (sinks %d): %zu mismatches with %d threads%s", label,
-                      use_sinks, bad, thr, mode == 3 ? ", small chunks" : "");
+            CHECK_MSG(bad == 0, "%s (sinks %d): %zu mismatches with %d threads%s", label, use_sinks,
+                      bad, thr, mode == 3 ? ", small chunks" : "");
         }
         kva_plan_destroy(plan);
         kva_context_destroy(cpu);
@@ -180,8 +179,8 @@ static int count_nan_rows(const problem *p, int use_sinks)
     int n = 0;
     CHECK_OK(kva_plan_create(p->ref, &p->pd, &plan));
     if (plan)
-        CHECK_OK(kva_attention_run(p->ref, plan, p->q, p->cache, use_sinks ? p->sinks : NULL,
-                                   out, lse));
+        CHECK_OK(
+            kva_attention_run(p->ref, plan, p->q, p->cache, use_sinks ? p->sinks : NULL, out, lse));
     for (size_t i = 0; i < nl; i++)
         n += isnan(lse[i]) != 0;
     kva_plan_destroy(plan);
@@ -268,8 +267,8 @@ static void test_neg_inf_rows(void)
         for (int x = 0; x < 2; x++) {
             const float want = sk ? p.sinks[rows[x] % P_H] : -INFINITY;
             CHECK_MSG(lse[rows[x]] == want && out[rows[x] * P_D] == 0.0f,
-                      "reference row %d: lse %g, out[0] %g", (int)rows[x],
-                      (double)lse[rows[x]], (double)out[rows[x] * P_D]);
+                      "reference row %d: lse %g, out[0] %g", (int)rows[x], (double)lse[rows[x]],
+                      (double)out[rows[x] * P_D]);
         }
         CHECK(run_problem("-inf rows", &p, sk) >= 2);
     }
@@ -279,90 +278,11 @@ static void test_neg_inf_rows(void)
     problem_free(&p);
 }
 
-/* kva_merge_states: a side whose lse is -inf contributes nothing, whatever
- * its out row holds; both -inf gives 0 and -inf; weights that underflow in
- * fp32 (lse 200 apart) give the other side. */
-static void test_merge_states_nonfinite(void)
-{
-    static const kva_dtype dts[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
-    kva_rng rng = {555};
-    for (int i = 0; i < 6; i++) {
-        const kva_dtype dt = dts[i % 3];
-        const int32_t T = 97, H = 3, Dv = i < 3 ? 8 : 72;
-        const size_t n = (size_t)T * H * Dv, nl = (size_t)T * H, esz = kva_dtype_size(dt);
-        unsigned char *a = malloc(n * esz), *bb = malloc(n * esz), *o_ref = malloc(n * esz),
-                      *o_cpu = malloc(n * esz);
-        float *la = malloc(nl * 4), *lb = malloc(nl * 4), *l_ref = malloc(nl * 4),
-              *l_cpu = malloc(nl * 4);
-        kva_test_fill(a, dt, n, &rng, 1.0);
-        kva_test_fill(bb, dt, n, &rng, 1.0);
-        for (size_t x = 0; x < nl; x++) {
-            const float base = (float)(kva_rng_normal(&rng) * 3);
-            const int kind = (int)(x % 7);
-            unsigned char *ra = a + x * Dv * esz, *rb = bb + x * Dv * esz;
-            la[x] = base;
-            lb[x] = base + (float)kva_rng_normal(&rng);
-            if (kind == 0 || kind == 1) { /* a empty, garbage row (NaN, inf) */
-                la[x] = -INFINITY;
-                for (int32_t c = 0; c < Dv; c++)
-                    kva__store_f(ra, dt, (size_t)c, c % 2 ? NAN : (kind ? -INFINITY : INFINITY));
-            } else if (kind == 2) { /* b empty, garbage row */
-                lb[x] = -INFINITY;
-                for (int32_t c = 0; c < Dv; c++)
-                    kva__store_f(rb, dt, (size_t)c, c % 3 ? INFINITY : NAN);
-            } else if (kind == 3) { /* both empty, garbage rows */
-                la[x] = lb[x] = -INFINITY;
-                kva_test_poison(ra, dt, (size_t)Dv);
-                kva_test_poison(rb, dt, (size_t)Dv);
-            } else if (kind == 4) { /* weights underflow in fp32, finite rows */
-                la[x] = base - 200.0f;
-            } else if (kind == 5) { /* b underflows in fp64 too: its NaN row is skipped */
-                lb[x] = base - 1000.0f;
-                kva_test_poison(rb, dt, (size_t)Dv);
-            }
-        }
-        kva_context_desc rd = {KVA_BACKEND_REF, 0, 0}, cd = {KVA_BACKEND_CPU, 1 + i % 2, 0};
-        kva_context *ref = NULL, *cpu = NULL;
-        CHECK_OK(kva_context_create(&rd, &ref));
-        CHECK_OK(kva_context_create(&cd, &cpu));
-        kva_test_poison(o_ref, dt, n);
-        kva_test_poison(o_cpu, dt, n);
-        kva_test_poison(l_ref, KVA_DTYPE_F32, nl);
-        kva_test_poison(l_cpu, KVA_DTYPE_F32, nl);
-        CHECK_OK(kva_merge_states(ref, T, H, Dv, dt, a, la, bb, lb, o_ref, l_ref));
-        CHECK_OK(kva_merge_states(cpu, T, H, Dv, dt, a, la, bb, lb, o_cpu, l_cpu));
-        size_t bad = kva_test_compare("merge out", o_cpu, o_ref, dt, n, kva_test_atol(dt),
-                                      kva_test_rtol(dt));
-        bad += kva_test_compare_f32("merge lse", l_cpu, l_ref, nl, kva_test_atol(KVA_DTYPE_F32),
-                                    kva_test_rtol(KVA_DTYPE_F32));
-        CHECK_MSG(bad == 0, "merge_states %s Dv=%d: %zu mismatches", kva_dtype_name(dt), (int)Dv,
-                  bad);
-        /* In place over the garbage side: out aliases a, lse_out aliases la. */
-        CHECK_OK(kva_merge_states(cpu, T, H, Dv, dt, a, la, bb, lb, a, la));
-        bad = kva_test_compare("merge in place", a, o_ref, dt, n, kva_test_atol(dt),
-                               kva_test_rtol(dt));
-        bad += kva_test_compare_f32("merge lse in place", la, l_ref, nl,
-                                    kva_test_atol(KVA_DTYPE_F32), kva_test_rtol(KVA_DTYPE_F32));
-        CHECK_MSG(bad == 0, "in-place merge_states %s: %zu mismatches", kva_dtype_name(dt), bad);
-        kva_context_destroy(ref);
-        kva_context_destroy(cpu);
-        free(a);
-        free(bb);
-        free(o_ref);
-        free(o_cpu);
-        free(la);
-        free(lb);
-        free(l_ref);
-        free(l_cpu);
-    }
-}
-
 int main(void)
 {
     RUN(test_nan_key);
     RUN(test_nan_q_and_v);
     RUN(test_neg_inf_chunks);
     RUN(test_neg_inf_rows);
-    RUN(test_merge_states_nonfinite);
     return kva_test_finish();
 }

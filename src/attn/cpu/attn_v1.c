@@ -91,8 +91,10 @@ static void locate_chunk(const kva__cpu_run *run, int32_t r, int32_t kvh, int32_
         const int32_t B = cd->block_size;
         const int32_t *bt = plan->block_table + (int64_t)r * plan->d.block_table_stride;
         /* Bytes between the rows of consecutive tokens of one block. */
-        const size_t kstep = (cd->layout == KVA_LAYOUT_NHD ? (size_t)cd->num_kv_heads : 1) * D * esz;
-        const size_t vstep = (cd->layout == KVA_LAYOUT_NHD ? (size_t)cd->num_kv_heads : 1) * Dv * esz;
+        const size_t kstep =
+            (cd->layout == KVA_LAYOUT_NHD ? (size_t)cd->num_kv_heads : 1) * D * esz;
+        const size_t vstep =
+            (cd->layout == KVA_LAYOUT_NHD ? (size_t)cd->num_kv_heads : 1) * Dv * esz;
         const unsigned char *kbase = run->cache->k, *vbase = run->cache->v;
         int32_t j = c0;
         while (j < c0 + n) {
@@ -168,8 +170,8 @@ static void load_chunk(const kva__cpu_run *run, const chunk_rows *cr, int32_t n,
  * -inf have weight 0, and while every score so far is -inf the row is left
  * untouched (exp(-inf - -inf) would be NaN), so it stays empty (sum 0).
  */
-static inline void update_row(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m,
-                              int32_t h, int32_t pos, int32_t c0, int32_t a, int32_t e)
+static inline void update_row(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m, int32_t h,
+                              int32_t pos, int32_t c0, int32_t a, int32_t e)
 {
     const kva_plan *plan = run->plan;
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
@@ -213,8 +215,7 @@ static inline void update_row(const kva__cpu_run *run, kva__cpu_scratch *s, int3
             acc[d] *= alpha;
     int32_t t = 0;
     for (; t + 4 <= n; t += 4)
-        axpy4(acc, p[t], vp[t], p[t + 1], vp[t + 1], p[t + 2], vp[t + 2], p[t + 3], vp[t + 3],
-              Dv);
+        axpy4(acc, p[t], vp[t], p[t + 1], vp[t + 1], p[t + 2], vp[t + 2], p[t + 3], vp[t + 3], Dv);
     for (; t < n; t++)
         axpy1(acc, p[t], vp[t], Dv);
 }
@@ -323,8 +324,7 @@ void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it, kva__cp
         for (int32_t x = 0; x < Dv; x++)
             acc[x] *= f;
         const int64_t row = (int64_t)(tok0 + ii) * H + h;
-        kva__cpu_store_row((unsigned char *)run->out + (size_t)(row * Dv) * esz, run->dt, acc,
-                           Dv);
+        kva__cpu_store_row((unsigned char *)run->out + (size_t)(row * Dv) * esz, run->dt, acc, Dv);
         if (run->lse)
             run->lse[row] = lse;
     }

@@ -28,31 +28,31 @@
 typedef struct kva__cpu_run {
     const kva_plan *plan;
     const kva__partition *part;
-    kva_dtype dt;    /* dtype of q, out and K/V */
-    const void *q;   /* [T, H, D] */
+    kva_dtype dt;  /* dtype of q, out and K/V */
+    const void *q; /* [T, H, D] */
     /* K/V source: a paged cache, or (cache == NULL) ragged rows
      * k: [sum(seq_lens), Hkv, D], v: [sum(seq_lens), Hkv, Dv]. */
     const kva_cache *cache;
     const void *k, *v;
-    const float *sinks; /* [H] or NULL */
-    void *out;          /* [T, H, Dv] */
-    float *lse;         /* [T, H] or NULL */
-    float *partials;    /* split partials, see kva__split_task */
+    const float *sinks;     /* [H] or NULL */
+    void *out;              /* [T, H, Dv] */
+    float *lse;             /* [T, H] or NULL */
+    float *partials;        /* split partials, see kva__split_task */
     unsigned char *scratch; /* per-thread scratch areas */
     size_t scratch_stride;  /* bytes between two threads' areas (multiple of 64) */
 } kva__cpu_run;
 
 /* A thread's scratch, carved out of its area by kva__cpu_scratch_map. */
 typedef struct kva__cpu_scratch {
-    float *q;      /* [max_rows, D] query tile, scale folded in */
-    float *acc;    /* [max_rows, Dv] unnormalized output accumulators */
-    float *mx;     /* [max_rows] running max of the scores */
-    float *sum;    /* [max_rows] running sum of exp(score - mx) */
-    float *p;      /* [KEY_CHUNK] scores, then probabilities, of one row */
-    float *kbuf;   /* [KEY_CHUNK, D] keys converted to fp32 */
-    float *vbuf;   /* [KEY_CHUNK, Dv] values converted to fp32 */
-    int32_t *lo;   /* [max_rows] first visible key of each query row of the tile */
-    int32_t *hi;   /* [max_rows] one past the last visible key */
+    float *q;         /* [max_rows, D] query tile, scale folded in */
+    float *acc;       /* [max_rows, Dv] unnormalized output accumulators */
+    float *mx;        /* [max_rows] running max of the scores */
+    float *sum;       /* [max_rows] running sum of exp(score - mx) */
+    float *p;         /* [KEY_CHUNK] scores, then probabilities, of one row */
+    float *kbuf;      /* [KEY_CHUNK, D] keys converted to fp32 */
+    float *vbuf;      /* [KEY_CHUNK, Dv] values converted to fp32 */
+    int32_t *lo;      /* [max_rows] first visible key of each query row of the tile */
+    int32_t *hi;      /* [max_rows] one past the last visible key */
     const float **kp; /* [KEY_CHUNK] fp32 key rows of the chunk */
     const float **vp; /* [KEY_CHUNK] fp32 value rows of the chunk */
 } kva__cpu_scratch;
@@ -86,7 +86,10 @@ kva_status kva__cpu_merge_states(kva_context *ctx, int32_t num_tokens, int32_t n
 
 /* max(a, b) that returns NaN if either is NaN (plain `a > b ? a : b` drops a
  * NaN a), so a NaN score reaches the row's max, lse and output. */
-static inline float kva__cpu_max_nan(float a, float b) { return a > b || a != a ? a : b; }
+static inline float kva__cpu_max_nan(float a, float b)
+{
+    return a > b || a != a ? a : b;
+}
 
 /* Stores n fp32 values as dtype dt at dst (f16/bf16 round to nearest even). */
 void kva__cpu_store_row(void *dst, kva_dtype dt, const float *src, int32_t n);
