@@ -15,6 +15,7 @@
 
 #include "../../plan/partition.h"
 
+#include <stdint.h>
 #include <string.h>
 
 /* Keys loaded (and converted to fp32) together: the score/softmax/PV chunk. */
@@ -93,7 +94,49 @@ static inline float kva__cpu_max_nan(float a, float b)
 
 /* Stores n fp32 values as dtype dt at dst (f16/bf16 round to nearest even). */
 void kva__cpu_store_row(void *dst, kva_dtype dt, const float *src, int32_t n);
-/* Loads n values of dtype dt as fp32 (exact); vectorizable loops. */
-void kva__cpu_load_row(float *restrict dst, const void *restrict src, kva_dtype dt, int32_t n);
+/* IEEE binary16 -> binary32, exact and branch-free: the exponent/mantissa bits
+ * moved to binary32 positions give x * 2^-112 for normal and subnormal halves
+ * (binary32 has room for both), so one multiply by 2^112 rebiases; inf and NaN
+ * get the all-ones exponent instead. */
+static inline float kva__cpu_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t em = (uint32_t)(h & 0x7fffu) << 13;
+    float f;
+    memcpy(&f, &em, sizeof f);
+    f *= 0x1p112f;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u = em >= (0x7c00u << 13) ? (em | 0x7f800000u) : u;
+    u |= sign;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline float kva__cpu_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Loads n values of dtype dt as fp32 (exact); vectorizable loops, inlined
+ * into the kernels' per-key loops. */
+static inline void kva__cpu_load_row(float *restrict dst, const void *restrict src, kva_dtype dt,
+                                     int32_t n)
+{
+    if (dt == KVA_DTYPE_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    } else if (dt == KVA_DTYPE_F16) {
+        const uint16_t *restrict s = src;
+        for (int32_t i = 0; i < n; i++)
+            dst[i] = kva__cpu_f16_to_f32(s[i]);
+    } else {
+        const uint16_t *restrict s = src;
+        for (int32_t i = 0; i < n; i++)
+            dst[i] = kva__cpu_bf16_to_f32(s[i]);
+    }
+}
 
 #endif /* KVA_CPU_ATTN_H */

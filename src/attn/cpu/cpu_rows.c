@@ -1,8 +1,9 @@
 /*
  * cpu_rows.c - row conversions and scratch layout of the CPU backend.
  *
- * Loads are written as branch-free loops over the row so that the compiler
- * vectorizes them (f16 and bf16 to fp32 are exact). Stores round to nearest
+ * Loads (kva__cpu_load_row, static inline in cpu_attn.h so that it inlines
+ * into the kernels' per-key loops) are branch-free loops over the row that
+ * the compiler vectorizes (f16 and bf16 to fp32 are exact). Stores round to nearest
  * even through the library's scalar converters: they run once per output
  * element, far off the hot path.
  */
@@ -10,48 +11,6 @@
 
 #include <stdint.h>
 #include <string.h>
-
-/* IEEE binary16 -> binary32, exact and branch-free: the exponent/mantissa bits
- * moved to binary32 positions give x * 2^-112 for normal and subnormal halves
- * (binary32 has room for both), so one multiply by 2^112 rebiases; inf and NaN
- * get the all-ones exponent instead. */
-static inline float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t em = (uint32_t)(h & 0x7fffu) << 13;
-    float f;
-    memcpy(&f, &em, sizeof f);
-    f *= 0x1p112f;
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    u = em >= (0x7c00u << 13) ? (em | 0x7f800000u) : u;
-    u |= sign;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline float bf16_to_f32(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-void kva__cpu_load_row(float *restrict dst, const void *restrict src, kva_dtype dt, int32_t n)
-{
-    if (dt == KVA_DTYPE_F32) {
-        memcpy(dst, src, (size_t)n * sizeof(float));
-    } else if (dt == KVA_DTYPE_F16) {
-        const uint16_t *restrict s = src;
-        for (int32_t i = 0; i < n; i++)
-            dst[i] = f16_to_f32(s[i]);
-    } else {
-        const uint16_t *restrict s = src;
-        for (int32_t i = 0; i < n; i++)
-            dst[i] = bf16_to_f32(s[i]);
-    }
-}
 
 void kva__cpu_store_row(void *dst, kva_dtype dt, const float *src, int32_t n)
 {
@@ -69,7 +28,10 @@ void kva__cpu_store_row(void *dst, kva_dtype dt, const float *src, int32_t n)
 }
 
 /* Bytes of n elements of size sz, rounded up to 64. */
-static size_t span(size_t n, size_t sz) { return (n * sz + 63u) & ~(size_t)63u; }
+static size_t span(size_t n, size_t sz)
+{
+    return (n * sz + 63u) & ~(size_t)63u;
+}
 
 size_t kva__cpu_scratch_bytes(int32_t D, int32_t Dv)
 {
