@@ -68,19 +68,19 @@ KVA_API const char *kva_version(void);
 
 /* X(NAME, description): one list generates the enum, kva_status_name() and
  * kva_status_string(). Values are stable: new codes are appended. */
-#define KVA_STATUS_LIST(X)                                                    \
-    X(OK, "success")                                                          \
-    X(INVALID_ARGUMENT, "an argument has an invalid value")                   \
-    X(NULL_POINTER, "a required pointer argument is NULL")                    \
-    X(UNSUPPORTED, "the configuration is valid but not supported")            \
-    X(OUT_OF_RANGE, "an index or length is outside its valid range")          \
-    X(DTYPE_MISMATCH, "tensor dtypes do not agree")                           \
-    X(SHAPE_MISMATCH, "tensor shapes do not agree")                           \
-    X(OUT_OF_MEMORY, "memory allocation failed")                              \
-    X(BACKEND_UNAVAILABLE, "the requested backend is not available")          \
-    X(DEVICE_ERROR, "the device runtime reported an error")                   \
-    X(IO_ERROR, "a file could not be read or is malformed")                   \
-    X(POOL_EXHAUSTED, "the block pool has too few free blocks")               \
+#define KVA_STATUS_LIST(X)                                                                         \
+    X(OK, "success")                                                                               \
+    X(INVALID_ARGUMENT, "an argument has an invalid value")                                        \
+    X(NULL_POINTER, "a required pointer argument is NULL")                                         \
+    X(UNSUPPORTED, "the configuration is valid but not supported")                                 \
+    X(OUT_OF_RANGE, "an index or length is outside its valid range")                               \
+    X(DTYPE_MISMATCH, "tensor dtypes do not agree")                                                \
+    X(SHAPE_MISMATCH, "tensor shapes do not agree")                                                \
+    X(OUT_OF_MEMORY, "memory allocation failed")                                                   \
+    X(BACKEND_UNAVAILABLE, "the requested backend is not available")                               \
+    X(DEVICE_ERROR, "the device runtime reported an error")                                        \
+    X(IO_ERROR, "a file could not be read or is malformed")                                        \
+    X(POOL_EXHAUSTED, "the block pool has too few free blocks")                                    \
     X(INTERNAL, "internal error (a bug in kvattn)")
 
 typedef enum kva_status {
@@ -103,11 +103,11 @@ KVA_API const char *kva_last_error(void);
 
 typedef enum kva_dtype {
     KVA_DTYPE_F32 = 0,
-    KVA_DTYPE_F16 = 1,     /* IEEE binary16 */
-    KVA_DTYPE_BF16 = 2,    /* bfloat16 */
-    KVA_DTYPE_I8 = 3,      /* int8, for quantized caches */
+    KVA_DTYPE_F16 = 1,      /* IEEE binary16 */
+    KVA_DTYPE_BF16 = 2,     /* bfloat16 */
+    KVA_DTYPE_I8 = 3,       /* int8, for quantized caches */
     KVA_DTYPE_FP8_E4M3 = 4, /* OCP fp8 e4m3fn, for quantized caches */
-    KVA_DTYPE_U8 = 5,      /* raw bytes, for packed formats (e.g. FP8 MLA) */
+    KVA_DTYPE_U8 = 5,       /* raw bytes, for packed formats (e.g. FP8 MLA) */
     KVA_DTYPE_COUNT_
 } kva_dtype;
 
@@ -124,8 +124,8 @@ KVA_API float kva_bf16_to_f32(uint16_t h);
 
 /* Convert n elements between f32/f16/bf16 host buffers (src and dst may not
  * overlap unless src == dst and the dtypes are equal). */
-KVA_API kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst,
-                               kva_dtype dst_dtype, size_t n);
+KVA_API kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst, kva_dtype dst_dtype,
+                               size_t n);
 
 /* ------------------------------------------------------------------------ */
 /* Context                                                                   */
@@ -187,13 +187,12 @@ typedef struct kva_cache kva_cache;
 
 /* Allocates K and V storage in the context's memory space. The contents are
  * unspecified until written. */
-KVA_API kva_status kva_cache_create(kva_context *ctx, const kva_cache_desc *desc,
-                                    kva_cache **out);
+KVA_API kva_status kva_cache_create(kva_context *ctx, const kva_cache_desc *desc, kva_cache **out);
 /* Wraps caller-owned storage (host memory for ref/CPU, device memory for CUDA):
  * k_data holds NB*B*Hkv*D elements, v_data NB*B*Hkv*Dv elements, in the
  * desc's layout. The caller keeps ownership and must outlive the cache. */
-KVA_API kva_status kva_cache_create_from(kva_context *ctx, const kva_cache_desc *desc,
-                                         void *k_data, void *v_data, kva_cache **out);
+KVA_API kva_status kva_cache_create_from(kva_context *ctx, const kva_cache_desc *desc, void *k_data,
+                                         void *v_data, kva_cache **out);
 KVA_API void kva_cache_destroy(kva_cache *cache); /* NULL is a no-op */
 
 /* The descriptor with Dv resolved (head_dim_v is never 0 here). */
@@ -222,16 +221,15 @@ KVA_API kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t n
 /* Copy whole blocks inside one cache: pairs [n, 2] int32 of (src, dst) block
  * ids (vLLM's copy_blocks, used for copy-on-write of shared blocks). All ids are
  * checked before anything is copied; a dst that appears twice is an error. */
-KVA_API kva_status kva_cache_copy_blocks(kva_context *ctx, kva_cache *cache,
-                                         const int32_t *pairs, int32_t num_pairs);
+KVA_API kva_status kva_cache_copy_blocks(kva_context *ctx, kva_cache *cache, const int32_t *pairs,
+                                         int32_t num_pairs);
 
 /* Copy blocks between two caches of the same shape except NB (vLLM's
  * swap_blocks: swap-out to a host cache, swap-in back). pairs: [n, 2] int32 of
  * (src block in src, dst block in dst). The caches may belong to contexts of
  * different backends (device <-> host); ctx is the one that performs the copy. */
-KVA_API kva_status kva_cache_swap_blocks(kva_context *ctx, const kva_cache *src,
-                                         kva_cache *dst, const int32_t *pairs,
-                                         int32_t num_pairs);
+KVA_API kva_status kva_cache_swap_blocks(kva_context *ctx, const kva_cache *src, kva_cache *dst,
+                                         const int32_t *pairs, int32_t num_pairs);
 
 /* ------------------------------------------------------------------------ */
 /* Batch metadata and plan                                                   */
@@ -264,17 +262,18 @@ typedef struct kva_plan_desc {
                                        0 means 1 */
 
     /* Attention shape and semantics. */
-    int32_t num_heads;    /* H, a multiple of Hkv */
-    int32_t num_kv_heads; /* Hkv */
-    int32_t head_dim;     /* D */
-    int32_t head_dim_v;   /* Dv; 0 means Dv = D */
-    kva_dtype q_dtype;    /* dtype of q and out: F32, F16 or BF16 */
-    float scale;          /* softmax scale; 0 means 1/sqrt(D) */
-    int32_t causal;       /* bottom-right aligned causal mask (see kva_attention_run) */
-    int32_t window_left;  /* key j visible only if pos - j <= window_left; -1 = no window
-                             (as are values >= KVA_MAX_SEQ_LEN, which exclude nothing) */
-    float softcap;        /* logits soft-cap c > 0, or 0 for none. Scores (scale * q.k, after
-                             soft-cap and ALiBi) must stay finite in float32. */
+    int32_t num_heads;         /* H, a multiple of Hkv */
+    int32_t num_kv_heads;      /* Hkv */
+    int32_t head_dim;          /* D */
+    int32_t head_dim_v;        /* Dv; 0 means Dv = D */
+    kva_dtype q_dtype;         /* dtype of q and out: F32, F16 or BF16 */
+    float scale;               /* softmax scale; 0 means 1/sqrt(D) */
+    int32_t causal;            /* bottom-right aligned causal mask (see kva_attention_run) */
+    int32_t window_left;       /* key j visible only if pos - j <= window_left; -1 = no window
+                                  (as are values >= KVA_MAX_SEQ_LEN, which exclude nothing) */
+    float softcap;             /* logits soft-cap c > 0, or 0 for none. Backends compute
+                                  scores in float32 (the reference in double): scores
+                                  beyond float32's range make them disagree. */
     const float *alibi_slopes; /* [H] host, copied into the plan; NULL for none */
 } kva_plan_desc;
 
@@ -282,22 +281,21 @@ typedef struct kva_plan kva_plan;
 
 typedef struct kva_plan_info {
     kva_attn_state state;
-    int32_t num_tokens;         /* T */
-    int32_t num_decodes;        /* requests with q_len <= decode_threshold */
+    int32_t num_tokens;  /* T */
+    int32_t num_decodes; /* requests with q_len <= decode_threshold */
     int32_t num_decode_tokens;
-    int32_t num_prefills;       /* the other requests */
+    int32_t num_prefills; /* the other requests */
     int32_t num_prefill_tokens;
-    int32_t decode_first;       /* 1 if all decodes come before all prefills */
+    int32_t decode_first; /* 1 if all decodes come before all prefills */
     int32_t max_q_len;
     int32_t max_seq_len;
-    int32_t num_work_items;     /* units of parallel work the backend will run */
+    int32_t num_work_items; /* units of parallel work the backend will run */
 } kva_plan_info;
 
 /* Validates the batch metadata and builds the per-step plan: copies the
  * metadata (to the device for the CUDA backend), classifies the step and
  * partitions the work for the context's backend. */
-KVA_API kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc,
-                                   kva_plan **out);
+KVA_API kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan **out);
 KVA_API void kva_plan_destroy(kva_plan *plan); /* NULL is a no-op */
 KVA_API kva_status kva_plan_get_info(const kva_plan *plan, kva_plan_info *out);
 
@@ -337,8 +335,10 @@ KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const in
  * row sees a key. Non-causal plans (encoder, cross-attention) may have
  * q_len > seq_len, including seq_len 0; a row that sees no key writes 0 and
  * lse = -inf, or lse = the sink logit if a sink is given. Query head h reads
- * kv head h / (H / Hkv). Requests with q_len 0 produce no rows. Sinks, q, K
- * and V must be finite.
+ * kv head h / (H / Hkv). Requests with q_len 0 produce no rows. Tensor data
+ * is not validated (the host never reads it on the run path): a NaN score
+ * makes its row's out and lse NaN on every backend and for any key split, a
+ * score of -inf carries no weight, and sinks should be finite.
  *
  * Splitting keys: attention over keys [0, a) and over [a, s), computed with
  * the sink passed to one of the two parts only, merged by kva_merge_states,
@@ -359,9 +359,9 @@ KVA_API kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, con
  *   k: [sum(seq_lens), Hkv, D], v: [sum(seq_lens), Hkv, Dv] in q_dtype.
  * Masks and the other arguments are as in kva_attention_run.
  */
-KVA_API kva_status kva_attention_run_ragged(kva_context *ctx, const kva_plan *plan,
-                                            const void *q, const void *k, const void *v,
-                                            const float *sinks, void *out, float *lse);
+KVA_API kva_status kva_attention_run_ragged(kva_context *ctx, const kva_plan *plan, const void *q,
+                                            const void *k, const void *v, const float *sinks,
+                                            void *out, float *lse);
 
 /*
  * Merge two partial attention results over disjoint key sets:
@@ -451,10 +451,9 @@ KVA_API void kva_pool_destroy(kva_pool *pool);
  * (may be NULL) receives the hit in tokens, a multiple of B, which is also the
  * request's number of computed tokens.
  */
-KVA_API kva_status kva_pool_request_add(kva_pool *pool, const int32_t *prompt_tokens,
-                                        int32_t n, const void *extra_key, size_t extra_len,
-                                        int32_t *out_request_id,
-                                        int32_t *out_num_cached_tokens);
+KVA_API kva_status kva_pool_request_add(kva_pool *pool, const int32_t *prompt_tokens, int32_t n,
+                                        const void *extra_key, size_t extra_len,
+                                        int32_t *out_request_id, int32_t *out_num_cached_tokens);
 
 /*
  * Makes the request's blocks cover num_tokens + num_new_tokens +
@@ -463,8 +462,7 @@ KVA_API kva_status kva_pool_request_add(kva_pool *pool, const int32_t *prompt_to
  * and changes nothing when too few blocks are free.
  */
 KVA_API kva_status kva_pool_request_allocate(kva_pool *pool, int32_t request_id,
-                                             int32_t num_new_tokens,
-                                             int32_t num_lookahead_tokens);
+                                             int32_t num_new_tokens, int32_t num_lookahead_tokens);
 
 /*
  * Records tokens [n] as computed at positions num_tokens .. num_tokens + n - 1

@@ -98,8 +98,8 @@ static inline void kva_test_batch_init(kva_test_batch *b, kva_rng *rng, int32_t 
  * boundaries. kinds_mask selects which kinds may appear (bit = 1 << kind).
  */
 static inline void kva_test_batch_random(kva_test_batch *b, kva_rng *rng, int32_t R,
-                                         int32_t block_size, int32_t max_len,
-                                         unsigned kinds_mask, int share)
+                                         int32_t block_size, int32_t max_len, unsigned kinds_mask,
+                                         int share)
 {
     int32_t *q = malloc(sizeof(int32_t) * (size_t)(R > 0 ? R : 1));
     int32_t *s = malloc(sizeof(int32_t) * (size_t)(R > 0 ? R : 1));
@@ -171,8 +171,7 @@ static inline kva_plan_desc kva_test_batch_plan_desc(const kva_test_batch *b, in
  * with N(0, 1) values (so shared and unused blocks hold data too). */
 static inline kva_status kva_test_batch_cache(const kva_test_batch *b, kva_context *ctx,
                                               kva_rng *rng, int32_t Hkv, int32_t D, int32_t Dv,
-                                              kva_dtype dtype, kva_layout layout,
-                                              kva_cache **out)
+                                              kva_dtype dtype, kva_layout layout, kva_cache **out)
 {
     kva_cache_desc cd;
     memset(&cd, 0, sizeof cd);

@@ -18,7 +18,7 @@ static inline kva_context *new_ctx(kva_backend backend, int32_t threads)
 }
 
 static inline kva_cache_desc make_desc(int32_t nb, int32_t b, int32_t hkv, int32_t d, int32_t dv,
-                                kva_dtype dt, kva_layout layout)
+                                       kva_dtype dt, kva_layout layout)
 {
     kva_cache_desc desc = {nb, b, hkv, d, dv, dt, layout, KVA_QUANT_NONE};
     return desc;
@@ -26,8 +26,8 @@ static inline kva_cache_desc make_desc(int32_t nb, int32_t b, int32_t hkv, int32
 
 /* Element offset of (block, off, head) of a row of width dim, written with
  * explicit strides of each layout. */
-static inline uint64_t ref_offset(const kva_cache_desc *d, uint64_t block, uint64_t off, uint64_t head,
-                           uint64_t dim)
+static inline uint64_t ref_offset(const kva_cache_desc *d, uint64_t block, uint64_t off,
+                                  uint64_t head, uint64_t dim)
 {
     uint64_t b = (uint64_t)d->block_size, h = (uint64_t)d->num_kv_heads;
     uint64_t block_stride = b * h * dim;
@@ -89,10 +89,9 @@ static inline void fill_cache(kva_cache *c, kva_rng *r)
     kva_test_fill(v, d.dtype, store_bytes(&d, d.head_dim_v) / es, r, 1.0);
 }
 
-
 /* Copies blocks of the snapshot (K and V) with the test's own block math. */
 static inline void expect_copy(snapshot *dst, const snapshot *src, const kva_cache_desc *d,
-                        const int32_t *pairs, int32_t n)
+                               const int32_t *pairs, int32_t n)
 {
     size_t es = kva_dtype_size(d->dtype);
     size_t kbb = (size_t)d->block_size * d->num_kv_heads * d->head_dim * es;

@@ -22,53 +22,53 @@ static int kva_test_checks_failed_;
 static int kva_test_cases_passed_;
 static int kva_test_cases_failed_;
 
-#define CHECK(cond)                                                                       \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            kva_test_checks_failed_++;                                                    \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);      \
-        }                                                                                 \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            kva_test_checks_failed_++;                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_MSG(cond, ...)                                                              \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            kva_test_checks_failed_++;                                                    \
-            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);      \
-            fprintf(stderr, __VA_ARGS__);                                                 \
-            fputc('\n', stderr);                                                          \
-        }                                                                                 \
+#define CHECK_MSG(cond, ...)                                                                       \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            kva_test_checks_failed_++;                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+        }                                                                                          \
     } while (0)
 
 /* Checks that expr returns the expected status. */
-#define CHECK_STATUS(expr, expected)                                                      \
-    do {                                                                                  \
-        kva_status got_ = (expr);                                                         \
-        if (got_ != (expected)) {                                                         \
-            kva_test_checks_failed_++;                                                    \
-            fprintf(stderr, "%s:%d: %s returned %s, expected %s (last error: %s)\n",      \
-                    __FILE__, __LINE__, #expr, kva_status_name(got_),                     \
-                    kva_status_name(expected), kva_last_error());                         \
-        }                                                                                 \
+#define CHECK_STATUS(expr, expected)                                                               \
+    do {                                                                                           \
+        kva_status got_ = (expr);                                                                  \
+        if (got_ != (expected)) {                                                                  \
+            kva_test_checks_failed_++;                                                             \
+            fprintf(stderr, "%s:%d: %s returned %s, expected %s (last error: %s)\n", __FILE__,     \
+                    __LINE__, #expr, kva_status_name(got_), kva_status_name(expected),             \
+                    kva_last_error());                                                             \
+        }                                                                                          \
     } while (0)
 
 #define CHECK_OK(expr) CHECK_STATUS(expr, KVA_STATUS_OK)
 
 /* Checks that the last error message mentions a substring (the argument name). */
-#define CHECK_ERROR_MENTIONS(substr)                                                      \
-    CHECK_MSG(strstr(kva_last_error(), (substr)) != NULL, "message '%s' lacks '%s'",      \
+#define CHECK_ERROR_MENTIONS(substr)                                                               \
+    CHECK_MSG(strstr(kva_last_error(), (substr)) != NULL, "message '%s' lacks '%s'",               \
               kva_last_error(), (substr))
 
-#define RUN(fn)                                                                           \
-    do {                                                                                  \
-        int before_ = kva_test_checks_failed_;                                            \
-        fn();                                                                             \
-        if (kva_test_checks_failed_ == before_) {                                         \
-            kva_test_cases_passed_++;                                                     \
-        } else {                                                                          \
-            kva_test_cases_failed_++;                                                     \
-            fprintf(stderr, "FAILED: %s\n", #fn);                                         \
-        }                                                                                 \
+#define RUN(fn)                                                                                    \
+    do {                                                                                           \
+        int before_ = kva_test_checks_failed_;                                                     \
+        fn();                                                                                      \
+        if (kva_test_checks_failed_ == before_) {                                                  \
+            kva_test_cases_passed_++;                                                              \
+        } else {                                                                                   \
+            kva_test_cases_failed_++;                                                              \
+            fprintf(stderr, "FAILED: %s\n", #fn);                                                  \
+        }                                                                                          \
     } while (0)
 
 static inline int kva_test_finish(void)
@@ -79,7 +79,9 @@ static inline int kva_test_finish(void)
 
 /* ---- RNG: splitmix64, fixed seeds ---- */
 
-typedef struct { uint64_t s; } kva_rng;
+typedef struct {
+    uint64_t s;
+} kva_rng;
 
 static inline uint64_t kva_rng_u64(kva_rng *r)
 {
@@ -90,7 +92,10 @@ static inline uint64_t kva_rng_u64(kva_rng *r)
 }
 
 /* Uniform in [0, 1). */
-static inline double kva_rng_unit(kva_rng *r) { return (kva_rng_u64(r) >> 11) * 0x1.0p-53; }
+static inline double kva_rng_unit(kva_rng *r)
+{
+    return (kva_rng_u64(r) >> 11) * 0x1.0p-53;
+}
 
 /* Uniform integer in [lo, hi]. */
 static inline int32_t kva_rng_int(kva_rng *r, int32_t lo, int32_t hi)
@@ -176,9 +181,8 @@ static inline size_t kva_test_compare(const char *label, const void *got, const 
 }
 
 /* Compares float32 arrays that may contain -inf (LSE). */
-static inline size_t kva_test_compare_f32(const char *label, const float *got,
-                                          const float *want, size_t n, double atol,
-                                          double rtol)
+static inline size_t kva_test_compare_f32(const char *label, const float *got, const float *want,
+                                          size_t n, double atol, double rtol)
 {
     return kva_test_compare(label, got, want, KVA_DTYPE_F32, n, atol, rtol);
 }

@@ -329,8 +329,8 @@ static void test_valid_calls(void)
         memcpy(first, f.out, sizeof first);
 
         kva_test_poison(f.out, KVA_DTYPE_F16, T * H * D);
-        CHECK_OK(kva_attention_run_ragged(f.ctx, f.plan, f.q, f.k_rows, f.v_rows, NULL, f.out,
-                                          NULL));
+        CHECK_OK(
+            kva_attention_run_ragged(f.ctx, f.plan, f.q, f.k_rows, f.v_rows, NULL, f.out, NULL));
         for (size_t i = 0; i < T * H * D; i++)
             CHECK(isfinite(kva_test_get(f.out, KVA_DTYPE_F16, i)));
 
@@ -364,17 +364,17 @@ static void test_misaligned_tensors(void)
                    KVA_STATUS_INVALID_ARGUMENT, "'q'");
         EXPECT_BAD(&f, kva_attention_run(f.ctx, f.plan, f.q, f.cache, NULL, ob + 1, f.lse),
                    KVA_STATUS_INVALID_ARGUMENT, "'out'");
-        EXPECT_BAD(&f,
-                   kva_attention_run(f.ctx, f.plan, f.q, f.cache, NULL, f.out,
-                                     (float *)(void *)(lb + 2)),
-                   KVA_STATUS_INVALID_ARGUMENT, "'lse'");
+        EXPECT_BAD(
+            &f,
+            kva_attention_run(f.ctx, f.plan, f.q, f.cache, NULL, f.out, (float *)(void *)(lb + 2)),
+            KVA_STATUS_INVALID_ARGUMENT, "'lse'");
         EXPECT_BAD(&f,
                    kva_attention_run_ragged(f.ctx, f.plan, f.q, (char *)f.k_rows + 1, f.v_rows,
                                             NULL, f.out, f.lse),
                    KVA_STATUS_INVALID_ARGUMENT, "'k'");
         EXPECT_BAD(&f,
-                   kva_merge_states(f.ctx, T, H, D, KVA_DTYPE_F16, f.q, f.lse, qb + 1, f.lse,
-                                    f.out, f.lse),
+                   kva_merge_states(f.ctx, T, H, D, KVA_DTYPE_F16, f.q, f.lse, qb + 1, f.lse, f.out,
+                                    f.lse),
                    KVA_STATUS_INVALID_ARGUMENT, "'out_b'");
         fixture_free(&f);
     }

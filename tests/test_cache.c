@@ -284,7 +284,6 @@ static void test_create_from(void)
     kva_context_destroy(ctx);
 }
 
-
 static void test_copy_blocks(void)
 {
     for (int l = 0; l < 2; l++) {

@@ -106,11 +106,16 @@ static void run_case(kva_rng *rng, int variant)
             kva_test_poison(lse, KVA_DTYPE_F32, (size_t)b.T * H);
             kva_cache *cache = NULL;
             if (!paged) {
-                CHECK_OK(kva_attention_run_ragged(ctx, plan, q, k, v, use_sinks ? sinks : NULL,
-                                                  out, lse));
+                CHECK_OK(kva_attention_run_ragged(ctx, plan, q, k, v, use_sinks ? sinks : NULL, out,
+                                                  lse));
             } else {
                 /* Write the packed encoder K/V into the cache through its block table. */
-                kva_cache_desc cdsc = {b.num_blocks, b.block_size, HKV, D, DV, KVA_DTYPE_F32,
+                kva_cache_desc cdsc = {b.num_blocks,
+                                       b.block_size,
+                                       HKV,
+                                       D,
+                                       DV,
+                                       KVA_DTYPE_F32,
                                        variant & 8 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD,
                                        KVA_QUANT_NONE};
                 CHECK_OK(kva_cache_create(ctx, &cdsc, &cache));
@@ -121,7 +126,8 @@ static void run_case(kva_rng *rng, int variant)
                         slots[n++] = (int64_t)b.block_table[r * b.stride + j / 16] * 16 + j % 16;
                 CHECK_OK(kva_cache_write(ctx, cache, (int32_t)S, k, 0, v, 0, KVA_DTYPE_F32, slots));
                 free(slots);
-                CHECK_OK(kva_attention_run(ctx, plan, q, cache, use_sinks ? sinks : NULL, out, lse));
+                CHECK_OK(
+                    kva_attention_run(ctx, plan, q, cache, use_sinks ? sinks : NULL, out, lse));
             }
             char label[96];
             snprintf(label, sizeof label, "variant %d backend %d %s", variant, be,

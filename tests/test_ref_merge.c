@@ -251,7 +251,9 @@ static void check_merged(const split_run *sr, const char *label, const void *out
     /* Merge in place into A. */
     CHECK_OK(kva_merge_states(sr->ctx, sr->T, sr->H, sr->Dv, sr->dt, out_a, lse_a, out_b, lse_b,
                               out_a, lse_a));
-    const double ulp_rel = sr->dt == KVA_DTYPE_F16 ? 0x1p-10 : sr->dt == KVA_DTYPE_BF16 ? 0x1p-7 : 0x1p-23;
+    const double ulp_rel = sr->dt == KVA_DTYPE_F16    ? 0x1p-10
+                           : sr->dt == KVA_DTYPE_BF16 ? 0x1p-7
+                                                      : 0x1p-23;
     const double atol = kva_test_atol(sr->dt) + 2 * ulp_rel * part_max;
     const double rtol = 2 * kva_test_rtol(sr->dt);
     size_t bad = kva_test_compare(label, out_a, out_w, sr->dt, n, atol, rtol);

@@ -68,8 +68,8 @@ static kva_status fail_chain(const char *fn, const int32_t *pairs, int32_t i)
  * of one moving pair and the dst of another (a moving pair has src != dst).
  * Ids are in range. flags [NB of the dst cache] is all zero on entry and is
  * left all zero on return. */
-static kva_status check_pairs(const char *fn, const int32_t *pairs, int32_t n,
-                              unsigned char *flags, int check_chains)
+static kva_status check_pairs(const char *fn, const int32_t *pairs, int32_t n, unsigned char *flags,
+                              int check_chains)
 {
     kva_status st = KVA_STATUS_OK;
     int32_t marked = 0; /* pairs 0 .. marked-1 have set their flags */

@@ -50,12 +50,13 @@ kva_status kva_context_create(const kva_context_desc *desc, kva_context **out)
     if (desc)
         d = *desc;
     if ((unsigned)d.backend >= (unsigned)KVA_BACKEND_COUNT_)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva_context_create: backend %d is not a kva_backend",
-                         (int)d.backend);
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_context_create: backend %d is not a kva_backend", (int)d.backend);
     if (!kva_backend_available(d.backend))
-        return kva__fail(KVA_STATUS_BACKEND_UNAVAILABLE,
-                         "kva_context_create: backend '%s' is not available in this build or on this machine",
-                         kva_backend_name(d.backend));
+        return kva__fail(
+            KVA_STATUS_BACKEND_UNAVAILABLE,
+            "kva_context_create: backend '%s' is not available in this build or on this machine",
+            kva_backend_name(d.backend));
     if (d.num_threads < 0 || d.num_threads > KVA_MAX_THREADS)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_context_create: num_threads = %d is outside [0, %d]",
@@ -66,8 +67,8 @@ kva_status kva_context_create(const kva_context_desc *desc, kva_context **out)
     ctx->backend = d.backend;
     ctx->device_id = d.device_id;
     ctx->num_threads = d.backend == KVA_BACKEND_REF ? 1
-                       : d.num_threads > 0         ? d.num_threads
-                                                   : available_cores();
+                       : d.num_threads > 0          ? d.num_threads
+                                                    : available_cores();
     ctx->ops = d.backend == KVA_BACKEND_REF ? &kva__ref_ops : &kva__cpu_ops;
     *out = ctx;
     return KVA_STATUS_OK;
@@ -86,7 +87,10 @@ kva_backend kva_context_backend(const kva_context *ctx)
     return ctx ? ctx->backend : KVA_BACKEND_COUNT_;
 }
 
-int32_t kva_context_num_threads(const kva_context *ctx) { return ctx ? ctx->num_threads : 0; }
+int32_t kva_context_num_threads(const kva_context *ctx)
+{
+    return ctx ? ctx->num_threads : 0;
+}
 
 kva_status kva__context_reserve_workspace(kva_context *ctx, size_t bytes)
 {

@@ -23,7 +23,7 @@ size_t kva_dtype_size(kva_dtype dtype)
 const char *kva_dtype_name(kva_dtype dtype)
 {
     static const char *const names[KVA_DTYPE_COUNT_] = {"f32", "f16",      "bf16",
-                                                         "i8",  "fp8_e4m3", "u8"};
+                                                        "i8",  "fp8_e4m3", "u8"};
     if ((unsigned)dtype >= (unsigned)KVA_DTYPE_COUNT_)
         return "invalid";
     return names[dtype];
@@ -34,7 +34,10 @@ int kva__dtype_is_float(kva_dtype dtype)
     return dtype == KVA_DTYPE_F32 || dtype == KVA_DTYPE_F16 || dtype == KVA_DTYPE_BF16;
 }
 
-int kva__head_dim_ok(int32_t d) { return d >= 8 && d <= KVA_MAX_HEAD_DIM && d % 8 == 0; }
+int kva__head_dim_ok(int32_t d)
+{
+    return d >= 8 && d <= KVA_MAX_HEAD_DIM && d % 8 == 0;
+}
 
 static uint32_t f32_bits(float x)
 {
@@ -57,10 +60,11 @@ uint16_t kva_f32_to_f16(float x)
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     uint32_t abs = u & 0x7fffffffu;
     if (abs >= 0x7f800000u) /* inf or NaN: keep NaN quiet and non-zero */
-        return (uint16_t)(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u | ((abs >> 13) & 0x3ffu) : 0));
+        return (uint16_t)(sign | 0x7c00u |
+                          (abs > 0x7f800000u ? 0x200u | ((abs >> 13) & 0x3ffu) : 0));
     if (abs >= 0x477ff000u) /* rounds to >= 65520: overflow to inf */
         return (uint16_t)(sign | 0x7c00u);
-    if (abs < 0x38800000u) { /* below 2^-14: subnormal or zero in f16 */
+    if (abs < 0x38800000u) {   /* below 2^-14: subnormal or zero in f16 */
         if (abs < 0x33000000u) /* below half the smallest subnormal (2^-25): zero */
             return sign;
         uint32_t exp = abs >> 23;
@@ -109,18 +113,23 @@ uint16_t kva_f32_to_bf16(float x)
     return (uint16_t)(u >> 16);
 }
 
-float kva_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+float kva_bf16_to_f32(uint16_t h)
+{
+    return bits_f32((uint32_t)h << 16);
+}
 
 kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst, kva_dtype dst_dtype,
                        size_t n)
 {
     kva__clear_error();
     if (!kva__dtype_is_float(src_dtype))
-        return kva__fail(KVA_STATUS_UNSUPPORTED, "kva_convert: src_dtype %d (%s) is not f32/f16/bf16",
-                         (int)src_dtype, kva_dtype_name(src_dtype));
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_convert: src_dtype %d (%s) is not f32/f16/bf16", (int)src_dtype,
+                         kva_dtype_name(src_dtype));
     if (!kva__dtype_is_float(dst_dtype))
-        return kva__fail(KVA_STATUS_UNSUPPORTED, "kva_convert: dst_dtype %d (%s) is not f32/f16/bf16",
-                         (int)dst_dtype, kva_dtype_name(dst_dtype));
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_convert: dst_dtype %d (%s) is not f32/f16/bf16", (int)dst_dtype,
+                         kva_dtype_name(dst_dtype));
     if (n == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(src);

@@ -27,29 +27,28 @@ kva_status kva__fail(kva_status status, const char *fmt, ...)
 void kva__clear_error(void);
 
 /* Checks a required pointer argument: returns KVA_STATUS_NULL_POINTER naming it. */
-#define KVA_CHECK_PTR(p)                                                              \
-    do {                                                                              \
-        if ((p) == NULL)                                                              \
-            return kva__fail(KVA_STATUS_NULL_POINTER, "%s: argument '%s' is NULL",    \
-                             __func__, #p);                                           \
+#define KVA_CHECK_PTR(p)                                                                           \
+    do {                                                                                           \
+        if ((p) == NULL)                                                                           \
+            return kva__fail(KVA_STATUS_NULL_POINTER, "%s: argument '%s' is NULL", __func__, #p);  \
     } while (0)
 
 /* Checks that a tensor pointer is aligned to its element size (or to align
  * bytes): kernels read it through typed pointers. */
-#define KVA_CHECK_ALIGNED(p, align)                                                   \
-    do {                                                                              \
-        if ((uintptr_t)(const void *)(p) % (uintptr_t)(align) != 0)                  \
-            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,                             \
-                             "%s: argument '%s' = %p is not aligned to %zu bytes",   \
-                             __func__, #p, (const void *)(p), (size_t)(align));       \
+#define KVA_CHECK_ALIGNED(p, align)                                                                \
+    do {                                                                                           \
+        if ((uintptr_t)(const void *)(p) % (uintptr_t)(align) != 0)                                \
+            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,                                          \
+                             "%s: argument '%s' = %p is not aligned to %zu bytes", __func__, #p,   \
+                             (const void *)(p), (size_t)(align));                                  \
     } while (0)
 
 /* Propagates a failing status. */
-#define KVA_TRY(expr)                                                                 \
-    do {                                                                              \
-        kva_status kva_try_s_ = (expr);                                               \
-        if (kva_try_s_ != KVA_STATUS_OK)                                              \
-            return kva_try_s_;                                                        \
+#define KVA_TRY(expr)                                                                              \
+    do {                                                                                           \
+        kva_status kva_try_s_ = (expr);                                                            \
+        if (kva_try_s_ != KVA_STATUS_OK)                                                           \
+            return kva_try_s_;                                                                     \
     } while (0)
 
 /* ---- dtypes (src/core/dtype.c) ---- */
@@ -83,9 +82,9 @@ int kva__head_dim_ok(int32_t d);
 /* ---- CPU features (src/core/cpu_features.c) ---- */
 
 typedef struct kva__cpu_features {
-    int avx2, fma, f16c;           /* x86-64 */
+    int avx2, fma, f16c; /* x86-64 */
     int avx512f, avx512bw, avx512vl;
-    int neon;                      /* AArch64 */
+    int neon; /* AArch64 */
 } kva__cpu_features;
 
 /* Detects the running CPU's vector ISA (cpuid + xgetbv on x86-64). */
@@ -114,10 +113,10 @@ kva_status kva__context_reserve_workspace(kva_context *ctx, size_t bytes);
 /* ---- cache (src/cache/) ---- */
 
 struct kva_cache {
-    kva_cache_desc desc;   /* head_dim_v resolved */
-    kva_backend mem;       /* memory space of k/v: REF/CPU = host, CUDA = device */
-    void *k;               /* [NB, B, Hkv, D] (NHD) or [NB, Hkv, B, D] (HND) */
-    void *v;               /* same with Dv */
+    kva_cache_desc desc; /* head_dim_v resolved */
+    kva_backend mem;     /* memory space of k/v: REF/CPU = host, CUDA = device */
+    void *k;             /* [NB, B, Hkv, D] (NHD) or [NB, Hkv, B, D] (HND) */
+    void *v;             /* same with Dv */
     int owns_memory;
     size_t elem_size;
     int64_t k_block_elems; /* B * Hkv * D */
@@ -143,20 +142,20 @@ static inline int64_t kva__cache_row(const kva_cache_desc *d, int64_t block, int
 typedef struct kva__partition kva__partition;
 
 struct kva_plan {
-    kva_backend backend;       /* backend of the context that built it */
+    kva_backend backend;         /* backend of the context that built it */
     const kva__backend_ops *ops; /* that context's backend table (plan_release at destroy) */
-    kva_plan_desc d;           /* scalars resolved (head_dim_v, scale, decode_threshold);
-                                  its pointer fields are NULL: use the copies below */
-    int32_t *query_start_loc;  /* [R+1] host copy */
-    int32_t *seq_lens;         /* [R] host copy */
-    int64_t *kv_start;         /* [R+1] exclusive prefix sum of seq_lens (ragged K/V rows) */
-    int32_t *block_table;      /* [R, d.block_table_stride] host copy, or NULL */
-    float *alibi_slopes;       /* [H] host copy, or NULL */
-    int32_t max_block_id;      /* largest block id any request reads, -1 if none */
+    kva_plan_desc d;             /* scalars resolved (head_dim_v, scale, decode_threshold);
+                                    its pointer fields are NULL: use the copies below */
+    int32_t *query_start_loc;    /* [R+1] host copy */
+    int32_t *seq_lens;           /* [R] host copy */
+    int64_t *kv_start;           /* [R+1] exclusive prefix sum of seq_lens (ragged K/V rows) */
+    int32_t *block_table;        /* [R, d.block_table_stride] host copy, or NULL */
+    float *alibi_slopes;         /* [H] host copy, or NULL */
+    int32_t max_block_id;        /* largest block id any request reads, -1 if none */
     kva_plan_info info;
-    size_t workspace_bytes;    /* ctx workspace the run needs (reserved at plan time) */
-    kva__partition *part;      /* built by ops->plan_build, freed by ops->plan_release */
-    void *device;              /* backend-owned device copies (CUDA) */
+    size_t workspace_bytes; /* ctx workspace the run needs (reserved at plan time) */
+    kva__partition *part;   /* built by ops->plan_build, freed by ops->plan_release */
+    void *device;           /* backend-owned device copies (CUDA) */
 };
 
 /* ---- backends ---- */
@@ -170,12 +169,12 @@ struct kva__backend_ops {
                                   const kva_cache *cache, const float *sinks, void *out,
                                   float *lse);
     kva_status (*attention_ragged)(kva_context *ctx, const kva_plan *plan, const void *q,
-                                   const void *k, const void *v, const float *sinks,
-                                   void *out, float *lse);
+                                   const void *k, const void *v, const float *sinks, void *out,
+                                   float *lse);
     kva_status (*merge_states)(kva_context *ctx, int32_t num_tokens, int32_t num_heads,
                                int32_t head_dim_v, kva_dtype dtype, const void *out_a,
-                               const float *lse_a, const void *out_b, const float *lse_b,
-                               void *out, float *lse_out);
+                               const float *lse_a, const void *out_b, const float *lse_b, void *out,
+                               float *lse_out);
 };
 
 extern const kva__backend_ops kva__ref_ops; /* src/attn/ref/ */

@@ -11,8 +11,8 @@ static _Thread_local char kva_error_message[KVA_ERROR_CAPACITY];
 const char *kva_status_name(kva_status status)
 {
     switch (status) {
-#define KVA_X_(name, desc)                                                                \
-    case KVA_STATUS_##name:                                                               \
+#define KVA_X_(name, desc)                                                                         \
+    case KVA_STATUS_##name:                                                                        \
         return "KVA_STATUS_" #name;
         KVA_STATUS_LIST(KVA_X_)
 #undef KVA_X_
@@ -24,8 +24,8 @@ const char *kva_status_name(kva_status status)
 const char *kva_status_string(kva_status status)
 {
     switch (status) {
-#define KVA_X_(name, desc)                                                                \
-    case KVA_STATUS_##name:                                                               \
+#define KVA_X_(name, desc)                                                                         \
+    case KVA_STATUS_##name:                                                                        \
         return desc;
         KVA_STATUS_LIST(KVA_X_)
 #undef KVA_X_
@@ -34,9 +34,15 @@ const char *kva_status_string(kva_status status)
     }
 }
 
-const char *kva_last_error(void) { return kva_error_message; }
+const char *kva_last_error(void)
+{
+    return kva_error_message;
+}
 
-void kva__clear_error(void) { kva_error_message[0] = '\0'; }
+void kva__clear_error(void)
+{
+    kva_error_message[0] = '\0';
+}
 
 kva_status kva__fail(kva_status status, const char *fmt, ...)
 {
@@ -47,4 +53,7 @@ kva_status kva__fail(kva_status status, const char *fmt, ...)
     return status;
 }
 
-const char *kva_version(void) { return KVA_VERSION_STRING; }
+const char *kva_version(void)
+{
+    return KVA_VERSION_STRING;
+}

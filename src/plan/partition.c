@@ -68,8 +68,8 @@ static int32_t tile_rows(const kva_plan *plan, const kva__partition_params *pp, 
 }
 
 /* Sum over query rows i0..i0+nq-1 of the keys each row sees inside [a, b). */
-static int64_t visible_keys(const kva_plan *plan, int32_t s, int32_t q_len, int32_t i0,
-                            int32_t nq, int32_t a, int32_t b)
+static int64_t visible_keys(const kva_plan *plan, int32_t s, int32_t q_len, int32_t i0, int32_t nq,
+                            int32_t a, int32_t b)
 {
     int64_t sum = 0;
     for (int32_t i = i0; i < i0 + nq; i++) {
@@ -92,7 +92,10 @@ typedef struct unit {
     int64_t cost;
 } unit;
 
-static int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
+static int32_t ceil_div(int32_t a, int32_t b)
+{
+    return (a + b - 1) / b;
+}
 
 static int by_cost_desc(const void *pa, const void *pb)
 {
@@ -186,8 +189,8 @@ static int emit_unit(builder *b, const kva_plan *plan, const kva__partition_para
  * Walks all units. With emit == 0 it only adds their costs to *total; with
  * emit != 0 it emits them against the given target.
  */
-static int walk_units(builder *b, const kva_plan *plan, const kva__partition_params *pp,
-                      int emit, int64_t target, int64_t *total, int64_t *partial_floats)
+static int walk_units(builder *b, const kva_plan *plan, const kva__partition_params *pp, int emit,
+                      int64_t target, int64_t *total, int64_t *partial_floats)
 {
     const kva_plan_desc *d = &plan->d;
     const int32_t G = d->num_heads / d->num_kv_heads;

@@ -12,7 +12,10 @@
 
 static const kva__cpu_attn_fn variants[] = {kva__cpu_attn_v1};
 
-int kva__cpu_attn_num_variants(void) { return (int)(sizeof variants / sizeof variants[0]); }
+int kva__cpu_attn_num_variants(void)
+{
+    return (int)(sizeof variants / sizeof variants[0]);
+}
 
 kva__cpu_attn_fn kva__cpu_attn_variant(int v)
 {
@@ -50,9 +53,9 @@ static kva_status cpu_plan_build(kva_context *ctx, kva_plan *plan)
     plan->info.num_work_items = part->num_items;
     size_t bytes = 0;
     if (part->num_items > 0)
-        bytes = partial_bytes(part) +
-                (size_t)pp.num_threads *
-                    kva__cpu_scratch_bytes(plan->d.head_dim, plan->d.head_dim_v);
+        bytes =
+            partial_bytes(part) +
+            (size_t)pp.num_threads * kva__cpu_scratch_bytes(plan->d.head_dim, plan->d.head_dim_v);
     plan->workspace_bytes = bytes;
     if (bytes > 0)
         KVA_TRY(kva__context_reserve_workspace(ctx, bytes));
@@ -80,8 +83,8 @@ static void run_items(kva_context *ctx, kva__cpu_run *run)
     run->scratch = (unsigned char *)ctx->workspace + partial_bytes(part);
     run->scratch_stride = kva__cpu_scratch_bytes(D, Dv);
     /* The workspace holds scratch for the plan's thread count. */
-    int nt = ctx->num_threads < part->params.num_threads ? ctx->num_threads
-                                                          : part->params.num_threads;
+    int nt =
+        ctx->num_threads < part->params.num_threads ? ctx->num_threads : part->params.num_threads;
     if (nt > part->num_items)
         nt = part->num_items;
     if (nt < 1)
@@ -135,8 +138,8 @@ static kva_status cpu_attention_paged(kva_context *ctx, const kva_plan *plan, co
 }
 
 static kva_status cpu_attention_ragged(kva_context *ctx, const kva_plan *plan, const void *q,
-                                       const void *k, const void *v, const float *sinks,
-                                       void *out, float *lse)
+                                       const void *k, const void *v, const float *sinks, void *out,
+                                       float *lse)
 {
     return run_attention(ctx, plan, q, NULL, k, v, sinks, out, lse);
 }
