@@ -124,23 +124,6 @@ static double ref_cost(const kva_test_batch *b, const cfg *c)
     return s * c->H * (2.0 * c->D + c->Dv);
 }
 
-/* Replaces the plan's partition by one built with custom parameters, and
- * grows the workspace to match (what cpu_plan_build does with its defaults). */
-static kva_status repartition(kva_context *ctx, kva_plan *plan, const kva__partition_params *pp)
-{
-    kva__partition *part = NULL;
-    KVA_TRY(kva__partition_build(plan, pp, &part));
-    part->variant = plan->part->variant;
-    kva__partition_free(plan->part);
-    plan->part = part;
-    plan->info.num_work_items = part->num_items;
-    size_t bytes =
-        (((size_t)part->partial_floats * sizeof(float) + 63u) & ~(size_t)63u) +
-        (size_t)pp->num_threads * kva__cpu_scratch_bytes(plan->d.head_dim, plan->d.head_dim_v);
-    plan->workspace_bytes = bytes;
-    return kva__context_reserve_workspace(ctx, bytes);
-}
-
 /* Draws the case's random batch; with c->empties, every third request past
  * the first loses its queries (q_len 0 with its context kept, or q_len 0 and
  * seq_len 0 for every sixth), so that empty requests sit between others. */
@@ -258,7 +241,7 @@ static int32_t run_case_batch(const cfg *c0, const kva_test_batch *given, kva_pl
     CHECK_OK(kva_plan_create(ref, &pd, &pref));
     CHECK_OK(kva_plan_create(cpu, &pd, &pcpu));
     if (pcpu && c.pp)
-        CHECK_OK(repartition(cpu, pcpu, c.pp));
+        CHECK_OK(kva__cpu_plan_partition(cpu, pcpu, c.pp));
     if (pcpu && c.variant)
         pcpu->part->variant = c.variant;
 

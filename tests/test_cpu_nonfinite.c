@@ -42,22 +42,6 @@ static size_t compare_nf(const char *label, const float *got, const float *want,
     return bad;
 }
 
-/* Replaces the plan's partition by one built with pp and grows the workspace. */
-static kva_status repartition(kva_context *ctx, kva_plan *plan, const kva__partition_params *pp)
-{
-    kva__partition *part = NULL;
-    KVA_TRY(kva__partition_build(plan, pp, &part));
-    part->variant = plan->part->variant;
-    kva__partition_free(plan->part);
-    plan->part = part;
-    plan->info.num_work_items = part->num_items;
-    size_t bytes =
-        (((size_t)part->partial_floats * sizeof(float) + 63u) & ~(size_t)63u) +
-        (size_t)pp->num_threads * kva__cpu_scratch_bytes(plan->d.head_dim, plan->d.head_dim_v);
-    plan->workspace_bytes = bytes;
-    return kva__context_reserve_workspace(ctx, bytes);
-}
-
 /* One f32 problem over a paged cache (NHD, B = 16): H = 4 query heads on
  * Hkv = 2 kv heads, D = Dv = 64. */
 typedef struct problem {
@@ -149,7 +133,7 @@ static int run_problem(const char *label, problem *p, int use_sinks)
         CHECK_OK(kva_plan_create(cpu, &p->pd, &plan));
         if (plan && mode == 3) {
             kva__partition_params pp = {3, 8, 4, 7, 50, 40, 64};
-            CHECK_OK(repartition(cpu, plan, &pp));
+            CHECK_OK(kva__cpu_plan_partition(cpu, plan, &pp));
         }
         if (plan) {
             splits += plan->part->num_tasks > 0;

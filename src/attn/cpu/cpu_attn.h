@@ -76,6 +76,12 @@ kva__cpu_attn_fn kva__cpu_attn_variant(int v);
 /* The variant the dispatcher picks for a plan (1-based). */
 int kva__cpu_attn_choose(const kva_plan *plan);
 
+/* Partitions the plan with pp (replacing any partition it has, keeping its
+ * kernel variant), records the workspace it needs and reserves it in ctx.
+ * plan_build calls it with the defaults; tests call it with other parameters. */
+kva_status kva__cpu_plan_partition(kva_context *ctx, kva_plan *plan,
+                                   const kva__partition_params *pp);
+
 /* Merges the partials of split task t into out/lse, adding the sink once (cpu_merge.c). */
 void kva__cpu_merge_task(const kva__cpu_run *run, const kva__split_task *t);
 

@@ -36,6 +36,29 @@ static size_t partial_bytes(const kva__partition *part)
     return ((size_t)part->partial_floats * sizeof(float) + 63u) & ~(size_t)63u;
 }
 
+kva_status kva__cpu_plan_partition(kva_context *ctx, kva_plan *plan,
+                                   const kva__partition_params *pp)
+{
+    kva__partition *part = NULL;
+    KVA_TRY(kva__partition_build(plan, pp, &part));
+    part->variant = plan->part ? plan->part->variant : kva__cpu_attn_choose(plan);
+    size_t bytes = 0;
+    if (part->num_items > 0)
+        bytes =
+            partial_bytes(part) +
+            (size_t)pp->num_threads * kva__cpu_scratch_bytes(plan->d.head_dim, plan->d.head_dim_v);
+    kva_status st = kva__context_reserve_workspace(ctx, bytes);
+    if (st != KVA_STATUS_OK) {
+        kva__partition_free(part);
+        return st;
+    }
+    kva__partition_free(plan->part);
+    plan->part = part;
+    plan->info.num_work_items = part->num_items;
+    plan->workspace_bytes = bytes;
+    return KVA_STATUS_OK;
+}
+
 static kva_status cpu_plan_build(kva_context *ctx, kva_plan *plan)
 {
     kva__partition_params pp;
@@ -46,20 +69,7 @@ static kva_status cpu_plan_build(kva_context *ctx, kva_plan *plan)
     pp.min_split_keys = 128;
     pp.max_splits = 64;
     pp.items_per_thread = 4;
-    kva__partition *part = NULL;
-    KVA_TRY(kva__partition_build(plan, &pp, &part));
-    part->variant = kva__cpu_attn_choose(plan);
-    plan->part = part;
-    plan->info.num_work_items = part->num_items;
-    size_t bytes = 0;
-    if (part->num_items > 0)
-        bytes =
-            partial_bytes(part) +
-            (size_t)pp.num_threads * kva__cpu_scratch_bytes(plan->d.head_dim, plan->d.head_dim_v);
-    plan->workspace_bytes = bytes;
-    if (bytes > 0)
-        KVA_TRY(kva__context_reserve_workspace(ctx, bytes));
-    return KVA_STATUS_OK;
+    return kva__cpu_plan_partition(ctx, plan, &pp);
 }
 
 static void cpu_plan_release(kva_plan *plan)
