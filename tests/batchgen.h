@@ -168,7 +168,7 @@ static inline kva_plan_desc kva_test_batch_plan_desc(const kva_test_batch *b, in
 }
 
 /* Creates a cache sized for the batch and fills all of its K and V storage
- * with N(0, 1) values (so shared and unused blocks hold data too). */
+ * with unit-variance uniform values (so shared and unused blocks hold data too). */
 static inline kva_status kva_test_batch_cache(const kva_test_batch *b, kva_context *ctx,
                                               kva_rng *rng, int32_t Hkv, int32_t D, int32_t Dv,
                                               kva_dtype dtype, kva_layout layout, kva_cache **out)
@@ -189,8 +189,8 @@ static inline kva_status kva_test_batch_cache(const kva_test_batch *b, kva_conte
     void *k, *v;
     kva_cache_data(*out, &k, &v);
     size_t rows = (size_t)b->num_blocks * (size_t)b->block_size * (size_t)Hkv;
-    kva_test_fill(k, dtype, rows * (size_t)D, rng, 1.0);
-    kva_test_fill(v, dtype, rows * (size_t)Dv, rng, 1.0);
+    kva_test_fill_uniform(k, dtype, rows * (size_t)D, rng);
+    kva_test_fill_uniform(v, dtype, rows * (size_t)Dv, rng);
     return KVA_STATUS_OK;
 }
 

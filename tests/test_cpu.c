@@ -73,48 +73,6 @@ static void print_cfg(const cfg *c)
             c->pp ? " custom-partition" : "");
 }
 
-/* Fills n elements with uniform values of unit variance in (-sqrt 3, sqrt 3),
- * never zero: much cheaper than kva_test_fill's Box-Muller normals, which
- * dominated this test's run time on caches of 10^7 elements. */
-static void fast_fill(void *p, kva_dtype dt, size_t n, kva_rng *rng)
-{
-    for (size_t i = 0; i < n; i++) {
-        uint64_t u = kva_rng_u64(rng);
-        float x = (float)((int64_t)(u >> 11) - (int64_t)(1ull << 52)) * (float)(1.7320508 / 0x1p52);
-        if (x == 0.0f)
-            x = 0.5f;
-        if (dt == KVA_DTYPE_F32)
-            ((float *)p)[i] = x;
-        else if (dt == KVA_DTYPE_F16)
-            ((uint16_t *)p)[i] = kva_f32_to_f16(x);
-        else
-            ((uint16_t *)p)[i] = kva_f32_to_bf16(x);
-    }
-}
-
-/* A cache sized for the batch, every element (unused and shared blocks too) random. */
-static kva_status make_cache(const kva_test_batch *b, kva_context *ctx, kva_rng *rng, int32_t Hkv,
-                             int32_t D, int32_t Dv, kva_dtype dt, kva_layout layout,
-                             kva_cache **out)
-{
-    kva_cache_desc cd;
-    memset(&cd, 0, sizeof cd);
-    cd.num_blocks = b->num_blocks;
-    cd.block_size = b->block_size;
-    cd.num_kv_heads = Hkv;
-    cd.head_dim = D;
-    cd.head_dim_v = Dv;
-    cd.dtype = dt;
-    cd.layout = layout;
-    KVA_TRY(kva_cache_create(ctx, &cd, out));
-    void *k, *v;
-    KVA_TRY(kva_cache_data(*out, &k, &v));
-    size_t rows = (size_t)b->num_blocks * (size_t)b->block_size * (size_t)Hkv;
-    fast_fill(k, dt, rows * (size_t)D, rng);
-    fast_fill(v, dt, rows * (size_t)Dv, rng);
-    return KVA_STATUS_OK;
-}
-
 /* Multiply-adds the fp64 reference spends on a batch (two passes over the keys). */
 static double ref_cost(const kva_test_batch *b, const cfg *c)
 {
@@ -210,10 +168,10 @@ static int32_t run_case_batch(const cfg *c0, const kva_test_batch *given, kva_pl
     if (c.ragged) {
         k = malloc((size_t)(kv_rows + 1) * Hkv * D * esz);
         v = malloc((size_t)(kv_rows + 1) * Hkv * Dv * esz);
-        fast_fill(k, c.dt, (size_t)kv_rows * Hkv * D, &rng);
-        fast_fill(v, c.dt, (size_t)kv_rows * Hkv * Dv, &rng);
+        kva_test_fill_uniform(k, c.dt, (size_t)kv_rows * Hkv * D, &rng);
+        kva_test_fill_uniform(v, c.dt, (size_t)kv_rows * Hkv * Dv, &rng);
     } else {
-        CHECK_OK(make_cache(b, ref, &rng, Hkv, D, Dv, c.dt, c.layout, &cache));
+        CHECK_OK(kva_test_batch_cache(b, ref, &rng, Hkv, D, Dv, c.dt, c.layout, &cache));
     }
 
     kva_plan_desc pd = kva_test_batch_plan_desc(b, H, Hkv, D, Dv, c.dt);
@@ -249,7 +207,7 @@ static int32_t run_case_batch(const cfg *c0, const kva_test_batch *given, kva_pl
     void *q = malloc(nq * esz + 1);
     void *out_ref = malloc(no * esz + 1), *out_cpu = malloc(no * esz + 1);
     float *lse_ref = malloc(nl * sizeof(float) + 1), *lse_cpu = malloc(nl * sizeof(float) + 1);
-    fast_fill(q, c.dt, nq, &rng);
+    kva_test_fill_uniform(q, c.dt, nq, &rng);
 
     if (pref && pcpu) {
         const float *sk = c.sinks ? sinks : NULL;

@@ -8,6 +8,51 @@
 #include "harness.h"
 #include "internal.h"
 
+/*
+ * Merges states a (out [T, H, Dv] in dt, lse la [T, H]) and b on the
+ * reference and on a CPU context of `threads` threads, outputs poisoned first,
+ * and compares; then repeats the CPU merge in place into side a (in_a) or
+ * side b, which overwrites that side, and compares again.
+ */
+static void check_merge(kva_dtype dt, int32_t T, int32_t H, int32_t Dv, int32_t threads, void *a,
+                        float *la, void *bb, float *lb, int in_a)
+{
+    const size_t n = (size_t)T * H * Dv, nl = (size_t)T * H, esz = kva_dtype_size(dt);
+    void *o_ref = malloc(n * esz), *o_cpu = malloc(n * esz);
+    float *l_ref = malloc(nl * 4), *l_cpu = malloc(nl * 4);
+    kva_context_desc rd = {KVA_BACKEND_REF, 0, 0}, cd = {KVA_BACKEND_CPU, threads, 0};
+    kva_context *ref = NULL, *cpu = NULL;
+    CHECK_OK(kva_context_create(&rd, &ref));
+    CHECK_OK(kva_context_create(&cd, &cpu));
+    kva_test_poison(o_ref, dt, n);
+    kva_test_poison(o_cpu, dt, n);
+    kva_test_poison(l_ref, KVA_DTYPE_F32, nl);
+    kva_test_poison(l_cpu, KVA_DTYPE_F32, nl);
+    CHECK_OK(kva_merge_states(ref, T, H, Dv, dt, a, la, bb, lb, o_ref, l_ref));
+    CHECK_OK(kva_merge_states(cpu, T, H, Dv, dt, a, la, bb, lb, o_cpu, l_cpu));
+    size_t bad =
+        kva_test_compare("merge out", o_cpu, o_ref, dt, n, kva_test_atol(dt), kva_test_rtol(dt));
+    bad += kva_test_compare_f32("merge lse", l_cpu, l_ref, nl, kva_test_atol(KVA_DTYPE_F32),
+                                kva_test_rtol(KVA_DTYPE_F32));
+    CHECK_MSG(bad == 0, "merge_states %s T=%d H=%d Dv=%d: %zu mismatches", kva_dtype_name(dt),
+              (int)T, (int)H, (int)Dv, bad);
+    void *io = in_a ? a : bb;
+    float *il = in_a ? la : lb;
+    CHECK_OK(kva_merge_states(cpu, T, H, Dv, dt, a, la, bb, lb, io, il));
+    bad =
+        kva_test_compare("merge in place", io, o_ref, dt, n, kva_test_atol(dt), kva_test_rtol(dt));
+    bad += kva_test_compare_f32("merge lse in place", il, l_ref, nl, kva_test_atol(KVA_DTYPE_F32),
+                                kva_test_rtol(KVA_DTYPE_F32));
+    CHECK_MSG(bad == 0, "in-place merge_states %s (into %s): %zu mismatches", kva_dtype_name(dt),
+              in_a ? "a" : "b", bad);
+    kva_context_destroy(ref);
+    kva_context_destroy(cpu);
+    free(o_ref);
+    free(o_cpu);
+    free(l_ref);
+    free(l_cpu);
+}
+
 /* Random rows, some sides -inf, then the same merge in place. */
 static void test_merge_states(void)
 {
@@ -18,10 +63,8 @@ static void test_merge_states(void)
         const int32_t T = kva_rng_int(&rng, 1, 300), H = kva_rng_int(&rng, 1, 8);
         const int32_t Dv = 8 * kva_rng_int(&rng, 1, 32);
         const size_t n = (size_t)T * H * Dv, nl = (size_t)T * H, esz = kva_dtype_size(dt);
-        void *a = malloc(n * esz), *bb = malloc(n * esz), *o_ref = malloc(n * esz),
-             *o_cpu = malloc(n * esz);
-        float *la = malloc(nl * 4), *lb = malloc(nl * 4), *l_ref = malloc(nl * 4),
-              *l_cpu = malloc(nl * 4);
+        void *a = malloc(n * esz), *bb = malloc(n * esz);
+        float *la = malloc(nl * 4), *lb = malloc(nl * 4);
         kva_test_fill(a, dt, n, &rng, 1.0);
         kva_test_fill(bb, dt, n, &rng, 1.0);
         for (size_t x = 0; x < nl; x++) {
@@ -29,41 +72,11 @@ static void test_merge_states(void)
             la[x] = kind == 0 ? -INFINITY : (float)(kva_rng_normal(&rng) * 4);
             lb[x] = kind == 1 || kind == 2 ? -INFINITY : (float)(kva_rng_normal(&rng) * 4);
         }
-        kva_context_desc rd = {KVA_BACKEND_REF, 0, 0}, cd = {KVA_BACKEND_CPU, 1 + i % 3, 0};
-        kva_context *ref = NULL, *cpu = NULL;
-        CHECK_OK(kva_context_create(&rd, &ref));
-        CHECK_OK(kva_context_create(&cd, &cpu));
-        kva_test_poison(o_ref, dt, n);
-        kva_test_poison(o_cpu, dt, n);
-        kva_test_poison(l_ref, KVA_DTYPE_F32, nl);
-        kva_test_poison(l_cpu, KVA_DTYPE_F32, nl);
-        CHECK_OK(kva_merge_states(ref, T, H, Dv, dt, a, la, bb, lb, o_ref, l_ref));
-        CHECK_OK(kva_merge_states(cpu, T, H, Dv, dt, a, la, bb, lb, o_cpu, l_cpu));
-        size_t bad = kva_test_compare("merge out", o_cpu, o_ref, dt, n, kva_test_atol(dt),
-                                      kva_test_rtol(dt));
-        bad += kva_test_compare_f32("merge lse", l_cpu, l_ref, nl, kva_test_atol(KVA_DTYPE_F32),
-                                    kva_test_rtol(KVA_DTYPE_F32));
-        CHECK_MSG(bad == 0, "merge_states %s T=%d H=%d Dv=%d: %zu mismatches", kva_dtype_name(dt),
-                  (int)T, (int)H, (int)Dv, bad);
-        /* In place: out aliases out_a (i odd) or out_b, lse_out aliases the same side. */
-        void *io = i % 2 ? a : bb;
-        float *il = i % 2 ? la : lb;
-        CHECK_OK(kva_merge_states(cpu, T, H, Dv, dt, a, la, bb, lb, io, il));
-        bad = kva_test_compare("merge in place", io, o_ref, dt, n, kva_test_atol(dt),
-                               kva_test_rtol(dt));
-        bad += kva_test_compare_f32("merge lse in place", il, l_ref, nl,
-                                    kva_test_atol(KVA_DTYPE_F32), kva_test_rtol(KVA_DTYPE_F32));
-        CHECK_MSG(bad == 0, "in-place merge_states: %zu mismatches", bad);
-        kva_context_destroy(ref);
-        kva_context_destroy(cpu);
+        check_merge(dt, T, H, Dv, 1 + i % 3, a, la, bb, lb, i % 2);
         free(a);
         free(bb);
-        free(o_ref);
-        free(o_cpu);
         free(la);
         free(lb);
-        free(l_ref);
-        free(l_cpu);
     }
 }
 
@@ -78,10 +91,8 @@ static void test_merge_states_nonfinite(void)
         const kva_dtype dt = dts[i % 3];
         const int32_t T = 97, H = 3, Dv = i < 3 ? 8 : 72;
         const size_t n = (size_t)T * H * Dv, nl = (size_t)T * H, esz = kva_dtype_size(dt);
-        unsigned char *a = malloc(n * esz), *bb = malloc(n * esz), *o_ref = malloc(n * esz),
-                      *o_cpu = malloc(n * esz);
-        float *la = malloc(nl * 4), *lb = malloc(nl * 4), *l_ref = malloc(nl * 4),
-              *l_cpu = malloc(nl * 4);
+        unsigned char *a = malloc(n * esz), *bb = malloc(n * esz);
+        float *la = malloc(nl * 4), *lb = malloc(nl * 4);
         kva_test_fill(a, dt, n, &rng, 1.0);
         kva_test_fill(bb, dt, n, &rng, 1.0);
         for (size_t x = 0; x < nl; x++) {
@@ -109,39 +120,11 @@ static void test_merge_states_nonfinite(void)
                 kva_test_poison(rb, dt, (size_t)Dv);
             }
         }
-        kva_context_desc rd = {KVA_BACKEND_REF, 0, 0}, cd = {KVA_BACKEND_CPU, 1 + i % 2, 0};
-        kva_context *ref = NULL, *cpu = NULL;
-        CHECK_OK(kva_context_create(&rd, &ref));
-        CHECK_OK(kva_context_create(&cd, &cpu));
-        kva_test_poison(o_ref, dt, n);
-        kva_test_poison(o_cpu, dt, n);
-        kva_test_poison(l_ref, KVA_DTYPE_F32, nl);
-        kva_test_poison(l_cpu, KVA_DTYPE_F32, nl);
-        CHECK_OK(kva_merge_states(ref, T, H, Dv, dt, a, la, bb, lb, o_ref, l_ref));
-        CHECK_OK(kva_merge_states(cpu, T, H, Dv, dt, a, la, bb, lb, o_cpu, l_cpu));
-        size_t bad = kva_test_compare("merge out", o_cpu, o_ref, dt, n, kva_test_atol(dt),
-                                      kva_test_rtol(dt));
-        bad += kva_test_compare_f32("merge lse", l_cpu, l_ref, nl, kva_test_atol(KVA_DTYPE_F32),
-                                    kva_test_rtol(KVA_DTYPE_F32));
-        CHECK_MSG(bad == 0, "merge_states %s Dv=%d: %zu mismatches", kva_dtype_name(dt), (int)Dv,
-                  bad);
-        /* In place over the garbage side: out aliases a, lse_out aliases la. */
-        CHECK_OK(kva_merge_states(cpu, T, H, Dv, dt, a, la, bb, lb, a, la));
-        bad = kva_test_compare("merge in place", a, o_ref, dt, n, kva_test_atol(dt),
-                               kva_test_rtol(dt));
-        bad += kva_test_compare_f32("merge lse in place", la, l_ref, nl,
-                                    kva_test_atol(KVA_DTYPE_F32), kva_test_rtol(KVA_DTYPE_F32));
-        CHECK_MSG(bad == 0, "in-place merge_states %s: %zu mismatches", kva_dtype_name(dt), bad);
-        kva_context_destroy(ref);
-        kva_context_destroy(cpu);
+        check_merge(dt, T, H, Dv, 1 + i % 2, a, la, bb, lb, 1);
         free(a);
         free(bb);
-        free(o_ref);
-        free(o_cpu);
         free(la);
         free(lb);
-        free(l_ref);
-        free(l_cpu);
     }
 }
 
