@@ -90,7 +90,7 @@ static void locate_chunk(const kva__cpu_run *run, int32_t r, int32_t kvh, int32_
 {
     const kva_plan *plan = run->plan;
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
-    const size_t esz = kva_dtype_size(run->dt);
+    const size_t esz = kva_dtype_size(run->kv_dt);
     if (run->cache) {
         const kva_cache_desc *cd = &run->cache->desc;
         const int32_t B = cd->block_size;
@@ -151,7 +151,7 @@ static void load_chunk(const kva__cpu_run *run, const chunk_rows *cr, int32_t n,
                        kva__cpu_scratch *s)
 {
     const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
-    if (run->dt == KVA_DTYPE_F32) {
+    if (run->kv_dt == KVA_DTYPE_F32) {
         for (int32_t t = 0; t < n; t++) {
             s->kp[t] = (const float *)cr->k[t];
             s->vp[t] = (const float *)cr->v[t];
@@ -159,8 +159,8 @@ static void load_chunk(const kva__cpu_run *run, const chunk_rows *cr, int32_t n,
         return;
     }
     for (int32_t t = 0; t < n; t++) {
-        kva__cpu_load_row(s->kbuf + (size_t)t * D, cr->k[t], run->dt, D);
-        kva__cpu_load_row(s->vbuf + (size_t)t * Dv, cr->v[t], run->dt, Dv);
+        kva__cpu_load_row(s->kbuf + (size_t)t * D, cr->k[t], run->kv_dt, D);
+        kva__cpu_load_row(s->vbuf + (size_t)t * Dv, cr->v[t], run->kv_dt, Dv);
         s->kp[t] = s->kbuf + (size_t)t * D;
         s->vp[t] = s->vbuf + (size_t)t * Dv;
     }
@@ -280,7 +280,8 @@ void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it, kva__cp
 
     /* Rows of the current and of the next chunk (prefetched one chunk ahead). */
     chunk_rows rows[2];
-    const size_t kbytes = (size_t)D * esz, vbytes = (size_t)Dv * esz;
+    const size_t kv_esz = kva_dtype_size(run->kv_dt);
+    const size_t kbytes = (size_t)D * kv_esz, vbytes = (size_t)Dv * kv_esz;
     int cur = 0;
     if (it->k0 < it->k1)
         locate_chunk(run, r, it->kv_head, it->k0,

@@ -29,7 +29,8 @@
 typedef struct kva__cpu_run {
     const kva_plan *plan;
     const kva__partition *part;
-    kva_dtype dt;  /* dtype of q, out and K/V */
+    kva_dtype dt;    /* dtype of q and out */
+    kva_dtype kv_dt; /* storage dtype of K/V rows (dt unless the cache is quantized) */
     const void *q; /* [T, H, D] */
     /* K/V source: a paged cache, or (cache == NULL) ragged rows
      * k: [sum(seq_lens), Hkv, D], v: [sum(seq_lens), Hkv, Dv]. */

@@ -129,6 +129,7 @@ static kva_status run_attention(kva_context *ctx, const kva_plan *plan, const vo
     run.plan = plan;
     run.part = plan->part;
     run.dt = plan->d.q_dtype;
+    run.kv_dt = cache ? cache->desc.dtype : plan->d.q_dtype;
     run.q = q;
     run.cache = cache;
     run.k = k;
