@@ -1,0 +1,285 @@
+/*
+ * cmd_serve_sim.c - `kvattn serve-sim`: parses the options, runs the
+ * simulation (tools/serve_*.c, docs/serve-sim.md) and prints vllm bench
+ * serve's result table.
+ */
+#include "cli.h"
+#include "serve_sim.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void kva_cli_usage_serve_sim(void)
+{
+    serve_opts d;
+    serve_opts_init(&d);
+    printf("usage: kvattn serve-sim [options]\n"
+           "\n"
+           "Simulates an LLM server on the real library: a vLLM-v1-style scheduler\n"
+           "(continuous batching, token budget, chunked prefill, preemption by recompute)\n"
+           "over the block pool with prefix caching, and a model of L attention layers with\n"
+           "random q/K/V; each step writes K/V into the paged caches and runs attention for\n"
+           "every layer. Prints vllm bench serve's result table. Time is the measured wall\n"
+           "time of the steps (idle gaps between arrivals are skipped, not slept).\n"
+           "\n"
+           "workload (vllm bench serve --dataset-name random):\n"
+           "  --num-prompts N          requests                         [%d]\n"
+           "  --input-len N            prompt tokens after the prefix   [%d]\n"
+           "  --output-len N           generated tokens per request     [%d]\n"
+           "  --range-ratio r          lengths uniform in len*(1-r)..len*(1+r), 0 <= r < 1 [%g]\n"
+           "  --prefix-len N           shared prefix tokens of every prompt [%d]\n"
+           "  --request-rate R|inf     Poisson arrivals, requests/s; inf = all at once [inf]\n"
+           "  --max-concurrency N      most requests in flight, 0 = no limit [0]\n"
+           "  --seed N                 workload and data seed           [%llu]\n"
+           "scheduler:\n"
+           "  --max-num-batched-tokens N  token budget of a step        [%d]\n"
+           "  --max-num-seqs N         most running requests            [%d]\n"
+           "  --no-chunked-prefill     a prefill must fit one step's budget whole\n"
+           "  --no-prefix-caching      no prefix cache in the block pool\n"
+           "  --hash sha256|xxh3       block hash of the prefix cache   [sha256]\n"
+           "model (one slice of Llama-3-8B's attention by default):\n"
+           "  --layers L               attention layers                 [%d]\n"
+           "  --num-heads H            query heads                      [%d]\n"
+           "  --num-kv-heads Hkv       kv heads (H multiple of Hkv)     [%d]\n"
+           "  --head-dim D             head size, multiple of 8, <= 256 [%d]\n"
+           "  --block-size B           tokens per cache block           [%d]\n"
+           "  --dtype f32|f16|bf16     q, cache and output dtype        [bf16]\n"
+           "  --num-blocks NB          blocks per layer cache (and pool), 0 = from\n"
+           "                           --kv-cache-mem                   [0]\n"
+           "  --kv-cache-mem SIZE      K+V memory of all layers, e.g. 512M, 2G [512M]\n"
+           "run:\n"
+           "  --backend ref|cpu|cuda   attention backend                [cpu]\n"
+           "  --threads N              CPU threads, 0 = all cores       [0]\n"
+           "  --verify                 check sampled steps against the reference backend\n"
+           "                           and the pool invariants after every step; exit 1 on\n"
+           "                           a mismatch\n"
+           "  --json FILE              also write the results as JSON (vllm's field names)\n"
+           "  --progress, --no-progress  progress bar on stderr [on when stderr is a tty]\n"
+           "\n"
+           "Exit status: 0 success, 1 library error or failed check, 2 bad usage.\n",
+           (int)d.num_prompts, (int)d.input_len, (int)d.output_len, d.range_ratio,
+           (int)d.prefix_len, (unsigned long long)d.seed, (int)d.max_num_batched_tokens,
+           (int)d.max_num_seqs, (int)d.layers, (int)d.heads, (int)d.kv_heads, (int)d.head_dim,
+           (int)d.block_size);
+}
+
+/* "512M", "2G", "1.5G", "65536K" or plain bytes; binary units. */
+static int parse_size(const char *flag, const char *s, int64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    double mul = 1.0;
+    if (end != s && *end) {
+        switch (*end) {
+        case 'k': case 'K': mul = 1024.0; break;
+        case 'm': case 'M': mul = 1024.0 * 1024.0; break;
+        case 'g': case 'G': mul = 1024.0 * 1024.0 * 1024.0; break;
+        default: mul = 0.0;
+        }
+        end++;
+        if (*end == 'i' && end[1] == 'B')
+            end += 2;
+        else if (*end == 'B')
+            end++;
+    }
+    if (end == s || *end != '\0' || mul == 0.0 || errno == ERANGE || !isfinite(v) || v <= 0 ||
+        v * mul > 1e15) {
+        fprintf(stderr, "kvattn: %s: '%s' is not a size (e.g. 512M, 2G, or bytes)\n", flag, s);
+        return 0;
+    }
+    *out = (int64_t)(v * mul);
+    return 1;
+}
+
+/* Parses argv into o; returns -1 on success, else the exit status. */
+static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
+{
+    static const char *const dtypes[] = {"f32", "f16", "bf16"};
+    static const kva_dtype dtype_vals[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
+    static const char *const backends[] = {"ref", "cpu", "cuda"};
+    static const char *const hashes[] = {"sha256", "xxh3"};
+    static const char *const value_flags[] = {
+        "--num-prompts",  "--input-len",    "--output-len",   "--range-ratio",
+        "--prefix-len",   "--request-rate", "--max-concurrency", "--seed",
+        "--max-num-batched-tokens", "--max-num-seqs", "--hash", "--layers",
+        "--num-heads",    "--num-kv-heads", "--head-dim",     "--block-size",
+        "--dtype",        "--num-blocks",   "--kv-cache-mem", "--backend",
+        "--threads",      "--json"};
+    const int32_t BIG = 1 << 24;
+    serve_opts_init(o);
+    o->progress = isatty(STDERR_FILENO);
+    *json = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int k = 0, ok = 1;
+        float fv = 0;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            kva_cli_usage_serve_sim();
+            return KVA_EXIT_OK;
+        }
+        if (strcmp(a, "--no-chunked-prefill") == 0) {
+            o->chunked_prefill = 0;
+            continue;
+        }
+        if (strcmp(a, "--no-prefix-caching") == 0) {
+            o->prefix_caching = 0;
+            continue;
+        }
+        if (strcmp(a, "--verify") == 0) {
+            o->verify = 1;
+            o->check_pool = 1;
+            continue;
+        }
+        if (strcmp(a, "--progress") == 0 || strcmp(a, "--no-progress") == 0) {
+            o->progress = a[2] == 'p';
+            continue;
+        }
+        const char *f = NULL;
+        for (size_t n = 0; n < sizeof value_flags / sizeof value_flags[0]; n++)
+            if (kva_cli_flag_is(a, value_flags[n]))
+                f = value_flags[n];
+        if (!f) {
+            fprintf(stderr, "kvattn serve-sim: unknown option '%s' (see kvattn serve-sim --help)\n",
+                    a);
+            return KVA_EXIT_USAGE;
+        }
+        const char *val = kva_cli_flag_value(argc, argv, &i, f);
+        if (!val)
+            return KVA_EXIT_USAGE;
+        if (!strcmp(f, "--num-prompts"))
+            ok = kva_cli_parse_i32(f, val, 1, BIG, &o->num_prompts);
+        else if (!strcmp(f, "--input-len"))
+            ok = kva_cli_parse_i32(f, val, 0, BIG, &o->input_len);
+        else if (!strcmp(f, "--output-len"))
+            ok = kva_cli_parse_i32(f, val, 1, BIG, &o->output_len);
+        else if (!strcmp(f, "--range-ratio")) {
+            ok = kva_cli_parse_float(f, val, 0.0f, 0.999f, &fv);
+            o->range_ratio = fv;
+        } else if (!strcmp(f, "--prefix-len"))
+            ok = kva_cli_parse_i32(f, val, 0, BIG, &o->prefix_len);
+        else if (!strcmp(f, "--request-rate")) {
+            if (strcmp(val, "inf") == 0)
+                o->request_rate = 0.0;
+            else {
+                ok = kva_cli_parse_float(f, val, 1e-6f, 1e9f, &fv);
+                o->request_rate = fv;
+            }
+        } else if (!strcmp(f, "--max-concurrency"))
+            ok = kva_cli_parse_i32(f, val, 0, BIG, &o->max_concurrency);
+        else if (!strcmp(f, "--seed"))
+            ok = kva_cli_parse_u64(f, val, &o->seed);
+        else if (!strcmp(f, "--max-num-batched-tokens"))
+            ok = kva_cli_parse_i32(f, val, 1, BIG, &o->max_num_batched_tokens);
+        else if (!strcmp(f, "--max-num-seqs"))
+            ok = kva_cli_parse_i32(f, val, 1, BIG, &o->max_num_seqs);
+        else if (!strcmp(f, "--hash")) {
+            ok = kva_cli_parse_choice(f, val, hashes, 2, &k);
+            o->hash = k == 0 ? KVA_POOL_HASH_SHA256 : KVA_POOL_HASH_XXH3_128;
+        } else if (!strcmp(f, "--layers"))
+            ok = kva_cli_parse_i32(f, val, 1, 1024, &o->layers);
+        else if (!strcmp(f, "--num-heads"))
+            ok = kva_cli_parse_i32(f, val, 1, KVA_MAX_HEADS, &o->heads);
+        else if (!strcmp(f, "--num-kv-heads"))
+            ok = kva_cli_parse_i32(f, val, 1, KVA_MAX_HEADS, &o->kv_heads);
+        else if (!strcmp(f, "--head-dim"))
+            ok = kva_cli_parse_i32(f, val, 8, 256, &o->head_dim);
+        else if (!strcmp(f, "--block-size"))
+            ok = kva_cli_parse_i32(f, val, 1, 65536, &o->block_size);
+        else if (!strcmp(f, "--dtype")) {
+            ok = kva_cli_parse_choice(f, val, dtypes, 3, &k);
+            o->dtype = dtype_vals[k];
+        } else if (!strcmp(f, "--num-blocks"))
+            ok = kva_cli_parse_i32(f, val, 0, 1 << 30, &o->num_blocks);
+        else if (!strcmp(f, "--kv-cache-mem"))
+            ok = parse_size(f, val, &o->kv_cache_mem);
+        else if (!strcmp(f, "--backend")) {
+            ok = kva_cli_parse_choice(f, val, backends, 3, &k);
+            o->backend = (kva_backend)k;
+        } else if (!strcmp(f, "--threads"))
+            ok = kva_cli_parse_i32(f, val, 0, KVA_MAX_THREADS, &o->threads);
+        else if (!strcmp(f, "--json")) {
+            *json = val;
+            if (!*val) {
+                fprintf(stderr, "kvattn: --json: empty file name\n");
+                ok = 0;
+            }
+        }
+        if (!ok)
+            return KVA_EXIT_USAGE;
+    }
+    if (o->head_dim % 8 != 0) {
+        fprintf(stderr, "kvattn: --head-dim %d: must be a multiple of 8\n", (int)o->head_dim);
+        return KVA_EXIT_USAGE;
+    }
+    if (o->heads % o->kv_heads != 0) {
+        fprintf(stderr, "kvattn: --num-heads %d is not a multiple of --num-kv-heads %d\n",
+                (int)o->heads, (int)o->kv_heads);
+        return KVA_EXIT_USAGE;
+    }
+    if (o->num_blocks == 1) {
+        fprintf(stderr, "kvattn: --num-blocks 1: the pool needs at least 2 blocks (block 0 is "
+                        "the null block)\n");
+        return KVA_EXIT_USAGE;
+    }
+    if ((int64_t)o->prefix_len + (int64_t)(o->input_len * (1.0 + o->range_ratio)) +
+            (int64_t)(o->output_len * (1.0 + o->range_ratio)) >
+        (1 << 30)) {
+        fprintf(stderr, "kvattn: --prefix-len + --input-len + --output-len is too large\n");
+        return KVA_EXIT_USAGE;
+    }
+    if (o->backend == KVA_BACKEND_CUDA) {
+        if (!kva_backend_available(KVA_BACKEND_CUDA))
+            fprintf(stderr, "kvattn: --backend cuda: the CUDA backend is not available in this "
+                            "build or on this machine (see kvattn info)\n");
+        else
+            fprintf(stderr, "kvattn: --backend cuda: serve-sim does not support the CUDA "
+                            "backend yet (its q/K/V/output buffers are host memory)\n");
+        return KVA_EXIT_USAGE;
+    }
+    return -1;
+}
+
+int kva_cli_serve_sim(int argc, char **argv)
+{
+    serve_opts o;
+    const char *json = NULL;
+    int rc = parse_serve(argc, argv, &o, &json);
+    if (rc >= 0)
+        return rc;
+    serve_run run;
+    kva_status st = serve_sim_run(&o, NULL, NULL, &run);
+    if (st != KVA_STATUS_OK) {
+        fprintf(stderr, "kvattn serve-sim: %s\n", run.error);
+        serve_run_free(&run);
+        return KVA_EXIT_LIBRARY;
+    }
+    serve_opts_resolve(&o);
+    serve_metrics m;
+    if (!serve_metrics_compute(&run, &m)) {
+        fprintf(stderr, "kvattn serve-sim: out of memory for the metrics\n");
+        serve_run_free(&run);
+        return KVA_EXIT_LIBRARY;
+    }
+    serve_print_header(stdout, &o, &run);
+    serve_print_table(stdout, &o, &run, &m);
+    rc = KVA_EXIT_OK;
+    if (json && serve_write_json(json, &o, &run, &m) != 0) {
+        fprintf(stderr, "kvattn: cannot write --json file '%s'\n", json);
+        rc = KVA_EXIT_LIBRARY;
+    }
+    if (o.verify && run.stats.verify_failures > 0) {
+        fprintf(stderr,
+                "kvattn serve-sim: --verify: %d of %d checked steps differ from the reference "
+                "backend (max abs err %.3g)\n",
+                (int)run.stats.verify_failures, (int)run.stats.verify_steps,
+                run.stats.verify_max_err);
+        rc = KVA_EXIT_LIBRARY;
+    }
+    serve_run_free(&run);
+    return rc;
+}

@@ -1,0 +1,318 @@
+/*
+ * serve_metrics.c - the metrics of `kvattn serve-sim`, defined as vllm bench
+ * serve defines them, and their table and JSON file.
+ *
+ * Per request (times on the virtual clock, t_k the time of output token k):
+ *   TTFT = t_1 - submit time; E2EL = t_n - submit time;
+ *   TPOT = (t_n - t_1) / (n - 1), only for requests with n > 1 tokens;
+ *   ITL  = every gap t_{k+1} - t_k, pooled over all requests.
+ * Mean, median, standard deviation and P99 (numpy's linear interpolation) are
+ * over those samples. Throughputs divide totals by the duration (start to the
+ * last token). Peak output token throughput is the most tokens generated in
+ * one 1-second bucket of the run; peak concurrent requests the most requests
+ * in flight during one such bucket.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "serve_sim.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double serve_percentile(double *v, size_t n, double p)
+{
+    if (n == 0)
+        return 0.0;
+    qsort(v, n, sizeof *v, cmp_double);
+    double pos = p / 100.0 * (double)(n - 1);
+    size_t lo = (size_t)floor(pos), hi = lo + 1 < n ? lo + 1 : lo;
+    return v[lo] + (v[hi] - v[lo]) * (pos - (double)lo);
+}
+
+/* Mean, median, std and P99 of v [n] in milliseconds (v is sorted). */
+static void summarize(double *v, size_t n, double *mean, double *median, double *p99, double *sd)
+{
+    double s = 0.0, s2 = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += v[i];
+    *mean = n ? s / (double)n * 1e3 : 0.0;
+    for (size_t i = 0; i < n; i++)
+        s2 += (v[i] - s / (double)n) * (v[i] - s / (double)n);
+    *sd = n ? sqrt(s2 / (double)n) * 1e3 : 0.0;
+    *median = serve_percentile(v, n, 50.0) * 1e3;
+    *p99 = serve_percentile(v, n, 99.0) * 1e3;
+}
+
+int serve_metrics_compute(const serve_run *run, serve_metrics *m)
+{
+    memset(m, 0, sizeof *m);
+    const int32_t n = run->num_reqs;
+    size_t n_itl = 0;
+    for (int32_t i = 0; i < n; i++)
+        n_itl += run->reqs[i].num_output > 1 ? (size_t)run->reqs[i].num_output - 1 : 0;
+    double *ttft = malloc(((size_t)n + 1) * sizeof *ttft);
+    double *tpot = malloc(((size_t)n + 1) * sizeof *tpot);
+    double *e2el = malloc(((size_t)n + 1) * sizeof *e2el);
+    double *itl = malloc((n_itl + 1) * sizeof *itl);
+    int32_t nb = (int32_t)ceil(run->duration_s) + 1;
+    double *tok_bucket = calloc((size_t)nb, sizeof *tok_bucket);
+    int32_t *conc_bucket = calloc((size_t)nb, sizeof *conc_bucket);
+    if (!ttft || !tpot || !e2el || !itl || !tok_bucket || !conc_bucket) {
+        free(ttft);
+        free(tpot);
+        free(e2el);
+        free(itl);
+        free(tok_bucket);
+        free(conc_bucket);
+        return 0;
+    }
+    size_t n_tpot = 0, k_itl = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const serve_req *r = &run->reqs[i];
+        if (r->state != SERVE_REQ_FINISHED)
+            continue;
+        int32_t no = r->num_output;
+        m->completed++;
+        m->total_input += r->prompt_len;
+        m->total_output += no;
+        double first = r->token_s[0], last = r->token_s[no - 1];
+        ttft[m->completed - 1] = first - r->submit_s;
+        e2el[m->completed - 1] = last - r->submit_s;
+        if (no > 1)
+            tpot[n_tpot++] = (last - first) / (double)(no - 1);
+        for (int32_t k = 0; k < no; k++) {
+            if (k > 0)
+                itl[k_itl++] = r->token_s[k] - r->token_s[k - 1];
+            int32_t bkt = (int32_t)r->token_s[k];
+            if (bkt >= 0 && bkt < nb)
+                tok_bucket[bkt] += 1.0;
+        }
+        for (int32_t s = (int32_t)r->submit_s; s <= (int32_t)last && s < nb; s++)
+            conc_bucket[s]++;
+    }
+    for (int32_t s = 0; s < nb; s++) {
+        if (tok_bucket[s] > m->max_output_tokens_per_s)
+            m->max_output_tokens_per_s = tok_bucket[s];
+        if (conc_bucket[s] > m->max_concurrent_requests)
+            m->max_concurrent_requests = conc_bucket[s];
+    }
+    m->duration_s = run->duration_s;
+    double d = run->duration_s > 0 ? run->duration_s : 1e-9;
+    m->request_throughput = m->completed / d;
+    m->output_throughput = (double)m->total_output / d;
+    m->total_token_throughput = (double)(m->total_input + m->total_output) / d;
+    summarize(ttft, (size_t)m->completed, &m->mean_ttft_ms, &m->median_ttft_ms, &m->p99_ttft_ms,
+              &m->std_ttft_ms);
+    summarize(tpot, n_tpot, &m->mean_tpot_ms, &m->median_tpot_ms, &m->p99_tpot_ms,
+              &m->std_tpot_ms);
+    summarize(itl, k_itl, &m->mean_itl_ms, &m->median_itl_ms, &m->p99_itl_ms, &m->std_itl_ms);
+    double sd_e2el;
+    summarize(e2el, (size_t)m->completed, &m->mean_e2el_ms, &m->median_e2el_ms, &m->p99_e2el_ms,
+              &sd_e2el);
+    const serve_stats *st = &run->stats;
+    m->prefix_hit_rate =
+        st->admitted_tokens > 0 ? (double)st->cached_tokens / (double)st->admitted_tokens : 0.0;
+    double busy = st->step_s > 0 ? st->step_s : 1e-9;
+    m->attention_share = st->attention_s / busy;
+    m->write_share = st->write_s / busy;
+    m->plan_share = st->plan_s / busy;
+    free(ttft);
+    free(tpot);
+    free(e2el);
+    free(itl);
+    free(tok_bucket);
+    free(conc_bucket);
+    return 1;
+}
+
+void serve_print_header(FILE *f, const serve_opts *o, const serve_run *run)
+{
+    double mib = (double)serve_block_bytes(o) * (double)run->num_blocks / (1024.0 * 1024.0);
+    fprintf(f,
+            "serve-sim: backend %s (%d threads); model %d layers H=%d Hkv=%d D=%d %s B=%d; "
+            "KV pool %d blocks (%.0f MiB)\n",
+            kva_backend_name(o->backend), (int)run->threads, (int)o->layers, (int)o->heads,
+            (int)o->kv_heads, (int)o->head_dim, kva_dtype_name(o->dtype), (int)o->block_size,
+            (int)run->num_blocks, mib);
+    fprintf(f,
+            "serve-sim: %d prompts, prefix %d + input %d, output %d, range ratio %g, rate %s",
+            (int)o->num_prompts, (int)o->prefix_len, (int)o->input_len, (int)o->output_len,
+            o->range_ratio, o->request_rate > 0 ? "" : "inf");
+    if (o->request_rate > 0)
+        fprintf(f, "%g", o->request_rate);
+    fprintf(f, "; max-num-seqs %d, max-num-batched-tokens %d, chunked prefill %s, prefix caching "
+               "%s, seed %llu\n",
+            (int)o->max_num_seqs, (int)o->max_num_batched_tokens,
+            o->chunked_prefill ? "on" : "off", o->prefix_caching ? "on" : "off",
+            (unsigned long long)o->seed);
+}
+
+static void rule(FILE *f, const char *title, char c)
+{
+    int n = (int)strlen(title), left = (50 - n) / 2, right = 50 - n - left;
+    for (int i = 0; i < left; i++)
+        fputc(c, f);
+    fputs(title, f);
+    for (int i = 0; i < right; i++)
+        fputc(c, f);
+    fputc('\n', f);
+}
+
+#define ROW_I(name, v) fprintf(f, "%-40s %lld\n", name, (long long)(v))
+#define ROW_F(name, v) fprintf(f, "%-40s %.2f\n", name, (double)(v))
+
+void serve_print_table(FILE *f, const serve_opts *o, const serve_run *run, const serve_metrics *m)
+{
+    const serve_stats *st = &run->stats;
+    rule(f, " Serving Benchmark Result ", '=');
+    ROW_I("Successful requests:", m->completed);
+    if (o->max_concurrency > 0)
+        ROW_I("Maximum request concurrency:", o->max_concurrency);
+    ROW_F("Benchmark duration (s):", m->duration_s);
+    ROW_I("Total input tokens:", m->total_input);
+    ROW_I("Total generated tokens:", m->total_output);
+    ROW_F("Request throughput (req/s):", m->request_throughput);
+    ROW_F("Output token throughput (tok/s):", m->output_throughput);
+    ROW_F("Peak output token throughput (tok/s):", m->max_output_tokens_per_s);
+    ROW_I("Peak concurrent requests:", m->max_concurrent_requests);
+    ROW_F("Total Token throughput (tok/s):", m->total_token_throughput);
+    rule(f, "Time to First Token", '-');
+    ROW_F("Mean TTFT (ms):", m->mean_ttft_ms);
+    ROW_F("Median TTFT (ms):", m->median_ttft_ms);
+    ROW_F("P99 TTFT (ms):", m->p99_ttft_ms);
+    rule(f, "Time per Output Token (excl. 1st token)", '-');
+    ROW_F("Mean TPOT (ms):", m->mean_tpot_ms);
+    ROW_F("Median TPOT (ms):", m->median_tpot_ms);
+    ROW_F("P99 TPOT (ms):", m->p99_tpot_ms);
+    rule(f, "Inter-token Latency", '-');
+    ROW_F("Mean ITL (ms):", m->mean_itl_ms);
+    ROW_F("Median ITL (ms):", m->median_itl_ms);
+    ROW_F("P99 ITL (ms):", m->p99_itl_ms);
+    rule(f, "kvattn engine", '-');
+    ROW_F("Prefix cache hit rate (%):", 100.0 * m->prefix_hit_rate);
+    ROW_F("Attention share of step time (%):", 100.0 * m->attention_share);
+    ROW_F("KV cache write share of step time (%):", 100.0 * m->write_share);
+    ROW_I("Engine steps:", st->steps);
+    ROW_I("Preemptions:", st->preemptions);
+    ROW_F("Peak KV cache usage (%):", 100.0 * st->peak_kv_usage);
+    if (o->verify)
+        fprintf(f, "%-40s %d steps, %d failed (max abs err %.3g)\n", "Reference check:",
+                (int)st->verify_steps, (int)st->verify_failures, st->verify_max_err);
+    rule(f, "", '=');
+}
+
+static const char *state_names[] = {"prefill_no_cache", "prefill_cache_hit", "decode_only",
+                                    "chunked_prefill",  "spec_decoding",     "empty"};
+
+int serve_write_json(const char *path, const serve_opts *o, const serve_run *run,
+                     const serve_metrics *m)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    const serve_stats *st = &run->stats;
+    char date[32] = "";
+    time_t now = time(NULL);
+    struct tm tmv;
+    if (gmtime_r(&now, &tmv))
+        strftime(date, sizeof date, "%Y%m%d-%H%M%S", &tmv);
+    fprintf(f, "{\n  \"date\": \"%s\",\n  \"backend\": \"kvattn-%s\",\n", date,
+            kva_backend_name(o->backend));
+    fprintf(f, "  \"num_prompts\": %d,\n", (int)o->num_prompts);
+    if (o->request_rate > 0)
+        fprintf(f, "  \"request_rate\": %.17g,\n", o->request_rate);
+    else
+        fprintf(f, "  \"request_rate\": \"inf\",\n");
+    if (o->max_concurrency > 0)
+        fprintf(f, "  \"max_concurrency\": %d,\n", (int)o->max_concurrency);
+    else
+        fprintf(f, "  \"max_concurrency\": null,\n");
+    fprintf(f, "  \"duration\": %.9g,\n  \"completed\": %d,\n", m->duration_s, (int)m->completed);
+    fprintf(f, "  \"total_input_tokens\": %lld,\n  \"total_output_tokens\": %lld,\n",
+            (long long)m->total_input, (long long)m->total_output);
+    fprintf(f, "  \"request_throughput\": %.9g,\n  \"output_throughput\": %.9g,\n",
+            m->request_throughput, m->output_throughput);
+    fprintf(f, "  \"total_token_throughput\": %.9g,\n", m->total_token_throughput);
+    fprintf(f, "  \"max_output_tokens_per_s\": %.9g,\n  \"max_concurrent_requests\": %d,\n",
+            m->max_output_tokens_per_s, (int)m->max_concurrent_requests);
+    struct {
+        const char *name;
+        double mean, median, sd, p99;
+    } rows[] = {{"ttft", m->mean_ttft_ms, m->median_ttft_ms, m->std_ttft_ms, m->p99_ttft_ms},
+                {"tpot", m->mean_tpot_ms, m->median_tpot_ms, m->std_tpot_ms, m->p99_tpot_ms},
+                {"itl", m->mean_itl_ms, m->median_itl_ms, m->std_itl_ms, m->p99_itl_ms}};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        fprintf(f,
+                "  \"mean_%s_ms\": %.9g,\n  \"median_%s_ms\": %.9g,\n  \"std_%s_ms\": %.9g,\n"
+                "  \"p99_%s_ms\": %.9g,\n",
+                rows[i].name, rows[i].mean, rows[i].name, rows[i].median, rows[i].name, rows[i].sd,
+                rows[i].name, rows[i].p99);
+    fprintf(f, "  \"mean_e2el_ms\": %.9g,\n  \"median_e2el_ms\": %.9g,\n  \"p99_e2el_ms\": %.9g,\n",
+            m->mean_e2el_ms, m->median_e2el_ms, m->p99_e2el_ms);
+    const char *lists[] = {"input_lens", "output_lens", "ttfts"};
+    for (int li = 0; li < 3; li++) {
+        fprintf(f, "  \"%s\": [", lists[li]);
+        for (int32_t i = 0; i < run->num_reqs; i++) {
+            const serve_req *r = &run->reqs[i];
+            if (li == 0)
+                fprintf(f, "%s%d", i ? ", " : "", (int)r->prompt_len);
+            else if (li == 1)
+                fprintf(f, "%s%d", i ? ", " : "", (int)r->num_output);
+            else
+                fprintf(f, "%s%.9g", i ? ", " : "",
+                        r->num_output > 0 ? r->token_s[0] - r->submit_s : 0.0);
+        }
+        fprintf(f, "],\n");
+    }
+    fprintf(f, "  \"kvattn\": {\n");
+    fprintf(f,
+            "    \"model\": {\"layers\": %d, \"num_heads\": %d, \"num_kv_heads\": %d, "
+            "\"head_dim\": %d, \"dtype\": \"%s\", \"block_size\": %d, \"num_blocks\": %d},\n",
+            (int)o->layers, (int)o->heads, (int)o->kv_heads, (int)o->head_dim,
+            kva_dtype_name(o->dtype), (int)o->block_size, (int)run->num_blocks);
+    fprintf(f,
+            "    \"scheduler\": {\"max_num_batched_tokens\": %d, \"max_num_seqs\": %d, "
+            "\"chunked_prefill\": %s, \"prefix_caching\": %s},\n",
+            (int)o->max_num_batched_tokens, (int)o->max_num_seqs,
+            o->chunked_prefill ? "true" : "false", o->prefix_caching ? "true" : "false");
+    fprintf(f,
+            "    \"workload\": {\"input_len\": %d, \"output_len\": %d, \"prefix_len\": %d, "
+            "\"range_ratio\": %.9g, \"seed\": %llu},\n",
+            (int)o->input_len, (int)o->output_len, (int)o->prefix_len, o->range_ratio,
+            (unsigned long long)o->seed);
+    fprintf(f, "    \"threads\": %d,\n    \"wall_s\": %.9g,\n", (int)run->threads, run->wall_s);
+    fprintf(f, "    \"prefix_cache_hit_rate\": %.9g,\n", m->prefix_hit_rate);
+    fprintf(f, "    \"admitted_tokens\": %lld,\n    \"cached_tokens\": %lld,\n",
+            (long long)st->admitted_tokens, (long long)st->cached_tokens);
+    fprintf(f, "    \"pool_query_tokens\": %lld,\n    \"pool_hit_tokens\": %lld,\n",
+            (long long)run->pool_stats.query_tokens, (long long)run->pool_stats.hit_tokens);
+    fprintf(f, "    \"evicted_blocks\": %lld,\n", (long long)run->pool_stats.num_evicted_blocks);
+    fprintf(f, "    \"step_s\": %.9g,\n    \"attention_s\": %.9g,\n    \"cache_write_s\": %.9g,\n",
+            st->step_s, st->attention_s, st->write_s);
+    fprintf(f, "    \"plan_s\": %.9g,\n", st->plan_s);
+    fprintf(f, "    \"attention_share\": %.9g,\n    \"cache_write_share\": %.9g,\n",
+            m->attention_share, m->write_share);
+    fprintf(f, "    \"steps\": %lld,\n    \"steps_by_state\": {", (long long)st->steps);
+    for (int s = 0; s < 6; s++)
+        fprintf(f, "%s\"%s\": %lld", s ? ", " : "", state_names[s],
+                (long long)st->steps_by_state[s]);
+    fprintf(f, "},\n    \"scheduled_tokens\": %lld,\n", (long long)st->scheduled_tokens);
+    fprintf(f, "    \"preemptions\": %lld,\n    \"peak_running\": %d,\n",
+            (long long)st->preemptions, (int)st->peak_running);
+    fprintf(f, "    \"peak_kv_cache_usage\": %.9g", st->peak_kv_usage);
+    if (o->verify)
+        fprintf(f,
+                ",\n    \"verify\": {\"steps\": %d, \"failures\": %d, \"tokens\": %lld, "
+                "\"max_abs_err\": %.9g}",
+                (int)st->verify_steps, (int)st->verify_failures, (long long)st->verify_tokens,
+                st->verify_max_err);
+    fprintf(f, "\n  }\n}\n");
+    return fclose(f) == 0 ? 0 : -1;
+}

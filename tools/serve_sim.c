@@ -1,0 +1,243 @@
+/*
+ * serve_sim.c - the main loop of `kvattn serve-sim` and its defaults.
+ *
+ * Time is virtual: the clock starts at 0 when the first request can be sent,
+ * advances by the measured wall time of each step's real work (scheduling,
+ * pool calls, plan, cache writes, attention for every layer, bookkeeping),
+ * and jumps over idle time to the next arrival instead of sleeping. Time
+ * spent on --verify checks is measured and left out. A token produced by a
+ * step is stamped with the clock at the end of that step. Requests are
+ * submitted when they have arrived and fewer than --max-concurrency are in
+ * flight (vllm bench serve's semaphore); TTFT counts from submission.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "serve_sim.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+double serve_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void serve_opts_init(serve_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    /* Model: 4 layers of Llama-3-8B's attention (H 32, Hkv 8, D 128), bf16. */
+    o->backend = KVA_BACKEND_CPU;
+    o->threads = 0;
+    o->layers = 4;
+    o->heads = 32;
+    o->kv_heads = 8;
+    o->head_dim = 128;
+    o->block_size = 16;
+    o->dtype = KVA_DTYPE_BF16;
+    o->num_blocks = 0;
+    o->kv_cache_mem = (int64_t)512 << 20;
+    o->prefix_caching = 1;
+    o->hash = KVA_POOL_HASH_SHA256;
+    /* Scheduler: vLLM v1's budget for latency-bound serving and its max_num_seqs. */
+    o->max_num_batched_tokens = 2048;
+    o->max_num_seqs = 256;
+    o->chunked_prefill = 1;
+    /* Workload: 64 prompts of a 256-token shared prefix + ~256 own tokens,
+     * ~64 output tokens, all sent at once. */
+    o->num_prompts = 64;
+    o->input_len = 256;
+    o->output_len = 64;
+    o->prefix_len = 256;
+    o->range_ratio = 0.25;
+    o->request_rate = 0.0;
+    o->max_concurrency = 0;
+    o->seed = 0;
+    o->progress = 0;
+}
+
+int64_t serve_block_bytes(const serve_opts *o)
+{
+    return 2 * (int64_t)o->block_size * o->kv_heads * o->head_dim *
+           (int64_t)kva_dtype_size(o->dtype) * o->layers;
+}
+
+void serve_opts_resolve(serve_opts *o)
+{
+    if (o->num_blocks == 0) {
+        int64_t nb = o->kv_cache_mem / serve_block_bytes(o);
+        o->num_blocks = nb < 2 ? 2 : nb > (1 << 30) ? (1 << 30) : (int32_t)nb;
+    }
+}
+
+void serve_run_free(serve_run *run)
+{
+    serve_workload_free(run->reqs, run->num_reqs);
+    run->reqs = NULL;
+}
+
+/* The progress bar: redrawn in place on a terminal, a line every quarter
+ * otherwise (so logs stay short). */
+static void progress(const serve_opts *o, int32_t done, int32_t n, double now, int *last_quarter)
+{
+    if (!o->progress)
+        return;
+    if (isatty(STDERR_FILENO)) {
+        int w = 30, fill = (int)((int64_t)done * w / n);
+        fprintf(stderr, "\rserve-sim [");
+        for (int i = 0; i < w; i++)
+            fputc(i < fill ? '#' : '.', stderr);
+        fprintf(stderr, "] %d/%d requests, %.1f s simulated", (int)done, (int)n, now);
+        if (done == n)
+            fputc('\n', stderr);
+    } else {
+        int q = (int)((int64_t)done * 4 / n);
+        if (q <= *last_quarter)
+            return;
+        *last_quarter = q;
+        fprintf(stderr, "serve-sim: %d/%d requests done, %.1f s simulated\n", (int)done, (int)n,
+                now);
+    }
+    fflush(stderr);
+}
+
+/* Fills run->error with the failing call and the library's message. */
+static kva_status lib_fail(serve_run *run, const char *what, kva_status st)
+{
+    snprintf(run->error, sizeof run->error, "%s failed: %s: %s", what, kva_status_name(st),
+             kva_last_error());
+    return st;
+}
+
+/* The loop proper; e, s and the scratch arrays are owned by serve_sim_run. */
+static kva_status sim_loop(const serve_opts *o, serve_engine *e, serve_sched *s, int32_t *emitted,
+                           int32_t *finished, serve_step_hook hook, void *user, serve_run *run)
+{
+    serve_req *reqs = run->reqs;
+    const int32_t n = run->num_reqs;
+    kva_pool *pool = serve_engine_pool(e);
+    serve_stats *st = &run->stats;
+    double now = 0.0;
+    int32_t next = 0, inflight = 0, done = 0;
+    int last_quarter = 0;
+    kva_status rc;
+    while (done < n) {
+        while (next < n && reqs[next].arrival_s <= now &&
+               (o->max_concurrency == 0 || inflight < o->max_concurrency)) {
+            reqs[next].submit_s = now;
+            serve_sched_submit(s, next);
+            next++;
+            inflight++;
+        }
+        if (serve_sched_num_waiting(s) == 0 && serve_sched_num_running(s) == 0) {
+            now = reqs[next].arrival_s; /* idle until the next arrival */
+            continue;
+        }
+        double t0 = serve_now(), verify_s = 0.0;
+        serve_batch b;
+        rc = serve_sched_schedule(s, &b, st);
+        if (rc == KVA_STATUS_POOL_EXHAUSTED) {
+            const serve_req *r = &reqs[serve_sched_head(s)];
+            snprintf(run->error, sizeof run->error,
+                     "the pool is too small: a request of %d tokens needs %lld blocks of %d "
+                     "tokens, the pool has %d (raise --num-blocks or --kv-cache-mem)",
+                     (int)r->num_tokens,
+                     (long long)(((int64_t)r->num_tokens + o->block_size - 1) / o->block_size),
+                     (int)o->block_size, (int)o->num_blocks - 1);
+            return rc;
+        }
+        if (rc != KVA_STATUS_OK)
+            return lib_fail(run, "scheduling (kva_pool_request_*)", rc);
+        if ((rc = serve_engine_step(e, &b, o->verify, st, &verify_s)) != KVA_STATUS_OK)
+            return lib_fail(run, "the model step (kva_plan_create/kva_cache_write/"
+                                 "kva_attention_run)",
+                            rc);
+        kva_pool_stats ps;
+        kva_pool_get_stats(pool, &ps);
+        if (ps.usage > st->peak_kv_usage)
+            st->peak_kv_usage = ps.usage;
+        int32_t ne = 0, nf = 0;
+        if ((rc = serve_sched_update(s, emitted, &ne, finished, &nf)) != KVA_STATUS_OK)
+            return lib_fail(run, "recording the step (kva_pool_request_append_tokens/free)", rc);
+        if (o->check_pool) {
+            double c0 = serve_now();
+            if ((rc = kva_pool_check(pool)) != KVA_STATUS_OK)
+                return lib_fail(run, "kva_pool_check", rc);
+            verify_s += serve_now() - c0;
+        }
+        double dt = serve_now() - t0 - verify_s;
+        now += dt;
+        st->step_s += dt;
+        for (int32_t k = 0; k < ne; k++) {
+            serve_req *r = &reqs[emitted[k]];
+            r->token_s[r->num_output - 1] = now;
+        }
+        done += nf;
+        inflight -= nf;
+        if (hook && hook(user, reqs, n, pool, st) != 0) {
+            snprintf(run->error, sizeof run->error, "the step hook stopped the run");
+            return KVA_STATUS_INTERNAL;
+        }
+        if (nf > 0)
+            progress(o, done, n, now, &last_quarter);
+    }
+    run->duration_s = now;
+    kva_pool_get_stats(pool, &run->pool_stats);
+    return KVA_STATUS_OK;
+}
+
+kva_status serve_sim_run(const serve_opts *o, serve_step_hook hook, void *user, serve_run *run)
+{
+    memset(run, 0, sizeof *run);
+    serve_opts opts = *o;
+    serve_opts_resolve(&opts);
+    run->num_blocks = opts.num_blocks;
+    double w0 = serve_now();
+    if (!serve_workload_create(&opts, &run->reqs)) {
+        snprintf(run->error, sizeof run->error, "out of memory for %d requests",
+                 (int)opts.num_prompts);
+        return KVA_STATUS_OUT_OF_MEMORY;
+    }
+    run->num_reqs = opts.num_prompts;
+    if (!opts.chunked_prefill) {
+        /* Without chunking a prefill (or a recompute after preemption, which
+         * includes the generated tokens) must fit one step's budget. */
+        for (int32_t i = 0; i < run->num_reqs; i++) {
+            int32_t need = run->reqs[i].prompt_len + run->reqs[i].output_len - 1;
+            if (need > opts.max_num_batched_tokens) {
+                snprintf(run->error, sizeof run->error,
+                         "--no-chunked-prefill: request %d has %d prompt + %d output tokens; "
+                         "--max-num-batched-tokens %d must be at least %d",
+                         (int)i, (int)run->reqs[i].prompt_len, (int)run->reqs[i].output_len,
+                         (int)opts.max_num_batched_tokens, (int)need);
+                return KVA_STATUS_INVALID_ARGUMENT;
+            }
+        }
+    }
+    serve_engine *e = NULL;
+    serve_sched *s = NULL;
+    int32_t *emitted = malloc(((size_t)run->num_reqs + 1) * sizeof *emitted);
+    int32_t *finished = malloc(((size_t)run->num_reqs + 1) * sizeof *finished);
+    kva_status rc = (!emitted || !finished) ? KVA_STATUS_OUT_OF_MEMORY : KVA_STATUS_OK;
+    if (rc != KVA_STATUS_OK)
+        snprintf(run->error, sizeof run->error, "out of memory");
+    if (rc == KVA_STATUS_OK && (rc = serve_engine_create(&opts, &e)) != KVA_STATUS_OK)
+        lib_fail(run, "creating the model (context, pool, caches)", rc);
+    if (rc == KVA_STATUS_OK) {
+        rc = serve_sched_create(&opts, run->reqs, run->num_reqs, serve_engine_pool(e), &s);
+        if (rc != KVA_STATUS_OK)
+            snprintf(run->error, sizeof run->error, "out of memory for the scheduler");
+    }
+    if (rc == KVA_STATUS_OK) {
+        run->threads = serve_engine_threads(e);
+        rc = sim_loop(&opts, e, s, emitted, finished, hook, user, run);
+    }
+    serve_sched_destroy(s);
+    serve_engine_destroy(e);
+    free(emitted);
+    free(finished);
+    run->wall_s = serve_now() - w0;
+    return rc;
+}

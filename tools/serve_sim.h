@@ -1,0 +1,229 @@
+/*
+ * serve_sim.h - `kvattn serve-sim`: a serving-workload simulation that drives
+ * the real library end to end (docs/serve-sim.md).
+ *
+ * Pieces, one file each:
+ *   serve_workload.c  the requests: lengths, token ids, arrival times (vLLM's
+ *                     random dataset with a shared prefix, Poisson arrivals)
+ *   serve_sched.c     the scheduler: continuous batching with a token budget,
+ *                     chunked prefill, max_num_seqs, prefix-cache lookups
+ *                     through kva_pool, preemption by recompute
+ *   serve_engine.c    the model: L attention layers, one kva_cache each; per
+ *                     step one plan, then kva_cache_write + kva_attention_run
+ *                     per layer; the optional check against the reference
+ *   serve_sim.c       the loop: virtual clock, concurrency gate, token times
+ *   serve_metrics.c   vllm bench serve's metrics, the table and the JSON
+ *
+ * The module uses only the public API (include/kvattn.h) and the C library,
+ * so tests/test_serve_sim.c compiles it directly.
+ *
+ * Shape glossary as in kvattn.h: T tokens, R requests, H query heads, Hkv kv
+ * heads, D head size, B block size, NB blocks, L layers.
+ */
+#ifndef KVA_SERVE_SIM_H
+#define KVA_SERVE_SIM_H
+
+#include "kvattn.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+/* Everything the command line sets (serve_opts_init gives the defaults). */
+typedef struct serve_opts {
+    /* Model: L layers of attention with these shapes; random q/K/V. */
+    kva_backend backend;
+    int32_t threads; /* CPU threads, 0 = all cores */
+    int32_t layers;  /* L */
+    int32_t heads;   /* H */
+    int32_t kv_heads;
+    int32_t head_dim; /* D (= Dv) */
+    int32_t block_size;
+    kva_dtype dtype;
+    int32_t num_blocks;    /* NB of every layer's cache and of the pool; 0 = from kv_cache_mem */
+    int64_t kv_cache_mem;  /* bytes of K+V over all layers when num_blocks is 0 */
+    int prefix_caching;    /* 1: the pool caches full blocks by content */
+    kva_pool_hash hash;    /* the pool's block hash */
+    /* Scheduler. */
+    int32_t max_num_batched_tokens; /* token budget of one step */
+    int32_t max_num_seqs;           /* most running requests */
+    int chunked_prefill;            /* 0: a prefill must fit the budget whole */
+    /* Workload (vllm bench serve --dataset-name random). */
+    int32_t num_prompts;
+    int32_t input_len;  /* random part of the prompt, after the shared prefix */
+    int32_t output_len; /* tokens generated per request (no early stop) */
+    int32_t prefix_len; /* shared prefix tokens in front of every prompt */
+    double range_ratio; /* lengths uniform in [len * (1 - r), len * (1 + r)] */
+    double request_rate; /* requests per second (Poisson); 0 = all at time 0 */
+    int32_t max_concurrency; /* most requests in flight; 0 = no limit */
+    uint64_t seed;
+    /* Checks and output. */
+    int verify;     /* compare sampled steps with the reference backend */
+    int check_pool; /* kva_pool_check after every step */
+    int progress;   /* progress bar on stderr */
+} serve_opts;
+
+void serve_opts_init(serve_opts *o);
+/* Bytes of K and V storage of one block over all layers. */
+int64_t serve_block_bytes(const serve_opts *o);
+/* Resolves num_blocks from kv_cache_mem when it is 0. */
+void serve_opts_resolve(serve_opts *o);
+
+/* One request of the workload and what happened to it. */
+typedef enum serve_req_state {
+    SERVE_REQ_PENDING = 0, /* not yet arrived, or held back by max_concurrency */
+    SERVE_REQ_WAITING = 1, /* submitted, in the waiting queue */
+    SERVE_REQ_RUNNING = 2,
+    SERVE_REQ_FINISHED = 3
+} serve_req_state;
+
+typedef struct serve_req {
+    int32_t prompt_len;
+    int32_t output_len;
+    int32_t *tokens; /* [prompt_len + output_len] token ids, the outputs fixed in advance */
+    double arrival_s; /* Poisson arrival time */
+    /* Progress. */
+    serve_req_state state;
+    int32_t num_tokens;   /* prompt + generated tokens so far */
+    int32_t num_computed; /* tokens whose KV is in the cache */
+    int32_t num_output;   /* generated tokens */
+    int32_t pool_id;      /* kva_pool request id, -1 when it holds no blocks */
+    int32_t num_preemptions;
+    /* Times on the virtual clock. */
+    double submit_s;  /* sent to the engine (after the concurrency gate) */
+    double *token_s;  /* [output_len] time of each generated token */
+} serve_req;
+
+/* Per-step counters the engine and the scheduler add up. */
+typedef struct serve_stats {
+    int64_t steps;
+    int64_t steps_by_state[6]; /* indexed by kva_attn_state */
+    int64_t scheduled_tokens;  /* query tokens over all steps */
+    int64_t preemptions;
+    int64_t admitted_tokens;   /* prompt (+ recomputed) tokens looked up at admission */
+    int64_t cached_tokens;     /* of those, prefix-cache hits */
+    int32_t peak_running;
+    double peak_kv_usage; /* most blocks in use / (NB - 1) */
+    double step_s;        /* wall time of the steps (the virtual clock's busy time) */
+    double attention_s;   /* inside kva_attention_run */
+    double write_s;       /* inside kva_cache_write */
+    double plan_s;        /* inside kva_plan_create / destroy */
+    /* --verify */
+    int32_t verify_steps;
+    int32_t verify_failures;
+    int64_t verify_tokens;
+    double verify_max_err;
+} serve_stats;
+
+/* ---- serve_workload.c ---- */
+
+/* Creates the requests sorted by arrival time; returns 0 when out of memory. */
+int serve_workload_create(const serve_opts *o, serve_req **out);
+void serve_workload_free(serve_req *reqs, int32_t n);
+
+/* ---- serve_engine.c ---- */
+
+typedef struct serve_engine serve_engine;
+
+/* One step's batch as the scheduler hands it to the engine: R requests in
+ * scheduling order with their pool ids, computed tokens before the step and
+ * new tokens (q_len). */
+typedef struct serve_batch {
+    int32_t num_requests;
+    const int32_t *pool_ids;  /* [R] */
+    const int32_t *context;   /* [R] tokens already in the cache */
+    const int32_t *num_new;   /* [R] q_len */
+} serve_batch;
+
+kva_status serve_engine_create(const serve_opts *o, serve_engine **out);
+void serve_engine_destroy(serve_engine *e);
+kva_pool *serve_engine_pool(serve_engine *e);
+/* Threads of the backend's context. */
+int32_t serve_engine_threads(const serve_engine *e);
+/* Runs one step: the plan, then for each layer the cache write and attention.
+ * verify != 0 also checks one layer against the reference. Adds to *st; the
+ * time spent verifying goes to *verify_s (not part of the step). */
+kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, serve_stats *st,
+                             double *verify_s);
+
+/* ---- serve_sched.c ---- */
+
+typedef struct serve_sched serve_sched;
+
+kva_status serve_sched_create(const serve_opts *o, serve_req *reqs, int32_t n, kva_pool *pool,
+                              serve_sched **out);
+void serve_sched_destroy(serve_sched *s);
+/* Appends a submitted request to the tail of the waiting queue. */
+void serve_sched_submit(serve_sched *s, int32_t req);
+/* Number of requests waiting / running. */
+int32_t serve_sched_num_waiting(const serve_sched *s);
+int32_t serve_sched_num_running(const serve_sched *s);
+/* The request at the head of the waiting queue, -1 if none. */
+int32_t serve_sched_head(const serve_sched *s);
+/* Schedules one step into *b (pointers into the scheduler). An empty batch
+ * with requests waiting means one request alone does not fit the pool:
+ * KVA_STATUS_POOL_EXHAUSTED with a message. */
+kva_status serve_sched_schedule(serve_sched *s, serve_batch *b, serve_stats *st);
+/* After the step ran: records the computed tokens in the pool, samples a token
+ * for every request whose KV caught up, finishes requests that reached
+ * output_len. The indices of requests that got a token go to emitted [R]
+ * (count in *num_emitted), of those that finished to finished [R]. */
+kva_status serve_sched_update(serve_sched *s, int32_t *emitted, int32_t *num_emitted,
+                              int32_t *finished, int32_t *num_finished);
+
+/* ---- serve_sim.c ---- */
+
+/* Called after every step (and may be NULL): the test checks invariants here.
+ * Returns 0 to go on, non-zero to stop the run with KVA_STATUS_INTERNAL. */
+typedef int (*serve_step_hook)(void *user, const serve_req *reqs, int32_t n, kva_pool *pool,
+                               const serve_stats *st);
+
+typedef struct serve_run {
+    serve_req *reqs; /* [num_prompts], owned (serve_run_free) */
+    int32_t num_reqs;
+    serve_stats stats;
+    double duration_s; /* virtual time from the start to the last token */
+    double wall_s;     /* real time of the whole run */
+    int32_t threads;   /* threads the backend used */
+    int32_t num_blocks;
+    kva_pool_stats pool_stats; /* at the end */
+    char error[256];           /* why the run failed, when it did */
+} serve_run;
+
+/* Runs the whole simulation. On failure run->error says why (naming the
+ * library call and kva_last_error() when a call failed). */
+kva_status serve_sim_run(const serve_opts *o, serve_step_hook hook, void *user, serve_run *run);
+void serve_run_free(serve_run *run);
+/* Monotonic clock in seconds. */
+double serve_now(void);
+
+/* ---- serve_metrics.c ---- */
+
+/* The metrics of vllm bench serve (its benchmark_serving.py definitions). */
+typedef struct serve_metrics {
+    int32_t completed;
+    int64_t total_input, total_output;
+    double duration_s;
+    double request_throughput, output_throughput, total_token_throughput;
+    double max_output_tokens_per_s; /* most tokens generated in one 1-s bucket */
+    int32_t max_concurrent_requests; /* most requests in flight in one 1-s bucket */
+    double mean_ttft_ms, median_ttft_ms, p99_ttft_ms, std_ttft_ms;
+    double mean_tpot_ms, median_tpot_ms, p99_tpot_ms, std_tpot_ms;
+    double mean_itl_ms, median_itl_ms, p99_itl_ms, std_itl_ms;
+    double mean_e2el_ms, median_e2el_ms, p99_e2el_ms;
+    double prefix_hit_rate; /* cached / admitted tokens */
+    double attention_share; /* attention_s / step_s */
+    double write_share;
+    double plan_share;
+} serve_metrics;
+
+/* Returns 0 when out of memory. */
+int serve_metrics_compute(const serve_run *run, serve_metrics *m);
+/* Linear-interpolated percentile p in [0, 100] of v [n] (sorted in place). */
+double serve_percentile(double *v, size_t n, double p);
+void serve_print_header(FILE *f, const serve_opts *o, const serve_run *run);
+void serve_print_table(FILE *f, const serve_opts *o, const serve_run *run, const serve_metrics *m);
+/* Returns 0 on success, -1 if the file cannot be written. */
+int serve_write_json(const char *path, const serve_opts *o, const serve_run *run,
+                     const serve_metrics *m);
+
+#endif /* KVA_SERVE_SIM_H */
