@@ -76,10 +76,20 @@ static int parse_size(const char *flag, const char *s, int64_t *out)
     double mul = 1.0;
     if (end != s && *end) {
         switch (*end) {
-        case 'k': case 'K': mul = 1024.0; break;
-        case 'm': case 'M': mul = 1024.0 * 1024.0; break;
-        case 'g': case 'G': mul = 1024.0 * 1024.0 * 1024.0; break;
-        default: mul = 0.0;
+        case 'k':
+        case 'K':
+            mul = 1024.0;
+            break;
+        case 'm':
+        case 'M':
+            mul = 1024.0 * 1024.0;
+            break;
+        case 'g':
+        case 'G':
+            mul = 1024.0 * 1024.0 * 1024.0;
+            break;
+        default:
+            mul = 0.0;
         }
         end++;
         if (*end == 'i' && end[1] == 'B')
@@ -103,13 +113,28 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
     static const kva_dtype dtype_vals[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
     static const char *const backends[] = {"ref", "cpu", "cuda"};
     static const char *const hashes[] = {"sha256", "xxh3"};
-    static const char *const value_flags[] = {
-        "--num-prompts",  "--input-len",    "--output-len",   "--range-ratio",
-        "--prefix-len",   "--request-rate", "--max-concurrency", "--seed",
-        "--max-num-batched-tokens", "--max-num-seqs", "--hash", "--layers",
-        "--num-heads",    "--num-kv-heads", "--head-dim",     "--block-size",
-        "--dtype",        "--num-blocks",   "--kv-cache-mem", "--backend",
-        "--threads",      "--json"};
+    static const char *const value_flags[] = {"--num-prompts",
+                                              "--input-len",
+                                              "--output-len",
+                                              "--range-ratio",
+                                              "--prefix-len",
+                                              "--request-rate",
+                                              "--max-concurrency",
+                                              "--seed",
+                                              "--max-num-batched-tokens",
+                                              "--max-num-seqs",
+                                              "--hash",
+                                              "--layers",
+                                              "--num-heads",
+                                              "--num-kv-heads",
+                                              "--head-dim",
+                                              "--block-size",
+                                              "--dtype",
+                                              "--num-blocks",
+                                              "--kv-cache-mem",
+                                              "--backend",
+                                              "--threads",
+                                              "--json"};
     const int32_t BIG = 1 << 24;
     serve_opts_init(o);
     o->progress = isatty(STDERR_FILENO);

@@ -3,7 +3,8 @@
  *
  *   kvattn info       library version, backends, CPU ISA, threads, CUDA devices
  *   kvattn bench      check one attention shape against the reference, then time it
- *   kvattn serve-sim  serving simulation: scheduler + block pool + L layers, vllm bench serve's table
+ *   kvattn serve-sim  serving simulation: scheduler + block pool + L layers, vllm bench serve's
+ * table
  */
 #include "cli.h"
 

@@ -51,13 +51,13 @@
 struct serve_engine {
     serve_opts o;
     kva_context *ctx;
-    kva_context *ref; /* --verify only */
+    kva_context *ref;   /* --verify only */
     kva_cache **caches; /* [L] */
     kva_pool *pool;
-    size_t es;       /* bytes per element of the dtype */
-    int32_t tmax;    /* most tokens in one step (the token budget) */
-    void *rand;      /* [tmax * (H + 2 Hkv) * D + RAND_SHIFTS * D] random values */
-    void *out;       /* [tmax, H, D] */
+    size_t es;    /* bytes per element of the dtype */
+    int32_t tmax; /* most tokens in one step (the token budget) */
+    void *rand;   /* [tmax * (H + 2 Hkv) * D + RAND_SHIFTS * D] random values */
+    void *out;    /* [tmax, H, D] */
     /* The step's metadata, sized for cap_r requests. */
     int32_t cap_r;
     int32_t *perm, *qsl, *seq_lens; /* [cap_r], [cap_r + 1], [cap_r] */
@@ -117,11 +117,19 @@ kva_status serve_engine_create(const serve_opts *o, serve_engine **out)
         st = KVA_STATUS_OUT_OF_MEMORY;
         goto fail;
     }
-    kva_cache_desc cdesc = {o->num_blocks, o->block_size, o->kv_heads, o->head_dim,
-                            0,             o->dtype,      KVA_LAYOUT_NHD, KVA_QUANT_NONE};
-    for (int32_t l = 0; l < o->layers; l++)
+    kva_cache_desc cdesc = {o->num_blocks, o->block_size,  o->kv_heads,   o->head_dim, 0,
+                            o->dtype,      KVA_LAYOUT_NHD, KVA_QUANT_NONE};
+    for (int32_t l = 0; l < o->layers; l++) {
         if ((st = kva_cache_create(e->ctx, &cdesc, &e->caches[l])) != KVA_STATUS_OK)
             goto fail;
+        /* Touch the host memory now, as an engine's warm-up does, so that page
+         * faults on first use are not charged to the steps' cache writes. */
+        void *kd = NULL, *vd = NULL;
+        if ((st = kva_cache_data(e->caches[l], &kd, &vd)) != KVA_STATUS_OK)
+            goto fail;
+        memset(kd, 0, kva_cache_block_bytes_k(e->caches[l]) * (size_t)o->num_blocks);
+        memset(vd, 0, kva_cache_block_bytes_v(e->caches[l]) * (size_t)o->num_blocks);
+    }
     const size_t T = (size_t)e->tmax, H = (size_t)o->heads, Hkv = (size_t)o->kv_heads;
     const size_t D = (size_t)o->head_dim;
     size_t n_rand = T * (H + 2 * Hkv) * D + RAND_SHIFTS * D;
@@ -233,8 +241,8 @@ static double ref_cost(const serve_opts *o, int32_t q, int32_t s)
 }
 
 /* Checks layer l's output (e->out, in plan order) against the reference. */
-static kva_status verify_layer(serve_engine *e, int32_t R, int32_t stride, const void *q,
-                               int32_t l, serve_stats *st)
+static kva_status verify_layer(serve_engine *e, int32_t R, int32_t stride, const void *q, int32_t l,
+                               serve_stats *st)
 {
     const serve_opts *o = &e->o;
     const size_t H = (size_t)o->heads, D = (size_t)o->head_dim, row = H * D * e->es;

@@ -110,8 +110,7 @@ int serve_metrics_compute(const serve_run *run, serve_metrics *m)
     m->total_token_throughput = (double)(m->total_input + m->total_output) / d;
     summarize(ttft, (size_t)m->completed, &m->mean_ttft_ms, &m->median_ttft_ms, &m->p99_ttft_ms,
               &m->std_ttft_ms);
-    summarize(tpot, n_tpot, &m->mean_tpot_ms, &m->median_tpot_ms, &m->p99_tpot_ms,
-              &m->std_tpot_ms);
+    summarize(tpot, n_tpot, &m->mean_tpot_ms, &m->median_tpot_ms, &m->p99_tpot_ms, &m->std_tpot_ms);
     summarize(itl, k_itl, &m->mean_itl_ms, &m->median_itl_ms, &m->p99_itl_ms, &m->std_itl_ms);
     double sd_e2el;
     summarize(e2el, (size_t)m->completed, &m->mean_e2el_ms, &m->median_e2el_ms, &m->p99_e2el_ms,
@@ -141,17 +140,16 @@ void serve_print_header(FILE *f, const serve_opts *o, const serve_run *run)
             kva_backend_name(o->backend), (int)run->threads, (int)o->layers, (int)o->heads,
             (int)o->kv_heads, (int)o->head_dim, kva_dtype_name(o->dtype), (int)o->block_size,
             (int)run->num_blocks, mib);
-    fprintf(f,
-            "serve-sim: %d prompts, prefix %d + input %d, output %d, range ratio %g, rate %s",
+    fprintf(f, "serve-sim: %d prompts, prefix %d + input %d, output %d, range ratio %g, rate %s",
             (int)o->num_prompts, (int)o->prefix_len, (int)o->input_len, (int)o->output_len,
             o->range_ratio, o->request_rate > 0 ? "" : "inf");
     if (o->request_rate > 0)
         fprintf(f, "%g", o->request_rate);
-    fprintf(f, "; max-num-seqs %d, max-num-batched-tokens %d, chunked prefill %s, prefix caching "
-               "%s, seed %llu\n",
-            (int)o->max_num_seqs, (int)o->max_num_batched_tokens,
-            o->chunked_prefill ? "on" : "off", o->prefix_caching ? "on" : "off",
-            (unsigned long long)o->seed);
+    fprintf(f,
+            "; max-num-seqs %d, max-num-batched-tokens %d, chunked prefill %s, prefix caching "
+            "%s, seed %llu\n",
+            (int)o->max_num_seqs, (int)o->max_num_batched_tokens, o->chunked_prefill ? "on" : "off",
+            o->prefix_caching ? "on" : "off", (unsigned long long)o->seed);
 }
 
 static void rule(FILE *f, const char *title, char c)
@@ -203,8 +201,9 @@ void serve_print_table(FILE *f, const serve_opts *o, const serve_run *run, const
     ROW_I("Preemptions:", st->preemptions);
     ROW_F("Peak KV cache usage (%):", 100.0 * st->peak_kv_usage);
     if (o->verify)
-        fprintf(f, "%-40s %d steps, %d failed (max abs err %.3g)\n", "Reference check:",
-                (int)st->verify_steps, (int)st->verify_failures, st->verify_max_err);
+        fprintf(f, "%-40s %d steps, %d failed (max abs err %.3g)\n",
+                "Reference check:", (int)st->verify_steps, (int)st->verify_failures,
+                st->verify_max_err);
     rule(f, "", '=');
 }
 

@@ -135,6 +135,7 @@ static kva_status preempt(serve_sched *s, int32_t req, serve_stats *st)
     if (rc != KVA_STATUS_OK)
         return rc;
     r->pool_id = -1;
+    st->discarded_tokens += r->num_computed;
     r->num_computed = 0;
     r->num_preemptions++;
     st->preemptions++;
@@ -143,11 +144,10 @@ static kva_status preempt(serve_sched *s, int32_t req, serve_stats *st)
 }
 
 /* Step 1: the running requests. *preempted receives whether anyone was. */
-static kva_status schedule_running(serve_sched *s, int32_t *budget, int *preempted,
-                                   serve_stats *st)
+static kva_status schedule_running(serve_sched *s, int32_t *budget, int *preempted, serve_stats *st)
 {
     int32_t i = 0;
-    while (i < s->n_running && *budget > 0) {
+    while (i<s->n_running && * budget> 0) {
         int32_t req = s->running[i];
         serve_req *r = &s->reqs[req];
         int32_t num_new = r->num_tokens - r->num_computed;
@@ -191,8 +191,8 @@ static kva_status schedule_waiting(serve_sched *s, int32_t *budget, serve_stats 
         int32_t req = s->waiting[s->w_head];
         serve_req *r = &s->reqs[req];
         int32_t pid = -1, cached = 0;
-        kva_status rc = kva_pool_request_add(s->pool, r->tokens, r->num_tokens, NULL, 0, &pid,
-                                             &cached);
+        kva_status rc =
+            kva_pool_request_add(s->pool, r->tokens, r->num_tokens, NULL, 0, &pid, &cached);
         if (rc != KVA_STATUS_OK)
             return rc;
         int32_t num_new = r->num_tokens - cached;

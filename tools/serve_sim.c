@@ -45,9 +45,9 @@ void serve_opts_init(serve_opts *o)
     o->max_num_batched_tokens = 2048;
     o->max_num_seqs = 256;
     o->chunked_prefill = 1;
-    /* Workload: 64 prompts of a 256-token shared prefix + ~256 own tokens,
+    /* Workload: 48 prompts of a 256-token shared prefix + ~256 own tokens,
      * ~64 output tokens, all sent at once. */
-    o->num_prompts = 64;
+    o->num_prompts = 48;
     o->input_len = 256;
     o->output_len = 64;
     o->prefix_len = 256;
@@ -139,20 +139,24 @@ static kva_status sim_loop(const serve_opts *o, serve_engine *e, serve_sched *s,
         serve_batch b;
         rc = serve_sched_schedule(s, &b, st);
         if (rc == KVA_STATUS_POOL_EXHAUSTED) {
-            const serve_req *r = &reqs[serve_sched_head(s)];
+            int32_t head = serve_sched_head(s);
+            const serve_req *r = &reqs[head];
+            int64_t need = (int64_t)r->prompt_len + r->output_len - 1;
             snprintf(run->error, sizeof run->error,
-                     "the pool is too small: a request of %d tokens needs %lld blocks of %d "
-                     "tokens, the pool has %d (raise --num-blocks or --kv-cache-mem)",
-                     (int)r->num_tokens,
-                     (long long)(((int64_t)r->num_tokens + o->block_size - 1) / o->block_size),
-                     (int)o->block_size, (int)o->num_blocks - 1);
+                     "the pool is too small: request %d (%d prompt + %d output tokens) needs "
+                     "%lld blocks of %d tokens to finish, the pool has %d (raise --num-blocks "
+                     "or --kv-cache-mem)",
+                     (int)head, (int)r->prompt_len, (int)r->output_len,
+                     (long long)((need + o->block_size - 1) / o->block_size), (int)o->block_size,
+                     (int)o->num_blocks - 1);
             return rc;
         }
         if (rc != KVA_STATUS_OK)
             return lib_fail(run, "scheduling (kva_pool_request_*)", rc);
         if ((rc = serve_engine_step(e, &b, o->verify, st, &verify_s)) != KVA_STATUS_OK)
-            return lib_fail(run, "the model step (kva_plan_create/kva_cache_write/"
-                                 "kva_attention_run)",
+            return lib_fail(run,
+                            "the model step (kva_plan_create/kva_cache_write/"
+                            "kva_attention_run)",
                             rc);
         kva_pool_stats ps;
         kva_pool_get_stats(pool, &ps);

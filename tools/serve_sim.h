@@ -39,21 +39,21 @@ typedef struct serve_opts {
     int32_t head_dim; /* D (= Dv) */
     int32_t block_size;
     kva_dtype dtype;
-    int32_t num_blocks;    /* NB of every layer's cache and of the pool; 0 = from kv_cache_mem */
-    int64_t kv_cache_mem;  /* bytes of K+V over all layers when num_blocks is 0 */
-    int prefix_caching;    /* 1: the pool caches full blocks by content */
-    kva_pool_hash hash;    /* the pool's block hash */
+    int32_t num_blocks;   /* NB of every layer's cache and of the pool; 0 = from kv_cache_mem */
+    int64_t kv_cache_mem; /* bytes of K+V over all layers when num_blocks is 0 */
+    int prefix_caching;   /* 1: the pool caches full blocks by content */
+    kva_pool_hash hash;   /* the pool's block hash */
     /* Scheduler. */
     int32_t max_num_batched_tokens; /* token budget of one step */
     int32_t max_num_seqs;           /* most running requests */
     int chunked_prefill;            /* 0: a prefill must fit the budget whole */
     /* Workload (vllm bench serve --dataset-name random). */
     int32_t num_prompts;
-    int32_t input_len;  /* random part of the prompt, after the shared prefix */
-    int32_t output_len; /* tokens generated per request (no early stop) */
-    int32_t prefix_len; /* shared prefix tokens in front of every prompt */
-    double range_ratio; /* lengths uniform in [len * (1 - r), len * (1 + r)] */
-    double request_rate; /* requests per second (Poisson); 0 = all at time 0 */
+    int32_t input_len;       /* random part of the prompt, after the shared prefix */
+    int32_t output_len;      /* tokens generated per request (no early stop) */
+    int32_t prefix_len;      /* shared prefix tokens in front of every prompt */
+    double range_ratio;      /* lengths uniform in [len * (1 - r), len * (1 + r)] */
+    double request_rate;     /* requests per second (Poisson); 0 = all at time 0 */
     int32_t max_concurrency; /* most requests in flight; 0 = no limit */
     uint64_t seed;
     /* Checks and output. */
@@ -79,7 +79,7 @@ typedef enum serve_req_state {
 typedef struct serve_req {
     int32_t prompt_len;
     int32_t output_len;
-    int32_t *tokens; /* [prompt_len + output_len] token ids, the outputs fixed in advance */
+    int32_t *tokens;  /* [prompt_len + output_len] token ids, the outputs fixed in advance */
     double arrival_s; /* Poisson arrival time */
     /* Progress. */
     serve_req_state state;
@@ -89,8 +89,8 @@ typedef struct serve_req {
     int32_t pool_id;      /* kva_pool request id, -1 when it holds no blocks */
     int32_t num_preemptions;
     /* Times on the virtual clock. */
-    double submit_s;  /* sent to the engine (after the concurrency gate) */
-    double *token_s;  /* [output_len] time of each generated token */
+    double submit_s; /* sent to the engine (after the concurrency gate) */
+    double *token_s; /* [output_len] time of each generated token */
 } serve_req;
 
 /* Per-step counters the engine and the scheduler add up. */
@@ -99,8 +99,9 @@ typedef struct serve_stats {
     int64_t steps_by_state[6]; /* indexed by kva_attn_state */
     int64_t scheduled_tokens;  /* query tokens over all steps */
     int64_t preemptions;
-    int64_t admitted_tokens;   /* prompt (+ recomputed) tokens looked up at admission */
-    int64_t cached_tokens;     /* of those, prefix-cache hits */
+    int64_t discarded_tokens; /* computed tokens forgotten by preemptions */
+    int64_t admitted_tokens;  /* prompt (+ recomputed) tokens looked up at admission */
+    int64_t cached_tokens;    /* of those, prefix-cache hits */
     int32_t peak_running;
     double peak_kv_usage; /* most blocks in use / (NB - 1) */
     double step_s;        /* wall time of the steps (the virtual clock's busy time) */
@@ -129,9 +130,9 @@ typedef struct serve_engine serve_engine;
  * new tokens (q_len). */
 typedef struct serve_batch {
     int32_t num_requests;
-    const int32_t *pool_ids;  /* [R] */
-    const int32_t *context;   /* [R] tokens already in the cache */
-    const int32_t *num_new;   /* [R] q_len */
+    const int32_t *pool_ids; /* [R] */
+    const int32_t *context;  /* [R] tokens already in the cache */
+    const int32_t *num_new;  /* [R] q_len */
 } serve_batch;
 
 kva_status serve_engine_create(const serve_opts *o, serve_engine **out);
@@ -204,7 +205,7 @@ typedef struct serve_metrics {
     int64_t total_input, total_output;
     double duration_s;
     double request_throughput, output_throughput, total_token_throughput;
-    double max_output_tokens_per_s; /* most tokens generated in one 1-s bucket */
+    double max_output_tokens_per_s;  /* most tokens generated in one 1-s bucket */
     int32_t max_concurrent_requests; /* most requests in flight in one 1-s bucket */
     double mean_ttft_ms, median_ttft_ms, p99_ttft_ms, std_ttft_ms;
     double mean_tpot_ms, median_tpot_ms, p99_tpot_ms, std_tpot_ms;

@@ -1,0 +1,308 @@
+/*
+ * test_serve_sim.c - the serving simulation (tools/serve_*.c) on small
+ * configurations: every request finishes with exactly its output tokens, the
+ * token accounting adds up, the pool's invariants hold after every step,
+ * chunked prefill and preemption really happen when they should, prefix hits
+ * appear exactly when prompts share a prefix, the concurrency gate holds,
+ * the reference check passes, and bad configurations fail with a message.
+ */
+#include "harness.h"
+#include "serve_sim.h"
+
+/* A small model and workload: f32, 2 layers, H 4 / Hkv 2, D 64, B 16; 12
+ * prompts of a 32-token shared prefix + ~40 own tokens, ~6 outputs; a
+ * 64-token budget so prefills are chunked. */
+static void small_opts(serve_opts *o)
+{
+    serve_opts_init(o);
+    o->threads = 2;
+    o->layers = 2;
+    o->heads = 4;
+    o->kv_heads = 2;
+    o->head_dim = 64;
+    o->block_size = 16;
+    o->dtype = KVA_DTYPE_F32;
+    o->num_blocks = 256;
+    o->max_num_batched_tokens = 64;
+    o->max_num_seqs = 8;
+    o->num_prompts = 12;
+    o->input_len = 40;
+    o->output_len = 6;
+    o->prefix_len = 32;
+    o->range_ratio = 0.5;
+    o->seed = 7;
+    o->check_pool = 1;
+}
+
+/* What the step hook observed. */
+typedef struct watch {
+    const serve_opts *o;
+    int64_t steps;
+    int failures;
+    int saw_partial_prefill; /* a running request with more than one token left to compute */
+    int32_t max_inflight;
+} watch;
+
+static int hook(void *user, const serve_req *reqs, int32_t n, kva_pool *pool, const serve_stats *st)
+{
+    watch *w = user;
+    w->steps++;
+    int32_t inflight = 0, running = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const serve_req *r = &reqs[i];
+        int ok = r->num_output <= r->output_len && r->num_computed <= r->num_tokens &&
+                 r->num_tokens == r->prompt_len + r->num_output;
+        for (int32_t k = 1; k < r->num_output; k++)
+            ok = ok && r->token_s[k] >= r->token_s[k - 1];
+        if (r->num_output > 0)
+            ok = ok && r->token_s[0] >= r->submit_s && r->submit_s >= r->arrival_s;
+        if (r->state == SERVE_REQ_RUNNING) {
+            running++;
+            ok = ok && r->pool_id >= 0;
+            if (r->num_tokens - r->num_computed > 1)
+                w->saw_partial_prefill = 1;
+        }
+        if (r->state == SERVE_REQ_WAITING)
+            ok = ok && r->pool_id < 0 && r->num_computed == 0;
+        if (r->state == SERVE_REQ_WAITING || r->state == SERVE_REQ_RUNNING)
+            inflight++;
+        if (!ok) {
+            fprintf(stderr, "request %d broke an invariant at step %lld\n", (int)i,
+                    (long long)st->steps);
+            w->failures++;
+            return 1;
+        }
+    }
+    if (inflight > w->max_inflight)
+        w->max_inflight = inflight;
+    if (running > w->o->max_num_seqs)
+        w->failures++;
+    /* kva_pool_check runs inside the loop (check_pool); the live request
+     * count must match the running requests. */
+    kva_pool_stats ps;
+    if (kva_pool_get_stats(pool, &ps) != KVA_STATUS_OK || ps.num_requests != running)
+        w->failures++;
+    return w->failures != 0;
+}
+
+/* Runs o and checks the end state; returns the run (caller frees). */
+static kva_status run_checked(const serve_opts *o, serve_run *run, watch *w)
+{
+    memset(w, 0, sizeof *w);
+    w->o = o;
+    kva_status st = serve_sim_run(o, hook, w, run);
+    if (st != KVA_STATUS_OK) {
+        fprintf(stderr, "serve_sim_run: %s\n", run->error);
+        return st;
+    }
+    CHECK(w->failures == 0);
+    CHECK(w->steps == run->stats.steps);
+    /* Every request finished with exactly its output tokens; the KV computed
+     * adds up: scheduled = final computed - prefix hits + discarded by
+     * preemption. */
+    int64_t final_computed = 0, preempt = 0;
+    for (int32_t i = 0; i < run->num_reqs; i++) {
+        const serve_req *r = &run->reqs[i];
+        CHECK(r->state == SERVE_REQ_FINISHED);
+        CHECK(r->num_output == r->output_len);
+        CHECK(r->num_computed == r->prompt_len + r->output_len - 1);
+        CHECK(r->pool_id == -1);
+        final_computed += r->num_computed;
+        preempt += r->num_preemptions;
+    }
+    CHECK(preempt == run->stats.preemptions);
+    CHECK_MSG(run->stats.scheduled_tokens ==
+                  final_computed - run->stats.cached_tokens + run->stats.discarded_tokens,
+              "scheduled %lld, computed %lld, cached %lld, discarded %lld",
+              (long long)run->stats.scheduled_tokens, (long long)final_computed,
+              (long long)run->stats.cached_tokens, (long long)run->stats.discarded_tokens);
+    /* The pool ends empty; its own hit counters agree with the scheduler's. */
+    CHECK(run->pool_stats.num_used_blocks == 0);
+    CHECK(run->pool_stats.num_requests == 0);
+    if (o->prefix_caching)
+        CHECK(run->pool_stats.hit_tokens >= run->stats.cached_tokens);
+    CHECK(run->duration_s > 0);
+    return st;
+}
+
+static void test_basic_run(void)
+{
+    serve_opts o;
+    small_opts(&o);
+    serve_run run;
+    watch w;
+    CHECK_OK(run_checked(&o, &run, &w));
+    /* The 64-token budget is smaller than every prompt: prefills are chunked. */
+    CHECK(w.saw_partial_prefill);
+    CHECK(run.stats.preemptions == 0);
+    CHECK(run.stats.cached_tokens > 0);
+    CHECK(run.stats.steps_by_state[KVA_STATE_CHUNKED_PREFILL] > 0);
+    CHECK(run.stats.steps_by_state[KVA_STATE_DECODE_ONLY] > 0);
+    CHECK(w.max_inflight == o.num_prompts); /* rate inf: all submitted at once */
+    serve_metrics m;
+    CHECK(serve_metrics_compute(&run, &m));
+    int64_t in = 0, out = 0;
+    for (int32_t i = 0; i < run.num_reqs; i++) {
+        in += run.reqs[i].prompt_len;
+        out += run.reqs[i].output_len;
+    }
+    CHECK(m.completed == o.num_prompts);
+    CHECK(m.total_input == in && m.total_output == out);
+    CHECK(fabs(m.output_throughput * m.duration_s - (double)out) < 1e-6 * (double)out);
+    CHECK(m.mean_ttft_ms > 0 && m.median_ttft_ms <= m.p99_ttft_ms);
+    CHECK(m.mean_itl_ms > 0 && m.mean_tpot_ms > 0);
+    CHECK(m.attention_share > 0 && m.attention_share <= 1.0);
+    CHECK(m.prefix_hit_rate > 0 && m.prefix_hit_rate < 1.0);
+    /* Each request's TPOT is the mean of its ITLs, so their means over
+     * requests with equal output lengths agree; here only check the bound. */
+    CHECK(m.max_output_tokens_per_s >= 1 && m.max_output_tokens_per_s <= (double)out);
+    serve_run_free(&run);
+}
+
+static void test_preemption(void)
+{
+    serve_opts o;
+    small_opts(&o);
+    /* 9 usable blocks: one request needs up to 7 (~112 tokens), so running
+     * several at once runs out and forces preemptions. */
+    o.num_blocks = 10;
+    o.max_num_batched_tokens = 128;
+    serve_run run;
+    watch w;
+    CHECK_OK(run_checked(&o, &run, &w));
+    CHECK_MSG(run.stats.preemptions > 0, "no preemption with a %d-block pool", (int)o.num_blocks);
+    CHECK(run.stats.discarded_tokens > 0);
+    serve_run_free(&run);
+}
+
+static void test_prefix_hits(void)
+{
+    serve_opts o;
+    small_opts(&o);
+    serve_run run;
+    watch w;
+    /* A shared prefix of two blocks: later prompts hit it. */
+    o.prefix_len = 32;
+    CHECK_OK(run_checked(&o, &run, &w));
+    CHECK(run.stats.cached_tokens > 0);
+    CHECK(run.stats.cached_tokens % o.block_size == 0);
+    serve_run_free(&run);
+    /* No shared prefix: random prompts never hit. */
+    o.prefix_len = 0;
+    CHECK_OK(run_checked(&o, &run, &w));
+    CHECK(run.stats.cached_tokens == 0);
+    CHECK(run.pool_stats.hit_tokens == 0);
+    serve_run_free(&run);
+    /* A shared prefix with prefix caching off: no hits either. */
+    o.prefix_len = 32;
+    o.prefix_caching = 0;
+    CHECK_OK(run_checked(&o, &run, &w));
+    CHECK(run.stats.cached_tokens == 0);
+    serve_run_free(&run);
+}
+
+static void test_no_chunked_prefill(void)
+{
+    serve_opts o;
+    small_opts(&o);
+    o.chunked_prefill = 0;
+    o.max_num_batched_tokens = 256; /* >= the longest prompt + outputs */
+    serve_run run;
+    watch w;
+    CHECK_OK(run_checked(&o, &run, &w));
+    CHECK(!w.saw_partial_prefill);
+    serve_run_free(&run);
+    /* A budget below the longest prompt is refused with a message. */
+    o.max_num_batched_tokens = 32;
+    CHECK_STATUS(serve_sim_run(&o, NULL, NULL, &run), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(run.error, "--max-num-batched-tokens") != NULL);
+    serve_run_free(&run);
+}
+
+static void test_rate_and_concurrency(void)
+{
+    serve_opts o;
+    small_opts(&o);
+    o.request_rate = 50.0;
+    o.max_concurrency = 3;
+    serve_run run;
+    watch w;
+    CHECK_OK(run_checked(&o, &run, &w));
+    CHECK(w.max_inflight <= 3 && w.max_inflight >= 1);
+    /* Poisson arrivals: increasing, the first at 0. */
+    CHECK(run.reqs[0].arrival_s == 0.0);
+    for (int32_t i = 1; i < run.num_reqs; i++)
+        CHECK(run.reqs[i].arrival_s >= run.reqs[i - 1].arrival_s);
+    CHECK(run.reqs[run.num_reqs - 1].arrival_s > 0.0);
+    serve_run_free(&run);
+}
+
+static void test_verify(void)
+{
+    serve_opts o;
+    small_opts(&o);
+    o.verify = 1;
+    o.dtype = KVA_DTYPE_BF16;
+    serve_run run;
+    watch w;
+    CHECK_OK(run_checked(&o, &run, &w));
+    CHECK(run.stats.verify_steps >= 3);
+    CHECK(run.stats.verify_tokens > 0);
+    CHECK(run.stats.verify_failures == 0);
+    serve_run_free(&run);
+}
+
+static void test_pool_too_small(void)
+{
+    serve_opts o;
+    small_opts(&o);
+    o.num_blocks = 3; /* 2 usable blocks: no prompt fits */
+    serve_run run;
+    CHECK_STATUS(serve_sim_run(&o, NULL, NULL, &run), KVA_STATUS_POOL_EXHAUSTED);
+    CHECK(strstr(run.error, "pool is too small") != NULL);
+    serve_run_free(&run);
+}
+
+static void test_deterministic(void)
+{
+    serve_opts o;
+    small_opts(&o);
+    o.num_blocks = 10;
+    o.max_num_batched_tokens = 128;
+    serve_run a, b;
+    CHECK_OK(serve_sim_run(&o, NULL, NULL, &a));
+    CHECK_OK(serve_sim_run(&o, NULL, NULL, &b));
+    CHECK(a.stats.steps == b.stats.steps);
+    CHECK(a.stats.preemptions == b.stats.preemptions);
+    CHECK(a.stats.scheduled_tokens == b.stats.scheduled_tokens);
+    for (int32_t i = 0; i < a.num_reqs; i++)
+        CHECK(a.reqs[i].prompt_len == b.reqs[i].prompt_len &&
+              a.reqs[i].output_len == b.reqs[i].output_len);
+    serve_run_free(&a);
+    serve_run_free(&b);
+}
+
+static void test_percentile(void)
+{
+    /* numpy.percentile's linear interpolation: position p/100 * (n - 1). */
+    double v[] = {4.0, 1.0, 3.0, 2.0};
+    CHECK(fabs(serve_percentile(v, 4, 50.0) - 2.5) < 1e-12);
+    CHECK(fabs(serve_percentile(v, 4, 99.0) - 3.97) < 1e-12);
+    CHECK(serve_percentile(v, 4, 0.0) == 1.0 && serve_percentile(v, 4, 100.0) == 4.0);
+    double one[] = {5.0};
+    CHECK(serve_percentile(one, 1, 99.0) == 5.0);
+}
+
+int main(void)
+{
+    RUN(test_percentile);
+    RUN(test_basic_run);
+    RUN(test_preemption);
+    RUN(test_prefix_hits);
+    RUN(test_no_chunked_prefill);
+    RUN(test_rate_and_concurrency);
+    RUN(test_verify);
+    RUN(test_pool_too_small);
+    RUN(test_deterministic);
+    return kva_test_finish();
+}
