@@ -15,6 +15,12 @@ echo "== CLI smoke test"
 ./build/kvattn info
 ./build/kvattn bench --batch 2 --context 300 --iters 2 --warmup 1
 ./build/kvattn bench --mode prefill --batch 1 --q-len 256 --iters 2 --warmup 1
+./build/kvattn serve-sim --num-prompts 6 --layers 2 --input-len 48 --prefix-len 32 \
+  --output-len 4 --max-num-batched-tokens 64 --num-blocks 64 --verify --json build/serve-sim.json
+if ./build/kvattn serve-sim --max-num-seqs 0 >/dev/null 2>&1; then
+  echo "serve-sim accepted --max-num-seqs 0" >&2
+  exit 1
+fi
 if ./build/kvattn bench --no-such-flag >/dev/null 2>&1; then
   echo "CLI accepted an unknown flag" >&2
   exit 1

@@ -220,6 +220,21 @@ kva_status serve_sim_run(const serve_opts *o, serve_step_hook hook, void *user, 
             }
         }
     }
+    /* A request that cannot finish even alone in the pool would stop the run
+     * half way: refuse the configuration up front. */
+    for (int32_t i = 0; i < run->num_reqs; i++) {
+        int64_t need = (int64_t)run->reqs[i].prompt_len + run->reqs[i].output_len - 1;
+        int64_t blocks = (need + opts.block_size - 1) / opts.block_size;
+        if (blocks > (int64_t)opts.num_blocks - 1) {
+            snprintf(run->error, sizeof run->error,
+                     "the pool is too small: request %d (%d prompt + %d output tokens) needs "
+                     "%lld blocks of %d tokens to finish, the pool has %d (raise --num-blocks "
+                     "or --kv-cache-mem)",
+                     (int)i, (int)run->reqs[i].prompt_len, (int)run->reqs[i].output_len,
+                     (long long)blocks, (int)opts.block_size, (int)opts.num_blocks - 1);
+            return KVA_STATUS_POOL_EXHAUSTED;
+        }
+    }
     serve_engine *e = NULL;
     serve_sched *s = NULL;
     int32_t *emitted = malloc(((size_t)run->num_reqs + 1) * sizeof *emitted);
