@@ -78,25 +78,40 @@ void serve_run_free(serve_run *run)
     run->reqs = NULL;
 }
 
-/* The progress bar: redrawn in place on a terminal, a line every quarter
- * otherwise (so logs stay short). */
-static void progress(const serve_opts *o, int32_t done, int32_t n, double now, int *last_quarter)
+/* The progress bar: on a terminal it is redrawn at most 10 times a second,
+ * with the requests done (as vllm bench serve's tqdm counts) and the output
+ * tokens generated so far (which move while all requests are still running);
+ * otherwise a line every quarter of the requests, so logs stay short. */
+typedef struct progress_state {
+    int tty;
+    int last_quarter;
+    double last_draw; /* wall clock of the last redraw */
+    int64_t tokens_total;
+} progress_state;
+
+static void progress(const serve_opts *o, progress_state *p, int32_t done, int32_t n,
+                     int64_t tokens, double now)
 {
     if (!o->progress)
         return;
-    if (isatty(STDERR_FILENO)) {
+    if (p->tty) {
+        double t = serve_now();
+        if (done < n && t - p->last_draw < 0.1)
+            return;
+        p->last_draw = t;
         int w = 30, fill = (int)((int64_t)done * w / n);
         fprintf(stderr, "\rserve-sim [");
         for (int i = 0; i < w; i++)
             fputc(i < fill ? '#' : '.', stderr);
-        fprintf(stderr, "] %d/%d requests, %.1f s simulated", (int)done, (int)n, now);
+        fprintf(stderr, "] %d/%d requests, %lld/%lld tokens, %.1f s", (int)done, (int)n,
+                (long long)tokens, (long long)p->tokens_total, now);
         if (done == n)
             fputc('\n', stderr);
     } else {
         int q = (int)((int64_t)done * 4 / n);
-        if (q <= *last_quarter)
+        if (q <= p->last_quarter)
             return;
-        *last_quarter = q;
+        p->last_quarter = q;
         fprintf(stderr, "serve-sim: %d/%d requests done, %.1f s simulated\n", (int)done, (int)n,
                 now);
     }
@@ -121,7 +136,10 @@ static kva_status sim_loop(const serve_opts *o, serve_engine *e, serve_sched *s,
     serve_stats *st = &run->stats;
     double now = 0.0;
     int32_t next = 0, inflight = 0, done = 0;
-    int last_quarter = 0;
+    int64_t tokens = 0;
+    progress_state ps_bar = {isatty(STDERR_FILENO), 0, 0.0, 0};
+    for (int32_t i = 0; i < n; i++)
+        ps_bar.tokens_total += reqs[i].output_len;
     kva_status rc;
     while (done < n) {
         while (next < n && reqs[next].arrival_s <= now &&
@@ -180,12 +198,12 @@ static kva_status sim_loop(const serve_opts *o, serve_engine *e, serve_sched *s,
         }
         done += nf;
         inflight -= nf;
+        tokens += ne;
         if (hook && hook(user, reqs, n, pool, st) != 0) {
             snprintf(run->error, sizeof run->error, "the step hook stopped the run");
             return KVA_STATUS_INTERNAL;
         }
-        if (nf > 0)
-            progress(o, done, n, now, &last_quarter);
+        progress(o, &ps_bar, done, n, tokens, now);
     }
     run->duration_s = now;
     kva_pool_get_stats(pool, &run->pool_stats);
