@@ -237,6 +237,21 @@ static void test_rate_and_concurrency(void)
     serve_run_free(&run);
 }
 
+static void test_poisson_unlimited(void)
+{
+    serve_opts o;
+    small_opts(&o);
+    o.request_rate = 20.0;
+    serve_run run;
+    watch w;
+    CHECK_OK(run_checked(&o, &run, &w));
+    /* Without a concurrency limit every request is sent at its arrival,
+     * also when it arrives in the middle of a step. */
+    for (int32_t i = 0; i < run.num_reqs; i++)
+        CHECK(run.reqs[i].submit_s == run.reqs[i].arrival_s);
+    serve_run_free(&run);
+}
+
 static void test_verify(void)
 {
     serve_opts o;
@@ -301,6 +316,7 @@ int main(void)
     RUN(test_prefix_hits);
     RUN(test_no_chunked_prefill);
     RUN(test_rate_and_concurrency);
+    RUN(test_poisson_unlimited);
     RUN(test_verify);
     RUN(test_pool_too_small);
     RUN(test_deterministic);

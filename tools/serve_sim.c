@@ -8,11 +8,14 @@
  * spent on --verify checks is measured and left out. A token produced by a
  * step is stamped with the clock at the end of that step. Requests are
  * submitted when they have arrived and fewer than --max-concurrency are in
- * flight (vllm bench serve's semaphore); TTFT counts from submission.
+ * flight (vllm bench serve's semaphore): at their arrival time, or when a
+ * slot opened if the gate held them back. TTFT counts from submission, so it
+ * includes the wait for the step that was running when the request came.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "serve_sim.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -134,7 +137,7 @@ static kva_status sim_loop(const serve_opts *o, serve_engine *e, serve_sched *s,
     const int32_t n = run->num_reqs;
     kva_pool *pool = serve_engine_pool(e);
     serve_stats *st = &run->stats;
-    double now = 0.0;
+    double now = 0.0, gate_s = 0.0; /* gate_s: when a concurrency slot last opened */
     int32_t next = 0, inflight = 0, done = 0;
     int64_t tokens = 0;
     progress_state ps_bar = {isatty(STDERR_FILENO), 0, 0.0, 0};
@@ -142,13 +145,18 @@ static kva_status sim_loop(const serve_opts *o, serve_engine *e, serve_sched *s,
         ps_bar.tokens_total += reqs[i].output_len;
     kva_status rc;
     while (done < n) {
+        /* A request that arrived during the last step is sent at its arrival
+         * (it waits for the step to end inside the "server", which counts in
+         * its TTFT); one held back by the gate is sent when a slot freed. */
         while (next < n && reqs[next].arrival_s <= now &&
                (o->max_concurrency == 0 || inflight < o->max_concurrency)) {
-            reqs[next].submit_s = now;
+            reqs[next].submit_s = reqs[next].arrival_s > gate_s ? reqs[next].arrival_s : gate_s;
             serve_sched_submit(s, next);
             next++;
             inflight++;
         }
+        if (o->max_concurrency > 0 && inflight >= o->max_concurrency)
+            gate_s = INFINITY; /* closed until a request finishes */
         if (serve_sched_num_waiting(s) == 0 && serve_sched_num_running(s) == 0) {
             now = reqs[next].arrival_s; /* idle until the next arrival */
             continue;
@@ -198,6 +206,8 @@ static kva_status sim_loop(const serve_opts *o, serve_engine *e, serve_sched *s,
         }
         done += nf;
         inflight -= nf;
+        if (nf > 0 && gate_s == INFINITY)
+            gate_s = now;
         tokens += ne;
         if (hook && hook(user, reqs, n, pool, st) != 0) {
             snprintf(run->error, sizeof run->error, "the step hook stopped the run");
