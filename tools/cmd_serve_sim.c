@@ -281,7 +281,11 @@ int kva_cli_serve_sim(int argc, char **argv)
     if (st != KVA_STATUS_OK) {
         fprintf(stderr, "kvattn serve-sim: %s\n", run.error);
         serve_run_free(&run);
-        return KVA_EXIT_LIBRARY;
+        /* A configuration the run cannot finish (checked before it starts) is
+         * bad usage; anything else is a library failure. */
+        return st == KVA_STATUS_INVALID_ARGUMENT || st == KVA_STATUS_POOL_EXHAUSTED
+                   ? KVA_EXIT_USAGE
+                   : KVA_EXIT_LIBRARY;
     }
     serve_opts_resolve(&o);
     serve_metrics m;
