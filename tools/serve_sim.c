@@ -48,9 +48,9 @@ void serve_opts_init(serve_opts *o)
     o->max_num_batched_tokens = 2048;
     o->max_num_seqs = 256;
     o->chunked_prefill = 1;
-    /* Workload: 48 prompts of a 256-token shared prefix + ~256 own tokens,
+    /* Workload: 32 prompts of a 256-token shared prefix + ~256 own tokens,
      * ~64 output tokens, all sent at once. */
-    o->num_prompts = 48;
+    o->num_prompts = 32;
     o->input_len = 256;
     o->output_len = 64;
     o->prefix_len = 256;
