@@ -197,7 +197,15 @@ void serve_print_table(FILE *f, const serve_opts *o, const serve_run *run, const
     ROW_F("Prefix cache hit rate (%):", 100.0 * m->prefix_hit_rate);
     ROW_F("Attention share of step time (%):", 100.0 * m->attention_share);
     ROW_F("KV cache write share of step time (%):", 100.0 * m->write_share);
-    ROW_I("Engine steps:", st->steps);
+    fprintf(f, "%-40s %lld (", "Engine steps:", (long long)st->steps);
+    for (int s = 0, first = 1; s <= KVA_STATE_EMPTY; s++) {
+        if (st->steps_by_state[s] == 0)
+            continue;
+        fprintf(f, "%s%lld %s", first ? "" : ", ", (long long)st->steps_by_state[s],
+                kva_attn_state_name((kva_attn_state)s));
+        first = 0;
+    }
+    fprintf(f, ")\n");
     ROW_I("Preemptions:", st->preemptions);
     ROW_F("Peak KV cache usage (%):", 100.0 * st->peak_kv_usage);
     if (o->verify)
@@ -206,9 +214,6 @@ void serve_print_table(FILE *f, const serve_opts *o, const serve_run *run, const
                 st->verify_max_err);
     rule(f, "", '=');
 }
-
-static const char *state_names[] = {"prefill_no_cache", "prefill_cache_hit", "decode_only",
-                                    "chunked_prefill",  "spec_decoding",     "empty"};
 
 int serve_write_json(const char *path, const serve_opts *o, const serve_run *run,
                      const serve_metrics *m)
@@ -299,8 +304,8 @@ int serve_write_json(const char *path, const serve_opts *o, const serve_run *run
     fprintf(f, "    \"attention_share\": %.9g,\n    \"cache_write_share\": %.9g,\n",
             m->attention_share, m->write_share);
     fprintf(f, "    \"steps\": %lld,\n    \"steps_by_state\": {", (long long)st->steps);
-    for (int s = 0; s < 6; s++)
-        fprintf(f, "%s\"%s\": %lld", s ? ", " : "", state_names[s],
+    for (int s = 0; s <= KVA_STATE_EMPTY; s++)
+        fprintf(f, "%s\"%s\": %lld", s ? ", " : "", kva_attn_state_name((kva_attn_state)s),
                 (long long)st->steps_by_state[s]);
     fprintf(f, "},\n    \"scheduled_tokens\": %lld,\n", (long long)st->scheduled_tokens);
     fprintf(f, "    \"preemptions\": %lld,\n    \"peak_running\": %d,\n",

@@ -96,8 +96,8 @@ typedef struct serve_req {
 /* Per-step counters the engine and the scheduler add up. */
 typedef struct serve_stats {
     int64_t steps;
-    int64_t steps_by_state[6]; /* indexed by kva_attn_state */
-    int64_t scheduled_tokens;  /* query tokens over all steps */
+    int64_t steps_by_state[KVA_STATE_EMPTY + 1]; /* indexed by kva_attn_state */
+    int64_t scheduled_tokens;                    /* query tokens over all steps */
     int64_t preemptions;
     int64_t discarded_tokens; /* computed tokens forgotten by preemptions */
     int64_t admitted_tokens;  /* prompt (+ recomputed) tokens looked up at admission */
