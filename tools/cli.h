@@ -29,6 +29,7 @@ void kva_cli_usage_serve_sim(void);           /* cmd_serve_sim.c: the serve-sim 
 int kva_cli_parse_i32(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out);
 int kva_cli_parse_u64(const char *flag, const char *s, uint64_t *out);
 int kva_cli_parse_float(const char *flag, const char *s, float lo, float hi, float *out);
+int kva_cli_parse_double(const char *flag, const char *s, double lo, double hi, double *out);
 /* Matches s against names[0..n); stores the index. */
 int kva_cli_parse_choice(const char *flag, const char *s, const char *const *names, int n,
                          int *out);

@@ -62,7 +62,7 @@ int kva_cli_parse_u64(const char *flag, const char *s, uint64_t *out)
     return 1;
 }
 
-int kva_cli_parse_float(const char *flag, const char *s, float lo, float hi, float *out)
+int kva_cli_parse_double(const char *flag, const char *s, double lo, double hi, double *out)
 {
     char *end = NULL;
     errno = 0;
@@ -72,10 +72,18 @@ int kva_cli_parse_float(const char *flag, const char *s, float lo, float hi, flo
         return 0;
     }
     if (v < lo || v > hi) {
-        fprintf(stderr, "kvattn: %s: %g is out of range [%g, %g]\n", flag, v, (double)lo,
-                (double)hi);
+        fprintf(stderr, "kvattn: %s: %g is out of range [%g, %g]\n", flag, v, lo, hi);
         return 0;
     }
+    *out = v;
+    return 1;
+}
+
+int kva_cli_parse_float(const char *flag, const char *s, float lo, float hi, float *out)
+{
+    double v = 0.0;
+    if (!kva_cli_parse_double(flag, s, (double)lo, (double)hi, &v))
+        return 0;
     *out = (float)v;
     return 1;
 }

@@ -142,7 +142,6 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int k = 0, ok = 1;
-        float fv = 0;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             kva_cli_usage_serve_sim();
             return KVA_EXIT_OK;
@@ -182,18 +181,15 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
             ok = kva_cli_parse_i32(f, val, 0, BIG, &o->input_len);
         else if (!strcmp(f, "--output-len"))
             ok = kva_cli_parse_i32(f, val, 1, BIG, &o->output_len);
-        else if (!strcmp(f, "--range-ratio")) {
-            ok = kva_cli_parse_float(f, val, 0.0f, 0.999f, &fv);
-            o->range_ratio = fv;
-        } else if (!strcmp(f, "--prefix-len"))
+        else if (!strcmp(f, "--range-ratio"))
+            ok = kva_cli_parse_double(f, val, 0.0, 0.999, &o->range_ratio);
+        else if (!strcmp(f, "--prefix-len"))
             ok = kva_cli_parse_i32(f, val, 0, BIG, &o->prefix_len);
         else if (!strcmp(f, "--request-rate")) {
             if (strcmp(val, "inf") == 0)
                 o->request_rate = 0.0;
-            else {
-                ok = kva_cli_parse_float(f, val, 1e-6f, 1e9f, &fv);
-                o->request_rate = fv;
-            }
+            else
+                ok = kva_cli_parse_double(f, val, 1e-6, 1e9, &o->request_rate);
         } else if (!strcmp(f, "--max-concurrency"))
             ok = kva_cli_parse_i32(f, val, 0, BIG, &o->max_concurrency);
         else if (!strcmp(f, "--seed"))

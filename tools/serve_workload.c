@@ -3,10 +3,10 @@
  * dataset: every prompt is a shared prefix of --prefix-len random token ids
  * followed by its own random part of about --input-len tokens; each request
  * generates about --output-len tokens and never stops early (ignore_eos).
- * Lengths are uniform integers in [len * (1 - r), len * (1 + r)] with r the
- * range ratio. Arrivals follow a Poisson process of --request-rate requests
- * per second (exponential gaps, the first request at time 0), or all come at
- * time 0 when the rate is 0 (inf on the command line).
+ * Lengths are uniform integers in [floor(len * (1 - r)), ceil(len * (1 + r))]
+ * with r the range ratio. Arrivals follow a Poisson process of --request-rate
+ * requests per second (exponential gaps, the first request at time 0), or all
+ * come at time 0 when the rate is 0 (inf on the command line).
  */
 #include "serve_sim.h"
 
@@ -37,10 +37,11 @@ static int32_t rng_int(uint64_t *s, int32_t lo, int32_t hi)
     return lo + (int32_t)(rng_next(s) % (uint64_t)((int64_t)hi - lo + 1));
 }
 
-/* A length uniform in [len * (1 - r), len * (1 + r)], at least lo. */
+/* A length uniform in [floor(len * (1 - r)), ceil(len * (1 + r))] (vLLM's
+ * bounds), at least lo. */
 static int32_t sample_len(uint64_t *s, int32_t len, double r, int32_t lo)
 {
-    int32_t a = (int32_t)floor(len * (1.0 - r)), b = (int32_t)floor(len * (1.0 + r));
+    int32_t a = (int32_t)floor(len * (1.0 - r)), b = (int32_t)ceil(len * (1.0 + r));
     int32_t v = rng_int(s, a < b ? a : b, b);
     return v < lo ? lo : v;
 }
