@@ -467,6 +467,7 @@ static void test_metrics_definitions(void)
     NEAR(m.p99_itl_ms, 995.0);
     /* E2EL 2.5 and 0.7 s. */
     NEAR(m.mean_e2el_ms, 1600.0);
+    NEAR(m.std_e2el_ms, 900.0);
     /* Tokens at 1.0, 1.2, 1.5 fall in bucket [1, 2); both requests are in
      * flight during buckets 0 and 1. */
     NEAR(m.max_output_tokens_per_s, 3.0);

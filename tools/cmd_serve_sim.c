@@ -262,6 +262,20 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
                             "backend yet (its q/K/V/output buffers are host memory)\n");
         return KVA_EXIT_USAGE;
     }
+    /* An unwritable --json file is found now, not after the whole run. The
+     * probe leaves an existing file as it was and removes one it created. */
+    if (*json) {
+        int existed = access(*json, F_OK) == 0;
+        FILE *jf = fopen(*json, "a");
+        if (!jf) {
+            fprintf(stderr, "kvattn: --json '%s': cannot write the file: %s\n", *json,
+                    strerror(errno));
+            return KVA_EXIT_USAGE;
+        }
+        fclose(jf);
+        if (!existed)
+            remove(*json);
+    }
     return -1;
 }
 

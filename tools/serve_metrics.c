@@ -112,9 +112,8 @@ int serve_metrics_compute(const serve_run *run, serve_metrics *m)
               &m->std_ttft_ms);
     summarize(tpot, n_tpot, &m->mean_tpot_ms, &m->median_tpot_ms, &m->p99_tpot_ms, &m->std_tpot_ms);
     summarize(itl, k_itl, &m->mean_itl_ms, &m->median_itl_ms, &m->p99_itl_ms, &m->std_itl_ms);
-    double sd_e2el;
     summarize(e2el, (size_t)m->completed, &m->mean_e2el_ms, &m->median_e2el_ms, &m->p99_e2el_ms,
-              &sd_e2el);
+              &m->std_e2el_ms);
     const serve_stats *st = &run->stats;
     m->prefix_hit_rate =
         st->admitted_tokens > 0 ? (double)st->cached_tokens / (double)st->admitted_tokens : 0.0;
@@ -171,6 +170,7 @@ void serve_print_table(FILE *f, const serve_opts *o, const serve_run *run, const
     const serve_stats *st = &run->stats;
     rule(f, " Serving Benchmark Result ", '=');
     ROW_I("Successful requests:", m->completed);
+    ROW_I("Failed requests:", 0); /* a failing run stops with an error instead */
     if (o->max_concurrency > 0)
         ROW_I("Maximum request concurrency:", o->max_concurrency);
     ROW_F("Benchmark duration (s):", m->duration_s);
@@ -238,7 +238,8 @@ int serve_write_json(const char *path, const serve_opts *o, const serve_run *run
         fprintf(f, "  \"max_concurrency\": %d,\n", (int)o->max_concurrency);
     else
         fprintf(f, "  \"max_concurrency\": null,\n");
-    fprintf(f, "  \"duration\": %.9g,\n  \"completed\": %d,\n", m->duration_s, (int)m->completed);
+    fprintf(f, "  \"duration\": %.9g,\n  \"completed\": %d,\n  \"failed\": 0,\n", m->duration_s,
+            (int)m->completed);
     fprintf(f, "  \"total_input_tokens\": %lld,\n  \"total_output_tokens\": %lld,\n",
             (long long)m->total_input, (long long)m->total_output);
     fprintf(f, "  \"request_throughput\": %.9g,\n  \"output_throughput\": %.9g,\n",
@@ -258,8 +259,10 @@ int serve_write_json(const char *path, const serve_opts *o, const serve_run *run
                 "  \"p99_%s_ms\": %.9g,\n",
                 rows[i].name, rows[i].mean, rows[i].name, rows[i].median, rows[i].name, rows[i].sd,
                 rows[i].name, rows[i].p99);
-    fprintf(f, "  \"mean_e2el_ms\": %.9g,\n  \"median_e2el_ms\": %.9g,\n  \"p99_e2el_ms\": %.9g,\n",
-            m->mean_e2el_ms, m->median_e2el_ms, m->p99_e2el_ms);
+    fprintf(f,
+            "  \"mean_e2el_ms\": %.9g,\n  \"median_e2el_ms\": %.9g,\n  \"std_e2el_ms\": %.9g,\n"
+            "  \"p99_e2el_ms\": %.9g,\n",
+            m->mean_e2el_ms, m->median_e2el_ms, m->std_e2el_ms, m->p99_e2el_ms);
     const char *lists[] = {"input_lens", "output_lens", "ttfts"};
     for (int li = 0; li < 3; li++) {
         fprintf(f, "  \"%s\": [", lists[li]);

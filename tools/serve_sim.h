@@ -210,7 +210,7 @@ typedef struct serve_metrics {
     double mean_ttft_ms, median_ttft_ms, p99_ttft_ms, std_ttft_ms;
     double mean_tpot_ms, median_tpot_ms, p99_tpot_ms, std_tpot_ms;
     double mean_itl_ms, median_itl_ms, p99_itl_ms, std_itl_ms;
-    double mean_e2el_ms, median_e2el_ms, p99_e2el_ms;
+    double mean_e2el_ms, median_e2el_ms, p99_e2el_ms, std_e2el_ms;
     double prefix_hit_rate; /* cached / admitted tokens */
     double attention_share; /* attention_s / step_s */
     double write_share;
