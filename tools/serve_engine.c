@@ -394,7 +394,10 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
         return rc;
     st->plan_s += serve_now() - t0;
     kva_plan_info info;
-    kva_plan_get_info(plan, &info);
+    if ((rc = kva_plan_get_info(plan, &info)) != KVA_STATUS_OK) {
+        kva_plan_destroy(plan);
+        return rc;
+    }
     st->steps++;
     st->steps_by_state[info.state]++;
     /* Verify at steps 1, 2, 4, ... and at the first step of each state. */

@@ -147,7 +147,7 @@ static kva_status preempt(serve_sched *s, int32_t req, serve_stats *st)
 static kva_status schedule_running(serve_sched *s, int32_t *budget, int *preempted, serve_stats *st)
 {
     int32_t i = 0;
-    while (i<s->n_running && * budget> 0) {
+    while (*budget > 0 && i < s->n_running) {
         int32_t req = s->running[i];
         serve_req *r = &s->reqs[req];
         int32_t num_new = r->num_tokens - r->num_computed;

@@ -270,7 +270,17 @@ kva_status serve_sim_run(const serve_opts *o, serve_step_hook hook, void *user, 
     kva_status rc = (!emitted || !finished) ? KVA_STATUS_OUT_OF_MEMORY : KVA_STATUS_OK;
     if (rc != KVA_STATUS_OK)
         snprintf(run->error, sizeof run->error, "out of memory");
-    if (rc == KVA_STATUS_OK && (rc = serve_engine_create(&opts, &e)) != KVA_STATUS_OK)
+    /* The engine's step buffers hold the most tokens one step can have: the
+     * budget, or every request's whole sequence when that is less, so that a
+     * huge --max-num-batched-tokens does not allocate gigabytes for nothing.
+     * The scheduler keeps the budget as given (it never binds then). */
+    serve_opts eopts = opts;
+    int64_t all_tokens = 0;
+    for (int32_t i = 0; i < run->num_reqs; i++)
+        all_tokens += (int64_t)run->reqs[i].prompt_len + run->reqs[i].output_len - 1;
+    if (all_tokens < eopts.max_num_batched_tokens)
+        eopts.max_num_batched_tokens = (int32_t)all_tokens;
+    if (rc == KVA_STATUS_OK && (rc = serve_engine_create(&eopts, &e)) != KVA_STATUS_OK)
         lib_fail(run, "creating the model (context, pool, caches)", rc);
     if (rc == KVA_STATUS_OK) {
         rc = serve_sched_create(&opts, run->reqs, run->num_reqs, serve_engine_pool(e), &s);
