@@ -16,8 +16,10 @@
  * request, which attention cannot tell apart.)
  *
  * --verify: at steps 1, 2, 4, 8, ... and at the first step of each attention
- * state, one layer's output is recomputed by the reference backend on the
- * same cache and compared with the test suite's per-dtype tolerances. The
+ * state, one layer's new K/V rows are looked up in its cache through the
+ * block-table rows (they must be where attention reads them), and its output
+ * is recomputed by the reference backend on the same cache and compared with
+ * the test suite's per-dtype tolerances. The
  * reference is slow, so it checks a subset of the batch (the first decode,
  * the first prefill, then others in order) within a work budget; a long
  * prefill keeps only its first queries with a correspondingly shorter
@@ -240,9 +242,43 @@ static double ref_cost(const serve_opts *o, int32_t q, int32_t s)
     return pairs * (double)o->heads * 2.0 * (double)o->head_dim;
 }
 
-/* Checks layer l's output (e->out, in plan order) against the reference. */
+/* Checks that every new token's K and V rows (k: [T, Hkv, D], v: [T, Hkv, D],
+ * in plan order) sit in layer l's cache where attention reads them: at block
+ * bt[j][pos / B], offset pos % B of the NHD layout [NB, B, Hkv, D]. This ties
+ * the slot mapping used by kva_cache_write to the block-table rows used by
+ * kva_attention_run, which the reference comparison cannot see (both
+ * backends read the same cache). The source dtype is the cache dtype, so the
+ * rows must match bit for bit. Returns the number of mismatched rows. */
+static int64_t check_written(const serve_engine *e, int32_t R, int32_t stride, const void *k,
+                             const void *v, int32_t l)
+{
+    const serve_opts *o = &e->o;
+    const size_t row = (size_t)o->kv_heads * (size_t)o->head_dim * e->es;
+    void *kd = NULL, *vd = NULL;
+    if (kva_cache_data(e->caches[l], &kd, &vd) != KVA_STATUS_OK)
+        return 1;
+    int64_t bad = 0;
+    for (int32_t j = 0; j < R; j++) {
+        int32_t q_len = e->qsl[j + 1] - e->qsl[j], ctx = e->seq_lens[j] - q_len;
+        for (int32_t i = 0; i < q_len; i++) {
+            int32_t pos = ctx + i, t = e->qsl[j] + i;
+            size_t slot =
+                (size_t)e->bt[(size_t)j * (size_t)stride + (size_t)(pos / o->block_size)] *
+                    (size_t)o->block_size +
+                (size_t)(pos % o->block_size);
+            if (memcmp((const char *)kd + slot * row, (const char *)k + (size_t)t * row, row) !=
+                    0 ||
+                memcmp((const char *)vd + slot * row, (const char *)v + (size_t)t * row, row) != 0)
+                bad++;
+        }
+    }
+    return bad;
+}
+
+/* Checks layer l's output (e->out, in plan order) against the reference. The
+ * step fails if any element differs or misplaced (check_written) > 0. */
 static kva_status verify_layer(serve_engine *e, int32_t R, int32_t stride, const void *q, int32_t l,
-                               serve_stats *st)
+                               int64_t misplaced, serve_stats *st)
 {
     const serve_opts *o = &e->o;
     const size_t H = (size_t)o->heads, D = (size_t)o->head_dim, row = H * D * e->es;
@@ -329,8 +365,11 @@ static kva_status verify_layer(serve_engine *e, int32_t R, int32_t stride, const
         }
         st->verify_steps++;
         st->verify_tokens += t;
-        if (bad)
+        if (bad || misplaced) {
             st->verify_failures++;
+            if (misplaced)
+                st->verify_max_err = INFINITY;
+        }
     }
     free(v_seq);
     return rc;
@@ -423,7 +462,8 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
         st->attention_s += serve_now() - t1;
         if (rc == KVA_STATUS_OK && check_layer) {
             double v0 = serve_now();
-            rc = verify_layer(e, R, stride, q, l, st);
+            int64_t misplaced = check_written(e, R, stride, k, v, l);
+            rc = verify_layer(e, R, stride, q, l, misplaced, st);
             *verify_s += serve_now() - v0;
         }
     }
