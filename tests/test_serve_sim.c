@@ -229,11 +229,12 @@ static void test_rate_and_concurrency(void)
     watch w;
     CHECK_OK(run_checked(&o, &run, &w));
     CHECK(w.max_inflight <= 3 && w.max_inflight >= 1);
-    /* Poisson arrivals: increasing, the first at 0. */
-    CHECK(run.reqs[0].arrival_s == 0.0);
+    /* vllm bench serve's arrivals: a delay before every request, increasing,
+     * the last scaled to arrive at exactly num_prompts / rate. */
+    CHECK(run.reqs[0].arrival_s > 0.0);
     for (int32_t i = 1; i < run.num_reqs; i++)
         CHECK(run.reqs[i].arrival_s >= run.reqs[i - 1].arrival_s);
-    CHECK(run.reqs[run.num_reqs - 1].arrival_s > 0.0);
+    CHECK(fabs(run.reqs[run.num_reqs - 1].arrival_s - o.num_prompts / o.request_rate) < 1e-12);
     serve_run_free(&run);
 }
 
@@ -474,6 +475,18 @@ static void test_metrics_definitions(void)
     CHECK(m.max_concurrent_requests == 2);
     NEAR(m.prefix_hit_rate, 0.25);
     NEAR(m.attention_share, 0.75);
+    /* The same run 0.6 s later (the first request arrived after a delay):
+     * the buckets count from the first submission, so the peaks stay. */
+    double u0[] = {1.6, 2.1, 3.1}, u1[] = {1.8};
+    reqs[0].submit_s = 0.6;
+    reqs[0].token_s = u0;
+    reqs[1].submit_s = 1.1;
+    reqs[1].token_s = u1;
+    run.duration_s = 3.1;
+    CHECK(serve_metrics_compute(&run, &m));
+    NEAR(m.mean_ttft_ms, 850.0);
+    NEAR(m.max_output_tokens_per_s, 3.0);
+    CHECK(m.max_concurrent_requests == 2);
 #undef NEAR
 }
 

@@ -9,8 +9,8 @@
  * Mean, median, standard deviation and P99 (numpy's linear interpolation) are
  * over those samples. Throughputs divide totals by the duration (start to the
  * last token). Peak output token throughput is the most tokens generated in
- * one 1-second bucket of the run; peak concurrent requests the most requests
- * in flight during one such bucket.
+ * one 1-second bucket counted from the first submission; peak concurrent
+ * requests the most requests in flight during one such bucket.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "serve_sim.h"
@@ -61,7 +61,19 @@ int serve_metrics_compute(const serve_run *run, serve_metrics *m)
     double *tpot = malloc(((size_t)n + 1) * sizeof *tpot);
     double *e2el = malloc(((size_t)n + 1) * sizeof *e2el);
     double *itl = malloc((n_itl + 1) * sizeof *itl);
-    int32_t nb = (int32_t)ceil(run->duration_s) + 1;
+    /* The 1-s buckets start at the first submission, as vLLM's start at the
+     * earliest request start. */
+    double t_min = INFINITY, t_max = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        const serve_req *r = &run->reqs[i];
+        if (r->state != SERVE_REQ_FINISHED)
+            continue;
+        t_min = r->submit_s < t_min ? r->submit_s : t_min;
+        t_max = r->token_s[r->num_output - 1] > t_max ? r->token_s[r->num_output - 1] : t_max;
+    }
+    if (!(t_min <= t_max))
+        t_min = t_max = 0.0;
+    int32_t nb = (int32_t)ceil(t_max - t_min) + 1;
     double *tok_bucket = calloc((size_t)nb, sizeof *tok_bucket);
     int32_t *conc_bucket = calloc((size_t)nb, sizeof *conc_bucket);
     if (!ttft || !tpot || !e2el || !itl || !tok_bucket || !conc_bucket) {
@@ -90,11 +102,12 @@ int serve_metrics_compute(const serve_run *run, serve_metrics *m)
         for (int32_t k = 0; k < no; k++) {
             if (k > 0)
                 itl[k_itl++] = r->token_s[k] - r->token_s[k - 1];
-            int32_t bkt = (int32_t)r->token_s[k];
+            int32_t bkt = (int32_t)(r->token_s[k] - t_min);
             if (bkt >= 0 && bkt < nb)
                 tok_bucket[bkt] += 1.0;
         }
-        for (int32_t s = (int32_t)r->submit_s; s <= (int32_t)last && s < nb; s++)
+        for (int32_t s = (int32_t)(r->submit_s - t_min); s <= (int32_t)(last - t_min) && s < nb;
+             s++)
             conc_bucket[s]++;
     }
     for (int32_t s = 0; s < nb; s++) {

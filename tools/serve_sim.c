@@ -1,10 +1,11 @@
 /*
  * serve_sim.c - the main loop of `kvattn serve-sim` and its defaults.
  *
- * Time is virtual: the clock starts at 0 when the first request can be sent,
- * advances by the measured wall time of each step's real work (scheduling,
- * pool calls, plan, cache writes, attention for every layer, bookkeeping),
- * and jumps over idle time to the next arrival instead of sleeping. Time
+ * Time is virtual: the clock starts at 0 (the first request arrives then, or
+ * after its Poisson delay), advances by the measured wall time of each step's
+ * real work (scheduling, pool calls, plan, cache writes, attention for every
+ * layer, bookkeeping), and jumps over idle time to the next arrival instead
+ * of sleeping. Time
  * spent on --verify checks is measured and left out. A token produced by a
  * step is stamped with the clock at the end of that step. Requests are
  * submitted when they have arrived and fewer than --max-concurrency are in

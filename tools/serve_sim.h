@@ -53,7 +53,7 @@ typedef struct serve_opts {
     int32_t output_len;      /* tokens generated per request (no early stop) */
     int32_t prefix_len;      /* shared prefix tokens in front of every prompt */
     double range_ratio;      /* lengths uniform in [len * (1 - r), len * (1 + r)] */
-    double request_rate;     /* requests per second (Poisson); 0 = all at time 0 */
+    double request_rate;     /* requests per second (vLLM's Poisson); 0 = all at time 0 */
     int32_t max_concurrency; /* most requests in flight; 0 = no limit */
     uint64_t seed;
     /* Checks and output. */
@@ -80,7 +80,7 @@ typedef struct serve_req {
     int32_t prompt_len;
     int32_t output_len;
     int32_t *tokens;  /* [prompt_len + output_len] token ids, the outputs fixed in advance */
-    double arrival_s; /* Poisson arrival time */
+    double arrival_s; /* arrival time (0 for all when request_rate is 0) */
     /* Progress. */
     serve_req_state state;
     int32_t num_tokens;   /* prompt + generated tokens so far */

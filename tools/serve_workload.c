@@ -4,9 +4,11 @@
  * followed by its own random part of about --input-len tokens; each request
  * generates about --output-len tokens and never stops early (ignore_eos).
  * Lengths are uniform integers in [floor(len * (1 - r)), ceil(len * (1 + r))]
- * with r the range ratio. Arrivals follow a Poisson process of --request-rate
- * requests per second (exponential gaps, the first request at time 0), or all
- * come at time 0 when the rate is 0 (inf on the command line).
+ * with r the range ratio. Arrivals follow vllm bench serve's Poisson process
+ * of --request-rate requests per second: an exponential delay before every
+ * request (the first one too), the cumulative delays then scaled so that the
+ * last request arrives at num_prompts / rate. All requests come at time 0
+ * when the rate is 0 (inf on the command line).
  */
 #include "serve_sim.h"
 
@@ -78,12 +80,20 @@ int serve_workload_create(const serve_opts *o, serve_req **out)
         memcpy(r->tokens, prefix, (size_t)o->prefix_len * sizeof *prefix);
         for (size_t k = (size_t)o->prefix_len; k < total; k++)
             r->tokens[k] = rng_int(&s, 0, SERVE_VOCAB - 1);
-        if (o->request_rate > 0 && i > 0)
+        if (o->request_rate > 0)
             t += -log(1.0 - rng_unit(&s)) / o->request_rate;
         r->arrival_s = t;
         r->state = SERVE_REQ_PENDING;
         r->num_tokens = r->prompt_len;
         r->pool_id = -1;
+    }
+    /* As vllm bench serve does: scale the arrivals so that the last one is at
+     * exactly num_prompts / rate, which keeps the offered load equal across
+     * seeds (the sum of exponential gaps alone is off by a few percent). */
+    if (o->request_rate > 0 && t > 0) {
+        double scale = (double)n / o->request_rate / t;
+        for (int32_t i = 0; i < n; i++)
+            reqs[i].arrival_s *= scale;
     }
     free(prefix);
     *out = reqs;
