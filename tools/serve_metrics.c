@@ -186,6 +186,8 @@ void serve_print_table(FILE *f, const serve_opts *o, const serve_run *run, const
     ROW_I("Failed requests:", 0); /* a failing run stops with an error instead */
     if (o->max_concurrency > 0)
         ROW_I("Maximum request concurrency:", o->max_concurrency);
+    if (o->request_rate > 0)
+        ROW_F("Request rate configured (RPS):", o->request_rate);
     ROW_F("Benchmark duration (s):", m->duration_s);
     ROW_I("Total input tokens:", m->total_input);
     ROW_I("Total generated tokens:", m->total_output);
@@ -247,6 +249,7 @@ int serve_write_json(const char *path, const serve_opts *o, const serve_run *run
         fprintf(f, "  \"request_rate\": %.17g,\n", o->request_rate);
     else
         fprintf(f, "  \"request_rate\": \"inf\",\n");
+    fprintf(f, "  \"burstiness\": 1.0,\n"); /* Poisson arrivals */
     if (o->max_concurrency > 0)
         fprintf(f, "  \"max_concurrency\": %d,\n", (int)o->max_concurrency);
     else
@@ -291,6 +294,16 @@ int serve_write_json(const char *path, const serve_opts *o, const serve_run *run
         }
         fprintf(f, "],\n");
     }
+    /* itls: per request, the gaps between its output tokens (seconds). */
+    fprintf(f, "  \"itls\": [");
+    for (int32_t i = 0; i < run->num_reqs; i++) {
+        const serve_req *r = &run->reqs[i];
+        fprintf(f, "%s[", i ? ", " : "");
+        for (int32_t k = 1; k < r->num_output; k++)
+            fprintf(f, "%s%.9g", k > 1 ? ", " : "", r->token_s[k] - r->token_s[k - 1]);
+        fprintf(f, "]");
+    }
+    fprintf(f, "],\n");
     fprintf(f, "  \"kvattn\": {\n");
     fprintf(f,
             "    \"model\": {\"layers\": %d, \"num_heads\": %d, \"num_kv_heads\": %d, "
