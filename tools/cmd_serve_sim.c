@@ -97,9 +97,12 @@ static int parse_size(const char *flag, const char *s, int64_t *out)
         else if (*end == 'B')
             end++;
     }
-    if (end == s || *end != '\0' || mul == 0.0 || errno == ERANGE || !isfinite(v) || v <= 0 ||
-        v * mul > 1e15) {
+    if (end == s || *end != '\0' || mul == 0.0 || errno == ERANGE || !isfinite(v) || v <= 0) {
         fprintf(stderr, "kvattn: %s: '%s' is not a size (e.g. 512M, 2G, or bytes)\n", flag, s);
+        return 0;
+    }
+    if (v * mul > 1e15) {
+        fprintf(stderr, "kvattn: %s: '%s' is too large (at most 1e15 bytes)\n", flag, s);
         return 0;
     }
     *out = (int64_t)(v * mul);
