@@ -266,6 +266,13 @@ static void test_verify(void)
     CHECK(run.stats.verify_tokens > 0);
     CHECK(run.stats.verify_failures == 0);
     serve_run_free(&run);
+    /* A budget that admits most prompts in the first step: they hit the
+     * prefix blocks that the first request writes in that same step. */
+    o.max_num_batched_tokens = 512;
+    CHECK_OK(run_checked(&o, &run, &w));
+    CHECK(run.stats.cached_tokens >= (int64_t)(o.num_prompts - 1) * o.prefix_len);
+    CHECK(run.stats.verify_failures == 0);
+    serve_run_free(&run);
 }
 
 static void test_pool_too_small(void)
@@ -420,6 +427,51 @@ done:
     serve_workload_free(reqs, 3);
 }
 
+/* Prefix blocks are cached when they are scheduled, as vLLM v1's
+ * allocate_slots caches them: B, admitted in the same step as A, hits the two
+ * blocks A computes in that step (A's prompt of 12 tokens, B's sharing the
+ * first 8, blocks of 4). */
+static void test_sched_same_step_hit(void)
+{
+    serve_opts o;
+    serve_opts_init(&o);
+    o.block_size = 4;
+    o.max_num_batched_tokens = 64;
+    o.max_num_seqs = 4;
+    serve_req *reqs = make_reqs(2, 12, 4);
+    CHECK(reqs != NULL);
+    if (!reqs)
+        return;
+    for (int32_t k = 0; k < 8; k++)
+        reqs[1].tokens[k] = reqs[0].tokens[k];
+    kva_pool_desc pd = {20, 4, KVA_POOL_HASH_SHA256, 1};
+    kva_pool *pool = NULL;
+    serve_sched *s = NULL;
+    CHECK_OK(kva_pool_create(&pd, &pool));
+    CHECK_OK(serve_sched_create(&o, reqs, 2, pool, &s));
+    if (pool && s) {
+        serve_stats st;
+        memset(&st, 0, sizeof st);
+        serve_sched_submit(s, 0);
+        serve_sched_submit(s, 1);
+        serve_batch b;
+        CHECK_OK(serve_sched_schedule(s, &b, &st));
+        CHECK(b.num_requests == 2);
+        CHECK(st.cached_tokens == 8);
+        CHECK(b.num_requests == 2 && b.context[0] == 0 && b.num_new[0] == 12 && b.context[1] == 8 &&
+              b.num_new[1] == 4);
+        /* B's block-table row starts with A's first two blocks. */
+        int32_t row_a[4], row_b[4];
+        CHECK_OK(kva_pool_request_block_table(pool, reqs[0].pool_id, row_a, 4, NULL));
+        CHECK_OK(kva_pool_request_block_table(pool, reqs[1].pool_id, row_b, 4, NULL));
+        CHECK(row_a[0] == row_b[0] && row_a[1] == row_b[1] && row_a[2] != row_b[2]);
+        CHECK_OK(kva_pool_check(pool));
+    }
+    serve_sched_destroy(s);
+    kva_pool_destroy(pool);
+    serve_workload_free(reqs, 2);
+}
+
 /* The metric definitions on a hand-made run: request 0 submitted at 0 with
  * tokens at 1.0, 1.5 and 2.5 s; request 1 submitted at 0.5 with one token at
  * 1.2 s. Expected values computed by hand from vllm bench serve's formulas. */
@@ -495,6 +547,7 @@ int main(void)
     RUN(test_percentile);
     RUN(test_metrics_definitions);
     RUN(test_sched_policy);
+    RUN(test_sched_same_step_hit);
     RUN(test_basic_run);
     RUN(test_preemption);
     RUN(test_prefix_hits);

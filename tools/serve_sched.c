@@ -22,6 +22,8 @@
  *     (kva_pool_request_add), and admitted if its uncached tokens (or a chunk
  *     of them) can be allocated; otherwise it is released and admission stops
  *     for this step (no skipping ahead, so no starvation).
+ * A scheduled request's new tokens are committed to the pool at once
+ * (batch_add), so later admissions in the same step hit the blocks it fills.
  * A preempted request is looked up again on readmission, with its generated
  * tokens as part of its prompt, so its own blocks hit if nobody evicted them.
  */
@@ -116,14 +118,24 @@ static void push_front(serve_sched *s, int32_t req)
     s->reqs[req].state = SERVE_REQ_WAITING;
 }
 
-static void batch_add(serve_sched *s, int32_t req, int32_t num_new)
+/* Adds a request whose blocks are allocated to the step's batch and commits
+ * its new tokens to the pool now, as vLLM v1's allocate_slots caches the
+ * blocks a step will fill when it schedules them: a request admitted later
+ * in the same step already hits them. That is safe because the engine writes
+ * every new token's K/V of a layer before it runs that layer's attention. */
+static kva_status batch_add(serve_sched *s, int32_t req, int32_t num_new)
 {
     serve_req *r = &s->reqs[req];
+    kva_status rc =
+        kva_pool_request_append_tokens(s->pool, r->pool_id, r->tokens + r->num_computed, num_new);
+    if (rc != KVA_STATUS_OK)
+        return rc;
     s->b_req[s->b_n] = req;
     s->b_pool[s->b_n] = r->pool_id;
     s->b_ctx[s->b_n] = r->num_computed;
     s->b_new[s->b_n] = num_new;
     s->b_n++;
+    return KVA_STATUS_OK;
 }
 
 /* Preemption by recompute: the request gives back every block and starts over
@@ -177,7 +189,9 @@ static kva_status schedule_running(serve_sched *s, int32_t *budget, int *preempt
         }
         if (!scheduled)
             break;
-        batch_add(s, req, num_new);
+        kva_status rc = batch_add(s, req, num_new);
+        if (rc != KVA_STATUS_OK)
+            return rc;
         *budget -= num_new;
         i++;
     }
@@ -217,7 +231,8 @@ static kva_status schedule_waiting(serve_sched *s, int32_t *budget, serve_stats 
         s->running[s->n_running++] = req;
         st->admitted_tokens += r->num_tokens;
         st->cached_tokens += cached;
-        batch_add(s, req, num_new);
+        if ((rc = batch_add(s, req, num_new)) != KVA_STATUS_OK)
+            return rc;
         *budget -= num_new;
     }
     return KVA_STATUS_OK;
@@ -253,11 +268,7 @@ kva_status serve_sched_update(serve_sched *s, int32_t *emitted, int32_t *num_emi
     for (int32_t k = 0; k < s->b_n; k++) {
         int32_t req = s->b_req[k];
         serve_req *r = &s->reqs[req];
-        kva_status rc = kva_pool_request_append_tokens(s->pool, r->pool_id,
-                                                       r->tokens + r->num_computed, s->b_new[k]);
-        if (rc != KVA_STATUS_OK)
-            return rc;
-        r->num_computed += s->b_new[k];
+        r->num_computed += s->b_new[k]; /* in the pool since batch_add */
         if (r->num_computed < r->num_tokens)
             continue; /* a prefill chunk that is not the last */
         /* Sample the next token (fixed in advance: tokens[num_tokens]). */
@@ -265,7 +276,8 @@ kva_status serve_sched_update(serve_sched *s, int32_t *emitted, int32_t *num_emi
         r->num_tokens++;
         emitted[ne++] = req;
         if (r->num_output == r->output_len) {
-            if ((rc = kva_pool_request_free(s->pool, r->pool_id)) != KVA_STATUS_OK)
+            kva_status rc = kva_pool_request_free(s->pool, r->pool_id);
+            if (rc != KVA_STATUS_OK)
                 return rc;
             r->pool_id = -1;
             r->state = SERVE_REQ_FINISHED;

@@ -160,12 +160,15 @@ int32_t serve_sched_num_waiting(const serve_sched *s);
 int32_t serve_sched_num_running(const serve_sched *s);
 /* The request at the head of the waiting queue, -1 if none. */
 int32_t serve_sched_head(const serve_sched *s);
-/* Schedules one step into *b (pointers into the scheduler). An empty batch
+/* Schedules one step into *b (pointers into the scheduler) and commits the
+ * scheduled tokens to the pool (kva_pool_request_append_tokens: their full
+ * blocks are cached at once, as vLLM v1 does). An empty batch
  * with requests waiting means one request alone does not fit the pool:
  * KVA_STATUS_POOL_EXHAUSTED with a message. */
 kva_status serve_sched_schedule(serve_sched *s, serve_batch *b, serve_stats *st);
-/* After the step ran: records the computed tokens in the pool, samples a token
- * for every request whose KV caught up, finishes requests that reached
+/* After the step ran: counts the step's tokens as computed (the pool has them
+ * since serve_sched_schedule), samples a token for every request whose KV
+ * caught up, frees the blocks of and finishes requests that reached
  * output_len. The indices of requests that got a token go to emitted [R]
  * (count in *num_emitted), of those that finished to finished [R]. */
 kva_status serve_sched_update(serve_sched *s, int32_t *emitted, int32_t *num_emitted,
