@@ -12,7 +12,8 @@
  * TFLOP/s = 4 * D * H * (visible query-key pairs) / time, the causal half
  * only (q * (q + 1) / 2 pairs for a fresh prefill). Prints one line per point:
  *   shape variant median_ms TFLOP/s
- * Median of 30 timed launches after 5 warm-up launches.
+ * Median of 30 timed launches after 5 warm-up launches. Arguments (optional):
+ * a shape index and a variant, to time one point (e.g. under ncu).
  */
 #include "harness.h"
 #include "prefill_mma.h"
@@ -77,7 +78,7 @@ static void host_row(const shape *s, const uint16_t *q, const uint16_t *k, const
     free(p);
 }
 
-static int bench_shape(const shape *s, kva_rng *rng)
+static int bench_shape(const shape *s, kva_rng *rng, int only_var)
 {
     const int32_t R = s->R, S = s->q_len, H = s->H, Hkv = s->Hkv, D = s->D, B = s->B;
     const int32_t T = R * S, nbr = (S + B - 1) / B, NB = R * nbr + 1;
@@ -160,7 +161,9 @@ static int bench_shape(const shape *s, kva_rng *rng)
     CUDA_OK(cudaEventCreate(&e1));
     int fails = 0;
     double *orow = malloc(sizeof(double) * (size_t)D);
-    for (int var = 1; var <= (D <= 128 ? 2 : 1); var++) {
+    for (int var = 1; var <= (D <= 128 ? KVA__CUDA_PREFILL_VARIANTS : 1); var++) {
+        if (only_var && var != only_var)
+            continue;
         /* Correctness first: 24 sampled rows against fp64. */
         CUDA_OK(cudaMemset(dout, 0xff, nq * 2));
         if (kva__cuda_prefill_launch_variant(&a, NULL, var) != KVA_STATUS_OK) {
@@ -230,7 +233,7 @@ static int bench_shape(const shape *s, kva_rng *rng)
     return fails;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -251,7 +254,10 @@ int main(void)
     (void)kva_test_checks_failed_; /* harness.h is used for its RNG and fills only */
     kva_rng rng = {12345};
     int fails = 0;
+    /* Optional arguments: a shape index and a variant (e.g. for ncu). */
+    const int only_shape = argc > 1 ? atoi(argv[1]) : -1, only_var = argc > 2 ? atoi(argv[2]) : 0;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        fails += bench_shape(&shapes[i], &rng);
+        if (only_shape < 0 || (size_t)only_shape == i)
+            fails += bench_shape(&shapes[i], &rng, only_var);
     return fails ? 1 : 0;
 }

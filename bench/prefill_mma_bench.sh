@@ -8,9 +8,21 @@ set -u -o pipefail
 OUT=${OUT:-prefill_bench_out}
 mkdir -p "$OUT"
 ARCH=${1:-90a}
+# Build dependencies missing on a bare GPU machine (libssl-dev, libxxhash-dev)
+# can travel as .deb files in ./.debs; they are unpacked under /tmp/dx.
+EXTRA=()
+if [ -d .debs ] && { [ ! -e /usr/include/openssl/sha.h ] || [ ! -e /usr/include/xxhash.h ]; }; then
+    for f in .debs/*.deb; do dpkg -x "$f" /tmp/dx; done
+    L=/tmp/dx/usr/lib/x86_64-linux-gnu
+    CRYPTO=$(ls /usr/lib/x86_64-linux-gnu/libcrypto.so.3 2>/dev/null || ls $L/libcrypto.so)
+    EXTRA=(-DOPENSSL_INCLUDE_DIR=/tmp/dx/usr/include -DOPENSSL_CRYPTO_LIBRARY="$CRYPTO"
+        -DXXHASH_LIB=$L/libxxhash.so.0 -DXXHASH_INCLUDE=/tmp/dx/usr/include
+        "-DCMAKE_C_FLAGS=-I/tmp/dx/usr/include -I/tmp/dx/usr/include/x86_64-linux-gnu")
+    export LD_LIBRARY_PATH=$L:${LD_LIBRARY_PATH:-}
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 cmake -S . -B b -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DKVA_BUILD_TESTS=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" > "$OUT/build.log" 2>&1 &&
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${EXTRA[@]}" > "$OUT/build.log" 2>&1 &&
     ninja -C b test_cuda_prefill_mma cuda_prefill_bench >> "$OUT/build.log" 2>&1 ||
     { tail -40 "$OUT/build.log"; exit 1; }
 echo "== test"
@@ -23,6 +35,16 @@ compute-sanitizer --tool racecheck --error-exitcode 9 ./b/test_cuda_prefill_mma 
     tee "$OUT/racecheck.log" | tail -4
 echo "== kvattn prefill kernel"
 ./b/cuda_prefill_bench 2>&1 | tee "$OUT/bench.log"
+if [ "${PROFILE:-0}" = 1 ]; then
+    echo "== ncu (shape 0, variant ${PVAR:-2})"
+    cuobjdump -sass b/cuda_prefill_bench > "$OUT/bench.sass" 2>&1
+    ncu -k regex:prefill_mma_kernel -c 1 --section SpeedOfLight --section WarpStateStats \
+        --section SchedulerStats --section Occupancy --section LaunchStats \
+        --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+        ./b/cuda_prefill_bench 0 "${PVAR:-2}" > "$OUT/ncu.txt" 2>&1
+    grep -E "Duration|Throughput|Issue|Eligible|Active Warps|Stall|Registers|Achieved|Block Limit|Pipe|Bank" "$OUT/ncu.txt" | head -40
+fi
+[ "${SDPA:-1}" = 1 ] || exit 0
 echo "== torch SDPA (same shapes, contiguous K/V expanded to H heads)"
 PYTHONUNBUFFERED=1 python3 - <<'PY' 2>&1 | tee "$OUT/sdpa.log"
 import torch, statistics

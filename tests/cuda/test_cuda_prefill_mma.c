@@ -74,7 +74,7 @@ static void *dev_copy(const void *h, size_t bytes)
 {
     void *d = NULL;
     CUDA_OK(cudaMalloc(&d, bytes > 0 ? bytes : 16));
-    if (bytes)
+    if (h && bytes)
         CUDA_OK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
     return d;
 }
@@ -178,7 +178,7 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
 
     const double u = c->dt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
     const double atol = kva_test_atol(c->dt) + u * 1.7320508; /* max|v| of the uniform fill */
-    const int nvar = D <= 128 ? 2 : 1;
+    const int nvar = D <= 128 ? KVA__CUDA_PREFILL_VARIANTS : 1;
     for (int var = 1; var <= nvar; var++) {
         CUDA_OK(cudaMemset(d_out, 0xff, nq * esz));
         CUDA_OK(cudaMemset(d_lse, 0xff, nl * 4));

@@ -29,6 +29,9 @@
  *   v2: 4 warps x 32 rows (two m16 tiles per warp). Each K/V fragment read
  *       from shared memory feeds two mma, halving shared-memory traffic per
  *       flop; O takes D fp32 registers per thread, so D <= 128 only.
+ *   v3: v2 with BN = 32 keys per tile: S takes half the registers (v2 at
+ *       D = 128 uses all 255 and spills), at twice the softmax bookkeeping
+ *       (O rescale, row max) per key.
  * Measured numbers are in docs/cuda-prefill.md.
  */
 extern "C" {
@@ -203,17 +206,23 @@ __global__ void __launch_bounds__(NW * 32) prefill_mma_kernel(const kva__cuda_pr
     const elem *kc = (const elem *)a.k, *vc = (const elem *)a.v;
     const int Hkv = a.num_kv_heads;
     const int nhd = a.layout == KVA_LAYOUT_NHD;
+    /* Element offset of key j of this kv head: blk * blk_stride + o * row_stride
+     * + head_off with blk = block_table[j / B], o = j % B (a shift for B = 2^k). */
+    const int64_t blk_stride = (int64_t)B * Hkv * D;
+    const int row_stride = nhd ? Hkv * D : D;
+    const int head_off = nhd ? kvh * D : kvh * B * D;
+    const int b_shift = (B & (B - 1)) == 0 ? __ffs(B) - 1 : -1;
     auto load_kv = [&](int st, int n0) {
+#pragma unroll
         for (int idx = tid; idx < BN * CPR; idx += NT) {
             const int row = idx / CPR, ch = idx % CPR;
             const int j = n0 + row;
             int64_t off = 0;
             int bytes = 0;
             if (j < seq_len) {
-                const int blk = bt[j / B], o = j % B;
-                off = nhd ? (((int64_t)blk * B + o) * Hkv + kvh) * D
-                          : (((int64_t)blk * Hkv + kvh) * B + o) * D;
-                off += ch * 8;
+                const int bi = b_shift >= 0 ? j >> b_shift : j / B;
+                const int o = j - bi * B;
+                off = (int64_t)bt[bi] * blk_stride + (o * row_stride + head_off + ch * 8);
                 bytes = 16;
             }
             const uint32_t so = (uint32_t)st * BN * D * 2 + swz<D>(row, ch);
@@ -224,8 +233,23 @@ __global__ void __launch_bounds__(NW * 32) prefill_mma_kernel(const kva__cuda_pr
 
     /* ---- per-thread rows: warp's m16 tile mt, half hf (row g or g + 8) ---- */
     const int g4 = lane >> 2, t4 = lane & 3;
+
+    /* ldmatrix addresses without a register per (row, chunk) pair. Every lane
+     * reads rows with row & 7 == lane & 7 at logical chunk 2 * kk + b (b = one
+     * lane bit), so its physical chunk is 8 * (kk >> 2) + ((2 * (kk & 3)) ^ y)
+     * with y = b ^ (lane & 7): four byte offsets per lane (xo_*) plus immediates.
+     * Q (A operand) and V (B operand, transposed) take b = lane >> 4; K (B
+     * operand) takes b = (lane >> 3) & 1 and rows 8..15 for lanes 16..31. */
+    uint32_t xo_q[4], xo_k[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        xo_q[c] = (uint32_t)(((2 * c) ^ ((lane >> 4) ^ (lane & 7))) * 16);
+        xo_k[c] = (uint32_t)(((2 * c) ^ (((lane >> 3) & 1) ^ (lane & 7))) * 16);
+    }
+    const uint32_t q_lane = sQ + (uint32_t)((warp * 16 * WM + (lane & 15)) * D * 2);
+    const uint32_t k_row = (uint32_t)(((lane & 7) + ((lane >> 4) << 3)) * D * 2);
+    const uint32_t v_row = (uint32_t)(((lane & 7) + (((lane >> 3) & 1) << 3)) * D * 2);
     int pos[WM][2], head[WM][2];
-    float slope2[WM][2]; /* ALiBi slope * log2(e), 0 without ALiBi */
 #pragma unroll
     for (int mt = 0; mt < WM; mt++)
 #pragma unroll
@@ -234,13 +258,13 @@ __global__ void __launch_bounds__(NW * 32) prefill_mma_kernel(const kva__cuda_pr
             const int i = pm / G;
             pos[mt][hf] = seq_len - q_len + i;
             head[mt][hf] = kvh * G + (pm - i * G);
-            slope2[mt][hf] = a.alibi_slopes ? a.alibi_slopes[head[mt][hf]] * LOG2E_F : 0.0f;
         }
 
     const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)D);
     const float softcap = a.softcap;
-    const float score_mul = softcap > 0.0f ? scale / softcap : scale * LOG2E_F;
-    const float cap_mul = softcap * LOG2E_F;
+    const float score_mul = softcap > 0.0f ? scale / softcap : 0.0f; /* before tanh */
+    const float cap_mul = softcap * LOG2E_F;                         /* after tanh */
+    const float scale_log2 = scale * LOG2E_F;
 
     float o[WM][DB8][4];
     float m_run[WM][2], l_run[WM][2];
@@ -270,8 +294,8 @@ __global__ void __launch_bounds__(NW * 32) prefill_mma_kernel(const kva__cuda_pr
         __syncthreads();
 
         const int n0 = n * BN;
-        const uint32_t sKs = sK + (uint32_t)st * BN * D * 2;
-        const uint32_t sVs = sV + (uint32_t)st * BN * D * 2;
+        const uint32_t k_lane = sK + (uint32_t)st * BN * D * 2 + k_row;
+        const uint32_t v_lane = sV + (uint32_t)st * BN * D * 2 + v_row;
 
         /* S = Q K^T: [16 * WM, BN] per warp. */
         float s[WM][NB8][4];
@@ -287,15 +311,11 @@ __global__ void __launch_bounds__(NW * 32) prefill_mma_kernel(const kva__cuda_pr
             uint32_t qa[WM][4];
 #pragma unroll
             for (int mt = 0; mt < WM; mt++)
-                ldmatrix_x4(
-                    sQ + swz<D>(warp * 16 * WM + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)),
-                    qa[mt]);
+                ldmatrix_x4(q_lane + xo_q[kk & 3] + (kk >> 2) * 128 + mt * 16 * D * 2, qa[mt]);
 #pragma unroll
             for (int p = 0; p < BN / 16; p++) {
                 uint32_t kb[4];
-                ldmatrix_x4(sKs + swz<D>(p * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                         kk * 2 + ((lane >> 3) & 1)),
-                            kb);
+                ldmatrix_x4(k_lane + xo_k[kk & 3] + (kk >> 2) * 128 + p * 16 * D * 2, kb);
 #pragma unroll
                 for (int mt = 0; mt < WM; mt++) {
                     Ty::mma(s[mt][2 * p], qa[mt], kb[0], kb[1]);
@@ -304,30 +324,40 @@ __global__ void __launch_bounds__(NW * 32) prefill_mma_kernel(const kva__cuda_pr
             }
         }
 
-        /* Scores in log2 units, masks, online softmax. */
+        /* Scores and online softmax, in log2 units. Fast path (no soft-cap, no
+         * ALiBi, no masked element in this tile: CTA-uniform): S stays raw and
+         * mul = scale * log2(e) is applied in the exponent's FFMA. Otherwise S is
+         * transformed to log2 units first (mul = 1), masked elements to -inf. */
         const int need_mask = (n0 + BN > seq_len) || (a.causal && n0 + BN - 1 > pos_min) ||
                               (has_window && (int64_t)pos_max - n0 > window);
+        const int transform = need_mask || softcap > 0.0f || a.alibi_slopes != NULL;
+        const float mul = transform ? 1.0f : scale_log2;
+        if (transform) {
 #pragma unroll
-        for (int mt = 0; mt < WM; mt++) {
+            for (int mt = 0; mt < WM; mt++) {
+                float sl[2] = {0.0f, 0.0f};
+                if (a.alibi_slopes) {
+                    sl[0] = a.alibi_slopes[head[mt][0]] * LOG2E_F;
+                    sl[1] = a.alibi_slopes[head[mt][1]] * LOG2E_F;
+                }
 #pragma unroll
-            for (int nb = 0; nb < NB8; nb++)
+                for (int nb = 0; nb < NB8; nb++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float x = s[mt][nb][e] * score_mul;
-                    if (softcap > 0.0f)
-                        x = cap_mul * tanhf(x);
-                    const int hf = e >> 1;
-                    const int j = n0 + nb * 8 + 2 * t4 + (e & 1);
-                    if (a.alibi_slopes)
-                        x += slope2[mt][hf] * (float)(j - pos[mt][hf]);
-                    if (need_mask) {
+                    for (int e = 0; e < 4; e++) {
+                        const int hf = e >> 1;
+                        const int j = n0 + nb * 8 + 2 * t4 + (e & 1);
+                        float x = s[mt][nb][e];
+                        x = softcap > 0.0f ? cap_mul * tanhf(x * score_mul) : x * scale_log2;
+                        x += sl[hf] * (float)(j - pos[mt][hf]);
                         const int p_ = pos[mt][hf];
                         const bool vis = j < seq_len && (!a.causal || j <= p_) &&
                                          (!has_window || p_ - j <= window);
-                        x = vis ? x : -INFINITY;
+                        s[mt][nb][e] = vis ? x : -INFINITY;
                     }
-                    s[mt][nb][e] = x;
-                }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < WM; mt++) {
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 float mx = -INFINITY;
@@ -336,15 +366,15 @@ __global__ void __launch_bounds__(NW * 32) prefill_mma_kernel(const kva__cuda_pr
                     mx = fmaxf(mx, fmaxf(s[mt][nb][2 * hf], s[mt][nb][2 * hf + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float m_new = fmaxf(m_run[mt][hf], mx);
+                const float m_new = fmaxf(m_run[mt][hf], mx * mul);
                 const float m_use = m_new == -INFINITY ? 0.0f : m_new;
                 const float alpha = ex2(m_run[mt][hf] - m_use); /* 0 while m_run = -inf */
                 m_run[mt][hf] = m_new;
                 float sum = 0.0f;
 #pragma unroll
                 for (int nb = 0; nb < NB8; nb++) {
-                    const float p0 = ex2(s[mt][nb][2 * hf] - m_use);
-                    const float p1 = ex2(s[mt][nb][2 * hf + 1] - m_use);
+                    const float p0 = ex2(fmaf(s[mt][nb][2 * hf], mul, -m_use));
+                    const float p1 = ex2(fmaf(s[mt][nb][2 * hf + 1], mul, -m_use));
                     s[mt][nb][2 * hf] = p0;
                     s[mt][nb][2 * hf + 1] = p1;
                     sum += p0 + p1;
@@ -372,9 +402,7 @@ __global__ void __launch_bounds__(NW * 32) prefill_mma_kernel(const kva__cuda_pr
 #pragma unroll
             for (int dp = 0; dp < D / 16; dp++) {
                 uint32_t vb[4];
-                ldmatrix_x4_trans(sVs + swz<D>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
-                                               dp * 2 + (lane >> 4)),
-                                  vb);
+                ldmatrix_x4_trans(v_lane + xo_q[dp & 3] + (dp >> 2) * 128 + kk * 16 * D * 2, vb);
 #pragma unroll
                 for (int mt = 0; mt < WM; mt++) {
                     Ty::mma(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
@@ -554,17 +582,20 @@ static kva_status launch_one(const kva__cuda_prefill_args *a, cudaStream_t strea
     return KVA_STATUS_OK;
 }
 
-/* Variant selection: v1 (8 warps x 16 rows) or v2 (4 warps x 32 rows). */
+/* Variant selection: v1 (8 warps x 16 rows), v2 (4 warps x 32 rows, 64 keys per
+ * tile) or v3 (v2 with 32 keys per tile). */
 template <typename Ty>
 static kva_status launch_dtype(const kva__cuda_prefill_args *a, cudaStream_t st, int variant)
 {
     switch (a->head_dim) {
     case 64:
-        return variant == 1 ? launch_one<64, 64, 8, 1, Ty>(a, st)
-                            : launch_one<64, 64, 4, 2, Ty>(a, st);
+        return variant == 1   ? launch_one<64, 64, 8, 1, Ty>(a, st)
+               : variant == 2 ? launch_one<64, 64, 4, 2, Ty>(a, st)
+                              : launch_one<64, 32, 4, 2, Ty>(a, st);
     case 128:
-        return variant == 1 ? launch_one<128, 64, 8, 1, Ty>(a, st)
-                            : launch_one<128, 64, 4, 2, Ty>(a, st);
+        return variant == 1   ? launch_one<128, 64, 8, 1, Ty>(a, st)
+               : variant == 2 ? launch_one<128, 64, 4, 2, Ty>(a, st)
+                              : launch_one<128, 32, 4, 2, Ty>(a, st);
     default:
         return launch_one<256, 32, 8, 1, Ty>(a, st);
     }

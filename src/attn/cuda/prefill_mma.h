@@ -39,6 +39,8 @@ extern "C" {
 #define KVA__CUDA_PREFILL_TILE_M 128
 /* int32 entries per tile in the tile array: {r, m0, kvh, 0}. */
 #define KVA__CUDA_PREFILL_TILE_INTS 4
+/* Kernel variants 1..N (kva__cuda_prefill_launch_variant). */
+#define KVA__CUDA_PREFILL_VARIANTS 3
 
 typedef struct kva__cuda_prefill_args {
     /* Tensors (device memory). */
@@ -108,8 +110,9 @@ kva_status kva__cuda_prefill_tiles_build(int32_t num_requests, const int32_t *qu
 kva_status kva__cuda_prefill_launch(const kva__cuda_prefill_args *args, void *stream);
 
 /* The same with a forced kernel variant (0: the dispatcher's choice; 1: 8 warps
- * x 16 rows; 2: 4 warps x 32 rows, D <= 128 only, D = 256 always runs v1), for
- * tests and benchmarks that cover every variant. */
+ * x 16 rows; 2: 4 warps x 32 rows, 64 keys per tile; 3: 4 warps x 32 rows, 32
+ * keys per tile; D = 256 always runs v1), for tests and benchmarks that cover
+ * every variant (KVA__CUDA_PREFILL_VARIANTS of them). */
 kva_status kva__cuda_prefill_launch_variant(const kva__cuda_prefill_args *args, void *stream,
                                             int variant);
 
