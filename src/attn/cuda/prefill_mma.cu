@@ -24,14 +24,15 @@
  *
  * Variants (numbered, side by side; the dispatcher picks per D):
  *   v1: 8 warps x 16 rows. O is 16 x D per warp: D / 2 fp32 registers per
- *       thread, so D = 256 fits (128 registers). K/V fragments read from
- *       shared memory feed one m16 tile each.
+ *       thread, so D = 256 fits. For D <= 128 it is capped at 128 registers
+ *       (two CTAs, 16 warps per SM; some spills); D = 256 runs one CTA per SM.
+ *       K/V fragments read from shared memory feed one m16 tile each.
  *   v2: 4 warps x 32 rows (two m16 tiles per warp). Each K/V fragment read
  *       from shared memory feeds two mma, halving shared-memory traffic per
- *       flop; O takes D fp32 registers per thread, so D <= 128 only.
- *   v3: v2 with BN = 32 keys per tile: S takes half the registers (v2 at
- *       D = 128 uses all 255 and spills), at twice the softmax bookkeeping
- *       (O rescale, row max) per key.
+ *       flop; O takes D fp32 registers per thread, so D <= 128 only (255
+ *       registers at D = 128, with a few spills; two CTAs per SM).
+ *   v3: v2 with BN = 32 keys per tile: S takes half the registers, at twice
+ *       the softmax bookkeeping (O rescale, row max) per key.
  * Measured numbers are in docs/cuda-prefill.md.
  */
 extern "C" {
@@ -143,11 +144,12 @@ template <int D> static __device__ __forceinline__ uint32_t swz(int r, int c)
 
 /*
  * Template sizes: D head size (= Dv), BN keys per tile, NW warps, WM m16 tiles
- * per warp (NW * WM * 16 == TILE_M). Ty: prefill_bf16 or prefill_f16.
+ * per warp (NW * WM * 16 == TILE_M), MINB CTAs per SM the register budget must
+ * allow (__launch_bounds__). Ty: prefill_bf16 or prefill_f16.
  * Dynamic shared memory: Q [TILE_M, D], then K [2][BN, D], V [2][BN, D].
  */
-template <int D, int BN, int NW, int WM, typename Ty>
-__global__ void __launch_bounds__(NW * 32) prefill_mma_kernel(const kva__cuda_prefill_args a)
+template <int D, int BN, int NW, int WM, int MINB, typename Ty>
+__global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__cuda_prefill_args a)
 {
     static_assert(NW * WM * 16 == TILE_M, "tile rows");
     static_assert(D % 64 == 0 && BN % 16 == 0, "sizes");
@@ -201,8 +203,15 @@ __global__ void __launch_bounds__(NW * 32) prefill_mma_kernel(const kva__cuda_pr
         cp_async16(sQ + swz<D>(row, ch), src, bytes);
     }
 
-    /* Gathers key rows n0 .. n0 + BN of K and V into stage st; rows at or
-     * past seq_len are zero-filled (their block-table entries are never read). */
+    /* K/V gather of key rows n0 .. n0 + BN into a stage, in two phases so the
+     * block-table loads' latency hides behind S = Q K^T: kv_blocks() loads the
+     * block ids of this thread's rows (KV_ITERS rows lrow + k * KV_RPP, one
+     * 16-byte chunk lch each), kv_copy() issues the cp.async copies. Rows at or
+     * past seq_len are zero-filled and their block-table entries never read. */
+    constexpr int KV_RPP = NT / CPR;
+    constexpr int KV_ITERS = BN * CPR / NT;
+    static_assert(NT % CPR == 0 && (BN * CPR) % NT == 0, "copy shape");
+    const int lrow = tid / CPR, lch = tid % CPR;
     const elem *kc = (const elem *)a.k, *vc = (const elem *)a.v;
     const int Hkv = a.num_kv_heads;
     const int nhd = a.layout == KVA_LAYOUT_NHD;
@@ -210,24 +219,26 @@ __global__ void __launch_bounds__(NW * 32) prefill_mma_kernel(const kva__cuda_pr
      * + head_off with blk = block_table[j / B], o = j % B (a shift for B = 2^k). */
     const int64_t blk_stride = (int64_t)B * Hkv * D;
     const int row_stride = nhd ? Hkv * D : D;
-    const int head_off = nhd ? kvh * D : kvh * B * D;
+    const int head_off = (nhd ? kvh * D : kvh * B * D) + lch * 8;
     const int b_shift = (B & (B - 1)) == 0 ? __ffs(B) - 1 : -1;
-    auto load_kv = [&](int st, int n0) {
+    auto kv_blocks = [&](int n0, int blk[KV_ITERS]) {
 #pragma unroll
-        for (int idx = tid; idx < BN * CPR; idx += NT) {
-            const int row = idx / CPR, ch = idx % CPR;
-            const int j = n0 + row;
-            int64_t off = 0;
-            int bytes = 0;
-            if (j < seq_len) {
-                const int bi = b_shift >= 0 ? j >> b_shift : j / B;
-                const int o = j - bi * B;
-                off = (int64_t)bt[bi] * blk_stride + (o * row_stride + head_off + ch * 8);
-                bytes = 16;
-            }
-            const uint32_t so = (uint32_t)st * BN * D * 2 + swz<D>(row, ch);
-            cp_async16(sK + so, kc + off, bytes);
-            cp_async16(sV + so, vc + off, bytes);
+        for (int k = 0; k < KV_ITERS; k++) {
+            const int j = n0 + lrow + k * KV_RPP;
+            const int bi = b_shift >= 0 ? j >> b_shift : j / B;
+            blk[k] = j < seq_len ? bt[bi] : 0;
+        }
+    };
+    auto kv_copy = [&](int st, int n0, const int blk[KV_ITERS]) {
+#pragma unroll
+        for (int k = 0; k < KV_ITERS; k++) {
+            const int row = lrow + k * KV_RPP, j = n0 + row;
+            const int o = b_shift >= 0 ? j & (B - 1) : j % B;
+            const int64_t off =
+                j < seq_len ? (int64_t)blk[k] * blk_stride + (o * row_stride + head_off) : 0;
+            const uint32_t so = (uint32_t)st * BN * D * 2 + swz<D>(row, lch);
+            cp_async16(sK + so, kc + off, j < seq_len ? 16 : 0);
+            cp_async16(sV + so, vc + off, j < seq_len ? 16 : 0);
         }
     };
 
@@ -281,16 +292,27 @@ __global__ void __launch_bounds__(NW * 32) prefill_mma_kernel(const kva__cuda_pr
 
     const int n_first = kv_lo / BN;
     const int n_last = kv_hi > kv_lo ? (kv_hi - 1) / BN : n_first - 1;
-    if (n_last >= n_first)
-        load_kv(0, n_last * BN);
+    if (n_last >= n_first) {
+        int blk[KV_ITERS];
+        kv_blocks(n_last * BN, blk);
+        kv_copy(0, n_last * BN, blk);
+    }
     cp_async_commit();
 
+    /* Key tiles from the last (the diagonal, masked) down to the first. The copy
+     * of tile n - 1 into the other stage is issued after S of tile n, once every
+     * warp has passed this iteration's barrier (so the previous readers of that
+     * stage are done). */
     for (int n = n_last, it = 0; n >= n_first; n--, it++) {
         const int st = it & 1;
-        if (n - 1 >= n_first)
-            load_kv(st ^ 1, (n - 1) * BN);
-        cp_async_commit();
-        cp_async_wait<1>();
+        const int has_next = n - 1 >= n_first;
+        int blk[KV_ITERS];
+#pragma unroll
+        for (int k = 0; k < KV_ITERS; k++)
+            blk[k] = 0;
+        if (has_next)
+            kv_blocks((n - 1) * BN, blk);
+        cp_async_wait<0>();
         __syncthreads();
 
         const int n0 = n * BN;
@@ -323,6 +345,10 @@ __global__ void __launch_bounds__(NW * 32) prefill_mma_kernel(const kva__cuda_pr
                 }
             }
         }
+
+        if (has_next)
+            kv_copy(st ^ 1, (n - 1) * BN, blk);
+        cp_async_commit();
 
         /* Scores and online softmax, in log2 units. Fast path (no soft-cap, no
          * ALiBi, no masked element in this tile: CTA-uniform): S stays raw and
@@ -562,18 +588,18 @@ extern "C" kva_status kva__cuda_prefill_tiles_build(int32_t num_requests,
 }
 
 /* Launches one instantiation with its dynamic shared memory. */
-template <int D, int BN, int NW, int WM, typename Ty>
+template <int D, int BN, int NW, int WM, int MINB, typename Ty>
 static kva_status launch_one(const kva__cuda_prefill_args *a, cudaStream_t stream)
 {
     const size_t smem = (size_t)(TILE_M + 4 * BN) * D * 2;
-    cudaError_t e = cudaFuncSetAttribute(prefill_mma_kernel<D, BN, NW, WM, Ty>,
+    cudaError_t e = cudaFuncSetAttribute(prefill_mma_kernel<D, BN, NW, WM, MINB, Ty>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
                          "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
                          "memory, D = %d): %s",
                          smem, D, cudaGetErrorString(e));
-    prefill_mma_kernel<D, BN, NW, WM, Ty><<<a->grid_tiles, NW * 32, smem, stream>>>(*a);
+    prefill_mma_kernel<D, BN, NW, WM, MINB, Ty><<<a->grid_tiles, NW * 32, smem, stream>>>(*a);
     e = cudaGetLastError();
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
@@ -589,15 +615,15 @@ static kva_status launch_dtype(const kva__cuda_prefill_args *a, cudaStream_t st,
 {
     switch (a->head_dim) {
     case 64:
-        return variant == 1   ? launch_one<64, 64, 8, 1, Ty>(a, st)
-               : variant == 2 ? launch_one<64, 64, 4, 2, Ty>(a, st)
-                              : launch_one<64, 32, 4, 2, Ty>(a, st);
+        return variant == 1   ? launch_one<64, 64, 8, 1, 2, Ty>(a, st)
+               : variant == 2 ? launch_one<64, 64, 4, 2, 1, Ty>(a, st)
+                              : launch_one<64, 32, 4, 2, 1, Ty>(a, st);
     case 128:
-        return variant == 1   ? launch_one<128, 64, 8, 1, Ty>(a, st)
-               : variant == 2 ? launch_one<128, 64, 4, 2, Ty>(a, st)
-                              : launch_one<128, 32, 4, 2, Ty>(a, st);
+        return variant == 1   ? launch_one<128, 64, 8, 1, 2, Ty>(a, st)
+               : variant == 2 ? launch_one<128, 64, 4, 2, 1, Ty>(a, st)
+                              : launch_one<128, 32, 4, 2, 1, Ty>(a, st);
     default:
-        return launch_one<256, 32, 8, 1, Ty>(a, st);
+        return launch_one<256, 32, 8, 1, 1, Ty>(a, st);
     }
 }
 
