@@ -161,8 +161,8 @@ static int bench_shape(const shape *s, kva_rng *rng, int only_var)
     CUDA_OK(cudaEventCreate(&e1));
     int fails = 0;
     double *orow = malloc(sizeof(double) * (size_t)D);
-    for (int var = 1; var <= (D <= 128 ? KVA__CUDA_PREFILL_VARIANTS : 1); var++) {
-        if (only_var && var != only_var)
+    for (int var = 1; var <= KVA__CUDA_PREFILL_VARIANTS; var++) {
+        if ((only_var && var != only_var) || !kva__cuda_prefill_variant_exists(D, var))
             continue;
         /* Correctness first: 24 sampled rows against fp64. */
         CUDA_OK(cudaMemset(dout, 0xff, nq * 2));

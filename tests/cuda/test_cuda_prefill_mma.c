@@ -178,8 +178,9 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
 
     const double u = c->dt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
     const double atol = kva_test_atol(c->dt) + u * 1.7320508; /* max|v| of the uniform fill */
-    const int nvar = D <= 128 ? KVA__CUDA_PREFILL_VARIANTS : 1;
-    for (int var = 1; var <= nvar; var++) {
+    for (int var = 1; var <= KVA__CUDA_PREFILL_VARIANTS; var++) {
+        if (!kva__cuda_prefill_variant_exists(D, var))
+            continue;
         CUDA_OK(cudaMemset(d_out, 0xff, nq * esz));
         CUDA_OK(cudaMemset(d_lse, 0xff, nl * 4));
         CHECK_OK(kva__cuda_prefill_launch_variant(&a, NULL, var));
@@ -414,6 +415,9 @@ static void test_host(void)
     CHECK(!kva__cuda_prefill_supported(96, 96, KVA_DTYPE_BF16));
     CHECK(!kva__cuda_prefill_supported(128, 64, KVA_DTYPE_BF16));
     CHECK(!kva__cuda_prefill_supported(128, 128, KVA_DTYPE_F32));
+    CHECK(kva__cuda_prefill_variant_exists(256, 1) && kva__cuda_prefill_variant_exists(256, 4));
+    CHECK(!kva__cuda_prefill_variant_exists(256, 2) && !kva__cuda_prefill_variant_exists(128, 0));
+    CHECK(!kva__cuda_prefill_variant_exists(64, KVA__CUDA_PREFILL_VARIANTS + 1));
     kva__cuda_prefill_args a;
     memset(&a, 0, sizeof a);
     a.head_dim = a.head_dim_v = 96;

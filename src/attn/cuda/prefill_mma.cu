@@ -33,6 +33,11 @@
  *       registers at D = 128, with a few spills; two CTAs per SM).
  *   v3: v2 with BN = 32 keys per tile: S takes half the registers, at twice
  *       the softmax bookkeeping (O rescale, row max) per key.
+ *   v4, v5: v1 and v2 with lazy rescaling: the running max used as the
+ *       exponent's reference moves (and O, l are rescaled) only when some row
+ *       of the warp exceeds it by more than 8 (log2 units), so the weights stay
+ *       <= 2^8; saves the O rescale (D / 2 or D multiplies per thread per tile)
+ *       on almost every tile. D = 256 has v1 and v4 only.
  * Measured numbers are in docs/cuda-prefill.md.
  */
 extern "C" {
@@ -148,7 +153,7 @@ template <int D> static __device__ __forceinline__ uint32_t swz(int r, int c)
  * allow (__launch_bounds__). Ty: prefill_bf16 or prefill_f16.
  * Dynamic shared memory: Q [TILE_M, D], then K [2][BN, D], V [2][BN, D].
  */
-template <int D, int BN, int NW, int WM, int MINB, typename Ty>
+template <int D, int BN, int NW, int WM, int MINB, bool LAZY, typename Ty>
 __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__cuda_prefill_args a)
 {
     static_assert(NW * WM * 16 == TILE_M, "tile rows");
@@ -384,6 +389,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
         }
 #pragma unroll
         for (int mt = 0; mt < WM; mt++) {
+            float m_new[2];
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 float mx = -INFINITY;
@@ -392,10 +398,31 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
                     mx = fmaxf(mx, fmaxf(s[mt][nb][2 * hf], s[mt][nb][2 * hf + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float m_new = fmaxf(m_run[mt][hf], mx * mul);
-                const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-                const float alpha = ex2(m_run[mt][hf] - m_use); /* 0 while m_run = -inf */
-                m_run[mt][hf] = m_new;
+                m_new[hf] = fmaxf(m_run[mt][hf], mx * mul);
+            }
+            /* LAZY: keep the reference max (and skip rescaling O) until some row
+             * of the warp grows past it by more than 8, so that weights stay
+             * <= 2^8; exact for any reference, as l and O share it. */
+            const bool rescale =
+                !LAZY || __any_sync(0xffffffffu, m_new[0] > m_run[mt][0] + 8.0f ||
+                                                     m_new[1] > m_run[mt][1] + 8.0f);
+            if (rescale) {
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const float m_use = m_new[hf] == -INFINITY ? 0.0f : m_new[hf];
+                    const float alpha = ex2(m_run[mt][hf] - m_use); /* 0 while m_run = -inf */
+                    m_run[mt][hf] = m_new[hf];
+                    l_run[mt][hf] *= alpha;
+#pragma unroll
+                    for (int db = 0; db < DB8; db++) {
+                        o[mt][db][2 * hf] *= alpha;
+                        o[mt][db][2 * hf + 1] *= alpha;
+                    }
+                }
+            }
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const float m_use = m_run[mt][hf] == -INFINITY ? 0.0f : m_run[mt][hf];
                 float sum = 0.0f;
 #pragma unroll
                 for (int nb = 0; nb < NB8; nb++) {
@@ -405,12 +432,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
                     s[mt][nb][2 * hf + 1] = p1;
                     sum += p0 + p1;
                 }
-                l_run[mt][hf] = l_run[mt][hf] * alpha + sum; /* per-thread partial */
-#pragma unroll
-                for (int db = 0; db < DB8; db++) {
-                    o[mt][db][2 * hf] *= alpha;
-                    o[mt][db][2 * hf + 1] *= alpha;
-                }
+                l_run[mt][hf] += sum; /* per-thread partial */
             }
         }
 
@@ -588,18 +610,18 @@ extern "C" kva_status kva__cuda_prefill_tiles_build(int32_t num_requests,
 }
 
 /* Launches one instantiation with its dynamic shared memory. */
-template <int D, int BN, int NW, int WM, int MINB, typename Ty>
+template <int D, int BN, int NW, int WM, int MINB, bool LAZY, typename Ty>
 static kva_status launch_one(const kva__cuda_prefill_args *a, cudaStream_t stream)
 {
     const size_t smem = (size_t)(TILE_M + 4 * BN) * D * 2;
-    cudaError_t e = cudaFuncSetAttribute(prefill_mma_kernel<D, BN, NW, WM, MINB, Ty>,
+    cudaError_t e = cudaFuncSetAttribute(prefill_mma_kernel<D, BN, NW, WM, MINB, LAZY, Ty>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
                          "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
                          "memory, D = %d): %s",
                          smem, D, cudaGetErrorString(e));
-    prefill_mma_kernel<D, BN, NW, WM, MINB, Ty><<<a->grid_tiles, NW * 32, smem, stream>>>(*a);
+    prefill_mma_kernel<D, BN, NW, WM, MINB, LAZY, Ty><<<a->grid_tiles, NW * 32, smem, stream>>>(*a);
     e = cudaGetLastError();
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
@@ -615,22 +637,49 @@ static kva_status launch_dtype(const kva__cuda_prefill_args *a, cudaStream_t st,
 {
     switch (a->head_dim) {
     case 64:
-        return variant == 1   ? launch_one<64, 64, 8, 1, 2, Ty>(a, st)
-               : variant == 2 ? launch_one<64, 64, 4, 2, 1, Ty>(a, st)
-                              : launch_one<64, 32, 4, 2, 1, Ty>(a, st);
+        switch (variant) {
+        case 1:
+            return launch_one<64, 64, 8, 1, 2, false, Ty>(a, st);
+        case 2:
+            return launch_one<64, 64, 4, 2, 1, false, Ty>(a, st);
+        case 3:
+            return launch_one<64, 32, 4, 2, 1, false, Ty>(a, st);
+        case 4:
+            return launch_one<64, 64, 8, 1, 2, true, Ty>(a, st);
+        default:
+            return launch_one<64, 64, 4, 2, 1, true, Ty>(a, st);
+        }
     case 128:
-        return variant == 1   ? launch_one<128, 64, 8, 1, 2, Ty>(a, st)
-               : variant == 2 ? launch_one<128, 64, 4, 2, 1, Ty>(a, st)
-                              : launch_one<128, 32, 4, 2, 1, Ty>(a, st);
+        switch (variant) {
+        case 1:
+            return launch_one<128, 64, 8, 1, 2, false, Ty>(a, st);
+        case 2:
+            return launch_one<128, 64, 4, 2, 1, false, Ty>(a, st);
+        case 3:
+            return launch_one<128, 32, 4, 2, 1, false, Ty>(a, st);
+        case 4:
+            return launch_one<128, 64, 8, 1, 2, true, Ty>(a, st);
+        default:
+            return launch_one<128, 64, 4, 2, 1, true, Ty>(a, st);
+        }
     default:
-        return launch_one<256, 32, 8, 1, 1, Ty>(a, st);
+        return variant == 4 ? launch_one<256, 32, 8, 1, 1, true, Ty>(a, st)
+                            : launch_one<256, 32, 8, 1, 1, false, Ty>(a, st);
     }
 }
 
-/* The variant the dispatcher runs when none is forced (see the header comment). */
+extern "C" int kva__cuda_prefill_variant_exists(int32_t head_dim, int variant)
+{
+    if (head_dim == 256)
+        return variant == 1 || variant == 4;
+    return variant >= 1 && variant <= KVA__CUDA_PREFILL_VARIANTS;
+}
+
+/* The variant the dispatcher runs when none is forced (measured on an H100,
+ * docs/cuda-prefill.md). */
 static int default_variant(int32_t head_dim)
 {
-    return head_dim <= 128 ? 2 : 1;
+    return head_dim == 64 ? 2 : 1;
 }
 
 extern "C" kva_status kva__cuda_prefill_launch_variant(const kva__cuda_prefill_args *a,
@@ -672,6 +721,10 @@ extern "C" kva_status kva__cuda_prefill_launch_variant(const kva__cuda_prefill_a
     KVA_CHECK_ALIGNED(a->out, 4);
     if (variant == 0)
         variant = default_variant(a->head_dim);
+    if (!kva__cuda_prefill_variant_exists(a->head_dim, variant))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_prefill_launch_variant: variant = %d does not exist for D = %d",
+                         variant, (int)a->head_dim);
     cudaStream_t st = (cudaStream_t)stream;
     return a->dtype == KVA_DTYPE_BF16 ? launch_dtype<prefill_bf16>(a, st, variant)
                                       : launch_dtype<prefill_f16>(a, st, variant);

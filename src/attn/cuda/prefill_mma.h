@@ -40,7 +40,7 @@ extern "C" {
 /* int32 entries per tile in the tile array: {r, m0, kvh, 0}. */
 #define KVA__CUDA_PREFILL_TILE_INTS 4
 /* Kernel variants 1..N (kva__cuda_prefill_launch_variant). */
-#define KVA__CUDA_PREFILL_VARIANTS 3
+#define KVA__CUDA_PREFILL_VARIANTS 5
 
 typedef struct kva__cuda_prefill_args {
     /* Tensors (device memory). */
@@ -111,10 +111,14 @@ kva_status kva__cuda_prefill_launch(const kva__cuda_prefill_args *args, void *st
 
 /* The same with a forced kernel variant (0: the dispatcher's choice; 1: 8 warps
  * x 16 rows; 2: 4 warps x 32 rows, 64 keys per tile; 3: 4 warps x 32 rows, 32
- * keys per tile; D = 256 always runs v1), for tests and benchmarks that cover
- * every variant (KVA__CUDA_PREFILL_VARIANTS of them). */
+ * keys per tile; 4, 5: 1 and 2 with lazy rescaling; D = 256 has 1 and 4 only),
+ * for tests and benchmarks that cover every variant. A variant that does not
+ * exist for D is KVA_STATUS_INVALID_ARGUMENT. */
 kva_status kva__cuda_prefill_launch_variant(const kva__cuda_prefill_args *args, void *stream,
                                             int variant);
+
+/* 1 if variant (1..KVA__CUDA_PREFILL_VARIANTS) exists for head size D. */
+int kva__cuda_prefill_variant_exists(int32_t head_dim, int variant);
 
 #ifdef __cplusplus
 }
