@@ -675,11 +675,13 @@ extern "C" int kva__cuda_prefill_variant_exists(int32_t head_dim, int variant)
     return variant >= 1 && variant <= KVA__CUDA_PREFILL_VARIANTS;
 }
 
-/* The variant the dispatcher runs when none is forced (measured on an H100,
- * docs/cuda-prefill.md). */
+/* The variant the dispatcher runs when none is forced: the fastest on an H100
+ * in one run of bench/cuda_prefill_bench.c (docs/cuda-prefill.md): v5 at
+ * D = 128 (4k causal: 269 vs 258 TFLOP/s for v1; within 2 % of the best on the
+ * other D = 128 shapes), v4 at D = 64 and D = 256. */
 static int default_variant(int32_t head_dim)
 {
-    return head_dim == 64 ? 2 : 1;
+    return head_dim == 128 ? 5 : 4;
 }
 
 extern "C" kva_status kva__cuda_prefill_launch_variant(const kva__cuda_prefill_args *a,
