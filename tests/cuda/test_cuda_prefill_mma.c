@@ -5,9 +5,9 @@
  * Each case draws a random paged batch (tests/batchgen.h: shuffled block
  * tables, shared prefixes), runs the REF backend on host copies and the kernel
  * on device copies (outputs poisoned with 0xff bytes, i.e. NaN, before every
- * launch), for every kernel variant that supports the head size, and compares
- * out and lse. Covered by a seeded covering design (every axis walks its values
- * in a fresh random order): D 64/128/256, (H, Hkv) with GQA groups 1/4/8 and
+ * launch), for every kernel variant that exists for the head size and for
+ * the dispatcher's choice, and compares out and lse. Covered by a seeded covering design (every
+ * axis walks its values in a fresh random order): D 64/128/256, (H, Hkv) with GQA groups 1/4/8 and
  * MQA, B 1/5/16/64, NHD/HND, bf16/f16, causal or not, windows, soft-cap, scale,
  * ALiBi, sinks (small and about +-60), lse or NULL, fresh prefills, chunked
  * prefills (q_len < seq_len), mixed batches with q_len 1-4 rows; explicit
@@ -27,9 +27,9 @@
  *
  * Exit 77 when there is no GPU (or the build has no CUDA).
  */
-#include "batchgen.h"
-
 #ifndef KVA_HAVE_CUDA
+#include <stdio.h>
+
 int main(void)
 {
     printf("skipped: built without CUDA\n");
@@ -37,6 +37,7 @@ int main(void)
 }
 #else
 
+#include "batchgen.h"
 #include "prefill_mma.h"
 
 #include <cuda_runtime.h>
@@ -178,8 +179,9 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
 
     const double u = c->dt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
     const double atol = kva_test_atol(c->dt) + u * 1.7320508; /* max|v| of the uniform fill */
-    for (int var = 1; var <= KVA__CUDA_PREFILL_VARIANTS; var++) {
-        if (!kva__cuda_prefill_variant_exists(D, var))
+    /* Variant 0 is the dispatcher's choice (kva__cuda_prefill_launch's path). */
+    for (int var = 0; var <= KVA__CUDA_PREFILL_VARIANTS; var++) {
+        if (var > 0 && !kva__cuda_prefill_variant_exists(D, var))
             continue;
         CUDA_OK(cudaMemset(d_out, 0xff, nq * esz));
         CUDA_OK(cudaMemset(d_lse, 0xff, nl * 4));
