@@ -1,0 +1,738 @@
+/*
+ * prefill_mma.cu - paged prefill / chunked prefill attention on tensor cores
+ * (C-style CUDA; templates only for compile-time sizes).
+ *
+ * FlashAttention-2 structure on mma.sync.m16n8k16 (f16 or bf16 inputs, fp32
+ * accumulation), for sm_80 and later (sm_90a runs the same code; a wgmma path
+ * is future work, see docs/cuda-prefill.md):
+ *   - one CTA = one tile of TILE_M = 128 packed rows (token i, group head g;
+ *     row m = i * G + g) of one (request, kv head); see prefill_mma.h;
+ *   - Q [128, D] is staged in shared memory once; K and V tiles [BN, D] are
+ *     gathered from the paged cache through the block table with cp.async
+ *     (16-byte chunks, rows may come from different blocks, any B >= 1), two
+ *     stages deep, so the copy of tile n-1 overlaps the math of tile n;
+ *   - shared memory rows are XOR-swizzled in 16-byte chunks (chunk c of row r
+ *     lives at c ^ (r & 7)), so ldmatrix reads and cp.async writes are free of
+ *     bank conflicts;
+ *   - S = Q K^T and O += P V on mma.sync; P goes from the S accumulators to
+ *     A fragments in registers (converted to f16/bf16) without shared memory;
+ *   - online softmax in registers in log2 units: scale * log2(e) is folded
+ *     into one multiply, exponentials are ex2.approx;
+ *   - key tiles no row of the CTA can see (causal, window) are never loaded;
+ *     only tiles crossing the diagonal, the window edge or seq_len are masked
+ *     per element.
+ *
+ * Variants (numbered, side by side; the dispatcher picks per D):
+ *   v1: 8 warps x 16 rows. O is 16 x D per warp: D / 2 fp32 registers per
+ *       thread, so D = 256 fits. For D <= 128 it is capped at 128 registers
+ *       (two CTAs, 16 warps per SM; some spills); D = 256 runs one CTA per SM.
+ *       K/V fragments read from shared memory feed one m16 tile each.
+ *   v2: 4 warps x 32 rows (two m16 tiles per warp). Each K/V fragment read
+ *       from shared memory feeds two mma, halving shared-memory traffic per
+ *       flop; O takes D fp32 registers per thread, so D <= 128 only (255
+ *       registers at D = 128, with a few spills; two CTAs per SM).
+ *   v3: v2 with BN = 32 keys per tile: S takes half the registers, at twice
+ *       the softmax bookkeeping (O rescale, row max) per key.
+ *   v4, v5: v1 and v2 with lazy rescaling: the running max used as the
+ *       exponent's reference moves (and O, l are rescaled) only when some row
+ *       of the warp exceeds it by more than 8 (log2 units), so the weights stay
+ *       <= 2^8; saves the O rescale (D / 2 or D multiplies per thread per tile)
+ *       on almost every tile. D = 256 has v1 and v4 only.
+ * Measured numbers are in docs/cuda-prefill.md.
+ */
+extern "C" {
+#include "internal.h"
+}
+#include "prefill_mma.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TILE_M KVA__CUDA_PREFILL_TILE_M
+#define LOG2E_F 1.4426950408889634f
+#define LN2_F 0.6931471805599453f
+
+/* ------------------------------------------------------------------------ */
+/* PTX wrappers                                                              */
+/* ------------------------------------------------------------------------ */
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16-byte global -> shared copy; src_bytes 0 fills the 16 bytes with zeros
+ * (src must still be a valid address). */
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
+}
+static __device__ __forceinline__ void cp_async_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N> static __device__ __forceinline__ void cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t r[4])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t r[4])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+static __device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Element-type traits: the mma instruction and the fp32 -> pair conversion. */
+struct prefill_bf16 {
+    typedef __nv_bfloat16 elem;
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi)
+    {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *(uint32_t *)&v;
+    }
+};
+struct prefill_f16 {
+    typedef __half elem;
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi)
+    {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *(uint32_t *)&v;
+    }
+};
+
+/* Byte offset of 16-byte chunk c of row r in a swizzled [rows, D] tile of
+ * 2-byte elements (D / 8 chunks per row, D / 8 >= 8). */
+template <int D> static __device__ __forceinline__ uint32_t swz(int r, int c)
+{
+    return (uint32_t)((r * (D / 8) + (c ^ (r & 7))) * 16);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The kernel                                                                */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Template sizes: D head size (= Dv), BN keys per tile, NW warps, WM m16 tiles
+ * per warp (NW * WM * 16 == TILE_M), MINB CTAs per SM the register budget must
+ * allow (__launch_bounds__). Ty: prefill_bf16 or prefill_f16.
+ * Dynamic shared memory: Q [TILE_M, D], then K [2][BN, D], V [2][BN, D].
+ */
+template <int D, int BN, int NW, int WM, int MINB, bool LAZY, typename Ty>
+__global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__cuda_prefill_args a)
+{
+    static_assert(NW * WM * 16 == TILE_M, "tile rows");
+    static_assert(D % 64 == 0 && BN % 16 == 0, "sizes");
+    constexpr int NT = NW * 32; /* threads */
+    constexpr int CPR = D / 8;  /* 16-byte chunks per row */
+    constexpr int NB8 = BN / 8; /* n8 blocks of S */
+    constexpr int DB8 = D / 8;  /* n8 blocks of O */
+    typedef typename Ty::elem elem;
+
+    const int tile_idx = blockIdx.x;
+    if (tile_idx >= *a.num_tiles)
+        return;
+    const int32_t *tile = a.tiles + (size_t)tile_idx * KVA__CUDA_PREFILL_TILE_INTS;
+    const int r = tile[0], m0 = tile[1], kvh = tile[2];
+
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t sQ = smem_u32(smem);
+    const uint32_t sK = sQ + TILE_M * D * 2;
+    const uint32_t sV = sK + 2 * BN * D * 2;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int H = a.num_heads, G = a.num_heads / a.num_kv_heads;
+    const int q_start = a.query_start_loc[r];
+    const int q_len = a.query_start_loc[r + 1] - q_start;
+    const int seq_len = a.seq_lens[r];
+    const int rows = q_len * G; /* packed rows of this (request, kv head) */
+    const int B = a.block_size;
+    const int32_t *bt = a.block_table + (size_t)r * a.block_table_stride;
+    const int has_window = a.window_left >= 0 && a.window_left < KVA_MAX_SEQ_LEN;
+    const int window = a.window_left;
+
+    /* Positions of the tile's first and last valid rows (CTA-uniform). */
+    const int m_last = min(m0 + TILE_M, rows) - 1;
+    const int pos_min = seq_len - q_len + m0 / G;
+    const int pos_max = seq_len - q_len + m_last / G;
+    int kv_lo = has_window ? max(0, pos_min - window) : 0;
+    int kv_hi = a.causal ? min(seq_len, pos_max + 1) : seq_len;
+
+    /* ---- stage Q: rows m0 .. m0 + TILE_M of the packed (token, head) rows ---- */
+    const elem *q = (const elem *)a.q;
+    for (int idx = tid; idx < TILE_M * CPR; idx += NT) {
+        const int row = idx / CPR, ch = idx % CPR;
+        const int pm = m0 + row;
+        const elem *src = q;
+        int bytes = 0;
+        if (pm < rows) {
+            const int i = pm / G, g = pm - (pm / G) * G;
+            src = q + ((size_t)(q_start + i) * H + (size_t)kvh * G + g) * D + ch * 8;
+            bytes = 16;
+        }
+        cp_async16(sQ + swz<D>(row, ch), src, bytes);
+    }
+
+    /* K/V gather of key rows n0 .. n0 + BN into a stage, in two phases so the
+     * block-table loads' latency hides behind S = Q K^T: kv_blocks() loads the
+     * block ids of this thread's rows (KV_ITERS rows lrow + k * KV_RPP, one
+     * 16-byte chunk lch each), kv_copy() issues the cp.async copies. Rows at or
+     * past seq_len are zero-filled and their block-table entries never read. */
+    constexpr int KV_RPP = NT / CPR;
+    constexpr int KV_ITERS = BN * CPR / NT;
+    static_assert(NT % CPR == 0 && (BN * CPR) % NT == 0, "copy shape");
+    const int lrow = tid / CPR, lch = tid % CPR;
+    const elem *kc = (const elem *)a.k, *vc = (const elem *)a.v;
+    const int Hkv = a.num_kv_heads;
+    const int nhd = a.layout == KVA_LAYOUT_NHD;
+    /* Element offset of key j of this kv head: blk * blk_stride + o * row_stride
+     * + head_off with blk = block_table[j / B], o = j % B (a shift for B = 2^k). */
+    const int64_t blk_stride = (int64_t)B * Hkv * D;
+    const int row_stride = nhd ? Hkv * D : D;
+    const int head_off = (nhd ? kvh * D : kvh * B * D) + lch * 8;
+    const int b_shift = (B & (B - 1)) == 0 ? __ffs(B) - 1 : -1;
+    auto kv_blocks = [&](int n0, int blk[KV_ITERS]) {
+#pragma unroll
+        for (int k = 0; k < KV_ITERS; k++) {
+            const int j = n0 + lrow + k * KV_RPP;
+            const int bi = b_shift >= 0 ? j >> b_shift : j / B;
+            blk[k] = j < seq_len ? bt[bi] : 0;
+        }
+    };
+    auto kv_copy = [&](int st, int n0, const int blk[KV_ITERS]) {
+#pragma unroll
+        for (int k = 0; k < KV_ITERS; k++) {
+            const int row = lrow + k * KV_RPP, j = n0 + row;
+            const int o = b_shift >= 0 ? j & (B - 1) : j % B;
+            const int64_t off =
+                j < seq_len ? (int64_t)blk[k] * blk_stride + (o * row_stride + head_off) : 0;
+            const uint32_t so = (uint32_t)st * BN * D * 2 + swz<D>(row, lch);
+            cp_async16(sK + so, kc + off, j < seq_len ? 16 : 0);
+            cp_async16(sV + so, vc + off, j < seq_len ? 16 : 0);
+        }
+    };
+
+    /* ---- per-thread rows: warp's m16 tile mt, half hf (row g or g + 8) ---- */
+    const int g4 = lane >> 2, t4 = lane & 3;
+
+    /* ldmatrix addresses without a register per (row, chunk) pair. Every lane
+     * reads rows with row & 7 == lane & 7 at logical chunk 2 * kk + b (b = one
+     * lane bit), so its physical chunk is 8 * (kk >> 2) + ((2 * (kk & 3)) ^ y)
+     * with y = b ^ (lane & 7): four byte offsets per lane (xo_*) plus immediates.
+     * Q (A operand) and V (B operand, transposed) take b = lane >> 4; K (B
+     * operand) takes b = (lane >> 3) & 1 and rows 8..15 for lanes 16..31. */
+    uint32_t xo_q[4], xo_k[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        xo_q[c] = (uint32_t)(((2 * c) ^ ((lane >> 4) ^ (lane & 7))) * 16);
+        xo_k[c] = (uint32_t)(((2 * c) ^ (((lane >> 3) & 1) ^ (lane & 7))) * 16);
+    }
+    const uint32_t q_lane = sQ + (uint32_t)((warp * 16 * WM + (lane & 15)) * D * 2);
+    const uint32_t k_row = (uint32_t)(((lane & 7) + ((lane >> 4) << 3)) * D * 2);
+    const uint32_t v_row = (uint32_t)(((lane & 7) + (((lane >> 3) & 1) << 3)) * D * 2);
+    int pos[WM][2], head[WM][2];
+#pragma unroll
+    for (int mt = 0; mt < WM; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int pm = min(m0 + warp * 16 * WM + mt * 16 + hf * 8 + g4, m_last);
+            const int i = pm / G;
+            pos[mt][hf] = seq_len - q_len + i;
+            head[mt][hf] = kvh * G + (pm - i * G);
+        }
+
+    const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)D);
+    const float softcap = a.softcap;
+    const float score_mul = softcap > 0.0f ? scale / softcap : 0.0f; /* before tanh */
+    const float cap_mul = softcap * LOG2E_F;                         /* after tanh */
+    const float scale_log2 = scale * LOG2E_F;
+
+    float o[WM][DB8][4];
+    float m_run[WM][2], l_run[WM][2];
+#pragma unroll
+    for (int mt = 0; mt < WM; mt++) {
+#pragma unroll
+        for (int db = 0; db < DB8; db++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[mt][db][e] = 0.0f;
+        m_run[mt][0] = m_run[mt][1] = -INFINITY;
+        l_run[mt][0] = l_run[mt][1] = 0.0f;
+    }
+
+    const int n_first = kv_lo / BN;
+    const int n_last = kv_hi > kv_lo ? (kv_hi - 1) / BN : n_first - 1;
+    if (n_last >= n_first) {
+        int blk[KV_ITERS];
+        kv_blocks(n_last * BN, blk);
+        kv_copy(0, n_last * BN, blk);
+    }
+    cp_async_commit();
+
+    /* Key tiles from the last (the diagonal, masked) down to the first. The copy
+     * of tile n - 1 into the other stage is issued after S of tile n, once every
+     * warp has passed this iteration's barrier (so the previous readers of that
+     * stage are done). */
+    for (int n = n_last, it = 0; n >= n_first; n--, it++) {
+        const int st = it & 1;
+        const int has_next = n - 1 >= n_first;
+        int blk[KV_ITERS];
+#pragma unroll
+        for (int k = 0; k < KV_ITERS; k++)
+            blk[k] = 0;
+        if (has_next)
+            kv_blocks((n - 1) * BN, blk);
+        cp_async_wait<0>();
+        __syncthreads();
+
+        const int n0 = n * BN;
+        const uint32_t k_lane = sK + (uint32_t)st * BN * D * 2 + k_row;
+        const uint32_t v_lane = sV + (uint32_t)st * BN * D * 2 + v_row;
+
+        /* S = Q K^T: [16 * WM, BN] per warp. */
+        float s[WM][NB8][4];
+#pragma unroll
+        for (int mt = 0; mt < WM; mt++)
+#pragma unroll
+            for (int nb = 0; nb < NB8; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[mt][nb][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t qa[WM][4];
+#pragma unroll
+            for (int mt = 0; mt < WM; mt++)
+                ldmatrix_x4(q_lane + xo_q[kk & 3] + (kk >> 2) * 128 + mt * 16 * D * 2, qa[mt]);
+#pragma unroll
+            for (int p = 0; p < BN / 16; p++) {
+                uint32_t kb[4];
+                ldmatrix_x4(k_lane + xo_k[kk & 3] + (kk >> 2) * 128 + p * 16 * D * 2, kb);
+#pragma unroll
+                for (int mt = 0; mt < WM; mt++) {
+                    Ty::mma(s[mt][2 * p], qa[mt], kb[0], kb[1]);
+                    Ty::mma(s[mt][2 * p + 1], qa[mt], kb[2], kb[3]);
+                }
+            }
+        }
+
+        if (has_next)
+            kv_copy(st ^ 1, (n - 1) * BN, blk);
+        cp_async_commit();
+
+        /* Scores and online softmax, in log2 units. Fast path (no soft-cap, no
+         * ALiBi, no masked element in this tile: CTA-uniform): S stays raw and
+         * mul = scale * log2(e) is applied in the exponent's FFMA. Otherwise S is
+         * transformed to log2 units first (mul = 1), masked elements to -inf. */
+        const int need_mask = (n0 + BN > seq_len) || (a.causal && n0 + BN - 1 > pos_min) ||
+                              (has_window && (int64_t)pos_max - n0 > window);
+        const int transform = need_mask || softcap > 0.0f || a.alibi_slopes != NULL;
+        const float mul = transform ? 1.0f : scale_log2;
+        if (transform) {
+#pragma unroll
+            for (int mt = 0; mt < WM; mt++) {
+                float sl[2] = {0.0f, 0.0f};
+                if (a.alibi_slopes) {
+                    sl[0] = a.alibi_slopes[head[mt][0]] * LOG2E_F;
+                    sl[1] = a.alibi_slopes[head[mt][1]] * LOG2E_F;
+                }
+#pragma unroll
+                for (int nb = 0; nb < NB8; nb++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int hf = e >> 1;
+                        const int j = n0 + nb * 8 + 2 * t4 + (e & 1);
+                        float x = s[mt][nb][e];
+                        x = softcap > 0.0f ? cap_mul * tanhf(x * score_mul) : x * scale_log2;
+                        x += sl[hf] * (float)(j - pos[mt][hf]);
+                        const int p_ = pos[mt][hf];
+                        const bool vis = j < seq_len && (!a.causal || j <= p_) &&
+                                         (!has_window || p_ - j <= window);
+                        s[mt][nb][e] = vis ? x : -INFINITY;
+                    }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < WM; mt++) {
+            float m_new[2];
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nb = 0; nb < NB8; nb++)
+                    mx = fmaxf(mx, fmaxf(s[mt][nb][2 * hf], s[mt][nb][2 * hf + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                m_new[hf] = fmaxf(m_run[mt][hf], mx * mul);
+            }
+            /* LAZY: keep the reference max (and skip rescaling O) until some row
+             * of the warp grows past it by more than 8, so that weights stay
+             * <= 2^8; exact for any reference, as l and O share it. */
+            const bool rescale =
+                !LAZY || __any_sync(0xffffffffu, m_new[0] > m_run[mt][0] + 8.0f ||
+                                                     m_new[1] > m_run[mt][1] + 8.0f);
+            if (rescale) {
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const float m_use = m_new[hf] == -INFINITY ? 0.0f : m_new[hf];
+                    const float alpha = ex2(m_run[mt][hf] - m_use); /* 0 while m_run = -inf */
+                    m_run[mt][hf] = m_new[hf];
+                    l_run[mt][hf] *= alpha;
+#pragma unroll
+                    for (int db = 0; db < DB8; db++) {
+                        o[mt][db][2 * hf] *= alpha;
+                        o[mt][db][2 * hf + 1] *= alpha;
+                    }
+                }
+            }
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const float m_use = m_run[mt][hf] == -INFINITY ? 0.0f : m_run[mt][hf];
+                float sum = 0.0f;
+#pragma unroll
+                for (int nb = 0; nb < NB8; nb++) {
+                    const float p0 = ex2(fmaf(s[mt][nb][2 * hf], mul, -m_use));
+                    const float p1 = ex2(fmaf(s[mt][nb][2 * hf + 1], mul, -m_use));
+                    s[mt][nb][2 * hf] = p0;
+                    s[mt][nb][2 * hf + 1] = p1;
+                    sum += p0 + p1;
+                }
+                l_run[mt][hf] += sum; /* per-thread partial */
+            }
+        }
+
+        /* O += P V: P [16 * WM, BN] from the S registers, V [BN, D]. */
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t pa[WM][4];
+#pragma unroll
+            for (int mt = 0; mt < WM; mt++) {
+                pa[mt][0] = Ty::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                pa[mt][1] = Ty::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                pa[mt][2] = Ty::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                pa[mt][3] = Ty::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int dp = 0; dp < D / 16; dp++) {
+                uint32_t vb[4];
+                ldmatrix_x4_trans(v_lane + xo_q[dp & 3] + (dp >> 2) * 128 + kk * 16 * D * 2, vb);
+#pragma unroll
+                for (int mt = 0; mt < WM; mt++) {
+                    Ty::mma(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+                    Ty::mma(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+                }
+            }
+        }
+        __syncthreads(); /* stage st is overwritten by the next iteration's copy */
+    }
+    cp_async_wait<0>();
+
+    /* ---- epilogue: sink, normalization, out and lse ---- */
+    elem *out = (elem *)a.out;
+#pragma unroll
+    for (int mt = 0; mt < WM; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float l = l_run[mt][hf];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            float m = m_run[mt][hf];
+            float f = 1.0f;
+            if (a.sinks) {
+                const float sink2 = a.sinks[head[mt][hf]] * LOG2E_F;
+                const float m_f = fmaxf(m, sink2);
+                f = ex2(m - m_f); /* 0 when m = -inf */
+                l = l * f + ex2(sink2 - m_f);
+                m = m_f;
+            }
+            /* l == 0: no visible key and no sink. NaN l (a NaN score) falls through. */
+            const float inv = l == 0.0f ? 0.0f : f / l;
+            const float lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * LN2_F;
+            const int pm = m0 + warp * 16 * WM + mt * 16 + hf * 8 + g4;
+            if (pm >= rows)
+                continue;
+            const int i = pm / G;
+            const size_t orow = (size_t)(q_start + i) * H + head[mt][hf];
+            elem *dst = out + orow * D;
+#pragma unroll
+            for (int db = 0; db < DB8; db++) {
+                const uint32_t v = Ty::pack(o[mt][db][2 * hf] * inv, o[mt][db][2 * hf + 1] * inv);
+                *(uint32_t *)(dst + db * 8 + 2 * t4) = v;
+            }
+            if (a.lse && t4 == 0)
+                a.lse[orow] = lse;
+        }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Host side                                                                 */
+/* ------------------------------------------------------------------------ */
+
+extern "C" int kva__cuda_prefill_supported(int32_t head_dim, int32_t head_dim_v, kva_dtype dtype)
+{
+    if (head_dim_v != head_dim)
+        return 0;
+    if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+        return 0;
+    return dtype == KVA_DTYPE_BF16 || dtype == KVA_DTYPE_F16;
+}
+
+extern "C" int64_t kva__cuda_prefill_tiles_count(int32_t num_requests,
+                                                 const int32_t *query_start_loc, int32_t num_heads,
+                                                 int32_t num_kv_heads)
+{
+    if (num_requests < 0 || !query_start_loc || num_heads <= 0 || num_kv_heads <= 0 ||
+        num_heads % num_kv_heads)
+        return -1;
+    const int64_t G = num_heads / num_kv_heads;
+    int64_t n = 0;
+    for (int32_t r = 0; r < num_requests; r++) {
+        const int64_t q_len = (int64_t)query_start_loc[r + 1] - query_start_loc[r];
+        if (q_len < 0 || q_len * G > INT32_MAX)
+            return -1; /* packed row indices (m0) are int32 */
+        n += (q_len * G + TILE_M - 1) / TILE_M * num_kv_heads;
+        if (n > INT32_MAX)
+            return -1;
+    }
+    return n;
+}
+
+/* A tile and its estimated cost, for the heaviest-first sort. */
+typedef struct tile_cost {
+    int64_t cost;
+    int32_t index; /* position in build order, the tie-break (stable sort) */
+    int32_t r, m0;
+} tile_cost;
+
+static int tile_cost_cmp(const void *pa, const void *pb)
+{
+    const tile_cost *x = (const tile_cost *)pa, *y = (const tile_cost *)pb;
+    if (x->cost != y->cost)
+        return x->cost > y->cost ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+extern "C" kva_status kva__cuda_prefill_tiles_build(int32_t num_requests,
+                                                    const int32_t *query_start_loc,
+                                                    const int32_t *seq_lens, int32_t num_heads,
+                                                    int32_t num_kv_heads, int32_t causal,
+                                                    int32_t window_left, int32_t *tiles,
+                                                    int32_t capacity, int32_t *num_tiles)
+{
+    KVA_CHECK_PTR(query_start_loc);
+    KVA_CHECK_PTR(num_tiles);
+    if (num_requests > 0)
+        KVA_CHECK_PTR(seq_lens);
+    const int64_t count =
+        kva__cuda_prefill_tiles_count(num_requests, query_start_loc, num_heads, num_kv_heads);
+    if (count < 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: bad batch (num_requests = %d, num_heads = %d, num_kv_heads = %d, "
+                         "or a negative q_len)",
+                         __func__, (int)num_requests, (int)num_heads, (int)num_kv_heads);
+    if (count > capacity)
+        return kva__fail(KVA_STATUS_OUT_OF_RANGE, "%s: the batch needs %lld tiles, capacity = %d",
+                         __func__, (long long)count, (int)capacity);
+    if (count > 0)
+        KVA_CHECK_PTR(tiles);
+    const int64_t G = num_heads / num_kv_heads;
+    const int has_window = window_left >= 0 && window_left < KVA_MAX_SEQ_LEN;
+    /* One entry per (request, m0); each expands to Hkv tiles of equal cost. */
+    tile_cost *tc = (tile_cost *)malloc(sizeof(tile_cost) * (size_t)(count > 0 ? count : 1));
+    if (!tc)
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "%s: %lld tiles", __func__, (long long)count);
+    int32_t n = 0;
+    for (int32_t r = 0; r < num_requests; r++) {
+        const int64_t q_len = (int64_t)query_start_loc[r + 1] - query_start_loc[r];
+        const int64_t s = seq_lens[r];
+        for (int64_t m0 = 0; m0 < q_len * G; m0 += TILE_M) {
+            const int64_t m_last = (m0 + TILE_M < q_len * G ? m0 + TILE_M : q_len * G) - 1;
+            const int64_t pmin = s - q_len + m0 / G, pmax = s - q_len + m_last / G;
+            int64_t lo = has_window ? pmin - window_left : 0, hi = causal ? pmax + 1 : s;
+            lo = lo < 0 ? 0 : lo;
+            hi = hi > s ? s : hi;
+            tc[n].cost = (hi > lo ? hi - lo : 0) + 64; /* + fixed cost: Q load, epilogue */
+            tc[n].index = n;
+            tc[n].r = r;
+            tc[n].m0 = (int32_t)m0;
+            n++;
+        }
+    }
+    qsort(tc, (size_t)n, sizeof(tile_cost), tile_cost_cmp);
+    int32_t w = 0;
+    for (int32_t e = 0; e < n; e++)
+        for (int32_t h = 0; h < num_kv_heads; h++) {
+            int32_t *t = tiles + (size_t)w * KVA__CUDA_PREFILL_TILE_INTS;
+            t[0] = tc[e].r;
+            t[1] = tc[e].m0;
+            t[2] = h;
+            t[3] = 0;
+            w++;
+        }
+    free(tc);
+    *num_tiles = w;
+    return KVA_STATUS_OK;
+}
+
+/* Launches one instantiation with its dynamic shared memory. */
+template <int D, int BN, int NW, int WM, int MINB, bool LAZY, typename Ty>
+static kva_status launch_one(const kva__cuda_prefill_args *a, cudaStream_t stream)
+{
+    const size_t smem = (size_t)(TILE_M + 4 * BN) * D * 2;
+    cudaError_t e = cudaFuncSetAttribute(prefill_mma_kernel<D, BN, NW, WM, MINB, LAZY, Ty>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                         "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
+                         "memory, D = %d): %s",
+                         smem, D, cudaGetErrorString(e));
+    prefill_mma_kernel<D, BN, NW, WM, MINB, LAZY, Ty><<<a->grid_tiles, NW * 32, smem, stream>>>(*a);
+    e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                         "kva__cuda_prefill_launch: launch of %d tiles (D = %d): %s",
+                         (int)a->grid_tiles, D, cudaGetErrorString(e));
+    return KVA_STATUS_OK;
+}
+
+/* Variant selection: v1 (8 warps x 16 rows), v2 (4 warps x 32 rows, 64 keys per
+ * tile) or v3 (v2 with 32 keys per tile). */
+template <typename Ty>
+static kva_status launch_dtype(const kva__cuda_prefill_args *a, cudaStream_t st, int variant)
+{
+    switch (a->head_dim) {
+    case 64:
+        switch (variant) {
+        case 1:
+            return launch_one<64, 64, 8, 1, 2, false, Ty>(a, st);
+        case 2:
+            return launch_one<64, 64, 4, 2, 1, false, Ty>(a, st);
+        case 3:
+            return launch_one<64, 32, 4, 2, 1, false, Ty>(a, st);
+        case 4:
+            return launch_one<64, 64, 8, 1, 2, true, Ty>(a, st);
+        default:
+            return launch_one<64, 64, 4, 2, 1, true, Ty>(a, st);
+        }
+    case 128:
+        switch (variant) {
+        case 1:
+            return launch_one<128, 64, 8, 1, 2, false, Ty>(a, st);
+        case 2:
+            return launch_one<128, 64, 4, 2, 1, false, Ty>(a, st);
+        case 3:
+            return launch_one<128, 32, 4, 2, 1, false, Ty>(a, st);
+        case 4:
+            return launch_one<128, 64, 8, 1, 2, true, Ty>(a, st);
+        default:
+            return launch_one<128, 64, 4, 2, 1, true, Ty>(a, st);
+        }
+    default:
+        return variant == 4 ? launch_one<256, 32, 8, 1, 1, true, Ty>(a, st)
+                            : launch_one<256, 32, 8, 1, 1, false, Ty>(a, st);
+    }
+}
+
+extern "C" int kva__cuda_prefill_variant_exists(int32_t head_dim, int variant)
+{
+    if (head_dim == 256)
+        return variant == 1 || variant == 4;
+    return variant >= 1 && variant <= KVA__CUDA_PREFILL_VARIANTS;
+}
+
+/* The variant the dispatcher runs when none is forced: the fastest on an H100
+ * in one run of bench/cuda_prefill_bench.c (docs/cuda-prefill.md): v5 at
+ * D = 128 (4k causal: 269 vs 258 TFLOP/s for v1; within 2 % of the best on the
+ * other D = 128 shapes), v4 at D = 64 and D = 256. */
+static int default_variant(int32_t head_dim)
+{
+    return head_dim == 128 ? 5 : 4;
+}
+
+extern "C" kva_status kva__cuda_prefill_launch_variant(const kva__cuda_prefill_args *a,
+                                                       void *stream, int variant)
+{
+    KVA_CHECK_PTR(a);
+    if (!kva__cuda_prefill_supported(a->head_dim, a->head_dim_v, a->dtype))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva__cuda_prefill_launch: D = %d, Dv = %d, dtype = %s not supported "
+                         "(D in {64, 128, 256}, Dv == D, f16 or bf16)",
+                         (int)a->head_dim, (int)a->head_dim_v, kva_dtype_name(a->dtype));
+    if (a->grid_tiles < 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva__cuda_prefill_launch: grid_tiles = %d",
+                         (int)a->grid_tiles);
+    if (a->grid_tiles == 0)
+        return KVA_STATUS_OK;
+    KVA_CHECK_PTR(a->q);
+    KVA_CHECK_PTR(a->k);
+    KVA_CHECK_PTR(a->v);
+    KVA_CHECK_PTR(a->out);
+    KVA_CHECK_PTR(a->query_start_loc);
+    KVA_CHECK_PTR(a->seq_lens);
+    KVA_CHECK_PTR(a->block_table);
+    KVA_CHECK_PTR(a->tiles);
+    KVA_CHECK_PTR(a->num_tiles);
+    if (a->num_kv_heads <= 0 || a->num_heads <= 0 || a->num_heads % a->num_kv_heads ||
+        a->block_size <= 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_prefill_launch: H = %d, Hkv = %d, B = %d", (int)a->num_heads,
+                         (int)a->num_kv_heads, (int)a->block_size);
+    if (a->layout != KVA_LAYOUT_NHD && a->layout != KVA_LAYOUT_HND)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva__cuda_prefill_launch: layout = %d",
+                         (int)a->layout);
+    /* cp.async copies 16-byte chunks: q, k and v must be 16-byte aligned (row
+     * strides are multiples of D * 2 >= 128 bytes). */
+    KVA_CHECK_ALIGNED(a->q, 16);
+    KVA_CHECK_ALIGNED(a->k, 16);
+    KVA_CHECK_ALIGNED(a->v, 16);
+    KVA_CHECK_ALIGNED(a->out, 4);
+    if (variant == 0)
+        variant = default_variant(a->head_dim);
+    if (!kva__cuda_prefill_variant_exists(a->head_dim, variant))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_prefill_launch_variant: variant = %d does not exist for D = %d",
+                         variant, (int)a->head_dim);
+    cudaStream_t st = (cudaStream_t)stream;
+    return a->dtype == KVA_DTYPE_BF16 ? launch_dtype<prefill_bf16>(a, st, variant)
+                                      : launch_dtype<prefill_f16>(a, st, variant);
+}
+
+extern "C" kva_status kva__cuda_prefill_launch(const kva__cuda_prefill_args *a, void *stream)
+{
+    return kva__cuda_prefill_launch_variant(a, stream, 0);
+}

@@ -1,0 +1,127 @@
+/*
+ * prefill_mma.h - the tensor-core paged prefill kernel of the CUDA backend
+ * (FlashAttention-2 style on mma.sync m16n8k16, fp32 accumulation).
+ *
+ * Self-contained C interface: no CUDA types, the stream is an opaque pointer
+ * (a cudaStream_t, NULL for the legacy default stream). The kernel computes
+ * exactly kva_attention_run's semantics (include/kvattn.h) for the rows it is
+ * given: paged cache (NHD or HND, any block size B >= 1), causal (bottom-right
+ * aligned), window_left, soft-cap, ALiBi, sinks, LSE, GQA/MQA.
+ *
+ * Work decomposition. One CTA computes one tile: KVA__CUDA_PREFILL_TILE_M rows
+ * of one (request r, kv head) pair. A request's rows are its q_len tokens times
+ * the group's G = H / Hkv query heads, packed token-major: packed row
+ * m = i * G + g is token i (0 <= i < q_len) of query head kvh * G + g. So a
+ * tile shares its K/V tiles across the whole GQA group, and decode-like
+ * requests (q_len 1..4) still fill a tile when G is large. The tiles live in a
+ * device array [capacity][4] int32 {r, m0, kvh, 0} that
+ * kva__cuda_prefill_tiles_build() fills on the host (heaviest tiles first);
+ * the caller uploads it together with the tile count into device memory. The
+ * grid has args->grid_tiles CTAs; CTAs whose index is >= *num_tiles (read
+ * from device memory) exit at once, so one fixed-capacity launch can be
+ * captured in a CUDA graph and replayed with new tiles.
+ *
+ * Supported shapes: kva__cuda_prefill_supported(). Everything the kernel
+ * reads or writes is device memory; the launch never synchronizes.
+ */
+#ifndef KVA_CUDA_PREFILL_MMA_H
+#define KVA_CUDA_PREFILL_MMA_H
+
+#include "kvattn.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Packed (token, group head) rows per tile (= per CTA). */
+#define KVA__CUDA_PREFILL_TILE_M 128
+/* int32 entries per tile in the tile array: {r, m0, kvh, 0}. */
+#define KVA__CUDA_PREFILL_TILE_INTS 4
+/* Kernel variants 1..N (kva__cuda_prefill_launch_variant). */
+#define KVA__CUDA_PREFILL_VARIANTS 5
+
+typedef struct kva__cuda_prefill_args {
+    /* Tensors (device memory). */
+    const void *q;                  /* [T, H, D] dtype, contiguous */
+    const void *k;                  /* NHD: [NB, B, Hkv, D]; HND: [NB, Hkv, B, D] dtype */
+    const void *v;                  /* NHD: [NB, B, Hkv, Dv]; HND: [NB, Hkv, B, Dv] dtype */
+    void *out;                      /* [T, H, Dv] dtype */
+    float *lse;                     /* [T, H] float32 natural log, or NULL */
+    const float *sinks;             /* [H] float32 sink logits, or NULL */
+    const float *alibi_slopes;      /* [H] float32, or NULL */
+    const int32_t *query_start_loc; /* [R + 1] */
+    const int32_t *seq_lens;        /* [R] */
+    const int32_t *block_table;     /* [R, block_table_stride] */
+    const int32_t *tiles;           /* [grid_tiles, 4] from kva__cuda_prefill_tiles_build */
+    const int32_t *num_tiles;       /* [1] tiles in use (<= grid_tiles) */
+    /* Scalars. */
+    int32_t grid_tiles; /* CTAs launched (the tile array's capacity); 0 launches nothing */
+    int32_t block_table_stride;
+    int32_t block_size;   /* B >= 1 */
+    int32_t num_heads;    /* H, a multiple of num_kv_heads */
+    int32_t num_kv_heads; /* Hkv */
+    int32_t head_dim;     /* D */
+    int32_t head_dim_v;   /* Dv (must equal D for now) */
+    kva_dtype dtype;      /* F16 or BF16: q, k, v and out */
+    kva_layout layout;    /* KVA_LAYOUT_NHD or KVA_LAYOUT_HND */
+    float scale;          /* softmax scale; 0 means 1/sqrt(D) */
+    int32_t causal;       /* bottom-right aligned causal mask */
+    int32_t window_left;  /* < 0 or >= KVA_MAX_SEQ_LEN: no window */
+    float softcap;        /* > 0: s = cap * tanh(s / cap); else none */
+} kva__cuda_prefill_args;
+
+/* 1 if the kernel supports head sizes (D, Dv) with dtype: D in {64, 128, 256},
+ * Dv == D, dtype F16 or BF16; else 0. */
+int kva__cuda_prefill_supported(int32_t head_dim, int32_t head_dim_v, kva_dtype dtype);
+
+/*
+ * Number of tiles the batch needs: sum over requests of
+ * ceil(q_len * (H / Hkv) / TILE_M) * Hkv. Reads host arrays
+ * query_start_loc [R + 1]; returns -1 if a q_len is negative or the count
+ * overflows int32.
+ */
+int64_t kva__cuda_prefill_tiles_count(int32_t num_requests, const int32_t *query_start_loc,
+                                      int32_t num_heads, int32_t num_kv_heads);
+
+/*
+ * Fills the host buffer tiles [capacity, 4] int32 with the batch's tiles,
+ * heaviest first (estimated by the number of keys the tile's rows can see
+ * under the causal mask and window), and *num_tiles with their count.
+ * Host arrays: query_start_loc [R + 1], seq_lens [R]. Returns
+ * KVA_STATUS_OUT_OF_RANGE (nothing written) when capacity is too small,
+ * KVA_STATUS_INVALID_ARGUMENT for bad metadata, KVA_STATUS_OUT_OF_MEMORY if
+ * the sort's scratch cannot be allocated.
+ */
+kva_status kva__cuda_prefill_tiles_build(int32_t num_requests, const int32_t *query_start_loc,
+                                         const int32_t *seq_lens, int32_t num_heads,
+                                         int32_t num_kv_heads, int32_t causal, int32_t window_left,
+                                         int32_t *tiles, int32_t capacity, int32_t *num_tiles);
+
+/*
+ * Launches the kernel on stream (a cudaStream_t, may be NULL). Checks the
+ * arguments it can check without reading device memory, sets the kernel's
+ * shared-memory limit, launches, and checks cudaGetLastError(). Never
+ * synchronizes. KVA_STATUS_UNSUPPORTED for shapes kva__cuda_prefill_supported
+ * rejects, KVA_STATUS_DEVICE_ERROR (with the CUDA error string) on a launch
+ * failure.
+ */
+kva_status kva__cuda_prefill_launch(const kva__cuda_prefill_args *args, void *stream);
+
+/* The same with a forced kernel variant (0: the dispatcher's choice; 1: 8 warps
+ * x 16 rows; 2: 4 warps x 32 rows, 64 keys per tile; 3: 4 warps x 32 rows, 32
+ * keys per tile; 4, 5: 1 and 2 with lazy rescaling; D = 256 has 1 and 4 only),
+ * for tests and benchmarks that cover every variant. A variant that does not
+ * exist for D is KVA_STATUS_INVALID_ARGUMENT. */
+kva_status kva__cuda_prefill_launch_variant(const kva__cuda_prefill_args *args, void *stream,
+                                            int variant);
+
+/* 1 if variant (1..KVA__CUDA_PREFILL_VARIANTS) exists for head size D. */
+int kva__cuda_prefill_variant_exists(int32_t head_dim, int variant);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVA_CUDA_PREFILL_MMA_H */

@@ -1,0 +1,452 @@
+/*
+ * test_cuda_prefill_mma.c - the tensor-core prefill kernel (src/attn/cuda/
+ * prefill_mma.cu) against the reference backend.
+ *
+ * Each case draws a random paged batch (tests/batchgen.h: shuffled block
+ * tables, shared prefixes), runs the REF backend on host copies and the kernel
+ * on device copies (outputs poisoned with 0xff bytes, i.e. NaN, before every
+ * launch), for every kernel variant that exists for the head size and for
+ * the dispatcher's choice, and compares out and lse. Covered by a seeded covering design (every
+ * axis walks its values in a fresh random order): D 64/128/256, (H, Hkv) with GQA groups 1/4/8 and
+ * MQA, B 1/5/16/64, NHD/HND, bf16/f16, causal or not, windows, soft-cap, scale,
+ * ALiBi, sinks (small and about +-60), lse or NULL, fresh prefills, chunked
+ * prefills (q_len < seq_len), mixed batches with q_len 1-4 rows; explicit
+ * batches add q_len 0 / seq_len 0 requests, non-causal rows that see no key
+ * (out 0, lse -inf or the sink), q_len > seq_len, and a long prefill crossing
+ * many key tiles. A fixed-capacity grid (more CTAs than tiles) is used every
+ * time, so CTAs past num_tiles must exit without writing. Host-side checks:
+ * the tile builder's order and errors, and the launcher's rejections.
+ *
+ * Tolerance: the kernel rounds the softmax weights P to the input dtype for the
+ * P V product (as FlashAttention does), so out may differ from the fp64
+ * reference by up to u * max|v| (u = 2^-8 bf16, 2^-11 f16: the rounding bound
+ * of P, summed over weights that add up to 1) on top of the harness's per-dtype
+ * tolerance. lse does not depend on that rounding and gets the harness's f32
+ * tolerance. With "small" as argv[1] only a few small cases run (for
+ * compute-sanitizer).
+ *
+ * Exit 77 when there is no GPU (or the build has no CUDA).
+ */
+#ifndef KVA_HAVE_CUDA
+#include <stdio.h>
+
+int main(void)
+{
+    printf("skipped: built without CUDA\n");
+    return 77;
+}
+#else
+
+#include "batchgen.h"
+#include "prefill_mma.h"
+
+#include <cuda_runtime.h>
+
+#define CUDA_OK(expr)                                                                              \
+    do {                                                                                           \
+        cudaError_t e_ = (expr);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+typedef struct cfg {
+    int32_t D, H, Hkv, R, B, max_len;
+    unsigned kinds;
+    kva_dtype dt;
+    kva_layout layout;
+    int causal, window, alibi, sinks, lse, share;
+    float softcap, scale;
+    uint64_t seed;
+} cfg;
+
+static void print_cfg(const cfg *c, const kva_test_batch *b)
+{
+    fprintf(stderr,
+            "  case: D=%d H=%d Hkv=%d R=%d B=%d max_len=%d kinds=%u %s %s causal=%d window=%d "
+            "softcap=%g scale=%g alibi=%d sinks=%d lse=%d seed=%llu T=%d\n",
+            c->D, c->H, c->Hkv, b->R, c->B, c->max_len, c->kinds, kva_dtype_name(c->dt),
+            c->layout == KVA_LAYOUT_NHD ? "NHD" : "HND", c->causal, c->window, (double)c->softcap,
+            (double)c->scale, c->alibi, c->sinks, c->lse, (unsigned long long)c->seed, b->T);
+}
+
+static void *dev_copy(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    CUDA_OK(cudaMalloc(&d, bytes > 0 ? bytes : 16));
+    if (h && bytes)
+        CUDA_OK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static int cases_run, rows_checked, multi_tile;
+
+/* Runs one case on the batch b (which the caller frees). */
+static void run_batch(const cfg *c, const kva_test_batch *b)
+{
+    kva_rng rng = {c->seed * 7919 + 17};
+    const int32_t H = c->H, Hkv = c->Hkv, D = c->D, T = b->T;
+    const size_t esz = kva_dtype_size(c->dt);
+    kva_context_desc rd = {KVA_BACKEND_REF, 0, 0};
+    kva_context *ref = NULL;
+    CHECK_OK(kva_context_create(&rd, &ref));
+    kva_cache *cache = NULL;
+    CHECK_OK(kva_test_batch_cache(b, ref, &rng, Hkv, D, D, c->dt, c->layout, &cache));
+    kva_plan_desc pd = kva_test_batch_plan_desc(b, H, Hkv, D, D, c->dt);
+    pd.causal = c->causal;
+    pd.window_left = c->window;
+    pd.softcap = c->softcap;
+    pd.scale = c->scale;
+    float *slopes = malloc(sizeof(float) * (size_t)H), *sinks = malloc(sizeof(float) * (size_t)H);
+    for (int32_t h = 0; h < H; h++) {
+        slopes[h] = (float)pow(2.0, -8.0 * (h + 1) / H);
+        sinks[h] = (float)(kva_rng_normal(&rng) * 2.0);
+        if (c->sinks == 2)
+            sinks[h] += h % 2 ? 60.0f : -60.0f;
+    }
+    pd.alibi_slopes = c->alibi ? slopes : NULL;
+    kva_plan *plan = NULL;
+    CHECK_OK(kva_plan_create(ref, &pd, &plan));
+    if (!plan || !cache) {
+        print_cfg(c, b);
+        kva_cache_destroy(cache);
+        kva_context_destroy(ref);
+        free(slopes);
+        free(sinks);
+        return;
+    }
+    const size_t nq = (size_t)T * H * D, nl = (size_t)T * H;
+    void *q = malloc(nq * esz + 2), *out_ref = malloc(nq * esz + 2), *out = malloc(nq * esz + 2);
+    float *lse_ref = malloc(nl * 4 + 4), *lse = malloc(nl * 4 + 4);
+    kva_test_fill_uniform(q, c->dt, nq, &rng);
+    kva_test_poison(out_ref, c->dt, nq);
+    kva_test_poison(lse_ref, KVA_DTYPE_F32, nl);
+    const float *sk = c->sinks ? sinks : NULL;
+    CHECK_OK(kva_attention_run(ref, plan, q, cache, sk, out_ref, lse_ref));
+
+    /* Device copies. */
+    void *k_h, *v_h;
+    kva_cache_data(cache, &k_h, &v_h);
+    const size_t kv_bytes = (size_t)b->num_blocks * b->block_size * Hkv * D * esz;
+    void *d_q = dev_copy(q, nq * esz), *d_k = dev_copy(k_h, kv_bytes),
+         *d_v = dev_copy(v_h, kv_bytes);
+    void *d_out = dev_copy(NULL, nq * esz);
+    float *d_lse = dev_copy(NULL, nl * 4);
+    float *d_sinks = dev_copy(sinks, sizeof(float) * (size_t)H);
+    float *d_slopes = dev_copy(slopes, sizeof(float) * (size_t)H);
+    int32_t *d_qsl = dev_copy(b->query_start_loc, sizeof(int32_t) * (size_t)(b->R + 1));
+    int32_t *d_sl = dev_copy(b->seq_lens, sizeof(int32_t) * (size_t)(b->R > 0 ? b->R : 1));
+    int32_t *d_bt = dev_copy(b->block_table, sizeof(int32_t) * (size_t)b->R * (size_t)b->stride);
+    const int64_t count = kva__cuda_prefill_tiles_count(b->R, b->query_start_loc, H, Hkv);
+    CHECK(count >= 0);
+    const int32_t capacity = (int32_t)count + 3; /* a fixed-capacity grid with spare CTAs */
+    int32_t *tiles = malloc(sizeof(int32_t) * KVA__CUDA_PREFILL_TILE_INTS * (size_t)capacity);
+    int32_t ntiles = -1;
+    CHECK_OK(kva__cuda_prefill_tiles_build(b->R, b->query_start_loc, b->seq_lens, H, Hkv, c->causal,
+                                           c->window, tiles, capacity, &ntiles));
+    CHECK(ntiles == count);
+    int32_t *d_tiles = dev_copy(tiles, sizeof(int32_t) * 4 * (size_t)capacity);
+    int32_t *d_ntiles = dev_copy(&ntiles, sizeof ntiles);
+
+    kva__cuda_prefill_args a;
+    memset(&a, 0, sizeof a);
+    a.q = d_q;
+    a.k = d_k;
+    a.v = d_v;
+    a.out = d_out;
+    a.lse = c->lse ? d_lse : NULL;
+    a.sinks = c->sinks ? d_sinks : NULL;
+    a.alibi_slopes = c->alibi ? d_slopes : NULL;
+    a.query_start_loc = d_qsl;
+    a.seq_lens = d_sl;
+    a.block_table = d_bt;
+    a.tiles = d_tiles;
+    a.num_tiles = d_ntiles;
+    a.grid_tiles = capacity;
+    a.block_table_stride = b->stride;
+    a.block_size = b->block_size;
+    a.num_heads = H;
+    a.num_kv_heads = Hkv;
+    a.head_dim = D;
+    a.head_dim_v = D;
+    a.dtype = c->dt;
+    a.layout = c->layout;
+    a.scale = c->scale > 0.0f ? c->scale : (float)(1.0 / sqrt((double)D));
+    a.causal = c->causal;
+    a.window_left = c->window;
+    a.softcap = c->softcap;
+
+    const double u = c->dt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
+    const double atol = kva_test_atol(c->dt) + u * 1.7320508; /* max|v| of the uniform fill */
+    /* Variant 0 is the dispatcher's choice (kva__cuda_prefill_launch's path). */
+    for (int var = 0; var <= KVA__CUDA_PREFILL_VARIANTS; var++) {
+        if (var > 0 && !kva__cuda_prefill_variant_exists(D, var))
+            continue;
+        CUDA_OK(cudaMemset(d_out, 0xff, nq * esz));
+        CUDA_OK(cudaMemset(d_lse, 0xff, nl * 4));
+        CHECK_OK(kva__cuda_prefill_launch_variant(&a, NULL, var));
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(out, d_out, nq * esz, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(lse, d_lse, nl * 4, cudaMemcpyDeviceToHost));
+        size_t bad = kva_test_compare("out", out, out_ref, c->dt, nq, atol, kva_test_rtol(c->dt));
+        if (c->lse)
+            bad += kva_test_compare_f32("lse", lse, lse_ref, nl, kva_test_atol(KVA_DTYPE_F32),
+                                        kva_test_rtol(KVA_DTYPE_F32));
+        else /* lse NULL: the poisoned buffer must stay untouched (all 0xff) */
+            for (size_t i = 0; i < nl; i++)
+                bad += ((const uint32_t *)(const void *)lse)[i] != 0xffffffffu;
+        CHECK_MSG(bad == 0, "%zu mismatches (variant %d)", bad, var);
+        if (bad) {
+            print_cfg(c, b);
+            break;
+        }
+    }
+    cases_run++;
+    rows_checked += (int)nl;
+    for (int32_t r = 0; r < b->R; r++)
+        multi_tile += b->seq_lens[r] > 64 && b->q_lens[r] * (H / Hkv) > 1;
+
+    CUDA_OK(cudaFree(d_q));
+    CUDA_OK(cudaFree(d_k));
+    CUDA_OK(cudaFree(d_v));
+    CUDA_OK(cudaFree(d_out));
+    CUDA_OK(cudaFree(d_lse));
+    CUDA_OK(cudaFree(d_sinks));
+    CUDA_OK(cudaFree(d_slopes));
+    CUDA_OK(cudaFree(d_qsl));
+    CUDA_OK(cudaFree(d_sl));
+    CUDA_OK(cudaFree(d_bt));
+    CUDA_OK(cudaFree(d_tiles));
+    CUDA_OK(cudaFree(d_ntiles));
+    free(tiles);
+    free(q);
+    free(out_ref);
+    free(out);
+    free(lse_ref);
+    free(lse);
+    free(slopes);
+    free(sinks);
+    kva_plan_destroy(plan);
+    kva_cache_destroy(cache);
+    kva_context_destroy(ref);
+}
+
+/* Reference cost in fp64 multiply-adds (two passes over the visible keys). */
+static double ref_cost(const kva_test_batch *b, const cfg *c)
+{
+    double s = 0;
+    for (int32_t r = 0; r < b->R; r++)
+        s += (double)b->q_lens[r] * b->seq_lens[r];
+    return s * c->H * 3.0 * c->D;
+}
+
+/* A random batch for c, shrunk (requests, then lengths) under the budget. */
+static void run_random(cfg c, double budget)
+{
+    kva_rng rng = {c.seed};
+    kva_test_batch b;
+    for (;;) {
+        kva_test_batch_random(&b, &rng, c.R, c.B, c.max_len, c.kinds, c.share);
+        if (ref_cost(&b, &c) <= budget || (c.R == 1 && c.max_len <= 8))
+            break;
+        kva_test_batch_free(&b);
+        if (c.R > 1)
+            c.R = c.R * 2 / 3;
+        else
+            c.max_len = c.max_len * 2 / 3;
+    }
+    run_batch(&c, &b);
+    kva_test_batch_free(&b);
+}
+
+static int axis_pick(kva_rng *rng, int *perm, int n, int i)
+{
+    if (i % n == 0) {
+        for (int j = 0; j < n; j++)
+            perm[j] = j;
+        for (int j = n - 1; j > 0; j--) {
+            int x = kva_rng_int(rng, 0, j), t = perm[j];
+            perm[j] = perm[x];
+            perm[x] = t;
+        }
+    }
+    return perm[i % n];
+}
+
+static int small_mode;
+
+/* The covering grid over every axis. */
+static void test_grid(void)
+{
+    static const int32_t dims[] = {64, 128, 256};
+    static const int32_t heads[][2] = {{4, 4}, {8, 2}, {16, 2}, {8, 1}, {32, 8}};
+    static const int32_t bsizes[] = {1, 5, 16, 64};
+    static const int32_t reqs[] = {1, 3, 8};
+    static const int32_t lens[] = {40, 200, 700};
+    static const unsigned kinds[] = {12u, 4u, 15u, 8u};
+    static const int32_t windows[] = {-1, -1, 0, 9, 100};
+    static const float caps[] = {0.0f, 2.5f};
+    static const float scales[] = {0.0f, 0.3f};
+    int p[20][8];
+    kva_rng rng = {0x5eed1234};
+    const int N = small_mode ? 6 : 96;
+    const int failed_before = kva_test_checks_failed_;
+    for (int i = 0; i < N; i++) {
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.D = dims[axis_pick(&rng, p[0], 3, i)];
+        const int hi = axis_pick(&rng, p[1], 5, i);
+        c.H = heads[hi][0];
+        c.Hkv = heads[hi][1];
+        c.B = bsizes[axis_pick(&rng, p[2], 4, i)];
+        c.R = reqs[axis_pick(&rng, p[3], 3, i)];
+        c.max_len = small_mode ? 70 : lens[axis_pick(&rng, p[4], 3, i)];
+        c.kinds = kinds[axis_pick(&rng, p[5], 4, i)];
+        c.dt = axis_pick(&rng, p[6], 2, i) ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+        c.layout = axis_pick(&rng, p[7], 2, i) ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+        c.causal = axis_pick(&rng, p[8], 2, i) ? 0 : 1;
+        c.window = windows[axis_pick(&rng, p[9], 5, i)];
+        c.softcap = caps[axis_pick(&rng, p[10], 2, i)];
+        c.scale = scales[axis_pick(&rng, p[11], 2, i)];
+        c.alibi = axis_pick(&rng, p[12], 2, i);
+        c.sinks = axis_pick(&rng, p[13], 3, i);
+        c.lse = axis_pick(&rng, p[14], 4, i) != 0;
+        c.share = axis_pick(&rng, p[15], 2, i);
+        c.seed = 1000 + (uint64_t)i;
+        run_random(c, small_mode ? 4e5 : 2e7);
+        if (kva_test_checks_failed_ - failed_before > 10)
+            break;
+    }
+}
+
+/* Explicit batches: empty requests, rows that see no key, q_len > seq_len. */
+static void test_edges(void)
+{
+    static const int32_t ql_a[] = {0, 20, 0, 1, 3}, sl_a[] = {10, 50, 0, 33, 3};
+    static const int32_t ql_b[] = {5, 3, 130, 0}, sl_b[] = {0, 7, 40, 0};
+    for (int v = 0; v < 8; v++) {
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.D = v % 4 == 3 ? 256 : v % 2 ? 128 : 64;
+        c.H = v & 2 ? 8 : 4;
+        c.Hkv = v & 4 ? 1 : 4;
+        c.B = v % 3 == 0 ? 5 : 16;
+        c.dt = v & 1 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+        c.layout = v & 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+        c.window = v == 5 ? 4 : -1;
+        c.sinks = v & 1;
+        c.alibi = v == 6;
+        c.lse = 1;
+        c.seed = 77 + (uint64_t)v;
+        kva_rng rng = {c.seed};
+        kva_test_batch b;
+        /* Causal: q_len 0 requests (seq_len 0 or not) between others, q_len 1 and q = s. */
+        c.causal = 1;
+        kva_test_batch_init(&b, &rng, 5, ql_a, sl_a, c.B, 2, v & 1);
+        run_batch(&c, &b);
+        kva_test_batch_free(&b);
+        /* Non-causal: seq_len 0 rows (out 0, lse -inf or the sink), q_len > seq_len. */
+        c.causal = 0;
+        kva_test_batch_init(&b, &rng, 4, ql_b, sl_b, c.B, 2, 0);
+        run_batch(&c, &b);
+        kva_test_batch_free(&b);
+        if (small_mode && v >= 1)
+            break;
+    }
+}
+
+/* One long causal prefill and one chunked prefill crossing many key tiles. */
+static void test_long(void)
+{
+    static const int32_t ql[] = {500, 200}, sl[] = {500, 900};
+    for (int v = 0; v < 3; v++) {
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.D = v == 0 ? 128 : v == 1 ? 64 : 256;
+        c.H = 4;
+        c.Hkv = v == 1 ? 4 : 1;
+        c.B = v == 2 ? 64 : 16;
+        c.dt = v == 1 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+        c.layout = v == 1 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+        c.causal = 1;
+        c.window = v == 2 ? 333 : -1;
+        c.lse = 1;
+        c.sinks = v == 1;
+        c.seed = 4242 + (uint64_t)v;
+        kva_rng rng = {c.seed};
+        kva_test_batch b;
+        kva_test_batch_init(&b, &rng, 2, ql, sl, c.B, 1, 0);
+        run_batch(&c, &b);
+        kva_test_batch_free(&b);
+    }
+}
+
+/* Host side: the tile builder's order and errors, the launcher's rejections. */
+static void test_host(void)
+{
+    static const int32_t qsl[] = {0, 1, 301, 301, 557}, sl[] = {90, 300, 0, 1000};
+    int32_t tiles[64 * 4], n = -1;
+    /* H = 8, Hkv = 2 (G = 4): request 1 has 1200 rows -> 10 tiles per kv head. */
+    const int64_t count = kva__cuda_prefill_tiles_count(4, qsl, 8, 2);
+    CHECK(count == (1 + 10 + 0 + 8) * 2);
+    CHECK_OK(kva__cuda_prefill_tiles_build(4, qsl, sl, 8, 2, 1, -1, tiles, 64, &n));
+    CHECK(n == count);
+    /* Heaviest first: request 3's last tile (chunked prefill, sees ~1000 keys). */
+    CHECK(tiles[0] == 3 && tiles[1] == 7 * 128);
+    int seen[4] = {0, 0, 0, 0};
+    for (int32_t t = 0; t < n; t++) {
+        CHECK(tiles[t * 4 + 2] >= 0 && tiles[t * 4 + 2] < 2);
+        if (tiles[t * 4] >= 0 && tiles[t * 4] < 4)
+            seen[tiles[t * 4]]++;
+    }
+    CHECK(seen[0] == 2 && seen[1] == 20 && seen[2] == 0 && seen[3] == 16);
+    /* Too small a capacity: status, message, nothing written. */
+    int32_t before[64 * 4];
+    memcpy(before, tiles, sizeof tiles);
+    n = -5;
+    CHECK_STATUS(kva__cuda_prefill_tiles_build(4, qsl, sl, 8, 2, 1, -1, tiles, 10, &n),
+                 KVA_STATUS_OUT_OF_RANGE);
+    CHECK_ERROR_MENTIONS("capacity");
+    CHECK(n == -5 && memcmp(before, tiles, sizeof tiles) == 0);
+    CHECK_STATUS(kva__cuda_prefill_tiles_build(4, qsl, sl, 8, 3, 1, -1, tiles, 64, &n),
+                 KVA_STATUS_INVALID_ARGUMENT);
+    CHECK(kva__cuda_prefill_supported(128, 128, KVA_DTYPE_BF16));
+    CHECK(kva__cuda_prefill_supported(64, 64, KVA_DTYPE_F16));
+    CHECK(kva__cuda_prefill_supported(256, 256, KVA_DTYPE_BF16));
+    CHECK(!kva__cuda_prefill_supported(96, 96, KVA_DTYPE_BF16));
+    CHECK(!kva__cuda_prefill_supported(128, 64, KVA_DTYPE_BF16));
+    CHECK(!kva__cuda_prefill_supported(128, 128, KVA_DTYPE_F32));
+    CHECK(kva__cuda_prefill_variant_exists(256, 1) && kva__cuda_prefill_variant_exists(256, 4));
+    CHECK(!kva__cuda_prefill_variant_exists(256, 2) && !kva__cuda_prefill_variant_exists(128, 0));
+    CHECK(!kva__cuda_prefill_variant_exists(64, KVA__CUDA_PREFILL_VARIANTS + 1));
+    kva__cuda_prefill_args a;
+    memset(&a, 0, sizeof a);
+    a.head_dim = a.head_dim_v = 96;
+    a.dtype = KVA_DTYPE_BF16;
+    a.grid_tiles = 1;
+    CHECK_STATUS(kva__cuda_prefill_launch(&a, NULL), KVA_STATUS_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("D = 96");
+    a.head_dim = a.head_dim_v = 128;
+    CHECK_STATUS(kva__cuda_prefill_launch(&a, NULL), KVA_STATUS_NULL_POINTER);
+}
+
+int main(int argc, char **argv)
+{
+    small_mode = argc > 1 && strcmp(argv[1], "small") == 0;
+    RUN(test_host);
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("skipped: no CUDA device\n");
+        return 77;
+    }
+    RUN(test_edges);
+    RUN(test_grid);
+    if (!small_mode)
+        RUN(test_long);
+    fprintf(stderr, "  %d cases, %d rows, %d multi-tile requests\n", cases_run, rows_checked,
+            multi_tile);
+    CHECK(cases_run >= (small_mode ? 6 : 100));
+    return kva_test_finish();
+}
+#endif
