@@ -500,8 +500,8 @@ typedef struct kva_c8_scales {
  * tensor of the wrong dtype or shape; INVALID_ARGUMENT for bad arguments.
  */
 KVA_API kva_status kva_c8_scales_load(const char *checkpoint_dir, int32_t layer,
-                                      int32_t num_kv_heads_total, int32_t head_dim,
-                                      int32_t tp_rank, int32_t tp_size, kva_c8_scales **out);
+                                      int32_t num_kv_heads_total, int32_t head_dim, int32_t tp_rank,
+                                      int32_t tp_size, kva_c8_scales **out);
 KVA_API void kva_c8_scales_free(kva_c8_scales *scales); /* NULL is a no-op */
 
 /* ------------------------------------------------------------------------ */

@@ -83,8 +83,7 @@ static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cac
                              fn, kva_dtype_name(d->dtype), kva_quant_name(d->quant));
         k_dtype = KVA_DTYPE_I8;
     } else {
-        const kva_dtype want =
-            d->quant == KVA_QUANT_FP8_E4M3 ? KVA_DTYPE_FP8_E4M3 : KVA_DTYPE_I8;
+        const kva_dtype want = d->quant == KVA_QUANT_FP8_E4M3 ? KVA_DTYPE_FP8_E4M3 : KVA_DTYPE_I8;
         if (d->dtype != want)
             return kva__fail(KVA_STATUS_DTYPE_MISMATCH,
                              "%s: desc->dtype = %s does not fit desc->quant = %s (needs %s)", fn,
@@ -163,8 +162,7 @@ static kva_status create(const char *fn, kva_context *ctx, const kva_cache_desc 
                          "%s: ctx backend 'cuda' cannot allocate device caches yet", fn);
     float *scales = NULL;
     KVA_TRY(kva__quant_params_expand(fn, &d, params, &scales));
-    const int token_k =
-        d.quant == KVA_QUANT_INT8_TOKEN_K || d.quant == KVA_QUANT_INT8_TOKEN_K_V16;
+    const int token_k = d.quant == KVA_QUANT_INT8_TOKEN_K || d.quant == KVA_QUANT_INT8_TOKEN_K_V16;
     void *k = alloc_host(kb);
     void *v = alloc_host(vb);
     float *ts = token_k ? alloc_host(tb) : NULL;

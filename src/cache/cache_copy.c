@@ -112,9 +112,8 @@ static void copy_pairs(const kva_context *ctx, const kva_cache *src, kva_cache *
     const int64_t kbb = src->k_block_elems * (int64_t)src->elem_size;
     const int64_t vbb = src->v_block_elems * (int64_t)src->v_elem;
     /* Per-token key scales [NB, Hkv, B]: block b is B*Hkv contiguous floats. */
-    const int64_t tsb = src->k_token_scale
-                            ? (int64_t)src->desc.block_size * src->desc.num_kv_heads
-                            : 0;
+    const int64_t tsb =
+        src->k_token_scale ? (int64_t)src->desc.block_size * src->desc.num_kv_heads : 0;
     const float *sts = src->k_token_scale;
     float *dts = dst->k_token_scale;
     const char *sk = src->k, *sv = src->v;

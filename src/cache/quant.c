@@ -24,8 +24,8 @@
 
 const char *kva_quant_name(kva_quant quant)
 {
-    static const char *const names[KVA_QUANT_COUNT_] = {
-        "none", "int8_channel", "int8_token_k", "int8_token_k_v16", "fp8_e4m3"};
+    static const char *const names[KVA_QUANT_COUNT_] = {"none", "int8_channel", "int8_token_k",
+                                                        "int8_token_k_v16", "fp8_e4m3"};
     if ((unsigned)quant >= (unsigned)KVA_QUANT_COUNT_)
         return "invalid";
     return names[quant];
@@ -55,9 +55,8 @@ static kva_status check_array(const char *fn, const param_array *a, int required
     if (a->p == NULL && a->len == 0) {
         if (required)
             return kva__fail(KVA_STATUS_NULL_POINTER,
-                             "%s: %s is NULL but quant %s requires it (length 1, %lld or %lld)",
-                             fn, a->name, kva_quant_name(q), (long long)hkv,
-                             (long long)(hkv * dim));
+                             "%s: %s is NULL but quant %s requires it (length 1, %lld or %lld)", fn,
+                             a->name, kva_quant_name(q), (long long)hkv, (long long)(hkv * dim));
         return KVA_STATUS_OK;
     }
     if (!allowed)
@@ -181,7 +180,8 @@ kva_status kva__quant_check_rows(const kva_cache *c, int32_t num_tokens, const c
 {
     const kva_cache_desc *d = &c->desc;
     const int k_int8 = kva__quant_is_int8(d->quant, 0), v_int8 = kva__quant_is_int8(d->quant, 1);
-    const int k_token = d->quant == KVA_QUANT_INT8_TOKEN_K || d->quant == KVA_QUANT_INT8_TOKEN_K_V16;
+    const int k_token =
+        d->quant == KVA_QUANT_INT8_TOKEN_K || d->quant == KVA_QUANT_INT8_TOKEN_K_V16;
     const int64_t hkv = d->num_kv_heads;
     for (int32_t t = 0; t < num_tokens; t++) {
         if (slots[t] < 0)
@@ -256,8 +256,7 @@ void kva__quant_write_token(const kva_cache *c, int is_v, int64_t block, int64_t
             }
         } else { /* 16-bit V of INT8_TOKEN_K_V16 */
             for (int64_t ch = 0; ch < dim; ch++)
-                kva__store_f(dst, d->dtype, (size_t)ch,
-                             kva__load_f(src, src_dt, s0 + (size_t)ch));
+                kva__store_f(dst, d->dtype, (size_t)ch, kva__load_f(src, src_dt, s0 + (size_t)ch));
         }
     }
 }

@@ -161,7 +161,7 @@ uint8_t kva_f32_to_fp8_e4m3(float x)
         return (uint8_t)(sign | 0x7fu);
     if (abs >= 0x43e00000u) /* >= 448 (inf included): saturate */
         return (uint8_t)(sign | 0x7eu);
-    if (abs < 0x3c800000u) { /* below 2^-6: subnormal or zero in e4m3 */
+    if (abs < 0x3c800000u) {    /* below 2^-6: subnormal or zero in e4m3 */
         if (abs <= 0x3a800000u) /* <= 2^-10, half of 2^-9: rounds to 0 (ties to even) */
             return sign;
         /* value = mant * 2^(exp - 150); the result is value * 2^9 rounded. */

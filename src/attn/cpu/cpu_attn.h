@@ -29,9 +29,11 @@
 typedef struct kva__cpu_run {
     const kva_plan *plan;
     const kva__partition *part;
-    kva_dtype dt;    /* dtype of q and out */
-    kva_dtype kv_dt; /* storage dtype of K/V rows (dt unless the cache is quantized) */
-    const void *q; /* [T, H, D] */
+    kva_dtype dt;     /* dtype of q and out */
+    kva_dtype kv_dt;  /* storage dtype of K/V rows (dt unless the cache is quantized) */
+    int quant;        /* 1: the cache is quantized, rows go through kva__cpu_dequant_rows */
+    int dequant_simd; /* kva__cpu_dequant_simd(), detected once per run */
+    const void *q;    /* [T, H, D] */
     /* K/V source: a paged cache, or (cache == NULL) ragged rows
      * k: [sum(seq_lens), Hkv, D], v: [sum(seq_lens), Hkv, Dv]. */
     const kva_cache *cache;

@@ -3,6 +3,7 @@
  * and workspace), the threaded run of the work items, and kernel dispatch.
  */
 #include "cpu_attn.h"
+#include "cpu_dequant.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -129,7 +130,9 @@ static kva_status run_attention(kva_context *ctx, const kva_plan *plan, const vo
     run.plan = plan;
     run.part = plan->part;
     run.dt = plan->d.q_dtype;
-    run.kv_dt = cache ? cache->desc.dtype : plan->d.q_dtype;
+    run.kv_dt = cache ? cache->k_dtype : plan->d.q_dtype;
+    run.quant = cache && cache->desc.quant != KVA_QUANT_NONE;
+    run.dequant_simd = run.quant ? kva__cpu_dequant_simd() : 0;
     run.q = q;
     run.cache = cache;
     run.k = k;
