@@ -9,6 +9,11 @@
  * elements, which copy/swap rely on. Every size is computed in 64 bits and
  * checked for overflow, so caches larger than 2^31 elements are supported.
  *
+ * Quantized caches (kva_cache_create_quant) store 1-byte K/V elements (2-byte
+ * V for INT8_TOKEN_K_V16), their static scales expanded per (kv head,
+ * channel), and for the INT8_TOKEN_K formats per-token key scales
+ * [NB, Hkv, B] float32 (src/cache/quant.c has the formats).
+ *
  * Writing tokens lives in cache_write.c, block copies in cache_copy.c.
  */
 #include "internal.h"

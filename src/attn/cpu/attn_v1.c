@@ -165,15 +165,7 @@ static void load_chunk(const kva__cpu_run *run, const chunk_rows *cr, int32_t n,
 {
     const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
     if (run->quant) {
-        const kva_cache *c = run->cache;
-        const int v16 = c->desc.quant == KVA_QUANT_INT8_TOKEN_K_V16;
-        kva__cpu_dequant_rows(n, D, c->k_dtype, cr->k, c->k_token_scale ? cr->ks : NULL,
-                              c->k_token_scale ? NULL : c->k_scale + (size_t)kvh * D,
-                              c->k_token_scale ? NULL : c->k_offset + (size_t)kvh * D,
-                              run->dequant_simd, s->kbuf);
-        kva__cpu_dequant_rows(
-            n, Dv, c->desc.dtype, cr->v, NULL, v16 ? NULL : c->v_scale + (size_t)kvh * Dv,
-            v16 ? NULL : c->v_offset + (size_t)kvh * Dv, run->dequant_simd, s->vbuf);
+        kva__cpu_dequant_chunk(run, kvh, n, cr->k, cr->ks, cr->v, s->kbuf, s->vbuf);
         for (int32_t t = 0; t < n; t++) {
             s->kp[t] = s->kbuf + (size_t)t * D;
             s->vp[t] = s->vbuf + (size_t)t * Dv;

@@ -70,3 +70,19 @@ void kva__cpu_dequant_rows(int32_t n, int32_t width, kva_dtype dt, const unsigne
         }
     }
 }
+
+void kva__cpu_dequant_chunk(const kva__cpu_run *run, int32_t kvh, int32_t n,
+                            const unsigned char *const *krows, const float *const *kscales,
+                            const unsigned char *const *vrows, float *kdst, float *vdst)
+{
+    const kva_cache *c = run->cache;
+    const int32_t D = c->desc.head_dim, Dv = c->desc.head_dim_v;
+    const int token_k = c->k_token_scale != NULL;
+    const int v16 = c->desc.quant == KVA_QUANT_INT8_TOKEN_K_V16;
+    kva__cpu_dequant_rows(n, D, c->k_dtype, krows, token_k ? kscales : NULL,
+                          token_k ? NULL : c->k_scale + (size_t)kvh * D,
+                          token_k ? NULL : c->k_offset + (size_t)kvh * D, run->dequant_simd, kdst);
+    kva__cpu_dequant_rows(n, Dv, c->desc.dtype, vrows, NULL,
+                          v16 ? NULL : c->v_scale + (size_t)kvh * Dv,
+                          v16 ? NULL : c->v_offset + (size_t)kvh * Dv, run->dequant_simd, vdst);
+}

@@ -14,7 +14,7 @@
 #ifndef KVA_CPU_DEQUANT_H
 #define KVA_CPU_DEQUANT_H
 
-#include "internal.h"
+#include "cpu_attn.h"
 
 #include <string.h>
 
@@ -32,6 +32,16 @@
 void kva__cpu_dequant_rows(int32_t n, int32_t width, kva_dtype dt, const unsigned char *const *rows,
                            const float *const *token_scale, const float *scale, const float *offset,
                            int simd, float *dst);
+
+/*
+ * The whole chunk of a quantized cache for kernels: dequantizes the K rows
+ * krows [n] (per-token scales kscales [n] for the INT8_TOKEN_K formats, else
+ * unused and may be NULL) into kdst [n, D] and the V rows vrows [n] into
+ * vdst [n, Dv], with kv head kvh's scales of run->cache. One call per chunk.
+ */
+void kva__cpu_dequant_chunk(const kva__cpu_run *run, int32_t kvh, int32_t n,
+                            const unsigned char *const *krows, const float *const *kscales,
+                            const unsigned char *const *vrows, float *kdst, float *vdst);
 
 /* 1 if the AVX2 converter may run on this CPU (AVX2, FMA and F16C detected at
  * run time), else 0. Call once per run, not per chunk (cpuid is slow). */
