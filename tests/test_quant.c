@@ -335,11 +335,84 @@ static void test_bytes_per_token(void)
     kva_context_destroy(ctx);
 }
 
+/*
+ * The write path's other inputs for every format: bf16/f16 sources store the
+ * same codes as f32 sources holding the same values; strided rows (a slice of
+ * a fused QKV buffer) the same as contiguous ones; both layouts; padding slots
+ * (-1) write nothing.
+ */
+static void test_write_sources_strides(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 2);
+    kva_rng rng = {555};
+    const int32_t T = 40, hkv = 3, D = 16, Dv = 24, B = 8, nb = 6;
+    float ks = 0.015f, vs = 0.02f, ko = 1.5f;
+    for (int q = 1; q < KVA_QUANT_COUNT_; q++)
+        for (int lay = 0; lay < 2; lay++)
+            for (int sdt = 0; sdt < 2; sdt++) {
+                const kva_dtype src_dt = sdt ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+                kva_quant_params p = {&ks, 1, &ko, 1, &vs, 1, &ko, 1};
+                if (q == KVA_QUANT_INT8_TOKEN_K)
+                    p.k_scale = NULL, p.k_scale_len = 0, p.k_offset = NULL, p.k_offset_len = 0;
+                if (q == KVA_QUANT_FP8_E4M3)
+                    p.k_offset = p.v_offset = NULL, p.k_offset_len = p.v_offset_len = 0;
+                kva_cache_desc d =
+                    qdesc(nb, B, hkv, D, Dv, (kva_quant)q, (kva_layout)lay, KVA_DTYPE_F16);
+                kva_cache *a = NULL, *b = NULL;
+                const kva_quant_params *pp = q == KVA_QUANT_INT8_TOKEN_K_V16 ? NULL : &p;
+                CHECK_OK(kva_cache_create_quant(ctx, &d, pp, &a));
+                CHECK_OK(kva_cache_create_quant(ctx, &d, pp, &b));
+                if (!a || !b)
+                    continue;
+                const size_t kb = (size_t)nb * B * hkv * D * a->elem_size;
+                const size_t vb = (size_t)nb * B * hkv * Dv * a->v_elem;
+                memset(a->k, 0x5a, kb), memset(b->k, 0x5a, kb);
+                memset(a->v, 0x5a, vb), memset(b->v, 0x5a, vb);
+                /* Fused rows [T, q | k | v] in 16-bit, and f32 copies of k and v. */
+                const int32_t row = 7 + hkv * D + hkv * Dv;
+                uint16_t *fused = malloc(sizeof(uint16_t) * (size_t)T * row);
+                float *k32 = malloc(sizeof(float) * (size_t)T * hkv * D);
+                float *v32 = malloc(sizeof(float) * (size_t)T * hkv * Dv);
+                kva_test_fill(fused, src_dt, (size_t)T * row, &rng, 1.0);
+                for (int32_t t = 0; t < T; t++) {
+                    for (int32_t i = 0; i < hkv * D; i++)
+                        k32[(size_t)t * hkv * D + i] =
+                            (float)kva_test_get(fused, src_dt, (size_t)t * row + 7 + i);
+                    for (int32_t i = 0; i < hkv * Dv; i++)
+                        v32[(size_t)t * hkv * Dv + i] =
+                            (float)kva_test_get(fused, src_dt, (size_t)t * row + 7 + hkv * D + i);
+                }
+                int64_t slots[40];
+                for (int32_t t = 0; t < T; t++)
+                    slots[t] = t % 5 == 2 ? -1 : (int64_t)((t * 7) % (nb * B));
+                CHECK_OK(kva_cache_write(ctx, a, T, fused + 7, row, fused + 7 + hkv * D, row,
+                                         src_dt, slots));
+                CHECK_OK(kva_cache_write(ctx, b, T, k32, 0, v32, 0, KVA_DTYPE_F32, slots));
+                CHECK_MSG(memcmp(a->k, b->k, kb) == 0 && memcmp(a->v, b->v, vb) == 0,
+                          "%s layout %d src %s: codes differ", kva_quant_name((kva_quant)q), lay,
+                          kva_dtype_name(src_dt));
+                if (a->k_token_scale)
+                    CHECK(memcmp(a->k_token_scale, b->k_token_scale,
+                                 sizeof(float) * (size_t)nb * B * hkv) == 0);
+                /* Padding tokens wrote nothing: slot (2*7) % 48 = 14 stays 0x5a
+                 * unless another token maps there. */
+                size_t untouched = 0;
+                for (size_t i = 0; i < kb; i++)
+                    untouched += ((unsigned char *)a->k)[i] == 0x5a;
+                CHECK(untouched > 0);
+                free(fused), free(k32), free(v32);
+                kva_cache_destroy(a);
+                kva_cache_destroy(b);
+            }
+    kva_context_destroy(ctx);
+}
+
 int main(void)
 {
     RUN(test_fp8_decode_all_codes);
     RUN(test_fp8_rounding_boundaries);
     RUN(test_round_trip_error);
     RUN(test_bytes_per_token);
+    RUN(test_write_sources_strides);
     return kva_test_finish();
 }

@@ -199,6 +199,9 @@ static kva_status create(const char *fn, kva_context *ctx, const kva_cache_desc 
         c->v_scale = c->k_offset + hkv * d.head_dim;
         c->v_offset = c->v_scale + hkv * d.head_dim_v;
     }
+    /* Per-token scales start at 0 (a slot never written dequantizes to 0). */
+    if (ts)
+        memset(ts, 0, (size_t)tb);
     c->k_token_scale = ts;
     *out = c;
     return KVA_STATUS_OK;
