@@ -158,7 +158,7 @@ static void prefetch_chunk(const chunk_rows *cr, int32_t n, size_t kbytes, size_
 
 /* Points s->kp/vp [n] at fp32 rows of the chunk, converting f16/bf16 rows
  * into kbuf/vbuf (once for all heads of the group); rows of a quantized
- * cache are dequantized into kbuf/vbuf by kva__cpu_dequant_rows with the
+ * cache are dequantized into kbuf/vbuf by kva__cpu_dequant_chunk with the
  * scales of kv head kvh. */
 static void load_chunk(const kva__cpu_run *run, const chunk_rows *cr, int32_t n, int32_t kvh,
                        kva__cpu_scratch *s)
