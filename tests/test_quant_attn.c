@@ -417,11 +417,56 @@ static void test_converter(void)
     }
 }
 
+/* A NaN stored in an fp8 cache (code 0x7f) reaches the outputs of the
+ * queries that see it, on both backends, as in an unquantized cache: a NaN key
+ * makes whole rows NaN, a NaN value only its channel. */
+static void test_fp8_nan_propagates(void)
+{
+    kva_rng rng = {4242};
+    const int32_t ql[2] = {1, 1}, sl[2] = {50, 50};
+    kva_test_batch b;
+    kva_test_batch_init(&b, &rng, 2, ql, sl, 16, 2, 0);
+    kva_context *ref = ctx_of(KVA_BACKEND_REF), *cpu = ctx_of(KVA_BACKEND_CPU);
+    kva_cache_desc qd = {b.num_blocks,      16, 1, 32, 32, KVA_DTYPE_FP8_E4M3, KVA_LAYOUT_NHD,
+                         KVA_QUANT_FP8_E4M3};
+    kva_cache *qc = NULL;
+    CHECK_OK(kva_cache_create(cpu, &qd, &qc));
+    const int64_t n = (int64_t)b.num_blocks * 16;
+    float *k = malloc(sizeof(float) * (size_t)n * 32), *v = malloc(sizeof(float) * (size_t)n * 32);
+    int64_t *slots = malloc(sizeof(int64_t) * (size_t)n);
+    kva_test_fill_uniform(k, KVA_DTYPE_F32, (size_t)n * 32, &rng);
+    kva_test_fill_uniform(v, KVA_DTYPE_F32, (size_t)n * 32, &rng);
+    for (int64_t i = 0; i < n; i++)
+        slots[i] = i;
+    /* Request 0's key 7: NaN in K channel 3 (its score is NaN: whole rows);
+     * request 1's key 9: NaN in V channel 5 (that output channel only). */
+    k[((int64_t)b.block_table[0] * 16 + 7) * 32 + 3] = NAN;
+    v[((int64_t)b.block_table[b.stride] * 16 + 9) * 32 + 5] = NAN;
+    CHECK_OK(kva_cache_write(cpu, qc, (int32_t)n, k, 0, v, 0, KVA_DTYPE_F32, slots));
+    kva_plan_desc pd = kva_test_batch_plan_desc(&b, 2, 1, 32, 32, KVA_DTYPE_F32);
+    float out[2 * 2 * 32];
+    for (int be = 0; be < 2; be++) {
+        run(be ? cpu : ref, &pd, k, qc, NULL, 0, &(run_out){out, NULL}, 2 * 2 * 32, 0);
+        int nan0 = 0, nan1 = 0;
+        for (int i = 0; i < 2 * 32; i++) {
+            nan0 += isnan(out[i]);
+            nan1 += isnan(out[2 * 32 + i]) ? (i % 32 == 5 ? 1 : 100) : 0;
+        }
+        CHECK_MSG(nan0 == 2 * 32 && nan1 == 2, "backend %d: %d NaN in request 0, %d in request 1",
+                  be, nan0, nan1);
+    }
+    free(k), free(v), free(slots);
+    kva_cache_destroy(qc);
+    kva_context_destroy(ref), kva_context_destroy(cpu);
+    kva_test_batch_free(&b);
+}
+
 int main(void)
 {
     RUN(test_converter);
     printf("attention over quantized caches vs unquantized values:\n");
     RUN(test_formats);
     RUN(test_prefill_no_cache);
+    RUN(test_fp8_nan_propagates);
     return kva_test_finish();
 }
