@@ -15,6 +15,7 @@ echo "== CLI smoke test"
 ./build/kvattn info
 ./build/kvattn bench --batch 2 --context 300 --iters 2 --warmup 1
 ./build/kvattn bench --mode prefill --batch 1 --q-len 256 --iters 2 --warmup 1
+./build/kvattn bench --batch 2 --context 300 --iters 2 --warmup 1 --kv-quant int8
 if ./build/kvattn bench --no-such-flag >/dev/null 2>&1; then
   echo "CLI accepted an unknown flag" >&2
   exit 1
