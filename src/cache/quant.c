@@ -162,14 +162,24 @@ kva_status kva__quant_params_expand(const char *fn, const kva_cache_desc *d,
 
 /* ---- write ---- */
 
-/* Checks n values of one row for NaN (and infinities when no_inf); returns
- * the first bad channel or -1. */
-static int64_t first_bad(const char *row, kva_dtype dt, int64_t n, int no_inf)
+static void load_row(float *restrict dst, const char *restrict src, kva_dtype dt, int64_t n);
+
+/* Checks n values of one row for NaN (and infinities when no_inf), one head
+ * (<= KVA_MAX_HEAD_DIM values) at a time; returns the first bad index or -1. */
+static int64_t first_bad(const char *row, kva_dtype dt, int64_t n, int64_t dim, int no_inf)
 {
-    for (int64_t c = 0; c < n; c++) {
-        const float x = kva__load_f(row, dt, (size_t)c);
-        if (x != x || (no_inf && isinf(x)))
-            return c;
+    float x[KVA_MAX_HEAD_DIM];
+    const size_t es = kva_dtype_size(dt);
+    for (int64_t h0 = 0; h0 < n; h0 += dim) {
+        load_row(x, row + (size_t)h0 * es, dt, dim);
+        int bad = 0;
+        for (int64_t c = 0; c < dim; c++) /* branch-free scan: vectorizes */
+            bad |= (x[c] != x[c]) | (no_inf & (fabsf(x[c]) == INFINITY));
+        if (!bad)
+            continue;
+        for (int64_t c = 0; c < dim; c++)
+            if (x[c] != x[c] || (no_inf && isinf(x[c])))
+                return h0 + c;
     }
     return -1;
 }
@@ -192,7 +202,7 @@ kva_status kva__quant_check_rows(const kva_cache *c, int32_t num_tokens, const c
             const int64_t dim = is_v ? d->head_dim_v : d->head_dim;
             const char *row = is_v ? v + t * v_stride_bytes : k + t * k_stride_bytes;
             const int no_inf = !is_v && k_token;
-            int64_t bad = first_bad(row, src_dt, hkv * dim, no_inf);
+            int64_t bad = first_bad(row, src_dt, hkv * dim, dim, no_inf);
             if (bad >= 0) {
                 const float x = kva__load_f(row, src_dt, (size_t)bad);
                 return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
@@ -207,13 +217,37 @@ kva_status kva__quant_check_rows(const kva_cache *c, int32_t num_tokens, const c
     return KVA_STATUS_OK;
 }
 
-/* rne(y) clamped to int8; y is not NaN (checked before the write). */
+/* rne(y) clamped to int8; y is not NaN (checked before the write). Clamping
+ * first gives the same code as rounding first (127.5 would round to 128 and
+ * clamp back to 127), and keeps |y| <= 128, where adding and subtracting
+ * 1.5 * 2^23 rounds to an integer with the FPU's round-to-nearest-even: a
+ * branch-free form the compiler vectorizes (nearbyintf is a call on SSE2). */
 static inline int8_t to_i8(float y)
 {
-    y = nearbyintf(y);
     y = y < -128.0f ? -128.0f : y;
     y = y > 127.0f ? 127.0f : y;
-    return (int8_t)y;
+    y = (y + 12582912.0f) - 12582912.0f;
+    return (int8_t)(int)y;
+}
+
+/* Loads n elements of a float-typed row as float (the dtype test hoisted out
+ * of the loop). */
+static void load_row(float *restrict dst, const char *restrict src, kva_dtype dt, int64_t n)
+{
+    if (dt == KVA_DTYPE_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    } else if (dt == KVA_DTYPE_F16) {
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = kva_f16_to_f32(((const uint16_t *)src)[i]);
+    } else {
+        /* bf16 -> f32 is a shift of the bits (exact). */
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, sizeof h);
+            const uint32_t u = (uint32_t)h << 16;
+            memcpy(&dst[i], &u, sizeof u);
+        }
+    }
 }
 
 void kva__quant_write_token(const kva_cache *c, int is_v, int64_t block, int64_t off,
@@ -223,40 +257,41 @@ void kva__quant_write_token(const kva_cache *c, int is_v, int64_t block, int64_t
     const int64_t dim = is_v ? d->head_dim_v : d->head_dim;
     const size_t elem = is_v ? c->v_elem : c->elem_size;
     char *base = is_v ? c->v : c->k;
-    const float *scale = is_v ? c->v_scale : c->k_scale;
-    const float *offset = is_v ? c->v_offset : c->k_offset;
     const int token_k = !is_v && c->k_token_scale != NULL;
+    const int int8 = kva__quant_is_int8(d->quant, is_v);
+    const size_t src_elem = kva_dtype_size(src_dt);
+    float x[KVA_MAX_HEAD_DIM];
     for (int64_t h = 0; h < d->num_kv_heads; h++) {
         unsigned char *dst =
             (unsigned char *)base + kva__cache_row(d, block, off, h, dim) * (int64_t)elem;
-        const size_t s0 = (size_t)(h * dim);
+        load_row(x, src + (size_t)(h * dim) * src_elem, src_dt, dim);
+        const float *restrict scale = (is_v ? c->v_scale : c->k_scale) + h * dim;
+        const float *restrict offset = (is_v ? c->v_offset : c->k_offset) + h * dim;
+        int8_t *restrict q8 = (int8_t *)dst;
         if (token_k) {
             /* Symmetric per-token scale: max|k| / 127 over the head's row. */
             float amax = 0.0f;
             for (int64_t ch = 0; ch < dim; ch++) {
-                const float x = fabsf(kva__load_f(src, src_dt, s0 + (size_t)ch));
-                amax = x > amax ? x : amax;
+                const float a = fabsf(x[ch]);
+                amax = a > amax ? a : amax;
             }
             const float s = amax / 127.0f;
             c->k_token_scale[kva__token_scale_index(d, block, off, h)] = s;
-            for (int64_t ch = 0; ch < dim; ch++) {
-                const float x = kva__load_f(src, src_dt, s0 + (size_t)ch);
-                /* s == 0: an all-zero row (or one below 127 * 2^-149) stores 0. */
-                ((int8_t *)dst)[ch] = s > 0.0f ? to_i8(x / s) : 0;
-            }
-        } else if (kva__quant_is_int8(d->quant, is_v)) {
-            for (int64_t ch = 0; ch < dim; ch++) {
-                const float x = kva__load_f(src, src_dt, s0 + (size_t)ch);
-                ((int8_t *)dst)[ch] = to_i8(x / scale[s0 + ch] + offset[s0 + ch]);
-            }
+            /* s == 0: an all-zero row (or one below 127 * 2^-149) stores 0. */
+            if (s > 0.0f)
+                for (int64_t ch = 0; ch < dim; ch++)
+                    q8[ch] = to_i8(x[ch] / s);
+            else
+                memset(q8, 0, (size_t)dim);
+        } else if (int8) {
+            for (int64_t ch = 0; ch < dim; ch++)
+                q8[ch] = to_i8(x[ch] / scale[ch] + offset[ch]);
         } else if (d->quant == KVA_QUANT_FP8_E4M3) {
-            for (int64_t ch = 0; ch < dim; ch++) {
-                const float x = kva__load_f(src, src_dt, s0 + (size_t)ch);
-                dst[ch] = kva_f32_to_fp8_e4m3(x / scale[s0 + ch]);
-            }
+            for (int64_t ch = 0; ch < dim; ch++)
+                dst[ch] = kva_f32_to_fp8_e4m3(x[ch] / scale[ch]);
         } else { /* 16-bit V of INT8_TOKEN_K_V16 */
             for (int64_t ch = 0; ch < dim; ch++)
-                kva__store_f(dst, d->dtype, (size_t)ch, kva__load_f(src, src_dt, s0 + (size_t)ch));
+                kva__store_f(dst, d->dtype, (size_t)ch, x[ch]);
         }
     }
 }
