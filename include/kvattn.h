@@ -220,8 +220,8 @@ KVA_API const char *kva_quant_name(kva_quant quant);
  *   INT8_TOKEN_K      v_scale required, v_offset optional; no k arrays
  *                     (key scales are computed per token on write).
  *   INT8_TOKEN_K_V16  no arrays (params may be NULL).
- *   FP8_E4M3          k_scale, v_scale of length 1 or Hkv (NULL params:
- *                     both 1.0, as vLLM's default); no offsets.
+ *   FP8_E4M3          k_scale, v_scale of length 1 or Hkv; an absent one (or
+ *                     NULL params) is 1.0, vLLM's default; no offsets.
  */
 typedef struct kva_quant_params {
     const float *k_scale;
