@@ -162,7 +162,25 @@ kva_status kva__quant_params_expand(const char *fn, const kva_cache_desc *d,
 
 /* ---- write ---- */
 
-static void load_row(float *restrict dst, const char *restrict src, kva_dtype dt, int64_t n);
+/* Loads n elements of a float-typed row as float (the dtype test hoisted out
+ * of the loop). */
+static void load_row(float *restrict dst, const char *restrict src, kva_dtype dt, int64_t n)
+{
+    if (dt == KVA_DTYPE_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    } else if (dt == KVA_DTYPE_F16) {
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = kva_f16_to_f32(((const uint16_t *)src)[i]);
+    } else {
+        /* bf16 -> f32 is a shift of the bits (exact). */
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, sizeof h);
+            const uint32_t u = (uint32_t)h << 16;
+            memcpy(&dst[i], &u, sizeof u);
+        }
+    }
+}
 
 /* Checks n values of one row for NaN (and infinities when no_inf), one head
  * (<= KVA_MAX_HEAD_DIM values) at a time; returns the first bad index or -1. */
@@ -228,26 +246,6 @@ static inline int8_t to_i8(float y)
     y = y > 127.0f ? 127.0f : y;
     y = (y + 12582912.0f) - 12582912.0f;
     return (int8_t)(int)y;
-}
-
-/* Loads n elements of a float-typed row as float (the dtype test hoisted out
- * of the loop). */
-static void load_row(float *restrict dst, const char *restrict src, kva_dtype dt, int64_t n)
-{
-    if (dt == KVA_DTYPE_F32) {
-        memcpy(dst, src, (size_t)n * sizeof(float));
-    } else if (dt == KVA_DTYPE_F16) {
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = kva_f16_to_f32(((const uint16_t *)src)[i]);
-    } else {
-        /* bf16 -> f32 is a shift of the bits (exact). */
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, sizeof h);
-            const uint32_t u = (uint32_t)h << 16;
-            memcpy(&dst[i], &u, sizeof u);
-        }
-    }
 }
 
 void kva__quant_write_token(const kva_cache *c, int is_v, int64_t block, int64_t off,
