@@ -90,6 +90,11 @@ static void run_items(kva_context *ctx, kva__cpu_run *run)
     kva__cpu_attn_fn fn = kva__cpu_attn_variant(part->variant);
     if (!fn)
         fn = kva__cpu_attn_v1;
+    /* Quantized caches need a kernel whose chunk loader calls
+     * kva__cpu_dequant_chunk; today that is variant 1 (a variant that does
+     * is added to this test when it is wired). */
+    if (run->quant && fn != kva__cpu_attn_v1)
+        fn = kva__cpu_attn_v1;
     run->partials = ctx->workspace;
     run->scratch = (unsigned char *)ctx->workspace + partial_bytes(part);
     run->scratch_stride = kva__cpu_scratch_bytes(D, Dv);
