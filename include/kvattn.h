@@ -122,6 +122,13 @@ KVA_API float kva_f16_to_f32(uint16_t h);
 KVA_API uint16_t kva_f32_to_bf16(float x);
 KVA_API float kva_bf16_to_f32(uint16_t h);
 
+/* OCP FP8 E4M3 ("e4m3fn": bias 7, max 448, no infinities, NaN = 0x7f / 0xff).
+ * f32 -> fp8 rounds to nearest even and saturates: finite values beyond 448
+ * and +-inf become +-448 (code 0x7e / 0xfe); NaN becomes 0x7f with its sign.
+ * fp8 -> f32 is exact. */
+KVA_API uint8_t kva_f32_to_fp8_e4m3(float x);
+KVA_API float kva_fp8_e4m3_to_f32(uint8_t code);
+
 /* Convert n elements between f32/f16/bf16 host buffers (src and dst may not
  * overlap unless src == dst and the dtypes are equal). */
 KVA_API kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst, kva_dtype dst_dtype,
@@ -167,10 +174,65 @@ typedef enum kva_layout {
     KVA_LAYOUT_HND = 1, /* K: [NB, Hkv, B, D], V: [NB, Hkv, B, Dv] (FlashInfer's HND) */
 } kva_layout;
 
+/*
+ * Quantized caches (docs/quant.md has the layouts, bytes per token, measured
+ * error and the NaN policy). A cache's format is part of its descriptor; its
+ * scales are given once at creation (kva_cache_create_quant) and copied into
+ * the cache's memory space. Writes quantize, attention dequantizes inside the
+ * kernel; q and out stay f32, f16 or bf16.
+ *
+ *   format          dtype     K                          V
+ *   NONE            f32/f16/  as stored                  as stored
+ *                   bf16
+ *   INT8_CHANNEL    I8        q = clamp(rne(x/s + o))    same, own s/o
+ *   ("C8")                    x = (q - o) * s; s, o per (kv head, channel)
+ *   INT8_TOKEN_K    I8        q = rne(x / s_t),          as INT8_CHANNEL
+ *                             s_t = max|k| / 127 per (token, kv head),
+ *                             kept in the cache: [NB, Hkv, B] float32
+ *   INT8_TOKEN_K_V16 f16/bf16 as INT8_TOKEN_K (int8)     as stored (dtype)
+ *   FP8_E4M3        FP8_E4M3  q = fp8(x / s), x = q * s; s per tensor or per kv head
+ *
+ * rne = round to nearest, ties to even; clamp to [-128, 127].
+ */
 typedef enum kva_quant {
-    KVA_QUANT_NONE = 0, /* K/V stored in the cache dtype (f32, f16 or bf16) */
-    /* Quantized formats (INT8 C8, INT8 per-token keys, FP8 E4M3) are appended here. */
+    KVA_QUANT_NONE = 0,             /* K/V stored in the cache dtype (f32, f16 or bf16) */
+    KVA_QUANT_INT8_CHANNEL = 1,     /* C8: int8 K and V, static per-channel scale + offset */
+    KVA_QUANT_INT8_TOKEN_K = 2,     /* int8 K with per-token scales, int8 V per channel */
+    KVA_QUANT_INT8_TOKEN_K_V16 = 3, /* int8 K with per-token scales, V in f16/bf16 */
+    KVA_QUANT_FP8_E4M3 = 4,         /* fp8 e4m3 K and V, per-tensor or per-kv-head scales */
+    KVA_QUANT_COUNT_
 } kva_quant;
+
+/* "none", "int8_channel", "int8_token_k", "int8_token_k_v16", "fp8_e4m3";
+ * "invalid" otherwise. */
+KVA_API const char *kva_quant_name(kva_quant quant);
+
+/*
+ * Static scales of a quantized cache (host arrays, copied at creation).
+ * Each array's length selects its granularity:
+ *   1            one value for the whole tensor,
+ *   Hkv          one value per kv head,
+ *   Hkv * D      one value per (kv head, channel), channel fastest
+ *                (Hkv * Dv for the V arrays).
+ * Scales must be finite and > 0; offsets finite (INT8 only; NULL with length
+ * 0 means offset 0). Per format:
+ *   INT8_CHANNEL      k_scale, v_scale required; k_offset, v_offset optional.
+ *   INT8_TOKEN_K      v_scale required, v_offset optional; no k arrays
+ *                     (key scales are computed per token on write).
+ *   INT8_TOKEN_K_V16  no arrays (params may be NULL).
+ *   FP8_E4M3          k_scale, v_scale of length 1 or Hkv; an absent one (or
+ *                     NULL params) is 1.0, vLLM's default; no offsets.
+ */
+typedef struct kva_quant_params {
+    const float *k_scale;
+    int64_t k_scale_len;
+    const float *k_offset;
+    int64_t k_offset_len;
+    const float *v_scale;
+    int64_t v_scale_len;
+    const float *v_offset;
+    int64_t v_offset_len;
+} kva_quant_params;
 
 typedef struct kva_cache_desc {
     int32_t num_blocks;   /* NB >= 1 */
@@ -178,7 +240,10 @@ typedef struct kva_cache_desc {
     int32_t num_kv_heads; /* Hkv >= 1 */
     int32_t head_dim;     /* D: multiple of 8, 8..256 */
     int32_t head_dim_v;   /* Dv: multiple of 8, 8..256; 0 means Dv = D */
-    kva_dtype dtype;      /* storage dtype: F32, F16 or BF16 for KVA_QUANT_NONE */
+    kva_dtype dtype;      /* storage dtype: F32, F16 or BF16 for KVA_QUANT_NONE;
+                             I8 for INT8_CHANNEL and INT8_TOKEN_K; FP8_E4M3 for
+                             FP8_E4M3; for INT8_TOKEN_K_V16 the dtype of V
+                             (F16 or BF16), K being int8 */
     kva_layout layout;
     kva_quant quant;
 } kva_cache_desc;
@@ -186,11 +251,20 @@ typedef struct kva_cache_desc {
 typedef struct kva_cache kva_cache;
 
 /* Allocates K and V storage in the context's memory space. The contents are
- * unspecified until written. */
+ * unspecified until written. Quantized formats need kva_cache_create_quant
+ * (except FP8_E4M3 with unit scales and INT8_TOKEN_K_V16, which have no
+ * static scales). */
 KVA_API kva_status kva_cache_create(kva_context *ctx, const kva_cache_desc *desc, kva_cache **out);
+/* kva_cache_create with the static scales of a quantized format (params may
+ * be NULL where the format needs none; must be NULL for KVA_QUANT_NONE). The
+ * scales are validated (length, finite, > 0) and copied into the cache; the
+ * per-token key scale storage of the INT8_TOKEN_K formats is allocated too. */
+KVA_API kva_status kva_cache_create_quant(kva_context *ctx, const kva_cache_desc *desc,
+                                          const kva_quant_params *params, kva_cache **out);
 /* Wraps caller-owned storage (host memory for ref/CPU, device memory for CUDA):
  * k_data holds NB*B*Hkv*D elements, v_data NB*B*Hkv*Dv elements, in the
- * desc's layout. The caller keeps ownership and must outlive the cache. */
+ * desc's layout. The caller keeps ownership and must outlive the cache.
+ * Unquantized caches only (KVA_QUANT_NONE). */
 KVA_API kva_status kva_cache_create_from(kva_context *ctx, const kva_cache_desc *desc, void *k_data,
                                          void *v_data, kva_cache **out);
 KVA_API void kva_cache_destroy(kva_cache *cache); /* NULL is a no-op */
@@ -199,9 +273,15 @@ KVA_API void kva_cache_destroy(kva_cache *cache); /* NULL is a no-op */
 KVA_API kva_status kva_cache_get_desc(const kva_cache *cache, kva_cache_desc *out);
 /* Base pointers of the K and V storage (either out-pointer may be NULL). */
 KVA_API kva_status kva_cache_data(const kva_cache *cache, void **k_data, void **v_data);
-/* Bytes of K and of V storage for one block (all kv heads). */
+/* Bytes of K and of V storage for one block (all kv heads), quantized
+ * elements only. */
 KVA_API size_t kva_cache_block_bytes_k(const kva_cache *cache);
 KVA_API size_t kva_cache_block_bytes_v(const kva_cache *cache);
+/* Bytes of per-token scale storage for one block (B * Hkv float32 key scales
+ * for the INT8_TOKEN_K formats, else 0); copy/swap move them with the block. */
+KVA_API size_t kva_cache_block_bytes_scales(const kva_cache *cache);
+/* Bytes of the static scales and offsets the cache holds (independent of NB). */
+KVA_API size_t kva_cache_static_scale_bytes(const kva_cache *cache);
 
 /*
  * Write the new tokens' keys and values into the cache (vLLM's
@@ -212,6 +292,12 @@ KVA_API size_t kva_cache_block_bytes_v(const kva_cache *cache);
  * of a row are contiguous. slot_mapping: [T] int64, slot = block*B + offset; a
  * negative slot skips the token (padding). A slot >= NB*B is an error and
  * nothing is written.
+ * Quantized caches quantize on write (formats above). INT8 cannot store NaN:
+ * a NaN in any int8-quantized row (or +-inf in a per-token key row, whose
+ * scale would be infinite) is rejected with KVA_STATUS_INVALID_ARGUMENT
+ * naming the token, head and channel, and nothing is written; +-inf and large
+ * finite values saturate to -128 / 127 under static scales. FP8 keeps NaN
+ * (code 0x7f) and saturates the rest to +-448.
  */
 KVA_API kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
                                    const void *k, int64_t k_token_stride, const void *v,
@@ -318,7 +404,8 @@ KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const in
  * Attention for one layer over the paged cache.
  *   q:     [T, H, D] in the plan's q_dtype (contiguous)
  *   cache: written for every key the plan's seq_lens cover; its dtype must
- *          equal q_dtype for unquantized caches; B must equal the plan's.
+ *          equal q_dtype for unquantized caches (quantized caches serve any
+ *          q_dtype and are dequantized inside the kernel); B must equal the plan's.
  *   sinks: [H] float32 per-head sink logits, or NULL. A sink joins the softmax
  *          denominator only. They are a layer weight, hence a run argument.
  *   out:   [T, H, Dv] in q_dtype
@@ -375,6 +462,47 @@ KVA_API kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_
                                     int32_t head_dim_v, kva_dtype dtype, const void *out_a,
                                     const float *lse_a, const void *out_b, const float *lse_b,
                                     void *out, float *lse_out);
+
+/* ------------------------------------------------------------------------ */
+/* Checkpoint scales (C8)                                                    */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * The C8 scales of one layer, as a checkpoint ships them, sharded to one
+ * tensor-parallel rank. params points into the arrays of this struct (valid
+ * until kva_c8_scales_free) and can be passed to kva_cache_create_quant with
+ * desc.quant = KVA_QUANT_INT8_CHANNEL.
+ */
+typedef struct kva_c8_scales {
+    int32_t num_kv_heads; /* kv heads of this rank */
+    int32_t head_dim;     /* channels per kv head */
+    kva_quant_params params;
+    float *data; /* owned storage behind params */
+} kva_c8_scales;
+
+/*
+ * Reads layer `layer`'s k/v cache scales and offsets from the checkpoint in
+ * checkpoint_dir: quant_model_description.json must say "kv_cache_type": "C8";
+ * tensors are looked up through model.safetensors.index.json when present,
+ * else in every *.safetensors file of the directory. Accepted names (first
+ * match wins, {i} = layer):
+ *   model.layers.{i}.self_attn.{k,v}_cache_{scale,offset}
+ *   model.layers.{i}.self_attn.attn.{k,v}_cache_{scale,offset}
+ *   model.layers.{i}.self_attn.{k,v}_proj.kv_cache_{scale,offset}
+ * Scales are required, offsets optional (0). Each tensor is a scalar ([] or
+ * [1]) or [num_kv_heads_total * head_dim] (also accepted as [Hkv_total, D]) in
+ * F32, F16 or BF16. Sharding: with tp_size <= Hkv_total (tp_size dividing it),
+ * rank r gets kv heads [r*Hkv_total/tp_size, (r+1)*Hkv_total/tp_size); with
+ * tp_size > Hkv_total (Hkv_total dividing tp_size) each rank gets the one head
+ * r / (tp_size / Hkv_total), as vLLM replicates kv heads. Errors: IO_ERROR for
+ * a missing or unreadable file, malformed JSON or safetensors header,
+ * truncated data or a missing tensor; DTYPE_MISMATCH / SHAPE_MISMATCH for a
+ * tensor of the wrong dtype or shape; INVALID_ARGUMENT for bad arguments.
+ */
+KVA_API kva_status kva_c8_scales_load(const char *checkpoint_dir, int32_t layer,
+                                      int32_t num_kv_heads_total, int32_t head_dim, int32_t tp_rank,
+                                      int32_t tp_size, kva_c8_scales **out);
+KVA_API void kva_c8_scales_free(kva_c8_scales *scales); /* NULL is a no-op */
 
 /* ------------------------------------------------------------------------ */
 /* Block pool with prefix caching (host-side, device-agnostic)              */

@@ -2,7 +2,7 @@
 # deps.sh - installs the Debian packages kvattn builds with, if any is missing.
 # Sourced by main.sh and test.sh; safe to run repeatedly.
 set -euo pipefail
-kva_pkgs=(build-essential cmake ninja-build libssl-dev libxxhash-dev pkg-config)
+kva_pkgs=(build-essential cmake ninja-build libssl-dev libxxhash-dev libcjson-dev pkg-config)
 kva_missing=()
 for p in "${kva_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || kva_missing+=("$p")

@@ -21,6 +21,7 @@ if ./build/kvattn serve-sim --max-num-seqs 0 >/dev/null 2>&1; then
   echo "serve-sim accepted --max-num-seqs 0" >&2
   exit 1
 fi
+./build/kvattn bench --batch 2 --context 300 --iters 2 --warmup 1 --kv-quant int8
 if ./build/kvattn bench --no-such-flag >/dev/null 2>&1; then
   echo "CLI accepted an unknown flag" >&2
   exit 1

@@ -78,8 +78,10 @@ static void test_create_bad_inputs(void)
     d.layout = (kva_layout)7;
     CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_INVALID_ARGUMENT, "layout");
     d = good;
-    d.quant = (kva_quant)3;
-    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_UNSUPPORTED, "quant");
+    d.quant = (kva_quant)99;
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_INVALID_ARGUMENT, "quant");
+    d.quant = KVA_QUANT_INT8_CHANNEL; /* needs dtype i8 and scales */
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_DTYPE_MISMATCH, "quant");
     /* Sizes: 2^31 * 2^31 * 2^31 * 256 overflows 64 bits; 2^54 bytes fits the
      * arithmetic but no allocator. */
     d = make_desc(INT32_MAX, INT32_MAX, INT32_MAX, 256, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);

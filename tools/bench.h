@@ -24,6 +24,7 @@ typedef struct bench_opts {
         q_len; /* new tokens: per decode (decode), per request (prefill), of the chunk (mixed) */
     int32_t heads, kv_heads, head_dim, head_dim_v, block_size;
     kva_dtype dtype;
+    kva_quant kv_quant; /* --kv-quant: the cache's format (KVA_QUANT_NONE: stored in dtype) */
     kva_layout layout;
     int32_t causal;
     int32_t window; /* window_left, -1 for none */

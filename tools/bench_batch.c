@@ -26,6 +26,7 @@ void bench_opts_init(bench_opts *o)
     o->head_dim_v = 0;
     o->block_size = 16;
     o->dtype = KVA_DTYPE_BF16;
+    o->kv_quant = KVA_QUANT_NONE;
     o->layout = KVA_LAYOUT_NHD;
     o->causal = 1;
     o->window = -1;
@@ -321,7 +322,17 @@ double bench_request_pairs(const bench_opts *o, int32_t q, int32_t s)
 bench_counts bench_count(const bench_opts *o, const bench_batch *b)
 {
     bench_counts c = {0, 0, 0};
+    /* Bytes of one key's K and V rows of one kv head, as stored (quantized
+     * formats: 1-byte elements, 16-bit V for int8_token_k_v16, plus the
+     * 4-byte per-token key scale of the int8_token_k formats). */
     const double es = (double)kva_dtype_size(o->dtype);
+    double row_bytes = (o->head_dim + o->head_dim_v) * es;
+    if (o->kv_quant == KVA_QUANT_INT8_CHANNEL || o->kv_quant == KVA_QUANT_FP8_E4M3)
+        row_bytes = o->head_dim + o->head_dim_v;
+    else if (o->kv_quant == KVA_QUANT_INT8_TOKEN_K)
+        row_bytes = o->head_dim + o->head_dim_v + 4.0;
+    else if (o->kv_quant == KVA_QUANT_INT8_TOKEN_K_V16)
+        row_bytes = o->head_dim + 2.0 * o->head_dim_v + 4.0;
     for (int32_t r = 0; r < b->num_requests; r++) {
         int32_t q = b->query_start_loc[r + 1] - b->query_start_loc[r];
         int32_t s = b->seq_lens[r];
@@ -333,7 +344,7 @@ bench_counts bench_count(const bench_opts *o, const bench_batch *b)
         int64_t first = (int64_t)s - q;
         int64_t lo = o->window >= 0 && first - o->window > 0 ? first - o->window : 0;
         if (q > 0 && s > lo)
-            c.kv_bytes += (double)(s - lo) * o->kv_heads * (o->head_dim + o->head_dim_v) * es;
+            c.kv_bytes += (double)(s - lo) * o->kv_heads * row_bytes;
     }
     c.flops = c.pairs * (2.0 * o->head_dim + 2.0 * o->head_dim_v);
     return c;

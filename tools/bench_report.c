@@ -49,10 +49,11 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
     char v[64], n[160], t[64];
     const kva_plan_info *pi = &r->info;
     printf("\n");
-    printf("kvattn bench: %s%s, backend %s (%d thread%s), %s, layout %s\n",
+    printf("kvattn bench: %s%s, backend %s (%d thread%s), %s, layout %s, kv quant %s\n",
            bench_mode_name(o->mode), o->ragged ? " (ragged, no cache)" : "",
            kva_backend_name(o->backend), (int)r->threads, r->threads == 1 ? "" : "s",
-           kva_dtype_name(o->dtype), o->layout == KVA_LAYOUT_NHD ? "nhd" : "hnd");
+           kva_dtype_name(o->dtype), o->layout == KVA_LAYOUT_NHD ? "nhd" : "hnd",
+           kva_quant_name(o->kv_quant));
     printf("  %-18s R=%d T=%d H=%d Hkv=%d D=%d Dv=%d B=%d NB=%d\n", "shape", (int)b->num_requests,
            (int)b->num_tokens, (int)o->heads, (int)o->kv_heads, (int)o->head_dim,
            (int)o->head_dim_v, (int)o->block_size, (int)b->num_blocks);
@@ -124,6 +125,7 @@ int bench_report_json(const char *path, const bench_opts *o, const bench_batch *
             (int)r->threads);
     fprintf(f, "  \"dtype\": \"%s\",\n  \"layout\": \"%s\",\n", kva_dtype_name(o->dtype),
             o->layout == KVA_LAYOUT_NHD ? "nhd" : "hnd");
+    fprintf(f, "  \"kv_quant\": \"%s\",\n", kva_quant_name(o->kv_quant));
     fprintf(f,
             "  \"shape\": {\"batch\": %d, \"requests\": %d, \"tokens\": %d, \"context\": %d, "
             "\"q_len\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, "

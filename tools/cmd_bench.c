@@ -50,6 +50,8 @@ void kva_cli_usage_bench(void)
            "  --block-size B       tokens per cache block        [16]\n"
            "  --dtype f32|f16|bf16 q, cache and output dtype     [bf16]\n"
            "  --layout nhd|hnd     cache layout                  [nhd]\n"
+           "  --kv-quant none|int8|int8-token|int8-token-v16|fp8\n"
+           "                       quantized cache format (docs/quant.md) [none]\n"
            "mask:\n"
            "  --causal 0|1         bottom-right causal mask      [1]\n"
            "  --window N           sliding window (window_left), -1 = none [-1]\n"
@@ -77,10 +79,10 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
     static const char *const layouts[] = {"nhd", "hnd"};
     static const char *const backends[] = {"ref", "cpu"};
     static const char *const value_flags[] = {
-        "--mode",     "--batch",    "--context",    "--q-len",      "--heads",
-        "--kv-heads", "--head-dim", "--head-dim-v", "--block-size", "--dtype",
-        "--layout",   "--causal",   "--window",     "--softcap",    "--backend",
-        "--threads",  "--iters",    "--warmup",     "--seed",       "--json"};
+        "--mode",     "--batch",      "--context",    "--q-len",   "--heads",  "--kv-heads",
+        "--head-dim", "--head-dim-v", "--block-size", "--dtype",   "--layout", "--causal",
+        "--window",   "--softcap",    "--backend",    "--threads", "--iters",  "--warmup",
+        "--seed",     "--json",       "--kv-quant"};
     const int32_t BIG = 1 << 24;
     bench_opts_init(o);
     for (int i = 1; i < argc; i++) {
@@ -136,6 +138,11 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
         else if (!strcmp(f, "--dtype")) {
             ok = kva_cli_parse_choice(f, val, dtypes, 3, &k);
             o->dtype = dtype_vals[k];
+        } else if (!strcmp(f, "--kv-quant")) {
+            static const char *const quants[] = {"none", "int8", "int8-token", "int8-token-v16",
+                                                 "fp8"};
+            ok = kva_cli_parse_choice(f, val, quants, 5, &k);
+            o->kv_quant = (kva_quant)k; /* same order as kva_quant */
         } else if (!strcmp(f, "--layout")) {
             ok = kva_cli_parse_choice(f, val, layouts, 2, &k);
             o->layout = k == 0 ? KVA_LAYOUT_NHD : KVA_LAYOUT_HND;
@@ -170,6 +177,10 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
     if (o->head_dim % 8 != 0 || (o->head_dim_v % 8 != 0)) {
         fprintf(stderr, "kvattn: --head-dim %d / --head-dim-v %d: must be multiples of 8\n",
                 (int)o->head_dim, (int)o->head_dim_v);
+        return KVA_EXIT_USAGE;
+    }
+    if (o->ragged && o->kv_quant != KVA_QUANT_NONE) {
+        fprintf(stderr, "kvattn: --kv-quant applies to the paged cache, not to --ragged\n");
         return KVA_EXIT_USAGE;
     }
     if (o->heads % o->kv_heads != 0) {
@@ -246,9 +257,25 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
         }
     } else {
         kva_cache_desc desc = {b->num_blocks, o->block_size, o->kv_heads, o->head_dim,
-                               o->head_dim_v, o->dtype,      o->layout,   KVA_QUANT_NONE};
-        if ((st = kva_cache_create(s->ctx, &desc, &s->cache)) != KVA_STATUS_OK)
-            return kva_cli_lib_error("kva_cache_create", st);
+                               o->head_dim_v, o->dtype,      o->layout,   o->kv_quant};
+        /* Quantized formats: scalar scales fitted to the data (uniform, |x| < 1.74). */
+        const float int8_scale = 1.75f / 127.0f, fp8_scale = 1.75f / 448.0f;
+        kva_quant_params qp = {&int8_scale, 1, NULL, 0, &int8_scale, 1, NULL, 0};
+        const kva_quant_params *pp = &qp;
+        if (o->kv_quant == KVA_QUANT_NONE || o->kv_quant == KVA_QUANT_INT8_TOKEN_K_V16)
+            pp = NULL;
+        else if (o->kv_quant == KVA_QUANT_INT8_TOKEN_K)
+            qp.k_scale = NULL, qp.k_scale_len = 0;
+        else if (o->kv_quant == KVA_QUANT_FP8_E4M3)
+            qp.k_scale = qp.v_scale = &fp8_scale;
+        if (o->kv_quant == KVA_QUANT_FP8_E4M3)
+            desc.dtype = KVA_DTYPE_FP8_E4M3;
+        else if (o->kv_quant == KVA_QUANT_INT8_TOKEN_K_V16)
+            desc.dtype = o->dtype == KVA_DTYPE_F32 ? KVA_DTYPE_F16 : o->dtype;
+        else if (o->kv_quant != KVA_QUANT_NONE)
+            desc.dtype = KVA_DTYPE_I8;
+        if ((st = kva_cache_create_quant(s->ctx, &desc, pp, &s->cache)) != KVA_STATUS_OK)
+            return kva_cli_lib_error("kva_cache_create_quant", st);
         if ((st = bench_cache_fill(s->ctx, o, b, s->cache)) != KVA_STATUS_OK)
             return kva_cli_lib_error("kva_cache_write", st);
     }

@@ -75,10 +75,9 @@ static kva_status check_cache_for_plan(const kva_context *ctx, const kva_plan *p
         return kva__fail(KVA_STATUS_SHAPE_MISMATCH,
                          "%s: cache block_size = %d but plan block_size = %d", fn,
                          (int)c->block_size, (int)d->block_size);
-    if (c->quant != KVA_QUANT_NONE)
-        return kva__fail(KVA_STATUS_UNSUPPORTED, "%s: cache quant %d is not supported", fn,
-                         (int)c->quant);
-    if (c->dtype != d->q_dtype)
+    /* Quantized caches are dequantized inside the kernels, so they serve any
+     * q_dtype; unquantized caches are read as q_dtype. */
+    if (c->quant == KVA_QUANT_NONE && c->dtype != d->q_dtype)
         return kva__fail(KVA_STATUS_DTYPE_MISMATCH,
                          "%s: cache dtype %s differs from plan q_dtype %s (unquantized caches "
                          "must match)",

@@ -9,6 +9,11 @@
  * elements, which copy/swap rely on. Every size is computed in 64 bits and
  * checked for overflow, so caches larger than 2^31 elements are supported.
  *
+ * Quantized caches (kva_cache_create_quant) store 1-byte K/V elements (2-byte
+ * V for INT8_TOKEN_K_V16), their static scales expanded per (kv head,
+ * channel), and for the INT8_TOKEN_K formats per-token key scales
+ * [NB, Hkv, B] float32 (src/cache/quant.c has the formats).
+ *
  * Writing tokens lives in cache_write.c, block copies in cache_copy.c.
  */
 #include "internal.h"
@@ -30,7 +35,7 @@ static int mul_within(uint64_t a, uint64_t b, uint64_t limit, uint64_t *out)
  * the descriptor with Dv resolved and *k_bytes / *v_bytes the storage sizes
  * in bytes (each <= PTRDIFF_MAX). fn names the public caller for messages. */
 static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cache_desc *resolved,
-                                uint64_t *k_bytes, uint64_t *v_bytes)
+                                uint64_t *k_bytes, uint64_t *v_bytes, uint64_t *t_bytes)
 {
     if (d->num_blocks < 1)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->num_blocks = %d, must be >= 1", fn,
@@ -61,28 +66,46 @@ static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cac
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: desc->layout = %d is not a kva_layout (NHD = 0, HND = 1)", fn,
                          (int)d->layout);
-    if (d->quant != KVA_QUANT_NONE)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "%s: desc->quant = %d is not supported (only KVA_QUANT_NONE)", fn,
-                         (int)d->quant);
+    if ((unsigned)d->quant >= (unsigned)KVA_QUANT_COUNT_)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: desc->quant = %d is not a kva_quant (0 .. %d)", fn, (int)d->quant,
+                         (int)KVA_QUANT_COUNT_ - 1);
     if ((unsigned)d->dtype >= (unsigned)KVA_DTYPE_COUNT_)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->dtype = %d is not a kva_dtype", fn,
                          (int)d->dtype);
-    if (!kva__dtype_is_float(d->dtype))
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "%s: desc->dtype = %s is not a storage dtype for KVA_QUANT_NONE "
-                         "(f32, f16 or bf16)",
-                         fn, kva_dtype_name(d->dtype));
+    kva_dtype k_dtype = d->dtype; /* storage dtype of K elements */
+    if (d->quant == KVA_QUANT_NONE) {
+        if (!kva__dtype_is_float(d->dtype))
+            return kva__fail(KVA_STATUS_UNSUPPORTED,
+                             "%s: desc->dtype = %s is not a storage dtype for KVA_QUANT_NONE "
+                             "(f32, f16 or bf16)",
+                             fn, kva_dtype_name(d->dtype));
+    } else if (d->quant == KVA_QUANT_INT8_TOKEN_K_V16) {
+        /* dtype is V's; K is int8. */
+        if (d->dtype != KVA_DTYPE_F16 && d->dtype != KVA_DTYPE_BF16)
+            return kva__fail(KVA_STATUS_DTYPE_MISMATCH,
+                             "%s: desc->dtype = %s must be f16 or bf16 (the V dtype) for quant %s",
+                             fn, kva_dtype_name(d->dtype), kva_quant_name(d->quant));
+        k_dtype = KVA_DTYPE_I8;
+    } else {
+        const kva_dtype want = d->quant == KVA_QUANT_FP8_E4M3 ? KVA_DTYPE_FP8_E4M3 : KVA_DTYPE_I8;
+        if (d->dtype != want)
+            return kva__fail(KVA_STATUS_DTYPE_MISMATCH,
+                             "%s: desc->dtype = %s does not fit desc->quant = %s (needs %s)", fn,
+                             kva_dtype_name(d->dtype), kva_quant_name(d->quant),
+                             kva_dtype_name(want));
+    }
 
     /* Bytes of K and V: NB * B * Hkv * {D, Dv} * elem, bounded by PTRDIFF_MAX so
      * that byte offsets fit a signed 64-bit integer everywhere. */
     const uint64_t limit = (uint64_t)PTRDIFF_MAX;
-    uint64_t rows = 0, kb = 0, vb = 0;
-    size_t elem = kva_dtype_size(d->dtype);
+    uint64_t rows = 0, kb = 0, vb = 0, tb = 0;
+    size_t elem = kva_dtype_size(k_dtype), v_elem = kva_dtype_size(d->dtype);
     int ok = mul_within((uint64_t)d->num_blocks, (uint64_t)d->block_size, limit, &rows) &&
              mul_within(rows, (uint64_t)d->num_kv_heads, limit, &rows) &&
              mul_within(rows, (uint64_t)d->head_dim * elem, limit, &kb) &&
-             mul_within(rows, (uint64_t)dv * elem, limit, &vb);
+             mul_within(rows, (uint64_t)dv * v_elem, limit, &vb) &&
+             mul_within(rows, sizeof(float), limit, &tb);
     if (!ok)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: desc: num_blocks %d * block_size %d * num_kv_heads %d * head_dim "
@@ -93,6 +116,7 @@ static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cac
     resolved->head_dim_v = dv;
     *k_bytes = kb;
     *v_bytes = vb;
+    *t_bytes = tb;
     return KVA_STATUS_OK;
 }
 
@@ -110,7 +134,10 @@ static kva_status new_handle(const char *fn, kva_context *ctx, const kva_cache_d
     c->pair_flags = flags;
     c->desc = *resolved;
     c->mem = ctx->backend;
-    c->elem_size = kva_dtype_size(resolved->dtype);
+    const int k_int8 = resolved->quant == KVA_QUANT_INT8_TOKEN_K_V16;
+    c->k_dtype = k_int8 ? KVA_DTYPE_I8 : resolved->dtype;
+    c->elem_size = kva_dtype_size(c->k_dtype);
+    c->v_elem = kva_dtype_size(resolved->dtype);
     int64_t rows = (int64_t)resolved->block_size * resolved->num_kv_heads;
     c->k_block_elems = rows * resolved->head_dim;
     c->v_block_elems = rows * resolved->head_dim_v;
@@ -127,24 +154,28 @@ static void *alloc_host(uint64_t bytes)
     return aligned_alloc(64, (size_t)rounded);
 }
 
-kva_status kva_cache_create(kva_context *ctx, const kva_cache_desc *desc, kva_cache **out)
+/* The body of kva_cache_create(_quant): validates desc and params, then
+ * allocates K, V, the expanded static scales and the per-token key scales. */
+static kva_status create(const char *fn, kva_context *ctx, const kva_cache_desc *desc,
+                         const kva_quant_params *params, kva_cache **out)
 {
-    static const char fn[] = "kva_cache_create";
-    kva__clear_error();
-    KVA_CHECK_PTR(ctx);
-    KVA_CHECK_PTR(desc);
-    KVA_CHECK_PTR(out);
     kva_cache_desc d;
-    uint64_t kb, vb;
-    KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb));
+    uint64_t kb, vb, tb;
+    KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb, &tb));
     if (ctx->backend == KVA_BACKEND_CUDA)
         return kva__fail(KVA_STATUS_BACKEND_UNAVAILABLE,
                          "%s: ctx backend 'cuda' cannot allocate device caches yet", fn);
+    float *scales = NULL;
+    KVA_TRY(kva__quant_params_expand(fn, &d, params, &scales));
+    const int token_k = d.quant == KVA_QUANT_INT8_TOKEN_K || d.quant == KVA_QUANT_INT8_TOKEN_K_V16;
     void *k = alloc_host(kb);
     void *v = alloc_host(vb);
-    if (!k || !v) {
+    float *ts = token_k ? alloc_host(tb) : NULL;
+    if (!k || !v || (token_k && !ts)) {
         free(k);
         free(v);
+        free(ts);
+        free(scales);
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
                          "%s: cannot allocate %llu bytes of K and %llu bytes of V", fn,
                          (unsigned long long)kb, (unsigned long long)vb);
@@ -154,13 +185,47 @@ kva_status kva_cache_create(kva_context *ctx, const kva_cache_desc *desc, kva_ca
     if (s != KVA_STATUS_OK) {
         free(k);
         free(v);
+        free(ts);
+        free(scales);
         return s;
     }
     c->k = k;
     c->v = v;
     c->owns_memory = 1;
+    if (scales) {
+        const int64_t hkv = d.num_kv_heads;
+        c->k_scale = scales;
+        c->k_offset = c->k_scale + hkv * d.head_dim;
+        c->v_scale = c->k_offset + hkv * d.head_dim;
+        c->v_offset = c->v_scale + hkv * d.head_dim_v;
+    }
+    /* Per-token scales start at 0 (a slot never written dequantizes to 0). */
+    if (ts)
+        memset(ts, 0, (size_t)tb);
+    c->k_token_scale = ts;
     *out = c;
     return KVA_STATUS_OK;
+}
+
+kva_status kva_cache_create_quant(kva_context *ctx, const kva_cache_desc *desc,
+                                  const kva_quant_params *params, kva_cache **out)
+{
+    static const char fn[] = "kva_cache_create_quant";
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(desc);
+    KVA_CHECK_PTR(out);
+    return create(fn, ctx, desc, params, out);
+}
+
+kva_status kva_cache_create(kva_context *ctx, const kva_cache_desc *desc, kva_cache **out)
+{
+    static const char fn[] = "kva_cache_create";
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(desc);
+    KVA_CHECK_PTR(out);
+    return create(fn, ctx, desc, NULL, out);
 }
 
 kva_status kva_cache_create_from(kva_context *ctx, const kva_cache_desc *desc, void *k_data,
@@ -174,8 +239,13 @@ kva_status kva_cache_create_from(kva_context *ctx, const kva_cache_desc *desc, v
     KVA_CHECK_PTR(v_data);
     KVA_CHECK_PTR(out);
     kva_cache_desc d;
-    uint64_t kb, vb;
-    KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb));
+    uint64_t kb, vb, tb;
+    KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb, &tb));
+    if (d.quant != KVA_QUANT_NONE)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: desc->quant = %s: caller-owned storage is for unquantized caches "
+                         "only; use kva_cache_create_quant",
+                         fn, kva_quant_name(d.quant));
     /* Elements are accessed through typed pointers, so the storage must be
      * aligned to the element size. */
     size_t elem = kva_dtype_size(d.dtype);
@@ -210,6 +280,8 @@ void kva_cache_destroy(kva_cache *cache)
         free(cache->k);
         free(cache->v);
     }
+    free(cache->k_scale); /* the one allocation of all static scales */
+    free(cache->k_token_scale);
     free(cache->pair_flags);
     free(cache);
 }
@@ -241,5 +313,21 @@ size_t kva_cache_block_bytes_k(const kva_cache *cache)
 
 size_t kva_cache_block_bytes_v(const kva_cache *cache)
 {
-    return cache ? (size_t)cache->v_block_elems * cache->elem_size : 0;
+    return cache ? (size_t)cache->v_block_elems * cache->v_elem : 0;
+}
+
+size_t kva_cache_block_bytes_scales(const kva_cache *cache)
+{
+    if (!cache || !cache->k_token_scale)
+        return 0;
+    return (size_t)cache->desc.block_size * (size_t)cache->desc.num_kv_heads * sizeof(float);
+}
+
+size_t kva_cache_static_scale_bytes(const kva_cache *cache)
+{
+    if (!cache || !cache->k_scale)
+        return 0;
+    const size_t hkv = (size_t)cache->desc.num_kv_heads;
+    return 2 * hkv * ((size_t)cache->desc.head_dim + (size_t)cache->desc.head_dim_v) *
+           sizeof(float);
 }

@@ -5,7 +5,9 @@
  *
  * In both layouts block b of K is the contiguous byte range
  * [b * B*Hkv*D*elem, (b+1) * B*Hkv*D*elem) and likewise for V, so a block copy
- * is one memcpy of K and one of V.
+ * is one memcpy of K and one of V, plus one of its per-token key scales
+ * ([NB, Hkv, B] float32) for the INT8_TOKEN_K formats. Static scales belong to
+ * the cache, not to blocks: swap_blocks requires src and dst to hold equal ones.
  *
  * Semantics of the pairs [n, 2] = (src, dst):
  *   - every id is checked to be in range before anything is copied;
@@ -108,7 +110,12 @@ static void copy_pairs(const kva_context *ctx, const kva_cache *src, kva_cache *
                        const int32_t *pairs, int32_t n)
 {
     const int64_t kbb = src->k_block_elems * (int64_t)src->elem_size;
-    const int64_t vbb = src->v_block_elems * (int64_t)src->elem_size;
+    const int64_t vbb = src->v_block_elems * (int64_t)src->v_elem;
+    /* Per-token key scales [NB, Hkv, B]: block b is B*Hkv contiguous floats. */
+    const int64_t tsb =
+        src->k_token_scale ? (int64_t)src->desc.block_size * src->desc.num_kv_heads : 0;
+    const float *sts = src->k_token_scale;
+    float *dts = dst->k_token_scale;
     const char *sk = src->k, *sv = src->v;
     char *dk = dst->k, *dv = dst->v;
     const int nt = ctx->num_threads > 0 ? ctx->num_threads : 1;
@@ -123,6 +130,8 @@ static void copy_pairs(const kva_context *ctx, const kva_cache *src, kva_cache *
             continue;
         memcpy(dk + t * kbb, sk + s * kbb, (size_t)kbb);
         memcpy(dv + t * vbb, sv + s * vbb, (size_t)vbb);
+        if (tsb)
+            memcpy(dts + t * tsb, sts + s * tsb, (size_t)tsb * sizeof(float));
     }
 }
 
@@ -167,8 +176,9 @@ static kva_status check_same_shape(const char *fn, const kva_cache_desc *a, cons
         return kva__fail(KVA_STATUS_DTYPE_MISMATCH, "%s: dtype: src is %s, dst is %s", fn,
                          kva_dtype_name(a->dtype), kva_dtype_name(b->dtype));
     if (a->quant != b->quant)
-        return kva__fail(KVA_STATUS_DTYPE_MISMATCH, "%s: quant: src is %d, dst is %d", fn,
-                         (int)a->quant, (int)b->quant);
+        return kva__fail(KVA_STATUS_DTYPE_MISMATCH, "%s: quant: src is %s, dst is %s", fn,
+                         kva_quant_name(a->quant), kva_quant_name(b->quant));
+
     const struct {
         const char *name;
         int32_t x, y;
@@ -208,15 +218,23 @@ kva_status kva_cache_swap_blocks(kva_context *ctx, const kva_cache *src, kva_cac
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: num_pairs = %d is negative", fn,
                          (int)num_pairs);
     KVA_TRY(check_same_shape(fn, &src->desc, &dst->desc));
+    /* Quantized bytes mean the same values only under the same static scales. */
+    if (kva_cache_static_scale_bytes(src) != kva_cache_static_scale_bytes(dst) ||
+        (src->k_scale &&
+         memcmp(src->k_scale, dst->k_scale, kva_cache_static_scale_bytes(src)) != 0))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: src and dst have different static scales or offsets (quant %s): "
+                         "their int8/fp8 codes would change meaning",
+                         fn, kva_quant_name(src->desc.quant));
     KVA_TRY(check_host(fn, ctx, src, "src"));
     KVA_TRY(check_host(fn, ctx, dst, "dst"));
     /* Two caches over the same caller memory (kva_cache_create_from) would
      * make the copy order observable; reject them like src == dst. */
-    const int64_t es = (int64_t)src->elem_size;
+    const int64_t es = (int64_t)src->elem_size, ves = (int64_t)src->v_elem;
     const int64_t sk = src->desc.num_blocks * src->k_block_elems * es;
-    const int64_t sv = src->desc.num_blocks * src->v_block_elems * es;
+    const int64_t sv = src->desc.num_blocks * src->v_block_elems * ves;
     const int64_t dk = dst->desc.num_blocks * dst->k_block_elems * es;
-    const int64_t dv = dst->desc.num_blocks * dst->v_block_elems * es;
+    const int64_t dv = dst->desc.num_blocks * dst->v_block_elems * ves;
     if (ranges_overlap(src->k, sk, dst->k, dk) || ranges_overlap(src->k, sk, dst->v, dv) ||
         ranges_overlap(src->v, sv, dst->k, dk) || ranges_overlap(src->v, sv, dst->v, dv))
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,

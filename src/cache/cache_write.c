@@ -7,7 +7,8 @@
  * independent and are distributed over the context's threads. When the
  * source and cache dtypes agree a token is a memcpy (one per token in NHD,
  * one per head in HND); otherwise elements are converted with
- * round-to-nearest-even.
+ * round-to-nearest-even. Quantized caches quantize each token through
+ * src/cache/quant.c after a check pass over the rows (NaN is rejected there).
  *
  * Two tokens with the same non-negative slot write the same cache row; which
  * token's values the row ends up holding is unspecified (vLLM's kernel has
@@ -158,6 +159,12 @@ kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_token
     char *kbase = cache->k, *vbase = cache->v;
     const int64_t bs = d->block_size;
     const int64_t kstride_bytes = ks * (int64_t)src_elem, vstride_bytes = vs * (int64_t)src_elem;
+    /* Quantized caches: rows int8 cannot represent are rejected up front, so
+     * a failing write changes nothing (src/cache/quant.c). */
+    const int quant = d->quant != KVA_QUANT_NONE;
+    if (quant)
+        KVA_TRY(kva__quant_check_rows(cache, num_tokens, kc, kstride_bytes, vc, vstride_bytes,
+                                      src_dtype, slot_mapping));
     /* In double: only a threshold, and the product may exceed int64. */
     const double total_bytes = (double)num_tokens * (double)(hkv * (dk + dv)) * (double)src_elem;
     const int nt = ctx->num_threads > 0 ? ctx->num_threads : 1;
@@ -170,6 +177,11 @@ kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_token
         if (slot < 0)
             continue; /* padding token */
         int64_t block = slot / bs, off = slot % bs;
+        if (quant) {
+            kva__quant_write_token(cache, 0, block, off, kc + t * kstride_bytes, src_dtype);
+            kva__quant_write_token(cache, 1, block, off, vc + t * vstride_bytes, src_dtype);
+            continue;
+        }
         write_token(cache, kbase, block, off, kc + t * kstride_bytes, src_dtype, dk);
         write_token(cache, vbase, block, off, vc + t * vstride_bytes, src_dtype, dv);
     }

@@ -1,4 +1,4 @@
-/* dtype.c - element sizes, names, and f32 <-> f16/bf16 conversions. */
+/* dtype.c - element sizes, names, and f32 <-> f16/bf16/fp8 e4m3 conversions. */
 #include "internal.h"
 
 #include <string.h>
@@ -142,4 +142,57 @@ kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst, kva_dtyp
     for (size_t i = 0; i < n; i++)
         kva__store_f(dst, dst_dtype, i, kva__load_f(src, src_dtype, i));
     return KVA_STATUS_OK;
+}
+
+/*
+ * f32 -> OCP fp8 e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits.
+ * Normals are (1 + m/8) * 2^(e-7) for e = 1..15 (e = 15, m = 7 is NaN, so the
+ * largest finite value is 1.75 * 2^8 = 448); subnormals are m * 2^-9. The
+ * conversion saturates (vLLM's fp8 cache does): |x| >= 448, inf included,
+ * becomes 448. Rounding is to nearest, ties to even, in integer arithmetic on
+ * the f32 bits (no dependence on the FPU rounding mode).
+ */
+uint8_t kva_f32_to_fp8_e4m3(float x)
+{
+    uint32_t u = f32_bits(x);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    uint32_t abs = u & 0x7fffffffu;
+    if (abs > 0x7f800000u)
+        return (uint8_t)(sign | 0x7fu);
+    if (abs >= 0x43e00000u) /* >= 448 (inf included): saturate */
+        return (uint8_t)(sign | 0x7eu);
+    if (abs < 0x3c800000u) {    /* below 2^-6: subnormal or zero in e4m3 */
+        if (abs <= 0x3a800000u) /* <= 2^-10, half of 2^-9: rounds to 0 (ties to even) */
+            return sign;
+        /* value = mant * 2^(exp - 150); the result is value * 2^9 rounded. */
+        uint32_t exp = abs >> 23;
+        uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 141u - exp; /* 150 - 9 - exp: 21 .. 24 for exp 120 .. 117 */
+        uint32_t q = mant >> shift;
+        uint32_t rem = mant & ((1u << shift) - 1u);
+        uint32_t halfway = 1u << (shift - 1u);
+        if (rem > halfway || (rem == halfway && (q & 1u)))
+            q++; /* q == 8 is code 0x08 = 2^-6, the smallest normal: still right */
+        return (uint8_t)(sign | q);
+    }
+    /* Normal: keep 3 of the 23 mantissa bits, rebias the exponent 127 -> 7. */
+    uint32_t r = abs - (120u << 23);
+    uint32_t rem = r & 0xfffffu;
+    uint32_t q = r >> 20;
+    if (rem > 0x80000u || (rem == 0x80000u && (q & 1u)))
+        q++; /* carries into the exponent correctly; cannot pass 448 (< 0x43e00000) */
+    return (uint8_t)(sign | q);
+}
+
+float kva_fp8_e4m3_to_f32(uint8_t code)
+{
+    uint32_t sign = (uint32_t)(code & 0x80u) << 24;
+    uint32_t e = (code >> 3) & 0xfu, m = code & 7u;
+    if ((code & 0x7fu) == 0x7fu)
+        return bits_f32(sign | 0x7fc00000u);
+    if (e == 0) {
+        float v = (float)m * 0x1p-9f; /* exact */
+        return sign ? -v : v;
+    }
+    return bits_f32(sign | ((e + 120u) << 23) | (m << 20));
 }

@@ -118,9 +118,18 @@ struct kva_cache {
     void *k;             /* [NB, B, Hkv, D] (NHD) or [NB, Hkv, B, D] (HND) */
     void *v;             /* same with Dv */
     int owns_memory;
-    size_t elem_size;
+    kva_dtype k_dtype;     /* K storage dtype (desc.dtype; I8 for INT8_TOKEN_K_V16) */
+    size_t elem_size;      /* bytes of a K element */
+    size_t v_elem;         /* bytes of a V element (desc.dtype) */
     int64_t k_block_elems; /* B * Hkv * D */
     int64_t v_block_elems; /* B * Hkv * Dv */
+    /* Quantization (src/cache/quant.c); all NULL for KVA_QUANT_NONE. Static
+     * scales are expanded to one value per (kv head, channel):
+     * k_scale/k_offset [Hkv, D], v_scale/v_offset [Hkv, Dv] (offsets are 0
+     * where the format has none). One allocation holds all four. */
+    float *k_scale, *k_offset, *v_scale, *v_offset;
+    /* Per-token key scales [NB, Hkv, B] float32 (INT8_TOKEN_K formats), or NULL. */
+    float *k_token_scale;
     /* [NB] host scratch, all zero between calls: copy/swap pair checks mark
      * blocks here in O(pairs) without allocating on the run path. */
     unsigned char *pair_flags;
@@ -135,6 +144,36 @@ static inline int64_t kva__cache_row(const kva_cache_desc *d, int64_t block, int
         return ((block * d->block_size + off) * d->num_kv_heads + head) * dim;
     return ((block * d->num_kv_heads + head) * d->block_size + off) * dim;
 }
+
+/* ---- quantized caches (src/cache/quant.c) ---- */
+
+/* Validates params for the resolved descriptor d and expands them into one
+ * allocation of [Hkv*D] k_scale, k_offset, [Hkv*Dv] v_scale, v_offset (in that
+ * order), stored in *out (NULL for KVA_QUANT_NONE). fn names the caller. */
+kva_status kva__quant_params_expand(const char *fn, const kva_cache_desc *d,
+                                    const kva_quant_params *params, float **out);
+/* 1 if K (is_v = 0) or V (is_v = 1) of the format is stored as int8. */
+int kva__quant_is_int8(kva_quant q, int is_v);
+/* Index of the per-token key scale of (block, offset, head) in k_token_scale. */
+static inline int64_t kva__token_scale_index(const kva_cache_desc *d, int64_t block, int64_t off,
+                                             int64_t head)
+{
+    return (block * d->num_kv_heads + head) * d->block_size + off;
+}
+/* Checks the float rows that a write would quantize to int8: NaN anywhere (and
+ * +-inf in per-token key rows) is rejected. Arguments as kva_cache_write's. */
+kva_status kva__quant_check_rows(const kva_cache *c, int32_t num_tokens, const char *k,
+                                 int64_t k_stride_bytes, const char *v, int64_t v_stride_bytes,
+                                 kva_dtype src_dt, const int64_t *slots);
+/* Quantizes one token's K (is_v = 0) or V row (all heads) into the cache at
+ * (block, off); src in src_dt, heads contiguous. Per-token key scales are
+ * written too. */
+void kva__quant_write_token(const kva_cache *c, int is_v, int64_t block, int64_t off,
+                            const char *src, kva_dtype src_dt);
+/* Dequantized value of channel ch of the K (is_v = 0) or V row of (block, off,
+ * head), in double, exactly as the format defines it (reference backend). */
+double kva__quant_load(const kva_cache *c, int is_v, int64_t block, int64_t off, int64_t head,
+                       int64_t ch);
 
 /* ---- plan (src/plan/) ---- */
 

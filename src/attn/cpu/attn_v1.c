@@ -45,6 +45,7 @@
  * AVX-512 kernels with runtime dispatch (kva__cpu_attn_variant).
  */
 #include "cpu_attn.h"
+#include "cpu_dequant.h"
 
 #include <math.h>
 
@@ -74,10 +75,12 @@ static inline void axpy1(float *restrict acc, float p, const float *restrict v, 
         acc[d] += p * v[d];
 }
 
-/* Byte pointers of the K and V rows of one chunk of keys. */
+/* Byte pointers of the K and V rows of one chunk of keys, and the per-token
+ * key scales of an INT8_TOKEN_K cache. */
 typedef struct chunk_rows {
     const unsigned char *k[KVA_CPU_KEY_CHUNK];
     const unsigned char *v[KVA_CPU_KEY_CHUNK];
+    const float *ks[KVA_CPU_KEY_CHUNK];
 } chunk_rows;
 
 /*
@@ -93,23 +96,31 @@ static void locate_chunk(const kva__cpu_run *run, int32_t r, int32_t kvh, int32_
     const size_t esz = kva_dtype_size(run->kv_dt);
     if (run->cache) {
         const kva_cache_desc *cd = &run->cache->desc;
+        /* K and V elements differ in size only for INT8_TOKEN_K_V16. */
+        const size_t vesz = run->cache->v_elem;
+        const float *tsc = run->cache->k_token_scale; /* [NB, Hkv, B] or NULL */
         const int32_t B = cd->block_size;
         const int32_t *bt = plan->block_table + (int64_t)r * plan->d.block_table_stride;
         /* Bytes between the rows of consecutive tokens of one block. */
         const size_t kstep =
             (cd->layout == KVA_LAYOUT_NHD ? (size_t)cd->num_kv_heads : 1) * D * esz;
         const size_t vstep =
-            (cd->layout == KVA_LAYOUT_NHD ? (size_t)cd->num_kv_heads : 1) * Dv * esz;
+            (cd->layout == KVA_LAYOUT_NHD ? (size_t)cd->num_kv_heads : 1) * Dv * vesz;
         const unsigned char *kbase = run->cache->k, *vbase = run->cache->v;
         int32_t j = c0;
         while (j < c0 + n) {
             int32_t blk = bt[j / B], off = j % B;
             int32_t cnt = B - off < c0 + n - j ? B - off : c0 + n - j;
             const unsigned char *kp = kbase + (size_t)kva__cache_row(cd, blk, off, kvh, D) * esz;
-            const unsigned char *vp = vbase + (size_t)kva__cache_row(cd, blk, off, kvh, Dv) * esz;
+            const unsigned char *vp = vbase + (size_t)kva__cache_row(cd, blk, off, kvh, Dv) * vesz;
             for (int32_t t = 0; t < cnt; t++) {
                 cr->k[j - c0 + t] = kp + (size_t)t * kstep;
                 cr->v[j - c0 + t] = vp + (size_t)t * vstep;
+            }
+            if (tsc) {
+                const float *ts = tsc + kva__token_scale_index(cd, blk, off, kvh);
+                for (int32_t t = 0; t < cnt; t++)
+                    cr->ks[j - c0 + t] = ts + t;
             }
             j += cnt;
         }
@@ -146,11 +157,21 @@ static void prefetch_chunk(const chunk_rows *cr, int32_t n, size_t kbytes, size_
 }
 
 /* Points s->kp/vp [n] at fp32 rows of the chunk, converting f16/bf16 rows
- * into kbuf/vbuf (once for all heads of the group). */
-static void load_chunk(const kva__cpu_run *run, const chunk_rows *cr, int32_t n,
+ * into kbuf/vbuf (once for all heads of the group); rows of a quantized
+ * cache are dequantized into kbuf/vbuf by kva__cpu_dequant_chunk with the
+ * scales of kv head kvh. */
+static void load_chunk(const kva__cpu_run *run, const chunk_rows *cr, int32_t n, int32_t kvh,
                        kva__cpu_scratch *s)
 {
     const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
+    if (run->quant) {
+        kva__cpu_dequant_chunk(run, kvh, n, cr->k, cr->ks, cr->v, s->kbuf, s->vbuf);
+        for (int32_t t = 0; t < n; t++) {
+            s->kp[t] = s->kbuf + (size_t)t * D;
+            s->vp[t] = s->vbuf + (size_t)t * Dv;
+        }
+        return;
+    }
     if (run->kv_dt == KVA_DTYPE_F32) {
         for (int32_t t = 0; t < n; t++) {
             s->kp[t] = (const float *)cr->k[t];
@@ -281,7 +302,8 @@ void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it, kva__cp
     /* Rows of the current and of the next chunk (prefetched one chunk ahead). */
     chunk_rows rows[2];
     const size_t kv_esz = kva_dtype_size(run->kv_dt);
-    const size_t kbytes = (size_t)D * kv_esz, vbytes = (size_t)Dv * kv_esz;
+    const size_t kbytes = (size_t)D * kv_esz,
+                 vbytes = (size_t)Dv * (run->cache ? run->cache->v_elem : kv_esz);
     int cur = 0;
     if (it->k0 < it->k1)
         locate_chunk(run, r, it->kv_head, it->k0,
@@ -294,7 +316,7 @@ void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it, kva__cp
             locate_chunk(run, r, it->kv_head, c1, n2, &rows[cur ^ 1]);
             prefetch_chunk(&rows[cur ^ 1], n2, kbytes, vbytes);
         }
-        load_chunk(run, &rows[cur], c1 - c0, s);
+        load_chunk(run, &rows[cur], c1 - c0, it->kv_head, s);
         cur ^= 1;
         for (int32_t ii = 0; ii < nq; ii++) {
             const int32_t a = s->lo[ii] > c0 ? s->lo[ii] : c0;

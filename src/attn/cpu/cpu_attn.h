@@ -29,9 +29,12 @@
 typedef struct kva__cpu_run {
     const kva_plan *plan;
     const kva__partition *part;
-    kva_dtype dt;    /* dtype of q and out */
-    kva_dtype kv_dt; /* storage dtype of K/V rows (dt unless the cache is quantized) */
-    const void *q; /* [T, H, D] */
+    kva_dtype dt;     /* dtype of q and out */
+    kva_dtype kv_dt;  /* storage dtype of K rows, and of V rows except for
+                         INT8_TOKEN_K_V16 (cache->v_elem gives V's size) */
+    int quant;        /* 1: the cache is quantized, rows go through kva__cpu_dequant_chunk */
+    int dequant_simd; /* kva__cpu_dequant_simd(), detected once per run */
+    const void *q;    /* [T, H, D] */
     /* K/V source: a paged cache, or (cache == NULL) ragged rows
      * k: [sum(seq_lens), Hkv, D], v: [sum(seq_lens), Hkv, Dv]. */
     const kva_cache *cache;

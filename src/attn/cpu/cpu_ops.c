@@ -3,6 +3,7 @@
  * and workspace), the threaded run of the work items, and kernel dispatch.
  */
 #include "cpu_attn.h"
+#include "cpu_dequant.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -89,6 +90,11 @@ static void run_items(kva_context *ctx, kva__cpu_run *run)
     kva__cpu_attn_fn fn = kva__cpu_attn_variant(part->variant);
     if (!fn)
         fn = kva__cpu_attn_v1;
+    /* Quantized caches need a kernel whose chunk loader calls
+     * kva__cpu_dequant_chunk; today that is variant 1 (a variant that does
+     * is added to this test when it is wired). */
+    if (run->quant && fn != kva__cpu_attn_v1)
+        fn = kva__cpu_attn_v1;
     run->partials = ctx->workspace;
     run->scratch = (unsigned char *)ctx->workspace + partial_bytes(part);
     run->scratch_stride = kva__cpu_scratch_bytes(D, Dv);
@@ -129,7 +135,9 @@ static kva_status run_attention(kva_context *ctx, const kva_plan *plan, const vo
     run.plan = plan;
     run.part = plan->part;
     run.dt = plan->d.q_dtype;
-    run.kv_dt = cache ? cache->desc.dtype : plan->d.q_dtype;
+    run.kv_dt = cache ? cache->k_dtype : plan->d.q_dtype;
+    run.quant = cache && cache->desc.quant != KVA_QUANT_NONE;
+    run.dequant_simd = run.quant ? kva__cpu_dequant_simd() : 0;
     run.q = q;
     run.cache = cache;
     run.k = k;

@@ -12,7 +12,9 @@
  * allocates.
  *
  * The paged and the ragged kernel share attend_row(); they differ only in
- * where key j of a request lives (kv_rows_offsets()).
+ * where key j of a request lives (kv_rows_offsets()). Quantized caches are
+ * dequantized element by element in fp64 exactly as the format defines it
+ * (kva__quant_load, src/cache/quant.c).
  *
  * Rows that see no key (impossible through the public API, which requires
  * q_len <= seq_len so that key pos is always visible, but handled all the
@@ -34,6 +36,7 @@ typedef struct kv_rows {
     int32_t head_dim;            /* D */
     int32_t head_dim_v;          /* Dv */
     const kva_cache_desc *cache; /* paged: the cache's descriptor, else NULL */
+    const kva_cache *quant;      /* paged quantized cache (dequantized in fp64), else NULL */
     const int32_t *blocks;       /* paged: the request's block table row */
     int64_t first_row;           /* ragged: kv_start[r] */
     int32_t num_kv_heads;        /* ragged: Hkv */
@@ -76,8 +79,14 @@ static double key_score(const kva_plan *plan, const kv_rows *kv, const double *q
     int64_t k_off, v_off;
     kv_rows_offsets(kv, j, &k_off, &v_off);
     double dot = 0.0;
-    for (int32_t c = 0; c < d->head_dim; c++)
-        dot += qv[c] * (double)kva__load_f(kv->k, kv->dtype, (size_t)(k_off + c));
+    if (kv->quant) {
+        const int64_t B = kv->cache->block_size;
+        for (int32_t c = 0; c < d->head_dim; c++)
+            dot += qv[c] * kva__quant_load(kv->quant, 0, kv->blocks[j / B], j % B, kv->head, c);
+    } else {
+        for (int32_t c = 0; c < d->head_dim; c++)
+            dot += qv[c] * (double)kva__load_f(kv->k, kv->dtype, (size_t)(k_off + c));
+    }
     double score = (double)d->scale * dot;
     if (d->softcap > 0.0f) {
         const double cap = (double)d->softcap;
@@ -133,8 +142,14 @@ static void attend_row(const kva_plan *plan, const kv_rows *kv, const double *qv
         int64_t k_off, v_off;
         kv_rows_offsets(kv, j, &k_off, &v_off);
         denom += p;
-        for (int32_t c = 0; c < Dv; c++)
-            acc[c] += p * (double)kva__load_f(kv->v, kv->dtype, (size_t)(v_off + c));
+        if (kv->quant) {
+            const int64_t B = kv->cache->block_size;
+            for (int32_t c = 0; c < Dv; c++)
+                acc[c] += p * kva__quant_load(kv->quant, 1, kv->blocks[j / B], j % B, kv->head, c);
+        } else {
+            for (int32_t c = 0; c < Dv; c++)
+                acc[c] += p * (double)kva__load_f(kv->v, kv->dtype, (size_t)(v_off + c));
+        }
     }
     for (int32_t c = 0; c < Dv; c++)
         kva__store_f(out, d->q_dtype, out_off + (size_t)c, (float)(acc[c] / denom));
@@ -192,6 +207,7 @@ static kva_status ref_attention_paged(kva_context *ctx, const kva_plan *plan, co
     kv.head_dim = cache->desc.head_dim;
     kv.head_dim_v = cache->desc.head_dim_v;
     kv.cache = &cache->desc;
+    kv.quant = cache->desc.quant != KVA_QUANT_NONE ? cache : NULL;
     attend_all(plan, kv, q, sinks, out, lse);
     return KVA_STATUS_OK;
 }

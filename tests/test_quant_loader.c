@@ -1,0 +1,353 @@
+/*
+ * test_quant_loader.c - kva_c8_scales_load on checkpoints this test writes
+ * into temporary directories (quant_model_description.json, safetensors
+ * shards, optionally model.safetensors.index.json): per-channel and scalar
+ * tensors in F32/F16/BF16, the three naming schemes, tensor-parallel
+ * sharding (fewer and more ranks than kv heads), and every error: missing
+ * file, description without C8, malformed JSON, header length past the file,
+ * unsupported dtype, wrong shape, offsets that disagree with the shape,
+ * truncated data, a missing tensor, bad arguments.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "harness.h"
+
+#include <stdarg.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* One tensor to write: values are given as float and stored in dtype. */
+typedef struct tensor {
+    const char *name;
+    const char *dtype; /* "F32", "F16", "BF16", or anything else (written as F32 bytes) */
+    int rank;
+    int64_t shape[2];
+    const float *vals;
+    int64_t bad_bytes; /* added to the end offset (offsets that disagree with the shape) */
+} tensor;
+
+static char tmpdir[256];
+
+static void path_of(char *buf, size_t n, const char *name)
+{
+    snprintf(buf, n, "%s/%s", tmpdir, name);
+}
+
+static void write_file(const char *name, const void *data, size_t n)
+{
+    char p[512];
+    path_of(p, sizeof p, name);
+    FILE *f = fopen(p, "wb");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    CHECK(fwrite(data, 1, n, f) == n);
+    fclose(f);
+}
+
+static void write_text(const char *name, const char *text)
+{
+    write_file(name, text, strlen(text));
+}
+
+/* Writes a safetensors file; header_len_delta corrupts the length field and
+ * truncate drops bytes from the end. */
+static void write_safetensors(const char *name, const tensor *ts, int n, int64_t header_len_delta,
+                              size_t truncate, const char *raw_header)
+{
+    char header[4096];
+    size_t hl = (size_t)snprintf(header, sizeof header, "{\"__metadata__\":{\"format\":\"pt\"}");
+    unsigned char data[65536];
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        const tensor *t = &ts[i];
+        int64_t numel = 1;
+        for (int d = 0; d < t->rank; d++)
+            numel *= t->shape[d];
+        const size_t esz = !strcmp(t->dtype, "F16") || !strcmp(t->dtype, "BF16") ? 2 : 4;
+        const size_t begin = at;
+        for (int64_t e = 0; e < numel; e++) {
+            if (esz == 4) {
+                uint32_t u;
+                memcpy(&u, &t->vals[e], 4);
+                for (int b = 0; b < 4; b++)
+                    data[at++] = (unsigned char)(u >> (8 * b));
+            } else {
+                uint16_t h = !strcmp(t->dtype, "F16") ? kva_f32_to_f16(t->vals[e])
+                                                      : kva_f32_to_bf16(t->vals[e]);
+                data[at++] = (unsigned char)h;
+                data[at++] = (unsigned char)(h >> 8);
+            }
+        }
+        char shape[64] = "";
+        if (t->rank == 1)
+            snprintf(shape, sizeof shape, "%lld", (long long)t->shape[0]);
+        else if (t->rank == 2)
+            snprintf(shape, sizeof shape, "%lld,%lld", (long long)t->shape[0],
+                     (long long)t->shape[1]);
+        hl += (size_t)snprintf(
+            header + hl, sizeof header - hl,
+            ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[%zu,%lld]}", t->name,
+            t->dtype, shape, begin, (long long)(at + t->bad_bytes));
+    }
+    hl += (size_t)snprintf(header + hl, sizeof header - hl, "}");
+    if (raw_header) {
+        hl = strlen(raw_header);
+        memcpy(header, raw_header, hl);
+    }
+    unsigned char *file = malloc(8 + hl + at);
+    const uint64_t len = (uint64_t)((int64_t)hl + header_len_delta);
+    for (int b = 0; b < 8; b++)
+        file[b] = (unsigned char)(len >> (8 * b));
+    memcpy(file + 8, header, hl);
+    memcpy(file + 8 + hl, data, at);
+    write_file(name, file, 8 + hl + at - truncate);
+    free(file);
+}
+
+/* A fresh empty temp directory for each checkpoint. */
+static void new_dir(void)
+{
+    if (tmpdir[0]) {
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+        CHECK(system(cmd) == 0);
+    }
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kva_ckpt_XXXXXX");
+    CHECK(mkdtemp(tmpdir) != NULL);
+}
+
+#define C8_DESC "{\"model_quant_type\":\"W8A8\",\"kv_cache_type\":\"C8\"}"
+
+enum { HKV = 4, D = 8, N = HKV * D };
+static float ks[N], ko[N], vs[N], vo[N];
+
+static void init_vals(void)
+{
+    for (int i = 0; i < N; i++) {
+        ks[i] = 0.01f + 0.001f * (float)i;
+        ko[i] = (float)(i % 7) - 3.0f;
+        vs[i] = 0.02f + 0.0005f * (float)i;
+        vo[i] = 0.25f * (float)(i % 5);
+    }
+}
+
+/* Loads and returns the status; on failure checks *out untouched and the message. */
+static kva_status load(int32_t layer, int32_t rank, int32_t tp, kva_c8_scales **out)
+{
+    *out = (kva_c8_scales *)(uintptr_t)0x1234;
+    kva_status st = kva_c8_scales_load(tmpdir, layer, HKV, D, rank, tp, out);
+    if (st != KVA_STATUS_OK)
+        CHECK(*out == (kva_c8_scales *)(uintptr_t)0x1234);
+    return st;
+}
+
+static void test_single_file_sharded(void)
+{
+    new_dir();
+    write_text("quant_model_description.json", C8_DESC);
+    tensor t[] = {
+        {"model.layers.3.self_attn.k_cache_scale", "F32", 1, {N, 0}, ks, 0},
+        {"model.layers.3.self_attn.k_cache_offset", "F32", 1, {N, 0}, ko, 0},
+        {"model.layers.3.self_attn.v_cache_scale", "F32", 2, {HKV, D}, vs, 0},
+        {"model.layers.3.self_attn.v_cache_offset", "F32", 1, {N, 0}, vo, 0},
+        {"model.layers.2.self_attn.k_cache_scale", "F32", 1, {N, 0}, vs, 0},
+    };
+    write_safetensors("model-00001-of-00001.safetensors", t, 5, 0, 0, NULL);
+    for (int32_t rank = 0; rank < 2; rank++) {
+        kva_c8_scales *s = NULL;
+        CHECK_OK(load(3, rank, 2, &s));
+        if (!s)
+            continue;
+        CHECK(s->num_kv_heads == 2 && s->head_dim == D);
+        CHECK(s->params.k_scale_len == 2 * D && s->params.v_offset_len == 2 * D);
+        for (int i = 0; i < 2 * D; i++) {
+            CHECK(s->params.k_scale[i] == ks[rank * 2 * D + i]);
+            CHECK(s->params.k_offset[i] == ko[rank * 2 * D + i]);
+            CHECK(s->params.v_scale[i] == vs[rank * 2 * D + i]);
+            CHECK(s->params.v_offset[i] == vo[rank * 2 * D + i]);
+        }
+        /* The params create a C8 cache for this rank. */
+        kva_context *ctx = NULL;
+        CHECK_OK(kva_context_create(NULL, &ctx));
+        kva_cache_desc cd = {4, 16,           s->num_kv_heads, D,
+                             D, KVA_DTYPE_I8, KVA_LAYOUT_NHD,  KVA_QUANT_INT8_CHANNEL};
+        kva_cache *c = NULL;
+        CHECK_OK(kva_cache_create_quant(ctx, &cd, &s->params, &c));
+        kva_cache_destroy(c);
+        kva_context_destroy(ctx);
+        kva_c8_scales_free(s);
+    }
+    /* tp_size 1: everything. */
+    kva_c8_scales *s = NULL;
+    CHECK_OK(load(3, 0, 1, &s));
+    CHECK(s && s->num_kv_heads == HKV && s->params.k_scale[N - 1] == ks[N - 1]);
+    kva_c8_scales_free(s);
+    kva_c8_scales_free(NULL);
+}
+
+/* Index + two shards, F16/BF16, the k_proj.kv_cache_* names, scalar tensors,
+ * no offsets for V, and more ranks than kv heads. */
+static void test_index_shards(void)
+{
+    new_dir();
+    write_text("quant_model_description.json", C8_DESC);
+    const float one_ko = 2.0f, one_vs = 0.0625f;
+    tensor a[] = {
+        {"model.layers.0.self_attn.k_proj.kv_cache_scale", "F16", 1, {N, 0}, ks, 0},
+        {"model.layers.0.self_attn.k_proj.kv_cache_offset", "BF16", 0, {0, 0}, &one_ko, 0},
+    };
+    tensor b[] = {{"model.layers.0.self_attn.v_proj.kv_cache_scale", "F32", 1, {1, 0}, &one_vs, 0}};
+    write_safetensors("model-00001-of-00002.safetensors", a, 2, 0, 0, NULL);
+    write_safetensors("model-00002-of-00002.safetensors", b, 1, 0, 0, NULL);
+    /* A decoy shard the index does not name: must not be read. */
+    write_text("zz-unlisted.safetensors", "garbage");
+    write_text("model.safetensors.index.json",
+               "{\"metadata\":{},\"weight_map\":{"
+               "\"model.layers.0.self_attn.k_proj.kv_cache_scale\":\"model-00001-of-00002."
+               "safetensors\","
+               "\"model.layers.0.self_attn.k_proj.kv_cache_offset\":\"model-00001-of-00002."
+               "safetensors\","
+               "\"model.layers.0.self_attn.v_proj.kv_cache_scale\":\"model-00002-of-00002."
+               "safetensors\"}}");
+    /* tp 8 over 4 kv heads: ranks 2 and 3 share head 1. */
+    for (int32_t rank = 2; rank < 4; rank++) {
+        kva_c8_scales *s = NULL;
+        CHECK_OK(load(0, rank, 8, &s));
+        if (!s)
+            continue;
+        CHECK(s->num_kv_heads == 1);
+        CHECK(s->params.k_scale_len == D);
+        for (int i = 0; i < D; i++)
+            CHECK(s->params.k_scale[i] == kva_f16_to_f32(kva_f32_to_f16(ks[D + i])));
+        CHECK(s->params.k_offset_len == 1 && s->params.k_offset[0] == 2.0f);
+        CHECK(s->params.v_scale_len == 1 && s->params.v_scale[0] == 0.0625f);
+        CHECK(s->params.v_offset == NULL && s->params.v_offset_len == 0);
+        kva_c8_scales_free(s);
+    }
+    /* The .attn. form, found by scanning (no index). */
+    new_dir();
+    write_text("quant_model_description.json", C8_DESC);
+    tensor c[] = {
+        {"model.layers.1.self_attn.attn.k_cache_scale", "BF16", 1, {N, 0}, ks, 0},
+        {"model.layers.1.self_attn.attn.v_cache_scale", "F32", 1, {N, 0}, vs, 0},
+    };
+    write_safetensors("b.safetensors", c, 1, 0, 0, NULL);
+    write_safetensors("a.safetensors", c + 1, 1, 0, 0, NULL);
+    kva_c8_scales *s = NULL;
+    CHECK_OK(load(1, 1, 4, &s));
+    CHECK(s && s->params.k_scale[3] == kva_bf16_to_f32(kva_f32_to_bf16(ks[D + 3])));
+    CHECK(s && s->params.v_scale[7] == vs[D + 7] && s->params.k_offset_len == 0);
+    kva_c8_scales_free(s);
+}
+
+/* One failing load: status and a word of the message. */
+static void expect_fail(int32_t layer, kva_status want, const char *word)
+{
+    kva_c8_scales *s;
+    CHECK_STATUS(load(layer, 0, 1, &s), want);
+    CHECK_ERROR_MENTIONS(word);
+}
+
+static void test_errors(void)
+{
+    const char *k = "model.layers.0.self_attn.k_cache_scale";
+    const char *v = "model.layers.0.self_attn.v_cache_scale";
+    tensor good[] = {{k, "F32", 1, {N, 0}, ks, 0}, {v, "F32", 1, {N, 0}, vs, 0}};
+
+    new_dir(); /* no description */
+    write_safetensors("m.safetensors", good, 2, 0, 0, NULL);
+    expect_fail(0, KVA_STATUS_IO_ERROR, "quant_model_description.json");
+    write_text("quant_model_description.json", "{\"kv_cache_type\": \"C8\""); /* malformed */
+    expect_fail(0, KVA_STATUS_IO_ERROR, "JSON");
+    write_text("quant_model_description.json", "{\"kv_cache_type\": \"FP16\"}");
+    expect_fail(0, KVA_STATUS_UNSUPPORTED, "FP16");
+    write_text("quant_model_description.json", "{\"model_quant_type\": \"W8A8\"}");
+    expect_fail(0, KVA_STATUS_IO_ERROR, "kv_cache_type");
+    write_text("quant_model_description.json", C8_DESC);
+    kva_c8_scales *s = NULL;
+    CHECK_OK(load(0, 0, 1, &s));
+    kva_c8_scales_free(s);
+    expect_fail(5, KVA_STATUS_IO_ERROR, "model.layers.5.self_attn.k_cache_scale"); /* missing */
+
+    /* Header length past the end of the file. */
+    write_safetensors("m.safetensors", good, 2, 100000, 0, NULL);
+    expect_fail(0, KVA_STATUS_IO_ERROR, "header length");
+    /* Too short for the length field. */
+    write_text("m.safetensors", "abc");
+    expect_fail(0, KVA_STATUS_IO_ERROR, "too short");
+    /* Malformed header JSON. */
+    write_safetensors("m.safetensors", good, 2, 0, 0, "{\"a\": [1, 2");
+    expect_fail(0, KVA_STATUS_IO_ERROR, "header");
+    /* An entry without data_offsets. */
+    write_safetensors("m.safetensors", good, 0, 0, 0,
+                      "{\"model.layers.0.self_attn.k_cache_scale\":{\"dtype\":\"F32\"}}");
+    expect_fail(0, KVA_STATUS_IO_ERROR, "data_offsets");
+    /* Unsupported dtype. */
+    tensor bad_dt[] = {{k, "I8", 1, {N, 0}, ks, 0}, {v, "F32", 1, {N, 0}, vs, 0}};
+    write_safetensors("m.safetensors", bad_dt, 2, 0, 0, NULL);
+    expect_fail(0, KVA_STATUS_DTYPE_MISMATCH, "I8");
+    /* Wrong shape (consistent offsets): [N/2] and [HKV, D + 1]-like. */
+    tensor bad_shape[] = {{k, "F32", 1, {N / 2, 0}, ks, 0}, {v, "F32", 1, {N, 0}, vs, 0}};
+    write_safetensors("m.safetensors", bad_shape, 2, 0, 0, NULL);
+    expect_fail(0, KVA_STATUS_SHAPE_MISMATCH, "k_cache_scale");
+    tensor bad_shape2[] = {{k, "F32", 2, {2, N / 2}, ks, 0}, {v, "F32", 1, {N, 0}, vs, 0}};
+    write_safetensors("m.safetensors", bad_shape2, 2, 0, 0, NULL);
+    expect_fail(0, KVA_STATUS_SHAPE_MISMATCH, "k_cache_scale");
+    /* Offsets that disagree with shape x dtype. */
+    tensor bad_off[] = {{k, "F32", 1, {N, 0}, ks, 4}, {v, "F32", 1, {N, 0}, vs, 0}};
+    write_safetensors("m.safetensors", bad_off, 2, 0, 0, NULL);
+    expect_fail(0, KVA_STATUS_IO_ERROR, "data_offsets");
+    /* Truncated data. */
+    write_safetensors("m.safetensors", good, 2, 0, 5, NULL);
+    expect_fail(0, KVA_STATUS_IO_ERROR, "truncated");
+    /* Index naming a file that is not there, and a tensor the file lacks. */
+    write_safetensors("m.safetensors", good, 2, 0, 0, NULL);
+    write_text(
+        "model.safetensors.index.json",
+        "{\"weight_map\":{\"model.layers.0.self_attn.k_cache_scale\":\"gone.safetensors\"}}");
+    expect_fail(0, KVA_STATUS_IO_ERROR, "gone.safetensors");
+    write_text("model.safetensors.index.json",
+               "{\"weight_map\":{\"model.layers.0.self_attn.k_cache_scale\":\"m.safetensors\","
+               "\"model.layers.0.self_attn.v_cache_scale\":\"m.safetensors\","
+               "\"model.layers.0.self_attn.k_cache_offset\":\"m.safetensors\"}}");
+    expect_fail(0, KVA_STATUS_IO_ERROR, "no such tensor");
+    write_text("model.safetensors.index.json", "{\"metadata\":{}}");
+    expect_fail(0, KVA_STATUS_IO_ERROR, "weight_map");
+    /* No shards at all. */
+    new_dir();
+    write_text("quant_model_description.json", C8_DESC);
+    expect_fail(0, KVA_STATUS_IO_ERROR, "safetensors");
+
+    /* Bad arguments. */
+    kva_c8_scales *o = (kva_c8_scales *)(uintptr_t)0x1234;
+    CHECK_STATUS(kva_c8_scales_load(NULL, 0, HKV, D, 0, 1, &o), KVA_STATUS_NULL_POINTER);
+    CHECK_STATUS(kva_c8_scales_load(tmpdir, 0, HKV, D, 0, 1, NULL), KVA_STATUS_NULL_POINTER);
+    CHECK_STATUS(kva_c8_scales_load(tmpdir, -1, HKV, D, 0, 1, &o), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("layer");
+    CHECK_STATUS(kva_c8_scales_load(tmpdir, 0, HKV, D, 2, 2 * 1, &o), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("tp_rank");
+    CHECK_STATUS(kva_c8_scales_load(tmpdir, 0, HKV, D, 0, 3, &o), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("tp_size");
+    CHECK_STATUS(kva_c8_scales_load(tmpdir, 0, HKV, D, 0, 6, &o), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kva_c8_scales_load(tmpdir, 0, 0, D, 0, 1, &o), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kva_c8_scales_load(tmpdir, 0, HKV, 12, 0, 1, &o), KVA_STATUS_UNSUPPORTED);
+    CHECK(o == (kva_c8_scales *)(uintptr_t)0x1234);
+    CHECK_STATUS(kva_c8_scales_load("/nonexistent/kva", 0, HKV, D, 0, 1, &o), KVA_STATUS_IO_ERROR);
+    CHECK_ERROR_MENTIONS("/nonexistent/kva");
+}
+
+int main(void)
+{
+    init_vals();
+    RUN(test_single_file_sharded);
+    RUN(test_index_shards);
+    RUN(test_errors);
+    if (tmpdir[0]) {
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "could not remove %s\n", tmpdir);
+    }
+    return kva_test_finish();
+}
