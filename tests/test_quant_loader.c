@@ -337,12 +337,243 @@ static void test_errors(void)
     CHECK_ERROR_MENTIONS("/nonexistent/kva");
 }
 
+/* Writes a safetensors file from a literal header: the length field says
+ * len_field, then the header text, then data_bytes bytes of data (0.5f
+ * floats, so a valid scale). */
+static void write_st_raw(const char *name, const char *header, uint64_t len_field,
+                         size_t data_bytes)
+{
+    const size_t hl = strlen(header);
+    unsigned char *file = malloc(8 + hl + data_bytes);
+    for (int b = 0; b < 8; b++)
+        file[b] = (unsigned char)(len_field >> (8 * b));
+    memcpy(file + 8, header, hl);
+    const float half = 0.5f;
+    for (size_t i = 0; i < data_bytes; i++)
+        file[8 + hl + i] = ((const unsigned char *)&half)[i % 4];
+    write_file(name, file, 8 + hl + data_bytes);
+    free(file);
+}
+
+/* The header of one K and one V scale tensor [N] F32 with the given
+ * data_offsets texts (and shape/dtype texts for K). */
+static void header_kv(char *buf, size_t n, const char *k_dtype, const char *k_shape,
+                      const char *k_offs, const char *v_offs)
+{
+    snprintf(buf, n,
+             "{\"model.layers.0.self_attn.k_cache_scale\":{\"dtype\":%s,\"shape\":%s,"
+             "\"data_offsets\":%s},"
+             "\"model.layers.0.self_attn.v_cache_scale\":{\"dtype\":\"F32\",\"shape\":[%d],"
+             "\"data_offsets\":%s}}",
+             k_dtype, k_shape, k_offs, N, v_offs);
+}
+
+/*
+ * Hostile and corrupt safetensors files: each gets a status and a message and
+ * no crash or over-read (this test runs under ASan+UBSan in the sanitizer
+ * build): huge or tiny header lengths, a header cut mid-JSON (no terminating
+ * NUL anywhere), headers that are not objects, offsets that are negative,
+ * fractional, beyond 2^53, reversed, overlapping, leaving gaps or past the
+ * end, shapes whose element count overflows int64, bad dtype strings,
+ * duplicate names, a huge (sparse) tensor where a scale is expected, and index
+ * entries that are not file names. Valid files with entries out of offset
+ * order still load.
+ */
+static void test_hostile_headers(void)
+{
+    new_dir();
+    write_text("quant_model_description.json", C8_DESC);
+    char h[2048], offs[64], voffs[64], shape[32];
+    snprintf(offs, sizeof offs, "[0,%d]", 4 * N);
+    snprintf(voffs, sizeof voffs, "[%d,%d]", 4 * N, 8 * N);
+    snprintf(shape, sizeof shape, "[%d]", N);
+
+    /* The well-formed baseline, its entries listed in reverse offset order. */
+    snprintf(h, sizeof h,
+             "{\"model.layers.0.self_attn.v_cache_scale\":{\"dtype\":\"F32\",\"shape\":[%d],"
+             "\"data_offsets\":%s},\"__metadata__\":{\"format\":\"pt\"},"
+             "\"model.layers.0.self_attn.k_cache_scale\":{\"dtype\":\"F32\",\"shape\":%s,"
+             "\"data_offsets\":%s}}",
+             N, voffs, shape, offs);
+    write_st_raw("m.safetensors", h, strlen(h), 8 * N);
+    kva_c8_scales *s = NULL;
+    CHECK_OK(load(0, 0, 1, &s));
+    CHECK(s && s->params.k_scale_len == N && s->params.k_scale[N - 1] == 0.5f);
+    kva_c8_scales_free(s);
+    /* Trailing bytes after the last tensor are tolerated. */
+    write_st_raw("m.safetensors", h, strlen(h), 8 * N + 3);
+    CHECK_OK(load(0, 0, 1, &s));
+    kva_c8_scales_free(s);
+
+    /* Header lengths: 2^64 - 1, 2^63, 2^32 + small, 0, 1, one byte short
+     * (the JSON loses its closing brace; nothing NUL-terminates it). */
+    const uint64_t lens[] = {UINT64_MAX, (uint64_t)1 << 63, ((uint64_t)1 << 32) + 16, 0,
+                             1,          strlen(h) - 1};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        write_st_raw("m.safetensors", h, lens[i], 8 * N);
+        expect_fail(0, KVA_STATUS_IO_ERROR, "m.safetensors");
+    }
+    /* Headers that are not an object of entries. */
+    const char *not_obj[] = {"[1, 2, 3]",   "null",
+                             "\"str\"",     "{\"a\": 1}",
+                             "{\"a\": {}}", "{\"\\u0000\": {\"data_offsets\": [0, 0]}, \"b\": 5}",
+                             "  {}  x"};
+    for (size_t i = 0; i < sizeof not_obj / sizeof not_obj[0]; i++) {
+        write_st_raw("m.safetensors", not_obj[i], strlen(not_obj[i]), 0);
+        kva_c8_scales *o;
+        const kva_status st = load(0, 0, 1, &o);
+        CHECK_MSG(st == KVA_STATUS_IO_ERROR, "header %s: status %s", not_obj[i],
+                  kva_status_name(st));
+    }
+
+    /* Bad data_offsets of K (V fine where it can be). */
+    char big[64];
+    snprintf(big, sizeof big, "[0,%.0f]", 9007199254740994.0); /* 2^53 + 2 */
+    const char *bad_offs[] = {"[-4,124]",    "[0.5,128.5]", "[\"0\",\"128\"]", "[0]",
+                              "[0,128,256]", "[128,0]",     "[0,1e300]",       "{}",
+                              "[0,-1e-300]", big,           "[0,1e20]",        "null"};
+    for (size_t i = 0; i < sizeof bad_offs / sizeof bad_offs[0]; i++) {
+        header_kv(h, sizeof h, "\"F32\"", shape, bad_offs[i], voffs);
+        write_st_raw("m.safetensors", h, strlen(h), 8 * N);
+        expect_fail(0, KVA_STATUS_IO_ERROR, "data_offsets");
+    }
+    /* Overlap, gap, not starting at 0, past the end. */
+    char o1[64], o2[64];
+    snprintf(o1, sizeof o1, "[0,%d]", 4 * N);
+    snprintf(o2, sizeof o2, "[%d,%d]", 2 * N, 6 * N); /* overlaps K */
+    header_kv(h, sizeof h, "\"F32\"", shape, o1, o2);
+    write_st_raw("m.safetensors", h, strlen(h), 8 * N);
+    expect_fail(0, KVA_STATUS_IO_ERROR, "overlap");
+    snprintf(o2, sizeof o2, "[%d,%d]", 5 * N, 9 * N); /* gap after K */
+    header_kv(h, sizeof h, "\"F32\"", shape, o1, o2);
+    write_st_raw("m.safetensors", h, strlen(h), 9 * N);
+    expect_fail(0, KVA_STATUS_IO_ERROR, "gap");
+    snprintf(o1, sizeof o1, "[%d,%d]", 4, 4 * N + 4); /* K does not start at 0 */
+    snprintf(o2, sizeof o2, "[%d,%d]", 4 * N + 4, 8 * N + 4);
+    header_kv(h, sizeof h, "\"F32\"", shape, o1, o2);
+    write_st_raw("m.safetensors", h, strlen(h), 8 * N + 4);
+    expect_fail(0, KVA_STATUS_IO_ERROR, "gap");
+    header_kv(h, sizeof h, "\"F32\"", shape, offs, voffs);
+    write_st_raw("m.safetensors", h, strlen(h), 8 * N - 1); /* last byte missing */
+    expect_fail(0, KVA_STATUS_IO_ERROR, "truncated");
+
+    /* Shapes: products that overflow int64 (2^62 * 4, 1e15^3), negative,
+     * fractional, non-numeric, too many dimensions, zero elements. */
+    const struct {
+        const char *shape;
+        kva_status want;
+    } bad_shapes[] = {
+        {"[4611686018427387904, 4]", KVA_STATUS_IO_ERROR}, /* dim > 1e15: not accepted */
+        {"[1000000000000000, 1000000000000000, 1000000000000000]", KVA_STATUS_SHAPE_MISMATCH},
+        {"[1099511627776, 1099511627776]", KVA_STATUS_SHAPE_MISMATCH},
+        {"[1000000000000, 1000000000000]", KVA_STATUS_SHAPE_MISMATCH},    /* was int64 overflow */
+        {"[0, 1000000000000000, 1000000000000000]", KVA_STATUS_IO_ERROR}, /* 0 elements: span */
+        {"[-32]", KVA_STATUS_IO_ERROR},
+        {"[31.5]", KVA_STATUS_IO_ERROR},
+        {"[\"32\"]", KVA_STATUS_IO_ERROR},
+        {"[1,1,1,1,1,1,1,1,32]", KVA_STATUS_SHAPE_MISMATCH},
+        {"32", KVA_STATUS_IO_ERROR},
+    };
+    for (size_t i = 0; i < sizeof bad_shapes / sizeof bad_shapes[0]; i++) {
+        header_kv(h, sizeof h, "\"F32\"", bad_shapes[i].shape, offs, voffs);
+        write_st_raw("m.safetensors", h, strlen(h), 8 * N);
+        kva_c8_scales *o;
+        const kva_status st = load(0, 0, 1, &o);
+        CHECK_MSG(st == bad_shapes[i].want, "shape %s: status %s", bad_shapes[i].shape,
+                  kva_status_name(st));
+    }
+
+    /* dtype strings: case matters, unknown names, not a string, a long one
+     * (the message quotes at most 32 characters). */
+    const struct {
+        const char *dtype;
+        kva_status want;
+    } bad_dtypes[] = {
+        {"\"f32\"", KVA_STATUS_DTYPE_MISMATCH},
+        {"\"F64\"", KVA_STATUS_DTYPE_MISMATCH},
+        {"\"\"", KVA_STATUS_DTYPE_MISMATCH},
+        {"\"F32 \"", KVA_STATUS_DTYPE_MISMATCH},
+        {"32", KVA_STATUS_IO_ERROR},
+        {"null", KVA_STATUS_IO_ERROR},
+        {"\"F32\\u0000x\"", KVA_STATUS_IO_ERROR}, /* NUL: cJSON would cut it to "F32" */
+        {"\"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+         "AAAAA"
+         "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\"",
+         KVA_STATUS_DTYPE_MISMATCH},
+    };
+    for (size_t i = 0; i < sizeof bad_dtypes / sizeof bad_dtypes[0]; i++) {
+        header_kv(h, sizeof h, bad_dtypes[i].dtype, shape, offs, voffs);
+        write_st_raw("m.safetensors", h, strlen(h), 8 * N);
+        kva_c8_scales *o;
+        const kva_status st = load(0, 0, 1, &o);
+        CHECK_MSG(st == bad_dtypes[i].want, "dtype %s: status %s", bad_dtypes[i].dtype,
+                  kva_status_name(st));
+    }
+
+    /* The same tensor name twice (parsers disagree on which one wins). */
+    snprintf(h, sizeof h,
+             "{\"model.layers.0.self_attn.k_cache_scale\":{\"dtype\":\"F32\",\"shape\":[%d],"
+             "\"data_offsets\":%s},"
+             "\"model.layers.0.self_attn.k_cache_scale\":{\"dtype\":\"F32\",\"shape\":[%d],"
+             "\"data_offsets\":%s}}",
+             N, offs, N, voffs);
+    write_st_raw("m.safetensors", h, strlen(h), 8 * N);
+    expect_fail(0, KVA_STATUS_IO_ERROR, "twice");
+
+    /* A name with an embedded NUL (would read as the K scale's name), a raw
+     * NUL byte in the header, and a description saying "C8\u0000...". */
+    snprintf(
+        h, sizeof h,
+        "{\"model.layers.0.self_attn.k_cache_scale\\u0000x\":{\"dtype\":\"F32\",\"shape\":[%d],"
+        "\"data_offsets\":%s},"
+        "\"model.layers.0.self_attn.v_cache_scale\":{\"dtype\":\"F32\",\"shape\":[%d],"
+        "\"data_offsets\":%s}}",
+        N, offs, N, voffs);
+    write_st_raw("m.safetensors", h, strlen(h), 8 * N);
+    expect_fail(0, KVA_STATUS_IO_ERROR, "NUL");
+    header_kv(h, sizeof h, "\"F32\"", shape, offs, voffs);
+    write_st_raw("m.safetensors", h, strlen(h) + 1, 8 * N); /* the length covers the NUL */
+    expect_fail(0, KVA_STATUS_IO_ERROR, "NUL");
+    write_text("quant_model_description.json", "{\"kv_cache_type\": \"C8\\u0000FP16\"}");
+    write_st_raw("m.safetensors", h, strlen(h), 8 * N);
+    expect_fail(0, KVA_STATUS_IO_ERROR, "quant_model_description.json");
+    write_text("quant_model_description.json", C8_DESC);
+
+    /* A tensor of 2^28 floats (a 1 GiB sparse file) where a scale is
+     * expected: refused by its shape before anything is allocated or read. */
+    snprintf(h, sizeof h,
+             "{\"model.layers.0.self_attn.k_cache_scale\":{\"dtype\":\"F32\",\"shape\":[268435456],"
+             "\"data_offsets\":[0,1073741824]}}");
+    write_st_raw("m.safetensors", h, strlen(h), 0);
+    char p[512];
+    path_of(p, sizeof p, "m.safetensors");
+    CHECK(truncate(p, (off_t)(8 + strlen(h)) + ((off_t)1 << 30)) == 0);
+    expect_fail(0, KVA_STATUS_SHAPE_MISMATCH, "268435456");
+    CHECK(unlink(p) == 0);
+
+    /* Index entries that are not plain file names of the directory. */
+    header_kv(h, sizeof h, "\"F32\"", shape, offs, voffs);
+    write_st_raw("m.safetensors", h, strlen(h), 8 * N);
+    const char *bad_files[] = {"\"..\"", "\"\"", "\".\"", "\"/etc/passwd\"", "5", "null"};
+    for (size_t i = 0; i < sizeof bad_files / sizeof bad_files[0]; i++) {
+        char idx[512];
+        snprintf(idx, sizeof idx,
+                 "{\"weight_map\":{\"model.layers.0.self_attn.k_cache_scale\":%s}}", bad_files[i]);
+        write_text("model.safetensors.index.json", idx);
+        kva_c8_scales *o;
+        const kva_status st = load(0, 0, 1, &o);
+        CHECK_MSG(st == KVA_STATUS_IO_ERROR, "index file %s: status %s", bad_files[i],
+                  kva_status_name(st));
+    }
+}
+
 int main(void)
 {
     init_vals();
     RUN(test_single_file_sharded);
     RUN(test_index_shards);
     RUN(test_errors);
+    RUN(test_hostile_headers);
     if (tmpdir[0]) {
         char cmd[600];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

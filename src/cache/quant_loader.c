@@ -11,9 +11,11 @@
  *
  * Every malformed input gets a status and a message naming the file and the
  * problem: a missing file or tensor, a header length past the file, JSON that
- * does not parse or lacks a field, offsets that disagree with the shape and
- * dtype, data past the end of the file (truncated), a dtype other than
- * F32/F16/BF16, a shape that is neither scalar nor [Hkv_total * D].
+ * does not parse or lacks a field, a NUL inside the JSON, duplicate names,
+ * offsets that are not integers in [0, 2^53], overlap, leave gaps or
+ * disagree with the shape and dtype, data past the end of the file
+ * (truncated), a dtype other than F32/F16/BF16, a shape whose element count
+ * passes 2^40 or is neither 1 nor Hkv_total * D (checked before reading).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -55,6 +57,23 @@ static kva_status file_size(FILE *f, const char *path, uint64_t *out)
     return KVA_STATUS_OK;
 }
 
+/* 1 if JSON text buf [n] holds a NUL: a raw zero byte or a \u0000 escape.
+ * cJSON decodes strings into NUL-terminated C strings, so "F32\u0000x" would
+ * compare equal to "F32"; such text is refused instead. */
+static int json_has_nul(const char *buf, size_t n)
+{
+    if (memchr(buf, 0, n))
+        return 1;
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (buf[i] != '\\')
+            continue;
+        if (buf[i + 1] == 'u' && i + 5 < n && !memcmp(buf + i + 2, "0000", 4))
+            return 1;
+        i++; /* skip the escaped character (\\ included) */
+    }
+    return 0;
+}
+
 /* Reads and parses a JSON file. missing_ok: a missing file gives OK with *out NULL. */
 static kva_status json_file(const char *path, int missing_ok, cJSON **out)
 {
@@ -77,7 +96,7 @@ static kva_status json_file(const char *path, int missing_ok, cJSON **out)
         st = kva__fail(KVA_STATUS_IO_ERROR, "%s: cannot read '%s'", fn, path);
     fclose(f);
     if (st == KVA_STATUS_OK) {
-        *out = cJSON_ParseWithLength(buf, (size_t)n);
+        *out = json_has_nul(buf, (size_t)n) ? NULL : cJSON_ParseWithLength(buf, (size_t)n);
         if (!*out || !cJSON_IsObject(*out)) {
             cJSON_Delete(*out);
             *out = NULL;
@@ -105,6 +124,108 @@ static void st_close(st_file *s)
     cJSON_Delete(s->header);
     free(s->path);
     memset(s, 0, sizeof *s);
+}
+
+/* Largest data offset accepted: 2^53, below which JSON numbers (doubles) are
+ * exact integers. */
+#define KVA_ST_MAX_OFFSET 9007199254740992.0
+
+/* Entry t's data_offsets [begin, end] as integers: both non-negative whole
+ * numbers <= 2^53 with begin <= end; 0 when they are not. */
+static int st_offsets(const cJSON *t, uint64_t *begin, uint64_t *end)
+{
+    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
+    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
+        return 0;
+    const cJSON *b = cJSON_GetArrayItem(offs, 0), *e = cJSON_GetArrayItem(offs, 1);
+    if (!cJSON_IsNumber(b) || !cJSON_IsNumber(e))
+        return 0;
+    const double bd = b->valuedouble, ed = e->valuedouble;
+    if (!(bd >= 0 && ed >= bd && ed <= KVA_ST_MAX_OFFSET) || bd != (double)(uint64_t)bd ||
+        ed != (double)(uint64_t)ed)
+        return 0;
+    *begin = (uint64_t)bd;
+    *end = (uint64_t)ed;
+    return 1;
+}
+
+/* One header entry, for the whole-header checks. */
+typedef struct st_span {
+    const char *name;
+    uint64_t begin, end;
+} st_span;
+
+static int cmp_span_name(const void *a, const void *b)
+{
+    return strcmp(((const st_span *)a)->name, ((const st_span *)b)->name);
+}
+
+static int cmp_span_begin(const void *a, const void *b)
+{
+    const st_span *x = a, *y = b;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* Checks the whole header as the safetensors format defines it, so that a
+ * hostile or corrupt file is refused before any tensor is read: every entry
+ * but "__metadata__" is an object with integer data_offsets [begin, end]; no
+ * name appears twice (JSON parsers disagree on which duplicate wins); and
+ * the entries, sorted by begin, tile the data section from byte 0 without
+ * gaps or overlaps and end inside the file (past it: truncated). Bytes after
+ * the last tensor are tolerated. */
+static kva_status st_validate(const char *path, const cJSON *header, uint64_t data_bytes)
+{
+    int n = 0;
+    for (const cJSON *t = header->child; t; t = t->next)
+        n++;
+    st_span *sp = malloc(sizeof(st_span) * (size_t)(n > 0 ? n : 1));
+    if (!sp)
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "%s: out of memory for the header of '%s'", fn,
+                         path);
+    kva_status st = KVA_STATUS_OK;
+    int m = 0;
+    for (const cJSON *t = header->child; t && st == KVA_STATUS_OK; t = t->next) {
+        if (t->string && !strcmp(t->string, "__metadata__"))
+            continue;
+        if (!cJSON_IsObject(t) || !st_offsets(t, &sp[m].begin, &sp[m].end))
+            st = kva__fail(KVA_STATUS_IO_ERROR,
+                           "%s: '%s': entry '%s' has no valid data_offsets [begin, end] "
+                           "(integers, 0 <= begin <= end <= 2^53)",
+                           fn, path, t->string ? t->string : "?");
+        sp[m].name = t->string ? t->string : "";
+        m++;
+    }
+    if (st == KVA_STATUS_OK && m > 1) {
+        qsort(sp, (size_t)m, sizeof *sp, cmp_span_name);
+        for (int i = 1; i < m && st == KVA_STATUS_OK; i++)
+            if (!strcmp(sp[i - 1].name, sp[i].name))
+                st = kva__fail(KVA_STATUS_IO_ERROR,
+                               "%s: '%s': tensor '%s' appears twice in the header", fn, path,
+                               sp[i].name);
+    }
+    if (st == KVA_STATUS_OK) {
+        qsort(sp, (size_t)m, sizeof *sp, cmp_span_begin);
+        uint64_t at = 0;
+        for (int i = 0; i < m && st == KVA_STATUS_OK; i++) {
+            if (sp[i].begin != at)
+                st = kva__fail(KVA_STATUS_IO_ERROR,
+                               "%s: '%s': tensor '%s' has data_offsets [%llu, %llu], but the "
+                               "previous tensor ends at byte %llu (%s)",
+                               fn, path, sp[i].name, (unsigned long long)sp[i].begin,
+                               (unsigned long long)sp[i].end, (unsigned long long)at,
+                               sp[i].begin < at ? "overlap" : "gap");
+            at = sp[i].end;
+        }
+        if (st == KVA_STATUS_OK && at > data_bytes)
+            st = kva__fail(KVA_STATUS_IO_ERROR,
+                           "%s: '%s': the tensors end at data byte %llu but the file holds %llu "
+                           "data bytes (truncated)",
+                           fn, path, (unsigned long long)at, (unsigned long long)data_bytes);
+    }
+    free(sp);
+    return st;
 }
 
 /* Opens a safetensors file (takes ownership of path) and parses its header. */
@@ -140,10 +261,14 @@ static kva_status st_open(char *path, st_file *s)
     if (st == KVA_STATUS_OK && fread(buf, 1, (size_t)n, s->f) != (size_t)n)
         st = kva__fail(KVA_STATUS_IO_ERROR, "%s: cannot read the header of '%s'", fn, path);
     if (st == KVA_STATUS_OK) {
-        s->header = cJSON_ParseWithLength(buf, (size_t)n);
-        if (!s->header || !cJSON_IsObject(s->header))
+        if (json_has_nul(buf, (size_t)n))
+            st = kva__fail(KVA_STATUS_IO_ERROR,
+                           "%s: '%s': the safetensors header contains a NUL character", fn, path);
+        else if (!(s->header = cJSON_ParseWithLength(buf, (size_t)n)) || !cJSON_IsObject(s->header))
             st = kva__fail(KVA_STATUS_IO_ERROR,
                            "%s: '%s': the safetensors header is not a JSON object", fn, path);
+        else
+            st = st_validate(path, s->header, s->size - 8 - n);
     }
     free(buf);
     s->data_begin = 8 + n;
@@ -153,15 +278,17 @@ static kva_status st_open(char *path, st_file *s)
 }
 
 /* Reads tensor `name` (an entry of s's header) as float: *out [*count]
- * (malloc'ed). Checks dtype, shape and offsets against each other and the file. */
-static kva_status st_read(const st_file *s, const cJSON *t, const char *name, float **out,
-                          int64_t *count, int32_t *rank, int64_t dims[2])
+ * (malloc'ed). Checks dtype, shape and offsets against each other and the
+ * file, and refuses any element count but 1 and `full` (the loader's scalar
+ * or [Hkv_total * D]) before reading, so a huge tensor costs no allocation. */
+static kva_status st_read(const st_file *s, const cJSON *t, const char *name, int64_t full,
+                          float **out, int64_t *count, int32_t *rank, int64_t dims[2])
 {
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(t, "dtype");
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(t, "shape");
-    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
+    uint64_t ub = 0, ue = 0;
     if (!cJSON_IsObject(t) || !cJSON_IsString(dt) || !cJSON_IsArray(shape) ||
-        !cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
+        !st_offsets(t, &ub, &ue))
         return kva__fail(KVA_STATUS_IO_ERROR,
                          "%s: '%s': entry '%s' lacks dtype, shape or data_offsets [2]", fn, s->path,
                          name);
@@ -175,35 +302,32 @@ static kva_status st_read(const st_file *s, const cJSON *t, const char *name, fl
         esz = 2, kd = KVA_DTYPE_BF16;
     else
         return kva__fail(KVA_STATUS_DTYPE_MISMATCH,
-                         "%s: '%s': tensor '%s' has dtype %s (F32, F16 or BF16 expected)", fn,
-                         s->path, name, dt->valuestring);
+                         "%s: '%s': tensor '%s' has dtype \"%.32s\" (F32, F16 or BF16 expected)",
+                         fn, s->path, name, dt->valuestring);
     const int nd = cJSON_GetArraySize(shape);
-    int64_t numel = 1;
     if (nd > 8)
         return kva__fail(KVA_STATUS_SHAPE_MISMATCH, "%s: '%s': tensor '%s' has %d dimensions", fn,
                          s->path, name, nd);
+    /* numel stays <= 2^40: each factor is checked against 2^40 / numel
+     * before the multiplication (no int64 overflow on hostile shapes). */
+    const int64_t max_numel = (int64_t)1 << 40;
+    int64_t numel = 1;
     for (int i = 0; i < nd; i++) {
         const cJSON *e = cJSON_GetArrayItem(shape, i);
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 1e12 ||
+        if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0) || e->valuedouble > 1e15 ||
             e->valuedouble != (double)(int64_t)e->valuedouble)
             return kva__fail(KVA_STATUS_IO_ERROR,
                              "%s: '%s': tensor '%s': shape[%d] is not a non-negative integer", fn,
                              s->path, name, i);
-        numel *= (int64_t)e->valuedouble;
-        if (numel > ((int64_t)1 << 40))
-            return kva__fail(KVA_STATUS_SHAPE_MISMATCH, "%s: '%s': tensor '%s' is too large", fn,
-                             s->path, name);
+        const int64_t dim = (int64_t)e->valuedouble;
+        if (numel > 0 && dim > max_numel / numel)
+            return kva__fail(KVA_STATUS_SHAPE_MISMATCH,
+                             "%s: '%s': tensor '%s' has more than 2^40 elements", fn, s->path,
+                             name);
+        numel *= dim;
         if (i < 2)
-            dims[i] = (int64_t)e->valuedouble;
+            dims[i] = dim;
     }
-    double b = cJSON_GetArrayItem(offs, 0)->valuedouble;
-    double e = cJSON_GetArrayItem(offs, 1)->valuedouble;
-    if (!cJSON_IsNumber(cJSON_GetArrayItem(offs, 0)) ||
-        !cJSON_IsNumber(cJSON_GetArrayItem(offs, 1)) || b < 0 || e < b || e > 9e15)
-        return kva__fail(KVA_STATUS_IO_ERROR,
-                         "%s: '%s': tensor '%s': data_offsets [%g, %g] are invalid", fn, s->path,
-                         name, b, e);
-    const uint64_t ub = (uint64_t)b, ue = (uint64_t)e;
     if (ue - ub != (uint64_t)numel * esz)
         return kva__fail(KVA_STATUS_IO_ERROR,
                          "%s: '%s': tensor '%s': data_offsets span %llu bytes but shape and "
@@ -216,6 +340,11 @@ static kva_status st_read(const st_file *s, const cJSON *t, const char *name, fl
                          "(truncated)",
                          fn, s->path, name, (unsigned long long)(s->data_begin + ue),
                          (unsigned long long)s->size);
+    if (numel != 1 && numel != full)
+        return kva__fail(KVA_STATUS_SHAPE_MISMATCH,
+                         "%s: tensor '%s' has %lld elements (rank %d); expected a scalar or "
+                         "[num_kv_heads_total * head_dim] = %lld",
+                         fn, name, (long long)numel, nd, (long long)full);
     unsigned char *raw = malloc((size_t)numel * esz + 1);
     float *vals = malloc(sizeof(float) * (size_t)(numel > 0 ? numel : 1));
     if (!raw || !vals) {
@@ -324,7 +453,7 @@ static void ckpt_close(ckpt *c)
 }
 
 /* Finds tensor `name`: OK with *found 1 and its values, or OK with *found 0. */
-static kva_status ckpt_find(const ckpt *c, const char *name, int *found, float **vals,
+static kva_status ckpt_find(const ckpt *c, const char *name, int64_t full, int *found, float **vals,
                             int64_t *count, int32_t *rank, int64_t dims[2])
 {
     *found = 0;
@@ -349,7 +478,7 @@ static kva_status ckpt_find(const ckpt *c, const char *name, int *found, float *
                            "%s: the index maps '%s' to '%s', which has no such tensor", fn, name,
                            s.path);
         else
-            st = st_read(&s, t, name, vals, count, rank, dims);
+            st = st_read(&s, t, name, full, vals, count, rank, dims);
         st_close(&s);
         *found = st == KVA_STATUS_OK;
         return st;
@@ -363,7 +492,7 @@ static kva_status ckpt_find(const ckpt *c, const char *name, int *found, float *
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(s.header, name);
         kva_status st = KVA_STATUS_OK;
         if (t) {
-            st = st_read(&s, t, name, vals, count, rank, dims);
+            st = st_read(&s, t, name, full, vals, count, rank, dims);
             *found = st == KVA_STATUS_OK;
         }
         st_close(&s);
@@ -396,7 +525,7 @@ static kva_status load_one(const ckpt *c, int32_t layer, const char *kv, const c
         float *vals = NULL;
         int64_t n = 0, dims[2] = {0, 0};
         int32_t rank = 0;
-        KVA_TRY(ckpt_find(c, name, &found, &vals, &n, &rank, dims));
+        KVA_TRY(ckpt_find(c, name, (int64_t)hkv_total * D, &found, &vals, &n, &rank, dims));
         if (!found)
             continue;
         const int64_t full = (int64_t)hkv_total * D;
