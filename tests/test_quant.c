@@ -407,10 +407,72 @@ static void test_write_sources_strides(void)
     kva_context_destroy(ctx);
 }
 
+/*
+ * INT8 rounding on exact ties, which random data never hits: x / s + o
+ * exactly halfway between two integers must round to the even one (rne, not
+ * half away from zero), before the clamp to [-128, 127]; per-token keys the
+ * same with s_t = max|k| / 127. Also the read formula (q - o) * s.
+ */
+static void test_int8_ties(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 1);
+    enum { D = 16 };
+    /* K: s = 1, o = 0, so x / s + o = x. */
+    const float kx[D] = {0.5f,    1.5f,    2.5f, -0.5f,  -1.5f,  -2.5f,       126.5f,     127.5f,
+                         -127.5f, -128.5f, 5.5f, 200.0f, -1e30f, 0.49999997f, 3.4999998f, 1e-45f};
+    const int kq[D] = {0, 2, 2, 0, -2, -2, 126, 127, -128, -128, 6, 127, -128, 0, 3, 0};
+    /* V: s = 0.5, o = 0.25: x = (n + 0.25) / 2 gives x / s + o = n + 0.5 exactly. */
+    float vx[D];
+    int vq[D];
+    for (int i = 0; i < D; i++) {
+        const int n = i - 8; /* -8 .. 7: ties at -7.5 .. 7.5 */
+        vx[i] = ((float)n + 0.25f) * 0.5f;
+        const int lo = n, hi = n + 1; /* tie between lo and hi: the even one */
+        vq[i] = (lo % 2 == 0) ? lo : hi;
+    }
+    const float ks = 1.0f, vs = 0.5f, vo = 0.25f;
+    kva_quant_params p = {&ks, 1, NULL, 0, &vs, 1, &vo, 1};
+    kva_cache_desc d = qdesc(1, 4, 1, D, D, KVA_QUANT_INT8_CHANNEL, KVA_LAYOUT_NHD, KVA_DTYPE_F16);
+    kva_cache *c = NULL;
+    CHECK_OK(kva_cache_create_quant(ctx, &d, &p, &c));
+    const int64_t slot = 2;
+    CHECK_OK(kva_cache_write(ctx, c, 1, kx, 0, vx, 0, KVA_DTYPE_F32, &slot));
+    for (int i = 0; c && i < D; i++) {
+        const int8_t gk = ((const int8_t *)c->k)[kva__cache_row(&c->desc, 0, 2, 0, D) + i];
+        const int8_t gv = ((const int8_t *)c->v)[kva__cache_row(&c->desc, 0, 2, 0, D) + i];
+        CHECK_MSG(gk == kq[i], "k %a -> %d, want %d", (double)kx[i], gk, kq[i]);
+        CHECK_MSG(gv == vq[i], "v %a (y = %g) -> %d, want %d", (double)vx[i],
+                  (double)(vx[i] / vs + vo), gv, vq[i]);
+        CHECK(kva__quant_load(c, 1, 0, 2, 0, i) == ((double)vq[i] - 0.25) * 0.5);
+    }
+    kva_cache_destroy(c);
+
+    /* Per-token keys: 127 in the row makes s_t = 127 / 127 = 1 exactly. */
+    float tx[D] = {127.0f, 2.5f,  3.5f, -0.5f, -126.5f, 0.5f,  -1.5f, 1.5f,
+                   4.5f,   -4.5f, 0.0f, 10.5f, 11.5f,   -3.5f, 6.5f,  -127.0f};
+    const int tq[D] = {127, 2, 4, 0, -126, 0, -2, 2, 4, -4, 0, 10, 12, -4, 6, -127};
+    float tv[D];
+    for (int i = 0; i < D; i++)
+        tv[i] = (float)i;
+    d = qdesc(1, 4, 1, D, D, KVA_QUANT_INT8_TOKEN_K_V16, KVA_LAYOUT_HND, KVA_DTYPE_BF16);
+    CHECK_OK(kva_cache_create_quant(ctx, &d, NULL, &c));
+    CHECK_OK(kva_cache_write(ctx, c, 1, tx, 0, tv, 0, KVA_DTYPE_F32, &slot));
+    for (int i = 0; c && i < D; i++) {
+        const int8_t g = ((const int8_t *)c->k)[kva__cache_row(&c->desc, 0, 2, 0, D) + i];
+        CHECK_MSG(g == tq[i], "token k %g -> %d, want %d", (double)tx[i], g, tq[i]);
+        CHECK(kva__quant_load(c, 0, 0, 2, 0, i) == (double)tq[i]);
+    }
+    if (c)
+        CHECK(c->k_token_scale[kva__token_scale_index(&c->desc, 0, 2, 0)] == 1.0f);
+    kva_cache_destroy(c);
+    kva_context_destroy(ctx);
+}
+
 int main(void)
 {
     RUN(test_fp8_decode_all_codes);
     RUN(test_fp8_rounding_boundaries);
+    RUN(test_int8_ties);
     RUN(test_round_trip_error);
     RUN(test_bytes_per_token);
     RUN(test_write_sources_strides);
