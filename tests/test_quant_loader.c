@@ -178,6 +178,24 @@ static void test_single_file_sharded(void)
         kva_context_destroy(ctx);
         kva_c8_scales_free(s);
     }
+    /* Every rank of tp 1 .. 16: rank r holds heads from floor(r * Hkv / tp)
+     * on (max(1, Hkv / tp) of them), so ranks beyond the kv heads replicate
+     * them in contiguous groups as vLLM's QKVParallelLinear does. */
+    for (int32_t tp = 1; tp <= 16; tp *= 2)
+        for (int32_t r = 0; r < tp; r++) {
+            kva_c8_scales *sh = NULL;
+            CHECK_OK(load(3, r, tp, &sh));
+            if (!sh)
+                continue;
+            const int32_t first = r * HKV / tp, count = tp < HKV ? HKV / tp : 1;
+            CHECK_MSG(sh->num_kv_heads == count && sh->params.k_scale_len == count * D,
+                      "tp %d rank %d: %d heads", (int)tp, (int)r, (int)sh->num_kv_heads);
+            for (int i = 0; i < count * D && sh->num_kv_heads == count; i++)
+                CHECK_MSG(sh->params.k_scale[i] == ks[first * D + i] &&
+                              sh->params.v_offset[i] == vo[first * D + i],
+                          "tp %d rank %d element %d", (int)tp, (int)r, i);
+            kva_c8_scales_free(sh);
+        }
     /* tp_size 1: everything. */
     kva_c8_scales *s = NULL;
     CHECK_OK(load(3, 0, 1, &s));
