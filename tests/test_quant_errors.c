@@ -265,6 +265,65 @@ static void test_bad_writes(void)
     kva_context_destroy(ctx);
 }
 
+/* 16-bit sources: a bf16 NaN into int8 keys or values, an f16 +inf into
+ * per-token keys, are rejected like f32 ones (the check converts the row
+ * first) and leave K, V and the per-token scales unchanged; an f16 +inf under
+ * static scales saturates. */
+static void test_bad_writes_16bit(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 1);
+    kva_rng rng = {78};
+    const kva_quant qs[] = {KVA_QUANT_INT8_CHANNEL, KVA_QUANT_INT8_TOKEN_K,
+                            KVA_QUANT_INT8_TOKEN_K_V16};
+    for (size_t qi = 0; qi < sizeof qs / sizeof qs[0]; qi++)
+        for (int sdt = 0; sdt < 2; sdt++) {
+            const kva_dtype dt = sdt ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+            kva_cache *c = filled(ctx, qs[qi], &rng);
+            uint16_t k[3 * 32], v[3 * 16];
+            int64_t slots[3] = {5, 11, 2};
+            kva_test_fill(k, dt, 3 * 32, &rng, 1.0);
+            kva_test_fill(v, dt, 3 * 16, &rng, 1.0);
+            const int token_k = qs[qi] != KVA_QUANT_INT8_CHANNEL;
+            /* +inf in token 2, head 0, channel 9 of K. */
+            k[2 * 32 + 9] = sdt ? 0x7c00u : 0x7f80u;
+            qsnap before = qtake(c);
+            kva_status st = kva_cache_write(ctx, c, 3, k, 0, v, 0, dt, slots);
+            if (token_k) {
+                CHECK_MSG(st == KVA_STATUS_INVALID_ARGUMENT, "%s %s +inf: %s",
+                          kva_quant_name(qs[qi]), kva_dtype_name(dt), kva_status_name(st));
+                CHECK_ERROR_MENTIONS("k[token 2, head 0, channel 9]");
+                CHECK(qsame(c, &before));
+            } else {
+                CHECK_OK(st);
+                CHECK(kva__quant_load(c, 0, 0, 2, 0, 9) == 127.0 * (double)0.02f);
+            }
+            qdrop(&before);
+            /* NaN (quiet and signalling) in token 1, head 1, channel 3 of K or V. */
+            for (int is_v = 0; is_v < 2; is_v++)
+                for (int sig = 0; sig < 2; sig++) {
+                    if (is_v && qs[qi] == KVA_QUANT_INT8_TOKEN_K_V16)
+                        continue; /* 16-bit V keeps NaN */
+                    kva_test_fill(k, dt, 3 * 32, &rng, 1.0);
+                    kva_test_fill(v, dt, 3 * 16, &rng, 1.0);
+                    const uint16_t nan =
+                        sdt ? (sig ? 0xfc01u : 0x7e00u) : (sig ? 0xff81u : 0x7fc0u);
+                    if (is_v)
+                        v[16 + 8 + 3] = nan;
+                    else
+                        k[32 + 16 + 3] = nan;
+                    before = qtake(c);
+                    CHECK_STATUS(kva_cache_write(ctx, c, 3, k, 0, v, 0, dt, slots),
+                                 KVA_STATUS_INVALID_ARGUMENT);
+                    CHECK_ERROR_MENTIONS(is_v ? "v[token 1, head 1, channel 3]"
+                                              : "k[token 1, head 1, channel 3]");
+                    CHECK(qsame(c, &before));
+                    qdrop(&before);
+                }
+            kva_cache_destroy(c);
+        }
+    kva_context_destroy(ctx);
+}
+
 /* Large finite values saturate under static int8 scales; a zero key row gets
  * scale 0 and codes 0 (dequantizes to exact zeros). */
 static void test_specials_saturate(void)
@@ -347,6 +406,7 @@ int main(void)
 {
     RUN(test_bad_params);
     RUN(test_bad_writes);
+    RUN(test_bad_writes_16bit);
     RUN(test_specials_saturate);
     RUN(test_copy_swap_scales);
     return kva_test_finish();
