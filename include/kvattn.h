@@ -273,6 +273,13 @@ KVA_API void kva_cache_destroy(kva_cache *cache); /* NULL is a no-op */
 KVA_API kva_status kva_cache_get_desc(const kva_cache *cache, kva_cache_desc *out);
 /* Base pointers of the K and V storage (either out-pointer may be NULL). */
 KVA_API kva_status kva_cache_data(const kva_cache *cache, void **k_data, void **v_data);
+/* The per-token key scales of the INT8_TOKEN_K formats: [NB, Hkv, B] float32
+ * (block b's B*Hkv scales are contiguous, kva_cache_block_bytes_scales bytes),
+ * in the cache's memory space; *scales = NULL for the other formats. A caller
+ * that moves blocks itself (offload, transfer to another engine) through
+ * kva_cache_data must move these with them: the int8 keys mean nothing
+ * without them. */
+KVA_API kva_status kva_cache_token_scales(const kva_cache *cache, float **scales);
 /* Bytes of K and of V storage for one block (all kv heads), quantized
  * elements only. */
 KVA_API size_t kva_cache_block_bytes_k(const kva_cache *cache);

@@ -402,6 +402,49 @@ static void test_copy_swap_scales(void)
     kva_context_destroy(ctx);
 }
 
+/* A block moved by the caller through the public pointers alone (as an
+ * offload or KV-transfer connector would: kva_cache_data, the block byte
+ * sizes and kva_cache_token_scales) holds the same values in the other cache;
+ * formats without per-token scales report NULL. */
+static void test_user_block_transfer(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 1);
+    kva_rng rng = {10};
+    for (int q = 1; q < KVA_QUANT_COUNT_; q++) {
+        kva_cache *a = filled(ctx, (kva_quant)q, &rng);
+        kva_cache *b = filled(ctx, (kva_quant)q, &rng);
+        char *ak, *av, *bk, *bv;
+        float *as = (float *)(uintptr_t)1, *bs = (float *)(uintptr_t)1;
+        CHECK_OK(kva_cache_data(a, (void **)&ak, (void **)&av));
+        CHECK_OK(kva_cache_data(b, (void **)&bk, (void **)&bv));
+        CHECK_OK(kva_cache_token_scales(a, &as));
+        CHECK_OK(kva_cache_token_scales(b, &bs));
+        const int token_k = q == KVA_QUANT_INT8_TOKEN_K || q == KVA_QUANT_INT8_TOKEN_K_V16;
+        CHECK(token_k ? (as != NULL && bs != NULL) : (as == NULL && bs == NULL));
+        const size_t kb = kva_cache_block_bytes_k(a), vb = kva_cache_block_bytes_v(a);
+        const size_t sb = kva_cache_block_bytes_scales(a);
+        CHECK((sb != 0) == token_k);
+        const int src = 1, dst = 3;
+        memcpy(bk + dst * kb, ak + src * kb, kb);
+        memcpy(bv + dst * vb, av + src * vb, vb);
+        if (sb)
+            memcpy((char *)bs + dst * sb, (const char *)as + src * sb, sb);
+        for (int is_v = 0; is_v < 2; is_v++)
+            for (int32_t off = 0; off < 4; off++)
+                for (int32_t h = 0; h < 2; h++)
+                    for (int32_t ch = 0; ch < (is_v ? 8 : 16); ch++)
+                        CHECK_MSG(kva__quant_load(b, is_v, dst, off, h, ch) ==
+                                      kva__quant_load(a, is_v, src, off, h, ch),
+                                  "%s %s off %d head %d ch %d", kva_quant_name((kva_quant)q),
+                                  is_v ? "v" : "k", (int)off, (int)h, (int)ch);
+        kva_cache_destroy(a);
+        kva_cache_destroy(b);
+    }
+    float *x = NULL;
+    CHECK_STATUS(kva_cache_token_scales(NULL, &x), KVA_STATUS_NULL_POINTER);
+    kva_context_destroy(ctx);
+}
+
 int main(void)
 {
     RUN(test_bad_params);
@@ -409,5 +452,6 @@ int main(void)
     RUN(test_bad_writes_16bit);
     RUN(test_specials_saturate);
     RUN(test_copy_swap_scales);
+    RUN(test_user_block_transfer);
     return kva_test_finish();
 }

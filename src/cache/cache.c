@@ -306,6 +306,15 @@ kva_status kva_cache_data(const kva_cache *cache, void **k_data, void **v_data)
     return KVA_STATUS_OK;
 }
 
+kva_status kva_cache_token_scales(const kva_cache *cache, float **scales)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(cache);
+    KVA_CHECK_PTR(scales);
+    *scales = cache->k_token_scale;
+    return KVA_STATUS_OK;
+}
+
 size_t kva_cache_block_bytes_k(const kva_cache *cache)
 {
     return cache ? (size_t)cache->k_block_elems * cache->elem_size : 0;
