@@ -418,6 +418,19 @@ static void test_hostile_headers(void)
     CHECK_OK(load(0, 0, 1, &s));
     CHECK(s && s->params.k_scale_len == N && s->params.k_scale[N - 1] == 0.5f);
     kva_c8_scales_free(s);
+    /* Space padding after the JSON (as writers align the data section) is
+     * fine; anything else after it is not. */
+    char padded[2048];
+    snprintf(padded, sizeof padded, "%s        ", h);
+    write_st_raw("m.safetensors", padded, strlen(padded), 8 * N);
+    CHECK_OK(load(0, 0, 1, &s));
+    kva_c8_scales_free(s);
+    snprintf(padded, sizeof padded, "%s  x     ", h);
+    write_st_raw("m.safetensors", padded, strlen(padded), 8 * N);
+    expect_fail(0, KVA_STATUS_IO_ERROR, "not a JSON object");
+    snprintf(padded, sizeof padded, "%s{}", h);
+    write_st_raw("m.safetensors", padded, strlen(padded), 8 * N);
+    expect_fail(0, KVA_STATUS_IO_ERROR, "not a JSON object");
     /* Trailing bytes after the last tensor are tolerated. */
     write_st_raw("m.safetensors", h, strlen(h), 8 * N + 3);
     CHECK_OK(load(0, 0, 1, &s));

@@ -74,6 +74,25 @@ static int json_has_nul(const char *buf, size_t n)
     return 0;
 }
 
+/* Parses JSON text buf [n] that must hold one value and nothing after it but
+ * whitespace (safetensors headers are padded with spaces); NULL otherwise,
+ * or when the text holds a NUL. */
+static cJSON *json_parse(const char *buf, size_t n)
+{
+    if (json_has_nul(buf, n))
+        return NULL;
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(buf, n, &end, 0);
+    if (!j)
+        return NULL;
+    for (const char *p = end; p && p < buf + n; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            cJSON_Delete(j);
+            return NULL;
+        }
+    return j;
+}
+
 /* Reads and parses a JSON file. missing_ok: a missing file gives OK with *out NULL. */
 static kva_status json_file(const char *path, int missing_ok, cJSON **out)
 {
@@ -96,7 +115,7 @@ static kva_status json_file(const char *path, int missing_ok, cJSON **out)
         st = kva__fail(KVA_STATUS_IO_ERROR, "%s: cannot read '%s'", fn, path);
     fclose(f);
     if (st == KVA_STATUS_OK) {
-        *out = json_has_nul(buf, (size_t)n) ? NULL : cJSON_ParseWithLength(buf, (size_t)n);
+        *out = json_parse(buf, (size_t)n);
         if (!*out || !cJSON_IsObject(*out)) {
             cJSON_Delete(*out);
             *out = NULL;
@@ -264,7 +283,7 @@ static kva_status st_open(char *path, st_file *s)
         if (json_has_nul(buf, (size_t)n))
             st = kva__fail(KVA_STATUS_IO_ERROR,
                            "%s: '%s': the safetensors header contains a NUL character", fn, path);
-        else if (!(s->header = cJSON_ParseWithLength(buf, (size_t)n)) || !cJSON_IsObject(s->header))
+        else if (!(s->header = json_parse(buf, (size_t)n)) || !cJSON_IsObject(s->header))
             st = kva__fail(KVA_STATUS_IO_ERROR,
                            "%s: '%s': the safetensors header is not a JSON object", fn, path);
         else
