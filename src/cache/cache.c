@@ -110,6 +110,7 @@ static kva_status new_handle(const char *fn, kva_context *ctx, const kva_cache_d
     c->pair_flags = flags;
     c->desc = *resolved;
     c->mem = ctx->backend;
+    c->device_id = ctx->device_id;
     c->elem_size = kva_dtype_size(resolved->dtype);
     int64_t rows = (int64_t)resolved->block_size * resolved->num_kv_heads;
     c->k_block_elems = rows * resolved->head_dim;
@@ -137,9 +138,25 @@ kva_status kva_cache_create(kva_context *ctx, const kva_cache_desc *desc, kva_ca
     kva_cache_desc d;
     uint64_t kb, vb;
     KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb));
-    if (ctx->backend == KVA_BACKEND_CUDA)
-        return kva__fail(KVA_STATUS_BACKEND_UNAVAILABLE,
-                         "%s: ctx backend 'cuda' cannot allocate device caches yet", fn);
+    if (ctx->backend == KVA_BACKEND_CUDA) {
+        /* Device memory (cudaMalloc: 256-byte aligned) on the context's device. */
+        void *dk = NULL, *dv = NULL;
+        KVA_TRY(kva__cuda_alloc(ctx, (size_t)kb, &dk));
+        kva_status st = kva__cuda_alloc(ctx, (size_t)vb, &dv);
+        kva_cache *c = NULL;
+        if (st == KVA_STATUS_OK)
+            st = new_handle(fn, ctx, &d, &c);
+        if (st != KVA_STATUS_OK) {
+            kva__cuda_free(ctx->device_id, dk);
+            kva__cuda_free(ctx->device_id, dv);
+            return st;
+        }
+        c->k = dk;
+        c->v = dv;
+        c->owns_memory = 1;
+        *out = c;
+        return KVA_STATUS_OK;
+    }
     void *k = alloc_host(kb);
     void *v = alloc_host(vb);
     if (!k || !v) {
@@ -206,7 +223,10 @@ void kva_cache_destroy(kva_cache *cache)
 {
     if (!cache)
         return;
-    if (cache->owns_memory) {
+    if (cache->owns_memory && cache->mem == KVA_BACKEND_CUDA) {
+        kva__cuda_free(cache->device_id, cache->k);
+        kva__cuda_free(cache->device_id, cache->v);
+    } else if (cache->owns_memory) {
         free(cache->k);
         free(cache->v);
     }
