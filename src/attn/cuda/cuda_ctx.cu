@@ -248,12 +248,14 @@ static kva_status reserve_workspace(kva_context *ctx, size_t bytes)
 
 /* Partition parameters for the GPU: items of at most `rows` attention rows;
  * keys are split only when there are too few items to fill the SMs. */
-static void gpu_params(const kva__cuda_state *st, int rows, kva__partition_params *pp)
+static void gpu_params(const kva__cuda_state *st, int rows, int ctas_per_sm,
+                       kva__partition_params *pp)
 {
     memset(pp, 0, sizeof *pp);
-    /* Two resident CTAs per SM as the split target: a batch that already has
-     * that many items runs unsplit in about one wave. */
-    pp->num_threads = 2 * (st->num_sms > 0 ? st->num_sms : 1);
+    /* One "thread" per resident CTA of the persistent grid: a batch with at
+     * least that many items runs unsplit, a smaller one is split until it
+     * fills the grid. */
+    pp->num_threads = ctas_per_sm * (st->num_sms > 0 ? st->num_sms : 1);
     pp->max_rows = rows;
     pp->prefill_rows = rows;
     pp->split_align = 64;
@@ -269,7 +271,8 @@ static void caps_for(const kva__cuda_state *st, const kva_cuda_capacity *cap, kv
     const int64_t G = cap->num_heads / (cap->num_kv_heads > 0 ? cap->num_kv_heads : 1);
     const int rows = kva__cuda_rows_for_group((int32_t)G);
     const int64_t slices = (G + rows - 1) / rows;
-    const int64_t threads = 2 * (int64_t)(st->num_sms > 0 ? st->num_sms : 1);
+    /* Resident CTAs per SM never exceed 8 for the attention kernels. */
+    const int64_t threads = 8 * (int64_t)(st->num_sms > 0 ? st->num_sms : 1);
     /* Units: every request contributes at most q_len/nq + 1 tiles per slice and
      * kv head; splitting adds at most one item per partition thread, and only
      * units costlier than total/threads are split (fewer than threads of them). */
@@ -375,8 +378,11 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     KVA_TRY(check_not_capturing("kva_plan_create", st));
     const int32_t G = plan->d.num_heads / plan->d.num_kv_heads;
     const int rows = kva__cuda_rows_for_group(G);
+    const int32_t dmax =
+        plan->d.head_dim > plan->d.head_dim_v ? plan->d.head_dim : plan->d.head_dim_v;
+    const int per_sm = kva__cuda_attention_ctas_per_sm(plan->d.q_dtype, dmax, rows);
     kva__partition_params pp;
-    gpu_params(st, rows, &pp);
+    gpu_params(st, rows, per_sm, &pp);
     kva__partition *part = NULL;
     KVA_TRY(kva__partition_build(plan, &pp, &part));
     part->variant = 1;
@@ -405,9 +411,7 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     st->generation++;
     cp->generation = st->generation;
     cp->rows = rows;
-    cp->ctas_per_sm = kva__cuda_attention_ctas_per_sm(
-        plan->d.q_dtype,
-        plan->d.head_dim > plan->d.head_dim_v ? plan->d.head_dim : plan->d.head_dim_v, rows);
+    cp->ctas_per_sm = per_sm;
     cp->has_alibi = plan->alibi_slopes != NULL;
     plan->info.num_work_items = part->num_items;
     plan->workspace_bytes = ws;
