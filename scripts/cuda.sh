@@ -8,6 +8,7 @@
 #   KVA_WHEELS      folder of wheels to install for the peers (flashinfer-python,
 #                   apache-tvm-ffi), installed offline into /tmp/kva_site
 #   OUT             folder for logs and results (default build-cuda/out)
+#   KVA_CMAKE_ARGS  extra cmake arguments (e.g. -DXXHASH_LIB=... where libxxhash-dev is missing)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -26,7 +27,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out
 
 echo "== build (CUDA architectures ${KVA_CUDA_ARCH:-90a})"
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="${KVA_CUDA_ARCH:-90a}" >"$out/cmake.log" 2>&1 || { cat "$out/cmake.log"; exit 1; }
+  -DCMAKE_CUDA_ARCHITECTURES="${KVA_CUDA_ARCH:-90a}" ${KVA_CMAKE_ARGS:-} >"$out/cmake.log" 2>&1 || { cat "$out/cmake.log"; exit 1; }
 ninja -C build-cuda -j"$jobs" >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
 
 echo "== ctest -L cuda"
