@@ -8,6 +8,8 @@
 #   KVA_WHEELS      folder of wheels to install for the peers (flashinfer-python,
 #                   apache-tvm-ffi), installed offline into /tmp/kva_site
 #   OUT             folder for logs and results (default build-cuda/out)
+#   KVA_STEPS       steps to run (default "test sanitize peers"; "bench" times only
+#                   kvattn's own benchmarks, without the peers)
 #   KVA_CMAKE_ARGS  extra cmake arguments (e.g. -DXXHASH_LIB=... where libxxhash-dev is missing)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,10 +32,33 @@ cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${KVA_CUDA_ARCH:-90a}" ${KVA_CMAKE_ARGS:-} >"$out/cmake.log" 2>&1 || { cat "$out/cmake.log"; exit 1; }
 ninja -C build-cuda -j"$jobs" >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
 
+steps=" ${KVA_STEPS:-test sanitize peers} "
+has() { [[ "$steps" == *" $1 "* ]]; }
+
+if has test; then
 echo "== ctest -L cuda"
 ctest --test-dir build-cuda -L cuda --output-on-failure -j2 2>&1 | tee "$out/ctest_cuda.log" | tail -15
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
 
+if has quicktest; then
+  for t in test_cuda_attn test_cuda_cache test_cuda_graph; do
+    KVA_TEST_QUICK=1 "build-cuda/$t" >"$out/quick_$t.log" 2>&1 || status=1
+    echo "quick $t: $(tail -1 "$out/quick_$t.log")"
+  done
+fi
+
+if has bench; then
+  echo "== kvattn benchmarks"
+  b=build-cuda/bench_cuda
+  $b --mode decode --batch 64 --context 4095 --graph-layers 32 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4095 --layout hnd 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4092 --q-len 4 2>&1 | head -1
+  $b --mode decode --batch 4 --context 32767 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4095 --dtype f16 --block-size 1 2>&1 | head -1
+fi
+
+if has sanitize; then
 echo "== compute-sanitizer (quick sets)"
 for tool in memcheck racecheck; do
   for t in test_cuda_attn test_cuda_cache; do
@@ -44,7 +69,9 @@ for tool in memcheck racecheck; do
     [ $rc = 0 ] || status=1
   done
 done
+fi
 
+if has peers; then
 echo "== benchmarks and peers"
 if [ -n "${KVA_WHEELS:-}" ] && ls "$KVA_WHEELS"/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -53,4 +80,5 @@ fi
 export MAX_JOBS=$jobs FLASHINFER_NVCC_THREADS=4
 PYTHONUNBUFFERED=1 python3 bench/peer_cuda.py --ours build-cuda/bench_cuda --out "$out" 2>"$out/peer_stderr.log"
 [ $? = 0 ] || { status=1; tail -30 "$out/peer_stderr.log"; }
+fi
 exit $status

@@ -42,7 +42,7 @@ static void test_write(void)
         const kva_dtype cdt = dts[i % 3], sdt = dts[(i / 3) % 3];
         const kva_layout lay = (i / 9) % 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
         const int32_t B = i % 4 == 0 ? 1 : 16, NB = 40, Hkv = 1 + i % 3, D = 64 + 8 * (i % 3);
-        const int32_t Dv = i % 2 ? D : 128, T = 1 + (i * 7) % 50;
+        const int32_t Dv = i % 2 ? D : 128, T = 1 + (i * 7) % (B == 1 ? NB : 50);
         kva_cache_desc d = make_desc(NB, B, Hkv, D, Dv, cdt, lay);
         kva_cache *hc = NULL, *dc = NULL;
         CHECK_OK(kva_cache_create(ref, &d, &hc));

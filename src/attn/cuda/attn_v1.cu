@@ -50,7 +50,7 @@ typedef struct attn_args {
     float *lse;         /* [T, H] or NULL */
     float *ws;          /* split partials */
     int32_t H, Hkv, G, D, Dv, B;
-    int32_t layout_hnd, ragged, causal, window_left, has_alibi, b_shift; /* b_shift: log2 B or -1 */
+    int32_t layout_hnd, ragged, causal, window_left, has_alibi;
     float scale, softcap;
 } attn_args;
 
@@ -119,24 +119,64 @@ __device__ __forceinline__ uint4 ldg16(const void *p)
     return __ldg(reinterpret_cast<const uint4 *>(p));
 }
 
-/* Element offset of key j's row for kv head kvh (paged or ragged). */
-__device__ __forceinline__ int64_t key_row(const attn_args &a, const int32_t *bt_row, int64_t kvs,
-                                           int32_t j, int32_t kvh, int32_t dim)
+/*
+ * Key-row addressing without branches. Row index of key j for kv head kvh:
+ *   NHD: (block * B + off) * Hkv + kvh,  HND: (block * Hkv + kvh) * B + off,
+ * i.e. block * B*Hkv + off * ostride + kvh * hstride (ostride Hkv or 1,
+ * hstride 1 or B). Ragged K/V is NHD with B = 1 and block = kv_start + j.
+ * j / B comes from a double-precision reciprocal with one correction step
+ * (exact for j, B < 2^31), so non-power-of-two block sizes cost no divide.
+ */
+typedef struct key_addr {
+    int64_t bstride, ostride, hoff;
+    double inv_b;
+} key_addr;
+
+__device__ __forceinline__ int64_t key_row(const attn_args &a, const key_addr &ka,
+                                           const int32_t *bt_row, int64_t kvs, int32_t j)
 {
-    if (a.ragged)
-        return ((kvs + j) * a.Hkv + kvh) * (int64_t)dim;
-    int32_t blk, off;
-    if (a.b_shift >= 0) {
-        blk = j >> a.b_shift;
-        off = j & (a.B - 1);
-    } else {
-        blk = j / a.B;
-        off = j - blk * a.B;
+    int32_t blk = (int32_t)((double)j * ka.inv_b);
+    int32_t off = j - blk * a.B;
+    blk = off >= a.B ? blk + 1 : blk;
+    off = off >= a.B ? off - a.B : off;
+    blk = off < 0 ? blk - 1 : blk;
+    off = off < 0 ? off + a.B : off;
+    const int64_t block = a.ragged ? kvs + blk : (int64_t)__ldg(bt_row + blk);
+    return block * ka.bstride + off * ka.ostride + ka.hoff;
+}
+
+/* Issues the 16-byte K and V loads of the U keys kb + u*KPW + g (zeros for
+ * keys >= kend, whose block-table read is clamped to key kend - 1). */
+template <typename T, int LK, int NCH, int U>
+__device__ __forceinline__ void
+issue_kv(const attn_args &a, const key_addr &ka, const int32_t *bt_row, int64_t kvs, int32_t kb,
+         int g, int li, int32_t kend, uint4 (&kr)[U][NCH], uint4 (&vr)[U][NCH])
+{
+    constexpr int VEC = vec_of<T>::n;
+    constexpr int KPW = 32 / LK;
+    const T *kp = (const T *)a.k;
+    const T *vp = (const T *)a.v;
+    int64_t row[U];
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int32_t j = kb + u * KPW + g;
+        ok[u] = j < kend;
+        row[u] = key_row(a, ka, bt_row, kvs, ok[u] ? j : kend - 1);
     }
-    int64_t block = bt_row[blk];
-    if (a.layout_hnd)
-        return ((block * a.Hkv + kvh) * a.B + off) * (int64_t)dim;
-    return ((block * a.B + off) * a.Hkv + kvh) * (int64_t)dim;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+#pragma unroll
+        for (int c = 0; c < NCH; c++) {
+            const int d0 = (li + c * LK) * VEC;
+            kr[u][c] = make_uint4(0, 0, 0, 0);
+            vr[u][c] = make_uint4(0, 0, 0, 0);
+            if (ok[u] && d0 < a.D)
+                kr[u][c] = ldg16(kp + row[u] * a.D + d0);
+            if (ok[u] && d0 < a.Dv)
+                vr[u][c] = ldg16(vp + row[u] * a.Dv + d0);
+        }
+    }
 }
 
 /*
@@ -144,7 +184,7 @@ __device__ __forceinline__ int64_t key_row(const attn_args &a, const int32_t *bt
  * chunks per lane (LK*NCH*VEC >= max(D, Dv)); ROWS: attention rows per CTA.
  */
 template <typename T, int LK, int NCH, int ROWS>
-__global__ void __launch_bounds__(KVA_NW * 32, ROWS == 4 ? 3 : 2) attn_v1_kernel(attn_args a)
+__global__ void __launch_bounds__(KVA_NW * 32, 2) attn_v1_kernel(attn_args a)
 {
     constexpr int VEC = vec_of<T>::n;
     constexpr int KPW = 32 / LK;        /* keys per warp and step */
@@ -159,8 +199,6 @@ __global__ void __launch_bounds__(KVA_NW * 32, ROWS == 4 ? 3 : 2) attn_v1_kernel
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
     const float scale_log2 = a.scale * KVA_LOG2E;
     const T *qp = (const T *)a.q;
-    const T *kp = (const T *)a.k;
-    const T *vp = (const T *)a.v;
 
     for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
         const kva__cuda_item w = a.meta.items[it];
@@ -222,31 +260,30 @@ __global__ void __launch_bounds__(KVA_NW * 32, ROWS == 4 ? 3 : 2) attn_v1_kernel
         }
 
         const int32_t kend = w.k1;
-        for (int32_t kb = w.k0 + warp * (U * KPW); kb < kend; kb += KVA_NW * U * KPW) {
-            uint4 kr[U][NCH], vr[U][NCH];
-            int32_t js[U];
+        /* Keys every real row sees: steps inside [lo_all, hi_all) skip the mask. */
+        int32_t lo_all = 0, hi_all = kend;
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int32_t j = kb + u * KPW + g;
-                js[u] = j;
-                if (j < kend) {
-                    const int64_t ko = key_row(a, bt_row, kvs, j, w.kv_head, a.D);
-                    const int64_t vo = key_row(a, bt_row, kvs, j, w.kv_head, a.Dv);
-#pragma unroll
-                    for (int c = 0; c < NCH; c++) {
-                        const int d0 = (li + c * LK) * VEC;
-                        kr[u][c] = d0 < a.D ? ldg16(kp + ko + d0) : make_uint4(0, 0, 0, 0);
-                        vr[u][c] = d0 < a.Dv ? ldg16(vp + vo + d0) : make_uint4(0, 0, 0, 0);
-                    }
-                } else {
-#pragma unroll
-                    for (int c = 0; c < NCH; c++) {
-                        kr[u][c] = make_uint4(0, 0, 0, 0);
-                        vr[u][c] = make_uint4(0, 0, 0, 0);
-                    }
-                }
+        for (int r = 0; r < ROWS; r++) {
+            if (r < nrows) {
+                lo_all = lo[r] > lo_all ? lo[r] : lo_all;
+                hi_all = hi[r] < hi_all ? hi[r] : hi_all;
             }
-            /* Scores of the U keys for every row (reduced over the group). */
+        }
+        key_addr ka;
+        ka.bstride = (int64_t)a.B * a.Hkv;
+        ka.ostride = a.layout_hnd ? 1 : a.Hkv;
+        ka.hoff = a.layout_hnd ? (int64_t)w.kv_head * a.B : w.kv_head;
+        ka.inv_b = 1.0 / (double)a.B;
+        constexpr int STEP = KVA_NW * U * KPW;
+        /* Software pipeline: the loads of the next step are in flight while
+         * the current step's scores and values are computed. */
+        uint4 kr[U][NCH], vr[U][NCH];
+        int32_t kb = w.k0 + warp * (U * KPW);
+        issue_kv<T, LK, NCH, U>(a, ka, bt_row, kvs, kb, g, li, kend, kr, vr);
+        for (; kb < kend; kb += STEP) {
+            uint4 kn[U][NCH], vn[U][NCH];
+            issue_kv<T, LK, NCH, U>(a, ka, bt_row, kvs, kb + STEP, g, li, kend, kn, vn);
+            /* Raw scores of the U keys for every row (reduced over the group). */
             float sc[U][ROWS];
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -268,31 +305,53 @@ __global__ void __launch_bounds__(KVA_NW * 32, ROWS == 4 ? 3 : 2) attn_v1_kernel
                     sc[u][r] = dot;
                 }
             }
+            /* Scale (or soft-cap) into base-2 logits: one uniform branch. */
+            if (a.softcap > 0.f) {
+#pragma unroll
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int r = 0; r < ROWS; r++)
+                        sc[u][r] = a.softcap * tanhf(sc[u][r] * a.scale / a.softcap) * KVA_LOG2E;
+            } else {
+#pragma unroll
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int r = 0; r < ROWS; r++)
+                        sc[u][r] *= scale_log2;
+            }
+            /* ALiBi and the mask (both skipped when they cannot matter: no
+             * slopes; every key of this warp's step visible to every row). */
+            if (a.has_alibi) {
+#pragma unroll
+                for (int r = 0; r < ROWS; r++)
+#pragma unroll
+                    for (int u = 0; u < U; u++)
+                        sc[u][r] = fmaf(slope[r], (float)(kb + u * KPW + g - pos[r]), sc[u][r]);
+            }
+            if (!(kb >= lo_all && kb + U * KPW <= hi_all)) {
+#pragma unroll
+                for (int r = 0; r < ROWS; r++)
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        const int32_t j = kb + u * KPW + g;
+                        sc[u][r] = (j >= lo[r] && j < hi[r]) ? sc[u][r] : -INFINITY;
+                    }
+            }
+            /* Online softmax; sc becomes the weights p. */
 #pragma unroll
             for (int r = 0; r < ROWS; r++) {
                 float mx = m[r];
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const int32_t j = js[u];
-                    float x;
-                    if (a.softcap > 0.f)
-                        x = a.softcap * tanhf(sc[u][r] * a.scale / a.softcap) * KVA_LOG2E;
-                    else
-                        x = sc[u][r] * scale_log2;
-                    x += slope[r] * (float)(j - pos[r]);
-                    x = (j >= lo[r] && j < hi[r]) ? x : -INFINITY;
-                    sc[u][r] = x;
-                    mx = fmaxf(mx, x);
-                }
+                for (int u = 0; u < U; u++)
+                    mx = fmaxf(mx, sc[u][r]);
                 const float mu = mx == -INFINITY ? 0.f : mx;
                 const float corr = exp2f(m[r] - mu);
                 m[r] = mx;
-                float p[U];
                 float psum = 0.f;
 #pragma unroll
                 for (int u = 0; u < U; u++) {
-                    p[u] = exp2f(sc[u][r] - mu);
-                    psum += p[u];
+                    sc[u][r] = exp2f(sc[u][r] - mu);
+                    psum += sc[u][r];
                 }
                 l[r] = l[r] * corr + psum;
 #pragma unroll
@@ -300,19 +359,28 @@ __global__ void __launch_bounds__(KVA_NW * 32, ROWS == 4 ? 3 : 2) attn_v1_kernel
 #pragma unroll
                     for (int e = 0; e < VEC; e++)
                         acc[r][c][e] *= corr;
+            }
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    float vf[NCH][VEC];
+            for (int u = 0; u < U; u++) {
+                float vf[NCH][VEC];
 #pragma unroll
-                    for (int c = 0; c < NCH; c++)
-                        to_float(vr[u][c], vf[c], (const T *)nullptr);
+                for (int c = 0; c < NCH; c++)
+                    to_float(vr[u][c], vf[c], (const T *)nullptr);
+#pragma unroll
+                for (int r = 0; r < ROWS; r++)
 #pragma unroll
                     for (int c = 0; c < NCH; c++)
 #pragma unroll
                         for (int e = 0; e < VEC; e++)
-                            acc[r][c][e] = fmaf(p[u], vf[c][e], acc[r][c][e]);
-                }
+                            acc[r][c][e] = fmaf(sc[u][r], vf[c][e], acc[r][c][e]);
             }
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int c = 0; c < NCH; c++) {
+                    kr[u][c] = kn[u][c];
+                    vr[u][c] = vn[u][c];
+                }
         }
 
         /* Merge the groups of each warp (lanes li of every group hold channel li). */
@@ -543,12 +611,6 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
     a.causal = d->causal;
     a.window_left = d->window_left;
     a.has_alibi = cp->has_alibi;
-    a.b_shift = -1;
-    if ((a.B & (a.B - 1)) == 0) {
-        a.b_shift = 0;
-        while ((1 << a.b_shift) < a.B)
-            a.b_shift++;
-    }
     a.scale = d->scale;
     a.softcap = d->softcap;
 
