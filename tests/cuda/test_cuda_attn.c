@@ -9,6 +9,7 @@
  */
 #include "batchgen.h"
 #include "cuda_util.h"
+#include "../../src/plan/partition.h"
 
 #ifdef KVA_HAVE_CUDA
 
@@ -22,16 +23,19 @@ typedef struct cfg {
     int32_t causal, window;
     float softcap, scale;
     int alibi, sinks, lse, ragged;
+    int variant; /* kernel variant forced on the CUDA plan (0: the default) */
 } cfg;
 
 static void print_cfg(const cfg *c)
 {
     fprintf(stderr,
             "  case seed=%llu R=%d max_len=%d kinds=%u H=%d Hkv=%d D=%d Dv=%d B=%d dt=%s %s "
-            "causal=%d window=%d softcap=%g scale=%g alibi=%d sinks=%d lse=%d ragged=%d\n",
+            "causal=%d window=%d softcap=%g scale=%g alibi=%d sinks=%d lse=%d ragged=%d "
+            "variant=%d\n",
             (unsigned long long)c->seed, c->R, c->max_len, c->kinds, c->H, c->Hkv, c->D, c->Dv,
             c->B, kva_dtype_name(c->dt), c->layout == KVA_LAYOUT_NHD ? "NHD" : "HND", c->causal,
-            c->window, (double)c->softcap, (double)c->scale, c->alibi, c->sinks, c->lse, c->ragged);
+            c->window, (double)c->softcap, (double)c->scale, c->alibi, c->sinks, c->lse, c->ragged,
+            c->variant);
 }
 
 /* Runs one case on the reference and the CUDA backend (given batch, or a
@@ -93,6 +97,8 @@ static int run_batch(const cfg *c, const kva_test_batch *given)
     kva_plan *pr = NULL, *pg = NULL;
     CHECK_OK(kva_plan_create(ref, &pd, &pr));
     CHECK_OK(kva_plan_create(gpu, &pd, &pg));
+    if (pg && c->variant)
+        pg->part->variant = c->variant;
 
     const size_t nq = (size_t)T * H * D, no = (size_t)T * H * Dv, nl = (size_t)T * H;
     void *q = malloc(nq * es + 16), *out_ref = malloc(no * es + 16),
@@ -193,6 +199,7 @@ static void test_grid(void)
         c.sinks = kva_rng_int(&rng, 0, 2) == 0;
         c.lse = kva_rng_int(&rng, 0, 3) != 0;
         c.ragged = kva_rng_int(&rng, 0, 7) == 0;
+        c.variant = 1 + i % 2; /* both kernel variants (f32 always runs variant 1) */
         if (c.R * c.max_len > 6000 && (c.kinds & 12u))
             c.R = 3;
         if (!run_batch(&c, NULL))
@@ -229,7 +236,8 @@ static void test_split_kv(void)
         c.sinks = i == 1;
         c.lse = 1;
         c.layout = i == 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
-        run_batch(&c, &b);
+        for (c.variant = 1; c.variant <= 2; c.variant++)
+            run_batch(&c, &b);
         kva_test_batch_free(&b);
     }
 }

@@ -27,6 +27,7 @@
  */
 extern "C" {
 #include "cuda_backend.h"
+#include "partition.h"
 }
 #include "cuda_check.h"
 
@@ -179,12 +180,175 @@ issue_kv(const attn_args &a, const key_addr &ka, const int32_t *bt_row, int64_t 
     }
 }
 
+/* ---- cp.async (sm_80+) ---- */
+
+#define KVA_STAGES 4 /* v2: steps in flight per warp */
+
+/* 16-byte global -> shared copy; src_bytes 0 writes zeros and reads nothing. */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes)
+{
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+                 "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* v2's issue_kv: the same chunks as issue_kv, copied into the lane's slots of
+ * one ring stage (slot (u, c, K/V) at stage + ((u*NCH + c)*2 + kv)*32). */
+template <typename T, int LK, int NCH, int U>
+__device__ __forceinline__ void issue_async(const attn_args &a, const key_addr &ka,
+                                            const int32_t *bt_row, int64_t kvs, int32_t kb, int g,
+                                            int li, int32_t kend, uint4 *stage)
+{
+    constexpr int VEC = vec_of<T>::n;
+    constexpr int KPW = 32 / LK;
+    const T *kp = (const T *)a.k;
+    const T *vp = (const T *)a.v;
+    int64_t row[U];
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int32_t j = kb + u * KPW + g;
+        ok[u] = j < kend;
+        row[u] = key_row(a, ka, bt_row, kvs, ok[u] ? j : kend - 1);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+#pragma unroll
+        for (int c = 0; c < NCH; c++) {
+            const int d0 = (li + c * LK) * VEC;
+            const bool kok = ok[u] && d0 < a.D, vok = ok[u] && d0 < a.Dv;
+            cp_async16(stage + ((u * NCH + c) * 2) * 32, kok ? kp + row[u] * a.D + d0 : kp,
+                       kok ? 16 : 0);
+            cp_async16(stage + ((u * NCH + c) * 2 + 1) * 32, vok ? vp + row[u] * a.Dv + d0 : vp,
+                       vok ? 16 : 0);
+        }
+    }
+}
+
+/*
+ * One step of the key loop for one lane: the U keys kb + u*KPW + g whose K and
+ * V chunks are in kr/vr update the online-softmax state (m, l, acc) of every
+ * row. Shared by the variants, which differ only in how kr/vr are loaded.
+ */
+template <typename T, int LK, int NCH, int ROWS, int U>
+__device__ __forceinline__ void
+attend_step(const attn_args &a, int32_t kb, int g, const uint4 (&kr)[U][NCH],
+            const uint4 (&vr)[U][NCH], const float (&q)[ROWS][NCH][vec_of<T>::n],
+            const int32_t (&lo)[ROWS], const int32_t (&hi)[ROWS], const int32_t (&pos)[ROWS],
+            const float (&slope)[ROWS], int32_t lo_all, int32_t hi_all, float (&m)[ROWS],
+            float (&l)[ROWS], float (&acc)[ROWS][NCH][vec_of<T>::n])
+{
+    constexpr int VEC = vec_of<T>::n;
+    constexpr int KPW = 32 / LK;
+    const float scale_log2 = a.scale * KVA_LOG2E;
+    /* Raw scores of the U keys for every row (reduced over the group). */
+    float sc[U][ROWS];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float kf[NCH][VEC];
+#pragma unroll
+        for (int c = 0; c < NCH; c++)
+            to_float(kr[u][c], kf[c], (const T *)nullptr);
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            float dot = 0.f;
+#pragma unroll
+            for (int c = 0; c < NCH; c++)
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    dot = fmaf(q[r][c][e], kf[c][e], dot);
+#pragma unroll
+            for (int o = LK / 2; o >= 1; o >>= 1)
+                dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            sc[u][r] = dot;
+        }
+    }
+    /* Scale (or soft-cap) into base-2 logits: one uniform branch. */
+    if (a.softcap > 0.f) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                sc[u][r] = a.softcap * tanhf(sc[u][r] * a.scale / a.softcap) * KVA_LOG2E;
+    } else {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                sc[u][r] *= scale_log2;
+    }
+    /* ALiBi and the mask (both skipped when they cannot matter: no
+     * slopes; every key of this warp's step visible to every row). */
+    if (a.has_alibi) {
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                sc[u][r] = fmaf(slope[r], (float)(kb + u * KPW + g - pos[r]), sc[u][r]);
+    }
+    if (!(kb >= lo_all && kb + U * KPW <= hi_all)) {
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int32_t j = kb + u * KPW + g;
+                sc[u][r] = (j >= lo[r] && j < hi[r]) ? sc[u][r] : -INFINITY;
+            }
+    }
+    /* Online softmax; sc becomes the weights p. */
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        float mx = m[r];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            mx = fmaxf(mx, sc[u][r]);
+        const float mu = mx == -INFINITY ? 0.f : mx;
+        const float corr = exp2f(m[r] - mu);
+        m[r] = mx;
+        float psum = 0.f;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            sc[u][r] = exp2f(sc[u][r] - mu);
+            psum += sc[u][r];
+        }
+        l[r] = l[r] * corr + psum;
+#pragma unroll
+        for (int c = 0; c < NCH; c++)
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                acc[r][c][e] *= corr;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float vf[NCH][VEC];
+#pragma unroll
+        for (int c = 0; c < NCH; c++)
+            to_float(vr[u][c], vf[c], (const T *)nullptr);
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+#pragma unroll
+            for (int c = 0; c < NCH; c++)
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    acc[r][c][e] = fmaf(sc[u][r], vf[c][e], acc[r][c][e]);
+    }
+}
+
 /*
  * T: element type of q, K/V and out. LK: lanes per key row; NCH: 16-byte
  * chunks per lane (LK*NCH*VEC >= max(D, Dv)); ROWS: attention rows per CTA.
  */
-template <typename T, int LK, int NCH, int ROWS>
-__global__ void __launch_bounds__(KVA_NW * 32, 2) attn_v1_kernel(attn_args a)
+template <typename T, int LK, int NCH, int ROWS, bool ASYNC>
+__global__ void __launch_bounds__(KVA_NW * 32, ASYNC &&ROWS == 4 ? 3 : 2) attn_kernel(attn_args a)
 {
     constexpr int VEC = vec_of<T>::n;
     constexpr int KPW = 32 / LK;        /* keys per warp and step */
@@ -192,12 +356,12 @@ __global__ void __launch_bounds__(KVA_NW * 32, 2) attn_v1_kernel(attn_args a)
     constexpr int DC = LK * NCH * VEC;  /* channels covered */
     __shared__ float s_acc[KVA_NW][ROWS][DC];
     __shared__ float s_m[KVA_NW][ROWS], s_l[KVA_NW][ROWS];
+    extern __shared__ uint4 s_ring[]; /* v2: [NW][STAGES][U][NCH][K/V][32 lanes] */
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane / LK, li = lane % LK;
     const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
-    const float scale_log2 = a.scale * KVA_LOG2E;
     const T *qp = (const T *)a.q;
 
     for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
@@ -275,112 +439,57 @@ __global__ void __launch_bounds__(KVA_NW * 32, 2) attn_v1_kernel(attn_args a)
         ka.hoff = a.layout_hnd ? (int64_t)w.kv_head * a.B : w.kv_head;
         ka.inv_b = 1.0 / (double)a.B;
         constexpr int STEP = KVA_NW * U * KPW;
-        /* Software pipeline: the loads of the next step are in flight while
-         * the current step's scores and values are computed. */
-        uint4 kr[U][NCH], vr[U][NCH];
-        int32_t kb = w.k0 + warp * (U * KPW);
-        issue_kv<T, LK, NCH, U>(a, ka, bt_row, kvs, kb, g, li, kend, kr, vr);
-        for (; kb < kend; kb += STEP) {
-            uint4 kn[U][NCH], vn[U][NCH];
-            issue_kv<T, LK, NCH, U>(a, ka, bt_row, kvs, kb + STEP, g, li, kend, kn, vn);
-            /* Raw scores of the U keys for every row (reduced over the group). */
-            float sc[U][ROWS];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                float kf[NCH][VEC];
-#pragma unroll
-                for (int c = 0; c < NCH; c++)
-                    to_float(kr[u][c], kf[c], (const T *)nullptr);
-#pragma unroll
-                for (int r = 0; r < ROWS; r++) {
-                    float dot = 0.f;
-#pragma unroll
-                    for (int c = 0; c < NCH; c++)
-#pragma unroll
-                        for (int e = 0; e < VEC; e++)
-                            dot = fmaf(q[r][c][e], kf[c][e], dot);
-#pragma unroll
-                    for (int o = LK / 2; o >= 1; o >>= 1)
-                        dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                    sc[u][r] = dot;
-                }
-            }
-            /* Scale (or soft-cap) into base-2 logits: one uniform branch. */
-            if (a.softcap > 0.f) {
+        const int32_t kb0 = w.k0 + warp * (U * KPW);
+        if constexpr (!ASYNC) {
+            /* v1: the loads of the next step go to registers and are in
+             * flight while the current step is computed. */
+            uint4 kr[U][NCH], vr[U][NCH];
+            issue_kv<T, LK, NCH, U>(a, ka, bt_row, kvs, kb0, g, li, kend, kr, vr);
+            for (int32_t kb = kb0; kb < kend; kb += STEP) {
+                uint4 kn[U][NCH], vn[U][NCH];
+                issue_kv<T, LK, NCH, U>(a, ka, bt_row, kvs, kb + STEP, g, li, kend, kn, vn);
+                attend_step<T, LK, NCH, ROWS, U>(a, kb, g, kr, vr, q, lo, hi, pos, slope, lo_all,
+                                                 hi_all, m, l, acc);
 #pragma unroll
                 for (int u = 0; u < U; u++)
 #pragma unroll
-                    for (int r = 0; r < ROWS; r++)
-                        sc[u][r] = a.softcap * tanhf(sc[u][r] * a.scale / a.softcap) * KVA_LOG2E;
-            } else {
-#pragma unroll
-                for (int u = 0; u < U; u++)
-#pragma unroll
-                    for (int r = 0; r < ROWS; r++)
-                        sc[u][r] *= scale_log2;
-            }
-            /* ALiBi and the mask (both skipped when they cannot matter: no
-             * slopes; every key of this warp's step visible to every row). */
-            if (a.has_alibi) {
-#pragma unroll
-                for (int r = 0; r < ROWS; r++)
-#pragma unroll
-                    for (int u = 0; u < U; u++)
-                        sc[u][r] = fmaf(slope[r], (float)(kb + u * KPW + g - pos[r]), sc[u][r]);
-            }
-            if (!(kb >= lo_all && kb + U * KPW <= hi_all)) {
-#pragma unroll
-                for (int r = 0; r < ROWS; r++)
-#pragma unroll
-                    for (int u = 0; u < U; u++) {
-                        const int32_t j = kb + u * KPW + g;
-                        sc[u][r] = (j >= lo[r] && j < hi[r]) ? sc[u][r] : -INFINITY;
+                    for (int c = 0; c < NCH; c++) {
+                        kr[u][c] = kn[u][c];
+                        vr[u][c] = vn[u][c];
                     }
             }
-            /* Online softmax; sc becomes the weights p. */
+        } else {
+            /* v2: cp.async into a ring of KVA_STAGES steps in shared memory,
+             * private to the lane (each lane reads back only the 16-byte chunks
+             * it copied, so wait_group alone orders the accesses). */
+            uint4 *ring = s_ring + (size_t)warp * KVA_STAGES * U * NCH * 2 * 32 + lane;
 #pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-                float mx = m[r];
+            for (int st = 0; st < KVA_STAGES - 1; st++) {
+                issue_async<T, LK, NCH, U>(a, ka, bt_row, kvs, kb0 + st * STEP, g, li, kend,
+                                           ring + st * (U * NCH * 2 * 32));
+                cp_async_commit();
+            }
+            int stage = 0;
+            for (int32_t kb = kb0; kb < kend; kb += STEP) {
+                const int ahead = stage == 0 ? KVA_STAGES - 1 : stage - 1;
+                issue_async<T, LK, NCH, U>(a, ka, bt_row, kvs, kb + (KVA_STAGES - 1) * STEP, g, li,
+                                           kend, ring + ahead * (U * NCH * 2 * 32));
+                cp_async_commit();
+                cp_async_wait<KVA_STAGES - 1>();
+                const uint4 *cur = ring + stage * (U * NCH * 2 * 32);
+                uint4 kr[U][NCH], vr[U][NCH];
 #pragma unroll
                 for (int u = 0; u < U; u++)
-                    mx = fmaxf(mx, sc[u][r]);
-                const float mu = mx == -INFINITY ? 0.f : mx;
-                const float corr = exp2f(m[r] - mu);
-                m[r] = mx;
-                float psum = 0.f;
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    sc[u][r] = exp2f(sc[u][r] - mu);
-                    psum += sc[u][r];
-                }
-                l[r] = l[r] * corr + psum;
-#pragma unroll
-                for (int c = 0; c < NCH; c++)
-#pragma unroll
-                    for (int e = 0; e < VEC; e++)
-                        acc[r][c][e] *= corr;
+                    for (int c = 0; c < NCH; c++) {
+                        kr[u][c] = cur[((u * NCH + c) * 2) * 32];
+                        vr[u][c] = cur[((u * NCH + c) * 2 + 1) * 32];
+                    }
+                attend_step<T, LK, NCH, ROWS, U>(a, kb, g, kr, vr, q, lo, hi, pos, slope, lo_all,
+                                                 hi_all, m, l, acc);
+                stage = stage == KVA_STAGES - 1 ? 0 : stage + 1;
             }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                float vf[NCH][VEC];
-#pragma unroll
-                for (int c = 0; c < NCH; c++)
-                    to_float(vr[u][c], vf[c], (const T *)nullptr);
-#pragma unroll
-                for (int r = 0; r < ROWS; r++)
-#pragma unroll
-                    for (int c = 0; c < NCH; c++)
-#pragma unroll
-                        for (int e = 0; e < VEC; e++)
-                            acc[r][c][e] = fmaf(sc[u][r], vf[c][e], acc[r][c][e]);
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int c = 0; c < NCH; c++) {
-                    kr[u][c] = kn[u][c];
-                    vr[u][c] = vn[u][c];
-                }
+            cp_async_wait<0>(); /* nothing may land in the ring after the item */
         }
 
         /* Merge the groups of each warp (lanes li of every group hold channel li). */
@@ -476,49 +585,78 @@ extern "C" int kva__cuda_rows_for_group(int32_t group)
 
 typedef void (*attn_kernel_fn)(attn_args);
 
+/* A kernel instantiation and its dynamic shared memory (v2's ring). */
+typedef struct attn_launch {
+    attn_kernel_fn fn;
+    size_t smem;
+} attn_launch;
+
+template <typename T, int LK, int NCH, int ROWS, bool ASYNC> static attn_launch make()
+{
+    constexpr int U = NCH == 1 ? 4 : 2;
+    attn_launch k = {attn_kernel<T, LK, NCH, ROWS, ASYNC>,
+                     ASYNC ? (size_t)KVA_NW * KVA_STAGES * U * NCH * 2 * 32 * 16 : 0};
+    return k;
+}
+
 /* The instantiation for element type T covering dmax channels with `rows`
  * (f16/bf16: 8 elements per 16 bytes, so 32 lanes cover D = 256 with one
  * chunk; f32 needs two chunks per lane past D = 128). */
-template <typename T, int ROWS> static attn_kernel_fn pick_rows(int32_t dmax)
+template <typename T, int ROWS, bool ASYNC> static attn_launch pick_rows(int32_t dmax)
 {
     constexpr int VEC = vec_of<T>::n;
     const int chunks = (dmax + VEC - 1) / VEC;
     if (chunks <= 8)
-        return attn_v1_kernel<T, 8, 1, ROWS>;
+        return make<T, 8, 1, ROWS, ASYNC>();
     if (chunks <= 16)
-        return attn_v1_kernel<T, 16, 1, ROWS>;
+        return make<T, 16, 1, ROWS, ASYNC>();
     if constexpr (VEC == 8)
-        return attn_v1_kernel<T, 32, 1, ROWS>;
+        return make<T, 32, 1, ROWS, ASYNC>();
     else {
         if (chunks <= 32)
-            return attn_v1_kernel<T, 32, 1, ROWS>;
-        return attn_v1_kernel<T, 32, 2, ROWS>;
+            return make<T, 32, 1, ROWS, ASYNC>();
+        return make<T, 32, 2, ROWS, ASYNC>();
     }
 }
 
-template <typename T> static attn_kernel_fn pick(int32_t dmax, int rows)
+template <typename T, bool ASYNC> static attn_launch pick(int32_t dmax, int rows)
 {
-    return rows <= 4 ? pick_rows<T, 4>(dmax) : pick_rows<T, 8>(dmax);
+    return rows <= 4 ? pick_rows<T, 4, ASYNC>(dmax) : pick_rows<T, 8, ASYNC>(dmax);
 }
 
-static attn_kernel_fn pick_kernel(kva_dtype dt, int32_t dmax, int rows)
+/* Variant 1 (register pipeline) for every dtype; variant 2 (cp.async ring)
+ * for f16/bf16, f32 falling back to variant 1. */
+static attn_launch pick_kernel(kva_dtype dt, int32_t dmax, int rows, int variant)
 {
     if (dt == KVA_DTYPE_F32)
-        return pick<float>(dmax, rows);
+        return pick<float, false>(dmax, rows);
     if (dt == KVA_DTYPE_F16)
-        return pick<__half>(dmax, rows);
-    return pick<__nv_bfloat16>(dmax, rows);
+        return variant == 2 ? pick<__half, true>(dmax, rows) : pick<__half, false>(dmax, rows);
+    return variant == 2 ? pick<__nv_bfloat16, true>(dmax, rows)
+                        : pick<__nv_bfloat16, false>(dmax, rows);
 }
 
-extern "C" int kva__cuda_attention_ctas_per_sm(kva_dtype dtype, int32_t dmax, int rows)
+extern "C" int kva__cuda_attn_variant_default(kva_dtype dtype)
 {
+    return dtype == KVA_DTYPE_F32 ? 1 : 2;
+}
+
+extern "C" int kva__cuda_attention_ctas_per_sm(kva_dtype dtype, int32_t dmax, int rows, int variant)
+{
+    attn_launch k = pick_kernel(dtype, dmax, rows, variant);
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, pick_kernel(dtype, dmax, rows),
-                                                      KVA_NW * 32, 0) != cudaSuccess) {
+    if (k.smem > 48 * 1024 &&
+        cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.smem) !=
+            cudaSuccess) {
         (void)cudaGetLastError();
-        return 1;
+        return 0;
     }
-    return n > 0 ? n : 1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.fn, KVA_NW * 32, k.smem) !=
+        cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
 }
 
 /* Second pass: merges the partials of every split task (LSE-weighted), adds
@@ -626,10 +764,11 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
 
     KVA_TRY(launch_prefill(ctx, plan, &a));
     const int32_t dmax = a.D > a.Dv ? a.D : a.Dv;
-    attn_kernel_fn fn = pick_kernel(d->q_dtype, dmax, cp->rows);
-    const int grid = st->num_sms * cp->ctas_per_sm;
-    fn<<<grid, KVA_NW * 32, 0, stream>>>(a);
-    KVA_CUDA_LAUNCHED("attn_v1_kernel");
+    const int variant = plan->part->variant == 2 ? 2 : 1;
+    attn_launch kl = pick_kernel(d->q_dtype, dmax, cp->rows, variant);
+    const int grid = st->num_sms * cp->ctas_per_sm[variant - 1];
+    kl.fn<<<grid, KVA_NW * 32, kl.smem, stream>>>(a);
+    KVA_CUDA_LAUNCHED("attn_kernel");
     /* Always launched (it exits when the plan has no split task), so a graph
      * captured over a plan without splits replays plans with splits. */
     const int mgrid = st->num_sms * 2;

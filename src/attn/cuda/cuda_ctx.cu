@@ -380,12 +380,22 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     const int rows = kva__cuda_rows_for_group(G);
     const int32_t dmax =
         plan->d.head_dim > plan->d.head_dim_v ? plan->d.head_dim : plan->d.head_dim_v;
-    const int per_sm = kva__cuda_attention_ctas_per_sm(plan->d.q_dtype, dmax, rows);
+    const int variant = kva__cuda_attn_variant_default(plan->d.q_dtype);
+    int per_sm_v[2];
+    for (int v = 0; v < 2; v++)
+        per_sm_v[v] = kva__cuda_attention_ctas_per_sm(plan->d.q_dtype, dmax, rows, v + 1);
+    if (per_sm_v[0] < 1 || per_sm_v[1] < 1)
+        return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                         "kva_plan_create: the attention kernel for %s, D/Dv %d/%d cannot be "
+                         "resident on device %d",
+                         kva_dtype_name(plan->d.q_dtype), (int)plan->d.head_dim,
+                         (int)plan->d.head_dim_v, (int)st->device);
+    const int per_sm = per_sm_v[variant - 1];
     kva__partition_params pp;
     gpu_params(st, rows, per_sm, &pp);
     kva__partition *part = NULL;
     KVA_TRY(kva__partition_build(plan, &pp, &part));
-    part->variant = 1;
+    part->variant = variant;
     kva__cuda_plan *cp = (kva__cuda_plan *)calloc(1, sizeof *cp);
     if (!cp) {
         kva__partition_free(part);
@@ -411,7 +421,8 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     st->generation++;
     cp->generation = st->generation;
     cp->rows = rows;
-    cp->ctas_per_sm = per_sm;
+    cp->ctas_per_sm[0] = per_sm_v[0];
+    cp->ctas_per_sm[1] = per_sm_v[1];
     cp->has_alibi = plan->alibi_slopes != NULL;
     plan->info.num_work_items = part->num_items;
     plan->workspace_bytes = ws;
