@@ -4,7 +4,7 @@
  *   bench_cuda --mode decode|prefill [--batch R] [--context S] [--q-len Q]
  *              [--heads H] [--kv-heads Hkv] [--head-dim D] [--block-size B]
  *              [--dtype bf16|f16|f32] [--layout nhd|hnd] [--iters N]
- *              [--graph-layers L]
+ *              [--graph-layers L] [--variant V]
  *
  * decode: R requests of q_len Q (1 = decode, >1 = speculative) after S cached
  * tokens; prefill: R causal prompts of Q tokens after S cached tokens. Block
@@ -19,6 +19,7 @@
 #include "batchgen.h"
 #include "internal.h"
 #include "kvattn_cuda.h"
+#include "../src/plan/partition.h"
 
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -71,7 +72,8 @@ static void fill_big(void *p, kva_dtype dt, size_t n, kva_rng *rng)
 int main(int argc, char **argv)
 {
     const char *mode = "decode", *dts = "bf16", *lays = "nhd";
-    int32_t R = 64, S = 4096, Q = -1, H = 32, Hkv = 8, D = 128, B = 16, iters = 30, layers = 0;
+    int32_t R = 64, S = 4096, Q = -1, H = 32, Hkv = 8, D = 128, B = 16, iters = 30, layers = 0,
+            variant = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *f = argv[i], *v = argv[i + 1];
         if (!strcmp(f, "--mode"))
@@ -98,6 +100,8 @@ int main(int argc, char **argv)
             iters = atoi(v);
         else if (!strcmp(f, "--graph-layers"))
             layers = atoi(v);
+        else if (!strcmp(f, "--variant"))
+            variant = atoi(v);
         else
             DIE("unknown flag %s", f);
     }
@@ -170,6 +174,8 @@ int main(int argc, char **argv)
     kva_plan_desc pd = kva_test_batch_plan_desc(&b, H, Hkv, D, D, dt);
     kva_plan *plan = NULL;
     KV(kva_plan_create(gpu, &pd, &plan));
+    if (variant)
+        plan->part->variant = variant;
     kva_plan_info info;
     kva_plan_get_info(plan, &info);
 
@@ -206,6 +212,8 @@ int main(int argc, char **argv)
         KV(kva_cuda_context_set_stream(gpu, s));
         kva_plan_destroy(plan);
         KV(kva_plan_create(gpu, &pd, &plan));
+        if (variant)
+            plan->part->variant = variant;
         CU(cudaStreamSynchronize(s));
         cudaGraph_t g;
         cudaGraphExec_t ge;
@@ -238,9 +246,10 @@ int main(int argc, char **argv)
     const double sec = med * 1e-3;
     fprintf(stderr,
             "bench_cuda: %s R=%d S=%d Q=%d H=%d Hkv=%d D=%d B=%d %s: median %.4f ms, %.3f TB/s KV, "
-            "%.1f TFLOP/s, %d items, check %s\n",
+            "%.1f TFLOP/s, %d items, variant %d, check %s\n",
             mode, R, S, Q, H, Hkv, D, B, dts, (double)med, kv_bytes / sec * 1e-12,
-            flops / sec * 1e-12, (int)info.num_work_items, bad ? "FAILED" : "ok");
+            flops / sec * 1e-12, (int)info.num_work_items, plan->part->variant,
+            bad ? "FAILED" : "ok");
     printf(
         "{\"mode\": \"%s\", \"device\": \"%s\", \"R\": %d, \"S\": %d, \"Q\": %d, \"H\": %d, "
         "\"Hkv\": %d, \"D\": %d, \"B\": %d, \"dtype\": \"%s\", \"ms\": %.5f, \"kv_bytes\": %.0f, "

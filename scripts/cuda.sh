@@ -52,6 +52,7 @@ if has bench; then
   echo "== kvattn benchmarks"
   b=build-cuda/bench_cuda
   $b --mode decode --batch 64 --context 4095 --graph-layers 32 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4095 --variant 1 2>&1 | head -1
   $b --mode decode --batch 64 --context 4095 --layout hnd 2>&1 | head -1
   $b --mode decode --batch 64 --context 4092 --q-len 4 2>&1 | head -1
   $b --mode decode --batch 4 --context 32767 2>&1 | head -1
