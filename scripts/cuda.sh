@@ -8,8 +8,8 @@
 #   KVA_WHEELS      folder of wheels to install for the peers (flashinfer-python,
 #                   apache-tvm-ffi), installed offline into /tmp/kva_site
 #   OUT             folder for logs and results (default build-cuda/out)
-#   KVA_STEPS       steps to run (default "test sanitize peers"; "bench" times only
-#                   kvattn's own benchmarks, without the peers)
+#   KVA_STEPS       steps to run (default "test sanitize bench peers"; "bench" times
+#                   kvattn's own variants and shapes, "peers" the table against peers)
 #   KVA_CMAKE_ARGS  extra cmake arguments (e.g. -DXXHASH_LIB=... where libxxhash-dev is missing)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +32,7 @@ cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${KVA_CUDA_ARCH:-90a}" ${KVA_CMAKE_ARGS:-} >"$out/cmake.log" 2>&1 || { cat "$out/cmake.log"; exit 1; }
 ninja -C build-cuda -j"$jobs" >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
 
-steps=" ${KVA_STEPS:-test sanitize peers} "
+steps=" ${KVA_STEPS:-test sanitize bench peers} "
 has() { [[ "$steps" == *" $1 "* ]]; }
 
 if has test; then
@@ -51,12 +51,16 @@ fi
 if has bench; then
   echo "== kvattn benchmarks"
   b=build-cuda/bench_cuda
+  {
   $b --mode decode --batch 64 --context 4095 --graph-layers 32 2>&1 | head -1
   $b --mode decode --batch 64 --context 4095 --variant 1 2>&1 | head -1
   $b --mode decode --batch 64 --context 4095 --layout hnd 2>&1 | head -1
   $b --mode decode --batch 64 --context 4092 --q-len 4 2>&1 | head -1
   $b --mode decode --batch 4 --context 32767 2>&1 | head -1
   $b --mode decode --batch 64 --context 4095 --dtype f16 --block-size 1 2>&1 | head -1
+  $b --mode decode --batch 16 --context 4095 2>&1 | head -1
+  $b --mode decode --batch 4 --context 32767 --variant 1 2>&1 | head -1
+  } | tee "$out/bench_variants.log"
 fi
 
 if has sanitize; then

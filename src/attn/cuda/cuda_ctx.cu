@@ -264,6 +264,59 @@ static void gpu_params(const kva__cuda_state *st, int rows, int ctas_per_sm,
     pp->items_per_thread = 1;
 }
 
+/* Estimated finishing time of the persistent grid of `slots` CTAs: CTA b runs
+ * items b, b + slots, ... (sorted by cost, largest first). */
+static int64_t makespan(const kva__partition *part, int64_t slots, int64_t *load)
+{
+    memset(load, 0, (size_t)slots * sizeof *load);
+    int64_t worst = 0;
+    for (int32_t i = 0; i < part->num_items; i++) {
+        int64_t *x = &load[i % slots];
+        *x += part->items[i].cost;
+        worst = *x > worst ? *x : worst;
+    }
+    return worst;
+}
+
+/*
+ * Partitions the plan for a grid of SMs x per_sm CTAs. Equal items quantize
+ * badly (512 decode items on 396 CTAs take two rounds), so the split target
+ * is tried at 1..4 items per CTA and the partition with the shortest
+ * estimated makespan wins (ties: fewer items).
+ */
+static kva_status best_partition(const kva__cuda_state *st, const kva_plan *plan, int rows,
+                                 int per_sm, kva__partition **out)
+{
+    const int64_t slots = (int64_t)per_sm * (st->num_sms > 0 ? st->num_sms : 1);
+    int64_t *load = (int64_t *)malloc((size_t)slots * sizeof *load);
+    if (!load)
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_plan_create: out of memory");
+    kva__partition *best = NULL;
+    int64_t best_t = 0;
+    for (int k = 1; k <= 4; k++) {
+        kva__partition_params pp;
+        gpu_params(st, rows, per_sm * k, &pp);
+        kva__partition *part = NULL;
+        kva_status s = kva__partition_build(plan, &pp, &part);
+        if (s != KVA_STATUS_OK) {
+            kva__partition_free(best);
+            free(load);
+            return s;
+        }
+        const int64_t t = makespan(part, slots, load);
+        if (!best || t < best_t) {
+            kva__partition_free(best);
+            best = part;
+            best_t = t;
+        } else {
+            kva__partition_free(part);
+        }
+    }
+    free(load);
+    *out = best;
+    return KVA_STATUS_OK;
+}
+
 /* Upper bounds of the sections for a batch within cap (kva_cuda_context_reserve). */
 static void caps_for(const kva__cuda_state *st, const kva_cuda_capacity *cap, kva__cuda_caps *c,
                      size_t *ws_bytes)
@@ -271,8 +324,9 @@ static void caps_for(const kva__cuda_state *st, const kva_cuda_capacity *cap, kv
     const int64_t G = cap->num_heads / (cap->num_kv_heads > 0 ? cap->num_kv_heads : 1);
     const int rows = kva__cuda_rows_for_group((int32_t)G);
     const int64_t slices = (G + rows - 1) / rows;
-    /* Resident CTAs per SM never exceed 8 for the attention kernels. */
-    const int64_t threads = 8 * (int64_t)(st->num_sms > 0 ? st->num_sms : 1);
+    /* Resident CTAs per SM never exceed 8 for the attention kernels, and the
+     * partition asks for up to 4 items per CTA. */
+    const int64_t threads = 32 * (int64_t)(st->num_sms > 0 ? st->num_sms : 1);
     /* Units: every request contributes at most q_len/nq + 1 tiles per slice and
      * kv head; splitting adds at most one item per partition thread, and only
      * units costlier than total/threads are split (fewer than threads of them). */
@@ -391,10 +445,8 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
                          kva_dtype_name(plan->d.q_dtype), (int)plan->d.head_dim,
                          (int)plan->d.head_dim_v, (int)st->device);
     const int per_sm = per_sm_v[variant - 1];
-    kva__partition_params pp;
-    gpu_params(st, rows, per_sm, &pp);
     kva__partition *part = NULL;
-    KVA_TRY(kva__partition_build(plan, &pp, &part));
+    KVA_TRY(best_partition(st, plan, rows, per_sm, &part));
     part->variant = variant;
     kva__cuda_plan *cp = (kva__cuda_plan *)calloc(1, sizeof *cp);
     if (!cp) {
