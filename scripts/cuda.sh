@@ -54,6 +54,12 @@ if has bench; then
   {
   $b --mode decode --batch 64 --context 4095 --graph-layers 32 2>&1 | head -1
   $b --mode decode --batch 64 --context 4095 --variant 1 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4095 --variant 2 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4095 --variant 3 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4095 --variant 3 --graph-layers 32 2>&1 | tail -1
+  $b --mode decode --batch 4 --context 32767 --variant 3 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4095 --heads 64 --kv-heads 8 --variant 3 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4095 --heads 64 --kv-heads 8 --variant 2 2>&1 | head -1
   $b --mode decode --batch 64 --context 4095 --layout hnd 2>&1 | head -1
   $b --mode decode --batch 64 --context 4092 --q-len 4 2>&1 | head -1
   $b --mode decode --batch 4 --context 32767 2>&1 | head -1

@@ -347,13 +347,23 @@ attend_step(const attn_args &a, int32_t kb, int g, const uint4 (&kr)[U][NCH],
  * T: element type of q, K/V and out. LK: lanes per key row; NCH: 16-byte
  * chunks per lane (LK*NCH*VEC >= max(D, Dv)); ROWS: attention rows per CTA.
  */
-template <typename T, int LK, int NCH, int ROWS, bool ASYNC>
-__global__ void __launch_bounds__(KVA_NW * 32, ASYNC &&ROWS == 4 ? 3 : 2) attn_kernel(attn_args a)
+#include "attn_xpose.cuh"
+
+/*
+ * VAR: kernel variant (1 register pipeline, 2 cp.async ring, 3 the ring plus
+ * the transposing reduction of attn_xpose.cuh where U*ROWS >= LK).
+ */
+template <typename T, int LK, int NCH, int ROWS, int VAR>
+__global__ void __launch_bounds__(KVA_NW * 32, VAR >= 2 && ROWS == 4 ? 3 : 2)
+    attn_kernel(attn_args a)
 {
+    constexpr bool ASYNC = VAR >= 2;
     constexpr int VEC = vec_of<T>::n;
     constexpr int KPW = 32 / LK;        /* keys per warp and step */
     constexpr int U = NCH == 1 ? 4 : 2; /* keys per group per iteration */
     constexpr int DC = LK * NCH * VEC;  /* channels covered */
+    constexpr bool XPOSE = VAR == 3 && U * ROWS >= LK;
+    constexpr int XM = XPOSE ? U * ROWS / LK : 1;
     __shared__ float s_acc[KVA_NW][ROWS][DC];
     __shared__ float s_m[KVA_NW][ROWS], s_l[KVA_NW][ROWS];
     extern __shared__ uint4 s_ring[]; /* v2: [NW][STAGES][U][NCH][K/V][32 lanes] */
@@ -463,6 +473,9 @@ __global__ void __launch_bounds__(KVA_NW * 32, ASYNC &&ROWS == 4 ? 3 : 2) attn_k
              * private to the lane (each lane reads back only the 16-byte chunks
              * it copied, so wait_group alone orders the accesses). */
             uint4 *ring = s_ring + (size_t)warp * KVA_STAGES * U * NCH * 2 * 32 + lane;
+            xpose_rows<XM> xr;
+            if constexpr (XPOSE)
+                xpose_rows_init<ROWS, XM>(xr, li, lo, hi, pos, slope);
 #pragma unroll
             for (int st = 0; st < KVA_STAGES - 1; st++) {
                 issue_async<T, LK, NCH, U>(a, ka, bt_row, kvs, kb0 + st * STEP, g, li, kend,
@@ -485,8 +498,12 @@ __global__ void __launch_bounds__(KVA_NW * 32, ASYNC &&ROWS == 4 ? 3 : 2) attn_k
                         kr[u][c] = cur[((u * NCH + c) * 2) * 32];
                         vr[u][c] = cur[((u * NCH + c) * 2 + 1) * 32];
                     }
-                attend_step<T, LK, NCH, ROWS, U>(a, kb, g, kr, vr, q, lo, hi, pos, slope, lo_all,
-                                                 hi_all, m, l, acc);
+                if constexpr (XPOSE)
+                    attend_step_x<T, LK, NCH, ROWS, U>(a, kb, g, li, kr, vr, q, xr, lo_all, hi_all,
+                                                       m, l, acc);
+                else
+                    attend_step<T, LK, NCH, ROWS, U>(a, kb, g, kr, vr, q, lo, hi, pos, slope,
+                                                     lo_all, hi_all, m, l, acc);
                 stage = stage == KVA_STAGES - 1 ? 0 : stage + 1;
             }
             cp_async_wait<0>(); /* nothing may land in the ring after the item */
@@ -591,49 +608,55 @@ typedef struct attn_launch {
     size_t smem;
 } attn_launch;
 
-template <typename T, int LK, int NCH, int ROWS, bool ASYNC> static attn_launch make()
+template <typename T, int LK, int NCH, int ROWS, int VAR> static attn_launch make()
 {
     constexpr int U = NCH == 1 ? 4 : 2;
-    attn_launch k = {attn_kernel<T, LK, NCH, ROWS, ASYNC>,
-                     ASYNC ? (size_t)KVA_NW * KVA_STAGES * U * NCH * 2 * 32 * 16 : 0};
+    attn_launch k = {attn_kernel<T, LK, NCH, ROWS, VAR>,
+                     VAR >= 2 ? (size_t)KVA_NW * KVA_STAGES * U * NCH * 2 * 32 * 16 : 0};
     return k;
 }
 
 /* The instantiation for element type T covering dmax channels with `rows`
  * (f16/bf16: 8 elements per 16 bytes, so 32 lanes cover D = 256 with one
  * chunk; f32 needs two chunks per lane past D = 128). */
-template <typename T, int ROWS, bool ASYNC> static attn_launch pick_rows(int32_t dmax)
+template <typename T, int ROWS, int VAR> static attn_launch pick_rows(int32_t dmax)
 {
     constexpr int VEC = vec_of<T>::n;
     const int chunks = (dmax + VEC - 1) / VEC;
     if (chunks <= 8)
-        return make<T, 8, 1, ROWS, ASYNC>();
+        return make<T, 8, 1, ROWS, VAR>();
     if (chunks <= 16)
-        return make<T, 16, 1, ROWS, ASYNC>();
+        return make<T, 16, 1, ROWS, VAR>();
     if constexpr (VEC == 8)
-        return make<T, 32, 1, ROWS, ASYNC>();
+        return make<T, 32, 1, ROWS, VAR>();
     else {
         if (chunks <= 32)
-            return make<T, 32, 1, ROWS, ASYNC>();
-        return make<T, 32, 2, ROWS, ASYNC>();
+            return make<T, 32, 1, ROWS, VAR>();
+        return make<T, 32, 2, ROWS, VAR>();
     }
 }
 
-template <typename T, bool ASYNC> static attn_launch pick(int32_t dmax, int rows)
+template <typename T, int VAR> static attn_launch pick(int32_t dmax, int rows)
 {
-    return rows <= 4 ? pick_rows<T, 4, ASYNC>(dmax) : pick_rows<T, 8, ASYNC>(dmax);
+    return rows <= 4 ? pick_rows<T, 4, VAR>(dmax) : pick_rows<T, 8, VAR>(dmax);
 }
 
-/* Variant 1 (register pipeline) for every dtype; variant 2 (cp.async ring)
- * for f16/bf16, f32 falling back to variant 1. */
+template <typename T> static attn_launch pick_var(int32_t dmax, int rows, int variant)
+{
+    return variant == 3   ? pick<T, 3>(dmax, rows)
+           : variant == 2 ? pick<T, 2>(dmax, rows)
+                          : pick<T, 1>(dmax, rows);
+}
+
+/* Variant 1 (register pipeline) for every dtype; variants 2 (cp.async ring)
+ * and 3 (ring + transposing reduction) for f16/bf16, f32 falling back to 1. */
 static attn_launch pick_kernel(kva_dtype dt, int32_t dmax, int rows, int variant)
 {
     if (dt == KVA_DTYPE_F32)
-        return pick<float, false>(dmax, rows);
+        return pick<float, 1>(dmax, rows);
     if (dt == KVA_DTYPE_F16)
-        return variant == 2 ? pick<__half, true>(dmax, rows) : pick<__half, false>(dmax, rows);
-    return variant == 2 ? pick<__nv_bfloat16, true>(dmax, rows)
-                        : pick<__nv_bfloat16, false>(dmax, rows);
+        return pick_var<__half>(dmax, rows, variant);
+    return pick_var<__nv_bfloat16>(dmax, rows, variant);
 }
 
 extern "C" int kva__cuda_attn_variant_default(kva_dtype dtype)
@@ -764,7 +787,8 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
 
     KVA_TRY(launch_prefill(ctx, plan, &a));
     const int32_t dmax = a.D > a.Dv ? a.D : a.Dv;
-    const int variant = plan->part->variant == 2 ? 2 : 1;
+    const int variant =
+        plan->part->variant >= 1 && plan->part->variant <= 3 ? plan->part->variant : 1;
     attn_launch kl = pick_kernel(d->q_dtype, dmax, cp->rows, variant);
     const int grid = st->num_sms * cp->ctas_per_sm[variant - 1];
     kl.fn<<<grid, KVA_NW * 32, kl.smem, stream>>>(a);

@@ -72,7 +72,7 @@ typedef struct kva__cuda_state {
 typedef struct kva__cuda_plan {
     uint64_t generation; /* state generation this plan uploaded */
     int rows;            /* attention rows per CTA of the kernel instantiation */
-    int ctas_per_sm[2];  /* resident CTAs per SM of variants 1 and 2 (grid size) */
+    int ctas_per_sm[3];  /* resident CTAs per SM of variants 1..3 (grid size) */
     int has_alibi;
 } kva__cuda_plan;
 
@@ -89,7 +89,7 @@ kva_status kva__cuda_merge_states(kva_context *ctx, int32_t num_tokens, int32_t 
                                   int32_t head_dim_v, kva_dtype dtype, const void *out_a,
                                   const float *lse_a, const void *out_b, const float *lse_b,
                                   void *out, float *lse_out);
-/* CTAs per SM the attention kernel variant (1, 2) for this shape reaches
+/* CTAs per SM the attention kernel variant (1..3) for this shape reaches
  * (occupancy query; also raises its dynamic shared-memory limit); 0 if it
  * cannot run. */
 int kva__cuda_attention_ctas_per_sm(kva_dtype dtype, int32_t dmax, int rows, int variant);

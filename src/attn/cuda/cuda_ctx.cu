@@ -435,10 +435,10 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     const int32_t dmax =
         plan->d.head_dim > plan->d.head_dim_v ? plan->d.head_dim : plan->d.head_dim_v;
     const int variant = kva__cuda_attn_variant_default(plan->d.q_dtype);
-    int per_sm_v[2];
-    for (int v = 0; v < 2; v++)
+    int per_sm_v[3];
+    for (int v = 0; v < 3; v++)
         per_sm_v[v] = kva__cuda_attention_ctas_per_sm(plan->d.q_dtype, dmax, rows, v + 1);
-    if (per_sm_v[0] < 1 || per_sm_v[1] < 1)
+    if (per_sm_v[0] < 1 || per_sm_v[1] < 1 || per_sm_v[2] < 1)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
                          "kva_plan_create: the attention kernel for %s, D/Dv %d/%d cannot be "
                          "resident on device %d",
@@ -473,8 +473,8 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     st->generation++;
     cp->generation = st->generation;
     cp->rows = rows;
-    cp->ctas_per_sm[0] = per_sm_v[0];
-    cp->ctas_per_sm[1] = per_sm_v[1];
+    for (int v = 0; v < 3; v++)
+        cp->ctas_per_sm[v] = per_sm_v[v];
     cp->has_alibi = plan->alibi_slopes != NULL;
     plan->info.num_work_items = part->num_items;
     plan->workspace_bytes = ws;
