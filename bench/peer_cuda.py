@@ -174,6 +174,8 @@ def ours(binary, res):
     runs = [
         ("decode", "kvattn paged decode (graph: 32 layers)",
          ["--mode", "decode", "--batch", "64", "--context", "4095", "--graph-layers", "32"]),
+        ("decode", "kvattn paged decode, variant 2",
+         ["--mode", "decode", "--batch", "64", "--context", "4095", "--variant", "2"]),
         ("decode", "kvattn paged decode HND",
          ["--mode", "decode", "--batch", "64", "--context", "4095", "--layout", "hnd"]),
         ("decode", "kvattn spec decode q=4",

@@ -661,7 +661,7 @@ static attn_launch pick_kernel(kva_dtype dt, int32_t dmax, int rows, int variant
 
 extern "C" int kva__cuda_attn_variant_default(kva_dtype dtype)
 {
-    return dtype == KVA_DTYPE_F32 ? 1 : 2;
+    return dtype == KVA_DTYPE_F32 ? 1 : 3;
 }
 
 extern "C" int kva__cuda_attention_ctas_per_sm(kva_dtype dtype, int32_t dmax, int rows, int variant)
