@@ -1,9 +1,16 @@
 /*
- * attn_v1.cu - paged attention on CUDA, variant 1: one CTA per work item
+ * attn_v1.cu - paged (and ragged) attention on CUDA: one CTA per work item
  * (request, kv head, query tile, key split), every head of the GQA slice and
  * every query row of the tile in the same CTA, so each K/V row loaded serves
  * all of them. Used for decodes, speculative decodes and (until the tensor-
- * core prefill kernel is wired in, see launch_prefill) prefill tiles.
+ * core prefill kernel is wired in, see launch_prefill) prefill tiles. Three
+ * variants share the kernel body (docs/cuda.md has their measurements):
+ *   1: K/V loads into registers, the next step's loads in flight during the
+ *      current step (every dtype; the only one for f32);
+ *   2: loads by cp.async into a per-lane ring of KVA_STAGES steps in shared
+ *      memory (fewer registers: 3 CTAs/SM, more bytes in flight);
+ *   3: variant 2 plus the transposing reduction of attn_xpose.cuh (default
+ *      for f16/bf16).
  *
  * Layout of the work inside a CTA of 4 warps:
  *   - a key row of width D is read by a lane group of LK lanes, each lane
@@ -12,12 +19,10 @@
  *     one row are contiguous 16-byte accesses;
  *   - a warp holds 32/LK groups, each on its own key, and every group keeps
  *     its own online-softmax state (m, l, acc) for all ROWS attention rows;
- *   - warps take interleaved slices of U*32/LK keys; every group issues the
- *     loads of U keys' K and V rows before using any of them (U*NCH*2
- *     16-byte loads in flight per lane), which with 3-4 resident CTAs per SM
- *     keeps ~50 KB of requests in flight per SM;
+ *   - warps take interleaved steps of U*32/LK keys;
  *   - at the end the groups merge by shuffles, the warps through shared
- *     memory, and the CTA writes out/lse (or the split partial).
+ *     memory, and the CTA writes out/lse (or the split partial, merged by
+ *     split_merge_kernel).
  * Scores are computed in fp32 in base 2 (scale * log2 e folded in), the
  * soft-cap and ALiBi in natural units first.
  *
