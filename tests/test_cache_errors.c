@@ -369,8 +369,8 @@ static void test_swap_bad_inputs(void)
 
     /* A device cache cannot be swapped by a host context (only a CUDA one). */
     dst->mem = KVA_BACKEND_CUDA;
-    CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, src, dst, &p[0][0], 3),
-                     KVA_STATUS_INVALID_ARGUMENT, "dst", dst, &s);
+    CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, src, dst, &p[0][0], 3), KVA_STATUS_INVALID_ARGUMENT,
+                     "dst", dst, &s);
     dst->mem = KVA_BACKEND_REF;
     CHECK(same(src, &ss));
     drop(&s);
