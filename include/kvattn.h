@@ -16,10 +16,13 @@
  * (page) size in tokens, NB number of blocks.
  *
  * Memory spaces: kva_plan_create reads host arrays. Every tensor argument of a
- * run-path call (cache_write, attention_run, merge_states, copy_blocks) lives
- * where the context's backend computes: host memory for the reference and CPU
- * backends, device memory for the CUDA backend. Run-path calls never allocate
- * and never synchronize with the host.
+ * run-path call (cache_write, attention_run, merge_states) lives where the
+ * context's backend computes: host memory for the reference and CPU backends,
+ * device memory for the CUDA backend. The block pairs of copy_blocks and
+ * swap_blocks are host arrays on every backend (they are validated on the
+ * host). Run-path calls never allocate and never synchronize with the host
+ * (CUDA: a swap into pageable host memory completes before it returns).
+ * CUDA-only entry points (stream, graph-capture capacity) are in kvattn_cuda.h.
  *
  * Errors: every fallible call returns a kva_status. On failure, kva_last_error()
  * holds a message naming the argument and the bad value (thread-local), and no
@@ -298,7 +301,8 @@ KVA_API size_t kva_cache_static_scale_bytes(const kva_cache *cache);
  * of a fused QKV projection can be passed without a copy; heads and channels
  * of a row are contiguous. slot_mapping: [T] int64, slot = block*B + offset; a
  * negative slot skips the token (padding). A slot >= NB*B is an error and
- * nothing is written.
+ * nothing is written (CUDA backend: slot_mapping is device memory, which the
+ * host does not read; the kernel skips such a slot instead).
  * Quantized caches quantize on write (formats above). INT8 cannot store NaN:
  * a NaN in any int8-quantized row (or +-inf in a per-token key row, whose
  * scale would be infinite) is rejected with KVA_STATUS_INVALID_ARGUMENT

@@ -200,7 +200,7 @@ static void test_write_bad_inputs(void)
     /* A cache in device memory cannot be written by a host context. */
     c->mem = KVA_BACKEND_CUDA;
     CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, f32, slots),
-                      KVA_STATUS_BACKEND_UNAVAILABLE, "cache", c, &s);
+                      KVA_STATUS_INVALID_ARGUMENT, "device memory", c, &s);
     c->mem = KVA_BACKEND_CPU;
     /* num_tokens == 0: NULL buffers are fine and nothing changes. */
     CHECK_OK(kva_cache_write(ctx, c, 0, NULL, 0, NULL, 0, f32, NULL));
@@ -369,10 +369,10 @@ static void test_swap_bad_inputs(void)
     kva_cache_destroy(b);
     free(mem);
 
-    /* A device cache cannot be swapped by a host context yet. */
+    /* A device cache cannot be swapped by a host context (only a CUDA one). */
     dst->mem = KVA_BACKEND_CUDA;
-    CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, src, dst, &p[0][0], 3),
-                     KVA_STATUS_BACKEND_UNAVAILABLE, "dst", dst, &s);
+    CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, src, dst, &p[0][0], 3), KVA_STATUS_INVALID_ARGUMENT,
+                     "dst", dst, &s);
     dst->mem = KVA_BACKEND_REF;
     CHECK(same(src, &ss));
     drop(&s);

@@ -134,6 +134,7 @@ static kva_status new_handle(const char *fn, kva_context *ctx, const kva_cache_d
     c->pair_flags = flags;
     c->desc = *resolved;
     c->mem = ctx->backend;
+    c->device_id = ctx->device_id;
     const int k_int8 = resolved->quant == KVA_QUANT_INT8_TOKEN_K_V16;
     c->k_dtype = k_int8 ? KVA_DTYPE_I8 : resolved->dtype;
     c->elem_size = kva_dtype_size(c->k_dtype);
@@ -162,9 +163,30 @@ static kva_status create(const char *fn, kva_context *ctx, const kva_cache_desc 
     kva_cache_desc d;
     uint64_t kb, vb, tb;
     KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb, &tb));
-    if (ctx->backend == KVA_BACKEND_CUDA)
-        return kva__fail(KVA_STATUS_BACKEND_UNAVAILABLE,
-                         "%s: ctx backend 'cuda' cannot allocate device caches yet", fn);
+    if (ctx->backend == KVA_BACKEND_CUDA) {
+        if (d.quant != KVA_QUANT_NONE)
+            return kva__fail(KVA_STATUS_UNSUPPORTED,
+                             "%s: quantized caches (quant = %s) are not supported on the cuda "
+                             "backend yet",
+                             fn, kva_quant_name(d.quant));
+        /* Device memory (cudaMalloc: 256-byte aligned) on the context's device. */
+        void *dk = NULL, *dv = NULL;
+        KVA_TRY(kva__cuda_alloc(ctx, (size_t)kb, &dk));
+        kva_status st = kva__cuda_alloc(ctx, (size_t)vb, &dv);
+        kva_cache *c = NULL;
+        if (st == KVA_STATUS_OK)
+            st = new_handle(fn, ctx, &d, &c);
+        if (st != KVA_STATUS_OK) {
+            kva__cuda_free(ctx->device_id, dk);
+            kva__cuda_free(ctx->device_id, dv);
+            return st;
+        }
+        c->k = dk;
+        c->v = dv;
+        c->owns_memory = 1;
+        *out = c;
+        return KVA_STATUS_OK;
+    }
     float *scales = NULL;
     KVA_TRY(kva__quant_params_expand(fn, &d, params, &scales));
     const int token_k = d.quant == KVA_QUANT_INT8_TOKEN_K || d.quant == KVA_QUANT_INT8_TOKEN_K_V16;
@@ -276,7 +298,10 @@ void kva_cache_destroy(kva_cache *cache)
 {
     if (!cache)
         return;
-    if (cache->owns_memory) {
+    if (cache->owns_memory && cache->mem == KVA_BACKEND_CUDA) {
+        kva__cuda_free(cache->device_id, cache->k);
+        kva__cuda_free(cache->device_id, cache->v);
+    } else if (cache->owns_memory) {
         free(cache->k);
         free(cache->v);
     }

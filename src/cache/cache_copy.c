@@ -135,15 +135,30 @@ static void copy_pairs(const kva_context *ctx, const kva_cache *src, kva_cache *
     }
 }
 
+/* A device cache can only be copied by a CUDA context (which may also copy
+ * host caches: swap-out and swap-in). */
 static kva_status check_host(const char *fn, const kva_context *ctx, const kva_cache *c,
                              const char *name)
 {
-    if (ctx->backend == KVA_BACKEND_CUDA || c->mem == KVA_BACKEND_CUDA)
-        return kva__fail(KVA_STATUS_BACKEND_UNAVAILABLE,
-                         "%s: ctx backend '%s' with %s in %s memory: only host caches are "
-                         "supported yet",
-                         fn, kva_backend_name(ctx->backend), name,
-                         c->mem == KVA_BACKEND_CUDA ? "device" : "host");
+    if (c->mem == KVA_BACKEND_CUDA && ctx->backend != KVA_BACKEND_CUDA)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: ctx backend '%s' cannot copy %s, which lives in device memory", fn,
+                         kva_backend_name(ctx->backend), name);
+    if (c->mem == KVA_BACKEND_CUDA && c->device_id != ctx->device_id)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: %s lives on device %d but the context uses device %d", fn, name,
+                         (int)c->device_id, (int)ctx->device_id);
+    return KVA_STATUS_OK;
+}
+
+/* Copies validated pairs: through the CUDA runtime when ctx is a CUDA
+ * context (device<->device, device<->host, host<->host), else on the host. */
+static kva_status do_copy(kva_context *ctx, const kva_cache *src, kva_cache *dst,
+                          const int32_t *pairs, int32_t n)
+{
+    if (ctx->backend == KVA_BACKEND_CUDA)
+        return kva__cuda_copy_blocks(ctx, src, dst, pairs, n);
+    copy_pairs(ctx, src, dst, pairs, n);
     return KVA_STATUS_OK;
 }
 
@@ -165,8 +180,7 @@ kva_status kva_cache_copy_blocks(kva_context *ctx, kva_cache *cache, const int32
     int32_t nb = cache->desc.num_blocks;
     KVA_TRY(check_ids(fn, pairs, num_pairs, nb, nb));
     KVA_TRY(check_pairs(fn, pairs, num_pairs, cache->pair_flags, 1));
-    copy_pairs(ctx, cache, cache, pairs, num_pairs);
-    return KVA_STATUS_OK;
+    return do_copy(ctx, cache, cache, pairs, num_pairs);
 }
 
 /* Checks that two caches agree in everything but num_blocks. */
@@ -245,6 +259,5 @@ kva_status kva_cache_swap_blocks(kva_context *ctx, const kva_cache *src, kva_cac
     KVA_CHECK_ALIGNED(pairs, sizeof(int32_t));
     KVA_TRY(check_ids(fn, pairs, num_pairs, src->desc.num_blocks, dst->desc.num_blocks));
     KVA_TRY(check_pairs(fn, pairs, num_pairs, dst->pair_flags, 0));
-    copy_pairs(ctx, src, dst, pairs, num_pairs);
-    return KVA_STATUS_OK;
+    return do_copy(ctx, src, dst, pairs, num_pairs);
 }

@@ -124,10 +124,9 @@ kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_token
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_cache_write: src_dtype = %s is not supported (f32, f16 or bf16)",
                          kva_dtype_name(src_dtype));
-    if (ctx->backend == KVA_BACKEND_CUDA || cache->mem == KVA_BACKEND_CUDA)
-        return kva__fail(KVA_STATUS_BACKEND_UNAVAILABLE,
-                         "kva_cache_write: ctx backend '%s' with a cache in %s memory: only "
-                         "host caches are supported yet",
+    if ((ctx->backend == KVA_BACKEND_CUDA) != (cache->mem == KVA_BACKEND_CUDA))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_cache_write: ctx backend '%s' cannot write a cache in %s memory",
                          kva_backend_name(ctx->backend),
                          cache->mem == KVA_BACKEND_CUDA ? "device" : "host");
     const kva_cache_desc *d = &cache->desc;
@@ -144,6 +143,11 @@ kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_token
     KVA_CHECK_ALIGNED(k, src_elem);
     KVA_CHECK_ALIGNED(v, src_elem);
     KVA_CHECK_ALIGNED(slot_mapping, sizeof(int64_t));
+
+    /* Device slot_mapping values cannot be read without a host sync: the CUDA
+     * kernel skips slots >= NB*B instead (docs/cuda.md). */
+    if (cache->mem == KVA_BACKEND_CUDA)
+        return kva__cuda_cache_write(ctx, cache, num_tokens, k, ks, v, vs, src_dtype, slot_mapping);
 
     /* Every slot is checked before anything is written. */
     const int64_t num_slots = (int64_t)d->num_blocks * d->block_size;

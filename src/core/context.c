@@ -27,8 +27,10 @@ int kva_backend_available(kva_backend backend)
     case KVA_BACKEND_REF:
     case KVA_BACKEND_CPU:
         return 1;
+    case KVA_BACKEND_CUDA:
+        /* Compiled in (no_cuda.c reports 0 devices otherwise) and a GPU is visible. */
+        return kva__cuda_device_count() > 0;
     default:
-        /* The CUDA kernels are not written yet (see the README's feature table). */
         return 0;
     }
 }
@@ -61,6 +63,12 @@ kva_status kva_context_create(const kva_context_desc *desc, kva_context **out)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_context_create: num_threads = %d is outside [0, %d]",
                          (int)d.num_threads, KVA_MAX_THREADS);
+    if (d.backend == KVA_BACKEND_CUDA &&
+        (d.device_id < 0 || d.device_id >= kva__cuda_device_count()))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_context_create: device_id = %d is outside [0, %d) (visible CUDA "
+                         "devices)",
+                         (int)d.device_id, kva__cuda_device_count());
     kva_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_context_create: out of memory");
@@ -69,7 +77,17 @@ kva_status kva_context_create(const kva_context_desc *desc, kva_context **out)
     ctx->num_threads = d.backend == KVA_BACKEND_REF ? 1
                        : d.num_threads > 0          ? d.num_threads
                                                     : available_cores();
-    ctx->ops = d.backend == KVA_BACKEND_REF ? &kva__ref_ops : &kva__cpu_ops;
+    ctx->ops = d.backend == KVA_BACKEND_REF    ? &kva__ref_ops
+               : d.backend == KVA_BACKEND_CUDA ? &kva__cuda_ops
+                                               : &kva__cpu_ops;
+    if (d.backend == KVA_BACKEND_CUDA) {
+        ctx->num_threads = 1;
+        kva_status st = kva__cuda_context_init(ctx);
+        if (st != KVA_STATUS_OK) {
+            free(ctx);
+            return st;
+        }
+    }
     *out = ctx;
     return KVA_STATUS_OK;
 }
@@ -78,6 +96,10 @@ void kva_context_destroy(kva_context *ctx)
 {
     if (!ctx)
         return;
+    if (ctx->backend == KVA_BACKEND_CUDA) {
+        kva__cuda_context_free(ctx); /* frees the device workspace too */
+        ctx->workspace = NULL;
+    }
     free(ctx->workspace);
     free(ctx);
 }

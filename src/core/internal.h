@@ -105,6 +105,8 @@ struct kva_context {
      * during a run), in the backend's memory space. */
     void *workspace;
     size_t workspace_bytes;
+    /* CUDA backend state (stream, device metadata buffers; src/attn/cuda/), else NULL. */
+    void *cuda;
 };
 
 /* Grows ctx->workspace to at least bytes (host memory for ref/CPU). */
@@ -118,6 +120,7 @@ struct kva_cache {
     void *k;             /* [NB, B, Hkv, D] (NHD) or [NB, Hkv, B, D] (HND) */
     void *v;             /* same with Dv */
     int owns_memory;
+    int32_t device_id;     /* CUDA device of k/v when mem == CUDA */
     kva_dtype k_dtype;     /* K storage dtype (desc.dtype; I8 for INT8_TOKEN_K_V16) */
     size_t elem_size;      /* bytes of a K element */
     size_t v_elem;         /* bytes of a V element (desc.dtype) */
@@ -216,10 +219,30 @@ struct kva__backend_ops {
                                float *lse_out);
 };
 
-extern const kva__backend_ops kva__ref_ops; /* src/attn/ref/ */
-extern const kva__backend_ops kva__cpu_ops; /* src/attn/cpu/ */
+extern const kva__backend_ops kva__ref_ops;  /* src/attn/ref/ */
+extern const kva__backend_ops kva__cpu_ops;  /* src/attn/cpu/ */
+extern const kva__backend_ops kva__cuda_ops; /* src/attn/cuda/ (a stub table without CUDA) */
+
+/* ---- CUDA backend entry points used by core and cache (src/attn/cuda/;
+ * no_cuda.c returns KVA_STATUS_BACKEND_UNAVAILABLE for each without nvcc) ---- */
 
 /* Number of CUDA devices visible (0 without the CUDA build or a GPU). */
 int kva__cuda_device_count(void);
+/* Creates ctx->cuda (stream 0, empty buffers) on ctx->device_id; frees it. */
+kva_status kva__cuda_context_init(kva_context *ctx);
+void kva__cuda_context_free(kva_context *ctx);
+/* Device memory for a cache's K or V (bytes > 0); freed on device_id. */
+kva_status kva__cuda_alloc(const kva_context *ctx, size_t bytes, void **out);
+void kva__cuda_free(int32_t device_id, void *p);
+/* kva_cache_write into a device cache; arguments validated except the device
+ * slot values (slots >= NB*B are skipped by the kernel). k/v/slot_mapping are
+ * device pointers; strides in source elements, resolved. */
+kva_status kva__cuda_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
+                                 const void *k, int64_t k_stride, const void *v, int64_t v_stride,
+                                 kva_dtype src_dtype, const int64_t *slot_mapping);
+/* Block copies between two caches (either may be the device or host one, or
+ * both the same device cache); pairs [n, 2] are host arrays, validated. */
+kva_status kva__cuda_copy_blocks(kva_context *ctx, const kva_cache *src, kva_cache *dst,
+                                 const int32_t *pairs, int32_t n);
 
 #endif /* KVA_INTERNAL_H */

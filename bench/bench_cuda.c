@@ -1,0 +1,274 @@
+/*
+ * bench_cuda.c - times kva_attention_run on the CUDA backend with CUDA events.
+ *
+ *   bench_cuda --mode decode|prefill [--batch R] [--context S] [--q-len Q]
+ *              [--heads H] [--kv-heads Hkv] [--head-dim D] [--block-size B]
+ *              [--dtype bf16|f16|f32] [--layout nhd|hnd] [--iters N]
+ *              [--graph-layers L] [--variant V]
+ *
+ * decode: R requests of q_len Q (1 = decode, >1 = speculative) after S cached
+ * tokens; prefill: R causal prompts of Q tokens after S cached tokens. Block
+ * tables are shuffled. Before timing, the first requests' outputs are checked
+ * against the CPU backend. The median of N timed runs (each between its own
+ * pair of events) is reported with the KV bytes read (every visible key's K
+ * and V once per kv head) and the attention FLOPs (4*D per visible
+ * query-key pair and head). With --graph-layers L, L runs over the same cache
+ * are captured in one CUDA graph and the median replay time per layer is
+ * reported too. The last line is one JSON object for bench/peer_cuda.py.
+ */
+#include "batchgen.h"
+#include "internal.h"
+#include "kvattn_cuda.h"
+#include "../src/plan/partition.h"
+
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DIE(...)                                                                                   \
+    do {                                                                                           \
+        fprintf(stderr, "bench_cuda: " __VA_ARGS__);                                               \
+        fputc('\n', stderr);                                                                       \
+        exit(1);                                                                                   \
+    } while (0)
+#define CU(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            DIE("%s: %s", #call, cudaGetErrorString(e_));                                          \
+    } while (0)
+#define KV(call)                                                                                   \
+    do {                                                                                           \
+        kva_status s_ = (call);                                                                    \
+        if (s_ != KVA_STATUS_OK)                                                                   \
+            DIE("%s: %s: %s", #call, kva_status_name(s_), kva_last_error());                       \
+    } while (0)
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+static float median(float *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_float);
+    return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Fills n elements by tiling a random pattern of 16M elements (never zeros). */
+static void fill_big(void *p, kva_dtype dt, size_t n, kva_rng *rng)
+{
+    const size_t es = kva_dtype_size(dt), tile = (size_t)1 << 24;
+    size_t first = n < tile ? n : tile;
+    kva_test_fill_uniform(p, dt, first, rng);
+    for (size_t off = first; off < n; off += first) {
+        size_t m = n - off < first ? n - off : first;
+        memcpy((char *)p + off * es, p, m * es);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = "decode", *dts = "bf16", *lays = "nhd";
+    int32_t R = 64, S = 4096, Q = -1, H = 32, Hkv = 8, D = 128, B = 16, iters = 30, layers = 0,
+            variant = 0;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *f = argv[i], *v = argv[i + 1];
+        if (!strcmp(f, "--mode"))
+            mode = v;
+        else if (!strcmp(f, "--batch"))
+            R = atoi(v);
+        else if (!strcmp(f, "--context"))
+            S = atoi(v);
+        else if (!strcmp(f, "--q-len"))
+            Q = atoi(v);
+        else if (!strcmp(f, "--heads"))
+            H = atoi(v);
+        else if (!strcmp(f, "--kv-heads"))
+            Hkv = atoi(v);
+        else if (!strcmp(f, "--head-dim"))
+            D = atoi(v);
+        else if (!strcmp(f, "--block-size"))
+            B = atoi(v);
+        else if (!strcmp(f, "--dtype"))
+            dts = v;
+        else if (!strcmp(f, "--layout"))
+            lays = v;
+        else if (!strcmp(f, "--iters"))
+            iters = atoi(v);
+        else if (!strcmp(f, "--graph-layers"))
+            layers = atoi(v);
+        else if (!strcmp(f, "--variant"))
+            variant = atoi(v);
+        else
+            DIE("unknown flag %s", f);
+    }
+    (void)kva_test_checks_failed_; /* harness counters unused here */
+    (void)kva_test_cases_passed_;
+    (void)kva_test_cases_failed_;
+    const int prefill = !strcmp(mode, "prefill");
+    if (Q < 0)
+        Q = prefill ? 4096 : 1;
+    const kva_dtype dt = !strcmp(dts, "f32")   ? KVA_DTYPE_F32
+                         : !strcmp(dts, "f16") ? KVA_DTYPE_F16
+                                               : KVA_DTYPE_BF16;
+    const kva_layout layout = !strcmp(lays, "hnd") ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+    if (kva__cuda_device_count() == 0) {
+        printf("{\"skipped\": \"no CUDA device\"}\n");
+        return 0;
+    }
+    kva_rng rng = {2026};
+    int32_t *ql = malloc(sizeof(int32_t) * (size_t)R), *sl = malloc(sizeof(int32_t) * (size_t)R);
+    for (int32_t r = 0; r < R; r++) {
+        ql[r] = Q;
+        sl[r] = S + Q;
+    }
+    kva_test_batch b;
+    kva_test_batch_init(&b, &rng, R, ql, sl, B, 1, 0);
+    const size_t es = kva_dtype_size(dt);
+
+    kva_context_desc cpud = {KVA_BACKEND_CPU, 0, 0}, gd = {KVA_BACKEND_CUDA, 0, 0};
+    kva_context *cpu = NULL, *gpu = NULL;
+    KV(kva_context_create(&cpud, &cpu));
+    KV(kva_context_create(&gd, &gpu));
+    kva_cache_desc cd = {b.num_blocks, B, Hkv, D, D, dt, layout, KVA_QUANT_NONE};
+    kva_cache *hc = NULL, *dc = NULL;
+    KV(kva_cache_create(cpu, &cd, &hc));
+    KV(kva_cache_create(gpu, &cd, &dc));
+    void *hk, *hv, *dk, *dv;
+    kva_cache_data(hc, &hk, &hv);
+    kva_cache_data(dc, &dk, &dv);
+    const size_t cache_elems = (size_t)b.num_blocks * B * Hkv * D;
+    fill_big(hk, dt, cache_elems, &rng);
+    fill_big(hv, dt, cache_elems, &rng);
+    CU(cudaMemcpy(dk, hk, cache_elems * es, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dv, hv, cache_elems * es, cudaMemcpyHostToDevice));
+
+    const size_t nq = (size_t)b.T * H * D;
+    void *q = malloc(nq * es), *out_cpu = malloc(nq * es), *out_gpu = malloc(nq * es);
+    kva_test_fill_uniform(q, dt, nq, &rng);
+    void *dq = NULL, *dout = NULL;
+    CU(cudaMalloc(&dq, nq * es));
+    CU(cudaMalloc(&dout, nq * es));
+    CU(cudaMemcpy(dq, q, nq * es, cudaMemcpyHostToDevice));
+
+    /* Check the first requests (a prefix of the same batch) against the CPU backend. */
+    kva_test_batch chk = b;
+    chk.R = R < 2 ? R : 2;
+    chk.T = b.query_start_loc[chk.R];
+    kva_plan_desc pc = kva_test_batch_plan_desc(&chk, H, Hkv, D, D, dt);
+    kva_plan *pcpu = NULL, *pchk = NULL;
+    KV(kva_plan_create(cpu, &pc, &pcpu));
+    KV(kva_plan_create(gpu, &pc, &pchk));
+    KV(kva_attention_run(cpu, pcpu, q, hc, NULL, out_cpu, NULL));
+    CU(cudaMemset(dout, 0xff, nq * es));
+    KV(kva_attention_run(gpu, pchk, dq, dc, NULL, dout, NULL));
+    CU(cudaMemcpy(out_gpu, dout, (size_t)chk.T * H * D * es, cudaMemcpyDeviceToHost));
+    size_t bad = kva_test_compare("bench check", out_gpu, out_cpu, dt, (size_t)chk.T * H * D,
+                                  kva_test_atol(dt), kva_test_rtol(dt));
+    kva_plan_destroy(pcpu);
+    kva_plan_destroy(pchk);
+
+    kva_plan_desc pd = kva_test_batch_plan_desc(&b, H, Hkv, D, D, dt);
+    kva_plan *plan = NULL;
+    KV(kva_plan_create(gpu, &pd, &plan));
+    if (variant)
+        plan->part->variant = variant;
+    kva_plan_info info;
+    kva_plan_get_info(plan, &info);
+
+    /* Work: visible keys per row (causal, bottom-right aligned). */
+    double pairs = 0;
+    for (int32_t r = 0; r < R; r++)
+        for (int32_t i = 0; i < Q; i++)
+            pairs += (double)(sl[r] - Q + i + 1);
+    double kv_bytes = 0;
+    for (int32_t r = 0; r < R; r++)
+        kv_bytes += (double)sl[r] * Hkv * 2.0 * D * (double)es;
+    const double flops = pairs * H * 4.0 * D;
+
+    cudaEvent_t ev[2];
+    CU(cudaEventCreate(&ev[0]));
+    CU(cudaEventCreate(&ev[1]));
+    for (int w = 0; w < 3; w++)
+        KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL));
+    float *ms = malloc(sizeof(float) * (size_t)iters);
+    for (int it = 0; it < iters; it++) {
+        CU(cudaEventRecord(ev[0], 0));
+        KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL));
+        CU(cudaEventRecord(ev[1], 0));
+        CU(cudaEventSynchronize(ev[1]));
+        CU(cudaEventElapsedTime(&ms[it], ev[0], ev[1]));
+    }
+    const float med = median(ms, iters);
+
+    float graph_ms = 0.f;
+    if (layers > 0) {
+        /* L layers captured in one graph on a private stream; replays only. */
+        cudaStream_t s;
+        CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        KV(kva_cuda_context_set_stream(gpu, s));
+        kva_plan_destroy(plan);
+        KV(kva_plan_create(gpu, &pd, &plan));
+        if (variant)
+            plan->part->variant = variant;
+        CU(cudaStreamSynchronize(s));
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        for (int l = 0; l < layers; l++)
+            KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL));
+        CU(cudaStreamEndCapture(s, &g));
+        CU(cudaGraphInstantiate(&ge, g, 0));
+        CU(cudaGraphLaunch(ge, s));
+        CU(cudaStreamSynchronize(s));
+        int reps = iters < 10 ? iters : 10;
+        float *gm = malloc(sizeof(float) * (size_t)reps);
+        for (int it = 0; it < reps; it++) {
+            CU(cudaEventRecord(ev[0], s));
+            CU(cudaGraphLaunch(ge, s));
+            CU(cudaEventRecord(ev[1], s));
+            CU(cudaEventSynchronize(ev[1]));
+            CU(cudaEventElapsedTime(&gm[it], ev[0], ev[1]));
+        }
+        graph_ms = median(gm, reps) / (float)layers;
+        free(gm);
+        cudaGraphExecDestroy(ge);
+        cudaGraphDestroy(g);
+        KV(kva_cuda_context_set_stream(gpu, NULL));
+        cudaStreamDestroy(s);
+    }
+
+    struct cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, 0));
+    const double sec = med * 1e-3;
+    fprintf(stderr,
+            "bench_cuda: %s R=%d S=%d Q=%d H=%d Hkv=%d D=%d B=%d %s: median %.4f ms, %.3f TB/s KV, "
+            "%.1f TFLOP/s, %d items, variant %d, check %s\n",
+            mode, R, S, Q, H, Hkv, D, B, dts, (double)med, kv_bytes / sec * 1e-12,
+            flops / sec * 1e-12, (int)info.num_work_items, plan->part->variant,
+            bad ? "FAILED" : "ok");
+    printf(
+        "{\"mode\": \"%s\", \"device\": \"%s\", \"R\": %d, \"S\": %d, \"Q\": %d, \"H\": %d, "
+        "\"Hkv\": %d, \"D\": %d, \"B\": %d, \"dtype\": \"%s\", \"ms\": %.5f, \"kv_bytes\": %.0f, "
+        "\"flops\": %.0f, \"items\": %d, \"graph_ms_per_layer\": %.5f, \"check_bad\": %zu}\n",
+        mode, prop.name, R, S, Q, H, Hkv, D, B, dts, (double)med, kv_bytes, flops,
+        (int)info.num_work_items, (double)graph_ms, bad);
+    kva_plan_destroy(plan);
+    cudaFree(dq);
+    cudaFree(dout);
+    kva_cache_destroy(hc);
+    kva_cache_destroy(dc);
+    kva_context_destroy(cpu);
+    kva_context_destroy(gpu);
+    free(q);
+    free(out_cpu);
+    free(out_gpu);
+    free(ms);
+    free(ql);
+    free(sl);
+    kva_test_batch_free(&b);
+    return bad ? 1 : 0;
+}

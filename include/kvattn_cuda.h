@@ -1,0 +1,60 @@
+/*
+ * kvattn_cuda.h - entry points of the CUDA backend that have no meaning on
+ * other backends: the stream a context runs on, and the capacity of the
+ * device metadata a context keeps for its plans (CUDA graph capture).
+ *
+ * Stream: every call through a CUDA context (cache write/copy, plan upload,
+ * attention, merge) is enqueued on the context's stream, the legacy default
+ * stream 0 unless set here. Run-path calls never synchronize with the host.
+ *
+ * Plans and graphs: a CUDA context owns one set of device metadata buffers
+ * (batch metadata and work lists) of fixed capacity. kva_plan_create uploads
+ * its plan into them (cudaMemcpyAsync on the stream, from pinned staging), so
+ * the most recent plan of a context owns the device metadata: running an older
+ * plan of the same context fails with KVA_STATUS_INVALID_ARGUMENT. Because the
+ * buffers keep their addresses, a graph captured over kva_attention_run (for
+ * any number of layers) can be replayed after a new kva_plan_create, provided
+ *   - the new plan has the same attention shape and semantics (H, Hkv, D, Dv,
+ *     q_dtype, block_size, scale, causal, window_left, softcap, ALiBi on/off),
+ *   - it fits the reserved capacity (the buffers did not grow), and
+ *   - the tensors (q, cache, sinks, out, lse) are at the captured addresses.
+ * Buffers grow only in kva_plan_create (which synchronizes the stream first
+ * and is refused while the stream is capturing); reserve the largest batch
+ * before capturing with kva_cuda_context_reserve.
+ */
+#ifndef KVATTN_CUDA_H
+#define KVATTN_CUDA_H
+
+#include "kvattn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Sets the stream (a cudaStream_t, or NULL for the legacy default stream) of
+ * a CUDA context. The caller keeps ownership of the stream. */
+KVA_API kva_status kva_cuda_context_set_stream(kva_context *ctx, void *stream);
+/* The context's stream (NULL = legacy default stream). */
+KVA_API kva_status kva_cuda_context_get_stream(const kva_context *ctx, void **out);
+
+/* Capacity of the device metadata of a CUDA context: any plan with at most
+ * these many requests, query tokens and block-table entries and this
+ * attention shape fits without growing the buffers. */
+typedef struct kva_cuda_capacity {
+    int32_t max_requests;    /* R */
+    int32_t max_tokens;      /* T */
+    int64_t max_block_table; /* R * block_table_stride entries */
+    int32_t num_heads;       /* H */
+    int32_t num_kv_heads;    /* Hkv */
+    int32_t head_dim_v;      /* Dv (sizes the split-KV partials) */
+} kva_cuda_capacity;
+
+/* Grows the context's device metadata and workspace to hold any plan within
+ * cap (synchronizes the stream; refused while it is capturing). */
+KVA_API kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_capacity *cap);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVATTN_CUDA_H */

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# cuda.sh - on a machine with an NVIDIA GPU: build the CUDA backend, run the
+# CUDA tests (ctest -L cuda), compute-sanitizer memcheck and racecheck on the
+# quick test set, then the benchmarks next to the peers (bench/peer_cuda.py:
+# PyTorch SDPA flash/cuDNN, FlashInfer) and print a table. Where there is no
+# GPU (or no nvcc) it says so and exits 0.
+#   KVA_CUDA_ARCH   CMAKE_CUDA_ARCHITECTURES (default "90a"; "80;90a" for both)
+#   KVA_WHEELS      folder of wheels to install for the peers (flashinfer-python,
+#                   apache-tvm-ffi), installed offline into /tmp/kva_site
+#   OUT             folder for logs and results (default build-cuda/out)
+#   KVA_STEPS       steps to run (default "test sanitize bench peers"; "bench" times
+#                   kvattn's own variants and shapes, "peers" the table against peers)
+#   KVA_CMAKE_ARGS  extra cmake arguments (e.g. -DXXHASH_LIB=... where libxxhash-dev is missing)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "cuda.sh: no NVIDIA GPU on this machine; skipping the CUDA tests and benchmarks"
+  exit 0
+fi
+if ! command -v nvcc >/dev/null 2>&1; then
+  echo "cuda.sh: nvcc not found; skipping"
+  exit 0
+fi
+out=${OUT:-build-cuda/out}
+mkdir -p "$out"
+jobs=$(nproc)
+status=0
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
+
+echo "== build (CUDA architectures ${KVA_CUDA_ARCH:-90a})"
+cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="${KVA_CUDA_ARCH:-90a}" ${KVA_CMAKE_ARGS:-} >"$out/cmake.log" 2>&1 || { cat "$out/cmake.log"; exit 1; }
+ninja -C build-cuda -j"$jobs" >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
+
+steps=" ${KVA_STEPS:-test sanitize bench peers} "
+has() { [[ "$steps" == *" $1 "* ]]; }
+
+if has test; then
+echo "== ctest -L cuda"
+ctest --test-dir build-cuda -L cuda --output-on-failure -j2 2>&1 | tee "$out/ctest_cuda.log" | tail -15
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+
+if has quicktest; then
+  for t in test_cuda_attn test_cuda_cache test_cuda_graph; do
+    KVA_TEST_QUICK=1 "build-cuda/$t" >"$out/quick_$t.log" 2>&1 || status=1
+    echo "quick $t: $(tail -1 "$out/quick_$t.log")"
+  done
+fi
+
+if has bench; then
+  echo "== kvattn benchmarks"
+  b=build-cuda/bench_cuda
+  {
+  $b --mode decode --batch 64 --context 4095 --graph-layers 32 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4095 --variant 1 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4095 --variant 2 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4095 --variant 3 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4095 --variant 3 --graph-layers 32 2>&1 | tail -1
+  $b --mode decode --batch 4 --context 32767 --variant 3 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4095 --heads 64 --kv-heads 8 --variant 3 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4095 --heads 64 --kv-heads 8 --variant 2 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4095 --layout hnd 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4092 --q-len 4 2>&1 | head -1
+  $b --mode decode --batch 4 --context 32767 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4095 --dtype f16 --block-size 1 2>&1 | head -1
+  $b --mode decode --batch 16 --context 4095 2>&1 | head -1
+  $b --mode decode --batch 4 --context 32767 --variant 1 2>&1 | head -1
+  } | tee "$out/bench_variants.log"
+fi
+
+if has sanitize; then
+echo "== compute-sanitizer (quick sets)"
+for tool in memcheck racecheck; do
+  for t in test_cuda_attn test_cuda_cache; do
+    KVA_TEST_QUICK=1 timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      "build-cuda/$t" >"$out/sanitizer_${tool}_$t.log" 2>&1
+    rc=$?
+    echo "$tool $t: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer_${tool}_$t.log" | tail -1)"
+    [ $rc = 0 ] || status=1
+  done
+done
+fi
+
+if has peers; then
+echo "== benchmarks and peers"
+if [ -n "${KVA_WHEELS:-}" ] && ls "$KVA_WHEELS"/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/kva_site "$KVA_WHEELS"/*.whl >"$out/pip.log" 2>&1 && export PYTHONPATH=/tmp/kva_site
+fi
+export MAX_JOBS=$jobs FLASHINFER_NVCC_THREADS=4
+PYTHONUNBUFFERED=1 python3 bench/peer_cuda.py --ours build-cuda/bench_cuda --out "$out" 2>"$out/peer_stderr.log"
+[ $? = 0 ] || { status=1; tail -30 "$out/peer_stderr.log"; }
+fi
+exit $status

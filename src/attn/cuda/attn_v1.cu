@@ -1,0 +1,815 @@
+/*
+ * attn_v1.cu - paged (and ragged) attention on CUDA: one CTA per work item
+ * (request, kv head, query tile, key split), every head of the GQA slice and
+ * every query row of the tile in the same CTA, so each K/V row loaded serves
+ * all of them. Used for decodes, speculative decodes and (until the tensor-
+ * core prefill kernel is wired in, see launch_prefill) prefill tiles. Three
+ * variants share the kernel body (docs/cuda.md has their measurements):
+ *   1: K/V loads into registers, the next step's loads in flight during the
+ *      current step (every dtype; the only one for f32);
+ *   2: loads by cp.async into a per-lane ring of KVA_STAGES steps in shared
+ *      memory (fewer registers: 3 CTAs/SM, more bytes in flight);
+ *   3: variant 2 plus the transposing reduction of attn_xpose.cuh (default
+ *      for f16/bf16).
+ *
+ * Layout of the work inside a CTA of 4 warps:
+ *   - a key row of width D is read by a lane group of LK lanes, each lane
+ *     holding NCH chunks of 16 bytes (VEC elements): lane li of a group owns
+ *     channels (li + c*LK)*VEC .. +VEC for c < NCH, so the group's loads of
+ *     one row are contiguous 16-byte accesses;
+ *   - a warp holds 32/LK groups, each on its own key, and every group keeps
+ *     its own online-softmax state (m, l, acc) for all ROWS attention rows;
+ *   - warps take interleaved steps of U*32/LK keys;
+ *   - at the end the groups merge by shuffles, the warps through shared
+ *     memory, and the CTA writes out/lse (or the split partial, merged by
+ *     split_merge_kernel).
+ * Scores are computed in fp32 in base 2 (scale * log2 e folded in), the
+ * soft-cap and ALiBi in natural units first.
+ *
+ * The grid is persistent and independent of the plan (SMs x resident CTAs):
+ * CTA b runs items b, b + gridDim.x, ... of the item count in the device
+ * header, so a captured graph replays with any later plan's metadata.
+ */
+extern "C" {
+#include "cuda_backend.h"
+#include "partition.h"
+}
+#include "cuda_check.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#define KVA_NW 4 /* warps per CTA */
+#define KVA_LOG2E 1.4426950408889634f
+#define KVA_LN2 0.6931471805599453f
+
+/* Kernel arguments that stay fixed for a captured graph. */
+typedef struct attn_args {
+    kva__cuda_meta meta;
+    const void *q;      /* [T, H, D] */
+    const void *k;      /* paged K, or ragged [sum s, Hkv, D] */
+    const void *v;      /* paged V, or ragged [sum s, Hkv, Dv] */
+    const float *sinks; /* [H] or NULL */
+    void *out;          /* [T, H, Dv] */
+    float *lse;         /* [T, H] or NULL */
+    float *ws;          /* split partials */
+    int32_t H, Hkv, G, D, Dv, B;
+    int32_t layout_hnd, ragged, causal, window_left, has_alibi;
+    float scale, softcap;
+} attn_args;
+
+/* ---- element conversions (16-byte vectors of VEC elements) ---- */
+
+template <typename T> struct vec_of;
+template <> struct vec_of<float> {
+    static constexpr int n = 4;
+};
+template <> struct vec_of<__half> {
+    static constexpr int n = 8;
+};
+template <> struct vec_of<__nv_bfloat16> {
+    static constexpr int n = 8;
+};
+
+__device__ __forceinline__ void to_float(const uint4 &u, float *f, const float *)
+{
+    f[0] = __uint_as_float(u.x);
+    f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z);
+    f[3] = __uint_as_float(u.w);
+}
+__device__ __forceinline__ void bf2(uint32_t w, float *f)
+{
+    f[0] = __uint_as_float(w << 16);
+    f[1] = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ void to_float(const uint4 &u, float *f, const __nv_bfloat16 *)
+{
+    bf2(u.x, f);
+    bf2(u.y, f + 2);
+    bf2(u.z, f + 4);
+    bf2(u.w, f + 6);
+}
+__device__ __forceinline__ void h2(uint32_t w, float *f)
+{
+    __half2 h = *reinterpret_cast<__half2 *>(&w);
+    float2 x = __half22float2(h);
+    f[0] = x.x;
+    f[1] = x.y;
+}
+__device__ __forceinline__ void to_float(const uint4 &u, float *f, const __half *)
+{
+    h2(u.x, f);
+    h2(u.y, f + 2);
+    h2(u.z, f + 4);
+    h2(u.w, f + 6);
+}
+
+__device__ __forceinline__ void store_elem(float *p, size_t i, float x)
+{
+    p[i] = x;
+}
+__device__ __forceinline__ void store_elem(__half *p, size_t i, float x)
+{
+    p[i] = __float2half_rn(x);
+}
+__device__ __forceinline__ void store_elem(__nv_bfloat16 *p, size_t i, float x)
+{
+    p[i] = __float2bfloat16_rn(x);
+}
+
+__device__ __forceinline__ uint4 ldg16(const void *p)
+{
+    return __ldg(reinterpret_cast<const uint4 *>(p));
+}
+
+/*
+ * Key-row addressing without branches. Row index of key j for kv head kvh:
+ *   NHD: (block * B + off) * Hkv + kvh,  HND: (block * Hkv + kvh) * B + off,
+ * i.e. block * B*Hkv + off * ostride + kvh * hstride (ostride Hkv or 1,
+ * hstride 1 or B). Ragged K/V is NHD with B = 1 and block = kv_start + j.
+ * j / B comes from a double-precision reciprocal with one correction step
+ * (exact for j, B < 2^31), so non-power-of-two block sizes cost no divide.
+ */
+typedef struct key_addr {
+    int64_t bstride, ostride, hoff;
+    double inv_b;
+} key_addr;
+
+__device__ __forceinline__ int64_t key_row(const attn_args &a, const key_addr &ka,
+                                           const int32_t *bt_row, int64_t kvs, int32_t j)
+{
+    int32_t blk = (int32_t)((double)j * ka.inv_b);
+    int32_t off = j - blk * a.B;
+    blk = off >= a.B ? blk + 1 : blk;
+    off = off >= a.B ? off - a.B : off;
+    blk = off < 0 ? blk - 1 : blk;
+    off = off < 0 ? off + a.B : off;
+    const int64_t block = a.ragged ? kvs + blk : (int64_t)__ldg(bt_row + blk);
+    return block * ka.bstride + off * ka.ostride + ka.hoff;
+}
+
+/* Issues the 16-byte K and V loads of the U keys kb + u*KPW + g (zeros for
+ * keys >= kend, whose block-table read is clamped to key kend - 1). */
+template <typename T, int LK, int NCH, int U>
+__device__ __forceinline__ void
+issue_kv(const attn_args &a, const key_addr &ka, const int32_t *bt_row, int64_t kvs, int32_t kb,
+         int g, int li, int32_t kend, uint4 (&kr)[U][NCH], uint4 (&vr)[U][NCH])
+{
+    constexpr int VEC = vec_of<T>::n;
+    constexpr int KPW = 32 / LK;
+    const T *kp = (const T *)a.k;
+    const T *vp = (const T *)a.v;
+    int64_t row[U];
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int32_t j = kb + u * KPW + g;
+        ok[u] = j < kend;
+        row[u] = key_row(a, ka, bt_row, kvs, ok[u] ? j : kend - 1);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+#pragma unroll
+        for (int c = 0; c < NCH; c++) {
+            const int d0 = (li + c * LK) * VEC;
+            kr[u][c] = make_uint4(0, 0, 0, 0);
+            vr[u][c] = make_uint4(0, 0, 0, 0);
+            if (ok[u] && d0 < a.D)
+                kr[u][c] = ldg16(kp + row[u] * a.D + d0);
+            if (ok[u] && d0 < a.Dv)
+                vr[u][c] = ldg16(vp + row[u] * a.Dv + d0);
+        }
+    }
+}
+
+/* ---- cp.async (sm_80+) ---- */
+
+#define KVA_STAGES 4 /* v2: steps in flight per warp */
+
+/* 16-byte global -> shared copy; src_bytes 0 writes zeros and reads nothing. */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes)
+{
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+                 "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* v2's issue_kv: the same chunks as issue_kv, copied into the lane's slots of
+ * one ring stage (slot (u, c, K/V) at stage + ((u*NCH + c)*2 + kv)*32). */
+template <typename T, int LK, int NCH, int U>
+__device__ __forceinline__ void issue_async(const attn_args &a, const key_addr &ka,
+                                            const int32_t *bt_row, int64_t kvs, int32_t kb, int g,
+                                            int li, int32_t kend, uint4 *stage)
+{
+    constexpr int VEC = vec_of<T>::n;
+    constexpr int KPW = 32 / LK;
+    const T *kp = (const T *)a.k;
+    const T *vp = (const T *)a.v;
+    int64_t row[U];
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int32_t j = kb + u * KPW + g;
+        ok[u] = j < kend;
+        row[u] = key_row(a, ka, bt_row, kvs, ok[u] ? j : kend - 1);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+#pragma unroll
+        for (int c = 0; c < NCH; c++) {
+            const int d0 = (li + c * LK) * VEC;
+            const bool kok = ok[u] && d0 < a.D, vok = ok[u] && d0 < a.Dv;
+            cp_async16(stage + ((u * NCH + c) * 2) * 32, kok ? kp + row[u] * a.D + d0 : kp,
+                       kok ? 16 : 0);
+            cp_async16(stage + ((u * NCH + c) * 2 + 1) * 32, vok ? vp + row[u] * a.Dv + d0 : vp,
+                       vok ? 16 : 0);
+        }
+    }
+}
+
+/*
+ * One step of the key loop for one lane: the U keys kb + u*KPW + g whose K and
+ * V chunks are in kr/vr update the online-softmax state (m, l, acc) of every
+ * row. Shared by the variants, which differ only in how kr/vr are loaded.
+ */
+template <typename T, int LK, int NCH, int ROWS, int U>
+__device__ __forceinline__ void
+attend_step(const attn_args &a, int32_t kb, int g, const uint4 (&kr)[U][NCH],
+            const uint4 (&vr)[U][NCH], const float (&q)[ROWS][NCH][vec_of<T>::n],
+            const int32_t (&lo)[ROWS], const int32_t (&hi)[ROWS], const int32_t (&pos)[ROWS],
+            const float (&slope)[ROWS], int32_t lo_all, int32_t hi_all, float (&m)[ROWS],
+            float (&l)[ROWS], float (&acc)[ROWS][NCH][vec_of<T>::n])
+{
+    constexpr int VEC = vec_of<T>::n;
+    constexpr int KPW = 32 / LK;
+    const float scale_log2 = a.scale * KVA_LOG2E;
+    /* Raw scores of the U keys for every row (reduced over the group). */
+    float sc[U][ROWS];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float kf[NCH][VEC];
+#pragma unroll
+        for (int c = 0; c < NCH; c++)
+            to_float(kr[u][c], kf[c], (const T *)nullptr);
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            float dot = 0.f;
+#pragma unroll
+            for (int c = 0; c < NCH; c++)
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    dot = fmaf(q[r][c][e], kf[c][e], dot);
+#pragma unroll
+            for (int o = LK / 2; o >= 1; o >>= 1)
+                dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            sc[u][r] = dot;
+        }
+    }
+    /* Scale (or soft-cap) into base-2 logits: one uniform branch. */
+    if (a.softcap > 0.f) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                sc[u][r] = a.softcap * tanhf(sc[u][r] * a.scale / a.softcap) * KVA_LOG2E;
+    } else {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                sc[u][r] *= scale_log2;
+    }
+    /* ALiBi and the mask (both skipped when they cannot matter: no
+     * slopes; every key of this warp's step visible to every row). */
+    if (a.has_alibi) {
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                sc[u][r] = fmaf(slope[r], (float)(kb + u * KPW + g - pos[r]), sc[u][r]);
+    }
+    if (!(kb >= lo_all && kb + U * KPW <= hi_all)) {
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int32_t j = kb + u * KPW + g;
+                sc[u][r] = (j >= lo[r] && j < hi[r]) ? sc[u][r] : -INFINITY;
+            }
+    }
+    /* Online softmax; sc becomes the weights p. */
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        float mx = m[r];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            mx = fmaxf(mx, sc[u][r]);
+        const float mu = mx == -INFINITY ? 0.f : mx;
+        const float corr = exp2f(m[r] - mu);
+        m[r] = mx;
+        float psum = 0.f;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            sc[u][r] = exp2f(sc[u][r] - mu);
+            psum += sc[u][r];
+        }
+        l[r] = l[r] * corr + psum;
+#pragma unroll
+        for (int c = 0; c < NCH; c++)
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                acc[r][c][e] *= corr;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float vf[NCH][VEC];
+#pragma unroll
+        for (int c = 0; c < NCH; c++)
+            to_float(vr[u][c], vf[c], (const T *)nullptr);
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+#pragma unroll
+            for (int c = 0; c < NCH; c++)
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    acc[r][c][e] = fmaf(sc[u][r], vf[c][e], acc[r][c][e]);
+    }
+}
+
+/*
+ * T: element type of q, K/V and out. LK: lanes per key row; NCH: 16-byte
+ * chunks per lane (LK*NCH*VEC >= max(D, Dv)); ROWS: attention rows per CTA.
+ */
+#include "attn_xpose.cuh"
+
+/*
+ * VAR: kernel variant (1 register pipeline, 2 cp.async ring, 3 the ring plus
+ * the transposing reduction of attn_xpose.cuh where U*ROWS >= LK).
+ */
+template <typename T, int LK, int NCH, int ROWS, int VAR>
+__global__ void __launch_bounds__(KVA_NW * 32, VAR >= 2 && ROWS == 4 ? 3 : 2)
+    attn_kernel(attn_args a)
+{
+    constexpr bool ASYNC = VAR >= 2;
+    constexpr int VEC = vec_of<T>::n;
+    constexpr int KPW = 32 / LK;        /* keys per warp and step */
+    constexpr int U = NCH == 1 ? 4 : 2; /* keys per group per iteration */
+    constexpr int DC = LK * NCH * VEC;  /* channels covered */
+    constexpr bool XPOSE = VAR == 3 && U * ROWS >= LK;
+    constexpr int XM = XPOSE ? U * ROWS / LK : 1;
+    __shared__ float s_acc[KVA_NW][ROWS][DC];
+    __shared__ float s_m[KVA_NW][ROWS], s_l[KVA_NW][ROWS];
+    extern __shared__ uint4 s_ring[]; /* v2: [NW][STAGES][U][NCH][K/V][32 lanes] */
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane / LK, li = lane % LK;
+    const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
+    const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
+    const T *qp = (const T *)a.q;
+
+    for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
+        const kva__cuda_item w = a.meta.items[it];
+        const int32_t nrows = w.nq * w.nh;
+        const int32_t qs = a.meta.qsl[w.req];
+        const int32_t q_len = a.meta.qsl[w.req + 1] - qs;
+        const int32_t s = a.meta.seq_lens[w.req];
+        const int32_t *bt_row =
+            a.ragged ? nullptr : a.meta.block_table + (int64_t)w.req * bt_stride;
+        const int64_t kvs = a.ragged ? a.meta.kv_start[w.req] : 0;
+
+        /* Per row: query vector chunk, visible key range, ALiBi slope and position. */
+        float q[ROWS][NCH][VEC];
+        int32_t lo[ROWS], hi[ROWS], pos[ROWS];
+        float slope[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            lo[r] = 0;
+            hi[r] = 0;
+            pos[r] = 0;
+            slope[r] = 0.f;
+#pragma unroll
+            for (int c = 0; c < NCH; c++)
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    q[r][c][e] = 0.f;
+            if (r < nrows) {
+                const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+                const int32_t head = w.kv_head * a.G + w.h0 + hh;
+                const int32_t i = w.i0 + qi;
+                const int32_t p = s - q_len + i;
+                int32_t h_ = a.causal ? p + 1 : s;
+                int32_t l_ = a.window_left >= 0 && p - a.window_left > 0 ? p - a.window_left : 0;
+                lo[r] = l_ > w.k0 ? l_ : w.k0;
+                hi[r] = h_ < w.k1 ? h_ : w.k1;
+                pos[r] = p;
+                if (a.has_alibi)
+                    slope[r] = a.meta.alibi[head] * KVA_LOG2E;
+                const T *qrow = qp + ((int64_t)(qs + i) * a.H + head) * a.D;
+#pragma unroll
+                for (int c = 0; c < NCH; c++) {
+                    const int d0 = (li + c * LK) * VEC;
+                    if (d0 < a.D)
+                        to_float(ldg16(qrow + d0), q[r][c], (const T *)nullptr);
+                }
+            }
+        }
+
+        float m[ROWS], l[ROWS], acc[ROWS][NCH][VEC];
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            m[r] = -INFINITY;
+            l[r] = 0.f;
+#pragma unroll
+            for (int c = 0; c < NCH; c++)
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    acc[r][c][e] = 0.f;
+        }
+
+        const int32_t kend = w.k1;
+        /* Keys every real row sees: steps inside [lo_all, hi_all) skip the mask. */
+        int32_t lo_all = 0, hi_all = kend;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            if (r < nrows) {
+                lo_all = lo[r] > lo_all ? lo[r] : lo_all;
+                hi_all = hi[r] < hi_all ? hi[r] : hi_all;
+            }
+        }
+        key_addr ka;
+        ka.bstride = (int64_t)a.B * a.Hkv;
+        ka.ostride = a.layout_hnd ? 1 : a.Hkv;
+        ka.hoff = a.layout_hnd ? (int64_t)w.kv_head * a.B : w.kv_head;
+        ka.inv_b = 1.0 / (double)a.B;
+        constexpr int STEP = KVA_NW * U * KPW;
+        const int32_t kb0 = w.k0 + warp * (U * KPW);
+        if constexpr (!ASYNC) {
+            /* v1: the loads of the next step go to registers and are in
+             * flight while the current step is computed. */
+            uint4 kr[U][NCH], vr[U][NCH];
+            issue_kv<T, LK, NCH, U>(a, ka, bt_row, kvs, kb0, g, li, kend, kr, vr);
+            for (int32_t kb = kb0; kb < kend; kb += STEP) {
+                uint4 kn[U][NCH], vn[U][NCH];
+                issue_kv<T, LK, NCH, U>(a, ka, bt_row, kvs, kb + STEP, g, li, kend, kn, vn);
+                attend_step<T, LK, NCH, ROWS, U>(a, kb, g, kr, vr, q, lo, hi, pos, slope, lo_all,
+                                                 hi_all, m, l, acc);
+#pragma unroll
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int c = 0; c < NCH; c++) {
+                        kr[u][c] = kn[u][c];
+                        vr[u][c] = vn[u][c];
+                    }
+            }
+        } else {
+            /* v2: cp.async into a ring of KVA_STAGES steps in shared memory,
+             * private to the lane (each lane reads back only the 16-byte chunks
+             * it copied, so wait_group alone orders the accesses). */
+            uint4 *ring = s_ring + (size_t)warp * KVA_STAGES * U * NCH * 2 * 32 + lane;
+            xpose_rows<XM> xr;
+            if constexpr (XPOSE)
+                xpose_rows_init<ROWS, XM>(xr, li, lo, hi, pos, slope);
+#pragma unroll
+            for (int st = 0; st < KVA_STAGES - 1; st++) {
+                issue_async<T, LK, NCH, U>(a, ka, bt_row, kvs, kb0 + st * STEP, g, li, kend,
+                                           ring + st * (U * NCH * 2 * 32));
+                cp_async_commit();
+            }
+            int stage = 0;
+            for (int32_t kb = kb0; kb < kend; kb += STEP) {
+                const int ahead = stage == 0 ? KVA_STAGES - 1 : stage - 1;
+                issue_async<T, LK, NCH, U>(a, ka, bt_row, kvs, kb + (KVA_STAGES - 1) * STEP, g, li,
+                                           kend, ring + ahead * (U * NCH * 2 * 32));
+                cp_async_commit();
+                cp_async_wait<KVA_STAGES - 1>();
+                const uint4 *cur = ring + stage * (U * NCH * 2 * 32);
+                uint4 kr[U][NCH], vr[U][NCH];
+#pragma unroll
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int c = 0; c < NCH; c++) {
+                        kr[u][c] = cur[((u * NCH + c) * 2) * 32];
+                        vr[u][c] = cur[((u * NCH + c) * 2 + 1) * 32];
+                    }
+                if constexpr (XPOSE)
+                    attend_step_x<T, LK, NCH, ROWS, U>(a, kb, g, li, kr, vr, q, xr, lo_all, hi_all,
+                                                       m, l, acc);
+                else
+                    attend_step<T, LK, NCH, ROWS, U>(a, kb, g, kr, vr, q, lo, hi, pos, slope,
+                                                     lo_all, hi_all, m, l, acc);
+                stage = stage == KVA_STAGES - 1 ? 0 : stage + 1;
+            }
+            cp_async_wait<0>(); /* nothing may land in the ring after the item */
+        }
+
+        /* Merge the groups of each warp (lanes li of every group hold channel li). */
+#pragma unroll
+        for (int o = LK; o < 32; o <<= 1) {
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                const float mo = __shfl_xor_sync(0xffffffffu, m[r], o);
+                const float lo_ = __shfl_xor_sync(0xffffffffu, l[r], o);
+                const float mx = fmaxf(m[r], mo);
+                const float mu = mx == -INFINITY ? 0.f : mx;
+                const float ca = exp2f(m[r] - mu), cb = exp2f(mo - mu);
+                l[r] = l[r] * ca + lo_ * cb;
+                m[r] = mx;
+#pragma unroll
+                for (int c = 0; c < NCH; c++)
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) {
+                        const float x = __shfl_xor_sync(0xffffffffu, acc[r][c][e], o);
+                        acc[r][c][e] = acc[r][c][e] * ca + x * cb;
+                    }
+            }
+        }
+        if (g == 0) {
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+#pragma unroll
+                for (int c = 0; c < NCH; c++)
+#pragma unroll
+                    for (int e = 0; e < VEC; e++)
+                        s_acc[warp][r][(li + c * LK) * VEC + e] = acc[r][c][e];
+                if (li == 0) {
+                    s_m[warp][r] = m[r];
+                    s_l[warp][r] = l[r];
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Combine the warps and write: element (r, d) per thread. */
+        for (int32_t x = threadIdx.x; x < nrows * a.Dv; x += blockDim.x) {
+            const int32_t r = x / a.Dv, d = x - r * a.Dv;
+            float M = -INFINITY;
+#pragma unroll
+            for (int ww = 0; ww < KVA_NW; ww++)
+                M = fmaxf(M, s_m[ww][r]);
+            const float mu = M == -INFINITY ? 0.f : M;
+            float L = 0.f, O = 0.f;
+#pragma unroll
+            for (int ww = 0; ww < KVA_NW; ww++) {
+                const float c = exp2f(s_m[ww][r] - mu);
+                L += s_l[ww][r] * c;
+                O += s_acc[ww][r][d] * c;
+            }
+            const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+            const int32_t head = w.kv_head * a.G + w.h0 + hh;
+            const int64_t tok = qs + w.i0 + qi;
+            if (w.task >= 0) {
+                /* Split partial: out over this chunk's keys, lse without the sink. */
+                const kva__cuda_task t = a.meta.tasks[w.task];
+                float *blk = a.ws + t.ws_off + (int64_t)w.split * nrows * (a.Dv + 1);
+                blk[(int64_t)r * a.Dv + d] = L > 0.f ? O / L : 0.f;
+                if (d == 0)
+                    blk[(int64_t)nrows * a.Dv + r] =
+                        L > 0.f ? (mu + log2f(L)) * KVA_LN2 : (L == 0.f ? -INFINITY : L);
+            } else {
+                float Mt = M;
+                float sink2 = -INFINITY;
+                if (a.sinks) {
+                    sink2 = a.sinks[head] * KVA_LOG2E;
+                    Mt = fmaxf(M, sink2);
+                }
+                const float mt = Mt == -INFINITY ? 0.f : Mt;
+                const float cf = exp2f(mu - mt);
+                const float Lt = L * cf + (a.sinks ? exp2f(sink2 - mt) : 0.f);
+                const float o = Lt > 0.f ? O * cf / Lt : (Lt == 0.f ? 0.f : Lt);
+                store_elem((T *)a.out, (size_t)((tok * a.H + head) * a.Dv + d), o);
+                if (a.lse && d == 0)
+                    a.lse[tok * a.H + head] =
+                        Lt > 0.f ? (mt + log2f(Lt)) * KVA_LN2 : (Lt == 0.f ? -INFINITY : Lt);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+/* ---- dispatch ---- */
+
+extern "C" int kva__cuda_rows_for_group(int32_t group)
+{
+    return group <= 4 ? 4 : 8;
+}
+
+typedef void (*attn_kernel_fn)(attn_args);
+
+/* A kernel instantiation and its dynamic shared memory (v2's ring). */
+typedef struct attn_launch {
+    attn_kernel_fn fn;
+    size_t smem;
+} attn_launch;
+
+template <typename T, int LK, int NCH, int ROWS, int VAR> static attn_launch make()
+{
+    constexpr int U = NCH == 1 ? 4 : 2;
+    attn_launch k = {attn_kernel<T, LK, NCH, ROWS, VAR>,
+                     VAR >= 2 ? (size_t)KVA_NW * KVA_STAGES * U * NCH * 2 * 32 * 16 : 0};
+    return k;
+}
+
+/* The instantiation for element type T covering dmax channels with `rows`
+ * (f16/bf16: 8 elements per 16 bytes, so 32 lanes cover D = 256 with one
+ * chunk; f32 needs two chunks per lane past D = 128). */
+template <typename T, int ROWS, int VAR> static attn_launch pick_rows(int32_t dmax)
+{
+    constexpr int VEC = vec_of<T>::n;
+    const int chunks = (dmax + VEC - 1) / VEC;
+    if (chunks <= 8)
+        return make<T, 8, 1, ROWS, VAR>();
+    if (chunks <= 16)
+        return make<T, 16, 1, ROWS, VAR>();
+    if constexpr (VEC == 8)
+        return make<T, 32, 1, ROWS, VAR>();
+    else {
+        if (chunks <= 32)
+            return make<T, 32, 1, ROWS, VAR>();
+        return make<T, 32, 2, ROWS, VAR>();
+    }
+}
+
+template <typename T, int VAR> static attn_launch pick(int32_t dmax, int rows)
+{
+    return rows <= 4 ? pick_rows<T, 4, VAR>(dmax) : pick_rows<T, 8, VAR>(dmax);
+}
+
+template <typename T> static attn_launch pick_var(int32_t dmax, int rows, int variant)
+{
+    return variant == 3   ? pick<T, 3>(dmax, rows)
+           : variant == 2 ? pick<T, 2>(dmax, rows)
+                          : pick<T, 1>(dmax, rows);
+}
+
+/* Variant 1 (register pipeline) for every dtype; variants 2 (cp.async ring)
+ * and 3 (ring + transposing reduction) for f16/bf16, f32 falling back to 1. */
+static attn_launch pick_kernel(kva_dtype dt, int32_t dmax, int rows, int variant)
+{
+    if (dt == KVA_DTYPE_F32)
+        return pick<float, 1>(dmax, rows);
+    if (dt == KVA_DTYPE_F16)
+        return pick_var<__half>(dmax, rows, variant);
+    return pick_var<__nv_bfloat16>(dmax, rows, variant);
+}
+
+extern "C" int kva__cuda_attn_variant_default(kva_dtype dtype)
+{
+    return dtype == KVA_DTYPE_F32 ? 1 : 3;
+}
+
+extern "C" int kva__cuda_attention_ctas_per_sm(kva_dtype dtype, int32_t dmax, int rows, int variant)
+{
+    attn_launch k = pick_kernel(dtype, dmax, rows, variant);
+    int n = 0;
+    if (k.smem > 48 * 1024 &&
+        cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.smem) !=
+            cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.fn, KVA_NW * 32, k.smem) !=
+        cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+/* Second pass: merges the partials of every split task (LSE-weighted), adds
+ * the sink, writes out [T, H, Dv] and lse [T, H]. One CTA per task at a time. */
+template <typename T>
+__global__ void __launch_bounds__(256)
+    split_merge_kernel(kva__cuda_meta meta, const float *ws, const float *sinks, T *out, float *lse,
+                       int32_t H, int32_t G, int32_t Dv)
+{
+    const int32_t n_tasks = meta.hdr[KVA_CUDA_HDR_TASKS];
+    for (int32_t ti = blockIdx.x; ti < n_tasks; ti += gridDim.x) {
+        const kva__cuda_task t = meta.tasks[ti];
+        const int32_t nrows = t.nq * t.nh;
+        const int64_t blk = (int64_t)nrows * (Dv + 1);
+        const float *base = ws + t.ws_off;
+        const int32_t qs = meta.qsl[t.req];
+        for (int32_t x = threadIdx.x; x < nrows * Dv; x += blockDim.x) {
+            const int32_t r = x / Dv, d = x - r * Dv;
+            const int32_t qi = r / t.nh, hh = r - qi * t.nh;
+            const int32_t head = t.kv_head * G + t.h0 + hh;
+            const int64_t tok = qs + t.i0 + qi;
+            float M = sinks ? sinks[head] : -INFINITY;
+            int nan = 0;
+            for (int32_t sp = 0; sp < t.num_splits; sp++) {
+                const float ls = base[sp * blk + (int64_t)nrows * Dv + r];
+                nan |= ls != ls;
+                M = fmaxf(M, ls);
+            }
+            const float mu = M == -INFINITY ? 0.f : M;
+            float L = sinks ? expf(sinks[head] - mu) : 0.f, O = 0.f;
+            for (int32_t sp = 0; sp < t.num_splits; sp++) {
+                const float ls = base[sp * blk + (int64_t)nrows * Dv + r];
+                const float c = expf(ls - mu);
+                L += c;
+                O += c * base[sp * blk + (int64_t)r * Dv + d];
+            }
+            float o = L > 0.f ? O / L : 0.f;
+            float lv = L > 0.f ? mu + logf(L) : -INFINITY;
+            if (nan) {
+                o = NAN;
+                lv = NAN;
+            }
+            store_elem(out, (size_t)((tok * H + head) * Dv + d), o);
+            if (lse && d == 0)
+                lse[tok * H + head] = lv;
+        }
+    }
+}
+
+/*
+ * Seam for the tensor-core prefill kernel (src/attn/cuda/prefill_mma.cu,
+ * written separately): when wired, plan_build routes prefill tiles to its own
+ * device tile list and this function launches it on the stream; the items
+ * left to attn_v1 are then the decodes. Today every item runs in attn_v1.
+ */
+static kva_status launch_prefill(kva_context *ctx, const kva_plan *plan, const attn_args *a)
+{
+    (void)ctx;
+    (void)plan;
+    (void)a;
+    return KVA_STATUS_OK;
+}
+
+extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan, const void *q,
+                                          const kva_cache *cache, const void *k, const void *v,
+                                          const float *sinks, void *out, float *lse)
+{
+    const kva__cuda_state *st = (const kva__cuda_state *)ctx->cuda;
+    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
+    const kva_plan_desc *d = &plan->d;
+    cudaStream_t stream = (cudaStream_t)st->stream;
+    attn_args a;
+    memset(&a, 0, sizeof a);
+    a.meta = st->meta;
+    a.q = q;
+    a.k = cache ? cache->k : k;
+    a.v = cache ? cache->v : v;
+    a.sinks = sinks;
+    a.out = out;
+    a.lse = lse;
+    a.ws = (float *)ctx->workspace;
+    a.H = d->num_heads;
+    a.Hkv = d->num_kv_heads;
+    a.G = d->num_heads / d->num_kv_heads;
+    a.D = d->head_dim;
+    a.Dv = d->head_dim_v;
+    a.B = cache ? cache->desc.block_size : 1;
+    a.layout_hnd = cache && cache->desc.layout == KVA_LAYOUT_HND;
+    a.ragged = cache == NULL;
+    a.causal = d->causal;
+    a.window_left = d->window_left;
+    a.has_alibi = cp->has_alibi;
+    a.scale = d->scale;
+    a.softcap = d->softcap;
+
+    /* 16-byte loads need 16-byte aligned rows: q rows are D elements apart,
+     * cache rows D (or Dv) elements; D is a multiple of 8, so for f16/bf16
+     * every row is aligned once the base pointers are, f32 needs D % 4 == 0
+     * (always true). */
+    if (((uintptr_t)q | (uintptr_t)a.k | (uintptr_t)a.v) % 16 != 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_attention_run: CUDA backend needs 16-byte aligned q (%p), k (%p) and "
+                         "v (%p)",
+                         q, a.k, a.v);
+
+    KVA_TRY(launch_prefill(ctx, plan, &a));
+    const int32_t dmax = a.D > a.Dv ? a.D : a.Dv;
+    const int variant =
+        plan->part->variant >= 1 && plan->part->variant <= 3 ? plan->part->variant : 1;
+    attn_launch kl = pick_kernel(d->q_dtype, dmax, cp->rows, variant);
+    const int grid = st->num_sms * cp->ctas_per_sm[variant - 1];
+    kl.fn<<<grid, KVA_NW * 32, kl.smem, stream>>>(a);
+    KVA_CUDA_LAUNCHED("attn_kernel");
+    /* Always launched (it exits when the plan has no split task), so a graph
+     * captured over a plan without splits replays plans with splits. */
+    const int mgrid = st->num_sms * 2;
+    if (d->q_dtype == KVA_DTYPE_F32)
+        split_merge_kernel<float>
+            <<<mgrid, 256, 0, stream>>>(a.meta, a.ws, sinks, (float *)out, lse, a.H, a.G, a.Dv);
+    else if (d->q_dtype == KVA_DTYPE_F16)
+        split_merge_kernel<__half>
+            <<<mgrid, 256, 0, stream>>>(a.meta, a.ws, sinks, (__half *)out, lse, a.H, a.G, a.Dv);
+    else
+        split_merge_kernel<__nv_bfloat16><<<mgrid, 256, 0, stream>>>(
+            a.meta, a.ws, sinks, (__nv_bfloat16 *)out, lse, a.H, a.G, a.Dv);
+    KVA_CUDA_LAUNCHED("split_merge_kernel");
+    return KVA_STATUS_OK;
+}

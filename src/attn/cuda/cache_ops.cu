@@ -1,0 +1,224 @@
+/*
+ * cache_ops.cu - the CUDA side of the cache calls and of kva_merge_states:
+ *   cache_write_kernel: scatter of new K/V rows into cache slots with dtype
+ *     conversion (vLLM's reshape_and_cache), NHD or HND;
+ *   block copies (copy_blocks inside a device cache, swap between a device
+ *     and a host cache) through cudaMemcpyAsync, one copy per block of K/V;
+ *   merge_states_kernel: the LSE merge of two partial attention results.
+ * Everything is enqueued on the context's stream; nothing synchronizes except
+ * copies into pageable host memory, which the runtime completes before
+ * cudaMemcpyAsync returns.
+ */
+extern "C" {
+#include "cuda_backend.h"
+}
+#include "cuda_check.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+static cudaStream_t stream_of(const kva_context *ctx)
+{
+    return (cudaStream_t)((const kva__cuda_state *)ctx->cuda)->stream;
+}
+
+__device__ __forceinline__ float load_f(const float *p, int64_t i)
+{
+    return p[i];
+}
+__device__ __forceinline__ float load_f(const __half *p, int64_t i)
+{
+    return __half2float(p[i]);
+}
+__device__ __forceinline__ float load_f(const __nv_bfloat16 *p, int64_t i)
+{
+    return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void store_f(float *p, int64_t i, float x)
+{
+    p[i] = x;
+}
+__device__ __forceinline__ void store_f(__half *p, int64_t i, float x)
+{
+    p[i] = __float2half_rn(x);
+}
+__device__ __forceinline__ void store_f(__nv_bfloat16 *p, int64_t i, float x)
+{
+    p[i] = __float2bfloat16_rn(x);
+}
+
+/* Copies element i of src to element j of dst: bit-exact when the types are
+ * equal, else through float with round-to-nearest-even. */
+template <typename TS, typename TD>
+__device__ __forceinline__ void move(TD *dst, int64_t j, const TS *src, int64_t i)
+{
+    if constexpr (sizeof(TS) == sizeof(TD) && (sizeof(TS) == 4 || __is_same(TS, TD)))
+        dst[j] = src[i];
+    else
+        store_f(dst, j, load_f(src, i));
+}
+
+/*
+ * One CTA per token (grid-stride): k [T, k_stride] rows of Hkv*D source
+ * elements, v likewise with Dv; slot = slot_mapping[t]; negative slots are
+ * padding and slots >= num_slots are skipped (the host cannot check device
+ * values without a synchronization).
+ */
+template <typename TS, typename TD>
+__global__ void __launch_bounds__(256)
+    cache_write_kernel(TD *kc, TD *vc, const TS *k, const TS *v, const int64_t *slot_mapping,
+                       int32_t num_tokens, int64_t k_stride, int64_t v_stride, int32_t Hkv,
+                       int32_t D, int32_t Dv, int32_t B, int64_t num_slots, int hnd)
+{
+    for (int32_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+        const int64_t slot = slot_mapping[t];
+        if (slot < 0 || slot >= num_slots)
+            continue;
+        const int64_t block = slot / B, off = slot % B;
+        const int32_t nk = Hkv * D, nv = Hkv * Dv;
+        for (int32_t e = threadIdx.x; e < nk + nv; e += blockDim.x) {
+            const int is_v = e >= nk;
+            const int32_t x = is_v ? e - nk : e;
+            const int32_t dim = is_v ? Dv : D;
+            const int32_t h = x / dim, c = x - h * dim;
+            const int64_t row = hnd ? ((block * Hkv + h) * B + off) : ((block * B + off) * Hkv + h);
+            if (is_v)
+                move(vc, row * Dv + c, v, (int64_t)t * v_stride + x);
+            else
+                move(kc, row * D + c, k, (int64_t)t * k_stride + x);
+        }
+    }
+}
+
+template <typename TS, typename TD>
+static void launch_write(cudaStream_t s, kva_cache *c, int32_t n, const void *k, int64_t ks,
+                         const void *v, int64_t vs, const int64_t *slots)
+{
+    const kva_cache_desc *d = &c->desc;
+    int grid = n < 65535 ? n : 65535;
+    cache_write_kernel<TS, TD>
+        <<<grid, 256, 0, s>>>((TD *)c->k, (TD *)c->v, (const TS *)k, (const TS *)v, slots, n, ks,
+                              vs, d->num_kv_heads, d->head_dim, d->head_dim_v, d->block_size,
+                              (int64_t)d->num_blocks * d->block_size, d->layout == KVA_LAYOUT_HND);
+}
+
+template <typename TS>
+static void launch_write_src(cudaStream_t s, kva_cache *c, int32_t n, const void *k, int64_t ks,
+                             const void *v, int64_t vs, const int64_t *slots)
+{
+    if (c->desc.dtype == KVA_DTYPE_F32)
+        launch_write<TS, float>(s, c, n, k, ks, v, vs, slots);
+    else if (c->desc.dtype == KVA_DTYPE_F16)
+        launch_write<TS, __half>(s, c, n, k, ks, v, vs, slots);
+    else
+        launch_write<TS, __nv_bfloat16>(s, c, n, k, ks, v, vs, slots);
+}
+
+extern "C" kva_status kva__cuda_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
+                                            const void *k, int64_t k_stride, const void *v,
+                                            int64_t v_stride, kva_dtype src_dtype,
+                                            const int64_t *slot_mapping)
+{
+    if (cache->device_id != ctx->device_id)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_cache_write: cache lives on device %d but the context uses %d",
+                         (int)cache->device_id, (int)ctx->device_id);
+    cudaStream_t s = stream_of(ctx);
+    if (src_dtype == KVA_DTYPE_F32)
+        launch_write_src<float>(s, cache, num_tokens, k, k_stride, v, v_stride, slot_mapping);
+    else if (src_dtype == KVA_DTYPE_F16)
+        launch_write_src<__half>(s, cache, num_tokens, k, k_stride, v, v_stride, slot_mapping);
+    else
+        launch_write_src<__nv_bfloat16>(s, cache, num_tokens, k, k_stride, v, v_stride,
+                                        slot_mapping);
+    KVA_CUDA_LAUNCHED("cache_write_kernel");
+    return KVA_STATUS_OK;
+}
+
+extern "C" kva_status kva__cuda_copy_blocks(kva_context *ctx, const kva_cache *src, kva_cache *dst,
+                                            const int32_t *pairs, int32_t n)
+{
+    const int sd = src->mem == KVA_BACKEND_CUDA, dd = dst->mem == KVA_BACKEND_CUDA;
+    const cudaMemcpyKind kind = sd && dd ? cudaMemcpyDeviceToDevice
+                                : sd     ? cudaMemcpyDeviceToHost
+                                : dd     ? cudaMemcpyHostToDevice
+                                         : cudaMemcpyHostToHost;
+    const size_t kbb = (size_t)src->k_block_elems * src->elem_size;
+    const size_t vbb = (size_t)src->v_block_elems * src->elem_size;
+    cudaStream_t s = stream_of(ctx);
+    for (int32_t i = 0; i < n; i++) {
+        const size_t a = (size_t)pairs[2 * (int64_t)i], b = (size_t)pairs[2 * (int64_t)i + 1];
+        if (src == dst && a == b)
+            continue;
+        KVA_CUDA_TRY(cudaMemcpyAsync((char *)dst->k + b * kbb, (const char *)src->k + a * kbb, kbb,
+                                     kind, s));
+        KVA_CUDA_TRY(cudaMemcpyAsync((char *)dst->v + b * vbb, (const char *)src->v + a * vbb, vbb,
+                                     kind, s));
+    }
+    return KVA_STATUS_OK;
+}
+
+/* One warp per row n of [T*H]: out = LSE-weighted mean of out_a and out_b
+ * (the reference's special cases: both -inf gives 0 and -inf). The lse of a
+ * row is read by every lane before lane 0 writes lse_out (which may alias). */
+template <typename T>
+__global__ void __launch_bounds__(128)
+    merge_states_kernel(int64_t rows, int32_t Dv, const T *oa, const float *la_p, const T *ob,
+                        const float *lb_p, T *out, float *lse_out)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+    for (int64_t n = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); n < rows;
+         n += warps) {
+        const float la = la_p[n], lb = lb_p[n];
+        __syncwarp();
+        const int64_t base = n * Dv;
+        if (la == -INFINITY && lb == -INFINITY) {
+            for (int32_t c = lane; c < Dv; c += 32)
+                store_f(out, base + c, 0.f);
+            if (lane == 0)
+                lse_out[n] = -INFINITY;
+            continue;
+        }
+        const float m = la > lb ? la : lb;
+        const float wa = expf(la - m), wb = expf(lb - m);
+        const float w = wa + wb;
+        for (int32_t c = lane; c < Dv; c += 32) {
+            float x = 0.f;
+            if (wa > 0.f)
+                x += wa * load_f(oa, base + c);
+            if (wb > 0.f)
+                x += wb * load_f(ob, base + c);
+            store_f(out, base + c, x / w);
+        }
+        if (lane == 0)
+            lse_out[n] = m + logf(w);
+    }
+}
+
+extern "C" kva_status kva__cuda_merge_states(kva_context *ctx, int32_t num_tokens,
+                                             int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
+                                             const void *out_a, const float *lse_a,
+                                             const void *out_b, const float *lse_b, void *out,
+                                             float *lse_out)
+{
+    const int64_t rows = (int64_t)num_tokens * num_heads;
+    const int64_t ctas = (rows + 3) / 4;
+    const int grid = ctas < 65535 ? (int)ctas : 65535;
+    cudaStream_t s = stream_of(ctx);
+    if (dtype == KVA_DTYPE_F32)
+        merge_states_kernel<float><<<grid, 128, 0, s>>>(rows, head_dim_v, (const float *)out_a,
+                                                        lse_a, (const float *)out_b, lse_b,
+                                                        (float *)out, lse_out);
+    else if (dtype == KVA_DTYPE_F16)
+        merge_states_kernel<__half><<<grid, 128, 0, s>>>(rows, head_dim_v, (const __half *)out_a,
+                                                         lse_a, (const __half *)out_b, lse_b,
+                                                         (__half *)out, lse_out);
+    else
+        merge_states_kernel<__nv_bfloat16><<<grid, 128, 0, s>>>(
+            rows, head_dim_v, (const __nv_bfloat16 *)out_a, lse_a, (const __nv_bfloat16 *)out_b,
+            lse_b, (__nv_bfloat16 *)out, lse_out);
+    KVA_CUDA_LAUNCHED("merge_states_kernel");
+    return KVA_STATUS_OK;
+}

@@ -1,0 +1,99 @@
+/*
+ * cuda_backend.h - state and internal interfaces of the CUDA backend, shared
+ * by its .cu files (C declarations; the .cu files include it in extern "C").
+ *
+ * Device metadata: one device buffer per context, cut into fixed sections
+ * (header, work items, split tasks, query_start_loc, seq_lens, kv_start,
+ * block_table, alibi). Its section addresses change only when it grows,
+ * which happens only at plan time; kernels read every per-plan value (counts,
+ * block-table stride) from the header, so a captured graph replays with the
+ * metadata of whatever plan was uploaded last.
+ */
+#ifndef KVA_CUDA_BACKEND_H
+#define KVA_CUDA_BACKEND_H
+
+#include "internal.h"
+#include "kvattn_cuda.h"
+
+/* One work item as the kernels read it (from kva__work_item). */
+typedef struct kva__cuda_item {
+    int32_t req, kv_head, h0, nh, i0, nq, k0, k1, task, split;
+} kva__cuda_item;
+
+/* One split task (from kva__split_task); partials at ws + ws_off floats:
+ * num_splits blocks of [nq*nh, Dv] outputs then [nq*nh] lse. */
+typedef struct kva__cuda_task {
+    int32_t req, kv_head, h0, nh, i0, nq, num_splits, pad;
+    int64_t ws_off;
+} kva__cuda_task;
+
+/* Header words of the device metadata. */
+enum {
+    KVA_CUDA_HDR_ITEMS = 0, /* number of work items */
+    KVA_CUDA_HDR_TASKS,     /* number of split tasks */
+    KVA_CUDA_HDR_REQS,      /* R */
+    KVA_CUDA_HDR_BT_STRIDE, /* block_table_stride */
+    KVA_CUDA_HDR_WORDS = 16
+};
+
+/* Capacities (element counts) of the metadata sections. */
+typedef struct kva__cuda_caps {
+    int64_t items, tasks, reqs, bt, heads;
+} kva__cuda_caps;
+
+/* Section pointers into the device metadata buffer. */
+typedef struct kva__cuda_meta {
+    const int32_t *hdr;          /* [KVA_CUDA_HDR_WORDS] */
+    const kva__cuda_item *items; /* [caps.items] */
+    const kva__cuda_task *tasks; /* [caps.tasks] */
+    const int32_t *qsl;          /* [caps.reqs + 1] query_start_loc */
+    const int32_t *seq_lens;     /* [caps.reqs] */
+    const int64_t *kv_start;     /* [caps.reqs + 1] ragged K/V row starts */
+    const int32_t *block_table;  /* [caps.bt] */
+    const float *alibi;          /* [caps.heads] */
+} kva__cuda_meta;
+
+typedef struct kva__cuda_state {
+    int device;
+    void *stream; /* cudaStream_t; NULL = legacy default stream */
+    int num_sms;
+    uint64_t generation; /* bumped by every plan upload */
+    kva__cuda_caps caps;
+    void *meta_dev;     /* device metadata buffer */
+    void *meta_host;    /* pinned staging of the same size */
+    size_t meta_bytes;  /* size of both */
+    void *upload_event; /* cudaEvent_t recorded after the last upload */
+    int upload_pending; /* the event has been recorded (staging may be in use) */
+    kva__cuda_meta meta;
+    /* ctx->workspace / ctx->workspace_bytes hold the device split partials. */
+} kva__cuda_state;
+
+/* Plan-side data of the CUDA backend (plan->device). */
+typedef struct kva__cuda_plan {
+    uint64_t generation; /* state generation this plan uploaded */
+    int rows;            /* attention rows per CTA of the kernel instantiation */
+    int ctas_per_sm[3];  /* resident CTAs per SM of variants 1..3 (grid size) */
+    int has_alibi;
+} kva__cuda_plan;
+
+/* Attention rows (query rows x heads) one CTA of the attention kernel holds,
+ * chosen from the GQA group size only (so it is a property of the shape). */
+int kva__cuda_rows_for_group(int32_t group);
+
+/* Launches the attention kernel over every item of the uploaded plan, then
+ * the split merge; kv is the paged cache or NULL with ragged k/v. */
+kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan, const void *q,
+                               const kva_cache *cache, const void *k, const void *v,
+                               const float *sinks, void *out, float *lse);
+kva_status kva__cuda_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_heads,
+                                  int32_t head_dim_v, kva_dtype dtype, const void *out_a,
+                                  const float *lse_a, const void *out_b, const float *lse_b,
+                                  void *out, float *lse_out);
+/* CTAs per SM the attention kernel variant (1..3) for this shape reaches
+ * (occupancy query; also raises its dynamic shared-memory limit); 0 if it
+ * cannot run. */
+int kva__cuda_attention_ctas_per_sm(kva_dtype dtype, int32_t dmax, int rows, int variant);
+/* The variant plan_build chooses for a q/cache dtype. */
+int kva__cuda_attn_variant_default(kva_dtype dtype);
+
+#endif /* KVA_CUDA_BACKEND_H */

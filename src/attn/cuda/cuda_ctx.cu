@@ -1,0 +1,533 @@
+/*
+ * cuda_ctx.cu - the CUDA backend's context state, plan upload and operation
+ * table (C-style CUDA).
+ *
+ * A context holds its stream, the device metadata buffer with its pinned
+ * staging twin (cuda_backend.h), and the device workspace for split-KV
+ * partials. kva_plan_create partitions the work on the host (src/plan/
+ * partition.c), grows the buffers if the plan does not fit (after a stream
+ * synchronize; refused during capture), waits for the previous upload to
+ * leave the staging buffer, fills it and enqueues one cudaMemcpyAsync per
+ * section. The run path then only launches kernels.
+ */
+extern "C" {
+#include "cuda_backend.h"
+#include "partition.h"
+}
+#include "cuda_check.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define STREAM(st) ((cudaStream_t)(st)->stream)
+
+static kva__cuda_state *state_of(const kva_context *ctx)
+{
+    return (kva__cuda_state *)ctx->cuda;
+}
+
+/* Makes the context's device current (cheap when it already is). */
+static kva_status use_device(int device)
+{
+    int cur = -1;
+    KVA_CUDA_TRY(cudaGetDevice(&cur));
+    if (cur != device)
+        KVA_CUDA_TRY(cudaSetDevice(device));
+    return KVA_STATUS_OK;
+}
+
+extern "C" kva_status kva__cuda_context_init(kva_context *ctx)
+{
+    KVA_TRY(use_device(ctx->device_id));
+    kva__cuda_state *st = (kva__cuda_state *)calloc(1, sizeof *st);
+    if (!st)
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_context_create: out of memory");
+    st->device = ctx->device_id;
+    cudaError_t e =
+        cudaDeviceGetAttribute(&st->num_sms, cudaDevAttrMultiProcessorCount, st->device);
+    cudaEvent_t ev = NULL;
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        free(st);
+        return kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_context_create: device %d: %s",
+                         (int)ctx->device_id, cudaGetErrorString(e));
+    }
+    st->upload_event = ev;
+    ctx->cuda = st;
+    return KVA_STATUS_OK;
+}
+
+extern "C" void kva__cuda_context_free(kva_context *ctx)
+{
+    kva__cuda_state *st = state_of(ctx);
+    if (!st)
+        return;
+    (void)use_device(st->device);
+    /* Work still queued may read these buffers. */
+    (void)cudaStreamSynchronize(STREAM(st));
+    cudaFree(st->meta_dev);
+    cudaFreeHost(st->meta_host);
+    cudaFree(ctx->workspace);
+    cudaEventDestroy((cudaEvent_t)st->upload_event);
+    ctx->workspace = NULL;
+    ctx->workspace_bytes = 0;
+    free(st);
+    ctx->cuda = NULL;
+}
+
+extern "C" kva_status kva__cuda_alloc(const kva_context *ctx, size_t bytes, void **out)
+{
+    *out = NULL;
+    KVA_TRY(use_device(ctx->device_id));
+    cudaError_t e = cudaMalloc(out, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *out = NULL;
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
+                         "kva_cache_create: cudaMalloc of %zu bytes on device %d failed: %s", bytes,
+                         (int)ctx->device_id, cudaGetErrorString(e));
+    }
+    return KVA_STATUS_OK;
+}
+
+extern "C" void kva__cuda_free(int32_t device_id, void *p)
+{
+    if (!p)
+        return;
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != device_id)
+        (void)cudaSetDevice(device_id);
+    cudaFree(p);
+}
+
+/* ---- kvattn_cuda.h ---- */
+
+static kva_status check_cuda_ctx(const char *fn, const kva_context *ctx)
+{
+    if (!ctx)
+        return kva__fail(KVA_STATUS_NULL_POINTER, "%s: argument 'ctx' is NULL", fn);
+    if (ctx->backend != KVA_BACKEND_CUDA || !ctx->cuda)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: ctx backend is '%s', not 'cuda'", fn,
+                         kva_backend_name(ctx->backend));
+    return KVA_STATUS_OK;
+}
+
+extern "C" kva_status kva_cuda_context_set_stream(kva_context *ctx, void *stream)
+{
+    kva__clear_error();
+    KVA_TRY(check_cuda_ctx(__func__, ctx));
+    kva__cuda_state *st = state_of(ctx);
+    /* A later upload must not overwrite staging an earlier stream still reads. */
+    if (st->upload_pending)
+        KVA_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)st->upload_event));
+    st->upload_pending = 0;
+    st->stream = stream;
+    return KVA_STATUS_OK;
+}
+
+extern "C" kva_status kva_cuda_context_get_stream(const kva_context *ctx, void **out)
+{
+    kva__clear_error();
+    KVA_TRY(check_cuda_ctx(__func__, ctx));
+    KVA_CHECK_PTR(out);
+    *out = state_of(ctx)->stream;
+    return KVA_STATUS_OK;
+}
+
+/* ---- device metadata ---- */
+
+static size_t align256(size_t x)
+{
+    return (x + 255u) & ~(size_t)255u;
+}
+
+/* Byte offsets of the sections for caps c; returns the total size. */
+static size_t layout_sections(const kva__cuda_caps *c, size_t off[8])
+{
+    size_t o = 0;
+    off[0] = o, o = align256(o + KVA_CUDA_HDR_WORDS * sizeof(int32_t));
+    off[1] = o, o = align256(o + (size_t)c->items * sizeof(kva__cuda_item));
+    off[2] = o, o = align256(o + (size_t)c->tasks * sizeof(kva__cuda_task));
+    off[3] = o, o = align256(o + (size_t)(c->reqs + 1) * sizeof(int32_t));
+    off[4] = o, o = align256(o + (size_t)c->reqs * sizeof(int32_t));
+    off[5] = o, o = align256(o + (size_t)(c->reqs + 1) * sizeof(int64_t));
+    off[6] = o, o = align256(o + (size_t)c->bt * sizeof(int32_t));
+    off[7] = o, o = align256(o + (size_t)c->heads * sizeof(float));
+    return o;
+}
+
+static int64_t max64(int64_t a, int64_t b)
+{
+    return a > b ? a : b;
+}
+
+/* Refuses to grow while the stream is being captured: a graph would keep the
+ * old addresses. */
+static kva_status check_not_capturing(const char *fn, kva__cuda_state *st)
+{
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    KVA_CUDA_TRY(cudaStreamIsCapturing(STREAM(st), &cs));
+    if (cs != cudaStreamCaptureStatusNone)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: the context's stream is capturing a graph; plans must be created "
+                         "(and buffers reserved) outside capture",
+                         fn);
+    return KVA_STATUS_OK;
+}
+
+/* Grows the metadata buffers to hold need (keeps them when they already do). */
+static kva_status reserve_meta(kva__cuda_state *st, const kva__cuda_caps *need)
+{
+    kva__cuda_caps c = st->caps;
+    if (st->meta_dev && need->items <= c.items && need->tasks <= c.tasks && need->reqs <= c.reqs &&
+        need->bt <= c.bt && need->heads <= c.heads)
+        return KVA_STATUS_OK;
+    c.items = max64(max64(c.items, need->items), 1024);
+    c.tasks = max64(max64(c.tasks, need->tasks), 256);
+    c.reqs = max64(max64(c.reqs, need->reqs), 64);
+    c.bt = max64(max64(c.bt, need->bt), 4096);
+    c.heads = max64(max64(c.heads, need->heads), 64);
+    size_t off[8];
+    size_t bytes = layout_sections(&c, off);
+    KVA_TRY(check_not_capturing("kva_plan_create", st));
+    void *dev = NULL, *host = NULL;
+    cudaError_t e = cudaMalloc(&dev, bytes);
+    if (e == cudaSuccess)
+        e = cudaMallocHost(&host, bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        cudaFree(dev);
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
+                         "kva_plan_create: cannot allocate %zu bytes of device metadata: %s", bytes,
+                         cudaGetErrorString(e));
+    }
+    /* Kernels queued earlier may still read the old buffers. */
+    KVA_CUDA_TRY(cudaStreamSynchronize(STREAM(st)));
+    cudaFree(st->meta_dev);
+    cudaFreeHost(st->meta_host);
+    st->upload_pending = 0;
+    st->meta_dev = dev;
+    st->meta_host = host;
+    st->meta_bytes = bytes;
+    st->caps = c;
+    char *b = (char *)dev;
+    st->meta.hdr = (const int32_t *)(b + off[0]);
+    st->meta.items = (const kva__cuda_item *)(b + off[1]);
+    st->meta.tasks = (const kva__cuda_task *)(b + off[2]);
+    st->meta.qsl = (const int32_t *)(b + off[3]);
+    st->meta.seq_lens = (const int32_t *)(b + off[4]);
+    st->meta.kv_start = (const int64_t *)(b + off[5]);
+    st->meta.block_table = (const int32_t *)(b + off[6]);
+    st->meta.alibi = (const float *)(b + off[7]);
+    return KVA_STATUS_OK;
+}
+
+/* Grows the device workspace (split partials) to bytes. */
+static kva_status reserve_workspace(kva_context *ctx, size_t bytes)
+{
+    kva__cuda_state *st = state_of(ctx);
+    if (bytes <= ctx->workspace_bytes)
+        return KVA_STATUS_OK;
+    KVA_TRY(check_not_capturing("kva_plan_create", st));
+    size_t rounded = align256(bytes + bytes / 4);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, rounded);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
+                         "kva_plan_create: cannot allocate %zu bytes of device workspace: %s",
+                         rounded, cudaGetErrorString(e));
+    }
+    KVA_CUDA_TRY(cudaStreamSynchronize(STREAM(st)));
+    cudaFree(ctx->workspace);
+    ctx->workspace = p;
+    ctx->workspace_bytes = rounded;
+    return KVA_STATUS_OK;
+}
+
+/* Partition parameters for the GPU: items of at most `rows` attention rows;
+ * keys are split only when there are too few items to fill the SMs. */
+static void gpu_params(const kva__cuda_state *st, int rows, int ctas_per_sm,
+                       kva__partition_params *pp)
+{
+    memset(pp, 0, sizeof *pp);
+    /* One "thread" per resident CTA of the persistent grid: a batch with at
+     * least that many items runs unsplit, a smaller one is split until it
+     * fills the grid. */
+    pp->num_threads = ctas_per_sm * (st->num_sms > 0 ? st->num_sms : 1);
+    pp->max_rows = rows;
+    pp->prefill_rows = rows;
+    pp->split_align = 64;
+    pp->min_split_keys = 256;
+    pp->max_splits = 32;
+    pp->items_per_thread = 1;
+}
+
+/* Estimated finishing time of the persistent grid of `slots` CTAs: CTA b runs
+ * items b, b + slots, ... (sorted by cost, largest first). */
+static int64_t makespan(const kva__partition *part, int64_t slots, int64_t *load)
+{
+    memset(load, 0, (size_t)slots * sizeof *load);
+    int64_t worst = 0;
+    for (int32_t i = 0; i < part->num_items; i++) {
+        int64_t *x = &load[i % slots];
+        *x += part->items[i].cost;
+        worst = *x > worst ? *x : worst;
+    }
+    return worst;
+}
+
+/*
+ * Partitions the plan for a grid of SMs x per_sm CTAs. Equal items quantize
+ * badly (512 decode items on 396 CTAs take two rounds), so the split target
+ * is tried at 1..4 items per CTA and the partition with the shortest
+ * estimated makespan wins (ties: fewer items).
+ */
+static kva_status best_partition(const kva__cuda_state *st, const kva_plan *plan, int rows,
+                                 int per_sm, kva__partition **out)
+{
+    const int64_t slots = (int64_t)per_sm * (st->num_sms > 0 ? st->num_sms : 1);
+    int64_t *load = (int64_t *)malloc((size_t)slots * sizeof *load);
+    if (!load)
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_plan_create: out of memory");
+    kva__partition *best = NULL;
+    int64_t best_t = 0;
+    for (int k = 1; k <= 4; k++) {
+        kva__partition_params pp;
+        gpu_params(st, rows, per_sm * k, &pp);
+        kva__partition *part = NULL;
+        kva_status s = kva__partition_build(plan, &pp, &part);
+        if (s != KVA_STATUS_OK) {
+            kva__partition_free(best);
+            free(load);
+            return s;
+        }
+        const int64_t t = makespan(part, slots, load);
+        if (!best || t < best_t) {
+            kva__partition_free(best);
+            best = part;
+            best_t = t;
+        } else {
+            kva__partition_free(part);
+        }
+    }
+    free(load);
+    *out = best;
+    return KVA_STATUS_OK;
+}
+
+/* Upper bounds of the sections for a batch within cap (kva_cuda_context_reserve). */
+static void caps_for(const kva__cuda_state *st, const kva_cuda_capacity *cap, kva__cuda_caps *c,
+                     size_t *ws_bytes)
+{
+    const int64_t G = cap->num_heads / (cap->num_kv_heads > 0 ? cap->num_kv_heads : 1);
+    const int rows = kva__cuda_rows_for_group((int32_t)G);
+    const int64_t slices = (G + rows - 1) / rows;
+    /* Resident CTAs per SM never exceed 8 for the attention kernels, and the
+     * partition asks for up to 4 items per CTA. */
+    const int64_t threads = 32 * (int64_t)(st->num_sms > 0 ? st->num_sms : 1);
+    /* Units: every request contributes at most q_len/nq + 1 tiles per slice and
+     * kv head; splitting adds at most one item per partition thread, and only
+     * units costlier than total/threads are split (fewer than threads of them). */
+    int64_t units = cap->num_kv_heads * slices * ((int64_t)cap->max_tokens + cap->max_requests);
+    c->items = units + 2 * threads + 64;
+    c->tasks = threads + 64;
+    c->reqs = cap->max_requests;
+    c->bt = cap->max_block_table;
+    c->heads = cap->num_heads;
+    *ws_bytes = (size_t)(3 * threads + 64) * (size_t)rows * ((size_t)cap->head_dim_v + 1) * 4u;
+}
+
+extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_capacity *cap)
+{
+    kva__clear_error();
+    KVA_TRY(check_cuda_ctx(__func__, ctx));
+    KVA_CHECK_PTR(cap);
+    if (cap->max_requests < 0 || cap->max_tokens < 0 || cap->max_block_table < 0 ||
+        cap->num_heads < 1 || cap->num_kv_heads < 1 || cap->num_heads % cap->num_kv_heads != 0 ||
+        !kva__head_dim_ok(cap->head_dim_v))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_cuda_context_reserve: cap = {R %d, T %d, block table %lld, H %d, "
+                         "Hkv %d, Dv %d} is not a valid shape",
+                         (int)cap->max_requests, (int)cap->max_tokens,
+                         (long long)cap->max_block_table, (int)cap->num_heads,
+                         (int)cap->num_kv_heads, (int)cap->head_dim_v);
+    kva__cuda_state *st = state_of(ctx);
+    KVA_TRY(use_device(st->device));
+    kva__cuda_caps c;
+    size_t ws = 0;
+    caps_for(st, cap, &c, &ws);
+    KVA_TRY(check_not_capturing(__func__, st));
+    KVA_TRY(reserve_meta(st, &c));
+    return reserve_workspace(ctx, ws);
+}
+
+/* Copies bytes of staging at off to the device buffer on the stream. */
+static kva_status upload(kva__cuda_state *st, size_t off, size_t bytes)
+{
+    if (bytes == 0)
+        return KVA_STATUS_OK;
+    KVA_CUDA_TRY(cudaMemcpyAsync((char *)st->meta_dev + off, (const char *)st->meta_host + off,
+                                 bytes, cudaMemcpyHostToDevice, STREAM(st)));
+    return KVA_STATUS_OK;
+}
+
+/* Fills the staging buffer with the plan's metadata and enqueues the copies. */
+static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const kva__partition *part)
+{
+    size_t off[8];
+    layout_sections(&st->caps, off);
+    char *h = (char *)st->meta_host;
+    const int32_t R = plan->d.num_requests;
+    const int64_t bt = plan->block_table ? (int64_t)R * plan->d.block_table_stride : 0;
+
+    int32_t *hdr = (int32_t *)(h + off[0]);
+    memset(hdr, 0, KVA_CUDA_HDR_WORDS * sizeof(int32_t));
+    hdr[KVA_CUDA_HDR_ITEMS] = part->num_items;
+    hdr[KVA_CUDA_HDR_TASKS] = part->num_tasks;
+    hdr[KVA_CUDA_HDR_REQS] = R;
+    hdr[KVA_CUDA_HDR_BT_STRIDE] = plan->d.block_table_stride;
+    kva__cuda_item *it = (kva__cuda_item *)(h + off[1]);
+    for (int32_t i = 0; i < part->num_items; i++) {
+        const kva__work_item *w = &part->items[i];
+        kva__cuda_item x = {w->req, w->kv_head, w->h0, w->nh,   w->i0,
+                            w->nq,  w->k0,      w->k1, w->task, w->split};
+        it[i] = x;
+    }
+    kva__cuda_task *tk = (kva__cuda_task *)(h + off[2]);
+    for (int32_t i = 0; i < part->num_tasks; i++) {
+        const kva__split_task *t = &part->tasks[i];
+        kva__cuda_task x = {t->req, t->kv_head,    t->h0, t->nh,    t->i0,
+                            t->nq,  t->num_splits, 0,     t->ws_off};
+        tk[i] = x;
+    }
+    memcpy(h + off[3], plan->query_start_loc, ((size_t)R + 1) * sizeof(int32_t));
+    if (R > 0)
+        memcpy(h + off[4], plan->seq_lens, (size_t)R * sizeof(int32_t));
+    memcpy(h + off[5], plan->kv_start, ((size_t)R + 1) * sizeof(int64_t));
+    if (bt > 0)
+        memcpy(h + off[6], plan->block_table, (size_t)bt * sizeof(int32_t));
+    if (plan->alibi_slopes)
+        memcpy(h + off[7], plan->alibi_slopes, (size_t)plan->d.num_heads * sizeof(float));
+
+    KVA_TRY(upload(st, off[0], KVA_CUDA_HDR_WORDS * sizeof(int32_t)));
+    KVA_TRY(upload(st, off[1], (size_t)part->num_items * sizeof(kva__cuda_item)));
+    KVA_TRY(upload(st, off[2], (size_t)part->num_tasks * sizeof(kva__cuda_task)));
+    KVA_TRY(upload(st, off[3], ((size_t)R + 1) * sizeof(int32_t)));
+    KVA_TRY(upload(st, off[4], (size_t)R * sizeof(int32_t)));
+    KVA_TRY(upload(st, off[5], ((size_t)R + 1) * sizeof(int64_t)));
+    KVA_TRY(upload(st, off[6], (size_t)bt * sizeof(int32_t)));
+    if (plan->alibi_slopes)
+        KVA_TRY(upload(st, off[7], (size_t)plan->d.num_heads * sizeof(float)));
+    KVA_CUDA_TRY(cudaEventRecord((cudaEvent_t)st->upload_event, STREAM(st)));
+    st->upload_pending = 1;
+    return KVA_STATUS_OK;
+}
+
+static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
+{
+    kva__cuda_state *st = state_of(ctx);
+    KVA_TRY(use_device(st->device));
+    KVA_TRY(check_not_capturing("kva_plan_create", st));
+    const int32_t G = plan->d.num_heads / plan->d.num_kv_heads;
+    const int rows = kva__cuda_rows_for_group(G);
+    const int32_t dmax =
+        plan->d.head_dim > plan->d.head_dim_v ? plan->d.head_dim : plan->d.head_dim_v;
+    const int variant = kva__cuda_attn_variant_default(plan->d.q_dtype);
+    int per_sm_v[3];
+    for (int v = 0; v < 3; v++)
+        per_sm_v[v] = kva__cuda_attention_ctas_per_sm(plan->d.q_dtype, dmax, rows, v + 1);
+    if (per_sm_v[0] < 1 || per_sm_v[1] < 1 || per_sm_v[2] < 1)
+        return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                         "kva_plan_create: the attention kernel for %s, D/Dv %d/%d cannot be "
+                         "resident on device %d",
+                         kva_dtype_name(plan->d.q_dtype), (int)plan->d.head_dim,
+                         (int)plan->d.head_dim_v, (int)st->device);
+    const int per_sm = per_sm_v[variant - 1];
+    kva__partition *part = NULL;
+    KVA_TRY(best_partition(st, plan, rows, per_sm, &part));
+    part->variant = variant;
+    kva__cuda_plan *cp = (kva__cuda_plan *)calloc(1, sizeof *cp);
+    if (!cp) {
+        kva__partition_free(part);
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_plan_create: out of memory");
+    }
+    plan->part = part; /* released by cuda_plan_release on any failure below */
+    plan->device = cp;
+    const int32_t R = plan->d.num_requests;
+    kva__cuda_caps need;
+    need.items = part->num_items;
+    need.tasks = part->num_tasks;
+    need.reqs = R;
+    need.bt = plan->block_table ? (int64_t)R * plan->d.block_table_stride : 0;
+    need.heads = plan->d.num_heads;
+    KVA_TRY(reserve_meta(st, &need));
+    size_t ws = (size_t)part->partial_floats * sizeof(float);
+    KVA_TRY(reserve_workspace(ctx, ws));
+    /* The previous upload must have left the staging buffer. */
+    if (st->upload_pending)
+        KVA_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)st->upload_event));
+    st->upload_pending = 0;
+    KVA_TRY(upload_plan(st, plan, part));
+    st->generation++;
+    cp->generation = st->generation;
+    cp->rows = rows;
+    for (int v = 0; v < 3; v++)
+        cp->ctas_per_sm[v] = per_sm_v[v];
+    cp->has_alibi = plan->alibi_slopes != NULL;
+    plan->info.num_work_items = part->num_items;
+    plan->workspace_bytes = ws;
+    return KVA_STATUS_OK;
+}
+
+static void cuda_plan_release(kva_plan *plan)
+{
+    kva__partition_free(plan->part);
+    plan->part = NULL;
+    free(plan->device);
+    plan->device = NULL;
+}
+
+/* The run path's plan check: the plan must be the context's latest upload. */
+static kva_status check_current(const char *fn, const kva_context *ctx, const kva_plan *plan)
+{
+    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
+    const kva__cuda_state *st = state_of(ctx);
+    if (!cp || cp->generation != st->generation)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: plan is stale: a newer kva_plan_create on this CUDA context owns "
+                         "its device metadata (plan generation %llu, context generation %llu)",
+                         fn, (unsigned long long)(cp ? cp->generation : 0),
+                         (unsigned long long)st->generation);
+    return KVA_STATUS_OK;
+}
+
+static kva_status cuda_attention_paged(kva_context *ctx, const kva_plan *plan, const void *q,
+                                       const kva_cache *cache, const float *sinks, void *out,
+                                       float *lse)
+{
+    KVA_TRY(check_current("kva_attention_run", ctx, plan));
+    if (cache->device_id != ctx->device_id)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_attention_run: cache lives on device %d but the context uses %d",
+                         (int)cache->device_id, (int)ctx->device_id);
+    return kva__cuda_attention(ctx, plan, q, cache, NULL, NULL, sinks, out, lse);
+}
+
+static kva_status cuda_attention_ragged(kva_context *ctx, const kva_plan *plan, const void *q,
+                                        const void *k, const void *v, const float *sinks, void *out,
+                                        float *lse)
+{
+    KVA_TRY(check_current("kva_attention_run_ragged", ctx, plan));
+    return kva__cuda_attention(ctx, plan, q, NULL, k, v, sinks, out, lse);
+}
+
+extern "C" const kva__backend_ops kva__cuda_ops = {
+    "cuda",
+    cuda_plan_build,
+    cuda_plan_release,
+    cuda_attention_paged,
+    cuda_attention_ragged,
+    kva__cuda_merge_states,
+};

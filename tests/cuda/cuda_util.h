@@ -1,0 +1,79 @@
+/*
+ * cuda_util.h - helpers of the CUDA tests: device buffers through the CUDA
+ * runtime, poisoning (0xff bytes are NaN in f32, f16 and bf16), and the
+ * skip rule (exit 77 without the CUDA build or without a device).
+ */
+#ifndef KVA_TEST_CUDA_UTIL_H
+#define KVA_TEST_CUDA_UTIL_H
+
+#include "harness.h"
+#include "internal.h"
+#include "kvattn_cuda.h"
+
+#ifdef KVA_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#define CUDA_OK(call)                                                                              \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        CHECK_MSG(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                     \
+    } while (0)
+
+/* Device copy of n bytes of host memory (NULL when src is NULL). */
+static inline void *dev_from(const void *src, size_t n)
+{
+    if (!src)
+        return NULL;
+    void *d = NULL;
+    CUDA_OK(cudaMalloc(&d, n ? n : 1));
+    if (n)
+        CUDA_OK(cudaMemcpy(d, src, n, cudaMemcpyHostToDevice));
+    return d;
+}
+
+/* Device buffer of n bytes filled with 0xff (NaN in every float dtype). */
+static inline void *dev_poisoned(size_t n)
+{
+    void *d = NULL;
+    CUDA_OK(cudaMalloc(&d, n ? n : 1));
+    CUDA_OK(cudaMemset(d, 0xff, n ? n : 1));
+    return d;
+}
+
+static inline void to_host(void *dst, const void *src, size_t n)
+{
+    CUDA_OK(cudaDeviceSynchronize());
+    if (n)
+        CUDA_OK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+}
+
+/* Copies a host cache's K/V storage into a device cache of the same desc. */
+static inline void cache_upload(kva_cache *dev, const kva_cache *host)
+{
+    void *hk, *hv, *dk, *dv;
+    kva_cache_data(host, &hk, &hv);
+    kva_cache_data(dev, &dk, &dv);
+    CUDA_OK(cudaMemcpy(dk, hk, (size_t)host->desc.num_blocks * kva_cache_block_bytes_k(host),
+                       cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dv, hv, (size_t)host->desc.num_blocks * kva_cache_block_bytes_v(host),
+                       cudaMemcpyHostToDevice));
+}
+#endif
+
+/* Returns 77 (ctest's skip) when the CUDA backend cannot run here, else 0. */
+static inline int cuda_test_skip(void)
+{
+    (void)kva_test_checks_failed_; /* used by RUN(), which a skipping build compiles out */
+#ifndef KVA_HAVE_CUDA
+    printf("skipped: built without the CUDA backend\n");
+    return 77;
+#else
+    if (kva__cuda_device_count() == 0 || !kva_backend_available(KVA_BACKEND_CUDA)) {
+        printf("skipped: no CUDA device\n");
+        return 77;
+    }
+    return 0;
+#endif
+}
+
+#endif /* KVA_TEST_CUDA_UTIL_H */

@@ -1,0 +1,319 @@
+/*
+ * test_cuda_attn.c - the CUDA attention kernels against the reference
+ * backend over the foundation grid: random mixed batches (decode, spec
+ * decode, chunked and fresh prefill) crossed with D/Dv, GQA pairs (MHA, GQA,
+ * MQA), block sizes from 1, dtypes, layouts, causal/window/non-causal masks,
+ * soft-cap, ALiBi, sinks, LSE on/off, paged and ragged. Device outputs are
+ * poisoned with NaN (0xff bytes) before every run. Also: split-KV on long
+ * contexts, rows that see no key, the stale-plan rule. Exits 77 without a GPU.
+ */
+#include "batchgen.h"
+#include "cuda_util.h"
+#include "../../src/plan/partition.h"
+
+#ifdef KVA_HAVE_CUDA
+
+typedef struct cfg {
+    uint64_t seed;
+    int32_t R, max_len;
+    unsigned kinds;
+    int32_t H, Hkv, D, Dv, B;
+    kva_dtype dt;
+    kva_layout layout;
+    int32_t causal, window;
+    float softcap, scale;
+    int alibi, sinks, lse, ragged;
+    int variant; /* kernel variant forced on the CUDA plan (0: the default) */
+} cfg;
+
+static void print_cfg(const cfg *c)
+{
+    fprintf(stderr,
+            "  case seed=%llu R=%d max_len=%d kinds=%u H=%d Hkv=%d D=%d Dv=%d B=%d dt=%s %s "
+            "causal=%d window=%d softcap=%g scale=%g alibi=%d sinks=%d lse=%d ragged=%d "
+            "variant=%d\n",
+            (unsigned long long)c->seed, c->R, c->max_len, c->kinds, c->H, c->Hkv, c->D, c->Dv,
+            c->B, kva_dtype_name(c->dt), c->layout == KVA_LAYOUT_NHD ? "NHD" : "HND", c->causal,
+            c->window, (double)c->softcap, (double)c->scale, c->alibi, c->sinks, c->lse, c->ragged,
+            c->variant);
+}
+
+/* Runs one case on the reference and the CUDA backend (given batch, or a
+ * random one when b is NULL) and compares out and lse. Returns 1 if equal. */
+static int run_batch(const cfg *c, const kva_test_batch *given)
+{
+    kva_rng rng = {c->seed};
+    kva_test_batch batch;
+    if (given)
+        batch = *given;
+    else
+        kva_test_batch_random(&batch, &rng, c->R, c->B, c->max_len, c->kinds, 1);
+    const kva_test_batch *b = &batch;
+    const int32_t H = c->H, Hkv = c->Hkv, D = c->D, Dv = c->Dv, T = b->T;
+    const size_t es = kva_dtype_size(c->dt);
+    kva_context_desc rd = {KVA_BACKEND_REF, 0, 0}, gd = {KVA_BACKEND_CUDA, 0, 0};
+    kva_context *ref = NULL, *gpu = NULL;
+    CHECK_OK(kva_context_create(&rd, &ref));
+    CHECK_OK(kva_context_create(&gd, &gpu));
+
+    kva_cache *hc = NULL, *dc = NULL;
+    void *hk = NULL, *hv = NULL, *dk = NULL, *dv = NULL;
+    int64_t kv_rows = 0;
+    for (int32_t r = 0; r < b->R; r++)
+        kv_rows += b->seq_lens[r];
+    if (c->ragged) {
+        size_t kn = (size_t)kv_rows * Hkv * D, vn = (size_t)kv_rows * Hkv * Dv;
+        hk = malloc(kn * es + 16);
+        hv = malloc(vn * es + 16);
+        kva_test_fill_uniform(hk, c->dt, kn, &rng);
+        kva_test_fill_uniform(hv, c->dt, vn, &rng);
+        dk = dev_from(hk, kn * es);
+        dv = dev_from(hv, vn * es);
+    } else {
+        CHECK_OK(kva_test_batch_cache(b, ref, &rng, Hkv, D, Dv, c->dt, c->layout, &hc));
+        kva_cache_desc cd;
+        kva_cache_get_desc(hc, &cd);
+        CHECK_OK(kva_cache_create(gpu, &cd, &dc));
+        if (hc && dc)
+            cache_upload(dc, hc);
+    }
+
+    kva_plan_desc pd = kva_test_batch_plan_desc(b, H, Hkv, D, Dv, c->dt);
+    if (c->ragged) {
+        pd.block_table = NULL;
+        pd.block_table_stride = 0;
+        pd.block_size = 0;
+    }
+    pd.causal = c->causal;
+    pd.window_left = c->window;
+    pd.softcap = c->softcap;
+    pd.scale = c->scale;
+    float *slopes = malloc(sizeof(float) * (size_t)H), *sinks = malloc(sizeof(float) * (size_t)H);
+    for (int32_t h = 0; h < H; h++) {
+        slopes[h] = (float)pow(2.0, -8.0 * (h + 1) / H);
+        sinks[h] = (float)(kva_rng_normal(&rng) * 2.0);
+    }
+    pd.alibi_slopes = c->alibi ? slopes : NULL;
+    kva_plan *pr = NULL, *pg = NULL;
+    CHECK_OK(kva_plan_create(ref, &pd, &pr));
+    CHECK_OK(kva_plan_create(gpu, &pd, &pg));
+    if (pg && c->variant)
+        pg->part->variant = c->variant;
+
+    const size_t nq = (size_t)T * H * D, no = (size_t)T * H * Dv, nl = (size_t)T * H;
+    void *q = malloc(nq * es + 16), *out_ref = malloc(no * es + 16),
+         *out_gpu = malloc(no * es + 16);
+    float *lse_ref = malloc(nl * 4 + 16), *lse_gpu = malloc(nl * 4 + 16);
+    kva_test_fill_uniform(q, c->dt, nq, &rng);
+    void *dq = dev_from(q, nq * es);
+    float *dsinks = c->sinks ? dev_from(sinks, (size_t)H * 4) : NULL;
+    void *dout = dev_poisoned(no * es);
+    float *dlse = c->lse ? dev_poisoned(nl * 4) : NULL;
+    const float *hs = c->sinks ? sinks : NULL;
+
+    kva_test_poison(out_ref, c->dt, no);
+    kva_test_poison(lse_ref, KVA_DTYPE_F32, nl);
+    if (c->ragged) {
+        CHECK_OK(kva_attention_run_ragged(ref, pr, q, hk, hv, hs, out_ref, lse_ref));
+        CHECK_OK(kva_attention_run_ragged(gpu, pg, dq, dk, dv, dsinks, dout, dlse));
+    } else {
+        CHECK_OK(kva_attention_run(ref, pr, q, hc, hs, out_ref, lse_ref));
+        CHECK_OK(kva_attention_run(gpu, pg, dq, dc, dsinks, dout, dlse));
+    }
+    kva_test_poison(out_gpu, c->dt, no);
+    kva_test_poison(lse_gpu, KVA_DTYPE_F32, nl);
+    to_host(out_gpu, dout, no * es);
+    size_t bad = kva_test_compare("out", out_gpu, out_ref, c->dt, no, kva_test_atol(c->dt),
+                                  kva_test_rtol(c->dt));
+    if (c->lse) {
+        to_host(lse_gpu, dlse, nl * 4);
+        bad += kva_test_compare_f32("lse", lse_gpu, lse_ref, nl, 1e-4, 2e-5);
+    }
+    CHECK_MSG(bad == 0, "%zu mismatches (T=%d, %d work items)", bad, (int)T,
+              pg ? (int)pg->info.num_work_items : -1);
+    if (bad)
+        print_cfg(c);
+
+    kva_plan_destroy(pr);
+    kva_plan_destroy(pg);
+    cudaFree(dq);
+    cudaFree(dsinks);
+    cudaFree(dout);
+    cudaFree(dlse);
+    cudaFree(dk);
+    cudaFree(dv);
+    free(q);
+    free(out_ref);
+    free(out_gpu);
+    free(lse_ref);
+    free(lse_gpu);
+    free(slopes);
+    free(sinks);
+    free(hk);
+    free(hv);
+    kva_cache_destroy(hc);
+    kva_cache_destroy(dc);
+    kva_context_destroy(ref);
+    kva_context_destroy(gpu);
+    if (!given)
+        kva_test_batch_free(&batch);
+    return bad == 0;
+}
+
+/* Random cases over the foundation grid, fixed seed. */
+static void test_grid(void)
+{
+    static const int32_t dims[][2] = {{64, 64}, {128, 128}, {256, 256}, {8, 8},
+                                      {96, 96}, {192, 128}, {40, 72},   {128, 64}};
+    static const int32_t heads[][2] = {{4, 4}, {8, 2}, {32, 8}, {16, 1}, {12, 4}, {24, 3}};
+    static const int32_t bsizes[] = {1, 3, 16, 16, 32, 64};
+    static const kva_dtype dts[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16, KVA_DTYPE_BF16};
+    static const int32_t windows[] = {-1, -1, -1, 0, 7, 100};
+    static const unsigned kinds[] = {15u, 15u, 1u, 3u, 12u};
+    static const int32_t reqs[] = {1, 3, 9, 24};
+    static const int32_t lens[] = {20, 150, 700};
+    kva_rng rng = {20261122};
+    int failed = 0;
+    /* KVA_TEST_QUICK (compute-sanitizer runs): the first cases only. */
+    const int n = getenv("KVA_TEST_QUICK") ? 12 : 160;
+    for (int i = 0; i < n && failed < 5; i++) {
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.seed = 1000 + (uint64_t)i;
+        c.R = reqs[kva_rng_int(&rng, 0, 3)];
+        c.max_len = lens[kva_rng_int(&rng, 0, 2)];
+        c.kinds = kinds[kva_rng_int(&rng, 0, 4)];
+        int hi = kva_rng_int(&rng, 0, 5), di = kva_rng_int(&rng, 0, 7);
+        c.H = heads[hi][0];
+        c.Hkv = heads[hi][1];
+        c.D = dims[di][0];
+        c.Dv = dims[di][1];
+        c.B = bsizes[kva_rng_int(&rng, 0, 5)];
+        c.dt = dts[kva_rng_int(&rng, 0, 3)];
+        c.layout = kva_rng_int(&rng, 0, 1) ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+        c.causal = kva_rng_int(&rng, 0, 4) != 0;
+        c.window = windows[kva_rng_int(&rng, 0, 5)];
+        c.softcap = kva_rng_int(&rng, 0, 3) == 0 ? 2.0f : 0.0f;
+        c.scale = kva_rng_int(&rng, 0, 2) == 0 ? 0.3f : 0.0f;
+        c.alibi = kva_rng_int(&rng, 0, 3) == 0;
+        c.sinks = kva_rng_int(&rng, 0, 2) == 0;
+        c.lse = kva_rng_int(&rng, 0, 3) != 0;
+        c.ragged = kva_rng_int(&rng, 0, 7) == 0;
+        c.variant = 1 + i % 3; /* every kernel variant (f32 always runs variant 1) */
+        if (c.R * c.max_len > 6000 && (c.kinds & 12u))
+            c.R = 3;
+        if (!run_batch(&c, NULL))
+            failed++;
+    }
+}
+
+static void make_batch(kva_test_batch *b, uint64_t seed, int32_t R, const int32_t *q,
+                       const int32_t *s, int32_t B)
+{
+    kva_rng rng = {seed};
+    kva_test_batch_init(b, &rng, R, q, s, B, 2, 1);
+}
+
+/* Long contexts with few items force split-KV and the second-pass merge;
+ * the decode benchmark's shape (GQA 32/8, D 128, B 16) with q_len 1..4. */
+static void test_split_kv(void)
+{
+    static const int32_t q[] = {1, 4, 1, 2}, s[] = {9000, 5000, 300, 4100};
+    static const kva_dtype dts[] = {KVA_DTYPE_BF16, KVA_DTYPE_F16, KVA_DTYPE_F32};
+    for (int i = 0; i < 3; i++) {
+        kva_test_batch b;
+        make_batch(&b, 77 + (uint64_t)i, 4, q, s, 16);
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.seed = 5 + (uint64_t)i;
+        c.H = 32;
+        c.Hkv = 8;
+        c.D = c.Dv = 128;
+        c.B = 16;
+        c.dt = dts[i];
+        c.causal = 1;
+        c.window = -1;
+        c.sinks = i == 1;
+        c.lse = 1;
+        c.layout = i == 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+        for (c.variant = 1; c.variant <= 3; c.variant++)
+            run_batch(&c, &b);
+        kva_test_batch_free(&b);
+    }
+}
+
+/* Non-causal rows that see no key (seq_len 0): out 0 and lse -inf, or the sink. */
+static void test_empty_rows(void)
+{
+    static const int32_t q[] = {2, 4, 0, 7, 1}, s[] = {400, 0, 0, 50, 0};
+    for (int sk = 0; sk < 2; sk++) {
+        kva_test_batch b;
+        make_batch(&b, 91, 5, q, s, 16);
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.seed = 9;
+        c.H = 8;
+        c.Hkv = 2;
+        c.D = c.Dv = 64;
+        c.B = 16;
+        c.dt = KVA_DTYPE_BF16;
+        c.window = -1;
+        c.sinks = sk;
+        c.lse = 1;
+        run_batch(&c, &b);
+        kva_test_batch_free(&b);
+    }
+}
+
+/* The most recent plan of a CUDA context owns its device metadata: running an
+ * older plan fails with a status and leaves out untouched. */
+static void test_stale_plan(void)
+{
+    static const int32_t q[] = {1, 1}, s[] = {100, 60};
+    kva_test_batch b;
+    make_batch(&b, 3, 2, q, s, 16);
+    kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
+    kva_context *gpu = NULL;
+    CHECK_OK(kva_context_create(&gd, &gpu));
+    kva_cache_desc cd = {b.num_blocks,  16, 2, 64, 64, KVA_DTYPE_F16, KVA_LAYOUT_NHD,
+                         KVA_QUANT_NONE};
+    kva_cache *dc = NULL;
+    CHECK_OK(kva_cache_create(gpu, &cd, &dc));
+    kva_plan_desc pd = kva_test_batch_plan_desc(&b, 4, 2, 64, 64, KVA_DTYPE_F16);
+    kva_plan *p1 = NULL, *p2 = NULL;
+    CHECK_OK(kva_plan_create(gpu, &pd, &p1));
+    CHECK_OK(kva_plan_create(gpu, &pd, &p2));
+    void *dq = dev_poisoned((size_t)b.T * 4 * 64 * 2);
+    void *dout = dev_poisoned((size_t)b.T * 4 * 64 * 2);
+    CHECK_STATUS(kva_attention_run(gpu, p1, dq, dc, NULL, dout, NULL), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("stale");
+    unsigned char probe[16];
+    to_host(probe, dout, sizeof probe);
+    int untouched = 1;
+    for (int i = 0; i < 16; i++)
+        untouched &= probe[i] == 0xff;
+    CHECK(untouched);
+    kva_plan_destroy(p1);
+    kva_plan_destroy(p2);
+    cudaFree(dq);
+    cudaFree(dout);
+    kva_cache_destroy(dc);
+    kva_context_destroy(gpu);
+    kva_test_batch_free(&b);
+}
+
+#endif /* KVA_HAVE_CUDA */
+
+int main(void)
+{
+    int skip = cuda_test_skip();
+    if (skip)
+        return skip;
+#ifdef KVA_HAVE_CUDA
+    RUN(test_stale_plan);
+    RUN(test_empty_rows);
+    RUN(test_split_kv);
+    RUN(test_grid);
+#endif
+    return kva_test_finish();
+}

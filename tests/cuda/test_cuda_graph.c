@@ -1,0 +1,148 @@
+/*
+ * test_cuda_graph.c - CUDA graph capture and replay of a 32-layer decode
+ * step. A graph captured over kva_attention_run for 32 layers (each with its
+ * own cache, q and out) on the context's stream must be replayable after a
+ * new kva_plan_create of the same shape: the plan's metadata lives in the
+ * context's fixed device buffers. Capture itself proves the run path makes
+ * no host synchronization (a synchronizing call invalidates the capture).
+ * Every layer's output of both replays is compared with the reference.
+ * Exits 77 without a GPU.
+ */
+#include "batchgen.h"
+#include "cuda_util.h"
+
+#ifdef KVA_HAVE_CUDA
+
+enum { L = 32, H = 16, HKV = 4, D = 128, BS = 16 };
+#define DT KVA_DTYPE_BF16
+
+typedef struct layer {
+    kva_cache *hc, *dc; /* host (reference) and device cache */
+    void *q, *dq;       /* [Tmax, H, D] */
+    void *dout;         /* [Tmax, H, D] */
+} layer;
+
+/* Compares every layer's device output with the reference for batch b. */
+static void compare_layers(kva_context *ref, layer *ly, const kva_test_batch *b, const char *label)
+{
+    kva_plan_desc pd = kva_test_batch_plan_desc(b, H, HKV, D, D, DT);
+    kva_plan *pr = NULL;
+    CHECK_OK(kva_plan_create(ref, &pd, &pr));
+    const size_t n = (size_t)b->T * H * D, es = 2;
+    void *want = malloc(n * es), *got = malloc(n * es);
+    size_t bad = 0;
+    for (int l = 0; l < L; l++) {
+        CHECK_OK(kva_attention_run(ref, pr, ly[l].q, ly[l].hc, NULL, want, NULL));
+        to_host(got, ly[l].dout, n * es);
+        bad += kva_test_compare(label, got, want, DT, n, kva_test_atol(DT), kva_test_rtol(DT));
+    }
+    CHECK_MSG(bad == 0, "%s: %zu mismatches over %d layers", label, bad, L);
+    free(want);
+    free(got);
+    kva_plan_destroy(pr);
+}
+
+static void test_graph_replay(void)
+{
+    kva_rng rng = {123};
+    /* Step A: 12 decodes. Step B: decodes, a spec decode, a chunked prefill and
+     * one long context (split-KV) - more items and tasks than A. */
+    const int32_t qa[12] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    const int32_t sa[12] = {40, 300, 17, 90, 1000, 5, 64, 65, 128, 700, 33, 250};
+    const int32_t qb[6] = {1, 3, 1, 40, 1, 1}, sb[6] = {3000, 90, 200, 160, 12, 8};
+    kva_test_batch ba, bb;
+    kva_test_batch_init(&ba, &rng, 12, qa, sa, BS, 2, 0);
+    kva_test_batch_init(&bb, &rng, 6, qb, sb, BS, 2, 1);
+    const int32_t NB = ba.num_blocks > bb.num_blocks ? ba.num_blocks : bb.num_blocks;
+    const int32_t Tmax = ba.T > bb.T ? ba.T : bb.T;
+
+    kva_context_desc rd = {KVA_BACKEND_REF, 0, 0}, gd = {KVA_BACKEND_CUDA, 0, 0};
+    kva_context *ref = NULL, *gpu = NULL;
+    CHECK_OK(kva_context_create(&rd, &ref));
+    CHECK_OK(kva_context_create(&gd, &gpu));
+    cudaStream_t stream = NULL;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CHECK_OK(kva_cuda_context_set_stream(gpu, stream));
+    kva_cuda_capacity cap = {16, 256, 16 * 256, H, HKV, D};
+    CHECK_OK(kva_cuda_context_reserve(gpu, &cap));
+
+    layer ly[L];
+    kva_cache_desc cd = {NB, BS, HKV, D, D, DT, KVA_LAYOUT_NHD, KVA_QUANT_NONE};
+    const size_t nq = (size_t)Tmax * H * D;
+    for (int l = 0; l < L; l++) {
+        CHECK_OK(kva_cache_create(ref, &cd, &ly[l].hc));
+        CHECK_OK(kva_cache_create(gpu, &cd, &ly[l].dc));
+        void *k, *v;
+        kva_cache_data(ly[l].hc, &k, &v);
+        size_t rows = (size_t)NB * BS * HKV;
+        kva_test_fill_uniform(k, DT, rows * D, &rng);
+        kva_test_fill_uniform(v, DT, rows * D, &rng);
+        cache_upload(ly[l].dc, ly[l].hc);
+        ly[l].q = malloc(nq * 2);
+        kva_test_fill_uniform(ly[l].q, DT, nq, &rng);
+        ly[l].dq = dev_from(ly[l].q, nq * 2);
+        ly[l].dout = dev_poisoned(nq * 2);
+    }
+
+    kva_plan_desc pa = kva_test_batch_plan_desc(&ba, H, HKV, D, D, DT);
+    kva_plan *plan_a = NULL;
+    CHECK_OK(kva_plan_create(gpu, &pa, &plan_a));
+    CUDA_OK(cudaStreamSynchronize(stream));
+
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    for (int l = 0; l < L; l++)
+        CHECK_OK(kva_attention_run(gpu, plan_a, ly[l].dq, ly[l].dc, NULL, ly[l].dout, NULL));
+    /* Creating a plan during capture is refused (it would upload and may grow). */
+    kva_plan *refused = NULL;
+    CHECK_STATUS(kva_plan_create(gpu, &pa, &refused), KVA_STATUS_INVALID_ARGUMENT);
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    compare_layers(ref, ly, &ba, "replay A");
+
+    /* New plan, same shape: the same graph now computes step B. */
+    kva_plan_destroy(plan_a);
+    kva_plan_desc pb = kva_test_batch_plan_desc(&bb, H, HKV, D, D, DT);
+    kva_plan *plan_b = NULL;
+    CHECK_OK(kva_plan_create(gpu, &pb, &plan_b));
+    kva_plan_info info;
+    kva_plan_get_info(plan_b, &info);
+    for (int l = 0; l < L; l++)
+        CUDA_OK(cudaMemsetAsync(ly[l].dout, 0xff, nq * 2, stream));
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    compare_layers(ref, ly, &bb, "replay B");
+
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    kva_plan_destroy(plan_b);
+    for (int l = 0; l < L; l++) {
+        kva_cache_destroy(ly[l].hc);
+        kva_cache_destroy(ly[l].dc);
+        free(ly[l].q);
+        cudaFree(ly[l].dq);
+        cudaFree(ly[l].dout);
+    }
+    kva_context_destroy(gpu);
+    kva_context_destroy(ref);
+    cudaStreamDestroy(stream);
+    kva_test_batch_free(&ba);
+    kva_test_batch_free(&bb);
+}
+
+#endif /* KVA_HAVE_CUDA */
+
+int main(void)
+{
+    int skip = cuda_test_skip();
+    if (skip)
+        return skip;
+#ifdef KVA_HAVE_CUDA
+    RUN(test_graph_replay);
+#endif
+    return kva_test_finish();
+}
