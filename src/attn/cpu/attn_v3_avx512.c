@@ -1,0 +1,389 @@
+/*
+ * attn_v3_avx512.c - CPU attention kernel, variant 3: AVX-512 (F/BW/VL/DQ),
+ * GQA-packed online softmax for decode-shaped items.
+ *
+ * Same work item and semantics as v1 (attn_v1.c); what changes:
+ *   - load_chunk converts the chunk's K and V rows to fp32 once for the whole
+ *     GQA group with 16-lane conversions (bf16: widen + shift; f16: vcvtph2ps),
+ *     or points at f32 rows in place. It is the one place that reads the
+ *     storage dtype run->kv_dt (a dequantizing converter plugs in there).
+ *   - Scores: for each attention row, 16 keys at a time, 16-lane partial dot
+ *     products (the q row stays in registers for D = 64 / 128) reduced by one
+ *     16x16 transpose-and-add (hsum16) into a vector of 16 scores.
+ *   - The softmax update runs on those vectors: lanes outside the row's
+ *     visible keys are -inf, a polynomial exp (exp16), one max and one sum per
+ *     row and chunk.
+ *   - P.V is register-blocked: for up to 8 heads of one query row, a block of
+ *     32 output dims stays in 16 zmm accumulators while the keys stream
+ *     through (one V load feeds 8 heads, the probability is a broadcast).
+ *
+ * Non-finite semantics are v1's: NaN scores do not enter the max, make the
+ * row's sum NaN; all -inf chunks leave a row untouched (it takes no part in
+ * the chunk's P.V, so 0 * inf in V cannot reach it); p = 0 keys inside the
+ * visible range are accumulated like v1 does.
+ *
+ * Measured: see the header of the decode section in docs/performance.md.
+ */
+#include "cpu_attn.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <math.h>
+
+#define AI static inline __attribute__((always_inline))
+
+/* e^x in fp32 for x <= 0 (the softmax's only inputs): x = n ln2 + r with
+ * |r| <= ln2/2 (two-part ln2), e^r by its degree-7 Taylor polynomial (error
+ * below 1e-8 relative, about one ulp in total), times 2^n by vscalefps, which
+ * flushes to 0 below the smallest subnormal; x = -inf gives 0, NaN stays NaN. */
+AI __m512 exp16(__m512 x)
+{
+    const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-110.0f)); /* NaN -> -110, fixed below */
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504089f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512 y = _mm512_scalef_ps(p, n);
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+
+/* Sums of 16 vectors: lane i of the result is the sum of the lanes of v[i]. */
+AI __m512 hsum16(const __m512 v[16])
+{
+    __m512 s[8], t[4], u[2];
+    for (int i = 0; i < 8; i++)
+        s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44),
+                             _mm512_shuffle_f32x4(v[i], v[i + 8], 0xee));
+    /* s[i]: 128-bit blocks 0,1 hold v[i] (8 partial sums), blocks 2,3 v[i+8]. */
+    for (int i = 0; i < 4; i++)
+        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s[i], s[i + 4], 0x88),
+                             _mm512_shuffle_f32x4(s[i], s[i + 4], 0xdd));
+    /* t[i]: blocks hold 4 partial sums of v[i], v[i+8], v[i+4], v[i+12]. */
+    for (int i = 0; i < 2; i++)
+        u[i] =
+            _mm512_add_ps(_mm512_unpacklo_ps(t[i], t[i + 2]), _mm512_unpackhi_ps(t[i], t[i + 2]));
+    const __m512 w = _mm512_add_ps(_mm512_unpacklo_ps(u[0], u[1]), _mm512_unpackhi_ps(u[0], u[1]));
+    /* w: block k lane j is the sum of t[j]'s block k: vectors 0-3, 8-11, 4-7, 12-15. */
+    return _mm512_shuffle_f32x4(w, w, 0xd8);
+}
+
+/* 16-lane partial sums of <q, k> over D (a multiple of 8). */
+AI __m512 dot_vec(const float *restrict q, const float *restrict k, const int32_t D)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int32_t d = 0;
+    for (; d + 32 <= D; d += 32) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d + 16), _mm512_loadu_ps(k + d + 16), a1);
+    }
+    if (d + 16 <= D) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), a0);
+        d += 16;
+    }
+    if (d < D)
+        a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(0xff, q + d), _mm512_maskz_loadu_ps(0xff, k + d),
+                             a1);
+    return _mm512_add_ps(a0, a1);
+}
+
+/* Scores of attention row q [D] against the 32 keys kp[0..31] of a chunk
+ * (rows past the chunk's end point at a valid row; their lanes are masked by
+ * the caller): s[0] keys 0-15, s[1] keys 16-31. */
+AI void scores32(const float *restrict q, const float *const *kp, int32_t nk, const int32_t D,
+                 __m512 s[2])
+{
+    __m512 v[16];
+    for (int h = 0; h < 2; h++) {
+        if (h * 16 >= nk) {
+            s[h] = _mm512_set1_ps(-INFINITY);
+            continue;
+        }
+        for (int t = 0; t < 16; t++)
+            v[t] = dot_vec(q, kp[h * 16 + t], D);
+        s[h] = hsum16(v);
+    }
+}
+
+/* Converts the n rows of a chunk to fp32 (kbuf/vbuf) or points at them (f32);
+ * s->kp/vp [KEY_CHUNK] get the row pointers, rows n.. repeat row 0. */
+static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, int32_t n,
+                       kva__cpu_scratch *s)
+{
+    const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
+    const kva_dtype dt = run->kv_dt;
+    for (int32_t t = 0; t < n; t++) {
+        if (dt == KVA_DTYPE_F32) {
+            s->kp[t] = (const float *)cr->k[t];
+            s->vp[t] = (const float *)cr->v[t];
+            continue;
+        }
+        float *kd = s->kbuf + (size_t)t * D, *vd = s->vbuf + (size_t)t * Dv;
+        for (int w = 0; w < 2; w++) {
+            const uint16_t *src = (const uint16_t *)(w ? cr->v[t] : cr->k[t]);
+            float *dst = w ? vd : kd;
+            const int32_t len = w ? Dv : D;
+            int32_t d = 0;
+            if (dt == KVA_DTYPE_BF16) {
+                for (; d + 16 <= len; d += 16)
+                    _mm512_storeu_ps(
+                        dst + d,
+                        _mm512_castsi512_ps(_mm512_slli_epi32(
+                            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + d))),
+                            16)));
+                if (d < len)
+                    _mm256_storeu_ps(
+                        dst + d,
+                        _mm256_castsi256_ps(_mm256_slli_epi32(
+                            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + d))),
+                            16)));
+            } else {
+                for (; d + 16 <= len; d += 16)
+                    _mm512_storeu_ps(
+                        dst + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + d))));
+                if (d < len)
+                    _mm256_storeu_ps(dst + d,
+                                     _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + d))));
+            }
+        }
+        s->kp[t] = kd;
+        s->vp[t] = vd;
+    }
+    for (int32_t t = n; t < KVA_CPU_KEY_CHUNK; t++) {
+        s->kp[t] = s->kp[0];
+        s->vp[t] = s->vp[0];
+    }
+}
+
+/* Soft-cap and ALiBi of one row's scores (rare features: plain loops). */
+static void score_mods(const kva_plan *plan, float *sc, int32_t h, int32_t c0, int32_t pos)
+{
+    if (plan->d.softcap > 0.0f) {
+        const float cap = plan->d.softcap, inv_cap = 1.0f / cap;
+        for (int32_t t = 0; t < KVA_CPU_KEY_CHUNK; t++)
+            sc[t] = cap * tanhf(sc[t] * inv_cap);
+    }
+    if (plan->alibi_slopes) {
+        const float slope = plan->alibi_slopes[h];
+        for (int32_t t = 0; t < KVA_CPU_KEY_CHUNK; t++)
+            sc[t] += slope * (float)(c0 + t - pos);
+    }
+}
+
+/*
+ * Scores and online-softmax update of the nh rows m0 .. m0+nh-1 (one query
+ * row: heads h0.., position pos) over the chunk's keys [a, e) (chunk start
+ * c0, nk keys). Leaves the probabilities in s->pm [m, KEY_CHUNK], the
+ * accumulator rescale in s->alpha[m] and whether the row takes part in the
+ * chunk's P.V in s->live[m].
+ */
+AI void softmax_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, int32_t nh,
+                     int32_t h0, int32_t pos, int32_t c0, int32_t nk, int32_t a, int32_t e,
+                     const int32_t D)
+{
+    const kva_plan *plan = run->plan;
+    const int mods = plan->d.softcap > 0.0f || plan->alibi_slopes;
+    /* Lanes of keys [a, e) of the chunk. */
+    const uint32_t hi_bits = e - c0 >= 32 ? 0xffffffffu : (1u << (e - c0)) - 1u;
+    const uint32_t vis = hi_bits & ~((1u << (a - c0)) - 1u);
+    const __mmask16 vis0 = (__mmask16)vis, vis1 = (__mmask16)(vis >> 16);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int32_t hh = 0; hh < nh; hh++) {
+        const int32_t m = m0 + hh;
+        __m512 sc[2];
+        scores32(s->q + (size_t)m * D, s->kp, nk, D, sc);
+        float *pm = s->pm + (size_t)m * KVA_CPU_KEY_CHUNK;
+        if (mods) {
+            _mm512_storeu_ps(pm, sc[0]);
+            _mm512_storeu_ps(pm + 16, sc[1]);
+            score_mods(plan, pm, h0 + hh, c0, pos);
+            sc[0] = _mm512_loadu_ps(pm);
+            sc[1] = _mm512_loadu_ps(pm + 16);
+        }
+        sc[0] = _mm512_mask_mov_ps(ninf, vis0, sc[0]);
+        sc[1] = _mm512_mask_mov_ps(ninf, vis1, sc[1]);
+        /* max(x, acc) returns acc when x is NaN: NaN scores stay out of the max. */
+        const __m512 vm = _mm512_max_ps(sc[1], _mm512_max_ps(sc[0], ninf));
+        const float cmax = _mm512_reduce_max_ps(vm);
+        const float mold = s->mx[m];
+        float mnew = kva__cpu_max_nan(mold, cmax);
+        if (mnew == -INFINITY) {
+            /* Every score so far is -inf (nothing to add) or NaN (row becomes NaN). */
+            const int nan = _mm512_cmp_ps_mask(sc[0], sc[0], _CMP_UNORD_Q) |
+                            _mm512_cmp_ps_mask(sc[1], sc[1], _CMP_UNORD_Q);
+            if (!nan) {
+                s->live[m] = 0;
+                continue;
+            }
+            mnew = NAN;
+        }
+        const __m512 mv = _mm512_set1_ps(mnew);
+        const __m512 p0 = exp16(_mm512_sub_ps(sc[0], mv));
+        const __m512 p1 = exp16(_mm512_sub_ps(sc[1], mv));
+        _mm512_storeu_ps(pm, p0);
+        _mm512_storeu_ps(pm + 16, p1);
+        const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
+        s->mx[m] = mnew;
+        s->sum[m] = s->sum[m] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+        s->alpha[m] = alpha;
+        s->live[m] = 1;
+    }
+}
+
+/*
+ * acc[m] = acc[m] * alpha[m] + sum over keys t in [ta, te) of pm[m][t] v[t],
+ * for the NB rows m0.. (NB a constant: the accumulators stay in registers),
+ * over output dims [d0, d0 + 16 * NV) (NV zmm per row, the last one masked
+ * by tail). Rows that are not live keep their accumulators.
+ */
+AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_t d0,
+                 const int32_t Dv, const int NB, const int NV, __mmask16 tail)
+{
+    __m512 acc[8][2];
+    const float *const *vp = s->vp;
+    for (int b = 0; b < NB; b++) {
+        const float *ar = s->acc + (size_t)(m0 + b) * Dv + d0;
+        const __m512 al = _mm512_set1_ps(s->alpha[m0 + b]);
+        for (int j = 0; j < NV; j++)
+            acc[b][j] = _mm512_mul_ps(j == NV - 1 ? _mm512_maskz_loadu_ps(tail, ar + 16 * j)
+                                                  : _mm512_loadu_ps(ar + 16 * j),
+                                      al);
+    }
+    for (int32_t t = ta; t < te; t++) {
+        __m512 v[2];
+        for (int j = 0; j < NV; j++)
+            v[j] = j == NV - 1 ? _mm512_maskz_loadu_ps(tail, vp[t] + d0 + 16 * j)
+                               : _mm512_loadu_ps(vp[t] + d0 + 16 * j);
+        for (int b = 0; b < NB; b++) {
+            const __m512 p = _mm512_set1_ps(s->pm[(size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + t]);
+            for (int j = 0; j < NV; j++)
+                acc[b][j] = _mm512_fmadd_ps(p, v[j], acc[b][j]);
+        }
+    }
+    for (int b = 0; b < NB; b++) {
+        if (!s->live[m0 + b])
+            continue;
+        float *ar = s->acc + (size_t)(m0 + b) * Dv + d0;
+        for (int j = 0; j < NV; j++) {
+            if (j == NV - 1)
+                _mm512_mask_storeu_ps(ar + 16 * j, tail, acc[b][j]);
+            else
+                _mm512_storeu_ps(ar + 16 * j, acc[b][j]);
+        }
+    }
+}
+
+/* P.V of NB rows over all output dims: blocks of 32, then 16, then 8. */
+AI void pv_rows(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, const int32_t Dv,
+                const int NB)
+{
+    int32_t d = 0;
+    for (; d + 32 <= Dv; d += 32)
+        pv_block(s, m0, ta, te, d, Dv, NB, 2, 0xffff);
+    if (d + 16 <= Dv) {
+        pv_block(s, m0, ta, te, d, Dv, NB, 1, 0xffff);
+        d += 16;
+    }
+    if (d < Dv)
+        pv_block(s, m0, ta, te, d, Dv, NB, 1, 0x00ff);
+}
+
+/* P.V of the nh rows m0.. of one query row, keys [ta, te) of the chunk
+ * (indices relative to its start), in register blocks of 8, 4, 2, 1 rows. */
+static void pv_query_row(kva__cpu_scratch *s, int32_t m0, int32_t nh, int32_t ta, int32_t te,
+                         int32_t Dv)
+{
+    int32_t m = m0;
+    const int32_t m1 = m0 + nh;
+    for (; m + 8 <= m1; m += 8)
+        pv_rows(s, m, ta, te, Dv, 8);
+    if (m + 4 <= m1) {
+        pv_rows(s, m, ta, te, Dv, 4);
+        m += 4;
+    }
+    if (m + 2 <= m1) {
+        pv_rows(s, m, ta, te, Dv, 2);
+        m += 2;
+    }
+    if (m < m1)
+        pv_rows(s, m, ta, te, Dv, 1);
+}
+
+/* One chunk for every query row of the item; D is a constant in the
+ * specialized copies (the q row then stays in registers). */
+AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
+                   const kva__cpu_item_geom *g, int32_t c0, int32_t c1, const int32_t D)
+{
+    const int32_t Dv = run->plan->d.head_dim_v, nh = it->nh;
+    for (int32_t ii = 0; ii < it->nq; ii++) {
+        const int32_t a = s->lo[ii] > c0 ? s->lo[ii] : c0;
+        const int32_t e = s->hi[ii] < c1 ? s->hi[ii] : c1;
+        if (a >= e)
+            continue;
+        const int32_t pos = g->seq - g->q_len + it->i0 + ii;
+        softmax_rows(run, s, ii * nh, nh, g->hbase, pos, c0, c1 - c0, a, e, D);
+        pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv);
+    }
+}
+
+static void chunk_step_d64(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
+                           const kva__cpu_item_geom *g, int32_t c0, int32_t c1)
+{
+    chunk_step(run, it, s, g, c0, c1, 64);
+}
+
+static void chunk_step_d128(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
+                            const kva__cpu_item_geom *g, int32_t c0, int32_t c1)
+{
+    chunk_step(run, it, s, g, c0, c1, 128);
+}
+
+static void chunk_step_any(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
+                           const kva__cpu_item_geom *g, int32_t c0, int32_t c1)
+{
+    chunk_step(run, it, s, g, c0, c1, run->plan->d.head_dim);
+}
+
+void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
+{
+    const kva_plan *plan = run->plan;
+    const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
+    kva__cpu_item_geom g;
+    kva__cpu_item_begin(run, it, s, &g);
+    void (*step)(const kva__cpu_run *, const kva__work_item *, kva__cpu_scratch *,
+                 const kva__cpu_item_geom *, int32_t, int32_t) = D == 128  ? chunk_step_d128
+                                                                 : D == 64 ? chunk_step_d64
+                                                                           : chunk_step_any;
+
+    /* Rows of the current and of the next chunk (prefetched one chunk ahead). */
+    kva__cpu_chunk_rows rows[2];
+    const size_t kv_esz = kva_dtype_size(run->kv_dt);
+    const size_t kbytes = (size_t)D * kv_esz, vbytes = (size_t)Dv * kv_esz;
+    int cur = 0;
+    if (it->k0 < it->k1)
+        kva__cpu_locate_chunk(
+            run, it->req, it->kv_head, it->k0,
+            it->k1 - it->k0 < KVA_CPU_KEY_CHUNK ? it->k1 - it->k0 : KVA_CPU_KEY_CHUNK, &rows[0]);
+    for (int32_t c0 = it->k0; c0 < it->k1; c0 += KVA_CPU_KEY_CHUNK) {
+        const int32_t c1 = c0 + KVA_CPU_KEY_CHUNK < it->k1 ? c0 + KVA_CPU_KEY_CHUNK : it->k1;
+        if (c1 < it->k1) {
+            const int32_t n2 = it->k1 - c1 < KVA_CPU_KEY_CHUNK ? it->k1 - c1 : KVA_CPU_KEY_CHUNK;
+            kva__cpu_locate_chunk(run, it->req, it->kv_head, c1, n2, &rows[cur ^ 1]);
+            kva__cpu_prefetch_chunk(&rows[cur ^ 1], n2, kbytes, vbytes);
+        }
+        load_chunk(run, &rows[cur], c1 - c0, s);
+        cur ^= 1;
+        step(run, it, s, &g, c0, c1);
+    }
+    kva__cpu_item_finish(run, it, s, &g);
+}
+
+#endif /* __x86_64__ */
