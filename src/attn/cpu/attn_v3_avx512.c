@@ -363,24 +363,29 @@ void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it, kva__cp
                                                                  : D == 64 ? chunk_step_d64
                                                                            : chunk_step_any;
 
-    /* Rows of the current and of the next chunk (prefetched one chunk ahead). */
-    kva__cpu_chunk_rows rows[2];
+    /* Rows of the chunks in flight: chunk c is computed while chunk
+     * c + PF_DIST is prefetched (a ring of PF_DIST + 1 located chunks). */
+    enum { PF_DIST = 2 };
+    kva__cpu_chunk_rows rows[PF_DIST + 1];
     const size_t kv_esz = kva_dtype_size(run->kv_dt);
     const size_t kbytes = (size_t)D * kv_esz, vbytes = (size_t)Dv * kv_esz;
-    int cur = 0;
-    if (it->k0 < it->k1)
-        kva__cpu_locate_chunk(
-            run, it->req, it->kv_head, it->k0,
-            it->k1 - it->k0 < KVA_CPU_KEY_CHUNK ? it->k1 - it->k0 : KVA_CPU_KEY_CHUNK, &rows[0]);
-    for (int32_t c0 = it->k0; c0 < it->k1; c0 += KVA_CPU_KEY_CHUNK) {
-        const int32_t c1 = c0 + KVA_CPU_KEY_CHUNK < it->k1 ? c0 + KVA_CPU_KEY_CHUNK : it->k1;
-        if (c1 < it->k1) {
-            const int32_t n2 = it->k1 - c1 < KVA_CPU_KEY_CHUNK ? it->k1 - c1 : KVA_CPU_KEY_CHUNK;
-            kva__cpu_locate_chunk(run, it->req, it->kv_head, c1, n2, &rows[cur ^ 1]);
-            kva__cpu_prefetch_chunk(&rows[cur ^ 1], n2, kbytes, vbytes);
+    const int32_t C = KVA_CPU_KEY_CHUNK;
+    const int32_t nchunks = (it->k1 - it->k0 + C - 1) / C;
+    for (int32_t c = 0; c < PF_DIST && c < nchunks; c++) {
+        const int32_t a = it->k0 + c * C, n = it->k1 - a < C ? it->k1 - a : C;
+        kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, &rows[c]);
+        kva__cpu_prefetch_chunk(&rows[c], n, kbytes, vbytes);
+    }
+    for (int32_t c = 0; c < nchunks; c++) {
+        const int32_t c0 = it->k0 + c * C;
+        const int32_t c1 = c0 + C < it->k1 ? c0 + C : it->k1;
+        if (c + PF_DIST < nchunks) {
+            const int32_t a = c0 + PF_DIST * C, n = it->k1 - a < C ? it->k1 - a : C;
+            kva__cpu_chunk_rows *nr = &rows[(c + PF_DIST) % (PF_DIST + 1)];
+            kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, nr);
+            kva__cpu_prefetch_chunk(nr, n, kbytes, vbytes);
         }
-        load_chunk(run, &rows[cur], c1 - c0, s);
-        cur ^= 1;
+        load_chunk(run, &rows[c % (PF_DIST + 1)], c1 - c0, s);
         step(run, it, s, &g, c0, c1);
     }
     kva__cpu_item_finish(run, it, s, &g);
