@@ -76,91 +76,99 @@ AI __m512 hsum16(const __m512 v[16])
     return _mm512_shuffle_f32x4(w, w, 0xd8);
 }
 
-/* 16-lane partial sums of <q, k> over D (a multiple of 8). */
-AI __m512 dot_vec(const float *restrict q, const float *restrict k, const int32_t D)
+/* 16 elements [i, i+16) of a K/V row of dtype dt as fp32; lanes outside m are 0
+ * (only the masked lanes are read). This and load_chunk are the only places
+ * that know the row format. */
+AI __m512 ld16(const void *row, int32_t i, const kva_dtype dt, __mmask16 m)
 {
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    int32_t d = 0;
-    for (; d + 32 <= D; d += 32) {
-        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), a0);
-        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d + 16), _mm512_loadu_ps(k + d + 16), a1);
-    }
-    if (d + 16 <= D) {
-        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), a0);
-        d += 16;
-    }
-    if (d < D)
-        a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(0xff, q + d), _mm512_maskz_loadu_ps(0xff, k + d),
-                             a1);
-    return _mm512_add_ps(a0, a1);
+    if (dt == KVA_DTYPE_F32)
+        return _mm512_maskz_loadu_ps(m, (const float *)row + i);
+    const __m256i h = m == 0xffff ? _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i))
+                                  : _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);
+    if (dt == KVA_DTYPE_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* Scores of attention row q [D] against the 32 keys kp[0..31] of a chunk
- * (rows past the chunk's end point at a valid row; their lanes are masked by
- * the caller): s[0] keys 0-15, s[1] keys 16-31. */
-AI void scores32(const float *restrict q, const float *const *kp, int32_t nk, const int32_t D,
-                 __m512 s[2])
+/* Lanes of the last 16-element vector of a row of n elements (n a multiple of 8). */
+#define TAIL16(n) ((n) % 16 ? (__mmask16)0x00ff : (__mmask16)0xffff)
+#define NVEC16(n) (((n) + 15) / 16)
+
+/*
+ * Scores of the nb (<= 8) rows m0.. (q tile rows of one query row) against
+ * the chunk's nk keys, into s->pm [m, KEY_CHUNK]. Keys are the outer loop:
+ * each key row is loaded and converted once into registers and serves the nb
+ * heads; the per-(head, key) 16-lane partial sums go to s->vs [8, 16, 16] and
+ * hsum16 turns 16 keys of a head into one vector of scores.
+ */
+AI void scores_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, int32_t nb,
+                    int32_t nk, const int32_t D, const kva_dtype kd)
 {
-    __m512 v[16];
-    for (int h = 0; h < 2; h++) {
-        if (h * 16 >= nk) {
-            s[h] = _mm512_set1_ps(-INFINITY);
-            continue;
+    const int NV = NVEC16(D);
+    const __mmask16 tail = TAIL16(D);
+    float *vs = s->vs;
+    (void)run;
+    for (int32_t half = 0; half * 16 < nk; half++) {
+        for (int32_t t = 0; t < 16; t++) {
+            const int32_t key = half * 16 + t;
+            if (key >= nk) {
+                for (int32_t b = 0; b < nb; b++)
+                    _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_setzero_ps());
+                continue;
+            }
+            __m512 kr[16];
+            for (int j = 0; j < NV; j++)
+                kr[j] = ld16(s->kp[key], 16 * j, kd, j == NV - 1 ? tail : 0xffff);
+            for (int32_t b = 0; b < nb; b++) {
+                const float *q = s->q + (size_t)(m0 + b) * D;
+                __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+                for (int j = 0; j + 1 < NV; j += 2) {
+                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * j), kr[j], a0);
+                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * j + 16), kr[j + 1], a1);
+                }
+                if (NV % 2)
+                    a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q + 16 * (NV - 1)), kr[NV - 1],
+                                         a0);
+                _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_add_ps(a0, a1));
+            }
         }
-        for (int t = 0; t < 16; t++)
-            v[t] = dot_vec(q, kp[h * 16 + t], D);
-        s[h] = hsum16(v);
+        for (int32_t b = 0; b < nb; b++) {
+            __m512 v[16];
+            for (int t = 0; t < 16; t++)
+                v[t] = _mm512_loadu_ps(vs + (b * 16 + t) * 16);
+            _mm512_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + half * 16, hsum16(v));
+        }
     }
 }
 
-/* Converts the n rows of a chunk to fp32 (kbuf/vbuf) or points at them (f32);
- * s->kp/vp [KEY_CHUNK] get the row pointers, rows n.. repeat row 0. */
-static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, int32_t n,
-                       kva__cpu_scratch *s)
+/* Rows of a chunk for the loops below: s->kp/vp [KEY_CHUNK] point at the
+ * rows in their storage format when the kernel reads it directly (f32, f16,
+ * bf16); any other storage dtype (a quantized cache) is converted here to
+ * fp32 rows in kbuf/vbuf with kva__cpu_load_row, once per GQA group. Returns
+ * the dtype the loops read. */
+static kva_dtype load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, int32_t n,
+                            kva__cpu_scratch *s)
 {
     const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
     const kva_dtype dt = run->kv_dt;
+    const int direct = dt == KVA_DTYPE_F32 || dt == KVA_DTYPE_F16 || dt == KVA_DTYPE_BF16;
     for (int32_t t = 0; t < n; t++) {
-        if (dt == KVA_DTYPE_F32) {
+        if (direct) {
             s->kp[t] = (const float *)cr->k[t];
             s->vp[t] = (const float *)cr->v[t];
-            continue;
+        } else {
+            float *kd = s->kbuf + (size_t)t * D, *vd = s->vbuf + (size_t)t * Dv;
+            kva__cpu_load_row(kd, cr->k[t], dt, D);
+            kva__cpu_load_row(vd, cr->v[t], dt, Dv);
+            s->kp[t] = kd;
+            s->vp[t] = vd;
         }
-        float *kd = s->kbuf + (size_t)t * D, *vd = s->vbuf + (size_t)t * Dv;
-        for (int w = 0; w < 2; w++) {
-            const uint16_t *src = (const uint16_t *)(w ? cr->v[t] : cr->k[t]);
-            float *dst = w ? vd : kd;
-            const int32_t len = w ? Dv : D;
-            int32_t d = 0;
-            if (dt == KVA_DTYPE_BF16) {
-                for (; d + 16 <= len; d += 16)
-                    _mm512_storeu_ps(
-                        dst + d,
-                        _mm512_castsi512_ps(_mm512_slli_epi32(
-                            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + d))),
-                            16)));
-                if (d < len)
-                    _mm256_storeu_ps(
-                        dst + d,
-                        _mm256_castsi256_ps(_mm256_slli_epi32(
-                            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + d))),
-                            16)));
-            } else {
-                for (; d + 16 <= len; d += 16)
-                    _mm512_storeu_ps(
-                        dst + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + d))));
-                if (d < len)
-                    _mm256_storeu_ps(dst + d,
-                                     _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + d))));
-            }
-        }
-        s->kp[t] = kd;
-        s->vp[t] = vd;
     }
     for (int32_t t = n; t < KVA_CPU_KEY_CHUNK; t++) {
         s->kp[t] = s->kp[0];
         s->vp[t] = s->vp[0];
     }
+    return direct ? dt : KVA_DTYPE_F32;
 }
 
 /* Soft-cap and ALiBi of one row's scores (rare features: plain loops). */
@@ -179,15 +187,14 @@ static void score_mods(const kva_plan *plan, float *sc, int32_t h, int32_t c0, i
 }
 
 /*
- * Scores and online-softmax update of the nh rows m0 .. m0+nh-1 (one query
- * row: heads h0.., position pos) over the chunk's keys [a, e) (chunk start
- * c0, nk keys). Leaves the probabilities in s->pm [m, KEY_CHUNK], the
- * accumulator rescale in s->alpha[m] and whether the row takes part in the
- * chunk's P.V in s->live[m].
+ * Online-softmax update of the nh rows m0 .. m0+nh-1 (one query row: heads
+ * h0.., position pos) whose chunk scores are in s->pm, over the chunk's keys
+ * [a, e) (chunk start c0). Leaves the probabilities in s->pm, the accumulator
+ * rescale in s->alpha[m] and whether the row takes part in the chunk's P.V
+ * in s->live[m].
  */
 AI void softmax_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, int32_t nh,
-                     int32_t h0, int32_t pos, int32_t c0, int32_t nk, int32_t a, int32_t e,
-                     const int32_t D)
+                     int32_t h0, int32_t pos, int32_t c0, int32_t a, int32_t e)
 {
     const kva_plan *plan = run->plan;
     const int mods = plan->d.softcap > 0.0f || plan->alibi_slopes;
@@ -198,18 +205,12 @@ AI void softmax_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, i
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     for (int32_t hh = 0; hh < nh; hh++) {
         const int32_t m = m0 + hh;
-        __m512 sc[2];
-        scores32(s->q + (size_t)m * D, s->kp, nk, D, sc);
         float *pm = s->pm + (size_t)m * KVA_CPU_KEY_CHUNK;
-        if (mods) {
-            _mm512_storeu_ps(pm, sc[0]);
-            _mm512_storeu_ps(pm + 16, sc[1]);
+        if (mods)
             score_mods(plan, pm, h0 + hh, c0, pos);
-            sc[0] = _mm512_loadu_ps(pm);
-            sc[1] = _mm512_loadu_ps(pm + 16);
-        }
-        sc[0] = _mm512_mask_mov_ps(ninf, vis0, sc[0]);
-        sc[1] = _mm512_mask_mov_ps(ninf, vis1, sc[1]);
+        __m512 sc[2];
+        sc[0] = _mm512_mask_loadu_ps(ninf, vis0, pm);
+        sc[1] = _mm512_mask_loadu_ps(ninf, vis1, pm + 16);
         /* max(x, acc) returns acc when x is NaN: NaN scores stay out of the max. */
         const __m512 vm = _mm512_max_ps(sc[1], _mm512_max_ps(sc[0], ninf));
         const float cmax = _mm512_reduce_max_ps(vm);
@@ -242,10 +243,11 @@ AI void softmax_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, i
  * acc[m] = acc[m] * alpha[m] + sum over keys t in [ta, te) of pm[m][t] v[t],
  * for the NB rows m0.. (NB a constant: the accumulators stay in registers),
  * over output dims [d0, d0 + 16 * NV) (NV zmm per row, the last one masked
- * by tail). Rows that are not live keep their accumulators.
+ * by tail). V rows are read in their format kd and converted in registers,
+ * once for the NB heads. Rows that are not live keep their accumulators.
  */
 AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_t d0,
-                 const int32_t Dv, const int NB, const int NV, __mmask16 tail)
+                 const int32_t Dv, const kva_dtype kd, const int NB, const int NV, __mmask16 tail)
 {
     __m512 acc[8][2];
     const float *const *vp = s->vp;
@@ -253,15 +255,13 @@ AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_
         const float *ar = s->acc + (size_t)(m0 + b) * Dv + d0;
         const __m512 al = _mm512_set1_ps(s->alpha[m0 + b]);
         for (int j = 0; j < NV; j++)
-            acc[b][j] = _mm512_mul_ps(j == NV - 1 ? _mm512_maskz_loadu_ps(tail, ar + 16 * j)
-                                                  : _mm512_loadu_ps(ar + 16 * j),
-                                      al);
+            acc[b][j] =
+                _mm512_mul_ps(_mm512_maskz_loadu_ps(j == NV - 1 ? tail : 0xffff, ar + 16 * j), al);
     }
     for (int32_t t = ta; t < te; t++) {
         __m512 v[2];
         for (int j = 0; j < NV; j++)
-            v[j] = j == NV - 1 ? _mm512_maskz_loadu_ps(tail, vp[t] + d0 + 16 * j)
-                               : _mm512_loadu_ps(vp[t] + d0 + 16 * j);
+            v[j] = ld16(vp[t], d0 + 16 * j, kd, j == NV - 1 ? tail : 0xffff);
         for (int b = 0; b < NB; b++) {
             const __m512 p = _mm512_set1_ps(s->pm[(size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + t]);
             for (int j = 0; j < NV; j++)
@@ -272,84 +272,97 @@ AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_
         if (!s->live[m0 + b])
             continue;
         float *ar = s->acc + (size_t)(m0 + b) * Dv + d0;
-        for (int j = 0; j < NV; j++) {
-            if (j == NV - 1)
-                _mm512_mask_storeu_ps(ar + 16 * j, tail, acc[b][j]);
-            else
-                _mm512_storeu_ps(ar + 16 * j, acc[b][j]);
-        }
+        for (int j = 0; j < NV; j++)
+            _mm512_mask_storeu_ps(ar + 16 * j, j == NV - 1 ? tail : 0xffff, acc[b][j]);
     }
 }
 
 /* P.V of NB rows over all output dims: blocks of 32, then 16, then 8. */
 AI void pv_rows(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, const int32_t Dv,
-                const int NB)
+                const kva_dtype kd, const int NB)
 {
     int32_t d = 0;
     for (; d + 32 <= Dv; d += 32)
-        pv_block(s, m0, ta, te, d, Dv, NB, 2, 0xffff);
+        pv_block(s, m0, ta, te, d, Dv, kd, NB, 2, 0xffff);
     if (d + 16 <= Dv) {
-        pv_block(s, m0, ta, te, d, Dv, NB, 1, 0xffff);
+        pv_block(s, m0, ta, te, d, Dv, kd, NB, 1, 0xffff);
         d += 16;
     }
     if (d < Dv)
-        pv_block(s, m0, ta, te, d, Dv, NB, 1, 0x00ff);
+        pv_block(s, m0, ta, te, d, Dv, kd, NB, 1, 0x00ff);
 }
 
 /* P.V of the nh rows m0.. of one query row, keys [ta, te) of the chunk
  * (indices relative to its start), in register blocks of 8, 4, 2, 1 rows. */
-static void pv_query_row(kva__cpu_scratch *s, int32_t m0, int32_t nh, int32_t ta, int32_t te,
-                         int32_t Dv)
+AI void pv_query_row(kva__cpu_scratch *s, int32_t m0, int32_t nh, int32_t ta, int32_t te,
+                     const int32_t Dv, const kva_dtype kd)
 {
     int32_t m = m0;
     const int32_t m1 = m0 + nh;
     for (; m + 8 <= m1; m += 8)
-        pv_rows(s, m, ta, te, Dv, 8);
+        pv_rows(s, m, ta, te, Dv, kd, 8);
     if (m + 4 <= m1) {
-        pv_rows(s, m, ta, te, Dv, 4);
+        pv_rows(s, m, ta, te, Dv, kd, 4);
         m += 4;
     }
     if (m + 2 <= m1) {
-        pv_rows(s, m, ta, te, Dv, 2);
+        pv_rows(s, m, ta, te, Dv, kd, 2);
         m += 2;
     }
     if (m < m1)
-        pv_rows(s, m, ta, te, Dv, 1);
+        pv_rows(s, m, ta, te, Dv, kd, 1);
 }
 
-/* One chunk for every query row of the item; D is a constant in the
- * specialized copies (the q row then stays in registers). */
+/* One chunk [c0, c1) for every query row of the item. D, Dv and the row
+ * format kd are constants in the specialized copies below. */
 AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
-                   const kva__cpu_item_geom *g, int32_t c0, int32_t c1, const int32_t D)
+                   const kva__cpu_item_geom *g, int32_t c0, int32_t c1, const int32_t D,
+                   const int32_t Dv, const kva_dtype kd)
 {
-    const int32_t Dv = run->plan->d.head_dim_v, nh = it->nh;
+    const int32_t nh = it->nh;
     for (int32_t ii = 0; ii < it->nq; ii++) {
         const int32_t a = s->lo[ii] > c0 ? s->lo[ii] : c0;
         const int32_t e = s->hi[ii] < c1 ? s->hi[ii] : c1;
         if (a >= e)
             continue;
         const int32_t pos = g->seq - g->q_len + it->i0 + ii;
-        softmax_rows(run, s, ii * nh, nh, g->hbase, pos, c0, c1 - c0, a, e, D);
-        pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv);
+        for (int32_t hb = 0; hb < nh; hb += 8)
+            scores_rows(run, s, ii * nh + hb, nh - hb < 8 ? nh - hb : 8, c1 - c0, D, kd);
+        softmax_rows(run, s, ii * nh, nh, g->hbase, pos, c0, a, e);
+        pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv, kd);
     }
 }
 
-static void chunk_step_d64(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
-                           const kva__cpu_item_geom *g, int32_t c0, int32_t c1)
-{
-    chunk_step(run, it, s, g, c0, c1, 64);
-}
+typedef void (*step_fn)(const kva__cpu_run *, const kva__work_item *, kva__cpu_scratch *,
+                        const kva__cpu_item_geom *, int32_t, int32_t, kva_dtype);
 
-static void chunk_step_d128(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
-                            const kva__cpu_item_geom *g, int32_t c0, int32_t c1)
-{
-    chunk_step(run, it, s, g, c0, c1, 128);
-}
+#define STEP_D(DIM)                                                                                \
+    static void step_d##DIM(const kva__cpu_run *run, const kva__work_item *it,                     \
+                            kva__cpu_scratch *s, const kva__cpu_item_geom *g, int32_t c0,          \
+                            int32_t c1, kva_dtype kd)                                              \
+    {                                                                                              \
+        if (kd == KVA_DTYPE_BF16)                                                                  \
+            chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_BF16);                           \
+        else if (kd == KVA_DTYPE_F16)                                                              \
+            chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_F16);                            \
+        else                                                                                       \
+            chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_F32);                            \
+    }
+STEP_D(64)
+STEP_D(128)
+STEP_D(256)
 
-static void chunk_step_any(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
-                           const kva__cpu_item_geom *g, int32_t c0, int32_t c1)
+/* Any other head size (runtime D and Dv, constant row format). */
+static void step_any(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
+                     const kva__cpu_item_geom *g, int32_t c0, int32_t c1, kva_dtype kd)
 {
-    chunk_step(run, it, s, g, c0, c1, run->plan->d.head_dim);
+    const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
+    if (kd == KVA_DTYPE_BF16)
+        chunk_step(run, it, s, g, c0, c1, D, Dv, KVA_DTYPE_BF16);
+    else if (kd == KVA_DTYPE_F16)
+        chunk_step(run, it, s, g, c0, c1, D, Dv, KVA_DTYPE_F16);
+    else
+        chunk_step(run, it, s, g, c0, c1, D, Dv, KVA_DTYPE_F32);
 }
 
 void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
@@ -358,10 +371,11 @@ void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it, kva__cp
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
     kva__cpu_item_geom g;
     kva__cpu_item_begin(run, it, s, &g);
-    void (*step)(const kva__cpu_run *, const kva__work_item *, kva__cpu_scratch *,
-                 const kva__cpu_item_geom *, int32_t, int32_t) = D == 128  ? chunk_step_d128
-                                                                 : D == 64 ? chunk_step_d64
-                                                                           : chunk_step_any;
+    const step_fn step = D != Dv    ? step_any
+                         : D == 128 ? step_d128
+                         : D == 64  ? step_d64
+                         : D == 256 ? step_d256
+                                    : step_any;
 
     /* Rows of the chunks in flight: chunk c is computed while chunk
      * c + PF_DIST is prefetched (a ring of PF_DIST + 1 located chunks). */
@@ -385,8 +399,8 @@ void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it, kva__cp
             kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, nr);
             kva__cpu_prefetch_chunk(nr, n, kbytes, vbytes);
         }
-        load_chunk(run, &rows[c % (PF_DIST + 1)], c1 - c0, s);
-        step(run, it, s, &g, c0, c1);
+        const kva_dtype kd = load_chunk(run, &rows[c % (PF_DIST + 1)], c1 - c0, s);
+        step(run, it, s, &g, c0, c1, kd);
     }
     kva__cpu_item_finish(run, it, s, &g);
 }

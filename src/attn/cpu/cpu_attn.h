@@ -54,6 +54,7 @@ typedef struct kva__cpu_scratch {
     float *pm;        /* [max_rows, KEY_CHUNK] probabilities of every row (SIMD variants) */
     float *alpha;     /* [max_rows] rescale factor of each row's accumulators this chunk */
     int32_t *live;    /* [max_rows] 1 if the row takes part in this chunk's P.V */
+    float *vs;        /* [8, 16, 16] per-(head, key) partial dot products (SIMD variants) */
     float *kbuf;      /* [KEY_CHUNK, D] keys converted to fp32 */
     float *vbuf;      /* [KEY_CHUNK, Dv] values converted to fp32 */
     int32_t *lo;      /* [max_rows] first visible key of each query row of the tile */
