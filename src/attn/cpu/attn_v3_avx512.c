@@ -141,6 +141,59 @@ AI void scores_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, in
     }
 }
 
+#if defined(__AVX512BF16__)
+/*
+ * scores_rows for bf16 q and bf16 K (variant 4): vdpbf16ps multiplies pairs
+ * of bf16 values exactly (8-bit significands: the products fit fp32) and adds
+ * them in fp32, so the scores carry only fp32 summation error like the fp32
+ * path, at half the instructions and with no conversion of K. q is read
+ * unscaled from the input (q_row: [nb, D] bf16 of this query row's heads)
+ * and the softmax scale multiplies the scores. Inputs that are bf16
+ * subnormals count as 0 (the instruction's DAZ), below any tolerance.
+ */
+AI void scores_rows_bf16(const kva__cpu_run *run, kva__cpu_scratch *s, const uint16_t *q_row,
+                         int32_t m0, int32_t nb, int32_t nk, const int32_t D)
+{
+    const int NV = D / 32;
+    const __m512 scale = _mm512_set1_ps(run->plan->d.scale);
+    float *vs = s->vs;
+    for (int32_t half = 0; half * 16 < nk; half++) {
+        for (int32_t t = 0; t < 16; t++) {
+            const int32_t key = half * 16 + t;
+            if (key >= nk) {
+                for (int32_t b = 0; b < nb; b++)
+                    _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_setzero_ps());
+                continue;
+            }
+            __m512bh kr[8];
+            const uint16_t *kp = (const uint16_t *)s->kp[key];
+            for (int j = 0; j < NV; j++)
+                kr[j] = (__m512bh)_mm512_loadu_si512(kp + 32 * j);
+            for (int32_t b = 0; b < nb; b++) {
+                const uint16_t *q = q_row + (size_t)b * D;
+                __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+                for (int j = 0; j + 1 < NV; j += 2) {
+                    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(q + 32 * j), kr[j]);
+                    a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(q + 32 * j + 32),
+                                          kr[j + 1]);
+                }
+                if (NV % 2)
+                    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(q + 32 * (NV - 1)),
+                                          kr[NV - 1]);
+                _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_add_ps(a0, a1));
+            }
+        }
+        for (int32_t b = 0; b < nb; b++) {
+            __m512 v[16];
+            for (int t = 0; t < 16; t++)
+                v[t] = _mm512_loadu_ps(vs + (b * 16 + t) * 16);
+            _mm512_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + half * 16,
+                             _mm512_mul_ps(hsum16(v), scale));
+        }
+    }
+}
+#endif
+
 /* Rows of a chunk for the loops below: s->kp/vp [KEY_CHUNK] point at the
  * rows in their storage format when the kernel reads it directly (f32, f16,
  * bf16); any other storage dtype (a quantized cache) is converted here to
@@ -317,7 +370,7 @@ AI void pv_query_row(kva__cpu_scratch *s, int32_t m0, int32_t nh, int32_t ta, in
  * format kd are constants in the specialized copies below. */
 AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
                    const kva__cpu_item_geom *g, int32_t c0, int32_t c1, const int32_t D,
-                   const int32_t Dv, const kva_dtype kd)
+                   const int32_t Dv, const kva_dtype kd, const int bf16dot)
 {
     const int32_t nh = it->nh;
     for (int32_t ii = 0; ii < it->nq; ii++) {
@@ -326,8 +379,19 @@ AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_s
         if (a >= e)
             continue;
         const int32_t pos = g->seq - g->q_len + it->i0 + ii;
-        for (int32_t hb = 0; hb < nh; hb += 8)
-            scores_rows(run, s, ii * nh + hb, nh - hb < 8 ? nh - hb : 8, c1 - c0, D, kd);
+        for (int32_t hb = 0; hb < nh; hb += 8) {
+            const int32_t nb = nh - hb < 8 ? nh - hb : 8;
+#if defined(__AVX512BF16__)
+            if (bf16dot) {
+                const int64_t row =
+                    (int64_t)(g->tok0 + ii) * run->plan->d.num_heads + g->hbase + hb;
+                scores_rows_bf16(run, s, (const uint16_t *)run->q + row * D, ii * nh + hb, nb,
+                                 c1 - c0, D);
+                continue;
+            }
+#endif
+            scores_rows(run, s, ii * nh + hb, nb, c1 - c0, D, kd);
+        }
         softmax_rows(run, s, ii * nh, nh, g->hbase, pos, c0, a, e);
         pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv, kd);
     }
@@ -342,15 +406,30 @@ typedef void (*step_fn)(const kva__cpu_run *, const kva__work_item *, kva__cpu_s
                             int32_t c1, kva_dtype kd)                                              \
     {                                                                                              \
         if (kd == KVA_DTYPE_BF16)                                                                  \
-            chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_BF16);                           \
+            chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_BF16, 0);                        \
         else if (kd == KVA_DTYPE_F16)                                                              \
-            chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_F16);                            \
+            chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_F16, 0);                         \
         else                                                                                       \
-            chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_F32);                            \
+            chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_F32, 0);                         \
     }
 STEP_D(64)
 STEP_D(128)
 STEP_D(256)
+
+#if defined(__AVX512BF16__)
+/* bf16 q and bf16 K, D = Dv = DIM (a multiple of 32): scores by vdpbf16ps. */
+#define STEP_BF16DOT(DIM)                                                                          \
+    static void step_bf16dot_d##DIM(const kva__cpu_run *run, const kva__work_item *it,             \
+                                    kva__cpu_scratch *s, const kva__cpu_item_geom *g, int32_t c0,  \
+                                    int32_t c1, kva_dtype kd)                                      \
+    {                                                                                              \
+        (void)kd;                                                                                  \
+        chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_BF16, 1);                            \
+    }
+STEP_BF16DOT(64)
+STEP_BF16DOT(128)
+STEP_BF16DOT(256)
+#endif
 
 /* Any other head size (runtime D and Dv, constant row format). */
 static void step_any(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
@@ -358,24 +437,36 @@ static void step_any(const kva__cpu_run *run, const kva__work_item *it, kva__cpu
 {
     const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
     if (kd == KVA_DTYPE_BF16)
-        chunk_step(run, it, s, g, c0, c1, D, Dv, KVA_DTYPE_BF16);
+        chunk_step(run, it, s, g, c0, c1, D, Dv, KVA_DTYPE_BF16, 0);
     else if (kd == KVA_DTYPE_F16)
-        chunk_step(run, it, s, g, c0, c1, D, Dv, KVA_DTYPE_F16);
+        chunk_step(run, it, s, g, c0, c1, D, Dv, KVA_DTYPE_F16, 0);
     else
-        chunk_step(run, it, s, g, c0, c1, D, Dv, KVA_DTYPE_F32);
+        chunk_step(run, it, s, g, c0, c1, D, Dv, KVA_DTYPE_F32, 0);
 }
 
-void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
+/* Runs one item with the step function picked for its shapes; bf16dot asks
+ * for the vdpbf16ps scores where q and K are bf16 (variant 4). */
+static void run_item(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
+                     int bf16dot)
 {
     const kva_plan *plan = run->plan;
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
     kva__cpu_item_geom g;
     kva__cpu_item_begin(run, it, s, &g);
-    const step_fn step = D != Dv    ? step_any
-                         : D == 128 ? step_d128
-                         : D == 64  ? step_d64
-                         : D == 256 ? step_d256
-                                    : step_any;
+    step_fn step = D != Dv    ? step_any
+                   : D == 128 ? step_d128
+                   : D == 64  ? step_d64
+                   : D == 256 ? step_d256
+                              : step_any;
+#if defined(__AVX512BF16__)
+    if (bf16dot && run->dt == KVA_DTYPE_BF16 && run->kv_dt == KVA_DTYPE_BF16 && D == Dv)
+        step = D == 128   ? step_bf16dot_d128
+               : D == 64  ? step_bf16dot_d64
+               : D == 256 ? step_bf16dot_d256
+                          : step;
+#else
+    (void)bf16dot;
+#endif
 
     /* Rows of the chunks in flight: chunk c is computed while chunk
      * c + PF_DIST is prefetched (a ring of PF_DIST + 1 located chunks). */
@@ -403,6 +494,18 @@ void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it, kva__cp
         step(run, it, s, &g, c0, c1, kd);
     }
     kva__cpu_item_finish(run, it, s, &g);
+}
+
+void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
+{
+    run_item(run, it, s, 0);
+}
+
+/* Variant 4: v3 with vdpbf16ps scores for bf16 q and cache (D = Dv = 64, 128
+ * or 256); without a compiler that knows AVX512_BF16 it is v3. */
+void kva__cpu_attn_v4(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
+{
+    run_item(run, it, s, 1);
 }
 
 #endif /* __x86_64__ */

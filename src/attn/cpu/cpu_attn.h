@@ -83,6 +83,8 @@ void kva__cpu_attn_v2(const kva__cpu_run *run, const kva__work_item *it,
                       kva__cpu_scratch *s); /* AVX2+FMA+F16C decode (attn_v2_avx2.c) */
 void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it,
                       kva__cpu_scratch *s); /* AVX-512 decode (attn_v3_avx512.c) */
+void kva__cpu_attn_v4(const kva__cpu_run *run, const kva__work_item *it,
+                      kva__cpu_scratch *s); /* v3 + AVX512_BF16 scores (attn_v3_avx512.c) */
 
 /* One row of the variant table (cpu_ops.c). */
 typedef struct kva__cpu_variant {

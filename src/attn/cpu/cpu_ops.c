@@ -20,6 +20,7 @@ static const kva__cpu_variant variants[] = {
 #if defined(__x86_64__)
     {"v2 avx2+fma+f16c", kva__cpu_attn_v2, KVA__ISA_AVX2, 1, 1},
     {"v3 avx512", kva__cpu_attn_v3, KVA__ISA_AVX512, 1, 1},
+    {"v4 avx512+bf16 dot", kva__cpu_attn_v4, KVA__ISA_AVX512BF16, 1, 1},
 #endif
 };
 
