@@ -4,7 +4,9 @@
  * A run executes the plan's work items (src/plan/partition.h) on an OpenMP
  * team: each thread takes items from a dynamic schedule and runs a kernel
  * variant on it with its own scratch area, then the team merges the partial
- * results of split items. All memory a run touches besides its arguments is
+ * results of split items. The team has the running context's thread count,
+ * capped by the scratch areas its workspace holds (plan_build reserves one
+ * per thread of the context that built the plan). All memory a run touches besides its arguments is
  * the context workspace, reserved by plan_build:
  *
  *   workspace = [ split partials: partial_floats fp32 ]
@@ -55,8 +57,9 @@ typedef struct kva__cpu_scratch {
     float *alpha;     /* [max_rows] rescale factor of each row's accumulators this chunk */
     int32_t *live;    /* [max_rows] 1 if the row takes part in this chunk's P.V */
     float *vs;        /* [8, 16, 16] per-(head, key) partial dot products (SIMD variants) */
-    float *kbuf;      /* [KEY_CHUNK, D] keys converted to fp32 */
-    float *vbuf;      /* [KEY_CHUNK, Dv] values converted to fp32 */
+    float *kbuf;      /* [KEY_CHUNK, D] keys converted to fp32 (v1, v2) or copied in their
+                         storage format (v3, v4: at most 4 bytes per element) */
+    float *vbuf;      /* [KEY_CHUNK, Dv] values, likewise */
     int32_t *lo;      /* [max_rows] first visible key of each query row of the tile */
     int32_t *hi;      /* [max_rows] one past the last visible key */
     const float **kp; /* [KEY_CHUNK] fp32 key rows of the chunk */
