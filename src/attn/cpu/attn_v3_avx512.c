@@ -38,6 +38,13 @@
  * kernel spends about 125 cycles per key and kv head: 16 vdpbf16ps + 32 FMAs
  * + the chunk copy + the reductions; from DRAM about 220. Details and the
  * arithmetic-intensity bound: docs/performance.md.
+ * Tried and dropped (A/B, best of 3, 1 thread, 8 x 4096 keys): spreading the
+ * next chunk's prefetches over the scores loop (10.5 -> 16.4 ms, slower);
+ * prefetcht0 instead of prefetcht2 (slower); prefetching every other line
+ * (16.5 -> 22 ms); prefetch distance 1, 4, 6 chunks instead of 2 (within
+ * noise); copying the next chunk in two slices between the phases of the
+ * current one, double-buffered (16.6 -> 16.3 ms at g = 4, none at g = 1:
+ * not worth the second buffer).
  */
 #include "cpu_attn.h"
 
