@@ -13,13 +13,15 @@
  *     f16, bf16 caches: the bf16 q and cache path of v4 uses vdpbf16ps), the
  *     runtime-D path (D = 40, Dv = 24) and GQA 1, 4, 8 and 16 (more than one
  *     register block of heads), with speculative decodes (2-4 query rows),
- *     sinks and a window; outputs are poisoned before each run.
+ *     sinks and a window; outputs are poisoned before each run; and a NaN in
+ *     one cached key (its GQA group's rows NaN, all other rows unchanged).
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "batchgen.h"
 #include "internal.h"
 #include "../src/attn/cpu/cpu_attn.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 static void test_isa_override(void)
@@ -107,10 +109,41 @@ static void test_dispatch(void)
     kva_test_batch_free(&b);
 }
 
+/* Mismatches of n dtype-dt values: NaN must meet NaN, the rest the tolerance. */
+static size_t compare_nan(const char *label, const void *got, const void *want, kva_dtype dt,
+                          size_t n)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double a = kva_test_get(got, dt, i), b = kva_test_get(want, dt, i);
+        const int ok = (isnan(a) && isnan(b)) || (isinf(b) && a == b) ||
+                       fabs(a - b) <= kva_test_atol(dt) + kva_test_rtol(dt) * fabs(b);
+        if (!ok && bad++ < 5)
+            fprintf(stderr, "  %s: element %zu: got %.8g, want %.8g\n", label, i, a, b);
+    }
+    return bad;
+}
+
+/* Writes NaN into element d of the K row of request 0's key j, kv head 0
+ * (NHD cache). */
+static void poison_key(kva_cache *cache, const kva_test_batch *b, int32_t Hkv, int32_t D,
+                       kva_dtype dt, int32_t j, int32_t d)
+{
+    void *k, *v;
+    kva_cache_data(cache, &k, &v);
+    const int64_t blk = b->block_table[j / b->block_size], off = j % b->block_size;
+    const size_t idx = (size_t)(((blk * b->block_size + off) * Hkv) * D + d);
+    if (dt == KVA_DTYPE_F32)
+        ((float *)k)[idx] = NAN;
+    else
+        ((uint16_t *)k)[idx] = dt == KVA_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
+}
+
 /* One decode batch of shape (H, Hkv, D, Dv, dtype) on variant v against the
- * reference. */
+ * reference; with nan_key, one key of request 0 holds a NaN (its rows of kv
+ * head 0 must come out NaN, everything else unchanged). */
 static void check_shape(int v, int32_t H, int32_t Hkv, int32_t D, int32_t Dv, kva_dtype dt,
-                        uint64_t seed)
+                        uint64_t seed, int nan_key)
 {
     kva_rng rng = {seed};
     enum { R = 4 };
@@ -127,6 +160,8 @@ static void check_shape(int v, int32_t H, int32_t Hkv, int32_t D, int32_t Dv, kv
     CHECK_OK(kva_context_create(&cd, &cpu));
     kva_cache *cache = NULL;
     CHECK_OK(kva_test_batch_cache(&b, cpu, &rng, Hkv, D, Dv, dt, KVA_LAYOUT_NHD, &cache));
+    if (cache && nan_key)
+        poison_key(cache, &b, Hkv, D, dt, b.seq_lens[0] - 3, D - 1); /* inside the window */
     kva_plan_desc pd = kva_test_batch_plan_desc(&b, H, Hkv, D, Dv, dt);
     const int variant_case = (int)(seed % 3);
     if (variant_case == 1)
@@ -159,11 +194,17 @@ static void check_shape(int v, int32_t H, int32_t Hkv, int32_t D, int32_t Dv, kv
         char label[96];
         snprintf(label, sizeof label, "v%d H=%d Hkv=%d D=%d Dv=%d %s case %d", v, (int)H, (int)Hkv,
                  (int)D, (int)Dv, kva_dtype_name(dt), variant_case);
-        const size_t bad =
-            kva_test_compare(label, o_cpu, o_ref, dt, no, kva_test_atol(dt), kva_test_rtol(dt)) +
-            kva_test_compare_f32(label, l_cpu, l_ref, nl, kva_test_atol(KVA_DTYPE_F32),
-                                 kva_test_rtol(KVA_DTYPE_F32));
-        CHECK_MSG(bad == 0, "%s: %zu mismatches", label, bad);
+        const size_t bad = compare_nan(label, o_cpu, o_ref, dt, no) +
+                           compare_nan(label, l_cpu, l_ref, KVA_DTYPE_F32, nl);
+        CHECK_MSG(bad == 0, "%s%s: %zu mismatches", label, nan_key ? " (NaN key)" : "", bad);
+        if (nan_key) {
+            /* Request 0 is a decode: its token's heads 0 .. G-1 (kv head 0) are NaN. */
+            size_t nan_rows = 0;
+            for (size_t i = 0; i < nl; i++)
+                nan_rows += isnan(l_cpu[i]) != 0;
+            CHECK_MSG(nan_rows == (size_t)(H / Hkv), "%s: %zu NaN rows, want %d", label, nan_rows,
+                      (int)(H / Hkv));
+        }
     }
     kva_plan_destroy(pref);
     kva_plan_destroy(pcpu);
@@ -192,8 +233,13 @@ static void test_variant_shapes(void)
             for (int gi = 0; gi < 4; gi++)
                 for (int ti = 0; ti < 3; ti++) {
                     const int32_t Hkv = gi == 3 ? 1 : 2;
-                    check_shape(v, Hkv * gqa[gi], Hkv, dims[di][0], dims[di][1], dts[ti], seed++);
+                    check_shape(v, Hkv * gqa[gi], Hkv, dims[di][0], dims[di][1], dts[ti], seed++,
+                                0);
                 }
+        /* A NaN key, each row format and the bf16-dot path. */
+        for (int ti = 0; ti < 3; ti++)
+            for (int gi = 1; gi < 3; gi++)
+                check_shape(v, 2 * gqa[gi], 2, 128, 128, dts[ti], seed++, 1);
     }
 }
 
