@@ -14,7 +14,8 @@
  *     runtime-D path (D = 40, Dv = 24) and GQA 1, 4, 8 and 16 (more than one
  *     register block of heads), with speculative decodes (2-4 query rows),
  *     sinks and a window; outputs are poisoned before each run; and a NaN in
- *     one cached key (its GQA group's rows NaN, all other rows unchanged).
+ *     one cached key (its GQA group's rows NaN, all other rows unchanged);
+ *   - a plan built on a 1-thread context running on a 3-thread context.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "batchgen.h"
@@ -243,10 +244,72 @@ static void test_variant_shapes(void)
     }
 }
 
+/* A plan built on a 1-thread context runs on a 3-thread context whose
+ * workspace holds 3 scratch areas (reserved by its own plan): the run may use
+ * all 3 threads (each with its own scratch: ASan checks the bounds) and must
+ * match the reference. */
+static void test_plan_on_wider_context(void)
+{
+    kva_rng rng = {4711};
+    enum { R = 6 };
+    int32_t q[R], s[R];
+    for (int r = 0; r < R; r++) {
+        q[r] = 1;
+        s[r] = kva_rng_int(&rng, 100, 300);
+    }
+    kva_test_batch b;
+    kva_test_batch_init(&b, &rng, R, q, s, 16, 2, 0);
+    const int32_t H = 8, Hkv = 2, D = 64;
+    const kva_dtype dt = KVA_DTYPE_F32;
+    kva_context_desc rd = {KVA_BACKEND_REF, 1, 0}, c1d = {KVA_BACKEND_CPU, 1, 0},
+                     c3d = {KVA_BACKEND_CPU, 3, 0};
+    kva_context *ref = NULL, *c1 = NULL, *c3 = NULL;
+    CHECK_OK(kva_context_create(&rd, &ref));
+    CHECK_OK(kva_context_create(&c1d, &c1));
+    CHECK_OK(kva_context_create(&c3d, &c3));
+    kva_cache *cache = NULL;
+    CHECK_OK(kva_test_batch_cache(&b, c1, &rng, Hkv, D, D, dt, KVA_LAYOUT_NHD, &cache));
+    kva_plan_desc pd = kva_test_batch_plan_desc(&b, H, Hkv, D, D, dt);
+    kva_plan *pref = NULL, *p1 = NULL, *p3 = NULL;
+    CHECK_OK(kva_plan_create(ref, &pd, &pref));
+    CHECK_OK(kva_plan_create(c1, &pd, &p1));
+    CHECK_OK(kva_plan_create(c3, &pd, &p3));
+    const size_t no = (size_t)b.T * H * D, nl = (size_t)b.T * H;
+    float *qv = malloc(no * sizeof(float)), *o_ref = malloc(no * sizeof(float)),
+          *o = malloc(no * sizeof(float)), *l_ref = malloc(nl * sizeof(float)),
+          *l = malloc(nl * sizeof(float));
+    kva_test_fill_uniform(qv, dt, no, &rng);
+    kva_test_poison(o, dt, no);
+    kva_test_poison(l, KVA_DTYPE_F32, nl);
+    if (pref && p1 && p3 && cache) {
+        CHECK(p1->part->params.num_threads == 1 && p1->part->num_items >= 3);
+        CHECK_OK(kva_attention_run(ref, pref, qv, cache, NULL, o_ref, l_ref));
+        CHECK_OK(kva_attention_run(c3, p1, qv, cache, NULL, o, l));
+        const size_t bad =
+            compare_nan("1-thread plan on 3 threads", o, o_ref, dt, no) +
+            compare_nan("1-thread plan on 3 threads (lse)", l, l_ref, KVA_DTYPE_F32, nl);
+        CHECK_MSG(bad == 0, "%zu mismatches", bad);
+    }
+    kva_plan_destroy(pref);
+    kva_plan_destroy(p1);
+    kva_plan_destroy(p3);
+    kva_cache_destroy(cache);
+    kva_context_destroy(ref);
+    kva_context_destroy(c1);
+    kva_context_destroy(c3);
+    kva_test_batch_free(&b);
+    free(qv);
+    free(o_ref);
+    free(o);
+    free(l_ref);
+    free(l);
+}
+
 int main(void)
 {
     RUN(test_isa_override);
     RUN(test_dispatch);
     RUN(test_variant_shapes);
+    RUN(test_plan_on_wider_context);
     return kva_test_finish();
 }
