@@ -25,15 +25,19 @@
  *   - partitions built with extreme parameters (tiny tiles, sliced GQA groups,
  *     one-key chunks, rows that see nothing in a chunk) and every kernel variant;
  *   - a long prefill next to many decodes (balance, num_work_items, results).
+ * All of it runs once per kernel variant the machine supports
+ * (KVA_CPU_VARIANT forces the variant at plan build).
  * Partition shapes are tested in test_cpu_partition.c, kva_merge_states in
  * test_cpu_merge.c, non-finite inputs in test_cpu_nonfinite.c. Output tolerances are
  * the harness's per q dtype; LSE (float32) uses the f32 tolerance.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "batchgen.h"
 #include "internal.h"
 #include "../src/attn/cpu/cpu_attn.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 /* One attention case. */
 typedef struct cfg {
@@ -653,7 +657,10 @@ static void test_custom_partitions(void)
         c.ragged = i % 4 == 1;
         c.seed = 9000 + (uint64_t)i;
         c.pp = &pp;
+        /* Cycle through the variants this machine runs (v1 always). */
         c.variant = 1 + i % kva__cpu_attn_num_variants();
+        if (!kva__cpu_attn_supported(c.variant))
+            c.variant = 1;
         run_case(&c);
     }
 }
@@ -698,13 +705,27 @@ static void test_prefill_plus_decodes(void)
 
 int main(void)
 {
-    RUN(test_grid);
-    RUN(test_grid_long);
-    RUN(test_split_kv);
-    RUN(test_split_features);
-    RUN(test_mqa_256);
-    RUN(test_empty_requests);
-    RUN(test_custom_partitions);
-    RUN(test_prefill_plus_decodes);
+    /* Every kernel variant the machine supports runs every test: the plans
+     * pick the variant up from KVA_CPU_VARIANT at plan build. */
+    for (int v = 1; v <= kva__cpu_attn_num_variants(); v++) {
+        if (!kva__cpu_attn_supported(v)) {
+            printf("variant %d (%s): not supported on this machine, skipped\n", v,
+                   kva__cpu_attn_variant_info(v)->name);
+            continue;
+        }
+        char buf[16];
+        snprintf(buf, sizeof buf, "%d", v);
+        setenv("KVA_CPU_VARIANT", buf, 1);
+        printf("== variant %d (%s)\n", v, kva__cpu_attn_variant_info(v)->name);
+        RUN(test_grid);
+        RUN(test_grid_long);
+        RUN(test_split_kv);
+        RUN(test_split_features);
+        RUN(test_mqa_256);
+        RUN(test_empty_requests);
+        RUN(test_custom_partitions);
+        RUN(test_prefill_plus_decodes);
+    }
+    unsetenv("KVA_CPU_VARIANT");
     return kva_test_finish();
 }

@@ -18,11 +18,13 @@
  *     the sink, or lse -inf (the empty row) without one.
  * kva_merge_states with garbage rows on -inf sides is in test_cpu_merge.c.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "batchgen.h"
 #include "internal.h"
 #include "../src/attn/cpu/cpu_attn.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 /* |a - b| <= atol + rtol |b|, or both NaN, or the same infinity. */
 static size_t compare_nf(const char *label, const float *got, const float *want, size_t n)
@@ -264,9 +266,19 @@ static void test_neg_inf_rows(void)
 
 int main(void)
 {
-    RUN(test_nan_key);
-    RUN(test_nan_q_and_v);
-    RUN(test_neg_inf_chunks);
-    RUN(test_neg_inf_rows);
+    /* Every kernel variant the machine supports (forced at plan build). */
+    for (int v = 1; v <= kva__cpu_attn_num_variants(); v++) {
+        if (!kva__cpu_attn_supported(v))
+            continue;
+        char buf[16];
+        snprintf(buf, sizeof buf, "%d", v);
+        setenv("KVA_CPU_VARIANT", buf, 1);
+        printf("== variant %d (%s)\n", v, kva__cpu_attn_variant_info(v)->name);
+        RUN(test_nan_key);
+        RUN(test_nan_q_and_v);
+        RUN(test_neg_inf_chunks);
+        RUN(test_neg_inf_rows);
+    }
+    unsetenv("KVA_CPU_VARIANT");
     return kva_test_finish();
 }

@@ -8,8 +8,10 @@
  * tables, as a block pool hands them out), then kva_attention_run (or
  * kva_attention_run_ragged with --ragged, which reads packed K/V, no cache).
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "bench.h"
 #include "cli.h"
+#include "../src/attn/cpu/cpu_attn.h" /* kva__cpu_attn_supported: --variant */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +61,8 @@ void kva_cli_usage_bench(void)
            "run:\n"
            "  --backend ref|cpu    backend to time               [cpu]\n"
            "  --threads N          CPU threads, 0 = all cores    [0]\n"
+           "  --variant N          CPU kernel variant for every item (sets KVA_CPU_VARIANT;\n"
+           "                       `kvattn info` lists them), 0 = dispatcher's choice [0]\n"
            "  --iters N            timed runs, 0 = about %.0f s worth (%d..%d) [0]\n"
            "  --warmup N           untimed runs before timing    [2]\n"
            "  --seed N             random data seed              [1234]\n"
@@ -82,7 +86,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
         "--mode",     "--batch",      "--context",    "--q-len",   "--heads",  "--kv-heads",
         "--head-dim", "--head-dim-v", "--block-size", "--dtype",   "--layout", "--causal",
         "--window",   "--softcap",    "--backend",    "--threads", "--iters",  "--warmup",
-        "--seed",     "--json",       "--kv-quant"};
+        "--seed",     "--json",       "--kv-quant",   "--variant"};
     const int32_t BIG = 1 << 24;
     bench_opts_init(o);
     for (int i = 1; i < argc; i++) {
@@ -163,7 +167,17 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
             ok = kva_cli_parse_i32(f, val, 0, 1000000, &o->warmup);
         else if (!strcmp(f, "--seed"))
             ok = kva_cli_parse_u64(f, val, &o->seed);
-        else if (!strcmp(f, "--json")) {
+        else if (!strcmp(f, "--variant")) {
+            int32_t v = 0;
+            ok = kva_cli_parse_i32(f, val, 0, kva__cpu_attn_num_variants(), &v);
+            if (ok && v > 0 && !kva__cpu_attn_supported(v)) {
+                fprintf(stderr, "kvattn: --variant %d (%s) needs an ISA this machine lacks\n",
+                        (int)v, kva__cpu_attn_variant_info(v)->name);
+                ok = 0;
+            }
+            if (ok && v > 0)
+                setenv("KVA_CPU_VARIANT", val, 1);
+        } else if (!strcmp(f, "--json")) {
             o->json = val;
             if (!*val) {
                 fprintf(stderr, "kvattn: --json: empty file name\n");

@@ -1,6 +1,7 @@
 /* cmd_info.c - `kvattn info`: what this build of kvattn can run on this machine. */
 #include "cli.h"
-#include "internal.h" /* kva__cpu_isa_string, kva__cuda_device_count */
+#include "internal.h"                 /* kva__cpu_isa_string, kva__cuda_device_count */
+#include "../src/attn/cpu/cpu_attn.h" /* the CPU kernel variants */
 
 #include <stdio.h>
 #include <string.h>
@@ -32,6 +33,11 @@ int kva_cli_info(int argc, char **argv)
                kva_backend_available((kva_backend)b) ? "available" : "unavailable");
     printf("\n");
     printf("%-14s %s\n", "cpu isa", kva__cpu_isa_string());
+    printf("%-14s %s (KVA_CPU_ISA lowers it)\n", "cpu kernels",
+           kva__cpu_isa_name(kva__cpu_isa_level()));
+    for (int v = 1; v <= kva__cpu_attn_num_variants(); v++)
+        printf("%-14s %d: %s%s\n", "", v, kva__cpu_attn_variant_info(v)->name,
+               kva__cpu_attn_supported(v) ? "" : " (not supported here)");
 
     /* A default context (CPU backend, all cores) reports the thread count. */
     kva_context *ctx = NULL;

@@ -16,6 +16,10 @@
  *
  * Writing tokens lives in cache_write.c, block copies in cache_copy.c.
  */
+#if defined(__linux__)
+#define _DEFAULT_SOURCE /* madvise */
+#include <sys/mman.h>
+#endif
 #include "internal.h"
 
 #include <stdlib.h>
@@ -146,13 +150,24 @@ static kva_status new_handle(const char *fn, kva_context *ctx, const kva_cache_d
     return KVA_STATUS_OK;
 }
 
-/* Host memory for one of K/V: 64-byte aligned (SIMD loads), size rounded up. */
+/* Host memory for one of K/V: 64-byte aligned (SIMD loads), size rounded up.
+ * Caches of 2 MiB or more are 2 MiB aligned and asked to be backed by huge
+ * pages (Linux THP in madvise mode): attention reads a few rows of every
+ * 4 KiB page of a block (one kv head's rows, Hkv * D elements apart), so with
+ * 4 KiB pages nearly every other key is a TLB miss. */
 static void *alloc_host(uint64_t bytes)
 {
-    uint64_t rounded = (bytes + 63u) & ~(uint64_t)63u;
+    const uint64_t huge = (uint64_t)2 << 20;
+    uint64_t align = bytes >= huge ? huge : 64u;
+    uint64_t rounded = (bytes + align - 1) & ~(align - 1);
     if (rounded < bytes || rounded > (uint64_t)PTRDIFF_MAX)
         return NULL;
-    return aligned_alloc(64, (size_t)rounded);
+    void *p = aligned_alloc((size_t)align, (size_t)rounded);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (p && align == huge)
+        (void)madvise(p, (size_t)rounded, MADV_HUGEPAGE); /* a hint: failure is harmless */
+#endif
+    return p;
 }
 
 /* The body of kva_cache_create(_quant): validates desc and params, then

@@ -13,6 +13,7 @@
 #include "internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
@@ -64,6 +65,13 @@ static void detect_x86(kva__cpu_features *f)
         f->avx512f = (b >> 16) & 1;
         f->avx512bw = f->avx512f && ((b >> 30) & 1);
         f->avx512vl = f->avx512f && ((b >> 31) & 1);
+        f->avx512dq = f->avx512f && ((b >> 17) & 1);
+        f->avx512vnni = f->avx512f && ((c >> 11) & 1);
+        /* Leaf 7 subleaf 1 EAX bit 5: AVX512_BF16 (subleaf 1 exists when
+         * subleaf 0 EAX, the highest subleaf, is at least 1). */
+        unsigned max_sub = a, a1, b1, c1, d1;
+        if (f->avx512f && max_sub >= 1 && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1))
+            f->avx512bf16 = (a1 >> 5) & 1;
     }
 }
 
@@ -84,15 +92,22 @@ void kva__cpu_features_get(kva__cpu_features *out)
 const char *kva__cpu_isa_string(void)
 {
     /* Per-thread buffer, rebuilt on every call: long enough for every name. */
-    static _Thread_local char buf[96];
+    static _Thread_local char buf[160];
     kva__cpu_features f;
     kva__cpu_features_get(&f);
     const struct {
         int on;
         const char *name;
     } names[] = {
-        {f.avx2, "avx2"},       {f.fma, "fma"},           {f.f16c, "f16c"},
-        {f.avx512f, "avx512f"}, {f.avx512bw, "avx512bw"}, {f.avx512vl, "avx512vl"},
+        {f.avx2, "avx2"},
+        {f.fma, "fma"},
+        {f.f16c, "f16c"},
+        {f.avx512f, "avx512f"},
+        {f.avx512bw, "avx512bw"},
+        {f.avx512vl, "avx512vl"},
+        {f.avx512dq, "avx512dq"},
+        {f.avx512bf16, "avx512bf16"},
+        {f.avx512vnni, "avx512vnni"},
         {f.neon, "neon"},
     };
     size_t len = 0;
@@ -108,4 +123,33 @@ const char *kva__cpu_isa_string(void)
     if (len == 0)
         snprintf(buf, sizeof buf, "none");
     return buf;
+}
+
+static const char *const isa_names[] = {"portable", "avx2", "avx512", "avx512bf16"};
+
+const char *kva__cpu_isa_name(kva__cpu_isa isa)
+{
+    return (unsigned)isa < sizeof isa_names / sizeof isa_names[0] ? isa_names[isa] : "invalid";
+}
+
+kva__cpu_isa kva__cpu_isa_level(void)
+{
+    kva__cpu_features f;
+    kva__cpu_features_get(&f);
+    kva__cpu_isa level = KVA__ISA_PORTABLE;
+    if (f.avx2 && f.fma && f.f16c) {
+        level = KVA__ISA_AVX2;
+        if (f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq) {
+            level = KVA__ISA_AVX512;
+            if (f.avx512bf16)
+                level = KVA__ISA_AVX512BF16;
+        }
+    }
+    const char *env = getenv("KVA_CPU_ISA");
+    if (env && *env) {
+        for (int i = 0; i < (int)(sizeof isa_names / sizeof isa_names[0]); i++)
+            if (strcmp(env, isa_names[i]) == 0 && (kva__cpu_isa)i < level)
+                level = (kva__cpu_isa)i;
+    }
+    return level;
 }

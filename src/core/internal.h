@@ -83,12 +83,28 @@ int kva__head_dim_ok(int32_t d);
 
 typedef struct kva__cpu_features {
     int avx2, fma, f16c; /* x86-64 */
-    int avx512f, avx512bw, avx512vl;
-    int neon; /* AArch64 */
+    int avx512f, avx512bw, avx512vl, avx512dq;
+    int avx512bf16, avx512vnni; /* vdpbf16ps / vpdpbusd (with AVX-512 F) */
+    int neon;                   /* AArch64 */
 } kva__cpu_features;
 
 /* Detects the running CPU's vector ISA (cpuid + xgetbv on x86-64). */
 void kva__cpu_features_get(kva__cpu_features *out);
+
+/* Kernel ISA levels of the CPU backend, in increasing order. */
+typedef enum kva__cpu_isa {
+    KVA__ISA_PORTABLE = 0,  /* plain C */
+    KVA__ISA_AVX2 = 1,      /* AVX2 + FMA + F16C */
+    KVA__ISA_AVX512 = 2,    /* AVX-512 F/BW/VL/DQ (+ AVX2, FMA, F16C) */
+    KVA__ISA_AVX512BF16 = 3 /* AVX-512 plus AVX512_BF16 */
+} kva__cpu_isa;
+
+/* The highest ISA level kernels may use: what the CPU and OS support, lowered
+ * by the environment variable KVA_CPU_ISA=portable|avx2|avx512|avx512bf16 (an
+ * override never raises the level above the detected one; other values are
+ * ignored). Read at plan time, so tests and benchmarks can force each path. */
+kva__cpu_isa kva__cpu_isa_level(void);
+const char *kva__cpu_isa_name(kva__cpu_isa isa);
 /* Space-separated names of the detected features, e.g. "avx2 fma f16c"; "none" if none. */
 const char *kva__cpu_isa_string(void);
 

@@ -65,8 +65,11 @@ struct kva__partition {
     kva__split_task *tasks; /* [num_tasks] */
     int64_t partial_floats; /* workspace floats the split partials need (at offset 0) */
     int64_t total_cost;     /* sum of the items' costs */
-    int32_t variant;        /* kernel variant the backend runs (1-based; set by the backend's
-                               plan_build, tests may override it to compare variants) */
+    /* Kernel variants the backend runs (1-based), set by its plan_build:
+     * variant_decode for decode-shaped items, variant_prefill for prefill
+     * tiles; variant, when nonzero, forces one variant for every item (tests
+     * and benchmarks compare variants with it). See src/attn/cpu/cpu_attn.h. */
+    int32_t variant, variant_decode, variant_prefill;
 };
 
 /* Builds the partition of a plan whose metadata (query_start_loc, seq_lens,

@@ -39,13 +39,15 @@
  * inline kva__cpu_load_row. 1 thread, decode 4 x 4096 keys, best of 11:
  * softcap 30: 29.3 -> 24.5 ms; bf16, f16, f32 and a 512-token prefill
  * unchanged within noise (20.0, 48-49, 22, 110-113 ms).
+ * Chunk location, prefetch, the query tile and the final store live in
+ * cpu_item.c, shared with the SIMD variants (v2 AVX2, v3 AVX-512), for which
+ * this file is the portable fallback.
  * Tried and dropped: compiler target_clones (AVX2, x86-64-v4) of this kernel
  * ran at half speed; four dot products per q load (dot8x4) ran slower (8
  * GFLOP/s single thread) with GCC 12. The next step is hand-written AVX2 and
  * AVX-512 kernels with runtime dispatch (kva__cpu_attn_variant).
  */
 #include "cpu_attn.h"
-#include "cpu_dequant.h"
 
 #include <math.h>
 
@@ -75,101 +77,14 @@ static inline void axpy1(float *restrict acc, float p, const float *restrict v, 
         acc[d] += p * v[d];
 }
 
-/* Byte pointers of the K and V rows of one chunk of keys, and the per-token
- * key scales of an INT8_TOKEN_K cache. */
-typedef struct chunk_rows {
-    const unsigned char *k[KVA_CPU_KEY_CHUNK];
-    const unsigned char *v[KVA_CPU_KEY_CHUNK];
-    const float *ks[KVA_CPU_KEY_CHUNK];
-} chunk_rows;
-
-/*
- * Locates the rows of keys c0 .. c0+n-1 of request r, kv head kvh: for the
- * paged cache the block id is read once per block, then the block's rows are
- * a fixed stride apart; ragged rows are kv_start[r] + j.
- */
-static void locate_chunk(const kva__cpu_run *run, int32_t r, int32_t kvh, int32_t c0, int32_t n,
-                         chunk_rows *cr)
-{
-    const kva_plan *plan = run->plan;
-    const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
-    const size_t esz = kva_dtype_size(run->kv_dt);
-    if (run->cache) {
-        const kva_cache_desc *cd = &run->cache->desc;
-        /* K and V elements differ in size only for INT8_TOKEN_K_V16. */
-        const size_t vesz = run->cache->v_elem;
-        const float *tsc = run->cache->k_token_scale; /* [NB, Hkv, B] or NULL */
-        const int32_t B = cd->block_size;
-        const int32_t *bt = plan->block_table + (int64_t)r * plan->d.block_table_stride;
-        /* Bytes between the rows of consecutive tokens of one block. */
-        const size_t kstep =
-            (cd->layout == KVA_LAYOUT_NHD ? (size_t)cd->num_kv_heads : 1) * D * esz;
-        const size_t vstep =
-            (cd->layout == KVA_LAYOUT_NHD ? (size_t)cd->num_kv_heads : 1) * Dv * vesz;
-        const unsigned char *kbase = run->cache->k, *vbase = run->cache->v;
-        int32_t j = c0;
-        while (j < c0 + n) {
-            int32_t blk = bt[j / B], off = j % B;
-            int32_t cnt = B - off < c0 + n - j ? B - off : c0 + n - j;
-            const unsigned char *kp = kbase + (size_t)kva__cache_row(cd, blk, off, kvh, D) * esz;
-            const unsigned char *vp = vbase + (size_t)kva__cache_row(cd, blk, off, kvh, Dv) * vesz;
-            for (int32_t t = 0; t < cnt; t++) {
-                cr->k[j - c0 + t] = kp + (size_t)t * kstep;
-                cr->v[j - c0 + t] = vp + (size_t)t * vstep;
-            }
-            if (tsc) {
-                const float *ts = tsc + kva__token_scale_index(cd, blk, off, kvh);
-                for (int32_t t = 0; t < cnt; t++)
-                    cr->ks[j - c0 + t] = ts + t;
-            }
-            j += cnt;
-        }
-    } else {
-        const int32_t Hkv = plan->d.num_kv_heads;
-        const int64_t row0 = plan->kv_start[r] + c0;
-        const unsigned char *kb = run->k, *vb = run->v;
-        for (int32_t t = 0; t < n; t++) {
-            cr->k[t] = kb + (size_t)(((row0 + t) * Hkv + kvh) * D) * esz;
-            cr->v[t] = vb + (size_t)(((row0 + t) * Hkv + kvh) * Dv) * esz;
-        }
-    }
-}
-
-/* Asks for the n rows of a chunk to be brought into the cache while the
- * current chunk computes: rows of a paged cache are scattered (NHD rows of
- * one kv head are Hkv*D elements apart, blocks are anywhere), which the
- * hardware prefetchers do not follow. */
-static void prefetch_chunk(const chunk_rows *cr, int32_t n, size_t kbytes, size_t vbytes)
-{
-#if defined(__GNUC__)
-    for (int32_t t = 0; t < n; t++) {
-        for (size_t b = 0; b < kbytes; b += 64)
-            __builtin_prefetch(cr->k[t] + b, 0, 1);
-        for (size_t b = 0; b < vbytes; b += 64)
-            __builtin_prefetch(cr->v[t] + b, 0, 1);
-    }
-#else
-    (void)cr;
-    (void)n;
-    (void)kbytes;
-    (void)vbytes;
-#endif
-}
-
 /* Points s->kp/vp [n] at fp32 rows of the chunk, converting f16/bf16 rows
- * into kbuf/vbuf (once for all heads of the group); rows of a quantized
- * cache are dequantized into kbuf/vbuf by kva__cpu_dequant_chunk with the
- * scales of kv head kvh. */
-static void load_chunk(const kva__cpu_run *run, const chunk_rows *cr, int32_t n, int32_t kvh,
-                       kva__cpu_scratch *s)
+ * into kbuf/vbuf (once for all heads of the group). */
+static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, int32_t n,
+                       int32_t kvh, kva__cpu_scratch *s)
 {
     const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
     if (run->quant) {
-        kva__cpu_dequant_chunk(run, kvh, n, cr->k, cr->ks, cr->v, s->kbuf, s->vbuf);
-        for (int32_t t = 0; t < n; t++) {
-            s->kp[t] = s->kbuf + (size_t)t * D;
-            s->vp[t] = s->vbuf + (size_t)t * Dv;
-        }
+        kva__cpu_load_chunk_dequant(run, cr, n, kvh, s);
         return;
     }
     if (run->kv_dt == KVA_DTYPE_F32) {
@@ -268,53 +183,26 @@ static inline void update_row(const kva__cpu_run *run, kva__cpu_scratch *s, int3
 void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
 {
     const kva_plan *plan = run->plan;
-    const kva_plan_desc *d = &plan->d;
-    const int32_t H = d->num_heads, D = d->head_dim, Dv = d->head_dim_v;
-    const int32_t G = H / d->num_kv_heads;
+    const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
     const int32_t r = it->req, nq = it->nq, nh = it->nh;
-    const int32_t hbase = it->kv_head * G + it->h0;
-    const int32_t tok0 = plan->query_start_loc[r] + it->i0;
-    const int32_t q_len = plan->query_start_loc[r + 1] - plan->query_start_loc[r];
-    const int32_t seq = plan->seq_lens[r];
-    const int32_t M = nq * nh;
-    const size_t esz = kva_dtype_size(run->dt);
-
-    /* Query tile [M, D], row m = ii * nh + hh is token tok0 + ii, head hbase + hh
-     * (the heads of one token are consecutive in q, so the tile is too). */
-    for (int32_t ii = 0; ii < nq; ii++) {
-        const unsigned char *src =
-            (const unsigned char *)run->q + (size_t)(((int64_t)(tok0 + ii) * H + hbase) * D) * esz;
-        float *dst = s->q + (size_t)ii * nh * D;
-        kva__cpu_load_row(dst, src, run->dt, nh * D);
-        for (int32_t x = 0; x < nh * D; x++)
-            dst[x] *= d->scale;
-        int32_t lo, hi;
-        kva__row_keys(d, seq, q_len, it->i0 + ii, &lo, &hi);
-        s->lo[ii] = lo > it->k0 ? lo : it->k0;
-        s->hi[ii] = hi < it->k1 ? hi : it->k1;
-    }
-    for (int32_t m = 0; m < M; m++) {
-        s->mx[m] = -INFINITY;
-        s->sum[m] = 0.0f;
-    }
-    memset(s->acc, 0, (size_t)M * Dv * sizeof(float));
+    kva__cpu_item_geom g;
+    kva__cpu_item_begin(run, it, s, &g);
 
     /* Rows of the current and of the next chunk (prefetched one chunk ahead). */
-    chunk_rows rows[2];
+    kva__cpu_chunk_rows rows[2];
     const size_t kv_esz = kva_dtype_size(run->kv_dt);
-    const size_t kbytes = (size_t)D * kv_esz,
-                 vbytes = (size_t)Dv * (run->cache ? run->cache->v_elem : kv_esz);
+    const size_t kbytes = (size_t)D * kv_esz, vbytes = (size_t)Dv * kv_esz;
     int cur = 0;
     if (it->k0 < it->k1)
-        locate_chunk(run, r, it->kv_head, it->k0,
-                     it->k1 - it->k0 < KVA_CPU_KEY_CHUNK ? it->k1 - it->k0 : KVA_CPU_KEY_CHUNK,
-                     &rows[0]);
+        kva__cpu_locate_chunk(
+            run, r, it->kv_head, it->k0,
+            it->k1 - it->k0 < KVA_CPU_KEY_CHUNK ? it->k1 - it->k0 : KVA_CPU_KEY_CHUNK, &rows[0]);
     for (int32_t c0 = it->k0; c0 < it->k1; c0 += KVA_CPU_KEY_CHUNK) {
         const int32_t c1 = c0 + KVA_CPU_KEY_CHUNK < it->k1 ? c0 + KVA_CPU_KEY_CHUNK : it->k1;
         if (c1 < it->k1) {
             const int32_t n2 = it->k1 - c1 < KVA_CPU_KEY_CHUNK ? it->k1 - c1 : KVA_CPU_KEY_CHUNK;
-            locate_chunk(run, r, it->kv_head, c1, n2, &rows[cur ^ 1]);
-            prefetch_chunk(&rows[cur ^ 1], n2, kbytes, vbytes);
+            kva__cpu_locate_chunk(run, r, it->kv_head, c1, n2, &rows[cur ^ 1]);
+            kva__cpu_prefetch_chunk(&rows[cur ^ 1], n2, kbytes, vbytes);
         }
         load_chunk(run, &rows[cur], c1 - c0, it->kv_head, s);
         cur ^= 1;
@@ -323,56 +211,10 @@ void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it, kva__cp
             const int32_t e = s->hi[ii] < c1 ? s->hi[ii] : c1;
             if (a >= e)
                 continue;
-            const int32_t pos = seq - q_len + it->i0 + ii;
+            const int32_t pos = g.seq - g.q_len + it->i0 + ii;
             for (int32_t hh = 0; hh < nh; hh++)
-                update_row(run, s, ii * nh + hh, hbase + hh, pos, c0, a, e);
+                update_row(run, s, ii * nh + hh, g.hbase + hh, pos, c0, a, e);
         }
     }
-
-    if (it->task >= 0) {
-        /* Partial of chunk it->split: out [M, Dv] normalized over the chunk, then lse [M]. */
-        const kva__split_task *t = &run->part->tasks[it->task];
-        float *po = run->partials + t->ws_off + (int64_t)it->split * M * (Dv + 1);
-        float *pl = po + (size_t)M * Dv;
-        for (int32_t m = 0; m < M; m++) {
-            /* sum is exactly 0 only for a row that saw no key of weight > 0 in
-             * this chunk; a NaN sum stays NaN in out and lse. */
-            const float l = s->sum[m];
-            const float f = l == 0.0f ? 0.0f : 1.0f / l;
-            const float *acc = s->acc + (size_t)m * Dv;
-            float *o = po + (size_t)m * Dv;
-            for (int32_t x = 0; x < Dv; x++)
-                o[x] = acc[x] * f;
-            pl[m] = l == 0.0f ? -INFINITY : s->mx[m] + logf(l);
-        }
-        return;
-    }
-
-    /* Final rows: the sink joins the denominator only. */
-    for (int32_t m = 0; m < M; m++) {
-        const int32_t ii = m / nh, h = hbase + m % nh;
-        const float mx = s->mx[m], l = s->sum[m];
-        float f, lse;
-        if (run->sinks) {
-            const float sink = run->sinks[h];
-            const float top = kva__cpu_max_nan(mx, sink);
-            const float wk = l == 0.0f ? 0.0f : expf(mx - top);
-            const float den = l * wk + expf(sink - top);
-            f = wk / den;
-            lse = top + logf(den);
-        } else if (l == 0.0f) {
-            f = 0.0f;
-            lse = -INFINITY;
-        } else {
-            f = 1.0f / l;
-            lse = mx + logf(l);
-        }
-        float *acc = s->acc + (size_t)m * Dv;
-        for (int32_t x = 0; x < Dv; x++)
-            acc[x] *= f;
-        const int64_t row = (int64_t)(tok0 + ii) * H + h;
-        kva__cpu_store_row((unsigned char *)run->out + (size_t)(row * Dv) * esz, run->dt, acc, Dv);
-        if (run->lse)
-            run->lse[row] = lse;
-    }
+    kva__cpu_item_finish(run, it, s, &g);
 }

@@ -4,7 +4,9 @@
  * A run executes the plan's work items (src/plan/partition.h) on an OpenMP
  * team: each thread takes items from a dynamic schedule and runs a kernel
  * variant on it with its own scratch area, then the team merges the partial
- * results of split items. All memory a run touches besides its arguments is
+ * results of split items. The team has the running context's thread count,
+ * capped by the scratch areas its workspace holds (plan_build reserves one
+ * per thread of the context that built the plan). All memory a run touches besides its arguments is
  * the context workspace, reserved by plan_build:
  *
  *   workspace = [ split partials: partial_floats fp32 ]
@@ -54,8 +56,13 @@ typedef struct kva__cpu_scratch {
     float *mx;        /* [max_rows] running max of the scores */
     float *sum;       /* [max_rows] running sum of exp(score - mx) */
     float *p;         /* [KEY_CHUNK] scores, then probabilities, of one row */
-    float *kbuf;      /* [KEY_CHUNK, D] keys converted to fp32 */
-    float *vbuf;      /* [KEY_CHUNK, Dv] values converted to fp32 */
+    float *pm;        /* [max_rows, KEY_CHUNK] probabilities of every row (SIMD variants) */
+    float *alpha;     /* [max_rows] rescale factor of each row's accumulators this chunk */
+    int32_t *live;    /* [max_rows] 1 if the row takes part in this chunk's P.V */
+    float *vs;        /* [8, 16, 16] per-(head, key) partial dot products (SIMD variants) */
+    float *kbuf;      /* [KEY_CHUNK, D] keys converted to fp32 (v1, v2) or copied in their
+                         storage format (v3, v4: at most 4 bytes per element) */
+    float *vbuf;      /* [KEY_CHUNK, Dv] values, likewise */
     int32_t *lo;      /* [max_rows] first visible key of each query row of the tile */
     int32_t *hi;      /* [max_rows] one past the last visible key */
     const float **kp; /* [KEY_CHUNK] fp32 key rows of the chunk */
@@ -71,20 +78,94 @@ void kva__cpu_scratch_map(void *area, int32_t D, int32_t Dv, kva__cpu_scratch *s
 typedef void (*kva__cpu_attn_fn)(const kva__cpu_run *run, const kva__work_item *it,
                                  kva__cpu_scratch *s);
 
-/* Kernel variants (attn_v1.c, ...). */
-void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
+/* Kernel variants. Every variant computes ANY work item exactly like the
+ * reference (any nq, nh, masks, soft-cap, ALiBi, sinks, split partials,
+ * non-finite semantics); they differ in the ISA they need and the shapes they
+ * are fast for. Files named *_avx2.c / *_avx512.c are compiled with their ISA
+ * flags and only called after run-time detection (kva__cpu_isa_level). */
+void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it,
+                      kva__cpu_scratch *s); /* portable C (attn_v1.c) */
+void kva__cpu_attn_v2(const kva__cpu_run *run, const kva__work_item *it,
+                      kva__cpu_scratch *s); /* AVX2+FMA+F16C decode (attn_v2_avx2.c) */
+void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it,
+                      kva__cpu_scratch *s); /* AVX-512 decode (attn_v3_avx512.c) */
+void kva__cpu_attn_v4(const kva__cpu_run *run, const kva__work_item *it,
+                      kva__cpu_scratch *s); /* v3 + AVX512_BF16 scores (attn_v3_avx512.c) */
+
+/* One row of the variant table (cpu_ops.c). */
+typedef struct kva__cpu_variant {
+    const char *name;
+    kva__cpu_attn_fn fn;
+    kva__cpu_isa isa; /* lowest ISA level it needs */
+    int decode;       /* suited to decode-shaped items (few query rows x the GQA group) */
+    int prefill;      /* suited to prefill tiles (many query rows) */
+} kva__cpu_variant;
 
 /* Number of kernel variants, and variant v (1-based) or NULL. */
 int kva__cpu_attn_num_variants(void);
 kva__cpu_attn_fn kva__cpu_attn_variant(int v);
-/* The variant the dispatcher picks for a plan (1-based). */
-int kva__cpu_attn_choose(const kva_plan *plan);
+const kva__cpu_variant *kva__cpu_attn_variant_info(int v);
+/* 1 if variant v can run here (ISA level detected, lowered by KVA_CPU_ISA). */
+int kva__cpu_attn_supported(int v);
+
+/*
+ * Dispatch seam. A plan carries two variants, chosen once at plan build from
+ * the ISA level (kva__cpu_attn_choose): part->variant_decode runs the items
+ * with at most KVA_CPU_DECODE_MAX_NQ query rows (decodes, speculative
+ * decodes: the rows are the GQA group), part->variant_prefill the larger
+ * prefill tiles. part->variant, when nonzero, forces one variant for every
+ * item (tests, `kvattn bench --variant N`, the environment variable
+ * KVA_CPU_VARIANT=N read at plan build). A prefill tile variant registers in
+ * the table with prefill = 1 and is then picked for variant_prefill.
+ */
+#define KVA_CPU_DECODE_MAX_NQ 4
+void kva__cpu_attn_choose(const kva_plan *plan, int32_t *variant_decode, int32_t *variant_prefill);
 
 /* Partitions the plan with pp (replacing any partition it has, keeping its
  * kernel variant), records the workspace it needs and reserves it in ctx.
  * plan_build calls it with the defaults; tests call it with other parameters. */
 kva_status kva__cpu_plan_partition(kva_context *ctx, kva_plan *plan,
                                    const kva__partition_params *pp);
+
+/* ---- pieces shared by the variants (cpu_item.c) ---- */
+
+/* Byte pointers of the K and V rows of one chunk of keys, and the per-token
+ * key scales of an INT8_TOKEN_K cache (unset otherwise). */
+typedef struct kva__cpu_chunk_rows {
+    const unsigned char *k[KVA_CPU_KEY_CHUNK];
+    const unsigned char *v[KVA_CPU_KEY_CHUNK];
+    const float *ks[KVA_CPU_KEY_CHUNK];
+} kva__cpu_chunk_rows;
+
+/* Quantized caches: every variant's chunk loader dequantizes the chunk's n
+ * rows of kv head kvh into fp32 s->kbuf/vbuf through kva__cpu_dequant_chunk
+ * (cpu_dequant.h) and points s->kp/vp at them (rows n.. repeat row 0). */
+void kva__cpu_load_chunk_dequant(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, int32_t n,
+                                 int32_t kvh, kva__cpu_scratch *s);
+
+/* Locates the rows of keys c0 .. c0+n-1 of request r, kv head kvh (paged
+ * cache: block id read once per block; ragged: kv_start[r] + j). */
+void kva__cpu_locate_chunk(const kva__cpu_run *run, int32_t r, int32_t kvh, int32_t c0, int32_t n,
+                           kva__cpu_chunk_rows *cr);
+/* Prefetches the n rows of a chunk (kbytes / vbytes per K / V row). */
+void kva__cpu_prefetch_chunk(const kva__cpu_chunk_rows *cr, int32_t n, size_t kbytes,
+                             size_t vbytes);
+
+/* Where an item's rows live: row m = ii * nh + hh is token tok0 + ii, head hbase + hh. */
+typedef struct kva__cpu_item_geom {
+    int32_t hbase, tok0, q_len, seq, M;
+} kva__cpu_item_geom;
+
+/* Loads the item's query tile s->q [M, D] (fp32, scale folded in), each query
+ * row's visible keys s->lo/hi [nq] clipped to [k0, k1), and clears mx, sum,
+ * acc. */
+void kva__cpu_item_begin(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
+                         kva__cpu_item_geom *g);
+/* Stores the item's result: a split partial (out normalized over the chunk,
+ * lse without the sink) or the final out/lse rows (the sink joins the
+ * denominator). */
+void kva__cpu_item_finish(const kva__cpu_run *run, const kva__work_item *it,
+                          const kva__cpu_scratch *s, const kva__cpu_item_geom *g);
 
 /* Merges the partials of split task t into out/lse, adding the sink once (cpu_merge.c). */
 void kva__cpu_merge_task(const kva__cpu_run *run, const kva__split_task *t);

@@ -5,28 +5,74 @@
 #include "cpu_attn.h"
 #include "cpu_dequant.h"
 
+#include <stdlib.h>
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 /* ---- kernel variants ---- */
 
-static const kva__cpu_attn_fn variants[] = {kva__cpu_attn_v1};
+/* The variant table: numbered as the files; the dispatcher takes the last
+ * supported one suited to the shape, so a later variant must beat the
+ * earlier ones where it is allowed to run. */
+static const kva__cpu_variant variants[] = {
+    {"v1 portable C", kva__cpu_attn_v1, KVA__ISA_PORTABLE, 1, 1},
+#if defined(__x86_64__)
+    {"v2 avx2+fma+f16c", kva__cpu_attn_v2, KVA__ISA_AVX2, 1, 1},
+    {"v3 avx512", kva__cpu_attn_v3, KVA__ISA_AVX512, 1, 1},
+    {"v4 avx512+bf16 dot", kva__cpu_attn_v4, KVA__ISA_AVX512BF16, 1, 1},
+#endif
+};
 
 int kva__cpu_attn_num_variants(void)
 {
     return (int)(sizeof variants / sizeof variants[0]);
 }
 
-kva__cpu_attn_fn kva__cpu_attn_variant(int v)
+const kva__cpu_variant *kva__cpu_attn_variant_info(int v)
 {
-    return v >= 1 && v <= kva__cpu_attn_num_variants() ? variants[v - 1] : NULL;
+    return v >= 1 && v <= kva__cpu_attn_num_variants() ? &variants[v - 1] : NULL;
 }
 
-int kva__cpu_attn_choose(const kva_plan *plan)
+kva__cpu_attn_fn kva__cpu_attn_variant(int v)
+{
+    const kva__cpu_variant *info = kva__cpu_attn_variant_info(v);
+    return info ? info->fn : NULL;
+}
+
+int kva__cpu_attn_supported(int v)
+{
+    const kva__cpu_variant *info = kva__cpu_attn_variant_info(v);
+    return info && info->isa <= kva__cpu_isa_level();
+}
+
+void kva__cpu_attn_choose(const kva_plan *plan, int32_t *variant_decode, int32_t *variant_prefill)
 {
     (void)plan;
-    return 1;
+    const kva__cpu_isa level = kva__cpu_isa_level();
+    *variant_decode = 1;
+    *variant_prefill = 1;
+    for (int v = 1; v <= kva__cpu_attn_num_variants(); v++) {
+        if (variants[v - 1].isa > level)
+            continue;
+        if (variants[v - 1].decode)
+            *variant_decode = v;
+        if (variants[v - 1].prefill)
+            *variant_prefill = v;
+    }
+}
+
+/* KVA_CPU_VARIANT=N forces variant N for every item when the machine
+ * supports it (0 or unset: the dispatcher chooses). */
+static int32_t env_variant(void)
+{
+    const char *e = getenv("KVA_CPU_VARIANT");
+    if (!e || !*e)
+        return 0;
+    char *end = NULL;
+    long v = strtol(e, &end, 10);
+    return end && *end == '\0' && kva__cpu_attn_supported((int)v) ? (int32_t)v : 0;
 }
 
 /* ---- plan ---- */
@@ -42,7 +88,15 @@ kva_status kva__cpu_plan_partition(kva_context *ctx, kva_plan *plan,
 {
     kva__partition *part = NULL;
     KVA_TRY(kva__partition_build(plan, pp, &part));
-    part->variant = plan->part ? plan->part->variant : kva__cpu_attn_choose(plan);
+    if (plan->part) {
+        /* Re-partitioning keeps the variants (tests may have forced one). */
+        part->variant = plan->part->variant;
+        part->variant_decode = plan->part->variant_decode;
+        part->variant_prefill = plan->part->variant_prefill;
+    } else {
+        part->variant = env_variant();
+        kva__cpu_attn_choose(plan, &part->variant_decode, &part->variant_prefill);
+    }
     size_t bytes = 0;
     if (part->num_items > 0)
         bytes =
@@ -87,20 +141,26 @@ static void run_items(kva_context *ctx, kva__cpu_run *run)
     const kva__partition *part = run->part;
     const kva_plan *plan = run->plan;
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
-    kva__cpu_attn_fn fn = kva__cpu_attn_variant(part->variant);
-    if (!fn)
-        fn = kva__cpu_attn_v1;
-    /* Quantized caches need a kernel whose chunk loader calls
-     * kva__cpu_dequant_chunk; today that is variant 1 (a variant that does
-     * is added to this test when it is wired). */
-    if (run->quant && fn != kva__cpu_attn_v1)
-        fn = kva__cpu_attn_v1;
+    kva__cpu_attn_fn fn_decode =
+        kva__cpu_attn_variant(part->variant ? part->variant : part->variant_decode);
+    kva__cpu_attn_fn fn_prefill =
+        kva__cpu_attn_variant(part->variant ? part->variant : part->variant_prefill);
+    if (!fn_decode)
+        fn_decode = kva__cpu_attn_v1;
+    if (!fn_prefill)
+        fn_prefill = kva__cpu_attn_v1;
     run->partials = ctx->workspace;
     run->scratch = (unsigned char *)ctx->workspace + partial_bytes(part);
     run->scratch_stride = kva__cpu_scratch_bytes(D, Dv);
-    /* The workspace holds scratch for the plan's thread count. */
-    int nt =
-        ctx->num_threads < part->params.num_threads ? ctx->num_threads : part->params.num_threads;
+    /* Threads: the running context's, as far as its workspace holds scratch
+     * areas (a plan built on a context with fewer threads still runs on all
+     * of this one's cores when the workspace was reserved large enough). */
+    const size_t room = ctx->workspace_bytes > partial_bytes(part)
+                            ? (ctx->workspace_bytes - partial_bytes(part)) / run->scratch_stride
+                            : 0;
+    int nt = ctx->num_threads;
+    if ((size_t)nt > room)
+        nt = (int)room;
     if (nt > part->num_items)
         nt = part->num_items;
     if (nt < 1)
@@ -116,8 +176,10 @@ static void run_items(kva_context *ctx, kva__cpu_run *run)
         kva__cpu_scratch s;
         kva__cpu_scratch_map(run->scratch + (size_t)tid * run->scratch_stride, D, Dv, &s);
 #pragma omp for schedule(dynamic, 1)
-        for (int32_t i = 0; i < ni; i++)
-            fn(run, &part->items[i], &s);
+        for (int32_t i = 0; i < ni; i++) {
+            const kva__work_item *it = &part->items[i];
+            (it->nq <= KVA_CPU_DECODE_MAX_NQ ? fn_decode : fn_prefill)(run, it, &s);
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int32_t t = 0; t < nk; t++)
             kva__cpu_merge_task(run, &part->tasks[t]);

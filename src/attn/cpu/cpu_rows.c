@@ -39,7 +39,9 @@ size_t kva__cpu_scratch_bytes(int32_t D, int32_t Dv)
     return span(R * (size_t)D, sizeof(float)) + span(R * (size_t)Dv, sizeof(float)) +
            2 * span(R, sizeof(float)) + span(C, sizeof(float)) +
            span(C * (size_t)D, sizeof(float)) + span(C * (size_t)Dv, sizeof(float)) +
-           2 * span(R, sizeof(int32_t)) + 2 * span(C, sizeof(const float *));
+           2 * span(R, sizeof(int32_t)) + 2 * span(C, sizeof(const float *)) +
+           span(R * C, sizeof(float)) + span(R, sizeof(float)) + span(R, sizeof(int32_t)) +
+           span(8 * 16 * 16, sizeof(float));
 }
 
 void kva__cpu_scratch_map(void *area, int32_t D, int32_t Dv, kva__cpu_scratch *s)
@@ -67,4 +69,12 @@ void kva__cpu_scratch_map(void *area, int32_t D, int32_t Dv, kva__cpu_scratch *s
     s->kp = (const float **)p;
     p += span(C, sizeof(const float *));
     s->vp = (const float **)p;
+    p += span(C, sizeof(const float *));
+    s->pm = (float *)p;
+    p += span(R * C, sizeof(float));
+    s->alpha = (float *)p;
+    p += span(R, sizeof(float));
+    s->live = (int32_t *)p;
+    p += span(R, sizeof(int32_t));
+    s->vs = (float *)p;
 }

@@ -1,0 +1,552 @@
+/*
+ * attn_v3_avx512.c - CPU attention kernels, variants 3 and 4: AVX-512
+ * (F/BW/VL/DQ), GQA-packed online softmax for decode-shaped items; variant 4
+ * adds AVX512_BF16 scores.
+ *
+ * Same work item and semantics as v1 (attn_v1.c); what changes:
+ *   - load_chunk copies the chunk's K and V rows, in their storage format,
+ *     into the thread's scratch with one tight loop of 64-byte moves. It is
+ *     the one place that reads the storage layout: f32/f16/bf16 rows are
+ *     copied, any other storage dtype (a quantized cache) is converted to
+ *     fp32 there through kva__cpu_load_row. Copying first keeps many cache
+ *     misses in flight; reading the cache rows inside the compute loops was
+ *     2.7x slower from DRAM (1 thread, bf16, H=32 Hkv=8, 8 x 4096 keys:
+ *     50 -> 18 ms, best of 3 on the shared VM).
+ *   - Scores: keys are the outer loop; each K row is converted once into
+ *     registers (ld16: bf16 widen + shift, f16 vcvtph2ps) and serves up to 8
+ *     heads; the per-(head, key) 16-lane partial sums are reduced 16 keys at
+ *     a time by one 16x16 transpose-and-add (hsum16).
+ *   - Variant 4, bf16 q and cache: vdpbf16ps multiplies bf16 pairs exactly
+ *     and adds in fp32 (half the instructions, no conversion of K); the
+ *     softmax scale multiplies the scores instead of q.
+ *   - The softmax update runs on vectors of 16 scores: lanes outside the
+ *     row's visible keys are -inf, exp16 (degree-7 polynomial + vscalefps).
+ *   - P.V is register-blocked: up to 8 heads x 32 output dims in 16 zmm
+ *     accumulators while the V rows stream through, converted in registers
+ *     once per head block.
+ *   - Copies specialized for D = Dv = 64, 128, 256 and each row format;
+ *     other shapes take a runtime-D copy.
+ *
+ * Non-finite semantics are v1's: NaN scores do not enter the max and make
+ * the row's sum NaN; an all -inf chunk leaves a row untouched (it takes no
+ * part in the chunk's P.V, so 0 * inf in V cannot reach it); p = 0 keys
+ * inside the visible range are accumulated like v1 does.
+ *
+ * Measured (`kvattn bench`, bf16, H=32 Hkv=8 D=128, 16 x 4096 keys, shared
+ * 2-core Zen 4 VM, best of 3): 1 thread v1 77 ms, v3 35.5 ms, v4 34.5 ms;
+ * 2 threads v1 46 ms, v3 21.9 ms, v4 20.1 ms (13.3 GB/s). In L2 the g = 4
+ * kernel spends about 125 cycles per key and kv head: 16 vdpbf16ps + 32 FMAs
+ * + the chunk copy + the reductions; from DRAM about 220. Details and the
+ * arithmetic-intensity bound: docs/performance.md.
+ * Tried and dropped (A/B, best of 3, 1 thread, 8 x 4096 keys): spreading the
+ * next chunk's prefetches over the scores loop (10.5 -> 16.4 ms, slower);
+ * prefetcht0 instead of prefetcht2 (slower); prefetching every other line
+ * (16.5 -> 22 ms); prefetch distance 1, 4, 6 chunks instead of 2 (within
+ * noise); copying the next chunk in two slices between the phases of the
+ * current one, double-buffered (16.6 -> 16.3 ms at g = 4, none at g = 1:
+ * not worth the second buffer).
+ */
+#include "cpu_attn.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <math.h>
+
+#define AI static inline __attribute__((always_inline))
+
+/* e^x in fp32 for x <= 0 (the softmax's only inputs): x = n ln2 + r with
+ * |r| <= ln2/2 (two-part ln2), e^r by its degree-7 Taylor polynomial (error
+ * below 1e-8 relative, about one ulp in total), times 2^n by vscalefps, which
+ * flushes to 0 below the smallest subnormal; x = -inf gives 0, NaN stays NaN. */
+AI __m512 exp16(__m512 x)
+{
+    const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-110.0f)); /* NaN -> -110, fixed below */
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504089f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512 y = _mm512_scalef_ps(p, n);
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+
+/* Sums of 16 vectors: lane i of the result is the sum of the lanes of v[i]. */
+AI __m512 hsum16(const __m512 v[16])
+{
+    __m512 s[8], t[4], u[2];
+    for (int i = 0; i < 8; i++)
+        s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44),
+                             _mm512_shuffle_f32x4(v[i], v[i + 8], 0xee));
+    /* s[i]: 128-bit blocks 0,1 hold v[i] (8 partial sums), blocks 2,3 v[i+8]. */
+    for (int i = 0; i < 4; i++)
+        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s[i], s[i + 4], 0x88),
+                             _mm512_shuffle_f32x4(s[i], s[i + 4], 0xdd));
+    /* t[i]: blocks hold 4 partial sums of v[i], v[i+8], v[i+4], v[i+12]. */
+    for (int i = 0; i < 2; i++)
+        u[i] =
+            _mm512_add_ps(_mm512_unpacklo_ps(t[i], t[i + 2]), _mm512_unpackhi_ps(t[i], t[i + 2]));
+    const __m512 w = _mm512_add_ps(_mm512_unpacklo_ps(u[0], u[1]), _mm512_unpackhi_ps(u[0], u[1]));
+    /* w: block k lane j is the sum of t[j]'s block k: vectors 0-3, 8-11, 4-7, 12-15. */
+    return _mm512_shuffle_f32x4(w, w, 0xd8);
+}
+
+/* 16 elements [i, i+16) of a K/V row of dtype dt as fp32; lanes outside m are 0
+ * (only the masked lanes are read). This and load_chunk are the only places
+ * that know the row format. */
+AI __m512 ld16(const void *row, int32_t i, const kva_dtype dt, __mmask16 m)
+{
+    if (dt == KVA_DTYPE_F32)
+        return _mm512_maskz_loadu_ps(m, (const float *)row + i);
+    const __m256i h = m == 0xffff ? _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i))
+                                  : _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);
+    if (dt == KVA_DTYPE_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Lanes of the last 16-element vector of a row of n elements (n a multiple of 8). */
+#define TAIL16(n) ((n) % 16 ? (__mmask16)0x00ff : (__mmask16)0xffff)
+#define NVEC16(n) (((n) + 15) / 16)
+
+/*
+ * Scores of the nb (<= 8) rows m0.. (q tile rows of one query row) against
+ * the chunk's nk keys, into s->pm [m, KEY_CHUNK]. Keys are the outer loop:
+ * each key row is loaded and converted once into registers and serves the nb
+ * heads; the per-(head, key) 16-lane partial sums go to s->vs [8, 16, 16] and
+ * hsum16 turns 16 keys of a head into one vector of scores.
+ */
+AI void scores_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, int32_t nb,
+                    int32_t nk, const int32_t D, const kva_dtype kd)
+{
+    const int NV = NVEC16(D);
+    const __mmask16 tail = TAIL16(D);
+    float *vs = s->vs;
+    (void)run;
+    for (int32_t half = 0; half * 16 < nk; half++) {
+        for (int32_t t = 0; t < 16; t++) {
+            const int32_t key = half * 16 + t;
+            if (key >= nk) {
+                for (int32_t b = 0; b < nb; b++)
+                    _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_setzero_ps());
+                continue;
+            }
+            __m512 kr[16];
+            for (int j = 0; j < NV; j++)
+                kr[j] = ld16(s->kp[key], 16 * j, kd, j == NV - 1 ? tail : 0xffff);
+            for (int32_t b = 0; b < nb; b++) {
+                const float *q = s->q + (size_t)(m0 + b) * D;
+                __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+                for (int j = 0; j + 1 < NV; j += 2) {
+                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * j), kr[j], a0);
+                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * j + 16), kr[j + 1], a1);
+                }
+                if (NV % 2)
+                    a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q + 16 * (NV - 1)), kr[NV - 1],
+                                         a0);
+                _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_add_ps(a0, a1));
+            }
+        }
+        for (int32_t b = 0; b < nb; b++) {
+            __m512 v[16];
+            for (int t = 0; t < 16; t++)
+                v[t] = _mm512_loadu_ps(vs + (b * 16 + t) * 16);
+            _mm512_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + half * 16, hsum16(v));
+        }
+    }
+}
+
+#if defined(__AVX512BF16__)
+/*
+ * scores_rows for bf16 q and bf16 K (variant 4): vdpbf16ps multiplies pairs
+ * of bf16 values exactly (8-bit significands: the products fit fp32) and adds
+ * them in fp32, so the scores carry only fp32 summation error like the fp32
+ * path, at half the instructions and with no conversion of K. q is read
+ * unscaled from the input (q_row: [nb, D] bf16 of this query row's heads)
+ * and the softmax scale multiplies the scores. Inputs that are bf16
+ * subnormals count as 0 (the instruction's DAZ), below any tolerance.
+ */
+AI void scores_rows_bf16(const kva__cpu_run *run, kva__cpu_scratch *s, const uint16_t *q_row,
+                         int32_t m0, int32_t nb, int32_t nk, const int32_t D)
+{
+    const int NV = D / 32;
+    const __m512 scale = _mm512_set1_ps(run->plan->d.scale);
+    float *vs = s->vs;
+    for (int32_t half = 0; half * 16 < nk; half++) {
+        for (int32_t t = 0; t < 16; t++) {
+            const int32_t key = half * 16 + t;
+            if (key >= nk) {
+                for (int32_t b = 0; b < nb; b++)
+                    _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_setzero_ps());
+                continue;
+            }
+            __m512bh kr[8];
+            const uint16_t *kp = (const uint16_t *)s->kp[key];
+            for (int j = 0; j < NV; j++)
+                kr[j] = (__m512bh)_mm512_loadu_si512(kp + 32 * j);
+            for (int32_t b = 0; b < nb; b++) {
+                const uint16_t *q = q_row + (size_t)b * D;
+                __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+                for (int j = 0; j + 1 < NV; j += 2) {
+                    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(q + 32 * j), kr[j]);
+                    a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(q + 32 * j + 32),
+                                          kr[j + 1]);
+                }
+                if (NV % 2)
+                    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(q + 32 * (NV - 1)),
+                                          kr[NV - 1]);
+                _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_add_ps(a0, a1));
+            }
+        }
+        for (int32_t b = 0; b < nb; b++) {
+            __m512 v[16];
+            for (int t = 0; t < 16; t++)
+                v[t] = _mm512_loadu_ps(vs + (b * 16 + t) * 16);
+            _mm512_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + half * 16,
+                             _mm512_mul_ps(hsum16(v), scale));
+        }
+    }
+}
+#endif
+
+/* Rows of a chunk for the loops below: s->kp/vp [KEY_CHUNK] point at the
+ * rows in their storage format when the kernel reads it directly (f32, f16,
+ * bf16); any other storage dtype (a quantized cache) is converted here to
+ * fp32 rows in kbuf/vbuf with kva__cpu_load_row, once per GQA group. Returns
+ * the dtype the loops read. */
+/* Copies a row of `bytes` bytes (a multiple of 16: D is a multiple of 8). */
+AI void copy_row(unsigned char *restrict dst, const unsigned char *restrict src, size_t bytes)
+{
+    size_t b = 0;
+    for (; b + 64 <= bytes; b += 64)
+        _mm512_storeu_si512(dst + b, _mm512_loadu_si512(src + b));
+    for (; b < bytes; b += 16)
+        _mm_storeu_si128((__m128i *)(dst + b), _mm_loadu_si128((const __m128i *)(src + b)));
+}
+
+static kva_dtype load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, int32_t n,
+                            int32_t kvh, kva__cpu_scratch *s)
+{
+    if (run->quant) {
+        /* int8/fp8 rows are dequantized to fp32 (cpu_dequant.c). */
+        kva__cpu_load_chunk_dequant(run, cr, n, kvh, s);
+        return KVA_DTYPE_F32;
+    }
+    const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
+    const kva_dtype dt = run->kv_dt;
+    const int direct = dt == KVA_DTYPE_F32 || dt == KVA_DTYPE_F16 || dt == KVA_DTYPE_BF16;
+    const size_t esz = kva_dtype_size(dt);
+    for (int32_t t = 0; t < n; t++) {
+        float *kd = s->kbuf + (size_t)t * D, *vd = s->vbuf + (size_t)t * Dv;
+        if (direct) {
+            /* A tight copy loop keeps many cache misses in flight; the
+             * compute loops then read the chunk from L1/L2 (measured faster
+             * than reading the cache rows inside them). */
+            copy_row((unsigned char *)kd, cr->k[t], (size_t)D * esz);
+            copy_row((unsigned char *)vd, cr->v[t], (size_t)Dv * esz);
+        } else {
+            kva__cpu_load_row(kd, cr->k[t], dt, D);
+            kva__cpu_load_row(vd, cr->v[t], dt, Dv);
+        }
+        s->kp[t] = kd;
+        s->vp[t] = vd;
+    }
+    for (int32_t t = n; t < KVA_CPU_KEY_CHUNK; t++) {
+        s->kp[t] = s->kp[0];
+        s->vp[t] = s->vp[0];
+    }
+    return direct ? dt : KVA_DTYPE_F32;
+}
+
+/* Soft-cap and ALiBi of one row's scores (rare features: plain loops). */
+static void score_mods(const kva_plan *plan, float *sc, int32_t h, int32_t c0, int32_t pos)
+{
+    if (plan->d.softcap > 0.0f) {
+        const float cap = plan->d.softcap, inv_cap = 1.0f / cap;
+        for (int32_t t = 0; t < KVA_CPU_KEY_CHUNK; t++)
+            sc[t] = cap * tanhf(sc[t] * inv_cap);
+    }
+    if (plan->alibi_slopes) {
+        const float slope = plan->alibi_slopes[h];
+        for (int32_t t = 0; t < KVA_CPU_KEY_CHUNK; t++)
+            sc[t] += slope * (float)(c0 + t - pos);
+    }
+}
+
+/*
+ * Online-softmax update of the nh rows m0 .. m0+nh-1 (one query row: heads
+ * h0.., position pos) whose chunk scores are in s->pm, over the chunk's keys
+ * [a, e) (chunk start c0). Leaves the probabilities in s->pm, the accumulator
+ * rescale in s->alpha[m] and whether the row takes part in the chunk's P.V
+ * in s->live[m].
+ */
+AI void softmax_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, int32_t nh,
+                     int32_t h0, int32_t pos, int32_t c0, int32_t a, int32_t e)
+{
+    const kva_plan *plan = run->plan;
+    const int mods = plan->d.softcap > 0.0f || plan->alibi_slopes;
+    /* Lanes of keys [a, e) of the chunk. */
+    const uint32_t hi_bits = e - c0 >= 32 ? 0xffffffffu : (1u << (e - c0)) - 1u;
+    const uint32_t vis = hi_bits & ~((1u << (a - c0)) - 1u);
+    const __mmask16 vis0 = (__mmask16)vis, vis1 = (__mmask16)(vis >> 16);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int32_t hh = 0; hh < nh; hh++) {
+        const int32_t m = m0 + hh;
+        float *pm = s->pm + (size_t)m * KVA_CPU_KEY_CHUNK;
+        if (mods)
+            score_mods(plan, pm, h0 + hh, c0, pos);
+        __m512 sc[2];
+        sc[0] = _mm512_mask_loadu_ps(ninf, vis0, pm);
+        sc[1] = _mm512_mask_loadu_ps(ninf, vis1, pm + 16);
+        /* max(x, acc) returns acc when x is NaN: NaN scores stay out of the max. */
+        const __m512 vm = _mm512_max_ps(sc[1], _mm512_max_ps(sc[0], ninf));
+        const float cmax = _mm512_reduce_max_ps(vm);
+        const float mold = s->mx[m];
+        float mnew = kva__cpu_max_nan(mold, cmax);
+        if (mnew == -INFINITY) {
+            /* Every score so far is -inf (nothing to add) or NaN (row becomes NaN). */
+            const int nan = _mm512_cmp_ps_mask(sc[0], sc[0], _CMP_UNORD_Q) |
+                            _mm512_cmp_ps_mask(sc[1], sc[1], _CMP_UNORD_Q);
+            if (!nan) {
+                s->live[m] = 0;
+                continue;
+            }
+            mnew = NAN;
+        }
+        const __m512 mv = _mm512_set1_ps(mnew);
+        const __m512 p0 = exp16(_mm512_sub_ps(sc[0], mv));
+        const __m512 p1 = exp16(_mm512_sub_ps(sc[1], mv));
+        _mm512_storeu_ps(pm, p0);
+        _mm512_storeu_ps(pm + 16, p1);
+        const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
+        s->mx[m] = mnew;
+        s->sum[m] = s->sum[m] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+        s->alpha[m] = alpha;
+        s->live[m] = 1;
+    }
+}
+
+/*
+ * acc[m] = acc[m] * alpha[m] + sum over keys t in [ta, te) of pm[m][t] v[t],
+ * for the NB rows m0.. (NB a constant: the accumulators stay in registers),
+ * over output dims [d0, d0 + 16 * NV) (NV zmm per row, the last one masked
+ * by tail). V rows are read in their format kd and converted in registers,
+ * once for the NB heads. Rows that are not live keep their accumulators.
+ */
+AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_t d0,
+                 const int32_t Dv, const kva_dtype kd, const int NB, const int NV, __mmask16 tail)
+{
+    __m512 acc[8][2];
+    const float *const *vp = s->vp;
+    for (int b = 0; b < NB; b++) {
+        const float *ar = s->acc + (size_t)(m0 + b) * Dv + d0;
+        const __m512 al = _mm512_set1_ps(s->alpha[m0 + b]);
+        for (int j = 0; j < NV; j++)
+            acc[b][j] =
+                _mm512_mul_ps(_mm512_maskz_loadu_ps(j == NV - 1 ? tail : 0xffff, ar + 16 * j), al);
+    }
+    for (int32_t t = ta; t < te; t++) {
+        __m512 v[2];
+        for (int j = 0; j < NV; j++)
+            v[j] = ld16(vp[t], d0 + 16 * j, kd, j == NV - 1 ? tail : 0xffff);
+        for (int b = 0; b < NB; b++) {
+            const __m512 p = _mm512_set1_ps(s->pm[(size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + t]);
+            for (int j = 0; j < NV; j++)
+                acc[b][j] = _mm512_fmadd_ps(p, v[j], acc[b][j]);
+        }
+    }
+    for (int b = 0; b < NB; b++) {
+        if (!s->live[m0 + b])
+            continue;
+        float *ar = s->acc + (size_t)(m0 + b) * Dv + d0;
+        for (int j = 0; j < NV; j++)
+            _mm512_mask_storeu_ps(ar + 16 * j, j == NV - 1 ? tail : 0xffff, acc[b][j]);
+    }
+}
+
+/* P.V of NB rows over all output dims: blocks of 32, then 16, then 8. */
+AI void pv_rows(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, const int32_t Dv,
+                const kva_dtype kd, const int NB)
+{
+    int32_t d = 0;
+    for (; d + 32 <= Dv; d += 32)
+        pv_block(s, m0, ta, te, d, Dv, kd, NB, 2, 0xffff);
+    if (d + 16 <= Dv) {
+        pv_block(s, m0, ta, te, d, Dv, kd, NB, 1, 0xffff);
+        d += 16;
+    }
+    if (d < Dv)
+        pv_block(s, m0, ta, te, d, Dv, kd, NB, 1, 0x00ff);
+}
+
+/* P.V of the nh rows m0.. of one query row, keys [ta, te) of the chunk
+ * (indices relative to its start), in register blocks of 8, 4, 2, 1 rows. */
+AI void pv_query_row(kva__cpu_scratch *s, int32_t m0, int32_t nh, int32_t ta, int32_t te,
+                     const int32_t Dv, const kva_dtype kd)
+{
+    int32_t m = m0;
+    const int32_t m1 = m0 + nh;
+    for (; m + 8 <= m1; m += 8)
+        pv_rows(s, m, ta, te, Dv, kd, 8);
+    if (m + 4 <= m1) {
+        pv_rows(s, m, ta, te, Dv, kd, 4);
+        m += 4;
+    }
+    if (m + 2 <= m1) {
+        pv_rows(s, m, ta, te, Dv, kd, 2);
+        m += 2;
+    }
+    if (m < m1)
+        pv_rows(s, m, ta, te, Dv, kd, 1);
+}
+
+/* One chunk [c0, c1) for every query row of the item. D, Dv and the row
+ * format kd are constants in the specialized copies below. */
+AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
+                   const kva__cpu_item_geom *g, int32_t c0, int32_t c1, const int32_t D,
+                   const int32_t Dv, const kva_dtype kd, const int bf16dot)
+{
+    const int32_t nh = it->nh;
+    for (int32_t ii = 0; ii < it->nq; ii++) {
+        const int32_t a = s->lo[ii] > c0 ? s->lo[ii] : c0;
+        const int32_t e = s->hi[ii] < c1 ? s->hi[ii] : c1;
+        if (a >= e)
+            continue;
+        const int32_t pos = g->seq - g->q_len + it->i0 + ii;
+        for (int32_t hb = 0; hb < nh; hb += 8) {
+            const int32_t nb = nh - hb < 8 ? nh - hb : 8;
+#if defined(__AVX512BF16__)
+            if (bf16dot) {
+                const int64_t row =
+                    (int64_t)(g->tok0 + ii) * run->plan->d.num_heads + g->hbase + hb;
+                scores_rows_bf16(run, s, (const uint16_t *)run->q + row * D, ii * nh + hb, nb,
+                                 c1 - c0, D);
+                continue;
+            }
+#endif
+            scores_rows(run, s, ii * nh + hb, nb, c1 - c0, D, kd);
+        }
+        softmax_rows(run, s, ii * nh, nh, g->hbase, pos, c0, a, e);
+        pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv, kd);
+    }
+}
+
+typedef void (*step_fn)(const kva__cpu_run *, const kva__work_item *, kva__cpu_scratch *,
+                        const kva__cpu_item_geom *, int32_t, int32_t, kva_dtype);
+
+#define STEP_D(DIM)                                                                                \
+    static void step_d##DIM(const kva__cpu_run *run, const kva__work_item *it,                     \
+                            kva__cpu_scratch *s, const kva__cpu_item_geom *g, int32_t c0,          \
+                            int32_t c1, kva_dtype kd)                                              \
+    {                                                                                              \
+        if (kd == KVA_DTYPE_BF16)                                                                  \
+            chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_BF16, 0);                        \
+        else if (kd == KVA_DTYPE_F16)                                                              \
+            chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_F16, 0);                         \
+        else                                                                                       \
+            chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_F32, 0);                         \
+    }
+STEP_D(64)
+STEP_D(128)
+STEP_D(256)
+
+#if defined(__AVX512BF16__)
+/* bf16 q and bf16 K, D = Dv = DIM (a multiple of 32): scores by vdpbf16ps. */
+#define STEP_BF16DOT(DIM)                                                                          \
+    static void step_bf16dot_d##DIM(const kva__cpu_run *run, const kva__work_item *it,             \
+                                    kva__cpu_scratch *s, const kva__cpu_item_geom *g, int32_t c0,  \
+                                    int32_t c1, kva_dtype kd)                                      \
+    {                                                                                              \
+        (void)kd;                                                                                  \
+        chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_BF16, 1);                            \
+    }
+STEP_BF16DOT(64)
+STEP_BF16DOT(128)
+STEP_BF16DOT(256)
+#endif
+
+/* Any other head size (runtime D and Dv, constant row format). */
+static void step_any(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
+                     const kva__cpu_item_geom *g, int32_t c0, int32_t c1, kva_dtype kd)
+{
+    const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
+    if (kd == KVA_DTYPE_BF16)
+        chunk_step(run, it, s, g, c0, c1, D, Dv, KVA_DTYPE_BF16, 0);
+    else if (kd == KVA_DTYPE_F16)
+        chunk_step(run, it, s, g, c0, c1, D, Dv, KVA_DTYPE_F16, 0);
+    else
+        chunk_step(run, it, s, g, c0, c1, D, Dv, KVA_DTYPE_F32, 0);
+}
+
+/* Runs one item with the step function picked for its shapes; bf16dot asks
+ * for the vdpbf16ps scores where q and K are bf16 (variant 4). */
+static void run_item(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
+                     int bf16dot)
+{
+    const kva_plan *plan = run->plan;
+    const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
+    kva__cpu_item_geom g;
+    kva__cpu_item_begin(run, it, s, &g);
+    step_fn step = D != Dv    ? step_any
+                   : D == 128 ? step_d128
+                   : D == 64  ? step_d64
+                   : D == 256 ? step_d256
+                              : step_any;
+#if defined(__AVX512BF16__)
+    if (bf16dot && run->dt == KVA_DTYPE_BF16 && run->kv_dt == KVA_DTYPE_BF16 && D == Dv)
+        step = D == 128   ? step_bf16dot_d128
+               : D == 64  ? step_bf16dot_d64
+               : D == 256 ? step_bf16dot_d256
+                          : step;
+#else
+    (void)bf16dot;
+#endif
+
+    /* Rows of the chunks in flight: chunk c is computed while chunk
+     * c + PF_DIST is prefetched (a ring of PF_DIST + 1 located chunks). */
+    enum { PF_DIST = 2 };
+    kva__cpu_chunk_rows rows[PF_DIST + 1];
+    const size_t kv_esz = kva_dtype_size(run->kv_dt);
+    const size_t kbytes = (size_t)D * kv_esz, vbytes = (size_t)Dv * kv_esz;
+    const int32_t C = KVA_CPU_KEY_CHUNK;
+    const int32_t nchunks = (it->k1 - it->k0 + C - 1) / C;
+    for (int32_t c = 0; c < PF_DIST && c < nchunks; c++) {
+        const int32_t a = it->k0 + c * C, n = it->k1 - a < C ? it->k1 - a : C;
+        kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, &rows[c]);
+        kva__cpu_prefetch_chunk(&rows[c], n, kbytes, vbytes);
+    }
+    for (int32_t c = 0; c < nchunks; c++) {
+        const int32_t c0 = it->k0 + c * C;
+        const int32_t c1 = c0 + C < it->k1 ? c0 + C : it->k1;
+        if (c + PF_DIST < nchunks) {
+            const int32_t a = c0 + PF_DIST * C, n = it->k1 - a < C ? it->k1 - a : C;
+            kva__cpu_chunk_rows *nr = &rows[(c + PF_DIST) % (PF_DIST + 1)];
+            kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, nr);
+            kva__cpu_prefetch_chunk(nr, n, kbytes, vbytes);
+        }
+        const kva_dtype kd = load_chunk(run, &rows[c % (PF_DIST + 1)], c1 - c0, it->kv_head, s);
+        step(run, it, s, &g, c0, c1, kd);
+    }
+    kva__cpu_item_finish(run, it, s, &g);
+}
+
+void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
+{
+    run_item(run, it, s, 0);
+}
+
+/* Variant 4: v3 with vdpbf16ps scores for bf16 q and cache (D = Dv = 64, 128
+ * or 256); without a compiler that knows AVX512_BF16 it is v3. */
+void kva__cpu_attn_v4(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
+{
+    run_item(run, it, s, 1);
+}
+
+#endif /* __x86_64__ */

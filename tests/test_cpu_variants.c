@@ -1,0 +1,315 @@
+/*
+ * test_cpu_variants.c - ISA detection, dispatch and the SIMD kernel variants'
+ * specialized paths.
+ *
+ *   - KVA_CPU_ISA lowers the ISA level (never raises it) and unknown values are
+ *     ignored; the dispatcher then picks, for decode and for prefill items,
+ *     the highest variant the level allows, and a plan built under
+ *     KVA_CPU_ISA=portable runs v1 only.
+ *   - KVA_CPU_VARIANT=N forces a supported variant N into the plan; an
+ *     unsupported or malformed N leaves the choice to the dispatcher.
+ *   - Every supported variant against the reference on decode batches over
+ *     the shapes the SIMD variants specialize (D = Dv = 64, 128, 256; f32,
+ *     f16, bf16 caches: the bf16 q and cache path of v4 uses vdpbf16ps), the
+ *     runtime-D path (D = 40, Dv = 24) and GQA 1, 4, 8 and 16 (more than one
+ *     register block of heads), with speculative decodes (2-4 query rows),
+ *     sinks and a window; outputs are poisoned before each run; and a NaN in
+ *     one cached key (its GQA group's rows NaN, all other rows unchanged);
+ *   - a plan built on a 1-thread context running on a 3-thread context.
+ */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+#include "batchgen.h"
+#include "internal.h"
+#include "../src/attn/cpu/cpu_attn.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+static void test_isa_override(void)
+{
+    unsetenv("KVA_CPU_ISA");
+    const kva__cpu_isa detected = kva__cpu_isa_level();
+    kva__cpu_features f;
+    kva__cpu_features_get(&f);
+    if (detected >= KVA__ISA_AVX2)
+        CHECK(f.avx2 && f.fma && f.f16c);
+    if (detected >= KVA__ISA_AVX512)
+        CHECK(f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq);
+    if (detected >= KVA__ISA_AVX512BF16)
+        CHECK(f.avx512bf16);
+    printf("  detected ISA level: %s (%s)\n", kva__cpu_isa_name(detected), kva__cpu_isa_string());
+    static const char *const names[] = {"portable", "avx2", "avx512", "avx512bf16"};
+    for (int i = 0; i < 4; i++) {
+        setenv("KVA_CPU_ISA", names[i], 1);
+        const kva__cpu_isa want = (kva__cpu_isa)i < detected ? (kva__cpu_isa)i : detected;
+        CHECK_MSG(kva__cpu_isa_level() == want, "KVA_CPU_ISA=%s gave %s", names[i],
+                  kva__cpu_isa_name(kva__cpu_isa_level()));
+    }
+    setenv("KVA_CPU_ISA", "sse9", 1);
+    CHECK(kva__cpu_isa_level() == detected);
+    unsetenv("KVA_CPU_ISA");
+}
+
+/* A small decode plan on a CPU context; caller destroys both. */
+static void make_plan(kva_context **ctx, kva_plan **plan, kva_test_batch *b)
+{
+    kva_context_desc cd = {KVA_BACKEND_CPU, 2, 0};
+    CHECK_OK(kva_context_create(&cd, ctx));
+    kva_plan_desc pd = kva_test_batch_plan_desc(b, 8, 2, 64, 64, KVA_DTYPE_BF16);
+    CHECK_OK(kva_plan_create(*ctx, &pd, plan));
+}
+
+static void test_dispatch(void)
+{
+    kva_rng rng = {77};
+    kva_test_batch b;
+    const int32_t q[2] = {1, 1}, s[2] = {40, 90};
+    kva_test_batch_init(&b, &rng, 2, q, s, 16, 2, 0);
+    unsetenv("KVA_CPU_VARIANT");
+    const kva__cpu_isa level = kva__cpu_isa_level();
+    int best = 1;
+    for (int v = 1; v <= kva__cpu_attn_num_variants(); v++) {
+        const kva__cpu_variant *info = kva__cpu_attn_variant_info(v);
+        CHECK(info && info->fn && info->name);
+        CHECK(kva__cpu_attn_supported(v) == (info->isa <= level));
+        if (info->isa <= level && info->decode)
+            best = v;
+    }
+    CHECK(kva__cpu_attn_variant_info(0) == NULL);
+    CHECK(kva__cpu_attn_variant(kva__cpu_attn_num_variants() + 1) == NULL);
+
+    for (int mode = 0; mode < 4; mode++) {
+        /* 0: default; 1: KVA_CPU_ISA=portable; 2: forced v1; 3: bad KVA_CPU_VARIANT. */
+        if (mode == 1)
+            setenv("KVA_CPU_ISA", "portable", 1);
+        if (mode == 2)
+            setenv("KVA_CPU_VARIANT", "1", 1);
+        if (mode == 3)
+            setenv("KVA_CPU_VARIANT", "99x", 1);
+        kva_context *ctx = NULL;
+        kva_plan *plan = NULL;
+        make_plan(&ctx, &plan, &b);
+        if (plan) {
+            const kva__partition *part = plan->part;
+            if (mode == 0 || mode == 3) {
+                CHECK_MSG(part->variant == 0 && part->variant_decode == best,
+                          "mode %d: variant %d decode %d, want 0 and %d", mode, (int)part->variant,
+                          (int)part->variant_decode, best);
+                CHECK(kva__cpu_attn_supported(part->variant_prefill));
+            } else if (mode == 1) {
+                CHECK(part->variant_decode == 1 && part->variant_prefill == 1);
+            } else {
+                CHECK(part->variant == 1);
+            }
+        }
+        kva_plan_destroy(plan);
+        kva_context_destroy(ctx);
+        unsetenv("KVA_CPU_ISA");
+        unsetenv("KVA_CPU_VARIANT");
+    }
+    kva_test_batch_free(&b);
+}
+
+/* Mismatches of n dtype-dt values: NaN must meet NaN, the rest the tolerance. */
+static size_t compare_nan(const char *label, const void *got, const void *want, kva_dtype dt,
+                          size_t n)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double a = kva_test_get(got, dt, i), b = kva_test_get(want, dt, i);
+        const int ok = (isnan(a) && isnan(b)) || (isinf(b) && a == b) ||
+                       fabs(a - b) <= kva_test_atol(dt) + kva_test_rtol(dt) * fabs(b);
+        if (!ok && bad++ < 5)
+            fprintf(stderr, "  %s: element %zu: got %.8g, want %.8g\n", label, i, a, b);
+    }
+    return bad;
+}
+
+/* Writes NaN into element d of the K row of request 0's key j, kv head 0
+ * (NHD cache). */
+static void poison_key(kva_cache *cache, const kva_test_batch *b, int32_t Hkv, int32_t D,
+                       kva_dtype dt, int32_t j, int32_t d)
+{
+    void *k, *v;
+    kva_cache_data(cache, &k, &v);
+    const int64_t blk = b->block_table[j / b->block_size], off = j % b->block_size;
+    const size_t idx = (size_t)(((blk * b->block_size + off) * Hkv) * D + d);
+    if (dt == KVA_DTYPE_F32)
+        ((float *)k)[idx] = NAN;
+    else
+        ((uint16_t *)k)[idx] = dt == KVA_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
+}
+
+/* One decode batch of shape (H, Hkv, D, Dv, dtype) on variant v against the
+ * reference; with nan_key, one key of request 0 holds a NaN (its rows of kv
+ * head 0 must come out NaN, everything else unchanged). */
+static void check_shape(int v, int32_t H, int32_t Hkv, int32_t D, int32_t Dv, kva_dtype dt,
+                        uint64_t seed, int nan_key)
+{
+    kva_rng rng = {seed};
+    enum { R = 4 };
+    int32_t q[R], s[R];
+    for (int r = 0; r < R; r++) {
+        q[r] = r == 3 ? kva_rng_int(&rng, 2, 4) : 1; /* one speculative decode */
+        s[r] = kva_rng_int(&rng, 33, 170) + q[r];
+    }
+    kva_test_batch b;
+    kva_test_batch_init(&b, &rng, R, q, s, 16, 2, 0);
+    kva_context_desc rd = {KVA_BACKEND_REF, 1, 0}, cd = {KVA_BACKEND_CPU, 2, 0};
+    kva_context *ref = NULL, *cpu = NULL;
+    CHECK_OK(kva_context_create(&rd, &ref));
+    CHECK_OK(kva_context_create(&cd, &cpu));
+    kva_cache *cache = NULL;
+    CHECK_OK(kva_test_batch_cache(&b, cpu, &rng, Hkv, D, Dv, dt, KVA_LAYOUT_NHD, &cache));
+    if (cache && nan_key)
+        poison_key(cache, &b, Hkv, D, dt, b.seq_lens[0] - 3, D - 1); /* inside the window */
+    kva_plan_desc pd = kva_test_batch_plan_desc(&b, H, Hkv, D, Dv, dt);
+    const int variant_case = (int)(seed % 3);
+    if (variant_case == 1)
+        pd.window_left = 50;
+    float *sinks = malloc(sizeof(float) * (size_t)H);
+    for (int32_t h = 0; h < H; h++)
+        sinks[h] = (float)kva_rng_normal(&rng);
+    const size_t esz = kva_dtype_size(dt);
+    const size_t nq = (size_t)b.T * H * D, no = (size_t)b.T * H * Dv, nl = (size_t)b.T * H;
+    void *qv = malloc(nq * esz), *o_ref = malloc(no * esz), *o_cpu = malloc(no * esz);
+    float *l_ref = malloc(nl * sizeof(float)), *l_cpu = malloc(nl * sizeof(float));
+    kva_test_fill_uniform(qv, dt, nq, &rng);
+    kva_test_poison(o_ref, dt, no);
+    kva_test_poison(o_cpu, dt, no);
+    kva_test_poison(l_ref, KVA_DTYPE_F32, nl);
+    kva_test_poison(l_cpu, KVA_DTYPE_F32, nl);
+    const float *sk = variant_case == 2 ? sinks : NULL;
+
+    char buf[16];
+    snprintf(buf, sizeof buf, "%d", v);
+    setenv("KVA_CPU_VARIANT", buf, 1);
+    kva_plan *pref = NULL, *pcpu = NULL;
+    CHECK_OK(kva_plan_create(ref, &pd, &pref));
+    CHECK_OK(kva_plan_create(cpu, &pd, &pcpu));
+    unsetenv("KVA_CPU_VARIANT");
+    if (pref && pcpu && cache) {
+        CHECK(pcpu->part->variant == v);
+        CHECK_OK(kva_attention_run(ref, pref, qv, cache, sk, o_ref, l_ref));
+        CHECK_OK(kva_attention_run(cpu, pcpu, qv, cache, sk, o_cpu, l_cpu));
+        char label[96];
+        snprintf(label, sizeof label, "v%d H=%d Hkv=%d D=%d Dv=%d %s case %d", v, (int)H, (int)Hkv,
+                 (int)D, (int)Dv, kva_dtype_name(dt), variant_case);
+        const size_t bad = compare_nan(label, o_cpu, o_ref, dt, no) +
+                           compare_nan(label, l_cpu, l_ref, KVA_DTYPE_F32, nl);
+        CHECK_MSG(bad == 0, "%s%s: %zu mismatches", label, nan_key ? " (NaN key)" : "", bad);
+        if (nan_key) {
+            /* Request 0 is a decode: its token's heads 0 .. G-1 (kv head 0) are NaN. */
+            size_t nan_rows = 0;
+            for (size_t i = 0; i < nl; i++)
+                nan_rows += isnan(l_cpu[i]) != 0;
+            CHECK_MSG(nan_rows == (size_t)(H / Hkv), "%s: %zu NaN rows, want %d", label, nan_rows,
+                      (int)(H / Hkv));
+        }
+    }
+    kva_plan_destroy(pref);
+    kva_plan_destroy(pcpu);
+    kva_cache_destroy(cache);
+    kva_context_destroy(ref);
+    kva_context_destroy(cpu);
+    kva_test_batch_free(&b);
+    free(sinks);
+    free(qv);
+    free(o_ref);
+    free(o_cpu);
+    free(l_ref);
+    free(l_cpu);
+}
+
+static void test_variant_shapes(void)
+{
+    static const int32_t dims[][2] = {{64, 64}, {128, 128}, {256, 256}, {40, 24}};
+    static const int32_t gqa[] = {1, 4, 8, 16};
+    static const kva_dtype dts[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
+    uint64_t seed = 500;
+    for (int v = 1; v <= kva__cpu_attn_num_variants(); v++) {
+        if (!kva__cpu_attn_supported(v))
+            continue;
+        for (int di = 0; di < 4; di++)
+            for (int gi = 0; gi < 4; gi++)
+                for (int ti = 0; ti < 3; ti++) {
+                    const int32_t Hkv = gi == 3 ? 1 : 2;
+                    check_shape(v, Hkv * gqa[gi], Hkv, dims[di][0], dims[di][1], dts[ti], seed++,
+                                0);
+                }
+        /* A NaN key, each row format and the bf16-dot path. */
+        for (int ti = 0; ti < 3; ti++)
+            for (int gi = 1; gi < 3; gi++)
+                check_shape(v, 2 * gqa[gi], 2, 128, 128, dts[ti], seed++, 1);
+    }
+}
+
+/* A plan built on a 1-thread context runs on a 3-thread context whose
+ * workspace holds 3 scratch areas (reserved by its own plan): the run may use
+ * all 3 threads (each with its own scratch: ASan checks the bounds) and must
+ * match the reference. */
+static void test_plan_on_wider_context(void)
+{
+    kva_rng rng = {4711};
+    enum { R = 6 };
+    int32_t q[R], s[R];
+    for (int r = 0; r < R; r++) {
+        q[r] = 1;
+        s[r] = kva_rng_int(&rng, 100, 300);
+    }
+    kva_test_batch b;
+    kva_test_batch_init(&b, &rng, R, q, s, 16, 2, 0);
+    const int32_t H = 8, Hkv = 2, D = 64;
+    const kva_dtype dt = KVA_DTYPE_F32;
+    kva_context_desc rd = {KVA_BACKEND_REF, 1, 0}, c1d = {KVA_BACKEND_CPU, 1, 0},
+                     c3d = {KVA_BACKEND_CPU, 3, 0};
+    kva_context *ref = NULL, *c1 = NULL, *c3 = NULL;
+    CHECK_OK(kva_context_create(&rd, &ref));
+    CHECK_OK(kva_context_create(&c1d, &c1));
+    CHECK_OK(kva_context_create(&c3d, &c3));
+    kva_cache *cache = NULL;
+    CHECK_OK(kva_test_batch_cache(&b, c1, &rng, Hkv, D, D, dt, KVA_LAYOUT_NHD, &cache));
+    kva_plan_desc pd = kva_test_batch_plan_desc(&b, H, Hkv, D, D, dt);
+    kva_plan *pref = NULL, *p1 = NULL, *p3 = NULL;
+    CHECK_OK(kva_plan_create(ref, &pd, &pref));
+    CHECK_OK(kva_plan_create(c1, &pd, &p1));
+    CHECK_OK(kva_plan_create(c3, &pd, &p3));
+    const size_t no = (size_t)b.T * H * D, nl = (size_t)b.T * H;
+    float *qv = malloc(no * sizeof(float)), *o_ref = malloc(no * sizeof(float)),
+          *o = malloc(no * sizeof(float)), *l_ref = malloc(nl * sizeof(float)),
+          *l = malloc(nl * sizeof(float));
+    kva_test_fill_uniform(qv, dt, no, &rng);
+    kva_test_poison(o, dt, no);
+    kva_test_poison(l, KVA_DTYPE_F32, nl);
+    if (pref && p1 && p3 && cache) {
+        CHECK(p1->part->params.num_threads == 1 && p1->part->num_items >= 3);
+        CHECK_OK(kva_attention_run(ref, pref, qv, cache, NULL, o_ref, l_ref));
+        CHECK_OK(kva_attention_run(c3, p1, qv, cache, NULL, o, l));
+        const size_t bad =
+            compare_nan("1-thread plan on 3 threads", o, o_ref, dt, no) +
+            compare_nan("1-thread plan on 3 threads (lse)", l, l_ref, KVA_DTYPE_F32, nl);
+        CHECK_MSG(bad == 0, "%zu mismatches", bad);
+    }
+    kva_plan_destroy(pref);
+    kva_plan_destroy(p1);
+    kva_plan_destroy(p3);
+    kva_cache_destroy(cache);
+    kva_context_destroy(ref);
+    kva_context_destroy(c1);
+    kva_context_destroy(c3);
+    kva_test_batch_free(&b);
+    free(qv);
+    free(o_ref);
+    free(o);
+    free(l_ref);
+    free(l);
+}
+
+int main(void)
+{
+    RUN(test_isa_override);
+    RUN(test_dispatch);
+    RUN(test_variant_shapes);
+    RUN(test_plan_on_wider_context);
+    return kva_test_finish();
+}
