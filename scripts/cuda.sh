@@ -11,6 +11,8 @@
 #   KVA_STEPS       steps to run (default "test sanitize bench peers"; "bench" times
 #                   kvattn's own variants and shapes, "peers" the table against peers)
 #   KVA_CMAKE_ARGS  extra cmake arguments (e.g. -DXXHASH_LIB=... where libxxhash-dev is missing)
+#   KVA_SANITIZERS  compute-sanitizer tools of the "sanitize" step (default "memcheck racecheck")
+#   KVA_SANITIZE_TESTS  tests they run in quick mode (default "test_cuda_attn test_cuda_cache")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -66,13 +68,19 @@ if has bench; then
   $b --mode decode --batch 64 --context 4095 --dtype f16 --block-size 1 2>&1 | head -1
   $b --mode decode --batch 16 --context 4095 2>&1 | head -1
   $b --mode decode --batch 4 --context 32767 --variant 1 2>&1 | head -1
+  # prefills through kva_attention_run (tensor-core kernel prefill_mma)
+  $b --mode prefill --batch 1 --context 0 --q-len 4096 --iters 20 2>&1 | head -1
+  $b --mode prefill --batch 8 --context 0 --q-len 1024 --iters 20 2>&1 | head -1
+  $b --mode prefill --batch 1 --context 0 --q-len 4096 --dtype f16 --iters 20 2>&1 | head -1
+  $b --mode prefill --batch 1 --context 0 --q-len 4096 --head-dim 64 --iters 20 2>&1 | head -1
+  $b --mode prefill --batch 4 --context 3072 --q-len 1024 --iters 20 2>&1 | head -1
   } | tee "$out/bench_variants.log"
 fi
 
 if has sanitize; then
 echo "== compute-sanitizer (quick sets)"
-for tool in memcheck racecheck; do
-  for t in test_cuda_attn test_cuda_cache; do
+for tool in ${KVA_SANITIZERS:-memcheck racecheck}; do
+  for t in ${KVA_SANITIZE_TESTS:-test_cuda_attn test_cuda_cache}; do
     KVA_TEST_QUICK=1 timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 \
       "build-cuda/$t" >"$out/sanitizer_${tool}_$t.log" 2>&1
     rc=$?

@@ -99,6 +99,18 @@ kva_status kva__cuda_prefill_tiles_build(int32_t num_requests, const int32_t *qu
                                          int32_t num_kv_heads, int32_t causal, int32_t window_left,
                                          int32_t *tiles, int32_t capacity, int32_t *num_tiles);
 
+/* The same two for the subset of requests r with use_req[r] != 0 (host array
+ * [R]; NULL = all): the CUDA backend's run path sends only its prefills here. */
+int64_t kva__cuda_prefill_tiles_count_subset(int32_t num_requests, const int32_t *query_start_loc,
+                                             const uint8_t *use_req, int32_t num_heads,
+                                             int32_t num_kv_heads);
+kva_status kva__cuda_prefill_tiles_build_subset(int32_t num_requests,
+                                                const int32_t *query_start_loc,
+                                                const int32_t *seq_lens, const uint8_t *use_req,
+                                                int32_t num_heads, int32_t num_kv_heads,
+                                                int32_t causal, int32_t window_left, int32_t *tiles,
+                                                int32_t capacity, int32_t *num_tiles);
+
 /*
  * Launches the kernel on stream (a cudaStream_t, may be NULL). Checks the
  * arguments it can check without reading device memory, sets the kernel's
