@@ -741,7 +741,8 @@ __global__ void __launch_bounds__(256)
  * left them out of the work items and uploaded their tile list into the
  * metadata's prefill-tile section, its count into the header. The grid is the
  * section's capacity (CTAs past the count exit), so a graph captured here
- * replays any later plan that fits the capacity. Launched whenever the shape
+ * replays any later plan that fits the capacity; the block-table stride is
+ * read from the header for the same reason. Launched whenever the shape
  * runs prefills there and the context has tile capacity (0 tiles: the CTAs
  * exit at once), not only when this plan has prefills, so a graph captured
  * over a decode-only batch also replays batches with prefills.
@@ -769,7 +770,8 @@ static kva_status launch_prefill(kva_context *ctx, const kva_plan *plan, const a
     pa.tiles = st->meta.ptiles;
     pa.num_tiles = st->meta.hdr + KVA_CUDA_HDR_PTILES;
     pa.grid_tiles = (int32_t)st->caps.ptiles;
-    pa.block_table_stride = d->block_table_stride;
+    /* Per-plan values come from the device header (graph replay). */
+    pa.block_table_stride_dev = st->meta.hdr + KVA_CUDA_HDR_BT_STRIDE;
     pa.block_size = cache->desc.block_size;
     pa.num_heads = d->num_heads;
     pa.num_kv_heads = d->num_kv_heads;

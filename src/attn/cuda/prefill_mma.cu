@@ -182,7 +182,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
     const int seq_len = a.seq_lens[r];
     const int rows = q_len * G; /* packed rows of this (request, kv head) */
     const int B = a.block_size;
-    const int32_t *bt = a.block_table + (size_t)r * a.block_table_stride;
+    const int bt_stride =
+        a.block_table_stride_dev ? *a.block_table_stride_dev : a.block_table_stride;
+    const int32_t *bt = a.block_table + (size_t)r * bt_stride;
     const int has_window = a.window_left >= 0 && a.window_left < KVA_MAX_SEQ_LEN;
     const int window = a.window_left;
 

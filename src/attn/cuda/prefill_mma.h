@@ -44,18 +44,22 @@ extern "C" {
 
 typedef struct kva__cuda_prefill_args {
     /* Tensors (device memory). */
-    const void *q;                  /* [T, H, D] dtype, contiguous */
-    const void *k;                  /* NHD: [NB, B, Hkv, D]; HND: [NB, Hkv, B, D] dtype */
-    const void *v;                  /* NHD: [NB, B, Hkv, Dv]; HND: [NB, Hkv, B, Dv] dtype */
-    void *out;                      /* [T, H, Dv] dtype */
-    float *lse;                     /* [T, H] float32 natural log, or NULL */
-    const float *sinks;             /* [H] float32 sink logits, or NULL */
-    const float *alibi_slopes;      /* [H] float32, or NULL */
-    const int32_t *query_start_loc; /* [R + 1] */
-    const int32_t *seq_lens;        /* [R] */
-    const int32_t *block_table;     /* [R, block_table_stride] */
-    const int32_t *tiles;           /* [grid_tiles, 4] from kva__cuda_prefill_tiles_build */
-    const int32_t *num_tiles;       /* [1] tiles in use (<= grid_tiles) */
+    const void *q;                         /* [T, H, D] dtype, contiguous */
+    const void *k;                         /* NHD: [NB, B, Hkv, D]; HND: [NB, Hkv, B, D] dtype */
+    const void *v;                         /* NHD: [NB, B, Hkv, Dv]; HND: [NB, Hkv, B, Dv] dtype */
+    void *out;                             /* [T, H, Dv] dtype */
+    float *lse;                            /* [T, H] float32 natural log, or NULL */
+    const float *sinks;                    /* [H] float32 sink logits, or NULL */
+    const float *alibi_slopes;             /* [H] float32, or NULL */
+    const int32_t *query_start_loc;        /* [R + 1] */
+    const int32_t *seq_lens;               /* [R] */
+    const int32_t *block_table;            /* [R, block_table_stride] */
+    const int32_t *tiles;                  /* [grid_tiles, 4] from kva__cuda_prefill_tiles_build */
+    const int32_t *num_tiles;              /* [1] tiles in use (<= grid_tiles) */
+    const int32_t *block_table_stride_dev; /* [1] or NULL: when set, the block-table
+                                              stride is read from device memory (so a
+                                              captured launch replays plans of another
+                                              stride) and block_table_stride is unused */
     /* Scalars. */
     int32_t grid_tiles; /* CTAs launched (the tile array's capacity); 0 launches nothing */
     int32_t block_table_stride;
