@@ -7,8 +7,10 @@ Measures, on the same device and in the same process run:
     kvattn (bench_cuda, paged, plus a 32-layer CUDA-graph replay), PyTorch
     SDPA with the flash and cuDNN backends on a contiguous cache, FlashInfer's
     BatchDecodeWithPagedKVCacheWrapper on a paged cache of the same shape;
-  * causal prefill (bf16, 4096 tokens, H/Hkv 32/8, D 128): kvattn, SDPA flash
-    and cuDNN, FlashInfer's BatchPrefillWithPagedKVCacheWrapper.
+  * causal prefill (bf16, H/Hkv 32/8, D 128; one 4096-token prompt and
+    8 prompts of 1024): kvattn through kva_attention_run (prefills on the
+    tensor-core kernel prefill_mma), SDPA flash and cuDNN, FlashInfer's
+    BatchPrefillWithPagedKVCacheWrapper.
 KV bytes count every visible key's K and V once per kv head; FLOPs count 4*D
 per visible query-key pair and head. Times are medians of CUDA-event-timed
 runs after warm-up. Every peer runs in try/except: a peer that cannot run is
@@ -28,7 +30,8 @@ import torch
 import torch.nn.functional as F
 
 DEC = dict(batch=64, keys=4096, H=32, Hkv=8, D=128, page=16)
-PRE = dict(tokens=4096, H=32, Hkv=8, D=128, page=16)
+PRE = dict(H=32, Hkv=8, D=128, page=16)
+PRE_SHAPES = ((1, 4096), (8, 1024))  # (prompts, tokens each)
 
 
 def median_ms(fn, iters=30, warmup=5):
@@ -132,41 +135,47 @@ def decode_peers(res):
 
 
 def prefill_peers(res):
+    for nreq, n in PRE_SHAPES:
+        prefill_peers_shape(res, nreq, n)
+
+
+def prefill_peers_shape(res, nreq, n):
     from torch.nn.attention import SDPBackend
 
     c = PRE
-    n = c["tokens"]
-    flops = 4.0 * c["D"] * c["H"] * n * (n + 1) / 2
-    q = torch.randn(1, c["H"], n, c["D"], dtype=torch.bfloat16, device="cuda")
-    k = torch.randn(1, c["Hkv"], n, c["D"], dtype=torch.bfloat16, device="cuda")
+    tag = f"prefill {nreq}x{n}"
+    flops = nreq * 4.0 * c["D"] * c["H"] * n * (n + 1) / 2
+    q = torch.randn(nreq, c["H"], n, c["D"], dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(nreq, c["Hkv"], n, c["D"], dtype=torch.bfloat16, device="cuda")
     v = torch.randn_like(k)
     for name, be in (("SDPA flash", SDPBackend.FLASH_ATTENTION),
                      ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION)):
         try:
             ms, note = sdpa(be, q, k, v, True)
-            res.append(dict(case="prefill", name=name, ms=ms, flops=flops, note=note))
+            res.append(dict(case=tag, name=name, ms=ms, flops=flops, note=note))
         except Exception as e:
-            res.append(dict(case="prefill", name=name, error=repr(e)[:300]))
+            res.append(dict(case=tag, name=name, error=repr(e)[:300]))
     try:
         import flashinfer
 
-        pages = n // c["page"]
+        per = n // c["page"]
+        pages = nreq * per
         cache = torch.randn(pages + 3, 2, c["page"], c["Hkv"], c["D"], dtype=torch.bfloat16,
                             device="cuda")
         perm = torch.randperm(pages + 3, device="cuda")[:pages].int()
-        qo = torch.tensor([0, n], dtype=torch.int32, device="cuda")
-        kv_indptr = torch.tensor([0, pages], dtype=torch.int32, device="cuda")
-        last = torch.tensor([c["page"]], dtype=torch.int32, device="cuda")
+        qo = torch.arange(0, nreq + 1, dtype=torch.int32, device="cuda") * n
+        kv_indptr = torch.arange(0, nreq + 1, dtype=torch.int32, device="cuda") * per
+        last = torch.full((nreq,), c["page"], dtype=torch.int32, device="cuda")
         ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
         w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
         w.plan(qo, kv_indptr, perm, last, c["H"], c["Hkv"], c["D"], c["page"], causal=True,
                q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-        qf = q[0].transpose(0, 1).contiguous()
+        qf = q.permute(0, 2, 1, 3).reshape(nreq * n, c["H"], c["D"]).contiguous()
         ms = median_ms(lambda: w.run(qf, cache), iters=20)
-        res.append(dict(case="prefill", name="FlashInfer paged prefill", ms=ms, flops=flops,
+        res.append(dict(case=tag, name="FlashInfer paged prefill", ms=ms, flops=flops,
                         note="flashinfer " + flashinfer.__version__))
     except Exception as e:
-        res.append(dict(case="prefill", name="FlashInfer paged prefill", error=repr(e)[:300]))
+        res.append(dict(case=tag, name="FlashInfer paged prefill", error=repr(e)[:300]))
         traceback.print_exc()
 
 
@@ -182,9 +191,12 @@ def ours(binary, res):
          ["--mode", "decode", "--batch", "64", "--context", "4092", "--q-len", "4"]),
         ("decode", "kvattn decode batch 4, 32k keys (split-KV)",
          ["--mode", "decode", "--batch", "4", "--context", "32767"]),
-        ("prefill", "kvattn prefill (attn_v1, no tensor cores)",
+        ("prefill 1x4096", "kvattn paged prefill (prefill_mma)",
          ["--mode", "prefill", "--batch", "1", "--context", "0", "--q-len", "4096",
-          "--iters", "5"]),
+          "--iters", "20"]),
+        ("prefill 8x1024", "kvattn paged prefill (prefill_mma)",
+         ["--mode", "prefill", "--batch", "8", "--context", "0", "--q-len", "1024",
+          "--iters", "20"]),
     ]
     for case, name, args in runs:
         try:
@@ -212,15 +224,16 @@ def main():
     ours(a.ours, res)
     decode_peers(res)
     prefill_peers(res)
+    res.sort(key=lambda r: r["case"])  # stable: each case's rows together, kvattn first
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"device: {dev}; torch {torch.__version__}; {date}",
              f"measured ceilings: copy {copy_tbs:.2f} TB/s (read+write), bf16 GEMM {gemm:.0f} "
              "TFLOP/s", "",
-             f"{'case':8} {'implementation':44} {'ms':>9} {'TB/s':>6} {'%copy':>6} "
+             f"{'case':14} {'implementation':40} {'ms':>9} {'TB/s':>6} {'%copy':>6} "
              f"{'TFLOP/s':>8}  note"]
     for r in res:
         if "error" in r:
-            lines.append(f"{r['case']:8} {r['name']:44} {'-':>9}  ERROR {r['error']}")
+            lines.append(f"{r['case']:14} {r['name']:40} {'-':>9}  ERROR {r['error']}")
             continue
         s = r["ms"] * 1e-3
         tbs = r.get("kv_bytes", 0) / s / 1e12 if r.get("kv_bytes") else 0
@@ -229,7 +242,7 @@ def main():
         if r.get("graph_ms"):
             gt = r["kv_bytes"] / (r["graph_ms"] * 1e-3) / 1e12
             note += f"; graph replay {r['graph_ms']:.4f} ms/layer = {gt:.2f} TB/s"
-        lines.append(f"{r['case']:8} {r['name']:44} {r['ms']:9.4f} {tbs:6.2f} "
+        lines.append(f"{r['case']:14} {r['name']:40} {r['ms']:9.4f} {tbs:6.2f} "
                      f"{100 * tbs / copy_tbs:5.1f}% {tf:8.1f}  {note}")
     out = "\n".join(lines)
     os.makedirs(a.out, exist_ok=True)

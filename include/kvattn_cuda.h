@@ -50,7 +50,10 @@ typedef struct kva_cuda_capacity {
 } kva_cuda_capacity;
 
 /* Grows the context's device metadata and workspace to hold any plan within
- * cap (synchronizes the stream; refused while it is capturing). */
+ * cap (synchronizes the stream; refused while it is capturing). With
+ * max_tokens > max_requests it also reserves the tile list of the tensor-core
+ * prefill kernel, whose (possibly empty) launch is then part of every run of
+ * a shape it supports, so a graph captured over decodes replays prefills. */
 KVA_API kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_capacity *cap);
 
 #ifdef __cplusplus

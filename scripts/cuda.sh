@@ -8,9 +8,12 @@
 #   KVA_WHEELS      folder of wheels to install for the peers (flashinfer-python,
 #                   apache-tvm-ffi), installed offline into /tmp/kva_site
 #   OUT             folder for logs and results (default build-cuda/out)
-#   KVA_STEPS       steps to run (default "test sanitize bench peers"; "bench" times
-#                   kvattn's own variants and shapes, "peers" the table against peers)
+#   KVA_STEPS       steps to run (default "test sanitize bench prefill peers"; "bench" times
+#                   kvattn's decode variants and shapes, "prefill" its prefills through
+#                   the public API, "peers" the table against peers, printed last)
 #   KVA_CMAKE_ARGS  extra cmake arguments (e.g. -DXXHASH_LIB=... where libxxhash-dev is missing)
+#   KVA_SANITIZERS  compute-sanitizer tools of the "sanitize" step (default "memcheck racecheck")
+#   KVA_SANITIZE_TESTS  tests they run in quick mode (default "test_cuda_attn test_cuda_cache")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -32,7 +35,7 @@ cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${KVA_CUDA_ARCH:-90a}" ${KVA_CMAKE_ARGS:-} >"$out/cmake.log" 2>&1 || { cat "$out/cmake.log"; exit 1; }
 ninja -C build-cuda -j"$jobs" >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
 
-steps=" ${KVA_STEPS:-test sanitize bench peers} "
+steps=" ${KVA_STEPS:-test sanitize bench prefill peers} "
 has() { [[ "$steps" == *" $1 "* ]]; }
 
 if has test; then
@@ -69,10 +72,22 @@ if has bench; then
   } | tee "$out/bench_variants.log"
 fi
 
+if has prefill; then
+  echo "== kvattn prefill benchmarks (kva_attention_run; prefills on prefill_mma)"
+  b=build-cuda/bench_cuda
+  {
+  $b --mode prefill --batch 1 --context 0 --q-len 4096 --iters 20 2>&1 | head -1
+  $b --mode prefill --batch 8 --context 0 --q-len 1024 --iters 20 2>&1 | head -1
+  $b --mode prefill --batch 1 --context 0 --q-len 4096 --dtype f16 --iters 20 2>&1 | head -1
+  $b --mode prefill --batch 1 --context 0 --q-len 4096 --head-dim 64 --iters 20 2>&1 | head -1
+  $b --mode prefill --batch 4 --context 3072 --q-len 1024 --iters 20 2>&1 | head -1
+  } | tee "$out/bench_prefill.log"
+fi
+
 if has sanitize; then
 echo "== compute-sanitizer (quick sets)"
-for tool in memcheck racecheck; do
-  for t in test_cuda_attn test_cuda_cache; do
+for tool in ${KVA_SANITIZERS:-memcheck racecheck}; do
+  for t in ${KVA_SANITIZE_TESTS:-test_cuda_attn test_cuda_cache}; do
     KVA_TEST_QUICK=1 timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 \
       "build-cuda/$t" >"$out/sanitizer_${tool}_$t.log" 2>&1
     rc=$?

@@ -189,8 +189,9 @@ static int emit_unit(builder *b, const kva_plan *plan, const kva__partition_para
  * Walks all units. With emit == 0 it only adds their costs to *total; with
  * emit != 0 it emits them against the given target.
  */
-static int walk_units(builder *b, const kva_plan *plan, const kva__partition_params *pp, int emit,
-                      int64_t target, int64_t *total, int64_t *partial_floats)
+static int walk_units(builder *b, const kva_plan *plan, const kva__partition_params *pp,
+                      const uint8_t *skip_req, int emit, int64_t target, int64_t *total,
+                      int64_t *partial_floats)
 {
     const kva_plan_desc *d = &plan->d;
     const int32_t G = d->num_heads / d->num_kv_heads;
@@ -199,7 +200,7 @@ static int walk_units(builder *b, const kva_plan *plan, const kva__partition_par
     for (int32_t r = 0; r < d->num_requests; r++) {
         const int32_t q_len = plan->query_start_loc[r + 1] - plan->query_start_loc[r];
         const int32_t s = plan->seq_lens[r];
-        if (q_len <= 0)
+        if (q_len <= 0 || (skip_req && skip_req[r]))
             continue;
         for (int32_t h0 = 0; h0 < G; h0 += nh_base) {
             const int32_t nh = G - h0 < nh_base ? G - h0 : nh_base;
@@ -234,6 +235,12 @@ static int walk_units(builder *b, const kva_plan *plan, const kva__partition_par
 kva_status kva__partition_build(const kva_plan *plan, const kva__partition_params *params,
                                 kva__partition **out)
 {
+    return kva__partition_build_subset(plan, params, NULL, out);
+}
+
+kva_status kva__partition_build_subset(const kva_plan *plan, const kva__partition_params *params,
+                                       const uint8_t *skip_req, kva__partition **out)
+{
     kva__partition_params pp = *params;
     if (pp.num_threads < 1)
         pp.num_threads = 1;
@@ -258,14 +265,14 @@ kva_status kva__partition_build(const kva_plan *plan, const kva__partition_param
     builder b;
     memset(&b, 0, sizeof b);
     int64_t total = 0, partial_floats = 0;
-    walk_units(&b, plan, &pp, 0, 0, &total, NULL);
+    walk_units(&b, plan, &pp, skip_req, 0, 0, &total, NULL);
     int64_t target = 0;
     if (pp.num_threads > 1) {
         target = total / ((int64_t)pp.num_threads * pp.items_per_thread);
         if (target < 1)
             target = 1;
     }
-    if (!walk_units(&b, plan, &pp, 1, target, &total, &partial_floats)) {
+    if (!walk_units(&b, plan, &pp, skip_req, 1, target, &total, &partial_floats)) {
         free(b.items);
         free(b.tasks);
         free(part);

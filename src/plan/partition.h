@@ -76,6 +76,11 @@ struct kva__partition {
  * d.*) is resolved. */
 kva_status kva__partition_build(const kva_plan *plan, const kva__partition_params *params,
                                 kva__partition **out);
+/* The same for a subset of the requests: requests r with skip_req[r] != 0
+ * (host array [R], or NULL for none) get no items (the CUDA backend runs them
+ * in its tensor-core prefill kernel). */
+kva_status kva__partition_build_subset(const kva_plan *plan, const kva__partition_params *params,
+                                       const uint8_t *skip_req, kva__partition **out);
 void kva__partition_free(kva__partition *part); /* NULL is a no-op */
 
 /*

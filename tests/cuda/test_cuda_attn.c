@@ -4,12 +4,18 @@
  * decode, chunked and fresh prefill) crossed with D/Dv, GQA pairs (MHA, GQA,
  * MQA), block sizes from 1, dtypes, layouts, causal/window/non-causal masks,
  * soft-cap, ALiBi, sinks, LSE on/off, paged and ragged. Device outputs are
- * poisoned with NaN (0xff bytes) before every run. Also: split-KV on long
- * contexts, rows that see no key, the stale-plan rule. Exits 77 without a GPU.
+ * poisoned with NaN (0xff bytes) before every run, and the cache slots no
+ * request may read (past seq_len in a partly filled block, unused blocks)
+ * hold NaN too. Prefills of paged f16/bf16 plans with D in {64, 128, 256}
+ * run on the tensor-core kernel (prefill_mma) next to the decode kernel;
+ * test_mma_mixed covers those shapes explicitly and checks the routing.
+ * Also: split-KV on long contexts, rows that see no key, the stale-plan rule.
+ * Exits 77 without a GPU.
  */
 #include "batchgen.h"
 #include "cuda_util.h"
 #include "../../src/plan/partition.h"
+#include "../../src/attn/cuda/cuda_backend.h"
 
 #ifdef KVA_HAVE_CUDA
 
@@ -23,8 +29,42 @@ typedef struct cfg {
     int32_t causal, window;
     float softcap, scale;
     int alibi, sinks, lse, ragged;
-    int variant; /* kernel variant forced on the CUDA plan (0: the default) */
+    int variant;   /* kernel variant forced on the CUDA plan (0: the default) */
+    int keep_tail; /* 1: leave the cache's unreadable slots random (default: NaN) */
+    int want_mma;  /* 1: the plan must route at least one prefill to prefill_mma */
 } cfg;
+
+/* Writes NaN (0xff bytes) into every K/V slot of the host cache that no
+ * request of b may read: slots at or past seq_len in each request's last
+ * (partly filled) block and every slot of unused blocks. A block shared by
+ * several requests keeps the slots any of them reads. */
+static void poison_unread_slots(kva_cache *hc, const kva_test_batch *b)
+{
+    kva_cache_desc cd;
+    kva_cache_get_desc(hc, &cd);
+    void *kp, *vp;
+    kva_cache_data(hc, &kp, &vp);
+    const int32_t B = cd.block_size, Hkv = cd.num_kv_heads;
+    int32_t *used = calloc((size_t)cd.num_blocks, sizeof(int32_t)); /* slots read per block */
+    for (int32_t r = 0; r < b->R; r++)
+        for (int32_t k = 0; (int64_t)k * B < b->seq_lens[r]; k++) {
+            const int32_t blk = b->block_table[(size_t)r * b->stride + k];
+            const int32_t n = b->seq_lens[r] - k * B < B ? b->seq_lens[r] - k * B : B;
+            if (n > used[blk])
+                used[blk] = n;
+        }
+    const size_t es = kva_dtype_size(cd.dtype);
+    for (int32_t blk = 0; blk < cd.num_blocks; blk++)
+        for (int32_t o = used[blk]; o < B; o++)
+            for (int32_t h = 0; h < Hkv; h++) {
+                const int64_t row = cd.layout == KVA_LAYOUT_NHD ? ((int64_t)blk * B + o) * Hkv + h
+                                                                : ((int64_t)blk * Hkv + h) * B + o;
+                memset((char *)kp + (size_t)row * cd.head_dim * es, 0xff, (size_t)cd.head_dim * es);
+                memset((char *)vp + (size_t)row * cd.head_dim_v * es, 0xff,
+                       (size_t)cd.head_dim_v * es);
+            }
+    free(used);
+}
 
 static void print_cfg(const cfg *c)
 {
@@ -71,6 +111,8 @@ static int run_batch(const cfg *c, const kva_test_batch *given)
         dv = dev_from(hv, vn * es);
     } else {
         CHECK_OK(kva_test_batch_cache(b, ref, &rng, Hkv, D, Dv, c->dt, c->layout, &hc));
+        if (hc && !c->keep_tail)
+            poison_unread_slots(hc, b);
         kva_cache_desc cd;
         kva_cache_get_desc(hc, &cd);
         CHECK_OK(kva_cache_create(gpu, &cd, &dc));
@@ -99,6 +141,9 @@ static int run_batch(const cfg *c, const kva_test_batch *given)
     CHECK_OK(kva_plan_create(gpu, &pd, &pg));
     if (pg && c->variant)
         pg->part->variant = c->variant;
+    if (pg && c->want_mma)
+        CHECK_MSG(((const kva__cuda_plan *)pg->device)->num_ptiles > 0,
+                  "the plan routed no prefill to prefill_mma");
 
     const size_t nq = (size_t)T * H * D, no = (size_t)T * H * Dv, nl = (size_t)T * H;
     void *q = malloc(nq * es + 16), *out_ref = malloc(no * es + 16),
@@ -123,8 +168,13 @@ static int run_batch(const cfg *c, const kva_test_batch *given)
     kva_test_poison(out_gpu, c->dt, no);
     kva_test_poison(lse_gpu, KVA_DTYPE_F32, nl);
     to_host(out_gpu, dout, no * es);
-    size_t bad = kva_test_compare("out", out_gpu, out_ref, c->dt, no, kva_test_atol(c->dt),
-                                  kva_test_rtol(c->dt));
+    /* prefill_mma rounds the softmax weights to the input dtype for P V (as
+     * FlashAttention): out may differ by u * max|v| more (u = 2^-8 bf16,
+     * 2^-11 f16; max|v| = sqrt(3) for the uniform fill), lse does not. */
+    const int mma = pg && ((const kva__cuda_plan *)pg->device)->num_ptiles > 0;
+    const double atol = kva_test_atol(c->dt) +
+                        (mma ? (c->dt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11) * 1.7320508 : 0.0);
+    size_t bad = kva_test_compare("out", out_gpu, out_ref, c->dt, no, atol, kva_test_rtol(c->dt));
     if (c->lse) {
         to_host(lse_gpu, dlse, nl * 4);
         bad += kva_test_compare_f32("lse", lse_gpu, lse_ref, nl, 1e-4, 2e-5);
@@ -242,6 +292,77 @@ static void test_split_kv(void)
     }
 }
 
+/* Mixed batches (decodes, spec decodes, chunked and fresh prefills, a long
+ * context) at every shape prefill_mma covers: D 64/128/256 x bf16/f16, NHD
+ * and HND, block sizes 16, 3 (not a power of two), 64 and 1, with the masks
+ * and extras rotated. The prefills run on prefill_mma, the rest on the decode
+ * kernel, in one kva_attention_run; unread cache slots hold NaN. */
+static void test_mma_mixed(void)
+{
+    static const int32_t q[] = {1, 300, 1, 77, 4, 130, 1, 17};
+    static const int32_t s[] = {500, 300, 1000, 900, 260, 1333, 37, 17};
+    static const int32_t dims[] = {64, 128, 256};
+    static const int32_t bsz[] = {16, 3, 64, 1};
+    const int n = getenv("KVA_TEST_QUICK") ? 2 : 12;
+    for (int i = 0; i < n; i++) {
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.seed = 300 + (uint64_t)i;
+        c.D = c.Dv = dims[i % 3];
+        c.dt = (i / 3) % 2 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+        c.H = c.D == 256 ? 16 : 32;
+        c.Hkv = c.D == 256 ? 4 : (i % 4 == 3 ? 32 : 8);
+        c.B = bsz[(i / 2) % 4];
+        c.layout = i % 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+        c.causal = i % 5 != 4;
+        c.window = i % 4 == 1 ? 100 : -1;
+        c.softcap = i % 6 == 2 ? 5.0f : 0.0f;
+        c.alibi = i % 7 == 3;
+        c.sinks = i % 3 == 1;
+        c.lse = i % 4 != 2;
+        c.want_mma = 1;
+        kva_test_batch b;
+        make_batch(&b, 600 + (uint64_t)i, 8, q, s, c.B);
+        run_batch(&c, &b);
+        kva_test_batch_free(&b);
+    }
+}
+
+/* A plan with a block table sends its prefills to the paged tensor-core
+ * kernel, so kva_attention_run_ragged refuses it (status, message, out
+ * untouched) instead of skipping those rows. */
+static void test_ragged_refuses_paged_prefill(void)
+{
+    static const int32_t q[] = {1, 100}, s[] = {50, 100};
+    kva_test_batch b;
+    make_batch(&b, 5, 2, q, s, 16);
+    kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
+    kva_context *gpu = NULL;
+    CHECK_OK(kva_context_create(&gd, &gpu));
+    kva_plan_desc pd = kva_test_batch_plan_desc(&b, 8, 2, 64, 64, KVA_DTYPE_BF16);
+    kva_plan *p = NULL;
+    CHECK_OK(kva_plan_create(gpu, &pd, &p));
+    const size_t nkv = (size_t)150 * 2 * 64 * 2, nq = (size_t)b.T * 8 * 64 * 2;
+    void *dk = dev_poisoned(nkv), *dv = dev_poisoned(nkv), *dq = dev_poisoned(nq);
+    void *dout = dev_poisoned(nq);
+    CHECK_STATUS(kva_attention_run_ragged(gpu, p, dq, dk, dv, NULL, dout, NULL),
+                 KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("block_table");
+    unsigned char probe[64];
+    to_host(probe, dout, sizeof probe);
+    int untouched = 1;
+    for (int i = 0; i < 64; i++)
+        untouched &= probe[i] == 0xff;
+    CHECK(untouched);
+    kva_plan_destroy(p);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(dq);
+    cudaFree(dout);
+    kva_context_destroy(gpu);
+    kva_test_batch_free(&b);
+}
+
 /* Non-causal rows that see no key (seq_len 0): out 0 and lse -inf, or the sink. */
 static void test_empty_rows(void)
 {
@@ -313,6 +434,8 @@ int main(void)
     RUN(test_stale_plan);
     RUN(test_empty_rows);
     RUN(test_split_kv);
+    RUN(test_mma_mixed);
+    RUN(test_ragged_refuses_paged_prefill);
     RUN(test_grid);
 #endif
     return kva_test_finish();

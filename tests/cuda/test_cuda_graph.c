@@ -5,11 +5,15 @@
  * new kva_plan_create of the same shape: the plan's metadata lives in the
  * context's fixed device buffers. Capture itself proves the run path makes
  * no host synchronization (a synchronizing call invalidates the capture).
- * Every layer's output of both replays is compared with the reference.
+ * Step A is decodes only; step B adds two prefills that run on the
+ * tensor-core prefill kernel (its launch is in the graph with 0 tiles for A);
+ * then A is planned again and the graph replayed a third time.
+ * Every layer's output of every replay is compared with the reference.
  * Exits 77 without a GPU.
  */
 #include "batchgen.h"
 #include "cuda_util.h"
+#include "../../src/attn/cuda/cuda_backend.h"
 
 #ifdef KVA_HAVE_CUDA
 
@@ -23,8 +27,11 @@ typedef struct layer {
 } layer;
 
 /* Compares every layer's device output with the reference for batch b. */
-static void compare_layers(kva_context *ref, layer *ly, const kva_test_batch *b, const char *label)
+static void compare_layers(kva_context *ref, layer *ly, const kva_test_batch *b, const char *label,
+                           int mma)
 {
+    /* Rows from prefill_mma (P rounded to bf16 for P V): + 2^-8 * max|v|. */
+    const double atol = kva_test_atol(DT) + (mma ? 0x1p-8 * 1.7320508 : 0.0);
     kva_plan_desc pd = kva_test_batch_plan_desc(b, H, HKV, D, D, DT);
     kva_plan *pr = NULL;
     CHECK_OK(kva_plan_create(ref, &pd, &pr));
@@ -34,7 +41,7 @@ static void compare_layers(kva_context *ref, layer *ly, const kva_test_batch *b,
     for (int l = 0; l < L; l++) {
         CHECK_OK(kva_attention_run(ref, pr, ly[l].q, ly[l].hc, NULL, want, NULL));
         to_host(got, ly[l].dout, n * es);
-        bad += kva_test_compare(label, got, want, DT, n, kva_test_atol(DT), kva_test_rtol(DT));
+        bad += kva_test_compare(label, got, want, DT, n, atol, kva_test_rtol(DT));
     }
     CHECK_MSG(bad == 0, "%s: %zu mismatches over %d layers", label, bad, L);
     free(want);
@@ -49,7 +56,7 @@ static void test_graph_replay(void)
      * one long context (split-KV) - more items and tasks than A. */
     const int32_t qa[12] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     const int32_t sa[12] = {40, 300, 17, 90, 1000, 5, 64, 65, 128, 700, 33, 250};
-    const int32_t qb[6] = {1, 3, 1, 40, 1, 1}, sb[6] = {3000, 90, 200, 160, 12, 8};
+    const int32_t qb[6] = {1, 3, 1, 40, 1, 130}, sb[6] = {3000, 90, 200, 160, 12, 400};
     kva_test_batch ba, bb;
     kva_test_batch_init(&ba, &rng, 12, qa, sa, BS, 2, 0);
     kva_test_batch_init(&bb, &rng, 6, qb, sb, BS, 2, 1);
@@ -102,7 +109,7 @@ static void test_graph_replay(void)
 
     CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
-    compare_layers(ref, ly, &ba, "replay A");
+    compare_layers(ref, ly, &ba, "replay A", 0);
 
     /* New plan, same shape: the same graph now computes step B. */
     kva_plan_destroy(plan_a);
@@ -111,11 +118,23 @@ static void test_graph_replay(void)
     CHECK_OK(kva_plan_create(gpu, &pb, &plan_b));
     kva_plan_info info;
     kva_plan_get_info(plan_b, &info);
+    /* Both prefills (40 and 130 tokens x G = 4 rows) go to prefill_mma. */
+    CHECK(plan_b && ((const kva__cuda_plan *)plan_b->device)->num_prefills == 2);
     for (int l = 0; l < L; l++)
         CUDA_OK(cudaMemsetAsync(ly[l].dout, 0xff, nq * 2, stream));
     CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
-    compare_layers(ref, ly, &bb, "replay B");
+    compare_layers(ref, ly, &bb, "replay B", 1);
+
+    /* Back to decodes only: the prefill kernel's tile count returns to 0. */
+    kva_plan_destroy(plan_b);
+    plan_b = NULL;
+    CHECK_OK(kva_plan_create(gpu, &pa, &plan_b));
+    for (int l = 0; l < L; l++)
+        CUDA_OK(cudaMemsetAsync(ly[l].dout, 0xff, nq * 2, stream));
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    compare_layers(ref, ly, &ba, "replay A again", 0);
 
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);

@@ -2,8 +2,9 @@
  * attn_v1.cu - paged (and ragged) attention on CUDA: one CTA per work item
  * (request, kv head, query tile, key split), every head of the GQA slice and
  * every query row of the tile in the same CTA, so each K/V row loaded serves
- * all of them. Used for decodes, speculative decodes and (until the tensor-
- * core prefill kernel is wired in, see launch_prefill) prefill tiles. Three
+ * all of them. Used for decodes, speculative decodes, short chunked prefills
+ * and every shape the tensor-core prefill kernel (prefill_mma.h) does not
+ * cover; launch_prefill() sends the other prefills there. Three
  * variants share the kernel body (docs/cuda.md has their measurements):
  *   1: K/V loads into registers, the next step's loads in flight during the
  *      current step (every dtype; the only one for f32);
@@ -33,6 +34,7 @@
 extern "C" {
 #include "cuda_backend.h"
 #include "partition.h"
+#include "prefill_mma.h"
 }
 #include "cuda_check.h"
 
@@ -735,17 +737,53 @@ __global__ void __launch_bounds__(256)
 }
 
 /*
- * Seam for the tensor-core prefill kernel (src/attn/cuda/prefill_mma.cu,
- * written separately): when wired, plan_build routes prefill tiles to its own
- * device tile list and this function launches it on the stream; the items
- * left to attn_v1 are then the decodes. Today every item runs in attn_v1.
+ * The plan's prefills on the tensor-core kernel (prefill_mma.h). cuda_plan_build
+ * left them out of the work items and uploaded their tile list into the
+ * metadata's prefill-tile section, its count into the header. The grid is the
+ * section's capacity (CTAs past the count exit), so a graph captured here
+ * replays any later plan that fits the capacity; the block-table stride is
+ * read from the header for the same reason. Launched whenever the shape
+ * runs prefills there and the context has tile capacity (0 tiles: the CTAs
+ * exit at once), not only when this plan has prefills, so a graph captured
+ * over a decode-only batch also replays batches with prefills.
  */
-static kva_status launch_prefill(kva_context *ctx, const kva_plan *plan, const attn_args *a)
+static kva_status launch_prefill(kva_context *ctx, const kva_plan *plan, const attn_args *a,
+                                 const kva_cache *cache)
 {
-    (void)ctx;
-    (void)plan;
-    (void)a;
-    return KVA_STATUS_OK;
+    const kva__cuda_state *st = (const kva__cuda_state *)ctx->cuda;
+    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
+    if (!cp->mma || !cache || st->caps.ptiles <= 0)
+        return KVA_STATUS_OK;
+    const kva_plan_desc *d = &plan->d;
+    kva__cuda_prefill_args pa;
+    memset(&pa, 0, sizeof pa);
+    pa.q = a->q;
+    pa.k = a->k;
+    pa.v = a->v;
+    pa.out = a->out;
+    pa.lse = a->lse;
+    pa.sinks = a->sinks;
+    pa.alibi_slopes = cp->has_alibi ? st->meta.alibi : NULL;
+    pa.query_start_loc = st->meta.qsl;
+    pa.seq_lens = st->meta.seq_lens;
+    pa.block_table = st->meta.block_table;
+    pa.tiles = st->meta.ptiles;
+    pa.num_tiles = st->meta.hdr + KVA_CUDA_HDR_PTILES;
+    pa.grid_tiles = (int32_t)st->caps.ptiles;
+    /* Per-plan values come from the device header (graph replay). */
+    pa.block_table_stride_dev = st->meta.hdr + KVA_CUDA_HDR_BT_STRIDE;
+    pa.block_size = cache->desc.block_size;
+    pa.num_heads = d->num_heads;
+    pa.num_kv_heads = d->num_kv_heads;
+    pa.head_dim = d->head_dim;
+    pa.head_dim_v = d->head_dim_v;
+    pa.dtype = d->q_dtype;
+    pa.layout = cache->desc.layout;
+    pa.scale = d->scale;
+    pa.causal = d->causal;
+    pa.window_left = d->window_left;
+    pa.softcap = d->softcap;
+    return kva__cuda_prefill_launch(&pa, st->stream);
 }
 
 extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan, const void *q,
@@ -790,7 +828,7 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
                          "v (%p)",
                          q, a.k, a.v);
 
-    KVA_TRY(launch_prefill(ctx, plan, &a));
+    KVA_TRY(launch_prefill(ctx, plan, &a, cache));
     const int32_t dmax = a.D > a.Dv ? a.D : a.Dv;
     const int variant =
         plan->part->variant >= 1 && plan->part->variant <= 3 ? plan->part->variant : 1;

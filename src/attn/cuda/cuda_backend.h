@@ -4,7 +4,7 @@
  *
  * Device metadata: one device buffer per context, cut into fixed sections
  * (header, work items, split tasks, query_start_loc, seq_lens, kv_start,
- * block_table, alibi). Its section addresses change only when it grows,
+ * block_table, alibi, prefill tiles). Its section addresses change only when it grows,
  * which happens only at plan time; kernels read every per-plan value (counts,
  * block-table stride) from the header, so a captured graph replays with the
  * metadata of whatever plan was uploaded last.
@@ -33,12 +33,16 @@ enum {
     KVA_CUDA_HDR_TASKS,     /* number of split tasks */
     KVA_CUDA_HDR_REQS,      /* R */
     KVA_CUDA_HDR_BT_STRIDE, /* block_table_stride */
+    KVA_CUDA_HDR_PTILES,    /* tiles of the tensor-core prefill kernel (prefill_mma.h) */
     KVA_CUDA_HDR_WORDS = 16
 };
 
 /* Capacities (element counts) of the metadata sections. */
 typedef struct kva__cuda_caps {
     int64_t items, tasks, reqs, bt, heads;
+    int64_t ptiles; /* prefill tiles; 0 until a plan or reserve needs them. It is
+                       also the prefill kernel's grid size (CTAs past the header's
+                       KVA_CUDA_HDR_PTILES count exit). */
 } kva__cuda_caps;
 
 /* Section pointers into the device metadata buffer. */
@@ -51,6 +55,7 @@ typedef struct kva__cuda_meta {
     const int64_t *kv_start;     /* [caps.reqs + 1] ragged K/V row starts */
     const int32_t *block_table;  /* [caps.bt] */
     const float *alibi;          /* [caps.heads] */
+    const int32_t *ptiles;       /* [caps.ptiles, 4] prefill tiles {r, m0, kvh, 0} */
 } kva__cuda_meta;
 
 typedef struct kva__cuda_state {
@@ -74,6 +79,13 @@ typedef struct kva__cuda_plan {
     int rows;            /* attention rows per CTA of the kernel instantiation */
     int ctas_per_sm[3];  /* resident CTAs per SM of variants 1..3 (grid size) */
     int has_alibi;
+    int mma;              /* the shape runs prefills on prefill_mma (paged plans, D in
+                             {64, 128, 256}, Dv == D, f16/bf16): whenever the context
+                             has prefill-tile capacity the kernel is launched (with 0
+                             tiles when the batch has no prefill, so captured graphs
+                             replay batches with prefills) */
+    int32_t num_ptiles;   /* prefill tiles of this plan */
+    int32_t num_prefills; /* requests routed to prefill_mma */
 } kva__cuda_plan;
 
 /* Attention rows (query rows x heads) one CTA of the attention kernel holds,

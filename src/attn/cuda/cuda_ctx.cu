@@ -9,10 +9,19 @@
  * synchronize; refused during capture), waits for the previous upload to
  * leave the staging buffer, fills it and enqueues one cudaMemcpyAsync per
  * section. The run path then only launches kernels.
+ *
+ * Prefills on tensor cores: for paged plans whose shape prefill_mma supports
+ * (D in {64, 128, 256}, Dv == D, f16/bf16), requests with q_len above the
+ * decode threshold and at least KVA_CUDA_MMA_MIN_ROWS packed rows
+ * (q_len * H / Hkv) leave the work partition; their tile list is built into
+ * the staging buffer's prefill-tile section and uploaded with the rest. The
+ * decode kernel then sees only the other requests' items, so the two kernels
+ * write disjoint rows of out and lse.
  */
 extern "C" {
 #include "cuda_backend.h"
 #include "partition.h"
+#include "prefill_mma.h"
 }
 #include "cuda_check.h"
 
@@ -143,7 +152,12 @@ static size_t align256(size_t x)
 }
 
 /* Byte offsets of the sections for caps c; returns the total size. */
-static size_t layout_sections(const kva__cuda_caps *c, size_t off[8])
+#define KVA_CUDA_SECTIONS 9
+/* Packed rows (q_len * H / Hkv) from which a request above the decode
+ * threshold goes to prefill_mma (fewer leave most of its 128-row tile empty). */
+#define KVA_CUDA_MMA_MIN_ROWS 64
+
+static size_t layout_sections(const kva__cuda_caps *c, size_t off[KVA_CUDA_SECTIONS])
 {
     size_t o = 0;
     off[0] = o, o = align256(o + KVA_CUDA_HDR_WORDS * sizeof(int32_t));
@@ -154,6 +168,7 @@ static size_t layout_sections(const kva__cuda_caps *c, size_t off[8])
     off[5] = o, o = align256(o + (size_t)(c->reqs + 1) * sizeof(int64_t));
     off[6] = o, o = align256(o + (size_t)c->bt * sizeof(int32_t));
     off[7] = o, o = align256(o + (size_t)c->heads * sizeof(float));
+    off[8] = o, o = align256(o + (size_t)c->ptiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t));
     return o;
 }
 
@@ -181,14 +196,18 @@ static kva_status reserve_meta(kva__cuda_state *st, const kva__cuda_caps *need)
 {
     kva__cuda_caps c = st->caps;
     if (st->meta_dev && need->items <= c.items && need->tasks <= c.tasks && need->reqs <= c.reqs &&
-        need->bt <= c.bt && need->heads <= c.heads)
+        need->bt <= c.bt && need->heads <= c.heads && need->ptiles <= c.ptiles)
         return KVA_STATUS_OK;
     c.items = max64(max64(c.items, need->items), 1024);
     c.tasks = max64(max64(c.tasks, need->tasks), 256);
     c.reqs = max64(max64(c.reqs, need->reqs), 64);
     c.bt = max64(max64(c.bt, need->bt), 4096);
     c.heads = max64(max64(c.heads, need->heads), 64);
-    size_t off[8];
+    /* No prefill-tile capacity until a plan or reserve needs some: the prefill
+     * kernel is launched only when there is (decode-only contexts skip it). */
+    if (need->ptiles > c.ptiles)
+        c.ptiles = max64(need->ptiles, 256);
+    size_t off[KVA_CUDA_SECTIONS];
     size_t bytes = layout_sections(&c, off);
     KVA_TRY(check_not_capturing("kva_plan_create", st));
     void *dev = NULL, *host = NULL;
@@ -220,6 +239,10 @@ static kva_status reserve_meta(kva__cuda_state *st, const kva__cuda_caps *need)
     st->meta.kv_start = (const int64_t *)(b + off[5]);
     st->meta.block_table = (const int32_t *)(b + off[6]);
     st->meta.alibi = (const float *)(b + off[7]);
+    st->meta.ptiles = c.ptiles > 0 ? (const int32_t *)(b + off[8]) : NULL;
+    /* The header is read by every kernel (the prefill kernel's tile count
+     * too) before the first upload could fill it. */
+    KVA_CUDA_TRY(cudaMemsetAsync(dev, 0, KVA_CUDA_HDR_WORDS * sizeof(int32_t), STREAM(st)));
     return KVA_STATUS_OK;
 }
 
@@ -285,7 +308,7 @@ static int64_t makespan(const kva__partition *part, int64_t slots, int64_t *load
  * estimated makespan wins (ties: fewer items).
  */
 static kva_status best_partition(const kva__cuda_state *st, const kva_plan *plan, int rows,
-                                 int per_sm, kva__partition **out)
+                                 int per_sm, const uint8_t *skip_req, kva__partition **out)
 {
     const int64_t slots = (int64_t)per_sm * (st->num_sms > 0 ? st->num_sms : 1);
     int64_t *load = (int64_t *)malloc((size_t)slots * sizeof *load);
@@ -297,7 +320,7 @@ static kva_status best_partition(const kva__cuda_state *st, const kva_plan *plan
         kva__partition_params pp;
         gpu_params(st, rows, per_sm * k, &pp);
         kva__partition *part = NULL;
-        kva_status s = kva__partition_build(plan, &pp, &part);
+        kva_status s = kva__partition_build_subset(plan, &pp, skip_req, &part);
         if (s != KVA_STATUS_OK) {
             kva__partition_free(best);
             free(load);
@@ -336,6 +359,13 @@ static void caps_for(const kva__cuda_state *st, const kva_cuda_capacity *cap, kv
     c->reqs = cap->max_requests;
     c->bt = cap->max_block_table;
     c->heads = cap->num_heads;
+    /* Prefill tiles: every request has at most ceil(q_len * G / 128) tiles per
+     * kv head; only batches with a request of more than one token can have a
+     * prefill. */
+    c->ptiles = cap->max_tokens > cap->max_requests
+                    ? cap->num_kv_heads * ((int64_t)cap->max_tokens * G / KVA__CUDA_PREFILL_TILE_M +
+                                           cap->max_requests)
+                    : 0;
     *ws_bytes = (size_t)(3 * threads + 64) * (size_t)rows * ((size_t)cap->head_dim_v + 1) * 4u;
 }
 
@@ -374,9 +404,10 @@ static kva_status upload(kva__cuda_state *st, size_t off, size_t bytes)
 }
 
 /* Fills the staging buffer with the plan's metadata and enqueues the copies. */
-static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const kva__partition *part)
+static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const kva__partition *part,
+                              const uint8_t *mma_req)
 {
-    size_t off[8];
+    size_t off[KVA_CUDA_SECTIONS];
     layout_sections(&st->caps, off);
     char *h = (char *)st->meta_host;
     const int32_t R = plan->d.num_requests;
@@ -410,6 +441,13 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
         memcpy(h + off[6], plan->block_table, (size_t)bt * sizeof(int32_t));
     if (plan->alibi_slopes)
         memcpy(h + off[7], plan->alibi_slopes, (size_t)plan->d.num_heads * sizeof(float));
+    int32_t ntiles = 0;
+    if (mma_req)
+        KVA_TRY(kva__cuda_prefill_tiles_build_subset(
+            R, plan->query_start_loc, plan->seq_lens, mma_req, plan->d.num_heads,
+            plan->d.num_kv_heads, plan->d.causal, plan->d.window_left, (int32_t *)(h + off[8]),
+            (int32_t)st->caps.ptiles, &ntiles));
+    hdr[KVA_CUDA_HDR_PTILES] = ntiles;
 
     KVA_TRY(upload(st, off[0], KVA_CUDA_HDR_WORDS * sizeof(int32_t)));
     KVA_TRY(upload(st, off[1], (size_t)part->num_items * sizeof(kva__cuda_item)));
@@ -420,6 +458,7 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
     KVA_TRY(upload(st, off[6], (size_t)bt * sizeof(int32_t)));
     if (plan->alibi_slopes)
         KVA_TRY(upload(st, off[7], (size_t)plan->d.num_heads * sizeof(float)));
+    KVA_TRY(upload(st, off[8], (size_t)ntiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t)));
     KVA_CUDA_TRY(cudaEventRecord((cudaEvent_t)st->upload_event, STREAM(st)));
     st->upload_pending = 1;
     return KVA_STATUS_OK;
@@ -445,38 +484,80 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
                          kva_dtype_name(plan->d.q_dtype), (int)plan->d.head_dim,
                          (int)plan->d.head_dim_v, (int)st->device);
     const int per_sm = per_sm_v[variant - 1];
+    const int32_t R = plan->d.num_requests;
+    /* Requests for prefill_mma (mma_req[r] = 1), when the shape has it. */
+    const int mma =
+        plan->block_table != NULL &&
+        kva__cuda_prefill_supported(plan->d.head_dim, plan->d.head_dim_v, plan->d.q_dtype);
+    uint8_t *mma_req = NULL;
+    int32_t num_prefills = 0;
+    int64_t ptiles = 0;
+    if (mma) {
+        mma_req = (uint8_t *)calloc((size_t)(R > 0 ? R : 1), 1);
+        if (!mma_req)
+            return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_plan_create: out of memory");
+        for (int32_t r = 0; r < R; r++) {
+            const int64_t q_len = plan->query_start_loc[r + 1] - plan->query_start_loc[r];
+            mma_req[r] =
+                q_len > plan->d.decode_threshold && q_len * G >= KVA_CUDA_MMA_MIN_ROWS ? 1 : 0;
+            num_prefills += mma_req[r];
+        }
+        ptiles = kva__cuda_prefill_tiles_count_subset(R, plan->query_start_loc, mma_req,
+                                                      plan->d.num_heads, plan->d.num_kv_heads);
+        if (ptiles < 0) {
+            free(mma_req);
+            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                             "kva_plan_create: the prefill tile count of the batch overflows");
+        }
+    }
     kva__partition *part = NULL;
-    KVA_TRY(best_partition(st, plan, rows, per_sm, &part));
+    kva_status s = best_partition(st, plan, rows, per_sm, mma_req, &part);
+    if (s != KVA_STATUS_OK) {
+        free(mma_req);
+        return s;
+    }
     part->variant = variant;
     kva__cuda_plan *cp = (kva__cuda_plan *)calloc(1, sizeof *cp);
     if (!cp) {
+        free(mma_req);
         kva__partition_free(part);
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_plan_create: out of memory");
     }
     plan->part = part; /* released by cuda_plan_release on any failure below */
     plan->device = cp;
-    const int32_t R = plan->d.num_requests;
+    cp->mma = mma;
+    cp->num_prefills = num_prefills;
+    cp->num_ptiles = (int32_t)ptiles;
     kva__cuda_caps need;
     need.items = part->num_items;
     need.tasks = part->num_tasks;
     need.reqs = R;
     need.bt = plan->block_table ? (int64_t)R * plan->d.block_table_stride : 0;
     need.heads = plan->d.num_heads;
-    KVA_TRY(reserve_meta(st, &need));
+    need.ptiles = ptiles;
     size_t ws = (size_t)part->partial_floats * sizeof(float);
-    KVA_TRY(reserve_workspace(ctx, ws));
+    s = reserve_meta(st, &need);
+    if (s == KVA_STATUS_OK)
+        s = reserve_workspace(ctx, ws);
     /* The previous upload must have left the staging buffer. */
-    if (st->upload_pending)
-        KVA_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)st->upload_event));
-    st->upload_pending = 0;
-    KVA_TRY(upload_plan(st, plan, part));
+    if (s == KVA_STATUS_OK && st->upload_pending) {
+        const cudaError_t e = cudaEventSynchronize((cudaEvent_t)st->upload_event);
+        if (e != cudaSuccess)
+            s = kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_plan_create: %s", cudaGetErrorString(e));
+    }
+    if (s == KVA_STATUS_OK) {
+        st->upload_pending = 0;
+        s = upload_plan(st, plan, part, ptiles > 0 ? mma_req : NULL);
+    }
+    free(mma_req);
+    KVA_TRY(s);
     st->generation++;
     cp->generation = st->generation;
     cp->rows = rows;
     for (int v = 0; v < 3; v++)
         cp->ctas_per_sm[v] = per_sm_v[v];
     cp->has_alibi = plan->alibi_slopes != NULL;
-    plan->info.num_work_items = part->num_items;
+    plan->info.num_work_items = part->num_items + (int32_t)ptiles;
     plan->workspace_bytes = ws;
     return KVA_STATUS_OK;
 }
@@ -520,6 +601,13 @@ static kva_status cuda_attention_ragged(kva_context *ctx, const kva_plan *plan, 
                                         float *lse)
 {
     KVA_TRY(check_current("kva_attention_run_ragged", ctx, plan));
+    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
+    if (cp->num_prefills > 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_attention_run_ragged: the plan has a block_table, so its %d "
+                         "prefill(s) run in the paged tensor-core kernel; build plans for ragged "
+                         "K/V with block_table = NULL",
+                         (int)cp->num_prefills);
     return kva__cuda_attention(ctx, plan, q, NULL, k, v, sinks, out, lse);
 }
 

@@ -182,7 +182,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
     const int seq_len = a.seq_lens[r];
     const int rows = q_len * G; /* packed rows of this (request, kv head) */
     const int B = a.block_size;
-    const int32_t *bt = a.block_table + (size_t)r * a.block_table_stride;
+    const int bt_stride =
+        a.block_table_stride_dev ? *a.block_table_stride_dev : a.block_table_stride;
+    const int32_t *bt = a.block_table + (size_t)r * bt_stride;
     const int has_window = a.window_left >= 0 && a.window_left < KVA_MAX_SEQ_LEN;
     const int window = a.window_left;
 
@@ -211,8 +213,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
     /* K/V gather of key rows n0 .. n0 + BN into a stage, in two phases so the
      * block-table loads' latency hides behind S = Q K^T: kv_blocks() loads the
      * block ids of this thread's rows (KV_ITERS rows lrow + k * KV_RPP, one
-     * 16-byte chunk lch each), kv_copy() issues the cp.async copies. Rows at or
-     * past seq_len are zero-filled and their block-table entries never read. */
+     * 16-byte chunk lch each), kv_copy() issues the cp.async copies. Rows outside
+     * [kv_lo, kv_hi) -- past seq_len (a partly filled block's unused slots,
+     * which may hold any bit pattern, NaN included), past the causal diagonal
+     * of the tile's last row, or before the window of its first row -- are
+     * zero-filled and their block-table entries never read, so no row's
+     * P V product meets them (0 * NaN). */
     constexpr int KV_RPP = NT / CPR;
     constexpr int KV_ITERS = BN * CPR / NT;
     static_assert(NT % CPR == 0 && (BN * CPR) % NT == 0, "copy shape");
@@ -231,7 +237,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
         for (int k = 0; k < KV_ITERS; k++) {
             const int j = n0 + lrow + k * KV_RPP;
             const int bi = b_shift >= 0 ? j >> b_shift : j / B;
-            blk[k] = j < seq_len ? bt[bi] : 0;
+            blk[k] = j >= kv_lo && j < kv_hi ? bt[bi] : 0;
         }
     };
     auto kv_copy = [&](int st, int n0, const int blk[KV_ITERS]) {
@@ -239,11 +245,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
         for (int k = 0; k < KV_ITERS; k++) {
             const int row = lrow + k * KV_RPP, j = n0 + row;
             const int o = b_shift >= 0 ? j & (B - 1) : j % B;
-            const int64_t off =
-                j < seq_len ? (int64_t)blk[k] * blk_stride + (o * row_stride + head_off) : 0;
+            const bool in = j >= kv_lo && j < kv_hi;
+            const int64_t off = in ? (int64_t)blk[k] * blk_stride + (o * row_stride + head_off) : 0;
             const uint32_t so = (uint32_t)st * BN * D * 2 + swz<D>(row, lch);
-            cp_async16(sK + so, kc + off, j < seq_len ? 16 : 0);
-            cp_async16(sV + so, vc + off, j < seq_len ? 16 : 0);
+            cp_async16(sK + so, kc + off, in ? 16 : 0);
+            cp_async16(sV + so, vc + off, in ? 16 : 0);
         }
     };
 
@@ -512,9 +518,10 @@ extern "C" int kva__cuda_prefill_supported(int32_t head_dim, int32_t head_dim_v,
     return dtype == KVA_DTYPE_BF16 || dtype == KVA_DTYPE_F16;
 }
 
-extern "C" int64_t kva__cuda_prefill_tiles_count(int32_t num_requests,
-                                                 const int32_t *query_start_loc, int32_t num_heads,
-                                                 int32_t num_kv_heads)
+extern "C" int64_t kva__cuda_prefill_tiles_count_subset(int32_t num_requests,
+                                                        const int32_t *query_start_loc,
+                                                        const uint8_t *use_req, int32_t num_heads,
+                                                        int32_t num_kv_heads)
 {
     if (num_requests < 0 || !query_start_loc || num_heads <= 0 || num_kv_heads <= 0 ||
         num_heads % num_kv_heads)
@@ -525,11 +532,21 @@ extern "C" int64_t kva__cuda_prefill_tiles_count(int32_t num_requests,
         const int64_t q_len = (int64_t)query_start_loc[r + 1] - query_start_loc[r];
         if (q_len < 0 || q_len * G > INT32_MAX)
             return -1; /* packed row indices (m0) are int32 */
+        if (use_req && !use_req[r])
+            continue;
         n += (q_len * G + TILE_M - 1) / TILE_M * num_kv_heads;
         if (n > INT32_MAX)
             return -1;
     }
     return n;
+}
+
+extern "C" int64_t kva__cuda_prefill_tiles_count(int32_t num_requests,
+                                                 const int32_t *query_start_loc, int32_t num_heads,
+                                                 int32_t num_kv_heads)
+{
+    return kva__cuda_prefill_tiles_count_subset(num_requests, query_start_loc, NULL, num_heads,
+                                                num_kv_heads);
 }
 
 /* A tile and its estimated cost, for the heaviest-first sort. */
@@ -547,19 +564,17 @@ static int tile_cost_cmp(const void *pa, const void *pb)
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
-extern "C" kva_status kva__cuda_prefill_tiles_build(int32_t num_requests,
-                                                    const int32_t *query_start_loc,
-                                                    const int32_t *seq_lens, int32_t num_heads,
-                                                    int32_t num_kv_heads, int32_t causal,
-                                                    int32_t window_left, int32_t *tiles,
-                                                    int32_t capacity, int32_t *num_tiles)
+extern "C" kva_status kva__cuda_prefill_tiles_build_subset(
+    int32_t num_requests, const int32_t *query_start_loc, const int32_t *seq_lens,
+    const uint8_t *use_req, int32_t num_heads, int32_t num_kv_heads, int32_t causal,
+    int32_t window_left, int32_t *tiles, int32_t capacity, int32_t *num_tiles)
 {
     KVA_CHECK_PTR(query_start_loc);
     KVA_CHECK_PTR(num_tiles);
     if (num_requests > 0)
         KVA_CHECK_PTR(seq_lens);
-    const int64_t count =
-        kva__cuda_prefill_tiles_count(num_requests, query_start_loc, num_heads, num_kv_heads);
+    const int64_t count = kva__cuda_prefill_tiles_count_subset(num_requests, query_start_loc,
+                                                               use_req, num_heads, num_kv_heads);
     if (count < 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: bad batch (num_requests = %d, num_heads = %d, num_kv_heads = %d, "
@@ -580,6 +595,8 @@ extern "C" kva_status kva__cuda_prefill_tiles_build(int32_t num_requests,
     for (int32_t r = 0; r < num_requests; r++) {
         const int64_t q_len = (int64_t)query_start_loc[r + 1] - query_start_loc[r];
         const int64_t s = seq_lens[r];
+        if (use_req && !use_req[r])
+            continue;
         for (int64_t m0 = 0; m0 < q_len * G; m0 += TILE_M) {
             const int64_t m_last = (m0 + TILE_M < q_len * G ? m0 + TILE_M : q_len * G) - 1;
             const int64_t pmin = s - q_len + m0 / G, pmax = s - q_len + m_last / G;
@@ -607,6 +624,18 @@ extern "C" kva_status kva__cuda_prefill_tiles_build(int32_t num_requests,
     free(tc);
     *num_tiles = w;
     return KVA_STATUS_OK;
+}
+
+extern "C" kva_status kva__cuda_prefill_tiles_build(int32_t num_requests,
+                                                    const int32_t *query_start_loc,
+                                                    const int32_t *seq_lens, int32_t num_heads,
+                                                    int32_t num_kv_heads, int32_t causal,
+                                                    int32_t window_left, int32_t *tiles,
+                                                    int32_t capacity, int32_t *num_tiles)
+{
+    return kva__cuda_prefill_tiles_build_subset(num_requests, query_start_loc, seq_lens, NULL,
+                                                num_heads, num_kv_heads, causal, window_left, tiles,
+                                                capacity, num_tiles);
 }
 
 /* Launches one instantiation with its dynamic shared memory. */

@@ -44,18 +44,22 @@ extern "C" {
 
 typedef struct kva__cuda_prefill_args {
     /* Tensors (device memory). */
-    const void *q;                  /* [T, H, D] dtype, contiguous */
-    const void *k;                  /* NHD: [NB, B, Hkv, D]; HND: [NB, Hkv, B, D] dtype */
-    const void *v;                  /* NHD: [NB, B, Hkv, Dv]; HND: [NB, Hkv, B, Dv] dtype */
-    void *out;                      /* [T, H, Dv] dtype */
-    float *lse;                     /* [T, H] float32 natural log, or NULL */
-    const float *sinks;             /* [H] float32 sink logits, or NULL */
-    const float *alibi_slopes;      /* [H] float32, or NULL */
-    const int32_t *query_start_loc; /* [R + 1] */
-    const int32_t *seq_lens;        /* [R] */
-    const int32_t *block_table;     /* [R, block_table_stride] */
-    const int32_t *tiles;           /* [grid_tiles, 4] from kva__cuda_prefill_tiles_build */
-    const int32_t *num_tiles;       /* [1] tiles in use (<= grid_tiles) */
+    const void *q;                         /* [T, H, D] dtype, contiguous */
+    const void *k;                         /* NHD: [NB, B, Hkv, D]; HND: [NB, Hkv, B, D] dtype */
+    const void *v;                         /* NHD: [NB, B, Hkv, Dv]; HND: [NB, Hkv, B, Dv] dtype */
+    void *out;                             /* [T, H, Dv] dtype */
+    float *lse;                            /* [T, H] float32 natural log, or NULL */
+    const float *sinks;                    /* [H] float32 sink logits, or NULL */
+    const float *alibi_slopes;             /* [H] float32, or NULL */
+    const int32_t *query_start_loc;        /* [R + 1] */
+    const int32_t *seq_lens;               /* [R] */
+    const int32_t *block_table;            /* [R, block_table_stride] */
+    const int32_t *tiles;                  /* [grid_tiles, 4] from kva__cuda_prefill_tiles_build */
+    const int32_t *num_tiles;              /* [1] tiles in use (<= grid_tiles) */
+    const int32_t *block_table_stride_dev; /* [1] or NULL: when set, the block-table
+                                              stride is read from device memory (so a
+                                              captured launch replays plans of another
+                                              stride) and block_table_stride is unused */
     /* Scalars. */
     int32_t grid_tiles; /* CTAs launched (the tile array's capacity); 0 launches nothing */
     int32_t block_table_stride;
@@ -98,6 +102,18 @@ kva_status kva__cuda_prefill_tiles_build(int32_t num_requests, const int32_t *qu
                                          const int32_t *seq_lens, int32_t num_heads,
                                          int32_t num_kv_heads, int32_t causal, int32_t window_left,
                                          int32_t *tiles, int32_t capacity, int32_t *num_tiles);
+
+/* The same two for the subset of requests r with use_req[r] != 0 (host array
+ * [R]; NULL = all): the CUDA backend's run path sends only its prefills here. */
+int64_t kva__cuda_prefill_tiles_count_subset(int32_t num_requests, const int32_t *query_start_loc,
+                                             const uint8_t *use_req, int32_t num_heads,
+                                             int32_t num_kv_heads);
+kva_status kva__cuda_prefill_tiles_build_subset(int32_t num_requests,
+                                                const int32_t *query_start_loc,
+                                                const int32_t *seq_lens, const uint8_t *use_req,
+                                                int32_t num_heads, int32_t num_kv_heads,
+                                                int32_t causal, int32_t window_left, int32_t *tiles,
+                                                int32_t capacity, int32_t *num_tiles);
 
 /*
  * Launches the kernel on stream (a cudaStream_t, may be NULL). Checks the
