@@ -11,9 +11,10 @@
  *     others, thread counts 1-3, paged and ragged) by a seeded covering
  *     design: every axis walks its values in a fresh random order every
  *     len(values) cases, so each value appears several times in random
- *     combinations. Batches over the reference's budget lose requests and
- *     prefills before keys, and the grid checks (and prints) that most cases
- *     read more than one key chunk;
+ *     combinations; the kernel variant is one of the axes (0 = the
+ *     dispatcher's per-item choice, or one variant forced on every item). Batches over the
+ * reference's budget lose requests and prefills before keys, and the grid checks (and prints) that
+ * most cases read more than one key chunk;
  *   - the long grid: 1-3 long, decode-heavy requests with small H, checked to
  *     split on 2-3 threads in at least half of its cases, windows included;
  *   - split-KV with the default partition: one long request on 2-3 threads
@@ -357,7 +358,10 @@ static void grid(int N, const grid_axes *ax, uint64_t seed)
     static const int32_t thresholds[] = {0, 4, 16};
     int p_dims[8], p_heads[8], p_reqs[8], p_dts[8], p_lay[2], p_bs[4], p_thr[3], p_kinds[8],
         p_len[8], p_causal[2], p_win[8], p_cap[2], p_alibi[2], p_sinks[3], p_share[2], p_rag[4],
-        p_scale[3], p_dthr[3], p_empty[3];
+        p_scale[3], p_dthr[3], p_empty[3], p_var[16];
+    /* Variant axis: 0 (the dispatcher's per-item choice) and every variant
+     * forced on all items (one this CPU cannot run falls back to v1). */
+    const int nvar = kva__cpu_attn_num_variants() + 1 < 16 ? kva__cpu_attn_num_variants() + 1 : 16;
     kva_rng rng = {seed};
     int failed_before = kva_test_checks_failed_;
     for (int i = 0; i < N; i++) {
@@ -385,6 +389,7 @@ static void grid(int N, const grid_axes *ax, uint64_t seed)
         c.share = axis_pick(&rng, p_share, 2, i);
         c.ragged = axis_pick(&rng, p_rag, 4, i) == 0;
         c.empties = axis_pick(&rng, p_empty, 3, i) == 0;
+        c.variant = axis_pick(&rng, p_var, nvar, i);
         c.seed = seed + 1000 + (uint64_t)i;
         c.budget = ax->budget;
         run_case(&c);

@@ -65,8 +65,9 @@ struct kva__partition {
     kva__split_task *tasks; /* [num_tasks] */
     int64_t partial_floats; /* workspace floats the split partials need (at offset 0) */
     int64_t total_cost;     /* sum of the items' costs */
-    int32_t variant;        /* kernel variant the backend runs (1-based; set by the backend's
-                               plan_build, tests may override it to compare variants) */
+    int32_t variant;        /* kernel variant the backend runs (1-based, 0 = chosen per item;
+                               set by the backend's plan_build, tests may override it to
+                               compare variants) */
 };
 
 /* Builds the partition of a plan whose metadata (query_start_loc, seq_lens,

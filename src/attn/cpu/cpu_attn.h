@@ -24,6 +24,8 @@
 #define KVA_CPU_MAX_ROWS 128
 /* Preferred attention rows of a prefill query tile. */
 #define KVA_CPU_PREFILL_ROWS 64
+/* Most keys of one tile of the tiled prefill variants (attn_prefill_tiled.h). */
+#define KVA_CPU_TILE_KEYS 96
 
 /* Everything a kernel needs to run items of one call. */
 typedef struct kva__cpu_run {
@@ -31,7 +33,7 @@ typedef struct kva__cpu_run {
     const kva__partition *part;
     kva_dtype dt;    /* dtype of q and out */
     kva_dtype kv_dt; /* storage dtype of K/V rows (dt unless the cache is quantized) */
-    const void *q; /* [T, H, D] */
+    const void *q;   /* [T, H, D] */
     /* K/V source: a paged cache, or (cache == NULL) ragged rows
      * k: [sum(seq_lens), Hkv, D], v: [sum(seq_lens), Hkv, Dv]. */
     const kva_cache *cache;
@@ -57,7 +59,35 @@ typedef struct kva__cpu_scratch {
     int32_t *hi;      /* [max_rows] one past the last visible key */
     const float **kp; /* [KEY_CHUNK] fp32 key rows of the chunk */
     const float **vp; /* [KEY_CHUNK] fp32 value rows of the chunk */
+    void *tile;       /* area of the tiled prefill variants, see kva__cpu_tile */
 } kva__cpu_scratch;
+
+/* The tiled prefill variants' arrays (attn_prefill_tiled.h), carved out of
+ * kva__cpu_scratch.tile. Mp = MAX_ROWS (a multiple of 16), KT = TILE_KEYS;
+ * arrays over rows hold one lane per attention row of the item. */
+typedef struct kva__cpu_tile {
+    float *qt;                  /* [D, Mp] query tile, transposed, scale folded in */
+    float *st;                  /* [KT, Mp] scores, then probabilities, of one key tile */
+    float *ot;                  /* [Dv, Mp] unnormalized outputs, transposed */
+    float *kb;                  /* [KT, D] keys converted to fp32 */
+    float *vb;                  /* [KT, Dv] values converted to fp32 */
+    float *mx;                  /* [Mp] running max */
+    float *sum;                 /* [Mp] running sum */
+    float *alpha;               /* [Mp] rescale of the outputs for the current tile */
+    float *muse;                /* [Mp] max the current tile's exponents subtract */
+    float *cmax;                /* [Mp] max of the current tile's scores */
+    float *slope;               /* [Mp] ALiBi slope of the row's head */
+    float *row;                 /* [max(D, Dv)] one row in fp32 */
+    int32_t *lo;                /* [Mp] first visible key of each row (clipped to the item) */
+    int32_t *hi;                /* [Mp] one past the last visible key */
+    int32_t *pos;               /* [Mp] query position of the row */
+    const float **kp;           /* [KT] fp32 key rows of the tile */
+    const float **vp;           /* [KT] fp32 value rows of the tile */
+    const unsigned char **rows; /* [4, KT] K and V row pointers of this and the next tile */
+} kva__cpu_tile;
+
+/* Carves the tile area (64-byte aligned) for head sizes D, Dv. */
+void kva__cpu_tile_map(void *area, int32_t D, int32_t Dv, kva__cpu_tile *t);
 
 /* Bytes of one thread's scratch area (a multiple of 64). */
 size_t kva__cpu_scratch_bytes(int32_t D, int32_t Dv);
@@ -70,8 +100,12 @@ typedef void (*kva__cpu_attn_fn)(const kva__cpu_run *run, const kva__work_item *
 
 /* Kernel variants (attn_v1.c, ...). */
 void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
+/* Tiled prefill (attn_prefill_tiled.h): AVX2+FMA+F16C, AVX-512 F/BW/VL/DQ. */
+void kva__cpu_attn_v4(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
+void kva__cpu_attn_v5(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
 
-/* Number of kernel variants, and variant v (1-based) or NULL. */
+/* Number of kernel variants, and variant v (1-based) or NULL when v is out of
+ * range, not compiled in, or needs an ISA this CPU lacks. */
 int kva__cpu_attn_num_variants(void);
 kva__cpu_attn_fn kva__cpu_attn_variant(int v);
 /* The variant the dispatcher picks for a plan (1-based). */

@@ -10,7 +10,42 @@
 
 /* ---- kernel variants ---- */
 
-static const kva__cpu_attn_fn variants[] = {kva__cpu_attn_v1};
+/* ISA a variant needs (checked at run time against kva__cpu_features_get). */
+enum { NEEDS_NONE = 0, NEEDS_AVX2 = 1, NEEDS_AVX512 = 2 };
+
+typedef struct variant_entry {
+    kva__cpu_attn_fn fn; /* NULL: not compiled in this build */
+    int needs;
+} variant_entry;
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVA_CPU_X86_KERNELS 1
+#endif
+
+/* Variant v is entry v - 1. Numbers 2 and 3 are reserved for the AVX2 and
+ * AVX-512 decode variants (another branch); until they land those slots are
+ * empty and behave like an unavailable ISA. */
+static const variant_entry variants[] = {
+    {kva__cpu_attn_v1, NEEDS_NONE}, {NULL, NEEDS_AVX2},
+    {NULL, NEEDS_AVX512},
+#ifdef KVA_CPU_X86_KERNELS
+    {kva__cpu_attn_v4, NEEDS_AVX2}, {kva__cpu_attn_v5, NEEDS_AVX512},
+#else
+    {NULL, NEEDS_AVX2},
+    {NULL, NEEDS_AVX512},
+#endif
+};
+
+static int isa_has(int needs)
+{
+    kva__cpu_features f;
+    kva__cpu_features_get(&f);
+    if (needs == NEEDS_AVX2)
+        return f.avx2 && f.fma && f.f16c;
+    if (needs == NEEDS_AVX512)
+        return f.avx512f && f.avx512bw && f.avx512vl && f.avx2 && f.fma && f.f16c;
+    return 1;
+}
 
 int kva__cpu_attn_num_variants(void)
 {
@@ -19,13 +54,31 @@ int kva__cpu_attn_num_variants(void)
 
 kva__cpu_attn_fn kva__cpu_attn_variant(int v)
 {
-    return v >= 1 && v <= kva__cpu_attn_num_variants() ? variants[v - 1] : NULL;
+    if (v < 1 || v > kva__cpu_attn_num_variants() || !variants[v - 1].fn)
+        return NULL;
+    return isa_has(variants[v - 1].needs) ? variants[v - 1].fn : NULL;
 }
 
+/* Items with at least this many query rows and attention rows run the tiled
+ * prefill variant (when the plan's variant is 0 = per item). */
+#define TILED_MIN_QUERY_ROWS 2
+#define TILED_MIN_ROWS 16
+
+/* 0: choose per item (kva__cpu_attn_item_fn). Tests force one variant for
+ * every item by setting part->variant to its number. */
 int kva__cpu_attn_choose(const kva_plan *plan)
 {
     (void)plan;
-    return 1;
+    return 0;
+}
+
+/* The best tiled prefill variant this CPU runs (v5 AVX-512, v4 AVX2), else v1. */
+static kva__cpu_attn_fn tiled_fn(void)
+{
+    kva__cpu_attn_fn fn = kva__cpu_attn_variant(5);
+    if (!fn)
+        fn = kva__cpu_attn_variant(4);
+    return fn ? fn : kva__cpu_attn_v1;
 }
 
 /* ---- plan ---- */
@@ -86,9 +139,15 @@ static void run_items(kva_context *ctx, kva__cpu_run *run)
     const kva__partition *part = run->part;
     const kva_plan *plan = run->plan;
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
+    /* Variant 0 (the default): prefill tiles (many query rows) run the tiled
+     * variant, decode-shaped items v1. A forced variant runs every item, and
+     * falls back to v1 where this CPU lacks its ISA. */
     kva__cpu_attn_fn fn = kva__cpu_attn_variant(part->variant);
-    if (!fn)
+    kva__cpu_attn_fn fn_tile = fn;
+    if (!fn) {
         fn = kva__cpu_attn_v1;
+        fn_tile = part->variant == 0 ? tiled_fn() : fn;
+    }
     run->partials = ctx->workspace;
     run->scratch = (unsigned char *)ctx->workspace + partial_bytes(part);
     run->scratch_stride = kva__cpu_scratch_bytes(D, Dv);
@@ -110,8 +169,11 @@ static void run_items(kva_context *ctx, kva__cpu_run *run)
         kva__cpu_scratch s;
         kva__cpu_scratch_map(run->scratch + (size_t)tid * run->scratch_stride, D, Dv, &s);
 #pragma omp for schedule(dynamic, 1)
-        for (int32_t i = 0; i < ni; i++)
-            fn(run, &part->items[i], &s);
+        for (int32_t i = 0; i < ni; i++) {
+            const kva__work_item *it = &part->items[i];
+            const int tiled = it->nq >= TILED_MIN_QUERY_ROWS && it->nq * it->nh >= TILED_MIN_ROWS;
+            (tiled ? fn_tile : fn)(run, it, &s);
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int32_t t = 0; t < nk; t++)
             kva__cpu_merge_task(run, &part->tasks[t]);

@@ -33,13 +33,53 @@ static size_t span(size_t n, size_t sz)
     return (n * sz + 63u) & ~(size_t)63u;
 }
 
+/* Lays out the tiled prefill arrays from base (NULL: only measures); returns the bytes. */
+static size_t tile_layout(unsigned char *base, int32_t D, int32_t Dv, kva__cpu_tile *t)
+{
+    const size_t R = KVA_CPU_MAX_ROWS, K = KVA_CPU_TILE_KEYS;
+    const size_t W = (size_t)(D > Dv ? D : Dv);
+    size_t off = 0;
+#define TILE_ARRAY(field, type, n)                                                                 \
+    do {                                                                                           \
+        if (base)                                                                                  \
+            t->field = (type *)(base + off);                                                       \
+        off += span((n), sizeof(type));                                                            \
+    } while (0)
+    TILE_ARRAY(qt, float, (size_t)D *R);
+    TILE_ARRAY(st, float, K *R);
+    TILE_ARRAY(ot, float, (size_t)Dv *R);
+    TILE_ARRAY(kb, float, K *(size_t)D);
+    TILE_ARRAY(vb, float, K *(size_t)Dv);
+    TILE_ARRAY(mx, float, R);
+    TILE_ARRAY(sum, float, R);
+    TILE_ARRAY(alpha, float, R);
+    TILE_ARRAY(muse, float, R);
+    TILE_ARRAY(cmax, float, R);
+    TILE_ARRAY(slope, float, R);
+    TILE_ARRAY(row, float, W);
+    TILE_ARRAY(lo, int32_t, R);
+    TILE_ARRAY(hi, int32_t, R);
+    TILE_ARRAY(pos, int32_t, R);
+    TILE_ARRAY(kp, const float *, K);
+    TILE_ARRAY(vp, const float *, K);
+    TILE_ARRAY(rows, const unsigned char *, 4 * K);
+#undef TILE_ARRAY
+    return off;
+}
+
+void kva__cpu_tile_map(void *area, int32_t D, int32_t Dv, kva__cpu_tile *t)
+{
+    tile_layout(area, D, Dv, t);
+}
+
 size_t kva__cpu_scratch_bytes(int32_t D, int32_t Dv)
 {
     const size_t R = KVA_CPU_MAX_ROWS, C = KVA_CPU_KEY_CHUNK;
     return span(R * (size_t)D, sizeof(float)) + span(R * (size_t)Dv, sizeof(float)) +
            2 * span(R, sizeof(float)) + span(C, sizeof(float)) +
            span(C * (size_t)D, sizeof(float)) + span(C * (size_t)Dv, sizeof(float)) +
-           2 * span(R, sizeof(int32_t)) + 2 * span(C, sizeof(const float *));
+           2 * span(R, sizeof(int32_t)) + 2 * span(C, sizeof(const float *)) +
+           tile_layout(NULL, D, Dv, NULL);
 }
 
 void kva__cpu_scratch_map(void *area, int32_t D, int32_t Dv, kva__cpu_scratch *s)
@@ -67,4 +107,6 @@ void kva__cpu_scratch_map(void *area, int32_t D, int32_t Dv, kva__cpu_scratch *s
     s->kp = (const float **)p;
     p += span(C, sizeof(const float *));
     s->vp = (const float **)p;
+    p += span(C, sizeof(const float *));
+    s->tile = p;
 }
