@@ -22,8 +22,10 @@
 #define KVA_CPU_KEY_CHUNK 32
 /* Most attention rows (query rows x heads of a GQA group) per item. */
 #define KVA_CPU_MAX_ROWS 128
-/* Preferred attention rows of a prefill query tile. */
-#define KVA_CPU_PREFILL_ROWS 64
+/* Preferred attention rows of a prefill query tile: 128 (32 queries x a GQA
+ * group of 4) amortizes each K/V tile's conversion over twice the rows of 64
+ * and ran 3% faster with the tiled variant (1 thread, 2k prefill, bf16). */
+#define KVA_CPU_PREFILL_ROWS 128
 /* Most keys of one tile of the tiled prefill variants (attn_prefill_tiled.h). */
 #define KVA_CPU_TILE_KEYS 96
 
