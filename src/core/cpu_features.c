@@ -64,6 +64,8 @@ static void detect_x86(kva__cpu_features *f)
         f->avx512f = (b >> 16) & 1;
         f->avx512bw = f->avx512f && ((b >> 30) & 1);
         f->avx512vl = f->avx512f && ((b >> 31) & 1);
+        if (f->avx512f && __get_cpuid_count(7, 1, &a, &b, &c, &d))
+            f->avx512bf16 = (a >> 5) & 1;
     }
 }
 
@@ -91,8 +93,13 @@ const char *kva__cpu_isa_string(void)
         int on;
         const char *name;
     } names[] = {
-        {f.avx2, "avx2"},       {f.fma, "fma"},           {f.f16c, "f16c"},
-        {f.avx512f, "avx512f"}, {f.avx512bw, "avx512bw"}, {f.avx512vl, "avx512vl"},
+        {f.avx2, "avx2"},
+        {f.fma, "fma"},
+        {f.f16c, "f16c"},
+        {f.avx512f, "avx512f"},
+        {f.avx512bw, "avx512bw"},
+        {f.avx512vl, "avx512vl"},
+        {f.avx512bf16, "avx512bf16"},
         {f.neon, "neon"},
     };
     size_t len = 0;

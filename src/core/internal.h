@@ -84,6 +84,7 @@ int kva__head_dim_ok(int32_t d);
 typedef struct kva__cpu_features {
     int avx2, fma, f16c; /* x86-64 */
     int avx512f, avx512bw, avx512vl;
+    int avx512bf16; /* vdpbf16ps (cpuid leaf 7 subleaf 1, eax bit 5) */
     int neon; /* AArch64 */
 } kva__cpu_features;
 

@@ -115,9 +115,10 @@ static void pf_convert(float *restrict dst, const void *restrict src, kva_dtype 
 }
 
 /* Points kp/vp [n] at fp32 rows: the cache's own rows for f32, else rows
- * converted into kb [n, D] / vb [n, Dv] once for the whole group. */
+ * converted into kb [n, D] / vb [n, Dv] once for the whole group (keys only
+ * when `keys`: the bf16 score path reads K as it is). */
 static void pf_load_tile(const kva__cpu_run *run, const unsigned char *const *kr,
-                         const unsigned char *const *vr, int32_t n, kva__cpu_tile *t)
+                         const unsigned char *const *vr, int32_t n, int keys, kva__cpu_tile *t)
 {
     const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
     if (run->kv_dt == KVA_DTYPE_F32) {
@@ -128,9 +129,11 @@ static void pf_load_tile(const kva__cpu_run *run, const unsigned char *const *kr
         return;
     }
     for (int32_t j = 0; j < n; j++) {
-        pf_convert(t->kb + (size_t)j * D, kr[j], run->kv_dt, D);
+        if (keys) {
+            pf_convert(t->kb + (size_t)j * D, kr[j], run->kv_dt, D);
+            t->kp[j] = t->kb + (size_t)j * D;
+        }
         pf_convert(t->vb + (size_t)j * Dv, vr[j], run->kv_dt, Dv);
-        t->kp[j] = t->kb + (size_t)j * D;
         t->vp[j] = t->vb + (size_t)j * Dv;
     }
 }
@@ -255,6 +258,72 @@ static void pf_scores(const kva__cpu_tile *t, int32_t n, int32_t D, int32_t Mp)
     }
 }
 
+#ifdef PF_BF16_SCORES
+/*
+ * Scores from bf16 pairs (variant 6): ST[r, cols] = sum_{d2} <K[r][2d2, 2d2+1],
+ * QT2[d2, cols]>, with kp [MR] the keys' bf16 rows straight from the cache
+ * and qt QT2 [D/2, Mp] of (q[2d2], q[2d2+1]) pairs (unscaled), rows ldq apart.
+ */
+PF_INLINE void pf_mk_scores_bf16(const int MR, const int NV, const unsigned char *const *kp,
+                                 const uint32_t *qt, size_t ldq, int32_t D2, float *st, size_t lds)
+{
+    __m512 c[PF_S_MR][PF_S_NV];
+    const unsigned char *k[PF_S_MR];
+    for (int r = 0; r < MR; r++) {
+        k[r] = kp[r];
+        for (int j = 0; j < NV; j++)
+            c[r][j] = _mm512_setzero_ps();
+    }
+    for (int32_t d2 = 0; d2 < D2; d2++) {
+        __m512i b[PF_S_NV];
+        for (int j = 0; j < NV; j++)
+            b[j] = _mm512_loadu_si512(qt + (size_t)d2 * ldq + j * PF_VL);
+        for (int r = 0; r < MR; r++) {
+            uint32_t w;
+            memcpy(&w, k[r] + (size_t)d2 * 4, sizeof w);
+            const __m512i a = _mm512_set1_epi32((int)w);
+            for (int j = 0; j < NV; j++)
+                c[r][j] = _mm512_dpbf16_ps(c[r][j], (__m512bh)a, (__m512bh)b[j]);
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int j = 0; j < NV; j++)
+            _mm512_storeu_ps(st + (size_t)r * lds + j * PF_VL, c[r][j]);
+}
+
+/* ST [n, Mp] = K_tile x QT2 from the bf16 rows kr [n]. */
+static void pf_scores_bf16(const kva__cpu_tile *t, const unsigned char *const *kr, int32_t n,
+                           int32_t D, int32_t Mp)
+{
+    const int32_t nvec = Mp / PF_VL;
+    const uint32_t *qt2 = (const uint32_t *)t->qt;
+    for (int32_t v0 = 0; v0 < nvec; v0 += PF_S_NV) {
+        const int32_t nv = nvec - v0 < PF_S_NV ? nvec - v0 : PF_S_NV;
+        const uint32_t *qt = qt2 + (size_t)v0 * PF_VL;
+        for (int32_t j0 = 0; j0 < n; j0 += PF_S_MR) {
+            const int mr = n - j0 < PF_S_MR ? n - j0 : PF_S_MR;
+            float *st = t->st + (size_t)j0 * Mp + (size_t)v0 * PF_VL;
+            const unsigned char *const *kp = kr + j0;
+#define PF_X(MR_, NV_) pf_mk_scores_bf16(MR_, NV_, kp, qt, (size_t)Mp, D / 2, st, (size_t)Mp)
+            if (nv == PF_S_NV && mr == PF_S_MR)
+                PF_X(PF_S_MR, PF_S_NV);
+            else if (nv == PF_S_NV) {
+                PF_CASES_MR(PF_X, PF_S_NV)
+            } else {
+                for (int32_t u = 0; u < nv; u++) {
+                    const uint32_t *qu = qt + (size_t)u * PF_VL;
+                    float *su = st + (size_t)u * PF_VL;
+#undef PF_X
+#define PF_X(MR_, NV_) pf_mk_scores_bf16(MR_, 1, kp, qu, (size_t)Mp, D / 2, su, (size_t)Mp)
+                    PF_CASES_MR(PF_X, 1)
+                }
+            }
+#undef PF_X
+        }
+    }
+}
+#endif
+
 /* OT = OT * alpha + V_tile^T x P over keys [n0, n1) of the tile. */
 static void pf_values(const kva__cpu_tile *t, int32_t n0, int32_t n1, int32_t Dv, int32_t Mp)
 {
@@ -311,10 +380,11 @@ static int pf_values_finite(const kva__cpu_tile *t, int32_t n, int32_t Dv)
  * Turns ST [n, Mp] (scores of keys c0 .. c0+n-1) into probabilities in place
  * and updates mx, sum, alpha [Mp]. lo/hi [Mp] are each row's visible keys
  * (clipped to the item); partial != 0 when some row sees only part of the
- * tile, which masks element-wise.
+ * tile, which masks element-wise; scale_scores multiplies the scores by the
+ * softmax scale first (the bf16 path keeps q unscaled).
  */
 static void pf_softmax(const kva__cpu_run *run, kva__cpu_tile *t, int32_t c0, int32_t n, int32_t Mp,
-                       int partial)
+                       int partial, int scale_scores)
 {
     const kva_plan_desc *d = &run->plan->d;
     const int32_t nvec = Mp / PF_VL;
@@ -327,13 +397,15 @@ static void pf_softmax(const kva__cpu_run *run, kva__cpu_tile *t, int32_t c0, in
         for (int32_t j = 0; j < n; j++) {
             float *sp = t->st + (size_t)j * Mp + col;
             pf_v x = pf_load(sp);
+            if (scale_scores)
+                x = pf_mul(x, pf_set1(d->scale));
             if (cap > 0.0f)
                 x = pf_mul(pf_set1(cap), pf_tanh(pf_mul(x, pf_set1(inv_cap))));
             if (alibi)
                 x = pf_alibi(x, t->slope + col, c0 + j, t->pos + col);
             if (partial)
                 x = pf_mask_keys(x, c0 + j, t->lo + col, t->hi + col);
-            if (cap > 0.0f || alibi || partial)
+            if (scale_scores || cap > 0.0f || alibi || partial)
                 pf_store(sp, x);
             cmax = pf_maxskip(x, cmax);
         }
@@ -417,6 +489,13 @@ void PF_FN(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *
     const size_t esz = kva_dtype_size(run->dt);
     kva__cpu_tile t;
     kva__cpu_tile_map(s->tile, D, Dv, &t);
+#ifdef PF_BF16_SCORES
+    /* Scores from bf16 pairs: QT2 [D/2, Mp] (in t.qt) of unscaled q pairs. */
+    const int bf16 = run->dt == KVA_DTYPE_BF16 && run->kv_dt == KVA_DTYPE_BF16;
+    uint32_t *qt2 = (uint32_t *)t.qt;
+#else
+    const int bf16 = 0;
+#endif
 
     /* QT [D, Mp] (scale folded in, padding rows 0) and the rows' metadata.
      * Padding rows see every key, so they never make a tile partial. */
@@ -426,7 +505,7 @@ void PF_FN(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *
         t.sum[m] = 0.0f;
         if (m >= M) {
             for (int32_t x = 0; x < D; x++)
-                t.qt[(size_t)x * Mp + m] = 0.0f;
+                t.qt[(size_t)x * Mp + m] = 0.0f; /* also zeroes QT2 */
             t.lo[m] = INT32_MIN;
             t.hi[m] = INT32_MAX;
             t.pos[m] = 0;
@@ -436,9 +515,18 @@ void PF_FN(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *
         const int32_t ii = m / nh, h = hbase + m % nh;
         const unsigned char *src =
             (const unsigned char *)run->q + (size_t)(((int64_t)(tok0 + ii) * H + h) * D) * esz;
-        kva__cpu_load_row(row, src, run->dt, D);
-        for (int32_t x = 0; x < D; x++)
-            t.qt[(size_t)x * Mp + m] = row[x] * d->scale;
+#ifdef PF_BF16_SCORES
+        if (bf16) {
+            const uint16_t *q16 = (const uint16_t *)src;
+            for (int32_t x = 0; x < D; x += 2)
+                qt2[(size_t)(x / 2) * Mp + m] = (uint32_t)q16[x] | (uint32_t)q16[x + 1] << 16;
+        } else
+#endif
+        {
+            kva__cpu_load_row(row, src, run->dt, D);
+            for (int32_t x = 0; x < D; x++)
+                t.qt[(size_t)x * Mp + m] = row[x] * d->scale;
+        }
         int32_t lo, hi;
         kva__row_keys(d, seq, q_len, it->i0 + ii, &lo, &hi);
         t.lo[m] = lo > it->k0 ? lo : it->k0;
@@ -475,9 +563,14 @@ void PF_FN(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *
             pf_prefetch(kr2, vr2, n2, (size_t)D * kv_esz, (size_t)Dv * kv_esz);
             located = 1;
         }
-        pf_load_tile(run, kr, vr, n, &t);
-        pf_scores(&t, n, D, Mp);
-        pf_softmax(run, &t, c0, n, Mp, partial);
+        pf_load_tile(run, kr, vr, n, !bf16, &t);
+#ifdef PF_BF16_SCORES
+        if (bf16)
+            pf_scores_bf16(&t, kr, n, D, Mp);
+        else
+#endif
+            pf_scores(&t, n, D, Mp);
+        pf_softmax(run, &t, c0, n, Mp, partial, bf16);
         if (partial && !pf_values_finite(&t, n, Dv))
             pf_values_rows(&t, c0, n, Dv, M, Mp);
         else

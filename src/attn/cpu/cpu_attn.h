@@ -105,6 +105,8 @@ void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it, kva__cp
 /* Tiled prefill (attn_prefill_tiled.h): AVX2+FMA+F16C, AVX-512 F/BW/VL/DQ. */
 void kva__cpu_attn_v4(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
 void kva__cpu_attn_v5(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
+/* v5 with bf16 dot products for the scores (AVX512-BF16) when q and K are bf16. */
+void kva__cpu_attn_v6(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
 
 /* Number of kernel variants, and variant v (1-based) or NULL when v is out of
  * range, not compiled in, or needs an ISA this CPU lacks. */

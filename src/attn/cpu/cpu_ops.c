@@ -11,7 +11,7 @@
 /* ---- kernel variants ---- */
 
 /* ISA a variant needs (checked at run time against kva__cpu_features_get). */
-enum { NEEDS_NONE = 0, NEEDS_AVX2 = 1, NEEDS_AVX512 = 2 };
+enum { NEEDS_NONE = 0, NEEDS_AVX2 = 1, NEEDS_AVX512 = 2, NEEDS_AVX512_BF16 = 3 };
 
 typedef struct variant_entry {
     kva__cpu_attn_fn fn; /* NULL: not compiled in this build */
@@ -25,16 +25,22 @@ typedef struct variant_entry {
 /* Variant v is entry v - 1. Numbers 2 and 3 are reserved for the AVX2 and
  * AVX-512 decode variants (another branch); until they land those slots are
  * empty and behave like an unavailable ISA. */
+/* clang-format off */
 static const variant_entry variants[] = {
-    {kva__cpu_attn_v1, NEEDS_NONE}, {NULL, NEEDS_AVX2},
+    {kva__cpu_attn_v1, NEEDS_NONE},
+    {NULL, NEEDS_AVX2},
     {NULL, NEEDS_AVX512},
 #ifdef KVA_CPU_X86_KERNELS
-    {kva__cpu_attn_v4, NEEDS_AVX2}, {kva__cpu_attn_v5, NEEDS_AVX512},
+    {kva__cpu_attn_v4, NEEDS_AVX2},
+    {kva__cpu_attn_v5, NEEDS_AVX512},
+    {kva__cpu_attn_v6, NEEDS_AVX512_BF16},
 #else
     {NULL, NEEDS_AVX2},
     {NULL, NEEDS_AVX512},
+    {NULL, NEEDS_AVX512_BF16},
 #endif
 };
+/* clang-format on */
 
 static int isa_has(int needs)
 {
@@ -42,8 +48,9 @@ static int isa_has(int needs)
     kva__cpu_features_get(&f);
     if (needs == NEEDS_AVX2)
         return f.avx2 && f.fma && f.f16c;
-    if (needs == NEEDS_AVX512)
-        return f.avx512f && f.avx512bw && f.avx512vl && f.avx2 && f.fma && f.f16c;
+    if (needs == NEEDS_AVX512 || needs == NEEDS_AVX512_BF16)
+        return f.avx512f && f.avx512bw && f.avx512vl && f.avx2 && f.fma && f.f16c &&
+               (needs == NEEDS_AVX512 || f.avx512bf16);
     return 1;
 }
 
@@ -72,10 +79,13 @@ int kva__cpu_attn_choose(const kva_plan *plan)
     return 0;
 }
 
-/* The best tiled prefill variant this CPU runs (v5 AVX-512, v4 AVX2), else v1. */
+/* The best tiled prefill variant this CPU runs (v6 AVX512-BF16, v5 AVX-512,
+ * v4 AVX2), else v1. */
 static kva__cpu_attn_fn tiled_fn(void)
 {
-    kva__cpu_attn_fn fn = kva__cpu_attn_variant(5);
+    kva__cpu_attn_fn fn = kva__cpu_attn_variant(6);
+    if (!fn)
+        fn = kva__cpu_attn_variant(5);
     if (!fn)
         fn = kva__cpu_attn_variant(4);
     return fn ? fn : kva__cpu_attn_v1;
