@@ -11,7 +11,9 @@ Shapes (H=32 query heads, Hkv=8 kv heads, D=128 unless given):
   decode R C  R requests of one new token after C cached tokens
 GQA: torch gets enable_gqa=True when this torch supports it; otherwise K/V are
 expanded with repeat_interleave *before* timing (torch is not charged for it).
-Both sides use the median of their timed runs. Run via scripts/peer_cpu.sh.
+Both sides report the median of their timed runs, or with --stat min the
+fastest run (on a shared, noisy machine the least disturbed one). Run via
+scripts/peer_cpu.sh.
 """
 import argparse
 import json
@@ -50,7 +52,7 @@ def gqa_mode(H, Hkv, dtype):
         return "repeat_interleave"
 
 
-def time_torch(sh, H, Hkv, D, dtype, iters, warmup):
+def time_torch(sh, H, Hkv, D, dtype, iters, warmup, stat):
     g = torch.Generator().manual_seed(1234)
     B, q_len, kv_len = sh["batch"], sh["q_len"], sh["context"] + sh["q_len"]
     q = torch.randn(B, H, q_len, D, generator=g).to(dtype)
@@ -73,10 +75,10 @@ def time_torch(sh, H, Hkv, D, dtype, iters, warmup):
             F.scaled_dot_product_attention(q, k, v, is_causal=causal, **kw)
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3, mode
+    return (min(times) if stat == "min" else statistics.median(times)) * 1e3, mode
 
 
-def time_ours(kvattn, sh, H, Hkv, D, dt, threads, iters, warmup, check):
+def time_ours(kvattn, sh, H, Hkv, D, dt, threads, iters, warmup, check, stat):
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tf:
         path = tf.name
     cmd = [kvattn, "bench", "--mode", sh["mode"], "--batch", str(sh["batch"]),
@@ -93,7 +95,7 @@ def time_ours(kvattn, sh, H, Hkv, D, dt, threads, iters, warmup, check):
     with open(path) as f:
         res = json.load(f)
     os.unlink(path)
-    return res["median_ms"], res
+    return res["min_ms" if stat == "min" else "median_ms"], res
 
 
 def main():
@@ -110,6 +112,10 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--no-check", action="store_true", help="skip kvattn's reference check")
+    ap.add_argument("--stat", choices=("median", "min"), default="median",
+                    help="statistic of the timed runs on both sides")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="alternate torch and kvattn this many times per shape, keep the best")
     ap.add_argument("--json", help="also write the rows as JSON to this file")
     a = ap.parse_args()
 
@@ -117,24 +123,31 @@ def main():
     print("torch %s (CPU capability %s), %d threads; kvattn %s" %
           (torch.__version__, torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(),
            a.kvattn))
-    print("%-18s %-5s %-18s %10s %10s %12s" %
-          ("shape", "dtype", "torch GQA", "ours ms", "torch ms", "torch/ours"))
+    print("%-18s %-5s %-18s %10s %10s %12s   (%s of %d runs, best of %d rounds)" %
+          ("shape", "dtype", "torch GQA", "ours ms", "torch ms", "torch/ours", a.stat, a.iters,
+           a.rounds))
     rows = []
     for sh in a.shapes:
         for dt in a.dtypes.split(","):
             name = ("prefill %d" % sh["q_len"] if sh["mode"] == "prefill" else
                     "decode %dx%d" % (sh["batch"], sh["context"]))
             sys.stderr.write("peer: %s %s ...\n" % (name, dt))
-            t_torch, mode = time_torch(sh, a.heads, a.kv_heads, a.head_dim, DTYPES[dt],
-                                       a.iters, a.warmup)
-            t_ours, res = time_ours(a.kvattn, sh, a.heads, a.kv_heads, a.head_dim, dt,
-                                    a.threads, a.iters, a.warmup, not a.no_check)
+            # Rounds alternate the two sides so that slow drifts of a shared
+            # machine's load hit both; each side keeps its best round.
+            t_torch = t_ours = float("inf")
+            for rnd in range(a.rounds):
+                tt, mode = time_torch(sh, a.heads, a.kv_heads, a.head_dim, DTYPES[dt],
+                                      a.iters, a.warmup, a.stat)
+                to, res = time_ours(a.kvattn, sh, a.heads, a.kv_heads, a.head_dim, dt,
+                                    a.threads, a.iters, a.warmup, rnd == 0 and not a.no_check,
+                                    a.stat)
+                t_torch, t_ours = min(t_torch, tt), min(t_ours, to)
             print("%-18s %-5s %-18s %10.2f %10.2f %11.2fx" %
                   (name, dt, mode, t_ours, t_torch, t_torch / t_ours))
             sys.stdout.flush()
             rows.append({"shape": name, "dtype": dt, "torch_gqa": mode, "ours_ms": t_ours,
                          "torch_ms": t_torch, "ratio": t_torch / t_ours,
-                         "gflops_ours": res["gflops"], "threads": a.threads})
+                         "stat": a.stat, "rounds": a.rounds, "threads": a.threads})
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"torch": torch.__version__, "rows": rows}, f, indent=1)
