@@ -144,9 +144,10 @@ typedef struct bench_result {
     const char *peak_isa; /* vector ISA the peak was measured with */
     bench_counts counts;
     bench_check_result check;
-    /* Mixed mode with --parts: medians of the decodes alone and of the chunked
-     * prefill alone (own plans over the same cache), 0 when not measured. */
-    double decodes_s, chunk_s;
+    /* Mixed mode with --parts: medians of the mixed step, the decodes alone and
+     * the chunked prefill alone (own plans over the same cache), timed
+     * round-robin; 0 when not measured. */
+    double mixed_s, decodes_s, chunk_s;
     int32_t num_requests, num_tokens, num_blocks; /* of the batch (R, T, NB) */
 } bench_result;
 

@@ -147,7 +147,7 @@ int bench_sweep(const bench_opts *base)
         const double gflops = r.counts.flops / r.median_s / 1e9;
         char mixed[32] = "";
         if (r.decodes_s > 0 && r.chunk_s > 0)
-            snprintf(mixed, sizeof mixed, "%.3f", r.median_s / (r.decodes_s + r.chunk_s));
+            snprintf(mixed, sizeof mixed, "%.3f", r.mixed_s / (r.decodes_s + r.chunk_s));
         if (tty)
             fprintf(stderr, "\r\033[K");
         printf("%-8s %5d %7d %6d %3d/%-3d %10.3f %9.2f %5.1f%% %10.2f %5.1f%% %5s %s\n",

@@ -268,28 +268,13 @@ static kva_status run_once(const bench_opts *o, bench_state *s)
     return kva_attention_run(s->ctx, s->plan, b->q, s->cache, b->sinks, b->out, b->lse);
 }
 
-/* Median time of n runs of plan over the cache on q/out/lse (which may point
- * into the batch's arrays at a request's first token). */
-static kva_status time_plan(bench_state *s, const kva_plan *plan, const void *q, void *out,
-                            float *lse, int n, double *median_s)
-{
-    kva_status st = KVA_STATUS_OK;
-    for (int k = -1; k < n && st == KVA_STATUS_OK; k++) { /* k = -1: warm-up */
-        double t0 = kva_cli_now();
-        st = kva_attention_run(s->ctx, plan, q, s->cache, s->b.sinks, out, lse);
-        if (k >= 0)
-            s->times[k] = kva_cli_now() - t0;
-    }
-    if (st == KVA_STATUS_OK)
-        *median_s = median(s->times, n);
-    return st;
-}
-
 /*
  * Mixed mode --parts: the decodes alone (the batch's first o->batch requests)
  * and the chunked prefill alone (its last request), each with its own plan over
- * the same cache, timed like the mixed step. An engine that ran the two kinds
- * of requests as separate calls would pay their sum.
+ * the same cache. An engine that ran the two kinds of requests as separate
+ * calls would pay their sum. The three steps are timed round-robin (mixed,
+ * decodes, chunk, mixed, ...) so that a shared machine's changing load hits
+ * all three alike; res->mixed_s is the mixed step's median in this loop.
  */
 static int time_parts(const bench_opts *o, bench_state *s, int iters, bench_result *res)
 {
@@ -298,21 +283,21 @@ static int time_parts(const bench_opts *o, bench_state *s, int iters, bench_resu
     const size_t es = kva_dtype_size(o->dtype), H = (size_t)o->heads;
     kva_plan_desc full, pd;
     bench_plan_desc(o, b, &full);
-    kva_plan *plan = NULL;
+    kva_plan *dec = NULL, *chunk = NULL;
+    double *tm = malloc(3 * (size_t)iters * sizeof *tm);
     kva_status st;
+    int rc = KVA_EXIT_OK;
+    if (!tm) {
+        fprintf(stderr, "kvattn: out of memory\n");
+        return KVA_EXIT_LIBRARY;
+    }
 
     pd = full;
     pd.num_requests = o->batch;
-    if ((st = kva_plan_create(s->ctx, &pd, &plan)) != KVA_STATUS_OK)
-        return kva_cli_lib_error("kva_plan_create (decodes alone)", st);
-    if (o->variant)
-        plan->part->variant = o->variant;
-    st = time_plan(s, plan, b->q, b->out, b->lse, iters, &res->decodes_s);
-    kva_plan_destroy(plan);
-    plan = NULL;
-    if (st != KVA_STATUS_OK)
-        return kva_cli_lib_error("kva_attention_run (decodes alone)", st);
-
+    if ((st = kva_plan_create(s->ctx, &pd, &dec)) != KVA_STATUS_OK) {
+        rc = kva_cli_lib_error("kva_plan_create (decodes alone)", st);
+        goto done;
+    }
     const int32_t t0 = b->query_start_loc[last];
     const int32_t qsl[2] = {0, b->query_start_loc[R] - t0};
     pd = full;
@@ -320,17 +305,43 @@ static int time_parts(const bench_opts *o, bench_state *s, int iters, bench_resu
     pd.query_start_loc = qsl;
     pd.seq_lens = b->seq_lens + last;
     pd.block_table = b->block_table + (size_t)last * (size_t)b->block_table_stride;
-    if ((st = kva_plan_create(s->ctx, &pd, &plan)) != KVA_STATUS_OK)
-        return kva_cli_lib_error("kva_plan_create (chunk alone)", st);
-    if (o->variant)
-        plan->part->variant = o->variant;
-    st = time_plan(s, plan, (const unsigned char *)b->q + (size_t)t0 * H * o->head_dim * es,
-                   (unsigned char *)b->out + (size_t)t0 * H * o->head_dim_v * es,
-                   b->lse + (size_t)t0 * H, iters, &res->chunk_s);
-    kva_plan_destroy(plan);
-    if (st != KVA_STATUS_OK)
-        return kva_cli_lib_error("kva_attention_run (chunk alone)", st);
-    return KVA_EXIT_OK;
+    if ((st = kva_plan_create(s->ctx, &pd, &chunk)) != KVA_STATUS_OK) {
+        rc = kva_cli_lib_error("kva_plan_create (chunk alone)", st);
+        goto done;
+    }
+    if (o->variant) {
+        dec->part->variant = o->variant;
+        chunk->part->variant = o->variant;
+    }
+    const void *q_chunk = (const unsigned char *)b->q + (size_t)t0 * H * o->head_dim * es;
+    void *out_chunk = (unsigned char *)b->out + (size_t)t0 * H * o->head_dim_v * es;
+    float *lse_chunk = b->lse + (size_t)t0 * H;
+    for (int k = -1; k < iters; k++) { /* k = -1: warm-up of the two new plans */
+        for (int w = 0; w < 3; w++) {
+            const double t = kva_cli_now();
+            if (w == 0)
+                st = run_once(o, s);
+            else if (w == 1)
+                st = kva_attention_run(s->ctx, dec, b->q, s->cache, b->sinks, b->out, b->lse);
+            else
+                st = kva_attention_run(s->ctx, chunk, q_chunk, s->cache, b->sinks, out_chunk,
+                                       lse_chunk);
+            if (st != KVA_STATUS_OK) {
+                rc = kva_cli_lib_error("kva_attention_run (parts)", st);
+                goto done;
+            }
+            if (k >= 0)
+                tm[(size_t)w * iters + k] = kva_cli_now() - t;
+        }
+    }
+    res->mixed_s = median(tm, iters);
+    res->decodes_s = median(tm + iters, iters);
+    res->chunk_s = median(tm + 2 * (size_t)iters, iters);
+done:
+    kva_plan_destroy(dec);
+    kva_plan_destroy(chunk);
+    free(tm);
+    return rc;
 }
 
 /* The bench proper once the options are valid; returns the exit status. */
