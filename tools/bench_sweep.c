@@ -150,10 +150,14 @@ int bench_sweep(const bench_opts *base)
             snprintf(mixed, sizeof mixed, "%.3f", r.mixed_s / (r.decodes_s + r.chunk_s));
         if (tty)
             fprintf(stderr, "\r\033[K");
-        printf("%-8s %5d %7d %6d %3d/%-3d %10.3f %9.2f %5.1f%% %10.2f %5.1f%% %5s %s\n",
+        char pbw[16] = "-", ppk[16] = "-";
+        if (bw > 0)
+            snprintf(pbw, sizeof pbw, "%.1f%%", 100.0 * gbps / bw);
+        if (peak > 0)
+            snprintf(ppk, sizeof ppk, "%.1f%%", 100.0 * gflops / peak);
+        printf("%-8s %5d %7d %6d %3d/%-3d %10.3f %9.2f %6s %10.2f %6s %5s %s\n",
                bench_mode_name(o.mode), (int)o.batch, (int)o.context, (int)o.q_len, (int)o.heads,
-               (int)o.kv_heads, r.median_s * 1e3, gbps, bw > 0 ? 100.0 * gbps / bw : 0.0, gflops,
-               peak > 0 ? 100.0 * gflops / peak : 0.0,
+               (int)o.kv_heads, r.median_s * 1e3, gbps, pbw, gflops, ppk,
                r.check.done ? (r.check.ok ? "ok" : "FAIL") : "-", mixed);
         fflush(stdout);
         if (json) {
