@@ -68,6 +68,8 @@ struct kva__partition {
     int32_t variant;        /* kernel variant the backend runs (1-based, 0 = chosen per item;
                                set by the backend's plan_build, tests may override it to
                                compare variants) */
+    int32_t variant_tiled;  /* with variant 0: the variant of items with many query rows
+                               (checked against the CPU by the backend at plan time) */
 };
 
 /* Builds the partition of a plan whose metadata (query_start_loc, seq_lens,

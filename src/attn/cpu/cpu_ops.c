@@ -79,16 +79,15 @@ int kva__cpu_attn_choose(const kva_plan *plan)
     return 0;
 }
 
-/* The best tiled prefill variant this CPU runs (v6 AVX512-BF16, v5 AVX-512,
- * v4 AVX2), else v1. */
-static kva__cpu_attn_fn tiled_fn(void)
+/* The best tiled prefill variant this CPU runs (6 AVX512-BF16, 5 AVX-512,
+ * 4 AVX2), else 1. Resolved at plan time: detection runs cpuid, which traps
+ * to the hypervisor on a VM and has no place on the run path. */
+static int tiled_variant(void)
 {
-    kva__cpu_attn_fn fn = kva__cpu_attn_variant(6);
-    if (!fn)
-        fn = kva__cpu_attn_variant(5);
-    if (!fn)
-        fn = kva__cpu_attn_variant(4);
-    return fn ? fn : kva__cpu_attn_v1;
+    for (int v = 6; v >= 4; v--)
+        if (kva__cpu_attn_variant(v))
+            return v;
+    return 1;
 }
 
 /* ---- plan ---- */
@@ -105,6 +104,7 @@ kva_status kva__cpu_plan_partition(kva_context *ctx, kva_plan *plan,
     kva__partition *part = NULL;
     KVA_TRY(kva__partition_build(plan, pp, &part));
     part->variant = plan->part ? plan->part->variant : kva__cpu_attn_choose(plan);
+    part->variant_tiled = tiled_variant();
     size_t bytes = 0;
     if (part->num_items > 0)
         bytes =
@@ -152,11 +152,15 @@ static void run_items(kva_context *ctx, kva__cpu_run *run)
     /* Variant 0 (the default): prefill tiles (many query rows) run the tiled
      * variant, decode-shaped items v1. A forced variant runs every item, and
      * falls back to v1 where this CPU lacks its ISA. */
-    kva__cpu_attn_fn fn = kva__cpu_attn_variant(part->variant);
-    kva__cpu_attn_fn fn_tile = fn;
-    if (!fn) {
-        fn = kva__cpu_attn_v1;
-        fn_tile = part->variant == 0 ? tiled_fn() : fn;
+    kva__cpu_attn_fn fn = kva__cpu_attn_v1, fn_tile = kva__cpu_attn_v1;
+    if (part->variant == 0) {
+        /* Checked against this CPU at plan time. */
+        fn_tile = variants[part->variant_tiled - 1].fn;
+    } else {
+        fn = kva__cpu_attn_variant(part->variant);
+        if (!fn)
+            fn = kva__cpu_attn_v1;
+        fn_tile = fn;
     }
     run->partials = ctx->workspace;
     run->scratch = (unsigned char *)ctx->workspace + partial_bytes(part);
