@@ -70,6 +70,7 @@ kva_status kva_context_create(const kva_context_desc *desc, kva_context **out)
                        : d.num_threads > 0          ? d.num_threads
                                                     : available_cores();
     ctx->ops = d.backend == KVA_BACKEND_REF ? &kva__ref_ops : &kva__cpu_ops;
+    kva__cpu_features_get(&ctx->cpu_features); /* once: cpuid traps on a VM (~30 us) */
     *out = ctx;
     return KVA_STATUS_OK;
 }

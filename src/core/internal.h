@@ -85,7 +85,7 @@ typedef struct kva__cpu_features {
     int avx2, fma, f16c; /* x86-64 */
     int avx512f, avx512bw, avx512vl;
     int avx512bf16; /* vdpbf16ps (cpuid leaf 7 subleaf 1, eax bit 5) */
-    int neon; /* AArch64 */
+    int neon;       /* AArch64 */
 } kva__cpu_features;
 
 /* Detects the running CPU's vector ISA (cpuid + xgetbv on x86-64). */
@@ -102,6 +102,7 @@ struct kva_context {
     int32_t num_threads;
     int32_t device_id;
     const kva__backend_ops *ops;
+    kva__cpu_features cpu_features; /* detected at creation, for plan-time kernel choices */
     /* Scratch memory for run-path calls; grown only by kva_plan_create (never
      * during a run), in the backend's memory space. */
     void *workspace;

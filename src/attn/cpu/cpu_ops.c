@@ -42,15 +42,13 @@ static const variant_entry variants[] = {
 };
 /* clang-format on */
 
-static int isa_has(int needs)
+static int isa_has(const kva__cpu_features *f, int needs)
 {
-    kva__cpu_features f;
-    kva__cpu_features_get(&f);
     if (needs == NEEDS_AVX2)
-        return f.avx2 && f.fma && f.f16c;
+        return f->avx2 && f->fma && f->f16c;
     if (needs == NEEDS_AVX512 || needs == NEEDS_AVX512_BF16)
-        return f.avx512f && f.avx512bw && f.avx512vl && f.avx2 && f.fma && f.f16c &&
-               (needs == NEEDS_AVX512 || f.avx512bf16);
+        return f->avx512f && f->avx512bw && f->avx512vl && f->avx2 && f->fma && f->f16c &&
+               (needs == NEEDS_AVX512 || f->avx512bf16);
     return 1;
 }
 
@@ -63,7 +61,9 @@ kva__cpu_attn_fn kva__cpu_attn_variant(int v)
 {
     if (v < 1 || v > kva__cpu_attn_num_variants() || !variants[v - 1].fn)
         return NULL;
-    return isa_has(variants[v - 1].needs) ? variants[v - 1].fn : NULL;
+    kva__cpu_features f;
+    kva__cpu_features_get(&f);
+    return isa_has(&f, variants[v - 1].needs) ? variants[v - 1].fn : NULL;
 }
 
 /* Items with at least this many query rows and attention rows run the tiled
@@ -79,13 +79,14 @@ int kva__cpu_attn_choose(const kva_plan *plan)
     return 0;
 }
 
-/* The best tiled prefill variant this CPU runs (6 AVX512-BF16, 5 AVX-512,
- * 4 AVX2), else 1. Resolved at plan time: detection runs cpuid, which traps
- * to the hypervisor on a VM and has no place on the run path. */
-static int tiled_variant(void)
+/* The best tiled prefill variant a CPU with features f runs (6 AVX512-BF16,
+ * 5 AVX-512, 4 AVX2), else 1. Resolved at plan time from the features the
+ * context detected at creation: cpuid traps to the hypervisor on a VM (about
+ * 30 us here) and has no place on the run path or in every plan. */
+static int tiled_variant(const kva__cpu_features *f)
 {
     for (int v = 6; v >= 4; v--)
-        if (kva__cpu_attn_variant(v))
+        if (variants[v - 1].fn && isa_has(f, variants[v - 1].needs))
             return v;
     return 1;
 }
@@ -104,7 +105,7 @@ kva_status kva__cpu_plan_partition(kva_context *ctx, kva_plan *plan,
     kva__partition *part = NULL;
     KVA_TRY(kva__partition_build(plan, pp, &part));
     part->variant = plan->part ? plan->part->variant : kva__cpu_attn_choose(plan);
-    part->variant_tiled = tiled_variant();
+    part->variant_tiled = tiled_variant(&ctx->cpu_features);
     size_t bytes = 0;
     if (part->num_items > 0)
         bytes =
