@@ -1,6 +1,6 @@
 /*
  * attn_prefill_avx512.h - the AVX-512 vector primitives of the tiled prefill
- * kernels (see attn_prefill_tiled.h for the contract), shared by
+ * kernels (see attn_prefill_tiled.inc for the contract), shared by
  * attn_v5_prefill_avx512.c and attn_v6_prefill_bf16_avx512.c. Included only
  * by files compiled with the AVX-512 flags.
  */

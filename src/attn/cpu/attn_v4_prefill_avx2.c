@@ -1,6 +1,6 @@
 /*
  * attn_v4_prefill_avx2.c - CPU attention kernel, variant 4: the tiled
- * prefill kernel (attn_prefill_tiled.h) with AVX2+FMA vectors of 8 rows.
+ * prefill kernel (attn_prefill_tiled.inc) with AVX2+FMA vectors of 8 rows.
  *
  * Register blocks (16 ymm registers): scores 6 keys x 2 vectors (16 rows: 12
  * accumulators, 2 loads of QT and 6 broadcasts of K per step of D), outputs
@@ -88,6 +88,6 @@ static inline __m256 pf_tanh(__m256 x)
     return _mm256_or_ps(t, _mm256_and_ps(sign, x));
 }
 
-#include "attn_prefill_tiled.h"
+#include "attn_prefill_tiled.inc"
 
 #endif

@@ -1,6 +1,6 @@
 /*
  * attn_v5_prefill_avx512.c - CPU attention kernel, variant 5: the tiled
- * prefill kernel (attn_prefill_tiled.h) with AVX-512 vectors of 16 rows
+ * prefill kernel (attn_prefill_tiled.inc) with AVX-512 vectors of 16 rows
  * (primitives in attn_prefill_avx512.h).
  *
  * Register blocks: scores 6 keys x 4 vectors (64 rows: 24 accumulators, 4
@@ -14,6 +14,6 @@
 #define PF_FN kva__cpu_attn_v5
 #include "attn_prefill_avx512.h"
 
-#include "attn_prefill_tiled.h"
+#include "attn_prefill_tiled.inc"
 
 #endif

@@ -22,6 +22,6 @@
 #endif
 #include "attn_prefill_avx512.h"
 
-#include "attn_prefill_tiled.h"
+#include "attn_prefill_tiled.inc"
 
 #endif

@@ -26,7 +26,7 @@
  * group of 4) amortizes each K/V tile's conversion over twice the rows of 64
  * and ran 3% faster with the tiled variant (1 thread, 2k prefill, bf16). */
 #define KVA_CPU_PREFILL_ROWS 128
-/* Most keys of one tile of the tiled prefill variants (attn_prefill_tiled.h). */
+/* Most keys of one tile of the tiled prefill variants (attn_prefill_tiled.inc). */
 #define KVA_CPU_TILE_KEYS 96
 
 /* Everything a kernel needs to run items of one call. */
@@ -64,7 +64,7 @@ typedef struct kva__cpu_scratch {
     void *tile;       /* area of the tiled prefill variants, see kva__cpu_tile */
 } kva__cpu_scratch;
 
-/* The tiled prefill variants' arrays (attn_prefill_tiled.h), carved out of
+/* The tiled prefill variants' arrays (attn_prefill_tiled.inc), carved out of
  * kva__cpu_scratch.tile. Mp = MAX_ROWS (a multiple of 16), KT = TILE_KEYS;
  * arrays over rows hold one lane per attention row of the item. */
 typedef struct kva__cpu_tile {
@@ -102,7 +102,7 @@ typedef void (*kva__cpu_attn_fn)(const kva__cpu_run *run, const kva__work_item *
 
 /* Kernel variants (attn_v1.c, ...). */
 void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
-/* Tiled prefill (attn_prefill_tiled.h): AVX2+FMA+F16C, AVX-512 F/BW/VL/DQ. */
+/* Tiled prefill (attn_prefill_tiled.inc): AVX2+FMA+F16C, AVX-512 F/BW/VL/DQ. */
 void kva__cpu_attn_v4(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
 void kva__cpu_attn_v5(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
 /* v5 with bf16 dot products for the scores (AVX512-BF16) when q and K are bf16. */
