@@ -71,7 +71,7 @@ kva__cpu_attn_fn kva__cpu_attn_variant(int v)
 #define TILED_MIN_QUERY_ROWS 2
 #define TILED_MIN_ROWS 16
 
-/* 0: choose per item (kva__cpu_attn_item_fn). Tests force one variant for
+/* 0: choose per item (run_items, with part->variant_tiled). Tests force one variant for
  * every item by setting part->variant to its number. */
 int kva__cpu_attn_choose(const kva_plan *plan)
 {
