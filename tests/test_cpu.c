@@ -11,9 +11,9 @@
  *     others, thread counts 1-3, paged and ragged) by a seeded covering
  *     design: every axis walks its values in a fresh random order every
  *     len(values) cases, so each value appears several times in random
- *     combinations. Batches over the reference's budget lose requests and
- *     prefills before keys, and the grid checks (and prints) that most cases
- *     read more than one key chunk;
+ *     combinations. Batches over the
+ * reference's budget lose requests and prefills before keys, and the grid checks (and prints) that
+ * most cases read more than one key chunk;
  *   - the long grid: 1-3 long, decode-heavy requests with small H, checked to
  *     split on 2-3 threads in at least half of its cases, windows included;
  *   - split-KV with the default partition: one long request on 2-3 threads
@@ -25,8 +25,10 @@
  *   - partitions built with extreme parameters (tiny tiles, sliced GQA groups,
  *     one-key chunks, rows that see nothing in a chunk) and every kernel variant;
  *   - a long prefill next to many decodes (balance, num_work_items, results).
- * All of it runs once per kernel variant the machine supports
- * (KVA_CPU_VARIANT forces the variant at plan build).
+ * All of it runs once with the dispatcher's per-item choice (decode variant
+ * for decode-shaped items, tiled prefill variant for query tiles:
+ * kva__cpu_item_prefill), then once per kernel variant the machine supports
+ * forced on every item (KVA_CPU_VARIANT at plan build).
  * Partition shapes are tested in test_cpu_partition.c, kva_merge_states in
  * test_cpu_merge.c, non-finite inputs in test_cpu_nonfinite.c. Output tolerances are
  * the harness's per q dtype; LSE (float32) uses the f32 tolerance.
@@ -705,18 +707,23 @@ static void test_prefill_plus_decodes(void)
 
 int main(void)
 {
-    /* Every kernel variant the machine supports runs every test: the plans
-     * pick the variant up from KVA_CPU_VARIANT at plan build. */
-    for (int v = 1; v <= kva__cpu_attn_num_variants(); v++) {
-        if (!kva__cpu_attn_supported(v)) {
+    /* v = 0: the dispatcher's per-item choice; then every kernel variant the
+     * machine supports forced on every item (the plans pick it up from
+     * KVA_CPU_VARIANT at plan build). */
+    for (int v = 0; v <= kva__cpu_attn_num_variants(); v++) {
+        if (v == 0) {
+            unsetenv("KVA_CPU_VARIANT");
+            printf("== dispatcher (per-item choice)\n");
+        } else if (!kva__cpu_attn_supported(v)) {
             printf("variant %d (%s): not supported on this machine, skipped\n", v,
                    kva__cpu_attn_variant_info(v)->name);
             continue;
+        } else {
+            char buf[16];
+            snprintf(buf, sizeof buf, "%d", v);
+            setenv("KVA_CPU_VARIANT", buf, 1);
+            printf("== variant %d (%s)\n", v, kva__cpu_attn_variant_info(v)->name);
         }
-        char buf[16];
-        snprintf(buf, sizeof buf, "%d", v);
-        setenv("KVA_CPU_VARIANT", buf, 1);
-        printf("== variant %d (%s)\n", v, kva__cpu_attn_variant_info(v)->name);
         RUN(test_grid);
         RUN(test_grid_long);
         RUN(test_split_kv);

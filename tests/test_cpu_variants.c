@@ -4,8 +4,11 @@
  *
  *   - KVA_CPU_ISA lowers the ISA level (never raises it) and unknown values are
  *     ignored; the dispatcher then picks, for decode and for prefill items,
- *     the highest variant the level allows, and a plan built under
- *     KVA_CPU_ISA=portable runs v1 only.
+ *     the highest candidate variant the level allows (decode v1-v4, tiled
+ *     prefill v5-v7), a plan built under KVA_CPU_ISA=portable runs v1 only
+ *     and one under KVA_CPU_ISA=avx2 runs v2 (decode) and v5 (prefill); the
+ *     per-item shape rule (kva__cpu_item_prefill) sends decodes to the decode
+ *     variant and tiles of many query rows to the prefill variant.
  *   - KVA_CPU_VARIANT=N forces a supported variant N into the plan; an
  *     unsupported or malformed N leaves the choice to the dispatcher.
  *   - Every supported variant against the reference on decode batches over
@@ -67,21 +70,46 @@ static void test_dispatch(void)
     kva_test_batch_init(&b, &rng, 2, q, s, 16, 2, 0);
     unsetenv("KVA_CPU_VARIANT");
     const kva__cpu_isa level = kva__cpu_isa_level();
-    int best = 1;
+    int best = 1, bestp = 1;
     for (int v = 1; v <= kva__cpu_attn_num_variants(); v++) {
         const kva__cpu_variant *info = kva__cpu_attn_variant_info(v);
         CHECK(info && info->fn && info->name);
+        CHECK(info->decode || info->prefill);
         CHECK(kva__cpu_attn_supported(v) == (info->isa <= level));
         if (info->isa <= level && info->decode)
             best = v;
+        if (info->isa <= level && info->prefill)
+            bestp = v;
     }
+#if defined(__x86_64__)
+    /* The numbering of docs/architecture.md: decode v1-v4, tiled prefill v5-v7. */
+    CHECK(kva__cpu_attn_num_variants() == 7);
+    for (int v = 1; v <= 7; v++)
+        CHECK_MSG(kva__cpu_attn_variant_info(v)->decode == (v <= 4) &&
+                      kva__cpu_attn_variant_info(v)->prefill == (v == 1 || v >= 5),
+                  "variant %d: decode %d prefill %d", v, kva__cpu_attn_variant_info(v)->decode,
+                  kva__cpu_attn_variant_info(v)->prefill);
+    if (level >= KVA__ISA_AVX2)
+        CHECK(best >= 2 && bestp >= 5);
+#endif
+    /* Per-item shape rule: single-row decodes and short GQA-1 spec decodes
+     * are decode-shaped, query tiles prefill-shaped. */
+    CHECK(!kva__cpu_item_prefill(1, 8) && !kva__cpu_item_prefill(1, 64));
+    CHECK(!kva__cpu_item_prefill(4, 1) && !kva__cpu_item_prefill(2, 4));
+    CHECK(kva__cpu_item_prefill(4, 4) && kva__cpu_item_prefill(5, 1));
+    CHECK(kva__cpu_item_prefill(32, 4) && kva__cpu_item_prefill(128, 1));
     CHECK(kva__cpu_attn_variant_info(0) == NULL);
     CHECK(kva__cpu_attn_variant(kva__cpu_attn_num_variants() + 1) == NULL);
 
-    for (int mode = 0; mode < 4; mode++) {
-        /* 0: default; 1: KVA_CPU_ISA=portable; 2: forced v1; 3: bad KVA_CPU_VARIANT. */
+    for (int mode = 0; mode < 6; mode++) {
+        /* 0: default; 1: KVA_CPU_ISA=portable; 2: forced v1; 3: bad KVA_CPU_VARIANT;
+         * 4: KVA_CPU_ISA=avx2; 5: a forced variant above the ISA level (ignored). */
         if (mode == 1)
             setenv("KVA_CPU_ISA", "portable", 1);
+        if (mode == 4 || mode == 5)
+            setenv("KVA_CPU_ISA", "avx2", 1);
+        if (mode == 5)
+            setenv("KVA_CPU_VARIANT", "6", 1);
         if (mode == 2)
             setenv("KVA_CPU_VARIANT", "1", 1);
         if (mode == 3)
@@ -92,12 +120,20 @@ static void test_dispatch(void)
         if (plan) {
             const kva__partition *part = plan->part;
             if (mode == 0 || mode == 3) {
-                CHECK_MSG(part->variant == 0 && part->variant_decode == best,
-                          "mode %d: variant %d decode %d, want 0 and %d", mode, (int)part->variant,
-                          (int)part->variant_decode, best);
+                CHECK_MSG(part->variant == 0 && part->variant_decode == best &&
+                              part->variant_prefill == bestp,
+                          "mode %d: variant %d decode %d prefill %d, want 0, %d and %d", mode,
+                          (int)part->variant, (int)part->variant_decode, (int)part->variant_prefill,
+                          best, bestp);
                 CHECK(kva__cpu_attn_supported(part->variant_prefill));
             } else if (mode == 1) {
                 CHECK(part->variant_decode == 1 && part->variant_prefill == 1);
+            } else if (mode == 4 || mode == 5) {
+                const int avx2 = level >= KVA__ISA_AVX2;
+                CHECK_MSG(part->variant == 0 && part->variant_decode == (avx2 ? 2 : 1) &&
+                              part->variant_prefill == (avx2 ? 5 : 1),
+                          "mode %d: variant %d decode %d prefill %d", mode, (int)part->variant,
+                          (int)part->variant_decode, (int)part->variant_prefill);
             } else {
                 CHECK(part->variant == 1);
             }

@@ -354,7 +354,9 @@ static void test_prefill_no_cache(void)
 static void test_converter(void)
 {
     kva_rng rng = {99};
-    const int simd_ok = kva__cpu_dequant_simd();
+    kva__cpu_features feat;
+    kva__cpu_features_get(&feat);
+    const int simd_ok = kva__cpu_dequant_simd(&feat);
     printf("converter paths: portable%s\n", simd_ok ? " + avx2" : " (no avx2 on this CPU)");
     const int32_t widths[3] = {8, 96, 256};
     for (int w = 0; w < 3; w++) {

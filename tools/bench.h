@@ -11,6 +11,7 @@
 #include "kvattn.h"
 
 #include <stdint.h>
+#include <stdio.h>
 
 typedef enum bench_mode { BENCH_DECODE = 0, BENCH_PREFILL = 1, BENCH_MIXED = 2 } bench_mode;
 
@@ -36,9 +37,18 @@ typedef struct bench_opts {
     uint64_t seed;
     const char *json; /* file for the machine-readable result, or NULL */
     int no_check;
-    int no_ceiling; /* skip measuring the machine's read bandwidth and FMA peak */
-    int ragged;     /* time kva_attention_run_ragged instead of the paged path */
+    int no_ceiling;  /* skip measuring the machine's read bandwidth and FMA peak */
+    int ragged;      /* time kva_attention_run_ragged instead of the paged path */
+    int alibi;       /* ALiBi slopes 2^(-8(h+1)/H) */
+    int sinks;       /* per-head sink logits */
+    int32_t variant; /* CPU kernel variant forced on every item, 0 = the dispatcher's */
+    int parts;       /* mixed mode: also time the decodes alone and the chunk alone */
+    int sweep;       /* bench_sweep_set: 0 = one shape */
+    int quiet;       /* no table on stdout (the sweep prints one row per shape) */
 } bench_opts;
+
+/* Shape sets of --sweep (bench_sweep.c). */
+enum { SWEEP_NONE = 0, SWEEP_DECODE = 1, SWEEP_PREFILL = 2, SWEEP_MIXED = 4, SWEEP_ALL = 7 };
 
 /* Sets the defaults; bench_opts_resolve fills the mode-dependent ones. */
 void bench_opts_init(bench_opts *o);
@@ -66,6 +76,8 @@ typedef struct bench_batch {
     void *k_ragged;      /* [sum(seq_lens), Hkv, D] (--ragged only) */
     void *v_ragged;      /* [sum(seq_lens), Hkv, Dv] (--ragged only) */
     int64_t *src_token;  /* [T] check batch only: token of the full batch; else NULL */
+    float *slopes;       /* [H] ALiBi slopes (--alibi), else NULL */
+    float *sinks;        /* [H] sink logits (--sinks), else NULL */
 } bench_batch;
 
 /* bench_batch.c */
@@ -133,11 +145,25 @@ typedef struct bench_result {
     const char *peak_isa; /* vector ISA the peak was measured with */
     bench_counts counts;
     bench_check_result check;
+    /* Mixed mode with --parts: medians of the mixed step, the decodes alone and
+     * the chunked prefill alone (own plans over the same cache), timed
+     * round-robin; 0 when not measured. */
+    double mixed_s, decodes_s, chunk_s;
+    int32_t num_requests, num_tokens, num_blocks; /* of the batch (R, T, NB) */
 } bench_result;
+
+/* cmd_bench.c: one shape, start to end (batch, cache, plan, check, timing,
+ * ceilings, report unless o->quiet). Returns the exit status. */
+int bench_run_shape(const bench_opts *o, bench_result *res);
+/* Parses the value of --sweep ("decode", "prefill", "mixed", "all"). */
+int bench_sweep_parse(const char *val, int *set);
+/* bench_sweep.c: runs the shapes of o->sweep with o's other options. */
+int bench_sweep(const bench_opts *o);
 
 void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_result *r);
 /* Returns 0 on success, -1 if the file cannot be written. */
-int bench_report_json(const char *path, const bench_opts *o, const bench_batch *b,
-                      const bench_result *r);
+int bench_report_json(const char *path, const bench_opts *o, const bench_result *r);
+/* Writes the result as one JSON object (no trailing newline). */
+void bench_report_json_write(FILE *f, const bench_opts *o, const bench_result *r);
 
 #endif /* KVA_CLI_BENCH_H */

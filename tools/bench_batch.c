@@ -115,6 +115,8 @@ void bench_batch_free(bench_batch *b)
     free(b->k_ragged);
     free(b->v_ragged);
     free(b->src_token);
+    free(b->slopes);
+    free(b->sinks);
     memset(b, 0, sizeof *b);
 }
 
@@ -195,6 +197,25 @@ kva_status bench_batch_build(const bench_opts *o, bench_batch *b)
     b->slot_new = malloc(Tz * sizeof(int64_t));
     if (!b->q || !b->out || !b->lse || !b->k_new || !b->v_new || !b->slot_new)
         return oom(b);
+    if (o->alibi || o->sinks) {
+        b->slopes = malloc(H * sizeof(float));
+        b->sinks = malloc(H * sizeof(float));
+        if (!b->slopes || !b->sinks)
+            return oom(b);
+        /* Slopes of the ALiBi paper's geometric series; sinks uniform with
+         * unit variance (logits comparable to the scores). */
+        for (size_t h = 0; h < H; h++)
+            b->slopes[h] = (float)pow(2.0, -8.0 * (double)(h + 1) / (double)H);
+        bench_fill(b->sinks, KVA_DTYPE_F32, H, &rng);
+        if (!o->alibi) {
+            free(b->slopes);
+            b->slopes = NULL;
+        }
+        if (!o->sinks) {
+            free(b->sinks);
+            b->sinks = NULL;
+        }
+    }
     bench_fill(b->q, o->dtype, (size_t)T * H * D, &rng);
     bench_fill(b->k_new, o->dtype, (size_t)T * Hkv * D, &rng);
     bench_fill(b->v_new, o->dtype, (size_t)T * Hkv * Dv, &rng);
@@ -230,7 +251,7 @@ void bench_plan_desc(const bench_opts *o, const bench_batch *b, kva_plan_desc *d
     d->causal = o->causal;
     d->window_left = o->window;
     d->softcap = o->softcap;
-    d->alibi_slopes = NULL;
+    d->alibi_slopes = b->slopes;
 }
 
 kva_status bench_cache_write_new(kva_context *ctx, const bench_opts *o, const bench_batch *b,

@@ -118,8 +118,13 @@ static kva_status build_subset(const bench_opts *o, const bench_batch *b, const 
         cb->k_ragged = malloc(((size_t)rows + 1) * Hkv * D * es);
         cb->v_ragged = malloc(((size_t)rows + 1) * Hkv * Dv * es);
     }
+    if (b->slopes && (cb->slopes = malloc(H * sizeof(float))) != NULL)
+        memcpy(cb->slopes, b->slopes, H * sizeof(float));
+    if (b->sinks && (cb->sinks = malloc(H * sizeof(float))) != NULL)
+        memcpy(cb->sinks, b->sinks, H * sizeof(float));
     if (!cb->query_start_loc || !cb->seq_lens || !cb->block_table || !cb->q || !cb->out ||
-        !cb->lse || !cb->src_token || (o->ragged && (!cb->k_ragged || !cb->v_ragged))) {
+        !cb->lse || !cb->src_token || (o->ragged && (!cb->k_ragged || !cb->v_ragged)) ||
+        (b->slopes && !cb->slopes) || (b->sinks && !cb->sinks)) {
         bench_batch_free(cb);
         return KVA_STATUS_OUT_OF_MEMORY;
     }
@@ -230,10 +235,10 @@ kva_status bench_check(const bench_opts *o, const bench_batch *b, const kva_cach
     if (st == KVA_STATUS_OK) {
         double t0 = kva_cli_now();
         if (o->ragged)
-            st = kva_attention_run_ragged(ref, plan, cb.q, cb.k_ragged, cb.v_ragged, NULL, cb.out,
-                                          cb.lse);
+            st = kva_attention_run_ragged(ref, plan, cb.q, cb.k_ragged, cb.v_ragged, cb.sinks,
+                                          cb.out, cb.lse);
         else
-            st = kva_attention_run(ref, plan, cb.q, cache, NULL, cb.out, cb.lse);
+            st = kva_attention_run(ref, plan, cb.q, cache, cb.sinks, cb.out, cb.lse);
         res->ref_seconds = kva_cli_now() - t0;
     }
     if (st == KVA_STATUS_OK) {

@@ -63,8 +63,10 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
     else
         printf("  %-18s %d x (q_len %d after %d cached tokens)\n", "requests", (int)o->batch,
                (int)o->q_len, (int)o->context);
-    printf("  %-18s causal=%d window_left=%d softcap=%g\n", "mask", (int)o->causal, (int)o->window,
-           (double)o->softcap);
+    printf("  %-18s causal=%d window_left=%d softcap=%g alibi=%d sinks=%d\n", "mask",
+           (int)o->causal, (int)o->window, (double)o->softcap, o->alibi, o->sinks);
+    if (o->variant)
+        printf("  %-18s %d on every work item (--variant)\n", "kernel variant", (int)o->variant);
     printf("  %-18s state %s, %d decodes (%d tokens), %d prefills (%d tokens), %d work items\n",
            "plan", kva_attn_state_name(pi->state), (int)pi->num_decodes, (int)pi->num_decode_tokens,
            (int)pi->num_prefills, (int)pi->num_prefill_tokens, (int)pi->num_work_items);
@@ -106,14 +108,20 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
         snprintf(n, sizeof n, "median, %d new tokens (reshape_and_cache)", (int)b->num_tokens);
         row("cache write", fmt_time(v, sizeof v, r->write_s), n);
     }
+    if (r->decodes_s > 0 && r->chunk_s > 0) {
+        row("mixed (parts loop)", fmt_time(v, sizeof v, r->mixed_s),
+            "median, timed round-robin with the two parts");
+        row("decodes alone", fmt_time(v, sizeof v, r->decodes_s), "median, own plan, same cache");
+        row("chunk alone", fmt_time(v, sizeof v, r->chunk_s), "median, own plan, same cache");
+        const double sum = r->decodes_s + r->chunk_s;
+        row("sum of parts", fmt_time(v, sizeof v, sum), "");
+        snprintf(v, sizeof v, "%.3f", r->mixed_s / sum);
+        row("mixed / parts", v, "the mixed step's median over the sum (<= 1: no penalty)");
+    }
 }
 
-int bench_report_json(const char *path, const bench_opts *o, const bench_batch *b,
-                      const bench_result *r)
+void bench_report_json_write(FILE *f, const bench_opts *o, const bench_result *r)
 {
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return -1;
     const kva_plan_info *pi = &r->info;
     double gbps = r->median_s > 0 ? r->counts.kv_bytes / r->median_s / 1e9 : 0;
     double gflops = r->median_s > 0 ? r->counts.flops / r->median_s / 1e9 : 0;
@@ -130,11 +138,15 @@ int bench_report_json(const char *path, const bench_opts *o, const bench_batch *
             "  \"shape\": {\"batch\": %d, \"requests\": %d, \"tokens\": %d, \"context\": %d, "
             "\"q_len\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, "
             "\"head_dim_v\": %d, \"block_size\": %d, \"num_blocks\": %d},\n",
-            (int)o->batch, (int)b->num_requests, (int)b->num_tokens, (int)o->context, (int)o->q_len,
+            (int)o->batch, (int)r->num_requests, (int)r->num_tokens, (int)o->context, (int)o->q_len,
             (int)o->heads, (int)o->kv_heads, (int)o->head_dim, (int)o->head_dim_v,
-            (int)o->block_size, (int)b->num_blocks);
-    fprintf(f, "  \"mask\": {\"causal\": %d, \"window_left\": %d, \"softcap\": %g},\n",
-            (int)o->causal, (int)o->window, (double)o->softcap);
+            (int)o->block_size, (int)r->num_blocks);
+    fprintf(f,
+            "  \"mask\": {\"causal\": %d, \"window_left\": %d, \"softcap\": %g, "
+            "\"alibi\": %s, \"sinks\": %s},\n",
+            (int)o->causal, (int)o->window, (double)o->softcap, o->alibi ? "true" : "false",
+            o->sinks ? "true" : "false");
+    fprintf(f, "  \"variant\": %d,\n", (int)o->variant);
     fprintf(f,
             "  \"plan\": {\"state\": \"%s\", \"num_decodes\": %d, \"num_decode_tokens\": %d, "
             "\"num_prefills\": %d, \"num_prefill_tokens\": %d, \"num_work_items\": %d},\n",
@@ -159,8 +171,23 @@ int bench_report_json(const char *path, const bench_opts *o, const bench_batch *
     fprintf(f, "  \"kv_bytes\": %.0f,\n  \"gbps\": %.4f,\n", r->counts.kv_bytes, gbps);
     fprintf(f, "  \"flops\": %.0f,\n  \"gflops\": %.4f,\n", r->counts.flops, gflops);
     fprintf(f, "  \"read_bw_gbps\": %.4f,\n", r->read_bw);
+    if (r->decodes_s > 0 && r->chunk_s > 0)
+        fprintf(f,
+                "  \"parts_mixed_ms\": %.6f,\n  \"decodes_ms\": %.6f,\n  \"chunk_ms\": %.6f,\n"
+                "  \"mixed_over_parts\": %.4f,\n",
+                r->mixed_s * 1e3, r->decodes_s * 1e3, r->chunk_s * 1e3,
+                r->mixed_s / (r->decodes_s + r->chunk_s));
     fprintf(f, "  \"fma_peak_gflops\": %.4f,\n  \"fma_peak_isa\": \"%s\"\n", r->fma_peak,
             r->peak_isa ? r->peak_isa : "");
-    fprintf(f, "}\n");
+    fprintf(f, "}");
+}
+
+int bench_report_json(const char *path, const bench_opts *o, const bench_result *r)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    bench_report_json_write(f, o, r);
+    fprintf(f, "\n");
     return fclose(f) == 0 ? 0 : -1;
 }

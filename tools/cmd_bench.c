@@ -8,10 +8,9 @@
  * tables, as a block pool hands them out), then kva_attention_run (or
  * kva_attention_run_ragged with --ragged, which reads packed K/V, no cache).
  */
-#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "bench.h"
 #include "cli.h"
-#include "../src/attn/cpu/cpu_attn.h" /* kva__cpu_attn_supported: --variant */
+#include "../src/attn/cpu/cpu_attn.h" /* --variant: kva__cpu_attn_supported, plan->part */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,11 +57,20 @@ void kva_cli_usage_bench(void)
            "  --causal 0|1         bottom-right causal mask      [1]\n"
            "  --window N           sliding window (window_left), -1 = none [-1]\n"
            "  --softcap c          logits soft-cap, 0 = none     [0]\n"
+           "  --alibi              ALiBi slopes 2^(-8(h+1)/H)\n"
+           "  --sinks              per-head sink logits (random, unit variance)\n"
            "run:\n"
            "  --backend ref|cpu    backend to time               [cpu]\n"
            "  --threads N          CPU threads, 0 = all cores    [0]\n"
-           "  --variant N          CPU kernel variant for every item (sets KVA_CPU_VARIANT;\n"
-           "                       `kvattn info` lists them), 0 = dispatcher's choice [0]\n"
+           "  --variant N          CPU kernel variant forced on every work item (`kvattn\n"
+           "                       info` lists them: 1 portable, 2-4 decode AVX2/AVX-512/\n"
+           "                       +BF16, 5-7 tiled prefill AVX2/AVX-512/+BF16), 0 = the\n"
+           "                       dispatcher's per-item choice [0]\n"
+           "  --parts              mixed mode: also time the decodes alone and the chunked\n"
+           "                       prefill alone, and print mixed / (decodes + chunk)\n"
+           "  --sweep SET          run a built-in list of shapes instead of one, one table\n"
+           "                       row each (progress on stderr): decode | prefill | mixed\n"
+           "                       | all; shape flags are ignored, the others apply\n"
            "  --iters N            timed runs, 0 = about %.0f s worth (%d..%d) [0]\n"
            "  --warmup N           untimed runs before timing    [2]\n"
            "  --seed N             random data seed              [1234]\n"
@@ -86,7 +94,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
         "--mode",     "--batch",      "--context",    "--q-len",   "--heads",  "--kv-heads",
         "--head-dim", "--head-dim-v", "--block-size", "--dtype",   "--layout", "--causal",
         "--window",   "--softcap",    "--backend",    "--threads", "--iters",  "--warmup",
-        "--seed",     "--json",       "--kv-quant",   "--variant"};
+        "--seed",     "--json",       "--kv-quant",   "--variant", "--sweep"};
     const int32_t BIG = 1 << 24;
     bench_opts_init(o);
     for (int i = 1; i < argc; i++) {
@@ -106,6 +114,18 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
         }
         if (strcmp(a, "--ragged") == 0) {
             o->ragged = 1;
+            continue;
+        }
+        if (strcmp(a, "--alibi") == 0) {
+            o->alibi = 1;
+            continue;
+        }
+        if (strcmp(a, "--sinks") == 0) {
+            o->sinks = 1;
+            continue;
+        }
+        if (strcmp(a, "--parts") == 0) {
+            o->parts = 1;
             continue;
         }
         /* Every other option takes a value: "--flag v" or "--flag=v". */
@@ -165,19 +185,13 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
             ok = kva_cli_parse_i32(f, val, 0, 1000000, &o->iters);
         else if (!strcmp(f, "--warmup"))
             ok = kva_cli_parse_i32(f, val, 0, 1000000, &o->warmup);
+        else if (!strcmp(f, "--variant"))
+            ok = kva_cli_parse_i32(f, val, 0, 64, &o->variant);
+        else if (!strcmp(f, "--sweep"))
+            ok = bench_sweep_parse(val, &o->sweep);
         else if (!strcmp(f, "--seed"))
             ok = kva_cli_parse_u64(f, val, &o->seed);
-        else if (!strcmp(f, "--variant")) {
-            int32_t v = 0;
-            ok = kva_cli_parse_i32(f, val, 0, kva__cpu_attn_num_variants(), &v);
-            if (ok && v > 0 && !kva__cpu_attn_supported(v)) {
-                fprintf(stderr, "kvattn: --variant %d (%s) needs an ISA this machine lacks\n",
-                        (int)v, kva__cpu_attn_variant_info(v)->name);
-                ok = 0;
-            }
-            if (ok && v > 0)
-                setenv("KVA_CPU_VARIANT", val, 1);
-        } else if (!strcmp(f, "--json")) {
+        else if (!strcmp(f, "--json")) {
             o->json = val;
             if (!*val) {
                 fprintf(stderr, "kvattn: --json: empty file name\n");
@@ -200,6 +214,24 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
     if (o->heads % o->kv_heads != 0) {
         fprintf(stderr, "kvattn: --heads %d is not a multiple of --kv-heads %d\n", (int)o->heads,
                 (int)o->kv_heads);
+        return KVA_EXIT_USAGE;
+    }
+    if (o->variant != 0) {
+        if (o->backend != KVA_BACKEND_CPU) {
+            fprintf(stderr, "kvattn: --variant %d: only the cpu backend has variants\n",
+                    (int)o->variant);
+            return KVA_EXIT_USAGE;
+        }
+        if (!kva__cpu_attn_supported(o->variant)) {
+            fprintf(stderr,
+                    "kvattn: --variant %d: not available in this build or on this CPU "
+                    "(variants 1..%d; kvattn info lists them and the CPU's ISA)\n",
+                    (int)o->variant, kva__cpu_attn_num_variants());
+            return KVA_EXIT_USAGE;
+        }
+    }
+    if (o->parts && (o->mode != BENCH_MIXED || o->ragged)) {
+        fprintf(stderr, "kvattn: --parts needs --mode mixed and the paged path (no --ragged)\n");
         return KVA_EXIT_USAGE;
     }
     if ((int64_t)o->context + o->q_len > (1 << 30)) {
@@ -243,9 +275,85 @@ static kva_status run_once(const bench_opts *o, bench_state *s)
 {
     bench_batch *b = &s->b;
     if (o->ragged)
-        return kva_attention_run_ragged(s->ctx, s->plan, b->q, b->k_ragged, b->v_ragged, NULL,
+        return kva_attention_run_ragged(s->ctx, s->plan, b->q, b->k_ragged, b->v_ragged, b->sinks,
                                         b->out, b->lse);
-    return kva_attention_run(s->ctx, s->plan, b->q, s->cache, NULL, b->out, b->lse);
+    return kva_attention_run(s->ctx, s->plan, b->q, s->cache, b->sinks, b->out, b->lse);
+}
+
+/*
+ * Mixed mode --parts: the decodes alone (the batch's first o->batch requests)
+ * and the chunked prefill alone (its last request), each with its own plan over
+ * the same cache. An engine that ran the two kinds of requests as separate
+ * calls would pay their sum. The three steps are timed round-robin (mixed,
+ * decodes, chunk, mixed, ...) so that a shared machine's changing load hits
+ * all three alike; res->mixed_s is the mixed step's median in this loop.
+ */
+static int time_parts(const bench_opts *o, bench_state *s, int iters, bench_result *res)
+{
+    const bench_batch *b = &s->b;
+    const int32_t R = b->num_requests, last = R - 1;
+    const size_t es = kva_dtype_size(o->dtype), H = (size_t)o->heads;
+    kva_plan_desc full, pd;
+    bench_plan_desc(o, b, &full);
+    kva_plan *dec = NULL, *chunk = NULL;
+    double *tm = malloc(3 * (size_t)iters * sizeof *tm);
+    kva_status st;
+    int rc = KVA_EXIT_OK;
+    if (!tm) {
+        fprintf(stderr, "kvattn: out of memory\n");
+        return KVA_EXIT_LIBRARY;
+    }
+
+    pd = full;
+    pd.num_requests = o->batch;
+    if ((st = kva_plan_create(s->ctx, &pd, &dec)) != KVA_STATUS_OK) {
+        rc = kva_cli_lib_error("kva_plan_create (decodes alone)", st);
+        goto done;
+    }
+    const int32_t t0 = b->query_start_loc[last];
+    const int32_t qsl[2] = {0, b->query_start_loc[R] - t0};
+    pd = full;
+    pd.num_requests = 1;
+    pd.query_start_loc = qsl;
+    pd.seq_lens = b->seq_lens + last;
+    pd.block_table = b->block_table + (size_t)last * (size_t)b->block_table_stride;
+    if ((st = kva_plan_create(s->ctx, &pd, &chunk)) != KVA_STATUS_OK) {
+        rc = kva_cli_lib_error("kva_plan_create (chunk alone)", st);
+        goto done;
+    }
+    if (o->variant) {
+        dec->part->variant = o->variant;
+        chunk->part->variant = o->variant;
+    }
+    const void *q_chunk = (const unsigned char *)b->q + (size_t)t0 * H * o->head_dim * es;
+    void *out_chunk = (unsigned char *)b->out + (size_t)t0 * H * o->head_dim_v * es;
+    float *lse_chunk = b->lse + (size_t)t0 * H;
+    for (int k = -1; k < iters; k++) { /* k = -1: warm-up of the two new plans */
+        for (int w = 0; w < 3; w++) {
+            const double t = kva_cli_now();
+            if (w == 0)
+                st = run_once(o, s);
+            else if (w == 1)
+                st = kva_attention_run(s->ctx, dec, b->q, s->cache, b->sinks, b->out, b->lse);
+            else
+                st = kva_attention_run(s->ctx, chunk, q_chunk, s->cache, b->sinks, out_chunk,
+                                       lse_chunk);
+            if (st != KVA_STATUS_OK) {
+                rc = kva_cli_lib_error("kva_attention_run (parts)", st);
+                goto done;
+            }
+            if (k >= 0)
+                tm[(size_t)w * iters + k] = kva_cli_now() - t;
+        }
+    }
+    res->mixed_s = median(tm, iters);
+    res->decodes_s = median(tm + iters, iters);
+    res->chunk_s = median(tm + 2 * (size_t)iters, iters);
+done:
+    kva_plan_destroy(dec);
+    kva_plan_destroy(chunk);
+    free(tm);
+    return rc;
 }
 
 /* The bench proper once the options are valid; returns the exit status. */
@@ -262,6 +370,9 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
     if ((st = kva_context_create(&cd, &s->ctx)) != KVA_STATUS_OK)
         return kva_cli_lib_error("kva_context_create", st);
     res->threads = kva_context_num_threads(s->ctx);
+    res->num_requests = b->num_requests;
+    res->num_tokens = b->num_tokens;
+    res->num_blocks = b->num_blocks;
 
     /* Inputs: the paged cache written through kva_cache_write, or packed K/V. */
     if (o->ragged) {
@@ -308,6 +419,8 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
             return kva_cli_lib_error("kva_plan_create", st);
     }
     res->plan_s = median(plan_times, PLAN_REPEATS);
+    if (o->variant)
+        s->plan->part->variant = o->variant;
     if ((st = kva_plan_get_info(s->plan, &res->info)) != KVA_STATUS_OK)
         return kva_cli_lib_error("kva_plan_get_info", st);
 
@@ -327,11 +440,13 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
     } else {
         if ((st = bench_check(o, b, s->cache, &res->check)) != KVA_STATUS_OK)
             return kva_cli_lib_error("reference check", st);
-        printf("check: max abs err %.3g, lse err %.3g (%s) vs ref on %d of %d requests, "
-               "%d tokens%s\n",
-               res->check.max_abs_err, res->check.max_lse_err, res->check.ok ? "ok" : "FAILED",
-               (int)res->check.requests_checked, (int)b->num_requests,
-               (int)res->check.tokens_checked, res->check.truncated ? " (causal prefixes)" : "");
+        if (!o->quiet)
+            printf("check: max abs err %.3g, lse err %.3g (%s) vs ref on %d of %d requests, "
+                   "%d tokens%s\n",
+                   res->check.max_abs_err, res->check.max_lse_err, res->check.ok ? "ok" : "FAILED",
+                   (int)res->check.requests_checked, (int)b->num_requests,
+                   (int)res->check.tokens_checked,
+                   res->check.truncated ? " (causal prefixes)" : "");
         if (!res->check.ok) {
             fprintf(stderr,
                     "kvattn: check failed: backend '%s' differs from the reference in %zu "
@@ -370,6 +485,11 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
     }
     res->median_s = median(s->times, iters);
     res->min_s = s->times[0]; /* sorted by median() */
+    if (o->parts) {
+        int rc = time_parts(o, s, iters, res);
+        if (rc != KVA_EXIT_OK)
+            return rc;
+    }
 
     /* The step's cache write (same slots, same data: idempotent). */
     if (!o->ragged) {
@@ -389,12 +509,23 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
         res->fma_peak = kva_cli_measure_fma_peak(res->threads, &res->peak_isa);
     }
 
-    bench_report_print(o, b, res);
-    if (o->json && bench_report_json(o->json, o, b, res) != 0) {
+    if (!o->quiet)
+        bench_report_print(o, b, res);
+    if (o->json && !o->quiet && bench_report_json(o->json, o, res) != 0) {
         fprintf(stderr, "kvattn: cannot write --json file '%s'\n", o->json);
         return KVA_EXIT_LIBRARY;
     }
     return KVA_EXIT_OK;
+}
+
+int bench_run_shape(const bench_opts *o, bench_result *res)
+{
+    bench_state s;
+    memset(&s, 0, sizeof s);
+    memset(res, 0, sizeof *res);
+    int rc = bench_main(o, &s, res);
+    bench_cleanup(&s);
+    return rc;
 }
 
 int kva_cli_bench(int argc, char **argv)
@@ -403,11 +534,8 @@ int kva_cli_bench(int argc, char **argv)
     int rc = parse_bench(argc, argv, &o);
     if (rc >= 0)
         return rc;
-    bench_state s;
+    if (o.sweep)
+        return bench_sweep(&o);
     bench_result res;
-    memset(&s, 0, sizeof s);
-    memset(&res, 0, sizeof res);
-    rc = bench_main(&o, &s, &res);
-    bench_cleanup(&s);
-    return rc;
+    return bench_run_shape(&o, &res);
 }

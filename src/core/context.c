@@ -88,6 +88,7 @@ kva_status kva_context_create(const kva_context_desc *desc, kva_context **out)
             return st;
         }
     }
+    kva__cpu_features_get(&ctx->cpu_features); /* once: cpuid traps on a VM (~30 us) */
     *out = ctx;
     return KVA_STATUS_OK;
 }

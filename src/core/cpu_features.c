@@ -7,8 +7,11 @@
  * AVX-512 code, so both checks are required. AArch64 always has NEON
  * (Advanced SIMD is mandatory in ARMv8-A). Everything else reports nothing.
  *
- * No global mutable state: detection runs on every call (a few cpuid
- * instructions, negligible next to any attention call that uses the result).
+ * No global mutable state: detection runs on every call. cpuid traps to the
+ * hypervisor on a VM (about 30 us per detection measured here), so the
+ * library detects once per context (kva_context_create stores
+ * ctx->cpu_features) and plans choose kernels from that copy
+ * (kva__cpu_isa_of); nothing detects on the run path.
  */
 #include "internal.h"
 
@@ -132,16 +135,14 @@ const char *kva__cpu_isa_name(kva__cpu_isa isa)
     return (unsigned)isa < sizeof isa_names / sizeof isa_names[0] ? isa_names[isa] : "invalid";
 }
 
-kva__cpu_isa kva__cpu_isa_level(void)
+kva__cpu_isa kva__cpu_isa_of(const kva__cpu_features *f)
 {
-    kva__cpu_features f;
-    kva__cpu_features_get(&f);
     kva__cpu_isa level = KVA__ISA_PORTABLE;
-    if (f.avx2 && f.fma && f.f16c) {
+    if (f->avx2 && f->fma && f->f16c) {
         level = KVA__ISA_AVX2;
-        if (f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq) {
+        if (f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq) {
             level = KVA__ISA_AVX512;
-            if (f.avx512bf16)
+            if (f->avx512bf16)
                 level = KVA__ISA_AVX512BF16;
         }
     }
@@ -152,4 +153,11 @@ kva__cpu_isa kva__cpu_isa_level(void)
                 level = (kva__cpu_isa)i;
     }
     return level;
+}
+
+kva__cpu_isa kva__cpu_isa_level(void)
+{
+    kva__cpu_features f;
+    kva__cpu_features_get(&f);
+    return kva__cpu_isa_of(&f);
 }

@@ -102,7 +102,11 @@ typedef enum kva__cpu_isa {
 /* The highest ISA level kernels may use: what the CPU and OS support, lowered
  * by the environment variable KVA_CPU_ISA=portable|avx2|avx512|avx512bf16 (an
  * override never raises the level above the detected one; other values are
- * ignored). Read at plan time, so tests and benchmarks can force each path. */
+ * ignored). Read at plan time, so tests and benchmarks can force each path.
+ * kva__cpu_isa_of applies it to features detected earlier (the CPU backend's
+ * plans use ctx->cpu_features: no cpuid per plan); kva__cpu_isa_level detects
+ * first (tools, tests). */
+kva__cpu_isa kva__cpu_isa_of(const kva__cpu_features *f);
 kva__cpu_isa kva__cpu_isa_level(void);
 const char *kva__cpu_isa_name(kva__cpu_isa isa);
 /* Space-separated names of the detected features, e.g. "avx2 fma f16c"; "none" if none. */
@@ -117,6 +121,7 @@ struct kva_context {
     int32_t num_threads;
     int32_t device_id;
     const kva__backend_ops *ops;
+    kva__cpu_features cpu_features; /* detected at creation, for plan-time kernel choices */
     /* Scratch memory for run-path calls; grown only by kva_plan_create (never
      * during a run), in the backend's memory space. */
     void *workspace;

@@ -24,8 +24,12 @@
 #define KVA_CPU_KEY_CHUNK 32
 /* Most attention rows (query rows x heads of a GQA group) per item. */
 #define KVA_CPU_MAX_ROWS 128
-/* Preferred attention rows of a prefill query tile. */
-#define KVA_CPU_PREFILL_ROWS 64
+/* Preferred attention rows of a prefill query tile: 128 (32 queries x a GQA
+ * group of 4) amortizes each K/V tile's conversion over twice the rows of 64
+ * and ran 3% faster with the tiled variant (1 thread, 2k prefill, bf16). */
+#define KVA_CPU_PREFILL_ROWS 128
+/* Most keys of one tile of the tiled prefill variants (attn_prefill_tiled.inc). */
+#define KVA_CPU_TILE_KEYS 96
 
 /* Everything a kernel needs to run items of one call. */
 typedef struct kva__cpu_run {
@@ -35,7 +39,7 @@ typedef struct kva__cpu_run {
     kva_dtype kv_dt;  /* storage dtype of K rows, and of V rows except for
                          INT8_TOKEN_K_V16 (cache->v_elem gives V's size) */
     int quant;        /* 1: the cache is quantized, rows go through kva__cpu_dequant_chunk */
-    int dequant_simd; /* kva__cpu_dequant_simd(), detected once per run */
+    int dequant_simd; /* kva__cpu_dequant_simd(&ctx->cpu_features), once per run */
     const void *q;    /* [T, H, D] */
     /* K/V source: a paged cache, or (cache == NULL) ragged rows
      * k: [sum(seq_lens), Hkv, D], v: [sum(seq_lens), Hkv, Dv]. */
@@ -67,7 +71,35 @@ typedef struct kva__cpu_scratch {
     int32_t *hi;      /* [max_rows] one past the last visible key */
     const float **kp; /* [KEY_CHUNK] fp32 key rows of the chunk */
     const float **vp; /* [KEY_CHUNK] fp32 value rows of the chunk */
+    void *tile;       /* area of the tiled prefill variants, see kva__cpu_tile */
 } kva__cpu_scratch;
+
+/* The tiled prefill variants' arrays (attn_prefill_tiled.inc), carved out of
+ * kva__cpu_scratch.tile. Mp = MAX_ROWS (a multiple of 16), KT = TILE_KEYS;
+ * arrays over rows hold one lane per attention row of the item. */
+typedef struct kva__cpu_tile {
+    float *qt;                  /* [D, Mp] query tile, transposed, scale folded in */
+    float *st;                  /* [KT, Mp] scores, then probabilities, of one key tile */
+    float *ot;                  /* [Dv, Mp] unnormalized outputs, transposed */
+    float *kb;                  /* [KT, D] keys converted to fp32 */
+    float *vb;                  /* [KT, Dv] values converted to fp32 */
+    float *mx;                  /* [Mp] running max */
+    float *sum;                 /* [Mp] running sum */
+    float *alpha;               /* [Mp] rescale of the outputs for the current tile */
+    float *muse;                /* [Mp] max the current tile's exponents subtract */
+    float *cmax;                /* [Mp] max of the current tile's scores */
+    float *slope;               /* [Mp] ALiBi slope of the row's head */
+    float *row;                 /* [max(D, Dv)] one row in fp32 */
+    int32_t *lo;                /* [Mp] first visible key of each row (clipped to the item) */
+    int32_t *hi;                /* [Mp] one past the last visible key */
+    int32_t *pos;               /* [Mp] query position of the row */
+    const float **kp;           /* [KT] fp32 key rows of the tile */
+    const float **vp;           /* [KT] fp32 value rows of the tile */
+    const unsigned char **rows; /* [4, KT] K and V row pointers of this and the next tile */
+} kva__cpu_tile;
+
+/* Carves the tile area (64-byte aligned) for head sizes D, Dv. */
+void kva__cpu_tile_map(void *area, int32_t D, int32_t Dv, kva__cpu_tile *t);
 
 /* Bytes of one thread's scratch area (a multiple of 64). */
 size_t kva__cpu_scratch_bytes(int32_t D, int32_t Dv);
@@ -80,9 +112,13 @@ typedef void (*kva__cpu_attn_fn)(const kva__cpu_run *run, const kva__work_item *
 
 /* Kernel variants. Every variant computes ANY work item exactly like the
  * reference (any nq, nh, masks, soft-cap, ALiBi, sinks, split partials,
- * non-finite semantics); they differ in the ISA they need and the shapes they
- * are fast for. Files named *_avx2.c / *_avx512.c are compiled with their ISA
- * flags and only called after run-time detection (kva__cpu_isa_level). */
+ * non-finite semantics, quantized caches); they differ in the ISA they need
+ * and the shapes they are fast for. Files named *_avx2.c / *_avx512.c are
+ * compiled with their ISA flags and only called after run-time detection
+ * (ctx->cpu_features, kva__cpu_isa_of). v1-v4 process chunks of
+ * KVA_CPU_KEY_CHUNK keys row by row (decode kernels); v5-v7 are the tiled
+ * prefill kernels (one body, attn_prefill_tiled.inc: K x Q^T and V^T x P^T
+ * register-blocked GEMMs over tiles of KVA_CPU_TILE_KEYS keys). */
 void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it,
                       kva__cpu_scratch *s); /* portable C (attn_v1.c) */
 void kva__cpu_attn_v2(const kva__cpu_run *run, const kva__work_item *it,
@@ -91,35 +127,60 @@ void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it,
                       kva__cpu_scratch *s); /* AVX-512 decode (attn_v3_avx512.c) */
 void kva__cpu_attn_v4(const kva__cpu_run *run, const kva__work_item *it,
                       kva__cpu_scratch *s); /* v3 + AVX512_BF16 scores (attn_v3_avx512.c) */
+void kva__cpu_attn_v5(const kva__cpu_run *run, const kva__work_item *it,
+                      kva__cpu_scratch *s); /* AVX2 tiled prefill (attn_v5_prefill_avx2.c) */
+void kva__cpu_attn_v6(const kva__cpu_run *run, const kva__work_item *it,
+                      kva__cpu_scratch *s); /* AVX-512 tiled prefill (attn_v6_prefill_avx512.c) */
+/* v6 with AVX512_BF16 dot products for the scores when q and K are bf16
+ * (attn_v7_prefill_bf16_avx512.c). */
+void kva__cpu_attn_v7(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
 
 /* One row of the variant table (cpu_ops.c). */
 typedef struct kva__cpu_variant {
     const char *name;
     kva__cpu_attn_fn fn;
     kva__cpu_isa isa; /* lowest ISA level it needs */
-    int decode;       /* suited to decode-shaped items (few query rows x the GQA group) */
-    int prefill;      /* suited to prefill tiles (many query rows) */
+    int decode;       /* candidate for decode-shaped items (few query rows x the GQA group) */
+    int prefill;      /* candidate for prefill-shaped items (many query rows) */
 } kva__cpu_variant;
 
-/* Number of kernel variants, and variant v (1-based) or NULL. */
+/* Number of kernel variants; variant v's kernel (1-based; NULL when v is out
+ * of range; the ISA is NOT checked: call it only for supported variants) and
+ * its table row. */
 int kva__cpu_attn_num_variants(void);
 kva__cpu_attn_fn kva__cpu_attn_variant(int v);
 const kva__cpu_variant *kva__cpu_attn_variant_info(int v);
-/* 1 if variant v can run here (ISA level detected, lowered by KVA_CPU_ISA). */
+/* 1 if variant v can run at ISA level `level` / here (detected now, lowered
+ * by KVA_CPU_ISA; detection costs cpuid: tools and tests only). */
+int kva__cpu_attn_supported_at(int v, kva__cpu_isa level);
 int kva__cpu_attn_supported(int v);
 
 /*
- * Dispatch seam. A plan carries two variants, chosen once at plan build from
- * the ISA level (kva__cpu_attn_choose): part->variant_decode runs the items
- * with at most KVA_CPU_DECODE_MAX_NQ query rows (decodes, speculative
- * decodes: the rows are the GQA group), part->variant_prefill the larger
- * prefill tiles. part->variant, when nonzero, forces one variant for every
- * item (tests, `kvattn bench --variant N`, the environment variable
- * KVA_CPU_VARIANT=N read at plan build). A prefill tile variant registers in
- * the table with prefill = 1 and is then picked for variant_prefill.
+ * Dispatch seam. A plan carries two variants, chosen once at plan build by
+ * kva__cpu_attn_choose from the context's ISA level (ctx->cpu_features,
+ * detected once at kva_context_create, lowered by KVA_CPU_ISA): the last
+ * supported variant of the table with decode = 1 becomes
+ * part->variant_decode, the last with prefill = 1 part->variant_prefill (the
+ * table is ordered so that a later candidate beats the earlier ones: decode
+ * v4 > v3 > v2 > v1, prefill v7 > v6 > v5 > v1).
+ *
+ * run_items then picks per item by shape (kva__cpu_item_prefill): an item of
+ * nq query rows x nh heads is prefill-shaped when nq > KVA_CPU_DECODE_MAX_NQ,
+ * or nq >= 2 and nq * nh >= KVA_CPU_TILED_MIN_ROWS (a speculative decode
+ * over a wide GQA group already fills the tiled kernel's vectors); every other
+ * item (plain decodes, tails of few rows) runs the decode variant.
+ *
+ * part->variant, when nonzero, forces one variant for every item (tests,
+ * `kvattn bench --variant N`, the environment variable KVA_CPU_VARIANT=N read
+ * at plan build and ignored when the ISA level lacks it).
  */
 #define KVA_CPU_DECODE_MAX_NQ 4
-void kva__cpu_attn_choose(const kva_plan *plan, int32_t *variant_decode, int32_t *variant_prefill);
+#define KVA_CPU_TILED_MIN_ROWS 16
+static inline int kva__cpu_item_prefill(int32_t nq, int32_t nh)
+{
+    return nq > KVA_CPU_DECODE_MAX_NQ || (nq >= 2 && nq * nh >= KVA_CPU_TILED_MIN_ROWS);
+}
+void kva__cpu_attn_choose(kva__cpu_isa level, int32_t *variant_decode, int32_t *variant_prefill);
 
 /* Partitions the plan with pp (replacing any partition it has, keeping its
  * kernel variant), records the workspace it needs and reserves it in ctx.

@@ -12,13 +12,12 @@
 #include "cpu_attn.h"
 #include "cpu_dequant.h"
 
-int kva__cpu_dequant_simd(void)
+int kva__cpu_dequant_simd(const kva__cpu_features *f)
 {
-    kva__cpu_features f;
-    kva__cpu_features_get(&f);
 #if defined(__x86_64__)
-    return f.avx2 && f.fma && f.f16c;
+    return kva__cpu_isa_of(f) >= KVA__ISA_AVX2;
 #else
+    (void)f;
     return 0;
 #endif
 }

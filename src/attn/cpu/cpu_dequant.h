@@ -26,7 +26,7 @@
  *                INT8_TOKEN_K formats), or NULL
  *   scale:       [width] per-channel scale of the head, or NULL (per-token or plain rows)
  *   offset:      [width] per-channel offset of the head (I8), or NULL for 0
- *   simd:        kva__cpu_dequant_simd()'s answer, detected once per run
+ *   simd:        kva__cpu_dequant_simd()'s answer, once per run
  * width is a multiple of 8, at most KVA_MAX_HEAD_DIM.
  */
 void kva__cpu_dequant_rows(int32_t n, int32_t width, kva_dtype dt, const unsigned char *const *rows,
@@ -43,9 +43,10 @@ void kva__cpu_dequant_chunk(const kva__cpu_run *run, int32_t kvh, int32_t n,
                             const unsigned char *const *krows, const float *const *kscales,
                             const unsigned char *const *vrows, float *kdst, float *vdst);
 
-/* 1 if the AVX2 converter may run on this CPU (AVX2, FMA and F16C detected at
- * run time), else 0. Call once per run, not per chunk (cpuid is slow). */
-int kva__cpu_dequant_simd(void);
+/* 1 if the AVX2 converter may run on a CPU with features f (AVX2, FMA and
+ * F16C, and KVA_CPU_ISA not below avx2), else 0. Runs pass the features the
+ * context detected at creation (ctx->cpu_features): no cpuid per run. */
+int kva__cpu_dequant_simd(const kva__cpu_features *f);
 
 /* The AVX2 converter for I8 and FP8 rows (cpu_dequant_avx2.c, x86-64 only):
  * same contract, os = offset * scale precomputed ([width], or NULL). */

@@ -13,17 +13,25 @@
 
 /* ---- kernel variants ---- */
 
-/* The variant table: numbered as the files; the dispatcher takes the last
- * supported one suited to the shape, so a later variant must beat the
- * earlier ones where it is allowed to run. */
+/* The variant table, numbered as the files. The dispatcher takes the last
+ * supported candidate for each shape, so a later candidate must beat the
+ * earlier ones where it is allowed to run (docs/performance.md). The decode
+ * kernels v2-v4 run prefill items correctly (forced), but the tiled kernels
+ * beat them there; the tiled kernels are not decode candidates (one query
+ * row fills a fraction of their vectors). */
+/* clang-format off */
 static const kva__cpu_variant variants[] = {
-    {"v1 portable C", kva__cpu_attn_v1, KVA__ISA_PORTABLE, 1, 1},
+    {"v1 portable C",                kva__cpu_attn_v1, KVA__ISA_PORTABLE,   1, 1},
 #if defined(__x86_64__)
-    {"v2 avx2+fma+f16c", kva__cpu_attn_v2, KVA__ISA_AVX2, 1, 1},
-    {"v3 avx512", kva__cpu_attn_v3, KVA__ISA_AVX512, 1, 1},
-    {"v4 avx512+bf16 dot", kva__cpu_attn_v4, KVA__ISA_AVX512BF16, 1, 1},
+    {"v2 avx2+fma+f16c",             kva__cpu_attn_v2, KVA__ISA_AVX2,       1, 0},
+    {"v3 avx512",                    kva__cpu_attn_v3, KVA__ISA_AVX512,     1, 0},
+    {"v4 avx512+bf16 dot",           kva__cpu_attn_v4, KVA__ISA_AVX512BF16, 1, 0},
+    {"v5 tiled prefill avx2",        kva__cpu_attn_v5, KVA__ISA_AVX2,       0, 1},
+    {"v6 tiled prefill avx512",      kva__cpu_attn_v6, KVA__ISA_AVX512,     0, 1},
+    {"v7 tiled prefill avx512bf16",  kva__cpu_attn_v7, KVA__ISA_AVX512BF16, 0, 1},
 #endif
 };
+/* clang-format on */
 
 int kva__cpu_attn_num_variants(void)
 {
@@ -41,16 +49,19 @@ kva__cpu_attn_fn kva__cpu_attn_variant(int v)
     return info ? info->fn : NULL;
 }
 
-int kva__cpu_attn_supported(int v)
+int kva__cpu_attn_supported_at(int v, kva__cpu_isa level)
 {
     const kva__cpu_variant *info = kva__cpu_attn_variant_info(v);
-    return info && info->isa <= kva__cpu_isa_level();
+    return info && info->isa <= level;
 }
 
-void kva__cpu_attn_choose(const kva_plan *plan, int32_t *variant_decode, int32_t *variant_prefill)
+int kva__cpu_attn_supported(int v)
 {
-    (void)plan;
-    const kva__cpu_isa level = kva__cpu_isa_level();
+    return kva__cpu_attn_supported_at(v, kva__cpu_isa_level());
+}
+
+void kva__cpu_attn_choose(kva__cpu_isa level, int32_t *variant_decode, int32_t *variant_prefill)
+{
     *variant_decode = 1;
     *variant_prefill = 1;
     for (int v = 1; v <= kva__cpu_attn_num_variants(); v++) {
@@ -63,16 +74,19 @@ void kva__cpu_attn_choose(const kva_plan *plan, int32_t *variant_decode, int32_t
     }
 }
 
-/* KVA_CPU_VARIANT=N forces variant N for every item when the machine
- * supports it (0 or unset: the dispatcher chooses). */
-static int32_t env_variant(void)
+/* KVA_CPU_VARIANT=N forces variant N for every item when ISA level `level`
+ * supports it (0, unset or unsupported: the dispatcher chooses). */
+static int32_t env_variant(kva__cpu_isa level)
 {
     const char *e = getenv("KVA_CPU_VARIANT");
     if (!e || !*e)
         return 0;
     char *end = NULL;
     long v = strtol(e, &end, 10);
-    return end && *end == '\0' && kva__cpu_attn_supported((int)v) ? (int32_t)v : 0;
+    return end && *end == '\0' && v > 0 && v <= kva__cpu_attn_num_variants() &&
+                   kva__cpu_attn_supported_at((int)v, level)
+               ? (int32_t)v
+               : 0;
 }
 
 /* ---- plan ---- */
@@ -94,8 +108,11 @@ kva_status kva__cpu_plan_partition(kva_context *ctx, kva_plan *plan,
         part->variant_decode = plan->part->variant_decode;
         part->variant_prefill = plan->part->variant_prefill;
     } else {
-        part->variant = env_variant();
-        kva__cpu_attn_choose(plan, &part->variant_decode, &part->variant_prefill);
+        /* From the features the context detected at creation: cpuid traps to
+         * the hypervisor on a VM (about 30 us here), no detection per plan. */
+        const kva__cpu_isa level = kva__cpu_isa_of(&ctx->cpu_features);
+        part->variant = env_variant(level);
+        kva__cpu_attn_choose(level, &part->variant_decode, &part->variant_prefill);
     }
     size_t bytes = 0;
     if (part->num_items > 0)
@@ -141,6 +158,8 @@ static void run_items(kva_context *ctx, kva__cpu_run *run)
     const kva__partition *part = run->part;
     const kva_plan *plan = run->plan;
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
+    /* Variants resolved (and checked against the CPU) at plan time; a forced
+     * variant runs every item. */
     kva__cpu_attn_fn fn_decode =
         kva__cpu_attn_variant(part->variant ? part->variant : part->variant_decode);
     kva__cpu_attn_fn fn_prefill =
@@ -178,7 +197,7 @@ static void run_items(kva_context *ctx, kva__cpu_run *run)
 #pragma omp for schedule(dynamic, 1)
         for (int32_t i = 0; i < ni; i++) {
             const kva__work_item *it = &part->items[i];
-            (it->nq <= KVA_CPU_DECODE_MAX_NQ ? fn_decode : fn_prefill)(run, it, &s);
+            (kva__cpu_item_prefill(it->nq, it->nh) ? fn_prefill : fn_decode)(run, it, &s);
         }
 #pragma omp for schedule(dynamic, 1)
         for (int32_t t = 0; t < nk; t++)
@@ -199,7 +218,7 @@ static kva_status run_attention(kva_context *ctx, const kva_plan *plan, const vo
     run.dt = plan->d.q_dtype;
     run.kv_dt = cache ? cache->k_dtype : plan->d.q_dtype;
     run.quant = cache && cache->desc.quant != KVA_QUANT_NONE;
-    run.dequant_simd = run.quant ? kva__cpu_dequant_simd() : 0;
+    run.dequant_simd = run.quant ? kva__cpu_dequant_simd(&ctx->cpu_features) : 0;
     run.q = q;
     run.cache = cache;
     run.k = k;

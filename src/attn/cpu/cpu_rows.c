@@ -33,6 +33,45 @@ static size_t span(size_t n, size_t sz)
     return (n * sz + 63u) & ~(size_t)63u;
 }
 
+/* Lays out the tiled prefill arrays from base (NULL: only measures); returns the bytes. */
+static size_t tile_layout(unsigned char *base, int32_t D, int32_t Dv, kva__cpu_tile *t)
+{
+    const size_t R = KVA_CPU_MAX_ROWS, K = KVA_CPU_TILE_KEYS;
+    const size_t W = (size_t)(D > Dv ? D : Dv);
+    size_t off = 0;
+#define TILE_ARRAY(field, type, n)                                                                 \
+    do {                                                                                           \
+        if (base)                                                                                  \
+            t->field = (type *)(base + off);                                                       \
+        off += span((n), sizeof(type));                                                            \
+    } while (0)
+    TILE_ARRAY(qt, float, (size_t)D *R);
+    TILE_ARRAY(st, float, K *R);
+    TILE_ARRAY(ot, float, (size_t)Dv *R);
+    TILE_ARRAY(kb, float, K *(size_t)D);
+    TILE_ARRAY(vb, float, K *(size_t)Dv);
+    TILE_ARRAY(mx, float, R);
+    TILE_ARRAY(sum, float, R);
+    TILE_ARRAY(alpha, float, R);
+    TILE_ARRAY(muse, float, R);
+    TILE_ARRAY(cmax, float, R);
+    TILE_ARRAY(slope, float, R);
+    TILE_ARRAY(row, float, W);
+    TILE_ARRAY(lo, int32_t, R);
+    TILE_ARRAY(hi, int32_t, R);
+    TILE_ARRAY(pos, int32_t, R);
+    TILE_ARRAY(kp, const float *, K);
+    TILE_ARRAY(vp, const float *, K);
+    TILE_ARRAY(rows, const unsigned char *, 4 * K);
+#undef TILE_ARRAY
+    return off;
+}
+
+void kva__cpu_tile_map(void *area, int32_t D, int32_t Dv, kva__cpu_tile *t)
+{
+    tile_layout(area, D, Dv, t);
+}
+
 size_t kva__cpu_scratch_bytes(int32_t D, int32_t Dv)
 {
     const size_t R = KVA_CPU_MAX_ROWS, C = KVA_CPU_KEY_CHUNK;
@@ -41,7 +80,7 @@ size_t kva__cpu_scratch_bytes(int32_t D, int32_t Dv)
            span(C * (size_t)D, sizeof(float)) + span(C * (size_t)Dv, sizeof(float)) +
            2 * span(R, sizeof(int32_t)) + 2 * span(C, sizeof(const float *)) +
            span(R * C, sizeof(float)) + span(R, sizeof(float)) + span(R, sizeof(int32_t)) +
-           span(8 * 16 * 16, sizeof(float));
+           span(8 * 16 * 16, sizeof(float)) + tile_layout(NULL, D, Dv, NULL);
 }
 
 void kva__cpu_scratch_map(void *area, int32_t D, int32_t Dv, kva__cpu_scratch *s)
@@ -77,4 +116,6 @@ void kva__cpu_scratch_map(void *area, int32_t D, int32_t Dv, kva__cpu_scratch *s
     s->live = (int32_t *)p;
     p += span(R, sizeof(int32_t));
     s->vs = (float *)p;
+    p += span(8 * 16 * 16, sizeof(float));
+    s->tile = p;
 }

@@ -1,0 +1,84 @@
+/*
+ * attn_prefill_avx512.h - the AVX-512 vector primitives of the tiled prefill
+ * kernels (see attn_prefill_tiled.inc for the contract), shared by
+ * attn_v6_prefill_avx512.c and attn_v7_prefill_bf16_avx512.c. Included only
+ * by files compiled with the AVX-512 flags.
+ */
+#ifndef KVA_ATTN_PREFILL_AVX512_H
+#define KVA_ATTN_PREFILL_AVX512_H
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#define PF_VL 16
+#define PF_KT 96
+#define PF_S_MR 6
+#define PF_S_NV 4
+#define PF_O_MR 6
+#define PF_O_NV 4
+
+typedef __m512 pf_v;
+#define pf_load(p) _mm512_loadu_ps(p)
+#define pf_store(p, x) _mm512_storeu_ps((p), (x))
+#define pf_set1(f) _mm512_set1_ps(f)
+#define pf_zero() _mm512_setzero_ps()
+#define pf_fma(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define pf_add(a, b) _mm512_add_ps((a), (b))
+#define pf_sub(a, b) _mm512_sub_ps((a), (b))
+#define pf_mul(a, b) _mm512_mul_ps((a), (b))
+/* vmaxps returns its second operand when either is NaN. */
+#define pf_maxskip(x, m) _mm512_max_ps((x), (m))
+
+static inline __m512 pf_mask_keys(__m512 x, int32_t j, const int32_t *lo, const int32_t *hi)
+{
+    const __m512i jv = _mm512_set1_epi32(j);
+    const __mmask16 vis = _mm512_cmple_epi32_mask(_mm512_loadu_si512(lo), jv) &
+                          _mm512_cmpgt_epi32_mask(_mm512_loadu_si512(hi), jv);
+    return _mm512_mask_blend_ps(vis, _mm512_set1_ps(-INFINITY), x);
+}
+
+static inline __m512 pf_alibi(__m512 x, const float *slope, int32_t j, const int32_t *pos)
+{
+    const __m512i dist = _mm512_sub_epi32(_mm512_set1_epi32(j), _mm512_loadu_si512(pos));
+    return _mm512_fmadd_ps(_mm512_loadu_ps(slope), _mm512_cvtepi32_ps(dist), x);
+}
+
+/* e^x for x <= 0: x = n ln2 + r, |r| <= ln2/2, e^r by a degree-7 polynomial
+ * (1 + r + r^2 (1/2 + r/6 + ...), coefficients of the classic Cephes expf),
+ * times 2^n built in the exponent field. x < -87.3 (e^x below the normal
+ * range) and -inf give exactly 0; NaN stays NaN (the clamp keeps it). */
+static inline __m512 pf_exp(__m512 x)
+{
+    const __m512 lim = _mm512_set1_ps(-87.3f);
+    const __mmask16 tiny = _mm512_cmp_ps_mask(x, lim, _CMP_LT_OQ);
+    x = _mm512_max_ps(lim, x);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i e =
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    p = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    return _mm512_mask_blend_ps(tiny, p, _mm512_setzero_ps());
+}
+
+/* tanh(x) = sign(x) (1 - e^-2|x|) / (1 + e^-2|x|); +-inf -> +-1, NaN -> NaN. */
+static inline __m512 pf_tanh(__m512 x)
+{
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    const __m512 ax = _mm512_andnot_ps(sign, x);
+    const __m512 e = pf_exp(_mm512_mul_ps(ax, _mm512_set1_ps(-2.0f)));
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+    return _mm512_or_ps(t, _mm512_and_ps(sign, x));
+}
+
+#endif /* KVA_ATTN_PREFILL_AVX512_H */
