@@ -6,12 +6,21 @@
  * Same work item and semantics as v1 (attn_v1.c); what changes:
  *   - load_chunk copies the chunk's K and V rows, in their storage format,
  *     into the thread's scratch with one tight loop of 64-byte moves. It is
- *     the one place that reads the storage layout: f32/f16/bf16 rows are
- *     copied, any other storage dtype (a quantized cache) is converted to
- *     fp32 there through kva__cpu_load_row. Copying first keeps many cache
+ *     the one place that reads the storage layout: f32/f16/bf16 rows and the
+ *     int8/fp8 rows of a quantized cache are copied (1 byte per element:
+ *     half the bytes of f16), any other storage dtype is converted to fp32
+ *     there through kva__cpu_load_row. Copying first keeps many cache
  *     misses in flight; reading the cache rows inside the compute loops was
  *     2.7x slower from DRAM (1 thread, bf16, H=32 Hkv=8, 8 x 4096 keys:
  *     50 -> 18 ms, best of 3 on the shared VM).
+ *   - Quantized rows are converted in registers like f16/bf16 (ld16: int8
+ *     vpmovsxbd + vcvtdq2ps; fp8 e4m3 rebuilt as f16 bits + vcvtph2ps) and
+ *     the scales are folded out of the inner loops: per-channel key scales
+ *     into the query tile once per item (score = sum_d (q_d s_d)(k_d - o_d),
+ *     one vsubps per vector, none for symmetric int8), per-token key scales
+ *     as one multiply per score, per-channel value scales into the
+ *     accumulators once at the end of the item (acc += p (v - o), then
+ *     acc *= s: P.V, the partials and their merge are linear in V).
  *   - Scores: keys are the outer loop; each K row is converted once into
  *     registers (ld16: bf16 widen + shift, f16 vcvtph2ps) and serves up to 8
  *     heads; the per-(head, key) 16-lane partial sums are reduced 16 keys at
@@ -107,8 +116,10 @@ AI __m512 hsum16(const __m512 v[16])
  *   FMT_I8T  int8 keys with a per-token scale (INT8_TOKEN_K*): ld16 gives q,
  *            the scores are multiplied by the token's scale;
  *   FMT_FP8  e4m3 with per-channel scale s: ld16 gives the code's value / 2^8
- *            (an f16 built from the code's bits), 2^8 s is folded. */
-enum { FMT_F32, FMT_F16, FMT_BF16, FMT_I8, FMT_I8S, FMT_I8T, FMT_FP8 };
+ *            (an f16 built from the code's bits), 2^8 s is folded;
+ *   FMT_FP8N the same for a chunk that holds a NaN code (load_chunk looks):
+ *            ld16 also maps |code| 0x7f to NaN. */
+enum { FMT_F32, FMT_F16, FMT_BF16, FMT_I8, FMT_I8S, FMT_I8T, FMT_FP8, FMT_FP8N };
 
 /* Format of rows of dtype dt stored in 16 bits or fp32 (non-quantized). */
 static int float_fmt(kva_dtype dt)
@@ -124,21 +135,24 @@ AI __m512 ld16(const void *row, int32_t i, const int fmt, __mmask16 m)
 {
     if (fmt == FMT_F32)
         return _mm512_maskz_loadu_ps(m, (const float *)row + i);
-    if (fmt == FMT_I8 || fmt == FMT_I8S || fmt == FMT_I8T || fmt == FMT_FP8) {
+    if (fmt >= FMT_I8) {
         const unsigned char *p = (const unsigned char *)row + i;
         const __m128i b =
             m == 0xffff ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8(m, p);
-        if (fmt != FMT_FP8)
+        if (fmt < FMT_FP8)
             return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
         /* e4m3 s.eeee.mmm -> f16 s.0eeee.mmm0000000: the same value / 2^8,
          * subnormals included (f16 has 10 mantissa bits and a 2^8 wider
-         * exponent range); |code| 0x7f is NaN (1.875 as built). */
-        const __m256i w = _mm256_cvtepu8_epi16(b);
-        const __m256i mag = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7);
-        const __m256i sgn = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8);
-        __m256i h = _mm256_or_si256(mag, sgn);
-        h = _mm256_mask_mov_epi16(h, _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x3f80)),
-                                  _mm256_set1_epi16(0x7e00));
+         * exponent range). Sign-extended and shifted by 7, a negative code
+         * also sets bit 14, which the mask clears. */
+        __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7),
+                                     _mm256_set1_epi16((short)0xbf80));
+        if (fmt == FMT_FP8N) /* |code| 0x7f is NaN (1.875 as built) */
+            h = _mm256_mask_mov_epi16(
+                h,
+                _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)),
+                                        _mm256_set1_epi16(0x3f80)),
+                _mm256_set1_epi16(0x7e00));
         return _mm512_cvtph_ps(h);
     }
     const __m256i h = m == 0xffff ? _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i))
@@ -281,6 +295,21 @@ AI void copy_row(unsigned char *restrict dst, const unsigned char *restrict src,
         memcpy(dst + b, src + b, 8);
 }
 
+/* copy_row for an fp8 row; returns whether it holds a NaN code (0x7f, 0xff). */
+AI int copy_row_fp8(unsigned char *restrict dst, const unsigned char *restrict src, size_t bytes)
+{
+    const __m512i lo7 = _mm512_set1_epi8(0x7f);
+    __mmask64 nan = 0;
+    size_t b = 0;
+    for (; b < bytes; b += 64) {
+        const __mmask64 m = bytes - b >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (bytes - b)) - 1;
+        const __m512i x = _mm512_maskz_loadu_epi8(m, src + b);
+        _mm512_mask_storeu_epi8(dst + b, m, x);
+        nan |= _mm512_mask_cmpeq_epi8_mask(m, _mm512_and_si512(x, lo7), lo7);
+    }
+    return nan != 0;
+}
+
 /* Rows of a chunk for the loops below: s->kp/vp [KEY_CHUNK] point at copies
  * of the rows in their storage format (f32, f16, bf16, and the int8/fp8 rows
  * of a quantized cache, with fi->tok the per-token key scales); any other
@@ -294,9 +323,14 @@ static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, i
     const int direct =
         run->quant || dt == KVA_DTYPE_F32 || dt == KVA_DTYPE_F16 || dt == KVA_DTYPE_BF16;
     const size_t kesz = kva_dtype_size(dt), vesz = run->cache ? run->cache->v_elem : kesz;
+    const int fp8 = run->quant && dt == KVA_DTYPE_FP8_E4M3;
+    int nan = 0;
     for (int32_t t = 0; t < n; t++) {
         float *kd = s->kbuf + (size_t)t * D, *vd = s->vbuf + (size_t)t * Dv;
-        if (direct) {
+        if (fp8) {
+            nan |= copy_row_fp8((unsigned char *)kd, cr->k[t], (size_t)D);
+            nan |= copy_row_fp8((unsigned char *)vd, cr->v[t], (size_t)Dv);
+        } else if (direct) {
             /* A tight copy loop keeps many cache misses in flight; the
              * compute loops then read the chunk from L1/L2 (measured faster
              * than reading the cache rows inside them). */
@@ -319,6 +353,8 @@ static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, i
         for (int32_t t = n; t < KVA_CPU_KEY_CHUNK; t++)
             fi->tok[t] = 0.0f;
     }
+    if (fp8) /* NaN codes are rare: only such a chunk pays for mapping them */
+        fi->kf = fi->vf = nan ? FMT_FP8N : FMT_FP8;
     if (!direct)
         fi->kf = fi->vf = FMT_F32;
 }
@@ -533,6 +569,8 @@ typedef void (*step_fn)(const kva__cpu_run *, const kva__work_item *, kva__cpu_s
             chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8T, FMT_BF16, 0, fi);                   \
         else if (kf_ == FMT_FP8)                                                                   \
             chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_FP8, FMT_FP8, 0, fi);                    \
+        else if (kf_ == FMT_FP8N)                                                                  \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_FP8N, FMT_FP8N, 0, fi);                  \
         else                                                                                       \
             chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_F32, FMT_F32, 0, fi);                    \
     } while (0)
@@ -623,11 +661,11 @@ static void fold_begin(const kva__cpu_run *run, const kva__work_item *it, kva__c
 static void fold_end(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
                      const kva__cpu_item_geom *g, const fold_info *fi)
 {
-    if (fi->vf != FMT_I8 && fi->vf != FMT_I8S && fi->vf != FMT_FP8)
+    if (fi->vf < FMT_I8)
         return;
     const int32_t Dv = run->plan->d.head_dim_v;
     const float *vs = run->cache->v_scale + (size_t)it->kv_head * Dv;
-    const float f = fi->vf == FMT_FP8 ? 256.0f : 1.0f;
+    const float f = fi->vf >= FMT_FP8 ? 256.0f : 1.0f;
     for (int32_t m = 0; m < g->M; m++)
         for (int32_t x = 0; x < Dv; x++)
             s->acc[(size_t)m * Dv + x] *= vs[x] * f;
