@@ -47,6 +47,12 @@
  * kernel spends about 125 cycles per key and kv head: 16 vdpbf16ps + 32 FMAs
  * + the chunk copy + the reductions; from DRAM about 220. Details and the
  * arithmetic-intensity bound: docs/performance.md.
+ * Quantized caches (decode, 4 x 16384 keys, same shape, 2 threads, 4
+ * interleaved rounds, load ~1.2): int8_channel 14.7 ms against f16 24.6 ms
+ * (1.7x; 1 thread 1.46x) and 31.0 ms when the chunk was dequantized to fp32;
+ * fp8 20.4 ms. Not the 2x the halved bytes allow: at GQA 4 the loops are
+ * compute-bound (~170 cycles per key and kv head on int8, 1 thread), see
+ * docs/quant.md.
  * Tried and dropped (A/B, best of 3, 1 thread, 8 x 4096 keys): spreading the
  * next chunk's prefetches over the scores loop (10.5 -> 16.4 ms, slower);
  * prefetcht0 instead of prefetcht2 (slower); prefetching every other line
