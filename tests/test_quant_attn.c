@@ -26,13 +26,16 @@ typedef struct qcfg {
     float softcap;
     int alibi, sinks, lse;
     int decode_long; /* decode-only batch with long contexts (split-KV) */
+    int sym;         /* int8 formats without offsets (symmetric: the v3/v4 FMT_I8S path) */
 } qcfg;
 
 static const qcfg cfgs[] = {
-    {"gqa-nhd", 8, 2, 64, 64, 16, KVA_LAYOUT_NHD, -1, 0.0f, 0, 0, 1, 0},
-    {"all-masks-hnd", 6, 3, 128, 64, 5, KVA_LAYOUT_HND, 23, 20.0f, 1, 1, 1, 0},
-    {"mqa-dv96", 4, 1, 32, 96, 7, KVA_LAYOUT_NHD, -1, 0.0f, 0, 1, 1, 0},
-    {"decode-long", 8, 2, 128, 128, 16, KVA_LAYOUT_NHD, -1, 0.0f, 0, 1, 1, 1},
+    {"gqa-nhd", 8, 2, 64, 64, 16, KVA_LAYOUT_NHD, -1, 0.0f, 0, 0, 1, 0, 0},
+    {"all-masks-hnd", 6, 3, 128, 64, 5, KVA_LAYOUT_HND, 23, 20.0f, 1, 1, 1, 0, 0},
+    {"mqa-dv96", 4, 1, 32, 96, 7, KVA_LAYOUT_NHD, -1, 0.0f, 0, 1, 1, 0, 0},
+    {"decode-long", 8, 2, 128, 128, 16, KVA_LAYOUT_NHD, -1, 0.0f, 0, 1, 1, 1, 0},
+    {"sym-long-hnd", 8, 2, 128, 128, 16, KVA_LAYOUT_HND, -1, 0.0f, 0, 1, 1, 1, 1},
+    {"sym-masks-dv40", 6, 3, 56, 40, 5, KVA_LAYOUT_NHD, 23, 20.0f, 1, 1, 1, 0, 1},
 };
 
 /* Max |attention over quantized - over unquantized| per format (unit-variance
@@ -149,6 +152,10 @@ static void test_case(kva_quant fmt, const qcfg *cf, kva_rng *rng)
     float *pbuf = malloc(sizeof(float) * (size_t)(2 * Hkv * (D + Dv)));
     kva_quant_params params;
     make_params(fmt, Hkv, D, Dv, rng, pbuf, &params);
+    if (cf->sym) {
+        params.k_offset = params.v_offset = NULL;
+        params.k_offset_len = params.v_offset_len = 0;
+    }
     kva_cache_desc qd = {b.num_blocks,
                          cf->B,
                          Hkv,
@@ -449,8 +456,12 @@ static void test_fp8_nan_propagates(void)
     CHECK_OK(kva_cache_write(cpu, qc, (int32_t)n, k, 0, v, 0, KVA_DTYPE_F32, slots));
     kva_plan_desc pd = kva_test_batch_plan_desc(&b, 2, 1, 32, 32, KVA_DTYPE_F32);
     float out[2 * 2 * 32];
-    for (int be = 0; be < 2; be++) {
-        run(be ? cpu : ref, &pd, k, qc, NULL, 0, &(run_out){out, NULL}, 2 * 2 * 32, 0);
+    /* be 0: ref; be 1: the CPU dispatcher; be 1 + v: CPU variant v forced. */
+    for (int be = 0; be < 2 + kva__cpu_attn_num_variants(); be++) {
+        if (be > 1 && !kva__cpu_attn_supported(be - 1))
+            continue;
+        run(be ? cpu : ref, &pd, k, qc, NULL, be > 1 ? be - 1 : 0, &(run_out){out, NULL},
+            2 * 2 * 32, 0);
         int nan0 = 0, nan1 = 0;
         for (int i = 0; i < 2 * 32; i++) {
             nan0 += isnan(out[i]);
@@ -465,6 +476,87 @@ static void test_fp8_nan_propagates(void)
     kva_test_batch_free(&b);
 }
 
+/* Every finite fp8 code, subnormals (|code| 1..7) and -0 included, in an fp8
+ * cache read by every CPU variant == ref over the same cache. Scales are
+ * powers of 2, so x / s is the code's value and the write stores that code.
+ * V (scale 1) and the keys of kv head 0 (scale 2^-8) hold every code; the
+ * keys of kv head 1 (scale 2^-2) only magnitudes < 0x40, so that their
+ * subnormals weigh in the scores while the softmax stays well conditioned.
+ * D = Dv = 128 (the specialized copies) and D = 40, Dv = 24 (runtime shapes,
+ * 8-byte row tails), both layouts, decode and prefill rows. */
+static void test_fp8_all_codes(void)
+{
+    kva_rng rng = {777};
+    const int32_t ql[3] = {1, 1, 19}, sl[3] = {75, 33, 60};
+    const int32_t shapes[2][2] = {{128, 128}, {40, 24}};
+    kva_context *ref = ctx_of(KVA_BACKEND_REF), *cpu = ctx_of(KVA_BACKEND_CPU);
+    for (int sh = 0; sh < 2; sh++) {
+        const int32_t D = shapes[sh][0], Dv = shapes[sh][1], Hkv = 2, H = 8;
+        const kva_layout lay = sh ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+        kva_test_batch b;
+        kva_test_batch_init(&b, &rng, 3, ql, sl, 16, 2, 0);
+        const float sc[2] = {0x1p-8f, 0x1p-2f}, sv = 1.0f;
+        const kva_quant_params qp = {sc, 2, NULL, 0, &sv, 1, NULL, 0};
+        kva_cache_desc qd = {b.num_blocks,      16, Hkv, D, Dv, KVA_DTYPE_FP8_E4M3, lay,
+                             KVA_QUANT_FP8_E4M3};
+        kva_cache *qc = NULL;
+        CHECK_OK(kva_cache_create_quant(cpu, &qd, &qp, &qc));
+        const int64_t n = (int64_t)b.num_blocks * 16;
+        float *k = malloc(sizeof(float) * (size_t)(n * Hkv * D));
+        float *v = malloc(sizeof(float) * (size_t)(n * Hkv * Dv));
+        int64_t *slots = malloc(sizeof(int64_t) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+            slots[i] = i;
+            for (int32_t h = 0; h < Hkv; h++) {
+                for (int32_t c = 0; c < D; c++) {
+                    unsigned code = (unsigned)(i * 131 + h * 17 + c * 37) & 0xffu;
+                    code = (code & 0x7fu) == 0x7fu ? code ^ 1u : code; /* no NaN */
+                    code = h ? (code & 0x80u) | ((code & 0x7fu) % 0x40u) : code;
+                    k[(i * Hkv + h) * D + c] = kva_fp8_e4m3_to_f32((uint8_t)code) * sc[h];
+                }
+                for (int32_t c = 0; c < Dv; c++) {
+                    unsigned code = (unsigned)(i * 29 + h * 101 + c * 53 + 5) & 0xffu;
+                    code = (code & 0x7fu) == 0x7fu ? code ^ 1u : code;
+                    v[(i * Hkv + h) * Dv + c] = kva_fp8_e4m3_to_f32((uint8_t)code) * sv;
+                }
+            }
+        }
+        CHECK_OK(kva_cache_write(cpu, qc, (int32_t)n, k, 0, v, 0, KVA_DTYPE_F32, slots));
+        /* The write stored exactly the codes above. */
+        int mism = 0;
+        for (int64_t i = 0; i < n; i++)
+            for (int32_t c = 0; c < D; c++)
+                mism +=
+                    (float)kva__quant_load(qc, 0, i / 16, i % 16, 1, c) != k[(i * Hkv + 1) * D + c];
+        CHECK_MSG(mism == 0, "fp8 codes: %d keys not stored exactly", mism);
+
+        kva_plan_desc pd = kva_test_batch_plan_desc(&b, H, Hkv, D, Dv, KVA_DTYPE_F32);
+        const size_t out_n = (size_t)b.T * H * Dv, lse_n = (size_t)b.T * H;
+        float *q = malloc(sizeof(float) * (size_t)b.T * H * D);
+        kva_test_fill(q, KVA_DTYPE_F32, (size_t)b.T * H * D, &rng, 1.0);
+        run_out want = {malloc(out_n * 4), malloc(lse_n * 4)};
+        run_out got = {malloc(out_n * 4), malloc(lse_n * 4)};
+        run(ref, &pd, q, qc, NULL, 0, &want, out_n, lse_n);
+        const double atol = kva_test_atol(KVA_DTYPE_F32), rtol = kva_test_rtol(KVA_DTYPE_F32);
+        for (int var = 1; var <= kva__cpu_attn_num_variants(); var++) {
+            if (!kva__cpu_attn_supported(var))
+                continue;
+            run(cpu, &pd, q, qc, NULL, var, &got, out_n, lse_n);
+            char label[64];
+            snprintf(label, sizeof label, "fp8 all codes D%d/%d v%d", D, Dv, var);
+            CHECK_MSG(
+                kva_test_compare(label, got.out, want.out, KVA_DTYPE_F32, out_n, atol, rtol) == 0,
+                "%s", label);
+            CHECK(kva_test_compare_f32(label, got.lse, want.lse, lse_n, atol, rtol) == 0);
+        }
+        free(q), free(k), free(v), free(slots);
+        free(want.out), free(want.lse), free(got.out), free(got.lse);
+        kva_cache_destroy(qc);
+        kva_test_batch_free(&b);
+    }
+    kva_context_destroy(ref), kva_context_destroy(cpu);
+}
+
 int main(void)
 {
     RUN(test_converter);
@@ -472,5 +564,6 @@ int main(void)
     RUN(test_formats);
     RUN(test_prefill_no_cache);
     RUN(test_fp8_nan_propagates);
+    RUN(test_fp8_all_codes);
     return kva_test_finish();
 }

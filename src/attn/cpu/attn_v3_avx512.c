@@ -6,12 +6,21 @@
  * Same work item and semantics as v1 (attn_v1.c); what changes:
  *   - load_chunk copies the chunk's K and V rows, in their storage format,
  *     into the thread's scratch with one tight loop of 64-byte moves. It is
- *     the one place that reads the storage layout: f32/f16/bf16 rows are
- *     copied, any other storage dtype (a quantized cache) is converted to
- *     fp32 there through kva__cpu_load_row. Copying first keeps many cache
+ *     the one place that reads the storage layout: f32/f16/bf16 rows and the
+ *     int8/fp8 rows of a quantized cache are copied (1 byte per element:
+ *     half the bytes of f16), any other storage dtype is converted to fp32
+ *     there through kva__cpu_load_row. Copying first keeps many cache
  *     misses in flight; reading the cache rows inside the compute loops was
  *     2.7x slower from DRAM (1 thread, bf16, H=32 Hkv=8, 8 x 4096 keys:
  *     50 -> 18 ms, best of 3 on the shared VM).
+ *   - Quantized rows are converted in registers like f16/bf16 (ld16: int8
+ *     vpmovsxbd + vcvtdq2ps; fp8 e4m3 rebuilt as f16 bits + vcvtph2ps) and
+ *     the scales are folded out of the inner loops: per-channel key scales
+ *     into the query tile once per item (score = sum_d (q_d s_d)(k_d - o_d),
+ *     one vsubps per vector, none for symmetric int8), per-token key scales
+ *     as one multiply per score, per-channel value scales into the
+ *     accumulators once at the end of the item (acc += p (v - o), then
+ *     acc *= s: P.V, the partials and their merge are linear in V).
  *   - Scores: keys are the outer loop; each K row is converted once into
  *     registers (ld16: bf16 widen + shift, f16 vcvtph2ps) and serves up to 8
  *     heads; the per-(head, key) 16-lane partial sums are reduced 16 keys at
@@ -38,6 +47,12 @@
  * kernel spends about 125 cycles per key and kv head: 16 vdpbf16ps + 32 FMAs
  * + the chunk copy + the reductions; from DRAM about 220. Details and the
  * arithmetic-intensity bound: docs/performance.md.
+ * Quantized caches (decode, 4 x 16384 keys, same shape, 2 threads, 4
+ * interleaved rounds, load ~1.2): int8_channel 14.7 ms against f16 24.6 ms
+ * (1.7x; 1 thread 1.46x) and 31.0 ms when the chunk was dequantized to fp32;
+ * fp8 20.4 ms. Not the 2x the halved bytes allow: at GQA 4 the loops are
+ * compute-bound (~170 cycles per key and kv head on int8, 1 thread), see
+ * docs/quant.md.
  * Tried and dropped (A/B, best of 3, 1 thread, 8 x 4096 keys): spreading the
  * next chunk's prefetches over the scores loop (10.5 -> 16.4 ms, slower);
  * prefetcht0 instead of prefetcht2 (slower); prefetching every other line
@@ -98,19 +113,69 @@ AI __m512 hsum16(const __m512 v[16])
     return _mm512_shuffle_f32x4(w, w, 0xd8);
 }
 
-/* 16 elements [i, i+16) of a K/V row of dtype dt as fp32; lanes outside m are 0
- * (only the masked lanes are read). This and load_chunk are the only places
- * that know the row format. */
-AI __m512 ld16(const void *row, int32_t i, const kva_dtype dt, __mmask16 m)
+/* Row formats the loops read in registers: the cache's float formats, and the
+ * quantized ones read in their storage format (scales folded, see run_item):
+ *   FMT_I8   int8 with per-channel scale s and offset o (INT8_CHANNEL K/V,
+ *            INT8_TOKEN_K V): ld16 gives q, the loops subtract o;
+ *   FMT_I8S  int8 with per-channel scale and all offsets of the kv head 0
+ *            (symmetric): FMT_I8 without the subtraction;
+ *   FMT_I8T  int8 keys with a per-token scale (INT8_TOKEN_K*): ld16 gives q,
+ *            the scores are multiplied by the token's scale;
+ *   FMT_FP8  e4m3 with per-channel scale s: ld16 gives the code's value / 2^8
+ *            (an f16 built from the code's bits), 2^8 s is folded;
+ *   FMT_FP8N the same for a chunk that holds a NaN code (load_chunk looks):
+ *            ld16 also maps |code| 0x7f to NaN. */
+enum { FMT_F32, FMT_F16, FMT_BF16, FMT_I8, FMT_I8S, FMT_I8T, FMT_FP8, FMT_FP8N };
+
+/* Format of rows of dtype dt stored in 16 bits or fp32 (non-quantized). */
+static int float_fmt(kva_dtype dt)
 {
-    if (dt == KVA_DTYPE_F32)
+    return dt == KVA_DTYPE_BF16 ? FMT_BF16 : dt == KVA_DTYPE_F16 ? FMT_F16 : FMT_F32;
+}
+
+/* 16 elements [i, i+16) of a K/V row of format fmt as fp32 (see above: int8
+ * without scale/offset, fp8 as value / 2^8); lanes outside m are 0 (only the
+ * masked lanes are read). This and load_chunk are the only places that know
+ * the row format. */
+AI __m512 ld16(const void *row, int32_t i, const int fmt, __mmask16 m)
+{
+    if (fmt == FMT_F32)
         return _mm512_maskz_loadu_ps(m, (const float *)row + i);
+    if (fmt >= FMT_I8) {
+        const unsigned char *p = (const unsigned char *)row + i;
+        const __m128i b =
+            m == 0xffff ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8(m, p);
+        if (fmt < FMT_FP8)
+            return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+        /* e4m3 s.eeee.mmm -> f16 s.0eeee.mmm0000000: the same value / 2^8,
+         * subnormals included (f16 has 10 mantissa bits and a 2^8 wider
+         * exponent range). Sign-extended and shifted by 7, a negative code
+         * also sets bit 14, which the mask clears. */
+        __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7),
+                                     _mm256_set1_epi16((short)0xbf80));
+        if (fmt == FMT_FP8N) /* |code| 0x7f is NaN (1.875 as built) */
+            h = _mm256_mask_mov_epi16(
+                h,
+                _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)),
+                                        _mm256_set1_epi16(0x3f80)),
+                _mm256_set1_epi16(0x7e00));
+        return _mm512_cvtph_ps(h);
+    }
     const __m256i h = m == 0xffff ? _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i))
                                   : _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);
-    if (dt == KVA_DTYPE_F16)
+    if (fmt == FMT_F16)
         return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+
+/* What the loops need besides the rows for the quantized formats, set per
+ * item (run_item) and per chunk (load_chunk). */
+typedef struct fold_info {
+    int kf, vf;                   /* row formats of K and V */
+    const float *koff;            /* [D] key offsets of the item's kv head (FMT_I8 keys) */
+    const float *voff;            /* [Dv] value offsets (FMT_I8 values) */
+    float tok[KVA_CPU_KEY_CHUNK]; /* per-token key scales of the chunk (FMT_I8T) */
+} fold_info;
 
 /* Lanes of the last 16-element vector of a row of n elements (n a multiple of 8). */
 #define TAIL16(n) ((n) % 16 ? (__mmask16)0x00ff : (__mmask16)0xffff)
@@ -124,7 +189,7 @@ AI __m512 ld16(const void *row, int32_t i, const kva_dtype dt, __mmask16 m)
  * hsum16 turns 16 keys of a head into one vector of scores.
  */
 AI void scores_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, int32_t nb,
-                    int32_t nk, const int32_t D, const kva_dtype kd)
+                    int32_t nk, const int32_t D, const int kd, const fold_info *fi)
 {
     const int NV = NVEC16(D);
     const __mmask16 tail = TAIL16(D);
@@ -139,8 +204,13 @@ AI void scores_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, in
                 continue;
             }
             __m512 kr[16];
-            for (int j = 0; j < NV; j++)
-                kr[j] = ld16(s->kp[key], 16 * j, kd, j == NV - 1 ? tail : 0xffff);
+            for (int j = 0; j < NV; j++) {
+                const __mmask16 mj = j == NV - 1 ? tail : 0xffff;
+                kr[j] = ld16(s->kp[key], 16 * j, kd, mj);
+                /* (k - o): q already holds q * s (no cancellation-prone expansion). */
+                if (kd == FMT_I8)
+                    kr[j] = _mm512_sub_ps(kr[j], _mm512_maskz_loadu_ps(mj, fi->koff + 16 * j));
+            }
             for (int32_t b = 0; b < nb; b++) {
                 const float *q = s->q + (size_t)(m0 + b) * D;
                 __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
@@ -158,7 +228,10 @@ AI void scores_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, in
             __m512 v[16];
             for (int t = 0; t < 16; t++)
                 v[t] = _mm512_loadu_ps(vs + (b * 16 + t) * 16);
-            _mm512_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + half * 16, hsum16(v));
+            __m512 sc = hsum16(v);
+            if (kd == FMT_I8T) /* score = s_tok * (q . k) */
+                sc = _mm512_mul_ps(sc, _mm512_loadu_ps(fi->tok + half * 16));
+            _mm512_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + half * 16, sc);
         }
     }
 }
@@ -216,41 +289,59 @@ AI void scores_rows_bf16(const kva__cpu_run *run, kva__cpu_scratch *s, const uin
 }
 #endif
 
-/* Rows of a chunk for the loops below: s->kp/vp [KEY_CHUNK] point at the
- * rows in their storage format when the kernel reads it directly (f32, f16,
- * bf16); any other storage dtype (a quantized cache) is converted here to
- * fp32 rows in kbuf/vbuf with kva__cpu_load_row, once per GQA group. Returns
- * the dtype the loops read. */
-/* Copies a row of `bytes` bytes (a multiple of 16: D is a multiple of 8). */
+/* Copies a row of `bytes` bytes (a multiple of 8: D is a multiple of 8). */
 AI void copy_row(unsigned char *restrict dst, const unsigned char *restrict src, size_t bytes)
 {
     size_t b = 0;
     for (; b + 64 <= bytes; b += 64)
         _mm512_storeu_si512(dst + b, _mm512_loadu_si512(src + b));
-    for (; b < bytes; b += 16)
+    for (; b + 16 <= bytes; b += 16)
         _mm_storeu_si128((__m128i *)(dst + b), _mm_loadu_si128((const __m128i *)(src + b)));
+    if (b < bytes) /* 8 bytes of an int8/fp8 row */
+        memcpy(dst + b, src + b, 8);
 }
 
-static kva_dtype load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, int32_t n,
-                            int32_t kvh, kva__cpu_scratch *s)
+/* copy_row for an fp8 row; returns whether it holds a NaN code (0x7f, 0xff). */
+AI int copy_row_fp8(unsigned char *restrict dst, const unsigned char *restrict src, size_t bytes)
 {
-    if (run->quant) {
-        /* int8/fp8 rows are dequantized to fp32 (cpu_dequant.c). */
-        kva__cpu_load_chunk_dequant(run, cr, n, kvh, s);
-        return KVA_DTYPE_F32;
+    const __m512i lo7 = _mm512_set1_epi8(0x7f);
+    __mmask64 nan = 0;
+    size_t b = 0;
+    for (; b < bytes; b += 64) {
+        const __mmask64 m = bytes - b >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (bytes - b)) - 1;
+        const __m512i x = _mm512_maskz_loadu_epi8(m, src + b);
+        _mm512_mask_storeu_epi8(dst + b, m, x);
+        nan |= _mm512_mask_cmpeq_epi8_mask(m, _mm512_and_si512(x, lo7), lo7);
     }
+    return nan != 0;
+}
+
+/* Rows of a chunk for the loops below: s->kp/vp [KEY_CHUNK] point at copies
+ * of the rows in their storage format (f32, f16, bf16, and the int8/fp8 rows
+ * of a quantized cache, with fi->tok the per-token key scales); any other
+ * storage dtype is converted to fp32 with kva__cpu_load_row. Sets fi->kf/vf
+ * to the formats the loops read. */
+static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, int32_t n,
+                       kva__cpu_scratch *s, fold_info *fi)
+{
     const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
     const kva_dtype dt = run->kv_dt;
-    const int direct = dt == KVA_DTYPE_F32 || dt == KVA_DTYPE_F16 || dt == KVA_DTYPE_BF16;
-    const size_t esz = kva_dtype_size(dt);
+    const int direct =
+        run->quant || dt == KVA_DTYPE_F32 || dt == KVA_DTYPE_F16 || dt == KVA_DTYPE_BF16;
+    const size_t kesz = kva_dtype_size(dt), vesz = run->cache ? run->cache->v_elem : kesz;
+    const int fp8 = run->quant && dt == KVA_DTYPE_FP8_E4M3;
+    int nan = 0;
     for (int32_t t = 0; t < n; t++) {
         float *kd = s->kbuf + (size_t)t * D, *vd = s->vbuf + (size_t)t * Dv;
-        if (direct) {
+        if (fp8) {
+            nan |= copy_row_fp8((unsigned char *)kd, cr->k[t], (size_t)D);
+            nan |= copy_row_fp8((unsigned char *)vd, cr->v[t], (size_t)Dv);
+        } else if (direct) {
             /* A tight copy loop keeps many cache misses in flight; the
              * compute loops then read the chunk from L1/L2 (measured faster
              * than reading the cache rows inside them). */
-            copy_row((unsigned char *)kd, cr->k[t], (size_t)D * esz);
-            copy_row((unsigned char *)vd, cr->v[t], (size_t)Dv * esz);
+            copy_row((unsigned char *)kd, cr->k[t], (size_t)D * kesz);
+            copy_row((unsigned char *)vd, cr->v[t], (size_t)Dv * vesz);
         } else {
             kva__cpu_load_row(kd, cr->k[t], dt, D);
             kva__cpu_load_row(vd, cr->v[t], dt, Dv);
@@ -262,7 +353,16 @@ static kva_dtype load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *
         s->kp[t] = s->kp[0];
         s->vp[t] = s->vp[0];
     }
-    return direct ? dt : KVA_DTYPE_F32;
+    if (fi->kf == FMT_I8T) {
+        for (int32_t t = 0; t < n; t++)
+            fi->tok[t] = *cr->ks[t];
+        for (int32_t t = n; t < KVA_CPU_KEY_CHUNK; t++)
+            fi->tok[t] = 0.0f;
+    }
+    if (fp8) /* NaN codes are rare: only such a chunk pays for mapping them */
+        fi->kf = fi->vf = nan ? FMT_FP8N : FMT_FP8;
+    if (!direct)
+        fi->kf = fi->vf = FMT_F32;
 }
 
 /* Soft-cap and ALiBi of one row's scores (rare features: plain loops). */
@@ -341,9 +441,15 @@ AI void softmax_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, i
  * once for the NB heads. Rows that are not live keep their accumulators.
  */
 AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_t d0,
-                 const int32_t Dv, const kva_dtype kd, const int NB, const int NV, __mmask16 tail)
+                 const int32_t Dv, const int kd, const float *voff, const int NB, const int NV,
+                 __mmask16 tail)
 {
-    __m512 acc[8][2];
+    __m512 acc[8][2], vo[2];
+    /* FMT_I8 values: acc += p (v - o); run_item multiplies acc by s at the end. */
+    for (int j = 0; j < NV; j++)
+        vo[j] = kd == FMT_I8
+                    ? _mm512_maskz_loadu_ps(j == NV - 1 ? tail : 0xffff, voff + d0 + 16 * j)
+                    : _mm512_setzero_ps();
     const float *const *vp = s->vp;
     for (int b = 0; b < NB; b++) {
         const float *ar = s->acc + (size_t)(m0 + b) * Dv + d0;
@@ -356,6 +462,9 @@ AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_
         __m512 v[2];
         for (int j = 0; j < NV; j++)
             v[j] = ld16(vp[t], d0 + 16 * j, kd, j == NV - 1 ? tail : 0xffff);
+        if (kd == FMT_I8)
+            for (int j = 0; j < NV; j++)
+                v[j] = _mm512_sub_ps(v[j], vo[j]);
         for (int b = 0; b < NB; b++) {
             const __m512 p = _mm512_set1_ps(s->pm[(size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + t]);
             for (int j = 0; j < NV; j++)
@@ -373,45 +482,46 @@ AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_
 
 /* P.V of NB rows over all output dims: blocks of 32, then 16, then 8. */
 AI void pv_rows(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, const int32_t Dv,
-                const kva_dtype kd, const int NB)
+                const int kd, const float *voff, const int NB)
 {
     int32_t d = 0;
     for (; d + 32 <= Dv; d += 32)
-        pv_block(s, m0, ta, te, d, Dv, kd, NB, 2, 0xffff);
+        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 2, 0xffff);
     if (d + 16 <= Dv) {
-        pv_block(s, m0, ta, te, d, Dv, kd, NB, 1, 0xffff);
+        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 1, 0xffff);
         d += 16;
     }
     if (d < Dv)
-        pv_block(s, m0, ta, te, d, Dv, kd, NB, 1, 0x00ff);
+        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 1, 0x00ff);
 }
 
 /* P.V of the nh rows m0.. of one query row, keys [ta, te) of the chunk
  * (indices relative to its start), in register blocks of 8, 4, 2, 1 rows. */
 AI void pv_query_row(kva__cpu_scratch *s, int32_t m0, int32_t nh, int32_t ta, int32_t te,
-                     const int32_t Dv, const kva_dtype kd)
+                     const int32_t Dv, const int kd, const float *voff)
 {
     int32_t m = m0;
     const int32_t m1 = m0 + nh;
     for (; m + 8 <= m1; m += 8)
-        pv_rows(s, m, ta, te, Dv, kd, 8);
+        pv_rows(s, m, ta, te, Dv, kd, voff, 8);
     if (m + 4 <= m1) {
-        pv_rows(s, m, ta, te, Dv, kd, 4);
+        pv_rows(s, m, ta, te, Dv, kd, voff, 4);
         m += 4;
     }
     if (m + 2 <= m1) {
-        pv_rows(s, m, ta, te, Dv, kd, 2);
+        pv_rows(s, m, ta, te, Dv, kd, voff, 2);
         m += 2;
     }
     if (m < m1)
-        pv_rows(s, m, ta, te, Dv, kd, 1);
+        pv_rows(s, m, ta, te, Dv, kd, voff, 1);
 }
 
 /* One chunk [c0, c1) for every query row of the item. D, Dv and the row
- * format kd are constants in the specialized copies below. */
+ * formats KF, VF are constants in the specialized copies below. */
 AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
                    const kva__cpu_item_geom *g, int32_t c0, int32_t c1, const int32_t D,
-                   const int32_t Dv, const kva_dtype kd, const int bf16dot)
+                   const int32_t Dv, const int KF, const int VF, const int bf16dot,
+                   const fold_info *fi)
 {
     const int32_t nh = it->nh;
     for (int32_t ii = 0; ii < it->nq; ii++) {
@@ -431,27 +541,52 @@ AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_s
                 continue;
             }
 #endif
-            scores_rows(run, s, ii * nh + hb, nb, c1 - c0, D, kd);
+            scores_rows(run, s, ii * nh + hb, nb, c1 - c0, D, KF, fi);
         }
         softmax_rows(run, s, ii * nh, nh, g->hbase, pos, c0, a, e);
-        pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv, kd);
+        pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv, VF, fi->voff);
     }
 }
 
 typedef void (*step_fn)(const kva__cpu_run *, const kva__work_item *, kva__cpu_scratch *,
-                        const kva__cpu_item_geom *, int32_t, int32_t, kva_dtype);
+                        const kva__cpu_item_geom *, int32_t, int32_t, const fold_info *);
+
+/* chunk_step for the (K, V) format pairs that occur: float caches (K and V
+ * alike) and the four quantized formats (INT8_CHANNEL, INT8_TOKEN_K,
+ * INT8_TOKEN_K_V16 with f16/bf16 V, FP8_E4M3). */
+#define STEP_FORMATS(DK, DV)                                                                       \
+    do {                                                                                           \
+        const int kf_ = fi->kf, vf_ = fi->vf;                                                      \
+        if (kf_ == FMT_BF16)                                                                       \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_BF16, FMT_BF16, 0, fi);                  \
+        else if (kf_ == FMT_F16)                                                                   \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_F16, FMT_F16, 0, fi);                    \
+        else if (kf_ == FMT_I8)                                                                    \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8, FMT_I8, 0, fi);                      \
+        else if (kf_ == FMT_I8S)                                                                   \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8S, FMT_I8S, 0, fi);                    \
+        else if (kf_ == FMT_I8T && vf_ == FMT_I8)                                                  \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8T, FMT_I8, 0, fi);                     \
+        else if (kf_ == FMT_I8T && vf_ == FMT_I8S)                                                 \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8T, FMT_I8S, 0, fi);                    \
+        else if (kf_ == FMT_I8T && vf_ == FMT_F16)                                                 \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8T, FMT_F16, 0, fi);                    \
+        else if (kf_ == FMT_I8T)                                                                   \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8T, FMT_BF16, 0, fi);                   \
+        else if (kf_ == FMT_FP8)                                                                   \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_FP8, FMT_FP8, 0, fi);                    \
+        else if (kf_ == FMT_FP8N)                                                                  \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_FP8N, FMT_FP8N, 0, fi);                  \
+        else                                                                                       \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_F32, FMT_F32, 0, fi);                    \
+    } while (0)
 
 #define STEP_D(DIM)                                                                                \
     static void step_d##DIM(const kva__cpu_run *run, const kva__work_item *it,                     \
                             kva__cpu_scratch *s, const kva__cpu_item_geom *g, int32_t c0,          \
-                            int32_t c1, kva_dtype kd)                                              \
+                            int32_t c1, const fold_info *fi)                                       \
     {                                                                                              \
-        if (kd == KVA_DTYPE_BF16)                                                                  \
-            chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_BF16, 0);                        \
-        else if (kd == KVA_DTYPE_F16)                                                              \
-            chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_F16, 0);                         \
-        else                                                                                       \
-            chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_F32, 0);                         \
+        STEP_FORMATS(DIM, DIM);                                                                    \
     }
 STEP_D(64)
 STEP_D(128)
@@ -462,27 +597,84 @@ STEP_D(256)
 #define STEP_BF16DOT(DIM)                                                                          \
     static void step_bf16dot_d##DIM(const kva__cpu_run *run, const kva__work_item *it,             \
                                     kva__cpu_scratch *s, const kva__cpu_item_geom *g, int32_t c0,  \
-                                    int32_t c1, kva_dtype kd)                                      \
+                                    int32_t c1, const fold_info *fi)                               \
     {                                                                                              \
-        (void)kd;                                                                                  \
-        chunk_step(run, it, s, g, c0, c1, DIM, DIM, KVA_DTYPE_BF16, 1);                            \
+        chunk_step(run, it, s, g, c0, c1, DIM, DIM, FMT_BF16, FMT_BF16, 1, fi);                    \
     }
 STEP_BF16DOT(64)
 STEP_BF16DOT(128)
 STEP_BF16DOT(256)
 #endif
 
-/* Any other head size (runtime D and Dv, constant row format). */
+/* Any other head size (runtime D and Dv, constant row formats). */
 static void step_any(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
-                     const kva__cpu_item_geom *g, int32_t c0, int32_t c1, kva_dtype kd)
+                     const kva__cpu_item_geom *g, int32_t c0, int32_t c1, const fold_info *fi)
 {
     const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
-    if (kd == KVA_DTYPE_BF16)
-        chunk_step(run, it, s, g, c0, c1, D, Dv, KVA_DTYPE_BF16, 0);
-    else if (kd == KVA_DTYPE_F16)
-        chunk_step(run, it, s, g, c0, c1, D, Dv, KVA_DTYPE_F16, 0);
-    else
-        chunk_step(run, it, s, g, c0, c1, D, Dv, KVA_DTYPE_F32, 0);
+    STEP_FORMATS(D, Dv);
+}
+
+static int all_zero(const float *x, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (x[i] != 0.0f)
+            return 0;
+    return 1;
+}
+
+/* Quantized caches: the formats of the item's rows, and the static scales
+ * folded out of the loops: q [M, D] *= s_k (times 2^8 for fp8, whose ld16
+ * gives value / 2^8), so the scores are sum_d (q_d s_d) (k_d - o_d). */
+static void fold_begin(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
+                       const kva__cpu_item_geom *g, fold_info *fi)
+{
+    const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
+    fi->koff = fi->voff = NULL;
+    if (!run->quant) {
+        fi->kf = fi->vf = float_fmt(run->kv_dt);
+        return;
+    }
+    const kva_cache *c = run->cache;
+    const int32_t kvh = it->kv_head;
+    const int fp8 = c->desc.dtype == KVA_DTYPE_FP8_E4M3;
+    fi->kf = c->k_token_scale ? FMT_I8T : fp8 ? FMT_FP8 : FMT_I8;
+    fi->vf = c->desc.quant == KVA_QUANT_INT8_TOKEN_K_V16 ? float_fmt(c->desc.dtype)
+             : fp8                                       ? FMT_FP8
+                                                         : FMT_I8;
+    fi->koff = c->k_offset + (size_t)kvh * D;
+    fi->voff = c->v_offset + (size_t)kvh * Dv;
+    /* Symmetric int8 (every offset of the head 0, e.g. no offsets given):
+     * no subtraction. Pairs with only one side symmetric keep FMT_I8 on both
+     * (subtracting zeros is exact). */
+    const int kz = fi->kf != FMT_I8 || all_zero(fi->koff, D);
+    const int vz = fi->vf == FMT_I8 && all_zero(fi->voff, Dv);
+    if (vz && kz) {
+        fi->vf = FMT_I8S;
+        fi->kf = fi->kf == FMT_I8 ? FMT_I8S : fi->kf;
+    }
+    if (fi->kf != FMT_I8T) {
+        const float *ks = c->k_scale + (size_t)kvh * D;
+        const float f = fp8 ? 256.0f : 1.0f;
+        for (int32_t m = 0; m < g->M; m++)
+            for (int32_t x = 0; x < D; x++)
+                s->q[(size_t)m * D + x] *= ks[x] * f;
+    }
+}
+
+/* The values' static scale, once per item: acc [M, Dv] *= s_v (times 2^8 for
+ * fp8). P.V, the normalization, the split partials and their merge are
+ * linear in V, so this equals scaling every value row. */
+static void fold_end(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
+                     const kva__cpu_item_geom *g, const fold_info *fi)
+{
+    if (fi->vf < FMT_I8)
+        return;
+    const int32_t Dv = run->plan->d.head_dim_v;
+    const float *vs = run->cache->v_scale + (size_t)it->kv_head * Dv;
+    const float f = fi->vf >= FMT_FP8 ? 256.0f : 1.0f;
+    for (int32_t m = 0; m < g->M; m++)
+        for (int32_t x = 0; x < Dv; x++)
+            s->acc[(size_t)m * Dv + x] *= vs[x] * f;
 }
 
 /* Runs one item with the step function picked for its shapes; bf16dot asks
@@ -494,6 +686,8 @@ static void run_item(const kva__cpu_run *run, const kva__work_item *it, kva__cpu
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
     kva__cpu_item_geom g;
     kva__cpu_item_begin(run, it, s, &g);
+    fold_info fi;
+    fold_begin(run, it, s, &g, &fi);
     step_fn step = D != Dv    ? step_any
                    : D == 128 ? step_d128
                    : D == 64  ? step_d64
@@ -514,7 +708,8 @@ static void run_item(const kva__cpu_run *run, const kva__work_item *it, kva__cpu
     enum { PF_DIST = 2 };
     kva__cpu_chunk_rows rows[PF_DIST + 1];
     const size_t kv_esz = kva_dtype_size(run->kv_dt);
-    const size_t kbytes = (size_t)D * kv_esz, vbytes = (size_t)Dv * kv_esz;
+    const size_t v_esz = run->cache ? run->cache->v_elem : kv_esz;
+    const size_t kbytes = (size_t)D * kv_esz, vbytes = (size_t)Dv * v_esz;
     const int32_t C = KVA_CPU_KEY_CHUNK;
     const int32_t nchunks = (it->k1 - it->k0 + C - 1) / C;
     for (int32_t c = 0; c < PF_DIST && c < nchunks; c++) {
@@ -531,9 +726,10 @@ static void run_item(const kva__cpu_run *run, const kva__work_item *it, kva__cpu
             kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, nr);
             kva__cpu_prefetch_chunk(nr, n, kbytes, vbytes);
         }
-        const kva_dtype kd = load_chunk(run, &rows[c % (PF_DIST + 1)], c1 - c0, it->kv_head, s);
-        step(run, it, s, &g, c0, c1, kd);
+        load_chunk(run, &rows[c % (PF_DIST + 1)], c1 - c0, s, &fi);
+        step(run, it, s, &g, c0, c1, &fi);
     }
+    fold_end(run, it, s, &g, &fi);
     kva__cpu_item_finish(run, it, s, &g);
 }
 
