@@ -73,25 +73,24 @@ struct serve_engine {
     void *v_q, *v_out; /* [tmax, H, D] */
 };
 
-static void fill_random(void *p, kva_dtype dt, size_t n, uint64_t seed)
+/* The step's attention plan: causal, no window, the model's shapes. */
+static kva_plan_desc step_desc(const serve_opts *o, int32_t R, const int32_t *qsl,
+                               const int32_t *seq_lens, const int32_t *bt, int32_t stride)
 {
-    uint64_t s = seed;
-    for (size_t i = 0; i < n; i++) {
-        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        /* Uniform in (-sqrt 3, sqrt 3): unit variance, never exactly zero. */
-        float x = (float)((double)(int64_t)(z >> 11) / 0x1p53 * 2.0 - 1.0) * 1.7320508f;
-        if (x == 0.0f)
-            x = 0.5f;
-        if (dt == KVA_DTYPE_F32)
-            ((float *)p)[i] = x;
-        else if (dt == KVA_DTYPE_F16)
-            ((uint16_t *)p)[i] = kva_f32_to_f16(x);
-        else
-            ((uint16_t *)p)[i] = kva_f32_to_bf16(x);
-    }
+    kva_plan_desc pd = {0};
+    pd.num_requests = R;
+    pd.query_start_loc = qsl;
+    pd.seq_lens = seq_lens;
+    pd.block_table = bt;
+    pd.block_table_stride = stride;
+    pd.block_size = o->block_size;
+    pd.num_heads = o->heads;
+    pd.num_kv_heads = o->kv_heads;
+    pd.head_dim = o->head_dim;
+    pd.q_dtype = o->dtype;
+    pd.causal = 1;
+    pd.window_left = -1;
+    return pd;
 }
 
 kva_status serve_engine_create(const serve_opts *o, serve_engine **out)
@@ -146,7 +145,8 @@ kva_status serve_engine_create(const serve_opts *o, serve_engine **out)
         st = KVA_STATUS_OUT_OF_MEMORY;
         goto fail;
     }
-    fill_random(e->rand, o->dtype, n_rand, o->seed ^ 0xa77e47105ull);
+    kva_rng rng = {o->seed ^ 0xa77e47105ull};
+    kva_test_fill_uniform(e->rand, o->dtype, n_rand, &rng);
     *out = e;
     return KVA_STATUS_OK;
 fail:
@@ -324,19 +324,7 @@ static kva_status verify_layer(serve_engine *e, int32_t R, int32_t stride, const
     }
     e->v_qsl[n] = t;
     kva_test_poison(e->v_out, o->dtype, (size_t)t * H * D);
-    kva_plan_desc pd = {0};
-    pd.num_requests = n;
-    pd.query_start_loc = e->v_qsl;
-    pd.seq_lens = v_seq;
-    pd.block_table = e->v_bt;
-    pd.block_table_stride = stride;
-    pd.block_size = o->block_size;
-    pd.num_heads = o->heads;
-    pd.num_kv_heads = o->kv_heads;
-    pd.head_dim = o->head_dim;
-    pd.q_dtype = o->dtype;
-    pd.causal = 1;
-    pd.window_left = -1;
+    kva_plan_desc pd = step_desc(o, n, e->v_qsl, v_seq, e->v_bt, stride);
     kva_plan *plan = NULL;
     kva_status rc = kva_plan_create(e->ref, &pd, &plan);
     if (rc == KVA_STATUS_OK)
@@ -414,19 +402,7 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
     e->qsl[R] = T;
     st->scheduled_tokens += T;
 
-    kva_plan_desc pd = {0};
-    pd.num_requests = R;
-    pd.query_start_loc = e->qsl;
-    pd.seq_lens = e->seq_lens;
-    pd.block_table = e->bt;
-    pd.block_table_stride = stride;
-    pd.block_size = o->block_size;
-    pd.num_heads = o->heads;
-    pd.num_kv_heads = o->kv_heads;
-    pd.head_dim = o->head_dim;
-    pd.q_dtype = o->dtype;
-    pd.causal = 1;
-    pd.window_left = -1;
+    kva_plan_desc pd = step_desc(o, R, e->qsl, e->seq_lens, e->bt, stride);
     kva_plan *plan = NULL;
     double t0 = serve_now();
     if ((rc = kva_plan_create(e->ctx, &pd, &plan)) != KVA_STATUS_OK)
