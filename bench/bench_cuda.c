@@ -1,7 +1,7 @@
 /*
  * bench_cuda.c - times kva_attention_run on the CUDA backend with CUDA events.
  *
- *   bench_cuda --mode decode|prefill [--batch R] [--context S] [--q-len Q]
+ *   bench_cuda --mode decode|prefill|copy [--batch R] [--context S] [--q-len Q]
  *              [--heads H] [--kv-heads Hkv] [--head-dim D] [--block-size B]
  *              [--dtype bf16|f16|f32] [--layout nhd|hnd] [--iters N]
  *              [--graph-layers L] [--variant V]
@@ -14,12 +14,16 @@
  * and V once per kv head) and the attention FLOPs (4*D per visible
  * query-key pair and head). With --graph-layers L, L runs over the same cache
  * are captured in one CUDA graph and the median replay time per layer is
- * reported too. The last line is one JSON object for bench/peer_cuda.py.
+ * reported too. --variant V (1..4) partitions the plans for attention
+ * variant V and runs it (kva__cuda_context_force_variant); 0 is the default.
+ * --mode copy times a 1 GiB device-to-device copy (the bandwidth ceiling, in
+ * the same run). The last line is one JSON object for bench/peer_cuda.py.
  */
 #include "batchgen.h"
 #include "internal.h"
 #include "kvattn_cuda.h"
 #include "../src/plan/partition.h"
+#include "cuda_backend.h"
 
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -69,6 +73,45 @@ static void fill_big(void *p, kva_dtype dt, size_t n, kva_rng *rng)
     }
 }
 
+/* --mode copy: the ceiling in the same run as the attention lines: a 1 GiB
+ * device-to-device cudaMemcpy, bytes read + written per second (as
+ * bench/peer_cuda.py's torch copy). */
+static int copy_bench(int iters)
+{
+    if (kva__cuda_device_count() == 0) {
+        printf("{\"skipped\": \"no CUDA device\"}\n");
+        return 0;
+    }
+    const size_t n = (size_t)1 << 30;
+    void *x = NULL, *y = NULL;
+    CU(cudaMalloc(&x, n));
+    CU(cudaMalloc(&y, n));
+    CU(cudaMemset(x, 0x5a, n));
+    cudaEvent_t ev[2];
+    CU(cudaEventCreate(&ev[0]));
+    CU(cudaEventCreate(&ev[1]));
+    float *ms = malloc(sizeof(float) * (size_t)iters);
+    for (int it = -3; it < iters; it++) {
+        CU(cudaEventRecord(ev[0], 0));
+        CU(cudaMemcpyAsync(y, x, n, cudaMemcpyDeviceToDevice, 0));
+        CU(cudaEventRecord(ev[1], 0));
+        CU(cudaEventSynchronize(ev[1]));
+        if (it >= 0)
+            CU(cudaEventElapsedTime(&ms[it], ev[0], ev[1]));
+    }
+    const float med = median(ms, iters);
+    const double tbs = 2.0 * (double)n / (med * 1e-3) * 1e-12;
+    fprintf(stderr,
+            "bench_cuda: copy 1 GiB device to device: median %.4f ms, %.3f TB/s (read + "
+            "write)\n",
+            (double)med, tbs);
+    printf("{\"mode\": \"copy\", \"ms\": %.5f, \"copy_tbs\": %.4f}\n", (double)med, tbs);
+    free(ms);
+    cudaFree(x);
+    cudaFree(y);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = "decode", *dts = "bf16", *lays = "nhd";
@@ -108,6 +151,8 @@ int main(int argc, char **argv)
     (void)kva_test_checks_failed_; /* harness counters unused here */
     (void)kva_test_cases_passed_;
     (void)kva_test_cases_failed_;
+    if (!strcmp(mode, "copy"))
+        return copy_bench(iters);
     const int prefill = !strcmp(mode, "prefill");
     if (Q < 0)
         Q = prefill ? 4096 : 1;
@@ -133,6 +178,8 @@ int main(int argc, char **argv)
     kva_context *cpu = NULL, *gpu = NULL;
     KV(kva_context_create(&cpud, &cpu));
     KV(kva_context_create(&gd, &gpu));
+    /* --variant V: plans are partitioned for and run with variant V. */
+    KV(kva__cuda_context_force_variant(gpu, variant));
     kva_cache_desc cd = {b.num_blocks, B, Hkv, D, D, dt, layout, KVA_QUANT_NONE};
     kva_cache *hc = NULL, *dc = NULL;
     KV(kva_cache_create(cpu, &cd, &hc));
@@ -169,7 +216,7 @@ int main(int argc, char **argv)
     /* Prefills on prefill_mma round P to the input dtype for P V: out may
      * differ by u * max|v| more (u = 2^-8 bf16, 2^-11 f16; uniform fill). */
     const double atol =
-        kva_test_atol(dt) + (prefill && dt != KVA_DTYPE_F32
+        kva_test_atol(dt) + ((prefill || variant == 4 || variant == 0) && dt != KVA_DTYPE_F32
                                  ? (dt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11) * 1.7320508
                                  : 0.0);
     size_t bad = kva_test_compare("bench check", out_gpu, out_cpu, dt, (size_t)chk.T * H * D, atol,
@@ -180,8 +227,6 @@ int main(int argc, char **argv)
     kva_plan_desc pd = kva_test_batch_plan_desc(&b, H, Hkv, D, D, dt);
     kva_plan *plan = NULL;
     KV(kva_plan_create(gpu, &pd, &plan));
-    if (variant)
-        plan->part->variant = variant;
     kva_plan_info info;
     kva_plan_get_info(plan, &info);
 
@@ -218,8 +263,6 @@ int main(int argc, char **argv)
         KV(kva_cuda_context_set_stream(gpu, s));
         kva_plan_destroy(plan);
         KV(kva_plan_create(gpu, &pd, &plan));
-        if (variant)
-            plan->part->variant = variant;
         CU(cudaStreamSynchronize(s));
         cudaGraph_t g;
         cudaGraphExec_t ge;

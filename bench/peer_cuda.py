@@ -179,12 +179,12 @@ def prefill_peers_shape(res, nreq, n):
         traceback.print_exc()
 
 
-def ours(binary, res):
+def ours(binary, res, skip_prefill=False):
     runs = [
         ("decode", "kvattn paged decode (graph: 32 layers)",
          ["--mode", "decode", "--batch", "64", "--context", "4095", "--graph-layers", "32"]),
-        ("decode", "kvattn paged decode, variant 2",
-         ["--mode", "decode", "--batch", "64", "--context", "4095", "--variant", "2"]),
+        ("decode", "kvattn paged decode, variant 3 (CUDA cores)",
+         ["--mode", "decode", "--batch", "64", "--context", "4095", "--variant", "3"]),
         ("decode", "kvattn paged decode HND",
          ["--mode", "decode", "--batch", "64", "--context", "4095", "--layout", "hnd"]),
         ("decode", "kvattn spec decode q=4",
@@ -199,6 +199,8 @@ def ours(binary, res):
           "--iters", "20"]),
     ]
     for case, name, args in runs:
+        if skip_prefill and case != "decode":
+            continue
         try:
             p = subprocess.run([binary] + args, capture_output=True, text=True, timeout=300)
             sys.stderr.write(p.stderr)
@@ -217,13 +219,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ours", required=True)
     ap.add_argument("--out", default=".")
+    ap.add_argument("--skip-prefill", action="store_true",
+                    help="decode rows only (no prefill peers or prefill runs of ours)")
     a = ap.parse_args()
     dev = torch.cuda.get_device_name(0)
     copy_tbs, gemm = ceilings()
     res = []
-    ours(a.ours, res)
+    ours(a.ours, res, a.skip_prefill)
     decode_peers(res)
-    prefill_peers(res)
+    if not a.skip_prefill:
+        prefill_peers(res)
     res.sort(key=lambda r: r["case"])  # stable: each case's rows together, kvattn first
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"device: {dev}; torch {torch.__version__}; {date}",

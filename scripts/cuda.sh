@@ -9,8 +9,10 @@
 #                   apache-tvm-ffi), installed offline into /tmp/kva_site
 #   OUT             folder for logs and results (default build-cuda/out)
 #   KVA_STEPS       steps to run (default "test sanitize bench prefill peers"; "bench" times
-#                   kvattn's decode variants and shapes, "prefill" its prefills through
-#                   the public API, "peers" the table against peers, printed last)
+#                   the copy ceiling, then kvattn's decode variants and shapes, "prefill" its
+#                   prefills through the public API, "peers" the table against peers, printed
+#                   last; "quicktest" runs the quick test sets without ctest)
+#   KVA_PEER_ARGS   extra arguments of bench/peer_cuda.py (e.g. "--skip-prefill")
 #   KVA_CMAKE_ARGS  extra cmake arguments (e.g. -DXXHASH_LIB=... where libxxhash-dev is missing)
 #   KVA_SANITIZERS  compute-sanitizer tools of the "sanitize" step (default "memcheck racecheck")
 #   KVA_SANITIZE_TESTS  tests they run in quick mode (default "test_cuda_attn test_cuda_cache")
@@ -52,23 +54,26 @@ if has quicktest; then
 fi
 
 if has bench; then
-  echo "== kvattn benchmarks"
+  echo "== kvattn benchmarks (copy ceiling first, same run)"
   b=build-cuda/bench_cuda
+  d="--mode decode --batch 64 --context 4095"
   {
-  $b --mode decode --batch 64 --context 4095 --graph-layers 32 2>&1 | head -1
-  $b --mode decode --batch 64 --context 4095 --variant 1 2>&1 | head -1
-  $b --mode decode --batch 64 --context 4095 --variant 2 2>&1 | head -1
-  $b --mode decode --batch 64 --context 4095 --variant 3 2>&1 | head -1
-  $b --mode decode --batch 64 --context 4095 --variant 3 --graph-layers 32 2>&1 | tail -1
-  $b --mode decode --batch 4 --context 32767 --variant 3 2>&1 | head -1
-  $b --mode decode --batch 64 --context 4095 --heads 64 --kv-heads 8 --variant 3 2>&1 | head -1
-  $b --mode decode --batch 64 --context 4095 --heads 64 --kv-heads 8 --variant 2 2>&1 | head -1
-  $b --mode decode --batch 64 --context 4095 --layout hnd 2>&1 | head -1
-  $b --mode decode --batch 64 --context 4092 --q-len 4 2>&1 | head -1
-  $b --mode decode --batch 4 --context 32767 2>&1 | head -1
-  $b --mode decode --batch 64 --context 4095 --dtype f16 --block-size 1 2>&1 | head -1
+  $b --mode copy --iters 20 2>&1 | head -1
+  $b $d --graph-layers 32 2>&1 | head -1
+  for v in 4 3 2 1; do $b $d --variant $v 2>&1 | head -1; done
+  $b $d --variant 4 --graph-layers 32 2>&1 | tail -1
+  $b $d --variant 3 --graph-layers 32 2>&1 | tail -1
+  for v in 4 3; do
+    $b $d --heads 64 --kv-heads 8 --variant $v 2>&1 | head -1
+    $b --mode decode --batch 64 --context 4092 --q-len 4 --variant $v 2>&1 | head -1
+    $b --mode decode --batch 4 --context 32767 --variant $v 2>&1 | head -1
+    $b $d --layout hnd --variant $v 2>&1 | head -1
+  done
+  $b --mode decode --batch 64 --context 4088 --q-len 8 --heads 64 --kv-heads 8 2>&1 | head -1
+  $b $d --dtype f16 --block-size 1 2>&1 | head -1
+  $b $d --head-dim 64 2>&1 | head -1
+  $b --mode decode --batch 32 --context 4095 --head-dim 256 --heads 16 --kv-heads 4 2>&1 | head -1
   $b --mode decode --batch 16 --context 4095 2>&1 | head -1
-  $b --mode decode --batch 4 --context 32767 --variant 1 2>&1 | head -1
   } | tee "$out/bench_variants.log"
 fi
 
@@ -104,7 +109,7 @@ if [ -n "${KVA_WHEELS:-}" ] && ls "$KVA_WHEELS"/*.whl >/dev/null 2>&1; then
     --target /tmp/kva_site "$KVA_WHEELS"/*.whl >"$out/pip.log" 2>&1 && export PYTHONPATH=/tmp/kva_site
 fi
 export MAX_JOBS=$jobs FLASHINFER_NVCC_THREADS=4
-PYTHONUNBUFFERED=1 python3 bench/peer_cuda.py --ours build-cuda/bench_cuda --out "$out" 2>"$out/peer_stderr.log"
+PYTHONUNBUFFERED=1 python3 bench/peer_cuda.py --ours build-cuda/bench_cuda --out "$out" ${KVA_PEER_ARGS:-} 2>"$out/peer_stderr.log"
 [ $? = 0 ] || { status=1; tail -30 "$out/peer_stderr.log"; }
 fi
 exit $status

@@ -29,9 +29,10 @@ typedef struct cfg {
     int32_t causal, window;
     float softcap, scale;
     int alibi, sinks, lse, ragged;
-    int variant;   /* kernel variant forced on the CUDA plan (0: the default) */
-    int keep_tail; /* 1: leave the cache's unreadable slots random (default: NaN) */
-    int want_mma;  /* 1: the plan must route at least one prefill to prefill_mma */
+    int variant;      /* kernel variant forced on the CUDA plan (0: the default) */
+    int keep_tail;    /* 1: leave the cache's unreadable slots random (default: NaN) */
+    int want_mma;     /* 1: the plan must route at least one prefill to prefill_mma */
+    int late_variant; /* nonzero: set plan->part->variant to this after kva_plan_create */
 } cfg;
 
 /* Writes NaN (0xff bytes) into every K/V slot of the host cache that no
@@ -138,9 +139,14 @@ static int run_batch(const cfg *c, const kva_test_batch *given)
     pd.alibi_slopes = c->alibi ? slopes : NULL;
     kva_plan *pr = NULL, *pg = NULL;
     CHECK_OK(kva_plan_create(ref, &pd, &pr));
+    /* The forced variant decides the partition (variant 4: 16 rows per item). */
+    CHECK_OK(kva__cuda_context_force_variant(gpu, c->variant));
     CHECK_OK(kva_plan_create(gpu, &pd, &pg));
-    if (pg && c->variant)
-        pg->part->variant = c->variant;
+    if (pg && c->variant == 4 && kva__cuda_decode_mma_supported(D, Dv, c->dt))
+        CHECK_MSG(pg->part->variant == 4, "variant 4 forced but the plan runs variant %d",
+                  pg->part->variant);
+    if (pg && c->late_variant)
+        pg->part->variant = c->late_variant;
     if (pg && c->want_mma)
         CHECK_MSG(((const kva__cuda_plan *)pg->device)->num_ptiles > 0,
                   "the plan routed no prefill to prefill_mma");
@@ -168,10 +174,12 @@ static int run_batch(const cfg *c, const kva_test_batch *given)
     kva_test_poison(out_gpu, c->dt, no);
     kva_test_poison(lse_gpu, KVA_DTYPE_F32, nl);
     to_host(out_gpu, dout, no * es);
-    /* prefill_mma rounds the softmax weights to the input dtype for P V (as
-     * FlashAttention): out may differ by u * max|v| more (u = 2^-8 bf16,
-     * 2^-11 f16; max|v| = sqrt(3) for the uniform fill), lse does not. */
-    const int mma = pg && ((const kva__cuda_plan *)pg->device)->num_ptiles > 0;
+    /* prefill_mma and the tensor-core decode (variant 4) round the softmax
+     * weights to the input dtype for P V (as FlashAttention): out may differ
+     * by u * max|v| more (u = 2^-8 bf16, 2^-11 f16; max|v| = sqrt(3) for the
+     * uniform fill), lse does not. */
+    const int mma =
+        pg && (((const kva__cuda_plan *)pg->device)->num_ptiles > 0 || pg->part->variant == 4);
     const double atol = kva_test_atol(c->dt) +
                         (mma ? (c->dt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11) * 1.7320508 : 0.0);
     size_t bad = kva_test_compare("out", out_gpu, out_ref, c->dt, no, atol, kva_test_rtol(c->dt));
@@ -249,7 +257,7 @@ static void test_grid(void)
         c.sinks = kva_rng_int(&rng, 0, 2) == 0;
         c.lse = kva_rng_int(&rng, 0, 3) != 0;
         c.ragged = kva_rng_int(&rng, 0, 7) == 0;
-        c.variant = 1 + i % 3; /* every kernel variant (f32 always runs variant 1) */
+        c.variant = 1 + i % 4; /* every kernel variant (f32 always runs variant 1) */
         if (c.R * c.max_len > 6000 && (c.kinds & 12u))
             c.R = 3;
         if (!run_batch(&c, NULL))
@@ -286,10 +294,105 @@ static void test_split_kv(void)
         c.sinks = i == 1;
         c.lse = 1;
         c.layout = i == 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
-        for (c.variant = 1; c.variant <= 3; c.variant++)
+        for (c.variant = 1; c.variant <= 4; c.variant++)
             run_batch(&c, &b);
         kva_test_batch_free(&b);
     }
+}
+
+/* The tensor-core decode kernel (variant 4) on decode-shaped batches: GQA
+ * groups 1, 4, 8, 16 and 32 (more than one 16-row item per token), q_len 1..8
+ * (speculative decodes: the causal mask inside the draft tokens), D 64/128/256,
+ * bf16/f16, NHD/HND, block sizes 1/16/32, causal/window/non-causal, soft-cap,
+ * ALiBi, sinks, LSE; contexts long enough to be split on a few requests. Every
+ * fourth case is partitioned for variant 3 (4 or 8 rows per item) and run with
+ * variant 4 set on plan->part. */
+static void test_decode_mma(void)
+{
+    static const int32_t heads[][2] = {{8, 8}, {32, 8}, {64, 8}, {16, 1}, {32, 1}, {12, 4}};
+    static const int32_t dims[] = {128, 64, 256};
+    static const int32_t bsizes[] = {16, 1, 32};
+    static const int32_t windows[] = {-1, -1, 50, 1000};
+    const int n = getenv("KVA_TEST_QUICK") ? 4 : 36;
+    kva_rng rng = {4242};
+    int failed = 0;
+    for (int i = 0; i < n && failed < 5; i++) {
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.seed = 2000 + (uint64_t)i;
+        c.H = heads[i % 6][0];
+        c.Hkv = heads[i % 6][1];
+        c.D = c.Dv = dims[(i / 2) % 3];
+        c.B = bsizes[(i / 3) % 3];
+        c.dt = (i / 4) % 2 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+        c.layout = (i / 5) % 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+        c.causal = i % 7 != 6;
+        c.window = windows[(i / 3) % 4];
+        c.softcap = i % 5 == 2 ? 3.0f : 0.0f;
+        c.alibi = i % 6 == 4;
+        c.sinks = i % 3 == 1;
+        c.lse = i % 4 != 3;
+        c.variant = i % 4 == 3 ? 3 : 4;
+        c.late_variant = i % 4 == 3 ? 4 : 0;
+        /* Few requests with long contexts (split-KV) or many short ones. */
+        const int32_t R = i % 2 ? 3 : 12;
+        int32_t q[12], sl[12];
+        for (int32_t r = 0; r < R; r++) {
+            q[r] = 1 + (int32_t)kva_rng_int(&rng, 0, 7); /* 1..8 */
+            if (i % 3 == 0)
+                q[r] = 1 + r % 2 * 3; /* decodes and 4-token drafts */
+            sl[r] = q[r] + (R == 3 ? (int32_t)kva_rng_int(&rng, 1500, 5000)
+                                   : (int32_t)kva_rng_int(&rng, 0, 700));
+        }
+        kva_test_batch b;
+        make_batch(&b, 900 + (uint64_t)i, R, q, sl, c.B);
+        if (!run_batch(&c, &b))
+            failed++;
+        kva_test_batch_free(&b);
+    }
+}
+
+/* A plan partitioned for variant 4 (16 rows per item) cannot run variants
+ * 1..3 (4 or 8 rows): status, message, out untouched. */
+static void test_variant_rows_refused(void)
+{
+    static const int32_t q[] = {4, 1}, s[] = {100, 60};
+    kva_test_batch b;
+    make_batch(&b, 4, 2, q, s, 16);
+    kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
+    kva_context *gpu = NULL;
+    CHECK_OK(kva_context_create(&gd, &gpu));
+    kva_cache_desc cd = {b.num_blocks,  16, 2, 64, 64, KVA_DTYPE_BF16, KVA_LAYOUT_NHD,
+                         KVA_QUANT_NONE};
+    kva_cache *dc = NULL;
+    CHECK_OK(kva_cache_create(gpu, &cd, &dc));
+    kva_plan_desc pd = kva_test_batch_plan_desc(&b, 8, 2, 64, 64, KVA_DTYPE_BF16);
+    CHECK_OK(kva__cuda_context_force_variant(gpu, 4));
+    CHECK_STATUS(kva__cuda_context_force_variant(gpu, 5), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("variant");
+    kva_plan *p = NULL;
+    CHECK_OK(kva_plan_create(gpu, &pd, &p));
+    CHECK(p && p->part->variant == 4);
+    void *dq = dev_poisoned((size_t)b.T * 8 * 64 * 2);
+    void *dout = dev_poisoned((size_t)b.T * 8 * 64 * 2);
+    if (p) {
+        p->part->variant = 2;
+        CHECK_STATUS(kva_attention_run(gpu, p, dq, dc, NULL, dout, NULL),
+                     KVA_STATUS_INVALID_ARGUMENT);
+        CHECK_ERROR_MENTIONS("variant 4");
+    }
+    unsigned char probe[64];
+    to_host(probe, dout, sizeof probe);
+    int untouched = 1;
+    for (int i = 0; i < 64; i++)
+        untouched &= probe[i] == 0xff;
+    CHECK(untouched);
+    kva_plan_destroy(p);
+    cudaFree(dq);
+    cudaFree(dout);
+    kva_cache_destroy(dc);
+    kva_context_destroy(gpu);
+    kva_test_batch_free(&b);
 }
 
 /* Mixed batches (decodes, spec decodes, chunked and fresh prefills, a long
@@ -434,6 +537,8 @@ int main(void)
     RUN(test_stale_plan);
     RUN(test_empty_rows);
     RUN(test_split_kv);
+    RUN(test_decode_mma);
+    RUN(test_variant_rows_refused);
     RUN(test_mma_mixed);
     RUN(test_ragged_refuses_paged_prefill);
     RUN(test_grid);

@@ -47,20 +47,7 @@ extern "C" {
 #define KVA_LOG2E 1.4426950408889634f
 #define KVA_LN2 0.6931471805599453f
 
-/* Kernel arguments that stay fixed for a captured graph. */
-typedef struct attn_args {
-    kva__cuda_meta meta;
-    const void *q;      /* [T, H, D] */
-    const void *k;      /* paged K, or ragged [sum s, Hkv, D] */
-    const void *v;      /* paged V, or ragged [sum s, Hkv, Dv] */
-    const float *sinks; /* [H] or NULL */
-    void *out;          /* [T, H, Dv] */
-    float *lse;         /* [T, H] or NULL */
-    float *ws;          /* split partials */
-    int32_t H, Hkv, G, D, Dv, B;
-    int32_t layout_hnd, ragged, causal, window_left, has_alibi;
-    float scale, softcap;
-} attn_args;
+typedef kva__cuda_attn_args attn_args; /* cuda_backend.h */
 
 /* ---- element conversions (16-byte vectors of VEC elements) ---- */
 
@@ -671,6 +658,17 @@ extern "C" int kva__cuda_attn_variant_default(kva_dtype dtype)
     return dtype == KVA_DTYPE_F32 ? 1 : 3;
 }
 
+extern "C" int kva__cuda_attn_variant_resolve(int want, kva_dtype dtype, int32_t head_dim,
+                                              int32_t head_dim_v)
+{
+    const int mma = kva__cuda_decode_mma_supported(head_dim, head_dim_v, dtype);
+    if (want < 1 || want > 4)
+        want = mma ? 4 : kva__cuda_attn_variant_default(dtype);
+    if (want == 4 && !mma)
+        want = kva__cuda_attn_variant_default(dtype);
+    return dtype == KVA_DTYPE_F32 ? 1 : want;
+}
+
 extern "C" int kva__cuda_attention_ctas_per_sm(kva_dtype dtype, int32_t dmax, int rows, int variant)
 {
     attn_launch k = pick_kernel(dtype, dmax, rows, variant);
@@ -828,14 +826,26 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
                          "v (%p)",
                          q, a.k, a.v);
 
+    /* The variant: the plan's (forced or default), resolved to one that exists
+     * for the shape. Variants 1..3 hold at most kva__cuda_rows_for_group(G)
+     * rows per item, so they cannot run a plan partitioned for variant 4. */
+    const int variant = kva__cuda_attn_variant_resolve(plan->part->variant, d->q_dtype, a.D, a.Dv);
+    if (variant != 4 && cp->rows > kva__cuda_rows_for_group(a.G))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_attention_run: attention variant %d holds %d rows per item but the "
+                         "plan was partitioned for variant 4 (%d rows); force the variant before "
+                         "kva_plan_create (kva__cuda_context_force_variant)",
+                         variant, kva__cuda_rows_for_group(a.G), cp->rows);
     KVA_TRY(launch_prefill(ctx, plan, &a, cache));
-    const int32_t dmax = a.D > a.Dv ? a.D : a.Dv;
-    const int variant =
-        plan->part->variant >= 1 && plan->part->variant <= 3 ? plan->part->variant : 1;
-    attn_launch kl = pick_kernel(d->q_dtype, dmax, cp->rows, variant);
     const int grid = st->num_sms * cp->ctas_per_sm[variant - 1];
-    kl.fn<<<grid, KVA_NW * 32, kl.smem, stream>>>(a);
-    KVA_CUDA_LAUNCHED("attn_kernel");
+    if (variant == 4) {
+        KVA_TRY(kva__cuda_decode_mma_launch(&a, d->q_dtype, grid, stream));
+    } else {
+        const int32_t dmax = a.D > a.Dv ? a.D : a.Dv;
+        attn_launch kl = pick_kernel(d->q_dtype, dmax, cp->rows, variant);
+        kl.fn<<<grid, KVA_NW * 32, kl.smem, stream>>>(a);
+        KVA_CUDA_LAUNCHED("attn_kernel");
+    }
     /* Always launched (it exits when the plan has no split task), so a graph
      * captured over a plan without splits replays plans with splits. */
     const int mgrid = st->num_sms * 2;

@@ -64,6 +64,8 @@ typedef struct kva__cuda_state {
     int num_sms;
     uint64_t generation; /* bumped by every plan upload */
     kva__cuda_caps caps;
+    int force_variant;  /* 0, or the attention variant (1..4) plans of this context are
+                           partitioned for and run (tests, benchmarks) */
     void *meta_dev;     /* device metadata buffer */
     void *meta_host;    /* pinned staging of the same size */
     size_t meta_bytes;  /* size of both */
@@ -77,7 +79,7 @@ typedef struct kva__cuda_state {
 typedef struct kva__cuda_plan {
     uint64_t generation; /* state generation this plan uploaded */
     int rows;            /* attention rows per CTA of the kernel instantiation */
-    int ctas_per_sm[3];  /* resident CTAs per SM of variants 1..3 (grid size) */
+    int ctas_per_sm[4];  /* resident CTAs per SM of variants 1..4 (grid size) */
     int has_alibi;
     int mma;              /* the shape runs prefills on prefill_mma (paged plans, D in
                              {64, 128, 256}, Dv == D, f16/bf16): whenever the context
@@ -92,6 +94,43 @@ typedef struct kva__cuda_plan {
  * chosen from the GQA group size only (so it is a property of the shape). */
 int kva__cuda_rows_for_group(int32_t group);
 
+/* Rows of one item of the tensor-core decode kernel (variant 4): one m16 tile. */
+#define KVA__CUDA_MMA_DECODE_ROWS 16
+
+/* Kernel arguments of the attention kernels (fixed for a captured graph). */
+typedef struct kva__cuda_attn_args {
+    kva__cuda_meta meta;
+    const void *q;      /* [T, H, D] */
+    const void *k;      /* paged K, or ragged [sum s, Hkv, D] */
+    const void *v;      /* paged V, or ragged [sum s, Hkv, Dv] */
+    const float *sinks; /* [H] or NULL */
+    void *out;          /* [T, H, Dv] */
+    float *lse;         /* [T, H] or NULL */
+    float *ws;          /* split partials */
+    int32_t H, Hkv, G, D, Dv, B;
+    int32_t layout_hnd, ragged, causal, window_left, has_alibi;
+    float scale, softcap;
+} kva__cuda_attn_args;
+
+/* Variant 4 (decode_mma.cu): 1 if the tensor-core decode kernel covers the
+ * shape (D in {64, 128, 256}, Dv == D, f16/bf16). */
+int kva__cuda_decode_mma_supported(int32_t head_dim, int32_t head_dim_v, kva_dtype dtype);
+/* Resident CTAs per SM of the variant-4 kernel for the shape (raises its
+ * dynamic shared-memory limit); 0 if it cannot run. */
+int kva__cuda_decode_mma_ctas_per_sm(kva_dtype dtype, int32_t head_dim);
+/* Launches the variant-4 kernel with `grid` persistent CTAs on stream. */
+kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int grid,
+                                       void *stream);
+/* The variant a plan of this shape runs: `want` (0 = the default) resolved to
+ * one that exists for it (f32: 1; variant 4 outside its shapes: 3). */
+int kva__cuda_attn_variant_resolve(int want, kva_dtype dtype, int32_t head_dim, int32_t head_dim_v);
+/* Tests and benchmarks: plans created on ctx from now on are partitioned for
+ * and run with variant (1..4; 0 restores the default). Setting plan->part->
+ * variant after kva_plan_create still selects variants 1..3 among themselves
+ * (same rows per item) and variant 4 on any plan; variants 1..3 on a plan
+ * partitioned for variant 4's 16-row items fail with a status. */
+kva_status kva__cuda_context_force_variant(kva_context *ctx, int variant);
+
 /* Launches the attention kernel over every item of the uploaded plan, then
  * the split merge; kv is the paged cache or NULL with ragged k/v. */
 kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan, const void *q,
@@ -105,7 +144,8 @@ kva_status kva__cuda_merge_states(kva_context *ctx, int32_t num_tokens, int32_t 
  * (occupancy query; also raises its dynamic shared-memory limit); 0 if it
  * cannot run. */
 int kva__cuda_attention_ctas_per_sm(kva_dtype dtype, int32_t dmax, int rows, int variant);
-/* The variant plan_build chooses for a q/cache dtype. */
+/* The variant plan_build chooses for a q/cache dtype (variants 1..3 only;
+ * kva__cuda_attn_variant_resolve(0, ...) gives the default with variant 4). */
 int kva__cuda_attn_variant_default(kva_dtype dtype);
 
 #endif /* KVA_CUDA_BACKEND_H */

@@ -366,7 +366,21 @@ static void caps_for(const kva__cuda_state *st, const kva_cuda_capacity *cap, kv
                     ? cap->num_kv_heads * ((int64_t)cap->max_tokens * G / KVA__CUDA_PREFILL_TILE_M +
                                            cap->max_requests)
                     : 0;
-    *ws_bytes = (size_t)(3 * threads + 64) * (size_t)rows * ((size_t)cap->head_dim_v + 1) * 4u;
+    /* Split partials: variant 4's items hold up to 16 rows. */
+    const size_t ws_rows =
+        rows > KVA__CUDA_MMA_DECODE_ROWS ? (size_t)rows : (size_t)KVA__CUDA_MMA_DECODE_ROWS;
+    *ws_bytes = (size_t)(3 * threads + 64) * ws_rows * ((size_t)cap->head_dim_v + 1) * 4u;
+}
+
+extern "C" kva_status kva__cuda_context_force_variant(kva_context *ctx, int variant)
+{
+    kva__clear_error();
+    KVA_TRY(check_cuda_ctx(__func__, ctx));
+    if (variant < 0 || variant > 4)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_context_force_variant: variant = %d (0..4)", variant);
+    state_of(ctx)->force_variant = variant;
+    return KVA_STATUS_OK;
 }
 
 extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_capacity *cap)
@@ -470,14 +484,22 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     KVA_TRY(use_device(st->device));
     KVA_TRY(check_not_capturing("kva_plan_create", st));
     const int32_t G = plan->d.num_heads / plan->d.num_kv_heads;
-    const int rows = kva__cuda_rows_for_group(G);
     const int32_t dmax =
         plan->d.head_dim > plan->d.head_dim_v ? plan->d.head_dim : plan->d.head_dim_v;
-    const int variant = kva__cuda_attn_variant_default(plan->d.q_dtype);
-    int per_sm_v[3];
+    /* The variant (forced on the context, else the shape's default) decides the
+     * rows per item: 16 for the tensor-core variant 4, 4 or 8 for 1..3. */
+    const int variant = kva__cuda_attn_variant_resolve(st->force_variant, plan->d.q_dtype,
+                                                       plan->d.head_dim, plan->d.head_dim_v);
+    const int rows = variant == 4 ? KVA__CUDA_MMA_DECODE_ROWS : kva__cuda_rows_for_group(G);
+    const int rows13 = kva__cuda_rows_for_group(G);
+    int per_sm_v[4];
     for (int v = 0; v < 3; v++)
-        per_sm_v[v] = kva__cuda_attention_ctas_per_sm(plan->d.q_dtype, dmax, rows, v + 1);
-    if (per_sm_v[0] < 1 || per_sm_v[1] < 1 || per_sm_v[2] < 1)
+        per_sm_v[v] = kva__cuda_attention_ctas_per_sm(plan->d.q_dtype, dmax, rows13, v + 1);
+    per_sm_v[3] =
+        kva__cuda_decode_mma_supported(plan->d.head_dim, plan->d.head_dim_v, plan->d.q_dtype)
+            ? kva__cuda_decode_mma_ctas_per_sm(plan->d.q_dtype, plan->d.head_dim)
+            : per_sm_v[2];
+    if (per_sm_v[0] < 1 || per_sm_v[1] < 1 || per_sm_v[2] < 1 || per_sm_v[3] < 1)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
                          "kva_plan_create: the attention kernel for %s, D/Dv %d/%d cannot be "
                          "resident on device %d",
@@ -554,7 +576,7 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     st->generation++;
     cp->generation = st->generation;
     cp->rows = rows;
-    for (int v = 0; v < 3; v++)
+    for (int v = 0; v < 4; v++)
         cp->ctas_per_sm[v] = per_sm_v[v];
     cp->has_alibi = plan->alibi_slopes != NULL;
     plan->info.num_work_items = part->num_items + (int32_t)ptiles;
