@@ -4,7 +4,8 @@
 Measures, on the same device and in the same process run:
   * ceilings: a device-to-device copy (bytes read + written) and a bf16 GEMM;
   * paged decode (bf16, block 16, batch 64, 4096 keys, H/Hkv 32/8, D 128):
-    kvattn (bench_cuda, paged, plus a 32-layer CUDA-graph replay), PyTorch
+    kvattn (bench_cuda, paged: the default kernel with a 32-layer CUDA-graph
+    replay, variant 3 on CUDA cores, HND, spec decode q_len 4, 4 x 32k), PyTorch
     SDPA with the flash and cuDNN backends on a contiguous cache, FlashInfer's
     BatchDecodeWithPagedKVCacheWrapper on a paged cache of the same shape;
   * causal prefill (bf16, H/Hkv 32/8, D 128; one 4096-token prompt and
@@ -16,7 +17,7 @@ per visible query-key pair and head. Times are medians of CUDA-event-timed
 runs after warm-up. Every peer runs in try/except: a peer that cannot run is
 reported with its error instead of a number.
 
-Usage: peer_cuda.py --ours build-cuda/bench_cuda [--out DIR]
+Usage: peer_cuda.py --ours build-cuda/bench_cuda [--out DIR] [--skip-prefill]
 """
 import argparse
 import datetime

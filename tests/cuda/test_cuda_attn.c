@@ -313,7 +313,7 @@ static void test_decode_mma(void)
     static const int32_t dims[] = {128, 64, 256};
     static const int32_t bsizes[] = {16, 1, 32};
     static const int32_t windows[] = {-1, -1, 50, 1000};
-    const int n = getenv("KVA_TEST_QUICK") ? 4 : 36;
+    const int n = getenv("KVA_TEST_QUICK") ? 8 : 36;
     kva_rng rng = {4242};
     int failed = 0;
     for (int i = 0; i < n && failed < 5; i++) {
