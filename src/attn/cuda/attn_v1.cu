@@ -10,8 +10,11 @@
  *      current step (every dtype; the only one for f32);
  *   2: loads by cp.async into a per-lane ring of KVA_STAGES steps in shared
  *      memory (fewer registers: 3 CTAs/SM, more bytes in flight);
- *   3: variant 2 plus the transposing reduction of attn_xpose.cuh (default
- *      for f16/bf16).
+ *   3: variant 2 plus the transposing reduction of attn_xpose.cuh (f16/bf16
+ *      shapes variant 4 does not cover).
+ * Variant 4, the same work items on tensor cores, is decode_mma.cu (default
+ * for f16/bf16 with D in {64, 128, 256}, Dv == D); kva__cuda_attention below
+ * dispatches between them.
  *
  * Layout of the work inside a CTA of 4 warps:
  *   - a key row of width D is read by a lane group of LK lanes, each lane

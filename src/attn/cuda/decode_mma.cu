@@ -18,8 +18,8 @@
  *     accumulators). Each warp copies its tiles (K and V [16, D], gathered
  *     through the block table: NHD or HND, any block size, ragged as NHD with
  *     B = 1) with cp.async into a private ring of NST stages in shared memory
- *     (NST - 1 tiles in flight per warp, 2-3 CTAs per SM: 48-128 KB in flight
- *     per SM), so warps never wait for each other inside the key loop.
+ *     (NST - 1 tiles in flight per warp; 1-3 CTAs per SM by D: 128-144 KB in
+ *     flight per SM), so warps never wait for each other inside the key loop.
  *   - S = Q K^T [16, 16] per tile (D / 16 k-steps x 2 mma); scores in log2
  *     units (scale * log2 e), soft-cap and ALiBi on CTA-uniform branches, the
  *     mask per element only on tiles not fully visible to every row (causal
