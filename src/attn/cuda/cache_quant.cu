@@ -96,6 +96,10 @@ __device__ __forceinline__ float ld(const float *p, int64_t i)
 }
 __device__ __forceinline__ float ld(const __half *p, int64_t i)
 {
+    /* NaN through the host's bits (sign and payload), not the hardware's canonical NaN. */
+    const uint32_t h = __half_as_ushort(p[i]);
+    if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu))
+        return __uint_as_float(((h & 0x8000u) << 16) | 0x7f800000u | ((h & 0x3ffu) << 13));
     return __half2float(p[i]);
 }
 __device__ __forceinline__ float ld(const __nv_bfloat16 *p, int64_t i)
