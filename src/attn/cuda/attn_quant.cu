@@ -45,6 +45,7 @@ extern "C" {
 #include <cuda_fp8.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define QA_NW 4 /* warps per CTA */
@@ -272,7 +273,7 @@ __device__ __forceinline__ int get_unit(const qa_args &a, int32_t u, int32_t n_i
 }
 
 template <int FMT, int LK, int ROWS, int CB>
-__global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
+__global__ void __launch_bounds__(QA_NW * 32, ROWS *CB <= 32 ? 3 : 2) qa_kernel(qa_args a)
 {
     constexpr int VB = FMT >= 2 ? 2 : 1, NCHV = VB, VV = CB / VB;
     constexpr int KV = CB;              /* K channels per lane */
@@ -628,9 +629,11 @@ template <int FMT, int ROWS, int CB> static qa_kernel_fn pick_lk(int lk)
     }
 }
 
-template <int FMT> static qa_kernel_fn pick_fmt(int rows16, int lk)
+template <int FMT> static qa_kernel_fn pick_fmt(int rows, int cb, int lk)
 {
-    return rows16 ? pick_lk<FMT, 4, 16>(lk) : pick_lk<FMT, 8, 8>(lk);
+    if (rows <= 4)
+        return cb == 16 ? pick_lk<FMT, 4, 16>(lk) : pick_lk<FMT, 4, 8>(lk);
+    return pick_lk<FMT, 8, 8>(lk);
 }
 
 /*
@@ -647,21 +650,26 @@ static qa_kernel_fn pick(const kva_cache *c, int plan_rows)
                         ? (d->dtype == KVA_DTYPE_BF16 ? QF_I8_BF16 : QF_I8_F16)
                         : QF_I8;
     const int vb = fmt >= QF_I8_F16 ? 2 : 1;
-    const int rows16 =
-        plan_rows <= 4 && d->head_dim % 16 == 0 && (vb == 2 || d->head_dim_v % 16 == 0);
+    const int rows = plan_rows <= 4 ? 4 : 8;
+    int rows16 = rows == 4 && d->head_dim % 16 == 0 && (vb == 2 || d->head_dim_v % 16 == 0);
+    /* KVA_CUDA_QUANT_CHUNK=8 forces 8-byte chunks (16 lanes per 128-byte row,
+     * 3 CTAs per SM) for ROWS = 4: a benchmark knob, read per call. */
+    const char *env = getenv("KVA_CUDA_QUANT_CHUNK");
+    if (env && env[0] == '8')
+        rows16 = 0;
     const int cb = rows16 ? 16 : 8, vv = cb / vb;
     const int nk = d->head_dim / cb;
     const int nv = (d->head_dim_v / vv + vb - 1) / vb;
     const int lk = nk > nv ? nk : nv;
     switch (fmt) {
     case QF_FP8:
-        return pick_fmt<QF_FP8>(rows16, lk);
+        return pick_fmt<QF_FP8>(rows, cb, lk);
     case QF_I8_F16:
-        return pick_fmt<QF_I8_F16>(rows16, lk);
+        return pick_fmt<QF_I8_F16>(rows, cb, lk);
     case QF_I8_BF16:
-        return pick_fmt<QF_I8_BF16>(rows16, lk);
+        return pick_fmt<QF_I8_BF16>(rows, cb, lk);
     default:
-        return pick_fmt<QF_I8>(rows16, lk);
+        return pick_fmt<QF_I8>(rows, cb, lk);
     }
 }
 
