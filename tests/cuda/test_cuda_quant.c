@@ -203,8 +203,11 @@ static void write_both(kva_context *href, kva_context *gpu, qpair *qp, int32_t T
 {
     const size_t es = kva_dtype_size(sdt);
     const int32_t Hkv = qp->hc->desc.num_kv_heads;
-    const size_t kn = T ? (size_t)(T - 1) * ks + (size_t)Hkv * qp->hc->desc.head_dim : 0;
-    const size_t vn = T ? (size_t)(T - 1) * vs + (size_t)Hkv * qp->hc->desc.head_dim_v : 0;
+    const size_t krow = (size_t)Hkv * qp->hc->desc.head_dim;
+    const size_t vrow = (size_t)Hkv * qp->hc->desc.head_dim_v;
+    /* Elements the T rows span (stride 0 = contiguous rows). */
+    const size_t kn = T ? (size_t)(T - 1) * (ks ? (size_t)ks : krow) + krow : 0;
+    const size_t vn = T ? (size_t)(T - 1) * (vs ? (size_t)vs : vrow) + vrow : 0;
     void *dk = dev_from(k, kn * es), *dv = dev_from(v, vn * es);
     int64_t *dsl = dev_from(slots, (size_t)T * sizeof(int64_t));
     CHECK_OK(kva_cache_write(href, qp->hc, T, k, ks, v, vs, sdt, slots));

@@ -241,6 +241,93 @@ __device__ __forceinline__ void issue(const qa_args &a, const qa_addr &ka, const
     }
 }
 
+/* ---- cp.async ring (variant 2 of attn_v1.cu, per lane) ---- */
+
+#define QA_STAGES 4 /* steps in flight per warp */
+
+/* N-byte global -> shared copy (N = 16: .cg, else .ca); src_bytes 0 writes
+ * zeros and reads nothing. */
+template <int N>
+__device__ __forceinline__ void cp_async(void *smem, const void *gmem, int src_bytes)
+{
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    if constexpr (N == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+                     "r"(src_bytes)
+                     : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(gmem),
+                     "n"(N), "r"(src_bytes)
+                     : "memory");
+}
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Bytes of one warp's chunk ring: [STAGES][U][1 + NCHV slots][32 lanes] chunks. */
+template <int FMT, int CB> __host__ __device__ constexpr int ring_warp_bytes()
+{
+    return QA_STAGES * QA_U * (1 + (FMT >= 2 ? 2 : 1)) * 32 * CB;
+}
+
+/* The ring slot of (stage, u, slot) for this lane. */
+template <int FMT, int CB>
+__device__ __forceinline__ unsigned char *ring_slot(unsigned char *ring, int stage, int u, int slot,
+                                                    int lane)
+{
+    constexpr int SLOTS = 1 + (FMT >= 2 ? 2 : 1);
+    return ring + ((((stage * QA_U + u) * SLOTS + slot) * 32) + lane) * CB;
+}
+
+/* issue()'s chunks (and token scales) copied into ring stage `stage`. */
+template <int FMT, int LK, int CB>
+__device__ __forceinline__ void
+issue_async(const qa_args &a, const qa_addr &ka, const int32_t *bt_row, int32_t kb, int g, int li,
+            int lane, int32_t kend, unsigned char *ring, float *tring, int stage)
+{
+    constexpr int VB = FMT >= 2 ? 2 : 1, NCHV = VB, VV = CB / VB;
+    constexpr int KPW = 32 / LK;
+#pragma unroll
+    for (int u = 0; u < QA_U; u++) {
+        const int32_t j = kb + u * KPW + g;
+        const bool ok = j < kend;
+        int64_t row = 0, tsi = 0;
+        if (ok)
+            row = key_row(a, ka, bt_row, j, &tsi);
+        const bool kok = ok && li * CB < a.D;
+        cp_async<CB>(ring_slot<FMT, CB>(ring, stage, u, 0, lane),
+                     kok ? a.k + row * a.D + li * CB : a.k, kok ? CB : 0);
+#pragma unroll
+        for (int c = 0; c < NCHV; c++) {
+            const int d0 = (li + c * LK) * VV;
+            const bool vok = ok && d0 < a.Dv;
+            cp_async<CB>(ring_slot<FMT, CB>(ring, stage, u, 1 + c, lane),
+                         vok ? a.v + (row * a.Dv + d0) * VB : a.v, vok ? CB : 0);
+        }
+        if (a.kts)
+            cp_async<4>(tring + (stage * QA_U + u) * 32 + lane, ok ? a.kts + tsi : a.kts,
+                        ok ? 4 : 0);
+    }
+}
+
+template <int CB> __device__ __forceinline__ chunk<CB> lds(const unsigned char *p)
+{
+    chunk<CB> c;
+    if constexpr (CB == 16) {
+        const uint4 u = *reinterpret_cast<const uint4 *>(p);
+        c.w[0] = u.x, c.w[1] = u.y, c.w[2] = u.z, c.w[3] = u.w;
+    } else {
+        const uint2 u = *reinterpret_cast<const uint2 *>(p);
+        c.w[0] = u.x, c.w[1] = u.y;
+    }
+    return c;
+}
+
 /* One unit of work: rows r < nrows are packed rows m = mstart + r of
  * request req, kv head kvh: query i0 + m / nh, head kvh*G + h0 + m % nh. */
 typedef struct qa_unit {
@@ -272,8 +359,115 @@ __device__ __forceinline__ int get_unit(const qa_args &a, int32_t u, int32_t n_i
     return w.nrows > 0;
 }
 
+typedef struct qa_unit_rows {
+    int32_t nrows;
+} qa_unit_rows;
+
+/*
+ * One step of the key loop for one lane: the U keys kb + u*KPW + g, whose K
+ * and V chunks (and per-token scales) are in kr/vr/ts, update the online-
+ * softmax state (m, l, acc) of every row.
+ */
 template <int FMT, int LK, int ROWS, int CB>
-__global__ void __launch_bounds__(QA_NW * 32, ROWS *CB <= 32 ? 3 : 2) qa_kernel(qa_args a)
+__device__ __forceinline__ void
+attend(const qa_args &a, int32_t kb, int g, int32_t nrows, bool ktok, const chunk<CB> (&kr)[QA_U],
+       const chunk<CB> (&vr)[QA_U][FMT >= 2 ? 2 : 1], const float (&ts)[QA_U],
+       const float (&q)[ROWS][CB], const float (&qo)[ROWS], const int32_t (&lo)[ROWS],
+       const int32_t (&hi)[ROWS], const int32_t (&pos)[ROWS], const float (&slope)[ROWS],
+       int32_t lo_all, int32_t hi_all, float (&m)[ROWS], float (&l)[ROWS],
+       float (&acc)[ROWS][FMT >= 2 ? 2 : 1][FMT >= 2 ? CB / 2 : CB])
+{
+    constexpr int VB = FMT >= 2 ? 2 : 1, NCHV = VB, VV = CB / VB, KV = CB;
+    constexpr int KPW = 32 / LK;
+    const float scale_log2 = a.scale * QA_LOG2E;
+    const qa_unit_rows w = {nrows};
+    /* Scores of the U keys for every row. */
+    float sc[QA_U][ROWS];
+#pragma unroll
+    for (int u = 0; u < QA_U; u++) {
+        float kf[KV];
+        deq_k<FMT, CB>(kr[u], kf);
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            float dot = 0.f;
+#pragma unroll
+            for (int e = 0; e < KV; e++)
+                dot = fmaf(q[r][e], kf[e], dot);
+#pragma unroll
+            for (int o = LK / 2; o >= 1; o >>= 1)
+                dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            sc[u][r] = ktok ? dot * ts[u] : dot - qo[r];
+        }
+    }
+    if (a.softcap > 0.f) {
+#pragma unroll
+        for (int u = 0; u < QA_U; u++)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                sc[u][r] = a.softcap * tanhf(sc[u][r] * a.scale / a.softcap) * QA_LOG2E;
+    } else {
+#pragma unroll
+        for (int u = 0; u < QA_U; u++)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                sc[u][r] *= scale_log2;
+    }
+    if (a.has_alibi) {
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+#pragma unroll
+            for (int u = 0; u < QA_U; u++)
+                sc[u][r] = fmaf(slope[r], (float)(kb + u * KPW + g - pos[r]), sc[u][r]);
+    }
+    if (!(kb >= lo_all && kb + QA_U * KPW <= hi_all)) {
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+#pragma unroll
+            for (int u = 0; u < QA_U; u++) {
+                const int32_t j = kb + u * KPW + g;
+                sc[u][r] = (r < w.nrows && j >= lo[r] && j < hi[r]) ? sc[u][r] : -INFINITY;
+            }
+    }
+    /* Online softmax; sc becomes the weights p. */
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        float mx = m[r];
+#pragma unroll
+        for (int u = 0; u < QA_U; u++)
+            mx = fmaxf(mx, sc[u][r]);
+        const float mu = mx == -INFINITY ? 0.f : mx;
+        const float corr = exp2f(m[r] - mu);
+        m[r] = mx;
+        float psum = 0.f;
+#pragma unroll
+        for (int u = 0; u < QA_U; u++) {
+            sc[u][r] = exp2f(sc[u][r] - mu);
+            psum += sc[u][r];
+        }
+        l[r] = l[r] * corr + psum;
+#pragma unroll
+        for (int c = 0; c < NCHV; c++)
+#pragma unroll
+            for (int e = 0; e < VV; e++)
+                acc[r][c][e] *= corr;
+    }
+#pragma unroll
+    for (int u = 0; u < QA_U; u++) {
+#pragma unroll
+        for (int c = 0; c < NCHV; c++) {
+            float vf[VV];
+            deq_v<FMT, CB>(vr[u][c], vf);
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+#pragma unroll
+                for (int e = 0; e < VV; e++)
+                    acc[r][c][e] = fmaf(sc[u][r], vf[e], acc[r][c][e]);
+        }
+    }
+}
+
+template <int FMT, int LK, int ROWS, int CB, bool RING>
+__global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
 {
     constexpr int VB = FMT >= 2 ? 2 : 1, NCHV = VB, VV = CB / VB;
     constexpr int KV = CB;              /* K channels per lane */
@@ -281,6 +475,8 @@ __global__ void __launch_bounds__(QA_NW * 32, ROWS *CB <= 32 ? 3 : 2) qa_kernel(
     constexpr int DCV = LK * NCHV * VV; /* V channels covered */
     __shared__ float s_acc[QA_NW][ROWS][DCV];
     __shared__ float s_m[QA_NW][ROWS], s_l[QA_NW][ROWS];
+    /* RING: [NW] chunk rings (ring_warp_bytes each), then [NW][STAGES][U][32] token scales. */
+    extern __shared__ __align__(16) unsigned char qa_ring[];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane / LK, li = lane % LK;
@@ -375,101 +571,55 @@ __global__ void __launch_bounds__(QA_NW * 32, ROWS *CB <= 32 ? 3 : 2) qa_kernel(
         ka.toff = (int64_t)w.kvh * a.B;
         ka.inv_b = 1.0 / (double)a.B;
         constexpr int STEP = QA_NW * QA_U * KPW;
-        const float scale_log2 = a.scale * QA_LOG2E;
 
-        if (kbeg < kend) {
+        if (kbeg < kend && RING) {
+            /* cp.async into a ring of QA_STAGES steps, private to the lane (each
+             * lane reads back only what it copied: wait_group orders it). */
+            const int32_t kb0 = kbeg + warp * (QA_U * KPW);
+            unsigned char *ring = qa_ring + (size_t)warp * ring_warp_bytes<FMT, CB>();
+            float *tring =
+                reinterpret_cast<float *>(qa_ring + (size_t)QA_NW * ring_warp_bytes<FMT, CB>()) +
+                warp * QA_STAGES * QA_U * 32;
+#pragma unroll
+            for (int st = 0; st < QA_STAGES - 1; st++) {
+                issue_async<FMT, LK, CB>(a, ka, bt_row, kb0 + st * STEP, g, li, lane, kend, ring,
+                                         tring, st);
+                cp_async_commit();
+            }
+            int stage = 0;
+            for (int32_t kb = kb0; kb < kend; kb += STEP) {
+                const int ahead = stage == 0 ? QA_STAGES - 1 : stage - 1;
+                issue_async<FMT, LK, CB>(a, ka, bt_row, kb + (QA_STAGES - 1) * STEP, g, li, lane,
+                                         kend, ring, tring, ahead);
+                cp_async_commit();
+                cp_async_wait<QA_STAGES - 1>();
+                chunk<CB> kr[QA_U], vr[QA_U][NCHV];
+                float ts[QA_U];
+#pragma unroll
+                for (int u = 0; u < QA_U; u++) {
+                    kr[u] = lds<CB>(ring_slot<FMT, CB>(ring, stage, u, 0, lane));
+#pragma unroll
+                    for (int c = 0; c < NCHV; c++)
+                        vr[u][c] = lds<CB>(ring_slot<FMT, CB>(ring, stage, u, 1 + c, lane));
+                    ts[u] = ktok ? tring[(stage * QA_U + u) * 32 + lane] : 0.f;
+                }
+                attend<FMT, LK, ROWS, CB>(a, kb, g, w.nrows, ktok, kr, vr, ts, q, qo, lo, hi, pos,
+                                          slope, lo_all, hi_all, m, l, acc);
+                stage = stage == QA_STAGES - 1 ? 0 : stage + 1;
+            }
+            cp_async_wait<0>(); /* nothing may land in the ring after the unit */
+        } else if (kbeg < kend) {
             const int32_t kb0 = kbeg + warp * (QA_U * KPW);
             chunk<CB> kr[QA_U], vr[QA_U][NCHV];
+
             float ts[QA_U];
             issue<FMT, LK, ROWS, CB>(a, ka, bt_row, kb0, g, li, kend, kr, vr, ts);
             for (int32_t kb = kb0; kb < kend; kb += STEP) {
                 chunk<CB> kn[QA_U], vn[QA_U][NCHV];
                 float tn[QA_U];
                 issue<FMT, LK, ROWS, CB>(a, ka, bt_row, kb + STEP, g, li, kend, kn, vn, tn);
-                /* Scores of the U keys for every row. */
-                float sc[QA_U][ROWS];
-#pragma unroll
-                for (int u = 0; u < QA_U; u++) {
-                    float kf[KV];
-                    deq_k<FMT, CB>(kr[u], kf);
-#pragma unroll
-                    for (int r = 0; r < ROWS; r++) {
-                        float dot = 0.f;
-#pragma unroll
-                        for (int e = 0; e < KV; e++)
-                            dot = fmaf(q[r][e], kf[e], dot);
-#pragma unroll
-                        for (int o = LK / 2; o >= 1; o >>= 1)
-                            dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                        sc[u][r] = ktok ? dot * ts[u] : dot - qo[r];
-                    }
-                }
-                if (a.softcap > 0.f) {
-#pragma unroll
-                    for (int u = 0; u < QA_U; u++)
-#pragma unroll
-                        for (int r = 0; r < ROWS; r++)
-                            sc[u][r] = a.softcap * tanhf(sc[u][r] * a.scale / a.softcap) * QA_LOG2E;
-                } else {
-#pragma unroll
-                    for (int u = 0; u < QA_U; u++)
-#pragma unroll
-                        for (int r = 0; r < ROWS; r++)
-                            sc[u][r] *= scale_log2;
-                }
-                if (a.has_alibi) {
-#pragma unroll
-                    for (int r = 0; r < ROWS; r++)
-#pragma unroll
-                        for (int u = 0; u < QA_U; u++)
-                            sc[u][r] = fmaf(slope[r], (float)(kb + u * KPW + g - pos[r]), sc[u][r]);
-                }
-                if (!(kb >= lo_all && kb + QA_U * KPW <= hi_all)) {
-#pragma unroll
-                    for (int r = 0; r < ROWS; r++)
-#pragma unroll
-                        for (int u = 0; u < QA_U; u++) {
-                            const int32_t j = kb + u * KPW + g;
-                            sc[u][r] =
-                                (r < w.nrows && j >= lo[r] && j < hi[r]) ? sc[u][r] : -INFINITY;
-                        }
-                }
-                /* Online softmax; sc becomes the weights p. */
-#pragma unroll
-                for (int r = 0; r < ROWS; r++) {
-                    float mx = m[r];
-#pragma unroll
-                    for (int u = 0; u < QA_U; u++)
-                        mx = fmaxf(mx, sc[u][r]);
-                    const float mu = mx == -INFINITY ? 0.f : mx;
-                    const float corr = exp2f(m[r] - mu);
-                    m[r] = mx;
-                    float psum = 0.f;
-#pragma unroll
-                    for (int u = 0; u < QA_U; u++) {
-                        sc[u][r] = exp2f(sc[u][r] - mu);
-                        psum += sc[u][r];
-                    }
-                    l[r] = l[r] * corr + psum;
-#pragma unroll
-                    for (int c = 0; c < NCHV; c++)
-#pragma unroll
-                        for (int e = 0; e < VV; e++)
-                            acc[r][c][e] *= corr;
-                }
-#pragma unroll
-                for (int u = 0; u < QA_U; u++) {
-#pragma unroll
-                    for (int c = 0; c < NCHV; c++) {
-                        float vf[VV];
-                        deq_v<FMT, CB>(vr[u][c], vf);
-#pragma unroll
-                        for (int r = 0; r < ROWS; r++)
-#pragma unroll
-                            for (int e = 0; e < VV; e++)
-                                acc[r][c][e] = fmaf(sc[u][r], vf[e], acc[r][c][e]);
-                    }
-                }
+                attend<FMT, LK, ROWS, CB>(a, kb, g, w.nrows, ktok, kr, vr, ts, q, qo, lo, hi, pos,
+                                          slope, lo_all, hi_all, m, l, acc);
 #pragma unroll
                 for (int u = 0; u < QA_U; u++) {
                     kr[u] = kn[u];
@@ -618,31 +768,48 @@ __global__ void __launch_bounds__(256)
 
 typedef void (*qa_kernel_fn)(qa_args);
 
-template <int FMT, int ROWS, int CB> static qa_kernel_fn pick_lk(int lk)
+/* A kernel instantiation and its dynamic shared memory (the ring). */
+typedef struct qa_launch {
+    qa_kernel_fn fn;
+    size_t smem;
+} qa_launch;
+
+template <int FMT, int LK, int ROWS, int CB, bool RING> static qa_launch make()
+{
+    const size_t ring =
+        RING ? (size_t)QA_NW * (ring_warp_bytes<FMT, CB>() + QA_STAGES * QA_U * 32 * sizeof(float))
+             : 0;
+    qa_launch k = {qa_kernel<FMT, LK, ROWS, CB, RING>, ring};
+    return k;
+}
+
+template <int FMT, int ROWS, int CB, bool RING> static qa_launch pick_lk(int lk)
 {
     if constexpr (CB == 16) {
-        return lk <= 8 ? qa_kernel<FMT, 8, ROWS, CB> : qa_kernel<FMT, 16, ROWS, CB>;
+        return lk <= 8 ? make<FMT, 8, ROWS, CB, RING>() : make<FMT, 16, ROWS, CB, RING>();
     } else {
-        return lk <= 8    ? qa_kernel<FMT, 8, ROWS, CB>
-               : lk <= 16 ? qa_kernel<FMT, 16, ROWS, CB>
-                          : qa_kernel<FMT, 32, ROWS, CB>;
+        return lk <= 8    ? make<FMT, 8, ROWS, CB, RING>()
+               : lk <= 16 ? make<FMT, 16, ROWS, CB, RING>()
+                          : make<FMT, 32, ROWS, CB, RING>();
     }
 }
 
-template <int FMT> static qa_kernel_fn pick_fmt(int rows, int cb, int lk)
+template <int FMT> static qa_launch pick_fmt(int rows16, int lk, int ring)
 {
-    if (rows <= 4)
-        return cb == 16 ? pick_lk<FMT, 4, 16>(lk) : pick_lk<FMT, 4, 8>(lk);
-    return pick_lk<FMT, 8, 8>(lk);
+    if (rows16)
+        return ring ? pick_lk<FMT, 4, 16, true>(lk) : pick_lk<FMT, 4, 16, false>(lk);
+    return ring ? pick_lk<FMT, 8, 8, true>(lk) : pick_lk<FMT, 8, 8, false>(lk);
 }
 
 /*
  * The instantiation for a cache and the plan's rows per item: ROWS = 4 with
  * 16-byte chunks when items hold at most 4 rows and the rows are 16-byte
  * aligned (D, and Dv for 1-byte V, multiples of 16), else ROWS = 8 with
- * 8-byte chunks; LK lanes cover D (one chunk) and Dv (VB chunks).
+ * 8-byte chunks; LK lanes cover D (one chunk) and Dv (VB chunks). Loads go
+ * through the cp.async ring unless KVA_CUDA_QUANT_RING=0 (a benchmark knob,
+ * read per call: the register pipeline of attn_v1.cu's variant 1).
  */
-static qa_kernel_fn pick(const kva_cache *c, int plan_rows)
+static qa_launch pick(const kva_cache *c, int plan_rows)
 {
     const kva_cache_desc *d = &c->desc;
     const int fmt = d->quant == KVA_QUANT_FP8_E4M3 ? QF_FP8
@@ -650,26 +817,23 @@ static qa_kernel_fn pick(const kva_cache *c, int plan_rows)
                         ? (d->dtype == KVA_DTYPE_BF16 ? QF_I8_BF16 : QF_I8_F16)
                         : QF_I8;
     const int vb = fmt >= QF_I8_F16 ? 2 : 1;
-    const int rows = plan_rows <= 4 ? 4 : 8;
-    int rows16 = rows == 4 && d->head_dim % 16 == 0 && (vb == 2 || d->head_dim_v % 16 == 0);
-    /* KVA_CUDA_QUANT_CHUNK=8 forces 8-byte chunks (16 lanes per 128-byte row,
-     * 3 CTAs per SM) for ROWS = 4: a benchmark knob, read per call. */
-    const char *env = getenv("KVA_CUDA_QUANT_CHUNK");
-    if (env && env[0] == '8')
-        rows16 = 0;
+    const int rows16 =
+        plan_rows <= 4 && d->head_dim % 16 == 0 && (vb == 2 || d->head_dim_v % 16 == 0);
     const int cb = rows16 ? 16 : 8, vv = cb / vb;
     const int nk = d->head_dim / cb;
     const int nv = (d->head_dim_v / vv + vb - 1) / vb;
     const int lk = nk > nv ? nk : nv;
+    const char *env = getenv("KVA_CUDA_QUANT_RING");
+    const int ring = !(env && env[0] == '0');
     switch (fmt) {
     case QF_FP8:
-        return pick_fmt<QF_FP8>(rows, cb, lk);
+        return pick_fmt<QF_FP8>(rows16, lk, ring);
     case QF_I8_F16:
-        return pick_fmt<QF_I8_F16>(rows, cb, lk);
+        return pick_fmt<QF_I8_F16>(rows16, lk, ring);
     case QF_I8_BF16:
-        return pick_fmt<QF_I8_BF16>(rows, cb, lk);
+        return pick_fmt<QF_I8_BF16>(rows16, lk, ring);
     default:
-        return pick_fmt<QF_I8>(rows, cb, lk);
+        return pick_fmt<QF_I8>(rows16, lk, ring);
     }
 }
 
@@ -717,15 +881,19 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
                          "kva_attention_run: q = %p is not aligned to its %s elements", q,
                          kva_dtype_name(d->q_dtype));
 
-    qa_kernel_fn fn = pick(cache, cp->rows);
+    const qa_launch kl = pick(cache, cp->rows);
+    if (kl.smem > 48 * 1024)
+        KVA_CUDA_TRY(
+            cudaFuncSetAttribute(kl.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kl.smem));
     int per_sm = 0;
-    KVA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, QA_NW * 32, 0));
+    KVA_CUDA_TRY(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kl.fn, QA_NW * 32, kl.smem));
     if (per_sm < 1)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
                          "kva_attention_run: the quantized attention kernel (%s, D/Dv %d/%d) "
                          "cannot be resident on device %d",
                          kva_quant_name(cd->quant), (int)a.D, (int)a.Dv, (int)st->device);
-    fn<<<st->num_sms * per_sm, QA_NW * 32, 0, stream>>>(a);
+    kl.fn<<<st->num_sms * per_sm, QA_NW * 32, kl.smem, stream>>>(a);
     KVA_CUDA_LAUNCHED("qa_kernel");
     /* Always launched (it exits when the plan has no split task): graph replay. */
     qa_split_merge_kernel<<<st->num_sms * 2, 256, 0, stream>>>(a.meta, a.ws, sinks, out, lse, a.H,
