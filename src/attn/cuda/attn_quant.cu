@@ -429,6 +429,8 @@ attend(const qa_args &a, int32_t kb, int g, int32_t nrows, bool ktok, const chun
             }
     }
     /* Online softmax; sc becomes the weights p. */
+    float cr[ROWS];
+    bool grew = false;
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         float mx = m[r];
@@ -445,11 +447,19 @@ attend(const qa_args &a, int32_t kb, int g, int32_t nrows, bool ktok, const chun
             psum += sc[u][r];
         }
         l[r] = l[r] * corr + psum;
+        cr[r] = corr;
+        grew |= corr != 1.f;
+    }
+    /* Rescale the accumulators only when some row's maximum moved in this
+     * warp (a factor of exactly 1 changes nothing: bit-identical). */
+    if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-        for (int c = 0; c < NCHV; c++)
+        for (int r = 0; r < ROWS; r++)
 #pragma unroll
-            for (int e = 0; e < VV; e++)
-                acc[r][c][e] *= corr;
+            for (int c = 0; c < NCHV; c++)
+#pragma unroll
+                for (int e = 0; e < VV; e++)
+                    acc[r][c][e] *= cr[r];
     }
 #pragma unroll
     for (int u = 0; u < QA_U; u++) {
@@ -805,9 +815,10 @@ template <int FMT> static qa_launch pick_fmt(int rows16, int lk, int ring)
  * The instantiation for a cache and the plan's rows per item: ROWS = 4 with
  * 16-byte chunks when items hold at most 4 rows and the rows are 16-byte
  * aligned (D, and Dv for 1-byte V, multiples of 16), else ROWS = 8 with
- * 8-byte chunks; LK lanes cover D (one chunk) and Dv (VB chunks). Loads go
- * through the cp.async ring unless KVA_CUDA_QUANT_RING=0 (a benchmark knob,
- * read per call: the register pipeline of attn_v1.cu's variant 1).
+ * 8-byte chunks; LK lanes cover D (one chunk) and Dv (VB chunks). Loads use
+ * the register pipeline; KVA_CUDA_QUANT_RING=1 (a benchmark knob, read per
+ * call) selects the cp.async ring instead, which measured slower on an H100
+ * (the kernel is issue-bound, not latency-bound: docs/cuda.md).
  */
 static qa_launch pick(const kva_cache *c, int plan_rows)
 {
@@ -824,7 +835,7 @@ static qa_launch pick(const kva_cache *c, int plan_rows)
     const int nv = (d->head_dim_v / vv + vb - 1) / vb;
     const int lk = nk > nv ? nk : nv;
     const char *env = getenv("KVA_CUDA_QUANT_RING");
-    const int ring = !(env && env[0] == '0');
+    const int ring = env && env[0] == '1';
     switch (fmt) {
     case QF_FP8:
         return pick_fmt<QF_FP8>(rows16, lk, ring);
@@ -882,7 +893,7 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
                          kva_dtype_name(d->q_dtype));
 
     const qa_launch kl = pick(cache, cp->rows);
-    if (kl.smem > 48 * 1024)
+    if (kl.smem > 0) /* static + dynamic may pass 48 KiB */
         KVA_CUDA_TRY(
             cudaFuncSetAttribute(kl.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kl.smem));
     int per_sm = 0;

@@ -265,8 +265,11 @@ __global__ void __launch_bounds__(KVA_QW_THREADS)
                     dst[c] = a.v16_bf16 ? to_bf16(ld(src, c)) : to_f16(ld(src, c));
             } else if (a.quant == KVA_QUANT_FP8_E4M3) {
                 uint8_t *dst = (uint8_t *)(is_v ? a.v : (void *)a.k) + row * dim;
-                for (int32_t c = lane; c < dim; c += 32)
-                    dst[c] = to_fp8(__fdiv_rn(ld(src, c), sc[c]));
+                for (int32_t c = lane; c < dim; c += 32) {
+                    /* NaN / s is the canonical NaN on the GPU; the host keeps the sign. */
+                    const float x = ld(src, c);
+                    dst[c] = to_fp8(x != x ? x : __fdiv_rn(x, sc[c]));
+                }
             } else {
                 int8_t *dst = (int8_t *)(is_v ? a.v : (void *)a.k) + row * dim;
                 for (int32_t c = lane; c < dim; c += 32)
