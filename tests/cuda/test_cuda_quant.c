@@ -17,13 +17,15 @@
  *      dtype's tolerance, over mixed batches (decode, spec decode, chunked
  *      and fresh prefills, which include the prefill tiles of the
  *      tensor-core shapes), GQA/MQA, D != Dv, D not a multiple of 16, masks,
- *      soft-cap, ALiBi, sinks, LSE, split-KV decodes; outputs poisoned with
- *      NaN before each run, unread token scales and fp8/16-bit slots NaN;
+ *      soft-cap, ALiBi, sinks, LSE, split-KV decodes, both kernel variants
+ *      (register pipeline, cp.async ring = plan variant 2); outputs poisoned
+ *      with NaN before each run, unread token scales and fp8/16-bit slots NaN;
  *   5. a graph captured over a quantized decode replays to the same output.
  * KVA_TEST_QUICK=1 runs the first cases of each list. Exits 77 without a GPU.
  */
 #include "batchgen.h"
 #include "cuda_util.h"
+#include "../../src/plan/partition.h"
 #include "../../src/attn/cuda/cuda_backend.h"
 
 #ifdef KVA_HAVE_CUDA
@@ -502,17 +504,19 @@ typedef struct acfg {
     int32_t causal, window;
     float softcap;
     int alibi, sinks, lse, gran;
-    int kind; /* 0 mixed random batch, 1 long decodes (split-KV), 2 mixed with big prefills */
+    int kind;    /* 0 mixed random batch, 1 long decodes (split-KV), 2 mixed with big prefills */
+    int variant; /* plan variant forced (2: the cp.async ring), 0: the default */
 } acfg;
 
 static void print_acfg(const acfg *c)
 {
     fprintf(stderr,
             "  case %s/%s H=%d Hkv=%d D=%d Dv=%d B=%d q %s %s causal=%d window=%d softcap=%g "
-            "alibi=%d sinks=%d lse=%d gran=%d kind=%d\n",
+            "alibi=%d sinks=%d lse=%d gran=%d kind=%d variant=%d\n",
             kva_quant_name(fmts[c->f]), kva_dtype_name(fmt_dtype(c->f)), c->H, c->Hkv, c->D, c->Dv,
             c->B, kva_dtype_name(c->qdt), c->layout == KVA_LAYOUT_HND ? "HND" : "NHD", c->causal,
-            c->window, (double)c->softcap, c->alibi, c->sinks, c->lse, c->gran, c->kind);
+            c->window, (double)c->softcap, c->alibi, c->sinks, c->lse, c->gran, c->kind,
+            c->variant);
 }
 
 /* 4. Attention: device vs reference over the same quantized bytes. */
@@ -569,6 +573,8 @@ static int run_attn(const acfg *c, uint64_t seed)
         kva_plan *pr = NULL, *pg = NULL;
         CHECK_OK(kva_plan_create(href, &pd, &pr));
         CHECK_OK(kva_plan_create(gpu, &pd, &pg));
+        if (pg && c->variant)
+            pg->part->variant = c->variant;
         const size_t es = kva_dtype_size(c->qdt);
         const size_t nq = (size_t)T * H * D, no = (size_t)T * H * Dv, nl = (size_t)T * H;
         void *q = malloc(nq * es + 4), *want = malloc(no * es + 4), *got = malloc(no * es + 4);
@@ -645,6 +651,7 @@ static void test_attention(void)
         c.gran = kva_rng_int(&rng, 0, 2);
         /* Every 7th case: long decodes (split-KV); every 5th: big prefills. */
         c.kind = i % 7 == 3 ? 1 : i % 5 == 2 ? 2 : 0;
+        c.variant = 1 + i % 3; /* 2: the ring variant of the kernel */
         if (c.kind == 2 && c.qdt == KVA_DTYPE_F32)
             c.qdt = KVA_DTYPE_BF16; /* the tensor-core shapes route prefill tiles */
         if (!run_attn(&c, 9000 + (uint64_t)i))
@@ -653,7 +660,7 @@ static void test_attention(void)
     /* The decode benchmark's shape, each format, bf16 queries, split decodes. */
     for (int f = 0; f < NFMT && !quick(); f++) {
         acfg c = {f,   32, 8, 128, 128, 16, KVA_DTYPE_BF16, KVA_LAYOUT_NHD, 1, -1,
-                  0.f, 0,  1, 1,   0,   1};
+                  0.f, 0,  1, 1,   0,   1,  f % 2 ? 2 : 0};
         run_attn(&c, 31 + (uint64_t)f);
     }
 }

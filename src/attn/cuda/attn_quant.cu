@@ -36,8 +36,10 @@
  */
 extern "C" {
 #include "cuda_backend.h"
+#include "partition.h"
 #include "prefill_mma.h"
 }
+#include "attn_quant_ld.cuh"
 #include "cuda_check.h"
 
 #include <cuda_bf16.h>
@@ -52,9 +54,6 @@ extern "C" {
 #define QA_U 2  /* keys per lane group and step */
 #define QA_LOG2E 1.4426950408889634f
 #define QA_LN2 0.6931471805599453f
-
-/* Storage formats as the kernel is instantiated: K codes / V elements. */
-enum { QF_I8 = 0, QF_FP8 = 1, QF_I8_F16 = 2, QF_I8_BF16 = 3 };
 
 typedef struct qa_args {
     kva__cuda_meta meta;
@@ -73,111 +72,6 @@ typedef struct qa_args {
     int32_t hnd, causal, window_left, has_alibi, qdt;
     float scale, softcap;
 } qa_args;
-
-/* ---- loads and conversions ---- */
-
-template <int CB> struct chunk {
-    uint32_t w[CB / 4];
-};
-
-template <int CB> __device__ __forceinline__ chunk<CB> ldc(const uint8_t *p)
-{
-    chunk<CB> c;
-    if constexpr (CB == 16) {
-        const uint4 u = __ldg(reinterpret_cast<const uint4 *>(p));
-        c.w[0] = u.x, c.w[1] = u.y, c.w[2] = u.z, c.w[3] = u.w;
-    } else {
-        const uint2 u = __ldg(reinterpret_cast<const uint2 *>(p));
-        c.w[0] = u.x, c.w[1] = u.y;
-    }
-    return c;
-}
-
-template <int CB> __device__ __forceinline__ void zero(chunk<CB> &c)
-{
-#pragma unroll
-    for (int i = 0; i < CB / 4; i++)
-        c.w[i] = 0u;
-}
-
-/* 4 int8 codes of w as floats (exact): 2^23 + (c ^ 0x80) - (2^23 + 128). */
-__device__ __forceinline__ void i8x4(uint32_t w, float *f)
-{
-    const uint32_t x = w ^ 0x80808080u;
-    f[0] = __uint_as_float(__byte_perm(x, 0x4b000000u, 0x7440)) - 8388736.0f;
-    f[1] = __uint_as_float(__byte_perm(x, 0x4b000000u, 0x7441)) - 8388736.0f;
-    f[2] = __uint_as_float(__byte_perm(x, 0x4b000000u, 0x7442)) - 8388736.0f;
-    f[3] = __uint_as_float(__byte_perm(x, 0x4b000000u, 0x7443)) - 8388736.0f;
-}
-
-/* 4 fp8 e4m3 codes of w as floats (exact; NaN codes give NaN). */
-__device__ __forceinline__ void fp8x4(uint32_t w, float *f)
-{
-    const __half2_raw lo =
-        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
-    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
-    const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
-    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
-}
-
-/* 2 f16 / bf16 values of w as floats. */
-__device__ __forceinline__ void f16x2(uint32_t w, float *f)
-{
-    const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&w));
-    f[0] = a.x, f[1] = a.y;
-}
-__device__ __forceinline__ void bf16x2(uint32_t w, float *f)
-{
-    f[0] = __uint_as_float(w << 16);
-    f[1] = __uint_as_float(w & 0xffff0000u);
-}
-
-/* The codes of a K chunk (CB 1-byte codes) as floats. */
-template <int FMT, int CB> __device__ __forceinline__ void deq_k(const chunk<CB> &c, float *f)
-{
-#pragma unroll
-    for (int i = 0; i < CB / 4; i++) {
-        if constexpr (FMT == QF_FP8)
-            fp8x4(c.w[i], f + 4 * i);
-        else
-            i8x4(c.w[i], f + 4 * i);
-    }
-}
-
-/* The elements of a V chunk (CB bytes: CB codes or CB/2 16-bit values). */
-template <int FMT, int CB> __device__ __forceinline__ void deq_v(const chunk<CB> &c, float *f)
-{
-#pragma unroll
-    for (int i = 0; i < CB / 4; i++) {
-        if constexpr (FMT == QF_FP8)
-            fp8x4(c.w[i], f + 4 * i);
-        else if constexpr (FMT == QF_I8)
-            i8x4(c.w[i], f + 4 * i);
-        else if constexpr (FMT == QF_I8_F16)
-            f16x2(c.w[i], f + 2 * i);
-        else
-            bf16x2(c.w[i], f + 2 * i);
-    }
-}
-
-__device__ __forceinline__ float load_q(const void *p, int qdt, int64_t i)
-{
-    if (qdt == KVA_DTYPE_F32)
-        return ((const float *)p)[i];
-    if (qdt == KVA_DTYPE_F16)
-        return __half2float(((const __half *)p)[i]);
-    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-}
-
-__device__ __forceinline__ void store_out(void *p, int qdt, int64_t i, float x)
-{
-    if (qdt == KVA_DTYPE_F32)
-        ((float *)p)[i] = x;
-    else if (qdt == KVA_DTYPE_F16)
-        ((__half *)p)[i] = __float2half_rn(x);
-    else
-        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(x);
-}
 
 /*
  * Row (in elements of one head's width) and per-token scale index of key j of
@@ -245,30 +139,6 @@ __device__ __forceinline__ void issue(const qa_args &a, const qa_addr &ka, const
 
 #define QA_STAGES 4 /* steps in flight per warp */
 
-/* N-byte global -> shared copy (N = 16: .cg, else .ca); src_bytes 0 writes
- * zeros and reads nothing. */
-template <int N>
-__device__ __forceinline__ void cp_async(void *smem, const void *gmem, int src_bytes)
-{
-    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
-    if constexpr (N == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-                     "r"(src_bytes)
-                     : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(gmem),
-                     "n"(N), "r"(src_bytes)
-                     : "memory");
-}
-__device__ __forceinline__ void cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 /* Bytes of one warp's chunk ring: [STAGES][U][1 + NCHV slots][32 lanes] chunks. */
 template <int FMT, int CB> __host__ __device__ constexpr int ring_warp_bytes()
 {
@@ -313,19 +183,6 @@ issue_async(const qa_args &a, const qa_addr &ka, const int32_t *bt_row, int32_t 
             cp_async<4>(tring + (stage * QA_U + u) * 32 + lane, ok ? a.kts + tsi : a.kts,
                         ok ? 4 : 0);
     }
-}
-
-template <int CB> __device__ __forceinline__ chunk<CB> lds(const unsigned char *p)
-{
-    chunk<CB> c;
-    if constexpr (CB == 16) {
-        const uint4 u = *reinterpret_cast<const uint4 *>(p);
-        c.w[0] = u.x, c.w[1] = u.y, c.w[2] = u.z, c.w[3] = u.w;
-    } else {
-        const uint2 u = *reinterpret_cast<const uint2 *>(p);
-        c.w[0] = u.x, c.w[1] = u.y;
-    }
-    return c;
 }
 
 /* One unit of work: rows r < nrows are packed rows m = mstart + r of
@@ -815,12 +672,13 @@ template <int FMT> static qa_launch pick_fmt(int rows16, int lk, int ring)
  * The instantiation for a cache and the plan's rows per item: ROWS = 4 with
  * 16-byte chunks when items hold at most 4 rows and the rows are 16-byte
  * aligned (D, and Dv for 1-byte V, multiples of 16), else ROWS = 8 with
- * 8-byte chunks; LK lanes cover D (one chunk) and Dv (VB chunks). Loads use
- * the register pipeline; KVA_CUDA_QUANT_RING=1 (a benchmark knob, read per
- * call) selects the cp.async ring instead, which measured slower on an H100
- * (the kernel is issue-bound, not latency-bound: docs/cuda.md).
+ * 8-byte chunks; LK lanes cover D (one chunk) and Dv (VB chunks). ring: the
+ * loads go through the cp.async ring (the plan's variant 2, as attn_v1.cu's
+ * variant 2) instead of the register pipeline (variants 1 and 3, the
+ * default): the ring measured slower on an H100, the kernel being
+ * issue-bound rather than latency-bound (docs/cuda.md).
  */
-static qa_launch pick(const kva_cache *c, int plan_rows)
+static qa_launch pick(const kva_cache *c, int plan_rows, int ring)
 {
     const kva_cache_desc *d = &c->desc;
     const int fmt = d->quant == KVA_QUANT_FP8_E4M3 ? QF_FP8
@@ -834,8 +692,6 @@ static qa_launch pick(const kva_cache *c, int plan_rows)
     const int nk = d->head_dim / cb;
     const int nv = (d->head_dim_v / vv + vb - 1) / vb;
     const int lk = nk > nv ? nk : nv;
-    const char *env = getenv("KVA_CUDA_QUANT_RING");
-    const int ring = env && env[0] == '1';
     switch (fmt) {
     case QF_FP8:
         return pick_fmt<QF_FP8>(rows16, lk, ring);
@@ -892,7 +748,7 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
                          "kva_attention_run: q = %p is not aligned to its %s elements", q,
                          kva_dtype_name(d->q_dtype));
 
-    const qa_launch kl = pick(cache, cp->rows);
+    const qa_launch kl = pick(cache, cp->rows, plan->part->variant == 2);
     if (kl.smem > 0) /* static + dynamic may pass 48 KiB */
         KVA_CUDA_TRY(
             cudaFuncSetAttribute(kl.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kl.smem));
