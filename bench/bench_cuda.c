@@ -5,6 +5,7 @@
  *              [--heads H] [--kv-heads Hkv] [--head-dim D] [--block-size B]
  *              [--dtype bf16|f16|f32] [--layout nhd|hnd] [--iters N]
  *              [--graph-layers L] [--variant V]
+ *              [--quant none|int8|int8-token|int8-token-v16|fp8]
  *
  * decode: R requests of q_len Q (1 = decode, >1 = speculative) after S cached
  * tokens; prefill: R causal prompts of Q tokens after S cached tokens. Block
@@ -17,7 +18,13 @@
  * reported too. --variant V (1..4) partitions the plans for attention
  * variant V and runs it (kva__cuda_context_force_variant); 0 is the default.
  * --mode copy times a 1 GiB device-to-device copy (the bandwidth ceiling, in
- * the same run). The last line is one JSON object for bench/peer_cuda.py.
+ * the same run). --quant reads a quantized cache instead (int8: INT8_CHANNEL
+ * with per-channel scales and offsets; int8-token: INT8_TOKEN_K; int8-token-
+ * v16: INT8_TOKEN_K_V16 with V in the q dtype; fp8: FP8_E4M3 with per-head
+ * scales): random codes (no fp8 NaN codes) and per-token scales are filled on
+ * the host and uploaded, q and out stay in --dtype; the KV bytes then count
+ * the 1-byte codes (2-byte V for int8-token-v16) and the per-token scales.
+ * The last line is one JSON object for bench/peer_cuda.py.
  */
 #include "batchgen.h"
 #include "internal.h"
@@ -114,7 +121,7 @@ static int copy_bench(int iters)
 
 int main(int argc, char **argv)
 {
-    const char *mode = "decode", *dts = "bf16", *lays = "nhd";
+    const char *mode = "decode", *dts = "bf16", *lays = "nhd", *quants = "none";
     int32_t R = 64, S = 4096, Q = -1, H = 32, Hkv = 8, D = 128, B = 16, iters = 30, layers = 0,
             variant = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -145,6 +152,8 @@ int main(int argc, char **argv)
             layers = atoi(v);
         else if (!strcmp(f, "--variant"))
             variant = atoi(v);
+        else if (!strcmp(f, "--quant"))
+            quants = v;
         else
             DIE("unknown flag %s", f);
     }
@@ -160,6 +169,13 @@ int main(int argc, char **argv)
                          : !strcmp(dts, "f16") ? KVA_DTYPE_F16
                                                : KVA_DTYPE_BF16;
     const kva_layout layout = !strcmp(lays, "hnd") ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+    const kva_quant quant = !strcmp(quants, "int8")             ? KVA_QUANT_INT8_CHANNEL
+                            : !strcmp(quants, "int8-token")     ? KVA_QUANT_INT8_TOKEN_K
+                            : !strcmp(quants, "int8-token-v16") ? KVA_QUANT_INT8_TOKEN_K_V16
+                            : !strcmp(quants, "fp8")            ? KVA_QUANT_FP8_E4M3
+                                                                : KVA_QUANT_NONE;
+    if (quant == KVA_QUANT_NONE && strcmp(quants, "none"))
+        DIE("unknown --quant %s", quants);
     if (kva__cuda_device_count() == 0) {
         printf("{\"skipped\": \"no CUDA device\"}\n");
         return 0;
@@ -180,18 +196,74 @@ int main(int argc, char **argv)
     KV(kva_context_create(&gd, &gpu));
     /* --variant V: plans are partitioned for and run with variant V. */
     KV(kva__cuda_context_force_variant(gpu, variant));
-    kva_cache_desc cd = {b.num_blocks, B, Hkv, D, D, dt, layout, KVA_QUANT_NONE};
+    const kva_dtype cdt = quant == KVA_QUANT_NONE || quant == KVA_QUANT_INT8_TOKEN_K_V16 ? dt
+                          : quant == KVA_QUANT_FP8_E4M3 ? KVA_DTYPE_FP8_E4M3
+                                                        : KVA_DTYPE_I8;
+    if (quant == KVA_QUANT_INT8_TOKEN_K_V16 && dt == KVA_DTYPE_F32)
+        DIE("--quant int8-token-v16 needs --dtype f16 or bf16 (the V dtype)");
+    kva_cache_desc cd = {b.num_blocks, B, Hkv, D, D, cdt, layout, quant};
+    /* Static scales: codes of unit-range data (int8 per channel with offsets, fp8 per head). */
+    float *sbuf = malloc(sizeof(float) * 4 * (size_t)Hkv * D);
+    for (int32_t i = 0; i < 4 * Hkv * D; i++)
+        sbuf[i] = i % (2 * Hkv * D) < Hkv * D ? (float)(0.012 + 0.004 * kva_rng_unit(&rng))
+                                              : (float)(4.0 * kva_rng_unit(&rng) - 2.0);
+    kva_quant_params qp;
+    memset(&qp, 0, sizeof qp);
+    if (quant == KVA_QUANT_INT8_CHANNEL)
+        qp = (kva_quant_params){sbuf,
+                                Hkv * D,
+                                sbuf + Hkv * D,
+                                Hkv * D,
+                                sbuf + 2 * Hkv * D,
+                                Hkv * D,
+                                sbuf + 3 * Hkv * D,
+                                Hkv * D};
+    else if (quant == KVA_QUANT_INT8_TOKEN_K)
+        qp.v_scale = sbuf + 2 * Hkv * D, qp.v_scale_len = Hkv * D, qp.v_offset = sbuf + 3 * Hkv * D,
+        qp.v_offset_len = Hkv * D;
+    else if (quant == KVA_QUANT_FP8_E4M3)
+        qp.k_scale = sbuf, qp.k_scale_len = Hkv, qp.v_scale = sbuf + 2 * Hkv * D,
+        qp.v_scale_len = Hkv;
     kva_cache *hc = NULL, *dc = NULL;
-    KV(kva_cache_create(cpu, &cd, &hc));
-    KV(kva_cache_create(gpu, &cd, &dc));
+    const kva_quant_params *qpp = quant == KVA_QUANT_NONE ? NULL : &qp;
+    KV(kva_cache_create_quant(cpu, &cd, qpp, &hc));
+    KV(kva_cache_create_quant(gpu, &cd, qpp, &dc));
     void *hk, *hv, *dk, *dv;
     kva_cache_data(hc, &hk, &hv);
     kva_cache_data(dc, &dk, &dv);
-    const size_t cache_elems = (size_t)b.num_blocks * B * Hkv * D;
-    fill_big(hk, dt, cache_elems, &rng);
-    fill_big(hv, dt, cache_elems, &rng);
-    CU(cudaMemcpy(dk, hk, cache_elems * es, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dv, hv, cache_elems * es, cudaMemcpyHostToDevice));
+    const size_t kbytes = (size_t)b.num_blocks * kva_cache_block_bytes_k(hc);
+    const size_t vbytes = (size_t)b.num_blocks * kva_cache_block_bytes_v(hc);
+    const size_t tbytes = (size_t)b.num_blocks * kva_cache_block_bytes_scales(hc);
+    if (quant == KVA_QUANT_NONE) {
+        const size_t cache_elems = (size_t)b.num_blocks * B * Hkv * D;
+        fill_big(hk, dt, cache_elems, &rng);
+        fill_big(hv, dt, cache_elems, &rng);
+    } else {
+        /* Random codes (fp8 NaN codes 0x7f / 0xff replaced), per-token scales ~1/127. */
+        unsigned char *kc = hk, *vc = hv;
+        for (size_t i = 0; i < kbytes; i++) {
+            kc[i] = (unsigned char)(kva_rng_u64(&rng) >> 56);
+            if (quant == KVA_QUANT_FP8_E4M3 && (kc[i] & 0x7f) == 0x7f)
+                kc[i] ^= 0x01;
+        }
+        if (quant == KVA_QUANT_INT8_TOKEN_K_V16)
+            fill_big(hv, dt, (size_t)b.num_blocks * B * Hkv * D, &rng);
+        else
+            for (size_t i = 0; i < vbytes; i++) {
+                vc[i] = (unsigned char)(kva_rng_u64(&rng) >> 56);
+                if (quant == KVA_QUANT_FP8_E4M3 && (vc[i] & 0x7f) == 0x7f)
+                    vc[i] ^= 0x01;
+            }
+        float *hts = NULL, *dts_ = NULL;
+        kva_cache_token_scales(hc, &hts);
+        kva_cache_token_scales(dc, &dts_);
+        for (size_t i = 0; hts && i < tbytes / 4; i++)
+            hts[i] = (float)((0.8 + 0.4 * kva_rng_unit(&rng)) / 127.0);
+        if (hts)
+            CU(cudaMemcpy(dts_, hts, tbytes, cudaMemcpyHostToDevice));
+    }
+    CU(cudaMemcpy(dk, hk, kbytes, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dv, hv, vbytes, cudaMemcpyHostToDevice));
 
     const size_t nq = (size_t)b.T * H * D;
     void *q = malloc(nq * es), *out_cpu = malloc(nq * es), *out_gpu = malloc(nq * es);
@@ -235,9 +307,13 @@ int main(int argc, char **argv)
     for (int32_t r = 0; r < R; r++)
         for (int32_t i = 0; i < Q; i++)
             pairs += (double)(sl[r] - Q + i + 1);
+    /* Bytes per visible key and kv head: K + V codes (+ a per-token scale). */
+    const double key_bytes = (double)(kva_cache_block_bytes_k(hc) + kva_cache_block_bytes_v(hc) +
+                                      kva_cache_block_bytes_scales(hc)) /
+                             ((double)B * Hkv);
     double kv_bytes = 0;
     for (int32_t r = 0; r < R; r++)
-        kv_bytes += (double)sl[r] * Hkv * 2.0 * D * (double)es;
+        kv_bytes += (double)sl[r] * Hkv * key_bytes;
     const double flops = pairs * H * 4.0 * D;
 
     cudaEvent_t ev[2];
@@ -294,17 +370,18 @@ int main(int argc, char **argv)
     CU(cudaGetDeviceProperties(&prop, 0));
     const double sec = med * 1e-3;
     fprintf(stderr,
-            "bench_cuda: %s R=%d S=%d Q=%d H=%d Hkv=%d D=%d B=%d %s: median %.4f ms, %.3f TB/s KV, "
-            "%.1f TFLOP/s, %d items, variant %d, check %s\n",
-            mode, R, S, Q, H, Hkv, D, B, dts, (double)med, kv_bytes / sec * 1e-12,
-            flops / sec * 1e-12, (int)info.num_work_items, plan->part->variant,
-            bad ? "FAILED" : "ok");
+            "bench_cuda: %s R=%d S=%d Q=%d H=%d Hkv=%d D=%d B=%d %s kv %s: median %.4f ms, %.3f "
+            "TB/s KV, %.1f TFLOP/s, %d items, variant %d, check %s\n",
+            mode, R, S, Q, H, Hkv, D, B, dts, kva_quant_name(quant), (double)med,
+            kv_bytes / sec * 1e-12, flops / sec * 1e-12, (int)info.num_work_items,
+            plan->part->variant, bad ? "FAILED" : "ok");
     printf(
         "{\"mode\": \"%s\", \"device\": \"%s\", \"R\": %d, \"S\": %d, \"Q\": %d, \"H\": %d, "
-        "\"Hkv\": %d, \"D\": %d, \"B\": %d, \"dtype\": \"%s\", \"ms\": %.5f, \"kv_bytes\": %.0f, "
-        "\"flops\": %.0f, \"items\": %d, \"graph_ms_per_layer\": %.5f, \"check_bad\": %zu}\n",
-        mode, prop.name, R, S, Q, H, Hkv, D, B, dts, (double)med, kv_bytes, flops,
-        (int)info.num_work_items, (double)graph_ms, bad);
+        "\"Hkv\": %d, \"D\": %d, \"B\": %d, \"dtype\": \"%s\", \"kv_quant\": \"%s\", \"ms\": %.5f, "
+        "\"kv_bytes\": %.0f, \"flops\": %.0f, \"items\": %d, \"graph_ms_per_layer\": %.5f, "
+        "\"check_bad\": %zu}\n",
+        mode, prop.name, R, S, Q, H, Hkv, D, B, dts, kva_quant_name(quant), (double)med, kv_bytes,
+        flops, (int)info.num_work_items, (double)graph_ms, bad);
     kva_plan_destroy(plan);
     cudaFree(dq);
     cudaFree(dout);
@@ -316,6 +393,7 @@ int main(int argc, char **argv)
     free(out_cpu);
     free(out_gpu);
     free(ms);
+    free(sbuf);
     free(ql);
     free(sl);
     kva_test_batch_free(&b);

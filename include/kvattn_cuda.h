@@ -56,6 +56,16 @@ typedef struct kva_cuda_capacity {
  * a shape it supports, so a graph captured over decodes replays prefills. */
 KVA_API kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_capacity *cap);
 
+/* Quantized caches with int8 rows cannot store NaN (kvattn.h). On CUDA a
+ * write checks its rows on the device and drops the whole write when one is
+ * bad (the cache stays byte-identical). Outside stream capture
+ * kva_cache_write waits for that check and returns the host backends'
+ * KVA_STATUS_INVALID_ARGUMENT; during capture it cannot wait, and this call
+ * (which synchronizes the context's stream) reports whether the cache's
+ * last write was rejected: KVA_STATUS_INVALID_ARGUMENT naming the token,
+ * head and channel, else KVA_STATUS_OK (also for caches without int8 rows). */
+KVA_API kva_status kva_cuda_cache_write_status(kva_context *ctx, const kva_cache *cache);
+
 #ifdef __cplusplus
 }
 #endif

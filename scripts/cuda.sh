@@ -9,13 +9,14 @@
 #                   apache-tvm-ffi), installed offline into /tmp/kva_site
 #   OUT             folder for logs and results (default build-cuda/out)
 #   KVA_STEPS       steps to run (default "test sanitize bench prefill peers"; "bench" times
-#                   the copy ceiling, then kvattn's decode variants and shapes, "prefill" its
+#                   the copy ceiling, then kvattn's decode variants and shapes and the
+#                   quantized caches (--quant), "prefill" its
 #                   prefills through the public API, "peers" the table against peers, printed
 #                   last; "quicktest" runs the quick test sets without ctest)
 #   KVA_PEER_ARGS   extra arguments of bench/peer_cuda.py (e.g. "--skip-prefill")
 #   KVA_CMAKE_ARGS  extra cmake arguments (e.g. -DXXHASH_LIB=... where libxxhash-dev is missing)
 #   KVA_SANITIZERS  compute-sanitizer tools of the "sanitize" step (default "memcheck racecheck")
-#   KVA_SANITIZE_TESTS  tests they run in quick mode (default "test_cuda_attn test_cuda_cache")
+#   KVA_SANITIZE_TESTS  tests they run in quick mode (default "test_cuda_attn test_cuda_cache test_cuda_quant")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -47,7 +48,7 @@ ctest --test-dir build-cuda -L cuda --output-on-failure -j2 2>&1 | tee "$out/cte
 fi
 
 if has quicktest; then
-  for t in test_cuda_attn test_cuda_cache test_cuda_graph; do
+  for t in test_cuda_attn test_cuda_cache test_cuda_graph test_cuda_quant; do
     KVA_TEST_QUICK=1 "build-cuda/$t" >"$out/quick_$t.log" 2>&1 || status=1
     echo "quick $t: $(tail -1 "$out/quick_$t.log")"
   done
@@ -75,6 +76,17 @@ if has bench; then
   $b --mode decode --batch 32 --context 4095 --head-dim 256 --heads 16 --kv-heads 4 2>&1 | head -1
   $b --mode decode --batch 16 --context 4095 2>&1 | head -1
   } | tee "$out/bench_variants.log"
+  echo "== quantized caches (decode 64 x 4k, bf16 q; KV bytes count 1-byte codes + token scales)"
+  {
+  $b --mode decode --batch 64 --context 4095 2>&1 | head -1
+  for qf in int8 int8-token int8-token-v16 fp8; do
+    $b --mode decode --batch 64 --context 4095 --quant $qf 2>&1 | head -1
+  done
+  $b --mode decode --batch 64 --context 4095 --heads 64 --kv-heads 8 --quant int8 2>&1 | head -1
+  $b --mode decode --batch 4 --context 32767 --quant int8 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4092 --q-len 4 --quant int8 2>&1 | head -1
+  $b --mode prefill --batch 4 --context 3072 --q-len 1024 --quant int8 --iters 5 2>&1 | head -1
+  } | tee "$out/bench_quant.log"
 fi
 
 if has prefill; then
@@ -92,7 +104,7 @@ fi
 if has sanitize; then
 echo "== compute-sanitizer (quick sets)"
 for tool in ${KVA_SANITIZERS:-memcheck racecheck}; do
-  for t in ${KVA_SANITIZE_TESTS:-test_cuda_attn test_cuda_cache}; do
+  for t in ${KVA_SANITIZE_TESTS:-test_cuda_attn test_cuda_cache test_cuda_quant}; do
     KVA_TEST_QUICK=1 timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 \
       "build-cuda/$t" >"$out/sanitizer_${tool}_$t.log" 2>&1
     rc=$?

@@ -12,7 +12,10 @@
  * Quantized caches (kva_cache_create_quant) store 1-byte K/V elements (2-byte
  * V for INT8_TOKEN_K_V16), their static scales expanded per (kv head,
  * channel), and for the INT8_TOKEN_K formats per-token key scales
- * [NB, Hkv, B] float32 (src/cache/quant.c has the formats).
+ * [NB, Hkv, B] float32 (src/cache/quant.c has the formats). On a CUDA
+ * context K, V and the per-token scales are device memory; the static scales
+ * exist twice: on the host (validation, swap_blocks' comparison) and on the
+ * device (the kernels).
  *
  * Writing tokens lives in cache_write.c, block copies in cache_copy.c.
  */
@@ -170,6 +173,19 @@ static void *alloc_host(uint64_t bytes)
     return p;
 }
 
+/* Points the cache's static scale arrays into the one expanded allocation
+ * (kva__quant_params_expand's order), which the cache now owns; NULL: none. */
+static void set_scales(kva_cache *c, float *scales)
+{
+    if (!scales)
+        return;
+    const int64_t hkv = c->desc.num_kv_heads;
+    c->k_scale = scales;
+    c->k_offset = c->k_scale + hkv * c->desc.head_dim;
+    c->v_scale = c->k_offset + hkv * c->desc.head_dim;
+    c->v_offset = c->v_scale + hkv * c->desc.head_dim_v;
+}
+
 /* The body of kva_cache_create(_quant): validates desc and params, then
  * allocates K, V, the expanded static scales and the per-token key scales. */
 static kva_status create(const char *fn, kva_context *ctx, const kva_cache_desc *desc,
@@ -178,32 +194,39 @@ static kva_status create(const char *fn, kva_context *ctx, const kva_cache_desc 
     kva_cache_desc d;
     uint64_t kb, vb, tb;
     KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb, &tb));
+    float *scales = NULL;
+    KVA_TRY(kva__quant_params_expand(fn, &d, params, &scales));
     if (ctx->backend == KVA_BACKEND_CUDA) {
-        if (d.quant != KVA_QUANT_NONE)
-            return kva__fail(KVA_STATUS_UNSUPPORTED,
-                             "%s: quantized caches (quant = %s) are not supported on the cuda "
-                             "backend yet",
-                             fn, kva_quant_name(d.quant));
-        /* Device memory (cudaMalloc: 256-byte aligned) on the context's device. */
+        /* Device memory (cudaMalloc: 256-byte aligned) on the context's device;
+         * quantized caches also get device copies of their scales (and the
+         * per-token key scales) next to the host copies (src/attn/cuda/cache_ops.cu). */
         void *dk = NULL, *dv = NULL;
-        KVA_TRY(kva__cuda_alloc(ctx, (size_t)kb, &dk));
-        kva_status st = kva__cuda_alloc(ctx, (size_t)vb, &dv);
+        kva_status st = kva__cuda_alloc(ctx, (size_t)kb, &dk);
+        if (st == KVA_STATUS_OK)
+            st = kva__cuda_alloc(ctx, (size_t)vb, &dv);
         kva_cache *c = NULL;
         if (st == KVA_STATUS_OK)
             st = new_handle(fn, ctx, &d, &c);
         if (st != KVA_STATUS_OK) {
             kva__cuda_free(ctx->device_id, dk);
             kva__cuda_free(ctx->device_id, dv);
+            free(scales);
             return st;
         }
         c->k = dk;
         c->v = dv;
         c->owns_memory = 1;
+        set_scales(c, scales);
+        if (d.quant != KVA_QUANT_NONE) {
+            st = kva__cuda_cache_quant_init(ctx, c);
+            if (st != KVA_STATUS_OK) {
+                kva_cache_destroy(c);
+                return st;
+            }
+        }
         *out = c;
         return KVA_STATUS_OK;
     }
-    float *scales = NULL;
-    KVA_TRY(kva__quant_params_expand(fn, &d, params, &scales));
     const int token_k = d.quant == KVA_QUANT_INT8_TOKEN_K || d.quant == KVA_QUANT_INT8_TOKEN_K_V16;
     void *k = alloc_host(kb);
     void *v = alloc_host(vb);
@@ -229,13 +252,7 @@ static kva_status create(const char *fn, kva_context *ctx, const kva_cache_desc 
     c->k = k;
     c->v = v;
     c->owns_memory = 1;
-    if (scales) {
-        const int64_t hkv = d.num_kv_heads;
-        c->k_scale = scales;
-        c->k_offset = c->k_scale + hkv * d.head_dim;
-        c->v_scale = c->k_offset + hkv * d.head_dim;
-        c->v_offset = c->v_scale + hkv * d.head_dim_v;
-    }
+    set_scales(c, scales);
     /* Per-token scales start at 0 (a slot never written dequantizes to 0). */
     if (ts)
         memset(ts, 0, (size_t)tb);
@@ -313,15 +330,20 @@ void kva_cache_destroy(kva_cache *cache)
 {
     if (!cache)
         return;
-    if (cache->owns_memory && cache->mem == KVA_BACKEND_CUDA) {
-        kva__cuda_free(cache->device_id, cache->k);
-        kva__cuda_free(cache->device_id, cache->v);
-    } else if (cache->owns_memory) {
-        free(cache->k);
-        free(cache->v);
+    if (cache->mem == KVA_BACKEND_CUDA) {
+        if (cache->owns_memory) {
+            kva__cuda_free(cache->device_id, cache->k);
+            kva__cuda_free(cache->device_id, cache->v);
+        }
+        kva__cuda_cache_quant_free(cache); /* token scales, device scales */
+    } else {
+        if (cache->owns_memory) {
+            free(cache->k);
+            free(cache->v);
+        }
+        free(cache->k_token_scale);
     }
     free(cache->k_scale); /* the one allocation of all static scales */
-    free(cache->k_token_scale);
     free(cache->pair_flags);
     free(cache);
 }

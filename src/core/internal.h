@@ -152,8 +152,16 @@ struct kva_cache {
      * k_scale/k_offset [Hkv, D], v_scale/v_offset [Hkv, Dv] (offsets are 0
      * where the format has none). One allocation holds all four. */
     float *k_scale, *k_offset, *v_scale, *v_offset;
-    /* Per-token key scales [NB, Hkv, B] float32 (INT8_TOKEN_K formats), or NULL. */
+    /* Per-token key scales [NB, Hkv, B] float32 (INT8_TOKEN_K formats), or NULL;
+     * device memory for CUDA caches (mem == CUDA). */
     float *k_token_scale;
+    /* CUDA quantized caches: a device copy of the four expanded static arrays
+     * (same order as k_scale .. v_offset, one allocation; the host copies above
+     * stay for swap_blocks' comparison), and one device word recording the
+     * first element the last write rejected (int8 NaN policy; cache_ops.cu).
+     * NULL otherwise. */
+    float *dev_scales;
+    unsigned long long *dev_reject;
     /* [NB] host scratch, all zero between calls: copy/swap pair checks mark
      * blocks here in O(pairs) without allocating on the run path. */
     unsigned char *pair_flags;
@@ -261,6 +269,11 @@ void kva__cuda_free(int32_t device_id, void *p);
 kva_status kva__cuda_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
                                  const void *k, int64_t k_stride, const void *v, int64_t v_stride,
                                  kva_dtype src_dtype, const int64_t *slot_mapping);
+/* Quantized device caches: allocates c->k_token_scale (zeroed, INT8_TOKEN_K
+ * formats), c->dev_scales (a copy of the host c->k_scale .. v_offset) and
+ * c->dev_reject on ctx's device; kva__cuda_cache_quant_free releases them. */
+kva_status kva__cuda_cache_quant_init(const kva_context *ctx, kva_cache *c);
+void kva__cuda_cache_quant_free(kva_cache *c);
 /* Block copies between two caches (either may be the device or host one, or
  * both the same device cache); pairs [n, 2] are host arrays, validated. */
 kva_status kva__cuda_copy_blocks(kva_context *ctx, const kva_cache *src, kva_cache *dst,

@@ -791,6 +791,8 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
                                           const kva_cache *cache, const void *k, const void *v,
                                           const float *sinks, void *out, float *lse)
 {
+    if (cache && cache->desc.quant != KVA_QUANT_NONE) /* attn_quant.cu: all items and tiles */
+        return kva__cuda_attention_quant(ctx, plan, q, cache, sinks, out, lse);
     const kva__cuda_state *st = (const kva__cuda_state *)ctx->cuda;
     const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
     const kva_plan_desc *d = &plan->d;

@@ -3,7 +3,9 @@
  *   cache_write_kernel: scatter of new K/V rows into cache slots with dtype
  *     conversion (vLLM's reshape_and_cache), NHD or HND;
  *   block copies (copy_blocks inside a device cache, swap between a device
- *     and a host cache) through cudaMemcpyAsync, one copy per block of K/V;
+ *     and a host cache) through cudaMemcpyAsync, one copy per block of K, of
+ *     V and of the per-token key scales (INT8_TOKEN_K formats);
+ * Quantized caches are written by cache_quant.cu.
  *   merge_states_kernel: the LSE merge of two partial attention results.
  * Everything is enqueued on the context's stream; nothing synchronizes except
  * copies into pageable host memory, which the runtime completes before
@@ -124,6 +126,9 @@ extern "C" kva_status kva__cuda_cache_write(kva_context *ctx, kva_cache *cache, 
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_cache_write: cache lives on device %d but the context uses %d",
                          (int)cache->device_id, (int)ctx->device_id);
+    if (cache->desc.quant != KVA_QUANT_NONE) /* cache_quant.cu */
+        return kva__cuda_cache_write_quant(ctx, cache, num_tokens, k, k_stride, v, v_stride,
+                                           src_dtype, slot_mapping);
     cudaStream_t s = stream_of(ctx);
     if (src_dtype == KVA_DTYPE_F32)
         launch_write_src<float>(s, cache, num_tokens, k, k_stride, v, v_stride, slot_mapping);
@@ -145,7 +150,11 @@ extern "C" kva_status kva__cuda_copy_blocks(kva_context *ctx, const kva_cache *s
                                 : dd     ? cudaMemcpyHostToDevice
                                          : cudaMemcpyHostToHost;
     const size_t kbb = (size_t)src->k_block_elems * src->elem_size;
-    const size_t vbb = (size_t)src->v_block_elems * src->elem_size;
+    const size_t vbb = (size_t)src->v_block_elems * src->v_elem;
+    /* Per-token key scales [NB, Hkv, B]: block b is B*Hkv contiguous floats. */
+    const size_t tbb = src->k_token_scale
+                           ? (size_t)src->desc.block_size * src->desc.num_kv_heads * sizeof(float)
+                           : 0;
     cudaStream_t s = stream_of(ctx);
     for (int32_t i = 0; i < n; i++) {
         const size_t a = (size_t)pairs[2 * (int64_t)i], b = (size_t)pairs[2 * (int64_t)i + 1];
@@ -155,6 +164,9 @@ extern "C" kva_status kva__cuda_copy_blocks(kva_context *ctx, const kva_cache *s
                                      kind, s));
         KVA_CUDA_TRY(cudaMemcpyAsync((char *)dst->v + b * vbb, (const char *)src->v + a * vbb, vbb,
                                      kind, s));
+        if (tbb)
+            KVA_CUDA_TRY(cudaMemcpyAsync((char *)dst->k_token_scale + b * tbb,
+                                         (const char *)src->k_token_scale + a * tbb, tbb, kind, s));
     }
     return KVA_STATUS_OK;
 }

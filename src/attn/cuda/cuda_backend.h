@@ -90,6 +90,18 @@ typedef struct kva__cuda_plan {
     int32_t num_prefills; /* requests routed to prefill_mma */
 } kva__cuda_plan;
 
+/* kva_cache_write into a quantized device cache (cache_quant.cu); arguments
+ * as kva__cuda_cache_write's. */
+kva_status kva__cuda_cache_write_quant(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
+                                       const void *k, int64_t k_stride, const void *v,
+                                       int64_t v_stride, kva_dtype src_dtype,
+                                       const int64_t *slot_mapping);
+/* kva_attention_run over a quantized paged cache (attn_quant.cu): every item
+ * of the plan and every prefill tile, then the split merge. */
+kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan *plan, const void *q,
+                                     const kva_cache *cache, const float *sinks, void *out,
+                                     float *lse);
+
 /* Attention rows (query rows x heads) one CTA of the attention kernel holds,
  * chosen from the GQA group size only (so it is a property of the shape). */
 int kva__cuda_rows_for_group(int32_t group);

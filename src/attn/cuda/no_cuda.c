@@ -55,6 +55,23 @@ kva_status kva__cuda_copy_blocks(kva_context *ctx, const kva_cache *src, kva_cac
     return unavailable("kva_cache_copy_blocks");
 }
 
+kva_status kva__cuda_cache_quant_init(const kva_context *ctx, kva_cache *c)
+{
+    (void)ctx, (void)c;
+    return unavailable("kva_cache_create_quant");
+}
+
+void kva__cuda_cache_quant_free(kva_cache *c)
+{
+    (void)c;
+}
+
+kva_status kva_cuda_cache_write_status(kva_context *ctx, const kva_cache *cache)
+{
+    (void)ctx, (void)cache;
+    return unavailable("kva_cuda_cache_write_status");
+}
+
 kva_status kva_cuda_context_set_stream(kva_context *ctx, void *stream)
 {
     (void)ctx, (void)stream;

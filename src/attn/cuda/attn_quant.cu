@@ -1,0 +1,770 @@
+/*
+ * attn_quant.cu - paged attention over quantized caches on CUDA
+ * (KVA_QUANT_INT8_CHANNEL, INT8_TOKEN_K, INT8_TOKEN_K_V16, FP8_E4M3): every
+ * work item of the plan (decodes, speculative decodes, chunked prefills) and
+ * every prefill tile the plan routed to the tensor-core kernel, which reads
+ * only f16/bf16 caches. kva__cuda_attention() sends a quantized cache here.
+ *
+ * The cache is never converted to a float copy: each lane reads 1-byte K and
+ * V codes (2-byte V for INT8_TOKEN_K_V16) with 16-byte loads (8-byte loads
+ * for the ROWS = 8 instantiation, which keeps the per-lane registers of q and
+ * the accumulators at 64 floats each, and for head sizes that are not a
+ * multiple of 16) and dequantizes them in registers:
+ *   int8: code c as the float 2^23 + (c ^ 0x80) built with one byte_perm,
+ *         minus 2^23 + 128 (exact);
+ *   fp8:  cvt e4m3x2 -> f16x2 (exact, NaN kept), then f16 -> f32.
+ * The scales never enter the inner loops:
+ *   K static (INT8_CHANNEL, FP8):  q'_d = q_d * s_d once per item, and the
+ *       offsets as one constant per row, qo = sum_d q'_d o_d:
+ *       score = sum_d q'_d c_d - qo = sum_d q_d (c_d - o_d) s_d;
+ *   K per token (INT8_TOKEN_K*):    score = s_t * sum_d q_d c_d, one multiply
+ *       per key and row;
+ *   V static (INT8, FP8):           acc_d = sum_j p_j c_jd, and at the end
+ *       out_d = s_d (acc_d - o_d l) / l (P.V, the split partials and their
+ *       merge are linear in V; sinks only change the denominator).
+ * The rest follows attn_v1.cu's variant 1 (lane groups of LK lanes per key
+ * row, U keys per group and step with the next step's loads in flight,
+ * online softmax in base 2, groups merged by shuffles and warps through
+ * shared memory, persistent grid over the device header's counts).
+ *
+ * Units of work: the plan's items (at most ROWS rows, a key range, maybe a
+ * split) and, when the plan has prefill tiles, each tile's 128 packed rows
+ * (token-major: m = i * G + g, prefill_mma.h) cut into 128 / ROWS units over
+ * the request's whole key range. Each unit loops only over the keys some of
+ * its rows can see. Prefills over a quantized cache therefore run on CUDA
+ * cores (correct for every shape; the tensor-core kernel is not used).
+ */
+extern "C" {
+#include "cuda_backend.h"
+#include "partition.h"
+#include "prefill_mma.h"
+}
+#include "attn_quant_ld.cuh"
+#include "cuda_check.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define QA_NW 4 /* warps per CTA */
+#define QA_U 2  /* keys per lane group and step */
+#define QA_LOG2E 1.4426950408889634f
+#define QA_LN2 0.6931471805599453f
+
+typedef struct qa_args {
+    kva__cuda_meta meta;
+    const int32_t *ptiles; /* [n, 4] prefill tiles {r, m0, kvh, 0}, or NULL */
+    const void *q;         /* [T, H, D] in qdt */
+    const uint8_t *k;      /* K codes in the cache layout */
+    const uint8_t *v;      /* V codes (or f16/bf16) in the cache layout */
+    const float *kts;      /* [NB, Hkv, B] per-token key scales, or NULL */
+    const float *ks, *ko;  /* [Hkv, D] static K scale / offset */
+    const float *vs, *vo;  /* [Hkv, Dv] static V scale / offset */
+    const float *sinks;    /* [H] or NULL */
+    void *out;             /* [T, H, Dv] in qdt */
+    float *lse;            /* [T, H] or NULL */
+    float *ws;             /* split partials */
+    int32_t H, Hkv, G, D, Dv, B;
+    int32_t hnd, causal, window_left, has_alibi, qdt;
+    float scale, softcap;
+} qa_args;
+
+/*
+ * Row (in elements of one head's width) and per-token scale index of key j of
+ * kv head kvh: block * B*Hkv + off * ostride + kvh * hstride, and
+ * (block * Hkv + kvh) * B + off. j / B via a double reciprocal with one
+ * correction step (exact for j, B < 2^31).
+ */
+typedef struct qa_addr {
+    int64_t bstride, ostride, hoff, toff;
+    double inv_b;
+} qa_addr;
+
+__device__ __forceinline__ int64_t key_row(const qa_args &a, const qa_addr &ka,
+                                           const int32_t *bt_row, int32_t j, int64_t *tsi)
+{
+    int32_t blk = (int32_t)((double)j * ka.inv_b);
+    int32_t off = j - blk * a.B;
+    blk = off >= a.B ? blk + 1 : blk;
+    off = off >= a.B ? off - a.B : off;
+    blk = off < 0 ? blk - 1 : blk;
+    off = off < 0 ? off + a.B : off;
+    const int64_t block = (int64_t)__ldg(bt_row + blk);
+    *tsi = block * ka.bstride + ka.toff + off;
+    return block * ka.bstride + off * ka.ostride + ka.hoff;
+}
+
+/*
+ * LK lanes per key row; lane li holds K channels li*CB .. +CB (one chunk) and
+ * V chunks c < NCHV of CB bytes: channels (li + c*LK)*VV .. +VV.
+ */
+template <int FMT, int LK, int ROWS, int CB>
+__device__ __forceinline__ void issue(const qa_args &a, const qa_addr &ka, const int32_t *bt_row,
+                                      int32_t kb, int g, int li, int32_t kend,
+                                      chunk<CB> (&kr)[QA_U],
+                                      chunk<CB> (&vr)[QA_U][FMT >= 2 ? 2 : 1], float (&ts)[QA_U])
+{
+    constexpr int VB = FMT >= 2 ? 2 : 1, NCHV = VB, VV = CB / VB;
+    constexpr int KPW = 32 / LK;
+#pragma unroll
+    for (int u = 0; u < QA_U; u++) {
+        const int32_t j = kb + u * KPW + g;
+        zero(kr[u]);
+#pragma unroll
+        for (int c = 0; c < NCHV; c++)
+            zero(vr[u][c]);
+        ts[u] = 0.f;
+        if (j < kend) {
+            int64_t tsi;
+            const int64_t row = key_row(a, ka, bt_row, j, &tsi);
+            if (li * CB < a.D)
+                kr[u] = ldc<CB>(a.k + row * a.D + li * CB);
+#pragma unroll
+            for (int c = 0; c < NCHV; c++) {
+                const int d0 = (li + c * LK) * VV;
+                if (d0 < a.Dv)
+                    vr[u][c] = ldc<CB>(a.v + (row * a.Dv + d0) * VB);
+            }
+            if (a.kts)
+                ts[u] = __ldg(a.kts + tsi);
+        }
+    }
+}
+
+/* ---- cp.async ring (variant 2 of attn_v1.cu, per lane) ---- */
+
+#define QA_STAGES 4 /* steps in flight per warp */
+
+/* Bytes of one warp's chunk ring: [STAGES][U][1 + NCHV slots][32 lanes] chunks. */
+template <int FMT, int CB> __host__ __device__ constexpr int ring_warp_bytes()
+{
+    return QA_STAGES * QA_U * (1 + (FMT >= 2 ? 2 : 1)) * 32 * CB;
+}
+
+/* The ring slot of (stage, u, slot) for this lane. */
+template <int FMT, int CB>
+__device__ __forceinline__ unsigned char *ring_slot(unsigned char *ring, int stage, int u, int slot,
+                                                    int lane)
+{
+    constexpr int SLOTS = 1 + (FMT >= 2 ? 2 : 1);
+    return ring + ((((stage * QA_U + u) * SLOTS + slot) * 32) + lane) * CB;
+}
+
+/* issue()'s chunks (and token scales) copied into ring stage `stage`. */
+template <int FMT, int LK, int CB>
+__device__ __forceinline__ void
+issue_async(const qa_args &a, const qa_addr &ka, const int32_t *bt_row, int32_t kb, int g, int li,
+            int lane, int32_t kend, unsigned char *ring, float *tring, int stage)
+{
+    constexpr int VB = FMT >= 2 ? 2 : 1, NCHV = VB, VV = CB / VB;
+    constexpr int KPW = 32 / LK;
+#pragma unroll
+    for (int u = 0; u < QA_U; u++) {
+        const int32_t j = kb + u * KPW + g;
+        const bool ok = j < kend;
+        int64_t row = 0, tsi = 0;
+        if (ok)
+            row = key_row(a, ka, bt_row, j, &tsi);
+        const bool kok = ok && li * CB < a.D;
+        cp_async<CB>(ring_slot<FMT, CB>(ring, stage, u, 0, lane),
+                     kok ? a.k + row * a.D + li * CB : a.k, kok ? CB : 0);
+#pragma unroll
+        for (int c = 0; c < NCHV; c++) {
+            const int d0 = (li + c * LK) * VV;
+            const bool vok = ok && d0 < a.Dv;
+            cp_async<CB>(ring_slot<FMT, CB>(ring, stage, u, 1 + c, lane),
+                         vok ? a.v + (row * a.Dv + d0) * VB : a.v, vok ? CB : 0);
+        }
+        if (a.kts)
+            cp_async<4>(tring + (stage * QA_U + u) * 32 + lane, ok ? a.kts + tsi : a.kts,
+                        ok ? 4 : 0);
+    }
+}
+
+/* One unit of work: rows r < nrows are packed rows m = mstart + r of
+ * request req, kv head kvh: query i0 + m / nh, head kvh*G + h0 + m % nh. */
+typedef struct qa_unit {
+    int32_t req, kvh, h0, nh, i0, mstart, nrows, k0, k1, task, split;
+} qa_unit;
+
+/* Unit u of the persistent loop: the plan's items, then the prefill tiles'
+ * units of ROWS rows; returns 0 for a tile unit past its request's rows. */
+template <int ROWS>
+__device__ __forceinline__ int get_unit(const qa_args &a, int32_t u, int32_t n_items, qa_unit &w)
+{
+    if (u < n_items) {
+        const kva__cuda_item it = a.meta.items[u];
+        w.req = it.req, w.kvh = it.kv_head, w.h0 = it.h0, w.nh = it.nh, w.i0 = it.i0;
+        w.mstart = 0, w.nrows = it.nq * it.nh, w.k0 = it.k0, w.k1 = it.k1;
+        w.task = it.task, w.split = it.split;
+        return 1;
+    }
+    constexpr int SUB = KVA__CUDA_PREFILL_TILE_M / ROWS;
+    const int32_t t = (u - n_items) / SUB, sub = (u - n_items) - t * SUB;
+    const int32_t *tile = a.ptiles + (int64_t)t * KVA__CUDA_PREFILL_TILE_INTS;
+    w.req = tile[0], w.kvh = tile[2], w.h0 = 0, w.nh = a.G, w.i0 = 0;
+    const int32_t q_len = a.meta.qsl[w.req + 1] - a.meta.qsl[w.req];
+    w.mstart = tile[1] + sub * ROWS;
+    const int32_t left = q_len * a.G - w.mstart;
+    w.nrows = left < ROWS ? left : ROWS;
+    w.k0 = 0, w.k1 = a.meta.seq_lens[w.req];
+    w.task = -1, w.split = 0;
+    return w.nrows > 0;
+}
+
+typedef struct qa_unit_rows {
+    int32_t nrows;
+} qa_unit_rows;
+
+/*
+ * One step of the key loop for one lane: the U keys kb + u*KPW + g, whose K
+ * and V chunks (and per-token scales) are in kr/vr/ts, update the online-
+ * softmax state (m, l, acc) of every row.
+ */
+template <int FMT, int LK, int ROWS, int CB>
+__device__ __forceinline__ void
+attend(const qa_args &a, int32_t kb, int g, int32_t nrows, bool ktok, const chunk<CB> (&kr)[QA_U],
+       const chunk<CB> (&vr)[QA_U][FMT >= 2 ? 2 : 1], const float (&ts)[QA_U],
+       const float (&q)[ROWS][CB], const float (&qo)[ROWS], const int32_t (&lo)[ROWS],
+       const int32_t (&hi)[ROWS], const int32_t (&pos)[ROWS], const float (&slope)[ROWS],
+       int32_t lo_all, int32_t hi_all, float (&m)[ROWS], float (&l)[ROWS],
+       float (&acc)[ROWS][FMT >= 2 ? 2 : 1][FMT >= 2 ? CB / 2 : CB])
+{
+    constexpr int VB = FMT >= 2 ? 2 : 1, NCHV = VB, VV = CB / VB, KV = CB;
+    constexpr int KPW = 32 / LK;
+    const float scale_log2 = a.scale * QA_LOG2E;
+    const qa_unit_rows w = {nrows};
+    /* Scores of the U keys for every row. */
+    float sc[QA_U][ROWS];
+#pragma unroll
+    for (int u = 0; u < QA_U; u++) {
+        float kf[KV];
+        deq_k<FMT, CB>(kr[u], kf);
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            float dot = 0.f;
+#pragma unroll
+            for (int e = 0; e < KV; e++)
+                dot = fmaf(q[r][e], kf[e], dot);
+#pragma unroll
+            for (int o = LK / 2; o >= 1; o >>= 1)
+                dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            sc[u][r] = ktok ? dot * ts[u] : dot - qo[r];
+        }
+    }
+    if (a.softcap > 0.f) {
+#pragma unroll
+        for (int u = 0; u < QA_U; u++)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                sc[u][r] = a.softcap * tanhf(sc[u][r] * a.scale / a.softcap) * QA_LOG2E;
+    } else {
+#pragma unroll
+        for (int u = 0; u < QA_U; u++)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                sc[u][r] *= scale_log2;
+    }
+    if (a.has_alibi) {
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+#pragma unroll
+            for (int u = 0; u < QA_U; u++)
+                sc[u][r] = fmaf(slope[r], (float)(kb + u * KPW + g - pos[r]), sc[u][r]);
+    }
+    if (!(kb >= lo_all && kb + QA_U * KPW <= hi_all)) {
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+#pragma unroll
+            for (int u = 0; u < QA_U; u++) {
+                const int32_t j = kb + u * KPW + g;
+                sc[u][r] = (r < w.nrows && j >= lo[r] && j < hi[r]) ? sc[u][r] : -INFINITY;
+            }
+    }
+    /* Online softmax; sc becomes the weights p. */
+    float cr[ROWS];
+    bool grew = false;
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        float mx = m[r];
+#pragma unroll
+        for (int u = 0; u < QA_U; u++)
+            mx = fmaxf(mx, sc[u][r]);
+        const float mu = mx == -INFINITY ? 0.f : mx;
+        const float corr = exp2f(m[r] - mu);
+        m[r] = mx;
+        float psum = 0.f;
+#pragma unroll
+        for (int u = 0; u < QA_U; u++) {
+            sc[u][r] = exp2f(sc[u][r] - mu);
+            psum += sc[u][r];
+        }
+        l[r] = l[r] * corr + psum;
+        cr[r] = corr;
+        grew |= corr != 1.f;
+    }
+    /* Rescale the accumulators only when some row's maximum moved in this
+     * warp (a factor of exactly 1 changes nothing: bit-identical). */
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+#pragma unroll
+            for (int c = 0; c < NCHV; c++)
+#pragma unroll
+                for (int e = 0; e < VV; e++)
+                    acc[r][c][e] *= cr[r];
+    }
+#pragma unroll
+    for (int u = 0; u < QA_U; u++) {
+#pragma unroll
+        for (int c = 0; c < NCHV; c++) {
+            float vf[VV];
+            deq_v<FMT, CB>(vr[u][c], vf);
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+#pragma unroll
+                for (int e = 0; e < VV; e++)
+                    acc[r][c][e] = fmaf(sc[u][r], vf[e], acc[r][c][e]);
+        }
+    }
+}
+
+template <int FMT, int LK, int ROWS, int CB, bool RING>
+__global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
+{
+    constexpr int VB = FMT >= 2 ? 2 : 1, NCHV = VB, VV = CB / VB;
+    constexpr int KV = CB;              /* K channels per lane */
+    constexpr int KPW = 32 / LK;        /* keys per warp and u */
+    constexpr int DCV = LK * NCHV * VV; /* V channels covered */
+    __shared__ float s_acc[QA_NW][ROWS][DCV];
+    __shared__ float s_m[QA_NW][ROWS], s_l[QA_NW][ROWS];
+    /* RING: [NW] chunk rings (ring_warp_bytes each), then [NW][STAGES][U][32] token scales. */
+    extern __shared__ __align__(16) unsigned char qa_ring[];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane / LK, li = lane % LK;
+    const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
+    const int32_t n_tiles = a.ptiles ? a.meta.hdr[KVA_CUDA_HDR_PTILES] : 0;
+    const int32_t n_units = n_items + n_tiles * (KVA__CUDA_PREFILL_TILE_M / ROWS);
+    const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
+    /* INT8_TOKEN_K with static V: the format of I8 but per-token K scales. */
+    const bool ktok = a.kts != nullptr;
+
+    for (int32_t un = blockIdx.x; un < n_units; un += gridDim.x) {
+        qa_unit w;
+        if (!get_unit<ROWS>(a, un, n_items, w))
+            continue; /* uniform over the CTA */
+        const int32_t qs = a.meta.qsl[w.req];
+        const int32_t q_len = a.meta.qsl[w.req + 1] - qs;
+        const int32_t s = a.meta.seq_lens[w.req];
+        const int32_t *bt_row = a.meta.block_table + (int64_t)w.req * bt_stride;
+
+        /* Per row: the scaled query chunk, qo, visible keys, ALiBi slope. */
+        float q[ROWS][KV], qo[ROWS], slope[ROWS];
+        int32_t lo[ROWS], hi[ROWS], pos[ROWS];
+        const int d0 = li * KV;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            lo[r] = 0, hi[r] = 0, pos[r] = 0, slope[r] = 0.f;
+            float o = 0.f;
+#pragma unroll
+            for (int e = 0; e < KV; e++)
+                q[r][e] = 0.f;
+            if (r < w.nrows) {
+                const int32_t m = w.mstart + r, qi = m / w.nh, hh = m - qi * w.nh;
+                const int32_t head = w.kvh * a.G + w.h0 + hh;
+                const int32_t i = w.i0 + qi;
+                const int32_t p = s - q_len + i;
+                const int32_t h_ = a.causal ? p + 1 : s;
+                const int32_t l_ =
+                    a.window_left >= 0 && p - a.window_left > 0 ? p - a.window_left : 0;
+                lo[r] = l_ > w.k0 ? l_ : w.k0;
+                hi[r] = h_ < w.k1 ? h_ : w.k1;
+                pos[r] = p;
+                if (a.has_alibi)
+                    slope[r] = a.meta.alibi[head] * QA_LOG2E;
+                if (d0 < a.D) {
+                    const int64_t qb = ((int64_t)(qs + i) * a.H + head) * a.D + d0;
+                    const int64_t sb = (int64_t)w.kvh * a.D + d0;
+#pragma unroll
+                    for (int e = 0; e < KV; e++) {
+                        /* (per-token formats have unit static K scales) */
+                        const float x = load_q(a.q, a.qdt, qb + e) * a.ks[sb + e];
+                        q[r][e] = x;
+                        if constexpr (FMT == QF_I8)
+                            o = fmaf(x, a.ko[sb + e], o);
+                    }
+                }
+            }
+#pragma unroll
+            for (int x = LK / 2; x >= 1; x >>= 1)
+                o += __shfl_xor_sync(0xffffffffu, o, x);
+            qo[r] = ktok ? 0.f : o;
+        }
+
+        float m[ROWS], l[ROWS], acc[ROWS][NCHV][VV];
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            m[r] = -INFINITY, l[r] = 0.f;
+#pragma unroll
+            for (int c = 0; c < NCHV; c++)
+#pragma unroll
+                for (int e = 0; e < VV; e++)
+                    acc[r][c][e] = 0.f;
+        }
+
+        /* Keys some row sees [kbeg, kend); keys every row sees [lo_all, hi_all). */
+        int32_t kbeg = w.k1, kend = w.k0, lo_all = w.k0, hi_all = w.k1;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+            if (r < w.nrows && lo[r] < hi[r]) {
+                kbeg = min(kbeg, lo[r]);
+                kend = max(kend, hi[r]);
+            }
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+            if (r < w.nrows) {
+                lo_all = max(lo_all, lo[r]);
+                hi_all = min(hi_all, hi[r]);
+            }
+        qa_addr ka;
+        ka.bstride = (int64_t)a.B * a.Hkv;
+        ka.ostride = a.hnd ? 1 : a.Hkv;
+        ka.hoff = a.hnd ? (int64_t)w.kvh * a.B : w.kvh;
+        ka.toff = (int64_t)w.kvh * a.B;
+        ka.inv_b = 1.0 / (double)a.B;
+        constexpr int STEP = QA_NW * QA_U * KPW;
+
+        if (kbeg < kend && RING) {
+            /* cp.async into a ring of QA_STAGES steps, private to the lane (each
+             * lane reads back only what it copied: wait_group orders it). */
+            const int32_t kb0 = kbeg + warp * (QA_U * KPW);
+            unsigned char *ring = qa_ring + (size_t)warp * ring_warp_bytes<FMT, CB>();
+            float *tring =
+                reinterpret_cast<float *>(qa_ring + (size_t)QA_NW * ring_warp_bytes<FMT, CB>()) +
+                warp * QA_STAGES * QA_U * 32;
+#pragma unroll
+            for (int st = 0; st < QA_STAGES - 1; st++) {
+                issue_async<FMT, LK, CB>(a, ka, bt_row, kb0 + st * STEP, g, li, lane, kend, ring,
+                                         tring, st);
+                cp_async_commit();
+            }
+            int stage = 0;
+            for (int32_t kb = kb0; kb < kend; kb += STEP) {
+                const int ahead = stage == 0 ? QA_STAGES - 1 : stage - 1;
+                issue_async<FMT, LK, CB>(a, ka, bt_row, kb + (QA_STAGES - 1) * STEP, g, li, lane,
+                                         kend, ring, tring, ahead);
+                cp_async_commit();
+                cp_async_wait<QA_STAGES - 1>();
+                chunk<CB> kr[QA_U], vr[QA_U][NCHV];
+                float ts[QA_U];
+#pragma unroll
+                for (int u = 0; u < QA_U; u++) {
+                    kr[u] = lds<CB>(ring_slot<FMT, CB>(ring, stage, u, 0, lane));
+#pragma unroll
+                    for (int c = 0; c < NCHV; c++)
+                        vr[u][c] = lds<CB>(ring_slot<FMT, CB>(ring, stage, u, 1 + c, lane));
+                    ts[u] = ktok ? tring[(stage * QA_U + u) * 32 + lane] : 0.f;
+                }
+                attend<FMT, LK, ROWS, CB>(a, kb, g, w.nrows, ktok, kr, vr, ts, q, qo, lo, hi, pos,
+                                          slope, lo_all, hi_all, m, l, acc);
+                stage = stage == QA_STAGES - 1 ? 0 : stage + 1;
+            }
+            cp_async_wait<0>(); /* nothing may land in the ring after the unit */
+        } else if (kbeg < kend) {
+            const int32_t kb0 = kbeg + warp * (QA_U * KPW);
+            chunk<CB> kr[QA_U], vr[QA_U][NCHV];
+
+            float ts[QA_U];
+            issue<FMT, LK, ROWS, CB>(a, ka, bt_row, kb0, g, li, kend, kr, vr, ts);
+            for (int32_t kb = kb0; kb < kend; kb += STEP) {
+                chunk<CB> kn[QA_U], vn[QA_U][NCHV];
+                float tn[QA_U];
+                issue<FMT, LK, ROWS, CB>(a, ka, bt_row, kb + STEP, g, li, kend, kn, vn, tn);
+                attend<FMT, LK, ROWS, CB>(a, kb, g, w.nrows, ktok, kr, vr, ts, q, qo, lo, hi, pos,
+                                          slope, lo_all, hi_all, m, l, acc);
+#pragma unroll
+                for (int u = 0; u < QA_U; u++) {
+                    kr[u] = kn[u];
+                    ts[u] = tn[u];
+#pragma unroll
+                    for (int c = 0; c < NCHV; c++)
+                        vr[u][c] = vn[u][c];
+                }
+            }
+        }
+
+        /* Merge the groups of each warp (lane li of every group holds the same channels). */
+#pragma unroll
+        for (int o = LK; o < 32; o <<= 1) {
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                const float mo = __shfl_xor_sync(0xffffffffu, m[r], o);
+                const float lo_ = __shfl_xor_sync(0xffffffffu, l[r], o);
+                const float mx = fmaxf(m[r], mo);
+                const float mu = mx == -INFINITY ? 0.f : mx;
+                const float ca = exp2f(m[r] - mu), cb = exp2f(mo - mu);
+                l[r] = l[r] * ca + lo_ * cb;
+                m[r] = mx;
+#pragma unroll
+                for (int c = 0; c < NCHV; c++)
+#pragma unroll
+                    for (int e = 0; e < VV; e++) {
+                        const float x = __shfl_xor_sync(0xffffffffu, acc[r][c][e], o);
+                        acc[r][c][e] = acc[r][c][e] * ca + x * cb;
+                    }
+            }
+        }
+        if (g == 0) {
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+#pragma unroll
+                for (int c = 0; c < NCHV; c++)
+#pragma unroll
+                    for (int e = 0; e < VV; e++)
+                        s_acc[warp][r][(li + c * LK) * VV + e] = acc[r][c][e];
+                if (li == 0) {
+                    s_m[warp][r] = m[r];
+                    s_l[warp][r] = l[r];
+                }
+            }
+        }
+        __syncthreads();
+
+        /* Combine the warps, apply the V scales, write: element (r, d) per thread. */
+        for (int32_t x = threadIdx.x; x < w.nrows * a.Dv; x += blockDim.x) {
+            const int32_t r = x / a.Dv, d = x - r * a.Dv;
+            float M = -INFINITY;
+#pragma unroll
+            for (int ww = 0; ww < QA_NW; ww++)
+                M = fmaxf(M, s_m[ww][r]);
+            const float mu = M == -INFINITY ? 0.f : M;
+            float L = 0.f, O = 0.f;
+#pragma unroll
+            for (int ww = 0; ww < QA_NW; ww++) {
+                const float c = exp2f(s_m[ww][r] - mu);
+                L += s_l[ww][r] * c;
+                O += s_acc[ww][r][d] * c;
+            }
+            /* sum_j p_j v_jd in value units (0 when no key is visible). */
+            if constexpr (FMT == QF_I8 || FMT == QF_FP8) {
+                const int64_t sv = (int64_t)w.kvh * a.Dv + d;
+                O = FMT == QF_I8 ? a.vs[sv] * (O - a.vo[sv] * L) : a.vs[sv] * O;
+            }
+            const int32_t m_ = w.mstart + r, qi = m_ / w.nh, hh = m_ - qi * w.nh;
+            const int32_t head = w.kvh * a.G + w.h0 + hh;
+            const int64_t tok = qs + w.i0 + qi;
+            if (w.task >= 0) {
+                /* Split partial: out over this chunk's keys, lse without the sink. */
+                const kva__cuda_task t = a.meta.tasks[w.task];
+                float *blk = a.ws + t.ws_off + (int64_t)w.split * w.nrows * (a.Dv + 1);
+                blk[(int64_t)r * a.Dv + d] = L > 0.f ? O / L : (L == 0.f ? 0.f : L);
+                if (d == 0)
+                    blk[(int64_t)w.nrows * a.Dv + r] =
+                        L > 0.f ? (mu + log2f(L)) * QA_LN2 : (L == 0.f ? -INFINITY : L);
+            } else {
+                float Mt = M, sink2 = -INFINITY;
+                if (a.sinks) {
+                    sink2 = a.sinks[head] * QA_LOG2E;
+                    Mt = fmaxf(M, sink2);
+                }
+                const float mt = Mt == -INFINITY ? 0.f : Mt;
+                const float cf = exp2f(mu - mt);
+                const float Lt = L * cf + (a.sinks ? exp2f(sink2 - mt) : 0.f);
+                const float o = Lt > 0.f ? O * cf / Lt : (Lt == 0.f ? 0.f : Lt);
+                store_out(a.out, a.qdt, (tok * a.H + head) * a.Dv + d, o);
+                if (a.lse && d == 0)
+                    a.lse[tok * a.H + head] =
+                        Lt > 0.f ? (mt + log2f(Lt)) * QA_LN2 : (Lt == 0.f ? -INFINITY : Lt);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+/* Merges the partials of every split task (LSE-weighted), adds the sink and
+ * writes out/lse; as attn_v1.cu's second pass. */
+__global__ void __launch_bounds__(256)
+    qa_split_merge_kernel(kva__cuda_meta meta, const float *ws, const float *sinks, void *out,
+                          float *lse, int32_t H, int32_t G, int32_t Dv, int qdt)
+{
+    const int32_t n_tasks = meta.hdr[KVA_CUDA_HDR_TASKS];
+    for (int32_t ti = blockIdx.x; ti < n_tasks; ti += gridDim.x) {
+        const kva__cuda_task t = meta.tasks[ti];
+        const int32_t nrows = t.nq * t.nh;
+        const int64_t blk = (int64_t)nrows * (Dv + 1);
+        const float *base = ws + t.ws_off;
+        const int32_t qs = meta.qsl[t.req];
+        for (int32_t x = threadIdx.x; x < nrows * Dv; x += blockDim.x) {
+            const int32_t r = x / Dv, d = x - r * Dv;
+            const int32_t qi = r / t.nh, hh = r - qi * t.nh;
+            const int32_t head = t.kv_head * G + t.h0 + hh;
+            const int64_t tok = qs + t.i0 + qi;
+            float M = sinks ? sinks[head] : -INFINITY;
+            int nan = 0;
+            for (int32_t sp = 0; sp < t.num_splits; sp++) {
+                const float ls = base[sp * blk + (int64_t)nrows * Dv + r];
+                nan |= ls != ls;
+                M = fmaxf(M, ls);
+            }
+            const float mu = M == -INFINITY ? 0.f : M;
+            float L = sinks ? expf(sinks[head] - mu) : 0.f, O = 0.f;
+            for (int32_t sp = 0; sp < t.num_splits; sp++) {
+                const float c = expf(base[sp * blk + (int64_t)nrows * Dv + r] - mu);
+                L += c;
+                O += c * base[sp * blk + (int64_t)r * Dv + d];
+            }
+            float o = L > 0.f ? O / L : 0.f;
+            float lv = L > 0.f ? mu + logf(L) : -INFINITY;
+            if (nan) {
+                o = NAN;
+                lv = NAN;
+            }
+            store_out(out, qdt, (tok * H + head) * Dv + d, o);
+            if (lse && d == 0)
+                lse[tok * H + head] = lv;
+        }
+    }
+}
+
+/* ---- dispatch ---- */
+
+typedef void (*qa_kernel_fn)(qa_args);
+
+/* A kernel instantiation and its dynamic shared memory (the ring). */
+typedef struct qa_launch {
+    qa_kernel_fn fn;
+    size_t smem;
+} qa_launch;
+
+template <int FMT, int LK, int ROWS, int CB, bool RING> static qa_launch make()
+{
+    const size_t ring =
+        RING ? (size_t)QA_NW * (ring_warp_bytes<FMT, CB>() + QA_STAGES * QA_U * 32 * sizeof(float))
+             : 0;
+    qa_launch k = {qa_kernel<FMT, LK, ROWS, CB, RING>, ring};
+    return k;
+}
+
+template <int FMT, int ROWS, int CB, bool RING> static qa_launch pick_lk(int lk)
+{
+    if constexpr (CB == 16) {
+        return lk <= 8 ? make<FMT, 8, ROWS, CB, RING>() : make<FMT, 16, ROWS, CB, RING>();
+    } else {
+        return lk <= 8    ? make<FMT, 8, ROWS, CB, RING>()
+               : lk <= 16 ? make<FMT, 16, ROWS, CB, RING>()
+                          : make<FMT, 32, ROWS, CB, RING>();
+    }
+}
+
+template <int FMT> static qa_launch pick_fmt(int rows16, int lk, int ring)
+{
+    if (rows16)
+        return ring ? pick_lk<FMT, 4, 16, true>(lk) : pick_lk<FMT, 4, 16, false>(lk);
+    return ring ? pick_lk<FMT, 8, 8, true>(lk) : pick_lk<FMT, 8, 8, false>(lk);
+}
+
+/*
+ * The instantiation for a cache and the plan's rows per item: ROWS = 4 with
+ * 16-byte chunks when items hold at most 4 rows and the rows are 16-byte
+ * aligned (D, and Dv for 1-byte V, multiples of 16), else ROWS = 8 with
+ * 8-byte chunks; LK lanes cover D (one chunk) and Dv (VB chunks). ring: the
+ * loads go through the cp.async ring (the plan's variant 2, as attn_v1.cu's
+ * variant 2) instead of the register pipeline (variants 1 and 3, the
+ * default): the ring measured slower on an H100, the kernel being
+ * issue-bound rather than latency-bound (docs/cuda.md).
+ */
+static qa_launch pick(const kva_cache *c, int plan_rows, int ring)
+{
+    const kva_cache_desc *d = &c->desc;
+    const int fmt = d->quant == KVA_QUANT_FP8_E4M3 ? QF_FP8
+                    : d->quant == KVA_QUANT_INT8_TOKEN_K_V16
+                        ? (d->dtype == KVA_DTYPE_BF16 ? QF_I8_BF16 : QF_I8_F16)
+                        : QF_I8;
+    const int vb = fmt >= QF_I8_F16 ? 2 : 1;
+    const int rows16 =
+        plan_rows <= 4 && d->head_dim % 16 == 0 && (vb == 2 || d->head_dim_v % 16 == 0);
+    const int cb = rows16 ? 16 : 8, vv = cb / vb;
+    const int nk = d->head_dim / cb;
+    const int nv = (d->head_dim_v / vv + vb - 1) / vb;
+    const int lk = nk > nv ? nk : nv;
+    switch (fmt) {
+    case QF_FP8:
+        return pick_fmt<QF_FP8>(rows16, lk, ring);
+    case QF_I8_F16:
+        return pick_fmt<QF_I8_F16>(rows16, lk, ring);
+    case QF_I8_BF16:
+        return pick_fmt<QF_I8_BF16>(rows16, lk, ring);
+    default:
+        return pick_fmt<QF_I8>(rows16, lk, ring);
+    }
+}
+
+extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan *plan,
+                                                const void *q, const kva_cache *cache,
+                                                const float *sinks, void *out, float *lse)
+{
+    const kva__cuda_state *st = (const kva__cuda_state *)ctx->cuda;
+    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
+    const kva_plan_desc *d = &plan->d;
+    const kva_cache_desc *cd = &cache->desc;
+    cudaStream_t stream = (cudaStream_t)st->stream;
+    qa_args a;
+    memset(&a, 0, sizeof a);
+    a.meta = st->meta;
+    a.ptiles = cp->mma && st->caps.ptiles > 0 ? st->meta.ptiles : NULL;
+    a.q = q;
+    a.k = (const uint8_t *)cache->k;
+    a.v = (const uint8_t *)cache->v;
+    a.kts = cache->k_token_scale;
+    const int64_t hkv = cd->num_kv_heads;
+    a.ks = cache->dev_scales;
+    a.ko = a.ks + hkv * cd->head_dim;
+    a.vs = a.ko + hkv * cd->head_dim;
+    a.vo = a.vs + hkv * cd->head_dim_v;
+    a.sinks = sinks;
+    a.out = out;
+    a.lse = lse;
+    a.ws = (float *)ctx->workspace;
+    a.H = d->num_heads;
+    a.Hkv = d->num_kv_heads;
+    a.G = d->num_heads / d->num_kv_heads;
+    a.D = d->head_dim;
+    a.Dv = d->head_dim_v;
+    a.B = cd->block_size;
+    a.hnd = cd->layout == KVA_LAYOUT_HND;
+    a.causal = d->causal;
+    a.window_left = d->window_left;
+    a.has_alibi = cp->has_alibi;
+    a.qdt = (int)d->q_dtype;
+    a.scale = d->scale;
+    a.softcap = d->softcap;
+    if ((uintptr_t)q % kva_dtype_size(d->q_dtype) != 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_attention_run: q = %p is not aligned to its %s elements", q,
+                         kva_dtype_name(d->q_dtype));
+
+    const qa_launch kl = pick(cache, cp->rows, plan->part->variant == 2);
+    if (kl.smem > 0) /* static + dynamic may pass 48 KiB */
+        KVA_CUDA_TRY(
+            cudaFuncSetAttribute(kl.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kl.smem));
+    int per_sm = 0;
+    KVA_CUDA_TRY(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kl.fn, QA_NW * 32, kl.smem));
+    if (per_sm < 1)
+        return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                         "kva_attention_run: the quantized attention kernel (%s, D/Dv %d/%d) "
+                         "cannot be resident on device %d",
+                         kva_quant_name(cd->quant), (int)a.D, (int)a.Dv, (int)st->device);
+    kl.fn<<<st->num_sms * per_sm, QA_NW * 32, kl.smem, stream>>>(a);
+    KVA_CUDA_LAUNCHED("qa_kernel");
+    /* Always launched (it exits when the plan has no split task): graph replay. */
+    qa_split_merge_kernel<<<st->num_sms * 2, 256, 0, stream>>>(a.meta, a.ws, sinks, out, lse, a.H,
+                                                               a.G, a.Dv, a.qdt);
+    KVA_CUDA_LAUNCHED("qa_split_merge_kernel");
+    return KVA_STATUS_OK;
+}

@@ -1,0 +1,392 @@
+/*
+ * cache_quant.cu - quantized device caches on the CUDA backend: creation of
+ * their device scale arrays, the quantizing kva_cache_write, and the int8
+ * NaN policy.
+ *
+ * The write is bit-identical to the host path (src/cache/quant.c): the same
+ * float32 arithmetic with IEEE division and addition (__fdiv_rn, __fadd_rn:
+ * never contracted), clamp then round-to-nearest-even for int8, the integer
+ * f32 -> fp8 e4m3 conversion of src/core/dtype.c (saturating, NaN kept with
+ * its sign), and the host's f16/bf16 rounding for the 16-bit V of
+ * INT8_TOKEN_K_V16 (NaN payloads included). tests/cuda/test_cuda_quant.c
+ * compares the device cache with a CPU-written one byte for byte.
+ *
+ * NaN policy (int8 storage cannot hold NaN; per-token key rows cannot hold
+ * +-inf): every write into a cache with int8 rows runs two kernels on the
+ * context's stream after resetting the cache's reject word:
+ *   quant_check_kernel  scans the rows of every token with a valid slot and
+ *                       atomicMin's the first bad element's key (token, K/V,
+ *                       head, channel in the host's scan order) into the word;
+ *   quant_write_kernel  returns at once when the word is set, else quantizes.
+ * So a rejected write leaves the device cache byte-identical without the host
+ * reading anything. The status: outside stream capture the call then waits
+ * for the stream (one cudaStreamSynchronize per write of an int8 cache, the
+ * cost of the documented synchronous status) and returns
+ * KVA_STATUS_INVALID_ARGUMENT naming the token, head and channel as the host
+ * backends do. During capture nothing may synchronize: the call returns OK,
+ * the replayed graph still drops a bad write entirely, and
+ * kva_cuda_cache_write_status() reports it afterwards. FP8 caches store NaN
+ * and need neither kernel nor wait.
+ */
+extern "C" {
+#include "cuda_backend.h"
+}
+#include "cuda_check.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KVA_QW_THREADS 256
+#define KVA_REJECT_NONE 0xffffffffffffffffull
+
+static cudaStream_t stream_of(const kva_context *ctx)
+{
+    return (cudaStream_t)((const kva__cuda_state *)ctx->cuda)->stream;
+}
+
+static int has_int8(kva_quant q)
+{
+    return kva__quant_is_int8(q, 0) || kva__quant_is_int8(q, 1);
+}
+
+/* ---- creation ---- */
+
+extern "C" kva_status kva__cuda_cache_quant_init(const kva_context *ctx, kva_cache *c)
+{
+    const kva_cache_desc *d = &c->desc;
+    const size_t hkv = (size_t)d->num_kv_heads;
+    const size_t sbytes = 2 * hkv * ((size_t)d->head_dim + (size_t)d->head_dim_v) * sizeof(float);
+    void *p = NULL;
+    KVA_TRY(kva__cuda_alloc(ctx, sbytes, &p));
+    c->dev_scales = (float *)p;
+    KVA_CUDA_TRY(cudaMemcpy(c->dev_scales, c->k_scale, sbytes, cudaMemcpyHostToDevice));
+    if (d->quant == KVA_QUANT_INT8_TOKEN_K || d->quant == KVA_QUANT_INT8_TOKEN_K_V16) {
+        /* [NB, Hkv, B] float32, zero: a slot never written dequantizes to 0. */
+        const size_t tb = (size_t)d->num_blocks * (size_t)d->block_size * hkv * sizeof(float);
+        KVA_TRY(kva__cuda_alloc(ctx, tb, &p));
+        c->k_token_scale = (float *)p;
+        KVA_CUDA_TRY(cudaMemset(c->k_token_scale, 0, tb));
+    }
+    if (has_int8(d->quant)) {
+        KVA_TRY(kva__cuda_alloc(ctx, sizeof(unsigned long long), &p));
+        c->dev_reject = (unsigned long long *)p;
+        KVA_CUDA_TRY(cudaMemset(c->dev_reject, 0xff, sizeof(unsigned long long)));
+    }
+    return KVA_STATUS_OK;
+}
+
+extern "C" void kva__cuda_cache_quant_free(kva_cache *c)
+{
+    kva__cuda_free(c->device_id, c->k_token_scale);
+    kva__cuda_free(c->device_id, c->dev_scales);
+    kva__cuda_free(c->device_id, c->dev_reject);
+    c->k_token_scale = NULL;
+    c->dev_scales = NULL;
+    c->dev_reject = NULL;
+}
+
+/* ---- conversions, bit-identical to src/core/dtype.c and src/cache/quant.c ---- */
+
+__device__ __forceinline__ float ld(const float *p, int64_t i)
+{
+    return p[i];
+}
+__device__ __forceinline__ float ld(const __half *p, int64_t i)
+{
+    /* NaN through the host's bits (sign and payload), not the hardware's canonical NaN. */
+    const uint32_t h = __half_as_ushort(p[i]);
+    if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu))
+        return __uint_as_float(((h & 0x8000u) << 16) | 0x7f800000u | ((h & 0x3ffu) << 13));
+    return __half2float(p[i]);
+}
+__device__ __forceinline__ float ld(const __nv_bfloat16 *p, int64_t i)
+{
+    return __bfloat162float(p[i]);
+}
+
+/* rne(clamp(y, -128, 127)); y is not NaN (checked before). */
+__device__ __forceinline__ int8_t to_i8(float y)
+{
+    y = fminf(fmaxf(y, -128.0f), 127.0f);
+    return (int8_t)__float2int_rn(y);
+}
+
+/* kva_f32_to_fp8_e4m3: integer round-to-nearest-even, saturating, NaN kept. */
+__device__ __forceinline__ uint8_t to_fp8(float x)
+{
+    const uint32_t u = __float_as_uint(x);
+    const uint32_t sign = (u >> 24) & 0x80u;
+    const uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return (uint8_t)(sign | 0x7fu);
+    if (a >= 0x43e00000u)
+        return (uint8_t)(sign | 0x7eu);
+    if (a < 0x3c800000u) {
+        if (a <= 0x3a800000u)
+            return (uint8_t)sign;
+        const uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u, shift = 141u - e;
+        uint32_t q = mant >> shift;
+        const uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (q & 1u)))
+            q++;
+        return (uint8_t)(sign | q);
+    }
+    const uint32_t r = a - (120u << 23);
+    const uint32_t rem = r & 0xfffffu;
+    uint32_t q = r >> 20;
+    if (rem > 0x80000u || (rem == 0x80000u && (q & 1u)))
+        q++;
+    return (uint8_t)(sign | q);
+}
+
+/* kva_f32_to_f16 / kva_f32_to_bf16: RNE; NaN keeps its sign and payload bits. */
+__device__ __forceinline__ uint16_t to_f16(float x)
+{
+    const uint32_t u = __float_as_uint(x), a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return (uint16_t)(((u >> 16) & 0x8000u) | 0x7c00u | 0x200u | ((a >> 13) & 0x3ffu));
+    return __half_as_ushort(__float2half_rn(x));
+}
+__device__ __forceinline__ uint16_t to_bf16(float x)
+{
+    uint32_t u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* ---- kernels ---- */
+
+/* Shape and format of a quantizing write. */
+typedef struct qwrite_args {
+    int8_t *k;       /* K storage (int8 or fp8 codes) */
+    void *v;         /* V storage (int8, fp8, or f16/bf16 for V16) */
+    float *kts;      /* [NB, Hkv, B] per-token key scales, or NULL */
+    const float *sc; /* device k_scale [Hkv*D], k_offset, v_scale [Hkv*Dv], v_offset */
+    const int64_t *slots;
+    unsigned long long *reject; /* reject word, or NULL (fp8: nothing to reject) */
+    int64_t ks, vs;             /* token strides in source elements */
+    int64_t num_slots;          /* NB * B */
+    int32_t T, Hkv, D, Dv, B;
+    int32_t hnd, quant, v16_bf16;
+} qwrite_args;
+
+/* Row index of (block, off, head) in the cache layout. */
+__device__ __forceinline__ int64_t cache_row(const qwrite_args &a, int64_t block, int64_t off,
+                                             int32_t h)
+{
+    return a.hnd ? (block * a.Hkv + h) * a.B + off : (block * a.B + off) * a.Hkv + h;
+}
+
+/*
+ * Scan of the rows a write would store as int8 (one CTA per token, grid-
+ * stride; threads over the K then the V elements of the token): NaN anywhere,
+ * and +-inf in per-token key rows. The smallest key (t << 33 | is_v << 32 |
+ * head * dim + channel), i.e. the host's first bad element, wins.
+ */
+template <typename TS>
+__global__ void __launch_bounds__(KVA_QW_THREADS)
+    quant_check_kernel(qwrite_args a, const TS *k, const TS *v)
+{
+    const int k8 = a.quant != KVA_QUANT_FP8_E4M3;
+    const int v8 = a.quant == KVA_QUANT_INT8_CHANNEL || a.quant == KVA_QUANT_INT8_TOKEN_K;
+    const int tok = a.quant == KVA_QUANT_INT8_TOKEN_K || a.quant == KVA_QUANT_INT8_TOKEN_K_V16;
+    const int32_t nk = a.Hkv * a.D, nv = a.Hkv * a.Dv;
+    for (int32_t t = blockIdx.x; t < a.T; t += gridDim.x) {
+        const int64_t slot = a.slots[t];
+        if (slot < 0 || slot >= a.num_slots)
+            continue;
+        for (int32_t e = threadIdx.x; e < nk + nv; e += blockDim.x) {
+            const int is_v = e >= nk;
+            const int32_t x = is_v ? e - nk : e;
+            if (!(is_v ? v8 : k8))
+                continue;
+            const float f = is_v ? ld(v, (int64_t)t * a.vs + x) : ld(k, (int64_t)t * a.ks + x);
+            const bool bad = f != f || (!is_v && tok && isinf(f));
+            if (bad)
+                atomicMin(a.reject, ((unsigned long long)t << 33) |
+                                        ((unsigned long long)is_v << 32) | (unsigned)x);
+        }
+    }
+}
+
+/*
+ * The quantizing scatter: one CTA per token (grid-stride), one warp per row of
+ * the token (Hkv K rows, then Hkv V rows), lanes over the row's channels.
+ * Returns at once when the check kernel rejected the write.
+ */
+template <typename TS>
+__global__ void __launch_bounds__(KVA_QW_THREADS)
+    quant_write_kernel(qwrite_args a, const TS *k, const TS *v)
+{
+    if (a.reject && *a.reject != KVA_REJECT_NONE)
+        return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nw = blockDim.x >> 5;
+    const bool tok = a.kts != nullptr;
+    const float *ks = a.sc, *ko = ks + (int64_t)a.Hkv * a.D;
+    const float *vsc = ko + (int64_t)a.Hkv * a.D, *vo = vsc + (int64_t)a.Hkv * a.Dv;
+    for (int32_t t = blockIdx.x; t < a.T; t += gridDim.x) {
+        const int64_t slot = a.slots[t];
+        if (slot < 0 || slot >= a.num_slots)
+            continue;
+        const int64_t block = slot / a.B, off = slot % a.B;
+        for (int32_t w = warp; w < 2 * a.Hkv; w += nw) {
+            const int is_v = w >= a.Hkv;
+            const int32_t h = is_v ? w - a.Hkv : w;
+            const int32_t dim = is_v ? a.Dv : a.D;
+            const int64_t row = cache_row(a, block, off, h);
+            const TS *src = is_v ? v + (int64_t)t * a.vs + (int64_t)h * dim
+                                 : k + (int64_t)t * a.ks + (int64_t)h * dim;
+            if (!is_v && tok) {
+                float amax = 0.0f;
+                for (int32_t c = lane; c < dim; c += 32)
+                    amax = fmaxf(amax, fabsf(ld(src, c)));
+#pragma unroll
+                for (int o = 16; o >= 1; o >>= 1)
+                    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+                const float s = __fdiv_rn(amax, 127.0f);
+                if (lane == 0)
+                    a.kts[(block * a.Hkv + h) * a.B + off] = s;
+                int8_t *dst = a.k + row * a.D;
+                for (int32_t c = lane; c < dim; c += 32)
+                    dst[c] = s > 0.0f ? to_i8(__fdiv_rn(ld(src, c), s)) : (int8_t)0;
+                continue;
+            }
+            const float *sc = (is_v ? vsc : ks) + (int64_t)h * dim;
+            const float *of = (is_v ? vo : ko) + (int64_t)h * dim;
+            if (is_v && a.quant == KVA_QUANT_INT8_TOKEN_K_V16) {
+                uint16_t *dst = (uint16_t *)a.v + row * a.Dv;
+                for (int32_t c = lane; c < dim; c += 32)
+                    dst[c] = a.v16_bf16 ? to_bf16(ld(src, c)) : to_f16(ld(src, c));
+            } else if (a.quant == KVA_QUANT_FP8_E4M3) {
+                uint8_t *dst = (uint8_t *)(is_v ? a.v : (void *)a.k) + row * dim;
+                for (int32_t c = lane; c < dim; c += 32) {
+                    /* NaN / s is the canonical NaN on the GPU; the host keeps the sign. */
+                    const float x = ld(src, c);
+                    dst[c] = to_fp8(x != x ? x : __fdiv_rn(x, sc[c]));
+                }
+            } else {
+                int8_t *dst = (int8_t *)(is_v ? a.v : (void *)a.k) + row * dim;
+                for (int32_t c = lane; c < dim; c += 32)
+                    dst[c] = to_i8(__fadd_rn(__fdiv_rn(ld(src, c), sc[c]), of[c]));
+            }
+        }
+    }
+}
+
+template <typename TS>
+static kva_status launch(cudaStream_t s, const qwrite_args &a, const void *k, const void *v)
+{
+    const int grid = a.T < 65535 ? a.T : 65535;
+    if (a.reject) {
+        KVA_CUDA_TRY(cudaMemsetAsync(a.reject, 0xff, sizeof(unsigned long long), s));
+        quant_check_kernel<TS><<<grid, KVA_QW_THREADS, 0, s>>>(a, (const TS *)k, (const TS *)v);
+        KVA_CUDA_LAUNCHED("quant_check_kernel");
+    }
+    quant_write_kernel<TS><<<grid, KVA_QW_THREADS, 0, s>>>(a, (const TS *)k, (const TS *)v);
+    KVA_CUDA_LAUNCHED("quant_write_kernel");
+    return KVA_STATUS_OK;
+}
+
+/* Turns a reject word read back from the device into the host backends'
+ * status and message (the bad value is copied from the device source). */
+static kva_status report_reject(const kva_cache *c, unsigned long long rec, const void *k,
+                                int64_t ks, const void *v, int64_t vs, kva_dtype src_dtype)
+{
+    const kva_cache_desc *d = &c->desc;
+    const int32_t t = (int32_t)(rec >> 33);
+    const int is_v = (int)((rec >> 32) & 1u);
+    const int64_t x = (int64_t)(rec & 0xffffffffu);
+    const int64_t dim = is_v ? d->head_dim_v : d->head_dim;
+    const size_t es = kva_dtype_size(src_dtype);
+    unsigned char raw[4] = {0, 0, 0, 0};
+    double val = NAN; /* the value itself is only known while the source is */
+    if (k && v) {
+        const int64_t e = (int64_t)t * (is_v ? vs : ks) + x;
+        const char *p = (const char *)(is_v ? v : k) + e * (int64_t)es;
+        if (cudaMemcpy(raw, p, es, cudaMemcpyDeviceToHost) == cudaSuccess)
+            val = (double)kva__load_f(raw, src_dtype, 0);
+        (void)cudaGetLastError();
+    }
+    const int no_inf =
+        !is_v && (d->quant == KVA_QUANT_INT8_TOKEN_K || d->quant == KVA_QUANT_INT8_TOKEN_K_V16);
+    return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                     "kva_cache_write: %s[token %d, head %lld, channel %lld] = %g: quant %s "
+                     "cannot store %s; nothing was written",
+                     is_v ? "v" : "k", (int)t, (long long)(x / dim), (long long)(x % dim), val,
+                     kva_quant_name(d->quant),
+                     no_inf ? "NaN or infinite keys (per-token scale)" : "NaN");
+}
+
+extern "C" kva_status kva__cuda_cache_write_quant(kva_context *ctx, kva_cache *cache,
+                                                  int32_t num_tokens, const void *k, int64_t ks,
+                                                  const void *v, int64_t vs, kva_dtype src_dtype,
+                                                  const int64_t *slot_mapping)
+{
+    const kva_cache_desc *d = &cache->desc;
+    cudaStream_t s = stream_of(ctx);
+    qwrite_args a;
+    memset(&a, 0, sizeof a);
+    a.k = (int8_t *)cache->k;
+    a.v = cache->v;
+    a.kts = cache->k_token_scale;
+    a.sc = cache->dev_scales;
+    a.slots = slot_mapping;
+    a.reject = cache->dev_reject;
+    a.ks = ks;
+    a.vs = vs;
+    a.num_slots = (int64_t)d->num_blocks * d->block_size;
+    a.T = num_tokens;
+    a.Hkv = d->num_kv_heads;
+    a.D = d->head_dim;
+    a.Dv = d->head_dim_v;
+    a.B = d->block_size;
+    a.hnd = d->layout == KVA_LAYOUT_HND;
+    a.quant = (int32_t)d->quant;
+    a.v16_bf16 = d->dtype == KVA_DTYPE_BF16;
+    if (src_dtype == KVA_DTYPE_F32)
+        KVA_TRY(launch<float>(s, a, k, v));
+    else if (src_dtype == KVA_DTYPE_F16)
+        KVA_TRY(launch<__half>(s, a, k, v));
+    else
+        KVA_TRY(launch<__nv_bfloat16>(s, a, k, v));
+    if (!a.reject)
+        return KVA_STATUS_OK;
+    /* The synchronous status (see the header comment): not during capture. */
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    KVA_CUDA_TRY(cudaStreamIsCapturing(s, &cs));
+    if (cs != cudaStreamCaptureStatusNone)
+        return KVA_STATUS_OK;
+    unsigned long long rec = KVA_REJECT_NONE;
+    KVA_CUDA_TRY(cudaMemcpyAsync(&rec, a.reject, sizeof rec, cudaMemcpyDeviceToHost, s));
+    KVA_CUDA_TRY(cudaStreamSynchronize(s));
+    if (rec == KVA_REJECT_NONE)
+        return KVA_STATUS_OK;
+    return report_reject(cache, rec, k, ks, v, vs, src_dtype);
+}
+
+extern "C" kva_status kva_cuda_cache_write_status(kva_context *ctx, const kva_cache *cache)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(cache);
+    if (ctx->backend != KVA_BACKEND_CUDA || !ctx->cuda || cache->mem != KVA_BACKEND_CUDA)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_cuda_cache_write_status: ctx backend '%s' and cache memory '%s': "
+                         "both must be cuda",
+                         kva_backend_name(ctx->backend), kva_backend_name(cache->mem));
+    if (!cache->dev_reject)
+        return KVA_STATUS_OK;
+    cudaStream_t s = stream_of(ctx);
+    unsigned long long rec = KVA_REJECT_NONE;
+    KVA_CUDA_TRY(cudaMemcpyAsync(&rec, cache->dev_reject, sizeof rec, cudaMemcpyDeviceToHost, s));
+    KVA_CUDA_TRY(cudaStreamSynchronize(s));
+    if (rec == KVA_REJECT_NONE)
+        return KVA_STATUS_OK;
+    return report_reject(cache, rec, NULL, 0, NULL, 0, KVA_DTYPE_F32);
+}
