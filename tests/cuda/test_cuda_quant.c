@@ -504,7 +504,8 @@ typedef struct acfg {
     int32_t causal, window;
     float softcap;
     int alibi, sinks, lse, gran;
-    int kind;    /* 0 mixed random batch, 1 long decodes (split-KV), 2 mixed with big prefills */
+    int kind;    /* 0 mixed random batch, 1 long decodes (split-KV), 2 mixed with big prefills,
+                    3 decodes and speculative decodes of 1..8 tokens (decode_threshold 8) */
     int variant; /* plan variant forced (2: the cp.async ring), 0: the default */
 } acfg;
 
@@ -530,6 +531,10 @@ static int run_attn(const acfg *c, uint64_t seed)
     } else if (c->kind == 2) {
         const int32_t ql[6] = {1, 200, 3, 77, 1, 130}, sl[6] = {500, 200, 900, 300, 37, 400};
         kva_test_batch_init(&b, &rng, 6, ql, sl, c->B, 2, 1);
+    } else if (c->kind == 3) {
+        const int32_t ql[8] = {4, 3, 8, 1, 6, 2, 5, 4},
+                      sl[8] = {700, 33, 2500, 17, 300, 64, 1200, 129};
+        kva_test_batch_init(&b, &rng, 8, ql, sl, c->B, 2, 1);
     } else {
         kva_test_batch_random(&b, &rng, 7, c->B, 150, 0xf, 1);
     }
@@ -563,6 +568,8 @@ static int run_attn(const acfg *c, uint64_t seed)
         pd.causal = c->causal;
         pd.window_left = c->window;
         pd.softcap = c->softcap;
+        if (c->kind == 3)
+            pd.decode_threshold = 8;
         float *slopes = malloc(sizeof(float) * (size_t)H),
               *sinks = malloc(sizeof(float) * (size_t)H);
         for (int32_t h = 0; h < H; h++) {
@@ -651,7 +658,7 @@ static void test_attention(void)
         c.gran = kva_rng_int(&rng, 0, 2);
         /* Every 7th case: long decodes (split-KV); every 5th: big prefills. */
         c.kind = i % 7 == 3 ? 1 : i % 5 == 2 ? 2 : 0;
-        c.variant = 1 + i % 3; /* 2: the ring variant of the kernel */
+        c.variant = i % 3; /* 0: the default (variant 4 where the shape has it), 2: the ring */
         if (c.kind == 2 && c.qdt == KVA_DTYPE_F32)
             c.qdt = KVA_DTYPE_BF16; /* the tensor-core shapes route prefill tiles */
         if (!run_attn(&c, 9000 + (uint64_t)i))
@@ -662,6 +669,46 @@ static void test_attention(void)
         acfg c = {f,   32, 8, 128, 128, 16, KVA_DTYPE_BF16, KVA_LAYOUT_NHD, 1, -1,
                   0.f, 0,  1, 1,   0,   1,  f % 2 ? 2 : 0};
         run_attn(&c, 31 + (uint64_t)f);
+    }
+}
+
+/*
+ * 4b. Speculative decodes over default plans: with f16/bf16 q and D in {64,
+ * 128, 256} the plan is partitioned for variant 4 (items of up to 16 rows,
+ * q_len x G of them), which the quantized path must cover whole (rows 8..15
+ * of such items were once skipped). GQA 1/4/8, q_len 1..8, B 1/16, NHD/HND,
+ * masks and splits (the 2500-key request splits).
+ */
+static void test_spec_decode(void)
+{
+    static const int32_t heads[][2] = {{16, 4}, {32, 4}, {8, 8}, {32, 8}};
+    static const int32_t dims[] = {128, 64, 256};
+    static const int32_t windows[] = {-1, -1, 5, 300};
+    kva_rng rng = {4242};
+    int failed = 0;
+    const int n = quick() ? NFMT * 2 : NFMT * 12;
+    for (int i = 0; i < n && failed < 6; i++) {
+        acfg c;
+        memset(&c, 0, sizeof c);
+        c.f = i % NFMT;
+        const int hi = (i / NFMT) % 4;
+        c.H = heads[hi][0];
+        c.Hkv = heads[hi][1];
+        c.D = c.Dv = dims[(i / (NFMT * 4)) % 3];
+        c.B = (i / 2) % 2 ? 1 : 16;
+        c.qdt = i % 2 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+        c.layout = (i / 3) % 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+        c.causal = 1;
+        c.window = windows[kva_rng_int(&rng, 0, 3)];
+        c.softcap = kva_rng_int(&rng, 0, 3) == 0 ? 5.0f : 0.0f;
+        c.alibi = kva_rng_int(&rng, 0, 3) == 0;
+        c.sinks = kva_rng_int(&rng, 0, 1);
+        c.lse = 1;
+        c.gran = kva_rng_int(&rng, 0, 2);
+        c.kind = 3;
+        c.variant = 0; /* the default: variant 4's 16-row items */
+        if (!run_attn(&c, 5100 + (uint64_t)i))
+            failed++;
     }
 }
 
@@ -742,6 +789,7 @@ int main(void)
     RUN(test_write_rejects);
     RUN(test_copy_swap);
     RUN(test_graph);
+    RUN(test_spec_decode);
     RUN(test_attention);
 #endif
     return kva_test_finish();

@@ -69,6 +69,7 @@ typedef struct qa_args {
     float *lse;            /* [T, H] or NULL */
     float *ws;             /* split partials */
     int32_t H, Hkv, G, D, Dv, B;
+    int32_t isub; /* units per item (item rows up to isub * ROWS); 0: items run elsewhere */
     int32_t hnd, causal, window_left, has_alibi, qdt;
     float scale, softcap;
 } qa_args;
@@ -186,31 +187,41 @@ issue_async(const qa_args &a, const qa_addr &ka, const int32_t *bt_row, int32_t 
 }
 
 /* One unit of work: rows r < nrows are packed rows m = mstart + r of
- * request req, kv head kvh: query i0 + m / nh, head kvh*G + h0 + m % nh. */
+ * request req, kv head kvh: query i0 + m / nh, head kvh*G + h0 + m % nh;
+ * ntot: rows of the whole item (its split partials are [ntot, Dv], [ntot]). */
 typedef struct qa_unit {
-    int32_t req, kvh, h0, nh, i0, mstart, nrows, k0, k1, task, split;
+    int32_t req, kvh, h0, nh, i0, mstart, nrows, ntot, k0, k1, task, split;
 } qa_unit;
 
-/* Unit u of the persistent loop: the plan's items, then the prefill tiles'
- * units of ROWS rows; returns 0 for a tile unit past its request's rows. */
+/* Unit u of the persistent loop: the plan's items cut into isub units of
+ * ROWS rows (sub-unit major: units sub * n_items + item, so the empty sub-
+ * units of short items come last), then the prefill tiles' units of ROWS
+ * rows; returns 0 for a unit past its item's (or request's) rows. */
 template <int ROWS>
 __device__ __forceinline__ int get_unit(const qa_args &a, int32_t u, int32_t n_items, qa_unit &w)
 {
-    if (u < n_items) {
-        const kva__cuda_item it = a.meta.items[u];
+    const int32_t n_iu = n_items * a.isub;
+    if (u < n_iu) {
+        const int32_t sub = u / n_items, i = u - sub * n_items;
+        const kva__cuda_item it = a.meta.items[i];
         w.req = it.req, w.kvh = it.kv_head, w.h0 = it.h0, w.nh = it.nh, w.i0 = it.i0;
-        w.mstart = 0, w.nrows = it.nq * it.nh, w.k0 = it.k0, w.k1 = it.k1;
+        w.ntot = it.nq * it.nh;
+        w.mstart = sub * ROWS;
+        const int32_t left = w.ntot - w.mstart;
+        w.nrows = left < ROWS ? left : ROWS;
+        w.k0 = it.k0, w.k1 = it.k1;
         w.task = it.task, w.split = it.split;
-        return 1;
+        return w.nrows > 0;
     }
     constexpr int SUB = KVA__CUDA_PREFILL_TILE_M / ROWS;
-    const int32_t t = (u - n_items) / SUB, sub = (u - n_items) - t * SUB;
+    const int32_t t = (u - n_iu) / SUB, sub = (u - n_iu) - t * SUB;
     const int32_t *tile = a.ptiles + (int64_t)t * KVA__CUDA_PREFILL_TILE_INTS;
     w.req = tile[0], w.kvh = tile[2], w.h0 = 0, w.nh = a.G, w.i0 = 0;
     const int32_t q_len = a.meta.qsl[w.req + 1] - a.meta.qsl[w.req];
     w.mstart = tile[1] + sub * ROWS;
     const int32_t left = q_len * a.G - w.mstart;
     w.nrows = left < ROWS ? left : ROWS;
+    w.ntot = 0;
     w.k0 = 0, w.k1 = a.meta.seq_lens[w.req];
     w.task = -1, w.split = 0;
     return w.nrows > 0;
@@ -349,7 +360,7 @@ __global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
     const int g = lane / LK, li = lane % LK;
     const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
     const int32_t n_tiles = a.ptiles ? a.meta.hdr[KVA_CUDA_HDR_PTILES] : 0;
-    const int32_t n_units = n_items + n_tiles * (KVA__CUDA_PREFILL_TILE_M / ROWS);
+    const int32_t n_units = n_items * a.isub + n_tiles * (KVA__CUDA_PREFILL_TILE_M / ROWS);
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
     /* INT8_TOKEN_K with static V: the format of I8 but per-token K scales. */
     const bool ktok = a.kts != nullptr;
@@ -561,10 +572,10 @@ __global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
             if (w.task >= 0) {
                 /* Split partial: out over this chunk's keys, lse without the sink. */
                 const kva__cuda_task t = a.meta.tasks[w.task];
-                float *blk = a.ws + t.ws_off + (int64_t)w.split * w.nrows * (a.Dv + 1);
-                blk[(int64_t)r * a.Dv + d] = L > 0.f ? O / L : (L == 0.f ? 0.f : L);
+                float *blk = a.ws + t.ws_off + (int64_t)w.split * w.ntot * (a.Dv + 1);
+                blk[(int64_t)m_ * a.Dv + d] = L > 0.f ? O / L : (L == 0.f ? 0.f : L);
                 if (d == 0)
-                    blk[(int64_t)w.nrows * a.Dv + r] =
+                    blk[(int64_t)w.ntot * a.Dv + m_] =
                         L > 0.f ? (mu + log2f(L)) * QA_LN2 : (L == 0.f ? -INFINITY : L);
             } else {
                 float Mt = M, sink2 = -INFINITY;
@@ -678,7 +689,7 @@ template <int FMT> static qa_launch pick_fmt(int rows16, int lk, int ring)
  * default): the ring measured slower on an H100, the kernel being
  * issue-bound rather than latency-bound (docs/cuda.md).
  */
-static qa_launch pick(const kva_cache *c, int plan_rows, int ring)
+static qa_launch pick(const kva_cache *c, int plan_rows, int ring, int *rows)
 {
     const kva_cache_desc *d = &c->desc;
     const int fmt = d->quant == KVA_QUANT_FP8_E4M3 ? QF_FP8
@@ -689,6 +700,7 @@ static qa_launch pick(const kva_cache *c, int plan_rows, int ring)
     const int rows16 =
         plan_rows <= 4 && d->head_dim % 16 == 0 && (vb == 2 || d->head_dim_v % 16 == 0);
     const int cb = rows16 ? 16 : 8, vv = cb / vb;
+    *rows = rows16 ? 4 : 8;
     const int nk = d->head_dim / cb;
     const int nv = (d->head_dim_v / vv + vb - 1) / vb;
     const int lk = nk > nv ? nk : nv;
@@ -748,7 +760,21 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
                          "kva_attention_run: q = %p is not aligned to its %s elements", q,
                          kva_dtype_name(d->q_dtype));
 
-    const qa_launch kl = pick(cache, cp->rows, plan->part->variant == 2);
+    /* ROWS from the rows the plan's items actually hold (a plan partitioned
+     * for variant 4 may hold up to 16 per item, a GQA-4 decode batch 4);
+     * every item is cut into isub units of ROWS rows, isub from the plan's
+     * bound cp->rows, so a captured graph replaying a later plan of the
+     * same shape (larger items) still covers every row. */
+    int32_t item_rows = 1;
+    for (int32_t i = 0; i < plan->part->num_items; i++) {
+        const kva__work_item *it = &plan->part->items[i];
+        if (it->nq * it->nh > item_rows)
+            item_rows = it->nq * it->nh;
+    }
+    int rows = 8;
+    const qa_launch kl =
+        pick(cache, item_rows < cp->rows ? item_rows : cp->rows, plan->part->variant == 2, &rows);
+    a.isub = (cp->rows + rows - 1) / rows;
     if (kl.smem > 0) /* static + dynamic may pass 48 KiB */
         KVA_CUDA_TRY(
             cudaFuncSetAttribute(kl.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kl.smem));
