@@ -54,6 +54,12 @@ extern "C" {
 #define QA_U 2  /* keys per lane group and step */
 #define QA_LOG2E 1.4426950408889634f
 #define QA_LN2 0.6931471805599453f
+/* 1: items of plans partitioned for variant 4 over 1-byte K and V run on the
+ * tensor-core kernel of decode_mma_quant.cu; 0: everything on this file's
+ * CUDA-core kernel. */
+#ifndef KVA__CUDA_QUANT_MMA
+#define KVA__CUDA_QUANT_MMA 1
+#endif
 
 typedef struct qa_args {
     kva__cuda_meta meta;
@@ -775,6 +781,42 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
     const qa_launch kl =
         pick(cache, item_rows < cp->rows ? item_rows : cp->rows, plan->part->variant == 2, &rows);
     a.isub = (cp->rows + rows - 1) / rows;
+    /* A plan partitioned for variant 4 (16-row items) over 1-byte K and V:
+     * its items run on the tensor-core kernel (decode_mma_quant.cu), the
+     * prefill tiles (if any) stay here; both write disjoint rows (or split
+     * partials) and the merge below covers both. */
+    const int mma = KVA__CUDA_QUANT_MMA && plan->part->variant == 4 &&
+                    cp->rows == KVA__CUDA_MMA_DECODE_ROWS &&
+                    kva__cuda_decode_mma_quant_supported(cd->quant, a.D, a.Dv, d->q_dtype);
+    if (mma) {
+        kva__cuda_quant_mma_args qm;
+        memset(&qm, 0, sizeof qm);
+        qm.a.meta = a.meta;
+        qm.a.q = q;
+        qm.a.k = cache->k;
+        qm.a.v = cache->v;
+        qm.a.sinks = sinks;
+        qm.a.out = out;
+        qm.a.lse = lse;
+        qm.a.ws = a.ws;
+        qm.a.H = a.H, qm.a.Hkv = a.Hkv, qm.a.G = a.G, qm.a.D = a.D, qm.a.Dv = a.Dv, qm.a.B = a.B;
+        qm.a.layout_hnd = a.hnd;
+        qm.a.causal = a.causal;
+        qm.a.window_left = a.window_left;
+        qm.a.has_alibi = a.has_alibi;
+        qm.a.scale = a.scale;
+        qm.a.softcap = a.softcap;
+        qm.kts = a.kts;
+        qm.ks = a.ks, qm.ko = a.ko, qm.vs = a.vs, qm.vo = a.vo;
+        if (((uintptr_t)cache->k | (uintptr_t)cache->v) % 16 != 0)
+            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                             "kva_attention_run: the quantized variant-4 kernel needs 16-byte "
+                             "aligned k (%p) and v (%p)",
+                             cache->k, cache->v);
+        KVA_TRY(
+            kva__cuda_decode_mma_quant_launch(&qm, cd->quant, d->q_dtype, st->num_sms, st->stream));
+        a.isub = 0; /* the kernel below runs only the prefill tiles */
+    }
     if (kl.smem > 0) /* static + dynamic may pass 48 KiB */
         KVA_CUDA_TRY(
             cudaFuncSetAttribute(kl.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kl.smem));
@@ -786,8 +828,10 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
                          "kva_attention_run: the quantized attention kernel (%s, D/Dv %d/%d) "
                          "cannot be resident on device %d",
                          kva_quant_name(cd->quant), (int)a.D, (int)a.Dv, (int)st->device);
-    kl.fn<<<st->num_sms * per_sm, QA_NW * 32, kl.smem, stream>>>(a);
-    KVA_CUDA_LAUNCHED("qa_kernel");
+    if (a.isub > 0 || a.ptiles) {
+        kl.fn<<<st->num_sms * per_sm, QA_NW * 32, kl.smem, stream>>>(a);
+        KVA_CUDA_LAUNCHED("qa_kernel");
+    }
     /* Always launched (it exits when the plan has no split task): graph replay. */
     qa_split_merge_kernel<<<st->num_sms * 2, 256, 0, stream>>>(a.meta, a.ws, sinks, out, lse, a.H,
                                                                a.G, a.Dv, a.qdt);

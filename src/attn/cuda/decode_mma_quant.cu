@@ -1,0 +1,592 @@
+/*
+ * decode_mma_quant.cu - attention variant 4 (decode_mma.cu) over quantized
+ * caches with 1-byte K and V: KVA_QUANT_INT8_CHANNEL, INT8_TOKEN_K and
+ * FP8_E4M3. attn_quant.cu sends the work items of a plan partitioned for
+ * variant 4 here (items of up to 16 rows, nq query tokens x nh heads of one
+ * kv head, one m16 tile) and keeps the prefill tiles on its CUDA-core kernel.
+ *
+ * As decode_mma.cu: persistent CTAs of 4 warps, one item at a time; warp w
+ * takes the 16-key tiles w, w + 4, ... of the item and copies K and V codes
+ * [16, D] bytes (and the 16 per-token key scales) with cp.async into a
+ * private ring of NST stages (twice the tiles in flight of the bf16 kernel
+ * for the same bytes); its own online softmax; the warps merge through
+ * shared memory at the end; split partials as variant 4's.
+ *
+ * The mma runs in f16 (m16n8k16, fp32 accumulation); the codes are turned
+ * into f16 exactly in registers:
+ *   int8: 0x6400 | (c ^ 0x80) is the f16 1024 + 128 + c (one byte_perm per
+ *         two codes), minus 1152 (one hsub2);
+ *   fp8:  cvt e4m3x2 -> f16x2 (exact; NaN kept).
+ * The scales never enter the key loop:
+ *   S = Q' K^T with Q'_c = q_c s_c (K scale folded, rounded to f16 once per
+ *       item), minus qo = sum_c Q'_c o_c per row (INT8_CHANNEL offsets), or
+ *       times the per-token key scale of each score column (INT8_TOKEN_K);
+ *   O = P C_V (codes), and at the end out_c = s_c (O_c - o_c l) / l.
+ * Fragments from bytes (no ldmatrix for 8-bit elements on sm_90): the sum
+ * over channels of S does not depend on which mma k index holds which
+ * channel, so lane (g4, t4) takes channels 16 t4 .. +15 of each 64 (one
+ * 16-byte load of a K row gives 4 k-steps) and Q' is laid out to match. For
+ * P V the k index is the key: lane (g4, t4) loads 4 channels of the keys
+ * 2t4, 2t4+1, 2t4+8, 2t4+9 (4-byte loads) and byte_perm regroups them into
+ * the B fragments of 4 n-tiles whose column g4 is channel 4 g4 + j of each
+ * 32: output channel (tile 4g + j, column n) is 32 g + 4 n + j.
+ */
+extern "C" {
+#include "cuda_backend.h"
+}
+#include "cuda_check.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <math.h>
+#include <stdint.h>
+
+#define QM_NW 4  /* warps per CTA */
+#define QM_BN 16 /* keys per tile */
+#define QM_M KVA__CUDA_MMA_DECODE_ROWS
+#define QM_LOG2E 1.4426950408889634f
+#define QM_LN2 0.6931471805599453f
+
+/* Code formats of K and V (both 1 byte). */
+enum { QM_I8 = 0, QM_FP8 = 1 };
+
+/* Ring stages per warp (NST - 1 tiles in flight) and shared memory. */
+template <int D> struct qm_cfg {
+    static constexpr int NST = D == 64 ? 8 : D == 128 ? 6 : 5;
+    static constexpr int QSTR = D + 8;               /* Q' row stride (halves) */
+    static constexpr int SQ = QM_M * QSTR * 2;       /* Q' [16, D] f16 */
+    static constexpr int STAGE = 2 * QM_BN * D + 64; /* K, V codes [16, D], 16 key scales */
+    static constexpr int SMEM = SQ + QM_NW * NST * STAGE;
+    static constexpr int MINB = D == 64 ? 3 : D == 128 ? 2 : 1;
+    static_assert(QM_NW * QM_M * D * 4 <= QM_NW * NST * STAGE, "merge space");
+};
+
+static __device__ __forceinline__ uint32_t qm_smem(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void qm_cp16(uint32_t dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void qm_cp4(uint32_t dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void qm_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void qm_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+static __device__ __forceinline__ float qm_ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+static __device__ __forceinline__ void qm_mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                              uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+static __device__ __forceinline__ uint32_t qm_pack(float lo, float hi)
+{
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+/* Codes (b0, b1, b2, b3) of w as f16x2 {b0, b1} (lo) and {b2, b3} (hi), exact. */
+template <int FMT>
+static __device__ __forceinline__ void qm_cvt(uint32_t w, uint32_t &lo, uint32_t &hi)
+{
+    if constexpr (FMT == QM_FP8) {
+        const __half2_raw a =
+            __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
+        const __half2_raw b =
+            __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
+        lo = (uint32_t)a.x | ((uint32_t)a.y << 16);
+        hi = (uint32_t)b.x | ((uint32_t)b.y << 16);
+    } else {
+        const uint32_t x = w ^ 0x80808080u;
+        const uint32_t m = 0x64806480u; /* 1152 = 1024 + 128 */
+        uint32_t l = __byte_perm(x, 0x64646464u, 0x4140), h = __byte_perm(x, 0x64646464u, 0x4342);
+        __half2 lh = __hsub2(*(__half2 *)&l, *(const __half2 *)&m);
+        __half2 hh = __hsub2(*(__half2 *)&h, *(const __half2 *)&m);
+        lo = *(uint32_t *)&lh;
+        hi = *(uint32_t *)&hh;
+    }
+}
+
+/* Byte offsets in the K and V tiles [16, D] (16-byte chunks, swizzled so
+ * that the fragment loads of a warp are free of bank conflicts: K rows r
+ * and r + 1 alternate halves of 128 bytes, V rows 2t, 2t + 2, ... rotate). */
+template <int D> static __device__ __forceinline__ uint32_t qm_koff(int r, int c)
+{
+    constexpr int CH = D / 16;
+    const int x = CH >= 8 ? (r & 1) << 2 : 0;
+    return (uint32_t)(r * D + ((c ^ x) << 4));
+}
+template <int D> static __device__ __forceinline__ uint32_t qm_voff(int r, int c)
+{
+    constexpr int CH = D / 16;
+    const int x = CH >= 8 ? ((r >> 1) & 3) << 1 : ((r >> 1) & 1) << 1;
+    return (uint32_t)(r * D + ((c ^ x) << 4));
+}
+
+/* Row (in rows of D bytes) and token-scale index of key j of kv head kvh:
+ * NHD (block * B + off) * Hkv + kvh, HND (block * Hkv + kvh) * B + off;
+ * scales [NB, Hkv, B]: (block * Hkv + kvh) * B + off. */
+static __device__ __forceinline__ int64_t qm_key_row(const kva__cuda_quant_mma_args &q,
+                                                     const int32_t *bt_row, int32_t kvh, int32_t j,
+                                                     int64_t *tsi)
+{
+    const kva__cuda_attn_args &a = q.a;
+    const int32_t blk = j / a.B, off = j - blk * a.B;
+    const int64_t block = __ldg(bt_row + blk);
+    *tsi = (block * a.Hkv + kvh) * a.B + off;
+    return a.layout_hnd ? *tsi : (block * a.B + off) * a.Hkv + kvh;
+}
+
+/* The warp copies the K and V codes of keys kb .. kb + 15 (zeros past kend)
+ * and their token scales into the stage at st. */
+template <int D>
+static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &q,
+                                                const int32_t *bt_row, int32_t kvh, int32_t kb,
+                                                int32_t kend, uint32_t st, int lane)
+{
+    constexpr int CH = D / 16;
+    const int32_t jl = kb + (lane & 15);
+    int64_t tsi = 0;
+    const int64_t mine = jl < kend ? qm_key_row(q, bt_row, kvh, jl, &tsi) : -1;
+    const char *kp = (const char *)q.a.k, *vp = (const char *)q.a.v;
+#pragma unroll
+    for (int i = 0; i < QM_BN * CH / 32; i++) {
+        const int x = lane + 32 * i, key = x / CH, c = x % CH;
+        const int64_t row = __shfl_sync(0xffffffffu, mine, key);
+        const bool ok = row >= 0;
+        const int64_t boff = ok ? row * (int64_t)D + c * 16 : 0;
+        qm_cp16(st + qm_koff<D>(key, c), kp + boff, ok ? 16 : 0);
+        qm_cp16(st + QM_BN * D + qm_voff<D>(key, c), vp + boff, ok ? 16 : 0);
+    }
+    if (q.kts && lane < 16) {
+        const bool ok = mine >= 0;
+        qm_cp4(st + 2 * QM_BN * D + lane * 4, ok ? q.kts + tsi : q.kts, ok ? 4 : 0);
+    }
+}
+
+/*
+ * FMT: QM_I8 or QM_FP8; OT: __half or __nv_bfloat16 (q and out); D = Dv.
+ * Dynamic shared memory: Q' [16, D + 8] f16, then the rings [NW][NST]
+ * stages; the warps' O [NW][16][D] fp32 reuse the rings for the merge.
+ */
+template <int FMT, typename OT, int D>
+__global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
+    decode_mma_quant_kernel(const kva__cuda_quant_mma_args q)
+{
+    const kva__cuda_attn_args &a = q.a;
+    constexpr int NST = qm_cfg<D>::NST, STAGE = qm_cfg<D>::STAGE, QSTR = qm_cfg<D>::QSTR;
+    constexpr int NO = D / 8; /* n8 tiles of O */
+    extern __shared__ __align__(128) unsigned char qm_buf[];
+    __shared__ float s_m[QM_NW][QM_M], s_l[QM_NW][QM_M], s_qo[QM_M];
+    __half *sQ = (__half *)qm_buf;
+    float *s_acc = (float *)(qm_buf + qm_cfg<D>::SQ); /* [NW][16][D] after the loop */
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g4 = lane >> 2, t4 = lane & 3;
+    const uint32_t ring = qm_smem(qm_buf) + qm_cfg<D>::SQ + (uint32_t)warp * NST * STAGE;
+    const unsigned char *ring_p = qm_buf + qm_cfg<D>::SQ + (size_t)warp * NST * STAGE;
+    const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
+    const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
+    const float scale_log2 = a.scale * QM_LOG2E;
+    const bool ktok = q.kts != nullptr;
+
+    for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
+        const kva__cuda_item w = a.meta.items[it];
+        const int32_t nrows = w.nq * w.nh;
+        const int32_t qs = a.meta.qsl[w.req];
+        const int32_t q_len = a.meta.qsl[w.req + 1] - qs;
+        const int32_t s = a.meta.seq_lens[w.req];
+        const int32_t *bt_row = a.meta.block_table + (int64_t)w.req * bt_stride;
+
+        /* Q'[r, c] = q[r, c] * ks[kvh, c] in f16 (zeros past nrows). */
+        for (int x = threadIdx.x; x < QM_M * D; x += QM_NW * 32) {
+            const int r = x / D, c = x % D;
+            float v = 0.f;
+            if (r < nrows) {
+                const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+                const int32_t head = w.kv_head * a.G + w.h0 + hh;
+                const OT *qrow = (const OT *)a.q + ((int64_t)(qs + w.i0 + qi) * a.H + head) * D;
+                v = (float)qrow[c] * q.ks[(int64_t)w.kv_head * D + c];
+            }
+            sQ[r * QSTR + c] = __float2half_rn(v);
+        }
+        __syncthreads();
+        /* qo[r] = sum_c Q'[r, c] o_c (INT8_CHANNEL offsets), warp w: rows 4w.. */
+        if (FMT == QM_I8 && !ktok) {
+#pragma unroll
+            for (int rr = 0; rr < QM_M / QM_NW; rr++) {
+                const int r = warp * (QM_M / QM_NW) + rr;
+                float acc = 0.f;
+                for (int c = lane; c < D; c += 32)
+                    acc =
+                        fmaf(__half2float(sQ[r * QSTR + c]), q.ko[(int64_t)w.kv_head * D + c], acc);
+#pragma unroll
+                for (int o = 16; o >= 1; o >>= 1)
+                    acc += __shfl_xor_sync(0xffffffffu, acc, o);
+                if (lane == 0)
+                    s_qo[r] = acc;
+            }
+        }
+        /* This thread's two rows g4 and g4 + 8: visible keys, position, slope. */
+        int32_t lo[2], hi[2], pos[2];
+        float slope[2];
+        int32_t lo_all = w.k0, hi_all = w.k1;
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            lo[hf] = 0;
+            hi[hf] = 0;
+            pos[hf] = 0;
+            slope[hf] = 0.f;
+        }
+        for (int r = 0; r < nrows; r++) {
+            const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+            const int32_t p = s - q_len + w.i0 + qi;
+            const int32_t h_ = a.causal ? p + 1 : s;
+            const int32_t l_ = a.window_left >= 0 && p - a.window_left > 0 ? p - a.window_left : 0;
+            const int32_t rlo = l_ > w.k0 ? l_ : w.k0, rhi = h_ < w.k1 ? h_ : w.k1;
+            lo_all = rlo > lo_all ? rlo : lo_all;
+            hi_all = rhi < hi_all ? rhi : hi_all;
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++)
+                if (r == g4 + hf * 8) {
+                    lo[hf] = rlo;
+                    hi[hf] = rhi;
+                    pos[hf] = p;
+                    if (a.has_alibi)
+                        slope[hf] = a.meta.alibi[w.kv_head * a.G + w.h0 + hh] * QM_LOG2E;
+                }
+        }
+        __syncthreads(); /* s_qo visible */
+        float qo[2] = {0.f, 0.f};
+        if (FMT == QM_I8 && !ktok) {
+            qo[0] = s_qo[g4];
+            qo[1] = s_qo[g4 + 8];
+        }
+
+        float o[NO][4];
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[n][e] = 0.f;
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+        const int32_t kend = w.k1;
+        const int32_t kb0 = w.k0 + warp * QM_BN;
+        constexpr int32_t STEP = QM_NW * QM_BN;
+#pragma unroll
+        for (int st = 0; st < NST - 1; st++) {
+            const int32_t kb = kb0 + st * STEP;
+            if (kb < kend)
+                qm_issue<D>(q, bt_row, w.kv_head, kb, kend, ring + st * STAGE, lane);
+            qm_commit();
+        }
+        int stage = 0;
+        for (int32_t kb = kb0; kb < kend; kb += STEP) {
+            __syncwarp(); /* every lane is past the stage refilled now */
+            {
+                const int ahead = stage == 0 ? NST - 1 : stage - 1;
+                const int32_t kn = kb + (NST - 1) * STEP;
+                if (kn < kend)
+                    qm_issue<D>(q, bt_row, w.kv_head, kn, kend, ring + ahead * STAGE, lane);
+                qm_commit();
+            }
+            qm_wait<NST - 1>();
+            __syncwarp(); /* the other lanes' copies of this tile have landed */
+            const unsigned char *sk = ring_p + stage * STAGE, *sv = sk + QM_BN * D;
+
+            /* S = Q' K^T [16, 16]: sc[nt] is keys nt*8 .. +8 (B column g4 is
+             * key g4 + 8 nt). Per 64 channels: the lane's 16 channels
+             * 16 t4 .. of rows g4, g4 + 8 of Q' and of its two key rows. */
+            float sc[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sc[nt][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 64; kk++) {
+                const __half *q0 = sQ + g4 * QSTR + kk * 64 + 16 * t4;
+                const uint4 qa0 = *(const uint4 *)q0, qa1 = *(const uint4 *)(q0 + 8);
+                const uint4 qb0 = *(const uint4 *)(q0 + 8 * QSTR),
+                            qb1 = *(const uint4 *)(q0 + 8 * QSTR + 8);
+                const uint32_t qr[8] = {qa0.x, qa0.y, qa0.z, qa0.w, qa1.x, qa1.y, qa1.z, qa1.w};
+                const uint32_t qs8[8] = {qb0.x, qb0.y, qb0.z, qb0.w, qb1.x, qb1.y, qb1.z, qb1.w};
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    const uint4 kw = *(const uint4 *)(sk + qm_koff<D>(g4 + 8 * nt, kk * 4 + t4));
+                    const uint32_t kws[4] = {kw.x, kw.y, kw.z, kw.w};
+#pragma unroll
+                    for (int st = 0; st < 4; st++) {
+                        uint32_t b0, b1;
+                        qm_cvt<FMT>(kws[st], b0, b1);
+                        const uint32_t af[4] = {qr[2 * st], qs8[2 * st], qr[2 * st + 1],
+                                                qs8[2 * st + 1]};
+                        qm_mma(sc[nt], af, b0, b1);
+                    }
+                }
+            }
+            /* Scores: per-token key scales or the offset term. Element e:
+             * row g4 + (e >> 1) * 8, key kb + nt * 8 + 2 * t4 + (e & 1). */
+            if (ktok) {
+                const float *ts = (const float *)(sk + 2 * QM_BN * D);
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    const float2 t2 = *(const float2 *)(ts + nt * 8 + 2 * t4);
+                    sc[nt][0] *= t2.x;
+                    sc[nt][1] *= t2.y;
+                    sc[nt][2] *= t2.x;
+                    sc[nt][3] *= t2.y;
+                }
+            } else if (FMT == QM_I8) {
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        sc[nt][e] -= qo[e >> 1];
+            }
+            const bool inside = kb >= lo_all && kb + QM_BN <= hi_all;
+            if (a.softcap > 0.f) {
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        sc[nt][e] = a.softcap * tanhf(sc[nt][e] * a.scale / a.softcap) * QM_LOG2E;
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        sc[nt][e] *= scale_log2;
+            }
+            if (a.has_alibi || !inside) {
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int hf = e >> 1;
+                        const int32_t j = kb + nt * 8 + 2 * t4 + (e & 1);
+                        const float x = fmaf(slope[hf], (float)(j - pos[hf]), sc[nt][e]);
+                        sc[nt][e] = j >= lo[hf] && j < hi[hf] ? x : -INFINITY;
+                    }
+            }
+            /* Online softmax of rows g4 and g4 + 8 (4 lanes share a row). */
+            float m_new[2];
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                float mx = fmaxf(fmaxf(sc[0][2 * hf], sc[0][2 * hf + 1]),
+                                 fmaxf(sc[1][2 * hf], sc[1][2 * hf + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                m_new[hf] = fmaxf(m_run[hf], mx);
+            }
+            if (__any_sync(0xffffffffu, m_new[0] != m_run[0] || m_new[1] != m_run[1])) {
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const float mu = m_new[hf] == -INFINITY ? 0.f : m_new[hf];
+                    const float alpha = qm_ex2(m_run[hf] - mu); /* 0 while m_run = -inf */
+                    m_run[hf] = m_new[hf];
+                    l_run[hf] *= alpha;
+#pragma unroll
+                    for (int n = 0; n < NO; n++) {
+                        o[n][2 * hf] *= alpha;
+                        o[n][2 * hf + 1] *= alpha;
+                    }
+                }
+            }
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const float mu = m_run[hf] == -INFINITY ? 0.f : m_run[hf];
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float p = qm_ex2(sc[nt][2 * hf + e] - mu);
+                        sc[nt][2 * hf + e] = p;
+                        l_run[hf] += p;
+                    }
+            }
+            /* O += P C_V: P [16, 16] f16 as the A operand (k = key). */
+            uint32_t pa[4];
+            pa[0] = qm_pack(sc[0][0], sc[0][1]);
+            pa[1] = qm_pack(sc[0][2], sc[0][3]);
+            pa[2] = qm_pack(sc[1][0], sc[1][1]);
+            pa[3] = qm_pack(sc[1][2], sc[1][3]);
+#pragma unroll
+            for (int g = 0; g < D / 32; g++) {
+                /* Channels 32 g + 4 g4 .. +3 of keys 2t4, 2t4+1, 2t4+8, 2t4+9. */
+                const int c = 2 * g + (g4 >> 2), b = 4 * (g4 & 3);
+                const uint32_t r0 = *(const uint32_t *)(sv + qm_voff<D>(2 * t4, c) + b);
+                const uint32_t r1 = *(const uint32_t *)(sv + qm_voff<D>(2 * t4 + 1, c) + b);
+                const uint32_t r8 = *(const uint32_t *)(sv + qm_voff<D>(2 * t4 + 8, c) + b);
+                const uint32_t r9 = *(const uint32_t *)(sv + qm_voff<D>(2 * t4 + 9, c) + b);
+                uint32_t b0[4], b1[4];
+                qm_cvt<FMT>(__byte_perm(r0, r1, 0x5140), b0[0], b0[1]);
+                qm_cvt<FMT>(__byte_perm(r0, r1, 0x7362), b0[2], b0[3]);
+                qm_cvt<FMT>(__byte_perm(r8, r9, 0x5140), b1[0], b1[1]);
+                qm_cvt<FMT>(__byte_perm(r8, r9, 0x7362), b1[2], b1[3]);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    qm_mma(o[4 * g + j], pa, b0[j], b1[j]);
+            }
+            stage = stage == NST - 1 ? 0 : stage + 1;
+        }
+        qm_wait<0>(); /* nothing may land in the ring after the item */
+
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            l_run[hf] += __shfl_xor_sync(0xffffffffu, l_run[hf], 1);
+            l_run[hf] += __shfl_xor_sync(0xffffffffu, l_run[hf], 2);
+        }
+        __syncthreads(); /* every warp is done with its ring */
+                         /* O tile 4g + j, column n = 2 t4 (+1): channel 32 g + 4 n + j. */
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int r = g4 + hf * 8;
+            float *dst = s_acc + ((size_t)warp * QM_M + r) * D;
+#pragma unroll
+            for (int n = 0; n < NO; n++) {
+                const int ch = 32 * (n >> 2) + 8 * t4 + (n & 3);
+                dst[ch] = o[n][2 * hf];
+                dst[ch + 4] = o[n][2 * hf + 1];
+            }
+            if (t4 == 0) {
+                s_m[warp][r] = m_run[hf];
+                s_l[warp][r] = l_run[hf];
+            }
+        }
+        __syncthreads();
+
+        /* Combine the warps, apply the V scales, write: element (r, d) per thread. */
+        for (int32_t x = threadIdx.x; x < nrows * D; x += QM_NW * 32) {
+            const int32_t r = x / D, d = x - r * D;
+            float M = -INFINITY;
+#pragma unroll
+            for (int ww = 0; ww < QM_NW; ww++)
+                M = fmaxf(M, s_m[ww][r]);
+            const float mu = M == -INFINITY ? 0.f : M;
+            float L = 0.f, O = 0.f;
+#pragma unroll
+            for (int ww = 0; ww < QM_NW; ww++) {
+                const float c = qm_ex2(s_m[ww][r] - mu);
+                L += s_l[ww][r] * c;
+                O += s_acc[((size_t)ww * QM_M + r) * D + d] * c;
+            }
+            /* sum_j p_j v_jd in value units (0 when no key is visible). */
+            const int64_t sv_ = (int64_t)w.kv_head * D + d;
+            O = FMT == QM_I8 ? q.vs[sv_] * (O - q.vo[sv_] * L) : q.vs[sv_] * O;
+            const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+            const int32_t head = w.kv_head * a.G + w.h0 + hh;
+            const int64_t tok = qs + w.i0 + qi;
+            if (w.task >= 0) {
+                /* Split partial: out over this chunk's keys, lse without the sink. */
+                const kva__cuda_task t = a.meta.tasks[w.task];
+                float *blk = a.ws + t.ws_off + (int64_t)w.split * nrows * (D + 1);
+                blk[(int64_t)r * D + d] = L > 0.f ? O / L : 0.f;
+                if (d == 0)
+                    blk[(int64_t)nrows * D + r] =
+                        L > 0.f ? (mu + log2f(L)) * QM_LN2 : (L == 0.f ? -INFINITY : L);
+            } else {
+                float Mt = M, sink2 = -INFINITY;
+                if (a.sinks) {
+                    sink2 = a.sinks[head] * QM_LOG2E;
+                    Mt = fmaxf(M, sink2);
+                }
+                const float mt = Mt == -INFINITY ? 0.f : Mt;
+                const float cf = exp2f(mu - mt);
+                const float Lt = L * cf + (a.sinks ? exp2f(sink2 - mt) : 0.f);
+                const float ov = Lt > 0.f ? O * cf / Lt : (Lt == 0.f ? 0.f : Lt);
+                ((OT *)a.out)[(tok * a.H + head) * D + d] = (OT)ov;
+                if (a.lse && d == 0)
+                    a.lse[tok * a.H + head] =
+                        Lt > 0.f ? (mt + log2f(Lt)) * QM_LN2 : (Lt == 0.f ? -INFINITY : Lt);
+            }
+        }
+        __syncthreads(); /* Q', s_acc and the rings are rewritten by the next item */
+    }
+}
+
+/* ---- host side ---- */
+
+typedef void (*qm_kernel_fn)(kva__cuda_quant_mma_args);
+
+typedef struct qm_launch {
+    qm_kernel_fn fn;
+    int smem;
+} qm_launch;
+
+template <int FMT, typename OT> static qm_launch qm_pick_d(int32_t D)
+{
+    qm_launch k = {NULL, 0};
+    if (D == 64)
+        k = {decode_mma_quant_kernel<FMT, OT, 64>, qm_cfg<64>::SMEM};
+    else if (D == 128)
+        k = {decode_mma_quant_kernel<FMT, OT, 128>, qm_cfg<128>::SMEM};
+    else if (D == 256)
+        k = {decode_mma_quant_kernel<FMT, OT, 256>, qm_cfg<256>::SMEM};
+    return k;
+}
+
+static qm_launch qm_pick(kva_quant quant, kva_dtype dt, int32_t D)
+{
+    qm_launch none = {NULL, 0};
+    const int fp8 = quant == KVA_QUANT_FP8_E4M3;
+    if (quant != KVA_QUANT_INT8_CHANNEL && quant != KVA_QUANT_INT8_TOKEN_K && !fp8)
+        return none;
+    if (dt == KVA_DTYPE_BF16)
+        return fp8 ? qm_pick_d<QM_FP8, __nv_bfloat16>(D) : qm_pick_d<QM_I8, __nv_bfloat16>(D);
+    if (dt == KVA_DTYPE_F16)
+        return fp8 ? qm_pick_d<QM_FP8, __half>(D) : qm_pick_d<QM_I8, __half>(D);
+    return none;
+}
+
+extern "C" int kva__cuda_decode_mma_quant_supported(kva_quant quant, int32_t head_dim,
+                                                    int32_t head_dim_v, kva_dtype q_dtype)
+{
+    return head_dim == head_dim_v && qm_pick(quant, q_dtype, head_dim).fn != NULL;
+}
+
+extern "C" kva_status kva__cuda_decode_mma_quant_launch(const kva__cuda_quant_mma_args *q,
+                                                        kva_quant quant, kva_dtype dtype,
+                                                        int num_sms, void *stream)
+{
+    const qm_launch k = qm_pick(quant, dtype, q->a.D);
+    if (!k.fn || q->a.Dv != q->a.D)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_attention_run: the quantized variant-4 kernel does not cover %s, "
+                         "D = %d, Dv = %d, q dtype %s",
+                         kva_quant_name(quant), (int)q->a.D, (int)q->a.Dv, kva_dtype_name(dtype));
+    KVA_CUDA_TRY(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+    int per_sm = 0;
+    KVA_CUDA_TRY(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, QM_NW * 32, (size_t)k.smem));
+    if (per_sm < 1)
+        return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                         "kva_attention_run: the quantized variant-4 kernel (D %d) cannot be "
+                         "resident",
+                         (int)q->a.D);
+    k.fn<<<num_sms * per_sm, QM_NW * 32, (size_t)k.smem, (cudaStream_t)stream>>>(*q);
+    KVA_CUDA_LAUNCHED("decode_mma_quant_kernel");
+    return KVA_STATUS_OK;
+}
