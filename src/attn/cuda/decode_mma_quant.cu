@@ -55,7 +55,7 @@ enum { QM_I8 = 0, QM_FP8 = 1 };
 template <int D> struct qm_cfg {
     static constexpr int NST = D == 64 ? 8 : D == 128 ? 6 : 5;
     static constexpr int QSTR = D + 8;               /* Q' row stride (halves) */
-    static constexpr int SQ = QM_M * QSTR * 2;       /* Q' [16, D] f16 */
+    static constexpr int SQ = 2 * QM_M * QSTR * 2;   /* Q' hi, lo [16, D] f16 */
     static constexpr int STAGE = 2 * QM_BN * D + 64; /* K, V codes [16, D], 16 key scales */
     static constexpr int SMEM = SQ + QM_NW * NST * STAGE;
     static constexpr int MINB = D == 64 ? 3 : D == 128 ? 2 : 1;
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
     constexpr int NO = D / 8; /* n8 tiles of O */
     extern __shared__ __align__(128) unsigned char qm_buf[];
     __shared__ float s_m[QM_NW][QM_M], s_l[QM_NW][QM_M], s_qo[QM_M];
-    __half *sQ = (__half *)qm_buf;
+    __half *sQ = (__half *)qm_buf, *sQl = sQ + QM_M * QSTR;
     float *s_acc = (float *)(qm_buf + qm_cfg<D>::SQ); /* [NW][16][D] after the loop */
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
         const int32_t s = a.meta.seq_lens[w.req];
         const int32_t *bt_row = a.meta.block_table + (int64_t)w.req * bt_stride;
 
-        /* Q'[r, c] = q[r, c] * ks[kvh, c] in f16 (zeros past nrows). */
+        /* Q'[r, c] = q[r, c] * ks[kvh, c] as two f16, hi + lo (zeros past nrows). */
         for (int x = threadIdx.x; x < QM_M * D; x += QM_NW * 32) {
             const int r = x / D, c = x % D;
             float v = 0.f;
@@ -229,7 +229,9 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
                 const OT *qrow = (const OT *)a.q + ((int64_t)(qs + w.i0 + qi) * a.H + head) * D;
                 v = (float)qrow[c] * q.ks[(int64_t)w.kv_head * D + c];
             }
-            sQ[r * QSTR + c] = __float2half_rn(v);
+            const __half h = __float2half_rn(v);
+            sQ[r * QSTR + c] = h;
+            sQl[r * QSTR + c] = __float2half_rn(v - __half2float(h));
         }
         __syncthreads();
         /* qo[r] = sum_c Q'[r, c] o_c (INT8_CHANNEL offsets), warp w: rows 4w.. */
@@ -239,8 +241,8 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
                 const int r = warp * (QM_M / QM_NW) + rr;
                 float acc = 0.f;
                 for (int c = lane; c < D; c += 32)
-                    acc =
-                        fmaf(__half2float(sQ[r * QSTR + c]), q.ko[(int64_t)w.kv_head * D + c], acc);
+                    acc = fmaf(__half2float(sQ[r * QSTR + c]) + __half2float(sQl[r * QSTR + c]),
+                               q.ko[(int64_t)w.kv_head * D + c], acc);
 #pragma unroll
                 for (int o = 16; o >= 1; o >>= 1)
                     acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -319,34 +321,63 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
             /* S = Q' K^T [16, 16]: sc[nt] is keys nt*8 .. +8 (B column g4 is
              * key g4 + 8 nt). Per 64 channels: the lane's 16 channels
              * 16 t4 .. of rows g4, g4 + 8 of Q' and of its two key rows. */
+            /* Codes are exact in f16 and so are their products with Q' hi
+             * and lo: S is Q' K^T to about 2^-22 (the lo pass is skipped for
+             * per-token keys, where Q' = q is exact in f16). The passes and
+             * (D <= 128) the parity of the 64-channel group accumulate into
+             * separate sets, summed after: shorter chains of dependent mma. */
+            constexpr int NPAR = D == 256 ? 1 : 2;
+            float sp[2 * NPAR][2][4];
+#pragma unroll
+            for (int x = 0; x < 2 * NPAR; x++)
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        sp[x][nt][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 64; kk++) {
+                uint32_t kb[2][4][2];
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    const uint4 kw = *(const uint4 *)(sk + qm_koff<D>(g4 + 8 * nt, kk * 4 + t4));
+                    qm_cvt<FMT>(kw.x, kb[nt][0][0], kb[nt][0][1]);
+                    qm_cvt<FMT>(kw.y, kb[nt][1][0], kb[nt][1][1]);
+                    qm_cvt<FMT>(kw.z, kb[nt][2][0], kb[nt][2][1]);
+                    qm_cvt<FMT>(kw.w, kb[nt][3][0], kb[nt][3][1]);
+                }
+#pragma unroll
+                for (int pass = 0; pass < 2; pass++) {
+                    if (pass == 1 && ktok)
+                        break;
+                    const int x = pass * NPAR + kk % NPAR;
+                    const __half *q0 = (pass ? sQl : sQ) + g4 * QSTR + kk * 64 + 16 * t4;
+                    const uint4 qa0 = *(const uint4 *)q0, qa1 = *(const uint4 *)(q0 + 8);
+                    const uint4 qb0 = *(const uint4 *)(q0 + 8 * QSTR),
+                                qb1 = *(const uint4 *)(q0 + 8 * QSTR + 8);
+                    const uint32_t qr[8] = {qa0.x, qa0.y, qa0.z, qa0.w, qa1.x, qa1.y, qa1.z, qa1.w};
+                    const uint32_t qs8[8] = {qb0.x, qb0.y, qb0.z, qb0.w,
+                                             qb1.x, qb1.y, qb1.z, qb1.w};
+#pragma unroll
+                    for (int st = 0; st < 4; st++) {
+                        const uint32_t af[4] = {qr[2 * st], qs8[2 * st], qr[2 * st + 1],
+                                                qs8[2 * st + 1]};
+                        qm_mma(sp[x][0], af, kb[0][st][0], kb[0][st][1]);
+                        qm_mma(sp[x][1], af, kb[1][st][0], kb[1][st][1]);
+                    }
+                }
+            }
             float sc[2][4];
 #pragma unroll
             for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    sc[nt][e] = 0.f;
+                for (int e = 0; e < 4; e++) {
+                    float v = sp[0][nt][e];
 #pragma unroll
-            for (int kk = 0; kk < D / 64; kk++) {
-                const __half *q0 = sQ + g4 * QSTR + kk * 64 + 16 * t4;
-                const uint4 qa0 = *(const uint4 *)q0, qa1 = *(const uint4 *)(q0 + 8);
-                const uint4 qb0 = *(const uint4 *)(q0 + 8 * QSTR),
-                            qb1 = *(const uint4 *)(q0 + 8 * QSTR + 8);
-                const uint32_t qr[8] = {qa0.x, qa0.y, qa0.z, qa0.w, qa1.x, qa1.y, qa1.z, qa1.w};
-                const uint32_t qs8[8] = {qb0.x, qb0.y, qb0.z, qb0.w, qb1.x, qb1.y, qb1.z, qb1.w};
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++) {
-                    const uint4 kw = *(const uint4 *)(sk + qm_koff<D>(g4 + 8 * nt, kk * 4 + t4));
-                    const uint32_t kws[4] = {kw.x, kw.y, kw.z, kw.w};
-#pragma unroll
-                    for (int st = 0; st < 4; st++) {
-                        uint32_t b0, b1;
-                        qm_cvt<FMT>(kws[st], b0, b1);
-                        const uint32_t af[4] = {qr[2 * st], qs8[2 * st], qr[2 * st + 1],
-                                                qs8[2 * st + 1]};
-                        qm_mma(sc[nt], af, b0, b1);
-                    }
+                    for (int x = 1; x < 2 * NPAR; x++)
+                        v += sp[x][nt][e];
+                    sc[nt][e] = v;
                 }
-            }
             /* Scores: per-token key scales or the offset term. Element e:
              * row g4 + (e >> 1) * 8, key kb + nt * 8 + 2 * t4 + (e & 1). */
             if (ktok) {
