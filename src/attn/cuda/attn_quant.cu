@@ -789,32 +789,7 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
                     cp->rows == KVA__CUDA_MMA_DECODE_ROWS &&
                     kva__cuda_decode_mma_quant_supported(cd->quant, a.D, a.Dv, d->q_dtype);
     if (mma) {
-        kva__cuda_quant_mma_args qm;
-        memset(&qm, 0, sizeof qm);
-        qm.a.meta = a.meta;
-        qm.a.q = q;
-        qm.a.k = cache->k;
-        qm.a.v = cache->v;
-        qm.a.sinks = sinks;
-        qm.a.out = out;
-        qm.a.lse = lse;
-        qm.a.ws = a.ws;
-        qm.a.H = a.H, qm.a.Hkv = a.Hkv, qm.a.G = a.G, qm.a.D = a.D, qm.a.Dv = a.Dv, qm.a.B = a.B;
-        qm.a.layout_hnd = a.hnd;
-        qm.a.causal = a.causal;
-        qm.a.window_left = a.window_left;
-        qm.a.has_alibi = a.has_alibi;
-        qm.a.scale = a.scale;
-        qm.a.softcap = a.softcap;
-        qm.kts = a.kts;
-        qm.ks = a.ks, qm.ko = a.ko, qm.vs = a.vs, qm.vo = a.vo;
-        if (((uintptr_t)cache->k | (uintptr_t)cache->v) % 16 != 0)
-            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                             "kva_attention_run: the quantized variant-4 kernel needs 16-byte "
-                             "aligned k (%p) and v (%p)",
-                             cache->k, cache->v);
-        KVA_TRY(
-            kva__cuda_decode_mma_quant_launch(&qm, cd->quant, d->q_dtype, st->num_sms, st->stream));
+        KVA_TRY(kva__cuda_decode_mma_quant_run(ctx, plan, q, cache, sinks, out, lse));
         a.isub = 0; /* the kernel below runs only the prefill tiles */
     }
     if (kl.smem > 0) /* static + dynamic may pass 48 KiB */

@@ -134,21 +134,15 @@ int kva__cuda_decode_mma_ctas_per_sm(kva_dtype dtype, int32_t head_dim);
 kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int grid,
                                        void *stream);
 /* Variant 4 over quantized caches with 1-byte K and V (decode_mma_quant.cu):
- * the attention arguments plus the cache's scales. */
-typedef struct kva__cuda_quant_mma_args {
-    kva__cuda_attn_args a; /* k, v: the codes; scale, masks, items as variant 4 */
-    const float *kts;      /* [NB, Hkv, B] per-token key scales (INT8_TOKEN_K), or NULL */
-    const float *ks, *ko;  /* [Hkv, D] static K scale / offset (unit / zero for per-token) */
-    const float *vs, *vo;  /* [Hkv, Dv] static V scale / offset */
-} kva__cuda_quant_mma_args;
-/* 1 if the quantized variant-4 kernel covers the shape: INT8_CHANNEL,
- * INT8_TOKEN_K or FP8_E4M3, D = Dv in {64, 128, 256}, f16/bf16 q. */
+ * 1 if it covers the shape (INT8_CHANNEL, INT8_TOKEN_K or FP8_E4M3, D = Dv
+ * in {64, 128, 256}, f16/bf16 q). */
 int kva__cuda_decode_mma_quant_supported(kva_quant quant, int32_t head_dim, int32_t head_dim_v,
                                          kva_dtype q_dtype);
-/* Launches it over every item of the uploaded plan (persistent grid of
- * num_sms x resident CTAs) on stream; split partials as variant 4's. */
-kva_status kva__cuda_decode_mma_quant_launch(const kva__cuda_quant_mma_args *q, kva_quant quant,
-                                             kva_dtype dtype, int num_sms, void *stream);
+/* Launches it over every item of the uploaded plan (persistent grid) on the
+ * context's stream; split partials as variant 4's (the caller merges). */
+kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva_plan *plan, const void *q,
+                                          const kva_cache *cache, const float *sinks, void *out,
+                                          float *lse);
 /* The variant a plan of this shape runs: `want` (0 = the default) resolved to
  * one that exists for it (f32: 1; variant 4 outside its shapes: 3). */
 int kva__cuda_attn_variant_resolve(int want, kva_dtype dtype, int32_t head_dim, int32_t head_dim_v);

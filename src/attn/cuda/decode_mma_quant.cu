@@ -41,6 +41,15 @@ extern "C" {
 #include <cuda_fp8.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
+
+/* Kernel arguments: variant 4's plus the cache's scales. */
+typedef struct kva__cuda_quant_mma_args {
+    kva__cuda_attn_args a; /* k, v: the codes; scale, masks, items as variant 4 */
+    const float *kts;      /* [NB, Hkv, B] per-token key scales (INT8_TOKEN_K), or NULL */
+    const float *ks, *ko;  /* [Hkv, D] static K scale / offset (unit / zero for per-token) */
+    const float *vs, *vo;  /* [Hkv, Dv] static V scale / offset */
+} kva__cuda_quant_mma_args;
 
 #define QM_NW 4  /* warps per CTA */
 #define QM_BN 16 /* keys per tile */
@@ -320,21 +329,18 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
 
             /* S = Q' K^T [16, 16]: sc[nt] is keys nt*8 .. +8 (B column g4 is
              * key g4 + 8 nt). Per 64 channels: the lane's 16 channels
-             * 16 t4 .. of rows g4, g4 + 8 of Q' and of its two key rows. */
-            /* Codes are exact in f16 and so are their products with Q' hi
+             * 16 t4 .. of rows g4, g4 + 8 of Q' and of its two key rows.
+             * Codes are exact in f16 and so are their products with Q' hi
              * and lo: S is Q' K^T to about 2^-22 (the lo pass is skipped for
-             * per-token keys, where Q' = q is exact in f16). The passes and
-             * (D <= 128) the parity of the 64-channel group accumulate into
-             * separate sets, summed after: shorter chains of dependent mma. */
-            constexpr int NPAR = D == 256 ? 1 : 2;
-            float sp[2 * NPAR][2][4];
+             * per-token keys, where Q' = q is exact in f16). One accumulator
+             * set (separate sets per pass and group parity measured the same
+             * on the H100). */
+            float sc[2][4];
 #pragma unroll
-            for (int x = 0; x < 2 * NPAR; x++)
+            for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        sp[x][nt][e] = 0.f;
+                for (int e = 0; e < 4; e++)
+                    sc[nt][e] = 0.f;
 #pragma unroll
             for (int kk = 0; kk < D / 64; kk++) {
                 uint32_t kb[2][4][2];
@@ -350,7 +356,6 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
                 for (int pass = 0; pass < 2; pass++) {
                     if (pass == 1 && ktok)
                         break;
-                    const int x = pass * NPAR + kk % NPAR;
                     const __half *q0 = (pass ? sQl : sQ) + g4 * QSTR + kk * 64 + 16 * t4;
                     const uint4 qa0 = *(const uint4 *)q0, qa1 = *(const uint4 *)(q0 + 8);
                     const uint4 qb0 = *(const uint4 *)(q0 + 8 * QSTR),
@@ -362,22 +367,11 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
                     for (int st = 0; st < 4; st++) {
                         const uint32_t af[4] = {qr[2 * st], qs8[2 * st], qr[2 * st + 1],
                                                 qs8[2 * st + 1]};
-                        qm_mma(sp[x][0], af, kb[0][st][0], kb[0][st][1]);
-                        qm_mma(sp[x][1], af, kb[1][st][0], kb[1][st][1]);
+                        qm_mma(sc[0], af, kb[0][st][0], kb[0][st][1]);
+                        qm_mma(sc[1], af, kb[1][st][0], kb[1][st][1]);
                     }
                 }
             }
-            float sc[2][4];
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float v = sp[0][nt][e];
-#pragma unroll
-                    for (int x = 1; x < 2 * NPAR; x++)
-                        v += sp[x][nt][e];
-                    sc[nt][e] = v;
-                }
             /* Scores: per-token key scales or the offset term. Element e:
              * row g4 + (e >> 1) * 8, key kb + nt * 8 + 2 * t4 + (e & 1). */
             if (ktok) {
@@ -598,16 +592,56 @@ extern "C" int kva__cuda_decode_mma_quant_supported(kva_quant quant, int32_t hea
     return head_dim == head_dim_v && qm_pick(quant, q_dtype, head_dim).fn != NULL;
 }
 
-extern "C" kva_status kva__cuda_decode_mma_quant_launch(const kva__cuda_quant_mma_args *q,
-                                                        kva_quant quant, kva_dtype dtype,
-                                                        int num_sms, void *stream)
+extern "C" kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva_plan *plan,
+                                                     const void *q, const kva_cache *cache,
+                                                     const float *sinks, void *out, float *lse)
 {
-    const qm_launch k = qm_pick(quant, dtype, q->a.D);
-    if (!k.fn || q->a.Dv != q->a.D)
+    const kva__cuda_state *st = (const kva__cuda_state *)ctx->cuda;
+    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
+    const kva_plan_desc *d = &plan->d;
+    const kva_cache_desc *cd = &cache->desc;
+    kva__cuda_quant_mma_args qa;
+    memset(&qa, 0, sizeof qa);
+    kva__cuda_attn_args &a = qa.a;
+    a.meta = st->meta;
+    a.q = q;
+    a.k = cache->k;
+    a.v = cache->v;
+    a.sinks = sinks;
+    a.out = out;
+    a.lse = lse;
+    a.ws = (float *)ctx->workspace;
+    a.H = d->num_heads;
+    a.Hkv = d->num_kv_heads;
+    a.G = d->num_heads / d->num_kv_heads;
+    a.D = d->head_dim;
+    a.Dv = d->head_dim_v;
+    a.B = cd->block_size;
+    a.layout_hnd = cd->layout == KVA_LAYOUT_HND;
+    a.causal = d->causal;
+    a.window_left = d->window_left;
+    a.has_alibi = cp->has_alibi;
+    a.scale = d->scale;
+    a.softcap = d->softcap;
+    /* dev_scales: K scale [Hkv, D], K offset [Hkv, D], V scale, V offset [Hkv, Dv]. */
+    const int64_t hkv = cd->num_kv_heads;
+    qa.kts = cache->k_token_scale;
+    qa.ks = cache->dev_scales;
+    qa.ko = qa.ks + hkv * cd->head_dim;
+    qa.vs = qa.ko + hkv * cd->head_dim;
+    qa.vo = qa.vs + hkv * cd->head_dim_v;
+    const qm_launch k = qm_pick(cd->quant, d->q_dtype, a.D);
+    if (!k.fn || a.Dv != a.D)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_attention_run: the quantized variant-4 kernel does not cover %s, "
                          "D = %d, Dv = %d, q dtype %s",
-                         kva_quant_name(quant), (int)q->a.D, (int)q->a.Dv, kva_dtype_name(dtype));
+                         kva_quant_name(cd->quant), (int)a.D, (int)a.Dv,
+                         kva_dtype_name(d->q_dtype));
+    if (((uintptr_t)a.k | (uintptr_t)a.v) % 16 != 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_attention_run: the quantized variant-4 kernel needs 16-byte aligned "
+                         "k (%p) and v (%p)",
+                         a.k, a.v);
     KVA_CUDA_TRY(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
     int per_sm = 0;
     KVA_CUDA_TRY(
@@ -615,9 +649,9 @@ extern "C" kva_status kva__cuda_decode_mma_quant_launch(const kva__cuda_quant_mm
     if (per_sm < 1)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
                          "kva_attention_run: the quantized variant-4 kernel (D %d) cannot be "
-                         "resident",
-                         (int)q->a.D);
-    k.fn<<<num_sms * per_sm, QM_NW * 32, (size_t)k.smem, (cudaStream_t)stream>>>(*q);
+                         "resident on device %d",
+                         (int)a.D, (int)st->device);
+    k.fn<<<st->num_sms * per_sm, QM_NW * 32, (size_t)k.smem, (cudaStream_t)st->stream>>>(qa);
     KVA_CUDA_LAUNCHED("decode_mma_quant_kernel");
     return KVA_STATUS_OK;
 }
