@@ -17,9 +17,15 @@
  *      dtype's tolerance, over mixed batches (decode, spec decode, chunked
  *      and fresh prefills, which include the prefill tiles of the
  *      tensor-core shapes), GQA/MQA, D != Dv, D not a multiple of 16, masks,
- *      soft-cap, ALiBi, sinks, LSE, split-KV decodes, both kernel variants
- *      (register pipeline, cp.async ring = plan variant 2); outputs poisoned
- *      with NaN before each run, unread token scales and fp8/16-bit slots NaN;
+ *      soft-cap, ALiBi, sinks, LSE, split-KV decodes, the default plans
+ *      (variant 4: the tensor-core kernel of decode_mma_quant.cu for 1-byte
+ *      K/V, whose f16 P adds 2^-11 max|v| to the out bound) and the CUDA-core
+ *      variants (register pipeline, cp.async ring = plan variant 2); outputs
+ *      poisoned with NaN before each run, unread token scales and fp8/16-bit
+ *      slots NaN;
+ *   4b. speculative decodes of 1..8 tokens over default plans (16-row items,
+ *      q_len x G > 8: GQA 1/4/8, D 64/128/256, B 1/16, NHD/HND, splits), on
+ *      the tensor-core kernel and, every third case, the CUDA-core one;
  *   5. a graph captured over a quantized decode replays to the same output.
  * KVA_TEST_QUICK=1 runs the first cases of each list. Exits 77 without a GPU.
  */
