@@ -175,7 +175,29 @@ typedef struct fold_info {
     const float *koff;            /* [D] key offsets of the item's kv head (FMT_I8 keys) */
     const float *voff;            /* [Dv] value offsets (FMT_I8 values) */
     float tok[KVA_CPU_KEY_CHUNK]; /* per-token key scales of the chunk (FMT_I8T) */
+    /* The chunk PF_DIST ahead, prefetched key by key inside the scores loop
+     * of the current chunk (pf_key); NULL once done. */
+    const kva__cpu_chunk_rows *pf;
+    int32_t pf_n;
+    size_t pf_kbytes, pf_vbytes;
 } fold_info;
+
+/* Prefetches (into L2) the K and V rows of key `key` of the chunk fi->pf.
+ * Spread over the scores loop, 8 lines per key (D = 128, bf16) keep the
+ * misses of later chunks in flight while this one computes; a burst of a
+ * whole chunk's 256 lines fills the miss buffers and stalls the core until
+ * they drain (measured: 1 thread, 8 x 4096 bf16, 17.2 -> 12.6 ms together
+ * with reading the rows in place instead of copying them). */
+AI void pf_key(const fold_info *fi, int32_t key)
+{
+    if (!fi->pf || key >= fi->pf_n)
+        return;
+    const char *k = (const char *)fi->pf->k[key], *v = (const char *)fi->pf->v[key];
+    for (size_t b = 0; b < fi->pf_kbytes; b += 64)
+        _mm_prefetch(k + b, _MM_HINT_T2);
+    for (size_t b = 0; b < fi->pf_vbytes; b += 64)
+        _mm_prefetch(v + b, _MM_HINT_T2);
+}
 
 /* Lanes of the last 16-element vector of a row of n elements (n a multiple of 8). */
 #define TAIL16(n) ((n) % 16 ? (__mmask16)0x00ff : (__mmask16)0xffff)
@@ -198,6 +220,7 @@ AI void scores_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, in
     for (int32_t half = 0; half * 16 < nk; half++) {
         for (int32_t t = 0; t < 16; t++) {
             const int32_t key = half * 16 + t;
+            pf_key(fi, key);
             if (key >= nk) {
                 for (int32_t b = 0; b < nb; b++)
                     _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_setzero_ps());
@@ -247,7 +270,7 @@ AI void scores_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, in
  * subnormals count as 0 (the instruction's DAZ), below any tolerance.
  */
 AI void scores_rows_bf16(const kva__cpu_run *run, kva__cpu_scratch *s, const uint16_t *q_row,
-                         int32_t m0, int32_t nb, int32_t nk, const int32_t D)
+                         int32_t m0, int32_t nb, int32_t nk, const int32_t D, const fold_info *fi)
 {
     const int NV = D / 32;
     const __m512 scale = _mm512_set1_ps(run->plan->d.scale);
@@ -255,6 +278,7 @@ AI void scores_rows_bf16(const kva__cpu_run *run, kva__cpu_scratch *s, const uin
     for (int32_t half = 0; half * 16 < nk; half++) {
         for (int32_t t = 0; t < 16; t++) {
             const int32_t key = half * 16 + t;
+            pf_key(fi, key);
             if (key >= nk) {
                 for (int32_t b = 0; b < nb; b++)
                     _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_setzero_ps());
@@ -328,7 +352,6 @@ static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, i
     const kva_dtype dt = run->kv_dt;
     const int direct =
         run->quant || dt == KVA_DTYPE_F32 || dt == KVA_DTYPE_F16 || dt == KVA_DTYPE_BF16;
-    const size_t kesz = kva_dtype_size(dt), vesz = run->cache ? run->cache->v_elem : kesz;
     const int fp8 = run->quant && dt == KVA_DTYPE_FP8_E4M3;
     int nan = 0;
     for (int32_t t = 0; t < n; t++) {
@@ -337,11 +360,11 @@ static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, i
             nan |= copy_row_fp8((unsigned char *)kd, cr->k[t], (size_t)D);
             nan |= copy_row_fp8((unsigned char *)vd, cr->v[t], (size_t)Dv);
         } else if (direct) {
-            /* A tight copy loop keeps many cache misses in flight; the
-             * compute loops then read the chunk from L1/L2 (measured faster
-             * than reading the cache rows inside them). */
-            copy_row((unsigned char *)kd, cr->k[t], (size_t)D * kesz);
-            copy_row((unsigned char *)vd, cr->v[t], (size_t)Dv * vesz);
+            /* Read in place: the rows were prefetched into L2 while the
+             * chunk PF_DIST before this one computed (pf_key). */
+            s->kp[t] = (const float *)cr->k[t];
+            s->vp[t] = (const float *)cr->v[t];
+            continue;
         } else {
             kva__cpu_load_row(kd, cr->k[t], dt, D);
             kva__cpu_load_row(vd, cr->v[t], dt, Dv);
@@ -520,8 +543,7 @@ AI void pv_query_row(kva__cpu_scratch *s, int32_t m0, int32_t nh, int32_t ta, in
  * formats KF, VF are constants in the specialized copies below. */
 AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
                    const kva__cpu_item_geom *g, int32_t c0, int32_t c1, const int32_t D,
-                   const int32_t Dv, const int KF, const int VF, const int bf16dot,
-                   const fold_info *fi)
+                   const int32_t Dv, const int KF, const int VF, const int bf16dot, fold_info *fi)
 {
     const int32_t nh = it->nh;
     for (int32_t ii = 0; ii < it->nq; ii++) {
@@ -537,19 +559,22 @@ AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_s
                 const int64_t row =
                     (int64_t)(g->tok0 + ii) * run->plan->d.num_heads + g->hbase + hb;
                 scores_rows_bf16(run, s, (const uint16_t *)run->q + row * D, ii * nh + hb, nb,
-                                 c1 - c0, D);
-                continue;
-            }
+                                 c1 - c0, D, fi);
+            } else
 #endif
-            scores_rows(run, s, ii * nh + hb, nb, c1 - c0, D, KF, fi);
+                scores_rows(run, s, ii * nh + hb, nb, c1 - c0, D, KF, fi);
+            fi->pf = NULL; /* the first scores pass prefetched the chunk */
         }
         softmax_rows(run, s, ii * nh, nh, g->hbase, pos, c0, a, e);
         pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv, VF, fi->voff);
     }
+    if (fi->pf) /* no query row saw this chunk */
+        kva__cpu_prefetch_chunk(fi->pf, fi->pf_n, fi->pf_kbytes, fi->pf_vbytes);
+    fi->pf = NULL;
 }
 
 typedef void (*step_fn)(const kva__cpu_run *, const kva__work_item *, kva__cpu_scratch *,
-                        const kva__cpu_item_geom *, int32_t, int32_t, const fold_info *);
+                        const kva__cpu_item_geom *, int32_t, int32_t, fold_info *);
 
 /* chunk_step for the (K, V) format pairs that occur: float caches (K and V
  * alike) and the four quantized formats (INT8_CHANNEL, INT8_TOKEN_K,
@@ -584,7 +609,7 @@ typedef void (*step_fn)(const kva__cpu_run *, const kva__work_item *, kva__cpu_s
 #define STEP_D(DIM)                                                                                \
     static void step_d##DIM(const kva__cpu_run *run, const kva__work_item *it,                     \
                             kva__cpu_scratch *s, const kva__cpu_item_geom *g, int32_t c0,          \
-                            int32_t c1, const fold_info *fi)                                       \
+                            int32_t c1, fold_info *fi)                                             \
     {                                                                                              \
         STEP_FORMATS(DIM, DIM);                                                                    \
     }
@@ -597,7 +622,7 @@ STEP_D(256)
 #define STEP_BF16DOT(DIM)                                                                          \
     static void step_bf16dot_d##DIM(const kva__cpu_run *run, const kva__work_item *it,             \
                                     kva__cpu_scratch *s, const kva__cpu_item_geom *g, int32_t c0,  \
-                                    int32_t c1, const fold_info *fi)                               \
+                                    int32_t c1, fold_info *fi)                                     \
     {                                                                                              \
         chunk_step(run, it, s, g, c0, c1, DIM, DIM, FMT_BF16, FMT_BF16, 1, fi);                    \
     }
@@ -608,7 +633,7 @@ STEP_BF16DOT(256)
 
 /* Any other head size (runtime D and Dv, constant row formats). */
 static void step_any(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
-                     const kva__cpu_item_geom *g, int32_t c0, int32_t c1, const fold_info *fi)
+                     const kva__cpu_item_geom *g, int32_t c0, int32_t c1, fold_info *fi)
 {
     const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
     STEP_FORMATS(D, Dv);
@@ -712,6 +737,9 @@ static void run_item(const kva__cpu_run *run, const kva__work_item *it, kva__cpu
     const size_t kbytes = (size_t)D * kv_esz, vbytes = (size_t)Dv * v_esz;
     const int32_t C = KVA_CPU_KEY_CHUNK;
     const int32_t nchunks = (it->k1 - it->k0 + C - 1) / C;
+    fi.pf = NULL;
+    fi.pf_kbytes = kbytes;
+    fi.pf_vbytes = vbytes;
     for (int32_t c = 0; c < PF_DIST && c < nchunks; c++) {
         const int32_t a = it->k0 + c * C, n = it->k1 - a < C ? it->k1 - a : C;
         kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, &rows[c]);
@@ -724,7 +752,8 @@ static void run_item(const kva__cpu_run *run, const kva__work_item *it, kva__cpu
             const int32_t a = c0 + PF_DIST * C, n = it->k1 - a < C ? it->k1 - a : C;
             kva__cpu_chunk_rows *nr = &rows[(c + PF_DIST) % (PF_DIST + 1)];
             kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, nr);
-            kva__cpu_prefetch_chunk(nr, n, kbytes, vbytes);
+            fi.pf = nr; /* prefetched by the scores loop of this chunk */
+            fi.pf_n = n;
         }
         load_chunk(run, &rows[c % (PF_DIST + 1)], c1 - c0, s, &fi);
         step(run, it, s, &g, c0, c1, &fi);
