@@ -182,19 +182,28 @@ typedef struct fold_info {
     size_t pf_kbytes, pf_vbytes;
 } fold_info;
 
-/* Prefetches (into L2) the K and V rows of key `key` of the chunk fi->pf.
- * Spread over the scores loop, 8 lines per key (D = 128, bf16) keep the
- * misses of later chunks in flight while this one computes; a burst of a
- * whole chunk's 256 lines fills the miss buffers and stalls the core until
- * they drain (measured: 1 thread, 8 x 4096 bf16, 17.2 -> 12.6 ms together
- * with reading the rows in place instead of copying them). */
-AI void pf_key(const fold_info *fi, int32_t key)
+/* Prefetches (into L2) the K row (pf_key_k) or the V row (pf_key_v) of key
+ * `key` of the chunk fi->pf. The K rows are requested from the scores loop
+ * and the V rows from the P.V loop of the chunk PF_DIST before: spread over
+ * the compute, 4 + 4 lines per key (D = 128, bf16) keep the misses of later
+ * chunks in flight while this one computes, whereas a burst of a whole
+ * chunk's 256 lines fills the miss buffers and stalls the core until they
+ * drain (1 thread, 8 x 4096 bf16: 17.2 -> 10.6 ms together with reading the
+ * rows in place instead of copying them first). */
+AI void pf_key_k(const fold_info *fi, int32_t key)
 {
-    if (!fi->pf || key >= fi->pf_n)
+    if (!fi || !fi->pf || key >= fi->pf_n)
         return;
-    const char *k = (const char *)fi->pf->k[key], *v = (const char *)fi->pf->v[key];
+    const char *k = (const char *)fi->pf->k[key];
     for (size_t b = 0; b < fi->pf_kbytes; b += 64)
         _mm_prefetch(k + b, _MM_HINT_T2);
+}
+
+AI void pf_key_v(const fold_info *fi, int32_t key)
+{
+    if (!fi || !fi->pf || key >= fi->pf_n)
+        return;
+    const char *v = (const char *)fi->pf->v[key];
     for (size_t b = 0; b < fi->pf_vbytes; b += 64)
         _mm_prefetch(v + b, _MM_HINT_T2);
 }
@@ -220,7 +229,7 @@ AI void scores_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, in
     for (int32_t half = 0; half * 16 < nk; half++) {
         for (int32_t t = 0; t < 16; t++) {
             const int32_t key = half * 16 + t;
-            pf_key(fi, key);
+            pf_key_k(fi, key);
             if (key >= nk) {
                 for (int32_t b = 0; b < nb; b++)
                     _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_setzero_ps());
@@ -269,18 +278,24 @@ AI void scores_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, in
  * and the softmax scale multiplies the scores. Inputs that are bf16
  * subnormals count as 0 (the instruction's DAZ), below any tolerance.
  */
-AI void scores_rows_bf16(const kva__cpu_run *run, kva__cpu_scratch *s, const uint16_t *q_row,
-                         int32_t m0, int32_t nb, int32_t nk, const int32_t D, const fold_info *fi)
+AI void scores_bf16_nb(const kva__cpu_run *run, kva__cpu_scratch *s, const uint16_t *q_row,
+                       int32_t m0, const int NB, int32_t nk, const int32_t D, const fold_info *fi)
 {
     const int NV = D / 32;
     const __m512 scale = _mm512_set1_ps(run->plan->d.scale);
     float *vs = s->vs;
+    /* q of the NB heads in registers for the whole chunk (NB = 4, D = 128:
+     * 16 zmm), so each key costs its 4 K loads and NB * NV dot products. */
+    __m512bh qr[8][8];
+    for (int b = 0; b < NB; b++)
+        for (int j = 0; j < NV; j++)
+            qr[b][j] = (__m512bh)_mm512_loadu_si512(q_row + (size_t)b * D + 32 * j);
     for (int32_t half = 0; half * 16 < nk; half++) {
         for (int32_t t = 0; t < 16; t++) {
             const int32_t key = half * 16 + t;
-            pf_key(fi, key);
+            pf_key_k(fi, key);
             if (key >= nk) {
-                for (int32_t b = 0; b < nb; b++)
+                for (int b = 0; b < NB; b++)
                     _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_setzero_ps());
                 continue;
             }
@@ -288,27 +303,47 @@ AI void scores_rows_bf16(const kva__cpu_run *run, kva__cpu_scratch *s, const uin
             const uint16_t *kp = (const uint16_t *)s->kp[key];
             for (int j = 0; j < NV; j++)
                 kr[j] = (__m512bh)_mm512_loadu_si512(kp + 32 * j);
-            for (int32_t b = 0; b < nb; b++) {
-                const uint16_t *q = q_row + (size_t)b * D;
+            for (int b = 0; b < NB; b++) {
                 __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
                 for (int j = 0; j + 1 < NV; j += 2) {
-                    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(q + 32 * j), kr[j]);
-                    a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(q + 32 * j + 32),
-                                          kr[j + 1]);
+                    a0 = _mm512_dpbf16_ps(a0, qr[b][j], kr[j]);
+                    a1 = _mm512_dpbf16_ps(a1, qr[b][j + 1], kr[j + 1]);
                 }
                 if (NV % 2)
-                    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(q + 32 * (NV - 1)),
-                                          kr[NV - 1]);
+                    a0 = _mm512_dpbf16_ps(a0, qr[b][NV - 1], kr[NV - 1]);
                 _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_add_ps(a0, a1));
             }
         }
-        for (int32_t b = 0; b < nb; b++) {
+        for (int b = 0; b < NB; b++) {
             __m512 v[16];
             for (int t = 0; t < 16; t++)
                 v[t] = _mm512_loadu_ps(vs + (b * 16 + t) * 16);
             _mm512_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + half * 16,
                              _mm512_mul_ps(hsum16(v), scale));
         }
+    }
+}
+
+/* scores_bf16_nb with the head count nb (1..8) as a constant. */
+AI void scores_rows_bf16(const kva__cpu_run *run, kva__cpu_scratch *s, const uint16_t *q_row,
+                         int32_t m0, int32_t nb, int32_t nk, const int32_t D, const fold_info *fi)
+{
+    switch (nb) {
+#define NB_CASE(n)                                                                                 \
+    case n:                                                                                        \
+        scores_bf16_nb(run, s, q_row, m0, n, nk, D, fi);                                           \
+        break;
+        NB_CASE(1)
+        NB_CASE(2)
+        NB_CASE(3)
+        NB_CASE(4)
+        NB_CASE(5)
+        NB_CASE(6)
+        NB_CASE(7)
+        NB_CASE(8)
+#undef NB_CASE
+    default:
+        break;
     }
 }
 #endif
@@ -462,12 +497,19 @@ AI void softmax_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, i
  * over output dims [d0, d0 + 16 * NV) (NV zmm per row, the last one masked
  * by tail). V rows are read in their format kd and converted in registers,
  * once for the NB heads. Rows that are not live keep their accumulators.
+ *
+ * bf16 rows in full blocks of 32 dims (pair = 1) are converted without a
+ * shuffle: one 64-byte load holds 32 values, the even dims are the words
+ * shifted up by 16, the odd dims the words masked to their upper half. The
+ * accumulators then hold each 32-dim block as [16 even dims, 16 odd dims]
+ * (bf16_acc_unpair restores the order once per item).
  */
 AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_t d0,
                  const int32_t Dv, const int kd, const float *voff, const int NB, const int NV,
-                 __mmask16 tail)
+                 __mmask16 tail, const fold_info *pf)
 {
-    __m512 acc[8][2], vo[2];
+    const int pair = kd == FMT_BF16 && NV % 2 == 0 && tail == 0xffff;
+    __m512 acc[8][4], vo[4];
     /* FMT_I8 values: acc += p (v - o); run_item multiplies acc by s at the end. */
     for (int j = 0; j < NV; j++)
         vo[j] = kd == FMT_I8
@@ -481,15 +523,26 @@ AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_
             acc[b][j] =
                 _mm512_mul_ps(_mm512_maskz_loadu_ps(j == NV - 1 ? tail : 0xffff, ar + 16 * j), al);
     }
+    const float *pm = s->pm + (size_t)m0 * KVA_CPU_KEY_CHUNK;
     for (int32_t t = ta; t < te; t++) {
-        __m512 v[2];
-        for (int j = 0; j < NV; j++)
-            v[j] = ld16(vp[t], d0 + 16 * j, kd, j == NV - 1 ? tail : 0xffff);
+        pf_key_v(pf, t);
+        __m512 v[4];
+        if (pair) {
+            const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+            for (int j = 0; j < NV; j += 2) {
+                const __m512i w = _mm512_loadu_si512((const uint16_t *)vp[t] + d0 + 16 * j);
+                v[j] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+                v[j + 1] = _mm512_castsi512_ps(_mm512_and_si512(w, hi));
+            }
+        } else {
+            for (int j = 0; j < NV; j++)
+                v[j] = ld16(vp[t], d0 + 16 * j, kd, j == NV - 1 ? tail : 0xffff);
+        }
         if (kd == FMT_I8)
             for (int j = 0; j < NV; j++)
                 v[j] = _mm512_sub_ps(v[j], vo[j]);
         for (int b = 0; b < NB; b++) {
-            const __m512 p = _mm512_set1_ps(s->pm[(size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + t]);
+            const __m512 p = _mm512_set1_ps(pm[(size_t)b * KVA_CPU_KEY_CHUNK + t]);
             for (int j = 0; j < NV; j++)
                 acc[b][j] = _mm512_fmadd_ps(p, v[j], acc[b][j]);
         }
@@ -503,40 +556,65 @@ AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_
     }
 }
 
-/* P.V of NB rows over all output dims: blocks of 32, then 16, then 8. */
+/* P.V of NB rows over all output dims: blocks of 64 dims while NB <= 4 (16
+ * accumulators: each broadcast of p serves 4 vectors), 32 otherwise, then 16,
+ * then 8. */
 AI void pv_rows(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, const int32_t Dv,
-                const int kd, const float *voff, const int NB)
+                const int kd, const float *voff, const int NB, const fold_info *pf)
 {
     int32_t d = 0;
-    for (; d + 32 <= Dv; d += 32)
-        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 2, 0xffff);
+    if (NB <= 4)
+        for (; d + 64 <= Dv; d += 64, pf = NULL)
+            pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 4, 0xffff, pf);
+    for (; d + 32 <= Dv; d += 32, pf = NULL)
+        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 2, 0xffff, pf);
     if (d + 16 <= Dv) {
-        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 1, 0xffff);
+        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 1, 0xffff, pf);
         d += 16;
+        pf = NULL;
     }
     if (d < Dv)
-        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 1, 0x00ff);
+        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 1, 0x00ff, pf);
+}
+
+/* Restores the dim order of the M accumulator rows [M, Dv] after P.V over
+ * bf16 values (pv_block's pair layout: each full 32-dim block stored as
+ * [even dims, odd dims]). */
+static void bf16_acc_unpair(float *acc, int32_t M, int32_t Dv)
+{
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi =
+        _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    for (int32_t m = 0; m < M; m++)
+        for (int32_t d = 0; d + 32 <= Dv; d += 32) {
+            float *a = acc + (size_t)m * Dv + d;
+            const __m512 ev = _mm512_loadu_ps(a), od = _mm512_loadu_ps(a + 16);
+            _mm512_storeu_ps(a, _mm512_permutex2var_ps(ev, lo, od));
+            _mm512_storeu_ps(a + 16, _mm512_permutex2var_ps(ev, hi, od));
+        }
 }
 
 /* P.V of the nh rows m0.. of one query row, keys [ta, te) of the chunk
  * (indices relative to its start), in register blocks of 8, 4, 2, 1 rows. */
 AI void pv_query_row(kva__cpu_scratch *s, int32_t m0, int32_t nh, int32_t ta, int32_t te,
-                     const int32_t Dv, const int kd, const float *voff)
+                     const int32_t Dv, const int kd, const float *voff, const fold_info *pf)
 {
     int32_t m = m0;
     const int32_t m1 = m0 + nh;
-    for (; m + 8 <= m1; m += 8)
-        pv_rows(s, m, ta, te, Dv, kd, voff, 8);
+    for (; m + 8 <= m1; m += 8, pf = NULL)
+        pv_rows(s, m, ta, te, Dv, kd, voff, 8, pf);
     if (m + 4 <= m1) {
-        pv_rows(s, m, ta, te, Dv, kd, voff, 4);
+        pv_rows(s, m, ta, te, Dv, kd, voff, 4, pf);
         m += 4;
+        pf = NULL;
     }
     if (m + 2 <= m1) {
-        pv_rows(s, m, ta, te, Dv, kd, voff, 2);
+        pv_rows(s, m, ta, te, Dv, kd, voff, 2, pf);
         m += 2;
+        pf = NULL;
     }
     if (m < m1)
-        pv_rows(s, m, ta, te, Dv, kd, voff, 1);
+        pv_rows(s, m, ta, te, Dv, kd, voff, 1, pf);
 }
 
 /* One chunk [c0, c1) for every query row of the item. D, Dv and the row
@@ -563,10 +641,17 @@ AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_s
             } else
 #endif
                 scores_rows(run, s, ii * nh + hb, nb, c1 - c0, D, KF, fi);
-            fi->pf = NULL; /* the first scores pass prefetched the chunk */
         }
         softmax_rows(run, s, ii * nh, nh, g->hbase, pos, c0, a, e);
-        pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv, VF, fi->voff);
+        pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv, VF, fi->voff, fi->pf ? fi : NULL);
+        if (fi->pf) {
+            /* The first query row's passes prefetched K of every key and V
+             * of keys [a, e); the V rows of the others follow here. */
+            for (int32_t t = 0; t < fi->pf_n; t++)
+                if (t < a - c0 || t >= e - c0)
+                    pf_key_v(fi, t);
+            fi->pf = NULL;
+        }
     }
     if (fi->pf) /* no query row saw this chunk */
         kva__cpu_prefetch_chunk(fi->pf, fi->pf_n, fi->pf_kbytes, fi->pf_vbytes);
@@ -758,6 +843,8 @@ static void run_item(const kva__cpu_run *run, const kva__work_item *it, kva__cpu
         load_chunk(run, &rows[c % (PF_DIST + 1)], c1 - c0, s, &fi);
         step(run, it, s, &g, c0, c1, &fi);
     }
+    if (fi.vf == FMT_BF16)
+        bf16_acc_unpair(s->acc, g.M, Dv);
     fold_end(run, it, s, &g, &fi);
     kva__cpu_item_finish(run, it, s, &g);
 }
