@@ -348,36 +348,23 @@ AI void scores_rows_bf16(const kva__cpu_run *run, kva__cpu_scratch *s, const uin
 }
 #endif
 
-/* Copies a row of `bytes` bytes (a multiple of 8: D is a multiple of 8). */
-AI void copy_row(unsigned char *restrict dst, const unsigned char *restrict src, size_t bytes)
-{
-    size_t b = 0;
-    for (; b + 64 <= bytes; b += 64)
-        _mm512_storeu_si512(dst + b, _mm512_loadu_si512(src + b));
-    for (; b + 16 <= bytes; b += 16)
-        _mm_storeu_si128((__m128i *)(dst + b), _mm_loadu_si128((const __m128i *)(src + b)));
-    if (b < bytes) /* 8 bytes of an int8/fp8 row */
-        memcpy(dst + b, src + b, 8);
-}
-
-/* copy_row for an fp8 row; returns whether it holds a NaN code (0x7f, 0xff). */
-AI int copy_row_fp8(unsigned char *restrict dst, const unsigned char *restrict src, size_t bytes)
+/* Whether an fp8 row of `bytes` bytes holds a NaN code (0x7f, 0xff). */
+AI int row_has_nan_fp8(const unsigned char *src, size_t bytes)
 {
     const __m512i lo7 = _mm512_set1_epi8(0x7f);
     __mmask64 nan = 0;
-    size_t b = 0;
-    for (; b < bytes; b += 64) {
+    for (size_t b = 0; b < bytes; b += 64) {
         const __mmask64 m = bytes - b >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (bytes - b)) - 1;
         const __m512i x = _mm512_maskz_loadu_epi8(m, src + b);
-        _mm512_mask_storeu_epi8(dst + b, m, x);
         nan |= _mm512_mask_cmpeq_epi8_mask(m, _mm512_and_si512(x, lo7), lo7);
     }
     return nan != 0;
 }
 
-/* Rows of a chunk for the loops below: s->kp/vp [KEY_CHUNK] point at copies
- * of the rows in their storage format (f32, f16, bf16, and the int8/fp8 rows
- * of a quantized cache, with fi->tok the per-token key scales); any other
+/* Rows of a chunk for the loops below: s->kp/vp [KEY_CHUNK] point at the
+ * cache rows themselves in their storage format (f32, f16, bf16, and the
+ * int8/fp8 rows of a quantized cache, with fi->tok the per-token key scales;
+ * rows n.. repeat row 0); any other
  * storage dtype is converted to fp32 with kva__cpu_load_row. Sets fi->kf/vf
  * to the formats the loops read. */
 static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, int32_t n,
@@ -390,22 +377,21 @@ static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, i
     const int fp8 = run->quant && dt == KVA_DTYPE_FP8_E4M3;
     int nan = 0;
     for (int32_t t = 0; t < n; t++) {
-        float *kd = s->kbuf + (size_t)t * D, *vd = s->vbuf + (size_t)t * Dv;
-        if (fp8) {
-            nan |= copy_row_fp8((unsigned char *)kd, cr->k[t], (size_t)D);
-            nan |= copy_row_fp8((unsigned char *)vd, cr->v[t], (size_t)Dv);
-        } else if (direct) {
+        if (direct) {
             /* Read in place: the rows were prefetched into L2 while the
-             * chunk PF_DIST before this one computed (pf_key). */
+             * chunk PF_DIST before this one computed (pf_key_k/v); fp8 rows
+             * are only scanned for NaN codes. */
+            if (fp8)
+                nan |= row_has_nan_fp8(cr->k[t], (size_t)D) | row_has_nan_fp8(cr->v[t], (size_t)Dv);
             s->kp[t] = (const float *)cr->k[t];
             s->vp[t] = (const float *)cr->v[t];
-            continue;
         } else {
+            float *kd = s->kbuf + (size_t)t * D, *vd = s->vbuf + (size_t)t * Dv;
             kva__cpu_load_row(kd, cr->k[t], dt, D);
             kva__cpu_load_row(vd, cr->v[t], dt, Dv);
+            s->kp[t] = kd;
+            s->vp[t] = vd;
         }
-        s->kp[t] = kd;
-        s->vp[t] = vd;
     }
     for (int32_t t = n; t < KVA_CPU_KEY_CHUNK; t++) {
         s->kp[t] = s->kp[0];
