@@ -278,7 +278,8 @@ AI void softmax_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, i
             _mm256_storeu_ps(pm + 8 * j, p);
             psum = _mm256_add_ps(psum, p);
         }
-        const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
+        /* The max rarely changes once a few chunks are in: no expf then. */
+        const float alpha = mold == mnew ? 1.0f : mold == -INFINITY ? 0.0f : expf(mold - mnew);
         s->mx[m] = mnew;
         s->sum[m] = s->sum[m] * alpha + hadd8(psum);
         s->alpha[m] = alpha;

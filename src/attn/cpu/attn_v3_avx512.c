@@ -469,7 +469,8 @@ AI void softmax_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, i
         const __m512 p1 = exp16(_mm512_sub_ps(sc[1], mv));
         _mm512_storeu_ps(pm, p0);
         _mm512_storeu_ps(pm + 16, p1);
-        const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
+        /* The max rarely changes once a few chunks are in: no expf then. */
+        const float alpha = mold == mnew ? 1.0f : mold == -INFINITY ? 0.0f : expf(mold - mnew);
         s->mx[m] = mnew;
         s->sum[m] = s->sum[m] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
         s->alpha[m] = alpha;
