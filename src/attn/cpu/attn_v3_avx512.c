@@ -213,58 +213,90 @@ AI void pf_key_v(const fold_info *fi, int32_t key)
 #define NVEC16(n) (((n) + 15) / 16)
 
 /*
- * Scores of the nb (<= 8) rows m0.. (q tile rows of one query row) against
- * the chunk's nk keys, into s->pm [m, KEY_CHUNK]. Keys are the outer loop:
- * each key row is loaded and converted once into registers and serves the nb
- * heads; the per-(head, key) 16-lane partial sums go to s->vs [8, 16, 16] and
- * hsum16 turns 16 keys of a head into one vector of scores.
+ * Scores of the NB (<= 8) rows m0.. (q tile rows of one query row) against
+ * the chunk's nk keys, into s->pm [m, KEY_CHUNK]. The head dims are taken in
+ * parts of PW vectors (64 dims for up to 4 heads, 32 for more): the part of
+ * q of the NB heads stays in registers (16 zmm) while the keys stream
+ * through, each key's part loaded and converted once for the NB heads. The
+ * per-(head, key) 16-lane partial sums add up over the parts in s->vs
+ * [2 halves of the chunk, 8 heads, 16 keys, 16 lanes]; hsum16 turns 16 keys of a head into one
+ * vector of scores.
  */
-AI void scores_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, int32_t nb,
-                    int32_t nk, const int32_t D, const int kd, const fold_info *fi)
+AI void scores_nb(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk, const int32_t D,
+                  const int kd, const fold_info *fi)
 {
     const int NV = NVEC16(D);
     const __mmask16 tail = TAIL16(D);
+    const int PW = NB <= 4 ? 4 : 2;
     float *vs = s->vs;
-    (void)run;
-    for (int32_t half = 0; half * 16 < nk; half++) {
-        for (int32_t t = 0; t < 16; t++) {
-            const int32_t key = half * 16 + t;
-            pf_key_k(fi, key);
+    const int32_t nkr = (nk + 15) & ~15; /* keys rounded up to whole vectors of scores */
+    for (int j0 = 0; j0 < NV; j0 += PW) {
+        const int nj = NV - j0 < PW ? NV - j0 : PW;
+        __m512 qr[8][4];
+        for (int b = 0; b < NB; b++)
+            for (int j = 0; j < nj; j++)
+                qr[b][j] = _mm512_maskz_loadu_ps(j0 + j == NV - 1 ? tail : 0xffff,
+                                                 s->q + (size_t)(m0 + b) * D + 16 * (j0 + j));
+        for (int32_t key = 0; key < nkr; key++) {
+            if (j0 == 0)
+                pf_key_k(fi, key);
             if (key >= nk) {
-                for (int32_t b = 0; b < nb; b++)
-                    _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_setzero_ps());
+                if (j0 == 0)
+                    for (int b = 0; b < NB; b++)
+                        _mm512_storeu_ps(vs + ((key >> 4) * 128 + b * 16 + (key & 15)) * 16,
+                                         _mm512_setzero_ps());
                 continue;
             }
-            __m512 kr[16];
-            for (int j = 0; j < NV; j++) {
-                const __mmask16 mj = j == NV - 1 ? tail : 0xffff;
-                kr[j] = ld16(s->kp[key], 16 * j, kd, mj);
+            __m512 kr[4];
+            for (int j = 0; j < nj; j++) {
+                const __mmask16 mj = j0 + j == NV - 1 ? tail : 0xffff;
+                kr[j] = ld16(s->kp[key], 16 * (j0 + j), kd, mj);
                 /* (k - o): q already holds q * s (no cancellation-prone expansion). */
                 if (kd == FMT_I8)
-                    kr[j] = _mm512_sub_ps(kr[j], _mm512_maskz_loadu_ps(mj, fi->koff + 16 * j));
+                    kr[j] =
+                        _mm512_sub_ps(kr[j], _mm512_maskz_loadu_ps(mj, fi->koff + 16 * (j0 + j)));
             }
-            for (int32_t b = 0; b < nb; b++) {
-                const float *q = s->q + (size_t)(m0 + b) * D;
-                __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-                for (int j = 0; j + 1 < NV; j += 2) {
-                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * j), kr[j], a0);
-                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * j + 16), kr[j + 1], a1);
-                }
-                if (NV % 2)
-                    a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q + 16 * (NV - 1)), kr[NV - 1],
-                                         a0);
-                _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_add_ps(a0, a1));
+            for (int b = 0; b < NB; b++) {
+                __m512 a0 = _mm512_mul_ps(qr[b][0], kr[0]);
+                for (int j = 1; j < nj; j++)
+                    a0 = _mm512_fmadd_ps(qr[b][j], kr[j], a0);
+                float *dst = vs + ((key >> 4) * 128 + b * 16 + (key & 15)) * 16;
+                _mm512_storeu_ps(dst, j0 == 0 ? a0 : _mm512_add_ps(_mm512_loadu_ps(dst), a0));
             }
         }
-        for (int32_t b = 0; b < nb; b++) {
+    }
+    for (int32_t half = 0; half * 16 < nk; half++)
+        for (int b = 0; b < NB; b++) {
             __m512 v[16];
             for (int t = 0; t < 16; t++)
-                v[t] = _mm512_loadu_ps(vs + (b * 16 + t) * 16);
+                v[t] = _mm512_loadu_ps(vs + (half * 128 + b * 16 + t) * 16);
             __m512 sc = hsum16(v);
             if (kd == FMT_I8T) /* score = s_tok * (q . k) */
                 sc = _mm512_mul_ps(sc, _mm512_loadu_ps(fi->tok + half * 16));
             _mm512_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + half * 16, sc);
         }
+}
+
+/* scores_nb with the head count nb (1..8) as a constant. */
+AI void scores_rows(kva__cpu_scratch *s, int32_t m0, int32_t nb, int32_t nk, const int32_t D,
+                    const int kd, const fold_info *fi)
+{
+    switch (nb) {
+#define NB_CASE(n)                                                                                 \
+    case n:                                                                                        \
+        scores_nb(s, m0, n, nk, D, kd, fi);                                                        \
+        break;
+        NB_CASE(1)
+        NB_CASE(2)
+        NB_CASE(3)
+        NB_CASE(4)
+        NB_CASE(5)
+        NB_CASE(6)
+        NB_CASE(7)
+        NB_CASE(8)
+#undef NB_CASE
+    default:
+        break;
     }
 }
 
@@ -627,7 +659,7 @@ AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_s
                                  c1 - c0, D, fi);
             } else
 #endif
-                scores_rows(run, s, ii * nh + hb, nb, c1 - c0, D, KF, fi);
+                scores_rows(s, ii * nh + hb, nb, c1 - c0, D, KF, fi);
         }
         softmax_rows(run, s, ii * nh, nh, g->hbase, pos, c0, a, e);
         pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv, VF, fi->voff, fi->pf ? fi : NULL);
