@@ -4,15 +4,18 @@
  * adds AVX512_BF16 scores.
  *
  * Same work item and semantics as v1 (attn_v1.c); what changes:
- *   - load_chunk copies the chunk's K and V rows, in their storage format,
- *     into the thread's scratch with one tight loop of 64-byte moves. It is
- *     the one place that reads the storage layout: f32/f16/bf16 rows and the
- *     int8/fp8 rows of a quantized cache are copied (1 byte per element:
- *     half the bytes of f16), any other storage dtype is converted to fp32
- *     there through kva__cpu_load_row. Copying first keeps many cache
- *     misses in flight; reading the cache rows inside the compute loops was
- *     2.7x slower from DRAM (1 thread, bf16, H=32 Hkv=8, 8 x 4096 keys:
- *     50 -> 18 ms, best of 3 on the shared VM).
+ *   - The loops read the K and V rows in place, in their storage format
+ *     (f32/f16/bf16, and the int8/fp8 rows of a quantized cache: 1 byte per
+ *     element); load_chunk only points s->kp/vp at them (fp8 rows are
+ *     scanned for NaN codes there) and converts any other storage dtype to
+ *     fp32 through kva__cpu_load_row. The rows of the chunk two ahead are
+ *     prefetched into L2 key by key from the compute loops (K rows from the
+ *     scores loop, V rows from the P.V loop): spread like this the misses
+ *     stay in flight while the chunk computes. (An earlier version copied
+ *     each chunk into scratch after prefetching it in one burst: the burst
+ *     filled the miss buffers and stalled the core, the copy cost about 40
+ *     cycles per key in L2. In place + spread: 1 thread, bf16, H=32 Hkv=8,
+ *     8 x 4096 keys, 17.2 -> 12 ms.)
  *   - Quantized rows are converted in registers like f16/bf16 (ld16: int8
  *     vpmovsxbd + vcvtdq2ps; fp8 e4m3 rebuilt as f16 bits + vcvtph2ps) and
  *     the scales are folded out of the inner loops: per-channel key scales
@@ -23,17 +26,21 @@
  *     acc *= s: P.V, the partials and their merge are linear in V).
  *   - Scores: keys are the outer loop; each K row is converted once into
  *     registers (ld16: bf16 widen + shift, f16 vcvtph2ps) and serves up to 8
- *     heads; the per-(head, key) 16-lane partial sums are reduced 16 keys at
- *     a time by one 16x16 transpose-and-add (hsum16).
+ *     heads, whose q stays in registers (64-dim parts of the head for up to
+ *     4 heads); the per-(head, key) 16-lane partial sums are reduced 16 keys
+ *     at a time by one 16x16 transpose-and-add (hsum16).
  *   - Variant 4, bf16 q and cache: vdpbf16ps multiplies bf16 pairs exactly
  *     and adds in fp32 (half the instructions, no conversion of K); the
- *     softmax scale multiplies the scores instead of q.
+ *     softmax scale multiplies the scores instead of q, which stays in
+ *     registers as bf16 for the chunk.
  *   - The softmax update runs on vectors of 16 scores: lanes outside the
- *     row's visible keys are -inf, exp16 (degree-7 polynomial + vscalefps).
- *   - P.V is register-blocked: up to 8 heads x 32 output dims in 16 zmm
- *     accumulators while the V rows stream through, converted in registers
- *     once per head block.
- *   - Copies specialized for D = Dv = 64, 128, 256 and each row format;
+ *     row's visible keys are -inf, exp16 (degree-7 polynomial + vscalefps);
+ *     no expf for the rescale when the running max did not change.
+ *   - P.V is register-blocked: 4 heads x 64 output dims (or 8 heads x 32) in
+ *     16 zmm accumulators while the V rows stream through, converted in
+ *     registers once per head block; bf16 rows without a shuffle (even and
+ *     odd dims of one 64-byte load, accumulators un-paired once per item).
+ *   - Loops specialized for D = Dv = 64, 128, 256 and each row format;
  *     other shapes take a runtime-D copy.
  *
  * Non-finite semantics are v1's: NaN scores do not enter the max and make
@@ -41,25 +48,16 @@
  * part in the chunk's P.V, so 0 * inf in V cannot reach it); p = 0 keys
  * inside the visible range are accumulated like v1 does.
  *
- * Measured (`kvattn bench`, bf16, H=32 Hkv=8 D=128, 16 x 4096 keys, shared
- * 2-core Zen 4 VM, best of 3): 1 thread v1 77 ms, v3 35.5 ms, v4 34.5 ms;
- * 2 threads v1 46 ms, v3 21.9 ms, v4 20.1 ms (13.3 GB/s). In L2 the g = 4
- * kernel spends about 125 cycles per key and kv head: 16 vdpbf16ps + 32 FMAs
- * + the chunk copy + the reductions; from DRAM about 220. Details and the
- * arithmetic-intensity bound: docs/performance.md.
- * Quantized caches (decode, 4 x 16384 keys, same shape, 2 threads, 4
- * interleaved rounds, load ~1.2): int8_channel 14.7 ms against f16 24.6 ms
- * (1.7x; 1 thread 1.46x) and 31.0 ms when the chunk was dequantized to fp32;
- * fp8 20.4 ms. Not the 2x the halved bytes allow: at GQA 4 the loops are
- * compute-bound (~170 cycles per key and kv head on int8, 1 thread), see
- * docs/quant.md.
- * Tried and dropped (A/B, best of 3, 1 thread, 8 x 4096 keys): spreading the
- * next chunk's prefetches over the scores loop (10.5 -> 16.4 ms, slower);
- * prefetcht0 instead of prefetcht2 (slower); prefetching every other line
- * (16.5 -> 22 ms); prefetch distance 1, 4, 6 chunks instead of 2 (within
- * noise); copying the next chunk in two slices between the phases of the
- * current one, double-buffered (16.6 -> 16.3 ms at g = 4, none at g = 1:
- * not worth the second buffer).
+ * Measured: docs/performance.md ("CPU decode loops rework"). In L2, 1
+ * thread, GQA 4, D = 128 bf16 (v4), a key and kv head cost about 125 cycles
+ * before the rework and about 90 after it (scores ~28, softmax ~10, P.V ~41
+ * against 16 vdpbf16ps + 32 FMAs = 48 cycles of FMA-port work); from DRAM
+ * the misses left after prefetching still add about 40 cycles.
+ * Tried and dropped (A/B, 1 thread, bf16, 8 x 4096 keys, alternating
+ * rounds): prefetch distance 1, 3, 4, 8, 16 chunks instead of 2 (equal or
+ * slower: 16 chunks 27 vs 19 ms at GQA 1); prefetcht0 / prefetchnta instead
+ * of prefetcht2 (2x slower: L1 prefetches of DRAM lines hold the L1 miss
+ * buffers); prefetcht1 (same as t2); no software prefetch (2.2x slower).
  */
 #include "cpu_attn.h"
 
@@ -70,11 +68,11 @@
 
 #define AI static inline __attribute__((always_inline))
 
-/* e^x in fp32 for x <= 0 (the softmax's only inputs): x = n ln2 + r with
- * |r| <= ln2/2 (two-part ln2), e^r by its degree-7 Taylor polynomial (error
- * below 1e-8 relative, about one ulp in total), times 2^n by vscalefps, which
- * flushes to 0 below the smallest subnormal; x = -inf gives 0, NaN stays NaN. */
-AI __m512 exp16(__m512 x)
+    /* e^x in fp32 for x <= 0 (the softmax's only inputs): x = n ln2 + r with
+     * |r| <= ln2/2 (two-part ln2), e^r by its degree-7 Taylor polynomial (error
+     * below 1e-8 relative, about one ulp in total), times 2^n by vscalefps, which
+     * flushes to 0 below the smallest subnormal; x = -inf gives 0, NaN stays NaN. */
+    AI __m512 exp16(__m512 x)
 {
     const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-110.0f)); /* NaN -> -110, fixed below */
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504089f)),
