@@ -3,11 +3,12 @@
  * GQA-packed online softmax for decode-shaped items.
  *
  * The 8-lane twin of v3 (attn_v3_avx512.c, which explains the scheme) for
- * x86-64 machines without AVX-512. f32/f16/bf16 rows are read in place from
- * the cache (prefetched two chunks ahead, key by key from the compute loops)
- * and converted in registers (bf16: widen + shift, or in P.V the even/odd
- * split of a 32-byte load; f16: vcvtph2ps); quantized rows are dequantized
- * to fp32 per chunk (kva__cpu_load_chunk_dequant) and read as f32. Scores
+ * x86-64 machines without AVX-512. Rows are read in place from the cache
+ * (prefetched two chunks ahead, key by key from the compute loops) and
+ * converted in registers (bf16: widen + shift, or in P.V the even/odd split
+ * of a 32-byte load; f16: vcvtph2ps; int8: vpmovsxbd + vcvtdq2ps; fp8 e4m3
+ * rebuilt as f16 bits), with the quantization scales folded out of the
+ * loops as in v3 (fold_begin / fold_end). Scores
  * are computed keys-outer (each K row converted once, 16 dims at a time, for
  * up to 4 heads of the GQA group) as 8-lane partial dot products reduced 8
  * keys at a time by an 8x8 transpose-and-add (hsum8), the softmax update
@@ -19,7 +20,9 @@
  * 1 thread, shared 2-core Zen 4 VM, medians of 5): 2048 keys in L2 101 ->
  * 66 us, 8 x 4096 keys x 8 kv heads from DRAM 18.9 -> 13.5 ms against the
  * previous version (chunks converted to fp32 in scratch, then one head at a
- * time). More in docs/performance.md.
+ * time). Quantized caches, 4 x 16384 keys, f16 q, 1 thread: int8 32.1 ->
+ * 21.1 ms, fp8 43.9 -> 27.5 ms against dequantizing each chunk to fp32 in
+ * scratch (f16 cache: 31.4 ms). More in docs/performance.md.
  */
 #include "cpu_attn.h"
 
@@ -67,20 +70,48 @@ AI __m256 hsum8(const __m256 v[8])
                          _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* Row formats the loops read in registers (quantized caches are dequantized
- * to fp32 rows by load_chunk and read as FMT_F32). */
-enum { FMT_F32, FMT_F16, FMT_BF16 };
+/* Row formats the loops read in registers: the float formats, and the
+ * quantized ones in their storage format with the scales folded out of the
+ * loops as in v3 (attn_v3_avx512.c explains them): FMT_I8 int8 with
+ * per-channel offsets (subtracted in the loops), FMT_I8S symmetric int8,
+ * FMT_I8T int8 keys with a per-token scale (one multiply per score), FMT_FP8
+ * e4m3 read as value / 2^8, FMT_FP8N the same for a chunk holding a NaN
+ * code. */
+enum { FMT_F32, FMT_F16, FMT_BF16, FMT_I8, FMT_I8S, FMT_I8T, FMT_FP8, FMT_FP8N };
 
-/* 8 elements [i, i+8) of a row of format fmt as fp32. */
+/* 8 elements [i, i+8) of a row of format fmt as fp32 (int8 without scale
+ * and offset, fp8 as value / 2^8). */
 AI __m256 ld8(const void *row, int32_t i, const int fmt)
 {
     if (fmt == FMT_F32)
         return _mm256_loadu_ps((const float *)row + i);
+    if (fmt >= FMT_I8) {
+        const __m128i b = _mm_loadl_epi64((const __m128i *)((const unsigned char *)row + i));
+        if (fmt < FMT_FP8)
+            return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+        /* e4m3 s.eeee.mmm -> f16 s.0eeee.mmm0000000 (value / 2^8), see v3. */
+        __m128i h =
+            _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(b), 7), _mm_set1_epi16((short)0xbf80));
+        if (fmt == FMT_FP8N) /* |code| 0x7f is NaN */
+            h = _mm_blendv_epi8(
+                h, _mm_set1_epi16(0x7e00),
+                _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x3f80)));
+        return _mm256_cvtph_ps(h);
+    }
     const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
     if (fmt == FMT_F16)
         return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+
+/* What the loops need for the quantized formats, set per item (fold_begin)
+ * and per chunk (load_chunk). */
+typedef struct fold_info {
+    int kf, vf;                   /* row formats of K and V */
+    const float *koff;            /* [D] key offsets of the item's kv head (FMT_I8 keys) */
+    const float *voff;            /* [Dv] value offsets (FMT_I8 values) */
+    float tok[KVA_CPU_KEY_CHUNK]; /* per-token key scales of the chunk (FMT_I8T) */
+} fold_info;
 
 /* The chunk PF_DIST ahead of the current one: its K rows are prefetched
  * (into L2) key by key from the scores loop, its V rows from the P.V loop,
@@ -119,7 +150,7 @@ AI void pf_key_v(const pf_info *pf, int32_t key)
  * turns 8 keys of a head into one vector of scores.
  */
 AI void scores_nb(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk, const int32_t D,
-                  const int kd, const pf_info *pf)
+                  const int kd, const pf_info *pf, const fold_info *fi)
 {
     float *vs = s->vs;
     const float *q = s->q + (size_t)m0 * D;
@@ -138,14 +169,20 @@ AI void scores_nb(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk, con
                 a0[b] = a1[b] = _mm256_setzero_ps();
             int32_t d = 0;
             for (; d + 16 <= D; d += 16) {
-                const __m256 k0 = ld8(kr, d, kd), k1 = ld8(kr, d + 8, kd);
+                __m256 k0 = ld8(kr, d, kd), k1 = ld8(kr, d + 8, kd);
+                if (kd == FMT_I8) { /* (k - o): q already holds q * s */
+                    k0 = _mm256_sub_ps(k0, _mm256_loadu_ps(fi->koff + d));
+                    k1 = _mm256_sub_ps(k1, _mm256_loadu_ps(fi->koff + d + 8));
+                }
                 for (int b = 0; b < NB; b++) {
                     a0[b] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)b * D + d), k0, a0[b]);
                     a1[b] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)b * D + d + 8), k1, a1[b]);
                 }
             }
             if (d < D) {
-                const __m256 k0 = ld8(kr, d, kd);
+                __m256 k0 = ld8(kr, d, kd);
+                if (kd == FMT_I8)
+                    k0 = _mm256_sub_ps(k0, _mm256_loadu_ps(fi->koff + d));
                 for (int b = 0; b < NB; b++)
                     a0[b] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)b * D + d), k0, a0[b]);
             }
@@ -156,7 +193,10 @@ AI void scores_nb(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk, con
             __m256 v[8];
             for (int t = 0; t < 8; t++)
                 v[t] = _mm256_loadu_ps(vs + (b * 8 + t) * 8);
-            _mm256_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + oct * 8, hsum8(v));
+            __m256 sc = hsum8(v);
+            if (kd == FMT_I8T) /* score = s_tok * (q . k) */
+                sc = _mm256_mul_ps(sc, _mm256_loadu_ps(fi->tok + oct * 8));
+            _mm256_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + oct * 8, sc);
         }
     }
 }
@@ -164,32 +204,53 @@ AI void scores_nb(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk, con
 /* Scores of the nh rows m0.. of one query row, in blocks of 4, 2, 1 heads;
  * the first block also prefetches the K rows of the chunk pf. */
 AI void scores_query_row(kva__cpu_scratch *s, int32_t m0, int32_t nh, int32_t nk, const int32_t D,
-                         const int kd, const pf_info *pf)
+                         const int kd, const pf_info *pf, const fold_info *fi)
 {
     int32_t m = m0;
     const int32_t m1 = m0 + nh;
     for (; m + 4 <= m1; m += 4, pf = NULL)
-        scores_nb(s, m, 4, nk, D, kd, pf);
+        scores_nb(s, m, 4, nk, D, kd, pf, fi);
     if (m + 2 <= m1) {
-        scores_nb(s, m, 2, nk, D, kd, pf);
+        scores_nb(s, m, 2, nk, D, kd, pf, fi);
         m += 2;
         pf = NULL;
     }
     if (m < m1)
-        scores_nb(s, m, 1, nk, D, kd, pf);
+        scores_nb(s, m, 1, nk, D, kd, pf, fi);
 }
 
-/* Rows of a chunk: s->kp/vp [KEY_CHUNK] point at the cache rows themselves
- * (f32, f16, bf16: converted in registers by the loops) or, for a quantized
- * cache, at fp32 rows dequantized into kbuf/vbuf; rows n.. repeat row 0. */
-static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, int32_t n,
-                       int32_t kvh, kva__cpu_scratch *s)
+/* Whether an fp8 row of `bytes` bytes (a multiple of 8) holds a NaN code
+ * (0x7f, 0xff). */
+static int row_has_nan_fp8(const unsigned char *src, size_t bytes)
 {
-    if (run->quant) {
-        kva__cpu_load_chunk_dequant(run, cr, n, kvh, s);
-        return;
+    const __m256i lo7 = _mm256_set1_epi8(0x7f);
+    int nan = 0;
+    size_t b = 0;
+    for (; b + 32 <= bytes; b += 32) {
+        const __m256i x = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(src + b)), lo7);
+        nan |= _mm256_movemask_epi8(_mm256_cmpeq_epi8(x, lo7));
     }
+    for (; b < bytes; b += 8) {
+        const __m128i x =
+            _mm_and_si128(_mm_loadl_epi64((const __m128i *)(src + b)), _mm256_castsi256_si128(lo7));
+        nan |= _mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm256_castsi256_si128(lo7))) & 0xff;
+    }
+    return nan != 0;
+}
+
+/* Rows of a chunk: s->kp/vp [KEY_CHUNK] point at the cache rows themselves,
+ * in their storage format (converted in registers by the loops; rows n..
+ * repeat row 0), fi->tok gets the chunk's per-token key scales (FMT_I8T),
+ * and an fp8 chunk is scanned for NaN codes (FMT_FP8N if it holds one). */
+static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, int32_t n,
+                       kva__cpu_scratch *s, fold_info *fi)
+{
+    const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
+    const int fp8 = fi->kf >= FMT_FP8;
+    int nan = 0;
     for (int32_t t = 0; t < n; t++) {
+        if (fp8)
+            nan |= row_has_nan_fp8(cr->k[t], (size_t)D) | row_has_nan_fp8(cr->v[t], (size_t)Dv);
         s->kp[t] = (const float *)cr->k[t];
         s->vp[t] = (const float *)cr->v[t];
     }
@@ -197,6 +258,14 @@ static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, i
         s->kp[t] = s->kp[0];
         s->vp[t] = s->vp[0];
     }
+    if (fi->kf == FMT_I8T) {
+        for (int32_t t = 0; t < n; t++)
+            fi->tok[t] = *cr->ks[t];
+        for (int32_t t = n; t < KVA_CPU_KEY_CHUNK; t++)
+            fi->tok[t] = 0.0f;
+    }
+    if (fp8) /* NaN codes are rare: only such a chunk pays for mapping them */
+        fi->kf = fi->vf = nan ? FMT_FP8N : FMT_FP8;
 }
 
 /* Soft-cap and ALiBi of one row's scores (rare features: plain loops). */
@@ -296,8 +365,13 @@ AI void softmax_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, i
  * dims, 8 odd dims] until bf16_acc_unpair. The first block of a chunk also
  * prefetches the V rows of the chunk pf. */
 AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_t d0,
-                 const int32_t Dv, const int kd, const int NB, const int NV, const pf_info *pf)
+                 const int32_t Dv, const int kd, const int NB, const int NV, const pf_info *pf,
+                 const float *voff)
 {
+    /* FMT_I8 values: acc += p (v - o); fold_end multiplies acc by s. */
+    __m256 vo[2];
+    for (int j = 0; j < NV; j++)
+        vo[j] = kd == FMT_I8 ? _mm256_loadu_ps(voff + d0 + 8 * j) : _mm256_setzero_ps();
     const int pair = kd == FMT_BF16 && NV == 2;
     __m256 acc[4][2];
     const float *const *vp = s->vp;
@@ -319,6 +393,9 @@ AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_
             for (int j = 0; j < NV; j++)
                 v[j] = ld8(vp[t], d0 + 8 * j, kd);
         }
+        if (kd == FMT_I8)
+            for (int j = 0; j < NV; j++)
+                v[j] = _mm256_sub_ps(v[j], vo[j]);
         for (int b = 0; b < NB; b++) {
             const __m256 p = _mm256_broadcast_ss(pm + (size_t)b * KVA_CPU_KEY_CHUNK + t);
             for (int j = 0; j < NV; j++)
@@ -335,30 +412,30 @@ AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_
 }
 
 AI void pv_rows(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, const int32_t Dv,
-                const int kd, const int NB, const pf_info *pf)
+                const int kd, const int NB, const pf_info *pf, const float *voff)
 {
     int32_t d = 0;
     for (; d + 16 <= Dv; d += 16, pf = NULL)
-        pv_block(s, m0, ta, te, d, Dv, kd, NB, 2, pf);
+        pv_block(s, m0, ta, te, d, Dv, kd, NB, 2, pf, voff);
     if (d < Dv)
-        pv_block(s, m0, ta, te, d, Dv, kd, NB, 1, pf);
+        pv_block(s, m0, ta, te, d, Dv, kd, NB, 1, pf, voff);
 }
 
 /* P.V of the nh rows m0.. of one query row in register blocks of 4, 2, 1 rows. */
 AI void pv_query_row(kva__cpu_scratch *s, int32_t m0, int32_t nh, int32_t ta, int32_t te,
-                     const int32_t Dv, const int kd, const pf_info *pf)
+                     const int32_t Dv, const int kd, const pf_info *pf, const float *voff)
 {
     int32_t m = m0;
     const int32_t m1 = m0 + nh;
     for (; m + 4 <= m1; m += 4, pf = NULL)
-        pv_rows(s, m, ta, te, Dv, kd, 4, pf);
+        pv_rows(s, m, ta, te, Dv, kd, 4, pf, voff);
     if (m + 2 <= m1) {
-        pv_rows(s, m, ta, te, Dv, kd, 2, pf);
+        pv_rows(s, m, ta, te, Dv, kd, 2, pf, voff);
         m += 2;
         pf = NULL;
     }
     if (m < m1)
-        pv_rows(s, m, ta, te, Dv, kd, 1, pf);
+        pv_rows(s, m, ta, te, Dv, kd, 1, pf, voff);
 }
 
 /* Restores the dim order of the accumulator rows [M, Dv] after P.V over bf16
@@ -380,7 +457,7 @@ static void bf16_acc_unpair(float *acc, int32_t M, int32_t Dv)
  * is prefetched by the first query row's passes over this chunk. */
 AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
                    const kva__cpu_item_geom *g, int32_t c0, int32_t c1, const int32_t D,
-                   const int KD, pf_info *pf)
+                   const int KF, const int VF, pf_info *pf, const fold_info *fi)
 {
     const int32_t Dv = run->plan->d.head_dim_v, nh = it->nh;
     for (int32_t ii = 0; ii < it->nq; ii++) {
@@ -389,9 +466,9 @@ AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_s
         if (a >= e)
             continue;
         const int32_t pos = g->seq - g->q_len + it->i0 + ii;
-        scores_query_row(s, ii * nh, nh, c1 - c0, D, KD, pf);
+        scores_query_row(s, ii * nh, nh, c1 - c0, D, KF, pf, fi);
         softmax_rows(run, s, ii * nh, nh, g->hbase, pos, c0, a, e);
-        pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv, KD, pf);
+        pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv, VF, pf, fi->voff);
         if (pf->rows) {
             for (int32_t t = 0; t < pf->n; t++) /* V rows P.V did not visit */
                 if (t < a - c0 || t >= e - c0)
@@ -405,23 +482,106 @@ AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_s
 }
 
 typedef void (*step_fn)(const kva__cpu_run *, const kva__work_item *, kva__cpu_scratch *,
-                        const kva__cpu_item_geom *, int32_t, int32_t, pf_info *);
+                        const kva__cpu_item_geom *, int32_t, int32_t, pf_info *, const fold_info *);
 
+/* chunk_step for the (K, V) format pairs that occur (as in v3). */
 #define STEP_D(NAME, DIM)                                                                          \
     static void NAME(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,       \
-                     const kva__cpu_item_geom *g, int32_t c0, int32_t c1, pf_info *pf)             \
+                     const kva__cpu_item_geom *g, int32_t c0, int32_t c1, pf_info *pf,             \
+                     const fold_info *fi)                                                          \
     {                                                                                              \
         const int32_t D_ = (DIM) ? (DIM) : run->plan->d.head_dim;                                  \
-        if (run->quant || run->kv_dt == KVA_DTYPE_F32)                                             \
-            chunk_step(run, it, s, g, c0, c1, D_, FMT_F32, pf);                                    \
-        else if (run->kv_dt == KVA_DTYPE_F16)                                                      \
-            chunk_step(run, it, s, g, c0, c1, D_, FMT_F16, pf);                                    \
+        const int kf_ = fi->kf, vf_ = fi->vf;                                                      \
+        if (kf_ == FMT_BF16)                                                                       \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_BF16, FMT_BF16, pf, fi);                     \
+        else if (kf_ == FMT_F16)                                                                   \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_F16, FMT_F16, pf, fi);                       \
+        else if (kf_ == FMT_I8)                                                                    \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_I8, FMT_I8, pf, fi);                         \
+        else if (kf_ == FMT_I8S)                                                                   \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_I8S, FMT_I8S, pf, fi);                       \
+        else if (kf_ == FMT_I8T && vf_ == FMT_I8)                                                  \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_I8T, FMT_I8, pf, fi);                        \
+        else if (kf_ == FMT_I8T && vf_ == FMT_I8S)                                                 \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_I8T, FMT_I8S, pf, fi);                       \
+        else if (kf_ == FMT_I8T && vf_ == FMT_F16)                                                 \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_I8T, FMT_F16, pf, fi);                       \
+        else if (kf_ == FMT_I8T)                                                                   \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_I8T, FMT_BF16, pf, fi);                      \
+        else if (kf_ == FMT_FP8)                                                                   \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_FP8, FMT_FP8, pf, fi);                       \
+        else if (kf_ == FMT_FP8N)                                                                  \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_FP8N, FMT_FP8N, pf, fi);                     \
         else                                                                                       \
-            chunk_step(run, it, s, g, c0, c1, D_, FMT_BF16, pf);                                   \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_F32, FMT_F32, pf, fi);                       \
     }
 STEP_D(chunk_step_d64, 64)
 STEP_D(chunk_step_d128, 128)
 STEP_D(chunk_step_any, 0)
+
+static int float_fmt(kva_dtype dt)
+{
+    return dt == KVA_DTYPE_BF16 ? FMT_BF16 : dt == KVA_DTYPE_F16 ? FMT_F16 : FMT_F32;
+}
+
+static int all_zero(const float *x, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (x[i] != 0.0f)
+            return 0;
+    return 1;
+}
+
+/* The row formats of the item and, for a quantized cache, the static key
+ * scales folded into the query tile: q [M, D] *= s_k (times 2^8 for fp8),
+ * so the scores are sum_d (q_d s_d)(k_d - o_d) (as v3's fold_begin). */
+static void fold_begin(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
+                       const kva__cpu_item_geom *g, fold_info *fi)
+{
+    const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
+    fi->koff = fi->voff = NULL;
+    if (!run->quant) {
+        fi->kf = fi->vf = float_fmt(run->kv_dt);
+        return;
+    }
+    const kva_cache *c = run->cache;
+    const int32_t kvh = it->kv_head;
+    const int fp8 = c->desc.dtype == KVA_DTYPE_FP8_E4M3;
+    fi->kf = c->k_token_scale ? FMT_I8T : fp8 ? FMT_FP8 : FMT_I8;
+    fi->vf = c->desc.quant == KVA_QUANT_INT8_TOKEN_K_V16 ? float_fmt(c->desc.dtype)
+             : fp8                                       ? FMT_FP8
+                                                         : FMT_I8;
+    fi->koff = c->k_offset + (size_t)kvh * D;
+    fi->voff = c->v_offset + (size_t)kvh * Dv;
+    const int kz = fi->kf != FMT_I8 || all_zero(fi->koff, D);
+    const int vz = fi->vf == FMT_I8 && all_zero(fi->voff, Dv);
+    if (vz && kz) {
+        fi->vf = FMT_I8S;
+        fi->kf = fi->kf == FMT_I8 ? FMT_I8S : fi->kf;
+    }
+    if (fi->kf != FMT_I8T) {
+        const float *ks = c->k_scale + (size_t)kvh * D;
+        const float f = fp8 ? 256.0f : 1.0f;
+        for (int32_t m = 0; m < g->M; m++)
+            for (int32_t x = 0; x < D; x++)
+                s->q[(size_t)m * D + x] *= ks[x] * f;
+    }
+}
+
+/* The values' static scale, once per item: acc [M, Dv] *= s_v (times 2^8 for
+ * fp8); P.V, the partials and their merge are linear in V. */
+static void fold_end(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
+                     const kva__cpu_item_geom *g, const fold_info *fi)
+{
+    if (fi->vf < FMT_I8)
+        return;
+    const int32_t Dv = run->plan->d.head_dim_v;
+    const float *vs = run->cache->v_scale + (size_t)it->kv_head * Dv;
+    const float f = fi->vf >= FMT_FP8 ? 256.0f : 1.0f;
+    for (int32_t m = 0; m < g->M; m++)
+        for (int32_t x = 0; x < Dv; x++)
+            s->acc[(size_t)m * Dv + x] *= vs[x] * f;
+}
 
 void kva__cpu_attn_v2(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
 {
@@ -429,6 +589,8 @@ void kva__cpu_attn_v2(const kva__cpu_run *run, const kva__work_item *it, kva__cp
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
     kva__cpu_item_geom g;
     kva__cpu_item_begin(run, it, s, &g);
+    fold_info fi;
+    fold_begin(run, it, s, &g, &fi);
     const step_fn step = D == 128 ? chunk_step_d128 : D == 64 ? chunk_step_d64 : chunk_step_any;
 
     /* Rows of the chunks in flight: chunk c is computed while chunk
@@ -459,11 +621,12 @@ void kva__cpu_attn_v2(const kva__cpu_run *run, const kva__work_item *it, kva__cp
             pf.rows = nr;
             pf.n = n;
         }
-        load_chunk(run, &rows[c % (PF_DIST + 1)], c1 - c0, it->kv_head, s);
-        step(run, it, s, &g, c0, c1, &pf);
+        load_chunk(run, &rows[c % (PF_DIST + 1)], c1 - c0, s, &fi);
+        step(run, it, s, &g, c0, c1, &pf, &fi);
     }
-    if (!run->quant && run->kv_dt == KVA_DTYPE_BF16)
+    if (fi.vf == FMT_BF16)
         bf16_acc_unpair(s->acc, g.M, Dv);
+    fold_end(run, it, s, &g, &fi);
     kva__cpu_item_finish(run, it, s, &g);
 }
 
