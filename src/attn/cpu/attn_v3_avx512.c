@@ -68,11 +68,11 @@
 
 #define AI static inline __attribute__((always_inline))
 
-    /* e^x in fp32 for x <= 0 (the softmax's only inputs): x = n ln2 + r with
-     * |r| <= ln2/2 (two-part ln2), e^r by its degree-7 Taylor polynomial (error
-     * below 1e-8 relative, about one ulp in total), times 2^n by vscalefps, which
-     * flushes to 0 below the smallest subnormal; x = -inf gives 0, NaN stays NaN. */
-    AI __m512 exp16(__m512 x)
+/* e^x in fp32 for x <= 0 (the softmax's only inputs): x = n ln2 + r with
+ * |r| <= ln2/2 (two-part ln2), e^r by its degree-7 Taylor polynomial (error
+ * below 1e-8 relative, about one ulp in total), times 2^n by vscalefps, which
+ * flushes to 0 below the smallest subnormal; x = -inf gives 0, NaN stays NaN. */
+AI __m512 exp16(__m512 x)
 {
     const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-110.0f)); /* NaN -> -110, fixed below */
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504089f)),
@@ -279,6 +279,11 @@ AI void scores_nb(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk, con
 AI void scores_rows(kva__cpu_scratch *s, int32_t m0, int32_t nb, int32_t nk, const int32_t D,
                     const int kd, const fold_info *fi)
 {
+    if (nb > 4) { /* two passes of 4 heads with q in registers beat one of 8 */
+        scores_nb(s, m0, 4, nk, D, kd, fi);
+        m0 += 4;
+        nb -= 4;
+    }
     switch (nb) {
 #define NB_CASE(n)                                                                                 \
     case n:                                                                                        \
