@@ -363,6 +363,12 @@ AI void scores_bf16_nb(const kva__cpu_run *run, kva__cpu_scratch *s, const uint1
 AI void scores_rows_bf16(const kva__cpu_run *run, kva__cpu_scratch *s, const uint16_t *q_row,
                          int32_t m0, int32_t nb, int32_t nk, const int32_t D, const fold_info *fi)
 {
+    if (nb > 4) { /* two passes of 4 heads with q in registers (8 would spill) */
+        scores_bf16_nb(run, s, q_row, m0, 4, nk, D, fi);
+        q_row += (size_t)4 * D;
+        m0 += 4;
+        nb -= 4;
+    }
     switch (nb) {
 #define NB_CASE(n)                                                                                 \
     case n:                                                                                        \
