@@ -3,18 +3,26 @@
  * GQA-packed online softmax for decode-shaped items.
  *
  * The 8-lane twin of v3 (attn_v3_avx512.c, which explains the scheme) for
- * x86-64 machines without AVX-512: load_chunk converts a chunk of K/V rows
- * to fp32 once per GQA group (bf16: widen + shift; f16: vcvtph2ps), scores
- * are 8-lane partial dot products reduced by an 8x8 transpose-and-add
- * (hsum8), the softmax update runs on score vectors with a polynomial exp
- * (exp8), and P.V keeps 4 heads x 16 output dims in registers while the
- * keys stream through. Non-finite semantics are v1's (see attn_v1.c).
+ * x86-64 machines without AVX-512. Rows are read in place from the cache
+ * (prefetched two chunks ahead, key by key from the compute loops) and
+ * converted in registers (bf16: widen + shift, or in P.V the even/odd split
+ * of a 32-byte load; f16: vcvtph2ps; int8: vpmovsxbd + vcvtdq2ps; fp8 e4m3
+ * rebuilt as f16 bits), with the quantization scales folded out of the
+ * loops as in v3 (fold_begin / fold_end). Scores
+ * are computed keys-outer (each K row converted once, 16 dims at a time, for
+ * up to 4 heads of the GQA group) as 8-lane partial dot products reduced 8
+ * keys at a time by an 8x8 transpose-and-add (hsum8), the softmax update
+ * runs on score vectors with a polynomial exp (exp8), and P.V keeps 4 heads
+ * x 16 output dims in registers while the keys stream through. Non-finite
+ * semantics are v1's (see attn_v1.c).
  *
- * Measured (`kvattn bench`, bf16, H=32 Hkv=8 D=128, 16 x 4096 keys, shared
- * 2-core Zen 4 VM, best of 3): 1 thread 38.8 ms (v1: 77 ms), 2 threads
- * 23.9 ms (v1: 46 ms). More in docs/performance.md. Not yet ported from v3:
- * keys-outer scores with in-register conversion (AVX2 has 16 registers:
- * a D = 128 row does not fit next to the accumulators).
+ * Measured (`kvattn bench --variant 2`, bf16, H/Hkv = 4/1 (GQA 4), D = 128,
+ * 1 thread, shared 2-core Zen 4 VM, medians of 5): 2048 keys in L2 101 ->
+ * 66 us, 8 x 4096 keys x 8 kv heads from DRAM 18.9 -> 13.5 ms against the
+ * previous version (chunks converted to fp32 in scratch, then one head at a
+ * time). Quantized caches, 4 x 16384 keys, f16 q, 1 thread: int8 32.1 ->
+ * 21.1 ms, fp8 43.9 -> 27.5 ms against dequantizing each chunk to fp32 in
+ * scratch (f16 cache: 31.4 ms). More in docs/performance.md.
  */
 #include "cpu_attn.h"
 
@@ -62,79 +70,202 @@ AI __m256 hsum8(const __m256 v[8])
                          _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* 8-lane partial sums of <q, k> over D (a multiple of 8). */
-AI __m256 dot_vec(const float *restrict q, const float *restrict k, const int32_t D)
+/* Row formats the loops read in registers: the float formats, and the
+ * quantized ones in their storage format with the scales folded out of the
+ * loops as in v3 (attn_v3_avx512.c explains them): FMT_I8 int8 with
+ * per-channel offsets (subtracted in the loops), FMT_I8S symmetric int8,
+ * FMT_I8T int8 keys with a per-token scale (one multiply per score), FMT_FP8
+ * e4m3 read as value / 2^8, FMT_FP8N the same for a chunk holding a NaN
+ * code. */
+enum { FMT_F32, FMT_F16, FMT_BF16, FMT_I8, FMT_I8S, FMT_I8T, FMT_FP8, FMT_FP8N };
+
+/* 8 elements [i, i+8) of a row of format fmt as fp32 (int8 without scale
+ * and offset, fp8 as value / 2^8). */
+AI __m256 ld8(const void *row, int32_t i, const int fmt)
 {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int32_t d = 0;
-    for (; d + 16 <= D; d += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), a1);
+    if (fmt == FMT_F32)
+        return _mm256_loadu_ps((const float *)row + i);
+    if (fmt >= FMT_I8) {
+        const __m128i b = _mm_loadl_epi64((const __m128i *)((const unsigned char *)row + i));
+        if (fmt < FMT_FP8)
+            return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+        /* e4m3 s.eeee.mmm -> f16 s.0eeee.mmm0000000 (value / 2^8), see v3. */
+        __m128i h =
+            _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(b), 7), _mm_set1_epi16((short)0xbf80));
+        if (fmt == FMT_FP8N) /* |code| 0x7f is NaN */
+            h = _mm_blendv_epi8(
+                h, _mm_set1_epi16(0x7e00),
+                _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x3f80)));
+        return _mm256_cvtph_ps(h);
     }
-    if (d < D)
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a0);
-    return _mm256_add_ps(a0, a1);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
+    if (fmt == FMT_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* Scores of attention row q [D] against the 32 keys kp[0..31] of a chunk
- * (rows past the chunk's end point at a valid row; masked by the caller). */
-AI void scores32(const float *restrict q, const float *const *kp, int32_t nk, const int32_t D,
-                 __m256 s[4])
+/* What the loops need for the quantized formats, set per item (fold_begin)
+ * and per chunk (load_chunk). */
+typedef struct fold_info {
+    int kf, vf;                   /* row formats of K and V */
+    const float *koff;            /* [D] key offsets of the item's kv head (FMT_I8 keys) */
+    const float *voff;            /* [Dv] value offsets (FMT_I8 values) */
+    float tok[KVA_CPU_KEY_CHUNK]; /* per-token key scales of the chunk (FMT_I8T) */
+} fold_info;
+
+/* The chunk PF_DIST ahead of the current one: its K rows are prefetched
+ * (into L2) key by key from the scores loop, its V rows from the P.V loop,
+ * so the misses stay in flight while the current chunk computes (a burst of
+ * a whole chunk's lines fills the miss buffers and stalls the core). */
+typedef struct pf_info {
+    const kva__cpu_chunk_rows *rows; /* NULL: nothing (left) to prefetch */
+    int32_t n;
+    size_t kbytes, vbytes;
+} pf_info;
+
+AI void pf_key_k(const pf_info *pf, int32_t key)
 {
-    __m256 v[8];
-    for (int h = 0; h < 4; h++) {
-        if (h * 8 >= nk) {
-            s[h] = _mm256_set1_ps(-INFINITY);
-            continue;
+    if (!pf || !pf->rows || key >= pf->n)
+        return;
+    const char *k = (const char *)pf->rows->k[key];
+    for (size_t b = 0; b < pf->kbytes; b += 64)
+        _mm_prefetch(k + b, _MM_HINT_T2);
+}
+
+AI void pf_key_v(const pf_info *pf, int32_t key)
+{
+    if (!pf || !pf->rows || key >= pf->n)
+        return;
+    const char *v = (const char *)pf->rows->v[key];
+    for (size_t b = 0; b < pf->vbytes; b += 64)
+        _mm_prefetch(v + b, _MM_HINT_T2);
+}
+
+/*
+ * Scores of the NB (<= 4) rows m0.. (heads of one query row, q tile [M, D]
+ * fp32) against the chunk's nk keys, into s->pm [m, KEY_CHUNK]. Keys are the
+ * outer loop: each K row is read once, 16 dims at a time converted in
+ * registers, for the NB heads (the q operands come from L1 with the FMAs);
+ * the per-(head, key) 8-lane partial sums go to s->vs [NB, 8, 8] and hsum8
+ * turns 8 keys of a head into one vector of scores.
+ */
+AI void scores_nb(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk, const int32_t D,
+                  const int kd, const pf_info *pf, const fold_info *fi)
+{
+    float *vs = s->vs;
+    const float *q = s->q + (size_t)m0 * D;
+    for (int32_t oct = 0; oct * 8 < nk; oct++) {
+        for (int32_t t = 0; t < 8; t++) {
+            const int32_t key = oct * 8 + t;
+            pf_key_k(pf, key);
+            if (key >= nk) {
+                for (int b = 0; b < NB; b++)
+                    _mm256_storeu_ps(vs + (b * 8 + t) * 8, _mm256_setzero_ps());
+                continue;
+            }
+            const void *kr = s->kp[key];
+            __m256 a0[4], a1[4];
+            for (int b = 0; b < NB; b++)
+                a0[b] = a1[b] = _mm256_setzero_ps();
+            int32_t d = 0;
+            for (; d + 16 <= D; d += 16) {
+                __m256 k0 = ld8(kr, d, kd), k1 = ld8(kr, d + 8, kd);
+                if (kd == FMT_I8) { /* (k - o): q already holds q * s */
+                    k0 = _mm256_sub_ps(k0, _mm256_loadu_ps(fi->koff + d));
+                    k1 = _mm256_sub_ps(k1, _mm256_loadu_ps(fi->koff + d + 8));
+                }
+                for (int b = 0; b < NB; b++) {
+                    a0[b] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)b * D + d), k0, a0[b]);
+                    a1[b] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)b * D + d + 8), k1, a1[b]);
+                }
+            }
+            if (d < D) {
+                __m256 k0 = ld8(kr, d, kd);
+                if (kd == FMT_I8)
+                    k0 = _mm256_sub_ps(k0, _mm256_loadu_ps(fi->koff + d));
+                for (int b = 0; b < NB; b++)
+                    a0[b] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)b * D + d), k0, a0[b]);
+            }
+            for (int b = 0; b < NB; b++)
+                _mm256_storeu_ps(vs + (b * 8 + t) * 8, _mm256_add_ps(a0[b], a1[b]));
         }
-        for (int t = 0; t < 8; t++)
-            v[t] = dot_vec(q, kp[h * 8 + t], D);
-        s[h] = hsum8(v);
+        for (int b = 0; b < NB; b++) {
+            __m256 v[8];
+            for (int t = 0; t < 8; t++)
+                v[t] = _mm256_loadu_ps(vs + (b * 8 + t) * 8);
+            __m256 sc = hsum8(v);
+            if (kd == FMT_I8T) /* score = s_tok * (q . k) */
+                sc = _mm256_mul_ps(sc, _mm256_loadu_ps(fi->tok + oct * 8));
+            _mm256_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + oct * 8, sc);
+        }
     }
 }
 
-/* Converts the n rows of a chunk to fp32 (kbuf/vbuf) or points at them (f32);
- * s->kp/vp [KEY_CHUNK] get the row pointers, rows n.. repeat row 0. */
+/* Scores of the nh rows m0.. of one query row, in blocks of 4, 2, 1 heads;
+ * the first block also prefetches the K rows of the chunk pf. */
+AI void scores_query_row(kva__cpu_scratch *s, int32_t m0, int32_t nh, int32_t nk, const int32_t D,
+                         const int kd, const pf_info *pf, const fold_info *fi)
+{
+    int32_t m = m0;
+    const int32_t m1 = m0 + nh;
+    for (; m + 4 <= m1; m += 4, pf = NULL)
+        scores_nb(s, m, 4, nk, D, kd, pf, fi);
+    if (m + 2 <= m1) {
+        scores_nb(s, m, 2, nk, D, kd, pf, fi);
+        m += 2;
+        pf = NULL;
+    }
+    if (m < m1)
+        scores_nb(s, m, 1, nk, D, kd, pf, fi);
+}
+
+/* Whether an fp8 row of `bytes` bytes (a multiple of 8) holds a NaN code
+ * (0x7f, 0xff). */
+static int row_has_nan_fp8(const unsigned char *src, size_t bytes)
+{
+    const __m256i lo7 = _mm256_set1_epi8(0x7f);
+    int nan = 0;
+    size_t b = 0;
+    for (; b + 32 <= bytes; b += 32) {
+        const __m256i x = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(src + b)), lo7);
+        nan |= _mm256_movemask_epi8(_mm256_cmpeq_epi8(x, lo7));
+    }
+    for (; b < bytes; b += 8) {
+        const __m128i x =
+            _mm_and_si128(_mm_loadl_epi64((const __m128i *)(src + b)), _mm256_castsi256_si128(lo7));
+        nan |= _mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm256_castsi256_si128(lo7))) & 0xff;
+    }
+    return nan != 0;
+}
+
+/* Rows of a chunk: s->kp/vp [KEY_CHUNK] point at the cache rows themselves,
+ * in their storage format (converted in registers by the loops; rows n..
+ * repeat row 0), fi->tok gets the chunk's per-token key scales (FMT_I8T),
+ * and an fp8 chunk is scanned for NaN codes (FMT_FP8N if it holds one). */
 static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, int32_t n,
-                       int32_t kvh, kva__cpu_scratch *s)
+                       kva__cpu_scratch *s, fold_info *fi)
 {
     const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
-    if (run->quant) {
-        kva__cpu_load_chunk_dequant(run, cr, n, kvh, s);
-        return;
-    }
-    const kva_dtype dt = run->kv_dt;
+    const int fp8 = fi->kf >= FMT_FP8;
+    int nan = 0;
     for (int32_t t = 0; t < n; t++) {
-        if (dt == KVA_DTYPE_F32) {
-            s->kp[t] = (const float *)cr->k[t];
-            s->vp[t] = (const float *)cr->v[t];
-            continue;
-        }
-        float *kd = s->kbuf + (size_t)t * D, *vd = s->vbuf + (size_t)t * Dv;
-        for (int w = 0; w < 2; w++) {
-            const uint16_t *src = (const uint16_t *)(w ? cr->v[t] : cr->k[t]);
-            float *dst = w ? vd : kd;
-            const int32_t len = w ? Dv : D;
-            if (dt == KVA_DTYPE_BF16) {
-                for (int32_t d = 0; d < len; d += 8)
-                    _mm256_storeu_ps(
-                        dst + d,
-                        _mm256_castsi256_ps(_mm256_slli_epi32(
-                            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + d))),
-                            16)));
-            } else {
-                for (int32_t d = 0; d < len; d += 8)
-                    _mm256_storeu_ps(dst + d,
-                                     _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + d))));
-            }
-        }
-        s->kp[t] = kd;
-        s->vp[t] = vd;
+        if (fp8)
+            nan |= row_has_nan_fp8(cr->k[t], (size_t)D) | row_has_nan_fp8(cr->v[t], (size_t)Dv);
+        s->kp[t] = (const float *)cr->k[t];
+        s->vp[t] = (const float *)cr->v[t];
     }
     for (int32_t t = n; t < KVA_CPU_KEY_CHUNK; t++) {
         s->kp[t] = s->kp[0];
         s->vp[t] = s->vp[0];
     }
+    if (fi->kf == FMT_I8T) {
+        for (int32_t t = 0; t < n; t++)
+            fi->tok[t] = *cr->ks[t];
+        for (int32_t t = n; t < KVA_CPU_KEY_CHUNK; t++)
+            fi->tok[t] = 0.0f;
+    }
+    if (fp8) /* NaN codes are rare: only such a chunk pays for mapping them */
+        fi->kf = fi->vf = nan ? FMT_FP8N : FMT_FP8;
 }
 
 /* Soft-cap and ALiBi of one row's scores (rare features: plain loops). */
@@ -169,11 +300,10 @@ static inline float hadd8(__m256 v)
     return _mm_cvtss_f32(x);
 }
 
-/* Scores and online-softmax update of the nh rows m0.. of one query row over
- * the chunk's keys [a, e) (see v3's softmax_rows). */
+/* Online-softmax update of the nh rows m0.. of one query row, whose scores
+ * are in s->pm, over the chunk's keys [a, e) (see v3's softmax_rows). */
 AI void softmax_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, int32_t nh,
-                     int32_t h0, int32_t pos, int32_t c0, int32_t nk, int32_t a, int32_t e,
-                     const int32_t D)
+                     int32_t h0, int32_t pos, int32_t c0, int32_t a, int32_t e)
 {
     const kva_plan *plan = run->plan;
     const int mods = plan->d.softcap > 0.0f || plan->alibi_slopes;
@@ -189,15 +319,11 @@ AI void softmax_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, i
     for (int32_t hh = 0; hh < nh; hh++) {
         const int32_t m = m0 + hh;
         __m256 sc[4];
-        scores32(s->q + (size_t)m * D, s->kp, nk, D, sc);
         float *pm = s->pm + (size_t)m * KVA_CPU_KEY_CHUNK;
-        if (mods) {
-            for (int j = 0; j < 4; j++)
-                _mm256_storeu_ps(pm + 8 * j, sc[j]);
+        if (mods)
             score_mods(plan, pm, h0 + hh, c0, pos);
-            for (int j = 0; j < 4; j++)
-                sc[j] = _mm256_loadu_ps(pm + 8 * j);
-        }
+        for (int j = 0; j < 4; j++)
+            sc[j] = _mm256_loadu_ps(pm + 8 * j);
         __m256 vm = ninf, nanv = _mm256_setzero_ps();
         for (int j = 0; j < 4; j++) {
             sc[j] = _mm256_blendv_ps(ninf, sc[j], vis[j]);
@@ -221,7 +347,8 @@ AI void softmax_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, i
             _mm256_storeu_ps(pm + 8 * j, p);
             psum = _mm256_add_ps(psum, p);
         }
-        const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
+        /* The max rarely changes once a few chunks are in: no expf then. */
+        const float alpha = mold == mnew ? 1.0f : mold == -INFINITY ? 0.0f : expf(mold - mnew);
         s->mx[m] = mnew;
         s->sum[m] = s->sum[m] * alpha + hadd8(psum);
         s->alpha[m] = alpha;
@@ -230,13 +357,25 @@ AI void softmax_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, i
 }
 
 /* acc[m] = acc[m] * alpha[m] + sum over keys [ta, te) of pm[m][t] v[t] for
- * the NB rows m0.. over output dims [d0, d0 + 8 * NV); rows that are not
- * live keep their accumulators. */
+ * the NB rows m0.. over output dims [d0, d0 + 8 * NV); V rows of format kd
+ * are converted in registers once for the NB heads; rows that are not live
+ * keep their accumulators. bf16 rows in full 16-dim blocks are converted
+ * without a shuffle (one 32-byte load: even dims = words << 16, odd dims =
+ * words & 0xffff0000), so the accumulators hold such a block as [8 even
+ * dims, 8 odd dims] until bf16_acc_unpair. The first block of a chunk also
+ * prefetches the V rows of the chunk pf. */
 AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_t d0,
-                 const int32_t Dv, const int NB, const int NV)
+                 const int32_t Dv, const int kd, const int NB, const int NV, const pf_info *pf,
+                 const float *voff)
 {
+    /* FMT_I8 values: acc += p (v - o); fold_end multiplies acc by s. */
+    __m256 vo[2];
+    for (int j = 0; j < NV; j++)
+        vo[j] = kd == FMT_I8 ? _mm256_loadu_ps(voff + d0 + 8 * j) : _mm256_setzero_ps();
+    const int pair = kd == FMT_BF16 && NV == 2;
     __m256 acc[4][2];
     const float *const *vp = s->vp;
+    const float *pm = s->pm + (size_t)m0 * KVA_CPU_KEY_CHUNK;
     for (int b = 0; b < NB; b++) {
         const float *ar = s->acc + (size_t)(m0 + b) * Dv + d0;
         const __m256 al = _mm256_set1_ps(s->alpha[m0 + b]);
@@ -244,11 +383,21 @@ AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_
             acc[b][j] = _mm256_mul_ps(_mm256_loadu_ps(ar + 8 * j), al);
     }
     for (int32_t t = ta; t < te; t++) {
+        pf_key_v(pf, t);
         __m256 v[2];
-        for (int j = 0; j < NV; j++)
-            v[j] = _mm256_loadu_ps(vp[t] + d0 + 8 * j);
+        if (pair) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)((const uint16_t *)vp[t] + d0));
+            v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+            v[1] = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32((int)0xffff0000u)));
+        } else {
+            for (int j = 0; j < NV; j++)
+                v[j] = ld8(vp[t], d0 + 8 * j, kd);
+        }
+        if (kd == FMT_I8)
+            for (int j = 0; j < NV; j++)
+                v[j] = _mm256_sub_ps(v[j], vo[j]);
         for (int b = 0; b < NB; b++) {
-            const __m256 p = _mm256_broadcast_ss(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + t);
+            const __m256 p = _mm256_broadcast_ss(pm + (size_t)b * KVA_CPU_KEY_CHUNK + t);
             for (int j = 0; j < NV; j++)
                 acc[b][j] = _mm256_fmadd_ps(p, v[j], acc[b][j]);
         }
@@ -263,35 +412,52 @@ AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_
 }
 
 AI void pv_rows(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, const int32_t Dv,
-                const int NB)
+                const int kd, const int NB, const pf_info *pf, const float *voff)
 {
     int32_t d = 0;
-    for (; d + 16 <= Dv; d += 16)
-        pv_block(s, m0, ta, te, d, Dv, NB, 2);
+    for (; d + 16 <= Dv; d += 16, pf = NULL)
+        pv_block(s, m0, ta, te, d, Dv, kd, NB, 2, pf, voff);
     if (d < Dv)
-        pv_block(s, m0, ta, te, d, Dv, NB, 1);
+        pv_block(s, m0, ta, te, d, Dv, kd, NB, 1, pf, voff);
 }
 
 /* P.V of the nh rows m0.. of one query row in register blocks of 4, 2, 1 rows. */
-static void pv_query_row(kva__cpu_scratch *s, int32_t m0, int32_t nh, int32_t ta, int32_t te,
-                         int32_t Dv)
+AI void pv_query_row(kva__cpu_scratch *s, int32_t m0, int32_t nh, int32_t ta, int32_t te,
+                     const int32_t Dv, const int kd, const pf_info *pf, const float *voff)
 {
     int32_t m = m0;
     const int32_t m1 = m0 + nh;
-    for (; m + 4 <= m1; m += 4)
-        pv_rows(s, m, ta, te, Dv, 4);
+    for (; m + 4 <= m1; m += 4, pf = NULL)
+        pv_rows(s, m, ta, te, Dv, kd, 4, pf, voff);
     if (m + 2 <= m1) {
-        pv_rows(s, m, ta, te, Dv, 2);
+        pv_rows(s, m, ta, te, Dv, kd, 2, pf, voff);
         m += 2;
+        pf = NULL;
     }
     if (m < m1)
-        pv_rows(s, m, ta, te, Dv, 1);
+        pv_rows(s, m, ta, te, Dv, kd, 1, pf, voff);
 }
 
-/* One chunk for every query row of the item; D is a constant in the
- * specialized copies (the q row then stays in registers). */
+/* Restores the dim order of the accumulator rows [M, Dv] after P.V over bf16
+ * values (pv_block's pair layout of each full 16-dim block). */
+static void bf16_acc_unpair(float *acc, int32_t M, int32_t Dv)
+{
+    for (int32_t m = 0; m < M; m++)
+        for (int32_t d = 0; d + 16 <= Dv; d += 16) {
+            float *a = acc + (size_t)m * Dv + d;
+            const __m256 ev = _mm256_loadu_ps(a), od = _mm256_loadu_ps(a + 8);
+            const __m256 lo = _mm256_unpacklo_ps(ev, od), hi = _mm256_unpackhi_ps(ev, od);
+            _mm256_storeu_ps(a, _mm256_permute2f128_ps(lo, hi, 0x20));
+            _mm256_storeu_ps(a + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+        }
+}
+
+/* One chunk [c0, c1) for every query row of the item; D and the row format
+ * KD are constants in the specialized copies. pf (the chunk PF_DIST ahead)
+ * is prefetched by the first query row's passes over this chunk. */
 AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
-                   const kva__cpu_item_geom *g, int32_t c0, int32_t c1, const int32_t D)
+                   const kva__cpu_item_geom *g, int32_t c0, int32_t c1, const int32_t D,
+                   const int KF, const int VF, pf_info *pf, const fold_info *fi)
 {
     const int32_t Dv = run->plan->d.head_dim_v, nh = it->nh;
     for (int32_t ii = 0; ii < it->nq; ii++) {
@@ -300,27 +466,123 @@ AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_s
         if (a >= e)
             continue;
         const int32_t pos = g->seq - g->q_len + it->i0 + ii;
-        softmax_rows(run, s, ii * nh, nh, g->hbase, pos, c0, c1 - c0, a, e, D);
-        pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv);
+        scores_query_row(s, ii * nh, nh, c1 - c0, D, KF, pf, fi);
+        softmax_rows(run, s, ii * nh, nh, g->hbase, pos, c0, a, e);
+        pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv, VF, pf, fi->voff);
+        if (pf->rows) {
+            for (int32_t t = 0; t < pf->n; t++) /* V rows P.V did not visit */
+                if (t < a - c0 || t >= e - c0)
+                    pf_key_v(pf, t);
+            pf->rows = NULL;
+        }
+    }
+    if (pf->rows) /* no query row saw this chunk */
+        kva__cpu_prefetch_chunk(pf->rows, pf->n, pf->kbytes, pf->vbytes);
+    pf->rows = NULL;
+}
+
+typedef void (*step_fn)(const kva__cpu_run *, const kva__work_item *, kva__cpu_scratch *,
+                        const kva__cpu_item_geom *, int32_t, int32_t, pf_info *, const fold_info *);
+
+/* chunk_step for the (K, V) format pairs that occur (as in v3). */
+#define STEP_D(NAME, DIM)                                                                          \
+    static void NAME(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,       \
+                     const kva__cpu_item_geom *g, int32_t c0, int32_t c1, pf_info *pf,             \
+                     const fold_info *fi)                                                          \
+    {                                                                                              \
+        const int32_t D_ = (DIM) ? (DIM) : run->plan->d.head_dim;                                  \
+        const int kf_ = fi->kf, vf_ = fi->vf;                                                      \
+        if (kf_ == FMT_BF16)                                                                       \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_BF16, FMT_BF16, pf, fi);                     \
+        else if (kf_ == FMT_F16)                                                                   \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_F16, FMT_F16, pf, fi);                       \
+        else if (kf_ == FMT_I8)                                                                    \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_I8, FMT_I8, pf, fi);                         \
+        else if (kf_ == FMT_I8S)                                                                   \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_I8S, FMT_I8S, pf, fi);                       \
+        else if (kf_ == FMT_I8T && vf_ == FMT_I8)                                                  \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_I8T, FMT_I8, pf, fi);                        \
+        else if (kf_ == FMT_I8T && vf_ == FMT_I8S)                                                 \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_I8T, FMT_I8S, pf, fi);                       \
+        else if (kf_ == FMT_I8T && vf_ == FMT_F16)                                                 \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_I8T, FMT_F16, pf, fi);                       \
+        else if (kf_ == FMT_I8T)                                                                   \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_I8T, FMT_BF16, pf, fi);                      \
+        else if (kf_ == FMT_FP8)                                                                   \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_FP8, FMT_FP8, pf, fi);                       \
+        else if (kf_ == FMT_FP8N)                                                                  \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_FP8N, FMT_FP8N, pf, fi);                     \
+        else                                                                                       \
+            chunk_step(run, it, s, g, c0, c1, D_, FMT_F32, FMT_F32, pf, fi);                       \
+    }
+/* Only D = 128 gets constant-D copies (each copy of the format list costs
+ * compile time, which sanitizer builds multiply); other head sizes take the
+ * runtime-D copy. */
+STEP_D(chunk_step_d128, 128)
+STEP_D(chunk_step_any, 0)
+
+static int float_fmt(kva_dtype dt)
+{
+    return dt == KVA_DTYPE_BF16 ? FMT_BF16 : dt == KVA_DTYPE_F16 ? FMT_F16 : FMT_F32;
+}
+
+static int all_zero(const float *x, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (x[i] != 0.0f)
+            return 0;
+    return 1;
+}
+
+/* The row formats of the item and, for a quantized cache, the static key
+ * scales folded into the query tile: q [M, D] *= s_k (times 2^8 for fp8),
+ * so the scores are sum_d (q_d s_d)(k_d - o_d) (as v3's fold_begin). */
+static void fold_begin(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
+                       const kva__cpu_item_geom *g, fold_info *fi)
+{
+    const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
+    fi->koff = fi->voff = NULL;
+    if (!run->quant) {
+        fi->kf = fi->vf = float_fmt(run->kv_dt);
+        return;
+    }
+    const kva_cache *c = run->cache;
+    const int32_t kvh = it->kv_head;
+    const int fp8 = c->desc.dtype == KVA_DTYPE_FP8_E4M3;
+    fi->kf = c->k_token_scale ? FMT_I8T : fp8 ? FMT_FP8 : FMT_I8;
+    fi->vf = c->desc.quant == KVA_QUANT_INT8_TOKEN_K_V16 ? float_fmt(c->desc.dtype)
+             : fp8                                       ? FMT_FP8
+                                                         : FMT_I8;
+    fi->koff = c->k_offset + (size_t)kvh * D;
+    fi->voff = c->v_offset + (size_t)kvh * Dv;
+    const int kz = fi->kf != FMT_I8 || all_zero(fi->koff, D);
+    const int vz = fi->vf == FMT_I8 && all_zero(fi->voff, Dv);
+    if (vz && kz) {
+        fi->vf = FMT_I8S;
+        fi->kf = fi->kf == FMT_I8 ? FMT_I8S : fi->kf;
+    }
+    if (fi->kf != FMT_I8T) {
+        const float *ks = c->k_scale + (size_t)kvh * D;
+        const float f = fp8 ? 256.0f : 1.0f;
+        for (int32_t m = 0; m < g->M; m++)
+            for (int32_t x = 0; x < D; x++)
+                s->q[(size_t)m * D + x] *= ks[x] * f;
     }
 }
 
-static void chunk_step_d64(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
-                           const kva__cpu_item_geom *g, int32_t c0, int32_t c1)
+/* The values' static scale, once per item: acc [M, Dv] *= s_v (times 2^8 for
+ * fp8); P.V, the partials and their merge are linear in V. */
+static void fold_end(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
+                     const kva__cpu_item_geom *g, const fold_info *fi)
 {
-    chunk_step(run, it, s, g, c0, c1, 64);
-}
-
-static void chunk_step_d128(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
-                            const kva__cpu_item_geom *g, int32_t c0, int32_t c1)
-{
-    chunk_step(run, it, s, g, c0, c1, 128);
-}
-
-static void chunk_step_any(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
-                           const kva__cpu_item_geom *g, int32_t c0, int32_t c1)
-{
-    chunk_step(run, it, s, g, c0, c1, run->plan->d.head_dim);
+    if (fi->vf < FMT_I8)
+        return;
+    const int32_t Dv = run->plan->d.head_dim_v;
+    const float *vs = run->cache->v_scale + (size_t)it->kv_head * Dv;
+    const float f = fi->vf >= FMT_FP8 ? 256.0f : 1.0f;
+    for (int32_t m = 0; m < g->M; m++)
+        for (int32_t x = 0; x < Dv; x++)
+            s->acc[(size_t)m * Dv + x] *= vs[x] * f;
 }
 
 void kva__cpu_attn_v2(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
@@ -329,31 +591,44 @@ void kva__cpu_attn_v2(const kva__cpu_run *run, const kva__work_item *it, kva__cp
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
     kva__cpu_item_geom g;
     kva__cpu_item_begin(run, it, s, &g);
-    void (*step)(const kva__cpu_run *, const kva__work_item *, kva__cpu_scratch *,
-                 const kva__cpu_item_geom *, int32_t, int32_t) = D == 128  ? chunk_step_d128
-                                                                 : D == 64 ? chunk_step_d64
-                                                                           : chunk_step_any;
+    fold_info fi;
+    fold_begin(run, it, s, &g, &fi);
+    const step_fn step = D == 128 ? chunk_step_d128 : chunk_step_any;
 
-    /* Rows of the current and of the next chunk (prefetched one chunk ahead). */
-    kva__cpu_chunk_rows rows[2];
+    /* Rows of the chunks in flight: chunk c is computed while chunk
+     * c + PF_DIST is prefetched (a ring of PF_DIST + 1 located chunks). */
+    enum { PF_DIST = 2 };
+    kva__cpu_chunk_rows rows[PF_DIST + 1];
     const size_t kv_esz = kva_dtype_size(run->kv_dt);
-    const size_t kbytes = (size_t)D * kv_esz, vbytes = (size_t)Dv * kv_esz;
-    int cur = 0;
-    if (it->k0 < it->k1)
-        kva__cpu_locate_chunk(
-            run, it->req, it->kv_head, it->k0,
-            it->k1 - it->k0 < KVA_CPU_KEY_CHUNK ? it->k1 - it->k0 : KVA_CPU_KEY_CHUNK, &rows[0]);
-    for (int32_t c0 = it->k0; c0 < it->k1; c0 += KVA_CPU_KEY_CHUNK) {
-        const int32_t c1 = c0 + KVA_CPU_KEY_CHUNK < it->k1 ? c0 + KVA_CPU_KEY_CHUNK : it->k1;
-        if (c1 < it->k1) {
-            const int32_t n2 = it->k1 - c1 < KVA_CPU_KEY_CHUNK ? it->k1 - c1 : KVA_CPU_KEY_CHUNK;
-            kva__cpu_locate_chunk(run, it->req, it->kv_head, c1, n2, &rows[cur ^ 1]);
-            kva__cpu_prefetch_chunk(&rows[cur ^ 1], n2, kbytes, vbytes);
-        }
-        load_chunk(run, &rows[cur], c1 - c0, it->kv_head, s);
-        cur ^= 1;
-        step(run, it, s, &g, c0, c1);
+    const size_t v_esz = run->cache ? run->cache->v_elem : kv_esz;
+    pf_info pf;
+    pf.rows = NULL;
+    pf.n = 0;
+    pf.kbytes = (size_t)D * kv_esz;
+    pf.vbytes = (size_t)Dv * v_esz;
+    const int32_t C = KVA_CPU_KEY_CHUNK;
+    const int32_t nchunks = (it->k1 - it->k0 + C - 1) / C;
+    for (int32_t c = 0; c < PF_DIST && c < nchunks; c++) {
+        const int32_t a = it->k0 + c * C, n = it->k1 - a < C ? it->k1 - a : C;
+        kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, &rows[c]);
+        kva__cpu_prefetch_chunk(&rows[c], n, pf.kbytes, pf.vbytes);
     }
+    for (int32_t c = 0; c < nchunks; c++) {
+        const int32_t c0 = it->k0 + c * C;
+        const int32_t c1 = c0 + C < it->k1 ? c0 + C : it->k1;
+        if (c + PF_DIST < nchunks) {
+            const int32_t a = c0 + PF_DIST * C, n = it->k1 - a < C ? it->k1 - a : C;
+            kva__cpu_chunk_rows *nr = &rows[(c + PF_DIST) % (PF_DIST + 1)];
+            kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, nr);
+            pf.rows = nr;
+            pf.n = n;
+        }
+        load_chunk(run, &rows[c % (PF_DIST + 1)], c1 - c0, s, &fi);
+        step(run, it, s, &g, c0, c1, &pf, &fi);
+    }
+    if (fi.vf == FMT_BF16)
+        bf16_acc_unpair(s->acc, g.M, Dv);
+    fold_end(run, it, s, &g, &fi);
     kva__cpu_item_finish(run, it, s, &g);
 }
 

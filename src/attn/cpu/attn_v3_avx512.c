@@ -4,15 +4,18 @@
  * adds AVX512_BF16 scores.
  *
  * Same work item and semantics as v1 (attn_v1.c); what changes:
- *   - load_chunk copies the chunk's K and V rows, in their storage format,
- *     into the thread's scratch with one tight loop of 64-byte moves. It is
- *     the one place that reads the storage layout: f32/f16/bf16 rows and the
- *     int8/fp8 rows of a quantized cache are copied (1 byte per element:
- *     half the bytes of f16), any other storage dtype is converted to fp32
- *     there through kva__cpu_load_row. Copying first keeps many cache
- *     misses in flight; reading the cache rows inside the compute loops was
- *     2.7x slower from DRAM (1 thread, bf16, H=32 Hkv=8, 8 x 4096 keys:
- *     50 -> 18 ms, best of 3 on the shared VM).
+ *   - The loops read the K and V rows in place, in their storage format
+ *     (f32/f16/bf16, and the int8/fp8 rows of a quantized cache: 1 byte per
+ *     element); load_chunk only points s->kp/vp at them (fp8 rows are
+ *     scanned for NaN codes there) and converts any other storage dtype to
+ *     fp32 through kva__cpu_load_row. The rows of the chunk two ahead are
+ *     prefetched into L2 key by key from the compute loops (K rows from the
+ *     scores loop, V rows from the P.V loop): spread like this the misses
+ *     stay in flight while the chunk computes. (An earlier version copied
+ *     each chunk into scratch after prefetching it in one burst: the burst
+ *     filled the miss buffers and stalled the core, the copy cost about 40
+ *     cycles per key in L2. In place + spread: 1 thread, bf16, H=32 Hkv=8,
+ *     8 x 4096 keys, 17.2 -> 12 ms.)
  *   - Quantized rows are converted in registers like f16/bf16 (ld16: int8
  *     vpmovsxbd + vcvtdq2ps; fp8 e4m3 rebuilt as f16 bits + vcvtph2ps) and
  *     the scales are folded out of the inner loops: per-channel key scales
@@ -23,17 +26,21 @@
  *     acc *= s: P.V, the partials and their merge are linear in V).
  *   - Scores: keys are the outer loop; each K row is converted once into
  *     registers (ld16: bf16 widen + shift, f16 vcvtph2ps) and serves up to 8
- *     heads; the per-(head, key) 16-lane partial sums are reduced 16 keys at
- *     a time by one 16x16 transpose-and-add (hsum16).
+ *     heads, whose q stays in registers (64-dim parts of the head for up to
+ *     4 heads); the per-(head, key) 16-lane partial sums are reduced 16 keys
+ *     at a time by one 16x16 transpose-and-add (hsum16).
  *   - Variant 4, bf16 q and cache: vdpbf16ps multiplies bf16 pairs exactly
  *     and adds in fp32 (half the instructions, no conversion of K); the
- *     softmax scale multiplies the scores instead of q.
+ *     softmax scale multiplies the scores instead of q, which stays in
+ *     registers as bf16 for the chunk.
  *   - The softmax update runs on vectors of 16 scores: lanes outside the
- *     row's visible keys are -inf, exp16 (degree-7 polynomial + vscalefps).
- *   - P.V is register-blocked: up to 8 heads x 32 output dims in 16 zmm
- *     accumulators while the V rows stream through, converted in registers
- *     once per head block.
- *   - Copies specialized for D = Dv = 64, 128, 256 and each row format;
+ *     row's visible keys are -inf, exp16 (degree-7 polynomial + vscalefps);
+ *     no expf for the rescale when the running max did not change.
+ *   - P.V is register-blocked: 4 heads x 64 output dims (or 8 heads x 32) in
+ *     16 zmm accumulators while the V rows stream through, converted in
+ *     registers once per head block; bf16 rows without a shuffle (even and
+ *     odd dims of one 64-byte load, accumulators un-paired once per item).
+ *   - Loops specialized for D = Dv = 64, 128, 256 and each row format;
  *     other shapes take a runtime-D copy.
  *
  * Non-finite semantics are v1's: NaN scores do not enter the max and make
@@ -41,284 +48,43 @@
  * part in the chunk's P.V, so 0 * inf in V cannot reach it); p = 0 keys
  * inside the visible range are accumulated like v1 does.
  *
- * Measured (`kvattn bench`, bf16, H=32 Hkv=8 D=128, 16 x 4096 keys, shared
- * 2-core Zen 4 VM, best of 3): 1 thread v1 77 ms, v3 35.5 ms, v4 34.5 ms;
- * 2 threads v1 46 ms, v3 21.9 ms, v4 20.1 ms (13.3 GB/s). In L2 the g = 4
- * kernel spends about 125 cycles per key and kv head: 16 vdpbf16ps + 32 FMAs
- * + the chunk copy + the reductions; from DRAM about 220. Details and the
- * arithmetic-intensity bound: docs/performance.md.
- * Quantized caches (decode, 4 x 16384 keys, same shape, 2 threads, 4
- * interleaved rounds, load ~1.2): int8_channel 14.7 ms against f16 24.6 ms
- * (1.7x; 1 thread 1.46x) and 31.0 ms when the chunk was dequantized to fp32;
- * fp8 20.4 ms. Not the 2x the halved bytes allow: at GQA 4 the loops are
- * compute-bound (~170 cycles per key and kv head on int8, 1 thread), see
- * docs/quant.md.
- * Tried and dropped (A/B, best of 3, 1 thread, 8 x 4096 keys): spreading the
- * next chunk's prefetches over the scores loop (10.5 -> 16.4 ms, slower);
- * prefetcht0 instead of prefetcht2 (slower); prefetching every other line
- * (16.5 -> 22 ms); prefetch distance 1, 4, 6 chunks instead of 2 (within
- * noise); copying the next chunk in two slices between the phases of the
- * current one, double-buffered (16.6 -> 16.3 ms at g = 4, none at g = 1:
- * not worth the second buffer).
+ * Measured: docs/performance.md ("CPU decode loops rework"). In L2, 1
+ * thread, GQA 4, D = 128 bf16 (v4), a key and kv head cost about 125 cycles
+ * before the rework and about 90 after it (scores ~28, softmax ~10, P.V ~41
+ * against 16 vdpbf16ps + 32 FMAs = 48 cycles of FMA-port work); from DRAM
+ * the misses left after prefetching still add about 40 cycles.
+ * Tried and dropped (A/B, 1 thread, bf16, 8 x 4096 keys, alternating
+ * rounds): prefetch distance 1, 3, 4, 8, 16 chunks instead of 2 (equal or
+ * slower: 16 chunks 27 vs 19 ms at GQA 1); prefetcht0 / prefetchnta instead
+ * of prefetcht2 (2x slower: L1 prefetches of DRAM lines hold the L1 miss
+ * buffers); prefetcht1 (same as t2); no software prefetch (2.2x slower).
  */
 #include "cpu_attn.h"
 
 #if defined(__x86_64__)
 
+#include "attn_v3_avx512.h"
+
 #include <immintrin.h>
 #include <math.h>
 
-#define AI static inline __attribute__((always_inline))
-
-/* e^x in fp32 for x <= 0 (the softmax's only inputs): x = n ln2 + r with
- * |r| <= ln2/2 (two-part ln2), e^r by its degree-7 Taylor polynomial (error
- * below 1e-8 relative, about one ulp in total), times 2^n by vscalefps, which
- * flushes to 0 below the smallest subnormal; x = -inf gives 0, NaN stays NaN. */
-AI __m512 exp16(__m512 x)
-{
-    const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-110.0f)); /* NaN -> -110, fixed below */
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504089f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    const __m512 y = _mm512_scalef_ps(p, n);
-    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
-}
-
-/* Sums of 16 vectors: lane i of the result is the sum of the lanes of v[i]. */
-AI __m512 hsum16(const __m512 v[16])
-{
-    __m512 s[8], t[4], u[2];
-    for (int i = 0; i < 8; i++)
-        s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44),
-                             _mm512_shuffle_f32x4(v[i], v[i + 8], 0xee));
-    /* s[i]: 128-bit blocks 0,1 hold v[i] (8 partial sums), blocks 2,3 v[i+8]. */
-    for (int i = 0; i < 4; i++)
-        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s[i], s[i + 4], 0x88),
-                             _mm512_shuffle_f32x4(s[i], s[i + 4], 0xdd));
-    /* t[i]: blocks hold 4 partial sums of v[i], v[i+8], v[i+4], v[i+12]. */
-    for (int i = 0; i < 2; i++)
-        u[i] =
-            _mm512_add_ps(_mm512_unpacklo_ps(t[i], t[i + 2]), _mm512_unpackhi_ps(t[i], t[i + 2]));
-    const __m512 w = _mm512_add_ps(_mm512_unpacklo_ps(u[0], u[1]), _mm512_unpackhi_ps(u[0], u[1]));
-    /* w: block k lane j is the sum of t[j]'s block k: vectors 0-3, 8-11, 4-7, 12-15. */
-    return _mm512_shuffle_f32x4(w, w, 0xd8);
-}
-
-/* Row formats the loops read in registers: the cache's float formats, and the
- * quantized ones read in their storage format (scales folded, see run_item):
- *   FMT_I8   int8 with per-channel scale s and offset o (INT8_CHANNEL K/V,
- *            INT8_TOKEN_K V): ld16 gives q, the loops subtract o;
- *   FMT_I8S  int8 with per-channel scale and all offsets of the kv head 0
- *            (symmetric): FMT_I8 without the subtraction;
- *   FMT_I8T  int8 keys with a per-token scale (INT8_TOKEN_K*): ld16 gives q,
- *            the scores are multiplied by the token's scale;
- *   FMT_FP8  e4m3 with per-channel scale s: ld16 gives the code's value / 2^8
- *            (an f16 built from the code's bits), 2^8 s is folded;
- *   FMT_FP8N the same for a chunk that holds a NaN code (load_chunk looks):
- *            ld16 also maps |code| 0x7f to NaN. */
-enum { FMT_F32, FMT_F16, FMT_BF16, FMT_I8, FMT_I8S, FMT_I8T, FMT_FP8, FMT_FP8N };
-
-/* Format of rows of dtype dt stored in 16 bits or fp32 (non-quantized). */
-static int float_fmt(kva_dtype dt)
-{
-    return dt == KVA_DTYPE_BF16 ? FMT_BF16 : dt == KVA_DTYPE_F16 ? FMT_F16 : FMT_F32;
-}
-
-/* 16 elements [i, i+16) of a K/V row of format fmt as fp32 (see above: int8
- * without scale/offset, fp8 as value / 2^8); lanes outside m are 0 (only the
- * masked lanes are read). This and load_chunk are the only places that know
- * the row format. */
-AI __m512 ld16(const void *row, int32_t i, const int fmt, __mmask16 m)
-{
-    if (fmt == FMT_F32)
-        return _mm512_maskz_loadu_ps(m, (const float *)row + i);
-    if (fmt >= FMT_I8) {
-        const unsigned char *p = (const unsigned char *)row + i;
-        const __m128i b =
-            m == 0xffff ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8(m, p);
-        if (fmt < FMT_FP8)
-            return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
-        /* e4m3 s.eeee.mmm -> f16 s.0eeee.mmm0000000: the same value / 2^8,
-         * subnormals included (f16 has 10 mantissa bits and a 2^8 wider
-         * exponent range). Sign-extended and shifted by 7, a negative code
-         * also sets bit 14, which the mask clears. */
-        __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7),
-                                     _mm256_set1_epi16((short)0xbf80));
-        if (fmt == FMT_FP8N) /* |code| 0x7f is NaN (1.875 as built) */
-            h = _mm256_mask_mov_epi16(
-                h,
-                _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)),
-                                        _mm256_set1_epi16(0x3f80)),
-                _mm256_set1_epi16(0x7e00));
-        return _mm512_cvtph_ps(h);
-    }
-    const __m256i h = m == 0xffff ? _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i))
-                                  : _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);
-    if (fmt == FMT_F16)
-        return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-/* What the loops need besides the rows for the quantized formats, set per
- * item (run_item) and per chunk (load_chunk). */
-typedef struct fold_info {
-    int kf, vf;                   /* row formats of K and V */
-    const float *koff;            /* [D] key offsets of the item's kv head (FMT_I8 keys) */
-    const float *voff;            /* [Dv] value offsets (FMT_I8 values) */
-    float tok[KVA_CPU_KEY_CHUNK]; /* per-token key scales of the chunk (FMT_I8T) */
-} fold_info;
-
-/* Lanes of the last 16-element vector of a row of n elements (n a multiple of 8). */
-#define TAIL16(n) ((n) % 16 ? (__mmask16)0x00ff : (__mmask16)0xffff)
-#define NVEC16(n) (((n) + 15) / 16)
-
-/*
- * Scores of the nb (<= 8) rows m0.. (q tile rows of one query row) against
- * the chunk's nk keys, into s->pm [m, KEY_CHUNK]. Keys are the outer loop:
- * each key row is loaded and converted once into registers and serves the nb
- * heads; the per-(head, key) 16-lane partial sums go to s->vs [8, 16, 16] and
- * hsum16 turns 16 keys of a head into one vector of scores.
- */
-AI void scores_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, int32_t nb,
-                    int32_t nk, const int32_t D, const int kd, const fold_info *fi)
-{
-    const int NV = NVEC16(D);
-    const __mmask16 tail = TAIL16(D);
-    float *vs = s->vs;
-    (void)run;
-    for (int32_t half = 0; half * 16 < nk; half++) {
-        for (int32_t t = 0; t < 16; t++) {
-            const int32_t key = half * 16 + t;
-            if (key >= nk) {
-                for (int32_t b = 0; b < nb; b++)
-                    _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_setzero_ps());
-                continue;
-            }
-            __m512 kr[16];
-            for (int j = 0; j < NV; j++) {
-                const __mmask16 mj = j == NV - 1 ? tail : 0xffff;
-                kr[j] = ld16(s->kp[key], 16 * j, kd, mj);
-                /* (k - o): q already holds q * s (no cancellation-prone expansion). */
-                if (kd == FMT_I8)
-                    kr[j] = _mm512_sub_ps(kr[j], _mm512_maskz_loadu_ps(mj, fi->koff + 16 * j));
-            }
-            for (int32_t b = 0; b < nb; b++) {
-                const float *q = s->q + (size_t)(m0 + b) * D;
-                __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-                for (int j = 0; j + 1 < NV; j += 2) {
-                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * j), kr[j], a0);
-                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * j + 16), kr[j + 1], a1);
-                }
-                if (NV % 2)
-                    a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q + 16 * (NV - 1)), kr[NV - 1],
-                                         a0);
-                _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_add_ps(a0, a1));
-            }
-        }
-        for (int32_t b = 0; b < nb; b++) {
-            __m512 v[16];
-            for (int t = 0; t < 16; t++)
-                v[t] = _mm512_loadu_ps(vs + (b * 16 + t) * 16);
-            __m512 sc = hsum16(v);
-            if (kd == FMT_I8T) /* score = s_tok * (q . k) */
-                sc = _mm512_mul_ps(sc, _mm512_loadu_ps(fi->tok + half * 16));
-            _mm512_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + half * 16, sc);
-        }
-    }
-}
-
-#if defined(__AVX512BF16__)
-/*
- * scores_rows for bf16 q and bf16 K (variant 4): vdpbf16ps multiplies pairs
- * of bf16 values exactly (8-bit significands: the products fit fp32) and adds
- * them in fp32, so the scores carry only fp32 summation error like the fp32
- * path, at half the instructions and with no conversion of K. q is read
- * unscaled from the input (q_row: [nb, D] bf16 of this query row's heads)
- * and the softmax scale multiplies the scores. Inputs that are bf16
- * subnormals count as 0 (the instruction's DAZ), below any tolerance.
- */
-AI void scores_rows_bf16(const kva__cpu_run *run, kva__cpu_scratch *s, const uint16_t *q_row,
-                         int32_t m0, int32_t nb, int32_t nk, const int32_t D)
-{
-    const int NV = D / 32;
-    const __m512 scale = _mm512_set1_ps(run->plan->d.scale);
-    float *vs = s->vs;
-    for (int32_t half = 0; half * 16 < nk; half++) {
-        for (int32_t t = 0; t < 16; t++) {
-            const int32_t key = half * 16 + t;
-            if (key >= nk) {
-                for (int32_t b = 0; b < nb; b++)
-                    _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_setzero_ps());
-                continue;
-            }
-            __m512bh kr[8];
-            const uint16_t *kp = (const uint16_t *)s->kp[key];
-            for (int j = 0; j < NV; j++)
-                kr[j] = (__m512bh)_mm512_loadu_si512(kp + 32 * j);
-            for (int32_t b = 0; b < nb; b++) {
-                const uint16_t *q = q_row + (size_t)b * D;
-                __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-                for (int j = 0; j + 1 < NV; j += 2) {
-                    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(q + 32 * j), kr[j]);
-                    a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(q + 32 * j + 32),
-                                          kr[j + 1]);
-                }
-                if (NV % 2)
-                    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(q + 32 * (NV - 1)),
-                                          kr[NV - 1]);
-                _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_add_ps(a0, a1));
-            }
-        }
-        for (int32_t b = 0; b < nb; b++) {
-            __m512 v[16];
-            for (int t = 0; t < 16; t++)
-                v[t] = _mm512_loadu_ps(vs + (b * 16 + t) * 16);
-            _mm512_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + half * 16,
-                             _mm512_mul_ps(hsum16(v), scale));
-        }
-    }
-}
-#endif
-
-/* Copies a row of `bytes` bytes (a multiple of 8: D is a multiple of 8). */
-AI void copy_row(unsigned char *restrict dst, const unsigned char *restrict src, size_t bytes)
-{
-    size_t b = 0;
-    for (; b + 64 <= bytes; b += 64)
-        _mm512_storeu_si512(dst + b, _mm512_loadu_si512(src + b));
-    for (; b + 16 <= bytes; b += 16)
-        _mm_storeu_si128((__m128i *)(dst + b), _mm_loadu_si128((const __m128i *)(src + b)));
-    if (b < bytes) /* 8 bytes of an int8/fp8 row */
-        memcpy(dst + b, src + b, 8);
-}
-
-/* copy_row for an fp8 row; returns whether it holds a NaN code (0x7f, 0xff). */
-AI int copy_row_fp8(unsigned char *restrict dst, const unsigned char *restrict src, size_t bytes)
+/* Whether an fp8 row of `bytes` bytes holds a NaN code (0x7f, 0xff). */
+AI int row_has_nan_fp8(const unsigned char *src, size_t bytes)
 {
     const __m512i lo7 = _mm512_set1_epi8(0x7f);
     __mmask64 nan = 0;
-    size_t b = 0;
-    for (; b < bytes; b += 64) {
+    for (size_t b = 0; b < bytes; b += 64) {
         const __mmask64 m = bytes - b >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (bytes - b)) - 1;
         const __m512i x = _mm512_maskz_loadu_epi8(m, src + b);
-        _mm512_mask_storeu_epi8(dst + b, m, x);
         nan |= _mm512_mask_cmpeq_epi8_mask(m, _mm512_and_si512(x, lo7), lo7);
     }
     return nan != 0;
 }
 
-/* Rows of a chunk for the loops below: s->kp/vp [KEY_CHUNK] point at copies
- * of the rows in their storage format (f32, f16, bf16, and the int8/fp8 rows
- * of a quantized cache, with fi->tok the per-token key scales); any other
+/* Rows of a chunk for the loops below: s->kp/vp [KEY_CHUNK] point at the
+ * cache rows themselves in their storage format (f32, f16, bf16, and the
+ * int8/fp8 rows of a quantized cache, with fi->tok the per-token key scales;
+ * rows n.. repeat row 0); any other
  * storage dtype is converted to fp32 with kva__cpu_load_row. Sets fi->kf/vf
  * to the formats the loops read. */
 static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, int32_t n,
@@ -328,26 +94,24 @@ static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, i
     const kva_dtype dt = run->kv_dt;
     const int direct =
         run->quant || dt == KVA_DTYPE_F32 || dt == KVA_DTYPE_F16 || dt == KVA_DTYPE_BF16;
-    const size_t kesz = kva_dtype_size(dt), vesz = run->cache ? run->cache->v_elem : kesz;
     const int fp8 = run->quant && dt == KVA_DTYPE_FP8_E4M3;
     int nan = 0;
     for (int32_t t = 0; t < n; t++) {
-        float *kd = s->kbuf + (size_t)t * D, *vd = s->vbuf + (size_t)t * Dv;
-        if (fp8) {
-            nan |= copy_row_fp8((unsigned char *)kd, cr->k[t], (size_t)D);
-            nan |= copy_row_fp8((unsigned char *)vd, cr->v[t], (size_t)Dv);
-        } else if (direct) {
-            /* A tight copy loop keeps many cache misses in flight; the
-             * compute loops then read the chunk from L1/L2 (measured faster
-             * than reading the cache rows inside them). */
-            copy_row((unsigned char *)kd, cr->k[t], (size_t)D * kesz);
-            copy_row((unsigned char *)vd, cr->v[t], (size_t)Dv * vesz);
+        if (direct) {
+            /* Read in place: the rows were prefetched into L2 while the
+             * chunk PF_DIST before this one computed (pf_key_k/v); fp8 rows
+             * are only scanned for NaN codes. */
+            if (fp8)
+                nan |= row_has_nan_fp8(cr->k[t], (size_t)D) | row_has_nan_fp8(cr->v[t], (size_t)Dv);
+            s->kp[t] = (const float *)cr->k[t];
+            s->vp[t] = (const float *)cr->v[t];
         } else {
+            float *kd = s->kbuf + (size_t)t * D, *vd = s->vbuf + (size_t)t * Dv;
             kva__cpu_load_row(kd, cr->k[t], dt, D);
             kva__cpu_load_row(vd, cr->v[t], dt, Dv);
+            s->kp[t] = kd;
+            s->vp[t] = vd;
         }
-        s->kp[t] = kd;
-        s->vp[t] = vd;
     }
     for (int32_t t = n; t < KVA_CPU_KEY_CHUNK; t++) {
         s->kp[t] = s->kp[0];
@@ -425,7 +189,8 @@ AI void softmax_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, i
         const __m512 p1 = exp16(_mm512_sub_ps(sc[1], mv));
         _mm512_storeu_ps(pm, p0);
         _mm512_storeu_ps(pm + 16, p1);
-        const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
+        /* The max rarely changes once a few chunks are in: no expf then. */
+        const float alpha = mold == mnew ? 1.0f : mold == -INFINITY ? 0.0f : expf(mold - mnew);
         s->mx[m] = mnew;
         s->sum[m] = s->sum[m] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
         s->alpha[m] = alpha;
@@ -439,12 +204,19 @@ AI void softmax_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, i
  * over output dims [d0, d0 + 16 * NV) (NV zmm per row, the last one masked
  * by tail). V rows are read in their format kd and converted in registers,
  * once for the NB heads. Rows that are not live keep their accumulators.
+ *
+ * bf16 rows in full blocks of 32 dims (pair = 1) are converted without a
+ * shuffle: one 64-byte load holds 32 values, the even dims are the words
+ * shifted up by 16, the odd dims the words masked to their upper half. The
+ * accumulators then hold each 32-dim block as [16 even dims, 16 odd dims]
+ * (bf16_acc_unpair restores the order once per item).
  */
 AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_t d0,
                  const int32_t Dv, const int kd, const float *voff, const int NB, const int NV,
-                 __mmask16 tail)
+                 __mmask16 tail, const fold_info *pf)
 {
-    __m512 acc[8][2], vo[2];
+    const int pair = kd == FMT_BF16 && NV % 2 == 0 && tail == 0xffff;
+    __m512 acc[8][4], vo[4];
     /* FMT_I8 values: acc += p (v - o); run_item multiplies acc by s at the end. */
     for (int j = 0; j < NV; j++)
         vo[j] = kd == FMT_I8
@@ -458,15 +230,26 @@ AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_
             acc[b][j] =
                 _mm512_mul_ps(_mm512_maskz_loadu_ps(j == NV - 1 ? tail : 0xffff, ar + 16 * j), al);
     }
+    const float *pm = s->pm + (size_t)m0 * KVA_CPU_KEY_CHUNK;
     for (int32_t t = ta; t < te; t++) {
-        __m512 v[2];
-        for (int j = 0; j < NV; j++)
-            v[j] = ld16(vp[t], d0 + 16 * j, kd, j == NV - 1 ? tail : 0xffff);
+        pf_key_v(pf, t);
+        __m512 v[4];
+        if (pair) {
+            const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+            for (int j = 0; j < NV; j += 2) {
+                const __m512i w = _mm512_loadu_si512((const uint16_t *)vp[t] + d0 + 16 * j);
+                v[j] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+                v[j + 1] = _mm512_castsi512_ps(_mm512_and_si512(w, hi));
+            }
+        } else {
+            for (int j = 0; j < NV; j++)
+                v[j] = ld16(vp[t], d0 + 16 * j, kd, j == NV - 1 ? tail : 0xffff);
+        }
         if (kd == FMT_I8)
             for (int j = 0; j < NV; j++)
                 v[j] = _mm512_sub_ps(v[j], vo[j]);
         for (int b = 0; b < NB; b++) {
-            const __m512 p = _mm512_set1_ps(s->pm[(size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + t]);
+            const __m512 p = _mm512_set1_ps(pm[(size_t)b * KVA_CPU_KEY_CHUNK + t]);
             for (int j = 0; j < NV; j++)
                 acc[b][j] = _mm512_fmadd_ps(p, v[j], acc[b][j]);
         }
@@ -480,48 +263,72 @@ AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_
     }
 }
 
-/* P.V of NB rows over all output dims: blocks of 32, then 16, then 8. */
+/* P.V of NB rows over all output dims: blocks of 64 dims while NB <= 4 (16
+ * accumulators: each broadcast of p serves 4 vectors), 32 otherwise, then 16,
+ * then 8. */
 AI void pv_rows(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, const int32_t Dv,
-                const int kd, const float *voff, const int NB)
+                const int kd, const float *voff, const int NB, const fold_info *pf)
 {
     int32_t d = 0;
-    for (; d + 32 <= Dv; d += 32)
-        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 2, 0xffff);
+    if (NB <= 4)
+        for (; d + 64 <= Dv; d += 64, pf = NULL)
+            pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 4, 0xffff, pf);
+    for (; d + 32 <= Dv; d += 32, pf = NULL)
+        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 2, 0xffff, pf);
     if (d + 16 <= Dv) {
-        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 1, 0xffff);
+        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 1, 0xffff, pf);
         d += 16;
+        pf = NULL;
     }
     if (d < Dv)
-        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 1, 0x00ff);
+        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 1, 0x00ff, pf);
+}
+
+/* Restores the dim order of the M accumulator rows [M, Dv] after P.V over
+ * bf16 values (pv_block's pair layout: each full 32-dim block stored as
+ * [even dims, odd dims]). */
+static void bf16_acc_unpair(float *acc, int32_t M, int32_t Dv)
+{
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi =
+        _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    for (int32_t m = 0; m < M; m++)
+        for (int32_t d = 0; d + 32 <= Dv; d += 32) {
+            float *a = acc + (size_t)m * Dv + d;
+            const __m512 ev = _mm512_loadu_ps(a), od = _mm512_loadu_ps(a + 16);
+            _mm512_storeu_ps(a, _mm512_permutex2var_ps(ev, lo, od));
+            _mm512_storeu_ps(a + 16, _mm512_permutex2var_ps(ev, hi, od));
+        }
 }
 
 /* P.V of the nh rows m0.. of one query row, keys [ta, te) of the chunk
  * (indices relative to its start), in register blocks of 8, 4, 2, 1 rows. */
 AI void pv_query_row(kva__cpu_scratch *s, int32_t m0, int32_t nh, int32_t ta, int32_t te,
-                     const int32_t Dv, const int kd, const float *voff)
+                     const int32_t Dv, const int kd, const float *voff, const fold_info *pf)
 {
     int32_t m = m0;
     const int32_t m1 = m0 + nh;
-    for (; m + 8 <= m1; m += 8)
-        pv_rows(s, m, ta, te, Dv, kd, voff, 8);
+    for (; m + 8 <= m1; m += 8, pf = NULL)
+        pv_rows(s, m, ta, te, Dv, kd, voff, 8, pf);
     if (m + 4 <= m1) {
-        pv_rows(s, m, ta, te, Dv, kd, voff, 4);
+        pv_rows(s, m, ta, te, Dv, kd, voff, 4, pf);
         m += 4;
+        pf = NULL;
     }
     if (m + 2 <= m1) {
-        pv_rows(s, m, ta, te, Dv, kd, voff, 2);
+        pv_rows(s, m, ta, te, Dv, kd, voff, 2, pf);
         m += 2;
+        pf = NULL;
     }
     if (m < m1)
-        pv_rows(s, m, ta, te, Dv, kd, voff, 1);
+        pv_rows(s, m, ta, te, Dv, kd, voff, 1, pf);
 }
 
 /* One chunk [c0, c1) for every query row of the item. D, Dv and the row
  * formats KF, VF are constants in the specialized copies below. */
 AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
                    const kva__cpu_item_geom *g, int32_t c0, int32_t c1, const int32_t D,
-                   const int32_t Dv, const int KF, const int VF, const int bf16dot,
-                   const fold_info *fi)
+                   const int32_t Dv, const int KF, const int VF, const int bf16dot, fold_info *fi)
 {
     const int32_t nh = it->nh;
     for (int32_t ii = 0; ii < it->nq; ii++) {
@@ -537,19 +344,29 @@ AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_s
                 const int64_t row =
                     (int64_t)(g->tok0 + ii) * run->plan->d.num_heads + g->hbase + hb;
                 scores_rows_bf16(run, s, (const uint16_t *)run->q + row * D, ii * nh + hb, nb,
-                                 c1 - c0, D);
-                continue;
-            }
+                                 c1 - c0, D, fi);
+            } else
 #endif
-            scores_rows(run, s, ii * nh + hb, nb, c1 - c0, D, KF, fi);
+                scores_rows(s, ii * nh + hb, nb, c1 - c0, D, KF, fi);
         }
         softmax_rows(run, s, ii * nh, nh, g->hbase, pos, c0, a, e);
-        pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv, VF, fi->voff);
+        pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv, VF, fi->voff, fi->pf ? fi : NULL);
+        if (fi->pf) {
+            /* The first query row's passes prefetched K of every key and V
+             * of keys [a, e); the V rows of the others follow here. */
+            for (int32_t t = 0; t < fi->pf_n; t++)
+                if (t < a - c0 || t >= e - c0)
+                    pf_key_v(fi, t);
+            fi->pf = NULL;
+        }
     }
+    if (fi->pf) /* no query row saw this chunk */
+        kva__cpu_prefetch_chunk(fi->pf, fi->pf_n, fi->pf_kbytes, fi->pf_vbytes);
+    fi->pf = NULL;
 }
 
 typedef void (*step_fn)(const kva__cpu_run *, const kva__work_item *, kva__cpu_scratch *,
-                        const kva__cpu_item_geom *, int32_t, int32_t, const fold_info *);
+                        const kva__cpu_item_geom *, int32_t, int32_t, fold_info *);
 
 /* chunk_step for the (K, V) format pairs that occur: float caches (K and V
  * alike) and the four quantized formats (INT8_CHANNEL, INT8_TOKEN_K,
@@ -584,7 +401,7 @@ typedef void (*step_fn)(const kva__cpu_run *, const kva__work_item *, kva__cpu_s
 #define STEP_D(DIM)                                                                                \
     static void step_d##DIM(const kva__cpu_run *run, const kva__work_item *it,                     \
                             kva__cpu_scratch *s, const kva__cpu_item_geom *g, int32_t c0,          \
-                            int32_t c1, const fold_info *fi)                                       \
+                            int32_t c1, fold_info *fi)                                             \
     {                                                                                              \
         STEP_FORMATS(DIM, DIM);                                                                    \
     }
@@ -597,7 +414,7 @@ STEP_D(256)
 #define STEP_BF16DOT(DIM)                                                                          \
     static void step_bf16dot_d##DIM(const kva__cpu_run *run, const kva__work_item *it,             \
                                     kva__cpu_scratch *s, const kva__cpu_item_geom *g, int32_t c0,  \
-                                    int32_t c1, const fold_info *fi)                               \
+                                    int32_t c1, fold_info *fi)                                     \
     {                                                                                              \
         chunk_step(run, it, s, g, c0, c1, DIM, DIM, FMT_BF16, FMT_BF16, 1, fi);                    \
     }
@@ -608,7 +425,7 @@ STEP_BF16DOT(256)
 
 /* Any other head size (runtime D and Dv, constant row formats). */
 static void step_any(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
-                     const kva__cpu_item_geom *g, int32_t c0, int32_t c1, const fold_info *fi)
+                     const kva__cpu_item_geom *g, int32_t c0, int32_t c1, fold_info *fi)
 {
     const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
     STEP_FORMATS(D, Dv);
@@ -712,6 +529,9 @@ static void run_item(const kva__cpu_run *run, const kva__work_item *it, kva__cpu
     const size_t kbytes = (size_t)D * kv_esz, vbytes = (size_t)Dv * v_esz;
     const int32_t C = KVA_CPU_KEY_CHUNK;
     const int32_t nchunks = (it->k1 - it->k0 + C - 1) / C;
+    fi.pf = NULL;
+    fi.pf_kbytes = kbytes;
+    fi.pf_vbytes = vbytes;
     for (int32_t c = 0; c < PF_DIST && c < nchunks; c++) {
         const int32_t a = it->k0 + c * C, n = it->k1 - a < C ? it->k1 - a : C;
         kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, &rows[c]);
@@ -724,11 +544,14 @@ static void run_item(const kva__cpu_run *run, const kva__work_item *it, kva__cpu
             const int32_t a = c0 + PF_DIST * C, n = it->k1 - a < C ? it->k1 - a : C;
             kva__cpu_chunk_rows *nr = &rows[(c + PF_DIST) % (PF_DIST + 1)];
             kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, nr);
-            kva__cpu_prefetch_chunk(nr, n, kbytes, vbytes);
+            fi.pf = nr; /* prefetched by the scores loop of this chunk */
+            fi.pf_n = n;
         }
         load_chunk(run, &rows[c % (PF_DIST + 1)], c1 - c0, s, &fi);
         step(run, it, s, &g, c0, c1, &fi);
     }
+    if (fi.vf == FMT_BF16)
+        bf16_acc_unpair(s->acc, g.M, Dv);
     fold_end(run, it, s, &g, &fi);
     kva__cpu_item_finish(run, it, s, &g);
 }

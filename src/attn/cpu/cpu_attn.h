@@ -63,9 +63,9 @@ typedef struct kva__cpu_scratch {
     float *pm;        /* [max_rows, KEY_CHUNK] probabilities of every row (SIMD variants) */
     float *alpha;     /* [max_rows] rescale factor of each row's accumulators this chunk */
     int32_t *live;    /* [max_rows] 1 if the row takes part in this chunk's P.V */
-    float *vs;        /* [8, 16, 16] per-(head, key) partial dot products (SIMD variants) */
-    float *kbuf;      /* [KEY_CHUNK, D] keys converted to fp32 (v1, v2) or copied in their
-                         storage format (v3, v4: at most 4 bytes per element) */
+    float *vs;        /* [2, 8, 16, 16] per-(head, key) partial dot products (SIMD variants) */
+    float *kbuf;      /* [KEY_CHUNK, D] keys converted to fp32 (v1; v3/v4 only for
+                         storage dtypes they do not read in place) */
     float *vbuf;      /* [KEY_CHUNK, Dv] values, likewise */
     int32_t *lo;      /* [max_rows] first visible key of each query row of the tile */
     int32_t *hi;      /* [max_rows] one past the last visible key */

@@ -80,7 +80,7 @@ size_t kva__cpu_scratch_bytes(int32_t D, int32_t Dv)
            span(C * (size_t)D, sizeof(float)) + span(C * (size_t)Dv, sizeof(float)) +
            2 * span(R, sizeof(int32_t)) + 2 * span(C, sizeof(const float *)) +
            span(R * C, sizeof(float)) + span(R, sizeof(float)) + span(R, sizeof(int32_t)) +
-           span(8 * 16 * 16, sizeof(float)) + tile_layout(NULL, D, Dv, NULL);
+           span(2 * 8 * 16 * 16, sizeof(float)) + tile_layout(NULL, D, Dv, NULL);
 }
 
 void kva__cpu_scratch_map(void *area, int32_t D, int32_t Dv, kva__cpu_scratch *s)
@@ -116,6 +116,6 @@ void kva__cpu_scratch_map(void *area, int32_t D, int32_t Dv, kva__cpu_scratch *s
     s->live = (int32_t *)p;
     p += span(R, sizeof(int32_t));
     s->vs = (float *)p;
-    p += span(8 * 16 * 16, sizeof(float));
+    p += span(2 * 8 * 16 * 16, sizeof(float));
     s->tile = p;
 }

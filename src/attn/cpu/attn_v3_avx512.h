@@ -1,0 +1,341 @@
+/*
+ * attn_v3_avx512.h - the vector pieces of the AVX-512 decode kernels v3/v4
+ * (attn_v3_avx512.c, which describes the scheme): exp16, the 16x16
+ * transpose-and-add, the row formats and their in-register conversion
+ * (ld16), the per-item fold info, the spread prefetch, and the score loops
+ * (fp32 path and the AVX512_BF16 dot products of v4). Included only by
+ * attn_v3_avx512.c, compiled with the AVX-512 flags.
+ */
+#ifndef KVA_ATTN_V3_AVX512_H
+#define KVA_ATTN_V3_AVX512_H
+
+#include "cpu_attn.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#define AI static inline __attribute__((always_inline))
+
+/* e^x in fp32 for x <= 0 (the softmax's only inputs): x = n ln2 + r with
+ * |r| <= ln2/2 (two-part ln2), e^r by its degree-7 Taylor polynomial (error
+ * below 1e-8 relative, about one ulp in total), times 2^n by vscalefps, which
+ * flushes to 0 below the smallest subnormal; x = -inf gives 0, NaN stays NaN. */
+AI __m512 exp16(__m512 x)
+{
+    const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-110.0f)); /* NaN -> -110, fixed below */
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504089f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512 y = _mm512_scalef_ps(p, n);
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+
+/* Sums of 16 vectors: lane i of the result is the sum of the lanes of v[i]. */
+AI __m512 hsum16(const __m512 v[16])
+{
+    __m512 s[8], t[4], u[2];
+    for (int i = 0; i < 8; i++)
+        s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44),
+                             _mm512_shuffle_f32x4(v[i], v[i + 8], 0xee));
+    /* s[i]: 128-bit blocks 0,1 hold v[i] (8 partial sums), blocks 2,3 v[i+8]. */
+    for (int i = 0; i < 4; i++)
+        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s[i], s[i + 4], 0x88),
+                             _mm512_shuffle_f32x4(s[i], s[i + 4], 0xdd));
+    /* t[i]: blocks hold 4 partial sums of v[i], v[i+8], v[i+4], v[i+12]. */
+    for (int i = 0; i < 2; i++)
+        u[i] =
+            _mm512_add_ps(_mm512_unpacklo_ps(t[i], t[i + 2]), _mm512_unpackhi_ps(t[i], t[i + 2]));
+    const __m512 w = _mm512_add_ps(_mm512_unpacklo_ps(u[0], u[1]), _mm512_unpackhi_ps(u[0], u[1]));
+    /* w: block k lane j is the sum of t[j]'s block k: vectors 0-3, 8-11, 4-7, 12-15. */
+    return _mm512_shuffle_f32x4(w, w, 0xd8);
+}
+
+/* Row formats the loops read in registers: the cache's float formats, and the
+ * quantized ones read in their storage format (scales folded, see run_item):
+ *   FMT_I8   int8 with per-channel scale s and offset o (INT8_CHANNEL K/V,
+ *            INT8_TOKEN_K V): ld16 gives q, the loops subtract o;
+ *   FMT_I8S  int8 with per-channel scale and all offsets of the kv head 0
+ *            (symmetric): FMT_I8 without the subtraction;
+ *   FMT_I8T  int8 keys with a per-token scale (INT8_TOKEN_K*): ld16 gives q,
+ *            the scores are multiplied by the token's scale;
+ *   FMT_FP8  e4m3 with per-channel scale s: ld16 gives the code's value / 2^8
+ *            (an f16 built from the code's bits), 2^8 s is folded;
+ *   FMT_FP8N the same for a chunk that holds a NaN code (load_chunk looks):
+ *            ld16 also maps |code| 0x7f to NaN. */
+enum { FMT_F32, FMT_F16, FMT_BF16, FMT_I8, FMT_I8S, FMT_I8T, FMT_FP8, FMT_FP8N };
+
+/* Format of rows of dtype dt stored in 16 bits or fp32 (non-quantized). */
+static int float_fmt(kva_dtype dt)
+{
+    return dt == KVA_DTYPE_BF16 ? FMT_BF16 : dt == KVA_DTYPE_F16 ? FMT_F16 : FMT_F32;
+}
+
+/* 16 elements [i, i+16) of a K/V row of format fmt as fp32 (see above: int8
+ * without scale/offset, fp8 as value / 2^8); lanes outside m are 0 (only the
+ * masked lanes are read). This and load_chunk are the only places that know
+ * the row format. */
+AI __m512 ld16(const void *row, int32_t i, const int fmt, __mmask16 m)
+{
+    if (fmt == FMT_F32)
+        return _mm512_maskz_loadu_ps(m, (const float *)row + i);
+    if (fmt >= FMT_I8) {
+        const unsigned char *p = (const unsigned char *)row + i;
+        const __m128i b =
+            m == 0xffff ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8(m, p);
+        if (fmt < FMT_FP8)
+            return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+        /* e4m3 s.eeee.mmm -> f16 s.0eeee.mmm0000000: the same value / 2^8,
+         * subnormals included (f16 has 10 mantissa bits and a 2^8 wider
+         * exponent range). Sign-extended and shifted by 7, a negative code
+         * also sets bit 14, which the mask clears. */
+        __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7),
+                                     _mm256_set1_epi16((short)0xbf80));
+        if (fmt == FMT_FP8N) /* |code| 0x7f is NaN (1.875 as built) */
+            h = _mm256_mask_mov_epi16(
+                h,
+                _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)),
+                                        _mm256_set1_epi16(0x3f80)),
+                _mm256_set1_epi16(0x7e00));
+        return _mm512_cvtph_ps(h);
+    }
+    const __m256i h = m == 0xffff ? _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i))
+                                  : _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);
+    if (fmt == FMT_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* What the loops need besides the rows for the quantized formats, set per
+ * item (run_item) and per chunk (load_chunk). */
+typedef struct fold_info {
+    int kf, vf;                   /* row formats of K and V */
+    const float *koff;            /* [D] key offsets of the item's kv head (FMT_I8 keys) */
+    const float *voff;            /* [Dv] value offsets (FMT_I8 values) */
+    float tok[KVA_CPU_KEY_CHUNK]; /* per-token key scales of the chunk (FMT_I8T) */
+    /* The chunk PF_DIST ahead, prefetched key by key inside the scores loop
+     * of the current chunk (pf_key); NULL once done. */
+    const kva__cpu_chunk_rows *pf;
+    int32_t pf_n;
+    size_t pf_kbytes, pf_vbytes;
+} fold_info;
+
+/* Prefetches (into L2) the K row (pf_key_k) or the V row (pf_key_v) of key
+ * `key` of the chunk fi->pf. The K rows are requested from the scores loop
+ * and the V rows from the P.V loop of the chunk PF_DIST before: spread over
+ * the compute, 4 + 4 lines per key (D = 128, bf16) keep the misses of later
+ * chunks in flight while this one computes, whereas a burst of a whole
+ * chunk's 256 lines fills the miss buffers and stalls the core until they
+ * drain (1 thread, 8 x 4096 bf16: 17.2 -> 10.6 ms together with reading the
+ * rows in place instead of copying them first). */
+AI void pf_key_k(const fold_info *fi, int32_t key)
+{
+    if (!fi || !fi->pf || key >= fi->pf_n)
+        return;
+    const char *k = (const char *)fi->pf->k[key];
+    for (size_t b = 0; b < fi->pf_kbytes; b += 64)
+        _mm_prefetch(k + b, _MM_HINT_T2);
+}
+
+AI void pf_key_v(const fold_info *fi, int32_t key)
+{
+    if (!fi || !fi->pf || key >= fi->pf_n)
+        return;
+    const char *v = (const char *)fi->pf->v[key];
+    for (size_t b = 0; b < fi->pf_vbytes; b += 64)
+        _mm_prefetch(v + b, _MM_HINT_T2);
+}
+
+/* Lanes of the last 16-element vector of a row of n elements (n a multiple of 8). */
+#define TAIL16(n) ((n) % 16 ? (__mmask16)0x00ff : (__mmask16)0xffff)
+#define NVEC16(n) (((n) + 15) / 16)
+
+/*
+ * Scores of the NB (<= 8) rows m0.. (q tile rows of one query row) against
+ * the chunk's nk keys, into s->pm [m, KEY_CHUNK]. The head dims are taken in
+ * parts of PW vectors (64 dims for up to 4 heads, 32 for more): the part of
+ * q of the NB heads stays in registers (16 zmm) while the keys stream
+ * through, each key's part loaded and converted once for the NB heads. The
+ * per-(head, key) 16-lane partial sums add up over the parts in s->vs
+ * [2 halves of the chunk, 8 heads, 16 keys, 16 lanes]; hsum16 turns 16 keys of a head into one
+ * vector of scores.
+ */
+AI void scores_nb(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk, const int32_t D,
+                  const int kd, const fold_info *fi)
+{
+    const int NV = NVEC16(D);
+    const __mmask16 tail = TAIL16(D);
+    const int PW = NB <= 4 ? 4 : 2;
+    float *vs = s->vs;
+    const int32_t nkr = (nk + 15) & ~15; /* keys rounded up to whole vectors of scores */
+    for (int j0 = 0; j0 < NV; j0 += PW) {
+        const int nj = NV - j0 < PW ? NV - j0 : PW;
+        __m512 qr[8][4];
+        for (int b = 0; b < NB; b++)
+            for (int j = 0; j < nj; j++)
+                qr[b][j] = _mm512_maskz_loadu_ps(j0 + j == NV - 1 ? tail : 0xffff,
+                                                 s->q + (size_t)(m0 + b) * D + 16 * (j0 + j));
+        for (int32_t key = 0; key < nkr; key++) {
+            if (j0 == 0)
+                pf_key_k(fi, key);
+            if (key >= nk) {
+                if (j0 == 0)
+                    for (int b = 0; b < NB; b++)
+                        _mm512_storeu_ps(vs + ((key >> 4) * 128 + b * 16 + (key & 15)) * 16,
+                                         _mm512_setzero_ps());
+                continue;
+            }
+            __m512 kr[4];
+            for (int j = 0; j < nj; j++) {
+                const __mmask16 mj = j0 + j == NV - 1 ? tail : 0xffff;
+                kr[j] = ld16(s->kp[key], 16 * (j0 + j), kd, mj);
+                /* (k - o): q already holds q * s (no cancellation-prone expansion). */
+                if (kd == FMT_I8)
+                    kr[j] =
+                        _mm512_sub_ps(kr[j], _mm512_maskz_loadu_ps(mj, fi->koff + 16 * (j0 + j)));
+            }
+            for (int b = 0; b < NB; b++) {
+                __m512 a0 = _mm512_mul_ps(qr[b][0], kr[0]);
+                for (int j = 1; j < nj; j++)
+                    a0 = _mm512_fmadd_ps(qr[b][j], kr[j], a0);
+                float *dst = vs + ((key >> 4) * 128 + b * 16 + (key & 15)) * 16;
+                _mm512_storeu_ps(dst, j0 == 0 ? a0 : _mm512_add_ps(_mm512_loadu_ps(dst), a0));
+            }
+        }
+    }
+    for (int32_t half = 0; half * 16 < nk; half++)
+        for (int b = 0; b < NB; b++) {
+            __m512 v[16];
+            for (int t = 0; t < 16; t++)
+                v[t] = _mm512_loadu_ps(vs + (half * 128 + b * 16 + t) * 16);
+            __m512 sc = hsum16(v);
+            if (kd == FMT_I8T) /* score = s_tok * (q . k) */
+                sc = _mm512_mul_ps(sc, _mm512_loadu_ps(fi->tok + half * 16));
+            _mm512_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + half * 16, sc);
+        }
+}
+
+/* scores_nb with the head count nb (1..8) as a constant. */
+AI void scores_rows(kva__cpu_scratch *s, int32_t m0, int32_t nb, int32_t nk, const int32_t D,
+                    const int kd, const fold_info *fi)
+{
+    if (nb > 4) { /* two passes of 4 heads with q in registers beat one of 8 */
+        scores_nb(s, m0, 4, nk, D, kd, fi);
+        m0 += 4;
+        nb -= 4;
+    }
+    switch (nb) {
+#define NB_CASE(n)                                                                                 \
+    case n:                                                                                        \
+        scores_nb(s, m0, n, nk, D, kd, fi);                                                        \
+        break;
+        NB_CASE(1)
+        NB_CASE(2)
+        NB_CASE(3)
+        NB_CASE(4)
+        NB_CASE(5)
+        NB_CASE(6)
+        NB_CASE(7)
+        NB_CASE(8)
+#undef NB_CASE
+    default:
+        break;
+    }
+}
+
+#if defined(__AVX512BF16__)
+/*
+ * scores_rows for bf16 q and bf16 K (variant 4): vdpbf16ps multiplies pairs
+ * of bf16 values exactly (8-bit significands: the products fit fp32) and adds
+ * them in fp32, so the scores carry only fp32 summation error like the fp32
+ * path, at half the instructions and with no conversion of K. q is read
+ * unscaled from the input (q_row: [nb, D] bf16 of this query row's heads)
+ * and the softmax scale multiplies the scores. Inputs that are bf16
+ * subnormals count as 0 (the instruction's DAZ), below any tolerance.
+ */
+AI void scores_bf16_nb(const kva__cpu_run *run, kva__cpu_scratch *s, const uint16_t *q_row,
+                       int32_t m0, const int NB, int32_t nk, const int32_t D, const fold_info *fi)
+{
+    const int NV = D / 32;
+    const __m512 scale = _mm512_set1_ps(run->plan->d.scale);
+    float *vs = s->vs;
+    /* q of the NB heads in registers for the whole chunk (NB = 4, D = 128:
+     * 16 zmm), so each key costs its 4 K loads and NB * NV dot products. */
+    __m512bh qr[8][8];
+    for (int b = 0; b < NB; b++)
+        for (int j = 0; j < NV; j++)
+            qr[b][j] = (__m512bh)_mm512_loadu_si512(q_row + (size_t)b * D + 32 * j);
+    for (int32_t half = 0; half * 16 < nk; half++) {
+        for (int32_t t = 0; t < 16; t++) {
+            const int32_t key = half * 16 + t;
+            pf_key_k(fi, key);
+            if (key >= nk) {
+                for (int b = 0; b < NB; b++)
+                    _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_setzero_ps());
+                continue;
+            }
+            __m512bh kr[8];
+            const uint16_t *kp = (const uint16_t *)s->kp[key];
+            for (int j = 0; j < NV; j++)
+                kr[j] = (__m512bh)_mm512_loadu_si512(kp + 32 * j);
+            for (int b = 0; b < NB; b++) {
+                __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+                for (int j = 0; j + 1 < NV; j += 2) {
+                    a0 = _mm512_dpbf16_ps(a0, qr[b][j], kr[j]);
+                    a1 = _mm512_dpbf16_ps(a1, qr[b][j + 1], kr[j + 1]);
+                }
+                if (NV % 2)
+                    a0 = _mm512_dpbf16_ps(a0, qr[b][NV - 1], kr[NV - 1]);
+                _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_add_ps(a0, a1));
+            }
+        }
+        for (int b = 0; b < NB; b++) {
+            __m512 v[16];
+            for (int t = 0; t < 16; t++)
+                v[t] = _mm512_loadu_ps(vs + (b * 16 + t) * 16);
+            _mm512_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + half * 16,
+                             _mm512_mul_ps(hsum16(v), scale));
+        }
+    }
+}
+
+/* scores_bf16_nb with the head count nb (1..8) as a constant. */
+AI void scores_rows_bf16(const kva__cpu_run *run, kva__cpu_scratch *s, const uint16_t *q_row,
+                         int32_t m0, int32_t nb, int32_t nk, const int32_t D, const fold_info *fi)
+{
+    if (nb > 4) { /* two passes of 4 heads with q in registers (8 would spill) */
+        scores_bf16_nb(run, s, q_row, m0, 4, nk, D, fi);
+        q_row += (size_t)4 * D;
+        m0 += 4;
+        nb -= 4;
+    }
+    switch (nb) {
+#define NB_CASE(n)                                                                                 \
+    case n:                                                                                        \
+        scores_bf16_nb(run, s, q_row, m0, n, nk, D, fi);                                           \
+        break;
+        NB_CASE(1)
+        NB_CASE(2)
+        NB_CASE(3)
+        NB_CASE(4)
+        NB_CASE(5)
+        NB_CASE(6)
+        NB_CASE(7)
+        NB_CASE(8)
+#undef NB_CASE
+    default:
+        break;
+    }
+}
+#endif
+
+#endif /* KVA_ATTN_V3_AVX512_H */
