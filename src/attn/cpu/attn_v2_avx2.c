@@ -8,7 +8,7 @@
  * converted in registers (bf16: widen + shift, or in P.V the even/odd split
  * of a 32-byte load; f16: vcvtph2ps; int8: vpmovsxbd + vcvtdq2ps; fp8 e4m3
  * rebuilt as f16 bits), with the quantization scales folded out of the
- * loops as in v3 (fold_begin / fold_end). Scores
+ * loops as in v3 (cpu_fold.h: row formats, kva__cpu_fold_begin / _end). Scores
  * are computed keys-outer (each K row converted once, 16 dims at a time, for
  * up to 4 heads of the GQA group) as 8-lane partial dot products reduced 8
  * keys at a time by an 8x8 transpose-and-add (hsum8), the softmax update
@@ -25,6 +25,7 @@
  * scratch (f16 cache: 31.4 ms). More in docs/performance.md.
  */
 #include "cpu_attn.h"
+#include "cpu_fold.h"
 
 #if defined(__x86_64__)
 
@@ -70,17 +71,8 @@ AI __m256 hsum8(const __m256 v[8])
                          _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* Row formats the loops read in registers: the float formats, and the
- * quantized ones in their storage format with the scales folded out of the
- * loops as in v3 (attn_v3_avx512.c explains them): FMT_I8 int8 with
- * per-channel offsets (subtracted in the loops), FMT_I8S symmetric int8,
- * FMT_I8T int8 keys with a per-token scale (one multiply per score), FMT_FP8
- * e4m3 read as value / 2^8, FMT_FP8N the same for a chunk holding a NaN
- * code. */
-enum { FMT_F32, FMT_F16, FMT_BF16, FMT_I8, FMT_I8S, FMT_I8T, FMT_FP8, FMT_FP8N };
-
-/* 8 elements [i, i+8) of a row of format fmt as fp32 (int8 without scale
- * and offset, fp8 as value / 2^8). */
+/* 8 elements [i, i+8) of a row of format fmt (FMT_*, cpu_fold.h) as fp32
+ * (int8 without scale and offset, fp8 as value / 2^8). */
 AI __m256 ld8(const void *row, int32_t i, const int fmt)
 {
     if (fmt == FMT_F32)
@@ -368,7 +360,7 @@ AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_
                  const int32_t Dv, const int kd, const int NB, const int NV, const pf_info *pf,
                  const float *voff)
 {
-    /* FMT_I8 values: acc += p (v - o); fold_end multiplies acc by s. */
+    /* FMT_I8 values: acc += p (v - o); kva__cpu_fold_end multiplies acc by s. */
     __m256 vo[2];
     for (int j = 0; j < NV; j++)
         vo[j] = kd == FMT_I8 ? _mm256_loadu_ps(voff + d0 + 8 * j) : _mm256_setzero_ps();
@@ -521,68 +513,13 @@ typedef void (*step_fn)(const kva__cpu_run *, const kva__work_item *, kva__cpu_s
 STEP_D(chunk_step_d128, 128)
 STEP_D(chunk_step_any, 0)
 
-static int float_fmt(kva_dtype dt)
-{
-    return dt == KVA_DTYPE_BF16 ? FMT_BF16 : dt == KVA_DTYPE_F16 ? FMT_F16 : FMT_F32;
-}
-
-static int all_zero(const float *x, int32_t n)
-{
-    for (int32_t i = 0; i < n; i++)
-        if (x[i] != 0.0f)
-            return 0;
-    return 1;
-}
-
-/* The row formats of the item and, for a quantized cache, the static key
- * scales folded into the query tile: q [M, D] *= s_k (times 2^8 for fp8),
- * so the scores are sum_d (q_d s_d)(k_d - o_d) (as v3's fold_begin). */
+/* The item's row formats and the static key scales folded into q (cpu_fold.h). */
 static void fold_begin(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
                        const kva__cpu_item_geom *g, fold_info *fi)
 {
-    const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
-    fi->koff = fi->voff = NULL;
-    if (!run->quant) {
-        fi->kf = fi->vf = float_fmt(run->kv_dt);
-        return;
-    }
-    const kva_cache *c = run->cache;
-    const int32_t kvh = it->kv_head;
-    const int fp8 = c->desc.dtype == KVA_DTYPE_FP8_E4M3;
-    fi->kf = c->k_token_scale ? FMT_I8T : fp8 ? FMT_FP8 : FMT_I8;
-    fi->vf = c->desc.quant == KVA_QUANT_INT8_TOKEN_K_V16 ? float_fmt(c->desc.dtype)
-             : fp8                                       ? FMT_FP8
-                                                         : FMT_I8;
-    fi->koff = c->k_offset + (size_t)kvh * D;
-    fi->voff = c->v_offset + (size_t)kvh * Dv;
-    const int kz = fi->kf != FMT_I8 || all_zero(fi->koff, D);
-    const int vz = fi->vf == FMT_I8 && all_zero(fi->voff, Dv);
-    if (vz && kz) {
-        fi->vf = FMT_I8S;
-        fi->kf = fi->kf == FMT_I8 ? FMT_I8S : fi->kf;
-    }
-    if (fi->kf != FMT_I8T) {
-        const float *ks = c->k_scale + (size_t)kvh * D;
-        const float f = fp8 ? 256.0f : 1.0f;
-        for (int32_t m = 0; m < g->M; m++)
-            for (int32_t x = 0; x < D; x++)
-                s->q[(size_t)m * D + x] *= ks[x] * f;
-    }
-}
-
-/* The values' static scale, once per item: acc [M, Dv] *= s_v (times 2^8 for
- * fp8); P.V, the partials and their merge are linear in V. */
-static void fold_end(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
-                     const kva__cpu_item_geom *g, const fold_info *fi)
-{
-    if (fi->vf < FMT_I8)
-        return;
-    const int32_t Dv = run->plan->d.head_dim_v;
-    const float *vs = run->cache->v_scale + (size_t)it->kv_head * Dv;
-    const float f = fi->vf >= FMT_FP8 ? 256.0f : 1.0f;
-    for (int32_t m = 0; m < g->M; m++)
-        for (int32_t x = 0; x < Dv; x++)
-            s->acc[(size_t)m * Dv + x] *= vs[x] * f;
+    kva__cpu_fold f;
+    kva__cpu_fold_begin(run, it, s->q, g->M, &f);
+    fi->kf = f.kf, fi->vf = f.vf, fi->koff = f.koff, fi->voff = f.voff;
 }
 
 void kva__cpu_attn_v2(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
@@ -628,7 +565,7 @@ void kva__cpu_attn_v2(const kva__cpu_run *run, const kva__work_item *it, kva__cp
     }
     if (fi.vf == FMT_BF16)
         bf16_acc_unpair(s->acc, g.M, Dv);
-    fold_end(run, it, s, &g, &fi);
+    kva__cpu_fold_end(run, it, s->acc, g.M, fi.vf);
     kva__cpu_item_finish(run, it, s, &g);
 }
 

@@ -431,67 +431,13 @@ static void step_any(const kva__cpu_run *run, const kva__work_item *it, kva__cpu
     STEP_FORMATS(D, Dv);
 }
 
-static int all_zero(const float *x, int32_t n)
-{
-    for (int32_t i = 0; i < n; i++)
-        if (x[i] != 0.0f)
-            return 0;
-    return 1;
-}
-
-/* Quantized caches: the formats of the item's rows, and the static scales
- * folded out of the loops: q [M, D] *= s_k (times 2^8 for fp8, whose ld16
- * gives value / 2^8), so the scores are sum_d (q_d s_d) (k_d - o_d). */
+/* The item's row formats and the static key scales folded into q (cpu_fold.h). */
 static void fold_begin(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
                        const kva__cpu_item_geom *g, fold_info *fi)
 {
-    const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
-    fi->koff = fi->voff = NULL;
-    if (!run->quant) {
-        fi->kf = fi->vf = float_fmt(run->kv_dt);
-        return;
-    }
-    const kva_cache *c = run->cache;
-    const int32_t kvh = it->kv_head;
-    const int fp8 = c->desc.dtype == KVA_DTYPE_FP8_E4M3;
-    fi->kf = c->k_token_scale ? FMT_I8T : fp8 ? FMT_FP8 : FMT_I8;
-    fi->vf = c->desc.quant == KVA_QUANT_INT8_TOKEN_K_V16 ? float_fmt(c->desc.dtype)
-             : fp8                                       ? FMT_FP8
-                                                         : FMT_I8;
-    fi->koff = c->k_offset + (size_t)kvh * D;
-    fi->voff = c->v_offset + (size_t)kvh * Dv;
-    /* Symmetric int8 (every offset of the head 0, e.g. no offsets given):
-     * no subtraction. Pairs with only one side symmetric keep FMT_I8 on both
-     * (subtracting zeros is exact). */
-    const int kz = fi->kf != FMT_I8 || all_zero(fi->koff, D);
-    const int vz = fi->vf == FMT_I8 && all_zero(fi->voff, Dv);
-    if (vz && kz) {
-        fi->vf = FMT_I8S;
-        fi->kf = fi->kf == FMT_I8 ? FMT_I8S : fi->kf;
-    }
-    if (fi->kf != FMT_I8T) {
-        const float *ks = c->k_scale + (size_t)kvh * D;
-        const float f = fp8 ? 256.0f : 1.0f;
-        for (int32_t m = 0; m < g->M; m++)
-            for (int32_t x = 0; x < D; x++)
-                s->q[(size_t)m * D + x] *= ks[x] * f;
-    }
-}
-
-/* The values' static scale, once per item: acc [M, Dv] *= s_v (times 2^8 for
- * fp8). P.V, the normalization, the split partials and their merge are
- * linear in V, so this equals scaling every value row. */
-static void fold_end(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
-                     const kva__cpu_item_geom *g, const fold_info *fi)
-{
-    if (fi->vf < FMT_I8)
-        return;
-    const int32_t Dv = run->plan->d.head_dim_v;
-    const float *vs = run->cache->v_scale + (size_t)it->kv_head * Dv;
-    const float f = fi->vf >= FMT_FP8 ? 256.0f : 1.0f;
-    for (int32_t m = 0; m < g->M; m++)
-        for (int32_t x = 0; x < Dv; x++)
-            s->acc[(size_t)m * Dv + x] *= vs[x] * f;
+    kva__cpu_fold f;
+    kva__cpu_fold_begin(run, it, s->q, g->M, &f);
+    fi->kf = f.kf, fi->vf = f.vf, fi->koff = f.koff, fi->voff = f.voff;
 }
 
 /* Runs one item with the step function picked for its shapes; bf16dot asks
@@ -552,7 +498,7 @@ static void run_item(const kva__cpu_run *run, const kva__work_item *it, kva__cpu
     }
     if (fi.vf == FMT_BF16)
         bf16_acc_unpair(s->acc, g.M, Dv);
-    fold_end(run, it, s, &g, &fi);
+    kva__cpu_fold_end(run, it, s->acc, g.M, fi.vf);
     kva__cpu_item_finish(run, it, s, &g);
 }
 

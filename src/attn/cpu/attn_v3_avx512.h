@@ -10,6 +10,7 @@
 #define KVA_ATTN_V3_AVX512_H
 
 #include "cpu_attn.h"
+#include "cpu_fold.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -60,25 +61,7 @@ AI __m512 hsum16(const __m512 v[16])
     return _mm512_shuffle_f32x4(w, w, 0xd8);
 }
 
-/* Row formats the loops read in registers: the cache's float formats, and the
- * quantized ones read in their storage format (scales folded, see run_item):
- *   FMT_I8   int8 with per-channel scale s and offset o (INT8_CHANNEL K/V,
- *            INT8_TOKEN_K V): ld16 gives q, the loops subtract o;
- *   FMT_I8S  int8 with per-channel scale and all offsets of the kv head 0
- *            (symmetric): FMT_I8 without the subtraction;
- *   FMT_I8T  int8 keys with a per-token scale (INT8_TOKEN_K*): ld16 gives q,
- *            the scores are multiplied by the token's scale;
- *   FMT_FP8  e4m3 with per-channel scale s: ld16 gives the code's value / 2^8
- *            (an f16 built from the code's bits), 2^8 s is folded;
- *   FMT_FP8N the same for a chunk that holds a NaN code (load_chunk looks):
- *            ld16 also maps |code| 0x7f to NaN. */
-enum { FMT_F32, FMT_F16, FMT_BF16, FMT_I8, FMT_I8S, FMT_I8T, FMT_FP8, FMT_FP8N };
-
-/* Format of rows of dtype dt stored in 16 bits or fp32 (non-quantized). */
-static int float_fmt(kva_dtype dt)
-{
-    return dt == KVA_DTYPE_BF16 ? FMT_BF16 : dt == KVA_DTYPE_F16 ? FMT_F16 : FMT_F32;
-}
+/* Row formats: FMT_* (cpu_fold.h); ld16 and load_chunk are what read them. */
 
 /* 16 elements [i, i+16) of a K/V row of format fmt as fp32 (see above: int8
  * without scale/offset, fp8 as value / 2^8); lanes outside m are 0 (only the

@@ -11,6 +11,7 @@
  */
 #include "cpu_attn.h"
 #include "cpu_dequant.h"
+#include "cpu_fold.h"
 
 int kva__cpu_dequant_simd(const kva__cpu_features *f)
 {
@@ -84,4 +85,68 @@ void kva__cpu_dequant_chunk(const kva__cpu_run *run, int32_t kvh, int32_t n,
     kva__cpu_dequant_rows(n, Dv, c->desc.dtype, vrows, NULL,
                           v16 ? NULL : c->v_scale + (size_t)kvh * Dv,
                           v16 ? NULL : c->v_offset + (size_t)kvh * Dv, run->dequant_simd, vdst);
+}
+
+/* ---- static-scale folding of the in-register decode kernels (cpu_fold.h) ---- */
+
+static int float_fmt(kva_dtype dt)
+{
+    return dt == KVA_DTYPE_BF16 ? FMT_BF16 : dt == KVA_DTYPE_F16 ? FMT_F16 : FMT_F32;
+}
+
+static int all_zero(const float *x, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (x[i] != 0.0f)
+            return 0;
+    return 1;
+}
+
+void kva__cpu_fold_begin(const kva__cpu_run *run, const kva__work_item *it, float *q, int32_t M,
+                         kva__cpu_fold *f)
+{
+    const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
+    f->koff = f->voff = NULL;
+    if (!run->quant) {
+        f->kf = f->vf = float_fmt(run->kv_dt);
+        return;
+    }
+    const kva_cache *c = run->cache;
+    const int32_t kvh = it->kv_head;
+    const int fp8 = c->desc.dtype == KVA_DTYPE_FP8_E4M3;
+    f->kf = c->k_token_scale ? FMT_I8T : fp8 ? FMT_FP8 : FMT_I8;
+    f->vf = c->desc.quant == KVA_QUANT_INT8_TOKEN_K_V16 ? float_fmt(c->desc.dtype)
+            : fp8                                       ? FMT_FP8
+                                                        : FMT_I8;
+    f->koff = c->k_offset + (size_t)kvh * D;
+    f->voff = c->v_offset + (size_t)kvh * Dv;
+    /* Symmetric int8 (every offset of the head 0, e.g. no offsets given):
+     * no subtraction. Pairs with only one side symmetric keep FMT_I8 on both
+     * (subtracting zeros is exact). */
+    const int kz = f->kf != FMT_I8 || all_zero(f->koff, D);
+    const int vz = f->vf == FMT_I8 && all_zero(f->voff, Dv);
+    if (vz && kz) {
+        f->vf = FMT_I8S;
+        f->kf = f->kf == FMT_I8 ? FMT_I8S : f->kf;
+    }
+    if (f->kf != FMT_I8T) {
+        const float *ks = c->k_scale + (size_t)kvh * D;
+        const float s = fp8 ? 256.0f : 1.0f;
+        for (int32_t m = 0; m < M; m++)
+            for (int32_t x = 0; x < D; x++)
+                q[(size_t)m * D + x] *= ks[x] * s;
+    }
+}
+
+void kva__cpu_fold_end(const kva__cpu_run *run, const kva__work_item *it, float *acc, int32_t M,
+                       int vf)
+{
+    if (vf < FMT_I8)
+        return;
+    const int32_t Dv = run->plan->d.head_dim_v;
+    const float *vs = run->cache->v_scale + (size_t)it->kv_head * Dv;
+    const float s = vf >= FMT_FP8 ? 256.0f : 1.0f;
+    for (int32_t m = 0; m < M; m++)
+        for (int32_t x = 0; x < Dv; x++)
+            acc[(size_t)m * Dv + x] *= vs[x] * s;
 }
