@@ -41,6 +41,7 @@ extern "C" {
 }
 #include "attn_quant_ld.cuh"
 #include "cuda_check.h"
+#include "quant_args.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -738,29 +739,10 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
     a.q = q;
     a.k = (const uint8_t *)cache->k;
     a.v = (const uint8_t *)cache->v;
-    a.kts = cache->k_token_scale;
-    const int64_t hkv = cd->num_kv_heads;
-    a.ks = cache->dev_scales;
-    a.ko = a.ks + hkv * cd->head_dim;
-    a.vs = a.ko + hkv * cd->head_dim;
-    a.vo = a.vs + hkv * cd->head_dim_v;
-    a.sinks = sinks;
-    a.out = out;
-    a.lse = lse;
-    a.ws = (float *)ctx->workspace;
-    a.H = d->num_heads;
-    a.Hkv = d->num_kv_heads;
-    a.G = d->num_heads / d->num_kv_heads;
-    a.D = d->head_dim;
-    a.Dv = d->head_dim_v;
-    a.B = cd->block_size;
+    kva__quant_args_scales(a, cache);
+    kva__quant_args_common(a, ctx, plan, cache, sinks, out, lse);
     a.hnd = cd->layout == KVA_LAYOUT_HND;
-    a.causal = d->causal;
-    a.window_left = d->window_left;
-    a.has_alibi = cp->has_alibi;
     a.qdt = (int)d->q_dtype;
-    a.scale = d->scale;
-    a.softcap = d->softcap;
     if ((uintptr_t)q % kva_dtype_size(d->q_dtype) != 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_attention_run: q = %p is not aligned to its %s elements", q,

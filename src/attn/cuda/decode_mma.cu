@@ -37,6 +37,8 @@ extern "C" {
 #include "cuda_backend.h"
 }
 #include "cuda_check.h"
+#include "decode_mma_common.cuh"
+#include "mma_ptx.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -46,92 +48,6 @@ extern "C" {
 #define DM_NW 4  /* warps per CTA */
 #define DM_BN 16 /* keys per tile */
 #define DM_M KVA__CUDA_MMA_DECODE_ROWS
-#define DM_LOG2E 1.4426950408889634f
-#define DM_LN2 0.6931471805599453f
-
-/* ---- PTX wrappers ---- */
-
-static __device__ __forceinline__ uint32_t dm_smem(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-/* 16-byte global -> shared copy; src_bytes 0 writes zeros and reads nothing. */
-static __device__ __forceinline__ void dm_cp16(uint32_t dst, const void *src, int src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-}
-static __device__ __forceinline__ void dm_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N> static __device__ __forceinline__ void dm_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-static __device__ __forceinline__ void dm_ldsm4(uint32_t addr, uint32_t r[4])
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-static __device__ __forceinline__ void dm_ldsm4t(uint32_t addr, uint32_t r[4])
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-static __device__ __forceinline__ float dm_ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-/* Element types: the mma instruction, fp32 pair packing, scalar store. */
-struct dm_bf16 {
-    typedef __nv_bfloat16 elem;
-    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
-                                               uint32_t b1)
-    {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi)
-    {
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        return *(uint32_t *)&v;
-    }
-    static __device__ __forceinline__ void store(elem *p, float x)
-    {
-        *p = __float2bfloat16_rn(x);
-    }
-};
-struct dm_f16 {
-    typedef __half elem;
-    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
-                                               uint32_t b1)
-    {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi)
-    {
-        __half2 v = __floats2half2_rn(lo, hi);
-        return *(uint32_t *)&v;
-    }
-    static __device__ __forceinline__ void store(elem *p, float x)
-    {
-        *p = __float2half_rn(x);
-    }
-};
 
 /* Ring stages per warp for head size D (NST - 1 tiles in flight). */
 template <int D> struct dm_cfg {
@@ -140,13 +56,6 @@ template <int D> struct dm_cfg {
     static constexpr int SMEM = DM_M * D * 2 + DM_NW * NST * 2 * TILE;
     static constexpr int MINB = D == 64 ? 3 : D == 128 ? 2 : 1;
 };
-
-/* Byte offset of 16-byte chunk c of row r in a swizzled [rows, D] tile of
- * 2-byte elements (chunk c of row r lives at c ^ (r & 7); D / 8 >= 8). */
-template <int D> static __device__ __forceinline__ uint32_t dm_swz(int r, int c)
-{
-    return (uint32_t)((r * (D / 8) + (c ^ (r & 7))) * 16);
-}
 
 /* Row index (in rows of D elements) of key j for the item's kv head: paged
  * NHD (block * B + off) * Hkv + kvh, HND (block * Hkv + kvh) * B + off;
@@ -180,13 +89,13 @@ static __device__ __forceinline__ void dm_issue(const kva__cuda_attn_args &a, co
         const int64_t row = __shfl_sync(0xffffffffu, mine, key);
         const bool ok = row >= 0;
         const int64_t boff = ok ? row * (int64_t)(D * 2) + c * 16 : 0;
-        dm_cp16(sk + dm_swz<D>(key, c), kp + boff, ok ? 16 : 0);
-        dm_cp16(sv + dm_swz<D>(key, c), vp + boff, ok ? 16 : 0);
+        kva__cp_async16(sk + kva__swz<D>(key, c), kp + boff, ok ? 16 : 0);
+        kva__cp_async16(sv + kva__swz<D>(key, c), vp + boff, ok ? 16 : 0);
     }
 }
 
 /*
- * Ty: dm_bf16 or dm_f16; D: head size (= Dv). Dynamic shared memory: Q [16, D]
+ * Ty: kva__mma_bf16 or kva__mma_f16; D: head size (= Dv). Dynamic shared memory: Q [16, D]
  * then the rings [NW][NST][K/V][16, D]; the warps' O [NW][16][D] fp32 reuse the
  * rings' space for the final merge.
  */
@@ -200,7 +109,7 @@ __global__ void __launch_bounds__(DM_NW * 32, dm_cfg<D>::MINB)
     constexpr int NO = D / 8; /* n8 tiles of O */
     extern __shared__ __align__(128) unsigned char dm_smem_buf[];
     __shared__ float s_m[DM_NW][DM_M], s_l[DM_NW][DM_M];
-    const uint32_t sQ = dm_smem(dm_smem_buf);
+    const uint32_t sQ = kva__smem_u32(dm_smem_buf);
     float *s_acc = (float *)(dm_smem_buf + DM_M * D * 2); /* [NW][16][D] after the loop */
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -208,7 +117,7 @@ __global__ void __launch_bounds__(DM_NW * 32, dm_cfg<D>::MINB)
     const uint32_t ring = sQ + DM_M * D * 2 + (uint32_t)warp * NST * 2 * TILE;
     const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
-    const float scale_log2 = a.scale * DM_LOG2E;
+    const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
     /* Lane offsets of the ldmatrix addresses (rows and chunks of the x4 sets). */
     const int q_r = (lane & 7) + ((lane >> 3) & 1) * 8, q_c = lane >> 4;
     const int k_r = (lane & 7) + (lane >> 4) * 8, k_c = (lane >> 3) & 1;
@@ -234,37 +143,12 @@ __global__ void __launch_bounds__(DM_NW * 32, dm_cfg<D>::MINB)
                 const elem *qrow = (const elem *)a.q + ((int64_t)(qs + w.i0 + qi) * a.H + head) * D;
                 v = __ldg(reinterpret_cast<const uint4 *>(qrow) + c);
             }
-            *reinterpret_cast<uint4 *>(dm_smem_buf + dm_swz<D>(r, c)) = v;
+            *reinterpret_cast<uint4 *>(dm_smem_buf + kva__swz<D>(r, c)) = v;
         }
         /* This thread's two rows g4 and g4 + 8: visible keys, position, slope. */
-        int32_t lo[2], hi[2], pos[2];
+        int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
         float slope[2];
-        int32_t lo_all = w.k0, hi_all = w.k1;
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            lo[hf] = 0;
-            hi[hf] = 0;
-            pos[hf] = 0;
-            slope[hf] = 0.f;
-        }
-        for (int r = 0; r < nrows; r++) {
-            const int32_t qi = r / w.nh, hh = r - qi * w.nh;
-            const int32_t p = s - q_len + w.i0 + qi;
-            const int32_t h_ = a.causal ? p + 1 : s;
-            const int32_t l_ = a.window_left >= 0 && p - a.window_left > 0 ? p - a.window_left : 0;
-            const int32_t rlo = l_ > w.k0 ? l_ : w.k0, rhi = h_ < w.k1 ? h_ : w.k1;
-            lo_all = rlo > lo_all ? rlo : lo_all;
-            hi_all = rhi < hi_all ? rhi : hi_all;
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++)
-                if (r == g4 + hf * 8) {
-                    lo[hf] = rlo;
-                    hi[hf] = rhi;
-                    pos[hf] = p;
-                    if (a.has_alibi)
-                        slope[hf] = a.meta.alibi[w.kv_head * a.G + w.h0 + hh] * DM_LOG2E;
-                }
-        }
+        kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all);
         __syncthreads(); /* Q visible to every warp */
 
         float o[NO][4];
@@ -284,7 +168,7 @@ __global__ void __launch_bounds__(DM_NW * 32, dm_cfg<D>::MINB)
             if (kb < kend)
                 dm_issue<D>(a, bt_row, kvs, w.kv_head, kb, kend, ring + st * 2 * TILE,
                             ring + st * 2 * TILE + TILE, lane);
-            dm_commit();
+            kva__cp_async_commit();
         }
         int stage = 0;
         for (int32_t kb = kb0; kb < kend; kb += STEP) {
@@ -296,9 +180,9 @@ __global__ void __launch_bounds__(DM_NW * 32, dm_cfg<D>::MINB)
                 if (kn < kend)
                     dm_issue<D>(a, bt_row, kvs, w.kv_head, kn, kend, ring + ahead * 2 * TILE,
                                 ring + ahead * 2 * TILE + TILE, lane);
-                dm_commit();
+                kva__cp_async_commit();
             }
-            dm_wait<NST - 1>();
+            kva__cp_async_wait<NST - 1>();
             __syncwarp(); /* the other lanes' copies of this tile have landed */
             const uint32_t sk = ring + stage * 2 * TILE, sv = sk + TILE;
 
@@ -312,98 +196,32 @@ __global__ void __launch_bounds__(DM_NW * 32, dm_cfg<D>::MINB)
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
                 uint32_t qa[4], kf[4];
-                dm_ldsm4(sQ + dm_swz<D>(q_r, kk * 2 + q_c), qa);
-                dm_ldsm4(sk + dm_swz<D>(k_r, kk * 2 + k_c), kf);
+                kva__ldsm_x4(sQ + kva__swz<D>(q_r, kk * 2 + q_c), qa);
+                kva__ldsm_x4(sk + kva__swz<D>(k_r, kk * 2 + k_c), kf);
                 Ty::mma(sc[0], qa, kf[0], kf[1]);
                 Ty::mma(sc[1], qa, kf[2], kf[3]);
             }
             /* Logits in log2 units; the mask only where some row may not see
              * some key of the tile. Element e: row g4 + (e >> 1) * 8, key
              * kb + nt * 8 + 2 * t4 + (e & 1). */
-            const bool inside = kb >= lo_all && kb + DM_BN <= hi_all;
-            if (a.softcap > 0.f) {
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        sc[nt][e] = a.softcap * tanhf(sc[nt][e] * a.scale / a.softcap) * DM_LOG2E;
-            } else {
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        sc[nt][e] *= scale_log2;
-            }
-            if (a.has_alibi || !inside) {
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int hf = e >> 1;
-                        const int32_t j = kb + nt * 8 + 2 * t4 + (e & 1);
-                        const float x = fmaf(slope[hf], (float)(j - pos[hf]), sc[nt][e]);
-                        sc[nt][e] = j >= lo[hf] && j < hi[hf] ? x : -INFINITY;
-                    }
-            }
-            /* Online softmax of rows g4 and g4 + 8 (4 lanes share a row). */
-            float m_new[2];
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                float mx = fmaxf(fmaxf(sc[0][2 * hf], sc[0][2 * hf + 1]),
-                                 fmaxf(sc[1][2 * hf], sc[1][2 * hf + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                m_new[hf] = fmaxf(m_run[hf], mx);
-            }
-            if (__any_sync(0xffffffffu, m_new[0] != m_run[0] || m_new[1] != m_run[1])) {
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    const float mu = m_new[hf] == -INFINITY ? 0.f : m_new[hf];
-                    const float alpha = dm_ex2(m_run[hf] - mu); /* 0 while m_run = -inf */
-                    m_run[hf] = m_new[hf];
-                    l_run[hf] *= alpha;
-#pragma unroll
-                    for (int n = 0; n < NO; n++) {
-                        o[n][2 * hf] *= alpha;
-                        o[n][2 * hf + 1] *= alpha;
-                    }
-                }
-            }
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const float mu = m_run[hf] == -INFINITY ? 0.f : m_run[hf];
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float p = dm_ex2(sc[nt][2 * hf + e] - mu);
-                        sc[nt][2 * hf + e] = p;
-                        l_run[hf] += p;
-                    }
-            }
+            kva__dmma_logits<DM_BN>(sc, a, scale_log2, kb, t4, lo_all, hi_all, lo, hi, pos, slope);
+            kva__dmma_softmax<NO>(sc, m_run, l_run, o);
             /* O += P V: P [16, 16] as the A operand, V [16, D] by ldmatrix.trans. */
             uint32_t pa[4];
-            pa[0] = Ty::pack(sc[0][0], sc[0][1]);
-            pa[1] = Ty::pack(sc[0][2], sc[0][3]);
-            pa[2] = Ty::pack(sc[1][0], sc[1][1]);
-            pa[3] = Ty::pack(sc[1][2], sc[1][3]);
+            kva__dmma_pack_p<Ty>(sc, pa);
 #pragma unroll
             for (int dp = 0; dp < D / 16; dp++) {
                 uint32_t vb[4];
-                dm_ldsm4t(sv + dm_swz<D>(v_r, dp * 2 + v_c), vb);
+                kva__ldsm_x4_trans(sv + kva__swz<D>(v_r, dp * 2 + v_c), vb);
                 Ty::mma(o[2 * dp], pa, vb[0], vb[1]);
                 Ty::mma(o[2 * dp + 1], pa, vb[2], vb[3]);
             }
             stage = stage == NST - 1 ? 0 : stage + 1;
         }
-        dm_wait<0>(); /* nothing may land in the ring after the item */
+        kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
 
         /* Row sums over the 4 lanes of a row; the warps' states to shared memory. */
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            l_run[hf] += __shfl_xor_sync(0xffffffffu, l_run[hf], 1);
-            l_run[hf] += __shfl_xor_sync(0xffffffffu, l_run[hf], 2);
-        }
+        kva__dmma_row_sums(l_run);
         __syncthreads(); /* every warp is done with its ring */
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
@@ -423,44 +241,9 @@ __global__ void __launch_bounds__(DM_NW * 32, dm_cfg<D>::MINB)
         /* Combine the warps and write: element (r, d) per thread. */
         for (int32_t x = threadIdx.x; x < nrows * D; x += DM_NW * 32) {
             const int32_t r = x / D, d = x - r * D;
-            float M = -INFINITY;
-#pragma unroll
-            for (int ww = 0; ww < DM_NW; ww++)
-                M = fmaxf(M, s_m[ww][r]);
-            const float mu = M == -INFINITY ? 0.f : M;
-            float L = 0.f, O = 0.f;
-#pragma unroll
-            for (int ww = 0; ww < DM_NW; ww++) {
-                const float c = dm_ex2(s_m[ww][r] - mu);
-                L += s_l[ww][r] * c;
-                O += s_acc[((size_t)ww * DM_M + r) * D + d] * c;
-            }
-            const int32_t qi = r / w.nh, hh = r - qi * w.nh;
-            const int32_t head = w.kv_head * a.G + w.h0 + hh;
-            const int64_t tok = qs + w.i0 + qi;
-            if (w.task >= 0) {
-                /* Split partial: out over this chunk's keys, lse without the sink. */
-                const kva__cuda_task t = a.meta.tasks[w.task];
-                float *blk = a.ws + t.ws_off + (int64_t)w.split * nrows * (D + 1);
-                blk[(int64_t)r * D + d] = L > 0.f ? O / L : 0.f;
-                if (d == 0)
-                    blk[(int64_t)nrows * D + r] =
-                        L > 0.f ? (mu + log2f(L)) * DM_LN2 : (L == 0.f ? -INFINITY : L);
-            } else {
-                float Mt = M, sink2 = -INFINITY;
-                if (a.sinks) {
-                    sink2 = a.sinks[head] * DM_LOG2E;
-                    Mt = fmaxf(M, sink2);
-                }
-                const float mt = Mt == -INFINITY ? 0.f : Mt;
-                const float cf = exp2f(mu - mt);
-                const float Lt = L * cf + (a.sinks ? exp2f(sink2 - mt) : 0.f);
-                const float ov = Lt > 0.f ? O * cf / Lt : (Lt == 0.f ? 0.f : Lt);
-                Ty::store((elem *)a.out + (tok * a.H + head) * D + d, ov);
-                if (a.lse && d == 0)
-                    a.lse[tok * a.H + head] =
-                        Lt > 0.f ? (mt + log2f(Lt)) * DM_LN2 : (Lt == 0.f ? -INFINITY : Lt);
-            }
+            float M, mu, L, O;
+            kva__dmma_merge<DM_NW, DM_M, D>(s_m, s_l, s_acc, r, d, M, mu, L, O);
+            kva__dmma_write<D, Ty>(a, w, nrows, qs, r, d, M, mu, L, O);
         }
         __syncthreads(); /* Q, s_acc and the rings are rewritten by the next item */
     }
@@ -490,9 +273,9 @@ template <typename Ty> static dm_launch dm_pick_d(int32_t D)
 static dm_launch dm_pick(kva_dtype dt, int32_t D)
 {
     if (dt == KVA_DTYPE_BF16)
-        return dm_pick_d<dm_bf16>(D);
+        return dm_pick_d<kva__mma_bf16>(D);
     if (dt == KVA_DTYPE_F16)
-        return dm_pick_d<dm_f16>(D);
+        return dm_pick_d<kva__mma_f16>(D);
     dm_launch none = {NULL, 0};
     return none;
 }

@@ -35,6 +35,9 @@ extern "C" {
 #include "cuda_backend.h"
 }
 #include "cuda_check.h"
+#include "decode_mma_common.cuh"
+#include "mma_ptx.cuh"
+#include "quant_args.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -54,8 +57,6 @@ typedef struct kva__cuda_quant_mma_args {
 #define QM_NW 4  /* warps per CTA */
 #define QM_BN 16 /* keys per tile */
 #define QM_M KVA__CUDA_MMA_DECODE_ROWS
-#define QM_LOG2E 1.4426950408889634f
-#define QM_LN2 0.6931471805599453f
 
 /* Code formats of K and V (both 1 byte). */
 enum { QM_I8 = 0, QM_FP8 = 1 };
@@ -71,49 +72,20 @@ template <int D> struct qm_cfg {
     static_assert(QM_NW * QM_M * D * 4 <= QM_NW * NST * STAGE, "merge space");
 };
 
-static __device__ __forceinline__ uint32_t qm_smem(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-static __device__ __forceinline__ void qm_cp16(uint32_t dst, const void *src, int src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-}
 static __device__ __forceinline__ void qm_cp4(uint32_t dst, const void *src, int src_bytes)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
                  "r"(src_bytes)
                  : "memory");
 }
-static __device__ __forceinline__ void qm_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N> static __device__ __forceinline__ void qm_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-static __device__ __forceinline__ float qm_ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-static __device__ __forceinline__ void qm_mma(float c[4], const uint32_t a[4], uint32_t b0,
-                                              uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-static __device__ __forceinline__ uint32_t qm_pack(float lo, float hi)
-{
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *(uint32_t *)&v;
-}
+/* Output store of the epilogue (kva__dmma_write): OT __half or __nv_bfloat16. */
+template <typename OT> struct qm_out {
+    typedef OT elem;
+    static __device__ __forceinline__ void store(OT *p, float x)
+    {
+        *p = (OT)x;
+    }
+};
 
 /* Codes (b0, b1, b2, b3) of w as f16x2 {b0, b1} (lo) and {b2, b3} (hi), exact. */
 template <int FMT>
@@ -185,8 +157,8 @@ static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &
         const int64_t row = __shfl_sync(0xffffffffu, mine, key);
         const bool ok = row >= 0;
         const int64_t boff = ok ? row * (int64_t)D + c * 16 : 0;
-        qm_cp16(st + qm_koff<D>(key, c), kp + boff, ok ? 16 : 0);
-        qm_cp16(st + QM_BN * D + qm_voff<D>(key, c), vp + boff, ok ? 16 : 0);
+        kva__cp_async16(st + qm_koff<D>(key, c), kp + boff, ok ? 16 : 0);
+        kva__cp_async16(st + QM_BN * D + qm_voff<D>(key, c), vp + boff, ok ? 16 : 0);
     }
     if (q.kts && lane < 16) {
         const bool ok = mine >= 0;
@@ -213,11 +185,11 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g4 = lane >> 2, t4 = lane & 3;
-    const uint32_t ring = qm_smem(qm_buf) + qm_cfg<D>::SQ + (uint32_t)warp * NST * STAGE;
+    const uint32_t ring = kva__smem_u32(qm_buf) + qm_cfg<D>::SQ + (uint32_t)warp * NST * STAGE;
     const unsigned char *ring_p = qm_buf + qm_cfg<D>::SQ + (size_t)warp * NST * STAGE;
     const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
-    const float scale_log2 = a.scale * QM_LOG2E;
+    const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
     const bool ktok = q.kts != nullptr;
 
     for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
@@ -260,34 +232,9 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
             }
         }
         /* This thread's two rows g4 and g4 + 8: visible keys, position, slope. */
-        int32_t lo[2], hi[2], pos[2];
+        int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
         float slope[2];
-        int32_t lo_all = w.k0, hi_all = w.k1;
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            lo[hf] = 0;
-            hi[hf] = 0;
-            pos[hf] = 0;
-            slope[hf] = 0.f;
-        }
-        for (int r = 0; r < nrows; r++) {
-            const int32_t qi = r / w.nh, hh = r - qi * w.nh;
-            const int32_t p = s - q_len + w.i0 + qi;
-            const int32_t h_ = a.causal ? p + 1 : s;
-            const int32_t l_ = a.window_left >= 0 && p - a.window_left > 0 ? p - a.window_left : 0;
-            const int32_t rlo = l_ > w.k0 ? l_ : w.k0, rhi = h_ < w.k1 ? h_ : w.k1;
-            lo_all = rlo > lo_all ? rlo : lo_all;
-            hi_all = rhi < hi_all ? rhi : hi_all;
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++)
-                if (r == g4 + hf * 8) {
-                    lo[hf] = rlo;
-                    hi[hf] = rhi;
-                    pos[hf] = p;
-                    if (a.has_alibi)
-                        slope[hf] = a.meta.alibi[w.kv_head * a.G + w.h0 + hh] * QM_LOG2E;
-                }
-        }
+        kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all);
         __syncthreads(); /* s_qo visible */
         float qo[2] = {0.f, 0.f};
         if (FMT == QM_I8 && !ktok) {
@@ -311,7 +258,7 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
             const int32_t kb = kb0 + st * STEP;
             if (kb < kend)
                 qm_issue<D>(q, bt_row, w.kv_head, kb, kend, ring + st * STAGE, lane);
-            qm_commit();
+            kva__cp_async_commit();
         }
         int stage = 0;
         for (int32_t kb = kb0; kb < kend; kb += STEP) {
@@ -321,9 +268,9 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
                 const int32_t kn = kb + (NST - 1) * STEP;
                 if (kn < kend)
                     qm_issue<D>(q, bt_row, w.kv_head, kn, kend, ring + ahead * STAGE, lane);
-                qm_commit();
+                kva__cp_async_commit();
             }
-            qm_wait<NST - 1>();
+            kva__cp_async_wait<NST - 1>();
             __syncwarp(); /* the other lanes' copies of this tile have landed */
             const unsigned char *sk = ring_p + stage * STAGE, *sv = sk + QM_BN * D;
 
@@ -367,8 +314,8 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
                     for (int st = 0; st < 4; st++) {
                         const uint32_t af[4] = {qr[2 * st], qs8[2 * st], qr[2 * st + 1],
                                                 qs8[2 * st + 1]};
-                        qm_mma(sc[0], af, kb[0][st][0], kb[0][st][1]);
-                        qm_mma(sc[1], af, kb[1][st][0], kb[1][st][1]);
+                        kva__mma_f16::mma(sc[0], af, kb[0][st][0], kb[0][st][1]);
+                        kva__mma_f16::mma(sc[1], af, kb[1][st][0], kb[1][st][1]);
                     }
                 }
             }
@@ -391,73 +338,11 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
                     for (int e = 0; e < 4; e++)
                         sc[nt][e] -= qo[e >> 1];
             }
-            const bool inside = kb >= lo_all && kb + QM_BN <= hi_all;
-            if (a.softcap > 0.f) {
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        sc[nt][e] = a.softcap * tanhf(sc[nt][e] * a.scale / a.softcap) * QM_LOG2E;
-            } else {
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        sc[nt][e] *= scale_log2;
-            }
-            if (a.has_alibi || !inside) {
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int hf = e >> 1;
-                        const int32_t j = kb + nt * 8 + 2 * t4 + (e & 1);
-                        const float x = fmaf(slope[hf], (float)(j - pos[hf]), sc[nt][e]);
-                        sc[nt][e] = j >= lo[hf] && j < hi[hf] ? x : -INFINITY;
-                    }
-            }
-            /* Online softmax of rows g4 and g4 + 8 (4 lanes share a row). */
-            float m_new[2];
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                float mx = fmaxf(fmaxf(sc[0][2 * hf], sc[0][2 * hf + 1]),
-                                 fmaxf(sc[1][2 * hf], sc[1][2 * hf + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                m_new[hf] = fmaxf(m_run[hf], mx);
-            }
-            if (__any_sync(0xffffffffu, m_new[0] != m_run[0] || m_new[1] != m_run[1])) {
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    const float mu = m_new[hf] == -INFINITY ? 0.f : m_new[hf];
-                    const float alpha = qm_ex2(m_run[hf] - mu); /* 0 while m_run = -inf */
-                    m_run[hf] = m_new[hf];
-                    l_run[hf] *= alpha;
-#pragma unroll
-                    for (int n = 0; n < NO; n++) {
-                        o[n][2 * hf] *= alpha;
-                        o[n][2 * hf + 1] *= alpha;
-                    }
-                }
-            }
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const float mu = m_run[hf] == -INFINITY ? 0.f : m_run[hf];
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float p = qm_ex2(sc[nt][2 * hf + e] - mu);
-                        sc[nt][2 * hf + e] = p;
-                        l_run[hf] += p;
-                    }
-            }
+            kva__dmma_logits<QM_BN>(sc, a, scale_log2, kb, t4, lo_all, hi_all, lo, hi, pos, slope);
+            kva__dmma_softmax<NO>(sc, m_run, l_run, o);
             /* O += P C_V: P [16, 16] f16 as the A operand (k = key). */
             uint32_t pa[4];
-            pa[0] = qm_pack(sc[0][0], sc[0][1]);
-            pa[1] = qm_pack(sc[0][2], sc[0][3]);
-            pa[2] = qm_pack(sc[1][0], sc[1][1]);
-            pa[3] = qm_pack(sc[1][2], sc[1][3]);
+            kva__dmma_pack_p<kva__mma_f16>(sc, pa);
 #pragma unroll
             for (int g = 0; g < D / 32; g++) {
                 /* Channels 32 g + 4 g4 .. +3 of keys 2t4, 2t4+1, 2t4+8, 2t4+9. */
@@ -473,17 +358,13 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
                 qm_cvt<FMT>(__byte_perm(r8, r9, 0x7362), b1[2], b1[3]);
 #pragma unroll
                 for (int j = 0; j < 4; j++)
-                    qm_mma(o[4 * g + j], pa, b0[j], b1[j]);
+                    kva__mma_f16::mma(o[4 * g + j], pa, b0[j], b1[j]);
             }
             stage = stage == NST - 1 ? 0 : stage + 1;
         }
-        qm_wait<0>(); /* nothing may land in the ring after the item */
+        kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
 
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            l_run[hf] += __shfl_xor_sync(0xffffffffu, l_run[hf], 1);
-            l_run[hf] += __shfl_xor_sync(0xffffffffu, l_run[hf], 2);
-        }
+        kva__dmma_row_sums(l_run);
         __syncthreads(); /* every warp is done with its ring */
                          /* O tile 4g + j, column n = 2 t4 (+1): channel 32 g + 4 n + j. */
 #pragma unroll
@@ -506,47 +387,12 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
         /* Combine the warps, apply the V scales, write: element (r, d) per thread. */
         for (int32_t x = threadIdx.x; x < nrows * D; x += QM_NW * 32) {
             const int32_t r = x / D, d = x - r * D;
-            float M = -INFINITY;
-#pragma unroll
-            for (int ww = 0; ww < QM_NW; ww++)
-                M = fmaxf(M, s_m[ww][r]);
-            const float mu = M == -INFINITY ? 0.f : M;
-            float L = 0.f, O = 0.f;
-#pragma unroll
-            for (int ww = 0; ww < QM_NW; ww++) {
-                const float c = qm_ex2(s_m[ww][r] - mu);
-                L += s_l[ww][r] * c;
-                O += s_acc[((size_t)ww * QM_M + r) * D + d] * c;
-            }
+            float M, mu, L, O;
+            kva__dmma_merge<QM_NW, QM_M, D>(s_m, s_l, s_acc, r, d, M, mu, L, O);
             /* sum_j p_j v_jd in value units (0 when no key is visible). */
             const int64_t sv_ = (int64_t)w.kv_head * D + d;
             O = FMT == QM_I8 ? q.vs[sv_] * (O - q.vo[sv_] * L) : q.vs[sv_] * O;
-            const int32_t qi = r / w.nh, hh = r - qi * w.nh;
-            const int32_t head = w.kv_head * a.G + w.h0 + hh;
-            const int64_t tok = qs + w.i0 + qi;
-            if (w.task >= 0) {
-                /* Split partial: out over this chunk's keys, lse without the sink. */
-                const kva__cuda_task t = a.meta.tasks[w.task];
-                float *blk = a.ws + t.ws_off + (int64_t)w.split * nrows * (D + 1);
-                blk[(int64_t)r * D + d] = L > 0.f ? O / L : 0.f;
-                if (d == 0)
-                    blk[(int64_t)nrows * D + r] =
-                        L > 0.f ? (mu + log2f(L)) * QM_LN2 : (L == 0.f ? -INFINITY : L);
-            } else {
-                float Mt = M, sink2 = -INFINITY;
-                if (a.sinks) {
-                    sink2 = a.sinks[head] * QM_LOG2E;
-                    Mt = fmaxf(M, sink2);
-                }
-                const float mt = Mt == -INFINITY ? 0.f : Mt;
-                const float cf = exp2f(mu - mt);
-                const float Lt = L * cf + (a.sinks ? exp2f(sink2 - mt) : 0.f);
-                const float ov = Lt > 0.f ? O * cf / Lt : (Lt == 0.f ? 0.f : Lt);
-                ((OT *)a.out)[(tok * a.H + head) * D + d] = (OT)ov;
-                if (a.lse && d == 0)
-                    a.lse[tok * a.H + head] =
-                        Lt > 0.f ? (mt + log2f(Lt)) * QM_LN2 : (Lt == 0.f ? -INFINITY : Lt);
-            }
+            kva__dmma_write<D, qm_out<OT>>(a, w, nrows, qs, r, d, M, mu, L, O);
         }
         __syncthreads(); /* Q', s_acc and the rings are rewritten by the next item */
     }
@@ -597,7 +443,6 @@ extern "C" kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva
                                                      const float *sinks, void *out, float *lse)
 {
     const kva__cuda_state *st = (const kva__cuda_state *)ctx->cuda;
-    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
     const kva_plan_desc *d = &plan->d;
     const kva_cache_desc *cd = &cache->desc;
     kva__cuda_quant_mma_args qa;
@@ -607,29 +452,9 @@ extern "C" kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva
     a.q = q;
     a.k = cache->k;
     a.v = cache->v;
-    a.sinks = sinks;
-    a.out = out;
-    a.lse = lse;
-    a.ws = (float *)ctx->workspace;
-    a.H = d->num_heads;
-    a.Hkv = d->num_kv_heads;
-    a.G = d->num_heads / d->num_kv_heads;
-    a.D = d->head_dim;
-    a.Dv = d->head_dim_v;
-    a.B = cd->block_size;
     a.layout_hnd = cd->layout == KVA_LAYOUT_HND;
-    a.causal = d->causal;
-    a.window_left = d->window_left;
-    a.has_alibi = cp->has_alibi;
-    a.scale = d->scale;
-    a.softcap = d->softcap;
-    /* dev_scales: K scale [Hkv, D], K offset [Hkv, D], V scale, V offset [Hkv, Dv]. */
-    const int64_t hkv = cd->num_kv_heads;
-    qa.kts = cache->k_token_scale;
-    qa.ks = cache->dev_scales;
-    qa.ko = qa.ks + hkv * cd->head_dim;
-    qa.vs = qa.ko + hkv * cd->head_dim;
-    qa.vo = qa.vs + hkv * cd->head_dim_v;
+    kva__quant_args_common(a, ctx, plan, cache, sinks, out, lse);
+    kva__quant_args_scales(qa, cache);
     const qm_launch k = qm_pick(cd->quant, d->q_dtype, a.D);
     if (!k.fn || a.Dv != a.D)
         return kva__fail(KVA_STATUS_UNSUPPORTED,

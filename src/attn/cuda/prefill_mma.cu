@@ -17,7 +17,7 @@
  *   - S = Q K^T and O += P V on mma.sync; P goes from the S accumulators to
  *     A fragments in registers (converted to f16/bf16) without shared memory;
  *   - online softmax in registers in log2 units: scale * log2(e) is folded
- *     into one multiply, exponentials are ex2.approx;
+ *     into one multiply, exponentials are kva__ex2.approx;
  *   - key tiles no row of the CTA can see (causal, window) are never loaded;
  *     only tiles crossing the diagonal, the window edge or seq_len are masked
  *     per element.
@@ -43,6 +43,7 @@
 extern "C" {
 #include "internal.h"
 }
+#include "mma_ptx.cuh"
 #include "prefill_mma.h"
 
 #include <cuda_bf16.h>
@@ -58,99 +59,13 @@ extern "C" {
 #define LN2_F 0.6931471805599453f
 
 /* ------------------------------------------------------------------------ */
-/* PTX wrappers                                                              */
-/* ------------------------------------------------------------------------ */
-
-static __device__ __forceinline__ uint32_t smem_u32(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-/* 16-byte global -> shared copy; src_bytes 0 fills the 16 bytes with zeros
- * (src must still be a valid address). */
-static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes));
-}
-static __device__ __forceinline__ void cp_async_commit(void)
-{
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N> static __device__ __forceinline__ void cp_async_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-static __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t r[4])
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t r[4])
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-static __device__ __forceinline__ float ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-/* Element-type traits: the mma instruction and the fp32 -> pair conversion. */
-struct prefill_bf16 {
-    typedef __nv_bfloat16 elem;
-    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
-                                               uint32_t b1)
-    {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi)
-    {
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        return *(uint32_t *)&v;
-    }
-};
-struct prefill_f16 {
-    typedef __half elem;
-    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
-                                               uint32_t b1)
-    {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi)
-    {
-        __half2 v = __floats2half2_rn(lo, hi);
-        return *(uint32_t *)&v;
-    }
-};
-
-/* Byte offset of 16-byte chunk c of row r in a swizzled [rows, D] tile of
- * 2-byte elements (D / 8 chunks per row, D / 8 >= 8). */
-template <int D> static __device__ __forceinline__ uint32_t swz(int r, int c)
-{
-    return (uint32_t)((r * (D / 8) + (c ^ (r & 7))) * 16);
-}
-
-/* ------------------------------------------------------------------------ */
 /* The kernel                                                                */
 /* ------------------------------------------------------------------------ */
 
 /*
  * Template sizes: D head size (= Dv), BN keys per tile, NW warps, WM m16 tiles
  * per warp (NW * WM * 16 == TILE_M), MINB CTAs per SM the register budget must
- * allow (__launch_bounds__). Ty: prefill_bf16 or prefill_f16.
+ * allow (__launch_bounds__). Ty: kva__mma_bf16 or kva__mma_f16.
  * Dynamic shared memory: Q [TILE_M, D], then K [2][BN, D], V [2][BN, D].
  */
 template <int D, int BN, int NW, int WM, int MINB, bool LAZY, typename Ty>
@@ -171,7 +86,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
     const int r = tile[0], m0 = tile[1], kvh = tile[2];
 
     extern __shared__ __align__(128) unsigned char smem[];
-    const uint32_t sQ = smem_u32(smem);
+    const uint32_t sQ = kva__smem_u32(smem);
     const uint32_t sK = sQ + TILE_M * D * 2;
     const uint32_t sV = sK + 2 * BN * D * 2;
 
@@ -207,7 +122,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
             src = q + ((size_t)(q_start + i) * H + (size_t)kvh * G + g) * D + ch * 8;
             bytes = 16;
         }
-        cp_async16(sQ + swz<D>(row, ch), src, bytes);
+        kva__cp_async16(sQ + kva__swz<D>(row, ch), src, bytes);
     }
 
     /* K/V gather of key rows n0 .. n0 + BN into a stage, in two phases so the
@@ -247,9 +162,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
             const int o = b_shift >= 0 ? j & (B - 1) : j % B;
             const bool in = j >= kv_lo && j < kv_hi;
             const int64_t off = in ? (int64_t)blk[k] * blk_stride + (o * row_stride + head_off) : 0;
-            const uint32_t so = (uint32_t)st * BN * D * 2 + swz<D>(row, lch);
-            cp_async16(sK + so, kc + off, in ? 16 : 0);
-            cp_async16(sV + so, vc + off, in ? 16 : 0);
+            const uint32_t so = (uint32_t)st * BN * D * 2 + kva__swz<D>(row, lch);
+            kva__cp_async16(sK + so, kc + off, in ? 16 : 0);
+            kva__cp_async16(sV + so, vc + off, in ? 16 : 0);
         }
     };
 
@@ -308,7 +223,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
         kv_blocks(n_last * BN, blk);
         kv_copy(0, n_last * BN, blk);
     }
-    cp_async_commit();
+    kva__cp_async_commit();
 
     /* Key tiles from the last (the diagonal, masked) down to the first. The copy
      * of tile n - 1 into the other stage is issued after S of tile n, once every
@@ -323,7 +238,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
             blk[k] = 0;
         if (has_next)
             kv_blocks((n - 1) * BN, blk);
-        cp_async_wait<0>();
+        kva__cp_async_wait<0>();
         __syncthreads();
 
         const int n0 = n * BN;
@@ -344,11 +259,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
             uint32_t qa[WM][4];
 #pragma unroll
             for (int mt = 0; mt < WM; mt++)
-                ldmatrix_x4(q_lane + xo_q[kk & 3] + (kk >> 2) * 128 + mt * 16 * D * 2, qa[mt]);
+                kva__ldsm_x4(q_lane + xo_q[kk & 3] + (kk >> 2) * 128 + mt * 16 * D * 2, qa[mt]);
 #pragma unroll
             for (int p = 0; p < BN / 16; p++) {
                 uint32_t kb[4];
-                ldmatrix_x4(k_lane + xo_k[kk & 3] + (kk >> 2) * 128 + p * 16 * D * 2, kb);
+                kva__ldsm_x4(k_lane + xo_k[kk & 3] + (kk >> 2) * 128 + p * 16 * D * 2, kb);
 #pragma unroll
                 for (int mt = 0; mt < WM; mt++) {
                     Ty::mma(s[mt][2 * p], qa[mt], kb[0], kb[1]);
@@ -359,7 +274,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
 
         if (has_next)
             kv_copy(st ^ 1, (n - 1) * BN, blk);
-        cp_async_commit();
+        kva__cp_async_commit();
 
         /* Scores and online softmax, in log2 units. Fast path (no soft-cap, no
          * ALiBi, no masked element in this tile: CTA-uniform): S stays raw and
@@ -416,7 +331,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
                     const float m_use = m_new[hf] == -INFINITY ? 0.0f : m_new[hf];
-                    const float alpha = ex2(m_run[mt][hf] - m_use); /* 0 while m_run = -inf */
+                    const float alpha = kva__ex2(m_run[mt][hf] - m_use); /* 0 while m_run = -inf */
                     m_run[mt][hf] = m_new[hf];
                     l_run[mt][hf] *= alpha;
 #pragma unroll
@@ -432,8 +347,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
                 float sum = 0.0f;
 #pragma unroll
                 for (int nb = 0; nb < NB8; nb++) {
-                    const float p0 = ex2(fmaf(s[mt][nb][2 * hf], mul, -m_use));
-                    const float p1 = ex2(fmaf(s[mt][nb][2 * hf + 1], mul, -m_use));
+                    const float p0 = kva__ex2(fmaf(s[mt][nb][2 * hf], mul, -m_use));
+                    const float p1 = kva__ex2(fmaf(s[mt][nb][2 * hf + 1], mul, -m_use));
                     s[mt][nb][2 * hf] = p0;
                     s[mt][nb][2 * hf + 1] = p1;
                     sum += p0 + p1;
@@ -456,7 +371,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
 #pragma unroll
             for (int dp = 0; dp < D / 16; dp++) {
                 uint32_t vb[4];
-                ldmatrix_x4_trans(v_lane + xo_q[dp & 3] + (dp >> 2) * 128 + kk * 16 * D * 2, vb);
+                kva__ldsm_x4_trans(v_lane + xo_q[dp & 3] + (dp >> 2) * 128 + kk * 16 * D * 2, vb);
 #pragma unroll
                 for (int mt = 0; mt < WM; mt++) {
                     Ty::mma(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
@@ -466,7 +381,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
         }
         __syncthreads(); /* stage st is overwritten by the next iteration's copy */
     }
-    cp_async_wait<0>();
+    kva__cp_async_wait<0>();
 
     /* ---- epilogue: sink, normalization, out and lse ---- */
     elem *out = (elem *)a.out;
@@ -482,8 +397,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
             if (a.sinks) {
                 const float sink2 = a.sinks[head[mt][hf]] * LOG2E_F;
                 const float m_f = fmaxf(m, sink2);
-                f = ex2(m - m_f); /* 0 when m = -inf */
-                l = l * f + ex2(sink2 - m_f);
+                f = kva__ex2(m - m_f); /* 0 when m = -inf */
+                l = l * f + kva__ex2(sink2 - m_f);
                 m = m_f;
             }
             /* l == 0: no visible key and no sink. NaN l (a NaN score) falls through. */
@@ -757,8 +672,8 @@ extern "C" kva_status kva__cuda_prefill_launch_variant(const kva__cuda_prefill_a
                          "kva__cuda_prefill_launch_variant: variant = %d does not exist for D = %d",
                          variant, (int)a->head_dim);
     cudaStream_t st = (cudaStream_t)stream;
-    return a->dtype == KVA_DTYPE_BF16 ? launch_dtype<prefill_bf16>(a, st, variant)
-                                      : launch_dtype<prefill_f16>(a, st, variant);
+    return a->dtype == KVA_DTYPE_BF16 ? launch_dtype<kva__mma_bf16>(a, st, variant)
+                                      : launch_dtype<kva__mma_f16>(a, st, variant);
 }
 
 extern "C" kva_status kva__cuda_prefill_launch(const kva__cuda_prefill_args *a, void *stream)

@@ -1,0 +1,220 @@
+/*
+ * decode_mma_common.cuh - the per-item steps that the tensor-core decode
+ * kernels (decode_mma.cu: bf16/f16 cache, decode_mma_quant.cu: int8/fp8
+ * codes) share: the visible key range of the thread's rows, the logit
+ * transform, the online-softmax update of rows g4 and g4 + 8 of an m16 tile,
+ * and the end-of-item merge of the warps and the epilogue (out, lse, split
+ * partial, sink).
+ *
+ * Fragment layout (mma m16n8k16, lane = 4 g4 + t4): S [16, 16] of one tile
+ * of keys kb .. kb + 15 is sc[nt][e], row g4 + (e >> 1) * 8, key
+ * kb + nt * 8 + 2 * t4 + (e & 1); O [16, D] is o[n][e], row g4 + (e >> 1) * 8.
+ * Scores and m are in log2 units (scale * log2 e).
+ */
+#ifndef KVA_CUDA_DECODE_MMA_COMMON_CUH
+#define KVA_CUDA_DECODE_MMA_COMMON_CUH
+
+#include "mma_ptx.cuh"
+
+#include <math.h>
+#include <stdint.h>
+
+#define KVA__DMMA_LOG2E 1.4426950408889634f
+#define KVA__DMMA_LN2 0.6931471805599453f
+
+/* The thread's two rows g4 and g4 + 8 of item w (nrows rows, request of
+ * s keys and q_len queries): visible keys [lo, hi), position, ALiBi slope
+ * (log2 units); [lo_all, hi_all): the keys every row of the item sees. */
+static __device__ __forceinline__ void
+kva__dmma_rows(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, int32_t s,
+               int32_t q_len, int g4, int32_t lo[2], int32_t hi[2], int32_t pos[2], float slope[2],
+               int32_t &lo_all, int32_t &hi_all)
+{
+    lo_all = w.k0;
+    hi_all = w.k1;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        lo[hf] = 0;
+        hi[hf] = 0;
+        pos[hf] = 0;
+        slope[hf] = 0.f;
+    }
+    for (int r = 0; r < nrows; r++) {
+        const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+        const int32_t p = s - q_len + w.i0 + qi;
+        const int32_t h_ = a.causal ? p + 1 : s;
+        const int32_t l_ = a.window_left >= 0 && p - a.window_left > 0 ? p - a.window_left : 0;
+        const int32_t rlo = l_ > w.k0 ? l_ : w.k0, rhi = h_ < w.k1 ? h_ : w.k1;
+        lo_all = rlo > lo_all ? rlo : lo_all;
+        hi_all = rhi < hi_all ? rhi : hi_all;
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+            if (r == g4 + hf * 8) {
+                lo[hf] = rlo;
+                hi[hf] = rhi;
+                pos[hf] = p;
+                if (a.has_alibi)
+                    slope[hf] = a.meta.alibi[w.kv_head * a.G + w.h0 + hh] * KVA__DMMA_LOG2E;
+            }
+    }
+}
+
+/* Logits of the tile of BN = 16 keys kb.. in log2 units: soft-cap or scale,
+ * then ALiBi and the mask, the mask only where some row may not see some key
+ * of the tile. */
+template <int BN>
+static __device__ __forceinline__ void
+kva__dmma_logits(float sc[2][4], const kva__cuda_attn_args &a, float scale_log2, int32_t kb, int t4,
+                 int32_t lo_all, int32_t hi_all, const int32_t lo[2], const int32_t hi[2],
+                 const int32_t pos[2], const float slope[2])
+{
+    const bool inside = kb >= lo_all && kb + BN <= hi_all;
+    if (a.softcap > 0.f) {
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                sc[nt][e] = a.softcap * tanhf(sc[nt][e] * a.scale / a.softcap) * KVA__DMMA_LOG2E;
+    } else {
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                sc[nt][e] *= scale_log2;
+    }
+    if (a.has_alibi || !inside) {
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int hf = e >> 1;
+                const int32_t j = kb + nt * 8 + 2 * t4 + (e & 1);
+                const float x = fmaf(slope[hf], (float)(j - pos[hf]), sc[nt][e]);
+                sc[nt][e] = j >= lo[hf] && j < hi[hf] ? x : -INFINITY;
+            }
+    }
+}
+
+/* Online softmax of rows g4 and g4 + 8 (4 lanes share a row): m_run, l_run
+ * and O [16, D] (NO = D / 8 n8 tiles) rescaled, sc replaced by P. */
+template <int NO>
+static __device__ __forceinline__ void kva__dmma_softmax(float sc[2][4], float m_run[2],
+                                                         float l_run[2], float o[NO][4])
+{
+    float m_new[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float mx =
+            fmaxf(fmaxf(sc[0][2 * hf], sc[0][2 * hf + 1]), fmaxf(sc[1][2 * hf], sc[1][2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        m_new[hf] = fmaxf(m_run[hf], mx);
+    }
+    if (__any_sync(0xffffffffu, m_new[0] != m_run[0] || m_new[1] != m_run[1])) {
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const float mu = m_new[hf] == -INFINITY ? 0.f : m_new[hf];
+            const float alpha = kva__ex2(m_run[hf] - mu); /* 0 while m_run = -inf */
+            m_run[hf] = m_new[hf];
+            l_run[hf] *= alpha;
+#pragma unroll
+            for (int n = 0; n < NO; n++) {
+                o[n][2 * hf] *= alpha;
+                o[n][2 * hf + 1] *= alpha;
+            }
+        }
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const float mu = m_run[hf] == -INFINITY ? 0.f : m_run[hf];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float p = kva__ex2(sc[nt][2 * hf + e] - mu);
+                sc[nt][2 * hf + e] = p;
+                l_run[hf] += p;
+            }
+    }
+}
+
+/* P [16, 16] as the A operand of an m16n8k16 mma (Ty: kva__mma_bf16 or
+ * kva__mma_f16). */
+template <typename Ty>
+static __device__ __forceinline__ void kva__dmma_pack_p(const float sc[2][4], uint32_t pa[4])
+{
+    pa[0] = Ty::pack(sc[0][0], sc[0][1]);
+    pa[1] = Ty::pack(sc[0][2], sc[0][3]);
+    pa[2] = Ty::pack(sc[1][0], sc[1][1]);
+    pa[3] = Ty::pack(sc[1][2], sc[1][3]);
+}
+
+/* Row sums of l over the 4 lanes of a row. */
+static __device__ __forceinline__ void kva__dmma_row_sums(float l_run[2])
+{
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        l_run[hf] += __shfl_xor_sync(0xffffffffu, l_run[hf], 1);
+        l_run[hf] += __shfl_xor_sync(0xffffffffu, l_run[hf], 2);
+    }
+}
+
+/* Merge of the NW warps' states of row r, channel d: s_m, s_l [NW][M],
+ * s_acc [NW][M][D] fp32. M: the row max over the warps, mu: M or 0 when
+ * -inf, L and O: sum and O[r, d] relative to mu. */
+template <int NW, int M_, int D>
+static __device__ __forceinline__ void
+kva__dmma_merge(const float (*s_m)[M_], const float (*s_l)[M_], const float *s_acc, int32_t r,
+                int32_t d, float &M, float &mu, float &L, float &O)
+{
+    M = -INFINITY;
+#pragma unroll
+    for (int ww = 0; ww < NW; ww++)
+        M = fmaxf(M, s_m[ww][r]);
+    mu = M == -INFINITY ? 0.f : M;
+    L = 0.f;
+    O = 0.f;
+#pragma unroll
+    for (int ww = 0; ww < NW; ww++) {
+        const float c = kva__ex2(s_m[ww][r] - mu);
+        L += s_l[ww][r] * c;
+        O += s_acc[((size_t)ww * M_ + r) * D + d] * c;
+    }
+}
+
+/* Writes element (r, d) of item w: the split partial (out over the chunk's
+ * keys, lse without the sink) or out (St::store, St::elem) and lse, the sink
+ * entering here. */
+template <int D, typename St>
+static __device__ __forceinline__ void
+kva__dmma_write(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, int32_t qs,
+                int32_t r, int32_t d, float M, float mu, float L, float O)
+{
+    const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+    const int32_t head = w.kv_head * a.G + w.h0 + hh;
+    const int64_t tok = qs + w.i0 + qi;
+    if (w.task >= 0) {
+        const kva__cuda_task t = a.meta.tasks[w.task];
+        float *blk = a.ws + t.ws_off + (int64_t)w.split * nrows * (D + 1);
+        blk[(int64_t)r * D + d] = L > 0.f ? O / L : 0.f;
+        if (d == 0)
+            blk[(int64_t)nrows * D + r] =
+                L > 0.f ? (mu + log2f(L)) * KVA__DMMA_LN2 : (L == 0.f ? -INFINITY : L);
+    } else {
+        float Mt = M, sink2 = -INFINITY;
+        if (a.sinks) {
+            sink2 = a.sinks[head] * KVA__DMMA_LOG2E;
+            Mt = fmaxf(M, sink2);
+        }
+        const float mt = Mt == -INFINITY ? 0.f : Mt;
+        const float cf = exp2f(mu - mt);
+        const float Lt = L * cf + (a.sinks ? exp2f(sink2 - mt) : 0.f);
+        const float ov = Lt > 0.f ? O * cf / Lt : (Lt == 0.f ? 0.f : Lt);
+        St::store((typename St::elem *)a.out + (tok * a.H + head) * D + d, ov);
+        if (a.lse && d == 0)
+            a.lse[tok * a.H + head] =
+                Lt > 0.f ? (mt + log2f(Lt)) * KVA__DMMA_LN2 : (Lt == 0.f ? -INFINITY : Lt);
+    }
+}
+
+#endif

@@ -1,0 +1,49 @@
+/*
+ * quant_args.cuh - host side: the kernel arguments that the quantized
+ * attention kernels share (attn_quant.cu: qa_args, variants 1-3;
+ * decode_mma_quant.cu: kva__cuda_quant_mma_args, variant 4), filled from the
+ * plan, the cache and the run's outputs. A: any struct with these fields.
+ */
+#ifndef KVA_CUDA_QUANT_ARGS_CUH
+#define KVA_CUDA_QUANT_ARGS_CUH
+
+/* Outputs, workspace, shape, masks and scales of the run. */
+template <typename A>
+static void kva__quant_args_common(A &a, kva_context *ctx, const kva_plan *plan,
+                                   const kva_cache *cache, const float *sinks, void *out,
+                                   float *lse)
+{
+    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
+    const kva_plan_desc *d = &plan->d;
+    const kva_cache_desc *cd = &cache->desc;
+    a.sinks = sinks;
+    a.out = out;
+    a.lse = lse;
+    a.ws = (float *)ctx->workspace;
+    a.H = d->num_heads;
+    a.Hkv = d->num_kv_heads;
+    a.G = d->num_heads / d->num_kv_heads;
+    a.D = d->head_dim;
+    a.Dv = d->head_dim_v;
+    a.B = cd->block_size;
+    a.causal = d->causal;
+    a.window_left = d->window_left;
+    a.has_alibi = cp->has_alibi;
+    a.scale = d->scale;
+    a.softcap = d->softcap;
+}
+
+/* The cache's scales: per-token key scales [NB, Hkv, B] or NULL; dev_scales
+ * holds K scale [Hkv, D], K offset [Hkv, D], V scale, V offset [Hkv, Dv]. */
+template <typename S> static void kva__quant_args_scales(S &s, const kva_cache *cache)
+{
+    const kva_cache_desc *cd = &cache->desc;
+    const int64_t hkv = cd->num_kv_heads;
+    s.kts = cache->k_token_scale;
+    s.ks = cache->dev_scales;
+    s.ko = s.ks + hkv * cd->head_dim;
+    s.vs = s.ko + hkv * cd->head_dim;
+    s.vo = s.vs + hkv * cd->head_dim_v;
+}
+
+#endif
