@@ -58,12 +58,18 @@ KVA_API kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_cap
 
 /* Quantized caches with int8 rows cannot store NaN (kvattn.h). On CUDA a
  * write checks its rows on the device and drops the whole write when one is
- * bad (the cache stays byte-identical). Outside stream capture
- * kva_cache_write waits for that check and returns the host backends'
- * KVA_STATUS_INVALID_ARGUMENT; during capture it cannot wait, and this call
- * (which synchronizes the context's stream) reports whether the cache's
- * last write was rejected: KVA_STATUS_INVALID_ARGUMENT naming the token,
- * head and channel, else KVA_STATUS_OK (also for caches without int8 rows). */
+ * bad (the cache stays byte-identical). By default, outside stream capture,
+ * kva_cache_write waits for that check (one stream synchronization per write
+ * of an int8 cache) and returns the host backends' KVA_STATUS_INVALID_ARGUMENT.
+ * During capture, or always once deferred mode is set on the context
+ * (kva_cuda_context_set_deferred_write_status(ctx, 1): no write ever waits),
+ * kva_cache_write returns KVA_STATUS_OK and a rejected write is recorded in
+ * the cache instead. kva_cuda_cache_write_status (which synchronizes the
+ * context's stream) reports the first write recorded since its previous call
+ * -- KVA_STATUS_INVALID_ARGUMENT naming the token, head and channel -- and
+ * clears the record; KVA_STATUS_OK when there is none (also for caches
+ * without int8 rows). Writes after a rejected one still go through. */
+KVA_API kva_status kva_cuda_context_set_deferred_write_status(kva_context *ctx, int deferred);
 KVA_API kva_status kva_cuda_cache_write_status(kva_context *ctx, const kva_cache *cache);
 
 #ifdef __cplusplus

@@ -411,6 +411,45 @@ static void test_write_rejects(void)
         cudaStreamDestroy(s);
         snap_free(&before);
         snap_free(&after);
+
+        /* Deferred status: two bad writes return OK and change nothing, the
+         * good write after them goes through, the status call names the
+         * first bad write once and then reports OK. */
+        CHECK_STATUS(kva_cuda_context_set_deferred_write_status(gpu, 2),
+                     KVA_STATUS_INVALID_ARGUMENT);
+        CHECK_ERROR_MENTIONS("deferred");
+        CHECK_STATUS(kva_cuda_context_set_deferred_write_status(href, 1),
+                     KVA_STATUS_INVALID_ARGUMENT);
+        CHECK_OK(kva_cuda_context_set_deferred_write_status(gpu, 1));
+        snap_take(qp.dc, &before);
+        const float good = (v_int8 ? v : k)[5 * 128 + 64 + 2];
+        (v_int8 ? v : k)[5 * 128 + 64 + 2] = NAN;
+        CUDA_OK(cudaMemcpy(dk, k, sizeof k, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(dv, v, sizeof v, cudaMemcpyHostToDevice));
+        CHECK_OK(kva_cache_write(gpu, qp.dc, T, dk, 0, dv, 0, KVA_DTYPE_F32, ds));
+        (v_int8 ? v : k)[5 * 128 + 64 + 2] = good;
+        (v_int8 ? v : k)[0 * 128 + 1] = NAN;
+        CUDA_OK(cudaMemcpy(dk, k, sizeof k, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(dv, v, sizeof v, cudaMemcpyHostToDevice));
+        CHECK_OK(kva_cache_write(gpu, qp.dc, T, dk, 0, dv, 0, KVA_DTYPE_F32, ds));
+        snap_take(qp.dc, &after);
+        CHECK(memcmp(before.k, after.k, bytes_k(qp.dc)) == 0);
+        CHECK(memcmp(before.v, after.v, bytes_v(qp.dc)) == 0);
+        CHECK(memcmp(before.ts, after.ts, bytes_ts(qp.dc)) == 0);
+        snap_free(&after);
+        (v_int8 ? v : k)[0 * 128 + 1] = 1.5f;
+        kva_test_fill_uniform(k + 128, KVA_DTYPE_F32, 128, &rng); /* token 1 changes */
+        CUDA_OK(cudaMemcpy(dk, k, sizeof k, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(dv, v, sizeof v, cudaMemcpyHostToDevice));
+        CHECK_OK(kva_cache_write(gpu, qp.dc, T, dk, 0, dv, 0, KVA_DTYPE_F32, ds));
+        CHECK_OK(kva_cache_write(href, qp.hc, T, k, 0, v, 0, KVA_DTYPE_F32, slots));
+        CHECK_MSG(same_bytes("deferred good write", qp.hc, qp.dc), "%s", kva_quant_name(cd.quant));
+        CHECK_STATUS(kva_cuda_cache_write_status(gpu, qp.dc), KVA_STATUS_INVALID_ARGUMENT);
+        snprintf(want, sizeof want, "%s[token 5, head 1, channel 2]", v_int8 ? "v" : "k");
+        CHECK_ERROR_MENTIONS(want);
+        CHECK_OK(kva_cuda_cache_write_status(gpu, qp.dc));
+        CHECK_OK(kva_cuda_context_set_deferred_write_status(gpu, 0));
+        snap_free(&before);
         cudaFree(dk);
         cudaFree(dv);
         cudaFree(ds);

@@ -19,13 +19,16 @@
  *                       head, channel in the host's scan order) into the word;
  *   quant_write_kernel  returns at once when the word is set, else quantizes.
  * So a rejected write leaves the device cache byte-identical without the host
- * reading anything. The status: outside stream capture the call then waits
- * for the stream (one cudaStreamSynchronize per write of an int8 cache, the
- * cost of the documented synchronous status) and returns
+ * reading anything. The status: by default, outside stream capture, the
+ * call then waits for the stream (one cudaStreamSynchronize per write of an
+ * int8 cache, the cost of the synchronous status) and returns
  * KVA_STATUS_INVALID_ARGUMENT naming the token, head and channel as the host
- * backends do. During capture nothing may synchronize: the call returns OK,
- * the replayed graph still drops a bad write entirely, and
- * kva_cuda_cache_write_status() reports it afterwards. FP8 caches store NaN
+ * backends do. During capture nothing may synchronize, and in deferred mode
+ * (kva_cuda_context_set_deferred_write_status) nothing waits: the call returns
+ * OK, the write (or its graph replay) still drops a bad write entirely, and
+ * the write kernel copies the write's record into the cache's second word,
+ * the first rejected write not yet reported, unless that one is already set;
+ * kva_cuda_cache_write_status() reports and clears it. FP8 caches store NaN
  * and need neither kernel nor wait.
  */
 extern "C" {
@@ -71,9 +74,10 @@ extern "C" kva_status kva__cuda_cache_quant_init(const kva_context *ctx, kva_cac
         KVA_CUDA_TRY(cudaMemset(c->k_token_scale, 0, tb));
     }
     if (has_int8(d->quant)) {
-        KVA_TRY(kva__cuda_alloc(ctx, sizeof(unsigned long long), &p));
+        /* [0] this write's record, [1] the first rejected write not yet reported. */
+        KVA_TRY(kva__cuda_alloc(ctx, 2 * sizeof(unsigned long long), &p));
         c->dev_reject = (unsigned long long *)p;
-        KVA_CUDA_TRY(cudaMemset(c->dev_reject, 0xff, sizeof(unsigned long long)));
+        KVA_CUDA_TRY(cudaMemset(c->dev_reject, 0xff, 2 * sizeof(unsigned long long)));
     }
     return KVA_STATUS_OK;
 }
@@ -168,7 +172,8 @@ typedef struct qwrite_args {
     float *kts;      /* [NB, Hkv, B] per-token key scales, or NULL */
     const float *sc; /* device k_scale [Hkv*D], k_offset, v_scale [Hkv*Dv], v_offset */
     const int64_t *slots;
-    unsigned long long *reject; /* reject word, or NULL (fp8: nothing to reject) */
+    unsigned long long *reject; /* reject words [2], or NULL (fp8: nothing to reject) */
+    int32_t record;             /* a rejection is recorded in reject[1] (deferred status) */
     int64_t ks, vs;             /* token strides in source elements */
     int64_t num_slots;          /* NB * B */
     int32_t T, Hkv, D, Dv, B;
@@ -223,8 +228,11 @@ template <typename TS>
 __global__ void __launch_bounds__(KVA_QW_THREADS)
     quant_write_kernel(qwrite_args a, const TS *k, const TS *v)
 {
-    if (a.reject && *a.reject != KVA_REJECT_NONE)
+    if (a.reject && a.reject[0] != KVA_REJECT_NONE) {
+        if (a.record && blockIdx.x == 0 && threadIdx.x == 0)
+            atomicCAS(&a.reject[1], KVA_REJECT_NONE, a.reject[0]);
         return;
+    }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nw = blockDim.x >> 5;
     const bool tok = a.kts != nullptr;
@@ -349,6 +357,12 @@ extern "C" kva_status kva__cuda_cache_write_quant(kva_context *ctx, kva_cache *c
     a.hnd = d->layout == KVA_LAYOUT_HND;
     a.quant = (int32_t)d->quant;
     a.v16_bf16 = d->dtype == KVA_DTYPE_BF16;
+    if (a.reject) {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        KVA_CUDA_TRY(cudaStreamIsCapturing(s, &cs));
+        a.record = cs != cudaStreamCaptureStatusNone ||
+                   ((const kva__cuda_state *)ctx->cuda)->deferred_write_status;
+    }
     if (src_dtype == KVA_DTYPE_F32)
         KVA_TRY(launch<float>(s, a, k, v));
     else if (src_dtype == KVA_DTYPE_F16)
@@ -358,9 +372,7 @@ extern "C" kva_status kva__cuda_cache_write_quant(kva_context *ctx, kva_cache *c
     if (!a.reject)
         return KVA_STATUS_OK;
     /* The synchronous status (see the header comment): not during capture. */
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    KVA_CUDA_TRY(cudaStreamIsCapturing(s, &cs));
-    if (cs != cudaStreamCaptureStatusNone)
+    if (a.record)
         return KVA_STATUS_OK;
     unsigned long long rec = KVA_REJECT_NONE;
     KVA_CUDA_TRY(cudaMemcpyAsync(&rec, a.reject, sizeof rec, cudaMemcpyDeviceToHost, s));
@@ -384,7 +396,9 @@ extern "C" kva_status kva_cuda_cache_write_status(kva_context *ctx, const kva_ca
         return KVA_STATUS_OK;
     cudaStream_t s = stream_of(ctx);
     unsigned long long rec = KVA_REJECT_NONE;
-    KVA_CUDA_TRY(cudaMemcpyAsync(&rec, cache->dev_reject, sizeof rec, cudaMemcpyDeviceToHost, s));
+    KVA_CUDA_TRY(
+        cudaMemcpyAsync(&rec, cache->dev_reject + 1, sizeof rec, cudaMemcpyDeviceToHost, s));
+    KVA_CUDA_TRY(cudaMemsetAsync(cache->dev_reject + 1, 0xff, sizeof rec, s));
     KVA_CUDA_TRY(cudaStreamSynchronize(s));
     if (rec == KVA_REJECT_NONE)
         return KVA_STATUS_OK;

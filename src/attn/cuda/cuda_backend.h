@@ -64,13 +64,14 @@ typedef struct kva__cuda_state {
     int num_sms;
     uint64_t generation; /* bumped by every plan upload */
     kva__cuda_caps caps;
-    int force_variant;  /* 0, or the attention variant (1..4) plans of this context are
-                           partitioned for and run (tests, benchmarks) */
-    void *meta_dev;     /* device metadata buffer */
-    void *meta_host;    /* pinned staging of the same size */
-    size_t meta_bytes;  /* size of both */
-    void *upload_event; /* cudaEvent_t recorded after the last upload */
-    int upload_pending; /* the event has been recorded (staging may be in use) */
+    int force_variant;         /* 0, or the attention variant (1..4) plans of this context are
+                                  partitioned for and run (tests, benchmarks) */
+    int deferred_write_status; /* kva_cuda_context_set_deferred_write_status */
+    void *meta_dev;            /* device metadata buffer */
+    void *meta_host;           /* pinned staging of the same size */
+    size_t meta_bytes;         /* size of both */
+    void *upload_event;        /* cudaEvent_t recorded after the last upload */
+    int upload_pending;        /* the event has been recorded (staging may be in use) */
     kva__cuda_meta meta;
     /* ctx->workspace / ctx->workspace_bytes hold the device split partials. */
 } kva__cuda_state;

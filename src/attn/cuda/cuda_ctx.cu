@@ -135,6 +135,17 @@ extern "C" kva_status kva_cuda_context_set_stream(kva_context *ctx, void *stream
     return KVA_STATUS_OK;
 }
 
+extern "C" kva_status kva_cuda_context_set_deferred_write_status(kva_context *ctx, int deferred)
+{
+    kva__clear_error();
+    KVA_TRY(check_cuda_ctx(__func__, ctx));
+    if (deferred != 0 && deferred != 1)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: deferred = %d, must be 0 or 1", __func__,
+                         deferred);
+    state_of(ctx)->deferred_write_status = deferred;
+    return KVA_STATUS_OK;
+}
+
 extern "C" kva_status kva_cuda_context_get_stream(const kva_context *ctx, void **out)
 {
     kva__clear_error();

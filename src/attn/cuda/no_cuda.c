@@ -72,6 +72,12 @@ kva_status kva_cuda_cache_write_status(kva_context *ctx, const kva_cache *cache)
     return unavailable("kva_cuda_cache_write_status");
 }
 
+kva_status kva_cuda_context_set_deferred_write_status(kva_context *ctx, int deferred)
+{
+    (void)ctx, (void)deferred;
+    return unavailable("kva_cuda_context_set_deferred_write_status");
+}
+
 kva_status kva_cuda_context_set_stream(kva_context *ctx, void *stream)
 {
     (void)ctx, (void)stream;
