@@ -64,13 +64,15 @@ typedef struct kva__cuda_state {
     int num_sms;
     uint64_t generation; /* bumped by every plan upload */
     kva__cuda_caps caps;
-    int force_variant;  /* 0, or the attention variant (1..4) plans of this context are
-                           partitioned for and run (tests, benchmarks) */
-    void *meta_dev;     /* device metadata buffer */
-    void *meta_host;    /* pinned staging of the same size */
-    size_t meta_bytes;  /* size of both */
-    void *upload_event; /* cudaEvent_t recorded after the last upload */
-    int upload_pending; /* the event has been recorded (staging may be in use) */
+    int force_variant;   /* 0, or the attention variant (1..4) plans of this context are
+                            partitioned for and run (tests, benchmarks) */
+    int force_quant_mma; /* 0, or the version (1..) of the quantized tensor-core decode
+                            kernel (decode_mma_quant.cu) runs use (tests, benchmarks) */
+    void *meta_dev;      /* device metadata buffer */
+    void *meta_host;     /* pinned staging of the same size */
+    size_t meta_bytes;   /* size of both */
+    void *upload_event;  /* cudaEvent_t recorded after the last upload */
+    int upload_pending;  /* the event has been recorded (staging may be in use) */
     kva__cuda_meta meta;
     /* ctx->workspace / ctx->workspace_bytes hold the device split partials. */
 } kva__cuda_state;
@@ -143,6 +145,12 @@ int kva__cuda_decode_mma_quant_supported(kva_quant quant, int32_t head_dim, int3
 kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva_plan *plan, const void *q,
                                           const kva_cache *cache, const float *sinks, void *out,
                                           float *lse);
+/* Tests and benchmarks: runs on ctx from now on use version `version` of the
+ * quantized tensor-core decode kernel (decode_mma_quant.cu; 0 restores the
+ * default). */
+kva_status kva__cuda_context_force_quant_mma(kva_context *ctx, int version);
+/* Versions of that kernel (1..KVA__CUDA_QUANT_MMA_VERSIONS). */
+#define KVA__CUDA_QUANT_MMA_VERSIONS 3
 /* The variant a plan of this shape runs: `want` (0 = the default) resolved to
  * one that exists for it (f32: 1; variant 4 outside its shapes: 3). */
 int kva__cuda_attn_variant_resolve(int want, kva_dtype dtype, int32_t head_dim, int32_t head_dim_v);
