@@ -87,7 +87,13 @@ if has ncu; then
 fi
 
 if has cli; then
-  build-cuda/kvattn bench --backend cuda --batch 64 --context 4095 --dtype bf16 --iters 20 \
-    2>&1 | tee "$out/cli_cuda.log" | tail -8
+  {
+  build-cuda/kvattn bench --backend cuda --batch 64 --context 4095 --iters 20 2>&1
+  build-cuda/kvattn bench --backend cuda --batch 64 --context 4095 --kv-quant int8 --iters 20 \
+    --no-ceiling 2>&1
+  build-cuda/kvattn bench --backend cuda --mode mixed --sinks --alibi --iters 5 --no-ceiling 2>&1
+  } >"$out/cli_cuda.log"
+  echo "cli exit ${PIPESTATUS[0]}"
+  grep -E "kvattn|check|attention median|bandwidth" "$out/cli_cuda.log"
 fi
 exit $status
