@@ -7,7 +7,8 @@
 #   OUT              folder for logs (default build-cuda/out)
 #   KVA_CMAKE_ARGS   extra cmake arguments (e.g. -DXXHASH_LIB=...)
 #   KVA_QMMA_STEPS   steps (default "build quick bench shapes"; also "ncu", "full",
-#                    "memcheck", "cli")
+#                    "memcheck", "cli"), run in this file's order
+#   KVA_QMMA_SHAPE_VERS  versions timed in the "shapes" step (default "2")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build-cuda/out}
@@ -17,7 +18,7 @@ has() { [[ "$steps" == *" $1 "* ]]; }
 status=0
 b=build-cuda/bench_cuda
 d="--mode decode --batch 64 --context 4095"
-vers="1 2 3"
+vers="1 2"
 
 if has build; then
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
@@ -29,17 +30,23 @@ if has build; then
 fi
 
 if has quick; then
-  KVA_TEST_QUICK=1 timeout 300 build-cuda/test_cuda_quant >"$out/quick_quant.log" 2>&1 || status=1
-  echo "quick test_cuda_quant: exit $?; $(tail -1 "$out/quick_quant.log")"
+  KVA_TEST_QUICK=1 timeout 300 build-cuda/test_cuda_quant >"$out/quick_quant.log" 2>&1
+  rc=$?
+  echo "quick test_cuda_quant: exit $rc; $(tail -1 "$out/quick_quant.log")"
+  [ $rc = 0 ] || status=1
 fi
 
 if has full; then
-  timeout 400 build-cuda/test_cuda_quant >"$out/full_quant.log" 2>&1 || status=1
-  echo "full test_cuda_quant: $(tail -1 "$out/full_quant.log")"
+  start=$(date +%s)
+  timeout ${KVA_FULL_TIMEOUT:-400} build-cuda/test_cuda_quant >"$out/full_quant.log" 2>&1
+  rc=$?
+  echo "full test_cuda_quant: exit $rc in $(( $(date +%s) - start )) s; $(tail -1 "$out/full_quant.log")"
+  [ $rc = 0 ] || grep -m8 -i -B1 "fail\|mismatch\|case " "$out/full_quant.log"
+  [ $rc = 0 ] || status=1
 fi
 
 if has memcheck; then
-  KVA_TEST_QUICK=1 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  KVA_TEST_QUICK=1 timeout ${KVA_MEMCHECK_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 9 \
     build-cuda/test_cuda_quant >"$out/memcheck_quant.log" 2>&1
   rc=$?
   echo "memcheck test_cuda_quant: exit $rc; $(grep 'ERROR SUMMARY' "$out/memcheck_quant.log" | tail -1)"
@@ -54,36 +61,11 @@ if has bench; then
     for qf in int8 int8-token fp8; do $b $d --quant $qf --qmma $v 2>&1 | head -1; done
   done
   $b $d --quant int8-token-v16 2>&1 | head -1
+  $b $d --quant int8-token-v16 --variant 3 2>&1 | head -1
+  $b $d --dtype f16 --quant int8-token-v16 2>&1 | head -1
+  $b $d --dtype f16 2>&1 | head -1
   $b $d 2>&1 | head -1
   } | sed 's/^bench_cuda: //' | tee "$out/bench_qmma.log"
-fi
-
-if has shapes; then
-  {
-  for v in 1 3; do
-    $b --mode decode --batch 64 --context 4095 --head-dim 64 --quant int8 --qmma $v 2>&1 | head -1
-    $b --mode decode --batch 32 --context 4095 --head-dim 256 --heads 16 --kv-heads 4 --quant int8 --qmma $v 2>&1 | head -1
-    $b --mode decode --batch 64 --context 4092 --q-len 4 --quant int8 --qmma $v 2>&1 | head -1
-    $b --mode decode --batch 4 --context 32767 --quant int8 --qmma $v 2>&1 | head -1
-    $b $d --heads 64 --kv-heads 8 --quant int8 --qmma $v 2>&1 | head -1
-    $b $d --batch 16 --quant int8 --qmma $v 2>&1 | head -1
-  done
-  $b --mode decode --batch 64 --context 4095 --head-dim 64 2>&1 | head -1
-  $b --mode decode --batch 32 --context 4095 --head-dim 256 --heads 16 --kv-heads 4 2>&1 | head -1
-  $b --mode decode --batch 64 --context 4092 --q-len 4 2>&1 | head -1
-  $b --mode decode --batch 4 --context 32767 2>&1 | head -1
-  $b $d --batch 16 2>&1 | head -1
-  } | sed 's/^bench_cuda: //' | tee "$out/bench_shapes.log"
-fi
-
-if has ncu; then
-  sec="--section SpeedOfLight --section WarpStateStats --section Occupancy --section SchedulerStats"
-  for v in 1 3; do
-    timeout 120 ncu -k regex:decode_mma --launch-skip 2 --launch-count 1 $sec --print-details all \
-      $b $d --quant int8 --qmma $v --iters 1 >"$out/ncu_int8_v$v.txt" 2>&1
-    grep -E "Duration|Memory Throughput|Stall|Issued Warp|Warp Cycles|Achieved Occupancy|No Eligible" \
-      "$out/ncu_int8_v$v.txt" | head -30 | sed "s/^/v$v /"
-  done
 fi
 
 if has cli; then
@@ -96,4 +78,36 @@ if has cli; then
   echo "cli exit ${PIPESTATUS[0]}"
   grep -E "kvattn|check|attention median|bandwidth" "$out/cli_cuda.log"
 fi
+
+if has shapes; then
+  {
+  for v in ${KVA_QMMA_SHAPE_VERS:-2}; do
+    $b --mode decode --batch 64 --context 4095 --head-dim 64 --quant int8 --qmma $v 2>&1 | head -1
+    $b --mode decode --batch 32 --context 4095 --head-dim 256 --heads 16 --kv-heads 4 --quant int8 --qmma $v 2>&1 | head -1
+    $b --mode decode --batch 64 --context 4092 --q-len 4 --quant int8 --qmma $v 2>&1 | head -1
+    $b --mode decode --batch 4 --context 32767 --quant int8 --qmma $v 2>&1 | head -1
+    $b $d --heads 64 --kv-heads 8 --quant int8 --qmma $v 2>&1 | head -1
+    $b $d --batch 16 --quant int8 --qmma $v 2>&1 | head -1
+  done
+  $b --mode decode --batch 64 --context 4095 --head-dim 64 2>&1 | head -1
+  $b --mode decode --batch 32 --context 4095 --head-dim 256 --heads 16 --kv-heads 4 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4092 --q-len 4 2>&1 | head -1
+  $b --mode decode --batch 4 --context 32767 2>&1 | head -1
+  $b $d --batch 16 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4095 --head-dim 64 --quant int8-token-v16 2>&1 | head -1
+  $b --mode decode --batch 32 --context 4095 --head-dim 256 --heads 16 --kv-heads 4 --quant int8-token-v16 2>&1 | head -1
+  $b --mode decode --batch 64 --context 4092 --q-len 4 --quant int8-token-v16 2>&1 | head -1
+  } | sed 's/^bench_cuda: //' | tee "$out/bench_shapes.log"
+fi
+
+if has ncu; then
+  sec="--section SpeedOfLight --section WarpStateStats --section Occupancy --section SchedulerStats"
+  for v in 1 2; do
+    timeout 120 ncu -k regex:decode_mma --launch-skip 2 --launch-count 1 $sec --print-details all \
+      $b $d --quant int8 --qmma $v --iters 1 >"$out/ncu_int8_v$v.txt" 2>&1
+    grep -E "Duration|Memory Throughput|Stall|Issued Warp|Warp Cycles|Achieved Occupancy|No Eligible" \
+      "$out/ncu_int8_v$v.txt" | head -30 | sed "s/^/v$v /"
+  done
+fi
+
 exit $status

@@ -625,8 +625,11 @@ static int run_attn(const acfg *c, uint64_t seed)
          * sqrt 3, plus the quantization step). Its scores are exact to
          * ~2^-22 (Q' as f16 hi + lo), so lse keeps its tolerance. */
         const int mma = pg && pg->part->variant == 4 &&
-                        kva__cuda_decode_mma_quant_supported(cd.quant, D, Dv, c->qdt);
-        const double atol = kva_test_atol(c->qdt) + (mma ? 0x1p-11 * 2.0 : 0.0);
+                        kva__cuda_decode_mma_quant_supported(cd.quant, cd.dtype, D, Dv, c->qdt);
+        /* INT8_TOKEN_K_V16 rounds P to V's dtype (bf16: 2^-8). */
+        const double pu =
+            cd.quant == KVA_QUANT_INT8_TOKEN_K_V16 && c->qdt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
+        const double atol = kva_test_atol(c->qdt) + (mma ? pu * 2.0 : 0.0);
         size_t bad = kva_test_compare("out", got, want, c->qdt, no, atol, kva_test_rtol(c->qdt));
         if (c->lse) {
             to_host(lg, dl, nl * 4);
@@ -746,31 +749,35 @@ static void test_spec_decode(void)
 /*
  * 4c. Every version of the quantized tensor-core kernel (decode_mma_quant.cu;
  * 16- and 32-key warp steps, Q' staging before or after the first copies)
- * over 1-byte formats: decodes and speculative decodes of 1..8 tokens (kind
- * 3) and long split decodes (kind 1), GQA 1/4/8, D 64/128/256, B 1/16,
+ * over every format it covers (INT8_TOKEN_K_V16 with q in V's dtype): decodes and speculative
+ * decodes of 1..8 tokens (kind 3) and long split decodes (kind 1), GQA 1/4/8, D 64/128/256, B 1/16,
  * NHD/HND, f16/bf16 q, and q not 16-byte aligned (scalar q loads).
  */
 static void test_mma_versions(void)
 {
-    static const int f1[] = {0, 1, 4}; /* INT8_CHANNEL, INT8_TOKEN_K, FP8_E4M3 */
+    /* INT8_CHANNEL, INT8_TOKEN_K, FP8_E4M3, INT8_TOKEN_K_V16 bf16 and f16 V
+     * (q in V's dtype: the tensor-core kernel's 16-bit V path). */
+    static const int f1[] = {0, 1, 4, 3, 2};
     static const int32_t heads[][2] = {{32, 8}, {16, 16}, {64, 8}};
     static const int32_t dims[] = {128, 64, 256};
     kva_rng rng = {3131};
     int failed = 0;
-    const int per = quick() ? 3 : 12;
+    const int per = quick() ? 5 : 15;
     for (int ver = 1; ver <= KVA__CUDA_QUANT_MMA_VERSIONS; ver++)
         for (int i = 0; i < per && failed < 6; i++) {
             acfg c;
             memset(&c, 0, sizeof c);
-            c.f = f1[i % 3];
+            c.f = f1[i % 5];
             c.H = heads[(i / 3) % 3][0];
             c.Hkv = heads[(i / 3) % 3][1];
             c.D = c.Dv = dims[(i / 2) % 3];
             c.B = i % 4 == 1 ? 1 : 16;
-            c.qdt = i % 2 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+            c.qdt = fmts[c.f] == KVA_QUANT_INT8_TOKEN_K_V16 ? fmt_dtype(c.f)
+                    : i % 2                                 ? KVA_DTYPE_F16
+                                                            : KVA_DTYPE_BF16;
             c.layout = (i / 4) % 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
             c.causal = 1;
-            c.window = i % 5 == 4 ? 300 : -1;
+            c.window = i % 6 == 4 ? 300 : -1;
             c.softcap = i % 6 == 5 ? 5.0f : 0.0f;
             c.alibi = i % 7 == 3;
             c.sinks = i % 2;
@@ -843,7 +850,7 @@ static void test_graph(void)
     const double atol =
         kva_test_atol(KVA_DTYPE_BF16) +
         (pg && pg->part->variant == 4 &&
-                 kva__cuda_decode_mma_quant_supported(cd.quant, D, D, KVA_DTYPE_BF16)
+                 kva__cuda_decode_mma_quant_supported(cd.quant, cd.dtype, D, D, KVA_DTYPE_BF16)
              ? 0x1p-11 * 2.0
              : 0.0);
     CHECK(kva_test_compare("graph", got, want, KVA_DTYPE_BF16, no, atol,

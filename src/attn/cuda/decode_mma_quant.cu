@@ -59,35 +59,54 @@ typedef struct kva__cuda_quant_mma_args {
 #define QM_BN 16 /* keys per tile */
 #define QM_M KVA__CUDA_MMA_DECODE_ROWS
 
-/* Code formats of K and V (both 1 byte). */
-enum { QM_I8 = 0, QM_FP8 = 1 };
+/* Formats: K and V int8 codes, K and V fp8 codes, int8 K codes with a 16-bit
+ * V in the q dtype (INT8_TOKEN_K_V16). */
+enum { QM_I8 = 0, QM_FP8 = 1, QM_V16 = 2 };
 
 /*
  * Versions (numbered, side by side; kva__cuda_context_force_quant_mma picks
- * one for tests and benchmarks, 0 = QM_VER_DEFAULT):
+ * one for tests and benchmarks, 0 = QM_VER_DEFAULT). H100, decode 64 x 4096,
+ * H/Hkv 32/8, D 128, bf16 q, one run with bf16 variant 4 at 0.376 ms and the
+ * copy ceiling at 2.99 TB/s (2026-11-22):
  *   1: 16 keys per warp step (KT = 1), a ring of NST = 8 / 6 / 5 stages
  *      (D 64 / 128 / 256); per item Q' staged with scalar loads, then qo
- *      (second pass over shared memory), then the first tiles issued.
- *   2: as 1, but the first NST - 1 tiles are issued before Q' is staged (the
- *      copies overlap the q loads and the barriers), q and the scales are
- *      read with 16-byte loads, qo is summed from registers.
- *   3: as 2 with 32 keys per warp step (KT = 2: two 16-key sub-tiles whose
- *      score chains interleave and share the Q' fragments, one softmax
- *      update per 32 keys; 8 KB of K and V codes a stage at D 128, as the
- *      bf16 kernel's 16-key stage) and NST = 4 / 3 / 3 (D 256: KT = 1, NST 5).
+ *      (a second pass over shared memory), then the first tiles issued.
+ *      int8_channel 0.244 ms, int8_token_k 0.229, fp8 0.231 (73-80% of copy).
+ *      Nsight Compute: 2 warps per scheduler (registers, shared memory), half
+ *      the issue slots used, stalls mostly on fixed-latency dependencies.
+ *   2: 32 keys per warp step (KT = 2) for D <= 128: two 16-key sub-tiles whose
+ *      score chains interleave and share the Q' fragments, one softmax update
+ *      (shuffles, rescale, any_sync) and one block-table lookup per 32 keys,
+ *      8 KB of K and V codes per stage at D 128 (the bf16 kernel's 16-key
+ *      stage), NST = 4 / 3 (D 256: KT = 1, NST = 5); the first NST - 1 steps
+ *      are issued before Q' is staged, q and the scales are read with 16-byte
+ *      loads and qo is summed from registers with shuffles (one barrier).
+ *      int8_channel 0.211 ms, int8_token_k 0.210, fp8 0.206 (0.55-0.56x
+ *      bf16, 85-87% of copy). The staging change alone (KT = 1) gave 0.235 /
+ *      0.222 / 0.228.
  */
 #define QM_VER_MAX KVA__CUDA_QUANT_MMA_VERSIONS
-#define QM_VER_DEFAULT 3
+#define QM_VER_DEFAULT 2
 
 /* Ring stages per warp (NST - 1 steps in flight), keys per step and shared
- * memory of version VER at head size D. */
-template <int D, int VER> struct qm_cfg {
-    static constexpr int KT = VER >= 3 && D <= 128 ? 2 : 1; /* 16-key sub-tiles per step */
-    static constexpr int BNW = QM_BN * KT;                  /* keys per warp step */
-    static constexpr int NST = KT == 2 ? (D == 64 ? 4 : 3) : (D == 64 ? 8 : D == 128 ? 6 : 5);
-    static constexpr int QSTR = D + 8;                  /* Q' row stride (halves) */
-    static constexpr int SQ = 2 * QM_M * QSTR * 2;      /* Q' hi, lo [16, D] f16 */
-    static constexpr int STAGE = 2 * BNW * D + 4 * BNW; /* K, V codes [BNW, D], BNW key scales */
+ * memory of version VER at head size D for format FMT. A stage holds the K
+ * codes [BNW, D] bytes, V [BNW, D] (codes, or 16-bit for QM_V16, swizzled as
+ * the bf16 kernel's tiles) and BNW key scales. QM_V16 runs 16-key steps
+ * (NST 5 / 4 / 4: a 16-key stage already carries 6 KB at D 128). */
+template <int D, int VER, int FMT> struct qm_cfg {
+    static constexpr int VB = FMT == QM_V16 ? 2 : 1;                   /* bytes per V element */
+    static constexpr int KT = VER >= 2 && D <= 128 && VB == 1 ? 2 : 1; /* 16-key sub-tiles */
+    static constexpr int BNW = QM_BN * KT;                             /* keys per warp step */
+    static constexpr int NST = VB == 2   ? (D == 64 ? 5 : 4)
+                               : KT == 2 ? (D == 64 ? 4 : 3)
+                                         : (D == 64    ? 8
+                                            : D == 128 ? 6
+                                                       : 5);
+    static constexpr int QSTR = D + 8;                /* Q' row stride (halves) */
+    static constexpr int SQ = 2 * QM_M * QSTR * 2;    /* Q' hi, lo [16, D] f16 */
+    static constexpr int VOFF = BNW * D;              /* V in the stage (bytes) */
+    static constexpr int TSOFF = VOFF + BNW * D * VB; /* key scales in the stage */
+    static constexpr int STAGE = TSOFF + 4 * BNW;
     static constexpr int SMEM = SQ + QM_NW * NST * STAGE;
     static constexpr int MINB = D == 64 ? 3 : D == 128 ? 2 : 1;
     static_assert(QM_NW * QM_M * D * 4 <= QM_NW * NST * STAGE, "merge space");
@@ -107,6 +126,14 @@ template <typename OT> struct qm_out {
     {
         *p = (OT)x;
     }
+};
+
+/* The mma element type of OT. */
+template <typename OT> struct qm_ty {
+    typedef kva__mma_f16 type;
+};
+template <> struct qm_ty<__nv_bfloat16> {
+    typedef kva__mma_bf16 type;
 };
 
 /* Codes (b0, b1, b2, b3) of w as f16x2 {b0, b1} (lo) and {b2, b3} (hi), exact. */
@@ -161,10 +188,10 @@ static __device__ __forceinline__ int64_t qm_key_row(const kva__cuda_quant_mma_a
     return a.layout_hnd ? *tsi : (block * a.B + off) * a.Hkv + kvh;
 }
 
-/* The warp copies the K and V codes of keys kb .. kb + BNW - 1 (zeros past
- * kend; BNW 16 or 32) and their token scales into the stage at st: lane l
- * computes the row of key l % BNW, the others get it by shuffle. */
-template <int D, int BNW>
+/* The warp copies K and V of keys kb .. kb + BNW - 1 (zeros past kend; BNW
+ * 16 or 32; VB bytes per V element) and their token scales into the stage at
+ * st: lane l computes the row of key l % BNW, the others get it by shuffle. */
+template <int D, int BNW, int VB>
 static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &q,
                                                 const int32_t *bt_row, int32_t kvh, int32_t kb,
                                                 int32_t kend, uint32_t st, int lane)
@@ -181,11 +208,24 @@ static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &
         const bool ok = row >= 0;
         const int64_t boff = ok ? row * (int64_t)D + c * 16 : 0;
         kva__cp_async16(st + qm_koff<D>(key, c), kp + boff, ok ? 16 : 0);
-        kva__cp_async16(st + BNW * D + qm_voff<D>(key, c), vp + boff, ok ? 16 : 0);
+        if (VB == 1)
+            kva__cp_async16(st + BNW * D + qm_voff<D>(key, c), vp + boff, ok ? 16 : 0);
+    }
+    if (VB == 2) {
+        /* 16-bit V rows: D / 8 chunks, the bf16 kernel's swizzle (ldmatrix.trans). */
+        constexpr int CV = D / 8;
+#pragma unroll
+        for (int i = 0; i < BNW * CV / 32; i++) {
+            const int x = lane + 32 * i, key = x / CV, c = x % CV;
+            const int64_t row = __shfl_sync(0xffffffffu, mine, key);
+            const bool ok = row >= 0;
+            const int64_t boff = ok ? row * (int64_t)(2 * D) + c * 16 : 0;
+            kva__cp_async16(st + BNW * D + kva__swz<D>(key, c), vp + boff, ok ? 16 : 0);
+        }
     }
     if (q.kts && lane < BNW) {
         const bool ok = mine >= 0;
-        qm_cp4(st + 2 * BNW * D + lane * 4, ok ? q.kts + tsi : q.kts, ok ? 4 : 0);
+        qm_cp4(st + BNW * D * (1 + VB) + lane * 4, ok ? q.kts + tsi : q.kts, ok ? 4 : 0);
     }
 }
 
@@ -232,7 +272,7 @@ qm_stage_q_v1(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_
     __syncthreads();
 }
 
-/* Versions 2, 3: the same Q' and qo in chunks of 8 channels per thread
+/* Version 2: the same Q' and qo in chunks of 8 channels per thread
  * (16-byte loads of q when q16, two float4 of the scales and offsets); the
  * D / 8 chunks of a row lie in consecutive lanes of one warp, which sum qo by
  * shuffles. One barrier at the end (Q' and s_qo visible). */
@@ -305,10 +345,12 @@ qm_stage_q_v2(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_
  * rings for the merge.
  */
 template <int FMT, typename OT, int D, int VER>
-__global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER>::MINB))
+__global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER, FMT>::MINB))
     decode_mma_quant_kernel(const kva__cuda_quant_mma_args q)
 {
-    typedef qm_cfg<D, VER> cfg;
+    typedef qm_cfg<D, VER, FMT> cfg;
+    /* QM_V16: P V in the q dtype (V's), as the bf16 kernel. */
+    typedef typename qm_ty<OT>::type TyV;
     const kva__cuda_attn_args &a = q.a;
     constexpr int NST = cfg::NST, STAGE = cfg::STAGE, QSTR = cfg::QSTR;
     constexpr int KT = cfg::KT, BNW = cfg::BNW, NT = 2 * KT;
@@ -346,7 +388,8 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER>::MINB))
             for (int st = 0; st < NST - 1; st++) {
                 const int32_t kb = kb0 + st * STEP;
                 if (kb < kend)
-                    qm_issue<D, BNW>(q, bt_row, w.kv_head, kb, kend, ring + st * STAGE, lane);
+                    qm_issue<D, BNW, cfg::VB>(q, bt_row, w.kv_head, kb, kend, ring + st * STAGE,
+                                              lane);
                 kva__cp_async_commit();
             }
             qm_stage_q_v2<FMT, OT, D>(q, w, nrows, qs, ktok, sQ, sQl, s_qo);
@@ -376,7 +419,8 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER>::MINB))
             for (int st = 0; st < NST - 1; st++) {
                 const int32_t kb = kb0 + st * STEP;
                 if (kb < kend)
-                    qm_issue<D, BNW>(q, bt_row, w.kv_head, kb, kend, ring + st * STAGE, lane);
+                    qm_issue<D, BNW, cfg::VB>(q, bt_row, w.kv_head, kb, kend, ring + st * STAGE,
+                                              lane);
                 kva__cp_async_commit();
             }
         }
@@ -387,12 +431,13 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER>::MINB))
                 const int ahead = stage == 0 ? NST - 1 : stage - 1;
                 const int32_t kn = kb + (NST - 1) * STEP;
                 if (kn < kend)
-                    qm_issue<D, BNW>(q, bt_row, w.kv_head, kn, kend, ring + ahead * STAGE, lane);
+                    qm_issue<D, BNW, cfg::VB>(q, bt_row, w.kv_head, kn, kend, ring + ahead * STAGE,
+                                              lane);
                 kva__cp_async_commit();
             }
             kva__cp_async_wait<NST - 1>();
             __syncwarp(); /* the other lanes' copies of this step have landed */
-            const unsigned char *sk = ring_p + stage * STAGE, *sv = sk + BNW * D;
+            const unsigned char *sk = ring_p + stage * STAGE, *sv = sk + cfg::VOFF;
 
             /* S = Q' K^T [16, BNW]: sc[nt] is keys nt*8 .. +8 (B column g4
              * is key g4 + 8 nt; sub-tile kt: nt = 2 kt, 2 kt + 1). Per 64
@@ -455,7 +500,7 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER>::MINB))
             /* Scores: per-token key scales or the offset term. Element e:
              * row g4 + (e >> 1) * 8, key kb + nt * 8 + 2 * t4 + (e & 1). */
             if (ktok) {
-                const float *ts = (const float *)(sk + 2 * BNW * D);
+                const float *ts = (const float *)(sk + cfg::TSOFF);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     const float2 t2 = *(const float2 *)(ts + nt * 8 + 2 * t4);
@@ -473,31 +518,47 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER>::MINB))
             }
             kva__dmma_logits<BNW>(sc, a, scale_log2, kb, t4, lo_all, hi_all, lo, hi, pos, slope);
             kva__dmma_softmax<NO, NT>(sc, m_run, l_run, o);
-            /* O += P C_V: P [16, 16] of each sub-tile in f16 as the A operand
-             * (k = key). */
-            uint32_t pa[KT][4];
+            if constexpr (FMT == QM_V16) {
+                /* O += P V: P [16, 16] in V's dtype, V [16, D] by ldmatrix.trans. */
+                static_assert(KT == 1, "16-bit V: 16-key steps");
+                const int v_r = (lane & 7) + ((lane >> 3) & 1) * 8, v_c = lane >> 4;
+                const uint32_t svu = ring + stage * STAGE + cfg::VOFF;
+                uint32_t pv[4];
+                kva__dmma_pack_p<TyV>(sc, pv);
 #pragma unroll
-            for (int kt = 0; kt < KT; kt++)
-                kva__dmma_pack_p<kva__mma_f16>(sc + 2 * kt, pa[kt]);
+                for (int dp = 0; dp < D / 16; dp++) {
+                    uint32_t vb[4];
+                    kva__ldsm_x4_trans(svu + kva__swz<D>(v_r, dp * 2 + v_c), vb);
+                    TyV::mma(o[2 * dp], pv, vb[0], vb[1]);
+                    TyV::mma(o[2 * dp + 1], pv, vb[2], vb[3]);
+                }
+            } else {
+                /* O += P C_V: P [16, 16] of each sub-tile in f16 as the A operand
+                 * (k = key). */
+                uint32_t pa[KT][4];
 #pragma unroll
-            for (int g = 0; g < D / 32; g++) {
+                for (int kt = 0; kt < KT; kt++)
+                    kva__dmma_pack_p<kva__mma_f16>(sc + 2 * kt, pa[kt]);
 #pragma unroll
-                for (int kt = 0; kt < KT; kt++) {
-                    /* Channels 32 g + 4 g4 .. +3 of keys 16 kt + (2t4, 2t4+1,
-                     * 2t4+8, 2t4+9). */
-                    const int c = 2 * g + (g4 >> 2), b = 4 * (g4 & 3), k0 = 16 * kt + 2 * t4;
-                    const uint32_t r0 = *(const uint32_t *)(sv + qm_voff<D>(k0, c) + b);
-                    const uint32_t r1 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 1, c) + b);
-                    const uint32_t r8 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 8, c) + b);
-                    const uint32_t r9 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 9, c) + b);
-                    uint32_t b0[4], b1[4];
-                    qm_cvt<FMT>(__byte_perm(r0, r1, 0x5140), b0[0], b0[1]);
-                    qm_cvt<FMT>(__byte_perm(r0, r1, 0x7362), b0[2], b0[3]);
-                    qm_cvt<FMT>(__byte_perm(r8, r9, 0x5140), b1[0], b1[1]);
-                    qm_cvt<FMT>(__byte_perm(r8, r9, 0x7362), b1[2], b1[3]);
+                for (int g = 0; g < D / 32; g++) {
 #pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        kva__mma_f16::mma(o[4 * g + j], pa[kt], b0[j], b1[j]);
+                    for (int kt = 0; kt < KT; kt++) {
+                        /* Channels 32 g + 4 g4 .. +3 of keys 16 kt + (2t4, 2t4+1,
+                         * 2t4+8, 2t4+9). */
+                        const int c = 2 * g + (g4 >> 2), b = 4 * (g4 & 3), k0 = 16 * kt + 2 * t4;
+                        const uint32_t r0 = *(const uint32_t *)(sv + qm_voff<D>(k0, c) + b);
+                        const uint32_t r1 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 1, c) + b);
+                        const uint32_t r8 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 8, c) + b);
+                        const uint32_t r9 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 9, c) + b);
+                        uint32_t b0[4], b1[4];
+                        qm_cvt<FMT>(__byte_perm(r0, r1, 0x5140), b0[0], b0[1]);
+                        qm_cvt<FMT>(__byte_perm(r0, r1, 0x7362), b0[2], b0[3]);
+                        qm_cvt<FMT>(__byte_perm(r8, r9, 0x5140), b1[0], b1[1]);
+                        qm_cvt<FMT>(__byte_perm(r8, r9, 0x7362), b1[2], b1[3]);
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                            kva__mma_f16::mma(o[4 * g + j], pa[kt], b0[j], b1[j]);
+                    }
                 }
             }
             stage = stage == NST - 1 ? 0 : stage + 1;
@@ -513,9 +574,10 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER>::MINB))
             float *dst = s_acc + ((size_t)warp * QM_M + r) * D;
 #pragma unroll
             for (int n = 0; n < NO; n++) {
-                const int ch = 32 * (n >> 2) + 8 * t4 + (n & 3);
+                /* QM_V16: the standard layout, channels 8 n + 2 t4 (+1). */
+                const int ch = FMT == QM_V16 ? 8 * n + 2 * t4 : 32 * (n >> 2) + 8 * t4 + (n & 3);
                 dst[ch] = o[n][2 * hf];
-                dst[ch + 4] = o[n][2 * hf + 1];
+                dst[ch + (FMT == QM_V16 ? 1 : 4)] = o[n][2 * hf + 1];
             }
             if (t4 == 0) {
                 s_m[warp][r] = m_run[hf];
@@ -531,7 +593,10 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER>::MINB))
             kva__dmma_merge<QM_NW, QM_M, D>(s_m, s_l, s_acc, r, d, M, mu, L, O);
             /* sum_j p_j v_jd in value units (0 when no key is visible). */
             const int64_t sv_ = (int64_t)w.kv_head * D + d;
-            O = FMT == QM_I8 ? q.vs[sv_] * (O - q.vo[sv_] * L) : q.vs[sv_] * O;
+            if (FMT == QM_I8)
+                O = q.vs[sv_] * (O - q.vo[sv_] * L);
+            else if (FMT == QM_FP8)
+                O = q.vs[sv_] * O;
             kva__dmma_write<D, qm_out<OT>>(a, w, nrows, qs, r, d, M, mu, L, O);
         }
         __syncthreads(); /* Q', s_acc and the rings are rewritten by the next item */
@@ -551,11 +616,11 @@ template <int FMT, typename OT, int VER> static qm_launch qm_pick_v(int32_t D)
 {
     qm_launch k = {NULL, 0};
     if (D == 64)
-        k = {decode_mma_quant_kernel<FMT, OT, 64, VER>, qm_cfg<64, VER>::SMEM};
+        k = {decode_mma_quant_kernel<FMT, OT, 64, VER>, qm_cfg<64, VER, FMT>::SMEM};
     else if (D == 128)
-        k = {decode_mma_quant_kernel<FMT, OT, 128, VER>, qm_cfg<128, VER>::SMEM};
+        k = {decode_mma_quant_kernel<FMT, OT, 128, VER>, qm_cfg<128, VER, FMT>::SMEM};
     else if (D == 256)
-        k = {decode_mma_quant_kernel<FMT, OT, 256, VER>, qm_cfg<256, VER>::SMEM};
+        k = {decode_mma_quant_kernel<FMT, OT, 256, VER>, qm_cfg<256, VER, FMT>::SMEM};
     return k;
 }
 
@@ -563,16 +628,26 @@ template <int FMT, typename OT> static qm_launch qm_pick_d(int32_t D, int ver)
 {
     if (ver == 1)
         return qm_pick_v<FMT, OT, 1>(D);
-    if (ver == 2)
-        return qm_pick_v<FMT, OT, 2>(D);
-    return qm_pick_v<FMT, OT, 3>(D);
+    return qm_pick_v<FMT, OT, 2>(D);
 }
 
-/* The kernel of version ver (1..QM_VER_MAX) for the format, q dtype and D. */
-static qm_launch qm_pick(kva_quant quant, kva_dtype dt, int32_t D, int ver)
+/* The kernel of version ver (1..QM_VER_MAX) for the format, q dtype, cache
+ * dtype (V's for INT8_TOKEN_K_V16, which must be the q dtype) and D.
+ * INT8_TOKEN_K_V16 has one kernel (version 2's staging, 16-key steps), run
+ * whatever the version. */
+static qm_launch qm_pick(kva_quant quant, kva_dtype dt, kva_dtype cache_dt, int32_t D, int ver)
 {
     qm_launch none = {NULL, 0};
     const int fp8 = quant == KVA_QUANT_FP8_E4M3;
+    if (quant == KVA_QUANT_INT8_TOKEN_K_V16) {
+        if (cache_dt != dt)
+            return none;
+        if (dt == KVA_DTYPE_BF16)
+            return qm_pick_v<QM_V16, __nv_bfloat16, 2>(D);
+        if (dt == KVA_DTYPE_F16)
+            return qm_pick_v<QM_V16, __half, 2>(D);
+        return none;
+    }
     if (quant != KVA_QUANT_INT8_CHANNEL && quant != KVA_QUANT_INT8_TOKEN_K && !fp8)
         return none;
     if (dt == KVA_DTYPE_BF16)
@@ -599,10 +674,11 @@ extern "C" kva_status kva__cuda_context_force_quant_mma(kva_context *ctx, int ve
     return KVA_STATUS_OK;
 }
 
-extern "C" int kva__cuda_decode_mma_quant_supported(kva_quant quant, int32_t head_dim,
-                                                    int32_t head_dim_v, kva_dtype q_dtype)
+extern "C" int kva__cuda_decode_mma_quant_supported(kva_quant quant, kva_dtype cache_dtype,
+                                                    int32_t head_dim, int32_t head_dim_v,
+                                                    kva_dtype q_dtype)
 {
-    return head_dim == head_dim_v && qm_pick(quant, q_dtype, head_dim, 1).fn != NULL;
+    return head_dim == head_dim_v && qm_pick(quant, q_dtype, cache_dtype, head_dim, 1).fn != NULL;
 }
 
 extern "C" kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva_plan *plan,
@@ -624,7 +700,7 @@ extern "C" kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva
     kva__quant_args_scales(qa, cache);
     qa.q16 = (uintptr_t)q % 16 == 0;
     const int ver = st->force_quant_mma > 0 ? st->force_quant_mma : QM_VER_DEFAULT;
-    const qm_launch k = qm_pick(cd->quant, d->q_dtype, a.D, ver);
+    const qm_launch k = qm_pick(cd->quant, d->q_dtype, cd->dtype, a.D, ver);
     if (!k.fn || a.Dv != a.D)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_attention_run: the quantized variant-4 kernel does not cover %s, "
