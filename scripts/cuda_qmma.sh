@@ -29,27 +29,14 @@ if has build; then
   echo "build ok"
 fi
 
+
+
+
+
 if has quick; then
   KVA_TEST_QUICK=1 timeout 300 build-cuda/test_cuda_quant >"$out/quick_quant.log" 2>&1
   rc=$?
   echo "quick test_cuda_quant: exit $rc; $(tail -1 "$out/quick_quant.log")"
-  [ $rc = 0 ] || status=1
-fi
-
-if has full; then
-  start=$(date +%s)
-  timeout ${KVA_FULL_TIMEOUT:-400} build-cuda/test_cuda_quant >"$out/full_quant.log" 2>&1
-  rc=$?
-  echo "full test_cuda_quant: exit $rc in $(( $(date +%s) - start )) s; $(tail -1 "$out/full_quant.log")"
-  [ $rc = 0 ] || grep -m8 -i -B1 "fail\|mismatch\|case " "$out/full_quant.log"
-  [ $rc = 0 ] || status=1
-fi
-
-if has memcheck; then
-  KVA_TEST_QUICK=1 timeout ${KVA_MEMCHECK_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 9 \
-    build-cuda/test_cuda_quant >"$out/memcheck_quant.log" 2>&1
-  rc=$?
-  echo "memcheck test_cuda_quant: exit $rc; $(grep 'ERROR SUMMARY' "$out/memcheck_quant.log" | tail -1)"
   [ $rc = 0 ] || status=1
 fi
 
@@ -77,6 +64,23 @@ if has cli; then
   } >"$out/cli_cuda.log"
   echo "cli exit ${PIPESTATUS[0]}"
   grep -E "kvattn|check|attention median|bandwidth" "$out/cli_cuda.log"
+fi
+
+if has full; then
+  start=$(date +%s)
+  timeout ${KVA_FULL_TIMEOUT:-400} build-cuda/test_cuda_quant >"$out/full_quant.log" 2>&1
+  rc=$?
+  echo "full test_cuda_quant: exit $rc in $(( $(date +%s) - start )) s; $(tail -1 "$out/full_quant.log")"
+  [ $rc = 0 ] || grep -m8 -i -B1 "fail\|mismatch\|case " "$out/full_quant.log"
+  [ $rc = 0 ] || status=1
+fi
+
+if has memcheck; then
+  KVA_TEST_QUICK=1 timeout ${KVA_MEMCHECK_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 9 \
+    build-cuda/test_cuda_quant >"$out/memcheck_quant.log" 2>&1
+  rc=$?
+  echo "memcheck test_cuda_quant: exit $rc; $(grep 'ERROR SUMMARY' "$out/memcheck_quant.log" | tail -1)"
+  [ $rc = 0 ] || status=1
 fi
 
 if has shapes; then

@@ -5,8 +5,8 @@
  *   1. The cache is created on the host (CPU backend) and on the device with
  *      the same descriptor and scales; the host one is written through
  *      kva_cache_write (bench_cache_fill) and its bytes (K, V and the
- *      per-token key scales) are copied to the device one. --ragged copies
- *      the packed K/V instead.
+ *      per-token key scales) are copied to the device one (the paged path;
+ *      --ragged is refused with cuda).
  *   2. q (and sinks) are uploaded; the plan is created on the CUDA context
  *      (host time, PLAN_REPEATS times).
  *   3. The first run writes into outputs poisoned with NaN; out and lse come
@@ -55,7 +55,7 @@ typedef struct dev_bench {
     kva_context *host, *ctx;
     kva_cache *hc, *dc;
     kva_plan *plan;
-    void *q, *out, *k_ragged, *v_ragged, *k_new, *v_new;
+    void *q, *out, *k_new, *v_new;
     float *lse, *sinks;
     int64_t *slot_new;
     cudaEvent_t ev[2];
@@ -78,11 +78,8 @@ static cudaError_t upload(void **dst, const void *src, size_t n)
     return e;
 }
 
-static kva_status run_once(const bench_opts *o, dev_bench *d)
+static kva_status run_once(dev_bench *d)
 {
-    if (o->ragged)
-        return kva_attention_run_ragged(d->ctx, d->plan, d->q, d->k_ragged, d->v_ragged, d->sinks,
-                                        d->out, d->lse);
     return kva_attention_run(d->ctx, d->plan, d->q, d->dc, d->sinks, d->out, d->lse);
 }
 
@@ -94,7 +91,7 @@ static int timed(const bench_opts *o, const bench_batch *b, dev_bench *d, int wr
         return cu_error("cudaEventRecord", e);
     kva_status st = write ? kva_cache_write(d->ctx, d->dc, b->num_tokens, d->k_new, 0, d->v_new, 0,
                                             o->dtype, d->slot_new)
-                          : run_once(o, d);
+                          : run_once(d);
     if (st != KVA_STATUS_OK)
         return kva_cli_lib_error(write ? "kva_cache_write" : "kva_attention_run", st);
     float ms = 0.f;
@@ -177,27 +174,15 @@ static int bench_dev(const bench_opts *o, bench_batch *b, bench_result *res, dev
         (e = cudaEventCreate(&d->ev[1])) != cudaSuccess)
         return cu_error("cudaEventCreate", e);
 
-    /* 1. Inputs: the host cache, written and uploaded, or packed K/V. */
-    if (o->ragged) {
-        if (bench_ragged_fill(o, b) != KVA_STATUS_OK) {
-            fprintf(stderr, "kvattn: out of memory for the ragged K/V\n");
-            return KVA_EXIT_LIBRARY;
-        }
-        size_t rows = 0;
-        for (int32_t r = 0; r < b->num_requests; r++)
-            rows += (size_t)b->seq_lens[r];
-        if ((e = upload(&d->k_ragged, b->k_ragged, rows * Hkv * D * es)) != cudaSuccess ||
-            (e = upload(&d->v_ragged, b->v_ragged, rows * Hkv * Dv * es)) != cudaSuccess)
-            return cu_error("uploading the ragged K/V", e);
-    } else {
-        if ((st = bench_cache_create(d->host, o, b, &d->hc)) != KVA_STATUS_OK ||
-            (st = bench_cache_create(d->ctx, o, b, &d->dc)) != KVA_STATUS_OK)
-            return kva_cli_lib_error("kva_cache_create_quant", st);
-        if ((st = bench_cache_fill(d->host, o, b, d->hc)) != KVA_STATUS_OK)
-            return kva_cli_lib_error("kva_cache_write (host cache)", st);
-        if ((rc = upload_cache(b, d)) != KVA_EXIT_OK)
-            return rc;
-    }
+    /* 1. The host cache, written and uploaded (the paged path only: --ragged
+     * is refused for cuda by the option parser). */
+    if ((st = bench_cache_create(d->host, o, b, &d->hc)) != KVA_STATUS_OK ||
+        (st = bench_cache_create(d->ctx, o, b, &d->dc)) != KVA_STATUS_OK)
+        return kva_cli_lib_error("kva_cache_create_quant", st);
+    if ((st = bench_cache_fill(d->host, o, b, d->hc)) != KVA_STATUS_OK)
+        return kva_cli_lib_error("kva_cache_write (host cache)", st);
+    if ((rc = upload_cache(b, d)) != KVA_EXIT_OK)
+        return rc;
     if ((e = upload(&d->q, b->q, T * H * D * es)) != cudaSuccess ||
         (e = cudaMalloc(&d->out, T * H * Dv * es + 1)) != cudaSuccess ||
         (e = cudaMalloc((void **)&d->lse, T * H * sizeof(float) + 1)) != cudaSuccess ||
@@ -279,17 +264,15 @@ static int bench_dev(const bench_opts *o, bench_batch *b, bench_result *res, dev
     res->min_s = d->times[0]; /* sorted by bench_median */
 
     /* 5. The step's cache write on the device (same slots and data: idempotent). */
-    if (!o->ragged) {
-        if ((e = upload(&d->k_new, b->k_new, T * Hkv * D * es)) != cudaSuccess ||
-            (e = upload(&d->v_new, b->v_new, T * Hkv * Dv * es)) != cudaSuccess ||
-            (e = upload((void **)&d->slot_new, b->slot_new, T * sizeof(int64_t))) != cudaSuccess)
-            return cu_error("uploading the new tokens", e);
-        const int n = iters < 50 ? iters : 50;
-        for (int k = 0; k < n; k++)
-            if ((rc = timed(o, b, d, 1, &d->times[k])) != KVA_EXIT_OK)
-                return rc;
-        res->write_s = bench_median(d->times, n);
-    }
+    if ((e = upload(&d->k_new, b->k_new, T * Hkv * D * es)) != cudaSuccess ||
+        (e = upload(&d->v_new, b->v_new, T * Hkv * Dv * es)) != cudaSuccess ||
+        (e = upload((void **)&d->slot_new, b->slot_new, T * sizeof(int64_t))) != cudaSuccess)
+        return cu_error("uploading the new tokens", e);
+    const int nw = iters < 50 ? iters : 50;
+    for (int k = 0; k < nw; k++)
+        if ((rc = timed(o, b, d, 1, &d->times[k])) != KVA_EXIT_OK)
+            return rc;
+    res->write_s = bench_median(d->times, nw);
     res->counts = bench_count(o, b);
 
     /* 6. The device copy ceiling, same run. */
@@ -316,8 +299,6 @@ int bench_cuda_main(const bench_opts *o, bench_batch *b, bench_result *res)
     cudaFree(d.out);
     cudaFree(d.lse);
     cudaFree(d.sinks);
-    cudaFree(d.k_ragged);
-    cudaFree(d.v_ragged);
     cudaFree(d.k_new);
     cudaFree(d.v_new);
     cudaFree(d.slot_new);

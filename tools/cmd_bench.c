@@ -237,8 +237,9 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
         fprintf(stderr, "kvattn: --parts needs --mode mixed and the paged path (no --ragged)\n");
         return KVA_EXIT_USAGE;
     }
-    if (o->backend == KVA_BACKEND_CUDA && (o->parts || o->sweep)) {
-        fprintf(stderr, "kvattn: --backend cuda times one shape: no --parts, no --sweep\n");
+    if (o->backend == KVA_BACKEND_CUDA && (o->parts || o->sweep || o->ragged)) {
+        fprintf(stderr, "kvattn: --backend cuda times one paged shape: no --parts, --sweep or "
+                        "--ragged\n");
         return KVA_EXIT_USAGE;
     }
     if (o->backend == KVA_BACKEND_CUDA) {

@@ -1,16 +1,18 @@
 /*
  * decode_mma_quant.cu - attention variant 4 (decode_mma.cu) over quantized
- * caches with 1-byte K and V: KVA_QUANT_INT8_CHANNEL, INT8_TOKEN_K and
- * FP8_E4M3. attn_quant.cu sends the work items of a plan partitioned for
- * variant 4 here (items of up to 16 rows, nq query tokens x nh heads of one
- * kv head, one m16 tile) and keeps the prefill tiles on its CUDA-core kernel.
+ * caches: KVA_QUANT_INT8_CHANNEL, INT8_TOKEN_K and FP8_E4M3 (1-byte K and
+ * V), and INT8_TOKEN_K_V16 (int8 K, V in the q dtype). attn_quant.cu sends
+ * the work items of a plan partitioned for variant 4 here (items of up to 16
+ * rows, nq query tokens x nh heads of one kv head, one m16 tile) and keeps
+ * the prefill tiles on its CUDA-core kernel.
  *
  * As decode_mma.cu: persistent CTAs of 4 warps, one item at a time; warp w
- * takes the 16-key tiles w, w + 4, ... of the item and copies K and V codes
- * [16, D] bytes (and the 16 per-token key scales) with cp.async into a
- * private ring of NST stages (twice the tiles in flight of the bf16 kernel
- * for the same bytes); its own online softmax; the warps merge through
- * shared memory at the end; split partials as variant 4's.
+ * takes the steps of BNW keys w, w + 4, ... of the item (BNW = 32 for 1-byte
+ * V at D <= 128 in version 2, else 16) and copies K and V [BNW, D] (and the
+ * BNW per-token key scales) with cp.async into a private ring of NST stages;
+ * its own online softmax; the warps merge through shared memory at the end;
+ * split partials as variant 4's. The versions and what they measured are
+ * listed at qm_cfg.
  *
  * The mma runs in f16 (m16n8k16, fp32 accumulation); the codes are turned
  * into f16 exactly in registers:
@@ -21,7 +23,9 @@
  *   S = Q' K^T with Q'_c = q_c s_c (K scale folded, rounded to f16 once per
  *       item), minus qo = sum_c Q'_c o_c per row (INT8_CHANNEL offsets), or
  *       times the per-token key scale of each score column (INT8_TOKEN_K);
- *   O = P C_V (codes), and at the end out_c = s_c (O_c - o_c l) / l.
+ *   O = P C_V (codes), and at the end out_c = s_c (O_c - o_c l) / l;
+ *   INT8_TOKEN_K_V16: O = P V with P in V's dtype and V by ldmatrix.trans,
+ *   as decode_mma.cu (no V scales).
  * Fragments from bytes (no ldmatrix for 8-bit elements on sm_90): the sum
  * over channels of S does not depend on which mma k index holds which
  * channel, so lane (g4, t4) takes channels 16 t4 .. +15 of each 64 (one
@@ -66,24 +70,29 @@ enum { QM_I8 = 0, QM_FP8 = 1, QM_V16 = 2 };
 /*
  * Versions (numbered, side by side; kva__cuda_context_force_quant_mma picks
  * one for tests and benchmarks, 0 = QM_VER_DEFAULT). H100, decode 64 x 4096,
- * H/Hkv 32/8, D 128, bf16 q, one run with bf16 variant 4 at 0.376 ms and the
- * copy ceiling at 2.99 TB/s (2026-11-22):
+ * H/Hkv 32/8, D 128, bf16 q, one run with bf16 variant 4 at 0.373 ms and the
+ * copy ceiling at 2.99 TB/s (2026-11-22, scripts/cuda_qmma.sh):
  *   1: 16 keys per warp step (KT = 1), a ring of NST = 8 / 6 / 5 stages
  *      (D 64 / 128 / 256); per item Q' staged with scalar loads, then qo
  *      (a second pass over shared memory), then the first tiles issued.
- *      int8_channel 0.244 ms, int8_token_k 0.229, fp8 0.231 (73-80% of copy).
- *      Nsight Compute: 2 warps per scheduler (registers, shared memory), half
- *      the issue slots used, stalls mostly on fixed-latency dependencies.
+ *      int8_channel 0.241 ms, int8_token_k 0.227, fp8 0.230 (0.61-0.65x
+ *      bf16, 74-80% of copy). Nsight Compute (int8_channel): 2 warps per
+ *      scheduler (registers and shared memory allow 2 CTAs of 4 warps per
+ *      SM), 0.51 instructions issued per cycle per scheduler, the largest
+ *      stall on fixed-latency dependencies (1.19 of 3.73 cycles between
+ *      instructions): per-warp latency, not bytes in flight, bounds it.
  *   2: 32 keys per warp step (KT = 2) for D <= 128: two 16-key sub-tiles whose
  *      score chains interleave and share the Q' fragments, one softmax update
  *      (shuffles, rescale, any_sync) and one block-table lookup per 32 keys,
  *      8 KB of K and V codes per stage at D 128 (the bf16 kernel's 16-key
- *      stage), NST = 4 / 3 (D 256: KT = 1, NST = 5); the first NST - 1 steps
- *      are issued before Q' is staged, q and the scales are read with 16-byte
- *      loads and qo is summed from registers with shuffles (one barrier).
- *      int8_channel 0.211 ms, int8_token_k 0.210, fp8 0.206 (0.55-0.56x
- *      bf16, 85-87% of copy). The staging change alone (KT = 1) gave 0.235 /
- *      0.222 / 0.228.
+ *      stage), NST = 4 / 3 (D 256: KT = 1, NST = 5; registers); the first
+ *      NST - 1 steps are issued before Q' is staged, q and the scales are read
+ *      with 16-byte loads and qo is summed from registers with shuffles (one
+ *      barrier instead of two). int8_channel 0.211 ms, int8_token_k 0.209,
+ *      fp8 0.205 (0.55-0.57x bf16, 85-88% of copy); the staging change alone
+ *      (KT = 1, measured once) gave 0.235 / 0.222 / 0.228. INT8_TOKEN_K_V16
+ *      (KT = 1, NST 5 / 4 / 4) runs only this version: 0.303 ms (0.81x bf16,
+ *      90% of copy; the CUDA-core kernel took 0.352).
  */
 #define QM_VER_MAX KVA__CUDA_QUANT_MMA_VERSIONS
 #define QM_VER_DEFAULT 2
