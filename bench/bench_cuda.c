@@ -5,7 +5,7 @@
  *              [--heads H] [--kv-heads Hkv] [--head-dim D] [--block-size B]
  *              [--dtype bf16|f16|f32] [--layout nhd|hnd] [--iters N]
  *              [--graph-layers L] [--variant V]
- *              [--quant none|int8|int8-token|int8-token-v16|fp8]
+ *              [--quant none|int8|int8-token|int8-token-v16|fp8] [--qmma V]
  *
  * decode: R requests of q_len Q (1 = decode, >1 = speculative) after S cached
  * tokens; prefill: R causal prompts of Q tokens after S cached tokens. Block
@@ -24,6 +24,8 @@
  * scales): random codes (no fp8 NaN codes) and per-token scales are filled on
  * the host and uploaded, q and out stay in --dtype; the KV bytes then count
  * the 1-byte codes (2-byte V for int8-token-v16) and the per-token scales.
+ * --qmma V (1..) runs version V of the quantized tensor-core kernel
+ * (decode_mma_quant.cu; kva__cuda_context_force_quant_mma), 0 the default.
  * The last line is one JSON object for bench/peer_cuda.py.
  */
 #include "batchgen.h"
@@ -123,7 +125,7 @@ int main(int argc, char **argv)
 {
     const char *mode = "decode", *dts = "bf16", *lays = "nhd", *quants = "none";
     int32_t R = 64, S = 4096, Q = -1, H = 32, Hkv = 8, D = 128, B = 16, iters = 30, layers = 0,
-            variant = 0;
+            variant = 0, qmma = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *f = argv[i], *v = argv[i + 1];
         if (!strcmp(f, "--mode"))
@@ -154,6 +156,8 @@ int main(int argc, char **argv)
             variant = atoi(v);
         else if (!strcmp(f, "--quant"))
             quants = v;
+        else if (!strcmp(f, "--qmma"))
+            qmma = atoi(v);
         else
             DIE("unknown flag %s", f);
     }
@@ -196,6 +200,7 @@ int main(int argc, char **argv)
     KV(kva_context_create(&gd, &gpu));
     /* --variant V: plans are partitioned for and run with variant V. */
     KV(kva__cuda_context_force_variant(gpu, variant));
+    KV(kva__cuda_context_force_quant_mma(gpu, qmma));
     const kva_dtype cdt = quant == KVA_QUANT_NONE || quant == KVA_QUANT_INT8_TOKEN_K_V16 ? dt
                           : quant == KVA_QUANT_FP8_E4M3 ? KVA_DTYPE_FP8_E4M3
                                                         : KVA_DTYPE_I8;
@@ -371,10 +376,10 @@ int main(int argc, char **argv)
     const double sec = med * 1e-3;
     fprintf(stderr,
             "bench_cuda: %s R=%d S=%d Q=%d H=%d Hkv=%d D=%d B=%d %s kv %s: median %.4f ms, %.3f "
-            "TB/s KV, %.1f TFLOP/s, %d items, variant %d, check %s\n",
+            "TB/s KV, %.1f TFLOP/s, %d items, variant %d, qmma %d, check %s\n",
             mode, R, S, Q, H, Hkv, D, B, dts, kva_quant_name(quant), (double)med,
             kv_bytes / sec * 1e-12, flops / sec * 1e-12, (int)info.num_work_items,
-            plan->part->variant, bad ? "FAILED" : "ok");
+            plan->part->variant, qmma, bad ? "FAILED" : "ok");
     printf(
         "{\"mode\": \"%s\", \"device\": \"%s\", \"R\": %d, \"S\": %d, \"Q\": %d, \"H\": %d, "
         "\"Hkv\": %d, \"D\": %d, \"B\": %d, \"dtype\": \"%s\", \"kv_quant\": \"%s\", \"ms\": %.5f, "

@@ -26,6 +26,11 @@ if ./build/kvattn bench --no-such-flag >/dev/null 2>&1; then
   echo "CLI accepted an unknown flag" >&2
   exit 1
 fi
+# --backend cuda: runs where a GPU is visible, else exits 1 saying why.
+if ! ./build/kvattn bench --backend cuda --batch 2 --context 300 --iters 2 --warmup 1 \
+  >build/cli_cuda.log 2>&1; then
+  grep -q "backend cuda: " build/cli_cuda.log || { cat build/cli_cuda.log; exit 1; }
+fi
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
 # The CUDA runtime and ASan do not mix; the sanitizer build is CPU-only.

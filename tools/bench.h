@@ -85,6 +85,10 @@ kva_status bench_batch_build(const bench_opts *o, bench_batch *b);
 void bench_batch_free(bench_batch *b);
 /* The plan descriptor of batch b (pointers into b). */
 void bench_plan_desc(const bench_opts *o, const bench_batch *b, kva_plan_desc *d);
+/* Creates the cache of the options on ctx (kva_cache_create_quant; quantized
+ * formats with scalar scales fitted to the uniform data). */
+kva_status bench_cache_create(kva_context *ctx, const bench_opts *o, const bench_batch *b,
+                              kva_cache **out);
 /* Writes every key and value of every request into the cache: context tokens
  * from random data, then the step's new tokens (k_new/v_new at slot_new). */
 kva_status bench_cache_fill(kva_context *ctx, const bench_opts *o, const bench_batch *b,
@@ -150,6 +154,7 @@ typedef struct bench_result {
      * round-robin; 0 when not measured. */
     double mixed_s, decodes_s, chunk_s;
     int32_t num_requests, num_tokens, num_blocks; /* of the batch (R, T, NB) */
+    char device[256]; /* --backend cuda: the GPU's name; read_bw is its copy ceiling */
 } bench_result;
 
 /* cmd_bench.c: one shape, start to end (batch, cache, plan, check, timing,
@@ -165,5 +170,17 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
 int bench_report_json(const char *path, const bench_opts *o, const bench_result *r);
 /* Writes the result as one JSON object (no trailing newline). */
 void bench_report_json_write(FILE *f, const bench_opts *o, const bench_result *r);
+
+/* bench_device.c: --backend cuda. bench_cuda_available says whether this build
+ * has the CUDA backend and sees a GPU (else why, in why[0..n)). bench_cuda_main
+ * runs one shape of the built batch b: the cache written by the CPU backend on
+ * the host and uploaded, the check against the reference over that host
+ * cache, timing with CUDA events, and a device-to-device copy as the ceiling
+ * (res->read_bw, bytes read + written). Returns the exit status. */
+int bench_cuda_available(char *why, size_t n);
+int bench_cuda_main(const bench_opts *o, bench_batch *b, bench_result *res);
+
+/* Median of v[0..n) (sorts v). */
+double bench_median(double *v, int n);
 
 #endif /* KVA_CLI_BENCH_H */

@@ -49,11 +49,15 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
     char v[64], n[160], t[64];
     const kva_plan_info *pi = &r->info;
     printf("\n");
-    printf("kvattn bench: %s%s, backend %s (%d thread%s), %s, layout %s, kv quant %s\n",
+    char where[288];
+    if (o->backend == KVA_BACKEND_CUDA)
+        snprintf(where, sizeof where, "%s", r->device);
+    else
+        snprintf(where, sizeof where, "%d thread%s", (int)r->threads, r->threads == 1 ? "" : "s");
+    printf("kvattn bench: %s%s, backend %s (%s), %s, layout %s, kv quant %s\n",
            bench_mode_name(o->mode), o->ragged ? " (ragged, no cache)" : "",
-           kva_backend_name(o->backend), (int)r->threads, r->threads == 1 ? "" : "s",
-           kva_dtype_name(o->dtype), o->layout == KVA_LAYOUT_NHD ? "nhd" : "hnd",
-           kva_quant_name(o->kv_quant));
+           kva_backend_name(o->backend), where, kva_dtype_name(o->dtype),
+           o->layout == KVA_LAYOUT_NHD ? "nhd" : "hnd", kva_quant_name(o->kv_quant));
     printf("  %-18s R=%d T=%d H=%d Hkv=%d D=%d Dv=%d B=%d NB=%d\n", "shape", (int)b->num_requests,
            (int)b->num_tokens, (int)o->heads, (int)o->kv_heads, (int)o->head_dim,
            (int)o->head_dim_v, (int)o->block_size, (int)b->num_blocks);
@@ -87,11 +91,14 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
         "K+V of visible keys, once per kv head");
     double gbps = r->median_s > 0 ? r->counts.kv_bytes / r->median_s / 1e9 : 0;
     snprintf(v, sizeof v, "%.2f GB/s", gbps);
-    if (r->read_bw > 0)
+    if (r->read_bw > 0 && o->backend == KVA_BACKEND_CUDA)
+        snprintf(n, sizeof n, "%.1f%% of device copy %.2f GB/s (read + write, same run)",
+                 100.0 * gbps / r->read_bw, r->read_bw);
+    else if (r->read_bw > 0)
         snprintf(n, sizeof n, "%.1f%% of measured read bandwidth %.2f GB/s",
                  100.0 * gbps / r->read_bw, r->read_bw);
     else
-        snprintf(n, sizeof n, "read bandwidth not measured");
+        snprintf(n, sizeof n, "bandwidth ceiling not measured");
     row("bandwidth", v, n);
     row("FLOPs", fmt_flops(v, sizeof v, r->counts.flops),
         "2*D + 2*Dv per unmasked (query head, key)");
@@ -100,10 +107,14 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
     if (r->fma_peak > 0)
         snprintf(n, sizeof n, "%.1f%% of measured fp32 FMA peak %.1f GFLOP/s (%s)",
                  100.0 * gflops / r->fma_peak, r->fma_peak, r->peak_isa);
+    else if (o->backend == KVA_BACKEND_CUDA)
+        snprintf(n, sizeof n, "CUDA events, median of the runs");
     else
         snprintf(n, sizeof n, "FMA peak not measured");
     row("throughput", v, n);
-    row("plan create", fmt_time(v, sizeof v, r->plan_s), "median, host, once per step");
+    row("plan create", fmt_time(v, sizeof v, r->plan_s),
+        o->backend == KVA_BACKEND_CUDA ? "median, host (partition + metadata upload)"
+                                       : "median, host, once per step");
     if (!o->ragged) {
         snprintf(n, sizeof n, "median, %d new tokens (reshape_and_cache)", (int)b->num_tokens);
         row("cache write", fmt_time(v, sizeof v, r->write_s), n);
@@ -131,6 +142,9 @@ void bench_report_json_write(FILE *f, const bench_opts *o, const bench_result *r
             o->ragged ? "true" : "false");
     fprintf(f, "  \"backend\": \"%s\",\n  \"threads\": %d,\n", kva_backend_name(o->backend),
             (int)r->threads);
+    if (o->backend == KVA_BACKEND_CUDA)
+        fprintf(f, "  \"device\": \"%s\",\n  \"ceiling\": \"device copy, read + write\",\n",
+                r->device);
     fprintf(f, "  \"dtype\": \"%s\",\n  \"layout\": \"%s\",\n", kva_dtype_name(o->dtype),
             o->layout == KVA_LAYOUT_NHD ? "nhd" : "hnd");
     fprintf(f, "  \"kv_quant\": \"%s\",\n", kva_quant_name(o->kv_quant));

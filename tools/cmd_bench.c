@@ -60,8 +60,10 @@ void kva_cli_usage_bench(void)
            "  --alibi              ALiBi slopes 2^(-8(h+1)/H)\n"
            "  --sinks              per-head sink logits (random, unit variance)\n"
            "run:\n"
-           "  --backend ref|cpu    backend to time               [cpu]\n"
-           "  --threads N          CPU threads, 0 = all cores    [0]\n"
+           "  --backend ref|cpu|cuda  backend to time (cuda: GPU 0; the cache is written on\n"
+           "                       the host, checked there, uploaded; times with CUDA events\n"
+           "                       and a device-to-device copy as the ceiling) [cpu]\n"
+           "  --threads N          CPU threads (cuda: of the host cache write), 0 = all [0]\n"
            "  --variant N          CPU kernel variant forced on every work item (`kvattn\n"
            "                       info` lists them: 1 portable, 2-4 decode AVX2/AVX-512/\n"
            "                       +BF16, 5-7 tiled prefill AVX2/AVX-512/+BF16), 0 = the\n"
@@ -89,7 +91,8 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
     static const char *const dtypes[] = {"f32", "f16", "bf16"};
     static const kva_dtype dtype_vals[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
     static const char *const layouts[] = {"nhd", "hnd"};
-    static const char *const backends[] = {"ref", "cpu"};
+    static const char *const backends[] = {"ref", "cpu", "cuda"};
+    static const kva_backend backend_vals[] = {KVA_BACKEND_REF, KVA_BACKEND_CPU, KVA_BACKEND_CUDA};
     static const char *const value_flags[] = {
         "--mode",     "--batch",      "--context",    "--q-len",   "--heads",  "--kv-heads",
         "--head-dim", "--head-dim-v", "--block-size", "--dtype",   "--layout", "--causal",
@@ -177,8 +180,8 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
         else if (!strcmp(f, "--softcap"))
             ok = kva_cli_parse_float(f, val, 0.0f, 1e6f, &o->softcap);
         else if (!strcmp(f, "--backend")) {
-            ok = kva_cli_parse_choice(f, val, backends, 2, &k);
-            o->backend = k == 0 ? KVA_BACKEND_REF : KVA_BACKEND_CPU;
+            ok = kva_cli_parse_choice(f, val, backends, 3, &k);
+            o->backend = backend_vals[k];
         } else if (!strcmp(f, "--threads"))
             ok = kva_cli_parse_i32(f, val, 0, 4096, &o->threads);
         else if (!strcmp(f, "--iters"))
@@ -234,6 +237,18 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
         fprintf(stderr, "kvattn: --parts needs --mode mixed and the paged path (no --ragged)\n");
         return KVA_EXIT_USAGE;
     }
+    if (o->backend == KVA_BACKEND_CUDA && (o->parts || o->sweep || o->ragged)) {
+        fprintf(stderr, "kvattn: --backend cuda times one paged shape: no --parts, --sweep or "
+                        "--ragged\n");
+        return KVA_EXIT_USAGE;
+    }
+    if (o->backend == KVA_BACKEND_CUDA) {
+        char why[256];
+        if (!bench_cuda_available(why, sizeof why)) {
+            fprintf(stderr, "kvattn: --backend cuda: %s\n", why);
+            return KVA_EXIT_LIBRARY;
+        }
+    }
     if ((int64_t)o->context + o->q_len > (1 << 30)) {
         fprintf(stderr, "kvattn: --context + --q-len is too large\n");
         return KVA_EXIT_USAGE;
@@ -247,7 +262,7 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static double median(double *v, int n)
+double bench_median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -346,9 +361,9 @@ static int time_parts(const bench_opts *o, bench_state *s, int iters, bench_resu
                 tm[(size_t)w * iters + k] = kva_cli_now() - t;
         }
     }
-    res->mixed_s = median(tm, iters);
-    res->decodes_s = median(tm + iters, iters);
-    res->chunk_s = median(tm + 2 * (size_t)iters, iters);
+    res->mixed_s = bench_median(tm, iters);
+    res->decodes_s = bench_median(tm + iters, iters);
+    res->chunk_s = bench_median(tm + 2 * (size_t)iters, iters);
 done:
     kva_plan_destroy(dec);
     kva_plan_destroy(chunk);
@@ -366,6 +381,8 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
         fprintf(stderr, "kvattn: out of memory building the batch\n");
         return KVA_EXIT_LIBRARY;
     }
+    if (o->backend == KVA_BACKEND_CUDA)
+        return bench_cuda_main(o, b, res);
     kva_context_desc cd = {o->backend, o->threads, 0};
     if ((st = kva_context_create(&cd, &s->ctx)) != KVA_STATUS_OK)
         return kva_cli_lib_error("kva_context_create", st);
@@ -381,25 +398,7 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
             return KVA_EXIT_LIBRARY;
         }
     } else {
-        kva_cache_desc desc = {b->num_blocks, o->block_size, o->kv_heads, o->head_dim,
-                               o->head_dim_v, o->dtype,      o->layout,   o->kv_quant};
-        /* Quantized formats: scalar scales fitted to the data (uniform, |x| < 1.74). */
-        const float int8_scale = 1.75f / 127.0f, fp8_scale = 1.75f / 448.0f;
-        kva_quant_params qp = {&int8_scale, 1, NULL, 0, &int8_scale, 1, NULL, 0};
-        const kva_quant_params *pp = &qp;
-        if (o->kv_quant == KVA_QUANT_NONE || o->kv_quant == KVA_QUANT_INT8_TOKEN_K_V16)
-            pp = NULL;
-        else if (o->kv_quant == KVA_QUANT_INT8_TOKEN_K)
-            qp.k_scale = NULL, qp.k_scale_len = 0;
-        else if (o->kv_quant == KVA_QUANT_FP8_E4M3)
-            qp.k_scale = qp.v_scale = &fp8_scale;
-        if (o->kv_quant == KVA_QUANT_FP8_E4M3)
-            desc.dtype = KVA_DTYPE_FP8_E4M3;
-        else if (o->kv_quant == KVA_QUANT_INT8_TOKEN_K_V16)
-            desc.dtype = o->dtype == KVA_DTYPE_F32 ? KVA_DTYPE_F16 : o->dtype;
-        else if (o->kv_quant != KVA_QUANT_NONE)
-            desc.dtype = KVA_DTYPE_I8;
-        if ((st = kva_cache_create_quant(s->ctx, &desc, pp, &s->cache)) != KVA_STATUS_OK)
+        if ((st = bench_cache_create(s->ctx, o, b, &s->cache)) != KVA_STATUS_OK)
             return kva_cli_lib_error("kva_cache_create_quant", st);
         if ((st = bench_cache_fill(s->ctx, o, b, s->cache)) != KVA_STATUS_OK)
             return kva_cli_lib_error("kva_cache_write", st);
@@ -418,7 +417,7 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
         if (st != KVA_STATUS_OK)
             return kva_cli_lib_error("kva_plan_create", st);
     }
-    res->plan_s = median(plan_times, PLAN_REPEATS);
+    res->plan_s = bench_median(plan_times, PLAN_REPEATS);
     if (o->variant)
         s->plan->part->variant = o->variant;
     if ((st = kva_plan_get_info(s->plan, &res->info)) != KVA_STATUS_OK)
@@ -483,7 +482,7 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
         if (st != KVA_STATUS_OK)
             return kva_cli_lib_error("attention", st);
     }
-    res->median_s = median(s->times, iters);
+    res->median_s = bench_median(s->times, iters);
     res->min_s = s->times[0]; /* sorted by median() */
     if (o->parts) {
         int rc = time_parts(o, s, iters, res);
@@ -501,7 +500,7 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
             if (st != KVA_STATUS_OK)
                 return kva_cli_lib_error("kva_cache_write", st);
         }
-        res->write_s = median(s->times, n);
+        res->write_s = bench_median(s->times, n);
     }
     res->counts = bench_count(o, b);
     if (!o->no_ceiling) {

@@ -26,6 +26,9 @@
  *   4b. speculative decodes of 1..8 tokens over default plans (16-row items,
  *      q_len x G > 8: GQA 1/4/8, D 64/128/256, B 1/16, NHD/HND, splits), on
  *      the tensor-core kernel and, every third case, the CUDA-core one;
+ *   4c. every version of the tensor-core kernel (decode_mma_quant.cu) over
+ *      decodes, speculative decodes and split decodes, q 16-byte aligned or
+ *      not;
  *   5. a graph captured over a quantized decode replays to the same output.
  * KVA_TEST_QUICK=1 runs the first cases of each list. Exits 77 without a GPU.
  */
@@ -552,17 +555,19 @@ typedef struct acfg {
     int kind;    /* 0 mixed random batch, 1 long decodes (split-KV), 2 mixed with big prefills,
                     3 decodes and speculative decodes of 1..8 tokens (decode_threshold 8) */
     int variant; /* plan variant forced (2: the cp.async ring), 0: the default */
+    int qmma;    /* version of the tensor-core kernel (decode_mma_quant.cu), 0: the default */
+    int q_odd;   /* q at an element-aligned but not 16-byte aligned device address */
 } acfg;
 
 static void print_acfg(const acfg *c)
 {
     fprintf(stderr,
             "  case %s/%s H=%d Hkv=%d D=%d Dv=%d B=%d q %s %s causal=%d window=%d softcap=%g "
-            "alibi=%d sinks=%d lse=%d gran=%d kind=%d variant=%d\n",
+            "alibi=%d sinks=%d lse=%d gran=%d kind=%d variant=%d qmma=%d q_odd=%d\n",
             kva_quant_name(fmts[c->f]), kva_dtype_name(fmt_dtype(c->f)), c->H, c->Hkv, c->D, c->Dv,
             c->B, kva_dtype_name(c->qdt), c->layout == KVA_LAYOUT_HND ? "HND" : "NHD", c->causal,
-            c->window, (double)c->softcap, c->alibi, c->sinks, c->lse, c->gran, c->kind,
-            c->variant);
+            c->window, (double)c->softcap, c->alibi, c->sinks, c->lse, c->gran, c->kind, c->variant,
+            c->qmma, c->q_odd);
 }
 
 /* 4. Attention: device vs reference over the same quantized bytes. */
@@ -584,6 +589,7 @@ static int run_attn(const acfg *c, uint64_t seed)
         kva_test_batch_random(&b, &rng, 7, c->B, 150, 0xf, 1);
     }
     kva_context *href = make_ctx(KVA_BACKEND_REF), *gpu = make_ctx(KVA_BACKEND_CUDA);
+    CHECK_OK(kva__cuda_context_force_quant_mma(gpu, c->qmma));
     const int32_t H = c->H, Hkv = c->Hkv, D = c->D, Dv = c->Dv, T = b.T;
     kva_cache_desc cd = {b.num_blocks, c->B, Hkv, D, Dv, fmt_dtype(c->f), c->layout, fmts[c->f]};
     float *buf = malloc(sizeof(float) * 2 * Hkv * (D + Dv));
@@ -632,7 +638,15 @@ static int run_attn(const acfg *c, uint64_t seed)
         void *q = malloc(nq * es + 4), *want = malloc(no * es + 4), *got = malloc(no * es + 4);
         float *lw = malloc(nl * 4 + 4), *lg = malloc(nl * 4 + 4);
         kva_test_fill_uniform(q, c->qdt, nq, &rng);
-        void *dq = dev_from(q, nq * es), *dout = dev_poisoned(no * es);
+        /* q_odd: q one element past a 16-byte boundary (scalar q loads). */
+        char *dq_base = NULL;
+        if (c->q_odd) {
+            CUDA_OK(cudaMalloc((void **)&dq_base, nq * es + 16));
+            CUDA_OK(cudaMemcpy(dq_base + es, q, nq * es, cudaMemcpyHostToDevice));
+        } else {
+            dq_base = dev_from(q, nq * es);
+        }
+        void *dq = dq_base + (c->q_odd ? es : 0), *dout = dev_poisoned(no * es);
         float *dl = c->lse ? dev_poisoned(nl * 4) : NULL;
         float *ds = c->sinks ? dev_from(sinks, (size_t)H * 4) : NULL;
         kva_test_poison(want, c->qdt, no);
@@ -650,8 +664,11 @@ static int run_attn(const acfg *c, uint64_t seed)
          * sqrt 3, plus the quantization step). Its scores are exact to
          * ~2^-22 (Q' as f16 hi + lo), so lse keeps its tolerance. */
         const int mma = pg && pg->part->variant == 4 &&
-                        kva__cuda_decode_mma_quant_supported(cd.quant, D, Dv, c->qdt);
-        const double atol = kva_test_atol(c->qdt) + (mma ? 0x1p-11 * 2.0 : 0.0);
+                        kva__cuda_decode_mma_quant_supported(cd.quant, cd.dtype, D, Dv, c->qdt);
+        /* INT8_TOKEN_K_V16 rounds P to V's dtype (bf16: 2^-8). */
+        const double pu =
+            cd.quant == KVA_QUANT_INT8_TOKEN_K_V16 && c->qdt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
+        const double atol = kva_test_atol(c->qdt) + (mma ? pu * 2.0 : 0.0);
         size_t bad = kva_test_compare("out", got, want, c->qdt, no, atol, kva_test_rtol(c->qdt));
         if (c->lse) {
             to_host(lg, dl, nl * 4);
@@ -665,7 +682,7 @@ static int run_attn(const acfg *c, uint64_t seed)
         bad_total = bad != 0;
         kva_plan_destroy(pr);
         kva_plan_destroy(pg);
-        cudaFree(dq);
+        cudaFree(dq_base);
         cudaFree(dout);
         cudaFree(dl);
         cudaFree(ds);
@@ -719,8 +736,9 @@ static void test_attention(void)
     }
     /* The decode benchmark's shape, each format, bf16 queries, split decodes. */
     for (int f = 0; f < NFMT && !quick(); f++) {
-        acfg c = {f,   32, 8, 128, 128, 16, KVA_DTYPE_BF16, KVA_LAYOUT_NHD, 1, -1,
-                  0.f, 0,  1, 1,   0,   1,  f % 2 ? 2 : 0};
+        acfg c = {
+            f, 32, 8, 128,           128, 16, KVA_DTYPE_BF16, KVA_LAYOUT_NHD, 1, -1, 0.f, 0, 1,
+            1, 0,  1, f % 2 ? 2 : 0, 0,   0};
         run_attn(&c, 31 + (uint64_t)f);
     }
 }
@@ -765,6 +783,58 @@ static void test_spec_decode(void)
         if (!run_attn(&c, 5100 + (uint64_t)i))
             failed++;
     }
+}
+
+/*
+ * 4c. Every version of the quantized tensor-core kernel (decode_mma_quant.cu;
+ * 16- and 32-key warp steps, Q' staging before or after the first copies)
+ * over every format it covers (INT8_TOKEN_K_V16 with q in V's dtype): decodes and speculative
+ * decodes of 1..8 tokens (kind 3) and long split decodes (kind 1), GQA 1/4/8, D 64/128/256, B 1/16,
+ * NHD/HND, f16/bf16 q, and q not 16-byte aligned (scalar q loads).
+ */
+static void test_mma_versions(void)
+{
+    /* INT8_CHANNEL, INT8_TOKEN_K, FP8_E4M3, INT8_TOKEN_K_V16 bf16 and f16 V
+     * (q in V's dtype: the tensor-core kernel's 16-bit V path). */
+    static const int f1[] = {0, 1, 4, 3, 2};
+    static const int32_t heads[][2] = {{32, 8}, {16, 16}, {64, 8}};
+    static const int32_t dims[] = {128, 64, 256};
+    kva_rng rng = {3131};
+    int failed = 0;
+    const int per = quick() ? 5 : 15;
+    for (int ver = 1; ver <= KVA__CUDA_QUANT_MMA_VERSIONS; ver++)
+        for (int i = 0; i < per && failed < 6; i++) {
+            acfg c;
+            memset(&c, 0, sizeof c);
+            c.f = f1[i % 5];
+            c.H = heads[(i / 3) % 3][0];
+            c.Hkv = heads[(i / 3) % 3][1];
+            c.D = c.Dv = dims[(i / 2) % 3];
+            c.B = i % 4 == 1 ? 1 : 16;
+            c.qdt = fmts[c.f] == KVA_QUANT_INT8_TOKEN_K_V16 ? fmt_dtype(c.f)
+                    : i % 2                                 ? KVA_DTYPE_F16
+                                                            : KVA_DTYPE_BF16;
+            c.layout = (i / 4) % 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+            c.causal = 1;
+            c.window = i % 6 == 4 ? 300 : -1;
+            c.softcap = i % 6 == 5 ? 5.0f : 0.0f;
+            c.alibi = i % 7 == 3;
+            c.sinks = i % 2;
+            c.lse = 1;
+            c.gran = kva_rng_int(&rng, 0, 2);
+            c.kind = i % 3 == 2 ? 1 : 3;
+            c.qmma = ver;
+            c.q_odd = i % 4 == 3;
+            if (!run_attn(&c, 7700 + 100 * (uint64_t)ver + (uint64_t)i))
+                failed++;
+        }
+    /* The version knob is checked. */
+    kva_context *gpu = make_ctx(KVA_BACKEND_CUDA);
+    CHECK_STATUS(kva__cuda_context_force_quant_mma(gpu, KVA__CUDA_QUANT_MMA_VERSIONS + 1),
+                 KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kva__cuda_context_force_quant_mma(gpu, -1), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_OK(kva__cuda_context_force_quant_mma(gpu, 0));
+    kva_context_destroy(gpu);
 }
 
 /* 5. A graph captured over a quantized decode replays to the direct result. */
@@ -819,7 +889,7 @@ static void test_graph(void)
     const double atol =
         kva_test_atol(KVA_DTYPE_BF16) +
         (pg && pg->part->variant == 4 &&
-                 kva__cuda_decode_mma_quant_supported(cd.quant, D, D, KVA_DTYPE_BF16)
+                 kva__cuda_decode_mma_quant_supported(cd.quant, cd.dtype, D, D, KVA_DTYPE_BF16)
              ? 0x1p-11 * 2.0
              : 0.0);
     CHECK(kva_test_compare("graph", got, want, KVA_DTYPE_BF16, no, atol,
@@ -852,6 +922,7 @@ int main(void)
     RUN(test_copy_swap);
     RUN(test_graph);
     RUN(test_spec_decode);
+    RUN(test_mma_versions);
     RUN(test_attention);
 #endif
     return kva_test_finish();

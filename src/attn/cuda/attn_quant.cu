@@ -767,9 +767,9 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
      * its items run on the tensor-core kernel (decode_mma_quant.cu), the
      * prefill tiles (if any) stay here; both write disjoint rows (or split
      * partials) and the merge below covers both. */
-    const int mma = KVA__CUDA_QUANT_MMA && plan->part->variant == 4 &&
-                    cp->rows == KVA__CUDA_MMA_DECODE_ROWS &&
-                    kva__cuda_decode_mma_quant_supported(cd->quant, a.D, a.Dv, d->q_dtype);
+    const int mma =
+        KVA__CUDA_QUANT_MMA && plan->part->variant == 4 && cp->rows == KVA__CUDA_MMA_DECODE_ROWS &&
+        kva__cuda_decode_mma_quant_supported(cd->quant, cd->dtype, a.D, a.Dv, d->q_dtype);
     if (mma) {
         KVA_TRY(kva__cuda_decode_mma_quant_run(ctx, plan, q, cache, sinks, out, lse));
         a.isub = 0; /* the kernel below runs only the prefill tiles */

@@ -66,6 +66,8 @@ typedef struct kva__cuda_state {
     kva__cuda_caps caps;
     int force_variant;         /* 0, or the attention variant (1..4) plans of this context are
                                   partitioned for and run (tests, benchmarks) */
+    int force_quant_mma;       /* 0, or the version (1..) of the quantized tensor-core decode
+                                  kernel (decode_mma_quant.cu) runs use (tests, benchmarks) */
     int deferred_write_status; /* kva_cuda_context_set_deferred_write_status */
     void *meta_dev;            /* device metadata buffer */
     void *meta_host;           /* pinned staging of the same size */
@@ -134,16 +136,23 @@ int kva__cuda_decode_mma_ctas_per_sm(kva_dtype dtype, int32_t head_dim);
 /* Launches the variant-4 kernel with `grid` persistent CTAs on stream. */
 kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int grid,
                                        void *stream);
-/* Variant 4 over quantized caches with 1-byte K and V (decode_mma_quant.cu):
- * 1 if it covers the shape (INT8_CHANNEL, INT8_TOKEN_K or FP8_E4M3, D = Dv
- * in {64, 128, 256}, f16/bf16 q). */
-int kva__cuda_decode_mma_quant_supported(kva_quant quant, int32_t head_dim, int32_t head_dim_v,
-                                         kva_dtype q_dtype);
+/* Variant 4 over quantized caches (decode_mma_quant.cu): 1 if it covers the
+ * shape (INT8_CHANNEL, INT8_TOKEN_K or FP8_E4M3 with f16/bf16 q, or
+ * INT8_TOKEN_K_V16 whose V dtype cache_dtype is the q dtype; D = Dv in {64,
+ * 128, 256}). */
+int kva__cuda_decode_mma_quant_supported(kva_quant quant, kva_dtype cache_dtype, int32_t head_dim,
+                                         int32_t head_dim_v, kva_dtype q_dtype);
 /* Launches it over every item of the uploaded plan (persistent grid) on the
  * context's stream; split partials as variant 4's (the caller merges). */
 kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva_plan *plan, const void *q,
                                           const kva_cache *cache, const float *sinks, void *out,
                                           float *lse);
+/* Tests and benchmarks: runs on ctx from now on use version `version` of the
+ * quantized tensor-core decode kernel (decode_mma_quant.cu; 0 restores the
+ * default). */
+kva_status kva__cuda_context_force_quant_mma(kva_context *ctx, int version);
+/* Versions of that kernel (1..KVA__CUDA_QUANT_MMA_VERSIONS). */
+#define KVA__CUDA_QUANT_MMA_VERSIONS 2
 /* The variant a plan of this shape runs: `want` (0 = the default) resolved to
  * one that exists for it (f32: 1; variant 4 outside its shapes: 3). */
 int kva__cuda_attn_variant_resolve(int want, kva_dtype dtype, int32_t head_dim, int32_t head_dim_v);

@@ -59,32 +59,33 @@ kva__dmma_rows(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nr
     }
 }
 
-/* Logits of the tile of BN = 16 keys kb.. in log2 units: soft-cap or scale,
+/* Logits of the tile of BN keys kb.. (BN / 8 n8 tiles: 16 for the bf16
+ * kernel, 16 or 32 for the quantized one) in log2 units: soft-cap or scale,
  * then ALiBi and the mask, the mask only where some row may not see some key
  * of the tile. */
 template <int BN>
 static __device__ __forceinline__ void
-kva__dmma_logits(float sc[2][4], const kva__cuda_attn_args &a, float scale_log2, int32_t kb, int t4,
+kva__dmma_logits(float sc[][4], const kva__cuda_attn_args &a, float scale_log2, int32_t kb, int t4,
                  int32_t lo_all, int32_t hi_all, const int32_t lo[2], const int32_t hi[2],
                  const int32_t pos[2], const float slope[2])
 {
     const bool inside = kb >= lo_all && kb + BN <= hi_all;
     if (a.softcap > 0.f) {
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < BN / 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 sc[nt][e] = a.softcap * tanhf(sc[nt][e] * a.scale / a.softcap) * KVA__DMMA_LOG2E;
     } else {
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < BN / 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 sc[nt][e] *= scale_log2;
     }
     if (a.has_alibi || !inside) {
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < BN / 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int hf = e >> 1;
@@ -95,17 +96,20 @@ kva__dmma_logits(float sc[2][4], const kva__cuda_attn_args &a, float scale_log2,
     }
 }
 
-/* Online softmax of rows g4 and g4 + 8 (4 lanes share a row): m_run, l_run
- * and O [16, D] (NO = D / 8 n8 tiles) rescaled, sc replaced by P. */
-template <int NO>
-static __device__ __forceinline__ void kva__dmma_softmax(float sc[2][4], float m_run[2],
+/* Online softmax of rows g4 and g4 + 8 (4 lanes share a row) over NT n8
+ * tiles of keys: m_run, l_run and O [16, D] (NO = D / 8 n8 tiles) rescaled,
+ * sc replaced by P. */
+template <int NO, int NT = 2>
+static __device__ __forceinline__ void kva__dmma_softmax(float sc[][4], float m_run[2],
                                                          float l_run[2], float o[NO][4])
 {
     float m_new[2];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
-        float mx =
-            fmaxf(fmaxf(sc[0][2 * hf], sc[0][2 * hf + 1]), fmaxf(sc[1][2 * hf], sc[1][2 * hf + 1]));
+        float mx = fmaxf(sc[0][2 * hf], sc[0][2 * hf + 1]);
+#pragma unroll
+        for (int nt = 1; nt < NT; nt++)
+            mx = fmaxf(mx, fmaxf(sc[nt][2 * hf], sc[nt][2 * hf + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         m_new[hf] = fmaxf(m_run[hf], mx);
@@ -128,7 +132,7 @@ static __device__ __forceinline__ void kva__dmma_softmax(float sc[2][4], float m
     for (int hf = 0; hf < 2; hf++) {
         const float mu = m_run[hf] == -INFINITY ? 0.f : m_run[hf];
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const float p = kva__ex2(sc[nt][2 * hf + e] - mu);

@@ -1,16 +1,18 @@
 /*
  * decode_mma_quant.cu - attention variant 4 (decode_mma.cu) over quantized
- * caches with 1-byte K and V: KVA_QUANT_INT8_CHANNEL, INT8_TOKEN_K and
- * FP8_E4M3. attn_quant.cu sends the work items of a plan partitioned for
- * variant 4 here (items of up to 16 rows, nq query tokens x nh heads of one
- * kv head, one m16 tile) and keeps the prefill tiles on its CUDA-core kernel.
+ * caches: KVA_QUANT_INT8_CHANNEL, INT8_TOKEN_K and FP8_E4M3 (1-byte K and
+ * V), and INT8_TOKEN_K_V16 (int8 K, V in the q dtype). attn_quant.cu sends
+ * the work items of a plan partitioned for variant 4 here (items of up to 16
+ * rows, nq query tokens x nh heads of one kv head, one m16 tile) and keeps
+ * the prefill tiles on its CUDA-core kernel.
  *
  * As decode_mma.cu: persistent CTAs of 4 warps, one item at a time; warp w
- * takes the 16-key tiles w, w + 4, ... of the item and copies K and V codes
- * [16, D] bytes (and the 16 per-token key scales) with cp.async into a
- * private ring of NST stages (twice the tiles in flight of the bf16 kernel
- * for the same bytes); its own online softmax; the warps merge through
- * shared memory at the end; split partials as variant 4's.
+ * takes the steps of BNW keys w, w + 4, ... of the item (BNW = 32 for 1-byte
+ * V at D <= 128 in version 2, else 16) and copies K and V [BNW, D] (and the
+ * BNW per-token key scales) with cp.async into a private ring of NST stages;
+ * its own online softmax; the warps merge through shared memory at the end;
+ * split partials as variant 4's. The versions and what they measured are
+ * listed at qm_cfg.
  *
  * The mma runs in f16 (m16n8k16, fp32 accumulation); the codes are turned
  * into f16 exactly in registers:
@@ -21,7 +23,9 @@
  *   S = Q' K^T with Q'_c = q_c s_c (K scale folded, rounded to f16 once per
  *       item), minus qo = sum_c Q'_c o_c per row (INT8_CHANNEL offsets), or
  *       times the per-token key scale of each score column (INT8_TOKEN_K);
- *   O = P C_V (codes), and at the end out_c = s_c (O_c - o_c l) / l.
+ *   O = P C_V (codes), and at the end out_c = s_c (O_c - o_c l) / l;
+ *   INT8_TOKEN_K_V16: O = P V with P in V's dtype and V by ldmatrix.trans,
+ *   as decode_mma.cu (no V scales).
  * Fragments from bytes (no ldmatrix for 8-bit elements on sm_90): the sum
  * over channels of S does not depend on which mma k index holds which
  * channel, so lane (g4, t4) takes channels 16 t4 .. +15 of each 64 (one
@@ -52,24 +56,70 @@ typedef struct kva__cuda_quant_mma_args {
     const float *kts;      /* [NB, Hkv, B] per-token key scales (INT8_TOKEN_K), or NULL */
     const float *ks, *ko;  /* [Hkv, D] static K scale / offset (unit / zero for per-token) */
     const float *vs, *vo;  /* [Hkv, Dv] static V scale / offset */
+    int32_t q16;           /* q is 16-byte aligned (vector loads of its rows) */
 } kva__cuda_quant_mma_args;
 
 #define QM_NW 4  /* warps per CTA */
 #define QM_BN 16 /* keys per tile */
 #define QM_M KVA__CUDA_MMA_DECODE_ROWS
 
-/* Code formats of K and V (both 1 byte). */
-enum { QM_I8 = 0, QM_FP8 = 1 };
+/* Formats: K and V int8 codes, K and V fp8 codes, int8 K codes with a 16-bit
+ * V in the q dtype (INT8_TOKEN_K_V16). */
+enum { QM_I8 = 0, QM_FP8 = 1, QM_V16 = 2 };
 
-/* Ring stages per warp (NST - 1 tiles in flight) and shared memory. */
-template <int D> struct qm_cfg {
-    static constexpr int NST = D == 64 ? 8 : D == 128 ? 6 : 5;
-    static constexpr int QSTR = D + 8;               /* Q' row stride (halves) */
-    static constexpr int SQ = 2 * QM_M * QSTR * 2;   /* Q' hi, lo [16, D] f16 */
-    static constexpr int STAGE = 2 * QM_BN * D + 64; /* K, V codes [16, D], 16 key scales */
+/*
+ * Versions (numbered, side by side; kva__cuda_context_force_quant_mma picks
+ * one for tests and benchmarks, 0 = QM_VER_DEFAULT). H100, decode 64 x 4096,
+ * H/Hkv 32/8, D 128, bf16 q, one run with bf16 variant 4 at 0.373 ms and the
+ * copy ceiling at 2.99 TB/s (2026-11-22, scripts/cuda_qmma.sh):
+ *   1: 16 keys per warp step (KT = 1), a ring of NST = 8 / 6 / 5 stages
+ *      (D 64 / 128 / 256); per item Q' staged with scalar loads, then qo
+ *      (a second pass over shared memory), then the first tiles issued.
+ *      int8_channel 0.241 ms, int8_token_k 0.227, fp8 0.230 (0.61-0.65x
+ *      bf16, 74-80% of copy). Nsight Compute (int8_channel): 2 warps per
+ *      scheduler (registers and shared memory allow 2 CTAs of 4 warps per
+ *      SM), 0.51 instructions issued per cycle per scheduler, the largest
+ *      stall on fixed-latency dependencies (1.19 of 3.73 cycles between
+ *      instructions): per-warp latency, not bytes in flight, bounds it.
+ *   2: 32 keys per warp step (KT = 2) for D <= 128: two 16-key sub-tiles whose
+ *      score chains interleave and share the Q' fragments, one softmax update
+ *      (shuffles, rescale, any_sync) and one block-table lookup per 32 keys,
+ *      8 KB of K and V codes per stage at D 128 (the bf16 kernel's 16-key
+ *      stage), NST = 4 / 3 (D 256: KT = 1, NST = 5; registers); the first
+ *      NST - 1 steps are issued before Q' is staged, q and the scales are read
+ *      with 16-byte loads and qo is summed from registers with shuffles (one
+ *      barrier instead of two). int8_channel 0.211 ms, int8_token_k 0.209,
+ *      fp8 0.205 (0.55-0.57x bf16, 85-88% of copy); the staging change alone
+ *      (KT = 1, measured once) gave 0.235 / 0.222 / 0.228. INT8_TOKEN_K_V16
+ *      (KT = 1, NST 5 / 4 / 4) runs only this version: 0.303 ms (0.81x bf16,
+ *      90% of copy; the CUDA-core kernel took 0.352).
+ */
+#define QM_VER_MAX KVA__CUDA_QUANT_MMA_VERSIONS
+#define QM_VER_DEFAULT 2
+
+/* Ring stages per warp (NST - 1 steps in flight), keys per step and shared
+ * memory of version VER at head size D for format FMT. A stage holds the K
+ * codes [BNW, D] bytes, V [BNW, D] (codes, or 16-bit for QM_V16, swizzled as
+ * the bf16 kernel's tiles) and BNW key scales. QM_V16 runs 16-key steps
+ * (NST 5 / 4 / 4: a 16-key stage already carries 6 KB at D 128). */
+template <int D, int VER, int FMT> struct qm_cfg {
+    static constexpr int VB = FMT == QM_V16 ? 2 : 1;                   /* bytes per V element */
+    static constexpr int KT = VER >= 2 && D <= 128 && VB == 1 ? 2 : 1; /* 16-key sub-tiles */
+    static constexpr int BNW = QM_BN * KT;                             /* keys per warp step */
+    static constexpr int NST = VB == 2   ? (D == 64 ? 5 : 4)
+                               : KT == 2 ? (D == 64 ? 4 : 3)
+                                         : (D == 64    ? 8
+                                            : D == 128 ? 6
+                                                       : 5);
+    static constexpr int QSTR = D + 8;                /* Q' row stride (halves) */
+    static constexpr int SQ = 2 * QM_M * QSTR * 2;    /* Q' hi, lo [16, D] f16 */
+    static constexpr int VOFF = BNW * D;              /* V in the stage (bytes) */
+    static constexpr int TSOFF = VOFF + BNW * D * VB; /* key scales in the stage */
+    static constexpr int STAGE = TSOFF + 4 * BNW;
     static constexpr int SMEM = SQ + QM_NW * NST * STAGE;
     static constexpr int MINB = D == 64 ? 3 : D == 128 ? 2 : 1;
     static_assert(QM_NW * QM_M * D * 4 <= QM_NW * NST * STAGE, "merge space");
+    static_assert(STAGE % 16 == 0, "stage alignment");
 };
 
 static __device__ __forceinline__ void qm_cp4(uint32_t dst, const void *src, int src_bytes)
@@ -85,6 +135,14 @@ template <typename OT> struct qm_out {
     {
         *p = (OT)x;
     }
+};
+
+/* The mma element type of OT. */
+template <typename OT> struct qm_ty {
+    typedef kva__mma_f16 type;
+};
+template <> struct qm_ty<__nv_bfloat16> {
+    typedef kva__mma_bf16 type;
 };
 
 /* Codes (b0, b1, b2, b3) of w as f16x2 {b0, b1} (lo) and {b2, b3} (hi), exact. */
@@ -139,54 +197,182 @@ static __device__ __forceinline__ int64_t qm_key_row(const kva__cuda_quant_mma_a
     return a.layout_hnd ? *tsi : (block * a.B + off) * a.Hkv + kvh;
 }
 
-/* The warp copies the K and V codes of keys kb .. kb + 15 (zeros past kend)
- * and their token scales into the stage at st. */
-template <int D>
+/* The warp copies K and V of keys kb .. kb + BNW - 1 (zeros past kend; BNW
+ * 16 or 32; VB bytes per V element) and their token scales into the stage at
+ * st: lane l computes the row of key l % BNW, the others get it by shuffle. */
+template <int D, int BNW, int VB>
 static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &q,
                                                 const int32_t *bt_row, int32_t kvh, int32_t kb,
                                                 int32_t kend, uint32_t st, int lane)
 {
     constexpr int CH = D / 16;
-    const int32_t jl = kb + (lane & 15);
+    const int32_t jl = kb + (lane & (BNW - 1));
     int64_t tsi = 0;
     const int64_t mine = jl < kend ? qm_key_row(q, bt_row, kvh, jl, &tsi) : -1;
     const char *kp = (const char *)q.a.k, *vp = (const char *)q.a.v;
 #pragma unroll
-    for (int i = 0; i < QM_BN * CH / 32; i++) {
+    for (int i = 0; i < BNW * CH / 32; i++) {
         const int x = lane + 32 * i, key = x / CH, c = x % CH;
         const int64_t row = __shfl_sync(0xffffffffu, mine, key);
         const bool ok = row >= 0;
         const int64_t boff = ok ? row * (int64_t)D + c * 16 : 0;
         kva__cp_async16(st + qm_koff<D>(key, c), kp + boff, ok ? 16 : 0);
-        kva__cp_async16(st + QM_BN * D + qm_voff<D>(key, c), vp + boff, ok ? 16 : 0);
+        if (VB == 1)
+            kva__cp_async16(st + BNW * D + qm_voff<D>(key, c), vp + boff, ok ? 16 : 0);
     }
-    if (q.kts && lane < 16) {
+    if (VB == 2) {
+        /* 16-bit V rows: D / 8 chunks, the bf16 kernel's swizzle (ldmatrix.trans). */
+        constexpr int CV = D / 8;
+#pragma unroll
+        for (int i = 0; i < BNW * CV / 32; i++) {
+            const int x = lane + 32 * i, key = x / CV, c = x % CV;
+            const int64_t row = __shfl_sync(0xffffffffu, mine, key);
+            const bool ok = row >= 0;
+            const int64_t boff = ok ? row * (int64_t)(2 * D) + c * 16 : 0;
+            kva__cp_async16(st + BNW * D + kva__swz<D>(key, c), vp + boff, ok ? 16 : 0);
+        }
+    }
+    if (q.kts && lane < BNW) {
         const bool ok = mine >= 0;
-        qm_cp4(st + 2 * QM_BN * D + lane * 4, ok ? q.kts + tsi : q.kts, ok ? 4 : 0);
+        qm_cp4(st + BNW * D * (1 + VB) + lane * 4, ok ? q.kts + tsi : q.kts, ok ? 4 : 0);
     }
 }
 
-/*
- * FMT: QM_I8 or QM_FP8; OT: __half or __nv_bfloat16 (q and out); D = Dv.
- * Dynamic shared memory: Q' [16, D + 8] f16, then the rings [NW][NST]
- * stages; the warps' O [NW][16][D] fp32 reuse the rings for the merge.
- */
+/* Version 1: Q'[r, c] = q[r, c] * ks[kvh, c] as two f16, hi + lo (zeros past
+ * nrows), element by element; then qo[r] = sum_c Q'[r, c] o_c (INT8_CHANNEL
+ * offsets; warp w: rows 4w..) after a barrier. Ends with Q' and s_qo visible. */
 template <int FMT, typename OT, int D>
-__global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
-    decode_mma_quant_kernel(const kva__cuda_quant_mma_args q)
+static __device__ __forceinline__ void
+qm_stage_q_v1(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t nrows, int32_t qs,
+              bool ktok, __half *sQ, __half *sQl, float *s_qo)
 {
     const kva__cuda_attn_args &a = q.a;
-    constexpr int NST = qm_cfg<D>::NST, STAGE = qm_cfg<D>::STAGE, QSTR = qm_cfg<D>::QSTR;
+    constexpr int QSTR = D + 8;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int x = threadIdx.x; x < QM_M * D; x += QM_NW * 32) {
+        const int r = x / D, c = x % D;
+        float v = 0.f;
+        if (r < nrows) {
+            const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+            const int32_t head = w.kv_head * a.G + w.h0 + hh;
+            const OT *qrow = (const OT *)a.q + ((int64_t)(qs + w.i0 + qi) * a.H + head) * D;
+            v = (float)qrow[c] * q.ks[(int64_t)w.kv_head * D + c];
+        }
+        const __half h = __float2half_rn(v);
+        sQ[r * QSTR + c] = h;
+        sQl[r * QSTR + c] = __float2half_rn(v - __half2float(h));
+    }
+    __syncthreads();
+    if (FMT == QM_I8 && !ktok) {
+#pragma unroll
+        for (int rr = 0; rr < QM_M / QM_NW; rr++) {
+            const int r = warp * (QM_M / QM_NW) + rr;
+            float acc = 0.f;
+            for (int c = lane; c < D; c += 32)
+                acc = fmaf(__half2float(sQ[r * QSTR + c]) + __half2float(sQl[r * QSTR + c]),
+                           q.ko[(int64_t)w.kv_head * D + c], acc);
+#pragma unroll
+            for (int o = 16; o >= 1; o >>= 1)
+                acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            if (lane == 0)
+                s_qo[r] = acc;
+        }
+    }
+    __syncthreads();
+}
+
+/* Version 2: the same Q' and qo in chunks of 8 channels per thread
+ * (16-byte loads of q when q16, two float4 of the scales and offsets); the
+ * D / 8 chunks of a row lie in consecutive lanes of one warp, which sum qo by
+ * shuffles. One barrier at the end (Q' and s_qo visible). */
+template <int FMT, typename OT, int D>
+static __device__ __forceinline__ void
+qm_stage_q_v2(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t nrows, int32_t qs,
+              bool ktok, __half *sQ, __half *sQl, float *s_qo)
+{
+    const kva__cuda_attn_args &a = q.a;
+    constexpr int QSTR = D + 8, C8 = D / 8;
+    static_assert((QM_NW * 32) % C8 == 0 && C8 <= 32, "a row's chunks in one warp");
+    static_assert((QM_M * C8) % (QM_NW * 32) == 0, "whole chunk rounds");
+#pragma unroll
+    for (int i = 0; i < QM_M * C8 / (QM_NW * 32); i++) {
+        const int x = threadIdx.x + i * QM_NW * 32;
+        const int r = x / C8, c = (x % C8) * 8;
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = 0.f;
+        if (r < nrows) {
+            const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+            const int32_t head = w.kv_head * a.G + w.h0 + hh;
+            const OT *qp = (const OT *)a.q + ((int64_t)(qs + w.i0 + qi) * a.H + head) * D + c;
+            OT qv[8];
+            if (q.q16) {
+                *(uint4 *)qv = __ldg((const uint4 *)qp);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    qv[j] = qp[j];
+            }
+            const float4 *ks = (const float4 *)(q.ks + (int64_t)w.kv_head * D + c);
+            const float4 s0 = __ldg(ks), s1 = __ldg(ks + 1);
+            const float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                v[j] = (float)qv[j] * sv[j];
+        }
+        __half hi[8], lo[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            hi[j] = __float2half_rn(v[j]);
+            lo[j] = __float2half_rn(v[j] - __half2float(hi[j]));
+        }
+        *(uint4 *)(sQ + r * QSTR + c) = *(const uint4 *)hi;
+        *(uint4 *)(sQl + r * QSTR + c) = *(const uint4 *)lo;
+        if (FMT == QM_I8 && !ktok) {
+            const float4 *ko = (const float4 *)(q.ko + (int64_t)w.kv_head * D + c);
+            const float4 o0 = __ldg(ko), o1 = __ldg(ko + 1);
+            const float ov[8] = {o0.x, o0.y, o0.z, o0.w, o1.x, o1.y, o1.z, o1.w};
+            float acc = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                acc = fmaf(__half2float(hi[j]) + __half2float(lo[j]), ov[j], acc);
+#pragma unroll
+            for (int o = C8 / 2; o >= 1; o >>= 1)
+                acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            if (x % C8 == 0)
+                s_qo[r] = acc;
+        }
+    }
+    __syncthreads();
+}
+
+/*
+ * FMT: QM_I8 or QM_FP8; OT: __half or __nv_bfloat16 (q and out); D = Dv;
+ * VER: the version (above). Dynamic shared memory: Q' hi, lo [16, D + 8] f16,
+ * then the rings [NW][NST] stages; the warps' O [NW][16][D] fp32 reuse the
+ * rings for the merge.
+ */
+template <int FMT, typename OT, int D, int VER>
+__global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER, FMT>::MINB))
+    decode_mma_quant_kernel(const kva__cuda_quant_mma_args q)
+{
+    typedef qm_cfg<D, VER, FMT> cfg;
+    /* QM_V16: P V in the q dtype (V's), as the bf16 kernel. */
+    typedef typename qm_ty<OT>::type TyV;
+    const kva__cuda_attn_args &a = q.a;
+    constexpr int NST = cfg::NST, STAGE = cfg::STAGE, QSTR = cfg::QSTR;
+    constexpr int KT = cfg::KT, BNW = cfg::BNW, NT = 2 * KT;
     constexpr int NO = D / 8; /* n8 tiles of O */
     extern __shared__ __align__(128) unsigned char qm_buf[];
     __shared__ float s_m[QM_NW][QM_M], s_l[QM_NW][QM_M], s_qo[QM_M];
     __half *sQ = (__half *)qm_buf, *sQl = sQ + QM_M * QSTR;
-    float *s_acc = (float *)(qm_buf + qm_cfg<D>::SQ); /* [NW][16][D] after the loop */
+    float *s_acc = (float *)(qm_buf + cfg::SQ); /* [NW][16][D] after the loop */
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g4 = lane >> 2, t4 = lane & 3;
-    const uint32_t ring = kva__smem_u32(qm_buf) + qm_cfg<D>::SQ + (uint32_t)warp * NST * STAGE;
-    const unsigned char *ring_p = qm_buf + qm_cfg<D>::SQ + (size_t)warp * NST * STAGE;
+    const uint32_t ring = kva__smem_u32(qm_buf) + cfg::SQ + (uint32_t)warp * NST * STAGE;
+    const unsigned char *ring_p = qm_buf + cfg::SQ + (size_t)warp * NST * STAGE;
     const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
     const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
@@ -199,43 +385,30 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
         const int32_t q_len = a.meta.qsl[w.req + 1] - qs;
         const int32_t s = a.meta.seq_lens[w.req];
         const int32_t *bt_row = a.meta.block_table + (int64_t)w.req * bt_stride;
+        const int32_t kend = w.k1;
+        const int32_t kb0 = w.k0 + warp * BNW;
+        constexpr int32_t STEP = QM_NW * BNW;
 
-        /* Q'[r, c] = q[r, c] * ks[kvh, c] as two f16, hi + lo (zeros past nrows). */
-        for (int x = threadIdx.x; x < QM_M * D; x += QM_NW * 32) {
-            const int r = x / D, c = x % D;
-            float v = 0.f;
-            if (r < nrows) {
-                const int32_t qi = r / w.nh, hh = r - qi * w.nh;
-                const int32_t head = w.kv_head * a.G + w.h0 + hh;
-                const OT *qrow = (const OT *)a.q + ((int64_t)(qs + w.i0 + qi) * a.H + head) * D;
-                v = (float)qrow[c] * q.ks[(int64_t)w.kv_head * D + c];
-            }
-            const __half h = __float2half_rn(v);
-            sQ[r * QSTR + c] = h;
-            sQl[r * QSTR + c] = __float2half_rn(v - __half2float(h));
-        }
-        __syncthreads();
-        /* qo[r] = sum_c Q'[r, c] o_c (INT8_CHANNEL offsets), warp w: rows 4w.. */
-        if (FMT == QM_I8 && !ktok) {
+        /* The first NST - 1 steps of the warp's ring (the rings are free: the
+         * previous item ended with a barrier after its merge). Version 1
+         * issues them after Q'. */
+        if (VER >= 2) {
 #pragma unroll
-            for (int rr = 0; rr < QM_M / QM_NW; rr++) {
-                const int r = warp * (QM_M / QM_NW) + rr;
-                float acc = 0.f;
-                for (int c = lane; c < D; c += 32)
-                    acc = fmaf(__half2float(sQ[r * QSTR + c]) + __half2float(sQl[r * QSTR + c]),
-                               q.ko[(int64_t)w.kv_head * D + c], acc);
-#pragma unroll
-                for (int o = 16; o >= 1; o >>= 1)
-                    acc += __shfl_xor_sync(0xffffffffu, acc, o);
-                if (lane == 0)
-                    s_qo[r] = acc;
+            for (int st = 0; st < NST - 1; st++) {
+                const int32_t kb = kb0 + st * STEP;
+                if (kb < kend)
+                    qm_issue<D, BNW, cfg::VB>(q, bt_row, w.kv_head, kb, kend, ring + st * STAGE,
+                                              lane);
+                kva__cp_async_commit();
             }
+            qm_stage_q_v2<FMT, OT, D>(q, w, nrows, qs, ktok, sQ, sQl, s_qo);
+        } else {
+            qm_stage_q_v1<FMT, OT, D>(q, w, nrows, qs, ktok, sQ, sQl, s_qo);
         }
         /* This thread's two rows g4 and g4 + 8: visible keys, position, slope. */
         int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
         float slope[2];
         kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all);
-        __syncthreads(); /* s_qo visible */
         float qo[2] = {0.f, 0.f};
         if (FMT == QM_I8 && !ktok) {
             qo[0] = s_qo[g4];
@@ -250,15 +423,15 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
                 o[n][e] = 0.f;
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
-        const int32_t kend = w.k1;
-        const int32_t kb0 = w.k0 + warp * QM_BN;
-        constexpr int32_t STEP = QM_NW * QM_BN;
+        if (VER < 2) {
 #pragma unroll
-        for (int st = 0; st < NST - 1; st++) {
-            const int32_t kb = kb0 + st * STEP;
-            if (kb < kend)
-                qm_issue<D>(q, bt_row, w.kv_head, kb, kend, ring + st * STAGE, lane);
-            kva__cp_async_commit();
+            for (int st = 0; st < NST - 1; st++) {
+                const int32_t kb = kb0 + st * STEP;
+                if (kb < kend)
+                    qm_issue<D, BNW, cfg::VB>(q, bt_row, w.kv_head, kb, kend, ring + st * STAGE,
+                                              lane);
+                kva__cp_async_commit();
+            }
         }
         int stage = 0;
         for (int32_t kb = kb0; kb < kend; kb += STEP) {
@@ -267,38 +440,31 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
                 const int ahead = stage == 0 ? NST - 1 : stage - 1;
                 const int32_t kn = kb + (NST - 1) * STEP;
                 if (kn < kend)
-                    qm_issue<D>(q, bt_row, w.kv_head, kn, kend, ring + ahead * STAGE, lane);
+                    qm_issue<D, BNW, cfg::VB>(q, bt_row, w.kv_head, kn, kend, ring + ahead * STAGE,
+                                              lane);
                 kva__cp_async_commit();
             }
             kva__cp_async_wait<NST - 1>();
-            __syncwarp(); /* the other lanes' copies of this tile have landed */
-            const unsigned char *sk = ring_p + stage * STAGE, *sv = sk + QM_BN * D;
+            __syncwarp(); /* the other lanes' copies of this step have landed */
+            const unsigned char *sk = ring_p + stage * STAGE, *sv = sk + cfg::VOFF;
 
-            /* S = Q' K^T [16, 16]: sc[nt] is keys nt*8 .. +8 (B column g4 is
-             * key g4 + 8 nt). Per 64 channels: the lane's 16 channels
-             * 16 t4 .. of rows g4, g4 + 8 of Q' and of its two key rows.
-             * Codes are exact in f16 and so are their products with Q' hi
-             * and lo: S is Q' K^T to about 2^-22 (the lo pass is skipped for
-             * per-token keys, where Q' = q is exact in f16). One accumulator
-             * set (separate sets per pass and group parity measured the same
-             * on the H100). */
-            float sc[2][4];
+            /* S = Q' K^T [16, BNW]: sc[nt] is keys nt*8 .. +8 (B column g4
+             * is key g4 + 8 nt; sub-tile kt: nt = 2 kt, 2 kt + 1). Per 64
+             * channels: the lane's 16 channels 16 t4 .. of rows g4, g4 + 8
+             * of Q' and of its key rows. Codes are exact in f16 and so are
+             * their products with Q' hi and lo: S is Q' K^T to about 2^-22
+             * (the lo pass is skipped for per-token keys, where Q' = q is
+             * exact in f16). The Q' fragments of a 64-channel slice serve
+             * every sub-tile; the sub-tiles' accumulator chains interleave. */
+            float sc[NT][4];
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     sc[nt][e] = 0.f;
 #pragma unroll
             for (int kk = 0; kk < D / 64; kk++) {
-                uint32_t kb[2][4][2];
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++) {
-                    const uint4 kw = *(const uint4 *)(sk + qm_koff<D>(g4 + 8 * nt, kk * 4 + t4));
-                    qm_cvt<FMT>(kw.x, kb[nt][0][0], kb[nt][0][1]);
-                    qm_cvt<FMT>(kw.y, kb[nt][1][0], kb[nt][1][1]);
-                    qm_cvt<FMT>(kw.z, kb[nt][2][0], kb[nt][2][1]);
-                    qm_cvt<FMT>(kw.w, kb[nt][3][0], kb[nt][3][1]);
-                }
+                uint32_t qr[2][8], qs8[2][8];
 #pragma unroll
                 for (int pass = 0; pass < 2; pass++) {
                     if (pass == 1 && ktok)
@@ -307,24 +473,45 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
                     const uint4 qa0 = *(const uint4 *)q0, qa1 = *(const uint4 *)(q0 + 8);
                     const uint4 qb0 = *(const uint4 *)(q0 + 8 * QSTR),
                                 qb1 = *(const uint4 *)(q0 + 8 * QSTR + 8);
-                    const uint32_t qr[8] = {qa0.x, qa0.y, qa0.z, qa0.w, qa1.x, qa1.y, qa1.z, qa1.w};
-                    const uint32_t qs8[8] = {qb0.x, qb0.y, qb0.z, qb0.w,
-                                             qb1.x, qb1.y, qb1.z, qb1.w};
+                    qr[pass][0] = qa0.x, qr[pass][1] = qa0.y, qr[pass][2] = qa0.z;
+                    qr[pass][3] = qa0.w, qr[pass][4] = qa1.x, qr[pass][5] = qa1.y;
+                    qr[pass][6] = qa1.z, qr[pass][7] = qa1.w;
+                    qs8[pass][0] = qb0.x, qs8[pass][1] = qb0.y, qs8[pass][2] = qb0.z;
+                    qs8[pass][3] = qb0.w, qs8[pass][4] = qb1.x, qs8[pass][5] = qb1.y;
+                    qs8[pass][6] = qb1.z, qs8[pass][7] = qb1.w;
+                }
 #pragma unroll
-                    for (int st = 0; st < 4; st++) {
-                        const uint32_t af[4] = {qr[2 * st], qs8[2 * st], qr[2 * st + 1],
-                                                qs8[2 * st + 1]};
-                        kva__mma_f16::mma(sc[0], af, kb[0][st][0], kb[0][st][1]);
-                        kva__mma_f16::mma(sc[1], af, kb[1][st][0], kb[1][st][1]);
+                for (int kt = 0; kt < KT; kt++) {
+                    uint32_t kb_[2][4][2];
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++) {
+                        const uint4 kw =
+                            *(const uint4 *)(sk + qm_koff<D>(16 * kt + g4 + 8 * nt, kk * 4 + t4));
+                        qm_cvt<FMT>(kw.x, kb_[nt][0][0], kb_[nt][0][1]);
+                        qm_cvt<FMT>(kw.y, kb_[nt][1][0], kb_[nt][1][1]);
+                        qm_cvt<FMT>(kw.z, kb_[nt][2][0], kb_[nt][2][1]);
+                        qm_cvt<FMT>(kw.w, kb_[nt][3][0], kb_[nt][3][1]);
+                    }
+#pragma unroll
+                    for (int pass = 0; pass < 2; pass++) {
+                        if (pass == 1 && ktok)
+                            break;
+#pragma unroll
+                        for (int st = 0; st < 4; st++) {
+                            const uint32_t af[4] = {qr[pass][2 * st], qs8[pass][2 * st],
+                                                    qr[pass][2 * st + 1], qs8[pass][2 * st + 1]};
+                            kva__mma_f16::mma(sc[2 * kt], af, kb_[0][st][0], kb_[0][st][1]);
+                            kva__mma_f16::mma(sc[2 * kt + 1], af, kb_[1][st][0], kb_[1][st][1]);
+                        }
                     }
                 }
             }
             /* Scores: per-token key scales or the offset term. Element e:
              * row g4 + (e >> 1) * 8, key kb + nt * 8 + 2 * t4 + (e & 1). */
             if (ktok) {
-                const float *ts = (const float *)(sk + 2 * QM_BN * D);
+                const float *ts = (const float *)(sk + cfg::TSOFF);
 #pragma unroll
-                for (int nt = 0; nt < 2; nt++) {
+                for (int nt = 0; nt < NT; nt++) {
                     const float2 t2 = *(const float2 *)(ts + nt * 8 + 2 * t4);
                     sc[nt][0] *= t2.x;
                     sc[nt][1] *= t2.y;
@@ -333,32 +520,55 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
                 }
             } else if (FMT == QM_I8) {
 #pragma unroll
-                for (int nt = 0; nt < 2; nt++)
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         sc[nt][e] -= qo[e >> 1];
             }
-            kva__dmma_logits<QM_BN>(sc, a, scale_log2, kb, t4, lo_all, hi_all, lo, hi, pos, slope);
-            kva__dmma_softmax<NO>(sc, m_run, l_run, o);
-            /* O += P C_V: P [16, 16] f16 as the A operand (k = key). */
-            uint32_t pa[4];
-            kva__dmma_pack_p<kva__mma_f16>(sc, pa);
+            kva__dmma_logits<BNW>(sc, a, scale_log2, kb, t4, lo_all, hi_all, lo, hi, pos, slope);
+            kva__dmma_softmax<NO, NT>(sc, m_run, l_run, o);
+            if constexpr (FMT == QM_V16) {
+                /* O += P V: P [16, 16] in V's dtype, V [16, D] by ldmatrix.trans. */
+                static_assert(KT == 1, "16-bit V: 16-key steps");
+                const int v_r = (lane & 7) + ((lane >> 3) & 1) * 8, v_c = lane >> 4;
+                const uint32_t svu = ring + stage * STAGE + cfg::VOFF;
+                uint32_t pv[4];
+                kva__dmma_pack_p<TyV>(sc, pv);
 #pragma unroll
-            for (int g = 0; g < D / 32; g++) {
-                /* Channels 32 g + 4 g4 .. +3 of keys 2t4, 2t4+1, 2t4+8, 2t4+9. */
-                const int c = 2 * g + (g4 >> 2), b = 4 * (g4 & 3);
-                const uint32_t r0 = *(const uint32_t *)(sv + qm_voff<D>(2 * t4, c) + b);
-                const uint32_t r1 = *(const uint32_t *)(sv + qm_voff<D>(2 * t4 + 1, c) + b);
-                const uint32_t r8 = *(const uint32_t *)(sv + qm_voff<D>(2 * t4 + 8, c) + b);
-                const uint32_t r9 = *(const uint32_t *)(sv + qm_voff<D>(2 * t4 + 9, c) + b);
-                uint32_t b0[4], b1[4];
-                qm_cvt<FMT>(__byte_perm(r0, r1, 0x5140), b0[0], b0[1]);
-                qm_cvt<FMT>(__byte_perm(r0, r1, 0x7362), b0[2], b0[3]);
-                qm_cvt<FMT>(__byte_perm(r8, r9, 0x5140), b1[0], b1[1]);
-                qm_cvt<FMT>(__byte_perm(r8, r9, 0x7362), b1[2], b1[3]);
+                for (int dp = 0; dp < D / 16; dp++) {
+                    uint32_t vb[4];
+                    kva__ldsm_x4_trans(svu + kva__swz<D>(v_r, dp * 2 + v_c), vb);
+                    TyV::mma(o[2 * dp], pv, vb[0], vb[1]);
+                    TyV::mma(o[2 * dp + 1], pv, vb[2], vb[3]);
+                }
+            } else {
+                /* O += P C_V: P [16, 16] of each sub-tile in f16 as the A operand
+                 * (k = key). */
+                uint32_t pa[KT][4];
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    kva__mma_f16::mma(o[4 * g + j], pa, b0[j], b1[j]);
+                for (int kt = 0; kt < KT; kt++)
+                    kva__dmma_pack_p<kva__mma_f16>(sc + 2 * kt, pa[kt]);
+#pragma unroll
+                for (int g = 0; g < D / 32; g++) {
+#pragma unroll
+                    for (int kt = 0; kt < KT; kt++) {
+                        /* Channels 32 g + 4 g4 .. +3 of keys 16 kt + (2t4, 2t4+1,
+                         * 2t4+8, 2t4+9). */
+                        const int c = 2 * g + (g4 >> 2), b = 4 * (g4 & 3), k0 = 16 * kt + 2 * t4;
+                        const uint32_t r0 = *(const uint32_t *)(sv + qm_voff<D>(k0, c) + b);
+                        const uint32_t r1 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 1, c) + b);
+                        const uint32_t r8 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 8, c) + b);
+                        const uint32_t r9 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 9, c) + b);
+                        uint32_t b0[4], b1[4];
+                        qm_cvt<FMT>(__byte_perm(r0, r1, 0x5140), b0[0], b0[1]);
+                        qm_cvt<FMT>(__byte_perm(r0, r1, 0x7362), b0[2], b0[3]);
+                        qm_cvt<FMT>(__byte_perm(r8, r9, 0x5140), b1[0], b1[1]);
+                        qm_cvt<FMT>(__byte_perm(r8, r9, 0x7362), b1[2], b1[3]);
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                            kva__mma_f16::mma(o[4 * g + j], pa[kt], b0[j], b1[j]);
+                    }
+                }
             }
             stage = stage == NST - 1 ? 0 : stage + 1;
         }
@@ -373,9 +583,10 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
             float *dst = s_acc + ((size_t)warp * QM_M + r) * D;
 #pragma unroll
             for (int n = 0; n < NO; n++) {
-                const int ch = 32 * (n >> 2) + 8 * t4 + (n & 3);
+                /* QM_V16: the standard layout, channels 8 n + 2 t4 (+1). */
+                const int ch = FMT == QM_V16 ? 8 * n + 2 * t4 : 32 * (n >> 2) + 8 * t4 + (n & 3);
                 dst[ch] = o[n][2 * hf];
-                dst[ch + 4] = o[n][2 * hf + 1];
+                dst[ch + (FMT == QM_V16 ? 1 : 4)] = o[n][2 * hf + 1];
             }
             if (t4 == 0) {
                 s_m[warp][r] = m_run[hf];
@@ -391,7 +602,10 @@ __global__ void __launch_bounds__(QM_NW * 32, qm_cfg<D>::MINB)
             kva__dmma_merge<QM_NW, QM_M, D>(s_m, s_l, s_acc, r, d, M, mu, L, O);
             /* sum_j p_j v_jd in value units (0 when no key is visible). */
             const int64_t sv_ = (int64_t)w.kv_head * D + d;
-            O = FMT == QM_I8 ? q.vs[sv_] * (O - q.vo[sv_] * L) : q.vs[sv_] * O;
+            if (FMT == QM_I8)
+                O = q.vs[sv_] * (O - q.vo[sv_] * L);
+            else if (FMT == QM_FP8)
+                O = q.vs[sv_] * O;
             kva__dmma_write<D, qm_out<OT>>(a, w, nrows, qs, r, d, M, mu, L, O);
         }
         __syncthreads(); /* Q', s_acc and the rings are rewritten by the next item */
@@ -407,35 +621,73 @@ typedef struct qm_launch {
     int smem;
 } qm_launch;
 
-template <int FMT, typename OT> static qm_launch qm_pick_d(int32_t D)
+template <int FMT, typename OT, int VER> static qm_launch qm_pick_v(int32_t D)
 {
     qm_launch k = {NULL, 0};
     if (D == 64)
-        k = {decode_mma_quant_kernel<FMT, OT, 64>, qm_cfg<64>::SMEM};
+        k = {decode_mma_quant_kernel<FMT, OT, 64, VER>, qm_cfg<64, VER, FMT>::SMEM};
     else if (D == 128)
-        k = {decode_mma_quant_kernel<FMT, OT, 128>, qm_cfg<128>::SMEM};
+        k = {decode_mma_quant_kernel<FMT, OT, 128, VER>, qm_cfg<128, VER, FMT>::SMEM};
     else if (D == 256)
-        k = {decode_mma_quant_kernel<FMT, OT, 256>, qm_cfg<256>::SMEM};
+        k = {decode_mma_quant_kernel<FMT, OT, 256, VER>, qm_cfg<256, VER, FMT>::SMEM};
     return k;
 }
 
-static qm_launch qm_pick(kva_quant quant, kva_dtype dt, int32_t D)
+template <int FMT, typename OT> static qm_launch qm_pick_d(int32_t D, int ver)
+{
+    if (ver == 1)
+        return qm_pick_v<FMT, OT, 1>(D);
+    return qm_pick_v<FMT, OT, 2>(D);
+}
+
+/* The kernel of version ver (1..QM_VER_MAX) for the format, q dtype, cache
+ * dtype (V's for INT8_TOKEN_K_V16, which must be the q dtype) and D.
+ * INT8_TOKEN_K_V16 has one kernel (version 2's staging, 16-key steps), run
+ * whatever the version. */
+static qm_launch qm_pick(kva_quant quant, kva_dtype dt, kva_dtype cache_dt, int32_t D, int ver)
 {
     qm_launch none = {NULL, 0};
     const int fp8 = quant == KVA_QUANT_FP8_E4M3;
+    if (quant == KVA_QUANT_INT8_TOKEN_K_V16) {
+        if (cache_dt != dt)
+            return none;
+        if (dt == KVA_DTYPE_BF16)
+            return qm_pick_v<QM_V16, __nv_bfloat16, 2>(D);
+        if (dt == KVA_DTYPE_F16)
+            return qm_pick_v<QM_V16, __half, 2>(D);
+        return none;
+    }
     if (quant != KVA_QUANT_INT8_CHANNEL && quant != KVA_QUANT_INT8_TOKEN_K && !fp8)
         return none;
     if (dt == KVA_DTYPE_BF16)
-        return fp8 ? qm_pick_d<QM_FP8, __nv_bfloat16>(D) : qm_pick_d<QM_I8, __nv_bfloat16>(D);
+        return fp8 ? qm_pick_d<QM_FP8, __nv_bfloat16>(D, ver)
+                   : qm_pick_d<QM_I8, __nv_bfloat16>(D, ver);
     if (dt == KVA_DTYPE_F16)
-        return fp8 ? qm_pick_d<QM_FP8, __half>(D) : qm_pick_d<QM_I8, __half>(D);
+        return fp8 ? qm_pick_d<QM_FP8, __half>(D, ver) : qm_pick_d<QM_I8, __half>(D, ver);
     return none;
 }
 
-extern "C" int kva__cuda_decode_mma_quant_supported(kva_quant quant, int32_t head_dim,
-                                                    int32_t head_dim_v, kva_dtype q_dtype)
+extern "C" kva_status kva__cuda_context_force_quant_mma(kva_context *ctx, int version)
 {
-    return head_dim == head_dim_v && qm_pick(quant, q_dtype, head_dim).fn != NULL;
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    if (ctx->backend != KVA_BACKEND_CUDA || !ctx->cuda)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_context_force_quant_mma: ctx backend is '%s', not 'cuda'",
+                         kva_backend_name(ctx->backend));
+    if (version < 0 || version > QM_VER_MAX)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_context_force_quant_mma: version = %d (0..%d)", version,
+                         QM_VER_MAX);
+    ((kva__cuda_state *)ctx->cuda)->force_quant_mma = version;
+    return KVA_STATUS_OK;
+}
+
+extern "C" int kva__cuda_decode_mma_quant_supported(kva_quant quant, kva_dtype cache_dtype,
+                                                    int32_t head_dim, int32_t head_dim_v,
+                                                    kva_dtype q_dtype)
+{
+    return head_dim == head_dim_v && qm_pick(quant, q_dtype, cache_dtype, head_dim, 1).fn != NULL;
 }
 
 extern "C" kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva_plan *plan,
@@ -455,7 +707,9 @@ extern "C" kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva
     a.layout_hnd = cd->layout == KVA_LAYOUT_HND;
     kva__quant_args_common(a, ctx, plan, cache, sinks, out, lse);
     kva__quant_args_scales(qa, cache);
-    const qm_launch k = qm_pick(cd->quant, d->q_dtype, a.D);
+    qa.q16 = (uintptr_t)q % 16 == 0;
+    const int ver = st->force_quant_mma > 0 ? st->force_quant_mma : QM_VER_DEFAULT;
+    const qm_launch k = qm_pick(cd->quant, d->q_dtype, cd->dtype, a.D, ver);
     if (!k.fn || a.Dv != a.D)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_attention_run: the quantized variant-4 kernel does not cover %s, "
