@@ -135,6 +135,11 @@ typedef struct bench_check_result {
  * reported in r->ok, not as a status. */
 kva_status bench_check(const bench_opts *o, const bench_batch *b, const kva_cache *cache,
                        bench_check_result *r);
+/* bench_check, then its line on stdout (unless --quiet); a mismatch is
+ * reported on stderr naming `backend`. Returns a KVA_EXIT_* code: OK only
+ * when the check ran and passed. */
+int bench_check_report(const bench_opts *o, const bench_batch *b, const kva_cache *cache,
+                       const char *backend, bench_check_result *r);
 
 /* bench_report.c */
 typedef struct bench_result {

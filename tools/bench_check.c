@@ -17,6 +17,7 @@
 #include "cli.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -258,4 +259,26 @@ kva_status bench_check(const bench_opts *o, const bench_batch *b, const kva_cach
     kva_context_destroy(ref);
     bench_batch_free(&cb);
     return st;
+}
+
+int bench_check_report(const bench_opts *o, const bench_batch *b, const kva_cache *cache,
+                       const char *backend, bench_check_result *r)
+{
+    kva_status st = bench_check(o, b, cache, r);
+    if (st != KVA_STATUS_OK)
+        return kva_cli_lib_error("reference check", st);
+    if (!o->quiet)
+        printf("check: max abs err %.3g, lse err %.3g (%s) vs ref on %d of %d requests, "
+               "%d tokens%s\n",
+               r->max_abs_err, r->max_lse_err, r->ok ? "ok" : "FAILED", (int)r->requests_checked,
+               (int)b->num_requests, (int)r->tokens_checked,
+               r->truncated ? " (causal prefixes)" : "");
+    if (!r->ok) {
+        fprintf(stderr,
+                "kvattn: check failed: backend '%s' differs from the reference in %zu "
+                "elements (max abs err %.3g); not timing it\n",
+                backend, r->num_bad, r->max_abs_err);
+        return KVA_EXIT_LIBRARY;
+    }
+    return KVA_EXIT_OK;
 }

@@ -220,22 +220,8 @@ static int bench_dev(const bench_opts *o, bench_batch *b, bench_result *res, dev
     if (o->no_check) {
         res->check.skip_reason = "--no-check";
     } else {
-        if ((st = bench_check(o, b, d->hc, &res->check)) != KVA_STATUS_OK)
-            return kva_cli_lib_error("reference check", st);
-        if (!o->quiet)
-            printf("check: max abs err %.3g, lse err %.3g (%s) vs ref on %d of %d requests, "
-                   "%d tokens%s\n",
-                   res->check.max_abs_err, res->check.max_lse_err, res->check.ok ? "ok" : "FAILED",
-                   (int)res->check.requests_checked, (int)b->num_requests,
-                   (int)res->check.tokens_checked,
-                   res->check.truncated ? " (causal prefixes)" : "");
-        if (!res->check.ok) {
-            fprintf(stderr,
-                    "kvattn: check failed: backend 'cuda' differs from the reference in %zu "
-                    "elements (max abs err %.3g); not timing it\n",
-                    res->check.num_bad, res->check.max_abs_err);
-            return KVA_EXIT_LIBRARY;
-        }
+        if ((rc = bench_check_report(o, b, d->hc, "cuda", &res->check)) != KVA_EXIT_OK)
+            return rc;
     }
     fflush(stdout);
 

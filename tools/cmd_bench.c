@@ -437,22 +437,9 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
     } else if (o->backend == KVA_BACKEND_REF) {
         res->check.skip_reason = "the backend is the reference";
     } else {
-        if ((st = bench_check(o, b, s->cache, &res->check)) != KVA_STATUS_OK)
-            return kva_cli_lib_error("reference check", st);
-        if (!o->quiet)
-            printf("check: max abs err %.3g, lse err %.3g (%s) vs ref on %d of %d requests, "
-                   "%d tokens%s\n",
-                   res->check.max_abs_err, res->check.max_lse_err, res->check.ok ? "ok" : "FAILED",
-                   (int)res->check.requests_checked, (int)b->num_requests,
-                   (int)res->check.tokens_checked,
-                   res->check.truncated ? " (causal prefixes)" : "");
-        if (!res->check.ok) {
-            fprintf(stderr,
-                    "kvattn: check failed: backend '%s' differs from the reference in %zu "
-                    "elements (max abs err %.3g); not timing it\n",
-                    kva_backend_name(o->backend), res->check.num_bad, res->check.max_abs_err);
-            return KVA_EXIT_LIBRARY;
-        }
+        int rc = bench_check_report(o, b, s->cache, kva_backend_name(o->backend), &res->check);
+        if (rc != KVA_EXIT_OK)
+            return rc;
     }
     fflush(stdout);
 
