@@ -3,7 +3,11 @@
 # (full, then the small mode under compute-sanitizer memcheck), its benchmark,
 # and torch SDPA (flash and cuDNN backends) on the same shapes, in one go, for
 # one call on a GPU machine. Logs go to $OUT (or ./prefill_bench_out).
+# The benchmark times every variant that exists on the device, the sm_90a
+# wgmma variants 6..8 (prefill_wgmma.cu) next to the mma.sync ones 1..5.
 # Usage: bench/prefill_mma_bench.sh [arch]   (arch default 90a)
+# Environment: KVA_CMAKE_ARGS extra cmake arguments; RACECHECK=0 skips
+# racecheck; SDPA=0 skips the torch peers; PROFILE=1 adds ncu (PVAR variant).
 set -u -o pipefail
 OUT=${OUT:-prefill_bench_out}
 mkdir -p "$OUT"
@@ -22,17 +26,19 @@ if [ -d .debs ] && { [ ! -e /usr/include/openssl/sha.h ] || [ ! -e /usr/include/
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 cmake -S . -B b -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DKVA_BUILD_TESTS=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${EXTRA[@]}" > "$OUT/build.log" 2>&1 &&
-    ninja -C b test_cuda_prefill_mma cuda_prefill_bench >> "$OUT/build.log" 2>&1 ||
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${EXTRA[@]}" ${KVA_CMAKE_ARGS:-} > "$OUT/build.log" 2>&1 &&
+    ninja -C b -j"$(nproc)" test_cuda_prefill_mma cuda_prefill_bench >> "$OUT/build.log" 2>&1 ||
     { tail -40 "$OUT/build.log"; exit 1; }
 echo "== test"
 ./b/test_cuda_prefill_mma 2>&1 | tee "$OUT/test.log" | tail -25
 echo "== memcheck (small)"
 compute-sanitizer --tool memcheck --error-exitcode 9 ./b/test_cuda_prefill_mma small 2>&1 |
     tee "$OUT/memcheck.log" | tail -6
+if [ "${RACECHECK:-1}" = 1 ]; then
 echo "== racecheck (small)"
 compute-sanitizer --tool racecheck --error-exitcode 9 ./b/test_cuda_prefill_mma small 2>&1 |
     tee "$OUT/racecheck.log" | tail -4
+fi
 echo "== kvattn prefill kernel"
 ./b/cuda_prefill_bench 2>&1 | tee "$OUT/bench.log"
 if [ "${PROFILE:-0}" = 1 ]; then
