@@ -23,7 +23,10 @@
  *   - tiles are visited from the diagonal down; only tiles crossing the
  *     diagonal, the window edge or seq_len are masked per element.
  * Variants: v6 NST = 2, v7 NST = 3, v8 = v6 with P V as two m64n64k16 per
- * k-step (one per 64-column block of V).
+ * k-step (one per 64-column block of V); v9 (NST = 2) and v10 (NST = 3) are
+ * warp-specialized (a producer warpgroup gathers K/V into an mbarrier ring,
+ * two consumer warpgroups ping-pong their GEMMs against each other's
+ * softmax, FlashAttention-3 style; see prefill_wgmma_ws_kernel).
  *
  * The kernel body exists only in sm_90a device code (__CUDA_ARCH_FEAT_SM90_ALL);
  * other targets get an empty kernel that the host never launches
@@ -99,269 +102,130 @@ template <> struct wg_ops<kva__mma_f16> {
 #endif
 };
 
-/*
- * NST: K/V stages (2 or 3). PV_SPLIT: P V as two n64 products per k-step.
- * Dynamic shared memory (from a 1024-byte aligned base): Q [128, 128], then K
- * [NST][128, 128], then V [NST][128, 128], all swizzled (wg_swz).
- */
-template <int NST, bool PV_SPLIT, typename Ty>
-__global__ void __launch_bounds__(WG_THREADS, 1)
-    prefill_wgmma_kernel(const kva__cuda_prefill_args a)
-{
+/* Per-thread rows and CTA-uniform scalars of the softmax and the epilogue. */
+struct wg_ctx {
+    int pos[2], head[2]; /* position and query head of rows hf = 0, 1 */
+    int seq_len, pos_min, pos_max, causal, has_window, window, t4;
+    float scale_log2, score_mul, cap_mul, softcap;
+    const float *alibi;
+};
+
 #ifdef KVA_WGMMA_BODY
-    constexpr int D = WG_D, BN = WG_BN, CPR = D / 8;
-    constexpr uint32_t QB = WG_TILE_BYTES(WG_M), KB = WG_TILE_BYTES(BN);
-    typedef typename Ty::elem elem;
-    typedef wg_ops<Ty> W;
-
-    const int tile_idx = blockIdx.x;
-    if (tile_idx >= *a.num_tiles)
-        return;
-    const int32_t *tile = a.tiles + (size_t)tile_idx * KVA__CUDA_PREFILL_TILE_INTS;
-    const int r = tile[0], m0 = tile[1], kvh = tile[2];
-
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const uint32_t raw = kva__smem_u32(smem_raw);
-    const uint32_t sQ = (raw + 1023u) & ~1023u;
-    const uint32_t sK = sQ + QB;
-    const uint32_t sV = sK + NST * KB;
-
-    const int tid = threadIdx.x, lane = tid & 31;
-    const int wg = tid >> 7, wq = (tid >> 5) & 3; /* warpgroup, warp in it */
-    const int g4 = lane >> 2, t4 = lane & 3;
-    const int H = a.num_heads, G = a.num_heads / a.num_kv_heads;
-    const int q_start = a.query_start_loc[r];
-    const int q_len = a.query_start_loc[r + 1] - q_start;
-    const int seq_len = a.seq_lens[r];
-    const int rows = q_len * G;
-    const int B = a.block_size;
-    const int bt_stride =
-        a.block_table_stride_dev ? *a.block_table_stride_dev : a.block_table_stride;
-    const int32_t *bt = a.block_table + (size_t)r * bt_stride;
-    const int has_window = a.window_left >= 0 && a.window_left < KVA_MAX_SEQ_LEN;
-    const int window = a.window_left;
-
-    const int m_last = min(m0 + WG_M, rows) - 1;
-    const int pos_min = seq_len - q_len + m0 / G;
-    const int pos_max = seq_len - q_len + m_last / G;
-    const int kv_lo = has_window ? max(0, pos_min - window) : 0;
-    const int kv_hi = a.causal ? min(seq_len, pos_max + 1) : seq_len;
-
-    /* ---- Q: rows m0 .. m0 + 127 (zeros past the request), first copy group ---- */
-    const elem *q = (const elem *)a.q;
-    for (int idx = tid; idx < WG_M * CPR; idx += WG_THREADS) {
-        const int row = idx / CPR, ch = idx % CPR, pm = m0 + row;
-        const elem *src = q;
-        int bytes = 0;
-        if (pm < rows) {
-            const int i = pm / G, g = pm - (pm / G) * G;
-            src = q + ((size_t)(q_start + i) * H + (size_t)kvh * G + g) * D + ch * 8;
-            bytes = 16;
-        }
-        kva__cp_async16(sQ + wg_swz(row, ch, WG_M), src, bytes);
-    }
-
-    /* K/V gather (as prefill_mma): thread copies chunk lch of rows lrow + 16 k;
-     * rows outside [kv_lo, kv_hi) are zero-filled without reading the block
-     * table or the cache. */
-    constexpr int KV_RPP = WG_THREADS / CPR; /* 16 */
-    constexpr int KV_ITERS = BN / KV_RPP;    /* 8 */
-    const int lrow = tid / CPR, lch = tid % CPR;
-    const elem *kc = (const elem *)a.k, *vc = (const elem *)a.v;
-    const int Hkv = a.num_kv_heads;
-    const int nhd = a.layout == KVA_LAYOUT_NHD;
-    const int64_t blk_stride = (int64_t)B * Hkv * D;
-    const int row_stride = nhd ? Hkv * D : D;
-    const int head_off = (nhd ? kvh * D : kvh * B * D) + lch * 8;
-    const int b_shift = (B & (B - 1)) == 0 ? __ffs(B) - 1 : -1;
-    const uint32_t swz_lane = wg_swz(lrow, lch, BN); /* + row offset 16 k * 128 */
-    auto kv_blocks = [&](int n0, int blk[KV_ITERS]) {
-#pragma unroll
-        for (int k = 0; k < KV_ITERS; k++) {
-            const int j = n0 + lrow + k * KV_RPP;
-            const int bi = b_shift >= 0 ? j >> b_shift : j / B;
-            blk[k] = j >= kv_lo && j < kv_hi ? bt[bi] : 0;
-        }
-    };
-    auto kv_copy = [&](int st, int n0, const int blk[KV_ITERS]) {
-#pragma unroll
-        for (int k = 0; k < KV_ITERS; k++) {
-            const int j = n0 + lrow + k * KV_RPP;
-            const int o = b_shift >= 0 ? j & (B - 1) : j % B;
-            const bool in = j >= kv_lo && j < kv_hi;
-            const int64_t off = in ? (int64_t)blk[k] * blk_stride + (o * row_stride + head_off) : 0;
-            const uint32_t so = (uint32_t)st * KB + swz_lane + (uint32_t)(k * KV_RPP * 128);
-            kva__cp_async16(sK + so, kc + off, in ? 16 : 0);
-            kva__cp_async16(sV + so, vc + off, in ? 16 : 0);
-        }
-    };
-
-    /* Rows of this thread: tile rows 64 wg + 16 wq + g4 + 8 hf. */
-    int pos[2], head[2];
+/* Fills c for the thread's rows m0 + rbase + g4 + 8 hf (rbase = 64 * warpgroup
+ * + 16 * warp in it) of a tile whose rows end at m_last. */
+static __device__ __forceinline__ void wg_ctx_init(wg_ctx &c, const kva__cuda_prefill_args &a,
+                                                   int m0, int rbase, int m_last, int G, int kvh,
+                                                   int seq_len, int q_len, int pos_min,
+                                                   int pos_max)
+{
+    const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
-        const int pm = min(m0 + wg * 64 + wq * 16 + hf * 8 + g4, m_last);
+        const int pm = min(m0 + rbase + hf * 8 + (lane >> 2), m_last);
         const int i = pm / G;
-        pos[hf] = seq_len - q_len + i;
-        head[hf] = kvh * G + (pm - i * G);
+        c.pos[hf] = seq_len - q_len + i;
+        c.head[hf] = kvh * G + (pm - i * G);
     }
-    const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)D);
-    const float softcap = a.softcap;
-    const float score_mul = softcap > 0.0f ? scale / softcap : 0.0f;
-    const float cap_mul = softcap * WG_LOG2E;
-    const float scale_log2 = scale * WG_LOG2E;
+    c.seq_len = seq_len;
+    c.pos_min = pos_min;
+    c.pos_max = pos_max;
+    c.causal = a.causal;
+    c.has_window = a.window_left >= 0 && a.window_left < KVA_MAX_SEQ_LEN;
+    c.window = a.window_left;
+    c.t4 = lane & 3;
+    const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)WG_D);
+    c.softcap = a.softcap;
+    c.score_mul = a.softcap > 0.0f ? scale / a.softcap : 0.0f;
+    c.cap_mul = a.softcap * WG_LOG2E;
+    c.scale_log2 = scale * WG_LOG2E;
+    c.alibi = a.alibi_slopes;
+}
 
-    /* Descriptors: Q rows of this warpgroup (K-major, SBO 1024); K and V of
-     * stage 0 (K-major; V MN-major with LBO = one column block = BN rows). */
-    const uint64_t dq0 = kva__wgmma_desc(sQ + (uint32_t)wg * 64 * 128, 16, 1024);
-    const uint64_t dk0 = kva__wgmma_desc(sK, 16, 1024);
-    const uint64_t dv0 = kva__wgmma_desc(sV, BN * 128, 1024);
-
-    float o[64], s[64];
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+/*
+ * Online softmax of one key tile (keys n0 .. n0 + 127) in log2 units, as
+ * prefill_mma: s[4 nb + e] is row hf = e / 2, key n0 + 8 nb + 2 t4 + e % 2.
+ * Masks / transforms the tile when needed, updates m_run and l_run (per-thread
+ * partial sums), rescales o lazily (the reference max moves only when a row
+ * of the warp grows past it by more than 8, so weights stay <= 2^8), and packs
+ * P into pa: the register A operands of the k-steps (keys 16 kk .. + 15) of
+ * O += P V ({0, 1}: keys 0..7 of rows g, g + 8; {2, 3}: keys 8..15).
+ */
+template <typename Ty>
+static __device__ __forceinline__ void wg_softmax(float (&s)[64], float (&o)[64],
+                                                  uint32_t (&pa)[8][4], float (&m_run)[2],
+                                                  float (&l_run)[2], const wg_ctx &c, int n0)
+{
+    const int need_mask = (n0 + WG_BN > c.seq_len) || (c.causal && n0 + WG_BN - 1 > c.pos_min) ||
+                          (c.has_window && (int64_t)c.pos_max - n0 > c.window);
+    const int transform = need_mask || c.softcap > 0.0f || c.alibi != NULL;
+    const float mul = transform ? 1.0f : c.scale_log2;
+    if (transform) {
+        float sl[2] = {0.0f, 0.0f};
+        if (c.alibi) {
+            sl[0] = c.alibi[c.head[0]] * WG_LOG2E;
+            sl[1] = c.alibi[c.head[1]] * WG_LOG2E;
+        }
 #pragma unroll
-    for (int e = 0; e < 64; e++) {
-        o[e] = 0.0f;
-        s[e] = 0.0f;
+        for (int e = 0; e < 64; e++) {
+            const int hf = (e >> 1) & 1;
+            const int j = n0 + (e >> 2) * 8 + 2 * c.t4 + (e & 1);
+            float x = s[e];
+            x = c.softcap > 0.0f ? c.cap_mul * tanhf(x * c.score_mul) : x * c.scale_log2;
+            x += sl[hf] * (float)(j - c.pos[hf]);
+            const int p_ = c.pos[hf];
+            const bool vis = j < c.seq_len && (!c.causal || j <= p_) &&
+                             (!c.has_window || p_ - j <= c.window);
+            s[e] = vis ? x : -INFINITY;
+        }
     }
-
-    const int n_first = kv_lo / BN;
-    const int n_last = kv_hi > kv_lo ? (kv_hi - 1) / BN : n_first - 1;
-    /* Prologue: tiles n_last .. n_last - NST + 2 (one copy group each; Q is in
-     * the first). */
+    float m_new[2];
 #pragma unroll
-    for (int p = 0; p < NST - 1; p++) {
-        const int n = n_last - p;
-        if (n >= n_first) {
-            int blk[KV_ITERS];
-            kv_blocks(n * BN, blk);
-            kv_copy(p, n * BN, blk);
-        }
-        kva__cp_async_commit();
+    for (int hf = 0; hf < 2; hf++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nb = 0; nb < WG_BN / 8; nb++)
+            mx = fmaxf(mx, fmaxf(s[4 * nb + 2 * hf], s[4 * nb + 2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        m_new[hf] = fmaxf(m_run[hf], mx * mul);
     }
-
-    for (int n = n_last, it = 0; n >= n_first; n--, it++) {
-        const int st = it % NST;
-        kva__cp_async_wait<NST - 2>(); /* this thread's copies of tile n landed */
-        kva__fence_proxy_async();      /* ... visible to wgmma */
-        __syncthreads();               /* everyone's; stage (it - 1) % NST is free */
-
-        /* S = Q K^T: [64, 128] per warpgroup. */
-        const uint64_t dk = dk0 + ((uint64_t)(st * KB) >> 4);
-        kva__wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
-            W::ss(s, dq0 + (uint64_t)(((kk >> 2) * WG_M * 128 + (kk & 3) * 32) >> 4),
-                  dk + (uint64_t)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
-        kva__wgmma_commit();
-
-        /* Copy of tile n - NST + 1 into stage (it + NST - 1) % NST meanwhile. */
-        {
-            const int nn = n - (NST - 1);
-            if (nn >= n_first) {
-                int blk[KV_ITERS];
-                kv_blocks(nn * BN, blk);
-                kv_copy((it + NST - 1) % NST, nn * BN, blk);
-            }
-            kva__cp_async_commit();
-        }
-        kva__wgmma_wait<0>();
-#pragma unroll
-        for (int e = 0; e < 64; e++)
-            kva__reg_fence(s[e]);
-
-        /* Softmax (log2 units), as prefill_mma: s[4 nb + e] is row hf = e / 2,
-         * key n0 + 8 nb + 2 t4 + e % 2. */
-        const int n0 = n * BN;
-        const int need_mask = (n0 + BN > seq_len) || (a.causal && n0 + BN - 1 > pos_min) ||
-                              (has_window && (int64_t)pos_max - n0 > window);
-        const int transform = need_mask || softcap > 0.0f || a.alibi_slopes != NULL;
-        const float mul = transform ? 1.0f : scale_log2;
-        if (transform) {
-            float sl[2] = {0.0f, 0.0f};
-            if (a.alibi_slopes) {
-                sl[0] = a.alibi_slopes[head[0]] * WG_LOG2E;
-                sl[1] = a.alibi_slopes[head[1]] * WG_LOG2E;
-            }
-#pragma unroll
-            for (int e = 0; e < 64; e++) {
-                const int hf = (e >> 1) & 1;
-                const int j = n0 + (e >> 2) * 8 + 2 * t4 + (e & 1);
-                float x = s[e];
-                x = softcap > 0.0f ? cap_mul * tanhf(x * score_mul) : x * scale_log2;
-                x += sl[hf] * (float)(j - pos[hf]);
-                const int p_ = pos[hf];
-                const bool vis = j < seq_len && (!a.causal || j <= p_) &&
-                                 (!has_window || p_ - j <= window);
-                s[e] = vis ? x : -INFINITY;
-            }
-        }
-        float m_new[2];
+    if (__any_sync(0xffffffffu, m_new[0] > m_run[0] + 8.0f || m_new[1] > m_run[1] + 8.0f)) {
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
-            float mx = -INFINITY;
+            const float m_use = m_new[hf] == -INFINITY ? 0.0f : m_new[hf];
+            const float alpha = kva__ex2(m_run[hf] - m_use); /* 0 while m_run = -inf */
+            m_run[hf] = m_new[hf];
+            l_run[hf] *= alpha;
 #pragma unroll
-            for (int nb = 0; nb < BN / 8; nb++)
-                mx = fmaxf(mx, fmaxf(s[4 * nb + 2 * hf], s[4 * nb + 2 * hf + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            m_new[hf] = fmaxf(m_run[hf], mx * mul);
-        }
-        /* Lazy rescaling: the reference max moves only when a row of the warp
-         * grows past it by more than 8 (weights stay <= 2^8). */
-        if (__any_sync(0xffffffffu, m_new[0] > m_run[0] + 8.0f || m_new[1] > m_run[1] + 8.0f)) {
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const float m_use = m_new[hf] == -INFINITY ? 0.0f : m_new[hf];
-                const float alpha = kva__ex2(m_run[hf] - m_use);
-                m_run[hf] = m_new[hf];
-                l_run[hf] *= alpha;
-#pragma unroll
-                for (int nb = 0; nb < D / 8; nb++) {
-                    o[4 * nb + 2 * hf] *= alpha;
-                    o[4 * nb + 2 * hf + 1] *= alpha;
-                }
+            for (int nb = 0; nb < WG_D / 8; nb++) {
+                o[4 * nb + 2 * hf] *= alpha;
+                o[4 * nb + 2 * hf + 1] *= alpha;
             }
         }
-        uint32_t pa[BN / 16][4];
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const float m_use = m_run[hf] == -INFINITY ? 0.0f : m_run[hf];
-            float sum = 0.0f;
-#pragma unroll
-            for (int nb = 0; nb < BN / 8; nb++) {
-                const float p0 = kva__ex2(fmaf(s[4 * nb + 2 * hf], mul, -m_use));
-                const float p1 = kva__ex2(fmaf(s[4 * nb + 2 * hf + 1], mul, -m_use));
-                sum += p0 + p1;
-                /* A fragment of k-step nb / 2: regs {0, 1} key cols 0..7
-                 * (rows g, g + 8), {2, 3} cols 8..15. */
-                pa[nb >> 1][(nb & 1) * 2 + hf] = Ty::pack(p0, p1);
-            }
-            l_run[hf] += sum; /* per-thread partial */
-        }
-
-        /* O += P V: V [BN, 128] as MN-major B, k-step kk = keys 16 kk .. + 15. */
-        const uint64_t dv = dv0 + ((uint64_t)(st * KB) >> 4);
-        kva__wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            const uint64_t d = dv + (uint64_t)((kk * 16 * 128) >> 4);
-            if (PV_SPLIT) {
-                W::rs64(o, pa[kk], d);
-                W::rs64(o + 32, pa[kk], d + (uint64_t)((BN * 128) >> 4));
-            } else {
-                W::rs(o, pa[kk], d);
-            }
-        }
-        kva__wgmma_commit();
-        kva__wgmma_wait<0>();
-#pragma unroll
-        for (int e = 0; e < 64; e++)
-            kva__reg_fence(o[e]);
     }
-    kva__cp_async_wait<0>();
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const float m_use = m_run[hf] == -INFINITY ? 0.0f : m_run[hf];
+        float sum = 0.0f;
+#pragma unroll
+        for (int nb = 0; nb < WG_BN / 8; nb++) {
+            const float p0 = kva__ex2(fmaf(s[4 * nb + 2 * hf], mul, -m_use));
+            const float p1 = kva__ex2(fmaf(s[4 * nb + 2 * hf + 1], mul, -m_use));
+            sum += p0 + p1;
+            pa[nb >> 1][(nb & 1) * 2 + hf] = Ty::pack(p0, p1);
+        }
+        l_run[hf] += sum;
+    }
+}
 
-    /* ---- epilogue: sink, normalization, out and lse (as prefill_mma) ---- */
+/* Sink, normalization, out and lse of the thread's rows (as prefill_mma). */
+template <typename Ty>
+static __device__ __forceinline__ void wg_epilogue(const kva__cuda_prefill_args &a,
+                                                   const wg_ctx &c, const float (&o)[64],
+                                                   const float (&m_run)[2], const float (&l_run)[2],
+                                                   int pm0, int rows, int q_start, int G)
+{
+    typedef typename Ty::elem elem;
     elem *out = (elem *)a.out;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -371,27 +235,408 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         float m = m_run[hf];
         float f = 1.0f;
         if (a.sinks) {
-            const float sink2 = a.sinks[head[hf]] * WG_LOG2E;
+            const float sink2 = a.sinks[c.head[hf]] * WG_LOG2E;
             const float m_f = fmaxf(m, sink2);
-            f = kva__ex2(m - m_f);
+            f = kva__ex2(m - m_f); /* 0 when m = -inf */
             l = l * f + kva__ex2(sink2 - m_f);
             m = m_f;
         }
+        /* l == 0: no visible key and no sink. NaN l (a NaN score) falls through. */
         const float inv = l == 0.0f ? 0.0f : f / l;
         const float lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * WG_LN2;
-        const int pm = m0 + wg * 64 + wq * 16 + hf * 8 + g4;
+        const int pm = pm0 + hf * 8;
         if (pm >= rows)
             continue;
-        const int i = pm / G;
-        const size_t orow = (size_t)(q_start + i) * H + head[hf];
-        elem *dst = out + orow * D;
+        const size_t orow = (size_t)(q_start + pm / G) * a.num_heads + c.head[hf];
+        elem *dst = out + orow * WG_D;
 #pragma unroll
-        for (int nb = 0; nb < D / 8; nb++) {
+        for (int nb = 0; nb < WG_D / 8; nb++) {
             const uint32_t v = Ty::pack(o[4 * nb + 2 * hf] * inv, o[4 * nb + 2 * hf + 1] * inv);
-            *(uint32_t *)(dst + nb * 8 + 2 * t4) = v;
+            *(uint32_t *)(dst + nb * 8 + 2 * c.t4) = v;
         }
-        if (a.lse && t4 == 0)
+        if (a.lse && c.t4 == 0)
             a.lse[orow] = lse;
+    }
+}
+
+/*
+ * Paged K/V gather of key rows n0 .. n0 + 127 into a stage (K at sk, V at sv)
+ * by NT threads (index t): thread t copies 16-byte chunk t % 16 of rows
+ * t / 16 + (NT / 16) k, the block-table loads of BATCH rows before their
+ * copies. Rows outside [kv_lo, kv_hi) are zero-filled without reading the
+ * block table or the cache (a partly filled block's unused slots may hold
+ * NaN; no row's P V product meets them).
+ */
+struct wg_kv {
+    const int32_t *bt;
+    const char *k, *v; /* this kv head's element 0 + the thread's chunk, bytes */
+    int64_t blk_stride; /* bytes */
+    int row_stride;     /* bytes */
+    int B, b_shift, kv_lo, kv_hi;
+};
+template <int NT, int BATCH>
+static __device__ __forceinline__ void wg_gather(const wg_kv &g, int t, int n0, uint32_t sk,
+                                                 uint32_t sv)
+{
+    constexpr int RPP = NT / 16, ITERS = WG_BN / RPP;
+    const int lrow = t >> 4, lch = t & 15;
+    const uint32_t swz = (uint32_t)((lch >> 3) * WG_BN * 128 + lrow * 128 +
+                                    (((lch & 7) ^ (lrow & 7)) << 4));
+#pragma unroll
+    for (int k0 = 0; k0 < ITERS; k0 += BATCH) {
+        int blk[BATCH];
+#pragma unroll
+        for (int k = 0; k < BATCH; k++) {
+            const int j = n0 + lrow + (k0 + k) * RPP;
+            const int bi = g.b_shift >= 0 ? j >> g.b_shift : j / g.B;
+            blk[k] = j >= g.kv_lo && j < g.kv_hi ? g.bt[bi] : 0;
+        }
+#pragma unroll
+        for (int k = 0; k < BATCH; k++) {
+            const int j = n0 + lrow + (k0 + k) * RPP;
+            const int o = g.b_shift >= 0 ? j & (g.B - 1) : j % g.B;
+            const bool in = j >= g.kv_lo && j < g.kv_hi;
+            const int64_t off = in ? (int64_t)blk[k] * g.blk_stride + (int64_t)o * g.row_stride : 0;
+            const uint32_t so = swz + (uint32_t)((k0 + k) * RPP * 128);
+            kva__cp_async16(sk + so, g.k + off, in ? 16 : 0);
+            kva__cp_async16(sv + so, g.v + off, in ? 16 : 0);
+        }
+    }
+}
+
+/* Tile header shared by both kernels: request, rows, visible key range. */
+struct wg_tile {
+    int r, m0, kvh, q_start, q_len, seq_len, rows, G, m_last, pos_min, pos_max, kv_lo, kv_hi;
+};
+static __device__ __forceinline__ void wg_tile_init(wg_tile &t, const kva__cuda_prefill_args &a,
+                                                    const int32_t *tile)
+{
+    t.r = tile[0];
+    t.m0 = tile[1];
+    t.kvh = tile[2];
+    t.G = a.num_heads / a.num_kv_heads;
+    t.q_start = a.query_start_loc[t.r];
+    t.q_len = a.query_start_loc[t.r + 1] - t.q_start;
+    t.seq_len = a.seq_lens[t.r];
+    t.rows = t.q_len * t.G;
+    t.m_last = min(t.m0 + WG_M, t.rows) - 1;
+    t.pos_min = t.seq_len - t.q_len + t.m0 / t.G;
+    t.pos_max = t.seq_len - t.q_len + t.m_last / t.G;
+    const int has_window = a.window_left >= 0 && a.window_left < KVA_MAX_SEQ_LEN;
+    t.kv_lo = has_window ? max(0, t.pos_min - a.window_left) : 0;
+    t.kv_hi = a.causal ? min(t.seq_len, t.pos_max + 1) : t.seq_len;
+}
+static __device__ __forceinline__ void wg_kv_init(wg_kv &g, const kva__cuda_prefill_args &a,
+                                                  const wg_tile &t, int lch)
+{
+    const int Hkv = a.num_kv_heads, B = a.block_size, nhd = a.layout == KVA_LAYOUT_NHD;
+    const int bt_stride =
+        a.block_table_stride_dev ? *a.block_table_stride_dev : a.block_table_stride;
+    g.bt = a.block_table + (size_t)t.r * bt_stride;
+    const int64_t head_off = ((nhd ? (int64_t)t.kvh * WG_D : (int64_t)t.kvh * B * WG_D) + lch * 8) * 2;
+    g.k = (const char *)a.k + head_off;
+    g.v = (const char *)a.v + head_off;
+    g.blk_stride = (int64_t)B * Hkv * WG_D * 2;
+    g.row_stride = (nhd ? Hkv * WG_D : WG_D) * 2;
+    g.B = B;
+    g.b_shift = (B & (B - 1)) == 0 ? __ffs(B) - 1 : -1;
+    g.kv_lo = t.kv_lo;
+    g.kv_hi = t.kv_hi;
+}
+/* Q rows m0 + r0 .. m0 + r0 + nrows - 1 of the tile (zeros past the request)
+ * into the swizzled [128, 128] Q operand at sq, by NT threads (index t). */
+template <int NT>
+static __device__ __forceinline__ void wg_load_q(const kva__cuda_prefill_args &a, const wg_tile &tl,
+                                                 uint32_t sq, int r0, int nrows, int t)
+{
+    typedef uint16_t elem;
+    const elem *q = (const elem *)a.q;
+    for (int idx = t; idx < nrows * 16; idx += NT) {
+        const int row = r0 + idx / 16, ch = idx % 16, pm = tl.m0 + row;
+        const elem *src = q;
+        int bytes = 0;
+        if (pm < tl.rows) {
+            const int i = pm / tl.G, g = pm - i * tl.G;
+            src = q + ((size_t)(tl.q_start + i) * a.num_heads + (size_t)tl.kvh * tl.G + g) * WG_D +
+                  ch * 8;
+            bytes = 16;
+        }
+        kva__cp_async16(sq + wg_swz(row, ch, WG_M), src, bytes);
+    }
+}
+/* S = Q K^T [64, 128] for one warpgroup: 8 k-steps over D. */
+template <typename Ty>
+static __device__ __forceinline__ void wg_qk(float (&s)[64], uint64_t dq, uint64_t dk)
+{
+#pragma unroll
+    for (int kk = 0; kk < WG_D / 16; kk++)
+        wg_ops<Ty>::ss(s, dq + (uint64_t)(((kk >> 2) * WG_M * 128 + (kk & 3) * 32) >> 4),
+                       dk + (uint64_t)(((kk >> 2) * WG_BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
+}
+/* O += P V for one warpgroup: 8 k-steps over the tile's keys. */
+template <typename Ty, bool PV_SPLIT>
+static __device__ __forceinline__ void wg_pv(float (&o)[64], const uint32_t (&pa)[8][4],
+                                             uint64_t dv)
+{
+#pragma unroll
+    for (int kk = 0; kk < WG_BN / 16; kk++) {
+        const uint64_t d = dv + (uint64_t)((kk * 16 * 128) >> 4);
+        if (PV_SPLIT) {
+            wg_ops<Ty>::rs64(o, pa[kk], d);
+            wg_ops<Ty>::rs64(o + 32, pa[kk], d + (uint64_t)((WG_BN * 128) >> 4));
+        } else {
+            wg_ops<Ty>::rs(o, pa[kk], d);
+        }
+    }
+}
+#endif /* KVA_WGMMA_BODY */
+
+/*
+ * v6..v8. NST: K/V stages (2 or 3). PV_SPLIT: P V as two n64 products per
+ * k-step. All 256 threads gather; one barrier per key tile.
+ * Dynamic shared memory (from a 1024-byte aligned base): Q [128, 128], then K
+ * [NST][128, 128], then V [NST][128, 128], all swizzled (wg_swz).
+ */
+template <int NST, bool PV_SPLIT, typename Ty>
+__global__ void __launch_bounds__(WG_THREADS, 1)
+    prefill_wgmma_kernel(const kva__cuda_prefill_args a)
+{
+#ifdef KVA_WGMMA_BODY
+    constexpr uint32_t QB = WG_TILE_BYTES(WG_M), KB = WG_TILE_BYTES(WG_BN);
+    const int tile_idx = blockIdx.x;
+    if (tile_idx >= *a.num_tiles)
+        return;
+    wg_tile tl;
+    wg_tile_init(tl, a, a.tiles + (size_t)tile_idx * KVA__CUDA_PREFILL_TILE_INTS);
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const uint32_t sQ = (kva__smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t sK = sQ + QB;
+    const uint32_t sV = sK + NST * KB;
+
+    const int tid = threadIdx.x;
+    const int wg = tid >> 7, wq = (tid >> 5) & 3;
+    wg_load_q<WG_THREADS>(a, tl, sQ, 0, WG_M, tid); /* first copy group */
+    wg_kv g;
+    wg_kv_init(g, a, tl, tid & 15);
+    wg_ctx c;
+    wg_ctx_init(c, a, tl.m0, wg * 64 + wq * 16, tl.m_last, tl.G, tl.kvh, tl.seq_len, tl.q_len,
+                tl.pos_min, tl.pos_max);
+
+    /* Descriptors: Q rows of this warpgroup (K-major, SBO 1024); K and V of
+     * stage 0 (K-major; V MN-major with LBO = one column block = BN rows). */
+    const uint64_t dq = kva__wgmma_desc(sQ + (uint32_t)wg * 64 * 128, 16, 1024);
+    const uint64_t dk0 = kva__wgmma_desc(sK, 16, 1024);
+    const uint64_t dv0 = kva__wgmma_desc(sV, WG_BN * 128, 1024);
+
+    float o[64], s[64];
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int e = 0; e < 64; e++) {
+        o[e] = 0.0f;
+        s[e] = 0.0f;
+    }
+    const int n_first = tl.kv_lo / WG_BN;
+    const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
+#pragma unroll
+    for (int p = 0; p < NST - 1; p++) {
+        const int n = n_last - p;
+        if (n >= n_first)
+            wg_gather<WG_THREADS, 8>(g, tid, n * WG_BN, sK + p * KB, sV + p * KB);
+        kva__cp_async_commit();
+    }
+    for (int n = n_last, it = 0; n >= n_first; n--, it++) {
+        const int st = it % NST;
+        kva__cp_async_wait<NST - 2>(); /* this thread's copies of tile n landed */
+        kva__fence_proxy_async();      /* ... visible to wgmma */
+        __syncthreads();               /* everyone's; stage (it - 1) % NST is free */
+        kva__wgmma_fence();
+        wg_qk<Ty>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
+        kva__wgmma_commit();
+        /* Copy of tile n - NST + 1 into stage (it + NST - 1) % NST meanwhile. */
+        const int nn = n - (NST - 1);
+        if (nn >= n_first) {
+            const uint32_t so = ((it + NST - 1) % NST) * KB;
+            wg_gather<WG_THREADS, 8>(g, tid, nn * WG_BN, sK + so, sV + so);
+        }
+        kva__cp_async_commit();
+        kva__wgmma_wait<0>();
+#pragma unroll
+        for (int e = 0; e < 64; e++)
+            kva__reg_fence(s[e]);
+        uint32_t pa[8][4];
+        wg_softmax<Ty>(s, o, pa, m_run, l_run, c, n * WG_BN);
+        kva__wgmma_fence();
+        wg_pv<Ty, PV_SPLIT>(o, pa, dv0 + ((uint64_t)(st * KB) >> 4));
+        kva__wgmma_commit();
+        kva__wgmma_wait<0>();
+#pragma unroll
+        for (int e = 0; e < 64; e++)
+            kva__reg_fence(o[e]);
+    }
+    kva__cp_async_wait<0>();
+    wg_epilogue<Ty>(a, c, o, m_run, l_run, tl.m0 + wg * 64 + wq * 16 + ((tid & 31) >> 2), tl.rows,
+                    tl.q_start, tl.G);
+#endif /* KVA_WGMMA_BODY */
+}
+
+#ifdef KVA_WGMMA_BODY
+static __device__ __forceinline__ void wg_mbar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void wg_mbar_arrive(uint32_t bar)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
+                 : "memory");
+}
+static __device__ __forceinline__ void wg_mbar_wait(uint32_t bar, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred p;\nWG_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@p bra WG_DONE;\nbra WG_WAIT;\nWG_DONE:\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+static __device__ __forceinline__ void wg_bar_sync(int id, int n)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+static __device__ __forceinline__ void wg_bar_arrive(int id, int n)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+#endif
+
+/*
+ * v9 (NST = 2) and v10 (NST = 3): warp-specialized. 384 threads: warpgroup 0
+ * is the producer (40 registers via setmaxnreg: gathers the K/V tiles with
+ * cp.async, waits for them, fence.proxy.async, then arrives on the stage's
+ * "full" mbarrier), warpgroups 1 and 2 the consumers (232 registers; rows
+ * 0..63 and 64..127; Q loaded by each for its own rows). A consumer releases
+ * a stage on its "empty" mbarrier once the P V product that read it is done.
+ * Consumers ping-pong through named barriers 1 and 2: one issues its GEMMs
+ * (P V of tile it - 1 with S of tile it) while the other runs its softmax, so
+ * the tensor cores are fed during the exponentials.
+ * Shared memory as v6..v8, then the 2 * NST mbarriers (8 bytes each).
+ */
+template <int NST, typename Ty>
+__global__ void __launch_bounds__(3 * 128, 1) prefill_wgmma_ws_kernel(const kva__cuda_prefill_args a)
+{
+#ifdef KVA_WGMMA_BODY
+    constexpr uint32_t QB = WG_TILE_BYTES(WG_M), KB = WG_TILE_BYTES(WG_BN);
+    const int tile_idx = blockIdx.x;
+    if (tile_idx >= *a.num_tiles)
+        return;
+    wg_tile tl;
+    wg_tile_init(tl, a, a.tiles + (size_t)tile_idx * KVA__CUDA_PREFILL_TILE_INTS);
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const uint32_t sQ = (kva__smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t sK = sQ + QB;
+    const uint32_t sV = sK + NST * KB;
+    const uint32_t full = sV + NST * KB, empty = full + 8 * NST; /* mbarriers [NST] each */
+
+    const int tid = threadIdx.x;
+    const int wg = tid >> 7;
+    if (tid == 0) {
+        for (int i = 0; i < NST; i++) {
+            wg_mbar_init(full + 8 * i, 128);
+            wg_mbar_init(empty + 8 * i, 256);
+        }
+    }
+    __syncthreads();
+    const int n_first = tl.kv_lo / WG_BN;
+    const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
+    const int ntiles = n_last - n_first + 1; /* may be 0 */
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        wg_kv g;
+        wg_kv_init(g, a, tl, tid & 15);
+        for (int it = 0; it < ntiles; it++) {
+            const int st = it % NST;
+            if (it >= NST)
+                wg_mbar_wait(empty + 8 * st, ((it / NST) - 1) & 1);
+            wg_gather<128, 4>(g, tid, (n_last - it) * WG_BN, sK + st * KB, sV + st * KB);
+            kva__cp_async_commit();
+            kva__cp_async_wait<0>();
+            kva__fence_proxy_async();
+            wg_mbar_arrive(full + 8 * st);
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+        const int cw = wg - 1, ct = tid - 128, wq = (ct >> 5) & 3;
+        wg_load_q<128>(a, tl, sQ, cw * 64, 64, ct & 127);
+        kva__cp_async_commit();
+        kva__cp_async_wait<0>();
+        kva__fence_proxy_async();
+        wg_bar_sync(3 + cw, 128);
+        wg_ctx c;
+        wg_ctx_init(c, a, tl.m0, cw * 64 + wq * 16, tl.m_last, tl.G, tl.kvh, tl.seq_len, tl.q_len,
+                    tl.pos_min, tl.pos_max);
+        const uint64_t dq = kva__wgmma_desc(sQ + (uint32_t)cw * 64 * 128, 16, 1024);
+        const uint64_t dk0 = kva__wgmma_desc(sK, 16, 1024);
+        const uint64_t dv0 = kva__wgmma_desc(sV, WG_BN * 128, 1024);
+        float o[64], s[64];
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int e = 0; e < 64; e++) {
+            o[e] = 0.0f;
+            s[e] = 0.0f;
+        }
+        uint32_t pa[8][4];
+        const int my_bar = 1 + cw, other_bar = 2 - cw;
+        if (ntiles > 0) {
+            if (cw == 1)
+                wg_bar_arrive(1, 256); /* consumer 0 issues first */
+            /* Tile 0: S only. */
+            wg_mbar_wait(full, 0);
+            wg_bar_sync(my_bar, 256);
+            kva__wgmma_fence();
+            wg_qk<Ty>(s, dq, dk0);
+            kva__wgmma_commit();
+            wg_bar_arrive(other_bar, 256);
+            kva__wgmma_wait<0>();
+#pragma unroll
+            for (int e = 0; e < 64; e++)
+                kva__reg_fence(s[e]);
+            wg_softmax<Ty>(s, o, pa, m_run, l_run, c, n_last * WG_BN);
+            for (int it = 1; it < ntiles; it++) {
+                const int st = it % NST, sp = (it - 1) % NST;
+                wg_mbar_wait(full + 8 * st, (it / NST) & 1);
+                wg_bar_sync(my_bar, 256);
+                kva__wgmma_fence();
+                wg_pv<Ty, false>(o, pa, dv0 + ((uint64_t)(sp * KB) >> 4));
+                kva__wgmma_commit();
+                wg_qk<Ty>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
+                kva__wgmma_commit();
+                wg_bar_arrive(other_bar, 256);
+                kva__wgmma_wait<1>(); /* P V of tile it - 1 */
+#pragma unroll
+                for (int e = 0; e < 64; e++)
+                    kva__reg_fence(o[e]);
+                wg_mbar_arrive(empty + 8 * sp);
+                kva__wgmma_wait<0>();
+#pragma unroll
+                for (int e = 0; e < 64; e++)
+                    kva__reg_fence(s[e]);
+                wg_softmax<Ty>(s, o, pa, m_run, l_run, c, (n_last - it) * WG_BN);
+            }
+            /* P V of the last tile. */
+            wg_bar_sync(my_bar, 256);
+            kva__wgmma_fence();
+            wg_pv<Ty, false>(o, pa, dv0 + ((uint64_t)(((ntiles - 1) % NST) * KB) >> 4));
+            kva__wgmma_commit();
+            if (cw == 0)
+                wg_bar_arrive(other_bar, 256);
+            kva__wgmma_wait<0>();
+#pragma unroll
+            for (int e = 0; e < 64; e++)
+                kva__reg_fence(o[e]);
+        }
+        wg_epilogue<Ty>(a, c, o, m_run, l_run, tl.m0 + cw * 64 + wq * 16 + ((ct & 31) >> 2),
+                        tl.rows, tl.q_start, tl.G);
     }
 #endif /* KVA_WGMMA_BODY */
 }
@@ -437,6 +682,27 @@ static kva_status launch_wg(const kva__cuda_prefill_args *a, cudaStream_t stream
     return KVA_STATUS_OK;
 }
 
+template <int NST, typename Ty>
+static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream)
+{
+    const size_t smem = 1024 + (size_t)WG_TILE_BYTES(WG_M) +
+                        2 * NST * (size_t)WG_TILE_BYTES(WG_BN) + 16 * NST;
+    cudaError_t e = cudaFuncSetAttribute(prefill_wgmma_ws_kernel<NST, Ty>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                         "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
+                         "memory, wgmma ws kernel): %s",
+                         smem, cudaGetErrorString(e));
+    prefill_wgmma_ws_kernel<NST, Ty><<<a->grid_tiles, 3 * 128, smem, stream>>>(*a);
+    e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                         "kva__cuda_prefill_launch: launch of %d tiles (wgmma ws kernel): %s",
+                         (int)a->grid_tiles, cudaGetErrorString(e));
+    return KVA_STATUS_OK;
+}
+
 template <typename Ty>
 static kva_status launch_wg_dtype(const kva__cuda_prefill_args *a, cudaStream_t st, int variant)
 {
@@ -445,13 +711,17 @@ static kva_status launch_wg_dtype(const kva__cuda_prefill_args *a, cudaStream_t 
         return launch_wg<2, false, Ty>(a, st);
     case 7:
         return launch_wg<3, false, Ty>(a, st);
-    default:
+    case 8:
         return launch_wg<2, true, Ty>(a, st);
+    case 9:
+        return launch_ws<2, Ty>(a, st);
+    default:
+        return launch_ws<3, Ty>(a, st);
     }
 }
 
 /* Called by kva__cuda_prefill_launch_variant after its argument checks, for
- * variants 6..8 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
+ * variants 6..10 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
 extern "C" kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_args *a, void *stream,
                                                      int variant)
 {
