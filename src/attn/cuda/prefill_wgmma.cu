@@ -26,7 +26,8 @@
  * k-step (one per 64-column block of V); v9 (NST = 2) and v10 (NST = 3) are
  * warp-specialized (a producer warpgroup gathers K/V into an mbarrier ring,
  * two consumer warpgroups ping-pong their GEMMs against each other's
- * softmax, FlashAttention-3 style; see prefill_wgmma_ws_kernel).
+ * softmax, FlashAttention-3 style; see prefill_wgmma_ws_kernel); v11 = v10
+ * with two K/V tiles in flight in the producer.
  *
  * The kernel body exists only in sm_90a device code (__CUDA_ARCH_FEAT_SM90_ALL);
  * other targets get an empty kernel that the host never launches
@@ -518,11 +519,16 @@ static __device__ __forceinline__ void wg_bar_arrive(int id, int n)
  * Consumers ping-pong through named barriers 1 and 2: one issues its GEMMs
  * (P V of tile it - 1 with S of tile it) while the other runs its softmax, so
  * the tensor cores are fed during the exponentials.
+ * DELAY (v11, NST = 3): the producer publishes tile it - 1 after issuing the
+ * copies of tile it, so two tiles are in flight instead of one (with two
+ * stages this would deadlock: the producer would wait for a stage that the
+ * consumers free only after the tile it has not published yet).
  * Shared memory as v6..v8, then the 2 * NST mbarriers (8 bytes each).
  */
-template <int NST, typename Ty>
+template <int NST, bool DELAY, typename Ty>
 __global__ void __launch_bounds__(3 * 128, 1) prefill_wgmma_ws_kernel(const kva__cuda_prefill_args a)
 {
+    static_assert(!DELAY || NST >= 3, "a delayed publish needs three stages (else deadlock)");
 #ifdef KVA_WGMMA_BODY
     constexpr uint32_t QB = WG_TILE_BYTES(WG_M), KB = WG_TILE_BYTES(WG_BN);
     const int tile_idx = blockIdx.x;
@@ -560,9 +566,20 @@ __global__ void __launch_bounds__(3 * 128, 1) prefill_wgmma_ws_kernel(const kva_
                 wg_mbar_wait(empty + 8 * st, ((it / NST) - 1) & 1);
             wg_gather<128, 4>(g, tid, (n_last - it) * WG_BN, sK + st * KB, sV + st * KB);
             kva__cp_async_commit();
+            if (!DELAY) { /* wait for this tile, then publish it */
+                kva__cp_async_wait<0>();
+                kva__fence_proxy_async();
+                wg_mbar_arrive(full + 8 * st);
+            } else if (it > 0) { /* publish the previous tile; this one stays in flight */
+                kva__cp_async_wait<1>();
+                kva__fence_proxy_async();
+                wg_mbar_arrive(full + 8 * ((it - 1) % NST));
+            }
+        }
+        if (DELAY && ntiles > 0) {
             kva__cp_async_wait<0>();
             kva__fence_proxy_async();
-            wg_mbar_arrive(full + 8 * st);
+            wg_mbar_arrive(full + 8 * ((ntiles - 1) % NST));
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
@@ -682,19 +699,19 @@ static kva_status launch_wg(const kva__cuda_prefill_args *a, cudaStream_t stream
     return KVA_STATUS_OK;
 }
 
-template <int NST, typename Ty>
+template <int NST, bool DELAY, typename Ty>
 static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream)
 {
     const size_t smem = 1024 + (size_t)WG_TILE_BYTES(WG_M) +
                         2 * NST * (size_t)WG_TILE_BYTES(WG_BN) + 16 * NST;
-    cudaError_t e = cudaFuncSetAttribute(prefill_wgmma_ws_kernel<NST, Ty>,
+    cudaError_t e = cudaFuncSetAttribute(prefill_wgmma_ws_kernel<NST, DELAY, Ty>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
                          "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
                          "memory, wgmma ws kernel): %s",
                          smem, cudaGetErrorString(e));
-    prefill_wgmma_ws_kernel<NST, Ty><<<a->grid_tiles, 3 * 128, smem, stream>>>(*a);
+    prefill_wgmma_ws_kernel<NST, DELAY, Ty><<<a->grid_tiles, 3 * 128, smem, stream>>>(*a);
     e = cudaGetLastError();
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
@@ -714,14 +731,16 @@ static kva_status launch_wg_dtype(const kva__cuda_prefill_args *a, cudaStream_t 
     case 8:
         return launch_wg<2, true, Ty>(a, st);
     case 9:
-        return launch_ws<2, Ty>(a, st);
+        return launch_ws<2, false, Ty>(a, st);
+    case 10:
+        return launch_ws<3, false, Ty>(a, st);
     default:
-        return launch_ws<3, Ty>(a, st);
+        return launch_ws<3, true, Ty>(a, st);
     }
 }
 
 /* Called by kva__cuda_prefill_launch_variant after its argument checks, for
- * variants 6..10 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
+ * variants 6..11 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
 extern "C" kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_args *a, void *stream,
                                                      int variant)
 {
