@@ -66,13 +66,13 @@ typedef struct kva__cuda_state {
     kva__cuda_caps caps;
     int force_prefill_variant; /* 0, or the prefill_mma.h kernel variant (1..
                                   KVA__CUDA_PREFILL_VARIANTS) its prefills run */
-    int force_variant;  /* 0, or the attention variant (1..4) plans of this context are
-                           partitioned for and run (tests, benchmarks) */
-    void *meta_dev;     /* device metadata buffer */
-    void *meta_host;    /* pinned staging of the same size */
-    size_t meta_bytes;  /* size of both */
-    void *upload_event; /* cudaEvent_t recorded after the last upload */
-    int upload_pending; /* the event has been recorded (staging may be in use) */
+    int force_variant;         /* 0, or the attention variant (1..4) plans of this context are
+                                  partitioned for and run (tests, benchmarks) */
+    void *meta_dev;            /* device metadata buffer */
+    void *meta_host;           /* pinned staging of the same size */
+    size_t meta_bytes;         /* size of both */
+    void *upload_event;        /* cudaEvent_t recorded after the last upload */
+    int upload_pending;        /* the event has been recorded (staging may be in use) */
     kva__cuda_meta meta;
     /* ctx->workspace / ctx->workspace_bytes hold the device split partials. */
 } kva__cuda_state;

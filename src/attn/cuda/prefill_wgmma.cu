@@ -27,7 +27,10 @@
  * warp-specialized (a producer warpgroup gathers K/V into an mbarrier ring,
  * two consumer warpgroups ping-pong their GEMMs against each other's
  * softmax, FlashAttention-3 style; see prefill_wgmma_ws_kernel); v11 = v10
- * with two K/V tiles in flight in the producer.
+ * with two K/V tiles in flight in the producer; v12 = v11 with each consumer's
+ * P V of tile it - 1 issued after S of tile it, so it runs under the
+ * consumer's own softmax of tile it (P double-buffered, O rescaled for tile
+ * it - 1 just before its P V is issued).
  *
  * The kernel body exists only in sm_90a device code (__CUDA_ARCH_FEAT_SM90_ALL);
  * other targets get an empty kernel that the host never launches
@@ -57,7 +60,7 @@ extern "C" {
 #define WG_LOG2E 1.4426950408889634f
 #define WG_LN2 0.6931471805599453f
 /* Bytes of one [rows, 128] operand in the swizzled layout. */
-#define WG_TILE_BYTES(rows) ((rows) * WG_D * 2)
+#define WG_TILE_BYTES(rows) ((rows)*WG_D * 2)
 
 /* Byte offset of 16-byte chunk ch (0..15) of row r in a swizzled [rows, 128]
  * operand: column block ch / 8 ([rows][64] each), chunk (ch % 8) ^ (r % 8). */
@@ -74,7 +77,10 @@ template <> struct wg_ops<kva__mma_bf16> {
 #ifdef KVA_WGMMA_BODY
     static __device__ __forceinline__ void ss(float d[64], uint64_t a, uint64_t b, int sc)
     {
-        kva__wgmma_ss_m64n128_bf16(d, a, b, sc);
+        if (sc)
+            kva__wgmma_ss_m64n128_bf16(d, a, b, 1);
+        else
+            kva__wgmma_ss0_m64n128_bf16(d, a, b);
     }
     static __device__ __forceinline__ void rs(float d[64], const uint32_t a[4], uint64_t b)
     {
@@ -90,7 +96,10 @@ template <> struct wg_ops<kva__mma_f16> {
 #ifdef KVA_WGMMA_BODY
     static __device__ __forceinline__ void ss(float d[64], uint64_t a, uint64_t b, int sc)
     {
-        kva__wgmma_ss_m64n128_f16(d, a, b, sc);
+        if (sc)
+            kva__wgmma_ss_m64n128_f16(d, a, b, 1);
+        else
+            kva__wgmma_ss0_m64n128_f16(d, a, b);
     }
     static __device__ __forceinline__ void rs(float d[64], const uint32_t a[4], uint64_t b)
     {
@@ -116,8 +125,7 @@ struct wg_ctx {
  * + 16 * warp in it) of a tile whose rows end at m_last. */
 static __device__ __forceinline__ void wg_ctx_init(wg_ctx &c, const kva__cuda_prefill_args &a,
                                                    int m0, int rbase, int m_last, int G, int kvh,
-                                                   int seq_len, int q_len, int pos_min,
-                                                   int pos_max)
+                                                   int seq_len, int q_len, int pos_min, int pos_max)
 {
     const int lane = threadIdx.x & 31;
 #pragma unroll
@@ -151,10 +159,10 @@ static __device__ __forceinline__ void wg_ctx_init(wg_ctx &c, const kva__cuda_pr
  * P into pa: the register A operands of the k-steps (keys 16 kk .. + 15) of
  * O += P V ({0, 1}: keys 0..7 of rows g, g + 8; {2, 3}: keys 8..15).
  */
-template <typename Ty>
-static __device__ __forceinline__ void wg_softmax(float (&s)[64], float (&o)[64],
-                                                  uint32_t (&pa)[8][4], float (&m_run)[2],
-                                                  float (&l_run)[2], const wg_ctx &c, int n0)
+template <typename Ty, bool DEFER = false>
+static __device__ __forceinline__ bool
+wg_softmax(float (&s)[64], float (&o)[64], uint32_t (&pa)[8][4], float (&m_run)[2],
+           float (&l_run)[2], const wg_ctx &c, int n0, float (&alpha_out)[2])
 {
     const int need_mask = (n0 + WG_BN > c.seq_len) || (c.causal && n0 + WG_BN - 1 > c.pos_min) ||
                           (c.has_window && (int64_t)c.pos_max - n0 > c.window);
@@ -174,8 +182,8 @@ static __device__ __forceinline__ void wg_softmax(float (&s)[64], float (&o)[64]
             x = c.softcap > 0.0f ? c.cap_mul * tanhf(x * c.score_mul) : x * c.scale_log2;
             x += sl[hf] * (float)(j - c.pos[hf]);
             const int p_ = c.pos[hf];
-            const bool vis = j < c.seq_len && (!c.causal || j <= p_) &&
-                             (!c.has_window || p_ - j <= c.window);
+            const bool vis =
+                j < c.seq_len && (!c.causal || j <= p_) && (!c.has_window || p_ - j <= c.window);
             s[e] = vis ? x : -INFINITY;
         }
     }
@@ -190,17 +198,22 @@ static __device__ __forceinline__ void wg_softmax(float (&s)[64], float (&o)[64]
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         m_new[hf] = fmaxf(m_run[hf], mx * mul);
     }
-    if (__any_sync(0xffffffffu, m_new[0] > m_run[0] + 8.0f || m_new[1] > m_run[1] + 8.0f)) {
+    const bool resc =
+        __any_sync(0xffffffffu, m_new[0] > m_run[0] + 8.0f || m_new[1] > m_run[1] + 8.0f);
+    if (resc) {
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
             const float m_use = m_new[hf] == -INFINITY ? 0.0f : m_new[hf];
             const float alpha = kva__ex2(m_run[hf] - m_use); /* 0 while m_run = -inf */
+            alpha_out[hf] = alpha;
             m_run[hf] = m_new[hf];
             l_run[hf] *= alpha;
+            if (!DEFER) {
 #pragma unroll
-            for (int nb = 0; nb < WG_D / 8; nb++) {
-                o[4 * nb + 2 * hf] *= alpha;
-                o[4 * nb + 2 * hf + 1] *= alpha;
+                for (int nb = 0; nb < WG_D / 8; nb++) {
+                    o[4 * nb + 2 * hf] *= alpha;
+                    o[4 * nb + 2 * hf + 1] *= alpha;
+                }
             }
         }
     }
@@ -217,14 +230,14 @@ static __device__ __forceinline__ void wg_softmax(float (&s)[64], float (&o)[64]
         }
         l_run[hf] += sum;
     }
+    return resc; /* warp-uniform; with DEFER the caller rescales o by alpha_out */
 }
 
 /* Sink, normalization, out and lse of the thread's rows (as prefill_mma). */
 template <typename Ty>
-static __device__ __forceinline__ void wg_epilogue(const kva__cuda_prefill_args &a,
-                                                   const wg_ctx &c, const float (&o)[64],
-                                                   const float (&m_run)[2], const float (&l_run)[2],
-                                                   int pm0, int rows, int q_start, int G)
+static __device__ __forceinline__ void
+wg_epilogue(const kva__cuda_prefill_args &a, const wg_ctx &c, const float (&o)[64],
+            const float (&m_run)[2], const float (&l_run)[2], int pm0, int rows, int q_start, int G)
 {
     typedef typename Ty::elem elem;
     elem *out = (elem *)a.out;
@@ -270,7 +283,7 @@ static __device__ __forceinline__ void wg_epilogue(const kva__cuda_prefill_args 
  */
 struct wg_kv {
     const int32_t *bt;
-    const char *k, *v; /* this kv head's element 0 + the thread's chunk, bytes */
+    const char *k, *v;  /* this kv head's element 0 + the thread's chunk, bytes */
     int64_t blk_stride; /* bytes */
     int row_stride;     /* bytes */
     int B, b_shift, kv_lo, kv_hi;
@@ -281,8 +294,8 @@ static __device__ __forceinline__ void wg_gather(const wg_kv &g, int t, int n0, 
 {
     constexpr int RPP = NT / 16, ITERS = WG_BN / RPP;
     const int lrow = t >> 4, lch = t & 15;
-    const uint32_t swz = (uint32_t)((lch >> 3) * WG_BN * 128 + lrow * 128 +
-                                    (((lch & 7) ^ (lrow & 7)) << 4));
+    const uint32_t swz =
+        (uint32_t)((lch >> 3) * WG_BN * 128 + lrow * 128 + (((lch & 7) ^ (lrow & 7)) << 4));
 #pragma unroll
     for (int k0 = 0; k0 < ITERS; k0 += BATCH) {
         int blk[BATCH];
@@ -334,7 +347,8 @@ static __device__ __forceinline__ void wg_kv_init(wg_kv &g, const kva__cuda_pref
     const int bt_stride =
         a.block_table_stride_dev ? *a.block_table_stride_dev : a.block_table_stride;
     g.bt = a.block_table + (size_t)t.r * bt_stride;
-    const int64_t head_off = ((nhd ? (int64_t)t.kvh * WG_D : (int64_t)t.kvh * B * WG_D) + lch * 8) * 2;
+    const int64_t head_off =
+        ((nhd ? (int64_t)t.kvh * WG_D : (int64_t)t.kvh * B * WG_D) + lch * 8) * 2;
     g.k = (const char *)a.k + head_off;
     g.v = (const char *)a.v + head_off;
     g.blk_stride = (int64_t)B * Hkv * WG_D * 2;
@@ -466,7 +480,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         for (int e = 0; e < 64; e++)
             kva__reg_fence(s[e]);
         uint32_t pa[8][4];
-        wg_softmax<Ty>(s, o, pa, m_run, l_run, c, n * WG_BN);
+        float alpha[2];
+        wg_softmax<Ty>(s, o, pa, m_run, l_run, c, n * WG_BN, alpha);
         kva__wgmma_fence();
         wg_pv<Ty, PV_SPLIT>(o, pa, dv0 + ((uint64_t)(st * KB) >> 4));
         kva__wgmma_commit();
@@ -525,8 +540,9 @@ static __device__ __forceinline__ void wg_bar_arrive(int id, int n)
  * consumers free only after the tile it has not published yet).
  * Shared memory as v6..v8, then the 2 * NST mbarriers (8 bytes each).
  */
-template <int NST, bool DELAY, typename Ty>
-__global__ void __launch_bounds__(3 * 128, 1) prefill_wgmma_ws_kernel(const kva__cuda_prefill_args a)
+template <int NST, bool DELAY, bool INTRA, typename Ty>
+__global__ void __launch_bounds__(3 * 128, 1)
+    prefill_wgmma_ws_kernel(const kva__cuda_prefill_args a)
 {
     static_assert(!DELAY || NST >= 3, "a delayed publish needs three stages (else deadlock)");
 #ifdef KVA_WGMMA_BODY
@@ -618,30 +634,82 @@ __global__ void __launch_bounds__(3 * 128, 1) prefill_wgmma_ws_kernel(const kva_
 #pragma unroll
             for (int e = 0; e < 64; e++)
                 kva__reg_fence(s[e]);
-            wg_softmax<Ty>(s, o, pa, m_run, l_run, c, n_last * WG_BN);
+            float alpha[2] = {1.0f, 1.0f};
+            wg_softmax<Ty>(s, o, pa, m_run, l_run, c, n_last * WG_BN, alpha);
+            bool resc_prev = false; /* INTRA: o is still zero after tile 0 */
             for (int it = 1; it < ntiles; it++) {
                 const int st = it % NST, sp = (it - 1) % NST;
                 wg_mbar_wait(full + 8 * st, (it / NST) & 1);
                 wg_bar_sync(my_bar, 256);
                 kva__wgmma_fence();
-                wg_pv<Ty, false>(o, pa, dv0 + ((uint64_t)(sp * KB) >> 4));
-                kva__wgmma_commit();
-                wg_qk<Ty>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
-                kva__wgmma_commit();
-                wg_bar_arrive(other_bar, 256);
-                kva__wgmma_wait<1>(); /* P V of tile it - 1 */
+                if (!INTRA) {
+                    wg_pv<Ty, false>(o, pa, dv0 + ((uint64_t)(sp * KB) >> 4));
+                    kva__wgmma_commit();
+                    wg_qk<Ty>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
+                    kva__wgmma_commit();
+                    wg_bar_arrive(other_bar, 256);
+                    kva__wgmma_wait<1>(); /* P V of tile it - 1 */
 #pragma unroll
-                for (int e = 0; e < 64; e++)
-                    kva__reg_fence(o[e]);
-                wg_mbar_arrive(empty + 8 * sp);
-                kva__wgmma_wait<0>();
+                    for (int e = 0; e < 64; e++)
+                        kva__reg_fence(o[e]);
+                    wg_mbar_arrive(empty + 8 * sp);
+                    kva__wgmma_wait<0>();
 #pragma unroll
-                for (int e = 0; e < 64; e++)
-                    kva__reg_fence(s[e]);
-                wg_softmax<Ty>(s, o, pa, m_run, l_run, c, (n_last - it) * WG_BN);
+                    for (int e = 0; e < 64; e++)
+                        kva__reg_fence(s[e]);
+                    wg_softmax<Ty>(s, o, pa, m_run, l_run, c, (n_last - it) * WG_BN, alpha);
+                } else {
+                    /* S of tile it first, then P V of tile it - 1, which runs
+                     * under this tile's softmax. o is rescaled for tile it - 1
+                     * between the two issues (as FlashAttention-3 does; a
+                     * rescale after the wait makes ptxas serialize wgmma). */
+                    wg_qk<Ty>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
+                    kva__wgmma_commit();
+                    if (resc_prev) {
+#pragma unroll
+                        for (int nb = 0; nb < WG_D / 8; nb++) {
+                            o[4 * nb] *= alpha[0];
+                            o[4 * nb + 1] *= alpha[0];
+                            o[4 * nb + 2] *= alpha[1];
+                            o[4 * nb + 3] *= alpha[1];
+                        }
+                    }
+                    kva__wgmma_fence();
+                    wg_pv<Ty, false>(o, pa, dv0 + ((uint64_t)(sp * KB) >> 4));
+                    kva__wgmma_commit();
+                    wg_bar_arrive(other_bar, 256);
+                    kva__wgmma_wait<1>(); /* S of tile it */
+#pragma unroll
+                    for (int e = 0; e < 64; e++)
+                        kva__reg_fence(s[e]);
+                    uint32_t pn[8][4];
+                    resc_prev = wg_softmax<Ty, true>(s, o, pn, m_run, l_run, c,
+                                                     (n_last - it) * WG_BN, alpha);
+                    kva__wgmma_wait<0>(); /* P V of tile it - 1 */
+#pragma unroll
+                    for (int e = 0; e < 64; e++)
+                        kva__reg_fence(o[e]);
+#pragma unroll
+                    for (int k = 0; k < 8; k++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            asm volatile("" : "+r"(pa[k][i])::"memory"); /* live until here */
+                            pa[k][i] = pn[k][i];
+                        }
+                    wg_mbar_arrive(empty + 8 * sp);
+                }
             }
             /* P V of the last tile. */
             wg_bar_sync(my_bar, 256);
+            if (INTRA && resc_prev) {
+#pragma unroll
+                for (int nb = 0; nb < WG_D / 8; nb++) {
+                    o[4 * nb] *= alpha[0];
+                    o[4 * nb + 1] *= alpha[0];
+                    o[4 * nb + 2] *= alpha[1];
+                    o[4 * nb + 3] *= alpha[1];
+                }
+            }
             kva__wgmma_fence();
             wg_pv<Ty, false>(o, pa, dv0 + ((uint64_t)(((ntiles - 1) % NST) * KB) >> 4));
             kva__wgmma_commit();
@@ -699,19 +767,19 @@ static kva_status launch_wg(const kva__cuda_prefill_args *a, cudaStream_t stream
     return KVA_STATUS_OK;
 }
 
-template <int NST, bool DELAY, typename Ty>
+template <int NST, bool DELAY, bool INTRA, typename Ty>
 static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream)
 {
-    const size_t smem = 1024 + (size_t)WG_TILE_BYTES(WG_M) +
-                        2 * NST * (size_t)WG_TILE_BYTES(WG_BN) + 16 * NST;
-    cudaError_t e = cudaFuncSetAttribute(prefill_wgmma_ws_kernel<NST, DELAY, Ty>,
+    const size_t smem =
+        1024 + (size_t)WG_TILE_BYTES(WG_M) + 2 * NST * (size_t)WG_TILE_BYTES(WG_BN) + 16 * NST;
+    cudaError_t e = cudaFuncSetAttribute(prefill_wgmma_ws_kernel<NST, DELAY, INTRA, Ty>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
                          "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
                          "memory, wgmma ws kernel): %s",
                          smem, cudaGetErrorString(e));
-    prefill_wgmma_ws_kernel<NST, DELAY, Ty><<<a->grid_tiles, 3 * 128, smem, stream>>>(*a);
+    prefill_wgmma_ws_kernel<NST, DELAY, INTRA, Ty><<<a->grid_tiles, 3 * 128, smem, stream>>>(*a);
     e = cudaGetLastError();
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
@@ -731,16 +799,18 @@ static kva_status launch_wg_dtype(const kva__cuda_prefill_args *a, cudaStream_t 
     case 8:
         return launch_wg<2, true, Ty>(a, st);
     case 9:
-        return launch_ws<2, false, Ty>(a, st);
+        return launch_ws<2, false, false, Ty>(a, st);
     case 10:
-        return launch_ws<3, false, Ty>(a, st);
+        return launch_ws<3, false, false, Ty>(a, st);
+    case 11:
+        return launch_ws<3, true, false, Ty>(a, st);
     default:
-        return launch_ws<3, true, Ty>(a, st);
+        return launch_ws<3, true, true, Ty>(a, st);
     }
 }
 
 /* Called by kva__cuda_prefill_launch_variant after its argument checks, for
- * variants 6..11 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
+ * variants 6..12 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
 extern "C" kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_args *a, void *stream,
                                                      int variant)
 {
