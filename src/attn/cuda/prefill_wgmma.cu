@@ -1,6 +1,6 @@
 /*
  * prefill_wgmma.cu - the sm_90a (Hopper) paged prefill kernel on warpgroup
- * matrix instructions (wgmma.mma_async), variants 6..8 of prefill_mma.h.
+ * matrix instructions (wgmma.mma_async), variants 6..14 of prefill_mma.h.
  *
  * Same contract, tiles and arguments as prefill_mma.cu (one CTA = one tile of
  * 128 packed (token, group head) rows of one (request, kv head); paged NHD/HND
@@ -30,7 +30,9 @@
  * with two K/V tiles in flight in the producer; v12 = v11 with each consumer's
  * P V of tile it - 1 issued after S of tile it, so it runs under the
  * consumer's own softmax of tile it (P double-buffered, O rescaled for tile
- * it - 1 just before its P V is issued).
+ * it - 1 just before its P V is issued); v13 = v10 and v14 = v10 with v12's
+ * overlap, both with the producer's block-table loads one tile ahead and
+ * staged in shared memory (PRE).
  *
  * The kernel body exists only in sm_90a device code (__CUDA_ARCH_FEAT_SM90_ALL);
  * other targets get an empty kernel that the host never launches
@@ -155,9 +157,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
  * copies of tile it, so two tiles are in flight instead of one (with two
  * stages this would deadlock: the producer would wait for a stage that the
  * consumers free only after the tile it has not published yet).
- * Shared memory as v6..v8, then the 2 * NST mbarriers (8 bytes each).
+ * Shared memory as v6..v8, then the 2 * NST mbarriers (8 bytes each), then
+ * (PRE) the staged block ids [2][128] int32.
  */
-template <int NST, bool DELAY, bool INTRA, typename Ty>
+template <int NST, bool DELAY, bool INTRA, bool PRE, typename Ty>
 __global__ void __launch_bounds__(3 * 128, 1)
     prefill_wgmma_ws_kernel(const kva__cuda_prefill_args a)
 {
@@ -193,11 +196,28 @@ __global__ void __launch_bounds__(3 * 128, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         wg_kv g;
         wg_kv_init(g, a, tl, tid & 15);
+        /* PRE: the block id of key n0 + tid of the next tile is loaded one tile
+         * ahead and staged in shared memory ([2][128] int32 after the
+         * mbarriers), so the copy path has no dependent global load. */
+        const uint32_t sids = empty + 8 * NST;
+        int nxt = PRE && ntiles > 0 ? wg_blk_of(g, n_last * WG_BN + tid) : 0;
         for (int it = 0; it < ntiles; it++) {
-            const int st = it % NST;
+            const int st = it % NST, n0 = (n_last - it) * WG_BN;
+            if (PRE) {
+                const int cur = nxt;
+                if (it + 1 < ntiles)
+                    nxt = wg_blk_of(g, n0 - WG_BN + tid);
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sids + (it & 1) * 512 + 4 * tid),
+                             "r"(cur)
+                             : "memory");
+                wg_bar_sync(5, 128); /* ids visible; buffer (it - 1) & 1 no longer read */
+            }
             if (it >= NST)
                 wg_mbar_wait(empty + 8 * st, ((it / NST) - 1) & 1);
-            wg_gather<128, 4>(g, tid, (n_last - it) * WG_BN, sK + st * KB, sV + st * KB);
+            if (PRE)
+                wg_gather_ids(g, tid, n0, sK + st * KB, sV + st * KB, sids + (it & 1) * 512);
+            else
+                wg_gather<128, 4>(g, tid, n0, sK + st * KB, sV + st * KB);
             kva__cp_async_commit();
             if (!DELAY) { /* wait for this tile, then publish it */
                 kva__cp_async_wait<0>();
@@ -384,19 +404,20 @@ static kva_status launch_wg(const kva__cuda_prefill_args *a, cudaStream_t stream
     return KVA_STATUS_OK;
 }
 
-template <int NST, bool DELAY, bool INTRA, typename Ty>
+template <int NST, bool DELAY, bool INTRA, bool PRE, typename Ty>
 static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream)
 {
-    const size_t smem =
-        1024 + (size_t)WG_TILE_BYTES(WG_M) + 2 * NST * (size_t)WG_TILE_BYTES(WG_BN) + 16 * NST;
-    cudaError_t e = cudaFuncSetAttribute(prefill_wgmma_ws_kernel<NST, DELAY, INTRA, Ty>,
+    const size_t smem = 1024 + (size_t)WG_TILE_BYTES(WG_M) +
+                        2 * NST * (size_t)WG_TILE_BYTES(WG_BN) + 16 * NST + (PRE ? 1024 : 0);
+    cudaError_t e = cudaFuncSetAttribute(prefill_wgmma_ws_kernel<NST, DELAY, INTRA, PRE, Ty>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
                          "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
                          "memory, wgmma ws kernel): %s",
                          smem, cudaGetErrorString(e));
-    prefill_wgmma_ws_kernel<NST, DELAY, INTRA, Ty><<<a->grid_tiles, 3 * 128, smem, stream>>>(*a);
+    prefill_wgmma_ws_kernel<NST, DELAY, INTRA, PRE, Ty>
+        <<<a->grid_tiles, 3 * 128, smem, stream>>>(*a);
     e = cudaGetLastError();
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
@@ -416,18 +437,22 @@ static kva_status launch_wg_dtype(const kva__cuda_prefill_args *a, cudaStream_t 
     case 8:
         return launch_wg<2, true, Ty>(a, st);
     case 9:
-        return launch_ws<2, false, false, Ty>(a, st);
+        return launch_ws<2, false, false, false, Ty>(a, st);
     case 10:
-        return launch_ws<3, false, false, Ty>(a, st);
+        return launch_ws<3, false, false, false, Ty>(a, st);
     case 11:
-        return launch_ws<3, true, false, Ty>(a, st);
+        return launch_ws<3, true, false, false, Ty>(a, st);
+    case 12:
+        return launch_ws<3, true, true, false, Ty>(a, st);
+    case 13:
+        return launch_ws<3, false, false, true, Ty>(a, st);
     default:
-        return launch_ws<3, true, true, Ty>(a, st);
+        return launch_ws<3, false, true, true, Ty>(a, st);
     }
 }
 
 /* Called by kva__cuda_prefill_launch_variant after its argument checks, for
- * variants 6..12 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
+ * variants 6..14 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
 extern "C" kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_args *a, void *stream,
                                                      int variant)
 {

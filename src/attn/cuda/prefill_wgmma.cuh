@@ -279,6 +279,35 @@ static __device__ __forceinline__ void wg_gather(const wg_kv &g, int t, int n0, 
     }
 }
 
+/* Block id of key j (0 outside [kv_lo, kv_hi), where the block table is not
+ * read). */
+static __device__ __forceinline__ int wg_blk_of(const wg_kv &g, int j)
+{
+    const int bi = g.b_shift >= 0 ? j >> g.b_shift : j / g.B;
+    return j >= g.kv_lo && j < g.kv_hi ? g.bt[bi] : 0;
+}
+/* wg_gather for 128 threads with the block ids of keys n0 .. n0 + 127 staged
+ * in shared memory (int32 [128] at sids): no global load on the copy path. */
+static __device__ __forceinline__ void wg_gather_ids(const wg_kv &g, int t, int n0, uint32_t sk,
+                                                     uint32_t sv, uint32_t sids)
+{
+    const int lrow = t >> 4, lch = t & 15;
+    const uint32_t swz =
+        (uint32_t)((lch >> 3) * WG_BN * 128 + lrow * 128 + (((lch & 7) ^ (lrow & 7)) << 4));
+#pragma unroll
+    for (int k = 0; k < WG_BN / 8; k++) {
+        const int row = lrow + 8 * k, j = n0 + row;
+        const int o = g.b_shift >= 0 ? j & (g.B - 1) : j % g.B;
+        const bool in = j >= g.kv_lo && j < g.kv_hi;
+        int blk;
+        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(blk) : "r"(sids + 4u * (uint32_t)row));
+        const int64_t off = in ? (int64_t)blk * g.blk_stride + (int64_t)o * g.row_stride : 0;
+        const uint32_t so = swz + (uint32_t)(k * 8 * 128);
+        kva__cp_async16(sk + so, g.k + off, in ? 16 : 0);
+        kva__cp_async16(sv + so, g.v + off, in ? 16 : 0);
+    }
+}
+
 /* Tile header shared by both kernels: request, rows, visible key range. */
 struct wg_tile {
     int r, m0, kvh, q_start, q_len, seq_len, rows, G, m_last, pos_min, pos_max, kv_lo, kv_hi;
