@@ -622,8 +622,11 @@ extern "C" int kva__cuda_prefill_variant_exists(int32_t head_dim, int variant)
 }
 
 /* The wgmma variant the dispatcher runs at D = 128 on sm_90a (0: none, the
- * mma.sync default below). */
-#define KVA__CUDA_PREFILL_WGMMA_DEFAULT 10
+ * mma.sync default below): v13, the fastest on an H100 in one run of
+ * bench/cuda_prefill_bench.c (docs/cuda-prefill.md: 4k causal H32/8 399
+ * TFLOP/s vs 266 for v5; best or within 1 % of the best wgmma variant on
+ * every D = 128 shape of that run). */
+#define KVA__CUDA_PREFILL_WGMMA_DEFAULT 13
 
 /* The variant the dispatcher runs when none is forced: the fastest on an H100
  * in one run of bench/cuda_prefill_bench.c (docs/cuda-prefill.md): v5 at
