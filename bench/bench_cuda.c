@@ -4,7 +4,7 @@
  *   bench_cuda --mode decode|prefill|copy [--batch R] [--context S] [--q-len Q]
  *              [--heads H] [--kv-heads Hkv] [--head-dim D] [--block-size B]
  *              [--dtype bf16|f16|f32] [--layout nhd|hnd] [--iters N]
- *              [--graph-layers L] [--variant V]
+ *              [--graph-layers L] [--variant V] [--prefill-variant P]
  *              [--quant none|int8|int8-token|int8-token-v16|fp8] [--qmma V]
  *
  * decode: R requests of q_len Q (1 = decode, >1 = speculative) after S cached
@@ -17,6 +17,9 @@
  * are captured in one CUDA graph and the median replay time per layer is
  * reported too. --variant V (1..4) partitions the plans for attention
  * variant V and runs it (kva__cuda_context_force_variant); 0 is the default.
+ * --prefill-variant P runs the prefills on prefill kernel variant P
+ * (src/attn/cuda/prefill_mma.h: 1..5 mma.sync, 6..14 sm_90a wgmma; 0 = the
+ * dispatcher's choice), so the public path compares the two kernels.
  * --mode copy times a 1 GiB device-to-device copy (the bandwidth ceiling, in
  * the same run). --quant reads a quantized cache instead (int8: INT8_CHANNEL
  * with per-channel scales and offsets; int8-token: INT8_TOKEN_K; int8-token-
@@ -125,7 +128,7 @@ int main(int argc, char **argv)
 {
     const char *mode = "decode", *dts = "bf16", *lays = "nhd", *quants = "none";
     int32_t R = 64, S = 4096, Q = -1, H = 32, Hkv = 8, D = 128, B = 16, iters = 30, layers = 0,
-            variant = 0, qmma = 0;
+            variant = 0, qmma = 0, pvariant = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *f = argv[i], *v = argv[i + 1];
         if (!strcmp(f, "--mode"))
@@ -154,6 +157,8 @@ int main(int argc, char **argv)
             layers = atoi(v);
         else if (!strcmp(f, "--variant"))
             variant = atoi(v);
+        else if (!strcmp(f, "--prefill-variant"))
+            pvariant = atoi(v);
         else if (!strcmp(f, "--quant"))
             quants = v;
         else if (!strcmp(f, "--qmma"))
@@ -201,6 +206,7 @@ int main(int argc, char **argv)
     /* --variant V: plans are partitioned for and run with variant V. */
     KV(kva__cuda_context_force_variant(gpu, variant));
     KV(kva__cuda_context_force_quant_mma(gpu, qmma));
+    KV(kva__cuda_context_force_prefill_variant(gpu, pvariant));
     const kva_dtype cdt = quant == KVA_QUANT_NONE || quant == KVA_QUANT_INT8_TOKEN_K_V16 ? dt
                           : quant == KVA_QUANT_FP8_E4M3 ? KVA_DTYPE_FP8_E4M3
                                                         : KVA_DTYPE_I8;
@@ -376,10 +382,10 @@ int main(int argc, char **argv)
     const double sec = med * 1e-3;
     fprintf(stderr,
             "bench_cuda: %s R=%d S=%d Q=%d H=%d Hkv=%d D=%d B=%d %s kv %s: median %.4f ms, %.3f "
-            "TB/s KV, %.1f TFLOP/s, %d items, variant %d, qmma %d, check %s\n",
+            "TB/s KV, %.1f TFLOP/s, %d items, variant %d, qmma %d, prefill variant %d, check %s\n",
             mode, R, S, Q, H, Hkv, D, B, dts, kva_quant_name(quant), (double)med,
             kv_bytes / sec * 1e-12, flops / sec * 1e-12, (int)info.num_work_items,
-            plan->part->variant, qmma, bad ? "FAILED" : "ok");
+            plan->part->variant, qmma, pvariant, bad ? "FAILED" : "ok");
     printf(
         "{\"mode\": \"%s\", \"device\": \"%s\", \"R\": %d, \"S\": %d, \"Q\": %d, \"H\": %d, "
         "\"Hkv\": %d, \"D\": %d, \"B\": %d, \"dtype\": \"%s\", \"kv_quant\": \"%s\", \"ms\": %.5f, "

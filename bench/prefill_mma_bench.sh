@@ -3,7 +3,11 @@
 # (full, then the small mode under compute-sanitizer memcheck), its benchmark,
 # and torch SDPA (flash and cuDNN backends) on the same shapes, in one go, for
 # one call on a GPU machine. Logs go to $OUT (or ./prefill_bench_out).
+# The benchmark times every variant that exists on the device, the sm_90a
+# wgmma variants 6..8 (prefill_wgmma.cu) next to the mma.sync ones 1..5.
 # Usage: bench/prefill_mma_bench.sh [arch]   (arch default 90a)
+# Environment: KVA_CMAKE_ARGS extra cmake arguments; RACECHECK=0 skips
+# racecheck; SDPA=0 skips the torch peers; PROFILE=1 adds ncu (PVAR variant).
 set -u -o pipefail
 OUT=${OUT:-prefill_bench_out}
 mkdir -p "$OUT"
@@ -22,17 +26,19 @@ if [ -d .debs ] && { [ ! -e /usr/include/openssl/sha.h ] || [ ! -e /usr/include/
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 cmake -S . -B b -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DKVA_BUILD_TESTS=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${EXTRA[@]}" > "$OUT/build.log" 2>&1 &&
-    ninja -C b test_cuda_prefill_mma cuda_prefill_bench >> "$OUT/build.log" 2>&1 ||
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${EXTRA[@]}" ${KVA_CMAKE_ARGS:-} > "$OUT/build.log" 2>&1 &&
+    ninja -C b -j"$(nproc)" test_cuda_prefill_mma cuda_prefill_bench >> "$OUT/build.log" 2>&1 ||
     { tail -40 "$OUT/build.log"; exit 1; }
 echo "== test"
 ./b/test_cuda_prefill_mma 2>&1 | tee "$OUT/test.log" | tail -25
 echo "== memcheck (small)"
 compute-sanitizer --tool memcheck --error-exitcode 9 ./b/test_cuda_prefill_mma small 2>&1 |
     tee "$OUT/memcheck.log" | tail -6
+if [ "${RACECHECK:-1}" = 1 ]; then
 echo "== racecheck (small)"
 compute-sanitizer --tool racecheck --error-exitcode 9 ./b/test_cuda_prefill_mma small 2>&1 |
     tee "$OUT/racecheck.log" | tail -4
+fi
 echo "== kvattn prefill kernel"
 ./b/cuda_prefill_bench 2>&1 | tee "$OUT/bench.log"
 if [ "${PROFILE:-0}" = 1 ]; then
@@ -46,36 +52,4 @@ if [ "${PROFILE:-0}" = 1 ]; then
 fi
 [ "${SDPA:-1}" = 1 ] || exit 0
 echo "== torch SDPA (same shapes, contiguous K/V expanded to H heads)"
-PYTHONUNBUFFERED=1 python3 - <<'PY' 2>&1 | tee "$OUT/sdpa.log"
-import torch, statistics
-from torch.nn.attention import sdpa_kernel, SDPBackend
-import torch.nn.functional as F
-def t(fn, reps=30):
-    for _ in range(5): fn()
-    torch.cuda.synchronize()
-    ms = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True); b = torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); b.synchronize(); ms.append(a.elapsed_time(b))
-    return statistics.median(ms)
-x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-ms = t(lambda: x @ x, 10)
-print(f"matmul 8192^3 bf16: {2*8192**3/ms/1e9:.1f} TFLOP/s (ceiling)")
-del x
-for name, R, S, H, Hkv, D in [("1x4096 H32/8 D128", 1, 4096, 32, 8, 128),
-                              ("1x4096 H32/32 D128", 1, 4096, 32, 32, 128),
-                              ("8x1024 H32/8 D128", 8, 1024, 32, 8, 128),
-                              ("1x4096 H32/8 D64", 1, 4096, 32, 8, 64),
-                              ("1x4096 H16/4 D256", 1, 4096, 16, 4, 256)]:
-    q = torch.randn(R, H, S, D, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(R, H, S, D, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(R, H, S, D, device="cuda", dtype=torch.bfloat16)
-    flops = 4 * D * H * R * S * (S + 1) / 2
-    for bname, be in [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]:
-        try:
-            with sdpa_kernel(be):
-                ms = t(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-            print(f"{name:22s} sdpa-{bname:5s} {ms:8.3f} ms {flops/ms/1e9:7.1f} TFLOP/s")
-        except Exception as e:
-            print(f"{name:22s} sdpa-{bname:5s} failed: {str(e)[:100]}")
-PY
+PYTHONUNBUFFERED=1 python3 bench/prefill_sdpa_peer.py 2>&1 | tee "$OUT/sdpa.log"

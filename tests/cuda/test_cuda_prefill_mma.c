@@ -13,7 +13,8 @@
  * prefills (q_len < seq_len), mixed batches with q_len 1-4 rows; explicit
  * batches add q_len 0 / seq_len 0 requests, non-causal rows that see no key
  * (out 0, lse -inf or the sink), q_len > seq_len, and a long prefill crossing
- * many key tiles. A fixed-capacity grid (more CTAs than tiles) is used every
+ * many key tiles; D = 128 batches for the sm_90a wgmma variants (test_wgmma).
+ * A fixed-capacity grid (more CTAs than tiles) is used every
  * time, so CTAs past num_tiles must exit without writing. Host-side checks:
  * the tile builder's order and errors, and the launcher's rejections.
  *
@@ -382,6 +383,56 @@ static void test_long(void)
     }
 }
 
+/* D = 128 batches aimed at the sm_90a wgmma variants 6..8 (every other variant
+ * runs on them too): 128-key tiles crossed many times, lengths that are not
+ * multiples of the tile, chunked prefills after cached context (q_len <
+ * seq_len), GQA groups 1/4/8, B 1/16/64, NHD/HND, bf16/f16, LSE or NULL, and
+ * the soft-cap / ALiBi / sinks / window paths once each. On a compute
+ * capability 9.0 device of a build with sm_90a code the wgmma variants must
+ * exist (so this cannot pass by skipping them). */
+static void test_wgmma(void)
+{
+    static const int32_t ql[] = {600, 77, 300, 5}, sl[] = {600, 1500, 429, 700};
+    static const int32_t ql_s[] = {130, 33}, sl_s[] = {130, 300};
+    static const int32_t heads[][2] = {{8, 8}, {8, 2}, {16, 2}};
+    static const int32_t bsizes[] = {1, 16, 64};
+#ifdef KVA_CUDA_SM90A
+    int dev = 0, major = 0, minor = 0;
+    CUDA_OK(cudaGetDevice(&dev));
+    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (major == 9 && minor == 0)
+        for (int v = KVA__CUDA_PREFILL_WGMMA_FIRST; v <= KVA__CUDA_PREFILL_VARIANTS; v++)
+            CHECK_MSG(kva__cuda_prefill_variant_exists(128, v), "wgmma variant %d missing", v);
+#endif
+    const int n = small_mode ? 2 : 9;
+    for (int v = 0; v < n; v++) {
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.D = 128;
+        c.H = heads[v % 3][0];
+        c.Hkv = heads[v % 3][1];
+        c.B = bsizes[(v + v / 3) % 3];
+        c.dt = v & 1 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+        c.layout = (v / 2) & 1 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+        c.causal = v != 4;
+        c.window = v == 5 ? 200 : -1;
+        c.softcap = v == 6 ? 5.0f : 0.0f;
+        c.alibi = v == 7;
+        c.sinks = v == 8 ? 2 : v == 2;
+        c.lse = v != 3;
+        c.seed = 9000 + (uint64_t)v;
+        kva_rng rng = {c.seed};
+        kva_test_batch b;
+        if (small_mode)
+            kva_test_batch_init(&b, &rng, 2, ql_s, sl_s, c.B, 1, 0);
+        else
+            kva_test_batch_init(&b, &rng, 4, ql, sl, c.B, 1, v & 1);
+        run_batch(&c, &b);
+        kva_test_batch_free(&b);
+    }
+}
+
 /* Host side: the tile builder's order and errors, the launcher's rejections. */
 static void test_host(void)
 {
@@ -441,12 +492,13 @@ int main(int argc, char **argv)
         return 77;
     }
     RUN(test_edges);
+    RUN(test_wgmma);
     RUN(test_grid);
     if (!small_mode)
         RUN(test_long);
     fprintf(stderr, "  %d cases, %d rows, %d multi-tile requests\n", cases_run, rows_checked,
             multi_tile);
-    CHECK(cases_run >= (small_mode ? 6 : 100));
+    CHECK(cases_run >= (small_mode ? 8 : 109));
     return kva_test_finish();
 }
 #endif

@@ -784,7 +784,7 @@ static kva_status launch_prefill(kva_context *ctx, const kva_plan *plan, const a
     pa.causal = d->causal;
     pa.window_left = d->window_left;
     pa.softcap = d->softcap;
-    return kva__cuda_prefill_launch(&pa, st->stream);
+    return kva__cuda_prefill_launch_variant(&pa, st->stream, st->force_prefill_variant);
 }
 
 extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan, const void *q,

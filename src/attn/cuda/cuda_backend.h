@@ -64,6 +64,8 @@ typedef struct kva__cuda_state {
     int num_sms;
     uint64_t generation; /* bumped by every plan upload */
     kva__cuda_caps caps;
+    int force_prefill_variant; /* 0, or the prefill_mma.h kernel variant (1..
+                                  KVA__CUDA_PREFILL_VARIANTS) its prefills run */
     int force_variant;         /* 0, or the attention variant (1..4) plans of this context are
                                   partitioned for and run (tests, benchmarks) */
     int force_quant_mma;       /* 0, or the version (1..) of the quantized tensor-core decode
@@ -162,6 +164,11 @@ int kva__cuda_attn_variant_resolve(int want, kva_dtype dtype, int32_t head_dim, 
  * (same rows per item) and variant 4 on any plan; variants 1..3 on a plan
  * partitioned for variant 4's 16-row items fail with a status. */
 kva_status kva__cuda_context_force_variant(kva_context *ctx, int variant);
+/* Tests and benchmarks: the prefills of this context run on prefill kernel
+ * variant (prefill_mma.h: 1..5 mma.sync, 6..14 sm_90a wgmma; 0 restores the
+ * dispatcher's choice). A variant that does not exist for a plan's head size
+ * makes its kva_attention_run fail with a status. */
+kva_status kva__cuda_context_force_prefill_variant(kva_context *ctx, int variant);
 
 /* Launches the attention kernel over every item of the uploaded plan, then
  * the split merge; kv is the paged cache or NULL with ragged k/v. */

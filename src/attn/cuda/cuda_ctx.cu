@@ -394,6 +394,18 @@ extern "C" kva_status kva__cuda_context_force_variant(kva_context *ctx, int vari
     return KVA_STATUS_OK;
 }
 
+extern "C" kva_status kva__cuda_context_force_prefill_variant(kva_context *ctx, int variant)
+{
+    kva__clear_error();
+    KVA_TRY(check_cuda_ctx(__func__, ctx));
+    if (variant < 0 || variant > KVA__CUDA_PREFILL_VARIANTS)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_context_force_prefill_variant: variant = %d (0..%d)", variant,
+                         KVA__CUDA_PREFILL_VARIANTS);
+    state_of(ctx)->force_prefill_variant = variant;
+    return KVA_STATUS_OK;
+}
+
 extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_capacity *cap)
 {
     kva__clear_error();

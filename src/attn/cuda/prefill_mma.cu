@@ -614,10 +614,19 @@ static kva_status launch_dtype(const kva__cuda_prefill_args *a, cudaStream_t st,
 
 extern "C" int kva__cuda_prefill_variant_exists(int32_t head_dim, int variant)
 {
+    if (variant >= KVA__CUDA_PREFILL_WGMMA_FIRST && variant <= KVA__CUDA_PREFILL_VARIANTS)
+        return head_dim == 128 && kva__cuda_prefill_wgmma_ready();
     if (head_dim == 256)
         return variant == 1 || variant == 4;
-    return variant >= 1 && variant <= KVA__CUDA_PREFILL_VARIANTS;
+    return variant >= 1 && variant < KVA__CUDA_PREFILL_WGMMA_FIRST;
 }
+
+/* The wgmma variant the dispatcher runs at D = 128 on sm_90a (0: none, the
+ * mma.sync default below): v13, the fastest on an H100 in one run of
+ * bench/cuda_prefill_bench.c (docs/cuda-prefill.md: 4k causal H32/8 399
+ * TFLOP/s vs 266 for v5; best or within 1 % of the best wgmma variant on
+ * every D = 128 shape of that run). */
+#define KVA__CUDA_PREFILL_WGMMA_DEFAULT 13
 
 /* The variant the dispatcher runs when none is forced: the fastest on an H100
  * in one run of bench/cuda_prefill_bench.c (docs/cuda-prefill.md): v5 at
@@ -625,6 +634,8 @@ extern "C" int kva__cuda_prefill_variant_exists(int32_t head_dim, int variant)
  * other D = 128 shapes), v4 at D = 64 and D = 256. */
 static int default_variant(int32_t head_dim)
 {
+    if (head_dim == 128 && KVA__CUDA_PREFILL_WGMMA_DEFAULT && kva__cuda_prefill_wgmma_ready())
+        return KVA__CUDA_PREFILL_WGMMA_DEFAULT;
     return head_dim == 128 ? 5 : 4;
 }
 
@@ -671,6 +682,8 @@ extern "C" kva_status kva__cuda_prefill_launch_variant(const kva__cuda_prefill_a
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva__cuda_prefill_launch_variant: variant = %d does not exist for D = %d",
                          variant, (int)a->head_dim);
+    if (variant >= KVA__CUDA_PREFILL_WGMMA_FIRST)
+        return kva__cuda_prefill_wgmma_launch(a, stream, variant);
     cudaStream_t st = (cudaStream_t)stream;
     return a->dtype == KVA_DTYPE_BF16 ? launch_dtype<kva__mma_bf16>(a, st, variant)
                                       : launch_dtype<kva__mma_f16>(a, st, variant);

@@ -1,0 +1,462 @@
+/*
+ * prefill_wgmma.cu - the sm_90a (Hopper) paged prefill kernel on warpgroup
+ * matrix instructions (wgmma.mma_async), variants 6..14 of prefill_mma.h.
+ *
+ * Same contract, tiles and arguments as prefill_mma.cu (one CTA = one tile of
+ * 128 packed (token, group head) rows of one (request, kv head); paged NHD/HND
+ * cache, any B; causal, window, soft-cap, ALiBi, sinks, LSE), for D = Dv = 128,
+ * f16/bf16. Structure (FlashAttention-2 loop on FlashAttention-3's
+ * instructions, without warp specialization):
+ *   - CTA = 2 warpgroups (256 threads); warpgroup w owns rows 64 w .. 64 w + 63;
+ *   - Q [128, 128] and the K, V tiles [BN = 128 keys, 128] live in shared
+ *     memory in the 128-byte-swizzle layout of wgmma: two column blocks of 64
+ *     elements, each [rows][64] with 16-byte chunk c of row r at c ^ (r & 7);
+ *   - K and V tiles are gathered from the paged cache (block table per key row)
+ *     by cp.async into an NST-stage ring (NST = 2 or 3): the copy of the tile
+ *     NST - 1 ahead is issued while S = Q K^T runs on the tensor cores;
+ *   - S [64, 128] per warpgroup = 8 wgmma m64n128k16 (A = Q, B = K, both from
+ *     shared memory, K-major); online softmax on the fp32 accumulators in log2
+ *     units (as prefill_mma, lazy rescaling); P is packed to f16/bf16 in
+ *     registers and is the register A operand of O += P V, 8 wgmma m64n128k16
+ *     with B = V from shared memory in its natural [key][dim] layout
+ *     (MN-major, imm-trans-b = 1);
+ *   - tiles are visited from the diagonal down; only tiles crossing the
+ *     diagonal, the window edge or seq_len are masked per element.
+ * Variants: v6 NST = 2, v7 NST = 3, v8 = v6 with P V as two m64n64k16 per
+ * k-step (one per 64-column block of V); v9 (NST = 2) and v10 (NST = 3) are
+ * warp-specialized (a producer warpgroup gathers K/V into an mbarrier ring,
+ * two consumer warpgroups ping-pong their GEMMs against each other's
+ * softmax, FlashAttention-3 style; see prefill_wgmma_ws_kernel); v11 = v10
+ * with two K/V tiles in flight in the producer; v12 = v11 with each consumer's
+ * P V of tile it - 1 issued after S of tile it, so it runs under the
+ * consumer's own softmax of tile it (P double-buffered, O rescaled for tile
+ * it - 1 just before its P V is issued); v13 = v10 and v14 = v10 with v12's
+ * overlap, both with the producer's block-table loads one tile ahead and
+ * staged in shared memory (PRE).
+ *
+ * The kernel body exists only in sm_90a device code (__CUDA_ARCH_FEAT_SM90_ALL);
+ * other targets get an empty kernel that the host never launches
+ * (kva__cuda_prefill_wgmma_ready() checks the build and the device).
+ */
+extern "C" {
+#include "internal.h"
+}
+#include "mma_ptx.cuh"
+#include "prefill_mma.h"
+#include "wgmma_ptx.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+
+#include "prefill_wgmma.cuh"
+
+/*
+ * v6..v8. NST: K/V stages (2 or 3). PV_SPLIT: P V as two n64 products per
+ * k-step. All 256 threads gather; one barrier per key tile.
+ * Dynamic shared memory (from a 1024-byte aligned base): Q [128, 128], then K
+ * [NST][128, 128], then V [NST][128, 128], all swizzled (wg_swz).
+ */
+template <int NST, bool PV_SPLIT, typename Ty>
+__global__ void __launch_bounds__(WG_THREADS, 1)
+    prefill_wgmma_kernel(const kva__cuda_prefill_args a)
+{
+#ifdef KVA_WGMMA_BODY
+    constexpr uint32_t QB = WG_TILE_BYTES(WG_M), KB = WG_TILE_BYTES(WG_BN);
+    const int tile_idx = blockIdx.x;
+    if (tile_idx >= *a.num_tiles)
+        return;
+    wg_tile tl;
+    wg_tile_init(tl, a, a.tiles + (size_t)tile_idx * KVA__CUDA_PREFILL_TILE_INTS);
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const uint32_t sQ = (kva__smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t sK = sQ + QB;
+    const uint32_t sV = sK + NST * KB;
+
+    const int tid = threadIdx.x;
+    const int wg = tid >> 7, wq = (tid >> 5) & 3;
+    wg_load_q<WG_THREADS>(a, tl, sQ, 0, WG_M, tid); /* first copy group */
+    wg_kv g;
+    wg_kv_init(g, a, tl, tid & 15);
+    wg_ctx c;
+    wg_ctx_init(c, a, tl.m0, wg * 64 + wq * 16, tl.m_last, tl.G, tl.kvh, tl.seq_len, tl.q_len,
+                tl.pos_min, tl.pos_max);
+
+    /* Descriptors: Q rows of this warpgroup (K-major, SBO 1024); K and V of
+     * stage 0 (K-major; V MN-major with LBO = one column block = BN rows). */
+    const uint64_t dq = kva__wgmma_desc(sQ + (uint32_t)wg * 64 * 128, 16, 1024);
+    const uint64_t dk0 = kva__wgmma_desc(sK, 16, 1024);
+    const uint64_t dv0 = kva__wgmma_desc(sV, WG_BN * 128, 1024);
+
+    float o[64], s[64];
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int e = 0; e < 64; e++) {
+        o[e] = 0.0f;
+        s[e] = 0.0f;
+    }
+    const int n_first = tl.kv_lo / WG_BN;
+    const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
+#pragma unroll
+    for (int p = 0; p < NST - 1; p++) {
+        const int n = n_last - p;
+        if (n >= n_first)
+            wg_gather<WG_THREADS, 8>(g, tid, n * WG_BN, sK + p * KB, sV + p * KB);
+        kva__cp_async_commit();
+    }
+    for (int n = n_last, it = 0; n >= n_first; n--, it++) {
+        const int st = it % NST;
+        kva__cp_async_wait<NST - 2>(); /* this thread's copies of tile n landed */
+        kva__fence_proxy_async();      /* ... visible to wgmma */
+        __syncthreads();               /* everyone's; stage (it - 1) % NST is free */
+        kva__wgmma_fence();
+        wg_qk<Ty>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
+        kva__wgmma_commit();
+        /* Copy of tile n - NST + 1 into stage (it + NST - 1) % NST meanwhile. */
+        const int nn = n - (NST - 1);
+        if (nn >= n_first) {
+            const uint32_t so = ((it + NST - 1) % NST) * KB;
+            wg_gather<WG_THREADS, 8>(g, tid, nn * WG_BN, sK + so, sV + so);
+        }
+        kva__cp_async_commit();
+        kva__wgmma_wait<0>();
+#pragma unroll
+        for (int e = 0; e < 64; e++)
+            kva__reg_fence(s[e]);
+        uint32_t pa[8][4];
+        float alpha[2];
+        wg_softmax<Ty>(s, o, pa, m_run, l_run, c, n * WG_BN, alpha);
+        kva__wgmma_fence();
+        wg_pv<Ty, PV_SPLIT>(o, pa, dv0 + ((uint64_t)(st * KB) >> 4));
+        kva__wgmma_commit();
+        kva__wgmma_wait<0>();
+#pragma unroll
+        for (int e = 0; e < 64; e++)
+            kva__reg_fence(o[e]);
+    }
+    kva__cp_async_wait<0>();
+    wg_epilogue<Ty>(a, c, o, m_run, l_run, tl.m0 + wg * 64 + wq * 16 + ((tid & 31) >> 2), tl.rows,
+                    tl.q_start, tl.G);
+#endif /* KVA_WGMMA_BODY */
+}
+
+/*
+ * v9 (NST = 2) and v10 (NST = 3): warp-specialized. 384 threads: warpgroup 0
+ * is the producer (40 registers via setmaxnreg: gathers the K/V tiles with
+ * cp.async, waits for them, fence.proxy.async, then arrives on the stage's
+ * "full" mbarrier), warpgroups 1 and 2 the consumers (232 registers; rows
+ * 0..63 and 64..127; Q loaded by each for its own rows). A consumer releases
+ * a stage on its "empty" mbarrier once the P V product that read it is done.
+ * Consumers ping-pong through named barriers 1 and 2: one issues its GEMMs
+ * (P V of tile it - 1 with S of tile it) while the other runs its softmax, so
+ * the tensor cores are fed during the exponentials.
+ * DELAY (v11, NST = 3): the producer publishes tile it - 1 after issuing the
+ * copies of tile it, so two tiles are in flight instead of one (with two
+ * stages this would deadlock: the producer would wait for a stage that the
+ * consumers free only after the tile it has not published yet).
+ * Shared memory as v6..v8, then the 2 * NST mbarriers (8 bytes each), then
+ * (PRE) the staged block ids [2][128] int32.
+ */
+template <int NST, bool DELAY, bool INTRA, bool PRE, typename Ty>
+__global__ void __launch_bounds__(3 * 128, 1)
+    prefill_wgmma_ws_kernel(const kva__cuda_prefill_args a)
+{
+    static_assert(!DELAY || NST >= 3, "a delayed publish needs three stages (else deadlock)");
+#ifdef KVA_WGMMA_BODY
+    constexpr uint32_t QB = WG_TILE_BYTES(WG_M), KB = WG_TILE_BYTES(WG_BN);
+    const int tile_idx = blockIdx.x;
+    if (tile_idx >= *a.num_tiles)
+        return;
+    wg_tile tl;
+    wg_tile_init(tl, a, a.tiles + (size_t)tile_idx * KVA__CUDA_PREFILL_TILE_INTS);
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const uint32_t sQ = (kva__smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t sK = sQ + QB;
+    const uint32_t sV = sK + NST * KB;
+    const uint32_t full = sV + NST * KB, empty = full + 8 * NST; /* mbarriers [NST] each */
+
+    const int tid = threadIdx.x;
+    const int wg = tid >> 7;
+    if (tid == 0) {
+        for (int i = 0; i < NST; i++) {
+            wg_mbar_init(full + 8 * i, 128);
+            wg_mbar_init(empty + 8 * i, 256);
+        }
+    }
+    __syncthreads();
+    const int n_first = tl.kv_lo / WG_BN;
+    const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
+    const int ntiles = n_last - n_first + 1; /* may be 0 */
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        wg_kv g;
+        wg_kv_init(g, a, tl, tid & 15);
+        /* PRE: the block id of key n0 + tid of the next tile is loaded one tile
+         * ahead and staged in shared memory ([2][128] int32 after the
+         * mbarriers), so the copy path has no dependent global load. */
+        const uint32_t sids = empty + 8 * NST;
+        int nxt = PRE && ntiles > 0 ? wg_blk_of(g, n_last * WG_BN + tid) : 0;
+        for (int it = 0; it < ntiles; it++) {
+            const int st = it % NST, n0 = (n_last - it) * WG_BN;
+            if (PRE) {
+                const int cur = nxt;
+                if (it + 1 < ntiles)
+                    nxt = wg_blk_of(g, n0 - WG_BN + tid);
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sids + (it & 1) * 512 + 4 * tid),
+                             "r"(cur)
+                             : "memory");
+                wg_bar_sync(5, 128); /* ids visible; buffer (it - 1) & 1 no longer read */
+            }
+            if (it >= NST)
+                wg_mbar_wait(empty + 8 * st, ((it / NST) - 1) & 1);
+            if (PRE)
+                wg_gather_ids(g, tid, n0, sK + st * KB, sV + st * KB, sids + (it & 1) * 512);
+            else
+                wg_gather<128, 4>(g, tid, n0, sK + st * KB, sV + st * KB);
+            kva__cp_async_commit();
+            if (!DELAY) { /* wait for this tile, then publish it */
+                kva__cp_async_wait<0>();
+                kva__fence_proxy_async();
+                wg_mbar_arrive(full + 8 * st);
+            } else if (it > 0) { /* publish the previous tile; this one stays in flight */
+                kva__cp_async_wait<1>();
+                kva__fence_proxy_async();
+                wg_mbar_arrive(full + 8 * ((it - 1) % NST));
+            }
+        }
+        if (DELAY && ntiles > 0) {
+            kva__cp_async_wait<0>();
+            kva__fence_proxy_async();
+            wg_mbar_arrive(full + 8 * ((ntiles - 1) % NST));
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+        const int cw = wg - 1, ct = tid - 128, wq = (ct >> 5) & 3;
+        wg_load_q<128>(a, tl, sQ, cw * 64, 64, ct & 127);
+        kva__cp_async_commit();
+        kva__cp_async_wait<0>();
+        kva__fence_proxy_async();
+        wg_bar_sync(3 + cw, 128);
+        wg_ctx c;
+        wg_ctx_init(c, a, tl.m0, cw * 64 + wq * 16, tl.m_last, tl.G, tl.kvh, tl.seq_len, tl.q_len,
+                    tl.pos_min, tl.pos_max);
+        const uint64_t dq = kva__wgmma_desc(sQ + (uint32_t)cw * 64 * 128, 16, 1024);
+        const uint64_t dk0 = kva__wgmma_desc(sK, 16, 1024);
+        const uint64_t dv0 = kva__wgmma_desc(sV, WG_BN * 128, 1024);
+        float o[64], s[64];
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int e = 0; e < 64; e++) {
+            o[e] = 0.0f;
+            s[e] = 0.0f;
+        }
+        uint32_t pa[8][4];
+        const int my_bar = 1 + cw, other_bar = 2 - cw;
+        if (ntiles > 0) {
+            if (cw == 1)
+                wg_bar_arrive(1, 256); /* consumer 0 issues first */
+            /* Tile 0: S only. */
+            wg_mbar_wait(full, 0);
+            wg_bar_sync(my_bar, 256);
+            kva__wgmma_fence();
+            wg_qk<Ty>(s, dq, dk0);
+            kva__wgmma_commit();
+            wg_bar_arrive(other_bar, 256);
+            kva__wgmma_wait<0>();
+#pragma unroll
+            for (int e = 0; e < 64; e++)
+                kva__reg_fence(s[e]);
+            float alpha[2] = {1.0f, 1.0f};
+            wg_softmax<Ty>(s, o, pa, m_run, l_run, c, n_last * WG_BN, alpha);
+            bool resc_prev = false; /* INTRA: o is still zero after tile 0 */
+            for (int it = 1; it < ntiles; it++) {
+                const int st = it % NST, sp = (it - 1) % NST;
+                wg_mbar_wait(full + 8 * st, (it / NST) & 1);
+                wg_bar_sync(my_bar, 256);
+                kva__wgmma_fence();
+                if (!INTRA) {
+                    wg_pv<Ty, false>(o, pa, dv0 + ((uint64_t)(sp * KB) >> 4));
+                    kva__wgmma_commit();
+                    wg_qk<Ty>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
+                    kva__wgmma_commit();
+                    wg_bar_arrive(other_bar, 256);
+                    kva__wgmma_wait<1>(); /* P V of tile it - 1 */
+#pragma unroll
+                    for (int e = 0; e < 64; e++)
+                        kva__reg_fence(o[e]);
+                    wg_mbar_arrive(empty + 8 * sp);
+                    kva__wgmma_wait<0>();
+#pragma unroll
+                    for (int e = 0; e < 64; e++)
+                        kva__reg_fence(s[e]);
+                    wg_softmax<Ty>(s, o, pa, m_run, l_run, c, (n_last - it) * WG_BN, alpha);
+                } else {
+                    /* S of tile it first, then P V of tile it - 1, which runs
+                     * under this tile's softmax. o is rescaled for tile it - 1
+                     * between the two issues (as FlashAttention-3 does; a
+                     * rescale after the wait makes ptxas serialize wgmma). */
+                    wg_qk<Ty>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
+                    kva__wgmma_commit();
+                    if (resc_prev) {
+#pragma unroll
+                        for (int nb = 0; nb < WG_D / 8; nb++) {
+                            o[4 * nb] *= alpha[0];
+                            o[4 * nb + 1] *= alpha[0];
+                            o[4 * nb + 2] *= alpha[1];
+                            o[4 * nb + 3] *= alpha[1];
+                        }
+                    }
+                    kva__wgmma_fence();
+                    wg_pv<Ty, false>(o, pa, dv0 + ((uint64_t)(sp * KB) >> 4));
+                    kva__wgmma_commit();
+                    wg_bar_arrive(other_bar, 256);
+                    kva__wgmma_wait<1>(); /* S of tile it */
+#pragma unroll
+                    for (int e = 0; e < 64; e++)
+                        kva__reg_fence(s[e]);
+                    uint32_t pn[8][4];
+                    resc_prev = wg_softmax<Ty, true>(s, o, pn, m_run, l_run, c,
+                                                     (n_last - it) * WG_BN, alpha);
+                    kva__wgmma_wait<0>(); /* P V of tile it - 1 */
+#pragma unroll
+                    for (int e = 0; e < 64; e++)
+                        kva__reg_fence(o[e]);
+#pragma unroll
+                    for (int k = 0; k < 8; k++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            asm volatile("" : "+r"(pa[k][i])::"memory"); /* live until here */
+                            pa[k][i] = pn[k][i];
+                        }
+                    wg_mbar_arrive(empty + 8 * sp);
+                }
+            }
+            /* P V of the last tile. */
+            wg_bar_sync(my_bar, 256);
+            if (INTRA && resc_prev) {
+#pragma unroll
+                for (int nb = 0; nb < WG_D / 8; nb++) {
+                    o[4 * nb] *= alpha[0];
+                    o[4 * nb + 1] *= alpha[0];
+                    o[4 * nb + 2] *= alpha[1];
+                    o[4 * nb + 3] *= alpha[1];
+                }
+            }
+            kva__wgmma_fence();
+            wg_pv<Ty, false>(o, pa, dv0 + ((uint64_t)(((ntiles - 1) % NST) * KB) >> 4));
+            kva__wgmma_commit();
+            if (cw == 0)
+                wg_bar_arrive(other_bar, 256);
+            kva__wgmma_wait<0>();
+#pragma unroll
+            for (int e = 0; e < 64; e++)
+                kva__reg_fence(o[e]);
+        }
+        wg_epilogue<Ty>(a, c, o, m_run, l_run, tl.m0 + cw * 64 + wq * 16 + ((ct & 31) >> 2),
+                        tl.rows, tl.q_start, tl.G);
+    }
+#endif /* KVA_WGMMA_BODY */
+}
+
+/* ------------------------------------------------------------------------ */
+/* Host side                                                                 */
+/* ------------------------------------------------------------------------ */
+
+extern "C" int kva__cuda_prefill_wgmma_ready(void)
+{
+#ifdef KVA_CUDA_SM90A
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    /* sm_90a code runs on compute capability 9.0 only. */
+    return major == 9 && minor == 0;
+#else
+    return 0; /* the build has no sm_90a device code */
+#endif
+}
+
+template <int NST, bool PV_SPLIT, typename Ty>
+static kva_status launch_wg(const kva__cuda_prefill_args *a, cudaStream_t stream)
+{
+    const size_t smem = 1024 + (size_t)WG_TILE_BYTES(WG_M) + 2 * NST * (size_t)WG_TILE_BYTES(WG_BN);
+    cudaError_t e = cudaFuncSetAttribute(prefill_wgmma_kernel<NST, PV_SPLIT, Ty>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                         "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
+                         "memory, wgmma kernel): %s",
+                         smem, cudaGetErrorString(e));
+    prefill_wgmma_kernel<NST, PV_SPLIT, Ty><<<a->grid_tiles, WG_THREADS, smem, stream>>>(*a);
+    e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                         "kva__cuda_prefill_launch: launch of %d tiles (wgmma kernel): %s",
+                         (int)a->grid_tiles, cudaGetErrorString(e));
+    return KVA_STATUS_OK;
+}
+
+template <int NST, bool DELAY, bool INTRA, bool PRE, typename Ty>
+static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream)
+{
+    const size_t smem = 1024 + (size_t)WG_TILE_BYTES(WG_M) +
+                        2 * NST * (size_t)WG_TILE_BYTES(WG_BN) + 16 * NST + (PRE ? 1024 : 0);
+    cudaError_t e = cudaFuncSetAttribute(prefill_wgmma_ws_kernel<NST, DELAY, INTRA, PRE, Ty>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                         "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
+                         "memory, wgmma ws kernel): %s",
+                         smem, cudaGetErrorString(e));
+    prefill_wgmma_ws_kernel<NST, DELAY, INTRA, PRE, Ty>
+        <<<a->grid_tiles, 3 * 128, smem, stream>>>(*a);
+    e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                         "kva__cuda_prefill_launch: launch of %d tiles (wgmma ws kernel): %s",
+                         (int)a->grid_tiles, cudaGetErrorString(e));
+    return KVA_STATUS_OK;
+}
+
+template <typename Ty>
+static kva_status launch_wg_dtype(const kva__cuda_prefill_args *a, cudaStream_t st, int variant)
+{
+    switch (variant) {
+    case 6:
+        return launch_wg<2, false, Ty>(a, st);
+    case 7:
+        return launch_wg<3, false, Ty>(a, st);
+    case 8:
+        return launch_wg<2, true, Ty>(a, st);
+    case 9:
+        return launch_ws<2, false, false, false, Ty>(a, st);
+    case 10:
+        return launch_ws<3, false, false, false, Ty>(a, st);
+    case 11:
+        return launch_ws<3, true, false, false, Ty>(a, st);
+    case 12:
+        return launch_ws<3, true, true, false, Ty>(a, st);
+    case 13:
+        return launch_ws<3, false, false, true, Ty>(a, st);
+    default:
+        return launch_ws<3, false, true, true, Ty>(a, st);
+    }
+}
+
+/* Called by kva__cuda_prefill_launch_variant after its argument checks, for
+ * variants 6..14 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
+extern "C" kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_args *a, void *stream,
+                                                     int variant)
+{
+    cudaStream_t st = (cudaStream_t)stream;
+    return a->dtype == KVA_DTYPE_BF16 ? launch_wg_dtype<kva__mma_bf16>(a, st, variant)
+                                      : launch_wg_dtype<kva__mma_f16>(a, st, variant);
+}

@@ -1,0 +1,427 @@
+/*
+ * prefill_wgmma.cuh - device helpers of the sm_90a wgmma prefill kernels
+ * (prefill_wgmma.cu): tile header and paged K/V gather, the swizzled
+ * shared-memory layout, the S = Q K^T and O += P V wgmma sequences, the online
+ * softmax and the epilogue, mbarrier and named-barrier wrappers. Included by
+ * prefill_wgmma.cu only (after prefill_mma.h, mma_ptx.cuh, wgmma_ptx.cuh);
+ * everything that issues sm_90a instructions is compiled only where
+ * KVA_WGMMA_BODY is defined (sm_90a device passes).
+ */
+#ifndef KVA_CUDA_PREFILL_WGMMA_CUH
+#define KVA_CUDA_PREFILL_WGMMA_CUH
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KVA_WGMMA_BODY 1
+#endif
+
+#define WG_M KVA__CUDA_PREFILL_TILE_M /* rows per CTA (128) */
+#define WG_D 128                      /* head size */
+#define WG_BN 128                     /* keys per K/V tile */
+#define WG_THREADS 256
+#define WG_LOG2E 1.4426950408889634f
+#define WG_LN2 0.6931471805599453f
+/* Bytes of one [rows, 128] operand in the swizzled layout. */
+#define WG_TILE_BYTES(rows) ((rows)*WG_D * 2)
+
+/* Byte offset of 16-byte chunk ch (0..15) of row r in a swizzled [rows, 128]
+ * operand: column block ch / 8 ([rows][64] each), chunk (ch % 8) ^ (r % 8). */
+#ifdef KVA_WGMMA_BODY
+static __device__ __forceinline__ uint32_t wg_swz(int r, int ch, int rows)
+{
+    return (uint32_t)((ch >> 3) * rows * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
+}
+#endif
+
+/* wgmma by element type. */
+template <typename Ty> struct wg_ops;
+template <> struct wg_ops<kva__mma_bf16> {
+#ifdef KVA_WGMMA_BODY
+    static __device__ __forceinline__ void ss(float d[64], uint64_t a, uint64_t b, int sc)
+    {
+        if (sc)
+            kva__wgmma_ss_m64n128_bf16(d, a, b, 1);
+        else
+            kva__wgmma_ss0_m64n128_bf16(d, a, b);
+    }
+    static __device__ __forceinline__ void rs(float d[64], const uint32_t a[4], uint64_t b)
+    {
+        kva__wgmma_rs_m64n128_bf16_tb(d, a, b, 1);
+    }
+    static __device__ __forceinline__ void rs64(float d[32], const uint32_t a[4], uint64_t b)
+    {
+        kva__wgmma_rs_m64n64_bf16_tb(d, a, b, 1);
+    }
+#endif
+};
+template <> struct wg_ops<kva__mma_f16> {
+#ifdef KVA_WGMMA_BODY
+    static __device__ __forceinline__ void ss(float d[64], uint64_t a, uint64_t b, int sc)
+    {
+        if (sc)
+            kva__wgmma_ss_m64n128_f16(d, a, b, 1);
+        else
+            kva__wgmma_ss0_m64n128_f16(d, a, b);
+    }
+    static __device__ __forceinline__ void rs(float d[64], const uint32_t a[4], uint64_t b)
+    {
+        kva__wgmma_rs_m64n128_f16_tb(d, a, b, 1);
+    }
+    static __device__ __forceinline__ void rs64(float d[32], const uint32_t a[4], uint64_t b)
+    {
+        kva__wgmma_rs_m64n64_f16_tb(d, a, b, 1);
+    }
+#endif
+};
+
+/* Per-thread rows and CTA-uniform scalars of the softmax and the epilogue. */
+struct wg_ctx {
+    int pos[2], head[2]; /* position and query head of rows hf = 0, 1 */
+    int seq_len, pos_min, pos_max, causal, has_window, window, t4;
+    float scale_log2, score_mul, cap_mul, softcap;
+    const float *alibi;
+};
+
+#ifdef KVA_WGMMA_BODY
+/* Fills c for the thread's rows m0 + rbase + g4 + 8 hf (rbase = 64 * warpgroup
+ * + 16 * warp in it) of a tile whose rows end at m_last. */
+static __device__ __forceinline__ void wg_ctx_init(wg_ctx &c, const kva__cuda_prefill_args &a,
+                                                   int m0, int rbase, int m_last, int G, int kvh,
+                                                   int seq_len, int q_len, int pos_min, int pos_max)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int pm = min(m0 + rbase + hf * 8 + (lane >> 2), m_last);
+        const int i = pm / G;
+        c.pos[hf] = seq_len - q_len + i;
+        c.head[hf] = kvh * G + (pm - i * G);
+    }
+    c.seq_len = seq_len;
+    c.pos_min = pos_min;
+    c.pos_max = pos_max;
+    c.causal = a.causal;
+    c.has_window = a.window_left >= 0 && a.window_left < KVA_MAX_SEQ_LEN;
+    c.window = a.window_left;
+    c.t4 = lane & 3;
+    const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)WG_D);
+    c.softcap = a.softcap;
+    c.score_mul = a.softcap > 0.0f ? scale / a.softcap : 0.0f;
+    c.cap_mul = a.softcap * WG_LOG2E;
+    c.scale_log2 = scale * WG_LOG2E;
+    c.alibi = a.alibi_slopes;
+}
+
+/*
+ * Online softmax of one key tile (keys n0 .. n0 + 127) in log2 units, as
+ * prefill_mma: s[4 nb + e] is row hf = e / 2, key n0 + 8 nb + 2 t4 + e % 2.
+ * Masks / transforms the tile when needed, updates m_run and l_run (per-thread
+ * partial sums), rescales o lazily (the reference max moves only when a row
+ * of the warp grows past it by more than 8, so weights stay <= 2^8), and packs
+ * P into pa: the register A operands of the k-steps (keys 16 kk .. + 15) of
+ * O += P V ({0, 1}: keys 0..7 of rows g, g + 8; {2, 3}: keys 8..15).
+ */
+template <typename Ty, bool DEFER = false>
+static __device__ __forceinline__ bool
+wg_softmax(float (&s)[64], float (&o)[64], uint32_t (&pa)[8][4], float (&m_run)[2],
+           float (&l_run)[2], const wg_ctx &c, int n0, float (&alpha_out)[2])
+{
+    const int need_mask = (n0 + WG_BN > c.seq_len) || (c.causal && n0 + WG_BN - 1 > c.pos_min) ||
+                          (c.has_window && (int64_t)c.pos_max - n0 > c.window);
+    const int transform = need_mask || c.softcap > 0.0f || c.alibi != NULL;
+    const float mul = transform ? 1.0f : c.scale_log2;
+    if (transform) {
+        float sl[2] = {0.0f, 0.0f};
+        if (c.alibi) {
+            sl[0] = c.alibi[c.head[0]] * WG_LOG2E;
+            sl[1] = c.alibi[c.head[1]] * WG_LOG2E;
+        }
+#pragma unroll
+        for (int e = 0; e < 64; e++) {
+            const int hf = (e >> 1) & 1;
+            const int j = n0 + (e >> 2) * 8 + 2 * c.t4 + (e & 1);
+            float x = s[e];
+            x = c.softcap > 0.0f ? c.cap_mul * tanhf(x * c.score_mul) : x * c.scale_log2;
+            x += sl[hf] * (float)(j - c.pos[hf]);
+            const int p_ = c.pos[hf];
+            const bool vis =
+                j < c.seq_len && (!c.causal || j <= p_) && (!c.has_window || p_ - j <= c.window);
+            s[e] = vis ? x : -INFINITY;
+        }
+    }
+    float m_new[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nb = 0; nb < WG_BN / 8; nb++)
+            mx = fmaxf(mx, fmaxf(s[4 * nb + 2 * hf], s[4 * nb + 2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        m_new[hf] = fmaxf(m_run[hf], mx * mul);
+    }
+    const bool resc =
+        __any_sync(0xffffffffu, m_new[0] > m_run[0] + 8.0f || m_new[1] > m_run[1] + 8.0f);
+    if (resc) {
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const float m_use = m_new[hf] == -INFINITY ? 0.0f : m_new[hf];
+            const float alpha = kva__ex2(m_run[hf] - m_use); /* 0 while m_run = -inf */
+            alpha_out[hf] = alpha;
+            m_run[hf] = m_new[hf];
+            l_run[hf] *= alpha;
+            if (!DEFER) {
+#pragma unroll
+                for (int nb = 0; nb < WG_D / 8; nb++) {
+                    o[4 * nb + 2 * hf] *= alpha;
+                    o[4 * nb + 2 * hf + 1] *= alpha;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const float m_use = m_run[hf] == -INFINITY ? 0.0f : m_run[hf];
+        float sum = 0.0f;
+#pragma unroll
+        for (int nb = 0; nb < WG_BN / 8; nb++) {
+            const float p0 = kva__ex2(fmaf(s[4 * nb + 2 * hf], mul, -m_use));
+            const float p1 = kva__ex2(fmaf(s[4 * nb + 2 * hf + 1], mul, -m_use));
+            sum += p0 + p1;
+            pa[nb >> 1][(nb & 1) * 2 + hf] = Ty::pack(p0, p1);
+        }
+        l_run[hf] += sum;
+    }
+    return resc; /* warp-uniform; with DEFER the caller rescales o by alpha_out */
+}
+
+/* Sink, normalization, out and lse of the thread's rows (as prefill_mma). */
+template <typename Ty>
+static __device__ __forceinline__ void
+wg_epilogue(const kva__cuda_prefill_args &a, const wg_ctx &c, const float (&o)[64],
+            const float (&m_run)[2], const float (&l_run)[2], int pm0, int rows, int q_start, int G)
+{
+    typedef typename Ty::elem elem;
+    elem *out = (elem *)a.out;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float l = l_run[hf];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        float m = m_run[hf];
+        float f = 1.0f;
+        if (a.sinks) {
+            const float sink2 = a.sinks[c.head[hf]] * WG_LOG2E;
+            const float m_f = fmaxf(m, sink2);
+            f = kva__ex2(m - m_f); /* 0 when m = -inf */
+            l = l * f + kva__ex2(sink2 - m_f);
+            m = m_f;
+        }
+        /* l == 0: no visible key and no sink. NaN l (a NaN score) falls through. */
+        const float inv = l == 0.0f ? 0.0f : f / l;
+        const float lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * WG_LN2;
+        const int pm = pm0 + hf * 8;
+        if (pm >= rows)
+            continue;
+        const size_t orow = (size_t)(q_start + pm / G) * a.num_heads + c.head[hf];
+        elem *dst = out + orow * WG_D;
+#pragma unroll
+        for (int nb = 0; nb < WG_D / 8; nb++) {
+            const uint32_t v = Ty::pack(o[4 * nb + 2 * hf] * inv, o[4 * nb + 2 * hf + 1] * inv);
+            *(uint32_t *)(dst + nb * 8 + 2 * c.t4) = v;
+        }
+        if (a.lse && c.t4 == 0)
+            a.lse[orow] = lse;
+    }
+}
+
+/*
+ * Paged K/V gather of key rows n0 .. n0 + 127 into a stage (K at sk, V at sv)
+ * by NT threads (index t): thread t copies 16-byte chunk t % 16 of rows
+ * t / 16 + (NT / 16) k, the block-table loads of BATCH rows before their
+ * copies. Rows outside [kv_lo, kv_hi) are zero-filled without reading the
+ * block table or the cache (a partly filled block's unused slots may hold
+ * NaN; no row's P V product meets them).
+ */
+struct wg_kv {
+    const int32_t *bt;
+    const char *k, *v;  /* this kv head's element 0 + the thread's chunk, bytes */
+    int64_t blk_stride; /* bytes */
+    int row_stride;     /* bytes */
+    int B, b_shift, kv_lo, kv_hi;
+};
+template <int NT, int BATCH>
+static __device__ __forceinline__ void wg_gather(const wg_kv &g, int t, int n0, uint32_t sk,
+                                                 uint32_t sv)
+{
+    constexpr int RPP = NT / 16, ITERS = WG_BN / RPP;
+    const int lrow = t >> 4, lch = t & 15;
+    const uint32_t swz =
+        (uint32_t)((lch >> 3) * WG_BN * 128 + lrow * 128 + (((lch & 7) ^ (lrow & 7)) << 4));
+#pragma unroll
+    for (int k0 = 0; k0 < ITERS; k0 += BATCH) {
+        int blk[BATCH];
+#pragma unroll
+        for (int k = 0; k < BATCH; k++) {
+            const int j = n0 + lrow + (k0 + k) * RPP;
+            const int bi = g.b_shift >= 0 ? j >> g.b_shift : j / g.B;
+            blk[k] = j >= g.kv_lo && j < g.kv_hi ? g.bt[bi] : 0;
+        }
+#pragma unroll
+        for (int k = 0; k < BATCH; k++) {
+            const int j = n0 + lrow + (k0 + k) * RPP;
+            const int o = g.b_shift >= 0 ? j & (g.B - 1) : j % g.B;
+            const bool in = j >= g.kv_lo && j < g.kv_hi;
+            const int64_t off = in ? (int64_t)blk[k] * g.blk_stride + (int64_t)o * g.row_stride : 0;
+            const uint32_t so = swz + (uint32_t)((k0 + k) * RPP * 128);
+            kva__cp_async16(sk + so, g.k + off, in ? 16 : 0);
+            kva__cp_async16(sv + so, g.v + off, in ? 16 : 0);
+        }
+    }
+}
+
+/* Block id of key j (0 outside [kv_lo, kv_hi), where the block table is not
+ * read). */
+static __device__ __forceinline__ int wg_blk_of(const wg_kv &g, int j)
+{
+    const int bi = g.b_shift >= 0 ? j >> g.b_shift : j / g.B;
+    return j >= g.kv_lo && j < g.kv_hi ? g.bt[bi] : 0;
+}
+/* wg_gather for 128 threads with the block ids of keys n0 .. n0 + 127 staged
+ * in shared memory (int32 [128] at sids): no global load on the copy path. */
+static __device__ __forceinline__ void wg_gather_ids(const wg_kv &g, int t, int n0, uint32_t sk,
+                                                     uint32_t sv, uint32_t sids)
+{
+    const int lrow = t >> 4, lch = t & 15;
+    const uint32_t swz =
+        (uint32_t)((lch >> 3) * WG_BN * 128 + lrow * 128 + (((lch & 7) ^ (lrow & 7)) << 4));
+#pragma unroll
+    for (int k = 0; k < WG_BN / 8; k++) {
+        const int row = lrow + 8 * k, j = n0 + row;
+        const int o = g.b_shift >= 0 ? j & (g.B - 1) : j % g.B;
+        const bool in = j >= g.kv_lo && j < g.kv_hi;
+        int blk;
+        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(blk) : "r"(sids + 4u * (uint32_t)row));
+        const int64_t off = in ? (int64_t)blk * g.blk_stride + (int64_t)o * g.row_stride : 0;
+        const uint32_t so = swz + (uint32_t)(k * 8 * 128);
+        kva__cp_async16(sk + so, g.k + off, in ? 16 : 0);
+        kva__cp_async16(sv + so, g.v + off, in ? 16 : 0);
+    }
+}
+
+/* Tile header shared by both kernels: request, rows, visible key range. */
+struct wg_tile {
+    int r, m0, kvh, q_start, q_len, seq_len, rows, G, m_last, pos_min, pos_max, kv_lo, kv_hi;
+};
+static __device__ __forceinline__ void wg_tile_init(wg_tile &t, const kva__cuda_prefill_args &a,
+                                                    const int32_t *tile)
+{
+    t.r = tile[0];
+    t.m0 = tile[1];
+    t.kvh = tile[2];
+    t.G = a.num_heads / a.num_kv_heads;
+    t.q_start = a.query_start_loc[t.r];
+    t.q_len = a.query_start_loc[t.r + 1] - t.q_start;
+    t.seq_len = a.seq_lens[t.r];
+    t.rows = t.q_len * t.G;
+    t.m_last = min(t.m0 + WG_M, t.rows) - 1;
+    t.pos_min = t.seq_len - t.q_len + t.m0 / t.G;
+    t.pos_max = t.seq_len - t.q_len + t.m_last / t.G;
+    const int has_window = a.window_left >= 0 && a.window_left < KVA_MAX_SEQ_LEN;
+    t.kv_lo = has_window ? max(0, t.pos_min - a.window_left) : 0;
+    t.kv_hi = a.causal ? min(t.seq_len, t.pos_max + 1) : t.seq_len;
+}
+static __device__ __forceinline__ void wg_kv_init(wg_kv &g, const kva__cuda_prefill_args &a,
+                                                  const wg_tile &t, int lch)
+{
+    const int Hkv = a.num_kv_heads, B = a.block_size, nhd = a.layout == KVA_LAYOUT_NHD;
+    const int bt_stride =
+        a.block_table_stride_dev ? *a.block_table_stride_dev : a.block_table_stride;
+    g.bt = a.block_table + (size_t)t.r * bt_stride;
+    const int64_t head_off =
+        ((nhd ? (int64_t)t.kvh * WG_D : (int64_t)t.kvh * B * WG_D) + lch * 8) * 2;
+    g.k = (const char *)a.k + head_off;
+    g.v = (const char *)a.v + head_off;
+    g.blk_stride = (int64_t)B * Hkv * WG_D * 2;
+    g.row_stride = (nhd ? Hkv * WG_D : WG_D) * 2;
+    g.B = B;
+    g.b_shift = (B & (B - 1)) == 0 ? __ffs(B) - 1 : -1;
+    g.kv_lo = t.kv_lo;
+    g.kv_hi = t.kv_hi;
+}
+/* Q rows m0 + r0 .. m0 + r0 + nrows - 1 of the tile (zeros past the request)
+ * into the swizzled [128, 128] Q operand at sq, by NT threads (index t). */
+template <int NT>
+static __device__ __forceinline__ void wg_load_q(const kva__cuda_prefill_args &a, const wg_tile &tl,
+                                                 uint32_t sq, int r0, int nrows, int t)
+{
+    typedef uint16_t elem;
+    const elem *q = (const elem *)a.q;
+    for (int idx = t; idx < nrows * 16; idx += NT) {
+        const int row = r0 + idx / 16, ch = idx % 16, pm = tl.m0 + row;
+        const elem *src = q;
+        int bytes = 0;
+        if (pm < tl.rows) {
+            const int i = pm / tl.G, g = pm - i * tl.G;
+            src = q + ((size_t)(tl.q_start + i) * a.num_heads + (size_t)tl.kvh * tl.G + g) * WG_D +
+                  ch * 8;
+            bytes = 16;
+        }
+        kva__cp_async16(sq + wg_swz(row, ch, WG_M), src, bytes);
+    }
+}
+/* S = Q K^T [64, 128] for one warpgroup: 8 k-steps over D. */
+template <typename Ty>
+static __device__ __forceinline__ void wg_qk(float (&s)[64], uint64_t dq, uint64_t dk)
+{
+#pragma unroll
+    for (int kk = 0; kk < WG_D / 16; kk++)
+        wg_ops<Ty>::ss(s, dq + (uint64_t)(((kk >> 2) * WG_M * 128 + (kk & 3) * 32) >> 4),
+                       dk + (uint64_t)(((kk >> 2) * WG_BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
+}
+/* O += P V for one warpgroup: 8 k-steps over the tile's keys. */
+template <typename Ty, bool PV_SPLIT>
+static __device__ __forceinline__ void wg_pv(float (&o)[64], const uint32_t (&pa)[8][4],
+                                             uint64_t dv)
+{
+#pragma unroll
+    for (int kk = 0; kk < WG_BN / 16; kk++) {
+        const uint64_t d = dv + (uint64_t)((kk * 16 * 128) >> 4);
+        if (PV_SPLIT) {
+            wg_ops<Ty>::rs64(o, pa[kk], d);
+            wg_ops<Ty>::rs64(o + 32, pa[kk], d + (uint64_t)((WG_BN * 128) >> 4));
+        } else {
+            wg_ops<Ty>::rs(o, pa[kk], d);
+        }
+    }
+}
+#endif /* KVA_WGMMA_BODY */
+
+#ifdef KVA_WGMMA_BODY
+static __device__ __forceinline__ void wg_mbar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void wg_mbar_arrive(uint32_t bar)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
+                 : "memory");
+}
+static __device__ __forceinline__ void wg_mbar_wait(uint32_t bar, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred p;\nWG_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@p bra WG_DONE;\nbra WG_WAIT;\nWG_DONE:\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+static __device__ __forceinline__ void wg_bar_sync(int id, int n)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+static __device__ __forceinline__ void wg_bar_arrive(int id, int n)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+#endif
+
+#endif
