@@ -77,6 +77,33 @@ static inline __m256 pf_exp(__m256 x)
     return _mm256_andnot_ps(tiny, p);
 }
 
+/* 2^x for x <= 0, as in attn_prefill_avx512.h (degree-6 polynomial of
+ * f = x - round(x)), with 2^n built in the exponent field: x < -126 and
+ * -inf give exactly 0 (the garbage exponent of -inf is masked), NaN stays
+ * NaN (NaN times anything). */
+static inline __m256 pf_exp2(__m256 x)
+{
+    const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
+    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(x, n);
+    __m256 p = _mm256_set1_ps(1.5461444855e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3400427997e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6180569381e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5503271520e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650719e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718246e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* Bit l set when lane l of x is -inf. */
+static inline unsigned pf_neginf_lanes(__m256 x)
+{
+    return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
+}
+
 /* tanh(x) = sign(x) (1 - e^-2|x|) / (1 + e^-2|x|); +-inf -> +-1, NaN -> NaN. */
 static inline __m256 pf_tanh(__m256 x)
 {
