@@ -96,6 +96,44 @@ static inline unsigned pf_neginf_lanes(__m512 x)
     return _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
 }
 
+/* dst[c * ldd + r] = src[r * lds + c] for r, c < 16: a 16 x 16 block of
+ * 32-bit values transposed in registers (4 rounds of 16 shuffles). */
+static inline void pf_transpose(const float *src, size_t lds, float *dst, size_t ldd)
+{
+    __m512 a[16], b[16];
+    for (int r = 0; r < 16; r++)
+        a[r] = _mm512_loadu_ps(src + (size_t)r * lds);
+    /* b[2i], b[2i+1], per 128-bit lane L: rows 2i, 2i+1 interleaved, columns 4L .. 4L+3 */
+    for (int i = 0; i < 8; i++) {
+        b[2 * i] = _mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]);
+        b[2 * i + 1] = _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]);
+    }
+    /* a[4i+k], lane L: rows 4i .. 4i+3 of column 4L+k */
+    for (int i = 0; i < 4; i++) {
+        const __m512d x0 = _mm512_castps_pd(b[4 * i]), x1 = _mm512_castps_pd(b[4 * i + 1]);
+        const __m512d x2 = _mm512_castps_pd(b[4 * i + 2]), x3 = _mm512_castps_pd(b[4 * i + 3]);
+        a[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(x0, x2));
+        a[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x0, x2));
+        a[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(x1, x3));
+        a[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(x1, x3));
+    }
+    /* b[k] / b[4+k]: rows 0-7 of columns k, 8+k / 4+k, 12+k; b[8+..]: rows 8-15 */
+    for (int k = 0; k < 4; k++) {
+        b[k] = _mm512_shuffle_f32x4(a[k], a[4 + k], 0x88);
+        b[4 + k] = _mm512_shuffle_f32x4(a[k], a[4 + k], 0xdd);
+        b[8 + k] = _mm512_shuffle_f32x4(a[8 + k], a[12 + k], 0x88);
+        b[12 + k] = _mm512_shuffle_f32x4(a[8 + k], a[12 + k], 0xdd);
+    }
+    for (int k = 0; k < 4; k++) {
+        _mm512_storeu_ps(dst + (size_t)k * ldd, _mm512_shuffle_f32x4(b[k], b[8 + k], 0x88));
+        _mm512_storeu_ps(dst + (size_t)(8 + k) * ldd, _mm512_shuffle_f32x4(b[k], b[8 + k], 0xdd));
+        _mm512_storeu_ps(dst + (size_t)(4 + k) * ldd,
+                         _mm512_shuffle_f32x4(b[4 + k], b[12 + k], 0x88));
+        _mm512_storeu_ps(dst + (size_t)(12 + k) * ldd,
+                         _mm512_shuffle_f32x4(b[4 + k], b[12 + k], 0xdd));
+    }
+}
+
 /* tanh(x) = sign(x) (1 - e^-2|x|) / (1 + e^-2|x|); +-inf -> +-1, NaN -> NaN. */
 static inline __m512 pf_tanh(__m512 x)
 {

@@ -104,6 +104,32 @@ static inline unsigned pf_neginf_lanes(__m256 x)
     return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
 }
 
+/* dst[c * ldd + r] = src[r * lds + c] for r, c < 8: an 8 x 8 block of
+ * 32-bit values transposed in registers. */
+static inline void pf_transpose(const float *src, size_t lds, float *dst, size_t ldd)
+{
+    __m256 a[8], b[8];
+    for (int r = 0; r < 8; r++)
+        a[r] = _mm256_loadu_ps(src + (size_t)r * lds);
+    for (int i = 0; i < 4; i++) {
+        b[2 * i] = _mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]);
+        b[2 * i + 1] = _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]);
+    }
+    /* a[4i+k], 128-bit lane L: rows 4i .. 4i+3 of column 4L+k */
+    for (int i = 0; i < 2; i++) {
+        const __m256d x0 = _mm256_castps_pd(b[4 * i]), x1 = _mm256_castps_pd(b[4 * i + 1]);
+        const __m256d x2 = _mm256_castps_pd(b[4 * i + 2]), x3 = _mm256_castps_pd(b[4 * i + 3]);
+        a[4 * i] = _mm256_castpd_ps(_mm256_unpacklo_pd(x0, x2));
+        a[4 * i + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(x0, x2));
+        a[4 * i + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(x1, x3));
+        a[4 * i + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(x1, x3));
+    }
+    for (int k = 0; k < 4; k++) {
+        _mm256_storeu_ps(dst + (size_t)k * ldd, _mm256_permute2f128_ps(a[k], a[4 + k], 0x20));
+        _mm256_storeu_ps(dst + (size_t)(4 + k) * ldd, _mm256_permute2f128_ps(a[k], a[4 + k], 0x31));
+    }
+}
+
 /* tanh(x) = sign(x) (1 - e^-2|x|) / (1 + e^-2|x|); +-inf -> +-1, NaN -> NaN. */
 static inline __m256 pf_tanh(__m256 x)
 {
