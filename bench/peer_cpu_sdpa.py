@@ -12,7 +12,12 @@ Shapes (H=32 query heads, Hkv=8 kv heads, D=128 unless given):
 GQA: torch gets enable_gqa=True when this torch supports it; otherwise K/V are
 expanded with repeat_interleave *before* timing (torch is not charged for it).
 Both sides report the median of their timed runs, or with --stat min the
-fastest run (on a shared, noisy machine the least disturbed one). Run via
+fastest run (on a shared, noisy machine the least disturbed one), after the
+same number of warm-up runs, with the same thread count (torch.set_num_threads
+and `kvattn bench --threads`). With --rounds N the two sides alternate N
+times per shape (odd rounds start with kvattn, even ones with torch); the
+table gives each side's best round and their ratio, plus the median of the
+N same-round ratios (each taken under the same load). Run via
 scripts/peer_cpu.sh.
 """
 import argparse
@@ -102,7 +107,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kvattn", default="build/kvattn", help="path of the kvattn binary")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads on both sides")
-    ap.add_argument("--dtypes", default="bf16,f32", help="comma-separated: bf16,f32,f16")
+    ap.add_argument("--dtypes", default="bf16,f16,f32", help="comma-separated: bf16,f16,f32")
     ap.add_argument("--shapes", type=parse_shape, nargs="*",
                     default=[parse_shape(s) for s in
                              ("prefill:1024", "prefill:2048", "prefill:4096", "decode:16:4096")])
@@ -123,9 +128,11 @@ def main():
     print("torch %s (CPU capability %s), %d threads; kvattn %s" %
           (torch.__version__, torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(),
            a.kvattn))
-    print("%-18s %-5s %-18s %10s %10s %12s   (%s of %d runs, best of %d rounds)" %
-          ("shape", "dtype", "torch GQA", "ours ms", "torch ms", "torch/ours", a.stat, a.iters,
-           a.rounds))
+    print("load average at start: %.2f %.2f %.2f" % os.getloadavg())
+    print("%-18s %-5s %-18s %10s %10s %12s %14s   (%s of %d runs, best of %d rounds; "
+          "same-round ratios)" %
+          ("shape", "dtype", "torch GQA", "ours ms", "torch ms", "torch/ours", "median ratio",
+           a.stat, a.iters, a.rounds))
     rows = []
     for sh in a.shapes:
         for dt in a.dtypes.split(","):
@@ -135,19 +142,34 @@ def main():
             # Rounds alternate the two sides so that slow drifts of a shared
             # machine's load hit both; each side keeps its best round.
             t_torch = t_ours = float("inf")
+            ratios = []
             for rnd in range(a.rounds):
-                tt, mode = time_torch(sh, a.heads, a.kv_heads, a.head_dim, DTYPES[dt],
+                def run_torch():
+                    return time_torch(sh, a.heads, a.kv_heads, a.head_dim, DTYPES[dt],
                                       a.iters, a.warmup, a.stat)
-                to, res = time_ours(a.kvattn, sh, a.heads, a.kv_heads, a.head_dim, dt,
-                                    a.threads, a.iters, a.warmup, rnd == 0 and not a.no_check,
-                                    a.stat)
+
+                def run_ours():
+                    return time_ours(a.kvattn, sh, a.heads, a.kv_heads, a.head_dim, dt,
+                                     a.threads, a.iters, a.warmup, rnd == 0 and not a.no_check,
+                                     a.stat)
+                if rnd % 2 == 0:
+                    to, res = run_ours()
+                    tt, mode = run_torch()
+                else:
+                    tt, mode = run_torch()
+                    to, res = run_ours()
+                ratios.append(tt / to)
                 t_torch, t_ours = min(t_torch, tt), min(t_ours, to)
-            print("%-18s %-5s %-18s %10.2f %10.2f %11.2fx" %
-                  (name, dt, mode, t_ours, t_torch, t_torch / t_ours))
+            med = statistics.median(ratios)
+            print("%-18s %-5s %-18s %10.2f %10.2f %11.2fx %13.2fx   [%s]" %
+                  (name, dt, mode, t_ours, t_torch, t_torch / t_ours, med,
+                   " ".join("%.2f" % x for x in ratios)))
             sys.stdout.flush()
             rows.append({"shape": name, "dtype": dt, "torch_gqa": mode, "ours_ms": t_ours,
                          "torch_ms": t_torch, "ratio": t_torch / t_ours,
+                         "median_round_ratio": med, "round_ratios": ratios,
                          "stat": a.stat, "rounds": a.rounds, "threads": a.threads})
+    print("load average at end: %.2f %.2f %.2f" % os.getloadavg())
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"torch": torch.__version__, "rows": rows}, f, indent=1)

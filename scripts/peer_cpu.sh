@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # peer_cpu.sh - kvattn vs PyTorch's CPU scaled_dot_product_attention on the
 # same shapes (bench/peer_cpu_sdpa.py), rerunnable by anyone:
-#   scripts/peer_cpu.sh [--threads N] [--dtypes bf16,f32] [--shapes prefill:4096 decode:16:4096 ...]
+#   scripts/peer_cpu.sh [--threads N] [--dtypes bf16,f16,f32] [--shapes prefill:4096 decode:16:4096 ...]
 # Creates a venv (KVA_PEER_VENV, default build/peer-venv) and installs torch's
 # CPU wheel from download.pytorch.org/whl/cpu; when that index cannot be
 # reached it installs `torch` from PyPI instead (the default wheel, which also

@@ -77,6 +77,59 @@ static inline __m256 pf_exp(__m256 x)
     return _mm256_andnot_ps(tiny, p);
 }
 
+/* 2^x for x <= 0, as in attn_prefill_avx512.h (degree-6 polynomial of
+ * f = x - round(x)), with 2^n built in the exponent field: x < -126 and
+ * -inf give exactly 0 (the garbage exponent of -inf is masked), NaN stays
+ * NaN (NaN times anything). */
+static inline __m256 pf_exp2(__m256 x)
+{
+    const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
+    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(x, n);
+    __m256 p = _mm256_set1_ps(1.5461444855e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3400427997e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6180569381e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5503271520e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650719e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718246e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* Bit l set when lane l of x is -inf. */
+static inline unsigned pf_neginf_lanes(__m256 x)
+{
+    return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
+}
+
+/* dst[c * ldd + r] = src[r * lds + c] for r, c < 8: an 8 x 8 block of
+ * 32-bit values transposed in registers. */
+static inline void pf_transpose(const float *src, size_t lds, float *dst, size_t ldd)
+{
+    __m256 a[8], b[8];
+    for (int r = 0; r < 8; r++)
+        a[r] = _mm256_loadu_ps(src + (size_t)r * lds);
+    for (int i = 0; i < 4; i++) {
+        b[2 * i] = _mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]);
+        b[2 * i + 1] = _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]);
+    }
+    /* a[4i+k], 128-bit lane L: rows 4i .. 4i+3 of column 4L+k */
+    for (int i = 0; i < 2; i++) {
+        const __m256d x0 = _mm256_castps_pd(b[4 * i]), x1 = _mm256_castps_pd(b[4 * i + 1]);
+        const __m256d x2 = _mm256_castps_pd(b[4 * i + 2]), x3 = _mm256_castps_pd(b[4 * i + 3]);
+        a[4 * i] = _mm256_castpd_ps(_mm256_unpacklo_pd(x0, x2));
+        a[4 * i + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(x0, x2));
+        a[4 * i + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(x1, x3));
+        a[4 * i + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(x1, x3));
+    }
+    for (int k = 0; k < 4; k++) {
+        _mm256_storeu_ps(dst + (size_t)k * ldd, _mm256_permute2f128_ps(a[k], a[4 + k], 0x20));
+        _mm256_storeu_ps(dst + (size_t)(4 + k) * ldd, _mm256_permute2f128_ps(a[k], a[4 + k], 0x31));
+    }
+}
+
 /* tanh(x) = sign(x) (1 - e^-2|x|) / (1 + e^-2|x|); +-inf -> +-1, NaN -> NaN. */
 static inline __m256 pf_tanh(__m256 x)
 {
