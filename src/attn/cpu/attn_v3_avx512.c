@@ -1,7 +1,8 @@
 /*
  * attn_v3_avx512.c - CPU attention kernels, variants 3 and 4: AVX-512
  * (F/BW/VL/DQ), GQA-packed online softmax for decode-shaped items; variant 4
- * adds AVX512_BF16 scores.
+ * adds AVX512_BF16 scores for bf16 q and cache, and on CPUs with
+ * AVX512_VNNI int8 dot-product scores for int8 keys.
  *
  * Same work item and semantics as v1 (attn_v1.c); what changes:
  *   - The loops read the K and V rows in place, in their storage format
@@ -42,6 +43,18 @@
  *     odd dims of one 64-byte load, accumulators un-paired once per item).
  *   - Loops specialized for D = Dv = 64, 128, 256 and each row format;
  *     other shapes take a runtime-D copy.
+ *   - Variant 4 over int8 keys (INT8_CHANNEL, INT8_TOKEN_K, symmetric or
+ *     not) on a CPU with AVX512_VNNI: q' held as a 23-bit integer in 3
+ *     signed byte digits, 16 keys transposed by dwords into lanes, vpdpbusd
+ *     against the codes biased to unsigned bytes (scores_rows_i8dot in
+ *     attn_v3_avx512.h: no conversion of K, no 16x16 reductions; exact up to
+ *     q's 2^-23 rounding and a few fp32 roundings). 1 thread, 4 x 16384 keys,
+ *     f16 q, int8 cache (docs/performance.md, alternating rounds on the
+ *     loaded VM): GQA 1 16.5 -> 14.5 ms, GQA 8 70.6 -> 53.7 ms against v3.
+ *   - Decode groups (cpu_attn.h, "Groups"): the items of one request and key
+ *     range over several kv heads run interleaved chunk by chunk
+ *     (run_group), so that a block's rows of all those kv heads are read
+ *     together; each item keeps its state in its own part of the scratch.
  *
  * Non-finite semantics are v1's: NaN scores do not enter the max and make
  * the row's sum NaN; an all -inf chunk leaves a row untouched (it takes no
