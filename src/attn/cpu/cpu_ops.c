@@ -118,8 +118,9 @@ static int same_group(const kva__work_item *a, const kva__work_item *b)
 }
 
 /* Orders part's items for grouping and cuts them into groups (cpu_attn.h,
- * "Groups"); items that are not groupable form groups of one. */
-static kva_status build_groups(kva__partition *part)
+ * "Groups"); items that are not groupable, and every item when the plan's
+ * decode variant has no group entry (group == 0), form groups of one. */
+static kva_status build_groups(kva__partition *part, int group)
 {
     const int32_t n = part->num_items;
     if (n > 1)
@@ -131,7 +132,7 @@ static kva_status build_groups(kva__partition *part)
     int32_t ng = 0;
     for (int32_t i = 0; i < n;) {
         int32_t j = i + 1;
-        if (kva__cpu_groupable(&part->items[i]))
+        if (group && kva__cpu_groupable(&part->items[i]))
             while (j < n && j - i < KVA_CPU_GROUP_MAX &&
                    same_group(&part->items[i], &part->items[j]))
                 j++;
@@ -149,11 +150,6 @@ kva_status kva__cpu_plan_partition(kva_context *ctx, kva_plan *plan,
 {
     kva__partition *part = NULL;
     KVA_TRY(kva__partition_build(plan, pp, &part));
-    kva_status gst = build_groups(part);
-    if (gst != KVA_STATUS_OK) {
-        kva__partition_free(part);
-        return gst;
-    }
     if (plan->part) {
         /* Re-partitioning keeps the variants (tests may have forced one). */
         part->variant = plan->part->variant;
@@ -165,6 +161,13 @@ kva_status kva__cpu_plan_partition(kva_context *ctx, kva_plan *plan,
         const kva__cpu_isa level = kva__cpu_isa_of(&ctx->cpu_features);
         part->variant = env_variant(level);
         kva__cpu_attn_choose(level, &part->variant_decode, &part->variant_prefill);
+    }
+    const kva__cpu_variant *vinfo =
+        kva__cpu_attn_variant_info(part->variant ? part->variant : part->variant_decode);
+    kva_status gst = build_groups(part, vinfo && vinfo->group);
+    if (gst != KVA_STATUS_OK) {
+        kva__partition_free(part);
+        return gst;
     }
     size_t bytes = 0;
     if (part->num_items > 0)
@@ -193,10 +196,16 @@ static kva_status cpu_plan_build(kva_context *ctx, kva_plan *plan)
     pp.min_split_keys = 128;
     pp.max_splits = 64;
     pp.items_per_thread = 4;
-    /* Decode-only steps run in groups of up to KVA_CPU_GROUP_MAX kv heads
-     * (cpu_attn.h, "Groups"): ask for as many groups per thread as there
-     * were items, i.e. split long requests as often as before grouping. */
-    int decode_only = 1;
+    /* Decode-only steps whose decode variant runs groups of up to
+     * KVA_CPU_GROUP_MAX kv heads (cpu_attn.h, "Groups"): ask for as many
+     * groups per thread as there were items, i.e. split long requests as
+     * often as before grouping. */
+    const kva__cpu_isa level = kva__cpu_isa_of(&ctx->cpu_features);
+    int32_t vd = 1, vp = 1;
+    kva__cpu_attn_choose(level, &vd, &vp);
+    const int32_t vforced = env_variant(level);
+    const kva__cpu_variant *vinfo = kva__cpu_attn_variant_info(vforced ? vforced : vd);
+    int decode_only = vinfo && vinfo->group;
     for (int32_t r = 0; r < plan->d.num_requests; r++)
         if (plan->query_start_loc[r + 1] - plan->query_start_loc[r] > KVA_CPU_DECODE_MAX_NQ)
             decode_only = 0;
