@@ -337,7 +337,8 @@ static void test_int8_scores_outliers(void)
             slots[i] = i;
         if (c)
             CHECK_OK(kva_cache_write(cpu, c, (int32_t)n, k, 0, v, 0, KVA_DTYPE_F32, slots));
-        /* Queries: normal, dims 3 and 64 20x larger; token 1's rows 1e-3 smaller. */
+        /* Queries: normal, dims 3 and 64 20x larger; token 1's rows 1e-3 smaller,
+         * token 2's subnormal. */
         kva_plan_desc pd = kva_test_batch_plan_desc(&b, H, Hkv, D, D, KVA_DTYPE_F32);
         const size_t nq = (size_t)b.T * H * D, nl = (size_t)b.T * H;
         float *qv = malloc(nq * sizeof(float));
@@ -345,6 +346,8 @@ static void test_int8_scores_outliers(void)
         for (size_t i = 0; i < nq; i++) {
             const size_t d = i % D, t = i / ((size_t)H * D);
             qv[i] *= (d == 3 || d == 64 ? 20.0f : 1.0f) * (t == 1 ? 1e-3f : 1.0f);
+            if (t == 2) /* subnormal queries (the integer step, 2^-22 max|q|, underflows) */
+                qv[i] *= 1e-39f;
         }
         float *o_ref = malloc(nq * sizeof(float)), *o_cpu = malloc(nq * sizeof(float));
         float *l_ref = malloc(nl * sizeof(float)), *l_cpu = malloc(nl * sizeof(float));

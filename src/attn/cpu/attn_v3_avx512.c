@@ -484,11 +484,13 @@ static int kq_prepare(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t M, c
         float amax = 0.0f;
         for (int32_t d = 0; d < D; d++)
             amax = fabsf(q[d]) > amax || q[d] != q[d] ? fabsf(q[d]) : amax;
-        const float step = amax * 0x1p-22f, inv = amax > 0.0f ? 0x1p22f / amax : 0.0f;
+        /* In double: 2^22 / amax overflows float for subnormal rows. */
+        const float step = amax * 0x1p-22f;
+        const double inv = amax > 0.0f ? 0x1p22 / amax : 0.0;
         int32_t sum[3] = {0, 0, 0};
         double off = 0.0;
         for (int32_t d = 0; d < D; d++) {
-            int32_t n = (int32_t)lrintf(q[d] * inv);
+            int32_t n = (int32_t)lrint(q[d] * inv);
             n = n > (1 << 22) ? 1 << 22 : n < -(1 << 22) ? -(1 << 22) : n;
             const int32_t c = ((n + 128) & 255) - 128, n1 = (n - c) / 256;
             const int32_t b = ((n1 + 128) & 255) - 128, a = (n1 - b) / 256;
