@@ -300,5 +300,6 @@ void kva__partition_free(kva__partition *part)
         return;
     free(part->items);
     free(part->tasks);
+    free(part->group_start);
     free(part);
 }

@@ -70,6 +70,12 @@ struct kva__partition {
      * tiles; variant, when nonzero, forces one variant for every item (tests
      * and benchmarks compare variants with it). See src/attn/cpu/cpu_attn.h. */
     int32_t variant, variant_decode, variant_prefill;
+    /* Groups of items a backend runs together (the CPU backend: decode items
+     * of one request and key range over several kv heads, interleaved chunk
+     * by chunk, src/attn/cpu/cpu_attn.h): group g is items [group_start[g],
+     * group_start[g + 1]). NULL (num_groups 0) until a backend sets them. */
+    int32_t num_groups;
+    int32_t *group_start; /* [num_groups + 1] */
 };
 
 /* Builds the partition of a plan whose metadata (query_start_loc, seq_lens,

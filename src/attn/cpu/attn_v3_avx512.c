@@ -1,7 +1,8 @@
 /*
  * attn_v3_avx512.c - CPU attention kernels, variants 3 and 4: AVX-512
  * (F/BW/VL/DQ), GQA-packed online softmax for decode-shaped items; variant 4
- * adds AVX512_BF16 scores.
+ * adds AVX512_BF16 scores for bf16 q and cache, and on CPUs with
+ * AVX512_VNNI int8 dot-product scores for int8 keys.
  *
  * Same work item and semantics as v1 (attn_v1.c); what changes:
  *   - The loops read the K and V rows in place, in their storage format
@@ -42,6 +43,18 @@
  *     odd dims of one 64-byte load, accumulators un-paired once per item).
  *   - Loops specialized for D = Dv = 64, 128, 256 and each row format;
  *     other shapes take a runtime-D copy.
+ *   - Variant 4 over int8 keys (INT8_CHANNEL, INT8_TOKEN_K, symmetric or
+ *     not) on a CPU with AVX512_VNNI: q' held as a 23-bit integer in 3
+ *     signed byte digits, 16 keys transposed by dwords into lanes, vpdpbusd
+ *     against the codes biased to unsigned bytes (scores_rows_i8dot in
+ *     attn_v3_avx512.h: no conversion of K, no 16x16 reductions; exact up to
+ *     q's 2^-23 rounding and a few fp32 roundings). 1 thread, 4 x 16384 keys,
+ *     f16 q, int8 cache (docs/performance.md, alternating rounds on the
+ *     loaded VM): GQA 1 16.5 -> 14.5 ms, GQA 8 70.6 -> 53.7 ms against v3.
+ *   - Decode groups (cpu_attn.h, "Groups"): the items of one request and key
+ *     range over several kv heads run interleaved chunk by chunk
+ *     (run_group), so that a block's rows of all those kv heads are read
+ *     together; each item keeps its state in its own part of the scratch.
  *
  * Non-finite semantics are v1's: NaN scores do not enter the max and make
  * the row's sum NaN; an all -inf chunk leaves a row untouched (it takes no
@@ -337,18 +350,23 @@ AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_s
         if (a >= e)
             continue;
         const int32_t pos = g->seq - g->q_len + it->i0 + ii;
-        for (int32_t hb = 0; hb < nh; hb += 8) {
-            const int32_t nb = nh - hb < 8 ? nh - hb : 8;
-#if defined(__AVX512BF16__)
-            if (bf16dot) {
-                const int64_t row =
-                    (int64_t)(g->tok0 + ii) * run->plan->d.num_heads + g->hbase + hb;
-                scores_rows_bf16(run, s, (const uint16_t *)run->q + row * D, ii * nh + hb, nb,
-                                 c1 - c0, D, fi);
-            } else
+#if defined(__GNUC__)
+        if ((KF == FMT_I8 || KF == FMT_I8S || KF == FMT_I8T) && fi->kq)
+            scores_rows_i8dot(s, ii * nh, nh, c1 - c0, D, fi);
+        else
 #endif
-                scores_rows(s, ii * nh + hb, nb, c1 - c0, D, KF, fi);
-        }
+            for (int32_t hb = 0; hb < nh; hb += 8) {
+                const int32_t nb = nh - hb < 8 ? nh - hb : 8;
+#if defined(__AVX512BF16__)
+                if (bf16dot) {
+                    const int64_t row =
+                        (int64_t)(g->tok0 + ii) * run->plan->d.num_heads + g->hbase + hb;
+                    scores_rows_bf16(run, s, (const uint16_t *)run->q + row * D, ii * nh + hb, nb,
+                                     c1 - c0, D, fi);
+                } else
+#endif
+                    scores_rows(s, ii * nh + hb, nb, c1 - c0, D, KF, fi);
+            }
         softmax_rows(run, s, ii * nh, nh, g->hbase, pos, c0, a, e);
         pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv, VF, fi->voff, fi->pf ? fi : NULL);
         if (fi->pf) {
@@ -438,19 +456,90 @@ static void fold_begin(const kva__cpu_run *run, const kva__work_item *it, kva__c
     kva__cpu_fold f;
     kva__cpu_fold_begin(run, it, s->q, g->M, &f);
     fi->kf = f.kf, fi->vf = f.vf, fi->koff = f.koff, fi->voff = f.voff;
+    fi->kq = 0;
 }
 
-/* Runs one item with the step function picked for its shapes; bf16dot asks
- * for the vdpbf16ps scores where q and K are bf16 (variant 4). */
-static void run_item(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
-                     int bf16dot)
+/*
+ * The query rows of an item over int8 keys for the VNNI scores
+ * (scores_rows_i8dot in attn_v3_avx512.h): row m of s->q [M, D] (scales
+ * folded) becomes qn = rint(q' / step), step = max_d |q'_d| / 2^22, as 3
+ * signed base-256 digits in s->qi [M, 3, D], with s->qk [M, 2] = {step,
+ * sum_d qn_d o_d (FMT_I8 keys' offsets)} and s->qc [M, 4] = 128 x each
+ * digit's sum. Returns 0 (fp32 scores) when a row holds a non-finite value.
+ */
+static int kq_prepare(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t M, const fold_info *fi)
+{
+    const int32_t D = run->plan->d.head_dim;
+    for (int32_t m = 0; m < M; m++) {
+        const float *q = s->q + (size_t)m * D;
+        float amax = 0.0f;
+        for (int32_t d = 0; d < D; d++)
+            amax = fabsf(q[d]) > amax || q[d] != q[d] ? fabsf(q[d]) : amax;
+        if (!(amax <= 3.4e38f)) /* inf or NaN: the fp32 path keeps their semantics */
+            return 0;
+    }
+    for (int32_t m = 0; m < M; m++) {
+        const float *q = s->q + (size_t)m * D;
+        int8_t *qi = s->qi + (size_t)m * 3 * D;
+        float amax = 0.0f;
+        for (int32_t d = 0; d < D; d++)
+            amax = fabsf(q[d]) > amax || q[d] != q[d] ? fabsf(q[d]) : amax;
+        /* In double: 2^22 / amax overflows float for subnormal rows. */
+        const float step = amax * 0x1p-22f;
+        const double inv = amax > 0.0f ? 0x1p22 / amax : 0.0;
+        int32_t sum[3] = {0, 0, 0};
+        double off = 0.0;
+        for (int32_t d = 0; d < D; d++) {
+            int32_t n = (int32_t)lrint(q[d] * inv);
+            n = n > (1 << 22) ? 1 << 22 : n < -(1 << 22) ? -(1 << 22) : n;
+            const int32_t c = ((n + 128) & 255) - 128, n1 = (n - c) / 256;
+            const int32_t b = ((n1 + 128) & 255) - 128, a = (n1 - b) / 256;
+            qi[d] = (int8_t)a;
+            qi[D + d] = (int8_t)b;
+            qi[2 * D + d] = (int8_t)c;
+            sum[0] += a, sum[1] += b, sum[2] += c;
+            if (fi->kf == FMT_I8)
+                off += (double)n * fi->koff[d];
+        }
+        s->qk[2 * m] = step;
+        s->qk[2 * m + 1] = (float)off;
+        for (int p = 0; p < 3; p++)
+            s->qc[4 * m + p] = 128 * sum[p];
+        s->qc[4 * m + 3] = 0;
+    }
+    return 1;
+}
+
+/* Chunks in flight per item: chunk c is computed while chunk c + PF_DIST is
+ * prefetched (a ring of PF_DIST + 1 located chunks). */
+enum { PF_DIST = 2 };
+
+/* One item while it runs, alone (run_item) or interleaved with the other
+ * members of its decode group (run_group). */
+typedef struct item_run {
+    const kva__work_item *it;
+    kva__cpu_scratch s; /* the thread's scratch, per-item state moved for group members */
+    kva__cpu_item_geom g;
+    fold_info fi;
+    step_fn step;
+    kva__cpu_chunk_rows rows[PF_DIST + 1];
+    int32_t nchunks;
+} item_run;
+
+/* Starts item it: query tile, row formats, the step function picked for its
+ * shapes (bf16dot asks for the vdpbf16ps scores where q and K are bf16:
+ * variant 4), and the prefetch of its first PF_DIST chunks. ir->s must be
+ * set. */
+static void item_open(const kva__cpu_run *run, const kva__work_item *it, int bf16dot, item_run *ir)
 {
     const kva_plan *plan = run->plan;
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
-    kva__cpu_item_geom g;
-    kva__cpu_item_begin(run, it, s, &g);
-    fold_info fi;
-    fold_begin(run, it, s, &g, &fi);
+    ir->it = it;
+    kva__cpu_item_begin(run, it, &ir->s, &ir->g);
+    fold_begin(run, it, &ir->s, &ir->g, &ir->fi);
+    const int kf = ir->fi.kf;
+    if (bf16dot && run->vnni && D % 4 == 0 && (kf == FMT_I8 || kf == FMT_I8S || kf == FMT_I8T))
+        ir->fi.kq = kq_prepare(run, &ir->s, ir->g.M, &ir->fi);
     step_fn step = D != Dv    ? step_any
                    : D == 128 ? step_d128
                    : D == 64  ? step_d64
@@ -465,41 +554,85 @@ static void run_item(const kva__cpu_run *run, const kva__work_item *it, kva__cpu
 #else
     (void)bf16dot;
 #endif
-
-    /* Rows of the chunks in flight: chunk c is computed while chunk
-     * c + PF_DIST is prefetched (a ring of PF_DIST + 1 located chunks). */
-    enum { PF_DIST = 2 };
-    kva__cpu_chunk_rows rows[PF_DIST + 1];
+    ir->step = step;
     const size_t kv_esz = kva_dtype_size(run->kv_dt);
     const size_t v_esz = run->cache ? run->cache->v_elem : kv_esz;
-    const size_t kbytes = (size_t)D * kv_esz, vbytes = (size_t)Dv * v_esz;
     const int32_t C = KVA_CPU_KEY_CHUNK;
-    const int32_t nchunks = (it->k1 - it->k0 + C - 1) / C;
-    fi.pf = NULL;
-    fi.pf_kbytes = kbytes;
-    fi.pf_vbytes = vbytes;
-    for (int32_t c = 0; c < PF_DIST && c < nchunks; c++) {
+    ir->nchunks = (it->k1 - it->k0 + C - 1) / C;
+    ir->fi.pf = NULL;
+    ir->fi.pf_kbytes = (size_t)D * kv_esz;
+    ir->fi.pf_vbytes = (size_t)Dv * v_esz;
+    for (int32_t c = 0; c < PF_DIST && c < ir->nchunks; c++) {
         const int32_t a = it->k0 + c * C, n = it->k1 - a < C ? it->k1 - a : C;
-        kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, &rows[c]);
-        kva__cpu_prefetch_chunk(&rows[c], n, kbytes, vbytes);
+        kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, &ir->rows[c]);
+        kva__cpu_prefetch_chunk(&ir->rows[c], n, ir->fi.pf_kbytes, ir->fi.pf_vbytes);
     }
-    for (int32_t c = 0; c < nchunks; c++) {
-        const int32_t c0 = it->k0 + c * C;
-        const int32_t c1 = c0 + C < it->k1 ? c0 + C : it->k1;
-        if (c + PF_DIST < nchunks) {
-            const int32_t a = c0 + PF_DIST * C, n = it->k1 - a < C ? it->k1 - a : C;
-            kva__cpu_chunk_rows *nr = &rows[(c + PF_DIST) % (PF_DIST + 1)];
-            kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, nr);
-            fi.pf = nr; /* prefetched by the scores loop of this chunk */
-            fi.pf_n = n;
-        }
-        load_chunk(run, &rows[c % (PF_DIST + 1)], c1 - c0, s, &fi);
-        step(run, it, s, &g, c0, c1, &fi);
+}
+
+/* Computes chunk c of the item; its loops prefetch chunk c + PF_DIST. */
+static void item_chunk(const kva__cpu_run *run, item_run *ir, int32_t c)
+{
+    const kva__work_item *it = ir->it;
+    const int32_t C = KVA_CPU_KEY_CHUNK;
+    const int32_t c0 = it->k0 + c * C;
+    const int32_t c1 = c0 + C < it->k1 ? c0 + C : it->k1;
+    if (c + PF_DIST < ir->nchunks) {
+        const int32_t a = c0 + PF_DIST * C, n = it->k1 - a < C ? it->k1 - a : C;
+        kva__cpu_chunk_rows *nr = &ir->rows[(c + PF_DIST) % (PF_DIST + 1)];
+        kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, nr);
+        ir->fi.pf = nr; /* prefetched by the scores loop of this chunk */
+        ir->fi.pf_n = n;
     }
-    if (fi.vf == FMT_BF16)
-        bf16_acc_unpair(s->acc, g.M, Dv);
-    kva__cpu_fold_end(run, it, s->acc, g.M, fi.vf);
-    kva__cpu_item_finish(run, it, s, &g);
+    load_chunk(run, &ir->rows[c % (PF_DIST + 1)], c1 - c0, &ir->s, &ir->fi);
+    ir->step(run, it, &ir->s, &ir->g, c0, c1, &ir->fi);
+}
+
+/* Ends the item: value scales, normalization, the result rows. */
+static void item_close(const kva__cpu_run *run, item_run *ir)
+{
+    if (ir->fi.vf == FMT_BF16)
+        bf16_acc_unpair(ir->s.acc, ir->g.M, run->plan->d.head_dim_v);
+    kva__cpu_fold_end(run, ir->it, ir->s.acc, ir->g.M, ir->fi.vf);
+    kva__cpu_item_finish(run, ir->it, &ir->s, &ir->g);
+}
+
+static void run_item(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
+                     int bf16dot)
+{
+    item_run ir;
+    ir.s = *s;
+    item_open(run, it, bf16dot, &ir);
+    for (int32_t c = 0; c < ir.nchunks; c++)
+        item_chunk(run, &ir, c);
+    item_close(run, &ir);
+}
+
+/*
+ * The n items of a decode group (cpu_attn.h, "Groups": one request and key
+ * range, different kv heads), interleaved chunk by chunk: chunk c of every
+ * member, then chunk c + 1. The members' rows of a block are then read
+ * together (NHD: the kv heads of a token are adjacent), which the hardware
+ * prefetchers follow, and each member's own prefetches run as before. Each
+ * member keeps its state in its part of the group area; the result is
+ * bitwise the same as running the items one after the other.
+ */
+static void run_group(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
+                      kva__cpu_scratch *s, int bf16dot)
+{
+    const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
+    item_run ir[KVA_CPU_GROUP_MAX];
+    int32_t nchunks = 0;
+    for (int32_t i = 0; i < n; i++) {
+        kva__cpu_scratch_member(s, i, D, Dv, &ir[i].s);
+        item_open(run, &items[i], bf16dot, &ir[i]);
+        nchunks = ir[i].nchunks > nchunks ? ir[i].nchunks : nchunks;
+    }
+    for (int32_t c = 0; c < nchunks; c++)
+        for (int32_t i = 0; i < n; i++)
+            if (c < ir[i].nchunks)
+                item_chunk(run, &ir[i], c);
+    for (int32_t i = 0; i < n; i++)
+        item_close(run, &ir[i]);
 }
 
 void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
@@ -512,6 +645,18 @@ void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it, kva__cp
 void kva__cpu_attn_v4(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
 {
     run_item(run, it, s, 1);
+}
+
+void kva__cpu_group_v3(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
+                       kva__cpu_scratch *s)
+{
+    run_group(run, items, n, s, 0);
+}
+
+void kva__cpu_group_v4(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
+                       kva__cpu_scratch *s)
+{
+    run_group(run, items, n, s, 1);
 }
 
 #endif /* __x86_64__ */

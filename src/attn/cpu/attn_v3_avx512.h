@@ -15,6 +15,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #define AI static inline __attribute__((always_inline))
 
@@ -110,6 +111,7 @@ typedef struct fold_info {
     const kva__cpu_chunk_rows *pf;
     int32_t pf_n;
     size_t pf_kbytes, pf_vbytes;
+    int kq; /* int8 keys scored by VNNI dot products against s->qi (variant 4) */
 } fold_info;
 
 /* Prefetches (into L2) the K row (pf_key_k) or the V row (pf_key_v) of key
@@ -234,6 +236,152 @@ AI void scores_rows(kva__cpu_scratch *s, int32_t m0, int32_t nb, int32_t nk, con
         break;
     }
 }
+
+/*
+ * Int8 key scores by integer dot products (variant 4 on CPUs with
+ * AVX512_VNNI; FMT_I8, FMT_I8S and FMT_I8T keys). A query row q' (softmax
+ * and key scales folded) is held as a 23-bit integer q' ~ step * qn, |qn| <=
+ * 2^22 (kq_prepare below), written as 3 signed base-256 digits qn = 2^16 a +
+ * 2^8 b + c; a key row's codes k are biased to unsigned bytes k + 128. Keys
+ * are the lanes: 16 rows are transposed by dwords (4 dims per lane, s->kt),
+ * and vpdpbusd adds per lane the 4 products of (k + 128) with a digit's 4
+ * dims, broadcast from qi. The digit sums are exact int32 (|.| <= 2^23);
+ * minus 128 x the digit's sum they are exact sums over d of digit * k, and
+ *   score = step * (2^16 A + 2^8 B + C - sum_d qn_d o_d)
+ * (the key offsets' term qk[m][1], 0 for symmetric keys) is exact but for
+ * qn's rounding (relative 2^-23 of the row's largest |q'|) and a few fp32
+ * roundings, like the fp32 path. Per key and head: 3 x D/64 vpdpbusd
+ * against D/16 fp32 FMAs plus the conversion of K and the 16x16 reductions.
+ */
+
+/* Transposes 16 rows of 16 dwords: r[j] lane t = row t's dword j. */
+AI void transpose16_epi32(__m512i r[16])
+{
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    /* u[4i + k]: 128-bit block L holds rows 4i..4i+3 of dword 4L + k. */
+    for (int i = 0; i < 4; i++) {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int k = 0; k < 4; k++) {
+        const __m512i w0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88);
+        const __m512i w1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd);
+        const __m512i w2 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
+        const __m512i w3 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xdd);
+        r[k] = _mm512_shuffle_i32x4(w0, w2, 0x88);
+        r[8 + k] = _mm512_shuffle_i32x4(w0, w2, 0xdd);
+        r[4 + k] = _mm512_shuffle_i32x4(w1, w3, 0x88);
+        r[12 + k] = _mm512_shuffle_i32x4(w1, w3, 0xdd);
+    }
+}
+
+#if defined(__GNUC__)
+#define KVA_TARGET_VNNI __attribute__((target("avx512vnni"), noinline))
+
+/* Scores of NB (1..4) rows m0.. for 16 keys transposed in s->kt (nw dwords
+ * per row) into s->pm [m, KEY_CHUNK] at key offset k0. */
+AI __attribute__((target("avx512vnni"))) void i8dot_rows(kva__cpu_scratch *s, int32_t m0,
+                                                         const int NB, int32_t nw, int32_t D,
+                                                         int32_t k0, const int kd,
+                                                         const fold_info *fi)
+{
+    const int32_t *restrict kt = s->kt;
+    const int8_t *restrict q0 = s->qi + (size_t)m0 * 3 * D;
+    const size_t rs = (size_t)3 * D; /* bytes between two rows' digits */
+    __m512i a0 = _mm512_setzero_si512(), b0 = a0, c0 = a0, a1 = a0, b1 = a0, c1 = a0;
+    __m512i a2 = a0, b2 = a0, c2 = a0, a3 = a0, b3 = a0, c3 = a0;
+    /* acc += dpbusd(t, broadcast dword at p): inline asm, because GCC 12
+     * copies the accumulators of the intrinsic every iteration. */
+#define I8DOT_BCAST_ACC(acc, row, part)                                                            \
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0"                                                         \
+            : "+v"(acc)                                                                            \
+            : "v"(t), "m"(*(const int32_t *)(q0 + (row)*rs + (part)*D + 4 * j)))
+    for (int32_t j = 0; j < nw; j++) {
+        const __m512i t = _mm512_load_si512(kt + 16 * j);
+        I8DOT_BCAST_ACC(a0, 0, 0);
+        I8DOT_BCAST_ACC(b0, 0, 1);
+        I8DOT_BCAST_ACC(c0, 0, 2);
+        if (NB > 1) {
+            I8DOT_BCAST_ACC(a1, 1, 0);
+            I8DOT_BCAST_ACC(b1, 1, 1);
+            I8DOT_BCAST_ACC(c1, 1, 2);
+        }
+        if (NB > 2) {
+            I8DOT_BCAST_ACC(a2, 2, 0);
+            I8DOT_BCAST_ACC(b2, 2, 1);
+            I8DOT_BCAST_ACC(c2, 2, 2);
+        }
+        if (NB > 3) {
+            I8DOT_BCAST_ACC(a3, 3, 0);
+            I8DOT_BCAST_ACC(b3, 3, 1);
+            I8DOT_BCAST_ACC(c3, 3, 2);
+        }
+    }
+#undef I8DOT_BCAST_ACC
+    const __m512i acc[4][3] = {{a0, b0, c0}, {a1, b1, c1}, {a2, b2, c2}, {a3, b3, c3}};
+    for (int b = 0; b < NB; b++) {
+        const int32_t m = m0 + b;
+        const int32_t *qc = s->qc + (size_t)m * 4;
+        const __m512 hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[b][0], _mm512_set1_epi32(qc[0])));
+        const __m512 mid =
+            _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[b][1], _mm512_set1_epi32(qc[1])));
+        const __m512 lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[b][2], _mm512_set1_epi32(qc[2])));
+        __m512 x = _mm512_fmadd_ps(mid, _mm512_set1_ps(256.0f),
+                                   _mm512_sub_ps(lo, _mm512_set1_ps(s->qk[2 * m + 1])));
+        x = _mm512_fmadd_ps(hi, _mm512_set1_ps(65536.0f), x);
+        x = _mm512_mul_ps(x, _mm512_set1_ps(s->qk[2 * m]));
+        if (kd == FMT_I8T)
+            x = _mm512_mul_ps(x, _mm512_loadu_ps(fi->tok + k0));
+        _mm512_storeu_ps(s->pm + (size_t)m * KVA_CPU_KEY_CHUNK + k0, x);
+    }
+}
+
+/* Scores of the nb rows m0.. (one query row's heads) against the chunk's nk
+ * int8 keys s->kp (D dims, D a multiple of 4), as described above; the
+ * chunk PF_DIST ahead has its K rows prefetched. */
+static KVA_TARGET_VNNI void scores_rows_i8dot(kva__cpu_scratch *s, int32_t m0, int32_t nb,
+                                              int32_t nk, int32_t D, const fold_info *fi)
+{
+    const int32_t NW = D / 4;
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    for (int32_t k0 = 0; k0 < nk; k0 += 16) {
+        /* The next chunk's K rows, all of them by the last 16 keys. */
+        for (int32_t t = k0; t < (k0 + 16 < nk ? k0 + 16 : KVA_CPU_KEY_CHUNK); t++)
+            pf_key_k(fi, t);
+        for (int32_t j0 = 0; j0 < NW; j0 += 16) {
+            const int32_t nw = NW - j0 < 16 ? NW - j0 : 16;
+            const __mmask16 lm = nw == 16 ? (__mmask16)0xffff : (__mmask16)((1u << nw) - 1u);
+            __m512i r[16];
+            for (int t = 0; t < 16; t++)
+                r[t] = _mm512_xor_si512(
+                    _mm512_maskz_loadu_epi32(lm, (const int32_t *)s->kp[k0 + t] + j0), bias);
+            transpose16_epi32(r);
+            int32_t *restrict kt = s->kt + 16 * j0;
+            for (int32_t j = 0; j < nw; j++)
+                _mm512_store_si512(kt + 16 * j, r[j]);
+        }
+        int32_t m = m0;
+        const int32_t m1 = m0 + nb;
+        const int kd = fi->kf;
+        for (; m + 4 <= m1; m += 4)
+            if (kd == FMT_I8T)
+                i8dot_rows(s, m, 4, NW, D, k0, FMT_I8T, fi);
+            else
+                i8dot_rows(s, m, 4, NW, D, k0, FMT_I8, fi);
+        for (; m < m1; m++)
+            if (kd == FMT_I8T)
+                i8dot_rows(s, m, 1, NW, D, k0, FMT_I8T, fi);
+            else
+                i8dot_rows(s, m, 1, NW, D, k0, FMT_I8, fi);
+    }
+}
+#endif
 
 #if defined(__AVX512BF16__)
 /*

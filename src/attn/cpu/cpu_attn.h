@@ -30,6 +30,10 @@
 #define KVA_CPU_PREFILL_ROWS 128
 /* Most keys of one tile of the tiled prefill variants (attn_prefill_tiled.inc). */
 #define KVA_CPU_TILE_KEYS 96
+/* Decode groups (see "Groups" below): most items of one group, and most
+ * attention rows of an item that may join one. */
+#define KVA_CPU_GROUP_MAX 8
+#define KVA_CPU_GROUP_ROWS 16
 
 /* Everything a kernel needs to run items of one call. */
 typedef struct kva__cpu_run {
@@ -40,6 +44,7 @@ typedef struct kva__cpu_run {
                          INT8_TOKEN_K_V16 (cache->v_elem gives V's size) */
     int quant;        /* 1: the cache is quantized, rows go through kva__cpu_dequant_chunk */
     int dequant_simd; /* kva__cpu_dequant_simd(&ctx->cpu_features), once per run */
+    int vnni;         /* the CPU has AVX512_VNNI (variant 4's int8 key scores) */
     const void *q;    /* [T, H, D] */
     /* K/V source: a paged cache, or (cache == NULL) ragged rows
      * k: [sum(seq_lens), Hkv, D], v: [sum(seq_lens), Hkv, Dv]. */
@@ -72,6 +77,18 @@ typedef struct kva__cpu_scratch {
     const float **kp; /* [KEY_CHUNK] fp32 key rows of the chunk */
     const float **vp; /* [KEY_CHUNK] fp32 value rows of the chunk */
     void *tile;       /* area of the tiled prefill variants, see kva__cpu_tile */
+    /* Query rows for the int8 dot-product scores of variant 4 (VNNI,
+     * attn_v3_avx512.c): each row as 3 signed base-256 digits of a 23-bit
+     * integer, qi [max_rows, 3, D]; qk [max_rows, 2] its step and the key
+     * offsets' term; qc [max_rows, 4] 128 x the digit sums (the codes' bias). */
+    int8_t *qi;
+    float *qk;
+    int32_t *qc;
+    int32_t *kt; /* [KVA_MAX_HEAD_DIM / 4, 16] 16 keys' int8 rows transposed by dwords */
+    /* KVA_CPU_GROUP_MAX member states of a decode group, each
+     * [GROUP_ROWS, D] q, [GROUP_ROWS, Dv] acc, mx, sum, lo, hi [GROUP_ROWS],
+     * and qi, qk, qc of GROUP_ROWS rows (kva__cpu_scratch_member). */
+    unsigned char *group;
 } kva__cpu_scratch;
 
 /* The tiled prefill variants' arrays (attn_prefill_tiled.inc), carved out of
@@ -105,10 +122,24 @@ void kva__cpu_tile_map(void *area, int32_t D, int32_t Dv, kva__cpu_tile *t);
 size_t kva__cpu_scratch_bytes(int32_t D, int32_t Dv);
 /* Carves a thread's area (64-byte aligned) into its arrays. */
 void kva__cpu_scratch_map(void *area, int32_t D, int32_t Dv, kva__cpu_scratch *s);
+/* The scratch of member i (< KVA_CPU_GROUP_MAX) of a decode group: s with the
+ * per-item state (q, acc, mx, sum, lo, hi, qi, qk, qc; at most
+ * KVA_CPU_GROUP_ROWS rows)
+ * moved into the member's part of s->group; the arrays that live only
+ * during one chunk step (pm, alpha, live, vs, kp, vp, kbuf, vbuf) stay
+ * shared, since the members' chunk steps never overlap. */
+void kva__cpu_scratch_member(const kva__cpu_scratch *s, int32_t i, int32_t D, int32_t Dv,
+                             kva__cpu_scratch *member);
 
 /* A kernel variant: computes one work item. */
 typedef void (*kva__cpu_attn_fn)(const kva__cpu_run *run, const kva__work_item *it,
                                  kva__cpu_scratch *s);
+/* A decode variant's group entry: computes the n (2..KVA_CPU_GROUP_MAX)
+ * items of a decode group (items[0..n): one request, query rows and key
+ * range, different kv heads) interleaved chunk by chunk, each exactly as
+ * the variant computes it alone. */
+typedef void (*kva__cpu_group_fn)(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
+                                  kva__cpu_scratch *s);
 
 /* Kernel variants. Every variant computes ANY work item exactly like the
  * reference (any nq, nh, masks, soft-cap, ALiBi, sinks, split partials,
@@ -127,6 +158,11 @@ void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it,
                       kva__cpu_scratch *s); /* AVX-512 decode (attn_v3_avx512.c) */
 void kva__cpu_attn_v4(const kva__cpu_run *run, const kva__work_item *it,
                       kva__cpu_scratch *s); /* v3 + AVX512_BF16 scores (attn_v3_avx512.c) */
+/* Group entries of v3 and v4. */
+void kva__cpu_group_v3(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
+                       kva__cpu_scratch *s);
+void kva__cpu_group_v4(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
+                       kva__cpu_scratch *s);
 void kva__cpu_attn_v5(const kva__cpu_run *run, const kva__work_item *it,
                       kva__cpu_scratch *s); /* AVX2 tiled prefill (attn_v5_prefill_avx2.c) */
 void kva__cpu_attn_v6(const kva__cpu_run *run, const kva__work_item *it,
@@ -142,6 +178,7 @@ typedef struct kva__cpu_variant {
     kva__cpu_isa isa; /* lowest ISA level it needs */
     int decode;       /* candidate for decode-shaped items (few query rows x the GQA group) */
     int prefill;      /* candidate for prefill-shaped items (many query rows) */
+    kva__cpu_group_fn group; /* runs a decode group interleaved, or NULL (item by item) */
 } kva__cpu_variant;
 
 /* Number of kernel variants; variant v's kernel (1-based; NULL when v is out
@@ -181,6 +218,29 @@ static inline int kva__cpu_item_prefill(int32_t nq, int32_t nh)
     return nq > KVA_CPU_DECODE_MAX_NQ || (nq >= 2 && nq * nh >= KVA_CPU_TILED_MIN_ROWS);
 }
 void kva__cpu_attn_choose(kva__cpu_isa level, int32_t *variant_decode, int32_t *variant_prefill);
+
+/*
+ * Groups. A decode reads a few rows of every block per kv head: the rows of
+ * one kv head are Hkv rows apart (NHD), so one item at a time leaves most of
+ * each block's bytes to later items and the hardware prefetchers see no
+ * stream; the core then keeps only as many misses in flight as its software
+ * prefetches (the L1 miss buffers) allow. At plan build the CPU backend
+ * orders the items so that the decode items of one request, query rows and
+ * key range over different kv heads are adjacent, and cuts them into groups
+ * of up to KVA_CPU_GROUP_MAX items (part->group_start); the run schedules
+ * groups, and a decode variant with a group entry runs a group's items
+ * interleaved chunk by chunk (all kv heads of a block read together), others
+ * one after the other; a plan whose decode variant has no group entry (v1,
+ * v2, or a forced variant without one at plan build) keeps one item per
+ * group. kva__cpu_groupable says which items may join a group. A decode-only
+ * plan of a grouping variant asks the partition for min(Hkv, GROUP_MAX) times
+ * as many items per thread, so that there are as many groups as there were
+ * items.
+ */
+static inline int kva__cpu_groupable(const kva__work_item *it)
+{
+    return !kva__cpu_item_prefill(it->nq, it->nh) && it->nq * it->nh <= KVA_CPU_GROUP_ROWS;
+}
 
 /* Partitions the plan with pp (replacing any partition it has, keeping its
  * kernel variant), records the workspace it needs and reserves it in ctx.

@@ -21,14 +21,14 @@
  * row fills a fraction of their vectors). */
 /* clang-format off */
 static const kva__cpu_variant variants[] = {
-    {"v1 portable C",                kva__cpu_attn_v1, KVA__ISA_PORTABLE,   1, 1},
+    {"v1 portable C",                kva__cpu_attn_v1, KVA__ISA_PORTABLE,   1, 1, NULL},
 #if defined(__x86_64__)
-    {"v2 avx2+fma+f16c",             kva__cpu_attn_v2, KVA__ISA_AVX2,       1, 0},
-    {"v3 avx512",                    kva__cpu_attn_v3, KVA__ISA_AVX512,     1, 0},
-    {"v4 avx512+bf16 dot",           kva__cpu_attn_v4, KVA__ISA_AVX512BF16, 1, 0},
-    {"v5 tiled prefill avx2",        kva__cpu_attn_v5, KVA__ISA_AVX2,       0, 1},
-    {"v6 tiled prefill avx512",      kva__cpu_attn_v6, KVA__ISA_AVX512,     0, 1},
-    {"v7 tiled prefill avx512bf16",  kva__cpu_attn_v7, KVA__ISA_AVX512BF16, 0, 1},
+    {"v2 avx2+fma+f16c",             kva__cpu_attn_v2, KVA__ISA_AVX2,       1, 0, NULL},
+    {"v3 avx512",                    kva__cpu_attn_v3, KVA__ISA_AVX512,     1, 0, kva__cpu_group_v3},
+    {"v4 avx512+bf16 dot",           kva__cpu_attn_v4, KVA__ISA_AVX512BF16, 1, 0, kva__cpu_group_v4},
+    {"v5 tiled prefill avx2",        kva__cpu_attn_v5, KVA__ISA_AVX2,       0, 1, NULL},
+    {"v6 tiled prefill avx512",      kva__cpu_attn_v6, KVA__ISA_AVX512,     0, 1, NULL},
+    {"v7 tiled prefill avx512bf16",  kva__cpu_attn_v7, KVA__ISA_AVX512BF16, 0, 1, NULL},
 #endif
 };
 /* clang-format on */
@@ -97,6 +97,54 @@ static size_t partial_bytes(const kva__partition *part)
     return ((size_t)part->partial_floats * sizeof(float) + 63u) & ~(size_t)63u;
 }
 
+/* Group order: cost (largest first, as the partition sorts), then the
+ * items of one request, query rows and key range by kv head, so that the
+ * members of a decode group are adjacent. */
+static int by_group_order(const void *pa, const void *pb)
+{
+    const kva__work_item *a = pa, *b = pb;
+    const int64_t ka[6] = {-a->cost, a->req, a->h0, a->i0, a->k0, a->kv_head};
+    const int64_t kb[6] = {-b->cost, b->req, b->h0, b->i0, b->k0, b->kv_head};
+    for (int i = 0; i < 6; i++)
+        if (ka[i] != kb[i])
+            return ka[i] < kb[i] ? -1 : 1;
+    return 0;
+}
+
+static int same_group(const kva__work_item *a, const kva__work_item *b)
+{
+    return a->req == b->req && a->h0 == b->h0 && a->nh == b->nh && a->i0 == b->i0 &&
+           a->nq == b->nq && a->k0 == b->k0 && a->k1 == b->k1;
+}
+
+/* Orders part's items for grouping and cuts them into groups (cpu_attn.h,
+ * "Groups"); items that are not groupable, and every item when the plan's
+ * decode variant has no group entry (group == 0), form groups of one. */
+static kva_status build_groups(kva__partition *part, int group)
+{
+    const int32_t n = part->num_items;
+    if (n > 1)
+        qsort(part->items, (size_t)n, sizeof *part->items, by_group_order);
+    int32_t *start = malloc(((size_t)n + 1) * sizeof *start);
+    if (!start)
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
+                         "kva_plan_create: out of memory (groups of %d work items)", (int)n);
+    int32_t ng = 0;
+    for (int32_t i = 0; i < n;) {
+        int32_t j = i + 1;
+        if (group && kva__cpu_groupable(&part->items[i]))
+            while (j < n && j - i < KVA_CPU_GROUP_MAX &&
+                   same_group(&part->items[i], &part->items[j]))
+                j++;
+        start[ng++] = i;
+        i = j;
+    }
+    start[ng] = n;
+    part->group_start = start;
+    part->num_groups = ng;
+    return KVA_STATUS_OK;
+}
+
 kva_status kva__cpu_plan_partition(kva_context *ctx, kva_plan *plan,
                                    const kva__partition_params *pp)
 {
@@ -113,6 +161,13 @@ kva_status kva__cpu_plan_partition(kva_context *ctx, kva_plan *plan,
         const kva__cpu_isa level = kva__cpu_isa_of(&ctx->cpu_features);
         part->variant = env_variant(level);
         kva__cpu_attn_choose(level, &part->variant_decode, &part->variant_prefill);
+    }
+    const kva__cpu_variant *vinfo =
+        kva__cpu_attn_variant_info(part->variant ? part->variant : part->variant_decode);
+    kva_status gst = build_groups(part, vinfo && vinfo->group);
+    if (gst != KVA_STATUS_OK) {
+        kva__partition_free(part);
+        return gst;
     }
     size_t bytes = 0;
     if (part->num_items > 0)
@@ -141,6 +196,23 @@ static kva_status cpu_plan_build(kva_context *ctx, kva_plan *plan)
     pp.min_split_keys = 128;
     pp.max_splits = 64;
     pp.items_per_thread = 4;
+    /* Decode-only steps whose decode variant runs groups of up to
+     * KVA_CPU_GROUP_MAX kv heads (cpu_attn.h, "Groups"): ask for as many
+     * groups per thread as there were items, i.e. split long requests as
+     * often as before grouping. */
+    const kva__cpu_isa level = kva__cpu_isa_of(&ctx->cpu_features);
+    int32_t vd = 1, vp = 1;
+    kva__cpu_attn_choose(level, &vd, &vp);
+    const int32_t vforced = env_variant(level);
+    const kva__cpu_variant *vinfo = kva__cpu_attn_variant_info(vforced ? vforced : vd);
+    int decode_only = vinfo && vinfo->group;
+    for (int32_t r = 0; r < plan->d.num_requests; r++)
+        if (plan->query_start_loc[r + 1] - plan->query_start_loc[r] > KVA_CPU_DECODE_MAX_NQ)
+            decode_only = 0;
+    if (decode_only) {
+        const int32_t hkv = plan->d.num_kv_heads;
+        pp.items_per_thread *= hkv < KVA_CPU_GROUP_MAX ? hkv : KVA_CPU_GROUP_MAX;
+    }
     return kva__cpu_plan_partition(ctx, plan, &pp);
 }
 
@@ -160,8 +232,10 @@ static void run_items(kva_context *ctx, kva__cpu_run *run)
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
     /* Variants resolved (and checked against the CPU) at plan time; a forced
      * variant runs every item. */
-    kva__cpu_attn_fn fn_decode =
-        kva__cpu_attn_variant(part->variant ? part->variant : part->variant_decode);
+    const int32_t v_decode = part->variant ? part->variant : part->variant_decode;
+    kva__cpu_attn_fn fn_decode = kva__cpu_attn_variant(v_decode);
+    const kva__cpu_variant *info_decode = kva__cpu_attn_variant_info(v_decode);
+    const kva__cpu_group_fn fn_group = info_decode ? info_decode->group : NULL;
     kva__cpu_attn_fn fn_prefill =
         kva__cpu_attn_variant(part->variant ? part->variant : part->variant_prefill);
     if (!fn_decode)
@@ -180,11 +254,11 @@ static void run_items(kva_context *ctx, kva__cpu_run *run)
     int nt = ctx->num_threads;
     if ((size_t)nt > room)
         nt = (int)room;
-    if (nt > part->num_items)
-        nt = part->num_items;
+    if (nt > part->num_groups)
+        nt = part->num_groups;
     if (nt < 1)
         nt = 1;
-    const int32_t ni = part->num_items, nk = part->num_tasks;
+    const int32_t ng = part->num_groups, nk = part->num_tasks;
 #pragma omp parallel num_threads(nt)
     {
 #ifdef _OPENMP
@@ -195,9 +269,16 @@ static void run_items(kva_context *ctx, kva__cpu_run *run)
         kva__cpu_scratch s;
         kva__cpu_scratch_map(run->scratch + (size_t)tid * run->scratch_stride, D, Dv, &s);
 #pragma omp for schedule(dynamic, 1)
-        for (int32_t i = 0; i < ni; i++) {
-            const kva__work_item *it = &part->items[i];
-            (kva__cpu_item_prefill(it->nq, it->nh) ? fn_prefill : fn_decode)(run, it, &s);
+        for (int32_t g = 0; g < ng; g++) {
+            const int32_t i0 = part->group_start[g], n = part->group_start[g + 1] - i0;
+            const kva__work_item *it = &part->items[i0];
+            if (n > 1 && fn_group) {
+                fn_group(run, it, n, &s);
+                continue;
+            }
+            for (int32_t i = 0; i < n; i++)
+                (kva__cpu_item_prefill(it[i].nq, it[i].nh) ? fn_prefill : fn_decode)(run, &it[i],
+                                                                                     &s);
         }
 #pragma omp for schedule(dynamic, 1)
         for (int32_t t = 0; t < nk; t++)
@@ -219,6 +300,7 @@ static kva_status run_attention(kva_context *ctx, const kva_plan *plan, const vo
     run.kv_dt = cache ? cache->k_dtype : plan->d.q_dtype;
     run.quant = cache && cache->desc.quant != KVA_QUANT_NONE;
     run.dequant_simd = run.quant ? kva__cpu_dequant_simd(&ctx->cpu_features) : 0;
+    run.vnni = ctx->cpu_features.avx512vnni;
     run.q = q;
     run.cache = cache;
     run.k = k;

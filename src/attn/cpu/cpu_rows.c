@@ -67,6 +67,40 @@ static size_t tile_layout(unsigned char *base, int32_t D, int32_t Dv, kva__cpu_t
     return off;
 }
 
+/* Bytes of one decode group member's state (kva__cpu_scratch_member). */
+static size_t member_bytes(int32_t D, int32_t Dv)
+{
+    const size_t R = KVA_CPU_GROUP_ROWS;
+    return span(R * (size_t)D, sizeof(float)) + span(R * (size_t)Dv, sizeof(float)) +
+           2 * span(R, sizeof(float)) + 2 * span(R, sizeof(int32_t)) + span(R * 3 * (size_t)D, 1) +
+           span(R * 2, sizeof(float)) + span(R * 4, sizeof(int32_t));
+}
+
+void kva__cpu_scratch_member(const kva__cpu_scratch *s, int32_t i, int32_t D, int32_t Dv,
+                             kva__cpu_scratch *member)
+{
+    const size_t R = KVA_CPU_GROUP_ROWS;
+    unsigned char *p = s->group + (size_t)i * member_bytes(D, Dv);
+    *member = *s;
+    member->q = (float *)p;
+    p += span(R * (size_t)D, sizeof(float));
+    member->acc = (float *)p;
+    p += span(R * (size_t)Dv, sizeof(float));
+    member->mx = (float *)p;
+    p += span(R, sizeof(float));
+    member->sum = (float *)p;
+    p += span(R, sizeof(float));
+    member->lo = (int32_t *)p;
+    p += span(R, sizeof(int32_t));
+    member->hi = (int32_t *)p;
+    p += span(R, sizeof(int32_t));
+    member->qi = (int8_t *)p;
+    p += span(R * 3 * (size_t)D, 1);
+    member->qk = (float *)p;
+    p += span(R * 2, sizeof(float));
+    member->qc = (int32_t *)p;
+}
+
 void kva__cpu_tile_map(void *area, int32_t D, int32_t Dv, kva__cpu_tile *t)
 {
     tile_layout(area, D, Dv, t);
@@ -80,7 +114,10 @@ size_t kva__cpu_scratch_bytes(int32_t D, int32_t Dv)
            span(C * (size_t)D, sizeof(float)) + span(C * (size_t)Dv, sizeof(float)) +
            2 * span(R, sizeof(int32_t)) + 2 * span(C, sizeof(const float *)) +
            span(R * C, sizeof(float)) + span(R, sizeof(float)) + span(R, sizeof(int32_t)) +
-           span(2 * 8 * 16 * 16, sizeof(float)) + tile_layout(NULL, D, Dv, NULL);
+           span(2 * 8 * 16 * 16, sizeof(float)) + span(R * 3 * (size_t)D, 1) +
+           span(R * 2, sizeof(float)) + span(R * 4, sizeof(int32_t)) +
+           span((size_t)KVA_MAX_HEAD_DIM / 4 * 16, sizeof(int32_t)) +
+           tile_layout(NULL, D, Dv, NULL) + KVA_CPU_GROUP_MAX * member_bytes(D, Dv);
 }
 
 void kva__cpu_scratch_map(void *area, int32_t D, int32_t Dv, kva__cpu_scratch *s)
@@ -117,5 +154,15 @@ void kva__cpu_scratch_map(void *area, int32_t D, int32_t Dv, kva__cpu_scratch *s
     p += span(R, sizeof(int32_t));
     s->vs = (float *)p;
     p += span(2 * 8 * 16 * 16, sizeof(float));
+    s->qi = (int8_t *)p;
+    p += span(R * 3 * (size_t)D, 1);
+    s->qk = (float *)p;
+    p += span(R * 2, sizeof(float));
+    s->qc = (int32_t *)p;
+    p += span(R * 4, sizeof(int32_t));
+    s->kt = (int32_t *)p;
+    p += span((size_t)KVA_MAX_HEAD_DIM / 4 * 16, sizeof(int32_t));
     s->tile = p;
+    p += tile_layout(NULL, D, Dv, NULL);
+    s->group = p;
 }
