@@ -16,7 +16,9 @@
 #   KVA_PEER_ARGS   extra arguments of bench/peer_cuda.py (e.g. "--skip-prefill")
 #   KVA_CMAKE_ARGS  extra cmake arguments (e.g. -DXXHASH_LIB=... where libxxhash-dev is missing)
 #   KVA_SANITIZERS  compute-sanitizer tools of the "sanitize" step (default "memcheck racecheck")
-#   KVA_SANITIZE_TESTS  tests they run in quick mode (default "test_cuda_attn test_cuda_cache test_cuda_quant")
+#   KVA_SANITIZE_TESTS  tests they run in quick mode (default "test_cuda_attn test_cuda_cache test_cuda_quant
+#                   test_cuda_prefill_mma"; racecheck of the last takes ~5 min on an H100)
+#   KVA_SANITIZE_TIMEOUT  seconds per sanitizer run (default 480)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -104,8 +106,8 @@ fi
 if has sanitize; then
 echo "== compute-sanitizer (quick sets)"
 for tool in ${KVA_SANITIZERS:-memcheck racecheck}; do
-  for t in ${KVA_SANITIZE_TESTS:-test_cuda_attn test_cuda_cache test_cuda_quant}; do
-    KVA_TEST_QUICK=1 timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+  for t in ${KVA_SANITIZE_TESTS:-test_cuda_attn test_cuda_cache test_cuda_quant test_cuda_prefill_mma}; do
+    KVA_TEST_QUICK=1 timeout "${KVA_SANITIZE_TIMEOUT:-480}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
       "build-cuda/$t" >"$out/sanitizer_${tool}_$t.log" 2>&1
     rc=$?
     echo "$tool $t: exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer_${tool}_$t.log" | tail -1)"
