@@ -32,46 +32,34 @@ static __device__ __forceinline__ uint32_t wg_swz(int r, int ch, int rows)
 }
 #endif
 
-/* wgmma by element type. */
+/* wgmma by element type: wg_ops<kva__mma_bf16> and wg_ops<kva__mma_f16>. */
 template <typename Ty> struct wg_ops;
-template <> struct wg_ops<kva__mma_bf16> {
 #ifdef KVA_WGMMA_BODY
-    static __device__ __forceinline__ void ss(float d[64], uint64_t a, uint64_t b, int sc)
-    {
-        if (sc)
-            kva__wgmma_ss_m64n128_bf16(d, a, b, 1);
-        else
-            kva__wgmma_ss0_m64n128_bf16(d, a, b);
-    }
-    static __device__ __forceinline__ void rs(float d[64], const uint32_t a[4], uint64_t b)
-    {
-        kva__wgmma_rs_m64n128_bf16_tb(d, a, b, 1);
-    }
-    static __device__ __forceinline__ void rs64(float d[32], const uint32_t a[4], uint64_t b)
-    {
-        kva__wgmma_rs_m64n64_bf16_tb(d, a, b, 1);
-    }
+#define KVA__WG_OPS(Ty, ty)                                                                        \
+    template <> struct wg_ops<Ty> {                                                                \
+        static __device__ __forceinline__ void ss(float d[64], uint64_t a, uint64_t b, int sc)     \
+        {                                                                                          \
+            if (sc)                                                                                \
+                kva__wgmma_ss_m64n128_##ty(d, a, b, 1);                                            \
+            else                                                                                   \
+                kva__wgmma_ss0_m64n128_##ty(d, a, b);                                              \
+        }                                                                                          \
+        static __device__ __forceinline__ void rs(float d[64], const uint32_t a[4], uint64_t b)    \
+        {                                                                                          \
+            kva__wgmma_rs_m64n128_##ty##_tb(d, a, b, 1);                                           \
+        }                                                                                          \
+        static __device__ __forceinline__ void rs64(float d[32], const uint32_t a[4], uint64_t b)  \
+        {                                                                                          \
+            kva__wgmma_rs_m64n64_##ty##_tb(d, a, b, 1);                                            \
+        }                                                                                          \
+    };
+#else
+#define KVA__WG_OPS(Ty, ty)                                                                        \
+    template <> struct wg_ops<Ty> {                                                                \
+    };
 #endif
-};
-template <> struct wg_ops<kva__mma_f16> {
-#ifdef KVA_WGMMA_BODY
-    static __device__ __forceinline__ void ss(float d[64], uint64_t a, uint64_t b, int sc)
-    {
-        if (sc)
-            kva__wgmma_ss_m64n128_f16(d, a, b, 1);
-        else
-            kva__wgmma_ss0_m64n128_f16(d, a, b);
-    }
-    static __device__ __forceinline__ void rs(float d[64], const uint32_t a[4], uint64_t b)
-    {
-        kva__wgmma_rs_m64n128_f16_tb(d, a, b, 1);
-    }
-    static __device__ __forceinline__ void rs64(float d[32], const uint32_t a[4], uint64_t b)
-    {
-        kva__wgmma_rs_m64n64_f16_tb(d, a, b, 1);
-    }
-#endif
-};
+KVA__WG_OPS(kva__mma_bf16, bf16)
+KVA__WG_OPS(kva__mma_f16, f16)
 
 /* Per-thread rows and CTA-uniform scalars of the softmax and the epilogue. */
 struct wg_ctx {
