@@ -552,11 +552,14 @@ typedef struct acfg {
     int32_t causal, window;
     float softcap;
     int alibi, sinks, lse, gran;
-    int kind;    /* 0 mixed random batch, 1 long decodes (split-KV), 2 mixed with big prefills,
-                    3 decodes and speculative decodes of 1..8 tokens (decode_threshold 8) */
-    int variant; /* plan variant forced (2: the cp.async ring), 0: the default */
-    int qmma;    /* version of the tensor-core kernel (decode_mma_quant.cu), 0: the default */
-    int q_odd;   /* q at an element-aligned but not 16-byte aligned device address */
+    int kind;         /* 0 mixed random batch, 1 long decodes (split-KV), 2 mixed with big prefills,
+                         3 decodes and speculative decodes of 1..8 tokens (decode_threshold 8) */
+    int variant;      /* plan variant forced (2: the cp.async ring), 0: the default */
+    int qmma;         /* version of the tensor-core kernel (decode_mma_quant.cu), 0: the default */
+    int q_odd;        /* q at an element-aligned but not 16-byte aligned device address */
+    float qmag, kmag; /* 0, or the spread of q (normal, sigma) and of K (uniform times kmag,
+                         static K scales times kmag), with the softmax scale set to keep the
+                         logits O(1): q * s beyond the f16 range */
 } acfg;
 
 static void print_acfg(const acfg *c)
@@ -595,6 +598,11 @@ static int run_attn(const acfg *c, uint64_t seed)
     float *buf = malloc(sizeof(float) * 2 * Hkv * (D + Dv));
     kva_quant_params p;
     make_params(cd.quant, Hkv, D, Dv, c->gran, &rng, buf, &p);
+    const double kmag = c->kmag > 0.f ? c->kmag : 1.0;
+    for (int32_t i = 0; i < Hkv * D && cd.quant != KVA_QUANT_INT8_TOKEN_K &&
+                        cd.quant != KVA_QUANT_INT8_TOKEN_K_V16;
+         i++)
+        buf[i] = (float)(buf[i] * kmag); /* K scales (the first Hkv for fp8) */
     qpair qp;
     qpair_create(href, gpu, &cd, &p, &qp);
     int bad_total = 1;
@@ -606,6 +614,8 @@ static int run_attn(const acfg *c, uint64_t seed)
         int64_t *slots = malloc(sizeof(int64_t) * (size_t)n);
         kva_test_fill_uniform(k, KVA_DTYPE_F32, (size_t)n * Hkv * D, &rng);
         kva_test_fill_uniform(v, KVA_DTYPE_F32, (size_t)n * Hkv * Dv, &rng);
+        for (size_t i = 0; c->kmag > 0.f && i < (size_t)n * Hkv * D; i++)
+            k[i] *= c->kmag;
         for (int32_t i = 0; i < n; i++)
             slots[i] = i;
         CHECK_OK(kva_cache_write(href, qp.hc, n, k, 0, v, 0, KVA_DTYPE_F32, slots));
@@ -619,6 +629,8 @@ static int run_attn(const acfg *c, uint64_t seed)
         pd.causal = c->causal;
         pd.window_left = c->window;
         pd.softcap = c->softcap;
+        if (c->qmag > 0.f) /* logits of about unit spread */
+            pd.scale = (float)(1.0 / (sqrt((double)D) * c->qmag * kmag));
         if (c->kind == 3)
             pd.decode_threshold = 8;
         float *slopes = malloc(sizeof(float) * (size_t)H),
@@ -637,7 +649,10 @@ static int run_attn(const acfg *c, uint64_t seed)
         const size_t nq = (size_t)T * H * D, no = (size_t)T * H * Dv, nl = (size_t)T * H;
         void *q = malloc(nq * es + 4), *want = malloc(no * es + 4), *got = malloc(no * es + 4);
         float *lw = malloc(nl * 4 + 4), *lg = malloc(nl * 4 + 4);
-        kva_test_fill_uniform(q, c->qdt, nq, &rng);
+        if (c->qmag > 0.f)
+            kva_test_fill(q, c->qdt, nq, &rng, c->qmag);
+        else
+            kva_test_fill_uniform(q, c->qdt, nq, &rng);
         /* q_odd: q one element past a 16-byte boundary (scalar q loads). */
         char *dq_base = NULL;
         if (c->q_odd) {
@@ -837,6 +852,47 @@ static void test_mma_versions(void)
     kva_context_destroy(gpu);
 }
 
+/*
+ * 4c. q * s beyond the f16 range: the tensor-core kernel holds Q' = q s in
+ * f16 (decode_mma_quant.cu, qm_range). Large q (bf16 sigma 2e4, or 1e5 for
+ * the per-token formats, where Q' = q; f16 sigma 1e4) against large keys
+ * (kmag 5000: static K scales ~70), softmax scale chosen for unit logits;
+ * both versions, every format, decodes, spec decodes and split decodes. An
+ * f16 Q' without the range step is inf there and the rows NaN.
+ */
+static void test_q_range(void)
+{
+    static const int f1[] = {0, 1, 4, 3, 2};
+    int failed = 0;
+    for (int ver = 1; ver <= KVA__CUDA_QUANT_MMA_VERSIONS; ver++)
+        for (int i = 0; i < (quick() ? 5 : 10) && failed < 4; i++) {
+            acfg c;
+            memset(&c, 0, sizeof c);
+            c.f = f1[i % 5];
+            c.H = 32;
+            c.Hkv = 8;
+            c.D = c.Dv = i % 3 == 2 ? 64 : 128;
+            c.B = 16;
+            c.qdt = fmts[c.f] == KVA_QUANT_INT8_TOKEN_K_V16 ? fmt_dtype(c.f)
+                    : i >= 5                                ? KVA_DTYPE_F16
+                                                            : KVA_DTYPE_BF16;
+            c.layout = i % 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+            c.causal = 1;
+            c.window = -1;
+            c.sinks = i % 2;
+            c.lse = 1;
+            c.gran = i % 3;
+            c.kind = i % 2 ? 1 : 3;
+            c.qmma = ver;
+            const int tok =
+                fmts[c.f] == KVA_QUANT_INT8_TOKEN_K || fmts[c.f] == KVA_QUANT_INT8_TOKEN_K_V16;
+            c.qmag = c.qdt == KVA_DTYPE_F16 ? 1e4f : tok ? 1e5f : 2e4f;
+            c.kmag = 5000.f;
+            if (!run_attn(&c, 5100 + 100 * (uint64_t)ver + (uint64_t)i))
+                failed++;
+        }
+}
+
 /* 5. A graph captured over a quantized decode replays to the direct result. */
 static void test_graph(void)
 {
@@ -923,6 +979,7 @@ int main(void)
     RUN(test_graph);
     RUN(test_spec_decode);
     RUN(test_mma_versions);
+    RUN(test_q_range);
     RUN(test_attention);
 #endif
     return kva_test_finish();

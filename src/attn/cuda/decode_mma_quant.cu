@@ -21,7 +21,8 @@
  *   fp8:  cvt e4m3x2 -> f16x2 (exact; NaN kept).
  * The scales never enter the key loop:
  *   S = Q' K^T with Q'_c = q_c s_c (K scale folded, rounded to f16 once per
- *       item), minus qo = sum_c Q'_c o_c per row (INT8_CHANNEL offsets), or
+ *       item; scaled by a power of two first when the item's max |Q'| is
+ *       2^15 or more, undone on the scores: qm_range), minus qo = sum_c Q'_c o_c per row (INT8_CHANNEL offsets), or
  *       times the per-token key scale of each score column (INT8_TOKEN_K);
  *   O = P C_V (codes), and at the end out_c = s_c (O_c - o_c l) / l;
  *   INT8_TOKEN_K_V16: O = P V with P in V's dtype and V by ldmatrix.trans,
@@ -238,29 +239,66 @@ static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &
     }
 }
 
+/* Q' range: f16 holds |x| < 65504, and q * s (or a bf16 q itself) can be
+ * larger. The item's largest |Q'| picks a power of two 2^-e (e >= 0) that
+ * brings it below 2^15; Q' is stored times 2^-e (exact) and the scores are
+ * multiplied by 2^e after the offset or token-scale step (exact, before the
+ * softmax scale). e = 0 (no change at all) unless max |Q'| >= 2^15; a
+ * non-finite max (inf or NaN in q) keeps e = 0, so it propagates as the
+ * reference's. Warps' maxima go through red[QM_NW]; one barrier. Returns
+ * 2^e; *down = 2^-e. */
+static __device__ __forceinline__ float qm_range(float mx, float *red, float *down)
+{
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    mx = red[0];
+#pragma unroll
+    for (int w = 1; w < QM_NW; w++)
+        mx = fmaxf(mx, red[w]);
+    int e = 0;
+    if (mx >= 32768.f && mx <= 3.4028235e38f)
+        e = (int)((__float_as_uint(mx) >> 23) & 0xff) - 127 - 14;
+    *down = __uint_as_float((uint32_t)(127 - e) << 23);
+    return __uint_as_float((uint32_t)(127 + e) << 23);
+}
+
 /* Version 1: Q'[r, c] = q[r, c] * ks[kvh, c] as two f16, hi + lo (zeros past
  * nrows), element by element; then qo[r] = sum_c Q'[r, c] o_c (INT8_CHANNEL
  * offsets; warp w: rows 4w..) after a barrier. Ends with Q' and s_qo visible. */
 template <int FMT, typename OT, int D>
 static __device__ __forceinline__ void
 qm_stage_q_v1(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t nrows, int32_t qs,
-              bool ktok, __half *sQ, __half *sQl, float *s_qo)
+              bool ktok, __half *sQ, __half *sQl, float *s_qo, float *s_red, float *up)
 {
     const kva__cuda_attn_args &a = q.a;
     constexpr int QSTR = D + 8;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int x = threadIdx.x; x < QM_M * D; x += QM_NW * 32) {
-        const int r = x / D, c = x % D;
-        float v = 0.f;
-        if (r < nrows) {
-            const int32_t qi = r / w.nh, hh = r - qi * w.nh;
-            const int32_t head = w.kv_head * a.G + w.h0 + hh;
-            const OT *qrow = (const OT *)a.q + ((int64_t)(qs + w.i0 + qi) * a.H + head) * D;
-            v = (float)qrow[c] * q.ks[(int64_t)w.kv_head * D + c];
+    float mx = 0.f, down;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            *up = qm_range(mx, s_red, &down);
+        for (int x = threadIdx.x; x < QM_M * D; x += QM_NW * 32) {
+            const int r = x / D, c = x % D;
+            float v = 0.f;
+            if (r < nrows) {
+                const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+                const int32_t head = w.kv_head * a.G + w.h0 + hh;
+                const OT *qrow = (const OT *)a.q + ((int64_t)(qs + w.i0 + qi) * a.H + head) * D;
+                v = (float)qrow[c] * q.ks[(int64_t)w.kv_head * D + c];
+            }
+            if (pass == 0) {
+                mx = fmaxf(mx, fabsf(v));
+                continue;
+            }
+            v *= down;
+            const __half h = __float2half_rn(v);
+            sQ[r * QSTR + c] = h;
+            sQl[r * QSTR + c] = __float2half_rn(v - __half2float(h));
         }
-        const __half h = __float2half_rn(v);
-        sQ[r * QSTR + c] = h;
-        sQl[r * QSTR + c] = __float2half_rn(v - __half2float(h));
     }
     __syncthreads();
     if (FMT == QM_I8 && !ktok) {
@@ -288,17 +326,18 @@ qm_stage_q_v1(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_
 template <int FMT, typename OT, int D>
 static __device__ __forceinline__ void
 qm_stage_q_v2(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t nrows, int32_t qs,
-              bool ktok, __half *sQ, __half *sQl, float *s_qo)
+              bool ktok, __half *sQ, __half *sQl, float *s_qo, float *s_red, float *up)
 {
     const kva__cuda_attn_args &a = q.a;
-    constexpr int QSTR = D + 8, C8 = D / 8;
+    constexpr int QSTR = D + 8, C8 = D / 8, NI = QM_M * C8 / (QM_NW * 32);
     static_assert((QM_NW * 32) % C8 == 0 && C8 <= 32, "a row's chunks in one warp");
     static_assert((QM_M * C8) % (QM_NW * 32) == 0, "whole chunk rounds");
+    float vv[NI][8], mx = 0.f;
 #pragma unroll
-    for (int i = 0; i < QM_M * C8 / (QM_NW * 32); i++) {
+    for (int i = 0; i < NI; i++) {
         const int x = threadIdx.x + i * QM_NW * 32;
         const int r = x / C8, c = (x % C8) * 8;
-        float v[8];
+        float *v = vv[i];
 #pragma unroll
         for (int j = 0; j < 8; j++)
             v[j] = 0.f;
@@ -318,12 +357,23 @@ qm_stage_q_v2(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_
             const float4 s0 = __ldg(ks), s1 = __ldg(ks + 1);
             const float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+            for (int j = 0; j < 8; j++) {
                 v[j] = (float)qv[j] * sv[j];
+                mx = fmaxf(mx, fabsf(v[j]));
+            }
         }
+    }
+    float down;
+    *up = qm_range(mx, s_red, &down);
+#pragma unroll
+    for (int i = 0; i < NI; i++) {
+        const int x = threadIdx.x + i * QM_NW * 32;
+        const int r = x / C8, c = (x % C8) * 8;
+        float *v = vv[i];
         __half hi[8], lo[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
+            v[j] *= down;
             hi[j] = __float2half_rn(v[j]);
             lo[j] = __float2half_rn(v[j] - __half2float(hi[j]));
         }
@@ -365,7 +415,7 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER, FMT>::MINB))
     constexpr int KT = cfg::KT, BNW = cfg::BNW, NT = 2 * KT;
     constexpr int NO = D / 8; /* n8 tiles of O */
     extern __shared__ __align__(128) unsigned char qm_buf[];
-    __shared__ float s_m[QM_NW][QM_M], s_l[QM_NW][QM_M], s_qo[QM_M];
+    __shared__ float s_m[QM_NW][QM_M], s_l[QM_NW][QM_M], s_qo[QM_M], s_red[QM_NW];
     __half *sQ = (__half *)qm_buf, *sQl = sQ + QM_M * QSTR;
     float *s_acc = (float *)(qm_buf + cfg::SQ); /* [NW][16][D] after the loop */
 
@@ -389,6 +439,7 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER, FMT>::MINB))
         const int32_t kb0 = w.k0 + warp * BNW;
         constexpr int32_t STEP = QM_NW * BNW;
 
+        float qup; /* 2^e of Q' (qm_range) */
         /* The first NST - 1 steps of the warp's ring (the rings are free: the
          * previous item ended with a barrier after its merge). Version 1
          * issues them after Q'. */
@@ -401,9 +452,9 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER, FMT>::MINB))
                                               lane);
                 kva__cp_async_commit();
             }
-            qm_stage_q_v2<FMT, OT, D>(q, w, nrows, qs, ktok, sQ, sQl, s_qo);
+            qm_stage_q_v2<FMT, OT, D>(q, w, nrows, qs, ktok, sQ, sQl, s_qo, s_red, &qup);
         } else {
-            qm_stage_q_v1<FMT, OT, D>(q, w, nrows, qs, ktok, sQ, sQl, s_qo);
+            qm_stage_q_v1<FMT, OT, D>(q, w, nrows, qs, ktok, sQ, sQl, s_qo, s_red, &qup);
         }
         /* This thread's two rows g4 and g4 + 8: visible keys, position, slope. */
         int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
@@ -524,6 +575,13 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER, FMT>::MINB))
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         sc[nt][e] -= qo[e >> 1];
+            }
+            if (qup != 1.f) { /* Q' was stored times 2^-e (qm_range) */
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        sc[nt][e] *= qup;
             }
             kva__dmma_logits<BNW>(sc, a, scale_log2, kb, t4, lo_all, hi_all, lo, hi, pos, slope);
             kva__dmma_softmax<NO, NT>(sc, m_run, l_run, o);
