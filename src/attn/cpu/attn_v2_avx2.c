@@ -522,51 +522,105 @@ static void fold_begin(const kva__cpu_run *run, const kva__work_item *it, kva__c
     fi->kf = f.kf, fi->vf = f.vf, fi->koff = f.koff, fi->voff = f.voff;
 }
 
-void kva__cpu_attn_v2(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
+/* Chunks in flight per item: chunk c is computed while chunk c + PF_DIST is
+ * prefetched (a ring of PF_DIST + 1 located chunks). */
+enum { PF_DIST = 2 };
+
+/* One item while it runs, alone (kva__cpu_attn_v2) or interleaved with the
+ * other members of its decode group (kva__cpu_group_v2). */
+typedef struct item_run {
+    const kva__work_item *it;
+    kva__cpu_scratch s; /* the thread's scratch, per-item state moved for group members */
+    kva__cpu_item_geom g;
+    fold_info fi;
+    step_fn step;
+    pf_info pf;
+    kva__cpu_chunk_rows rows[PF_DIST + 1];
+    int32_t nchunks;
+} item_run;
+
+/* Starts item it (query tile, row formats, step function) and prefetches its
+ * first PF_DIST chunks. ir->s must be set. */
+static void item_open(const kva__cpu_run *run, const kva__work_item *it, item_run *ir)
 {
     const kva_plan *plan = run->plan;
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
-    kva__cpu_item_geom g;
-    kva__cpu_item_begin(run, it, s, &g);
-    fold_info fi;
-    fold_begin(run, it, s, &g, &fi);
-    const step_fn step = D == 128 ? chunk_step_d128 : chunk_step_any;
-
-    /* Rows of the chunks in flight: chunk c is computed while chunk
-     * c + PF_DIST is prefetched (a ring of PF_DIST + 1 located chunks). */
-    enum { PF_DIST = 2 };
-    kva__cpu_chunk_rows rows[PF_DIST + 1];
+    ir->it = it;
+    kva__cpu_item_begin(run, it, &ir->s, &ir->g);
+    fold_begin(run, it, &ir->s, &ir->g, &ir->fi);
+    ir->step = D == 128 ? chunk_step_d128 : chunk_step_any;
     const size_t kv_esz = kva_dtype_size(run->kv_dt);
     const size_t v_esz = run->cache ? run->cache->v_elem : kv_esz;
-    pf_info pf;
-    pf.rows = NULL;
-    pf.n = 0;
-    pf.kbytes = (size_t)D * kv_esz;
-    pf.vbytes = (size_t)Dv * v_esz;
+    ir->pf.rows = NULL;
+    ir->pf.n = 0;
+    ir->pf.kbytes = (size_t)D * kv_esz;
+    ir->pf.vbytes = (size_t)Dv * v_esz;
     const int32_t C = KVA_CPU_KEY_CHUNK;
-    const int32_t nchunks = (it->k1 - it->k0 + C - 1) / C;
-    for (int32_t c = 0; c < PF_DIST && c < nchunks; c++) {
+    ir->nchunks = (it->k1 - it->k0 + C - 1) / C;
+    for (int32_t c = 0; c < PF_DIST && c < ir->nchunks; c++) {
         const int32_t a = it->k0 + c * C, n = it->k1 - a < C ? it->k1 - a : C;
-        kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, &rows[c]);
-        kva__cpu_prefetch_chunk(&rows[c], n, pf.kbytes, pf.vbytes);
+        kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, &ir->rows[c]);
+        kva__cpu_prefetch_chunk(&ir->rows[c], n, ir->pf.kbytes, ir->pf.vbytes);
     }
-    for (int32_t c = 0; c < nchunks; c++) {
-        const int32_t c0 = it->k0 + c * C;
-        const int32_t c1 = c0 + C < it->k1 ? c0 + C : it->k1;
-        if (c + PF_DIST < nchunks) {
-            const int32_t a = c0 + PF_DIST * C, n = it->k1 - a < C ? it->k1 - a : C;
-            kva__cpu_chunk_rows *nr = &rows[(c + PF_DIST) % (PF_DIST + 1)];
-            kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, nr);
-            pf.rows = nr;
-            pf.n = n;
-        }
-        load_chunk(run, &rows[c % (PF_DIST + 1)], c1 - c0, s, &fi);
-        step(run, it, s, &g, c0, c1, &pf, &fi);
+}
+
+/* Computes chunk c of the item; its loops prefetch chunk c + PF_DIST. */
+static void item_chunk(const kva__cpu_run *run, item_run *ir, int32_t c)
+{
+    const kva__work_item *it = ir->it;
+    const int32_t C = KVA_CPU_KEY_CHUNK;
+    const int32_t c0 = it->k0 + c * C;
+    const int32_t c1 = c0 + C < it->k1 ? c0 + C : it->k1;
+    if (c + PF_DIST < ir->nchunks) {
+        const int32_t a = c0 + PF_DIST * C, n = it->k1 - a < C ? it->k1 - a : C;
+        kva__cpu_chunk_rows *nr = &ir->rows[(c + PF_DIST) % (PF_DIST + 1)];
+        kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, nr);
+        ir->pf.rows = nr;
+        ir->pf.n = n;
     }
-    if (fi.vf == FMT_BF16)
-        bf16_acc_unpair(s->acc, g.M, Dv);
-    kva__cpu_fold_end(run, it, s->acc, g.M, fi.vf);
-    kva__cpu_item_finish(run, it, s, &g);
+    load_chunk(run, &ir->rows[c % (PF_DIST + 1)], c1 - c0, &ir->s, &ir->fi);
+    ir->step(run, it, &ir->s, &ir->g, c0, c1, &ir->pf, &ir->fi);
+}
+
+/* Ends the item: value scales, normalization, the result rows. */
+static void item_close(const kva__cpu_run *run, item_run *ir)
+{
+    if (ir->fi.vf == FMT_BF16)
+        bf16_acc_unpair(ir->s.acc, ir->g.M, run->plan->d.head_dim_v);
+    kva__cpu_fold_end(run, ir->it, ir->s.acc, ir->g.M, ir->fi.vf);
+    kva__cpu_item_finish(run, ir->it, &ir->s, &ir->g);
+}
+
+void kva__cpu_attn_v2(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
+{
+    item_run ir;
+    ir.s = *s;
+    item_open(run, it, &ir);
+    for (int32_t c = 0; c < ir.nchunks; c++)
+        item_chunk(run, &ir, c);
+    item_close(run, &ir);
+}
+
+/* The n items of a decode group (cpu_attn.h, "Groups"), interleaved chunk by
+ * chunk as v3's run_group: each member keeps its state in its part of the
+ * group area, the result is bitwise that of the items run one by one. */
+void kva__cpu_group_v2(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
+                       kva__cpu_scratch *s)
+{
+    const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
+    item_run ir[KVA_CPU_GROUP_MAX];
+    int32_t nchunks = 0;
+    for (int32_t i = 0; i < n; i++) {
+        kva__cpu_scratch_member(s, i, D, Dv, &ir[i].s);
+        item_open(run, &items[i], &ir[i]);
+        nchunks = ir[i].nchunks > nchunks ? ir[i].nchunks : nchunks;
+    }
+    for (int32_t c = 0; c < nchunks; c++)
+        for (int32_t i = 0; i < n; i++)
+            if (c < ir[i].nchunks)
+                item_chunk(run, &ir[i], c);
+    for (int32_t i = 0; i < n; i++)
+        item_close(run, &ir[i]);
 }
 
 #endif /* __x86_64__ */

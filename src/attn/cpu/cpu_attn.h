@@ -159,6 +159,8 @@ void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it,
 void kva__cpu_attn_v4(const kva__cpu_run *run, const kva__work_item *it,
                       kva__cpu_scratch *s); /* v3 + AVX512_BF16 scores (attn_v3_avx512.c) */
 /* Group entries of v3 and v4. */
+void kva__cpu_group_v2(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
+                       kva__cpu_scratch *s);
 void kva__cpu_group_v3(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
                        kva__cpu_scratch *s);
 void kva__cpu_group_v4(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
@@ -230,8 +232,8 @@ void kva__cpu_attn_choose(kva__cpu_isa level, int32_t *variant_decode, int32_t *
  * of up to KVA_CPU_GROUP_MAX items (part->group_start); the run schedules
  * groups, and a decode variant with a group entry runs a group's items
  * interleaved chunk by chunk (all kv heads of a block read together), others
- * one after the other; a plan whose decode variant has no group entry (v1,
- * v2, or a forced variant without one at plan build) keeps one item per
+ * one after the other; a plan whose decode variant has no group entry (v1
+ * or a forced variant without one at plan build) keeps one item per
  * group. kva__cpu_groupable says which items may join a group. A decode-only
  * plan of a grouping variant asks the partition for min(Hkv, GROUP_MAX) times
  * as many items per thread, so that there are as many groups as there were

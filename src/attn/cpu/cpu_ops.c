@@ -23,7 +23,7 @@
 static const kva__cpu_variant variants[] = {
     {"v1 portable C",                kva__cpu_attn_v1, KVA__ISA_PORTABLE,   1, 1, NULL},
 #if defined(__x86_64__)
-    {"v2 avx2+fma+f16c",             kva__cpu_attn_v2, KVA__ISA_AVX2,       1, 0, NULL},
+    {"v2 avx2+fma+f16c",             kva__cpu_attn_v2, KVA__ISA_AVX2,       1, 0, kva__cpu_group_v2},
     {"v3 avx512",                    kva__cpu_attn_v3, KVA__ISA_AVX512,     1, 0, kva__cpu_group_v3},
     {"v4 avx512+bf16 dot",           kva__cpu_attn_v4, KVA__ISA_AVX512BF16, 1, 0, kva__cpu_group_v4},
     {"v5 tiled prefill avx2",        kva__cpu_attn_v5, KVA__ISA_AVX2,       0, 1, NULL},
