@@ -7,7 +7,7 @@
  *      FP8_E4M3) x f16/bf16 q x D 64/128/256 x causal/none x window x
  *      soft-cap x ALiBi x sinks x LSE x GQA 1..8 x NHD/HND x block sizes
  *      1, 3, 7, 16, 32, 64, per-channel / per-head / per-tensor scales,
- *      kernel variants 1 and 2, over fresh prefills, chunked prefills after
+ *      kernel variants 1..3, over fresh prefills, chunked prefills after
  *      cached context, and mixed batches of decodes, speculative decodes and
  *      prefills (decode items on decode_mma_quant.cu, prefill tiles here);
  *      every case checks that the tiles do run on the tensor-core kernel;
@@ -140,7 +140,7 @@ typedef struct qcfg {
     int alibi, sinks, lse, gran;
     int kind;    /* 0 fresh prefills, 1 chunked prefills after cached context, 2 mixed
                     decodes + prefills, 3 random batch */
-    int variant; /* forced prefill variant: 0 default, 1..2, -1 the CUDA-core kernel */
+    int variant; /* forced prefill variant: 0 default, 1..3, -1 the CUDA-core kernel */
     int qmag;    /* 0: unit q; 1: q * 1e7 (bf16 only); 2: q * 1e-6 (softmax scale inverse) */
 } qcfg;
 
@@ -307,7 +307,7 @@ static void test_grid(void)
         c.lse = kva_rng_int(&rng, 0, 3) != 0;
         c.gran = kva_rng_int(&rng, 0, 2);
         c.kind = (i / 3) % 4;
-        c.variant = c.D == 256 ? 0 : kva_rng_int(&rng, 0, 2);
+        c.variant = c.D == 256 ? 0 : kva_rng_int(&rng, 0, KVA__CUDA_QPREFILL_VARIANTS);
         if (!run_case(&c, 5000 + (uint64_t)i))
             failed++;
     }
@@ -355,7 +355,7 @@ static void test_cuda_core_and_errors(void)
     kva_context *gpu = make_ctx(KVA_BACKEND_CUDA), *href = make_ctx(KVA_BACKEND_REF);
     CHECK_STATUS(kva__cuda_context_force_quant_prefill(gpu, KVA__CUDA_QPREFILL_VARIANTS + 1),
                  KVA_STATUS_INVALID_ARGUMENT);
-    CHECK_ERROR_MENTIONS("variant = 3");
+    CHECK_ERROR_MENTIONS("variant = 4");
     CHECK_STATUS(kva__cuda_context_force_quant_prefill(gpu, -2), KVA_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(kva__cuda_context_force_quant_prefill(href, 1), KVA_STATUS_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("not 'cuda'");
@@ -381,7 +381,8 @@ static void test_cuda_core_and_errors(void)
     CHECK_STATUS(kva__cuda_qprefill_launch(&qa, NULL, 0), KVA_STATUS_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("a->q");
     qa.p.q = dummy;
-    CHECK_STATUS(kva__cuda_qprefill_launch(&qa, NULL, 3), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kva__cuda_qprefill_launch(&qa, NULL, KVA__CUDA_QPREFILL_VARIANTS + 1),
+                 KVA_STATUS_INVALID_ARGUMENT);
     qa.p.head_dim = qa.p.head_dim_v = 96;
     CHECK_STATUS(kva__cuda_qprefill_launch(&qa, NULL, 0), KVA_STATUS_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("D = 96");

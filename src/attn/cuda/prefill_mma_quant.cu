@@ -12,8 +12,18 @@ extern "C" {
 
 #include <string.h>
 
-/* The variant the run path uses when none is forced (docs/cuda.md). */
-#define QP_VARIANT_DEFAULT 1
+/* The variant the run path uses when none is forced: the fastest on an H100
+ * at D 128 (docs/cuda.md: 4 x 1024 after 3072 and 1 x 4096, bf16 q):
+ * 2 for FP8 and INT8_TOKEN_K and INT8_CHANNEL with per-head scales (1-byte
+ * V, one S pass), 1 for INT8_TOKEN_K_V16 and the hi + lo pass of per-channel
+ * INT8_CHANNEL scales. */
+static int default_variant(const kva__cuda_qprefill_args *qa)
+{
+    if (qa->quant == KVA_QUANT_INT8_TOKEN_K_V16 ||
+        (qa->quant == KVA_QUANT_INT8_CHANNEL && !qa->k_uniform))
+        return 1;
+    return 2;
+}
 
 extern "C" int kva__cuda_qprefill_supported(kva_quant quant, kva_dtype cache_dtype,
                                             int32_t head_dim, int32_t head_dim_v, kva_dtype q_dtype)
@@ -86,7 +96,7 @@ extern "C" kva_status kva__cuda_qprefill_launch(const kva__cuda_qprefill_args *q
     KVA_CHECK_ALIGNED(a->v, 16);
     KVA_CHECK_ALIGNED(a->out, 4);
     if (variant == 0)
-        variant = QP_VARIANT_DEFAULT;
+        variant = default_variant(qa);
     cudaStream_t st = (cudaStream_t)stream;
     switch (qa->quant) {
     case KVA_QUANT_INT8_CHANNEL:

@@ -29,15 +29,16 @@
  *     s = 2^-e_r * t_j * S (per-token key scale t_j); then soft-cap, ALiBi
  *     and masks as prefill_mma.cu;
  *   - O += P C_V with P rounded to f16 (INT8_TOKEN_K_V16: P in V's dtype,
- *     O += P V), l summed from the rounded P, and in the epilogue
+ *     O += P V), l summed from P in fp32 (so lse carries no rounding of P),
+ *     and in the epilogue
  *     out_c = s_c (O_c - o_c l) / l (o_c = 0 for FP8; no V scale for
  *     INT8_TOKEN_K_V16); sinks only change the denominator.
  * Error bound against attention over the dequantized cache: scores are
  * exact up to fp32 accumulation for per-head K scales; with per-channel
  * scales |ds| <= 2^-22 * scale * sum_c |q_c s_c (c_c - o_c)| (+ fp32
- * accumulation); the output carries P's rounding, |dout| <= u_P * max_j |v_j -
- * out| with u_P = 2^-11 (f16 P) or 2^-8 (bf16 P of INT8_TOKEN_K_V16 with bf16
- * V), plus the output dtype's rounding.
+ * accumulation); lse carries no other error; the output carries P's
+ * rounding, |dout| <= u_P * max_j |v_j| with u_P = 2^-11 (f16 P) or 2^-8
+ * (bf16 P of INT8_TOKEN_K_V16 with bf16 V), plus the output dtype's rounding.
  */
 #ifndef KVA_CUDA_PREFILL_MMA_QUANT_CUH
 #define KVA_CUDA_PREFILL_MMA_QUANT_CUH
@@ -110,16 +111,6 @@ static __device__ __forceinline__ void qp_cvt4(uint32_t w, uint32_t &lo, uint32_
         lo = *(uint32_t *)&lh;
         hi = *(uint32_t *)&hh;
     }
-}
-
-/* A pair of P values as the mma element type and back (l sums the rounded P). */
-static __device__ __forceinline__ float2 qp_unpack(uint32_t v, kva__mma_f16)
-{
-    return __half22float2(*(__half2 *)&v);
-}
-static __device__ __forceinline__ float2 qp_unpack(uint32_t v, kva__mma_bf16)
-{
-    return __bfloat1622float2(*(__nv_bfloat162 *)&v);
 }
 
 /* 2^e as a float, e in [-126, 127]. */
@@ -569,10 +560,9 @@ __global__ void __launch_bounds__(NW * 32, MINB)
                     const float p0 = kva__ex2(fmaf(s[mt][nb][2 * hf], mul, -m_use));
                     const float p1 = kva__ex2(fmaf(s[mt][nb][2 * hf + 1], mul, -m_use));
                     pk[mt][nb][hf] = TyP::pack(p0, p1);
-                    const float2 pr = qp_unpack(pk[mt][nb][hf], TyP());
-                    sum += pr.x + pr.y;
+                    sum += p0 + p1;
                 }
-                l_run[mt][hf] += sum; /* per-thread partial, of the rounded P */
+                l_run[mt][hf] += sum; /* per-thread partial */
             }
         }
 
@@ -671,8 +661,11 @@ static kva_status qp_launch_one(const kva__cuda_qprefill_args *qa, cudaStream_t 
     return KVA_STATUS_OK;
 }
 
-/* Variant selection for a format and LO: variant 1 (8 warps x 16 rows) or 2
- * (4 warps x 32 rows; D 64 and 128), lazy rescaling in both; D 256 runs 1. */
+/* Variant selection for a format and LO: variant 1 (8 warps x 16 rows, 64
+ * keys per tile), 2 (4 warps x 32 rows) or 3 (1 with 32 keys per tile: half
+ * the K/V shared memory, so hi + lo Q tiles still leave two CTAs per SM at
+ * D 128; D 64 runs 1 for it), lazy rescaling in all; D 256 runs 1 (32 keys
+ * per tile). */
 template <int FMT, bool LO, typename Ty>
 static kva_status qp_launch_d(const kva__cuda_qprefill_args *qa, cudaStream_t st, int variant)
 {
@@ -681,8 +674,9 @@ static kva_status qp_launch_d(const kva__cuda_qprefill_args *qa, cudaStream_t st
         return variant == 2 ? qp_launch_one<64, 64, 4, 2, 1, FMT, LO, Ty>(qa, st)
                             : qp_launch_one<64, 64, 8, 1, 2, FMT, LO, Ty>(qa, st);
     case 128:
-        return variant == 2 ? qp_launch_one<128, 64, 4, 2, 1, FMT, LO, Ty>(qa, st)
-                            : qp_launch_one<128, 64, 8, 1, 2, FMT, LO, Ty>(qa, st);
+        return variant == 2   ? qp_launch_one<128, 64, 4, 2, 1, FMT, LO, Ty>(qa, st)
+               : variant == 3 ? qp_launch_one<128, 32, 8, 1, 2, FMT, LO, Ty>(qa, st)
+                              : qp_launch_one<128, 64, 8, 1, 2, FMT, LO, Ty>(qa, st);
     default:
         return qp_launch_one<256, 32, 8, 1, 1, FMT, LO, Ty>(qa, st);
     }

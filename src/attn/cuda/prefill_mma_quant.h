@@ -17,9 +17,11 @@
 extern "C" {
 #endif
 
-/* Kernel variants (kva__cuda_qprefill_launch): 1: 8 warps x 16 rows;
- * 2: 4 warps x 32 rows (D 64 and 128; D 256 runs 1 for both). */
-#define KVA__CUDA_QPREFILL_VARIANTS 2
+/* Kernel variants (kva__cuda_qprefill_launch): 1: 8 warps x 16 rows, 64 keys
+ * per tile; 2: 4 warps x 32 rows (D 64 and 128); 3: 1 with 32 keys per tile
+ * (D 128; D 64 runs 1); D 256 runs its one kernel, 8 warps x 16 rows and 32
+ * keys, for all. */
+#define KVA__CUDA_QPREFILL_VARIANTS 3
 
 typedef struct kva__cuda_qprefill_args {
     /* p.k, p.v: the codes (V in p.dtype for INT8_TOKEN_K_V16); p.dtype: the q
