@@ -1,9 +1,10 @@
 /*
  * attn_quant.cu - paged attention over quantized caches on CUDA
- * (KVA_QUANT_INT8_CHANNEL, INT8_TOKEN_K, INT8_TOKEN_K_V16, FP8_E4M3): every
- * work item of the plan (decodes, speculative decodes, chunked prefills) and
- * every prefill tile the plan routed to the tensor-core kernel, which reads
- * only f16/bf16 caches. kva__cuda_attention() sends a quantized cache here.
+ * (KVA_QUANT_INT8_CHANNEL, INT8_TOKEN_K, INT8_TOKEN_K_V16, FP8_E4M3): the
+ * work items of the plan (decodes, speculative decodes, chunked prefills)
+ * that decode_mma_quant.cu does not take, and the prefill tiles that the
+ * quantized tensor-core prefill (prefill_mma_quant.h, launched from here)
+ * does not cover. kva__cuda_attention() sends a quantized cache here.
  *
  * The cache is never converted to a float copy: each lane reads 1-byte K and
  * V codes (2-byte V for INT8_TOKEN_K_V16) with 16-byte loads (8-byte loads

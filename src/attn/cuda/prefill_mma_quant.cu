@@ -13,14 +13,16 @@ extern "C" {
 #include <string.h>
 
 /* The variant the run path uses when none is forced: the fastest on an H100
- * at D 128 (docs/cuda.md: 4 x 1024 after 3072 and 1 x 4096, bf16 q):
- * 2 for FP8 and INT8_TOKEN_K and INT8_CHANNEL with per-head scales (1-byte
- * V, one S pass), 1 for INT8_TOKEN_K_V16 and the hi + lo pass of per-channel
- * INT8_CHANNEL scales. */
+ * at D 128 in one run of scripts/cuda_qprefill.sh (docs/cuda.md: 4 x 1024
+ * after 3072 cached and 1 x 4096, H/Hkv 32/8, bf16 q): 3 for per-channel
+ * INT8_CHANNEL scales (hi + lo Q tiles; 1.31 vs 1.65 ms for 1), 1 for
+ * INT8_TOKEN_K_V16 (1.16 vs 1.21-1.22), 2 for the other 1-byte formats
+ * (INT8_TOKEN_K 0.975 vs 1.07, FP8 0.934 vs 1.00). */
 static int default_variant(const kva__cuda_qprefill_args *qa)
 {
-    if (qa->quant == KVA_QUANT_INT8_TOKEN_K_V16 ||
-        (qa->quant == KVA_QUANT_INT8_CHANNEL && !qa->k_uniform))
+    if (qa->quant == KVA_QUANT_INT8_CHANNEL && !qa->k_uniform)
+        return 3;
+    if (qa->quant == KVA_QUANT_INT8_TOKEN_K_V16)
         return 1;
     return 2;
 }
