@@ -6,6 +6,7 @@
  *              [--dtype bf16|f16|f32] [--layout nhd|hnd] [--iters N]
  *              [--graph-layers L] [--variant V] [--prefill-variant P]
  *              [--quant none|int8|int8-token|int8-token-v16|fp8] [--qmma V]
+ *              [--qprefill P]
  *
  * decode: R requests of q_len Q (1 = decode, >1 = speculative) after S cached
  * tokens; prefill: R causal prompts of Q tokens after S cached tokens. Block
@@ -29,6 +30,10 @@
  * the 1-byte codes (2-byte V for int8-token-v16) and the per-token scales.
  * --qmma V (1..) runs version V of the quantized tensor-core kernel
  * (decode_mma_quant.cu; kva__cuda_context_force_quant_mma), 0 the default.
+ * --qprefill P runs the prefill tiles over a quantized cache on variant P of
+ * the tensor-core kernel (prefill_mma_quant.h; 0 the default) or, with -1,
+ * on the CUDA-core kernel of attn_quant.cu (kva__cuda_context_force_quant_
+ * prefill), so one build compares the two paths.
  * The last line is one JSON object for bench/peer_cuda.py.
  */
 #include "batchgen.h"
@@ -128,7 +133,7 @@ int main(int argc, char **argv)
 {
     const char *mode = "decode", *dts = "bf16", *lays = "nhd", *quants = "none";
     int32_t R = 64, S = 4096, Q = -1, H = 32, Hkv = 8, D = 128, B = 16, iters = 30, layers = 0,
-            variant = 0, qmma = 0, pvariant = 0;
+            variant = 0, qmma = 0, pvariant = 0, qprefill = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *f = argv[i], *v = argv[i + 1];
         if (!strcmp(f, "--mode"))
@@ -163,6 +168,8 @@ int main(int argc, char **argv)
             quants = v;
         else if (!strcmp(f, "--qmma"))
             qmma = atoi(v);
+        else if (!strcmp(f, "--qprefill"))
+            qprefill = atoi(v);
         else
             DIE("unknown flag %s", f);
     }
@@ -207,6 +214,7 @@ int main(int argc, char **argv)
     KV(kva__cuda_context_force_variant(gpu, variant));
     KV(kva__cuda_context_force_quant_mma(gpu, qmma));
     KV(kva__cuda_context_force_prefill_variant(gpu, pvariant));
+    KV(kva__cuda_context_force_quant_prefill(gpu, qprefill));
     const kva_dtype cdt = quant == KVA_QUANT_NONE || quant == KVA_QUANT_INT8_TOKEN_K_V16 ? dt
                           : quant == KVA_QUANT_FP8_E4M3 ? KVA_DTYPE_FP8_E4M3
                                                         : KVA_DTYPE_I8;
@@ -382,10 +390,11 @@ int main(int argc, char **argv)
     const double sec = med * 1e-3;
     fprintf(stderr,
             "bench_cuda: %s R=%d S=%d Q=%d H=%d Hkv=%d D=%d B=%d %s kv %s: median %.4f ms, %.3f "
-            "TB/s KV, %.1f TFLOP/s, %d items, variant %d, qmma %d, prefill variant %d, check %s\n",
+            "TB/s KV, %.1f TFLOP/s, %d items, variant %d, qmma %d, prefill variant %d, qprefill "
+            "%d, check %s\n",
             mode, R, S, Q, H, Hkv, D, B, dts, kva_quant_name(quant), (double)med,
             kv_bytes / sec * 1e-12, flops / sec * 1e-12, (int)info.num_work_items,
-            plan->part->variant, qmma, pvariant, bad ? "FAILED" : "ok");
+            plan->part->variant, qmma, pvariant, qprefill, bad ? "FAILED" : "ok");
     printf(
         "{\"mode\": \"%s\", \"device\": \"%s\", \"R\": %d, \"S\": %d, \"Q\": %d, \"H\": %d, "
         "\"Hkv\": %d, \"D\": %d, \"B\": %d, \"dtype\": \"%s\", \"kv_quant\": \"%s\", \"ms\": %.5f, "

@@ -678,8 +678,12 @@ static int run_attn(const acfg *c, uint64_t seed)
          * out may differ by 2^-11 max|v| more (|v| <= 2: the uniform fill,
          * sqrt 3, plus the quantization step). Its scores are exact to
          * ~2^-22 (Q' as f16 hi + lo), so lse keeps its tolerance. */
-        const int mma = pg && pg->part->variant == 4 &&
-                        kva__cuda_decode_mma_quant_supported(cd.quant, cd.dtype, D, Dv, c->qdt);
+        const int tiles = pg ? ((const kva__cuda_plan *)pg->device)->num_ptiles : 0;
+        /* The prefill tiles run on the tensor-core prefill kernel
+         * (prefill_mma_quant.h) where it covers the shape: the same f16 P. */
+        const int mma = (pg && pg->part->variant == 4 &&
+                         kva__cuda_decode_mma_quant_supported(cd.quant, cd.dtype, D, Dv, c->qdt)) ||
+                        (tiles > 0 && kva__cuda_qprefill_usable(gpu, pg, dq, qp.dc));
         /* INT8_TOKEN_K_V16 rounds P to V's dtype (bf16: 2^-8). */
         const double pu =
             cd.quant == KVA_QUANT_INT8_TOKEN_K_V16 && c->qdt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
@@ -689,7 +693,6 @@ static int run_attn(const acfg *c, uint64_t seed)
             to_host(lg, dl, nl * 4);
             bad += kva_test_compare_f32("lse", lg, lw, nl, 1e-4, 2e-5);
         }
-        const int tiles = pg ? ((const kva__cuda_plan *)pg->device)->num_ptiles : 0;
         CHECK_MSG(bad == 0, "%zu mismatches (T=%d, %d items, %d prefill tiles)", bad, (int)T,
                   pg ? (int)pg->info.num_work_items : -1, tiles);
         if (bad)

@@ -1,9 +1,10 @@
 /*
  * attn_quant.cu - paged attention over quantized caches on CUDA
- * (KVA_QUANT_INT8_CHANNEL, INT8_TOKEN_K, INT8_TOKEN_K_V16, FP8_E4M3): every
- * work item of the plan (decodes, speculative decodes, chunked prefills) and
- * every prefill tile the plan routed to the tensor-core kernel, which reads
- * only f16/bf16 caches. kva__cuda_attention() sends a quantized cache here.
+ * (KVA_QUANT_INT8_CHANNEL, INT8_TOKEN_K, INT8_TOKEN_K_V16, FP8_E4M3): the
+ * work items of the plan (decodes, speculative decodes, chunked prefills)
+ * that decode_mma_quant.cu does not take, and the prefill tiles that the
+ * quantized tensor-core prefill (prefill_mma_quant.h, launched from here)
+ * does not cover. kva__cuda_attention() sends a quantized cache here.
  *
  * The cache is never converted to a float copy: each lane reads 1-byte K and
  * V codes (2-byte V for INT8_TOKEN_K_V16) with 16-byte loads (8-byte loads
@@ -31,8 +32,11 @@
  * split) and, when the plan has prefill tiles, each tile's 128 packed rows
  * (token-major: m = i * G + g, prefill_mma.h) cut into 128 / ROWS units over
  * the request's whole key range. Each unit loops only over the keys some of
- * its rows can see. Prefills over a quantized cache therefore run on CUDA
- * cores (correct for every shape; the tensor-core kernel is not used).
+ * its rows can see. Only prefill tiles the tensor-core kernel of
+ * prefill_mma_quant.h does not cover (kva__cuda_qprefill_usable: other head
+ * sizes, FP8 with per-channel key scales, a V16 V dtype other than q's,
+ * unaligned pointers, or forced by kva__cuda_context_force_quant_prefill)
+ * run here.
  */
 extern "C" {
 #include "cuda_backend.h"
@@ -773,6 +777,13 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
     if (mma) {
         KVA_TRY(kva__cuda_decode_mma_quant_run(ctx, plan, q, cache, sinks, out, lse));
         a.isub = 0; /* the kernel below runs only the prefill tiles */
+    }
+    /* Prefill tiles over covered formats and shapes run on the tensor-core
+     * kernel (prefill_mma_quant.h) with the same tile list; rows disjoint
+     * from the items'. */
+    if (a.ptiles && kva__cuda_qprefill_usable(ctx, plan, q, cache)) {
+        KVA_TRY(kva__cuda_qprefill_run(ctx, plan, q, cache, sinks, out, lse));
+        a.ptiles = NULL;
     }
     if (kl.smem > 0) /* static + dynamic may pass 48 KiB */
         KVA_CUDA_TRY(

@@ -70,6 +70,9 @@ typedef struct kva__cuda_state {
                                   partitioned for and run (tests, benchmarks) */
     int force_quant_mma;       /* 0, or the version (1..) of the quantized tensor-core decode
                                   kernel (decode_mma_quant.cu) runs use (tests, benchmarks) */
+    int force_quant_prefill;   /* prefill tiles over quantized caches: 0 the default kernel
+                                  variant of prefill_mma_quant.h, 1..N that variant, -1 the
+                                  CUDA-core kernel of attn_quant.cu (tests, benchmarks) */
     int deferred_write_status; /* kva_cuda_context_set_deferred_write_status */
     void *meta_dev;            /* device metadata buffer */
     void *meta_host;           /* pinned staging of the same size */
@@ -153,6 +156,20 @@ kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva_plan *plan
  * quantized tensor-core decode kernel (decode_mma_quant.cu; 0 restores the
  * default). */
 kva_status kva__cuda_context_force_quant_mma(kva_context *ctx, int version);
+/* Prefill tiles over quantized caches on tensor cores (prefill_mma_quant.cu):
+ * _usable: 1 if the run's cache, shape and pointers (16-byte aligned q, k,
+ * v) are covered and the context does not force the CUDA-core kernel;
+ * _run: launches it over the uploaded plan's prefill tiles (grid of the
+ * context's tile capacity; CTAs past the header's count exit). */
+int kva__cuda_qprefill_usable(const kva_context *ctx, const kva_plan *plan, const void *q,
+                              const kva_cache *cache);
+kva_status kva__cuda_qprefill_run(kva_context *ctx, const kva_plan *plan, const void *q,
+                                  const kva_cache *cache, const float *sinks, void *out,
+                                  float *lse);
+/* Tests and benchmarks: prefill tiles over quantized caches on ctx run on
+ * variant (1..KVA__CUDA_QPREFILL_VARIANTS of prefill_mma_quant.h), the
+ * default (0) or the CUDA-core kernel of attn_quant.cu (-1). */
+kva_status kva__cuda_context_force_quant_prefill(kva_context *ctx, int variant);
 /* Versions of that kernel (1..KVA__CUDA_QUANT_MMA_VERSIONS). */
 #define KVA__CUDA_QUANT_MMA_VERSIONS 2
 /* The variant a plan of this shape runs: `want` (0 = the default) resolved to
