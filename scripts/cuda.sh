@@ -12,7 +12,9 @@
 #                   the copy ceiling, then kvattn's decode variants and shapes and the
 #                   quantized caches (--quant), "prefill" its
 #                   prefills through the public API, "peers" the table against peers, printed
-#                   last; "quicktest" runs the quick test sets without ctest)
+#                   last; "quicktest" runs the quick test sets without ctest; "serve" runs the
+#                   main job `kvattn serve-sim --backend cuda`: the default, --verify (also over
+#                   int8 and fp8 caches), and 32 layers / 256 prompts; logs and JSON in $OUT)
 #   KVA_PEER_ARGS   extra arguments of bench/peer_cuda.py (e.g. "--skip-prefill")
 #   KVA_CMAKE_ARGS  extra cmake arguments (e.g. -DXXHASH_LIB=... where libxxhash-dev is missing)
 #   KVA_SANITIZERS  compute-sanitizer tools of the "sanitize" step (default "memcheck racecheck")
@@ -101,6 +103,27 @@ if has prefill; then
   $b --mode prefill --batch 1 --context 0 --q-len 4096 --head-dim 64 --iters 20 2>&1 | head -1
   $b --mode prefill --batch 4 --context 3072 --q-len 1024 --iters 20 2>&1 | head -1
   } | tee "$out/bench_prefill.log"
+fi
+
+if has serve; then
+  echo "== kvattn serve-sim --backend cuda (default of scripts/main.sh, --verify, larger runs)"
+  k=build-cuda/kvattn
+  sv() { # name, args...
+    local name=$1; shift
+    $k serve-sim --backend cuda --no-progress --json "$out/serve_$name.json" "$@" >"$out/serve_$name.log" 2>&1
+    local rc=$?
+    echo "serve $name ($*): exit $rc"
+    grep -E "^serve-sim: backend|Benchmark duration|Output token throughput|Total Token|Median TTFT|Median TPOT|Median ITL|P99 ITL|GPU attention|Host plan|Engine steps|Preemptions|Reference check|kvattn" "$out/serve_$name.log"
+    [ $rc = 0 ] || status=1
+  }
+  sv default
+  sv verify --verify
+  sv verify_int8 --verify --kv-quant int8
+  sv verify_fp8 --verify --kv-quant fp8 --dtype f16
+  sv verify_int8_token --verify --kv-quant int8-token --num-prompts 8 --output-len 16
+  sv l32 --layers 32 --kv-cache-mem 8G
+  sv l32_p256 --layers 32 --num-prompts 256 --kv-cache-mem 16G
+  sv l32_p256_b8k --layers 32 --num-prompts 256 --kv-cache-mem 16G --max-num-batched-tokens 8192
 fi
 
 if has sanitize; then
