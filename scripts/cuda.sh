@@ -16,6 +16,7 @@
 #                   main job `kvattn serve-sim --backend cuda`: the default, --verify (also over
 #                   int8 and fp8 caches), and 32 layers / 256 prompts; logs and JSON in $OUT)
 #   KVA_PEER_ARGS   extra arguments of bench/peer_cuda.py (e.g. "--skip-prefill")
+#   KVA_TARGETS     ninja targets to build (default: all; e.g. "kvattn_cli" for the serve step)
 #   KVA_CMAKE_ARGS  extra cmake arguments (e.g. -DXXHASH_LIB=... where libxxhash-dev is missing)
 #   KVA_SANITIZERS  compute-sanitizer tools of the "sanitize" step (default "memcheck racecheck")
 #   KVA_SANITIZE_TESTS  tests they run in quick mode (default "test_cuda_attn test_cuda_cache test_cuda_quant
@@ -40,7 +41,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out
 echo "== build (CUDA architectures ${KVA_CUDA_ARCH:-90a})"
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${KVA_CUDA_ARCH:-90a}" ${KVA_CMAKE_ARGS:-} >"$out/cmake.log" 2>&1 || { cat "$out/cmake.log"; exit 1; }
-ninja -C build-cuda -j"$jobs" >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
+ninja -C build-cuda -j"$jobs" ${KVA_TARGETS:-} >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
 
 steps=" ${KVA_STEPS:-test sanitize bench prefill peers} "
 has() { [[ "$steps" == *" $1 "* ]]; }
