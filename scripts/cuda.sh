@@ -109,12 +109,17 @@ fi
 if has serve; then
   echo "== kvattn serve-sim --backend cuda (default of scripts/main.sh, --verify, larger runs)"
   k=build-cuda/kvattn
-  sv() { # name, args...
+  sv() { # name, args...: the full tables go to serve.log, the key lines to stdout
     local name=$1; shift
-    $k serve-sim --backend cuda --no-progress --json "$out/serve_$name.json" "$@" >"$out/serve_$name.log" 2>&1
+    local json=()
+    case $name in default|l32_p256) json=(--json "$out/serve_$name.json");; esac
+    echo "==== serve $name: $*" >>"$out/serve.log"
+    $k serve-sim --backend cuda --no-progress ${json[@]+"${json[@]}"} "$@" >"$out/serve_cur.log" 2>&1
     local rc=$?
+    cat "$out/serve_cur.log" >>"$out/serve.log"
     echo "serve $name ($*): exit $rc"
-    grep -E "^serve-sim: backend|Benchmark duration|Output token throughput|Total Token|Median TTFT|Median TPOT|Median ITL|P99 ITL|GPU attention|Host plan|Engine steps|Preemptions|Reference check|kvattn" "$out/serve_$name.log"
+    grep -E "^serve-sim: backend|Benchmark duration|Output token throughput|Total Token|Median TTFT|Median TPOT|Median ITL|P99 ITL|GPU attention|Host plan|Engine steps|Preemptions|Reference check|kvattn" "$out/serve_cur.log"
+    rm -f "$out/serve_cur.log"
     [ $rc = 0 ] || status=1
   }
   sv default
@@ -122,6 +127,9 @@ if has serve; then
   sv verify_int8 --verify --kv-quant int8
   sv verify_fp8 --verify --kv-quant fp8 --dtype f16
   sv verify_int8_token --verify --kv-quant int8-token --num-prompts 8 --output-len 16
+  sv verify_int8_token_v16 --verify --kv-quant int8-token-v16 --num-prompts 8 --output-len 16
+  sv verify_f16 --verify --dtype f16 --num-prompts 8 --output-len 16
+  sv verify_f32 --verify --dtype f32 --num-prompts 8 --output-len 16
   sv l32 --layers 32 --kv-cache-mem 8G
   sv l32_p256 --layers 32 --num-prompts 256 --kv-cache-mem 16G
   sv l32_p256_b8k --layers 32 --num-prompts 256 --kv-cache-mem 16G --max-num-batched-tokens 8192
