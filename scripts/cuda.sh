@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # cuda.sh - on a machine with an NVIDIA GPU: build the CUDA backend, run the
 # CUDA tests (ctest -L cuda), compute-sanitizer memcheck and racecheck on the
-# quick test set, then the benchmarks next to the peers (bench/peer_cuda.py:
+# quick test set, the benchmarks, the serving simulation on the GPU (kvattn
+# serve-sim --backend cuda), then the peers (bench/peer_cuda.py:
 # PyTorch SDPA flash/cuDNN, FlashInfer) and print a table. Where there is no
 # GPU (or no nvcc) it says so and exits 0.
 #   KVA_CUDA_ARCH   CMAKE_CUDA_ARCHITECTURES (default "90a"; "80;90a" for both)
 #   KVA_WHEELS      folder of wheels to install for the peers (flashinfer-python,
 #                   apache-tvm-ffi), installed offline into /tmp/kva_site
 #   OUT             folder for logs and results (default build-cuda/out)
-#   KVA_STEPS       steps to run (default "test sanitize bench prefill peers"; "bench" times
+#   KVA_STEPS       steps to run (default "test sanitize bench prefill serve peers"; "bench" times
 #                   the copy ceiling, then kvattn's decode variants and shapes and the
 #                   quantized caches (--quant), "prefill" its
 #                   prefills through the public API, "peers" the table against peers, printed
@@ -43,7 +44,7 @@ cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${KVA_CUDA_ARCH:-90a}" ${KVA_CMAKE_ARGS:-} >"$out/cmake.log" 2>&1 || { cat "$out/cmake.log"; exit 1; }
 ninja -C build-cuda -j"$jobs" ${KVA_TARGETS:-} >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
 
-steps=" ${KVA_STEPS:-test sanitize bench prefill peers} "
+steps=" ${KVA_STEPS:-test sanitize bench prefill serve peers} "
 has() { [[ "$steps" == *" $1 "* ]]; }
 
 if has test; then
