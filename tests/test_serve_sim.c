@@ -276,6 +276,39 @@ static void test_verify(void)
     serve_run_free(&run);
 }
 
+/* --verify can fail: an output element off by 1 and a new token written at
+ * the wrong slot are each reported in every checked step, with a message,
+ * while the run itself completes (the command then exits 1). */
+static void test_verify_detects(void)
+{
+    static const int faults[] = {SERVE_FAULT_OUTPUT, SERVE_FAULT_SLOT};
+    static const kva_quant formats[] = {KVA_QUANT_NONE, KVA_QUANT_INT8_TOKEN_K};
+    for (int f = 0; f < 2; f++) {
+        for (int q = 0; q < 2; q++) {
+            serve_opts o;
+            small_opts(&o);
+            o.verify = 1;
+            o.dtype = KVA_DTYPE_BF16;
+            o.kv_quant = formats[q];
+            o.fault = faults[f];
+            serve_run run;
+            CHECK_OK(serve_sim_run(&o, NULL, NULL, &run));
+            CHECK(run.stats.verify_steps >= 3);
+            /* Every checked step has T > 1 tokens but the decode-only ones:
+             * the slot fault needs two tokens, the output fault hits all. */
+            if (faults[f] == SERVE_FAULT_OUTPUT)
+                CHECK(run.stats.verify_failures == run.stats.verify_steps);
+            else
+                CHECK(run.stats.verify_failures >= 1);
+            CHECK(run.verify_error[0] != '\0');
+            CHECK(strstr(run.verify_error, faults[f] == SERVE_FAULT_OUTPUT
+                                               ? "1 output elements differ"
+                                               : "0 output elements differ") != NULL);
+            serve_run_free(&run);
+        }
+    }
+}
+
 /* Quantized caches (--kv-quant) pass the same checks: the rows the
  * reference backend writes at the block-table slots equal the cache's, and
  * attention matches the reference over the same codes. */
@@ -613,6 +646,7 @@ int main(void)
     RUN(test_poisson_unlimited);
     RUN(test_verify);
     RUN(test_verify_quant);
+    RUN(test_verify_detects);
     RUN(test_cuda_unavailable);
     RUN(test_pool_too_small);
     RUN(test_deterministic);

@@ -622,6 +622,18 @@ static kva_status verify_layer(serve_engine *e, int32_t R, int32_t stride, int32
     return rc;
 }
 
+/* SERVE_FAULT_OUTPUT: out[0] += 1 (out: host, in the model's dtype). */
+static void fault_output(const serve_opts *o, void *out)
+{
+    float x = (float)kva_test_get(out, o->dtype, 0) + 1.0f;
+    if (o->dtype == KVA_DTYPE_F32)
+        ((float *)out)[0] = x;
+    else if (o->dtype == KVA_DTYPE_F16)
+        ((uint16_t *)out)[0] = kva_f32_to_f16(x);
+    else
+        ((uint16_t *)out)[0] = kva_f32_to_bf16(x);
+}
+
 /* CUDA --verify, after the step's synchronization: layer l's output (its
  * own device buffer) and cache come down to the host, where check_written
  * and verify_layer run on the host copy (e->mirror). The deferred status of
@@ -654,6 +666,8 @@ static kva_status verify_device(serve_engine *e, int32_t R, int32_t stride, int3
     const char *q = (const char *)e->rand + shift * e->es;
     const char *k = q + (size_t)e->tmax * H * D * e->es;
     const char *v = k + (size_t)e->tmax * Hkv * D * e->es;
+    if (o->fault == SERVE_FAULT_OUTPUT)
+        fault_output(o, e->out);
     int64_t misplaced = check_written(e, e->mirror, R, stride, k, v);
     if (misplaced < 0)
         return KVA_STATUS_INTERNAL;
@@ -748,10 +762,14 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
             if (!dev) /* an unwritten output element shows as NaN */
                 kva_test_poison(e->out, o->dtype, (size_t)T * H * D);
         }
+        int64_t saved_slot = e->slots[0];
+        if (check_layer && !dev && o->fault == SERVE_FAULT_SLOT && T > 1)
+            e->slots[0] = e->slots[T - 1];
         t0 = serve_now();
         rc = kva_cache_write(e->ctx, e->caches[l], T, k, 0, v, 0, o->dtype,
                              dev ? e->d_slots : e->slots);
         double t1 = serve_now();
+        e->slots[0] = saved_slot;
         if (!dev)
             st->write_s += t1 - t0;
         if (rc == KVA_STATUS_OK && dev && (rc = serve_dev_record(e->d, 2 * l + 1)) != KVA_STATUS_OK)
@@ -765,6 +783,8 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
             dev_fail(e, rc);
         if (rc == KVA_STATUS_OK && check_layer && !dev) {
             double v0 = serve_now();
+            if (o->fault == SERVE_FAULT_OUTPUT)
+                fault_output(o, e->out);
             int64_t misplaced = check_written(e, e->caches[l], R, stride, hk, hv);
             rc = misplaced < 0
                      ? KVA_STATUS_INTERNAL

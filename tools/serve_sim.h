@@ -64,7 +64,15 @@ typedef struct serve_opts {
     int verify;     /* compare sampled steps with the reference backend */
     int check_pool; /* kva_pool_check after every step */
     int progress;   /* progress bar on stderr */
+    /* Tests only (no flag): a fault injected into every checked layer, which
+     * --verify must report. SERVE_FAULT_OUTPUT adds 1 to the first output
+     * element before the comparison (every backend); SERVE_FAULT_SLOT
+     * writes the step's first new token at the last one's slot (host
+     * backends; CUDA steps upload their slots once, before the layers). */
+    int fault;
 } serve_opts;
+
+enum { SERVE_FAULT_NONE = 0, SERVE_FAULT_OUTPUT = 1, SERVE_FAULT_SLOT = 2 };
 
 void serve_opts_init(serve_opts *o);
 /* Bytes of K and V storage of one block over all layers. */
