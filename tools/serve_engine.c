@@ -123,29 +123,6 @@ static kva_plan_desc step_desc(const serve_opts *o, int32_t R, const int32_t *qs
 
 static kva_status reserve(serve_engine *e, int32_t R, int32_t stride);
 
-/* A cache of the model's shape and format on ctx. Quantized formats get
- * scalar static scales fitted to the random data (uniform, |x| < 1.74), as
- * `kvattn bench --kv-quant` uses. */
-static kva_status cache_create(kva_context *ctx, const serve_opts *o, kva_cache **out)
-{
-    kva_cache_desc desc = {o->num_blocks, o->block_size,  o->kv_heads, o->head_dim, 0,
-                           o->dtype,      KVA_LAYOUT_NHD, o->kv_quant};
-    const float int8_scale = 1.75f / 127.0f, fp8_scale = 1.75f / 448.0f;
-    kva_quant_params qp = {&int8_scale, 1, NULL, 0, &int8_scale, 1, NULL, 0};
-    const kva_quant_params *pp = &qp;
-    if (o->kv_quant == KVA_QUANT_NONE || o->kv_quant == KVA_QUANT_INT8_TOKEN_K_V16)
-        pp = NULL;
-    else if (o->kv_quant == KVA_QUANT_INT8_TOKEN_K)
-        qp.k_scale = NULL, qp.k_scale_len = 0;
-    else if (o->kv_quant == KVA_QUANT_FP8_E4M3)
-        qp.k_scale = qp.v_scale = &fp8_scale;
-    if (o->kv_quant == KVA_QUANT_FP8_E4M3)
-        desc.dtype = KVA_DTYPE_FP8_E4M3;
-    else if (o->kv_quant == KVA_QUANT_INT8_CHANNEL || o->kv_quant == KVA_QUANT_INT8_TOKEN_K)
-        desc.dtype = KVA_DTYPE_I8;
-    return kva_cache_create_quant(ctx, &desc, pp, out);
-}
-
 /* Bytes of a cache's K, V and token-scale storage. */
 static void cache_sizes(const kva_cache *c, int32_t nb, size_t *k, size_t *v, size_t *ts)
 {
@@ -301,7 +278,7 @@ kva_status serve_engine_create(const serve_opts *o, serve_engine **out)
         goto fail;
     }
     for (int32_t l = 0; l < o->layers; l++) {
-        if ((st = cache_create(e->ctx, o, &e->caches[l])) != KVA_STATUS_OK)
+        if ((st = serve_cache_create(e->ctx, o, &e->caches[l])) != KVA_STATUS_OK)
             goto fail;
         if ((st = cache_zero(e, e->caches[l])) != KVA_STATUS_OK) {
             dev_fail(e, st);
@@ -326,8 +303,8 @@ kva_status serve_engine_create(const serve_opts *o, serve_engine **out)
         e->v_q = malloc(T * H * D * e->es);
         e->v_out = malloc(T * H * D * e->es);
         e->v_slots = malloc(T * sizeof *e->v_slots);
-        if ((st = cache_create(e->ref, o, &e->expect)) != KVA_STATUS_OK ||
-            (e->dev && (st = cache_create(e->ref, o, &e->mirror)) != KVA_STATUS_OK))
+        if ((st = serve_cache_create(e->ref, o, &e->expect)) != KVA_STATUS_OK ||
+            (e->dev && (st = serve_cache_create(e->ref, o, &e->mirror)) != KVA_STATUS_OK))
             goto fail;
     }
     if (!e->rand || !e->out || !e->slots || (o->verify && (!e->v_q || !e->v_out || !e->v_slots))) {

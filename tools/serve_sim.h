@@ -77,6 +77,9 @@ enum { SERVE_FAULT_NONE = 0, SERVE_FAULT_OUTPUT = 1, SERVE_FAULT_SLOT = 2 };
 void serve_opts_init(serve_opts *o);
 /* Bytes of K and V storage of one block over all layers. */
 int64_t serve_block_bytes(const serve_opts *o);
+/* Creates one layer's cache on ctx: the model's shape, the NHD layout and
+ * --kv-quant's format with the static scales serve-sim uses. */
+kva_status serve_cache_create(kva_context *ctx, const serve_opts *o, kva_cache **out);
 /* Resolves num_blocks from kv_cache_mem when it is 0. */
 void serve_opts_resolve(serve_opts *o);
 
