@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # cuda.sh - on a machine with an NVIDIA GPU: build the CUDA backend, run the
 # CUDA tests (ctest -L cuda), compute-sanitizer memcheck and racecheck on the
-# quick test set, then the benchmarks next to the peers (bench/peer_cuda.py:
+# quick test set, the benchmarks, the serving simulation on the GPU (kvattn
+# serve-sim --backend cuda), then the peers (bench/peer_cuda.py:
 # PyTorch SDPA flash/cuDNN, FlashInfer) and print a table. Where there is no
 # GPU (or no nvcc) it says so and exits 0.
 #   KVA_CUDA_ARCH   CMAKE_CUDA_ARCHITECTURES (default "90a"; "80;90a" for both)
 #   KVA_WHEELS      folder of wheels to install for the peers (flashinfer-python,
 #                   apache-tvm-ffi), installed offline into /tmp/kva_site
 #   OUT             folder for logs and results (default build-cuda/out)
-#   KVA_STEPS       steps to run (default "test sanitize bench prefill peers"; "bench" times
+#   KVA_STEPS       steps to run (default "test sanitize bench prefill serve peers"; "bench" times
 #                   the copy ceiling, then kvattn's decode variants and shapes and the
 #                   quantized caches (--quant), "prefill" its
 #                   prefills through the public API, "peers" the table against peers, printed
-#                   last; "quicktest" runs the quick test sets without ctest)
+#                   last; "quicktest" runs the quick test sets without ctest; "serve" runs the
+#                   main job `kvattn serve-sim --backend cuda`: the default, --verify (also over
+#                   int8 and fp8 caches), and 32 layers / 256 prompts; logs and JSON in $OUT)
 #   KVA_PEER_ARGS   extra arguments of bench/peer_cuda.py (e.g. "--skip-prefill")
+#   KVA_TARGETS     ninja targets to build (default: all; e.g. "kvattn_cli" for the serve step)
 #   KVA_CMAKE_ARGS  extra cmake arguments (e.g. -DXXHASH_LIB=... where libxxhash-dev is missing)
 #   KVA_SANITIZERS  compute-sanitizer tools of the "sanitize" step (default "memcheck racecheck")
 #   KVA_SANITIZE_TESTS  tests they run in quick mode (default "test_cuda_attn test_cuda_cache test_cuda_quant test_cuda_quant_prefill
@@ -38,9 +42,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out
 echo "== build (CUDA architectures ${KVA_CUDA_ARCH:-90a})"
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${KVA_CUDA_ARCH:-90a}" ${KVA_CMAKE_ARGS:-} >"$out/cmake.log" 2>&1 || { cat "$out/cmake.log"; exit 1; }
-ninja -C build-cuda -j"$jobs" >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
+ninja -C build-cuda -j"$jobs" ${KVA_TARGETS:-} >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
 
-steps=" ${KVA_STEPS:-test sanitize bench prefill peers} "
+steps=" ${KVA_STEPS:-test sanitize bench prefill serve peers} "
 has() { [[ "$steps" == *" $1 "* ]]; }
 
 if has test; then
@@ -101,6 +105,35 @@ if has prefill; then
   $b --mode prefill --batch 1 --context 0 --q-len 4096 --head-dim 64 --iters 20 2>&1 | head -1
   $b --mode prefill --batch 4 --context 3072 --q-len 1024 --iters 20 2>&1 | head -1
   } | tee "$out/bench_prefill.log"
+fi
+
+if has serve; then
+  echo "== kvattn serve-sim --backend cuda (default of scripts/main.sh, --verify, larger runs)"
+  k=build-cuda/kvattn
+  sv() { # name, args...: the full tables go to serve.log, the key lines to stdout
+    local name=$1; shift
+    local json=()
+    case $name in default|l32_p256) json=(--json "$out/serve_$name.json");; esac
+    echo "==== serve $name: $*" >>"$out/serve.log"
+    $k serve-sim --backend cuda --no-progress ${json[@]+"${json[@]}"} "$@" >"$out/serve_cur.log" 2>&1
+    local rc=$?
+    cat "$out/serve_cur.log" >>"$out/serve.log"
+    echo "serve $name ($*): exit $rc"
+    grep -E "^serve-sim: backend|Benchmark duration|Output token throughput|Total Token|Median TTFT|Median TPOT|Median ITL|P99 ITL|GPU attention|Host plan|Engine steps|Preemptions|Reference check|kvattn" "$out/serve_cur.log"
+    rm -f "$out/serve_cur.log"
+    [ $rc = 0 ] || status=1
+  }
+  sv default
+  sv verify --verify
+  sv verify_int8 --verify --kv-quant int8
+  sv verify_fp8 --verify --kv-quant fp8 --dtype f16
+  sv verify_int8_token --verify --kv-quant int8-token --num-prompts 8 --output-len 16
+  sv verify_int8_token_v16 --verify --kv-quant int8-token-v16 --num-prompts 8 --output-len 16
+  sv verify_f16 --verify --dtype f16 --num-prompts 8 --output-len 16
+  sv verify_f32 --verify --dtype f32 --num-prompts 8 --output-len 16
+  sv l32 --layers 32 --kv-cache-mem 8G
+  sv l32_p256 --layers 32 --num-prompts 256 --kv-cache-mem 16G
+  sv l32_p256_b8k --layers 32 --num-prompts 256 --kv-cache-mem 16G --max-num-batched-tokens 8192
 fi
 
 if has sanitize; then

@@ -26,6 +26,25 @@ if ./build/kvattn bench --no-such-flag >/dev/null 2>&1; then
   echo "CLI accepted an unknown flag" >&2
   exit 1
 fi
+./build/kvattn serve-sim --num-prompts 4 --layers 1 --input-len 40 --prefix-len 16 \
+  --output-len 3 --max-num-batched-tokens 64 --num-blocks 48 --verify --kv-quant int8 >/dev/null
+# serve-sim --backend cuda: runs where a GPU is visible (and CUDA is built in),
+# else exits 1 with a message saying why (not a crash, not a usage error).
+set +e
+./build/kvattn serve-sim --backend cuda --num-prompts 4 --layers 1 --input-len 40 \
+  --prefix-len 16 --output-len 3 --max-num-batched-tokens 64 --num-blocks 48 --verify \
+  >build/cli_serve_cuda.log 2>&1
+rc=$?
+set -e
+if [ $rc != 0 ]; then
+  [ $rc = 1 ] && grep -q "serve-sim: --backend cuda: " build/cli_serve_cuda.log ||
+    { echo "serve-sim --backend cuda: exit $rc"; cat build/cli_serve_cuda.log; exit 1; }
+fi
+if ./build/kvattn serve-sim --backend cuda --threads 2 >build/cli_serve_cuda.log 2>&1 ||
+  ! grep -q "threads" build/cli_serve_cuda.log; then
+  echo "serve-sim --backend cuda accepted --threads" >&2
+  exit 1
+fi
 # --backend cuda: runs where a GPU is visible, else exits 1 saying why.
 if ! ./build/kvattn bench --backend cuda --batch 2 --context 300 --iters 2 --warmup 1 \
   >build/cli_cuda.log 2>&1; then

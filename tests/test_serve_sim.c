@@ -276,6 +276,95 @@ static void test_verify(void)
     serve_run_free(&run);
 }
 
+/* --verify can fail: an output element off by 1 and a new token written at
+ * the wrong slot are each reported in every checked step, with a message,
+ * while the run itself completes (the command then exits 1). */
+static void test_verify_detects(void)
+{
+    static const int faults[] = {SERVE_FAULT_OUTPUT, SERVE_FAULT_SLOT};
+    static const kva_quant formats[] = {KVA_QUANT_NONE, KVA_QUANT_INT8_TOKEN_K};
+    for (int f = 0; f < 2; f++) {
+        for (int q = 0; q < 2; q++) {
+            serve_opts o;
+            small_opts(&o);
+            o.verify = 1;
+            o.dtype = KVA_DTYPE_BF16;
+            o.kv_quant = formats[q];
+            o.fault = faults[f];
+            serve_run run;
+            CHECK_OK(serve_sim_run(&o, NULL, NULL, &run));
+            CHECK(run.stats.verify_steps >= 3);
+            /* Every checked step has T > 1 tokens but the decode-only ones:
+             * the slot fault needs two tokens, the output fault hits all. */
+            if (faults[f] == SERVE_FAULT_OUTPUT)
+                CHECK(run.stats.verify_failures == run.stats.verify_steps);
+            else
+                CHECK(run.stats.verify_failures >= 1);
+            CHECK(run.verify_error[0] != '\0');
+            CHECK(strstr(run.verify_error, faults[f] == SERVE_FAULT_OUTPUT
+                                               ? "1 output elements differ"
+                                               : "0 output elements differ") != NULL);
+            serve_run_free(&run);
+        }
+    }
+}
+
+/* Quantized caches (--kv-quant) pass the same checks: the rows the
+ * reference backend writes at the block-table slots equal the cache's, and
+ * attention matches the reference over the same codes. */
+static void test_verify_quant(void)
+{
+    static const kva_quant formats[] = {KVA_QUANT_INT8_CHANNEL, KVA_QUANT_INT8_TOKEN_K,
+                                        KVA_QUANT_INT8_TOKEN_K_V16, KVA_QUANT_FP8_E4M3};
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
+        serve_opts o;
+        small_opts(&o);
+        o.verify = 1;
+        o.dtype = KVA_DTYPE_BF16;
+        o.kv_quant = formats[i];
+        serve_run run;
+        watch w;
+        CHECK_OK(run_checked(&o, &run, &w));
+        CHECK(run.stats.verify_steps >= 3);
+        CHECK(run.stats.verify_failures == 0);
+        CHECK(run.verify_error[0] == '\0');
+        serve_run_free(&run);
+    }
+    /* --kv-cache-mem counts the stored bytes: 1-byte codes (+ a float32 key
+     * scale per token and kv head for the per-token formats). */
+    serve_opts o;
+    serve_opts_init(&o);
+    const int64_t tok = (int64_t)o.block_size * o.kv_heads * o.layers, d = o.head_dim;
+    CHECK(serve_block_bytes(&o) == tok * 2 * d * 2); /* bf16 K and V */
+    o.kv_quant = KVA_QUANT_INT8_CHANNEL;
+    CHECK(serve_block_bytes(&o) == tok * 2 * d);
+    o.kv_quant = KVA_QUANT_INT8_TOKEN_K;
+    CHECK(serve_block_bytes(&o) == tok * (2 * d + 4));
+    o.kv_quant = KVA_QUANT_INT8_TOKEN_K_V16;
+    CHECK(serve_block_bytes(&o) == tok * (d + 2 * d + 4));
+}
+
+/* --backend cuda where this build has no CUDA runtime (the test compiles
+ * tools/serve_device.c without it) or no GPU is visible: the engine refuses
+ * before the first step, with BACKEND_UNAVAILABLE and a message that says
+ * why, and nothing is left allocated (the sanitizer build checks leaks). */
+static void test_cuda_unavailable(void)
+{
+    char why[200];
+    if (serve_dev_available(why, sizeof why))
+        return; /* a GPU build of this test would run the simulation instead */
+    CHECK(strlen(why) > 0);
+    serve_opts o;
+    small_opts(&o);
+    o.backend = KVA_BACKEND_CUDA;
+    o.threads = 0;
+    serve_run run;
+    CHECK_STATUS(serve_sim_run(&o, NULL, NULL, &run), KVA_STATUS_BACKEND_UNAVAILABLE);
+    CHECK(strstr(run.error, "--backend cuda") != NULL);
+    CHECK(strstr(run.error, why) != NULL);
+    serve_run_free(&run);
+}
+
 static void test_pool_too_small(void)
 {
     serve_opts o;
@@ -556,6 +645,9 @@ int main(void)
     RUN(test_rate_and_concurrency);
     RUN(test_poisson_unlimited);
     RUN(test_verify);
+    RUN(test_verify_quant);
+    RUN(test_verify_detects);
+    RUN(test_cuda_unavailable);
     RUN(test_pool_too_small);
     RUN(test_deterministic);
     return kva_test_finish();

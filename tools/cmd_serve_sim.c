@@ -48,12 +48,15 @@ void kva_cli_usage_serve_sim(void)
            "  --head-dim D             head size, multiple of 8, <= 256 [%d]\n"
            "  --block-size B           tokens per cache block           [%d]\n"
            "  --dtype f32|f16|bf16     q, cache and output dtype        [bf16]\n"
+           "  --kv-quant none|int8|int8-token|int8-token-v16|fp8\n"
+           "                           quantized cache format (docs/quant.md) [none]\n"
            "  --num-blocks NB          blocks per layer cache (and pool), 0 = from\n"
            "                           --kv-cache-mem                   [0]\n"
            "  --kv-cache-mem SIZE      K+V memory of all layers, e.g. 512M, 2G [512M]\n"
            "run:\n"
-           "  --backend ref|cpu|cuda   attention backend                [cpu]\n"
-           "  --threads N              CPU threads, 0 = all cores       [0]\n"
+           "  --backend ref|cpu|cuda   attention backend; cuda: GPU 0, one stream\n"
+           "                           synchronization per step         [cpu]\n"
+           "  --threads N              CPU threads, 0 = all cores (not with cuda) [0]\n"
            "  --verify                 check sampled steps against the reference backend\n"
            "                           and the pool invariants after every step; exit 1 on\n"
            "                           a mismatch\n"
@@ -116,29 +119,17 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
     static const kva_dtype dtype_vals[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
     static const char *const backends[] = {"ref", "cpu", "cuda"};
     static const char *const hashes[] = {"sha256", "xxh3"};
-    static const char *const value_flags[] = {"--num-prompts",
-                                              "--input-len",
-                                              "--output-len",
-                                              "--range-ratio",
-                                              "--prefix-len",
-                                              "--request-rate",
-                                              "--max-concurrency",
-                                              "--seed",
-                                              "--max-num-batched-tokens",
-                                              "--max-num-seqs",
-                                              "--hash",
-                                              "--layers",
-                                              "--num-heads",
-                                              "--num-kv-heads",
-                                              "--head-dim",
-                                              "--block-size",
-                                              "--dtype",
-                                              "--num-blocks",
-                                              "--kv-cache-mem",
-                                              "--backend",
-                                              "--threads",
-                                              "--json"};
+    static const char *const value_flags[] = {
+        "--num-prompts",     "--input-len",    "--output-len",
+        "--range-ratio",     "--prefix-len",   "--request-rate",
+        "--max-concurrency", "--seed",         "--max-num-batched-tokens",
+        "--max-num-seqs",    "--hash",         "--layers",
+        "--num-heads",       "--num-kv-heads", "--head-dim",
+        "--block-size",      "--dtype",        "--kv-quant",
+        "--num-blocks",      "--kv-cache-mem", "--backend",
+        "--threads",         "--json"};
     const int32_t BIG = 1 << 24;
+    int threads_set = 0;
     serve_opts_init(o);
     o->progress = isatty(STDERR_FILENO);
     *json = NULL;
@@ -217,6 +208,11 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
         else if (!strcmp(f, "--dtype")) {
             ok = kva_cli_parse_choice(f, val, dtypes, 3, &k);
             o->dtype = dtype_vals[k];
+        } else if (!strcmp(f, "--kv-quant")) {
+            static const char *const quants[] = {"none", "int8", "int8-token", "int8-token-v16",
+                                                 "fp8"};
+            ok = kva_cli_parse_choice(f, val, quants, 5, &k);
+            o->kv_quant = (kva_quant)k; /* same order as kva_quant */
         } else if (!strcmp(f, "--num-blocks"))
             ok = kva_cli_parse_i32(f, val, 0, 1 << 30, &o->num_blocks);
         else if (!strcmp(f, "--kv-cache-mem"))
@@ -224,9 +220,10 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
         else if (!strcmp(f, "--backend")) {
             ok = kva_cli_parse_choice(f, val, backends, 3, &k);
             o->backend = (kva_backend)k;
-        } else if (!strcmp(f, "--threads"))
+        } else if (!strcmp(f, "--threads")) {
             ok = kva_cli_parse_i32(f, val, 0, KVA_MAX_THREADS, &o->threads);
-        else if (!strcmp(f, "--json")) {
+            threads_set = 1;
+        } else if (!strcmp(f, "--json")) {
             *json = val;
             if (!*val) {
                 fprintf(stderr, "kvattn: --json: empty file name\n");
@@ -256,14 +253,32 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
         fprintf(stderr, "kvattn: --prefix-len + --input-len + --output-len is too large\n");
         return KVA_EXIT_USAGE;
     }
-    if (o->backend == KVA_BACKEND_CUDA) {
-        if (!kva_backend_available(KVA_BACKEND_CUDA))
-            fprintf(stderr, "kvattn: --backend cuda: the CUDA backend is not available in this "
-                            "build or on this machine (see kvattn info)\n");
-        else
-            fprintf(stderr, "kvattn: --backend cuda: serve-sim does not support the CUDA "
-                            "backend yet (its q/K/V/output buffers are host memory)\n");
+    if (o->kv_quant == KVA_QUANT_INT8_TOKEN_K_V16 && o->dtype == KVA_DTYPE_F32) {
+        fprintf(stderr, "kvattn: --kv-quant int8-token-v16 keeps V in the 16-bit --dtype: use "
+                        "--dtype f16 or bf16, not f32\n");
         return KVA_EXIT_USAGE;
+    }
+    if (o->backend == KVA_BACKEND_CUDA && threads_set) {
+        fprintf(stderr,
+                "kvattn: --threads %d: the cuda backend runs on GPU 0, not on CPU "
+                "threads (leave --threads out)\n",
+                (int)o->threads);
+        return KVA_EXIT_USAGE;
+    }
+    if (o->backend == KVA_BACKEND_CUDA) {
+        /* Without a GPU (or a CUDA build) the run cannot start: say why. The
+         * backend's own limits (shapes, dtypes) are found by the engine's
+         * warm-up step, before the run. */
+        char why[200];
+        if (!serve_dev_available(why, sizeof why)) {
+            fprintf(stderr, "kvattn serve-sim: --backend cuda: %s\n", why);
+            return KVA_EXIT_LIBRARY;
+        }
+        if (!kva_backend_available(KVA_BACKEND_CUDA)) {
+            fprintf(stderr, "kvattn serve-sim: --backend cuda: the library's CUDA backend is not "
+                            "available (see kvattn info)\n");
+            return KVA_EXIT_LIBRARY;
+        }
     }
     /* An unwritable --json file is found now, not after the whole run. The
      * probe leaves an existing file as it was and removes one it created. */
@@ -317,9 +332,9 @@ int kva_cli_serve_sim(int argc, char **argv)
     if (o.verify && run.stats.verify_failures > 0) {
         fprintf(stderr,
                 "kvattn serve-sim: --verify: %d of %d checked steps differ from the reference "
-                "backend (max abs err %.3g)\n",
+                "backend (max abs err %.3g); first: %s\n",
                 (int)run.stats.verify_failures, (int)run.stats.verify_steps,
-                run.stats.verify_max_err);
+                run.stats.verify_max_err, run.verify_error);
         rc = KVA_EXIT_LIBRARY;
     }
     serve_run_free(&run);

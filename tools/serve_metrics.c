@@ -146,11 +146,19 @@ int serve_metrics_compute(const serve_run *run, serve_metrics *m)
 void serve_print_header(FILE *f, const serve_opts *o, const serve_run *run)
 {
     double mib = (double)serve_block_bytes(o) * (double)run->num_blocks / (1024.0 * 1024.0);
+    char who[200];
+    if (o->backend == KVA_BACKEND_CUDA)
+        snprintf(who, sizeof who, "%s", run->device);
+    else
+        snprintf(who, sizeof who, "%d threads", (int)run->threads);
+    char fmt[64] = "";
+    if (o->kv_quant != KVA_QUANT_NONE)
+        snprintf(fmt, sizeof fmt, " KV %s", kva_quant_name(o->kv_quant));
     fprintf(f,
-            "serve-sim: backend %s (%d threads); model %d layers H=%d Hkv=%d D=%d %s B=%d; "
+            "serve-sim: backend %s (%s); model %d layers H=%d Hkv=%d D=%d %s%s B=%d; "
             "KV pool %d blocks (%.0f MiB)\n",
-            kva_backend_name(o->backend), (int)run->threads, (int)o->layers, (int)o->heads,
-            (int)o->kv_heads, (int)o->head_dim, kva_dtype_name(o->dtype), (int)o->block_size,
+            kva_backend_name(o->backend), who, (int)o->layers, (int)o->heads, (int)o->kv_heads,
+            (int)o->head_dim, kva_dtype_name(o->dtype), fmt, (int)o->block_size,
             (int)run->num_blocks, mib);
     fprintf(f, "serve-sim: %d prompts, prefix %d + input %d, output %d, range ratio %g, rate %s",
             (int)o->num_prompts, (int)o->prefix_len, (int)o->input_len, (int)o->output_len,
@@ -210,8 +218,15 @@ void serve_print_table(FILE *f, const serve_opts *o, const serve_run *run, const
     ROW_F("P99 ITL (ms):", m->p99_itl_ms);
     rule(f, "kvattn engine", '-');
     ROW_F("Prefix cache hit rate (%):", 100.0 * m->prefix_hit_rate);
-    ROW_F("Attention share of step time (%):", 100.0 * m->attention_share);
-    ROW_F("KV cache write share of step time (%):", 100.0 * m->write_share);
+    if (o->backend == KVA_BACKEND_CUDA) {
+        /* Device times (CUDA events) over the steps' wall time. */
+        ROW_F("GPU attention share of step time (%):", 100.0 * m->attention_share);
+        ROW_F("GPU KV write share of step time (%):", 100.0 * m->write_share);
+        ROW_F("Host plan share of step time (%):", 100.0 * m->plan_share);
+    } else {
+        ROW_F("Attention share of step time (%):", 100.0 * m->attention_share);
+        ROW_F("KV cache write share of step time (%):", 100.0 * m->write_share);
+    }
     fprintf(f, "%-40s %lld (", "Engine steps:", (long long)st->steps);
     for (int s = 0, first = 1; s <= KVA_STATE_EMPTY; s++) {
         if (st->steps_by_state[s] == 0)
@@ -307,9 +322,11 @@ int serve_write_json(const char *path, const serve_opts *o, const serve_run *run
     fprintf(f, "  \"kvattn\": {\n");
     fprintf(f,
             "    \"model\": {\"layers\": %d, \"num_heads\": %d, \"num_kv_heads\": %d, "
-            "\"head_dim\": %d, \"dtype\": \"%s\", \"block_size\": %d, \"num_blocks\": %d},\n",
+            "\"head_dim\": %d, \"dtype\": \"%s\", \"kv_quant\": \"%s\", \"block_size\": %d, "
+            "\"num_blocks\": %d},\n",
             (int)o->layers, (int)o->heads, (int)o->kv_heads, (int)o->head_dim,
-            kva_dtype_name(o->dtype), (int)o->block_size, (int)run->num_blocks);
+            kva_dtype_name(o->dtype), kva_quant_name(o->kv_quant), (int)o->block_size,
+            (int)run->num_blocks);
     fprintf(f,
             "    \"scheduler\": {\"max_num_batched_tokens\": %d, \"max_num_seqs\": %d, "
             "\"chunked_prefill\": %s, \"prefix_caching\": %s},\n",
@@ -321,6 +338,9 @@ int serve_write_json(const char *path, const serve_opts *o, const serve_run *run
             (int)o->input_len, (int)o->output_len, (int)o->prefix_len, o->range_ratio,
             (unsigned long long)o->seed);
     fprintf(f, "    \"threads\": %d,\n    \"wall_s\": %.9g,\n", (int)run->threads, run->wall_s);
+    if (o->backend == KVA_BACKEND_CUDA)
+        fprintf(f, "    \"device\": \"%s\",\n    \"device_times\": \"cuda events\",\n",
+                run->device);
     fprintf(f, "    \"prefix_cache_hit_rate\": %.9g,\n", m->prefix_hit_rate);
     fprintf(f, "    \"admitted_tokens\": %lld,\n    \"cached_tokens\": %lld,\n",
             (long long)st->admitted_tokens, (long long)st->cached_tokens);

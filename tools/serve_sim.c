@@ -64,8 +64,38 @@ void serve_opts_init(serve_opts *o)
 
 int64_t serve_block_bytes(const serve_opts *o)
 {
-    return 2 * (int64_t)o->block_size * o->kv_heads * o->head_dim *
-           (int64_t)kva_dtype_size(o->dtype) * o->layers;
+    /* Bytes of one token's K and V of one kv head, as the format stores them. */
+    const int64_t d = o->head_dim, es = (int64_t)kva_dtype_size(o->dtype);
+    int64_t row = 2 * d * es;
+    if (o->kv_quant == KVA_QUANT_INT8_CHANNEL || o->kv_quant == KVA_QUANT_FP8_E4M3)
+        row = 2 * d;
+    else if (o->kv_quant == KVA_QUANT_INT8_TOKEN_K)
+        row = 2 * d + 4; /* + the float32 key scale */
+    else if (o->kv_quant == KVA_QUANT_INT8_TOKEN_K_V16)
+        row = d + d * es + 4;
+    return row * o->block_size * o->kv_heads * o->layers;
+}
+
+/* Quantized formats get scalar static scales fitted to the random data
+ * (uniform, |x| < 1.74), as `kvattn bench --kv-quant` uses. */
+kva_status serve_cache_create(kva_context *ctx, const serve_opts *o, kva_cache **out)
+{
+    kva_cache_desc desc = {o->num_blocks, o->block_size,  o->kv_heads, o->head_dim, 0,
+                           o->dtype,      KVA_LAYOUT_NHD, o->kv_quant};
+    const float int8_scale = 1.75f / 127.0f, fp8_scale = 1.75f / 448.0f;
+    kva_quant_params qp = {&int8_scale, 1, NULL, 0, &int8_scale, 1, NULL, 0};
+    const kva_quant_params *pp = &qp;
+    if (o->kv_quant == KVA_QUANT_NONE || o->kv_quant == KVA_QUANT_INT8_TOKEN_K_V16)
+        pp = NULL;
+    else if (o->kv_quant == KVA_QUANT_INT8_TOKEN_K)
+        qp.k_scale = NULL, qp.k_scale_len = 0;
+    else if (o->kv_quant == KVA_QUANT_FP8_E4M3)
+        qp.k_scale = qp.v_scale = &fp8_scale;
+    if (o->kv_quant == KVA_QUANT_FP8_E4M3)
+        desc.dtype = KVA_DTYPE_FP8_E4M3;
+    else if (o->kv_quant == KVA_QUANT_INT8_CHANNEL || o->kv_quant == KVA_QUANT_INT8_TOKEN_K)
+        desc.dtype = KVA_DTYPE_I8;
+    return kva_cache_create_quant(ctx, &desc, pp, out);
 }
 
 void serve_opts_resolve(serve_opts *o)
@@ -122,11 +152,13 @@ static void progress(const serve_opts *o, progress_state *p, int32_t done, int32
     fflush(stderr);
 }
 
-/* Fills run->error with the failing call and the library's message. */
-static kva_status lib_fail(serve_run *run, const char *what, kva_status st)
+/* Fills run->error with the failing call and the library's message (or the
+ * engine's own, for a failure outside the library: the CUDA runtime). */
+static kva_status lib_fail(serve_run *run, const serve_engine *e, const char *what, kva_status st)
 {
+    const char *msg = serve_engine_error(e);
     snprintf(run->error, sizeof run->error, "%s failed: %s: %s", what, kva_status_name(st),
-             kva_last_error());
+             msg[0] ? msg : kva_last_error());
     return st;
 }
 
@@ -179,9 +211,9 @@ static kva_status sim_loop(const serve_opts *o, serve_engine *e, serve_sched *s,
             return rc;
         }
         if (rc != KVA_STATUS_OK)
-            return lib_fail(run, "scheduling (kva_pool_request_*)", rc);
+            return lib_fail(run, NULL, "scheduling (kva_pool_request_*)", rc);
         if ((rc = serve_engine_step(e, &b, o->verify, st, &verify_s)) != KVA_STATUS_OK)
-            return lib_fail(run,
+            return lib_fail(run, e,
                             "the model step (kva_plan_create/kva_cache_write/"
                             "kva_attention_run)",
                             rc);
@@ -191,11 +223,12 @@ static kva_status sim_loop(const serve_opts *o, serve_engine *e, serve_sched *s,
             st->peak_kv_usage = ps.usage;
         int32_t ne = 0, nf = 0;
         if ((rc = serve_sched_update(s, emitted, &ne, finished, &nf)) != KVA_STATUS_OK)
-            return lib_fail(run, "recording the step (kva_pool_request_append_tokens/free)", rc);
+            return lib_fail(run, NULL, "recording the step (kva_pool_request_append_tokens/free)",
+                            rc);
         if (o->check_pool) {
             double c0 = serve_now();
             if ((rc = kva_pool_check(pool)) != KVA_STATUS_OK)
-                return lib_fail(run, "kva_pool_check", rc);
+                return lib_fail(run, NULL, "kva_pool_check", rc);
             verify_s += serve_now() - c0;
         }
         double dt = serve_now() - t0 - verify_s;
@@ -282,7 +315,7 @@ kva_status serve_sim_run(const serve_opts *o, serve_step_hook hook, void *user, 
     if (all_tokens < eopts.max_num_batched_tokens)
         eopts.max_num_batched_tokens = (int32_t)all_tokens;
     if (rc == KVA_STATUS_OK && (rc = serve_engine_create(&eopts, &e)) != KVA_STATUS_OK)
-        lib_fail(run, "creating the model (context, pool, caches)", rc);
+        lib_fail(run, e, "creating the model (context, pool, caches, warm-up)", rc);
     if (rc == KVA_STATUS_OK) {
         rc = serve_sched_create(&opts, run->reqs, run->num_reqs, serve_engine_pool(e), &s);
         if (rc != KVA_STATUS_OK)
@@ -290,7 +323,10 @@ kva_status serve_sim_run(const serve_opts *o, serve_step_hook hook, void *user, 
     }
     if (rc == KVA_STATUS_OK) {
         run->threads = serve_engine_threads(e);
+        if (opts.backend == KVA_BACKEND_CUDA)
+            serve_dev_name(run->device, sizeof run->device);
         rc = sim_loop(&opts, e, s, emitted, finished, hook, user, run);
+        snprintf(run->verify_error, sizeof run->verify_error, "%s", serve_engine_verify_error(e));
     }
     serve_sched_destroy(s);
     serve_engine_destroy(e);

@@ -13,9 +13,12 @@
  *                     per layer; the optional check against the reference
  *   serve_sim.c       the loop: virtual clock, concurrency gate, token times
  *   serve_metrics.c   vllm bench serve's metrics, the table and the JSON
+ *   serve_device.c    --backend cuda: stream, events, device buffers (CUDA
+ *                     runtime; stubs in builds without it)
  *
- * The module uses only the public API (include/kvattn.h) and the C library,
- * so tests/test_serve_sim.c compiles it directly.
+ * The module uses only the public API (include/kvattn.h, kvattn_cuda.h), the
+ * C library and (serve_device.c, CUDA builds of the CLI) the CUDA runtime, so
+ * tests/test_serve_sim.c compiles it directly.
  *
  * Shape glossary as in kvattn.h: T tokens, R requests, H query heads, Hkv kv
  * heads, D head size, B block size, NB blocks, L layers.
@@ -38,7 +41,8 @@ typedef struct serve_opts {
     int32_t kv_heads;
     int32_t head_dim; /* D (= Dv) */
     int32_t block_size;
-    kva_dtype dtype;
+    kva_dtype dtype;      /* q, output and (unquantized) cache dtype */
+    kva_quant kv_quant;   /* cache format (docs/quant.md); KVA_QUANT_NONE by default */
     int32_t num_blocks;   /* NB of every layer's cache and of the pool; 0 = from kv_cache_mem */
     int64_t kv_cache_mem; /* bytes of K+V over all layers when num_blocks is 0 */
     int prefix_caching;   /* 1: the pool caches full blocks by content */
@@ -60,11 +64,22 @@ typedef struct serve_opts {
     int verify;     /* compare sampled steps with the reference backend */
     int check_pool; /* kva_pool_check after every step */
     int progress;   /* progress bar on stderr */
+    /* Tests only (no flag): a fault injected into every checked layer, which
+     * --verify must report. SERVE_FAULT_OUTPUT adds 1 to the first output
+     * element before the comparison (every backend); SERVE_FAULT_SLOT
+     * writes the step's first new token at the last one's slot (host
+     * backends; CUDA steps upload their slots once, before the layers). */
+    int fault;
 } serve_opts;
+
+enum { SERVE_FAULT_NONE = 0, SERVE_FAULT_OUTPUT = 1, SERVE_FAULT_SLOT = 2 };
 
 void serve_opts_init(serve_opts *o);
 /* Bytes of K and V storage of one block over all layers. */
 int64_t serve_block_bytes(const serve_opts *o);
+/* Creates one layer's cache on ctx: the model's shape, the NHD layout and
+ * --kv-quant's format with the static scales serve-sim uses. */
+kva_status serve_cache_create(kva_context *ctx, const serve_opts *o, kva_cache **out);
 /* Resolves num_blocks from kv_cache_mem when it is 0. */
 void serve_opts_resolve(serve_opts *o);
 
@@ -105,8 +120,8 @@ typedef struct serve_stats {
     int32_t peak_running;
     double peak_kv_usage; /* most blocks in use / (NB - 1) */
     double step_s;        /* wall time of the steps (the virtual clock's busy time) */
-    double attention_s;   /* inside kva_attention_run */
-    double write_s;       /* inside kva_cache_write */
+    double attention_s;   /* inside kva_attention_run (CUDA: device time, events) */
+    double write_s;       /* inside kva_cache_write (CUDA: device time, events) */
     double plan_s;        /* inside kva_plan_create / destroy */
     /* --verify */
     int32_t verify_steps;
@@ -135,11 +150,20 @@ typedef struct serve_batch {
     const int32_t *num_new;  /* [R] q_len */
 } serve_batch;
 
+/* Creates the engine (--backend cuda: also its device buffers and a warm-up
+ * step). *out is set even when this fails, so that serve_engine_error can
+ * say why; serve_engine_destroy it either way. */
 kva_status serve_engine_create(const serve_opts *o, serve_engine **out);
 void serve_engine_destroy(serve_engine *e);
 kva_pool *serve_engine_pool(serve_engine *e);
 /* Threads of the backend's context. */
 int32_t serve_engine_threads(const serve_engine *e);
+/* The message of a failure that did not come from the library (a CUDA
+ * runtime call, a device check), "" when there is none: then
+ * kva_last_error() has it. */
+const char *serve_engine_error(const serve_engine *e);
+/* The first --verify mismatch, "" when there was none. */
+const char *serve_engine_verify_error(const serve_engine *e);
 /* Runs one step: the plan, then for each layer the cache write and attention.
  * verify != 0 also checks one layer against the reference. Adds to *st; the
  * time spent verifying goes to *verify_s (not part of the step). */
@@ -188,9 +212,11 @@ typedef struct serve_run {
     double duration_s; /* virtual time from the start to the last token */
     double wall_s;     /* real time of the whole run */
     int32_t threads;   /* threads the backend used */
+    char device[160];  /* --backend cuda: "GPU 0: <name>" */
     int32_t num_blocks;
     kva_pool_stats pool_stats; /* at the end */
-    char error[256];           /* why the run failed, when it did */
+    char error[320];           /* why the run failed, when it did */
+    char verify_error[256];    /* the first --verify mismatch, "" if none */
 } serve_run;
 
 /* Runs the whole simulation. On failure run->error says why (naming the
@@ -229,5 +255,36 @@ void serve_print_table(FILE *f, const serve_opts *o, const serve_run *run, const
 /* Returns 0 on success, -1 if the file cannot be written. */
 int serve_write_json(const char *path, const serve_opts *o, const serve_run *run,
                      const serve_metrics *m);
+
+/* ---- serve_device.c ---- */
+
+/* The CUDA side of --backend cuda: one non-blocking stream on GPU 0 (set as
+ * the context's stream), num_events timing events on it, device and pinned
+ * host buffers. Without the CUDA runtime in this build every call fails with
+ * KVA_STATUS_BACKEND_UNAVAILABLE and serve_dev_available says why. Failing
+ * calls leave the runtime's message in serve_dev_error(d). */
+typedef struct serve_dev serve_dev;
+
+/* 1 if a CUDA device is visible to this build, else 0 with the reason in why. */
+int serve_dev_available(char *why, size_t n);
+/* *out is set (and must be destroyed) even when this fails. */
+kva_status serve_dev_create(int32_t num_events, serve_dev **out);
+void serve_dev_destroy(serve_dev *d);
+const char *serve_dev_error(const serve_dev *d);
+void *serve_dev_stream(serve_dev *d); /* a cudaStream_t */
+void serve_dev_name(char *name, size_t n);
+kva_status serve_dev_alloc(serve_dev *d, size_t n, void **p);
+void serve_dev_free(void *p);
+kva_status serve_dev_alloc_host(serve_dev *d, size_t n, void **p); /* pinned */
+void serve_dev_free_host(void *p);
+/* Enqueued on the stream (src must stay unchanged until the stream passes it). */
+kva_status serve_dev_upload(serve_dev *d, void *dst, const void *src, size_t n);
+/* Enqueued on the stream, then waits for it. */
+kva_status serve_dev_download(serve_dev *d, void *dst, const void *src, size_t n);
+kva_status serve_dev_memset(serve_dev *d, void *p, int value, size_t n);
+kva_status serve_dev_record(serve_dev *d, int32_t event);
+kva_status serve_dev_sync(serve_dev *d);
+/* Seconds between two recorded (and completed) events. */
+kva_status serve_dev_elapsed(serve_dev *d, int32_t a, int32_t b, double *sec);
 
 #endif /* KVA_SERVE_SIM_H */
