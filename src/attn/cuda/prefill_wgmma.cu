@@ -1,6 +1,6 @@
 /*
  * prefill_wgmma.cu - the sm_90a (Hopper) paged prefill kernel on warpgroup
- * matrix instructions (wgmma.mma_async), variants 6..14 of prefill_mma.h.
+ * matrix instructions (wgmma.mma_async), variants 6..16 of prefill_mma.h.
  *
  * Same contract, tiles and arguments as prefill_mma.cu (one CTA = one tile of
  * 128 packed (token, group head) rows of one (request, kv head); paged NHD/HND
@@ -32,7 +32,10 @@
  * consumer's own softmax of tile it (P double-buffered, O rescaled for tile
  * it - 1 just before its P V is issued); v13 = v10 and v14 = v10 with v12's
  * overlap, both with the producer's block-table loads one tile ahead and
- * staged in shared memory (PRE).
+ * staged in shared memory (PRE); v15 = v13 and v16 = v14 with the K/V tiles
+ * that lie inside the visible key range loaded by TMA (one box per block,
+ * column block and K or V, on the stage's mbarrier, no producer wait; B a
+ * power of two >= 8 and NB known), the edge tiles still by cp.async.
  *
  * The kernel body exists only in sm_90a device code (__CUDA_ARCH_FEAT_SM90_ALL);
  * other targets get an empty kernel that the host never launches
@@ -45,11 +48,14 @@ extern "C" {
 #include "prefill_mma.h"
 #include "wgmma_ptx.cuh"
 
+#include <cuda.h> /* CUtensorMap (types only; the driver entry point is looked up) */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <math.h>
+#include <string.h>
 
 #include "prefill_wgmma.cuh"
 
@@ -157,14 +163,23 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
  * copies of tile it, so two tiles are in flight instead of one (with two
  * stages this would deadlock: the producer would wait for a stage that the
  * consumers free only after the tile it has not published yet).
+ * TMA (v15, v16; needs PRE, not DELAY): a K/V tile whose 128 keys all lie in
+ * the visible range [kv_lo, kv_hi) is loaded by TMA (tm, wg_tmaps) instead of
+ * cp.async: lanes of the producer's first warp issue one box per (block,
+ * column block, K or V) on the stage's "full" mbarrier, thread 0 having
+ * armed it with the tile's byte count (arrive.expect_tx), and nobody waits:
+ * the producer goes on to the next stage at once. Tiles that cross the edge
+ * of the range (rows there must be zero-filled, not loaded: unused slots of a
+ * block may hold NaN) and every tile when tm.ok = 0 take the cp.async path.
  * Shared memory as v6..v8, then the 2 * NST mbarriers (8 bytes each), then
  * (PRE) the staged block ids [2][128] int32.
  */
-template <int NST, bool DELAY, bool INTRA, bool PRE, typename Ty>
+template <int NST, bool DELAY, bool INTRA, bool PRE, bool TMA, typename Ty>
 __global__ void __launch_bounds__(3 * 128, 1)
-    prefill_wgmma_ws_kernel(const kva__cuda_prefill_args a)
+    prefill_wgmma_ws_kernel(const kva__cuda_prefill_args a, const __grid_constant__ wg_tmaps tm)
 {
     static_assert(!DELAY || NST >= 3, "a delayed publish needs three stages (else deadlock)");
+    static_assert(!TMA || (PRE && !DELAY), "TMA reads the staged block ids and publishes at once");
 #ifdef KVA_WGMMA_BODY
     constexpr uint32_t QB = WG_TILE_BYTES(WG_M), KB = WG_TILE_BYTES(WG_BN);
     const int tile_idx = blockIdx.x;
@@ -214,6 +229,33 @@ __global__ void __launch_bounds__(3 * 128, 1)
             }
             if (it >= NST)
                 wg_mbar_wait(empty + 8 * st, ((it / NST) - 1) & 1);
+            if (TMA && tm.ok && n0 >= tl.kv_lo && n0 + WG_BN <= tl.kv_hi) {
+                if (tid < 32) {
+                    if (tid == 0)
+                        wg_mbar_arrive_tx(full + 8 * st, 2 * KB);
+                    __syncwarp();
+                    /* Op o: block b = o / 4 of the tile (key rows b * R ..),
+                     * column block (o / 2) % 2, K (o even) or V. */
+                    const int R = tm.box_rows, nhd = a.layout == KVA_LAYOUT_NHD;
+                    for (int o = tid; o < 4 * (WG_BN / R); o += 32) {
+                        const int row = (o >> 2) * R, cb = (o >> 1) & 1;
+                        int blk;
+                        asm volatile("ld.shared.b32 %0, [%1];\n"
+                                     : "=r"(blk)
+                                     : "r"(sids + (it & 1) * 512 + 4u * (uint32_t)row));
+                        const int off = (n0 + row) & (a.block_size - 1);
+                        const uint32_t dst =
+                            (o & 1 ? sV : sK) + st * KB + (uint32_t)(cb * WG_BN + row) * 128u;
+                        wg_tma_load4(dst, o & 1 ? &tm.v : &tm.k, cb * 64, nhd ? tl.kvh : off,
+                                     nhd ? off : tl.kvh, blk, full + 8 * st);
+                    }
+                    if (tid != 0)
+                        wg_mbar_arrive(full + 8 * st);
+                } else {
+                    wg_mbar_arrive(full + 8 * st);
+                }
+                continue;
+            }
             if (PRE)
                 wg_gather_ids(g, tid, n0, sK + st * KB, sV + st * KB, sids + (it & 1) * 512);
             else
@@ -404,20 +446,66 @@ static kva_status launch_wg(const kva__cuda_prefill_args *a, cudaStream_t stream
     return KVA_STATUS_OK;
 }
 
-template <int NST, bool DELAY, bool INTRA, bool PRE, typename Ty>
+/* Fills tm for variants 15, 16 (wg_tmaps); tm->ok = 0 where the cache cannot
+ * be described or the driver refuses (the kernel then uses cp.async only). */
+static void wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm)
+{
+    memset(tm, 0, sizeof *tm);
+    const int B = a->block_size;
+    if (a->num_blocks <= 0 || B < 8 || (B & (B - 1)) != 0)
+        return;
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn) {
+        (void)cudaGetLastError();
+        return;
+    }
+    PFN_cuTensorMapEncodeTiled_v12000 encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    const int nhd = a->layout == KVA_LAYOUT_NHD, R = B < 128 ? B : 128;
+    const cuuint64_t Hkv = (cuuint64_t)a->num_kv_heads, row = (cuuint64_t)WG_D * 2;
+    /* (D, Hkv, B, NB) for NHD, (D, B, Hkv, NB) for HND; strides in bytes of
+     * dimensions 1..3. */
+    const cuuint64_t dims[4] = {WG_D, nhd ? Hkv : (cuuint64_t)B, nhd ? (cuuint64_t)B : Hkv,
+                                (cuuint64_t)a->num_blocks};
+    const cuuint64_t strides[3] = {row, row * dims[1], row * dims[1] * dims[2]};
+    const cuuint32_t box[4] = {64, nhd ? 1u : (cuuint32_t)R, nhd ? (cuuint32_t)R : 1u, 1};
+    const cuuint32_t estr[4] = {1, 1, 1, 1};
+    const CUtensorMapDataType dt = a->dtype == KVA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    for (int i = 0; i < 2; i++) {
+        CUresult r = encode(i ? &tm->v : &tm->k, dt, 4, (void *)(i ? a->v : a->k), dims, strides,
+                            box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (r != CUDA_SUCCESS) {
+            memset(tm, 0, sizeof *tm);
+            return;
+        }
+    }
+    tm->ok = 1;
+    tm->box_rows = R;
+}
+
+template <int NST, bool DELAY, bool INTRA, bool PRE, bool TMA, typename Ty>
 static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream)
 {
     const size_t smem = 1024 + (size_t)WG_TILE_BYTES(WG_M) +
                         2 * NST * (size_t)WG_TILE_BYTES(WG_BN) + 16 * NST + (PRE ? 1024 : 0);
-    cudaError_t e = cudaFuncSetAttribute(prefill_wgmma_ws_kernel<NST, DELAY, INTRA, PRE, Ty>,
+    wg_tmaps tm;
+    if (TMA)
+        wg_tmaps_encode(a, &tm);
+    else
+        memset(&tm, 0, sizeof tm);
+    cudaError_t e = cudaFuncSetAttribute(prefill_wgmma_ws_kernel<NST, DELAY, INTRA, PRE, TMA, Ty>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
                          "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
                          "memory, wgmma ws kernel): %s",
                          smem, cudaGetErrorString(e));
-    prefill_wgmma_ws_kernel<NST, DELAY, INTRA, PRE, Ty>
-        <<<a->grid_tiles, 3 * 128, smem, stream>>>(*a);
+    prefill_wgmma_ws_kernel<NST, DELAY, INTRA, PRE, TMA, Ty>
+        <<<a->grid_tiles, 3 * 128, smem, stream>>>(*a, tm);
     e = cudaGetLastError();
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
@@ -437,22 +525,26 @@ static kva_status launch_wg_dtype(const kva__cuda_prefill_args *a, cudaStream_t 
     case 8:
         return launch_wg<2, true, Ty>(a, st);
     case 9:
-        return launch_ws<2, false, false, false, Ty>(a, st);
+        return launch_ws<2, false, false, false, false, Ty>(a, st);
     case 10:
-        return launch_ws<3, false, false, false, Ty>(a, st);
+        return launch_ws<3, false, false, false, false, Ty>(a, st);
     case 11:
-        return launch_ws<3, true, false, false, Ty>(a, st);
+        return launch_ws<3, true, false, false, false, Ty>(a, st);
     case 12:
-        return launch_ws<3, true, true, false, Ty>(a, st);
+        return launch_ws<3, true, true, false, false, Ty>(a, st);
     case 13:
-        return launch_ws<3, false, false, true, Ty>(a, st);
+        return launch_ws<3, false, false, true, false, Ty>(a, st);
+    case 14:
+        return launch_ws<3, false, true, true, false, Ty>(a, st);
+    case 15:
+        return launch_ws<3, false, false, true, true, Ty>(a, st);
     default:
-        return launch_ws<3, false, true, true, Ty>(a, st);
+        return launch_ws<3, false, true, true, true, Ty>(a, st);
     }
 }
 
 /* Called by kva__cuda_prefill_launch_variant after its argument checks, for
- * variants 6..14 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
+ * variants 6..16 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
 extern "C" kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_args *a, void *stream,
                                                      int variant)
 {
