@@ -1,6 +1,6 @@
 /*
  * prefill_wgmma.cu - the sm_90a (Hopper) paged prefill kernel on warpgroup
- * matrix instructions (wgmma.mma_async), variants 6..18 of prefill_mma.h.
+ * matrix instructions (wgmma.mma_async), variants 6..19 of prefill_mma.h.
  *
  * Same contract, tiles and arguments as prefill_mma.cu (one CTA = one tile of
  * 128 packed (token, group head) rows of one (request, kv head); paged NHD/HND
@@ -39,7 +39,8 @@
  * v17 = v16 and v18 = v15 on a persistent grid (one CTA per SM walking the
  * tile list with stride gridDim.x; the producer runs into the next CTA tile's
  * K/V while the consumers finish, each consumer loads its next Q rows under
- * its epilogue).
+ * its epilogue); v19 = v13 on that persistent grid (cp.async only, for block
+ * sizes where TMA does not pay).
  *
  * The kernel body exists only in sm_90a device code (__CUDA_ARCH_FEAT_SM90_ALL);
  * other targets get an empty kernel that the host never launches
@@ -175,7 +176,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
  * the producer goes on to the next stage at once. Tiles that cross the edge
  * of the range (rows there must be zero-filled, not loaded: unused slots of a
  * block may hold NaN) and every tile when tm.ok = 0 take the cp.async path.
- * PERSIST (v17, v18): min(grid_tiles, SMs) CTAs, CTA b computes the CTA tiles
+ * PERSIST (v17, v18, v19): min(grid_tiles, SMs) CTAs, CTA b computes the CTA tiles
  * b, b + gridDim.x, ... (heaviest first, so round robin spreads the weights);
  * the K/V ring and its mbarrier phases run on across CTA tiles (counter gi),
  * consumers release the last stage of a tile too, and the ping-pong starts
@@ -607,13 +608,15 @@ static kva_status launch_wg_dtype(const kva__cuda_prefill_args *a, cudaStream_t 
         return launch_ws<3, false, true, true, true, false, Ty>(a, st);
     case 17:
         return launch_ws<3, false, true, true, true, true, Ty>(a, st);
-    default:
+    case 18:
         return launch_ws<3, false, false, true, true, true, Ty>(a, st);
+    default:
+        return launch_ws<3, false, false, true, false, true, Ty>(a, st);
     }
 }
 
 /* Called by kva__cuda_prefill_launch_variant after its argument checks, for
- * variants 6..18 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
+ * variants 6..19 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
 extern "C" kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_args *a, void *stream,
                                                      int variant)
 {
