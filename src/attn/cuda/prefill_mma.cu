@@ -628,11 +628,12 @@ extern "C" int kva__cuda_prefill_variant_exists(int32_t head_dim, int variant)
  * every D = 128 shape of that run). */
 #define KVA__CUDA_PREFILL_WGMMA_DEFAULT 13
 /* The wgmma variant the dispatcher runs instead where its TMA path applies
- * (B a power of two >= KVA__CUDA_PREFILL_TMA_MIN_B, NB known): v16
- * (docs/cuda-prefill.md: 1 x 4096 causal B 64 481 TFLOP/s vs 392 for v13,
- * 8 x 1024 243 vs 221 in the same run; at B 16 level with v13). */
-#define KVA__CUDA_PREFILL_WGMMA_TMA_DEFAULT 16
-#define KVA__CUDA_PREFILL_TMA_MIN_B 64
+ * (B a power of two >= KVA__CUDA_PREFILL_TMA_MIN_B, NB known): v17, TMA and
+ * a persistent grid (docs/cuda-prefill.md, one H100 run through
+ * kva_attention_run: 8 x 1024 causal B 64 272 TFLOP/s vs 215 for v13, B 16
+ * 257 vs 215; 1 x 4096 B 64 473 vs 384, B 16 374 vs 379). */
+#define KVA__CUDA_PREFILL_WGMMA_TMA_DEFAULT 17
+#define KVA__CUDA_PREFILL_TMA_MIN_B 16
 
 /* The variant the dispatcher runs when none is forced: the fastest on an H100
  * in one run of bench/cuda_prefill_bench.c (docs/cuda-prefill.md): v5 at

@@ -1,6 +1,6 @@
 /*
  * prefill_wgmma.cu - the sm_90a (Hopper) paged prefill kernel on warpgroup
- * matrix instructions (wgmma.mma_async), variants 6..19 of prefill_mma.h.
+ * matrix instructions (wgmma.mma_async), variants 6..21 of prefill_mma.h.
  *
  * Same contract, tiles and arguments as prefill_mma.cu (one CTA = one tile of
  * 128 packed (token, group head) rows of one (request, kv head); paged NHD/HND
@@ -40,7 +40,8 @@
  * tile list with stride gridDim.x; the producer runs into the next CTA tile's
  * K/V while the consumers finish, each consumer loads its next Q rows under
  * its epilogue); v19 = v13 on that persistent grid (cp.async only, for block
- * sizes where TMA does not pay).
+ * sizes where TMA does not pay); v20 and v21 = v17 and v19 with the CTA
+ * tiles dealt in snake order (PERSIST 2).
  *
  * The kernel body exists only in sm_90a device code (__CUDA_ARCH_FEAT_SM90_ALL);
  * other targets get an empty kernel that the host never launches
@@ -176,15 +177,18 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
  * the producer goes on to the next stage at once. Tiles that cross the edge
  * of the range (rows there must be zero-filled, not loaded: unused slots of a
  * block may hold NaN) and every tile when tm.ok = 0 take the cp.async path.
- * PERSIST (v17, v18, v19): min(grid_tiles, SMs) CTAs, CTA b computes the CTA tiles
- * b, b + gridDim.x, ... (heaviest first, so round robin spreads the weights);
+ * PERSIST (1: v17, v18, v19; 2: v20, v21): min(grid_tiles, SMs) CTAs, CTA b
+ * computes the CTA tiles b, b + gridDim.x, ... (1: round robin over the
+ * heaviest-first list; 2: odd rounds in reverse CTA order, which evens out
+ * the CTAs' sums of weights: 1 x 4096 causal, 1024 tiles on 132 SMs, max
+ * CTA load 12 % over the mean with 1, at the mean with 2);
  * the K/V ring and its mbarrier phases run on across CTA tiles (counter gi),
  * consumers release the last stage of a tile too, and the ping-pong starts
  * afresh per tile (consumer 1 arrives first on consumer 0's barrier).
  * Shared memory as v6..v8, then the 2 * NST mbarriers (8 bytes each), then
  * (PRE) the staged block ids [2][128] int32.
  */
-template <int NST, bool DELAY, bool INTRA, bool PRE, bool TMA, bool PERSIST, typename Ty>
+template <int NST, bool DELAY, bool INTRA, bool PRE, bool TMA, int PERSIST, typename Ty>
 __global__ void __launch_bounds__(3 * 128, 1)
     prefill_wgmma_ws_kernel(const kva__cuda_prefill_args a, const __grid_constant__ wg_tmaps tm)
 {
@@ -196,8 +200,16 @@ __global__ void __launch_bounds__(3 * 128, 1)
     const int n_tiles = *a.num_tiles;
     if ((int)blockIdx.x >= n_tiles)
         return;
-    /* CTA tiles blockIdx.x, + gridDim.x, ... (PERSIST) or blockIdx.x only. */
+    /* CTA tile of round k: blockIdx.x alone (PERSIST 0); k * gridDim.x +
+     * blockIdx.x (1, round robin); or that with the CTA order reversed in odd
+     * rounds (2, "snake": the CTA that took the heaviest tile of one round
+     * takes the lightest of the next). A CTA's rounds end at the first tile
+     * index >= n_tiles (only the last round is partial). */
     const int t_step = PERSIST ? (int)gridDim.x : n_tiles;
+    auto tile_of = [&](int k) {
+        return k * t_step +
+               (PERSIST == 2 && (k & 1) ? t_step - 1 - (int)blockIdx.x : (int)blockIdx.x);
+    };
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const uint32_t sQ = (kva__smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -220,7 +232,10 @@ __global__ void __launch_bounds__(3 * 128, 1)
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        for (int ti = blockIdx.x; ti < n_tiles; ti += t_step) {
+        for (int k = 0;; k++) {
+            const int ti = tile_of(k);
+            if (ti >= n_tiles)
+                break;
             wg_tile tl;
             wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
             const int n_first = tl.kv_lo / WG_BN;
@@ -304,7 +319,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
         const uint64_t dq = kva__wgmma_desc(sQ + (uint32_t)cw * 64 * 128, 16, 1024);
         const uint64_t dk0 = kva__wgmma_desc(sK, 16, 1024);
         const uint64_t dv0 = kva__wgmma_desc(sV, WG_BN * 128, 1024);
-        int ti = blockIdx.x;
+        int k = 0, ti = blockIdx.x;
         wg_tile tl;
         wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
         wg_load_q<128>(a, tl, sQ, cw * 64, 64, ct & 127);
@@ -440,7 +455,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
             gi += (uint32_t)ntiles;
             /* PERSIST: the next CTA tile's Q rows of this warpgroup are loaded
              * under the epilogue (S of this tile is done with them). */
-            const int tn = ti + t_step, nt = PERSIST ? *a.num_tiles : n_tiles;
+            const int tn = tile_of(k + 1), nt = PERSIST ? *a.num_tiles : n_tiles;
             if (PERSIST && tn < nt) {
                 wg_tile_init(tl, a, a.tiles + (size_t)tn * KVA__CUDA_PREFILL_TILE_INTS);
                 wg_load_q<128>(a, tl, sQ, cw * 64, 64, ct & 127);
@@ -453,6 +468,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
             if (!PERSIST || tn >= nt)
                 break;
             ti = tn;
+            k++;
         }
     }
 #endif /* KVA_WGMMA_BODY */
@@ -540,7 +556,7 @@ static void wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm)
     tm->box_rows = R;
 }
 
-template <int NST, bool DELAY, bool INTRA, bool PRE, bool TMA, bool PERSIST, typename Ty>
+template <int NST, bool DELAY, bool INTRA, bool PRE, bool TMA, int PERSIST, typename Ty>
 static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream)
 {
     const size_t smem = 1024 + (size_t)WG_TILE_BYTES(WG_M) +
@@ -591,32 +607,36 @@ static kva_status launch_wg_dtype(const kva__cuda_prefill_args *a, cudaStream_t 
     case 8:
         return launch_wg<2, true, Ty>(a, st);
     case 9:
-        return launch_ws<2, false, false, false, false, false, Ty>(a, st);
+        return launch_ws<2, false, false, false, false, 0, Ty>(a, st);
     case 10:
-        return launch_ws<3, false, false, false, false, false, Ty>(a, st);
+        return launch_ws<3, false, false, false, false, 0, Ty>(a, st);
     case 11:
-        return launch_ws<3, true, false, false, false, false, Ty>(a, st);
+        return launch_ws<3, true, false, false, false, 0, Ty>(a, st);
     case 12:
-        return launch_ws<3, true, true, false, false, false, Ty>(a, st);
+        return launch_ws<3, true, true, false, false, 0, Ty>(a, st);
     case 13:
-        return launch_ws<3, false, false, true, false, false, Ty>(a, st);
+        return launch_ws<3, false, false, true, false, 0, Ty>(a, st);
     case 14:
-        return launch_ws<3, false, true, true, false, false, Ty>(a, st);
+        return launch_ws<3, false, true, true, false, 0, Ty>(a, st);
     case 15:
-        return launch_ws<3, false, false, true, true, false, Ty>(a, st);
+        return launch_ws<3, false, false, true, true, 0, Ty>(a, st);
     case 16:
-        return launch_ws<3, false, true, true, true, false, Ty>(a, st);
+        return launch_ws<3, false, true, true, true, 0, Ty>(a, st);
     case 17:
-        return launch_ws<3, false, true, true, true, true, Ty>(a, st);
+        return launch_ws<3, false, true, true, true, 1, Ty>(a, st);
     case 18:
-        return launch_ws<3, false, false, true, true, true, Ty>(a, st);
+        return launch_ws<3, false, false, true, true, 1, Ty>(a, st);
+    case 19:
+        return launch_ws<3, false, false, true, false, 1, Ty>(a, st);
+    case 20:
+        return launch_ws<3, false, true, true, true, 2, Ty>(a, st);
     default:
-        return launch_ws<3, false, false, true, false, true, Ty>(a, st);
+        return launch_ws<3, false, false, true, false, 2, Ty>(a, st);
     }
 }
 
 /* Called by kva__cuda_prefill_launch_variant after its argument checks, for
- * variants 6..19 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
+ * variants 6..21 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
 extern "C" kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_args *a, void *stream,
                                                      int variant)
 {
