@@ -621,18 +621,16 @@ extern "C" int kva__cuda_prefill_variant_exists(int32_t head_dim, int variant)
     return variant >= 1 && variant < KVA__CUDA_PREFILL_WGMMA_FIRST;
 }
 
-/* The wgmma variant the dispatcher runs at D = 128 on sm_90a (0: none, the
- * mma.sync default below): v13, the fastest on an H100 in one run of
- * bench/cuda_prefill_bench.c (docs/cuda-prefill.md: 4k causal H32/8 399
- * TFLOP/s vs 266 for v5; best or within 1 % of the best wgmma variant on
- * every D = 128 shape of that run). */
-#define KVA__CUDA_PREFILL_WGMMA_DEFAULT 13
-/* The wgmma variant the dispatcher runs instead where its TMA path applies
- * (B a power of two >= KVA__CUDA_PREFILL_TMA_MIN_B, NB known): v17, TMA and
- * a persistent grid (docs/cuda-prefill.md, one H100 run through
- * kva_attention_run: 8 x 1024 causal B 64 272 TFLOP/s vs 215 for v13, B 16
- * 257 vs 215; 1 x 4096 B 64 473 vs 384, B 16 374 vs 379). */
-#define KVA__CUDA_PREFILL_WGMMA_TMA_DEFAULT 17
+/* The wgmma variants the dispatcher runs at D = 128 on sm_90a (0: none, the
+ * mma.sync default below), from one H100 run of bench/cuda_prefill_bench.c
+ * and bench_cuda (docs/cuda-prefill.md, 13:35 UTC): v20 (TMA, persistent
+ * grid, snake order) where its TMA path applies (B a power of two >=
+ * KVA__CUDA_PREFILL_TMA_MIN_B, NB known): 1 x 4096 causal H32/8 B 64 533
+ * TFLOP/s vs 399 for v13, B 16 423 vs 398, 8 x 1024 288 vs 220; v21 (the
+ * same grid with the cp.async gather only) for other block sizes: 419 / 411
+ * / 257 on those shapes. Both passed the full test in that run. */
+#define KVA__CUDA_PREFILL_WGMMA_DEFAULT 21
+#define KVA__CUDA_PREFILL_WGMMA_TMA_DEFAULT 20
 #define KVA__CUDA_PREFILL_TMA_MIN_B 16
 
 /* The variant the dispatcher runs when none is forced: the fastest on an H100
