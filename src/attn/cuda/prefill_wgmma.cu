@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
                     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sids + (gk & 1) * 512 + 4 * tid),
                                  "r"(cur)
                                  : "memory");
-                    wg_bar_sync(5, 128); /* ids visible; buffer (it - 1) & 1 no longer read */
+                    wg_bar_sync(5, 128); /* ids visible; buffer (gk - 1) & 1 no longer read */
                 }
                 if (gk >= NST)
                     wg_mbar_wait(empty + 8 * st, ((gk / NST) - 1) & 1);
