@@ -146,6 +146,7 @@ static int bench_shape(const shape *s, kva_rng *rng, int only_var)
     a.grid_tiles = (int32_t)count;
     a.block_table_stride = nbr;
     a.block_size = B;
+    a.num_blocks = NB;
     a.num_heads = H;
     a.num_kv_heads = Hkv;
     a.head_dim = a.head_dim_v = D;

@@ -58,6 +58,7 @@ typedef struct cfg {
     kva_dtype dt;
     kva_layout layout;
     int causal, window, alibi, sinks, lse, share;
+    int nan_tail; /* NaN in the unused slots of each request's last block (share = 0) */
     float softcap, scale;
     uint64_t seed;
 } cfg;
@@ -130,6 +131,23 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
     void *k_h, *v_h;
     kva_cache_data(cache, &k_h, &v_h);
     const size_t kv_bytes = (size_t)b->num_blocks * b->block_size * Hkv * D * esz;
+    /* After the reference ran: slots past seq_len of a request's last block
+     * get NaN (0xffff in f16 and bf16); no kernel may load them into a
+     * product (the TMA variants must gather such tiles by cp.async). */
+    for (int32_t r = 0; c->nan_tail && !c->share && r < b->R; r++) {
+        const int32_t sl = b->seq_lens[r], B = b->block_size;
+        if (sl % B == 0)
+            continue;
+        const size_t blk = (size_t)b->block_table[(size_t)r * b->stride + (size_t)(sl / B)];
+        for (int32_t o = sl % B; o < B; o++)
+            for (int32_t h = 0; h < Hkv; h++) {
+                const size_t row = c->layout == KVA_LAYOUT_NHD
+                                       ? (blk * (size_t)B + (size_t)o) * (size_t)Hkv + (size_t)h
+                                       : (blk * (size_t)Hkv + (size_t)h) * (size_t)B + (size_t)o;
+                memset((char *)k_h + row * (size_t)D * esz, 0xff, (size_t)D * esz);
+                memset((char *)v_h + row * (size_t)D * esz, 0xff, (size_t)D * esz);
+            }
+    }
     void *d_q = dev_copy(q, nq * esz), *d_k = dev_copy(k_h, kv_bytes),
          *d_v = dev_copy(v_h, kv_bytes);
     void *d_out = dev_copy(NULL, nq * esz);
@@ -167,6 +185,7 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
     a.grid_tiles = capacity;
     a.block_table_stride = b->stride;
     a.block_size = b->block_size;
+    a.num_blocks = b->num_blocks;
     a.num_heads = H;
     a.num_kv_heads = Hkv;
     a.head_dim = D;
@@ -433,6 +452,70 @@ static void test_wgmma(void)
     }
 }
 
+/* D = 128 batches aimed at the TMA path of wgmma variants 15 and 16: block
+ * sizes 8, 32, 128 and 256 (boxes of 8 .. 128 rows, a box at a row offset
+ * inside a block of 256), both layouts, causal or not, a window (tiles below
+ * its edge skipped, interior tiles above it), and NaN in the unused slots of
+ * every request's last block, so a tile that crosses seq_len must not be
+ * loaded by TMA. Every variant runs on them. */
+static void test_wgmma_tma(void)
+{
+    static const int32_t ql[] = {260, 20}, sl[] = {260, 600};
+    static const int32_t bsizes[] = {8, 32, 128, 256};
+    for (int v = 0; v < 4; v++) {
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.D = 128;
+        c.H = v == 2 ? 8 : 16;
+        c.Hkv = v == 2 ? 8 : 2;
+        c.B = bsizes[v];
+        c.dt = v & 1 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+        c.layout = v == 1 || v == 3 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+        c.causal = v != 2;
+        c.window = v == 3 ? 150 : -1;
+        c.sinks = v == 1;
+        c.lse = 1;
+        c.nan_tail = 1;
+        c.seed = 9100 + (uint64_t)v;
+        kva_rng rng = {c.seed};
+        kva_test_batch b;
+        kva_test_batch_init(&b, &rng, 2, ql, sl, c.B, 1, 0);
+        run_batch(&c, &b);
+        kva_test_batch_free(&b);
+        if (small_mode && v >= 1)
+            break;
+    }
+    /* More CTA tiles (192) than an H100 has SMs, so the persistent variants
+     * 17 and 18 walk several tiles per CTA (the K/V ring and its mbarrier
+     * phases carried from tile to tile); the second batch is non-causal with
+     * a seq_len 0 request last, whose tiles have no key tile at all. */
+    static const int32_t ql_p[] = {130, 130, 130, 130, 130, 130},
+                         sl_p[] = {130, 130, 130, 130, 130, 130};
+    static const int32_t ql_n[] = {130, 130, 130, 130, 130, 3},
+                         sl_n[] = {130, 200, 130, 130, 130, 0};
+    for (int v = 0; v < 2; v++) {
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.D = 128;
+        c.H = 16;
+        c.Hkv = 16;
+        c.B = v ? 32 : 64;
+        c.dt = v ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+        c.layout = v ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+        c.causal = !v;
+        c.window = -1;
+        c.sinks = v;
+        c.lse = 1;
+        c.nan_tail = 1;
+        c.seed = 9200 + (uint64_t)v;
+        kva_rng rng = {c.seed};
+        kva_test_batch b;
+        kva_test_batch_init(&b, &rng, 6, v ? ql_n : ql_p, v ? sl_n : sl_p, c.B, 1, 0);
+        run_batch(&c, &b);
+        kva_test_batch_free(&b);
+    }
+}
+
 /* Host side: the tile builder's order and errors, the launcher's rejections. */
 static void test_host(void)
 {
@@ -493,12 +576,13 @@ int main(int argc, char **argv)
     }
     RUN(test_edges);
     RUN(test_wgmma);
+    RUN(test_wgmma_tma);
     RUN(test_grid);
     if (!small_mode)
         RUN(test_long);
     fprintf(stderr, "  %d cases, %d rows, %d multi-tile requests\n", cases_run, rows_checked,
             multi_tile);
-    CHECK(cases_run >= (small_mode ? 8 : 109));
+    CHECK(cases_run >= (small_mode ? 12 : 115));
     return kva_test_finish();
 }
 #endif

@@ -774,6 +774,7 @@ static kva_status launch_prefill(kva_context *ctx, const kva_plan *plan, const a
     /* Per-plan values come from the device header (graph replay). */
     pa.block_table_stride_dev = st->meta.hdr + KVA_CUDA_HDR_BT_STRIDE;
     pa.block_size = cache->desc.block_size;
+    pa.num_blocks = cache->desc.num_blocks;
     pa.num_heads = d->num_heads;
     pa.num_kv_heads = d->num_kv_heads;
     pa.head_dim = d->head_dim;

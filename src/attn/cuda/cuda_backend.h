@@ -182,7 +182,7 @@ int kva__cuda_attn_variant_resolve(int want, kva_dtype dtype, int32_t head_dim, 
  * partitioned for variant 4's 16-row items fail with a status. */
 kva_status kva__cuda_context_force_variant(kva_context *ctx, int variant);
 /* Tests and benchmarks: the prefills of this context run on prefill kernel
- * variant (prefill_mma.h: 1..5 mma.sync, 6..14 sm_90a wgmma; 0 restores the
+ * variant (prefill_mma.h: 1..5 mma.sync, 6..21 sm_90a wgmma; 0 restores the
  * dispatcher's choice). A variant that does not exist for a plan's head size
  * makes its kva_attention_run fail with a status. */
 kva_status kva__cuda_context_force_prefill_variant(kva_context *ctx, int variant);

@@ -621,21 +621,30 @@ extern "C" int kva__cuda_prefill_variant_exists(int32_t head_dim, int variant)
     return variant >= 1 && variant < KVA__CUDA_PREFILL_WGMMA_FIRST;
 }
 
-/* The wgmma variant the dispatcher runs at D = 128 on sm_90a (0: none, the
- * mma.sync default below): v13, the fastest on an H100 in one run of
- * bench/cuda_prefill_bench.c (docs/cuda-prefill.md: 4k causal H32/8 399
- * TFLOP/s vs 266 for v5; best or within 1 % of the best wgmma variant on
- * every D = 128 shape of that run). */
-#define KVA__CUDA_PREFILL_WGMMA_DEFAULT 13
+/* The wgmma variants the dispatcher runs at D = 128 on sm_90a (0: none, the
+ * mma.sync default below), from one H100 run of bench/cuda_prefill_bench.c
+ * and bench_cuda (docs/cuda-prefill.md, 13:35 UTC): v20 (TMA, persistent
+ * grid, snake order) where its TMA path applies (B a power of two >=
+ * KVA__CUDA_PREFILL_TMA_MIN_B, NB known): 1 x 4096 causal H32/8 B 64 533
+ * TFLOP/s vs 399 for v13, B 16 423 vs 398, 8 x 1024 288 vs 220; v21 (the
+ * same grid with the cp.async gather only) for other block sizes: 419 / 411
+ * / 257 on those shapes. Both passed the full test in that run. */
+#define KVA__CUDA_PREFILL_WGMMA_DEFAULT 21
+#define KVA__CUDA_PREFILL_WGMMA_TMA_DEFAULT 20
+#define KVA__CUDA_PREFILL_TMA_MIN_B 16
 
 /* The variant the dispatcher runs when none is forced: the fastest on an H100
  * in one run of bench/cuda_prefill_bench.c (docs/cuda-prefill.md): v5 at
  * D = 128 (4k causal: 269 vs 258 TFLOP/s for v1; within 2 % of the best on the
  * other D = 128 shapes), v4 at D = 64 and D = 256. */
-static int default_variant(int32_t head_dim)
+static int default_variant(const kva__cuda_prefill_args *a)
 {
-    if (head_dim == 128 && KVA__CUDA_PREFILL_WGMMA_DEFAULT && kva__cuda_prefill_wgmma_ready())
-        return KVA__CUDA_PREFILL_WGMMA_DEFAULT;
+    const int32_t head_dim = a->head_dim, B = a->block_size;
+    if (head_dim == 128 && KVA__CUDA_PREFILL_WGMMA_DEFAULT && kva__cuda_prefill_wgmma_ready()) {
+        const int tma = a->num_blocks > 0 && B >= KVA__CUDA_PREFILL_TMA_MIN_B && (B & (B - 1)) == 0;
+        return tma && KVA__CUDA_PREFILL_WGMMA_TMA_DEFAULT ? KVA__CUDA_PREFILL_WGMMA_TMA_DEFAULT
+                                                          : KVA__CUDA_PREFILL_WGMMA_DEFAULT;
+    }
     return head_dim == 128 ? 5 : 4;
 }
 
@@ -677,7 +686,7 @@ extern "C" kva_status kva__cuda_prefill_launch_variant(const kva__cuda_prefill_a
     KVA_CHECK_ALIGNED(a->v, 16);
     KVA_CHECK_ALIGNED(a->out, 4);
     if (variant == 0)
-        variant = default_variant(a->head_dim);
+        variant = default_variant(a);
     if (!kva__cuda_prefill_variant_exists(a->head_dim, variant))
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva__cuda_prefill_launch_variant: variant = %d does not exist for D = %d",

@@ -40,8 +40,8 @@ extern "C" {
 /* int32 entries per tile in the tile array: {r, m0, kvh, 0}. */
 #define KVA__CUDA_PREFILL_TILE_INTS 4
 /* Kernel variants 1..N (kva__cuda_prefill_launch_variant): 1..5 mma.sync
- * (prefill_mma.cu), 6..14 wgmma (prefill_wgmma.cu, sm_90a, D = 128). */
-#define KVA__CUDA_PREFILL_VARIANTS 14
+ * (prefill_mma.cu), 6..21 wgmma (prefill_wgmma.cu, sm_90a, D = 128). */
+#define KVA__CUDA_PREFILL_VARIANTS 21
 /* First wgmma variant. */
 #define KVA__CUDA_PREFILL_WGMMA_FIRST 6
 
@@ -67,6 +67,8 @@ typedef struct kva__cuda_prefill_args {
     int32_t grid_tiles; /* CTAs launched (the tile array's capacity); 0 launches nothing */
     int32_t block_table_stride;
     int32_t block_size;   /* B >= 1 */
+    int32_t num_blocks;   /* NB of k and v, or 0 if unknown (variants 15, 16 then gather
+                             every tile by cp.async instead of TMA) */
     int32_t num_heads;    /* H, a multiple of num_kv_heads */
     int32_t num_kv_heads; /* Hkv */
     int32_t head_dim;     /* D */
@@ -131,26 +133,30 @@ kva_status kva__cuda_prefill_launch(const kva__cuda_prefill_args *args, void *st
 /* The same with a forced kernel variant (0: the dispatcher's choice; 1: 8 warps
  * x 16 rows; 2: 4 warps x 32 rows, 64 keys per tile; 3: 4 warps x 32 rows, 32
  * keys per tile; 4, 5: 1 and 2 with lazy rescaling; D = 256 has 1 and 4 only;
- * 6..14: the sm_90a wgmma kernel, D = 128 only, on a compute capability 9.0
+ * 6..21: the sm_90a wgmma kernel, D = 128 only, on a compute capability 9.0
  * device of a build with sm_90a code: 6 two K/V stages, 7 three, 8 = 6 with
  * P V in two n64 halves, 9 and 10 warp-specialized with two and three stages,
  * 11 = 10 with two tiles in flight in the producer, 12 = 11 with P V under
  * the consumer's own softmax, 13 and 14 = 10 and 12 without 11's change and
- * with the producer's block-table loads one tile ahead),
+ * with the producer's block-table loads one tile ahead, 15 and 16 = 13 and 14
+ * with K/V tiles that lie inside the visible key range loaded by TMA when B
+ * is a power of two >= 8 and num_blocks is set, 17 and 18 = 16 and 15 on a
+ * persistent grid of one CTA per SM, 19 = 13 on that persistent grid, 20 and
+ * 21 = 17 and 19 with the tiles dealt to the CTAs in snake order),
  * for tests and benchmarks that cover every variant. A variant that does not
  * exist for D is KVA_STATUS_INVALID_ARGUMENT. */
 kva_status kva__cuda_prefill_launch_variant(const kva__cuda_prefill_args *args, void *stream,
                                             int variant);
 
 /* 1 if variant (1..KVA__CUDA_PREFILL_VARIANTS) exists for head size D (for
- * 6..14 also on the current device: kva__cuda_prefill_wgmma_ready()). */
+ * 6..21 also on the current device: kva__cuda_prefill_wgmma_ready()). */
 int kva__cuda_prefill_variant_exists(int32_t head_dim, int variant);
 
 /* prefill_wgmma.cu: 1 if the build has sm_90a device code (KVA_CUDA_SM90A,
  * CMAKE_CUDA_ARCHITECTURES naming 90a) and the current device has compute
  * capability 9.0; else 0 (also without a device). */
 int kva__cuda_prefill_wgmma_ready(void);
-/* Launches wgmma variant 6..14 (arguments already checked by
+/* Launches wgmma variant 6..21 (arguments already checked by
  * kva__cuda_prefill_launch_variant; D = Dv = 128, f16/bf16). */
 kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_args *args, void *stream,
                                           int variant);

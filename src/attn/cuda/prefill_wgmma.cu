@@ -1,6 +1,6 @@
 /*
  * prefill_wgmma.cu - the sm_90a (Hopper) paged prefill kernel on warpgroup
- * matrix instructions (wgmma.mma_async), variants 6..14 of prefill_mma.h.
+ * matrix instructions (wgmma.mma_async), variants 6..21 of prefill_mma.h.
  *
  * Same contract, tiles and arguments as prefill_mma.cu (one CTA = one tile of
  * 128 packed (token, group head) rows of one (request, kv head); paged NHD/HND
@@ -32,7 +32,16 @@
  * consumer's own softmax of tile it (P double-buffered, O rescaled for tile
  * it - 1 just before its P V is issued); v13 = v10 and v14 = v10 with v12's
  * overlap, both with the producer's block-table loads one tile ahead and
- * staged in shared memory (PRE).
+ * staged in shared memory (PRE); v15 = v13 and v16 = v14 with the K/V tiles
+ * that lie inside the visible key range loaded by TMA (one box per block,
+ * column block and K or V, on the stage's mbarrier, no producer wait; B a
+ * power of two >= 8 and NB known), the edge tiles still by cp.async;
+ * v17 = v16 and v18 = v15 on a persistent grid (one CTA per SM walking the
+ * tile list with stride gridDim.x; the producer runs into the next CTA tile's
+ * K/V while the consumers finish, each consumer loads its next Q rows under
+ * its epilogue); v19 = v13 on that persistent grid (cp.async only, for block
+ * sizes where TMA does not pay); v20 and v21 = v17 and v19 with the CTA
+ * tiles dealt in snake order (PERSIST 2).
  *
  * The kernel body exists only in sm_90a device code (__CUDA_ARCH_FEAT_SM90_ALL);
  * other targets get an empty kernel that the host never launches
@@ -45,11 +54,14 @@ extern "C" {
 #include "prefill_mma.h"
 #include "wgmma_ptx.cuh"
 
+#include <cuda.h> /* CUtensorMap (types only; the driver entry point is looked up) */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <math.h>
+#include <string.h>
 
 #include "prefill_wgmma.cuh"
 
@@ -157,21 +169,47 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
  * copies of tile it, so two tiles are in flight instead of one (with two
  * stages this would deadlock: the producer would wait for a stage that the
  * consumers free only after the tile it has not published yet).
+ * TMA (v15, v16; needs PRE, not DELAY): a K/V tile whose 128 keys all lie in
+ * the visible range [kv_lo, kv_hi) is loaded by TMA (tm, wg_tmaps) instead of
+ * cp.async: lanes of the producer's first warp issue one box per (block,
+ * column block, K or V) on the stage's "full" mbarrier, thread 0 having
+ * armed it with the tile's byte count (arrive.expect_tx), and nobody waits:
+ * the producer goes on to the next stage at once. Tiles that cross the edge
+ * of the range (rows there must be zero-filled, not loaded: unused slots of a
+ * block may hold NaN) and every tile when tm.ok = 0 take the cp.async path.
+ * PERSIST (1: v17, v18, v19; 2: v20, v21): min(grid_tiles, SMs) CTAs, CTA b
+ * computes the CTA tiles b, b + gridDim.x, ... (1: round robin over the
+ * heaviest-first list; 2: odd rounds in reverse CTA order, which evens out
+ * the CTAs' sums of weights: 1 x 4096 causal, 1024 tiles on 132 SMs, max
+ * CTA load 12 % over the mean with 1, at the mean with 2);
+ * the K/V ring and its mbarrier phases run on across CTA tiles (counter gi),
+ * consumers release the last stage of a tile too, and the ping-pong starts
+ * afresh per tile (consumer 1 arrives first on consumer 0's barrier).
  * Shared memory as v6..v8, then the 2 * NST mbarriers (8 bytes each), then
  * (PRE) the staged block ids [2][128] int32.
  */
-template <int NST, bool DELAY, bool INTRA, bool PRE, typename Ty>
+template <int NST, bool DELAY, bool INTRA, bool PRE, bool TMA, int PERSIST, typename Ty>
 __global__ void __launch_bounds__(3 * 128, 1)
-    prefill_wgmma_ws_kernel(const kva__cuda_prefill_args a)
+    prefill_wgmma_ws_kernel(const kva__cuda_prefill_args a, const __grid_constant__ wg_tmaps tm)
 {
     static_assert(!DELAY || NST >= 3, "a delayed publish needs three stages (else deadlock)");
+    static_assert(!TMA || (PRE && !DELAY), "TMA reads the staged block ids and publishes at once");
+    static_assert(!PERSIST || !DELAY, "a persistent CTA publishes every tile at once");
 #ifdef KVA_WGMMA_BODY
     constexpr uint32_t QB = WG_TILE_BYTES(WG_M), KB = WG_TILE_BYTES(WG_BN);
-    const int tile_idx = blockIdx.x;
-    if (tile_idx >= *a.num_tiles)
+    const int n_tiles = *a.num_tiles;
+    if ((int)blockIdx.x >= n_tiles)
         return;
-    wg_tile tl;
-    wg_tile_init(tl, a, a.tiles + (size_t)tile_idx * KVA__CUDA_PREFILL_TILE_INTS);
+    /* CTA tile of round k: blockIdx.x alone (PERSIST 0); k * gridDim.x +
+     * blockIdx.x (1, round robin); or that with the CTA order reversed in odd
+     * rounds (2, "snake": the CTA that took the heaviest tile of one round
+     * takes the lightest of the next). A CTA's rounds end at the first tile
+     * index >= n_tiles (only the last round is partial). */
+    const int t_step = PERSIST ? (int)gridDim.x : n_tiles;
+    auto tile_of = [&](int k) {
+        return k * t_step +
+               (PERSIST == 2 && (k & 1) ? t_step - 1 - (int)blockIdx.x : (int)blockIdx.x);
+    };
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const uint32_t sQ = (kva__smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -188,177 +226,250 @@ __global__ void __launch_bounds__(3 * 128, 1)
         }
     }
     __syncthreads();
-    const int n_first = tl.kv_lo / WG_BN;
-    const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
-    const int ntiles = n_last - n_first + 1; /* may be 0 */
+    /* K/V tiles of the CTA's earlier CTA tiles (PERSIST): the ring's stage
+     * and phase of key tile it of this CTA tile come from gi + it. */
+    uint32_t gi = 0;
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        wg_kv g;
-        wg_kv_init(g, a, tl, tid & 15);
-        /* PRE: the block id of key n0 + tid of the next tile is loaded one tile
-         * ahead and staged in shared memory ([2][128] int32 after the
-         * mbarriers), so the copy path has no dependent global load. */
-        const uint32_t sids = empty + 8 * NST;
-        int nxt = PRE && ntiles > 0 ? wg_blk_of(g, n_last * WG_BN + tid) : 0;
-        for (int it = 0; it < ntiles; it++) {
-            const int st = it % NST, n0 = (n_last - it) * WG_BN;
-            if (PRE) {
-                const int cur = nxt;
-                if (it + 1 < ntiles)
-                    nxt = wg_blk_of(g, n0 - WG_BN + tid);
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sids + (it & 1) * 512 + 4 * tid),
-                             "r"(cur)
-                             : "memory");
-                wg_bar_sync(5, 128); /* ids visible; buffer (it - 1) & 1 no longer read */
+        for (int k = 0;; k++) {
+            const int ti = tile_of(k);
+            if (ti >= n_tiles)
+                break;
+            wg_tile tl;
+            wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
+            const int n_first = tl.kv_lo / WG_BN;
+            const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
+            const int ntiles = n_last - n_first + 1; /* may be 0 */
+            wg_kv g;
+            wg_kv_init(g, a, tl, tid & 15);
+            /* PRE: the block id of key n0 + tid of the next tile is loaded one tile
+             * ahead and staged in shared memory ([2][128] int32 after the
+             * mbarriers), so the copy path has no dependent global load. */
+            const uint32_t sids = empty + 8 * NST;
+            int nxt = PRE && ntiles > 0 ? wg_blk_of(g, n_last * WG_BN + tid) : 0;
+            for (int it = 0; it < ntiles; it++) {
+                const uint32_t gk = gi + (uint32_t)it;
+                const int st = (int)(gk % NST), n0 = (n_last - it) * WG_BN;
+                if (PRE) {
+                    const int cur = nxt;
+                    if (it + 1 < ntiles)
+                        nxt = wg_blk_of(g, n0 - WG_BN + tid);
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sids + (gk & 1) * 512 + 4 * tid),
+                                 "r"(cur)
+                                 : "memory");
+                    wg_bar_sync(5, 128); /* ids visible; buffer (gk - 1) & 1 no longer read */
+                }
+                if (gk >= NST)
+                    wg_mbar_wait(empty + 8 * st, ((gk / NST) - 1) & 1);
+                if (TMA && tm.ok && n0 >= tl.kv_lo && n0 + WG_BN <= tl.kv_hi) {
+                    if (tid < 32) {
+                        if (tid == 0)
+                            wg_mbar_arrive_tx(full + 8 * st, 2 * KB);
+                        __syncwarp();
+                        /* Op o: block b = o / 4 of the tile (key rows b * R ..),
+                         * column block (o / 2) % 2, K (o even) or V. */
+                        const int R = tm.box_rows, nhd = a.layout == KVA_LAYOUT_NHD;
+                        for (int o = tid; o < 4 * (WG_BN / R); o += 32) {
+                            const int row = (o >> 2) * R, cb = (o >> 1) & 1;
+                            int blk;
+                            asm volatile("ld.shared.b32 %0, [%1];\n"
+                                         : "=r"(blk)
+                                         : "r"(sids + (gk & 1) * 512 + 4u * (uint32_t)row));
+                            const int off = (n0 + row) & (a.block_size - 1);
+                            const uint32_t dst =
+                                (o & 1 ? sV : sK) + st * KB + (uint32_t)(cb * WG_BN + row) * 128u;
+                            wg_tma_load4(dst, o & 1 ? &tm.v : &tm.k, cb * 64, nhd ? tl.kvh : off,
+                                         nhd ? off : tl.kvh, blk, full + 8 * st);
+                        }
+                        if (tid != 0)
+                            wg_mbar_arrive(full + 8 * st);
+                    } else {
+                        wg_mbar_arrive(full + 8 * st);
+                    }
+                    continue;
+                }
+                if (PRE)
+                    wg_gather_ids(g, tid, n0, sK + st * KB, sV + st * KB, sids + (gk & 1) * 512);
+                else
+                    wg_gather<128, 4>(g, tid, n0, sK + st * KB, sV + st * KB);
+                kva__cp_async_commit();
+                if (!DELAY) { /* wait for this tile, then publish it */
+                    kva__cp_async_wait<0>();
+                    kva__fence_proxy_async();
+                    wg_mbar_arrive(full + 8 * st);
+                } else if (it > 0) { /* publish the previous tile; this one stays in flight */
+                    kva__cp_async_wait<1>();
+                    kva__fence_proxy_async();
+                    wg_mbar_arrive(full + 8 * ((gk - 1) % NST));
+                }
             }
-            if (it >= NST)
-                wg_mbar_wait(empty + 8 * st, ((it / NST) - 1) & 1);
-            if (PRE)
-                wg_gather_ids(g, tid, n0, sK + st * KB, sV + st * KB, sids + (it & 1) * 512);
-            else
-                wg_gather<128, 4>(g, tid, n0, sK + st * KB, sV + st * KB);
-            kva__cp_async_commit();
-            if (!DELAY) { /* wait for this tile, then publish it */
+            if (DELAY && ntiles > 0) {
                 kva__cp_async_wait<0>();
                 kva__fence_proxy_async();
-                wg_mbar_arrive(full + 8 * st);
-            } else if (it > 0) { /* publish the previous tile; this one stays in flight */
-                kva__cp_async_wait<1>();
-                kva__fence_proxy_async();
-                wg_mbar_arrive(full + 8 * ((it - 1) % NST));
+                wg_mbar_arrive(full + 8 * ((ntiles - 1) % NST));
             }
-        }
-        if (DELAY && ntiles > 0) {
-            kva__cp_async_wait<0>();
-            kva__fence_proxy_async();
-            wg_mbar_arrive(full + 8 * ((ntiles - 1) % NST));
+            gi += (uint32_t)ntiles;
+            if (!PERSIST)
+                break;
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
         const int cw = wg - 1, ct = tid - 128, wq = (ct >> 5) & 3;
-        wg_load_q<128>(a, tl, sQ, cw * 64, 64, ct & 127);
-        kva__cp_async_commit();
-        kva__cp_async_wait<0>();
-        kva__fence_proxy_async();
-        wg_bar_sync(3 + cw, 128);
-        wg_ctx c;
-        wg_ctx_init(c, a, tl.m0, cw * 64 + wq * 16, tl.m_last, tl.G, tl.kvh, tl.seq_len, tl.q_len,
-                    tl.pos_min, tl.pos_max);
         const uint64_t dq = kva__wgmma_desc(sQ + (uint32_t)cw * 64 * 128, 16, 1024);
         const uint64_t dk0 = kva__wgmma_desc(sK, 16, 1024);
         const uint64_t dv0 = kva__wgmma_desc(sV, WG_BN * 128, 1024);
-        float o[64], s[64];
-        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+        int k = 0, ti = blockIdx.x;
+        wg_tile tl;
+        wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
+        wg_load_q<128>(a, tl, sQ, cw * 64, 64, ct & 127);
+        kva__cp_async_commit();
+        for (;;) {
+            /* PERSIST: tile header and tile count are read again where they
+             * are needed, not kept live through the key loop (registers). */
+            if (PERSIST)
+                wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
+            kva__cp_async_wait<0>();
+            kva__fence_proxy_async();
+            wg_bar_sync(3 + cw, 128);
+            wg_ctx c;
+            wg_ctx_init(c, a, tl.m0, cw * 64 + wq * 16, tl.m_last, tl.G, tl.kvh, tl.seq_len,
+                        tl.q_len, tl.pos_min, tl.pos_max);
+            const int n_first = tl.kv_lo / WG_BN;
+            const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
+            const int ntiles = n_last - n_first + 1; /* may be 0 */
+            float o[64], s[64];
+            float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int e = 0; e < 64; e++) {
-            o[e] = 0.0f;
-            s[e] = 0.0f;
-        }
-        uint32_t pa[8][4];
-        const int my_bar = 1 + cw, other_bar = 2 - cw;
-        if (ntiles > 0) {
-            if (cw == 1)
-                wg_bar_arrive(1, 256); /* consumer 0 issues first */
-            /* Tile 0: S only. */
-            wg_mbar_wait(full, 0);
-            wg_bar_sync(my_bar, 256);
-            kva__wgmma_fence();
-            wg_qk<Ty>(s, dq, dk0);
-            kva__wgmma_commit();
-            wg_bar_arrive(other_bar, 256);
-            kva__wgmma_wait<0>();
-#pragma unroll
-            for (int e = 0; e < 64; e++)
-                kva__reg_fence(s[e]);
-            float alpha[2] = {1.0f, 1.0f};
-            wg_softmax<Ty>(s, o, pa, m_run, l_run, c, n_last * WG_BN, alpha);
-            bool resc_prev = false; /* INTRA: o is still zero after tile 0 */
-            for (int it = 1; it < ntiles; it++) {
-                const int st = it % NST, sp = (it - 1) % NST;
-                wg_mbar_wait(full + 8 * st, (it / NST) & 1);
+            for (int e = 0; e < 64; e++) {
+                o[e] = 0.0f;
+                s[e] = 0.0f;
+            }
+            uint32_t pa[8][4];
+            const int my_bar = 1 + cw, other_bar = 2 - cw;
+            if (ntiles > 0) {
+                if (cw == 1)
+                    wg_bar_arrive(1, 256); /* consumer 0 issues first */
+                /* Tile 0: S only. */
+                const int st0 = (int)(gi % NST);
+                wg_mbar_wait(full + 8 * st0, (gi / NST) & 1);
                 wg_bar_sync(my_bar, 256);
                 kva__wgmma_fence();
-                if (!INTRA) {
-                    wg_pv<Ty, false>(o, pa, dv0 + ((uint64_t)(sp * KB) >> 4));
-                    kva__wgmma_commit();
-                    wg_qk<Ty>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
-                    kva__wgmma_commit();
-                    wg_bar_arrive(other_bar, 256);
-                    kva__wgmma_wait<1>(); /* P V of tile it - 1 */
-#pragma unroll
-                    for (int e = 0; e < 64; e++)
-                        kva__reg_fence(o[e]);
-                    wg_mbar_arrive(empty + 8 * sp);
-                    kva__wgmma_wait<0>();
-#pragma unroll
-                    for (int e = 0; e < 64; e++)
-                        kva__reg_fence(s[e]);
-                    wg_softmax<Ty>(s, o, pa, m_run, l_run, c, (n_last - it) * WG_BN, alpha);
-                } else {
-                    /* S of tile it first, then P V of tile it - 1, which runs
-                     * under this tile's softmax. o is rescaled for tile it - 1
-                     * between the two issues (as FlashAttention-3 does; a
-                     * rescale after the wait makes ptxas serialize wgmma). */
-                    wg_qk<Ty>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
-                    kva__wgmma_commit();
-                    if (resc_prev) {
-#pragma unroll
-                        for (int nb = 0; nb < WG_D / 8; nb++) {
-                            o[4 * nb] *= alpha[0];
-                            o[4 * nb + 1] *= alpha[0];
-                            o[4 * nb + 2] *= alpha[1];
-                            o[4 * nb + 3] *= alpha[1];
-                        }
-                    }
-                    kva__wgmma_fence();
-                    wg_pv<Ty, false>(o, pa, dv0 + ((uint64_t)(sp * KB) >> 4));
-                    kva__wgmma_commit();
-                    wg_bar_arrive(other_bar, 256);
-                    kva__wgmma_wait<1>(); /* S of tile it */
-#pragma unroll
-                    for (int e = 0; e < 64; e++)
-                        kva__reg_fence(s[e]);
-                    uint32_t pn[8][4];
-                    resc_prev = wg_softmax<Ty, true>(s, o, pn, m_run, l_run, c,
-                                                     (n_last - it) * WG_BN, alpha);
-                    kva__wgmma_wait<0>(); /* P V of tile it - 1 */
-#pragma unroll
-                    for (int e = 0; e < 64; e++)
-                        kva__reg_fence(o[e]);
-#pragma unroll
-                    for (int k = 0; k < 8; k++)
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            asm volatile("" : "+r"(pa[k][i])::"memory"); /* live until here */
-                            pa[k][i] = pn[k][i];
-                        }
-                    wg_mbar_arrive(empty + 8 * sp);
-                }
-            }
-            /* P V of the last tile. */
-            wg_bar_sync(my_bar, 256);
-            if (INTRA && resc_prev) {
-#pragma unroll
-                for (int nb = 0; nb < WG_D / 8; nb++) {
-                    o[4 * nb] *= alpha[0];
-                    o[4 * nb + 1] *= alpha[0];
-                    o[4 * nb + 2] *= alpha[1];
-                    o[4 * nb + 3] *= alpha[1];
-                }
-            }
-            kva__wgmma_fence();
-            wg_pv<Ty, false>(o, pa, dv0 + ((uint64_t)(((ntiles - 1) % NST) * KB) >> 4));
-            kva__wgmma_commit();
-            if (cw == 0)
+                wg_qk<Ty>(s, dq, dk0 + ((uint64_t)(st0 * KB) >> 4));
+                kva__wgmma_commit();
                 wg_bar_arrive(other_bar, 256);
-            kva__wgmma_wait<0>();
+                kva__wgmma_wait<0>();
 #pragma unroll
-            for (int e = 0; e < 64; e++)
-                kva__reg_fence(o[e]);
+                for (int e = 0; e < 64; e++)
+                    kva__reg_fence(s[e]);
+                float alpha[2] = {1.0f, 1.0f};
+                wg_softmax<Ty>(s, o, pa, m_run, l_run, c, n_last * WG_BN, alpha);
+                bool resc_prev = false; /* INTRA: o is still zero after tile 0 */
+                for (int it = 1; it < ntiles; it++) {
+                    const uint32_t gk = gi + (uint32_t)it;
+                    const int st = (int)(gk % NST), sp = (int)((gk - 1) % NST);
+                    wg_mbar_wait(full + 8 * st, (gk / NST) & 1);
+                    wg_bar_sync(my_bar, 256);
+                    kva__wgmma_fence();
+                    if (!INTRA) {
+                        wg_pv<Ty, false>(o, pa, dv0 + ((uint64_t)(sp * KB) >> 4));
+                        kva__wgmma_commit();
+                        wg_qk<Ty>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
+                        kva__wgmma_commit();
+                        wg_bar_arrive(other_bar, 256);
+                        kva__wgmma_wait<1>(); /* P V of tile it - 1 */
+#pragma unroll
+                        for (int e = 0; e < 64; e++)
+                            kva__reg_fence(o[e]);
+                        wg_mbar_arrive(empty + 8 * sp);
+                        kva__wgmma_wait<0>();
+#pragma unroll
+                        for (int e = 0; e < 64; e++)
+                            kva__reg_fence(s[e]);
+                        wg_softmax<Ty>(s, o, pa, m_run, l_run, c, (n_last - it) * WG_BN, alpha);
+                    } else {
+                        /* S of tile it first, then P V of tile it - 1, which runs
+                         * under this tile's softmax. o is rescaled for tile it - 1
+                         * between the two issues (as FlashAttention-3 does; a
+                         * rescale after the wait makes ptxas serialize wgmma). */
+                        wg_qk<Ty>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
+                        kva__wgmma_commit();
+                        if (resc_prev) {
+#pragma unroll
+                            for (int nb = 0; nb < WG_D / 8; nb++) {
+                                o[4 * nb] *= alpha[0];
+                                o[4 * nb + 1] *= alpha[0];
+                                o[4 * nb + 2] *= alpha[1];
+                                o[4 * nb + 3] *= alpha[1];
+                            }
+                        }
+                        kva__wgmma_fence();
+                        wg_pv<Ty, false>(o, pa, dv0 + ((uint64_t)(sp * KB) >> 4));
+                        kva__wgmma_commit();
+                        wg_bar_arrive(other_bar, 256);
+                        kva__wgmma_wait<1>(); /* S of tile it */
+#pragma unroll
+                        for (int e = 0; e < 64; e++)
+                            kva__reg_fence(s[e]);
+                        uint32_t pn[8][4];
+                        resc_prev = wg_softmax<Ty, true>(s, o, pn, m_run, l_run, c,
+                                                         (n_last - it) * WG_BN, alpha);
+                        kva__wgmma_wait<0>(); /* P V of tile it - 1 */
+#pragma unroll
+                        for (int e = 0; e < 64; e++)
+                            kva__reg_fence(o[e]);
+#pragma unroll
+                        for (int k = 0; k < 8; k++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                asm volatile("" : "+r"(pa[k][i])::"memory"); /* live until here */
+                                pa[k][i] = pn[k][i];
+                            }
+                        wg_mbar_arrive(empty + 8 * sp);
+                    }
+                }
+                /* P V of the last tile. */
+                wg_bar_sync(my_bar, 256);
+                if (INTRA && resc_prev) {
+#pragma unroll
+                    for (int nb = 0; nb < WG_D / 8; nb++) {
+                        o[4 * nb] *= alpha[0];
+                        o[4 * nb + 1] *= alpha[0];
+                        o[4 * nb + 2] *= alpha[1];
+                        o[4 * nb + 3] *= alpha[1];
+                    }
+                }
+                const int sl = (int)((gi + (uint32_t)ntiles - 1) % NST);
+                kva__wgmma_fence();
+                wg_pv<Ty, false>(o, pa, dv0 + ((uint64_t)(sl * KB) >> 4));
+                kva__wgmma_commit();
+                if (cw == 0)
+                    wg_bar_arrive(other_bar, 256);
+                kva__wgmma_wait<0>();
+#pragma unroll
+                for (int e = 0; e < 64; e++)
+                    kva__reg_fence(o[e]);
+                if (PERSIST) /* the ring goes on with the next CTA tile */
+                    wg_mbar_arrive(empty + 8 * sl);
+            }
+            gi += (uint32_t)ntiles;
+            /* PERSIST: the next CTA tile's Q rows of this warpgroup are loaded
+             * under the epilogue (S of this tile is done with them). */
+            const int tn = tile_of(k + 1), nt = PERSIST ? *a.num_tiles : n_tiles;
+            if (PERSIST && tn < nt) {
+                wg_tile_init(tl, a, a.tiles + (size_t)tn * KVA__CUDA_PREFILL_TILE_INTS);
+                wg_load_q<128>(a, tl, sQ, cw * 64, 64, ct & 127);
+                kva__cp_async_commit();
+            }
+            if (PERSIST)
+                wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
+            wg_epilogue<Ty>(a, c, o, m_run, l_run, tl.m0 + cw * 64 + wq * 16 + ((ct & 31) >> 2),
+                            tl.rows, tl.q_start, tl.G);
+            if (!PERSIST || tn >= nt)
+                break;
+            ti = tn;
+            k++;
         }
-        wg_epilogue<Ty>(a, c, o, m_run, l_run, tl.m0 + cw * 64 + wq * 16 + ((ct & 31) >> 2),
-                        tl.rows, tl.q_start, tl.G);
     }
 #endif /* KVA_WGMMA_BODY */
 }
@@ -404,20 +515,79 @@ static kva_status launch_wg(const kva__cuda_prefill_args *a, cudaStream_t stream
     return KVA_STATUS_OK;
 }
 
-template <int NST, bool DELAY, bool INTRA, bool PRE, typename Ty>
+/* Fills tm for variants 15, 16 (wg_tmaps); tm->ok = 0 where the cache cannot
+ * be described or the driver refuses (the kernel then uses cp.async only). */
+static void wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm)
+{
+    memset(tm, 0, sizeof *tm);
+    const int B = a->block_size;
+    if (a->num_blocks <= 0 || B < 8 || (B & (B - 1)) != 0)
+        return;
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn) {
+        (void)cudaGetLastError();
+        return;
+    }
+    PFN_cuTensorMapEncodeTiled_v12000 encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    const int nhd = a->layout == KVA_LAYOUT_NHD, R = B < 128 ? B : 128;
+    const cuuint64_t Hkv = (cuuint64_t)a->num_kv_heads, row = (cuuint64_t)WG_D * 2;
+    /* (D, Hkv, B, NB) for NHD, (D, B, Hkv, NB) for HND; strides in bytes of
+     * dimensions 1..3. */
+    const cuuint64_t dims[4] = {WG_D, nhd ? Hkv : (cuuint64_t)B, nhd ? (cuuint64_t)B : Hkv,
+                                (cuuint64_t)a->num_blocks};
+    const cuuint64_t strides[3] = {row, row * dims[1], row * dims[1] * dims[2]};
+    const cuuint32_t box[4] = {64, nhd ? 1u : (cuuint32_t)R, nhd ? (cuuint32_t)R : 1u, 1};
+    const cuuint32_t estr[4] = {1, 1, 1, 1};
+    const CUtensorMapDataType dt = a->dtype == KVA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    for (int i = 0; i < 2; i++) {
+        CUresult r = encode(i ? &tm->v : &tm->k, dt, 4, (void *)(i ? a->v : a->k), dims, strides,
+                            box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (r != CUDA_SUCCESS) {
+            memset(tm, 0, sizeof *tm);
+            return;
+        }
+    }
+    tm->ok = 1;
+    tm->box_rows = R;
+}
+
+template <int NST, bool DELAY, bool INTRA, bool PRE, bool TMA, int PERSIST, typename Ty>
 static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream)
 {
     const size_t smem = 1024 + (size_t)WG_TILE_BYTES(WG_M) +
                         2 * NST * (size_t)WG_TILE_BYTES(WG_BN) + 16 * NST + (PRE ? 1024 : 0);
-    cudaError_t e = cudaFuncSetAttribute(prefill_wgmma_ws_kernel<NST, DELAY, INTRA, PRE, Ty>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    wg_tmaps tm;
+    if (TMA)
+        wg_tmaps_encode(a, &tm);
+    else
+        memset(&tm, 0, sizeof tm);
+    int grid = a->grid_tiles;
+    if (PERSIST) { /* one CTA per SM (224 KB of shared memory each) */
+        int dev = 0, nsm = 0;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e == cudaSuccess)
+            e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
+        if (e != cudaSuccess)
+            return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                             "kva__cuda_prefill_launch: SM count (persistent wgmma kernel): %s",
+                             cudaGetErrorString(e));
+        grid = nsm > 0 && nsm < grid ? nsm : grid;
+    }
+    cudaError_t e =
+        cudaFuncSetAttribute(prefill_wgmma_ws_kernel<NST, DELAY, INTRA, PRE, TMA, PERSIST, Ty>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
                          "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
                          "memory, wgmma ws kernel): %s",
                          smem, cudaGetErrorString(e));
-    prefill_wgmma_ws_kernel<NST, DELAY, INTRA, PRE, Ty>
-        <<<a->grid_tiles, 3 * 128, smem, stream>>>(*a);
+    prefill_wgmma_ws_kernel<NST, DELAY, INTRA, PRE, TMA, PERSIST, Ty>
+        <<<grid, 3 * 128, smem, stream>>>(*a, tm);
     e = cudaGetLastError();
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
@@ -437,22 +607,36 @@ static kva_status launch_wg_dtype(const kva__cuda_prefill_args *a, cudaStream_t 
     case 8:
         return launch_wg<2, true, Ty>(a, st);
     case 9:
-        return launch_ws<2, false, false, false, Ty>(a, st);
+        return launch_ws<2, false, false, false, false, 0, Ty>(a, st);
     case 10:
-        return launch_ws<3, false, false, false, Ty>(a, st);
+        return launch_ws<3, false, false, false, false, 0, Ty>(a, st);
     case 11:
-        return launch_ws<3, true, false, false, Ty>(a, st);
+        return launch_ws<3, true, false, false, false, 0, Ty>(a, st);
     case 12:
-        return launch_ws<3, true, true, false, Ty>(a, st);
+        return launch_ws<3, true, true, false, false, 0, Ty>(a, st);
     case 13:
-        return launch_ws<3, false, false, true, Ty>(a, st);
+        return launch_ws<3, false, false, true, false, 0, Ty>(a, st);
+    case 14:
+        return launch_ws<3, false, true, true, false, 0, Ty>(a, st);
+    case 15:
+        return launch_ws<3, false, false, true, true, 0, Ty>(a, st);
+    case 16:
+        return launch_ws<3, false, true, true, true, 0, Ty>(a, st);
+    case 17:
+        return launch_ws<3, false, true, true, true, 1, Ty>(a, st);
+    case 18:
+        return launch_ws<3, false, false, true, true, 1, Ty>(a, st);
+    case 19:
+        return launch_ws<3, false, false, true, false, 1, Ty>(a, st);
+    case 20:
+        return launch_ws<3, false, true, true, true, 2, Ty>(a, st);
     default:
-        return launch_ws<3, false, true, true, Ty>(a, st);
+        return launch_ws<3, false, false, true, false, 2, Ty>(a, st);
     }
 }
 
 /* Called by kva__cuda_prefill_launch_variant after its argument checks, for
- * variants 6..14 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
+ * variants 6..21 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
 extern "C" kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_args *a, void *stream,
                                                      int variant)
 {

@@ -412,4 +412,40 @@ static __device__ __forceinline__ void wg_bar_arrive(int id, int n)
 }
 #endif
 
+/*
+ * TMA (variants 15, 16). Two tensor maps over the paged cache, K and V, each
+ * rank 4 with the dimensions in increasing stride: NHD [NB, B, Hkv, D] as
+ * (D, Hkv, B, NB), HND [NB, Hkv, B, D] as (D, B, Hkv, NB); box 64 elements of
+ * D by box_rows = min(B, 128) key rows of one head of one block, 128-byte
+ * swizzle, so a box lands as box_rows rows of 128 bytes in exactly the
+ * swizzled [rows][64] column-block layout of wg_swz (the box's shared-memory
+ * address is 1024-byte aligned because box_rows is a multiple of 8). Built on
+ * the host per launch (wg_tmaps_encode); ok = 0 when the cache cannot be
+ * described (B not a power of two >= 8, NB unknown, encode failure): the
+ * kernel then gathers every tile by cp.async.
+ */
+struct wg_tmaps {
+    CUtensorMap k, v; /* 64-byte aligned, 128 bytes each */
+    int ok, box_rows;
+};
+#ifdef KVA_WGMMA_BODY
+static __device__ __forceinline__ void wg_mbar_arrive_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile(
+        "{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
+        "r"(bytes)
+        : "memory");
+}
+/* One box: coordinates (c0, c1, c2, c3) innermost first into shared memory at
+ * dst; completion counted in bytes on the mbarrier bar. */
+static __device__ __forceinline__ void wg_tma_load4(uint32_t dst, const CUtensorMap *map, int c0,
+                                                    int c1, int c2, int c3, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"((uint64_t)(uintptr_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+                 : "memory");
+}
+#endif
+
 #endif
