@@ -1,7 +1,7 @@
 /*
  * cuda_quant_util.h - helpers of the CUDA tests over quantized caches
  * (test_cuda_quant.c, test_cuda_quant_attn.c, test_cuda_quant_prefill.c):
- * the formats under test, random static scales, a host (REF) and a device
+ * the formats under test, a host (REF) and a device
  * cache of one desc, their storage sizes, the upload of a host cache's bytes
  * and the poisoning of the slots no request reads. Needs the CUDA build
  * (KVA_HAVE_CUDA).
@@ -10,6 +10,7 @@
 #define KVA_TEST_CUDA_QUANT_UTIL_H
 
 #include "batchgen.h"
+#include "cache_util.h"
 #include "cuda_util.h"
 
 #ifdef KVA_HAVE_CUDA
@@ -38,39 +39,6 @@ static inline kva_context *make_ctx(kva_backend b)
     kva_context *c = NULL;
     CHECK_OK(kva_context_create(&cd, &c));
     return c;
-}
-
-/* Random static scales for unit-variance data (as test_quant_attn.c);
- * per-channel, per-head or per-tensor lengths rotate with gran. buf holds
- * 2*Hkv*(D+Dv) floats. */
-static inline void make_params(kva_quant q, int32_t Hkv, int32_t D, int32_t Dv, int gran,
-                               kva_rng *r, float *buf, kva_quant_params *p)
-{
-    memset(p, 0, sizeof *p);
-    float *ks = buf, *ko = ks + Hkv * D, *vs = ko + Hkv * D, *vo = vs + Hkv * Dv;
-    for (int32_t i = 0; i < Hkv * D; i++) {
-        ks[i] = (float)((1.8 + 0.7 * kva_rng_unit(r)) / 127.0);
-        ko[i] = (float)(6.0 * kva_rng_unit(r) - 3.0);
-    }
-    for (int32_t i = 0; i < Hkv * Dv; i++) {
-        vs[i] = (float)((1.8 + 0.7 * kva_rng_unit(r)) / 127.0);
-        vo[i] = (float)(6.0 * kva_rng_unit(r) - 3.0);
-    }
-    const int64_t kl = gran == 0 ? Hkv * D : gran == 1 ? Hkv : 1;
-    const int64_t vl = gran == 0 ? Hkv * Dv : gran == 1 ? Hkv : 1;
-    if (q == KVA_QUANT_INT8_CHANNEL) {
-        *p = (kva_quant_params){ks, kl, gran == 2 ? NULL : ko, gran == 2 ? 0 : kl, vs, vl, vo, vl};
-    } else if (q == KVA_QUANT_INT8_TOKEN_K) {
-        p->v_scale = vs, p->v_scale_len = vl;
-        p->v_offset = gran == 1 ? NULL : vo, p->v_offset_len = gran == 1 ? 0 : vl;
-    } else if (q == KVA_QUANT_FP8_E4M3) {
-        for (int32_t h = 0; h < Hkv; h++) {
-            ks[h] = (float)(0.004 + 0.016 * kva_rng_unit(r));
-            vs[h] = (float)(0.004 + 0.016 * kva_rng_unit(r));
-        }
-        p->k_scale = ks, p->k_scale_len = gran == 2 ? 1 : Hkv;
-        p->v_scale = vs, p->v_scale_len = gran == 2 ? 1 : Hkv;
-    }
 }
 
 /* A host (REF context) and a device cache of the same quantized desc. */
