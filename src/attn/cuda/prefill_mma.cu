@@ -218,7 +218,30 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
 
         /* S = Q K^T: [16 * WM, BN] per warp. */
         float s[WM][NB8][4];
-        kva__pf_qk<D, BN, WM, false, Ty>(s, q_lane, k_lane, xo_q, xo_k, 0);
+#pragma unroll
+        for (int mt = 0; mt < WM; mt++)
+#pragma unroll
+            for (int nb = 0; nb < NB8; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[mt][nb][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t qa[WM][4];
+#pragma unroll
+            for (int mt = 0; mt < WM; mt++)
+                kva__ldsm_x4(q_lane + xo_q[kk & 3] + (kk >> 2) * 128 + mt * 16 * D * 2, qa[mt]);
+#pragma unroll
+            for (int p = 0; p < BN / 16; p++) {
+                uint32_t kb[4];
+                kva__ldsm_x4(k_lane + xo_k[kk & 3] + (kk >> 2) * 128 + p * 16 * D * 2, kb);
+#pragma unroll
+                for (int mt = 0; mt < WM; mt++) {
+                    Ty::mma(s[mt][2 * p], qa[mt], kb[0], kb[1]);
+                    Ty::mma(s[mt][2 * p + 1], qa[mt], kb[2], kb[3]);
+                }
+            }
+        }
 
         if (has_next)
             kv_copy(st ^ 1, (n - 1) * BN, blk);
@@ -258,8 +281,51 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
         }
 #pragma unroll
         for (int mt = 0; mt < WM; mt++) {
-            kva__pf_softmax<NB8, DB8, LAZY, false, Ty>(s[mt], o[mt], m_run[mt], l_run[mt], mul,
-                                                       nullptr);
+            float m_new[2];
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nb = 0; nb < NB8; nb++)
+                    mx = fmaxf(mx, fmaxf(s[mt][nb][2 * hf], s[mt][nb][2 * hf + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                m_new[hf] = fmaxf(m_run[mt][hf], mx * mul);
+            }
+            /* LAZY: keep the reference max (and skip rescaling O) until some row
+             * of the warp grows past it by more than 8, so that weights stay
+             * <= 2^8; exact for any reference, as l and O share it. */
+            const bool rescale =
+                !LAZY || __any_sync(0xffffffffu, m_new[0] > m_run[mt][0] + 8.0f ||
+                                                     m_new[1] > m_run[mt][1] + 8.0f);
+            if (rescale) {
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const float m_use = m_new[hf] == -INFINITY ? 0.0f : m_new[hf];
+                    const float alpha = kva__ex2(m_run[mt][hf] - m_use); /* 0 while m_run = -inf */
+                    m_run[mt][hf] = m_new[hf];
+                    l_run[mt][hf] *= alpha;
+#pragma unroll
+                    for (int db = 0; db < DB8; db++) {
+                        o[mt][db][2 * hf] *= alpha;
+                        o[mt][db][2 * hf + 1] *= alpha;
+                    }
+                }
+            }
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const float m_use = m_run[mt][hf] == -INFINITY ? 0.0f : m_run[mt][hf];
+                float sum = 0.0f;
+#pragma unroll
+                for (int nb = 0; nb < NB8; nb++) {
+                    const float p0 = kva__ex2(fmaf(s[mt][nb][2 * hf], mul, -m_use));
+                    const float p1 = kva__ex2(fmaf(s[mt][nb][2 * hf + 1], mul, -m_use));
+                    s[mt][nb][2 * hf] = p0;
+                    s[mt][nb][2 * hf + 1] = p1;
+                    sum += p0 + p1;
+                }
+                l_run[mt][hf] += sum; /* per-thread partial */
+            }
         }
 
         /* O += P V: P [16 * WM, BN] from the S registers, V [BN, D]. */
@@ -285,8 +351,21 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
     for (int mt = 0; mt < WM; mt++)
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
-            float inv, lse;
-            kva__pf_row_end(l_run[mt][hf], m_run[mt][hf], a.sinks, head[mt][hf], inv, lse);
+            float l = l_run[mt][hf];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            float m = m_run[mt][hf];
+            float f = 1.0f;
+            if (a.sinks) {
+                const float sink2 = a.sinks[head[mt][hf]] * LOG2E_F;
+                const float m_f = fmaxf(m, sink2);
+                f = kva__ex2(m - m_f); /* 0 when m = -inf */
+                l = l * f + kva__ex2(sink2 - m_f);
+                m = m_f;
+            }
+            /* l == 0: no visible key and no sink. NaN l (a NaN score) falls through. */
+            const float inv = l == 0.0f ? 0.0f : f / l;
+            const float lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * LN2_F;
             const int pm = m0 + warp * 16 * WM + mt * 16 + hf * 8 + g4;
             if (pm >= rows)
                 continue;

@@ -379,7 +379,39 @@ __global__ void __launch_bounds__(NW * 32, MINB)
 
         /* S = Q'' K^T: [16 * WM, BN] per warp (LO: plus the lo pass). */
         float s[WM][NB8][4];
-        kva__pf_qk<D, BN, WM, LO, kva__mma_f16>(s, q_lane, k_lane, xo_q, xo_k, cfg::SQ);
+#pragma unroll
+        for (int mt = 0; mt < WM; mt++)
+#pragma unroll
+            for (int nb = 0; nb < NB8; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[mt][nb][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t qa_[WM][4], ql_[WM][4];
+#pragma unroll
+            for (int mt = 0; mt < WM; mt++) {
+                kva__ldsm_x4(q_lane + xo_q[kk & 3] + (kk >> 2) * 128 + mt * 16 * D * 2, qa_[mt]);
+                if (LO)
+                    kva__ldsm_x4(q_lane + cfg::SQ + xo_q[kk & 3] + (kk >> 2) * 128 +
+                                     mt * 16 * D * 2,
+                                 ql_[mt]);
+            }
+#pragma unroll
+            for (int p = 0; p < BN / 16; p++) {
+                uint32_t kb[4];
+                kva__ldsm_x4(k_lane + xo_k[kk & 3] + (kk >> 2) * 128 + p * 16 * D * 2, kb);
+#pragma unroll
+                for (int mt = 0; mt < WM; mt++) {
+                    kva__mma_f16::mma(s[mt][2 * p], qa_[mt], kb[0], kb[1]);
+                    kva__mma_f16::mma(s[mt][2 * p + 1], qa_[mt], kb[2], kb[3]);
+                    if (LO) {
+                        kva__mma_f16::mma(s[mt][2 * p], ql_[mt], kb[0], kb[1]);
+                        kva__mma_f16::mma(s[mt][2 * p + 1], ql_[mt], kb[2], kb[3]);
+                    }
+                }
+            }
+        }
 
         /* Score units: s = 2^-e_r s_k (S - qo_r) or 2^-e_r t_j S. */
         {
@@ -404,7 +436,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
             }
         }
 
-        /* From here on as prefill_mma.cu (lazy rescaling); P in TyP, packed pairs. */
+        /* From here on as prefill_mma.cu (lazy rescaling). */
         const int need_mask = (n0 + BN > seq_len) || (a.causal && n0 + BN - 1 > pos_min) ||
                               (has_window && (int64_t)pos_max - n0 > window);
         const int transform = need_mask || softcap > 0.0f || a.alibi_slopes != NULL;
@@ -433,11 +465,49 @@ __global__ void __launch_bounds__(NW * 32, MINB)
                     }
             }
         }
-        uint32_t pk[WM][NB8][2];
+        uint32_t pk[WM][NB8][2]; /* P in TyP, packed pairs */
 #pragma unroll
         for (int mt = 0; mt < WM; mt++) {
-            kva__pf_softmax<NB8, DB8, true, true, TyP>(s[mt], o[mt], m_run[mt], l_run[mt], mul,
-                                                       pk[mt]);
+            float m_new[2];
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nb = 0; nb < NB8; nb++)
+                    mx = fmaxf(mx, fmaxf(s[mt][nb][2 * hf], s[mt][nb][2 * hf + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                m_new[hf] = fmaxf(m_run[mt][hf], mx * mul);
+            }
+            const bool rescale = __any_sync(0xffffffffu, m_new[0] > m_run[mt][0] + 8.0f ||
+                                                             m_new[1] > m_run[mt][1] + 8.0f);
+            if (rescale) {
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const float m_use = m_new[hf] == -INFINITY ? 0.0f : m_new[hf];
+                    const float alpha = kva__ex2(m_run[mt][hf] - m_use);
+                    m_run[mt][hf] = m_new[hf];
+                    l_run[mt][hf] *= alpha;
+#pragma unroll
+                    for (int db = 0; db < DB8; db++) {
+                        o[mt][db][2 * hf] *= alpha;
+                        o[mt][db][2 * hf + 1] *= alpha;
+                    }
+                }
+            }
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const float m_use = m_run[mt][hf] == -INFINITY ? 0.0f : m_run[mt][hf];
+                float sum = 0.0f;
+#pragma unroll
+                for (int nb = 0; nb < NB8; nb++) {
+                    const float p0 = kva__ex2(fmaf(s[mt][nb][2 * hf], mul, -m_use));
+                    const float p1 = kva__ex2(fmaf(s[mt][nb][2 * hf + 1], mul, -m_use));
+                    pk[mt][nb][hf] = TyP::pack(p0, p1);
+                    sum += p0 + p1;
+                }
+                l_run[mt][hf] += sum; /* per-thread partial */
+            }
         }
 
         /* O += P V: P [16 * WM, BN] from registers, V [BN, D] (f16 codes or TyP). */
@@ -462,9 +532,21 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     for (int mt = 0; mt < WM; mt++)
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
-            float inv, lse;
-            const float lk =
-                kva__pf_row_end(l_run[mt][hf], m_run[mt][hf], a.sinks, head[mt][hf], inv, lse);
+            float lk = l_run[mt][hf];
+            lk += __shfl_xor_sync(0xffffffffu, lk, 1);
+            lk += __shfl_xor_sync(0xffffffffu, lk, 2);
+            float l = lk;
+            float m = m_run[mt][hf];
+            float f = 1.0f;
+            if (a.sinks) {
+                const float sink2 = a.sinks[head[mt][hf]] * KVA__PF_LOG2E;
+                const float m_f = fmaxf(m, sink2);
+                f = kva__ex2(m - m_f);
+                l = l * f + kva__ex2(sink2 - m_f);
+                m = m_f;
+            }
+            const float inv = l == 0.0f ? 0.0f : f / l;
+            const float lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * KVA__PF_LN2;
             const int pm = m0 + warp * 16 * WM + mt * 16 + hf * 8 + g4;
             if (pm >= rows)
                 continue;
