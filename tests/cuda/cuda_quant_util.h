@@ -1,10 +1,10 @@
 /*
  * cuda_quant_util.h - helpers of the CUDA tests over quantized caches
  * (test_cuda_quant.c, test_cuda_quant_attn.c, test_cuda_quant_prefill.c):
- * the formats under test, a host (REF) and a device
- * cache of one desc, their storage sizes, the upload of a host cache's bytes
- * and the poisoning of the slots no request reads. Needs the CUDA build
- * (KVA_HAVE_CUDA).
+ * the formats under test, contexts, a host (REF) and a device cache of one
+ * desc, their storage sizes, the upload of a host cache's bytes and the
+ * poisoning of the slots no request reads; make_params (random static
+ * scales) is in cache_util.h. Needs the CUDA build (KVA_HAVE_CUDA).
  */
 #ifndef KVA_TEST_CUDA_QUANT_UTIL_H
 #define KVA_TEST_CUDA_QUANT_UTIL_H
@@ -15,7 +15,6 @@
 
 #ifdef KVA_HAVE_CUDA
 
-/* INT8_TOKEN_K_V16 twice: f16 then bf16 V (fmt_dtype). */
 static const kva_quant fmts[] = {KVA_QUANT_INT8_CHANNEL, KVA_QUANT_INT8_TOKEN_K,
                                  KVA_QUANT_INT8_TOKEN_K_V16, KVA_QUANT_INT8_TOKEN_K_V16,
                                  KVA_QUANT_FP8_E4M3};
@@ -33,6 +32,7 @@ static inline int quick(void)
     return getenv("KVA_TEST_QUICK") != NULL;
 }
 
+/* A context of backend b (CPU: 2 threads; REF and CUDA take none). */
 static inline kva_context *make_ctx(kva_backend b)
 {
     kva_context_desc cd = {b, b == KVA_BACKEND_CPU ? 2 : 0, 0};
