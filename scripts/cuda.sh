@@ -20,8 +20,8 @@
 #   KVA_TARGETS     ninja targets to build (default: all; e.g. "kvattn_cli" for the serve step)
 #   KVA_CMAKE_ARGS  extra cmake arguments (e.g. -DXXHASH_LIB=... where libxxhash-dev is missing)
 #   KVA_SANITIZERS  compute-sanitizer tools of the "sanitize" step (default "memcheck racecheck")
-#   KVA_SANITIZE_TESTS  tests they run in quick mode (default "test_cuda_attn test_cuda_cache test_cuda_quant test_cuda_quant_prefill
-#                   test_cuda_prefill_mma"; racecheck of the last takes ~5 min on an H100)
+#   KVA_SANITIZE_TESTS  tests they run in quick mode (default "test_cuda_attn test_cuda_cache test_cuda_quant test_cuda_quant_attn
+#                   test_cuda_quant_prefill test_cuda_prefill_mma"; racecheck of the last takes ~5 min on an H100)
 #   KVA_SANITIZE_TIMEOUT  seconds per sanitizer run (default 480)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,7 +54,7 @@ ctest --test-dir build-cuda -L cuda --output-on-failure -j2 2>&1 | tee "$out/cte
 fi
 
 if has quicktest; then
-  for t in test_cuda_attn test_cuda_cache test_cuda_graph test_cuda_quant test_cuda_quant_prefill; do
+  for t in test_cuda_attn test_cuda_cache test_cuda_graph test_cuda_quant test_cuda_quant_attn test_cuda_quant_prefill; do
     KVA_TEST_QUICK=1 "build-cuda/$t" >"$out/quick_$t.log" 2>&1 || status=1
     echo "quick $t: $(tail -1 "$out/quick_$t.log")"
   done
@@ -139,7 +139,7 @@ fi
 if has sanitize; then
 echo "== compute-sanitizer (quick sets)"
 for tool in ${KVA_SANITIZERS:-memcheck racecheck}; do
-  for t in ${KVA_SANITIZE_TESTS:-test_cuda_attn test_cuda_cache test_cuda_quant test_cuda_quant_prefill test_cuda_prefill_mma}; do
+  for t in ${KVA_SANITIZE_TESTS:-test_cuda_attn test_cuda_cache test_cuda_quant test_cuda_quant_attn test_cuda_quant_prefill test_cuda_prefill_mma}; do
     KVA_TEST_QUICK=1 timeout "${KVA_SANITIZE_TIMEOUT:-480}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
       "build-cuda/$t" >"$out/sanitizer_${tool}_$t.log" 2>&1
     rc=$?

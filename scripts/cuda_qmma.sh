@@ -2,7 +2,7 @@
 # cuda_qmma.sh - on a machine with an NVIDIA GPU: the versions of the
 # quantized tensor-core decode kernel (decode_mma_quant.cu) side by side, in
 # one run with the copy ceiling and the bf16 kernel: build (bench_cuda,
-# test_cuda_quant, kvattn), the quick quantized test set, the decode benchmark
+# test_cuda_quant, test_cuda_quant_attn, kvattn), the quick quantized test sets, the decode benchmark
 # per version and format, other shapes, optionally Nsight Compute sections.
 #   OUT              folder for logs (default build-cuda/out)
 #   KVA_CMAKE_ARGS   extra cmake arguments (e.g. -DXXHASH_LIB=...)
@@ -24,7 +24,7 @@ if has build; then
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a ${KVA_CMAKE_ARGS:-} >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
-  ninja -C build-cuda -j"$(nproc)" bench_cuda test_cuda_quant kvattn_cli >"$out/build.log" 2>&1 ||
+  ninja -C build-cuda -j"$(nproc)" bench_cuda test_cuda_quant test_cuda_quant_attn kvattn_cli >"$out/build.log" 2>&1 ||
     { tail -40 "$out/build.log"; exit 1; }
   echo "build ok"
 fi
@@ -34,10 +34,12 @@ fi
 
 
 if has quick; then
-  KVA_TEST_QUICK=1 timeout 300 build-cuda/test_cuda_quant >"$out/quick_quant.log" 2>&1
-  rc=$?
-  echo "quick test_cuda_quant: exit $rc; $(tail -1 "$out/quick_quant.log")"
-  [ $rc = 0 ] || status=1
+  for t in test_cuda_quant test_cuda_quant_attn; do
+    KVA_TEST_QUICK=1 timeout 300 build-cuda/$t >"$out/quick_$t.log" 2>&1
+    rc=$?
+    echo "quick $t: exit $rc; $(tail -1 "$out/quick_$t.log")"
+    [ $rc = 0 ] || status=1
+  done
 fi
 
 if has bench; then
@@ -67,20 +69,24 @@ if has cli; then
 fi
 
 if has full; then
-  start=$(date +%s)
-  timeout ${KVA_FULL_TIMEOUT:-400} build-cuda/test_cuda_quant >"$out/full_quant.log" 2>&1
-  rc=$?
-  echo "full test_cuda_quant: exit $rc in $(( $(date +%s) - start )) s; $(tail -1 "$out/full_quant.log")"
-  [ $rc = 0 ] || grep -m8 -i -B1 "fail\|mismatch\|case " "$out/full_quant.log"
-  [ $rc = 0 ] || status=1
+  for t in test_cuda_quant test_cuda_quant_attn; do
+    start=$(date +%s)
+    timeout ${KVA_FULL_TIMEOUT:-400} build-cuda/$t >"$out/full_$t.log" 2>&1
+    rc=$?
+    echo "full $t: exit $rc in $(( $(date +%s) - start )) s; $(tail -1 "$out/full_$t.log")"
+    [ $rc = 0 ] || grep -m8 -i -B1 "fail\|mismatch\|case " "$out/full_$t.log"
+    [ $rc = 0 ] || status=1
+  done
 fi
 
 if has memcheck; then
-  KVA_TEST_QUICK=1 timeout ${KVA_MEMCHECK_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 9 \
-    build-cuda/test_cuda_quant >"$out/memcheck_quant.log" 2>&1
-  rc=$?
-  echo "memcheck test_cuda_quant: exit $rc; $(grep 'ERROR SUMMARY' "$out/memcheck_quant.log" | tail -1)"
-  [ $rc = 0 ] || status=1
+  for t in test_cuda_quant test_cuda_quant_attn; do
+    KVA_TEST_QUICK=1 timeout ${KVA_MEMCHECK_TIMEOUT:-300} compute-sanitizer --tool memcheck --error-exitcode 9 \
+      build-cuda/$t >"$out/memcheck_$t.log" 2>&1
+    rc=$?
+    echo "memcheck $t: exit $rc; $(grep 'ERROR SUMMARY' "$out/memcheck_$t.log" | tail -1)"
+    [ $rc = 0 ] || status=1
+  done
 fi
 
 if has shapes; then

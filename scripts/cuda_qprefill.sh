@@ -2,13 +2,13 @@
 # cuda_qprefill.sh - on a machine with an NVIDIA GPU: prefill over quantized
 # caches, the tensor-core kernel (prefill_mma_quant.h) against the CUDA-core
 # kernel of attn_quant.cu and the bf16 prefill, in one run: build (bench_cuda,
-# test_cuda_quant_prefill, test_cuda_quant), the tests, the benchmark
+# test_cuda_quant_prefill, test_cuda_quant, test_cuda_quant_attn), the tests, the benchmark
 # (4 x 1024 after 3072 cached and 1 x 4096 fresh, causal, H/Hkv 32/8, D 128,
 # bf16 q), compute-sanitizer memcheck of the quick test set.
 #   OUT                 folder for logs (default build-cuda/out)
 #   KVA_CMAKE_ARGS      extra cmake arguments (e.g. -DXXHASH_LIB=...)
 #   KVA_QP_STEPS        steps (default "build test bench memcheck"; also "quant": the
-#                       quick set of test_cuda_quant, "quick": the quick set of this test
+#                       quick sets of test_cuda_quant and test_cuda_quant_attn, "quick": the quick set of this test
 #                       instead of the full one), run in this file's order
 #   KVA_QP_VARIANTS     tensor-core variants timed (default "1 2 3"; 0 is the default one)
 #   KVA_QP_OLD          1 (default): also time the CUDA-core kernel (--qprefill -1)
@@ -26,7 +26,7 @@ if has build; then
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a ${KVA_CMAKE_ARGS:-} >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
-  ninja -C build-cuda -j"$(nproc)" bench_cuda test_cuda_quant_prefill test_cuda_quant >"$out/build.log" 2>&1 ||
+  ninja -C build-cuda -j"$(nproc)" bench_cuda test_cuda_quant_prefill test_cuda_quant test_cuda_quant_attn >"$out/build.log" 2>&1 ||
     { grep -m20 -A3 "error" "$out/build.log"; tail -20 "$out/build.log"; exit 1; }
   echo "build ok"
 fi
@@ -43,6 +43,7 @@ run_test() { # name, quick (0/1), binary
 has quick && run_test quick_qprefill 1 $t
 has test && run_test test_qprefill 0 $t
 has quant && run_test quick_quant 1 build-cuda/test_cuda_quant
+has quant && run_test quick_quant_attn 1 build-cuda/test_cuda_quant_attn
 
 if has bench; then
   a="--mode prefill --batch 4 --context 3072 --q-len 1024 --iters 10"

@@ -1,7 +1,8 @@
 /*
  * cache_util.h - helpers shared by the cache tests: contexts, descriptors,
  * the test's own layout index math, byte snapshots of a cache's storage, and
- * the expected effect of writes and block copies on a snapshot.
+ * the expected effect of writes and block copies on a snapshot, random
+ * static scales of a quantized cache.
  */
 #ifndef KVA_TEST_CACHE_UTIL_H
 #define KVA_TEST_CACHE_UTIL_H
@@ -102,6 +103,39 @@ static inline void expect_copy(snapshot *dst, const snapshot *src, const kva_cac
             continue;
         memcpy((char *)dst->k + t * kbb, (const char *)src->k + s * kbb, kbb);
         memcpy((char *)dst->v + t * vbb, (const char *)src->v + s * vbb, vbb);
+    }
+}
+
+/* Random static scales of a quantized cache for unit-variance uniform data
+ * (|x| < 1.7321): gran 0 per channel, 1 per kv head, 2 per tensor. buf holds
+ * 2*Hkv*(D+Dv) floats. */
+static inline void make_params(kva_quant q, int32_t Hkv, int32_t D, int32_t Dv, int gran,
+                               kva_rng *r, float *buf, kva_quant_params *p)
+{
+    memset(p, 0, sizeof *p);
+    float *ks = buf, *ko = ks + Hkv * D, *vs = ko + Hkv * D, *vo = vs + Hkv * Dv;
+    for (int32_t i = 0; i < Hkv * D; i++) {
+        ks[i] = (float)((1.8 + 0.7 * kva_rng_unit(r)) / 127.0);
+        ko[i] = (float)(6.0 * kva_rng_unit(r) - 3.0);
+    }
+    for (int32_t i = 0; i < Hkv * Dv; i++) {
+        vs[i] = (float)((1.8 + 0.7 * kva_rng_unit(r)) / 127.0);
+        vo[i] = (float)(6.0 * kva_rng_unit(r) - 3.0);
+    }
+    const int64_t kl = gran == 0 ? Hkv * D : gran == 1 ? Hkv : 1;
+    const int64_t vl = gran == 0 ? Hkv * Dv : gran == 1 ? Hkv : 1;
+    if (q == KVA_QUANT_INT8_CHANNEL) {
+        *p = (kva_quant_params){ks, kl, gran == 2 ? NULL : ko, gran == 2 ? 0 : kl, vs, vl, vo, vl};
+    } else if (q == KVA_QUANT_INT8_TOKEN_K) {
+        p->v_scale = vs, p->v_scale_len = vl;
+        p->v_offset = gran == 1 ? NULL : vo, p->v_offset_len = gran == 1 ? 0 : vl;
+    } else if (q == KVA_QUANT_FP8_E4M3) {
+        for (int32_t h = 0; h < Hkv; h++) {
+            ks[h] = (float)(0.004 + 0.016 * kva_rng_unit(r));
+            vs[h] = (float)(0.004 + 0.016 * kva_rng_unit(r));
+        }
+        p->k_scale = ks, p->k_scale_len = gran == 2 ? 1 : Hkv;
+        p->v_scale = vs, p->v_scale_len = gran == 2 ? 1 : Hkv;
     }
 }
 

@@ -14,6 +14,7 @@
  *      equals the reference while the cache receives the quantized copy.
  */
 #include "batchgen.h"
+#include "cache_util.h"
 #include "../src/attn/cpu/cpu_attn.h"
 #include "../src/attn/cpu/cpu_dequant.h"
 #include "internal.h"
@@ -49,33 +50,6 @@ static kva_context *ctx_of(kva_backend b)
     kva_context *c = NULL;
     CHECK_OK(kva_context_create(&cd, &c));
     return c;
-}
-
-/* Random static scales fitting unit-variance uniform data (|x| < 1.7321). */
-static void make_params(kva_quant q, int32_t Hkv, int32_t D, int32_t Dv, kva_rng *r, float *buf,
-                        kva_quant_params *p)
-{
-    memset(p, 0, sizeof *p);
-    float *ks = buf, *ko = ks + Hkv * D, *vs = ko + Hkv * D, *vo = vs + Hkv * Dv;
-    for (int32_t i = 0; i < Hkv * D; i++) {
-        ks[i] = (float)((1.8 + 0.7 * kva_rng_unit(r)) / 127.0);
-        ko[i] = (float)(6.0 * kva_rng_unit(r) - 3.0);
-    }
-    for (int32_t i = 0; i < Hkv * Dv; i++) {
-        vs[i] = (float)((1.8 + 0.7 * kva_rng_unit(r)) / 127.0);
-        vo[i] = (float)(6.0 * kva_rng_unit(r) - 3.0);
-    }
-    if (q == KVA_QUANT_INT8_CHANNEL) {
-        *p = (kva_quant_params){ks, Hkv * D, ko, Hkv * D, vs, Hkv * Dv, vo, Hkv * Dv};
-    } else if (q == KVA_QUANT_INT8_TOKEN_K) {
-        p->v_scale = vs, p->v_scale_len = Hkv * Dv, p->v_offset = vo, p->v_offset_len = Hkv * Dv;
-    } else if (q == KVA_QUANT_FP8_E4M3) {
-        for (int32_t h = 0; h < Hkv; h++) {
-            ks[h] = (float)(0.004 + 0.016 * kva_rng_unit(r));
-            vs[h] = (float)(0.004 + 0.016 * kva_rng_unit(r));
-        }
-        p->k_scale = ks, p->k_scale_len = Hkv, p->v_scale = vs, p->v_scale_len = Hkv == 1 ? 1 : Hkv;
-    }
 }
 
 /* f32 cache of the same shape holding either the dequantized values of qc or
@@ -151,7 +125,7 @@ static void test_case(kva_quant fmt, const qcfg *cf, kva_rng *rng)
     /* The quantized cache, every slot written from float data. */
     float *pbuf = malloc(sizeof(float) * (size_t)(2 * Hkv * (D + Dv)));
     kva_quant_params params;
-    make_params(fmt, Hkv, D, Dv, rng, pbuf, &params);
+    make_params(fmt, Hkv, D, Dv, 0, rng, pbuf, &params);
     if (cf->sym) {
         params.k_offset = params.v_offset = NULL;
         params.k_offset_len = params.v_offset_len = 0;
@@ -301,7 +275,7 @@ static void test_prefill_no_cache(void)
         /* The quantized copy: token t of request r goes to its block-table slot. */
         float pbuf[2 * 2 * (64 + 64)];
         kva_quant_params params;
-        make_params((kva_quant)f, Hkv, D, Dv, &rng, pbuf, &params);
+        make_params((kva_quant)f, Hkv, D, Dv, 0, &rng, pbuf, &params);
         kva_cache_desc qd = {b.num_blocks,
                              B,
                              Hkv,

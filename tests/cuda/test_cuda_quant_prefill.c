@@ -22,113 +22,12 @@
  * Tolerances: run_case. KVA_TEST_QUICK=1 runs a subset. Exits 77 without a
  * GPU.
  */
-#include "batchgen.h"
-#include "cuda_util.h"
+#include "cuda_quant_util.h"
 #include "../../src/plan/partition.h"
 #include "../../src/attn/cuda/cuda_backend.h"
 #include "../../src/attn/cuda/prefill_mma_quant.h"
 
 #ifdef KVA_HAVE_CUDA
-
-static const kva_quant fmts[] = {KVA_QUANT_INT8_CHANNEL, KVA_QUANT_INT8_TOKEN_K,
-                                 KVA_QUANT_INT8_TOKEN_K_V16, KVA_QUANT_INT8_TOKEN_K_V16,
-                                 KVA_QUANT_FP8_E4M3};
-#define NFMT ((int)(sizeof fmts / sizeof fmts[0]))
-
-/* The storage dtype of fmts[i] (V16: f16 then bf16 V). */
-static kva_dtype fmt_dtype(int i)
-{
-    return fmts[i] == KVA_QUANT_FP8_E4M3           ? KVA_DTYPE_FP8_E4M3
-           : fmts[i] == KVA_QUANT_INT8_TOKEN_K_V16 ? (i == 2 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16)
-                                                   : KVA_DTYPE_I8;
-}
-
-static int quick(void)
-{
-    return getenv("KVA_TEST_QUICK") != NULL;
-}
-
-static kva_context *make_ctx(kva_backend b)
-{
-    kva_context_desc cd = {b, 0, 0};
-    kva_context *c = NULL;
-    CHECK_OK(kva_context_create(&cd, &c));
-    return c;
-}
-
-/* Random static scales for unit-variance data (as test_cuda_quant.c):
- * gran 0 per channel, 1 per kv head, 2 per tensor. buf: 2*Hkv*(D+Dv) floats. */
-static void make_params(kva_quant q, int32_t Hkv, int32_t D, int32_t Dv, int gran, kva_rng *r,
-                        float *buf, kva_quant_params *p)
-{
-    memset(p, 0, sizeof *p);
-    float *ks = buf, *ko = ks + Hkv * D, *vs = ko + Hkv * D, *vo = vs + Hkv * Dv;
-    for (int32_t i = 0; i < Hkv * D; i++) {
-        ks[i] = (float)((1.8 + 0.7 * kva_rng_unit(r)) / 127.0);
-        ko[i] = (float)(6.0 * kva_rng_unit(r) - 3.0);
-    }
-    for (int32_t i = 0; i < Hkv * Dv; i++) {
-        vs[i] = (float)((1.8 + 0.7 * kva_rng_unit(r)) / 127.0);
-        vo[i] = (float)(6.0 * kva_rng_unit(r) - 3.0);
-    }
-    const int64_t kl = gran == 0 ? Hkv * D : gran == 1 ? Hkv : 1;
-    const int64_t vl = gran == 0 ? Hkv * Dv : gran == 1 ? Hkv : 1;
-    if (q == KVA_QUANT_INT8_CHANNEL) {
-        *p = (kva_quant_params){ks, kl, gran == 2 ? NULL : ko, gran == 2 ? 0 : kl, vs, vl, vo, vl};
-    } else if (q == KVA_QUANT_INT8_TOKEN_K) {
-        p->v_scale = vs, p->v_scale_len = vl;
-        p->v_offset = gran == 1 ? NULL : vo, p->v_offset_len = gran == 1 ? 0 : vl;
-    } else if (q == KVA_QUANT_FP8_E4M3) {
-        for (int32_t h = 0; h < Hkv; h++) {
-            ks[h] = (float)(0.004 + 0.016 * kva_rng_unit(r));
-            vs[h] = (float)(0.004 + 0.016 * kva_rng_unit(r));
-        }
-        p->k_scale = ks, p->k_scale_len = gran == 2 ? 1 : Hkv;
-        p->v_scale = vs, p->v_scale_len = gran == 2 ? 1 : Hkv;
-    }
-}
-
-/* Uploads a host quantized cache's bytes (K, V, token scales) to the device
- * cache of the same desc and scales. */
-static void upload_quant(kva_cache *dc, const kva_cache *hc)
-{
-    cache_upload(dc, hc);
-    float *hs = NULL, *ds = NULL;
-    kva_cache_token_scales(hc, &hs);
-    kva_cache_token_scales(dc, &ds);
-    if (hs && ds)
-        CUDA_OK(cudaMemcpy(ds, hs, (size_t)hc->desc.num_blocks * kva_cache_block_bytes_scales(hc),
-                           cudaMemcpyHostToDevice));
-}
-
-/* Every slot no request reads: bytes 0xff (NaN for fp8 and 16-bit V, -1 for
- * int8) and token scales NaN. */
-static void poison_unread(kva_cache *hc, const kva_test_batch *b)
-{
-    const kva_cache_desc *d = &hc->desc;
-    const int32_t B = d->block_size, Hkv = d->num_kv_heads;
-    int32_t *used = calloc((size_t)d->num_blocks, sizeof(int32_t));
-    for (int32_t r = 0; r < b->R; r++)
-        for (int32_t j = 0; (int64_t)j * B < b->seq_lens[r]; j++) {
-            const int32_t blk = b->block_table[(size_t)r * b->stride + j];
-            const int32_t n = b->seq_lens[r] - j * B < B ? b->seq_lens[r] - j * B : B;
-            if (n > used[blk])
-                used[blk] = n;
-        }
-    for (int32_t blk = 0; blk < d->num_blocks; blk++)
-        for (int32_t o = used[blk]; o < B; o++)
-            for (int32_t h = 0; h < Hkv; h++) {
-                const int64_t rk = kva__cache_row(d, blk, o, h, d->head_dim);
-                const int64_t rv = kva__cache_row(d, blk, o, h, d->head_dim_v);
-                memset((char *)hc->k + rk * (int64_t)hc->elem_size, 0xff,
-                       (size_t)d->head_dim * hc->elem_size);
-                memset((char *)hc->v + rv * (int64_t)hc->v_elem, 0xff,
-                       (size_t)d->head_dim_v * hc->v_elem);
-                if (hc->k_token_scale)
-                    hc->k_token_scale[kva__token_scale_index(d, blk, o, h)] = NAN;
-            }
-    free(used);
-}
 
 typedef struct qcfg {
     int f; /* index into fmts */

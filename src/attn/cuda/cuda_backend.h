@@ -152,6 +152,9 @@ int kva__cuda_decode_mma_quant_supported(kva_quant quant, kva_dtype cache_dtype,
 kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva_plan *plan, const void *q,
                                           const kva_cache *cache, const float *sinks, void *out,
                                           float *lse);
+/* KVA_STATUS_OK if ctx is a CUDA context; else a failure (NULL ctx, another
+ * backend) whose message starts with fn. */
+kva_status kva__cuda_check_ctx(const char *fn, const kva_context *ctx);
 /* Tests and benchmarks: runs on ctx from now on use version `version` of the
  * quantized tensor-core decode kernel (decode_mma_quant.cu; 0 restores the
  * default). */

@@ -112,7 +112,7 @@ extern "C" void kva__cuda_free(int32_t device_id, void *p)
 
 /* ---- kvattn_cuda.h ---- */
 
-static kva_status check_cuda_ctx(const char *fn, const kva_context *ctx)
+extern "C" kva_status kva__cuda_check_ctx(const char *fn, const kva_context *ctx)
 {
     if (!ctx)
         return kva__fail(KVA_STATUS_NULL_POINTER, "%s: argument 'ctx' is NULL", fn);
@@ -125,7 +125,7 @@ static kva_status check_cuda_ctx(const char *fn, const kva_context *ctx)
 extern "C" kva_status kva_cuda_context_set_stream(kva_context *ctx, void *stream)
 {
     kva__clear_error();
-    KVA_TRY(check_cuda_ctx(__func__, ctx));
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
     kva__cuda_state *st = state_of(ctx);
     /* A later upload must not overwrite staging an earlier stream still reads. */
     if (st->upload_pending)
@@ -138,7 +138,7 @@ extern "C" kva_status kva_cuda_context_set_stream(kva_context *ctx, void *stream
 extern "C" kva_status kva_cuda_context_set_deferred_write_status(kva_context *ctx, int deferred)
 {
     kva__clear_error();
-    KVA_TRY(check_cuda_ctx(__func__, ctx));
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
     if (deferred != 0 && deferred != 1)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: deferred = %d, must be 0 or 1", __func__,
                          deferred);
@@ -149,7 +149,7 @@ extern "C" kva_status kva_cuda_context_set_deferred_write_status(kva_context *ct
 extern "C" kva_status kva_cuda_context_get_stream(const kva_context *ctx, void **out)
 {
     kva__clear_error();
-    KVA_TRY(check_cuda_ctx(__func__, ctx));
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
     KVA_CHECK_PTR(out);
     *out = state_of(ctx)->stream;
     return KVA_STATUS_OK;
@@ -386,7 +386,7 @@ static void caps_for(const kva__cuda_state *st, const kva_cuda_capacity *cap, kv
 extern "C" kva_status kva__cuda_context_force_variant(kva_context *ctx, int variant)
 {
     kva__clear_error();
-    KVA_TRY(check_cuda_ctx(__func__, ctx));
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
     if (variant < 0 || variant > 4)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva__cuda_context_force_variant: variant = %d (0..4)", variant);
@@ -397,7 +397,7 @@ extern "C" kva_status kva__cuda_context_force_variant(kva_context *ctx, int vari
 extern "C" kva_status kva__cuda_context_force_prefill_variant(kva_context *ctx, int variant)
 {
     kva__clear_error();
-    KVA_TRY(check_cuda_ctx(__func__, ctx));
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
     if (variant < 0 || variant > KVA__CUDA_PREFILL_VARIANTS)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva__cuda_context_force_prefill_variant: variant = %d (0..%d)", variant,
@@ -409,7 +409,7 @@ extern "C" kva_status kva__cuda_context_force_prefill_variant(kva_context *ctx, 
 extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_capacity *cap)
 {
     kva__clear_error();
-    KVA_TRY(check_cuda_ctx(__func__, ctx));
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
     KVA_CHECK_PTR(cap);
     if (cap->max_requests < 0 || cap->max_tokens < 0 || cap->max_block_table < 0 ||
         cap->num_heads < 1 || cap->num_kv_heads < 1 || cap->num_heads % cap->num_kv_heads != 0 ||

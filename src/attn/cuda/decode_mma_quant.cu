@@ -43,6 +43,7 @@ extern "C" {
 #include "decode_mma_common.cuh"
 #include "mma_ptx.cuh"
 #include "quant_args.cuh"
+#include "quant_cvt.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -123,12 +124,6 @@ template <int D, int VER, int FMT> struct qm_cfg {
     static_assert(STAGE % 16 == 0, "stage alignment");
 };
 
-static __device__ __forceinline__ void qm_cp4(uint32_t dst, const void *src, int src_bytes)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-}
 /* Output store of the epilogue (kva__dmma_write): OT __half or __nv_bfloat16. */
 template <typename OT> struct qm_out {
     typedef OT elem;
@@ -145,28 +140,6 @@ template <typename OT> struct qm_ty {
 template <> struct qm_ty<__nv_bfloat16> {
     typedef kva__mma_bf16 type;
 };
-
-/* Codes (b0, b1, b2, b3) of w as f16x2 {b0, b1} (lo) and {b2, b3} (hi), exact. */
-template <int FMT>
-static __device__ __forceinline__ void qm_cvt(uint32_t w, uint32_t &lo, uint32_t &hi)
-{
-    if constexpr (FMT == QM_FP8) {
-        const __half2_raw a =
-            __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
-        const __half2_raw b =
-            __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
-        lo = (uint32_t)a.x | ((uint32_t)a.y << 16);
-        hi = (uint32_t)b.x | ((uint32_t)b.y << 16);
-    } else {
-        const uint32_t x = w ^ 0x80808080u;
-        const uint32_t m = 0x64806480u; /* 1152 = 1024 + 128 */
-        uint32_t l = __byte_perm(x, 0x64646464u, 0x4140), h = __byte_perm(x, 0x64646464u, 0x4342);
-        __half2 lh = __hsub2(*(__half2 *)&l, *(const __half2 *)&m);
-        __half2 hh = __hsub2(*(__half2 *)&h, *(const __half2 *)&m);
-        lo = *(uint32_t *)&lh;
-        hi = *(uint32_t *)&hh;
-    }
-}
 
 /* Byte offsets in the K and V tiles [16, D] (16-byte chunks, swizzled so
  * that the fragment loads of a warp are free of bank conflicts: K rows r
@@ -235,7 +208,7 @@ static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &
     }
     if (q.kts && lane < BNW) {
         const bool ok = mine >= 0;
-        qm_cp4(st + BNW * D * (1 + VB) + lane * 4, ok ? q.kts + tsi : q.kts, ok ? 4 : 0);
+        kva__cp_async4(st + BNW * D * (1 + VB) + lane * 4, ok ? q.kts + tsi : q.kts, ok ? 4 : 0);
     }
 }
 
@@ -538,10 +511,10 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER, FMT>::MINB))
                     for (int nt = 0; nt < 2; nt++) {
                         const uint4 kw =
                             *(const uint4 *)(sk + qm_koff<D>(16 * kt + g4 + 8 * nt, kk * 4 + t4));
-                        qm_cvt<FMT>(kw.x, kb_[nt][0][0], kb_[nt][0][1]);
-                        qm_cvt<FMT>(kw.y, kb_[nt][1][0], kb_[nt][1][1]);
-                        qm_cvt<FMT>(kw.z, kb_[nt][2][0], kb_[nt][2][1]);
-                        qm_cvt<FMT>(kw.w, kb_[nt][3][0], kb_[nt][3][1]);
+                        kva__cvt4_f16<FMT == QM_FP8>(kw.x, kb_[nt][0][0], kb_[nt][0][1]);
+                        kva__cvt4_f16<FMT == QM_FP8>(kw.y, kb_[nt][1][0], kb_[nt][1][1]);
+                        kva__cvt4_f16<FMT == QM_FP8>(kw.z, kb_[nt][2][0], kb_[nt][2][1]);
+                        kva__cvt4_f16<FMT == QM_FP8>(kw.w, kb_[nt][3][0], kb_[nt][3][1]);
                     }
 #pragma unroll
                     for (int pass = 0; pass < 2; pass++) {
@@ -618,10 +591,10 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER, FMT>::MINB))
                         const uint32_t r8 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 8, c) + b);
                         const uint32_t r9 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 9, c) + b);
                         uint32_t b0[4], b1[4];
-                        qm_cvt<FMT>(__byte_perm(r0, r1, 0x5140), b0[0], b0[1]);
-                        qm_cvt<FMT>(__byte_perm(r0, r1, 0x7362), b0[2], b0[3]);
-                        qm_cvt<FMT>(__byte_perm(r8, r9, 0x5140), b1[0], b1[1]);
-                        qm_cvt<FMT>(__byte_perm(r8, r9, 0x7362), b1[2], b1[3]);
+                        kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r0, r1, 0x5140), b0[0], b0[1]);
+                        kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r0, r1, 0x7362), b0[2], b0[3]);
+                        kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r8, r9, 0x5140), b1[0], b1[1]);
+                        kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r8, r9, 0x7362), b1[2], b1[3]);
 #pragma unroll
                         for (int j = 0; j < 4; j++)
                             kva__mma_f16::mma(o[4 * g + j], pa[kt], b0[j], b1[j]);
@@ -728,11 +701,7 @@ static qm_launch qm_pick(kva_quant quant, kva_dtype dt, kva_dtype cache_dt, int3
 extern "C" kva_status kva__cuda_context_force_quant_mma(kva_context *ctx, int version)
 {
     kva__clear_error();
-    KVA_CHECK_PTR(ctx);
-    if (ctx->backend != KVA_BACKEND_CUDA || !ctx->cuda)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva__cuda_context_force_quant_mma: ctx backend is '%s', not 'cuda'",
-                         kva_backend_name(ctx->backend));
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
     if (version < 0 || version > QM_VER_MAX)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva__cuda_context_force_quant_mma: version = %d (0..%d)", version,

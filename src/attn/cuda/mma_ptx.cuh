@@ -24,6 +24,13 @@ static __device__ __forceinline__ void kva__cp_async16(uint32_t dst, const void 
                  "r"(src_bytes)
                  : "memory");
 }
+/* 4-byte global -> shared copy (zero-fill when src_bytes = 0). */
+static __device__ __forceinline__ void kva__cp_async4(uint32_t dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
 static __device__ __forceinline__ void kva__cp_async_commit()
 {
     asm volatile("cp.async.commit_group;\n" ::: "memory");

@@ -45,6 +45,7 @@ extern "C" {
 }
 #include "mma_ptx.cuh"
 #include "prefill_mma.h"
+#include "prefill_mma_common.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -55,8 +56,8 @@ extern "C" {
 #include <string.h>
 
 #define TILE_M KVA__CUDA_PREFILL_TILE_M
-#define LOG2E_F 1.4426950408889634f
-#define LN2_F 0.6931471805599453f
+#define LOG2E_F KVA__PF_LOG2E
+#define LN2_F KVA__PF_LN2
 
 /* ------------------------------------------------------------------------ */
 /* The kernel                                                                */
@@ -171,32 +172,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
     /* ---- per-thread rows: warp's m16 tile mt, half hf (row g or g + 8) ---- */
     const int g4 = lane >> 2, t4 = lane & 3;
 
-    /* ldmatrix addresses without a register per (row, chunk) pair. Every lane
-     * reads rows with row & 7 == lane & 7 at logical chunk 2 * kk + b (b = one
-     * lane bit), so its physical chunk is 8 * (kk >> 2) + ((2 * (kk & 3)) ^ y)
-     * with y = b ^ (lane & 7): four byte offsets per lane (xo_*) plus immediates.
-     * Q (A operand) and V (B operand, transposed) take b = lane >> 4; K (B
-     * operand) takes b = (lane >> 3) & 1 and rows 8..15 for lanes 16..31. */
-    uint32_t xo_q[4], xo_k[4];
-#pragma unroll
-    for (int c = 0; c < 4; c++) {
-        xo_q[c] = (uint32_t)(((2 * c) ^ ((lane >> 4) ^ (lane & 7))) * 16);
-        xo_k[c] = (uint32_t)(((2 * c) ^ (((lane >> 3) & 1) ^ (lane & 7))) * 16);
-    }
-    const uint32_t q_lane = sQ + (uint32_t)((warp * 16 * WM + (lane & 15)) * D * 2);
-    const uint32_t k_row = (uint32_t)(((lane & 7) + ((lane >> 4) << 3)) * D * 2);
-    const uint32_t v_row = (uint32_t)(((lane & 7) + (((lane >> 3) & 1) << 3)) * D * 2);
+    /* ldmatrix addressing and the rows' positions and heads. */
+    uint32_t xo_q[4], xo_k[4], q_lane, k_row, v_row;
+    kva__pf_ldsm_lanes<D, WM>(lane, warp, sQ, xo_q, xo_k, q_lane, k_row, v_row);
     int pos[WM][2], head[WM][2];
-#pragma unroll
-    for (int mt = 0; mt < WM; mt++)
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int pm = min(m0 + warp * 16 * WM + mt * 16 + hf * 8 + g4, m_last);
-            const int i = pm / G;
-            pos[mt][hf] = seq_len - q_len + i;
-            head[mt][hf] = kvh * G + (pm - i * G);
-        }
-
+    kva__pf_rows<WM>(m0, warp, g4, m_last, G, seq_len, q_len, kvh, pos, head);
     const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)D);
     const float softcap = a.softcap;
     const float score_mul = softcap > 0.0f ? scale / softcap : 0.0f; /* before tanh */
@@ -205,16 +185,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
 
     float o[WM][DB8][4];
     float m_run[WM][2], l_run[WM][2];
-#pragma unroll
-    for (int mt = 0; mt < WM; mt++) {
-#pragma unroll
-        for (int db = 0; db < DB8; db++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[mt][db][e] = 0.0f;
-        m_run[mt][0] = m_run[mt][1] = -INFINITY;
-        l_run[mt][0] = l_run[mt][1] = 0.0f;
-    }
+    kva__pf_init<WM, DB8>(o, m_run, l_run);
 
     const int n_first = kv_lo / BN;
     const int n_last = kv_hi > kv_lo ? (kv_hi - 1) / BN : n_first - 1;
@@ -368,16 +339,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
                 pa[mt][2] = Ty::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
                 pa[mt][3] = Ty::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
             }
-#pragma unroll
-            for (int dp = 0; dp < D / 16; dp++) {
-                uint32_t vb[4];
-                kva__ldsm_x4_trans(v_lane + xo_q[dp & 3] + (dp >> 2) * 128 + kk * 16 * D * 2, vb);
-#pragma unroll
-                for (int mt = 0; mt < WM; mt++) {
-                    Ty::mma(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
-                    Ty::mma(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
-                }
-            }
+            kva__pf_pv<D, WM, Ty>(o, pa, v_lane, xo_q, kk);
         }
         __syncthreads(); /* stage st is overwritten by the next iteration's copy */
     }
@@ -662,29 +624,10 @@ extern "C" kva_status kva__cuda_prefill_launch_variant(const kva__cuda_prefill_a
                          (int)a->grid_tiles);
     if (a->grid_tiles == 0)
         return KVA_STATUS_OK;
-    KVA_CHECK_PTR(a->q);
-    KVA_CHECK_PTR(a->k);
-    KVA_CHECK_PTR(a->v);
-    KVA_CHECK_PTR(a->out);
-    KVA_CHECK_PTR(a->query_start_loc);
-    KVA_CHECK_PTR(a->seq_lens);
-    KVA_CHECK_PTR(a->block_table);
-    KVA_CHECK_PTR(a->tiles);
-    KVA_CHECK_PTR(a->num_tiles);
-    if (a->num_kv_heads <= 0 || a->num_heads <= 0 || a->num_heads % a->num_kv_heads ||
-        a->block_size <= 0)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva__cuda_prefill_launch: H = %d, Hkv = %d, B = %d", (int)a->num_heads,
-                         (int)a->num_kv_heads, (int)a->block_size);
-    if (a->layout != KVA_LAYOUT_NHD && a->layout != KVA_LAYOUT_HND)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva__cuda_prefill_launch: layout = %d",
-                         (int)a->layout);
+    KVA__CUDA_PREFILL_CHECK_PTRS(a);
     /* cp.async copies 16-byte chunks: q, k and v must be 16-byte aligned (row
      * strides are multiples of D * 2 >= 128 bytes). */
-    KVA_CHECK_ALIGNED(a->q, 16);
-    KVA_CHECK_ALIGNED(a->k, 16);
-    KVA_CHECK_ALIGNED(a->v, 16);
-    KVA_CHECK_ALIGNED(a->out, 4);
+    KVA__CUDA_PREFILL_CHECK_SHAPE(a, "kva__cuda_prefill_launch");
     if (variant == 0)
         variant = default_variant(a);
     if (!kva__cuda_prefill_variant_exists(a->head_dim, variant))

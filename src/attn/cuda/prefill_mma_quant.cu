@@ -66,15 +66,7 @@ extern "C" kva_status kva__cuda_qprefill_launch(const kva__cuda_qprefill_args *q
                          (int)a->grid_tiles);
     if (a->grid_tiles == 0)
         return KVA_STATUS_OK;
-    KVA_CHECK_PTR(a->q);
-    KVA_CHECK_PTR(a->k);
-    KVA_CHECK_PTR(a->v);
-    KVA_CHECK_PTR(a->out);
-    KVA_CHECK_PTR(a->query_start_loc);
-    KVA_CHECK_PTR(a->seq_lens);
-    KVA_CHECK_PTR(a->block_table);
-    KVA_CHECK_PTR(a->tiles);
-    KVA_CHECK_PTR(a->num_tiles);
+    KVA__CUDA_PREFILL_CHECK_PTRS(a);
     KVA_CHECK_PTR(qa->ks);
     KVA_CHECK_PTR(qa->ko);
     KVA_CHECK_PTR(qa->vs);
@@ -84,19 +76,8 @@ extern "C" kva_status kva__cuda_qprefill_launch(const kva__cuda_qprefill_args *q
     if (qa->quant == KVA_QUANT_FP8_E4M3 && !qa->k_uniform)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva__cuda_qprefill_launch: FP8_E4M3 with per-channel key scales");
-    if (a->num_kv_heads <= 0 || a->num_heads <= 0 || a->num_heads % a->num_kv_heads ||
-        a->block_size <= 0)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva__cuda_qprefill_launch: H = %d, Hkv = %d, B = %d", (int)a->num_heads,
-                         (int)a->num_kv_heads, (int)a->block_size);
-    if (a->layout != KVA_LAYOUT_NHD && a->layout != KVA_LAYOUT_HND)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva__cuda_qprefill_launch: layout = %d",
-                         (int)a->layout);
     /* 16-byte loads of q rows, 16-byte cp.async of K/V rows (D >= 64). */
-    KVA_CHECK_ALIGNED(a->q, 16);
-    KVA_CHECK_ALIGNED(a->k, 16);
-    KVA_CHECK_ALIGNED(a->v, 16);
-    KVA_CHECK_ALIGNED(a->out, 4);
+    KVA__CUDA_PREFILL_CHECK_SHAPE(a, "kva__cuda_qprefill_launch");
     if (variant == 0)
         variant = default_variant(qa);
     cudaStream_t st = (cudaStream_t)stream;
@@ -192,11 +173,7 @@ extern "C" kva_status kva__cuda_qprefill_run(kva_context *ctx, const kva_plan *p
 extern "C" kva_status kva__cuda_context_force_quant_prefill(kva_context *ctx, int variant)
 {
     kva__clear_error();
-    KVA_CHECK_PTR(ctx);
-    if (ctx->backend != KVA_BACKEND_CUDA || !ctx->cuda)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva__cuda_context_force_quant_prefill: ctx backend is '%s', not 'cuda'",
-                         kva_backend_name(ctx->backend));
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
     if (variant < -1 || variant > KVA__CUDA_QPREFILL_VARIANTS)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva__cuda_context_force_quant_prefill: variant = %d (-1..%d)", variant,

@@ -47,7 +47,9 @@ extern "C" {
 #include "internal.h"
 }
 #include "mma_ptx.cuh"
+#include "prefill_mma_common.cuh"
 #include "prefill_mma_quant.h"
+#include "quant_cvt.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -59,8 +61,6 @@ extern "C" {
 #include <type_traits>
 
 #define QP_TILE_M KVA__CUDA_PREFILL_TILE_M
-#define QP_LOG2E 1.4426950408889634f
-#define QP_LN2 0.6931471805599453f
 
 /* Formats: INT8_CHANNEL (int8 K with per-channel scale + offset, int8 V),
  * INT8_TOKEN_K (int8 K with per-token scales, int8 V), FP8_E4M3, and
@@ -81,37 +81,6 @@ template <int D, int BN, int FMT, bool LO> struct qp_cfg {
     static constexpr int SMEM = OFF_STG + 2 * STAGE;
     static_assert(STAGE % 16 == 0, "stage alignment");
 };
-
-/* 4-byte cp.async (zero-fill when src_bytes = 0). */
-static __device__ __forceinline__ void qp_cp4(uint32_t dst, const void *src, int src_bytes)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-}
-
-/* Four codes of w as f16 pairs {b0, b1} (lo) and {b2, b3} (hi), exact. */
-template <bool FP8>
-static __device__ __forceinline__ void qp_cvt4(uint32_t w, uint32_t &lo, uint32_t &hi)
-{
-    if (FP8) {
-        const __half2_raw a =
-            __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
-        const __half2_raw b =
-            __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
-        lo = (uint32_t)a.x | ((uint32_t)a.y << 16);
-        hi = (uint32_t)b.x | ((uint32_t)b.y << 16);
-    } else {
-        /* 0x64 | (c ^ 0x80) is the f16 1024 + 128 + c; minus 1152. */
-        const uint32_t x = w ^ 0x80808080u;
-        const uint32_t m = 0x64806480u;
-        uint32_t l = __byte_perm(x, 0x64646464u, 0x4140), h = __byte_perm(x, 0x64646464u, 0x4342);
-        __half2 lh = __hsub2(*(__half2 *)&l, *(const __half2 *)&m);
-        __half2 hh = __hsub2(*(__half2 *)&h, *(const __half2 *)&m);
-        lo = *(uint32_t *)&lh;
-        hi = *(uint32_t *)&hh;
-    }
-}
 
 /* 2^e as a float, e in [-126, 127]. */
 static __device__ __forceinline__ float qp_exp2i(int e)
@@ -250,7 +219,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
             const int j = n0 + tid;
             const bool in = j >= kv_lo && j < kv_hi;
             const int64_t ti = in ? ((int64_t)b.t * Hkv + kvh) * B + off_of(j) : 0;
-            qp_cp4(stage + cfg::STG_T + tid * 4, qa.kts + ti, in ? 4 : 0);
+            kva__cp_async4(stage + cfg::STG_T + tid * 4, qa.kts + ti, in ? 4 : 0);
         }
     };
     /* Codes of stage st -> the f16 tiles K (and V for 1-byte V). */
@@ -263,10 +232,10 @@ __global__ void __launch_bounds__(NW * 32, MINB)
             for (int part = 0; part < (FMT == QP_V16 ? 1 : 2); part++) {
                 const uint4 w = *(const uint4 *)(stage + part * cfg::STG_V + row * D + lch * 16);
                 uint4 x0, x1;
-                qp_cvt4<FMT == QP_FP8>(w.x, x0.x, x0.y);
-                qp_cvt4<FMT == QP_FP8>(w.y, x0.z, x0.w);
-                qp_cvt4<FMT == QP_FP8>(w.z, x1.x, x1.y);
-                qp_cvt4<FMT == QP_FP8>(w.w, x1.z, x1.w);
+                kva__cvt4_f16<FMT == QP_FP8>(w.x, x0.x, x0.y);
+                kva__cvt4_f16<FMT == QP_FP8>(w.y, x0.z, x0.w);
+                kva__cvt4_f16<FMT == QP_FP8>(w.z, x1.x, x1.y);
+                kva__cvt4_f16<FMT == QP_FP8>(w.w, x1.z, x1.w);
                 unsigned char *dst = smem + (part ? cfg::OFF_V16 : cfg::OFF_K16);
                 *(uint4 *)(dst + kva__swz<D>(row, 2 * lch)) = x0;
                 *(uint4 *)(dst + kva__swz<D>(row, 2 * lch + 1)) = x1;
@@ -361,45 +330,20 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     }
 
     const int g4 = lane >> 2, t4 = lane & 3;
-    /* ldmatrix addressing: prefill_mma.cu's. */
-    uint32_t xo_q[4], xo_k[4];
-#pragma unroll
-    for (int c = 0; c < 4; c++) {
-        xo_q[c] = (uint32_t)(((2 * c) ^ ((lane >> 4) ^ (lane & 7))) * 16);
-        xo_k[c] = (uint32_t)(((2 * c) ^ (((lane >> 3) & 1) ^ (lane & 7))) * 16);
-    }
-    const uint32_t q_lane = sQ + (uint32_t)((warp * 16 * WM + (lane & 15)) * D * 2);
-    const uint32_t k_row = (uint32_t)(((lane & 7) + ((lane >> 4) << 3)) * D * 2);
-    const uint32_t v_row = (uint32_t)(((lane & 7) + (((lane >> 3) & 1) << 3)) * D * 2);
+    /* ldmatrix addressing and the rows' positions and heads: prefill_mma.cu's. */
+    uint32_t xo_q[4], xo_k[4], q_lane, k_row, v_row;
+    kva__pf_ldsm_lanes<D, WM>(lane, warp, sQ, xo_q, xo_k, q_lane, k_row, v_row);
     int pos[WM][2], head[WM][2];
-#pragma unroll
-    for (int mt = 0; mt < WM; mt++)
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int pm = min(m0 + warp * 16 * WM + mt * 16 + hf * 8 + g4, m_last);
-            const int i = pm / G;
-            pos[mt][hf] = seq_len - q_len + i;
-            head[mt][hf] = kvh * G + (pm - i * G);
-        }
-
+    kva__pf_rows<WM>(m0, warp, g4, m_last, G, seq_len, q_len, kvh, pos, head);
     const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)D);
     const float softcap = a.softcap;
     const float score_mul = softcap > 0.0f ? scale / softcap : 0.0f;
-    const float cap_mul = softcap * QP_LOG2E;
-    const float scale_log2 = scale * QP_LOG2E;
+    const float cap_mul = softcap * KVA__PF_LOG2E;
+    const float scale_log2 = scale * KVA__PF_LOG2E;
 
     float o[WM][DB8][4];
     float m_run[WM][2], l_run[WM][2], rmul[WM][2], qo_r[WM][2];
-#pragma unroll
-    for (int mt = 0; mt < WM; mt++) {
-#pragma unroll
-        for (int db = 0; db < DB8; db++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[mt][db][e] = 0.0f;
-        m_run[mt][0] = m_run[mt][1] = -INFINITY;
-        l_run[mt][0] = l_run[mt][1] = 0.0f;
-    }
+    kva__pf_init<WM, DB8>(o, m_run, l_run);
     __syncthreads(); /* Q'', s_rmul, s_qo */
 #pragma unroll
     for (int mt = 0; mt < WM; mt++)
@@ -502,8 +446,8 @@ __global__ void __launch_bounds__(NW * 32, MINB)
             for (int mt = 0; mt < WM; mt++) {
                 float sl[2] = {0.0f, 0.0f};
                 if (a.alibi_slopes) {
-                    sl[0] = a.alibi_slopes[head[mt][0]] * QP_LOG2E;
-                    sl[1] = a.alibi_slopes[head[mt][1]] * QP_LOG2E;
+                    sl[0] = a.alibi_slopes[head[mt][0]] * KVA__PF_LOG2E;
+                    sl[1] = a.alibi_slopes[head[mt][1]] * KVA__PF_LOG2E;
                 }
 #pragma unroll
                 for (int nb = 0; nb < NB8; nb++)
@@ -577,16 +521,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
                 pa[mt][2] = pk[mt][2 * kk + 1][0];
                 pa[mt][3] = pk[mt][2 * kk + 1][1];
             }
-#pragma unroll
-            for (int dp = 0; dp < D / 16; dp++) {
-                uint32_t vb[4];
-                kva__ldsm_x4_trans(v_lane + xo_q[dp & 3] + (dp >> 2) * 128 + kk * 16 * D * 2, vb);
-#pragma unroll
-                for (int mt = 0; mt < WM; mt++) {
-                    TyP::mma(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
-                    TyP::mma(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
-                }
-            }
+            kva__pf_pv<D, WM, TyP>(o, pa, v_lane, xo_q, kk);
         }
     }
     kva__cp_async_wait<0>();
@@ -604,14 +539,14 @@ __global__ void __launch_bounds__(NW * 32, MINB)
             float m = m_run[mt][hf];
             float f = 1.0f;
             if (a.sinks) {
-                const float sink2 = a.sinks[head[mt][hf]] * QP_LOG2E;
+                const float sink2 = a.sinks[head[mt][hf]] * KVA__PF_LOG2E;
                 const float m_f = fmaxf(m, sink2);
                 f = kva__ex2(m - m_f);
                 l = l * f + kva__ex2(sink2 - m_f);
                 m = m_f;
             }
             const float inv = l == 0.0f ? 0.0f : f / l;
-            const float lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * QP_LN2;
+            const float lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * KVA__PF_LN2;
             const int pm = m0 + warp * 16 * WM + mt * 16 + hf * 8 + g4;
             if (pm >= rows)
                 continue;
