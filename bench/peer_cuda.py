@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 DEC = dict(batch=64, keys=4096, H=32, Hkv=8, D=128, page=16)
 PRE = dict(H=32, Hkv=8, D=128, page=16)
+PRE_PAGES = (16, 64)  # block sizes of the paged prefill rows (ours and FlashInfer)
 PRE_SHAPES = ((1, 4096), (8, 1024))  # (prompts, tokens each)
 
 
@@ -156,28 +157,30 @@ def prefill_peers_shape(res, nreq, n):
             res.append(dict(case=tag, name=name, ms=ms, flops=flops, note=note))
         except Exception as e:
             res.append(dict(case=tag, name=name, error=repr(e)[:300]))
-    try:
-        import flashinfer
+    for page in PRE_PAGES:
+        name = "FlashInfer paged prefill" + ("" if page == c["page"] else f", page {page}")
+        try:
+            import flashinfer
 
-        per = n // c["page"]
-        pages = nreq * per
-        cache = torch.randn(pages + 3, 2, c["page"], c["Hkv"], c["D"], dtype=torch.bfloat16,
-                            device="cuda")
-        perm = torch.randperm(pages + 3, device="cuda")[:pages].int()
-        qo = torch.arange(0, nreq + 1, dtype=torch.int32, device="cuda") * n
-        kv_indptr = torch.arange(0, nreq + 1, dtype=torch.int32, device="cuda") * per
-        last = torch.full((nreq,), c["page"], dtype=torch.int32, device="cuda")
-        ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
-        w.plan(qo, kv_indptr, perm, last, c["H"], c["Hkv"], c["D"], c["page"], causal=True,
-               q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-        qf = q.permute(0, 2, 1, 3).reshape(nreq * n, c["H"], c["D"]).contiguous()
-        ms = median_ms(lambda: w.run(qf, cache), iters=20)
-        res.append(dict(case=tag, name="FlashInfer paged prefill", ms=ms, flops=flops,
-                        note="flashinfer " + flashinfer.__version__))
-    except Exception as e:
-        res.append(dict(case=tag, name="FlashInfer paged prefill", error=repr(e)[:300]))
-        traceback.print_exc()
+            per = n // page
+            pages = nreq * per
+            cache = torch.randn(pages + 3, 2, page, c["Hkv"], c["D"], dtype=torch.bfloat16,
+                                device="cuda")
+            perm = torch.randperm(pages + 3, device="cuda")[:pages].int()
+            qo = torch.arange(0, nreq + 1, dtype=torch.int32, device="cuda") * n
+            kv_indptr = torch.arange(0, nreq + 1, dtype=torch.int32, device="cuda") * per
+            last = torch.full((nreq,), page, dtype=torch.int32, device="cuda")
+            ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+            w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+            w.plan(qo, kv_indptr, perm, last, c["H"], c["Hkv"], c["D"], page, causal=True,
+                   q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+            qf = q.permute(0, 2, 1, 3).reshape(nreq * n, c["H"], c["D"]).contiguous()
+            ms = median_ms(lambda: w.run(qf, cache), iters=20)
+            res.append(dict(case=tag, name=name, ms=ms, flops=flops,
+                            note="flashinfer " + flashinfer.__version__))
+        except Exception as e:
+            res.append(dict(case=tag, name=name, error=repr(e)[:300]))
+            traceback.print_exc()
 
 
 def ours(binary, res, skip_prefill=False):
@@ -198,6 +201,12 @@ def ours(binary, res, skip_prefill=False):
         ("prefill 8x1024", "kvattn paged prefill (prefill_mma)",
          ["--mode", "prefill", "--batch", "8", "--context", "0", "--q-len", "1024",
           "--iters", "20"]),
+        ("prefill 1x4096", "kvattn paged prefill, block 64",
+         ["--mode", "prefill", "--batch", "1", "--context", "0", "--q-len", "4096",
+          "--iters", "20", "--block-size", "64"]),
+        ("prefill 8x1024", "kvattn paged prefill, block 64",
+         ["--mode", "prefill", "--batch", "8", "--context", "0", "--q-len", "1024",
+          "--iters", "20", "--block-size", "64"]),
     ]
     for case, name, args in runs:
         if skip_prefill and case != "decode":

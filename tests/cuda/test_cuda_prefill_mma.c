@@ -84,6 +84,21 @@ static void *dev_copy(const void *h, size_t bytes)
 
 static int cases_run, rows_checked, multi_tile;
 
+/* Whether variant v is in the comma-separated list (KVA_TEST_VARIANTS). */
+static int variant_listed(const char *list, int v)
+{
+    for (const char *p = list; *p;) {
+        char *end = NULL;
+        const long x = strtol(p, &end, 10);
+        if (end == p)
+            return 0;
+        if (x == v)
+            return 1;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return 0;
+}
+
 /* Runs one case on the batch b (which the caller frees). */
 static void run_batch(const cfg *c, const kva_test_batch *b)
 {
@@ -199,9 +214,14 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
 
     const double u = c->dt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
     const double atol = kva_test_atol(c->dt) + u * 1.7320508; /* max|v| of the uniform fill */
-    /* Variant 0 is the dispatcher's choice (kva__cuda_prefill_launch's path). */
+    /* Variant 0 is the dispatcher's choice (kva__cuda_prefill_launch's path).
+     * KVA_TEST_VARIANTS="a,b,..." runs only those (sanitizer runs of a few
+     * variants; every variant by default). */
+    const char *only = getenv("KVA_TEST_VARIANTS");
     for (int var = 0; var <= KVA__CUDA_PREFILL_VARIANTS; var++) {
         if (var > 0 && !kva__cuda_prefill_variant_exists(D, var))
+            continue;
+        if (only && !variant_listed(only, var))
             continue;
         CUDA_OK(cudaMemset(d_out, 0xff, nq * esz));
         CUDA_OK(cudaMemset(d_lse, 0xff, nl * 4));
