@@ -6,7 +6,7 @@
  *              [--dtype bf16|f16|f32] [--layout nhd|hnd] [--iters N]
  *              [--graph-layers L] [--variant V] [--prefill-variant P]
  *              [--quant none|int8|int8-token|int8-token-v16|fp8] [--qmma V]
- *              [--qprefill P]
+ *              [--qprefill P] [--plan-iters N]
  *
  * decode: R requests of q_len Q (1 = decode, >1 = speculative) after S cached
  * tokens; prefill: R causal prompts of Q tokens after S cached tokens. Block
@@ -34,6 +34,8 @@
  * the tensor-core kernel (prefill_mma_quant.h; 0 the default) or, with -1,
  * on the CUDA-core kernel of attn_quant.cu (kva__cuda_context_force_quant_
  * prefill), so one build compares the two paths.
+ * --plan-iters N times N kva_plan_create + kva_plan_destroy of the batch on
+ * the host (median, microseconds) and one uncached occupancy query.
  * The last line is one JSON object for bench/peer_cuda.py.
  */
 #include "batchgen.h"
@@ -46,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define DIE(...)                                                                                   \
     do {                                                                                           \
@@ -70,6 +73,14 @@ static int cmp_float(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
     return x < y ? -1 : x > y;
+}
+
+/* Host wall clock in microseconds. */
+static double host_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
 static float median(float *v, int n)
@@ -133,7 +144,7 @@ int main(int argc, char **argv)
 {
     const char *mode = "decode", *dts = "bf16", *lays = "nhd", *quants = "none";
     int32_t R = 64, S = 4096, Q = -1, H = 32, Hkv = 8, D = 128, B = 16, iters = 30, layers = 0,
-            variant = 0, qmma = 0, pvariant = 0, qprefill = 0;
+            variant = 0, qmma = 0, pvariant = 0, qprefill = 0, plan_iters = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *f = argv[i], *v = argv[i + 1];
         if (!strcmp(f, "--mode"))
@@ -170,6 +181,8 @@ int main(int argc, char **argv)
             qmma = atoi(v);
         else if (!strcmp(f, "--qprefill"))
             qprefill = atoi(v);
+        else if (!strcmp(f, "--plan-iters"))
+            plan_iters = atoi(v);
         else
             DIE("unknown flag %s", f);
     }
@@ -383,6 +396,28 @@ int main(int argc, char **argv)
         cudaGraphDestroy(g);
         KV(kva_cuda_context_set_stream(gpu, NULL));
         cudaStreamDestroy(s);
+    }
+
+    if (plan_iters > 0) {
+        /* Host cost of kva_plan_create (+ destroy) for this batch, and of one
+         * uncached occupancy query (what the context's cache saves per variant). */
+        float *pt = malloc(sizeof(float) * (size_t)plan_iters * 2);
+        for (int it = 0; it < plan_iters; it++) {
+            const double t0 = host_us();
+            kva_plan *p2 = NULL;
+            KV(kva_plan_create(gpu, &pd, &p2));
+            kva_plan_destroy(p2);
+            pt[it] = (float)(host_us() - t0);
+            const double t1 = host_us();
+            (void)kva__cuda_attention_ctas_per_sm(dt, D, 8, 3);
+            pt[plan_iters + it] = (float)(host_us() - t1);
+        }
+        fprintf(stderr,
+                "bench_cuda: plan create + destroy median %.1f us (%d runs); one uncached "
+                "occupancy query %.1f us\n",
+                (double)median(pt, plan_iters), plan_iters,
+                (double)median(pt + plan_iters, plan_iters));
+        free(pt);
     }
 
     struct cudaDeviceProp prop;

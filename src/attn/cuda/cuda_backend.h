@@ -58,6 +58,14 @@ typedef struct kva__cuda_meta {
     const int32_t *ptiles;       /* [caps.ptiles, 4] prefill tiles {r, m0, kvh, 0} */
 } kva__cuda_meta;
 
+/* One resident-CTAs-per-SM answer of the occupancy query (kva__cuda_state.occ). */
+typedef struct kva__cuda_occ {
+    kva_dtype dtype;
+    int32_t dmax;
+    int rows, variant, per_sm;
+} kva__cuda_occ;
+#define KVA__CUDA_OCC_CACHE 16
+
 typedef struct kva__cuda_state {
     int device;
     void *stream; /* cudaStream_t; NULL = legacy default stream */
@@ -80,6 +88,11 @@ typedef struct kva__cuda_state {
     void *upload_event;        /* cudaEvent_t recorded after the last upload */
     int upload_pending;        /* the event has been recorded (staging may be in use) */
     kva__cuda_meta meta;
+    /* Resident CTAs per SM of the attention kernels for the shapes planned so
+     * far (cuda_ctx.cu, ctas_per_sm_cached): fixed per kernel and device, so
+     * kva_plan_create asks the runtime once per shape, not per plan. */
+    kva__cuda_occ occ[KVA__CUDA_OCC_CACHE];
+    int num_occ;
     /* ctx->workspace / ctx->workspace_bytes hold the device split partials. */
 } kva__cuda_state;
 

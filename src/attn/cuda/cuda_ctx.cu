@@ -501,6 +501,28 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
     return KVA_STATUS_OK;
 }
 
+/* Resident CTAs per SM of attention variant 1..4 for the shape (0: the
+ * kernel cannot be resident), from the context's cache: the occupancy query
+ * (with the shared-memory attribute it sets first) is a runtime call per
+ * variant that kva_plan_create would otherwise repeat every step, and its
+ * answer is fixed per kernel and device. Failures are not cached. */
+static int ctas_per_sm_cached(kva__cuda_state *st, kva_dtype dt, int32_t dmax, int rows,
+                              int variant)
+{
+    for (int i = 0; i < st->num_occ; i++) {
+        const kva__cuda_occ *o = &st->occ[i];
+        if (o->dtype == dt && o->dmax == dmax && o->rows == rows && o->variant == variant)
+            return o->per_sm;
+    }
+    const int n = variant == 4 ? kva__cuda_decode_mma_ctas_per_sm(dt, dmax)
+                               : kva__cuda_attention_ctas_per_sm(dt, dmax, rows, variant);
+    if (n > 0 && st->num_occ < KVA__CUDA_OCC_CACHE) {
+        kva__cuda_occ *o = &st->occ[st->num_occ++];
+        o->dtype = dt, o->dmax = dmax, o->rows = rows, o->variant = variant, o->per_sm = n;
+    }
+    return n;
+}
+
 static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
 {
     kva__cuda_state *st = state_of(ctx);
@@ -517,10 +539,10 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     const int rows13 = kva__cuda_rows_for_group(G);
     int per_sm_v[4];
     for (int v = 0; v < 3; v++)
-        per_sm_v[v] = kva__cuda_attention_ctas_per_sm(plan->d.q_dtype, dmax, rows13, v + 1);
+        per_sm_v[v] = ctas_per_sm_cached(st, plan->d.q_dtype, dmax, rows13, v + 1);
     per_sm_v[3] =
         kva__cuda_decode_mma_supported(plan->d.head_dim, plan->d.head_dim_v, plan->d.q_dtype)
-            ? kva__cuda_decode_mma_ctas_per_sm(plan->d.q_dtype, plan->d.head_dim)
+            ? ctas_per_sm_cached(st, plan->d.q_dtype, plan->d.head_dim, 0, 4)
             : per_sm_v[2];
     if (per_sm_v[0] < 1 || per_sm_v[1] < 1 || per_sm_v[2] < 1 || per_sm_v[3] < 1)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
