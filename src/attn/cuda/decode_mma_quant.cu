@@ -22,7 +22,8 @@
  * The scales never enter the key loop:
  *   S = Q' K^T with Q'_c = q_c s_c (K scale folded, rounded to f16 once per
  *       item; scaled by a power of two first when the item's max |Q'| is
- *       2^15 or more, undone on the scores: qm_range), minus qo = sum_c Q'_c o_c per row (INT8_CHANNEL offsets), or
+ *       2^15 or more, undone on the scores: qm_range), minus
+ *       qo = sum_c Q'_c o_c per row (INT8_CHANNEL offsets), or
  *       times the per-token key scale of each score column (INT8_TOKEN_K);
  *   O = P C_V (codes), and at the end out_c = s_c (O_c - o_c l) / l;
  *   INT8_TOKEN_K_V16: O = P V with P in V's dtype and V by ldmatrix.trans,
