@@ -3,6 +3,7 @@
  * shuffled block tables, random q/K/V, the cache fill, and the work counts.
  */
 #include "bench.h"
+#include "cli_quant.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -259,22 +260,9 @@ kva_status bench_cache_create(kva_context *ctx, const bench_opts *o, const bench
 {
     kva_cache_desc desc = {b->num_blocks, o->block_size, o->kv_heads, o->head_dim,
                            o->head_dim_v, o->dtype,      o->layout,   o->kv_quant};
-    /* Quantized formats: scalar scales fitted to the data (uniform, |x| < 1.74). */
-    const float int8_scale = 1.75f / 127.0f, fp8_scale = 1.75f / 448.0f;
-    kva_quant_params qp = {&int8_scale, 1, NULL, 0, &int8_scale, 1, NULL, 0};
-    const kva_quant_params *pp = &qp;
-    if (o->kv_quant == KVA_QUANT_NONE || o->kv_quant == KVA_QUANT_INT8_TOKEN_K_V16)
-        pp = NULL;
-    else if (o->kv_quant == KVA_QUANT_INT8_TOKEN_K)
-        qp.k_scale = NULL, qp.k_scale_len = 0;
-    else if (o->kv_quant == KVA_QUANT_FP8_E4M3)
-        qp.k_scale = qp.v_scale = &fp8_scale;
-    if (o->kv_quant == KVA_QUANT_FP8_E4M3)
-        desc.dtype = KVA_DTYPE_FP8_E4M3;
-    else if (o->kv_quant == KVA_QUANT_INT8_TOKEN_K_V16)
-        desc.dtype = o->dtype == KVA_DTYPE_F32 ? KVA_DTYPE_F16 : o->dtype;
-    else if (o->kv_quant != KVA_QUANT_NONE)
-        desc.dtype = KVA_DTYPE_I8;
+    /* Quantized formats: scalar scales fitted to the data (cli_quant.h). */
+    kva_cli_quant q;
+    const kva_quant_params *pp = kva_cli_quant_setup(o->kv_quant, o->dtype, &q, &desc.dtype);
     return kva_cache_create_quant(ctx, &desc, pp, out);
 }
 

@@ -14,6 +14,7 @@
  * includes the wait for the step that was running when the request came.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "cli_quant.h"
 #include "serve_sim.h"
 
 #include <math.h>
@@ -82,19 +83,8 @@ kva_status serve_cache_create(kva_context *ctx, const serve_opts *o, kva_cache *
 {
     kva_cache_desc desc = {o->num_blocks, o->block_size,  o->kv_heads, o->head_dim, 0,
                            o->dtype,      KVA_LAYOUT_NHD, o->kv_quant};
-    const float int8_scale = 1.75f / 127.0f, fp8_scale = 1.75f / 448.0f;
-    kva_quant_params qp = {&int8_scale, 1, NULL, 0, &int8_scale, 1, NULL, 0};
-    const kva_quant_params *pp = &qp;
-    if (o->kv_quant == KVA_QUANT_NONE || o->kv_quant == KVA_QUANT_INT8_TOKEN_K_V16)
-        pp = NULL;
-    else if (o->kv_quant == KVA_QUANT_INT8_TOKEN_K)
-        qp.k_scale = NULL, qp.k_scale_len = 0;
-    else if (o->kv_quant == KVA_QUANT_FP8_E4M3)
-        qp.k_scale = qp.v_scale = &fp8_scale;
-    if (o->kv_quant == KVA_QUANT_FP8_E4M3)
-        desc.dtype = KVA_DTYPE_FP8_E4M3;
-    else if (o->kv_quant == KVA_QUANT_INT8_CHANNEL || o->kv_quant == KVA_QUANT_INT8_TOKEN_K)
-        desc.dtype = KVA_DTYPE_I8;
+    kva_cli_quant q;
+    const kva_quant_params *pp = kva_cli_quant_setup(o->kv_quant, o->dtype, &q, &desc.dtype);
     return kva_cache_create_quant(ctx, &desc, pp, out);
 }
 
