@@ -97,20 +97,90 @@ static int32_t ceil_div(int32_t a, int32_t b)
     return (a + b - 1) / b;
 }
 
+/* The items' order: largest cost first, ties by request, kv head, head
+ * slice, query rows, keys (a total order: no two items compare equal). */
+static inline int item_before(const kva__work_item *a, const kva__work_item *b)
+{
+    if (a->cost != b->cost)
+        return a->cost > b->cost;
+    if (a->req != b->req)
+        return a->req < b->req;
+    if (a->kv_head != b->kv_head)
+        return a->kv_head < b->kv_head;
+    if (a->h0 != b->h0)
+        return a->h0 < b->h0;
+    if (a->i0 != b->i0)
+        return a->i0 < b->i0;
+    return a->k0 < b->k0;
+}
+
+/*
+ * Sorts items[0..n) by item_before with the comparison inlined: the GPU
+ * plan builds several candidate partitions of up to a few thousand items per
+ * step, and qsort's indirect comparisons and byte-wise moves were most of
+ * kva_plan_create's time there. Indices are sorted (insertion-sorted runs of
+ * 8, then bottom-up merges) and the items moved once; an array already in
+ * order is recognized in one pass. The order is total, so the result equals
+ * qsort's with the same comparison. Returns 0 when out of memory (items
+ * unchanged; the caller falls back to qsort).
+ */
+static int sort_items(kva__work_item *items, int32_t n)
+{
+    if (n < 2)
+        return 1;
+    int32_t sorted = 1;
+    while (sorted < n && !item_before(&items[sorted], &items[sorted - 1]))
+        sorted++;
+    if (sorted == n)
+        return 1;
+    /* Indices are sorted (4-byte moves), then the items permuted once. */
+    int32_t *idx = malloc((size_t)n * 2 * sizeof *idx);
+    kva__work_item *out = malloc((size_t)n * sizeof *out);
+    if (!idx || !out) {
+        free(idx);
+        free(out);
+        return 0;
+    }
+    int32_t *src = idx, *dst = idx + n;
+    enum { RUN = 8 }; /* insertion-sorted runs before the merges */
+    for (int32_t lo = 0; lo < n; lo += RUN) {
+        const int32_t hi = lo + RUN < n ? lo + RUN : n;
+        for (int32_t i = lo; i < hi; i++) {
+            int32_t j = i;
+            while (j > lo && item_before(&items[i], &items[src[j - 1]])) {
+                src[j] = src[j - 1];
+                j--;
+            }
+            src[j] = i;
+        }
+    }
+    for (int32_t w = RUN; w < n; w *= 2) {
+        for (int32_t lo = 0; lo < n; lo += 2 * w) {
+            const int32_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            int32_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi)
+                dst[k++] = item_before(&items[src[j]], &items[src[i]]) ? src[j++] : src[i++];
+            while (i < mid)
+                dst[k++] = src[i++];
+            while (j < hi)
+                dst[k++] = src[j++];
+        }
+        int32_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    for (int32_t k = 0; k < n; k++)
+        out[k] = items[src[k]];
+    memcpy(items, out, (size_t)n * sizeof *items);
+    free(idx);
+    free(out);
+    return 1;
+}
+
 static int by_cost_desc(const void *pa, const void *pb)
 {
     const kva__work_item *a = pa, *b = pb;
-    if (a->cost != b->cost)
-        return a->cost > b->cost ? -1 : 1;
-    if (a->req != b->req)
-        return a->req < b->req ? -1 : 1;
-    if (a->kv_head != b->kv_head)
-        return a->kv_head < b->kv_head ? -1 : 1;
-    if (a->h0 != b->h0)
-        return a->h0 < b->h0 ? -1 : 1;
-    if (a->i0 != b->i0)
-        return a->i0 < b->i0 ? -1 : 1;
-    return a->k0 < b->k0 ? -1 : a->k0 > b->k0;
+    return item_before(a, b) ? -1 : item_before(b, a);
 }
 
 /*
@@ -280,7 +350,7 @@ kva_status kva__partition_build_subset(const kva_plan *plan, const kva__partitio
                          "kva_plan_create: out of memory partitioning %d requests",
                          (int)plan->d.num_requests);
     }
-    if (b.num_items > 1)
+    if (b.num_items > 1 && !sort_items(b.items, b.num_items))
         qsort(b.items, (size_t)b.num_items, sizeof *b.items, by_cost_desc);
     part->items = b.items;
     part->num_items = b.num_items;
