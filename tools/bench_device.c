@@ -21,10 +21,18 @@
  */
 #include "bench.h"
 #include "cli.h"
+#include "serve_sim.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The device check of serve_device.c (a visible CUDA device, or why not,
+ * also in builds without the CUDA backend). */
+int bench_cuda_available(char *why, size_t n)
+{
+    return serve_dev_available(why, n);
+}
 
 #ifdef KVA_HAVE_CUDA
 
@@ -36,19 +44,6 @@
 #define AUTO_ITERS_MAX 500
 #define COPY_BYTES ((size_t)1 << 30)
 #define COPY_ITERS 10
-
-int bench_cuda_available(char *why, size_t n)
-{
-    int count = 0;
-    const cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count == 0) {
-        snprintf(why, n, "no CUDA device is visible (cudaGetDeviceCount: %s)",
-                 e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return 1;
-}
 
 /* Everything the run owns (device buffers NULL until allocated). */
 typedef struct dev_bench {
@@ -299,14 +294,6 @@ int bench_cuda_main(const bench_opts *o, bench_batch *b, bench_result *res)
 }
 
 #else /* no CUDA backend in this build */
-
-int bench_cuda_available(char *why, size_t n)
-{
-    snprintf(why, n,
-             "this kvattn was built without the CUDA backend (configure with -DKVA_CUDA=ON on a "
-             "machine with nvcc)");
-    return 0;
-}
 
 int bench_cuda_main(const bench_opts *o, bench_batch *b, bench_result *res)
 {
