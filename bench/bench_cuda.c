@@ -19,7 +19,7 @@
  * reported too. --variant V (1..4) partitions the plans for attention
  * variant V and runs it (kva__cuda_context_force_variant); 0 is the default.
  * --prefill-variant P runs the prefills on prefill kernel variant P
- * (src/attn/cuda/prefill_mma.h: 1..5 mma.sync, 6..21 sm_90a wgmma; 0 = the
+ * (src/attn/cuda/prefill_mma.h: 1..5 mma.sync, 6..22 sm_90a wgmma; 0 = the
  * dispatcher's choice), so the public path compares the two kernels.
  * --mode copy times a 1 GiB device-to-device copy (the bandwidth ceiling, in
  * the same run). --quant reads a quantized cache instead (int8: INT8_CHANNEL
@@ -353,15 +353,30 @@ int main(int argc, char **argv)
     CU(cudaEventCreate(&ev[1]));
     for (int w = 0; w < 3; w++)
         KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL));
-    float *ms = malloc(sizeof(float) * (size_t)iters);
+    float *ms = malloc(sizeof(float) * (size_t)iters), *enq = malloc(sizeof(float) * (size_t)iters);
     for (int it = 0; it < iters; it++) {
         CU(cudaEventRecord(ev[0], 0));
+        const double t0 = host_us();
         KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL));
+        enq[it] = (float)(host_us() - t0);
         CU(cudaEventRecord(ev[1], 0));
         CU(cudaEventSynchronize(ev[1]));
         CU(cudaEventElapsedTime(&ms[it], ev[0], ev[1]));
     }
-    const float med = median(ms, iters);
+    const float med = median(ms, iters), enq_us = median(enq, iters);
+    /* Back to back: `iters` runs queued between one pair of events (the
+     * stream never waits for the host), per run; median of 5 such batches. */
+    float b2b[5];
+    for (int rep = 0; rep < 5; rep++) {
+        CU(cudaEventRecord(ev[0], 0));
+        for (int it = 0; it < iters; it++)
+            KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL));
+        CU(cudaEventRecord(ev[1], 0));
+        CU(cudaEventSynchronize(ev[1]));
+        CU(cudaEventElapsedTime(&b2b[rep], ev[0], ev[1]));
+        b2b[rep] /= (float)iters;
+    }
+    const float b2b_ms = median(b2b, 5);
 
     float graph_ms = 0.f;
     if (layers > 0) {
@@ -426,17 +441,18 @@ int main(int argc, char **argv)
     fprintf(stderr,
             "bench_cuda: %s R=%d S=%d Q=%d H=%d Hkv=%d D=%d B=%d %s kv %s: median %.4f ms, %.3f "
             "TB/s KV, %.1f TFLOP/s, %d items, variant %d, qmma %d, prefill variant %d, qprefill "
-            "%d, check %s\n",
+            "%d, check %s; host enqueue median %.1f us; back to back %.4f ms = %.1f TFLOP/s\n",
             mode, R, S, Q, H, Hkv, D, B, dts, kva_quant_name(quant), (double)med,
             kv_bytes / sec * 1e-12, flops / sec * 1e-12, (int)info.num_work_items,
-            plan->part->variant, qmma, pvariant, qprefill, bad ? "FAILED" : "ok");
+            plan->part->variant, qmma, pvariant, qprefill, bad ? "FAILED" : "ok", (double)enq_us,
+            (double)b2b_ms, flops / (b2b_ms * 1e-3) * 1e-12);
     printf(
         "{\"mode\": \"%s\", \"device\": \"%s\", \"R\": %d, \"S\": %d, \"Q\": %d, \"H\": %d, "
         "\"Hkv\": %d, \"D\": %d, \"B\": %d, \"dtype\": \"%s\", \"kv_quant\": \"%s\", \"ms\": %.5f, "
         "\"kv_bytes\": %.0f, \"flops\": %.0f, \"items\": %d, \"graph_ms_per_layer\": %.5f, "
-        "\"check_bad\": %zu}\n",
+        "\"check_bad\": %zu, \"host_enqueue_us\": %.2f, \"b2b_ms\": %.5f}\n",
         mode, prop.name, R, S, Q, H, Hkv, D, B, dts, kva_quant_name(quant), (double)med, kv_bytes,
-        flops, (int)info.num_work_items, (double)graph_ms, bad);
+        flops, (int)info.num_work_items, (double)graph_ms, bad, (double)enq_us, (double)b2b_ms);
     kva_plan_destroy(plan);
     cudaFree(dq);
     cudaFree(dout);
@@ -448,6 +464,7 @@ int main(int argc, char **argv)
     free(out_cpu);
     free(out_gpu);
     free(ms);
+    free(enq);
     free(sbuf);
     free(ql);
     free(sl);

@@ -18,6 +18,9 @@ runs after warm-up. Every peer runs in try/except: a peer that cannot run is
 reported with its error instead of a number.
 
 Usage: peer_cuda.py --ours build-cuda/bench_cuda [--out DIR] [--skip-prefill]
+       [--prefill-only] [--skip-flashinfer]
+Prefill rows also give a back-to-back time (30 calls queued between one pair
+of events: no host gap), for ours and the peers alike.
 """
 import argparse
 import datetime
@@ -53,6 +56,25 @@ def median_ms(fn, iters=30, warmup=5):
     return times[len(times) // 2]
 
 
+def b2b_ms(fn, iters=30, reps=5):
+    """Per call, with `iters` calls queued between one pair of events (the GPU
+    never waits for the host); median of `reps` such batches."""
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iters):
+            fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) / iters)
+    out.sort()
+    return out[len(out) // 2]
+
+
 def ceilings():
     n = 1 << 30
     x = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
@@ -76,7 +98,7 @@ def sdpa(backend, q, k, v, causal):
 
     try:
         run()
-        return median_ms(run), "enable_gqa"
+        return median_ms(run), "enable_gqa", b2b_ms(run)
     except Exception:
         # Backend without GQA support: expand K/V to H heads (same FLOPs, more bytes).
         g = q.shape[1] // k.shape[1]
@@ -87,7 +109,7 @@ def sdpa(backend, q, k, v, causal):
                 return F.scaled_dot_product_attention(q, ke, ve, is_causal=causal)
 
         run2()
-        return median_ms(run2), "expanded K/V (no GQA support)"
+        return median_ms(run2), "expanded K/V (no GQA support)", b2b_ms(run2)
 
 
 def decode_peers(res):
@@ -101,7 +123,7 @@ def decode_peers(res):
     for name, be in (("SDPA flash (contiguous)", SDPBackend.FLASH_ATTENTION),
                      ("SDPA cuDNN (contiguous)", SDPBackend.CUDNN_ATTENTION)):
         try:
-            ms, note = sdpa(be, q, k, v, False)
+            ms, note, _ = sdpa(be, q, k, v, False)
             res.append(dict(case="decode", name=name, ms=ms, kv_bytes=kv_bytes, note=note))
         except Exception as e:
             res.append(dict(case="decode", name=name, error=repr(e)[:300]))
@@ -136,12 +158,12 @@ def decode_peers(res):
         traceback.print_exc()
 
 
-def prefill_peers(res):
+def prefill_peers(res, flashinfer_too=True):
     for nreq, n in PRE_SHAPES:
-        prefill_peers_shape(res, nreq, n)
+        prefill_peers_shape(res, nreq, n, flashinfer_too)
 
 
-def prefill_peers_shape(res, nreq, n):
+def prefill_peers_shape(res, nreq, n, flashinfer_too=True):
     from torch.nn.attention import SDPBackend
 
     c = PRE
@@ -153,11 +175,11 @@ def prefill_peers_shape(res, nreq, n):
     for name, be in (("SDPA flash", SDPBackend.FLASH_ATTENTION),
                      ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION)):
         try:
-            ms, note = sdpa(be, q, k, v, True)
-            res.append(dict(case=tag, name=name, ms=ms, flops=flops, note=note))
+            ms, note, bb = sdpa(be, q, k, v, True)
+            res.append(dict(case=tag, name=name, ms=ms, flops=flops, note=note, b2b_ms=bb))
         except Exception as e:
             res.append(dict(case=tag, name=name, error=repr(e)[:300]))
-    for page in PRE_PAGES:
+    for page in PRE_PAGES if flashinfer_too else ():
         name = "FlashInfer paged prefill" + ("" if page == c["page"] else f", page {page}")
         try:
             import flashinfer
@@ -177,13 +199,14 @@ def prefill_peers_shape(res, nreq, n):
             qf = q.permute(0, 2, 1, 3).reshape(nreq * n, c["H"], c["D"]).contiguous()
             ms = median_ms(lambda: w.run(qf, cache), iters=20)
             res.append(dict(case=tag, name=name, ms=ms, flops=flops,
-                            note="flashinfer " + flashinfer.__version__))
+                            note="flashinfer " + flashinfer.__version__,
+                            b2b_ms=b2b_ms(lambda: w.run(qf, cache))))
         except Exception as e:
             res.append(dict(case=tag, name=name, error=repr(e)[:300]))
             traceback.print_exc()
 
 
-def ours(binary, res, skip_prefill=False):
+def ours(binary, res, skip_prefill=False, prefill_only=False):
     runs = [
         ("decode", "kvattn paged decode (graph: 32 layers)",
          ["--mode", "decode", "--batch", "64", "--context", "4095", "--graph-layers", "32"]),
@@ -209,7 +232,7 @@ def ours(binary, res, skip_prefill=False):
           "--iters", "20", "--block-size", "64"]),
     ]
     for case, name, args in runs:
-        if skip_prefill and case != "decode":
+        if (skip_prefill and case != "decode") or (prefill_only and case == "decode"):
             continue
         try:
             p = subprocess.run([binary] + args, capture_output=True, text=True, timeout=300)
@@ -220,6 +243,8 @@ def ours(binary, res, skip_prefill=False):
                                                           "FAILED"))
             if j.get("graph_ms_per_layer"):
                 row["graph_ms"] = j["graph_ms_per_layer"]
+            if j.get("b2b_ms") and case != "decode":
+                row["b2b_ms"] = j["b2b_ms"]
             res.append(row)
         except Exception as e:
             res.append(dict(case=case, name=name, error=repr(e)[:300]))
@@ -231,14 +256,19 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--skip-prefill", action="store_true",
                     help="decode rows only (no prefill peers or prefill runs of ours)")
+    ap.add_argument("--prefill-only", action="store_true",
+                    help="prefill rows only (no decode peers or decode runs of ours)")
+    ap.add_argument("--skip-flashinfer", action="store_true",
+                    help="no FlashInfer rows (its first run compiles kernels for minutes)")
     a = ap.parse_args()
     dev = torch.cuda.get_device_name(0)
     copy_tbs, gemm = ceilings()
     res = []
-    ours(a.ours, res, a.skip_prefill)
-    decode_peers(res)
+    ours(a.ours, res, a.skip_prefill, a.prefill_only)
+    if not a.prefill_only:
+        decode_peers(res)
     if not a.skip_prefill:
-        prefill_peers(res)
+        prefill_peers(res, not a.skip_flashinfer)
     res.sort(key=lambda r: r["case"])  # stable: each case's rows together, kvattn first
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"device: {dev}; torch {torch.__version__}; {date}",
@@ -254,6 +284,9 @@ def main():
         tbs = r.get("kv_bytes", 0) / s / 1e12 if r.get("kv_bytes") else 0
         tf = r.get("flops", 0) / s / 1e12 if r.get("flops") else 0
         note = r.get("note", "")
+        if r.get("b2b_ms") and r.get("flops"):
+            note += (f"; back to back {r['b2b_ms']:.4f} ms = "
+                     f"{r['flops'] / (r['b2b_ms'] * 1e-3) / 1e12:.1f} TFLOP/s")
         if r.get("graph_ms"):
             gt = r["kv_bytes"] / (r["graph_ms"] * 1e-3) / 1e12
             note += f"; graph replay {r['graph_ms']:.4f} ms/layer = {gt:.2f} TB/s"

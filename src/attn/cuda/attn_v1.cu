@@ -743,17 +743,18 @@ __global__ void __launch_bounds__(256)
  * metadata's prefill-tile section, its count into the header. The grid is the
  * section's capacity (CTAs past the count exit), so a graph captured here
  * replays any later plan that fits the capacity; the block-table stride is
- * read from the header for the same reason. Launched whenever the shape
- * runs prefills there and the context has tile capacity (0 tiles: the CTAs
- * exit at once), not only when this plan has prefills, so a graph captured
- * over a decode-only batch also replays batches with prefills.
+ * read from the header for the same reason. Under graph capture it is
+ * launched whenever the shape runs prefills there and the context has tile
+ * capacity (0 tiles: the CTAs exit at once), not only when this plan has
+ * prefills, so a graph captured over a decode-only batch also replays batches
+ * with prefills; eager runs (eager != 0) skip it when the plan has no tile.
  */
 static kva_status launch_prefill(kva_context *ctx, const kva_plan *plan, const attn_args *a,
-                                 const kva_cache *cache)
+                                 const kva_cache *cache, int eager)
 {
-    const kva__cuda_state *st = (const kva__cuda_state *)ctx->cuda;
+    kva__cuda_state *st = (kva__cuda_state *)ctx->cuda;
     const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
-    if (!cp->mma || !cache || st->caps.ptiles <= 0)
+    if (!cp->mma || !cache || st->caps.ptiles <= 0 || (eager && cp->num_ptiles == 0))
         return KVA_STATUS_OK;
     const kva_plan_desc *d = &plan->d;
     kva__cuda_prefill_args pa;
@@ -785,6 +786,7 @@ static kva_status launch_prefill(kva_context *ctx, const kva_plan *plan, const a
     pa.causal = d->causal;
     pa.window_left = d->window_left;
     pa.softcap = d->softcap;
+    pa.host_cache = &st->prefill_host;
     return kva__cuda_prefill_launch_variant(&pa, st->stream, st->force_prefill_variant);
 }
 
@@ -842,9 +844,21 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
                          "plan was partitioned for variant 4 (%d rows); force the variant before "
                          "kva_plan_create (kva__cuda_context_force_variant)",
                          variant, kva__cuda_rows_for_group(a.G), cp->rows);
-    KVA_TRY(launch_prefill(ctx, plan, &a, cache));
+    /* Eager runs (the stream is not capturing a graph) launch only the kernels
+     * that have work in this plan: the host knows its prefill tiles, work items
+     * and split tasks. A kernel with nothing to do still costs its launch and a
+     * few microseconds of GPU time (1 x 4096 causal prefill on an H100: the
+     * empty decode and merge kernels after the prefill kernel took ~9 us of
+     * 273). Under capture every kernel is launched, so that the graph replays
+     * any later plan that fits the context's capacities. */
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    KVA_CUDA_TRY(cudaStreamIsCapturing(stream, &cs));
+    const int eager = cs == cudaStreamCaptureStatusNone;
+    KVA_TRY(launch_prefill(ctx, plan, &a, cache, eager));
     const int grid = st->num_sms * cp->ctas_per_sm[variant - 1];
-    if (variant == 4) {
+    if (eager && plan->part->num_items == 0) {
+        /* no decode or short-prefill item */
+    } else if (variant == 4) {
         KVA_TRY(kva__cuda_decode_mma_launch(&a, d->q_dtype, grid, stream));
     } else {
         const int32_t dmax = a.D > a.Dv ? a.D : a.Dv;
@@ -852,9 +866,12 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
         kl.fn<<<grid, KVA_NW * 32, kl.smem, stream>>>(a);
         KVA_CUDA_LAUNCHED("attn_kernel");
     }
-    /* Always launched (it exits when the plan has no split task), so a graph
-     * captured over a plan without splits replays plans with splits. */
+    /* Launched under capture even when the plan has no split task (it then
+     * exits), so a graph captured over a plan without splits replays plans
+     * with splits. */
     const int mgrid = st->num_sms * 2;
+    if (eager && plan->part->num_tasks == 0)
+        return KVA_STATUS_OK;
     if (d->q_dtype == KVA_DTYPE_F32)
         split_merge_kernel<float>
             <<<mgrid, 256, 0, stream>>>(a.meta, a.ws, sinks, (float *)out, lse, a.H, a.G, a.Dv);

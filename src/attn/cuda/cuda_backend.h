@@ -14,6 +14,7 @@
 
 #include "internal.h"
 #include "kvattn_cuda.h"
+#include "prefill_mma.h"
 
 /* One work item as the kernels read it (from kva__work_item). */
 typedef struct kva__cuda_item {
@@ -93,6 +94,9 @@ typedef struct kva__cuda_state {
      * kva_plan_create asks the runtime once per shape, not per plan. */
     kva__cuda_occ occ[KVA__CUDA_OCC_CACHE];
     int num_occ;
+    /* What the prefill launchers ask the runtime and driver once per context
+     * instead of per launch (SM count, tensor maps, kernel attributes). */
+    kva__cuda_prefill_host_cache prefill_host;
     /* ctx->workspace / ctx->workspace_bytes hold the device split partials. */
 } kva__cuda_state;
 
@@ -103,10 +107,11 @@ typedef struct kva__cuda_plan {
     int ctas_per_sm[4];  /* resident CTAs per SM of variants 1..4 (grid size) */
     int has_alibi;
     int mma;              /* the shape runs prefills on prefill_mma (paged plans, D in
-                             {64, 128, 256}, Dv == D, f16/bf16): whenever the context
-                             has prefill-tile capacity the kernel is launched (with 0
-                             tiles when the batch has no prefill, so captured graphs
-                             replay batches with prefills) */
+                             {64, 128, 256}, Dv == D, f16/bf16): under graph capture
+                             the kernel is launched whenever the context has
+                             prefill-tile capacity (with 0 tiles when the batch has no
+                             prefill, so captured graphs replay batches with
+                             prefills); eager runs skip it when num_ptiles == 0 */
     int32_t num_ptiles;   /* prefill tiles of this plan */
     int32_t num_prefills; /* requests routed to prefill_mma */
 } kva__cuda_plan;

@@ -590,7 +590,8 @@ extern "C" int kva__cuda_prefill_variant_exists(int32_t head_dim, int variant)
  * KVA__CUDA_PREFILL_TMA_MIN_B, NB known): 1 x 4096 causal H32/8 B 64 533
  * TFLOP/s vs 399 for v13, B 16 423 vs 398, 8 x 1024 288 vs 220; v21 (the
  * same grid with the cp.async gather only) for other block sizes: 419 / 411
- * / 257 on those shapes. Both passed the full test in that run. */
+ * / 257 on those shapes. Both passed the full test in that run. v22 (tile
+ * headers in shared memory) measured 0.93-0.99x v20 (16:25 UTC): not used. */
 #define KVA__CUDA_PREFILL_WGMMA_DEFAULT 21
 #define KVA__CUDA_PREFILL_WGMMA_TMA_DEFAULT 20
 #define KVA__CUDA_PREFILL_TMA_MIN_B 16

@@ -1,6 +1,6 @@
 /*
  * prefill_wgmma.cu - the sm_90a (Hopper) paged prefill kernel on warpgroup
- * matrix instructions (wgmma.mma_async), variants 6..21 of prefill_mma.h.
+ * matrix instructions (wgmma.mma_async), variants 6..22 of prefill_mma.h.
  *
  * Same contract, tiles and arguments as prefill_mma.cu (one CTA = one tile of
  * 128 packed (token, group head) rows of one (request, kv head); paged NHD/HND
@@ -41,7 +41,10 @@
  * K/V while the consumers finish, each consumer loads its next Q rows under
  * its epilogue); v19 = v13 on that persistent grid (cp.async only, for block
  * sizes where TMA does not pay); v20 and v21 = v17 and v19 with the CTA
- * tiles dealt in snake order (PERSIST 2).
+ * tiles dealt in snake order (PERSIST 2); v22 = v20 with each consumer
+ * warpgroup's tile headers kept in shared memory (PERSIST 3: read from global
+ * memory once per CTA tile, for the next tile's Q load, instead of three
+ * times; each read is a chain of two dependent loads the warpgroup waits on).
  *
  * The kernel body exists only in sm_90a device code (__CUDA_ARCH_FEAT_SM90_ALL);
  * other targets get an empty kernel that the host never launches
@@ -177,16 +180,17 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
  * the producer goes on to the next stage at once. Tiles that cross the edge
  * of the range (rows there must be zero-filled, not loaded: unused slots of a
  * block may hold NaN) and every tile when tm.ok = 0 take the cp.async path.
- * PERSIST (1: v17, v18, v19; 2: v20, v21): min(grid_tiles, SMs) CTAs, CTA b
+ * PERSIST (1: v17, v18, v19; 2: v20, v21; 3: v22): min(grid_tiles, SMs) CTAs, CTA b
  * computes the CTA tiles b, b + gridDim.x, ... (1: round robin over the
  * heaviest-first list; 2: odd rounds in reverse CTA order, which evens out
  * the CTAs' sums of weights: 1 x 4096 causal, 1024 tiles on 132 SMs, max
- * CTA load 12 % over the mean with 1, at the mean with 2);
+ * CTA load 12 % over the mean with 1, at the mean with 2; 3 deals as 2);
  * the K/V ring and its mbarrier phases run on across CTA tiles (counter gi),
  * consumers release the last stage of a tile too, and the ping-pong starts
  * afresh per tile (consumer 1 arrives first on consumer 0's barrier).
  * Shared memory as v6..v8, then the 2 * NST mbarriers (8 bytes each), then
- * (PRE) the staged block ids [2][128] int32.
+ * (PRE) the staged block ids [2][128] int32, then (PERSIST 3) the consumers'
+ * tile-header slots [2 consumers][2] wg_tile.
  */
 template <int NST, bool DELAY, bool INTRA, bool PRE, bool TMA, int PERSIST, typename Ty>
 __global__ void __launch_bounds__(3 * 128, 1)
@@ -208,7 +212,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
     const int t_step = PERSIST ? (int)gridDim.x : n_tiles;
     auto tile_of = [&](int k) {
         return k * t_step +
-               (PERSIST == 2 && (k & 1) ? t_step - 1 - (int)blockIdx.x : (int)blockIdx.x);
+               (PERSIST >= 2 && (k & 1) ? t_step - 1 - (int)blockIdx.x : (int)blockIdx.x);
     };
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -320,18 +324,31 @@ __global__ void __launch_bounds__(3 * 128, 1)
         const uint64_t dk0 = kva__wgmma_desc(sK, 16, 1024);
         const uint64_t dv0 = kva__wgmma_desc(sV, WG_BN * 128, 1024);
         int k = 0, ti = blockIdx.x;
+        /* PERSIST 3: the warpgroup's tile headers of rounds k and k + 1 in
+         * shared memory (slot k & 1 of [2 consumers][2] wg_tile after the
+         * staged block ids), written by its thread 0 when the header is first
+         * read from global memory (the next tile's Q load) and published by
+         * the named barrier 3 + cw at the top of the round. */
+        static_assert(4 * sizeof(wg_tile) <= 256, "tile-header slots (launch_ws smem)");
+        wg_tile *const hslots =
+            (wg_tile *)(smem_raw + (empty + 8 * NST + (PRE ? 1024 : 0) - kva__smem_u32(smem_raw)));
         wg_tile tl;
         wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
         wg_load_q<128>(a, tl, sQ, cw * 64, 64, ct & 127);
         kva__cp_async_commit();
+        if (PERSIST == 3 && (ct & 127) == 0)
+            hslots[cw * 2] = tl;
         for (;;) {
-            /* PERSIST: tile header and tile count are read again where they
-             * are needed, not kept live through the key loop (registers). */
-            if (PERSIST)
+            /* PERSIST 1, 2: tile header and tile count are read again where
+             * they are needed, not kept live through the key loop (registers);
+             * 3: from the shared-memory slot instead of global memory. */
+            if (PERSIST == 1 || PERSIST == 2)
                 wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
             kva__cp_async_wait<0>();
             kva__fence_proxy_async();
             wg_bar_sync(3 + cw, 128);
+            if (PERSIST == 3)
+                tl = hslots[cw * 2 + (k & 1)];
             wg_ctx c;
             wg_ctx_init(c, a, tl.m0, cw * 64 + wq * 16, tl.m_last, tl.G, tl.kvh, tl.seq_len,
                         tl.q_len, tl.pos_min, tl.pos_max);
@@ -460,8 +477,14 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 wg_tile_init(tl, a, a.tiles + (size_t)tn * KVA__CUDA_PREFILL_TILE_INTS);
                 wg_load_q<128>(a, tl, sQ, cw * 64, 64, ct & 127);
                 kva__cp_async_commit();
+                /* Slot (k + 1) & 1 was last read in round k - 1, before the
+                 * barrier at the top of this round. */
+                if (PERSIST == 3 && (ct & 127) == 0)
+                    hslots[cw * 2 + ((k + 1) & 1)] = tl;
             }
-            if (PERSIST)
+            if (PERSIST == 3)
+                tl = hslots[cw * 2 + (k & 1)];
+            else if (PERSIST)
                 wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
             wg_epilogue<Ty>(a, c, o, m_run, l_run, tl.m0 + cw * 64 + wq * 16 + ((ct & 31) >> 2),
                             tl.rows, tl.q_start, tl.G);
@@ -515,21 +538,36 @@ static kva_status launch_wg(const kva__cuda_prefill_args *a, cudaStream_t stream
     return KVA_STATUS_OK;
 }
 
-/* Fills tm for variants 15, 16 (wg_tmaps); tm->ok = 0 where the cache cannot
- * be described or the driver refuses (the kernel then uses cp.async only). */
+/* Fills tm for the TMA variants (wg_tmaps); tm->ok = 0 where the cache cannot
+ * be described or the driver refuses (the kernel then uses cp.async only).
+ * With a host cache (a->host_cache) the encoder is looked up once and the
+ * maps are reused while they describe the same tensors. */
 static void wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm)
 {
+    static_assert(sizeof(wg_tmaps) <= sizeof(((kva__cuda_prefill_host_cache *)0)->tmaps),
+                  "host cache too small for the tensor maps");
+    kva__cuda_prefill_host_cache *hc = a->host_cache;
     memset(tm, 0, sizeof *tm);
     const int B = a->block_size;
     if (a->num_blocks <= 0 || B < 8 || (B & (B - 1)) != 0)
         return;
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess || !fn) {
-        (void)cudaGetLastError();
+    if (hc && hc->tm_valid && hc->tm_k == a->k && hc->tm_v == a->v && hc->tm_nb == a->num_blocks &&
+        hc->tm_b == B && hc->tm_hkv == a->num_kv_heads && hc->tm_layout == (int32_t)a->layout &&
+        hc->tm_dtype == (int32_t)a->dtype) {
+        memcpy(tm, hc->tmaps, sizeof *tm);
         return;
+    }
+    void *fn = hc ? hc->tmap_encode : NULL;
+    if (!fn) {
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                             cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess || !fn) {
+            (void)cudaGetLastError();
+            return;
+        }
+        if (hc)
+            hc->tmap_encode = fn;
     }
     PFN_cuTensorMapEncodeTiled_v12000 encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
     const int nhd = a->layout == KVA_LAYOUT_NHD, R = B < 128 ? B : 128;
@@ -554,38 +592,63 @@ static void wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm)
     }
     tm->ok = 1;
     tm->box_rows = R;
+    if (hc) {
+        memcpy(hc->tmaps, tm, sizeof *tm);
+        hc->tm_k = a->k;
+        hc->tm_v = a->v;
+        hc->tm_nb = a->num_blocks;
+        hc->tm_b = B;
+        hc->tm_hkv = a->num_kv_heads;
+        hc->tm_layout = (int32_t)a->layout;
+        hc->tm_dtype = (int32_t)a->dtype;
+        hc->tm_valid = 1;
+    }
 }
 
-template <int NST, bool DELAY, bool INTRA, bool PRE, bool TMA, int PERSIST, typename Ty>
+/* VAR: the variant number (bit of the host cache's attribute mask). */
+template <int VAR, int NST, bool DELAY, bool INTRA, bool PRE, bool TMA, int PERSIST, typename Ty>
 static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream)
 {
     const size_t smem = 1024 + (size_t)WG_TILE_BYTES(WG_M) +
-                        2 * NST * (size_t)WG_TILE_BYTES(WG_BN) + 16 * NST + (PRE ? 1024 : 0);
+                        2 * NST * (size_t)WG_TILE_BYTES(WG_BN) + 16 * NST + (PRE ? 1024 : 0) +
+                        (PERSIST == 3 ? 256 : 0); /* 4 wg_tile (52 bytes each) */
     wg_tmaps tm;
     if (TMA)
         wg_tmaps_encode(a, &tm);
     else
         memset(&tm, 0, sizeof tm);
+    kva__cuda_prefill_host_cache *hc = a->host_cache;
     int grid = a->grid_tiles;
     if (PERSIST) { /* one CTA per SM (224 KB of shared memory each) */
-        int dev = 0, nsm = 0;
-        cudaError_t e = cudaGetDevice(&dev);
-        if (e == cudaSuccess)
-            e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
-        if (e != cudaSuccess)
-            return kva__fail(KVA_STATUS_DEVICE_ERROR,
-                             "kva__cuda_prefill_launch: SM count (persistent wgmma kernel): %s",
-                             cudaGetErrorString(e));
+        int nsm = hc ? hc->num_sms : 0;
+        if (nsm <= 0) {
+            int dev = 0;
+            cudaError_t e = cudaGetDevice(&dev);
+            if (e == cudaSuccess)
+                e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
+            if (e != cudaSuccess)
+                return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                                 "kva__cuda_prefill_launch: SM count (persistent wgmma kernel): %s",
+                                 cudaGetErrorString(e));
+            if (hc)
+                hc->num_sms = nsm;
+        }
         grid = nsm > 0 && nsm < grid ? nsm : grid;
     }
-    cudaError_t e =
-        cudaFuncSetAttribute(prefill_wgmma_ws_kernel<NST, DELAY, INTRA, PRE, TMA, PERSIST, Ty>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess)
-        return kva__fail(KVA_STATUS_DEVICE_ERROR,
-                         "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
-                         "memory, wgmma ws kernel): %s",
-                         smem, cudaGetErrorString(e));
+    const int bf = a->dtype == KVA_DTYPE_BF16;
+    if (!hc || !((hc->attr_set[bf] >> VAR) & 1)) {
+        cudaError_t e =
+            cudaFuncSetAttribute(prefill_wgmma_ws_kernel<NST, DELAY, INTRA, PRE, TMA, PERSIST, Ty>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess)
+            return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                             "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
+                             "memory, wgmma ws kernel): %s",
+                             smem, cudaGetErrorString(e));
+        if (hc)
+            hc->attr_set[bf] |= (uint64_t)1 << VAR;
+    }
+    cudaError_t e;
     prefill_wgmma_ws_kernel<NST, DELAY, INTRA, PRE, TMA, PERSIST, Ty>
         <<<grid, 3 * 128, smem, stream>>>(*a, tm);
     e = cudaGetLastError();
@@ -607,36 +670,38 @@ static kva_status launch_wg_dtype(const kva__cuda_prefill_args *a, cudaStream_t 
     case 8:
         return launch_wg<2, true, Ty>(a, st);
     case 9:
-        return launch_ws<2, false, false, false, false, 0, Ty>(a, st);
+        return launch_ws<9, 2, false, false, false, false, 0, Ty>(a, st);
     case 10:
-        return launch_ws<3, false, false, false, false, 0, Ty>(a, st);
+        return launch_ws<10, 3, false, false, false, false, 0, Ty>(a, st);
     case 11:
-        return launch_ws<3, true, false, false, false, 0, Ty>(a, st);
+        return launch_ws<11, 3, true, false, false, false, 0, Ty>(a, st);
     case 12:
-        return launch_ws<3, true, true, false, false, 0, Ty>(a, st);
+        return launch_ws<12, 3, true, true, false, false, 0, Ty>(a, st);
     case 13:
-        return launch_ws<3, false, false, true, false, 0, Ty>(a, st);
+        return launch_ws<13, 3, false, false, true, false, 0, Ty>(a, st);
     case 14:
-        return launch_ws<3, false, true, true, false, 0, Ty>(a, st);
+        return launch_ws<14, 3, false, true, true, false, 0, Ty>(a, st);
     case 15:
-        return launch_ws<3, false, false, true, true, 0, Ty>(a, st);
+        return launch_ws<15, 3, false, false, true, true, 0, Ty>(a, st);
     case 16:
-        return launch_ws<3, false, true, true, true, 0, Ty>(a, st);
+        return launch_ws<16, 3, false, true, true, true, 0, Ty>(a, st);
     case 17:
-        return launch_ws<3, false, true, true, true, 1, Ty>(a, st);
+        return launch_ws<17, 3, false, true, true, true, 1, Ty>(a, st);
     case 18:
-        return launch_ws<3, false, false, true, true, 1, Ty>(a, st);
+        return launch_ws<18, 3, false, false, true, true, 1, Ty>(a, st);
     case 19:
-        return launch_ws<3, false, false, true, false, 1, Ty>(a, st);
+        return launch_ws<19, 3, false, false, true, false, 1, Ty>(a, st);
     case 20:
-        return launch_ws<3, false, true, true, true, 2, Ty>(a, st);
-    default:
-        return launch_ws<3, false, false, true, false, 2, Ty>(a, st);
+        return launch_ws<20, 3, false, true, true, true, 2, Ty>(a, st);
+    case 22:
+        return launch_ws<22, 3, false, true, true, true, 3, Ty>(a, st);
+    default: /* 21 */
+        return launch_ws<21, 3, false, false, true, false, 2, Ty>(a, st);
     }
 }
 
 /* Called by kva__cuda_prefill_launch_variant after its argument checks, for
- * variants 6..21 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
+ * variants 6..22 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
 extern "C" kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_args *a, void *stream,
                                                      int variant)
 {
