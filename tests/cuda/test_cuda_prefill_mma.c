@@ -23,8 +23,8 @@
  * reference by up to u * max|v| (u = 2^-8 bf16, 2^-11 f16: the rounding bound
  * of P, summed over weights that add up to 1) on top of the harness's per-dtype
  * tolerance. lse does not depend on that rounding and gets the harness's f32
- * tolerance. With "small" as argv[1] only a few small cases run (for
- * compute-sanitizer).
+ * tolerance. With "small" as argv[1] or KVA_TEST_QUICK set (as the other CUDA
+ * tests take it) only a few small cases run (for compute-sanitizer).
  *
  * Exit 77 when there is no GPU (or the build has no CUDA).
  */
@@ -587,7 +587,7 @@ static void test_host(void)
 
 int main(int argc, char **argv)
 {
-    small_mode = argc > 1 && strcmp(argv[1], "small") == 0;
+    small_mode = (argc > 1 && strcmp(argv[1], "small") == 0) || getenv("KVA_TEST_QUICK");
     RUN(test_host);
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
