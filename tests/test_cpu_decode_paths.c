@@ -9,7 +9,7 @@
  *      alone; a decode-only plan is split so that there are enough groups for
  *      the threads. Running a plan in groups gives bitwise the outputs and
  *      LSE of running its items one by one (groups disabled), for float and
- *      quantized caches, GQA 1 / 4 / 8, on every variant that has a group
+ *      quantized caches, GQA 1 / 2 / 3 / 4 / 8, on every variant that has a group
  *      entry, and both equal the reference.
  *   2. The int8 key scores by VNNI dot products (variant 4 on CPUs with
  *      AVX512_VNNI): over INT8_CHANNEL (with offsets), symmetric int8 and
@@ -254,14 +254,16 @@ static void check_grouped_run(int v, int kind, int32_t H, int32_t Hkv, kva_dtype
 
 static void test_groups_equal_items(void)
 {
-    const int32_t shapes[3][2] = {{8, 8}, {16, 4}, {32, 4}}; /* GQA 1, 4, 8 */
+    /* GQA 1, 4, 8, and 2, 3 (the D = 128 score loop keeps q of two heads in
+     * registers and reads the others from memory: 1..4 heads per pass). */
+    const int32_t shapes[5][2] = {{8, 8}, {16, 4}, {32, 4}, {8, 4}, {12, 4}};
     uint64_t seed = 900;
     for (int v = 1; v <= kva__cpu_attn_num_variants(); v++) {
         const kva__cpu_variant *info = kva__cpu_attn_variant_info(v);
         if (!kva__cpu_attn_supported(v) || !info->decode || !info->group)
             continue;
         for (int kind = 0; kind < 5; kind++)
-            for (int sh = 0; sh < 3; sh++) {
+            for (int sh = 0; sh < 5; sh++) {
                 const kva_dtype qdt = kind == 1   ? KVA_DTYPE_BF16
                                       : kind == 0 ? KVA_DTYPE_F16
                                                   : KVA_DTYPE_F32;

@@ -150,6 +150,7 @@ typedef struct bench_result {
     double plan_s;        /* median kva_plan_create time */
     double write_s;       /* median kva_cache_write of the step's new tokens (paged only) */
     double read_bw;       /* measured machine read bandwidth GB/s, 0 if not measured */
+    double read_bw_1t;    /* the same with 1 thread (measured when threads > 1), else 0 */
     double fma_peak;      /* measured fp32 FMA peak GFLOP/s, 0 if not measured */
     const char *peak_isa; /* vector ISA the peak was measured with */
     bench_counts counts;
@@ -169,6 +170,17 @@ int bench_run_shape(const bench_opts *o, bench_result *res);
 int bench_sweep_parse(const char *val, int *set);
 /* bench_sweep.c: runs the shapes of o->sweep with o's other options. */
 int bench_sweep(const bench_opts *o);
+
+/* The roofline of the shape on the measured ceilings: the compute-limited
+ * rate fma_peak * kv_bytes / flops (GB/s: the K/V bytes a kernel doing only
+ * the counted fp32 FMAs at the peak would get through) and the bound
+ * min(read_bw, that rate). 0 where a ceiling was not measured. */
+typedef struct bench_roofline {
+    double compute_gbps; /* fma_peak * kv_bytes / flops */
+    double bound_gbps;   /* min(read_bw, compute_gbps) */
+    int compute_bound;   /* 1 when compute_gbps < read_bw */
+} bench_roofline;
+bench_roofline bench_roofline_of(const bench_counts *c, double read_bw, double fma_peak);
 
 void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_result *r);
 /* Returns 0 on success, -1 if the file cannot be written. */

@@ -44,6 +44,18 @@ static void row(const char *metric, const char *value, const char *note)
     printf("  %-18s %-16s %s\n", metric, value, note ? note : "");
 }
 
+bench_roofline bench_roofline_of(const bench_counts *c, double read_bw, double fma_peak)
+{
+    bench_roofline rl = {0, 0, 0};
+    if (fma_peak > 0 && c->flops > 0)
+        rl.compute_gbps = fma_peak * c->kv_bytes / c->flops;
+    if (read_bw > 0 && rl.compute_gbps > 0) {
+        rl.compute_bound = rl.compute_gbps < read_bw;
+        rl.bound_gbps = rl.compute_bound ? rl.compute_gbps : read_bw;
+    }
+    return rl;
+}
+
 void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_result *r)
 {
     char v[64], n[160], t[64];
@@ -100,6 +112,12 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
     else
         snprintf(n, sizeof n, "bandwidth ceiling not measured");
     row("bandwidth", v, n);
+    if (r->read_bw_1t > 0) {
+        snprintf(v, sizeof v, "%.2f GB/s", r->read_bw_1t);
+        snprintf(n, sizeof n, "read bandwidth with 1 thread: %d threads read %.2fx as much",
+                 (int)r->threads, r->read_bw / r->read_bw_1t);
+        row("read, 1 thread", v, n);
+    }
     row("FLOPs", fmt_flops(v, sizeof v, r->counts.flops),
         "2*D + 2*Dv per unmasked (query head, key)");
     double gflops = r->median_s > 0 ? r->counts.flops / r->median_s / 1e9 : 0;
@@ -112,6 +130,21 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
     else
         snprintf(n, sizeof n, "FMA peak not measured");
     row("throughput", v, n);
+    if (o->backend != KVA_BACKEND_CUDA) {
+        const bench_roofline rl = bench_roofline_of(&r->counts, r->read_bw, r->fma_peak);
+        if (rl.compute_gbps > 0) {
+            snprintf(v, sizeof v, "%.2f GB/s", rl.compute_gbps);
+            snprintf(n, sizeof n, "FMA peak x bytes / FLOPs (%.3g FLOP/byte)",
+                     r->counts.flops / r->counts.kv_bytes);
+            row("compute ceiling", v, n);
+        }
+        if (rl.bound_gbps > 0) {
+            snprintf(v, sizeof v, "%.2f GB/s", rl.bound_gbps);
+            snprintf(n, sizeof n, "%.1f%% of the roofline min(read, compute): %s-bound",
+                     100.0 * gbps / rl.bound_gbps, rl.compute_bound ? "compute" : "memory");
+            row("roofline", v, n);
+        }
+    }
     row("plan create", fmt_time(v, sizeof v, r->plan_s),
         o->backend == KVA_BACKEND_CUDA ? "median, host (partition + metadata upload)"
                                        : "median, host, once per step");
@@ -185,6 +218,12 @@ void bench_report_json_write(FILE *f, const bench_opts *o, const bench_result *r
     fprintf(f, "  \"kv_bytes\": %.0f,\n  \"gbps\": %.4f,\n", r->counts.kv_bytes, gbps);
     fprintf(f, "  \"flops\": %.0f,\n  \"gflops\": %.4f,\n", r->counts.flops, gflops);
     fprintf(f, "  \"read_bw_gbps\": %.4f,\n", r->read_bw);
+    if (o->backend != KVA_BACKEND_CUDA) {
+        const bench_roofline rl = bench_roofline_of(&r->counts, r->read_bw, r->fma_peak);
+        fprintf(f, "  \"read_bw_1t_gbps\": %.4f,\n", r->read_bw_1t);
+        fprintf(f, "  \"compute_ceiling_gbps\": %.4f,\n  \"roofline_gbps\": %.4f,\n",
+                rl.compute_gbps, rl.bound_gbps);
+    }
     if (r->decodes_s > 0 && r->chunk_s > 0)
         fprintf(f,
                 "  \"parts_mixed_ms\": %.6f,\n  \"decodes_ms\": %.6f,\n  \"chunk_ms\": %.6f,\n"

@@ -103,8 +103,9 @@ int bench_sweep(const bench_opts *base)
     if (!base->no_ceiling)
         printf("ceilings: read bandwidth %.2f GB/s, fp32 FMA peak %.1f GFLOP/s (%s)\n", bw, peak,
                isa);
-    printf("%-8s %5s %7s %6s %7s %10s %9s %6s %10s %6s %5s %s\n", "mode", "R", "context", "q_len",
-           "H/Hkv", "median ms", "GB/s", "%bw", "GFLOP/s", "%peak", "check", "mixed/parts");
+    printf("%-8s %5s %7s %6s %7s %10s %9s %6s %10s %6s %6s %5s %s\n", "mode", "R", "context",
+           "q_len", "H/Hkv", "median ms", "GB/s", "%bw", "GFLOP/s", "%peak", "%roof", "check",
+           "mixed/parts");
     fflush(stdout);
     if (json)
         fprintf(json,
@@ -150,14 +151,17 @@ int bench_sweep(const bench_opts *base)
             snprintf(mixed, sizeof mixed, "%.3f", r.mixed_s / (r.decodes_s + r.chunk_s));
         if (tty)
             fprintf(stderr, "\r\033[K");
-        char pbw[16] = "-", ppk[16] = "-";
+        char pbw[16] = "-", ppk[16] = "-", prf[16] = "-";
+        const bench_roofline rl = bench_roofline_of(&r.counts, bw, peak);
+        if (rl.bound_gbps > 0)
+            snprintf(prf, sizeof prf, "%.1f%%", 100.0 * gbps / rl.bound_gbps);
         if (bw > 0)
             snprintf(pbw, sizeof pbw, "%.1f%%", 100.0 * gbps / bw);
         if (peak > 0)
             snprintf(ppk, sizeof ppk, "%.1f%%", 100.0 * gflops / peak);
-        printf("%-8s %5d %7d %6d %3d/%-3d %10.3f %9.2f %6s %10.2f %6s %5s %s\n",
+        printf("%-8s %5d %7d %6d %3d/%-3d %10.3f %9.2f %6s %10.2f %6s %6s %5s %s\n",
                bench_mode_name(o.mode), (int)o.batch, (int)o.context, (int)o.q_len, (int)o.heads,
-               (int)o.kv_heads, r.median_s * 1e3, gbps, pbw, gflops, ppk,
+               (int)o.kv_heads, r.median_s * 1e3, gbps, pbw, gflops, ppk, prf,
                r.check.done ? (r.check.ok ? "ok" : "FAIL") : "-", mixed);
         fflush(stdout);
         if (json) {

@@ -492,6 +492,8 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
     res->counts = bench_count(o, b);
     if (!o->no_ceiling) {
         res->read_bw = kva_cli_measure_read_bw(res->threads);
+        if (res->threads > 1)
+            res->read_bw_1t = kva_cli_measure_read_bw(1);
         res->fma_peak = kva_cli_measure_fma_peak(res->threads, &res->peak_isa);
     }
 

@@ -209,19 +209,87 @@ AI void scores_nb(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk, con
         }
 }
 
-/* scores_nb with the head count nb (1..8) as a constant. */
+/*
+ * scores_nb for D = 128 in one pass over the keys: each K row is loaded and
+ * converted once (8 zmm) for the NB (<= 4) heads; q of the first two heads
+ * stays in registers (16 zmm), that of heads 2 and 3 is read from s->q (L1)
+ * as FMA memory operands, so each key costs 8 conversions, 8 * NB FMAs, NB
+ * stores and no reload of partial sums. Per head the two 64-dim halves are
+ * summed in the order scores_nb's two passes use (mul + 3 FMAs each, then
+ * the halves added), so the scores are bitwise those of scores_nb.
+ * (scores_nb at D = 128 and NB = 4: 2 passes, each key's 4 K vectors
+ * converted per pass and the partial sums stored, reloaded and added.)
+ */
+AI void scores_nb_d128(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk, const int kd,
+                       const fold_info *fi)
+{
+    const int NBR = NB < 2 ? NB : 2; /* heads with q in registers */
+    float *vs = s->vs;
+    const float *q = s->q + (size_t)m0 * 128;
+    const int32_t nkr = (nk + 15) & ~15;
+    __m512 qr[2][8];
+    for (int b = 0; b < NBR; b++)
+        for (int j = 0; j < 8; j++)
+            qr[b][j] = _mm512_loadu_ps(q + (size_t)b * 128 + 16 * j);
+    for (int32_t key = 0; key < nkr; key++) {
+        pf_key_k(fi, key);
+        float *dst0 = vs + ((key >> 4) * 128 + (key & 15)) * 16; /* head b: + b * 256 */
+        if (key >= nk) {
+            for (int b = 0; b < NB; b++)
+                _mm512_storeu_ps(dst0 + b * 256, _mm512_setzero_ps());
+            continue;
+        }
+        __m512 kr[8];
+        for (int j = 0; j < 8; j++) {
+            kr[j] = ld16(s->kp[key], 16 * j, kd, 0xffff);
+            if (kd == FMT_I8)
+                kr[j] = _mm512_sub_ps(kr[j], _mm512_loadu_ps(fi->koff + 16 * j));
+        }
+        for (int b = 0; b < NB; b++) {
+            __m512 qv[8];
+            for (int j = 0; j < 8; j++)
+                qv[j] =
+                    b < NBR ? qr[b < 2 ? b : 0][j] : _mm512_loadu_ps(q + (size_t)b * 128 + 16 * j);
+            __m512 lo = _mm512_mul_ps(qv[0], kr[0]), hi = _mm512_mul_ps(qv[4], kr[4]);
+            for (int j = 1; j < 4; j++) {
+                lo = _mm512_fmadd_ps(qv[j], kr[j], lo);
+                hi = _mm512_fmadd_ps(qv[4 + j], kr[4 + j], hi);
+            }
+            _mm512_storeu_ps(dst0 + b * 256, _mm512_add_ps(lo, hi));
+        }
+    }
+    for (int32_t half = 0; half * 16 < nk; half++)
+        for (int b = 0; b < NB; b++) {
+            __m512 v[16];
+            for (int t = 0; t < 16; t++)
+                v[t] = _mm512_loadu_ps(vs + (half * 128 + b * 16 + t) * 16);
+            __m512 sc = hsum16(v);
+            if (kd == FMT_I8T)
+                sc = _mm512_mul_ps(sc, _mm512_loadu_ps(fi->tok + half * 16));
+            _mm512_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + half * 16, sc);
+        }
+}
+
+/* scores_nb with the head count nb (1..8) as a constant; D = 128 takes the
+ * one-pass loop (scores_nb_d128, same scores). */
 AI void scores_rows(kva__cpu_scratch *s, int32_t m0, int32_t nb, int32_t nk, const int32_t D,
                     const int kd, const fold_info *fi)
 {
     if (nb > 4) { /* two passes of 4 heads with q in registers beat one of 8 */
-        scores_nb(s, m0, 4, nk, D, kd, fi);
+        if (D == 128)
+            scores_nb_d128(s, m0, 4, nk, kd, fi);
+        else
+            scores_nb(s, m0, 4, nk, D, kd, fi);
         m0 += 4;
         nb -= 4;
     }
     switch (nb) {
 #define NB_CASE(n)                                                                                 \
     case n:                                                                                        \
-        scores_nb(s, m0, n, nk, D, kd, fi);                                                        \
+        if (D == 128)                                                                              \
+            scores_nb_d128(s, m0, n, nk, kd, fi);                                                  \
+        else                                                                                       \
+            scores_nb(s, m0, n, nk, D, kd, fi);                                                    \
         break;
         NB_CASE(1)
         NB_CASE(2)
