@@ -6,7 +6,7 @@
  *              [--dtype bf16|f16|f32] [--layout nhd|hnd] [--iters N]
  *              [--graph-layers L] [--variant V] [--prefill-variant P]
  *              [--quant none|int8|int8-token|int8-token-v16|fp8] [--qmma V]
- *              [--qprefill P] [--plan-iters N]
+ *              [--qprefill P] [--plan-iters N] [--splits N]
  *
  * decode: R requests of q_len Q (1 = decode, >1 = speculative) after S cached
  * tokens; prefill: R causal prompts of Q tokens after S cached tokens. Block
@@ -34,6 +34,10 @@
  * the tensor-core kernel (prefill_mma_quant.h; 0 the default) or, with -1,
  * on the CUDA-core kernel of attn_quant.cu (kva__cuda_context_force_quant_
  * prefill), so one build compares the two paths.
+ * --splits N cuts every partition unit into N key chunks
+ * (kva__cuda_context_force_splits; 0, the default, keeps the plan's choice),
+ * to time split counts the plan does not pick; the line reports the split
+ * tasks and the plan's candidate (partition.h pick).
  * --plan-iters N times N kva_plan_create + kva_plan_destroy of the batch on
  * the host (median, microseconds) and one uncached occupancy query.
  * The last line is one JSON object for bench/peer_cuda.py.
@@ -144,7 +148,7 @@ int main(int argc, char **argv)
 {
     const char *mode = "decode", *dts = "bf16", *lays = "nhd", *quants = "none";
     int32_t R = 64, S = 4096, Q = -1, H = 32, Hkv = 8, D = 128, B = 16, iters = 30, layers = 0,
-            variant = 0, qmma = 0, pvariant = 0, qprefill = 0, plan_iters = 0;
+            variant = 0, qmma = 0, pvariant = 0, qprefill = 0, plan_iters = 0, splits = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *f = argv[i], *v = argv[i + 1];
         if (!strcmp(f, "--mode"))
@@ -171,6 +175,8 @@ int main(int argc, char **argv)
             iters = atoi(v);
         else if (!strcmp(f, "--graph-layers"))
             layers = atoi(v);
+        else if (!strcmp(f, "--splits"))
+            splits = atoi(v);
         else if (!strcmp(f, "--variant"))
             variant = atoi(v);
         else if (!strcmp(f, "--prefill-variant"))
@@ -225,6 +231,7 @@ int main(int argc, char **argv)
     KV(kva_context_create(&gd, &gpu));
     /* --variant V: plans are partitioned for and run with variant V. */
     KV(kva__cuda_context_force_variant(gpu, variant));
+    KV(kva__cuda_context_force_splits(gpu, splits));
     KV(kva__cuda_context_force_quant_mma(gpu, qmma));
     KV(kva__cuda_context_force_prefill_variant(gpu, pvariant));
     KV(kva__cuda_context_force_quant_prefill(gpu, qprefill));
@@ -425,11 +432,12 @@ int main(int argc, char **argv)
     const double sec = med * 1e-3;
     fprintf(stderr,
             "bench_cuda: %s R=%d S=%d Q=%d H=%d Hkv=%d D=%d B=%d %s kv %s: median %.4f ms, %.3f "
-            "TB/s KV, %.1f TFLOP/s, %d items, variant %d, qmma %d, prefill variant %d, qprefill "
-            "%d, check %s\n",
+            "TB/s KV, %.1f TFLOP/s, %d items, %d split tasks (candidate %d), variant %d, qmma %d, "
+            "prefill variant %d, qprefill %d, check %s\n",
             mode, R, S, Q, H, Hkv, D, B, dts, kva_quant_name(quant), (double)med,
             kv_bytes / sec * 1e-12, flops / sec * 1e-12, (int)info.num_work_items,
-            plan->part->variant, qmma, pvariant, qprefill, bad ? "FAILED" : "ok");
+            (int)plan->part->num_tasks, (int)plan->part->pick, plan->part->variant, qmma, pvariant,
+            qprefill, bad ? "FAILED" : "ok");
     printf(
         "{\"mode\": \"%s\", \"device\": \"%s\", \"R\": %d, \"S\": %d, \"Q\": %d, \"H\": %d, "
         "\"Hkv\": %d, \"D\": %d, \"B\": %d, \"dtype\": \"%s\", \"kv_quant\": \"%s\", \"ms\": %.5f, "
