@@ -6,7 +6,7 @@
  *              [--dtype bf16|f16|f32] [--layout nhd|hnd] [--iters N]
  *              [--graph-layers L] [--variant V] [--prefill-variant P]
  *              [--quant none|int8|int8-token|int8-token-v16|fp8] [--qmma V]
- *              [--qprefill P] [--plan-iters N] [--splits N]
+ *              [--qprefill P] [--plan-iters N] [--splits N] [--context-min M]
  *
  * decode: R requests of q_len Q (1 = decode, >1 = speculative) after S cached
  * tokens; prefill: R causal prompts of Q tokens after S cached tokens. Block
@@ -34,8 +34,11 @@
  * the tensor-core kernel (prefill_mma_quant.h; 0 the default) or, with -1,
  * on the CUDA-core kernel of attn_quant.cu (kva__cuda_context_force_quant_
  * prefill), so one build compares the two paths.
+ * --context-min M draws every request's cached tokens uniformly from [M, S]
+ * (fixed seed; default M = S: all equal), for ragged batches.
  * --splits N cuts every partition unit into N key chunks
- * (kva__cuda_context_force_splits; 0, the default, keeps the plan's choice),
+ * (kva__cuda_context_force_splits; 0, the default, keeps the plan's choice;
+ * -1 makes the former choice: four candidates by makespan alone),
  * to time split counts the plan does not pick; the line reports the split
  * tasks and the plan's candidate (partition.h pick).
  * --plan-iters N times N kva_plan_create + kva_plan_destroy of the batch on
@@ -148,7 +151,8 @@ int main(int argc, char **argv)
 {
     const char *mode = "decode", *dts = "bf16", *lays = "nhd", *quants = "none";
     int32_t R = 64, S = 4096, Q = -1, H = 32, Hkv = 8, D = 128, B = 16, iters = 30, layers = 0,
-            variant = 0, qmma = 0, pvariant = 0, qprefill = 0, plan_iters = 0, splits = 0;
+            variant = 0, qmma = 0, pvariant = 0, qprefill = 0, plan_iters = 0, splits = 0,
+            smin = -1;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *f = argv[i], *v = argv[i + 1];
         if (!strcmp(f, "--mode"))
@@ -175,6 +179,8 @@ int main(int argc, char **argv)
             iters = atoi(v);
         else if (!strcmp(f, "--graph-layers"))
             layers = atoi(v);
+        else if (!strcmp(f, "--context-min"))
+            smin = atoi(v);
         else if (!strcmp(f, "--splits"))
             splits = atoi(v);
         else if (!strcmp(f, "--variant"))
@@ -219,7 +225,7 @@ int main(int argc, char **argv)
     int32_t *ql = malloc(sizeof(int32_t) * (size_t)R), *sl = malloc(sizeof(int32_t) * (size_t)R);
     for (int32_t r = 0; r < R; r++) {
         ql[r] = Q;
-        sl[r] = S + Q;
+        sl[r] = (smin >= 0 && smin < S ? kva_rng_int(&rng, smin, S) : S) + Q;
     }
     kva_test_batch b;
     kva_test_batch_init(&b, &rng, R, ql, sl, B, 1, 0);

@@ -154,7 +154,7 @@ int main(int argc, char **argv)
         kva__partition *pg = NULL;
 #ifndef BENCH_PLAN_FOUR_ONLY
         kva__partition_params pp = gpu_params(slots);
-        kva__partition_grid grid = {slots, 0};
+        kva__partition_grid grid = {slots, 0, 176, 600, 1100}; /* cuda_ctx.cu best_partition */
         if (kva__partition_build_grid(plan, &pp, &grid, skip, &pg) != KVA_STATUS_OK) {
             fprintf(stderr, "bench_plan: %s\n", kva_last_error());
             return 1;

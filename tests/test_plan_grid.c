@@ -189,7 +189,7 @@ static void test_grid_random(void)
         const int32_t rows = c % 4 == 2 ? (G <= 4 ? 4 : 8) : 16;
         const int64_t slots = slot_set[c % 6];
         kva__partition_params pp = params_for(rows, slots);
-        kva__partition_grid grid = {slots, 0};
+        kva__partition_grid grid = {slots, 0, 0, 0, 0};
         kva__partition *pg = NULL;
         CHECK_OK(kva__partition_build_grid(plan, &pp, &grid, skip, &pg));
         if (pg) {
@@ -198,7 +198,7 @@ static void test_grid_random(void)
             CHECK_MSG(pg->makespan == sim && kva__partition_makespan(pg, slots) == sim,
                       "case %d: makespan %lld stored, %lld simulated", c, (long long)pg->makespan,
                       (long long)sim);
-            CHECK(pg->pick >= 1 && pg->pick <= 8);
+            CHECK(pg->pick >= 0 && pg->pick <= 8 && pg->estimate == pg->makespan);
             int64_t best_old = -1;
             for (int k = 1; k <= 4; k++) {
                 kva__partition_params po = params_for(rows, slots * k);
@@ -227,13 +227,34 @@ static void test_grid_random(void)
             }
             CHECK_MSG(pg->makespan <= best_old, "case %d: makespan %lld above the former %lld", c,
                       (long long)pg->makespan, (long long)best_old);
-            kept_old += pg->pick <= 4;
-            kept_new += pg->pick > 4;
+            kept_old += pg->pick >= 1 && pg->pick <= 4;
+            kept_new += pg->pick > 4 || pg->pick == 0;
+            /* The former choice (force_splits < 0) is the best of the four builds. */
+            kva__partition_grid gold = {slots, -1, 0, 0, 0};
+            kva__partition *po = NULL;
+            CHECK_OK(kva__partition_build_grid(plan, &pp, &gold, skip, &po));
+            if (po) {
+                check_partition(plan, po, skip);
+                CHECK(po->pick >= 1 && po->pick <= 4 && po->makespan == best_old &&
+                      simulate(po, slots) == best_old);
+            }
+            kva__partition_free(po);
+            /* The CUDA backend's time model: still a valid partition, and its
+             * estimate is never above the one of the unsplit candidate. */
+            kva__partition_grid gm = {slots, 0, 176, 600, 1100};
+            kva__partition *pm = NULL;
+            CHECK_OK(kva__partition_build_grid(plan, &pp, &gm, skip, &pm));
+            if (pm) {
+                check_partition(plan, pm, skip);
+                CHECK(pm->makespan == simulate(pm, slots) &&
+                      pm->estimate >= pm->makespan * 100 / 176);
+            }
+            kva__partition_free(pm);
         }
         kva__partition_free(pg);
         /* A forced split count. */
         const int32_t force = kva_rng_int(&rng, 1, 12);
-        kva__partition_grid gf = {slots, force};
+        kva__partition_grid gf = {slots, force, 0, 0, 0};
         kva__partition *pf = NULL;
         CHECK_OK(kva__partition_build_grid(plan, &pp, &gf, skip, &pf));
         if (pf) {
@@ -276,7 +297,7 @@ static void test_grid_uniform(void)
         CHECK_OK(kva_context_create(&cd, &ctx));
         CHECK_OK(kva_plan_create(ctx, &pd, &plan));
         kva__partition_params pp = params_for(16, 264);
-        kva__partition_grid grid = {264, 0};
+        kva__partition_grid grid = {264, 0, 176, 600, 1100};
         kva__partition *pg = NULL;
         if (plan)
             CHECK_OK(kva__partition_build_grid(plan, &pp, &grid, NULL, &pg));

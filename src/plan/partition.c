@@ -13,6 +13,14 @@
  *      chunks of similar size (aligned, at least min_split_keys each), so
  *      that a single long request cannot leave cores idle.
  *   4. Items are sorted by cost, largest first, for a dynamic schedule.
+ *
+ * The GPU's persistent grid (kva__partition_build_grid) runs items round-
+ * robin, so the split target matters more than on a dynamic schedule: it
+ * lists the units once (one per request, head slice and query tile; the kv
+ * heads multiply them), evaluates eight candidate targets by the grid's
+ * makespan in closed form (runs of equal item cost, no items built), and
+ * builds only the winner, placing every item at its sorted position by
+ * counting (no comparison sort).
  */
 #include "partition.h"
 
@@ -533,8 +541,10 @@ static int same_shape(const kva_plan *plan, const unit *x, const unit *y)
  */
 static int64_t rule_makespan(const kva_plan *plan, const kva__partition_params *pp,
                              const unit_list *a, const split_rule *sr, int64_t slots,
-                             cost_run **runs, int32_t *cap, int64_t *num_items, int32_t *num_runs)
+                             cost_run **runs, int32_t *cap, int64_t *num_items, int32_t *num_runs,
+                             int64_t *sum_cost, int *any_split)
 {
+    *any_split = 0;
     const int64_t hkv = plan->d.num_kv_heads;
     int32_t n = 0;
     for (int32_t i = 0; i < a->n;) {
@@ -547,6 +557,7 @@ static int64_t rule_makespan(const kva_plan *plan, const kva__partition_params *
         int32_t chunk = 0;
         const int32_t keys = u->k1 - u->k0;
         const int32_t ns = unit_splits(pp, sr, u->cost, keys, &chunk);
+        *any_split |= ns > 1;
         /* At most ns runs (one per chunk; two for a one-row unit). */
         if (n + ns > *cap) {
             const int32_t c = 2 * (n + ns) + 64;
@@ -574,8 +585,10 @@ static int64_t rule_makespan(const kva_plan *plan, const kva__partition_params *
     }
     sort_runs(*runs, *runs + *cap, n);
     int64_t pos = 0, worst = 0;
+    *sum_cost = 0;
     for (int32_t i = 0; i < n; i++) {
         const cost_run *r = &(*runs)[i];
+        *sum_cost += r->cost * r->count;
         /* Positions of worker 0 (multiples of slots) in [pos, pos + count). */
         const int64_t hits = (pos + r->count + slots - 1) / slots - (pos + slots - 1) / slots;
         worst += hits * r->cost;
@@ -655,6 +668,22 @@ static kva_status build_placed(const kva_plan *plan, const kva__partition_params
     return KVA_STATUS_OK;
 }
 
+/*
+ * The grid's time for a candidate, in cost units: the load of worker 0 (t)
+ * divided by the speed-up a worker gets while the grid is not saturated
+ * (alpha_pct / 100), but never less than the total cost spread over every
+ * worker; plus the fixed cost of every item worker 0 runs and, when any unit
+ * is split, of the split tasks' partial writes and merge pass.
+ */
+static int64_t grid_estimate(const kva__partition_grid *g, int64_t slots, int64_t t, int64_t sum,
+                             int64_t items, int any_split)
+{
+    const int64_t alpha = g->alpha_pct > 100 ? g->alpha_pct : 100;
+    const int64_t spread = (sum + slots - 1) / slots, solo = t * 100 / alpha;
+    return (spread > solo ? spread : solo) + g->item_overhead * ((items + slots - 1) / slots) +
+           (any_split ? g->split_overhead : 0);
+}
+
 int64_t kva__partition_makespan(const kva__partition *part, int64_t slots)
 {
     int64_t worst = 0;
@@ -683,20 +712,23 @@ kva_status kva__partition_build_grid(const kva_plan *plan, const kva__partition_
      * rounded up, the CPU's rule); 5..8: the same targets rounded down, so a
      * unit is cut into as many chunks as fit, not one more (16 decodes x 8
      * kv heads on 264 CTAs: 2 chunks each fill one round; rounded up, 3 take
-     * two). The shortest makespan wins; ties go to fewer items, then to the
-     * lower candidate. */
+     * two); 0: no split. The lowest grid_estimate wins; ties go to fewer
+     * items, then to the earlier candidate (order 1..8, 0). force_splits < 0
+     * keeps the former choice: candidates 1..4 by makespan alone. */
     split_rule best = {0, 0, 0};
-    int32_t best_pick = 0;
-    int64_t best_t = 0, best_items = 0;
-    for (int32_t c = 1; c <= 9; c++) {
+    int32_t best_pick = -1;
+    int64_t best_e = 0, best_t = 0, best_items = 0;
+    const int former = grid->force_splits < 0;
+    for (int32_t i = 1; i <= 10; i++) {
+        const int32_t c = i == 10 ? 0 : i; /* 1..9, then 0 */
         split_rule sr = {0, 0, 0};
         if (grid->force_splits > 0) {
             if (c != 9)
                 continue;
             sr.forced = grid->force_splits;
-        } else if (c == 9) {
+        } else if (c == 9 || (former && (c == 0 || c > 4))) {
             continue;
-        } else {
+        } else if (c > 0) {
             const int32_t k = c <= 4 ? c : c - 4;
             sr.floor = c > 4;
             if (slots * k > 1) {
@@ -705,22 +737,28 @@ kva_status kva__partition_build_grid(const kva_plan *plan, const kva__partition_
                     sr.target = 1;
             }
         }
-        int64_t items = 0;
+        int64_t items = 0, sum = 0;
         int32_t nruns = 0;
-        const int64_t t = rule_makespan(plan, &pp, &a, &sr, slots, &runs, &cap, &items, &nruns);
+        int any_split = 0;
+        const int64_t t =
+            rule_makespan(plan, &pp, &a, &sr, slots, &runs, &cap, &items, &nruns, &sum, &any_split);
         if (t < 0)
             goto oom;
-        if (!best_pick || t < best_t || (t == best_t && items < best_items)) {
+        const int64_t e = former ? t : grid_estimate(grid, slots, t, sum, items, any_split);
+        if (best_pick < 0 || e < best_e || (!former && e == best_e && items < best_items)) {
             best = sr;
             best_pick = c;
+            best_e = e;
             best_t = t;
             best_items = items;
         }
     }
     /* The winner's costs again (the scratch holds the last candidate's). */
-    int64_t items = 0;
+    int64_t items = 0, sum = 0;
     int32_t nruns = 0;
-    if (rule_makespan(plan, &pp, &a, &best, slots, &runs, &cap, &items, &nruns) < 0)
+    int any_split = 0;
+    if (rule_makespan(plan, &pp, &a, &best, slots, &runs, &cap, &items, &nruns, &sum, &any_split) <
+        0)
         goto oom;
     pp.num_threads = (int32_t)(slots < INT32_MAX ? slots : INT32_MAX);
     kva_status st = build_placed(plan, &pp, &a, &best, runs, nruns, items, out);
@@ -729,6 +767,7 @@ kva_status kva__partition_build_grid(const kva_plan *plan, const kva__partition_
     if (st == KVA_STATUS_OK) {
         (*out)->pick = best_pick;
         (*out)->makespan = best_t;
+        (*out)->estimate = best_e;
     }
     return st;
 oom:

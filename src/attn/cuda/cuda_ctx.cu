@@ -301,12 +301,25 @@ static void gpu_params(const kva__cuda_state *st, int rows, int ctas_per_sm,
 }
 
 /*
+ * The grid's time model (kva__partition_grid), fitted on an H100 to paged bf16
+ * decodes (H/Hkv 32/8, D 128, variant 4, 2 CTAs per SM; docs/cuda.md "Split
+ * choice"): 128 unsplit items of 4k keys on 264 CTAs ran at 2.46 TB/s, i.e.
+ * a CTA of a half-empty grid moves ~1.76x its share of a full one (2.88 TB/s);
+ * 4 -> 8 chunks per unit of the same batch (2 -> 4 items per CTA) added ~11
+ * us, and splitting at all ~10 us (partial writes, the merge pass's work), at
+ * ~9.4 ns per cost unit (one key of one GQA row).
+ */
+#define KVA_CUDA_GRID_ALPHA_PCT 176
+#define KVA_CUDA_GRID_ITEM_OVERHEAD 600
+#define KVA_CUDA_GRID_SPLIT_OVERHEAD 1100
+
+/*
  * Partitions the plan for a grid of SMs x per_sm CTAs. Equal items quantize
- * badly (512 decode items on 396 CTAs take two rounds), so the partition
- * tries split targets for 1..4 items per CTA, chunk counts rounded up and
- * down, and keeps the one with the shortest estimated makespan; the
- * candidates are evaluated in closed form and only the winner is built
- * (kva__partition_build_grid).
+ * badly (512 decode items on 396 CTAs take two rounds) and splitting has a
+ * cost, so the partition compares no split with split targets for 1..4 items
+ * per CTA (chunk counts rounded up and down) by the grid's time model and
+ * keeps the fastest; the candidates are evaluated in closed form and only the
+ * winner is built (kva__partition_build_grid).
  */
 static kva_status best_partition(const kva__cuda_state *st, const kva_plan *plan, int rows,
                                  int per_sm, const uint8_t *skip_req, kva__partition **out)
@@ -314,8 +327,12 @@ static kva_status best_partition(const kva__cuda_state *st, const kva_plan *plan
     kva__partition_params pp;
     gpu_params(st, rows, per_sm, &pp);
     kva__partition_grid grid;
+    memset(&grid, 0, sizeof grid);
     grid.slots = (int64_t)per_sm * (st->num_sms > 0 ? st->num_sms : 1);
     grid.force_splits = st->force_splits;
+    grid.alpha_pct = KVA_CUDA_GRID_ALPHA_PCT;
+    grid.item_overhead = KVA_CUDA_GRID_ITEM_OVERHEAD;
+    grid.split_overhead = KVA_CUDA_GRID_SPLIT_OVERHEAD;
     return kva__partition_build_grid(plan, &pp, &grid, skip_req, out);
 }
 
@@ -378,9 +395,9 @@ extern "C" kva_status kva__cuda_context_force_splits(kva_context *ctx, int split
 {
     kva__clear_error();
     KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
-    if (splits < 0 || splits > 1024)
+    if (splits < -1 || splits > 1024)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva__cuda_context_force_splits: splits = %d (0..1024)", splits);
+                         "kva__cuda_context_force_splits: splits = %d (-1..1024)", splits);
     state_of(ctx)->force_splits = splits;
     return KVA_STATUS_OK;
 }
