@@ -6,7 +6,7 @@
  *              [--dtype bf16|f16|f32] [--layout nhd|hnd] [--iters N]
  *              [--graph-layers L] [--variant V] [--prefill-variant P]
  *              [--quant none|int8|int8-token|int8-token-v16|fp8] [--qmma V]
- *              [--qprefill P] [--plan-iters N]
+ *              [--qprefill P] [--plan-iters N] [--splits N] [--context-min M]
  *
  * decode: R requests of q_len Q (1 = decode, >1 = speculative) after S cached
  * tokens; prefill: R causal prompts of Q tokens after S cached tokens. Block
@@ -34,6 +34,13 @@
  * the tensor-core kernel (prefill_mma_quant.h; 0 the default) or, with -1,
  * on the CUDA-core kernel of attn_quant.cu (kva__cuda_context_force_quant_
  * prefill), so one build compares the two paths.
+ * --context-min M draws every request's cached tokens uniformly from [M, S]
+ * (fixed seed; default M = S: all equal), for ragged batches.
+ * --splits N cuts every partition unit into N key chunks
+ * (kva__cuda_context_force_splits; 0, the default, keeps the plan's choice;
+ * -1 makes the former choice: four candidates by makespan alone),
+ * to time split counts the plan does not pick; the line reports the split
+ * tasks and the plan's candidate (partition.h pick).
  * --plan-iters N times N kva_plan_create + kva_plan_destroy of the batch on
  * the host (median, microseconds) and one uncached occupancy query.
  * The last line is one JSON object for bench/peer_cuda.py.
@@ -144,7 +151,8 @@ int main(int argc, char **argv)
 {
     const char *mode = "decode", *dts = "bf16", *lays = "nhd", *quants = "none";
     int32_t R = 64, S = 4096, Q = -1, H = 32, Hkv = 8, D = 128, B = 16, iters = 30, layers = 0,
-            variant = 0, qmma = 0, pvariant = 0, qprefill = 0, plan_iters = 0;
+            variant = 0, qmma = 0, pvariant = 0, qprefill = 0, plan_iters = 0, splits = 0,
+            smin = -1;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *f = argv[i], *v = argv[i + 1];
         if (!strcmp(f, "--mode"))
@@ -171,6 +179,10 @@ int main(int argc, char **argv)
             iters = atoi(v);
         else if (!strcmp(f, "--graph-layers"))
             layers = atoi(v);
+        else if (!strcmp(f, "--context-min"))
+            smin = atoi(v);
+        else if (!strcmp(f, "--splits"))
+            splits = atoi(v);
         else if (!strcmp(f, "--variant"))
             variant = atoi(v);
         else if (!strcmp(f, "--prefill-variant"))
@@ -213,7 +225,7 @@ int main(int argc, char **argv)
     int32_t *ql = malloc(sizeof(int32_t) * (size_t)R), *sl = malloc(sizeof(int32_t) * (size_t)R);
     for (int32_t r = 0; r < R; r++) {
         ql[r] = Q;
-        sl[r] = S + Q;
+        sl[r] = (smin >= 0 && smin < S ? kva_rng_int(&rng, smin, S) : S) + Q;
     }
     kva_test_batch b;
     kva_test_batch_init(&b, &rng, R, ql, sl, B, 1, 0);
@@ -225,6 +237,7 @@ int main(int argc, char **argv)
     KV(kva_context_create(&gd, &gpu));
     /* --variant V: plans are partitioned for and run with variant V. */
     KV(kva__cuda_context_force_variant(gpu, variant));
+    KV(kva__cuda_context_force_splits(gpu, splits));
     KV(kva__cuda_context_force_quant_mma(gpu, qmma));
     KV(kva__cuda_context_force_prefill_variant(gpu, pvariant));
     KV(kva__cuda_context_force_quant_prefill(gpu, qprefill));
@@ -440,12 +453,14 @@ int main(int argc, char **argv)
     const double sec = med * 1e-3;
     fprintf(stderr,
             "bench_cuda: %s R=%d S=%d Q=%d H=%d Hkv=%d D=%d B=%d %s kv %s: median %.4f ms, %.3f "
-            "TB/s KV, %.1f TFLOP/s, %d items, variant %d, qmma %d, prefill variant %d, qprefill "
-            "%d, check %s; host enqueue median %.1f us; back to back %.4f ms = %.1f TFLOP/s\n",
+            "TB/s KV, %.1f TFLOP/s, %d items, %d split tasks (candidate %d), variant %d, qmma %d, "
+            "prefill variant %d, qprefill %d, check %s; host enqueue median %.1f us; back to back "
+            "%.4f ms = %.1f TFLOP/s\n",
             mode, R, S, Q, H, Hkv, D, B, dts, kva_quant_name(quant), (double)med,
             kv_bytes / sec * 1e-12, flops / sec * 1e-12, (int)info.num_work_items,
-            plan->part->variant, qmma, pvariant, qprefill, bad ? "FAILED" : "ok", (double)enq_us,
-            (double)b2b_ms, flops / (b2b_ms * 1e-3) * 1e-12);
+            (int)plan->part->num_tasks, (int)plan->part->pick, plan->part->variant, qmma, pvariant,
+            qprefill, bad ? "FAILED" : "ok", (double)enq_us, (double)b2b_ms,
+            flops / (b2b_ms * 1e-3) * 1e-12);
     printf(
         "{\"mode\": \"%s\", \"device\": \"%s\", \"R\": %d, \"S\": %d, \"Q\": %d, \"H\": %d, "
         "\"Hkv\": %d, \"D\": %d, \"B\": %d, \"dtype\": \"%s\", \"kv_quant\": \"%s\", \"ms\": %.5f, "

@@ -76,7 +76,27 @@ struct kva__partition {
      * group_start[g + 1]). NULL (num_groups 0) until a backend sets them. */
     int32_t num_groups;
     int32_t *group_start; /* [num_groups + 1] */
+    /* Set by kva__partition_build_grid: the split candidate it kept (1..4:
+     * chunk counts rounded up for k = 1..4 items per worker, 5..8: rounded
+     * down, 9: forced, 0: unsplit), its makespan and estimate. */
+    int32_t pick;
+    int64_t makespan; /* worker 0's load: the sum of its items' costs */
+    int64_t estimate; /* the grid's time the choice was made on (kva__partition_grid) */
 };
+
+/* A persistent grid that runs a partition's items round-robin in their
+ * order: worker b runs items b, b + slots, b + 2 slots, ... */
+typedef struct kva__partition_grid {
+    int64_t slots;        /* workers (resident CTAs), >= 1 */
+    int32_t force_splits; /* > 0: cut every unit into this many chunks; < 0: the former
+                             choice (four candidates by makespan alone); benchmarks */
+    /* The grid's time model (all 0: the makespan alone): a worker runs
+     * alpha_pct / 100 times faster while the grid is not saturated (>= 100),
+     * every item costs item_overhead more, a partition with splits
+     * split_overhead more; in cost units (row-keys). */
+    int32_t alpha_pct;
+    int64_t item_overhead, split_overhead;
+} kva__partition_grid;
 
 /* Builds the partition of a plan whose metadata (query_start_loc, seq_lens,
  * d.*) is resolved. */
@@ -87,6 +107,21 @@ kva_status kva__partition_build(const kva_plan *plan, const kva__partition_param
  * in its tensor-core prefill kernel). */
 kva_status kva__partition_build_subset(const kva_plan *plan, const kva__partition_params *params,
                                        const uint8_t *skip_req, kva__partition **out);
+/*
+ * The partition for a persistent grid (the CUDA backend): the split target is
+ * chosen among candidates (no split; items of at most total / (slots * k)
+ * cost, k = 1..4, chunk counts rounded up or down) by the grid's estimated
+ * time (the makespan and grid's model), which is evaluated from the item
+ * costs in closed form without building the candidates; only the winner is
+ * built. params->num_threads and
+ * items_per_thread are ignored.
+ */
+kva_status kva__partition_build_grid(const kva_plan *plan, const kva__partition_params *params,
+                                     const kva__partition_grid *grid, const uint8_t *skip_req,
+                                     kva__partition **out);
+/* Makespan of part's items on `slots` workers running them round-robin in
+ * order, when the order is largest cost first: the load of worker 0. */
+int64_t kva__partition_makespan(const kva__partition *part, int64_t slots);
 void kva__partition_free(kva__partition *part); /* NULL is a no-op */
 
 /*

@@ -82,6 +82,9 @@ typedef struct kva__cuda_state {
     int force_quant_prefill;   /* prefill tiles over quantized caches: 0 the default kernel
                                   variant of prefill_mma_quant.h, 1..N that variant, -1 the
                                   CUDA-core kernel of attn_quant.cu (tests, benchmarks) */
+    int force_splits;          /* 0, the chunks every partition unit of this context's plans
+                                  is cut into, or -1: the former split choice (benchmarks;
+                                  kva__partition_grid) */
     int deferred_write_status; /* kva_cuda_context_set_deferred_write_status */
     void *meta_dev;            /* device metadata buffer */
     void *meta_host;           /* pinned staging of the same size */
@@ -207,6 +210,12 @@ kva_status kva__cuda_context_force_variant(kva_context *ctx, int variant);
  * dispatcher's choice). A variant that does not exist for a plan's head size
  * makes its kva_attention_run fail with a status. */
 kva_status kva__cuda_context_force_prefill_variant(kva_context *ctx, int variant);
+/* Benchmarks: plans created on ctx from now on cut every unit (request x kv
+ * head x head slice x query tile) into `splits` key chunks (bounded by the
+ * minimum chunk length and the most chunks), to time split counts the plan
+ * would not pick; -1 makes the former choice (four candidates by makespan
+ * alone), 0 restores the default. */
+kva_status kva__cuda_context_force_splits(kva_context *ctx, int splits);
 
 /* Launches the attention kernel over every item of the uploaded plan, then
  * the split merge; kv is the paged cache or NULL with ragged k/v. */

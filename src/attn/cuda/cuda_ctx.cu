@@ -167,6 +167,8 @@ static size_t align256(size_t x)
 /* Packed rows (q_len * H / Hkv) from which a request above the decode
  * threshold goes to prefill_mma (fewer leave most of its 128-row tile empty). */
 #define KVA_CUDA_MMA_MIN_ROWS 64
+/* Largest gap between two used metadata sections that one upload spans. */
+#define KVA_CUDA_UPLOAD_GAP ((size_t)32 << 10)
 
 static size_t layout_sections(const kva__cuda_caps *c, size_t off[KVA_CUDA_SECTIONS])
 {
@@ -298,57 +300,42 @@ static void gpu_params(const kva__cuda_state *st, int rows, int ctas_per_sm,
     pp->items_per_thread = 1;
 }
 
-/* Estimated finishing time of the persistent grid of `slots` CTAs: CTA b runs
- * items b, b + slots, ... (sorted by cost, largest first). */
-static int64_t makespan(const kva__partition *part, int64_t slots, int64_t *load)
-{
-    memset(load, 0, (size_t)slots * sizeof *load);
-    int64_t worst = 0;
-    for (int32_t i = 0; i < part->num_items; i++) {
-        int64_t *x = &load[i % slots];
-        *x += part->items[i].cost;
-        worst = *x > worst ? *x : worst;
-    }
-    return worst;
-}
+/*
+ * The grid's time model (kva__partition_grid), fitted on an H100 to paged bf16
+ * decodes (H/Hkv 32/8, D 128, variant 4, 2 CTAs per SM; docs/cuda.md "Split
+ * choice"): 128 unsplit items of 4k keys on 264 CTAs ran at 2.46 TB/s, i.e.
+ * a CTA of a half-empty grid moves ~1.76x its share of a full one (2.88 TB/s);
+ * 4 -> 8 chunks per unit of the same batch (2 -> 4 items per CTA) added ~11
+ * us, and splitting at all ~10 us (partial writes, the merge pass's work), at
+ * ~9.4 ns per cost unit (one key of one GQA row). A second call checked the
+ * choices on 7 decode batches: none slower than the former choice, 16 x 4k
+ * 1.16x faster and its pick (2 chunks) the fastest of 1, 2, 3, 4, 8, 16.
+ */
+#define KVA_CUDA_GRID_ALPHA_PCT 176
+#define KVA_CUDA_GRID_ITEM_OVERHEAD 600
+#define KVA_CUDA_GRID_SPLIT_OVERHEAD 1100
 
 /*
  * Partitions the plan for a grid of SMs x per_sm CTAs. Equal items quantize
- * badly (512 decode items on 396 CTAs take two rounds), so the split target
- * is tried at 1..4 items per CTA and the partition with the shortest
- * estimated makespan wins (ties: fewer items).
+ * badly (512 decode items on 396 CTAs take two rounds) and splitting has a
+ * cost, so the partition compares no split with split targets for 1..4 items
+ * per CTA (chunk counts rounded up and down) by the grid's time model and
+ * keeps the fastest; the candidates are evaluated in closed form and only the
+ * winner is built (kva__partition_build_grid).
  */
 static kva_status best_partition(const kva__cuda_state *st, const kva_plan *plan, int rows,
                                  int per_sm, const uint8_t *skip_req, kva__partition **out)
 {
-    const int64_t slots = (int64_t)per_sm * (st->num_sms > 0 ? st->num_sms : 1);
-    int64_t *load = (int64_t *)malloc((size_t)slots * sizeof *load);
-    if (!load)
-        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_plan_create: out of memory");
-    kva__partition *best = NULL;
-    int64_t best_t = 0;
-    for (int k = 1; k <= 4; k++) {
-        kva__partition_params pp;
-        gpu_params(st, rows, per_sm * k, &pp);
-        kva__partition *part = NULL;
-        kva_status s = kva__partition_build_subset(plan, &pp, skip_req, &part);
-        if (s != KVA_STATUS_OK) {
-            kva__partition_free(best);
-            free(load);
-            return s;
-        }
-        const int64_t t = makespan(part, slots, load);
-        if (!best || t < best_t) {
-            kva__partition_free(best);
-            best = part;
-            best_t = t;
-        } else {
-            kva__partition_free(part);
-        }
-    }
-    free(load);
-    *out = best;
-    return KVA_STATUS_OK;
+    kva__partition_params pp;
+    gpu_params(st, rows, per_sm, &pp);
+    kva__partition_grid grid;
+    memset(&grid, 0, sizeof grid);
+    grid.slots = (int64_t)per_sm * (st->num_sms > 0 ? st->num_sms : 1);
+    grid.force_splits = st->force_splits;
+    grid.alpha_pct = KVA_CUDA_GRID_ALPHA_PCT;
+    grid.item_overhead = KVA_CUDA_GRID_ITEM_OVERHEAD;
+    grid.split_overhead = KVA_CUDA_GRID_SPLIT_OVERHEAD;
+    return kva__partition_build_grid(plan, &pp, &grid, skip_req, out);
 }
 
 /* Upper bounds of the sections for a batch within cap (kva_cuda_context_reserve). */
@@ -403,6 +390,17 @@ extern "C" kva_status kva__cuda_context_force_prefill_variant(kva_context *ctx, 
                          "kva__cuda_context_force_prefill_variant: variant = %d (0..%d)", variant,
                          KVA__CUDA_PREFILL_VARIANTS);
     state_of(ctx)->force_prefill_variant = variant;
+    return KVA_STATUS_OK;
+}
+
+extern "C" kva_status kva__cuda_context_force_splits(kva_context *ctx, int splits)
+{
+    kva__clear_error();
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
+    if (splits < -1 || splits > 1024)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_context_force_splits: splits = %d (-1..1024)", splits);
+    state_of(ctx)->force_splits = splits;
     return KVA_STATUS_OK;
 }
 
@@ -486,16 +484,35 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
             (int32_t)st->caps.ptiles, &ntiles));
     hdr[KVA_CUDA_HDR_PTILES] = ntiles;
 
-    KVA_TRY(upload(st, off[0], KVA_CUDA_HDR_WORDS * sizeof(int32_t)));
-    KVA_TRY(upload(st, off[1], (size_t)part->num_items * sizeof(kva__cuda_item)));
-    KVA_TRY(upload(st, off[2], (size_t)part->num_tasks * sizeof(kva__cuda_task)));
-    KVA_TRY(upload(st, off[3], ((size_t)R + 1) * sizeof(int32_t)));
-    KVA_TRY(upload(st, off[4], (size_t)R * sizeof(int32_t)));
-    KVA_TRY(upload(st, off[5], ((size_t)R + 1) * sizeof(int64_t)));
-    KVA_TRY(upload(st, off[6], (size_t)bt * sizeof(int32_t)));
-    if (plan->alibi_slopes)
-        KVA_TRY(upload(st, off[7], (size_t)plan->d.num_heads * sizeof(float)));
-    KVA_TRY(upload(st, off[8], (size_t)ntiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t)));
+    /* The used part of every section (offsets increase with the index). */
+    size_t len[KVA_CUDA_SECTIONS];
+    len[0] = KVA_CUDA_HDR_WORDS * sizeof(int32_t);
+    len[1] = (size_t)part->num_items * sizeof(kva__cuda_item);
+    len[2] = (size_t)part->num_tasks * sizeof(kva__cuda_task);
+    len[3] = ((size_t)R + 1) * sizeof(int32_t);
+    len[4] = (size_t)R * sizeof(int32_t);
+    len[5] = ((size_t)R + 1) * sizeof(int64_t);
+    len[6] = (size_t)bt * sizeof(int32_t);
+    len[7] = plan->alibi_slopes ? (size_t)plan->d.num_heads * sizeof(float) : 0;
+    len[8] = (size_t)ntiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t);
+    /* Sections closer than KVA_CUDA_UPLOAD_GAP bytes go in one copy (the gap's
+     * stale bytes with them): a cudaMemcpyAsync costs a few microseconds of
+     * host time, more than copying a few KB over PCIe. */
+    size_t lo = 0, hi = 0;
+    int open = 0;
+    for (int i = 0; i < KVA_CUDA_SECTIONS; i++) {
+        if (len[i] == 0)
+            continue;
+        if (open && off[i] - hi > KVA_CUDA_UPLOAD_GAP) {
+            KVA_TRY(upload(st, lo, hi - lo));
+            open = 0;
+        }
+        if (!open)
+            lo = off[i], open = 1;
+        hi = off[i] + len[i];
+    }
+    if (open)
+        KVA_TRY(upload(st, lo, hi - lo));
     KVA_CUDA_TRY(cudaEventRecord((cudaEvent_t)st->upload_event, STREAM(st)));
     st->upload_pending = 1;
     return KVA_STATUS_OK;

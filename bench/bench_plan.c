@@ -1,0 +1,199 @@
+/*
+ * bench_plan.c - host cost of the CUDA backend's plan partition, on any
+ * machine (no GPU needed: the partition is host code).
+ *
+ *   bench_plan [--iters N] [--sms S] [--per-sm C]
+ *
+ * For each batch (64 decodes x 4k, 32 decodes x 600, 16 decodes x 4k, a mixed
+ * 32-request batch of 28 ragged decodes and 4 chunked prefills of 256, 64
+ * ragged decodes of 100-4100 keys; H/Hkv 32/8, D 128, B 16, bf16) it times,
+ * median of N runs (microseconds):
+ *   - create: kva_plan_create + destroy on the ref backend (metadata checks
+ *     and host copies, what every backend pays before partitioning);
+ *   - four:   the former GPU choice, four candidate partitions built
+ *     (kva__partition_build_subset, 1..4 items per CTA) and the one with the
+ *     shortest makespan kept;
+ *   - grid:   kva__partition_build_grid (closed-form candidates, the winner
+ *     built), what cuda_plan_build calls now (not in a -DBENCH_PLAN_FOUR_ONLY
+ *     build, which links against an older tree's library).
+ * The grid is S SMs x C CTAs (default 132 x 2: variant 4 at D 128 on an
+ * H100). Requests the CUDA plan sends to the tensor-core prefill kernel (q_len
+ * above the decode threshold and q_len x G >= 64) are left out of the
+ * partition, as there. Prints the chosen partitions' items, tasks and
+ * estimated makespan.
+ */
+#include "batchgen.h"
+#include "internal.h"
+#include "../src/plan/partition.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The GPU's partition parameters (cuda_ctx.cu gpu_params) for variant 4. */
+static kva__partition_params gpu_params(int64_t threads)
+{
+    kva__partition_params pp;
+    memset(&pp, 0, sizeof pp);
+    pp.num_threads = (int32_t)threads;
+    pp.max_rows = 16;
+    pp.prefill_rows = 16;
+    pp.split_align = 64;
+    pp.min_split_keys = 256;
+    pp.max_splits = 32;
+    pp.items_per_thread = 1;
+    return pp;
+}
+
+/* The former choice: four candidates built, the shortest makespan kept. */
+static kva__partition *four_builds(const kva_plan *plan, int64_t slots, const uint8_t *skip,
+                                   int64_t *t_out)
+{
+    kva__partition *best = NULL;
+    int64_t best_t = 0;
+    for (int k = 1; k <= 4; k++) {
+        kva__partition_params pp = gpu_params(slots * k);
+        kva__partition *part = NULL;
+        if (kva__partition_build_subset(plan, &pp, skip, &part) != KVA_STATUS_OK) {
+            fprintf(stderr, "bench_plan: %s\n", kva_last_error());
+            exit(1);
+        }
+        int64_t t = 0; /* worker 0's load: the largest (see partition.h) */
+        for (int64_t i = 0; i < part->num_items; i += slots)
+            t += part->items[i].cost;
+        if (!best || t < best_t) {
+            kva__partition_free(best);
+            best = part;
+            best_t = t;
+        } else {
+            kva__partition_free(part);
+        }
+    }
+    *t_out = best_t;
+    return best;
+}
+
+int main(int argc, char **argv)
+{
+    int iters = 201, sms = 132, per_sm = 2;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--iters"))
+            iters = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--sms"))
+            sms = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--per-sm"))
+            per_sm = atoi(argv[i + 1]);
+        else {
+            fprintf(stderr, "bench_plan: unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (iters < 1 || sms < 1 || per_sm < 1) {
+        fprintf(stderr, "bench_plan: --iters, --sms and --per-sm must be >= 1\n");
+        return 2;
+    }
+    const int64_t slots = (int64_t)sms * per_sm;
+    const char *names[5] = {"64 decodes x 4k", "32 decodes x 600", "16 decodes x 4k",
+                            "mixed 28 decodes + 4 prefills x 256", "64 ragged decodes"};
+    kva_context *ctx = NULL;
+    kva_context_desc cd = {KVA_BACKEND_REF, 1, 0};
+    if (kva_context_create(&cd, &ctx) != KVA_STATUS_OK) {
+        fprintf(stderr, "bench_plan: %s\n", kva_last_error());
+        return 1;
+    }
+    double *t = malloc(sizeof(double) * (size_t)iters * 3);
+    printf("bench_plan: grid %d SMs x %d CTAs = %lld slots, medians of %d runs\n", sms, per_sm,
+           (long long)slots, iters);
+    for (int c = 0; c < 5; c++) {
+        int32_t R = c == 0 || c == 4 ? 64 : c == 1 || c == 3 ? 32 : 16;
+        int32_t q[64], s[64];
+        kva_rng rng = {100 + (uint64_t)c};
+        for (int32_t r = 0; r < R; r++) {
+            q[r] = 1;
+            s[r] = c == 1 ? 600 : 4096;
+            if (c == 3)
+                s[r] = kva_rng_int(&rng, 300, 4000);
+            if (c == 3 && r >= 28)
+                q[r] = 256, s[r] = 256 + kva_rng_int(&rng, 0, 1024);
+            if (c == 4)
+                s[r] = kva_rng_int(&rng, 100, 4100);
+        }
+        kva_test_batch b;
+        kva_test_batch_init(&b, &rng, R, q, s, 16, 2, 0);
+        kva_plan_desc pd = kva_test_batch_plan_desc(&b, 32, 8, 128, 128, KVA_DTYPE_BF16);
+        uint8_t skip[64];
+        for (int32_t r = 0; r < R; r++)
+            skip[r] = q[r] > pd.decode_threshold && q[r] * 4 >= 64;
+        kva_plan *plan = NULL;
+        if (kva_plan_create(ctx, &pd, &plan) != KVA_STATUS_OK) {
+            fprintf(stderr, "bench_plan: %s\n", kva_last_error());
+            return 1;
+        }
+        int64_t t_four = 0, t_grid = 0;
+        kva__partition *p4 = four_builds(plan, slots, skip, &t_four);
+        kva__partition *pg = NULL;
+#ifndef BENCH_PLAN_FOUR_ONLY
+        kva__partition_params pp = gpu_params(slots);
+        kva__partition_grid grid = {slots, 0, 176, 600, 1100}; /* cuda_ctx.cu best_partition */
+        if (kva__partition_build_grid(plan, &pp, &grid, skip, &pg) != KVA_STATUS_OK) {
+            fprintf(stderr, "bench_plan: %s\n", kva_last_error());
+            return 1;
+        }
+        t_grid = pg->makespan;
+#endif
+        for (int it = 0; it < iters; it++) {
+            double t0 = now_us();
+            kva_plan *p2 = NULL;
+            (void)kva_plan_create(ctx, &pd, &p2);
+            kva_plan_destroy(p2);
+            double t1 = now_us();
+            int64_t dummy = 0;
+            kva__partition_free(four_builds(plan, slots, skip, &dummy));
+            double t2 = now_us();
+#ifndef BENCH_PLAN_FOUR_ONLY
+            kva__partition *x = NULL;
+            (void)kva__partition_build_grid(plan, &pp, &grid, skip, &x);
+            kva__partition_free(x);
+#endif
+            double t3 = now_us();
+            t[it] = t1 - t0;
+            t[iters + it] = t2 - t1;
+            t[2 * iters + it] = t3 - t2;
+        }
+        printf("  %-38s create %7.1f us | four %7.1f us: %5d items %4d tasks makespan %lld",
+               names[c], median(t, iters), median(t + iters, iters), (int)p4->num_items,
+               (int)p4->num_tasks, (long long)t_four);
+        if (pg)
+            printf(" | grid %6.1f us: %5d items %4d tasks makespan %lld (candidate %d)",
+                   median(t + 2 * iters, iters), (int)pg->num_items, (int)pg->num_tasks,
+                   (long long)t_grid, (int)pg->pick);
+        printf("\n");
+        kva__partition_free(p4);
+        kva__partition_free(pg);
+        kva_plan_destroy(plan);
+        kva_test_batch_free(&b);
+    }
+    free(t);
+    kva_context_destroy(ctx);
+    return 0;
+}

@@ -1,0 +1,321 @@
+/*
+ * test_plan_grid.c - the persistent-grid partition (kva__partition_build_grid,
+ * the CUDA backend's plan) on the host, against the partitions it replaces.
+ *
+ * On random batches (decodes, speculative decodes, chunked and fresh
+ * prefills; GQA 1/4/8; causal or not, sliding windows; requests skipped as
+ * the CUDA plan skips its tensor-core prefills; grids of 1 to 528 workers):
+ *   - the items are in item_before order (cost, largest first, then request,
+ *     kv head, head slice, query rows, keys), strictly;
+ *   - every visible (row, head, key) of every request not skipped is covered
+ *     by exactly one item, split chunks are contiguous and numbered 0..n-1,
+ *     the tasks' partial blocks are disjoint and inside partial_floats;
+ *   - the closed-form makespan it stored equals the makespan computed by
+ *     simulating the grid over its items (every worker's load);
+ *   - it is never above the best of the four candidates the former plan built
+ *     (kva__partition_build_subset at 1..4 items per worker), and when it
+ *     kept one of those (pick 1..4), its items equal that build's item for
+ *     item and its tasks equal up to numbering;
+ *   - a forced split count cuts no unit into more chunks than asked.
+ */
+#include "batchgen.h"
+#include "internal.h"
+#include "../src/plan/partition.h"
+
+/* The GPU parameters (cuda_ctx.cu gpu_params) for items of `rows` rows. */
+static kva__partition_params params_for(int32_t rows, int64_t threads)
+{
+    kva__partition_params pp;
+    memset(&pp, 0, sizeof pp);
+    pp.num_threads = (int32_t)threads;
+    pp.max_rows = rows;
+    pp.prefill_rows = rows;
+    pp.split_align = 64;
+    pp.min_split_keys = 256;
+    pp.max_splits = 32;
+    pp.items_per_thread = 1;
+    return pp;
+}
+
+/* The largest worker load of a grid of `slots` workers running the items round-robin. */
+static int64_t simulate(const kva__partition *p, int64_t slots)
+{
+    int64_t *load = calloc((size_t)slots, sizeof *load), worst = 0;
+    for (int32_t i = 0; i < p->num_items; i++) {
+        load[i % slots] += p->items[i].cost;
+        if (load[i % slots] > worst)
+            worst = load[i % slots];
+    }
+    free(load);
+    return worst;
+}
+
+static int before(const kva__work_item *a, const kva__work_item *b)
+{
+    if (a->cost != b->cost)
+        return a->cost > b->cost;
+    if (a->req != b->req)
+        return a->req < b->req;
+    if (a->kv_head != b->kv_head)
+        return a->kv_head < b->kv_head;
+    if (a->h0 != b->h0)
+        return a->h0 < b->h0;
+    if (a->i0 != b->i0)
+        return a->i0 < b->i0;
+    return a->k0 < b->k0;
+}
+
+/* Structure and coverage of partition p of plan (skip [R] or NULL). */
+static void check_partition(const kva_plan *plan, const kva__partition *p, const uint8_t *skip)
+{
+    const kva_plan_desc *d = &plan->d;
+    const int32_t R = d->num_requests, Hkv = d->num_kv_heads, G = d->num_heads / Hkv;
+    const int32_t T = plan->query_start_loc[R];
+    /* covered[(t * Hkv + kvh) * G + h]: keys of token t, head kvh*G+h the items cover. */
+    int64_t *covered = calloc((size_t)(T > 0 ? T : 1) * (size_t)d->num_heads, sizeof *covered);
+    int64_t sum = 0;
+    for (int32_t i = 0; i < p->num_items; i++) {
+        const kva__work_item *it = &p->items[i];
+        sum += it->cost;
+        if (i > 0)
+            CHECK_MSG(before(&p->items[i - 1], it), "items %d and %d out of order", (int)i - 1,
+                      (int)i);
+        CHECK(it->req >= 0 && it->req < R && !(skip && skip[it->req]));
+        CHECK(it->kv_head >= 0 && it->kv_head < Hkv && it->h0 >= 0 && it->h0 + it->nh <= G);
+        const int32_t q = plan->query_start_loc[it->req + 1] - plan->query_start_loc[it->req];
+        const int32_t s = plan->seq_lens[it->req];
+        CHECK(it->i0 >= 0 && it->nq >= 1 && it->i0 + it->nq <= q);
+        if (it->task >= 0) {
+            CHECK(it->task < p->num_tasks);
+            const kva__split_task *t = &p->tasks[it->task];
+            CHECK(t->req == it->req && t->kv_head == it->kv_head && t->h0 == it->h0 &&
+                  t->nh == it->nh && t->i0 == it->i0 && t->nq == it->nq);
+            CHECK(it->split >= 0 && it->split < t->num_splits);
+        }
+        for (int32_t r = it->i0; r < it->i0 + it->nq; r++) {
+            int32_t lo, hi;
+            kva__row_keys(d, s, q, r, &lo, &hi);
+            lo = lo > it->k0 ? lo : it->k0;
+            hi = hi < it->k1 ? hi : it->k1;
+            const int64_t t = plan->query_start_loc[it->req] + r;
+            for (int32_t h = it->h0; h < it->h0 + it->nh; h++)
+                covered[(t * Hkv + it->kv_head) * G + h] += hi > lo ? hi - lo : 0;
+        }
+    }
+    CHECK(sum == p->total_cost);
+    for (int32_t r = 0; r < R; r++) {
+        const int32_t q = plan->query_start_loc[r + 1] - plan->query_start_loc[r];
+        for (int32_t i = 0; i < q; i++) {
+            int32_t lo, hi;
+            kva__row_keys(d, plan->seq_lens[r], q, i, &lo, &hi);
+            const int64_t want = skip && skip[r] ? 0 : (hi > lo ? hi - lo : 0);
+            const int64_t t = plan->query_start_loc[r] + i;
+            for (int32_t hh = 0; hh < d->num_heads; hh++)
+                CHECK_MSG(covered[t * d->num_heads + hh] == want,
+                          "request %d row %d head %d: %lld keys covered, %lld visible", (int)r,
+                          (int)i, (int)hh, (long long)covered[t * d->num_heads + hh],
+                          (long long)want);
+        }
+    }
+    free(covered);
+    /* Tasks: chunks 0..n-1 present once each and contiguous; partial blocks disjoint. */
+    int32_t nt = p->num_tasks > 0 ? p->num_tasks : 1;
+    int32_t *chunk_of = malloc(sizeof(int32_t) * (size_t)nt * 32 * 2); /* [task][split] {k0, k1} */
+    int32_t *seen = calloc((size_t)nt * 32, sizeof *seen);
+    for (int32_t i = 0; i < p->num_items; i++) {
+        const kva__work_item *it = &p->items[i];
+        if (it->task < 0 || it->task >= p->num_tasks || it->split >= 32)
+            continue;
+        const int64_t x = (int64_t)it->task * 32 + it->split;
+        seen[x]++;
+        chunk_of[2 * x] = it->k0;
+        chunk_of[2 * x + 1] = it->k1;
+    }
+    int64_t ws_sum = 0;
+    for (int32_t k = 0; k < p->num_tasks; k++) {
+        const kva__split_task *t = &p->tasks[k];
+        CHECK(t->num_splits >= 2 && t->num_splits <= 32);
+        for (int32_t c = 0; c < t->num_splits && c < 32; c++) {
+            const int64_t x = (int64_t)k * 32 + c;
+            CHECK_MSG(seen[x] == 1, "task %d chunk %d present %d times", (int)k, (int)c,
+                      (int)seen[x]);
+            if (c > 0 && seen[x] == 1 && seen[x - 1] == 1)
+                CHECK_MSG(chunk_of[2 * x] == chunk_of[2 * x - 1],
+                          "task %d chunk %d starts at %d, not %d", (int)k, (int)c,
+                          (int)chunk_of[2 * x], (int)chunk_of[2 * x - 1]);
+        }
+        const int64_t blk = (int64_t)t->num_splits * t->nq * t->nh * (d->head_dim_v + 1);
+        CHECK(t->ws_off >= 0 && t->ws_off + blk <= p->partial_floats);
+        ws_sum += blk;
+    }
+    free(chunk_of);
+    free(seen);
+    CHECK(ws_sum == p->partial_floats); /* blocks inside and summing up: disjoint */
+}
+
+static void test_grid_random(void)
+{
+    kva_rng rng = {20261122};
+    const int64_t slot_set[6] = {1, 7, 132, 264, 396, 528};
+    int kept_old = 0, kept_new = 0;
+    for (int c = 0; c < 240; c++) {
+        const int32_t R = kva_rng_int(&rng, 1, 48);
+        const unsigned kinds = c % 3 == 0 ? 1u : c % 3 == 1 ? 3u : 15u;
+        kva_test_batch b;
+        kva_test_batch_random(&b, &rng, R, 16, c % 5 == 0 ? 9000 : 2500, kinds, 0);
+        const int32_t gqa[3] = {1, 4, 8};
+        const int32_t G = gqa[c % 3], Hkv = kva_rng_int(&rng, 1, 8);
+        kva_plan_desc pd = kva_test_batch_plan_desc(&b, G * Hkv, Hkv, 128, 128, KVA_DTYPE_BF16);
+        pd.causal = c % 7 != 3;
+        if (c % 4 == 1)
+            pd.window_left = kva_rng_int(&rng, 0, 700);
+        kva_context *ctx = NULL;
+        kva_context_desc cd = {KVA_BACKEND_REF, 1, 0};
+        kva_plan *plan = NULL;
+        CHECK_OK(kva_context_create(&cd, &ctx));
+        kva_status st = kva_plan_create(ctx, &pd, &plan);
+        if (st != KVA_STATUS_OK) { /* non-causal desc with a fresh prefill is still valid */
+            CHECK_OK(st);
+            kva_context_destroy(ctx);
+            kva_test_batch_free(&b);
+            continue;
+        }
+        uint8_t *skip = NULL;
+        if (c % 2) {
+            skip = calloc((size_t)R, 1);
+            for (int32_t r = 0; r < R; r++)
+                skip[r] = b.q_lens[r] > pd.decode_threshold && b.q_lens[r] * G >= 64;
+        }
+        const int32_t rows = c % 4 == 2 ? (G <= 4 ? 4 : 8) : 16;
+        const int64_t slots = slot_set[c % 6];
+        kva__partition_params pp = params_for(rows, slots);
+        kva__partition_grid grid = {slots, 0, 0, 0, 0};
+        kva__partition *pg = NULL;
+        CHECK_OK(kva__partition_build_grid(plan, &pp, &grid, skip, &pg));
+        if (pg) {
+            check_partition(plan, pg, skip);
+            const int64_t sim = simulate(pg, slots);
+            CHECK_MSG(pg->makespan == sim && kva__partition_makespan(pg, slots) == sim,
+                      "case %d: makespan %lld stored, %lld simulated", c, (long long)pg->makespan,
+                      (long long)sim);
+            CHECK(pg->pick >= 0 && pg->pick <= 8 && pg->estimate == pg->makespan);
+            int64_t best_old = -1;
+            for (int k = 1; k <= 4; k++) {
+                kva__partition_params po = params_for(rows, slots * k);
+                kva__partition *p4 = NULL;
+                CHECK_OK(kva__partition_build_subset(plan, &po, skip, &p4));
+                if (!p4)
+                    continue;
+                const int64_t t = simulate(p4, slots);
+                if (best_old < 0 || t < best_old)
+                    best_old = t;
+                if (k == pg->pick) {
+                    CHECK(p4->num_items == pg->num_items && p4->num_tasks == pg->num_tasks &&
+                          p4->partial_floats == pg->partial_floats);
+                    for (int32_t i = 0; i < p4->num_items && i < pg->num_items; i++) {
+                        const kva__work_item *x = &p4->items[i], *y = &pg->items[i];
+                        int same = x->req == y->req && x->kv_head == y->kv_head && x->h0 == y->h0 &&
+                                   x->nh == y->nh && x->i0 == y->i0 && x->nq == y->nq &&
+                                   x->k0 == y->k0 && x->k1 == y->k1 && x->split == y->split &&
+                                   x->cost == y->cost && (x->task < 0) == (y->task < 0);
+                        if (same && x->task >= 0)
+                            same = p4->tasks[x->task].num_splits == pg->tasks[y->task].num_splits;
+                        CHECK_MSG(same, "case %d item %d differs from candidate %d", c, (int)i, k);
+                    }
+                }
+                kva__partition_free(p4);
+            }
+            CHECK_MSG(pg->makespan <= best_old, "case %d: makespan %lld above the former %lld", c,
+                      (long long)pg->makespan, (long long)best_old);
+            kept_old += pg->pick >= 1 && pg->pick <= 4;
+            kept_new += pg->pick > 4 || pg->pick == 0;
+            /* The former choice (force_splits < 0) is the best of the four builds. */
+            kva__partition_grid gold = {slots, -1, 0, 0, 0};
+            kva__partition *po = NULL;
+            CHECK_OK(kva__partition_build_grid(plan, &pp, &gold, skip, &po));
+            if (po) {
+                check_partition(plan, po, skip);
+                CHECK(po->pick >= 1 && po->pick <= 4 && po->makespan == best_old &&
+                      simulate(po, slots) == best_old);
+            }
+            kva__partition_free(po);
+            /* The CUDA backend's time model: still a valid partition, and its
+             * estimate is never above the one of the unsplit candidate. */
+            kva__partition_grid gm = {slots, 0, 176, 600, 1100};
+            kva__partition *pm = NULL;
+            CHECK_OK(kva__partition_build_grid(plan, &pp, &gm, skip, &pm));
+            if (pm) {
+                check_partition(plan, pm, skip);
+                CHECK(pm->makespan == simulate(pm, slots) &&
+                      pm->estimate >= pm->makespan * 100 / 176);
+            }
+            kva__partition_free(pm);
+        }
+        kva__partition_free(pg);
+        /* A forced split count. */
+        const int32_t force = kva_rng_int(&rng, 1, 12);
+        kva__partition_grid gf = {slots, force, 0, 0, 0};
+        kva__partition *pf = NULL;
+        CHECK_OK(kva__partition_build_grid(plan, &pp, &gf, skip, &pf));
+        if (pf) {
+            check_partition(plan, pf, skip);
+            CHECK(pf->pick == 9 && pf->makespan == simulate(pf, slots));
+            for (int32_t k = 0; k < pf->num_tasks; k++)
+                CHECK(pf->tasks[k].num_splits <= force);
+        }
+        kva__partition_free(pf);
+        free(skip);
+        kva_plan_destroy(plan);
+        kva_context_destroy(ctx);
+        kva_test_batch_free(&b);
+    }
+    /* Both candidate families must occur, or the comparisons above test little. */
+    CHECK_MSG(kept_old > 10 && kept_new > 10, "kept a former candidate %d times, a new one %d",
+              kept_old, kept_new);
+}
+
+/* The cases the new candidates are for: equal decodes that the rounded-up
+ * targets cut into one chunk too many (16 x 4k on 264 workers: 8 chunks of
+ * 512 in four rounds before, 2 chunks of 2048 in one round now), and a batch
+ * that fills the grid unsplit stays unsplit. */
+static void test_grid_uniform(void)
+{
+    const int32_t Rs[3] = {16, 64, 4};
+    const int32_t Ss[3] = {4096, 4096, 32768};
+    const int32_t want_items[3] = {256, 512, 256};
+    for (int c = 0; c < 3; c++) {
+        int32_t q[64], s[64];
+        for (int32_t r = 0; r < Rs[c]; r++)
+            q[r] = 1, s[r] = Ss[c];
+        kva_rng rng = {7};
+        kva_test_batch b;
+        kva_test_batch_init(&b, &rng, Rs[c], q, s, 16, 2, 0);
+        kva_plan_desc pd = kva_test_batch_plan_desc(&b, 32, 8, 128, 128, KVA_DTYPE_BF16);
+        kva_context *ctx = NULL;
+        kva_context_desc cd = {KVA_BACKEND_REF, 1, 0};
+        kva_plan *plan = NULL;
+        CHECK_OK(kva_context_create(&cd, &ctx));
+        CHECK_OK(kva_plan_create(ctx, &pd, &plan));
+        kva__partition_params pp = params_for(16, 264);
+        kva__partition_grid grid = {264, 0, 176, 600, 1100};
+        kva__partition *pg = NULL;
+        if (plan)
+            CHECK_OK(kva__partition_build_grid(plan, &pp, &grid, NULL, &pg));
+        if (pg) {
+            check_partition(plan, pg, NULL);
+            CHECK_MSG(pg->num_items == want_items[c], "R %d S %d: %d items (candidate %d)",
+                      (int)Rs[c], (int)Ss[c], (int)pg->num_items, (int)pg->pick);
+        }
+        kva__partition_free(pg);
+        kva_plan_destroy(plan);
+        kva_context_destroy(ctx);
+        kva_test_batch_free(&b);
+    }
+}
+
+int main(void)
+{
+    RUN(test_grid_random);
+    RUN(test_grid_uniform);
+    return kva_test_finish();
+}
