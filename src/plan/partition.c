@@ -407,6 +407,33 @@ static kva__partition_params norm_params(const kva__partition_params *params)
     return pp;
 }
 
+/* Hands the builder's items and tasks to part and stores it in *out (ok), or
+ * frees all three and reports the allocation failure (!ok). */
+static kva_status finish_partition(const kva_plan *plan, const kva__partition_params *pp,
+                                   kva__partition *part, builder *b, int64_t partial_floats, int ok,
+                                   kva__partition **out)
+{
+    if (!ok) {
+        free(b->items);
+        free(b->tasks);
+        free(part);
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
+                         "kva_plan_create: out of memory partitioning %d requests",
+                         (int)plan->d.num_requests);
+    }
+    part->params = *pp;
+    part->items = b->items;
+    part->num_items = b->num_items;
+    part->tasks = b->tasks;
+    part->num_tasks = b->num_tasks;
+    part->partial_floats = partial_floats;
+    part->total_cost = 0;
+    for (int32_t i = 0; i < b->num_items; i++)
+        part->total_cost += b->items[i].cost;
+    *out = part;
+    return KVA_STATUS_OK;
+}
+
 /* Emits the items of all units under rule sr, sorts them and fills *out.
  * Consumes nothing of a (the caller frees it). */
 static kva_status build_from_units(const kva_plan *plan, const kva__partition_params *pp,
@@ -420,27 +447,9 @@ static kva_status build_from_units(const kva_plan *plan, const kva__partition_pa
     for (int32_t i = 0; ok && i < a->n; i++)
         for (int32_t kvh = 0; ok && kvh < plan->d.num_kv_heads; kvh++)
             ok = emit_unit(&b, plan, pp, &a->units[i], kvh, sr, &partial_floats);
-    if (!ok) {
-        free(b.items);
-        free(b.tasks);
-        free(part);
-        return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
-                         "kva_plan_create: out of memory partitioning %d requests",
-                         (int)plan->d.num_requests);
-    }
-    if (b.num_items > 1 && !sort_items(b.items, b.num_items))
+    if (ok && b.num_items > 1 && !sort_items(b.items, b.num_items))
         qsort(b.items, (size_t)b.num_items, sizeof *b.items, by_cost_desc);
-    part->params = *pp;
-    part->items = b.items;
-    part->num_items = b.num_items;
-    part->tasks = b.tasks;
-    part->num_tasks = b.num_tasks;
-    part->partial_floats = partial_floats;
-    part->total_cost = 0;
-    for (int32_t i = 0; i < b.num_items; i++)
-        part->total_cost += b.items[i].cost;
-    *out = part;
-    return KVA_STATUS_OK;
+    return finish_partition(plan, pp, part, &b, partial_floats, ok, out);
 }
 
 kva_status kva__partition_build(const kva_plan *plan, const kva__partition_params *params,
@@ -647,25 +656,7 @@ static kva_status build_placed(const kva_plan *plan, const kva__partition_params
     }
     ok = ok && b.num_items == num_items;
     free(dcost);
-    if (!ok) {
-        free(b.items);
-        free(b.tasks);
-        free(part);
-        return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
-                         "kva_plan_create: out of memory partitioning %d requests",
-                         (int)plan->d.num_requests);
-    }
-    part->params = *pp;
-    part->items = b.items;
-    part->num_items = b.num_items;
-    part->tasks = b.tasks;
-    part->num_tasks = b.num_tasks;
-    part->partial_floats = partial_floats;
-    part->total_cost = 0;
-    for (int32_t i = 0; i < b.num_items; i++)
-        part->total_cost += b.items[i].cost;
-    *out = part;
-    return KVA_STATUS_OK;
+    return finish_partition(plan, pp, part, &b, partial_floats, ok, out);
 }
 
 /*
