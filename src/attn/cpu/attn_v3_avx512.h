@@ -144,6 +144,25 @@ AI void pf_key_v(const fold_info *fi, int32_t key)
 #define TAIL16(n) ((n) % 16 ? (__mmask16)0x00ff : (__mmask16)0xffff)
 #define NVEC16(n) (((n) + 15) / 16)
 
+/* The scores of NB heads from the partial sums in s->vs ([2 halves, 8 heads,
+ * 16 keys, 16 lanes]): hsum16 per 16 keys, the per-token key scale applied
+ * for FMT_I8T (score = s_tok * (q . k)), stored into s->pm rows m0... */
+AI void scores_finish(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk, const int kd,
+                      const fold_info *fi)
+{
+    const float *vs = s->vs;
+    for (int32_t half = 0; half * 16 < nk; half++)
+        for (int b = 0; b < NB; b++) {
+            __m512 v[16];
+            for (int t = 0; t < 16; t++)
+                v[t] = _mm512_loadu_ps(vs + (half * 128 + b * 16 + t) * 16);
+            __m512 sc = hsum16(v);
+            if (kd == FMT_I8T)
+                sc = _mm512_mul_ps(sc, _mm512_loadu_ps(fi->tok + half * 16));
+            _mm512_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + half * 16, sc);
+        }
+}
+
 /*
  * Scores of the NB (<= 8) rows m0.. (q tile rows of one query row) against
  * the chunk's nk keys, into s->pm [m, KEY_CHUNK]. The head dims are taken in
@@ -197,16 +216,7 @@ AI void scores_nb(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk, con
             }
         }
     }
-    for (int32_t half = 0; half * 16 < nk; half++)
-        for (int b = 0; b < NB; b++) {
-            __m512 v[16];
-            for (int t = 0; t < 16; t++)
-                v[t] = _mm512_loadu_ps(vs + (half * 128 + b * 16 + t) * 16);
-            __m512 sc = hsum16(v);
-            if (kd == FMT_I8T) /* score = s_tok * (q . k) */
-                sc = _mm512_mul_ps(sc, _mm512_loadu_ps(fi->tok + half * 16));
-            _mm512_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + half * 16, sc);
-        }
+    scores_finish(s, m0, NB, nk, kd, fi);
 }
 
 /*
@@ -258,16 +268,7 @@ AI void scores_nb_d128(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk
             _mm512_storeu_ps(dst0 + b * 256, _mm512_add_ps(lo, hi));
         }
     }
-    for (int32_t half = 0; half * 16 < nk; half++)
-        for (int b = 0; b < NB; b++) {
-            __m512 v[16];
-            for (int t = 0; t < 16; t++)
-                v[t] = _mm512_loadu_ps(vs + (half * 128 + b * 16 + t) * 16);
-            __m512 sc = hsum16(v);
-            if (kd == FMT_I8T)
-                sc = _mm512_mul_ps(sc, _mm512_loadu_ps(fi->tok + half * 16));
-            _mm512_storeu_ps(s->pm + (size_t)(m0 + b) * KVA_CPU_KEY_CHUNK + half * 16, sc);
-        }
+    scores_finish(s, m0, NB, nk, kd, fi);
 }
 
 /* scores_nb with the head count nb (1..8) as a constant; D = 128 takes the
