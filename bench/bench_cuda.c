@@ -19,7 +19,7 @@
  * reported too. --variant V (1..4) partitions the plans for attention
  * variant V and runs it (kva__cuda_context_force_variant); 0 is the default.
  * --prefill-variant P runs the prefills on prefill kernel variant P
- * (src/attn/cuda/prefill_mma.h: 1..5 mma.sync, 6..22 sm_90a wgmma; 0 = the
+ * (src/attn/cuda/prefill_mma.h: 1..5 mma.sync, 6..23 sm_90a wgmma; 0 = the
  * dispatcher's choice), so the public path compares the two kernels.
  * --mode copy times a 1 GiB device-to-device copy (the bandwidth ceiling, in
  * the same run). --quant reads a quantized cache instead (int8: INT8_CHANNEL

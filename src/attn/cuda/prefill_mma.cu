@@ -591,9 +591,14 @@ extern "C" int kva__cuda_prefill_variant_exists(int32_t head_dim, int variant)
  * TFLOP/s vs 399 for v13, B 16 423 vs 398, 8 x 1024 288 vs 220; v21 (the
  * same grid with the cp.async gather only) for other block sizes: 419 / 411
  * / 257 on those shapes. Both passed the full test in that run. v22 (tile
- * headers in shared memory) measured 0.93-0.99x v20 (16:25 UTC): not used. */
+ * headers in shared memory) measured 0.93-0.99x v20 (16:25 UTC): not used.
+ * v23 (v20 with the TMA boxes issued by four producer warps) replaced v20
+ * (17:17 UTC, same call, per call): 1 x 4096 B 16 521-525 vs 416-417, B 64
+ * 529-534 vs 525-527; 8 x 1024 B 16 282-288 vs 269-271, B 64 level; 4096
+ * after 4096 cached B 16 629-635 vs 466-469; full test, memcheck and
+ * racecheck passed in that call. */
 #define KVA__CUDA_PREFILL_WGMMA_DEFAULT 21
-#define KVA__CUDA_PREFILL_WGMMA_TMA_DEFAULT 20
+#define KVA__CUDA_PREFILL_WGMMA_TMA_DEFAULT 23
 #define KVA__CUDA_PREFILL_TMA_MIN_B 16
 
 /* The variant the dispatcher runs when none is forced: the fastest on an H100

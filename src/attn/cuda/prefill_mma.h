@@ -40,8 +40,8 @@ extern "C" {
 /* int32 entries per tile in the tile array: {r, m0, kvh, 0}. */
 #define KVA__CUDA_PREFILL_TILE_INTS 4
 /* Kernel variants 1..N (kva__cuda_prefill_launch_variant): 1..5 mma.sync
- * (prefill_mma.cu), 6..22 wgmma (prefill_wgmma.cu, sm_90a, D = 128). */
-#define KVA__CUDA_PREFILL_VARIANTS 22
+ * (prefill_mma.cu), 6..23 wgmma (prefill_wgmma.cu, sm_90a, D = 128). */
+#define KVA__CUDA_PREFILL_VARIANTS 23
 /* First wgmma variant. */
 #define KVA__CUDA_PREFILL_WGMMA_FIRST 6
 
@@ -186,7 +186,7 @@ kva_status kva__cuda_prefill_launch(const kva__cuda_prefill_args *args, void *st
 /* The same with a forced kernel variant (0: the dispatcher's choice; 1: 8 warps
  * x 16 rows; 2: 4 warps x 32 rows, 64 keys per tile; 3: 4 warps x 32 rows, 32
  * keys per tile; 4, 5: 1 and 2 with lazy rescaling; D = 256 has 1 and 4 only;
- * 6..22: the sm_90a wgmma kernel, D = 128 only, on a compute capability 9.0
+ * 6..23: the sm_90a wgmma kernel, D = 128 only, on a compute capability 9.0
  * device of a build with sm_90a code: 6 two K/V stages, 7 three, 8 = 6 with
  * P V in two n64 halves, 9 and 10 warp-specialized with two and three stages,
  * 11 = 10 with two tiles in flight in the producer, 12 = 11 with P V under
@@ -197,21 +197,21 @@ kva_status kva__cuda_prefill_launch(const kva__cuda_prefill_args *args, void *st
  * persistent grid of one CTA per SM, 19 = 13 on that persistent grid, 20 and
  * 21 = 17 and 19 with the tiles dealt to the CTAs in snake order, 22 = 20
  * with each consumer's tile headers kept in shared memory instead of re-read
- * from global memory),
- * for tests and benchmarks that cover every variant. A variant that does not
+ * from global memory, 23 = 20 with the TMA boxes issued by the producer's
+ * four warps instead of its first), for tests and benchmarks that cover every variant. A variant that does not
  * exist for D is KVA_STATUS_INVALID_ARGUMENT. */
 kva_status kva__cuda_prefill_launch_variant(const kva__cuda_prefill_args *args, void *stream,
                                             int variant);
 
 /* 1 if variant (1..KVA__CUDA_PREFILL_VARIANTS) exists for head size D (for
- * 6..22 also on the current device: kva__cuda_prefill_wgmma_ready()). */
+ * 6..23 also on the current device: kva__cuda_prefill_wgmma_ready()). */
 int kva__cuda_prefill_variant_exists(int32_t head_dim, int variant);
 
 /* prefill_wgmma.cu: 1 if the build has sm_90a device code (KVA_CUDA_SM90A,
  * CMAKE_CUDA_ARCHITECTURES naming 90a) and the current device has compute
  * capability 9.0; else 0 (also without a device). */
 int kva__cuda_prefill_wgmma_ready(void);
-/* Launches wgmma variant 6..22 (arguments already checked by
+/* Launches wgmma variant 6..23 (arguments already checked by
  * kva__cuda_prefill_launch_variant; D = Dv = 128, f16/bf16). */
 kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_args *args, void *stream,
                                           int variant);

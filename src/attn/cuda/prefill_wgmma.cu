@@ -1,6 +1,6 @@
 /*
  * prefill_wgmma.cu - the sm_90a (Hopper) paged prefill kernel on warpgroup
- * matrix instructions (wgmma.mma_async), variants 6..22 of prefill_mma.h.
+ * matrix instructions (wgmma.mma_async), variants 6..23 of prefill_mma.h.
  *
  * Same contract, tiles and arguments as prefill_mma.cu (one CTA = one tile of
  * 128 packed (token, group head) rows of one (request, kv head); paged NHD/HND
@@ -44,7 +44,11 @@
  * tiles dealt in snake order (PERSIST 2); v22 = v20 with each consumer
  * warpgroup's tile headers kept in shared memory (PERSIST 3: read from global
  * memory once per CTA tile, for the next tile's Q load, instead of three
- * times; each read is a chain of two dependent loads the warpgroup waits on).
+ * times; each read is a chain of two dependent loads the warpgroup waits on);
+ * v23 = v20 with the TMA boxes issued by the producer's four warps instead of
+ * its first (TMA 2; at B 16 a tile is 32 boxes, which one warp issues one
+ * after the other: ncu showed the consumers waiting on the "full" barrier
+ * 14 % of their stall samples at B 16 against 0.5 % at B 64).
  *
  * The kernel body exists only in sm_90a device code (__CUDA_ARCH_FEAT_SM90_ALL);
  * other targets get an empty kernel that the host never launches
@@ -192,7 +196,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
  * (PRE) the staged block ids [2][128] int32, then (PERSIST 3) the consumers'
  * tile-header slots [2 consumers][2] wg_tile.
  */
-template <int NST, bool DELAY, bool INTRA, bool PRE, bool TMA, int PERSIST, typename Ty>
+template <int NST, bool DELAY, bool INTRA, bool PRE, int TMA, int PERSIST, typename Ty>
 __global__ void __launch_bounds__(3 * 128, 1)
     prefill_wgmma_ws_kernel(const kva__cuda_prefill_args a, const __grid_constant__ wg_tmaps tm)
 {
@@ -267,14 +271,24 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 if (gk >= NST)
                     wg_mbar_wait(empty + 8 * st, ((gk / NST) - 1) & 1);
                 if (TMA && tm.ok && n0 >= tl.kv_lo && n0 + WG_BN <= tl.kv_hi) {
-                    if (tid < 32) {
+                    /* TMA 1: the lanes of warp 0 issue the boxes (a TMA copy is
+                     * a warp-uniform instruction: the compiler issues the lanes'
+                     * boxes one after the other). TMA 2: the four warps issue a
+                     * quarter each (op o by lane o / 4 of warp o % 4), so at
+                     * B 16 (32 boxes per tile) each warp issues 8. Boxes of
+                     * other warps may complete before thread 0 arms the barrier:
+                     * the tx-count may go below zero while thread 0's arrival
+                     * is pending, and the phase cannot complete without it. */
+                    const int NW = TMA == 2 ? 4 : 1;
+                    if (tid < 32 * NW) {
                         if (tid == 0)
                             wg_mbar_arrive_tx(full + 8 * st, 2 * KB);
                         __syncwarp();
                         /* Op o: block b = o / 4 of the tile (key rows b * R ..),
                          * column block (o / 2) % 2, K (o even) or V. */
                         const int R = tm.box_rows, nhd = a.layout == KVA_LAYOUT_NHD;
-                        for (int o = tid; o < 4 * (WG_BN / R); o += 32) {
+                        const int o0 = TMA == 2 ? (tid & 31) * 4 + (tid >> 5) : tid;
+                        for (int o = o0; o < 4 * (WG_BN / R); o += 32 * NW) {
                             const int row = (o >> 2) * R, cb = (o >> 1) & 1;
                             int blk;
                             asm volatile("ld.shared.b32 %0, [%1];\n"
@@ -606,7 +620,7 @@ static void wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm)
 }
 
 /* VAR: the variant number (bit of the host cache's attribute mask). */
-template <int VAR, int NST, bool DELAY, bool INTRA, bool PRE, bool TMA, int PERSIST, typename Ty>
+template <int VAR, int NST, bool DELAY, bool INTRA, bool PRE, int TMA, int PERSIST, typename Ty>
 static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream)
 {
     const size_t smem = 1024 + (size_t)WG_TILE_BYTES(WG_M) +
@@ -695,13 +709,15 @@ static kva_status launch_wg_dtype(const kva__cuda_prefill_args *a, cudaStream_t 
         return launch_ws<20, 3, false, true, true, true, 2, Ty>(a, st);
     case 22:
         return launch_ws<22, 3, false, true, true, true, 3, Ty>(a, st);
+    case 23:
+        return launch_ws<23, 3, false, true, true, 2, 2, Ty>(a, st);
     default: /* 21 */
         return launch_ws<21, 3, false, false, true, false, 2, Ty>(a, st);
     }
 }
 
 /* Called by kva__cuda_prefill_launch_variant after its argument checks, for
- * variants 6..22 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
+ * variants 6..23 that exist (D = Dv = 128, f16/bf16, sm_90a build and device). */
 extern "C" kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_args *a, void *stream,
                                                      int variant)
 {
