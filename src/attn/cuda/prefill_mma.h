@@ -198,8 +198,8 @@ kva_status kva__cuda_prefill_launch(const kva__cuda_prefill_args *args, void *st
  * 21 = 17 and 19 with the tiles dealt to the CTAs in snake order, 22 = 20
  * with each consumer's tile headers kept in shared memory instead of re-read
  * from global memory, 23 = 20 with the TMA boxes issued by the producer's
- * four warps instead of its first), for tests and benchmarks that cover every variant. A variant that does not
- * exist for D is KVA_STATUS_INVALID_ARGUMENT. */
+ * four warps instead of its first), for tests and benchmarks that cover every variant. A variant
+ * that does not exist for D is KVA_STATUS_INVALID_ARGUMENT. */
 kva_status kva__cuda_prefill_launch_variant(const kva__cuda_prefill_args *args, void *stream,
                                             int variant);
 
