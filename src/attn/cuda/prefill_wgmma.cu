@@ -425,15 +425,8 @@ __global__ void __launch_bounds__(3 * 128, 1)
                          * rescale after the wait makes ptxas serialize wgmma). */
                         wg_qk<Ty>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
                         kva__wgmma_commit();
-                        if (resc_prev) {
-#pragma unroll
-                            for (int nb = 0; nb < WG_D / 8; nb++) {
-                                o[4 * nb] *= alpha[0];
-                                o[4 * nb + 1] *= alpha[0];
-                                o[4 * nb + 2] *= alpha[1];
-                                o[4 * nb + 3] *= alpha[1];
-                            }
-                        }
+                        if (resc_prev)
+                            wg_rescale_o(o, alpha);
                         kva__wgmma_fence();
                         wg_pv<Ty, false>(o, pa, dv0 + ((uint64_t)(sp * KB) >> 4));
                         kva__wgmma_commit();
@@ -461,15 +454,8 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 }
                 /* P V of the last tile. */
                 wg_bar_sync(my_bar, 256);
-                if (INTRA && resc_prev) {
-#pragma unroll
-                    for (int nb = 0; nb < WG_D / 8; nb++) {
-                        o[4 * nb] *= alpha[0];
-                        o[4 * nb + 1] *= alpha[0];
-                        o[4 * nb + 2] *= alpha[1];
-                        o[4 * nb + 3] *= alpha[1];
-                    }
-                }
+                if (INTRA && resc_prev)
+                    wg_rescale_o(o, alpha);
                 const int sl = (int)((gi + (uint32_t)ntiles - 1) % NST);
                 kva__wgmma_fence();
                 wg_pv<Ty, false>(o, pa, dv0 + ((uint64_t)(sl * KB) >> 4));

@@ -179,7 +179,20 @@ wg_softmax(float (&s)[64], float (&o)[64], uint32_t (&pa)[8][4], float (&m_run)[
         }
         l_run[hf] += sum;
     }
-    return resc; /* warp-uniform; with DEFER the caller rescales o by alpha_out */
+    return resc; /* warp-uniform; with DEFER the caller rescales o by alpha_out (wg_rescale_o) */
+}
+
+/* O *= alpha of its row half (o[4 nb + e] is row hf = e / 2): the rescale
+ * wg_softmax<Ty, true> leaves to its caller. */
+static __device__ __forceinline__ void wg_rescale_o(float (&o)[64], const float (&alpha)[2])
+{
+#pragma unroll
+    for (int nb = 0; nb < WG_D / 8; nb++) {
+        o[4 * nb] *= alpha[0];
+        o[4 * nb + 1] *= alpha[0];
+        o[4 * nb + 2] *= alpha[1];
+        o[4 * nb + 3] *= alpha[1];
+    }
 }
 
 /* Sink, normalization, out and lse of the thread's rows (as prefill_mma). */
