@@ -22,6 +22,11 @@ if ./build/kvattn serve-sim --max-num-seqs 0 >/dev/null 2>&1; then
   exit 1
 fi
 ./build/kvattn bench --batch 2 --context 300 --iters 2 --warmup 1 --kv-quant int8
+# --paired: a read pass after every timed run, its median ratio in the JSON.
+./build/kvattn bench --batch 2 --context 300 --iters 3 --warmup 1 --paired --json build/bench-paired.json
+grep -Eq '"paired_read_frac": [0-9]+\.[0-9]+' build/bench-paired.json &&
+  grep -Eq '"paired_read_bw_gbps": [1-9][0-9]*\.[0-9]+' build/bench-paired.json ||
+  { echo "bench --paired: no paired_read_* in the JSON" >&2; cat build/bench-paired.json; exit 1; }
 if ./build/kvattn bench --no-such-flag >/dev/null 2>&1; then
   echo "CLI accepted an unknown flag" >&2
   exit 1

@@ -43,6 +43,7 @@ typedef struct bench_opts {
     int sinks;       /* per-head sink logits */
     int32_t variant; /* CPU kernel variant forced on every item, 0 = the dispatcher's */
     int parts;       /* mixed mode: also time the decodes alone and the chunk alone */
+    int paired;      /* cpu: a read pass after every timed run (bench_result.paired_*) */
     int sweep;       /* bench_sweep_set: 0 = one shape */
     int quiet;       /* no table on stdout (the sweep prints one row per shape) */
 } bench_opts;
@@ -152,6 +153,12 @@ typedef struct bench_result {
     double read_bw;       /* measured machine read bandwidth GB/s, 0 if not measured */
     double read_bw_1t;    /* the same with 1 thread (measured when threads > 1), else 0 */
     double fma_peak;      /* measured fp32 FMA peak GFLOP/s, 0 if not measured */
+    /* --paired: each timed run k is followed by one read pass over the
+     * ceiling's buffer with the same threads (bw_k GB/s); paired_frac is the
+     * median over k of (KV bytes / time_k) / bw_k, paired_bw the median bw_k:
+     * kernel and ceiling under the same load of a shared machine. 0 when not
+     * measured. */
+    double paired_frac, paired_bw;
     const char *peak_isa; /* vector ISA the peak was measured with */
     bench_counts counts;
     bench_check_result check;

@@ -112,6 +112,12 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
     else
         snprintf(n, sizeof n, "bandwidth ceiling not measured");
     row("bandwidth", v, n);
+    if (r->paired_bw > 0) {
+        snprintf(v, sizeof v, "%.1f%%", 100.0 * r->paired_frac);
+        snprintf(n, sizeof n, "of the read bandwidth, paired: median over %d runs (read passes %.2f GB/s)",
+                 (int)r->iters, r->paired_bw);
+        row("paired read", v, n);
+    }
     if (r->read_bw_1t > 0) {
         snprintf(v, sizeof v, "%.2f GB/s", r->read_bw_1t);
         snprintf(n, sizeof n, "read bandwidth with 1 thread: %d threads read %.2fx as much",
@@ -218,6 +224,9 @@ void bench_report_json_write(FILE *f, const bench_opts *o, const bench_result *r
     fprintf(f, "  \"kv_bytes\": %.0f,\n  \"gbps\": %.4f,\n", r->counts.kv_bytes, gbps);
     fprintf(f, "  \"flops\": %.0f,\n  \"gflops\": %.4f,\n", r->counts.flops, gflops);
     fprintf(f, "  \"read_bw_gbps\": %.4f,\n", r->read_bw);
+    if (r->paired_bw > 0)
+        fprintf(f, "  \"paired_read_frac\": %.4f,\n  \"paired_read_bw_gbps\": %.4f,\n",
+                r->paired_frac, r->paired_bw);
     if (o->backend != KVA_BACKEND_CUDA) {
         const bench_roofline rl = bench_roofline_of(&r->counts, r->read_bw, r->fma_peak);
         fprintf(f, "  \"read_bw_1t_gbps\": %.4f,\n", r->read_bw_1t);

@@ -10,6 +10,7 @@
 
 #include "kvattn.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 enum { KVA_EXIT_OK = 0, KVA_EXIT_LIBRARY = 1, KVA_EXIT_USAGE = 2 };
@@ -52,6 +53,18 @@ double kva_cli_now(void);
  * number of threads (best of a few passes over a buffer much larger than the
  * last-level cache); 0 if it cannot be measured. */
 double kva_cli_measure_read_bw(int num_threads);
+/* One read pass at a time over that buffer, for measurements interleaved
+ * with the timed runs (`kvattn bench --paired`): open allocates and touches
+ * it (-1: out of memory), pass reads it once with the reader's threads and
+ * returns GB/s, close frees it. */
+typedef struct kva_cli_reader {
+    uint64_t *buf;
+    size_t words;
+    int threads;
+} kva_cli_reader;
+int kva_cli_reader_open(kva_cli_reader *r, int num_threads);
+double kva_cli_reader_pass(kva_cli_reader *r);
+void kva_cli_reader_close(kva_cli_reader *r);
 /* Measured fp32 FMA peak in GFLOP/s with the given number of threads, using
  * the widest vector FMA this CPU and OS support (cli_peak.c); *isa receives
  * its name ("avx512", "avx2+fma", "scalar"). */

@@ -34,47 +34,69 @@ static uint64_t sum_words(const uint64_t *p, size_t n)
     return a + b + c + d;
 }
 
-double kva_cli_measure_read_bw(int num_threads)
+int kva_cli_reader_open(kva_cli_reader *r, int num_threads)
 {
     /* 256 MiB: 8x the largest last-level caches of the machines we run on, so
      * the passes measure DRAM, not cache. */
     const size_t bytes = (size_t)256 << 20;
-    const size_t words = bytes / sizeof(uint64_t);
-    uint64_t *buf = malloc(bytes);
-    if (!buf)
-        return 0.0;
-    if (num_threads < 1)
-        num_threads = 1;
-        /* Touch every page from the threads that will read them (first touch). */
+    r->words = bytes / sizeof(uint64_t);
+    r->threads = num_threads < 1 ? 1 : num_threads;
+    r->buf = malloc(bytes);
+    if (!r->buf)
+        return -1;
+    uint64_t *buf = r->buf;
+    const size_t words = r->words;
+    /* Touch every page from the threads that will read them (first touch). */
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(num_threads) schedule(static)
+#pragma omp parallel for num_threads(r->threads) schedule(static)
 #endif
     for (size_t i = 0; i < words; i++)
         buf[i] = i;
-    double best = 0.0;
-    volatile uint64_t sink = 0;
-    for (int pass = 0; pass < 4; pass++) {
-        uint64_t total = 0;
-        double t0 = kva_cli_now();
+    return 0;
+}
+
+double kva_cli_reader_pass(kva_cli_reader *r)
+{
+    static volatile uint64_t sink;
+    const uint64_t *buf = r->buf;
+    const size_t words = r->words;
+    uint64_t total = 0;
+    double t0 = kva_cli_now();
 #ifdef _OPENMP
-#pragma omp parallel num_threads(num_threads) reduction(+ : total)
-        {
-            int nt = omp_get_num_threads(), id = omp_get_thread_num();
-            size_t chunk = (words + (size_t)nt - 1) / (size_t)nt;
-            size_t lo = chunk * (size_t)id;
-            size_t hi = lo + chunk < words ? lo + chunk : words;
-            if (lo < hi)
-                total += sum_words(buf + lo, hi - lo);
-        }
-#else
-        total = sum_words(buf, words);
-#endif
-        double dt = kva_cli_now() - t0;
-        sink += total;
-        if (dt > 0 && (double)bytes / dt / 1e9 > best)
-            best = (double)bytes / dt / 1e9;
+#pragma omp parallel num_threads(r->threads) reduction(+ : total)
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        size_t chunk = (words + (size_t)nt - 1) / (size_t)nt;
+        size_t lo = chunk * (size_t)id;
+        size_t hi = lo + chunk < words ? lo + chunk : words;
+        if (lo < hi)
+            total += sum_words(buf + lo, hi - lo);
     }
-    (void)sink;
-    free(buf);
+#else
+    total = sum_words(buf, words);
+#endif
+    double dt = kva_cli_now() - t0;
+    sink += total;
+    return dt > 0 ? (double)(words * sizeof(uint64_t)) / dt / 1e9 : 0.0;
+}
+
+void kva_cli_reader_close(kva_cli_reader *r)
+{
+    free(r->buf);
+    r->buf = NULL;
+}
+
+double kva_cli_measure_read_bw(int num_threads)
+{
+    kva_cli_reader r;
+    if (kva_cli_reader_open(&r, num_threads) != 0)
+        return 0.0;
+    double best = 0.0;
+    for (int pass = 0; pass < 4; pass++) {
+        double bw = kva_cli_reader_pass(&r);
+        if (bw > best)
+            best = bw;
+    }
+    kva_cli_reader_close(&r);
     return best;
 }

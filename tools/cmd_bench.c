@@ -78,6 +78,9 @@ void kva_cli_usage_bench(void)
            "  --seed N             random data seed              [1234]\n"
            "  --no-check           skip the check against the reference backend\n"
            "  --no-ceiling         skip measuring the machine's read bandwidth and FMA peak\n"
+           "  --paired             cpu: one read pass over the ceiling's buffer after every\n"
+           "                       timed run; prints the median over runs of (run's GB/s /\n"
+           "                       its pass's GB/s): kernel and ceiling under the same load\n"
            "  --json FILE          also write the result as JSON to FILE\n"
            "\n"
            "Exit status: 0 success, 1 library error or failed check, 2 bad usage.\n",
@@ -129,6 +132,10 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
         }
         if (strcmp(a, "--parts") == 0) {
             o->parts = 1;
+            continue;
+        }
+        if (strcmp(a, "--paired") == 0) {
+            o->paired = 1;
             continue;
         }
         /* Every other option takes a value: "--flag v" or "--flag=v". */
@@ -462,12 +469,44 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
         fprintf(stderr, "kvattn: out of memory\n");
         return KVA_EXIT_LIBRARY;
     }
+    kva_cli_reader rd = {0};
+    double *pair_bw = NULL;
+    if (o->paired && o->backend != KVA_BACKEND_CUDA) {
+        pair_bw = malloc((size_t)iters * sizeof *pair_bw);
+        if (!pair_bw || kva_cli_reader_open(&rd, res->threads) != 0) {
+            free(pair_bw);
+            fprintf(stderr, "kvattn: out of memory\n");
+            return KVA_EXIT_LIBRARY;
+        }
+    }
     for (int k = 0; k < iters; k++) {
         t0 = kva_cli_now();
         st = run_once(o, s);
         s->times[k] = kva_cli_now() - t0;
-        if (st != KVA_STATUS_OK)
+        if (st != KVA_STATUS_OK) {
+            free(pair_bw);
+            kva_cli_reader_close(&rd);
             return kva_cli_lib_error("attention", st);
+        }
+        if (pair_bw)
+            pair_bw[k] = kva_cli_reader_pass(&rd);
+    }
+    res->counts = bench_count(o, b);
+    if (pair_bw) {
+        /* times[k] * pair_bw[k]: the GB the read pass would have read in the
+         * run's time; the run's fraction of it is kv_bytes / that. */
+        double *frac = malloc((size_t)iters * sizeof *frac);
+        if (frac) {
+            for (int k = 0; k < iters; k++)
+                frac[k] = s->times[k] * pair_bw[k] > 0
+                              ? res->counts.kv_bytes / 1e9 / (s->times[k] * pair_bw[k])
+                              : 0;
+            res->paired_frac = bench_median(frac, iters);
+            res->paired_bw = bench_median(pair_bw, iters);
+            free(frac);
+        }
+        free(pair_bw);
+        kva_cli_reader_close(&rd);
     }
     res->median_s = bench_median(s->times, iters);
     res->min_s = s->times[0]; /* sorted by median() */
@@ -489,7 +528,6 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
         }
         res->write_s = bench_median(s->times, n);
     }
-    res->counts = bench_count(o, b);
     if (!o->no_ceiling) {
         res->read_bw = kva_cli_measure_read_bw(res->threads);
         if (res->threads > 1)
