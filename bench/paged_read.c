@@ -111,8 +111,9 @@ int main(int argc, char **argv)
         share sh[64];
         double t0 = now();
         for (int k = 0; k < threads; k++) {
-            sh[k] = (share){buf, order, piece, n * (size_t)k / (size_t)threads,
-                            n * (size_t)(k + 1) / (size_t)threads, prefetch, 0};
+            sh[k] = (share){.buf = buf, .order = order, .piece = piece, .prefetch = prefetch};
+            sh[k].first = n * (size_t)k / (size_t)threads;
+            sh[k].last = n * (size_t)(k + 1) / (size_t)threads;
             pthread_create(&th[k], NULL, read_share, &sh[k]);
         }
         for (int k = 0; k < threads; k++) {

@@ -148,11 +148,11 @@ typedef struct bench_result {
     int32_t threads;
     int32_t iters;
     double median_s, min_s;
-    double plan_s;        /* median kva_plan_create time */
-    double write_s;       /* median kva_cache_write of the step's new tokens (paged only) */
-    double read_bw;       /* measured machine read bandwidth GB/s, 0 if not measured */
-    double read_bw_1t;    /* the same with 1 thread (measured when threads > 1), else 0 */
-    double fma_peak;      /* measured fp32 FMA peak GFLOP/s, 0 if not measured */
+    double plan_s;     /* median kva_plan_create time */
+    double write_s;    /* median kva_cache_write of the step's new tokens (paged only) */
+    double read_bw;    /* measured machine read bandwidth GB/s, 0 if not measured */
+    double read_bw_1t; /* the same with 1 thread (measured when threads > 1), else 0 */
+    double fma_peak;   /* measured fp32 FMA peak GFLOP/s, 0 if not measured */
     /* --paired: each timed run k is followed by one read pass over the
      * ceiling's buffer with the same threads (bw_k GB/s); paired_frac is the
      * median over k of (KV bytes / time_k) / bw_k, paired_bw the median bw_k:

@@ -114,7 +114,8 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
     row("bandwidth", v, n);
     if (r->paired_bw > 0) {
         snprintf(v, sizeof v, "%.1f%%", 100.0 * r->paired_frac);
-        snprintf(n, sizeof n, "of the read bandwidth, paired: median over %d runs (read passes %.2f GB/s)",
+        snprintf(n, sizeof n,
+                 "of the read bandwidth, paired: median over %d runs (read passes %.2f GB/s)",
                  (int)r->iters, r->paired_bw);
         row("paired read", v, n);
     }
