@@ -114,7 +114,10 @@ int main(int argc, char **argv)
             sh[k] = (share){.buf = buf, .order = order, .piece = piece, .prefetch = prefetch};
             sh[k].first = n * (size_t)k / (size_t)threads;
             sh[k].last = n * (size_t)(k + 1) / (size_t)threads;
-            pthread_create(&th[k], NULL, read_share, &sh[k]);
+            if (pthread_create(&th[k], NULL, read_share, &sh[k]) != 0) {
+                fprintf(stderr, "paged_read: cannot start thread %d\n", k);
+                return 1;
+            }
         }
         for (int k = 0; k < threads; k++) {
             pthread_join(th[k], NULL);
