@@ -179,8 +179,8 @@ static void poison_key(kva_cache *cache, const kva_test_batch *b, int32_t Hkv, i
 /* One decode batch of shape (H, Hkv, D, Dv, dtype) on variant v against the
  * reference; with nan_key, one key of request 0 holds a NaN (its rows of kv
  * head 0 must come out NaN, everything else unchanged). */
-static void check_shape(int v, int32_t H, int32_t Hkv, int32_t D, int32_t Dv, kva_dtype dt,
-                        uint64_t seed, int nan_key)
+static void check_shape_bl(int v, int32_t H, int32_t Hkv, int32_t D, int32_t Dv, kva_dtype dt,
+                           uint64_t seed, int nan_key, int32_t B, kva_layout layout)
 {
     kva_rng rng = {seed};
     enum { R = 4 };
@@ -190,13 +190,13 @@ static void check_shape(int v, int32_t H, int32_t Hkv, int32_t D, int32_t Dv, kv
         s[r] = kva_rng_int(&rng, 33, 170) + q[r];
     }
     kva_test_batch b;
-    kva_test_batch_init(&b, &rng, R, q, s, 16, 2, 0);
+    kva_test_batch_init(&b, &rng, R, q, s, B, 2, 0);
     kva_context_desc rd = {KVA_BACKEND_REF, 1, 0}, cd = {KVA_BACKEND_CPU, 2, 0};
     kva_context *ref = NULL, *cpu = NULL;
     CHECK_OK(kva_context_create(&rd, &ref));
     CHECK_OK(kva_context_create(&cd, &cpu));
     kva_cache *cache = NULL;
-    CHECK_OK(kva_test_batch_cache(&b, cpu, &rng, Hkv, D, Dv, dt, KVA_LAYOUT_NHD, &cache));
+    CHECK_OK(kva_test_batch_cache(&b, cpu, &rng, Hkv, D, Dv, dt, layout, &cache));
     if (cache && nan_key)
         poison_key(cache, &b, Hkv, D, dt, b.seq_lens[0] - 3, D - 1); /* inside the window */
     kva_plan_desc pd = kva_test_batch_plan_desc(&b, H, Hkv, D, Dv, dt);
@@ -229,8 +229,9 @@ static void check_shape(int v, int32_t H, int32_t Hkv, int32_t D, int32_t Dv, kv
         CHECK_OK(kva_attention_run(ref, pref, qv, cache, sk, o_ref, l_ref));
         CHECK_OK(kva_attention_run(cpu, pcpu, qv, cache, sk, o_cpu, l_cpu));
         char label[96];
-        snprintf(label, sizeof label, "v%d H=%d Hkv=%d D=%d Dv=%d %s case %d", v, (int)H, (int)Hkv,
-                 (int)D, (int)Dv, kva_dtype_name(dt), variant_case);
+        snprintf(label, sizeof label, "v%d H=%d Hkv=%d D=%d Dv=%d %s case %d B=%d %s", v, (int)H,
+                 (int)Hkv, (int)D, (int)Dv, kva_dtype_name(dt), variant_case, (int)B,
+                 layout == KVA_LAYOUT_NHD ? "NHD" : "HND");
         const size_t bad = compare_nan(label, o_cpu, o_ref, dt, no) +
                            compare_nan(label, l_cpu, l_ref, KVA_DTYPE_F32, nl);
         CHECK_MSG(bad == 0, "%s%s: %zu mismatches", label, nan_key ? " (NaN key)" : "", bad);
@@ -255,6 +256,41 @@ static void check_shape(int v, int32_t H, int32_t Hkv, int32_t D, int32_t Dv, kv
     free(o_cpu);
     free(l_ref);
     free(l_cpu);
+}
+
+static void check_shape(int v, int32_t H, int32_t Hkv, int32_t D, int32_t Dv, kva_dtype dt,
+                        uint64_t seed, int nan_key)
+{
+    check_shape_bl(v, H, Hkv, D, Dv, dt, seed, nan_key, 16, KVA_LAYOUT_NHD);
+}
+
+/* The AVX-512 decode loops visit the keys of an NHD cache with Hkv > 1 in
+ * groups of 4 in the order 0, 2, 1, 3 (key_at in attn_v3_avx512.h), and
+ * only the groups that lie inside a query row's visible keys: every decode
+ * variant against the reference over NHD and HND caches, block sizes 5
+ * (not a power of two), 16 and 24 (blocks straddling the 32-key chunks),
+ * GQA 1, 2, 4 and 8 over 4 kv heads, each row format, D = 128 (the one-pass
+ * scores) and 40/24 (runtime D), with spec decodes (ragged visible ranges
+ * inside a chunk), windows and sinks (check_shape's cases). */
+static void test_key_order(void)
+{
+    static const int32_t blocks[] = {5, 16, 24};
+    static const int32_t gqa[] = {1, 2, 4, 8};
+    static const kva_dtype dts[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
+    uint64_t seed = 900;
+    for (int v = 1; v <= kva__cpu_attn_num_variants(); v++) {
+        if (!kva__cpu_attn_supported(v) || (v != 3 && v != 4))
+            continue;
+        for (int bi = 0; bi < 3; bi++)
+            for (int li = 0; li < 2; li++)
+                for (int gi = 0; gi < 4; gi++)
+                    for (int ti = 0; ti < 3; ti++) {
+                        const kva_layout lay = li ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+                        const int32_t D = gi % 2 ? 40 : 128, Dv = gi % 2 ? 24 : 128;
+                        check_shape_bl(v, 4 * gqa[gi], 4, D, Dv, dts[ti], seed++, 0, blocks[bi],
+                                       lay);
+                    }
+    }
 }
 
 static void test_variant_shapes(void)
@@ -346,6 +382,7 @@ int main(void)
     RUN(test_isa_override);
     RUN(test_dispatch);
     RUN(test_variant_shapes);
+    RUN(test_key_order);
     RUN(test_plan_on_wider_context);
     return kva_test_finish();
 }

@@ -54,6 +54,14 @@
  *     q's 2^-23 rounding and a few fp32 roundings). 1 thread, 4 x 16384 keys,
  *     f16 q, int8 cache (docs/performance.md, alternating rounds on the
  *     loaded VM): GQA 1 16.5 -> 14.5 ms, GQA 8 70.6 -> 53.7 ms against v3.
+ *   - Over an NHD cache with Hkv > 1 (a kv head's rows Hkv * D elements
+ *     apart) the loops visit each group of 4 keys as 0, 2, 1, 3 and
+ *     prefetch the row two steps ahead into L1 (key_at in attn_v3_avx512.h):
+ *     read in order, the constant stride makes the core's stride prefetcher
+ *     run past each block's end into other blocks' lines. Separate step
+ *     functions (*_ko), so the loops of the other layouts stay as they were.
+ *     2 threads, f16, 4 x 16384 keys, B 16: GQA 1 11.45 -> 9.42 ms, GQA 4
+ *     12.55 -> 11.51 ms (docs/performance.md, "NHD key order").
  *   - Decode groups (cpu_attn.h, "Groups"): the items of one request and key
  *     range over several kv heads run interleaved chunk by chunk
  *     (run_group), so that a block's rows of all those kv heads are read
@@ -229,8 +237,11 @@ AI void softmax_rows(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m0, i
  */
 AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_t d0,
                  const int32_t Dv, const int kd, const float *voff, const int NB, const int NV,
-                 __mmask16 tail, const fold_info *pf)
+                 __mmask16 tail, const fold_info *pf, int ko)
 {
+    /* Bytes of a V row's dims [d0, d0 + 16 NV) in format kd (key_at's L1 prefetch). */
+    const size_t esz = kd == FMT_F32 ? 4 : kd == FMT_F16 || kd == FMT_BF16 ? 2 : 1;
+    const size_t l1_off = (size_t)d0 * esz, l1_bytes = (size_t)16 * NV * esz;
     const int pair = kd == FMT_BF16 && NV % 2 == 0 && tail == 0xffff;
     __m512 acc[8][8], vo[8];
     /* FMT_I8 values: acc += p (v - o); run_item multiplies acc by s at the end. */
@@ -247,8 +258,11 @@ AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_
                 _mm512_mul_ps(_mm512_maskz_loadu_ps(j == NV - 1 ? tail : 0xffff, ar + 16 * j), al);
     }
     const float *pm = s->pm + (size_t)m0 * KVA_CPU_KEY_CHUNK;
-    for (int32_t t = ta; t < te; t++) {
-        pf_key_v(pf, t);
+    for (int32_t i = ta; i < te; i++) {
+        const int32_t t = key_at(i, ko, ta, te);
+        pf_key_v(pf, i);
+        if (ko && i + 2 < te)
+            pf_l1((const char *)vp[key_at(i + 2, 1, ta, te)] + l1_off, l1_bytes);
         __m512 v[8];
         if (pair) {
             const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
@@ -286,24 +300,24 @@ AI void pv_block(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, int32_
  * then 16, then 8. Every output dim sums the same terms in the same order
  * whatever the blocking. */
 AI void pv_rows(kva__cpu_scratch *s, int32_t m0, int32_t ta, int32_t te, const int32_t Dv,
-                const int kd, const float *voff, const int NB, const fold_info *pf)
+                const int kd, const float *voff, const int NB, const fold_info *pf, int ko)
 {
     int32_t d = 0;
     if (NB == 1)
         for (; d + 128 <= Dv; d += 128, pf = NULL)
-            pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 8, 0xffff, pf);
+            pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 8, 0xffff, pf, ko);
     if (NB <= 4)
         for (; d + 64 <= Dv; d += 64, pf = NULL)
-            pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 4, 0xffff, pf);
+            pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 4, 0xffff, pf, ko);
     for (; d + 32 <= Dv; d += 32, pf = NULL)
-        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 2, 0xffff, pf);
+        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 2, 0xffff, pf, ko);
     if (d + 16 <= Dv) {
-        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 1, 0xffff, pf);
+        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 1, 0xffff, pf, ko);
         d += 16;
         pf = NULL;
     }
     if (d < Dv)
-        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 1, 0x00ff, pf);
+        pv_block(s, m0, ta, te, d, Dv, kd, voff, NB, 1, 0x00ff, pf, ko);
 }
 
 /* Restores the dim order of the M accumulator rows [M, Dv] after P.V over
@@ -326,31 +340,33 @@ static void bf16_acc_unpair(float *acc, int32_t M, int32_t Dv)
 /* P.V of the nh rows m0.. of one query row, keys [ta, te) of the chunk
  * (indices relative to its start), in register blocks of 8, 4, 2, 1 rows. */
 AI void pv_query_row(kva__cpu_scratch *s, int32_t m0, int32_t nh, int32_t ta, int32_t te,
-                     const int32_t Dv, const int kd, const float *voff, const fold_info *pf)
+                     const int32_t Dv, const int kd, const float *voff, const fold_info *pf, int ko)
 {
     int32_t m = m0;
     const int32_t m1 = m0 + nh;
     for (; m + 8 <= m1; m += 8, pf = NULL)
-        pv_rows(s, m, ta, te, Dv, kd, voff, 8, pf);
+        pv_rows(s, m, ta, te, Dv, kd, voff, 8, pf, ko);
     if (m + 4 <= m1) {
-        pv_rows(s, m, ta, te, Dv, kd, voff, 4, pf);
+        pv_rows(s, m, ta, te, Dv, kd, voff, 4, pf, ko);
         m += 4;
         pf = NULL;
     }
     if (m + 2 <= m1) {
-        pv_rows(s, m, ta, te, Dv, kd, voff, 2, pf);
+        pv_rows(s, m, ta, te, Dv, kd, voff, 2, pf, ko);
         m += 2;
         pf = NULL;
     }
     if (m < m1)
-        pv_rows(s, m, ta, te, Dv, kd, voff, 1, pf);
+        pv_rows(s, m, ta, te, Dv, kd, voff, 1, pf, ko);
 }
 
-/* One chunk [c0, c1) for every query row of the item. D, Dv and the row
- * formats KF, VF are constants in the specialized copies below. */
+/* One chunk [c0, c1) for every query row of the item. D, Dv, the row
+ * formats KF, VF and the key order KO (key_at) are constants in the
+ * specialized copies below. */
 AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s,
                    const kva__cpu_item_geom *g, int32_t c0, int32_t c1, const int32_t D,
-                   const int32_t Dv, const int KF, const int VF, const int bf16dot, fold_info *fi)
+                   const int32_t Dv, const int KF, const int VF, const int bf16dot, fold_info *fi,
+                   const int KO)
 {
     const int32_t nh = it->nh;
     for (int32_t ii = 0; ii < it->nq; ii++) {
@@ -371,13 +387,13 @@ AI void chunk_step(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_s
                     const int64_t row =
                         (int64_t)(g->tok0 + ii) * run->plan->d.num_heads + g->hbase + hb;
                     scores_rows_bf16(run, s, (const uint16_t *)run->q + row * D, ii * nh + hb, nb,
-                                     c1 - c0, D, fi);
+                                     c1 - c0, D, fi, KO);
                 } else
 #endif
-                    scores_rows(s, ii * nh + hb, nb, c1 - c0, D, KF, fi);
+                    scores_rows(s, ii * nh + hb, nb, c1 - c0, D, KF, fi, KO);
             }
         softmax_rows(run, s, ii * nh, nh, g->hbase, pos, c0, a, e);
-        pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv, VF, fi->voff, fi->pf ? fi : NULL);
+        pv_query_row(s, ii * nh, nh, a - c0, e - c0, Dv, VF, fi->voff, fi->pf ? fi : NULL, KO);
         if (fi->pf) {
             /* The first query row's passes prefetched K of every key and V
              * of keys [a, e); the V rows of the others follow here. */
@@ -398,56 +414,62 @@ typedef void (*step_fn)(const kva__cpu_run *, const kva__work_item *, kva__cpu_s
 /* chunk_step for the (K, V) format pairs that occur: float caches (K and V
  * alike) and the four quantized formats (INT8_CHANNEL, INT8_TOKEN_K,
  * INT8_TOKEN_K_V16 with f16/bf16 V, FP8_E4M3). */
-#define STEP_FORMATS(DK, DV)                                                                       \
+#define STEP_FORMATS(DK, DV, KO)                                                                   \
     do {                                                                                           \
         const int kf_ = fi->kf, vf_ = fi->vf;                                                      \
         if (kf_ == FMT_BF16)                                                                       \
-            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_BF16, FMT_BF16, 0, fi);                  \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_BF16, FMT_BF16, 0, fi, KO);              \
         else if (kf_ == FMT_F16)                                                                   \
-            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_F16, FMT_F16, 0, fi);                    \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_F16, FMT_F16, 0, fi, KO);                \
         else if (kf_ == FMT_I8)                                                                    \
-            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8, FMT_I8, 0, fi);                      \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8, FMT_I8, 0, fi, KO);                  \
         else if (kf_ == FMT_I8S)                                                                   \
-            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8S, FMT_I8S, 0, fi);                    \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8S, FMT_I8S, 0, fi, KO);                \
         else if (kf_ == FMT_I8T && vf_ == FMT_I8)                                                  \
-            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8T, FMT_I8, 0, fi);                     \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8T, FMT_I8, 0, fi, KO);                 \
         else if (kf_ == FMT_I8T && vf_ == FMT_I8S)                                                 \
-            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8T, FMT_I8S, 0, fi);                    \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8T, FMT_I8S, 0, fi, KO);                \
         else if (kf_ == FMT_I8T && vf_ == FMT_F16)                                                 \
-            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8T, FMT_F16, 0, fi);                    \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8T, FMT_F16, 0, fi, KO);                \
         else if (kf_ == FMT_I8T)                                                                   \
-            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8T, FMT_BF16, 0, fi);                   \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_I8T, FMT_BF16, 0, fi, KO);               \
         else if (kf_ == FMT_FP8)                                                                   \
-            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_FP8, FMT_FP8, 0, fi);                    \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_FP8, FMT_FP8, 0, fi, KO);                \
         else if (kf_ == FMT_FP8N)                                                                  \
-            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_FP8N, FMT_FP8N, 0, fi);                  \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_FP8N, FMT_FP8N, 0, fi, KO);              \
         else                                                                                       \
-            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_F32, FMT_F32, 0, fi);                    \
+            chunk_step(run, it, s, g, c0, c1, DK, DV, FMT_F32, FMT_F32, 0, fi, KO);                \
     } while (0)
 
-#define STEP_D(DIM)                                                                                \
-    static void step_d##DIM(const kva__cpu_run *run, const kva__work_item *it,                     \
-                            kva__cpu_scratch *s, const kva__cpu_item_geom *g, int32_t c0,          \
-                            int32_t c1, fold_info *fi)                                             \
+#define STEP_D(DIM, KO, SUF)                                                                       \
+    static void step_d##DIM##SUF(const kva__cpu_run *run, const kva__work_item *it,                \
+                                 kva__cpu_scratch *s, const kva__cpu_item_geom *g, int32_t c0,     \
+                                 int32_t c1, fold_info *fi)                                        \
     {                                                                                              \
-        STEP_FORMATS(DIM, DIM);                                                                    \
+        STEP_FORMATS(DIM, DIM, KO);                                                                \
     }
-STEP_D(64)
-STEP_D(128)
-STEP_D(256)
+STEP_D(64, 0, )
+STEP_D(128, 0, )
+STEP_D(256, 0, )
+STEP_D(64, 1, _ko)
+STEP_D(128, 1, _ko)
+STEP_D(256, 1, _ko)
 
 #if defined(__AVX512BF16__)
 /* bf16 q and bf16 K, D = Dv = DIM (a multiple of 32): scores by vdpbf16ps. */
-#define STEP_BF16DOT(DIM)                                                                          \
-    static void step_bf16dot_d##DIM(const kva__cpu_run *run, const kva__work_item *it,             \
-                                    kva__cpu_scratch *s, const kva__cpu_item_geom *g, int32_t c0,  \
-                                    int32_t c1, fold_info *fi)                                     \
+#define STEP_BF16DOT(DIM, KO, SUF)                                                                 \
+    static void step_bf16dot_d##DIM##SUF(const kva__cpu_run *run, const kva__work_item *it,        \
+                                         kva__cpu_scratch *s, const kva__cpu_item_geom *g,         \
+                                         int32_t c0, int32_t c1, fold_info *fi)                    \
     {                                                                                              \
-        chunk_step(run, it, s, g, c0, c1, DIM, DIM, FMT_BF16, FMT_BF16, 1, fi);                    \
+        chunk_step(run, it, s, g, c0, c1, DIM, DIM, FMT_BF16, FMT_BF16, 1, fi, KO);                \
     }
-STEP_BF16DOT(64)
-STEP_BF16DOT(128)
-STEP_BF16DOT(256)
+STEP_BF16DOT(64, 0, )
+STEP_BF16DOT(128, 0, )
+STEP_BF16DOT(256, 0, )
+STEP_BF16DOT(64, 1, _ko)
+STEP_BF16DOT(128, 1, _ko)
+STEP_BF16DOT(256, 1, _ko)
 #endif
 
 /* Any other head size (runtime D and Dv, constant row formats). */
@@ -455,7 +477,10 @@ static void step_any(const kva__cpu_run *run, const kva__work_item *it, kva__cpu
                      const kva__cpu_item_geom *g, int32_t c0, int32_t c1, fold_info *fi)
 {
     const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
-    STEP_FORMATS(D, Dv);
+    if (fi->ko)
+        STEP_FORMATS(D, Dv, 1);
+    else
+        STEP_FORMATS(D, Dv, 0);
 }
 
 /* The item's row formats and the static key scales folded into q (cpu_fold.h). */
@@ -549,16 +574,22 @@ static void item_open(const kva__cpu_run *run, const kva__work_item *it, int bf1
     const int kf = ir->fi.kf;
     if (bf16dot && run->vnni && D % 4 == 0 && (kf == FMT_I8 || kf == FMT_I8S || kf == FMT_I8T))
         ir->fi.kq = kq_prepare(run, &ir->s, ir->g.M, &ir->fi);
+    /* Strided rows (NHD, Hkv > 1) read in place: key_at's order. */
+    const kva_dtype dt = run->kv_dt;
+    const int direct =
+        run->quant || dt == KVA_DTYPE_F32 || dt == KVA_DTYPE_F16 || dt == KVA_DTYPE_BF16;
+    const int ko = ir->fi.ko = run->cache && run->cache->desc.layout == KVA_LAYOUT_NHD &&
+                               run->cache->desc.num_kv_heads > 1 && direct;
     step_fn step = D != Dv    ? step_any
-                   : D == 128 ? step_d128
-                   : D == 64  ? step_d64
-                   : D == 256 ? step_d256
+                   : D == 128 ? (ko ? step_d128_ko : step_d128)
+                   : D == 64  ? (ko ? step_d64_ko : step_d64)
+                   : D == 256 ? (ko ? step_d256_ko : step_d256)
                               : step_any;
 #if defined(__AVX512BF16__)
     if (bf16dot && run->dt == KVA_DTYPE_BF16 && run->kv_dt == KVA_DTYPE_BF16 && D == Dv)
-        step = D == 128   ? step_bf16dot_d128
-               : D == 64  ? step_bf16dot_d64
-               : D == 256 ? step_bf16dot_d256
+        step = D == 128   ? (ko ? step_bf16dot_d128_ko : step_bf16dot_d128)
+               : D == 64  ? (ko ? step_bf16dot_d64_ko : step_bf16dot_d64)
+               : D == 256 ? (ko ? step_bf16dot_d256_ko : step_bf16dot_d256)
                           : step;
 #else
     (void)bf16dot;
@@ -571,6 +602,7 @@ static void item_open(const kva__cpu_run *run, const kva__work_item *it, int bf1
     ir->fi.pf = NULL;
     ir->fi.pf_kbytes = (size_t)D * kv_esz;
     ir->fi.pf_vbytes = (size_t)Dv * v_esz;
+    ir->fi.kesz = kv_esz;
     for (int32_t c = 0; c < PF_DIST && c < ir->nchunks; c++) {
         const int32_t a = it->k0 + c * C, n = it->k1 - a < C ? it->k1 - a : C;
         kva__cpu_locate_chunk(run, it->req, it->kv_head, a, n, &ir->rows[c]);

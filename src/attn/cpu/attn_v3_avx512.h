@@ -111,8 +111,41 @@ typedef struct fold_info {
     const kva__cpu_chunk_rows *pf;
     int32_t pf_n;
     size_t pf_kbytes, pf_vbytes;
-    int kq; /* int8 keys scored by VNNI dot products against s->qi (variant 4) */
+    size_t kesz; /* bytes of a K element as stored (key_at's L1 prefetch) */
+    int kq;      /* int8 keys scored by VNNI dot products against s->qi (variant 4) */
+    /* Key order of the loops (key_at): 1 where a kv head's rows are strided
+     * inside a block (NHD cache with Hkv > 1, rows read in place). */
+    int ko;
 } fold_info;
+
+/*
+ * The key the loops visit at step i of keys [ta, te): i itself, or where ko
+ * is set, the keys of each group of 4 (aligned, inside [ta, te)) in the order
+ * 0, 2, 1, 3, with the row two steps ahead prefetched into L1 (pf_l1). In an
+ * NHD cache a kv head's rows are Hkv * D elements apart; read in order, the
+ * core's stride prefetcher locks on that stride and (the explanation that
+ * fits the measurements; the VM has no counters to show it) at the end of
+ * each block (16 rows at B 16) goes on fetching at that stride, lines of
+ * other blocks that nobody reads: DRAM traffic and miss buffers spent for
+ * nothing. No two consecutive steps of 0, 2, 1, 3, 4, 6, 5, 7 have the same
+ * stride, so the prefetcher does not lock on; the L1 prefetch of the row two
+ * steps ahead (from L2, where pf_key_k/v put it) does what it did for the
+ * current chunk. Measured: docs/performance.md ("NHD key order").
+ */
+AI int32_t key_at(int32_t i, int ko, int32_t ta, int32_t te)
+{
+    const int32_t g = i & ~3;
+    if (!ko || g < ta || g + 4 > te)
+        return i;
+    return i ^ (((i ^ (i >> 1)) & 1) * 3);
+}
+
+/* L1 prefetch of `bytes` bytes from p (a row of the current chunk). */
+AI void pf_l1(const void *p, size_t bytes)
+{
+    for (size_t b = 0; b < bytes; b += 64)
+        _mm_prefetch((const char *)p + b, _MM_HINT_T0);
+}
 
 /* Prefetches (into L2) the K row (pf_key_k) or the V row (pf_key_v) of key
  * `key` of the chunk fi->pf. The K rows are requested from the scores loop
@@ -174,7 +207,7 @@ AI void scores_finish(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk,
  * vector of scores.
  */
 AI void scores_nb(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk, const int32_t D,
-                  const int kd, const fold_info *fi)
+                  const int kd, const fold_info *fi, const int ko)
 {
     const int NV = NVEC16(D);
     const __mmask16 tail = TAIL16(D);
@@ -188,9 +221,13 @@ AI void scores_nb(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk, con
             for (int j = 0; j < nj; j++)
                 qr[b][j] = _mm512_maskz_loadu_ps(j0 + j == NV - 1 ? tail : 0xffff,
                                                  s->q + (size_t)(m0 + b) * D + 16 * (j0 + j));
-        for (int32_t key = 0; key < nkr; key++) {
+        for (int32_t i = 0; i < nkr; i++) {
+            const int32_t key = key_at(i, ko, 0, nkr);
             if (j0 == 0)
-                pf_key_k(fi, key);
+                pf_key_k(fi, i);
+            if (ko && i + 2 < nk)
+                pf_l1((const char *)s->kp[key_at(i + 2, 1, 0, nkr)] + 16 * j0 * fi->kesz,
+                      (size_t)16 * nj * fi->kesz);
             if (key >= nk) {
                 if (j0 == 0)
                     for (int b = 0; b < NB; b++)
@@ -231,7 +268,7 @@ AI void scores_nb(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk, con
  * converted per pass and the partial sums stored, reloaded and added.)
  */
 AI void scores_nb_d128(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk, const int kd,
-                       const fold_info *fi)
+                       const fold_info *fi, const int ko)
 {
     const int NBR = NB < 2 ? NB : 2; /* heads with q in registers */
     float *vs = s->vs;
@@ -241,8 +278,11 @@ AI void scores_nb_d128(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk
     for (int b = 0; b < NBR; b++)
         for (int j = 0; j < 8; j++)
             qr[b][j] = _mm512_loadu_ps(q + (size_t)b * 128 + 16 * j);
-    for (int32_t key = 0; key < nkr; key++) {
-        pf_key_k(fi, key);
+    for (int32_t i = 0; i < nkr; i++) {
+        const int32_t key = key_at(i, ko, 0, nkr);
+        pf_key_k(fi, i);
+        if (ko && i + 2 < nk)
+            pf_l1(s->kp[key_at(i + 2, 1, 0, nkr)], (size_t)128 * fi->kesz);
         float *dst0 = vs + ((key >> 4) * 128 + (key & 15)) * 16; /* head b: + b * 256 */
         if (key >= nk) {
             for (int b = 0; b < NB; b++)
@@ -274,13 +314,13 @@ AI void scores_nb_d128(kva__cpu_scratch *s, int32_t m0, const int NB, int32_t nk
 /* scores_nb with the head count nb (1..8) as a constant; D = 128 takes the
  * one-pass loop (scores_nb_d128, same scores). */
 AI void scores_rows(kva__cpu_scratch *s, int32_t m0, int32_t nb, int32_t nk, const int32_t D,
-                    const int kd, const fold_info *fi)
+                    const int kd, const fold_info *fi, const int ko)
 {
     if (nb > 4) { /* two passes of 4 heads with q in registers beat one of 8 */
         if (D == 128)
-            scores_nb_d128(s, m0, 4, nk, kd, fi);
+            scores_nb_d128(s, m0, 4, nk, kd, fi, ko);
         else
-            scores_nb(s, m0, 4, nk, D, kd, fi);
+            scores_nb(s, m0, 4, nk, D, kd, fi, ko);
         m0 += 4;
         nb -= 4;
     }
@@ -288,9 +328,9 @@ AI void scores_rows(kva__cpu_scratch *s, int32_t m0, int32_t nb, int32_t nk, con
 #define NB_CASE(n)                                                                                 \
     case n:                                                                                        \
         if (D == 128)                                                                              \
-            scores_nb_d128(s, m0, n, nk, kd, fi);                                                  \
+            scores_nb_d128(s, m0, n, nk, kd, fi, ko);                                              \
         else                                                                                       \
-            scores_nb(s, m0, n, nk, D, kd, fi);                                                    \
+            scores_nb(s, m0, n, nk, D, kd, fi, ko);                                                \
         break;
         NB_CASE(1)
         NB_CASE(2)
@@ -463,7 +503,8 @@ static KVA_TARGET_VNNI void scores_rows_i8dot(kva__cpu_scratch *s, int32_t m0, i
  * subnormals count as 0 (the instruction's DAZ), below any tolerance.
  */
 AI void scores_bf16_nb(const kva__cpu_run *run, kva__cpu_scratch *s, const uint16_t *q_row,
-                       int32_t m0, const int NB, int32_t nk, const int32_t D, const fold_info *fi)
+                       int32_t m0, const int NB, int32_t nk, const int32_t D, const fold_info *fi,
+                       const int ko)
 {
     const int NV = D / 32;
     const __m512 scale = _mm512_set1_ps(run->plan->d.scale);
@@ -475,9 +516,11 @@ AI void scores_bf16_nb(const kva__cpu_run *run, kva__cpu_scratch *s, const uint1
         for (int j = 0; j < NV; j++)
             qr[b][j] = (__m512bh)_mm512_loadu_si512(q_row + (size_t)b * D + 32 * j);
     for (int32_t half = 0; half * 16 < nk; half++) {
-        for (int32_t t = 0; t < 16; t++) {
-            const int32_t key = half * 16 + t;
-            pf_key_k(fi, key);
+        for (int32_t i = 0; i < 16; i++) {
+            const int32_t t = key_at(i, ko, 0, 16), key = half * 16 + t;
+            pf_key_k(fi, half * 16 + i);
+            if (ko && half * 16 + i + 2 < nk)
+                pf_l1(s->kp[key_at(half * 16 + i + 2, 1, 0, 32)], (size_t)D * 2);
             if (key >= nk) {
                 for (int b = 0; b < NB; b++)
                     _mm512_storeu_ps(vs + (b * 16 + t) * 16, _mm512_setzero_ps());
@@ -510,10 +553,11 @@ AI void scores_bf16_nb(const kva__cpu_run *run, kva__cpu_scratch *s, const uint1
 
 /* scores_bf16_nb with the head count nb (1..8) as a constant. */
 AI void scores_rows_bf16(const kva__cpu_run *run, kva__cpu_scratch *s, const uint16_t *q_row,
-                         int32_t m0, int32_t nb, int32_t nk, const int32_t D, const fold_info *fi)
+                         int32_t m0, int32_t nb, int32_t nk, const int32_t D, const fold_info *fi,
+                         const int ko)
 {
     if (nb > 4) { /* two passes of 4 heads with q in registers (8 would spill) */
-        scores_bf16_nb(run, s, q_row, m0, 4, nk, D, fi);
+        scores_bf16_nb(run, s, q_row, m0, 4, nk, D, fi, ko);
         q_row += (size_t)4 * D;
         m0 += 4;
         nb -= 4;
@@ -521,7 +565,7 @@ AI void scores_rows_bf16(const kva__cpu_run *run, kva__cpu_scratch *s, const uin
     switch (nb) {
 #define NB_CASE(n)                                                                                 \
     case n:                                                                                        \
-        scores_bf16_nb(run, s, q_row, m0, n, nk, D, fi);                                           \
+        scores_bf16_nb(run, s, q_row, m0, n, nk, D, fi, ko);                                       \
         break;
         NB_CASE(1)
         NB_CASE(2)
