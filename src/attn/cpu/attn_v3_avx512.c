@@ -105,6 +105,15 @@ AI int row_has_nan_fp8(const unsigned char *src, size_t bytes)
     return nan != 0;
 }
 
+/* Whether the loops read the cache rows in place, in their storage format
+ * (f32, f16, bf16 and the 1-byte rows of a quantized cache); other storage
+ * dtypes are converted to fp32 per chunk by load_chunk. */
+AI int rows_in_place(const kva__cpu_run *run)
+{
+    const kva_dtype dt = run->kv_dt;
+    return run->quant || dt == KVA_DTYPE_F32 || dt == KVA_DTYPE_F16 || dt == KVA_DTYPE_BF16;
+}
+
 /* Rows of a chunk for the loops below: s->kp/vp [KEY_CHUNK] point at the
  * cache rows themselves in their storage format (f32, f16, bf16, and the
  * int8/fp8 rows of a quantized cache, with fi->tok the per-token key scales;
@@ -116,8 +125,7 @@ static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, i
 {
     const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
     const kva_dtype dt = run->kv_dt;
-    const int direct =
-        run->quant || dt == KVA_DTYPE_F32 || dt == KVA_DTYPE_F16 || dt == KVA_DTYPE_BF16;
+    const int direct = rows_in_place(run);
     const int fp8 = run->quant && dt == KVA_DTYPE_FP8_E4M3;
     int nan = 0;
     for (int32_t t = 0; t < n; t++) {
@@ -575,9 +583,7 @@ static void item_open(const kva__cpu_run *run, const kva__work_item *it, int bf1
     if (bf16dot && run->vnni && D % 4 == 0 && (kf == FMT_I8 || kf == FMT_I8S || kf == FMT_I8T))
         ir->fi.kq = kq_prepare(run, &ir->s, ir->g.M, &ir->fi);
     /* Strided rows (NHD, Hkv > 1) read in place: key_at's order. */
-    const kva_dtype dt = run->kv_dt;
-    const int direct =
-        run->quant || dt == KVA_DTYPE_F32 || dt == KVA_DTYPE_F16 || dt == KVA_DTYPE_BF16;
+    const int direct = rows_in_place(run);
     const int ko = ir->fi.ko = run->cache && run->cache->desc.layout == KVA_LAYOUT_NHD &&
                                run->cache->desc.num_kv_heads > 1 && direct;
     step_fn step = D != Dv    ? step_any
