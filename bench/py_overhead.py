@@ -1,9 +1,11 @@
 """Per-call cost of the Python layer: one decode step (plan + run + plan
-destroy) timed in C (bench/py_step.c, compiled here with cc against the
-installed package's library), through raw ctypes calls with prepared
-arguments, through kvattn.Plan / Plan.run, and through the FlashInfer
-decode wrapper's plan() + run(). Same shapes, CPU backend, 1 thread.
-Prints medians of 15 rounds in microseconds and the Python layer's cost above C.
+destroy) timed in C (bench/py_step.c, compiled here with cc into a shared
+library against the package's libkvattn), through raw ctypes calls with
+prepared arguments, through kvattn.Plan / Plan.run, and through the
+FlashInfer decode wrapper's plan() + run(). Same shapes, CPU backend, 1
+thread. The paths alternate round by round (15 rounds), so a busy machine
+loads them alike; prints the medians in microseconds per step and each
+path's cost above C.
 
 Usage: python bench/py_overhead.py [--requests 8] [--seq-len 64] [--iters 2000]
 """
@@ -26,29 +28,37 @@ from kvattn import flashinfer as fi
 H, HKV, D, B = 8, 2, 64, 16
 
 
-def median_us(fn, iters, rounds=15):
-    fn()
-    t = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        t.append((time.perf_counter() - t0) / iters * 1e6)
-    return statistics.median(t)
-
-
-def c_time(r, s, iters):
+def c_step(r, s):
+    """py_step_us(iters) of bench/py_step.c, built into a temporary shared library."""
     here = os.path.dirname(os.path.abspath(__file__))
     inc = os.path.join(here, "..", "include")
     libdir = os.path.dirname(kvattn.LIBRARY_PATH)
-    with tempfile.TemporaryDirectory() as tmp:
-        exe = os.path.join(tmp, "py_step")
-        subprocess.run(["cc", "-O2", "-std=c11", "-I", inc, os.path.join(here, "py_step.c"), "-o",
-                        exe, "-L", libdir, "-l:" + os.path.basename(kvattn.LIBRARY_PATH),
-                        "-Wl,-rpath," + libdir], check=True)
-        out = subprocess.run([exe, str(r), str(s), str(iters)], check=True, capture_output=True,
-                             text=True).stdout
-    return float(out)
+    tmp = tempfile.mkdtemp()
+    so = os.path.join(tmp, "py_step.so")
+    subprocess.run(["cc", "-O2", "-std=c11", "-shared", "-fPIC", "-I", inc,
+                    os.path.join(here, "py_step.c"), "-o", so, "-L", libdir,
+                    "-l:" + os.path.basename(kvattn.LIBRARY_PATH), "-Wl,-rpath," + libdir],
+                   check=True)
+    f = ctypes.CDLL(so).py_step_us
+    f.restype, f.argtypes = ctypes.c_double, [ctypes.c_int] * 3
+
+    def timed(iters):
+        t = f(r, s, iters)
+        if t < 0:
+            raise RuntimeError("py_step_us failed: " + kvattn._lib.kva_last_error().decode())
+        return t
+
+    return timed
+
+
+def py_timed(fn):
+    def timed(iters):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - t0) / iters * 1e6
+
+    return timed
 
 
 def main():
@@ -102,16 +112,24 @@ def main():
 
     plan = kvattn.Plan(ctx, qsl, sl, bt, block_size=B, num_heads=H, num_kv_heads=HKV,
                        head_dim=D, q_dtype="f16")
-    t_c = c_time(r, s, iters)
-    rows = [("C (bench/py_step.c)", t_c), ("raw ctypes", median_us(raw, iters)),
-            ("kvattn.Plan + run", median_us(wrapped, iters)),
-            ("Plan.run only (C run ~ part of C row)", median_us(run_only, iters)),
-            ("flashinfer decode plan + run", median_us(flashinfer, iters // 4))]
+    paths = [("C (bench/py_step.c)", c_step(r, s)), ("raw ctypes", py_timed(raw)),
+             ("kvattn.Plan + Plan.run", py_timed(wrapped)),
+             ("flashinfer decode plan + run", py_timed(flashinfer)),
+             ("Plan.run alone (plan made once)", py_timed(run_only))]
+    times = {name: [] for name, _ in paths}
+    for name, fn in paths:
+        fn(max(iters // 10, 1))  # warm-up
+    for _ in range(15):
+        for name, fn in paths:
+            times[name].append(fn(iters))
+    med = {name: statistics.median(t) for name, t in times.items()}
+    t_c = med[paths[0][0]]
     print("decode step: R %d, seq_len %d, H %d, Hkv %d, D %d, f16, B %d, CPU backend, 1 thread"
           % (r, s, H, HKV, D, B))
-    print("%-40s %10s %14s" % ("path", "us/step", "above C (us)"))
-    for name, t in rows:
-        print("%-40s %10.2f %14s" % (name, t, "" if "only" in name else "%.2f" % (t - t_c)))
+    print("%-34s %10s %14s" % ("path", "us/step", "above C (us)"))
+    for name, _ in paths:
+        above = "" if "alone" in name else "%.2f" % (med[name] - t_c)
+        print("%-34s %10.2f %14s" % (name, med[name], above))
     return 0
 
 

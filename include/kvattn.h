@@ -518,7 +518,8 @@ typedef struct kva_c8_scales {
  * r / (tp_size / Hkv_total), as vLLM replicates kv heads. Errors: IO_ERROR for
  * a missing or unreadable file, malformed JSON or safetensors header,
  * truncated data or a missing tensor; DTYPE_MISMATCH / SHAPE_MISMATCH for a
- * tensor of the wrong dtype or shape; INVALID_ARGUMENT for bad arguments.
+ * tensor of the wrong dtype or shape; INVALID_ARGUMENT for bad arguments;
+ * UNSUPPORTED in a build without cJSON (CMake KVA_WITH_CJSON=OFF).
  */
 KVA_API kva_status kva_c8_scales_load(const char *checkpoint_dir, int32_t layer,
                                       int32_t num_kv_heads_total, int32_t head_dim, int32_t tp_rank,
@@ -550,6 +551,10 @@ KVA_API void kva_c8_scales_free(kva_c8_scales *scales); /* NULL is a no-op */
  * A pool may be used from one thread at a time.
  */
 
+/* Each hash needs its library at build time (CMake KVA_WITH_OPENSSL,
+ * KVA_WITH_XXHASH, both ON by default): kva_pool_create with prefix caching
+ * on and a hash the build left out fails with KVA_STATUS_UNSUPPORTED; a
+ * pool without prefix caching hashes nothing and works in every build. */
 typedef enum kva_pool_hash {
     KVA_POOL_HASH_SHA256 = 0,   /* default: SHA-256 (libcrypto), 32-byte hashes,
                                    collision-resistant across tenants */

@@ -27,21 +27,40 @@ _NP_DTYPES = {
     np.dtype(np.int32): I32,
     np.dtype(np.int64): I64,
 }
+# The same keyed by dtype.num (an int: cheaper to hash than a dtype object).
+_NP_NUMS = {k.num: v for k, v in _NP_DTYPES.items()}
 # ml_dtypes (JAX's numpy extension types) names bf16 and fp8 e4m3fn.
 _NP_NAMES = {"bfloat16": BF16, "float8_e4m3fn": FP8}
 _TORCH_DTYPES = {}  # filled on first torch tensor: torch.float16 -> F16, ...
 
 
 class View:
-    """What kvattn needs of a tensor. strides are in elements."""
+    """What kvattn needs of a tensor: address, kva dtype, shape, device.
+    strides (in elements) and contiguous() are computed on demand."""
 
-    __slots__ = ("ptr", "dtype", "shape", "strides", "device", "device_id")
+    __slots__ = ("ptr", "dtype", "shape", "device", "device_id", "_x", "_strides")
 
-    def __init__(self, ptr, dtype, shape, strides, device, device_id):
-        self.ptr, self.dtype, self.shape, self.strides = ptr, dtype, shape, strides
-        self.device, self.device_id = device, device_id
+    def __init__(self, ptr, dtype, shape, device, device_id, x, strides=None):
+        self.ptr, self.dtype, self.shape = ptr, dtype, shape
+        self.device, self.device_id, self._x, self._strides = device, device_id, x, strides
+
+    @property
+    def strides(self):
+        if self._strides is None:
+            x = self._x
+            if isinstance(x, np.ndarray):
+                isz = x.itemsize
+                self._strides = tuple(st // isz for st in x.strides)
+            else:
+                self._strides = tuple(x.stride())
+        return self._strides
 
     def contiguous(self):
+        x = self._x
+        if isinstance(x, np.ndarray):
+            return x.flags.c_contiguous
+        if self._strides is None and x is not None:
+            return x.is_contiguous()
         s = 1
         for n, st in zip(reversed(self.shape), reversed(self.strides)):
             if n != 1 and st != s:
@@ -50,19 +69,25 @@ class View:
         return True
 
 
+_char_from_buffer = ctypes.c_char.from_buffer
+_addressof = ctypes.addressof
+
+
+def address(x):
+    """Address of a numpy array's first element (cheaper than
+    __array_interface__ for the usual writable, non-empty array)."""
+    try:
+        return _addressof(_char_from_buffer(x))
+    except (TypeError, ValueError, BufferError):
+        return x.__array_interface__["data"][0]
+
+
 def _np_view(x):
     dt = _NP_DTYPES.get(x.dtype)
     if dt is None:
         dt = _NP_NAMES.get(x.dtype.name, -1)
-    isz = x.itemsize
-    return View(
-        x.__array_interface__["data"][0],
-        dt,
-        x.shape,
-        tuple(s // isz for s in x.strides),
-        CPU,
-        0,
-    )
+    return View(address(x) if x.flags.c_contiguous else x.__array_interface__["data"][0], dt,
+                x.shape, CPU, 0, x)
 
 
 def _torch_dtypes(torch):
@@ -84,14 +109,8 @@ def _torch_view(x, torch):
     if not _TORCH_DTYPES:
         _torch_dtypes(torch)
     d = x.device
-    return View(
-        x.data_ptr(),
-        _TORCH_DTYPES.get(x.dtype, -1),
-        tuple(x.shape),
-        x.stride(),
-        CUDA if d.type == "cuda" else d.type,
-        d.index or 0,
-    )
+    return View(x.data_ptr(), _TORCH_DTYPES.get(x.dtype, -1), tuple(x.shape),
+                CUDA if d.type == "cuda" else d.type, d.index or 0, x)
 
 
 class _DLDevice(ctypes.Structure):
@@ -142,12 +161,18 @@ def _dlpack_view(x):
     dev = _DL_DEVICES.get(t.device.device_type, "dl%d" % t.device.device_type)
     # The capsule (and its deleter) goes away with `cap`; the producer `x`,
     # which the caller keeps alive for the call, owns the memory.
-    return View((t.data or 0) + t.byte_offset, dt, shape, strides, dev, t.device.device_id)
+    return View((t.data or 0) + t.byte_offset, dt, shape, dev, t.device.device_id, None, strides)
 
 
 def view(x, name):
     """The View of tensor x (argument `name` in error messages)."""
     if type(x) is np.ndarray:
+        dt = _NP_NUMS.get(x.dtype.num)
+        if dt is not None and x.dtype.isnative:
+            try:  # writable, contiguous, non-empty: the usual case
+                return View(_addressof(_char_from_buffer(x)), dt, x.shape, CPU, 0, x)
+            except (TypeError, ValueError, BufferError):
+                pass
         return _np_view(x)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
@@ -170,6 +195,8 @@ def is_torch(x):
 def host_array(x, dtype, name):
     """x (list, numpy array, torch tensor on any device) as a contiguous host
     numpy array of dtype; a copy only where needed."""
+    if type(x) is np.ndarray and x.dtype == dtype and x.flags.c_contiguous:
+        return x
     if is_torch(x):
         x = x.detach().cpu().numpy()
     elif not isinstance(x, np.ndarray) and hasattr(x, "__dlpack__"):

@@ -66,15 +66,11 @@ def dtype_code(dtype):
     return code
 
 
-def _device_ok(v, ctx):
-    return v.device == ctx.device and (ctx.device == T.CPU or v.device_id == ctx.device_id)
-
-
 def _tensor(x, name, ctx, shape=None, dtype=None, contiguous=True):
     """View of tensor argument x, checked against the expected shape, dtype
     and the context's device."""
     v = T.view(x, name)
-    if not _device_ok(v, ctx):
+    if v.device != ctx.device or (v.device_id != ctx.device_id and ctx.device != T.CPU):
         raise InvalidArgumentError(
             "%s: tensor on %s:%d, but the context's backend %s computes on %s:%d"
             % (name, v.device, v.device_id, ctx.backend, ctx.device, ctx.device_id)
@@ -107,6 +103,7 @@ class Context:
         self.device = T.CUDA if self.backend == "cuda" else T.CPU
         self.device_id = device_id if self.backend == "cuda" else 0
         self._stream = None
+        self._plan_descs = {}  # kva_plan_desc templates by attention shape (Plan)
 
     @property
     def num_threads(self):
@@ -152,7 +149,7 @@ def default_context(device="cpu", device_id=0):
 
 
 def _array_ptr(a):
-    return a.__array_interface__["data"][0] if a is not None else None
+    return T.address(a) if a is not None else None
 
 
 class Cache:
@@ -243,6 +240,7 @@ class Cache:
         self.dtype = L.DTYPE_NAMES[d.dtype]
         self.layout = {v: k for k, v in L.LAYOUTS.items()}[d.layout]
         self.quant = {v: k for k, v in L.QUANTS.items()}[d.quant]
+        self._sig = (d.block_size, d.num_kv_heads, d.head_dim, d.head_dim_v)
 
     def write(self, k, v, slot_mapping):
         """reshape_and_cache: k [T, Hkv, D], v [T, Hkv, Dv] (f32/f16/bf16; the
@@ -378,23 +376,47 @@ class Plan:
             if al.shape != (num_heads,):
                 raise ShapeMismatchError("alibi_slopes: shape %s, expected (%d,)"
                                          % (al.shape, num_heads))
-        qdt = dtype_code(q_dtype)
-        d = L.PlanDesc(r, _array_ptr(qsl), _array_ptr(sl), _array_ptr(bt), stride, block_size,
-                       decode_threshold, num_heads, num_kv_heads, head_dim, head_dim_v, qdt,
-                       scale or 0.0, 1 if causal else 0,
-                       -1 if window_left is None else window_left, softcap or 0.0,
-                       _array_ptr(al))
+        # A context's plans usually share their attention shape: the descriptor
+        # is a per-context template whose batch fields are set here (contexts
+        # are used from one thread at a time, so the template is too).
+        key = (block_size, num_heads, num_kv_heads, head_dim, head_dim_v, q_dtype, scale,
+               causal, window_left, softcap, decode_threshold)
+        tmpl = ctx._plan_descs.get(key)
+        if tmpl is None:
+            qdt = dtype_code(q_dtype)
+            d = L.PlanDesc(0, None, None, None, 0, block_size, decode_threshold, num_heads,
+                           num_kv_heads, head_dim, head_dim_v, qdt, scale or 0.0,
+                           1 if causal else 0, -1 if window_left is None else window_left,
+                           softcap or 0.0, None)
+            if len(ctx._plan_descs) >= 64:
+                ctx._plan_descs.clear()
+            tmpl = ctx._plan_descs[key] = (d, qdt, (block_size, num_kv_heads, head_dim,
+                                                     head_dim_v or head_dim))
+        d, qdt, self._cache_sig = tmpl
+        d.num_requests = r
+        d.query_start_loc = T.address(qsl)
+        d.seq_lens = T.address(sl)
+        d.block_table = None if bt is None else T.address(bt)
+        d.block_table_stride = stride
+        d.alibi_slopes = None if al is None else T.address(al)
         h = ctypes.c_void_p()
         _check(L.kva_plan_create(ctx._h, _byref(d), _byref(h)))
-        self._h, self.ctx = h.value, ctx
-        self.num_requests, self.num_tokens = r, int(qsl[r])
+        self._h, self.ctx, self.q_dtype = h.value, ctx, qdt
+        self.num_requests = r
+        t = self.num_tokens = int(qsl[r])
         self.block_size, self.num_heads, self.num_kv_heads = block_size, num_heads, num_kv_heads
-        self.head_dim, self.head_dim_v = head_dim, head_dim_v or head_dim
-        self.q_dtype = qdt
-        self._q_shape = (self.num_tokens, num_heads, head_dim)
-        self._out_shape = (self.num_tokens, num_heads, self.head_dim_v)
-        self._lse_shape = (self.num_tokens, num_heads)
-        self.kv_len_total = int(sl.sum(dtype=np.int64)) if block_table is None else None
+        self.head_dim, dv = head_dim, head_dim_v or head_dim
+        self.head_dim_v = dv
+        self._q_shape = (t, num_heads, head_dim)
+        self._out_shape = (t, num_heads, dv)
+        self._lse_shape = (t, num_heads)
+        self._seq_lens = sl if block_table is None else None
+
+    @property
+    def kv_len_total(self):
+        """Rows of k/v run_ragged expects (sum of seq_lens); None for paged plans."""
+        sl = self._seq_lens
+        return None if sl is None else int(sl.sum(dtype=np.int64))
 
     @property
     def info(self):
@@ -425,8 +447,7 @@ class Plan:
         lse is given or return_lse is set."""
         ctx = ctx or self.ctx
         qv = _tensor(q, "q", ctx, self._q_shape, self.q_dtype)
-        if cache.block_size != self.block_size or cache.num_kv_heads != self.num_kv_heads or \
-                cache.head_dim != self.head_dim or cache.head_dim_v != self.head_dim_v:
+        if cache._sig != self._cache_sig:
             raise ShapeMismatchError(
                 "cache (B %d, Hkv %d, D %d, Dv %d) does not match the plan (B %d, Hkv %d, D %d, "
                 "Dv %d)" % (cache.block_size, cache.num_kv_heads, cache.head_dim,

@@ -68,11 +68,19 @@ def get_alibi_slopes(num_heads):
 
 
 def _context_for(workspace, context):
+    """The wrapper's context: context if given; for a CUDA workspace a context
+    of its own (a CUDA context's newest plan owns its device metadata, and
+    FlashInfer code plans its decode and prefill wrappers before running
+    either); the shared CPU context otherwise."""
     if context is not None:
         return context
     if workspace is None:
         return default_context("cpu")
     v = T.view(workspace, "float_workspace_buffer")
+    if v.device == T.CUDA:
+        from .core import Context
+
+        return Context("cuda", 0, v.device_id)
     return default_context(v.device, v.device_id)
 
 
@@ -188,6 +196,7 @@ class _PagedWrapper:
         self._views = _KVCacheViews()
         self._plans = {}
         self._args = None
+        self._last_mult = 1  # block-id multiplier of the cache form run() saw last
 
     def _set_plan(self, qo_indptr, seq_lens, block_table, num_qo_heads, num_kv_heads, head_dim,
                   head_dim_vo, page_size, causal, pos_encoding_mode, window_left,
@@ -210,7 +219,9 @@ class _PagedWrapper:
             softcap=logits_soft_cap or 0.0,
             alibi_slopes=get_alibi_slopes(num_qo_heads) if pos_encoding_mode == "ALIBI" else None)
         self._plans = {}
-        self._plan_for(1, None, 1.0)  # validates the metadata now, as FlashInfer's plan() does
+        # Validates the metadata now, as FlashInfer's plan() does, for the cache
+        # form of the last run.
+        self._plan_for(self._last_mult, None, 1.0)
 
     def _plan_for(self, mult, window_left, scale_mul):
         a = self._args
@@ -226,6 +237,8 @@ class _PagedWrapper:
                 kw["window_left"] = window_left
             kw["scale"] = a["scale"] * scale_mul
             p = Plan(self._ctx, **kw)
+            if self._ctx.device == T.CUDA:
+                self._plans.clear()  # a CUDA context's newer plan makes older ones stale
             self._plans[key] = p
         return p
 
@@ -250,6 +263,7 @@ class _PagedWrapper:
         sm = float(q_scale if q_scale is not None else 1.0) * \
             float(k_scale if k_scale is not None else 1.0)
         wl = None if window_left is None or window_left == a["window_left"] else window_left
+        self._last_mult = mult
         plan = self._plan_for(mult, wl, sm)
         want_lse = return_lse or lse is not None
         res = plan.run(q, cache, out=out, lse=lse, return_lse=want_lse, sinks=sinks)

@@ -13,7 +13,7 @@ _byref = ctypes.byref
 
 
 def _ptr(a):
-    return a.__array_interface__["data"][0]
+    return T.address(a)
 
 
 class Pool:
