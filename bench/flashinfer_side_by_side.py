@@ -11,7 +11,8 @@ Times: CUDA-event medians of run() after warm-up (plan() excluded; per call,
 host launch gap included for both). ratio = FlashInfer time / kvattn time
 (> 1: kvattn faster).
 
-Usage: flashinfer_side_by_side.py [--out DIR] [--quick]
+Usage: flashinfer_side_by_side.py [--out DIR] [--quick] [--cases 0,4]
+(--cases: indices into the case list, to bound FlashInfer's JIT compiles.)
 """
 import argparse
 import json
@@ -135,6 +136,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--cases", default=None)
     a = ap.parse_args()
     if not torch.cuda.is_available() or not kvattn.backend_available("cuda"):
         print("flashinfer_side_by_side: needs a GPU and kvattn built with CUDA")
@@ -146,7 +148,10 @@ def main():
     results, status = [], 0
     print("%-58s %8s %10s %10s %10s %8s" % ("case", "equal", "|dout|", "FI ms", "kva ms",
                                             "FI/kva"))
-    for c in case_rows(a.quick):
+    cases = case_rows(a.quick)
+    if a.cases:
+        cases = [cases[int(i)] for i in a.cases.split(",")]
+    for c in cases:
         try:
             r = run_case(c, gen)
         except Exception as e:  # a case that cannot run is reported, not hidden

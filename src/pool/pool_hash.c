@@ -177,16 +177,23 @@ kva_status kva__pool_hash_block(kva_pool *pool, const uint8_t *parent, const int
 
 kva_status kva__pool_digest(kva_pool_hash hash, const void *data, size_t len, uint8_t *out)
 {
+#ifdef KVA_HAVE_OPENSSL
     if (hash == KVA_POOL_HASH_SHA256) {
         unsigned int got = 0;
         if (EVP_Digest(data, len, out, &got, EVP_sha256(), NULL) != 1 || got != 32)
             return kva__fail(KVA_STATUS_INTERNAL, "digest: libcrypto SHA-256 failed");
         return KVA_STATUS_OK;
     }
+#endif
+#ifdef KVA_HAVE_XXHASH
     if (hash == KVA_POOL_HASH_XXH3_128) {
         xxh128_bytes(XXH3_128bits(data, len), out);
         return KVA_STATUS_OK;
     }
+#endif
+    if (hash == KVA_POOL_HASH_SHA256 || hash == KVA_POOL_HASH_XXH3_128)
+        return kva__fail(KVA_STATUS_UNSUPPORTED, "digest: hash %d is not built into this kvattn",
+                         (int)hash);
     return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "digest: hash %d is not a kva_pool_hash",
                      (int)hash);
 }
