@@ -5,7 +5,11 @@ prepared arguments, through kvattn.Plan / Plan.run, and through the
 FlashInfer decode wrapper's plan() + run(). Same shapes, CPU backend, 1
 thread. The paths alternate round by round (15 rounds), so a busy machine
 loads them alike; prints the medians in microseconds per step and each
-path's cost above C.
+path's cost above C. Then the same Python paths once more with
+kva_plan_create and kva_attention_run replaced by a C function that returns
+0 at once (kva_dtype_size of an invalid dtype, with the same ctypes
+argument types): the Python layer's own cost, ctypes calls included, with no
+attention work in it.
 
 Usage: python bench/py_overhead.py [--requests 8] [--seq-len 64] [--iters 2000]
 """
@@ -130,6 +134,28 @@ def main():
     for name, _ in paths:
         above = "" if "alone" in name else "%.2f" % (med[name] - t_c)
         print("%-34s %10.2f %14s" % (name, med[name], above))
+    # The Python layer alone: the two C entry points stubbed.
+    stubs = {}
+    for name in ("kva_plan_create", "kva_attention_run"):
+        real = getattr(L, name)
+        stub = getattr(L.lib, "kva_dtype_size")
+        f = type(real).from_address(ctypes.addressof(stub))  # same function, own prototype
+        f.restype, f.argtypes = ctypes.c_int, real.argtypes
+        stubs[name] = real
+        setattr(L, name, f)
+    try:
+        py = {name: [] for name in ("kvattn.Plan + Plan.run", "flashinfer decode plan + run")}
+        fns = [("kvattn.Plan + Plan.run", py_timed(wrapped)),
+               ("flashinfer decode plan + run", py_timed(flashinfer))]
+        for _ in range(15):
+            for name, fn in fns:
+                py[name].append(fn(iters))
+    finally:
+        for name, real in stubs.items():
+            setattr(L, name, real)
+    print("Python layer alone (C calls stubbed), us/step:")
+    for name, t in py.items():
+        print("  %-32s %10.2f" % (name, statistics.median(t)))
     return 0
 
 
