@@ -20,7 +20,11 @@ fi
 
 rm -rf "$src"
 mkdir -p "$src"
-git ls-files -co --exclude-standard -z | xargs -0 cp -p --parents -t "$src"
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  git ls-files -co --exclude-standard -z | xargs -0 cp -p --parents -t "$src"
+else # not a git checkout: everything but build outputs and venvs
+  tar --exclude='./build*' --exclude='./.venv*' --exclude='./.git' -cf - . | tar -xpf - -C "$src"
+fi
 "$venv/bin/pip" install -q --no-build-isolation --no-deps --force-reinstall "$src" \
   -C cmake.define.KVA_CUDA=OFF -C build-dir="$PWD/build/py-build"
 (cd tests/python && ../../"$venv"/bin/python -m pytest -q -p no:cacheprovider "$@" .)
