@@ -23,6 +23,8 @@
 #   KVA_SANITIZE_TESTS  tests they run in quick mode (default "test_cuda_attn test_cuda_cache test_cuda_quant test_cuda_quant_attn
 #                   test_cuda_quant_prefill test_cuda_prefill_mma"; racecheck of the last takes ~5 min on an H100)
 #   KVA_SANITIZE_TIMEOUT  seconds per sanitizer run (default 480)
+#   KVA_MACHINE     when set (e.g. "h100"), scripts/results.py writes docs/results/$KVA_MACHINE.md
+#                   from this run's logs (and a copy to $OUT)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -158,5 +160,12 @@ fi
 export MAX_JOBS=$jobs FLASHINFER_NVCC_THREADS=4
 PYTHONUNBUFFERED=1 python3 bench/peer_cuda.py --ours build-cuda/bench_cuda --out "$out" ${KVA_PEER_ARGS:-} 2>"$out/peer_stderr.log"
 [ $? = 0 ] || { status=1; tail -30 "$out/peer_stderr.log"; }
+fi
+
+# The machine's results page from this run's logs (docs/results/$KVA_MACHINE.md
+# and a dated raw log in bench/results/; copied there too so $OUT brings them back).
+if [ -n "${KVA_MACHINE:-}" ]; then
+  python3 scripts/results.py cuda --logs "$out" --machine "$KVA_MACHINE" &&
+    cp "docs/results/$KVA_MACHINE.md" "$out/" || status=1
 fi
 exit $status
