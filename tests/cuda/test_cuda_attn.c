@@ -423,12 +423,7 @@ static void test_force_kernel(void)
         CHECK_STATUS(fs, KVA_STATUS_UNSUPPORTED);
         CHECK_ERROR_MENTIONS("prefill_wgmma_sm90");
     }
-    unsigned char probe[64];
-    to_host(probe, dout, sizeof probe);
-    int untouched = 1;
-    for (int i = 0; i < 64; i++)
-        untouched &= probe[i] == 0xff;
-    CHECK(untouched);
+    CHECK(dev_untouched(dout));
     kva_plan_destroy(p);
     cudaFree(dq);
     cudaFree(dout);
@@ -501,12 +496,7 @@ static void test_ragged_refuses_paged_prefill(void)
     CHECK_STATUS(kva_attention_run_ragged(gpu, p, dq, dk, dv, NULL, dout, NULL),
                  KVA_STATUS_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("block_table");
-    unsigned char probe[64];
-    to_host(probe, dout, sizeof probe);
-    int untouched = 1;
-    for (int i = 0; i < 64; i++)
-        untouched &= probe[i] == 0xff;
-    CHECK(untouched);
+    CHECK(dev_untouched(dout));
     kva_plan_destroy(p);
     cudaFree(dk);
     cudaFree(dv);

@@ -289,12 +289,7 @@ static void test_cuda_core_and_errors(void)
                          KVA_STATUS_UNSUPPORTED);
             CHECK_ERROR_MENTIONS("prefill_wgmma_sm90");
         }
-        unsigned char probe[64];
-        to_host(probe, dout, sizeof probe);
-        int untouched = 1;
-        for (int i = 0; i < 64; i++)
-            untouched &= probe[i] == 0xff;
-        CHECK(untouched);
+        CHECK(dev_untouched(dout));
         kva_plan_destroy(pg);
         kva_cache_destroy(dc);
         cudaFree(dq), cudaFree(dout);
