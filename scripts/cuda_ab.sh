@@ -10,6 +10,7 @@
 #             decode 64 x 4k bf16, quantized decodes, prefill 1 x 4096 at B 16 / 64,
 #             8 x 1024, chunked 4 x 1024 after 3072, serve-sim --backend cuda default
 # Usage: scripts/cuda_ab.sh BASE NEW   (OUT: log folder; KVA_AB_STEPS default "build test";
+# KVA_AB_BUILDS: which trees the build step builds, default "base new";
 # the builds go to $KVA_AB_BUILD/{base,new}, default /tmp/kva_ab, outside the trees, so a
 # later call on the same machine finds them)
 # Missing build dependencies (libssl-dev, libxxhash-dev, libcjson-dev) can travel as .deb files
@@ -35,7 +36,7 @@ fi
 status=0
 if has build; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
-  for t in base new; do
+  for t in ${KVA_AB_BUILDS:-base new}; do
     d=${!t}
     s=$(date +%s)
     cmake -S "$d" -B "$bd/$t" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
