@@ -10,7 +10,7 @@
 #                   apache-tvm-ffi), installed offline into /tmp/kva_site
 #   OUT             folder for logs and results (default build-cuda/out)
 #   KVA_STEPS       steps to run (default "test sanitize bench prefill serve peers"; "bench" times
-#                   the copy ceiling, then kvattn's decode variants and shapes and the
+#                   the copy ceiling, then kvattn's decode kernels and shapes and the
 #                   quantized caches (--quant), "prefill" its
 #                   prefills through the public API, "peers" the table against peers, printed
 #                   last; "quicktest" runs the quick test sets without ctest; "serve" runs the
@@ -69,14 +69,14 @@ if has bench; then
   {
   $b --mode copy --iters 20 2>&1 | head -1
   $b $d --graph-layers 32 2>&1 | head -1
-  for v in 4 3 2 1; do $b $d --variant $v 2>&1 | head -1; done
-  $b $d --variant 4 --graph-layers 32 2>&1 | tail -1
-  $b $d --variant 3 --graph-layers 32 2>&1 | tail -1
-  for v in 4 3; do
-    $b $d --heads 64 --kv-heads 8 --variant $v 2>&1 | head -1
-    $b --mode decode --batch 64 --context 4092 --q-len 4 --variant $v 2>&1 | head -1
-    $b --mode decode --batch 4 --context 32767 --variant $v 2>&1 | head -1
-    $b $d --layout hnd --variant $v 2>&1 | head -1
+  for k in decode_mma_sm80 decode_simt; do $b $d --kernel $k 2>&1 | head -1; done
+  $b $d --kernel decode_mma_sm80 --graph-layers 32 2>&1 | tail -1
+  $b $d --kernel decode_simt --graph-layers 32 2>&1 | tail -1
+  for k in decode_mma_sm80 decode_simt; do
+    $b $d --heads 64 --kv-heads 8 --kernel $k 2>&1 | head -1
+    $b --mode decode --batch 64 --context 4092 --q-len 4 --kernel $k 2>&1 | head -1
+    $b --mode decode --batch 4 --context 32767 --kernel $k 2>&1 | head -1
+    $b $d --layout hnd --kernel $k 2>&1 | head -1
   done
   $b --mode decode --batch 64 --context 4088 --q-len 8 --heads 64 --kv-heads 8 2>&1 | head -1
   $b $d --dtype f16 --block-size 1 2>&1 | head -1
