@@ -59,7 +59,8 @@ static kva_plan_desc base_desc(kva_dtype dt)
 
 static kva_cache_desc base_cache_desc(void)
 {
-    kva_cache_desc c = {NB, BS, HKV, D, 0, KVA_DTYPE_F16, KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_ATTN_MHA};
+    kva_cache_desc c = {NB,          BS, HKV, D, 0, KVA_DTYPE_F16, KVA_LAYOUT_NHD, KVA_QUANT_NONE,
+                        KVA_ATTN_MHA};
     return c;
 }
 

@@ -274,7 +274,7 @@ void kva_cache_destroy(kva_cache *cache)
     if (!cache)
         return;
     cache->mem->cache_free(cache); /* k, v if owned, token scales, device copies */
-    free(cache->k_scale); /* the one allocation of all static scales */
+    free(cache->k_scale);          /* the one allocation of all static scales */
     free(cache->pair_flags);
     free(cache);
 }

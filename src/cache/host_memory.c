@@ -48,7 +48,8 @@ static kva_status host_cache_alloc(kva_context *ctx, kva_cache *c)
     const uint64_t kb = nb * (uint64_t)c->k_block_elems * c->elem_size;
     const uint64_t vb = nb * (uint64_t)c->v_block_elems * c->v_elem;
     const uint64_t tb = nb * (uint64_t)d->block_size * (uint64_t)d->num_kv_heads * sizeof(float);
-    const int token_k = d->quant == KVA_QUANT_INT8_TOKEN_K || d->quant == KVA_QUANT_INT8_TOKEN_K_V16;
+    const int token_k =
+        d->quant == KVA_QUANT_INT8_TOKEN_K || d->quant == KVA_QUANT_INT8_TOKEN_K_V16;
     c->k = alloc_host(kb);
     c->v = alloc_host(vb);
     c->owns_memory = 1;

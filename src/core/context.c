@@ -125,8 +125,7 @@ kva_status kva__context_reserve_workspace(kva_context *ctx, size_t bytes)
     return ctx->ops->memory->workspace_reserve(ctx, bytes);
 }
 
-kva_status kva__head_dim_check(const char *fn, const kva_context *ctx, const char *what,
-                               int32_t d)
+kva_status kva__head_dim_check(const char *fn, const kva_context *ctx, const char *what, int32_t d)
 {
     const int32_t max = ctx->ops->max_head_dim > 0 ? ctx->ops->max_head_dim : KVA_MAX_HEAD_DIM;
     if (d > max)

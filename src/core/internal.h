@@ -179,8 +179,7 @@ kva_status kva__context_reserve_workspace(kva_context *ctx, size_t bytes);
 /* Checks a head size (D or Dv, named by what) against the context's backend:
  * KVA_STATUS_UNSUPPORTED naming fn, the value and the backend's limit when
  * its kernels cannot take it. d already passed kva__head_dim_ok. */
-kva_status kva__head_dim_check(const char *fn, const kva_context *ctx, const char *what,
-                               int32_t d);
+kva_status kva__head_dim_check(const char *fn, const kva_context *ctx, const char *what, int32_t d);
 /* Host memory (src/core/context.c, src/cache/): the workspace of host
  * backends. */
 kva_status kva__host_workspace_reserve(kva_context *ctx, size_t bytes);
@@ -195,8 +194,8 @@ struct kva_cache {
      * copies go through it; a context may read the cache only if its own
      * backend has the same table (and device). */
     const struct kva__memory_ops *mem;
-    void *k;             /* [NB, B, Hkv, D] (NHD) or [NB, Hkv, B, D] (HND) */
-    void *v;             /* same with Dv */
+    void *k; /* [NB, B, Hkv, D] (NHD) or [NB, Hkv, B, D] (HND) */
+    void *v; /* same with Dv */
     int owns_memory;
     int32_t device_id;     /* device of k/v when mem->per_device (CUDA), else 0 */
     kva_dtype k_dtype;     /* K storage dtype (desc.dtype; I8 for INT8_TOKEN_K_V16) */
@@ -316,8 +315,8 @@ typedef struct kva__memory_ops {
      * this space can read (host: every slot checked before anything is
      * written; device: the kernel skips slots >= NB*B). Strides in source
      * elements, resolved; num_tokens > 0. */
-    kva_status (*cache_write)(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
-                              const void *k, int64_t k_stride, const void *v, int64_t v_stride,
+    kva_status (*cache_write)(kva_context *ctx, kva_cache *cache, int32_t num_tokens, const void *k,
+                              int64_t k_stride, const void *v, int64_t v_stride,
                               kva_dtype src_dtype, const int64_t *slot_mapping);
     /* Block copies after validation: pairs [n, 2] host array of independent
      * (src, dst) ids; src and dst are each in this space or in host memory. */

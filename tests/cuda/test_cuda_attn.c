@@ -362,7 +362,7 @@ static void test_variant_rows_refused(void)
     kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
     kva_context *gpu = NULL;
     CHECK_OK(kva_context_create(&gd, &gpu));
-    kva_cache_desc cd = {b.num_blocks,  16, 2, 64, 64, KVA_DTYPE_BF16, KVA_LAYOUT_NHD,
+    kva_cache_desc cd = {b.num_blocks,   16,          2, 64, 64, KVA_DTYPE_BF16, KVA_LAYOUT_NHD,
                          KVA_QUANT_NONE, KVA_ATTN_MHA};
     kva_cache *dc = NULL;
     CHECK_OK(kva_cache_create(gpu, &cd, &dc));
@@ -499,7 +499,7 @@ static void test_stale_plan(void)
     kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
     kva_context *gpu = NULL;
     CHECK_OK(kva_context_create(&gd, &gpu));
-    kva_cache_desc cd = {b.num_blocks,  16, 2, 64, 64, KVA_DTYPE_F16, KVA_LAYOUT_NHD,
+    kva_cache_desc cd = {b.num_blocks,   16,          2, 64, 64, KVA_DTYPE_F16, KVA_LAYOUT_NHD,
                          KVA_QUANT_NONE, KVA_ATTN_MHA};
     kva_cache *dc = NULL;
     CHECK_OK(kva_cache_create(gpu, &cd, &dc));

@@ -362,7 +362,8 @@ static void test_copy_swap(void)
     kva_rng rng = {7};
     for (int f = 0; f < NFMT; f++) {
         kva_cache_desc cd = {
-            8, 5, 2, 64, 32, fmt_dtype(f), f % 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD, fmts[f], KVA_ATTN_MHA};
+            8,       5,           2, 64, 32, fmt_dtype(f), f % 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD,
+            fmts[f], KVA_ATTN_MHA};
         float buf[2 * 2 * 96];
         kva_quant_params p;
         make_params(cd.quant, 2, 64, 32, 1, &rng, buf, &p);
@@ -405,8 +406,9 @@ static void test_graph(void)
     kva_test_batch b;
     kva_test_batch_init(&b, &rng, 8, ql, sl, 16, 2, 0);
     const int32_t H = 16, Hkv = 4, D = 128;
-    kva_cache_desc cd = {b.num_blocks,          16, Hkv, D, D, KVA_DTYPE_I8, KVA_LAYOUT_NHD,
-                         KVA_QUANT_INT8_TOKEN_K, KVA_ATTN_MHA};
+    kva_cache_desc cd = {
+        b.num_blocks,           16,          Hkv, D, D, KVA_DTYPE_I8, KVA_LAYOUT_NHD,
+        KVA_QUANT_INT8_TOKEN_K, KVA_ATTN_MHA};
     float buf[2 * 4 * 256];
     kva_quant_params p;
     make_params(cd.quant, Hkv, D, D, 0, &rng, buf, &p);

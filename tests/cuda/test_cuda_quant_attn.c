@@ -78,7 +78,8 @@ static int run_attn(const acfg *c, uint64_t seed)
     kva_context *href = make_ctx(KVA_BACKEND_REF), *gpu = make_ctx(KVA_BACKEND_CUDA);
     CHECK_OK(kva__cuda_context_force_quant_mma(gpu, c->qmma));
     const int32_t H = c->H, Hkv = c->Hkv, D = c->D, Dv = c->Dv, T = b.T;
-    kva_cache_desc cd = {b.num_blocks, c->B, Hkv, D, Dv, fmt_dtype(c->f), c->layout, fmts[c->f], KVA_ATTN_MHA};
+    kva_cache_desc cd = {b.num_blocks,    c->B,      Hkv,        D,           Dv,
+                         fmt_dtype(c->f), c->layout, fmts[c->f], KVA_ATTN_MHA};
     float *buf = malloc(sizeof(float) * 2 * Hkv * (D + Dv));
     kva_quant_params p;
     make_params(cd.quant, Hkv, D, Dv, c->gran, &rng, buf, &p);

@@ -79,7 +79,8 @@ static int run_case(const qcfg *c, uint64_t seed)
     kva_context *href = make_ctx(KVA_BACKEND_REF), *gpu = make_ctx(KVA_BACKEND_CUDA);
     CHECK_OK(kva__cuda_context_force_quant_prefill(gpu, c->variant));
     const int32_t H = c->H, Hkv = c->Hkv, D = c->D, T = b.T;
-    kva_cache_desc cd = {b.num_blocks, c->B, Hkv, D, D, fmt_dtype(c->f), c->layout, fmts[c->f], KVA_ATTN_MHA};
+    kva_cache_desc cd = {b.num_blocks,    c->B,      Hkv,        D,           D,
+                         fmt_dtype(c->f), c->layout, fmts[c->f], KVA_ATTN_MHA};
     float *buf = malloc(sizeof(float) * 4 * Hkv * D);
     kva_quant_params p;
     make_params(cd.quant, Hkv, D, D, c->gran, &rng, buf, &p);

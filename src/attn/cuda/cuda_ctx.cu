@@ -707,15 +707,15 @@ static kva_status cuda_attention_ragged(kva_context *ctx, const kva_plan *plan, 
 /* Device memory of the context's device (positional: C++17 has no
  * designated initializers; fields in kva__memory_ops order). */
 static const kva__memory_ops cuda_memory = {
-    "cuda device",          /* name */
-    0,                      /* host */
-    1,                      /* per_device */
-    reserve_workspace,      /* workspace_reserve */
-    workspace_free,         /* workspace_free */
-    kva__cuda_cache_alloc,  /* cache_alloc (cache_ops.cu) */
-    kva__cuda_cache_free,   /* cache_free */
-    kva__cuda_cache_write,  /* cache_write */
-    kva__cuda_copy_blocks,  /* copy_blocks */
+    "cuda device",         /* name */
+    0,                     /* host */
+    1,                     /* per_device */
+    reserve_workspace,     /* workspace_reserve */
+    workspace_free,        /* workspace_free */
+    kva__cuda_cache_alloc, /* cache_alloc (cache_ops.cu) */
+    kva__cuda_cache_free,  /* cache_free */
+    kva__cuda_cache_write, /* cache_write */
+    kva__cuda_copy_blocks, /* copy_blocks */
 };
 
 extern "C" const kva__backend_ops kva__cuda_ops = {
