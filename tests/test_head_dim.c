@@ -214,6 +214,25 @@ static void test_merge_512(void)
         CHECK_ERROR_MENTIONS(substr);                                                              \
     } while (0)
 
+/* A plan of one f32 decode: 2 query heads of D, one kv head, block size bs,
+ * a block table row of 2 blocks. */
+static kva_plan_desc one_decode(const int32_t *qsl, const int32_t *sl, const int32_t *bt,
+                                int32_t bs, int32_t D)
+{
+    kva_plan_desc pd = {.num_requests = 1,
+                        .query_start_loc = qsl,
+                        .seq_lens = sl,
+                        .block_table = bt,
+                        .block_table_stride = 2,
+                        .block_size = bs,
+                        .num_heads = 2,
+                        .num_kv_heads = 1,
+                        .head_dim = D,
+                        .q_dtype = KVA_DTYPE_F32,
+                        .window_left = -1};
+    return pd;
+}
+
 /* A backend whose kernels stop at D = 256 (as CUDA's do): larger caches,
  * plans and merges get UNSUPPORTED naming the backend, and nothing is made. */
 static void test_backend_limit(void)
@@ -248,18 +267,8 @@ static void test_backend_limit(void)
     CHECK_OK(kva_cache_create(ctx, &d, &c)); /* the limit itself is fine */
     kva_cache_destroy(c);
 
-    int32_t qsl[2] = {0, 1}, sl[1] = {5}, bt[1] = {0};
-    kva_plan_desc pd = {.num_requests = 1,
-                        .query_start_loc = qsl,
-                        .seq_lens = sl,
-                        .block_table = bt,
-                        .block_table_stride = 1,
-                        .block_size = 16,
-                        .num_heads = 4,
-                        .num_kv_heads = 1,
-                        .head_dim = 264,
-                        .q_dtype = KVA_DTYPE_F32,
-                        .window_left = -1};
+    int32_t qsl[2] = {0, 1}, sl[1] = {5}, bt[2] = {0, 1};
+    kva_plan_desc pd = one_decode(qsl, sl, bt, 16, 264);
     kva_plan *p = SENTINEL;
     EXPECT_FAIL(kva_plan_create(ctx, &pd, &p), KVA_STATUS_UNSUPPORTED, "head_dim = 264");
     CHECK(p == SENTINEL);
@@ -315,17 +324,7 @@ static void test_attn_kind(void)
 
     /* A plan of another kind than its cache (forced: no MLA cache exists yet). */
     int32_t qsl[2] = {0, 1}, sl[1] = {6}, bt[2] = {1, 3};
-    kva_plan_desc pd = {.num_requests = 1,
-                        .query_start_loc = qsl,
-                        .seq_lens = sl,
-                        .block_table = bt,
-                        .block_table_stride = 2,
-                        .block_size = 4,
-                        .num_heads = 2,
-                        .num_kv_heads = 1,
-                        .head_dim = 16,
-                        .q_dtype = KVA_DTYPE_F32,
-                        .window_left = -1};
+    kva_plan_desc pd = one_decode(qsl, sl, bt, 4, 16);
     kva_plan *p = NULL;
     CHECK_OK(kva_plan_create(ctx, &pd, &p));
     float q[2 * 16], out[2 * 16], lse[2];
