@@ -36,7 +36,7 @@ static void snap_take(const kva_cache *c, snap *s)
     s->k = malloc(bytes_k(c) + 1);
     s->v = malloc(bytes_v(c) + 1);
     s->ts = malloc(bytes_ts(c) + 1);
-    if (c->mem == KVA_BACKEND_CUDA) {
+    if (!c->mem->host) { /* device memory */
         to_host(s->k, k, bytes_k(c));
         to_host(s->v, v, bytes_v(c));
         if (ts)
