@@ -22,7 +22,7 @@
  * partition, as there. Prints the chosen partitions' items, tasks and
  * estimated makespan.
  */
-#include "batchgen.h"
+#include "batches.h"
 #include "internal.h"
 #include "../src/plan/partition.h"
 

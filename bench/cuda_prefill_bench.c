@@ -16,7 +16,7 @@
  * a shape index and a kernel (kva__cuda_prefill_kernel: 1 mma.sync, 2 wgmma,
  * 3 wgmma with TMA), to time one point (e.g. under ncu).
  */
-#include "harness.h"
+#include "data.h"
 #include "prefill_mma.h"
 
 #include <cuda_runtime.h>
@@ -269,7 +269,6 @@ int main(int argc, char **argv)
         {"1x4096 H32/8 D64 B64", 1, 4096, 32, 8, 64, 64, KVA_DTYPE_BF16},
         {"1x4096 H16/4 D256 B64", 1, 4096, 16, 4, 256, 64, KVA_DTYPE_BF16},
     };
-    (void)kva_test_checks_failed_; /* harness.h is used for its RNG and fills only */
     kva_rng rng = {12345};
     int fails = 0;
     /* Optional arguments: a shape index and a kernel (e.g. for ncu). */

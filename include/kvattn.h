@@ -61,6 +61,10 @@ extern "C" {
 #define KVA_MAX_SEQ_LEN (1 << 30) /* longest seq_len, and most query tokens in one plan */
 #define KVA_MAX_HEADS 4096        /* most query heads (and kv heads) */
 #define KVA_MAX_THREADS 1024      /* most CPU threads a context may ask for */
+/* Largest head size D (and Dv) of any backend: MLA's absorbed 512 + 64. A
+ * backend may take less (kva_cache_desc lists each backend's range); a head
+ * size beyond its backend's range gets KVA_STATUS_UNSUPPORTED. */
+#define KVA_MAX_HEAD_DIM 576
 
 /* "MAJOR.MINOR.PATCH" of the library that is linked (may differ from the header). */
 KVA_API const char *kva_version(void);
@@ -237,18 +241,41 @@ typedef struct kva_quant_params {
     int64_t v_offset_len;
 } kva_quant_params;
 
+/*
+ * Attention kind: what one cache row holds and how a plan reads it. A plan
+ * runs only on a cache of its own kind. Descriptors that leave the field 0
+ * (zero-initialized, as every descriptor should be) get KVA_ATTN_MHA, the
+ * behaviour of caches and plans before the field existed.
+ */
+typedef enum kva_attn_kind {
+    /* Separate K and V rows per kv head: MHA, GQA (Hkv < H) and MQA (Hkv = 1). */
+    KVA_ATTN_MHA = 0,
+    /* Multi-head latent attention (DeepSeek-V2/V3): one latent row per token,
+     * [c_kv (Dc) | k_pe (Dr)], shared by all heads (Hkv = 1, D = Dc + Dr); the
+     * values are the row's first Dv = Dc columns. Planned, not implemented:
+     * caches and plans of this kind get KVA_STATUS_UNSUPPORTED today. */
+    KVA_ATTN_MLA = 1,
+    KVA_ATTN_KIND_COUNT_
+} kva_attn_kind;
+
+/*
+ * Head sizes D and Dv are multiples of 8 from 8 to the backend's limit: 576
+ * (KVA_MAX_HEAD_DIM) on the reference and CPU backends, 256 on the CUDA
+ * backend. Beyond it, or not a multiple of 8: KVA_STATUS_UNSUPPORTED.
+ */
 typedef struct kva_cache_desc {
     int32_t num_blocks;   /* NB >= 1 */
     int32_t block_size;   /* B >= 1 tokens per block */
     int32_t num_kv_heads; /* Hkv >= 1 */
-    int32_t head_dim;     /* D: multiple of 8, 8..256 */
-    int32_t head_dim_v;   /* Dv: multiple of 8, 8..256; 0 means Dv = D */
+    int32_t head_dim;     /* D: multiple of 8, 8..576 (CUDA: 8..256) */
+    int32_t head_dim_v;   /* Dv: multiple of 8, 8..576 (CUDA: 8..256); 0 means Dv = D */
     kva_dtype dtype;      /* storage dtype: F32, F16 or BF16 for KVA_QUANT_NONE;
                              I8 for INT8_CHANNEL and INT8_TOKEN_K; FP8_E4M3 for
                              FP8_E4M3; for INT8_TOKEN_K_V16 the dtype of V
                              (F16 or BF16), K being int8 */
     kva_layout layout;
     kva_quant quant;
+    kva_attn_kind kind; /* 0 = KVA_ATTN_MHA; any other value: see kva_attn_kind */
 } kva_cache_desc;
 
 typedef struct kva_cache kva_cache;
@@ -371,7 +398,7 @@ typedef struct kva_plan_desc {
     /* Attention shape and semantics. */
     int32_t num_heads;         /* H, a multiple of Hkv */
     int32_t num_kv_heads;      /* Hkv */
-    int32_t head_dim;          /* D */
+    int32_t head_dim;          /* D (range as kva_cache_desc's, per backend) */
     int32_t head_dim_v;        /* Dv; 0 means Dv = D */
     kva_dtype q_dtype;         /* dtype of q and out: F32, F16 or BF16 */
     float scale;               /* softmax scale; 0 means 1/sqrt(D) */
@@ -382,6 +409,7 @@ typedef struct kva_plan_desc {
                                   scores in float32 (the reference in double): scores
                                   beyond float32's range make them disagree. */
     const float *alibi_slopes; /* [H] host, copied into the plan; NULL for none */
+    kva_attn_kind kind;        /* of the caches it reads; 0 = KVA_ATTN_MHA (see kva_attn_kind) */
 } kva_plan_desc;
 
 typedef struct kva_plan kva_plan;

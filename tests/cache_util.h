@@ -21,7 +21,7 @@ static inline kva_context *new_ctx(kva_backend backend, int32_t threads)
 static inline kva_cache_desc make_desc(int32_t nb, int32_t b, int32_t hkv, int32_t d, int32_t dv,
                                        kva_dtype dt, kva_layout layout)
 {
-    kva_cache_desc desc = {nb, b, hkv, d, dv, dt, layout, KVA_QUANT_NONE};
+    kva_cache_desc desc = {nb, b, hkv, d, dv, dt, layout, KVA_QUANT_NONE, KVA_ATTN_MHA};
     return desc;
 }
 

@@ -59,7 +59,8 @@ static kva_plan_desc base_desc(kva_dtype dt)
 
 static kva_cache_desc base_cache_desc(void)
 {
-    kva_cache_desc c = {NB, BS, HKV, D, 0, KVA_DTYPE_F16, KVA_LAYOUT_NHD, KVA_QUANT_NONE};
+    kva_cache_desc c = {NB,          BS, HKV, D, 0, KVA_DTYPE_F16, KVA_LAYOUT_NHD, KVA_QUANT_NONE,
+                        KVA_ATTN_MHA};
     return c;
 }
 
@@ -279,8 +280,8 @@ static void test_paged_plan_context(void)
                KVA_STATUS_INVALID_ARGUMENT, "block_table");
 
     /* A cache in device memory cannot be read by a host backend (forced field). */
-    kva_backend mem = f.cache->mem;
-    f.cache->mem = KVA_BACKEND_CUDA;
+    const kva__memory_ops *mem = f.cache->mem;
+    f.cache->mem = kva__cuda_ops.memory;
     EXPECT_BAD(&f, kva_attention_run(f.ctx, f.plan, f.q, f.cache, NULL, f.out, f.lse),
                KVA_STATUS_INVALID_ARGUMENT, "cache");
     f.cache->mem = mem;
@@ -292,7 +293,8 @@ static void test_paged_plan_context(void)
 }
 
 /* A table of no operations: every entry point must say UNSUPPORTED and write nothing. */
-static const kva__backend_ops kNullOps = {.name = "nullops"};
+static const kva__backend_ops kNullOps = {
+    .name = "nullops", .max_head_dim = KVA_MAX_HEAD_DIM, .memory = &kva__host_memory};
 
 static void test_unimplemented_ops(void)
 {

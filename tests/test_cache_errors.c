@@ -58,8 +58,8 @@ static void test_create_bad_inputs(void)
     d = good;
     d.head_dim = 12;
     CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_UNSUPPORTED, "head_dim = 12");
-    d.head_dim = 264;
-    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_UNSUPPORTED, "head_dim = 264");
+    d.head_dim = KVA_MAX_HEAD_DIM + 8;
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_UNSUPPORTED, "head_dim = 584");
     d.head_dim = 0;
     CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_INVALID_ARGUMENT, "head_dim");
     d = good;
@@ -198,10 +198,10 @@ static void test_write_bad_inputs(void)
                       "slot_mapping[5]", c, &s);
     slots[5] = 5;
     /* A cache in device memory cannot be written by a host context. */
-    c->mem = KVA_BACKEND_CUDA;
+    c->mem = kva__cuda_ops.memory; /* another space: device memory */
     CHECK_WRITE_FAILS(kva_cache_write(ctx, c, T, k, 0, v, 0, f32, slots),
                       KVA_STATUS_INVALID_ARGUMENT, "device memory", c, &s);
-    c->mem = KVA_BACKEND_CPU;
+    c->mem = &kva__host_memory;
     /* num_tokens == 0: NULL buffers are fine and nothing changes. */
     CHECK_OK(kva_cache_write(ctx, c, 0, NULL, 0, NULL, 0, f32, NULL));
     CHECK(same(c, &s));
@@ -370,10 +370,10 @@ static void test_swap_bad_inputs(void)
     free(mem);
 
     /* A device cache cannot be swapped by a host context (only a CUDA one). */
-    dst->mem = KVA_BACKEND_CUDA;
+    dst->mem = kva__cuda_ops.memory;
     CHECK_COPY_FAILS(kva_cache_swap_blocks(ctx, src, dst, &p[0][0], 3), KVA_STATUS_INVALID_ARGUMENT,
                      "dst", dst, &s);
-    dst->mem = KVA_BACKEND_REF;
+    dst->mem = &kva__host_memory;
     CHECK(same(src, &ss));
     drop(&s);
     drop(&ss);

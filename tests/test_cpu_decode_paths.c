@@ -177,7 +177,8 @@ static kva_cache *make_cache(kva_context *ctx, const kva_test_batch *b, int kind
                          D,
                          fmt == KVA_QUANT_FP8_E4M3 ? KVA_DTYPE_FP8_E4M3 : KVA_DTYPE_I8,
                          KVA_LAYOUT_NHD,
-                         fmt};
+                         fmt,
+                         KVA_ATTN_MHA};
     CHECK_OK(kva_cache_create_quant(ctx, &cd, &qp, &c));
     const int64_t n = (int64_t)b->num_blocks * b->block_size;
     float *k = malloc(sizeof(float) * (size_t)(n * Hkv * D));
@@ -331,7 +332,8 @@ static void test_int8_scores_outliers(void)
         if (fmt == 2)
             qp.k_scale = qp.k_offset = NULL, qp.k_scale_len = qp.k_offset_len = 0;
         const kva_quant qf = fmt == 2 ? KVA_QUANT_INT8_TOKEN_K : KVA_QUANT_INT8_CHANNEL;
-        kva_cache_desc cd = {b.num_blocks, B, Hkv, D, D, KVA_DTYPE_I8, KVA_LAYOUT_NHD, qf};
+        kva_cache_desc cd = {b.num_blocks,   B,  Hkv,         D, D, KVA_DTYPE_I8,
+                             KVA_LAYOUT_NHD, qf, KVA_ATTN_MHA};
         kva_cache *c = NULL;
         CHECK_OK(kva_cache_create_quant(cpu, &cd, &qp, &c));
         int64_t *slots = malloc(sizeof(int64_t) * (size_t)n);

@@ -117,7 +117,8 @@ static void run_case(kva_rng *rng, int variant)
                                        DV,
                                        KVA_DTYPE_F32,
                                        variant & 8 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD,
-                                       KVA_QUANT_NONE};
+                                       KVA_QUANT_NONE,
+                                       KVA_ATTN_MHA};
                 CHECK_OK(kva_cache_create(ctx, &cdsc, &cache));
                 int64_t *slots = malloc(sizeof(int64_t) * (size_t)(S > 0 ? S : 1));
                 int64_t n = 0;
@@ -162,7 +163,8 @@ static void test_cross_attention(void)
 static void test_causal_rejects_more_queries(void)
 {
     int32_t qsl[2] = {0, 5}, sl[1] = {3}, bt[1] = {0};
-    kva_plan_desc pd = {1, qsl, sl, bt, 1, 16, 0, H, HKV, D, DV, KVA_DTYPE_F32, 0, 1, -1, 0, NULL};
+    kva_plan_desc pd = {1,  qsl,           sl, bt, 1,  16, 0,    H,           HKV, D,
+                        DV, KVA_DTYPE_F32, 0,  1,  -1, 0,  NULL, KVA_ATTN_MHA};
     kva_context *ctx = NULL;
     CHECK_OK(kva_context_create(NULL, &ctx));
     kva_plan *plan = NULL;

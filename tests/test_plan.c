@@ -343,7 +343,11 @@ static void test_bad_inputs(void)
         WITH(num_kv_heads, 3, KVA_STATUS_INVALID_ARGUMENT, "num_heads = 8");
         WITH(head_dim, 12, KVA_STATUS_UNSUPPORTED, "head_dim = 12");
         WITH(head_dim, 0, KVA_STATUS_INVALID_ARGUMENT, "head_dim = 0");
-        WITH(head_dim, 264, KVA_STATUS_UNSUPPORTED, "head_dim = 264");
+        WITH(head_dim, KVA_MAX_HEAD_DIM + 8, KVA_STATUS_UNSUPPORTED, "head_dim = 584");
+        WITH(head_dim_v, KVA_MAX_HEAD_DIM + 8, KVA_STATUS_UNSUPPORTED, "head_dim_v = 584");
+        WITH(kind, (kva_attn_kind)2, KVA_STATUS_INVALID_ARGUMENT, "kind = 2");
+        WITH(kind, (kva_attn_kind)-1, KVA_STATUS_INVALID_ARGUMENT, "kind = -1");
+        WITH(kind, KVA_ATTN_MLA, KVA_STATUS_UNSUPPORTED, "kind = 1");
         WITH(head_dim_v, 20, KVA_STATUS_UNSUPPORTED, "head_dim_v = 20");
         WITH(head_dim_v, -8, KVA_STATUS_INVALID_ARGUMENT, "head_dim_v = -8");
         WITH(num_heads, KVA_MAX_HEADS + 1, KVA_STATUS_INVALID_ARGUMENT, "num_heads = 4097");
@@ -497,8 +501,10 @@ static void fake_release(kva_plan *plan)
     plan->part = NULL;
 }
 
-static const kva__backend_ops kFakeOps = {
-    .name = "fake", .plan_build = fake_build, .plan_release = fake_release};
+static const kva__backend_ops kFakeOps = {.name = "fake",
+                                          .plan_build = fake_build,
+                                          .plan_release = fake_release,
+                                          .memory = &kva__host_memory};
 
 static void test_backend_hooks(void)
 {

@@ -108,7 +108,7 @@ static kva_cache_desc qdesc(int32_t nb, int32_t b, int32_t hkv, int32_t d, int32
                    : q == KVA_QUANT_INT8_TOKEN_K_V16 ? v16
                    : q == KVA_QUANT_NONE             ? KVA_DTYPE_F32
                                                      : KVA_DTYPE_I8;
-    kva_cache_desc desc = {nb, b, hkv, d, dv, dt, layout, q};
+    kva_cache_desc desc = {nb, b, hkv, d, dv, dt, layout, q, KVA_ATTN_MHA};
     return desc;
 }
 

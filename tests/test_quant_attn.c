@@ -139,7 +139,8 @@ static void test_case(kva_quant fmt, const qcfg *cf, kva_rng *rng)
                          : fmt == KVA_QUANT_INT8_TOKEN_K_V16 ? KVA_DTYPE_F16
                                                              : KVA_DTYPE_I8,
                          cf->layout,
-                         fmt};
+                         fmt,
+                         KVA_ATTN_MHA};
     kva_cache *qc = NULL;
     CHECK_OK(kva_cache_create_quant(cpu, &qd, &params, &qc));
     const int64_t n = (int64_t)b.num_blocks * cf->B;
@@ -285,7 +286,8 @@ static void test_prefill_no_cache(void)
                              : f == KVA_QUANT_INT8_TOKEN_K_V16 ? KVA_DTYPE_BF16
                                                                : KVA_DTYPE_I8,
                              KVA_LAYOUT_NHD,
-                             (kva_quant)f};
+                             (kva_quant)f,
+                             KVA_ATTN_MHA};
         kva_cache *qc = NULL;
         CHECK_OK(kva_cache_create_quant(cpu, &qd, &params, &qc));
         int64_t *slots = malloc(sizeof(int64_t) * (size_t)b.T);
@@ -412,8 +414,9 @@ static void test_fp8_nan_propagates(void)
     kva_test_batch b;
     kva_test_batch_init(&b, &rng, 2, ql, sl, 16, 2, 0);
     kva_context *ref = ctx_of(KVA_BACKEND_REF), *cpu = ctx_of(KVA_BACKEND_CPU);
-    kva_cache_desc qd = {b.num_blocks,      16, 1, 32, 32, KVA_DTYPE_FP8_E4M3, KVA_LAYOUT_NHD,
-                         KVA_QUANT_FP8_E4M3};
+    kva_cache_desc qd = {
+        b.num_blocks,       16,          1, 32, 32, KVA_DTYPE_FP8_E4M3, KVA_LAYOUT_NHD,
+        KVA_QUANT_FP8_E4M3, KVA_ATTN_MHA};
     kva_cache *qc = NULL;
     CHECK_OK(kva_cache_create(cpu, &qd, &qc));
     const int64_t n = (int64_t)b.num_blocks * 16;
@@ -471,8 +474,8 @@ static void test_fp8_all_codes(void)
         kva_test_batch_init(&b, &rng, 3, ql, sl, 16, 2, 0);
         const float sc[2] = {0x1p-8f, 0x1p-2f}, sv = 1.0f;
         const kva_quant_params qp = {sc, 2, NULL, 0, &sv, 1, NULL, 0};
-        kva_cache_desc qd = {b.num_blocks,      16, Hkv, D, Dv, KVA_DTYPE_FP8_E4M3, lay,
-                             KVA_QUANT_FP8_E4M3};
+        kva_cache_desc qd = {b.num_blocks,       16,          Hkv, D, Dv, KVA_DTYPE_FP8_E4M3, lay,
+                             KVA_QUANT_FP8_E4M3, KVA_ATTN_MHA};
         kva_cache *qc = NULL;
         CHECK_OK(kva_cache_create_quant(cpu, &qd, &qp, &qc));
         const int64_t n = (int64_t)b.num_blocks * 16;

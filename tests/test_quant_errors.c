@@ -13,7 +13,7 @@ static kva_cache_desc qdesc(kva_quant q, kva_dtype v16)
     kva_dtype dt = q == KVA_QUANT_FP8_E4M3           ? KVA_DTYPE_FP8_E4M3
                    : q == KVA_QUANT_INT8_TOKEN_K_V16 ? v16
                                                      : KVA_DTYPE_I8;
-    kva_cache_desc d = {6, 4, 2, 16, 8, dt, KVA_LAYOUT_HND, q};
+    kva_cache_desc d = {6, 4, 2, 16, 8, dt, KVA_LAYOUT_HND, q, KVA_ATTN_MHA};
     return d;
 }
 

@@ -170,8 +170,9 @@ static void test_single_file_sharded(void)
         /* The params create a C8 cache for this rank. */
         kva_context *ctx = NULL;
         CHECK_OK(kva_context_create(NULL, &ctx));
-        kva_cache_desc cd = {4, 16,           s->num_kv_heads, D,
-                             D, KVA_DTYPE_I8, KVA_LAYOUT_NHD,  KVA_QUANT_INT8_CHANNEL};
+        kva_cache_desc cd = {4,           16,           s->num_kv_heads, D,
+                             D,           KVA_DTYPE_I8, KVA_LAYOUT_NHD,  KVA_QUANT_INT8_CHANNEL,
+                             KVA_ATTN_MHA};
         kva_cache *c = NULL;
         CHECK_OK(kva_cache_create_quant(ctx, &cd, &s->params, &c));
         kva_cache_destroy(c);

@@ -235,7 +235,8 @@ static void test_hand_computed(void)
         vd[0 * D + c] = 1.0f;
         vd[1 * D + c] = 3.0f;
     }
-    kva_cache_desc cd = {1, B, 1, D, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD, KVA_QUANT_NONE};
+    kva_cache_desc cd = {1,           B, 1, D, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD, KVA_QUANT_NONE,
+                         KVA_ATTN_MHA};
     kva_cache *cache = NULL;
     CHECK_OK(kva_cache_create_from(ctx, &cd, kd, vd, &cache));
 

@@ -258,8 +258,14 @@ void bench_plan_desc(const bench_opts *o, const bench_batch *b, kva_plan_desc *d
 kva_status bench_cache_create(kva_context *ctx, const bench_opts *o, const bench_batch *b,
                               kva_cache **out)
 {
-    kva_cache_desc desc = {b->num_blocks, o->block_size, o->kv_heads, o->head_dim,
-                           o->head_dim_v, o->dtype,      o->layout,   o->kv_quant};
+    kva_cache_desc desc = {.num_blocks = b->num_blocks,
+                           .block_size = o->block_size,
+                           .num_kv_heads = o->kv_heads,
+                           .head_dim = o->head_dim,
+                           .head_dim_v = o->head_dim_v,
+                           .dtype = o->dtype,
+                           .layout = o->layout,
+                           .quant = o->kv_quant};
     /* Quantized formats: scalar scales fitted to the data (cli_quant.h). */
     kva_cli_quant q;
     const kva_quant_params *pp = kva_cli_quant_setup(o->kv_quant, o->dtype, &q, &desc.dtype);

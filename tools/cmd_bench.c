@@ -46,7 +46,7 @@ void kva_cli_usage_bench(void)
            "shape:\n"
            "  --heads H            query heads                   [32]\n"
            "  --kv-heads Hkv       kv heads (H multiple of Hkv)  [8]\n"
-           "  --head-dim D         head size, multiple of 8, <= 256 [128]\n"
+           "  --head-dim D         head size, multiple of 8, <= 576 (CUDA 256) [128]\n"
            "  --head-dim-v Dv      value head size (0 = D)       [0]\n"
            "  --block-size B       tokens per cache block        [16]\n"
            "  --dtype f32|f16|bf16 q, cache and output dtype     [bf16]\n"
@@ -164,9 +164,9 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
         else if (!strcmp(f, "--kv-heads"))
             ok = kva_cli_parse_i32(f, val, 1, 4096, &o->kv_heads);
         else if (!strcmp(f, "--head-dim"))
-            ok = kva_cli_parse_i32(f, val, 8, 256, &o->head_dim);
+            ok = kva_cli_parse_i32(f, val, 8, KVA_MAX_HEAD_DIM, &o->head_dim);
         else if (!strcmp(f, "--head-dim-v"))
-            ok = kva_cli_parse_i32(f, val, 0, 256, &o->head_dim_v);
+            ok = kva_cli_parse_i32(f, val, 0, KVA_MAX_HEAD_DIM, &o->head_dim_v);
         else if (!strcmp(f, "--block-size"))
             ok = kva_cli_parse_i32(f, val, 1, 65536, &o->block_size);
         else if (!strcmp(f, "--dtype")) {

@@ -1,6 +1,6 @@
 /* cmd_info.c - `kvattn info`: what this build of kvattn can run on this machine. */
 #include "cli.h"
-#include "internal.h"                 /* kva__cpu_isa_string, kva__cuda_device_count */
+#include "internal.h"                 /* kva__cpu_isa_string, kva__backend_device_count */
 #include "../src/attn/cpu/cpu_attn.h" /* the CPU kernel variants */
 
 #include <stdio.h>
@@ -47,6 +47,6 @@ int kva_cli_info(int argc, char **argv)
     printf("%-14s %d\n", "cpu threads", (int)kva_context_num_threads(ctx));
     kva_context_destroy(ctx);
 
-    printf("%-14s %d\n", "cuda devices", kva__cuda_device_count());
+    printf("%-14s %d\n", "cuda devices", kva__backend_device_count(KVA_BACKEND_CUDA));
     return KVA_EXIT_OK;
 }

@@ -45,7 +45,7 @@ void kva_cli_usage_serve_sim(void)
            "  --layers L               attention layers                 [%d]\n"
            "  --num-heads H            query heads                      [%d]\n"
            "  --num-kv-heads Hkv       kv heads (H multiple of Hkv)     [%d]\n"
-           "  --head-dim D             head size, multiple of 8, <= 256 [%d]\n"
+           "  --head-dim D             head size, multiple of 8, <= 576 (CUDA 256) [%d]\n"
            "  --block-size B           tokens per cache block           [%d]\n"
            "  --dtype f32|f16|bf16     q, cache and output dtype        [bf16]\n"
            "  --kv-quant none|int8|int8-token|int8-token-v16|fp8\n"
@@ -202,7 +202,7 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
         else if (!strcmp(f, "--num-kv-heads"))
             ok = kva_cli_parse_i32(f, val, 1, KVA_MAX_HEADS, &o->kv_heads);
         else if (!strcmp(f, "--head-dim"))
-            ok = kva_cli_parse_i32(f, val, 8, 256, &o->head_dim);
+            ok = kva_cli_parse_i32(f, val, 8, KVA_MAX_HEAD_DIM, &o->head_dim);
         else if (!strcmp(f, "--block-size"))
             ok = kva_cli_parse_i32(f, val, 1, 65536, &o->block_size);
         else if (!strcmp(f, "--dtype")) {

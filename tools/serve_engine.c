@@ -48,17 +48,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The per-dtype tolerances of the test suite, stated once in tests/harness.h
- * (its unused test counters would warn here). */
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-variable"
-#pragma GCC diagnostic ignored "-Wunused-function"
-#endif
-#include "harness.h"
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
+/* The per-dtype tolerances of the test suite, stated once in bench/data.h. */
+#include "../bench/data.h"
 
 /* Distinct offsets (in units of D elements) at which the random slices start. */
 #define RAND_SHIFTS 64

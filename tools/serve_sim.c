@@ -81,8 +81,13 @@ int64_t serve_block_bytes(const serve_opts *o)
  * (uniform, |x| < 1.74), as `kvattn bench --kv-quant` uses. */
 kva_status serve_cache_create(kva_context *ctx, const serve_opts *o, kva_cache **out)
 {
-    kva_cache_desc desc = {o->num_blocks, o->block_size,  o->kv_heads, o->head_dim, 0,
-                           o->dtype,      KVA_LAYOUT_NHD, o->kv_quant};
+    kva_cache_desc desc = {.num_blocks = o->num_blocks,
+                           .block_size = o->block_size,
+                           .num_kv_heads = o->kv_heads,
+                           .head_dim = o->head_dim,
+                           .dtype = o->dtype,
+                           .layout = KVA_LAYOUT_NHD,
+                           .quant = o->kv_quant};
     kva_cli_quant q;
     const kva_quant_params *pp = kva_cli_quant_setup(o->kv_quant, o->dtype, &q, &desc.dtype);
     return kva_cache_create_quant(ctx, &desc, pp, out);

@@ -20,17 +20,6 @@ static const char *ops_name(const kva_context *ctx)
     return ctx->ops && ctx->ops->name ? ctx->ops->name : kva_backend_name(ctx->backend);
 }
 
-/* 1 if a cache in memory space mem can be read by a context of backend b: the
- * reference and CPU backends share host memory, CUDA needs device memory. */
-static int memory_space_ok(kva_backend mem, kva_backend b)
-{
-    int mem_host = mem == KVA_BACKEND_REF || mem == KVA_BACKEND_CPU;
-    int ctx_host = b == KVA_BACKEND_REF || b == KVA_BACKEND_CPU;
-    if (mem_host || ctx_host)
-        return mem_host && ctx_host;
-    return mem == b;
-}
-
 /* Checks shared by the paged and the ragged run: the plan belongs to ctx's
  * backend and ctx holds the workspace the plan reserved. */
 static kva_status check_plan_for_context(const char *fn, const kva_context *ctx,
@@ -59,6 +48,10 @@ static kva_status check_cache_for_plan(const kva_context *ctx, const kva_plan *p
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: plan has no block_table (it was built for kva_attention_run_ragged)",
                          fn);
+    if (c->kind != d->kind)
+        return kva__fail(KVA_STATUS_SHAPE_MISMATCH,
+                         "%s: cache kind = %d but plan kind = %d (kva_attn_kind)", fn, (int)c->kind,
+                         (int)d->kind);
     if (c->num_kv_heads != d->num_kv_heads)
         return kva__fail(KVA_STATUS_SHAPE_MISMATCH,
                          "%s: cache num_kv_heads = %d but plan num_kv_heads = %d", fn,
@@ -86,11 +79,18 @@ static kva_status check_cache_for_plan(const kva_context *ctx, const kva_plan *p
         return kva__fail(KVA_STATUS_OUT_OF_RANGE,
                          "%s: block table references block %d but cache has %d blocks (num_blocks)",
                          fn, (int)plan->max_block_id, (int)c->num_blocks);
-    if (!memory_space_ok(cache->mem, ctx->backend))
+    /* Kernels read the cache where it lives: in the context's own memory
+     * space (ref and CPU share host memory), on the context's device. */
+    if (cache->mem != ctx->ops->memory)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: cache lives in %s memory but the context's backend is '%s'", fn,
-                         cache->mem == KVA_BACKEND_CUDA ? "device" : "host",
-                         kva_backend_name(ctx->backend));
+                         "%s: cache lives in %s memory but the context's backend '%s' reads %s "
+                         "memory",
+                         fn, cache->mem->name, kva_backend_name(ctx->backend),
+                         ctx->ops->memory->name);
+    if (cache->mem->per_device && cache->device_id != ctx->device_id)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: cache lives on device %d but the context uses device %d", fn,
+                         (int)cache->device_id, (int)ctx->device_id);
     return KVA_STATUS_OK;
 }
 
@@ -178,6 +178,7 @@ kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_he
                          "kva_merge_states: head_dim_v = %d is unsupported (multiples of 8 from 8 "
                          "to %d)",
                          (int)head_dim_v, KVA_MAX_HEAD_DIM);
+    KVA_TRY(kva__head_dim_check("kva_merge_states", ctx, "head_dim_v", head_dim_v));
     if (!kva__dtype_is_float(dtype))
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_merge_states: dtype %d (%s) is not f32, f16 or bf16", (int)dtype,

@@ -12,17 +12,14 @@
  * Quantized caches (kva_cache_create_quant) store 1-byte K/V elements (2-byte
  * V for INT8_TOKEN_K_V16), their static scales expanded per (kv head,
  * channel), and for the INT8_TOKEN_K formats per-token key scales
- * [NB, Hkv, B] float32 (src/cache/quant.c has the formats). On a CUDA
- * context K, V and the per-token scales are device memory; the static scales
- * exist twice: on the host (validation, swap_blocks' comparison) and on the
- * device (the kernels).
+ * [NB, Hkv, B] float32 (src/cache/quant.c has the formats). The static
+ * scales are kept on the host (validation, swap_blocks' comparison); the
+ * memory space that allocates K, V and the per-token scales
+ * (kva__memory_ops.cache_alloc: host_memory.c, or the CUDA backend's device
+ * memory) may keep its own copy for its kernels.
  *
  * Writing tokens lives in cache_write.c, block copies in cache_copy.c.
  */
-#if defined(__linux__)
-#define _DEFAULT_SOURCE /* madvise */
-#include <sys/mman.h>
-#endif
 #include "internal.h"
 
 #include <stdlib.h>
@@ -80,6 +77,15 @@ static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cac
     if ((unsigned)d->dtype >= (unsigned)KVA_DTYPE_COUNT_)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->dtype = %d is not a kva_dtype", fn,
                          (int)d->dtype);
+    if ((unsigned)d->kind >= (unsigned)KVA_ATTN_KIND_COUNT_)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: desc->kind = %d is not a kva_attn_kind (0 .. %d)", fn, (int)d->kind,
+                         (int)KVA_ATTN_KIND_COUNT_ - 1);
+    if (d->kind != KVA_ATTN_MHA)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: desc->kind = %d (KVA_ATTN_MLA): latent caches are planned, not "
+                         "implemented",
+                         fn, (int)d->kind);
     kva_dtype k_dtype = d->dtype; /* storage dtype of K elements */
     if (d->quant == KVA_QUANT_NONE) {
         if (!kva__dtype_is_float(d->dtype))
@@ -140,7 +146,7 @@ static kva_status new_handle(const char *fn, kva_context *ctx, const kva_cache_d
     }
     c->pair_flags = flags;
     c->desc = *resolved;
-    c->mem = ctx->backend;
+    c->mem = ctx->ops->memory;
     c->device_id = ctx->device_id;
     const int k_int8 = resolved->quant == KVA_QUANT_INT8_TOKEN_K_V16;
     c->k_dtype = k_int8 ? KVA_DTYPE_I8 : resolved->dtype;
@@ -151,26 +157,6 @@ static kva_status new_handle(const char *fn, kva_context *ctx, const kva_cache_d
     c->v_block_elems = rows * resolved->head_dim_v;
     *out = c;
     return KVA_STATUS_OK;
-}
-
-/* Host memory for one of K/V: 64-byte aligned (SIMD loads), size rounded up.
- * Caches of 2 MiB or more are 2 MiB aligned and asked to be backed by huge
- * pages (Linux THP in madvise mode): attention reads a few rows of every
- * 4 KiB page of a block (one kv head's rows, Hkv * D elements apart), so with
- * 4 KiB pages nearly every other key is a TLB miss. */
-static void *alloc_host(uint64_t bytes)
-{
-    const uint64_t huge = (uint64_t)2 << 20;
-    uint64_t align = bytes >= huge ? huge : 64u;
-    uint64_t rounded = (bytes + align - 1) & ~(align - 1);
-    if (rounded < bytes || rounded > (uint64_t)PTRDIFF_MAX)
-        return NULL;
-    void *p = aligned_alloc((size_t)align, (size_t)rounded);
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (p && align == huge)
-        (void)madvise(p, (size_t)rounded, MADV_HUGEPAGE); /* a hint: failure is harmless */
-#endif
-    return p;
 }
 
 /* Points the cache's static scale arrays into the one expanded allocation
@@ -194,69 +180,24 @@ static kva_status create(const char *fn, kva_context *ctx, const kva_cache_desc 
     kva_cache_desc d;
     uint64_t kb, vb, tb;
     KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb, &tb));
+    KVA_TRY(kva__head_dim_check(fn, ctx, "desc->head_dim", d.head_dim));
+    KVA_TRY(kva__head_dim_check(fn, ctx, "desc->head_dim_v", d.head_dim_v));
     float *scales = NULL;
     KVA_TRY(kva__quant_params_expand(fn, &d, params, &scales));
-    if (ctx->backend == KVA_BACKEND_CUDA) {
-        /* Device memory (cudaMalloc: 256-byte aligned) on the context's device;
-         * quantized caches also get device copies of their scales (and the
-         * per-token key scales) next to the host copies (src/attn/cuda/cache_ops.cu). */
-        void *dk = NULL, *dv = NULL;
-        kva_status st = kva__cuda_alloc(ctx, (size_t)kb, &dk);
-        if (st == KVA_STATUS_OK)
-            st = kva__cuda_alloc(ctx, (size_t)vb, &dv);
-        kva_cache *c = NULL;
-        if (st == KVA_STATUS_OK)
-            st = new_handle(fn, ctx, &d, &c);
-        if (st != KVA_STATUS_OK) {
-            kva__cuda_free(ctx->device_id, dk);
-            kva__cuda_free(ctx->device_id, dv);
-            free(scales);
-            return st;
-        }
-        c->k = dk;
-        c->v = dv;
-        c->owns_memory = 1;
-        set_scales(c, scales);
-        if (d.quant != KVA_QUANT_NONE) {
-            st = kva__cuda_cache_quant_init(ctx, c);
-            if (st != KVA_STATUS_OK) {
-                kva_cache_destroy(c);
-                return st;
-            }
-        }
-        *out = c;
-        return KVA_STATUS_OK;
-    }
-    const int token_k = d.quant == KVA_QUANT_INT8_TOKEN_K || d.quant == KVA_QUANT_INT8_TOKEN_K_V16;
-    void *k = alloc_host(kb);
-    void *v = alloc_host(vb);
-    float *ts = token_k ? alloc_host(tb) : NULL;
-    if (!k || !v || (token_k && !ts)) {
-        free(k);
-        free(v);
-        free(ts);
-        free(scales);
-        return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
-                         "%s: cannot allocate %llu bytes of K and %llu bytes of V", fn,
-                         (unsigned long long)kb, (unsigned long long)vb);
-    }
     kva_cache *c = NULL;
-    kva_status s = new_handle(fn, ctx, &d, &c);
-    if (s != KVA_STATUS_OK) {
-        free(k);
-        free(v);
-        free(ts);
+    kva_status st = new_handle(fn, ctx, &d, &c);
+    if (st != KVA_STATUS_OK) {
         free(scales);
-        return s;
+        return st;
     }
-    c->k = k;
-    c->v = v;
-    c->owns_memory = 1;
     set_scales(c, scales);
-    /* Per-token scales start at 0 (a slot never written dequantizes to 0). */
-    if (ts)
-        memset(ts, 0, (size_t)tb);
-    c->k_token_scale = ts;
+    /* Storage in the context's memory space (src/cache/host_memory.c; CUDA:
+     * device memory plus device copies of the static scales). */
+    st = c->mem->cache_alloc(ctx, c);
+    if (st != KVA_STATUS_OK) {
+        kva_cache_destroy(c);
+        return st;
+    }
     *out = c;
     return KVA_STATUS_OK;
 }
@@ -291,6 +232,8 @@ static kva_status wrap(const char *fn, kva_context *ctx, const kva_cache_desc *d
     kva_cache_desc d;
     uint64_t kb, vb, tb;
     KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb, &tb));
+    KVA_TRY(kva__head_dim_check(fn, ctx, "desc->head_dim", d.head_dim));
+    KVA_TRY(kva__head_dim_check(fn, ctx, "desc->head_dim_v", d.head_dim_v));
     if (d.quant != KVA_QUANT_NONE)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "%s: desc->quant = %s: caller-owned storage is for unquantized caches "
@@ -366,20 +309,8 @@ void kva_cache_destroy(kva_cache *cache)
 {
     if (!cache)
         return;
-    if (cache->mem == KVA_BACKEND_CUDA) {
-        if (cache->owns_memory) {
-            kva__cuda_free(cache->device_id, cache->k);
-            kva__cuda_free(cache->device_id, cache->v);
-        }
-        kva__cuda_cache_quant_free(cache); /* token scales, device scales */
-    } else {
-        if (cache->owns_memory) {
-            free(cache->k);
-            free(cache->v);
-        }
-        free(cache->k_token_scale);
-    }
-    free(cache->k_scale); /* the one allocation of all static scales */
+    cache->mem->cache_free(cache); /* k, v if owned, token scales, device copies */
+    free(cache->k_scale);          /* the one allocation of all static scales */
     free(cache->pair_flags);
     free(cache);
 }

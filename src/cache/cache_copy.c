@@ -135,31 +135,40 @@ static void copy_pairs(const kva_context *ctx, const kva_cache *src, kva_cache *
     }
 }
 
-/* A device cache can only be copied by a CUDA context (which may also copy
- * host caches: swap-out and swap-in). */
+/* A context copies caches in its own memory space (on its device) and caches
+ * in host memory, which every space reaches (CUDA: swap-out and swap-in);
+ * memory of another space or device is out of its reach. */
 static kva_status check_host(const char *fn, const kva_context *ctx, const kva_cache *c,
                              const char *name)
 {
-    if (c->mem == KVA_BACKEND_CUDA && ctx->backend != KVA_BACKEND_CUDA)
+    const kva__memory_ops *own = ctx->ops->memory;
+    if (c->mem != own && !c->mem->host)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: ctx backend '%s' cannot copy %s, which lives in device memory", fn,
-                         kva_backend_name(ctx->backend), name);
-    if (c->mem == KVA_BACKEND_CUDA && c->device_id != ctx->device_id)
+                         "%s: ctx backend '%s' (%s memory) cannot copy %s, which lives in %s "
+                         "memory",
+                         fn, kva_backend_name(ctx->backend), own->name, name, c->mem->name);
+    if (c->mem == own && own->per_device && c->device_id != ctx->device_id)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: %s lives on device %d but the context uses device %d", fn, name,
                          (int)c->device_id, (int)ctx->device_id);
     return KVA_STATUS_OK;
 }
 
-/* Copies validated pairs: through the CUDA runtime when ctx is a CUDA
- * context (device<->device, device<->host, host<->host), else on the host. */
+/* The host memory space's block copy (kva__host_memory): both caches are in
+ * host memory. */
+kva_status kva__host_copy_blocks(kva_context *ctx, const kva_cache *src, kva_cache *dst,
+                                 const int32_t *pairs, int32_t n)
+{
+    copy_pairs(ctx, src, dst, pairs, n);
+    return KVA_STATUS_OK;
+}
+
+/* Copies validated pairs through the context's memory space (CUDA:
+ * device<->device, device<->host, host<->host on its stream). */
 static kva_status do_copy(kva_context *ctx, const kva_cache *src, kva_cache *dst,
                           const int32_t *pairs, int32_t n)
 {
-    if (ctx->backend == KVA_BACKEND_CUDA)
-        return kva__cuda_copy_blocks(ctx, src, dst, pairs, n);
-    copy_pairs(ctx, src, dst, pairs, n);
-    return KVA_STATUS_OK;
+    return ctx->ops->memory->copy_blocks(ctx, src, dst, pairs, n);
 }
 
 kva_status kva_cache_copy_blocks(kva_context *ctx, kva_cache *cache, const int32_t *pairs,
@@ -202,6 +211,7 @@ static kva_status check_same_shape(const char *fn, const kva_cache_desc *a, cons
         {"num_kv_heads", a->num_kv_heads, b->num_kv_heads},
         {"head_dim", a->head_dim, b->head_dim},
         {"head_dim_v", a->head_dim_v, b->head_dim_v},
+        {"kind", (int32_t)a->kind, (int32_t)b->kind},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].x != f[i].y)

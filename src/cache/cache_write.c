@@ -124,11 +124,15 @@ kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_token
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_cache_write: src_dtype = %s is not supported (f32, f16 or bf16)",
                          kva_dtype_name(src_dtype));
-    if ((ctx->backend == KVA_BACKEND_CUDA) != (cache->mem == KVA_BACKEND_CUDA))
+    if (cache->mem != ctx->ops->memory)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_cache_write: ctx backend '%s' cannot write a cache in %s memory",
-                         kva_backend_name(ctx->backend),
-                         cache->mem == KVA_BACKEND_CUDA ? "device" : "host");
+                         "kva_cache_write: ctx backend '%s' (%s memory) cannot write a cache in "
+                         "%s memory",
+                         kva_backend_name(ctx->backend), ctx->ops->memory->name, cache->mem->name);
+    if (cache->mem->per_device && cache->device_id != ctx->device_id)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_cache_write: cache lives on device %d but the context uses device %d",
+                         (int)cache->device_id, (int)ctx->device_id);
     const kva_cache_desc *d = &cache->desc;
     const int64_t hkv = d->num_kv_heads, dk = d->head_dim, dv = d->head_dim_v;
     const size_t src_elem = kva_dtype_size(src_dtype);
@@ -144,11 +148,21 @@ kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_token
     KVA_CHECK_ALIGNED(v, src_elem);
     KVA_CHECK_ALIGNED(slot_mapping, sizeof(int64_t));
 
-    /* Device slot_mapping values cannot be read without a host sync: the CUDA
-     * kernel skips slots >= NB*B instead (docs/cuda.md). */
-    if (cache->mem == KVA_BACKEND_CUDA)
-        return kva__cuda_cache_write(ctx, cache, num_tokens, k, ks, v, vs, src_dtype, slot_mapping);
+    /* The slot values are read by the memory space: a device slot_mapping
+     * cannot be read without a host sync, so the CUDA kernel skips slots
+     * >= NB*B instead (docs/cuda.md); the host checks them all first. */
+    return cache->mem->cache_write(ctx, cache, num_tokens, k, ks, v, vs, src_dtype, slot_mapping);
+}
 
+/* The host memory space's write (kva__host_memory): every slot is checked
+ * before anything is written, then tokens are spread over ctx's threads. */
+kva_status kva__host_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
+                                 const void *k, int64_t ks, const void *v, int64_t vs,
+                                 kva_dtype src_dtype, const int64_t *slot_mapping)
+{
+    const kva_cache_desc *d = &cache->desc;
+    const int64_t hkv = d->num_kv_heads, dk = d->head_dim, dv = d->head_dim_v;
+    const size_t src_elem = kva_dtype_size(src_dtype);
     /* Every slot is checked before anything is written. */
     const int64_t num_slots = (int64_t)d->num_blocks * d->block_size;
     for (int32_t t = 0; t < num_tokens; t++) {

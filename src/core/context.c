@@ -7,32 +7,41 @@
 #include <omp.h>
 #endif
 
+/* The backend list: one line per backend, in kva_backend order. A backend
+ * not compiled in has a table whose entries report it unavailable
+ * (src/attn/cuda/no_cuda.c). */
+static const kva__backend_ops *const kva__backends[KVA_BACKEND_COUNT_] = {
+    [KVA_BACKEND_REF] = &kva__ref_ops,
+    [KVA_BACKEND_CPU] = &kva__cpu_ops,
+    [KVA_BACKEND_CUDA] = &kva__cuda_ops,
+};
+
+const kva__backend_ops *kva__backend(kva_backend b)
+{
+    return kva__backends[b];
+}
+
 const char *kva_backend_name(kva_backend backend)
 {
-    switch (backend) {
-    case KVA_BACKEND_REF:
-        return "ref";
-    case KVA_BACKEND_CPU:
-        return "cpu";
-    case KVA_BACKEND_CUDA:
-        return "cuda";
-    default:
+    if ((unsigned)backend >= (unsigned)KVA_BACKEND_COUNT_)
         return "invalid";
-    }
+    return kva__backends[backend]->name;
+}
+
+int kva__backend_device_count(kva_backend b)
+{
+    if ((unsigned)b >= (unsigned)KVA_BACKEND_COUNT_ || !kva__backends[b]->device_count)
+        return 0;
+    return kva__backends[b]->device_count();
 }
 
 int kva_backend_available(kva_backend backend)
 {
-    switch (backend) {
-    case KVA_BACKEND_REF:
-    case KVA_BACKEND_CPU:
-        return 1;
-    case KVA_BACKEND_CUDA:
-        /* Compiled in (no_cuda.c reports 0 devices otherwise) and a GPU is visible. */
-        return kva__cuda_device_count() > 0;
-    default:
+    if ((unsigned)backend >= (unsigned)KVA_BACKEND_COUNT_)
         return 0;
-    }
+    /* A host backend always runs; a device backend needs a visible device
+     * (its stub table reports none when it is not compiled in). */
+    return !kva__backends[backend]->device_count || kva__backend_device_count(backend) > 0;
 }
 
 static int32_t available_cores(void)
@@ -63,26 +72,24 @@ kva_status kva_context_create(const kva_context_desc *desc, kva_context **out)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_context_create: num_threads = %d is outside [0, %d]",
                          (int)d.num_threads, KVA_MAX_THREADS);
-    if (d.backend == KVA_BACKEND_CUDA &&
-        (d.device_id < 0 || d.device_id >= kva__cuda_device_count()))
+    const kva__backend_ops *ops = kva__backends[d.backend];
+    const int devices = kva__backend_device_count(d.backend);
+    if (ops->device_count && (d.device_id < 0 || d.device_id >= devices))
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_context_create: device_id = %d is outside [0, %d) (visible CUDA "
+                         "kva_context_create: device_id = %d is outside [0, %d) (visible %s "
                          "devices)",
-                         (int)d.device_id, kva__cuda_device_count());
+                         (int)d.device_id, devices, ops->name);
     kva_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_context_create: out of memory");
     ctx->backend = d.backend;
-    ctx->device_id = d.device_id;
-    ctx->num_threads = d.backend == KVA_BACKEND_REF ? 1
-                       : d.num_threads > 0          ? d.num_threads
-                                                    : available_cores();
-    ctx->ops = d.backend == KVA_BACKEND_REF    ? &kva__ref_ops
-               : d.backend == KVA_BACKEND_CUDA ? &kva__cuda_ops
-                                               : &kva__cpu_ops;
-    if (d.backend == KVA_BACKEND_CUDA) {
-        ctx->num_threads = 1;
-        kva_status st = kva__cuda_context_init(ctx);
+    ctx->ops = ops;
+    ctx->device_id = ops->device_count ? d.device_id : 0;
+    ctx->num_threads = ops->max_threads > 0 ? ops->max_threads
+                       : d.num_threads > 0  ? d.num_threads
+                                            : available_cores();
+    if (ops->context_init) {
+        kva_status st = ops->context_init(ctx);
         if (st != KVA_STATUS_OK) {
             free(ctx);
             return st;
@@ -97,11 +104,9 @@ void kva_context_destroy(kva_context *ctx)
 {
     if (!ctx)
         return;
-    if (ctx->backend == KVA_BACKEND_CUDA) {
-        kva__cuda_context_free(ctx); /* frees the device workspace too */
-        ctx->workspace = NULL;
-    }
-    free(ctx->workspace);
+    if (ctx->ops->context_free)
+        ctx->ops->context_free(ctx); /* first: queued work may still read the workspace */
+    ctx->ops->memory->workspace_free(ctx);
     free(ctx);
 }
 
@@ -117,6 +122,22 @@ int32_t kva_context_num_threads(const kva_context *ctx)
 
 kva_status kva__context_reserve_workspace(kva_context *ctx, size_t bytes)
 {
+    return ctx->ops->memory->workspace_reserve(ctx, bytes);
+}
+
+kva_status kva__head_dim_check(const char *fn, const kva_context *ctx, const char *what, int32_t d)
+{
+    const int32_t max = ctx->ops->max_head_dim > 0 ? ctx->ops->max_head_dim : KVA_MAX_HEAD_DIM;
+    if (d > max)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: %s = %d is not supported by the %s backend (its kernels take head "
+                         "sizes up to %d)",
+                         fn, what, (int)d, ctx->ops->name, (int)max);
+    return KVA_STATUS_OK;
+}
+
+kva_status kva__host_workspace_reserve(kva_context *ctx, size_t bytes)
+{
     if (bytes <= ctx->workspace_bytes)
         return KVA_STATUS_OK;
     /* 64-byte alignment for SIMD loads; round the size up to match. */
@@ -128,4 +149,11 @@ kva_status kva__context_reserve_workspace(kva_context *ctx, size_t bytes)
     ctx->workspace = p;
     ctx->workspace_bytes = rounded;
     return KVA_STATUS_OK;
+}
+
+void kva__host_workspace_free(kva_context *ctx)
+{
+    free(ctx->workspace);
+    ctx->workspace = NULL;
+    ctx->workspace_bytes = 0;
 }

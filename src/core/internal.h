@@ -75,8 +75,9 @@ static inline void kva__store_f(void *p, kva_dtype dt, size_t i, float x)
         ((uint16_t *)p)[i] = kva_f32_to_bf16(x);
 }
 
-/* Head sizes every backend supports: multiples of 8 from 8 to 256. */
-#define KVA_MAX_HEAD_DIM 256
+/* 1 if d is a head size the library accepts on some backend: a multiple of 8
+ * from 8 to KVA_MAX_HEAD_DIM (include/kvattn.h). A backend may take less
+ * (kva__backend_ops.max_head_dim; kva__head_dim_check). */
 int kva__head_dim_ok(int32_t d);
 
 /* ---- CPU features (src/core/cpu_features.c) ---- */
@@ -158,27 +159,45 @@ struct kva_context {
     const kva__backend_ops *ops;
     kva__cpu_features cpu_features; /* detected at creation, for plan-time kernel choices */
     /* Scratch memory for run-path calls; grown only by kva_plan_create (never
-     * during a run), in the backend's memory space. */
+     * during a run), in the backend's memory space (ops->memory). */
     void *workspace;
     size_t workspace_bytes;
-    /* CUDA backend state (stream, device metadata buffers; src/attn/cuda/), else NULL. */
-    void *cuda;
+    /* Backend state made by ops->context_init (the CUDA backend's stream and
+     * device metadata buffers), else NULL. `cuda` is the name the CUDA
+     * sources still use for it. */
+    union {
+        void *state;
+        void *cuda;
+    };
     /* Registry index + 1 of the kernel forced per family (kva__context_force_kernel); 0 = none. */
     int32_t forced_kernel[KVA__KERNEL_FAMILIES];
 };
 
-/* Grows ctx->workspace to at least bytes (host memory for ref/CPU). */
+/* Grows ctx->workspace to at least bytes, in the context's memory space
+ * (ctx->ops->memory->workspace_reserve). */
 kva_status kva__context_reserve_workspace(kva_context *ctx, size_t bytes);
+/* Checks a head size (D or Dv, named by what) against the context's backend:
+ * KVA_STATUS_UNSUPPORTED naming fn, the value and the backend's limit when
+ * its kernels cannot take it. d already passed kva__head_dim_ok. */
+kva_status kva__head_dim_check(const char *fn, const kva_context *ctx, const char *what, int32_t d);
+/* Host memory (src/core/context.c, src/cache/): the workspace of host
+ * backends. */
+kva_status kva__host_workspace_reserve(kva_context *ctx, size_t bytes);
+void kva__host_workspace_free(kva_context *ctx);
 
 /* ---- cache (src/cache/) ---- */
 
 struct kva_cache {
     kva_cache_desc desc; /* head_dim_v resolved */
-    kva_backend mem;     /* memory space of k/v: REF/CPU = host, CUDA = device */
-    void *k;             /* [NB, B, Hkv, D] (NHD) or [NB, Hkv, B, D] (HND) */
-    void *v;             /* same with Dv */
+    /* The memory space that owns k/v (and the per-token scales): the table of
+     * the creating context's backend (ops->memory). Frees, writes and block
+     * copies go through it; a context may read the cache only if its own
+     * backend has the same table (and device). */
+    const struct kva__memory_ops *mem;
+    void *k; /* [NB, B, Hkv, D] (NHD) or [NB, Hkv, B, D] (HND) */
+    void *v; /* same with Dv */
     int owns_memory;
-    int32_t device_id;     /* CUDA device of k/v when mem == CUDA */
+    int32_t device_id;     /* device of k/v when mem->per_device (CUDA), else 0 */
     kva_dtype k_dtype;     /* K storage dtype (desc.dtype; I8 for INT8_TOKEN_K_V16) */
     size_t elem_size;      /* bytes of a K element */
     size_t v_elem;         /* bytes of a V element (desc.dtype) */
@@ -190,7 +209,7 @@ struct kva_cache {
      * where the format has none). One allocation holds all four. */
     float *k_scale, *k_offset, *v_scale, *v_offset;
     /* Per-token key scales [NB, Hkv, B] float32 (INT8_TOKEN_K formats), or NULL;
-     * device memory for CUDA caches (mem == CUDA). */
+     * in the cache's memory space (device memory for CUDA caches). */
     float *k_token_scale;
     /* CUDA quantized caches: a device copy of the four expanded static arrays
      * (same order as k_scale .. v_offset, one allocation; the host copies above
@@ -266,7 +285,46 @@ struct kva_plan {
     void *device;           /* backend-owned device copies (CUDA) */
 };
 
-/* ---- backends ---- */
+/* ---- backends ----
+ *
+ * Everything core (src/core, src/cache, src/plan, src/attn/api.c) does that
+ * depends on the backend goes through these two tables: core validates, then
+ * calls the context's table. A backend lives in its own folder and is listed
+ * once, in kva__backends (src/core/context.c); a memory space (where caches
+ * and workspace live, with the cache operations that touch that memory) is a
+ * kva__memory_ops that one or more backends point at. */
+
+typedef struct kva__memory_ops {
+    const char *name; /* "host", "cuda device": names the space in messages */
+    int host;         /* 1: plain host memory: any backend's block copy may read
+                         and write it (CUDA's swap-in / swap-out) */
+    int per_device;   /* 1: allocations belong to one device (kva_cache.device_id):
+                         a context of another device may not touch them */
+    /* Grows ctx->workspace to at least bytes (never during a run); frees it. */
+    kva_status (*workspace_reserve)(kva_context *ctx, size_t bytes);
+    void (*workspace_free)(kva_context *ctx);
+    /* Allocates c's storage for the validated c->desc (k, v and, for the
+     * INT8_TOKEN_K formats, k_token_scale, zeroed), plus whatever the space
+     * needs of the host static scales c->k_scale .. v_offset (CUDA: a device
+     * copy). On failure the fields it set stay set for cache_free. */
+    kva_status (*cache_alloc)(kva_context *ctx, kva_cache *c);
+    /* Frees what cache_alloc made (k and v only if c->owns_memory); each
+     * pointer may be NULL. */
+    void (*cache_free)(kva_cache *c);
+    /* kva_cache_write after validation, except the slot values, which only
+     * this space can read (host: every slot checked before anything is
+     * written; device: the kernel skips slots >= NB*B). Strides in source
+     * elements, resolved; num_tokens > 0. */
+    kva_status (*cache_write)(kva_context *ctx, kva_cache *cache, int32_t num_tokens, const void *k,
+                              int64_t k_stride, const void *v, int64_t v_stride,
+                              kva_dtype src_dtype, const int64_t *slot_mapping);
+    /* Block copies after validation: pairs [n, 2] host array of independent
+     * (src, dst) ids; src and dst are each in this space or in host memory. */
+    kva_status (*copy_blocks)(kva_context *ctx, const kva_cache *src, kva_cache *dst,
+                              const int32_t *pairs, int32_t n);
+} kva__memory_ops;
+
+extern const kva__memory_ops kva__host_memory; /* src/cache/host_memory.c */
 
 struct kva__backend_ops {
     const char *name;
@@ -286,37 +344,41 @@ struct kva__backend_ops {
     /* The kernel registry (see kva__kernel_info); NULL / 0 for none. */
     const kva__kernel_info *kernels;
     int32_t num_kernels;
+
+    /* ---- context and memory ---- */
+    /* Largest head size (D and Dv) its kernels take, <= KVA_MAX_HEAD_DIM
+     * (0 means KVA_MAX_HEAD_DIM); caches, plans and merges beyond it get
+     * KVA_STATUS_UNSUPPORTED (kva__head_dim_check). */
+    int32_t max_head_dim;
+    /* Host threads it runs on: 1 (ctx->num_threads is forced to 1), or 0
+     * (kva_context_desc.num_threads, 0 = all cores). */
+    int32_t max_threads;
+    /* Devices visible (kva_context_desc.device_id must be below it); 0 makes
+     * the backend unavailable. NULL: a host backend, always available, whose
+     * device_id is ignored. */
+    int (*device_count)(void);
+    /* Creates ctx->state on ctx->device_id (NULL: nothing to create); frees
+     * it, called before the memory space frees the workspace. */
+    kva_status (*context_init)(kva_context *ctx);
+    void (*context_free)(kva_context *ctx);
+    /* Where its caches and workspace live. */
+    const kva__memory_ops *memory;
 };
 
 extern const kva__backend_ops kva__ref_ops;  /* src/attn/ref/ */
 extern const kva__backend_ops kva__cpu_ops;  /* src/attn/cpu/ */
-extern const kva__backend_ops kva__cuda_ops; /* src/attn/cuda/ (a stub table without CUDA) */
+extern const kva__backend_ops kva__cuda_ops; /* src/attn/cuda/ (no_cuda.c: "unavailable") */
 
-/* ---- CUDA backend entry points used by core and cache (src/attn/cuda/;
- * no_cuda.c returns KVA_STATUS_BACKEND_UNAVAILABLE for each without nvcc) ---- */
+/* The table of backend b (< KVA_BACKEND_COUNT_): kva__backends in context.c. */
+const kva__backend_ops *kva__backend(kva_backend b);
+/* Devices backend b sees (0 for host backends and for unavailable ones). */
+int kva__backend_device_count(kva_backend b);
 
-/* Number of CUDA devices visible (0 without the CUDA build or a GPU). */
-int kva__cuda_device_count(void);
-/* Creates ctx->cuda (stream 0, empty buffers) on ctx->device_id; frees it. */
-kva_status kva__cuda_context_init(kva_context *ctx);
-void kva__cuda_context_free(kva_context *ctx);
-/* Device memory for a cache's K or V (bytes > 0); freed on device_id. */
-kva_status kva__cuda_alloc(const kva_context *ctx, size_t bytes, void **out);
-void kva__cuda_free(int32_t device_id, void *p);
-/* kva_cache_write into a device cache; arguments validated except the device
- * slot values (slots >= NB*B are skipped by the kernel). k/v/slot_mapping are
- * device pointers; strides in source elements, resolved. */
-kva_status kva__cuda_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
+/* Host memory space pieces (src/cache/), used by kva__host_memory. */
+kva_status kva__host_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
                                  const void *k, int64_t k_stride, const void *v, int64_t v_stride,
                                  kva_dtype src_dtype, const int64_t *slot_mapping);
-/* Quantized device caches: allocates c->k_token_scale (zeroed, INT8_TOKEN_K
- * formats), c->dev_scales (a copy of the host c->k_scale .. v_offset) and
- * c->dev_reject on ctx's device; kva__cuda_cache_quant_free releases them. */
-kva_status kva__cuda_cache_quant_init(const kva_context *ctx, kva_cache *c);
-void kva__cuda_cache_quant_free(kva_cache *c);
-/* Block copies between two caches (either may be the device or host one, or
- * both the same device cache); pairs [n, 2] are host arrays, validated. */
-kva_status kva__cuda_copy_blocks(kva_context *ctx, const kva_cache *src, kva_cache *dst,
+kva_status kva__host_copy_blocks(kva_context *ctx, const kva_cache *src, kva_cache *dst,
                                  const int32_t *pairs, int32_t n);
 
 #endif /* KVA_INTERNAL_H */

@@ -81,6 +81,14 @@ static kva_status check_scalars(const kva_plan_desc *d)
                          "kva_plan_create: head_dim_v = %d is unsupported (0, or multiples of 8 "
                          "from 8 to %d)",
                          (int)d->head_dim_v, KVA_MAX_HEAD_DIM);
+    if ((unsigned)d->kind >= (unsigned)KVA_ATTN_KIND_COUNT_)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: kind = %d is not a kva_attn_kind (0 .. %d)",
+                         (int)d->kind, (int)KVA_ATTN_KIND_COUNT_ - 1);
+    if (d->kind != KVA_ATTN_MHA)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: kind = %d (KVA_ATTN_MLA) is planned, not implemented",
+                         (int)d->kind);
     if (!kva__dtype_is_float(d->q_dtype))
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_plan_create: q_dtype %d (%s) is not f32, f16 or bf16",
@@ -266,6 +274,9 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
     KVA_CHECK_PTR(desc);
     KVA_CHECK_PTR(out);
     KVA_TRY(check_scalars(desc));
+    KVA_TRY(kva__head_dim_check("kva_plan_create", ctx, "head_dim", desc->head_dim));
+    if (desc->head_dim_v != 0)
+        KVA_TRY(kva__head_dim_check("kva_plan_create", ctx, "head_dim_v", desc->head_dim_v));
     int32_t max_block_id = -1;
     KVA_TRY(check_batch(desc, &max_block_id));
 

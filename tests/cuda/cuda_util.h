@@ -80,7 +80,7 @@ static inline int cuda_test_skip(void)
     printf("skipped: built without the CUDA backend\n");
     return 77;
 #else
-    if (kva__cuda_device_count() == 0 || !kva_backend_available(KVA_BACKEND_CUDA)) {
+    if (!kva_backend_available(KVA_BACKEND_CUDA)) {
         printf("skipped: no CUDA device\n");
         return 77;
     }

@@ -390,8 +390,8 @@ static void test_force_kernel(void)
     kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
     kva_context *gpu = NULL;
     CHECK_OK(kva_context_create(&gd, &gpu));
-    kva_cache_desc cd = {b.num_blocks,  16, 2, 64, 64, KVA_DTYPE_BF16, KVA_LAYOUT_NHD,
-                         KVA_QUANT_NONE};
+    kva_cache_desc cd = {b.num_blocks,   16,          2, 64, 64, KVA_DTYPE_BF16, KVA_LAYOUT_NHD,
+                         KVA_QUANT_NONE, KVA_ATTN_MHA};
     kva_cache *dc = NULL;
     CHECK_OK(kva_cache_create(gpu, &cd, &dc));
     kva_plan_desc pd = kva_test_batch_plan_desc(&b, 8, 2, 64, 64, KVA_DTYPE_BF16);
@@ -539,8 +539,8 @@ static void test_stale_plan(void)
     kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
     kva_context *gpu = NULL;
     CHECK_OK(kva_context_create(&gd, &gpu));
-    kva_cache_desc cd = {b.num_blocks,  16, 2, 64, 64, KVA_DTYPE_F16, KVA_LAYOUT_NHD,
-                         KVA_QUANT_NONE};
+    kva_cache_desc cd = {b.num_blocks,   16,          2, 64, 64, KVA_DTYPE_F16, KVA_LAYOUT_NHD,
+                         KVA_QUANT_NONE, KVA_ATTN_MHA};
     kva_cache *dc = NULL;
     CHECK_OK(kva_cache_create(gpu, &cd, &dc));
     kva_plan_desc pd = kva_test_batch_plan_desc(&b, 4, 2, 64, 64, KVA_DTYPE_F16);

@@ -76,7 +76,7 @@ static void test_graph_replay(void)
     CHECK_OK(kva_cuda_context_reserve(gpu, &cap));
 
     layer ly[L];
-    kva_cache_desc cd = {NB, BS, HKV, D, D, DT, KVA_LAYOUT_NHD, KVA_QUANT_NONE};
+    kva_cache_desc cd = {NB, BS, HKV, D, D, DT, KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_ATTN_MHA};
     const size_t nq = (size_t)Tmax * H * D;
     for (int l = 0; l < L; l++) {
         CHECK_OK(kva_cache_create(ref, &cd, &ly[l].hc));

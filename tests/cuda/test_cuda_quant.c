@@ -36,7 +36,7 @@ static void snap_take(const kva_cache *c, snap *s)
     s->k = malloc(bytes_k(c) + 1);
     s->v = malloc(bytes_v(c) + 1);
     s->ts = malloc(bytes_ts(c) + 1);
-    if (c->mem == KVA_BACKEND_CUDA) {
+    if (!c->mem->host) { /* device memory */
         to_host(s->k, k, bytes_k(c));
         to_host(s->v, v, bytes_v(c));
         if (ts)
@@ -215,7 +215,7 @@ static void test_write_rejects(void)
     for (int f = 0; f < NFMT; f++) {
         if (fmts[f] == KVA_QUANT_FP8_E4M3)
             continue;
-        kva_cache_desc cd = {6, 16, 2, 64, 64, fmt_dtype(f), KVA_LAYOUT_NHD, fmts[f]};
+        kva_cache_desc cd = {6, 16, 2, 64, 64, fmt_dtype(f), KVA_LAYOUT_NHD, fmts[f], KVA_ATTN_MHA};
         float buf[2 * 2 * 128];
         kva_quant_params p;
         make_params(cd.quant, 2, 64, 64, 0, &rng, buf, &p);
@@ -362,7 +362,8 @@ static void test_copy_swap(void)
     kva_rng rng = {7};
     for (int f = 0; f < NFMT; f++) {
         kva_cache_desc cd = {
-            8, 5, 2, 64, 32, fmt_dtype(f), f % 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD, fmts[f]};
+            8,       5,           2, 64, 32, fmt_dtype(f), f % 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD,
+            fmts[f], KVA_ATTN_MHA};
         float buf[2 * 2 * 96];
         kva_quant_params p;
         make_params(cd.quant, 2, 64, 32, 1, &rng, buf, &p);
@@ -405,8 +406,9 @@ static void test_graph(void)
     kva_test_batch b;
     kva_test_batch_init(&b, &rng, 8, ql, sl, 16, 2, 0);
     const int32_t H = 16, Hkv = 4, D = 128;
-    kva_cache_desc cd = {b.num_blocks,          16, Hkv, D, D, KVA_DTYPE_I8, KVA_LAYOUT_NHD,
-                         KVA_QUANT_INT8_TOKEN_K};
+    kva_cache_desc cd = {
+        b.num_blocks,           16,          Hkv, D, D, KVA_DTYPE_I8, KVA_LAYOUT_NHD,
+        KVA_QUANT_INT8_TOKEN_K, KVA_ATTN_MHA};
     float buf[2 * 4 * 256];
     kva_quant_params p;
     make_params(cd.quant, Hkv, D, D, 0, &rng, buf, &p);

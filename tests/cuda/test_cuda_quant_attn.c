@@ -80,7 +80,8 @@ static int run_attn(const acfg *c, uint64_t seed)
     if (c->simt)
         CHECK_OK(kva__context_force_kernel(gpu, "decode_simt"));
     const int32_t H = c->H, Hkv = c->Hkv, D = c->D, Dv = c->Dv, T = b.T;
-    kva_cache_desc cd = {b.num_blocks, c->B, Hkv, D, Dv, fmt_dtype(c->f), c->layout, fmts[c->f]};
+    kva_cache_desc cd = {b.num_blocks,    c->B,      Hkv,        D,           Dv,
+                         fmt_dtype(c->f), c->layout, fmts[c->f], KVA_ATTN_MHA};
     float *buf = malloc(sizeof(float) * 2 * Hkv * (D + Dv));
     kva_quant_params p;
     make_params(cd.quant, Hkv, D, Dv, c->gran, &rng, buf, &p);

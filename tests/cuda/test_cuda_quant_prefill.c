@@ -83,7 +83,8 @@ static int run_case(const qcfg *c, uint64_t seed)
     if (c->path == 2)
         CHECK_OK(kva__context_force_kernel(gpu, "prefill_items"));
     const int32_t H = c->H, Hkv = c->Hkv, D = c->D, T = b.T;
-    kva_cache_desc cd = {b.num_blocks, c->B, Hkv, D, D, fmt_dtype(c->f), c->layout, fmts[c->f]};
+    kva_cache_desc cd = {b.num_blocks,    c->B,      Hkv,        D,           D,
+                         fmt_dtype(c->f), c->layout, fmts[c->f], KVA_ATTN_MHA};
     float *buf = malloc(sizeof(float) * 4 * Hkv * D);
     kva_quant_params p;
     make_params(cd.quant, Hkv, D, D, c->gran, &rng, buf, &p);
@@ -272,8 +273,9 @@ static void test_cuda_core_and_errors(void)
         kva_rng rng = {77};
         kva_test_batch b;
         kva_test_batch_init(&b, &rng, 2, ql, sl, 16, 2, 0);
-        kva_cache_desc cd = {b.num_blocks,          16, 2, 128, 128, KVA_DTYPE_I8, KVA_LAYOUT_NHD,
-                             KVA_QUANT_INT8_TOKEN_K};
+        kva_cache_desc cd = {
+            b.num_blocks,           16,          2, 128, 128, KVA_DTYPE_I8, KVA_LAYOUT_NHD,
+            KVA_QUANT_INT8_TOKEN_K, KVA_ATTN_MHA};
         static float buf[4 * 2 * 128];
         kva_quant_params p;
         make_params(cd.quant, 2, 128, 128, 1, &rng, buf, &p);

@@ -1,5 +1,8 @@
 /*
  * cache_ops.cu - the CUDA side of the cache calls and of kva_merge_states:
+ *   cache storage: K and V of a device cache in cudaMalloc memory (the
+ *     memory table's cache_alloc / cache_free; cache_quant.cu adds the
+ *     quantized formats' device state);
  *   cache_write_kernel: scatter of new K/V rows into cache slots with dtype
  *     conversion (vLLM's reshape_and_cache), NHD or HND;
  *   block copies (copy_blocks inside a device cache, swap between a device
@@ -117,6 +120,30 @@ static void launch_write_src(cudaStream_t s, kva_cache *c, int32_t n, const void
         launch_write<TS, __nv_bfloat16>(s, c, n, k, ks, v, vs, slots);
 }
 
+extern "C" kva_status kva__cuda_cache_alloc(kva_context *ctx, kva_cache *c)
+{
+    /* cudaMalloc memory is 256-byte aligned; sizes were bounded by validation. */
+    const size_t nb = (size_t)c->desc.num_blocks;
+    void *p = NULL;
+    c->owns_memory = 1;
+    KVA_TRY(kva__cuda_alloc(ctx, nb * (size_t)c->k_block_elems * c->elem_size, &p));
+    c->k = p;
+    KVA_TRY(kva__cuda_alloc(ctx, nb * (size_t)c->v_block_elems * c->v_elem, &p));
+    c->v = p;
+    if (c->desc.quant != KVA_QUANT_NONE)
+        KVA_TRY(kva__cuda_cache_quant_init(ctx, c));
+    return KVA_STATUS_OK;
+}
+
+extern "C" void kva__cuda_cache_free(kva_cache *c)
+{
+    if (c->owns_memory) {
+        kva__cuda_free(c->device_id, c->k);
+        kva__cuda_free(c->device_id, c->v);
+    }
+    kva__cuda_cache_quant_free(c); /* token scales, device scales, reject word */
+}
+
 extern "C" kva_status kva__cuda_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
                                             const void *k, int64_t k_stride, const void *v,
                                             int64_t v_stride, kva_dtype src_dtype,
@@ -144,7 +171,8 @@ extern "C" kva_status kva__cuda_cache_write(kva_context *ctx, kva_cache *cache, 
 extern "C" kva_status kva__cuda_copy_blocks(kva_context *ctx, const kva_cache *src, kva_cache *dst,
                                             const int32_t *pairs, int32_t n)
 {
-    const int sd = src->mem == KVA_BACKEND_CUDA, dd = dst->mem == KVA_BACKEND_CUDA;
+    /* Validation left each cache in this context's device memory or on the host. */
+    const int sd = !src->mem->host, dd = !dst->mem->host;
     const cudaMemcpyKind kind = sd && dd ? cudaMemcpyDeviceToDevice
                                 : sd     ? cudaMemcpyDeviceToHost
                                 : dd     ? cudaMemcpyHostToDevice

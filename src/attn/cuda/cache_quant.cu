@@ -387,11 +387,11 @@ extern "C" kva_status kva_cuda_cache_write_status(kva_context *ctx, const kva_ca
     kva__clear_error();
     KVA_CHECK_PTR(ctx);
     KVA_CHECK_PTR(cache);
-    if (ctx->backend != KVA_BACKEND_CUDA || !ctx->cuda || cache->mem != KVA_BACKEND_CUDA)
+    if (ctx->backend != KVA_BACKEND_CUDA || !ctx->cuda || cache->mem != ctx->ops->memory)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_cuda_cache_write_status: ctx backend '%s' and cache memory '%s': "
                          "both must be cuda",
-                         kva_backend_name(ctx->backend), kva_backend_name(cache->mem));
+                         kva_backend_name(ctx->backend), cache->mem->name);
     if (!cache->dev_reject)
         return KVA_STATUS_OK;
     cudaStream_t s = stream_of(ctx);

@@ -16,6 +16,35 @@
 #include "kvattn_cuda.h"
 #include "prefill_mma.h"
 
+/* ---- context and memory (cuda_ctx.cu, cache_ops.cu, cache_quant.cu,
+ * device.cu): core reaches these only through kva__cuda_ops and its memory
+ * table (src/core/internal.h) ---- */
+
+/* Number of CUDA devices visible (0 without a driver or a GPU). */
+int kva__cuda_device_count(void);
+/* Creates ctx->cuda (stream 0, empty buffers) on ctx->device_id; frees it. */
+kva_status kva__cuda_context_init(kva_context *ctx);
+void kva__cuda_context_free(kva_context *ctx);
+/* Device memory on ctx's device (bytes > 0); freed on device_id. */
+kva_status kva__cuda_alloc(const kva_context *ctx, size_t bytes, void **out);
+void kva__cuda_free(int32_t device_id, void *p);
+/* The memory table's cache entries (kva__memory_ops): K and V of a device
+ * cache, plus the quantized formats' device state (kva__cuda_cache_quant_init);
+ * writes (slots >= NB*B are skipped by the kernel); block copies between a
+ * device cache and a device or host cache, on the context's stream. */
+kva_status kva__cuda_cache_alloc(kva_context *ctx, kva_cache *c);
+void kva__cuda_cache_free(kva_cache *c);
+kva_status kva__cuda_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
+                                 const void *k, int64_t k_stride, const void *v, int64_t v_stride,
+                                 kva_dtype src_dtype, const int64_t *slot_mapping);
+kva_status kva__cuda_copy_blocks(kva_context *ctx, const kva_cache *src, kva_cache *dst,
+                                 const int32_t *pairs, int32_t n);
+/* Quantized device caches: allocates c->k_token_scale (zeroed, INT8_TOKEN_K
+ * formats), c->dev_scales (a copy of the host c->k_scale .. v_offset) and
+ * c->dev_reject on ctx's device; kva__cuda_cache_quant_free releases them. */
+kva_status kva__cuda_cache_quant_init(const kva_context *ctx, kva_cache *c);
+void kva__cuda_cache_quant_free(kva_cache *c);
+
 /* One work item as the kernels read it (from kva__work_item). */
 typedef struct kva__cuda_item {
     int32_t req, kv_head, h0, nh, i0, nq, k0, k1, task, split;

@@ -77,12 +77,21 @@ extern "C" void kva__cuda_context_free(kva_context *ctx)
     (void)cudaStreamSynchronize(STREAM(st));
     cudaFree(st->meta_dev);
     cudaFreeHost(st->meta_host);
-    cudaFree(ctx->workspace);
     cudaEventDestroy((cudaEvent_t)st->upload_event);
-    ctx->workspace = NULL;
-    ctx->workspace_bytes = 0;
     free(st);
     ctx->cuda = NULL;
+}
+
+/* The memory table's workspace_free: called after kva__cuda_context_free,
+ * whose stream synchronize left no work reading the workspace. */
+static void workspace_free(kva_context *ctx)
+{
+    if (ctx->workspace) {
+        (void)use_device(ctx->device_id);
+        cudaFree(ctx->workspace);
+    }
+    ctx->workspace = NULL;
+    ctx->workspace_bytes = 0;
 }
 
 extern "C" kva_status kva__cuda_alloc(const kva_context *ctx, size_t bytes, void **out)
@@ -388,7 +397,7 @@ extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_
     KVA_CHECK_PTR(cap);
     if (cap->max_requests < 0 || cap->max_tokens < 0 || cap->max_block_table < 0 ||
         cap->num_heads < 1 || cap->num_kv_heads < 1 || cap->num_heads % cap->num_kv_heads != 0 ||
-        !kva__head_dim_ok(cap->head_dim_v))
+        !kva__head_dim_ok(cap->head_dim_v) || cap->head_dim_v > kva__cuda_ops.max_head_dim)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_cuda_context_reserve: cap = {R %d, T %d, block table %lld, H %d, "
                          "Hkv %d, Dv %d} is not a valid shape",
@@ -686,6 +695,20 @@ static kva_status cuda_attention_ragged(kva_context *ctx, const kva_plan *plan, 
     return kva__cuda_attention(ctx, plan, q, NULL, k, v, sinks, out, lse);
 }
 
+/* Device memory of the context's device (positional: C++17 has no
+ * designated initializers; fields in kva__memory_ops order). */
+static const kva__memory_ops cuda_memory = {
+    "cuda device",         /* name */
+    0,                     /* host */
+    1,                     /* per_device */
+    reserve_workspace,     /* workspace_reserve */
+    workspace_free,        /* workspace_free */
+    kva__cuda_cache_alloc, /* cache_alloc (cache_ops.cu) */
+    kva__cuda_cache_free,  /* cache_free */
+    kva__cuda_cache_write, /* cache_write */
+    kva__cuda_copy_blocks, /* copy_blocks */
+};
+
 extern "C" const kva__backend_ops kva__cuda_ops = {
     "cuda",
     cuda_plan_build,
@@ -695,4 +718,10 @@ extern "C" const kva__backend_ops kva__cuda_ops = {
     kva__cuda_merge_states,
     kva__cuda_kernels,
     KVA__CUDA_KERNELS,
+    256, /* max_head_dim: the kernels' tiles and shared memory stop at D, Dv = 256 */
+    1,   /* max_threads */
+    kva__cuda_device_count,
+    kva__cuda_context_init,
+    kva__cuda_context_free,
+    &cuda_memory,
 };

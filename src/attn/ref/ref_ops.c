@@ -289,4 +289,7 @@ const kva__backend_ops kva__ref_ops = {
     .attention_paged = ref_attention_paged,
     .attention_ragged = ref_attention_ragged,
     .merge_states = ref_merge_states,
+    .max_head_dim = KVA_MAX_HEAD_DIM,
+    .max_threads = 1, /* the reference runs single-threaded */
+    .memory = &kva__host_memory,
 };

@@ -1,0 +1,149 @@
+/*
+ * data.h - data helpers shared by the tests (through tests/harness.h), the
+ * benchmarks and the CLI's correctness checks: a seeded RNG, random fills in
+ * any float dtype, element access, NaN poisoning, and the per-dtype
+ * tolerances with a tolerance-checked comparison, stated once here.
+ * Header-only (static inline); no test counters, so including it costs
+ * nothing unused.
+ */
+#ifndef KVA_BENCH_DATA_H
+#define KVA_BENCH_DATA_H
+
+#include "kvattn.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- RNG: splitmix64, fixed seeds ---- */
+
+typedef struct {
+    uint64_t s;
+} kva_rng;
+
+static inline uint64_t kva_rng_u64(kva_rng *r)
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [0, 1). */
+static inline double kva_rng_unit(kva_rng *r)
+{
+    return (kva_rng_u64(r) >> 11) * 0x1.0p-53;
+}
+
+/* Uniform integer in [lo, hi]. */
+static inline int32_t kva_rng_int(kva_rng *r, int32_t lo, int32_t hi)
+{
+    return lo + (int32_t)(kva_rng_u64(r) % (uint64_t)(hi - lo + 1));
+}
+
+/* Standard normal (Box-Muller). */
+static inline double kva_rng_normal(kva_rng *r)
+{
+    double u1 = kva_rng_unit(r), u2 = kva_rng_unit(r);
+    if (u1 < 1e-300)
+        u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* Fills n elements of a float-typed buffer with N(0, sigma^2) values (never zeros). */
+static inline void kva_test_fill(void *p, kva_dtype dt, size_t n, kva_rng *r, double sigma)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = (float)(kva_rng_normal(r) * sigma);
+        if (dt == KVA_DTYPE_F32)
+            ((float *)p)[i] = x;
+        else if (dt == KVA_DTYPE_F16)
+            ((uint16_t *)p)[i] = kva_f32_to_f16(x);
+        else
+            ((uint16_t *)p)[i] = kva_f32_to_bf16(x);
+    }
+}
+
+/* Fills n elements with uniform values of unit variance in (-sqrt 3, sqrt 3),
+ * never zero: far cheaper than kva_test_fill's Box-Muller normals, for
+ * caches of millions of elements. */
+static inline void kva_test_fill_uniform(void *p, kva_dtype dt, size_t n, kva_rng *r)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t u = kva_rng_u64(r);
+        float x = (float)((int64_t)(u >> 11) - (int64_t)(1ull << 52)) * (float)(1.7320508 / 0x1p52);
+        if (x == 0.0f)
+            x = 0.5f;
+        if (dt == KVA_DTYPE_F32)
+            ((float *)p)[i] = x;
+        else if (dt == KVA_DTYPE_F16)
+            ((uint16_t *)p)[i] = kva_f32_to_f16(x);
+        else
+            ((uint16_t *)p)[i] = kva_f32_to_bf16(x);
+    }
+}
+
+/* Reads element i of a float-typed buffer. */
+static inline double kva_test_get(const void *p, kva_dtype dt, size_t i)
+{
+    if (dt == KVA_DTYPE_F32)
+        return ((const float *)p)[i];
+    if (dt == KVA_DTYPE_F16)
+        return kva_f16_to_f32(((const uint16_t *)p)[i]);
+    return kva_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+/* Fills n elements with NaN so that any element a kernel fails to write is caught. */
+static inline void kva_test_poison(void *p, kva_dtype dt, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (dt == KVA_DTYPE_F32)
+            ((float *)p)[i] = NAN;
+        else
+            ((uint16_t *)p)[i] = dt == KVA_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
+    }
+}
+
+/* Tolerances per dtype of the compared outputs: |a - b| <= atol + rtol * |b|.
+ * f32 outputs: fp32 accumulation against the fp64 reference. f16/bf16 outputs
+ * are rounded once at the end, so two correct results differ by at most one
+ * unit in the last place: 2^-10 (f16) or 2^-7 (bf16) relative, plus a little
+ * fp32 accumulation error; atol only covers values near zero, where the
+ * absolute fp32 error of a long weighted sum exceeds an ulp of the result. */
+static inline double kva_test_atol(kva_dtype dt)
+{
+    return dt == KVA_DTYPE_F32 ? 2e-5 : 1e-5;
+}
+static inline double kva_test_rtol(kva_dtype dt)
+{
+    return dt == KVA_DTYPE_F32 ? 2e-5 : dt == KVA_DTYPE_F16 ? 1.2e-3 : 9e-3;
+}
+
+/* Compares n elements; returns the number of mismatches (NaN always mismatches)
+ * and prints the first few with a label. */
+static inline size_t kva_test_compare(const char *label, const void *got, const void *want,
+                                      kva_dtype dt, size_t n, double atol, double rtol)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double a = kva_test_get(got, dt, i), b = kva_test_get(want, dt, i);
+        int ok = (isinf(b) && a == b) || fabs(a - b) <= atol + rtol * fabs(b);
+        if (!ok) {
+            if (bad < 5)
+                fprintf(stderr, "  %s: element %zu: got %.8g, want %.8g\n", label, i, a, b);
+            bad++;
+        }
+    }
+    return bad;
+}
+
+/* Compares float32 arrays that may contain -inf (LSE). */
+static inline size_t kva_test_compare_f32(const char *label, const float *got, const float *want,
+                                          size_t n, double atol, double rtol)
+{
+    return kva_test_compare(label, got, want, KVA_DTYPE_F32, n, atol, rtol);
+}
+
+#endif /* KVA_BENCH_DATA_H */
