@@ -84,7 +84,7 @@ def main():
 
     import gguf_model
     from engine import generate
-    from generate import make_attn
+    from generate import calibration_prompts, make_attn
     from model import Llama
 
     path = gguf_model.find_smollm2_gguf()
@@ -120,7 +120,7 @@ def main():
     for fmt in args.formats.split(","):
         ns = argparse.Namespace(backend=args.backend, kv_dtype=fmt, block_size=args.block_size,
                                 num_blocks=64 * len(prompts), threads=args.threads)
-        attn = make_attn(ns, cfg, args.attn)
+        attn = make_attn(ns, model, args.attn, calibration_prompts(tok))
         t0 = time.perf_counter()
         reqs, _, _ = generate(model, attn, prompts, n, forced=list(ref_tokens), keep_logits=True,
                               max_num_seqs=len(prompts), max_batched_tokens=256)
@@ -129,7 +129,7 @@ def main():
         r = dict(top1_agreement=float((got.argmax(-1) == ref_top1).mean()), max_abs_dlogit=float(d.max()),
                  mean_abs_dlogit=float(d.mean()), seconds=time.perf_counter() - t0)
         if fmt == args.formats.split(",")[0]:
-            g, _, _ = generate(model, make_attn(ns, cfg, args.attn), prompts, args.greedy_tokens,
+            g, _, _ = generate(model, make_attn(ns, model, args.attn, calibration_prompts(tok)), prompts, args.greedy_tokens,
                                max_num_seqs=len(prompts), max_batched_tokens=256, stop_at_eos=False)
             same = [x.generated == list(ref_tokens[i][: args.greedy_tokens]) for i, x in enumerate(g)]
             r["greedy_equal_prompts"] = int(sum(same))

@@ -47,15 +47,27 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def make_attn(args, cfg, kind):
+def calibration_prompts(tok):
+    """Token lists of the built-in prompts: the calibration set of the static cache scales."""
+    import gguf_model
+
+    return [tok.encode(gguf_model.chat_prompt(t)).ids for t in DEFAULT_PROMPTS]
+
+
+def make_attn(args, model, kind, calib_prompts=None):
+    """The attention object: numpy, or kvattn with the cache format args.kv_dtype (formats
+    with static scales are calibrated on calib_prompts with numpy attention first)."""
+    cfg = model.cfg
     if kind == "numpy":
         from numpy_attn import NumpyAttention
 
         return NumpyAttention(cfg)
-    from kvattn_attn import KvattnAttention
+    from kvattn_attn import KvattnAttention, calibrate, needs_calibration
 
+    calib = calibrate(model, calib_prompts) if needs_calibration(args.kv_dtype) else None
     return KvattnAttention(
         cfg,
+        calib=calib,
         backend=args.backend,
         kv_format=args.kv_dtype,
         block_size=args.block_size,
@@ -67,7 +79,7 @@ def make_attn(args, cfg, kind):
 def run_one(args, model, tok, prompts, kind, forced=None):
     from engine import generate
 
-    attn = make_attn(args, model.cfg, kind)
+    attn = make_attn(args, model, kind, calibration_prompts(tok))
     reqs, eng, secs = generate(
         model,
         attn,

