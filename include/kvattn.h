@@ -270,6 +270,16 @@ KVA_API kva_status kva_cache_create_quant(kva_context *ctx, const kva_cache_desc
  * Unquantized caches only (KVA_QUANT_NONE). */
 KVA_API kva_status kva_cache_create_from(kva_context *ctx, const kva_cache_desc *desc, void *k_data,
                                          void *v_data, kva_cache **out);
+/* kva_cache_create_from for storage that interleaves K and V page by page,
+ * as FlashInfer's 5-D paged cache does: kv_data holds desc->num_blocks = NP
+ * pages, [NP, 2, B, Hkv, D] (NHD) or [NP, 2, Hkv, B, D] (HND), each page's K
+ * followed by its V (unquantized, Dv = D). The cache has 2*NP - 1 blocks;
+ * page p is block 2p (K at page 2p of kv_data, V one page later), so block
+ * tables and slot mappings name block 2p for page p. The odd blocks alias
+ * the pages' halves: a block table or slot that names one reads or writes
+ * the wrong half (not checked: plans do not see the cache). */
+KVA_API kva_status kva_cache_create_from_interleaved(kva_context *ctx, const kva_cache_desc *desc,
+                                                     void *kv_data, kva_cache **out);
 KVA_API void kva_cache_destroy(kva_cache *cache); /* NULL is a no-op */
 
 /* The descriptor with Dv resolved (head_dim_v is never 0 here). */
