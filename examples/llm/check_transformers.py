@@ -35,15 +35,17 @@ PROMPTS = [
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=["smollm2", "gemma3"], default="smollm2")
     ap.add_argument("--attn", choices=["kvattn", "numpy"], default="kvattn")
     ap.add_argument("--backend", choices=["cpu", "ref", "cuda"], default="cpu")
     ap.add_argument("--formats", default="f32,f16,bf16,int8_channel,int8_token_k,fp8")
     ap.add_argument("--num-prompts", type=int, default=6)
     ap.add_argument("--num-tokens", type=int, default=64)
     ap.add_argument("--greedy-tokens", type=int, default=32)
+    ap.add_argument("--gemma-prompt-len", type=int, default=640, help="gemma3: prompt tokens (window 512)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--ref-cache", default="build/llm-transformers-ref.npz")
+    ap.add_argument("--ref-cache", help="default: build/llm-<model>-transformers-ref.npz")
     ap.add_argument("--json", help="write the results here")
     return ap.parse_args()
 
@@ -74,8 +76,28 @@ def transformers_reference(gguf_path, prompts, num_tokens):
     return np.array(toks, dtype=np.int64), np.stack(logits), torch.__version__
 
 
+def gemma3_setup(args, here):
+    """Gemma 3 270M: prompts longer than its 512-token window (the first part of three of
+    kvattn's docs pages), tokenized by transformers' tokenizer built from the GGUF."""
+    import gemma3
+    from generate import DEFAULT_PROMPTS
+    from transformers import AutoTokenizer
+
+    path = gemma3.find_gemma3_gguf()
+    cfg, weights = gemma3.load(path)
+    tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    docs = os.path.join(here, "..", "..", "docs")
+    prompts = []
+    for name in ("architecture.md", "pool.md", "quant.md")[: args.num_prompts]:
+        with open(os.path.join(docs, name)) as f:
+            prompts.append(tok(f.read()).input_ids[: args.gemma_prompt_len])
+    calib = [tok(t).input_ids for t in DEFAULT_PROMPTS]
+    return prompts, calib, path, gemma3.Gemma3(cfg, weights)
+
+
 def main():
     args = parse_args()
+    args.ref_cache = args.ref_cache or f"build/llm-{args.model}-transformers-ref.npz"
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, str(args.threads))
     here = os.path.dirname(os.path.abspath(__file__))
@@ -87,10 +109,15 @@ def main():
     from generate import calibration_prompts, make_attn
     from model import Llama
 
-    path = gguf_model.find_smollm2_gguf()
-    cfg, weights, tok = gguf_model.load(path)
-    model = Llama(cfg, weights)
-    prompts = [tok.encode(gguf_model.chat_prompt(t)).ids for t in PROMPTS[: args.num_prompts]]
+    if args.model == "smollm2":
+        path = gguf_model.find_smollm2_gguf()
+        cfg, weights, tok = gguf_model.load(path)
+        model = Llama(cfg, weights)
+        prompts = [tok.encode(gguf_model.chat_prompt(t)).ids for t in PROMPTS[: args.num_prompts]]
+        calib = calibration_prompts(tok)
+    else:
+        prompts, calib, path, model = gemma3_setup(args, here)
+        cfg = model.cfg
     n = args.num_tokens
 
     key = json.dumps([prompts, n])
@@ -120,7 +147,7 @@ def main():
     for fmt in args.formats.split(","):
         ns = argparse.Namespace(backend=args.backend, kv_dtype=fmt, block_size=args.block_size,
                                 num_blocks=64 * len(prompts), threads=args.threads)
-        attn = make_attn(ns, model, args.attn, calibration_prompts(tok))
+        attn = make_attn(ns, model, args.attn, calib)
         t0 = time.perf_counter()
         reqs, _, _ = generate(model, attn, prompts, n, forced=list(ref_tokens), keep_logits=True,
                               max_num_seqs=len(prompts), max_batched_tokens=256)
@@ -129,7 +156,7 @@ def main():
         r = dict(top1_agreement=float((got.argmax(-1) == ref_top1).mean()), max_abs_dlogit=float(d.max()),
                  mean_abs_dlogit=float(d.mean()), seconds=time.perf_counter() - t0)
         if fmt == args.formats.split(",")[0]:
-            g, _, _ = generate(model, make_attn(ns, model, args.attn, calibration_prompts(tok)), prompts, args.greedy_tokens,
+            g, _, _ = generate(model, make_attn(ns, model, args.attn, calib), prompts, args.greedy_tokens,
                                max_num_seqs=len(prompts), max_batched_tokens=256, stop_at_eos=False)
             same = [x.generated == list(ref_tokens[i][: args.greedy_tokens]) for i, x in enumerate(g)]
             r["greedy_equal_prompts"] = int(sum(same))

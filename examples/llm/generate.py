@@ -77,9 +77,12 @@ def make_attn(args, model, kind, calib_prompts=None):
 
 
 def run_one(args, model, tok, prompts, kind, forced=None):
+    import time
+
     from engine import generate
 
     attn = make_attn(args, model, kind, calibration_prompts(tok))
+    cpu0 = time.process_time()
     reqs, eng, secs = generate(
         model,
         attn,
@@ -93,6 +96,7 @@ def run_one(args, model, tok, prompts, kind, forced=None):
     res = dict(
         attn=attn.name,
         seconds=secs,
+        cpu_seconds=time.process_time() - cpu0,
         steps=eng.steps,
         mixed_steps=eng.mixed_steps,
         prompt_tokens_computed=eng.prompt_tokens,
@@ -107,7 +111,7 @@ def run_one(args, model, tok, prompts, kind, forced=None):
             print(tok.decode(r.generated, skip_special_tokens=True))
         print(
             f"[{attn.name}] {len(reqs)} prompts, {res['generated_tokens']} tokens generated in {secs:.2f} s "
-            f"({res['tokens_per_s']:.1f} tok/s incl. prefill of {eng.prompt_tokens} prompt tokens, "
+            f"({res['cpu_seconds']:.2f} s CPU, {res['tokens_per_s']:.1f} tok/s incl. prefill of {eng.prompt_tokens} prompt tokens, "
             f"{res['cached_prompt_tokens']} served from the prefix cache); {eng.steps} steps, "
             f"{eng.mixed_steps} mixing prefill and decode"
         )

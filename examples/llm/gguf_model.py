@@ -30,6 +30,9 @@ class Config:
     rms_eps: float
     bos_id: int
     eos_id: int
+    # Per layer: attention window (kvattn's window_left: key j visible if pos - j <= w), -1 = none.
+    layer_window: list = None
+    attn_scale: float = 0.0  # softmax scale; 0 means 1/sqrt(D)
 
 
 def find_smollm2_gguf():
@@ -56,6 +59,17 @@ def _reverse_permute(w, n_head):
     return w.reshape(n_head, half, 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)
 
 
+def read_tensors(reader):
+    """Every tensor of the GGUF file dequantized to f32, in numpy's row-major shape."""
+    import gguf
+
+    weights = {}
+    for t in reader.tensors:
+        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        weights[t.name] = np.ascontiguousarray(w.reshape([int(n) for n in reversed(t.shape)]))
+    return weights
+
+
 def load(path):
     """Returns (config, weights dict of f32 arrays, tokenizer)."""
     import gguf
@@ -79,15 +93,12 @@ def load(path):
         eos_id=int(_field(reader, "tokenizer.ggml.eos_token_id")),
     )
     cfg.head_dim = cfg.hidden // cfg.num_heads
-    weights = {}
-    for t in reader.tensors:
-        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        w = np.ascontiguousarray(w.reshape([int(n) for n in reversed(t.shape)]))
-        if t.name.endswith("attn_q.weight"):
-            w = _reverse_permute(w, cfg.num_heads)
-        elif t.name.endswith("attn_k.weight"):
-            w = _reverse_permute(w, cfg.num_kv_heads)
-        weights[t.name] = w
+    weights = read_tensors(reader)
+    for name in weights:
+        if name.endswith("attn_q.weight"):
+            weights[name] = _reverse_permute(weights[name], cfg.num_heads)
+        elif name.endswith("attn_k.weight"):
+            weights[name] = _reverse_permute(weights[name], cfg.num_kv_heads)
     cfg.vocab = weights["token_embd.weight"].shape[0]
     if "output.weight" not in weights:  # tied embeddings
         weights["output.weight"] = weights["token_embd.weight"]

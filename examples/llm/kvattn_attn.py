@@ -1,8 +1,10 @@
 """Attention through kvattn: one paged cache per layer, one block pool, one plan per step.
 
 The pool (prefix caching on) hands out block ids shared by every layer's cache: a request's
-block-table row and slot mapping are the same in all layers, so a step makes one plan and
-writes each layer's K/V with the same slots. Cache formats (--kv-dtype):
+block-table row and slot mapping are the same in all layers, so a step makes one plan (one per
+distinct layer window when the model has sliding-window layers) and writes each layer's K/V
+with the same slots. Blocks that fall out of a window are not released (drop_window), since
+the global layers of the same request still read them. Cache formats (--kv-dtype):
 
     f32, f16, bf16      unquantized (q is converted to the cache dtype, out back to f32)
     int8_channel        int8 K/V with static per-(kv head, channel) scales and offsets
@@ -115,7 +117,8 @@ class KvattnAttention:
                          layout="NHD", quant=quant, **_scales(kv_format, calib[i] if calib else None))
             for i in range(cfg.num_layers)
         ]
-        self.plan = None
+        self.windows = list(cfg.layer_window or [-1] * cfg.num_layers)
+        self.plans = {}
         self.slots = None
 
     # Request lifecycle: the pool.
@@ -152,16 +155,21 @@ class KvattnAttention:
         table = np.zeros((len(items), width), np.int32)
         for i, r in enumerate(rows):
             table[i, : len(r)] = r
-        if self.plan is not None:
-            self.plan.close()
-        self.plan = self.kvattn.Plan(self.ctx, np.array(qsl, np.int32), np.array(seq_lens, np.int32), table,
-                                     block_size=self.block_size, num_heads=c.num_heads,
-                                     num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, q_dtype=self.q_dtype,
-                                     causal=True)
+        for plan in self.plans.values():
+            plan.close()
+        # One plan per distinct layer window (sliding-window and global layers differ).
+        self.plans = {
+            w: self.kvattn.Plan(self.ctx, np.array(qsl, np.int32), np.array(seq_lens, np.int32), table,
+                                block_size=self.block_size, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
+                                head_dim=c.head_dim, q_dtype=self.q_dtype, scale=c.attn_scale, causal=True,
+                                window_left=w)
+            for w in set(self.windows)
+        }
         self.slots = np.concatenate(slots).astype(np.int64)
 
     def attend(self, layer, q, k, v):
         cache = self.caches[layer]
         cache.write(k, v, self.slots)
-        out = self.plan.run(np.ascontiguousarray(q.astype(self.q_np, copy=False)), cache)
+        plan = self.plans[self.windows[layer]]
+        out = plan.run(np.ascontiguousarray(q.astype(self.q_np, copy=False)), cache)
         return np.asarray(out, dtype=np.float32)

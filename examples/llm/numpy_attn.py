@@ -61,7 +61,8 @@ class NumpyAttention:
         c = self.cfg
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
         G = H // Hkv
-        scale = np.float32(1.0 / np.sqrt(D))
+        scale = np.float32(c.attn_scale or 1.0 / np.sqrt(D))
+        window = c.layer_window[layer] if c.layer_window else -1
         out = np.empty_like(q)
         t0 = 0
         for rid, start, n in self.items:
@@ -73,7 +74,10 @@ class NumpyAttention:
             kr = K[:s].transpose(1, 2, 0)  # [Hkv, D, s]
             scores = np.matmul(qr, kr[:, None]) * scale  # [Hkv, G, n, s]
             pos = start + np.arange(n)
-            scores[..., np.arange(s)[None, :] > pos[:, None]] = -np.inf
+            hidden = np.arange(s)[None, :] > pos[:, None]
+            if window >= 0:
+                hidden |= pos[:, None] - np.arange(s)[None, :] > window
+            scores[..., hidden] = -np.inf
             scores -= scores.max(axis=-1, keepdims=True)
             p = np.exp(scores)
             p /= p.sum(axis=-1, keepdims=True)
