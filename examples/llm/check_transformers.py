@@ -85,7 +85,12 @@ def gemma3_setup(args, here):
 
     path = gemma3.find_gemma3_gguf()
     cfg, weights = gemma3.load(path)
-    tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    saved = "build/llm-gemma3-tokenizer"  # building it from the GGUF's 262k tokens takes minutes
+    if os.path.isdir(saved):
+        tok = AutoTokenizer.from_pretrained(saved)
+    else:
+        tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+        tok.save_pretrained(saved)
     docs = os.path.join(here, "..", "..", "docs")
     prompts = []
     for name in ("architecture.md", "pool.md", "quant.md")[: args.num_prompts]:
