@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from gguf_model import Config, _field, read_tensors
+from gguf_model import _field, read_config, read_tensors
 
 SLIDING_PATTERN = 6  # layer i is global when (i + 1) % 6 == 0 (llama.cpp and transformers)
 LOCAL_ROPE_BASE = 10000.0
@@ -44,23 +44,11 @@ def load(path):
     if arch != "gemma3":
         raise ValueError(f"{path}: architecture {arch!r}, expected 'gemma3'")
     p = "gemma3."
-    n_layers = int(_field(reader, p + "block_count"))
+    cfg = read_config(reader, p)
+    cfg.head_dim = int(_field(reader, p + "attention.key_length"))
     window = int(_field(reader, p + "attention.sliding_window"))
-    cfg = Config(
-        num_layers=n_layers,
-        hidden=int(_field(reader, p + "embedding_length")),
-        ffn=int(_field(reader, p + "feed_forward_length")),
-        num_heads=int(_field(reader, p + "attention.head_count")),
-        num_kv_heads=int(_field(reader, p + "attention.head_count_kv")),
-        head_dim=int(_field(reader, p + "attention.key_length")),
-        vocab=0,
-        rope_base=float(_field(reader, p + "rope.freq_base")),
-        rms_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon")),
-        bos_id=int(_field(reader, "tokenizer.ggml.bos_token_id")),
-        eos_id=int(_field(reader, "tokenizer.ggml.eos_token_id")),
-        # Sliding layers see keys with pos - j < window, i.e. window_left = window - 1.
-        layer_window=[-1 if (i + 1) % SLIDING_PATTERN == 0 else window - 1 for i in range(n_layers)],
-    )
+    # Sliding layers see keys with pos - j < window, i.e. window_left = window - 1.
+    cfg.layer_window = [-1 if (i + 1) % SLIDING_PATTERN == 0 else window - 1 for i in range(cfg.num_layers)]
     cfg.attn_scale = cfg.head_dim**-0.5  # query_pre_attn_scalar = head_dim for the 270M model
     weights = read_tensors(reader)
     cfg.vocab = weights["token_embd.weight"].shape[0]

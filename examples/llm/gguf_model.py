@@ -59,6 +59,23 @@ def _reverse_permute(w, n_head):
     return w.reshape(n_head, half, 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)
 
 
+def read_config(reader, p):
+    """The Config fields every architecture has, from the keys under prefix p ("llama.")."""
+    return Config(
+        num_layers=int(_field(reader, p + "block_count")),
+        hidden=int(_field(reader, p + "embedding_length")),
+        ffn=int(_field(reader, p + "feed_forward_length")),
+        num_heads=int(_field(reader, p + "attention.head_count")),
+        num_kv_heads=int(_field(reader, p + "attention.head_count_kv")),
+        head_dim=0,
+        vocab=0,
+        rope_base=float(_field(reader, p + "rope.freq_base")),
+        rms_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon")),
+        bos_id=int(_field(reader, "tokenizer.ggml.bos_token_id")),
+        eos_id=int(_field(reader, "tokenizer.ggml.eos_token_id")),
+    )
+
+
 def read_tensors(reader):
     """Every tensor of the GGUF file dequantized to f32, in numpy's row-major shape."""
     import gguf
@@ -78,20 +95,7 @@ def load(path):
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise ValueError(f"{path}: architecture {arch!r}, this loader reads 'llama' only")
-    p = "llama."
-    cfg = Config(
-        num_layers=int(_field(reader, p + "block_count")),
-        hidden=int(_field(reader, p + "embedding_length")),
-        ffn=int(_field(reader, p + "feed_forward_length")),
-        num_heads=int(_field(reader, p + "attention.head_count")),
-        num_kv_heads=int(_field(reader, p + "attention.head_count_kv")),
-        head_dim=0,
-        vocab=0,
-        rope_base=float(_field(reader, p + "rope.freq_base")),
-        rms_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon")),
-        bos_id=int(_field(reader, "tokenizer.ggml.bos_token_id")),
-        eos_id=int(_field(reader, "tokenizer.ggml.eos_token_id")),
-    )
+    cfg = read_config(reader, "llama.")
     cfg.head_dim = cfg.hidden // cfg.num_heads
     weights = read_tensors(reader)
     for name in weights:
