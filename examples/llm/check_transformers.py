@@ -160,7 +160,7 @@ def main():
         d = np.abs(got - ref_logits)
         r = dict(top1_agreement=float((got.argmax(-1) == ref_top1).mean()), max_abs_dlogit=float(d.max()),
                  mean_abs_dlogit=float(d.mean()), seconds=time.perf_counter() - t0)
-        if fmt == args.formats.split(",")[0]:
+        if fmt == args.formats.split(",")[0] and args.greedy_tokens > 0:
             g, _, _ = generate(model, make_attn(ns, model, args.attn, calib), prompts, args.greedy_tokens,
                                max_num_seqs=len(prompts), max_batched_tokens=256, stop_at_eos=False)
             same = [x.generated == list(ref_tokens[i][: args.greedy_tokens]) for i, x in enumerate(g)]
