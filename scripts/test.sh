@@ -62,6 +62,9 @@ bash scripts/test_package.sh build
 echo "== Python package: pip install from a clean copy (CPU-only), pytest"
 bash scripts/test_python.sh
 
+echo "== Real model: SmolLM2-135M with kvattn attention vs the example's numpy attention"
+bash scripts/test_llm.sh
+
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
 # The CUDA runtime and ASan do not mix; the sanitizer build is CPU-only.
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVA_SANITIZE=ON -DKVA_CUDA=OFF >/dev/null
