@@ -78,7 +78,7 @@ typedef struct kva__cpu_scratch {
     const float **vp; /* [KEY_CHUNK] fp32 value rows of the chunk */
     void *tile;       /* area of the tiled prefill variants, see kva__cpu_tile */
     /* Query rows for the int8 dot-product scores of variant 4 (VNNI,
-     * attn_v3_avx512.c): each row as 3 signed base-256 digits of a 23-bit
+     * decode_avx512.c): each row as 3 signed base-256 digits of a 23-bit
      * integer, qi [max_rows, 3, D]; qk [max_rows, 2] its step and the key
      * offsets' term; qc [max_rows, 4] 128 x the digit sums (the codes' bias). */
     int8_t *qi;
@@ -155,9 +155,9 @@ void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it,
 void kva__cpu_attn_v2(const kva__cpu_run *run, const kva__work_item *it,
                       kva__cpu_scratch *s); /* AVX2+FMA+F16C decode (attn_v2_avx2.c) */
 void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it,
-                      kva__cpu_scratch *s); /* AVX-512 decode (attn_v3_avx512.c) */
+                      kva__cpu_scratch *s); /* AVX-512 decode (decode_avx512.c) */
 void kva__cpu_attn_v4(const kva__cpu_run *run, const kva__work_item *it,
-                      kva__cpu_scratch *s); /* v3 + AVX512_BF16 scores (attn_v3_avx512.c) */
+                      kva__cpu_scratch *s); /* v3 + AVX512_BF16 scores (decode_avx512.c) */
 /* Group entries of v3 and v4. */
 void kva__cpu_group_v2(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
                        kva__cpu_scratch *s);
