@@ -1,5 +1,5 @@
 /*
- * decode_avx2.c - CPU attention kernel, variant 2: AVX2 + FMA + F16C,
+ * decode_avx2.c - CPU attention kernel decode_avx2: AVX2 + FMA + F16C,
  * GQA-packed online softmax for decode-shaped items.
  *
  * The 8-lane twin of v3 (attn_v3_avx512.c, which explains the scheme) for
@@ -14,7 +14,7 @@
  * keys at a time by an 8x8 transpose-and-add (hsum8), the softmax update
  * runs on score vectors with a polynomial exp (exp8), and P.V keeps 4 heads
  * x 16 output dims in registers while the keys stream through. Non-finite
- * semantics are v1's (see attn_v1.c).
+ * semantics are v1's (see attn_portable.c).
  *
  * Measured (`kvattn bench --variant 2`, bf16, H/Hkv = 4/1 (GQA 4), D = 128,
  * 1 thread, shared 2-core Zen 4 VM, medians of 5): 2048 keys in L2 101 ->
@@ -116,8 +116,8 @@ static void fold_begin(const kva__cpu_run *run, const kva__work_item *it, kva__c
  * prefetched (a ring of PF_DIST + 1 located chunks). */
 enum { PF_DIST = 2 };
 
-/* One item while it runs, alone (kva__cpu_attn_v2) or interleaved with the
- * other members of its decode group (kva__cpu_group_v2). */
+/* One item while it runs, alone (kva__cpu_decode_avx2) or interleaved with the
+ * other members of its decode group (kva__cpu_decode_avx2_group). */
 typedef struct item_run {
     const kva__work_item *it;
     kva__cpu_scratch s; /* the thread's scratch, per-item state moved for group members */
@@ -183,7 +183,7 @@ static void item_close(const kva__cpu_run *run, item_run *ir)
     kva__cpu_item_finish(run, ir->it, &ir->s, &ir->g);
 }
 
-void kva__cpu_attn_v2(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
+void kva__cpu_decode_avx2(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
 {
     item_run ir;
     ir.s = *s;
@@ -196,8 +196,8 @@ void kva__cpu_attn_v2(const kva__cpu_run *run, const kva__work_item *it, kva__cp
 /* The n items of a decode group (cpu_attn.h, "Groups"), interleaved chunk by
  * chunk as v3's run_group: each member keeps its state in its part of the
  * group area, the result is bitwise that of the items run one by one. */
-void kva__cpu_group_v2(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
-                       kva__cpu_scratch *s)
+void kva__cpu_decode_avx2_group(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
+                                kva__cpu_scratch *s)
 {
     const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
     item_run ir[KVA_CPU_GROUP_MAX];

@@ -1,10 +1,11 @@
 /*
- * decode_avx512.c - CPU attention kernels, variants 3 and 4: AVX-512
- * (F/BW/VL/DQ), GQA-packed online softmax for decode-shaped items; variant 4
+ * decode_avx512.c - CPU attention kernels decode_avx512 and decode_avx512bf16:
+ * AVX-512
+ * (F/BW/VL/DQ), GQA-packed online softmax for decode-shaped items; decode_avx512bf16
  * adds AVX512_BF16 scores for bf16 q and cache, and on CPUs with
  * AVX512_VNNI int8 dot-product scores for int8 keys.
  *
- * Same work item and semantics as v1 (attn_v1.c); what changes:
+ * Same work item and semantics as v1 (attn_portable.c); what changes:
  *   - The loops read the K and V rows in place, in their storage format
  *     (f32/f16/bf16, and the int8/fp8 rows of a quantized cache: 1 byte per
  *     element); load_chunk only points s->kp/vp at them (fp8 rows are
@@ -251,7 +252,7 @@ typedef struct item_run {
     kva__cpu_item_geom g;
     fold_info fi;
     int slot; /* the step tables' D = Dv column (0, 1, 2 for 64, 128, 256), or -1: any */
-    const kva__avx512_steps *dot; /* the vdpbf16ps steps (variant 4, bf16 q and K), or NULL */
+    const kva__avx512_steps *dot; /* the vdpbf16ps steps (decode_avx512bf16: bf16 q, K), or NULL */
     kva__cpu_chunk_rows rows[PF_DIST + 1];
     int32_t nchunks;
 } item_run;
@@ -278,7 +279,7 @@ static kva__avx512_step_fn step_of(const item_run *ir)
 
 /* Starts item it: query tile, row formats, the step table column for its
  * shapes (bf16dot asks for the vdpbf16ps scores where q and K are bf16:
- * variant 4), and the prefetch of its first PF_DIST chunks. ir->s must be
+ * decode_avx512bf16), and the prefetch of its first PF_DIST chunks. ir->s must be
  * set. */
 static void item_open(const kva__cpu_run *run, const kva__work_item *it, int bf16dot, item_run *ir)
 {
@@ -383,26 +384,27 @@ static void run_group(const kva__cpu_run *run, const kva__work_item *items, int3
         item_close(run, &ir[i]);
 }
 
-void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
+void kva__cpu_decode_avx512(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
 {
     run_item(run, it, s, 0);
 }
 
 /* Variant 4: v3 with vdpbf16ps scores for bf16 q and cache (D = Dv = 64, 128
  * or 256); without a compiler that knows AVX512_BF16 it is v3. */
-void kva__cpu_attn_v4(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
+void kva__cpu_decode_avx512bf16(const kva__cpu_run *run, const kva__work_item *it,
+                                kva__cpu_scratch *s)
 {
     run_item(run, it, s, 1);
 }
 
-void kva__cpu_group_v3(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
-                       kva__cpu_scratch *s)
+void kva__cpu_decode_avx512_group(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
+                                  kva__cpu_scratch *s)
 {
     run_group(run, items, n, s, 0);
 }
 
-void kva__cpu_group_v4(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
-                       kva__cpu_scratch *s)
+void kva__cpu_decode_avx512bf16_group(const kva__cpu_run *run, const kva__work_item *items,
+                                      int32_t n, kva__cpu_scratch *s)
 {
     run_group(run, items, n, s, 1);
 }
