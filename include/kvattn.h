@@ -270,6 +270,16 @@ KVA_API kva_status kva_cache_create_quant(kva_context *ctx, const kva_cache_desc
  * Unquantized caches only (KVA_QUANT_NONE). */
 KVA_API kva_status kva_cache_create_from(kva_context *ctx, const kva_cache_desc *desc, void *k_data,
                                          void *v_data, kva_cache **out);
+/* kva_cache_create_from for storage that interleaves K and V page by page,
+ * as FlashInfer's 5-D paged cache does: kv_data holds desc->num_blocks = NP
+ * pages, [NP, 2, B, Hkv, D] (NHD) or [NP, 2, Hkv, B, D] (HND), each page's K
+ * followed by its V (unquantized, Dv = D). The cache has 2*NP - 1 blocks;
+ * page p is block 2p (K at page 2p of kv_data, V one page later), so block
+ * tables and slot mappings name block 2p for page p. The odd blocks alias
+ * the pages' halves: a block table or slot that names one reads or writes
+ * the wrong half (not checked: plans do not see the cache). */
+KVA_API kva_status kva_cache_create_from_interleaved(kva_context *ctx, const kva_cache_desc *desc,
+                                                     void *kv_data, kva_cache **out);
 KVA_API void kva_cache_destroy(kva_cache *cache); /* NULL is a no-op */
 
 /* The descriptor with Dv resolved (head_dim_v is never 0 here). */
@@ -508,7 +518,8 @@ typedef struct kva_c8_scales {
  * r / (tp_size / Hkv_total), as vLLM replicates kv heads. Errors: IO_ERROR for
  * a missing or unreadable file, malformed JSON or safetensors header,
  * truncated data or a missing tensor; DTYPE_MISMATCH / SHAPE_MISMATCH for a
- * tensor of the wrong dtype or shape; INVALID_ARGUMENT for bad arguments.
+ * tensor of the wrong dtype or shape; INVALID_ARGUMENT for bad arguments;
+ * UNSUPPORTED in a build without cJSON (CMake KVA_WITH_CJSON=OFF).
  */
 KVA_API kva_status kva_c8_scales_load(const char *checkpoint_dir, int32_t layer,
                                       int32_t num_kv_heads_total, int32_t head_dim, int32_t tp_rank,
@@ -540,6 +551,10 @@ KVA_API void kva_c8_scales_free(kva_c8_scales *scales); /* NULL is a no-op */
  * A pool may be used from one thread at a time.
  */
 
+/* Each hash needs its library at build time (CMake KVA_WITH_OPENSSL,
+ * KVA_WITH_XXHASH, both ON by default): kva_pool_create with prefix caching
+ * on and a hash the build left out fails with KVA_STATUS_UNSUPPORTED; a
+ * pool without prefix caching hashes nothing and works in every build. */
 typedef enum kva_pool_hash {
     KVA_POOL_HASH_SHA256 = 0,   /* default: SHA-256 (libcrypto), 32-byte hashes,
                                    collision-resistant across tenants */

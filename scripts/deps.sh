@@ -14,3 +14,18 @@ if [ ${#kva_missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${kva_missing[@]}" >/dev/null
 fi
+
+# The Python package's test (scripts/test_python.sh) makes a venv: Debian's
+# python3 needs python3-venv for that (pip, numpy, pytest and
+# scikit-build-core then come from PyPI into the venv).
+kva_py_missing=()
+for p in python3 python3-venv; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || kva_py_missing+=("$p")
+done
+if [ ${#kva_py_missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "deps: installing ${kva_py_missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${kva_py_missing[@]}" >/dev/null
+fi

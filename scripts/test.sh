@@ -56,6 +56,12 @@ if ! ./build/kvattn bench --backend cuda --batch 2 --context 300 --iters 2 --war
   grep -q "backend cuda: " build/cli_cuda.log || { cat build/cli_cuda.log; exit 1; }
 fi
 
+echo "== C packages: cmake --install, find_package and pkg-config consumers, no-deps build"
+bash scripts/test_package.sh build
+
+echo "== Python package: pip install from a clean copy (CPU-only), pytest"
+bash scripts/test_python.sh
+
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
 # The CUDA runtime and ASan do not mix; the sanitizer build is CPU-only.
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVA_SANITIZE=ON -DKVA_CUDA=OFF >/dev/null

@@ -282,16 +282,12 @@ kva_status kva_cache_create(kva_context *ctx, const kva_cache_desc *desc, kva_ca
     return create(fn, ctx, desc, NULL, out);
 }
 
-kva_status kva_cache_create_from(kva_context *ctx, const kva_cache_desc *desc, void *k_data,
-                                 void *v_data, kva_cache **out)
+/* Wraps caller storage k_data / v_data for desc (validated here). interleaved
+ * = 1 skips the K/V overlap check: kva_cache_create_from_interleaved's K and
+ * V bases are one page apart by design. */
+static kva_status wrap(const char *fn, kva_context *ctx, const kva_cache_desc *desc, void *k_data,
+                       void *v_data, int interleaved, kva_cache **out)
 {
-    static const char fn[] = "kva_cache_create_from";
-    kva__clear_error();
-    KVA_CHECK_PTR(ctx);
-    KVA_CHECK_PTR(desc);
-    KVA_CHECK_PTR(k_data);
-    KVA_CHECK_PTR(v_data);
-    KVA_CHECK_PTR(out);
     kva_cache_desc d;
     uint64_t kb, vb, tb;
     KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb, &tb));
@@ -313,7 +309,7 @@ kva_status kva_cache_create_from(kva_context *ctx, const kva_cache_desc *desc, v
                          elem, kva_dtype_name(d.dtype));
     /* K and V must not overlap, or writes to one would corrupt the other. */
     uintptr_t k0 = (uintptr_t)k_data, v0 = (uintptr_t)v_data;
-    if (k0 < v0 + vb && v0 < k0 + kb)
+    if (!interleaved && k0 < v0 + vb && v0 < k0 + kb)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: k_data = %p (%llu bytes) and v_data = %p (%llu bytes) overlap", fn,
                          k_data, (unsigned long long)kb, v_data, (unsigned long long)vb);
@@ -324,6 +320,46 @@ kva_status kva_cache_create_from(kva_context *ctx, const kva_cache_desc *desc, v
     c->owns_memory = 0;
     *out = c;
     return KVA_STATUS_OK;
+}
+
+kva_status kva_cache_create_from(kva_context *ctx, const kva_cache_desc *desc, void *k_data,
+                                 void *v_data, kva_cache **out)
+{
+    static const char fn[] = "kva_cache_create_from";
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(desc);
+    KVA_CHECK_PTR(k_data);
+    KVA_CHECK_PTR(v_data);
+    KVA_CHECK_PTR(out);
+    return wrap(fn, ctx, desc, k_data, v_data, 0, out);
+}
+
+kva_status kva_cache_create_from_interleaved(kva_context *ctx, const kva_cache_desc *desc,
+                                             void *kv_data, kva_cache **out)
+{
+    static const char fn[] = "kva_cache_create_from_interleaved";
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(desc);
+    KVA_CHECK_PTR(kv_data);
+    KVA_CHECK_PTR(out);
+    kva_cache_desc d;
+    uint64_t kb, vb, tb;
+    KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb, &tb));
+    if (d.head_dim_v != d.head_dim)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: head_dim_v = %d differs from head_dim = %d: interleaved K/V pages "
+                         "have one size",
+                         fn, (int)d.head_dim_v, (int)d.head_dim);
+    if (d.num_blocks > (INT32_MAX - 1) / 2 + 1)
+        return kva__fail(KVA_STATUS_OUT_OF_RANGE, "%s: num_blocks = %d pages is too many", fn,
+                         (int)d.num_blocks);
+    /* NB pages of K, each followed by its V page: a cache of 2*NB - 1 blocks
+     * whose block 2p is page p, K based at kv_data, V one page later. */
+    uint64_t page = kb / (uint64_t)d.num_blocks;
+    d.num_blocks = 2 * d.num_blocks - 1;
+    return wrap(fn, ctx, &d, kv_data, (char *)kv_data + page, 1, out);
 }
 
 void kva_cache_destroy(kva_cache *cache)

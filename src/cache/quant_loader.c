@@ -16,11 +16,15 @@
  * disagree with the shape and dtype, data past the end of the file
  * (truncated), a dtype other than F32/F16/BF16, a shape whose element count
  * passes 2^40 or is neither 1 nor Hkv_total * D (checked before reading).
+ *
+ * Built only with cJSON (CMake KVA_WITH_CJSON, which defines KVA_HAVE_CJSON);
+ * quant_loader_off.c stands in for it otherwise.
  */
 #define _POSIX_C_SOURCE 200809L
 
 #include "internal.h"
 
+#ifdef KVA_HAVE_CJSON
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <stdio.h>
@@ -691,3 +695,4 @@ void kva_c8_scales_free(kva_c8_scales *scales)
     free(scales->data);
     free(scales);
 }
+#endif /* KVA_HAVE_CJSON */

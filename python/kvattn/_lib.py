@@ -1,0 +1,245 @@
+"""ctypes view of include/kvattn.h: the shared library, its structs and prototypes.
+
+The C header is the one source of truth; this file only restates its types
+for ctypes. Every struct here must match kvattn.h field for field (tests
+check the sizes against the C layout through kva_* calls that read them).
+"""
+
+import ctypes
+import os
+import sys
+from ctypes import POINTER, Structure, c_char_p, c_double, c_float, c_int, c_int32, c_int64
+from ctypes import c_size_t, c_uint8, c_void_p
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _find_library():
+    """The shared library: $KVATTN_LIBRARY, else the one installed next to this file."""
+    env = os.environ.get("KVATTN_LIBRARY")
+    if env:
+        return env
+    names = {"darwin": ["libkvattn.dylib"], "win32": ["kvattn.dll"]}.get(sys.platform, [])
+    names += ["libkvattn.so"]
+    for d in (_HERE, os.path.join(_HERE, "lib")):
+        for n in names:
+            p = os.path.join(d, n)
+            if os.path.exists(p):
+                return p
+    raise ImportError(
+        "kvattn: libkvattn shared library not found next to %s; install the package with "
+        "`pip install .` from the repository root, or set KVATTN_LIBRARY" % _HERE
+    )
+
+
+lib = ctypes.CDLL(_find_library())
+LIBRARY_PATH = lib._name
+
+# Enum values (kvattn.h).
+BACKENDS = {"ref": 0, "cpu": 1, "cuda": 2}
+DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "i8": 3, "fp8_e4m3": 4, "u8": 5}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+DTYPE_SIZES = {0: 4, 1: 2, 2: 2, 3: 1, 4: 1, 5: 1}
+LAYOUTS = {"NHD": 0, "HND": 1}
+QUANTS = {"none": 0, "int8_channel": 1, "int8_token_k": 2, "int8_token_k_v16": 3, "fp8_e4m3": 4}
+POOL_HASHES = {"sha256": 0, "xxh3_128": 1}
+STATES = {
+    0: "prefill_no_cache",
+    1: "prefill_cache_hit",
+    2: "decode_only",
+    3: "chunked_prefill",
+    4: "spec_decoding",
+    5: "empty",
+}
+
+
+class ContextDesc(Structure):
+    _fields_ = [("backend", c_int), ("num_threads", c_int32), ("device_id", c_int32)]
+
+
+class CacheDesc(Structure):
+    _fields_ = [
+        ("num_blocks", c_int32),
+        ("block_size", c_int32),
+        ("num_kv_heads", c_int32),
+        ("head_dim", c_int32),
+        ("head_dim_v", c_int32),
+        ("dtype", c_int),
+        ("layout", c_int),
+        ("quant", c_int),
+    ]
+
+
+class QuantParams(Structure):
+    _fields_ = [
+        ("k_scale", c_void_p),
+        ("k_scale_len", c_int64),
+        ("k_offset", c_void_p),
+        ("k_offset_len", c_int64),
+        ("v_scale", c_void_p),
+        ("v_scale_len", c_int64),
+        ("v_offset", c_void_p),
+        ("v_offset_len", c_int64),
+    ]
+
+
+class PlanDesc(Structure):
+    _fields_ = [
+        ("num_requests", c_int32),
+        ("query_start_loc", c_void_p),
+        ("seq_lens", c_void_p),
+        ("block_table", c_void_p),
+        ("block_table_stride", c_int32),
+        ("block_size", c_int32),
+        ("decode_threshold", c_int32),
+        ("num_heads", c_int32),
+        ("num_kv_heads", c_int32),
+        ("head_dim", c_int32),
+        ("head_dim_v", c_int32),
+        ("q_dtype", c_int),
+        ("scale", c_float),
+        ("causal", c_int32),
+        ("window_left", c_int32),
+        ("softcap", c_float),
+        ("alibi_slopes", c_void_p),
+    ]
+
+
+class PlanInfo(Structure):
+    _fields_ = [
+        ("state", c_int),
+        ("num_tokens", c_int32),
+        ("num_decodes", c_int32),
+        ("num_decode_tokens", c_int32),
+        ("num_prefills", c_int32),
+        ("num_prefill_tokens", c_int32),
+        ("decode_first", c_int32),
+        ("max_q_len", c_int32),
+        ("max_seq_len", c_int32),
+        ("num_work_items", c_int32),
+    ]
+
+
+class PoolDesc(Structure):
+    _fields_ = [
+        ("num_blocks", c_int32),
+        ("block_size", c_int32),
+        ("hash", c_int),
+        ("enable_prefix_caching", c_int32),
+    ]
+
+
+class PoolStats(Structure):
+    _fields_ = [
+        ("num_blocks", c_int32),
+        ("num_used_blocks", c_int32),
+        ("num_free_blocks", c_int32),
+        ("num_cached_blocks", c_int32),
+        ("num_requests", c_int32),
+        ("usage", c_double),
+        ("query_tokens", c_int64),
+        ("hit_tokens", c_int64),
+        ("hit_rate", c_double),
+        ("num_evicted_blocks", c_int64),
+    ]
+
+
+class PoolRequestInfo(Structure):
+    _fields_ = [("num_tokens", c_int32), ("num_blocks", c_int32), ("num_cached_tokens", c_int32)]
+
+
+class C8Scales(Structure):
+    _fields_ = [
+        ("num_kv_heads", c_int32),
+        ("head_dim", c_int32),
+        ("params", QuantParams),
+        ("data", c_void_p),
+    ]
+
+
+_P = c_void_p  # every handle and tensor pointer crosses as an address
+_I32, _I64 = c_int32, c_int64
+
+
+def _proto(name, restype, *argtypes):
+    f = getattr(lib, name, None)
+    if f is None:
+        return None
+    f.restype = restype
+    f.argtypes = list(argtypes)
+    return f
+
+
+kva_version = _proto("kva_version", c_char_p)
+kva_status_name = _proto("kva_status_name", c_char_p, c_int)
+kva_status_string = _proto("kva_status_string", c_char_p, c_int)
+kva_last_error = _proto("kva_last_error", c_char_p)
+kva_backend_available = _proto("kva_backend_available", c_int, c_int)
+
+kva_context_create = _proto("kva_context_create", c_int, POINTER(ContextDesc), POINTER(_P))
+kva_context_destroy = _proto("kva_context_destroy", None, _P)
+kva_context_num_threads = _proto("kva_context_num_threads", _I32, _P)
+
+kva_cache_create_quant = _proto(
+    "kva_cache_create_quant", c_int, _P, POINTER(CacheDesc), POINTER(QuantParams), POINTER(_P)
+)
+kva_cache_create_from = _proto(
+    "kva_cache_create_from", c_int, _P, POINTER(CacheDesc), _P, _P, POINTER(_P)
+)
+kva_cache_create_from_interleaved = _proto(
+    "kva_cache_create_from_interleaved", c_int, _P, POINTER(CacheDesc), _P, POINTER(_P)
+)
+kva_cache_destroy = _proto("kva_cache_destroy", None, _P)
+kva_cache_get_desc = _proto("kva_cache_get_desc", c_int, _P, POINTER(CacheDesc))
+kva_cache_data = _proto("kva_cache_data", c_int, _P, POINTER(_P), POINTER(_P))
+kva_cache_token_scales = _proto("kva_cache_token_scales", c_int, _P, POINTER(_P))
+kva_cache_block_bytes_k = _proto("kva_cache_block_bytes_k", c_size_t, _P)
+kva_cache_block_bytes_v = _proto("kva_cache_block_bytes_v", c_size_t, _P)
+kva_cache_write = _proto("kva_cache_write", c_int, _P, _P, _I32, _P, _I64, _P, _I64, c_int, _P)
+kva_cache_copy_blocks = _proto("kva_cache_copy_blocks", c_int, _P, _P, _P, _I32)
+kva_cache_swap_blocks = _proto("kva_cache_swap_blocks", c_int, _P, _P, _P, _P, _I32)
+
+kva_plan_create = _proto("kva_plan_create", c_int, _P, POINTER(PlanDesc), POINTER(_P))
+kva_plan_destroy = _proto("kva_plan_destroy", None, _P)
+kva_plan_get_info = _proto("kva_plan_get_info", c_int, _P, POINTER(PlanInfo))
+kva_batch_reorder_decode_first = _proto(
+    "kva_batch_reorder_decode_first", c_int, _I32, _P, _I32, _P, POINTER(_I32)
+)
+
+kva_attention_run = _proto("kva_attention_run", c_int, _P, _P, _P, _P, _P, _P, _P)
+kva_attention_run_ragged = _proto("kva_attention_run_ragged", c_int, _P, _P, _P, _P, _P, _P, _P, _P)
+kva_merge_states = _proto(
+    "kva_merge_states", c_int, _P, _I32, _I32, _I32, c_int, _P, _P, _P, _P, _P, _P
+)
+
+kva_c8_scales_load = _proto(
+    "kva_c8_scales_load", c_int, c_char_p, _I32, _I32, _I32, _I32, _I32, POINTER(POINTER(C8Scales))
+)
+kva_c8_scales_free = _proto("kva_c8_scales_free", None, POINTER(C8Scales))
+
+kva_pool_create = _proto("kva_pool_create", c_int, POINTER(PoolDesc), POINTER(_P))
+kva_pool_destroy = _proto("kva_pool_destroy", None, _P)
+kva_pool_request_add = _proto(
+    "kva_pool_request_add", c_int, _P, _P, _I32, _P, c_size_t, POINTER(_I32), POINTER(_I32)
+)
+kva_pool_request_allocate = _proto("kva_pool_request_allocate", c_int, _P, _I32, _I32, _I32)
+kva_pool_request_append_tokens = _proto("kva_pool_request_append_tokens", c_int, _P, _I32, _P, _I32)
+kva_pool_request_fork = _proto("kva_pool_request_fork", c_int, _P, _I32, POINTER(_I32), _P)
+kva_pool_request_free = _proto("kva_pool_request_free", c_int, _P, _I32)
+kva_pool_request_drop_window = _proto("kva_pool_request_drop_window", c_int, _P, _I32, _I32)
+kva_pool_request_block_table = _proto(
+    "kva_pool_request_block_table", c_int, _P, _I32, _P, _I32, POINTER(_I32)
+)
+kva_pool_request_slots = _proto("kva_pool_request_slots", c_int, _P, _I32, _I32, _I32, _P)
+kva_pool_request_get_info = _proto(
+    "kva_pool_request_get_info", c_int, _P, _I32, POINTER(PoolRequestInfo)
+)
+kva_pool_get_stats = _proto("kva_pool_get_stats", c_int, _P, POINTER(PoolStats))
+kva_pool_reset_prefix_cache = _proto("kva_pool_reset_prefix_cache", c_int, _P)
+kva_pool_check = _proto("kva_pool_check", c_int, _P)
+
+# CUDA-only entry points (kvattn_cuda.h); present in every build (they fail
+# with a status on other backends), looked up defensively all the same.
+kva_cuda_context_set_stream = _proto("kva_cuda_context_set_stream", c_int, _P, _P)
+
+__all__ = ["lib", "c_uint8"]

@@ -1,0 +1,460 @@
+"""FlashInfer-compatible wrappers over kvattn.
+
+A FlashInfer user switches by changing the import:
+
+    from kvattn import flashinfer            # instead of `import flashinfer`
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    w.plan(indptr, indices, last_page_len, H, Hkv, D, page_size, ...)
+    out = w.run(q, (k_cache, v_cache))
+
+The names, constructor, plan() and run() arguments follow FlashInfer's
+(flashinfer.decode / flashinfer.prefill / flashinfer.cascade); the returned
+LSE is base 2, as FlashInfer's. The caller's cache tensors are used in place:
+the (k, v) tuple through kva_cache_create_from, the 5-D [NB, 2, B, Hkv, D]
+(NHD) / [NB, 2, Hkv, B, D] (HND) tensor (or a tuple of its two halves)
+through kva_cache_create_from_interleaved, whose page p is block 2p.
+
+What kvattn does not do raises UnsupportedError: in-kernel RoPE
+(pos_encoding_mode "ROPE_LLAMA"), custom masks, kv/o dtypes other than the
+query's (quantized caches live in kvattn-owned Cache objects instead).
+Arguments that only tune FlashInfer's own kernels (workspace buffers,
+use_tensor_cores, backend, use_cuda_graph, non_blocking, split options) are
+accepted and ignored: kvattn keeps its own workspace in the context.
+"""
+
+import math
+
+import numpy as np
+
+from . import _tensor as T
+from .core import Cache, Plan, default_context, dtype_code, merge_states as _merge
+from ._errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
+
+__all__ = [
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper",
+    "merge_state",
+    "merge_state_in_place",
+    "merge_states",
+    "get_alibi_slopes",
+]
+
+LOG2E = 1.0 / math.log(2.0)
+LN2 = math.log(2.0)
+
+_DTYPE_ALIASES = {"float16": "f16", "half": "f16", "bfloat16": "bf16", "float32": "f32",
+                  "float": "f32"}
+
+
+def _dtype(x):
+    if x is None:
+        return None
+    if isinstance(x, str):
+        x = _DTYPE_ALIASES.get(x.replace("torch.", ""), x)
+    return dtype_code(x)
+
+
+def get_alibi_slopes(num_heads):
+    """ALiBi slopes of num_heads heads (the geometric series of the ALiBi
+    paper, with the interleaved extension for a count that is not a power of 2)."""
+    n = 2 ** math.floor(math.log2(num_heads))
+    m0 = 2.0 ** (-8.0 / n)
+    slopes = [m0 ** (i + 1) for i in range(n)]
+    if n < num_heads:
+        m1 = 2.0 ** (-4.0 / n)
+        slopes += [m1 ** (2 * i + 1) for i in range(num_heads - n)]
+    return np.asarray(slopes, dtype=np.float32)
+
+
+def _context_for(workspace, context):
+    """The wrapper's context: context if given; for a CUDA workspace a context
+    of its own (a CUDA context's newest plan owns its device metadata, and
+    FlashInfer code plans its decode and prefill wrappers before running
+    either); the shared CPU context otherwise."""
+    if context is not None:
+        return context
+    if workspace is None:
+        return default_context("cpu")
+    v = T.view(workspace, "float_workspace_buffer")
+    if v.device == T.CUDA:
+        from .core import Context
+
+        return Context("cuda", 0, v.device_id)
+    return default_context(v.device, v.device_id)
+
+
+def _paged_metadata(indptr, indices, last_page_len, page_size):
+    """FlashInfer's CSR page table -> (seq_lens [R], block_table [R, max_pages])."""
+    ip = T.host_array(indptr, np.int32, "paged_kv_indptr")
+    ix = T.host_array(indices, np.int32, "paged_kv_indices")
+    lp = T.host_array(last_page_len, np.int32, "paged_kv_last_page_len")
+    if ip.ndim != 1 or ip.shape[0] < 1 or lp.shape != (ip.shape[0] - 1,):
+        raise ShapeMismatchError("paged_kv_indptr %s must be [R+1] and paged_kv_last_page_len %s "
+                                 "[R]" % (ip.shape, lp.shape))
+    r = lp.shape[0]
+    npages = np.diff(ip)
+    if r and (npages.min() < 0 or ip[-1] > ix.shape[0] or ip[0] < 0):
+        raise InvalidArgumentError("paged_kv_indptr must be non-decreasing within "
+                                   "[0, len(paged_kv_indices) = %d]" % ix.shape[0])
+    if r and (lp.min() < 0 or lp.max() > page_size):
+        raise InvalidArgumentError("paged_kv_last_page_len must lie in [0, page_size = %d]"
+                                   % page_size)
+    seq_lens = np.where(npages > 0, (npages - 1) * page_size + lp, 0).astype(np.int32)
+    width = max(int(npages.max()) if r else 0, 1)
+    bt = np.zeros((r, width), np.int32)
+    if r and ip[-1] > ip[0]:
+        rows = np.repeat(np.arange(r), npages)
+        cols = np.arange(ip[-1] - ip[0]) - np.repeat(ip[:-1] - ip[0], npages)
+        bt[rows, cols] = ix[ip[0]:ip[-1]]
+    return seq_lens, bt
+
+
+class _KVCacheViews:
+    """kva caches wrapping the caller's paged K/V tensors, one per (address,
+    shape, form); a cache only describes memory, so one made for an earlier
+    tensor at the same address with the same shape is still right."""
+
+    def __init__(self):
+        self._caches = {}
+
+    def get(self, ctx, paged_kv_cache, layout, page_size, hkv, d, dv, dtype):
+        if isinstance(paged_kv_cache, (tuple, list)):
+            if len(paged_kv_cache) != 2:
+                raise InvalidArgumentError("paged_kv_cache: a (k, v) pair or one 5-D tensor")
+            kv = T.view(paged_kv_cache[0], "paged_kv_cache[0]")
+            vv = T.view(paged_kv_cache[1], "paged_kv_cache[1]")
+            kshape, vshape, kst, vst = kv.shape, vv.shape, kv.strides, vv.strides
+            kptr, vptr, dt, dev, devid = kv.ptr, vv.ptr, kv.dtype, kv.device, kv.device_id
+            if vv.dtype != dt or vv.device != dev:
+                raise InvalidArgumentError("paged_kv_cache: k and v differ in dtype or device")
+        else:
+            c = T.view(paged_kv_cache, "paged_kv_cache")
+            if len(c.shape) != 5 or c.shape[1] != 2:
+                raise ShapeMismatchError("paged_kv_cache: expected [NB, 2, ...] (5-D), got %s"
+                                         % (c.shape,))
+            kshape = vshape = c.shape[:1] + c.shape[2:]
+            kst = vst = c.strides[:1] + c.strides[2:]
+            kptr = c.ptr
+            vptr = c.ptr + c.strides[1] * _esize(c.dtype)
+            dt, dev, devid = c.dtype, c.device, c.device_id
+        if dev != ctx.device or (dev == T.CUDA and devid != ctx.device_id):
+            raise InvalidArgumentError("paged_kv_cache on %s:%d, but the wrapper computes on %s:%d"
+                                       % (dev, devid, ctx.device, ctx.device_id))
+        if dt != dtype:
+            raise UnsupportedError("paged_kv_cache dtype %s differs from q's; kvattn reads "
+                                   "unquantized caches in the query dtype" % dt)
+        inner = (page_size, hkv) if layout == 0 else (hkv, page_size)
+        if tuple(kshape[1:]) != inner + (d,) or tuple(vshape[1:]) != inner + (dv,) or \
+                kshape[0] != vshape[0]:
+            raise ShapeMismatchError(
+                "paged_kv_cache: k %s / v %s do not match the plan ([NB, %d, %d, %d / %d], %s)"
+                % (tuple(kshape), tuple(vshape), inner[0], inner[1], d, dv,
+                   "NHD" if layout == 0 else "HND"))
+        nb = kshape[0]
+        page_k, page_v = page_size * hkv * d, page_size * hkv * dv
+        if kst[1:] != (inner[1] * d, d, 1) or vst[1:] != (inner[1] * dv, dv, 1):
+            raise InvalidArgumentError("paged_kv_cache: pages must be contiguous (strides %s, %s)"
+                                       % (kst, vst))
+        if kst[0] == page_k and vst[0] == page_v:
+            mult = 1
+        elif d == dv and kst[0] == 2 * page_k and vst[0] == 2 * page_k and \
+                vptr - kptr == page_k * _esize(dt):
+            mult = 2  # interleaved K/V pages: kva_cache_create_from_interleaved, block 2p
+        else:
+            raise InvalidArgumentError("paged_kv_cache: page stride %d / %d elements is neither "
+                                       "one page nor a K/V page pair" % (kst[0], vst[0]))
+        key = (kptr, vptr, nb, page_size, hkv, d, dv, dt, layout, ctx.device_id)
+        cache = self._caches.get(key)
+        if cache is None:
+            if len(self._caches) > 64:
+                self._caches.clear()
+            cache = Cache._wrap(ctx, kptr, None if mult == 2 else vptr, nb, page_size, hkv, d,
+                                dv, dt, layout, ())
+            self._caches[key] = cache
+        return cache, mult
+
+
+def _esize(dt):
+    return {T.F32: 4, T.F16: 2, T.BF16: 2}.get(dt, 1)
+
+
+def _scale_lse(lse):
+    lse *= LOG2E  # natural log -> base 2, in place (numpy or torch)
+
+
+class _PagedWrapper:
+    """What the paged decode and prefill wrappers share: the kva plans of one
+    FlashInfer plan() (one per cache form and run-time window/scale), the
+    cache views and run()."""
+
+    def __init__(self, float_workspace_buffer, kv_layout, context):
+        if kv_layout not in ("NHD", "HND"):
+            raise InvalidArgumentError("kv_layout: %r is not 'NHD' or 'HND'" % (kv_layout,))
+        self._layout = 0 if kv_layout == "NHD" else 1
+        self._ctx = _context_for(float_workspace_buffer, context)
+        self._views = _KVCacheViews()
+        self._plans = {}
+        self._args = None
+        self._last_mult = 1  # block-id multiplier of the cache form run() saw last
+
+    def _set_plan(self, qo_indptr, seq_lens, block_table, num_qo_heads, num_kv_heads, head_dim,
+                  head_dim_vo, page_size, causal, pos_encoding_mode, window_left,
+                  logits_soft_cap, sm_scale, q_data_type, kv_data_type, o_data_type,
+                  rope_scale=None, rope_theta=None):
+        if pos_encoding_mode not in ("NONE", "ALIBI"):
+            raise UnsupportedError("pos_encoding_mode %r: kvattn applies no RoPE inside attention"
+                                   " (apply it to q and k before the call)" % (pos_encoding_mode,))
+        qdt = _dtype(q_data_type)
+        for name, x in (("kv_data_type", kv_data_type), ("o_data_type", o_data_type)):
+            if x is not None and _dtype(x) != qdt:
+                raise UnsupportedError("%s %s differs from q_data_type: kvattn's wrapped caches "
+                                       "and outputs use the query dtype" % (name, x))
+        self._args = dict(
+            query_start_loc=qo_indptr, seq_lens=seq_lens, block_table=block_table,
+            block_size=page_size, num_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+            head_dim=head_dim, head_dim_v=head_dim_vo or head_dim, q_dtype=qdt,
+            scale=sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim),
+            causal=causal, window_left=-1 if window_left is None else window_left,
+            softcap=logits_soft_cap or 0.0,
+            alibi_slopes=get_alibi_slopes(num_qo_heads) if pos_encoding_mode == "ALIBI" else None)
+        self._plans = {}
+        # Validates the metadata now, as FlashInfer's plan() does, for the cache
+        # form of the last run.
+        self._plan_for(self._last_mult, None, 1.0)
+
+    def _plan_for(self, mult, window_left, scale_mul):
+        a = self._args
+        if a is None:
+            raise InvalidArgumentError("run() before plan()")
+        key = (mult, window_left, scale_mul)
+        p = self._plans.get(key)
+        if p is None:
+            kw = dict(a)
+            if mult != 1:
+                kw["block_table"] = a["block_table"] * mult
+            if window_left is not None:
+                kw["window_left"] = window_left
+            kw["scale"] = a["scale"] * scale_mul
+            p = Plan(self._ctx, **kw)
+            if self._ctx.device == T.CUDA:
+                self._plans.clear()  # a CUDA context's newer plan makes older ones stale
+            self._plans[key] = p
+        return p
+
+    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
+            lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None):
+        """Attention for the planned batch: q [T, H, D] -> out [T, H, Dv], or
+        (out, lse) with lse [T, H] float32 in base 2 when return_lse is set.
+        q_scale and k_scale (floats) multiply sm_scale, v_scale the output."""
+        if args:
+            raise InvalidArgumentError("run(): unexpected positional arguments %r" % (args,))
+        a = self._args
+        if a is None:
+            raise InvalidArgumentError("run() before plan()")
+        ctx = self._ctx
+        if ctx.device == T.CUDA and T.is_torch(q):
+            import torch
+
+            ctx.set_stream(torch.cuda.current_stream(q.device).cuda_stream)
+        cache, mult = self._views.get(ctx, paged_kv_cache, self._layout, a["block_size"],
+                                      a["num_kv_heads"], a["head_dim"], a["head_dim_v"],
+                                      a["q_dtype"])
+        sm = float(q_scale if q_scale is not None else 1.0) * \
+            float(k_scale if k_scale is not None else 1.0)
+        wl = None if window_left is None or window_left == a["window_left"] else window_left
+        self._last_mult = mult
+        plan = self._plan_for(mult, wl, sm)
+        want_lse = return_lse or lse is not None
+        res = plan.run(q, cache, out=out, lse=lse, return_lse=want_lse, sinks=sinks)
+        o, l = res if want_lse else (res, None)
+        if v_scale is not None and float(v_scale) != 1.0:
+            o *= float(v_scale)
+        if l is not None:
+            _scale_lse(l)
+            return o, l
+        return o
+
+    def run_return_lse(self, q, paged_kv_cache, *args, **kw):
+        kw["return_lse"] = True
+        return self.run(q, paged_kv_cache, *args, **kw)
+
+    forward = run
+    forward_return_lse = run_return_lse
+
+    def end_forward(self):
+        """Kept for old FlashInfer code; nothing to release."""
+
+
+class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
+    """FlashInfer's decode wrapper: one query token per request over a paged
+    cache. float_workspace_buffer picks the device (CPU tensors: the CPU
+    backend; CUDA tensors: the CUDA backend on that device); context= passes
+    an explicit kvattn Context instead."""
+
+    def __init__(self, float_workspace_buffer=None, kv_layout="NHD", use_cuda_graph=False,
+                 use_tensor_cores=False, paged_kv_indptr_buffer=None,
+                 paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
+                 backend="auto", jit_args=None, *, context=None):
+        super().__init__(float_workspace_buffer, kv_layout, context)
+
+    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
+             page_size, pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None,
+             q_data_type="float16", kv_data_type=None, data_type=None, sm_scale=None,
+             rope_scale=None, rope_theta=None, non_blocking=True, block_tables=None,
+             seq_lens=None, fixed_split_size=None, disable_split_kv=False):
+        if data_type is not None:  # FlashInfer's older name for q/kv dtype
+            q_data_type = kv_data_type = data_type
+        sl, bt = _paged_metadata(indptr, indices, last_page_len, page_size)
+        r = sl.shape[0]
+        self._set_plan(np.arange(r + 1, dtype=np.int32), sl, bt, num_qo_heads, num_kv_heads,
+                       head_dim, None, page_size, bool(r == 0 or sl.min() >= 1),
+                       pos_encoding_mode, window_left, logits_soft_cap, sm_scale, q_data_type,
+                       kv_data_type, None)
+
+    begin_forward = plan
+
+
+class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
+    """FlashInfer's prefill / append wrapper: qo_indptr [R+1] query rows per
+    request over a paged cache; causal is bottom-right aligned (query i of a
+    request with q tokens and s keys sees keys j <= s - q + i)."""
+
+    def __init__(self, float_workspace_buffer=None, kv_layout="NHD", use_cuda_graph=False,
+                 qo_indptr_buf=None, paged_kv_indptr_buf=None, paged_kv_indices_buf=None,
+                 paged_kv_last_page_len_buf=None, custom_mask_buf=None, mask_indptr_buf=None,
+                 backend="auto", jit_args=None, *, context=None):
+        super().__init__(float_workspace_buffer, kv_layout, context)
+
+    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
+             num_qo_heads, num_kv_heads, head_dim_qk, page_size, head_dim_vo=None,
+             custom_mask=None, packed_custom_mask=None, causal=False, pos_encoding_mode="NONE",
+             use_fp16_qk_reduction=False, sm_scale=None, window_left=-1, logits_soft_cap=None,
+             rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None,
+             o_data_type=None, non_blocking=True, *args, **kwargs):
+        if custom_mask is not None or packed_custom_mask is not None:
+            raise UnsupportedError("custom_mask: kvattn has causal, window, soft-cap and ALiBi "
+                                   "masks, no custom masks")
+        sl, bt = _paged_metadata(paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
+                                 page_size)
+        qo = T.host_array(qo_indptr, np.int32, "qo_indptr")
+        if qo.shape != (sl.shape[0] + 1,):
+            raise ShapeMismatchError("qo_indptr: shape %s, expected (%d,)"
+                                     % (qo.shape, sl.shape[0] + 1))
+        self._set_plan(qo, sl, bt, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
+                       page_size, causal, pos_encoding_mode, window_left, logits_soft_cap,
+                       sm_scale, q_data_type, kv_data_type, o_data_type)
+
+    begin_forward = plan
+
+
+class BatchPrefillWithRaggedKVCacheWrapper:
+    """FlashInfer's ragged prefill wrapper: new K/V packed per request
+    (kv_indptr [R+1]) instead of a paged cache (kva_attention_run_ragged)."""
+
+    def __init__(self, float_workspace_buffer=None, kv_layout="NHD", use_cuda_graph=False,
+                 qo_indptr_buf=None, kv_indptr_buf=None, custom_mask_buf=None,
+                 mask_indptr_buf=None, backend="auto", jit_args=None, *, context=None):
+        if kv_layout != "NHD":
+            raise UnsupportedError("kv_layout %r: ragged K/V are [tokens, Hkv, D] (NHD)"
+                                   % (kv_layout,))
+        self._ctx = _context_for(float_workspace_buffer, context)
+        self._plan = None
+
+    def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk,
+             head_dim_vo=None, custom_mask=None, packed_custom_mask=None, causal=False,
+             pos_encoding_mode="NONE", use_fp16_qk_reduction=False, window_left=-1,
+             logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None,
+             q_data_type="float16", kv_data_type=None, *args, **kwargs):
+        if custom_mask is not None or packed_custom_mask is not None:
+            raise UnsupportedError("custom_mask is not supported by kvattn")
+        if pos_encoding_mode not in ("NONE", "ALIBI"):
+            raise UnsupportedError("pos_encoding_mode %r is not supported" % (pos_encoding_mode,))
+        qdt = _dtype(q_data_type)
+        if kv_data_type is not None and _dtype(kv_data_type) != qdt:
+            raise UnsupportedError("kv_data_type must equal q_data_type")
+        kv = T.host_array(kv_indptr, np.int64, "kv_indptr")
+        if kv.ndim != 1 or kv.shape[0] < 1 or (np.diff(kv) < 0).any():
+            raise InvalidArgumentError("kv_indptr must be a non-decreasing [R+1] array")
+        self._kv_first = int(kv[0])
+        self._plan = Plan(
+            self._ctx, qo_indptr, np.diff(kv).astype(np.int32), None,
+            block_size=1, num_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+            head_dim=head_dim_qk, head_dim_v=head_dim_vo or head_dim_qk, q_dtype=qdt,
+            scale=sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim_qk),
+            causal=causal, window_left=window_left, softcap=logits_soft_cap or 0.0,
+            alibi_slopes=get_alibi_slopes(num_qo_heads) if pos_encoding_mode == "ALIBI"
+            else None)
+
+    begin_forward = plan
+
+    def run(self, q, k, v, *args, out=None, lse=None, return_lse=False, enable_pdl=None,
+            sinks=None, **kwargs):
+        """q [T, H, D], k [kv_indptr[-1], Hkv, D], v [.., Hkv, Dv] -> out (, lse base 2)."""
+        p = self._plan
+        if p is None:
+            raise InvalidArgumentError("run() before plan()")
+        if self._kv_first:
+            k, v = k[self._kv_first:], v[self._kv_first:]
+        n = p.kv_len_total
+        if k.shape[0] != n or v.shape[0] != n:
+            k, v = k[:n], v[:n]
+        want_lse = return_lse or lse is not None
+        res = p.run_ragged(q, k, v, out=out, lse=lse, return_lse=want_lse, sinks=sinks)
+        if want_lse:
+            _scale_lse(res[1])
+        return res
+
+    def run_return_lse(self, q, k, v, *args, **kw):
+        kw["return_lse"] = True
+        return self.run(q, k, v, *args, **kw)
+
+    forward = run
+    forward_return_lse = run_return_lse
+
+
+def merge_state(v_a, s_a, v_b, s_b):
+    """FlashInfer's merge_state: v_* [T, H, D], s_* [T, H] float32 base-2
+    LSE -> (v, s) of the union of the two key sets (s in base 2)."""
+    v, s = _merge(v_a, s_a * LN2, v_b, s_b * LN2)
+    _scale_lse(s)
+    return v, s
+
+
+def merge_state_in_place(v, s, v_other, s_other, mask=None):
+    """Merges (v_other, s_other) into (v, s) in place; with a boolean mask [T],
+    only the rows where it is true."""
+    if mask is None:
+        sn = s * LN2
+        _merge(v, sn, v_other, s_other * LN2, out=v, lse=sn)
+        _scale_lse(sn)
+        s[...] = sn
+        return
+    nv, ns = merge_state(v, s, v_other, s_other)
+    v[mask] = nv[mask]
+    s[mask] = ns[mask]
+
+
+def _contiguous(x):
+    return x.contiguous() if T.is_torch(x) else np.ascontiguousarray(x)
+
+
+def _copy(x):
+    return x.clone() if T.is_torch(x) else np.array(x, copy=True)
+
+
+def merge_states(v, s):
+    """FlashInfer's merge_states: v [T, N, H, D], s [T, N, H] (base 2) ->
+    (V [T, H, D], S [T, H]) merged over the N states."""
+    if len(v.shape) != 4 or tuple(s.shape) != tuple(v.shape[:3]):
+        raise ShapeMismatchError("merge_states: v %s must be [T, N, H, D] and s %s [T, N, H]"
+                                 % (tuple(v.shape), tuple(s.shape)))
+    if v.shape[1] == 0:
+        raise InvalidArgumentError("merge_states: no states (N = 0)")
+    acc_v = _copy(v[:, 0])  # merged into in place: never a view of v
+    acc_s = _contiguous(s[:, 0]) * LN2
+    for i in range(1, v.shape[1]):
+        _merge(acc_v, acc_s, _contiguous(v[:, i]), _contiguous(s[:, i]) * LN2,
+               out=acc_v, lse=acc_s)
+    _scale_lse(acc_s)
+    return acc_v, acc_s

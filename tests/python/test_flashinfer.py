@@ -1,0 +1,228 @@
+"""kvattn.flashinfer against the numpy reference on a randomized grid
+(FlashInfer's tolerance: rtol = atol = 1e-3 for f16 against an f32/f64
+reference), LSE in base 2, and bad inputs raising exceptions."""
+
+import math
+
+import numpy as np
+import pytest
+
+import kvattn
+from kvattn import flashinfer as fi
+from reference import attention
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+def random_paged(rng, kv_lens, page_size, hkv, d, layout, dtype, five_d, spare=2):
+    """A paged cache filled with random K/V and FlashInfer's CSR page table."""
+    npages = [max(1, -(-s // page_size)) for s in kv_lens]
+    nb = sum(npages) + spare
+    perm = rng.permutation(nb).astype(np.int32)
+    indptr = np.concatenate([[0], np.cumsum(npages)]).astype(np.int32)
+    indices = perm[: indptr[-1]]
+    last = np.array([s - (n - 1) * page_size for s, n in zip(kv_lens, npages)], np.int32)
+    inner = (page_size, hkv, d) if layout == "NHD" else (hkv, page_size, d)
+    if five_d:
+        kv = rng.standard_normal((nb, 2) + inner).astype(dtype)
+        k_cache, v_cache, paged = kv[:, 0], kv[:, 1], kv
+    else:
+        k_cache = rng.standard_normal((nb,) + inner).astype(dtype)
+        v_cache = rng.standard_normal((nb,) + inner).astype(dtype)
+        paged = (k_cache, v_cache)
+    keys, values = [], []
+    for r, s in enumerate(kv_lens):
+        pages = indices[indptr[r]: indptr[r + 1]]
+        kk, vv = k_cache[pages], v_cache[pages]
+        if layout == "HND":
+            kk, vv = kk.transpose(0, 2, 1, 3), vv.transpose(0, 2, 1, 3)
+        keys.append(kk.reshape(-1, hkv, d)[:s])
+        values.append(vv.reshape(-1, hkv, d)[:s])
+    return paged, indptr, indices, last, keys, values
+
+
+def grid(seed, n):
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        yield rng, dict(
+            layout=rng.choice(["NHD", "HND"]),
+            dtype=rng.choice([np.float16, np.float32]),
+            page_size=int(rng.choice([1, 3, 16])),
+            heads=[(4, 4), (8, 2), (6, 1), (4, 1)][rng.integers(4)],
+            d=int(rng.choice([32, 64, 128])),
+            window_left=int(rng.choice([-1, -1, 5, 40])),
+            soft_cap=rng.choice([None, 30.0]),
+            sm_scale=rng.choice([None, 0.11]),
+            five_d=bool(rng.integers(2)),
+            alibi=bool(rng.integers(4) == 0),
+        )
+
+
+def tol(dtype):
+    return 1e-3 if dtype == np.float16 else 1e-5
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_decode_wrapper_grid(seed):
+    for rng, c in grid(100 + seed, 5):
+        h, hkv = c["heads"]
+        kv_lens = rng.integers(1, 70, size=int(rng.integers(1, 6))).tolist()
+        paged, indptr, indices, last, keys, values = random_paged(
+            rng, kv_lens, c["page_size"], hkv, c["d"], c["layout"], c["dtype"], c["five_d"])
+        w = fi.BatchDecodeWithPagedKVCacheWrapper(np.empty(16, np.uint8), c["layout"])
+        w.plan(indptr, indices, last, h, hkv, c["d"], c["page_size"],
+               pos_encoding_mode="ALIBI" if c["alibi"] else "NONE",
+               window_left=c["window_left"], logits_soft_cap=c["soft_cap"],
+               q_data_type=c["dtype"], sm_scale=c["sm_scale"])
+        q = rng.standard_normal((len(kv_lens), h, c["d"])).astype(c["dtype"])
+        out, lse = w.run(q, paged, return_lse=True)
+        alibi = fi.get_alibi_slopes(h) if c["alibi"] else None
+        ro, rl = attention(q, keys, values, [1] * len(kv_lens), causal=True,
+                           window_left=c["window_left"], softcap=c["soft_cap"] or 0.0,
+                           scale=c["sm_scale"], alibi=alibi)
+        t = tol(c["dtype"])
+        np.testing.assert_allclose(out.astype(np.float64), ro, rtol=t, atol=t, err_msg=str(c))
+        np.testing.assert_allclose(lse, rl * LOG2E, rtol=t, atol=t, err_msg=str(c))
+        out2 = w.run(q, paged)  # without lse: the same output
+        np.testing.assert_array_equal(out2, out)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_prefill_wrapper_grid(seed):
+    for rng, c in grid(200 + seed, 4):
+        h, hkv = c["heads"]
+        r = int(rng.integers(1, 4))
+        q_lens = rng.integers(1, 12, size=r)
+        kv_lens = (q_lens + rng.integers(0, 30, size=r)).tolist()
+        causal = bool(rng.integers(2))
+        paged, indptr, indices, last, keys, values = random_paged(
+            rng, kv_lens, c["page_size"], hkv, c["d"], c["layout"], c["dtype"], c["five_d"])
+        qo = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+        w = fi.BatchPrefillWithPagedKVCacheWrapper(np.empty(16, np.uint8), c["layout"])
+        w.plan(qo, indptr, indices, last, h, hkv, c["d"], c["page_size"], causal=causal,
+               pos_encoding_mode="ALIBI" if c["alibi"] else "NONE",
+               window_left=c["window_left"], logits_soft_cap=c["soft_cap"],
+               sm_scale=c["sm_scale"], q_data_type=c["dtype"])
+        q = rng.standard_normal((qo[-1], h, c["d"])).astype(c["dtype"])
+        out, lse = w.run(q, paged, return_lse=True)
+        alibi = fi.get_alibi_slopes(h) if c["alibi"] else None
+        ro, rl = attention(q, keys, values, q_lens.tolist(), causal=causal,
+                           window_left=c["window_left"], softcap=c["soft_cap"] or 0.0,
+                           scale=c["sm_scale"], alibi=alibi)
+        t = tol(c["dtype"])
+        np.testing.assert_allclose(out.astype(np.float64), ro, rtol=t, atol=t, err_msg=str(c))
+        np.testing.assert_allclose(lse, rl * LOG2E, rtol=t, atol=t, err_msg=str(c))
+
+
+def test_run_time_window_and_scales():
+    rng = np.random.default_rng(7)
+    paged, indptr, indices, last, keys, values = random_paged(
+        rng, [30, 50], 8, 2, 64, "NHD", np.float32, False)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD")
+    w.plan(indptr, indices, last, 4, 2, 64, 8, q_data_type="float32")
+    q = rng.standard_normal((2, 4, 64)).astype(np.float32)
+    out = w.run(q, paged, window_left=6, k_scale=0.5, v_scale=2.0)
+    ro, _ = attention(q, keys, values, [1, 1], causal=True, window_left=6,
+                      scale=0.5 / math.sqrt(64))
+    np.testing.assert_allclose(out, 2.0 * ro, rtol=1e-5, atol=1e-5)
+
+
+def test_ragged_prefill_wrapper():
+    rng = np.random.default_rng(8)
+    qo = np.array([0, 4, 9], np.int32)
+    kv = np.array([0, 6, 11], np.int32)
+    q = rng.standard_normal((9, 4, 32)).astype(np.float16)
+    k = rng.standard_normal((11, 2, 32)).astype(np.float16)
+    v = rng.standard_normal((11, 2, 32)).astype(np.float16)
+    w = fi.BatchPrefillWithRaggedKVCacheWrapper(None)
+    w.plan(qo, kv, 4, 2, 32, causal=True, q_data_type="float16")
+    out, lse = w.run(q, k, v, return_lse=True)
+    ro, rl = attention(q, [k[:6], k[6:]], [v[:6], v[6:]], [4, 5], causal=True)
+    np.testing.assert_allclose(out.astype(np.float64), ro, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(lse, rl * LOG2E, rtol=1e-3, atol=1e-3)
+
+
+def test_merge_state_base2():
+    rng = np.random.default_rng(9)
+    va = rng.standard_normal((6, 4, 32)).astype(np.float16)
+    vb = rng.standard_normal((6, 4, 32)).astype(np.float16)
+    sa = rng.standard_normal((6, 4)).astype(np.float32) * 3
+    sb = rng.standard_normal((6, 4)).astype(np.float32) * 3
+    v, s = fi.merge_state(va, sa, vb, sb)
+    wa, wb = np.exp2(sa.astype(np.float64)), np.exp2(sb.astype(np.float64))
+    ref = (wa[..., None] * va + wb[..., None] * vb) / (wa + wb)[..., None]
+    np.testing.assert_allclose(v.astype(np.float64), ref, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(s, np.log2(wa + wb), rtol=1e-5, atol=1e-5)
+    # In place, with a mask: only the masked rows change.
+    v2, s2 = va.copy(), sa.copy()
+    mask = np.array([True, False, True, True, False, True])
+    fi.merge_state_in_place(v2, s2, vb, sb, mask=mask)
+    np.testing.assert_array_equal(v2[~mask], va[~mask])
+    np.testing.assert_allclose(v2[mask].astype(np.float64), ref[mask], rtol=1e-3, atol=1e-3)
+    v3, s3 = va.copy(), sa.copy()
+    fi.merge_state_in_place(v3, s3, vb, sb)
+    np.testing.assert_allclose(s3, np.log2(wa + wb), rtol=1e-5, atol=1e-5)
+
+
+def test_merge_states_many():
+    rng = np.random.default_rng(10)
+    v = rng.standard_normal((5, 7, 3, 16)).astype(np.float32)
+    s = rng.standard_normal((5, 7, 3)).astype(np.float32) * 2
+    vm, sm = fi.merge_states(v, s)
+    w = np.exp2(s.astype(np.float64))
+    ref = (w[..., None] * v).sum(1) / w.sum(1)[..., None]
+    np.testing.assert_allclose(vm, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sm, np.log2(w.sum(1)), rtol=1e-5, atol=1e-5)
+    v1 = v[:1, :1].copy()
+    fi.merge_states(v[:1], s[:1])
+    np.testing.assert_array_equal(v[:1, :1], v1)  # input untouched
+
+
+def _planned_decode():
+    rng = np.random.default_rng(11)
+    paged, indptr, indices, last, _, _ = random_paged(rng, [9, 17], 4, 2, 32, "NHD",
+                                                      np.float16, False)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None)
+    w.plan(indptr, indices, last, 4, 2, 32, 4)
+    return w, paged, rng
+
+
+def test_bad_inputs_raise():
+    w, paged, rng = _planned_decode()
+    q = rng.standard_normal((2, 4, 32)).astype(np.float16)
+    out = np.full((2, 4, 32), np.nan, np.float16)
+    bad = [
+        (dict(q=q[:1]), kvattn.ShapeMismatchError),  # plan/run shape mismatch
+        (dict(q=rng.standard_normal((2, 4, 64)).astype(np.float16)), kvattn.ShapeMismatchError),
+        (dict(q=q.astype(np.float32)), kvattn.DtypeMismatchError),
+        (dict(paged=(paged[0][:, :2], paged[1][:, :2])), kvattn.ShapeMismatchError),
+        (dict(paged=(paged[0], paged[1].astype(np.float32))), kvattn.InvalidArgumentError),
+        (dict(paged=(paged[0].astype(np.float32),) * 2), kvattn.UnsupportedError),
+        (dict(paged=(paged[0], paged[1], paged[1])), kvattn.InvalidArgumentError),
+        (dict(paged=paged[0]), kvattn.ShapeMismatchError),
+        (dict(paged=(paged[0][:, :, :, ::2], paged[1][:, :, :, ::2])), kvattn.ShapeMismatchError),
+        (dict(out=np.zeros((2, 4, 32), np.float32)), kvattn.DtypeMismatchError),
+    ]
+    for kw, exc in bad:
+        a = dict(q=q, paged=paged)
+        a.update(kw)
+        with pytest.raises(exc):
+            w.run(a["q"], a["paged"], out=kw.get("out", out))
+        assert np.isnan(out).all()
+    with pytest.raises(kvattn.InvalidArgumentError):
+        fi.BatchDecodeWithPagedKVCacheWrapper(None).run(q, paged)  # run before plan
+    with pytest.raises(kvattn.KvaError):  # page id beyond the cache: caught by kvattn
+        w2 = fi.BatchDecodeWithPagedKVCacheWrapper(None)
+        w2.plan([0, 1], [10 ** 6], [1], 4, 2, 32, 4)
+        w2.run(q[:1], paged)
+    with pytest.raises(kvattn.InvalidArgumentError):
+        w.plan([0, 2, 1], [0, 1], [1, 1], 4, 2, 32, 4)  # decreasing indptr
+    with pytest.raises(kvattn.InvalidArgumentError):
+        w.plan([0, 1], [0], [5], 4, 2, 32, 4)  # last_page_len > page_size
+    with pytest.raises(kvattn.UnsupportedError):
+        w.plan([0, 1], [0], [1], 4, 2, 32, 4, pos_encoding_mode="ROPE_LLAMA")
+    with pytest.raises(kvattn.UnsupportedError):
+        fi.BatchPrefillWithPagedKVCacheWrapper(None).plan(
+            [0, 1], [0, 1], [0], [1], 4, 2, 32, 4, custom_mask=np.ones(1, bool))
+    with pytest.raises(kvattn.KvaError):
+        w.plan([0, 1], [0], [1], 3, 2, 32, 4)  # H not a multiple of Hkv
