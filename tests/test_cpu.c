@@ -23,23 +23,27 @@
  *     partition), and q_len 0 / seq_len 0 requests in explicit batches,
  *     including non-causal rows with no keys;
  *   - partitions built with extreme parameters (tiny tiles, sliced GQA groups,
- *     one-key chunks, rows that see nothing in a chunk) and every kernel variant;
+ *     one-key chunks, rows that see nothing in a chunk) and every kernel;
  *   - a long prefill next to many decodes (balance, num_work_items, results).
- * All of it runs once with the dispatcher's per-item choice (decode variant
- * for decode-shaped items, tiled prefill variant for query tiles:
- * kva__cpu_item_prefill), then once per kernel variant the machine supports
- * forced on every item (KVA_CPU_VARIANT at plan build).
+ * All of it runs once with the dispatcher's per-item choice (decode kernel
+ * for decode-shaped items, tiled prefill kernel for query tiles:
+ * kva__cpu_item_prefill), then once per registry kernel the machine runs,
+ * forced on the items of its family (kva__context_force_kernel).
  * Partition shapes are tested in test_cpu_partition.c, kva_merge_states in
  * test_cpu_merge.c, non-finite inputs in test_cpu_nonfinite.c. Output tolerances are
  * the harness's per q dtype; LSE (float32) uses the f32 tolerance.
  */
-#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "batchgen.h"
+#include "cpu_kernels.h"
 #include "internal.h"
 #include "../src/attn/cpu/cpu_attn.h"
 
 #include <math.h>
 #include <stdlib.h>
+
+/* The registry kernel forced on every CPU context run_case creates (main's
+ * rounds), or NULL: the dispatcher's choice. */
+static const char *g_kernel;
 
 /* One attention case. */
 typedef struct cfg {
@@ -54,8 +58,8 @@ typedef struct cfg {
     float softcap;
     float scale; /* the plan's softmax scale, 0 = 1/sqrt(D) */
     uint64_t seed;
-    double budget; /* most fp64 multiply-adds the reference may spend (0: 4e6) */
-    int variant;   /* 0: the dispatcher's choice */
+    double budget;      /* most fp64 multiply-adds the reference may spend (0: 4e6) */
+    const char *kernel; /* a registry kernel forced for this case, or NULL */
     /* Override of the partition (tiny tiles and chunks), or NULL. */
     const kva__partition_params *pp;
 } cfg;
@@ -70,13 +74,16 @@ static void print_cfg(const cfg *c)
     fprintf(stderr,
             "  case: D=%d Dv=%d H=%d Hkv=%d R=%d B=%d max_len=%d threads=%d kinds=%s %s %s "
             "share=%d causal=%d window=%d softcap=%g scale=%g decode_threshold=%d alibi=%d "
-            "sinks=%d empties=%d ragged=%d variant=%d seed=%llu%s\n",
+            "sinks=%d empties=%d ragged=%d kernel=%s seed=%llu%s\n",
             c->D, c->Dv, c->H, c->Hkv, c->R, c->block_size, c->max_len, c->threads,
             kinds_name(c->kinds), kva_dtype_name(c->dt),
             c->layout == KVA_LAYOUT_NHD ? "NHD" : "HND", c->share, c->causal, c->window,
             (double)c->softcap, (double)c->scale, (int)c->decode_threshold, c->alibi, c->sinks,
-            c->empties, c->ragged, c->variant, (unsigned long long)c->seed,
-            c->pp ? " custom-partition" : "");
+            c->empties, c->ragged,
+            c->kernel  ? c->kernel
+            : g_kernel ? g_kernel
+                       : "-",
+            (unsigned long long)c->seed, c->pp ? " custom-partition" : "");
 }
 
 /* Multiply-adds the fp64 reference spends on a batch (two passes over the keys). */
@@ -165,6 +172,10 @@ static int32_t run_case_batch(const cfg *c0, const kva_test_batch *given, kva_pl
     kva_context *ref = NULL, *cpu = NULL;
     CHECK_OK(kva_context_create(&rd, &ref));
     CHECK_OK(kva_context_create(&cd, &cpu));
+    if (cpu && g_kernel)
+        CHECK_OK(kva__context_force_kernel(cpu, g_kernel));
+    if (cpu && c.kernel)
+        CHECK_OK(kva__context_force_kernel(cpu, c.kernel));
 
     kva_cache *cache = NULL;
     void *k = NULL, *v = NULL;
@@ -206,8 +217,6 @@ static int32_t run_case_batch(const cfg *c0, const kva_test_batch *given, kva_pl
     CHECK_OK(kva_plan_create(cpu, &pd, &pcpu));
     if (pcpu && c.pp)
         CHECK_OK(kva__cpu_plan_partition(cpu, pcpu, c.pp));
-    if (pcpu && c.variant)
-        pcpu->part->variant = c.variant;
 
     const size_t nq = (size_t)T * H * D, no = (size_t)T * H * Dv, nl = (size_t)T * H;
     void *q = malloc(nq * esz + 1);
@@ -624,10 +633,12 @@ static void test_empty_requests(void)
 
 /* Partitions with extreme parameters: one- and few-row tiles, GQA groups
  * sliced into several items, chunks of a few keys (rows that see nothing in
- * a chunk), many splits; and every kernel variant. */
+ * a chunk), many splits; and every kernel. */
 static void test_custom_partitions(void)
 {
     kva_rng rng = {4242};
+    kva_test_kernel kernels[KVA_TEST_MAX_KERNELS];
+    const int32_t nk = kva_test_cpu_kernels(kernels);
     for (int i = 0; i < 12; i++) {
         kva__partition_params pp;
         pp.num_threads = 3;
@@ -659,10 +670,8 @@ static void test_custom_partitions(void)
         c.ragged = i % 4 == 1;
         c.seed = 9000 + (uint64_t)i;
         c.pp = &pp;
-        /* Cycle through the variants this machine runs (v1 always). */
-        c.variant = 1 + i % kva__cpu_attn_num_variants();
-        if (!kva__cpu_attn_supported(c.variant))
-            c.variant = 1;
+        /* Cycle through the kernels this machine runs. */
+        c.kernel = nk && kernels[i % nk].runs ? kernels[i % nk].name : NULL;
         run_case(&c);
     }
 }
@@ -707,22 +716,21 @@ static void test_prefill_plus_decodes(void)
 
 int main(void)
 {
-    /* v = 0: the dispatcher's per-item choice; then every kernel variant the
-     * machine supports forced on every item (the plans pick it up from
-     * KVA_CPU_VARIANT at plan build). */
-    for (int v = 0; v <= kva__cpu_attn_num_variants(); v++) {
-        if (v == 0) {
-            unsetenv("KVA_CPU_VARIANT");
+    /* v = -1: the dispatcher's per-item choice; then every registry kernel the
+     * machine runs, forced on its family's items (g_kernel: forced on every
+     * CPU context run_case creates). */
+    kva_test_kernel kernels[KVA_TEST_MAX_KERNELS];
+    const int32_t nk = kva_test_cpu_kernels(kernels);
+    for (int32_t v = -1; v < nk; v++) {
+        if (v < 0) {
+            g_kernel = NULL;
             printf("== dispatcher (per-item choice)\n");
-        } else if (!kva__cpu_attn_supported(v)) {
-            printf("variant %d (%s): not supported on this machine, skipped\n", v,
-                   kva__cpu_attn_variant_info(v)->name);
+        } else if (!kernels[v].runs) {
+            printf("kernel %s: not supported on this machine, skipped\n", kernels[v].name);
             continue;
         } else {
-            char buf[16];
-            snprintf(buf, sizeof buf, "%d", v);
-            setenv("KVA_CPU_VARIANT", buf, 1);
-            printf("== variant %d (%s)\n", v, kva__cpu_attn_variant_info(v)->name);
+            g_kernel = kernels[v].name;
+            printf("== kernel %s\n", g_kernel);
         }
         RUN(test_grid);
         RUN(test_grid_long);
@@ -733,6 +741,5 @@ int main(void)
         RUN(test_custom_partitions);
         RUN(test_prefill_plus_decodes);
     }
-    unsetenv("KVA_CPU_VARIANT");
     return kva_test_finish();
 }

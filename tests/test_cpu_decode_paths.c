@@ -1,6 +1,6 @@
 /*
  * test_cpu_decode_paths.c - two paths of the CPU decode kernels that the
- * variant tests reach only in passing:
+ * kernel tests reach only in passing:
  *
  *   1. Decode groups (src/attn/cpu/cpu_attn.h, "Groups"): the plan's items
  *      are cut into groups that cover every item once, in order; a group's
@@ -9,18 +9,19 @@
  *      alone; a decode-only plan is split so that there are enough groups for
  *      the threads. Running a plan in groups gives bitwise the outputs and
  *      LSE of running its items one by one (groups disabled), for float and
- *      quantized caches, GQA 1 / 2 / 3 / 4 / 8, on every variant that has a group
- *      entry, and both equal the reference.
- *   2. The int8 key scores by VNNI dot products (variant 4 on CPUs with
+ *      quantized caches, GQA 1 / 2 / 3 / 4 / 8, on every decode kernel that runs
+ *      groups, and both equal the reference.
+ *   2. The int8 key scores by VNNI dot products (decode_avx512bf16 on CPUs with
  *      AVX512_VNNI): over INT8_CHANNEL (with offsets), symmetric int8 and
  *      INT8_TOKEN_K caches filled with outlier-heavy keys (channels with 8x
  *      the spread, 1% of values 20x larger), queries with outlier dims and
- *      rows of tiny values, short and long contexts, every decode variant
+ *      rows of tiny values, short and long contexts, every decode kernel
  *      equals the reference over the same cache to the f32 tolerance.
  *
  * Fixed seeds, random data, outputs and LSE poisoned with NaN before each run.
  */
 #include "batchgen.h"
+#include "cpu_kernels.h"
 #include "internal.h"
 #include "../src/attn/cpu/cpu_attn.h"
 
@@ -77,12 +78,22 @@ static void test_group_layout(void)
 {
     kva_rng rng = {5150};
     kva_context *cpu = ctx_of(KVA_BACKEND_CPU, 2);
-    /* Groups of more than one item only where the decode variant runs them
-     * (v3/v4; not under KVA_CPU_ISA=avx2 or portable). */
-    int32_t vd = 1, vp = 1;
-    kva__cpu_attn_choose(kva__cpu_isa_level(), &vd, &vp);
-    const int grouping = kva__cpu_attn_variant_info(vd)->group != NULL;
-    printf("  decode variant v%d: %s\n", (int)vd, grouping ? "groups" : "no groups");
+    /* Groups of more than one item only where the plans' decode kernel runs
+     * them (not the portable one: KVA_CPU_ISA=portable). */
+    int grouping = 0;
+    {
+        const int32_t q[1] = {1}, s[1] = {10};
+        kva_test_batch b;
+        kva_test_batch_init(&b, &rng, 1, q, s, 16, 2, 0);
+        kva_plan_desc pd = kva_test_batch_plan_desc(&b, 8, 8, 64, 64, KVA_DTYPE_BF16);
+        kva_plan *plan = NULL;
+        CHECK_OK(kva_plan_create(cpu, &pd, &plan));
+        const char *kd = plan ? kva__cpu_plan_kernel(plan, KVA__KERNEL_DECODE) : NULL;
+        grouping = kva__cpu_kernel_groups(kd);
+        printf("  decode kernel %s: %s\n", kd ? kd : "?", grouping ? "groups" : "no groups");
+        kva_plan_destroy(plan);
+        kva_test_batch_free(&b);
+    }
     /* Decode-only with one long request (split), GQA 4 over 8 kv heads. */
     {
         const int32_t q[3] = {1, 1, 3}, s[3] = {4000, 100, 40};
@@ -197,9 +208,10 @@ static kva_cache *make_cache(kva_context *ctx, const kva_test_batch *b, int kind
     return c;
 }
 
-/* Runs the plan (variant v forced) with its groups and with groups disabled:
+/* Runs the plan (decode kernel `kernel` forced) with its groups and with groups disabled:
  * bitwise equal; both equal the reference within the q dtype's tolerance. */
-static void check_grouped_run(int v, int kind, int32_t H, int32_t Hkv, kva_dtype qdt, uint64_t seed)
+static void check_grouped_run(const char *kernel, int kind, int32_t H, int32_t Hkv, kva_dtype qdt,
+                              uint64_t seed)
 {
     kva_rng rng = {seed};
     enum { R = 3 };
@@ -217,6 +229,8 @@ static void check_grouped_run(int v, int kind, int32_t H, int32_t Hkv, kva_dtype
     kva_test_fill_uniform(qv, qdt, nq, &rng);
     kva_plan *pref = NULL, *pcpu = NULL;
     CHECK_OK(kva_plan_create(ref, &pd, &pref));
+    if (cpu)
+        CHECK_OK(kva__context_force_kernel(cpu, kernel));
     CHECK_OK(kva_plan_create(cpu, &pd, &pcpu));
     for (int i = 0; i < 3; i++) {
         o[i] = malloc(no * esz);
@@ -225,7 +239,6 @@ static void check_grouped_run(int v, int kind, int32_t H, int32_t Hkv, kva_dtype
         kva_test_poison(l[i], KVA_DTYPE_F32, nl);
     }
     if (cache && pref && pcpu) {
-        pcpu->part->variant = v;
         int32_t grouped = 0;
         for (int32_t g = 0; g < pcpu->part->num_groups; g++)
             grouped += pcpu->part->group_start[g + 1] - pcpu->part->group_start[g] > 1;
@@ -235,7 +248,7 @@ static void check_grouped_run(int v, int kind, int32_t H, int32_t Hkv, kva_dtype
         ungroup(pcpu);
         CHECK_OK(kva_attention_run(cpu, pcpu, qv, cache, NULL, o[2], l[2]));
         char label[96];
-        snprintf(label, sizeof label, "v%d kind %d H %d Hkv %d q %s", v, kind, (int)H, (int)Hkv,
+        snprintf(label, sizeof label, "%s kind %d H %d Hkv %d q %s", kernel, kind, (int)H, (int)Hkv,
                  kva_dtype_name(qdt));
         CHECK_MSG(memcmp(o[1], o[2], no * esz) == 0 && memcmp(l[1], l[2], nl * sizeof(float)) == 0,
                   "%s: grouped and item-by-item runs differ", label);
@@ -259,16 +272,17 @@ static void test_groups_equal_items(void)
      * registers and reads the others from memory: 1..4 heads per pass). */
     const int32_t shapes[5][2] = {{8, 8}, {16, 4}, {32, 4}, {8, 4}, {12, 4}};
     uint64_t seed = 900;
-    for (int v = 1; v <= kva__cpu_attn_num_variants(); v++) {
-        const kva__cpu_variant *info = kva__cpu_attn_variant_info(v);
-        if (!kva__cpu_attn_supported(v) || !info->decode || !info->group)
+    kva_test_kernel k[KVA_TEST_MAX_KERNELS];
+    const int32_t n = kva_test_cpu_kernels(k);
+    for (int32_t v = 0; v < n; v++) {
+        if (!k[v].runs || k[v].family != KVA__KERNEL_DECODE || !kva__cpu_kernel_groups(k[v].name))
             continue;
         for (int kind = 0; kind < 5; kind++)
             for (int sh = 0; sh < 5; sh++) {
                 const kva_dtype qdt = kind == 1   ? KVA_DTYPE_BF16
                                       : kind == 0 ? KVA_DTYPE_F16
                                                   : KVA_DTYPE_F32;
-                check_grouped_run(v, kind, shapes[sh][0], shapes[sh][1], qdt, seed++);
+                check_grouped_run(k[v].name, kind, shapes[sh][0], shapes[sh][1], qdt, seed++);
             }
     }
 }
@@ -287,7 +301,8 @@ static void fill_outliers(float *x, int64_t n, int32_t Hkv, int32_t D, kva_rng *
     }
 }
 
-/* The int8 key paths (fp32 scores on v2/v3, VNNI dot products on v4 where
+/* The int8 key paths (fp32 scores on decode_avx2 and decode_avx512, VNNI dot
+ * products on decode_avx512bf16 where
  * the CPU has AVX512_VNNI) on outlier-heavy data, against the reference over
  * the same quantized cache at the f32 tolerance. */
 static void test_int8_scores_outliers(void)
@@ -295,9 +310,13 @@ static void test_int8_scores_outliers(void)
     kva_rng rng = {4711};
     kva__cpu_features f;
     kva__cpu_features_get(&f);
-    printf("  int8 key scores: %s\n", f.avx512vnni && kva__cpu_attn_supported(4)
-                                          ? "v4 uses VNNI dot products"
-                                          : "no VNNI on this CPU (fp32 scores only)");
+    kva_test_kernel kern[KVA_TEST_MAX_KERNELS];
+    const int32_t nk = kva_test_cpu_kernels(kern);
+    int vnni = 0;
+    for (int32_t i = 0; i < nk; i++)
+        vnni |= kern[i].runs && strcmp(kern[i].name, "decode_avx512bf16") == 0 && f.avx512vnni;
+    printf("  int8 key scores: %s\n", vnni ? "decode_avx512bf16 uses VNNI dot products"
+                                           : "no VNNI on this CPU (fp32 scores only)");
     const int32_t Hkv = 2, H = 8, D = 128, B = 16;
     const int32_t q[4] = {1, 1, 1, 2}, s[4] = {1, 7, 300, 1000};
     kva_context *ref = ctx_of(KVA_BACKEND_REF, 1), *cpu = ctx_of(KVA_BACKEND_CPU, 2);
@@ -362,15 +381,20 @@ static void test_int8_scores_outliers(void)
         kva_test_poison(l_ref, KVA_DTYPE_F32, nl);
         if (c && pr && pc)
             CHECK_OK(kva_attention_run(ref, pr, qv, c, NULL, o_ref, l_ref));
-        for (int var = 1; var <= kva__cpu_attn_num_variants() && c && pr && pc; var++) {
-            if (!kva__cpu_attn_supported(var) || !kva__cpu_attn_variant_info(var)->decode)
+        for (int32_t var = 0; var < nk && c && pr && pc; var++) {
+            if (!kern[var].runs || kern[var].family != KVA__KERNEL_DECODE)
                 continue;
-            pc->part->variant = var;
+            kva_plan_destroy(pc);
+            pc = NULL;
+            CHECK_OK(kva__context_force_kernel(cpu, kern[var].name));
+            CHECK_OK(kva_plan_create(cpu, &pd, &pc));
+            if (!pc)
+                break;
             kva_test_poison(o_cpu, KVA_DTYPE_F32, nq);
             kva_test_poison(l_cpu, KVA_DTYPE_F32, nl);
             CHECK_OK(kva_attention_run(cpu, pc, qv, c, NULL, o_cpu, l_cpu));
             char label[64];
-            snprintf(label, sizeof label, "int8 outliers fmt %d v%d", fmt, var);
+            snprintf(label, sizeof label, "int8 outliers fmt %d %s", fmt, kern[var].name);
             CHECK_MSG(kva_test_compare(label, o_cpu, o_ref, KVA_DTYPE_F32, nq, 2e-5, 2e-5) == 0 &&
                           kva_test_compare_f32(label, l_cpu, l_ref, nl, 2e-5, 2e-5) == 0,
                       "%s", label);

@@ -6,6 +6,7 @@
  * plausible finite output that depends on how many threads split the keys.
  * Every case runs the reference once and the CPU backend with 1, 2 and 3
  * threads and with a partition forced into many small, unaligned key chunks,
+ * once per registry kernel that runs here (forced on its family's items),
  * and compares with NaN == NaN and -inf == -inf:
  *   - a NaN in one cached key: NaN out and lse for the rows that see it
  *     (heads of that kv head, rows whose causal/window range covers the key),
@@ -18,13 +19,16 @@
  *     the sink, or lse -inf (the empty row) without one.
  * kva_merge_states with garbage rows on -inf sides is in test_cpu_merge.c.
  */
-#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "batchgen.h"
+#include "cpu_kernels.h"
 #include "internal.h"
 #include "../src/attn/cpu/cpu_attn.h"
 
 #include <math.h>
 #include <stdlib.h>
+
+/* The registry kernel main forces on every CPU context of run_problem. */
+static const char *g_kernel;
 
 /* |a - b| <= atol + rtol |b|, or both NaN, or the same infinity. */
 static size_t compare_nf(const char *label, const float *got, const float *want, size_t n)
@@ -132,6 +136,8 @@ static int run_problem(const char *label, problem *p, int use_sinks)
         kva_context *cpu = NULL;
         kva_plan *plan = NULL;
         CHECK_OK(kva_context_create(&cd, &cpu));
+        if (cpu)
+            CHECK_OK(kva__context_force_kernel(cpu, g_kernel));
         CHECK_OK(kva_plan_create(cpu, &p->pd, &plan));
         if (plan && mode == 3) {
             kva__partition_params pp = {3, 8, 4, 7, 50, 40, 64};
@@ -266,19 +272,19 @@ static void test_neg_inf_rows(void)
 
 int main(void)
 {
-    /* Every kernel variant the machine supports (forced at plan build). */
-    for (int v = 1; v <= kva__cpu_attn_num_variants(); v++) {
-        if (!kva__cpu_attn_supported(v))
+    /* Every registry kernel the machine runs, forced on the CPU contexts of
+     * run_problem (the other family keeps the dispatcher's choice). */
+    kva_test_kernel k[KVA_TEST_MAX_KERNELS];
+    const int32_t nk = kva_test_cpu_kernels(k);
+    for (int32_t v = 0; v < nk; v++) {
+        if (!k[v].runs)
             continue;
-        char buf[16];
-        snprintf(buf, sizeof buf, "%d", v);
-        setenv("KVA_CPU_VARIANT", buf, 1);
-        printf("== variant %d (%s)\n", v, kva__cpu_attn_variant_info(v)->name);
+        g_kernel = k[v].name;
+        printf("== kernel %s\n", g_kernel);
         RUN(test_nan_key);
         RUN(test_nan_q_and_v);
         RUN(test_neg_inf_chunks);
         RUN(test_neg_inf_rows);
     }
-    unsetenv("KVA_CPU_VARIANT");
     return kva_test_finish();
 }

@@ -1,11 +1,13 @@
 /*
- * test_cpu_prefill.c - the tiled prefill kernels (v5 AVX2, v6 AVX-512, v7
- * AVX-512 + BF16 scores; src/attn/cpu/attn_prefill_tiled.inc) against the
+ * test_cpu_prefill.c - the tiled prefill kernels (prefill_avx2,
+ * prefill_avx512, prefill_avx512bf16: AVX-512 + BF16 scores;
+ * src/attn/cpu/prefill_tiled.inc) against the
  * reference backend on the shapes their fast paths specialize.
  *
  * Each case builds one random batch (fixed seed, paged cache with shuffled
  * block tables), runs the reference once, then runs the CPU backend with the
- * dispatcher's choice and with each supported tiled variant forced, outputs
+ * dispatcher's choice and with each tiled kernel that runs here forced on the
+ * prefill-shaped items (kva__context_force_kernel), outputs
  * and lse poisoned with NaN before every run, compared with the per-dtype
  * tolerances of harness.h:
  *   - head sizes 128, 64, 256 and 40 / 24 (not a multiple of the vector
@@ -24,6 +26,7 @@
  *     whose partials and lse (base-2 max times ln 2) the merge combines.
  */
 #include "batchgen.h"
+#include "cpu_kernels.h"
 #include "internal.h"
 #include "../src/attn/cpu/cpu_attn.h"
 
@@ -47,26 +50,29 @@ static const char *dt_name(kva_dtype dt)
     return dt == KVA_DTYPE_F32 ? "f32" : dt == KVA_DTYPE_F16 ? "f16" : "bf16";
 }
 
-static void print_case(const pcase *c, int variant)
+static void print_case(const pcase *c, const char *kernel)
 {
     fprintf(stderr,
             "  case: H=%d Hkv=%d D=%d Dv=%d %s R=%d q=%d,%d,%d ctx=%d,%d,%d window=%d softcap=%g "
-            "scale=%g alibi=%d sinks=%d split=%d layout=%d seed=%llu variant=%d\n",
+            "scale=%g alibi=%d sinks=%d split=%d layout=%d seed=%llu kernel=%s\n",
             c->H, c->Hkv, c->D, c->Dv, dt_name(c->dt), c->R, c->q_len[0], c->q_len[1], c->q_len[2],
             c->ctx[0], c->ctx[1], c->ctx[2], c->window, (double)c->softcap, (double)c->scale,
-            c->alibi, c->sinks, c->split, (int)c->layout, (unsigned long long)c->seed, variant);
+            c->alibi, c->sinks, c->split, (int)c->layout, (unsigned long long)c->seed,
+            kernel ? kernel : "dispatcher");
 }
 
-/* Variants a case runs: 0 (the dispatcher) and every supported tiled one. */
-static int variants(int *v)
+/* Kernels a case runs: NULL (the dispatcher) and every tiled prefill kernel
+ * that runs here (the prefill family but the portable kernel). */
+static int kernels(const char **v)
 {
+    kva_test_kernel k[KVA_TEST_MAX_KERNELS];
+    const int32_t nk = kva_test_cpu_kernels(k);
     int n = 0;
-    v[n++] = 0;
-    for (int i = 1; i <= kva__cpu_attn_num_variants(); i++) {
-        const kva__cpu_variant *info = kva__cpu_attn_variant_info(i);
-        if (info->prefill && i != 1 && kva__cpu_attn_supported(i))
-            v[n++] = i;
-    }
+    v[n++] = NULL;
+    for (int32_t i = 0; i < nk; i++)
+        if (k[i].runs && k[i].family == KVA__KERNEL_PREFILL &&
+            strcmp(k[i].name, "prefill_portable"))
+            v[n++] = k[i].name;
     return n;
 }
 
@@ -114,10 +120,12 @@ static void run_pcase(const pcase *c)
     if (pref)
         CHECK_OK(kva_attention_run(ref, pref, q, cache, sk, out_ref, lse_ref));
 
-    int vs[16];
-    const int nv = variants(vs);
+    const char *vs[KVA_TEST_MAX_KERNELS + 1];
+    const int nv = kernels(vs);
     for (int i = 0; i < nv && pref; i++) {
         kva_plan *pcpu = NULL;
+        if (cpu)
+            CHECK_OK(kva__context_force_kernel(cpu, vs[i])); /* NULL: none */
         CHECK_OK(kva_plan_create(cpu, &pd, &pcpu));
         if (!pcpu)
             break;
@@ -127,7 +135,6 @@ static void run_pcase(const pcase *c)
             CHECK_OK(kva__cpu_plan_partition(cpu, pcpu, &pp));
             CHECK_MSG(pcpu->part->num_tasks > 0, "the forced partition split nothing");
         }
-        pcpu->part->variant = vs[i];
         kva_test_poison(out_cpu, c->dt, no);
         kva_test_poison(lse_cpu, KVA_DTYPE_F32, nl);
         CHECK_OK(kva_attention_run(cpu, pcpu, q, cache, sk, out_cpu, lse_cpu));
@@ -264,11 +271,11 @@ static void test_splits(void)
 
 int main(void)
 {
-    int vs[16];
-    const int nv = variants(vs);
-    printf("tiled prefill variants run here:");
+    const char *vs[KVA_TEST_MAX_KERNELS + 1];
+    const int nv = kernels(vs);
+    printf("tiled prefill kernels run here:");
     for (int i = 1; i < nv; i++)
-        printf(" v%d (%s)", vs[i], kva__cpu_attn_variant_info(vs[i])->name);
+        printf(" %s", vs[i]);
     printf("%s\n", nv == 1 ? " none (portable ISA level): only the dispatcher's choice" : "");
     RUN(test_shapes);
     RUN(test_long_context);

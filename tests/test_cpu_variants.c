@@ -1,19 +1,24 @@
 /*
- * test_cpu_variants.c - ISA detection, dispatch and the SIMD kernel variants'
- * specialized paths.
+ * test_cpu_variants.c - ISA detection, the kernel registry and dispatch, and
+ * the SIMD kernels' specialized paths.
  *
  *   - KVA_CPU_ISA lowers the ISA level (never raises it) and unknown values are
  *     ignored; the dispatcher then picks, for decode and for prefill items,
- *     the highest candidate variant the level allows (decode v1-v4, tiled
- *     prefill v5-v7), a plan built under KVA_CPU_ISA=portable runs v1 only
- *     and one under KVA_CPU_ISA=avx2 runs v2 (decode) and v5 (prefill); the
- *     per-item shape rule (kva__cpu_item_prefill) sends decodes to the decode
- *     variant and tiles of many query rows to the prefill variant.
- *   - KVA_CPU_VARIANT=N forces a supported variant N into the plan; an
- *     unsupported or malformed N leaves the choice to the dispatcher.
- *   - Every supported variant against the reference on decode batches over
- *     the shapes the SIMD variants specialize (D = Dv = 64, 128, 256; f32,
- *     f16, bf16 caches: the bf16 q and cache path of v4 uses vdpbf16ps), the
+ *     the last registry kernel of the family the level allows (decode_* and
+ *     prefill_* in increasing ISA order), a plan built under
+ *     KVA_CPU_ISA=portable runs the portable kernel only and one under
+ *     KVA_CPU_ISA=avx2 runs decode_avx2 and prefill_avx2; the per-item shape
+ *     rule (kva__cpu_item_prefill) sends decodes to the decode kernel and
+ *     tiles of many query rows to the prefill kernel.
+ *   - kva__context_force_kernel forces a registry kernel of one family into
+ *     the plans of a context (the other family keeps the dispatcher's
+ *     choice); an unknown name fails with the registry in the message, a
+ *     kernel above the ISA level with KVA_STATUS_UNSUPPORTED, and a forcing
+ *     that the ISA level no longer allows at plan build is ignored.
+ *   - Every kernel that runs here, forced, against the reference on decode
+ *     batches over the shapes the SIMD kernels specialize (D = Dv = 64, 128,
+ *     256; f32, f16, bf16 caches: the bf16 q and cache path of
+ *     decode_avx512bf16 uses vdpbf16ps), the
  *     runtime-D path (D = 40, Dv = 24) and GQA 1, 4, 8 and 16 (more than one
  *     register block of heads), with speculative decodes (2-4 query rows),
  *     sinks and a window; outputs are poisoned before each run; and a NaN in
@@ -22,6 +27,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "batchgen.h"
+#include "cpu_kernels.h"
 #include "internal.h"
 #include "../src/attn/cpu/cpu_attn.h"
 
@@ -53,13 +59,25 @@ static void test_isa_override(void)
     unsetenv("KVA_CPU_ISA");
 }
 
-/* A small decode plan on a CPU context; caller destroys both. */
-static void make_plan(kva_context **ctx, kva_plan **plan, kva_test_batch *b)
+/* Name of the last kernel of family f in the registry k [n] that runs at ISA
+ * level `level` (required ISA read from the name's suffix). */
+static const char *best_at(const kva_test_kernel *k, int32_t n, kva__kernel_family f,
+                           kva__cpu_isa level)
 {
-    kva_context_desc cd = {KVA_BACKEND_CPU, 2, 0};
-    CHECK_OK(kva_context_create(&cd, ctx));
-    kva_plan_desc pd = kva_test_batch_plan_desc(b, 8, 2, 64, 64, KVA_DTYPE_BF16);
-    CHECK_OK(kva_plan_create(*ctx, &pd, plan));
+    static const char *const isa[] = {"portable", "avx2", "avx512", "avx512bf16"};
+    const char *best = NULL;
+    for (int32_t i = 0; i < n; i++) {
+        const char *suffix = strchr(k[i].name, '_') + 1;
+        for (int l = 0; l <= (int)level; l++)
+            if (k[i].family == f && strcmp(suffix, isa[l]) == 0)
+                best = k[i].name;
+    }
+    return best;
+}
+
+static int same(const char *a, const char *b)
+{
+    return a && b && strcmp(a, b) == 0;
 }
 
 static void test_dispatch(void)
@@ -68,80 +86,86 @@ static void test_dispatch(void)
     kva_test_batch b;
     const int32_t q[2] = {1, 1}, s[2] = {40, 90};
     kva_test_batch_init(&b, &rng, 2, q, s, 16, 2, 0);
-    unsetenv("KVA_CPU_VARIANT");
     const kva__cpu_isa level = kva__cpu_isa_level();
-    int best = 1, bestp = 1;
-    for (int v = 1; v <= kva__cpu_attn_num_variants(); v++) {
-        const kva__cpu_variant *info = kva__cpu_attn_variant_info(v);
-        CHECK(info && info->fn && info->name);
-        CHECK(info->decode || info->prefill);
-        CHECK(kva__cpu_attn_supported(v) == (info->isa <= level));
-        if (info->isa <= level && info->decode)
-            best = v;
-        if (info->isa <= level && info->prefill)
-            bestp = v;
-    }
+    kva_test_kernel k[KVA_TEST_MAX_KERNELS];
+    const int32_t n = kva_test_cpu_kernels(k);
 #if defined(__x86_64__)
-    /* The numbering of docs/architecture.md: decode v1-v4, tiled prefill v5-v7. */
-    CHECK(kva__cpu_attn_num_variants() == 7);
-    for (int v = 1; v <= 7; v++)
-        CHECK_MSG(kva__cpu_attn_variant_info(v)->decode == (v <= 4) &&
-                      kva__cpu_attn_variant_info(v)->prefill == (v == 1 || v >= 5),
-                  "variant %d: decode %d prefill %d", v, kva__cpu_attn_variant_info(v)->decode,
-                  kva__cpu_attn_variant_info(v)->prefill);
-    if (level >= KVA__ISA_AVX2)
-        CHECK(best >= 2 && bestp >= 5);
+    /* The registry: kind x ISA, each family in increasing ISA order. */
+    static const char *const names[] = {"decode_portable",   "decode_avx2",       "decode_avx512",
+                                        "decode_avx512bf16", "prefill_portable",  "prefill_avx2",
+                                        "prefill_avx512",    "prefill_avx512bf16"};
+    CHECK(n == 8);
+    for (int32_t i = 0; i < n && i < 8; i++) {
+        CHECK_MSG(same(k[i].name, names[i]) &&
+                      k[i].family == (i < 4 ? KVA__KERNEL_DECODE : KVA__KERNEL_PREFILL) &&
+                      k[i].runs == (i % 4 <= (int)level),
+                  "registry entry %d: %s family %d runs %d (ISA level %s)", (int)i, k[i].name,
+                  (int)k[i].family, k[i].runs, kva__cpu_isa_name(level));
+    }
 #endif
+    const char *best = best_at(k, n, KVA__KERNEL_DECODE, level);
+    const char *bestp = best_at(k, n, KVA__KERNEL_PREFILL, level);
+    CHECK(best && bestp);
     /* Per-item shape rule: single-row decodes and short GQA-1 spec decodes
      * are decode-shaped, query tiles prefill-shaped. */
     CHECK(!kva__cpu_item_prefill(1, 8) && !kva__cpu_item_prefill(1, 64));
     CHECK(!kva__cpu_item_prefill(4, 1) && !kva__cpu_item_prefill(2, 4));
     CHECK(kva__cpu_item_prefill(4, 4) && kva__cpu_item_prefill(5, 1));
     CHECK(kva__cpu_item_prefill(32, 4) && kva__cpu_item_prefill(128, 1));
-    CHECK(kva__cpu_attn_variant_info(0) == NULL);
-    CHECK(kva__cpu_attn_variant(kva__cpu_attn_num_variants() + 1) == NULL);
 
-    for (int mode = 0; mode < 6; mode++) {
-        /* 0: default; 1: KVA_CPU_ISA=portable; 2: forced v1; 3: bad KVA_CPU_VARIANT;
-         * 4: KVA_CPU_ISA=avx2; 5: a forced variant above the ISA level (ignored). */
+    for (int mode = 0; mode < 8; mode++) {
+        /* 0: default; 1: KVA_CPU_ISA=portable; 2: decode_portable forced; 3: an
+         * unknown name; 4: KVA_CPU_ISA=avx2; 5: a kernel above the (lowered)
+         * ISA level; 6: forced, then the level lowered below it before plan
+         * build (ignored); 7: forced, then cleared. */
         if (mode == 1)
             setenv("KVA_CPU_ISA", "portable", 1);
         if (mode == 4 || mode == 5)
             setenv("KVA_CPU_ISA", "avx2", 1);
-        if (mode == 5)
-            setenv("KVA_CPU_VARIANT", "6", 1);
-        if (mode == 2)
-            setenv("KVA_CPU_VARIANT", "1", 1);
-        if (mode == 3)
-            setenv("KVA_CPU_VARIANT", "99x", 1);
         kva_context *ctx = NULL;
         kva_plan *plan = NULL;
-        make_plan(&ctx, &plan, &b);
+        kva_context_desc cd = {KVA_BACKEND_CPU, 2, 0};
+        CHECK_OK(kva_context_create(&cd, &ctx));
+        const char *want_d = best, *want_p = bestp;
+        if (ctx && mode == 1)
+            want_d = "decode_portable", want_p = "prefill_portable";
+        if (ctx && mode == 2) {
+            CHECK_OK(kva__context_force_kernel(ctx, "decode_portable"));
+            want_d = "decode_portable";
+        }
+        if (ctx && mode == 3) {
+            CHECK_STATUS(kva__context_force_kernel(ctx, "v3"), KVA_STATUS_INVALID_ARGUMENT);
+            CHECK(strstr(kva_last_error(), "decode_portable") != NULL);
+        }
+        if (ctx && (mode == 4 || mode == 5) && level >= KVA__ISA_AVX2)
+            want_d = "decode_avx2", want_p = "prefill_avx2";
+        if (ctx && (mode == 4 || mode == 5) && level < KVA__ISA_AVX2)
+            want_d = "decode_portable", want_p = "prefill_portable";
+        if (ctx && mode == 5 && level >= KVA__ISA_AVX512)
+            CHECK_STATUS(kva__context_force_kernel(ctx, "prefill_avx512"), KVA_STATUS_UNSUPPORTED);
+        if (ctx && mode == 6 && level >= KVA__ISA_AVX512) {
+            CHECK_OK(kva__context_force_kernel(ctx, "prefill_avx512"));
+            setenv("KVA_CPU_ISA", "avx2", 1);
+            want_d = "decode_avx2", want_p = "prefill_avx2";
+        }
+        if (ctx && mode == 7) {
+            CHECK_OK(kva__context_force_kernel(ctx, "decode_portable"));
+            CHECK_OK(kva__context_force_kernel(ctx, "prefill_portable"));
+            CHECK_OK(kva__context_force_kernel(ctx, NULL));
+        }
+        kva_plan_desc pd = kva_test_batch_plan_desc(&b, 8, 2, 64, 64, KVA_DTYPE_BF16);
+        if (ctx)
+            CHECK_OK(kva_plan_create(ctx, &pd, &plan));
         if (plan) {
-            const kva__partition *part = plan->part;
-            if (mode == 0 || mode == 3) {
-                CHECK_MSG(part->variant == 0 && part->variant_decode == best &&
-                              part->variant_prefill == bestp,
-                          "mode %d: variant %d decode %d prefill %d, want 0, %d and %d", mode,
-                          (int)part->variant, (int)part->variant_decode, (int)part->variant_prefill,
-                          best, bestp);
-                CHECK(kva__cpu_attn_supported(part->variant_prefill));
-            } else if (mode == 1) {
-                CHECK(part->variant_decode == 1 && part->variant_prefill == 1);
-            } else if (mode == 4 || mode == 5) {
-                const int avx2 = level >= KVA__ISA_AVX2;
-                CHECK_MSG(part->variant == 0 && part->variant_decode == (avx2 ? 2 : 1) &&
-                              part->variant_prefill == (avx2 ? 5 : 1),
-                          "mode %d: variant %d decode %d prefill %d", mode, (int)part->variant,
-                          (int)part->variant_decode, (int)part->variant_prefill);
-            } else {
-                CHECK(part->variant == 1);
-            }
+            const char *got_d = kva__cpu_plan_kernel(plan, KVA__KERNEL_DECODE);
+            const char *got_p = kva__cpu_plan_kernel(plan, KVA__KERNEL_PREFILL);
+            CHECK_MSG(same(got_d, want_d) && same(got_p, want_p),
+                      "mode %d: decode %s prefill %s, want %s and %s", mode, got_d, got_p, want_d,
+                      want_p);
         }
         kva_plan_destroy(plan);
         kva_context_destroy(ctx);
         unsetenv("KVA_CPU_ISA");
-        unsetenv("KVA_CPU_VARIANT");
     }
     kva_test_batch_free(&b);
 }
@@ -176,11 +200,11 @@ static void poison_key(kva_cache *cache, const kva_test_batch *b, int32_t Hkv, i
         ((uint16_t *)k)[idx] = dt == KVA_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
 }
 
-/* One decode batch of shape (H, Hkv, D, Dv, dtype) on variant v against the
- * reference; with nan_key, one key of request 0 holds a NaN (its rows of kv
+/* One decode batch of shape (H, Hkv, D, Dv, dtype) with kernel `kernel`
+ * forced, against the reference; with nan_key, one key of request 0 holds a NaN (its rows of kv
  * head 0 must come out NaN, everything else unchanged). */
-static void check_shape_bl(int v, int32_t H, int32_t Hkv, int32_t D, int32_t Dv, kva_dtype dt,
-                           uint64_t seed, int nan_key, int32_t B, kva_layout layout)
+static void check_shape_bl(const kva_test_kernel *kn, int32_t H, int32_t Hkv, int32_t D, int32_t Dv,
+                           kva_dtype dt, uint64_t seed, int nan_key, int32_t B, kva_layout layout)
 {
     kva_rng rng = {seed};
     enum { R = 4 };
@@ -217,20 +241,18 @@ static void check_shape_bl(int v, int32_t H, int32_t Hkv, int32_t D, int32_t Dv,
     kva_test_poison(l_cpu, KVA_DTYPE_F32, nl);
     const float *sk = variant_case == 2 ? sinks : NULL;
 
-    char buf[16];
-    snprintf(buf, sizeof buf, "%d", v);
-    setenv("KVA_CPU_VARIANT", buf, 1);
     kva_plan *pref = NULL, *pcpu = NULL;
     CHECK_OK(kva_plan_create(ref, &pd, &pref));
+    if (cpu)
+        CHECK_OK(kva__context_force_kernel(cpu, kn->name));
     CHECK_OK(kva_plan_create(cpu, &pd, &pcpu));
-    unsetenv("KVA_CPU_VARIANT");
     if (pref && pcpu && cache) {
-        CHECK(pcpu->part->variant == v);
+        CHECK(same(kva__cpu_plan_kernel(pcpu, kn->family), kn->name));
         CHECK_OK(kva_attention_run(ref, pref, qv, cache, sk, o_ref, l_ref));
         CHECK_OK(kva_attention_run(cpu, pcpu, qv, cache, sk, o_cpu, l_cpu));
         char label[96];
-        snprintf(label, sizeof label, "v%d H=%d Hkv=%d D=%d Dv=%d %s case %d B=%d %s", v, (int)H,
-                 (int)Hkv, (int)D, (int)Dv, kva_dtype_name(dt), variant_case, (int)B,
+        snprintf(label, sizeof label, "%s H=%d Hkv=%d D=%d Dv=%d %s case %d B=%d %s", kn->name,
+                 (int)H, (int)Hkv, (int)D, (int)Dv, kva_dtype_name(dt), variant_case, (int)B,
                  layout == KVA_LAYOUT_NHD ? "NHD" : "HND");
         const size_t bad = compare_nan(label, o_cpu, o_ref, dt, no) +
                            compare_nan(label, l_cpu, l_ref, KVA_DTYPE_F32, nl);
@@ -258,16 +280,16 @@ static void check_shape_bl(int v, int32_t H, int32_t Hkv, int32_t D, int32_t Dv,
     free(l_cpu);
 }
 
-static void check_shape(int v, int32_t H, int32_t Hkv, int32_t D, int32_t Dv, kva_dtype dt,
-                        uint64_t seed, int nan_key)
+static void check_shape(const kva_test_kernel *kn, int32_t H, int32_t Hkv, int32_t D, int32_t Dv,
+                        kva_dtype dt, uint64_t seed, int nan_key)
 {
-    check_shape_bl(v, H, Hkv, D, Dv, dt, seed, nan_key, 16, KVA_LAYOUT_NHD);
+    check_shape_bl(kn, H, Hkv, D, Dv, dt, seed, nan_key, 16, KVA_LAYOUT_NHD);
 }
 
 /* The AVX-512 decode loops visit the keys of an NHD cache with Hkv > 1 in
- * groups of 4 in the order 0, 2, 1, 3 (key_at in attn_v3_avx512.h), and
- * only the groups that lie inside a query row's visible keys: every decode
- * variant against the reference over NHD and HND caches, block sizes 5
+ * groups of 4 in the order 0, 2, 1, 3 (key_at in decode_avx512.h), and
+ * only the groups that lie inside a query row's visible keys: both AVX-512
+ * decode kernels against the reference over NHD and HND caches, block sizes 5
  * (not a power of two), 16 and 24 (blocks straddling the 32-key chunks),
  * GQA 1, 2, 4 and 8 over 4 kv heads, each row format, D = 128 (the one-pass
  * scores) and 40/24 (runtime D), with spec decodes (ragged visible ranges
@@ -278,8 +300,10 @@ static void test_key_order(void)
     static const int32_t gqa[] = {1, 2, 4, 8};
     static const kva_dtype dts[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
     uint64_t seed = 900;
-    for (int v = 1; v <= kva__cpu_attn_num_variants(); v++) {
-        if (!kva__cpu_attn_supported(v) || (v != 3 && v != 4))
+    kva_test_kernel k[KVA_TEST_MAX_KERNELS];
+    const int32_t n = kva_test_cpu_kernels(k);
+    for (int32_t v = 0; v < n; v++) {
+        if (!k[v].runs || strncmp(k[v].name, "decode_avx512", 13) != 0)
             continue;
         for (int bi = 0; bi < 3; bi++)
             for (int li = 0; li < 2; li++)
@@ -287,7 +311,7 @@ static void test_key_order(void)
                     for (int ti = 0; ti < 3; ti++) {
                         const kva_layout lay = li ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
                         const int32_t D = gi % 2 ? 40 : 128, Dv = gi % 2 ? 24 : 128;
-                        check_shape_bl(v, 4 * gqa[gi], 4, D, Dv, dts[ti], seed++, 0, blocks[bi],
+                        check_shape_bl(&k[v], 4 * gqa[gi], 4, D, Dv, dts[ti], seed++, 0, blocks[bi],
                                        lay);
                     }
     }
@@ -299,20 +323,22 @@ static void test_variant_shapes(void)
     static const int32_t gqa[] = {1, 4, 8, 16};
     static const kva_dtype dts[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
     uint64_t seed = 500;
-    for (int v = 1; v <= kva__cpu_attn_num_variants(); v++) {
-        if (!kva__cpu_attn_supported(v))
+    kva_test_kernel k[KVA_TEST_MAX_KERNELS];
+    const int32_t n = kva_test_cpu_kernels(k);
+    for (int32_t v = 0; v < n; v++) {
+        if (!k[v].runs)
             continue;
         for (int di = 0; di < 4; di++)
             for (int gi = 0; gi < 4; gi++)
                 for (int ti = 0; ti < 3; ti++) {
                     const int32_t Hkv = gi == 3 ? 1 : 2;
-                    check_shape(v, Hkv * gqa[gi], Hkv, dims[di][0], dims[di][1], dts[ti], seed++,
-                                0);
+                    check_shape(&k[v], Hkv * gqa[gi], Hkv, dims[di][0], dims[di][1], dts[ti],
+                                seed++, 0);
                 }
         /* A NaN key, each row format and the bf16-dot path. */
         for (int ti = 0; ti < 3; ti++)
             for (int gi = 1; gi < 3; gi++)
-                check_shape(v, 2 * gqa[gi], 2, 128, 128, dts[ti], seed++, 1);
+                check_shape(&k[v], 2 * gqa[gi], 2, 128, 128, dts[ti], seed++, 1);
     }
 }
 

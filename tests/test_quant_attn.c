@@ -1,6 +1,7 @@
 /*
  * test_quant_attn.c - attention over quantized caches on the reference and the
- * CPU backend (every variant), for every format, through the public API:
+ * CPU backend (every kernel that runs here), for every format, through the
+ * public API:
  *
  *   1. equals the reference run on the dequantized cache (an f32 cache holding
  *      the values the format defines) to float tolerance, for mixed batches
@@ -15,6 +16,7 @@
  */
 #include "batchgen.h"
 #include "cache_util.h"
+#include "cpu_kernels.h"
 #include "../src/attn/cpu/cpu_attn.h"
 #include "../src/attn/cpu/cpu_dequant.h"
 #include "internal.h"
@@ -92,20 +94,23 @@ typedef struct run_out {
     float *lse;
 } run_out;
 
-/* Plans and runs attention on ctx over cache; out poisoned first. With
- * variant > 0 on the CPU backend the plan's kernel variant is forced. */
+/* Plans and runs attention on ctx over cache; out poisoned first. With a
+ * kernel name (CPU backend) the plan runs that registry kernel on the items
+ * of its family (forced on ctx for this plan only). */
 static void run(kva_context *ctx, const kva_plan_desc *pd, const void *q, const kva_cache *cache,
-                const float *sinks, int variant, run_out *o, size_t out_n, size_t lse_n)
+                const float *sinks, const char *kernel, run_out *o, size_t out_n, size_t lse_n)
 {
     kva_test_poison(o->out, pd->q_dtype, out_n);
     for (size_t i = 0; i < lse_n; i++)
         o->lse[i] = NAN;
     kva_plan *plan = NULL;
+    if (kernel)
+        CHECK_OK(kva__context_force_kernel(ctx, kernel));
     CHECK_OK(kva_plan_create(ctx, pd, &plan));
+    if (kernel)
+        CHECK_OK(kva__context_force_kernel(ctx, NULL));
     if (!plan)
         return;
-    if (variant > 0)
-        plan->part->variant = variant;
     CHECK_OK(kva_attention_run(ctx, plan, q, cache, sinks, o->out, o->lse));
     kva_plan_destroy(plan);
 }
@@ -174,20 +179,23 @@ static void test_case(kva_quant fmt, const qcfg *cf, kva_rng *rng)
     const size_t ln = cf->lse ? lse_n : 0;
 
     /* 1. Over the quantized cache == ref over the dequantized cache. */
-    run(ref, &pd, q, deq, sk, 0, &want, out_n, ln);
+    run(ref, &pd, q, deq, sk, NULL, &want, out_n, ln);
     char label[96];
     const double atol = kva_test_atol(KVA_DTYPE_F32), rtol = kva_test_rtol(KVA_DTYPE_F32);
-    run(ref, &pd, q, qc, sk, 0, &got, out_n, ln);
+    run(ref, &pd, q, qc, sk, NULL, &got, out_n, ln);
     snprintf(label, sizeof label, "%s %s ref", kva_quant_name(fmt), cf->name);
     CHECK_MSG(kva_test_compare(label, got.out, want.out, KVA_DTYPE_F32, out_n, atol, rtol) == 0,
               "%s", label);
     if (cf->lse)
         CHECK(kva_test_compare_f32(label, got.lse, want.lse, lse_n, atol, rtol) == 0);
-    for (int var = 1; var <= kva__cpu_attn_num_variants(); var++) {
-        if (!kva__cpu_attn_supported(var))
+    kva_test_kernel kern[KVA_TEST_MAX_KERNELS];
+    const int32_t nk = kva_test_cpu_kernels(kern);
+    for (int32_t var = 0; var < nk; var++) {
+        if (!kern[var].runs)
             continue;
-        run(cpu, &pd, q, qc, sk, var, &got, out_n, ln);
-        snprintf(label, sizeof label, "%s %s cpu v%d", kva_quant_name(fmt), cf->name, var);
+        run(cpu, &pd, q, qc, sk, kern[var].name, &got, out_n, ln);
+        snprintf(label, sizeof label, "%s %s cpu %s", kva_quant_name(fmt), cf->name,
+                 kern[var].name);
         CHECK_MSG(kva_test_compare(label, got.out, want.out, KVA_DTYPE_F32, out_n, atol, rtol) == 0,
                   "%s", label);
         if (cf->lse)
@@ -195,7 +203,7 @@ static void test_case(kva_quant fmt, const qcfg *cf, kva_rng *rng)
     }
 
     /* 2. Against the unquantized values. */
-    run(ref, &pd, q, orig, sk, 0, &fl, out_n, ln);
+    run(ref, &pd, q, orig, sk, NULL, &fl, out_n, ln);
     double maxd = 0;
     for (size_t i = 0; i < out_n; i++)
         maxd = fmax(maxd, fabs((double)((float *)want.out)[i] - ((float *)fl.out)[i]));
@@ -210,8 +218,8 @@ static void test_case(kva_quant fmt, const qcfg *cf, kva_rng *rng)
         kva_plan_desc p16 = pd;
         p16.q_dtype = qdts[i];
         CHECK_OK(kva_convert(q, KVA_DTYPE_F32, q16, qdts[i], (size_t)b.T * H * D));
-        run(ref, &p16, q16, qc, sk, 0, &want, out_n, ln);
-        run(cpu, &p16, q16, qc, sk, 0, &got, out_n, ln);
+        run(ref, &p16, q16, qc, sk, NULL, &want, out_n, ln);
+        run(cpu, &p16, q16, qc, sk, NULL, &got, out_n, ln);
         snprintf(label, sizeof label, "%s %s q %s", kva_quant_name(fmt), cf->name,
                  kva_dtype_name(qdts[i]));
         CHECK_MSG(kva_test_compare(label, got.out, want.out, qdts[i], out_n, kva_test_atol(qdts[i]),
@@ -310,8 +318,8 @@ static void test_prefill_no_cache(void)
          * values, and close to the float prefill. */
         kva_cache *deq = float_cache(ref, qc, NULL, NULL);
         float *o_q = malloc(out_n * 4);
-        run(ref, &pd, q, deq, NULL, 0, &(run_out){o_ref, NULL}, out_n, 0);
-        run(cpu, &pd, q, qc, NULL, 0, &(run_out){o_q, NULL}, out_n, 0);
+        run(ref, &pd, q, deq, NULL, NULL, &(run_out){o_ref, NULL}, out_n, 0);
+        run(cpu, &pd, q, qc, NULL, NULL, &(run_out){o_q, NULL}, out_n, 0);
         CHECK(kva_test_compare("paged quant", o_q, o_ref, KVA_DTYPE_F32, out_n, 2e-5, 2e-5) == 0);
         double maxd = 0;
         for (size_t i = 0; i < out_n; i++)
@@ -433,12 +441,14 @@ static void test_fp8_nan_propagates(void)
     CHECK_OK(kva_cache_write(cpu, qc, (int32_t)n, k, 0, v, 0, KVA_DTYPE_F32, slots));
     kva_plan_desc pd = kva_test_batch_plan_desc(&b, 2, 1, 32, 32, KVA_DTYPE_F32);
     float out[2 * 2 * 32];
-    /* be 0: ref; be 1: the CPU dispatcher; be 1 + v: CPU variant v forced. */
-    for (int be = 0; be < 2 + kva__cpu_attn_num_variants(); be++) {
-        if (be > 1 && !kva__cpu_attn_supported(be - 1))
+    /* be 0: ref; be 1: the CPU dispatcher; be 2 + i: CPU registry kernel i forced. */
+    kva_test_kernel kern[KVA_TEST_MAX_KERNELS];
+    const int32_t nk = kva_test_cpu_kernels(kern);
+    for (int be = 0; be < 2 + nk; be++) {
+        if (be > 1 && !kern[be - 2].runs)
             continue;
-        run(be ? cpu : ref, &pd, k, qc, NULL, be > 1 ? be - 1 : 0, &(run_out){out, NULL},
-            2 * 2 * 32, 0);
+        run(be ? cpu : ref, &pd, k, qc, NULL, be > 1 ? kern[be - 2].name : NULL,
+            &(run_out){out, NULL}, 2 * 2 * 32, 0);
         int nan0 = 0, nan1 = 0;
         for (int i = 0; i < 2 * 32; i++) {
             nan0 += isnan(out[i]);
@@ -454,7 +464,7 @@ static void test_fp8_nan_propagates(void)
 }
 
 /* Every finite fp8 code, subnormals (|code| 1..7) and -0 included, in an fp8
- * cache read by every CPU variant == ref over the same cache. Scales are
+ * cache read by every CPU kernel == ref over the same cache. Scales are
  * powers of 2, so x / s is the code's value and the write stores that code.
  * V (scale 1) and the keys of kv head 0 (scale 2^-8) hold every code; the
  * keys of kv head 1 (scale 2^-2) only magnitudes < 0x40, so that their
@@ -513,14 +523,16 @@ static void test_fp8_all_codes(void)
         kva_test_fill(q, KVA_DTYPE_F32, (size_t)b.T * H * D, &rng, 1.0);
         run_out want = {malloc(out_n * 4), malloc(lse_n * 4)};
         run_out got = {malloc(out_n * 4), malloc(lse_n * 4)};
-        run(ref, &pd, q, qc, NULL, 0, &want, out_n, lse_n);
+        run(ref, &pd, q, qc, NULL, NULL, &want, out_n, lse_n);
         const double atol = kva_test_atol(KVA_DTYPE_F32), rtol = kva_test_rtol(KVA_DTYPE_F32);
-        for (int var = 1; var <= kva__cpu_attn_num_variants(); var++) {
-            if (!kva__cpu_attn_supported(var))
+        kva_test_kernel kern[KVA_TEST_MAX_KERNELS];
+        const int32_t nk = kva_test_cpu_kernels(kern);
+        for (int32_t var = 0; var < nk; var++) {
+            if (!kern[var].runs)
                 continue;
-            run(cpu, &pd, q, qc, NULL, var, &got, out_n, lse_n);
-            char label[64];
-            snprintf(label, sizeof label, "fp8 all codes D%d/%d v%d", D, Dv, var);
+            run(cpu, &pd, q, qc, NULL, kern[var].name, &got, out_n, lse_n);
+            char label[80];
+            snprintf(label, sizeof label, "fp8 all codes D%d/%d %s", D, Dv, kern[var].name);
             CHECK_MSG(
                 kva_test_compare(label, got.out, want.out, KVA_DTYPE_F32, out_n, atol, rtol) == 0,
                 "%s", label);

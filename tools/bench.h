@@ -37,15 +37,17 @@ typedef struct bench_opts {
     uint64_t seed;
     const char *json; /* file for the machine-readable result, or NULL */
     int no_check;
-    int no_ceiling;  /* skip measuring the machine's read bandwidth and FMA peak */
-    int ragged;      /* time kva_attention_run_ragged instead of the paged path */
-    int alibi;       /* ALiBi slopes 2^(-8(h+1)/H) */
-    int sinks;       /* per-head sink logits */
-    int32_t variant; /* CPU kernel variant forced on every item, 0 = the dispatcher's */
-    int parts;       /* mixed mode: also time the decodes alone and the chunk alone */
-    int paired;      /* cpu: a read pass after every timed run (bench_result.paired_*) */
-    int sweep;       /* bench_sweep_set: 0 = one shape */
-    int quiet;       /* no table on stdout (the sweep prints one row per shape) */
+    int no_ceiling; /* skip measuring the machine's read bandwidth and FMA peak */
+    int ragged;     /* time kva_attention_run_ragged instead of the paged path */
+    int alibi;      /* ALiBi slopes 2^(-8(h+1)/H) */
+    int sinks;      /* per-head sink logits */
+    /* Registry kernels forced on the context (`kvattn info` lists them), comma
+     * separated, one per family at most; NULL = the dispatcher's choice. */
+    const char *variant;
+    int parts;  /* mixed mode: also time the decodes alone and the chunk alone */
+    int paired; /* cpu: a read pass after every timed run (bench_result.paired_*) */
+    int sweep;  /* bench_sweep_set: 0 = one shape */
+    int quiet;  /* no table on stdout (the sweep prints one row per shape) */
 } bench_opts;
 
 /* Shape sets of --sweep (bench_sweep.c). */

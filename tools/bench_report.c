@@ -82,7 +82,7 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
     printf("  %-18s causal=%d window_left=%d softcap=%g alibi=%d sinks=%d\n", "mask",
            (int)o->causal, (int)o->window, (double)o->softcap, o->alibi, o->sinks);
     if (o->variant)
-        printf("  %-18s %d on every work item (--variant)\n", "kernel variant", (int)o->variant);
+        printf("  %-18s %s on the items of its family (--variant)\n", "kernel forced", o->variant);
     printf("  %-18s state %s, %d decodes (%d tokens), %d prefills (%d tokens), %d work items\n",
            "plan", kva_attn_state_name(pi->state), (int)pi->num_decodes, (int)pi->num_decode_tokens,
            (int)pi->num_prefills, (int)pi->num_prefill_tokens, (int)pi->num_work_items);
@@ -200,7 +200,7 @@ void bench_report_json_write(FILE *f, const bench_opts *o, const bench_result *r
             "\"alibi\": %s, \"sinks\": %s},\n",
             (int)o->causal, (int)o->window, (double)o->softcap, o->alibi ? "true" : "false",
             o->sinks ? "true" : "false");
-    fprintf(f, "  \"variant\": %d,\n", (int)o->variant);
+    fprintf(f, "  \"variant\": \"%s\",\n", o->variant ? o->variant : "");
     fprintf(f,
             "  \"plan\": {\"state\": \"%s\", \"num_decodes\": %d, \"num_decode_tokens\": %d, "
             "\"num_prefills\": %d, \"num_prefill_tokens\": %d, \"num_work_items\": %d},\n",

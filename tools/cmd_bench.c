@@ -10,7 +10,7 @@
  */
 #include "bench.h"
 #include "cli.h"
-#include "../src/attn/cpu/cpu_attn.h" /* --variant: kva__cpu_attn_supported, plan->part */
+#include "internal.h" /* kva__context_force_kernel (--variant) */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,10 +64,11 @@ void kva_cli_usage_bench(void)
            "                       the host, checked there, uploaded; times with CUDA events\n"
            "                       and a device-to-device copy as the ceiling) [cpu]\n"
            "  --threads N          CPU threads (cuda: of the host cache write), 0 = all [0]\n"
-           "  --variant N          CPU kernel variant forced on every work item (`kvattn\n"
-           "                       info` lists them: 1 portable, 2-4 decode AVX2/AVX-512/\n"
-           "                       +BF16, 5-7 tiled prefill AVX2/AVX-512/+BF16), 0 = the\n"
-           "                       dispatcher's per-item choice [0]\n"
+           "  --variant NAME[,NAME] cpu: registry kernels forced on the items of their family\n"
+           "                       (`kvattn info` lists them, e.g. decode_avx2 or\n"
+           "                       prefill_portable); a kernel this build or CPU (or\n"
+           "                       KVA_CPU_ISA) cannot run is a usage error [the\n"
+           "                       dispatcher's per-item choice]\n"
            "  --parts              mixed mode: also time the decodes alone and the chunked\n"
            "                       prefill alone, and print mixed / (decodes + chunk)\n"
            "  --sweep SET          run a built-in list of shapes instead of one, one table\n"
@@ -196,7 +197,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
         else if (!strcmp(f, "--warmup"))
             ok = kva_cli_parse_i32(f, val, 0, 1000000, &o->warmup);
         else if (!strcmp(f, "--variant"))
-            ok = kva_cli_parse_i32(f, val, 0, 64, &o->variant);
+            o->variant = val;
         else if (!strcmp(f, "--sweep"))
             ok = bench_sweep_parse(val, &o->sweep);
         else if (!strcmp(f, "--seed"))
@@ -226,19 +227,9 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
                 (int)o->kv_heads);
         return KVA_EXIT_USAGE;
     }
-    if (o->variant != 0) {
-        if (o->backend != KVA_BACKEND_CPU) {
-            fprintf(stderr, "kvattn: --variant %d: only the cpu backend has variants\n",
-                    (int)o->variant);
-            return KVA_EXIT_USAGE;
-        }
-        if (!kva__cpu_attn_supported(o->variant)) {
-            fprintf(stderr,
-                    "kvattn: --variant %d: not available in this build or on this CPU "
-                    "(variants 1..%d; kvattn info lists them and the CPU's ISA)\n",
-                    (int)o->variant, kva__cpu_attn_num_variants());
-            return KVA_EXIT_USAGE;
-        }
+    if (o->variant && o->backend != KVA_BACKEND_CPU) {
+        fprintf(stderr, "kvattn: --variant %s: kvattn bench forces cpu kernels only\n", o->variant);
+        return KVA_EXIT_USAGE;
     }
     if (o->parts && (o->mode != BENCH_MIXED || o->ragged)) {
         fprintf(stderr, "kvattn: --parts needs --mode mixed and the paged path (no --ragged)\n");
@@ -343,10 +334,6 @@ static int time_parts(const bench_opts *o, bench_state *s, int iters, bench_resu
         rc = kva_cli_lib_error("kva_plan_create (chunk alone)", st);
         goto done;
     }
-    if (o->variant) {
-        dec->part->variant = o->variant;
-        chunk->part->variant = o->variant;
-    }
     const void *q_chunk = (const unsigned char *)b->q + (size_t)t0 * H * o->head_dim * es;
     void *out_chunk = (unsigned char *)b->out + (size_t)t0 * H * o->head_dim_v * es;
     float *lse_chunk = b->lse + (size_t)t0 * H;
@@ -379,6 +366,29 @@ done:
 }
 
 /* The bench proper once the options are valid; returns the exit status. */
+/* Forces the comma-separated registry kernels `list` on ctx
+ * (kva__context_force_kernel); -1 on success, else the exit status. */
+static int force_kernels(kva_context *ctx, const char *list)
+{
+    char name[64];
+    for (const char *p = list; *p;) {
+        const size_t n = strcspn(p, ",");
+        if (n == 0 || n >= sizeof name) {
+            fprintf(stderr, "kvattn: --variant '%s': expected NAME[,NAME]\n", list);
+            return KVA_EXIT_USAGE;
+        }
+        memcpy(name, p, n);
+        name[n] = '\0';
+        if (kva__context_force_kernel(ctx, name) != KVA_STATUS_OK) {
+            fprintf(stderr, "kvattn: --variant %s: %s (`kvattn info` lists the kernels)\n", name,
+                    kva_last_error());
+            return KVA_EXIT_USAGE;
+        }
+        p += n + (p[n] == ',');
+    }
+    return -1;
+}
+
 static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
 {
     kva_status st;
@@ -393,6 +403,11 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
     kva_context_desc cd = {o->backend, o->threads, 0};
     if ((st = kva_context_create(&cd, &s->ctx)) != KVA_STATUS_OK)
         return kva_cli_lib_error("kva_context_create", st);
+    if (o->variant) {
+        int rc = force_kernels(s->ctx, o->variant);
+        if (rc >= 0)
+            return rc;
+    }
     res->threads = kva_context_num_threads(s->ctx);
     res->num_requests = b->num_requests;
     res->num_tokens = b->num_tokens;
@@ -425,8 +440,6 @@ static int bench_main(const bench_opts *o, bench_state *s, bench_result *res)
             return kva_cli_lib_error("kva_plan_create", st);
     }
     res->plan_s = bench_median(plan_times, PLAN_REPEATS);
-    if (o->variant)
-        s->plan->part->variant = o->variant;
     if ((st = kva_plan_get_info(s->plan, &res->info)) != KVA_STATUS_OK)
         return kva_cli_lib_error("kva_plan_get_info", st);
 

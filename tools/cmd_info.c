@@ -1,7 +1,6 @@
 /* cmd_info.c - `kvattn info`: what this build of kvattn can run on this machine. */
 #include "cli.h"
-#include "internal.h"                 /* kva__cpu_isa_string, kva__backend_device_count */
-#include "../src/attn/cpu/cpu_attn.h" /* the CPU kernel variants */
+#include "internal.h" /* kva__cpu_isa_string, kva__context_kernels, kva__backend_device_count */
 
 #include <stdio.h>
 #include <string.h>
@@ -35,15 +34,18 @@ int kva_cli_info(int argc, char **argv)
     printf("%-14s %s\n", "cpu isa", kva__cpu_isa_string());
     printf("%-14s %s (KVA_CPU_ISA lowers it)\n", "cpu kernels",
            kva__cpu_isa_name(kva__cpu_isa_level()));
-    for (int v = 1; v <= kva__cpu_attn_num_variants(); v++)
-        printf("%-14s %d: %s%s\n", "", v, kva__cpu_attn_variant_info(v)->name,
-               kva__cpu_attn_supported(v) ? "" : " (not supported here)");
 
-    /* A default context (CPU backend, all cores) reports the thread count. */
+    /* A default context (CPU backend, all cores) reports the thread count and
+     * the kernel registry (`kvattn bench --variant NAME` forces one). */
     kva_context *ctx = NULL;
     kva_status st = kva_context_create(NULL, &ctx);
     if (st != KVA_STATUS_OK)
         return kva_cli_lib_error("kva_context_create", st);
+    int32_t nk = 0;
+    const kva__kernel_info *k = kva__context_kernels(ctx, &nk);
+    for (int32_t i = 0; i < nk; i++)
+        printf("%-14s %s%s\n", "", k[i].name,
+               !k[i].usable || k[i].usable(ctx) ? "" : " (not supported here)");
     printf("%-14s %d\n", "cpu threads", (int)kva_context_num_threads(ctx));
     kva_context_destroy(ctx);
 

@@ -3,7 +3,7 @@
  *
  * A run executes the plan's work items (src/plan/partition.h) on an OpenMP
  * team: each thread takes items from a dynamic schedule and runs a kernel
- * variant on it with its own scratch area, then the team merges the partial
+ * on it with its own scratch area, then the team merges the partial
  * results of split items. The team has the running context's thread count,
  * capped by the scratch areas its workspace holds (plan_build reserves one
  * per thread of the context that built the plan). All memory a run touches besides its arguments is
@@ -26,9 +26,9 @@
 #define KVA_CPU_MAX_ROWS 128
 /* Preferred attention rows of a prefill query tile: 128 (32 queries x a GQA
  * group of 4) amortizes each K/V tile's conversion over twice the rows of 64
- * and ran 3% faster with the tiled variant (1 thread, 2k prefill, bf16). */
+ * and ran 3% faster with the tiled prefill kernel (1 thread, 2k prefill, bf16). */
 #define KVA_CPU_PREFILL_ROWS 128
-/* Most keys of one tile of the tiled prefill variants (attn_prefill_tiled.inc). */
+/* Most keys of one tile of the tiled prefill kernels (prefill_tiled.inc). */
 #define KVA_CPU_TILE_KEYS 96
 /* Decode groups (see "Groups" below): most items of one group, and most
  * attention rows of an item that may join one. */
@@ -44,7 +44,7 @@ typedef struct kva__cpu_run {
                          INT8_TOKEN_K_V16 (cache->v_elem gives V's size) */
     int quant;        /* 1: the cache is quantized, rows go through kva__cpu_dequant_chunk */
     int dequant_simd; /* kva__cpu_dequant_simd(&ctx->cpu_features), once per run */
-    int vnni;         /* the CPU has AVX512_VNNI (variant 4's int8 key scores) */
+    int vnni;         /* the CPU has AVX512_VNNI (decode_avx512bf16's int8 key scores) */
     const void *q;    /* [T, H, D] */
     /* K/V source: a paged cache, or (cache == NULL) ragged rows
      * k: [sum(seq_lens), Hkv, D], v: [sum(seq_lens), Hkv, Dv]. */
@@ -65,10 +65,10 @@ typedef struct kva__cpu_scratch {
     float *mx;        /* [max_rows] running max of the scores */
     float *sum;       /* [max_rows] running sum of exp(score - mx) */
     float *p;         /* [KEY_CHUNK] scores, then probabilities, of one row */
-    float *pm;        /* [max_rows, KEY_CHUNK] probabilities of every row (SIMD variants) */
+    float *pm;        /* [max_rows, KEY_CHUNK] probabilities of every row (SIMD kernels) */
     float *alpha;     /* [max_rows] rescale factor of each row's accumulators this chunk */
     int32_t *live;    /* [max_rows] 1 if the row takes part in this chunk's P.V */
-    float *vs;        /* [2, 8, 16, 16] per-(head, key) partial dot products (SIMD variants) */
+    float *vs;        /* [2, 8, 16, 16] per-(head, key) partial dot products (SIMD kernels) */
     float *kbuf;      /* [KEY_CHUNK, D] keys converted to fp32 (v1; v3/v4 only for
                          storage dtypes they do not read in place) */
     float *vbuf;      /* [KEY_CHUNK, Dv] values, likewise */
@@ -76,9 +76,9 @@ typedef struct kva__cpu_scratch {
     int32_t *hi;      /* [max_rows] one past the last visible key */
     const float **kp; /* [KEY_CHUNK] fp32 key rows of the chunk */
     const float **vp; /* [KEY_CHUNK] fp32 value rows of the chunk */
-    void *tile;       /* area of the tiled prefill variants, see kva__cpu_tile */
-    /* Query rows for the int8 dot-product scores of variant 4 (VNNI,
-     * attn_v3_avx512.c): each row as 3 signed base-256 digits of a 23-bit
+    void *tile;       /* area of the tiled prefill kernels, see kva__cpu_tile */
+    /* Query rows for the int8 dot-product scores of decode_avx512bf16 (VNNI,
+     * decode_avx512.c): each row as 3 signed base-256 digits of a 23-bit
      * integer, qi [max_rows, 3, D]; qk [max_rows, 2] its step and the key
      * offsets' term; qc [max_rows, 4] 128 x the digit sums (the codes' bias). */
     int8_t *qi;
@@ -91,7 +91,7 @@ typedef struct kva__cpu_scratch {
     unsigned char *group;
 } kva__cpu_scratch;
 
-/* The tiled prefill variants' arrays (attn_prefill_tiled.inc), carved out of
+/* The tiled prefill kernels' arrays (prefill_tiled.inc), carved out of
  * kva__cpu_scratch.tile. Mp = MAX_ROWS (a multiple of 16), KT = TILE_KEYS;
  * arrays over rows hold one lane per attention row of the item. */
 typedef struct kva__cpu_tile {
@@ -131,87 +131,70 @@ void kva__cpu_scratch_map(void *area, int32_t D, int32_t Dv, kva__cpu_scratch *s
 void kva__cpu_scratch_member(const kva__cpu_scratch *s, int32_t i, int32_t D, int32_t Dv,
                              kva__cpu_scratch *member);
 
-/* A kernel variant: computes one work item. */
+/* A kernel: computes one work item. */
 typedef void (*kva__cpu_attn_fn)(const kva__cpu_run *run, const kva__work_item *it,
                                  kva__cpu_scratch *s);
-/* A decode variant's group entry: computes the n (2..KVA_CPU_GROUP_MAX)
- * items of a decode group (items[0..n): one request, query rows and key
- * range, different kv heads) interleaved chunk by chunk, each exactly as
- * the variant computes it alone. */
+/* A decode kernel's group entry: computes the n (2..KVA_CPU_GROUP_MAX) items
+ * of a decode group (items[0..n): one request, query rows and key range,
+ * different kv heads) interleaved chunk by chunk, each exactly as the kernel
+ * computes it alone. */
 typedef void (*kva__cpu_group_fn)(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
                                   kva__cpu_scratch *s);
 
-/* Kernel variants. Every variant computes ANY work item exactly like the
- * reference (any nq, nh, masks, soft-cap, ALiBi, sinks, split partials,
- * non-finite semantics, quantized caches); they differ in the ISA they need
- * and the shapes they are fast for. Files named *_avx2.c / *_avx512.c are
- * compiled with their ISA flags and only called after run-time detection
- * (ctx->cpu_features, kva__cpu_isa_of). v1-v4 process chunks of
- * KVA_CPU_KEY_CHUNK keys row by row (decode kernels); v5-v7 are the tiled
- * prefill kernels (one body, attn_prefill_tiled.inc: K x Q^T and V^T x P^T
- * register-blocked GEMMs over tiles of KVA_CPU_TILE_KEYS keys). */
-void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it,
-                      kva__cpu_scratch *s); /* portable C (attn_v1.c) */
-void kva__cpu_attn_v2(const kva__cpu_run *run, const kva__work_item *it,
-                      kva__cpu_scratch *s); /* AVX2+FMA+F16C decode (attn_v2_avx2.c) */
-void kva__cpu_attn_v3(const kva__cpu_run *run, const kva__work_item *it,
-                      kva__cpu_scratch *s); /* AVX-512 decode (attn_v3_avx512.c) */
-void kva__cpu_attn_v4(const kva__cpu_run *run, const kva__work_item *it,
-                      kva__cpu_scratch *s); /* v3 + AVX512_BF16 scores (attn_v3_avx512.c) */
-/* Group entries of v3 and v4. */
-void kva__cpu_group_v2(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
-                       kva__cpu_scratch *s);
-void kva__cpu_group_v3(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
-                       kva__cpu_scratch *s);
-void kva__cpu_group_v4(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
-                       kva__cpu_scratch *s);
-void kva__cpu_attn_v5(const kva__cpu_run *run, const kva__work_item *it,
-                      kva__cpu_scratch *s); /* AVX2 tiled prefill (attn_v5_prefill_avx2.c) */
-void kva__cpu_attn_v6(const kva__cpu_run *run, const kva__work_item *it,
-                      kva__cpu_scratch *s); /* AVX-512 tiled prefill (attn_v6_prefill_avx512.c) */
-/* v6 with AVX512_BF16 dot products for the scores when q and K are bf16
- * (attn_v7_prefill_bf16_avx512.c). */
-void kva__cpu_attn_v7(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
-
-/* One row of the variant table (cpu_ops.c). */
-typedef struct kva__cpu_variant {
-    const char *name;
-    kva__cpu_attn_fn fn;
-    kva__cpu_isa isa; /* lowest ISA level it needs */
-    int decode;       /* candidate for decode-shaped items (few query rows x the GQA group) */
-    int prefill;      /* candidate for prefill-shaped items (many query rows) */
-    kva__cpu_group_fn group; /* runs a decode group interleaved, or NULL (item by item) */
-} kva__cpu_variant;
-
-/* Number of kernel variants; variant v's kernel (1-based; NULL when v is out
- * of range; the ISA is NOT checked: call it only for supported variants) and
- * its table row. */
-int kva__cpu_attn_num_variants(void);
-kva__cpu_attn_fn kva__cpu_attn_variant(int v);
-const kva__cpu_variant *kva__cpu_attn_variant_info(int v);
-/* 1 if variant v can run at ISA level `level` / here (detected now, lowered
- * by KVA_CPU_ISA; detection costs cpuid: tools and tests only). */
-int kva__cpu_attn_supported_at(int v, kva__cpu_isa level);
-int kva__cpu_attn_supported(int v);
+/*
+ * The kernels, named by kind x ISA as in the backend's registry (cpu_ops.c,
+ * kva__kernel_info in src/core/internal.h). Every kernel computes any work
+ * item exactly like the reference (any nq, nh, masks, soft-cap, ALiBi,
+ * sinks, split partials, non-finite semantics, quantized caches); they
+ * differ in the ISA they need and the shapes they are fast for, and the
+ * dispatcher runs each on the items of its family only. Files named
+ * *_avx2*.c / *_avx512*.c are compiled with their ISA flags and only called
+ * after run-time detection (ctx->cpu_features, kva__cpu_isa_of).
+ *   decode_*: chunks of KVA_CPU_KEY_CHUNK keys row by row, GQA heads packed;
+ *     AVX2 and AVX-512 read K/V rows in place in their storage format (one
+ *     chunk-step body per ISA, decode_<isa>_step.inc, instantiated per K/V
+ *     format pair); decode_avx512bf16 adds vdpbf16ps scores for bf16 q and
+ *     cache and, on CPUs with AVX512_VNNI, int8 key scores by vpdpbusd.
+ *   prefill_*: tiles of KVA_CPU_TILE_KEYS keys as register-blocked GEMMs (K x
+ *     Q^T, V^T x P^T; one body, prefill_tiled.inc, per vector width);
+ *     prefill_avx512bf16 scores bf16 q and K by vdpbf16ps.
+ *   The portable kernel (attn_portable.c, plain C) is both families' fallback.
+ */
+void kva__cpu_attn_portable(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
+void kva__cpu_decode_avx2(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
+void kva__cpu_decode_avx512(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
+void kva__cpu_decode_avx512bf16(const kva__cpu_run *run, const kva__work_item *it,
+                                kva__cpu_scratch *s);
+void kva__cpu_decode_avx2_group(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
+                                kva__cpu_scratch *s);
+void kva__cpu_decode_avx512_group(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
+                                  kva__cpu_scratch *s);
+void kva__cpu_decode_avx512bf16_group(const kva__cpu_run *run, const kva__work_item *items,
+                                      int32_t n, kva__cpu_scratch *s);
+void kva__cpu_prefill_avx2(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
+void kva__cpu_prefill_avx512(const kva__cpu_run *run, const kva__work_item *it,
+                             kva__cpu_scratch *s);
+void kva__cpu_prefill_avx512bf16(const kva__cpu_run *run, const kva__work_item *it,
+                                 kva__cpu_scratch *s);
 
 /*
- * Dispatch seam. A plan carries two variants, chosen once at plan build by
- * kva__cpu_attn_choose from the context's ISA level (ctx->cpu_features,
- * detected once at kva_context_create, lowered by KVA_CPU_ISA): the last
- * supported variant of the table with decode = 1 becomes
- * part->variant_decode, the last with prefill = 1 part->variant_prefill (the
- * table is ordered so that a later candidate beats the earlier ones: decode
- * v4 > v3 > v2 > v1, prefill v7 > v6 > v5 > v1).
+ * Dispatch seam. A plan carries two kernels of the registry (cpu_ops.c),
+ * chosen once at plan build from the context: part->variant_decode and
+ * part->variant_prefill (registry index + 1). Per family it is the kernel
+ * forced on the context (kva__context_force_kernel, the one hook tests and
+ * `kvattn bench --variant NAME` use) if the ISA level allows it, else the
+ * last registry entry of the family the level allows (the registry lists
+ * them in increasing ISA order, each beating the earlier ones where it can
+ * run). The ISA level is the context's detected one (ctx->cpu_features),
+ * lowered by the environment variable KVA_CPU_ISA (src/core/cpu_features.c):
+ * the ISA knob tests and benchmarks use to run the AVX2 or portable kernels
+ * on an AVX-512 machine; it names an ISA, never a kernel.
  *
  * run_items then picks per item by shape (kva__cpu_item_prefill): an item of
  * nq query rows x nh heads is prefill-shaped when nq > KVA_CPU_DECODE_MAX_NQ,
  * or nq >= 2 and nq * nh >= KVA_CPU_TILED_MIN_ROWS (a speculative decode
  * over a wide GQA group already fills the tiled kernel's vectors); every other
- * item (plain decodes, tails of few rows) runs the decode variant.
- *
- * part->variant, when nonzero, forces one variant for every item (tests,
- * `kvattn bench --variant N`, the environment variable KVA_CPU_VARIANT=N read
- * at plan build and ignored when the ISA level lacks it).
+ * item (plain decodes, tails of few rows) runs the decode kernel.
  */
 #define KVA_CPU_DECODE_MAX_NQ 4
 #define KVA_CPU_TILED_MIN_ROWS 16
@@ -219,7 +202,10 @@ static inline int kva__cpu_item_prefill(int32_t nq, int32_t nh)
 {
     return nq > KVA_CPU_DECODE_MAX_NQ || (nq >= 2 && nq * nh >= KVA_CPU_TILED_MIN_ROWS);
 }
-void kva__cpu_attn_choose(kva__cpu_isa level, int32_t *variant_decode, int32_t *variant_prefill);
+/* The name of the decode or the prefill kernel a CPU plan runs, and whether
+ * the registry kernel `name` runs decode groups ("Groups" below; tests). */
+const char *kva__cpu_plan_kernel(const kva_plan *plan, kva__kernel_family family);
+int kva__cpu_kernel_groups(const char *name);
 
 /*
  * Groups. A decode reads a few rows of every block per kv head: the rows of
@@ -230,12 +216,12 @@ void kva__cpu_attn_choose(kva__cpu_isa level, int32_t *variant_decode, int32_t *
  * orders the items so that the decode items of one request, query rows and
  * key range over different kv heads are adjacent, and cuts them into groups
  * of up to KVA_CPU_GROUP_MAX items (part->group_start); the run schedules
- * groups, and a decode variant with a group entry runs a group's items
+ * groups, and a decode kernel with a group entry runs a group's items
  * interleaved chunk by chunk (all kv heads of a block read together), others
- * one after the other; a plan whose decode variant has no group entry (v1
- * or a forced variant without one at plan build) keeps one item per
+ * one after the other; a plan whose decode kernel has no group entry (the
+ * portable one) keeps one item per
  * group. kva__cpu_groupable says which items may join a group. A decode-only
- * plan of a grouping variant asks the partition for min(Hkv, GROUP_MAX) times
+ * plan of a grouping kernel asks the partition for min(Hkv, GROUP_MAX) times
  * as many items per thread, so that there are as many groups as there were
  * items.
  */
@@ -245,12 +231,12 @@ static inline int kva__cpu_groupable(const kva__work_item *it)
 }
 
 /* Partitions the plan with pp (replacing any partition it has, keeping its
- * kernel variant), records the workspace it needs and reserves it in ctx.
+ * kernels), records the workspace it needs and reserves it in ctx.
  * plan_build calls it with the defaults; tests call it with other parameters. */
 kva_status kva__cpu_plan_partition(kva_context *ctx, kva_plan *plan,
                                    const kva__partition_params *pp);
 
-/* ---- pieces shared by the variants (cpu_item.c) ---- */
+/* ---- pieces shared by the kernels (cpu_item.c) ---- */
 
 /* Byte pointers of the K and V rows of one chunk of keys, and the per-token
  * key scales of an INT8_TOKEN_K cache (unset otherwise). */
@@ -260,14 +246,19 @@ typedef struct kva__cpu_chunk_rows {
     const float *ks[KVA_CPU_KEY_CHUNK];
 } kva__cpu_chunk_rows;
 
-/* Quantized caches: every variant's chunk loader dequantizes the chunk's n
+/* Quantized caches: the portable kernel's chunk loader dequantizes the chunk's n
  * rows of kv head kvh into fp32 s->kbuf/vbuf through kva__cpu_dequant_chunk
  * (cpu_dequant.h) and points s->kp/vp at them (rows n.. repeat row 0). */
 void kva__cpu_load_chunk_dequant(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, int32_t n,
                                  int32_t kvh, kva__cpu_scratch *s);
 
 /* Locates the rows of keys c0 .. c0+n-1 of request r, kv head kvh (paged
- * cache: block id read once per block; ragged: kv_start[r] + j). */
+ * cache: block id read once per block; ragged: kv_start[r] + j): byte
+ * pointers of the K and V rows into kr/vr [n] and, for an INT8_TOKEN_K
+ * cache and ks != NULL, of the per-token key scales into ks [n]. */
+void kva__cpu_locate_rows(const kva__cpu_run *run, int32_t r, int32_t kvh, int32_t c0, int32_t n,
+                          const unsigned char **kr, const unsigned char **vr, const float **ks);
+/* kva__cpu_locate_rows into one chunk's rows (n <= KVA_CPU_KEY_CHUNK). */
 void kva__cpu_locate_chunk(const kva__cpu_run *run, int32_t r, int32_t kvh, int32_t c0, int32_t n,
                            kva__cpu_chunk_rows *cr);
 /* Prefetches the n rows of a chunk (kbytes / vbytes per K / V row). */

@@ -26,6 +26,54 @@
 
 enum { FMT_F32, FMT_F16, FMT_BF16, FMT_I8, FMT_I8S, FMT_I8T, FMT_FP8, FMT_FP8N };
 
+/*
+ * Format pairs: the decode kernels instantiate their chunk step once per
+ * (K, V) row-format pair that occurs, with both formats as compile-time
+ * constants, in small files per pair (or group of pairs) and ISA, so the
+ * build compiles them in parallel. An item's pair is fixed but for fp8 (a
+ * chunk with NaN codes reads as FMT_FP8N); kva__cpu_fmt_pair says which pair
+ * the formats kf, vf of a chunk are.
+ */
+enum {
+    PAIR_F32,      /* float32 rows (and rows a kernel converted to fp32) */
+    PAIR_F16,      /* f16 K and V */
+    PAIR_BF16,     /* bf16 K and V */
+    PAIR_I8,       /* INT8_CHANNEL with offsets */
+    PAIR_I8S,      /* INT8_CHANNEL, symmetric */
+    PAIR_I8T_I8,   /* INT8_TOKEN_K keys, int8 values with offsets */
+    PAIR_I8T_I8S,  /* INT8_TOKEN_K keys, symmetric int8 values */
+    PAIR_I8T_F16,  /* INT8_TOKEN_K_V16 keys, f16 values */
+    PAIR_I8T_BF16, /* INT8_TOKEN_K_V16 keys, bf16 values */
+    PAIR_FP8,      /* FP8_E4M3 */
+    PAIR_FP8N,     /* FP8_E4M3, a chunk that holds NaN codes */
+    PAIR_COUNT
+};
+
+static inline int kva__cpu_fmt_pair(int kf, int vf)
+{
+    switch (kf) {
+    case FMT_F16:
+        return PAIR_F16;
+    case FMT_BF16:
+        return PAIR_BF16;
+    case FMT_I8:
+        return PAIR_I8;
+    case FMT_I8S:
+        return PAIR_I8S;
+    case FMT_I8T:
+        return vf == FMT_I8    ? PAIR_I8T_I8
+               : vf == FMT_I8S ? PAIR_I8T_I8S
+               : vf == FMT_F16 ? PAIR_I8T_F16
+                               : PAIR_I8T_BF16;
+    case FMT_FP8:
+        return PAIR_FP8;
+    case FMT_FP8N:
+        return PAIR_FP8N;
+    default:
+        return PAIR_F32;
+    }
+}
+
 /* Row formats of one item and the offsets its loops subtract. */
 typedef struct kva__cpu_fold {
     int kf, vf;        /* row formats of K and V */

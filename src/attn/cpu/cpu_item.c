@@ -10,8 +10,8 @@
 
 #include <math.h>
 
-void kva__cpu_locate_chunk(const kva__cpu_run *run, int32_t r, int32_t kvh, int32_t c0, int32_t n,
-                           kva__cpu_chunk_rows *cr)
+void kva__cpu_locate_rows(const kva__cpu_run *run, int32_t r, int32_t kvh, int32_t c0, int32_t n,
+                          const unsigned char **kr, const unsigned char **vr, const float **ks)
 {
     const kva_plan *plan = run->plan;
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
@@ -36,13 +36,13 @@ void kva__cpu_locate_chunk(const kva__cpu_run *run, int32_t r, int32_t kvh, int3
             const unsigned char *kp = kbase + (size_t)kva__cache_row(cd, blk, off, kvh, D) * esz;
             const unsigned char *vp = vbase + (size_t)kva__cache_row(cd, blk, off, kvh, Dv) * vesz;
             for (int32_t t = 0; t < cnt; t++) {
-                cr->k[j - c0 + t] = kp + (size_t)t * kstep;
-                cr->v[j - c0 + t] = vp + (size_t)t * vstep;
+                kr[j - c0 + t] = kp + (size_t)t * kstep;
+                vr[j - c0 + t] = vp + (size_t)t * vstep;
             }
-            if (tsc) {
+            if (tsc && ks) {
                 const float *ts = tsc + kva__token_scale_index(cd, blk, off, kvh);
                 for (int32_t t = 0; t < cnt; t++)
-                    cr->ks[j - c0 + t] = ts + t;
+                    ks[j - c0 + t] = ts + t;
             }
             j += cnt;
         }
@@ -51,10 +51,16 @@ void kva__cpu_locate_chunk(const kva__cpu_run *run, int32_t r, int32_t kvh, int3
         const int64_t row0 = plan->kv_start[r] + c0;
         const unsigned char *kb = run->k, *vb = run->v;
         for (int32_t t = 0; t < n; t++) {
-            cr->k[t] = kb + (size_t)(((row0 + t) * Hkv + kvh) * D) * esz;
-            cr->v[t] = vb + (size_t)(((row0 + t) * Hkv + kvh) * Dv) * esz;
+            kr[t] = kb + (size_t)(((row0 + t) * Hkv + kvh) * D) * esz;
+            vr[t] = vb + (size_t)(((row0 + t) * Hkv + kvh) * Dv) * esz;
         }
     }
+}
+
+void kva__cpu_locate_chunk(const kva__cpu_run *run, int32_t r, int32_t kvh, int32_t c0, int32_t n,
+                           kva__cpu_chunk_rows *cr)
+{
+    kva__cpu_locate_rows(run, r, kvh, c0, n, cr->k, cr->v, cr->ks);
 }
 
 /* Rows of a paged cache are scattered (NHD rows of one kv head are Hkv*D

@@ -1,92 +1,123 @@
 /*
  * cpu_ops.c - the CPU backend's operation table: plan_build (work partition
- * and workspace), the threaded run of the work items, and kernel dispatch.
+ * and workspace), the threaded run of the work items, and the kernel
+ * registry and dispatch.
  */
 #include "cpu_attn.h"
 #include "cpu_dequant.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-/* ---- kernel variants ---- */
+/* ---- kernel registry ---- */
 
-/* The variant table, numbered as the files. The dispatcher takes the last
- * supported candidate for each shape, so a later candidate must beat the
- * earlier ones where it is allowed to run (docs/performance.md). The decode
- * kernels v2-v4 run prefill items correctly (forced), but the tiled kernels
- * beat them there; the tiled kernels are not decode candidates (one query
- * row fills a fraction of their vectors). */
+/* What a registry entry runs: its item kernel, its decode-group entry (NULL:
+ * item by item) and the ISA level it needs. Same order as `kernels`. */
+typedef struct cpu_kernel {
+    kva__cpu_attn_fn fn;
+    kva__cpu_group_fn group;
+    kva__cpu_isa isa;
+} cpu_kernel;
+
+/* The CPU backend's kernels, named by kind x ISA, in increasing ISA order
+ * within each family: the dispatcher takes the last one of each family that
+ * the context's ISA level allows (a later entry beats the earlier ones where
+ * it can run). The portable kernel serves both families. */
+static int usable_avx2(const kva_context *ctx);
+static int usable_avx512(const kva_context *ctx);
+static int usable_avx512bf16(const kva_context *ctx);
 /* clang-format off */
-static const kva__cpu_variant variants[] = {
-    {"v1 portable C",                kva__cpu_attn_v1, KVA__ISA_PORTABLE,   1, 1, NULL},
+static const kva__kernel_info kernels[] = {
+    {"decode_portable",    KVA__KERNEL_DECODE,  NULL},
 #if defined(__x86_64__)
-    {"v2 avx2+fma+f16c",             kva__cpu_attn_v2, KVA__ISA_AVX2,       1, 0, kva__cpu_group_v2},
-    {"v3 avx512",                    kva__cpu_attn_v3, KVA__ISA_AVX512,     1, 0, kva__cpu_group_v3},
-    {"v4 avx512+bf16 dot",           kva__cpu_attn_v4, KVA__ISA_AVX512BF16, 1, 0, kva__cpu_group_v4},
-    {"v5 tiled prefill avx2",        kva__cpu_attn_v5, KVA__ISA_AVX2,       0, 1, NULL},
-    {"v6 tiled prefill avx512",      kva__cpu_attn_v6, KVA__ISA_AVX512,     0, 1, NULL},
-    {"v7 tiled prefill avx512bf16",  kva__cpu_attn_v7, KVA__ISA_AVX512BF16, 0, 1, NULL},
+    {"decode_avx2",        KVA__KERNEL_DECODE,  usable_avx2},
+    {"decode_avx512",      KVA__KERNEL_DECODE,  usable_avx512},
+    {"decode_avx512bf16",  KVA__KERNEL_DECODE,  usable_avx512bf16},
+#endif
+    {"prefill_portable",   KVA__KERNEL_PREFILL, NULL},
+#if defined(__x86_64__)
+    {"prefill_avx2",       KVA__KERNEL_PREFILL, usable_avx2},
+    {"prefill_avx512",     KVA__KERNEL_PREFILL, usable_avx512},
+    {"prefill_avx512bf16", KVA__KERNEL_PREFILL, usable_avx512bf16},
+#endif
+};
+static const cpu_kernel impls[] = {
+    {kva__cpu_attn_portable,         NULL,                           KVA__ISA_PORTABLE},
+#if defined(__x86_64__)
+    {kva__cpu_decode_avx2,           kva__cpu_decode_avx2_group,     KVA__ISA_AVX2},
+    {kva__cpu_decode_avx512,         kva__cpu_decode_avx512_group,   KVA__ISA_AVX512},
+    {kva__cpu_decode_avx512bf16,     kva__cpu_decode_avx512bf16_group, KVA__ISA_AVX512BF16},
+#endif
+    {kva__cpu_attn_portable,         NULL,                           KVA__ISA_PORTABLE},
+#if defined(__x86_64__)
+    {kva__cpu_prefill_avx2,          NULL,                           KVA__ISA_AVX2},
+    {kva__cpu_prefill_avx512,        NULL,                           KVA__ISA_AVX512},
+    {kva__cpu_prefill_avx512bf16,    NULL,                           KVA__ISA_AVX512BF16},
 #endif
 };
 /* clang-format on */
+enum { NUM_KERNELS = (int)(sizeof kernels / sizeof kernels[0]) };
+_Static_assert(sizeof impls / sizeof impls[0] == NUM_KERNELS, "one implementation per kernel");
 
-int kva__cpu_attn_num_variants(void)
+static int usable_at(const kva_context *ctx, kva__cpu_isa isa)
 {
-    return (int)(sizeof variants / sizeof variants[0]);
+    return kva__cpu_isa_of(&ctx->cpu_features) >= isa;
+}
+static int usable_avx2(const kva_context *ctx)
+{
+    return usable_at(ctx, KVA__ISA_AVX2);
+}
+static int usable_avx512(const kva_context *ctx)
+{
+    return usable_at(ctx, KVA__ISA_AVX512);
+}
+static int usable_avx512bf16(const kva_context *ctx)
+{
+    return usable_at(ctx, KVA__ISA_AVX512BF16);
 }
 
-const kva__cpu_variant *kva__cpu_attn_variant_info(int v)
+/* Registry indices of the kernels a plan built on ctx runs: per family the
+ * one forced on ctx (kva__context_force_kernel) while the ISA level still
+ * allows it, else the last entry the level allows. */
+static void choose(const kva_context *ctx, int32_t *decode, int32_t *prefill)
 {
-    return v >= 1 && v <= kva__cpu_attn_num_variants() ? &variants[v - 1] : NULL;
-}
-
-kva__cpu_attn_fn kva__cpu_attn_variant(int v)
-{
-    const kva__cpu_variant *info = kva__cpu_attn_variant_info(v);
-    return info ? info->fn : NULL;
-}
-
-int kva__cpu_attn_supported_at(int v, kva__cpu_isa level)
-{
-    const kva__cpu_variant *info = kva__cpu_attn_variant_info(v);
-    return info && info->isa <= level;
-}
-
-int kva__cpu_attn_supported(int v)
-{
-    return kva__cpu_attn_supported_at(v, kva__cpu_isa_level());
-}
-
-void kva__cpu_attn_choose(kva__cpu_isa level, int32_t *variant_decode, int32_t *variant_prefill)
-{
-    *variant_decode = 1;
-    *variant_prefill = 1;
-    for (int v = 1; v <= kva__cpu_attn_num_variants(); v++) {
-        if (variants[v - 1].isa > level)
-            continue;
-        if (variants[v - 1].decode)
-            *variant_decode = v;
-        if (variants[v - 1].prefill)
-            *variant_prefill = v;
+    const kva__cpu_isa level = kva__cpu_isa_of(&ctx->cpu_features);
+    int32_t pick[KVA__KERNEL_FAMILIES] = {0, 0};
+    for (int32_t i = 0; i < NUM_KERNELS; i++)
+        if (impls[i].isa <= level)
+            pick[kernels[i].family] = i;
+    for (int f = 0; f < KVA__KERNEL_FAMILIES; f++) {
+        const int32_t forced = kva__context_forced_kernel(ctx, (kva__kernel_family)f);
+        if (forced >= 0 && forced < NUM_KERNELS && impls[forced].isa <= level)
+            pick[f] = forced;
     }
+    *decode = pick[KVA__KERNEL_DECODE];
+    *prefill = pick[KVA__KERNEL_PREFILL];
 }
 
-/* KVA_CPU_VARIANT=N forces variant N for every item when ISA level `level`
- * supports it (0, unset or unsupported: the dispatcher chooses). */
-static int32_t env_variant(kva__cpu_isa level)
+const char *kva__cpu_plan_kernel(const kva_plan *plan, kva__kernel_family family)
 {
-    const char *e = getenv("KVA_CPU_VARIANT");
-    if (!e || !*e)
-        return 0;
-    char *end = NULL;
-    long v = strtol(e, &end, 10);
-    return end && *end == '\0' && v > 0 && v <= kva__cpu_attn_num_variants() &&
-                   kva__cpu_attn_supported_at((int)v, level)
-               ? (int32_t)v
-               : 0;
+    const int32_t v =
+        family == KVA__KERNEL_DECODE ? plan->part->variant_decode : plan->part->variant_prefill;
+    return v >= 1 && v <= NUM_KERNELS ? kernels[v - 1].name : NULL;
+}
+
+int kva__cpu_kernel_groups(const char *name)
+{
+    for (int32_t i = 0; i < NUM_KERNELS; i++)
+        if (name && strcmp(kernels[i].name, name) == 0)
+            return impls[i].group != NULL;
+    return 0;
+}
+
+/* The group entry of the plan's decode kernel, or NULL. */
+static kva__cpu_group_fn decode_group(const kva__partition *part)
+{
+    return impls[part->variant_decode - 1].group;
 }
 
 /* ---- plan ---- */
@@ -119,7 +150,7 @@ static int same_group(const kva__work_item *a, const kva__work_item *b)
 
 /* Orders part's items for grouping and cuts them into groups (cpu_attn.h,
  * "Groups"); items that are not groupable, and every item when the plan's
- * decode variant has no group entry (group == 0), form groups of one. */
+ * decode kernel has no group entry (group == 0), form groups of one. */
 static kva_status build_groups(kva__partition *part, int group)
 {
     const int32_t n = part->num_items;
@@ -151,20 +182,16 @@ kva_status kva__cpu_plan_partition(kva_context *ctx, kva_plan *plan,
     kva__partition *part = NULL;
     KVA_TRY(kva__partition_build(plan, pp, &part));
     if (plan->part) {
-        /* Re-partitioning keeps the variants (tests may have forced one). */
-        part->variant = plan->part->variant;
+        /* Re-partitioning keeps the kernels. */
         part->variant_decode = plan->part->variant_decode;
         part->variant_prefill = plan->part->variant_prefill;
     } else {
-        /* From the features the context detected at creation: cpuid traps to
-         * the hypervisor on a VM (about 30 us here), no detection per plan. */
-        const kva__cpu_isa level = kva__cpu_isa_of(&ctx->cpu_features);
-        part->variant = env_variant(level);
-        kva__cpu_attn_choose(level, &part->variant_decode, &part->variant_prefill);
+        int32_t kd = 0, kp = 0;
+        choose(ctx, &kd, &kp);
+        part->variant_decode = kd + 1;
+        part->variant_prefill = kp + 1;
     }
-    const kva__cpu_variant *vinfo =
-        kva__cpu_attn_variant_info(part->variant ? part->variant : part->variant_decode);
-    kva_status gst = build_groups(part, vinfo && vinfo->group);
+    kva_status gst = build_groups(part, decode_group(part) != NULL);
     if (gst != KVA_STATUS_OK) {
         kva__partition_free(part);
         return gst;
@@ -196,16 +223,13 @@ static kva_status cpu_plan_build(kva_context *ctx, kva_plan *plan)
     pp.min_split_keys = 128;
     pp.max_splits = 64;
     pp.items_per_thread = 4;
-    /* Decode-only steps whose decode variant runs groups of up to
+    /* Decode-only steps whose decode kernel runs groups of up to
      * KVA_CPU_GROUP_MAX kv heads (cpu_attn.h, "Groups"): ask for as many
      * groups per thread as there were items, i.e. split long requests as
      * often as before grouping. */
-    const kva__cpu_isa level = kva__cpu_isa_of(&ctx->cpu_features);
-    int32_t vd = 1, vp = 1;
-    kva__cpu_attn_choose(level, &vd, &vp);
-    const int32_t vforced = env_variant(level);
-    const kva__cpu_variant *vinfo = kva__cpu_attn_variant_info(vforced ? vforced : vd);
-    int decode_only = vinfo && vinfo->group;
+    int32_t kd = 0, kp = 0;
+    choose(ctx, &kd, &kp);
+    int decode_only = impls[kd].group != NULL;
     for (int32_t r = 0; r < plan->d.num_requests; r++)
         if (plan->query_start_loc[r + 1] - plan->query_start_loc[r] > KVA_CPU_DECODE_MAX_NQ)
             decode_only = 0;
@@ -230,18 +254,10 @@ static void run_items(kva_context *ctx, kva__cpu_run *run)
     const kva__partition *part = run->part;
     const kva_plan *plan = run->plan;
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
-    /* Variants resolved (and checked against the CPU) at plan time; a forced
-     * variant runs every item. */
-    const int32_t v_decode = part->variant ? part->variant : part->variant_decode;
-    kva__cpu_attn_fn fn_decode = kva__cpu_attn_variant(v_decode);
-    const kva__cpu_variant *info_decode = kva__cpu_attn_variant_info(v_decode);
-    const kva__cpu_group_fn fn_group = info_decode ? info_decode->group : NULL;
-    kva__cpu_attn_fn fn_prefill =
-        kva__cpu_attn_variant(part->variant ? part->variant : part->variant_prefill);
-    if (!fn_decode)
-        fn_decode = kva__cpu_attn_v1;
-    if (!fn_prefill)
-        fn_prefill = kva__cpu_attn_v1;
+    /* Kernels resolved (and checked against the CPU) at plan build. */
+    const kva__cpu_attn_fn fn_decode = impls[part->variant_decode - 1].fn;
+    const kva__cpu_group_fn fn_group = decode_group(part);
+    const kva__cpu_attn_fn fn_prefill = impls[part->variant_prefill - 1].fn;
     run->partials = ctx->workspace;
     run->scratch = (unsigned char *)ctx->workspace + partial_bytes(part);
     run->scratch_stride = kva__cpu_scratch_bytes(D, Dv);
@@ -335,4 +351,6 @@ const kva__backend_ops kva__cpu_ops = {
     .merge_states = kva__cpu_merge_states,
     .max_head_dim = KVA_MAX_HEAD_DIM,
     .memory = &kva__host_memory,
+    .kernels = kernels,
+    .num_kernels = NUM_KERNELS,
 };

@@ -1,11 +1,11 @@
 /*
- * attn_prefill_avx512.h - the AVX-512 vector primitives of the tiled prefill
- * kernels (see attn_prefill_tiled.inc for the contract), shared by
- * attn_v6_prefill_avx512.c and attn_v7_prefill_bf16_avx512.c. Included only
+ * prefill_avx512.h - the AVX-512 vector primitives of the tiled prefill
+ * kernels (see prefill_tiled.inc for the contract), shared by
+ * prefill_avx512.c and prefill_avx512_bf16.c. Included only
  * by files compiled with the AVX-512 flags.
  */
-#ifndef KVA_ATTN_PREFILL_AVX512_H
-#define KVA_ATTN_PREFILL_AVX512_H
+#ifndef KVA_PREFILL_AVX512_H
+#define KVA_PREFILL_AVX512_H
 
 #include <immintrin.h>
 #include <math.h>
@@ -145,4 +145,4 @@ static inline __m512 pf_tanh(__m512 x)
     return _mm512_or_ps(t, _mm512_and_ps(sign, x));
 }
 
-#endif /* KVA_ATTN_PREFILL_AVX512_H */
+#endif /* KVA_PREFILL_AVX512_H */

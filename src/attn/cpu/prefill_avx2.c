@@ -1,6 +1,6 @@
 /*
- * attn_v5_prefill_avx2.c - CPU attention kernel, variant 5: the tiled
- * prefill kernel (attn_prefill_tiled.inc) with AVX2+FMA vectors of 8 rows.
+ * prefill_avx2.c - CPU attention kernel prefill_avx2: the tiled
+ * prefill kernel (prefill_tiled.inc) with AVX2+FMA vectors of 8 rows.
  *
  * Register blocks (16 ymm registers): scores 6 keys x 2 vectors (16 rows: 12
  * accumulators, 2 loads of QT and 6 broadcasts of K per step of D), outputs
@@ -10,7 +10,7 @@
  */
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
 
-#define PF_FN kva__cpu_attn_v5
+#define PF_FN kva__cpu_prefill_avx2
 #define PF_VL 8
 #define PF_KT 96
 #define PF_S_MR 6
@@ -53,7 +53,7 @@ static inline __m256 pf_alibi(__m256 x, const float *slope, int32_t j, const int
     return _mm256_fmadd_ps(_mm256_loadu_ps(slope), _mm256_cvtepi32_ps(dist), x);
 }
 
-/* e^x for x <= 0, as in attn_v6_prefill_avx512.c: x < -87.3 and -inf give
+/* e^x for x <= 0, as in prefill_avx512.c: x < -87.3 and -inf give
  * exactly 0, NaN stays NaN. */
 static inline __m256 pf_exp(__m256 x)
 {
@@ -77,7 +77,7 @@ static inline __m256 pf_exp(__m256 x)
     return _mm256_andnot_ps(tiny, p);
 }
 
-/* 2^x for x <= 0, as in attn_prefill_avx512.h (degree-6 polynomial of
+/* 2^x for x <= 0, as in prefill_avx512.h (degree-6 polynomial of
  * f = x - round(x)), with 2^n built in the exponent field: x < -126 and
  * -inf give exactly 0 (the garbage exponent of -inf is masked), NaN stays
  * NaN (NaN times anything). */
@@ -141,6 +141,6 @@ static inline __m256 pf_tanh(__m256 x)
     return _mm256_or_ps(t, _mm256_and_ps(sign, x));
 }
 
-#include "attn_prefill_tiled.inc"
+#include "prefill_tiled.inc"
 
 #endif

@@ -1,5 +1,6 @@
 /*
- * attn_v1.c - CPU attention kernel, variant 1: GQA-packed online softmax.
+ * attn_portable.c - CPU attention kernel decode_portable and prefill_portable (one
+ * function, the fallback of both families): GQA-packed online softmax.
  *
  * One call computes one work item: nq query rows x nh heads of one GQA group
  * (M = nq * nh attention rows) against keys [k0, k1) of one request and one
@@ -44,8 +45,8 @@
  * this file is the portable fallback.
  * Tried and dropped: compiler target_clones (AVX2, x86-64-v4) of this kernel
  * ran at half speed; four dot products per q load (dot8x4) ran slower (8
- * GFLOP/s single thread) with GCC 12. The next step is hand-written AVX2 and
- * AVX-512 kernels with runtime dispatch (kva__cpu_attn_variant).
+ * GFLOP/s single thread) with GCC 12; the hand-written AVX2 and AVX-512
+ * kernels (decode_*, prefill_*) followed.
  */
 #include "cpu_attn.h"
 
@@ -180,7 +181,7 @@ static inline void update_row(const kva__cpu_run *run, kva__cpu_scratch *s, int3
         axpy1(acc, p[t], vp[t], Dv);
 }
 
-void kva__cpu_attn_v1(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
+void kva__cpu_attn_portable(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)
 {
     const kva_plan *plan = run->plan;
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;

@@ -1,7 +1,7 @@
 /*
- * attn_v6_prefill_avx512.c - CPU attention kernel, variant 6: the tiled
- * prefill kernel (attn_prefill_tiled.inc) with AVX-512 vectors of 16 rows
- * (primitives in attn_prefill_avx512.h).
+ * prefill_avx512.c - CPU attention kernel prefill_avx512: the tiled
+ * prefill kernel (prefill_tiled.inc) with AVX-512 vectors of 16 rows
+ * (primitives in prefill_avx512.h).
  *
  * Register blocks: scores 6 keys x 4 vectors (64 rows: 24 accumulators, 4
  * loads of QT and 6 broadcasts of K per step of D), outputs 6 elements of Dv
@@ -11,9 +11,9 @@
  */
 #if defined(__x86_64__) && defined(__AVX512F__)
 
-#define PF_FN kva__cpu_attn_v6
-#include "attn_prefill_avx512.h"
+#define PF_FN kva__cpu_prefill_avx512
+#include "prefill_avx512.h"
 
-#include "attn_prefill_tiled.inc"
+#include "prefill_tiled.inc"
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * attn_v7_prefill_bf16_avx512.c - CPU attention kernel, variant 7: variant 6
+ * prefill_avx512_bf16.c - CPU attention kernel prefill_avx512bf16: prefill_avx512
  * with the scores computed by AVX512-BF16 dot products when q and K are bf16.
  *
  * vdpbf16ps multiplies pairs of bf16 values and adds both products to an fp32
@@ -16,12 +16,12 @@
  */
 #if defined(__x86_64__) && defined(__AVX512F__)
 
-#define PF_FN kva__cpu_attn_v7
+#define PF_FN kva__cpu_prefill_avx512bf16
 #if defined(__AVX512BF16__)
 #define PF_BF16_SCORES 1
 #endif
-#include "attn_prefill_avx512.h"
+#include "prefill_avx512.h"
 
-#include "attn_prefill_tiled.inc"
+#include "prefill_tiled.inc"
 
 #endif
