@@ -77,13 +77,19 @@ static void test_sweep(void)
             if (mode == 1 && fm[i].quant == KVA_QUANT_NONE)
                 continue;
             /* Tensor-core kernels round P to f16 (bf16 where V is bf16) for
-             * P V: 2^-11 (2^-8) max|v| more on out, |v| < 2. */
+             * P V: 2^-11 (2^-8) max|v| more on out, |v| < 2. The prefill
+             * tiles of unquantized caches run on them in every mode. */
             const int bfp =
                 fm[i].qdt == KVA_DTYPE_BF16 &&
                 (fm[i].quant == KVA_QUANT_NONE || fm[i].quant == KVA_QUANT_INT8_TOKEN_K_V16);
-            qmag_backend be = {"cuda",     &cb, cuda_prepare,
-                               cuda_run,   0,   mode == 2 ? 0.0 : 2.0 * (bfp ? 0x1p-8 : 0x1p-11),
-                               modes[mode]};
+            qmag_backend be = {
+                "cuda",
+                &cb,
+                cuda_prepare,
+                cuda_run,
+                0,
+                mode == 2 && fm[i].quant != KVA_QUANT_NONE ? 0.0 : 2.0 * (bfp ? 0x1p-8 : 0x1p-11),
+                modes[mode]};
             /* The issue's shape (GQA 4, D 128, B 16, HND), and MHA D 64 B 5 NHD;
              * D 256 in the default mode. */
             const qmag_case c0 = {fm[i].quant, fm[i].cache_dt, fm[i].qdt, 16, 4, 128,
