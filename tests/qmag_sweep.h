@@ -50,6 +50,29 @@ typedef struct qmag_backend {
     const char *mode;      /* printed with a failure */
 } qmag_backend;
 
+/* The formats under test: cache format, cache dtype, q dtype, and whether
+ * the CUDA backend serves it (f32 q and f32 caches run on ref/CPU only). */
+static const struct qmag_format {
+    kva_quant quant;
+    kva_dtype cache_dt, qdt;
+    int cuda;
+} qmag_formats[] = {
+    {KVA_QUANT_NONE, KVA_DTYPE_F32, KVA_DTYPE_F32, 0},
+    {KVA_QUANT_NONE, KVA_DTYPE_F16, KVA_DTYPE_F16, 1},
+    {KVA_QUANT_NONE, KVA_DTYPE_BF16, KVA_DTYPE_BF16, 1},
+    {KVA_QUANT_INT8_CHANNEL, KVA_DTYPE_I8, KVA_DTYPE_BF16, 1},
+    {KVA_QUANT_INT8_CHANNEL, KVA_DTYPE_I8, KVA_DTYPE_F16, 1},
+    {KVA_QUANT_INT8_CHANNEL, KVA_DTYPE_I8, KVA_DTYPE_F32, 0},
+    {KVA_QUANT_INT8_TOKEN_K, KVA_DTYPE_I8, KVA_DTYPE_BF16, 1},
+    {KVA_QUANT_INT8_TOKEN_K, KVA_DTYPE_I8, KVA_DTYPE_F16, 1},
+    {KVA_QUANT_INT8_TOKEN_K, KVA_DTYPE_I8, KVA_DTYPE_F32, 0},
+    {KVA_QUANT_INT8_TOKEN_K_V16, KVA_DTYPE_F16, KVA_DTYPE_F16, 1},
+    {KVA_QUANT_INT8_TOKEN_K_V16, KVA_DTYPE_BF16, KVA_DTYPE_BF16, 1},
+    {KVA_QUANT_FP8_E4M3, KVA_DTYPE_FP8_E4M3, KVA_DTYPE_BF16, 1},
+    {KVA_QUANT_FP8_E4M3, KVA_DTYPE_FP8_E4M3, KVA_DTYPE_F16, 1},
+};
+#define QMAG_NFORMATS ((int)(sizeof qmag_formats / sizeof qmag_formats[0]))
+
 #define QMAG_NSIGMA 7
 static const int qmag_log2_sigma[QMAG_NSIGMA] = {-20, -14, -10, -4, 0, 4, 10};
 

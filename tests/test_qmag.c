@@ -33,35 +33,18 @@ static kva_status cpu_run(void *ud, const kva_plan_desc *pd, const void *q, void
 
 static void test_sweep(void)
 {
-    static const struct {
-        kva_quant quant;
-        kva_dtype cache_dt, qdt;
-    } fm[] = {
-        {KVA_QUANT_NONE, KVA_DTYPE_F32, KVA_DTYPE_F32},
-        {KVA_QUANT_NONE, KVA_DTYPE_F16, KVA_DTYPE_F16},
-        {KVA_QUANT_NONE, KVA_DTYPE_BF16, KVA_DTYPE_BF16},
-        {KVA_QUANT_INT8_CHANNEL, KVA_DTYPE_I8, KVA_DTYPE_BF16},
-        {KVA_QUANT_INT8_CHANNEL, KVA_DTYPE_I8, KVA_DTYPE_F16},
-        {KVA_QUANT_INT8_CHANNEL, KVA_DTYPE_I8, KVA_DTYPE_F32},
-        {KVA_QUANT_INT8_TOKEN_K, KVA_DTYPE_I8, KVA_DTYPE_BF16},
-        {KVA_QUANT_INT8_TOKEN_K, KVA_DTYPE_I8, KVA_DTYPE_F32},
-        {KVA_QUANT_INT8_TOKEN_K_V16, KVA_DTYPE_F16, KVA_DTYPE_F16},
-        {KVA_QUANT_INT8_TOKEN_K_V16, KVA_DTYPE_BF16, KVA_DTYPE_BF16},
-        {KVA_QUANT_FP8_E4M3, KVA_DTYPE_FP8_E4M3, KVA_DTYPE_BF16},
-        {KVA_QUANT_FP8_E4M3, KVA_DTYPE_FP8_E4M3, KVA_DTYPE_F16},
-    };
     cpu_be cb = {new_ctx(KVA_BACKEND_CPU, 2), NULL};
     /* The reference is also checked against itself at sigma 1 on shape 1. */
     qmag_backend be = {"cpu", &cb, cpu_prepare, cpu_run, 0, 0.0, NULL};
     qmag_backend be_ref = {"cpu", &cb, cpu_prepare, cpu_run, 1, 0.0, "reference checked too"};
-    for (size_t i = 0; i < sizeof fm / sizeof fm[0]; i++) {
+    for (int i = 0; i < QMAG_NFORMATS; i++) {
+        const struct qmag_format *f = &qmag_formats[i];
         /* Shape 0: the issue's (GQA 4, D 128, B 16, HND); shape 1: MHA,
          * D 64, an odd block size, NHD. */
-        const qmag_case c0 = {fm[i].quant, fm[i].cache_dt, fm[i].qdt, 16, 4, 128,
-                              16,          KVA_LAYOUT_HND};
-        const qmag_case c1 = {fm[i].quant, fm[i].cache_dt, fm[i].qdt, 4, 4, 64, 5, KVA_LAYOUT_NHD};
-        qmag_run_case(&c0, &be, 0x9a9u + i);
-        qmag_run_case(&c1, &be_ref, 0x9b9u + i);
+        const qmag_case c0 = {f->quant, f->cache_dt, f->qdt, 16, 4, 128, 16, KVA_LAYOUT_HND};
+        const qmag_case c1 = {f->quant, f->cache_dt, f->qdt, 4, 4, 64, 5, KVA_LAYOUT_NHD};
+        qmag_run_case(&c0, &be, 0x9a9u + (uint64_t)i);
+        qmag_run_case(&c1, &be_ref, 0x9b9u + (uint64_t)i);
     }
     kva_context_destroy(cb.ctx);
 }

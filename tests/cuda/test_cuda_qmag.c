@@ -52,56 +52,40 @@ static kva_status cuda_run(void *ud, const kva_plan_desc *pd, const void *q, voi
 
 static void test_sweep(void)
 {
-    static const struct {
-        kva_quant quant;
-        kva_dtype cache_dt, qdt;
-    } fm[] = {
-        {KVA_QUANT_NONE, KVA_DTYPE_F16, KVA_DTYPE_F16},
-        {KVA_QUANT_NONE, KVA_DTYPE_BF16, KVA_DTYPE_BF16},
-        {KVA_QUANT_INT8_CHANNEL, KVA_DTYPE_I8, KVA_DTYPE_BF16},
-        {KVA_QUANT_INT8_CHANNEL, KVA_DTYPE_I8, KVA_DTYPE_F16},
-        {KVA_QUANT_INT8_TOKEN_K, KVA_DTYPE_I8, KVA_DTYPE_BF16},
-        {KVA_QUANT_INT8_TOKEN_K, KVA_DTYPE_I8, KVA_DTYPE_F16},
-        {KVA_QUANT_INT8_TOKEN_K_V16, KVA_DTYPE_F16, KVA_DTYPE_F16},
-        {KVA_QUANT_INT8_TOKEN_K_V16, KVA_DTYPE_BF16, KVA_DTYPE_BF16},
-        {KVA_QUANT_FP8_E4M3, KVA_DTYPE_FP8_E4M3, KVA_DTYPE_BF16},
-        {KVA_QUANT_FP8_E4M3, KVA_DTYPE_FP8_E4M3, KVA_DTYPE_F16},
-    };
     static const char *modes[3] = {"default kernels", "quantized mma decode v1", "CUDA-core"};
     cuda_be cb = {make_ctx(KVA_BACKEND_CUDA), NULL};
     for (int mode = 0; mode < 3; mode++) {
         CHECK_OK(kva__cuda_context_force_quant_mma(cb.ctx, mode == 1 ? 1 : 0));
         CHECK_OK(kva__cuda_context_force_variant(cb.ctx, mode == 2 ? 2 : 0));
         CHECK_OK(kva__cuda_context_force_quant_prefill(cb.ctx, mode == 2 ? -1 : 0));
-        for (size_t i = 0; i < sizeof fm / sizeof fm[0]; i++) {
-            if (mode == 1 && fm[i].quant == KVA_QUANT_NONE)
+        for (int i = 0; i < QMAG_NFORMATS; i++) {
+            if (!qmag_formats[i].cuda)
+                continue;
+            const struct qmag_format *f = &qmag_formats[i];
+            if (mode == 1 && f->quant == KVA_QUANT_NONE)
                 continue;
             /* Tensor-core kernels round P to f16 (bf16 where V is bf16) for
              * P V: 2^-11 (2^-8) max|v| more on out, |v| < 2. The prefill
              * tiles of unquantized caches run on them in every mode. */
-            const int bfp =
-                fm[i].qdt == KVA_DTYPE_BF16 &&
-                (fm[i].quant == KVA_QUANT_NONE || fm[i].quant == KVA_QUANT_INT8_TOKEN_K_V16);
+            const int bfp = f->qdt == KVA_DTYPE_BF16 &&
+                            (f->quant == KVA_QUANT_NONE || f->quant == KVA_QUANT_INT8_TOKEN_K_V16);
             qmag_backend be = {
                 "cuda",
                 &cb,
                 cuda_prepare,
                 cuda_run,
                 0,
-                mode == 2 && fm[i].quant != KVA_QUANT_NONE ? 0.0 : 2.0 * (bfp ? 0x1p-8 : 0x1p-11),
+                mode == 2 && f->quant != KVA_QUANT_NONE ? 0.0 : 2.0 * (bfp ? 0x1p-8 : 0x1p-11),
                 modes[mode]};
             /* The issue's shape (GQA 4, D 128, B 16, HND), and MHA D 64 B 5 NHD;
              * D 256 in the default mode. */
-            const qmag_case c0 = {fm[i].quant, fm[i].cache_dt, fm[i].qdt, 16, 4, 128,
-                                  16,          KVA_LAYOUT_HND};
-            const qmag_case c1 = {fm[i].quant, fm[i].cache_dt, fm[i].qdt, 4, 4, 64,
-                                  5,           KVA_LAYOUT_NHD};
-            const qmag_case c2 = {fm[i].quant, fm[i].cache_dt, fm[i].qdt, 8, 1, 256,
-                                  16,          KVA_LAYOUT_NHD};
-            qmag_run_case(&c0, &be, 0x9a9u + i);
-            qmag_run_case(&c1, &be, 0x9b9u + i);
+            const qmag_case c0 = {f->quant, f->cache_dt, f->qdt, 16, 4, 128, 16, KVA_LAYOUT_HND};
+            const qmag_case c1 = {f->quant, f->cache_dt, f->qdt, 4, 4, 64, 5, KVA_LAYOUT_NHD};
+            const qmag_case c2 = {f->quant, f->cache_dt, f->qdt, 8, 1, 256, 16, KVA_LAYOUT_NHD};
+            qmag_run_case(&c0, &be, 0x9a9u + (uint64_t)i);
+            qmag_run_case(&c1, &be, 0x9b9u + (uint64_t)i);
             if (mode == 0)
-                qmag_run_case(&c2, &be, 0x9c9u + i);
+                qmag_run_case(&c2, &be, 0x9c9u + (uint64_t)i);
         }
     }
     kva_cache_destroy(cb.dc);
