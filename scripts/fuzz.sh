@@ -21,6 +21,10 @@ ninja -C build-fuzz -j"$(nproc)" fuzz_c8_loader fuzz_desc fuzz_seeds
 mkdir -p build-fuzz/seeds/c8 build-fuzz/seeds/desc build-fuzz/artifacts \
   build-fuzz/corpus/fuzz_c8_loader build-fuzz/corpus/fuzz_desc
 ASAN_OPTIONS=detect_leaks=0 build-fuzz/fuzz_seeds build-fuzz/seeds/c8 build-fuzz/seeds/desc
+# -O0 keeps the build short, but ASan at -O0 gives the SIMD kernels stack
+# frames of megabytes: a large stack for the main thread and OpenMP's.
+ulimit -s unlimited 2>/dev/null || ulimit -s 262144 2>/dev/null || true
+export OMP_STACKSIZE=64M
 export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 status=0

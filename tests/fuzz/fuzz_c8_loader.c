@@ -24,10 +24,9 @@
 #define FUZZ_SEP_LEN 5
 
 static char g_dir[64];
-static const char *const kFiles[4] = {"quant_model_description.json",
-                                      "model.safetensors.index.json",
-                                      "model-00001-of-00002.safetensors",
-                                      "model-00002-of-00002.safetensors"};
+static const char *const kFiles[4] = {
+    "quant_model_description.json", "model.safetensors.index.json",
+    "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
 
 static void put(int i, const uint8_t *p, size_t n, int present)
 {

@@ -138,7 +138,12 @@ static void fuzz_plan(fz *f, kva_context *ctx, kva_cache *c, const kva_cache_des
     d.block_table = bt;
     d.block_size = fz_u8(f) < 0x40 ? fz_i32(f) : cd->block_size;
     d.decode_threshold = fz_i32(f);
-    d.num_heads = fz_u8(f) < 0x40 ? fz_i32(f) : cd->num_kv_heads * fz_range(f, 1, 4);
+    if (fz_u8(f) < 0x40) {
+        d.num_heads = fz_i32(f);
+    } else {
+        const int64_t h = (int64_t)cd->num_kv_heads * fz_range(f, 1, 4);
+        d.num_heads = h > INT32_MAX ? INT32_MAX : h < INT32_MIN ? INT32_MIN : (int32_t)h;
+    }
     d.num_kv_heads = fz_u8(f) < 0x40 ? fz_i32(f) : cd->num_kv_heads;
     d.head_dim = fz_u8(f) < 0x40 ? fz_i32(f) : cd->head_dim;
     d.head_dim_v = fz_u8(f) < 0x40 ? fz_i32(f) : cd->head_dim_v;
@@ -164,9 +169,9 @@ static void fuzz_plan(fz *f, kva_context *ctx, kva_cache *c, const kva_cache_des
         const int64_t T = info.num_tokens;
         int64_t work = 0;
         for (int32_t r = 0; r < R; r++)
-            work += (int64_t)(qsl[r + 1] - qsl[r]) * sl[r];
+            work += ((int64_t)qsl[r + 1] - qsl[r]) * sl[r];
         if (c && T * d.num_heads * (d.head_dim > dv ? d.head_dim : dv) <= (1 << 18) &&
-            work * d.num_heads * d.head_dim <= (1 << 22)) {
+            work * d.num_heads * d.head_dim <= (1 << 18)) {
             const size_t es = kva_dtype_size(d.q_dtype);
             void *q = malloc((size_t)T * d.num_heads * d.head_dim * es + 1);
             void *out = malloc((size_t)T * d.num_heads * dv * es + 1);
@@ -221,8 +226,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kva_quant_params qp;
         read_params(&f, &cd, pbuf, PCAP, &qp);
         const int with_params = fz_u8(&f) & 1;
-        if (chk(kva_cache_create_quant(ctx, &cd, with_params ? &qp : NULL, &c)) ==
-            KVA_STATUS_OK) {
+        if (chk(kva_cache_create_quant(ctx, &cd, with_params ? &qp : NULL, &c)) == KVA_STATUS_OK) {
             void *k, *v;
             kva_cache_data(c, &k, &v);
             memset(k, 0, (size_t)cd.num_blocks * kva_cache_block_bytes_k(c));

@@ -194,15 +194,15 @@ static void desc_seed(const char *dir, const char *name, const dseed *s)
     u8(o, 0x20);                       /* a block table */
     for (int i = 0; i < 6 * s->r; i++) /* entries i % 5 */
         u8(o, 0x10);
-    u8(o, 0x40);   /* block_size = the cache's */
-    i32(o, 1);     /* decode_threshold */
+    u8(o, 0x40); /* block_size = the cache's */
+    i32(o, 1);   /* decode_threshold */
     u8(o, 0x40), u8(o, s->h / s->hkv - 1);
     u8(o, 0x40), u8(o, 0x40), u8(o, 0x40); /* Hkv, D, Dv = the cache's */
     u8(o, 0x20), u8(o, s->qdt);
     f32(o, 0.0f); /* scale: 1/sqrt(D) */
     i32(o, s->causal);
     i32(o, s->window);
-    u8(o, 0x40);              /* no soft-cap */
+    u8(o, 0x40); /* no soft-cap */
     u8(o, s->alibi ? 0 : 0x40);
     if (s->alibi)
         f32(o, 0.5f);
@@ -214,13 +214,20 @@ static void desc_seed(const char *dir, const char *name, const dseed *s)
 static void desc_seeds(const char *dir)
 {
     const dseed seeds[] = {
-        {16, 4, 2, 16, 0, KVA_DTYPE_F16, KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_DTYPE_F16, 4, 3, -1, 1, 0},
-        {16, 4, 2, 16, 0, KVA_DTYPE_F32, KVA_LAYOUT_HND, KVA_QUANT_NONE, KVA_DTYPE_F32, 8, 4, 3, 1, 1},
-        {16, 4, 2, 16, 8, KVA_DTYPE_BF16, KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_DTYPE_BF16, 2, 2, -1, 0, 0},
-        {16, 4, 2, 16, 0, KVA_DTYPE_I8, KVA_LAYOUT_NHD, KVA_QUANT_INT8_CHANNEL, KVA_DTYPE_F32, 4, 3, -1, 1, 0},
-        {16, 5, 1, 24, 0, KVA_DTYPE_I8, KVA_LAYOUT_HND, KVA_QUANT_INT8_TOKEN_K, KVA_DTYPE_BF16, 4, 4, -1, 1, 1},
-        {16, 4, 2, 16, 0, KVA_DTYPE_F16, KVA_LAYOUT_HND, KVA_QUANT_INT8_TOKEN_K_V16, KVA_DTYPE_F16, 2, 3, 5, 1, 0},
-        {16, 4, 2, 16, 0, KVA_DTYPE_FP8_E4M3, KVA_LAYOUT_NHD, KVA_QUANT_FP8_E4M3, KVA_DTYPE_F16, 6, 2, -1, 1, 0},
+        {16, 4, 2, 16, 0, KVA_DTYPE_F16, KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_DTYPE_F16, 4, 3, -1, 1,
+         0},
+        {16, 4, 2, 16, 0, KVA_DTYPE_F32, KVA_LAYOUT_HND, KVA_QUANT_NONE, KVA_DTYPE_F32, 8, 4, 3, 1,
+         1},
+        {16, 4, 2, 16, 8, KVA_DTYPE_BF16, KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_DTYPE_BF16, 2, 2, -1,
+         0, 0},
+        {16, 4, 2, 16, 0, KVA_DTYPE_I8, KVA_LAYOUT_NHD, KVA_QUANT_INT8_CHANNEL, KVA_DTYPE_F32, 4, 3,
+         -1, 1, 0},
+        {16, 5, 1, 24, 0, KVA_DTYPE_I8, KVA_LAYOUT_HND, KVA_QUANT_INT8_TOKEN_K, KVA_DTYPE_BF16, 4,
+         4, -1, 1, 1},
+        {16, 4, 2, 16, 0, KVA_DTYPE_F16, KVA_LAYOUT_HND, KVA_QUANT_INT8_TOKEN_K_V16, KVA_DTYPE_F16,
+         2, 3, 5, 1, 0},
+        {16, 4, 2, 16, 0, KVA_DTYPE_FP8_E4M3, KVA_LAYOUT_NHD, KVA_QUANT_FP8_E4M3, KVA_DTYPE_F16, 6,
+         2, -1, 1, 0},
     };
     for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
         char name[32];
