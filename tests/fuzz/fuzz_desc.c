@@ -113,12 +113,17 @@ static void fuzz_plan(fz *f, kva_context *ctx, kva_cache *c, const kva_cache_des
     kva_plan_desc d;
     memset(&d, 0, sizeof d);
     const int32_t R = fz_range(f, 0, 8);
-    d.num_requests = fz_u8(f) < 0x10 ? fz_i32(f) : R; /* a lie about R stops at validation */
+    d.num_requests = R;
+    if (fz_u8(f) < 0x10) { /* a negative count or fewer requests than the arrays hold */
+        const int32_t n = fz_i32(f);
+        d.num_requests = n > R ? R : n;
+    }
     int32_t qsl[9], sl[8];
     qsl[0] = fz_u8(f) < 0x10 ? fz_i32(f) : 0;
     for (int32_t r = 0; r < R; r++) {
         const uint8_t s = fz_u8(f);
-        qsl[r + 1] = s < 0x20 ? fz_i32(f) : qsl[r] + fz_range(f, 0, 6);
+        const int64_t next = s < 0x20 ? fz_i32(f) : (int64_t)qsl[r] + fz_range(f, 0, 6);
+        qsl[r + 1] = next > INT32_MAX ? INT32_MAX : (int32_t)next;
         sl[r] = fz_u8(f) < 0x20 ? fz_i32(f) : fz_range(f, 0, 40);
     }
     d.query_start_loc = fz_u8(f) < 0x08 ? NULL : qsl;
