@@ -4,9 +4,8 @@
  *   bench_cuda --mode decode|prefill|copy [--batch R] [--context S] [--q-len Q]
  *              [--heads H] [--kv-heads Hkv] [--head-dim D] [--block-size B]
  *              [--dtype bf16|f16|f32] [--layout nhd|hnd] [--iters N]
- *              [--graph-layers L] [--variant V] [--prefill-variant P]
- *              [--quant none|int8|int8-token|int8-token-v16|fp8] [--qmma V]
- *              [--qprefill P] [--plan-iters N] [--splits N] [--context-min M]
+ *              [--graph-layers L] [--kernel NAME]... [--plan-iters N] [--splits N]
+ *              [--quant none|int8|int8-token|int8-token-v16|fp8] [--context-min M]
  *
  * decode: R requests of q_len Q (1 = decode, >1 = speculative) after S cached
  * tokens; prefill: R causal prompts of Q tokens after S cached tokens. Block
@@ -16,11 +15,11 @@
  * and V once per kv head) and the attention FLOPs (4*D per visible
  * query-key pair and head). With --graph-layers L, L runs over the same cache
  * are captured in one CUDA graph and the median replay time per layer is
- * reported too. --variant V (1..4) partitions the plans for attention
- * variant V and runs it (kva__cuda_context_force_variant); 0 is the default.
- * --prefill-variant P runs the prefills on prefill kernel variant P
- * (src/attn/cuda/prefill_mma.h: 1..5 mma.sync, 6..23 sm_90a wgmma; 0 = the
- * dispatcher's choice), so the public path compares the two kernels.
+ * reported too. --kernel NAME (once per kernel family) forces a kernel of the
+ * CUDA backend's registry (src/attn/cuda/cuda_kernels.cu: decode_mma_sm80,
+ * decode_simt, prefill_wgmma_tma_sm90, prefill_wgmma_sm90, prefill_mma_sm80,
+ * prefill_items) through kva__context_force_kernel, so one build compares
+ * the kernels on the public path; without it the dispatcher chooses.
  * --mode copy times a 1 GiB device-to-device copy (the bandwidth ceiling, in
  * the same run). --quant reads a quantized cache instead (int8: INT8_CHANNEL
  * with per-channel scales and offsets; int8-token: INT8_TOKEN_K; int8-token-
@@ -28,12 +27,6 @@
  * scales): random codes (no fp8 NaN codes) and per-token scales are filled on
  * the host and uploaded, q and out stay in --dtype; the KV bytes then count
  * the 1-byte codes (2-byte V for int8-token-v16) and the per-token scales.
- * --qmma V (1..) runs version V of the quantized tensor-core kernel
- * (decode_mma_quant.cu; kva__cuda_context_force_quant_mma), 0 the default.
- * --qprefill P runs the prefill tiles over a quantized cache on variant P of
- * the tensor-core kernel (prefill_mma_quant.h; 0 the default) or, with -1,
- * on the CUDA-core kernel of attn_quant.cu (kva__cuda_context_force_quant_
- * prefill), so one build compares the two paths.
  * --context-min M draws every request's cached tokens uniformly from [M, S]
  * (fixed seed; default M = S: all equal), for ragged batches.
  * --splits N cuts every partition unit into N key chunks
@@ -151,8 +144,9 @@ int main(int argc, char **argv)
 {
     const char *mode = "decode", *dts = "bf16", *lays = "nhd", *quants = "none";
     int32_t R = 64, S = 4096, Q = -1, H = 32, Hkv = 8, D = 128, B = 16, iters = 30, layers = 0,
-            variant = 0, qmma = 0, pvariant = 0, qprefill = 0, plan_iters = 0, splits = 0,
-            smin = -1;
+            plan_iters = 0, splits = 0, smin = -1;
+    const char *kernels[2] = {NULL, NULL};
+    int nkern = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *f = argv[i], *v = argv[i + 1];
         if (!strcmp(f, "--mode"))
@@ -183,16 +177,10 @@ int main(int argc, char **argv)
             smin = atoi(v);
         else if (!strcmp(f, "--splits"))
             splits = atoi(v);
-        else if (!strcmp(f, "--variant"))
-            variant = atoi(v);
-        else if (!strcmp(f, "--prefill-variant"))
-            pvariant = atoi(v);
+        else if (!strcmp(f, "--kernel") && nkern < 2)
+            kernels[nkern++] = v;
         else if (!strcmp(f, "--quant"))
             quants = v;
-        else if (!strcmp(f, "--qmma"))
-            qmma = atoi(v);
-        else if (!strcmp(f, "--qprefill"))
-            qprefill = atoi(v);
         else if (!strcmp(f, "--plan-iters"))
             plan_iters = atoi(v);
         else
@@ -235,12 +223,10 @@ int main(int argc, char **argv)
     kva_context *cpu = NULL, *gpu = NULL;
     KV(kva_context_create(&cpud, &cpu));
     KV(kva_context_create(&gd, &gpu));
-    /* --variant V: plans are partitioned for and run with variant V. */
-    KV(kva__cuda_context_force_variant(gpu, variant));
+    /* --kernel NAME: plans are partitioned for and run with that kernel. */
+    for (int k = 0; k < nkern; k++)
+        KV(kva__context_force_kernel(gpu, kernels[k]));
     KV(kva__cuda_context_force_splits(gpu, splits));
-    KV(kva__cuda_context_force_quant_mma(gpu, qmma));
-    KV(kva__cuda_context_force_prefill_variant(gpu, pvariant));
-    KV(kva__cuda_context_force_quant_prefill(gpu, qprefill));
     const kva_dtype cdt = quant == KVA_QUANT_NONE || quant == KVA_QUANT_INT8_TOKEN_K_V16 ? dt
                           : quant == KVA_QUANT_FP8_E4M3 ? KVA_DTYPE_FP8_E4M3
                                                         : KVA_DTYPE_I8;
@@ -330,12 +316,14 @@ int main(int argc, char **argv)
     CU(cudaMemset(dout, 0xff, nq * es));
     KV(kva_attention_run(gpu, pchk, dq, dc, NULL, dout, NULL));
     CU(cudaMemcpy(out_gpu, dout, (size_t)chk.T * H * D * es, cudaMemcpyDeviceToHost));
-    /* Prefills on prefill_mma round P to the input dtype for P V: out may
-     * differ by u * max|v| more (u = 2^-8 bf16, 2^-11 f16; uniform fill). */
+    /* Prefill tiles and the tensor-core decode round P to the input dtype for
+     * P V: out may differ by u * max|v| more (u = 2^-8 bf16, 2^-11 f16;
+     * uniform fill). */
+    const kva__cuda_plan *gcp = (const kva__cuda_plan *)pchk->device;
+    const int mma = gcp->num_ptiles > 0 || gcp->decode_kernel == KVA__CUDA_K_DECODE_MMA;
     const double atol =
-        kva_test_atol(dt) + ((prefill || variant == 4 || variant == 0) && dt != KVA_DTYPE_F32
-                                 ? (dt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11) * 1.7320508
-                                 : 0.0);
+        kva_test_atol(dt) +
+        (mma && dt != KVA_DTYPE_F32 ? (dt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11) * 1.7320508 : 0.0);
     size_t bad = kva_test_compare("bench check", out_gpu, out_cpu, dt, (size_t)chk.T * H * D, atol,
                                   kva_test_rtol(dt));
     kva_plan_destroy(pcpu);
@@ -428,7 +416,7 @@ int main(int argc, char **argv)
 
     if (plan_iters > 0) {
         /* Host cost of kva_plan_create (+ destroy) for this batch, and of one
-         * uncached occupancy query (what the context's cache saves per variant). */
+         * uncached occupancy query (what the context's cache saves per shape). */
         float *pt = malloc(sizeof(float) * (size_t)plan_iters * 2);
         for (int it = 0; it < plan_iters; it++) {
             const double t0 = host_us();
@@ -437,7 +425,7 @@ int main(int argc, char **argv)
             kva_plan_destroy(p2);
             pt[it] = (float)(host_us() - t0);
             const double t1 = host_us();
-            (void)kva__cuda_attention_ctas_per_sm(dt, D, 8, 3);
+            (void)kva__cuda_simt_ctas_per_sm(dt, D, 8);
             pt[plan_iters + it] = (float)(host_us() - t1);
         }
         fprintf(stderr,
@@ -453,14 +441,15 @@ int main(int argc, char **argv)
     const double sec = med * 1e-3;
     fprintf(stderr,
             "bench_cuda: %s R=%d S=%d Q=%d H=%d Hkv=%d D=%d B=%d %s kv %s: median %.4f ms, %.3f "
-            "TB/s KV, %.1f TFLOP/s, %d items, %d split tasks (candidate %d), variant %d, qmma %d, "
-            "prefill variant %d, qprefill %d, check %s; host enqueue median %.1f us; back to back "
+            "TB/s KV, %.1f TFLOP/s, %d items, %d split tasks (candidate %d), kernels %s + %s, "
+            "check %s; host enqueue median %.1f us; back to back "
             "%.4f ms = %.1f TFLOP/s\n",
             mode, R, S, Q, H, Hkv, D, B, dts, kva_quant_name(quant), (double)med,
             kv_bytes / sec * 1e-12, flops / sec * 1e-12, (int)info.num_work_items,
-            (int)plan->part->num_tasks, (int)plan->part->pick, plan->part->variant, qmma, pvariant,
-            qprefill, bad ? "FAILED" : "ok", (double)enq_us, (double)b2b_ms,
-            flops / (b2b_ms * 1e-3) * 1e-12);
+            (int)plan->part->num_tasks, (int)plan->part->pick,
+            kva__cuda_kernels[((const kva__cuda_plan *)plan->device)->decode_kernel].name,
+            ((const kva__cuda_plan *)plan->device)->num_ptiles > 0 ? "prefill tiles" : "no tiles",
+            bad ? "FAILED" : "ok", (double)enq_us, (double)b2b_ms, flops / (b2b_ms * 1e-3) * 1e-12);
     printf(
         "{\"mode\": \"%s\", \"device\": \"%s\", \"R\": %d, \"S\": %d, \"Q\": %d, \"H\": %d, "
         "\"Hkv\": %d, \"D\": %d, \"B\": %d, \"dtype\": \"%s\", \"kv_quant\": \"%s\", \"ms\": %.5f, "

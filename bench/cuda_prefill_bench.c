@@ -4,16 +4,17 @@
  *
  * Shapes (causal, bf16 unless named): one 4k-token prefill with H/Hkv 32/8 and
  * 32/32 at D = 128, eight 1k-token prefills at 32/8, and D = 64 / 256 points.
- * Every kernel variant is timed; each point is checked first against an fp64
- * computation of 24 sampled rows (token, head) done here on the host. Inputs
- * are random (uniform, unit variance). The paged cache has B = 64 unless
- * named, with a shuffled block table.
+ * Every prefill kernel that exists on the device is timed (mma.sync; on
+ * sm_90a at D 128 the wgmma kernel with and without TMA); each point is checked first against an
+ * fp64 computation of 24 sampled rows (token, head) done here on the host. Inputs are random
+ * (uniform, unit variance). The paged cache has B = 64 unless named, with a shuffled block table.
  *
  * TFLOP/s = 4 * D * H * (visible query-key pairs) / time, the causal half
  * only (q * (q + 1) / 2 pairs for a fresh prefill). Prints one line per point:
- *   shape variant median_ms TFLOP/s
+ *   shape kernel median_ms TFLOP/s
  * Median of 30 timed launches after 5 warm-up launches. Arguments (optional):
- * a shape index and a variant, to time one point (e.g. under ncu).
+ * a shape index and a kernel (kva__cuda_prefill_kernel: 1 mma.sync, 2 wgmma,
+ * 3 wgmma with TMA), to time one point (e.g. under ncu).
  */
 #include "harness.h"
 #include "prefill_mma.h"
@@ -162,12 +163,14 @@ static int bench_shape(const shape *s, kva_rng *rng, int only_var)
     CUDA_OK(cudaEventCreate(&e1));
     int fails = 0;
     double *orow = malloc(sizeof(double) * (size_t)D);
-    for (int var = 1; var <= KVA__CUDA_PREFILL_VARIANTS; var++) {
-        if ((only_var && var != only_var) || !kva__cuda_prefill_variant_exists(D, var))
+    static const char *const kname[] = {"auto", "mma_sm80", "wgmma_sm90", "wgmma_tma_sm90"};
+    for (int var = KVA__CUDA_PREFILL_MMA; var <= KVA__CUDA_PREFILL_WGMMA_TMA; var++) {
+        const kva__cuda_prefill_kernel kern = (kva__cuda_prefill_kernel)var;
+        if ((only_var && var != only_var) || !kva__cuda_prefill_kernel_exists(D, kern))
             continue;
         /* Correctness first: 24 sampled rows against fp64. */
         CUDA_OK(cudaMemset(dout, 0xff, nq * 2));
-        if (kva__cuda_prefill_launch_variant(&a, NULL, var) != KVA_STATUS_OK) {
+        if (kva__cuda_prefill_launch_kernel(&a, NULL, kern) != KVA_STATUS_OK) {
             fprintf(stderr, "launch: %s\n", kva_last_error());
             return 1;
         }
@@ -192,10 +195,10 @@ static int bench_shape(const shape *s, kva_rng *rng, int only_var)
         fails += !ok;
         float ms[REPS];
         for (int w = 0; w < 5; w++)
-            (void)kva__cuda_prefill_launch_variant(&a, NULL, var);
+            (void)kva__cuda_prefill_launch_kernel(&a, NULL, kern);
         for (int rep = 0; rep < REPS; rep++) {
             CUDA_OK(cudaEventRecord(e0, NULL));
-            (void)kva__cuda_prefill_launch_variant(&a, NULL, var);
+            (void)kva__cuda_prefill_launch_kernel(&a, NULL, kern);
             CUDA_OK(cudaEventRecord(e1, NULL));
             CUDA_OK(cudaEventSynchronize(e1));
             CUDA_OK(cudaEventElapsedTime(&ms[rep], e0, e1));
@@ -208,16 +211,16 @@ static int bench_shape(const shape *s, kva_rng *rng, int only_var)
         for (int rep = 0; rep < 5; rep++) {
             CUDA_OK(cudaEventRecord(e0, NULL));
             for (int it = 0; it < REPS; it++)
-                (void)kva__cuda_prefill_launch_variant(&a, NULL, var);
+                (void)kva__cuda_prefill_launch_kernel(&a, NULL, kern);
             CUDA_OK(cudaEventRecord(e1, NULL));
             CUDA_OK(cudaEventSynchronize(e1));
             CUDA_OK(cudaEventElapsedTime(&b2b[rep], e0, e1));
             b2b[rep] /= REPS;
         }
         qsort(b2b, 5, sizeof(float), cmp_float);
-        printf("%-28s v%d  %8.3f ms  %7.1f TFLOP/s  (spread %.3f-%.3f ms, check %s: out err "
+        printf("%-28s %-14s %8.3f ms  %7.1f TFLOP/s  (spread %.3f-%.3f ms, check %s: out err "
                "%.2g, lse err %.2g; back to back %.3f ms = %.1f TFLOP/s)\n",
-               s->name, var, med, flops / (med * 1e-3) / 1e12, ms[0], ms[REPS - 1],
+               s->name, kname[var], med, flops / (med * 1e-3) / 1e12, ms[0], ms[REPS - 1],
                ok ? "ok" : "FAILED", max_err, max_lse_err, (double)b2b[2],
                flops / (b2b[2] * 1e-3) / 1e12);
         fflush(stdout);
@@ -269,7 +272,7 @@ int main(int argc, char **argv)
     (void)kva_test_checks_failed_; /* harness.h is used for its RNG and fills only */
     kva_rng rng = {12345};
     int fails = 0;
-    /* Optional arguments: a shape index and a variant (e.g. for ncu). */
+    /* Optional arguments: a shape index and a kernel (e.g. for ncu). */
     const int only_shape = argc > 1 ? atoi(argv[1]) : -1, only_var = argc > 2 ? atoi(argv[2]) : 0;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         if (only_shape < 0 || (size_t)only_shape == i)

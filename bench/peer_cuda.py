@@ -211,7 +211,7 @@ def ours(binary, res, skip_prefill=False, prefill_only=False):
         ("decode", "kvattn paged decode (graph: 32 layers)",
          ["--mode", "decode", "--batch", "64", "--context", "4095", "--graph-layers", "32"]),
         ("decode", "kvattn paged decode, variant 3 (CUDA cores)",
-         ["--mode", "decode", "--batch", "64", "--context", "4095", "--variant", "3"]),
+         ["--mode", "decode", "--batch", "64", "--context", "4095", "--kernel", "decode_simt"]),
         ("decode", "kvattn paged decode HND",
          ["--mode", "decode", "--batch", "64", "--context", "4095", "--layout", "hnd"]),
         ("decode", "kvattn spec decode q=4",

@@ -3,11 +3,11 @@
 # (full, then the small mode under compute-sanitizer memcheck), its benchmark,
 # and torch SDPA (flash and cuDNN backends) on the same shapes, in one go, for
 # one call on a GPU machine. Logs go to $OUT (or ./prefill_bench_out).
-# The benchmark times every variant that exists on the device, the sm_90a
-# wgmma variants 6..8 (prefill_wgmma.cu) next to the mma.sync ones 1..5.
+# The benchmark times every prefill kernel that exists on the device (mma.sync;
+# on sm_90a at D 128 the wgmma kernel with and without TMA).
 # Usage: bench/prefill_mma_bench.sh [arch]   (arch default 90a)
 # Environment: KVA_CMAKE_ARGS extra cmake arguments; RACECHECK=0 skips
-# racecheck; SDPA=0 skips the torch peers; PROFILE=1 adds ncu (PVAR variant).
+# racecheck; SDPA=0 skips the torch peers; PROFILE=1 adds ncu (PVAR kernel, kva__cuda_prefill_kernel).
 set -u -o pipefail
 OUT=${OUT:-prefill_bench_out}
 mkdir -p "$OUT"
@@ -42,7 +42,7 @@ fi
 echo "== kvattn prefill kernel"
 ./b/cuda_prefill_bench 2>&1 | tee "$OUT/bench.log"
 if [ "${PROFILE:-0}" = 1 ]; then
-    echo "== ncu (shape 0, variant ${PVAR:-2})"
+    echo "== ncu (shape 0, kernel ${PVAR:-2})"
     cuobjdump -sass b/cuda_prefill_bench > "$OUT/bench.sass" 2>&1
     ncu -k regex:prefill_mma_kernel -c 1 --section SpeedOfLight --section WarpStateStats \
         --section SchedulerStats --section Occupancy --section LaunchStats \

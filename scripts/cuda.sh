@@ -10,7 +10,7 @@
 #                   apache-tvm-ffi), installed offline into /tmp/kva_site
 #   OUT             folder for logs and results (default build-cuda/out)
 #   KVA_STEPS       steps to run (default "test sanitize bench prefill serve peers"; "bench" times
-#                   the copy ceiling, then kvattn's decode variants and shapes and the
+#                   the copy ceiling, then kvattn's decode kernels and shapes and the
 #                   quantized caches (--quant), "prefill" its
 #                   prefills through the public API, "peers" the table against peers, printed
 #                   last; "quicktest" runs the quick test sets without ctest; "serve" runs the
@@ -23,6 +23,8 @@
 #   KVA_SANITIZE_TESTS  tests they run in quick mode (default "test_cuda_attn test_cuda_cache test_cuda_quant test_cuda_quant_attn
 #                   test_cuda_quant_prefill test_cuda_prefill_mma"; racecheck of the last takes ~5 min on an H100)
 #   KVA_SANITIZE_TIMEOUT  seconds per sanitizer run (default 480)
+#   KVA_MACHINE     when set (e.g. "h100"), scripts/results.py writes docs/results/$KVA_MACHINE.md
+#                   from this run's logs (and a copy to $OUT)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -67,14 +69,14 @@ if has bench; then
   {
   $b --mode copy --iters 20 2>&1 | head -1
   $b $d --graph-layers 32 2>&1 | head -1
-  for v in 4 3 2 1; do $b $d --variant $v 2>&1 | head -1; done
-  $b $d --variant 4 --graph-layers 32 2>&1 | tail -1
-  $b $d --variant 3 --graph-layers 32 2>&1 | tail -1
-  for v in 4 3; do
-    $b $d --heads 64 --kv-heads 8 --variant $v 2>&1 | head -1
-    $b --mode decode --batch 64 --context 4092 --q-len 4 --variant $v 2>&1 | head -1
-    $b --mode decode --batch 4 --context 32767 --variant $v 2>&1 | head -1
-    $b $d --layout hnd --variant $v 2>&1 | head -1
+  for k in decode_mma_sm80 decode_simt; do $b $d --kernel $k 2>&1 | head -1; done
+  $b $d --kernel decode_mma_sm80 --graph-layers 32 2>&1 | tail -1
+  $b $d --kernel decode_simt --graph-layers 32 2>&1 | tail -1
+  for k in decode_mma_sm80 decode_simt; do
+    $b $d --heads 64 --kv-heads 8 --kernel $k 2>&1 | head -1
+    $b --mode decode --batch 64 --context 4092 --q-len 4 --kernel $k 2>&1 | head -1
+    $b --mode decode --batch 4 --context 32767 --kernel $k 2>&1 | head -1
+    $b $d --layout hnd --kernel $k 2>&1 | head -1
   done
   $b --mode decode --batch 64 --context 4088 --q-len 8 --heads 64 --kv-heads 8 2>&1 | head -1
   $b $d --dtype f16 --block-size 1 2>&1 | head -1
@@ -158,5 +160,12 @@ fi
 export MAX_JOBS=$jobs FLASHINFER_NVCC_THREADS=4
 PYTHONUNBUFFERED=1 python3 bench/peer_cuda.py --ours build-cuda/bench_cuda --out "$out" ${KVA_PEER_ARGS:-} 2>"$out/peer_stderr.log"
 [ $? = 0 ] || { status=1; tail -30 "$out/peer_stderr.log"; }
+fi
+
+# The machine's results page from this run's logs (docs/results/$KVA_MACHINE.md
+# and a dated raw log in bench/results/; copied there too so $OUT brings them back).
+if [ -n "${KVA_MACHINE:-}" ]; then
+  python3 scripts/results.py cuda --logs "$out" --machine "$KVA_MACHINE" &&
+    cp "docs/results/$KVA_MACHINE.md" "$out/" || status=1
 fi
 exit $status

@@ -8,7 +8,7 @@
 #   KVA_CMAKE_ARGS   extra cmake arguments (e.g. -DXXHASH_LIB=...)
 #   KVA_QMMA_STEPS   steps (default "build quick bench shapes"; also "ncu", "full",
 #                    "memcheck", "cli"), run in this file's order
-#   KVA_QMMA_SHAPE_VERS  versions timed in the "shapes" step (default "2")
+#   KVA_QMMA_SHAPE_VERS  passes of the "shapes" step (default "2": one pass)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build-cuda/out}
@@ -18,7 +18,7 @@ has() { [[ "$steps" == *" $1 "* ]]; }
 status=0
 b=build-cuda/bench_cuda
 d="--mode decode --batch 64 --context 4095"
-vers="1 2"
+vers="default"  # the version knob is gone (one kernel); kept as one pass
 
 if has build; then
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
@@ -47,10 +47,10 @@ if has bench; then
   $b --mode copy --iters 20 2>&1 | head -1
   $b $d 2>&1 | head -1
   for v in $vers; do
-    for qf in int8 int8-token fp8; do $b $d --quant $qf --qmma $v 2>&1 | head -1; done
+    for qf in int8 int8-token fp8; do $b $d --quant $qf 2>&1 | head -1; done
   done
   $b $d --quant int8-token-v16 2>&1 | head -1
-  $b $d --quant int8-token-v16 --variant 3 2>&1 | head -1
+  $b $d --quant int8-token-v16 --kernel decode_simt 2>&1 | head -1
   $b $d --dtype f16 --quant int8-token-v16 2>&1 | head -1
   $b $d --dtype f16 2>&1 | head -1
   $b $d 2>&1 | head -1
@@ -92,12 +92,12 @@ fi
 if has shapes; then
   {
   for v in ${KVA_QMMA_SHAPE_VERS:-2}; do
-    $b --mode decode --batch 64 --context 4095 --head-dim 64 --quant int8 --qmma $v 2>&1 | head -1
-    $b --mode decode --batch 32 --context 4095 --head-dim 256 --heads 16 --kv-heads 4 --quant int8 --qmma $v 2>&1 | head -1
-    $b --mode decode --batch 64 --context 4092 --q-len 4 --quant int8 --qmma $v 2>&1 | head -1
-    $b --mode decode --batch 4 --context 32767 --quant int8 --qmma $v 2>&1 | head -1
-    $b $d --heads 64 --kv-heads 8 --quant int8 --qmma $v 2>&1 | head -1
-    $b $d --batch 16 --quant int8 --qmma $v 2>&1 | head -1
+    $b --mode decode --batch 64 --context 4095 --head-dim 64 --quant int8 2>&1 | head -1
+    $b --mode decode --batch 32 --context 4095 --head-dim 256 --heads 16 --kv-heads 4 --quant int8 2>&1 | head -1
+    $b --mode decode --batch 64 --context 4092 --q-len 4 --quant int8 2>&1 | head -1
+    $b --mode decode --batch 4 --context 32767 --quant int8 2>&1 | head -1
+    $b $d --heads 64 --kv-heads 8 --quant int8 2>&1 | head -1
+    $b $d --batch 16 --quant int8 2>&1 | head -1
   done
   $b --mode decode --batch 64 --context 4095 --head-dim 64 2>&1 | head -1
   $b --mode decode --batch 32 --context 4095 --head-dim 256 --heads 16 --kv-heads 4 2>&1 | head -1
@@ -112,9 +112,9 @@ fi
 
 if has ncu; then
   sec="--section SpeedOfLight --section WarpStateStats --section Occupancy --section SchedulerStats"
-  for v in 1 2; do
+  for v in default; do
     timeout 120 ncu -k regex:decode_mma --launch-skip 2 --launch-count 1 $sec --print-details all \
-      $b $d --quant int8 --qmma $v --iters 1 >"$out/ncu_int8_v$v.txt" 2>&1
+      $b $d --quant int8 --iters 1 >"$out/ncu_int8_v$v.txt" 2>&1
     grep -E "Duration|Memory Throughput|Stall|Issued Warp|Warp Cycles|Achieved Occupancy|No Eligible" \
       "$out/ncu_int8_v$v.txt" | head -30 | sed "s/^/v$v /"
   done

@@ -10,8 +10,8 @@
 #   KVA_QP_STEPS        steps (default "build test bench memcheck"; also "quant": the
 #                       quick sets of test_cuda_quant and test_cuda_quant_attn, "quick": the quick set of this test
 #                       instead of the full one), run in this file's order
-#   KVA_QP_VARIANTS     tensor-core variants timed (default "1 2 3"; 0 is the default one)
-#   KVA_QP_OLD          1 (default): also time the CUDA-core kernel (--qprefill -1)
+#   (the tensor-core kernel runs one configuration per format: prefill_mma_quant.cuh)
+#   KVA_QP_OLD          1 (default): also time the CUDA-core kernel (--kernel prefill_items)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build-cuda/out}
@@ -52,8 +52,8 @@ if has bench; then
   for s in "$a" "$c"; do
     $b $s 2>&1 | head -1
     for qf in int8 int8-token int8-token-v16 fp8; do
-      [ "${KVA_QP_OLD:-1}" = 1 ] && $b $s --quant $qf --qprefill -1 --iters 3 2>&1 | head -1
-      for v in ${KVA_QP_VARIANTS:-1 2 3}; do $b $s --quant $qf --qprefill $v 2>&1 | head -1; done
+      [ "${KVA_QP_OLD:-1}" = 1 ] && $b $s --quant $qf --kernel prefill_items --iters 3 2>&1 | head -1
+      $b $s --quant $qf 2>&1 | head -1
     done
   done
   } | sed 's/^bench_cuda: //' | tee "$out/bench_qprefill.log"

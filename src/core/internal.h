@@ -116,6 +116,41 @@ const char *kva__cpu_isa_string(void);
 
 typedef struct kva__backend_ops kva__backend_ops;
 
+/* ---- kernel registry and the one force hook (src/core/kernels.c) ----
+ *
+ * Every backend lists the kernels it dispatches among in one registry
+ * (kva__backend_ops.kernels), each named by what it is: "<family>_<isa or
+ * arch>", e.g. "decode_avx512", "prefill_avx2", "decode_portable",
+ * "prefill_wgmma_sm90", "prefill_mma_sm80". The dispatcher chooses per plan
+ * (and per work item) as before; kva__context_force_kernel is the only
+ * sanctioned way for tests and benchmarks to make it run one named kernel
+ * instead. No environment variables, no writes into plan internals. */
+typedef enum kva__kernel_family {
+    KVA__KERNEL_DECODE = 0,  /* decode-shaped items (q_len 1..4, few rows) */
+    KVA__KERNEL_PREFILL = 1, /* prefill-shaped items */
+    KVA__KERNEL_FAMILIES
+} kva__kernel_family;
+
+typedef struct kva__kernel_info {
+    const char *name;
+    kva__kernel_family family;
+    /* 1 if this build and machine can run the kernel on ctx (ISA level,
+     * compute capability); NULL = always. */
+    int (*usable)(const kva_context *ctx);
+} kva__kernel_info;
+
+/* Makes plans created on ctx from now on run the registry kernel `name` for
+ * every item of its family (the other family keeps its own forcing or the
+ * dispatcher's choice). name NULL or "" clears every forcing. Fails with
+ * KVA_STATUS_INVALID_ARGUMENT naming the registry when the backend has no
+ * such kernel, and KVA_STATUS_UNSUPPORTED when this machine or build cannot
+ * run it; ctx is unchanged then. */
+kva_status kva__context_force_kernel(kva_context *ctx, const char *name);
+/* The registry index forced for family on ctx, or -1 (dispatcher's choice). */
+int32_t kva__context_forced_kernel(const kva_context *ctx, kva__kernel_family family);
+/* The backend's registry: *count entries (NULL, 0 for a backend without one). */
+const kva__kernel_info *kva__context_kernels(const kva_context *ctx, int32_t *count);
+
 struct kva_context {
     kva_backend backend;
     int32_t num_threads;
@@ -128,6 +163,8 @@ struct kva_context {
     size_t workspace_bytes;
     /* CUDA backend state (stream, device metadata buffers; src/attn/cuda/), else NULL. */
     void *cuda;
+    /* Registry index + 1 of the kernel forced per family (kva__context_force_kernel); 0 = none. */
+    int32_t forced_kernel[KVA__KERNEL_FAMILIES];
 };
 
 /* Grows ctx->workspace to at least bytes (host memory for ref/CPU). */
@@ -246,6 +283,9 @@ struct kva__backend_ops {
                                int32_t head_dim_v, kva_dtype dtype, const void *out_a,
                                const float *lse_a, const void *out_b, const float *lse_b, void *out,
                                float *lse_out);
+    /* The kernel registry (see kva__kernel_info); NULL / 0 for none. */
+    const kva__kernel_info *kernels;
+    int32_t num_kernels;
 };
 
 extern const kva__backend_ops kva__ref_ops;  /* src/attn/ref/ */

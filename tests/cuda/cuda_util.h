@@ -47,6 +47,18 @@ static inline void to_host(void *dst, const void *src, size_t n)
         CUDA_OK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
 }
 
+/* 1 if the first 64 bytes of a dev_poisoned buffer still hold 0xff (a run
+ * that failed must not have written its output). */
+static inline int dev_untouched(const void *d)
+{
+    unsigned char probe[64];
+    to_host(probe, d, sizeof probe);
+    int untouched = 1;
+    for (int i = 0; i < 64; i++)
+        untouched &= probe[i] == 0xff;
+    return untouched;
+}
+
 /* Copies a host cache's K/V storage into a device cache of the same desc. */
 static inline void cache_upload(kva_cache *dev, const kva_cache *host)
 {

@@ -29,10 +29,10 @@ typedef struct cfg {
     int32_t causal, window;
     float softcap, scale;
     int alibi, sinks, lse, ragged;
-    int variant;      /* kernel variant forced on the CUDA plan (0: the default) */
-    int keep_tail;    /* 1: leave the cache's unreadable slots random (default: NaN) */
-    int want_mma;     /* 1: the plan must route at least one prefill to prefill_mma */
-    int late_variant; /* nonzero: set plan->part->variant to this after kva_plan_create */
+    const char *dkernel; /* decode-family kernel forced on the CUDA context (NULL: default) */
+    const char *pkernel; /* prefill-family kernel forced (NULL: the dispatcher's choice) */
+    int keep_tail;       /* 1: leave the cache's unreadable slots random (default: NaN) */
+    int want_mma;        /* 1: the plan must route at least one prefill to prefill_mma */
 } cfg;
 
 /* Writes NaN (0xff bytes) into every K/V slot of the host cache that no
@@ -72,11 +72,24 @@ static void print_cfg(const cfg *c)
     fprintf(stderr,
             "  case seed=%llu R=%d max_len=%d kinds=%u H=%d Hkv=%d D=%d Dv=%d B=%d dt=%s %s "
             "causal=%d window=%d softcap=%g scale=%g alibi=%d sinks=%d lse=%d ragged=%d "
-            "variant=%d\n",
+            "kernels=%s,%s\n",
             (unsigned long long)c->seed, c->R, c->max_len, c->kinds, c->H, c->Hkv, c->D, c->Dv,
             c->B, kva_dtype_name(c->dt), c->layout == KVA_LAYOUT_NHD ? "NHD" : "HND", c->causal,
             c->window, (double)c->softcap, (double)c->scale, c->alibi, c->sinks, c->lse, c->ragged,
-            c->variant);
+            c->dkernel ? c->dkernel : "default", c->pkernel ? c->pkernel : "default");
+}
+
+/* 1 if the registry kernel `name` can run here (the wgmma kernels need an
+ * sm_90a build and device). */
+static int kernel_usable(const char *name)
+{
+    kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
+    kva_context *gpu = NULL;
+    if (kva_context_create(&gd, &gpu) != KVA_STATUS_OK)
+        return 0;
+    const int ok = kva__context_force_kernel(gpu, name) == KVA_STATUS_OK;
+    kva_context_destroy(gpu);
+    return ok;
 }
 
 /* Runs one case on the reference and the CUDA backend (given batch, or a
@@ -139,14 +152,24 @@ static int run_batch(const cfg *c, const kva_test_batch *given)
     pd.alibi_slopes = c->alibi ? slopes : NULL;
     kva_plan *pr = NULL, *pg = NULL;
     CHECK_OK(kva_plan_create(ref, &pd, &pr));
-    /* The forced variant decides the partition (variant 4: 16 rows per item). */
-    CHECK_OK(kva__cuda_context_force_variant(gpu, c->variant));
+    /* The forced kernels decide the partition (the tensor-core decode: 16 rows
+     * per item) and whether prefills get tiles. */
+    CHECK_OK(kva__context_force_kernel(gpu, NULL));
+    if (c->dkernel)
+        CHECK_OK(kva__context_force_kernel(gpu, c->dkernel));
+    if (c->pkernel)
+        CHECK_OK(kva__context_force_kernel(gpu, c->pkernel));
     CHECK_OK(kva_plan_create(gpu, &pd, &pg));
-    if (pg && c->variant == 4 && kva__cuda_decode_mma_supported(D, Dv, c->dt))
-        CHECK_MSG(pg->part->variant == 4, "variant 4 forced but the plan runs variant %d",
-                  pg->part->variant);
-    if (pg && c->late_variant)
-        pg->part->variant = c->late_variant;
+    const kva__cuda_plan *gcp = pg ? (const kva__cuda_plan *)pg->device : NULL;
+    if (gcp && c->dkernel && kva__cuda_decode_mma_supported(D, Dv, c->dt)) {
+        const int want = strcmp(c->dkernel, "decode_mma_sm80") == 0 ? KVA__CUDA_K_DECODE_MMA
+                                                                    : KVA__CUDA_K_DECODE_SIMT;
+        CHECK_MSG(gcp->decode_kernel == want, "%s forced but the plan runs %s", c->dkernel,
+                  kva__cuda_kernels[gcp->decode_kernel].name);
+    }
+    if (gcp && c->pkernel && strcmp(c->pkernel, "prefill_items") == 0)
+        CHECK_MSG(gcp->num_ptiles == 0, "prefill_items forced but the plan has %d tiles",
+                  (int)gcp->num_ptiles);
     if (pg && c->want_mma)
         CHECK_MSG(((const kva__cuda_plan *)pg->device)->num_ptiles > 0,
                   "the plan routed no prefill to prefill_mma");
@@ -174,12 +197,11 @@ static int run_batch(const cfg *c, const kva_test_batch *given)
     kva_test_poison(out_gpu, c->dt, no);
     kva_test_poison(lse_gpu, KVA_DTYPE_F32, nl);
     to_host(out_gpu, dout, no * es);
-    /* prefill_mma and the tensor-core decode (variant 4) round the softmax
+    /* prefill_mma and the tensor-core decode round the softmax
      * weights to the input dtype for P V (as FlashAttention): out may differ
      * by u * max|v| more (u = 2^-8 bf16, 2^-11 f16; max|v| = sqrt(3) for the
      * uniform fill), lse does not. */
-    const int mma =
-        pg && (((const kva__cuda_plan *)pg->device)->num_ptiles > 0 || pg->part->variant == 4);
+    const int mma = gcp && (gcp->num_ptiles > 0 || gcp->decode_kernel == KVA__CUDA_K_DECODE_MMA);
     const double atol = kva_test_atol(c->dt) +
                         (mma ? (c->dt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11) * 1.7320508 : 0.0);
     size_t bad = kva_test_compare("out", out_gpu, out_ref, c->dt, no, atol, kva_test_rtol(c->dt));
@@ -257,7 +279,11 @@ static void test_grid(void)
         c.sinks = kva_rng_int(&rng, 0, 2) == 0;
         c.lse = kva_rng_int(&rng, 0, 3) != 0;
         c.ragged = kva_rng_int(&rng, 0, 7) == 0;
-        c.variant = 1 + i % 4; /* every kernel variant (f32 always runs variant 1) */
+        /* Both decode kernels (f32 and uncovered shapes always run
+         * decode_simt), and prefills on tiles (the dispatcher's kernel or
+         * mma.sync) or as work items. */
+        c.dkernel = i % 2 ? "decode_simt" : "decode_mma_sm80";
+        c.pkernel = i % 3 == 1 ? "prefill_items" : i % 3 == 2 ? "prefill_mma_sm80" : NULL;
         if (c.R * c.max_len > 6000 && (c.kinds & 12u))
             c.R = 3;
         if (!run_batch(&c, NULL))
@@ -294,19 +320,20 @@ static void test_split_kv(void)
         c.sinks = i == 1;
         c.lse = 1;
         c.layout = i == 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
-        for (c.variant = 1; c.variant <= 4; c.variant++)
-            run_batch(&c, &b);
+        c.dkernel = "decode_simt";
+        run_batch(&c, &b);
+        c.dkernel = "decode_mma_sm80";
+        run_batch(&c, &b);
         kva_test_batch_free(&b);
     }
 }
 
-/* The tensor-core decode kernel (variant 4) on decode-shaped batches: GQA
+/* The tensor-core decode kernel on decode-shaped batches: GQA
  * groups 1, 4, 8, 16 and 32 (more than one 16-row item per token), q_len 1..8
  * (speculative decodes: the causal mask inside the draft tokens), D 64/128/256,
  * bf16/f16, NHD/HND, block sizes 1/16/32, causal/window/non-causal, soft-cap,
  * ALiBi, sinks, LSE; contexts long enough to be split on a few requests. Every
- * fourth case is partitioned for variant 3 (4 or 8 rows per item) and run with
- * variant 4 set on plan->part. */
+ * fourth case runs the CUDA-core kernel on the same batch. */
 static void test_decode_mma(void)
 {
     static const int32_t heads[][2] = {{8, 8}, {32, 8}, {64, 8}, {16, 1}, {32, 1}, {12, 4}};
@@ -332,8 +359,7 @@ static void test_decode_mma(void)
         c.alibi = i % 6 == 4;
         c.sinks = i % 3 == 1;
         c.lse = i % 4 != 3;
-        c.variant = i % 4 == 3 ? 3 : 4;
-        c.late_variant = i % 4 == 3 ? 4 : 0;
+        c.dkernel = i % 4 == 3 ? "decode_simt" : "decode_mma_sm80";
         /* Few requests with long contexts (split-KV) or many short ones. */
         const int32_t R = i % 2 ? 3 : 12;
         int32_t q[12], sl[12];
@@ -352,11 +378,13 @@ static void test_decode_mma(void)
     }
 }
 
-/* A plan partitioned for variant 4 (16 rows per item) cannot run variants
- * 1..3 (4 or 8 rows): status, message, out untouched. */
-static void test_variant_rows_refused(void)
+/* kva__context_force_kernel on the CUDA backend: an unknown name fails and
+ * lists the registry; a forced kernel steers the plan; a forced prefill
+ * kernel that does not exist for the shape (wgmma at D 64) fails the run with
+ * a status and leaves out untouched. */
+static void test_force_kernel(void)
 {
-    static const int32_t q[] = {4, 1}, s[] = {100, 60};
+    static const int32_t q[] = {40, 1}, s[] = {100, 60};
     kva_test_batch b;
     make_batch(&b, 4, 2, q, s, 16);
     kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
@@ -367,26 +395,35 @@ static void test_variant_rows_refused(void)
     kva_cache *dc = NULL;
     CHECK_OK(kva_cache_create(gpu, &cd, &dc));
     kva_plan_desc pd = kva_test_batch_plan_desc(&b, 8, 2, 64, 64, KVA_DTYPE_BF16);
-    CHECK_OK(kva__cuda_context_force_variant(gpu, 4));
-    CHECK_STATUS(kva__cuda_context_force_variant(gpu, 5), KVA_STATUS_INVALID_ARGUMENT);
-    CHECK_ERROR_MENTIONS("variant");
+    CHECK_STATUS(kva__context_force_kernel(gpu, "decode_v4"), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("decode_mma_sm80");
+    CHECK_OK(kva__context_force_kernel(gpu, "decode_simt"));
+    CHECK(kva__context_forced_kernel(gpu, KVA__KERNEL_DECODE) == KVA__CUDA_K_DECODE_SIMT);
     kva_plan *p = NULL;
     CHECK_OK(kva_plan_create(gpu, &pd, &p));
-    CHECK(p && p->part->variant == 4);
+    CHECK(p && ((const kva__cuda_plan *)p->device)->decode_kernel == KVA__CUDA_K_DECODE_SIMT);
+    kva_plan_destroy(p);
+    p = NULL;
+    CHECK_OK(kva__context_force_kernel(gpu, NULL));
+    CHECK_OK(kva_plan_create(gpu, &pd, &p));
+    CHECK(p && ((const kva__cuda_plan *)p->device)->decode_kernel == KVA__CUDA_K_DECODE_MMA);
+    kva_plan_destroy(p);
+    p = NULL;
     void *dq = dev_poisoned((size_t)b.T * 8 * 64 * 2);
     void *dout = dev_poisoned((size_t)b.T * 8 * 64 * 2);
-    if (p) {
-        p->part->variant = 2;
-        CHECK_STATUS(kva_attention_run(gpu, p, dq, dc, NULL, dout, NULL),
-                     KVA_STATUS_INVALID_ARGUMENT);
-        CHECK_ERROR_MENTIONS("variant 4");
+    const kva_status fs = kva__context_force_kernel(gpu, "prefill_wgmma_sm90");
+    if (fs == KVA_STATUS_OK) { /* an sm_90a build on an H100 */
+        CHECK_OK(kva_plan_create(gpu, &pd, &p));
+        if (p) {
+            CHECK_STATUS(kva_attention_run(gpu, p, dq, dc, NULL, dout, NULL),
+                         KVA_STATUS_INVALID_ARGUMENT);
+            CHECK_ERROR_MENTIONS("D = 64");
+        }
+    } else {
+        CHECK_STATUS(fs, KVA_STATUS_UNSUPPORTED);
+        CHECK_ERROR_MENTIONS("prefill_wgmma_sm90");
     }
-    unsigned char probe[64];
-    to_host(probe, dout, sizeof probe);
-    int untouched = 1;
-    for (int i = 0; i < 64; i++)
-        untouched &= probe[i] == 0xff;
-    CHECK(untouched);
+    CHECK(dev_untouched(dout));
     kva_plan_destroy(p);
     cudaFree(dq);
     cudaFree(dout);
@@ -427,6 +464,14 @@ static void test_mma_mixed(void)
         kva_test_batch b;
         make_batch(&b, 600 + (uint64_t)i, 8, q, s, c.B);
         run_batch(&c, &b);
+        /* At D 128 every prefill tile kernel this machine has, forced. */
+        static const char *const pk[] = {"prefill_wgmma_tma_sm90", "prefill_wgmma_sm90",
+                                         "prefill_mma_sm80"};
+        for (int k = 0; k < 3 && c.D == 128; k++)
+            if (kernel_usable(pk[k])) {
+                c.pkernel = pk[k];
+                run_batch(&c, &b);
+            }
         kva_test_batch_free(&b);
     }
 }
@@ -451,12 +496,7 @@ static void test_ragged_refuses_paged_prefill(void)
     CHECK_STATUS(kva_attention_run_ragged(gpu, p, dq, dk, dv, NULL, dout, NULL),
                  KVA_STATUS_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("block_table");
-    unsigned char probe[64];
-    to_host(probe, dout, sizeof probe);
-    int untouched = 1;
-    for (int i = 0; i < 64; i++)
-        untouched &= probe[i] == 0xff;
-    CHECK(untouched);
+    CHECK(dev_untouched(dout));
     kva_plan_destroy(p);
     cudaFree(dk);
     cudaFree(dv);
@@ -538,7 +578,7 @@ int main(void)
     RUN(test_empty_rows);
     RUN(test_split_kv);
     RUN(test_decode_mma);
-    RUN(test_variant_rows_refused);
+    RUN(test_force_kernel);
     RUN(test_mma_mixed);
     RUN(test_ragged_refuses_paged_prefill);
     RUN(test_grid);

@@ -31,8 +31,8 @@ typedef struct layer {
 static void compare_layers(kva_context *ref, layer *ly, const kva_test_batch *b, const char *label,
                            int mma)
 {
-    /* Rows from prefill_mma or the tensor-core decode (variant 4, the default
-     * for this shape): P rounded to bf16 for P V, + 2^-8 * max|v|. */
+    /* Rows from prefill_mma or the tensor-core decode (the default for this
+     * shape): P rounded to bf16 for P V, + 2^-8 * max|v|. */
     const double atol = kva_test_atol(DT) + (mma ? 0x1p-8 * 1.7320508 : 0.0);
     kva_plan_desc pd = kva_test_batch_plan_desc(b, H, HKV, D, D, DT);
     kva_plan *pr = NULL;
@@ -111,8 +111,9 @@ static void test_graph_replay(void)
 
     CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
-    /* The shape's default decode kernel is variant 4 (tensor cores). */
-    const int mma_dec = plan_a && plan_a->part->variant == 4;
+    /* The shape's default decode kernel is the tensor-core one. */
+    const int mma_dec =
+        plan_a && ((const kva__cuda_plan *)plan_a->device)->decode_kernel == KVA__CUDA_K_DECODE_MMA;
     CHECK(mma_dec);
     compare_layers(ref, ly, &ba, "replay A", mma_dec);
 

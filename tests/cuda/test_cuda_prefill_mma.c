@@ -5,15 +5,17 @@
  * Each case draws a random paged batch (tests/batchgen.h: shuffled block
  * tables, shared prefixes), runs the REF backend on host copies and the kernel
  * on device copies (outputs poisoned with 0xff bytes, i.e. NaN, before every
- * launch), for every kernel variant that exists for the head size and for
- * the dispatcher's choice, and compares out and lse. Covered by a seeded covering design (every
+ * launch), for every prefill kernel that exists for the head size
+ * (kva__cuda_prefill_kernel: mma.sync, and on sm_90a at D 128 the wgmma kernel
+ * with and without TMA) and for the dispatcher's choice, and compares out and
+ * lse. Covered by a seeded covering design (every
  * axis walks its values in a fresh random order): D 64/128/256, (H, Hkv) with GQA groups 1/4/8 and
  * MQA, B 1/5/16/64, NHD/HND, bf16/f16, causal or not, windows, soft-cap, scale,
  * ALiBi, sinks (small and about +-60), lse or NULL, fresh prefills, chunked
  * prefills (q_len < seq_len), mixed batches with q_len 1-4 rows; explicit
  * batches add q_len 0 / seq_len 0 requests, non-causal rows that see no key
  * (out 0, lse -inf or the sink), q_len > seq_len, and a long prefill crossing
- * many key tiles; D = 128 batches for the sm_90a wgmma variants (test_wgmma).
+ * many key tiles; D = 128 batches for the sm_90a wgmma kernels (test_wgmma).
  * A fixed-capacity grid (more CTAs than tiles) is used every
  * time, so CTAs past num_tiles must exit without writing. Host-side checks:
  * the tile builder's order and errors, and the launcher's rejections.
@@ -84,8 +86,8 @@ static void *dev_copy(const void *h, size_t bytes)
 
 static int cases_run, rows_checked, multi_tile;
 
-/* Whether variant v is in the comma-separated list (KVA_TEST_VARIANTS). */
-static int variant_listed(const char *list, int v)
+/* Whether kernel v is in the comma-separated list (KVA_TEST_KERNELS). */
+static int kernel_listed(const char *list, int v)
 {
     for (const char *p = list; *p;) {
         char *end = NULL;
@@ -148,7 +150,7 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
     const size_t kv_bytes = (size_t)b->num_blocks * b->block_size * Hkv * D * esz;
     /* After the reference ran: slots past seq_len of a request's last block
      * get NaN (0xffff in f16 and bf16); no kernel may load them into a
-     * product (the TMA variants must gather such tiles by cp.async). */
+     * product (the TMA kernel must gather such tiles by cp.async). */
     for (int32_t r = 0; c->nan_tail && !c->share && r < b->R; r++) {
         const int32_t sl = b->seq_lens[r], B = b->block_size;
         if (sl % B == 0)
@@ -214,18 +216,18 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
 
     const double u = c->dt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
     const double atol = kva_test_atol(c->dt) + u * 1.7320508; /* max|v| of the uniform fill */
-    /* Variant 0 is the dispatcher's choice (kva__cuda_prefill_launch's path).
-     * KVA_TEST_VARIANTS="a,b,..." runs only those (sanitizer runs of a few
-     * variants; every variant by default). */
-    const char *only = getenv("KVA_TEST_VARIANTS");
-    for (int var = 0; var <= KVA__CUDA_PREFILL_VARIANTS; var++) {
-        if (var > 0 && !kva__cuda_prefill_variant_exists(D, var))
+    /* Kernel 0 is the dispatcher's choice (kva__cuda_prefill_launch's path).
+     * KVA_TEST_KERNELS="a,b,..." (kva__cuda_prefill_kernel values) runs only
+     * those (sanitizer runs of one kernel; every kernel by default). */
+    const char *only = getenv("KVA_TEST_KERNELS");
+    for (int var = KVA__CUDA_PREFILL_AUTO; var <= KVA__CUDA_PREFILL_WGMMA_TMA; var++) {
+        if (var > 0 && !kva__cuda_prefill_kernel_exists(D, (kva__cuda_prefill_kernel)var))
             continue;
-        if (only && !variant_listed(only, var))
+        if (only && !kernel_listed(only, var))
             continue;
         CUDA_OK(cudaMemset(d_out, 0xff, nq * esz));
         CUDA_OK(cudaMemset(d_lse, 0xff, nl * 4));
-        CHECK_OK(kva__cuda_prefill_launch_variant(&a, NULL, var));
+        CHECK_OK(kva__cuda_prefill_launch_kernel(&a, NULL, (kva__cuda_prefill_kernel)var));
         CUDA_OK(cudaDeviceSynchronize());
         CUDA_OK(cudaMemcpy(out, d_out, nq * esz, cudaMemcpyDeviceToHost));
         CUDA_OK(cudaMemcpy(lse, d_lse, nl * 4, cudaMemcpyDeviceToHost));
@@ -236,7 +238,7 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
         else /* lse NULL: the poisoned buffer must stay untouched (all 0xff) */
             for (size_t i = 0; i < nl; i++)
                 bad += ((const uint32_t *)(const void *)lse)[i] != 0xffffffffu;
-        CHECK_MSG(bad == 0, "%zu mismatches (variant %d)", bad, var);
+        CHECK_MSG(bad == 0, "%zu mismatches (kernel %d)", bad, var);
         if (bad) {
             print_cfg(c, b);
             break;
@@ -422,12 +424,12 @@ static void test_long(void)
     }
 }
 
-/* D = 128 batches aimed at the sm_90a wgmma variants 6..8 (every other variant
- * runs on them too): 128-key tiles crossed many times, lengths that are not
+/* D = 128 batches aimed at the sm_90a wgmma kernels (mma.sync runs on them
+ * too): 128-key tiles crossed many times, lengths that are not
  * multiples of the tile, chunked prefills after cached context (q_len <
  * seq_len), GQA groups 1/4/8, B 1/16/64, NHD/HND, bf16/f16, LSE or NULL, and
  * the soft-cap / ALiBi / sinks / window paths once each. On a compute
- * capability 9.0 device of a build with sm_90a code the wgmma variants must
+ * capability 9.0 device of a build with sm_90a code the wgmma kernels must
  * exist (so this cannot pass by skipping them). */
 static void test_wgmma(void)
 {
@@ -441,8 +443,9 @@ static void test_wgmma(void)
     CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
     if (major == 9 && minor == 0)
-        for (int v = KVA__CUDA_PREFILL_WGMMA_FIRST; v <= KVA__CUDA_PREFILL_VARIANTS; v++)
-            CHECK_MSG(kva__cuda_prefill_variant_exists(128, v), "wgmma variant %d missing", v);
+        for (int v = KVA__CUDA_PREFILL_WGMMA; v <= KVA__CUDA_PREFILL_WGMMA_TMA; v++)
+            CHECK_MSG(kva__cuda_prefill_kernel_exists(128, (kva__cuda_prefill_kernel)v),
+                      "wgmma kernel %d missing", v);
 #endif
     const int n = small_mode ? 2 : 9;
     for (int v = 0; v < n; v++) {
@@ -472,12 +475,12 @@ static void test_wgmma(void)
     }
 }
 
-/* D = 128 batches aimed at the TMA path of wgmma variants 15 and 16: block
+/* D = 128 batches aimed at the TMA path of the wgmma kernel: block
  * sizes 8, 32, 128 and 256 (boxes of 8 .. 128 rows, a box at a row offset
  * inside a block of 256), both layouts, causal or not, a window (tiles below
  * its edge skipped, interior tiles above it), and NaN in the unused slots of
  * every request's last block, so a tile that crosses seq_len must not be
- * loaded by TMA. Every variant runs on them. */
+ * loaded by TMA. Every kernel runs on them. */
 static void test_wgmma_tma(void)
 {
     static const int32_t ql[] = {260, 20}, sl[] = {260, 600};
@@ -505,8 +508,8 @@ static void test_wgmma_tma(void)
         if (small_mode && v >= 1)
             break;
     }
-    /* More CTA tiles (192) than an H100 has SMs, so the persistent variants
-     * 17 and 18 walk several tiles per CTA (the K/V ring and its mbarrier
+    /* More CTA tiles (192) than an H100 has SMs, so the persistent wgmma
+     * kernels walk several tiles per CTA (the K/V ring and its mbarrier
      * phases carried from tile to tile); the second batch is non-causal with
      * a seq_len 0 request last, whose tiles have no key tile at all. */
     static const int32_t ql_p[] = {130, 130, 130, 130, 130, 130},
@@ -571,9 +574,14 @@ static void test_host(void)
     CHECK(!kva__cuda_prefill_supported(96, 96, KVA_DTYPE_BF16));
     CHECK(!kva__cuda_prefill_supported(128, 64, KVA_DTYPE_BF16));
     CHECK(!kva__cuda_prefill_supported(128, 128, KVA_DTYPE_F32));
-    CHECK(kva__cuda_prefill_variant_exists(256, 1) && kva__cuda_prefill_variant_exists(256, 4));
-    CHECK(!kva__cuda_prefill_variant_exists(256, 2) && !kva__cuda_prefill_variant_exists(128, 0));
-    CHECK(!kva__cuda_prefill_variant_exists(64, KVA__CUDA_PREFILL_VARIANTS + 1));
+    CHECK(kva__cuda_prefill_kernel_exists(256, KVA__CUDA_PREFILL_MMA) &&
+          kva__cuda_prefill_kernel_exists(64, KVA__CUDA_PREFILL_MMA));
+    CHECK(!kva__cuda_prefill_kernel_exists(256, KVA__CUDA_PREFILL_WGMMA) &&
+          !kva__cuda_prefill_kernel_exists(64, KVA__CUDA_PREFILL_WGMMA_TMA) &&
+          !kva__cuda_prefill_kernel_exists(128, KVA__CUDA_PREFILL_AUTO));
+    CHECK(!kva__cuda_prefill_kernel_exists(64, (kva__cuda_prefill_kernel)4));
+    CHECK(kva__cuda_prefill_kernel_default(64, 16, 100) == KVA__CUDA_PREFILL_MMA &&
+          kva__cuda_prefill_kernel_default(256, 16, 100) == KVA__CUDA_PREFILL_MMA);
     kva__cuda_prefill_args a;
     memset(&a, 0, sizeof a);
     a.head_dim = a.head_dim_v = 96;

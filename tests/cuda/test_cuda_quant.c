@@ -447,7 +447,7 @@ static void test_graph(void)
     /* The decode items run on the tensor-core kernel (f16 P V): run_attn's bound. */
     const double atol =
         kva_test_atol(KVA_DTYPE_BF16) +
-        (pg && pg->part->variant == 4 &&
+        (pg && ((const kva__cuda_plan *)pg->device)->decode_kernel == KVA__CUDA_K_DECODE_MMA &&
                  kva__cuda_decode_mma_quant_supported(cd.quant, cd.dtype, D, D, KVA_DTYPE_BF16)
              ? 0x1p-11 * 2.0
              : 0.0);

@@ -9,17 +9,19 @@
  *      and fresh prefills, which include the prefill tiles of the
  *      tensor-core shapes), GQA/MQA, D != Dv, D not a multiple of 16, masks,
  *      soft-cap, ALiBi, sinks, LSE, split-KV decodes, the default plans
- *      (variant 4: the tensor-core kernel of decode_mma_quant.cu for 1-byte
- *      K/V, whose f16 P adds 2^-11 max|v| to the out bound) and the CUDA-core
- *      variants (register pipeline, cp.async ring = plan variant 2); outputs
+ *      (decode_mma_sm80: the tensor-core kernel of decode_mma_quant.cu for
+ *      1-byte K/V, whose f16 P adds 2^-11 max|v| to the out bound) and plans
+ *      for the CUDA-core kernel (decode_simt forced); outputs
  *      poisoned with NaN before each run, unread token scales and fp8/16-bit
  *      slots NaN;
  *   4b. speculative decodes of 1..8 tokens over default plans (16-row items,
  *      q_len x G > 8: GQA 1/4/8, D 64/128/256, B 1/16, NHD/HND, splits), on
- *      the tensor-core kernel and, every third case, the CUDA-core one;
- *   4c. every version of the tensor-core kernel (decode_mma_quant.cu) over
- *      decodes, speculative decodes and split decodes, q 16-byte aligned or
- *      not; and q * s beyond the f16 range.
+ *      the tensor-core kernel (or, where it does not cover the format, the
+ *      CUDA-core kernel in sub-units) and, every third case, on a plan for
+ *      the CUDA-core kernel;
+ *   4c. the tensor-core kernel (decode_mma_quant.cu) over decodes,
+ *      speculative decodes and split decodes, q 16-byte aligned or not; and
+ *      q * s beyond the f16 range.
  * KVA_TEST_QUICK=1 runs the first cases of each list. Exits 77 without a GPU.
  */
 #include "cuda_quant_util.h"
@@ -38,8 +40,7 @@ typedef struct acfg {
     int alibi, sinks, lse, gran;
     int kind;         /* 0 mixed random batch, 1 long decodes (split-KV), 2 mixed with big prefills,
                          3 decodes and speculative decodes of 1..8 tokens (decode_threshold 8) */
-    int variant;      /* plan variant forced (2: the cp.async ring), 0: the default */
-    int qmma;         /* version of the tensor-core kernel (decode_mma_quant.cu), 0: the default */
+    int simt;         /* 1: decode_simt forced (plans of 4 or 8 rows per item), 0: the default */
     int q_odd;        /* q at an element-aligned but not 16-byte aligned device address */
     float qmag, kmag; /* 0, or the spread of q (normal, sigma) and of K (uniform times kmag,
                          static K scales times kmag), with the softmax scale set to keep the
@@ -50,11 +51,11 @@ static void print_acfg(const acfg *c)
 {
     fprintf(stderr,
             "  case %s/%s H=%d Hkv=%d D=%d Dv=%d B=%d q %s %s causal=%d window=%d softcap=%g "
-            "alibi=%d sinks=%d lse=%d gran=%d kind=%d variant=%d qmma=%d q_odd=%d\n",
+            "alibi=%d sinks=%d lse=%d gran=%d kind=%d simt=%d q_odd=%d\n",
             kva_quant_name(fmts[c->f]), kva_dtype_name(fmt_dtype(c->f)), c->H, c->Hkv, c->D, c->Dv,
             c->B, kva_dtype_name(c->qdt), c->layout == KVA_LAYOUT_HND ? "HND" : "NHD", c->causal,
-            c->window, (double)c->softcap, c->alibi, c->sinks, c->lse, c->gran, c->kind, c->variant,
-            c->qmma, c->q_odd);
+            c->window, (double)c->softcap, c->alibi, c->sinks, c->lse, c->gran, c->kind, c->simt,
+            c->q_odd);
 }
 
 /* 4. Attention: device vs reference over the same quantized bytes. */
@@ -76,7 +77,8 @@ static int run_attn(const acfg *c, uint64_t seed)
         kva_test_batch_random(&b, &rng, 7, c->B, 150, 0xf, 1);
     }
     kva_context *href = make_ctx(KVA_BACKEND_REF), *gpu = make_ctx(KVA_BACKEND_CUDA);
-    CHECK_OK(kva__cuda_context_force_quant_mma(gpu, c->qmma));
+    if (c->simt)
+        CHECK_OK(kva__context_force_kernel(gpu, "decode_simt"));
     const int32_t H = c->H, Hkv = c->Hkv, D = c->D, Dv = c->Dv, T = b.T;
     kva_cache_desc cd = {b.num_blocks, c->B, Hkv, D, Dv, fmt_dtype(c->f), c->layout, fmts[c->f]};
     float *buf = malloc(sizeof(float) * 2 * Hkv * (D + Dv));
@@ -127,8 +129,6 @@ static int run_attn(const acfg *c, uint64_t seed)
         kva_plan *pr = NULL, *pg = NULL;
         CHECK_OK(kva_plan_create(href, &pd, &pr));
         CHECK_OK(kva_plan_create(gpu, &pd, &pg));
-        if (pg && c->variant)
-            pg->part->variant = c->variant;
         const size_t es = kva_dtype_size(c->qdt);
         const size_t nq = (size_t)T * H * D, no = (size_t)T * H * Dv, nl = (size_t)T * H;
         void *q = malloc(nq * es + 4), *want = malloc(no * es + 4), *got = malloc(no * es + 4);
@@ -156,18 +156,19 @@ static int run_attn(const acfg *c, uint64_t seed)
                                    c->lse ? lw : NULL));
         CHECK_OK(kva_attention_run(gpu, pg, dq, qp.dc, ds, dout, dl));
         to_host(got, dout, no * es);
-        /* Items of a plan partitioned for variant 4 over 1-byte K and V run
-         * on the tensor-core kernel (decode_mma_quant.cu), which rounds the
-         * softmax weights to f16 for P V (as variant 4 and FlashAttention):
+        /* Items of a plan partitioned for the tensor-core decode over 1-byte
+         * K and V run on decode_mma_quant.cu, which rounds the softmax
+         * weights to f16 for P V (as decode_mma.cu and FlashAttention):
          * out may differ by 2^-11 max|v| more (|v| <= 2: the uniform fill,
          * sqrt 3, plus the quantization step). Its scores are exact to
          * ~2^-22 (Q' as f16 hi + lo), so lse keeps its tolerance. */
         const int tiles = pg ? ((const kva__cuda_plan *)pg->device)->num_ptiles : 0;
         /* The prefill tiles run on the tensor-core prefill kernel
          * (prefill_mma_quant.h) where it covers the shape: the same f16 P. */
-        const int mma = (pg && pg->part->variant == 4 &&
-                         kva__cuda_decode_mma_quant_supported(cd.quant, cd.dtype, D, Dv, c->qdt)) ||
-                        (tiles > 0 && kva__cuda_qprefill_usable(gpu, pg, dq, qp.dc));
+        const int mma =
+            (pg && ((const kva__cuda_plan *)pg->device)->decode_kernel == KVA__CUDA_K_DECODE_MMA &&
+             kva__cuda_decode_mma_quant_supported(cd.quant, cd.dtype, D, Dv, c->qdt)) ||
+            (tiles > 0 && kva__cuda_qprefill_usable(gpu, pg, dq, qp.dc));
         /* INT8_TOKEN_K_V16 rounds P to V's dtype (bf16: 2^-8). */
         const double pu =
             cd.quant == KVA_QUANT_INT8_TOKEN_K_V16 && c->qdt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
@@ -230,7 +231,7 @@ static void test_attention(void)
         c.gran = kva_rng_int(&rng, 0, 2);
         /* Every 7th case: long decodes (split-KV); every 5th: big prefills. */
         c.kind = i % 7 == 3 ? 1 : i % 5 == 2 ? 2 : 0;
-        c.variant = i % 3; /* 0: the default (variant 4 where the shape has it), 2: the ring */
+        c.simt = i % 3 == 1; /* else the default (the tensor-core decode where it covers) */
         if (c.kind == 2 && c.qdt == KVA_DTYPE_F32)
             c.qdt = KVA_DTYPE_BF16; /* the tensor-core shapes route prefill tiles */
         if (!run_attn(&c, 9000 + (uint64_t)i))
@@ -238,16 +239,15 @@ static void test_attention(void)
     }
     /* The decode benchmark's shape, each format, bf16 queries, split decodes. */
     for (int f = 0; f < NFMT && !quick(); f++) {
-        acfg c = {
-            f, 32, 8, 128,           128, 16, KVA_DTYPE_BF16, KVA_LAYOUT_NHD, 1, -1, 0.f, 0, 1,
-            1, 0,  1, f % 2 ? 2 : 0, 0,   0};
+        acfg c = {f, 32, 8, 128, 128,   16, KVA_DTYPE_BF16, KVA_LAYOUT_NHD, 1, -1, 0.f, 0,
+                  1, 1,  0, 1,   f % 2, 0};
         run_attn(&c, 31 + (uint64_t)f);
     }
 }
 
 /*
  * 4b. Speculative decodes over default plans: with f16/bf16 q and D in {64,
- * 128, 256} the plan is partitioned for variant 4 (items of up to 16 rows,
+ * 128, 256} the plan is partitioned for the tensor-core decode (items of up to 16 rows,
  * q_len x G of them), which the quantized path must cover whole (rows 8..15
  * of such items were once skipped). GQA 1/4/8, q_len 1..8, B 1/16, NHD/HND,
  * masks and splits (the 2500-key request splits).
@@ -279,18 +279,18 @@ static void test_spec_decode(void)
         c.lse = 1;
         c.gran = kva_rng_int(&rng, 0, 2);
         c.kind = 3;
-        /* The default (variant 4's 16-row items: on the tensor-core kernel for
-         * 1-byte K/V); every third case on the CUDA-core kernel (sub-units). */
-        c.variant = i % 3 == 2 ? 1 : 0;
+        /* The default (16-row items: on the tensor-core kernel for 1-byte K/V,
+         * else on the CUDA-core kernel in sub-units); every third case a plan
+         * for the CUDA-core kernel. */
+        c.simt = i % 3 == 2;
         if (!run_attn(&c, 5100 + (uint64_t)i))
             failed++;
     }
 }
 
 /*
- * 4c. Every version of the quantized tensor-core kernel (decode_mma_quant.cu;
- * 16- and 32-key warp steps, Q' staging before or after the first copies)
- * over every format it covers (INT8_TOKEN_K_V16 with q in V's dtype): decodes and speculative
+ * 4c. The quantized tensor-core kernel (decode_mma_quant.cu) over every
+ * format it covers (INT8_TOKEN_K_V16 with q in V's dtype): decodes and speculative
  * decodes of 1..8 tokens (kind 3) and long split decodes (kind 1), GQA 1/4/8, D 64/128/256, B 1/16,
  * NHD/HND, f16/bf16 q, and q not 16-byte aligned (scalar q loads).
  */
@@ -304,7 +304,7 @@ static void test_mma_versions(void)
     kva_rng rng = {3131};
     int failed = 0;
     const int per = quick() ? 5 : 15;
-    for (int ver = 1; ver <= KVA__CUDA_QUANT_MMA_VERSIONS; ver++)
+    for (int ver = 1; ver <= 2; ver++) /* two passes: other seeds */
         for (int i = 0; i < per && failed < 6; i++) {
             acfg c;
             memset(&c, 0, sizeof c);
@@ -325,18 +325,10 @@ static void test_mma_versions(void)
             c.lse = 1;
             c.gran = kva_rng_int(&rng, 0, 2);
             c.kind = i % 3 == 2 ? 1 : 3;
-            c.qmma = ver;
             c.q_odd = i % 4 == 3;
             if (!run_attn(&c, 7700 + 100 * (uint64_t)ver + (uint64_t)i))
                 failed++;
         }
-    /* The version knob is checked. */
-    kva_context *gpu = make_ctx(KVA_BACKEND_CUDA);
-    CHECK_STATUS(kva__cuda_context_force_quant_mma(gpu, KVA__CUDA_QUANT_MMA_VERSIONS + 1),
-                 KVA_STATUS_INVALID_ARGUMENT);
-    CHECK_STATUS(kva__cuda_context_force_quant_mma(gpu, -1), KVA_STATUS_INVALID_ARGUMENT);
-    CHECK_OK(kva__cuda_context_force_quant_mma(gpu, 0));
-    kva_context_destroy(gpu);
 }
 
 /*
@@ -344,14 +336,14 @@ static void test_mma_versions(void)
  * f16 (decode_mma_quant.cu, qm_range). Large q (bf16 sigma 2e4, or 1e5 for
  * the per-token formats, where Q' = q; f16 sigma 1e4) against large keys
  * (kmag 5000: static K scales ~70), softmax scale chosen for unit logits;
- * both versions, every format, decodes, spec decodes and split decodes. An
+ * two seeds per case, every format, decodes, spec decodes and split decodes. An
  * f16 Q' without the range step is inf there and the rows NaN.
  */
 static void test_q_range(void)
 {
     static const int f1[] = {0, 1, 4, 3, 2};
     int failed = 0;
-    for (int ver = 1; ver <= KVA__CUDA_QUANT_MMA_VERSIONS; ver++)
+    for (int ver = 1; ver <= 2; ver++) /* two passes: other seeds */
         for (int i = 0; i < (quick() ? 5 : 10) && failed < 4; i++) {
             acfg c;
             memset(&c, 0, sizeof c);
@@ -370,7 +362,6 @@ static void test_q_range(void)
             c.lse = 1;
             c.gran = i % 3;
             c.kind = i % 2 ? 1 : 3;
-            c.qmma = ver;
             const int tok =
                 fmts[c.f] == KVA_QUANT_INT8_TOKEN_K || fmts[c.f] == KVA_QUANT_INT8_TOKEN_K_V16;
             c.qmag = c.qdt == KVA_DTYPE_F16 ? 1e4f : tok ? 1e5f : 2e4f;

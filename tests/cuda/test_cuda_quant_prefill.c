@@ -7,7 +7,7 @@
  *      FP8_E4M3) x f16/bf16 q x D 64/128/256 x causal/none x window x
  *      soft-cap x ALiBi x sinks x LSE x GQA 1..8 x NHD/HND x block sizes
  *      1, 3, 7, 16, 32, 64, per-channel / per-head / per-tensor scales,
- *      kernel variants 1..3, over fresh prefills, chunked prefills after
+ *      over fresh prefills, chunked prefills after
  *      cached context, and mixed batches of decodes, speculative decodes and
  *      prefills (decode items on decode_mma_quant.cu, prefill tiles here);
  *      every case checks that the tiles do run on the tensor-core kernel;
@@ -16,8 +16,10 @@
  *   2. Q'' range: q scaled by 1e7 (bf16: |q s| far above the f16 maximum
  *      65504, also for the per-token formats whose Q'' is q itself) and by
  *      1e-6 (below the f16 normal range), the softmax scale scaled back;
- *   3. the CUDA-core path (kva__cuda_context_force_quant_prefill(-1)) still
- *      agrees, and bad forced variants are rejected with a status;
+ *   3. the CUDA-core paths still agree: the prefill tiles on attn_quant.cu
+ *      (q not 16-byte aligned, so the tensor-core kernel cannot take them)
+ *      and the prefills as work items (prefill_items forced); a forced
+ *      wgmma prefill (no quantized K/V path) is rejected with a status;
  *   4. a kernel-level argument check (misaligned q) returns a status.
  * Tolerances: run_case. KVA_TEST_QUICK=1 runs a subset. Exits 77 without a
  * GPU.
@@ -37,20 +39,21 @@ typedef struct qcfg {
     int32_t causal, window;
     float softcap;
     int alibi, sinks, lse, gran;
-    int kind;    /* 0 fresh prefills, 1 chunked prefills after cached context, 2 mixed
-                    decodes + prefills, 3 random batch */
-    int variant; /* forced prefill variant: 0 default, 1..3, -1 the CUDA-core kernel */
-    int qmag;    /* 0: unit q; 1: q * 1e7 (bf16 only); 2: q * 1e-6 (softmax scale inverse) */
+    int kind; /* 0 fresh prefills, 1 chunked prefills after cached context, 2 mixed
+                 decodes + prefills, 3 random batch */
+    int path; /* 0: the tensor-core prefill; 1: the tiles on CUDA cores (q not 16-byte
+                 aligned); 2: prefill_items forced (no tiles) */
+    int qmag; /* 0: unit q; 1: q * 1e7 (bf16 only); 2: q * 1e-6 (softmax scale inverse) */
 } qcfg;
 
 static void print_cfg(const qcfg *c)
 {
     fprintf(stderr,
             "  case %s/%s H=%d Hkv=%d D=%d B=%d q %s %s causal=%d window=%d softcap=%g alibi=%d "
-            "sinks=%d lse=%d gran=%d kind=%d variant=%d qmag=%d\n",
+            "sinks=%d lse=%d gran=%d kind=%d path=%d qmag=%d\n",
             kva_quant_name(fmts[c->f]), kva_dtype_name(fmt_dtype(c->f)), c->H, c->Hkv, c->D, c->B,
             kva_dtype_name(c->qdt), c->layout == KVA_LAYOUT_HND ? "HND" : "NHD", c->causal,
-            c->window, (double)c->softcap, c->alibi, c->sinks, c->lse, c->gran, c->kind, c->variant,
+            c->window, (double)c->softcap, c->alibi, c->sinks, c->lse, c->gran, c->kind, c->path,
             c->qmag);
 }
 
@@ -77,7 +80,8 @@ static int run_case(const qcfg *c, uint64_t seed)
     kva_test_batch b;
     make_batch(c, &rng, &b);
     kva_context *href = make_ctx(KVA_BACKEND_REF), *gpu = make_ctx(KVA_BACKEND_CUDA);
-    CHECK_OK(kva__cuda_context_force_quant_prefill(gpu, c->variant));
+    if (c->path == 2)
+        CHECK_OK(kva__context_force_kernel(gpu, "prefill_items"));
     const int32_t H = c->H, Hkv = c->Hkv, D = c->D, T = b.T;
     kva_cache_desc cd = {b.num_blocks, c->B, Hkv, D, D, fmt_dtype(c->f), c->layout, fmts[c->f]};
     float *buf = malloc(sizeof(float) * 4 * Hkv * D);
@@ -124,7 +128,15 @@ static int run_case(const qcfg *c, uint64_t seed)
         for (size_t i = 0; i < nq; i++)
             qf[i] = (float)(qf[i] * qmul);
         kva_convert(qf, KVA_DTYPE_F32, q, c->qdt, nq);
-        void *dq = dev_from(q, nq * es), *dout = dev_poisoned(nq * es);
+        /* path 1: q one element past a 16-byte boundary. */
+        char *dq_base = NULL;
+        if (c->path == 1) {
+            CUDA_OK(cudaMalloc((void **)&dq_base, nq * es + 16));
+            CUDA_OK(cudaMemcpy(dq_base + es, q, nq * es, cudaMemcpyHostToDevice));
+        } else {
+            dq_base = dev_from(q, nq * es);
+        }
+        void *dq = dq_base + (c->path == 1 ? es : 0), *dout = dev_poisoned(nq * es);
         float *dl = c->lse ? dev_poisoned(nl * 4) : NULL;
         float *ds = c->sinks ? dev_from(sinks, (size_t)H * 4) : NULL;
         kva_test_poison(want, c->qdt, nq);
@@ -132,12 +144,14 @@ static int run_case(const qcfg *c, uint64_t seed)
         kva_test_poison(lw, KVA_DTYPE_F32, nl);
         kva_test_poison(lg, KVA_DTYPE_F32, nl);
         const int tiles = pg ? ((const kva__cuda_plan *)pg->device)->num_ptiles : 0;
-        /* The prefill tiles must take the path under test. */
-        if (pg) {
+        /* The prefills must take the path under test. */
+        if (pg && c->path == 2) {
+            CHECK_MSG(tiles == 0, "prefill_items forced but the plan has %d tiles", tiles);
+        } else if (pg) {
             if (c->kind != 3) /* a random batch may hold no long prefill */
                 CHECK_MSG(tiles > 0, "no prefill tiles in the plan");
             const int tc = kva__cuda_qprefill_usable(gpu, pg, dq, dc);
-            CHECK_MSG(tc == (c->variant >= 0), "tensor-core path usable = %d", tc);
+            CHECK_MSG(tc == (c->path == 0), "tensor-core path usable = %d", tc);
         }
         CHECK_OK(
             kva_attention_run(href, pr, q, hc, c->sinks ? sinks : NULL, want, c->lse ? lw : NULL));
@@ -163,7 +177,7 @@ static int run_case(const qcfg *c, uint64_t seed)
         ok = bad == 0;
         kva_plan_destroy(pr);
         kva_plan_destroy(pg);
-        cudaFree(dq), cudaFree(dout), cudaFree(dl), cudaFree(ds);
+        cudaFree(dq_base), cudaFree(dout), cudaFree(dl), cudaFree(ds);
         free(q), free(want), free(got), free(qf), free(lw), free(lg), free(slopes), free(sinks);
     }
     kva_cache_destroy(hc);
@@ -206,7 +220,6 @@ static void test_grid(void)
         c.lse = kva_rng_int(&rng, 0, 3) != 0;
         c.gran = kva_rng_int(&rng, 0, 2);
         c.kind = (i / 3) % 4;
-        c.variant = c.D == 256 ? 0 : kva_rng_int(&rng, 0, KVA__CUDA_QPREFILL_VARIANTS);
         if (!run_case(&c, 5000 + (uint64_t)i))
             failed++;
     }
@@ -237,31 +250,54 @@ static void test_q_range(void)
     }
 }
 
-/* 3. The CUDA-core path (forced) over the same cases; forced variants out of range. */
+/* 3. The CUDA-core paths over the same cases; a forced wgmma prefill refused. */
 static void test_cuda_core_and_errors(void)
 {
-    for (int f = 0; f < NFMT; f++) {
-        qcfg c;
-        memset(&c, 0, sizeof c);
-        c.f = f;
-        c.H = 8, c.Hkv = 2, c.D = 64, c.B = 16;
-        c.qdt = fmts[f] == KVA_QUANT_INT8_TOKEN_K_V16 ? fmt_dtype(f) : KVA_DTYPE_BF16;
-        c.causal = 1, c.window = -1, c.lse = 1, c.kind = 2, c.variant = -1;
-        run_case(&c, 40 + (uint64_t)f);
-        if (quick())
-            break;
+    for (int f = 0; f < NFMT; f++)
+        for (int path = 1; path <= 2; path++) {
+            qcfg c;
+            memset(&c, 0, sizeof c);
+            c.f = f;
+            c.H = 8, c.Hkv = 2, c.D = 64, c.B = 16;
+            c.qdt = fmts[f] == KVA_QUANT_INT8_TOKEN_K_V16 ? fmt_dtype(f) : KVA_DTYPE_BF16;
+            c.causal = 1, c.window = -1, c.lse = 1, c.kind = 2, c.path = path;
+            run_case(&c, 40 + (uint64_t)f);
+            if (quick() && f > 0)
+                break;
+        }
+    /* A wgmma prefill has no quantized K/V path: the run fails, out untouched. */
+    kva_context *gpu = make_ctx(KVA_BACKEND_CUDA);
+    if (kva__context_force_kernel(gpu, "prefill_wgmma_sm90") == KVA_STATUS_OK) {
+        const int32_t ql[2] = {200, 1}, sl[2] = {200, 50};
+        kva_rng rng = {77};
+        kva_test_batch b;
+        kva_test_batch_init(&b, &rng, 2, ql, sl, 16, 2, 0);
+        kva_cache_desc cd = {b.num_blocks,          16, 2, 128, 128, KVA_DTYPE_I8, KVA_LAYOUT_NHD,
+                             KVA_QUANT_INT8_TOKEN_K};
+        static float buf[4 * 2 * 128];
+        kva_quant_params p;
+        make_params(cd.quant, 2, 128, 128, 1, &rng, buf, &p);
+        kva_cache *dc = NULL;
+        CHECK_OK(kva_cache_create_quant(gpu, &cd, &p, &dc));
+        kva_plan_desc pd = kva_test_batch_plan_desc(&b, 8, 2, 128, 128, KVA_DTYPE_BF16);
+        kva_plan *pg = NULL;
+        CHECK_OK(kva_plan_create(gpu, &pd, &pg));
+        const size_t nq = (size_t)b.T * 8 * 128 * 2;
+        void *dq = dev_poisoned(nq), *dout = dev_poisoned(nq);
+        if (pg && dc) {
+            CHECK_STATUS(kva_attention_run(gpu, pg, dq, dc, NULL, dout, NULL),
+                         KVA_STATUS_UNSUPPORTED);
+            CHECK_ERROR_MENTIONS("prefill_wgmma_sm90");
+        }
+        CHECK(dev_untouched(dout));
+        kva_plan_destroy(pg);
+        kva_cache_destroy(dc);
+        cudaFree(dq), cudaFree(dout);
+        kva_test_batch_free(&b);
     }
-    kva_context *gpu = make_ctx(KVA_BACKEND_CUDA), *href = make_ctx(KVA_BACKEND_REF);
-    CHECK_STATUS(kva__cuda_context_force_quant_prefill(gpu, KVA__CUDA_QPREFILL_VARIANTS + 1),
-                 KVA_STATUS_INVALID_ARGUMENT);
-    CHECK_ERROR_MENTIONS("variant = 4");
-    CHECK_STATUS(kva__cuda_context_force_quant_prefill(gpu, -2), KVA_STATUS_INVALID_ARGUMENT);
-    CHECK_STATUS(kva__cuda_context_force_quant_prefill(href, 1), KVA_STATUS_INVALID_ARGUMENT);
-    CHECK_ERROR_MENTIONS("not 'cuda'");
-    CHECK_OK(kva__cuda_context_force_quant_prefill(gpu, 0));
-    /* 4. Kernel-level checks: q not 16-byte aligned; a variant out of range;
-     * an uncovered shape. Nothing is launched (grid_tiles > 0, pointers
-     * never dereferenced on the host). */
+    kva_context_destroy(gpu);
+    /* 4. Kernel-level checks: q not 16-byte aligned; an uncovered shape. Nothing is launched
+     * (grid_tiles > 0, pointers never dereferenced on the host). */
     static _Alignas(16) float dummy[64];
     int32_t one = 1;
     kva__cuda_qprefill_args qa;
@@ -277,16 +313,12 @@ static void test_cuda_core_and_errors(void)
     qa.p.layout = KVA_LAYOUT_NHD;
     qa.quant = KVA_QUANT_INT8_CHANNEL;
     qa.ks = qa.ko = qa.vs = qa.vo = dummy;
-    CHECK_STATUS(kva__cuda_qprefill_launch(&qa, NULL, 0), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kva__cuda_qprefill_launch(&qa, NULL), KVA_STATUS_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("a->q");
     qa.p.q = dummy;
-    CHECK_STATUS(kva__cuda_qprefill_launch(&qa, NULL, KVA__CUDA_QPREFILL_VARIANTS + 1),
-                 KVA_STATUS_INVALID_ARGUMENT);
     qa.p.head_dim = qa.p.head_dim_v = 96;
-    CHECK_STATUS(kva__cuda_qprefill_launch(&qa, NULL, 0), KVA_STATUS_UNSUPPORTED);
+    CHECK_STATUS(kva__cuda_qprefill_launch(&qa, NULL), KVA_STATUS_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("D = 96");
-    kva_context_destroy(gpu);
-    kva_context_destroy(href);
 }
 
 #endif /* KVA_HAVE_CUDA */

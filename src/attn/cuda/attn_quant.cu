@@ -23,7 +23,7 @@
  *   V static (INT8, FP8):           acc_d = sum_j p_j c_jd, and at the end
  *       out_d = s_d (acc_d - o_d l) / l (P.V, the split partials and their
  *       merge are linear in V; sinks only change the denominator).
- * The rest follows attn_v1.cu's variant 1 (lane groups of LK lanes per key
+ * The rest follows attn_simt.cu's register pipeline (lane groups of LK lanes per key
  * row, U keys per group and step with the next step's loads in flight,
  * online softmax in base 2, groups merged by shuffles and warps through
  * shared memory, persistent grid over the device header's counts).
@@ -35,8 +35,7 @@
  * its rows can see. Only prefill tiles the tensor-core kernel of
  * prefill_mma_quant.h does not cover (kva__cuda_qprefill_usable: other head
  * sizes, FP8 with per-channel key scales, a V16 V dtype other than q's,
- * unaligned pointers, or forced by kva__cuda_context_force_quant_prefill)
- * run here.
+ * unaligned pointers) run here.
  */
 extern "C" {
 #include "cuda_backend.h"
@@ -59,7 +58,7 @@ extern "C" {
 #define QA_U 2  /* keys per lane group and step */
 #define QA_LOG2E 1.4426950408889634f
 #define QA_LN2 0.6931471805599453f
-/* 1: items of plans partitioned for variant 4 over 1-byte K and V run on the
+/* 1: items of plans partitioned for the tensor-core decode over quantized K/V run on the
  * tensor-core kernel of decode_mma_quant.cu; 0: everything on this file's
  * CUDA-core kernel. */
 #ifndef KVA__CUDA_QUANT_MMA
@@ -144,56 +143,6 @@ __device__ __forceinline__ void issue(const qa_args &a, const qa_addr &ka, const
             if (a.kts)
                 ts[u] = __ldg(a.kts + tsi);
         }
-    }
-}
-
-/* ---- cp.async ring (variant 2 of attn_v1.cu, per lane) ---- */
-
-#define QA_STAGES 4 /* steps in flight per warp */
-
-/* Bytes of one warp's chunk ring: [STAGES][U][1 + NCHV slots][32 lanes] chunks. */
-template <int FMT, int CB> __host__ __device__ constexpr int ring_warp_bytes()
-{
-    return QA_STAGES * QA_U * (1 + (FMT >= 2 ? 2 : 1)) * 32 * CB;
-}
-
-/* The ring slot of (stage, u, slot) for this lane. */
-template <int FMT, int CB>
-__device__ __forceinline__ unsigned char *ring_slot(unsigned char *ring, int stage, int u, int slot,
-                                                    int lane)
-{
-    constexpr int SLOTS = 1 + (FMT >= 2 ? 2 : 1);
-    return ring + ((((stage * QA_U + u) * SLOTS + slot) * 32) + lane) * CB;
-}
-
-/* issue()'s chunks (and token scales) copied into ring stage `stage`. */
-template <int FMT, int LK, int CB>
-__device__ __forceinline__ void
-issue_async(const qa_args &a, const qa_addr &ka, const int32_t *bt_row, int32_t kb, int g, int li,
-            int lane, int32_t kend, unsigned char *ring, float *tring, int stage)
-{
-    constexpr int VB = FMT >= 2 ? 2 : 1, NCHV = VB, VV = CB / VB;
-    constexpr int KPW = 32 / LK;
-#pragma unroll
-    for (int u = 0; u < QA_U; u++) {
-        const int32_t j = kb + u * KPW + g;
-        const bool ok = j < kend;
-        int64_t row = 0, tsi = 0;
-        if (ok)
-            row = key_row(a, ka, bt_row, j, &tsi);
-        const bool kok = ok && li * CB < a.D;
-        cp_async<CB>(ring_slot<FMT, CB>(ring, stage, u, 0, lane),
-                     kok ? a.k + row * a.D + li * CB : a.k, kok ? CB : 0);
-#pragma unroll
-        for (int c = 0; c < NCHV; c++) {
-            const int d0 = (li + c * LK) * VV;
-            const bool vok = ok && d0 < a.Dv;
-            cp_async<CB>(ring_slot<FMT, CB>(ring, stage, u, 1 + c, lane),
-                         vok ? a.v + (row * a.Dv + d0) * VB : a.v, vok ? CB : 0);
-        }
-        if (a.kts)
-            cp_async<4>(tring + (stage * QA_U + u) * 32 + lane, ok ? a.kts + tsi : a.kts,
-                        ok ? 4 : 0);
     }
 }
 
@@ -355,7 +304,7 @@ attend(const qa_args &a, int32_t kb, int g, int32_t nrows, bool ktok, const chun
     }
 }
 
-template <int FMT, int LK, int ROWS, int CB, bool RING>
+template <int FMT, int LK, int ROWS, int CB>
 __global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
 {
     constexpr int VB = FMT >= 2 ? 2 : 1, NCHV = VB, VV = CB / VB;
@@ -364,8 +313,6 @@ __global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
     constexpr int DCV = LK * NCHV * VV; /* V channels covered */
     __shared__ float s_acc[QA_NW][ROWS][DCV];
     __shared__ float s_m[QA_NW][ROWS], s_l[QA_NW][ROWS];
-    /* RING: [NW] chunk rings (ring_warp_bytes each), then [NW][STAGES][U][32] token scales. */
-    extern __shared__ __align__(16) unsigned char qa_ring[];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane / LK, li = lane % LK;
@@ -461,43 +408,7 @@ __global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
         ka.inv_b = 1.0 / (double)a.B;
         constexpr int STEP = QA_NW * QA_U * KPW;
 
-        if (kbeg < kend && RING) {
-            /* cp.async into a ring of QA_STAGES steps, private to the lane (each
-             * lane reads back only what it copied: wait_group orders it). */
-            const int32_t kb0 = kbeg + warp * (QA_U * KPW);
-            unsigned char *ring = qa_ring + (size_t)warp * ring_warp_bytes<FMT, CB>();
-            float *tring =
-                reinterpret_cast<float *>(qa_ring + (size_t)QA_NW * ring_warp_bytes<FMT, CB>()) +
-                warp * QA_STAGES * QA_U * 32;
-#pragma unroll
-            for (int st = 0; st < QA_STAGES - 1; st++) {
-                issue_async<FMT, LK, CB>(a, ka, bt_row, kb0 + st * STEP, g, li, lane, kend, ring,
-                                         tring, st);
-                cp_async_commit();
-            }
-            int stage = 0;
-            for (int32_t kb = kb0; kb < kend; kb += STEP) {
-                const int ahead = stage == 0 ? QA_STAGES - 1 : stage - 1;
-                issue_async<FMT, LK, CB>(a, ka, bt_row, kb + (QA_STAGES - 1) * STEP, g, li, lane,
-                                         kend, ring, tring, ahead);
-                cp_async_commit();
-                cp_async_wait<QA_STAGES - 1>();
-                chunk<CB> kr[QA_U], vr[QA_U][NCHV];
-                float ts[QA_U];
-#pragma unroll
-                for (int u = 0; u < QA_U; u++) {
-                    kr[u] = lds<CB>(ring_slot<FMT, CB>(ring, stage, u, 0, lane));
-#pragma unroll
-                    for (int c = 0; c < NCHV; c++)
-                        vr[u][c] = lds<CB>(ring_slot<FMT, CB>(ring, stage, u, 1 + c, lane));
-                    ts[u] = ktok ? tring[(stage * QA_U + u) * 32 + lane] : 0.f;
-                }
-                attend<FMT, LK, ROWS, CB>(a, kb, g, w.nrows, ktok, kr, vr, ts, q, qo, lo, hi, pos,
-                                          slope, lo_all, hi_all, m, l, acc);
-                stage = stage == QA_STAGES - 1 ? 0 : stage + 1;
-            }
-            cp_async_wait<0>(); /* nothing may land in the ring after the unit */
-        } else if (kbeg < kend) {
+        if (kbeg < kend) {
             const int32_t kb0 = kbeg + warp * (QA_U * KPW);
             chunk<CB> kr[QA_U], vr[QA_U][NCHV];
 
@@ -608,99 +519,35 @@ __global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
     }
 }
 
-/* Merges the partials of every split task (LSE-weighted), adds the sink and
- * writes out/lse; as attn_v1.cu's second pass. */
-__global__ void __launch_bounds__(256)
-    qa_split_merge_kernel(kva__cuda_meta meta, const float *ws, const float *sinks, void *out,
-                          float *lse, int32_t H, int32_t G, int32_t Dv, int qdt)
-{
-    const int32_t n_tasks = meta.hdr[KVA_CUDA_HDR_TASKS];
-    for (int32_t ti = blockIdx.x; ti < n_tasks; ti += gridDim.x) {
-        const kva__cuda_task t = meta.tasks[ti];
-        const int32_t nrows = t.nq * t.nh;
-        const int64_t blk = (int64_t)nrows * (Dv + 1);
-        const float *base = ws + t.ws_off;
-        const int32_t qs = meta.qsl[t.req];
-        for (int32_t x = threadIdx.x; x < nrows * Dv; x += blockDim.x) {
-            const int32_t r = x / Dv, d = x - r * Dv;
-            const int32_t qi = r / t.nh, hh = r - qi * t.nh;
-            const int32_t head = t.kv_head * G + t.h0 + hh;
-            const int64_t tok = qs + t.i0 + qi;
-            float M = sinks ? sinks[head] : -INFINITY;
-            int nan = 0;
-            for (int32_t sp = 0; sp < t.num_splits; sp++) {
-                const float ls = base[sp * blk + (int64_t)nrows * Dv + r];
-                nan |= ls != ls;
-                M = fmaxf(M, ls);
-            }
-            const float mu = M == -INFINITY ? 0.f : M;
-            float L = sinks ? expf(sinks[head] - mu) : 0.f, O = 0.f;
-            for (int32_t sp = 0; sp < t.num_splits; sp++) {
-                const float c = expf(base[sp * blk + (int64_t)nrows * Dv + r] - mu);
-                L += c;
-                O += c * base[sp * blk + (int64_t)r * Dv + d];
-            }
-            float o = L > 0.f ? O / L : 0.f;
-            float lv = L > 0.f ? mu + logf(L) : -INFINITY;
-            if (nan) {
-                o = NAN;
-                lv = NAN;
-            }
-            store_out(out, qdt, (tok * H + head) * Dv + d, o);
-            if (lse && d == 0)
-                lse[tok * H + head] = lv;
-        }
-    }
-}
-
 /* ---- dispatch ---- */
 
 typedef void (*qa_kernel_fn)(qa_args);
 
-/* A kernel instantiation and its dynamic shared memory (the ring). */
-typedef struct qa_launch {
-    qa_kernel_fn fn;
-    size_t smem;
-} qa_launch;
-
-template <int FMT, int LK, int ROWS, int CB, bool RING> static qa_launch make()
-{
-    const size_t ring =
-        RING ? (size_t)QA_NW * (ring_warp_bytes<FMT, CB>() + QA_STAGES * QA_U * 32 * sizeof(float))
-             : 0;
-    qa_launch k = {qa_kernel<FMT, LK, ROWS, CB, RING>, ring};
-    return k;
-}
-
-template <int FMT, int ROWS, int CB, bool RING> static qa_launch pick_lk(int lk)
+template <int FMT, int ROWS, int CB> static qa_kernel_fn pick_lk(int lk)
 {
     if constexpr (CB == 16) {
-        return lk <= 8 ? make<FMT, 8, ROWS, CB, RING>() : make<FMT, 16, ROWS, CB, RING>();
+        return lk <= 8 ? qa_kernel<FMT, 8, ROWS, CB> : qa_kernel<FMT, 16, ROWS, CB>;
     } else {
-        return lk <= 8    ? make<FMT, 8, ROWS, CB, RING>()
-               : lk <= 16 ? make<FMT, 16, ROWS, CB, RING>()
-                          : make<FMT, 32, ROWS, CB, RING>();
+        return lk <= 8    ? qa_kernel<FMT, 8, ROWS, CB>
+               : lk <= 16 ? qa_kernel<FMT, 16, ROWS, CB>
+                          : qa_kernel<FMT, 32, ROWS, CB>;
     }
 }
 
-template <int FMT> static qa_launch pick_fmt(int rows16, int lk, int ring)
+template <int FMT> static qa_kernel_fn pick_fmt(int rows16, int lk)
 {
-    if (rows16)
-        return ring ? pick_lk<FMT, 4, 16, true>(lk) : pick_lk<FMT, 4, 16, false>(lk);
-    return ring ? pick_lk<FMT, 8, 8, true>(lk) : pick_lk<FMT, 8, 8, false>(lk);
+    return rows16 ? pick_lk<FMT, 4, 16>(lk) : pick_lk<FMT, 8, 8>(lk);
 }
 
 /*
  * The instantiation for a cache and the plan's rows per item: ROWS = 4 with
  * 16-byte chunks when items hold at most 4 rows and the rows are 16-byte
  * aligned (D, and Dv for 1-byte V, multiples of 16), else ROWS = 8 with
- * 8-byte chunks; LK lanes cover D (one chunk) and Dv (VB chunks). ring: the
- * loads go through the cp.async ring (the plan's variant 2, as attn_v1.cu's
- * variant 2) instead of the register pipeline (variants 1 and 3, the
- * default): the ring measured slower on an H100, the kernel being
- * issue-bound rather than latency-bound (docs/cuda.md).
+ * 8-byte chunks; LK lanes cover D (one chunk) and Dv (VB chunks). The loads
+ * go through registers (a cp.async ring measured slower on an H100: the
+ * kernel is issue-bound rather than latency-bound).
  */
-static qa_launch pick(const kva_cache *c, int plan_rows, int ring, int *rows)
+static qa_kernel_fn pick(const kva_cache *c, int plan_rows, int *rows)
 {
     const kva_cache_desc *d = &c->desc;
     const int fmt = d->quant == KVA_QUANT_FP8_E4M3 ? QF_FP8
@@ -717,13 +564,13 @@ static qa_launch pick(const kva_cache *c, int plan_rows, int ring, int *rows)
     const int lk = nk > nv ? nk : nv;
     switch (fmt) {
     case QF_FP8:
-        return pick_fmt<QF_FP8>(rows16, lk, ring);
+        return pick_fmt<QF_FP8>(rows16, lk);
     case QF_I8_F16:
-        return pick_fmt<QF_I8_F16>(rows16, lk, ring);
+        return pick_fmt<QF_I8_F16>(rows16, lk);
     case QF_I8_BF16:
-        return pick_fmt<QF_I8_BF16>(rows16, lk, ring);
+        return pick_fmt<QF_I8_BF16>(rows16, lk);
     default:
-        return pick_fmt<QF_I8>(rows16, lk, ring);
+        return pick_fmt<QF_I8>(rows16, lk);
     }
 }
 
@@ -753,7 +600,8 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
                          kva_dtype_name(d->q_dtype));
 
     /* ROWS from the rows the plan's items actually hold (a plan partitioned
-     * for variant 4 may hold up to 16 per item, a GQA-4 decode batch 4);
+     * for the tensor-core decode may hold up to 16 per item, a GQA-4 decode
+     * batch 4);
      * every item is cut into isub units of ROWS rows, isub from the plan's
      * bound cp->rows, so a captured graph replaying a later plan of the
      * same shape (larger items) still covers every row. */
@@ -764,15 +612,15 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
             item_rows = it->nq * it->nh;
     }
     int rows = 8;
-    const qa_launch kl =
-        pick(cache, item_rows < cp->rows ? item_rows : cp->rows, plan->part->variant == 2, &rows);
+    const qa_kernel_fn kfn = pick(cache, item_rows < cp->rows ? item_rows : cp->rows, &rows);
     a.isub = (cp->rows + rows - 1) / rows;
-    /* A plan partitioned for variant 4 (16-row items) over 1-byte K and V:
-     * its items run on the tensor-core kernel (decode_mma_quant.cu), the
-     * prefill tiles (if any) stay here; both write disjoint rows (or split
-     * partials) and the merge below covers both. */
+    /* A plan partitioned for the tensor-core decode (16-row items) over 1-byte
+     * K and V: its items run on decode_mma_quant.cu, the prefill tiles (if
+     * any) stay here; both write disjoint rows (or split partials) and the
+     * merge below covers both. */
     const int mma =
-        KVA__CUDA_QUANT_MMA && plan->part->variant == 4 && cp->rows == KVA__CUDA_MMA_DECODE_ROWS &&
+        KVA__CUDA_QUANT_MMA && cp->decode_kernel == KVA__CUDA_K_DECODE_MMA &&
+        cp->rows == KVA__CUDA_MMA_DECODE_ROWS &&
         kva__cuda_decode_mma_quant_supported(cd->quant, cd->dtype, a.D, a.Dv, d->q_dtype);
     if (mma) {
         KVA_TRY(kva__cuda_decode_mma_quant_run(ctx, plan, q, cache, sinks, out, lse));
@@ -780,29 +628,31 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
     }
     /* Prefill tiles over covered formats and shapes run on the tensor-core
      * kernel (prefill_mma_quant.h) with the same tile list; rows disjoint
-     * from the items'. */
+     * from the items'. A forced wgmma prefill has no quantized K/V path. */
+    if (a.ptiles && cp->prefill_kernel != KVA__CUDA_PREFILL_AUTO &&
+        cp->prefill_kernel != KVA__CUDA_PREFILL_MMA)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_attention_run: the forced prefill kernel %s does not read %s caches",
+                         kva__cuda_kernels[KVA__CUDA_K_PREFILL_WGMMA_TMA +
+                                           (cp->prefill_kernel == KVA__CUDA_PREFILL_WGMMA)]
+                             .name,
+                         kva_quant_name(cd->quant));
     if (a.ptiles && kva__cuda_qprefill_usable(ctx, plan, q, cache)) {
         KVA_TRY(kva__cuda_qprefill_run(ctx, plan, q, cache, sinks, out, lse));
         a.ptiles = NULL;
     }
-    if (kl.smem > 0) /* static + dynamic may pass 48 KiB */
-        KVA_CUDA_TRY(
-            cudaFuncSetAttribute(kl.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kl.smem));
     int per_sm = 0;
-    KVA_CUDA_TRY(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kl.fn, QA_NW * 32, kl.smem));
+    KVA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kfn, QA_NW * 32, 0));
     if (per_sm < 1)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
                          "kva_attention_run: the quantized attention kernel (%s, D/Dv %d/%d) "
                          "cannot be resident on device %d",
                          kva_quant_name(cd->quant), (int)a.D, (int)a.Dv, (int)st->device);
     if (a.isub > 0 || a.ptiles) {
-        kl.fn<<<st->num_sms * per_sm, QA_NW * 32, kl.smem, stream>>>(a);
+        kfn<<<st->num_sms * per_sm, QA_NW * 32, 0, stream>>>(a);
         KVA_CUDA_LAUNCHED("qa_kernel");
     }
     /* Always launched (it exits when the plan has no split task): graph replay. */
-    qa_split_merge_kernel<<<st->num_sms * 2, 256, 0, stream>>>(a.meta, a.ws, sinks, out, lse, a.H,
-                                                               a.G, a.Dv, a.qdt);
-    KVA_CUDA_LAUNCHED("qa_split_merge_kernel");
-    return KVA_STATUS_OK;
+    return kva__cuda_split_merge_launch(&a.meta, a.ws, sinks, out, lse, a.H, a.G, a.Dv, d->q_dtype,
+                                        st->num_sms * 2, stream);
 }

@@ -3,7 +3,7 @@
  * (included by it only; templates and device functions, hence a header):
  * chunks of CB bytes read with one 16- or 8-byte load, int8 / fp8 codes and
  * f16 / bf16 values turned into floats, q loads and out stores in the plan's
- * dtype, and the cp.async helpers of the ring variant.
+ * dtype.
  */
 #ifndef KVA_ATTN_QUANT_LD_CUH
 #define KVA_ATTN_QUANT_LD_CUH
@@ -119,45 +119,6 @@ __device__ __forceinline__ void store_out(void *p, int qdt, int64_t i, float x)
         ((__half *)p)[i] = __float2half_rn(x);
     else
         ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(x);
-}
-
-/* ---- cp.async (sm_80+) ---- */
-
-/* N-byte global -> shared copy (N = 16: .cg, else .ca); src_bytes 0 writes
- * zeros and reads nothing. */
-template <int N>
-__device__ __forceinline__ void cp_async(void *smem, const void *gmem, int src_bytes)
-{
-    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
-    if constexpr (N == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-                     "r"(src_bytes)
-                     : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(gmem),
-                     "n"(N), "r"(src_bytes)
-                     : "memory");
-}
-__device__ __forceinline__ void cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-template <int CB> __device__ __forceinline__ chunk<CB> lds(const unsigned char *p)
-{
-    chunk<CB> c;
-    if constexpr (CB == 16) {
-        const uint4 u = *reinterpret_cast<const uint4 *>(p);
-        c.w[0] = u.x, c.w[1] = u.y, c.w[2] = u.z, c.w[3] = u.w;
-    } else {
-        const uint2 u = *reinterpret_cast<const uint2 *>(p);
-        c.w[0] = u.x, c.w[1] = u.y;
-    }
-    return c;
 }
 
 #endif /* KVA_ATTN_QUANT_LD_CUH */

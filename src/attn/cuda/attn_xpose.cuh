@@ -1,8 +1,8 @@
 /*
- * attn_xpose.cuh - the key-loop step of attention variant 3 (included by
- * attn_v1.cu; a template, hence in a header).
+ * attn_xpose.cuh - the key-loop step of the CUDA-core kernel for f16/bf16 (included by
+ * attn_simt.cu; a template, hence in a header).
  *
- * Variant 2's step reduces each of the U*ROWS dot products of a lane group
+ * A plain step reduces each of the U*ROWS dot products of a lane group
  * with its own log2(LK) shuffles and then runs the softmax update for every
  * (key, row) pair in every lane: 64 shuffles and ~200 scalar instructions per
  * step for ROWS = 4, U = 4, LK = 16. Here the NV = U*ROWS partial dots are

@@ -59,11 +59,31 @@ typedef struct kva__cuda_meta {
     const int32_t *ptiles;       /* [caps.ptiles, 4] prefill tiles {r, m0, kvh, 0} */
 } kva__cuda_meta;
 
+/* The CUDA backend's kernels, as indices into its registry (kva__cuda_kernels,
+ * cuda_kernels.cu); tests and benchmarks force one through
+ * kva__context_force_kernel. Each covers every cache format (float and
+ * quantized) it has a K/V load path for. */
+typedef enum kva__cuda_kernel {
+    /* Decode family: the plan's work items (decodes, speculative decodes,
+     * short chunked prefills, ragged and unsupported shapes). */
+    KVA__CUDA_K_DECODE_MMA = 0, /* "decode_mma_sm80": tensor cores, 16-row items (decode_mma*.cu) */
+    KVA__CUDA_K_DECODE_SIMT,    /* "decode_simt": CUDA cores, any dtype and head size
+                                   (attn_simt.cu, attn_quant.cu) */
+    /* Prefill family: the plan's prefill tiles (prefill_mma.h). */
+    KVA__CUDA_K_PREFILL_WGMMA_TMA, /* "prefill_wgmma_tma_sm90" */
+    KVA__CUDA_K_PREFILL_WGMMA,     /* "prefill_wgmma_sm90" */
+    KVA__CUDA_K_PREFILL_MMA,       /* "prefill_mma_sm80" (float and quantized caches) */
+    KVA__CUDA_K_PREFILL_ITEMS,     /* "prefill_items": no tiles, prefills as work items of
+                                      the plan's decode-family kernel */
+    KVA__CUDA_KERNELS
+} kva__cuda_kernel;
+extern const kva__kernel_info kva__cuda_kernels[KVA__CUDA_KERNELS];
+
 /* One resident-CTAs-per-SM answer of the occupancy query (kva__cuda_state.occ). */
 typedef struct kva__cuda_occ {
     kva_dtype dtype;
     int32_t dmax;
-    int rows, variant, per_sm;
+    int rows, kernel, per_sm;
 } kva__cuda_occ;
 #define KVA__CUDA_OCC_CACHE 16
 
@@ -73,15 +93,6 @@ typedef struct kva__cuda_state {
     int num_sms;
     uint64_t generation; /* bumped by every plan upload */
     kva__cuda_caps caps;
-    int force_prefill_variant; /* 0, or the prefill_mma.h kernel variant (1..
-                                  KVA__CUDA_PREFILL_VARIANTS) its prefills run */
-    int force_variant;         /* 0, or the attention variant (1..4) plans of this context are
-                                  partitioned for and run (tests, benchmarks) */
-    int force_quant_mma;       /* 0, or the version (1..) of the quantized tensor-core decode
-                                  kernel (decode_mma_quant.cu) runs use (tests, benchmarks) */
-    int force_quant_prefill;   /* prefill tiles over quantized caches: 0 the default kernel
-                                  variant of prefill_mma_quant.h, 1..N that variant, -1 the
-                                  CUDA-core kernel of attn_quant.cu (tests, benchmarks) */
     int force_splits;          /* 0, the chunks every partition unit of this context's plans
                                   is cut into, or -1: the former split choice (benchmarks;
                                   kva__partition_grid) */
@@ -106,8 +117,11 @@ typedef struct kva__cuda_state {
 /* Plan-side data of the CUDA backend (plan->device). */
 typedef struct kva__cuda_plan {
     uint64_t generation; /* state generation this plan uploaded */
-    int rows;            /* attention rows per CTA of the kernel instantiation */
-    int ctas_per_sm[4];  /* resident CTAs per SM of variants 1..4 (grid size) */
+    int rows;            /* attention rows per work item of the decode kernel */
+    int decode_kernel;   /* KVA__CUDA_K_DECODE_MMA or _SIMT: the work items' kernel */
+    int per_sm;          /* resident CTAs per SM of that kernel (grid size) */
+    kva__cuda_prefill_kernel prefill_kernel; /* the prefill tiles' kernel
+                                                (KVA__CUDA_PREFILL_AUTO: the dispatcher's) */
     int has_alibi;
     int mma;              /* the shape runs prefills on prefill_mma (paged plans, D in
                              {64, 128, 256}, Dv == D, f16/bf16): under graph capture
@@ -135,7 +149,7 @@ kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan *plan, con
  * chosen from the GQA group size only (so it is a property of the shape). */
 int kva__cuda_rows_for_group(int32_t group);
 
-/* Rows of one item of the tensor-core decode kernel (variant 4): one m16 tile. */
+/* Rows of one item of the tensor-core decode kernel: one m16 tile. */
 #define KVA__CUDA_MMA_DECODE_ROWS 16
 
 /* Kernel arguments of the attention kernels (fixed for a captured graph). */
@@ -153,36 +167,32 @@ typedef struct kva__cuda_attn_args {
     float scale, softcap;
 } kva__cuda_attn_args;
 
-/* Variant 4 (decode_mma.cu): 1 if the tensor-core decode kernel covers the
- * shape (D in {64, 128, 256}, Dv == D, f16/bf16). */
+/* decode_mma.cu: 1 if the tensor-core decode kernel covers the shape (D in
+ * {64, 128, 256}, Dv == D, f16/bf16). */
 int kva__cuda_decode_mma_supported(int32_t head_dim, int32_t head_dim_v, kva_dtype dtype);
-/* Resident CTAs per SM of the variant-4 kernel for the shape (raises its
- * dynamic shared-memory limit); 0 if it cannot run. */
+/* Resident CTAs per SM of the tensor-core decode kernel for the shape (raises
+ * its dynamic shared-memory limit); 0 if it cannot run. */
 int kva__cuda_decode_mma_ctas_per_sm(kva_dtype dtype, int32_t head_dim);
-/* Launches the variant-4 kernel with `grid` persistent CTAs on stream. */
+/* Launches the tensor-core decode kernel with `grid` persistent CTAs on stream. */
 kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int grid,
                                        void *stream);
-/* Variant 4 over quantized caches (decode_mma_quant.cu): 1 if it covers the
+/* The tensor-core decode over quantized caches (decode_mma_quant.cu): 1 if it covers the
  * shape (INT8_CHANNEL, INT8_TOKEN_K or FP8_E4M3 with f16/bf16 q, or
  * INT8_TOKEN_K_V16 whose V dtype cache_dtype is the q dtype; D = Dv in {64,
  * 128, 256}). */
 int kva__cuda_decode_mma_quant_supported(kva_quant quant, kva_dtype cache_dtype, int32_t head_dim,
                                          int32_t head_dim_v, kva_dtype q_dtype);
 /* Launches it over every item of the uploaded plan (persistent grid) on the
- * context's stream; split partials as variant 4's (the caller merges). */
+ * context's stream; split partials as decode_mma.cu's (the caller merges). */
 kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva_plan *plan, const void *q,
                                           const kva_cache *cache, const float *sinks, void *out,
                                           float *lse);
 /* KVA_STATUS_OK if ctx is a CUDA context; else a failure (NULL ctx, another
  * backend) whose message starts with fn. */
 kva_status kva__cuda_check_ctx(const char *fn, const kva_context *ctx);
-/* Tests and benchmarks: runs on ctx from now on use version `version` of the
- * quantized tensor-core decode kernel (decode_mma_quant.cu; 0 restores the
- * default). */
-kva_status kva__cuda_context_force_quant_mma(kva_context *ctx, int version);
 /* Prefill tiles over quantized caches on tensor cores (prefill_mma_quant.cu):
  * _usable: 1 if the run's cache, shape and pointers (16-byte aligned q, k,
- * v) are covered and the context does not force the CUDA-core kernel;
+ * v) are covered (else attn_quant.cu runs the tiles on CUDA cores);
  * _run: launches it over the uploaded plan's prefill tiles (grid of the
  * context's tile capacity; CTAs past the header's count exit). */
 int kva__cuda_qprefill_usable(const kva_context *ctx, const kva_plan *plan, const void *q,
@@ -190,26 +200,6 @@ int kva__cuda_qprefill_usable(const kva_context *ctx, const kva_plan *plan, cons
 kva_status kva__cuda_qprefill_run(kva_context *ctx, const kva_plan *plan, const void *q,
                                   const kva_cache *cache, const float *sinks, void *out,
                                   float *lse);
-/* Tests and benchmarks: prefill tiles over quantized caches on ctx run on
- * variant (1..KVA__CUDA_QPREFILL_VARIANTS of prefill_mma_quant.h), the
- * default (0) or the CUDA-core kernel of attn_quant.cu (-1). */
-kva_status kva__cuda_context_force_quant_prefill(kva_context *ctx, int variant);
-/* Versions of that kernel (1..KVA__CUDA_QUANT_MMA_VERSIONS). */
-#define KVA__CUDA_QUANT_MMA_VERSIONS 2
-/* The variant a plan of this shape runs: `want` (0 = the default) resolved to
- * one that exists for it (f32: 1; variant 4 outside its shapes: 3). */
-int kva__cuda_attn_variant_resolve(int want, kva_dtype dtype, int32_t head_dim, int32_t head_dim_v);
-/* Tests and benchmarks: plans created on ctx from now on are partitioned for
- * and run with variant (1..4; 0 restores the default). Setting plan->part->
- * variant after kva_plan_create still selects variants 1..3 among themselves
- * (same rows per item) and variant 4 on any plan; variants 1..3 on a plan
- * partitioned for variant 4's 16-row items fail with a status. */
-kva_status kva__cuda_context_force_variant(kva_context *ctx, int variant);
-/* Tests and benchmarks: the prefills of this context run on prefill kernel
- * variant (prefill_mma.h: 1..5 mma.sync, 6..21 sm_90a wgmma; 0 restores the
- * dispatcher's choice). A variant that does not exist for a plan's head size
- * makes its kva_attention_run fail with a status. */
-kva_status kva__cuda_context_force_prefill_variant(kva_context *ctx, int variant);
 /* Benchmarks: plans created on ctx from now on cut every unit (request x kv
  * head x head slice x query tile) into `splits` key chunks (bounded by the
  * minimum chunk length and the most chunks), to time split counts the plan
@@ -226,12 +216,20 @@ kva_status kva__cuda_merge_states(kva_context *ctx, int32_t num_tokens, int32_t 
                                   int32_t head_dim_v, kva_dtype dtype, const void *out_a,
                                   const float *lse_a, const void *out_b, const float *lse_b,
                                   void *out, float *lse_out);
-/* CTAs per SM the attention kernel variant (1..3) for this shape reaches
- * (occupancy query; also raises its dynamic shared-memory limit); 0 if it
- * cannot run. */
-int kva__cuda_attention_ctas_per_sm(kva_dtype dtype, int32_t dmax, int rows, int variant);
-/* The variant plan_build chooses for a q/cache dtype (variants 1..3 only;
- * kva__cuda_attn_variant_resolve(0, ...) gives the default with variant 4). */
-int kva__cuda_attn_variant_default(kva_dtype dtype);
+/* CTAs per SM the CUDA-core attention kernel (attn_simt.cu) reaches for this
+ * shape (occupancy query; also raises its dynamic shared-memory limit); 0 if
+ * it cannot run. */
+int kva__cuda_simt_ctas_per_sm(kva_dtype dtype, int32_t dmax, int rows);
+/* Launches the CUDA-core attention kernel over every item of the uploaded
+ * plan with `grid` persistent CTAs on stream (attn_simt.cu). */
+kva_status kva__cuda_simt_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int rows, int grid,
+                                 void *stream);
+/* Launches the split merge over every split task of the uploaded plan
+ * (split_merge.cu): the LSE-weighted partials of ws, sinks [H] (or NULL) into
+ * out [T, H, Dv] in dtype and lse [T, H] (or NULL), `grid` CTAs on stream. */
+kva_status kva__cuda_split_merge_launch(const kva__cuda_meta *meta, const float *ws,
+                                        const float *sinks, void *out, float *lse, int32_t H,
+                                        int32_t G, int32_t Dv, kva_dtype dtype, int grid,
+                                        void *stream);
 
 #endif /* KVA_CUDA_BACKEND_H */

@@ -302,7 +302,7 @@ static void gpu_params(const kva__cuda_state *st, int rows, int ctas_per_sm,
 
 /*
  * The grid's time model (kva__partition_grid), fitted on an H100 to paged bf16
- * decodes (H/Hkv 32/8, D 128, variant 4, 2 CTAs per SM; docs/cuda.md "Split
+ * decodes (H/Hkv 32/8, D 128, tensor-core decode, 2 CTAs per SM; docs/cuda.md "Split
  * choice"): 128 unsplit items of 4k keys on 264 CTAs ran at 2.46 TB/s, i.e.
  * a CTA of a half-empty grid moves ~1.76x its share of a full one (2.88 TB/s);
  * 4 -> 8 chunks per unit of the same batch (2 -> 4 items per CTA) added ~11
@@ -364,33 +364,10 @@ static void caps_for(const kva__cuda_state *st, const kva_cuda_capacity *cap, kv
                     ? cap->num_kv_heads * ((int64_t)cap->max_tokens * G / KVA__CUDA_PREFILL_TILE_M +
                                            cap->max_requests)
                     : 0;
-    /* Split partials: variant 4's items hold up to 16 rows. */
+    /* Split partials: the tensor-core decode's items hold up to 16 rows. */
     const size_t ws_rows =
         rows > KVA__CUDA_MMA_DECODE_ROWS ? (size_t)rows : (size_t)KVA__CUDA_MMA_DECODE_ROWS;
     *ws_bytes = (size_t)(3 * threads + 64) * ws_rows * ((size_t)cap->head_dim_v + 1) * 4u;
-}
-
-extern "C" kva_status kva__cuda_context_force_variant(kva_context *ctx, int variant)
-{
-    kva__clear_error();
-    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
-    if (variant < 0 || variant > 4)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva__cuda_context_force_variant: variant = %d (0..4)", variant);
-    state_of(ctx)->force_variant = variant;
-    return KVA_STATUS_OK;
-}
-
-extern "C" kva_status kva__cuda_context_force_prefill_variant(kva_context *ctx, int variant)
-{
-    kva__clear_error();
-    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
-    if (variant < 0 || variant > KVA__CUDA_PREFILL_VARIANTS)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva__cuda_context_force_prefill_variant: variant = %d (0..%d)", variant,
-                         KVA__CUDA_PREFILL_VARIANTS);
-    state_of(ctx)->force_prefill_variant = variant;
-    return KVA_STATUS_OK;
 }
 
 extern "C" kva_status kva__cuda_context_force_splits(kva_context *ctx, int splits)
@@ -518,26 +495,47 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
     return KVA_STATUS_OK;
 }
 
-/* Resident CTAs per SM of attention variant 1..4 for the shape (0: the
- * kernel cannot be resident), from the context's cache: the occupancy query
- * (with the shared-memory attribute it sets first) is a runtime call per
- * variant that kva_plan_create would otherwise repeat every step, and its
+/* Resident CTAs per SM of the decode-family kernel (KVA__CUDA_K_DECODE_*) for
+ * the shape (0: the kernel cannot be resident), from the context's cache: the
+ * occupancy query (with the shared-memory attribute it sets first) is a
+ * runtime call that kva_plan_create would otherwise repeat every step, and its
  * answer is fixed per kernel and device. Failures are not cached. */
-static int ctas_per_sm_cached(kva__cuda_state *st, kva_dtype dt, int32_t dmax, int rows,
-                              int variant)
+static int ctas_per_sm_cached(kva__cuda_state *st, kva_dtype dt, int32_t dmax, int rows, int kernel)
 {
     for (int i = 0; i < st->num_occ; i++) {
         const kva__cuda_occ *o = &st->occ[i];
-        if (o->dtype == dt && o->dmax == dmax && o->rows == rows && o->variant == variant)
+        if (o->dtype == dt && o->dmax == dmax && o->rows == rows && o->kernel == kernel)
             return o->per_sm;
     }
-    const int n = variant == 4 ? kva__cuda_decode_mma_ctas_per_sm(dt, dmax)
-                               : kva__cuda_attention_ctas_per_sm(dt, dmax, rows, variant);
+    const int n = kernel == KVA__CUDA_K_DECODE_MMA ? kva__cuda_decode_mma_ctas_per_sm(dt, dmax)
+                                                   : kva__cuda_simt_ctas_per_sm(dt, dmax, rows);
     if (n > 0 && st->num_occ < KVA__CUDA_OCC_CACHE) {
         kva__cuda_occ *o = &st->occ[st->num_occ++];
-        o->dtype = dt, o->dmax = dmax, o->rows = rows, o->variant = variant, o->per_sm = n;
+        o->dtype = dt, o->dmax = dmax, o->rows = rows, o->kernel = kernel, o->per_sm = n;
     }
     return n;
+}
+
+/* The kernels a plan of ctx runs: the decode family's (the tensor-core decode
+ * where it covers the shape, unless the CUDA-core kernel is forced; a forced
+ * tensor-core decode on a shape it does not cover runs the CUDA-core kernel)
+ * and the prefill tiles' (KVA__CUDA_PREFILL_AUTO unless one is forced; *tiles
+ * = 0 when "prefill_items" is forced: the prefills become work items). */
+static void plan_kernels(const kva_context *ctx, const kva_plan *plan, int *decode,
+                         kva__cuda_prefill_kernel *prefill, int *tiles)
+{
+    const int fd = kva__context_forced_kernel(ctx, KVA__KERNEL_DECODE);
+    const int fp = kva__context_forced_kernel(ctx, KVA__KERNEL_PREFILL);
+    const int mma =
+        kva__cuda_decode_mma_supported(plan->d.head_dim, plan->d.head_dim_v, plan->d.q_dtype);
+    *decode =
+        mma && fd != KVA__CUDA_K_DECODE_SIMT ? KVA__CUDA_K_DECODE_MMA : KVA__CUDA_K_DECODE_SIMT;
+    *prefill = fp == KVA__CUDA_K_PREFILL_WGMMA_TMA ? KVA__CUDA_PREFILL_WGMMA_TMA
+               : fp == KVA__CUDA_K_PREFILL_WGMMA   ? KVA__CUDA_PREFILL_WGMMA
+               : fp == KVA__CUDA_K_PREFILL_MMA     ? KVA__CUDA_PREFILL_MMA
+                                                   : KVA__CUDA_PREFILL_AUTO;
+    *tiles = fp != KVA__CUDA_K_PREFILL_ITEMS && plan->block_table != NULL &&
+             kva__cuda_prefill_supported(plan->d.head_dim, plan->d.head_dim_v, plan->d.q_dtype);
 }
 
 static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
@@ -548,31 +546,24 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     const int32_t G = plan->d.num_heads / plan->d.num_kv_heads;
     const int32_t dmax =
         plan->d.head_dim > plan->d.head_dim_v ? plan->d.head_dim : plan->d.head_dim_v;
-    /* The variant (forced on the context, else the shape's default) decides the
-     * rows per item: 16 for the tensor-core variant 4, 4 or 8 for 1..3. */
-    const int variant = kva__cuda_attn_variant_resolve(st->force_variant, plan->d.q_dtype,
-                                                       plan->d.head_dim, plan->d.head_dim_v);
-    const int rows = variant == 4 ? KVA__CUDA_MMA_DECODE_ROWS : kva__cuda_rows_for_group(G);
-    const int rows13 = kva__cuda_rows_for_group(G);
-    int per_sm_v[4];
-    for (int v = 0; v < 3; v++)
-        per_sm_v[v] = ctas_per_sm_cached(st, plan->d.q_dtype, dmax, rows13, v + 1);
-    per_sm_v[3] =
-        kva__cuda_decode_mma_supported(plan->d.head_dim, plan->d.head_dim_v, plan->d.q_dtype)
-            ? ctas_per_sm_cached(st, plan->d.q_dtype, plan->d.head_dim, 0, 4)
-            : per_sm_v[2];
-    if (per_sm_v[0] < 1 || per_sm_v[1] < 1 || per_sm_v[2] < 1 || per_sm_v[3] < 1)
+    int kernel = 0, mma = 0;
+    kva__cuda_prefill_kernel pkernel = KVA__CUDA_PREFILL_AUTO;
+    plan_kernels(ctx, plan, &kernel, &pkernel, &mma);
+    /* The decode kernel decides the rows per item: one m16 tile for the
+     * tensor-core decode, 4 or 8 for the CUDA-core kernel. */
+    const int rows =
+        kernel == KVA__CUDA_K_DECODE_MMA ? KVA__CUDA_MMA_DECODE_ROWS : kva__cuda_rows_for_group(G);
+    const int per_sm = ctas_per_sm_cached(
+        st, plan->d.q_dtype, kernel == KVA__CUDA_K_DECODE_MMA ? plan->d.head_dim : dmax,
+        kernel == KVA__CUDA_K_DECODE_MMA ? 0 : rows, kernel);
+    if (per_sm < 1)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
-                         "kva_plan_create: the attention kernel for %s, D/Dv %d/%d cannot be "
+                         "kva_plan_create: the attention kernel %s for %s, D/Dv %d/%d cannot be "
                          "resident on device %d",
-                         kva_dtype_name(plan->d.q_dtype), (int)plan->d.head_dim,
-                         (int)plan->d.head_dim_v, (int)st->device);
-    const int per_sm = per_sm_v[variant - 1];
+                         kva__cuda_kernels[kernel].name, kva_dtype_name(plan->d.q_dtype),
+                         (int)plan->d.head_dim, (int)plan->d.head_dim_v, (int)st->device);
     const int32_t R = plan->d.num_requests;
-    /* Requests for prefill_mma (mma_req[r] = 1), when the shape has it. */
-    const int mma =
-        plan->block_table != NULL &&
-        kva__cuda_prefill_supported(plan->d.head_dim, plan->d.head_dim_v, plan->d.q_dtype);
+    /* Requests for the prefill tile kernels (mma_req[r] = 1), when the shape has them. */
     uint8_t *mma_req = NULL;
     int32_t num_prefills = 0;
     int64_t ptiles = 0;
@@ -600,7 +591,6 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
         free(mma_req);
         return s;
     }
-    part->variant = variant;
     kva__cuda_plan *cp = (kva__cuda_plan *)calloc(1, sizeof *cp);
     if (!cp) {
         free(mma_req);
@@ -638,8 +628,9 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     st->generation++;
     cp->generation = st->generation;
     cp->rows = rows;
-    for (int v = 0; v < 4; v++)
-        cp->ctas_per_sm[v] = per_sm_v[v];
+    cp->decode_kernel = kernel;
+    cp->per_sm = per_sm;
+    cp->prefill_kernel = pkernel;
     cp->has_alibi = plan->alibi_slopes != NULL;
     plan->info.num_work_items = part->num_items + (int32_t)ptiles;
     plan->workspace_bytes = ws;
@@ -702,4 +693,6 @@ extern "C" const kva__backend_ops kva__cuda_ops = {
     cuda_attention_paged,
     cuda_attention_ragged,
     kva__cuda_merge_states,
+    kva__cuda_kernels,
+    KVA__CUDA_KERNELS,
 };

@@ -1,14 +1,15 @@
 /*
- * decode_mma.cu - attention variant 4: decodes and speculative decodes on
- * tensor cores (mma.sync m16n8k16, fp32 accumulation), for the work items of
- * the shared partition (src/plan/partition.h) like variants 1-3 (attn_v1.cu).
+ * decode_mma.cu - the tensor-core decode ("decode_mma_sm80"): decodes and
+ * speculative decodes on tensor cores (mma.sync m16n8k16, fp32 accumulation),
+ * for the work items of the shared partition (src/plan/partition.h) like the
+ * CUDA-core kernel (attn_simt.cu).
  *
  * One CTA (4 warps) runs one item at a time (persistent grid: CTA b runs items
  * b, b + gridDim.x, ... of the count in the device header). An item holds up
  * to 16 attention rows (nq query tokens x nh heads of one kv head), packed
  * into the M dimension of one m16 tile: a decode of a GQA-4 model fills 4 of
  * the 16 rows, a speculative decode of 4 tokens all 16, so the K/V rows of
- * the item are read once for every row (the CUDA-core variants keep 4 or 8
+ * the item are read once for every row (the CUDA-core kernel keeps 4 or 8
  * rows per item and read K/V once per item).
  *
  *   - Q [16, D] (rows past the item's zero) is staged in shared memory once
@@ -28,7 +29,7 @@
  *     the A operand of O += P V (ldmatrix.trans of V).
  *   - At the end the warps merge through shared memory (the ring's space) and
  *     the CTA writes out/lse, or the split partial that split_merge_kernel
- *     (attn_v1.cu) combines; the sink enters there or here, once.
+ *     (split_merge.cu) combines; the sink enters there or here, once.
  * Keys at or past the item's end are zero-filled (cp.async with source size
  * 0) and their block-table entries never read, so NaN in unused cache slots
  * cannot reach P V.

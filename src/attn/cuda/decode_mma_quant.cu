@@ -73,8 +73,7 @@ typedef struct kva__cuda_quant_mma_args {
 enum { QM_I8 = 0, QM_FP8 = 1, QM_V16 = 2 };
 
 /*
- * Versions (numbered, side by side; kva__cuda_context_force_quant_mma picks
- * one for tests and benchmarks, 0 = QM_VER_DEFAULT). H100, decode 64 x 4096,
+ * Versions (numbered, side by side; the run path uses QM_VER_DEFAULT). H100, decode 64 x 4096,
  * H/Hkv 32/8, D 128, bf16 q, one run with bf16 variant 4 at 0.373 ms and the
  * copy ceiling at 2.99 TB/s (2026-11-22, scripts/cuda_qmma.sh):
  *   1: 16 keys per warp step (KT = 1), a ring of NST = 8 / 6 / 5 stages
@@ -99,7 +98,7 @@ enum { QM_I8 = 0, QM_FP8 = 1, QM_V16 = 2 };
  *      (KT = 1, NST 5 / 4 / 4) runs only this version: 0.303 ms (0.81x bf16,
  *      90% of copy; the CUDA-core kernel took 0.352).
  */
-#define QM_VER_MAX KVA__CUDA_QUANT_MMA_VERSIONS
+#define QM_VER_MAX 2
 #define QM_VER_DEFAULT 2
 
 /* Ring stages per warp (NST - 1 steps in flight), keys per step and shared
@@ -712,18 +711,6 @@ static qm_launch qm_pick(kva_quant quant, kva_dtype dt, kva_dtype cache_dt, int3
     return none;
 }
 
-extern "C" kva_status kva__cuda_context_force_quant_mma(kva_context *ctx, int version)
-{
-    kva__clear_error();
-    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
-    if (version < 0 || version > QM_VER_MAX)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva__cuda_context_force_quant_mma: version = %d (0..%d)", version,
-                         QM_VER_MAX);
-    ((kva__cuda_state *)ctx->cuda)->force_quant_mma = version;
-    return KVA_STATUS_OK;
-}
-
 extern "C" int kva__cuda_decode_mma_quant_supported(kva_quant quant, kva_dtype cache_dtype,
                                                     int32_t head_dim, int32_t head_dim_v,
                                                     kva_dtype q_dtype)
@@ -749,7 +736,7 @@ extern "C" kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva
     kva__quant_args_common(a, ctx, plan, cache, sinks, out, lse);
     kva__quant_args_scales(qa, cache);
     qa.q16 = (uintptr_t)q % 16 == 0;
-    const int ver = st->force_quant_mma > 0 ? st->force_quant_mma : QM_VER_DEFAULT;
+    const int ver = QM_VER_DEFAULT;
     const qm_launch k = qm_pick(cd->quant, d->q_dtype, cd->dtype, a.D, ver);
     if (!k.fn || a.Dv != a.D)
         return kva__fail(KVA_STATUS_UNSUPPORTED,

@@ -3,8 +3,7 @@
  * (C-style CUDA; templates only for compile-time sizes).
  *
  * FlashAttention-2 structure on mma.sync.m16n8k16 (f16 or bf16 inputs, fp32
- * accumulation), for sm_80 and later (sm_90a runs the same code; a wgmma path
- * is future work, see docs/cuda-prefill.md):
+ * accumulation), for sm_80 and later:
  *   - one CTA = one tile of TILE_M = 128 packed rows (token i, group head g;
  *     row m = i * G + g) of one (request, kv head); see prefill_mma.h;
  *   - Q [128, D] is staged in shared memory once; K and V tiles [BN, D] are
@@ -22,23 +21,17 @@
  *     only tiles crossing the diagonal, the window edge or seq_len are masked
  *     per element.
  *
- * Variants (numbered, side by side; the dispatcher picks per D):
- *   v1: 8 warps x 16 rows. O is 16 x D per warp: D / 2 fp32 registers per
- *       thread, so D = 256 fits. For D <= 128 it is capped at 128 registers
- *       (two CTAs, 16 warps per SM; some spills); D = 256 runs one CTA per SM.
- *       K/V fragments read from shared memory feed one m16 tile each.
- *   v2: 4 warps x 32 rows (two m16 tiles per warp). Each K/V fragment read
- *       from shared memory feeds two mma, halving shared-memory traffic per
- *       flop; O takes D fp32 registers per thread, so D <= 128 only (255
- *       registers at D = 128, with a few spills; two CTAs per SM).
- *   v3: v2 with BN = 32 keys per tile: S takes half the registers, at twice
- *       the softmax bookkeeping (O rescale, row max) per key.
- *   v4, v5: v1 and v2 with lazy rescaling: the running max used as the
- *       exponent's reference moves (and O, l are rescaled) only when some row
- *       of the warp exceeds it by more than 8 (log2 units), so the weights stay
- *       <= 2^8; saves the O rescale (D / 2 or D multiplies per thread per tile)
- *       on almost every tile. D = 256 has v1 and v4 only.
- * Measured numbers are in docs/cuda-prefill.md.
+ *   - lazy rescaling: the running max used as the exponent's reference moves
+ *     (and O, l are rescaled) only when some row of the warp exceeds it by
+ *     more than 8 (log2 units), so the weights stay <= 2^8 and the O rescale
+ *     is skipped on almost every tile.
+ * One configuration per head size (mma_cfg below): D 128 runs 4 warps x 32
+ * rows (two m16 tiles per warp, so each K/V fragment read from shared memory
+ * feeds two mma; O takes D fp32 registers per thread), D 64 and D 256 run 8
+ * warps x 16 rows (O is 16 x D per warp, D / 2 registers per thread; D 256
+ * with 32 keys per tile and one CTA per SM). This is the portable prefill
+ * (sm_80 and later); on sm_90a the wgmma kernel (prefill_wgmma.cu) takes
+ * D 128.
  */
 extern "C" {
 #include "internal.h"
@@ -66,10 +59,11 @@ extern "C" {
 /*
  * Template sizes: D head size (= Dv), BN keys per tile, NW warps, WM m16 tiles
  * per warp (NW * WM * 16 == TILE_M), MINB CTAs per SM the register budget must
- * allow (__launch_bounds__). Ty: kva__mma_bf16 or kva__mma_f16.
+ * allow (__launch_bounds__); mma_cfg gives them per D. Ty: kva__mma_bf16 or
+ * kva__mma_f16.
  * Dynamic shared memory: Q [TILE_M, D], then K [2][BN, D], V [2][BN, D].
  */
-template <int D, int BN, int NW, int WM, int MINB, bool LAZY, typename Ty>
+template <int D, int BN, int NW, int WM, int MINB, typename Ty>
 __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__cuda_prefill_args a)
 {
     static_assert(NW * WM * 16 == TILE_M, "tile rows");
@@ -292,12 +286,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 m_new[hf] = fmaxf(m_run[mt][hf], mx * mul);
             }
-            /* LAZY: keep the reference max (and skip rescaling O) until some row
-             * of the warp grows past it by more than 8, so that weights stay
-             * <= 2^8; exact for any reference, as l and O share it. */
-            const bool rescale =
-                !LAZY || __any_sync(0xffffffffu, m_new[0] > m_run[mt][0] + 8.0f ||
-                                                     m_new[1] > m_run[mt][1] + 8.0f);
+            /* Lazy rescaling: keep the reference max (and skip rescaling O)
+             * until some row of the warp grows past it by more than 8, so that
+             * weights stay <= 2^8; exact for any reference, as l and O share it. */
+            const bool rescale = __any_sync(0xffffffffu, m_new[0] > m_run[mt][0] + 8.0f ||
+                                                             m_new[1] > m_run[mt][1] + 8.0f);
             if (rescale) {
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
@@ -515,19 +508,34 @@ extern "C" kva_status kva__cuda_prefill_tiles_build(int32_t num_requests,
                                                 capacity, num_tiles);
 }
 
-/* Launches one instantiation with its dynamic shared memory. */
-template <int D, int BN, int NW, int WM, int MINB, bool LAZY, typename Ty>
-static kva_status launch_one(const kva__cuda_prefill_args *a, cudaStream_t stream)
+/* The configuration per head size: {BN keys per tile, NW warps, WM m16 tiles
+ * per warp, MINB CTAs per SM}. */
+template <int D> struct mma_cfg;
+template <> struct mma_cfg<64> {
+    enum { BN = 64, NW = 8, WM = 1, MINB = 2 };
+};
+template <> struct mma_cfg<128> {
+    enum { BN = 64, NW = 4, WM = 2, MINB = 1 };
+};
+template <> struct mma_cfg<256> {
+    enum { BN = 32, NW = 8, WM = 1, MINB = 1 };
+};
+
+/* Launches the kernel for head size D with its dynamic shared memory. */
+template <int D, typename Ty>
+static kva_status launch_d(const kva__cuda_prefill_args *a, cudaStream_t stream)
 {
-    const size_t smem = (size_t)(TILE_M + 4 * BN) * D * 2;
-    cudaError_t e = cudaFuncSetAttribute(prefill_mma_kernel<D, BN, NW, WM, MINB, LAZY, Ty>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    typedef mma_cfg<D> C;
+    auto fn = prefill_mma_kernel<D, C::BN, C::NW, C::WM, C::MINB, Ty>;
+    const size_t smem = (size_t)(TILE_M + 4 * C::BN) * D * 2;
+    cudaError_t e =
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
                          "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
                          "memory, D = %d): %s",
                          smem, D, cudaGetErrorString(e));
-    prefill_mma_kernel<D, BN, NW, WM, MINB, LAZY, Ty><<<a->grid_tiles, NW * 32, smem, stream>>>(*a);
+    fn<<<a->grid_tiles, C::NW * 32, smem, stream>>>(*a);
     e = cudaGetLastError();
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
@@ -536,88 +544,51 @@ static kva_status launch_one(const kva__cuda_prefill_args *a, cudaStream_t strea
     return KVA_STATUS_OK;
 }
 
-/* Variant selection: v1 (8 warps x 16 rows), v2 (4 warps x 32 rows, 64 keys per
- * tile) or v3 (v2 with 32 keys per tile). */
 template <typename Ty>
-static kva_status launch_dtype(const kva__cuda_prefill_args *a, cudaStream_t st, int variant)
+static kva_status launch_dtype(const kva__cuda_prefill_args *a, cudaStream_t st)
 {
     switch (a->head_dim) {
     case 64:
-        switch (variant) {
-        case 1:
-            return launch_one<64, 64, 8, 1, 2, false, Ty>(a, st);
-        case 2:
-            return launch_one<64, 64, 4, 2, 1, false, Ty>(a, st);
-        case 3:
-            return launch_one<64, 32, 4, 2, 1, false, Ty>(a, st);
-        case 4:
-            return launch_one<64, 64, 8, 1, 2, true, Ty>(a, st);
-        default:
-            return launch_one<64, 64, 4, 2, 1, true, Ty>(a, st);
-        }
+        return launch_d<64, Ty>(a, st);
     case 128:
-        switch (variant) {
-        case 1:
-            return launch_one<128, 64, 8, 1, 2, false, Ty>(a, st);
-        case 2:
-            return launch_one<128, 64, 4, 2, 1, false, Ty>(a, st);
-        case 3:
-            return launch_one<128, 32, 4, 2, 1, false, Ty>(a, st);
-        case 4:
-            return launch_one<128, 64, 8, 1, 2, true, Ty>(a, st);
-        default:
-            return launch_one<128, 64, 4, 2, 1, true, Ty>(a, st);
-        }
+        return launch_d<128, Ty>(a, st);
     default:
-        return variant == 4 ? launch_one<256, 32, 8, 1, 1, true, Ty>(a, st)
-                            : launch_one<256, 32, 8, 1, 1, false, Ty>(a, st);
+        return launch_d<256, Ty>(a, st);
     }
 }
 
-extern "C" int kva__cuda_prefill_variant_exists(int32_t head_dim, int variant)
+extern "C" int kva__cuda_prefill_kernel_exists(int32_t head_dim, kva__cuda_prefill_kernel kernel)
 {
-    if (variant >= KVA__CUDA_PREFILL_WGMMA_FIRST && variant <= KVA__CUDA_PREFILL_VARIANTS)
+    switch (kernel) {
+    case KVA__CUDA_PREFILL_MMA:
+        return 1;
+    case KVA__CUDA_PREFILL_WGMMA:
+    case KVA__CUDA_PREFILL_WGMMA_TMA:
         return head_dim == 128 && kva__cuda_prefill_wgmma_ready();
-    if (head_dim == 256)
-        return variant == 1 || variant == 4;
-    return variant >= 1 && variant < KVA__CUDA_PREFILL_WGMMA_FIRST;
-}
-
-/* The wgmma variants the dispatcher runs at D = 128 on sm_90a (0: none, the
- * mma.sync default below), from one H100 run of bench/cuda_prefill_bench.c
- * and bench_cuda (docs/cuda-prefill.md, 13:35 UTC): v20 (TMA, persistent
- * grid, snake order) where its TMA path applies (B a power of two >=
- * KVA__CUDA_PREFILL_TMA_MIN_B, NB known): 1 x 4096 causal H32/8 B 64 533
- * TFLOP/s vs 399 for v13, B 16 423 vs 398, 8 x 1024 288 vs 220; v21 (the
- * same grid with the cp.async gather only) for other block sizes: 419 / 411
- * / 257 on those shapes. Both passed the full test in that run. v22 (tile
- * headers in shared memory) measured 0.93-0.99x v20 (16:25 UTC): not used.
- * v23 (v20 with the TMA boxes issued by four producer warps) replaced v20
- * (17:17 UTC, same call, per call): 1 x 4096 B 16 521-525 vs 416-417, B 64
- * 529-534 vs 525-527; 8 x 1024 B 16 282-288 vs 269-271, B 64 level; 4096
- * after 4096 cached B 16 629-635 vs 466-469; full test, memcheck and
- * racecheck passed in that call. */
-#define KVA__CUDA_PREFILL_WGMMA_DEFAULT 21
-#define KVA__CUDA_PREFILL_WGMMA_TMA_DEFAULT 23
-#define KVA__CUDA_PREFILL_TMA_MIN_B 16
-
-/* The variant the dispatcher runs when none is forced: the fastest on an H100
- * in one run of bench/cuda_prefill_bench.c (docs/cuda-prefill.md): v5 at
- * D = 128 (4k causal: 269 vs 258 TFLOP/s for v1; within 2 % of the best on the
- * other D = 128 shapes), v4 at D = 64 and D = 256. */
-static int default_variant(const kva__cuda_prefill_args *a)
-{
-    const int32_t head_dim = a->head_dim, B = a->block_size;
-    if (head_dim == 128 && KVA__CUDA_PREFILL_WGMMA_DEFAULT && kva__cuda_prefill_wgmma_ready()) {
-        const int tma = a->num_blocks > 0 && B >= KVA__CUDA_PREFILL_TMA_MIN_B && (B & (B - 1)) == 0;
-        return tma && KVA__CUDA_PREFILL_WGMMA_TMA_DEFAULT ? KVA__CUDA_PREFILL_WGMMA_TMA_DEFAULT
-                                                          : KVA__CUDA_PREFILL_WGMMA_DEFAULT;
+    default:
+        return 0;
     }
-    return head_dim == 128 ? 5 : 4;
 }
 
-extern "C" kva_status kva__cuda_prefill_launch_variant(const kva__cuda_prefill_args *a,
-                                                       void *stream, int variant)
+/* TMA loads of the wgmma kernel pay from B 16 up (B a power of two, NB known:
+ * the tensor maps describe the whole cache); below, the cp.async gather of
+ * KVA__CUDA_PREFILL_WGMMA is faster. */
+static int tma_pays(int32_t block_size, int32_t num_blocks)
+{
+    return num_blocks > 0 && block_size >= 16 && (block_size & (block_size - 1)) == 0;
+}
+
+extern "C" kva__cuda_prefill_kernel
+kva__cuda_prefill_kernel_default(int32_t head_dim, int32_t block_size, int32_t num_blocks)
+{
+    if (head_dim == 128 && kva__cuda_prefill_wgmma_ready())
+        return tma_pays(block_size, num_blocks) ? KVA__CUDA_PREFILL_WGMMA_TMA
+                                                : KVA__CUDA_PREFILL_WGMMA;
+    return KVA__CUDA_PREFILL_MMA;
+}
+
+extern "C" kva_status kva__cuda_prefill_launch_kernel(const kva__cuda_prefill_args *a, void *stream,
+                                                      kva__cuda_prefill_kernel kernel)
 {
     KVA_CHECK_PTR(a);
     if (!kva__cuda_prefill_supported(a->head_dim, a->head_dim_v, a->dtype))
@@ -634,20 +605,21 @@ extern "C" kva_status kva__cuda_prefill_launch_variant(const kva__cuda_prefill_a
     /* cp.async copies 16-byte chunks: q, k and v must be 16-byte aligned (row
      * strides are multiples of D * 2 >= 128 bytes). */
     KVA__CUDA_PREFILL_CHECK_SHAPE(a, "kva__cuda_prefill_launch");
-    if (variant == 0)
-        variant = default_variant(a);
-    if (!kva__cuda_prefill_variant_exists(a->head_dim, variant))
+    if (kernel == KVA__CUDA_PREFILL_AUTO)
+        kernel = kva__cuda_prefill_kernel_default(a->head_dim, a->block_size, a->num_blocks);
+    if (!kva__cuda_prefill_kernel_exists(a->head_dim, kernel))
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva__cuda_prefill_launch_variant: variant = %d does not exist for D = %d",
-                         variant, (int)a->head_dim);
-    if (variant >= KVA__CUDA_PREFILL_WGMMA_FIRST)
-        return kva__cuda_prefill_wgmma_launch(a, stream, variant);
+                         "kva__cuda_prefill_launch: prefill kernel %d does not exist for D = %d "
+                         "on this build and device",
+                         (int)kernel, (int)a->head_dim);
+    if (kernel != KVA__CUDA_PREFILL_MMA)
+        return kva__cuda_prefill_wgmma_launch(a, stream, kernel == KVA__CUDA_PREFILL_WGMMA_TMA);
     cudaStream_t st = (cudaStream_t)stream;
-    return a->dtype == KVA_DTYPE_BF16 ? launch_dtype<kva__mma_bf16>(a, st, variant)
-                                      : launch_dtype<kva__mma_f16>(a, st, variant);
+    return a->dtype == KVA_DTYPE_BF16 ? launch_dtype<kva__mma_bf16>(a, st)
+                                      : launch_dtype<kva__mma_f16>(a, st);
 }
 
 extern "C" kva_status kva__cuda_prefill_launch(const kva__cuda_prefill_args *a, void *stream)
 {
-    return kva__cuda_prefill_launch_variant(a, stream, 0);
+    return kva__cuda_prefill_launch_kernel(a, stream, KVA__CUDA_PREFILL_AUTO);
 }

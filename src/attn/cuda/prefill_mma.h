@@ -39,11 +39,14 @@ extern "C" {
 #define KVA__CUDA_PREFILL_TILE_M 128
 /* int32 entries per tile in the tile array: {r, m0, kvh, 0}. */
 #define KVA__CUDA_PREFILL_TILE_INTS 4
-/* Kernel variants 1..N (kva__cuda_prefill_launch_variant): 1..5 mma.sync
- * (prefill_mma.cu), 6..23 wgmma (prefill_wgmma.cu, sm_90a, D = 128). */
-#define KVA__CUDA_PREFILL_VARIANTS 23
-/* First wgmma variant. */
-#define KVA__CUDA_PREFILL_WGMMA_FIRST 6
+/* The prefill kernels (kva__cuda_prefill_launch_kernel); the CUDA backend's
+ * registry (cuda_kernels.c) names them. */
+typedef enum kva__cuda_prefill_kernel {
+    KVA__CUDA_PREFILL_AUTO = 0,  /* the dispatcher's choice (kva__cuda_prefill_kernel_default) */
+    KVA__CUDA_PREFILL_MMA = 1,   /* mma.sync, sm_80+, D 64/128/256 (prefill_mma.cu) */
+    KVA__CUDA_PREFILL_WGMMA = 2, /* sm_90a wgmma, D 128, K/V gathered by cp.async */
+    KVA__CUDA_PREFILL_WGMMA_TMA = 3, /* the same with in-range K/V tiles loaded by TMA */
+} kva__cuda_prefill_kernel;
 
 /* Host-side values a caller may keep across launches on one device (the
  * CUDA context does; tests and benchmarks pass none): what the wgmma
@@ -53,8 +56,8 @@ extern "C" {
 typedef struct kva__cuda_prefill_host_cache {
     int num_sms;          /* 0 until asked */
     void *tmap_encode;    /* cuTensorMapEncodeTiled, NULL until looked up */
-    uint64_t attr_set[2]; /* bit v: dynamic shared-memory attribute of wgmma variant v
-                             set ([0] f16, [1] bf16) */
+    uint64_t attr_set[2]; /* bit k: dynamic shared-memory attribute of wgmma kernel k
+                             (kva__cuda_prefill_kernel) set ([0] f16, [1] bf16) */
     /* The last K/V tensor maps encoded (prefill_wgmma.cu wg_tmaps, as bytes)
      * and what they describe: reused while k, v, NB, B, Hkv, layout, dtype
      * are the same. */
@@ -86,8 +89,8 @@ typedef struct kva__cuda_prefill_args {
     int32_t grid_tiles; /* CTAs launched (the tile array's capacity); 0 launches nothing */
     int32_t block_table_stride;
     int32_t block_size;   /* B >= 1 */
-    int32_t num_blocks;   /* NB of k and v, or 0 if unknown (variants 15, 16 then gather
-                             every tile by cp.async instead of TMA) */
+    int32_t num_blocks;   /* NB of k and v, or 0 if unknown (the TMA kernel then gathers
+                             every tile by cp.async) */
     int32_t num_heads;    /* H, a multiple of num_kv_heads */
     int32_t num_kv_heads; /* Hkv */
     int32_t head_dim;     /* D */
@@ -101,7 +104,7 @@ typedef struct kva__cuda_prefill_args {
     kva__cuda_prefill_host_cache *host_cache; /* host memory, or NULL: ask at every launch */
 } kva__cuda_prefill_args;
 
-/* Argument checks the prefill launchers share (kva__cuda_prefill_launch_variant,
+/* Argument checks the prefill launchers share (kva__cuda_prefill_launch_kernel,
  * kva__cuda_qprefill_launch), on a = const kva__cuda_prefill_args * with
  * grid_tiles > 0: they return the failure from the calling function (whose
  * name KVA_CHECK_PTR reports); fn is the name the other messages give.
@@ -183,38 +186,31 @@ kva_status kva__cuda_prefill_tiles_build_subset(int32_t num_requests,
  */
 kva_status kva__cuda_prefill_launch(const kva__cuda_prefill_args *args, void *stream);
 
-/* The same with a forced kernel variant (0: the dispatcher's choice; 1: 8 warps
- * x 16 rows; 2: 4 warps x 32 rows, 64 keys per tile; 3: 4 warps x 32 rows, 32
- * keys per tile; 4, 5: 1 and 2 with lazy rescaling; D = 256 has 1 and 4 only;
- * 6..23: the sm_90a wgmma kernel, D = 128 only, on a compute capability 9.0
- * device of a build with sm_90a code: 6 two K/V stages, 7 three, 8 = 6 with
- * P V in two n64 halves, 9 and 10 warp-specialized with two and three stages,
- * 11 = 10 with two tiles in flight in the producer, 12 = 11 with P V under
- * the consumer's own softmax, 13 and 14 = 10 and 12 without 11's change and
- * with the producer's block-table loads one tile ahead, 15 and 16 = 13 and 14
- * with K/V tiles that lie inside the visible key range loaded by TMA when B
- * is a power of two >= 8 and num_blocks is set, 17 and 18 = 16 and 15 on a
- * persistent grid of one CTA per SM, 19 = 13 on that persistent grid, 20 and
- * 21 = 17 and 19 with the tiles dealt to the CTAs in snake order, 22 = 20
- * with each consumer's tile headers kept in shared memory instead of re-read
- * from global memory, 23 = 20 with the TMA boxes issued by the producer's
- * four warps instead of its first), for tests and benchmarks that cover every variant. A variant
- * that does not exist for D is KVA_STATUS_INVALID_ARGUMENT. */
-kva_status kva__cuda_prefill_launch_variant(const kva__cuda_prefill_args *args, void *stream,
-                                            int variant);
+/* The same with a given kernel (KVA__CUDA_PREFILL_AUTO: the dispatcher's
+ * choice), for the run path and for tests and benchmarks that cover every
+ * kernel. A kernel that does not exist for D on this build and device is
+ * KVA_STATUS_INVALID_ARGUMENT. */
+kva_status kva__cuda_prefill_launch_kernel(const kva__cuda_prefill_args *args, void *stream,
+                                           kva__cuda_prefill_kernel kernel);
 
-/* 1 if variant (1..KVA__CUDA_PREFILL_VARIANTS) exists for head size D (for
- * 6..23 also on the current device: kva__cuda_prefill_wgmma_ready()). */
-int kva__cuda_prefill_variant_exists(int32_t head_dim, int variant);
+/* 1 if kernel exists for head size D (the wgmma kernels: D 128 on a build
+ * with sm_90a code and a compute capability 9.0 device). */
+int kva__cuda_prefill_kernel_exists(int32_t head_dim, kva__cuda_prefill_kernel kernel);
+/* The kernel the dispatcher runs for D, block size B and NB (0 = unknown):
+ * on sm_90a at D 128 the wgmma kernel, with TMA where B is a power of two
+ * >= 16 and NB is known; else mma.sync. */
+kva__cuda_prefill_kernel kva__cuda_prefill_kernel_default(int32_t head_dim, int32_t block_size,
+                                                          int32_t num_blocks);
 
 /* prefill_wgmma.cu: 1 if the build has sm_90a device code (KVA_CUDA_SM90A,
  * CMAKE_CUDA_ARCHITECTURES naming 90a) and the current device has compute
  * capability 9.0; else 0 (also without a device). */
 int kva__cuda_prefill_wgmma_ready(void);
-/* Launches wgmma variant 6..23 (arguments already checked by
- * kva__cuda_prefill_launch_variant; D = Dv = 128, f16/bf16). */
+/* Launches the wgmma kernel (arguments already checked by
+ * kva__cuda_prefill_launch_kernel; D = Dv = 128, f16/bf16); tma: load the
+ * in-range K/V tiles by TMA (KVA__CUDA_PREFILL_WGMMA_TMA). */
 kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_args *args, void *stream,
-                                          int variant);
+                                          int tma);
 
 #ifdef __cplusplus
 }

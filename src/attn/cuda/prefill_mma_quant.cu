@@ -12,21 +12,6 @@ extern "C" {
 
 #include <string.h>
 
-/* The variant the run path uses when none is forced: the fastest on an H100
- * at D 128 in one run of scripts/cuda_qprefill.sh (docs/cuda.md: 4 x 1024
- * after 3072 cached and 1 x 4096, H/Hkv 32/8, bf16 q): 3 for per-channel
- * INT8_CHANNEL scales (hi + lo Q tiles; 1.31 vs 1.65 ms for 1), 1 for
- * INT8_TOKEN_K_V16 (1.16 vs 1.21-1.22), 2 for the other 1-byte formats
- * (INT8_TOKEN_K 0.975 vs 1.07, FP8 0.934 vs 1.00). */
-static int default_variant(const kva__cuda_qprefill_args *qa)
-{
-    if (qa->quant == KVA_QUANT_INT8_CHANNEL && !qa->k_uniform)
-        return 3;
-    if (qa->quant == KVA_QUANT_INT8_TOKEN_K_V16)
-        return 1;
-    return 2;
-}
-
 extern "C" int kva__cuda_qprefill_supported(kva_quant quant, kva_dtype cache_dtype,
                                             int32_t head_dim, int32_t head_dim_v, kva_dtype q_dtype)
 {
@@ -46,8 +31,7 @@ extern "C" int kva__cuda_qprefill_supported(kva_quant quant, kva_dtype cache_dty
     }
 }
 
-extern "C" kva_status kva__cuda_qprefill_launch(const kva__cuda_qprefill_args *qa, void *stream,
-                                                int variant)
+extern "C" kva_status kva__cuda_qprefill_launch(const kva__cuda_qprefill_args *qa, void *stream)
 {
     KVA_CHECK_PTR(qa);
     const kva__cuda_prefill_args *a = &qa->p;
@@ -57,10 +41,6 @@ extern "C" kva_status kva__cuda_qprefill_launch(const kva__cuda_qprefill_args *q
                          "kva__cuda_qprefill_launch: %s, D = %d, Dv = %d, q dtype %s not supported",
                          kva_quant_name(qa->quant), (int)a->head_dim, (int)a->head_dim_v,
                          kva_dtype_name(a->dtype));
-    if (variant < 0 || variant > KVA__CUDA_QPREFILL_VARIANTS)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva__cuda_qprefill_launch: variant = %d (0..%d)", variant,
-                         KVA__CUDA_QPREFILL_VARIANTS);
     if (a->grid_tiles < 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva__cuda_qprefill_launch: grid_tiles = %d",
                          (int)a->grid_tiles);
@@ -78,18 +58,16 @@ extern "C" kva_status kva__cuda_qprefill_launch(const kva__cuda_qprefill_args *q
                          "kva__cuda_qprefill_launch: FP8_E4M3 with per-channel key scales");
     /* 16-byte loads of q rows, 16-byte cp.async of K/V rows (D >= 64). */
     KVA__CUDA_PREFILL_CHECK_SHAPE(a, "kva__cuda_qprefill_launch");
-    if (variant == 0)
-        variant = default_variant(qa);
     cudaStream_t st = (cudaStream_t)stream;
     switch (qa->quant) {
     case KVA_QUANT_INT8_CHANNEL:
-        return kva__qp_launch_i8(qa, st, variant);
+        return kva__qp_launch_i8(qa, st);
     case KVA_QUANT_INT8_TOKEN_K:
-        return kva__qp_launch_i8t(qa, st, variant);
+        return kva__qp_launch_i8t(qa, st);
     case KVA_QUANT_FP8_E4M3:
-        return kva__qp_launch_fp8(qa, st, variant);
+        return kva__qp_launch_fp8(qa, st);
     default:
-        return kva__qp_launch_v16(qa, st, variant);
+        return kva__qp_launch_v16(qa, st);
     }
 }
 
@@ -110,10 +88,8 @@ static int k_scale_uniform(const kva_cache *cache)
 extern "C" int kva__cuda_qprefill_usable(const kva_context *ctx, const kva_plan *plan,
                                          const void *q, const kva_cache *cache)
 {
-    const kva__cuda_state *st = (const kva__cuda_state *)ctx->cuda;
+    (void)ctx;
     const kva_cache_desc *cd = &cache->desc;
-    if (st->force_quant_prefill < 0)
-        return 0;
     if (!kva__cuda_qprefill_supported(cd->quant, cd->dtype, plan->d.head_dim, plan->d.head_dim_v,
                                       plan->d.q_dtype))
         return 0;
@@ -167,17 +143,5 @@ extern "C" kva_status kva__cuda_qprefill_run(kva_context *ctx, const kva_plan *p
     qa.vs = qa.ko + hkv * cd->head_dim;
     qa.vo = qa.vs + hkv * cd->head_dim_v;
     qa.k_uniform = k_scale_uniform(cache);
-    return kva__cuda_qprefill_launch(&qa, st->stream, st->force_quant_prefill);
-}
-
-extern "C" kva_status kva__cuda_context_force_quant_prefill(kva_context *ctx, int variant)
-{
-    kva__clear_error();
-    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
-    if (variant < -1 || variant > KVA__CUDA_QPREFILL_VARIANTS)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva__cuda_context_force_quant_prefill: variant = %d (-1..%d)", variant,
-                         KVA__CUDA_QPREFILL_VARIANTS);
-    ((kva__cuda_state *)ctx->cuda)->force_quant_prefill = variant;
-    return KVA_STATUS_OK;
+    return kva__cuda_qprefill_launch(&qa, st->stream);
 }

@@ -596,32 +596,40 @@ static kva_status qp_launch_one(const kva__cuda_qprefill_args *qa, cudaStream_t 
     return KVA_STATUS_OK;
 }
 
-/* Variant selection for a format and LO: variant 1 (8 warps x 16 rows, 64
- * keys per tile), 2 (4 warps x 32 rows) or 3 (1 with 32 keys per tile: half
- * the K/V shared memory, so hi + lo Q tiles still leave two CTAs per SM at
- * D 128; D 64 runs 1 for it), lazy rescaling in all; D 256 runs 1 (32 keys
- * per tile). */
+/* The configuration per format and head size (8 warps x 16 rows or 4 warps x
+ * 32 rows; 64 or 32 keys per tile), lazy rescaling in all: the fastest on an
+ * H100 per format (docs/cuda.md). 4 x 32 rows for the 1-byte formats with
+ * exact Q'' (!LO); 8 x 16 rows with per-channel scales (LO: the hi + lo Q
+ * tiles; at D 128 with 32 keys per tile, half the K/V shared memory, so two
+ * CTAs per SM still fit) and for INT8_TOKEN_K_V16; D 256 runs 8 x 16 rows
+ * with 32 keys per tile. */
 template <int FMT, bool LO, typename Ty>
-static kva_status qp_launch_d(const kva__cuda_qprefill_args *qa, cudaStream_t st, int variant)
+static kva_status qp_launch_d(const kva__cuda_qprefill_args *qa, cudaStream_t st)
 {
+    constexpr bool WIDE = !LO && FMT != QP_V16;
     switch (qa->p.head_dim) {
     case 64:
-        return variant == 2 ? qp_launch_one<64, 64, 4, 2, 1, FMT, LO, Ty>(qa, st)
-                            : qp_launch_one<64, 64, 8, 1, 2, FMT, LO, Ty>(qa, st);
+        if constexpr (WIDE)
+            return qp_launch_one<64, 64, 4, 2, 1, FMT, LO, Ty>(qa, st);
+        else
+            return qp_launch_one<64, 64, 8, 1, 2, FMT, LO, Ty>(qa, st);
     case 128:
-        return variant == 2   ? qp_launch_one<128, 64, 4, 2, 1, FMT, LO, Ty>(qa, st)
-               : variant == 3 ? qp_launch_one<128, 32, 8, 1, 2, FMT, LO, Ty>(qa, st)
-                              : qp_launch_one<128, 64, 8, 1, 2, FMT, LO, Ty>(qa, st);
+        if constexpr (WIDE)
+            return qp_launch_one<128, 64, 4, 2, 1, FMT, LO, Ty>(qa, st);
+        else if constexpr (LO)
+            return qp_launch_one<128, 32, 8, 1, 2, FMT, LO, Ty>(qa, st);
+        else
+            return qp_launch_one<128, 64, 8, 1, 2, FMT, LO, Ty>(qa, st);
     default:
         return qp_launch_one<256, 32, 8, 1, 1, FMT, LO, Ty>(qa, st);
     }
 }
 
 /* Per-format entry points (prefill_mma_quant_<fmt>.cu), arguments checked by
- * kva__cuda_qprefill_launch; variant 1 or 2. */
-kva_status kva__qp_launch_i8(const kva__cuda_qprefill_args *qa, cudaStream_t st, int variant);
-kva_status kva__qp_launch_i8t(const kva__cuda_qprefill_args *qa, cudaStream_t st, int variant);
-kva_status kva__qp_launch_fp8(const kva__cuda_qprefill_args *qa, cudaStream_t st, int variant);
-kva_status kva__qp_launch_v16(const kva__cuda_qprefill_args *qa, cudaStream_t st, int variant);
+ * kva__cuda_qprefill_launch. */
+kva_status kva__qp_launch_i8(const kva__cuda_qprefill_args *qa, cudaStream_t st);
+kva_status kva__qp_launch_i8t(const kva__cuda_qprefill_args *qa, cudaStream_t st);
+kva_status kva__qp_launch_fp8(const kva__cuda_qprefill_args *qa, cudaStream_t st);
+kva_status kva__qp_launch_v16(const kva__cuda_qprefill_args *qa, cudaStream_t st);
 
 #endif /* KVA_CUDA_PREFILL_MMA_QUANT_CUH */

@@ -17,12 +17,6 @@
 extern "C" {
 #endif
 
-/* Kernel variants (kva__cuda_qprefill_launch): 1: 8 warps x 16 rows, 64 keys
- * per tile; 2: 4 warps x 32 rows (D 64 and 128); 3: 1 with 32 keys per tile
- * (D 128; D 64 runs 1); D 256 runs its one kernel, 8 warps x 16 rows and 32
- * keys, for all. */
-#define KVA__CUDA_QPREFILL_VARIANTS 3
-
 typedef struct kva__cuda_qprefill_args {
     /* p.k, p.v: the codes (V in p.dtype for INT8_TOKEN_K_V16); p.dtype: the q
      * (and out) dtype; everything else as for prefill_mma.h. */
@@ -45,14 +39,13 @@ typedef struct kva__cuda_qprefill_args {
 int kva__cuda_qprefill_supported(kva_quant quant, kva_dtype cache_dtype, int32_t head_dim,
                                  int32_t head_dim_v, kva_dtype q_dtype);
 
-/* Launches variant (0: the default, 1..KVA__CUDA_QPREFILL_VARIANTS) over the
- * tiles (as kva__cuda_prefill_launch: never synchronizes, CTAs past
- * *num_tiles exit). KVA_STATUS_UNSUPPORTED for shapes _supported rejects,
+/* Launches the kernel over the tiles, in the configuration of the format and
+ * head size (prefill_mma_quant.cuh, qp_launch_d), as kva__cuda_prefill_launch
+ * does: never synchronizes, CTAs past *num_tiles exit.
+ * KVA_STATUS_UNSUPPORTED for shapes _supported rejects,
  * KVA_STATUS_INVALID_ARGUMENT for bad arguments (q, k, v not 16-byte
- * aligned, a variant out of range), KVA_STATUS_DEVICE_ERROR on a launch
- * failure. */
-kva_status kva__cuda_qprefill_launch(const kva__cuda_qprefill_args *args, void *stream,
-                                     int variant);
+ * aligned), KVA_STATUS_DEVICE_ERROR on a launch failure. */
+kva_status kva__cuda_qprefill_launch(const kva__cuda_qprefill_args *args, void *stream);
 
 #ifdef __cplusplus
 }

@@ -1,13 +1,12 @@
 /*
  * prefill_mma_quant_v16.cu - the quantized tensor-core prefill kernel
  * (prefill_mma_quant.cuh) instantiated for KVA_QUANT_INT8_TOKEN_K_V16 (V in the q dtype),
- * f16 and bf16 q, D 64 / 128 / 256, variants 1 and 2.
+ * f16 and bf16 q, D 64 / 128 / 256.
  */
 #include "prefill_mma_quant.cuh"
 
-kva_status kva__qp_launch_v16(const kva__cuda_qprefill_args *qa, cudaStream_t st, int variant)
+kva_status kva__qp_launch_v16(const kva__cuda_qprefill_args *qa, cudaStream_t st)
 {
-    return qa->p.dtype == KVA_DTYPE_BF16
-               ? qp_launch_d<QP_V16, false, kva__mma_bf16>(qa, st, variant)
-               : qp_launch_d<QP_V16, false, kva__mma_f16>(qa, st, variant);
+    return qa->p.dtype == KVA_DTYPE_BF16 ? qp_launch_d<QP_V16, false, kva__mma_bf16>(qa, st)
+                                         : qp_launch_d<QP_V16, false, kva__mma_f16>(qa, st);
 }

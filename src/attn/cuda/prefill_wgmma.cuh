@@ -17,7 +17,6 @@
 #define WG_M KVA__CUDA_PREFILL_TILE_M /* rows per CTA (128) */
 #define WG_D 128                      /* head size */
 #define WG_BN 128                     /* keys per K/V tile */
-#define WG_THREADS 256
 #define WG_LOG2E 1.4426950408889634f
 #define WG_LN2 0.6931471805599453f
 /* Bytes of one [rows, 128] operand in the swizzled layout. */
@@ -47,10 +46,6 @@ template <typename Ty> struct wg_ops;
         static __device__ __forceinline__ void rs(float d[64], const uint32_t a[4], uint64_t b)    \
         {                                                                                          \
             kva__wgmma_rs_m64n128_##ty##_tb(d, a, b, 1);                                           \
-        }                                                                                          \
-        static __device__ __forceinline__ void rs64(float d[32], const uint32_t a[4], uint64_t b)  \
-        {                                                                                          \
-            kva__wgmma_rs_m64n64_##ty##_tb(d, a, b, 1);                                            \
         }                                                                                          \
     };
 #else
@@ -237,10 +232,8 @@ wg_epilogue(const kva__cuda_prefill_args &a, const wg_ctx &c, const float (&o)[6
 
 /*
  * Paged K/V gather of key rows n0 .. n0 + 127 into a stage (K at sk, V at sv)
- * by NT threads (index t): thread t copies 16-byte chunk t % 16 of rows
- * t / 16 + (NT / 16) k, the block-table loads of BATCH rows before their
- * copies. Rows outside [kv_lo, kv_hi) are zero-filled without reading the
- * block table or the cache (a partly filled block's unused slots may hold
+ * by cp.async (wg_gather_ids). Rows outside [kv_lo, kv_hi) are zero-filled
+ * without reading the cache (a partly filled block's unused slots may hold
  * NaN; no row's P V product meets them).
  */
 struct wg_kv {
@@ -250,36 +243,6 @@ struct wg_kv {
     int row_stride;     /* bytes */
     int B, b_shift, kv_lo, kv_hi;
 };
-template <int NT, int BATCH>
-static __device__ __forceinline__ void wg_gather(const wg_kv &g, int t, int n0, uint32_t sk,
-                                                 uint32_t sv)
-{
-    constexpr int RPP = NT / 16, ITERS = WG_BN / RPP;
-    const int lrow = t >> 4, lch = t & 15;
-    const uint32_t swz =
-        (uint32_t)((lch >> 3) * WG_BN * 128 + lrow * 128 + (((lch & 7) ^ (lrow & 7)) << 4));
-#pragma unroll
-    for (int k0 = 0; k0 < ITERS; k0 += BATCH) {
-        int blk[BATCH];
-#pragma unroll
-        for (int k = 0; k < BATCH; k++) {
-            const int j = n0 + lrow + (k0 + k) * RPP;
-            const int bi = g.b_shift >= 0 ? j >> g.b_shift : j / g.B;
-            blk[k] = j >= g.kv_lo && j < g.kv_hi ? g.bt[bi] : 0;
-        }
-#pragma unroll
-        for (int k = 0; k < BATCH; k++) {
-            const int j = n0 + lrow + (k0 + k) * RPP;
-            const int o = g.b_shift >= 0 ? j & (g.B - 1) : j % g.B;
-            const bool in = j >= g.kv_lo && j < g.kv_hi;
-            const int64_t off = in ? (int64_t)blk[k] * g.blk_stride + (int64_t)o * g.row_stride : 0;
-            const uint32_t so = swz + (uint32_t)((k0 + k) * RPP * 128);
-            kva__cp_async16(sk + so, g.k + off, in ? 16 : 0);
-            kva__cp_async16(sv + so, g.v + off, in ? 16 : 0);
-        }
-    }
-}
-
 /* Block id of key j (0 outside [kv_lo, kv_hi), where the block table is not
  * read). */
 static __device__ __forceinline__ int wg_blk_of(const wg_kv &g, int j)
@@ -287,8 +250,9 @@ static __device__ __forceinline__ int wg_blk_of(const wg_kv &g, int j)
     const int bi = g.b_shift >= 0 ? j >> g.b_shift : j / g.B;
     return j >= g.kv_lo && j < g.kv_hi ? g.bt[bi] : 0;
 }
-/* wg_gather for 128 threads with the block ids of keys n0 .. n0 + 127 staged
- * in shared memory (int32 [128] at sids): no global load on the copy path. */
+/* Gathers keys n0 .. n0 + 127 by 128 threads (index t: 16-byte chunk t % 16
+ * of rows t / 16 + 8 k) with their block ids staged in shared memory (int32
+ * [128] at sids): no global load on the copy path. */
 static __device__ __forceinline__ void wg_gather_ids(const wg_kv &g, int t, int n0, uint32_t sk,
                                                      uint32_t sv, uint32_t sids)
 {
@@ -309,7 +273,7 @@ static __device__ __forceinline__ void wg_gather_ids(const wg_kv &g, int t, int 
     }
 }
 
-/* Tile header shared by both kernels: request, rows, visible key range. */
+/* Tile header: request, rows, visible key range. */
 struct wg_tile {
     int r, m0, kvh, q_start, q_len, seq_len, rows, G, m_last, pos_min, pos_max, kv_lo, kv_hi;
 };
@@ -380,20 +344,13 @@ static __device__ __forceinline__ void wg_qk(float (&s)[64], uint64_t dq, uint64
                        dk + (uint64_t)(((kk >> 2) * WG_BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
 }
 /* O += P V for one warpgroup: 8 k-steps over the tile's keys. */
-template <typename Ty, bool PV_SPLIT>
+template <typename Ty>
 static __device__ __forceinline__ void wg_pv(float (&o)[64], const uint32_t (&pa)[8][4],
                                              uint64_t dv)
 {
 #pragma unroll
-    for (int kk = 0; kk < WG_BN / 16; kk++) {
-        const uint64_t d = dv + (uint64_t)((kk * 16 * 128) >> 4);
-        if (PV_SPLIT) {
-            wg_ops<Ty>::rs64(o, pa[kk], d);
-            wg_ops<Ty>::rs64(o + 32, pa[kk], d + (uint64_t)((WG_BN * 128) >> 4));
-        } else {
-            wg_ops<Ty>::rs(o, pa[kk], d);
-        }
-    }
+    for (int kk = 0; kk < WG_BN / 16; kk++)
+        wg_ops<Ty>::rs(o, pa[kk], dv + (uint64_t)((kk * 16 * 128) >> 4));
 }
 #endif /* KVA_WGMMA_BODY */
 
@@ -426,7 +383,7 @@ static __device__ __forceinline__ void wg_bar_arrive(int id, int n)
 #endif
 
 /*
- * TMA (variants 15, 16). Two tensor maps over the paged cache, K and V, each
+ * TMA (KVA__CUDA_PREFILL_WGMMA_TMA). Two tensor maps over the paged cache, K and V, each
  * rank 4 with the dimensions in increasing stride: NHD [NB, B, Hkv, D] as
  * (D, Hkv, B, NB), HND [NB, Hkv, B, D] as (D, B, Hkv, NB); box 64 elements of
  * D by box_rows = min(B, 128) key rows of one head of one block, 128-byte

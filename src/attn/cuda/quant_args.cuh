@@ -1,7 +1,7 @@
 /*
  * quant_args.cuh - host side: the kernel arguments that the quantized
- * attention kernels share (attn_quant.cu: qa_args, variants 1-3;
- * decode_mma_quant.cu: kva__cuda_quant_mma_args, variant 4), filled from the
+ * attention kernels share (attn_quant.cu: qa_args, the CUDA-core kernel;
+ * decode_mma_quant.cu: kva__cuda_quant_mma_args, the tensor-core decode), filled from the
  * plan, the cache and the run's outputs. A: any struct with these fields.
  */
 #ifndef KVA_CUDA_QUANT_ARGS_CUH

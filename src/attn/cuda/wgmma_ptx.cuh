@@ -104,7 +104,7 @@ KVA__WGMMA_SS0_N128(bf16)
 KVA__WGMMA_SS0_N128(f16)
 
 /* A from registers, B from shared memory MN-major (imm-trans-b = 1):
- * kva__wgmma_rs_m64n{128,64}_{bf16,f16}_tb(d, a, db, scale_d). */
+ * kva__wgmma_rs_m64n128_{bf16,f16}_tb(d, a, db, scale_d). */
 #define KVA__WGMMA_RS_N128(ty)                                                                     \
     static __device__ __forceinline__ void kva__wgmma_rs_m64n128_##ty##_tb(                        \
         float d[64], const uint32_t a[4], uint64_t db, int scale_d)                                \
@@ -115,19 +115,7 @@ KVA__WGMMA_SS0_N128(f16)
                      : KVA__WG_D64("+f")                                                           \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));         \
     }
-#define KVA__WGMMA_RS_N64(ty)                                                                      \
-    static __device__ __forceinline__ void kva__wgmma_rs_m64n64_##ty##_tb(                         \
-        float d[32], const uint32_t a[4], uint64_t db, int scale_d)                                \
-    {                                                                                              \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                  \
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." #ty "." #ty " " KVA__WG_R32     \
-                     "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                              \
-                     : KVA__WG_D32("+f")                                                           \
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));         \
-    }
 KVA__WGMMA_RS_N128(bf16)
 KVA__WGMMA_RS_N128(f16)
-KVA__WGMMA_RS_N64(bf16)
-KVA__WGMMA_RS_N64(f16)
 
 #endif

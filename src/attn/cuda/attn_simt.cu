@@ -1,20 +1,17 @@
 /*
- * attn_v1.cu - paged (and ragged) attention on CUDA: one CTA per work item
- * (request, kv head, query tile, key split), every head of the GQA slice and
- * every query row of the tile in the same CTA, so each K/V row loaded serves
- * all of them. Used for decodes, speculative decodes, short chunked prefills
- * and every shape the tensor-core prefill kernel (prefill_mma.h) does not
- * cover; launch_prefill() sends the other prefills there. Three
- * variants share the kernel body (docs/cuda.md has their measurements):
- *   1: K/V loads into registers, the next step's loads in flight during the
- *      current step (every dtype; the only one for f32);
- *   2: loads by cp.async into a per-lane ring of KVA_STAGES steps in shared
- *      memory (fewer registers: 3 CTAs/SM, more bytes in flight);
- *   3: variant 2 plus the transposing reduction of attn_xpose.cuh (f16/bf16
- *      shapes variant 4 does not cover).
- * Variant 4, the same work items on tensor cores, is decode_mma.cu (default
- * for f16/bf16 with D in {64, 128, 256}, Dv == D); kva__cuda_attention below
- * dispatches between them.
+ * attn_simt.cu - paged (and ragged) attention on CUDA cores: one CTA per work
+ * item (request, kv head, query tile, key split), every head of the GQA slice
+ * and every query row of the tile in the same CTA, so each K/V row loaded
+ * serves all of them. The decode family's portable kernel ("decode_simt",
+ * cuda_kernels.cu): f32, head sizes the tensor-core decode (decode_mma.cu)
+ * does not cover, ragged K/V, and the prefills of shapes without a prefill
+ * tile kernel. cuda_dispatch.cu chooses between them.
+ *
+ * K/V loads: f16/bf16 go through cp.async into a per-lane ring of KVA_STAGES
+ * steps in shared memory (3 CTAs/SM at 4 rows, more bytes in flight) and the
+ * warp reduction of P V transposes (attn_xpose.cuh) where U*ROWS >= LK; f32
+ * loads into registers, the next step's loads in flight during the current
+ * step.
  *
  * Layout of the work inside a CTA of 4 warps:
  *   - a key row of width D is read by a lane group of LK lanes, each lane
@@ -234,7 +231,7 @@ __device__ __forceinline__ void issue_async(const attn_args &a, const key_addr &
 /*
  * One step of the key loop for one lane: the U keys kb + u*KPW + g whose K and
  * V chunks are in kr/vr update the online-softmax state (m, l, acc) of every
- * row. Shared by the variants, which differ only in how kr/vr are loaded.
+ * row. Shared by both load paths, which differ only in how kr/vr are loaded.
  */
 template <typename T, int LK, int NCH, int ROWS, int U>
 __device__ __forceinline__ void
@@ -346,24 +343,27 @@ attend_step(const attn_args &a, int32_t kb, int g, const uint4 (&kr)[U][NCH],
  */
 #include "attn_xpose.cuh"
 
-/*
- * VAR: kernel variant (1 register pipeline, 2 cp.async ring, 3 the ring plus
- * the transposing reduction of attn_xpose.cuh where U*ROWS >= LK).
- */
-template <typename T, int LK, int NCH, int ROWS, int VAR>
-__global__ void __launch_bounds__(KVA_NW * 32, VAR >= 2 && ROWS == 4 ? 3 : 2)
+/* RING: loads through the cp.async ring, plus the transposing reduction of
+ * attn_xpose.cuh where U*ROWS >= LK (f16/bf16); else the register pipeline
+ * (f32). */
+template <typename T> struct simt_ring {
+    static constexpr bool on = vec_of<T>::n == 8;
+};
+
+template <typename T, int LK, int NCH, int ROWS>
+__global__ void __launch_bounds__(KVA_NW * 32, simt_ring<T>::on &&ROWS == 4 ? 3 : 2)
     attn_kernel(attn_args a)
 {
-    constexpr bool ASYNC = VAR >= 2;
+    constexpr bool ASYNC = simt_ring<T>::on;
     constexpr int VEC = vec_of<T>::n;
     constexpr int KPW = 32 / LK;        /* keys per warp and step */
     constexpr int U = NCH == 1 ? 4 : 2; /* keys per group per iteration */
     constexpr int DC = LK * NCH * VEC;  /* channels covered */
-    constexpr bool XPOSE = VAR == 3 && U * ROWS >= LK;
+    constexpr bool XPOSE = ASYNC && U * ROWS >= LK;
     constexpr int XM = XPOSE ? U * ROWS / LK : 1;
     __shared__ float s_acc[KVA_NW][ROWS][DC];
     __shared__ float s_m[KVA_NW][ROWS], s_l[KVA_NW][ROWS];
-    extern __shared__ uint4 s_ring[]; /* v2: [NW][STAGES][U][NCH][K/V][32 lanes] */
+    extern __shared__ uint4 s_ring[]; /* ASYNC: [NW][STAGES][U][NCH][K/V][32 lanes] */
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane / LK, li = lane % LK;
@@ -599,82 +599,57 @@ extern "C" int kva__cuda_rows_for_group(int32_t group)
 
 typedef void (*attn_kernel_fn)(attn_args);
 
-/* A kernel instantiation and its dynamic shared memory (v2's ring). */
+/* A kernel instantiation and its dynamic shared memory (the ring). */
 typedef struct attn_launch {
     attn_kernel_fn fn;
     size_t smem;
 } attn_launch;
 
-template <typename T, int LK, int NCH, int ROWS, int VAR> static attn_launch make()
+template <typename T, int LK, int NCH, int ROWS> static attn_launch make()
 {
     constexpr int U = NCH == 1 ? 4 : 2;
-    attn_launch k = {attn_kernel<T, LK, NCH, ROWS, VAR>,
-                     VAR >= 2 ? (size_t)KVA_NW * KVA_STAGES * U * NCH * 2 * 32 * 16 : 0};
+    attn_launch k = {attn_kernel<T, LK, NCH, ROWS>,
+                     simt_ring<T>::on ? (size_t)KVA_NW * KVA_STAGES * U * NCH * 2 * 32 * 16 : 0};
     return k;
 }
 
 /* The instantiation for element type T covering dmax channels with `rows`
  * (f16/bf16: 8 elements per 16 bytes, so 32 lanes cover D = 256 with one
  * chunk; f32 needs two chunks per lane past D = 128). */
-template <typename T, int ROWS, int VAR> static attn_launch pick_rows(int32_t dmax)
+template <typename T, int ROWS> static attn_launch pick_rows(int32_t dmax)
 {
     constexpr int VEC = vec_of<T>::n;
     const int chunks = (dmax + VEC - 1) / VEC;
     if (chunks <= 8)
-        return make<T, 8, 1, ROWS, VAR>();
+        return make<T, 8, 1, ROWS>();
     if (chunks <= 16)
-        return make<T, 16, 1, ROWS, VAR>();
+        return make<T, 16, 1, ROWS>();
     if constexpr (VEC == 8)
-        return make<T, 32, 1, ROWS, VAR>();
+        return make<T, 32, 1, ROWS>();
     else {
         if (chunks <= 32)
-            return make<T, 32, 1, ROWS, VAR>();
-        return make<T, 32, 2, ROWS, VAR>();
+            return make<T, 32, 1, ROWS>();
+        return make<T, 32, 2, ROWS>();
     }
 }
 
-template <typename T, int VAR> static attn_launch pick(int32_t dmax, int rows)
+template <typename T> static attn_launch pick(int32_t dmax, int rows)
 {
-    return rows <= 4 ? pick_rows<T, 4, VAR>(dmax) : pick_rows<T, 8, VAR>(dmax);
+    return rows <= 4 ? pick_rows<T, 4>(dmax) : pick_rows<T, 8>(dmax);
 }
 
-template <typename T> static attn_launch pick_var(int32_t dmax, int rows, int variant)
-{
-    return variant == 3   ? pick<T, 3>(dmax, rows)
-           : variant == 2 ? pick<T, 2>(dmax, rows)
-                          : pick<T, 1>(dmax, rows);
-}
-
-/* Variant 1 (register pipeline) for every dtype; variants 2 (cp.async ring)
- * and 3 (ring + transposing reduction) for f16/bf16, f32 falling back to 1. */
-static attn_launch pick_kernel(kva_dtype dt, int32_t dmax, int rows, int variant)
+static attn_launch pick_kernel(kva_dtype dt, int32_t dmax, int rows)
 {
     if (dt == KVA_DTYPE_F32)
-        return pick<float, 1>(dmax, rows);
+        return pick<float>(dmax, rows);
     if (dt == KVA_DTYPE_F16)
-        return pick_var<__half>(dmax, rows, variant);
-    return pick_var<__nv_bfloat16>(dmax, rows, variant);
+        return pick<__half>(dmax, rows);
+    return pick<__nv_bfloat16>(dmax, rows);
 }
 
-extern "C" int kva__cuda_attn_variant_default(kva_dtype dtype)
+extern "C" int kva__cuda_simt_ctas_per_sm(kva_dtype dtype, int32_t dmax, int rows)
 {
-    return dtype == KVA_DTYPE_F32 ? 1 : 3;
-}
-
-extern "C" int kva__cuda_attn_variant_resolve(int want, kva_dtype dtype, int32_t head_dim,
-                                              int32_t head_dim_v)
-{
-    const int mma = kva__cuda_decode_mma_supported(head_dim, head_dim_v, dtype);
-    if (want < 1 || want > 4)
-        want = mma ? 4 : kva__cuda_attn_variant_default(dtype);
-    if (want == 4 && !mma)
-        want = kva__cuda_attn_variant_default(dtype);
-    return dtype == KVA_DTYPE_F32 ? 1 : want;
-}
-
-extern "C" int kva__cuda_attention_ctas_per_sm(kva_dtype dtype, int32_t dmax, int rows, int variant)
-{
-    attn_launch k = pick_kernel(dtype, dmax, rows, variant);
+    attn_launch k = pick_kernel(dtype, dmax, rows);
     int n = 0;
     if (k.smem > 48 * 1024 &&
         cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.smem) !=
@@ -690,197 +665,12 @@ extern "C" int kva__cuda_attention_ctas_per_sm(kva_dtype dtype, int32_t dmax, in
     return n;
 }
 
-/* Second pass: merges the partials of every split task (LSE-weighted), adds
- * the sink, writes out [T, H, Dv] and lse [T, H]. One CTA per task at a time. */
-template <typename T>
-__global__ void __launch_bounds__(256)
-    split_merge_kernel(kva__cuda_meta meta, const float *ws, const float *sinks, T *out, float *lse,
-                       int32_t H, int32_t G, int32_t Dv)
+extern "C" kva_status kva__cuda_simt_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int rows,
+                                            int grid, void *stream)
 {
-    const int32_t n_tasks = meta.hdr[KVA_CUDA_HDR_TASKS];
-    for (int32_t ti = blockIdx.x; ti < n_tasks; ti += gridDim.x) {
-        const kva__cuda_task t = meta.tasks[ti];
-        const int32_t nrows = t.nq * t.nh;
-        const int64_t blk = (int64_t)nrows * (Dv + 1);
-        const float *base = ws + t.ws_off;
-        const int32_t qs = meta.qsl[t.req];
-        for (int32_t x = threadIdx.x; x < nrows * Dv; x += blockDim.x) {
-            const int32_t r = x / Dv, d = x - r * Dv;
-            const int32_t qi = r / t.nh, hh = r - qi * t.nh;
-            const int32_t head = t.kv_head * G + t.h0 + hh;
-            const int64_t tok = qs + t.i0 + qi;
-            float M = sinks ? sinks[head] : -INFINITY;
-            int nan = 0;
-            for (int32_t sp = 0; sp < t.num_splits; sp++) {
-                const float ls = base[sp * blk + (int64_t)nrows * Dv + r];
-                nan |= ls != ls;
-                M = fmaxf(M, ls);
-            }
-            const float mu = M == -INFINITY ? 0.f : M;
-            float L = sinks ? expf(sinks[head] - mu) : 0.f, O = 0.f;
-            for (int32_t sp = 0; sp < t.num_splits; sp++) {
-                const float ls = base[sp * blk + (int64_t)nrows * Dv + r];
-                const float c = expf(ls - mu);
-                L += c;
-                O += c * base[sp * blk + (int64_t)r * Dv + d];
-            }
-            float o = L > 0.f ? O / L : 0.f;
-            float lv = L > 0.f ? mu + logf(L) : -INFINITY;
-            if (nan) {
-                o = NAN;
-                lv = NAN;
-            }
-            store_elem(out, (size_t)((tok * H + head) * Dv + d), o);
-            if (lse && d == 0)
-                lse[tok * H + head] = lv;
-        }
-    }
-}
-
-/*
- * The plan's prefills on the tensor-core kernel (prefill_mma.h). cuda_plan_build
- * left them out of the work items and uploaded their tile list into the
- * metadata's prefill-tile section, its count into the header. The grid is the
- * section's capacity (CTAs past the count exit), so a graph captured here
- * replays any later plan that fits the capacity; the block-table stride is
- * read from the header for the same reason. Under graph capture it is
- * launched whenever the shape runs prefills there and the context has tile
- * capacity (0 tiles: the CTAs exit at once), not only when this plan has
- * prefills, so a graph captured over a decode-only batch also replays batches
- * with prefills; eager runs (eager != 0) skip it when the plan has no tile.
- */
-static kva_status launch_prefill(kva_context *ctx, const kva_plan *plan, const attn_args *a,
-                                 const kva_cache *cache, int eager)
-{
-    kva__cuda_state *st = (kva__cuda_state *)ctx->cuda;
-    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
-    if (!cp->mma || !cache || st->caps.ptiles <= 0 || (eager && cp->num_ptiles == 0))
-        return KVA_STATUS_OK;
-    const kva_plan_desc *d = &plan->d;
-    kva__cuda_prefill_args pa;
-    memset(&pa, 0, sizeof pa);
-    pa.q = a->q;
-    pa.k = a->k;
-    pa.v = a->v;
-    pa.out = a->out;
-    pa.lse = a->lse;
-    pa.sinks = a->sinks;
-    pa.alibi_slopes = cp->has_alibi ? st->meta.alibi : NULL;
-    pa.query_start_loc = st->meta.qsl;
-    pa.seq_lens = st->meta.seq_lens;
-    pa.block_table = st->meta.block_table;
-    pa.tiles = st->meta.ptiles;
-    pa.num_tiles = st->meta.hdr + KVA_CUDA_HDR_PTILES;
-    pa.grid_tiles = (int32_t)st->caps.ptiles;
-    /* Per-plan values come from the device header (graph replay). */
-    pa.block_table_stride_dev = st->meta.hdr + KVA_CUDA_HDR_BT_STRIDE;
-    pa.block_size = cache->desc.block_size;
-    pa.num_blocks = cache->desc.num_blocks;
-    pa.num_heads = d->num_heads;
-    pa.num_kv_heads = d->num_kv_heads;
-    pa.head_dim = d->head_dim;
-    pa.head_dim_v = d->head_dim_v;
-    pa.dtype = d->q_dtype;
-    pa.layout = cache->desc.layout;
-    pa.scale = d->scale;
-    pa.causal = d->causal;
-    pa.window_left = d->window_left;
-    pa.softcap = d->softcap;
-    pa.host_cache = &st->prefill_host;
-    return kva__cuda_prefill_launch_variant(&pa, st->stream, st->force_prefill_variant);
-}
-
-extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan, const void *q,
-                                          const kva_cache *cache, const void *k, const void *v,
-                                          const float *sinks, void *out, float *lse)
-{
-    if (cache && cache->desc.quant != KVA_QUANT_NONE) /* attn_quant.cu: all items and tiles */
-        return kva__cuda_attention_quant(ctx, plan, q, cache, sinks, out, lse);
-    const kva__cuda_state *st = (const kva__cuda_state *)ctx->cuda;
-    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
-    const kva_plan_desc *d = &plan->d;
-    cudaStream_t stream = (cudaStream_t)st->stream;
-    attn_args a;
-    memset(&a, 0, sizeof a);
-    a.meta = st->meta;
-    a.q = q;
-    a.k = cache ? cache->k : k;
-    a.v = cache ? cache->v : v;
-    a.sinks = sinks;
-    a.out = out;
-    a.lse = lse;
-    a.ws = (float *)ctx->workspace;
-    a.H = d->num_heads;
-    a.Hkv = d->num_kv_heads;
-    a.G = d->num_heads / d->num_kv_heads;
-    a.D = d->head_dim;
-    a.Dv = d->head_dim_v;
-    a.B = cache ? cache->desc.block_size : 1;
-    a.layout_hnd = cache && cache->desc.layout == KVA_LAYOUT_HND;
-    a.ragged = cache == NULL;
-    a.causal = d->causal;
-    a.window_left = d->window_left;
-    a.has_alibi = cp->has_alibi;
-    a.scale = d->scale;
-    a.softcap = d->softcap;
-
-    /* 16-byte loads need 16-byte aligned rows: q rows are D elements apart,
-     * cache rows D (or Dv) elements; D is a multiple of 8, so for f16/bf16
-     * every row is aligned once the base pointers are, f32 needs D % 4 == 0
-     * (always true). */
-    if (((uintptr_t)q | (uintptr_t)a.k | (uintptr_t)a.v) % 16 != 0)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_attention_run: CUDA backend needs 16-byte aligned q (%p), k (%p) and "
-                         "v (%p)",
-                         q, a.k, a.v);
-
-    /* The variant: the plan's (forced or default), resolved to one that exists
-     * for the shape. Variants 1..3 hold at most kva__cuda_rows_for_group(G)
-     * rows per item, so they cannot run a plan partitioned for variant 4. */
-    const int variant = kva__cuda_attn_variant_resolve(plan->part->variant, d->q_dtype, a.D, a.Dv);
-    if (variant != 4 && cp->rows > kva__cuda_rows_for_group(a.G))
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_attention_run: attention variant %d holds %d rows per item but the "
-                         "plan was partitioned for variant 4 (%d rows); force the variant before "
-                         "kva_plan_create (kva__cuda_context_force_variant)",
-                         variant, kva__cuda_rows_for_group(a.G), cp->rows);
-    /* Eager runs (the stream is not capturing a graph) launch only the kernels
-     * that have work in this plan: the host knows its prefill tiles, work items
-     * and split tasks. A kernel with nothing to do still costs its launch and a
-     * few microseconds of GPU time (1 x 4096 causal prefill on an H100: the
-     * empty decode and merge kernels after the prefill kernel took ~9 us of
-     * 273). Under capture every kernel is launched, so that the graph replays
-     * any later plan that fits the context's capacities. */
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    KVA_CUDA_TRY(cudaStreamIsCapturing(stream, &cs));
-    const int eager = cs == cudaStreamCaptureStatusNone;
-    KVA_TRY(launch_prefill(ctx, plan, &a, cache, eager));
-    const int grid = st->num_sms * cp->ctas_per_sm[variant - 1];
-    if (eager && plan->part->num_items == 0) {
-        /* no decode or short-prefill item */
-    } else if (variant == 4) {
-        KVA_TRY(kva__cuda_decode_mma_launch(&a, d->q_dtype, grid, stream));
-    } else {
-        const int32_t dmax = a.D > a.Dv ? a.D : a.Dv;
-        attn_launch kl = pick_kernel(d->q_dtype, dmax, cp->rows, variant);
-        kl.fn<<<grid, KVA_NW * 32, kl.smem, stream>>>(a);
-        KVA_CUDA_LAUNCHED("attn_kernel");
-    }
-    /* Launched under capture even when the plan has no split task (it then
-     * exits), so a graph captured over a plan without splits replays plans
-     * with splits. */
-    const int mgrid = st->num_sms * 2;
-    if (eager && plan->part->num_tasks == 0)
-        return KVA_STATUS_OK;
-    if (d->q_dtype == KVA_DTYPE_F32)
-        split_merge_kernel<float>
-            <<<mgrid, 256, 0, stream>>>(a.meta, a.ws, sinks, (float *)out, lse, a.H, a.G, a.Dv);
-    else if (d->q_dtype == KVA_DTYPE_F16)
-        split_merge_kernel<__half>
-            <<<mgrid, 256, 0, stream>>>(a.meta, a.ws, sinks, (__half *)out, lse, a.H, a.G, a.Dv);
-    else
-        split_merge_kernel<__nv_bfloat16><<<mgrid, 256, 0, stream>>>(
-            a.meta, a.ws, sinks, (__nv_bfloat16 *)out, lse, a.H, a.G, a.Dv);
-    KVA_CUDA_LAUNCHED("split_merge_kernel");
+    const int32_t dmax = a->D > a->Dv ? a->D : a->Dv;
+    attn_launch kl = pick_kernel(dtype, dmax, rows);
+    kl.fn<<<grid, KVA_NW * 32, kl.smem, (cudaStream_t)stream>>>(*a);
+    KVA_CUDA_LAUNCHED("attn_kernel");
     return KVA_STATUS_OK;
 }

@@ -1,0 +1,151 @@
+/*
+ * cuda_dispatch.cu - the CUDA backend's run path: kva_attention_run and
+ * kva_attention_run_ragged on a plan that cuda_plan_build (cuda_ctx.cu)
+ * partitioned and uploaded. Per run it launches, on the context's stream:
+ *   1. the prefill tiles' kernel (prefill_mma.h: wgmma on sm_90a at D 128,
+ *      else mma.sync; quantized caches: attn_quant.cu takes the whole run);
+ *   2. the work items' kernel the plan chose (cp->decode_kernel): the
+ *      tensor-core decode (decode_mma.cu) or the CUDA-core kernel
+ *      (attn_simt.cu);
+ *   3. the split merge (split_merge.cu).
+ * Which kernel runs is decided per plan (cuda_plan_build: the shape, or a
+ * kernel forced through kva__context_force_kernel) and, for the prefill
+ * tiles, per run (the cache's block size decides TMA).
+ */
+extern "C" {
+#include "cuda_backend.h"
+#include "partition.h"
+#include "prefill_mma.h"
+}
+#include "cuda_check.h"
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef kva__cuda_attn_args attn_args;
+
+/*
+ * The plan's prefills on the tensor-core kernel (prefill_mma.h). cuda_plan_build
+ * left them out of the work items and uploaded their tile list into the
+ * metadata's prefill-tile section, its count into the header. The grid is the
+ * section's capacity (CTAs past the count exit), so a graph captured here
+ * replays any later plan that fits the capacity; the block-table stride is
+ * read from the header for the same reason. Under graph capture it is
+ * launched whenever the shape runs prefills there and the context has tile
+ * capacity (0 tiles: the CTAs exit at once), not only when this plan has
+ * prefills, so a graph captured over a decode-only batch also replays batches
+ * with prefills; eager runs (eager != 0) skip it when the plan has no tile.
+ */
+static kva_status launch_prefill(kva_context *ctx, const kva_plan *plan, const attn_args *a,
+                                 const kva_cache *cache, int eager)
+{
+    kva__cuda_state *st = (kva__cuda_state *)ctx->cuda;
+    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
+    if (!cp->mma || !cache || st->caps.ptiles <= 0 || (eager && cp->num_ptiles == 0))
+        return KVA_STATUS_OK;
+    const kva_plan_desc *d = &plan->d;
+    kva__cuda_prefill_args pa;
+    memset(&pa, 0, sizeof pa);
+    pa.q = a->q;
+    pa.k = a->k;
+    pa.v = a->v;
+    pa.out = a->out;
+    pa.lse = a->lse;
+    pa.sinks = a->sinks;
+    pa.alibi_slopes = cp->has_alibi ? st->meta.alibi : NULL;
+    pa.query_start_loc = st->meta.qsl;
+    pa.seq_lens = st->meta.seq_lens;
+    pa.block_table = st->meta.block_table;
+    pa.tiles = st->meta.ptiles;
+    pa.num_tiles = st->meta.hdr + KVA_CUDA_HDR_PTILES;
+    pa.grid_tiles = (int32_t)st->caps.ptiles;
+    /* Per-plan values come from the device header (graph replay). */
+    pa.block_table_stride_dev = st->meta.hdr + KVA_CUDA_HDR_BT_STRIDE;
+    pa.block_size = cache->desc.block_size;
+    pa.num_blocks = cache->desc.num_blocks;
+    pa.num_heads = d->num_heads;
+    pa.num_kv_heads = d->num_kv_heads;
+    pa.head_dim = d->head_dim;
+    pa.head_dim_v = d->head_dim_v;
+    pa.dtype = d->q_dtype;
+    pa.layout = cache->desc.layout;
+    pa.scale = d->scale;
+    pa.causal = d->causal;
+    pa.window_left = d->window_left;
+    pa.softcap = d->softcap;
+    pa.host_cache = &st->prefill_host;
+    return kva__cuda_prefill_launch_kernel(&pa, st->stream, cp->prefill_kernel);
+}
+
+extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan, const void *q,
+                                          const kva_cache *cache, const void *k, const void *v,
+                                          const float *sinks, void *out, float *lse)
+{
+    if (cache && cache->desc.quant != KVA_QUANT_NONE) /* attn_quant.cu: all items and tiles */
+        return kva__cuda_attention_quant(ctx, plan, q, cache, sinks, out, lse);
+    const kva__cuda_state *st = (const kva__cuda_state *)ctx->cuda;
+    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
+    const kva_plan_desc *d = &plan->d;
+    cudaStream_t stream = (cudaStream_t)st->stream;
+    attn_args a;
+    memset(&a, 0, sizeof a);
+    a.meta = st->meta;
+    a.q = q;
+    a.k = cache ? cache->k : k;
+    a.v = cache ? cache->v : v;
+    a.sinks = sinks;
+    a.out = out;
+    a.lse = lse;
+    a.ws = (float *)ctx->workspace;
+    a.H = d->num_heads;
+    a.Hkv = d->num_kv_heads;
+    a.G = d->num_heads / d->num_kv_heads;
+    a.D = d->head_dim;
+    a.Dv = d->head_dim_v;
+    a.B = cache ? cache->desc.block_size : 1;
+    a.layout_hnd = cache && cache->desc.layout == KVA_LAYOUT_HND;
+    a.ragged = cache == NULL;
+    a.causal = d->causal;
+    a.window_left = d->window_left;
+    a.has_alibi = cp->has_alibi;
+    a.scale = d->scale;
+    a.softcap = d->softcap;
+
+    /* 16-byte loads need 16-byte aligned rows: q rows are D elements apart,
+     * cache rows D (or Dv) elements; D is a multiple of 8, so for f16/bf16
+     * every row is aligned once the base pointers are, f32 needs D % 4 == 0
+     * (always true). */
+    if (((uintptr_t)q | (uintptr_t)a.k | (uintptr_t)a.v) % 16 != 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_attention_run: CUDA backend needs 16-byte aligned q (%p), k (%p) and "
+                         "v (%p)",
+                         q, a.k, a.v);
+
+    /* Eager runs (the stream is not capturing a graph) launch only the kernels
+     * that have work in this plan: the host knows its prefill tiles, work items
+     * and split tasks. A kernel with nothing to do still costs its launch and a
+     * few microseconds of GPU time (1 x 4096 causal prefill on an H100: the
+     * empty decode and merge kernels after the prefill kernel took ~9 us of
+     * 273). Under capture every kernel is launched, so that the graph replays
+     * any later plan that fits the context's capacities. */
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    KVA_CUDA_TRY(cudaStreamIsCapturing(stream, &cs));
+    const int eager = cs == cudaStreamCaptureStatusNone;
+    KVA_TRY(launch_prefill(ctx, plan, &a, cache, eager));
+    const int grid = st->num_sms * cp->per_sm;
+    if (eager && plan->part->num_items == 0) {
+        /* no decode or short-prefill item */
+    } else if (cp->decode_kernel == KVA__CUDA_K_DECODE_MMA) {
+        KVA_TRY(kva__cuda_decode_mma_launch(&a, d->q_dtype, grid, stream));
+    } else {
+        KVA_TRY(kva__cuda_simt_launch(&a, d->q_dtype, cp->rows, grid, stream));
+    }
+    /* Launched under capture even when the plan has no split task (it then
+     * exits), so a graph captured over a plan without splits replays plans
+     * with splits. */
+    if (eager && plan->part->num_tasks == 0)
+        return KVA_STATUS_OK;
+    return kva__cuda_split_merge_launch(&a.meta, a.ws, sinks, out, lse, a.H, a.G, a.Dv, d->q_dtype,
+                                        st->num_sms * 2, stream);
+}

@@ -1,0 +1,35 @@
+/*
+ * cuda_kernels.cu - the CUDA backend's kernel registry (kva__backend_ops.kernels,
+ * src/core/internal.h): every kernel the dispatcher chooses among, named by
+ * family and arch, in the order of kva__cuda_kernel (cuda_backend.h). Tests
+ * and benchmarks force one with kva__context_force_kernel; cuda_plan_build
+ * (cuda_ctx.cu) reads the forcing when it partitions a plan.
+ */
+extern "C" {
+#include "cuda_backend.h"
+}
+
+/* The sm_90a kernels need a build with sm_90a code and a compute capability
+ * 9.0 device (the context's current device). */
+static int wgmma_usable(const kva_context *ctx)
+{
+    (void)ctx;
+    return kva__cuda_prefill_wgmma_ready();
+}
+
+extern "C" const kva__kernel_info kva__cuda_kernels[KVA__CUDA_KERNELS] = {
+    /* Work items on tensor cores (mma.sync m16n8k16), f16/bf16, D = Dv in
+     * {64, 128, 256}; quantized caches through decode_mma_quant.cu. */
+    {"decode_mma_sm80", KVA__KERNEL_DECODE, NULL},
+    /* Work items on CUDA cores: every dtype, head size and cache format. */
+    {"decode_simt", KVA__KERNEL_DECODE, NULL},
+    /* Prefill tiles on wgmma with TMA loads of in-range K/V tiles (D 128). */
+    {"prefill_wgmma_tma_sm90", KVA__KERNEL_PREFILL, wgmma_usable},
+    /* The same kernel with every K/V tile gathered by cp.async (D 128). */
+    {"prefill_wgmma_sm90", KVA__KERNEL_PREFILL, wgmma_usable},
+    /* Prefill tiles on mma.sync, D in {64, 128, 256}, float and quantized caches. */
+    {"prefill_mma_sm80", KVA__KERNEL_PREFILL, NULL},
+    /* No prefill tiles: prefills run as work items of the plan's decode-family
+     * kernel (the portable path of shapes without a tile kernel). */
+    {"prefill_items", KVA__KERNEL_PREFILL, NULL},
+};
