@@ -4,9 +4,10 @@
  * to f16 subnormals): the q-magnitude sweep of qmag_sweep.h (q from ~1e-6 to
  * ~1e3, the softmax scale keeping the logits O(1); decode items of q_len 1-4
  * and prefill items) against the reference backend over the same cache
- * bytes, in three modes: the default kernels (tensor-core decode and
- * prefill), version 1 of the quantized tensor-core decode, and the CUDA-core
- * kernels (variant 2, CUDA-core quantized prefill). KVA_TEST_QUICK=1 runs
+ * bytes, in three modes (kva__context_force_kernel): the default kernels
+ * (tensor-core decode and prefill), prefills as work items of the
+ * tensor-core decode kernel (prefill_items), and everything on CUDA cores
+ * (decode_simt + prefill_items). KVA_TEST_QUICK=1 runs
  * three magnitudes (2^-20, 1, 2^10). Exits 77 without a GPU.
  */
 #include "cuda_quant_util.h"
@@ -52,31 +53,28 @@ static kva_status cuda_run(void *ud, const kva_plan_desc *pd, const void *q, voi
 
 static void test_sweep(void)
 {
-    static const char *modes[3] = {"default kernels", "quantized mma decode v1", "CUDA-core"};
-    cuda_be cb = {make_ctx(KVA_BACKEND_CUDA), NULL};
+    /* Modes: the dispatcher's kernels; prefills as work items of the
+     * tensor-core decode kernel; everything on CUDA cores (the fallback). */
+    static const char *modes[3] = {"default kernels", "prefill_items",
+                                   "decode_simt + prefill_items"};
     for (int mode = 0; mode < 3; mode++) {
-        CHECK_OK(kva__cuda_context_force_quant_mma(cb.ctx, mode == 1 ? 1 : 0));
-        CHECK_OK(kva__cuda_context_force_variant(cb.ctx, mode == 2 ? 2 : 0));
-        CHECK_OK(kva__cuda_context_force_quant_prefill(cb.ctx, mode == 2 ? -1 : 0));
+        cuda_be cb = {make_ctx(KVA_BACKEND_CUDA), NULL};
+        if (mode >= 1)
+            CHECK_OK(kva__context_force_kernel(cb.ctx, "prefill_items"));
+        if (mode == 2)
+            CHECK_OK(kva__context_force_kernel(cb.ctx, "decode_simt"));
         for (int i = 0; i < QMAG_NFORMATS; i++) {
             if (!qmag_formats[i].cuda)
                 continue;
             const struct qmag_format *f = &qmag_formats[i];
-            if (mode == 1 && f->quant == KVA_QUANT_NONE)
-                continue;
             /* Tensor-core kernels round P to f16 (bf16 where V is bf16) for
-             * P V: 2^-11 (2^-8) max|v| more on out, |v| < 2. The prefill
-             * tiles of unquantized caches run on them in every mode. */
+             * P V: 2^-11 (2^-8) max|v| more on out, |v| < 2; the CUDA-core
+             * kernels do not. */
             const int bfp = f->qdt == KVA_DTYPE_BF16 &&
                             (f->quant == KVA_QUANT_NONE || f->quant == KVA_QUANT_INT8_TOKEN_K_V16);
-            qmag_backend be = {
-                "cuda",
-                &cb,
-                cuda_prepare,
-                cuda_run,
-                0,
-                mode == 2 && f->quant != KVA_QUANT_NONE ? 0.0 : 2.0 * (bfp ? 0x1p-8 : 0x1p-11),
-                modes[mode]};
+            qmag_backend be = {"cuda",     &cb, cuda_prepare,
+                               cuda_run,   0,   mode == 2 ? 0.0 : 2.0 * (bfp ? 0x1p-8 : 0x1p-11),
+                               modes[mode]};
             /* The issue's shape (GQA 4, D 128, B 16, HND), and MHA D 64 B 5 NHD;
              * D 256 in the default mode. */
             const qmag_case c0 = {f->quant, f->cache_dt, f->qdt, 16, 4, 128, 16, KVA_LAYOUT_HND};
@@ -87,9 +85,9 @@ static void test_sweep(void)
             if (mode == 0)
                 qmag_run_case(&c2, &be, 0x9c9u + (uint64_t)i);
         }
+        kva_cache_destroy(cb.dc);
+        kva_context_destroy(cb.ctx);
     }
-    kva_cache_destroy(cb.dc);
-    kva_context_destroy(cb.ctx);
 }
 #endif
 
