@@ -26,14 +26,32 @@
  *
  * Errors: every fallible call returns a kva_status. On failure, kva_last_error()
  * holds a message naming the argument and the bad value (thread-local), and no
- * output, cache or plan passed to the call has been modified.
+ * output, cache or plan passed to the call has been modified. Every call that
+ * returns a kva_status clears the message on entry, so it is "" after a
+ * success: read it right after the failing call (as errno).
+ *
+ * Limits: the KVA_MAX_* limits below and the head-size rule (multiples of 8
+ * from 8 to 256) hold for every entry point that takes such a value (cache,
+ * plan, merge, checkpoint scales, context); values outside are rejected.
+ *
+ * Zero sizes: a count (tokens, requests, block pairs, elements, prompt or
+ * slot counts of the pool) may be 0: the call validates its other arguments
+ * and returns KVA_STATUS_OK without touching any tensor, and the pointers of
+ * the empty arrays may be NULL. A shape dimension (heads, head sizes, block
+ * size, number of blocks) is never 0. The one exception is
+ * kva_pool_request_add, whose prompt needs at least one token.
  *
  * Threading: a context may be used from one thread at a time; its scratch
  * workspace is shared by the calls made through it. Different contexts are
  * independent. Plans and caches are only read by attention calls, so one plan
  * may serve calls on several contexts of the same backend, provided each
- * context has reserved the plan's workspace (created it, or created a plan at
- * least as large). Writing a cache while another thread reads it is a race.
+ * context has reserved the plan's workspace: it created the plan, or created
+ * a plan from the same descriptor with the same number of threads (CPU: the
+ * workspace holds per-thread scratch areas and split partials whose count
+ * depends on the thread count; a context of fewer threads whose reservation
+ * is too small refuses the plan with KVA_STATUS_INVALID_ARGUMENT). As with
+ * FlashInfer's plan/run, the simplest rule is one plan per context. Writing a
+ * cache while another thread reads it is a race.
  */
 #ifndef KVATTN_H
 #define KVATTN_H
@@ -101,7 +119,9 @@ typedef enum kva_status {
 KVA_API const char *kva_status_name(kva_status status);
 /* One-line human description of the status code. */
 KVA_API const char *kva_status_string(kva_status status);
-/* Detailed message of the last failing call on this thread ("" if none). */
+/* Detailed message of the last call on this thread that returned a
+ * kva_status: why it failed, or "" if it succeeded (every such call clears
+ * the message on entry). */
 KVA_API const char *kva_last_error(void);
 
 /* ------------------------------------------------------------------------ */
@@ -266,7 +286,7 @@ typedef enum kva_attn_kind {
 typedef struct kva_cache_desc {
     int32_t num_blocks;   /* NB >= 1 */
     int32_t block_size;   /* B >= 1 tokens per block */
-    int32_t num_kv_heads; /* Hkv >= 1 */
+    int32_t num_kv_heads; /* Hkv, 1..KVA_MAX_HEADS */
     int32_t head_dim;     /* D: multiple of 8, 8..576 (CUDA: 8..256) */
     int32_t head_dim_v;   /* Dv: multiple of 8, 8..576 (CUDA: 8..256); 0 means Dv = D */
     kva_dtype dtype;      /* storage dtype: F32, F16 or BF16 for KVA_QUANT_NONE;
@@ -337,9 +357,12 @@ KVA_API size_t kva_cache_static_scale_bytes(const kva_cache *cache);
  * starts at k + t*k_token_stride elements (0 means contiguous, Hkv*D), so slices
  * of a fused QKV projection can be passed without a copy; heads and channels
  * of a row are contiguous. slot_mapping: [T] int64, slot = block*B + offset; a
- * negative slot skips the token (padding). A slot >= NB*B is an error and
- * nothing is written (CUDA backend: slot_mapping is device memory, which the
- * host does not read; the kernel skips such a slot instead).
+ * negative slot skips the token (padding): its k and v rows are never read,
+ * so they may hold anything (NaN included, for every format). A slot >= NB*B
+ * is an error and nothing is written (CUDA backend: slot_mapping is device
+ * memory, which the host does not read; the kernel skips such a slot instead).
+ * Two tokens of one call with the same slot leave that slot's contents
+ * unspecified (any mix of the two rows; other slots are written normally).
  * Quantized caches quantize on write (formats above). INT8 cannot store NaN:
  * a NaN in any int8-quantized row (or +-inf in a per-token key row, whose
  * scale would be infinite) is rejected with KVA_STATUS_INVALID_ARGUMENT
@@ -389,20 +412,25 @@ typedef struct kva_plan_desc {
     const int32_t *seq_lens;        /* [R] context + new tokens of each request (kv length);
                                        >= q_len when causal */
     const int32_t *block_table;     /* [R, block_table_stride] int32 block ids; NULL for
-                                       plans used only with kva_attention_run_ragged */
+                                       plans used only with kva_attention_run_ragged. Only
+                                       the first ceil(seq_len / B) entries of a row with
+                                       q_len > 0 are read and must be >= 0; the rest
+                                       (padding, e.g. -1) and rows with q_len 0 may hold
+                                       any value */
     int32_t block_table_stride;     /* max blocks per request (row length of block_table) */
     int32_t block_size;             /* B of the caches this plan will read */
     int32_t decode_threshold;       /* q_len <= this counts as a decode (1 + spec tokens);
                                        0 means 1 */
 
     /* Attention shape and semantics. */
-    int32_t num_heads;         /* H, a multiple of Hkv */
+    int32_t num_heads;         /* H, a multiple of Hkv, at most KVA_MAX_HEADS */
     int32_t num_kv_heads;      /* Hkv */
     int32_t head_dim;          /* D (range as kva_cache_desc's, per backend) */
     int32_t head_dim_v;        /* Dv; 0 means Dv = D */
     kva_dtype q_dtype;         /* dtype of q and out: F32, F16 or BF16 */
     float scale;               /* softmax scale; 0 means 1/sqrt(D) */
-    int32_t causal;            /* bottom-right aligned causal mask (see kva_attention_run) */
+    int32_t causal;            /* bottom-right aligned causal mask (see kva_attention_run):
+                                  0 for none; any other value means causal (as a C bool) */
     int32_t window_left;       /* key j visible only if pos - j <= window_left; -1 = no window
                                   (as are values >= KVA_MAX_SEQ_LEN, which exclude nothing) */
     float softcap;             /* logits soft-cap c > 0, or 0 for none. Backends compute
@@ -505,6 +533,8 @@ KVA_API kva_status kva_attention_run_ragged(kva_context *ctx, const kva_plan *pl
  *   lse = log(exp(lse_a) + exp(lse_b)), computed stably; a side whose lse is
  *   -inf contributes nothing; both -inf gives out 0 and lse -inf.
  *   out_a, out_b, out: [T, H, Dv] in dtype (F32, F16 or BF16); lse_*: [T, H] float32.
+ *   T = num_tokens may be 0 (nothing to merge, tensors may be NULL); H =
+ *   num_heads is 1..KVA_MAX_HEADS and Dv = head_dim_v a valid head size even then.
  * out may alias out_a or out_b, lse_out may alias lse_a or lse_b (in-place).
  */
 KVA_API kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_heads,

@@ -3,6 +3,8 @@
 # Sourced by main.sh and test.sh; safe to run repeatedly.
 set -euo pipefail
 kva_pkgs=(build-essential cmake ninja-build libssl-dev libxxhash-dev libcjson-dev pkg-config)
+# scripts/fuzz.sh: clang 14 with libFuzzer and its OpenMP runtime.
+kva_pkgs+=(clang-14 libclang-rt-14-dev libomp-14-dev)
 kva_missing=()
 for p in "${kva_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || kva_missing+=("$p")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test.sh - build and run every test: the Release build, a smoke run of the CLI,
-# then the whole suite again under -fsanitize=address,undefined.
+# then the whole suite again under -fsanitize=address,undefined, then a smoke run
+# of the libFuzzer harnesses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -71,4 +72,6 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVA_SANITI
 ninja -C build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs"
+echo "== fuzz smoke (libFuzzer, a few seconds per harness; scripts/fuzz.sh)"
+bash scripts/fuzz.sh smoke
 echo "== all tests passed"

@@ -479,9 +479,15 @@ static void test_merge_errors(void)
                    KVA_STATUS_NULL_POINTER, "'out'");
         EXPECT_BAD(&f, kva_merge_states(c, T, H, D, F16, a, la, b, lb, o, NULL),
                    KVA_STATUS_NULL_POINTER, "lse_out");
-        /* Nothing to merge: OK without any tensor. */
+        /* Nothing to merge (T = 0): OK without any tensor. num_heads is a
+         * shape dimension, never 0 (the header's zero-size rule). */
         CHECK_OK(kva_merge_states(c, 0, H, D, F16, NULL, NULL, NULL, NULL, NULL, NULL));
-        CHECK_OK(kva_merge_states(c, T, 0, D, F16, NULL, NULL, NULL, NULL, NULL, NULL));
+        EXPECT_BAD(&f, kva_merge_states(c, T, 0, D, F16, a, la, b, lb, o, lo),
+                   KVA_STATUS_INVALID_ARGUMENT, "num_heads = 0");
+        EXPECT_BAD(&f, kva_merge_states(c, 0, 0, D, F16, NULL, NULL, NULL, NULL, NULL, NULL),
+                   KVA_STATUS_INVALID_ARGUMENT, "num_heads = 0");
+        EXPECT_BAD(&f, kva_merge_states(c, T, KVA_MAX_HEADS + 1, D, F16, a, la, b, lb, o, lo),
+                   KVA_STATUS_INVALID_ARGUMENT, "num_heads = 4097");
 
         /* A valid merge must match the formula computed here in double. */
         kva_test_poison(f.out, F16, T * H * D);

@@ -82,9 +82,12 @@ static void test_create_bad_inputs(void)
     CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_INVALID_ARGUMENT, "quant");
     d.quant = KVA_QUANT_INT8_CHANNEL; /* needs dtype i8 and scales */
     CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_DTYPE_MISMATCH, "quant");
-    /* Sizes: 2^31 * 2^31 * 2^31 * 256 overflows 64 bits; 2^54 bytes fits the
-     * arithmetic but no allocator. */
+    /* Sizes: 2^31 * 2^31 * 4096 * 256 overflows 64 bits (Hkv = 2^31 is
+     * refused by KVA_MAX_HEADS first); 2^54 bytes fits the arithmetic but no
+     * allocator. */
     d = make_desc(INT32_MAX, INT32_MAX, INT32_MAX, 256, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+    CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_INVALID_ARGUMENT, "num_kv_heads");
+    d = make_desc(INT32_MAX, INT32_MAX, KVA_MAX_HEADS, 256, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
     CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_INVALID_ARGUMENT, "num_blocks");
     d = make_desc(1 << 30, 1 << 20, 1, 8, 0, KVA_DTYPE_F16, KVA_LAYOUT_NHD);
     CHECK_CREATE_FAILS(ctx, &d, KVA_STATUS_OUT_OF_MEMORY, "bytes");

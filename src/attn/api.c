@@ -10,7 +10,8 @@
  *
  * Empty tensors: when the plan has no query tokens (T == 0), q, out and the
  * ragged k/v may be NULL and the call returns OK after validation without
- * calling the backend. Likewise for kva_merge_states with T * H == 0.
+ * calling the backend. Likewise for kva_merge_states with T == 0 (H, Dv are
+ * shape dimensions and must be valid even then: the header's zero-size rule).
  */
 #include "internal.h"
 
@@ -32,7 +33,8 @@ static kva_status check_plan_for_context(const char *fn, const kva_context *ctx,
     if (ctx->workspace_bytes < plan->workspace_bytes)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: plan needs %zu workspace bytes but the context has %zu: the plan "
-                         "was built with another context",
+                         "was built with another context; run it on a context that created it "
+                         "or a plan from the same descriptor with the same thread count",
                          fn, plan->workspace_bytes, ctx->workspace_bytes);
     return KVA_STATUS_OK;
 }
@@ -170,9 +172,11 @@ kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_he
     if (num_tokens < 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_merge_states: num_tokens = %d is negative", (int)num_tokens);
-    if (num_heads < 0)
+    if (num_heads < 1 || num_heads > KVA_MAX_HEADS)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_merge_states: num_heads = %d is negative", (int)num_heads);
+                         "kva_merge_states: num_heads = %d is outside [1, %d] (KVA_MAX_HEADS; "
+                         "a shape dimension, never 0)",
+                         (int)num_heads, KVA_MAX_HEADS);
     if (!kva__head_dim_ok(head_dim_v))
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_merge_states: head_dim_v = %d is unsupported (multiples of 8 from 8 "
@@ -183,7 +187,7 @@ kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_he
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_merge_states: dtype %d (%s) is not f32, f16 or bf16", (int)dtype,
                          kva_dtype_name(dtype));
-    if ((int64_t)num_tokens * num_heads == 0)
+    if (num_tokens == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(out_a);
     KVA_CHECK_PTR(lse_a);

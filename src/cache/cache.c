@@ -47,9 +47,10 @@ static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cac
     if (d->block_size < 1)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->block_size = %d, must be >= 1", fn,
                          (int)d->block_size);
-    if (d->num_kv_heads < 1)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->num_kv_heads = %d, must be >= 1",
-                         fn, (int)d->num_kv_heads);
+    if (d->num_kv_heads < 1 || d->num_kv_heads > KVA_MAX_HEADS)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: desc->num_kv_heads = %d is outside [1, %d] (KVA_MAX_HEADS)", fn,
+                         (int)d->num_kv_heads, KVA_MAX_HEADS);
     if (d->head_dim < 1)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: desc->head_dim = %d, must be >= 1", fn,
                          (int)d->head_dim);

@@ -21,8 +21,10 @@
  *   fp8:  cvt e4m3x2 -> f16x2 (exact; NaN kept).
  * The scales never enter the key loop:
  *   S = Q' K^T with Q'_c = q_c s_c (K scale folded, rounded to f16 once per
- *       item; scaled by a power of two first when the item's max |Q'| is
- *       2^15 or more, undone on the scores: qm_range), minus
+ *       item as hi + lo; each row scaled first by the power of two that
+ *       brings its max |Q'| into [2^14, 2^15), undone on the scores, so
+ *       Q' neither overflows f16 nor falls into its subnormals whatever
+ *       the magnitude of q and s: qm_row_exp), minus
  *       qo = sum_c Q'_c o_c per row (INT8_CHANNEL offsets), or
  *       times the per-token key scale of each score column (INT8_TOKEN_K);
  *   O = P C_V (codes), and at the end out_c = s_c (O_c - o_c l) / l;
@@ -212,48 +214,48 @@ static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &
     }
 }
 
-/* Q' range: f16 holds |x| < 65504, and q * s (or a bf16 q itself) can be
- * larger. The item's largest |Q'| picks a power of two 2^-e (e >= 0) that
- * brings it below 2^15; Q' is stored times 2^-e (exact) and the scores are
- * multiplied by 2^e after the offset or token-scale step (exact, before the
- * softmax scale). e = 0 (no change at all) unless max |Q'| >= 2^15; a
- * non-finite max (inf or NaN in q) keeps e = 0, so it propagates as the
- * reference's. Warps' maxima go through red[QM_NW]; one barrier. Returns
- * 2^e; *down = 2^-e. */
-static __device__ __forceinline__ float qm_range(float mx, float *red, float *down)
+/* 2^k as a float, k in [-126, 127]. */
+static __device__ __forceinline__ float qm_exp2i(int k)
 {
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1)
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if ((threadIdx.x & 31) == 0)
-        red[threadIdx.x >> 5] = mx;
-    __syncthreads();
-    mx = red[0];
-#pragma unroll
-    for (int w = 1; w < QM_NW; w++)
-        mx = fmaxf(mx, red[w]);
-    int e = 0;
-    if (mx >= 32768.f && mx <= 3.4028235e38f)
-        e = (int)((__float_as_uint(mx) >> 23) & 0xff) - 127 - 14;
-    *down = __uint_as_float((uint32_t)(127 - e) << 23);
-    return __uint_as_float((uint32_t)(127 + e) << 23);
+    return __int_as_float((k + 127) << 23);
 }
 
-/* Version 1: Q'[r, c] = q[r, c] * ks[kvh, c] as two f16, hi + lo (zeros past
- * nrows), element by element; then qo[r] = sum_c Q'[r, c] o_c (INT8_CHANNEL
- * offsets; warp w: rows 4w..) after a barrier. Ends with Q' and s_qo visible. */
+/* Q' range: f16 holds |x| < 65504 and is exact only above 2^-14 (6.1e-5);
+ * q * s can be far larger (bf16 q) or smaller (small q times key scales of
+ * ~0.01: issue #22). Returns k such that a row whose largest |Q'| is mx has
+ * mx * 2^k in [2^14, 2^15); Q' is stored times 2^k (exact) and the scores
+ * times 2^-k after the offset or token-scale step (exact, before the softmax
+ * scale), so the result does not depend on how the scale is split between
+ * q, the key scales and the softmax scale. k = 0 for a zero row and for a
+ * non-finite max (inf in q), which then propagates as in the reference. */
+static __device__ __forceinline__ int qm_row_exp(float mx)
+{
+    int k = 0;
+    if (mx > 0.f && mx <= 3.4028235e38f) {
+        int ex;
+        frexpf(mx, &ex); /* mx in [2^(ex-1), 2^ex) */
+        k = min(max(15 - ex, -120), 120);
+    }
+    return k;
+}
+
+/* Version 1: Q'[r, c] = q[r, c] * ks[kvh, c] times 2^k_r (qm_row_exp) as
+ * two f16, hi + lo (zeros past nrows), element by element; the row maxima
+ * go through s_up (as float bits, atomicMax: |x| >= 0 orders as an int);
+ * then qo[r] = sum_c Q'[r, c] o_c (INT8_CHANNEL offsets; warp w: rows 4w..)
+ * after a barrier. Ends with Q', s_qo and s_up[r] = 2^-k_r visible. */
 template <int FMT, typename OT, int D>
 static __device__ __forceinline__ void
 qm_stage_q_v1(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t nrows, int32_t qs,
-              bool ktok, __half *sQ, __half *sQl, float *s_qo, float *s_red, float *up)
+              bool ktok, __half *sQ, __half *sQl, float *s_qo, float *s_up)
 {
     const kva__cuda_attn_args &a = q.a;
     constexpr int QSTR = D + 8;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float mx = 0.f, down;
+    if (threadIdx.x < QM_M)
+        s_up[threadIdx.x] = 0.f;
+    __syncthreads();
     for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1)
-            *up = qm_range(mx, s_red, &down);
         for (int x = threadIdx.x; x < QM_M * D; x += QM_NW * 32) {
             const int r = x / D, c = x % D;
             float v = 0.f;
@@ -264,16 +266,18 @@ qm_stage_q_v1(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_
                 v = (float)qrow[c] * q.ks[(int64_t)w.kv_head * D + c];
             }
             if (pass == 0) {
-                mx = fmaxf(mx, fabsf(v));
+                atomicMax((int *)&s_up[r], __float_as_int(fabsf(v)));
                 continue;
             }
-            v *= down;
+            v *= qm_exp2i(qm_row_exp(s_up[r]));
             const __half h = __float2half_rn(v);
             sQ[r * QSTR + c] = h;
             sQl[r * QSTR + c] = __float2half_rn(v - __half2float(h));
         }
+        __syncthreads();
     }
-    __syncthreads();
+    if (threadIdx.x < QM_M)
+        s_up[threadIdx.x] = qm_exp2i(-qm_row_exp(s_up[threadIdx.x]));
     if (FMT == QM_I8 && !ktok) {
 #pragma unroll
         for (int rr = 0; rr < QM_M / QM_NW; rr++) {
@@ -292,20 +296,21 @@ qm_stage_q_v1(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_
     __syncthreads();
 }
 
-/* Version 2: the same Q' and qo in chunks of 8 channels per thread
+/* Version 2: the same Q', qo and s_up in chunks of 8 channels per thread
  * (16-byte loads of q when q16, two float4 of the scales and offsets); the
- * D / 8 chunks of a row lie in consecutive lanes of one warp, which sum qo by
- * shuffles. One barrier at the end (Q' and s_qo visible). */
+ * D / 8 chunks of a row lie in consecutive lanes of one warp, which take the
+ * row max and sum qo by shuffles. One barrier at the end (Q', s_qo and s_up
+ * visible). */
 template <int FMT, typename OT, int D>
 static __device__ __forceinline__ void
 qm_stage_q_v2(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t nrows, int32_t qs,
-              bool ktok, __half *sQ, __half *sQl, float *s_qo, float *s_red, float *up)
+              bool ktok, __half *sQ, __half *sQl, float *s_qo, float *s_up)
 {
     const kva__cuda_attn_args &a = q.a;
     constexpr int QSTR = D + 8, C8 = D / 8, NI = QM_M * C8 / (QM_NW * 32);
     static_assert((QM_NW * 32) % C8 == 0 && C8 <= 32, "a row's chunks in one warp");
     static_assert((QM_M * C8) % (QM_NW * 32) == 0, "whole chunk rounds");
-    float vv[NI][8], mx = 0.f;
+    float vv[NI][8];
 #pragma unroll
     for (int i = 0; i < NI; i++) {
         const int x = threadIdx.x + i * QM_NW * 32;
@@ -330,19 +335,26 @@ qm_stage_q_v2(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_
             const float4 s0 = __ldg(ks), s1 = __ldg(ks + 1);
             const float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
+            for (int j = 0; j < 8; j++)
                 v[j] = (float)qv[j] * sv[j];
-                mx = fmaxf(mx, fabsf(v[j]));
-            }
         }
     }
-    float down;
-    *up = qm_range(mx, s_red, &down);
 #pragma unroll
     for (int i = 0; i < NI; i++) {
         const int x = threadIdx.x + i * QM_NW * 32;
         const int r = x / C8, c = (x % C8) * 8;
         float *v = vv[i];
+        float mx = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            mx = fmaxf(mx, fabsf(v[j]));
+#pragma unroll
+        for (int o = C8 / 2; o >= 1; o >>= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const int k = qm_row_exp(mx);
+        const float down = qm_exp2i(k);
+        if (x % C8 == 0)
+            s_up[r] = qm_exp2i(-k);
         __half hi[8], lo[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -388,7 +400,7 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER, FMT>::MINB))
     constexpr int KT = cfg::KT, BNW = cfg::BNW, NT = 2 * KT;
     constexpr int NO = D / 8; /* n8 tiles of O */
     extern __shared__ __align__(128) unsigned char qm_buf[];
-    __shared__ float s_m[QM_NW][QM_M], s_l[QM_NW][QM_M], s_qo[QM_M], s_red[QM_NW];
+    __shared__ float s_m[QM_NW][QM_M], s_l[QM_NW][QM_M], s_qo[QM_M], s_up[QM_M];
     __half *sQ = (__half *)qm_buf, *sQl = sQ + QM_M * QSTR;
     float *s_acc = (float *)(qm_buf + cfg::SQ); /* [NW][16][D] after the loop */
 
@@ -412,7 +424,7 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER, FMT>::MINB))
         const int32_t kb0 = w.k0 + warp * BNW;
         constexpr int32_t STEP = QM_NW * BNW;
 
-        float qup; /* 2^e of Q' (qm_range) */
+        float qup[2]; /* 2^-k of rows g4, g4 + 8 (qm_row_exp) */
         /* The first NST - 1 steps of the warp's ring (the rings are free: the
          * previous item ended with a barrier after its merge). Version 1
          * issues them after Q'. */
@@ -425,10 +437,12 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER, FMT>::MINB))
                                               lane);
                 kva__cp_async_commit();
             }
-            qm_stage_q_v2<FMT, OT, D>(q, w, nrows, qs, ktok, sQ, sQl, s_qo, s_red, &qup);
+            qm_stage_q_v2<FMT, OT, D>(q, w, nrows, qs, ktok, sQ, sQl, s_qo, s_up);
         } else {
-            qm_stage_q_v1<FMT, OT, D>(q, w, nrows, qs, ktok, sQ, sQl, s_qo, s_red, &qup);
+            qm_stage_q_v1<FMT, OT, D>(q, w, nrows, qs, ktok, sQ, sQl, s_qo, s_up);
         }
+        qup[0] = s_up[g4];
+        qup[1] = s_up[g4 + 8];
         /* This thread's two rows g4 and g4 + 8: visible keys, position, slope. */
         int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
         float slope[2];
@@ -477,9 +491,9 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER, FMT>::MINB))
              * channels: the lane's 16 channels 16 t4 .. of rows g4, g4 + 8
              * of Q' and of its key rows. Codes are exact in f16 and so are
              * their products with Q' hi and lo: S is Q' K^T to about 2^-22
-             * (the lo pass is skipped for per-token keys, where Q' = q is
-             * exact in f16). The Q' fragments of a 64-channel slice serve
-             * every sub-tile; the sub-tiles' accumulator chains interleave. */
+             * (the lo pass is skipped for per-token keys, where Q' = 2^k q
+             * is exact in f16 down to 2^-31 of the row's max). The Q' fragments of a 64-channel
+             * slice serve every sub-tile; the sub-tiles' accumulator chains interleave. */
             float sc[NT][4];
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
@@ -549,13 +563,12 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, VER, FMT>::MINB))
                     for (int e = 0; e < 4; e++)
                         sc[nt][e] -= qo[e >> 1];
             }
-            if (qup != 1.f) { /* Q' was stored times 2^-e (qm_range) */
+            /* Q' was stored times 2^k per row (qm_row_exp). */
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        sc[nt][e] *= qup;
-            }
+                for (int e = 0; e < 4; e++)
+                    sc[nt][e] *= qup[e >> 1];
             kva__dmma_logits<BNW>(sc, a, scale_log2, kb, t4, lo_all, hi_all, lo, hi, pos, slope);
             kva__dmma_softmax<NO, NT>(sc, m_run, l_run, o);
             if constexpr (FMT == QM_V16) {

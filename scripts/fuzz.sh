@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# fuzz.sh - builds the libFuzzer harnesses of tests/fuzz (fuzz_c8_loader: the
+# C8 checkpoint loader; fuzz_desc: cache and plan descriptors, writes, runs)
+# with clang 14 and -fsanitize=fuzzer,address,undefined, writes their seed
+# corpora (tests/fuzz/fuzz_seeds.c) and runs each harness.
+#   scripts/fuzz.sh smoke    a few seconds of each (scripts/test.sh runs this)
+#   scripts/fuzz.sh [RUNS]   RUNS executions of each (default 1000000), one at
+#                            a time (single-threaded; run it off CI's clock)
+# The corpora grow in build-fuzz/corpus/NAME, logs go to build-fuzz/NAME.log,
+# a crash or leak to build-fuzz/artifacts/ (every finding becomes a test).
+#   KVA_FUZZ_CC   the compiler (default clang-14)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-1000000}
+cc=${KVA_FUZZ_CC:-clang-14}
+flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
+flags="$flags -fno-omit-frame-pointer -g -O0"
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_C_FLAGS="$flags" -DKVA_FUZZ=ON -DKVA_CUDA=OFF -DKVA_BUILD_TESTS=OFF >/dev/null
+ninja -C build-fuzz -j"$(nproc)" fuzz_c8_loader fuzz_desc fuzz_seeds
+mkdir -p build-fuzz/seeds/c8 build-fuzz/seeds/desc build-fuzz/artifacts \
+  build-fuzz/corpus/fuzz_c8_loader build-fuzz/corpus/fuzz_desc
+ASAN_OPTIONS=detect_leaks=0 build-fuzz/fuzz_seeds build-fuzz/seeds/c8 build-fuzz/seeds/desc
+# -O0 keeps the build short, but ASan at -O0 gives the SIMD kernels stack
+# frames of megabytes: a large stack for the main thread and OpenMP's.
+ulimit -s unlimited 2>/dev/null || ulimit -s 262144 2>/dev/null || true
+export OMP_STACKSIZE=64M
+export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+status=0
+for name in fuzz_c8_loader fuzz_desc; do
+  seeds=build-fuzz/seeds/desc
+  [ "$name" = fuzz_c8_loader ] && seeds=build-fuzz/seeds/c8
+  if [ "$mode" = smoke ]; then
+    limit=(-max_total_time=5)
+  else
+    limit=(-runs="$mode")
+  fi
+  echo "== $name ${limit[*]}"
+  if ! build-fuzz/$name "${limit[@]}" -rss_limit_mb=2048 -malloc_limit_mb=1024 -max_len=8192 \
+    -timeout=10 -print_final_stats=1 -artifact_prefix=build-fuzz/artifacts/ \
+    build-fuzz/corpus/$name "$seeds" >build-fuzz/$name.log 2>&1; then
+    status=1
+    tail -40 build-fuzz/$name.log
+  fi
+  grep -E "^(#[0-9]+\s+(DONE|INITED)|stat::number_of_executed_units|stat::peak_rss)" \
+    build-fuzz/$name.log | tail -3 || true
+  grep -Eo "cov: [0-9]+ ft: [0-9]+" build-fuzz/$name.log | tail -1 || true
+done
+exit $status
