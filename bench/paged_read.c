@@ -13,7 +13,7 @@
  * read, as the decode kernels do. PIECE_BYTES = 1 GiB / THREADS is the plain
  * sequential read `kvattn bench` takes as its read ceiling (one contiguous
  * share per thread). Prints the median GB/s of 7
- * passes. What it showed on the dev VM is in docs/performance.md ("Why a
+ * passes. What it showed on the dev VM is in bench/results/2026-11-22_performance-journal.md ("Why a
  * paged decode reads slower than a plain read").
  */
 #define _GNU_SOURCE

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cpu_decode_paired.sh - the CPU decode measurements of docs/performance.md
+# cpu_decode_paired.sh - the CPU decode measurements of bench/results/2026-11-22_performance-journal.md
 # ("CPU decode against the read bandwidth, paired"): bench/paged_read's
 # random-piece read rates, then ROUNDS rounds of `kvattn bench --paired` over
 # layouts, block sizes, GQA ratios and cache formats (4 x 16k, D 128, Hkv 8).

@@ -65,11 +65,10 @@ struct kva__partition {
     kva__split_task *tasks; /* [num_tasks] */
     int64_t partial_floats; /* workspace floats the split partials need (at offset 0) */
     int64_t total_cost;     /* sum of the items' costs */
-    /* Kernel variants the backend runs (1-based), set by its plan_build:
-     * variant_decode for decode-shaped items, variant_prefill for prefill
-     * tiles; variant, when nonzero, forces one variant for every item (tests
-     * and benchmarks compare variants with it). See src/attn/cpu/cpu_attn.h. */
-    int32_t variant, variant_decode, variant_prefill;
+    /* The CPU backend's kernels for this plan, registry index + 1, set by its
+     * plan_build: variant_decode for decode-shaped items, variant_prefill for
+     * prefill-shaped ones (src/attn/cpu/cpu_attn.h, "Dispatch seam"). */
+    int32_t variant_decode, variant_prefill;
     /* Groups of items a backend runs together (the CPU backend: decode items
      * of one request and key range over several kv heads, interleaved chunk
      * by chunk, src/attn/cpu/cpu_attn.h): group g is items [group_start[g],

@@ -16,13 +16,8 @@
  * x 16 output dims in registers while the keys stream through. Non-finite
  * semantics are v1's (see attn_portable.c).
  *
- * Measured (`kvattn bench --variant 2`, bf16, H/Hkv = 4/1 (GQA 4), D = 128,
- * 1 thread, shared 2-core Zen 4 VM, medians of 5): 2048 keys in L2 101 ->
- * 66 us, 8 x 4096 keys x 8 kv heads from DRAM 18.9 -> 13.5 ms against the
- * previous version (chunks converted to fp32 in scratch, then one head at a
- * time). Quantized caches, 4 x 16384 keys, f16 q, 1 thread: int8 32.1 ->
- * 21.1 ms, fp8 43.9 -> 27.5 ms against dequantizing each chunk to fp32 in
- * scratch (f16 cache: 31.4 ms). More in docs/performance.md.
+ * What this layout gained over converting chunks to fp32 in scratch, and
+ * over one head at a time, is measured in bench/results/2026-11-22_performance-journal.md.
  */
 #include "cpu_attn.h"
 

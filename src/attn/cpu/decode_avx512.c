@@ -52,17 +52,14 @@
  *     signed byte digits, 16 keys transposed by dwords into lanes, vpdpbusd
  *     against the codes biased to unsigned bytes (scores_rows_i8dot in
  *     decode_avx512_step.inc: no conversion of K, no 16x16 reductions; exact up to
- *     q's 2^-23 rounding and a few fp32 roundings). 1 thread, 4 x 16384 keys,
- *     f16 q, int8 cache (docs/performance.md, alternating rounds on the
- *     loaded VM): GQA 1 16.5 -> 14.5 ms, GQA 8 70.6 -> 53.7 ms against v3.
+ *     q's 2^-23 rounding and a few fp32 roundings).
  *   - Over an NHD cache with Hkv > 1 (a kv head's rows Hkv * D elements
  *     apart) the loops visit each group of 4 keys as 0, 2, 1, 3 and
  *     prefetch the row two steps ahead into L1 (key_at in decode_avx512.h):
  *     read in order, the constant stride makes the core's stride prefetcher
  *     run past each block's end into other blocks' lines. Separate step
- *     functions (*_ko), so the loops of the other layouts stay as they were.
- *     2 threads, f16, 4 x 16384 keys, B 16: GQA 1 11.45 -> 9.42 ms, GQA 4
- *     12.55 -> 11.51 ms (docs/performance.md, "NHD key order").
+ *     functions (*_ko), so the loops of the other layouts stay as they were
+ *     (measured in bench/results/2026-11-22_performance-journal.md, "NHD key order").
  *   - Decode groups (cpu_attn.h, "Groups"): the items of one request and key
  *     range over several kv heads run interleaved chunk by chunk
  *     (run_group), so that a block's rows of all those kv heads are read
@@ -73,7 +70,8 @@
  * part in the chunk's P.V, so 0 * inf in V cannot reach it); p = 0 keys
  * inside the visible range are accumulated like v1 does.
  *
- * Measured: docs/performance.md ("CPU decode loops rework"). In L2, 1
+ * Measured: bench/results/2026-11-22_performance-journal.md
+ * ("CPU decode loops rework"). In L2, 1
  * thread, GQA 4, D = 128 bf16 (v4), a key and kv head cost about 125 cycles
  * before the rework and about 90 after it (scores ~28, softmax ~10, P.V ~41
  * against 16 vdpbf16ps + 32 FMAs = 48 cycles of FMA-port work); from DRAM

@@ -132,7 +132,7 @@ typedef struct fold_info {
  * nothing. No two consecutive steps of 0, 2, 1, 3, 4, 6, 5, 7 have the same
  * stride, so the prefetcher does not lock on; the L1 prefetch of the row two
  * steps ahead (from L2, where pf_key_k/v put it) does what it did for the
- * current chunk. Measured: docs/performance.md ("NHD key order").
+ * current chunk. Measured: bench/results/2026-11-22_performance-journal.md ("NHD key order").
  */
 AI int32_t key_at(int32_t i, int ko, int32_t ta, int32_t te)
 {

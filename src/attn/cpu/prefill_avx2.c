@@ -6,7 +6,7 @@
  * accumulators, 2 loads of QT and 6 broadcasts of K per step of D), outputs
  * 6 elements of Dv x 2 vectors. Tiles of 96 keys. Needs AVX2, FMA and F16C
  * (only called after run-time detection).
- * Measured: docs/performance.md (prefill section).
+ * Measured: bench/results/2026-11-22_performance-journal.md (prefill section).
  */
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
 

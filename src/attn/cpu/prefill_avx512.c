@@ -7,7 +7,7 @@
  * loads of QT and 6 broadcasts of K per step of D), outputs 6 elements of Dv
  * x 4 vectors (4 loads of P, 6 broadcasts of V per key). Tiles of 96 keys.
  * Needs AVX-512 F/BW/VL/DQ (only called after run-time detection).
- * Measured: docs/performance.md (prefill section).
+ * Measured: bench/results/2026-11-22_performance-journal.md (prefill section).
  */
 #if defined(__x86_64__) && defined(__AVX512F__)
 

@@ -10,7 +10,7 @@
  * packed as (q[2d], q[2d+1]) pairs per row and one 32-bit broadcast of a key
  * row feeds a pair of channels. P x V stays in fp32 (rounding P to bf16, as
  * FlashAttention does, would add up to 2^-9 relative error per weight; see
- * docs/performance.md). Other dtypes run variant 6's fp32 path.
+ * bench/results/2026-11-22_performance-journal.md). Other dtypes run variant 6's fp32 path.
  * Needs AVX-512 F/BW/VL/DQ and BF16 (only called after run-time detection);
  * a compiler without -mavx512bf16 builds it as variant 6.
  */
