@@ -55,9 +55,9 @@ static void test_limits(void)
         CHECK_ERROR_MENTIONS("num_kv_heads = 4097");
         CHECK(c == NULL);
         cd.num_kv_heads = 1;
-        cd.head_dim = 264;
+        cd.head_dim = KVA_MAX_HEAD_DIM + 8; /* above every backend's limit */
         CHECK_STATUS(kva_cache_create(ctx, &cd, &c), KVA_STATUS_UNSUPPORTED);
-        CHECK_ERROR_MENTIONS("head_dim = 264");
+        CHECK_ERROR_MENTIONS("head_dim = 584");
 
         /* Plan: heads and kv heads up to KVA_MAX_HEADS, seq_len up to KVA_MAX_SEQ_LEN. */
         const int32_t qsl[2] = {0, 1}, sl_max[1] = {KVA_MAX_SEQ_LEN};
@@ -83,9 +83,9 @@ static void test_limits(void)
         CHECK_STATUS(kva_plan_create(ctx, &pd, &p), KVA_STATUS_OUT_OF_RANGE);
         CHECK_ERROR_MENTIONS("KVA_MAX_SEQ_LEN");
         pd.seq_lens = sl_max;
-        pd.head_dim = 264;
+        pd.head_dim = KVA_MAX_HEAD_DIM + 8;
         CHECK_STATUS(kva_plan_create(ctx, &pd, &p), KVA_STATUS_UNSUPPORTED);
-        CHECK_ERROR_MENTIONS("head_dim = 264");
+        CHECK_ERROR_MENTIONS("head_dim = 584");
         CHECK(p == NULL);
 
         /* Merge: num_heads as the plan's. */
@@ -95,10 +95,10 @@ static void test_limits(void)
         CHECK_ERROR_MENTIONS("num_heads = 4097");
         CHECK_OK(kva_merge_states(ctx, 0, KVA_MAX_HEADS, 8, KVA_DTYPE_F32, NULL, NULL, NULL, NULL,
                                   NULL, NULL));
-        CHECK_STATUS(
-            kva_merge_states(ctx, 0, 1, 264, KVA_DTYPE_F32, NULL, NULL, NULL, NULL, NULL, NULL),
-            KVA_STATUS_UNSUPPORTED);
-        CHECK_ERROR_MENTIONS("head_dim_v = 264");
+        CHECK_STATUS(kva_merge_states(ctx, 0, 1, KVA_MAX_HEAD_DIM + 8, KVA_DTYPE_F32, NULL, NULL,
+                                      NULL, NULL, NULL, NULL),
+                     KVA_STATUS_UNSUPPORTED);
+        CHECK_ERROR_MENTIONS("head_dim_v = 584");
         kva_context_destroy(ctx);
     }
     /* Context threads, checkpoint scales, pool. */
@@ -110,8 +110,9 @@ static void test_limits(void)
     CHECK_STATUS(kva_c8_scales_load("/nonexistent", 0, KVA_MAX_HEADS + 1, 8, 0, 1, &sc),
                  KVA_STATUS_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("4097");
-    CHECK_STATUS(kva_c8_scales_load("/nonexistent", 0, 1, 264, 0, 1, &sc), KVA_STATUS_UNSUPPORTED);
-    CHECK_ERROR_MENTIONS("264");
+    CHECK_STATUS(kva_c8_scales_load("/nonexistent", 0, 1, KVA_MAX_HEAD_DIM + 8, 0, 1, &sc),
+                 KVA_STATUS_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("584");
     kva_pool *pool = NULL;
     kva_pool_desc pdsc = {(1 << 30) + 1, 16, KVA_POOL_HASH_SHA256, 1};
     CHECK_STATUS(kva_pool_create(&pdsc, &pool), KVA_STATUS_INVALID_ARGUMENT);
