@@ -54,7 +54,7 @@ if(OpenMP_C_FLAGS)
 endif()
 string(APPEND KVA_PC_LIBS_PRIVATE " -lpthread -lm")
 if(KVA_HAVE_CUDA)
-  string(APPEND KVA_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt")
+  string(APPEND KVA_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -lstdc++ -ldl -lrt")
 endif()
 string(STRIP "${KVA_PC_LIBS_PRIVATE}" KVA_PC_LIBS_PRIVATE)
 file(RELATIVE_PATH KVA_PC_TO_PREFIX ${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}/pkgconfig
