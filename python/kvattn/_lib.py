@@ -67,6 +67,7 @@ class CacheDesc(Structure):
         ("dtype", c_int),
         ("layout", c_int),
         ("quant", c_int),
+        ("kind", c_int),  # kva_attn_kind; 0 = KVA_ATTN_MHA
     ]
 
 
@@ -102,6 +103,7 @@ class PlanDesc(Structure):
         ("window_left", c_int32),
         ("softcap", c_float),
         ("alibi_slopes", c_void_p),
+        ("kind", c_int),  # kva_attn_kind of the caches it reads; 0 = KVA_ATTN_MHA
     ]
 
 
