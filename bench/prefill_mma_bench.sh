@@ -12,18 +12,8 @@ set -u -o pipefail
 OUT=${OUT:-prefill_bench_out}
 mkdir -p "$OUT"
 ARCH=${1:-90a}
-# Build dependencies missing on a bare GPU machine (libssl-dev, libxxhash-dev)
-# can travel as .deb files in ./.debs; they are unpacked under /tmp/dx.
-EXTRA=()
-if [ -d .debs ] && { [ ! -e /usr/include/openssl/sha.h ] || [ ! -e /usr/include/xxhash.h ]; }; then
-    for f in .debs/*.deb; do dpkg -x "$f" /tmp/dx; done
-    L=/tmp/dx/usr/lib/x86_64-linux-gnu
-    CRYPTO=$(ls /usr/lib/x86_64-linux-gnu/libcrypto.so.3 2>/dev/null || ls $L/libcrypto.so)
-    EXTRA=(-DOPENSSL_INCLUDE_DIR=/tmp/dx/usr/include -DOPENSSL_CRYPTO_LIBRARY="$CRYPTO"
-        -DXXHASH_LIB=$L/libxxhash.so.0 -DXXHASH_INCLUDE=/tmp/dx/usr/include
-        "-DCMAKE_C_FLAGS=-I/tmp/dx/usr/include -I/tmp/dx/usr/include/x86_64-linux-gnu")
-    export LD_LIBRARY_PATH=$L:${LD_LIBRARY_PATH:-}
-fi
+. scripts/device_deps.sh   # the .deb files of missing build dependencies
+EXTRA=(${KVA_DEP_ARGS[@]+"${KVA_DEP_ARGS[@]}"})
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 cmake -S . -B b -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DKVA_BUILD_TESTS=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${EXTRA[@]}" ${KVA_CMAKE_ARGS:-} > "$OUT/build.log" 2>&1 &&

@@ -23,6 +23,8 @@
 #   KVA_SANITIZE_TESTS  tests they run in quick mode (default "test_cuda_attn test_cuda_cache test_cuda_quant test_cuda_quant_attn
 #                   test_cuda_quant_prefill test_cuda_prefill_mma"; racecheck of the last takes ~5 min on an H100)
 #   KVA_SANITIZE_TIMEOUT  seconds per sanitizer run (default 480)
+#   KVA_DEBS        folder of .deb files of missing build dependencies (default ./.debs;
+#                   scripts/device_deps.sh)
 #   KVA_MACHINE     when set (e.g. "h100"), scripts/results.py writes docs/results/$KVA_MACHINE.md
 #                   from this run's logs (and a copy to $OUT)
 set -uo pipefail
@@ -41,9 +43,10 @@ jobs=$(nproc)
 status=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 
+. scripts/device_deps.sh
 echo "== build (CUDA architectures ${KVA_CUDA_ARCH:-90a})"
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="${KVA_CUDA_ARCH:-90a}" ${KVA_CMAKE_ARGS:-} >"$out/cmake.log" 2>&1 || { cat "$out/cmake.log"; exit 1; }
+  -DCMAKE_CUDA_ARCHITECTURES="${KVA_CUDA_ARCH:-90a}" ${KVA_DEP_ARGS[@]+"${KVA_DEP_ARGS[@]}"} ${KVA_CMAKE_ARGS:-} >"$out/cmake.log" 2>&1 || { cat "$out/cmake.log"; exit 1; }
 ninja -C build-cuda -j"$jobs" ${KVA_TARGETS:-} >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
 
 steps=" ${KVA_STEPS:-test sanitize bench prefill serve peers} "

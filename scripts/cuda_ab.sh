@@ -21,18 +21,8 @@ out=${OUT:-ab_out}; mkdir -p "$out"
 bd=${KVA_AB_BUILD:-/tmp/kva_ab}
 steps=" ${KVA_AB_STEPS:-build test} "
 has() { [[ "$steps" == *" $1 "* ]]; }
-extra=()
-if [ -n "${KVA_DEBS:-}" ] && { [ ! -e /usr/include/openssl/sha.h ] || [ ! -e /usr/include/xxhash.h ] ||
-    [ ! -e /usr/include/cjson/cJSON.h ]; }; then
-  for f in "$KVA_DEBS"/*.deb; do dpkg -x "$f" /tmp/dx; done
-  L=/tmp/dx/usr/lib/x86_64-linux-gnu
-  crypto=$(ls /usr/lib/x86_64-linux-gnu/libcrypto.so.3 2>/dev/null || ls $L/libcrypto.so)
-  extra=(-DOPENSSL_INCLUDE_DIR=/tmp/dx/usr/include -DOPENSSL_CRYPTO_LIBRARY="$crypto"
-    -DXXHASH_LIB=$L/libxxhash.so.0 -DXXHASH_INCLUDE=/tmp/dx/usr/include
-    -DCJSON_LIB=$L/libcjson.so.1 -DCJSON_INCLUDE=/tmp/dx/usr/include
-    "-DCMAKE_C_FLAGS=-I/tmp/dx/usr/include -I/tmp/dx/usr/include/x86_64-linux-gnu")
-  export LD_LIBRARY_PATH=$L:${LD_LIBRARY_PATH:-}
-fi
+. "$(dirname "$0")/device_deps.sh"
+extra=(${KVA_DEP_ARGS[@]+"${KVA_DEP_ARGS[@]}"})
 status=0
 if has build; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
