@@ -8,7 +8,12 @@
 #                            a time (single-threaded; run it off CI's clock)
 # The corpora grow in build-fuzz/corpus/NAME, logs go to build-fuzz/NAME.log,
 # a crash or leak to build-fuzz/artifacts/ (every finding becomes a test).
-#   KVA_FUZZ_CC   the compiler (default clang-14)
+#   KVA_FUZZ_CC       the compiler (default clang-14)
+#   KVA_FUZZ_TARGETS  harnesses to run (default "fuzz_c8_loader fuzz_desc")
+#   KVA_FUZZ_TIMEOUT  seconds one input may take (default 10 for smoke, 60 otherwise:
+#                     a valid plan of ~10^6 query tokens takes ~12 s in this -O0
+#                     sanitizer build, ~0.8 s in Release; plan time is linear in
+#                     the step's tokens, see tests/fuzz/findings/README.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-1000000}
@@ -28,17 +33,17 @@ export OMP_STACKSIZE=64M
 export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 status=0
-for name in fuzz_c8_loader fuzz_desc; do
+for name in ${KVA_FUZZ_TARGETS:-fuzz_c8_loader fuzz_desc}; do
   seeds=build-fuzz/seeds/desc
   [ "$name" = fuzz_c8_loader ] && seeds=build-fuzz/seeds/c8
   if [ "$mode" = smoke ]; then
-    limit=(-max_total_time=5)
+    limit=(-max_total_time=5 -timeout="${KVA_FUZZ_TIMEOUT:-10}")
   else
-    limit=(-runs="$mode")
+    limit=(-runs="$mode" -timeout="${KVA_FUZZ_TIMEOUT:-60}")
   fi
   echo "== $name ${limit[*]}"
   if ! build-fuzz/$name "${limit[@]}" -rss_limit_mb=2048 -malloc_limit_mb=1024 -max_len=8192 \
-    -timeout=10 -print_final_stats=1 -artifact_prefix=build-fuzz/artifacts/ \
+    -print_final_stats=1 -artifact_prefix=build-fuzz/artifacts/ \
     build-fuzz/corpus/$name "$seeds" >build-fuzz/$name.log 2>&1; then
     status=1
     tail -40 build-fuzz/$name.log
