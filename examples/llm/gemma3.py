@@ -116,6 +116,6 @@ class Gemma3:
             gu = h @ L["gate_up"].T
             m = (_gelu_tanh(gu[:, : c.ffn]) * gu[:, c.ffn :]) @ L["ffn_down"].T
             x = x + _rms_norm(m, L["post_ffw_norm"], eps)
-        h = _rms_norm(x[np.asarray(logit_rows)], self.norm, eps)
+        h = _rms_norm(x[np.asarray(logit_rows, dtype=np.intp)], self.norm, eps)
         return h @ self.lm_head.T
 

@@ -80,5 +80,5 @@ class Llama:
             gu = h @ L["gate_up"].T
             g, u = gu[:, : c.ffn], gu[:, c.ffn :]
             x = x + ((g / (1.0 + np.exp(-g))) * u) @ L["down"].T
-        h = self._rms_norm(x[np.asarray(logit_rows)], self.norm)
+        h = self._rms_norm(x[np.asarray(logit_rows, dtype=np.intp)], self.norm)
         return h @ self.lm_head.T
