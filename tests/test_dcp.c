@@ -1,0 +1,429 @@
+/*
+ * test_dcp.c - decode context parallelism (DCP) on the reference and the CPU
+ * backend, through the public API:
+ *
+ *   1. for N = 1, 2, 3, 4, 8 ranks and interleave I = 1 and B, every rank's
+ *      cache is filled through kva_dcp_slots (each rank given every token's
+ *      K/V, keeping its own), every rank runs its sharded plan, and
+ *      kva_merge_states_n of the N partials equals the unsharded run of the
+ *      same backend: for every cache format (f32, f16, bf16, int8 per channel,
+ *      int8 per-token keys, int8 keys + f16 values, fp8), for every mask
+ *      (causal, sliding window, ALiBi + soft-cap, sinks, non-causal), on a
+ *      mixed batch (decodes, spec decodes, a prefill chunk, a long decode that
+ *      the CPU splits, requests shorter than N * I so some ranks hold nothing);
+ *   2. the local lengths follow the formula, kva_dcp_slots maps every token to
+ *      exactly one rank;
+ *   3. kva_merge_states_n equals the reference merge on random partials with
+ *      -inf and NaN parts;
+ *   4. bad input: the DCP fields, the helpers and the merge fail with a clear
+ *      status and change nothing.
+ *
+ * Tolerances: the dtype's (bench/data.h) plus, since every partial output is
+ * rounded to the dtype before the combine, the dtype's relative tolerance
+ * times the largest |partial| of the element (a convex combination of the
+ * partials carries at most their largest rounding error).
+ */
+#include "cache_util.h"
+
+typedef struct fmt {
+    const char *name;
+    kva_quant quant;
+    kva_dtype cache_dt, q_dt;
+} fmt;
+
+static const fmt fmts[] = {
+    {"f32", KVA_QUANT_NONE, KVA_DTYPE_F32, KVA_DTYPE_F32},
+    {"f16", KVA_QUANT_NONE, KVA_DTYPE_F16, KVA_DTYPE_F16},
+    {"bf16", KVA_QUANT_NONE, KVA_DTYPE_BF16, KVA_DTYPE_BF16},
+    {"int8_channel", KVA_QUANT_INT8_CHANNEL, KVA_DTYPE_I8, KVA_DTYPE_F32},
+    {"int8_token_k", KVA_QUANT_INT8_TOKEN_K, KVA_DTYPE_I8, KVA_DTYPE_F32},
+    {"int8_token_k_v16", KVA_QUANT_INT8_TOKEN_K_V16, KVA_DTYPE_F16, KVA_DTYPE_F16},
+    {"fp8", KVA_QUANT_FP8_E4M3, KVA_DTYPE_FP8_E4M3, KVA_DTYPE_BF16},
+};
+
+typedef struct mask {
+    const char *name;
+    int causal, window, alibi, sinks;
+    float softcap;
+} mask;
+
+static const mask masks[] = {
+    {"causal", 1, -1, 0, 0, 0.0f},         {"window", 1, 21, 0, 0, 0.0f},
+    {"alibi-softcap", 1, -1, 1, 0, 15.0f}, {"sinks", 1, -1, 0, 1, 0.0f},
+    {"non-causal", 0, -1, 0, 0, 0.0f},
+};
+
+/* The batch: q_lens and global seq_lens (decodes, a spec decode, a prefill
+ * chunk, a long decode, and requests shorter than some N * I). */
+#define R 6
+static const int32_t q_lens[R] = {1, 3, 9, 1, 1, 2};
+static const int32_t seq_lens[R] = {37, 20, 41, 700, 2, 5};
+enum { H = 4, HKV = 2, D = 32, DV = 24, B = 8 };
+
+/* One rank's cache and plan for the batch: a block-table row per request
+ * over blocks handed out in a scrambled order. */
+typedef struct rank_run {
+    kva_cache *cache;
+    kva_plan *plan;
+    int32_t *bt;
+    int32_t stride;
+} rank_run;
+
+static kva_status setup_rank(kva_context *ctx, const fmt *f, const mask *m, int32_t N, int32_t rank,
+                             int32_t I, const float *k, const float *v, const float *slopes,
+                             rank_run *rr)
+{
+    int32_t local[R];
+    CHECK_OK(kva_dcp_local_lens(R, seq_lens, N, rank, I, local));
+    int32_t stride = 1, nb = 1;
+    for (int32_t r = 0; r < R; r++) {
+        const int32_t need = (local[r] + B - 1) / B;
+        stride = need > stride ? need : stride;
+        nb += need;
+    }
+    rr->stride = stride;
+    rr->bt = malloc(sizeof(int32_t) * R * stride);
+    /* Block ids 1 .. nb-1 in a scrambled order (7 is prime to most nb). */
+    int32_t next = 0;
+    for (int32_t r = 0; r < R; r++)
+        for (int32_t j = 0; j < stride; j++)
+            rr->bt[r * stride + j] = j < (local[r] + B - 1) / B
+                                         ? 1 + (int32_t)(((int64_t)next++ * 7919) % (nb - 1))
+                                         : -1;
+    kva_cache_desc cd = make_desc(nb, B, HKV, D, DV, f->cache_dt, KVA_LAYOUT_NHD);
+    cd.quant = f->quant;
+    kva_rng pr = {1234}; /* the same static scales on every rank */
+    float pbuf[2 * HKV * (D + DV)];
+    kva_quant_params qp;
+    make_params(f->quant, HKV, D, DV, 0, &pr, pbuf, &qp);
+    CHECK_OK(kva_cache_create_quant(ctx, &cd, f->quant == KVA_QUANT_NONE ? NULL : &qp, &rr->cache));
+    /* Every request's tokens go to every rank; each keeps its own. */
+    int64_t row0 = 0;
+    for (int32_t r = 0; r < R; r++) {
+        int64_t *slots = malloc(sizeof(int64_t) * seq_lens[r]);
+        CHECK_OK(kva_dcp_slots(N, rank, I, B, rr->bt + r * stride, stride, 0, seq_lens[r], slots));
+        CHECK_OK(kva_cache_write(ctx, rr->cache, seq_lens[r], k + row0 * HKV * D, 0,
+                                 v + row0 * HKV * DV, 0, KVA_DTYPE_F32, slots));
+        free(slots);
+        row0 += seq_lens[r];
+    }
+    int32_t qsl[R + 1] = {0};
+    for (int32_t r = 0; r < R; r++)
+        qsl[r + 1] = qsl[r] + q_lens[r];
+    kva_plan_desc pd = {0};
+    pd.num_requests = R;
+    pd.query_start_loc = qsl;
+    pd.seq_lens = seq_lens;
+    pd.block_table = rr->bt;
+    pd.block_table_stride = stride;
+    pd.block_size = B;
+    pd.decode_threshold = 3;
+    pd.num_heads = H;
+    pd.num_kv_heads = HKV;
+    pd.head_dim = D;
+    pd.head_dim_v = DV;
+    pd.q_dtype = f->q_dt;
+    pd.causal = m->causal;
+    pd.window_left = m->window;
+    pd.softcap = m->softcap;
+    pd.alibi_slopes = m->alibi ? slopes : NULL;
+    pd.dcp_size = N;
+    pd.dcp_rank = rank;
+    pd.dcp_interleave = I;
+    return kva_plan_create(ctx, &pd, &rr->plan);
+}
+
+static void free_rank(rank_run *rr)
+{
+    kva_plan_destroy(rr->plan);
+    kva_cache_destroy(rr->cache);
+    free(rr->bt);
+}
+
+static int32_t total_tokens(void)
+{
+    int32_t t = 0;
+    for (int32_t r = 0; r < R; r++)
+        t += q_lens[r];
+    return t;
+}
+
+/* One (backend, format, mask): the unsharded run against the combine of N
+ * sharded runs, for every N and I. */
+static void check_case(kva_backend be, const fmt *f, const mask *m)
+{
+    kva_context *ctx = new_ctx(be, 2);
+    kva_rng rng = {99};
+    int64_t rows = 0;
+    for (int32_t r = 0; r < R; r++)
+        rows += seq_lens[r];
+    const int32_t T = total_tokens();
+    float *k = malloc(sizeof(float) * rows * HKV * D), *v = malloc(sizeof(float) * rows * HKV * DV);
+    kva_test_fill_uniform(k, KVA_DTYPE_F32, (size_t)rows * HKV * D, &rng);
+    kva_test_fill_uniform(v, KVA_DTYPE_F32, (size_t)rows * HKV * DV, &rng);
+    const size_t es = kva_dtype_size(f->q_dt), on = (size_t)T * H * DV;
+    void *q = malloc(es * T * H * D);
+    kva_test_fill(q, f->q_dt, (size_t)T * H * D, &rng, 1.5);
+    float slopes[H], sinks[H];
+    for (int32_t h = 0; h < H; h++) {
+        slopes[h] = (float)(0.05 * (h + 1));
+        sinks[h] = (float)(kva_rng_unit(&rng) * 2.0);
+    }
+    const float *sk = m->sinks ? sinks : NULL;
+
+    /* Unsharded (N = 1 through the same helpers, dcp_size 0). */
+    rank_run full;
+    void *want = malloc(es * on);
+    float *want_lse = malloc(sizeof(float) * T * H);
+    CHECK_OK(setup_rank(ctx, f, m, 0, 0, 0, k, v, slopes, &full));
+    kva_test_poison(want, f->q_dt, on);
+    CHECK_OK(kva_attention_run(ctx, full.plan, q, full.cache, sk, want, want_lse));
+    free_rank(&full);
+
+    static const int32_t Ns[] = {1, 2, 3, 4, 8};
+    void *parts = malloc(es * on * 8), *got = malloc(es * on);
+    float *lses = malloc(sizeof(float) * T * H * 8), *got_lse = malloc(sizeof(float) * T * H);
+    const double rtol = kva_test_rtol(f->q_dt);
+    for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
+        for (int32_t I = 1; I <= B; I += B - 1) {
+            const int32_t N = Ns[ni];
+            kva_test_poison(parts, f->q_dt, on * N);
+            for (int32_t rank = 0; rank < N; rank++) {
+                rank_run rr;
+                CHECK_OK(setup_rank(ctx, f, m, N, rank, I, k, v, slopes, &rr));
+                CHECK_OK(kva_attention_run(ctx, rr.plan, q, rr.cache, sk,
+                                           (char *)parts + es * on * rank, lses + T * H * rank));
+                free_rank(&rr);
+            }
+            kva_test_poison(got, f->q_dt, on);
+            CHECK_OK(kva_merge_states_n(ctx, N, T, H, DV, f->q_dt, parts, lses, got, got_lse));
+            char label[160];
+            snprintf(label, sizeof label, "%s %s %s N=%d I=%d", kva_backend_name(be), f->name,
+                     m->name, (int)N, (int)I);
+            size_t bad = 0;
+            for (size_t i = 0; i < on; i++) {
+                double big = 0.0;
+                for (int32_t p = 0; p < N; p++) {
+                    const double x = fabs(kva_test_get(parts, f->q_dt, on * p + i));
+                    big = x > big ? x : big; /* NaN partials (empty rank) are skipped */
+                }
+                const double a = kva_test_get(got, f->q_dt, i), w = kva_test_get(want, f->q_dt, i);
+                if (!(fabs(a - w) <= kva_test_atol(f->q_dt) + rtol * (fabs(w) + big)) && bad++ < 3)
+                    fprintf(stderr, "  %s: element %zu: got %.8g, want %.8g\n", label, i, a, w);
+            }
+            CHECK_MSG(bad == 0, "%s: out, %zu elements differ", label, bad);
+            CHECK_MSG(kva_test_compare_f32(label, got_lse, want_lse, (size_t)T * H, 1e-4, 1e-5) ==
+                          0,
+                      "%s: lse", label);
+        }
+    }
+    free(parts), free(got), free(lses), free(got_lse), free(want), free(want_lse);
+    free(q), free(k), free(v);
+    kva_context_destroy(ctx);
+}
+
+static void test_equal_unsharded(void)
+{
+    const kva_backend bes[] = {KVA_BACKEND_REF, KVA_BACKEND_CPU};
+    for (int b = 0; b < 2; b++)
+        for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++)
+            for (size_t mi = 0; mi < sizeof masks / sizeof masks[0]; mi++)
+                check_case(bes[b], &fmts[fi], &masks[mi]);
+}
+
+/* The local lengths and the slot mapping against a direct count. */
+static void test_layout(void)
+{
+    for (int32_t N = 1; N <= 8; N++)
+        for (int32_t I = 1; I <= 16; I *= 2) {
+            int32_t lens[40], sum_lens[40] = {0};
+            for (int32_t s = 0; s < 40; s++)
+                lens[s] = s * 7;
+            for (int32_t rank = 0; rank < N; rank++) {
+                int32_t local[40];
+                CHECK_OK(kva_dcp_local_lens(40, lens, N, rank, I, local));
+                for (int32_t s = 0; s < 40; s++) {
+                    int32_t count = 0;
+                    for (int32_t i = 0; i < lens[s]; i++)
+                        count += (i / I) % N == rank;
+                    CHECK(local[s] == count);
+                    const int32_t span = N * I;
+                    CHECK(local[s] <= (lens[s] + span - 1) / span * I);
+                    sum_lens[s] += local[s];
+                }
+            }
+            for (int32_t s = 0; s < 40; s++)
+                CHECK(sum_lens[s] == lens[s]);
+        }
+    /* Slots: every position on exactly one rank, at its local index. */
+    const int32_t N = 3, I = 4, BS = 4, S = 50;
+    int32_t row[8];
+    for (int32_t j = 0; j < 8; j++)
+        row[j] = 10 + 3 * j;
+    int owners[S];
+    memset(owners, 0, sizeof owners);
+    for (int32_t rank = 0; rank < N; rank++) {
+        int64_t slots[S];
+        CHECK_OK(kva_dcp_slots(N, rank, I, BS, row, 8, 0, S, slots));
+        int32_t local = 0;
+        for (int32_t i = 0; i < S; i++) {
+            if ((i / I) % N != rank) {
+                CHECK(slots[i] == -1);
+                continue;
+            }
+            owners[i]++;
+            CHECK(slots[i] == (int64_t)row[local / BS] * BS + local % BS);
+            local++;
+        }
+        /* A later window of positions maps the same way. */
+        int64_t tail[7];
+        CHECK_OK(kva_dcp_slots(N, rank, I, BS, row, 8, 40, 7, tail));
+        for (int32_t i = 0; i < 7; i++)
+            CHECK(tail[i] == slots[40 + i]);
+    }
+    for (int32_t i = 0; i < S; i++)
+        CHECK(owners[i] == 1);
+}
+
+/* kva_merge_states_n on random partials (some -inf, one NaN row) against a
+ * fold of kva_merge_states on the reference backend, in f32. */
+static void test_merge_n(void)
+{
+    const int32_t P = 5, T = 7, Hm = 3, Dm = 16, rows = T * Hm;
+    kva_rng rng = {7};
+    float *outs = malloc(sizeof(float) * P * rows * Dm), *lses = malloc(sizeof(float) * P * rows);
+    kva_test_fill_uniform(outs, KVA_DTYPE_F32, (size_t)P * rows * Dm, &rng);
+    for (int32_t i = 0; i < P * rows; i++)
+        lses[i] = (float)(kva_rng_unit(&rng) * 20.0 - 10.0);
+    for (int32_t p = 0; p < P; p++)
+        lses[p * rows + 2] = -INFINITY; /* row 2: no key anywhere */
+    lses[1 * rows + 4] = -INFINITY;     /* row 4: part 1 empty, its out NaN */
+    for (int32_t c = 0; c < Dm; c++)
+        outs[(1 * rows + 4) * Dm + c] = NAN;
+    lses[3 * rows + 5] = NAN; /* row 5: a NaN part */
+    kva_context *ref = new_ctx(KVA_BACKEND_REF, 1);
+    float *want = malloc(sizeof(float) * rows * Dm), *wl = malloc(sizeof(float) * rows);
+    memcpy(want, outs, sizeof(float) * rows * Dm);
+    memcpy(wl, lses, sizeof(float) * rows);
+    for (int32_t p = 1; p < P; p++)
+        CHECK_OK(kva_merge_states(ref, T, Hm, Dm, KVA_DTYPE_F32, want, wl, outs + p * rows * Dm,
+                                  lses + p * rows, want, wl));
+    const kva_backend bes[] = {KVA_BACKEND_REF, KVA_BACKEND_CPU};
+    for (int b = 0; b < 2; b++) {
+        kva_context *ctx = new_ctx(bes[b], 2);
+        float *got = malloc(sizeof(float) * rows * Dm), *gl = malloc(sizeof(float) * rows);
+        kva_test_poison(got, KVA_DTYPE_F32, (size_t)rows * Dm);
+        CHECK_OK(kva_merge_states_n(ctx, P, T, Hm, Dm, KVA_DTYPE_F32, outs, lses, got, gl));
+        for (int32_t n = 0; n < rows; n++) {
+            for (int32_t c = 0; c < Dm; c++) {
+                const float g = got[n * Dm + c], w = want[n * Dm + c];
+                if (n == 5)
+                    CHECK(isnan(g));
+                else
+                    CHECK_MSG(fabsf(g - w) <= 1e-5f + 1e-5f * fabsf(w), "row %d c %d: %g vs %g",
+                              (int)n, (int)c, g, w);
+            }
+            if (n == 5)
+                CHECK(isnan(gl[n]));
+            else if (n == 2)
+                CHECK(gl[n] == -INFINITY && got[n * Dm] == 0.0f);
+            else
+                CHECK(fabsf(gl[n] - wl[n]) <= 1e-4f);
+        }
+        /* lse_out may be NULL; P = 1 copies the part. */
+        CHECK_OK(kva_merge_states_n(ctx, 1, T, Hm, Dm, KVA_DTYPE_F32, outs, lses, got, NULL));
+        CHECK(got[0] == outs[0] && got[rows * Dm - 1] == outs[rows * Dm - 1]);
+        free(got), free(gl);
+        kva_context_destroy(ctx);
+    }
+    free(outs), free(lses), free(want), free(wl);
+    kva_context_destroy(ref);
+}
+
+static void test_bad_input(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 2);
+    int32_t qsl[2] = {0, 1}, sl[1] = {40}, bt[2] = {1, 2};
+    kva_plan_desc pd = {0};
+    pd.num_requests = 1;
+    pd.query_start_loc = qsl;
+    pd.seq_lens = sl;
+    pd.block_table = bt;
+    pd.block_table_stride = 2;
+    pd.block_size = 8;
+    pd.num_heads = 4;
+    pd.num_kv_heads = 2;
+    pd.head_dim = 32;
+    pd.q_dtype = KVA_DTYPE_F32;
+    pd.causal = 1;
+    kva_plan *plan = NULL;
+    pd.dcp_size = -1;
+    CHECK_STATUS(kva_plan_create(ctx, &pd, &plan), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("dcp_size");
+    pd.dcp_size = KVA_MAX_DCP + 1;
+    CHECK_STATUS(kva_plan_create(ctx, &pd, &plan), KVA_STATUS_INVALID_ARGUMENT);
+    pd.dcp_size = 2;
+    pd.dcp_rank = 2;
+    CHECK_STATUS(kva_plan_create(ctx, &pd, &plan), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("dcp_rank");
+    pd.dcp_rank = 1;
+    pd.dcp_interleave = -3;
+    CHECK_STATUS(kva_plan_create(ctx, &pd, &plan), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("dcp_interleave");
+    CHECK(plan == NULL);
+    /* 40 tokens over 2 ranks: 20 local tokens need 3 blocks of 8, the row has 2. */
+    pd.dcp_interleave = 1;
+    pd.block_size = 8;
+    sl[0] = 40;
+    CHECK_STATUS(kva_plan_create(ctx, &pd, &plan), KVA_STATUS_OUT_OF_RANGE);
+    CHECK_ERROR_MENTIONS("on this rank");
+    sl[0] = 32; /* 16 local tokens: 2 blocks fit */
+    CHECK_OK(kva_plan_create(ctx, &pd, &plan));
+    kva_plan_destroy(plan);
+
+    int32_t lens[2] = {5, -1}, out[2] = {77, 77};
+    CHECK_STATUS(kva_dcp_local_lens(2, lens, 2, 0, 1, out), KVA_STATUS_OUT_OF_RANGE);
+    CHECK(out[0] == 77 && out[1] == 77);
+    CHECK_STATUS(kva_dcp_local_lens(1, lens, 2, 5, 1, out), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kva_dcp_local_lens(1, NULL, 2, 0, 1, out), KVA_STATUS_NULL_POINTER);
+    int64_t slots[20];
+    for (int i = 0; i < 20; i++)
+        slots[i] = 1234;
+    /* Rank 0 of 2 holds 10 of positions 0..19: 2 blocks of 4 are too few. */
+    CHECK_STATUS(kva_dcp_slots(2, 0, 1, 4, bt, 2, 0, 20, slots), KVA_STATUS_OUT_OF_RANGE);
+    CHECK_ERROR_MENTIONS("row_len");
+    CHECK_STATUS(kva_dcp_slots(2, 0, 1, 0, bt, 2, 0, 4, slots), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kva_dcp_slots(2, 0, 1, 4, bt, 2, -1, 4, slots), KVA_STATUS_INVALID_ARGUMENT);
+    for (int i = 0; i < 20; i++)
+        CHECK(slots[i] == 1234);
+
+    float outs[2 * 4 * 8], lses[2 * 4], o[4 * 8], l[4];
+    for (int i = 0; i < 32; i++)
+        o[i] = 5.0f;
+    memset(outs, 0, sizeof outs);
+    memset(lses, 0, sizeof lses);
+    CHECK_STATUS(kva_merge_states_n(ctx, 0, 1, 4, 8, KVA_DTYPE_F32, outs, lses, o, l),
+                 KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("num_parts");
+    CHECK_STATUS(kva_merge_states_n(ctx, 2, 1, 4, 12, KVA_DTYPE_F32, outs, lses, o, l),
+                 KVA_STATUS_UNSUPPORTED);
+    CHECK_STATUS(kva_merge_states_n(ctx, 2, 1, 4, 8, KVA_DTYPE_I8, outs, lses, o, l),
+                 KVA_STATUS_UNSUPPORTED);
+    CHECK_STATUS(kva_merge_states_n(ctx, 2, 1, 4, 8, KVA_DTYPE_F32, outs, lses, outs + 32, l),
+                 KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("overlaps");
+    CHECK_STATUS(kva_merge_states_n(ctx, 2, 1, 4, 8, KVA_DTYPE_F32, NULL, lses, o, l),
+                 KVA_STATUS_NULL_POINTER);
+    for (int i = 0; i < 32; i++)
+        CHECK(o[i] == 5.0f);
+    kva_context_destroy(ctx);
+}
+
+int main(void)
+{
+    RUN(test_layout);
+    RUN(test_merge_n);
+    RUN(test_bad_input);
+    RUN(test_equal_unsharded);
+    return kva_test_finish();
+}
