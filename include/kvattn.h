@@ -563,20 +563,41 @@ KVA_API kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_
  *   computed stably with one rounding to dtype; a part whose lse is -inf
  *   contributes nothing (its out rows are not read); all -inf gives out 0
  *   and lse -inf; a NaN lse makes the row NaN.
- *   outs: [P, T, H, Dv] in dtype (F32, F16 or BF16), part p at p*T*H*Dv;
- *   lses: [P, T, H] float32; out: [T, H, Dv] in dtype; lse_out: [T, H] or NULL.
- * P = num_parts is 1..KVA_MAX_DCP; out and lse_out may not overlap the inputs.
- * Graph-capture safe on CUDA (no allocation, no synchronization).
+ *   outs: P parts of [T, H, Dv] in dtype (F32, F16 or BF16), part p at
+ *         element p * out_stride (0 means T*H*Dv: dense [P, T, H, Dv]);
+ *   lses: P parts of [T, H] float32, part p at element p * lse_stride (0
+ *         means T*H), so a collective's packed [out | lse] blocks merge in place;
+ *   out: [T, H, Dv] in dtype; lse_out: [T, H] float32, or NULL.
+ * P = num_parts is 1..KVA_MAX_DCP; strides are 0 or at least the part size;
+ * out and lse_out may not overlap the inputs. Graph-capture safe on CUDA (no
+ * allocation, no synchronization).
  */
 #define KVA_MAX_DCP 256 /* most ranks of a sharded plan, and most parts of a merge */
 KVA_API kva_status kva_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_tokens,
                                       int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
-                                      const void *outs, const float *lses, void *out,
-                                      float *lse_out);
+                                      const void *outs, int64_t out_stride, const float *lses,
+                                      int64_t lse_stride, void *out, float *lse_out);
 
 /* ------------------------------------------------------------------------ */
 /* Decode context parallelism helpers (docs/dcp.md)                          */
 /* ------------------------------------------------------------------------ */
+
+/*
+ * How the communicator-backed combines (kvattn_mpi.h, kvattn_nccl.h) move
+ * the ranks' partials; both leave rank k with the exact result for its
+ * H / N heads [k * H/N, (k+1) * H/N), as vLLM's DCP does.
+ */
+typedef enum kva_dcp_combine {
+    /* All-gather the LSEs [N, T, H], rescale the rank's partial by its
+     * weight, reduce-scatter (sum) the rescaled partials over the heads in
+     * float32 (vLLM's cp_lse_ag_out_rs). */
+    KVA_DCP_COMBINE_AG_RS = 0,
+    /* One all-to-all of packed [out | lse] blocks (each rank sends rank k
+     * its partial for k's heads, in the output dtype), then a local
+     * kva_merge_states_n of the N received blocks (vLLM's packed all-to-all). */
+    KVA_DCP_COMBINE_A2A = 1,
+    KVA_DCP_COMBINE_COUNT_
+} kva_dcp_combine;
 
 /*
  * The tokens rank dcp_rank holds of each request: local_lens[r] = the number

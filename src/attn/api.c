@@ -232,7 +232,8 @@ static int overlaps(const void *a, size_t na, const void *b, size_t nb)
 
 kva_status kva_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_tokens,
                               int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
-                              const void *outs, const float *lses, void *out, float *lse_out)
+                              const void *outs, int64_t out_stride, const float *lses,
+                              int64_t lse_stride, void *out, float *lse_out)
 {
     kva__clear_error();
     KVA_CHECK_PTR(ctx);
@@ -241,6 +242,17 @@ kva_status kva_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_t
                          "kva_merge_states_n: num_parts = %d is outside [1, %d] (KVA_MAX_DCP)",
                          (int)num_parts, KVA_MAX_DCP);
     KVA_TRY(check_merge_shape("kva_merge_states_n", ctx, num_tokens, num_heads, head_dim_v, dtype));
+    const int64_t rows = (int64_t)num_tokens * num_heads, part = rows * head_dim_v;
+    if (out_stride == 0)
+        out_stride = part;
+    if (lse_stride == 0)
+        lse_stride = rows;
+    if (out_stride < part || lse_stride < rows)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_merge_states_n: out_stride = %lld / lse_stride = %lld elements, must "
+                         "be 0 or at least one part (%lld / %lld)",
+                         (long long)out_stride, (long long)lse_stride, (long long)part,
+                         (long long)rows);
     if (num_tokens == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(outs);
@@ -251,15 +263,16 @@ kva_status kva_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_t
     KVA_CHECK_ALIGNED(out, es);
     KVA_CHECK_ALIGNED(lses, sizeof(float));
     KVA_CHECK_ALIGNED(lse_out, sizeof(float));
-    const size_t rows = (size_t)num_tokens * (size_t)num_heads;
-    const size_t out_bytes = rows * (size_t)head_dim_v * es, lse_bytes = rows * sizeof(float);
-    const size_t P = (size_t)num_parts;
-    if (overlaps(out, out_bytes, outs, P * out_bytes) ||
-        overlaps(out, out_bytes, lses, P * lse_bytes))
+    /* The spans the inputs cover (first to last element, gaps included). */
+    const size_t out_bytes = (size_t)part * es, lse_bytes = (size_t)rows * sizeof(float);
+    const size_t outs_span = ((size_t)(num_parts - 1) * (size_t)out_stride + (size_t)part) * es;
+    const size_t lses_span =
+        ((size_t)(num_parts - 1) * (size_t)lse_stride + (size_t)rows) * sizeof(float);
+    if (overlaps(out, out_bytes, outs, outs_span) || overlaps(out, out_bytes, lses, lses_span))
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_merge_states_n: out overlaps the inputs outs or lses");
-    if (lse_out && (overlaps(lse_out, lse_bytes, outs, P * out_bytes) ||
-                    overlaps(lse_out, lse_bytes, lses, P * lse_bytes) ||
+    if (lse_out && (overlaps(lse_out, lse_bytes, outs, outs_span) ||
+                    overlaps(lse_out, lse_bytes, lses, lses_span) ||
                     overlaps(lse_out, lse_bytes, out, out_bytes)))
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_merge_states_n: lse_out overlaps outs, lses or out");
@@ -268,5 +281,5 @@ kva_status kva_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_t
                          "kva_merge_states_n: merge_states_n is not implemented by backend '%s'",
                          ops_name(ctx));
     return ctx->ops->merge_states_n(ctx, num_parts, num_tokens, num_heads, head_dim_v, dtype, outs,
-                                    lses, out, lse_out);
+                                    out_stride, lses, lse_stride, out, lse_out);
 }

@@ -17,14 +17,17 @@
 /* ---- errors (src/core/status.c) ---- */
 
 /* Records a printf-style message for kva_last_error() on this thread and
- * returns status, so call sites read `return kva__fail(KVA_STATUS_X, "...")`. */
-kva_status kva__fail(kva_status status, const char *fmt, ...)
+ * returns status, so call sites read `return kva__fail(KVA_STATUS_X, "...")`.
+ * Exported (with kva__clear_error) for the communicator libraries
+ * kvattn_mpi and kvattn_nccl (src/comm/), which link the shared library;
+ * not part of the API. */
+KVA_API kva_status kva__fail(kva_status status, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
 /* Clears this thread's message; every public entry point calls it first. */
-void kva__clear_error(void);
+KVA_API void kva__clear_error(void);
 
 /* Checks a required pointer argument: returns KVA_STATUS_NULL_POINTER naming it. */
 #define KVA_CHECK_PTR(p)                                                                           \
@@ -393,11 +396,12 @@ struct kva__backend_ops {
     void (*context_free)(kva_context *ctx);
     /* Where its caches and workspace live. */
     const kva__memory_ops *memory;
-    /* kva_merge_states_n after validation (num_parts >= 1, num_tokens > 0;
-     * lse_out may be NULL). */
+    /* kva_merge_states_n after validation (num_parts >= 1, num_tokens > 0,
+     * strides resolved (never 0); lse_out may be NULL). */
     kva_status (*merge_states_n)(kva_context *ctx, int32_t num_parts, int32_t num_tokens,
                                  int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
-                                 const void *outs, const float *lses, void *out, float *lse_out);
+                                 const void *outs, int64_t out_stride, const float *lses,
+                                 int64_t lse_stride, void *out, float *lse_out);
 };
 
 extern const kva__backend_ops kva__ref_ops;  /* src/attn/ref/ */

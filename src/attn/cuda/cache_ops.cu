@@ -265,12 +265,12 @@ extern "C" kva_status kva__cuda_merge_states(kva_context *ctx, int32_t num_token
 }
 
 /* One warp per row n of [T*H]: the LSE-weighted mean of the row's P parts
- * (part p at p * rows + n), as the reference computes it: a part of weight 0
- * is not read, all -inf gives 0 and -inf, a NaN lse a NaN row. */
+ * (part p's out row at p * os + n * Dv, its lse at p * ls + n), as the reference computes it: a
+ * part of weight 0 is not read, all -inf gives 0 and -inf, a NaN lse a NaN row. */
 template <typename T>
 __global__ void __launch_bounds__(128)
-    merge_states_n_kernel(int32_t P, int64_t rows, int32_t Dv, const T *outs, const float *lses,
-                          T *out, float *lse_out)
+    merge_states_n_kernel(int32_t P, int64_t rows, int32_t Dv, const T *outs, int64_t os,
+                          const float *lses, int64_t ls, T *out, float *lse_out)
 {
     const int lane = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(128)
         float m = -INFINITY;
         bool nan = false;
         for (int32_t p = 0; p < P; p++) {
-            const float l = lses[p * rows + n];
+            const float l = lses[p * ls + n];
             nan |= l != l;
             m = l > m ? l : m;
         }
@@ -296,11 +296,11 @@ __global__ void __launch_bounds__(128)
             acc[i] = 0.f;
         float w = 0.f;
         for (int32_t p = 0; p < P; p++) {
-            const float wp = expf(lses[p * rows + n] - m);
+            const float wp = expf(lses[p * ls + n] - m);
             if (wp == 0.f)
                 continue;
             w += wp;
-            const int64_t off = (p * rows + n) * Dv;
+            const int64_t off = p * os + n * Dv;
 #pragma unroll
             for (int32_t i = 0; i < 256 / 32; i++) {
                 const int32_t c = lane + 32 * i;
@@ -320,26 +320,27 @@ __global__ void __launch_bounds__(128)
     }
 }
 
-extern "C" kva_status kva__cuda_merge_states_n(kva_context *ctx, int32_t num_parts,
-                                               int32_t num_tokens, int32_t num_heads,
-                                               int32_t head_dim_v, kva_dtype dtype,
-                                               const void *outs, const float *lses, void *out,
-                                               float *lse_out)
+extern "C" kva_status
+kva__cuda_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_tokens, int32_t num_heads,
+                         int32_t head_dim_v, kva_dtype dtype, const void *outs, int64_t out_stride,
+                         const float *lses, int64_t lse_stride, void *out, float *lse_out)
 {
     const int64_t rows = (int64_t)num_tokens * num_heads;
     const int64_t ctas = (rows + 3) / 4;
     const int grid = ctas < 65535 ? (int)ctas : 65535;
     cudaStream_t s = stream_of(ctx);
     if (dtype == KVA_DTYPE_F32)
-        merge_states_n_kernel<float><<<grid, 128, 0, s>>>(
-            num_parts, rows, head_dim_v, (const float *)outs, lses, (float *)out, lse_out);
+        merge_states_n_kernel<float><<<grid, 128, 0, s>>>(num_parts, rows, head_dim_v,
+                                                          (const float *)outs, out_stride, lses,
+                                                          lse_stride, (float *)out, lse_out);
     else if (dtype == KVA_DTYPE_F16)
-        merge_states_n_kernel<__half><<<grid, 128, 0, s>>>(
-            num_parts, rows, head_dim_v, (const __half *)outs, lses, (__half *)out, lse_out);
+        merge_states_n_kernel<__half><<<grid, 128, 0, s>>>(num_parts, rows, head_dim_v,
+                                                           (const __half *)outs, out_stride, lses,
+                                                           lse_stride, (__half *)out, lse_out);
     else
-        merge_states_n_kernel<__nv_bfloat16><<<grid, 128, 0, s>>>(num_parts, rows, head_dim_v,
-                                                                  (const __nv_bfloat16 *)outs, lses,
-                                                                  (__nv_bfloat16 *)out, lse_out);
+        merge_states_n_kernel<__nv_bfloat16>
+            <<<grid, 128, 0, s>>>(num_parts, rows, head_dim_v, (const __nv_bfloat16 *)outs,
+                                  out_stride, lses, lse_stride, (__nv_bfloat16 *)out, lse_out);
     KVA_CUDA_LAUNCHED("merge_states_n_kernel");
     return KVA_STATUS_OK;
 }

@@ -277,12 +277,13 @@ static kva_status ref_merge_states(kva_context *ctx, int32_t num_tokens, int32_t
 
 /*
  * Merges P partial states row by row in double: part p of row n has out row
- * outs + (p * rows + n) * Dv and lse lses[p * rows + n]. A part of weight zero
+ * outs + p * out_stride + n * Dv and lse lses[p * lse_stride + n]. A part of weight zero
  * is not read; a NaN lse makes the row NaN (out and lse).
  */
 static kva_status ref_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_tokens,
                                      int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
-                                     const void *outs, const float *lses, void *out, float *lse_out)
+                                     const void *outs, int64_t out_stride, const float *lses,
+                                     int64_t lse_stride, void *out, float *lse_out)
 {
     const int64_t rows = (int64_t)num_tokens * num_heads;
     const int32_t Dv = head_dim_v;
@@ -292,7 +293,7 @@ static kva_status ref_merge_states_n(kva_context *ctx, int32_t num_parts, int32_
         double m = -INFINITY;
         int nan = 0;
         for (int32_t p = 0; p < num_parts; p++) {
-            const double l = lses[p * rows + n];
+            const double l = lses[p * lse_stride + n];
             nan |= isnan(l);
             m = l > m ? l : m;
         }
@@ -307,10 +308,10 @@ static kva_status ref_merge_states_n(kva_context *ctx, int32_t num_parts, int32_
         for (int32_t c = 0; c < Dv; c++)
             acc[c] = 0.0;
         for (int32_t p = 0; p < num_parts; p++) {
-            const double wp = exp((double)lses[p * rows + n] - m);
+            const double wp = exp((double)lses[p * lse_stride + n] - m);
             if (wp == 0.0)
                 continue;
-            const size_t off = (size_t)(p * rows) * (size_t)Dv + base;
+            const size_t off = (size_t)(p * out_stride) + base;
             for (int32_t c = 0; c < Dv; c++)
                 acc[c] += wp * (double)kva__load_f(outs, dtype, off + (size_t)c);
             w += wp;
