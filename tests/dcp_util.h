@@ -39,12 +39,14 @@ static const mask masks[] = {
 /* The batch: q_lens and global seq_lens (decodes, a spec decode, a prefill
  * chunk, a long decode, and requests shorter than some N * I). */
 #define R 6
-static const int32_t q_lens[R] = {1, 3, 9, 1, 1, 2};
+/* Not const: the CUDA test also runs the batch as decodes only (all 1). */
+static int32_t q_lens[R] = {1, 3, 9, 1, 1, 2};
 static const int32_t seq_lens[R] = {37, 20, 41, 700, 2, 5};
 enum { H = 4, HKV = 2, D = 32, DV = 24, B = 8 };
 
-/* One rank's cache and plan for the batch: a block-table row per request
- * over blocks handed out in a scrambled order. */
+/* One rank's cache (on ctx) and plan (on plan_ctx, or ctx when NULL) for
+ * the batch: a block-table row per request over blocks handed out in a
+ * scrambled order. */
 typedef struct rank_run {
     kva_cache *cache;
     kva_plan *plan;
@@ -54,7 +56,7 @@ typedef struct rank_run {
 
 static inline kva_status setup_rank(kva_context *ctx, const fmt *f, const mask *m, int32_t N,
                                     int32_t rank, int32_t I, const float *k, const float *v,
-                                    const float *slopes, rank_run *rr)
+                                    const float *slopes, rank_run *rr, kva_context *plan_ctx)
 {
     int32_t local[R];
     CHECK_OK(kva_dcp_local_lens(R, seq_lens, N, rank, I, local));
@@ -113,7 +115,7 @@ static inline kva_status setup_rank(kva_context *ctx, const fmt *f, const mask *
     pd.dcp_size = N;
     pd.dcp_rank = rank;
     pd.dcp_interleave = I;
-    return kva_plan_create(ctx, &pd, &rr->plan);
+    return kva_plan_create(plan_ctx ? plan_ctx : ctx, &pd, &rr->plan);
 }
 
 static inline void free_rank(rank_run *rr)

@@ -52,7 +52,7 @@ static void check_case(kva_backend be, const fmt *f, const mask *m)
     rank_run full;
     void *want = malloc(es * on);
     float *want_lse = malloc(sizeof(float) * T * H);
-    CHECK_OK(setup_rank(ctx, f, m, 0, 0, 0, k, v, slopes, &full));
+    CHECK_OK(setup_rank(ctx, f, m, 0, 0, 0, k, v, slopes, &full, NULL));
     kva_test_poison(want, f->q_dt, on);
     CHECK_OK(kva_attention_run(ctx, full.plan, q, full.cache, sk, want, want_lse));
     free_rank(&full);
@@ -67,7 +67,7 @@ static void check_case(kva_backend be, const fmt *f, const mask *m)
             kva_test_poison(parts, f->q_dt, on * N);
             for (int32_t rank = 0; rank < N; rank++) {
                 rank_run rr;
-                CHECK_OK(setup_rank(ctx, f, m, N, rank, I, k, v, slopes, &rr));
+                CHECK_OK(setup_rank(ctx, f, m, N, rank, I, k, v, slopes, &rr, NULL));
                 CHECK_OK(kva_attention_run(ctx, rr.plan, q, rr.cache, sk,
                                            (char *)parts + es * on * rank, lses + T * H * rank));
                 free_rank(&rr);

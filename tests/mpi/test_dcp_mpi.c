@@ -45,10 +45,10 @@ static void check_mode(const fmt *f, const mask *m, int32_t I)
     void *want = malloc(es * on), *part = malloc(es * on), *got = malloc(es * on);
     float *want_lse = malloc(sizeof(float) * T * H), *part_lse = malloc(sizeof(float) * T * H);
     float *got_lse = malloc(sizeof(float) * T * H);
-    CHECK_OK(setup_rank(ctx, f, m, 0, 0, 0, k, v, slopes, &full));
+    CHECK_OK(setup_rank(ctx, f, m, 0, 0, 0, k, v, slopes, &full, NULL));
     CHECK_OK(kva_attention_run(ctx, full.plan, q, full.cache, NULL, want, want_lse));
     free_rank(&full);
-    CHECK_OK(setup_rank(ctx, f, m, N, g_rank, I, k, v, slopes, &mine));
+    CHECK_OK(setup_rank(ctx, f, m, N, g_rank, I, k, v, slopes, &mine, NULL));
     kva_test_poison(part, f->q_dt, on);
     CHECK_OK(kva_attention_run(ctx, mine.plan, q, mine.cache, NULL, part, part_lse));
     free_rank(&mine);
