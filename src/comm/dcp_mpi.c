@@ -17,7 +17,7 @@
  *   collective.
  * Buffers are made once for max_tokens at create; a combine never allocates.
  */
-#include "internal.h"
+#include "dcp_group.h"
 #include "kvattn_mpi.h"
 
 #include <math.h>
@@ -26,12 +26,8 @@
 #include <string.h>
 
 struct kva_dcp_mpi {
-    kva_context *ctx;
+    kva__dcp_group g;
     MPI_Comm comm;
-    int32_t size, rank;
-    int32_t max_tokens, num_heads, head_dim_v;
-    kva_dtype dtype;
-    size_t es;    /* bytes of a dtype element */
     float *lses;  /* [N, max_tokens, H] gathered LSEs (AG_RS) */
     float *row;   /* [Dv] one partial row in float32 */
     void *send;   /* AG_RS: [N, T, Hn, Dv] float32; A2A: N packed blocks */
@@ -65,46 +61,18 @@ kva_status kva_dcp_mpi_create(kva_context *ctx, MPI_Comm comm, int32_t max_token
         MPI_Comm_rank(comm, &rank) != MPI_SUCCESS)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_dcp_mpi_create: comm is MPI_COMM_NULL or not a valid communicator");
-    if (size > KVA_MAX_DCP)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_dcp_mpi_create: the communicator has %d ranks, more than KVA_MAX_DCP "
-                         "= %d",
-                         size, KVA_MAX_DCP);
-    if (max_tokens < 1 || max_tokens > KVA_MAX_SEQ_LEN)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_dcp_mpi_create: max_tokens = %d is outside [1, %d]", (int)max_tokens,
-                         KVA_MAX_SEQ_LEN);
-    if (num_heads < 1 || num_heads > KVA_MAX_HEADS || num_heads % size != 0)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_dcp_mpi_create: num_heads = %d must be in [1, %d] and a multiple of "
-                         "the communicator's size %d (each rank gets H / N heads)",
-                         (int)num_heads, KVA_MAX_HEADS, size);
-    if (head_dim_v < 8 || head_dim_v > KVA_MAX_HEAD_DIM || head_dim_v % 8 != 0)
-        return kva__fail(
-            KVA_STATUS_UNSUPPORTED,
-            "kva_dcp_mpi_create: head_dim_v = %d is unsupported (multiples of 8 from 8 "
-            "to %d)",
-            (int)head_dim_v, KVA_MAX_HEAD_DIM);
-    if (dtype != KVA_DTYPE_F32 && dtype != KVA_DTYPE_F16 && dtype != KVA_DTYPE_BF16)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_dcp_mpi_create: dtype %d (%s) is not f32, f16 or bf16", (int)dtype,
-                         kva_dtype_name(dtype));
+    kva__dcp_group g;
+    KVA_TRY(kva__dcp_group_init("kva_dcp_mpi_create", ctx, size, rank, max_tokens, num_heads,
+                                head_dim_v, KVA_MAX_HEAD_DIM, dtype, &g));
     kva_dcp_mpi *c = calloc(1, sizeof *c);
     if (!c)
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_dcp_mpi_create: out of memory");
-    c->ctx = ctx;
+    c->g = g;
     c->comm = comm;
-    c->size = size;
-    c->rank = rank;
-    c->max_tokens = max_tokens;
-    c->num_heads = num_heads;
-    c->head_dim_v = head_dim_v;
-    c->dtype = dtype;
-    c->es = kva_dtype_size(dtype);
     /* The larger of the two modes' buffers: T*H*Dv float32 (AG_RS send) or N
      * blocks of T*Hn*(Dv*es + 4) bytes (A2A). */
     const size_t elems = (size_t)max_tokens * (size_t)num_heads * (size_t)head_dim_v;
-    const size_t a2a = (size_t)max_tokens * (size_t)num_heads * ((size_t)head_dim_v * c->es + 4);
+    const size_t a2a = (size_t)max_tokens * (size_t)num_heads * ((size_t)head_dim_v * c->g.es + 4);
     c->bytes = elems * sizeof(float) > a2a ? elems * sizeof(float) : a2a;
     c->lses = malloc((size_t)size * (size_t)max_tokens * (size_t)num_heads * sizeof(float));
     c->row = malloc((size_t)head_dim_v * sizeof(float));
@@ -135,7 +103,7 @@ void kva_dcp_mpi_destroy(kva_dcp_mpi *c)
 static kva_status combine_ag_rs(kva_dcp_mpi *c, int32_t T, const void *out_part,
                                 const float *lse_part, void *out, float *lse_out)
 {
-    const int32_t N = c->size, H = c->num_heads, Hn = H / N, Dv = c->head_dim_v;
+    const int32_t N = c->g.size, H = c->g.num_heads, Hn = H / N, Dv = c->g.head_dim_v;
     const int64_t rows = (int64_t)T * H;
     int err = MPI_Allgather(lse_part, (int)rows, MPI_FLOAT, c->lses, (int)rows, MPI_FLOAT, c->comm);
     if (err != MPI_SUCCESS)
@@ -165,33 +133,33 @@ static kva_status combine_ag_rs(kva_dcp_mpi *c, int32_t T, const void *out_part,
         if (w == 0.0f) { /* no weight: the partial row is not read */
             memset(dst, 0, (size_t)Dv * sizeof(float));
         } else {
-            kva_convert((const char *)out_part + (size_t)n * Dv * c->es, c->dtype, c->row,
+            kva_convert((const char *)out_part + (size_t)n * Dv * c->g.es, c->g.dtype, c->row,
                         KVA_DTYPE_F32, (size_t)Dv);
             for (int32_t x = 0; x < Dv; x++)
                 dst[x] = w * c->row[x];
         }
-        if (lse_out && h / Hn == c->rank)
+        if (lse_out && h / Hn == c->g.rank)
             lse_out[(size_t)t * Hn + h % Hn] = lse;
     }
     const int count = (int)((int64_t)T * Hn * Dv);
     err = MPI_Reduce_scatter_block(send, c->recv, count, MPI_FLOAT, MPI_SUM, c->comm);
     if (err != MPI_SUCCESS)
         return mpi_fail("MPI_Reduce_scatter_block of the rescaled outputs", err);
-    return kva_convert(c->recv, KVA_DTYPE_F32, out, c->dtype, (size_t)count);
+    return kva_convert(c->recv, KVA_DTYPE_F32, out, c->g.dtype, (size_t)count);
 }
 
 /* A2A (see the top of the file). */
 static kva_status combine_a2a(kva_dcp_mpi *c, int32_t T, const void *out_part,
                               const float *lse_part, void *out, float *lse_out)
 {
-    const int32_t N = c->size, H = c->num_heads, Hn = H / N, Dv = c->head_dim_v;
-    const size_t out_bytes = (size_t)T * Hn * Dv * c->es, lse_bytes = (size_t)T * Hn * 4;
+    const int32_t N = c->g.size, H = c->g.num_heads, Hn = H / N, Dv = c->g.head_dim_v;
+    const size_t out_bytes = (size_t)T * Hn * Dv * c->g.es, lse_bytes = (size_t)T * Hn * 4;
     const size_t block = out_bytes + lse_bytes; /* a multiple of 4: Dv is a multiple of 8 */
-    const size_t hrow = (size_t)Hn * Dv * c->es;
+    const size_t hrow = (size_t)Hn * Dv * c->g.es;
     for (int32_t k = 0; k < N; k++) {
         char *b = (char *)c->send + (size_t)k * block;
         for (int32_t t = 0; t < T; t++) {
-            const size_t src = ((size_t)t * H + (size_t)k * Hn) * Dv * c->es;
+            const size_t src = ((size_t)t * H + (size_t)k * Hn) * Dv * c->g.es;
             memcpy(b + (size_t)t * hrow, (const char *)out_part + src, hrow);
             memcpy(b + out_bytes + (size_t)t * Hn * 4, lse_part + (size_t)t * H + (size_t)k * Hn,
                    (size_t)Hn * 4);
@@ -201,9 +169,9 @@ static kva_status combine_a2a(kva_dcp_mpi *c, int32_t T, const void *out_part,
         MPI_Alltoall(c->send, (int)block, MPI_BYTE, c->recv, (int)block, MPI_BYTE, c->comm);
     if (err != MPI_SUCCESS)
         return mpi_fail("MPI_Alltoall of the packed partials", err);
-    return kva_merge_states_n(c->ctx, N, T, Hn, Dv, c->dtype, c->recv, (int64_t)(block / c->es),
-                              (const float *)((char *)c->recv + out_bytes), (int64_t)(block / 4),
-                              out, lse_out);
+    return kva_merge_states_n(
+        c->g.ctx, N, T, Hn, Dv, c->g.dtype, c->recv, (int64_t)(block / c->g.es),
+        (const float *)((char *)c->recv + out_bytes), (int64_t)(block / 4), out, lse_out);
 }
 
 kva_status kva_dcp_mpi_combine(kva_dcp_mpi *c, kva_dcp_combine mode, int32_t num_tokens,
@@ -215,20 +183,11 @@ kva_status kva_dcp_mpi_combine(kva_dcp_mpi *c, kva_dcp_combine mode, int32_t num
     if ((unsigned)mode >= (unsigned)KVA_DCP_COMBINE_COUNT_)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_dcp_mpi_combine: mode = %d is not a kva_dcp_combine", (int)mode);
-    if (num_tokens < 0 || num_tokens > c->max_tokens)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_dcp_mpi_combine: num_tokens = %d is outside [0, max_tokens = %d]",
-                         (int)num_tokens, (int)c->max_tokens);
+    KVA_TRY(
+        kva__dcp_group_check("kva_dcp_mpi_combine", &c->g, num_tokens, out_part, lse_part, out));
     /* Every rank returns here for T = 0 alike, so no collective is skipped on one only. */
     if (num_tokens == 0)
         return KVA_STATUS_OK;
-    KVA_CHECK_PTR(out_part);
-    KVA_CHECK_PTR(lse_part);
-    KVA_CHECK_PTR(out);
-    if ((int64_t)num_tokens * c->num_heads * c->head_dim_v > INT32_MAX / 4)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_dcp_mpi_combine: %d tokens x %d heads x %d exceed MPI's int counts",
-                         (int)num_tokens, (int)c->num_heads, (int)c->head_dim_v);
     if (mode == KVA_DCP_COMBINE_AG_RS)
         return combine_ag_rs(c, num_tokens, out_part, lse_part, out, lse_out);
     return combine_a2a(c, num_tokens, out_part, lse_part, out, lse_out);

@@ -10,7 +10,7 @@
  * block). Everything runs on the context's stream, with no allocation and no
  * host synchronization, so it can be graph-captured.
  */
-#include "internal.h"
+#include "dcp_group.h"
 #include "kvattn_cuda.h"
 #include "kvattn_nccl.h"
 
@@ -18,12 +18,8 @@
 #include <stdlib.h>
 
 struct kva_dcp_nccl {
-    kva_context *ctx;
+    kva__dcp_group g;
     ncclComm_t comm;
-    int32_t size, rank;
-    int32_t max_tokens, num_heads, head_dim_v;
-    kva_dtype dtype;
-    size_t es;
     void *send, *recv; /* N packed blocks each, device memory */
 };
 
@@ -43,41 +39,15 @@ kva_status kva_dcp_nccl_create(kva_context *ctx, ncclComm_t comm, int32_t max_to
     if (ncclCommCount(comm, &size) != ncclSuccess || ncclCommUserRank(comm, &rank) != ncclSuccess)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_dcp_nccl_create: comm is not a valid NCCL communicator");
-    if (size > KVA_MAX_DCP)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_dcp_nccl_create: %d ranks, more than KVA_MAX_DCP = %d", size,
-                         KVA_MAX_DCP);
-    if (max_tokens < 1 || max_tokens > KVA_MAX_SEQ_LEN)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_dcp_nccl_create: max_tokens = %d is outside [1, %d]", (int)max_tokens,
-                         KVA_MAX_SEQ_LEN);
-    if (num_heads < 1 || num_heads > KVA_MAX_HEADS || num_heads % size != 0)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_dcp_nccl_create: num_heads = %d must be in [1, %d] and a multiple "
-                         "of the communicator's size %d",
-                         (int)num_heads, KVA_MAX_HEADS, size);
-    if (head_dim_v < 8 || head_dim_v > 256 || head_dim_v % 8 != 0)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_dcp_nccl_create: head_dim_v = %d is unsupported (multiples of 8 "
-                         "from 8 to 256 on CUDA)",
-                         (int)head_dim_v);
-    if (dtype != KVA_DTYPE_F32 && dtype != KVA_DTYPE_F16 && dtype != KVA_DTYPE_BF16)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_dcp_nccl_create: dtype %d (%s) is not f32, f16 or bf16", (int)dtype,
-                         kva_dtype_name(dtype));
+    kva__dcp_group g;
+    KVA_TRY(kva__dcp_group_init("kva_dcp_nccl_create", ctx, size, rank, max_tokens, num_heads,
+                                head_dim_v, 256, dtype, &g)); /* 256: the CUDA backend's Dv */
     kva_dcp_nccl *c = calloc(1, sizeof *c);
     if (!c)
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_dcp_nccl_create: out of memory");
-    c->ctx = ctx;
+    c->g = g;
     c->comm = comm;
-    c->size = size;
-    c->rank = rank;
-    c->max_tokens = max_tokens;
-    c->num_heads = num_heads;
-    c->head_dim_v = head_dim_v;
-    c->dtype = dtype;
-    c->es = kva_dtype_size(dtype);
-    const size_t bytes = (size_t)max_tokens * num_heads * ((size_t)head_dim_v * c->es + 4);
+    const size_t bytes = (size_t)max_tokens * num_heads * ((size_t)head_dim_v * c->g.es + 4);
     if (cudaMalloc(&c->send, bytes) != cudaSuccess || cudaMalloc(&c->recv, bytes) != cudaSuccess) {
         kva_dcp_nccl_destroy(c);
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
@@ -109,26 +79,22 @@ kva_status kva_dcp_nccl_combine(kva_dcp_nccl *c, kva_dcp_combine mode, int32_t n
     if (mode != KVA_DCP_COMBINE_A2A)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_dcp_nccl_combine: mode = %d is not a kva_dcp_combine", (int)mode);
-    if (num_tokens < 0 || num_tokens > c->max_tokens)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_dcp_nccl_combine: num_tokens = %d is outside [0, max_tokens = %d]",
-                         (int)num_tokens, (int)c->max_tokens);
+    KVA_TRY(
+        kva__dcp_group_check("kva_dcp_nccl_combine", &c->g, num_tokens, out_part, lse_part, out));
     if (num_tokens == 0)
         return KVA_STATUS_OK;
-    KVA_CHECK_PTR(out_part);
-    KVA_CHECK_PTR(lse_part);
-    KVA_CHECK_PTR(out);
-    const int32_t N = c->size, H = c->num_heads, Hn = H / N, Dv = c->head_dim_v, T = num_tokens;
-    const size_t out_bytes = (size_t)T * Hn * Dv * c->es, lse_bytes = (size_t)T * Hn * 4;
-    const size_t block = out_bytes + lse_bytes, hrow = (size_t)Hn * Dv * c->es;
+    const int32_t N = c->g.size, H = c->g.num_heads, Hn = H / N, Dv = c->g.head_dim_v,
+                  T = num_tokens;
+    const size_t out_bytes = (size_t)T * Hn * Dv * c->g.es, lse_bytes = (size_t)T * Hn * 4;
+    const size_t block = out_bytes + lse_bytes, hrow = (size_t)Hn * Dv * c->g.es;
     void *stream = NULL;
-    KVA_TRY(kva_cuda_context_get_stream(c->ctx, &stream));
+    KVA_TRY(kva_cuda_context_get_stream(c->g.ctx, &stream));
     cudaStream_t s = (cudaStream_t)stream;
     for (int32_t k = 0; k < N; k++) {
         char *b = (char *)c->send + (size_t)k * block;
-        cudaError_t e =
-            cudaMemcpy2DAsync(b, hrow, (const char *)out_part + (size_t)k * hrow,
-                              (size_t)H * Dv * c->es, hrow, (size_t)T, cudaMemcpyDeviceToDevice, s);
+        cudaError_t e = cudaMemcpy2DAsync(b, hrow, (const char *)out_part + (size_t)k * hrow,
+                                          (size_t)H * Dv * c->g.es, hrow, (size_t)T,
+                                          cudaMemcpyDeviceToDevice, s);
         if (e == cudaSuccess)
             e = cudaMemcpy2DAsync(b + out_bytes, (size_t)Hn * 4, lse_part + (size_t)k * Hn,
                                   (size_t)H * 4, (size_t)Hn * 4, (size_t)T,
@@ -151,7 +117,7 @@ kva_status kva_dcp_nccl_combine(kva_dcp_nccl *c, kva_dcp_combine mode, int32_t n
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
                          "kva_dcp_nccl_combine: the grouped send/recv failed: %s",
                          ncclGetErrorString(r));
-    return kva_merge_states_n(c->ctx, N, T, Hn, Dv, c->dtype, c->recv, (int64_t)(block / c->es),
-                              (const float *)((const char *)c->recv + out_bytes),
-                              (int64_t)(block / 4), out, lse_out);
+    return kva_merge_states_n(
+        c->g.ctx, N, T, Hn, Dv, c->g.dtype, c->recv, (int64_t)(block / c->g.es),
+        (const float *)((const char *)c->recv + out_bytes), (int64_t)(block / 4), out, lse_out);
 }
