@@ -23,13 +23,16 @@
  * times the largest |partial| of the element (a convex combination of the
  * partials carries at most their largest rounding error).
  */
+#include "cpu_kernels.h"
 #include "dcp_util.h"
 
 /* One (backend, format, mask): the unsharded run against the combine of N
  * sharded runs, for every N and I. */
-static void check_case(kva_backend be, const fmt *f, const mask *m)
+static void check_case(kva_backend be, const fmt *f, const mask *m, const char *kernel)
 {
     kva_context *ctx = new_ctx(be, 2);
+    if (kernel)
+        CHECK_OK(kva__context_force_kernel(ctx, kernel));
     kva_rng rng = {99};
     int64_t rows = 0;
     for (int32_t r = 0; r < R; r++)
@@ -76,8 +79,8 @@ static void check_case(kva_backend be, const fmt *f, const mask *m)
             CHECK_OK(
                 kva_merge_states_n(ctx, N, T, H, DV, f->q_dt, parts, 0, lses, 0, got, got_lse));
             char label[160];
-            snprintf(label, sizeof label, "%s %s %s N=%d I=%d", kva_backend_name(be), f->name,
-                     m->name, (int)N, (int)I);
+            snprintf(label, sizeof label, "%s%s%s %s %s N=%d I=%d", kva_backend_name(be),
+                     kernel ? " " : "", kernel ? kernel : "", f->name, m->name, (int)N, (int)I);
             size_t bad = 0;
             for (size_t i = 0; i < on; i++) {
                 double big = 0.0;
@@ -106,7 +109,22 @@ static void test_equal_unsharded(void)
     for (int b = 0; b < 2; b++)
         for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++)
             for (size_t mi = 0; mi < sizeof masks / sizeof masks[0]; mi++)
-                check_case(bes[b], &fmts[fi], &masks[mi]);
+                check_case(bes[b], &fmts[fi], &masks[mi], NULL);
+}
+
+/* Every CPU kernel that runs here (forced), on the masks that read positions
+ * (window: the local key range; ALiBi: kva__key_pos in each kernel). */
+static void test_cpu_kernels(void)
+{
+    kva_test_kernel ks[KVA_TEST_MAX_KERNELS];
+    const int32_t n = kva_test_cpu_kernels(ks);
+    for (int32_t i = 0; i < n; i++) {
+        if (!ks[i].runs)
+            continue;
+        for (int fi = 0; fi < 3; fi += 2) /* f32, bf16 */
+            for (int mi = 1; mi <= 2; mi++)
+                check_case(KVA_BACKEND_CPU, &fmts[fi], &masks[mi], ks[i].name);
+    }
 }
 
 /* The local lengths and the slot mapping against a direct count. */
@@ -303,5 +321,6 @@ int main(void)
     RUN(test_merge_n);
     RUN(test_bad_input);
     RUN(test_equal_unsharded);
+    RUN(test_cpu_kernels);
     return kva_test_finish();
 }
