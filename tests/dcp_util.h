@@ -133,4 +133,58 @@ static inline int32_t total_tokens(void)
     return t;
 }
 
+/* The batch's data: every token's K/V rows [sum(seq_lens), Hkv, D / Dv]
+ * float32 and the queries [T, H, D] in the format's q dtype (fixed seed). */
+typedef struct dcp_data {
+    float *k, *v;
+    void *q;
+    int32_t T;
+    size_t es, on; /* bytes of a q/out element; elements of one output [T, H, Dv] */
+} dcp_data;
+
+static inline void dcp_data_make(const fmt *f, kva_rng *rng, dcp_data *d)
+{
+    int64_t rows = 0;
+    for (int32_t r = 0; r < R; r++)
+        rows += seq_lens[r];
+    d->T = total_tokens();
+    d->es = kva_dtype_size(f->q_dt);
+    d->on = (size_t)d->T * H * DV;
+    d->k = malloc(sizeof(float) * rows * HKV * D);
+    d->v = malloc(sizeof(float) * rows * HKV * DV);
+    kva_test_fill_uniform(d->k, KVA_DTYPE_F32, (size_t)rows * HKV * D, rng);
+    kva_test_fill_uniform(d->v, KVA_DTYPE_F32, (size_t)rows * HKV * DV, rng);
+    d->q = malloc(d->es * d->T * H * D);
+    kva_test_fill(d->q, f->q_dt, (size_t)d->T * H * D, rng, 1.5);
+}
+
+static inline void dcp_data_free(dcp_data *d)
+{
+    free(d->k), free(d->v), free(d->q);
+}
+
+/* Elements of the combined output got [on] that differ from the unsharded
+ * want beyond the tolerance: the dtype's, + extra_atol, + since every
+ * partial is rounded to the dtype before the combine, the dtype's relative
+ * tolerance times the element's largest |partial| (parts [N, on]; a convex
+ * combination carries at most their largest rounding error). Prints the
+ * first three with label. */
+static inline size_t dcp_compare(const char *label, kva_dtype dt, const void *got, const void *want,
+                                 const void *parts, int32_t N, size_t on, double extra_atol)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < on; i++) {
+        double big = 0.0;
+        for (int32_t p = 0; p < N; p++) {
+            const double x = fabs(kva_test_get(parts, dt, on * p + i));
+            big = x > big ? x : big; /* NaN partials are skipped */
+        }
+        const double a = kva_test_get(got, dt, i), w = kva_test_get(want, dt, i);
+        const double tol = kva_test_atol(dt) + extra_atol + kva_test_rtol(dt) * (fabs(w) + big);
+        if (!(fabs(a - w) <= tol) && bad++ < 3)
+            fprintf(stderr, "  %s: element %zu: got %.8g, want %.8g\n", label, i, a, w);
+    }
+    return bad;
+}
+
 #endif /* KVA_TEST_DCP_UTIL_H */

@@ -34,16 +34,12 @@ static void check_case(kva_backend be, const fmt *f, const mask *m, const char *
     if (kernel)
         CHECK_OK(kva__context_force_kernel(ctx, kernel));
     kva_rng rng = {99};
-    int64_t rows = 0;
-    for (int32_t r = 0; r < R; r++)
-        rows += seq_lens[r];
-    const int32_t T = total_tokens();
-    float *k = malloc(sizeof(float) * rows * HKV * D), *v = malloc(sizeof(float) * rows * HKV * DV);
-    kva_test_fill_uniform(k, KVA_DTYPE_F32, (size_t)rows * HKV * D, &rng);
-    kva_test_fill_uniform(v, KVA_DTYPE_F32, (size_t)rows * HKV * DV, &rng);
-    const size_t es = kva_dtype_size(f->q_dt), on = (size_t)T * H * DV;
-    void *q = malloc(es * T * H * D);
-    kva_test_fill(q, f->q_dt, (size_t)T * H * D, &rng, 1.5);
+    dcp_data dd;
+    dcp_data_make(f, &rng, &dd);
+    const int32_t T = dd.T;
+    const size_t es = dd.es, on = dd.on;
+    const float *k = dd.k, *v = dd.v;
+    const void *q = dd.q;
     float slopes[H], sinks[H];
     for (int32_t h = 0; h < H; h++) {
         slopes[h] = (float)(0.05 * (h + 1));
@@ -63,7 +59,6 @@ static void check_case(kva_backend be, const fmt *f, const mask *m, const char *
     static const int32_t Ns[] = {1, 2, 3, 4, 8};
     void *parts = malloc(es * on * 8), *got = malloc(es * on);
     float *lses = malloc(sizeof(float) * T * H * 8), *got_lse = malloc(sizeof(float) * T * H);
-    const double rtol = kva_test_rtol(f->q_dt);
     for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
         for (int32_t I = 1; I <= B; I += B - 1) {
             const int32_t N = Ns[ni];
@@ -81,17 +76,7 @@ static void check_case(kva_backend be, const fmt *f, const mask *m, const char *
             char label[160];
             snprintf(label, sizeof label, "%s%s%s %s %s N=%d I=%d", kva_backend_name(be),
                      kernel ? " " : "", kernel ? kernel : "", f->name, m->name, (int)N, (int)I);
-            size_t bad = 0;
-            for (size_t i = 0; i < on; i++) {
-                double big = 0.0;
-                for (int32_t p = 0; p < N; p++) {
-                    const double x = fabs(kva_test_get(parts, f->q_dt, on * p + i));
-                    big = x > big ? x : big; /* NaN partials (empty rank) are skipped */
-                }
-                const double a = kva_test_get(got, f->q_dt, i), w = kva_test_get(want, f->q_dt, i);
-                if (!(fabs(a - w) <= kva_test_atol(f->q_dt) + rtol * (fabs(w) + big)) && bad++ < 3)
-                    fprintf(stderr, "  %s: element %zu: got %.8g, want %.8g\n", label, i, a, w);
-            }
+            const size_t bad = dcp_compare(label, f->q_dt, got, want, parts, N, on, 0.0);
             CHECK_MSG(bad == 0, "%s: out, %zu elements differ", label, bad);
             CHECK_MSG(kva_test_compare_f32(label, got_lse, want_lse, (size_t)T * H, 1e-4, 1e-5) ==
                           0,
@@ -99,7 +84,7 @@ static void check_case(kva_backend be, const fmt *f, const mask *m, const char *
         }
     }
     free(parts), free(got), free(lses), free(got_lse), free(want), free(want_lse);
-    free(q), free(k), free(v);
+    dcp_data_free(&dd);
     kva_context_destroy(ctx);
 }
 

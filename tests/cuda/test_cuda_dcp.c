@@ -19,16 +19,12 @@ static void check_case(kva_context *ref, kva_context *gpu, cudaStream_t stream, 
                        const mask *m)
 {
     kva_rng rng = {99};
-    int64_t rows = 0;
-    for (int32_t r = 0; r < R; r++)
-        rows += seq_lens[r];
-    const int32_t T = total_tokens();
-    float *k = malloc(sizeof(float) * rows * HKV * D), *v = malloc(sizeof(float) * rows * HKV * DV);
-    kva_test_fill_uniform(k, KVA_DTYPE_F32, (size_t)rows * HKV * D, &rng);
-    kva_test_fill_uniform(v, KVA_DTYPE_F32, (size_t)rows * HKV * DV, &rng);
-    const size_t es = kva_dtype_size(f->q_dt), on = (size_t)T * H * DV;
-    void *q = malloc(es * T * H * D);
-    kva_test_fill(q, f->q_dt, (size_t)T * H * D, &rng, 1.5);
+    dcp_data dd;
+    dcp_data_make(f, &rng, &dd);
+    const int32_t T = dd.T;
+    const size_t es = dd.es, on = dd.on;
+    const float *k = dd.k, *v = dd.v;
+    const void *q = dd.q;
     void *dq = dev_from(q, es * T * H * D);
 
     rank_run full;
@@ -65,22 +61,9 @@ static void check_case(kva_context *ref, kva_context *gpu, cudaStream_t stream, 
             snprintf(label, sizeof label, "cuda %s %s N=%d I=%d", f->name, m->name, (int)N, (int)I);
             for (int replay = 0; replay < 2; replay++) {
                 to_host(got, dout, es * on);
-                size_t bad = 0;
-                for (size_t i = 0; i < on; i++) {
-                    double big = 0.0;
-                    for (int32_t p = 0; p < N; p++) {
-                        const double x = fabs(kva_test_get(parts, f->q_dt, on * p + i));
-                        big = x > big ? x : big;
-                    }
-                    const double a = kva_test_get(got, f->q_dt, i);
-                    const double w = kva_test_get(want, f->q_dt, i);
-                    /* + the tensor-core decode's P rounding (2^-8 * max|v|). */
-                    const double tol = kva_test_atol(f->q_dt) + 0x1p-8 * 1.7320508 +
-                                       kva_test_rtol(f->q_dt) * (fabs(w) + big);
-                    if (!(fabs(a - w) <= tol) && bad++ < 3)
-                        fprintf(stderr, "  %s%s: element %zu: got %.8g, want %.8g\n", label,
-                                replay ? " (graph)" : "", i, a, w);
-                }
+                /* + the tensor-core decode's P rounding (2^-8 * max|v|). */
+                const size_t bad = dcp_compare(replay ? "graph" : label, f->q_dt, got, want, parts,
+                                               N, on, 0x1p-8 * 1.7320508);
                 CHECK_MSG(bad == 0, "%s%s: %zu elements differ", label, replay ? " (graph)" : "",
                           bad);
                 if (replay)
@@ -105,7 +88,8 @@ static void check_case(kva_context *ref, kva_context *gpu, cudaStream_t stream, 
             cudaFree(dlses);
         }
     }
-    free(want), free(parts), free(got), free(want_lse), free(q), free(k), free(v);
+    free(want), free(parts), free(got), free(want_lse);
+    dcp_data_free(&dd);
     cudaFree(dq);
 }
 
