@@ -438,6 +438,20 @@ typedef struct kva_plan_desc {
                                   beyond float32's range make them disagree. */
     const float *alibi_slopes; /* [H] host, copied into the plan; NULL for none */
     kva_attn_kind kind;        /* of the caches it reads; 0 = KVA_ATTN_MHA (see kva_attn_kind) */
+
+    /* Decode context parallelism (DCP, docs/dcp.md): the KV cache of every
+     * request is sharded over dcp_size ranks, token i of a request living on
+     * rank (i / I) mod dcp_size, I = dcp_interleave. A sharded plan describes
+     * one rank: seq_lens stay GLOBAL (every position and mask is global), the
+     * block_table is the rank's own and covers its local tokens only
+     * (kva_dcp_local_lens), q holds every query head, and the run writes the
+     * rank's partial out and lse over its keys, which a combine
+     * (kva_merge_states_n, kvattn_mpi.h, kvattn_nccl.h) turns into the
+     * full result. Sinks count once: a sharded run adds them on rank 0 only.
+     * All zero (zero-initialized descriptors) = unsharded. */
+    int32_t dcp_size;       /* N ranks, 0 or 1 = unsharded, at most KVA_MAX_DCP */
+    int32_t dcp_rank;       /* this plan's rank, 0 .. N-1 */
+    int32_t dcp_interleave; /* I >= 1 consecutive tokens per rank in turn; 0 means 1 */
 } kva_plan_desc;
 
 typedef struct kva_plan kva_plan;
@@ -541,6 +555,74 @@ KVA_API kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_
                                     int32_t head_dim_v, kva_dtype dtype, const void *out_a,
                                     const float *lse_a, const void *out_b, const float *lse_b,
                                     void *out, float *lse_out);
+
+/*
+ * Merge P partial attention results over disjoint key sets (the DCP combine
+ * when every rank's partial is in one process; kva_merge_states is P = 2):
+ *   out = sum_p exp(lse_p) * out_p / sum_p exp(lse_p), lse = log(sum_p exp(lse_p)),
+ *   computed stably with one rounding to dtype; a part whose lse is -inf
+ *   contributes nothing (its out rows are not read); all -inf gives out 0
+ *   and lse -inf; a NaN lse makes the row NaN.
+ *   outs: P parts of [T, H, Dv] in dtype (F32, F16 or BF16), part p at
+ *         element p * out_stride (0 means T*H*Dv: dense [P, T, H, Dv]);
+ *   lses: P parts of [T, H] float32, part p at element p * lse_stride (0
+ *         means T*H), so a collective's packed [out | lse] blocks merge in place;
+ *   out: [T, H, Dv] in dtype; lse_out: [T, H] float32, or NULL.
+ * P = num_parts is 1..KVA_MAX_DCP; strides are 0 or at least the part size;
+ * out and lse_out may not overlap the inputs. Graph-capture safe on CUDA (no
+ * allocation, no synchronization).
+ */
+#define KVA_MAX_DCP 256 /* most ranks of a sharded plan, and most parts of a merge */
+KVA_API kva_status kva_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_tokens,
+                                      int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
+                                      const void *outs, int64_t out_stride, const float *lses,
+                                      int64_t lse_stride, void *out, float *lse_out);
+
+/* ------------------------------------------------------------------------ */
+/* Decode context parallelism helpers (docs/dcp.md)                          */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * How the communicator-backed combines (kvattn_mpi.h, kvattn_nccl.h) move
+ * the ranks' partials; both leave rank k with the exact result for its
+ * H / N heads [k * H/N, (k+1) * H/N), as vLLM's DCP does.
+ */
+typedef enum kva_dcp_combine {
+    /* All-gather the LSEs [N, T, H], rescale the rank's partial by its
+     * weight, reduce-scatter (sum) the rescaled partials over the heads in
+     * float32 (vLLM's cp_lse_ag_out_rs). */
+    KVA_DCP_COMBINE_AG_RS = 0,
+    /* One all-to-all of packed [out | lse] blocks (each rank sends rank k
+     * its partial for k's heads, in the output dtype), then a local
+     * kva_merge_states_n of the N received blocks (vLLM's packed all-to-all). */
+    KVA_DCP_COMBINE_A2A = 1,
+    KVA_DCP_COMBINE_COUNT_
+} kva_dcp_combine;
+
+/*
+ * The tokens rank dcp_rank holds of each request: local_lens[r] = the number
+ * of positions i < seq_lens[r] with (i / I) mod N == rank (at most
+ * ceil(seq_len / (N * I)) * I). Local token k of the rank is global position
+ * ((k / I) * N + rank) * I + k % I, and it lives at local slot
+ * block_table_row[k / B] * B + k % B of the rank's cache. dcp_size 0 or 1 and
+ * dcp_interleave 0 mean 1, as in kva_plan_desc.
+ */
+KVA_API kva_status kva_dcp_local_lens(int32_t num_requests, const int32_t *seq_lens,
+                                      int32_t dcp_size, int32_t dcp_rank, int32_t dcp_interleave,
+                                      int32_t *local_lens);
+
+/*
+ * The slot mapping for kva_cache_write on rank dcp_rank of count new tokens
+ * of one request at global positions first_pos .. first_pos + count - 1:
+ * slots [count] int64 receives the local slot of each token the rank holds
+ * (through the rank's block-table row [row_len], block size B) and -1 for the
+ * others, which kva_cache_write skips. Every rank is given the same K/V rows
+ * and keeps its own. The row must cover every local token named
+ * (KVA_STATUS_OUT_OF_RANGE otherwise, nothing written).
+ */
+KVA_API kva_status kva_dcp_slots(int32_t dcp_size, int32_t dcp_rank, int32_t dcp_interleave,
+                                 int32_t block_size, const int32_t *block_table_row,
+                                 int32_t row_len, int32_t first_pos, int32_t count, int64_t *slots);
 
 /* ------------------------------------------------------------------------ */
 /* Checkpoint scales (C8)                                                    */

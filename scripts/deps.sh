@@ -3,6 +3,8 @@
 # Sourced by main.sh and test.sh; safe to run repeatedly.
 set -euo pipefail
 kva_pkgs=(build-essential cmake ninja-build libssl-dev libxxhash-dev libcjson-dev pkg-config)
+# The DCP combine over MPI (kvattn_mpi) and its 2-rank test (mpirun).
+kva_pkgs+=(libopenmpi-dev openmpi-bin)
 # scripts/fuzz.sh: clang 14 with libFuzzer and its OpenMP runtime.
 kva_pkgs+=(clang-14 libclang-rt-14-dev libomp-14-dev)
 kva_missing=()

@@ -497,6 +497,7 @@ static void test_empty_rows(void)
     plan.d.decode_threshold = 1;
     plan.query_start_loc = qsl;
     plan.seq_lens = seq;
+    plan.kv_lens = seq; /* unsharded: every key of the request is held */
     plan.kv_start = kv_start;
     plan.info.num_tokens = T;
 

@@ -569,6 +569,9 @@ int bench_run_shape(const bench_opts *o, bench_result *res)
 
 int kva_cli_bench(int argc, char **argv)
 {
+    for (int i = 0; i < argc; i++)
+        if (kva_cli_flag_is(argv[i], "--dcp"))
+            return kva_cli_bench_dcp(argc, argv); /* bench_dcp.c */
     bench_opts o;
     int rc = parse_bench(argc, argv, &o);
     if (rc >= 0)

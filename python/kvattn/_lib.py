@@ -104,6 +104,10 @@ class PlanDesc(Structure):
         ("softcap", c_float),
         ("alibi_slopes", c_void_p),
         ("kind", c_int),  # kva_attn_kind of the caches it reads; 0 = KVA_ATTN_MHA
+        # Decode context parallelism (docs/dcp.md); all 0 = unsharded.
+        ("dcp_size", c_int32),
+        ("dcp_rank", c_int32),
+        ("dcp_interleave", c_int32),
     ]
 
 

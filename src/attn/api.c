@@ -133,6 +133,9 @@ kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, const void 
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_attention_run: attention_paged is not implemented by backend '%s'",
                          ops_name(ctx));
+    /* A sharded plan's partials are combined: the sink joins on rank 0 only. */
+    if (plan->d.dcp_rank != 0)
+        sinks = NULL;
     return ctx->ops->attention_paged(ctx, plan, q, cache, sinks, out, lse);
 }
 
@@ -159,7 +162,34 @@ kva_status kva_attention_run_ragged(kva_context *ctx, const kva_plan *plan, cons
                          "kva_attention_run_ragged: attention_ragged is not implemented by "
                          "backend '%s'",
                          ops_name(ctx));
+    if (plan->d.dcp_rank != 0)
+        sinks = NULL; /* as in kva_attention_run */
     return ctx->ops->attention_ragged(ctx, plan, q, k, v, sinks, out, lse);
+}
+
+/* The shape checks of kva_merge_states and kva_merge_states_n (fn names the
+ * caller): T >= 0, H a shape dimension, Dv a head size of ctx's backend,
+ * dtype a float dtype. */
+static kva_status check_merge_shape(const char *fn, const kva_context *ctx, int32_t num_tokens,
+                                    int32_t num_heads, int32_t head_dim_v, kva_dtype dtype)
+{
+    if (num_tokens < 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: num_tokens = %d is negative", fn,
+                         (int)num_tokens);
+    if (num_heads < 1 || num_heads > KVA_MAX_HEADS)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: num_heads = %d is outside [1, %d] (KVA_MAX_HEADS; "
+                         "a shape dimension, never 0)",
+                         fn, (int)num_heads, KVA_MAX_HEADS);
+    if (!kva__head_dim_ok(head_dim_v))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: head_dim_v = %d is unsupported (multiples of 8 from 8 to %d)", fn,
+                         (int)head_dim_v, KVA_MAX_HEAD_DIM);
+    KVA_TRY(kva__head_dim_check(fn, ctx, "head_dim_v", head_dim_v));
+    if (!kva__dtype_is_float(dtype))
+        return kva__fail(KVA_STATUS_UNSUPPORTED, "%s: dtype %d (%s) is not f32, f16 or bf16", fn,
+                         (int)dtype, kva_dtype_name(dtype));
+    return KVA_STATUS_OK;
 }
 
 kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_heads,
@@ -169,24 +199,7 @@ kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_he
 {
     kva__clear_error();
     KVA_CHECK_PTR(ctx);
-    if (num_tokens < 0)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_merge_states: num_tokens = %d is negative", (int)num_tokens);
-    if (num_heads < 1 || num_heads > KVA_MAX_HEADS)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_merge_states: num_heads = %d is outside [1, %d] (KVA_MAX_HEADS; "
-                         "a shape dimension, never 0)",
-                         (int)num_heads, KVA_MAX_HEADS);
-    if (!kva__head_dim_ok(head_dim_v))
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_merge_states: head_dim_v = %d is unsupported (multiples of 8 from 8 "
-                         "to %d)",
-                         (int)head_dim_v, KVA_MAX_HEAD_DIM);
-    KVA_TRY(kva__head_dim_check("kva_merge_states", ctx, "head_dim_v", head_dim_v));
-    if (!kva__dtype_is_float(dtype))
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_merge_states: dtype %d (%s) is not f32, f16 or bf16", (int)dtype,
-                         kva_dtype_name(dtype));
+    KVA_TRY(check_merge_shape("kva_merge_states", ctx, num_tokens, num_heads, head_dim_v, dtype));
     if (num_tokens == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(out_a);
@@ -208,4 +221,65 @@ kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_he
                          ops_name(ctx));
     return ctx->ops->merge_states(ctx, num_tokens, num_heads, head_dim_v, dtype, out_a, lse_a,
                                   out_b, lse_b, out, lse_out);
+}
+
+/* 1 if the byte ranges [a, a + na) and [b, b + nb) overlap. */
+static int overlaps(const void *a, size_t na, const void *b, size_t nb)
+{
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + nb && y < x + na;
+}
+
+kva_status kva_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_tokens,
+                              int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
+                              const void *outs, int64_t out_stride, const float *lses,
+                              int64_t lse_stride, void *out, float *lse_out)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    if (num_parts < 1 || num_parts > KVA_MAX_DCP)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_merge_states_n: num_parts = %d is outside [1, %d] (KVA_MAX_DCP)",
+                         (int)num_parts, KVA_MAX_DCP);
+    KVA_TRY(check_merge_shape("kva_merge_states_n", ctx, num_tokens, num_heads, head_dim_v, dtype));
+    const int64_t rows = (int64_t)num_tokens * num_heads, part = rows * head_dim_v;
+    if (out_stride == 0)
+        out_stride = part;
+    if (lse_stride == 0)
+        lse_stride = rows;
+    if (out_stride < part || lse_stride < rows)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_merge_states_n: out_stride = %lld / lse_stride = %lld elements, must "
+                         "be 0 or at least one part (%lld / %lld)",
+                         (long long)out_stride, (long long)lse_stride, (long long)part,
+                         (long long)rows);
+    if (num_tokens == 0)
+        return KVA_STATUS_OK;
+    KVA_CHECK_PTR(outs);
+    KVA_CHECK_PTR(lses);
+    KVA_CHECK_PTR(out);
+    const size_t es = kva_dtype_size(dtype);
+    KVA_CHECK_ALIGNED(outs, es);
+    KVA_CHECK_ALIGNED(out, es);
+    KVA_CHECK_ALIGNED(lses, sizeof(float));
+    KVA_CHECK_ALIGNED(lse_out, sizeof(float));
+    /* The spans the inputs cover (first to last element, gaps included). */
+    const size_t out_bytes = (size_t)part * es, lse_bytes = (size_t)rows * sizeof(float);
+    const size_t outs_span = ((size_t)(num_parts - 1) * (size_t)out_stride + (size_t)part) * es;
+    const size_t lses_span =
+        ((size_t)(num_parts - 1) * (size_t)lse_stride + (size_t)rows) * sizeof(float);
+    if (overlaps(out, out_bytes, outs, outs_span) || overlaps(out, out_bytes, lses, lses_span))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_merge_states_n: out overlaps the inputs outs or lses");
+    if (lse_out && (overlaps(lse_out, lse_bytes, outs, outs_span) ||
+                    overlaps(lse_out, lse_bytes, lses, lses_span) ||
+                    overlaps(lse_out, lse_bytes, out, out_bytes)))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_merge_states_n: lse_out overlaps outs, lses or out");
+    if (!ctx->ops || !ctx->ops->merge_states_n)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_merge_states_n: merge_states_n is not implemented by backend '%s'",
+                         ops_name(ctx));
+    return ctx->ops->merge_states_n(ctx, num_parts, num_tokens, num_heads, head_dim_v, dtype, outs,
+                                    out_stride, lses, lse_stride, out, lse_out);
 }

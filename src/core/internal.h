@@ -17,14 +17,17 @@
 /* ---- errors (src/core/status.c) ---- */
 
 /* Records a printf-style message for kva_last_error() on this thread and
- * returns status, so call sites read `return kva__fail(KVA_STATUS_X, "...")`. */
-kva_status kva__fail(kva_status status, const char *fmt, ...)
+ * returns status, so call sites read `return kva__fail(KVA_STATUS_X, "...")`.
+ * Exported (with kva__clear_error) for the communicator libraries
+ * kvattn_mpi and kvattn_nccl (src/comm/), which link the shared library;
+ * not part of the API. */
+KVA_API kva_status kva__fail(kva_status status, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
 /* Clears this thread's message; every public entry point calls it first. */
-void kva__clear_error(void);
+KVA_API void kva__clear_error(void);
 
 /* Checks a required pointer argument: returns KVA_STATUS_NULL_POINTER naming it. */
 #define KVA_CHECK_PTR(p)                                                                           \
@@ -274,8 +277,10 @@ struct kva_plan {
     kva_plan_desc d;             /* scalars resolved (head_dim_v, scale, decode_threshold);
                                     its pointer fields are NULL: use the copies below */
     int32_t *query_start_loc;    /* [R+1] host copy */
-    int32_t *seq_lens;           /* [R] host copy */
-    int64_t *kv_start;           /* [R+1] exclusive prefix sum of seq_lens (ragged K/V rows) */
+    int32_t *seq_lens;           /* [R] host copy (global lengths under DCP) */
+    int32_t *kv_lens;            /* [R] keys this rank holds per request: seq_lens, or
+                                    the local lengths of a sharded (DCP) plan */
+    int64_t *kv_start;           /* [R+1] exclusive prefix sum of kv_lens (ragged K/V rows) */
     int32_t *block_table;        /* [R, d.block_table_stride] host copy, or NULL */
     float *alibi_slopes;         /* [H] host copy, or NULL */
     int32_t max_block_id;        /* largest block id any request reads, -1 if none */
@@ -284,6 +289,34 @@ struct kva_plan {
     kva__partition *part;   /* built by ops->plan_build, freed by ops->plan_release */
     void *device;           /* backend-owned device copies (CUDA) */
 };
+
+/* ---- decode context parallelism: positions of a sharded plan ----
+ *
+ * A sharded plan (d.dcp_size > 1, resolved: size >= 1, interleave >= 1)
+ * holds local key j of a request at global position
+ * ((j / I) * N + rank) * I + j % I, which grows with j; so the keys a row
+ * sees (a contiguous global range under every mask) are a contiguous local
+ * range too, and masks only need the two maps below. */
+
+/* The number of the rank's local keys whose global position is below g. */
+static inline int64_t kva__dcp_local_count(const kva_plan_desc *d, int64_t g)
+{
+    if (g <= 0)
+        return 0;
+    const int64_t I = d->dcp_interleave, span = (int64_t)d->dcp_size * I;
+    const int64_t rem = g % span - (int64_t)d->dcp_rank * I;
+    return g / span * I + (rem < 0 ? 0 : rem > I ? I : rem);
+}
+
+/* The global position of local key j (j itself for an unsharded plan): the
+ * key position of the ALiBi bias. */
+static inline int64_t kva__key_pos(const kva_plan_desc *d, int64_t j)
+{
+    if (d->dcp_size <= 1)
+        return j;
+    const int64_t I = d->dcp_interleave;
+    return ((j / I) * d->dcp_size + d->dcp_rank) * I + j % I;
+}
 
 /* ---- backends ----
  *
@@ -363,6 +396,12 @@ struct kva__backend_ops {
     void (*context_free)(kva_context *ctx);
     /* Where its caches and workspace live. */
     const kva__memory_ops *memory;
+    /* kva_merge_states_n after validation (num_parts >= 1, num_tokens > 0,
+     * strides resolved (never 0); lse_out may be NULL). */
+    kva_status (*merge_states_n)(kva_context *ctx, int32_t num_parts, int32_t num_tokens,
+                                 int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
+                                 const void *outs, int64_t out_stride, const float *lses,
+                                 int64_t lse_stride, void *out, float *lse_out);
 };
 
 extern const kva__backend_ops kva__ref_ops;  /* src/attn/ref/ */

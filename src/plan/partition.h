@@ -127,8 +127,9 @@ void kva__partition_free(kva__partition *part); /* NULL is a no-op */
  * Keys [*lo, *hi) visible to query row i of a request with q_len q and
  * seq_len s (the semantics of kva_attention_run): pos = s - q + i; causal
  * limits keys to j <= pos, a window to pos - j <= window_left. The visible
- * set of a row is always one contiguous range; it may be empty (*lo >= *hi)
- * only after clipping by a caller.
+ * set of a row is always one contiguous range. For a sharded (DCP) plan, s
+ * and pos are global and the range is mapped to the rank's local keys
+ * (kva__dcp_local_count); it may be empty then, or after clipping by a caller.
  */
 static inline void kva__row_keys(const kva_plan_desc *d, int32_t s, int32_t q, int32_t i,
                                  int32_t *lo, int32_t *hi)
@@ -136,6 +137,10 @@ static inline void kva__row_keys(const kva_plan_desc *d, int32_t s, int32_t q, i
     int32_t pos = s - q + i;
     *hi = d->causal ? pos + 1 : s;
     *lo = d->window_left >= 0 && pos - d->window_left > 0 ? pos - d->window_left : 0;
+    if (d->dcp_size > 1) {
+        *lo = (int32_t)kva__dcp_local_count(d, *lo);
+        *hi = (int32_t)kva__dcp_local_count(d, *hi);
+    }
 }
 
 #endif /* KVA_PARTITION_H */

@@ -116,6 +116,18 @@ static kva_status check_scalars(const kva_plan_desc *d)
                                  "kva_plan_create: alibi_slopes[%d] = %g is not finite", (int)h,
                                  (double)d->alibi_slopes[h]);
     }
+    if (d->dcp_size < 0 || d->dcp_size > KVA_MAX_DCP)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: dcp_size = %d is outside [0, %d] (0 or 1 = unsharded)",
+                         (int)d->dcp_size, KVA_MAX_DCP);
+    if (d->dcp_rank < 0 || d->dcp_rank >= (d->dcp_size > 1 ? d->dcp_size : 1))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: dcp_rank = %d is outside [0, dcp_size = %d)",
+                         (int)d->dcp_rank, (int)(d->dcp_size > 1 ? d->dcp_size : 1));
+    if (d->dcp_interleave < 0 || d->dcp_interleave > KVA_MAX_SEQ_LEN)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: dcp_interleave = %d is outside [0, %d] (0 means 1)",
+                         (int)d->dcp_interleave, KVA_MAX_SEQ_LEN);
     if (d->block_table) {
         if (d->block_size < 1)
             return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
@@ -130,11 +142,13 @@ static kva_status check_scalars(const kva_plan_desc *d)
 }
 
 /*
- * Checks query_start_loc [R+1], seq_lens [R] and block_table [R, stride] and
+ * Checks query_start_loc [R+1], seq_lens [R] and block_table [R, stride]
+ * (dcp: the descriptor with its DCP fields resolved, kva__dcp_local_count) and
  * returns, through *max_block_id, the largest block id any request with
  * queries reads (-1 if none).
  */
-static kva_status check_batch(const kva_plan_desc *d, int32_t *max_block_id)
+static kva_status check_batch(const kva_plan_desc *d, const kva_plan_desc *dcp,
+                              int32_t *max_block_id)
 {
     const int32_t R = d->num_requests;
     const int32_t *qsl = d->query_start_loc;
@@ -180,13 +194,15 @@ static kva_status check_batch(const kva_plan_desc *d, int32_t *max_block_id)
                              (int)r, (long long)q, (int)r, (int)s);
         if (!d->block_table)
             continue;
-        int64_t need = ((int64_t)s + d->block_size - 1) / d->block_size;
+        /* A sharded plan's block table covers the rank's local tokens only. */
+        const int64_t local = kva__dcp_local_count(dcp, s);
+        int64_t need = (local + d->block_size - 1) / d->block_size;
         if (need > d->block_table_stride)
             return kva__fail(KVA_STATUS_OUT_OF_RANGE,
                              "kva_plan_create: block table too short for seq_len: request %d has "
-                             "seq_lens = %d, needing %lld blocks of block_size %d, but "
-                             "block_table_stride = %d",
-                             (int)r, (int)s, (long long)need, (int)d->block_size,
+                             "seq_lens = %d (%lld tokens on this rank), needing %lld blocks of "
+                             "block_size %d, but block_table_stride = %d",
+                             (int)r, (int)s, (long long)local, (long long)need, (int)d->block_size,
                              (int)d->block_table_stride);
         if (q == 0)
             continue; /* No kernel reads this request's blocks. */
@@ -251,6 +267,7 @@ static void free_plan(kva_plan *p)
 {
     free(p->query_start_loc);
     free(p->seq_lens);
+    free(p->kv_lens);
     free(p->kv_start);
     free(p->block_table);
     free(p->alibi_slopes);
@@ -277,8 +294,17 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
     KVA_TRY(kva__head_dim_check("kva_plan_create", ctx, "head_dim", desc->head_dim));
     if (desc->head_dim_v != 0)
         KVA_TRY(kva__head_dim_check("kva_plan_create", ctx, "head_dim_v", desc->head_dim_v));
+    /* The DCP fields resolved (0 means 1), as the plan keeps them. */
+    kva_plan_desc dcp = *desc;
+    if (dcp.dcp_size <= 1) {
+        dcp.dcp_size = 1;
+        dcp.dcp_rank = 0;
+        dcp.dcp_interleave = 1;
+    } else if (dcp.dcp_interleave == 0) {
+        dcp.dcp_interleave = 1;
+    }
     int32_t max_block_id = -1;
-    KVA_TRY(check_batch(desc, &max_block_id));
+    KVA_TRY(check_batch(desc, &dcp, &max_block_id));
 
     const int32_t R = desc->num_requests;
     const int32_t H = desc->num_heads;
@@ -290,12 +316,13 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
     p->backend = ctx->backend;
     p->query_start_loc = alloc_n((size_t)R + 1, sizeof(int32_t));
     p->seq_lens = alloc_n((size_t)R, sizeof(int32_t));
+    p->kv_lens = alloc_n((size_t)R, sizeof(int32_t));
     p->kv_start = alloc_n((size_t)R + 1, sizeof(int64_t));
     if (desc->block_table)
         p->block_table = alloc_n(bt_elems, sizeof(int32_t));
     if (desc->alibi_slopes)
         p->alibi_slopes = alloc_n((size_t)H, sizeof(float));
-    if (!p->query_start_loc || !p->seq_lens || !p->kv_start ||
+    if (!p->query_start_loc || !p->seq_lens || !p->kv_lens || !p->kv_start ||
         (desc->block_table && !p->block_table) || (desc->alibi_slopes && !p->alibi_slopes)) {
         free_plan(p);
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
@@ -311,8 +338,10 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
         memcpy(p->seq_lens, desc->seq_lens, (size_t)R * sizeof(int32_t));
     }
     p->kv_start[0] = 0;
-    for (int32_t r = 0; r < R; r++)
-        p->kv_start[r + 1] = p->kv_start[r] + p->seq_lens[r];
+    for (int32_t r = 0; r < R; r++) {
+        p->kv_lens[r] = (int32_t)kva__dcp_local_count(&dcp, p->seq_lens[r]);
+        p->kv_start[r + 1] = p->kv_start[r] + p->kv_lens[r];
+    }
     if (bt_elems > 0)
         memcpy(p->block_table, desc->block_table, bt_elems * sizeof(int32_t));
     if (p->alibi_slopes)
@@ -320,7 +349,7 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
     p->max_block_id = max_block_id;
 
     /* Resolved scalars; the pointer fields stay NULL so nobody reads the caller's arrays. */
-    p->d = *desc;
+    p->d = dcp;
     p->d.query_start_loc = NULL;
     p->d.seq_lens = NULL;
     p->d.block_table = NULL;

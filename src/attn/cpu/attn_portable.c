@@ -139,7 +139,7 @@ static inline void update_row(const kva__cpu_run *run, kva__cpu_scratch *s, int3
         if (plan->alibi_slopes) {
             const float slope = plan->alibi_slopes[h];
             for (int32_t t = 0; t < n; t++)
-                p[t] += slope * (float)(a + t - pos);
+                p[t] += slope * (float)(kva__key_pos(&plan->d, a + t) - pos);
         }
         for (int32_t t = 0; t < n; t++)
             cmax = p[t] > cmax ? p[t] : cmax;

@@ -290,6 +290,12 @@ kva_status kva__cpu_merge_states(kva_context *ctx, int32_t num_tokens, int32_t n
                                  const float *lse_a, const void *out_b, const float *lse_b,
                                  void *out, float *lse_out);
 
+/* kva_merge_states_n for the CPU backend: threaded over tokens x heads. */
+kva_status kva__cpu_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_tokens,
+                                   int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
+                                   const void *outs, int64_t out_stride, const float *lses,
+                                   int64_t lse_stride, void *out, float *lse_out);
+
 /* max(a, b) that returns NaN if either is NaN (plain `a > b ? a : b` drops a
  * NaN a), so a NaN score reaches the row's max, lse and output. */
 static inline float kva__cpu_max_nan(float a, float b)

@@ -113,3 +113,53 @@ kva_status kva__cpu_merge_states(kva_context *ctx, int32_t num_tokens, int32_t n
     }
     return KVA_STATUS_OK;
 }
+
+kva_status kva__cpu_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_tokens,
+                                   int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
+                                   const void *outs, int64_t out_stride, const float *lses,
+                                   int64_t lse_stride, void *out, float *lse_out)
+{
+    const int64_t rows = (int64_t)num_tokens * num_heads;
+    const int32_t Dv = head_dim_v;
+    const size_t row_bytes = (size_t)Dv * kva_dtype_size(dtype);
+    const int nt =
+        ctx->num_threads > 1 && rows * Dv * num_parts >= 16384 ? (int)ctx->num_threads : 1;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t n = 0; n < rows; n++) {
+        float acc[KVA_MAX_HEAD_DIM], row[KVA_MAX_HEAD_DIM];
+        float m = -INFINITY;
+        for (int32_t p = 0; p < num_parts; p++)
+            m = kva__cpu_max_nan(lses[p * lse_stride + n], m);
+        unsigned char *dst = (unsigned char *)out + (size_t)n * row_bytes;
+        if (m != m || m == -INFINITY) { /* a NaN part, or no key in any part */
+            for (int32_t c = 0; c < Dv; c++)
+                acc[c] = m != m ? m : 0.0f;
+            kva__cpu_store_row(dst, dtype, acc, Dv);
+            if (lse_out)
+                lse_out[n] = m;
+            continue;
+        }
+        memset(acc, 0, (size_t)Dv * sizeof(float));
+        float w = 0.0f;
+        for (int32_t p = 0; p < num_parts; p++) {
+            const float wp = expf(lses[p * lse_stride + n] - m);
+            if (wp == 0.0f)
+                continue; /* not read: its row may hold anything */
+            kva__cpu_load_row(row,
+                              (const unsigned char *)outs +
+                                  ((size_t)(p * out_stride) + (size_t)n * Dv) *
+                                      kva_dtype_size(dtype),
+                              dtype, Dv);
+            for (int32_t c = 0; c < Dv; c++)
+                acc[c] += wp * row[c];
+            w += wp;
+        }
+        const float inv = 1.0f / w;
+        for (int32_t c = 0; c < Dv; c++)
+            acc[c] *= inv;
+        kva__cpu_store_row(dst, dtype, acc, Dv);
+        if (lse_out)
+            lse_out[n] = m + logf(w);
+    }
+    return KVA_STATUS_OK;
+}

@@ -349,6 +349,7 @@ const kva__backend_ops kva__cpu_ops = {
     .attention_paged = cpu_attention_paged,
     .attention_ragged = cpu_attention_ragged,
     .merge_states = kva__cpu_merge_states,
+    .merge_states_n = kva__cpu_merge_states_n,
     .max_head_dim = KVA_MAX_HEAD_DIM,
     .memory = &kva__host_memory,
     .kernels = kernels,

@@ -9,7 +9,8 @@
  *     and a host cache) through cudaMemcpyAsync, one copy per block of K, of
  *     V and of the per-token key scales (INT8_TOKEN_K formats);
  * Quantized caches are written by cache_quant.cu.
- *   merge_states_kernel: the LSE merge of two partial attention results.
+ *   merge_states_kernel: the LSE merge of two partial attention results;
+ *   merge_states_n_kernel: of P (kva_merge_states_n, the DCP combine).
  * Everything is enqueued on the context's stream; nothing synchronizes except
  * copies into pageable host memory, which the runtime completes before
  * cudaMemcpyAsync returns.
@@ -260,5 +261,86 @@ extern "C" kva_status kva__cuda_merge_states(kva_context *ctx, int32_t num_token
             rows, head_dim_v, (const __nv_bfloat16 *)out_a, lse_a, (const __nv_bfloat16 *)out_b,
             lse_b, (__nv_bfloat16 *)out, lse_out);
     KVA_CUDA_LAUNCHED("merge_states_kernel");
+    return KVA_STATUS_OK;
+}
+
+/* One warp per row n of [T*H]: the LSE-weighted mean of the row's P parts
+ * (part p's out row at p * os + n * Dv, its lse at p * ls + n), as the reference computes it: a
+ * part of weight 0 is not read, all -inf gives 0 and -inf, a NaN lse a NaN row. */
+template <typename T>
+__global__ void __launch_bounds__(128)
+    merge_states_n_kernel(int32_t P, int64_t rows, int32_t Dv, const T *outs, int64_t os,
+                          const float *lses, int64_t ls, T *out, float *lse_out)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+    for (int64_t n = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); n < rows;
+         n += warps) {
+        float m = -INFINITY;
+        bool nan = false;
+        for (int32_t p = 0; p < P; p++) {
+            const float l = lses[p * ls + n];
+            nan |= l != l;
+            m = l > m ? l : m;
+        }
+        const int64_t base = n * Dv;
+        if (nan || m == -INFINITY) {
+            for (int32_t c = lane; c < Dv; c += 32)
+                store_f(out, base + c, nan ? NAN : 0.f);
+            if (lse_out && lane == 0)
+                lse_out[n] = nan ? NAN : -INFINITY;
+            continue;
+        }
+        float acc[256 / 32]; /* Dv <= 256: the backend's max_head_dim */
+        for (int32_t i = 0; i < 256 / 32; i++)
+            acc[i] = 0.f;
+        float w = 0.f;
+        for (int32_t p = 0; p < P; p++) {
+            const float wp = expf(lses[p * ls + n] - m);
+            if (wp == 0.f)
+                continue;
+            w += wp;
+            const int64_t off = p * os + n * Dv;
+#pragma unroll
+            for (int32_t i = 0; i < 256 / 32; i++) {
+                const int32_t c = lane + 32 * i;
+                if (c < Dv)
+                    acc[i] += wp * load_f(outs, off + c);
+            }
+        }
+        const float inv = 1.f / w;
+#pragma unroll
+        for (int32_t i = 0; i < 256 / 32; i++) {
+            const int32_t c = lane + 32 * i;
+            if (c < Dv)
+                store_f(out, base + c, acc[i] * inv);
+        }
+        if (lse_out && lane == 0)
+            lse_out[n] = m + logf(w);
+    }
+}
+
+extern "C" kva_status
+kva__cuda_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_tokens, int32_t num_heads,
+                         int32_t head_dim_v, kva_dtype dtype, const void *outs, int64_t out_stride,
+                         const float *lses, int64_t lse_stride, void *out, float *lse_out)
+{
+    const int64_t rows = (int64_t)num_tokens * num_heads;
+    const int64_t ctas = (rows + 3) / 4;
+    const int grid = ctas < 65535 ? (int)ctas : 65535;
+    cudaStream_t s = stream_of(ctx);
+    if (dtype == KVA_DTYPE_F32)
+        merge_states_n_kernel<float><<<grid, 128, 0, s>>>(num_parts, rows, head_dim_v,
+                                                          (const float *)outs, out_stride, lses,
+                                                          lse_stride, (float *)out, lse_out);
+    else if (dtype == KVA_DTYPE_F16)
+        merge_states_n_kernel<__half><<<grid, 128, 0, s>>>(num_parts, rows, head_dim_v,
+                                                           (const __half *)outs, out_stride, lses,
+                                                           lse_stride, (__half *)out, lse_out);
+    else
+        merge_states_n_kernel<__nv_bfloat16>
+            <<<grid, 128, 0, s>>>(num_parts, rows, head_dim_v, (const __nv_bfloat16 *)outs,
+                                  out_stride, lses, lse_stride, (__nv_bfloat16 *)out, lse_out);
+    KVA_CUDA_LAUNCHED("merge_states_n_kernel");
     return KVA_STATUS_OK;
 }

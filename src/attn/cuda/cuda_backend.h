@@ -245,6 +245,10 @@ kva_status kva__cuda_merge_states(kva_context *ctx, int32_t num_tokens, int32_t 
                                   int32_t head_dim_v, kva_dtype dtype, const void *out_a,
                                   const float *lse_a, const void *out_b, const float *lse_b,
                                   void *out, float *lse_out);
+kva_status kva__cuda_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_tokens,
+                                    int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
+                                    const void *outs, int64_t out_stride, const float *lses,
+                                    int64_t lse_stride, void *out, float *lse_out);
 /* CTAs per SM the CUDA-core attention kernel (attn_simt.cu) reaches for this
  * shape (occupancy query; also raises its dynamic shared-memory limit); 0 if
  * it cannot run. */

@@ -456,7 +456,7 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
     }
     memcpy(h + off[3], plan->query_start_loc, ((size_t)R + 1) * sizeof(int32_t));
     if (R > 0)
-        memcpy(h + off[4], plan->seq_lens, (size_t)R * sizeof(int32_t));
+        memcpy(h + off[4], plan->kv_lens, (size_t)R * sizeof(int32_t)); /* see dcp_accept */
     memcpy(h + off[5], plan->kv_start, ((size_t)R + 1) * sizeof(int64_t));
     if (bt > 0)
         memcpy(h + off[6], plan->block_table, (size_t)bt * sizeof(int32_t));
@@ -465,7 +465,7 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
     int32_t ntiles = 0;
     if (mma_req)
         KVA_TRY(kva__cuda_prefill_tiles_build_subset(
-            R, plan->query_start_loc, plan->seq_lens, mma_req, plan->d.num_heads,
+            R, plan->query_start_loc, plan->kv_lens, mma_req, plan->d.num_heads,
             plan->d.num_kv_heads, plan->d.causal, plan->d.window_left, (int32_t *)(h + off[8]),
             (int32_t)st->caps.ptiles, &ntiles));
     hdr[KVA_CUDA_HDR_PTILES] = ntiles;
@@ -547,8 +547,45 @@ static void plan_kernels(const kva_context *ctx, const kva_plan *plan, int *deco
              kva__cuda_prefill_supported(plan->d.head_dim, plan->d.head_dim_v, plan->d.q_dtype);
 }
 
+/*
+ * Sharded (DCP) plans. The CUDA kernels take masks from the lengths they are
+ * given, not from global positions, so a sharded plan runs only where every
+ * query row sees all of the rank's keys: no window, no ALiBi, and causal
+ * rows only when the first query of each request comes after every local
+ * key (decodes, q_len 1, always do). Such a plan runs as a non-causal plan
+ * over the local lengths kv_lens (the device copy of seq_lens holds them);
+ * any other is refused with KVA_STATUS_UNSUPPORTED. The reference and CPU
+ * backends run every mask.
+ */
+static kva_status dcp_accept(kva_plan *plan)
+{
+    const kva_plan_desc *d = &plan->d;
+    if (d->dcp_size <= 1)
+        return KVA_STATUS_OK;
+    if (d->window_left >= 0 || plan->alibi_slopes)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: the CUDA backend runs sharded (dcp_size = %d) plans "
+                         "without sliding windows and ALiBi only (window_left = %d, alibi %s); "
+                         "the reference and CPU backends run them",
+                         (int)d->dcp_size, (int)d->window_left, plan->alibi_slopes ? "on" : "off");
+    for (int32_t r = 0; d->causal && r < d->num_requests; r++) {
+        const int32_t q = plan->query_start_loc[r + 1] - plan->query_start_loc[r];
+        const int32_t s = plan->seq_lens[r];
+        if (q > 0 && kva__dcp_local_count(d, (int64_t)s - q + 1) != plan->kv_lens[r])
+            return kva__fail(KVA_STATUS_UNSUPPORTED,
+                             "kva_plan_create: the CUDA backend runs causal sharded plans only "
+                             "when every query row sees all of the rank's keys; request %d "
+                             "(q_len %d, seq_len %d) on rank %d of %d does not (decodes do; the "
+                             "reference and CPU backends run any)",
+                             (int)r, (int)q, (int)s, (int)d->dcp_rank, (int)d->dcp_size);
+    }
+    plan->d.causal = 0; /* every local key is visible to every row */
+    return KVA_STATUS_OK;
+}
+
 static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
 {
+    KVA_TRY(dcp_accept(plan));
     kva__cuda_state *st = state_of(ctx);
     KVA_TRY(use_device(st->device));
     KVA_TRY(check_not_capturing("kva_plan_create", st));
@@ -724,4 +761,5 @@ extern "C" const kva__backend_ops kva__cuda_ops = {
     kva__cuda_context_init,
     kva__cuda_context_free,
     &cuda_memory,
+    kva__cuda_merge_states_n,
 };

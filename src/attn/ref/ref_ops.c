@@ -57,8 +57,9 @@ static void kv_rows_offsets(const kv_rows *s, int64_t j, int64_t *k_off, int64_t
     }
 }
 
-/* 1 if key j is visible to the query at position pos of a request with
- * seq_len s, following kva_attention_run's definition clause by clause. */
+/* 1 if the key at (global) position j is visible to the query at position
+ * pos of a request with seq_len s, following kva_attention_run's definition
+ * clause by clause. */
 static int key_visible(const kva_plan_desc *d, int64_t j, int64_t pos, int64_t s)
 {
     if (j >= s)
@@ -93,19 +94,21 @@ static double key_score(const kva_plan *plan, const kv_rows *kv, const double *q
         score = cap * tanh(score / cap);
     }
     if (plan->alibi_slopes)
-        score += (double)plan->alibi_slopes[h] * (double)(j - pos);
+        score += (double)plan->alibi_slopes[h] * (double)(kva__key_pos(d, j) - pos);
     return score;
 }
 
 /*
  * One output row: query head h of the token whose query is qv [D] (as double),
- * at position pos of a request with seq_len s. Writes Dv elements of out at
+ * at position pos of a request with seq_len s, over its n keys (n = s, or the
+ * rank's local keys of a sharded plan, whose key j sits at global position
+ * kva__key_pos(j)). Writes Dv elements of out at
  * element offset out_off in the plan's q_dtype, and *lse when lse is not NULL.
  * has_sink says whether sink holds the head's sink logit.
  */
 static void attend_row(const kva_plan *plan, const kv_rows *kv, const double *qv, int32_t h,
-                       int64_t pos, int64_t s, int has_sink, double sink, void *out, size_t out_off,
-                       float *lse)
+                       int64_t pos, int64_t s, int64_t n, int has_sink, double sink, void *out,
+                       size_t out_off, float *lse)
 {
     const kva_plan_desc *d = &plan->d;
     const int32_t Dv = d->head_dim_v;
@@ -113,8 +116,8 @@ static void attend_row(const kva_plan *plan, const kv_rows *kv, const double *qv
     /* Pass 1: the largest logit, the sink included, for a stable softmax. A NaN
      * score makes m NaN, so it reaches the output and the LSE. */
     double m = has_sink ? sink : -INFINITY;
-    for (int64_t j = 0; j < s; j++) {
-        if (!key_visible(d, j, pos, s))
+    for (int64_t j = 0; j < n; j++) {
+        if (!key_visible(d, kva__key_pos(d, j), pos, s))
             continue;
         const double sc = key_score(plan, kv, qv, h, pos, j);
         if (sc > m || isnan(sc))
@@ -135,8 +138,8 @@ static void attend_row(const kva_plan *plan, const kv_rows *kv, const double *qv
 
     /* Pass 2: the denominator (sink included) and the weighted sum of values. */
     double denom = has_sink ? exp(sink - m) : 0.0;
-    for (int64_t j = 0; j < s; j++) {
-        if (!key_visible(d, j, pos, s))
+    for (int64_t j = 0; j < n; j++) {
+        if (!key_visible(d, kva__key_pos(d, j), pos, s))
             continue;
         const double p = exp(key_score(plan, kv, qv, h, pos, j) - m);
         int64_t k_off, v_off;
@@ -187,7 +190,7 @@ static void attend_all(const kva_plan *plan, kv_rows kv, const void *q, const fl
                 for (int32_t c = 0; c < D; c++)
                     qv[c] = (double)kva__load_f(q, d->q_dtype, (size_t)(row * D + c));
                 kv.head = h / group;
-                attend_row(plan, &kv, qv, h, pos, s, sinks != NULL,
+                attend_row(plan, &kv, qv, h, pos, s, plan->kv_lens[r], sinks != NULL,
                            sinks ? (double)sinks[h] : -INFINITY, out, (size_t)(row * Dv),
                            lse ? lse + row : NULL);
             }
@@ -272,6 +275,55 @@ static kva_status ref_merge_states(kva_context *ctx, int32_t num_tokens, int32_t
     return KVA_STATUS_OK;
 }
 
+/*
+ * Merges P partial states row by row in double: part p of row n has out row
+ * outs + p * out_stride + n * Dv and lse lses[p * lse_stride + n]. A part of weight zero
+ * is not read; a NaN lse makes the row NaN (out and lse).
+ */
+static kva_status ref_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_tokens,
+                                     int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
+                                     const void *outs, int64_t out_stride, const float *lses,
+                                     int64_t lse_stride, void *out, float *lse_out)
+{
+    const int64_t rows = (int64_t)num_tokens * num_heads;
+    const int32_t Dv = head_dim_v;
+    double acc[KVA_MAX_HEAD_DIM];
+    for (int64_t n = 0; n < rows; n++) {
+        const size_t base = (size_t)(n * Dv);
+        double m = -INFINITY;
+        int nan = 0;
+        for (int32_t p = 0; p < num_parts; p++) {
+            const double l = lses[p * lse_stride + n];
+            nan |= isnan(l);
+            m = l > m ? l : m;
+        }
+        if (nan || m == -INFINITY) {
+            for (int32_t c = 0; c < Dv; c++)
+                kva__store_f(out, dtype, base + (size_t)c, nan ? NAN : 0.0f);
+            if (lse_out)
+                lse_out[n] = nan ? NAN : -INFINITY;
+            continue;
+        }
+        double w = 0.0;
+        for (int32_t c = 0; c < Dv; c++)
+            acc[c] = 0.0;
+        for (int32_t p = 0; p < num_parts; p++) {
+            const double wp = exp((double)lses[p * lse_stride + n] - m);
+            if (wp == 0.0)
+                continue;
+            const size_t off = (size_t)(p * out_stride) + base;
+            for (int32_t c = 0; c < Dv; c++)
+                acc[c] += wp * (double)kva__load_f(outs, dtype, off + (size_t)c);
+            w += wp;
+        }
+        for (int32_t c = 0; c < Dv; c++)
+            kva__store_f(out, dtype, base + (size_t)c, (float)(acc[c] / w));
+        if (lse_out)
+            lse_out[n] = (float)(m + log(w));
+    }
+    return KVA_STATUS_OK;
+}
+
 /* The reference backend partitions nothing; it reports one work item per
  * (token, query head) row, the unit attend_all() iterates over. */
 static kva_status ref_plan_build(kva_context *ctx, kva_plan *plan)
@@ -292,4 +344,5 @@ const kva__backend_ops kva__ref_ops = {
     .max_head_dim = KVA_MAX_HEAD_DIM,
     .max_threads = 1, /* the reference runs single-threaded */
     .memory = &kva__host_memory,
+    .merge_states_n = ref_merge_states_n,
 };

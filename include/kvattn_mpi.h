@@ -1,0 +1,62 @@
+/*
+ * kvattn_mpi.h - the decode-context-parallel combine over MPI, for the
+ * reference and CPU backends (library kvattn_mpi, built when CMake finds
+ * MPI; docs/dcp.md).
+ *
+ * The engine owns its process group: it passes the MPI communicator of its
+ * DCP group once, at kva_dcp_mpi_create; kvattn only issues collectives on
+ * it (never duplicates, splits or frees it). The communicator's size is N
+ * (dcp_size) and each process's rank in it must be the dcp_rank of its plans.
+ * Every rank calls kva_dcp_mpi_combine for the same step in the same order,
+ * like any MPI collective.
+ *
+ *   kva_dcp_mpi_create(ctx, comm, max_tokens, H, Dv, dtype, &dcp);   once
+ *   each layer:
+ *     kva_attention_run(ctx, sharded_plan, q, cache, sinks, part, part_lse);
+ *     kva_dcp_mpi_combine(dcp, KVA_DCP_COMBINE_A2A, T, part, part_lse, out, lse);
+ *   kva_dcp_mpi_destroy(dcp);
+ */
+#ifndef KVATTN_MPI_H
+#define KVATTN_MPI_H
+
+#include "kvattn.h"
+
+#include <mpi.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kva_dcp_mpi kva_dcp_mpi;
+
+/*
+ * Makes the combine of one DCP group: its buffers for up to max_tokens query
+ * tokens of H heads (H a multiple of the communicator's size N) and head
+ * size Dv, outputs in dtype (F32, F16 or BF16). ctx is a host context (ref
+ * or CPU: KVA_STATUS_UNSUPPORTED for CUDA) that runs the local merge. Not a
+ * collective: ranks may create theirs at different times.
+ */
+KVA_API kva_status kva_dcp_mpi_create(kva_context *ctx, MPI_Comm comm, int32_t max_tokens,
+                                      int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
+                                      kva_dcp_mpi **out);
+KVA_API void kva_dcp_mpi_destroy(kva_dcp_mpi *dcp); /* NULL is a no-op */
+
+/*
+ * The combine (a collective over the communicator). out_part: [T, H, Dv] in
+ * dtype and lse_part: [T, H] float32, this rank's kva_attention_run of its
+ * sharded plan; out: [T, H/N, Dv] in dtype and lse_out: [T, H/N] float32 (or
+ * NULL) receive the full attention of this rank's heads k*H/N .. (k+1)*H/N - 1
+ * (kva_merge_states_n's semantics for empty and NaN parts). T = num_tokens
+ * <= max_tokens. An MPI error returns KVA_STATUS_DEVICE_ERROR with MPI's
+ * message (MPI's default error handler aborts before that: set
+ * MPI_ERRORS_RETURN on the communicator to get it).
+ */
+KVA_API kva_status kva_dcp_mpi_combine(kva_dcp_mpi *dcp, kva_dcp_combine mode, int32_t num_tokens,
+                                       const void *out_part, const float *lse_part, void *out,
+                                       float *lse_out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVATTN_MPI_H */

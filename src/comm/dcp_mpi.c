@@ -1,0 +1,194 @@
+/*
+ * dcp_mpi.c - the decode-context-parallel combine over MPI (kvattn_mpi.h).
+ *
+ * Rank k of N ends with the exact attention of its heads [k*Hn, (k+1)*Hn),
+ * Hn = H / N, from every rank's partial (out_p, lse_p) over its keys:
+ *   out = sum_p w_p out_p, w_p = exp(lse_p - lse), lse = log sum_p exp(lse_p).
+ *
+ * AG_RS: MPI_Allgather of the LSEs [N, T, H]; each rank computes lse and its
+ *   own weight w_rank per (token, head), packs w_rank * out_rank in float32
+ *   as [N][T][Hn][Dv] (destination-major, so block k holds rank k's heads),
+ *   and MPI_Reduce_scatter_block sums block k on rank k. Moves T*H*Dv floats
+ *   per rank plus the LSEs.
+ * A2A: each rank packs, per destination k, [out rows of k's heads (T*Hn*Dv
+ *   in dtype) | their lse (T*Hn float32)]; one MPI_Alltoall of those blocks;
+ *   kva_merge_states_n merges the N received blocks in place (part stride =
+ *   block). Moves T*H*Dv dtype elements per rank plus the LSEs, in one
+ *   collective.
+ * Buffers are made once for max_tokens at create; a combine never allocates.
+ */
+#include "dcp_group.h"
+#include "kvattn_mpi.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct kva_dcp_mpi {
+    kva__dcp_group g;
+    MPI_Comm comm;
+    float *lses;  /* [N, max_tokens, H] gathered LSEs (AG_RS) */
+    float *row;   /* [Dv] one partial row in float32 */
+    void *send;   /* AG_RS: [N, T, Hn, Dv] float32; A2A: N packed blocks */
+    void *recv;   /* AG_RS: [T, Hn, Dv] float32; A2A: N packed blocks */
+    size_t bytes; /* of send and of recv */
+};
+
+/* A status for a failed MPI call, with MPI's message. */
+static kva_status mpi_fail(const char *what, int err)
+{
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(err, msg, &len) != MPI_SUCCESS)
+        snprintf(msg, sizeof msg, "error %d", err);
+    return kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_dcp_mpi_combine: %s failed: %s", what, msg);
+}
+
+kva_status kva_dcp_mpi_create(kva_context *ctx, MPI_Comm comm, int32_t max_tokens,
+                              int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
+                              kva_dcp_mpi **out)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(out);
+    if (kva_context_backend(ctx) == KVA_BACKEND_CUDA)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_dcp_mpi_create: the MPI combine works on host memory (ref or CPU "
+                         "context); CUDA contexts combine with kvattn_nccl.h");
+    int size = 0, rank = 0;
+    if (comm == MPI_COMM_NULL || MPI_Comm_size(comm, &size) != MPI_SUCCESS ||
+        MPI_Comm_rank(comm, &rank) != MPI_SUCCESS)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_dcp_mpi_create: comm is MPI_COMM_NULL or not a valid communicator");
+    kva__dcp_group g;
+    KVA_TRY(kva__dcp_group_init("kva_dcp_mpi_create", ctx, size, rank, max_tokens, num_heads,
+                                head_dim_v, KVA_MAX_HEAD_DIM, dtype, &g));
+    kva_dcp_mpi *c = calloc(1, sizeof *c);
+    if (!c)
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_dcp_mpi_create: out of memory");
+    c->g = g;
+    c->comm = comm;
+    /* The larger of the two modes' buffers: T*H*Dv float32 (AG_RS send) or N
+     * blocks of T*Hn*(Dv*es + 4) bytes (A2A). */
+    const size_t elems = (size_t)max_tokens * (size_t)num_heads * (size_t)head_dim_v;
+    const size_t a2a = (size_t)max_tokens * (size_t)num_heads * ((size_t)head_dim_v * c->g.es + 4);
+    c->bytes = elems * sizeof(float) > a2a ? elems * sizeof(float) : a2a;
+    c->lses = malloc((size_t)size * (size_t)max_tokens * (size_t)num_heads * sizeof(float));
+    c->row = malloc((size_t)head_dim_v * sizeof(float));
+    c->send = malloc(c->bytes);
+    c->recv = malloc(c->bytes);
+    if (!c->lses || !c->row || !c->send || !c->recv) {
+        kva_dcp_mpi_destroy(c);
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
+                         "kva_dcp_mpi_create: out of memory for 2 x %zu bytes of buffers",
+                         c->bytes);
+    }
+    *out = c;
+    return KVA_STATUS_OK;
+}
+
+void kva_dcp_mpi_destroy(kva_dcp_mpi *c)
+{
+    if (!c)
+        return;
+    free(c->lses);
+    free(c->row);
+    free(c->send);
+    free(c->recv);
+    free(c);
+}
+
+/* AG_RS (see the top of the file). */
+static kva_status combine_ag_rs(kva_dcp_mpi *c, int32_t T, const void *out_part,
+                                const float *lse_part, void *out, float *lse_out)
+{
+    const int32_t N = c->g.size, H = c->g.num_heads, Hn = H / N, Dv = c->g.head_dim_v;
+    const int64_t rows = (int64_t)T * H;
+    int err = MPI_Allgather(lse_part, (int)rows, MPI_FLOAT, c->lses, (int)rows, MPI_FLOAT, c->comm);
+    if (err != MPI_SUCCESS)
+        return mpi_fail("MPI_Allgather of the LSEs", err);
+    float *send = c->send;
+    for (int64_t n = 0; n < rows; n++) {
+        const int32_t t = (int32_t)(n / H), h = (int32_t)(n % H);
+        float m = -INFINITY;
+        int nan = 0;
+        for (int32_t p = 0; p < N; p++) {
+            const float l = c->lses[p * rows + n];
+            nan |= l != l;
+            m = l > m ? l : m;
+        }
+        float lse = -INFINITY, w = 0.0f;
+        if (nan) {
+            lse = w = NAN;
+        } else if (m != -INFINITY) {
+            float sum = 0.0f;
+            for (int32_t p = 0; p < N; p++)
+                sum += expf(c->lses[p * rows + n] - m);
+            lse = m + logf(sum);
+            w = expf(lse_part[n] - lse);
+        }
+        /* Destination k = h / Hn holds row (t, h % Hn) of its block. */
+        float *dst = send + (((size_t)(h / Hn) * T + t) * Hn + h % Hn) * Dv;
+        if (w == 0.0f) { /* no weight: the partial row is not read */
+            memset(dst, 0, (size_t)Dv * sizeof(float));
+        } else {
+            kva_convert((const char *)out_part + (size_t)n * Dv * c->g.es, c->g.dtype, c->row,
+                        KVA_DTYPE_F32, (size_t)Dv);
+            for (int32_t x = 0; x < Dv; x++)
+                dst[x] = w * c->row[x];
+        }
+        if (lse_out && h / Hn == c->g.rank)
+            lse_out[(size_t)t * Hn + h % Hn] = lse;
+    }
+    const int count = (int)((int64_t)T * Hn * Dv);
+    err = MPI_Reduce_scatter_block(send, c->recv, count, MPI_FLOAT, MPI_SUM, c->comm);
+    if (err != MPI_SUCCESS)
+        return mpi_fail("MPI_Reduce_scatter_block of the rescaled outputs", err);
+    return kva_convert(c->recv, KVA_DTYPE_F32, out, c->g.dtype, (size_t)count);
+}
+
+/* A2A (see the top of the file). */
+static kva_status combine_a2a(kva_dcp_mpi *c, int32_t T, const void *out_part,
+                              const float *lse_part, void *out, float *lse_out)
+{
+    const int32_t N = c->g.size, H = c->g.num_heads, Hn = H / N, Dv = c->g.head_dim_v;
+    const size_t out_bytes = (size_t)T * Hn * Dv * c->g.es, lse_bytes = (size_t)T * Hn * 4;
+    const size_t block = out_bytes + lse_bytes; /* a multiple of 4: Dv is a multiple of 8 */
+    const size_t hrow = (size_t)Hn * Dv * c->g.es;
+    for (int32_t k = 0; k < N; k++) {
+        char *b = (char *)c->send + (size_t)k * block;
+        for (int32_t t = 0; t < T; t++) {
+            const size_t src = ((size_t)t * H + (size_t)k * Hn) * Dv * c->g.es;
+            memcpy(b + (size_t)t * hrow, (const char *)out_part + src, hrow);
+            memcpy(b + out_bytes + (size_t)t * Hn * 4, lse_part + (size_t)t * H + (size_t)k * Hn,
+                   (size_t)Hn * 4);
+        }
+    }
+    const int err =
+        MPI_Alltoall(c->send, (int)block, MPI_BYTE, c->recv, (int)block, MPI_BYTE, c->comm);
+    if (err != MPI_SUCCESS)
+        return mpi_fail("MPI_Alltoall of the packed partials", err);
+    return kva_merge_states_n(
+        c->g.ctx, N, T, Hn, Dv, c->g.dtype, c->recv, (int64_t)(block / c->g.es),
+        (const float *)((char *)c->recv + out_bytes), (int64_t)(block / 4), out, lse_out);
+}
+
+kva_status kva_dcp_mpi_combine(kva_dcp_mpi *c, kva_dcp_combine mode, int32_t num_tokens,
+                               const void *out_part, const float *lse_part, void *out,
+                               float *lse_out)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(c);
+    if ((unsigned)mode >= (unsigned)KVA_DCP_COMBINE_COUNT_)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_dcp_mpi_combine: mode = %d is not a kva_dcp_combine", (int)mode);
+    KVA_TRY(
+        kva__dcp_group_check("kva_dcp_mpi_combine", &c->g, num_tokens, out_part, lse_part, out));
+    /* Every rank returns here for T = 0 alike, so no collective is skipped on one only. */
+    if (num_tokens == 0)
+        return KVA_STATUS_OK;
+    if (mode == KVA_DCP_COMBINE_AG_RS)
+        return combine_ag_rs(c, num_tokens, out_part, lse_part, out, lse_out);
+    return combine_a2a(c, num_tokens, out_part, lse_part, out, lse_out);
+}

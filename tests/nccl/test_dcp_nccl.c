@@ -1,0 +1,100 @@
+/*
+ * test_dcp_nccl.c - the DCP combine over NCCL (kvattn_nccl.h) with one rank
+ * on one GPU: random partials (bf16 out, lse with -inf rows) go through
+ * KVA_DCP_COMBINE_A2A (pack, grouped send/recv to itself, merge) directly and
+ * captured in a CUDA graph; with one rank the result must be the partial
+ * itself, bit for bit, and the lse equal. AG_RS is refused (planned) and bad
+ * arguments fail before anything is enqueued. Multi-rank runs are issue 20's.
+ * Exits 77 without NCCL or a GPU.
+ */
+#include <stdio.h>
+
+#ifndef KVA_HAVE_NCCL
+int main(void)
+{
+    printf("test_dcp_nccl: skipped: kvattn was built without NCCL (CUDA build with nccl.h and "
+           "libnccl found: NCCL_ROOT or pip install nvidia-nccl-cu13)\n");
+    return 77;
+}
+#else
+#include "cuda/cuda_util.h"
+#include "kvattn_nccl.h"
+
+static void test_single_rank(void)
+{
+    enum { T = 9, H = 8, DV = 64 };
+    ncclUniqueId id;
+    ncclComm_t comm;
+    CHECK(ncclGetUniqueId(&id) == ncclSuccess);
+    CHECK(ncclCommInitRank(&comm, 1, id, 0) == ncclSuccess);
+    kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
+    kva_context *gpu = NULL;
+    CHECK_OK(kva_context_create(&gd, &gpu));
+    cudaStream_t stream = NULL;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CHECK_OK(kva_cuda_context_set_stream(gpu, stream));
+
+    kva_rng rng = {17};
+    const size_t on = (size_t)T * H * DV;
+    uint16_t part[T * H * DV], got[T * H * DV];
+    float lse[T * H], got_lse[T * H];
+    kva_test_fill(part, KVA_DTYPE_BF16, on, &rng, 1.0);
+    for (int i = 0; i < T * H; i++)
+        lse[i] = i % 5 == 0 ? -INFINITY : (float)(kva_rng_unit(&rng) * 8.0 - 4.0);
+    for (int i = 0; i < DV; i++)
+        part[5 * DV + i] = 0; /* an empty row (lse -inf) holds zeros, as attention writes */
+    void *dpart = dev_from(part, sizeof part), *dout = dev_poisoned(sizeof part);
+    float *dlse = dev_from(lse, sizeof lse), *dgl = dev_poisoned(sizeof lse);
+
+    kva_dcp_nccl *dcp = NULL;
+    CHECK_OK(kva_dcp_nccl_create(gpu, comm, T, H, DV, KVA_DTYPE_BF16, &dcp));
+    for (int graph = 0; graph < 2; graph++) {
+        CUDA_OK(cudaMemset(dout, 0xff, sizeof part));
+        if (!graph) {
+            CHECK_OK(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_A2A, T, dpart, dlse, dout, dgl));
+        } else {
+            cudaGraph_t g;
+            cudaGraphExec_t exec;
+            CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+            CHECK_OK(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_A2A, T, dpart, dlse, dout, dgl));
+            CUDA_OK(cudaStreamEndCapture(stream, &g));
+            CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
+            CUDA_OK(cudaGraphLaunch(exec, stream));
+            CUDA_OK(cudaStreamSynchronize(stream));
+            cudaGraphExecDestroy(exec);
+            cudaGraphDestroy(g);
+        }
+        to_host(got, dout, sizeof got);
+        to_host(got_lse, dgl, sizeof got_lse);
+        size_t bad = 0;
+        for (size_t i = 0; i < on; i++) {
+            const float w = lse[i / DV] == -INFINITY ? 0.0f : kva_bf16_to_f32(part[i]);
+            bad += kva_bf16_to_f32(got[i]) != w;
+        }
+        CHECK_MSG(bad == 0, "graph %d: %zu elements differ from the partial", graph, bad);
+        for (int i = 0; i < T * H; i++)
+            CHECK_MSG(got_lse[i] == lse[i] || fabsf(got_lse[i] - lse[i]) <= 1e-6f,
+                      "lse %d: %g vs %g", i, got_lse[i], lse[i]);
+    }
+    CHECK_STATUS(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_AG_RS, T, dpart, dlse, dout, dgl),
+                 KVA_STATUS_UNSUPPORTED);
+    CHECK_STATUS(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_A2A, T + 1, dpart, dlse, dout, dgl),
+                 KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_A2A, T, NULL, dlse, dout, dgl),
+                 KVA_STATUS_NULL_POINTER);
+    kva_dcp_nccl_destroy(dcp);
+    cudaFree(dpart), cudaFree(dout), cudaFree(dlse), cudaFree(dgl);
+    kva_context_destroy(gpu);
+    cudaStreamDestroy(stream);
+    ncclCommDestroy(comm);
+}
+
+int main(void)
+{
+    int skip = cuda_test_skip();
+    if (skip)
+        return skip;
+    RUN(test_single_rank);
+    return kva_test_finish();
+}
+#endif
