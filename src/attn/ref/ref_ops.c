@@ -8,8 +8,8 @@
  * (pass 1 finds the maximum logit, sink included; pass 2 sums the
  * exponentials and the weighted values). Scores are recomputed in pass 2
  * instead of stored, so a run needs no memory beyond a few head-sized arrays
- * on the stack: the reference backend reserves no workspace and never
- * allocates.
+ * on the stack: the reference backend never allocates, and reserves
+ * workspace only for the layer-level MLA call (ref_mla.c).
  *
  * The paged and the ragged kernel share attend_row(); they differ only in
  * where key j of a request lives (kv_rows_offsets()). Quantized caches are
@@ -20,7 +20,7 @@
  * q_len <= seq_len so that key pos is always visible, but handled all the
  * same) write 0 and lse = -inf, or lse = sink when a sink is given.
  */
-#include "internal.h"
+#include "ref_mla.h"
 
 #include <math.h>
 #include <string.h>
@@ -280,7 +280,11 @@ static kva_status ref_plan_build(kva_context *ctx, kva_plan *plan)
 {
     const int64_t rows = (int64_t)plan->info.num_tokens * plan->d.num_heads;
     plan->info.num_work_items = rows > INT32_MAX ? INT32_MAX : (int32_t)rows;
-    plan->workspace_bytes = 0;
+    /* Only the layer-level MLA call needs memory: one request's
+     * decompressed keys and values of one head (ref_mla.c). */
+    const size_t bytes = kva__ref_mla_workspace(plan);
+    KVA_TRY(kva__context_reserve_workspace(ctx, bytes));
+    plan->workspace_bytes = bytes;
     return KVA_STATUS_OK;
 }
 
@@ -294,6 +298,7 @@ const kva__backend_ops kva__ref_ops = {
     /* An MLA cache's V rows alias its K rows (kv_rows.v_row_dim): the paged
      * kernel runs the absorbed math as it is. */
     .mla_attention_paged = ref_attention_paged,
+    .mla_run = kva__ref_mla_run,
     .max_head_dim = KVA_MAX_HEAD_DIM,
     .max_threads = 1, /* the reference runs single-threaded */
     .memory = &kva__host_memory,
