@@ -97,7 +97,7 @@ static inline int mla_data_make(kva_context *ctx, const mla_case *c, mla_data *m
     m->T = m->qsl[c->R];
     m->nb = blocks + 2;
     m->stride = maxb;
-    m->bt = calloc((size_t)c->R * maxb, sizeof(int32_t));
+    m->bt = calloc((size_t)(c->R > 0 ? c->R : 1) * (size_t)maxb, sizeof(int32_t));
     int32_t *perm = malloc((size_t)m->nb * sizeof(int32_t));
     for (int32_t i = 0; i < m->nb; i++)
         perm[i] = i;
