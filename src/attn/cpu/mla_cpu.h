@@ -39,8 +39,9 @@ typedef struct kva__cpu_mla_item {
 } kva__cpu_mla_item;
 
 /* Floats of one thread's scratch, per path (mla_items.inc carves them in
- * this order). Absorbed, for M = q_len * heads rows: qa [M, D], o [M, Dc],
- * mx [M], l [M], kb [C, D], sc [C], wrow [Dc + Dv], res [Dv], qrow [Dn + Dr].
+ * this order). Absorbed, for M = q_len * heads rows padded to Mp, a multiple
+ * of 16 (the score tile): qa [Mp, D], o [Mp, Dc], ST [C, Mp], mx [Mp],
+ * l [Mp], kb [C, D], qaT [D, Mp], wrow [Dc + Dv], res [Dv], qrow [Dn + Dr].
  * Compute-friendly, for Q = q_len rows: wuk [Dn, Dc], wuv [Dc, Dv],
  * kf [C, Dn + Dr], vv [C, Dv], crow [D], qs [Q, Dn + Dr], o [Q, Dv], mx [Q],
  * l [Q], sc [C]. */
@@ -48,8 +49,10 @@ static inline size_t kva__cpu_mla_floats(int absorbed, size_t rows, size_t D, si
                                          size_t Dn, size_t Dv)
 {
     const size_t C = KVA_MLA_CHUNK, Dq = Dn + Dr;
-    if (absorbed)
-        return rows * (D + Dc + 2) + C * (D + 1) + Dc + 2 * Dv + Dq;
+    if (absorbed) {
+        const size_t Mp = (rows + 15) / 16 * 16;
+        return Mp * (2 * D + Dc + C + 2) + C * D + Dc + 2 * Dv + Dq;
+    }
     return Dn * Dc + Dc * Dv + C * (Dq + Dv + 1) + D + rows * (Dq + Dv + 2);
 }
 
