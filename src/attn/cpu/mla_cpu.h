@@ -17,7 +17,7 @@
 #define KVA_MLA_CHUNK 64
 /* Query heads of one absorbed-path item: every latent row read once serves
  * q_len * KVA_MLA_HEAD_GROUP attention rows. */
-#define KVA_MLA_HEAD_GROUP 16
+#define KVA_MLA_HEAD_GROUP 64
 
 /* Everything an item needs. Shapes: q [T, H, Dn + Dr], w_uk [H, Dn, Dc],
  * w_uv [H, Dc, Dv] (q_dtype), out [T, H, Dv] (q_dtype), lse [T, H] or NULL. */
