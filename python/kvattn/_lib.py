@@ -211,6 +211,7 @@ kva_batch_reorder_decode_first = _proto(
 )
 
 kva_attention_run = _proto("kva_attention_run", c_int, _P, _P, _P, _P, _P, _P, _P)
+kva_mla_run = _proto("kva_mla_run", c_int, _P, _P, _P, _P, _P, _P, _P, _P)
 kva_attention_run_ragged = _proto("kva_attention_run_ragged", c_int, _P, _P, _P, _P, _P, _P, _P, _P)
 kva_merge_states = _proto(
     "kva_merge_states", c_int, _P, _I32, _I32, _I32, c_int, _P, _P, _P, _P, _P, _P
