@@ -230,6 +230,10 @@ static void test_plan_desc(void)
     limited.mla_attention_paged = NULL;
     EXPECT_FAIL(kva_plan_create(ctx, &pd, &p), KVA_STATUS_UNSUPPORTED, "no MLA kernels");
     CHECK(p == SENTINEL);
+    kva_cache_desc cd = mla_cache_desc(&c, 4);
+    kva_cache *cc = SENTINEL;
+    EXPECT_FAIL(kva_cache_create(ctx, &cd, &cc), KVA_STATUS_UNSUPPORTED, "no MLA kernels");
+    CHECK(cc == SENTINEL);
     ctx->ops = own;
     mla_data_free(&m);
     kva_context_destroy(ctx);

@@ -154,6 +154,17 @@ static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cac
     return KVA_STATUS_OK;
 }
 
+/* A latent cache only on a backend with MLA kernels: its memory space's
+ * write and copies must know the latent row layout too. */
+static kva_status check_mla_backend(const char *fn, const kva_context *ctx, const kva_cache_desc *d)
+{
+    if (d->kind == KVA_ATTN_MLA && !ctx->ops->mla_attention_paged)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: desc->kind = KVA_ATTN_MLA: backend '%s' has no MLA kernels", fn,
+                         kva_backend_name(ctx->backend));
+    return KVA_STATUS_OK;
+}
+
 /* Allocates the handle and fills its derived fields; k/v are set by the caller. */
 static kva_status new_handle(const char *fn, kva_context *ctx, const kva_cache_desc *resolved,
                              kva_cache **out)
@@ -204,6 +215,7 @@ static kva_status create(const char *fn, kva_context *ctx, const kva_cache_desc 
     KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb, &tb));
     KVA_TRY(kva__head_dim_check(fn, ctx, "desc->head_dim", d.head_dim));
     KVA_TRY(kva__head_dim_check(fn, ctx, "desc->head_dim_v", d.head_dim_v));
+    KVA_TRY(check_mla_backend(fn, ctx, &d));
     float *scales = NULL;
     KVA_TRY(kva__quant_params_expand(fn, &d, params, &scales));
     kva_cache *c = NULL;
@@ -256,6 +268,7 @@ static kva_status wrap(const char *fn, kva_context *ctx, const kva_cache_desc *d
     KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb, &tb));
     KVA_TRY(kva__head_dim_check(fn, ctx, "desc->head_dim", d.head_dim));
     KVA_TRY(kva__head_dim_check(fn, ctx, "desc->head_dim_v", d.head_dim_v));
+    KVA_TRY(check_mla_backend(fn, ctx, &d));
     if (d.quant != KVA_QUANT_NONE)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "%s: desc->quant = %s: caller-owned storage is for unquantized caches "
