@@ -42,18 +42,18 @@ typedef struct kva__cpu_mla_item {
  * this order). Absorbed, for M = q_len * heads rows padded to Mp, a multiple
  * of 16 (the score tile): qa [Mp, D], o [Mp, Dc], ST [C, Mp], mx [Mp],
  * l [Mp], kb [C, D], qaT [D, Mp], wrow [Dc + Dv], res [Dv], qrow [Dn + Dr].
- * Compute-friendly, for Q = q_len rows: wuk [Dn, Dc], wuv [Dc, Dv],
- * kf [C, Dn + Dr], vv [C, Dv], crow [D], qs [Q, Dn + Dr], o [Q, Dv], mx [Q],
- * l [Q], sc [C]. */
+ * Compute-friendly, for Q = q_len rows padded to Qp (a multiple of 32):
+ * wukT [Dc, Dn], wuv [Dc, Dv], kb [C, D], kf [C, Dn + Dr], vv [C, Dv],
+ * qsT [Qp / 32, Dn + Dr, 32], ST [C, Qp + 16], o [Qp, Dv], mx [Qp], l [Qp],
+ * qrow [Dn + Dr + Dc]. */
 static inline size_t kva__cpu_mla_floats(int absorbed, size_t rows, size_t D, size_t Dc, size_t Dr,
                                          size_t Dn, size_t Dv)
 {
-    const size_t C = KVA_MLA_CHUNK, Dq = Dn + Dr;
-    if (absorbed) {
-        const size_t Mp = (rows + 15) / 16 * 16;
+    const size_t C = KVA_MLA_CHUNK, Dq = Dn + Dr, Mp = (rows + 15) / 16 * 16;
+    if (absorbed)
         return Mp * (2 * D + Dc + C + 2) + C * D + Dc + 2 * Dv + Dq;
-    }
-    return Dn * Dc + Dc * Dv + C * (Dq + Dv + 1) + D + rows * (Dq + Dv + 2);
+    const size_t Qp = (rows + 31) / 32 * 32;
+    return Dc * (Dn + Dv) + C * (D + Dq + Dv + 16) + Qp * (Dq + C + Dv + 2) + Dq + Dc;
 }
 
 /* Bytes of one thread's scratch for plan (a multiple of 64). */
