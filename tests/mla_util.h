@@ -26,6 +26,27 @@ typedef struct mla_case {
     uint64_t seed;
 } mla_case;
 
+/* A case of R requests with q_len ql [R] and seq_len sl [R] (R <= MLA_MAX_REQ). */
+static inline mla_case mla_case_of(int32_t H, int32_t Dc, int32_t Dr, int32_t Dn, int32_t Dv,
+                                   int32_t B, kva_dtype dt, int32_t causal, int32_t thr, int32_t R,
+                                   const int32_t *ql, const int32_t *sl, uint64_t seed)
+{
+    mla_case c = {.H = H,
+                  .Dc = Dc,
+                  .Dr = Dr,
+                  .Dn = Dn,
+                  .Dv = Dv,
+                  .B = B,
+                  .dt = dt,
+                  .causal = causal,
+                  .thr = thr,
+                  .R = R,
+                  .seed = seed};
+    memcpy(c.q_len, ql, (size_t)R * sizeof *ql);
+    memcpy(c.seq_len, sl, (size_t)R * sizeof *sl);
+    return c;
+}
+
 /* The data of one case; every buffer is owned. */
 typedef struct mla_data {
     kva_cache *cache;

@@ -171,22 +171,9 @@ static mla_case small(int32_t H, int32_t B, kva_dtype dt, int32_t thr, uint64_t 
 {
     /* Decodes q_len 1-4 (context 0, block edges), then two prefills: one without
      * cached context, one across a block and a chunk edge. */
-    mla_case c = {.H = H,
-                  .Dc = 64,
-                  .Dr = 16,
-                  .Dn = 32,
-                  .Dv = 24,
-                  .B = B,
-                  .dt = dt,
-                  .causal = 1,
-                  .thr = thr,
-                  .R = 7,
-                  .seed = seed};
     const int32_t ql[7] = {1, 1, 2, 4, 3, 17, 9};
     const int32_t sl[7] = {1, B, B + 1, 2 * B + 3, 65, 17, B + 70};
-    memcpy(c.q_len, ql, sizeof ql);
-    memcpy(c.seq_len, sl, sizeof sl);
-    return c;
+    return mla_case_of(H, 64, 16, 32, 24, B, dt, 1, thr, 7, ql, sl, seed);
 }
 
 /* H of the issue's grid, block sizes and dtypes rotating; odd H with
@@ -212,59 +199,24 @@ static void test_fp8(void)
     run_case(&c);
 }
 
-/* Non-causal rows: seq_len 0 (out 0, LSE -inf) and q_len > seq_len. */
+/* Non-causal rows: seq_len 0 (out 0, LSE -inf) and q_len > seq_len; Dc 40 is
+ * not a multiple of 64 (the P . V tiles' tail). */
 static void test_noncausal(void)
 {
-    mla_case c = {.H = 3,
-                  .Dc = 40, /* not a multiple of 64: the P . V tiles' tail */
-                  .Dr = 16,
-                  .Dn = 32,
-                  .Dv = 24,
-                  .B = 16,
-                  .dt = KVA_DTYPE_F32,
-                  .causal = 0,
-                  .thr = 2,
-                  .R = 4,
-                  .seed = 11};
     const int32_t ql[4] = {2, 3, 6, 1}, sl[4] = {0, 5, 2, 0};
-    memcpy(c.q_len, ql, sizeof ql);
-    memcpy(c.seq_len, sl, sizeof sl);
+    mla_case c = mla_case_of(3, 40, 16, 32, 24, 16, KVA_DTYPE_F32, 0, 2, 4, ql, sl, 11);
     run_case(&c);
 }
 
 /* DeepSeek-V2's head sizes: H 16 (mixed batch) and H 128 (decode + spec). */
 static void test_deepseek(void)
 {
-    mla_case c = {.H = 16,
-                  .Dc = 512,
-                  .Dr = 64,
-                  .Dn = 128,
-                  .Dv = 128,
-                  .B = 64,
-                  .dt = KVA_DTYPE_BF16,
-                  .causal = 1,
-                  .thr = 2,
-                  .R = 3,
-                  .seed = 21};
     const int32_t ql[3] = {1, 2, 33}, sl[3] = {130, 64, 100};
-    memcpy(c.q_len, ql, sizeof ql);
-    memcpy(c.seq_len, sl, sizeof sl);
+    mla_case c = mla_case_of(16, 512, 64, 128, 128, 64, KVA_DTYPE_BF16, 1, 2, 3, ql, sl, 21);
     run_case(&c);
-    mla_case d = {.H = 128,
-                  .Dc = 512,
-                  .Dr = 64,
-                  .Dn = 128,
-                  .Dv = 128,
-                  .B = 16,
-                  .dt = KVA_DTYPE_F32,
-                  .causal = 1,
-                  .thr = 4,
-                  .R = 2,
-                  .seed = 22};
     const int32_t ql2[2] = {1, 4}, sl2[2] = {20, 33};
-    memcpy(d.q_len, ql2, sizeof ql2);
-    memcpy(d.seq_len, sl2, sizeof sl2);
-    run_case(&d);
+    c = mla_case_of(128, 512, 64, 128, 128, 16, KVA_DTYPE_F32, 1, 4, 2, ql2, sl2, 22);
+    run_case(&c);
 }
 
 /* A 32k context: a decode and a short prefill after it. */
@@ -272,20 +224,8 @@ static void test_long(void)
 {
     if (getenv("KVA_TEST_QUICK"))
         return;
-    mla_case c = {.H = 2,
-                  .Dc = 64,
-                  .Dr = 16,
-                  .Dn = 32,
-                  .Dv = 24,
-                  .B = 64,
-                  .dt = KVA_DTYPE_BF16,
-                  .causal = 1,
-                  .thr = 1,
-                  .R = 2,
-                  .seed = 31};
     const int32_t ql[2] = {1, 5}, sl[2] = {32768, 32768};
-    memcpy(c.q_len, ql, sizeof ql);
-    memcpy(c.seq_len, sl, sizeof sl);
+    mla_case c = mla_case_of(2, 64, 16, 32, 24, 64, KVA_DTYPE_BF16, 1, 1, 2, ql, sl, 31);
     run_case(&c);
 }
 

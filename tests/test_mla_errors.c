@@ -164,22 +164,8 @@ static void test_write(void)
 /* A small MLA case for the plan and run checks. */
 static mla_case tiny(void)
 {
-    mla_case c = {.H = 4,
-                  .Dc = 16,
-                  .Dr = 8,
-                  .Dn = 8,
-                  .Dv = 8,
-                  .B = 4,
-                  .dt = KVA_DTYPE_F32,
-                  .causal = 1,
-                  .thr = 1,
-                  .R = 2,
-                  .seed = 5};
-    c.q_len[0] = 1;
-    c.q_len[1] = 3;
-    c.seq_len[0] = 6;
-    c.seq_len[1] = 9;
-    return c;
+    const int32_t ql[2] = {1, 3}, sl[2] = {6, 9};
+    return mla_case_of(4, 16, 8, 8, 8, 4, KVA_DTYPE_F32, 1, 1, 2, ql, sl, 5);
 }
 
 static void test_plan_desc(void)
