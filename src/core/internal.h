@@ -353,22 +353,6 @@ struct kva__backend_ops {
                                int32_t head_dim_v, kva_dtype dtype, const void *out_a,
                                const float *lse_a, const void *out_b, const float *lse_b, void *out,
                                float *lse_out);
-    /* ---- MLA (plans and caches of kind KVA_ATTN_MLA; NULL: the backend has
-     * none, and kva_plan_create refuses such plans with KVA_STATUS_UNSUPPORTED) ----
-     * The cache's V rows are the first Dv = Dc columns of its K rows
-     * (cache->v == cache->k, row stride D = Dc + Dr: kva__cache_v_dim).
-     * mla_attention_paged: kva_attention_run on an MLA plan (absorbed):
-     *   q [T, H, Dc + Dr], out [T, H, Dc] in q_dtype, sinks [H] or NULL,
-     *   lse [T, H] or NULL; same semantics as attention_paged.
-     * mla_run: kva_mla_run (layer level): q [T, H, Dn + Dr], w_uk [H, Dn, Dc],
-     *   w_uv [H, Dc, Dv] in q_dtype, out [T, H, Dv] in q_dtype, lse [T, H] or
-     *   NULL; Dn = plan->d.mla_qk_nope_head_dim, Dv = plan->d.mla_v_head_dim
-     *   (both > 0; plan_build reserved the workspace it needs). */
-    kva_status (*mla_attention_paged)(kva_context *ctx, const kva_plan *plan, const void *q,
-                                      const kva_cache *cache, const float *sinks, void *out,
-                                      float *lse);
-    kva_status (*mla_run)(kva_context *ctx, const kva_plan *plan, const void *q, const void *w_uk,
-                          const void *w_uv, const kva_cache *cache, void *out, float *lse);
     /* The kernel registry (see kva__kernel_info); NULL / 0 for none. */
     const kva__kernel_info *kernels;
     int32_t num_kernels;
@@ -391,6 +375,24 @@ struct kva__backend_ops {
     void (*context_free)(kva_context *ctx);
     /* Where its caches and workspace live. */
     const kva__memory_ops *memory;
+
+    /* ---- MLA (last, so tables initialized by position, as cuda_ctx.cu's,
+     * leave them NULL) (plans and caches of kind KVA_ATTN_MLA; NULL: the backend has
+     * none, and kva_plan_create refuses such plans with KVA_STATUS_UNSUPPORTED) ----
+     * The cache's V rows are the first Dv = Dc columns of its K rows
+     * (cache->v == cache->k, row stride D = Dc + Dr: kva__cache_v_dim).
+     * mla_attention_paged: kva_attention_run on an MLA plan (absorbed):
+     *   q [T, H, Dc + Dr], out [T, H, Dc] in q_dtype, sinks [H] or NULL,
+     *   lse [T, H] or NULL; same semantics as attention_paged.
+     * mla_run: kva_mla_run (layer level): q [T, H, Dn + Dr], w_uk [H, Dn, Dc],
+     *   w_uv [H, Dc, Dv] in q_dtype, out [T, H, Dv] in q_dtype, lse [T, H] or
+     *   NULL; Dn = plan->d.mla_qk_nope_head_dim, Dv = plan->d.mla_v_head_dim
+     *   (both > 0; plan_build reserved the workspace it needs). */
+    kva_status (*mla_attention_paged)(kva_context *ctx, const kva_plan *plan, const void *q,
+                                      const kva_cache *cache, const float *sinks, void *out,
+                                      float *lse);
+    kva_status (*mla_run)(kva_context *ctx, const kva_plan *plan, const void *q, const void *w_uk,
+                          const void *w_uv, const kva_cache *cache, void *out, float *lse);
 };
 
 extern const kva__backend_ops kva__ref_ops;  /* src/attn/ref/ */
