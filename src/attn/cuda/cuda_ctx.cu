@@ -724,4 +724,6 @@ extern "C" const kva__backend_ops kva__cuda_ops = {
     kva__cuda_context_init,
     kva__cuda_context_free,
     &cuda_memory,
+    NULL, /* mla_attention_paged: no MLA kernels yet (MLA plans and caches: UNSUPPORTED) */
+    NULL, /* mla_run */
 };
