@@ -377,8 +377,8 @@ int kva_cli_bench_mla(int argc, char **argv)
         const char *isa = NULL;
         const double peak = kva_cli_measure_fma_peak(nt, &isa);
         /* Both ceilings come in GB/s and GFLOP/s. */
-        printf("  ceilings: read %.2f GB/s (%.0f%% of it), FMA peak %.1f GFLOP/s %s (%.0f%%)\n",
-               bw, 100.0 * bytes / med / 1e9 / bw, peak, isa ? isa : "",
+        printf("  ceilings: read %.2f GB/s (%.0f%% of it), FMA peak %.1f GFLOP/s %s (%.0f%%)\n", bw,
+               100.0 * bytes / med / 1e9 / bw, peak, isa ? isa : "",
                100.0 * flops / med / 1e9 / peak);
     }
     rc = KVA_EXIT_OK;
