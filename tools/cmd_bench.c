@@ -83,6 +83,8 @@ void kva_cli_usage_bench(void)
            "                       timed run; prints the median over runs of (run's GB/s /\n"
            "                       its pass's GB/s): kernel and ceiling under the same load\n"
            "  --json FILE          also write the result as JSON to FILE\n"
+           "  --mla                multi-head latent attention instead (its own options:\n"
+           "                       kvattn bench --mla --help)\n"
            "\n"
            "Exit status: 0 success, 1 library error or failed check, 2 bad usage.\n",
            AUTO_SECONDS, AUTO_ITERS_MIN, AUTO_ITERS_MAX);
@@ -572,6 +574,9 @@ int kva_cli_bench(int argc, char **argv)
     for (int i = 0; i < argc; i++)
         if (kva_cli_flag_is(argv[i], "--dcp"))
             return kva_cli_bench_dcp(argc, argv); /* bench_dcp.c */
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--mla") == 0)
+            return kva_cli_bench_mla(argc, argv);
     bench_opts o;
     int rc = parse_bench(argc, argv, &o);
     if (rc >= 0)

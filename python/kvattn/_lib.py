@@ -108,6 +108,8 @@ class PlanDesc(Structure):
         ("dcp_size", c_int32),
         ("dcp_rank", c_int32),
         ("dcp_interleave", c_int32),
+        ("mla_qk_nope_head_dim", c_int32),  # kind MLA: Dn of kva_mla_run, else 0
+        ("mla_v_head_dim", c_int32),  # kind MLA: Dv of kva_mla_run, else 0
     ]
 
 
@@ -213,6 +215,7 @@ kva_batch_reorder_decode_first = _proto(
 )
 
 kva_attention_run = _proto("kva_attention_run", c_int, _P, _P, _P, _P, _P, _P, _P)
+kva_mla_run = _proto("kva_mla_run", c_int, _P, _P, _P, _P, _P, _P, _P, _P)
 kva_attention_run_ragged = _proto("kva_attention_run_ragged", c_int, _P, _P, _P, _P, _P, _P, _P, _P)
 kva_merge_states = _proto(
     "kva_merge_states", c_int, _P, _I32, _I32, _I32, c_int, _P, _P, _P, _P, _P, _P

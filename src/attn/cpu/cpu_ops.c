@@ -5,6 +5,7 @@
  */
 #include "cpu_attn.h"
 #include "cpu_dequant.h"
+#include "mla_cpu.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -237,7 +238,15 @@ static kva_status cpu_plan_build(kva_context *ctx, kva_plan *plan)
         const int32_t hkv = plan->d.num_kv_heads;
         pp.items_per_thread *= hkv < KVA_CPU_GROUP_MAX ? hkv : KVA_CPU_GROUP_MAX;
     }
-    return kva__cpu_plan_partition(ctx, plan, &pp);
+    KVA_TRY(kva__cpu_plan_partition(ctx, plan, &pp));
+    /* A plan with MLA head sizes also serves kva_mla_run (mla_cpu.c), whose
+     * per-thread scratch shares the workspace with the partition's. */
+    const size_t mla = kva__cpu_mla_workspace(plan, pp.num_threads);
+    if (mla > plan->workspace_bytes) {
+        KVA_TRY(kva__context_reserve_workspace(ctx, mla));
+        plan->workspace_bytes = mla;
+    }
+    return KVA_STATUS_OK;
 }
 
 static void cpu_plan_release(kva_plan *plan)
@@ -350,6 +359,10 @@ const kva__backend_ops kva__cpu_ops = {
     .attention_ragged = cpu_attention_ragged,
     .merge_states = kva__cpu_merge_states,
     .merge_states_n = kva__cpu_merge_states_n,
+    /* An MLA cache's V rows alias its K rows (kva__cpu_locate_rows): the
+     * decode and prefill kernels run the absorbed math unchanged. */
+    .mla_attention_paged = cpu_attention_paged,
+    .mla_run = kva__cpu_mla_run,
     .max_head_dim = KVA_MAX_HEAD_DIM,
     .memory = &kva__host_memory,
     .kernels = kernels,

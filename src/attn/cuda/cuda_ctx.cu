@@ -762,4 +762,6 @@ extern "C" const kva__backend_ops kva__cuda_ops = {
     kva__cuda_context_free,
     &cuda_memory,
     kva__cuda_merge_states_n,
+    NULL, /* mla_attention_paged: no MLA kernels yet (MLA plans and caches: UNSUPPORTED) */
+    NULL, /* mla_run */
 };

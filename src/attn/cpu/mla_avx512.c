@@ -1,0 +1,131 @@
+/*
+ * mla_avx512.c - the layer-level MLA items (mla_items.inc) compiled for
+ * AVX-512 (CMakeLists.txt gives *_avx512.c its flags), with the absorbed
+ * path's score product written in intrinsics: the compiler does not keep a
+ * tile of accumulators in registers on its own. Called only after run-time
+ * detection (mla_cpu.c); elsewhere it compiles to nothing.
+ */
+#include "mla_cpu.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+/* ST [n, M] (row stride lds) = kb [n, K] (stride ldk) . qT [K, M] (stride
+ * ldq). M % 32 == 0: tiles of 8 keys x 32 rows (kb rows are read up to the
+ * next multiple of 8 past n: the callers' buffers hold C rows); M % 16 == 0:
+ * 16 keys x 16 rows; 16 accumulators either way, per channel d the rows'
+ * vector(s) of qT loaded once and each key's channel broadcast. Other M: a
+ * plain loop. */
+static void mla_scores(const float *restrict kb, int32_t ldk, const float *restrict qT, int32_t ldq,
+                       int32_t n, int32_t K, int32_t M, float *restrict ST, int32_t lds)
+{
+    if (M % 32 == 0) {
+        for (int32_t m0 = 0; m0 < M; m0 += 32)
+            for (int32_t j0 = 0; j0 < n; j0 += 8) {
+                __m512 a[8][2];
+                for (int u = 0; u < 8; u++)
+                    a[u][0] = a[u][1] = _mm512_setzero_ps();
+                const float *k0 = kb + (size_t)j0 * ldk;
+                for (int32_t d = 0; d < K; d++) {
+                    const __m512 q0 = _mm512_loadu_ps(qT + (size_t)d * ldq + m0);
+                    const __m512 q1 = _mm512_loadu_ps(qT + (size_t)d * ldq + m0 + 16);
+                    for (int u = 0; u < 8; u++) {
+                        const __m512 k = _mm512_set1_ps(k0[(size_t)u * ldk + d]);
+                        a[u][0] = _mm512_fmadd_ps(k, q0, a[u][0]);
+                        a[u][1] = _mm512_fmadd_ps(k, q1, a[u][1]);
+                    }
+                }
+                for (int u = 0; u < 8 && j0 + u < n; u++) {
+                    _mm512_storeu_ps(ST + (size_t)(j0 + u) * lds + m0, a[u][0]);
+                    _mm512_storeu_ps(ST + (size_t)(j0 + u) * lds + m0 + 16, a[u][1]);
+                }
+            }
+        return;
+    }
+    if (M % 16 != 0) {
+        for (int32_t j = 0; j < n; j++)
+            for (int32_t m = 0; m < M; m++) {
+                float x = 0.0f;
+                for (int32_t d = 0; d < K; d++)
+                    x += kb[(size_t)j * ldk + d] * qT[(size_t)d * ldq + m];
+                ST[(size_t)j * lds + m] = x;
+            }
+        return;
+    }
+    for (int32_t m0 = 0; m0 < M; m0 += 16)
+        for (int32_t j0 = 0; j0 < n; j0 += 16) {
+            __m512 a[16];
+            for (int u = 0; u < 16; u++)
+                a[u] = _mm512_setzero_ps();
+            const float *k0 = kb + (size_t)j0 * ldk;
+            const int kn = n - j0 < 16 ? n - j0 : 16;
+            if (kn == 16) {
+                for (int32_t d = 0; d < K; d++) {
+                    const __m512 q = _mm512_loadu_ps(qT + (size_t)d * ldq + m0);
+                    for (int u = 0; u < 16; u++)
+                        a[u] = _mm512_fmadd_ps(_mm512_set1_ps(k0[(size_t)u * ldk + d]), q, a[u]);
+                }
+            } else {
+                for (int32_t d = 0; d < K; d++) {
+                    const __m512 q = _mm512_loadu_ps(qT + (size_t)d * ldq + m0);
+                    for (int u = 0; u < kn; u++)
+                        a[u] = _mm512_fmadd_ps(_mm512_set1_ps(k0[(size_t)u * ldk + d]), q, a[u]);
+                }
+            }
+            for (int u = 0; u < kn; u++)
+                _mm512_storeu_ps(ST + (size_t)(j0 + u) * lds + m0, a[u]);
+        }
+}
+#define MLA_HAVE_SCORES 1
+
+/* o [M, W] (row stride W) += PT [n, M]^T (row stride ldp) . kb [n, W] (row
+ * stride ldk), M a multiple of 4: tiles of 4 rows x 64 columns in 16
+ * accumulators, keys innermost (4 value vectors loaded, 4 weights broadcast
+ * per key); a column tail under 64 in 16-wide steps (W is a multiple of 8:
+ * the last step masked). */
+static void mla_pv(const float *restrict PT, int32_t ldp, const float *restrict kb, int32_t ldk,
+                   int32_t n, int32_t M, int32_t W, float *restrict o)
+{
+    for (int32_t m0 = 0; m0 < M; m0 += 4) {
+        int32_t c0 = 0;
+        for (; c0 + 64 <= W; c0 += 64) {
+            __m512 a[4][4];
+            for (int u = 0; u < 4; u++)
+                for (int v = 0; v < 4; v++)
+                    a[u][v] = _mm512_loadu_ps(o + (size_t)(m0 + u) * W + c0 + 16 * v);
+            for (int32_t j = 0; j < n; j++) {
+                const float *vr = kb + (size_t)j * ldk + c0;
+                const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16);
+                const __m512 v2 = _mm512_loadu_ps(vr + 32), v3 = _mm512_loadu_ps(vr + 48);
+                for (int u = 0; u < 4; u++) {
+                    const __m512 p = _mm512_set1_ps(PT[(size_t)j * ldp + m0 + u]);
+                    a[u][0] = _mm512_fmadd_ps(p, v0, a[u][0]);
+                    a[u][1] = _mm512_fmadd_ps(p, v1, a[u][1]);
+                    a[u][2] = _mm512_fmadd_ps(p, v2, a[u][2]);
+                    a[u][3] = _mm512_fmadd_ps(p, v3, a[u][3]);
+                }
+            }
+            for (int u = 0; u < 4; u++)
+                for (int v = 0; v < 4; v++)
+                    _mm512_storeu_ps(o + (size_t)(m0 + u) * W + c0 + 16 * v, a[u][v]);
+        }
+        for (; c0 < W; c0 += 16) {
+            const __mmask16 k = W - c0 >= 16 ? (__mmask16)0xffff : (__mmask16)0xff;
+            for (int u = 0; u < 4; u++) {
+                float *orow = o + (size_t)(m0 + u) * W + c0;
+                __m512 a = _mm512_maskz_loadu_ps(k, orow);
+                for (int32_t j = 0; j < n; j++)
+                    a = _mm512_fmadd_ps(_mm512_set1_ps(PT[(size_t)j * ldp + m0 + u]),
+                                        _mm512_maskz_loadu_ps(k, kb + (size_t)j * ldk + c0), a);
+                _mm512_mask_storeu_ps(orow, k, a);
+            }
+        }
+    }
+}
+#define MLA_HAVE_PV 1
+
+#define KVA_MLA_ITEM kva__cpu_mla_item_avx512
+#include "mla_items.inc"
+#endif

@@ -1,0 +1,72 @@
+/*
+ * mla_cpu.h - the CPU backend's layer-level MLA (kva_mla_run).
+ *
+ * mla_cpu.c drives a run: it lists the work items (a decode request's heads
+ * in groups of KVA_MLA_HEAD_GROUP, or one head of a prefill request), sizes
+ * each thread's scratch and runs the items on an OpenMP team. The item
+ * bodies (mla_items.inc) are compiled once per ISA: mla_portable.c (plain
+ * C) and mla_avx512.c (the same C, auto-vectorized for AVX-512).
+ */
+#ifndef KVA_MLA_CPU_H
+#define KVA_MLA_CPU_H
+
+#include "internal.h"
+
+/* Latent rows converted to fp32 together (absorbed path), and keys
+ * decompressed together (compute-friendly path). */
+#define KVA_MLA_CHUNK 64
+/* Query heads of one absorbed-path item: every latent row read once serves
+ * q_len * KVA_MLA_HEAD_GROUP attention rows. */
+#define KVA_MLA_HEAD_GROUP 64
+
+/* Everything an item needs. Shapes: q [T, H, Dn + Dr], w_uk [H, Dn, Dc],
+ * w_uv [H, Dc, Dv] (q_dtype), out [T, H, Dv] (q_dtype), lse [T, H] or NULL. */
+typedef struct kva__cpu_mla {
+    const kva_plan *plan;
+    const kva_cache *cache;
+    const void *q, *w_uk, *w_uv;
+    void *out;
+    float *lse;
+    int32_t H, D, Dc, Dr, Dn, Dv;
+    int32_t max_q_len;  /* rows of the compute-friendly path's per-head state */
+    float fp8_lut[256]; /* FP8 caches: code -> value * the cache's k scale */
+} kva__cpu_mla;
+
+/* One work item: request r, heads h0 .. h0 + nh - 1; absorbed = 1 for the
+ * absorbed (decode) path, 0 for the compute-friendly (prefill) path. */
+typedef struct kva__cpu_mla_item {
+    int32_t r, h0, nh, absorbed;
+} kva__cpu_mla_item;
+
+/* Floats of one thread's scratch, per path (mla_items.inc carves them in
+ * this order). Absorbed, for M = q_len * heads rows padded to Mp, a multiple
+ * of 16 (the score tile): qa [Mp, D], o [Mp, Dc], ST [C, Mp], mx [Mp],
+ * l [Mp], kb [C, D], qaT [D, Mp], wrow [Dc + Dv], res [Dv], qrow [Dn + Dr].
+ * Compute-friendly, for Q = q_len rows padded to Qp (a multiple of 32):
+ * wukT [Dc, Dn], wuv [Dc, Dv], kb [C, D], kf [C, Dn + Dr], vv [C, Dv],
+ * qsT [Qp / 32, Dn + Dr, 32], ST [C, Qp + 16], o [Qp, Dv], mx [Qp], l [Qp],
+ * qrow [Dn + Dr + Dc]. */
+static inline size_t kva__cpu_mla_floats(int absorbed, size_t rows, size_t D, size_t Dc, size_t Dr,
+                                         size_t Dn, size_t Dv)
+{
+    const size_t C = KVA_MLA_CHUNK, Dq = Dn + Dr, Mp = (rows + 15) / 16 * 16;
+    if (absorbed)
+        return Mp * (2 * D + Dc + C + 2) + C * D + Dc + 2 * Dv + Dq;
+    const size_t Qp = (rows + 31) / 32 * 32;
+    return Dc * (Dn + Dv) + C * (D + Dq + Dv + 16) + Qp * (Dq + C + Dv + 2) + Dq + Dc;
+}
+
+/* Bytes of one thread's scratch for plan (a multiple of 64). */
+size_t kva__cpu_mla_scratch_bytes(const kva_plan *plan);
+/* Workspace bytes of kva_mla_run for plan built with nt threads (0 for a
+ * plan without MLA head sizes). */
+size_t kva__cpu_mla_workspace(const kva_plan *plan, int32_t nt);
+/* kva__backend_ops.mla_run of the CPU backend. */
+kva_status kva__cpu_mla_run(kva_context *ctx, const kva_plan *plan, const void *q, const void *w_uk,
+                            const void *w_uv, const kva_cache *cache, void *out, float *lse);
+
+/* Runs one item with the given scratch (kva__cpu_mla_scratch_bytes bytes). */
+void kva__cpu_mla_item_portable(const kva__cpu_mla *m, const kva__cpu_mla_item *it, float *scratch);
+void kva__cpu_mla_item_avx512(const kva__cpu_mla *m, const kva__cpu_mla_item *it, float *scratch);
+
+#endif /* KVA_MLA_CPU_H */

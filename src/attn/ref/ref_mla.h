@@ -1,0 +1,17 @@
+/*
+ * ref_mla.h - the reference backend's layer-level MLA (ref_mla.c), used by
+ * its operation table (ref_ops.c).
+ */
+#ifndef KVA_REF_MLA_H
+#define KVA_REF_MLA_H
+
+#include "internal.h"
+
+/* Workspace bytes kva__ref_mla_run needs for plan: [max_seq_len, Dn + Dr +
+ * Dv] doubles for a plan with MLA head sizes, else 0. */
+size_t kva__ref_mla_workspace(const kva_plan *plan);
+/* kva__backend_ops.mla_run of the reference backend (arguments there). */
+kva_status kva__ref_mla_run(kva_context *ctx, const kva_plan *plan, const void *q, const void *w_uk,
+                            const void *w_uv, const kva_cache *cache, void *out, float *lse);
+
+#endif /* KVA_REF_MLA_H */
