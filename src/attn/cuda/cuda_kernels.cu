@@ -32,4 +32,7 @@ extern "C" const kva__kernel_info kva__cuda_kernels[KVA__CUDA_KERNELS] = {
     /* No prefill tiles: prefills run as work items of the plan's decode-family
      * kernel (the portable path of shapes without a tile kernel). */
     {"prefill_items", KVA__KERNEL_PREFILL, NULL},
+    /* Absorbed MLA over a latent cache (D 576, Dv 512) on mma.sync: every
+     * work item of a KVA_ATTN_MLA plan, whatever family is forced. */
+    {"mla_decode_mma_sm80", KVA__KERNEL_DECODE, NULL},
 };

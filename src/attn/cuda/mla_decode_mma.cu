@@ -1,0 +1,413 @@
+/*
+ * mla_decode_mma.cu - absorbed MLA decode on tensor cores ("mla_decode_mma_sm80"):
+ * the plan's work items over a latent paged cache (one row of D = Dc + Dr =
+ * 576 elements per token, [c_kv 512 | k_pe 64], shared by every query head),
+ * on mma.sync m16n8k16 with fp32 accumulation. Compiles for sm_80 and runs on
+ * sm_90a as well (the portable tensor-core path of the MLA family).
+ *
+ * The math is FlashMLA's flash_mla_with_kvcache: per item (request r, heads
+ * h0 .. h0 + nh - 1, query rows i0 .. i0 + nq - 1, keys [k0, k1)), the
+ * M = nq * nh rows of q [T, H, 576] attend to the latent rows with head size
+ * 576, and the values are the same rows' first Dv = 512 columns:
+ *   S = q K^T (over 576), P = softmax(scale * S), out = P K[:, :512].
+ *
+ * One CTA (8 warps) runs one item at a time (persistent grid over the item
+ * count of the device header). M is padded to 16 * MT rows (MT = 1, 2 or 4:
+ * the plan picks the smallest that holds H * q_len up to 64), never to 64 or
+ * 128, so H 8 or 16 decodes do not pay the tensor work of 64 rows.
+ *
+ *   - Q [M, 576] is staged in shared memory per item (XOR-swizzled 16-byte
+ *     chunks, ldmatrix).
+ *   - The item's keys are cut into tiles of BN rows (64 for MT <= 2, 32 for
+ *     MT = 4), copied by the whole CTA with cp.async into a ring of NST stages
+ *     (NST - 1 tiles in flight). Each tile is read from global memory once and
+ *     serves S and P V: the value operand is the first 512 columns of the same
+ *     shared-memory tile (no second load).
+ *   - S = Q K^T: warp w computes row tile w % MT against its slice of
+ *     BN * MT / 8 keys (36 k-steps over 576). The row max goes through shared
+ *     memory (every warp of a row tile gets the same max, so the running max,
+ *     the rescale and P agree between warps); P is written to shared memory in
+ *     the input dtype.
+ *   - O += P V: warp w owns row tile w % MT and the 64 * MT value columns
+ *     (w / MT) * 64 * MT .. + 64 * MT - 1: O [16, 64 * MT] stays in its
+ *     registers for the whole item, so no merge of O between warps; only the
+ *     row sums l are added through shared memory at the end.
+ *   - The epilogue (decode_mma_common.cuh) writes out [T, H, 512] and lse, or
+ *     the split partial that split_merge.cu combines.
+ * Keys at or past the item's end are zero-filled by cp.async and their block
+ * table entries never read.
+ */
+extern "C" {
+#include "cuda_backend.h"
+}
+#include "cuda_check.h"
+#include "decode_mma_common.cuh"
+#include "mma_ptx.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#define ML_NW 8    /* warps per CTA */
+#define ML_D 576   /* latent row: Dc + Dr */
+#define ML_DV 512  /* values: the first Dc columns */
+#define ML_CH 72   /* 16-byte chunks per latent row */
+
+/* Tile shape per MT (row tiles of 16): keys per tile, ring stages, keys of
+ * one warp's S slice, value columns of one warp; shared memory in bytes:
+ * Q [M, 576], the ring [NST][BN, 576], P [M, BN] (rows padded by 16 bytes
+ * against bank conflicts), the row maxima and sums [8][64] fp32. */
+template <int MT> struct ml_cfg {
+    static constexpr int M = 16 * MT;
+    static constexpr int BN = MT == 4 ? 32 : 64;
+    static constexpr int NST = MT == 4 ? 3 : 2;
+    static constexpr int KW = BN * MT / ML_NW;
+    static constexpr int NBS = KW / 8;
+    static constexpr int CW = ML_DV * MT / ML_NW;
+    static constexpr int NBO = CW / 8;
+    static constexpr int TILE = BN * ML_D * 2;
+    static constexpr int P_STRIDE = BN * 2 + 16;
+    static constexpr int OFF_RING = M * ML_D * 2;
+    static constexpr int OFF_P = OFF_RING + NST * TILE;
+    static constexpr int OFF_RED = OFF_P + M * P_STRIDE;
+    static constexpr int SMEM = OFF_RED + 2 * ML_NW * 64 * 4;
+    static_assert(NBS >= 1 && KW % 8 == 0, "key slice of a warp");
+    static_assert(SMEM <= 227 * 1024, "shared memory of one CTA");
+};
+
+/* Byte offset of 16-byte chunk c of latent row r in a swizzled [rows, 576]
+ * tile: 72 chunks per row, chunk c at c ^ (r & 7) (stays inside its group of
+ * 8 because 72 is a multiple of 8; rows are 9 x 128 bytes apart, so the 8 rows
+ * of an ldmatrix hit 8 distinct 16-byte bank groups). */
+static __device__ __forceinline__ uint32_t ml_swz(int r, int c)
+{
+    return kva__swz<ML_D>(r, c);
+}
+
+/* The CTA copies the latent rows kb .. kb + BN - 1 (zeros from kend on) into
+ * one ring stage: thread t takes key t / TPK and chunks t % TPK + TPK * i, so
+ * each thread reads one block-table entry per tile. */
+template <int BN>
+static __device__ __forceinline__ void ml_issue(const kva__cuda_attn_args &a, const int32_t *bt_row,
+                                                int32_t kb, int32_t kend, uint32_t stage)
+{
+    constexpr int TPK = ML_NW * 32 / BN; /* threads per key: 4 or 8 */
+    constexpr int CPT = ML_CH / TPK;     /* chunks per thread: 18 or 9 */
+    static_assert(ML_CH % TPK == 0, "chunks per thread");
+    const int key = threadIdx.x / TPK, c0 = threadIdx.x % TPK;
+    const int32_t j = kb + key;
+    const bool ok = j < kend;
+    const char *src = (const char *)a.k;
+    if (ok) {
+        const int32_t blk = j / a.B, off = j - blk * a.B;
+        const int64_t row = (int64_t)__ldg(bt_row + blk) * a.B + off;
+        src += row * (int64_t)(ML_D * 2);
+    }
+#pragma unroll
+    for (int i = 0; i < CPT; i++) {
+        const int c = c0 + TPK * i;
+        kva__cp_async16(stage + ml_swz(key, c), src + (ok ? c * 16 : 0), ok ? 16 : 0);
+    }
+}
+
+/*
+ * Ty: kva__mma_bf16 or kva__mma_f16; MT: row tiles of 16 per item.
+ * Dynamic shared memory as ml_cfg<MT>.
+ */
+template <typename Ty, int MT>
+__global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva__cuda_attn_args a)
+{
+    typedef ml_cfg<MT> C;
+    typedef typename Ty::elem elem;
+    constexpr int M = C::M, BN = C::BN, NST = C::NST, KW = C::KW, NBS = C::NBS, NBO = C::NBO;
+    extern __shared__ __align__(128) unsigned char ml_smem[];
+    const uint32_t sQ = kva__smem_u32(ml_smem);
+    const uint32_t sRing = sQ + C::OFF_RING, sP = sQ + C::OFF_P;
+    float(*s_max)[64] = (float(*)[64])(ml_smem + C::OFF_RED);
+    float(*s_sum)[64] = (float(*)[64])(ml_smem + C::OFF_RED + ML_NW * 64 * 4);
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g4 = lane >> 2, t4 = lane & 3;
+    const int rt = warp % MT;            /* row tile of this warp */
+    const int kg = warp / MT;            /* key slice (S) and column slice (O) of this warp */
+    const int row0 = rt * 16;            /* first row of the row tile */
+    const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
+    const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
+    const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
+    /* Lane offsets of the ldmatrix addresses (as decode_mma.cu). */
+    const int q_r = (lane & 7) + ((lane >> 3) & 1) * 8, q_c = lane >> 4;
+    const int k_r = (lane & 7) + (lane >> 4) * 8, k_c = (lane >> 3) & 1;
+    const int v_r = (lane & 7) + ((lane >> 3) & 1) * 8, v_c = lane >> 4;
+
+    for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
+        const kva__cuda_item w = a.meta.items[it];
+        const int32_t nrows = w.nq * w.nh;
+        const int32_t qs = a.meta.qsl[w.req];
+        const int32_t q_len = a.meta.qsl[w.req + 1] - qs;
+        const int32_t s = a.meta.seq_lens[w.req];
+        const int32_t *bt_row = a.meta.block_table + (int64_t)w.req * bt_stride;
+        const int32_t kend = w.k1;
+
+        /* The first NST - 1 key tiles, then Q [M, 576] (zeros past nrows). */
+#pragma unroll
+        for (int st = 0; st < NST - 1; st++) {
+            const int32_t kb = w.k0 + st * BN;
+            if (kb < kend)
+                ml_issue<BN>(a, bt_row, kb, kend, sRing + st * C::TILE);
+            kva__cp_async_commit();
+        }
+        for (int x = threadIdx.x; x < M * ML_CH; x += ML_NW * 32) {
+            const int r = x / ML_CH, c = x - r * ML_CH;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (r < nrows) {
+                const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+                const elem *qrow =
+                    (const elem *)a.q + ((int64_t)(qs + w.i0 + qi) * a.H + w.h0 + hh) * ML_D;
+                v = __ldg(reinterpret_cast<const uint4 *>(qrow) + c);
+            }
+            *reinterpret_cast<uint4 *>(ml_smem + ml_swz(r, c)) = v;
+        }
+        /* This thread's rows row0 + g4 and row0 + g4 + 8 of the item: visible
+         * keys, position, slope; [lo_all, hi_all): the keys every row sees. */
+        int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
+        float slope[2];
+        kva__dmma_rows(a, w, nrows, s, q_len, row0 + g4, lo, hi, pos, slope, lo_all, hi_all);
+
+        float o[NBO][4];
+#pragma unroll
+        for (int n = 0; n < NBO; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[n][e] = 0.f;
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+        int stage = 0;
+        for (int32_t kb = w.k0; kb < kend; kb += BN) {
+            kva__cp_async_wait<NST - 2>();
+            __syncthreads(); /* tile kb (and Q) landed for every thread; the previous
+                                tile's stage, P and maxima are free */
+            {
+                const int32_t kn = kb + (NST - 1) * BN;
+                const int ahead = stage == 0 ? NST - 1 : stage - 1;
+                if (kn < kend)
+                    ml_issue<BN>(a, bt_row, kn, kend, sRing + ahead * C::TILE);
+                kva__cp_async_commit();
+            }
+            const uint32_t sk = sRing + stage * C::TILE;
+
+            /* S = Q K^T for row tile rt and keys kb + kg * KW .. + KW - 1, in two
+             * accumulator sets (even and odd k-steps) for independent mma chains. */
+            const int key0 = kg * KW;
+            float sc[NBS][4], sc2[NBS][4];
+#pragma unroll
+            for (int nt = 0; nt < NBS; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sc[nt][e] = 0.f, sc2[nt][e] = 0.f;
+#pragma unroll 4
+            for (int kk = 0; kk < ML_D / 16; kk += 2) {
+                uint32_t qa[4], qb[4];
+                kva__ldsm_x4(sQ + ml_swz(row0 + q_r, kk * 2 + q_c), qa);
+                kva__ldsm_x4(sQ + ml_swz(row0 + q_r, kk * 2 + 2 + q_c), qb);
+                if (NBS == 1) {
+                    /* Keys key0 .. + 7, chunks 2 kk .. 2 kk + 3: two k-steps. */
+                    uint32_t kf[4];
+                    kva__ldsm_x4(sk + ml_swz(key0 + (lane & 7), kk * 2 + (lane >> 3)), kf);
+                    Ty::mma(sc[0], qa, kf[0], kf[1]);
+                    Ty::mma(sc2[0], qb, kf[2], kf[3]);
+                } else {
+#pragma unroll
+                    for (int np = 0; np < NBS / 2; np++) {
+                        uint32_t kf[4], kh[4];
+                        kva__ldsm_x4(sk + ml_swz(key0 + np * 16 + k_r, kk * 2 + k_c), kf);
+                        kva__ldsm_x4(sk + ml_swz(key0 + np * 16 + k_r, kk * 2 + 2 + k_c), kh);
+                        Ty::mma(sc[2 * np], qa, kf[0], kf[1]);
+                        Ty::mma(sc[2 * np + 1], qa, kf[2], kf[3]);
+                        Ty::mma(sc2[2 * np], qb, kh[0], kh[1]);
+                        Ty::mma(sc2[2 * np + 1], qb, kh[2], kh[3]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < NBS; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sc[nt][e] += sc2[nt][e];
+            /* Logits (log2 units) and the mask where some row may not see a key. */
+            kva__dmma_logits<KW>(sc, a, scale_log2, kb + key0, t4, lo_all, hi_all, lo, hi, pos,
+                                 slope);
+            /* The row maxima of the tile: the warp's slice, then every slice. */
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                float mx = fmaxf(sc[0][2 * hf], sc[0][2 * hf + 1]);
+#pragma unroll
+                for (int nt = 1; nt < NBS; nt++)
+                    mx = fmaxf(mx, fmaxf(sc[nt][2 * hf], sc[nt][2 * hf + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                if (t4 == 0)
+                    s_max[kg][row0 + g4 + 8 * hf] = mx;
+            }
+            __syncthreads(); /* every slice's maxima */
+            float alpha[2];
+            bool resc = false;
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                float mx = m_run[hf];
+#pragma unroll
+                for (int k = 0; k < ML_NW / MT; k++)
+                    mx = fmaxf(mx, s_max[k][row0 + g4 + 8 * hf]);
+                const float mu = mx == -INFINITY ? 0.f : mx;
+                alpha[hf] = kva__ex2(m_run[hf] - mu); /* 0 while m_run = -inf */
+                resc |= mx != m_run[hf];
+                m_run[hf] = mx;
+                l_run[hf] *= alpha[hf];
+                /* P of the warp's keys, in the input dtype, into the shared P tile. */
+                float sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < NBS; nt++) {
+                    const float p0 = kva__ex2(sc[nt][2 * hf] - mu);
+                    const float p1 = kva__ex2(sc[nt][2 * hf + 1] - mu);
+                    sum += p0 + p1;
+                    const uint32_t pv = Ty::pack(p0, p1);
+                    const uint32_t addr = sP + (uint32_t)((row0 + g4 + 8 * hf) * C::P_STRIDE +
+                                                          (key0 + nt * 8 + 2 * t4) * 2);
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pv) : "memory");
+                }
+                l_run[hf] += sum;
+            }
+            if (__any_sync(0xffffffffu, resc)) {
+#pragma unroll
+                for (int n = 0; n < NBO; n++) {
+                    o[n][0] *= alpha[0];
+                    o[n][1] *= alpha[0];
+                    o[n][2] *= alpha[1];
+                    o[n][3] *= alpha[1];
+                }
+            }
+            __syncthreads(); /* P of every slice */
+
+            /* O += P V: P [16, BN] of the row tile, V = the tile's columns
+             * kg * CW .. + CW - 1 (ldmatrix.trans of the latent rows). */
+            const int cc0 = kg * (C::CW / 8); /* first value chunk of the warp */
+#pragma unroll
+            for (int kp = 0; kp < BN / 16; kp++) {
+                uint32_t pa[4];
+                kva__ldsm_x4(sP + (uint32_t)((row0 + q_r) * C::P_STRIDE + (kp * 2 + q_c) * 16), pa);
+#pragma unroll
+                for (int dp = 0; dp < NBO / 2; dp++) {
+                    uint32_t vb[4];
+                    kva__ldsm_x4_trans(sk + ml_swz(kp * 16 + v_r, cc0 + dp * 2 + v_c), vb);
+                    Ty::mma(o[2 * dp], pa, vb[0], vb[1]);
+                    Ty::mma(o[2 * dp + 1], pa, vb[2], vb[3]);
+                }
+            }
+            stage = stage == NST - 1 ? 0 : stage + 1;
+        }
+        kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
+
+        /* Row sums: the 4 lanes of a row, then the key slices of the row tile. */
+        kva__dmma_row_sums(l_run);
+        __syncthreads(); /* every warp is past its last use of the maxima */
+        if (t4 == 0) {
+            s_sum[kg][row0 + g4] = l_run[0];
+            s_sum[kg][row0 + g4 + 8] = l_run[1];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int32_t r = row0 + g4 + 8 * hf;
+            if (r >= nrows)
+                continue;
+            float L = 0.f;
+#pragma unroll
+            for (int k = 0; k < ML_NW / MT; k++)
+                L += s_sum[k][r];
+            const float Mx = m_run[hf], mu = Mx == -INFINITY ? 0.f : Mx;
+#pragma unroll
+            for (int n = 0; n < NBO; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int32_t d = kg * C::CW + n * 8 + 2 * t4 + e;
+                    kva__dmma_write<ML_DV, Ty>(a, w, nrows, qs, r, d, Mx, mu, L, o[n][2 * hf + e]);
+                }
+        }
+        __syncthreads(); /* Q, the sums and the ring are rewritten by the next item */
+    }
+}
+
+/* ---- host side ---- */
+
+typedef void (*ml_kernel_fn)(kva__cuda_attn_args);
+
+typedef struct ml_launch {
+    ml_kernel_fn fn;
+    int smem;
+} ml_launch;
+
+template <typename Ty> static ml_launch ml_pick_mt(int rows)
+{
+    ml_launch k = {NULL, 0};
+    if (rows == 16)
+        k = {mla_decode_mma_kernel<Ty, 1>, ml_cfg<1>::SMEM};
+    else if (rows == 32)
+        k = {mla_decode_mma_kernel<Ty, 2>, ml_cfg<2>::SMEM};
+    else if (rows == 64)
+        k = {mla_decode_mma_kernel<Ty, 4>, ml_cfg<4>::SMEM};
+    return k;
+}
+
+static ml_launch ml_pick(kva_dtype dt, int rows)
+{
+    if (dt == KVA_DTYPE_BF16)
+        return ml_pick_mt<kva__mma_bf16>(rows);
+    if (dt == KVA_DTYPE_F16)
+        return ml_pick_mt<kva__mma_f16>(rows);
+    ml_launch none = {NULL, 0};
+    return none;
+}
+
+extern "C" int kva__cuda_mla_decode_supported(int32_t head_dim, int32_t head_dim_v, kva_dtype dtype)
+{
+    return head_dim == ML_D && head_dim_v == ML_DV &&
+           (dtype == KVA_DTYPE_BF16 || dtype == KVA_DTYPE_F16);
+}
+
+extern "C" int kva__cuda_mla_decode_rows(int32_t num_heads, int32_t max_q_len)
+{
+    const int64_t rows = (int64_t)num_heads * (max_q_len > 0 ? max_q_len : 1);
+    return rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
+}
+
+extern "C" int kva__cuda_mla_decode_ctas_per_sm(kva_dtype dtype, int rows)
+{
+    const ml_launch k = ml_pick(dtype, rows);
+    if (!k.fn)
+        return 0;
+    int n = 0;
+    if (cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.fn, ML_NW * 32, (size_t)k.smem) !=
+            cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" kva_status kva__cuda_mla_decode_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
+                                                  int rows, int grid, void *stream)
+{
+    const ml_launch k = ml_pick(dtype, rows);
+    if (!k.fn || !kva__cuda_mla_decode_supported(a->D, a->Dv, dtype) || a->Hkv != 1 || a->ragged)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_attention_run: the MLA decode covers D = 576, Dv = 512, Hkv = 1, a "
+                         "paged f16/bf16 latent cache and items of 16, 32 or 64 rows (got D = %d, "
+                         "Dv = %d, Hkv = %d, dtype = %s, rows = %d)",
+                         (int)a->D, (int)a->Dv, (int)a->Hkv, kva_dtype_name(dtype), rows);
+    KVA_CUDA_TRY(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+    k.fn<<<grid, ML_NW * 32, (size_t)k.smem, (cudaStream_t)stream>>>(*a);
+    KVA_CUDA_LAUNCHED("mla_decode_mma_kernel");
+    return KVA_STATUS_OK;
+}
