@@ -231,10 +231,12 @@ int main(int argc, char **argv)
     fprintf(stderr,
             "bench_cuda_mla: R=%d S=%d Q=%d H=%d B=%d %s: median %.4f ms, %.3f TB/s latent, "
             "%.1f TFLOP/s, rows %d, %d items, %d split tasks, kernel %s, check %s\n",
-            R, S, Q, H, B, dts, med, kv_bytes / (med * 1e-3) * 1e-12,
-            flops / (med * 1e-3) * 1e-12, cp->rows, plan->part->num_items, plan->part->num_tasks,
+            R, S, Q, H, B, dts, med, kv_bytes / (med * 1e-3) * 1e-12, flops / (med * 1e-3) * 1e-12,
+            cp->rows, plan->part->num_items, plan->part->num_tasks,
             kva__cuda_kernels[cp->decode_kernel].name,
-            bad < 0 ? "skipped" : bad ? "FAILED" : "ok");
+            bad < 0 ? "skipped"
+            : bad   ? "FAILED"
+                    : "ok");
     printf("{\"mode\": \"mla\", \"device\": \"%s\", \"R\": %d, \"S\": %d, \"Q\": %d, \"H\": %d, "
            "\"B\": %d, \"dtype\": \"%s\", \"ms\": %.5f, \"kv_bytes\": %.0f, \"flops\": %.0f, "
            "\"rows\": %d, \"items\": %d, \"tasks\": %d, \"check_bad\": %ld}\n",

@@ -90,7 +90,8 @@ static int run_case(const mcase *c, int quick_print)
     for (int32_t r = 0; r < R; r++) {
         const int32_t q = kva_rng_int(&rng, c->q_min, c->q_max);
         qsl[r + 1] = qsl[r] + q;
-        sl[r] = c->s_fixed ? c->s_fixed[r] : kva_rng_int(&rng, c->s_min, c->s_max) + (c->causal ? q : 0);
+        sl[r] = c->s_fixed ? c->s_fixed[r]
+                           : kva_rng_int(&rng, c->s_min, c->s_max) + (c->causal ? q : 0);
         lat0[r + 1] = lat0[r] + sl[r];
         const int32_t nbr = (sl[r] + B - 1) / B;
         nb += nbr;
@@ -99,7 +100,8 @@ static int run_case(const mcase *c, int quick_print)
     const int32_t T = qsl[R], NB = nb + 3;
     const int64_t L = lat0[R];
     /* Block table: a shuffled permutation of the blocks (3 spare ones stay NaN). */
-    int32_t *perm = malloc(sizeof(int32_t) * NB), *bt = malloc(sizeof(int32_t) * (size_t)R * stride);
+    int32_t *perm = malloc(sizeof(int32_t) * NB),
+            *bt = malloc(sizeof(int32_t) * (size_t)R * stride);
     for (int32_t i = 0; i < NB; i++)
         perm[i] = i;
     for (int32_t i = NB - 1; i > 0; i--) {
@@ -166,25 +168,34 @@ static int run_case(const mcase *c, int quick_print)
     pd.causal = c->causal;
     pd.window_left = -1;
     pd.kind = KVA_ATTN_MLA;
-    kva_plan *plan = NULL;
-    CHECK_OK(kva_plan_create(gpu, &pd, &plan));
-
     const size_t no = (size_t)T * H * DC;
     void *d_q = dev_from(q, (size_t)T * H * DL * 2);
     void *d_out = dev_poisoned(no * 2), *d_lse = dev_poisoned(sizeof(float) * (size_t)T * H);
+    double *ro = malloc(sizeof(double) * (no + 1)), *rl = malloc(sizeof(double) * (T * H + 1));
+    for (int32_t r = 0; r < R; r++)
+        reference(q, lat, dt, H, qsl[r], qsl[r + 1] - qsl[r], sl[r], lat0[r], c->causal, scale, ro,
+                  rl);
+    /* The default kernel, then mla_decode_mma_sm80 forced when the default was
+     * the wgmma one (items of 64 rows on sm_90a). */
     int ok = 1;
-    if (plan) {
+    for (int pass = 0; pass < 2; pass++) {
+        kva_plan *plan = NULL;
+        CHECK_OK(kva_plan_create(gpu, &pd, &plan));
+        if (!plan) {
+            ok = 0;
+            break;
+        }
         const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
-        CHECK(cp->decode_kernel == KVA__CUDA_K_MLA_DECODE_MMA);
+        const int kernel = cp->decode_kernel;
+        CHECK(kernel == KVA__CUDA_K_MLA_DECODE_MMA || kernel == KVA__CUDA_K_MLA_DECODE_WGMMA);
+        CHECK(pass == 0 || kernel == KVA__CUDA_K_MLA_DECODE_MMA);
+        CUDA_OK(cudaMemset(d_out, 0xff, no * 2));
+        CUDA_OK(cudaMemset(d_lse, 0xff, sizeof(float) * (size_t)T * H));
         CHECK_OK(kva_attention_run(gpu, plan, d_q, cache, NULL, d_out, d_lse));
         uint16_t *out = malloc(no * 2 + 2);
         float *lse = malloc(sizeof(float) * (size_t)T * H + 4);
         to_host(out, d_out, no * 2);
         to_host(lse, d_lse, sizeof(float) * (size_t)T * H);
-        double *ro = malloc(sizeof(double) * (no + 1)), *rl = malloc(sizeof(double) * (T * H + 1));
-        for (int32_t r = 0; r < R; r++)
-            reference(q, lat, dt, H, qsl[r], qsl[r + 1] - qsl[r], sl[r], lat0[r], c->causal, scale,
-                      ro, rl);
         size_t bad = 0, bad_lse = 0;
         double dot = 0, na = 0, nr = 0, max_lse = 0, max_err = 0;
         for (size_t i = 0; i < no; i++) {
@@ -205,21 +216,24 @@ static int run_case(const mcase *c, int quick_print)
                 fprintf(stderr, "  lse[%zu]: got %.9g, want %.9g\n", i, a, b);
         }
         const double cosd = na + nr > 0 ? 1.0 - 2.0 * dot / (na + nr) : 0.0;
-        ok = bad == 0 && bad_lse == 0 && cosd <= 5e-6 && cosd == cosd;
-        if (!ok || quick_print)
+        const int pass_ok = bad == 0 && bad_lse == 0 && cosd <= 5e-6 && cosd == cosd;
+        if (!pass_ok || quick_print)
             fprintf(stderr,
-                    "  case seed=%llu H=%d R=%d q=%d..%d T=%d B=%d %s causal=%d splits=%d items=%d "
-                    "tasks=%d rows=%d: out bad %zu (max err %.3g), cos dist %.3g, lse bad %zu "
-                    "(max %.3g)\n",
-                    (unsigned long long)c->seed, H, R, c->q_min, c->q_max, T, B,
-                    kva_dtype_name(dt), c->causal, c->splits, plan->part->num_items,
+                    "  case seed=%llu H=%d R=%d q=%d..%d T=%d B=%d %s causal=%d splits=%d %s "
+                    "items=%d tasks=%d rows=%d: out bad %zu (max err %.3g), cos dist %.3g, lse "
+                    "bad %zu (max %.3g)\n",
+                    (unsigned long long)c->seed, H, R, c->q_min, c->q_max, T, B, kva_dtype_name(dt),
+                    c->causal, c->splits, kva__cuda_kernels[kernel].name, plan->part->num_items,
                     plan->part->num_tasks, cp->rows, bad, max_err, cosd, bad_lse, max_lse);
-        CHECK(ok);
-        free(out), free(lse), free(ro), free(rl);
-    } else {
-        ok = 0;
+        CHECK(pass_ok);
+        ok &= pass_ok;
+        free(out), free(lse);
+        kva_plan_destroy(plan);
+        if (kernel != KVA__CUDA_K_MLA_DECODE_WGMMA)
+            break;
+        CHECK_OK(kva__context_force_kernel(gpu, "mla_decode_mma_sm80"));
     }
-    kva_plan_destroy(plan);
+    free(ro), free(rl);
     kva_cache_destroy(cache);
     kva_context_destroy(gpu);
     cudaFree(d_q), cudaFree(d_out), cudaFree(d_lse), cudaFree(d_ckv), cudaFree(d_kpe),
@@ -318,7 +332,7 @@ static void test_bad_input(void)
     CHECK_STATUS(kva_plan_create(gpu, &pd, &plan), KVA_STATUS_UNSUPPORTED);
     CHECK(plan == NULL);
     /* An MLA cache under an MHA plan (D 128): kind mismatch at run time. */
-    kva_cache_desc cd = {2, 16, 1, DL, DC, KVA_DTYPE_BF16, KVA_LAYOUT_NHD, KVA_QUANT_NONE,
+    kva_cache_desc cd = {2,           16, 1, DL, DC, KVA_DTYPE_BF16, KVA_LAYOUT_NHD, KVA_QUANT_NONE,
                          KVA_ATTN_MLA};
     kva_cache *cache = NULL;
     CHECK_OK(kva_cache_create(gpu, &cd, &cache));

@@ -105,8 +105,10 @@ typedef enum kva__cuda_kernel {
     KVA__CUDA_K_PREFILL_ITEMS,     /* "prefill_items": no tiles, prefills as work items of
                                       the plan's decode-family kernel */
     /* MLA family: every work item of a latent-cache plan (KVA_ATTN_MLA). */
-    KVA__CUDA_K_MLA_DECODE_MMA, /* "mla_decode_mma_sm80": absorbed MLA on mma.sync
-                                   (mla_decode_mma.cu) */
+    KVA__CUDA_K_MLA_DECODE_MMA,   /* "mla_decode_mma_sm80": absorbed MLA on mma.sync,
+                                     items of 16, 32 or 64 rows (mla_decode_mma.cu) */
+    KVA__CUDA_K_MLA_DECODE_WGMMA, /* "mla_decode_wgmma_sm90": absorbed MLA on sm_90a
+                                     wgmma, items of 64 rows (mla_decode_wgmma.cu) */
     KVA__CUDA_KERNELS
 } kva__cuda_kernel;
 extern const kva__kernel_info kva__cuda_kernels[KVA__CUDA_KERNELS];
@@ -219,6 +221,11 @@ int kva__cuda_mla_decode_rows(int32_t num_heads, int32_t max_q_len);
 int kva__cuda_mla_decode_ctas_per_sm(kva_dtype dtype, int rows);
 kva_status kva__cuda_mla_decode_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int rows,
                                        int grid, void *stream);
+/* mla_decode_wgmma.cu: the same over items of up to 64 rows on sm_90a wgmma;
+ * resident CTAs per SM (0 without sm_90a code or device) and the launch. */
+int kva__cuda_mla_wgmma_ctas_per_sm(kva_dtype dtype);
+kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int grid,
+                                      void *stream);
 /* The tensor-core decode over quantized caches (decode_mma_quant.cu): 1 if it covers the
  * shape (INT8_CHANNEL, INT8_TOKEN_K or FP8_E4M3 with f16/bf16 q, or
  * INT8_TOKEN_K_V16 whose V dtype cache_dtype is the q dtype; D = Dv in {64,

@@ -41,18 +41,14 @@ extern "C" {
 #include "cuda_backend.h"
 }
 #include "cuda_check.h"
-#include "decode_mma_common.cuh"
-#include "mma_ptx.cuh"
+#include "mla_decode_common.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
 
-#define ML_NW 8    /* warps per CTA */
-#define ML_D 576   /* latent row: Dc + Dr */
-#define ML_DV 512  /* values: the first Dc columns */
-#define ML_CH 72   /* 16-byte chunks per latent row */
+#define ML_NW (ML_NT / 32) /* warps per CTA */
 
 /* Tile shape per MT (row tiles of 16): keys per tile, ring stages, keys of
  * one warp's S slice, value columns of one warp; shared memory in bytes:
@@ -76,41 +72,6 @@ template <int MT> struct ml_cfg {
     static_assert(SMEM <= 227 * 1024, "shared memory of one CTA");
 };
 
-/* Byte offset of 16-byte chunk c of latent row r in a swizzled [rows, 576]
- * tile: 72 chunks per row, chunk c at c ^ (r & 7) (stays inside its group of
- * 8 because 72 is a multiple of 8; rows are 9 x 128 bytes apart, so the 8 rows
- * of an ldmatrix hit 8 distinct 16-byte bank groups). */
-static __device__ __forceinline__ uint32_t ml_swz(int r, int c)
-{
-    return kva__swz<ML_D>(r, c);
-}
-
-/* The CTA copies the latent rows kb .. kb + BN - 1 (zeros from kend on) into
- * one ring stage: thread t takes key t / TPK and chunks t % TPK + TPK * i, so
- * each thread reads one block-table entry per tile. */
-template <int BN>
-static __device__ __forceinline__ void ml_issue(const kva__cuda_attn_args &a, const int32_t *bt_row,
-                                                int32_t kb, int32_t kend, uint32_t stage)
-{
-    constexpr int TPK = ML_NW * 32 / BN; /* threads per key: 4 or 8 */
-    constexpr int CPT = ML_CH / TPK;     /* chunks per thread: 18 or 9 */
-    static_assert(ML_CH % TPK == 0, "chunks per thread");
-    const int key = threadIdx.x / TPK, c0 = threadIdx.x % TPK;
-    const int32_t j = kb + key;
-    const bool ok = j < kend;
-    const char *src = (const char *)a.k;
-    if (ok) {
-        const int32_t blk = j / a.B, off = j - blk * a.B;
-        const int64_t row = (int64_t)__ldg(bt_row + blk) * a.B + off;
-        src += row * (int64_t)(ML_D * 2);
-    }
-#pragma unroll
-    for (int i = 0; i < CPT; i++) {
-        const int c = c0 + TPK * i;
-        kva__cp_async16(stage + ml_swz(key, c), src + (ok ? c * 16 : 0), ok ? 16 : 0);
-    }
-}
-
 /*
  * Ty: kva__mma_bf16 or kva__mma_f16; MT: row tiles of 16 per item.
  * Dynamic shared memory as ml_cfg<MT>.
@@ -129,9 +90,9 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g4 = lane >> 2, t4 = lane & 3;
-    const int rt = warp % MT;            /* row tile of this warp */
-    const int kg = warp / MT;            /* key slice (S) and column slice (O) of this warp */
-    const int row0 = rt * 16;            /* first row of the row tile */
+    const int rt = warp % MT; /* row tile of this warp */
+    const int kg = warp / MT; /* key slice (S) and column slice (O) of this warp */
+    const int row0 = rt * 16; /* first row of the row tile */
     const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
     const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
@@ -154,20 +115,10 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
         for (int st = 0; st < NST - 1; st++) {
             const int32_t kb = w.k0 + st * BN;
             if (kb < kend)
-                ml_issue<BN>(a, bt_row, kb, kend, sRing + st * C::TILE);
+                ml_issue<BN, 0>(a, bt_row, kb, kend, sRing + st * C::TILE);
             kva__cp_async_commit();
         }
-        for (int x = threadIdx.x; x < M * ML_CH; x += ML_NW * 32) {
-            const int r = x / ML_CH, c = x - r * ML_CH;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (r < nrows) {
-                const int32_t qi = r / w.nh, hh = r - qi * w.nh;
-                const elem *qrow =
-                    (const elem *)a.q + ((int64_t)(qs + w.i0 + qi) * a.H + w.h0 + hh) * ML_D;
-                v = __ldg(reinterpret_cast<const uint4 *>(qrow) + c);
-            }
-            *reinterpret_cast<uint4 *>(ml_smem + ml_swz(r, c)) = v;
-        }
+        ml_stage_q<M, 0, elem>(a, w, nrows, qs, ml_smem);
         /* This thread's rows row0 + g4 and row0 + g4 + 8 of the item: visible
          * keys, position, slope; [lo_all, hi_all): the keys every row sees. */
         int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
@@ -191,7 +142,7 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
                 const int32_t kn = kb + (NST - 1) * BN;
                 const int ahead = stage == 0 ? NST - 1 : stage - 1;
                 if (kn < kend)
-                    ml_issue<BN>(a, bt_row, kn, kend, sRing + ahead * C::TILE);
+                    ml_issue<BN, 0>(a, bt_row, kn, kend, sRing + ahead * C::TILE);
                 kva__cp_async_commit();
             }
             const uint32_t sk = sRing + stage * C::TILE;
@@ -208,20 +159,20 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
 #pragma unroll 4
             for (int kk = 0; kk < ML_D / 16; kk += 2) {
                 uint32_t qa[4], qb[4];
-                kva__ldsm_x4(sQ + ml_swz(row0 + q_r, kk * 2 + q_c), qa);
-                kva__ldsm_x4(sQ + ml_swz(row0 + q_r, kk * 2 + 2 + q_c), qb);
+                kva__ldsm_x4(sQ + ml_off<0>(row0 + q_r, kk * 2 + q_c), qa);
+                kva__ldsm_x4(sQ + ml_off<0>(row0 + q_r, kk * 2 + 2 + q_c), qb);
                 if (NBS == 1) {
                     /* Keys key0 .. + 7, chunks 2 kk .. 2 kk + 3: two k-steps. */
                     uint32_t kf[4];
-                    kva__ldsm_x4(sk + ml_swz(key0 + (lane & 7), kk * 2 + (lane >> 3)), kf);
+                    kva__ldsm_x4(sk + ml_off<0>(key0 + (lane & 7), kk * 2 + (lane >> 3)), kf);
                     Ty::mma(sc[0], qa, kf[0], kf[1]);
                     Ty::mma(sc2[0], qb, kf[2], kf[3]);
                 } else {
 #pragma unroll
                     for (int np = 0; np < NBS / 2; np++) {
                         uint32_t kf[4], kh[4];
-                        kva__ldsm_x4(sk + ml_swz(key0 + np * 16 + k_r, kk * 2 + k_c), kf);
-                        kva__ldsm_x4(sk + ml_swz(key0 + np * 16 + k_r, kk * 2 + 2 + k_c), kh);
+                        kva__ldsm_x4(sk + ml_off<0>(key0 + np * 16 + k_r, kk * 2 + k_c), kf);
+                        kva__ldsm_x4(sk + ml_off<0>(key0 + np * 16 + k_r, kk * 2 + 2 + k_c), kh);
                         Ty::mma(sc[2 * np], qa, kf[0], kf[1]);
                         Ty::mma(sc[2 * np + 1], qa, kf[2], kf[3]);
                         Ty::mma(sc2[2 * np], qb, kh[0], kh[1]);
@@ -237,38 +188,18 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
             /* Logits (log2 units) and the mask where some row may not see a key. */
             kva__dmma_logits<KW>(sc, a, scale_log2, kb + key0, t4, lo_all, hi_all, lo, hi, pos,
                                  slope);
-            /* The row maxima of the tile: the warp's slice, then every slice. */
+            /* The running max over every key slice of the row tile. */
+            float alpha[2], mu[2];
+            const bool resc =
+                ml_tile_max<NBS, ML_NW / MT>(sc, s_max, kg, row0 + g4, t4, m_run, l_run, alpha, mu);
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
-                float mx = fmaxf(sc[0][2 * hf], sc[0][2 * hf + 1]);
-#pragma unroll
-                for (int nt = 1; nt < NBS; nt++)
-                    mx = fmaxf(mx, fmaxf(sc[nt][2 * hf], sc[nt][2 * hf + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                if (t4 == 0)
-                    s_max[kg][row0 + g4 + 8 * hf] = mx;
-            }
-            __syncthreads(); /* every slice's maxima */
-            float alpha[2];
-            bool resc = false;
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                float mx = m_run[hf];
-#pragma unroll
-                for (int k = 0; k < ML_NW / MT; k++)
-                    mx = fmaxf(mx, s_max[k][row0 + g4 + 8 * hf]);
-                const float mu = mx == -INFINITY ? 0.f : mx;
-                alpha[hf] = kva__ex2(m_run[hf] - mu); /* 0 while m_run = -inf */
-                resc |= mx != m_run[hf];
-                m_run[hf] = mx;
-                l_run[hf] *= alpha[hf];
                 /* P of the warp's keys, in the input dtype, into the shared P tile. */
                 float sum = 0.f;
 #pragma unroll
                 for (int nt = 0; nt < NBS; nt++) {
-                    const float p0 = kva__ex2(sc[nt][2 * hf] - mu);
-                    const float p1 = kva__ex2(sc[nt][2 * hf + 1] - mu);
+                    const float p0 = kva__ex2(sc[nt][2 * hf] - mu[hf]);
+                    const float p1 = kva__ex2(sc[nt][2 * hf + 1] - mu[hf]);
                     sum += p0 + p1;
                     const uint32_t pv = Ty::pack(p0, p1);
                     const uint32_t addr = sP + (uint32_t)((row0 + g4 + 8 * hf) * C::P_STRIDE +
@@ -277,7 +208,7 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
                 }
                 l_run[hf] += sum;
             }
-            if (__any_sync(0xffffffffu, resc)) {
+            if (resc) {
 #pragma unroll
                 for (int n = 0; n < NBO; n++) {
                     o[n][0] *= alpha[0];
@@ -298,7 +229,7 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
 #pragma unroll
                 for (int dp = 0; dp < NBO / 2; dp++) {
                     uint32_t vb[4];
-                    kva__ldsm_x4_trans(sk + ml_swz(kp * 16 + v_r, cc0 + dp * 2 + v_c), vb);
+                    kva__ldsm_x4_trans(sk + ml_off<0>(kp * 16 + v_r, cc0 + dp * 2 + v_c), vb);
                     Ty::mma(o[2 * dp], pa, vb[0], vb[1]);
                     Ty::mma(o[2 * dp + 1], pa, vb[2], vb[3]);
                 }
@@ -307,33 +238,8 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
         }
         kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
 
-        /* Row sums: the 4 lanes of a row, then the key slices of the row tile. */
-        kva__dmma_row_sums(l_run);
-        __syncthreads(); /* every warp is past its last use of the maxima */
-        if (t4 == 0) {
-            s_sum[kg][row0 + g4] = l_run[0];
-            s_sum[kg][row0 + g4 + 8] = l_run[1];
-        }
-        __syncthreads();
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int32_t r = row0 + g4 + 8 * hf;
-            if (r >= nrows)
-                continue;
-            float L = 0.f;
-#pragma unroll
-            for (int k = 0; k < ML_NW / MT; k++)
-                L += s_sum[k][r];
-            const float Mx = m_run[hf], mu = Mx == -INFINITY ? 0.f : Mx;
-#pragma unroll
-            for (int n = 0; n < NBO; n++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int32_t d = kg * C::CW + n * 8 + 2 * t4 + e;
-                    kva__dmma_write<ML_DV, Ty>(a, w, nrows, qs, r, d, Mx, mu, L, o[n][2 * hf + e]);
-                }
-        }
-        __syncthreads(); /* Q, the sums and the ring are rewritten by the next item */
+        ml_finish<NBO, ML_NW / MT, Ty>(a, w, nrows, qs, s_sum, kg, row0 + g4, kg * C::CW, t4, l_run,
+                                       m_run, o);
     }
 }
 
