@@ -270,10 +270,22 @@ typedef struct kva_quant_params {
 typedef enum kva_attn_kind {
     /* Separate K and V rows per kv head: MHA, GQA (Hkv < H) and MQA (Hkv = 1). */
     KVA_ATTN_MHA = 0,
-    /* Multi-head latent attention (DeepSeek-V2/V3): one latent row per token,
-     * [c_kv (Dc) | k_pe (Dr)], shared by all heads (Hkv = 1, D = Dc + Dr); the
-     * values are the row's first Dv = Dc columns. Planned, not implemented:
-     * caches and plans of this kind get KVA_STATUS_UNSUPPORTED today. */
+    /* Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): one latent row
+     * per token, [c_kv (Dc) | k_pe (Dr)], shared by all query heads.
+     * Cache: num_kv_heads = 1, head_dim = Dc + Dr, head_dim_v = Dc (given, not
+     * 0, and < head_dim, so Dr = head_dim - head_dim_v >= 8); dtype F32, F16 or
+     * BF16 (KVA_QUANT_NONE), or FP8_E4M3 (KVA_QUANT_FP8_E4M3, one per-tensor
+     * k_scale, no v arrays: the values are the keys' first Dc columns). There
+     * is no separate V storage: kva_cache_data's v_data points at K (each V
+     * row is the first Dc columns of its K row, row stride Dc + Dr) and
+     * kva_cache_block_bytes_v is 0. Layouts NHD and HND coincide.
+     * Write: kva_cache_write with k = c_kv [T, Dc] and v = k_pe [T, Dr]
+     * (vLLM's concat_and_cache_mla); token strides default to Dc and Dr.
+     * Plans of this kind (Hkv = 1, D = Dc + Dr, Dv = Dc, an explicit scale,
+     * no window, soft-cap or ALiBi) run kva_attention_run, the absorbed
+     * kernel-level call (FlashMLA's flash_mla_with_kvcache), and kva_mla_run,
+     * the layer-level call that takes the un-absorbed query and the layer's
+     * W_UK / W_UV. */
     KVA_ATTN_MLA = 1,
     KVA_ATTN_KIND_COUNT_
 } kva_attn_kind;
@@ -314,7 +326,9 @@ KVA_API kva_status kva_cache_create_quant(kva_context *ctx, const kva_cache_desc
 /* Wraps caller-owned storage (host memory for ref/CPU, device memory for CUDA):
  * k_data holds NB*B*Hkv*D elements, v_data NB*B*Hkv*Dv elements, in the
  * desc's layout. The caller keeps ownership and must outlive the cache.
- * Unquantized caches only (KVA_QUANT_NONE). */
+ * Unquantized caches only (KVA_QUANT_NONE). An MLA cache (kind
+ * KVA_ATTN_MLA) has no V storage: k_data holds NB*B*(Dc + Dr) elements and
+ * v_data must be NULL. */
 KVA_API kva_status kva_cache_create_from(kva_context *ctx, const kva_cache_desc *desc, void *k_data,
                                          void *v_data, kva_cache **out);
 /* kva_cache_create_from for storage that interleaves K and V page by page,
@@ -369,6 +383,9 @@ KVA_API size_t kva_cache_static_scale_bytes(const kva_cache *cache);
  * naming the token, head and channel, and nothing is written; +-inf and large
  * finite values saturate to -128 / 127 under static scales. FP8 keeps NaN
  * (code 0x7f) and saturates the rest to +-448.
+ * MLA caches (kind KVA_ATTN_MLA): k is c_kv [T, Dc] and v is k_pe [T, Dr]
+ * (vLLM's concat_and_cache_mla); slot t's row becomes [c_kv(t) | k_pe(t)];
+ * token strides default to Dc and Dr elements.
  */
 KVA_API kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
                                    const void *k, int64_t k_token_stride, const void *v,
@@ -438,6 +455,14 @@ typedef struct kva_plan_desc {
                                   beyond float32's range make them disagree. */
     const float *alibi_slopes; /* [H] host, copied into the plan; NULL for none */
     kva_attn_kind kind;        /* of the caches it reads; 0 = KVA_ATTN_MHA (see kva_attn_kind) */
+    /* kind KVA_ATTN_MLA only (must be 0 otherwise): the head sizes of the
+     * layer-level call kva_mla_run, Dn = qk_nope_head_dim (DeepSeek 128) and
+     * Dv = v_head_dim (128), multiples of 8 from 8 to KVA_MAX_HEAD_DIM. Both 0:
+     * the plan serves kva_attention_run only (kva_mla_run refuses it); both
+     * given: it serves both, and kva_plan_create reserves the workspace of the
+     * layer-level call. */
+    int32_t mla_qk_nope_head_dim;
+    int32_t mla_v_head_dim;
 } kva_plan_desc;
 
 typedef struct kva_plan kva_plan;
@@ -504,6 +529,11 @@ KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const in
  * makes its row's out and lse NaN on every backend and for any key split, a
  * score of -inf carries no weight, and sinks should be finite.
  *
+ * MLA plans and caches (kind KVA_ATTN_MLA): the absorbed call, FlashMLA's
+ * flash_mla_with_kvcache: q [T, H, Dc + Dr] (q_nope already multiplied by
+ * W_UK, then q_pe), key j = the latent row [c_kv | k_pe], value j = c_kv
+ * (its first Dc columns), out [T, H, Dc] (the caller multiplies by W_UV).
+ *
  * Splitting keys: attention over keys [0, a) and over [a, s), computed with
  * the sink passed to one of the two parts only, merged by kva_merge_states,
  * equals attention over [0, s) whenever each part can be expressed with the
@@ -514,6 +544,38 @@ KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const in
 KVA_API kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, const void *q,
                                      const kva_cache *cache, const float *sinks, void *out,
                                      float *lse);
+
+/*
+ * Multi-head latent attention for one layer (kind KVA_ATTN_MLA), from the
+ * un-absorbed query, as vLLM's MLA common backend computes it. With
+ * Dc = the plan's head_dim_v, Dr = head_dim - head_dim_v, Dn =
+ * mla_qk_nope_head_dim and Dv = mla_v_head_dim (both given to the plan):
+ *   q:     [T, H, Dn + Dr] in q_dtype: each head's q_nope [Dn] then q_pe [Dr]
+ *          (RoPE already applied; k_pe in the cache likewise).
+ *   w_uk:  [H, Dn, Dc] in q_dtype: head h's key up-projection,
+ *          k_nope_h(j) = w_uk[h] . c_kv(j)   (vLLM's W_UK_T).
+ *   w_uv:  [H, Dc, Dv] in q_dtype: head h's value up-projection,
+ *          v_h(j) = c_kv(j) . w_uv[h]        (vLLM's W_UV).
+ *   cache: an MLA cache holding [c_kv | k_pe] for every key the plan covers.
+ *   out:   [T, H, Dv] in q_dtype; lse: [T, H] float32 or NULL.
+ * Semantics: for each head h, ordinary attention (kva_attention_run's masks:
+ * causal or not, bottom-right aligned) with key k_h(j) = [k_nope_h(j), k_pe(j)]
+ * (Dn + Dr), value v_h(j) (Dv) and score_j = scale * <q_h, k_h(j)>, the plan's
+ * scale being the model's (DeepSeek: 1/sqrt(Dn + Dr), times its YaRN mscale^2).
+ * lse is that softmax's natural-log sum-exp. Rows that see no key write 0 and
+ * lse = -inf.
+ * Paths (the result is the same up to rounding): requests with q_len <=
+ * decode_threshold take the absorbed path (q_nope . w_uk -> [Dc], attention
+ * over the latent rows with D = Dc + Dr, Dv = Dc, then . w_uv -> [Dv]); the
+ * others take the compute-friendly path (the context's latent rows are
+ * decompressed per head into the workspace in bounded chunks, attention with
+ * D = Dn + Dr, Dv = Dv per chunk, chunks merged by their LSE). One plan may
+ * mix both. The reference backend computes the naive, non-absorbed math in
+ * fp64 for every request: the truth both paths are tested against.
+ */
+KVA_API kva_status kva_mla_run(kva_context *ctx, const kva_plan *plan, const void *q,
+                               const void *w_uk, const void *w_uv, const kva_cache *cache,
+                               void *out, float *lse);
 
 /*
  * Attention without a cache, over new K/V packed per request (PrefillNoCache,

@@ -17,7 +17,7 @@
  * every ISA level of KVA_CPU_ISA.
  * The limits and the kind axis reject bad values with a status and change
  * nothing: D or Dv past a backend's own limit (a backend table limited to
- * 256, as CUDA's is), an unknown kind, the planned KVA_ATTN_MLA kind, and a
+ * 256, as CUDA's is), an unknown kind, an MLA cache without its Dc, and a
  * cache whose kind differs from the plan's or from a swap partner's.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -311,8 +311,10 @@ static void test_attn_kind(void)
     d.kind = (kva_attn_kind)-3;
     EXPECT_FAIL(kva_cache_create(ctx, &d, &c), KVA_STATUS_INVALID_ARGUMENT, "kind = -3");
     d.kind = KVA_ATTN_MLA;
-    EXPECT_FAIL(kva_cache_create(ctx, &d, &c), KVA_STATUS_UNSUPPORTED, "KVA_ATTN_MLA");
-    EXPECT_FAIL(kva_cache_create_quant(ctx, &d, NULL, &c), KVA_STATUS_UNSUPPORTED, "KVA_ATTN_MLA");
+    /* An MLA cache needs head_dim_v = Dc below head_dim (tests/test_mla.c has the rest). */
+    EXPECT_FAIL(kva_cache_create(ctx, &d, &c), KVA_STATUS_INVALID_ARGUMENT, "MLA cache");
+    EXPECT_FAIL(kva_cache_create_quant(ctx, &d, NULL, &c), KVA_STATUS_INVALID_ARGUMENT,
+                "MLA cache");
     CHECK(c == SENTINEL);
     d.kind = KVA_ATTN_MHA;
     kva_cache *a = NULL, *b = NULL;
@@ -325,7 +327,7 @@ static void test_attn_kind(void)
     fill_cache(ctx, a, &rng);
     fill_cache(ctx, b, &rng);
 
-    /* A plan of another kind than its cache (forced: no MLA cache exists yet). */
+    /* A plan of another kind than its cache (the cache's kind forced). */
     int32_t qsl[2] = {0, 1}, sl[1] = {6}, bt[2] = {1, 3};
     kva_plan_desc pd = one_decode(qsl, sl, bt, 4, 16);
     kva_plan *p = NULL;

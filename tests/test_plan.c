@@ -347,7 +347,7 @@ static void test_bad_inputs(void)
         WITH(head_dim_v, KVA_MAX_HEAD_DIM + 8, KVA_STATUS_UNSUPPORTED, "head_dim_v = 584");
         WITH(kind, (kva_attn_kind)2, KVA_STATUS_INVALID_ARGUMENT, "kind = 2");
         WITH(kind, (kva_attn_kind)-1, KVA_STATUS_INVALID_ARGUMENT, "kind = -1");
-        WITH(kind, KVA_ATTN_MLA, KVA_STATUS_UNSUPPORTED, "kind = 1");
+        WITH(kind, KVA_ATTN_MLA, KVA_STATUS_INVALID_ARGUMENT, "MLA plan");
         WITH(head_dim_v, 20, KVA_STATUS_UNSUPPORTED, "head_dim_v = 20");
         WITH(head_dim_v, -8, KVA_STATUS_INVALID_ARGUMENT, "head_dim_v = -8");
         WITH(num_heads, KVA_MAX_HEADS + 1, KVA_STATUS_INVALID_ARGUMENT, "num_heads = 4097");

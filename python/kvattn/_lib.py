@@ -104,6 +104,8 @@ class PlanDesc(Structure):
         ("softcap", c_float),
         ("alibi_slopes", c_void_p),
         ("kind", c_int),  # kva_attn_kind of the caches it reads; 0 = KVA_ATTN_MHA
+        ("mla_qk_nope_head_dim", c_int32),  # kind MLA: Dn of kva_mla_run, else 0
+        ("mla_v_head_dim", c_int32),  # kind MLA: Dv of kva_mla_run, else 0
     ]
 
 

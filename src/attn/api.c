@@ -40,10 +40,9 @@ static kva_status check_plan_for_context(const char *fn, const kva_context *ctx,
 }
 
 /* Checks that the cache has the shape, dtype, block ids and memory space the plan expects. */
-static kva_status check_cache_for_plan(const kva_context *ctx, const kva_plan *plan,
+static kva_status check_cache_for_plan(const char *fn, const kva_context *ctx, const kva_plan *plan,
                                        const kva_cache *cache)
 {
-    static const char fn[] = "kva_attention_run";
     const kva_cache_desc *c = &cache->desc;
     const kva_plan_desc *d = &plan->d;
     if (!plan->block_table)
@@ -125,15 +124,49 @@ kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, const void 
         KVA_CHECK_PTR(out);
     }
     KVA_TRY(check_plan_for_context(__func__, ctx, plan));
-    KVA_TRY(check_cache_for_plan(ctx, plan, cache));
+    KVA_TRY(check_cache_for_plan(__func__, ctx, plan, cache));
     if (T == 0)
         return KVA_STATUS_OK;
     KVA_TRY(check_aligned_tensors(plan, q, NULL, NULL, sinks, out, lse));
+    /* MLA plans were refused at plan time by a backend without MLA kernels. */
+    if (plan->d.kind == KVA_ATTN_MLA)
+        return ctx->ops->mla_attention_paged(ctx, plan, q, cache, sinks, out, lse);
     if (!ctx->ops || !ctx->ops->attention_paged)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_attention_run: attention_paged is not implemented by backend '%s'",
                          ops_name(ctx));
     return ctx->ops->attention_paged(ctx, plan, q, cache, sinks, out, lse);
+}
+
+kva_status kva_mla_run(kva_context *ctx, const kva_plan *plan, const void *q, const void *w_uk,
+                       const void *w_uv, const kva_cache *cache, void *out, float *lse)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(plan);
+    KVA_CHECK_PTR(cache);
+    if (plan->d.kind != KVA_ATTN_MLA)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_mla_run: plan kind = %d is not KVA_ATTN_MLA", (int)plan->d.kind);
+    if (plan->d.mla_qk_nope_head_dim == 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_mla_run: the plan was built without mla_qk_nope_head_dim / "
+                         "mla_v_head_dim (a kernel-level plan for kva_attention_run)");
+    const int32_t T = plan->info.num_tokens;
+    if (T > 0) {
+        KVA_CHECK_PTR(q);
+        KVA_CHECK_PTR(w_uk);
+        KVA_CHECK_PTR(w_uv);
+        KVA_CHECK_PTR(out);
+    }
+    KVA_TRY(check_plan_for_context(__func__, ctx, plan));
+    KVA_TRY(check_cache_for_plan(__func__, ctx, plan, cache));
+    if (T == 0)
+        return KVA_STATUS_OK;
+    KVA_TRY(check_aligned_tensors(plan, q, w_uk, w_uv, NULL, out, lse));
+    /* Plans with MLA head sizes were refused at plan time by a backend
+     * without the layer-level call. */
+    return ctx->ops->mla_run(ctx, plan, q, w_uk, w_uv, cache, out, lse);
 }
 
 kva_status kva_attention_run_ragged(kva_context *ctx, const kva_plan *plan, const void *q,
@@ -151,6 +184,10 @@ kva_status kva_attention_run_ragged(kva_context *ctx, const kva_plan *plan, cons
         KVA_CHECK_PTR(out);
     }
     KVA_TRY(check_plan_for_context(__func__, ctx, plan));
+    if (plan->d.kind == KVA_ATTN_MLA)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_attention_run_ragged: plan kind is KVA_ATTN_MLA: MLA runs over a "
+                         "latent cache (kva_attention_run, kva_mla_run)");
     if (T == 0)
         return KVA_STATUS_OK;
     KVA_TRY(check_aligned_tensors(plan, q, k, v, sinks, out, lse));

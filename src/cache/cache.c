@@ -35,6 +35,29 @@ static int mul_within(uint64_t a, uint64_t b, uint64_t limit, uint64_t *out)
     return 1;
 }
 
+/* The relations an MLA (latent) cache adds: one kv head, an explicit Dc =
+ * head_dim_v below head_dim (Dr = head_dim - Dc is then a multiple of 8 >= 8),
+ * unquantized or FP8 E4M3 storage. */
+static kva_status validate_mla(const char *fn, const kva_cache_desc *d)
+{
+    if (d->num_kv_heads != 1)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: desc->num_kv_heads = %d, but an MLA cache (kind KVA_ATTN_MLA) has "
+                         "one latent row per token: num_kv_heads must be 1",
+                         fn, (int)d->num_kv_heads);
+    if (d->head_dim_v == 0 || d->head_dim_v >= d->head_dim)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: desc->head_dim_v = %d, but an MLA cache needs head_dim_v = Dc "
+                         "(kv_lora_rank) given and below head_dim = Dc + Dr = %d",
+                         fn, (int)d->head_dim_v, (int)d->head_dim);
+    if (d->quant != KVA_QUANT_NONE && d->quant != KVA_QUANT_FP8_E4M3)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: desc->quant = %s: MLA caches are unquantized (f32, f16, bf16) or "
+                         "fp8_e4m3",
+                         fn, kva_quant_name(d->quant));
+    return KVA_STATUS_OK;
+}
+
 /* Validates a descriptor and resolves head_dim_v. On success *resolved holds
  * the descriptor with Dv resolved and *k_bytes / *v_bytes the storage sizes
  * in bytes (each <= PTRDIFF_MAX). fn names the public caller for messages. */
@@ -82,11 +105,8 @@ static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cac
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: desc->kind = %d is not a kva_attn_kind (0 .. %d)", fn, (int)d->kind,
                          (int)KVA_ATTN_KIND_COUNT_ - 1);
-    if (d->kind != KVA_ATTN_MHA)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "%s: desc->kind = %d (KVA_ATTN_MLA): latent caches are planned, not "
-                         "implemented",
-                         fn, (int)d->kind);
+    if (d->kind == KVA_ATTN_MLA)
+        KVA_TRY(validate_mla(fn, d));
     kva_dtype k_dtype = d->dtype; /* storage dtype of K elements */
     if (d->quant == KVA_QUANT_NONE) {
         if (!kva__dtype_is_float(d->dtype))
@@ -118,7 +138,7 @@ static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cac
     int ok = mul_within((uint64_t)d->num_blocks, (uint64_t)d->block_size, limit, &rows) &&
              mul_within(rows, (uint64_t)d->num_kv_heads, limit, &rows) &&
              mul_within(rows, (uint64_t)d->head_dim * elem, limit, &kb) &&
-             mul_within(rows, (uint64_t)dv * v_elem, limit, &vb) &&
+             mul_within(rows, d->kind == KVA_ATTN_MLA ? 0 : (uint64_t)dv * v_elem, limit, &vb) &&
              mul_within(rows, sizeof(float), limit, &tb);
     if (!ok)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
@@ -155,7 +175,8 @@ static kva_status new_handle(const char *fn, kva_context *ctx, const kva_cache_d
     c->v_elem = kva_dtype_size(resolved->dtype);
     int64_t rows = (int64_t)resolved->block_size * resolved->num_kv_heads;
     c->k_block_elems = rows * resolved->head_dim;
-    c->v_block_elems = rows * resolved->head_dim_v;
+    /* An MLA cache keeps its values inside the K rows: no V storage. */
+    c->v_block_elems = resolved->kind == KVA_ATTN_MLA ? 0 : rows * resolved->head_dim_v;
     *out = c;
     return KVA_STATUS_OK;
 }
@@ -247,6 +268,15 @@ static kva_status wrap(const char *fn, kva_context *ctx, const kva_cache_desc *d
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: k_data = %p is not aligned to the %zu-byte %s element", fn, k_data,
                          elem, kva_dtype_name(d.dtype));
+    if (d.kind == KVA_ATTN_MLA) {
+        if (v_data)
+            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                             "%s: v_data = %p, but an MLA cache keeps its values in the K rows: "
+                             "pass NULL",
+                             fn, v_data);
+        v_data = k_data;
+        vb = 0;
+    }
     if ((uintptr_t)v_data % elem != 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: v_data = %p is not aligned to the %zu-byte %s element", fn, v_data,
@@ -274,7 +304,8 @@ kva_status kva_cache_create_from(kva_context *ctx, const kva_cache_desc *desc, v
     KVA_CHECK_PTR(ctx);
     KVA_CHECK_PTR(desc);
     KVA_CHECK_PTR(k_data);
-    KVA_CHECK_PTR(v_data);
+    if (desc->kind != KVA_ATTN_MLA)
+        KVA_CHECK_PTR(v_data);
     KVA_CHECK_PTR(out);
     return wrap(fn, ctx, desc, k_data, v_data, 0, out);
 }
@@ -291,6 +322,11 @@ kva_status kva_cache_create_from_interleaved(kva_context *ctx, const kva_cache_d
     kva_cache_desc d;
     uint64_t kb, vb, tb;
     KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb, &tb));
+    if (d.kind == KVA_ATTN_MLA)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: desc->kind = KVA_ATTN_MLA: a latent cache has no V pages to "
+                         "interleave; use kva_cache_create_from",
+                         fn);
     if (d.head_dim_v != d.head_dim)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "%s: head_dim_v = %d differs from head_dim = %d: interleaved K/V pages "

@@ -134,11 +134,16 @@ kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_token
                          "kva_cache_write: cache lives on device %d but the context uses device %d",
                          (int)cache->device_id, (int)ctx->device_id);
     const kva_cache_desc *d = &cache->desc;
-    const int64_t hkv = d->num_kv_heads, dk = d->head_dim, dv = d->head_dim_v;
+    const int64_t hkv = d->num_kv_heads;
+    /* Source row widths: K and V rows of all kv heads; for an MLA cache
+     * c_kv (Dc) and k_pe (Dr = D - Dc), the two parts of one latent row. */
+    const int mla = d->kind == KVA_ATTN_MLA;
+    const int64_t k_row = mla ? d->head_dim_v : hkv * d->head_dim;
+    const int64_t v_row = mla ? d->head_dim - d->head_dim_v : hkv * d->head_dim_v;
     const size_t src_elem = kva_dtype_size(src_dtype);
     int64_t ks = 0, vs = 0;
-    KVA_TRY(resolve_stride("k_token_stride", k_token_stride, hkv * dk, num_tokens, src_elem, &ks));
-    KVA_TRY(resolve_stride("v_token_stride", v_token_stride, hkv * dv, num_tokens, src_elem, &vs));
+    KVA_TRY(resolve_stride("k_token_stride", k_token_stride, k_row, num_tokens, src_elem, &ks));
+    KVA_TRY(resolve_stride("v_token_stride", v_token_stride, v_row, num_tokens, src_elem, &vs));
     if (num_tokens == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(k);
@@ -152,6 +157,35 @@ kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_token
      * cannot be read without a host sync, so the CUDA kernel skips slots
      * >= NB*B instead (docs/cuda.md); the host checks them all first. */
     return cache->mem->cache_write(ctx, cache, num_tokens, k, ks, v, vs, src_dtype, slot_mapping);
+}
+
+/* Writes one token's latent row [c_kv (Dc) | k_pe (Dr)] into an MLA cache at
+ * (block, off): converted to the cache dtype, or quantized to FP8 with the
+ * cache's per-tensor k scale. */
+static void write_latent(const kva_cache *c, int64_t block, int64_t off, const char *ckv,
+                         const char *kpe, kva_dtype src_dt)
+{
+    const kva_cache_desc *d = &c->desc;
+    const int64_t D = d->head_dim, Dc = d->head_dim_v, Dr = D - Dc;
+    const size_t src_elem = kva_dtype_size(src_dt);
+    if (d->quant != KVA_QUANT_NONE) {
+        float row[KVA_MAX_HEAD_DIM]; /* the row in f32 (exact), quantized once */
+        for (int64_t i = 0; i < Dc; i++)
+            row[i] = kva__load_f(ckv, src_dt, (size_t)i);
+        for (int64_t i = 0; i < Dr; i++)
+            row[Dc + i] = kva__load_f(kpe, src_dt, (size_t)i);
+        kva__quant_write_token(c, 0, block, off, (const char *)row, KVA_DTYPE_F32);
+        return;
+    }
+    const size_t elem = c->elem_size;
+    char *dst = (char *)c->k + kva__cache_row(d, block, off, 0, D) * (int64_t)elem;
+    if (src_dt == d->dtype) {
+        memcpy(dst, ckv, (size_t)Dc * src_elem);
+        memcpy(dst + (size_t)Dc * elem, kpe, (size_t)Dr * src_elem);
+    } else {
+        convert_row(dst, d->dtype, ckv, src_dt, Dc);
+        convert_row(dst + (size_t)Dc * elem, d->dtype, kpe, src_dt, Dr);
+    }
 }
 
 /* The host memory space's write (kva__host_memory): every slot is checked
@@ -180,7 +214,8 @@ kva_status kva__host_cache_write(kva_context *ctx, kva_cache *cache, int32_t num
     /* Quantized caches: rows int8 cannot represent are rejected up front, so
      * a failing write changes nothing (src/cache/quant.c). */
     const int quant = d->quant != KVA_QUANT_NONE;
-    if (quant)
+    const int mla = d->kind == KVA_ATTN_MLA; /* FP8 keeps NaN: nothing to check */
+    if (quant && !mla)
         KVA_TRY(kva__quant_check_rows(cache, num_tokens, kc, kstride_bytes, vc, vstride_bytes,
                                       src_dtype, slot_mapping));
     /* In double: only a threshold, and the product may exceed int64. */
@@ -195,6 +230,11 @@ kva_status kva__host_cache_write(kva_context *ctx, kva_cache *cache, int32_t num
         if (slot < 0)
             continue; /* padding token */
         int64_t block = slot / bs, off = slot % bs;
+        if (mla) {
+            write_latent(cache, block, off, kc + t * kstride_bytes, vc + t * vstride_bytes,
+                         src_dtype);
+            continue;
+        }
         if (quant) {
             kva__quant_write_token(cache, 0, block, off, kc + t * kstride_bytes, src_dtype);
             kva__quant_write_token(cache, 1, block, off, vc + t * vstride_bytes, src_dtype);

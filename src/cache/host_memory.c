@@ -51,7 +51,8 @@ static kva_status host_cache_alloc(kva_context *ctx, kva_cache *c)
     const int token_k =
         d->quant == KVA_QUANT_INT8_TOKEN_K || d->quant == KVA_QUANT_INT8_TOKEN_K_V16;
     c->k = alloc_host(kb);
-    c->v = alloc_host(vb);
+    /* An MLA cache's values live in its K rows (v_block_elems 0). */
+    c->v = c->v_block_elems > 0 ? alloc_host(vb) : c->k;
     c->owns_memory = 1;
     if (token_k) {
         c->k_token_scale = alloc_host(tb);
@@ -68,8 +69,9 @@ static kva_status host_cache_alloc(kva_context *ctx, kva_cache *c)
 static void host_cache_free(kva_cache *c)
 {
     if (c->owns_memory) {
+        if (c->v != c->k)
+            free(c->v);
         free(c->k);
-        free(c->v);
     }
     free(c->k_token_scale);
 }

@@ -143,6 +143,11 @@ kva_status kva__quant_params_expand(const char *fn, const kva_cache_desc *d,
     default: /* INT8_TOKEN_K_V16: nothing */
         break;
     }
+    /* An MLA cache's values are its keys' first Dc columns: one k_scale
+     * serves both, so the v arrays are refused and v_scale mirrors k_scale. */
+    const int mla = d->kind == KVA_ATTN_MLA;
+    if (mla)
+        allow[2] = 0;
     const int64_t hkv = d->num_kv_heads, dk = d->head_dim, dv = d->head_dim_v;
     for (int i = 0; i < 4; i++)
         KVA_TRY(check_array(fn, &arr[i], req[i], allow[i], hkv, i < 2 ? dk : dv, per_channel, q));
@@ -154,7 +159,7 @@ kva_status kva__quant_params_expand(const char *fn, const kva_cache_desc *d,
     float *ks = buf, *ko = ks + hkv * dk, *vs = ko + hkv * dk, *vo = vs + hkv * dv;
     expand(ks, &arr[0], hkv, dk, 1.0f);
     expand(ko, &arr[1], hkv, dk, 0.0f);
-    expand(vs, &arr[2], hkv, dv, 1.0f);
+    expand(vs, mla ? &arr[0] : &arr[2], hkv, dv, 1.0f);
     expand(vo, &arr[3], hkv, dv, 0.0f);
     *out = buf;
     return KVA_STATUS_OK;
@@ -300,6 +305,8 @@ double kva__quant_load(const kva_cache *c, int is_v, int64_t block, int64_t off,
                        int64_t ch)
 {
     const kva_cache_desc *d = &c->desc;
+    if (d->kind == KVA_ATTN_MLA)
+        is_v = 0; /* V channel ch of a latent row is its K channel ch, same scale */
     const int64_t dim = is_v ? d->head_dim_v : d->head_dim;
     const int64_t e = kva__cache_row(d, block, off, head, dim) + ch;
     const size_t s0 = (size_t)(head * dim + ch);

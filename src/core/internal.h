@@ -233,6 +233,14 @@ static inline int64_t kva__cache_row(const kva_cache_desc *d, int64_t block, int
     return ((block * d->num_kv_heads + head) * d->block_size + off) * dim;
 }
 
+/* Width of the rows V lives in: Dv for MHA caches; D for MLA caches, whose V
+ * rows are the first Dv columns of the K rows (cache->v == cache->k). Element
+ * offsets of V rows are kva__cache_row(d, block, off, head, kva__cache_v_dim(d)). */
+static inline int64_t kva__cache_v_dim(const kva_cache_desc *d)
+{
+    return d->kind == KVA_ATTN_MLA ? d->head_dim : d->head_dim_v;
+}
+
 /* ---- quantized caches (src/cache/quant.c) ---- */
 
 /* Validates params for the resolved descriptor d and expands them into one
@@ -306,7 +314,9 @@ typedef struct kva__memory_ops {
     /* Allocates c's storage for the validated c->desc (k, v and, for the
      * INT8_TOKEN_K formats, k_token_scale, zeroed), plus whatever the space
      * needs of the host static scales c->k_scale .. v_offset (CUDA: a device
-     * copy). On failure the fields it set stay set for cache_free. */
+     * copy). An MLA cache has v_block_elems 0: K only, then c->v = c->k (and
+     * cache_free must not free v twice). On failure the fields it set stay
+     * set for cache_free. */
     kva_status (*cache_alloc)(kva_context *ctx, kva_cache *c);
     /* Frees what cache_alloc made (k and v only if c->owns_memory); each
      * pointer may be NULL. */
@@ -314,7 +324,9 @@ typedef struct kva__memory_ops {
     /* kva_cache_write after validation, except the slot values, which only
      * this space can read (host: every slot checked before anything is
      * written; device: the kernel skips slots >= NB*B). Strides in source
-     * elements, resolved; num_tokens > 0. */
+     * elements, resolved; num_tokens > 0. MLA caches: k = c_kv rows [T, Dc]
+     * at k_stride, v = k_pe rows [T, Dr] at v_stride; each slot's row becomes
+     * [c_kv | k_pe] (FP8_E4M3: quantized with the per-tensor k scale). */
     kva_status (*cache_write)(kva_context *ctx, kva_cache *cache, int32_t num_tokens, const void *k,
                               int64_t k_stride, const void *v, int64_t v_stride,
                               kva_dtype src_dtype, const int64_t *slot_mapping);
@@ -341,6 +353,22 @@ struct kva__backend_ops {
                                int32_t head_dim_v, kva_dtype dtype, const void *out_a,
                                const float *lse_a, const void *out_b, const float *lse_b, void *out,
                                float *lse_out);
+    /* ---- MLA (plans and caches of kind KVA_ATTN_MLA; NULL: the backend has
+     * none, and kva_plan_create refuses such plans with KVA_STATUS_UNSUPPORTED) ----
+     * The cache's V rows are the first Dv = Dc columns of its K rows
+     * (cache->v == cache->k, row stride D = Dc + Dr: kva__cache_v_dim).
+     * mla_attention_paged: kva_attention_run on an MLA plan (absorbed):
+     *   q [T, H, Dc + Dr], out [T, H, Dc] in q_dtype, sinks [H] or NULL,
+     *   lse [T, H] or NULL; same semantics as attention_paged.
+     * mla_run: kva_mla_run (layer level): q [T, H, Dn + Dr], w_uk [H, Dn, Dc],
+     *   w_uv [H, Dc, Dv] in q_dtype, out [T, H, Dv] in q_dtype, lse [T, H] or
+     *   NULL; Dn = plan->d.mla_qk_nope_head_dim, Dv = plan->d.mla_v_head_dim
+     *   (both > 0; plan_build reserved the workspace it needs). */
+    kva_status (*mla_attention_paged)(kva_context *ctx, const kva_plan *plan, const void *q,
+                                      const kva_cache *cache, const float *sinks, void *out,
+                                      float *lse);
+    kva_status (*mla_run)(kva_context *ctx, const kva_plan *plan, const void *q, const void *w_uk,
+                          const void *w_uv, const kva_cache *cache, void *out, float *lse);
     /* The kernel registry (see kva__kernel_info); NULL / 0 for none. */
     const kva__kernel_info *kernels;
     int32_t num_kernels;

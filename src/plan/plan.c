@@ -46,6 +46,53 @@ const char *kva_attn_state_name(kva_attn_state state)
     }
 }
 
+/* The relations of an MLA plan (kind KVA_ATTN_MLA): the latent cache's
+ * shape (Hkv 1, Dc = head_dim_v given and below head_dim), the model's scale
+ * given explicitly (1/sqrt(Dc + Dr) is never right for MLA), none of the
+ * masks MLA models do not use, and the layer-level head sizes both 0 or both
+ * valid. */
+static kva_status check_mla(const kva_plan_desc *d)
+{
+    static const char fn[] = "kva_plan_create";
+    if (d->num_kv_heads != 1)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: num_kv_heads = %d, but an MLA plan (kind KVA_ATTN_MLA) reads one "
+                         "latent row per token: num_kv_heads must be 1",
+                         fn, (int)d->num_kv_heads);
+    if (d->head_dim_v == 0 || d->head_dim_v >= d->head_dim)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: head_dim_v = %d, but an MLA plan needs head_dim_v = Dc given and "
+                         "below head_dim = Dc + Dr = %d",
+                         fn, (int)d->head_dim_v, (int)d->head_dim);
+    if (!(d->scale > 0.0f))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: scale = %g: an MLA plan needs the model's softmax scale (DeepSeek: "
+                         "1/sqrt(Dn + Dr) times mscale^2), not the default 1/sqrt(D)",
+                         fn, (double)d->scale);
+    if (d->window_left >= 0 || d->softcap > 0.0f || d->alibi_slopes)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: window_left = %d, softcap = %g, alibi_slopes = %p: MLA plans take "
+                         "no window, soft-cap or ALiBi",
+                         fn, (int)d->window_left, (double)d->softcap,
+                         (const void *)d->alibi_slopes);
+    const int32_t dn = d->mla_qk_nope_head_dim, dv = d->mla_v_head_dim;
+    if ((dn == 0) != (dv == 0))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: mla_qk_nope_head_dim = %d, mla_v_head_dim = %d: give both (for "
+                         "kva_mla_run) or neither",
+                         fn, (int)dn, (int)dv);
+    if (dn != 0 && (!kva__head_dim_ok(dn) || !kva__head_dim_ok(dv)))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: mla_qk_nope_head_dim = %d, mla_v_head_dim = %d: each must be a "
+                         "multiple of 8 from 8 to %d",
+                         fn, (int)dn, (int)dv, KVA_MAX_HEAD_DIM);
+    if (dn != 0 && !kva__head_dim_ok(dn + d->head_dim - d->head_dim_v))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: mla_qk_nope_head_dim + Dr = %d + %d exceeds %d (KVA_MAX_HEAD_DIM)",
+                         fn, (int)dn, (int)(d->head_dim - d->head_dim_v), KVA_MAX_HEAD_DIM);
+    return KVA_STATUS_OK;
+}
+
 /* Checks the attention shape and semantics (everything but the batch arrays). */
 static kva_status check_scalars(const kva_plan_desc *d)
 {
@@ -85,10 +132,13 @@ static kva_status check_scalars(const kva_plan_desc *d)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_plan_create: kind = %d is not a kva_attn_kind (0 .. %d)",
                          (int)d->kind, (int)KVA_ATTN_KIND_COUNT_ - 1);
-    if (d->kind != KVA_ATTN_MHA)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_plan_create: kind = %d (KVA_ATTN_MLA) is planned, not implemented",
-                         (int)d->kind);
+    if (d->kind == KVA_ATTN_MLA)
+        KVA_TRY(check_mla(d));
+    else if (d->mla_qk_nope_head_dim != 0 || d->mla_v_head_dim != 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: mla_qk_nope_head_dim = %d, mla_v_head_dim = %d: MLA "
+                         "head sizes are for kind KVA_ATTN_MLA only (must be 0)",
+                         (int)d->mla_qk_nope_head_dim, (int)d->mla_v_head_dim);
     if (!kva__dtype_is_float(d->q_dtype))
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_plan_create: q_dtype %d (%s) is not f32, f16 or bf16",
@@ -277,6 +327,17 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
     KVA_TRY(kva__head_dim_check("kva_plan_create", ctx, "head_dim", desc->head_dim));
     if (desc->head_dim_v != 0)
         KVA_TRY(kva__head_dim_check("kva_plan_create", ctx, "head_dim_v", desc->head_dim_v));
+    if (desc->kind == KVA_ATTN_MLA && (!ctx->ops || !ctx->ops->mla_attention_paged))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: kind = KVA_ATTN_MLA: backend '%s' has no MLA kernels",
+                         kva_backend_name(ctx->backend));
+    if (desc->kind == KVA_ATTN_MLA && desc->mla_qk_nope_head_dim != 0 &&
+        (!ctx->ops || !ctx->ops->mla_run))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: mla_qk_nope_head_dim = %d: backend '%s' has no "
+                         "layer-level MLA (kva_mla_run); plan with 0 head sizes for "
+                         "kva_attention_run",
+                         (int)desc->mla_qk_nope_head_dim, kva_backend_name(ctx->backend));
     int32_t max_block_id = -1;
     KVA_TRY(check_batch(desc, &max_block_id));
 

@@ -26,15 +26,19 @@ void kva__cpu_locate_rows(const kva__cpu_run *run, int32_t r, int32_t kvh, int32
         /* Bytes between the rows of consecutive tokens of one block. */
         const size_t kstep =
             (cd->layout == KVA_LAYOUT_NHD ? (size_t)cd->num_kv_heads : 1) * D * esz;
+        /* V rows sit in rows of width Dv, or in the K rows of an MLA cache
+         * (kva__cache_v_dim: the latent row's first Dv columns). */
+        const int64_t vdim = kva__cache_v_dim(cd);
         const size_t vstep =
-            (cd->layout == KVA_LAYOUT_NHD ? (size_t)cd->num_kv_heads : 1) * Dv * vesz;
+            (cd->layout == KVA_LAYOUT_NHD ? (size_t)cd->num_kv_heads : 1) * vdim * vesz;
         const unsigned char *kbase = run->cache->k, *vbase = run->cache->v;
         int32_t j = c0;
         while (j < c0 + n) {
             int32_t blk = bt[j / B], off = j % B;
             int32_t cnt = B - off < c0 + n - j ? B - off : c0 + n - j;
             const unsigned char *kp = kbase + (size_t)kva__cache_row(cd, blk, off, kvh, D) * esz;
-            const unsigned char *vp = vbase + (size_t)kva__cache_row(cd, blk, off, kvh, Dv) * vesz;
+            const unsigned char *vp =
+                vbase + (size_t)kva__cache_row(cd, blk, off, kvh, vdim) * vesz;
             for (int32_t t = 0; t < cnt; t++) {
                 kr[j - c0 + t] = kp + (size_t)t * kstep;
                 vr[j - c0 + t] = vp + (size_t)t * vstep;

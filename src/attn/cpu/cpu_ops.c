@@ -349,6 +349,9 @@ const kva__backend_ops kva__cpu_ops = {
     .attention_paged = cpu_attention_paged,
     .attention_ragged = cpu_attention_ragged,
     .merge_states = kva__cpu_merge_states,
+    /* An MLA cache's V rows alias its K rows (kva__cpu_locate_rows): the
+     * decode and prefill kernels run the absorbed math unchanged. */
+    .mla_attention_paged = cpu_attention_paged,
     .max_head_dim = KVA_MAX_HEAD_DIM,
     .memory = &kva__host_memory,
     .kernels = kernels,

@@ -35,6 +35,7 @@ typedef struct kv_rows {
     int32_t head;                /* kv head */
     int32_t head_dim;            /* D */
     int32_t head_dim_v;          /* Dv */
+    int32_t v_row_dim;           /* paged: width of the rows V lives in (D for MLA caches) */
     const kva_cache_desc *cache; /* paged: the cache's descriptor, else NULL */
     const kva_cache *quant;      /* paged quantized cache (dequantized in fp64), else NULL */
     const int32_t *blocks;       /* paged: the request's block table row */
@@ -49,7 +50,7 @@ static void kv_rows_offsets(const kv_rows *s, int64_t j, int64_t *k_off, int64_t
         const int64_t B = s->cache->block_size;
         const int64_t block = s->blocks[j / B];
         *k_off = kva__cache_row(s->cache, block, j % B, s->head, s->head_dim);
-        *v_off = kva__cache_row(s->cache, block, j % B, s->head, s->head_dim_v);
+        *v_off = kva__cache_row(s->cache, block, j % B, s->head, s->v_row_dim);
     } else {
         const int64_t row = (s->first_row + j) * s->num_kv_heads + s->head;
         *k_off = row * s->head_dim;
@@ -206,6 +207,7 @@ static kva_status ref_attention_paged(kva_context *ctx, const kva_plan *plan, co
     kv.dtype = cache->desc.dtype;
     kv.head_dim = cache->desc.head_dim;
     kv.head_dim_v = cache->desc.head_dim_v;
+    kv.v_row_dim = (int32_t)kva__cache_v_dim(&cache->desc);
     kv.cache = &cache->desc;
     kv.quant = cache->desc.quant != KVA_QUANT_NONE ? cache : NULL;
     attend_all(plan, kv, q, sinks, out, lse);
@@ -289,6 +291,9 @@ const kva__backend_ops kva__ref_ops = {
     .attention_paged = ref_attention_paged,
     .attention_ragged = ref_attention_ragged,
     .merge_states = ref_merge_states,
+    /* An MLA cache's V rows alias its K rows (kv_rows.v_row_dim): the paged
+     * kernel runs the absorbed math as it is. */
+    .mla_attention_paged = ref_attention_paged,
     .max_head_dim = KVA_MAX_HEAD_DIM,
     .max_threads = 1, /* the reference runs single-threaded */
     .memory = &kva__host_memory,
