@@ -22,6 +22,7 @@
  * cases (compute-sanitizer). Exits 77 without a GPU.
  */
 #include "cuda_util.h"
+#include "../../src/plan/partition.h"
 #include "../../src/attn/cuda/cuda_backend.h"
 
 #ifdef KVA_HAVE_CUDA
