@@ -22,6 +22,8 @@ import traceback
 
 import torch
 
+from peer_cuda import median_ms  # CUDA-event median, shared with the decode peers
+
 # (R, S, Q, H): the memory-bound and compute-bound shapes, and H 8 / 64
 # for the bandwidth at small and large head counts.
 SHAPES = [
@@ -34,23 +36,6 @@ SHAPES = [
     (128, 8192, 2, 128),
 ]
 PAGE = 64
-
-
-def median_ms(fn, iters=30, warmup=5):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def work(R, S, Q, H):
