@@ -11,7 +11,8 @@
  * poisoned before every run. Grid: H in {1, 3, 9, 16, 32, 63, 64, 128}, q_len
  * 1-4, contexts 1, block edges, long (up to 32k), block sizes 1, 16 and 64,
  * bf16 and f16, causal and not (seq_len 0: out 0, lse -inf), split and unsplit
- * plans (forced split counts too).
+ * plans (forced split counts too), a CUDA-graph capture and replay of two
+ * cases (bitwise equal to the eager run).
  * Tolerances (FlashMLA's test): every out element within 8e-4 + 2.01/128 |ref|
  * and the cosine distance 1 - 2<a,b>/(|a|^2 + |b|^2) of the whole output at
  * most 5e-6; LSE within 2e-5 absolute (the kernel's exp2 is the approximate
@@ -37,6 +38,7 @@ typedef struct mcase {
     kva_dtype dt;
     int32_t causal, splits;
     const int32_t *s_fixed; /* [R] seq_lens (NULL: uniform in [s_min, s_max] + q) */
+    int graph;              /* 1: also capture the run in a CUDA graph and replay it */
 } mcase;
 
 static double to_d(const uint16_t *p, kva_dtype dt, size_t i)
@@ -228,6 +230,36 @@ static int run_case(const mcase *c, int quick_print)
                     plan->part->num_tasks, cp->rows, bad, max_err, cosd, bad_lse, max_lse);
         CHECK(pass_ok);
         ok &= pass_ok;
+        if (c->graph && pass == 0) {
+            /* The run captured in a CUDA graph (which also proves it makes no
+             * host synchronization) and replayed into poisoned buffers: the
+             * same bits as the eager run. */
+            cudaStream_t st;
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+            CHECK_OK(kva_cuda_context_set_stream(gpu, st));
+            CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            CHECK_OK(kva_attention_run(gpu, plan, d_q, cache, NULL, d_out, d_lse));
+            CUDA_OK(cudaStreamEndCapture(st, &g));
+            CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+            CUDA_OK(cudaMemset(d_out, 0xff, no * 2));
+            CUDA_OK(cudaMemset(d_lse, 0xff, sizeof(float) * (size_t)T * H));
+            CUDA_OK(cudaGraphLaunch(ge, st));
+            CUDA_OK(cudaStreamSynchronize(st));
+            uint16_t *out2 = malloc(no * 2 + 2);
+            float *lse2 = malloc(sizeof(float) * (size_t)T * H + 4);
+            to_host(out2, d_out, no * 2);
+            to_host(lse2, d_lse, sizeof(float) * (size_t)T * H);
+            CHECK_MSG(memcmp(out2, out, no * 2) == 0 &&
+                          memcmp(lse2, lse, sizeof(float) * (size_t)T * H) == 0,
+                      "graph replay differs from the eager run");
+            free(out2), free(lse2);
+            cudaGraphExecDestroy(ge);
+            cudaGraphDestroy(g);
+            CHECK_OK(kva_cuda_context_set_stream(gpu, NULL));
+            cudaStreamDestroy(st);
+        }
         free(out), free(lse);
         kva_plan_destroy(plan);
         if (kernel != KVA__CUDA_K_MLA_DECODE_WGMMA)
@@ -251,15 +283,15 @@ static const int32_t S_LONG[] = {32768};
 
 static void test_grid(void)
 {
-    /* seed, H, R, q_min, q_max, s_min, s_max, B, dtype, causal, splits, s_fixed */
+    /* seed, H, R, q_min, q_max, s_min, s_max, B, dtype, causal, splits, s_fixed, graph */
     const mcase cases[] = {
         {1, 16, 6, 1, 1, 0, 0, 16, KVA_DTYPE_BF16, 1, 0, S_EDGES16},
-        {2, 128, 2, 1, 2, 100, 700, 64, KVA_DTYPE_BF16, 1, 0, NULL},
+        {2, 128, 2, 1, 2, 100, 700, 64, KVA_DTYPE_BF16, 1, 0, NULL, 1},
         {3, 3, 4, 1, 4, 0, 200, 64, KVA_DTYPE_BF16, 1, 0, NULL},
         {4, 64, 5, 1, 1, 0, 0, 64, KVA_DTYPE_BF16, 1, 0, S_EDGES64},
         {5, 16, 3, 1, 3, 0, 150, 16, KVA_DTYPE_F16, 1, 0, NULL},
         {6, 1, 3, 1, 4, 0, 100, 16, KVA_DTYPE_BF16, 1, 0, NULL},
-        {7, 16, 2, 2, 2, 4000, 5000, 64, KVA_DTYPE_BF16, 1, 0, NULL},
+        {7, 16, 2, 2, 2, 4000, 5000, 64, KVA_DTYPE_BF16, 1, 0, NULL, 1},
         {8, 16, 2, 1, 1, 900, 1100, 16, KVA_DTYPE_BF16, 1, 3, NULL},
         {9, 16, 4, 1, 2, 0, 0, 16, KVA_DTYPE_BF16, 0, 0, S_NOKEY},
         {10, 128, 1, 4, 4, 200, 300, 16, KVA_DTYPE_BF16, 1, 0, NULL},
