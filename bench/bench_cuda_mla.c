@@ -5,6 +5,7 @@
  *
  *   bench_cuda_mla [--batch R] [--context S] [--q-len Q] [--heads H]
  *                  [--block-size B] [--dtype bf16|f16] [--iters N] [--splits N]
+ *                  [--kernel NAME]
  *
  * R requests of Q new tokens after S cached ones (seq_len S + Q, causal),
  * latent rows of 576 (c_kv 512 | k_pe 64) in a paged cache of B-token blocks
@@ -14,7 +15,9 @@
  * (each between its own pair of events) is reported with the latent bytes read
  * (every request's S + Q rows once: 1152 bytes each in bf16) in TB/s and the
  * FLOPs (2 * (576 + 512) per visible query-key pair and head) in TFLOP/s.
- * --splits N forces N key chunks per unit (kva__cuda_context_force_splits).
+ * --splits N forces N key chunks per unit (kva__cuda_context_force_splits);
+ * --kernel NAME forces an MLA kernel of the registry (mla_decode_mma_sm80,
+ * mla_decode_wgmma_sm90) through kva__context_force_kernel.
  * The last line is one JSON object (bench/peer_mla.py reads it).
  */
 #include "internal.h"
@@ -130,7 +133,7 @@ static long check_request0(const void *dcache, const int32_t *bt, int32_t nblk, 
 int main(int argc, char **argv)
 {
     int32_t R = 128, S = 4096, Q = 1, H = 16, B = 64, iters = 30, splits = 0;
-    const char *dts = "bf16";
+    const char *dts = "bf16", *kernel = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *f = argv[i], *v = argv[i + 1];
         if (!strcmp(f, "--batch"))
@@ -149,6 +152,8 @@ int main(int argc, char **argv)
             iters = atoi(v);
         else if (!strcmp(f, "--splits"))
             splits = atoi(v);
+        else if (!strcmp(f, "--kernel"))
+            kernel = v;
         else
             DIE("unknown flag %s", f);
     }
@@ -178,6 +183,8 @@ int main(int argc, char **argv)
     kva_context *gpu = NULL;
     KV(kva_context_create(&gd, &gpu));
     KV(kva__cuda_context_force_splits(gpu, splits));
+    if (kernel)
+        KV(kva__context_force_kernel(gpu, kernel));
     kva_cache_desc cd = {NB, B, 1, DL, DC, dt, KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_ATTN_MLA};
     kva_cache *dc = NULL;
     KV(kva_cache_create(gpu, &cd, &dc));

@@ -12,6 +12,8 @@ cd "$(dirname "$0")/.."
 out=${OUT:-build-mla/out}
 mkdir -p "$out"
 steps=" ${KVA_STEPS:-test memcheck sass peers} "
+# "ncu" (not in the default): Nsight Compute's speed-of-light and warp-state
+# sections of one launch of the wgmma kernel at H 128 (the compute-bound shape).
 has() { [[ "$steps" == *" $1 "* ]]; }
 status=0
 t0=$(date +%s)
@@ -34,6 +36,12 @@ fi
 if has sass; then
   obj=$(find build-mla -name 'mla_decode_wgmma.cu.o' | head -1)
   echo "sass: $(cuobjdump -sass "$obj" | grep -c HGMMA) HGMMA, $(cuobjdump -sass "$obj" | grep -c 'LDL\|STL') LDL/STL in $obj"
+fi
+if has ncu; then
+  timeout 120 ncu --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
+    -k regex:mla_decode --launch-skip 2 --launch-count 1 build-mla/bench_cuda_mla --batch 128 \
+    --context 4096 --heads 128 --iters 3 >"$out/ncu_mla_h128.txt" 2>&1
+  grep -E "Duration|Throughput|Stall|Issued|Warp Cycles|Eligible|Pipe|smsp__pcsamp" "$out/ncu_mla_h128.txt" | head -40
 fi
 if has peers; then
   if [ -n "${KVA_WHEELS:-}" ] && ls "$KVA_WHEELS"/*.whl >/dev/null 2>&1; then

@@ -36,6 +36,8 @@ SHAPES = [
     (128, 8192, 2, 128),
 ]
 PAGE = 64
+# Ours only, with the mma.sync kernel forced where the wgmma one is the default.
+FORCED = [(128, 4096, 1, 64), (128, 4096, 1, 128), (128, 8192, 2, 128)]
 
 
 def work(R, S, Q, H):
@@ -53,9 +55,10 @@ def copy_tbs():
     return 2.0 * n / (ms * 1e-3) * 1e-12
 
 
-def ours(binary, R, S, Q, H):
+def ours(binary, R, S, Q, H, kernel=None):
     p = subprocess.run([binary, "--batch", str(R), "--context", str(S), "--q-len", str(Q),
-                        "--heads", str(H), "--block-size", str(PAGE)],
+                        "--heads", str(H), "--block-size", str(PAGE)] +
+                       (["--kernel", kernel] if kernel else []),
                        capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
         raise RuntimeError(p.stderr.strip()[-400:])
@@ -94,11 +97,12 @@ def main():
     ceil = copy_tbs()
     dev = torch.cuda.get_device_name()
     rows = []
-    for R, S, Q, H in SHAPES:
+    for R, S, Q, H, kernel in [s + (None,) for s in SHAPES] + \
+            [s + ("mla_decode_mma_sm80",) for s in FORCED]:
         kvb, fl = work(R, S, Q, H)
-        row = dict(R=R, S=S, Q=Q, H=H, kv_bytes=kvb, flops=fl)
+        row = dict(R=R, S=S, Q=Q, H=H, kv_bytes=kvb, flops=fl, kernel=kernel)
         try:
-            j, line = ours(a.ours, R, S, Q, H)
+            j, line = ours(a.ours, R, S, Q, H, kernel)
             row["ours_ms"] = j["ms"]
             row["ours_check_bad"] = j["check_bad"]
             print(line, flush=True)
@@ -106,7 +110,7 @@ def main():
             row["ours_error"] = str(e)[-300:]
         rows.append(row)
     table(dev, ceil, rows)  # ours alone first: a FlashInfer JIT that outlasts the call loses nothing
-    for row in rows if not a.skip_flashinfer else []:
+    for row in [r for r in rows if not r["kernel"]] if not a.skip_flashinfer else []:
         try:
             ms, ver = flashinfer_ms(row["R"], row["S"], row["Q"], row["H"])
             row["fi_ms"], row["fi_version"] = ms, ver
@@ -134,7 +138,8 @@ def table(dev, ceil, rows):
         fc = cols(f).split()
         ratio = f"{f / o:.2f}x" if o and f else r.get("fi_error", r.get("ours_error", ""))[:60]
         print(f"{r['R']:4d} {r['S']:6d} {r['Q']:2d} {r['H']:4d} | {cols(o)} | "
-              f"{fc[0]:>8} {fc[1]:>6} {fc[3]:>8} | {ratio}", flush=True)
+              f"{fc[0]:>8} {fc[1]:>6} {fc[3]:>8} | {ratio}"
+              + (f" ({r['kernel']} forced)" if r["kernel"] else ""), flush=True)
 
 if __name__ == "__main__":
     main()

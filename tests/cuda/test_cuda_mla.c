@@ -13,11 +13,16 @@
  * bf16 and f16, causal and not (seq_len 0: out 0, lse -inf), split and unsplit
  * plans (forced split counts too), a CUDA-graph capture and replay of two
  * cases (bitwise equal to the eager run).
- * Tolerances (FlashMLA's test): every out element within 8e-4 + 2.01/128 |ref|
- * and the cosine distance 1 - 2<a,b>/(|a|^2 + |b|^2) of the whole output at
- * most 5e-6; LSE within 2e-5 absolute (the kernel's exp2 is the approximate
- * hardware one, ~2^-22 relative per term; the issue's 1e-6 is for fp64-grade
- * LSE; the largest LSE error is printed). Bad input: f32 q, head sizes other
+ * Tolerances (FlashMLA's test, loosened where the dtype forces it): the
+ * cosine distance 1 - 2<a,b>/(|a|^2 + |b|^2) of the whole output at most 5e-6
+ * (FlashMLA's, unchanged); every out element within 8e-4 + u max|v| +
+ * 2.01/128 |ref|, where u max|v| (u = 2^-8 bf16, 2^-11 f16; max|v| = sqrt 3 of
+ * the uniform fill) is the rounding of P to the input dtype before P V, which
+ * both kernels do (as FlashMLA and FlashAttention): on H100 it moved elements
+ * near zero by up to 5e-3 in bf16 (bench_cuda.c's decode check allows the
+ * same term); LSE within 2e-5 absolute (fp32 scores over 576 products and the
+ * hardware's approximate exp2: up to 5.4e-6 seen; the issue's 1e-6 is
+ * fp64-grade). The largest errors are printed per case. Bad input: f32 q, head sizes other
  * than 576 / 512, an MLA cache under an MHA plan, an MHA plan of D 576 on
  * CUDA: a status, a message, out untouched. KVA_TEST_QUICK=1 runs the first
  * cases (compute-sanitizer). Exits 77 without a GPU.
@@ -199,11 +204,13 @@ static int run_case(const mcase *c, int quick_print)
         float *lse = malloc(sizeof(float) * (size_t)T * H + 4);
         to_host(out, d_out, no * 2);
         to_host(lse, d_lse, sizeof(float) * (size_t)T * H);
+        /* P is rounded to the input dtype before P V (header comment). */
+        const double atol = 8e-4 + (dt == KVA_DTYPE_F16 ? 0x1p-11 : 0x1p-8) * 1.7320508;
         size_t bad = 0, bad_lse = 0;
         double dot = 0, na = 0, nr = 0, max_lse = 0, max_err = 0;
         for (size_t i = 0; i < no; i++) {
             const double a = to_d(out, dt, i), b = ro[i];
-            const int e_ok = fabs(a - b) <= 8e-4 + 2.01 / 128 * fabs(b);
+            const int e_ok = fabs(a - b) <= atol + 2.01 / 128 * fabs(b);
             if (!e_ok && bad++ < 5)
                 fprintf(stderr, "  out[%zu] (row %zu, col %zu): got %.6g, want %.6g\n", i, i / DC,
                         i % DC, a, b);
