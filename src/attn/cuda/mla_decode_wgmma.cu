@@ -164,28 +164,34 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
             kva__cp_async_wait<0>();
             kva__fence_proxy_async(); /* cp.async and Q stores -> the wgmma operand reads */
             __syncthreads();          /* tile kb landed; the other stage, P, maxima are free */
-            if (kb + MW_BN < kend)
-                ml_issue<MW_BN, MW_BN>(a, bt_row, kb + MW_BN, kend, sK + (stage ^ 1) * MW_KB);
-            kva__cp_async_commit();
             const uint32_t st_off = (uint32_t)stage * MW_KB;
 
-            /* S = Q K^T for keys kb + 32 wg .. + 31: 36 k-steps over 576. */
-            float sc[4][4];
+            /* S = Q K^T for keys kb + 32 wg .. + 31: 36 k-steps over 576, in two
+             * accumulator chains (even and odd k-steps) summed afterwards. */
+            float sc[4][4], sc2[4][4];
             kva__wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < ML_D / 16; kk++)
-                mw_ops<Ty>::s(sc, dq + (uint64_t)(((kk >> 2) * MW_M * 128 + (kk & 3) * 32) >> 4),
+                mw_ops<Ty>::s(kk & 1 ? sc2 : sc,
+                              dq + (uint64_t)(((kk >> 2) * MW_M * 128 + (kk & 3) * 32) >> 4),
                               dk + (uint64_t)((st_off + (kk >> 2) * MW_BN * 128 + wg * 32 * 128 +
                                                (kk & 3) * 32) >>
                                               4),
-                              kk > 0);
+                              kk > 1);
             kva__wgmma_commit();
+            /* The next tile's copies go out while the tensor cores run S. */
+            if (kb + MW_BN < kend)
+                ml_issue<MW_BN, MW_BN>(a, bt_row, kb + MW_BN, kend, sK + (stage ^ 1) * MW_KB);
+            kva__cp_async_commit();
             kva__wgmma_wait<0>();
 #pragma unroll
             for (int j = 0; j < 4; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
+                for (int e = 0; e < 4; e++) {
                     kva__reg_fence(sc[j][e]);
+                    kva__reg_fence(sc2[j][e]);
+                    sc[j][e] += sc2[j][e];
+                }
             kva__dmma_logits<32>(sc, a, scale_log2, kb + wg * 32, t4, lo_all, hi_all, lo, hi, pos,
                                  slope);
             float alpha[2], mu[2];
