@@ -11,6 +11,7 @@
 #ifndef KVA_CUDA_MLA_DECODE_COMMON_CUH
 #define KVA_CUDA_MLA_DECODE_COMMON_CUH
 
+#include "cuda_check.h"
 #include "decode_mma_common.cuh"
 #include "mma_ptx.cuh"
 
@@ -36,6 +37,25 @@ template <int ROWS> static __device__ __forceinline__ uint32_t ml_off(int r, int
     if (ROWS == 0)
         return kva__swz<ML_D>(r, c);
     return (uint32_t)((c >> 3) * ROWS * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+/* Item `it` of the uploaded plan and its request's geometry. */
+struct ml_item {
+    kva__cuda_item w;
+    int32_t nrows, qs, q_len, s; /* rows nq * nh, first token, q_len, seq_len */
+    const int32_t *bt_row;       /* the request's block-table row */
+};
+static __device__ __forceinline__ ml_item ml_item_load(const kva__cuda_attn_args &a, int32_t it,
+                                                       int32_t bt_stride)
+{
+    ml_item m;
+    m.w = a.meta.items[it];
+    m.nrows = m.w.nq * m.w.nh;
+    m.qs = a.meta.qsl[m.w.req];
+    m.q_len = a.meta.qsl[m.w.req + 1] - m.qs;
+    m.s = a.meta.seq_lens[m.w.req];
+    m.bt_row = a.meta.block_table + (int64_t)m.w.req * bt_stride;
+    return m;
 }
 
 /* The CTA (ML_NT threads) copies latent rows kb .. kb + BN - 1 (zeros from kend
@@ -159,6 +179,37 @@ static __device__ __forceinline__ bool ml_tile_max(const float (*sc)[4], float (
         l_run[hf] *= alpha[hf];
     }
     return __any_sync(0xffffffffu, resc);
+}
+
+/* ---- host side: both kernels take kva__cuda_attn_args and ML_NT threads ---- */
+
+typedef void (*ml_kernel_fn)(kva__cuda_attn_args);
+
+/* Resident CTAs per SM of fn with smem bytes of dynamic shared memory (its
+ * limit raised first); 0 if it cannot run. */
+static inline int ml_ctas_per_sm(ml_kernel_fn fn, int smem)
+{
+    int n = 0;
+    if (!fn ||
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, ML_NT, (size_t)smem) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+/* Launches fn with `grid` persistent CTAs on stream. The shared-memory limit
+ * is per function and device: plan_build raised it through the occupancy
+ * query; set again for a context on another device. */
+static inline kva_status ml_launch(ml_kernel_fn fn, int smem, const kva__cuda_attn_args *a,
+                                   int grid, void *stream)
+{
+    KVA_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    fn<<<grid, ML_NT, (size_t)smem, (cudaStream_t)stream>>>(*a);
+    KVA_CUDA_LAUNCHED("mla_decode kernel");
+    return KVA_STATUS_OK;
 }
 
 #endif

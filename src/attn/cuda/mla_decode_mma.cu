@@ -102,13 +102,10 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
     const int v_r = (lane & 7) + ((lane >> 3) & 1) * 8, v_c = lane >> 4;
 
     for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
-        const kva__cuda_item w = a.meta.items[it];
-        const int32_t nrows = w.nq * w.nh;
-        const int32_t qs = a.meta.qsl[w.req];
-        const int32_t q_len = a.meta.qsl[w.req + 1] - qs;
-        const int32_t s = a.meta.seq_lens[w.req];
-        const int32_t *bt_row = a.meta.block_table + (int64_t)w.req * bt_stride;
-        const int32_t kend = w.k1;
+        const ml_item mi = ml_item_load(a, it, bt_stride);
+        const kva__cuda_item &w = mi.w;
+        const int32_t nrows = mi.nrows, qs = mi.qs, kend = w.k1;
+        const int32_t *bt_row = mi.bt_row;
 
         /* The first NST - 1 key tiles, then Q [M, 576] (zeros past nrows). */
 #pragma unroll
@@ -123,7 +120,7 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
          * keys, position, slope; [lo_all, hi_all): the keys every row sees. */
         int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
         float slope[2];
-        kva__dmma_rows(a, w, nrows, s, q_len, row0 + g4, lo, hi, pos, slope, lo_all, hi_all);
+        kva__dmma_rows(a, w, nrows, mi.s, mi.q_len, row0 + g4, lo, hi, pos, slope, lo_all, hi_all);
 
         float o[NBO][4];
 #pragma unroll
@@ -245,16 +242,14 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
 
 /* ---- host side ---- */
 
-typedef void (*ml_kernel_fn)(kva__cuda_attn_args);
-
-typedef struct ml_launch {
+typedef struct ml_pick_t {
     ml_kernel_fn fn;
     int smem;
-} ml_launch;
+} ml_pick_t;
 
-template <typename Ty> static ml_launch ml_pick_mt(int rows)
+template <typename Ty> static ml_pick_t ml_pick_mt(int rows)
 {
-    ml_launch k = {NULL, 0};
+    ml_pick_t k = {NULL, 0};
     if (rows == 16)
         k = {mla_decode_mma_kernel<Ty, 1>, ml_cfg<1>::SMEM};
     else if (rows == 32)
@@ -264,13 +259,13 @@ template <typename Ty> static ml_launch ml_pick_mt(int rows)
     return k;
 }
 
-static ml_launch ml_pick(kva_dtype dt, int rows)
+static ml_pick_t ml_pick(kva_dtype dt, int rows)
 {
     if (dt == KVA_DTYPE_BF16)
         return ml_pick_mt<kva__mma_bf16>(rows);
     if (dt == KVA_DTYPE_F16)
         return ml_pick_mt<kva__mma_f16>(rows);
-    ml_launch none = {NULL, 0};
+    ml_pick_t none = {NULL, 0};
     return none;
 }
 
@@ -288,32 +283,19 @@ extern "C" int kva__cuda_mla_decode_rows(int32_t num_heads, int32_t max_q_len)
 
 extern "C" int kva__cuda_mla_decode_ctas_per_sm(kva_dtype dtype, int rows)
 {
-    const ml_launch k = ml_pick(dtype, rows);
-    if (!k.fn)
-        return 0;
-    int n = 0;
-    if (cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem) !=
-            cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.fn, ML_NW * 32, (size_t)k.smem) !=
-            cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return n;
+    const ml_pick_t k = ml_pick(dtype, rows);
+    return ml_ctas_per_sm(k.fn, k.smem);
 }
 
 extern "C" kva_status kva__cuda_mla_decode_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
                                                   int rows, int grid, void *stream)
 {
-    const ml_launch k = ml_pick(dtype, rows);
+    const ml_pick_t k = ml_pick(dtype, rows);
     if (!k.fn || !kva__cuda_mla_decode_supported(a->D, a->Dv, dtype) || a->Hkv != 1 || a->ragged)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_attention_run: the MLA decode covers D = 576, Dv = 512, Hkv = 1, a "
                          "paged f16/bf16 latent cache and items of 16, 32 or 64 rows (got D = %d, "
                          "Dv = %d, Hkv = %d, dtype = %s, rows = %d)",
                          (int)a->D, (int)a->Dv, (int)a->Hkv, kva_dtype_name(dtype), rows);
-    KVA_CUDA_TRY(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
-    k.fn<<<grid, ML_NW * 32, (size_t)k.smem, (cudaStream_t)stream>>>(*a);
-    KVA_CUDA_LAUNCHED("mla_decode_mma_kernel");
-    return KVA_STATUS_OK;
+    return ml_launch(k.fn, k.smem, a, grid, stream);
 }

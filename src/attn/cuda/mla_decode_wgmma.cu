@@ -133,13 +133,10 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
     const uint64_t dp = kva__wgmma_desc(sP, 16, 1024);
 
     for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
-        const kva__cuda_item w = a.meta.items[it];
-        const int32_t nrows = w.nq * w.nh;
-        const int32_t qs = a.meta.qsl[w.req];
-        const int32_t q_len = a.meta.qsl[w.req + 1] - qs;
-        const int32_t s = a.meta.seq_lens[w.req];
-        const int32_t *bt_row = a.meta.block_table + (int64_t)w.req * bt_stride;
-        const int32_t kend = w.k1;
+        const ml_item mi = ml_item_load(a, it, bt_stride);
+        const kva__cuda_item &w = mi.w;
+        const int32_t nrows = mi.nrows, qs = mi.qs, kend = w.k1;
+        const int32_t *bt_row = mi.bt_row;
 
         if (w.k0 < kend)
             ml_issue<MW_BN, MW_BN>(a, bt_row, w.k0, kend, sK);
@@ -147,7 +144,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
         ml_stage_q<MW_M, MW_M, elem>(a, w, nrows, qs, q_gen);
         int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
         float slope[2];
-        kva__dmma_rows(a, w, nrows, s, q_len, r0, lo, hi, pos, slope, lo_all, hi_all);
+        kva__dmma_rows(a, w, nrows, mi.s, mi.q_len, r0, lo, hi, pos, slope, lo_all, hi_all);
 
         /* O [64, 256] of this warpgroup: n8 tiles 16 h + n are columns
          * 256 wg + 128 h + 8 n + ... (two m64n128 accumulators). */
@@ -255,9 +252,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
 
 /* ---- host side ---- */
 
-typedef void (*mw_kernel_fn)(kva__cuda_attn_args);
-
-static mw_kernel_fn mw_pick(kva_dtype dt)
+static ml_kernel_fn mw_pick(kva_dtype dt)
 {
     if (dt == KVA_DTYPE_BF16)
         return mla_decode_wgmma_kernel<kva__mma_bf16>;
@@ -268,24 +263,13 @@ static mw_kernel_fn mw_pick(kva_dtype dt)
 
 extern "C" int kva__cuda_mla_wgmma_ctas_per_sm(kva_dtype dtype)
 {
-    const mw_kernel_fn fn = mw_pick(dtype);
-    if (!fn || !kva__cuda_prefill_wgmma_ready())
-        return 0;
-    int n = 0;
-    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, MW_SMEM) !=
-            cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, ML_NT, (size_t)MW_SMEM) !=
-            cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return n;
+    return kva__cuda_prefill_wgmma_ready() ? ml_ctas_per_sm(mw_pick(dtype), MW_SMEM) : 0;
 }
 
 extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
                                                  int grid, void *stream)
 {
-    const mw_kernel_fn fn = mw_pick(dtype);
+    const ml_kernel_fn fn = mw_pick(dtype);
     if (!fn || !kva__cuda_mla_decode_supported(a->D, a->Dv, dtype) || a->Hkv != 1 || a->ragged ||
         !kva__cuda_prefill_wgmma_ready())
         return kva__fail(KVA_STATUS_UNSUPPORTED,
@@ -293,8 +277,5 @@ extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, k
                          "device, D = 576, Dv = 512, Hkv = 1, a paged f16/bf16 latent cache (got "
                          "D = %d, Dv = %d, Hkv = %d, dtype = %s)",
                          (int)a->D, (int)a->Dv, (int)a->Hkv, kva_dtype_name(dtype));
-    KVA_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, MW_SMEM));
-    fn<<<grid, ML_NT, (size_t)MW_SMEM, (cudaStream_t)stream>>>(*a);
-    KVA_CUDA_LAUNCHED("mla_decode_wgmma_kernel");
-    return KVA_STATUS_OK;
+    return ml_launch(fn, MW_SMEM, a, grid, stream);
 }
