@@ -293,14 +293,16 @@ typedef enum kva_attn_kind {
 /*
  * Head sizes D and Dv are multiples of 8 from 8 to the backend's limit: 576
  * (KVA_MAX_HEAD_DIM) on the reference and CPU backends, 256 on the CUDA
- * backend. Beyond it, or not a multiple of 8: KVA_STATUS_UNSUPPORTED.
+ * backend (whose MLA caches and plans take D 576 with Dv 512: DeepSeek's
+ * latent rows, f16/bf16). Beyond it, or not a multiple of 8:
+ * KVA_STATUS_UNSUPPORTED.
  */
 typedef struct kva_cache_desc {
     int32_t num_blocks;   /* NB >= 1 */
     int32_t block_size;   /* B >= 1 tokens per block */
     int32_t num_kv_heads; /* Hkv, 1..KVA_MAX_HEADS */
-    int32_t head_dim;     /* D: multiple of 8, 8..576 (CUDA: 8..256) */
-    int32_t head_dim_v;   /* Dv: multiple of 8, 8..576 (CUDA: 8..256); 0 means Dv = D */
+    int32_t head_dim;     /* D: multiple of 8, 8..576 (CUDA: 8..256; MLA 576) */
+    int32_t head_dim_v;   /* Dv: multiple of 8, 8..576 (CUDA: 8..256; MLA 512); 0 means Dv = D */
     kva_dtype dtype;      /* storage dtype: F32, F16 or BF16 for KVA_QUANT_NONE;
                              I8 for INT8_CHANNEL and INT8_TOKEN_K; FP8_E4M3 for
                              FP8_E4M3; for INT8_TOKEN_K_V16 the dtype of V

@@ -66,33 +66,37 @@ __device__ __forceinline__ void move(TD *dst, int64_t j, const TS *src, int64_t 
 }
 
 /*
- * One CTA per token (grid-stride): k [T, k_stride] rows of Hkv*D source
- * elements, v likewise with Dv; slot = slot_mapping[t]; negative slots are
+ * One CTA per token (grid-stride): k [T, k_stride] rows of Hkv*kw source
+ * elements, v likewise with vw; slot = slot_mapping[t]; negative slots are
  * padding and slots >= num_slots are skipped (the host cannot check device
- * values without a synchronization).
+ * values without a synchronization). Destination rows are krow (K) and vrow
+ * (V) elements apart: MHA caches kw = krow = D, vw = vrow = Dv; MLA caches
+ * write c_kv (kw = Dc) and k_pe (vw = Dr, vc = kc + Dc) into the same latent
+ * rows of krow = vrow = Dc + Dr.
  */
 template <typename TS, typename TD>
 __global__ void __launch_bounds__(256)
     cache_write_kernel(TD *kc, TD *vc, const TS *k, const TS *v, const int64_t *slot_mapping,
                        int32_t num_tokens, int64_t k_stride, int64_t v_stride, int32_t Hkv,
-                       int32_t D, int32_t Dv, int32_t B, int64_t num_slots, int hnd)
+                       int32_t kw, int32_t krow, int32_t vw, int32_t vrow, int32_t B,
+                       int64_t num_slots, int hnd)
 {
     for (int32_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
         const int64_t slot = slot_mapping[t];
         if (slot < 0 || slot >= num_slots)
             continue;
         const int64_t block = slot / B, off = slot % B;
-        const int32_t nk = Hkv * D, nv = Hkv * Dv;
+        const int32_t nk = Hkv * kw, nv = Hkv * vw;
         for (int32_t e = threadIdx.x; e < nk + nv; e += blockDim.x) {
             const int is_v = e >= nk;
             const int32_t x = is_v ? e - nk : e;
-            const int32_t dim = is_v ? Dv : D;
+            const int32_t dim = is_v ? vw : kw;
             const int32_t h = x / dim, c = x - h * dim;
             const int64_t row = hnd ? ((block * Hkv + h) * B + off) : ((block * B + off) * Hkv + h);
             if (is_v)
-                move(vc, row * Dv + c, v, (int64_t)t * v_stride + x);
+                move(vc, row * vrow + c, v, (int64_t)t * v_stride + x);
             else
-                move(kc, row * D + c, k, (int64_t)t * k_stride + x);
+                move(kc, row * krow + c, k, (int64_t)t * k_stride + x);
         }
     }
 }
@@ -102,11 +106,13 @@ static void launch_write(cudaStream_t s, kva_cache *c, int32_t n, const void *k,
                          const void *v, int64_t vs, const int64_t *slots)
 {
     const kva_cache_desc *d = &c->desc;
+    const int mla = d->kind == KVA_ATTN_MLA;
+    const int32_t D = d->head_dim, Dv = d->head_dim_v;
     int grid = n < 65535 ? n : 65535;
-    cache_write_kernel<TS, TD>
-        <<<grid, 256, 0, s>>>((TD *)c->k, (TD *)c->v, (const TS *)k, (const TS *)v, slots, n, ks,
-                              vs, d->num_kv_heads, d->head_dim, d->head_dim_v, d->block_size,
-                              (int64_t)d->num_blocks * d->block_size, d->layout == KVA_LAYOUT_HND);
+    cache_write_kernel<TS, TD><<<grid, 256, 0, s>>>(
+        (TD *)c->k, mla ? (TD *)c->k + Dv : (TD *)c->v, (const TS *)k, (const TS *)v, slots, n, ks,
+        vs, d->num_kv_heads, mla ? Dv : D, D, mla ? D - Dv : Dv, mla ? D : Dv, d->block_size,
+        (int64_t)d->num_blocks * d->block_size, d->layout == KVA_LAYOUT_HND);
 }
 
 template <typename TS>
@@ -124,11 +130,27 @@ static void launch_write_src(cudaStream_t s, kva_cache *c, int32_t n, const void
 extern "C" kva_status kva__cuda_cache_alloc(kva_context *ctx, kva_cache *c)
 {
     /* cudaMalloc memory is 256-byte aligned; sizes were bounded by validation. */
-    const size_t nb = (size_t)c->desc.num_blocks;
+    const kva_cache_desc *d = &c->desc;
+    const int mla = d->kind == KVA_ATTN_MLA;
+    if (!mla && (d->head_dim > 256 || d->head_dim_v > 256))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_cache_create: head_dim = %d, head_dim_v = %d: the CUDA backend's "
+                         "attention kernels take head sizes up to 256 (576 / 512 for MLA caches)",
+                         (int)d->head_dim, (int)d->head_dim_v);
+    if (mla && d->quant != KVA_QUANT_NONE)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_cache_create: quant = %s: the CUDA backend's MLA caches are "
+                         "unquantized (f32, f16, bf16)",
+                         kva_quant_name(d->quant));
+    const size_t nb = (size_t)d->num_blocks;
     void *p = NULL;
     c->owns_memory = 1;
     KVA_TRY(kva__cuda_alloc(ctx, nb * (size_t)c->k_block_elems * c->elem_size, &p));
     c->k = p;
+    if (mla) { /* the values are the first Dc columns of the latent rows */
+        c->v = c->k;
+        return KVA_STATUS_OK;
+    }
     KVA_TRY(kva__cuda_alloc(ctx, nb * (size_t)c->v_block_elems * c->v_elem, &p));
     c->v = p;
     if (c->desc.quant != KVA_QUANT_NONE)
@@ -140,7 +162,8 @@ extern "C" void kva__cuda_cache_free(kva_cache *c)
 {
     if (c->owns_memory) {
         kva__cuda_free(c->device_id, c->k);
-        kva__cuda_free(c->device_id, c->v);
+        if (c->v != c->k) /* MLA caches: v aliases k */
+            kva__cuda_free(c->device_id, c->v);
     }
     kva__cuda_cache_quant_free(c); /* token scales, device scales, reject word */
 }

@@ -104,6 +104,11 @@ typedef enum kva__cuda_kernel {
     KVA__CUDA_K_PREFILL_MMA,       /* "prefill_mma_sm80" (float and quantized caches) */
     KVA__CUDA_K_PREFILL_ITEMS,     /* "prefill_items": no tiles, prefills as work items of
                                       the plan's decode-family kernel */
+    /* MLA family: every work item of a latent-cache plan (KVA_ATTN_MLA). */
+    KVA__CUDA_K_MLA_DECODE_MMA,   /* "mla_decode_mma_sm80": absorbed MLA on mma.sync,
+                                     items of 16, 32 or 64 rows (mla_decode_mma.cu) */
+    KVA__CUDA_K_MLA_DECODE_WGMMA, /* "mla_decode_wgmma_sm90": absorbed MLA on sm_90a
+                                     wgmma, items of 64 rows (mla_decode_wgmma.cu) */
     KVA__CUDA_KERNELS
 } kva__cuda_kernel;
 extern const kva__kernel_info kva__cuda_kernels[KVA__CUDA_KERNELS];
@@ -205,6 +210,22 @@ int kva__cuda_decode_mma_ctas_per_sm(kva_dtype dtype, int32_t head_dim);
 /* Launches the tensor-core decode kernel with `grid` persistent CTAs on stream. */
 kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int grid,
                                        void *stream);
+/* mla_decode_mma.cu: 1 if the absorbed MLA decode covers the shape (D = 576,
+ * Dv = 512, f16/bf16); the attention rows of its items for H heads and the
+ * plan's longest q_len (16, 32 or 64: H * q_len rounded up to a multiple of 16,
+ * at most 64); resident CTAs per SM (raises the dynamic shared-memory limit;
+ * 0 if it cannot run); the launch over every item of the uploaded plan with
+ * `grid` persistent CTAs (split partials as decode_mma.cu's). */
+int kva__cuda_mla_decode_supported(int32_t head_dim, int32_t head_dim_v, kva_dtype dtype);
+int kva__cuda_mla_decode_rows(int32_t num_heads, int32_t max_q_len);
+int kva__cuda_mla_decode_ctas_per_sm(kva_dtype dtype, int rows);
+kva_status kva__cuda_mla_decode_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int rows,
+                                       int grid, void *stream);
+/* mla_decode_wgmma.cu: the same over items of up to 64 rows on sm_90a wgmma;
+ * resident CTAs per SM (0 without sm_90a code or device) and the launch. */
+int kva__cuda_mla_wgmma_ctas_per_sm(kva_dtype dtype);
+kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int grid,
+                                      void *stream);
 /* The tensor-core decode over quantized caches (decode_mma_quant.cu): 1 if it covers the
  * shape (INT8_CHANNEL, INT8_TOKEN_K or FP8_E4M3 with f16/bf16 q, or
  * INT8_TOKEN_K_V16 whose V dtype cache_dtype is the q dtype; D = Dv in {64,

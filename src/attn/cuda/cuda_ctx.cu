@@ -373,9 +373,11 @@ static void caps_for(const kva__cuda_state *st, const kva_cuda_capacity *cap, kv
                     ? cap->num_kv_heads * ((int64_t)cap->max_tokens * G / KVA__CUDA_PREFILL_TILE_M +
                                            cap->max_requests)
                     : 0;
-    /* Split partials: the tensor-core decode's items hold up to 16 rows. */
-    const size_t ws_rows =
-        rows > KVA__CUDA_MMA_DECODE_ROWS ? (size_t)rows : (size_t)KVA__CUDA_MMA_DECODE_ROWS;
+    /* Split partials: the tensor-core decode's items hold up to 16 rows, the
+     * MLA decode's (the only kernel with Dv > 256) up to 64. */
+    const size_t ws_rows = cap->head_dim_v > 256              ? (size_t)64
+                           : rows > KVA__CUDA_MMA_DECODE_ROWS ? (size_t)rows
+                                                              : (size_t)KVA__CUDA_MMA_DECODE_ROWS;
     *ws_bytes = (size_t)(3 * threads + 64) * ws_rows * ((size_t)cap->head_dim_v + 1) * 4u;
 }
 
@@ -516,8 +518,11 @@ static int ctas_per_sm_cached(kva__cuda_state *st, kva_dtype dt, int32_t dmax, i
         if (o->dtype == dt && o->dmax == dmax && o->rows == rows && o->kernel == kernel)
             return o->per_sm;
     }
-    const int n = kernel == KVA__CUDA_K_DECODE_MMA ? kva__cuda_decode_mma_ctas_per_sm(dt, dmax)
-                                                   : kva__cuda_simt_ctas_per_sm(dt, dmax, rows);
+    const int n =
+        kernel == KVA__CUDA_K_DECODE_MMA         ? kva__cuda_decode_mma_ctas_per_sm(dt, dmax)
+        : kernel == KVA__CUDA_K_MLA_DECODE_MMA   ? kva__cuda_mla_decode_ctas_per_sm(dt, rows)
+        : kernel == KVA__CUDA_K_MLA_DECODE_WGMMA ? kva__cuda_mla_wgmma_ctas_per_sm(dt)
+                                                 : kva__cuda_simt_ctas_per_sm(dt, dmax, rows);
     if (n > 0 && st->num_occ < KVA__CUDA_OCC_CACHE) {
         kva__cuda_occ *o = &st->occ[st->num_occ++];
         o->dtype = dt, o->dmax = dmax, o->rows = rows, o->kernel = kernel, o->per_sm = n;
@@ -533,6 +538,21 @@ static int ctas_per_sm_cached(kva__cuda_state *st, kva_dtype dt, int32_t dmax, i
 static void plan_kernels(const kva_context *ctx, const kva_plan *plan, int *decode,
                          kva__cuda_prefill_kernel *prefill, int *tiles)
 {
+    if (plan->d.kind == KVA_ATTN_MLA) {
+        /* An MLA kernel runs every item of a latent plan: wgmma where the
+         * items fill its 64 rows (H * max q_len > 32) on sm_90a, else mma.sync;
+         * a forced MLA kernel wins. */
+        const int fd = kva__context_forced_kernel(ctx, KVA__KERNEL_DECODE);
+        const int rows = kva__cuda_mla_decode_rows(plan->d.num_heads, plan->info.max_q_len);
+        *decode =
+            fd == KVA__CUDA_K_MLA_DECODE_MMA ? KVA__CUDA_K_MLA_DECODE_MMA
+            : fd == KVA__CUDA_K_MLA_DECODE_WGMMA || (rows == 64 && kva__cuda_prefill_wgmma_ready())
+                ? KVA__CUDA_K_MLA_DECODE_WGMMA
+                : KVA__CUDA_K_MLA_DECODE_MMA;
+        *prefill = KVA__CUDA_PREFILL_AUTO;
+        *tiles = 0;
+        return;
+    }
     const int fd = kva__context_forced_kernel(ctx, KVA__KERNEL_DECODE);
     const int fp = kva__context_forced_kernel(ctx, KVA__KERNEL_PREFILL);
     const int mma =
@@ -595,10 +615,27 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     int kernel = 0, mma = 0;
     kva__cuda_prefill_kernel pkernel = KVA__CUDA_PREFILL_AUTO;
     plan_kernels(ctx, plan, &kernel, &pkernel, &mma);
+    const int mla = kernel == KVA__CUDA_K_MLA_DECODE_MMA || kernel == KVA__CUDA_K_MLA_DECODE_WGMMA;
+    if (!mla && dmax > 256)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: head_dim = %d, head_dim_v = %d: the CUDA backend's "
+                         "attention kernels take head sizes up to 256 (D 576 / Dv 512 only for "
+                         "kind KVA_ATTN_MLA)",
+                         (int)plan->d.head_dim, (int)plan->d.head_dim_v);
+    if (mla &&
+        !kva__cuda_mla_decode_supported(plan->d.head_dim, plan->d.head_dim_v, plan->d.q_dtype))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: the CUDA MLA decode covers D = 576, Dv = 512 with f16 "
+                         "or bf16 q (got D = %d, Dv = %d, %s)",
+                         (int)plan->d.head_dim, (int)plan->d.head_dim_v,
+                         kva_dtype_name(plan->d.q_dtype));
     /* The decode kernel decides the rows per item: one m16 tile for the
-     * tensor-core decode, 4 or 8 for the CUDA-core kernel. */
-    const int rows =
-        kernel == KVA__CUDA_K_DECODE_MMA ? KVA__CUDA_MMA_DECODE_ROWS : kva__cuda_rows_for_group(G);
+     * tensor-core decode, 4 or 8 for the CUDA-core kernel, 16 to 64 (H x the
+     * longest q_len) for the MLA decode. */
+    const int rows = kernel == KVA__CUDA_K_MLA_DECODE_WGMMA ? 64
+                     : mla ? kva__cuda_mla_decode_rows(plan->d.num_heads, plan->info.max_q_len)
+                     : kernel == KVA__CUDA_K_DECODE_MMA ? KVA__CUDA_MMA_DECODE_ROWS
+                                                        : kva__cuda_rows_for_group(G);
     const int per_sm = ctas_per_sm_cached(
         st, plan->d.q_dtype, kernel == KVA__CUDA_K_DECODE_MMA ? plan->d.head_dim : dmax,
         kernel == KVA__CUDA_K_DECODE_MMA ? 0 : rows, kernel);
@@ -753,9 +790,12 @@ extern "C" const kva__backend_ops kva__cuda_ops = {
     cuda_attention_paged,
     cuda_attention_ragged,
     kva__cuda_merge_states,
+    cuda_attention_paged, /* mla_attention_paged: the plan chose an MLA kernel (plan_kernels) */
+    NULL,                 /* mla_run: the layer-level MLA is not on the GPU yet */
     kva__cuda_kernels,
     KVA__CUDA_KERNELS,
-    256, /* max_head_dim: the kernels' tiles and shared memory stop at D, Dv = 256 */
+    576, /* max_head_dim: MLA's latent rows (D 576, Dv 512); the MHA kernels' tiles
+            and shared memory stop at D, Dv = 256 (cuda_plan_build, cache_alloc) */
     1,   /* max_threads */
     kva__cuda_device_count,
     kva__cuda_context_init,

@@ -136,6 +136,10 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
     const int grid = st->num_sms * cp->per_sm;
     if (eager && plan->part->num_items == 0) {
         /* no decode or short-prefill item */
+    } else if (cp->decode_kernel == KVA__CUDA_K_MLA_DECODE_MMA) {
+        KVA_TRY(kva__cuda_mla_decode_launch(&a, d->q_dtype, cp->rows, grid, stream));
+    } else if (cp->decode_kernel == KVA__CUDA_K_MLA_DECODE_WGMMA) {
+        KVA_TRY(kva__cuda_mla_wgmma_launch(&a, d->q_dtype, grid, stream));
     } else if (cp->decode_kernel == KVA__CUDA_K_DECODE_MMA) {
         KVA_TRY(kva__cuda_decode_mma_launch(&a, d->q_dtype, grid, stream));
     } else {

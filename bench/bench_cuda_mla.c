@@ -1,0 +1,258 @@
+/*
+ * bench_cuda_mla.c - times the absorbed MLA decode (kva_attention_run on a
+ * KVA_ATTN_MLA plan, FlashMLA's flash_mla_with_kvcache) on the CUDA backend
+ * with CUDA events.
+ *
+ *   bench_cuda_mla [--batch R] [--context S] [--q-len Q] [--heads H]
+ *                  [--block-size B] [--dtype bf16|f16] [--iters N] [--splits N]
+ *                  [--kernel NAME]
+ *
+ * R requests of Q new tokens after S cached ones (seq_len S + Q, causal),
+ * latent rows of 576 (c_kv 512 | k_pe 64) in a paged cache of B-token blocks
+ * with a shuffled block table. Before timing, request 0's out is checked
+ * against the CPU backend (a host copy of its blocks): every element within
+ * 8e-4 + 2.01/128 |ref| (FlashMLA's tolerance). The median of N timed runs
+ * (each between its own pair of events) is reported with the latent bytes read
+ * (every request's S + Q rows once: 1152 bytes each in bf16) in TB/s and the
+ * FLOPs (2 * (576 + 512) per visible query-key pair and head) in TFLOP/s.
+ * --splits N forces N key chunks per unit (kva__cuda_context_force_splits);
+ * --kernel NAME forces an MLA kernel of the registry (mla_decode_mma_sm80,
+ * mla_decode_wgmma_sm90) through kva__context_force_kernel.
+ * The last line is one JSON object (bench/peer_mla.py reads it).
+ */
+#include "internal.h"
+#include "kvattn_cuda.h"
+#include "../src/plan/partition.h"
+#include "cuda_backend.h"
+#include "data.h"
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DC 512
+#define DL 576
+
+#define DIE(...)                                                                                   \
+    do {                                                                                           \
+        fprintf(stderr, "bench_cuda_mla: " __VA_ARGS__);                                           \
+        fputc('\n', stderr);                                                                       \
+        exit(1);                                                                                   \
+    } while (0)
+#define CU(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            DIE("%s: %s", #call, cudaGetErrorString(e_));                                          \
+    } while (0)
+#define KV(call)                                                                                   \
+    do {                                                                                           \
+        kva_status s_ = (call);                                                                    \
+        if (s_ != KVA_STATUS_OK)                                                                   \
+            DIE("%s: %s: %s", #call, kva_status_name(s_), kva_last_error());                       \
+    } while (0)
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+static kva_plan_desc mla_desc(int32_t R, const int32_t *qsl, const int32_t *sl, const int32_t *bt,
+                              int32_t stride, int32_t B, int32_t H, kva_dtype dt)
+{
+    kva_plan_desc pd;
+    memset(&pd, 0, sizeof pd);
+    pd.num_requests = R;
+    pd.query_start_loc = qsl;
+    pd.seq_lens = sl;
+    pd.block_table = bt;
+    pd.block_table_stride = stride;
+    pd.block_size = B;
+    pd.decode_threshold = 4;
+    pd.num_heads = H;
+    pd.num_kv_heads = 1;
+    pd.head_dim = DL;
+    pd.head_dim_v = DC;
+    pd.q_dtype = dt;
+    pd.scale = (float)(1.0 / sqrt(192.0));
+    pd.causal = 1;
+    pd.window_left = -1;
+    pd.kind = KVA_ATTN_MLA;
+    return pd;
+}
+
+/* Request 0 on the CPU backend from a host copy of its blocks; returns the
+ * number of out elements outside the tolerance, or -1 when the CPU backend
+ * cannot run the plan (the check is then skipped). */
+static long check_request0(const void *dcache, const int32_t *bt, int32_t nblk, int32_t B,
+                           int32_t H, int32_t Q, int32_t s, kva_dtype dt, const void *q,
+                           const void *dout)
+{
+    kva_context_desc cd_ = {KVA_BACKEND_CPU, 0, 0};
+    kva_context *cpu = NULL;
+    KV(kva_context_create(&cd_, &cpu));
+    kva_cache_desc cd = {nblk, B, 1, DL, DC, dt, KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_ATTN_MLA};
+    kva_cache *hc = NULL;
+    long bad = -1;
+    if (kva_cache_create(cpu, &cd, &hc) == KVA_STATUS_OK) {
+        void *hk = NULL;
+        kva_cache_data(hc, &hk, NULL);
+        const size_t bb = (size_t)B * DL * 2;
+        for (int32_t k = 0; k < nblk; k++)
+            CU(cudaMemcpy((char *)hk + (size_t)k * bb, (const char *)dcache + (size_t)bt[k] * bb,
+                          bb, cudaMemcpyDeviceToHost));
+        int32_t *lbt = malloc(sizeof(int32_t) * (size_t)nblk), qsl[2] = {0, Q}, sl[1] = {s};
+        for (int32_t k = 0; k < nblk; k++)
+            lbt[k] = k;
+        kva_plan_desc pd = mla_desc(1, qsl, sl, lbt, nblk, B, H, dt);
+        kva_plan *p = NULL;
+        const size_t no = (size_t)Q * H * DC;
+        uint16_t *want = malloc(no * 2), *got = malloc(no * 2);
+        if (kva_plan_create(cpu, &pd, &p) == KVA_STATUS_OK &&
+            kva_attention_run(cpu, p, q, hc, NULL, want, NULL) == KVA_STATUS_OK) {
+            CU(cudaMemcpy(got, dout, no * 2, cudaMemcpyDeviceToHost));
+            bad = 0;
+            for (size_t i = 0; i < no; i++) {
+                const double a = kva_test_get(got, dt, i), b = kva_test_get(want, dt, i);
+                bad += !(fabs(a - b) <= 8e-4 + 2.01 / 128 * fabs(b));
+            }
+        } else {
+            fprintf(stderr, "bench_cuda_mla: check skipped: %s\n", kva_last_error());
+        }
+        kva_plan_destroy(p);
+        free(lbt), free(want), free(got);
+    }
+    kva_cache_destroy(hc);
+    kva_context_destroy(cpu);
+    return bad;
+}
+
+int main(int argc, char **argv)
+{
+    int32_t R = 128, S = 4096, Q = 1, H = 16, B = 64, iters = 30, splits = 0;
+    const char *dts = "bf16", *kernel = NULL;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *f = argv[i], *v = argv[i + 1];
+        if (!strcmp(f, "--batch"))
+            R = atoi(v);
+        else if (!strcmp(f, "--context"))
+            S = atoi(v);
+        else if (!strcmp(f, "--q-len"))
+            Q = atoi(v);
+        else if (!strcmp(f, "--heads"))
+            H = atoi(v);
+        else if (!strcmp(f, "--block-size"))
+            B = atoi(v);
+        else if (!strcmp(f, "--dtype"))
+            dts = v;
+        else if (!strcmp(f, "--iters"))
+            iters = atoi(v);
+        else if (!strcmp(f, "--splits"))
+            splits = atoi(v);
+        else if (!strcmp(f, "--kernel"))
+            kernel = v;
+        else
+            DIE("unknown flag %s", f);
+    }
+    if (R < 1 || S < 0 || Q < 1 || H < 1 || B < 1 || iters < 1)
+        DIE("bad arguments");
+    const kva_dtype dt = !strcmp(dts, "f16") ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+    if (kva__backend_device_count(KVA_BACKEND_CUDA) == 0) {
+        printf("{\"skipped\": \"no CUDA device\"}\n");
+        return 0;
+    }
+    kva_rng rng = {2026};
+    const int32_t s = S + Q, nblk = (s + B - 1) / B, NB = R * nblk;
+    int32_t *qsl = malloc(sizeof(int32_t) * (R + 1)), *sl = malloc(sizeof(int32_t) * R);
+    int32_t *bt = malloc(sizeof(int32_t) * (size_t)NB);
+    for (int32_t r = 0; r <= R; r++)
+        qsl[r] = r * Q;
+    for (int32_t r = 0; r < R; r++)
+        sl[r] = s;
+    for (int32_t i = 0; i < NB; i++)
+        bt[i] = i;
+    for (int32_t i = NB - 1; i > 0; i--) {
+        const int32_t j = kva_rng_int(&rng, 0, i), t = bt[i];
+        bt[i] = bt[j], bt[j] = t;
+    }
+
+    kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
+    kva_context *gpu = NULL;
+    KV(kva_context_create(&gd, &gpu));
+    KV(kva__cuda_context_force_splits(gpu, splits));
+    if (kernel)
+        KV(kva__context_force_kernel(gpu, kernel));
+    kva_cache_desc cd = {NB, B, 1, DL, DC, dt, KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_ATTN_MLA};
+    kva_cache *dc = NULL;
+    KV(kva_cache_create(gpu, &cd, &dc));
+    void *dk = NULL;
+    kva_cache_data(dc, &dk, NULL);
+    /* Random latent rows: a 32 MiB random pattern tiled over the cache. */
+    const size_t cbytes = (size_t)NB * B * DL * 2, pat = (size_t)1 << 25;
+    void *hp = malloc(pat);
+    kva_test_fill_uniform(hp, dt, pat / 2, &rng);
+    for (size_t off = 0; off < cbytes; off += pat)
+        CU(cudaMemcpy((char *)dk + off, hp, cbytes - off < pat ? cbytes - off : pat,
+                      cudaMemcpyHostToDevice));
+    free(hp);
+    const size_t nq = (size_t)R * Q * H * DL, no = (size_t)R * Q * H * DC;
+    void *q = malloc(nq * 2), *dq = NULL, *dout = NULL;
+    kva_test_fill(q, dt, nq, &rng, 1.0);
+    CU(cudaMalloc(&dq, nq * 2));
+    CU(cudaMalloc(&dout, no * 2));
+    CU(cudaMemcpy(dq, q, nq * 2, cudaMemcpyHostToDevice));
+
+    kva_plan_desc pd = mla_desc(R, qsl, sl, bt, nblk, B, H, dt);
+    kva_plan *plan = NULL;
+    KV(kva_plan_create(gpu, &pd, &plan));
+    CU(cudaMemset(dout, 0xff, no * 2));
+    KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL));
+    CU(cudaDeviceSynchronize());
+    const long bad = check_request0(dk, bt, nblk, B, H, Q, s, dt, q, dout);
+
+    cudaEvent_t ev[2];
+    CU(cudaEventCreate(&ev[0]));
+    CU(cudaEventCreate(&ev[1]));
+    for (int w = 0; w < 3; w++)
+        KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL));
+    float *ms = malloc(sizeof(float) * (size_t)iters);
+    for (int it = 0; it < iters; it++) {
+        CU(cudaEventRecord(ev[0], 0));
+        KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL));
+        CU(cudaEventRecord(ev[1], 0));
+        CU(cudaEventSynchronize(ev[1]));
+        CU(cudaEventElapsedTime(&ms[it], ev[0], ev[1]));
+    }
+    qsort(ms, (size_t)iters, sizeof *ms, cmp_float);
+    const double med = iters % 2 ? ms[iters / 2] : 0.5 * (ms[iters / 2 - 1] + ms[iters / 2]);
+    double pairs = 0;
+    for (int32_t i = 0; i < Q; i++)
+        pairs += (double)R * (s - Q + i + 1);
+    const double kv_bytes = (double)R * s * DL * 2, flops = pairs * H * 2.0 * (DL + DC);
+    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
+    struct cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, 0));
+    fprintf(stderr,
+            "bench_cuda_mla: R=%d S=%d Q=%d H=%d B=%d %s: median %.4f ms, %.3f TB/s latent, "
+            "%.1f TFLOP/s, rows %d, %d items, %d split tasks, kernel %s, check %s\n",
+            R, S, Q, H, B, dts, med, kv_bytes / (med * 1e-3) * 1e-12, flops / (med * 1e-3) * 1e-12,
+            cp->rows, plan->part->num_items, plan->part->num_tasks,
+            kva__cuda_kernels[cp->decode_kernel].name,
+            bad < 0 ? "skipped"
+            : bad   ? "FAILED"
+                    : "ok");
+    printf("{\"mode\": \"mla\", \"device\": \"%s\", \"R\": %d, \"S\": %d, \"Q\": %d, \"H\": %d, "
+           "\"B\": %d, \"dtype\": \"%s\", \"ms\": %.5f, \"kv_bytes\": %.0f, \"flops\": %.0f, "
+           "\"rows\": %d, \"items\": %d, \"tasks\": %d, \"check_bad\": %ld}\n",
+           prop.name, R, S, Q, H, B, dts, med, kv_bytes, flops, cp->rows, plan->part->num_items,
+           plan->part->num_tasks, bad);
+    kva_plan_destroy(plan);
+    kva_cache_destroy(dc);
+    kva_context_destroy(gpu);
+    cudaFree(dq), cudaFree(dout);
+    free(q), free(ms), free(qsl), free(sl), free(bt);
+    return bad > 0 ? 1 : 0;
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# mla_cuda.sh - on a machine with an NVIDIA GPU: build the MLA targets, run
+# test_cuda_mla (full, then compute-sanitizer memcheck on the quick set),
+# check that the wgmma kernel is HGMMA in the SASS, then bench/peer_mla.py
+# (kvattn's absorbed MLA decode next to FlashInfer's
+# BatchMLAPagedAttentionWrapper and the copy ceiling, in one run).
+#   OUT         logs and results (default build-mla/out)
+#   KVA_WHEELS  folder of the FlashInfer wheels (installed offline into /tmp/kva_site)
+#   KVA_STEPS   default "test memcheck sass peers"
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-build-mla/out}
+mkdir -p "$out"
+steps=" ${KVA_STEPS:-test memcheck sass peers} "
+# "ncu" (not in the default): Nsight Compute's speed-of-light and warp-state
+# sections of one launch of the wgmma kernel at H 128 (the compute-bound shape).
+has() { [[ "$steps" == *" $1 "* ]]; }
+status=0
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+cmake -S . -B build-mla -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90a -DKVA_WITH_OPENSSL=OFF -DKVA_WITH_XXHASH=OFF \
+  -DKVA_WITH_CJSON=OFF >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
+timeout 400 ninja -C build-mla -j"$(nproc)" test_cuda_mla bench_cuda_mla >"$out/build.log" 2>&1 ||
+  { grep -E "error|Error" "$out/build.log" | head -30; tail -20 "$out/build.log"; exit 1; }
+echo "== built"
+if has test; then
+  timeout 300 build-mla/test_cuda_mla >"$out/test_cuda_mla.log" 2>&1 || status=1
+  grep -E "case|FAILED|CHECK|passed" "$out/test_cuda_mla.log" | tail -40
+fi
+if has memcheck; then
+  KVA_TEST_QUICK=1 timeout 300 compute-sanitizer --tool memcheck build-mla/test_cuda_mla \
+    >"$out/memcheck_test_cuda_mla.log" 2>&1 || status=1
+  echo "memcheck: $(grep -E 'ERROR SUMMARY' "$out/memcheck_test_cuda_mla.log" | tail -1); $(tail -1 "$out/memcheck_test_cuda_mla.log")"
+fi
+if has sass; then
+  obj=$(find build-mla -name 'mla_decode_wgmma.cu.o' | head -1)
+  echo "sass: $(cuobjdump -sass "$obj" | grep -c HGMMA) HGMMA, $(cuobjdump -sass "$obj" | grep -c 'LDL\|STL') LDL/STL in $obj"
+fi
+if has ncu; then
+  timeout 120 ncu --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
+    -k regex:mla_decode --launch-skip 2 --launch-count 1 build-mla/bench_cuda_mla --batch 128 \
+    --context 4096 --heads 128 --iters 3 >"$out/ncu_mla_h128.txt" 2>&1
+  grep -E "Duration|Throughput|Stall|Issued|Warp Cycles|Eligible|Pipe|smsp__pcsamp" "$out/ncu_mla_h128.txt" | head -40
+fi
+if has peers; then
+  if [ -n "${KVA_WHEELS:-}" ] && ls "$KVA_WHEELS"/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/kva_site "$KVA_WHEELS"/*.whl >"$out/pip.log" 2>&1 && export PYTHONPATH=/tmp/kva_site
+  fi
+  export MAX_JOBS=$(nproc) FLASHINFER_NVCC_THREADS=4
+  # What is left of a 10-minute device call, unless KVA_PEER_TIMEOUT says otherwise.
+  left=$((570 - $(date +%s) + t0))
+  PYTHONUNBUFFERED=1 timeout "${KVA_PEER_TIMEOUT:-$left}" python3 bench/peer_mla.py \
+    --ours build-mla/bench_cuda_mla --out "$out" ${KVA_PEER_ARGS:-} 2>&1 | tee "$out/peer_mla.log" | tail -40
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+exit $status

@@ -1,0 +1,215 @@
+/*
+ * mla_decode_common.cuh - the per-item steps the absorbed MLA decode kernels
+ * (mla_decode_mma.cu on mma.sync, mla_decode_wgmma.cu on sm_90a wgmma) share:
+ * the latent-row geometry, the two shared-memory layouts of a [rows, 576]
+ * tile, the paged gather of key tiles by cp.async, the staging of Q, and the
+ * end-of-item row sums and stores (decode_mma_common.cuh's epilogue).
+ *
+ * A latent row is D = 576 elements (c_kv 512 | k_pe 64) = 72 chunks of 16
+ * bytes; the values are its first 512 columns (chunks 0 .. 63).
+ */
+#ifndef KVA_CUDA_MLA_DECODE_COMMON_CUH
+#define KVA_CUDA_MLA_DECODE_COMMON_CUH
+
+#include "cuda_check.h"
+#include "decode_mma_common.cuh"
+#include "mma_ptx.cuh"
+
+#include <stdint.h>
+
+#define ML_D 576  /* latent row: Dc + Dr */
+#define ML_DV 512 /* values: the first Dc columns */
+#define ML_CH 72  /* 16-byte chunks per latent row */
+#define ML_NT 256 /* threads per CTA of both kernels */
+
+/*
+ * Byte offset of chunk c of row r in a [ROWS, 576] tile.
+ * ROWS = 0 (ldmatrix layout, mma.sync): rows of 1152 bytes, chunk c at
+ *   c ^ (r & 7) (72 is a multiple of 8, so it stays in its group; rows are
+ *   9 x 128 bytes apart, so the 8 rows of an ldmatrix hit 8 bank groups).
+ * ROWS > 0 (wgmma layout): 9 column blocks of [ROWS][64 elements], 128-byte
+ *   swizzle (chunk c of row r at chunk (c % 8) ^ (r % 8) of its 128-byte
+ *   row), the K-major operand layout of wgmma_ptx.cuh; needs a 1024-byte
+ *   aligned tile and ROWS a multiple of 8.
+ */
+template <int ROWS> static __device__ __forceinline__ uint32_t ml_off(int r, int c)
+{
+    if (ROWS == 0)
+        return kva__swz<ML_D>(r, c);
+    return (uint32_t)((c >> 3) * ROWS * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+/* Item `it` of the uploaded plan and its request's geometry. */
+struct ml_item {
+    kva__cuda_item w;
+    int32_t nrows, qs, q_len, s; /* rows nq * nh, first token, q_len, seq_len */
+    const int32_t *bt_row;       /* the request's block-table row */
+};
+static __device__ __forceinline__ ml_item ml_item_load(const kva__cuda_attn_args &a, int32_t it,
+                                                       int32_t bt_stride)
+{
+    ml_item m;
+    m.w = a.meta.items[it];
+    m.nrows = m.w.nq * m.w.nh;
+    m.qs = a.meta.qsl[m.w.req];
+    m.q_len = a.meta.qsl[m.w.req + 1] - m.qs;
+    m.s = a.meta.seq_lens[m.w.req];
+    m.bt_row = a.meta.block_table + (int64_t)m.w.req * bt_stride;
+    return m;
+}
+
+/* The CTA (ML_NT threads) copies latent rows kb .. kb + BN - 1 (zeros from kend
+ * on, whose block-table entries are not read) into a tile at `stage` in
+ * layout ROWS: thread t takes key t / TPK and chunks t % TPK + TPK * i, so it
+ * reads one block-table entry per tile. */
+template <int BN, int ROWS>
+static __device__ __forceinline__ void ml_issue(const kva__cuda_attn_args &a, const int32_t *bt_row,
+                                                int32_t kb, int32_t kend, uint32_t stage)
+{
+    constexpr int TPK = ML_NT / BN;  /* threads per key: 4 or 8 */
+    constexpr int CPT = ML_CH / TPK; /* chunks per thread: 18 or 9 */
+    static_assert(ML_CH % TPK == 0 && ML_NT % BN == 0, "tile gather");
+    const int key = threadIdx.x / TPK, c0 = threadIdx.x % TPK;
+    const int32_t j = kb + key;
+    const bool ok = j < kend;
+    const char *src = (const char *)a.k;
+    if (ok) {
+        const int32_t blk = j / a.B, off = j - blk * a.B;
+        const int64_t row = (int64_t)__ldg(bt_row + blk) * a.B + off;
+        src += row * (int64_t)(ML_D * 2);
+    }
+#pragma unroll
+    for (int i = 0; i < CPT; i++) {
+        const int c = c0 + TPK * i;
+        kva__cp_async16(stage + ml_off<ROWS>(key, c), src + (ok ? c * 16 : 0), ok ? 16 : 0);
+    }
+}
+
+/* Q rows of item w ([M, 576], zeros past nrows) into shared memory at sq in
+ * layout ROWS, by plain 16-byte stores. Row r is token i0 + r / nh, head
+ * h0 + r % nh of the request starting at token qs (Hkv = 1, so the heads
+ * are the query heads). */
+template <int M, int ROWS, typename elem>
+static __device__ __forceinline__ void ml_stage_q(const kva__cuda_attn_args &a,
+                                                  const kva__cuda_item &w, int32_t nrows,
+                                                  int32_t qs, unsigned char *sq)
+{
+    for (int x = threadIdx.x; x < M * ML_CH; x += ML_NT) {
+        const int r = x / ML_CH, c = x - r * ML_CH;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < nrows) {
+            const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+            const elem *qrow =
+                (const elem *)a.q + ((int64_t)(qs + w.i0 + qi) * a.H + w.h0 + hh) * ML_D;
+            v = __ldg(reinterpret_cast<const uint4 *>(qrow) + c);
+        }
+        *reinterpret_cast<uint4 *>(sq + ml_off<ROWS>(r, c)) = v;
+    }
+}
+
+/* End of an item: l_run of the thread's rows r0 and r0 + 8 summed over its 4
+ * lanes and over the NS key slices of the CTA (through s_sum [NS][64], slice
+ * `slice`), then the thread's accumulators written: o[n][e] is row
+ * r0 + 8 (e / 2), value column col0 + 8 n + 2 t4 + e % 2 (NB n8 tiles), running
+ * max m_run in log2 units. Ends with every thread past s_sum. */
+template <int NB, int NS, typename Ty>
+static __device__ __forceinline__ void
+ml_finish(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, int32_t qs,
+          float (*s_sum)[64], int slice, int r0, int col0, int t4, float l_run[2],
+          const float m_run[2], const float (*o)[4])
+{
+    kva__dmma_row_sums(l_run);
+    if (t4 == 0) {
+        s_sum[slice][r0] = l_run[0];
+        s_sum[slice][r0 + 8] = l_run[1];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int32_t r = r0 + 8 * hf;
+        if (r >= nrows)
+            continue;
+        float L = 0.f;
+#pragma unroll
+        for (int k = 0; k < NS; k++)
+            L += s_sum[k][r];
+        const float Mx = m_run[hf], mu = Mx == -INFINITY ? 0.f : Mx;
+#pragma unroll
+        for (int n = 0; n < NB; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                kva__dmma_write<ML_DV, Ty>(a, w, nrows, qs, r, col0 + n * 8 + 2 * t4 + e, Mx, mu, L,
+                                           o[n][2 * hf + e]);
+    }
+    __syncthreads(); /* s_sum, Q and the ring are rewritten by the next item */
+}
+
+/* The running max of rows r0 and r0 + 8 over this tile: the thread's keys
+ * (NB n8 tiles of sc), its 4 lanes, then the NS slices through s_max [NS][64]
+ * (one barrier inside). Returns the rescale factors of the old state in alpha
+ * and updates m_run; l_run is rescaled. */
+template <int NB, int NS>
+static __device__ __forceinline__ bool ml_tile_max(const float (*sc)[4], float (*s_max)[64],
+                                                   int slice, int r0, int t4, float m_run[2],
+                                                   float l_run[2], float alpha[2], float mu[2])
+{
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float mx = fmaxf(sc[0][2 * hf], sc[0][2 * hf + 1]);
+#pragma unroll
+        for (int nt = 1; nt < NB; nt++)
+            mx = fmaxf(mx, fmaxf(sc[nt][2 * hf], sc[nt][2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        if (t4 == 0)
+            s_max[slice][r0 + 8 * hf] = mx;
+    }
+    __syncthreads(); /* every slice's maxima */
+    bool resc = false;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float mx = m_run[hf];
+#pragma unroll
+        for (int k = 0; k < NS; k++)
+            mx = fmaxf(mx, s_max[k][r0 + 8 * hf]);
+        mu[hf] = mx == -INFINITY ? 0.f : mx;
+        alpha[hf] = kva__ex2(m_run[hf] - mu[hf]); /* 0 while m_run = -inf */
+        resc |= mx != m_run[hf];
+        m_run[hf] = mx;
+        l_run[hf] *= alpha[hf];
+    }
+    return __any_sync(0xffffffffu, resc);
+}
+
+/* ---- host side: both kernels take kva__cuda_attn_args and ML_NT threads ---- */
+
+typedef void (*ml_kernel_fn)(kva__cuda_attn_args);
+
+/* Resident CTAs per SM of fn with smem bytes of dynamic shared memory (its
+ * limit raised first); 0 if it cannot run. */
+static inline int ml_ctas_per_sm(ml_kernel_fn fn, int smem)
+{
+    int n = 0;
+    if (!fn ||
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, ML_NT, (size_t)smem) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+/* Launches fn with `grid` persistent CTAs on stream. The shared-memory limit
+ * is per function and device: plan_build raised it through the occupancy
+ * query; set again for a context on another device. */
+static inline kva_status ml_launch(ml_kernel_fn fn, int smem, const kva__cuda_attn_args *a,
+                                   int grid, void *stream)
+{
+    KVA_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    fn<<<grid, ML_NT, (size_t)smem, (cudaStream_t)stream>>>(*a);
+    KVA_CUDA_LAUNCHED("mla_decode kernel");
+    return KVA_STATUS_OK;
+}
+
+#endif

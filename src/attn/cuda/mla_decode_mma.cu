@@ -1,0 +1,301 @@
+/*
+ * mla_decode_mma.cu - absorbed MLA decode on tensor cores ("mla_decode_mma_sm80"):
+ * the plan's work items over a latent paged cache (one row of D = Dc + Dr =
+ * 576 elements per token, [c_kv 512 | k_pe 64], shared by every query head),
+ * on mma.sync m16n8k16 with fp32 accumulation. Compiles for sm_80 and runs on
+ * sm_90a as well (the portable tensor-core path of the MLA family).
+ *
+ * The math is FlashMLA's flash_mla_with_kvcache: per item (request r, heads
+ * h0 .. h0 + nh - 1, query rows i0 .. i0 + nq - 1, keys [k0, k1)), the
+ * M = nq * nh rows of q [T, H, 576] attend to the latent rows with head size
+ * 576, and the values are the same rows' first Dv = 512 columns:
+ *   S = q K^T (over 576), P = softmax(scale * S), out = P K[:, :512].
+ *
+ * One CTA (8 warps) runs one item at a time (persistent grid over the item
+ * count of the device header). M is padded to 16 * MT rows (MT = 1, 2 or 4:
+ * the plan picks the smallest that holds H * q_len up to 64), never to 64 or
+ * 128, so H 8 or 16 decodes do not pay the tensor work of 64 rows.
+ *
+ *   - Q [M, 576] is staged in shared memory per item (XOR-swizzled 16-byte
+ *     chunks, ldmatrix).
+ *   - The item's keys are cut into tiles of BN rows (64 for MT <= 2, 32 for
+ *     MT = 4), copied by the whole CTA with cp.async into a ring of NST stages
+ *     (NST - 1 tiles in flight). Each tile is read from global memory once and
+ *     serves S and P V: the value operand is the first 512 columns of the same
+ *     shared-memory tile (no second load).
+ *   - S = Q K^T: warp w computes row tile w % MT against its slice of
+ *     BN * MT / 8 keys (36 k-steps over 576). The row max goes through shared
+ *     memory (every warp of a row tile gets the same max, so the running max,
+ *     the rescale and P agree between warps); P is written to shared memory in
+ *     the input dtype.
+ *   - O += P V: warp w owns row tile w % MT and the 64 * MT value columns
+ *     (w / MT) * 64 * MT .. + 64 * MT - 1: O [16, 64 * MT] stays in its
+ *     registers for the whole item, so no merge of O between warps; only the
+ *     row sums l are added through shared memory at the end.
+ *   - The epilogue (decode_mma_common.cuh) writes out [T, H, 512] and lse, or
+ *     the split partial that split_merge.cu combines.
+ * Keys at or past the item's end are zero-filled by cp.async and their block
+ * table entries never read.
+ */
+extern "C" {
+#include "cuda_backend.h"
+}
+#include "cuda_check.h"
+#include "mla_decode_common.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#define ML_NW (ML_NT / 32) /* warps per CTA */
+
+/* Tile shape per MT (row tiles of 16): keys per tile, ring stages, keys of
+ * one warp's S slice, value columns of one warp; shared memory in bytes:
+ * Q [M, 576], the ring [NST][BN, 576], P [M, BN] (rows padded by 16 bytes
+ * against bank conflicts), the row maxima and sums [8][64] fp32. */
+template <int MT> struct ml_cfg {
+    static constexpr int M = 16 * MT;
+    static constexpr int BN = MT == 4 ? 32 : 64;
+    static constexpr int NST = MT == 4 ? 3 : 2;
+    static constexpr int KW = BN * MT / ML_NW;
+    static constexpr int NBS = KW / 8;
+    static constexpr int CW = ML_DV * MT / ML_NW;
+    static constexpr int NBO = CW / 8;
+    static constexpr int TILE = BN * ML_D * 2;
+    static constexpr int P_STRIDE = BN * 2 + 16;
+    static constexpr int OFF_RING = M * ML_D * 2;
+    static constexpr int OFF_P = OFF_RING + NST * TILE;
+    static constexpr int OFF_RED = OFF_P + M * P_STRIDE;
+    static constexpr int SMEM = OFF_RED + 2 * ML_NW * 64 * 4;
+    static_assert(NBS >= 1 && KW % 8 == 0, "key slice of a warp");
+    static_assert(SMEM <= 227 * 1024, "shared memory of one CTA");
+};
+
+/*
+ * Ty: kva__mma_bf16 or kva__mma_f16; MT: row tiles of 16 per item.
+ * Dynamic shared memory as ml_cfg<MT>.
+ */
+template <typename Ty, int MT>
+__global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva__cuda_attn_args a)
+{
+    typedef ml_cfg<MT> C;
+    typedef typename Ty::elem elem;
+    constexpr int M = C::M, BN = C::BN, NST = C::NST, KW = C::KW, NBS = C::NBS, NBO = C::NBO;
+    extern __shared__ __align__(128) unsigned char ml_smem[];
+    const uint32_t sQ = kva__smem_u32(ml_smem);
+    const uint32_t sRing = sQ + C::OFF_RING, sP = sQ + C::OFF_P;
+    float(*s_max)[64] = (float(*)[64])(ml_smem + C::OFF_RED);
+    float(*s_sum)[64] = (float(*)[64])(ml_smem + C::OFF_RED + ML_NW * 64 * 4);
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g4 = lane >> 2, t4 = lane & 3;
+    const int rt = warp % MT; /* row tile of this warp */
+    const int kg = warp / MT; /* key slice (S) and column slice (O) of this warp */
+    const int row0 = rt * 16; /* first row of the row tile */
+    const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
+    const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
+    const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
+    /* Lane offsets of the ldmatrix addresses (as decode_mma.cu). */
+    const int q_r = (lane & 7) + ((lane >> 3) & 1) * 8, q_c = lane >> 4;
+    const int k_r = (lane & 7) + (lane >> 4) * 8, k_c = (lane >> 3) & 1;
+    const int v_r = (lane & 7) + ((lane >> 3) & 1) * 8, v_c = lane >> 4;
+
+    for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
+        const ml_item mi = ml_item_load(a, it, bt_stride);
+        const kva__cuda_item &w = mi.w;
+        const int32_t nrows = mi.nrows, qs = mi.qs, kend = w.k1;
+        const int32_t *bt_row = mi.bt_row;
+
+        /* The first NST - 1 key tiles, then Q [M, 576] (zeros past nrows). */
+#pragma unroll
+        for (int st = 0; st < NST - 1; st++) {
+            const int32_t kb = w.k0 + st * BN;
+            if (kb < kend)
+                ml_issue<BN, 0>(a, bt_row, kb, kend, sRing + st * C::TILE);
+            kva__cp_async_commit();
+        }
+        ml_stage_q<M, 0, elem>(a, w, nrows, qs, ml_smem);
+        /* This thread's rows row0 + g4 and row0 + g4 + 8 of the item: visible
+         * keys, position, slope; [lo_all, hi_all): the keys every row sees. */
+        int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
+        float slope[2];
+        kva__dmma_rows(a, w, nrows, mi.s, mi.q_len, row0 + g4, lo, hi, pos, slope, lo_all, hi_all);
+
+        float o[NBO][4];
+#pragma unroll
+        for (int n = 0; n < NBO; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[n][e] = 0.f;
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+        int stage = 0;
+        for (int32_t kb = w.k0; kb < kend; kb += BN) {
+            kva__cp_async_wait<NST - 2>();
+            __syncthreads(); /* tile kb (and Q) landed for every thread; the previous
+                                tile's stage, P and maxima are free */
+            {
+                const int32_t kn = kb + (NST - 1) * BN;
+                const int ahead = stage == 0 ? NST - 1 : stage - 1;
+                if (kn < kend)
+                    ml_issue<BN, 0>(a, bt_row, kn, kend, sRing + ahead * C::TILE);
+                kva__cp_async_commit();
+            }
+            const uint32_t sk = sRing + stage * C::TILE;
+
+            /* S = Q K^T for row tile rt and keys kb + kg * KW .. + KW - 1, in two
+             * accumulator sets (even and odd k-steps) for independent mma chains. */
+            const int key0 = kg * KW;
+            float sc[NBS][4], sc2[NBS][4];
+#pragma unroll
+            for (int nt = 0; nt < NBS; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sc[nt][e] = 0.f, sc2[nt][e] = 0.f;
+#pragma unroll 4
+            for (int kk = 0; kk < ML_D / 16; kk += 2) {
+                uint32_t qa[4], qb[4];
+                kva__ldsm_x4(sQ + ml_off<0>(row0 + q_r, kk * 2 + q_c), qa);
+                kva__ldsm_x4(sQ + ml_off<0>(row0 + q_r, kk * 2 + 2 + q_c), qb);
+                if (NBS == 1) {
+                    /* Keys key0 .. + 7, chunks 2 kk .. 2 kk + 3: two k-steps. */
+                    uint32_t kf[4];
+                    kva__ldsm_x4(sk + ml_off<0>(key0 + (lane & 7), kk * 2 + (lane >> 3)), kf);
+                    Ty::mma(sc[0], qa, kf[0], kf[1]);
+                    Ty::mma(sc2[0], qb, kf[2], kf[3]);
+                } else {
+#pragma unroll
+                    for (int np = 0; np < NBS / 2; np++) {
+                        uint32_t kf[4], kh[4];
+                        kva__ldsm_x4(sk + ml_off<0>(key0 + np * 16 + k_r, kk * 2 + k_c), kf);
+                        kva__ldsm_x4(sk + ml_off<0>(key0 + np * 16 + k_r, kk * 2 + 2 + k_c), kh);
+                        Ty::mma(sc[2 * np], qa, kf[0], kf[1]);
+                        Ty::mma(sc[2 * np + 1], qa, kf[2], kf[3]);
+                        Ty::mma(sc2[2 * np], qb, kh[0], kh[1]);
+                        Ty::mma(sc2[2 * np + 1], qb, kh[2], kh[3]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < NBS; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sc[nt][e] += sc2[nt][e];
+            /* Logits (log2 units) and the mask where some row may not see a key. */
+            kva__dmma_logits<KW>(sc, a, scale_log2, kb + key0, t4, lo_all, hi_all, lo, hi, pos,
+                                 slope);
+            /* The running max over every key slice of the row tile. */
+            float alpha[2], mu[2];
+            const bool resc =
+                ml_tile_max<NBS, ML_NW / MT>(sc, s_max, kg, row0 + g4, t4, m_run, l_run, alpha, mu);
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                /* P of the warp's keys, in the input dtype, into the shared P tile. */
+                float sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < NBS; nt++) {
+                    const float p0 = kva__ex2(sc[nt][2 * hf] - mu[hf]);
+                    const float p1 = kva__ex2(sc[nt][2 * hf + 1] - mu[hf]);
+                    sum += p0 + p1;
+                    const uint32_t pv = Ty::pack(p0, p1);
+                    const uint32_t addr = sP + (uint32_t)((row0 + g4 + 8 * hf) * C::P_STRIDE +
+                                                          (key0 + nt * 8 + 2 * t4) * 2);
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pv) : "memory");
+                }
+                l_run[hf] += sum;
+            }
+            if (resc) {
+#pragma unroll
+                for (int n = 0; n < NBO; n++) {
+                    o[n][0] *= alpha[0];
+                    o[n][1] *= alpha[0];
+                    o[n][2] *= alpha[1];
+                    o[n][3] *= alpha[1];
+                }
+            }
+            __syncthreads(); /* P of every slice */
+
+            /* O += P V: P [16, BN] of the row tile, V = the tile's columns
+             * kg * CW .. + CW - 1 (ldmatrix.trans of the latent rows). */
+            const int cc0 = kg * (C::CW / 8); /* first value chunk of the warp */
+#pragma unroll
+            for (int kp = 0; kp < BN / 16; kp++) {
+                uint32_t pa[4];
+                kva__ldsm_x4(sP + (uint32_t)((row0 + q_r) * C::P_STRIDE + (kp * 2 + q_c) * 16), pa);
+#pragma unroll
+                for (int dp = 0; dp < NBO / 2; dp++) {
+                    uint32_t vb[4];
+                    kva__ldsm_x4_trans(sk + ml_off<0>(kp * 16 + v_r, cc0 + dp * 2 + v_c), vb);
+                    Ty::mma(o[2 * dp], pa, vb[0], vb[1]);
+                    Ty::mma(o[2 * dp + 1], pa, vb[2], vb[3]);
+                }
+            }
+            stage = stage == NST - 1 ? 0 : stage + 1;
+        }
+        kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
+
+        ml_finish<NBO, ML_NW / MT, Ty>(a, w, nrows, qs, s_sum, kg, row0 + g4, kg * C::CW, t4, l_run,
+                                       m_run, o);
+    }
+}
+
+/* ---- host side ---- */
+
+typedef struct ml_pick_t {
+    ml_kernel_fn fn;
+    int smem;
+} ml_pick_t;
+
+template <typename Ty> static ml_pick_t ml_pick_mt(int rows)
+{
+    ml_pick_t k = {NULL, 0};
+    if (rows == 16)
+        k = {mla_decode_mma_kernel<Ty, 1>, ml_cfg<1>::SMEM};
+    else if (rows == 32)
+        k = {mla_decode_mma_kernel<Ty, 2>, ml_cfg<2>::SMEM};
+    else if (rows == 64)
+        k = {mla_decode_mma_kernel<Ty, 4>, ml_cfg<4>::SMEM};
+    return k;
+}
+
+static ml_pick_t ml_pick(kva_dtype dt, int rows)
+{
+    if (dt == KVA_DTYPE_BF16)
+        return ml_pick_mt<kva__mma_bf16>(rows);
+    if (dt == KVA_DTYPE_F16)
+        return ml_pick_mt<kva__mma_f16>(rows);
+    ml_pick_t none = {NULL, 0};
+    return none;
+}
+
+extern "C" int kva__cuda_mla_decode_supported(int32_t head_dim, int32_t head_dim_v, kva_dtype dtype)
+{
+    return head_dim == ML_D && head_dim_v == ML_DV &&
+           (dtype == KVA_DTYPE_BF16 || dtype == KVA_DTYPE_F16);
+}
+
+extern "C" int kva__cuda_mla_decode_rows(int32_t num_heads, int32_t max_q_len)
+{
+    const int64_t rows = (int64_t)num_heads * (max_q_len > 0 ? max_q_len : 1);
+    return rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
+}
+
+extern "C" int kva__cuda_mla_decode_ctas_per_sm(kva_dtype dtype, int rows)
+{
+    const ml_pick_t k = ml_pick(dtype, rows);
+    return ml_ctas_per_sm(k.fn, k.smem);
+}
+
+extern "C" kva_status kva__cuda_mla_decode_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
+                                                  int rows, int grid, void *stream)
+{
+    const ml_pick_t k = ml_pick(dtype, rows);
+    if (!k.fn || !kva__cuda_mla_decode_supported(a->D, a->Dv, dtype) || a->Hkv != 1 || a->ragged)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_attention_run: the MLA decode covers D = 576, Dv = 512, Hkv = 1, a "
+                         "paged f16/bf16 latent cache and items of 16, 32 or 64 rows (got D = %d, "
+                         "Dv = %d, Hkv = %d, dtype = %s, rows = %d)",
+                         (int)a->D, (int)a->Dv, (int)a->Hkv, kva_dtype_name(dtype), rows);
+    return ml_launch(k.fn, k.smem, a, grid, stream);
+}

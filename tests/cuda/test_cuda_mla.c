@@ -1,0 +1,406 @@
+/*
+ * test_cuda_mla.c - the CUDA absorbed MLA decode (kva_attention_run on a
+ * KVA_ATTN_MLA plan: q [T, H, 576], latent cache rows [c_kv 512 | k_pe 64],
+ * out [T, H, 512] + LSE) against an fp64 host computation of the same math
+ * (FlashMLA's flash_mla_with_kvcache), written here from the definition:
+ *   score_j = scale * <q_row, latent_j> over 576, key j visible if j < s and
+ *   (causal) j <= s - q_len + i; out = softmax . latent[:, :512]; lse natural.
+ * The latent rows enter through kva_cache_write on the CUDA context (c_kv and
+ * k_pe, as vLLM's concat_and_cache_mla), into a cache first filled with NaN
+ * (0xff bytes), so a read of an unwritten slot fails the case; out and lse are
+ * poisoned before every run. Grid: H in {1, 3, 9, 16, 32, 63, 64, 128}, q_len
+ * 1-4, contexts 1, block edges, long (up to 32k), block sizes 1, 16 and 64,
+ * bf16 and f16, causal and not (seq_len 0: out 0, lse -inf), split and unsplit
+ * plans (forced split counts too), a CUDA-graph capture and replay of two
+ * cases (bitwise equal to the eager run).
+ * Tolerances (FlashMLA's test, loosened where the dtype forces it): the
+ * cosine distance 1 - 2<a,b>/(|a|^2 + |b|^2) of the whole output at most 5e-6
+ * (FlashMLA's, unchanged); every out element within 8e-4 + u max|v| +
+ * 2.01/128 |ref|, where u max|v| (u = 2^-8 bf16, 2^-11 f16; max|v| = sqrt 3 of
+ * the uniform fill) is the rounding of P to the input dtype before P V, which
+ * both kernels do (as FlashMLA and FlashAttention): on H100 it moved elements
+ * near zero by up to 5e-3 in bf16 (bench_cuda.c's decode check allows the
+ * same term); LSE within 2e-5 absolute (fp32 scores over 576 products and the
+ * hardware's approximate exp2: up to 5.4e-6 seen; the issue's 1e-6 is
+ * fp64-grade). The largest errors are printed per case. Bad input: f32 q, head sizes other
+ * than 576 / 512, an MLA cache under an MHA plan, an MHA plan of D 576 on
+ * CUDA: a status, a message, out untouched. KVA_TEST_QUICK=1 runs the first
+ * cases (compute-sanitizer). Exits 77 without a GPU.
+ */
+#include "cuda_util.h"
+#include "../../src/plan/partition.h"
+#include "../../src/attn/cuda/cuda_backend.h"
+
+#ifdef KVA_HAVE_CUDA
+
+#define DC 512
+#define DR 64
+#define DL (DC + DR)
+
+typedef struct mcase {
+    uint64_t seed;
+    int32_t H, R, q_min, q_max, s_min, s_max, B;
+    kva_dtype dt;
+    int32_t causal, splits;
+    const int32_t *s_fixed; /* [R] seq_lens (NULL: uniform in [s_min, s_max] + q) */
+    int graph;              /* 1: also capture the run in a CUDA graph and replay it */
+} mcase;
+
+static double to_d(const uint16_t *p, kva_dtype dt, size_t i)
+{
+    return dt == KVA_DTYPE_F16 ? kva_f16_to_f32(p[i]) : kva_bf16_to_f32(p[i]);
+}
+
+/* fp64 reference of rows of request r: out [q_len, H, 512], lse [q_len, H]. */
+static void reference(const uint16_t *q, const uint16_t *lat, kva_dtype dt, int32_t H, int32_t qs,
+                      int32_t q_len, int32_t s, int64_t lat0, int causal, double scale, double *out,
+                      double *lse)
+{
+    double *sc = malloc(sizeof(double) * (size_t)(s > 0 ? s : 1));
+    for (int32_t i = 0; i < q_len; i++)
+        for (int32_t h = 0; h < H; h++) {
+            const size_t qrow = ((size_t)(qs + i) * H + h) * DL;
+            const int32_t hi = causal ? s - q_len + i + 1 : s;
+            double m = -INFINITY;
+            for (int32_t j = 0; j < hi; j++) {
+                double acc = 0;
+                for (int c = 0; c < DL; c++)
+                    acc += to_d(q, dt, qrow + c) * to_d(lat, dt, (size_t)(lat0 + j) * DL + c);
+                sc[j] = acc * scale;
+                m = sc[j] > m ? sc[j] : m;
+            }
+            double l = 0;
+            double *o = out + ((size_t)(qs + i) * H + h) * DC;
+            for (int c = 0; c < DC; c++)
+                o[c] = 0;
+            for (int32_t j = 0; j < hi; j++) {
+                const double p = exp(sc[j] - m);
+                l += p;
+                for (int c = 0; c < DC; c++)
+                    o[c] += p * to_d(lat, dt, (size_t)(lat0 + j) * DL + c);
+            }
+            for (int c = 0; c < DC; c++)
+                o[c] = l > 0 ? o[c] / l : 0;
+            lse[(size_t)(qs + i) * H + h] = l > 0 ? m + log(l) : -INFINITY;
+        }
+    free(sc);
+}
+
+/* Runs one case; returns 1 if it passed. */
+static int run_case(const mcase *c, int quick_print)
+{
+    kva_rng rng = {c->seed};
+    const int32_t R = c->R, H = c->H, B = c->B;
+    int32_t *qsl = calloc((size_t)R + 1, sizeof(int32_t)), *sl = malloc(sizeof(int32_t) * R);
+    int64_t *lat0 = malloc(sizeof(int64_t) * (R + 1)); /* first latent row of each request */
+    int32_t nb = 0, stride = 1;
+    lat0[0] = 0;
+    for (int32_t r = 0; r < R; r++) {
+        const int32_t q = kva_rng_int(&rng, c->q_min, c->q_max);
+        qsl[r + 1] = qsl[r] + q;
+        sl[r] = c->s_fixed ? c->s_fixed[r]
+                           : kva_rng_int(&rng, c->s_min, c->s_max) + (c->causal ? q : 0);
+        lat0[r + 1] = lat0[r] + sl[r];
+        const int32_t nbr = (sl[r] + B - 1) / B;
+        nb += nbr;
+        stride = nbr > stride ? nbr : stride;
+    }
+    const int32_t T = qsl[R], NB = nb + 3;
+    const int64_t L = lat0[R];
+    /* Block table: a shuffled permutation of the blocks (3 spare ones stay NaN). */
+    int32_t *perm = malloc(sizeof(int32_t) * NB),
+            *bt = malloc(sizeof(int32_t) * (size_t)R * stride);
+    for (int32_t i = 0; i < NB; i++)
+        perm[i] = i;
+    for (int32_t i = NB - 1; i > 0; i--) {
+        const int32_t j = kva_rng_int(&rng, 0, i), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    int64_t *slots = malloc(sizeof(int64_t) * (size_t)(L > 0 ? L : 1));
+    for (int32_t r = 0, used = 0; r < R; r++)
+        for (int32_t k = 0; k < stride; k++) {
+            const int32_t n = (sl[r] + B - 1) / B;
+            bt[(size_t)r * stride + k] = k < n ? perm[used + k] : -1;
+            if (k == stride - 1)
+                used += n;
+        }
+    for (int32_t r = 0; r < R; r++)
+        for (int32_t j = 0; j < sl[r]; j++)
+            slots[lat0[r] + j] = (int64_t)bt[(size_t)r * stride + j / B] * B + j % B;
+
+    /* Host data: latent rows [L, 576] (c_kv | k_pe), q [T, H, 576]. */
+    const kva_dtype dt = c->dt;
+    uint16_t *lat = malloc(sizeof(uint16_t) * (size_t)(L > 0 ? L : 1) * DL);
+    uint16_t *ckv = malloc(sizeof(uint16_t) * (size_t)(L > 0 ? L : 1) * DC);
+    uint16_t *kpe = malloc(sizeof(uint16_t) * (size_t)(L > 0 ? L : 1) * DR);
+    uint16_t *q = malloc(sizeof(uint16_t) * (size_t)T * H * DL);
+    kva_test_fill_uniform(lat, dt, (size_t)L * DL, &rng);
+    kva_test_fill(q, dt, (size_t)T * H * DL, &rng, 1.0);
+    for (int64_t j = 0; j < L; j++) {
+        memcpy(ckv + j * DC, lat + j * DL, DC * 2);
+        memcpy(kpe + j * DR, lat + j * DL + DC, DR * 2);
+    }
+    const double scale = 1.0 / sqrt(192.0);
+
+    kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
+    kva_context *gpu = NULL;
+    CHECK_OK(kva_context_create(&gd, &gpu));
+    if (c->splits)
+        CHECK_OK(kva__cuda_context_force_splits(gpu, c->splits));
+    kva_cache_desc cd = {NB, B, 1, DL, DC, dt, KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_ATTN_MLA};
+    kva_cache *cache = NULL;
+    CHECK_OK(kva_cache_create(gpu, &cd, &cache));
+    void *ck = NULL;
+    kva_cache_data(cache, &ck, NULL);
+    CUDA_OK(cudaMemset(ck, 0xff, (size_t)NB * B * DL * 2));
+    void *d_ckv = dev_from(ckv, (size_t)L * DC * 2), *d_kpe = dev_from(kpe, (size_t)L * DR * 2);
+    void *d_slots = dev_from(slots, sizeof(int64_t) * (size_t)L);
+    if (L > 0)
+        CHECK_OK(kva_cache_write(gpu, cache, (int32_t)L, d_ckv, 0, d_kpe, 0, dt, d_slots));
+
+    kva_plan_desc pd;
+    memset(&pd, 0, sizeof pd);
+    pd.num_requests = R;
+    pd.query_start_loc = qsl;
+    pd.seq_lens = sl;
+    pd.block_table = bt;
+    pd.block_table_stride = stride;
+    pd.block_size = B;
+    pd.decode_threshold = 4;
+    pd.num_heads = H;
+    pd.num_kv_heads = 1;
+    pd.head_dim = DL;
+    pd.head_dim_v = DC;
+    pd.q_dtype = dt;
+    pd.scale = (float)scale;
+    pd.causal = c->causal;
+    pd.window_left = -1;
+    pd.kind = KVA_ATTN_MLA;
+    const size_t no = (size_t)T * H * DC;
+    void *d_q = dev_from(q, (size_t)T * H * DL * 2);
+    void *d_out = dev_poisoned(no * 2), *d_lse = dev_poisoned(sizeof(float) * (size_t)T * H);
+    double *ro = malloc(sizeof(double) * (no + 1)), *rl = malloc(sizeof(double) * (T * H + 1));
+    for (int32_t r = 0; r < R; r++)
+        reference(q, lat, dt, H, qsl[r], qsl[r + 1] - qsl[r], sl[r], lat0[r], c->causal, scale, ro,
+                  rl);
+    /* The default kernel, then mla_decode_mma_sm80 forced when the default was
+     * the wgmma one (items of 64 rows on sm_90a). */
+    int ok = 1;
+    for (int pass = 0; pass < 2; pass++) {
+        kva_plan *plan = NULL;
+        CHECK_OK(kva_plan_create(gpu, &pd, &plan));
+        if (!plan) {
+            ok = 0;
+            break;
+        }
+        const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
+        const int kernel = cp->decode_kernel;
+        CHECK(kernel == KVA__CUDA_K_MLA_DECODE_MMA || kernel == KVA__CUDA_K_MLA_DECODE_WGMMA);
+        CHECK(pass == 0 || kernel == KVA__CUDA_K_MLA_DECODE_MMA);
+        CUDA_OK(cudaMemset(d_out, 0xff, no * 2));
+        CUDA_OK(cudaMemset(d_lse, 0xff, sizeof(float) * (size_t)T * H));
+        CHECK_OK(kva_attention_run(gpu, plan, d_q, cache, NULL, d_out, d_lse));
+        uint16_t *out = malloc(no * 2 + 2);
+        float *lse = malloc(sizeof(float) * (size_t)T * H + 4);
+        to_host(out, d_out, no * 2);
+        to_host(lse, d_lse, sizeof(float) * (size_t)T * H);
+        /* P is rounded to the input dtype before P V (header comment). */
+        const double atol = 8e-4 + (dt == KVA_DTYPE_F16 ? 0x1p-11 : 0x1p-8) * 1.7320508;
+        size_t bad = 0, bad_lse = 0;
+        double dot = 0, na = 0, nr = 0, max_lse = 0, max_err = 0;
+        for (size_t i = 0; i < no; i++) {
+            const double a = to_d(out, dt, i), b = ro[i];
+            const int e_ok = fabs(a - b) <= atol + 2.01 / 128 * fabs(b);
+            if (!e_ok && bad++ < 5)
+                fprintf(stderr, "  out[%zu] (row %zu, col %zu): got %.6g, want %.6g\n", i, i / DC,
+                        i % DC, a, b);
+            max_err = fabs(a - b) > max_err || a != a ? fabs(a - b) : max_err;
+            dot += a * b, na += a * a, nr += b * b;
+        }
+        for (size_t i = 0; i < (size_t)T * H; i++) {
+            const double a = lse[i], b = rl[i];
+            const int l_ok = isinf(b) ? a == b : fabs(a - b) <= 2e-5;
+            if (!isinf(b))
+                max_lse = fabs(a - b) > max_lse || a != a ? fabs(a - b) : max_lse;
+            if (!l_ok && bad_lse++ < 5)
+                fprintf(stderr, "  lse[%zu]: got %.9g, want %.9g\n", i, a, b);
+        }
+        const double cosd = na + nr > 0 ? 1.0 - 2.0 * dot / (na + nr) : 0.0;
+        const int pass_ok = bad == 0 && bad_lse == 0 && cosd <= 5e-6 && cosd == cosd;
+        if (!pass_ok || quick_print)
+            fprintf(stderr,
+                    "  case seed=%llu H=%d R=%d q=%d..%d T=%d B=%d %s causal=%d splits=%d %s "
+                    "items=%d tasks=%d rows=%d: out bad %zu (max err %.3g), cos dist %.3g, lse "
+                    "bad %zu (max %.3g)\n",
+                    (unsigned long long)c->seed, H, R, c->q_min, c->q_max, T, B, kva_dtype_name(dt),
+                    c->causal, c->splits, kva__cuda_kernels[kernel].name, plan->part->num_items,
+                    plan->part->num_tasks, cp->rows, bad, max_err, cosd, bad_lse, max_lse);
+        CHECK(pass_ok);
+        ok &= pass_ok;
+        if (c->graph && pass == 0) {
+            /* The run captured in a CUDA graph (which also proves it makes no
+             * host synchronization) and replayed into poisoned buffers: the
+             * same bits as the eager run. */
+            cudaStream_t st;
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+            CHECK_OK(kva_cuda_context_set_stream(gpu, st));
+            CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            CHECK_OK(kva_attention_run(gpu, plan, d_q, cache, NULL, d_out, d_lse));
+            CUDA_OK(cudaStreamEndCapture(st, &g));
+            CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+            CUDA_OK(cudaMemset(d_out, 0xff, no * 2));
+            CUDA_OK(cudaMemset(d_lse, 0xff, sizeof(float) * (size_t)T * H));
+            CUDA_OK(cudaGraphLaunch(ge, st));
+            CUDA_OK(cudaStreamSynchronize(st));
+            uint16_t *out2 = malloc(no * 2 + 2);
+            float *lse2 = malloc(sizeof(float) * (size_t)T * H + 4);
+            to_host(out2, d_out, no * 2);
+            to_host(lse2, d_lse, sizeof(float) * (size_t)T * H);
+            CHECK_MSG(memcmp(out2, out, no * 2) == 0 &&
+                          memcmp(lse2, lse, sizeof(float) * (size_t)T * H) == 0,
+                      "graph replay differs from the eager run");
+            free(out2), free(lse2);
+            cudaGraphExecDestroy(ge);
+            cudaGraphDestroy(g);
+            CHECK_OK(kva_cuda_context_set_stream(gpu, NULL));
+            cudaStreamDestroy(st);
+        }
+        free(out), free(lse);
+        kva_plan_destroy(plan);
+        if (kernel != KVA__CUDA_K_MLA_DECODE_WGMMA)
+            break;
+        CHECK_OK(kva__context_force_kernel(gpu, "mla_decode_mma_sm80"));
+    }
+    free(ro), free(rl);
+    kva_cache_destroy(cache);
+    kva_context_destroy(gpu);
+    cudaFree(d_q), cudaFree(d_out), cudaFree(d_lse), cudaFree(d_ckv), cudaFree(d_kpe),
+        cudaFree(d_slots);
+    free(qsl), free(sl), free(lat0), free(perm), free(bt), free(slots), free(lat), free(ckv),
+        free(kpe), free(q);
+    return ok;
+}
+
+static const int32_t S_EDGES16[] = {1, 15, 16, 17, 33, 300};
+static const int32_t S_EDGES64[] = {63, 64, 65, 129, 1000};
+static const int32_t S_NOKEY[] = {0, 5, 100, 0};
+static const int32_t S_LONG[] = {32768};
+
+static void test_grid(void)
+{
+    /* seed, H, R, q_min, q_max, s_min, s_max, B, dtype, causal, splits, s_fixed, graph */
+    const mcase cases[] = {
+        {1, 16, 6, 1, 1, 0, 0, 16, KVA_DTYPE_BF16, 1, 0, S_EDGES16, 0},
+        {2, 128, 2, 1, 2, 100, 700, 64, KVA_DTYPE_BF16, 1, 0, NULL, 1},
+        {3, 3, 4, 1, 4, 0, 200, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0},
+        {4, 64, 5, 1, 1, 0, 0, 64, KVA_DTYPE_BF16, 1, 0, S_EDGES64, 0},
+        {5, 16, 3, 1, 3, 0, 150, 16, KVA_DTYPE_F16, 1, 0, NULL, 0},
+        {6, 1, 3, 1, 4, 0, 100, 16, KVA_DTYPE_BF16, 1, 0, NULL, 0},
+        {7, 16, 2, 2, 2, 4000, 5000, 64, KVA_DTYPE_BF16, 1, 0, NULL, 1},
+        {8, 16, 2, 1, 1, 900, 1100, 16, KVA_DTYPE_BF16, 1, 3, NULL, 0},
+        {9, 16, 4, 1, 2, 0, 0, 16, KVA_DTYPE_BF16, 0, 0, S_NOKEY, 0},
+        {10, 128, 1, 4, 4, 200, 300, 16, KVA_DTYPE_BF16, 1, 0, NULL, 0},
+        {11, 63, 3, 1, 1, 1, 400, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0},
+        {12, 9, 5, 1, 3, 1, 300, 1, KVA_DTYPE_BF16, 1, 0, NULL, 0},
+        {13, 16, 4, 4, 4, 1, 500, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0},
+        {14, 32, 3, 1, 1, 1, 800, 16, KVA_DTYPE_BF16, 1, 5, NULL, 0},
+        {15, 16, 150, 1, 1, 1, 300, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0},
+        {16, 16, 1, 1, 1, 0, 0, 64, KVA_DTYPE_BF16, 1, 0, S_LONG, 0},
+        {17, 8, 3, 1, 2, 1000, 3000, 64, KVA_DTYPE_F16, 1, 0, NULL, 0},
+        {18, 128, 2, 2, 2, 1000, 2000, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0},
+    };
+    const int n = (int)(sizeof cases / sizeof cases[0]);
+    const int quick = getenv("KVA_TEST_QUICK") != NULL;
+    const int run = quick ? 5 : n;
+    int failed = 0;
+    for (int i = 0; i < run; i++) {
+        mcase c = cases[i];
+        if (c.s_fixed == S_EDGES16)
+            c.R = 6;
+        else if (c.s_fixed == S_EDGES64)
+            c.R = 5;
+        else if (c.s_fixed == S_NOKEY)
+            c.R = 4;
+        else if (c.s_fixed == S_LONG)
+            c.R = 1;
+        failed += !run_case(&c, 1);
+    }
+    CHECK_MSG(failed == 0, "%d of %d MLA cases failed", failed, run);
+}
+
+/* Bad input: a status, a message naming the problem, out untouched. */
+static void test_bad_input(void)
+{
+    kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
+    kva_context *gpu = NULL;
+    CHECK_OK(kva_context_create(&gd, &gpu));
+    const int32_t qsl[2] = {0, 1}, sl[1] = {5}, bt[1] = {0};
+    kva_plan_desc pd;
+    memset(&pd, 0, sizeof pd);
+    pd.num_requests = 1;
+    pd.query_start_loc = qsl;
+    pd.seq_lens = sl;
+    pd.block_table = bt;
+    pd.block_table_stride = 1;
+    pd.block_size = 16;
+    pd.num_heads = 16;
+    pd.num_kv_heads = 1;
+    pd.head_dim = DL;
+    pd.head_dim_v = DC;
+    pd.q_dtype = KVA_DTYPE_F32;
+    pd.scale = 0.07f;
+    pd.causal = 1;
+    pd.window_left = -1;
+    pd.kind = KVA_ATTN_MLA;
+    kva_plan *plan = NULL;
+    /* f32 q: the CUDA MLA kernel takes f16 and bf16. */
+    CHECK_STATUS(kva_plan_create(gpu, &pd, &plan), KVA_STATUS_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("MLA");
+    CHECK(plan == NULL);
+    /* Dc 256 + Dr 64: not the kernel's head sizes. */
+    pd.q_dtype = KVA_DTYPE_BF16;
+    pd.head_dim = 320;
+    pd.head_dim_v = 256;
+    CHECK_STATUS(kva_plan_create(gpu, &pd, &plan), KVA_STATUS_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("576");
+    /* An MHA plan of D 576 on CUDA: beyond the MHA kernels' head sizes. */
+    pd.kind = KVA_ATTN_MHA;
+    pd.head_dim = DL;
+    pd.head_dim_v = DL;
+    CHECK_STATUS(kva_plan_create(gpu, &pd, &plan), KVA_STATUS_UNSUPPORTED);
+    CHECK(plan == NULL);
+    /* An MLA cache under an MHA plan (D 128): kind mismatch at run time. */
+    kva_cache_desc cd = {2,           16, 1, DL, DC, KVA_DTYPE_BF16, KVA_LAYOUT_NHD, KVA_QUANT_NONE,
+                         KVA_ATTN_MLA};
+    kva_cache *cache = NULL;
+    CHECK_OK(kva_cache_create(gpu, &cd, &cache));
+    pd.head_dim = 128;
+    pd.head_dim_v = 128;
+    CHECK_OK(kva_plan_create(gpu, &pd, &plan));
+    void *d_q = dev_poisoned(16 * DL * 2), *d_out = dev_poisoned(16 * DL * 2);
+    if (plan && cache) {
+        CHECK_STATUS(kva_attention_run(gpu, plan, d_q, cache, NULL, d_out, NULL),
+                     KVA_STATUS_SHAPE_MISMATCH);
+        CHECK_ERROR_MENTIONS("kind");
+        CHECK(dev_untouched(d_out));
+    }
+    kva_plan_destroy(plan);
+    kva_cache_destroy(cache);
+    cudaFree(d_q), cudaFree(d_out);
+    kva_context_destroy(gpu);
+}
+#endif
+
+int main(void)
+{
+    const int skip = cuda_test_skip();
+    if (skip)
+        return skip;
+#ifdef KVA_HAVE_CUDA
+    RUN(test_bad_input);
+    RUN(test_grid);
+#endif
+    return kva_test_finish();
+}
