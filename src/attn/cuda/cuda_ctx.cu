@@ -790,8 +790,6 @@ extern "C" const kva__backend_ops kva__cuda_ops = {
     cuda_attention_paged,
     cuda_attention_ragged,
     kva__cuda_merge_states,
-    cuda_attention_paged, /* mla_attention_paged: the plan chose an MLA kernel (plan_kernels) */
-    NULL,                 /* mla_run: the layer-level MLA is not on the GPU yet */
     kva__cuda_kernels,
     KVA__CUDA_KERNELS,
     576, /* max_head_dim: MLA's latent rows (D 576, Dv 512); the MHA kernels' tiles
@@ -802,6 +800,6 @@ extern "C" const kva__backend_ops kva__cuda_ops = {
     kva__cuda_context_free,
     &cuda_memory,
     kva__cuda_merge_states_n,
-    NULL, /* mla_attention_paged: no MLA kernels yet (MLA plans and caches: UNSUPPORTED) */
-    NULL, /* mla_run */
+    cuda_attention_paged, /* mla_attention_paged: the plan chose an MLA kernel (plan_kernels) */
+    NULL,                 /* mla_run: the layer-level MLA is not on the GPU yet */
 };
