@@ -153,8 +153,9 @@ typedef void (*kva__cpu_group_fn)(const kva__cpu_run *run, const kva__work_item 
  *   decode_*: chunks of KVA_CPU_KEY_CHUNK keys row by row, GQA heads packed;
  *     AVX2 and AVX-512 read K/V rows in place in their storage format (one
  *     item loop for both, decode_loop.c; one chunk-step body per ISA,
- *     decode_<isa>_step.inc, instantiated per K/V format pair); decode_avx512bf16 adds vdpbf16ps scores for bf16 q and
- *     cache and, on CPUs with AVX512_VNNI, int8 key scores by vpdpbusd.
+ *     decode_<isa>_step.inc, instantiated per K/V format pair);
+ *     decode_avx512bf16 adds vdpbf16ps scores for bf16 q and cache and, on
+ *     CPUs with AVX512_VNNI, int8 key scores by vpdpbusd.
  *   prefill_*: tiles of KVA_CPU_TILE_KEYS keys as register-blocked GEMMs (K x
  *     Q^T, V^T x P^T; one body, prefill_tiled.inc, per vector width);
  *     prefill_avx512bf16 scores bf16 q and K by vdpbf16ps.
