@@ -25,10 +25,11 @@
  *   - partitions built with extreme parameters (tiny tiles, sliced GQA groups,
  *     one-key chunks, rows that see nothing in a chunk) and every kernel;
  *   - a long prefill next to many decodes (balance, num_work_items, results).
- * All of it runs once with the dispatcher's per-item choice (decode kernel
- * for decode-shaped items, tiled prefill kernel for query tiles:
- * kva__cpu_item_prefill), then once per registry kernel the machine runs,
- * forced on the items of its family (kva__context_force_kernel).
+ * Every case runs the reference once and the CPU backend with the
+ * dispatcher's per-item choice (decode kernel for decode-shaped items, tiled
+ * prefill kernel for query tiles: kva__cpu_item_prefill), then with each
+ * registry kernel the machine runs forced on the items of its family
+ * (kva__context_force_kernel), each against that one reference output.
  * Partition shapes are tested in test_cpu_partition.c, kva_merge_states in
  * test_cpu_merge.c, non-finite inputs in test_cpu_nonfinite.c. Output tolerances are
  * the harness's per q dtype; LSE (float32) uses the f32 tolerance.
@@ -41,8 +42,11 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* The registry kernel forced on every CPU context run_case creates (main's
- * rounds), or NULL: the dispatcher's choice. */
+/* The kernels every case runs on the CPU backend (main fills them): NULL (the
+ * dispatcher's choice), then each registry kernel the machine runs; g_kernel
+ * is the one of the run in progress (print_cfg). */
+static const char *g_kernels[KVA_TEST_MAX_KERNELS + 1];
+static int g_nkernels;
 static const char *g_kernel;
 
 /* One attention case. */
@@ -126,6 +130,92 @@ typedef struct coverage {
 
 static coverage cov;
 
+/* One case's inputs and reference results, for the CPU runs of run_cpu. */
+typedef struct cpu_io {
+    const cfg *c;
+    const kva_test_batch *b;
+    const kva_plan_desc *pd;
+    const kva_cache *cache; /* paged K/V, or NULL: ragged k, v */
+    const void *q, *k, *v;
+    const float *sinks;
+    const void *out_ref;
+    const float *lse_ref;
+    size_t no, nl; /* elements of out and lse */
+} cpu_io;
+
+/* The case on the CPU backend with g_kernel (and the case's kernel) forced:
+ * twice with lse (the second run reuses the plan and its workspace), once
+ * without, each output poisoned first and compared with the reference.
+ * count: add the case to the coverage. Returns the plan's work items. */
+static int32_t run_cpu(const cpu_io *io, int count, kva_plan_info *info_out, int32_t *num_tasks_out)
+{
+    const cfg *c = io->c;
+    const size_t no = io->no, nl = io->nl;
+    kva_context_desc cd = {KVA_BACKEND_CPU, c->threads, 0};
+    kva_context *cpu = NULL;
+    kva_plan *pcpu = NULL;
+    CHECK_OK(kva_context_create(&cd, &cpu));
+    if (cpu && g_kernel)
+        CHECK_OK(kva__context_force_kernel(cpu, g_kernel));
+    if (cpu && c->kernel)
+        CHECK_OK(kva__context_force_kernel(cpu, c->kernel));
+    if (cpu)
+        CHECK_OK(kva_plan_create(cpu, io->pd, &pcpu));
+    if (pcpu && c->pp)
+        CHECK_OK(kva__cpu_plan_partition(cpu, pcpu, c->pp));
+    int32_t items = 0;
+    void *out = malloc(no * kva_dtype_size(c->dt) + 1);
+    float *lse = malloc(nl * sizeof(float) + 1);
+    for (int rep = 0; pcpu && rep < 3; rep++) {
+        /* rep 2: lse == NULL is allowed and must not change out. */
+        float *l = rep < 2 ? lse : NULL;
+        kva_test_poison(out, c->dt, no);
+        kva_test_poison(lse, KVA_DTYPE_F32, nl);
+        if (c->ragged)
+            CHECK_OK(kva_attention_run_ragged(cpu, pcpu, io->q, io->k, io->v, io->sinks, out, l));
+        else
+            CHECK_OK(kva_attention_run(cpu, pcpu, io->q, io->cache, io->sinks, out, l));
+        size_t bad = kva_test_compare(rep < 2 ? "out" : "out (lse NULL)", out, io->out_ref, c->dt,
+                                      no, kva_test_atol(c->dt), kva_test_rtol(c->dt));
+        if (l)
+            bad += kva_test_compare_f32("lse", lse, io->lse_ref, nl, kva_test_atol(KVA_DTYPE_F32),
+                                        kva_test_rtol(KVA_DTYPE_F32));
+        CHECK_MSG(bad == 0, "%zu mismatches (T=%d)%s", bad, (int)io->b->T, l ? "" : " without lse");
+        if (bad) {
+            print_cfg(c);
+            break;
+        }
+    }
+    if (pcpu) {
+        items = pcpu->info.num_work_items;
+        int32_t max_seq = 0, empty_reqs = 0;
+        for (int32_t r = 0; r < io->b->R; r++) {
+            max_seq = io->b->seq_lens[r] > max_seq ? io->b->seq_lens[r] : max_seq;
+            empty_reqs += io->b->q_lens[r] == 0;
+        }
+        const int split = pcpu->part->num_tasks > 0;
+        if (count) {
+            cov.cases++;
+            cov.multi_chunk += max_seq > KVA_CPU_KEY_CHUNK;
+            cov.split += split;
+            cov.split_window += split && c->window >= 0;
+            cov.split_softcap += split && c->softcap > 0.0f;
+            cov.split_alibi += split && c->alibi;
+            cov.split_sinks += split && c->sinks;
+            cov.empties += empty_reqs > 0 && io->b->R > 2;
+        }
+        if (info_out)
+            *info_out = pcpu->info;
+        if (num_tasks_out)
+            *num_tasks_out = pcpu->part->num_tasks;
+    }
+    free(out);
+    free(lse);
+    kva_plan_destroy(pcpu);
+    kva_context_destroy(cpu);
+    return items;
+}
+
 /*
  * Runs one case on both backends and compares out and lse. If b is NULL a
  * random batch is drawn; while the reference's cost exceeds the budget the
@@ -168,14 +258,9 @@ static int32_t run_case_batch(const cfg *c0, const kva_test_batch *given, kva_pl
     const size_t esz = kva_dtype_size(c.dt);
     int32_t items = 0;
 
-    kva_context_desc rd = {KVA_BACKEND_REF, 0, 0}, cd = {KVA_BACKEND_CPU, c.threads, 0};
-    kva_context *ref = NULL, *cpu = NULL;
+    kva_context_desc rd = {KVA_BACKEND_REF, 0, 0};
+    kva_context *ref = NULL;
     CHECK_OK(kva_context_create(&rd, &ref));
-    CHECK_OK(kva_context_create(&cd, &cpu));
-    if (cpu && g_kernel)
-        CHECK_OK(kva__context_force_kernel(cpu, g_kernel));
-    if (cpu && c.kernel)
-        CHECK_OK(kva__context_force_kernel(cpu, c.kernel));
 
     kva_cache *cache = NULL;
     void *k = NULL, *v = NULL;
@@ -212,88 +297,45 @@ static int32_t run_case_batch(const cfg *c0, const kva_test_batch *given, kva_pl
     }
     pd.alibi_slopes = c.alibi ? slopes : NULL;
 
-    kva_plan *pref = NULL, *pcpu = NULL;
+    kva_plan *pref = NULL;
     CHECK_OK(kva_plan_create(ref, &pd, &pref));
-    CHECK_OK(kva_plan_create(cpu, &pd, &pcpu));
-    if (pcpu && c.pp)
-        CHECK_OK(kva__cpu_plan_partition(cpu, pcpu, c.pp));
 
     const size_t nq = (size_t)T * H * D, no = (size_t)T * H * Dv, nl = (size_t)T * H;
+    cpu_io io = {&c, b, &pd, cache, NULL, k, v, c.sinks ? sinks : NULL, NULL, NULL, no, nl};
     void *q = malloc(nq * esz + 1);
-    void *out_ref = malloc(no * esz + 1), *out_cpu = malloc(no * esz + 1);
-    float *lse_ref = malloc(nl * sizeof(float) + 1), *lse_cpu = malloc(nl * sizeof(float) + 1);
+    void *out_ref = malloc(no * esz + 1);
+    float *lse_ref = malloc(nl * sizeof(float) + 1);
     kva_test_fill_uniform(q, c.dt, nq, &rng);
+    io.q = q, io.out_ref = out_ref, io.lse_ref = lse_ref;
 
-    if (pref && pcpu) {
-        const float *sk = c.sinks ? sinks : NULL;
+    if (pref) {
         kva_test_poison(out_ref, c.dt, no);
         kva_test_poison(lse_ref, KVA_DTYPE_F32, nl);
         if (c.ragged)
-            CHECK_OK(kva_attention_run_ragged(ref, pref, q, k, v, sk, out_ref, lse_ref));
+            CHECK_OK(kva_attention_run_ragged(ref, pref, q, k, v, io.sinks, out_ref, lse_ref));
         else
-            CHECK_OK(kva_attention_run(ref, pref, q, cache, sk, out_ref, lse_ref));
-        /* Twice: the second run checks that a plan (and its workspace) can be reused. */
-        for (int rep = 0; rep < 2; rep++) {
-            kva_test_poison(out_cpu, c.dt, no);
-            kva_test_poison(lse_cpu, KVA_DTYPE_F32, nl);
-            if (c.ragged)
-                CHECK_OK(kva_attention_run_ragged(cpu, pcpu, q, k, v, sk, out_cpu, lse_cpu));
-            else
-                CHECK_OK(kva_attention_run(cpu, pcpu, q, cache, sk, out_cpu, lse_cpu));
-            size_t bad = kva_test_compare("out", out_cpu, out_ref, c.dt, no, kva_test_atol(c.dt),
-                                          kva_test_rtol(c.dt));
-            bad += kva_test_compare_f32("lse", lse_cpu, lse_ref, nl, kva_test_atol(KVA_DTYPE_F32),
-                                        kva_test_rtol(KVA_DTYPE_F32));
-            CHECK_MSG(bad == 0, "%zu mismatches (T=%d)", bad, (int)T);
-            if (bad) {
-                print_cfg(&c);
-                break;
-            }
+            CHECK_OK(kva_attention_run(ref, pref, q, cache, io.sinks, out_ref, lse_ref));
+        /* The CPU backend with each kernel against this one reference output;
+         * the plan facts the callers check come from the dispatcher's run. */
+        for (int kv = 0; kv < g_nkernels; kv++) {
+            g_kernel = g_kernels[kv];
+            const int32_t n =
+                run_cpu(&io, kv == 0, kv == 0 ? info_out : NULL, kv == 0 ? num_tasks_out : NULL);
+            items = kv == 0 ? n : items;
         }
-        /* lse == NULL is allowed and must not change out. */
-        kva_test_poison(out_cpu, c.dt, no);
-        if (c.ragged)
-            CHECK_OK(kva_attention_run_ragged(cpu, pcpu, q, k, v, sk, out_cpu, NULL));
-        else
-            CHECK_OK(kva_attention_run(cpu, pcpu, q, cache, sk, out_cpu, NULL));
-        size_t bad = kva_test_compare("out (lse NULL)", out_cpu, out_ref, c.dt, no,
-                                      kva_test_atol(c.dt), kva_test_rtol(c.dt));
-        CHECK_MSG(bad == 0, "%zu mismatches without lse", bad);
-        items = pcpu->info.num_work_items;
-        int32_t max_seq = 0, empty_reqs = 0;
-        for (int32_t r = 0; r < b->R; r++) {
-            max_seq = b->seq_lens[r] > max_seq ? b->seq_lens[r] : max_seq;
-            empty_reqs += b->q_lens[r] == 0;
-        }
-        const int split = pcpu->part->num_tasks > 0;
-        cov.cases++;
-        cov.multi_chunk += max_seq > KVA_CPU_KEY_CHUNK;
-        cov.split += split;
-        cov.split_window += split && c.window >= 0;
-        cov.split_softcap += split && c.softcap > 0.0f;
-        cov.split_alibi += split && c.alibi;
-        cov.split_sinks += split && c.sinks;
-        cov.empties += empty_reqs > 0 && b->R > 2;
-        if (info_out)
-            *info_out = pcpu->info;
-        if (num_tasks_out)
-            *num_tasks_out = pcpu->part->num_tasks;
+        g_kernel = NULL;
     }
 
     free(q);
     free(out_ref);
-    free(out_cpu);
     free(lse_ref);
-    free(lse_cpu);
     free(slopes);
     free(sinks);
     free(k);
     free(v);
     kva_plan_destroy(pref);
-    kva_plan_destroy(pcpu);
     kva_cache_destroy(cache);
     kva_context_destroy(ref);
-    kva_context_destroy(cpu);
     if (!given)
         kva_test_batch_free(&batch);
     return items;
@@ -716,30 +758,25 @@ static void test_prefill_plus_decodes(void)
 
 int main(void)
 {
-    /* v = -1: the dispatcher's per-item choice; then every registry kernel the
-     * machine runs, forced on its family's items (g_kernel: forced on every
-     * CPU context run_case creates). */
+    /* NULL: the dispatcher's per-item choice; then every registry kernel the
+     * machine runs, forced on its family's items. */
     kva_test_kernel kernels[KVA_TEST_MAX_KERNELS];
     const int32_t nk = kva_test_cpu_kernels(kernels);
-    for (int32_t v = -1; v < nk; v++) {
-        if (v < 0) {
-            g_kernel = NULL;
-            printf("== dispatcher (per-item choice)\n");
-        } else if (!kernels[v].runs) {
-            printf("kernel %s: not supported on this machine, skipped\n", kernels[v].name);
-            continue;
-        } else {
-            g_kernel = kernels[v].name;
-            printf("== kernel %s\n", g_kernel);
-        }
-        RUN(test_grid);
-        RUN(test_grid_long);
-        RUN(test_split_kv);
-        RUN(test_split_features);
-        RUN(test_mqa_256);
-        RUN(test_empty_requests);
-        RUN(test_custom_partitions);
-        RUN(test_prefill_plus_decodes);
+    g_kernels[g_nkernels++] = NULL;
+    printf("kernels: dispatcher");
+    for (int32_t v = 0; v < nk; v++) {
+        if (kernels[v].runs)
+            g_kernels[g_nkernels++] = kernels[v].name;
+        printf(", %s%s", kernels[v].name, kernels[v].runs ? "" : " (not on this machine)");
     }
+    printf("\n");
+    RUN(test_grid);
+    RUN(test_grid_long);
+    RUN(test_split_kv);
+    RUN(test_split_features);
+    RUN(test_mqa_256);
+    RUN(test_empty_requests);
+    RUN(test_custom_partitions);
+    RUN(test_prefill_plus_decodes);
     return kva_test_finish();
 }

@@ -27,8 +27,10 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* The registry kernel main forces on every CPU context of run_problem. */
-static const char *g_kernel;
+/* The registry kernels main forces, one after the other, on the CPU contexts
+ * of run_problem. */
+static const char *g_kernels[KVA_TEST_MAX_KERNELS];
+static int g_nkernels;
 
 /* |a - b| <= atol + rtol |b|, or both NaN, or the same infinity. */
 static size_t compare_nf(const char *label, const float *got, const float *want, size_t n)
@@ -110,9 +112,10 @@ static float *q_row(const problem *p, int32_t r, int32_t i, int32_t h)
 }
 
 /*
- * Runs the problem on the reference and on the CPU backend in four
- * partitions; compares out and lse. Returns the number of CPU runs whose
- * partition had split tasks.
+ * Runs the problem on the reference once and on the CPU backend with each
+ * kernel of g_kernels forced, in four partitions each; compares out and lse.
+ * Returns the least number, over the kernels, of CPU runs whose partition had
+ * split tasks.
  */
 static int run_problem(const char *label, problem *p, int use_sinks)
 {
@@ -120,7 +123,6 @@ static int run_problem(const char *label, problem *p, int use_sinks)
     float *out_ref = malloc(no * sizeof(float) + 1), *lse_ref = malloc(nl * sizeof(float) + 1);
     float *out = malloc(no * sizeof(float) + 1), *lse = malloc(nl * sizeof(float) + 1);
     const float *sk = use_sinks ? p->sinks : NULL;
-    int splits = 0;
     kva_plan *rplan = NULL;
     CHECK_OK(kva_plan_create(p->ref, &p->pd, &rplan));
     kva_test_poison(out_ref, KVA_DTYPE_F32, no);
@@ -128,38 +130,45 @@ static int run_problem(const char *label, problem *p, int use_sinks)
     if (rplan)
         CHECK_OK(kva_attention_run(p->ref, rplan, p->q, p->cache, sk, out_ref, lse_ref));
     kva_plan_destroy(rplan);
-    for (int mode = 0; mode < 4; mode++) {
-        /* 1, 2, 3 threads with the default partition; 3 threads with many small
-         * unaligned chunks (chunk boundaries inside 32-key loads). */
-        const int thr = mode < 3 ? 1 + mode : 3;
-        kva_context_desc cd = {KVA_BACKEND_CPU, thr, 0};
-        kva_context *cpu = NULL;
-        kva_plan *plan = NULL;
-        CHECK_OK(kva_context_create(&cd, &cpu));
-        if (cpu)
-            CHECK_OK(kva__context_force_kernel(cpu, g_kernel));
-        CHECK_OK(kva_plan_create(cpu, &p->pd, &plan));
-        if (plan && mode == 3) {
-            kva__partition_params pp = {3, 8, 4, 7, 50, 40, 64};
-            CHECK_OK(kva__cpu_plan_partition(cpu, plan, &pp));
+    int least = 4;
+    for (int kv = 0; kv < g_nkernels; kv++) {
+        int splits = 0;
+        for (int mode = 0; mode < 4; mode++) {
+            /* 1, 2, 3 threads with the default partition; 3 threads with many small
+             * unaligned chunks (chunk boundaries inside 32-key loads). */
+            const int thr = mode < 3 ? 1 + mode : 3;
+            kva_context_desc cd = {KVA_BACKEND_CPU, thr, 0};
+            kva_context *cpu = NULL;
+            kva_plan *plan = NULL;
+            CHECK_OK(kva_context_create(&cd, &cpu));
+            if (cpu)
+                CHECK_OK(kva__context_force_kernel(cpu, g_kernels[kv]));
+            CHECK_OK(kva_plan_create(cpu, &p->pd, &plan));
+            if (plan && mode == 3) {
+                kva__partition_params pp = {3, 8, 4, 7, 50, 40, 64};
+                CHECK_OK(kva__cpu_plan_partition(cpu, plan, &pp));
+            }
+            if (plan) {
+                splits += plan->part->num_tasks > 0;
+                kva_test_poison(out, KVA_DTYPE_F32, no);
+                kva_test_poison(lse, KVA_DTYPE_F32, nl);
+                CHECK_OK(kva_attention_run(cpu, plan, p->q, p->cache, sk, out, lse));
+                size_t bad =
+                    compare_nf("out", out, out_ref, no) + compare_nf("lse", lse, lse_ref, nl);
+                CHECK_MSG(bad == 0, "%s (sinks %d): %zu mismatches with %d threads%s, kernel %s",
+                          label, use_sinks, bad, thr, mode == 3 ? ", small chunks" : "",
+                          g_kernels[kv]);
+            }
+            kva_plan_destroy(plan);
+            kva_context_destroy(cpu);
         }
-        if (plan) {
-            splits += plan->part->num_tasks > 0;
-            kva_test_poison(out, KVA_DTYPE_F32, no);
-            kva_test_poison(lse, KVA_DTYPE_F32, nl);
-            CHECK_OK(kva_attention_run(cpu, plan, p->q, p->cache, sk, out, lse));
-            size_t bad = compare_nf("out", out, out_ref, no) + compare_nf("lse", lse, lse_ref, nl);
-            CHECK_MSG(bad == 0, "%s (sinks %d): %zu mismatches with %d threads%s", label, use_sinks,
-                      bad, thr, mode == 3 ? ", small chunks" : "");
-        }
-        kva_plan_destroy(plan);
-        kva_context_destroy(cpu);
+        least = splits < least ? splits : least;
     }
     free(out_ref);
     free(lse_ref);
     free(out);
     free(lse);
-    return splits;
+    return least;
 }
 
 /* Number of (token, head) rows of [T, H] lse whose value is NaN. */
@@ -276,15 +285,16 @@ int main(void)
      * run_problem (the other family keeps the dispatcher's choice). */
     kva_test_kernel k[KVA_TEST_MAX_KERNELS];
     const int32_t nk = kva_test_cpu_kernels(k);
-    for (int32_t v = 0; v < nk; v++) {
-        if (!k[v].runs)
-            continue;
-        g_kernel = k[v].name;
-        printf("== kernel %s\n", g_kernel);
-        RUN(test_nan_key);
-        RUN(test_nan_q_and_v);
-        RUN(test_neg_inf_chunks);
-        RUN(test_neg_inf_rows);
-    }
+    printf("kernels:");
+    for (int32_t v = 0; v < nk; v++)
+        if (k[v].runs) {
+            g_kernels[g_nkernels++] = k[v].name;
+            printf(" %s", k[v].name);
+        }
+    printf("\n");
+    RUN(test_nan_key);
+    RUN(test_nan_q_and_v);
+    RUN(test_neg_inf_chunks);
+    RUN(test_neg_inf_rows);
     return kva_test_finish();
 }

@@ -287,7 +287,7 @@ static void check_shape(const kva_test_kernel *kn, int32_t H, int32_t Hkv, int32
 }
 
 /* The AVX-512 decode loops visit the keys of an NHD cache with Hkv > 1 in
- * groups of 4 in the order 0, 2, 1, 3 (key_at in decode_avx512.h), and
+ * groups of 4 in the order 0, 2, 1, 3 (key_at in decode_loop.h), and
  * only the groups that lie inside a query row's visible keys: both AVX-512
  * decode kernels against the reference over NHD and HND caches, block sizes 5
  * (not a power of two), 16 and 24 (blocks straddling the 32-key chunks),

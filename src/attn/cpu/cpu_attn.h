@@ -78,7 +78,7 @@ typedef struct kva__cpu_scratch {
     const float **vp; /* [KEY_CHUNK] fp32 value rows of the chunk */
     void *tile;       /* area of the tiled prefill kernels, see kva__cpu_tile */
     /* Query rows for the int8 dot-product scores of decode_avx512bf16 (VNNI,
-     * decode_avx512.c): each row as 3 signed base-256 digits of a 23-bit
+     * kq_prepare in decode_loop.c): each row as 3 signed base-256 digits of a 23-bit
      * integer, qi [max_rows, 3, D]; qk [max_rows, 2] its step and the key
      * offsets' term; qc [max_rows, 4] 128 x the digit sums (the codes' bias). */
     int8_t *qi;
@@ -152,9 +152,10 @@ typedef void (*kva__cpu_group_fn)(const kva__cpu_run *run, const kva__work_item 
  * after run-time detection (ctx->cpu_features, kva__cpu_isa_of).
  *   decode_*: chunks of KVA_CPU_KEY_CHUNK keys row by row, GQA heads packed;
  *     AVX2 and AVX-512 read K/V rows in place in their storage format (one
- *     chunk-step body per ISA, decode_<isa>_step.inc, instantiated per K/V
- *     format pair); decode_avx512bf16 adds vdpbf16ps scores for bf16 q and
- *     cache and, on CPUs with AVX512_VNNI, int8 key scores by vpdpbusd.
+ *     item loop for both, decode_loop.c; one chunk-step body per ISA,
+ *     decode_<isa>_step.inc, instantiated per K/V format pair);
+ *     decode_avx512bf16 adds vdpbf16ps scores for bf16 q and cache and, on
+ *     CPUs with AVX512_VNNI, int8 key scores by vpdpbusd.
  *   prefill_*: tiles of KVA_CPU_TILE_KEYS keys as register-blocked GEMMs (K x
  *     Q^T, V^T x P^T; one body, prefill_tiled.inc, per vector width);
  *     prefill_avx512bf16 scores bf16 q and K by vdpbf16ps.

@@ -1,22 +1,19 @@
 /*
  * decode_avx2.h - the vector pieces of the AVX2 decode kernel (decode_avx2.c
  * describes it): exp8, the 8x8 transpose-and-add, the in-register row
- * conversion (ld8), the per-item fold info, the spread prefetch, and the
- * chunk-step tables the format instantiations export. Included by the files
- * compiled with the AVX2 flags: decode_avx2.c (the item loop) and
- * decode_avx2_<formats>.c (decode_avx2_step.inc instantiated per format
- * pair, cpu_fold.h).
+ * conversion (ld8), and the chunk-step tables the format instantiations
+ * export (the fold info and prefetch helpers: decode_loop.h). Included by the
+ * files compiled with the AVX2 flags: decode_avx2.c (the ISA descriptor of
+ * the item loop, decode_loop.c) and decode_avx2_<formats>.c
+ * (decode_avx2_step.inc instantiated per format pair, cpu_fold.h).
  */
 #ifndef KVA_DECODE_AVX2_H
 #define KVA_DECODE_AVX2_H
 
-#include "cpu_attn.h"
-#include "cpu_fold.h"
+#include "decode_loop.h"
 
 #include <immintrin.h>
 #include <math.h>
-
-#define AI static inline __attribute__((always_inline))
 
 /* e^x in fp32 for x <= 0: x = n ln2 + r (two-part ln2), e^r by its degree-7
  * Taylor polynomial, 2^n built in the exponent field; x < -87 (including
@@ -80,61 +77,12 @@ AI __m256 ld8(const void *row, int32_t i, const int fmt)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* What the loops need for the quantized formats, set per item (fold_begin)
- * and per chunk (load_chunk). */
-typedef struct fold_info {
-    int kf, vf;                   /* row formats of K and V */
-    const float *koff;            /* [D] key offsets of the item's kv head (FMT_I8 keys) */
-    const float *voff;            /* [Dv] value offsets (FMT_I8 values) */
-    float tok[KVA_CPU_KEY_CHUNK]; /* per-token key scales of the chunk (FMT_I8T) */
-} fold_info;
-
-/* The chunk PF_DIST ahead of the current one: its K rows are prefetched
- * (into L2) key by key from the scores loop, its V rows from the P.V loop,
- * so the misses stay in flight while the current chunk computes (a burst of
- * a whole chunk's lines fills the miss buffers and stalls the core). */
-typedef struct pf_info {
-    const kva__cpu_chunk_rows *rows; /* NULL: nothing (left) to prefetch */
-    int32_t n;
-    size_t kbytes, vbytes;
-} pf_info;
-
-AI void pf_key_k(const pf_info *pf, int32_t key)
-{
-    if (!pf || !pf->rows || key >= pf->n)
-        return;
-    const char *k = (const char *)pf->rows->k[key];
-    for (size_t b = 0; b < pf->kbytes; b += 64)
-        _mm_prefetch(k + b, _MM_HINT_T2);
-}
-
-AI void pf_key_v(const pf_info *pf, int32_t key)
-{
-    if (!pf || !pf->rows || key >= pf->n)
-        return;
-    const char *v = (const char *)pf->rows->v[key];
-    for (size_t b = 0; b < pf->vbytes; b += 64)
-        _mm_prefetch(v + b, _MM_HINT_T2);
-}
-
-/* One chunk [c0, c1) of an item for every query row (chunk_step in
- * decode_avx2_step.inc with the item's head size and row formats constant). */
-typedef void (*kva__avx2_step_fn)(const kva__cpu_run *run, const kva__work_item *it,
-                                  kva__cpu_scratch *s, const kva__cpu_item_geom *g, int32_t c0,
-                                  int32_t c1, pf_info *pf, const fold_info *fi);
-
-/* The chunk steps of one (K, V) format pair (cpu_fold.h): D = 128, and any
- * other head size (D at run time; Dv is always read at run time). */
-typedef struct kva__avx2_steps {
-    kva__avx2_step_fn d128, any;
-} kva__avx2_steps;
-
 /* One table per format pair (PAIR_*, cpu_fold.h). */
-extern const kva__avx2_steps kva__avx2_steps_f32, kva__avx2_steps_f16,
+extern const kva__cpu_steps kva__avx2_steps_f32, kva__avx2_steps_f16,
     kva__avx2_steps_bf16; /* decode_avx2_float.c */
-extern const kva__avx2_steps kva__avx2_steps_i8, kva__avx2_steps_i8s, kva__avx2_steps_i8t_i8,
+extern const kva__cpu_steps kva__avx2_steps_i8, kva__avx2_steps_i8s, kva__avx2_steps_i8t_i8,
     kva__avx2_steps_i8t_i8s, kva__avx2_steps_i8t_f16,
-    kva__avx2_steps_i8t_bf16;                                           /* decode_avx2_int8.c */
-extern const kva__avx2_steps kva__avx2_steps_fp8, kva__avx2_steps_fp8n; /* decode_avx2_fp8.c */
+    kva__avx2_steps_i8t_bf16;                                          /* decode_avx2_int8.c */
+extern const kva__cpu_steps kva__avx2_steps_fp8, kva__avx2_steps_fp8n; /* decode_avx2_fp8.c */
 
 #endif /* KVA_DECODE_AVX2_H */

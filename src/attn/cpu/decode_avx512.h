@@ -1,25 +1,23 @@
 /*
  * decode_avx512.h - the vector pieces of the AVX-512 decode kernel
  * (decode_avx512.c describes the scheme): exp16, the 16x16
- * transpose-and-add, the row formats and their in-register conversion
- * (ld16), the per-item fold info, the key order and the spread prefetch,
- * and the chunk-step tables the format instantiations export. Included by
- * the files compiled with the AVX-512 flags: decode_avx512.c (the item
- * loop) and decode_avx512_<pair>.c (decode_avx512_step.inc instantiated for
- * one (K, V) format pair each, so that the build compiles them in parallel).
+ * transpose-and-add, the in-register conversion of the row formats (ld16),
+ * and the chunk-step tables the format instantiations export (the fold
+ * info, key order and prefetch helpers they share with AVX2: decode_loop.h).
+ * Included by the files compiled with the AVX-512 flags: decode_avx512.c
+ * (the ISA descriptor of the item loop) and decode_avx512_<pair>.c
+ * (decode_avx512_step.inc instantiated for one (K, V) format pair each, so
+ * that the build compiles them in parallel).
  */
 #ifndef KVA_DECODE_AVX512_H
 #define KVA_DECODE_AVX512_H
 
-#include "cpu_attn.h"
-#include "cpu_fold.h"
+#include "decode_loop.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
-#define AI static inline __attribute__((always_inline))
 
 /* e^x in fp32 for x <= 0 (the softmax's only inputs): x = n ln2 + r with
  * |r| <= ln2/2 (two-part ln2), e^r by its degree-7 Taylor polynomial (error
@@ -101,107 +99,19 @@ AI __m512 ld16(const void *row, int32_t i, const int fmt, __mmask16 m)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* What the loops need besides the rows for the quantized formats, set per
- * item (run_item) and per chunk (load_chunk). */
-typedef struct fold_info {
-    int kf, vf;                   /* row formats of K and V */
-    const float *koff;            /* [D] key offsets of the item's kv head (FMT_I8 keys) */
-    const float *voff;            /* [Dv] value offsets (FMT_I8 values) */
-    float tok[KVA_CPU_KEY_CHUNK]; /* per-token key scales of the chunk (FMT_I8T) */
-    /* The chunk PF_DIST ahead, prefetched key by key inside the scores loop
-     * of the current chunk (pf_key); NULL once done. */
-    const kva__cpu_chunk_rows *pf;
-    int32_t pf_n;
-    size_t pf_kbytes, pf_vbytes;
-    size_t kesz; /* bytes of a K element as stored (key_at's L1 prefetch) */
-    int kq;      /* int8 keys scored by VNNI dot products against s->qi (variant 4) */
-    /* Key order of the loops (key_at): 1 where a kv head's rows are strided
-     * inside a block (NHD cache with Hkv > 1, rows read in place). */
-    int ko;
-} fold_info;
-
-/*
- * The key the loops visit at step i of keys [ta, te): i itself, or where ko
- * is set, the keys of each group of 4 (aligned, inside [ta, te)) in the order
- * 0, 2, 1, 3, with the row two steps ahead prefetched into L1 (pf_l1). In an
- * NHD cache a kv head's rows are Hkv * D elements apart; read in order, the
- * core's stride prefetcher locks on that stride and (the explanation that
- * fits the measurements; the VM has no counters to show it) at the end of
- * each block (16 rows at B 16) goes on fetching at that stride, lines of
- * other blocks that nobody reads: DRAM traffic and miss buffers spent for
- * nothing. No two consecutive steps of 0, 2, 1, 3, 4, 6, 5, 7 have the same
- * stride, so the prefetcher does not lock on; the L1 prefetch of the row two
- * steps ahead (from L2, where pf_key_k/v put it) does what it did for the
- * current chunk. Measured: bench/results/2026-11-22_performance-journal.md ("NHD key order").
- */
-AI int32_t key_at(int32_t i, int ko, int32_t ta, int32_t te)
-{
-    const int32_t g = i & ~3;
-    if (!ko || g < ta || g + 4 > te)
-        return i;
-    return i ^ (((i ^ (i >> 1)) & 1) * 3);
-}
-
-/* L1 prefetch of `bytes` bytes from p (a row of the current chunk). */
-AI void pf_l1(const void *p, size_t bytes)
-{
-    for (size_t b = 0; b < bytes; b += 64)
-        _mm_prefetch((const char *)p + b, _MM_HINT_T0);
-}
-
-/* Prefetches (into L2) the K row (pf_key_k) or the V row (pf_key_v) of key
- * `key` of the chunk fi->pf. The K rows are requested from the scores loop
- * and the V rows from the P.V loop of the chunk PF_DIST before: spread over
- * the compute, 4 + 4 lines per key (D = 128, bf16) keep the misses of later
- * chunks in flight while this one computes, whereas a burst of a whole
- * chunk's 256 lines fills the miss buffers and stalls the core until they
- * drain (1 thread, 8 x 4096 bf16: 17.2 -> 10.6 ms together with reading the
- * rows in place instead of copying them first). */
-AI void pf_key_k(const fold_info *fi, int32_t key)
-{
-    if (!fi || !fi->pf || key >= fi->pf_n)
-        return;
-    const char *k = (const char *)fi->pf->k[key];
-    for (size_t b = 0; b < fi->pf_kbytes; b += 64)
-        _mm_prefetch(k + b, _MM_HINT_T2);
-}
-
-AI void pf_key_v(const fold_info *fi, int32_t key)
-{
-    if (!fi || !fi->pf || key >= fi->pf_n)
-        return;
-    const char *v = (const char *)fi->pf->v[key];
-    for (size_t b = 0; b < fi->pf_vbytes; b += 64)
-        _mm_prefetch(v + b, _MM_HINT_T2);
-}
-
 /* Lanes of the last 16-element vector of a row of n elements (n a multiple of 8). */
 #define TAIL16(n) ((n) % 16 ? (__mmask16)0x00ff : (__mmask16)0xffff)
 #define NVEC16(n) (((n) + 15) / 16)
 
-/* One chunk [c0, c1) of an item for every query row (chunk_step in
- * decode_avx512_step.inc with the item's shapes and row formats constant). */
-typedef void (*kva__avx512_step_fn)(const kva__cpu_run *run, const kva__work_item *it,
-                                    kva__cpu_scratch *s, const kva__cpu_item_geom *g, int32_t c0,
-                                    int32_t c1, fold_info *fi);
-
-/* The chunk steps of one (K, V) format pair: d[i][ko] for D = Dv = 64, 128,
- * 256 (i = 0, 1, 2) and key order ko (key_at), any for every other shape (D,
- * Dv and the key order at run time; NULL where the table has none). */
-typedef struct kva__avx512_steps {
-    kva__avx512_step_fn d[3][2];
-    kva__avx512_step_fn any;
-} kva__avx512_steps;
-
 /* One table per format pair (PAIR_*, cpu_fold.h), each in its own file
  * decode_avx512_<pair>.c. */
-extern const kva__avx512_steps kva__avx512_steps_f32, kva__avx512_steps_f16, kva__avx512_steps_bf16,
+extern const kva__cpu_steps kva__avx512_steps_f32, kva__avx512_steps_f16, kva__avx512_steps_bf16,
     kva__avx512_steps_i8, kva__avx512_steps_i8s, kva__avx512_steps_i8t_i8,
     kva__avx512_steps_i8t_i8s, kva__avx512_steps_i8t_f16, kva__avx512_steps_i8t_bf16,
     kva__avx512_steps_fp8, kva__avx512_steps_fp8n;
 #if defined(__AVX512BF16__)
 /* bf16 q and K scored by vdpbf16ps (D = Dv = 64, 128, 256; any = NULL). */
-extern const kva__avx512_steps kva__avx512_steps_bf16dot;
+extern const kva__cpu_steps kva__avx512_steps_bf16dot;
 #endif
 
 #endif /* KVA_DECODE_AVX512_H */

@@ -33,6 +33,22 @@ typedef __m256 pf_v;
 #define pf_mul(a, b) _mm256_mul_ps((a), (b))
 /* vmaxps returns its second operand when either is NaN. */
 #define pf_maxskip(x, m) _mm256_max_ps((x), (m))
+/* Traits of prefill_vec.h (masks are vectors of all-ones lanes). */
+typedef __m256 pf_m;
+#define pf_lt(a, b) _mm256_cmp_ps((a), (b), _CMP_LT_OQ)
+#define pf_nlt(a, b) _mm256_cmp_ps((a), (b), _CMP_NLT_UQ)
+#define pf_clear(m, x) _mm256_andnot_ps((m), (x))
+#define pf_fnmadd(a, b, c) _mm256_fnmadd_ps((a), (b), (c))
+#define pf_round(x) _mm256_round_ps((x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define pf_div(a, b) _mm256_div_ps((a), (b))
+#define pf_and(a, b) _mm256_and_ps((a), (b))
+#define pf_or(a, b) _mm256_or_ps((a), (b))
+#define pf_andnot(a, b) _mm256_andnot_ps((a), (b))
+#define pf_exp2i(n)                                                                                \
+    _mm256_castsi256_ps(                                                                           \
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
+/* NaN lanes are kept (keep is true there) and stay NaN through the product. */
+#define pf_scale2_keep(keep, p, n) _mm256_and_ps((keep), _mm256_mul_ps((p), pf_exp2i(n)))
 
 static inline __m256 pf_mask_keys(__m256 x, int32_t j, const int32_t *lo, const int32_t *hi)
 {
@@ -51,51 +67,6 @@ static inline __m256 pf_alibi(__m256 x, const float *slope, int32_t j, const int
     const __m256i dist =
         _mm256_sub_epi32(_mm256_set1_epi32(j), _mm256_loadu_si256((const __m256i *)pos));
     return _mm256_fmadd_ps(_mm256_loadu_ps(slope), _mm256_cvtepi32_ps(dist), x);
-}
-
-/* e^x for x <= 0, as in prefill_avx512.c: x < -87.3 and -inf give
- * exactly 0, NaN stays NaN. */
-static inline __m256 pf_exp(__m256 x)
-{
-    const __m256 lim = _mm256_set1_ps(-87.3f);
-    const __m256 tiny = _mm256_cmp_ps(x, lim, _CMP_LT_OQ);
-    x = _mm256_max_ps(lim, x);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    p = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(tiny, p);
-}
-
-/* 2^x for x <= 0, as in prefill_avx512.h (degree-6 polynomial of
- * f = x - round(x)), with 2^n built in the exponent field: x < -126 and
- * -inf give exactly 0 (the garbage exponent of -inf is masked), NaN stays
- * NaN (NaN times anything). */
-static inline __m256 pf_exp2(__m256 x)
-{
-    const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
-    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 f = _mm256_sub_ps(x, n);
-    __m256 p = _mm256_set1_ps(1.5461444855e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3400427997e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6180569381e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5503271520e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650719e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718246e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    const __m256i e =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
 /* Bit l set when lane l of x is -inf. */
@@ -130,16 +101,7 @@ static inline void pf_transpose(const float *src, size_t lds, float *dst, size_t
     }
 }
 
-/* tanh(x) = sign(x) (1 - e^-2|x|) / (1 + e^-2|x|); +-inf -> +-1, NaN -> NaN. */
-static inline __m256 pf_tanh(__m256 x)
-{
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    const __m256 ax = _mm256_andnot_ps(sign, x);
-    const __m256 e = pf_exp(_mm256_mul_ps(ax, _mm256_set1_ps(-2.0f)));
-    const __m256 one = _mm256_set1_ps(1.0f);
-    const __m256 t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
-    return _mm256_or_ps(t, _mm256_and_ps(sign, x));
-}
+#include "prefill_vec.h"
 
 #include "prefill_tiled.inc"
 

@@ -1,7 +1,8 @@
 /*
  * prefill_avx512.h - the AVX-512 vector primitives of the tiled prefill
- * kernels (see prefill_tiled.inc for the contract), shared by
- * prefill_avx512.c and prefill_avx512_bf16.c. Included only
+ * kernels (see prefill_tiled.inc for the contract; the elementwise
+ * functions over these traits: prefill_vec.h), shared by prefill_avx512.c
+ * and prefill_avx512_bf16.c. Included only
  * by files compiled with the AVX-512 flags.
  */
 #ifndef KVA_PREFILL_AVX512_H
@@ -29,6 +30,21 @@ typedef __m512 pf_v;
 #define pf_mul(a, b) _mm512_mul_ps((a), (b))
 /* vmaxps returns its second operand when either is NaN. */
 #define pf_maxskip(x, m) _mm512_max_ps((x), (m))
+/* Traits of prefill_vec.h. */
+typedef __mmask16 pf_m;
+#define pf_lt(a, b) _mm512_cmp_ps_mask((a), (b), _CMP_LT_OQ)
+#define pf_nlt(a, b) _mm512_cmp_ps_mask((a), (b), _CMP_NLT_UQ)
+#define pf_clear(m, x) _mm512_mask_blend_ps((m), (x), _mm512_setzero_ps())
+#define pf_fnmadd(a, b, c) _mm512_fnmadd_ps((a), (b), (c))
+#define pf_round(x) _mm512_roundscale_ps((x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define pf_div(a, b) _mm512_div_ps((a), (b))
+#define pf_and(a, b) _mm512_and_ps((a), (b))
+#define pf_or(a, b) _mm512_or_ps((a), (b))
+#define pf_andnot(a, b) _mm512_andnot_ps((a), (b))
+#define pf_exp2i(n)                                                                                \
+    _mm512_castsi512_ps(                                                                           \
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
+#define pf_scale2_keep(keep, p, n) _mm512_maskz_scalef_ps((keep), (p), (n))
 
 static inline __m512 pf_mask_keys(__m512 x, int32_t j, const int32_t *lo, const int32_t *hi)
 {
@@ -42,52 +58,6 @@ static inline __m512 pf_alibi(__m512 x, const float *slope, int32_t j, const int
 {
     const __m512i dist = _mm512_sub_epi32(_mm512_set1_epi32(j), _mm512_loadu_si512(pos));
     return _mm512_fmadd_ps(_mm512_loadu_ps(slope), _mm512_cvtepi32_ps(dist), x);
-}
-
-/* e^x for x <= 0: x = n ln2 + r, |r| <= ln2/2, e^r by a degree-7 polynomial
- * (1 + r + r^2 (1/2 + r/6 + ...), coefficients of the classic Cephes expf),
- * times 2^n built in the exponent field. x < -87.3 (e^x below the normal
- * range) and -inf give exactly 0; NaN stays NaN (the clamp keeps it). */
-static inline __m512 pf_exp(__m512 x)
-{
-    const __m512 lim = _mm512_set1_ps(-87.3f);
-    const __mmask16 tiny = _mm512_cmp_ps_mask(x, lim, _CMP_LT_OQ);
-    x = _mm512_max_ps(lim, x);
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512i e =
-        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    p = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-    return _mm512_mask_blend_ps(tiny, p, _mm512_setzero_ps());
-}
-
-/* 2^x for x <= 0 (the softmax runs in base 2: scores are scaled by log2 e):
- * n = round(x), f = x - n in [-1/2, 1/2] (exact), 2^f by a degree-6
- * polynomial (Chebyshev-node fit, max relative error 8e-8), times 2^n by
- * vscalefps. x < -126 (2^x below the normal range) and -inf give exactly 0;
- * NaN stays NaN. 10 instructions (the Cephes-style pf_exp above takes 17). */
-static inline __m512 pf_exp2(__m512 x)
-{
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
-    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(1.5461444855e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3400427997e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6180569381e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5503271520e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650719e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718246e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
 /* Bit l set when lane l of x is -inf. */
@@ -134,15 +104,6 @@ static inline void pf_transpose(const float *src, size_t lds, float *dst, size_t
     }
 }
 
-/* tanh(x) = sign(x) (1 - e^-2|x|) / (1 + e^-2|x|); +-inf -> +-1, NaN -> NaN. */
-static inline __m512 pf_tanh(__m512 x)
-{
-    const __m512 sign = _mm512_set1_ps(-0.0f);
-    const __m512 ax = _mm512_andnot_ps(sign, x);
-    const __m512 e = pf_exp(_mm512_mul_ps(ax, _mm512_set1_ps(-2.0f)));
-    const __m512 one = _mm512_set1_ps(1.0f);
-    const __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
-    return _mm512_or_ps(t, _mm512_and_ps(sign, x));
-}
+#include "prefill_vec.h"
 
 #endif /* KVA_PREFILL_AVX512_H */
