@@ -578,7 +578,7 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
                                                 const void *q, const kva_cache *cache,
                                                 const float *sinks, void *out, float *lse)
 {
-    const kva__cuda_state *st = (const kva__cuda_state *)ctx->cuda;
+    const kva__cuda_state *st = (const kva__cuda_state *)ctx->state;
     const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
     const kva_plan_desc *d = &plan->d;
     const kva_cache_desc *cd = &cache->desc;

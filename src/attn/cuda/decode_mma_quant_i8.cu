@@ -1,0 +1,15 @@
+/*
+ * decode_mma_quant_i8.cu - the quantized tensor-core decode
+ * (decode_mma_quant.cuh) instantiated for 1-byte int8 K and V codes
+ * (KVA_QUANT_INT8_CHANNEL, INT8_TOKEN_K), f16 and bf16 q, D 64 / 128 / 256.
+ */
+#include "decode_mma_quant.cuh"
+
+qm_launch kva__dmma_quant_pick_i8(kva_dtype dt, int32_t D)
+{
+    if (dt == KVA_DTYPE_BF16)
+        return qm_pick_d<QM_I8, __nv_bfloat16>(D);
+    if (dt == KVA_DTYPE_F16)
+        return qm_pick_d<QM_I8, __half>(D);
+    return qm_launch{NULL, 0};
+}
