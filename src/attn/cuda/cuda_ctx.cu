@@ -10,8 +10,9 @@
  * leave the staging buffer, fills it and enqueues one cudaMemcpyAsync per
  * section. The run path then only launches kernels.
  *
- * Prefills on tensor cores: for paged plans whose shape prefill_mma supports
- * (D in {64, 128, 256}, Dv == D, f16/bf16), requests with q_len above the
+ * Prefills on tensor cores: for paged plans whose shape a prefill tile kernel
+ * supports (kva__cuda_prefill_supported: D = Dv in {64, 128, 256}, or D 192 /
+ * Dv 128 on sm_90a; f16/bf16), requests with q_len above the
  * decode threshold and at least KVA_CUDA_MMA_MIN_ROWS packed rows
  * (q_len * H / Hkv) leave the work partition; their tile list is built into
  * the staging buffer's prefill-tile section and uploaded with the rest. The
@@ -543,8 +544,12 @@ static void plan_kernels(const kva_context *ctx, const kva_plan *plan, int *deco
                : fp == KVA__CUDA_K_PREFILL_WGMMA   ? KVA__CUDA_PREFILL_WGMMA
                : fp == KVA__CUDA_K_PREFILL_MMA     ? KVA__CUDA_PREFILL_MMA
                                                    : KVA__CUDA_PREFILL_AUTO;
+    /* A forced tile kernel that does not serve the head sizes leaves the
+     * prefills to the work items, as a forced decode kernel does. */
     *tiles = fp != KVA__CUDA_K_PREFILL_ITEMS && plan->block_table != NULL &&
-             kva__cuda_prefill_supported(plan->d.head_dim, plan->d.head_dim_v, plan->d.q_dtype);
+             kva__cuda_prefill_supported(plan->d.head_dim, plan->d.head_dim_v, plan->d.q_dtype) &&
+             (*prefill == KVA__CUDA_PREFILL_AUTO ||
+              kva__cuda_prefill_kernel_exists(plan->d.head_dim, plan->d.head_dim_v, *prefill));
 }
 
 static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)

@@ -59,10 +59,11 @@ extern "C" kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva
                          kva_quant_name(cd->quant), (int)a.D, (int)a.Dv,
                          kva_dtype_name(d->q_dtype));
     if (((uintptr_t)a.k | (uintptr_t)a.v) % 16 != 0)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_attention_run: the quantized tensor-core decode needs 16-byte aligned "
-                         "k (%p) and v (%p)",
-                         a.k, a.v);
+        return kva__fail(
+            KVA_STATUS_INVALID_ARGUMENT,
+            "kva_attention_run: the quantized tensor-core decode needs 16-byte aligned "
+            "k (%p) and v (%p)",
+            a.k, a.v);
     KVA_CUDA_TRY(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
     int per_sm = 0;
     KVA_CUDA_TRY(

@@ -80,7 +80,6 @@ typedef struct kva__cuda_quant_mma_args {
  * V in the q dtype (INT8_TOKEN_K_V16). */
 enum { QM_I8 = 0, QM_FP8 = 1, QM_V16 = 2 };
 
-
 /* Ring stages per warp (NST - 1 steps in flight), keys per step and shared
  * memory at head size D for format FMT. 1-byte V at D <= 128 runs 32 keys
  * per warp step (KT = 2): two 16-key sub-tiles whose score chains interleave
@@ -90,9 +89,9 @@ enum { QM_I8 = 0, QM_FP8 = 1, QM_V16 = 2 };
  * the bf16 kernel's tiles) and BNW key scales. QM_V16 runs 16-key steps
  * (NST 5 / 4 / 4: a 16-key stage already carries 6 KB at D 128). */
 template <int D, int FMT> struct qm_cfg {
-    static constexpr int VB = FMT == QM_V16 ? 2 : 1;                   /* bytes per V element */
+    static constexpr int VB = FMT == QM_V16 ? 2 : 1;       /* bytes per V element */
     static constexpr int KT = D <= 128 && VB == 1 ? 2 : 1; /* 16-key sub-tiles */
-    static constexpr int BNW = QM_BN * KT;                             /* keys per warp step */
+    static constexpr int BNW = QM_BN * KT;                 /* keys per warp step */
     static constexpr int NST = VB == 2   ? (D == 64 ? 5 : 4)
                                : KT == 2 ? (D == 64 ? 4 : 3)
                                          : (D == 64    ? 8
@@ -232,7 +231,7 @@ static __device__ __forceinline__ int qm_row_exp(float mx)
 template <int FMT, typename OT, int D>
 static __device__ __forceinline__ void
 qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t nrows, int32_t qs,
-              bool ktok, __half *sQ, __half *sQl, float *s_qo, float *s_up)
+           bool ktok, __half *sQ, __half *sQl, float *s_qo, float *s_up)
 {
     const kva__cuda_attn_args &a = q.a;
     constexpr int QSTR = D + 8, C8 = D / 8, NI = QM_M * C8 / (QM_NW * 32);
@@ -352,7 +351,6 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, FMT>::MINB))
         const int32_t kb0 = w.k0 + warp * BNW;
         constexpr int32_t STEP = QM_NW * BNW;
 
-        float qup[2]; /* 2^-k of rows g4, g4 + 8 (qm_row_exp) */
         /* The first NST - 1 steps of the warp's ring (the rings are free: the
          * previous item ended with a barrier after its merge), then Q'. */
 #pragma unroll
@@ -363,6 +361,7 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, FMT>::MINB))
             kva__cp_async_commit();
         }
         qm_stage_q<FMT, OT, D>(q, w, nrows, qs, ktok, sQ, sQl, s_qo, s_up);
+        float qup[2]; /* 2^-k of rows g4, g4 + 8 (qm_row_exp) */
         qup[0] = s_up[g4];
         qup[1] = s_up[g4 + 8];
         /* This thread's two rows g4 and g4 + 8: visible keys, position, slope. */

@@ -82,14 +82,14 @@ extern "C" {
  * [NST][128, 128], V [NST][128, 128] (all swizzled, wg_swz), the 2 * NST
  * mbarriers (8 bytes each), then the staged block ids [2][128] int32.
  */
-#define WG_NST 3
-template <bool INTRA, bool TMA, typename Ty>
+template <bool INTRA, bool TMA, typename Ty, int DK, int DV>
 __global__ void __launch_bounds__(3 * 128, 1)
     prefill_wgmma_ws_kernel(const kva__cuda_prefill_args a, const __grid_constant__ wg_tmaps tm)
 {
 #ifdef KVA_WGMMA_BODY
-    constexpr int NST = WG_NST;
-    constexpr uint32_t QB = WG_TILE_BYTES(WG_M), KB = WG_TILE_BYTES(WG_BN);
+    typedef wg_dims<DK, DV> dims;
+    constexpr int NST = dims::NST, NO = dims::NO;
+    constexpr uint32_t QB = dims::QB, KB = dims::KB, VB = dims::VB;
     const int n_tiles = *a.num_tiles;
     if ((int)blockIdx.x >= n_tiles)
         return;
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
     const uint32_t sQ = (kva__smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t sK = sQ + QB;
     const uint32_t sV = sK + NST * KB;
-    const uint32_t full = sV + NST * KB, empty = full + 8 * NST; /* mbarriers [NST] each */
+    const uint32_t full = sV + NST * VB, empty = full + 8 * NST; /* mbarriers [NST] each */
 
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
             const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
             wg_kv g;
-            wg_kv_init(g, a, tl, tid & 15);
+            wg_kv_init<DK, DV>(g, a, tl, tid);
             /* The block id of key n0 + tid of the next tile is loaded one tile
              * ahead and staged in shared memory ([2][128] int32 after the
              * mbarriers), so the copy path has no dependent global load. */
@@ -165,22 +165,33 @@ __global__ void __launch_bounds__(3 * 128, 1)
                     const int NW = 4;
                     if (tid < 32 * NW) {
                         if (tid == 0)
-                            wg_mbar_arrive_tx(full + 8 * st, 2 * KB);
+                            wg_mbar_arrive_tx(full + 8 * st, KB + VB);
                         __syncwarp();
-                        /* Op o: block b = o / 4 of the tile (key rows b * R ..),
-                         * column block (o / 2) % 2, K (o even) or V. */
+                        /* Op o: block b = o / OPB of the tile (key rows b * R ..),
+                         * then op j = o % OPB of the block: DK = DV: column block
+                         * j / 2 of K (j even) or V; else K's column blocks
+                         * 0 .. DK / 64 - 1, then V's. */
+                        constexpr int KCB = DK / 64, OPB = KCB + DV / 64;
                         const int R = tm.box_rows, nhd = a.layout == KVA_LAYOUT_NHD;
                         const int o0 = (tid & 31) * 4 + (tid >> 5);
-                        for (int o = o0; o < 4 * (WG_BN / R); o += 32 * NW) {
-                            const int row = (o >> 2) * R, cb = (o >> 1) & 1;
+                        for (int o = o0; o < OPB * (WG_BN / R); o += 32 * NW) {
+                            const int j = (unsigned)o % OPB;
+                            const int row = DK == DV ? (o >> 2) * R : (int)((unsigned)o / OPB) * R;
+                            const bool isv = DK == DV ? (o & 1) != 0 : j >= KCB;
+                            const int cb = DK == DV ? (o >> 1) & 1 : (isv ? j - KCB : j);
                             int blk;
                             asm volatile("ld.shared.b32 %0, [%1];\n"
                                          : "=r"(blk)
                                          : "r"(sids + (gk & 1) * 512 + 4u * (uint32_t)row));
                             const int off = (n0 + row) & (a.block_size - 1);
-                            const uint32_t dst =
-                                (o & 1 ? sV : sK) + st * KB + (uint32_t)(cb * WG_BN + row) * 128u;
-                            wg_tma_load4(dst, o & 1 ? &tm.v : &tm.k, cb * 64, nhd ? tl.kvh : off,
+                            uint32_t dst;
+                            if constexpr (DK == DV)
+                                dst =
+                                    (isv ? sV : sK) + st * KB + (uint32_t)(cb * WG_BN + row) * 128u;
+                            else
+                                dst = (isv ? sV + st * VB : sK + st * KB) +
+                                      (uint32_t)(cb * WG_BN + row) * 128u;
+                            wg_tma_load4(dst, isv ? &tm.v : &tm.k, cb * 64, nhd ? tl.kvh : off,
                                          nhd ? off : tl.kvh, blk, full + 8 * st);
                         }
                         if (tid != 0)
@@ -190,7 +201,8 @@ __global__ void __launch_bounds__(3 * 128, 1)
                     }
                     continue;
                 }
-                wg_gather_ids(g, tid, n0, sK + st * KB, sV + st * KB, sids + (gk & 1) * 512);
+                wg_gather_ids<DK, DV>(g, tid, n0, sK + st * KB, sV + st * VB,
+                                      sids + (gk & 1) * 512);
                 kva__cp_async_commit();
                 /* Wait for this tile, then publish it. */
                 kva__cp_async_wait<0>();
@@ -208,7 +220,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
         int k = 0, ti = blockIdx.x;
         wg_tile tl;
         wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
-        wg_load_q<128>(a, tl, sQ, cw * 64, 64, ct & 127);
+        wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127);
         kva__cp_async_commit();
         for (;;) {
             /* The tile header and tile count are read again where they are
@@ -218,18 +230,19 @@ __global__ void __launch_bounds__(3 * 128, 1)
             kva__fence_proxy_async();
             wg_bar_sync(3 + cw, 128);
             wg_ctx c;
-            wg_ctx_init(c, a, tl.m0, cw * 64 + wq * 16, tl.m_last, tl.G, tl.kvh, tl.seq_len,
-                        tl.q_len, tl.pos_min, tl.pos_max);
+            wg_ctx_init<DK>(c, a, tl.m0, cw * 64 + wq * 16, tl.m_last, tl.G, tl.kvh, tl.seq_len,
+                            tl.q_len, tl.pos_min, tl.pos_max);
             const int n_first = tl.kv_lo / WG_BN;
             const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
-            float o[64], s[64];
+            float o[NO], s[64];
             float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 #pragma unroll
-            for (int e = 0; e < 64; e++) {
-                o[e] = 0.0f;
+            for (int e = 0; e < 64; e++)
                 s[e] = 0.0f;
-            }
+#pragma unroll
+            for (int e = 0; e < NO; e++)
+                o[e] = 0.0f;
             uint32_t pa[8][4];
             const int my_bar = 1 + cw, other_bar = 2 - cw;
             if (ntiles > 0) {
@@ -240,7 +253,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 wg_mbar_wait(full + 8 * st0, (gi / NST) & 1);
                 wg_bar_sync(my_bar, 256);
                 kva__wgmma_fence();
-                wg_qk<Ty>(s, dq, dk0 + ((uint64_t)(st0 * KB) >> 4));
+                wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st0 * KB) >> 4));
                 kva__wgmma_commit();
                 wg_bar_arrive(other_bar, 256);
                 kva__wgmma_wait<0>();
@@ -248,7 +261,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 for (int e = 0; e < 64; e++)
                     kva__reg_fence(s[e]);
                 float alpha[2] = {1.0f, 1.0f};
-                wg_softmax<Ty>(s, o, pa, m_run, l_run, c, n_last * WG_BN, alpha);
+                wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, n_last * WG_BN, alpha);
                 bool resc_prev = false; /* INTRA: o is still zero after tile 0 */
                 for (int it = 1; it < ntiles; it++) {
                     const uint32_t gk = gi + (uint32_t)it;
@@ -257,32 +270,33 @@ __global__ void __launch_bounds__(3 * 128, 1)
                     wg_bar_sync(my_bar, 256);
                     kva__wgmma_fence();
                     if (!INTRA) {
-                        wg_pv<Ty>(o, pa, dv0 + ((uint64_t)(sp * KB) >> 4));
+                        wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
                         kva__wgmma_commit();
-                        wg_qk<Ty>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
+                        wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
                         kva__wgmma_commit();
                         wg_bar_arrive(other_bar, 256);
                         kva__wgmma_wait<1>(); /* P V of tile it - 1 */
 #pragma unroll
-                        for (int e = 0; e < 64; e++)
+                        for (int e = 0; e < NO; e++)
                             kva__reg_fence(o[e]);
                         wg_mbar_arrive(empty + 8 * sp);
                         kva__wgmma_wait<0>();
 #pragma unroll
                         for (int e = 0; e < 64; e++)
                             kva__reg_fence(s[e]);
-                        wg_softmax<Ty>(s, o, pa, m_run, l_run, c, (n_last - it) * WG_BN, alpha);
+                        wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, (n_last - it) * WG_BN,
+                                              alpha);
                     } else {
                         /* S of tile it first, then P V of tile it - 1, which runs
                          * under this tile's softmax. o is rescaled for tile it - 1
                          * between the two issues (as FlashAttention-3 does; a
                          * rescale after the wait makes ptxas serialize wgmma). */
-                        wg_qk<Ty>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
+                        wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
                         kva__wgmma_commit();
                         if (resc_prev)
                             wg_rescale_o(o, alpha);
                         kva__wgmma_fence();
-                        wg_pv<Ty>(o, pa, dv0 + ((uint64_t)(sp * KB) >> 4));
+                        wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
                         kva__wgmma_commit();
                         wg_bar_arrive(other_bar, 256);
                         kva__wgmma_wait<1>(); /* S of tile it */
@@ -294,7 +308,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
                                                          (n_last - it) * WG_BN, alpha);
                         kva__wgmma_wait<0>(); /* P V of tile it - 1 */
 #pragma unroll
-                        for (int e = 0; e < 64; e++)
+                        for (int e = 0; e < NO; e++)
                             kva__reg_fence(o[e]);
 #pragma unroll
                         for (int k = 0; k < 8; k++)
@@ -312,13 +326,13 @@ __global__ void __launch_bounds__(3 * 128, 1)
                     wg_rescale_o(o, alpha);
                 const int sl = (int)((gi + (uint32_t)ntiles - 1) % NST);
                 kva__wgmma_fence();
-                wg_pv<Ty>(o, pa, dv0 + ((uint64_t)(sl * KB) >> 4));
+                wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sl * VB) >> 4));
                 kva__wgmma_commit();
                 if (cw == 0)
                     wg_bar_arrive(other_bar, 256);
                 kva__wgmma_wait<0>();
 #pragma unroll
-                for (int e = 0; e < 64; e++)
+                for (int e = 0; e < NO; e++)
                     kva__reg_fence(o[e]);
                 wg_mbar_arrive(empty + 8 * sl); /* the ring goes on with the next CTA tile */
             }
@@ -328,12 +342,12 @@ __global__ void __launch_bounds__(3 * 128, 1)
             const int tn = tile_of(k + 1), nt = *a.num_tiles;
             if (tn < nt) {
                 wg_tile_init(tl, a, a.tiles + (size_t)tn * KVA__CUDA_PREFILL_TILE_INTS);
-                wg_load_q<128>(a, tl, sQ, cw * 64, 64, ct & 127);
+                wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127);
                 kva__cp_async_commit();
             }
             wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
-            wg_epilogue<Ty>(a, c, o, m_run, l_run, tl.m0 + cw * 64 + wq * 16 + ((ct & 31) >> 2),
-                            tl.rows, tl.q_start, tl.G);
+            wg_epilogue<Ty, DV>(a, c, o, m_run, l_run, tl.m0 + cw * 64 + wq * 16 + ((ct & 31) >> 2),
+                                tl.rows, tl.q_start, tl.G);
             if (tn >= nt)
                 break;
             ti = tn;
@@ -370,6 +384,7 @@ extern "C" int kva__cuda_prefill_wgmma_ready(void)
  * maps are reused while they describe the same tensors. */
 static void wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm)
 {
+    const int32_t DK = a->head_dim, DV = a->head_dim_v;
     static_assert(sizeof(wg_tmaps) <= sizeof(((kva__cuda_prefill_host_cache *)0)->tmaps),
                   "host cache too small for the tensor maps");
     kva__cuda_prefill_host_cache *hc = a->host_cache;
@@ -379,7 +394,7 @@ static void wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm)
         return;
     if (hc && hc->tm_valid && hc->tm_k == a->k && hc->tm_v == a->v && hc->tm_nb == a->num_blocks &&
         hc->tm_b == B && hc->tm_hkv == a->num_kv_heads && hc->tm_layout == (int32_t)a->layout &&
-        hc->tm_dtype == (int32_t)a->dtype) {
+        hc->tm_dtype == (int32_t)a->dtype && hc->tm_dk == DK && hc->tm_dv == DV) {
         memcpy(tm, hc->tmaps, sizeof *tm);
         return;
     }
@@ -397,17 +412,18 @@ static void wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm)
     }
     PFN_cuTensorMapEncodeTiled_v12000 encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
     const int nhd = a->layout == KVA_LAYOUT_NHD, R = B < 128 ? B : 128;
-    const cuuint64_t Hkv = (cuuint64_t)a->num_kv_heads, row = (cuuint64_t)WG_D * 2;
-    /* (D, Hkv, B, NB) for NHD, (D, B, Hkv, NB) for HND; strides in bytes of
-     * dimensions 1..3. */
-    const cuuint64_t dims[4] = {WG_D, nhd ? Hkv : (cuuint64_t)B, nhd ? (cuuint64_t)B : Hkv,
-                                (cuuint64_t)a->num_blocks};
-    const cuuint64_t strides[3] = {row, row * dims[1], row * dims[1] * dims[2]};
+    const cuuint64_t Hkv = (cuuint64_t)a->num_kv_heads;
     const cuuint32_t box[4] = {64, nhd ? 1u : (cuuint32_t)R, nhd ? (cuuint32_t)R : 1u, 1};
     const cuuint32_t estr[4] = {1, 1, 1, 1};
     const CUtensorMapDataType dt = a->dtype == KVA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     for (int i = 0; i < 2; i++) {
+        /* (D, Hkv, B, NB) for NHD, (D, B, Hkv, NB) for HND, D = DK for K and
+         * DV for V; strides in bytes of dimensions 1..3. */
+        const cuuint64_t d = (cuuint64_t)(i ? DV : DK), row = d * 2;
+        const cuuint64_t dims[4] = {d, nhd ? Hkv : (cuuint64_t)B, nhd ? (cuuint64_t)B : Hkv,
+                                    (cuuint64_t)a->num_blocks};
+        const cuuint64_t strides[3] = {row, row * dims[1], row * dims[1] * dims[2]};
         CUresult r = encode(i ? &tm->v : &tm->k, dt, 4, (void *)(i ? a->v : a->k), dims, strides,
                             box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -427,16 +443,23 @@ static void wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm)
         hc->tm_hkv = a->num_kv_heads;
         hc->tm_layout = (int32_t)a->layout;
         hc->tm_dtype = (int32_t)a->dtype;
+        hc->tm_dk = DK;
+        hc->tm_dv = DV;
         hc->tm_valid = 1;
     }
 }
 
-/* Launches the kernel on a persistent grid of min(grid_tiles, SMs) CTAs. */
-template <bool INTRA, bool TMA, typename Ty>
+/* Launches the kernel on a persistent grid of min(grid_tiles, SMs) CTAs.
+ * DIX: the head-size pair's index (bits of the host cache's attribute mask). */
+template <bool INTRA, bool TMA, typename Ty, int DK, int DV, int DIX>
 static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream)
 {
-    const size_t smem = 1024 + (size_t)WG_TILE_BYTES(WG_M) +
-                        2 * WG_NST * (size_t)WG_TILE_BYTES(WG_BN) + 16 * WG_NST + 1024;
+    typedef wg_dims<DK, DV> dims;
+    const size_t smem =
+        1024 + (size_t)dims::QB + dims::NST * (size_t)(dims::KB + dims::VB) + 16 * dims::NST + 1024;
+    static_assert(1024 + dims::QB + dims::NST * (dims::KB + dims::VB) + 16 * dims::NST + 1024 <=
+                      227 * 1024,
+                  "shared memory of the wgmma prefill");
     wg_tmaps tm;
     if (TMA)
         wg_tmaps_encode(a, &tm);
@@ -459,8 +482,8 @@ static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream
     }
     grid = nsm > 0 && nsm < grid ? nsm : grid;
     const int bf = a->dtype == KVA_DTYPE_BF16;
-    const int bit = TMA ? KVA__CUDA_PREFILL_WGMMA_TMA : KVA__CUDA_PREFILL_WGMMA;
-    auto fn = prefill_wgmma_ws_kernel<INTRA, TMA, Ty>;
+    const int bit = 2 * DIX + (TMA ? 1 : 0);
+    auto fn = prefill_wgmma_ws_kernel<INTRA, TMA, Ty, DK, DV>;
     if (!hc || !((hc->attr_set[bf] >> bit) & 1)) {
         cudaError_t e =
             cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -481,18 +504,39 @@ static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream
     return KVA_STATUS_OK;
 }
 
-/* Called by kva__cuda_prefill_launch_kernel after its argument checks (D = Dv
- * = 128, f16/bf16, sm_90a build and device). The TMA kernel also issues P V
- * under the consumer's own softmax (INTRA); the cp.async kernel does not
- * (measured faster without, docs/cuda-prefill.md). */
+/* The kernels of one head-size pair: TMA or cp.async, bf16 or f16. The TMA
+ * kernel also issues P V under the consumer's own softmax (INTRA); the
+ * cp.async kernel does not (measured faster without, docs/cuda-prefill.md). */
+template <int DK, int DV, int DIX>
+static kva_status launch_dims(const kva__cuda_prefill_args *a, cudaStream_t st, int tma)
+{
+    const int bf = a->dtype == KVA_DTYPE_BF16;
+    if (tma)
+        return bf ? launch_ws<true, true, kva__mma_bf16, DK, DV, DIX>(a, st)
+                  : launch_ws<true, true, kva__mma_f16, DK, DV, DIX>(a, st);
+    return bf ? launch_ws<false, false, kva__mma_bf16, DK, DV, DIX>(a, st)
+              : launch_ws<false, false, kva__mma_f16, DK, DV, DIX>(a, st);
+}
+
+extern "C" int kva__cuda_prefill_wgmma_dims(int32_t head_dim, int32_t head_dim_v)
+{
+    return (head_dim == 128 && head_dim_v == 128) || (head_dim == 64 && head_dim_v == 64) ||
+           (head_dim == 192 && head_dim_v == 128);
+}
+
+/* Called by kva__cuda_prefill_launch_kernel after its argument checks (head
+ * sizes kva__cuda_prefill_wgmma_dims, f16/bf16, sm_90a build and device). */
 extern "C" kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_args *a, void *stream,
                                                      int tma)
 {
     cudaStream_t st = (cudaStream_t)stream;
-    const int bf = a->dtype == KVA_DTYPE_BF16;
-    if (tma)
-        return bf ? launch_ws<true, true, kva__mma_bf16>(a, st)
-                  : launch_ws<true, true, kva__mma_f16>(a, st);
-    return bf ? launch_ws<false, false, kva__mma_bf16>(a, st)
-              : launch_ws<false, false, kva__mma_f16>(a, st);
+    if (a->head_dim == 128 && a->head_dim_v == 128)
+        return launch_dims<128, 128, 0>(a, st, tma);
+    if (a->head_dim == 64 && a->head_dim_v == 64)
+        return launch_dims<64, 64, 1>(a, st, tma);
+    if (a->head_dim == 192 && a->head_dim_v == 128)
+        return launch_dims<192, 128, 2>(a, st, tma);
+    return kva__fail(KVA_STATUS_UNSUPPORTED,
+                     "kva__cuda_prefill_launch: the wgmma prefill does not serve D = %d, Dv = %d",
+                     (int)a->head_dim, (int)a->head_dim_v);
 }
