@@ -172,13 +172,16 @@ __global__ void __launch_bounds__(3 * 128, 1)
                          * j / 2 of K (j even) or V; else K's column blocks
                          * 0 .. DK / 64 - 1, then V's. */
                         constexpr int KCB = DK / 64, OPB = KCB + DV / 64;
+                        static_assert(DK != DV || KCB <= 2, "DK = DV: 64 or 128");
                         const int R = tm.box_rows, nhd = a.layout == KVA_LAYOUT_NHD;
                         const int o0 = (tid & 31) * 4 + (tid >> 5);
                         for (int o = o0; o < OPB * (WG_BN / R); o += 32 * NW) {
+                            /* DK = DV: OPB = 2 KCB (4 at 128, 2 at 64), shifts. */
+                            constexpr int SH = KCB == 2 ? 2 : 1;
                             const int j = (unsigned)o % OPB;
-                            const int row = DK == DV ? (o >> 2) * R : (int)((unsigned)o / OPB) * R;
+                            const int row = DK == DV ? (o >> SH) * R : (int)((unsigned)o / OPB) * R;
                             const bool isv = DK == DV ? (o & 1) != 0 : j >= KCB;
-                            const int cb = DK == DV ? (o >> 1) & 1 : (isv ? j - KCB : j);
+                            const int cb = DK == DV ? (o >> 1) & (KCB - 1) : (isv ? j - KCB : j);
                             int blk;
                             asm volatile("ld.shared.b32 %0, [%1];\n"
                                          : "=r"(blk)
