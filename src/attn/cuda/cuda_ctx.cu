@@ -544,12 +544,8 @@ static void plan_kernels(const kva_context *ctx, const kva_plan *plan, int *deco
                : fp == KVA__CUDA_K_PREFILL_WGMMA   ? KVA__CUDA_PREFILL_WGMMA
                : fp == KVA__CUDA_K_PREFILL_MMA     ? KVA__CUDA_PREFILL_MMA
                                                    : KVA__CUDA_PREFILL_AUTO;
-    /* A forced tile kernel that does not serve the head sizes leaves the
-     * prefills to the work items, as a forced decode kernel does. */
     *tiles = fp != KVA__CUDA_K_PREFILL_ITEMS && plan->block_table != NULL &&
-             kva__cuda_prefill_supported(plan->d.head_dim, plan->d.head_dim_v, plan->d.q_dtype) &&
-             (*prefill == KVA__CUDA_PREFILL_AUTO ||
-              kva__cuda_prefill_kernel_exists(plan->d.head_dim, plan->d.head_dim_v, *prefill));
+             kva__cuda_prefill_supported(plan->d.head_dim, plan->d.head_dim_v, plan->d.q_dtype);
 }
 
 static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
