@@ -588,6 +588,16 @@ template <int FMT, typename OT> static qm_launch qm_pick_d(int32_t D)
     return k;
 }
 
+/* The kernel of format FMT for q dtype dt (F16 or BF16) and head size D. */
+template <int FMT> static qm_launch qm_pick_dt(kva_dtype dt, int32_t D)
+{
+    if (dt == KVA_DTYPE_BF16)
+        return qm_pick_d<FMT, __nv_bfloat16>(D);
+    if (dt == KVA_DTYPE_F16)
+        return qm_pick_d<FMT, __half>(D);
+    return qm_launch{NULL, 0};
+}
+
 /* The kernel of each family for q dtype dt (F16 or BF16) and head size D;
  * fn NULL where the family has none. */
 qm_launch kva__dmma_quant_pick_i8(kva_dtype dt, int32_t D);

@@ -7,9 +7,5 @@
 
 qm_launch kva__dmma_quant_pick_i8(kva_dtype dt, int32_t D)
 {
-    if (dt == KVA_DTYPE_BF16)
-        return qm_pick_d<QM_I8, __nv_bfloat16>(D);
-    if (dt == KVA_DTYPE_F16)
-        return qm_pick_d<QM_I8, __half>(D);
-    return qm_launch{NULL, 0};
+    return qm_pick_dt<QM_I8>(dt, D);
 }

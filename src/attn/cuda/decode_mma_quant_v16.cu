@@ -7,9 +7,5 @@
 
 qm_launch kva__dmma_quant_pick_v16(kva_dtype dt, int32_t D)
 {
-    if (dt == KVA_DTYPE_BF16)
-        return qm_pick_d<QM_V16, __nv_bfloat16>(D);
-    if (dt == KVA_DTYPE_F16)
-        return qm_pick_d<QM_V16, __half>(D);
-    return qm_launch{NULL, 0};
+    return qm_pick_dt<QM_V16>(dt, D);
 }
