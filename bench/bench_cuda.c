@@ -2,7 +2,8 @@
  * bench_cuda.c - times kva_attention_run on the CUDA backend with CUDA events.
  *
  *   bench_cuda --mode decode|prefill|copy [--batch R] [--context S] [--q-len Q]
- *              [--heads H] [--kv-heads Hkv] [--head-dim D] [--block-size B]
+ *              [--heads H] [--kv-heads Hkv] [--head-dim D] [--head-dim-v Dv]
+ *              [--block-size B]
  *              [--dtype bf16|f16|f32] [--layout nhd|hnd] [--iters N]
  *              [--graph-layers L] [--kernel NAME]... [--plan-iters N] [--splits N]
  *              [--quant none|int8|int8-token|int8-token-v16|fp8] [--context-min M]
@@ -12,11 +13,12 @@
  * tables are shuffled. Before timing, the first requests' outputs are checked
  * against the CPU backend. The median of N timed runs (each between its own
  * pair of events) is reported with the KV bytes read (every visible key's K
- * and V once per kv head) and the attention FLOPs (4*D per visible
- * query-key pair and head). With --graph-layers L, L runs over the same cache
- * are captured in one CUDA graph and the median replay time per layer is
- * reported too. --kernel NAME (once per kernel family) forces a kernel of the
- * CUDA backend's registry (src/attn/cuda/cuda_kernels.cu: decode_mma_sm80,
+ * and V once per kv head) and the attention FLOPs (2*(D + Dv) per visible
+ * query-key pair and head; Dv defaults to D, and D != Dv needs --quant
+ * none). With --graph-layers L, L runs over the same cache are captured in
+ * one CUDA graph and the median replay time per layer is reported too.
+ * --kernel NAME (once per kernel family) forces a kernel of the CUDA
+ * backend's registry (src/attn/cuda/cuda_kernels.cu: decode_mma_sm80,
  * decode_simt, prefill_wgmma_tma_sm90, prefill_wgmma_sm90, prefill_mma_sm80,
  * prefill_items) through kva__context_force_kernel, so one build compares
  * the kernels on the public path; without it the dispatcher chooses.
@@ -143,8 +145,8 @@ static int copy_bench(int iters)
 int main(int argc, char **argv)
 {
     const char *mode = "decode", *dts = "bf16", *lays = "nhd", *quants = "none";
-    int32_t R = 64, S = 4096, Q = -1, H = 32, Hkv = 8, D = 128, B = 16, iters = 30, layers = 0,
-            plan_iters = 0, splits = 0, smin = -1;
+    int32_t R = 64, S = 4096, Q = -1, H = 32, Hkv = 8, D = 128, Dv = -1, B = 16, iters = 30,
+            layers = 0, plan_iters = 0, splits = 0, smin = -1;
     const char *kernels[2] = {NULL, NULL};
     int nkern = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -163,6 +165,8 @@ int main(int argc, char **argv)
             Hkv = atoi(v);
         else if (!strcmp(f, "--head-dim"))
             D = atoi(v);
+        else if (!strcmp(f, "--head-dim-v"))
+            Dv = atoi(v);
         else if (!strcmp(f, "--block-size"))
             B = atoi(v);
         else if (!strcmp(f, "--dtype"))
@@ -202,6 +206,10 @@ int main(int argc, char **argv)
                                                                 : KVA_QUANT_NONE;
     if (quant == KVA_QUANT_NONE && strcmp(quants, "none"))
         DIE("unknown --quant %s", quants);
+    if (Dv < 0)
+        Dv = D;
+    if (Dv != D && quant != KVA_QUANT_NONE)
+        DIE("--head-dim-v %d != --head-dim %d needs --quant none", (int)Dv, (int)D);
     if (kva__backend_device_count(KVA_BACKEND_CUDA) == 0) {
         printf("{\"skipped\": \"no CUDA device\"}\n");
         return 0;
@@ -229,7 +237,7 @@ int main(int argc, char **argv)
                                                         : KVA_DTYPE_I8;
     if (quant == KVA_QUANT_INT8_TOKEN_K_V16 && dt == KVA_DTYPE_F32)
         DIE("--quant int8-token-v16 needs --dtype f16 or bf16 (the V dtype)");
-    kva_cache_desc cd = {b.num_blocks, B, Hkv, D, D, cdt, layout, quant, KVA_ATTN_MHA};
+    kva_cache_desc cd = {b.num_blocks, B, Hkv, D, Dv, cdt, layout, quant, KVA_ATTN_MHA};
     /* Static scales: codes of unit-range data (int8 per channel with offsets, fp8 per head). */
     float *sbuf = malloc(sizeof(float) * 4 * (size_t)Hkv * D);
     for (int32_t i = 0; i < 4 * Hkv * D; i++)
@@ -263,9 +271,9 @@ int main(int argc, char **argv)
     const size_t vbytes = (size_t)b.num_blocks * kva_cache_block_bytes_v(hc);
     const size_t tbytes = (size_t)b.num_blocks * kva_cache_block_bytes_scales(hc);
     if (quant == KVA_QUANT_NONE) {
-        const size_t cache_elems = (size_t)b.num_blocks * B * Hkv * D;
-        fill_big(hk, dt, cache_elems, &rng);
-        fill_big(hv, dt, cache_elems, &rng);
+        const size_t cache_rows = (size_t)b.num_blocks * B * Hkv;
+        fill_big(hk, dt, cache_rows * D, &rng);
+        fill_big(hv, dt, cache_rows * Dv, &rng);
     } else {
         /* Random codes (fp8 NaN codes 0x7f / 0xff replaced), per-token scales ~1/127. */
         unsigned char *kc = hk, *vc = hv;
@@ -293,26 +301,26 @@ int main(int argc, char **argv)
     CU(cudaMemcpy(dk, hk, kbytes, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dv, hv, vbytes, cudaMemcpyHostToDevice));
 
-    const size_t nq = (size_t)b.T * H * D;
-    void *q = malloc(nq * es), *out_cpu = malloc(nq * es), *out_gpu = malloc(nq * es);
+    const size_t nq = (size_t)b.T * H * D, no = (size_t)b.T * H * Dv;
+    void *q = malloc(nq * es), *out_cpu = malloc(no * es), *out_gpu = malloc(no * es);
     kva_test_fill_uniform(q, dt, nq, &rng);
     void *dq = NULL, *dout = NULL;
     CU(cudaMalloc(&dq, nq * es));
-    CU(cudaMalloc(&dout, nq * es));
+    CU(cudaMalloc(&dout, no * es));
     CU(cudaMemcpy(dq, q, nq * es, cudaMemcpyHostToDevice));
 
     /* Check the first requests (a prefix of the same batch) against the CPU backend. */
     kva_test_batch chk = b;
     chk.R = R < 2 ? R : 2;
     chk.T = b.query_start_loc[chk.R];
-    kva_plan_desc pc = kva_test_batch_plan_desc(&chk, H, Hkv, D, D, dt);
+    kva_plan_desc pc = kva_test_batch_plan_desc(&chk, H, Hkv, D, Dv, dt);
     kva_plan *pcpu = NULL, *pchk = NULL;
     KV(kva_plan_create(cpu, &pc, &pcpu));
     KV(kva_plan_create(gpu, &pc, &pchk));
     KV(kva_attention_run(cpu, pcpu, q, hc, NULL, out_cpu, NULL));
-    CU(cudaMemset(dout, 0xff, nq * es));
+    CU(cudaMemset(dout, 0xff, no * es));
     KV(kva_attention_run(gpu, pchk, dq, dc, NULL, dout, NULL));
-    CU(cudaMemcpy(out_gpu, dout, (size_t)chk.T * H * D * es, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(out_gpu, dout, (size_t)chk.T * H * Dv * es, cudaMemcpyDeviceToHost));
     /* Prefill tiles and the tensor-core decode round P to the input dtype for
      * P V: out may differ by u * max|v| more (u = 2^-8 bf16, 2^-11 f16;
      * uniform fill). */
@@ -321,12 +329,12 @@ int main(int argc, char **argv)
     const double atol =
         kva_test_atol(dt) +
         (mma && dt != KVA_DTYPE_F32 ? (dt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11) * 1.7320508 : 0.0);
-    size_t bad = kva_test_compare("bench check", out_gpu, out_cpu, dt, (size_t)chk.T * H * D, atol,
+    size_t bad = kva_test_compare("bench check", out_gpu, out_cpu, dt, (size_t)chk.T * H * Dv, atol,
                                   kva_test_rtol(dt));
     kva_plan_destroy(pcpu);
     kva_plan_destroy(pchk);
 
-    kva_plan_desc pd = kva_test_batch_plan_desc(&b, H, Hkv, D, D, dt);
+    kva_plan_desc pd = kva_test_batch_plan_desc(&b, H, Hkv, D, Dv, dt);
     kva_plan *plan = NULL;
     KV(kva_plan_create(gpu, &pd, &plan));
     kva_plan_info info;
@@ -344,7 +352,7 @@ int main(int argc, char **argv)
     double kv_bytes = 0;
     for (int32_t r = 0; r < R; r++)
         kv_bytes += (double)sl[r] * Hkv * key_bytes;
-    const double flops = pairs * H * 4.0 * D;
+    const double flops = pairs * H * 2.0 * (D + Dv);
 
     cudaEvent_t ev[2];
     CU(cudaEventCreate(&ev[0]));
@@ -436,24 +444,26 @@ int main(int argc, char **argv)
     struct cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, 0));
     const double sec = med * 1e-3;
-    fprintf(stderr,
-            "bench_cuda: %s R=%d S=%d Q=%d H=%d Hkv=%d D=%d B=%d %s kv %s: median %.4f ms, %.3f "
-            "TB/s KV, %.1f TFLOP/s, %d items, %d split tasks (candidate %d), kernels %s + %s, "
-            "check %s; host enqueue median %.1f us; back to back "
-            "%.4f ms = %.1f TFLOP/s\n",
-            mode, R, S, Q, H, Hkv, D, B, dts, kva_quant_name(quant), (double)med,
-            kv_bytes / sec * 1e-12, flops / sec * 1e-12, (int)info.num_work_items,
-            (int)plan->part->num_tasks, (int)plan->part->pick,
-            kva__cuda_kernels[((const kva__cuda_plan *)plan->device)->decode_kernel].name,
-            ((const kva__cuda_plan *)plan->device)->num_ptiles > 0 ? "prefill tiles" : "no tiles",
-            bad ? "FAILED" : "ok", (double)enq_us, (double)b2b_ms, flops / (b2b_ms * 1e-3) * 1e-12);
-    printf(
-        "{\"mode\": \"%s\", \"device\": \"%s\", \"R\": %d, \"S\": %d, \"Q\": %d, \"H\": %d, "
-        "\"Hkv\": %d, \"D\": %d, \"B\": %d, \"dtype\": \"%s\", \"kv_quant\": \"%s\", \"ms\": %.5f, "
-        "\"kv_bytes\": %.0f, \"flops\": %.0f, \"items\": %d, \"graph_ms_per_layer\": %.5f, "
-        "\"check_bad\": %zu, \"host_enqueue_us\": %.2f, \"b2b_ms\": %.5f}\n",
-        mode, prop.name, R, S, Q, H, Hkv, D, B, dts, kva_quant_name(quant), (double)med, kv_bytes,
-        flops, (int)info.num_work_items, (double)graph_ms, bad, (double)enq_us, (double)b2b_ms);
+    fprintf(
+        stderr,
+        "bench_cuda: %s R=%d S=%d Q=%d H=%d Hkv=%d D=%d Dv=%d B=%d %s kv %s: median %.4f ms, %.3f "
+        "TB/s KV, %.1f TFLOP/s, %d items, %d split tasks (candidate %d), kernels %s + %s, "
+        "check %s; host enqueue median %.1f us; back to back "
+        "%.4f ms = %.1f TFLOP/s\n",
+        mode, R, S, Q, H, Hkv, D, Dv, B, dts, kva_quant_name(quant), (double)med,
+        kv_bytes / sec * 1e-12, flops / sec * 1e-12, (int)info.num_work_items,
+        (int)plan->part->num_tasks, (int)plan->part->pick,
+        kva__cuda_kernels[((const kva__cuda_plan *)plan->device)->decode_kernel].name,
+        ((const kva__cuda_plan *)plan->device)->num_ptiles > 0 ? "prefill tiles" : "no tiles",
+        bad ? "FAILED" : "ok", (double)enq_us, (double)b2b_ms, flops / (b2b_ms * 1e-3) * 1e-12);
+    printf("{\"mode\": \"%s\", \"device\": \"%s\", \"R\": %d, \"S\": %d, \"Q\": %d, \"H\": %d, "
+           "\"Hkv\": %d, \"D\": %d, \"Dv\": %d, \"B\": %d, \"dtype\": \"%s\", \"kv_quant\": "
+           "\"%s\", \"ms\": %.5f, "
+           "\"kv_bytes\": %.0f, \"flops\": %.0f, \"items\": %d, \"graph_ms_per_layer\": %.5f, "
+           "\"check_bad\": %zu, \"host_enqueue_us\": %.2f, \"b2b_ms\": %.5f}\n",
+           mode, prop.name, R, S, Q, H, Hkv, D, Dv, B, dts, kva_quant_name(quant), (double)med,
+           kv_bytes, flops, (int)info.num_work_items, (double)graph_ms, bad, (double)enq_us,
+           (double)b2b_ms);
     kva_plan_destroy(plan);
     cudaFree(dq);
     cudaFree(dout);

@@ -166,7 +166,7 @@ static int bench_shape(const shape *s, kva_rng *rng, int only_var)
     static const char *const kname[] = {"auto", "mma_sm80", "wgmma_sm90", "wgmma_tma_sm90"};
     for (int var = KVA__CUDA_PREFILL_MMA; var <= KVA__CUDA_PREFILL_WGMMA_TMA; var++) {
         const kva__cuda_prefill_kernel kern = (kva__cuda_prefill_kernel)var;
-        if ((only_var && var != only_var) || !kva__cuda_prefill_kernel_exists(D, kern))
+        if ((only_var && var != only_var) || !kva__cuda_prefill_kernel_exists(D, D, kern))
             continue;
         /* Correctness first: 24 sampled rows against fp64. */
         CUDA_OK(cudaMemset(dout, 0xff, nq * 2));

@@ -166,12 +166,8 @@ struct kva_context {
     void *workspace;
     size_t workspace_bytes;
     /* Backend state made by ops->context_init (the CUDA backend's stream and
-     * device metadata buffers), else NULL. `cuda` is the name the CUDA
-     * sources still use for it. */
-    union {
-        void *state;
-        void *cuda;
-    };
+     * device metadata buffers), else NULL. */
+    void *state;
     /* Registry index + 1 of the kernel forced per family (kva__context_force_kernel); 0 = none. */
     int32_t forced_kernel[KVA__KERNEL_FAMILIES];
 };

@@ -380,7 +380,7 @@ static void test_decode_mma(void)
 
 /* kva__context_force_kernel on the CUDA backend: an unknown name fails and
  * lists the registry; a forced kernel steers the plan; a forced prefill
- * kernel that does not exist for the shape (wgmma at D 64) fails the run with
+ * kernel that does not exist for the shape (wgmma at D 256) fails the run with
  * a status and leaves out untouched. */
 static void test_force_kernel(void)
 {
@@ -390,11 +390,11 @@ static void test_force_kernel(void)
     kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
     kva_context *gpu = NULL;
     CHECK_OK(kva_context_create(&gd, &gpu));
-    kva_cache_desc cd = {b.num_blocks,   16,          2, 64, 64, KVA_DTYPE_BF16, KVA_LAYOUT_NHD,
+    kva_cache_desc cd = {b.num_blocks,   16,          2, 256, 256, KVA_DTYPE_BF16, KVA_LAYOUT_NHD,
                          KVA_QUANT_NONE, KVA_ATTN_MHA};
     kva_cache *dc = NULL;
     CHECK_OK(kva_cache_create(gpu, &cd, &dc));
-    kva_plan_desc pd = kva_test_batch_plan_desc(&b, 8, 2, 64, 64, KVA_DTYPE_BF16);
+    kva_plan_desc pd = kva_test_batch_plan_desc(&b, 8, 2, 256, 256, KVA_DTYPE_BF16);
     CHECK_STATUS(kva__context_force_kernel(gpu, "decode_v4"), KVA_STATUS_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("decode_mma_sm80");
     CHECK_OK(kva__context_force_kernel(gpu, "decode_simt"));
@@ -409,15 +409,15 @@ static void test_force_kernel(void)
     CHECK(p && ((const kva__cuda_plan *)p->device)->decode_kernel == KVA__CUDA_K_DECODE_MMA);
     kva_plan_destroy(p);
     p = NULL;
-    void *dq = dev_poisoned((size_t)b.T * 8 * 64 * 2);
-    void *dout = dev_poisoned((size_t)b.T * 8 * 64 * 2);
+    void *dq = dev_poisoned((size_t)b.T * 8 * 256 * 2);
+    void *dout = dev_poisoned((size_t)b.T * 8 * 256 * 2);
     const kva_status fs = kva__context_force_kernel(gpu, "prefill_wgmma_sm90");
     if (fs == KVA_STATUS_OK) { /* an sm_90a build on an H100 */
         CHECK_OK(kva_plan_create(gpu, &pd, &p));
         if (p) {
             CHECK_STATUS(kva_attention_run(gpu, p, dq, dc, NULL, dout, NULL),
                          KVA_STATUS_INVALID_ARGUMENT);
-            CHECK_ERROR_MENTIONS("D = 64");
+            CHECK_ERROR_MENTIONS("D = 256");
         }
     } else {
         CHECK_STATUS(fs, KVA_STATUS_UNSUPPORTED);
@@ -464,10 +464,10 @@ static void test_mma_mixed(void)
         kva_test_batch b;
         make_batch(&b, 600 + (uint64_t)i, 8, q, s, c.B);
         run_batch(&c, &b);
-        /* At D 128 every prefill tile kernel this machine has, forced. */
+        /* At D 64 and 128 every prefill tile kernel this machine has, forced. */
         static const char *const pk[] = {"prefill_wgmma_tma_sm90", "prefill_wgmma_sm90",
                                          "prefill_mma_sm80"};
-        for (int k = 0; k < 3 && c.D == 128; k++)
+        for (int k = 0; k < 3 && c.D != 256; k++)
             if (kernel_usable(pk[k])) {
                 c.pkernel = pk[k];
                 run_batch(&c, &b);

@@ -6,19 +6,18 @@
  * tables, shared prefixes), runs the REF backend on host copies and the kernel
  * on device copies (outputs poisoned with 0xff bytes, i.e. NaN, before every
  * launch), for every prefill kernel that exists for the head size
- * (kva__cuda_prefill_kernel: mma.sync, and on sm_90a at D 128 the wgmma kernel
- * with and without TMA) and for the dispatcher's choice, and compares out and
- * lse. Covered by a seeded covering design (every
- * axis walks its values in a fresh random order): D 64/128/256, (H, Hkv) with GQA groups 1/4/8 and
- * MQA, B 1/5/16/64, NHD/HND, bf16/f16, causal or not, windows, soft-cap, scale,
- * ALiBi, sinks (small and about +-60), lse or NULL, fresh prefills, chunked
- * prefills (q_len < seq_len), mixed batches with q_len 1-4 rows; explicit
- * batches add q_len 0 / seq_len 0 requests, non-causal rows that see no key
- * (out 0, lse -inf or the sink), q_len > seq_len, and a long prefill crossing
- * many key tiles; D = 128 batches for the sm_90a wgmma kernels (test_wgmma).
- * A fixed-capacity grid (more CTAs than tiles) is used every
- * time, so CTAs past num_tiles must exit without writing. Host-side checks:
- * the tile builder's order and errors, and the launcher's rejections.
+ * (kva__cuda_prefill_kernel: mma.sync at D = Dv, and on sm_90a at D/Dv 64/64,
+ * 128/128 and 192/128 the wgmma kernel with and without TMA) and for the dispatcher's choice, and
+ * compares out and lse. Covered by a seeded covering design (every axis walks its values in a fresh
+ * random order): D 64/128/256, (H, Hkv) with GQA groups 1/4/8 and MQA, B 1/5/16/64, NHD/HND,
+ * bf16/f16, causal or not, windows, soft-cap, scale, ALiBi, sinks (small and about +-60), lse or
+ * NULL, fresh prefills, chunked prefills (q_len < seq_len), mixed batches with q_len 1-4 rows;
+ * explicit batches add q_len 0 / seq_len 0 requests, non-causal rows that see no key (out 0, lse
+ * -inf or the sink), q_len > seq_len, and a long prefill crossing many key tiles; batches at each
+ * head size of the sm_90a wgmma kernels (test_wgmma, test_wgmma_tma; D 192 / Dv 128 runs there
+ * only). A fixed-capacity grid (more CTAs than tiles) is used every time, so CTAs past num_tiles
+ * must exit without writing. Host-side checks: the tile builder's order and errors, and the
+ * launcher's rejections.
  *
  * Tolerance: the kernel rounds the softmax weights P to the input dtype for the
  * P V product (as FlashAttention does), so out may differ from the fp64
@@ -55,7 +54,7 @@ int main(void)
     } while (0)
 
 typedef struct cfg {
-    int32_t D, H, Hkv, R, B, max_len;
+    int32_t D, Dv, H, Hkv, R, B, max_len; /* Dv 0: Dv = D */
     unsigned kinds;
     kva_dtype dt;
     kva_layout layout;
@@ -67,12 +66,14 @@ typedef struct cfg {
 
 static void print_cfg(const cfg *c, const kva_test_batch *b)
 {
-    fprintf(stderr,
-            "  case: D=%d H=%d Hkv=%d R=%d B=%d max_len=%d kinds=%u %s %s causal=%d window=%d "
-            "softcap=%g scale=%g alibi=%d sinks=%d lse=%d seed=%llu T=%d\n",
-            c->D, c->H, c->Hkv, b->R, c->B, c->max_len, c->kinds, kva_dtype_name(c->dt),
-            c->layout == KVA_LAYOUT_NHD ? "NHD" : "HND", c->causal, c->window, (double)c->softcap,
-            (double)c->scale, c->alibi, c->sinks, c->lse, (unsigned long long)c->seed, b->T);
+    fprintf(
+        stderr,
+        "  case: D=%d Dv=%d H=%d Hkv=%d R=%d B=%d max_len=%d kinds=%u %s %s causal=%d window=%d "
+        "softcap=%g scale=%g alibi=%d sinks=%d lse=%d seed=%llu T=%d\n",
+        c->D, c->Dv > 0 ? c->Dv : c->D, c->H, c->Hkv, b->R, c->B, c->max_len, c->kinds,
+        kva_dtype_name(c->dt), c->layout == KVA_LAYOUT_NHD ? "NHD" : "HND", c->causal, c->window,
+        (double)c->softcap, (double)c->scale, c->alibi, c->sinks, c->lse,
+        (unsigned long long)c->seed, b->T);
 }
 
 static void *dev_copy(const void *h, size_t bytes)
@@ -105,14 +106,14 @@ static int kernel_listed(const char *list, int v)
 static void run_batch(const cfg *c, const kva_test_batch *b)
 {
     kva_rng rng = {c->seed * 7919 + 17};
-    const int32_t H = c->H, Hkv = c->Hkv, D = c->D, T = b->T;
+    const int32_t H = c->H, Hkv = c->Hkv, D = c->D, Dv = c->Dv > 0 ? c->Dv : c->D, T = b->T;
     const size_t esz = kva_dtype_size(c->dt);
     kva_context_desc rd = {KVA_BACKEND_REF, 0, 0};
     kva_context *ref = NULL;
     CHECK_OK(kva_context_create(&rd, &ref));
     kva_cache *cache = NULL;
-    CHECK_OK(kva_test_batch_cache(b, ref, &rng, Hkv, D, D, c->dt, c->layout, &cache));
-    kva_plan_desc pd = kva_test_batch_plan_desc(b, H, Hkv, D, D, c->dt);
+    CHECK_OK(kva_test_batch_cache(b, ref, &rng, Hkv, D, Dv, c->dt, c->layout, &cache));
+    kva_plan_desc pd = kva_test_batch_plan_desc(b, H, Hkv, D, Dv, c->dt);
     pd.causal = c->causal;
     pd.window_left = c->window;
     pd.softcap = c->softcap;
@@ -135,11 +136,11 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
         free(sinks);
         return;
     }
-    const size_t nq = (size_t)T * H * D, nl = (size_t)T * H;
-    void *q = malloc(nq * esz + 2), *out_ref = malloc(nq * esz + 2), *out = malloc(nq * esz + 2);
+    const size_t nq = (size_t)T * H * D, no = (size_t)T * H * Dv, nl = (size_t)T * H;
+    void *q = malloc(nq * esz + 2), *out_ref = malloc(no * esz + 2), *out = malloc(no * esz + 2);
     float *lse_ref = malloc(nl * 4 + 4), *lse = malloc(nl * 4 + 4);
     kva_test_fill_uniform(q, c->dt, nq, &rng);
-    kva_test_poison(out_ref, c->dt, nq);
+    kva_test_poison(out_ref, c->dt, no);
     kva_test_poison(lse_ref, KVA_DTYPE_F32, nl);
     const float *sk = c->sinks ? sinks : NULL;
     CHECK_OK(kva_attention_run(ref, plan, q, cache, sk, out_ref, lse_ref));
@@ -147,7 +148,8 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
     /* Device copies. */
     void *k_h, *v_h;
     kva_cache_data(cache, &k_h, &v_h);
-    const size_t kv_bytes = (size_t)b->num_blocks * b->block_size * Hkv * D * esz;
+    const size_t kv_rows = (size_t)b->num_blocks * b->block_size * Hkv;
+    const size_t k_bytes = kv_rows * D * esz, v_bytes = kv_rows * Dv * esz;
     /* After the reference ran: slots past seq_len of a request's last block
      * get NaN (0xffff in f16 and bf16); no kernel may load them into a
      * product (the TMA kernel must gather such tiles by cp.async). */
@@ -162,12 +164,11 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
                                        ? (blk * (size_t)B + (size_t)o) * (size_t)Hkv + (size_t)h
                                        : (blk * (size_t)Hkv + (size_t)h) * (size_t)B + (size_t)o;
                 memset((char *)k_h + row * (size_t)D * esz, 0xff, (size_t)D * esz);
-                memset((char *)v_h + row * (size_t)D * esz, 0xff, (size_t)D * esz);
+                memset((char *)v_h + row * (size_t)Dv * esz, 0xff, (size_t)Dv * esz);
             }
     }
-    void *d_q = dev_copy(q, nq * esz), *d_k = dev_copy(k_h, kv_bytes),
-         *d_v = dev_copy(v_h, kv_bytes);
-    void *d_out = dev_copy(NULL, nq * esz);
+    void *d_q = dev_copy(q, nq * esz), *d_k = dev_copy(k_h, k_bytes), *d_v = dev_copy(v_h, v_bytes);
+    void *d_out = dev_copy(NULL, no * esz);
     float *d_lse = dev_copy(NULL, nl * 4);
     float *d_sinks = dev_copy(sinks, sizeof(float) * (size_t)H);
     float *d_slopes = dev_copy(slopes, sizeof(float) * (size_t)H);
@@ -206,7 +207,7 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
     a.num_heads = H;
     a.num_kv_heads = Hkv;
     a.head_dim = D;
-    a.head_dim_v = D;
+    a.head_dim_v = Dv;
     a.dtype = c->dt;
     a.layout = c->layout;
     a.scale = c->scale > 0.0f ? c->scale : (float)(1.0 / sqrt((double)D));
@@ -221,17 +222,17 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
      * those (sanitizer runs of one kernel; every kernel by default). */
     const char *only = getenv("KVA_TEST_KERNELS");
     for (int var = KVA__CUDA_PREFILL_AUTO; var <= KVA__CUDA_PREFILL_WGMMA_TMA; var++) {
-        if (var > 0 && !kva__cuda_prefill_kernel_exists(D, (kva__cuda_prefill_kernel)var))
+        if (var > 0 && !kva__cuda_prefill_kernel_exists(D, Dv, (kva__cuda_prefill_kernel)var))
             continue;
         if (only && !kernel_listed(only, var))
             continue;
-        CUDA_OK(cudaMemset(d_out, 0xff, nq * esz));
+        CUDA_OK(cudaMemset(d_out, 0xff, no * esz));
         CUDA_OK(cudaMemset(d_lse, 0xff, nl * 4));
         CHECK_OK(kva__cuda_prefill_launch_kernel(&a, NULL, (kva__cuda_prefill_kernel)var));
         CUDA_OK(cudaDeviceSynchronize());
-        CUDA_OK(cudaMemcpy(out, d_out, nq * esz, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(out, d_out, no * esz, cudaMemcpyDeviceToHost));
         CUDA_OK(cudaMemcpy(lse, d_lse, nl * 4, cudaMemcpyDeviceToHost));
-        size_t bad = kva_test_compare("out", out, out_ref, c->dt, nq, atol, kva_test_rtol(c->dt));
+        size_t bad = kva_test_compare("out", out, out_ref, c->dt, no, atol, kva_test_rtol(c->dt));
         if (c->lse)
             bad += kva_test_compare_f32("lse", lse, lse_ref, nl, kva_test_atol(KVA_DTYPE_F32),
                                         kva_test_rtol(KVA_DTYPE_F32));
@@ -424,13 +425,16 @@ static void test_long(void)
     }
 }
 
-/* D = 128 batches aimed at the sm_90a wgmma kernels (mma.sync runs on them
- * too): 128-key tiles crossed many times, lengths that are not
- * multiples of the tile, chunked prefills after cached context (q_len <
- * seq_len), GQA groups 1/4/8, B 1/16/64, NHD/HND, bf16/f16, LSE or NULL, and
- * the soft-cap / ALiBi / sinks / window paths once each. On a compute
- * capability 9.0 device of a build with sm_90a code the wgmma kernels must
- * exist (so this cannot pass by skipping them). */
+/* The head sizes (D, Dv) of the wgmma kernel: its traits (prefill_wgmma.cuh). */
+static const int32_t wg_dims[][2] = {{128, 128}, {64, 64}, {192, 128}};
+
+/* Batches aimed at the sm_90a wgmma kernels at each of its head sizes
+ * (mma.sync runs on those with D = Dv too): 128-key tiles crossed many
+ * times, lengths that are not multiples of the tile, chunked prefills after
+ * cached context (q_len < seq_len), GQA groups 1/4/8, B 1/16/64, NHD/HND,
+ * bf16/f16, LSE or NULL, and the soft-cap / ALiBi / sinks / window paths once
+ * each. On a compute capability 9.0 device of a build with sm_90a code the
+ * wgmma kernels must exist (so this cannot pass by skipping them). */
 static void test_wgmma(void)
 {
     static const int32_t ql[] = {600, 77, 300, 5}, sl[] = {600, 1500, 429, 700};
@@ -443,15 +447,19 @@ static void test_wgmma(void)
     CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
     if (major == 9 && minor == 0)
-        for (int v = KVA__CUDA_PREFILL_WGMMA; v <= KVA__CUDA_PREFILL_WGMMA_TMA; v++)
-            CHECK_MSG(kva__cuda_prefill_kernel_exists(128, (kva__cuda_prefill_kernel)v),
-                      "wgmma kernel %d missing", v);
+        for (int di = 0; di < 3; di++)
+            for (int v = KVA__CUDA_PREFILL_WGMMA; v <= KVA__CUDA_PREFILL_WGMMA_TMA; v++)
+                CHECK_MSG(kva__cuda_prefill_kernel_exists(wg_dims[di][0], wg_dims[di][1],
+                                                          (kva__cuda_prefill_kernel)v),
+                          "wgmma kernel %d missing for D %d", v, wg_dims[di][0]);
 #endif
     const int n = small_mode ? 2 : 9;
-    for (int v = 0; v < n; v++) {
+    for (int i = 0; i < 3 * n; i++) {
+        const int v = i % n, di = i / n;
         cfg c;
         memset(&c, 0, sizeof c);
-        c.D = 128;
+        c.D = wg_dims[di][0];
+        c.Dv = wg_dims[di][1];
         c.H = heads[v % 3][0];
         c.Hkv = heads[v % 3][1];
         c.B = bsizes[(v + v / 3) % 3];
@@ -463,7 +471,7 @@ static void test_wgmma(void)
         c.alibi = v == 7;
         c.sinks = v == 8 ? 2 : v == 2;
         c.lse = v != 3;
-        c.seed = 9000 + (uint64_t)v;
+        c.seed = 9000 + (uint64_t)i;
         kva_rng rng = {c.seed};
         kva_test_batch b;
         if (small_mode)
@@ -475,20 +483,22 @@ static void test_wgmma(void)
     }
 }
 
-/* D = 128 batches aimed at the TMA path of the wgmma kernel: block
- * sizes 8, 32, 128 and 256 (boxes of 8 .. 128 rows, a box at a row offset
- * inside a block of 256), both layouts, causal or not, a window (tiles below
- * its edge skipped, interior tiles above it), and NaN in the unused slots of
- * every request's last block, so a tile that crosses seq_len must not be
- * loaded by TMA. Every kernel runs on them. */
+/* Batches aimed at the TMA path of the wgmma kernel, at each of its head
+ * sizes: block sizes 8, 32, 128 and 256 (boxes of 8 .. 128 rows, a box at a
+ * row offset inside a block of 256), both layouts, causal or not, a window
+ * (tiles below its edge skipped, interior tiles above it), and NaN in the
+ * unused slots of every request's last block, so a tile that crosses seq_len
+ * must not be loaded by TMA. Every kernel runs on them. */
 static void test_wgmma_tma(void)
 {
     static const int32_t ql[] = {260, 20}, sl[] = {260, 600};
     static const int32_t bsizes[] = {8, 32, 128, 256};
-    for (int v = 0; v < 4; v++) {
+    for (int i = 0; i < 12; i++) {
+        const int v = i % 4, di = i / 4;
         cfg c;
         memset(&c, 0, sizeof c);
-        c.D = 128;
+        c.D = wg_dims[di][0];
+        c.Dv = wg_dims[di][1];
         c.H = v == 2 ? 8 : 16;
         c.Hkv = v == 2 ? 8 : 2;
         c.B = bsizes[v];
@@ -499,27 +509,32 @@ static void test_wgmma_tma(void)
         c.sinks = v == 1;
         c.lse = 1;
         c.nan_tail = 1;
-        c.seed = 9100 + (uint64_t)v;
+        c.seed = 9100 + (uint64_t)i;
         kva_rng rng = {c.seed};
         kva_test_batch b;
         kva_test_batch_init(&b, &rng, 2, ql, sl, c.B, 1, 0);
         run_batch(&c, &b);
         kva_test_batch_free(&b);
         if (small_mode && v >= 1)
-            break;
+            i += 2; /* two block sizes per head size */
     }
     /* More CTA tiles (192) than an H100 has SMs, so the persistent wgmma
      * kernels walk several tiles per CTA (the K/V ring and its mbarrier
-     * phases carried from tile to tile); the second batch is non-causal with
-     * a seq_len 0 request last, whose tiles have no key tile at all. */
+     * phases carried from tile to tile), at each head size (ring depths 3,
+     * 4, 2); the second batch is non-causal with a seq_len 0 request last,
+     * whose tiles have no key tile at all. */
     static const int32_t ql_p[] = {130, 130, 130, 130, 130, 130},
                          sl_p[] = {130, 130, 130, 130, 130, 130};
     static const int32_t ql_n[] = {130, 130, 130, 130, 130, 3},
                          sl_n[] = {130, 200, 130, 130, 130, 0};
-    for (int v = 0; v < 2; v++) {
+    for (int i = 0; i < 6; i++) {
+        const int v = i % 2, di = i / 2;
+        if (small_mode && v == 1 && di > 0)
+            continue; /* sanitizer runs: the non-causal batch at D 128 only */
         cfg c;
         memset(&c, 0, sizeof c);
-        c.D = 128;
+        c.D = wg_dims[di][0];
+        c.Dv = wg_dims[di][1];
         c.H = 16;
         c.Hkv = 16;
         c.B = v ? 32 : 64;
@@ -530,7 +545,7 @@ static void test_wgmma_tma(void)
         c.sinks = v;
         c.lse = 1;
         c.nan_tail = 1;
-        c.seed = 9200 + (uint64_t)v;
+        c.seed = 9200 + (uint64_t)i;
         kva_rng rng = {c.seed};
         kva_test_batch b;
         kva_test_batch_init(&b, &rng, 6, v ? ql_n : ql_p, v ? sl_n : sl_p, c.B, 1, 0);
@@ -574,14 +589,26 @@ static void test_host(void)
     CHECK(!kva__cuda_prefill_supported(96, 96, KVA_DTYPE_BF16));
     CHECK(!kva__cuda_prefill_supported(128, 64, KVA_DTYPE_BF16));
     CHECK(!kva__cuda_prefill_supported(128, 128, KVA_DTYPE_F32));
-    CHECK(kva__cuda_prefill_kernel_exists(256, KVA__CUDA_PREFILL_MMA) &&
-          kva__cuda_prefill_kernel_exists(64, KVA__CUDA_PREFILL_MMA));
-    CHECK(!kva__cuda_prefill_kernel_exists(256, KVA__CUDA_PREFILL_WGMMA) &&
-          !kva__cuda_prefill_kernel_exists(64, KVA__CUDA_PREFILL_WGMMA_TMA) &&
-          !kva__cuda_prefill_kernel_exists(128, KVA__CUDA_PREFILL_AUTO));
-    CHECK(!kva__cuda_prefill_kernel_exists(64, (kva__cuda_prefill_kernel)4));
-    CHECK(kva__cuda_prefill_kernel_default(64, 16, 100) == KVA__CUDA_PREFILL_MMA &&
-          kva__cuda_prefill_kernel_default(256, 16, 100) == KVA__CUDA_PREFILL_MMA);
+    CHECK(!kva__cuda_prefill_supported(192, 128, KVA_DTYPE_F32));
+    CHECK(!kva__cuda_prefill_supported(192, 192, KVA_DTYPE_BF16));
+    /* D 192 / Dv 128 has only the wgmma kernel. */
+    const int wg = kva__cuda_prefill_wgmma_ready();
+    CHECK(kva__cuda_prefill_supported(192, 128, KVA_DTYPE_F16) == wg);
+    CHECK(kva__cuda_prefill_kernel_exists(256, 256, KVA__CUDA_PREFILL_MMA) &&
+          kva__cuda_prefill_kernel_exists(64, 64, KVA__CUDA_PREFILL_MMA) &&
+          !kva__cuda_prefill_kernel_exists(192, 128, KVA__CUDA_PREFILL_MMA) &&
+          !kva__cuda_prefill_kernel_exists(128, 64, KVA__CUDA_PREFILL_MMA));
+    CHECK(!kva__cuda_prefill_kernel_exists(256, 256, KVA__CUDA_PREFILL_WGMMA) &&
+          !kva__cuda_prefill_kernel_exists(128, 64, KVA__CUDA_PREFILL_WGMMA_TMA) &&
+          !kva__cuda_prefill_kernel_exists(128, 128, KVA__CUDA_PREFILL_AUTO));
+    CHECK(kva__cuda_prefill_kernel_exists(64, 64, KVA__CUDA_PREFILL_WGMMA_TMA) == wg &&
+          kva__cuda_prefill_kernel_exists(192, 128, KVA__CUDA_PREFILL_WGMMA) == wg);
+    CHECK(!kva__cuda_prefill_kernel_exists(64, 64, (kva__cuda_prefill_kernel)4));
+    CHECK(kva__cuda_prefill_kernel_default(256, 256, 16, 100) == KVA__CUDA_PREFILL_MMA);
+    CHECK(kva__cuda_prefill_kernel_default(64, 64, 16, 100) ==
+          (wg ? KVA__CUDA_PREFILL_WGMMA_TMA : KVA__CUDA_PREFILL_MMA));
+    CHECK(kva__cuda_prefill_kernel_default(192, 128, 5, 100) ==
+          (wg ? KVA__CUDA_PREFILL_WGMMA : KVA__CUDA_PREFILL_MMA));
     kva__cuda_prefill_args a;
     memset(&a, 0, sizeof a);
     a.head_dim = a.head_dim_v = 96;

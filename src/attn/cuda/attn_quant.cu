@@ -45,6 +45,7 @@ extern "C" {
 #include "attn_quant_ld.cuh"
 #include "cuda_check.h"
 #include "quant_args.cuh"
+#include "simt_merge.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -57,7 +58,6 @@ extern "C" {
 #define QA_NW 4 /* warps per CTA */
 #define QA_U 2  /* keys per lane group and step */
 #define QA_LOG2E 1.4426950408889634f
-#define QA_LN2 0.6931471805599453f
 /* 1: items of plans partitioned for the tensor-core decode over quantized K/V run on the
  * tensor-core kernel of decode_mma_quant.cu; 0: everything on this file's
  * CUDA-core kernel. */
@@ -431,58 +431,16 @@ __global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
             }
         }
 
-        /* Merge the groups of each warp (lane li of every group holds the same channels). */
-#pragma unroll
-        for (int o = LK; o < 32; o <<= 1) {
-#pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-                const float mo = __shfl_xor_sync(0xffffffffu, m[r], o);
-                const float lo_ = __shfl_xor_sync(0xffffffffu, l[r], o);
-                const float mx = fmaxf(m[r], mo);
-                const float mu = mx == -INFINITY ? 0.f : mx;
-                const float ca = exp2f(m[r] - mu), cb = exp2f(mo - mu);
-                l[r] = l[r] * ca + lo_ * cb;
-                m[r] = mx;
-#pragma unroll
-                for (int c = 0; c < NCHV; c++)
-#pragma unroll
-                    for (int e = 0; e < VV; e++) {
-                        const float x = __shfl_xor_sync(0xffffffffu, acc[r][c][e], o);
-                        acc[r][c][e] = acc[r][c][e] * ca + x * cb;
-                    }
-            }
-        }
-        if (g == 0) {
-#pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-#pragma unroll
-                for (int c = 0; c < NCHV; c++)
-#pragma unroll
-                    for (int e = 0; e < VV; e++)
-                        s_acc[warp][r][(li + c * LK) * VV + e] = acc[r][c][e];
-                if (li == 0) {
-                    s_m[warp][r] = m[r];
-                    s_l[warp][r] = l[r];
-                }
-            }
-        }
+        /* Merge the groups of each warp, then the warps; apply the V scales and
+         * write element (r, d) per thread. */
+        kva__simt_merge_groups<LK, ROWS, NCHV, VV>(m, l, acc);
+        kva__simt_store_warp<LK, ROWS, NCHV, VV, QA_NW, DCV>(warp, g, li, m, l, acc, s_acc, s_m,
+                                                             s_l);
         __syncthreads();
-
-        /* Combine the warps, apply the V scales, write: element (r, d) per thread. */
         for (int32_t x = threadIdx.x; x < w.nrows * a.Dv; x += blockDim.x) {
             const int32_t r = x / a.Dv, d = x - r * a.Dv;
-            float M = -INFINITY;
-#pragma unroll
-            for (int ww = 0; ww < QA_NW; ww++)
-                M = fmaxf(M, s_m[ww][r]);
-            const float mu = M == -INFINITY ? 0.f : M;
-            float L = 0.f, O = 0.f;
-#pragma unroll
-            for (int ww = 0; ww < QA_NW; ww++) {
-                const float c = exp2f(s_m[ww][r] - mu);
-                L += s_l[ww][r] * c;
-                O += s_acc[ww][r][d] * c;
-            }
+            float M, mu, L, O;
+            kva__simt_combine<QA_NW, ROWS, DCV>(s_m, s_l, s_acc, r, d, &M, &mu, &L, &O);
             /* sum_j p_j v_jd in value units (0 when no key is visible). */
             if constexpr (FMT == QF_I8 || FMT == QF_FP8) {
                 const int64_t sv = (int64_t)w.kvh * a.Dv + d;
@@ -492,27 +450,13 @@ __global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
             const int32_t head = w.kvh * a.G + w.h0 + hh;
             const int64_t tok = qs + w.i0 + qi;
             if (w.task >= 0) {
-                /* Split partial: out over this chunk's keys, lse without the sink. */
                 const kva__cuda_task t = a.meta.tasks[w.task];
-                float *blk = a.ws + t.ws_off + (int64_t)w.split * w.ntot * (a.Dv + 1);
-                blk[(int64_t)m_ * a.Dv + d] = L > 0.f ? O / L : (L == 0.f ? 0.f : L);
-                if (d == 0)
-                    blk[(int64_t)w.ntot * a.Dv + m_] =
-                        L > 0.f ? (mu + log2f(L)) * QA_LN2 : (L == 0.f ? -INFINITY : L);
+                kva__simt_write_partial(a.ws + t.ws_off + (int64_t)w.split * w.ntot * (a.Dv + 1),
+                                        w.ntot, a.Dv, m_, d, mu, L, O);
             } else {
-                float Mt = M, sink2 = -INFINITY;
-                if (a.sinks) {
-                    sink2 = a.sinks[head] * QA_LOG2E;
-                    Mt = fmaxf(M, sink2);
-                }
-                const float mt = Mt == -INFINITY ? 0.f : Mt;
-                const float cf = exp2f(mu - mt);
-                const float Lt = L * cf + (a.sinks ? exp2f(sink2 - mt) : 0.f);
-                const float o = Lt > 0.f ? O * cf / Lt : (Lt == 0.f ? 0.f : Lt);
+                const float o = kva__simt_finish(M, mu, L, O, a.sinks ? a.sinks + head : NULL, d,
+                                                 a.lse ? a.lse + tok * a.H + head : NULL);
                 store_out(a.out, a.qdt, (tok * a.H + head) * a.Dv + d, o);
-                if (a.lse && d == 0)
-                    a.lse[tok * a.H + head] =
-                        Lt > 0.f ? (mt + log2f(Lt)) * QA_LN2 : (Lt == 0.f ? -INFINITY : Lt);
             }
         }
         __syncthreads();
@@ -578,7 +522,7 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
                                                 const void *q, const kva_cache *cache,
                                                 const float *sinks, void *out, float *lse)
 {
-    const kva__cuda_state *st = (const kva__cuda_state *)ctx->cuda;
+    const kva__cuda_state *st = (const kva__cuda_state *)ctx->state;
     const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
     const kva_plan_desc *d = &plan->d;
     const kva_cache_desc *cd = &cache->desc;

@@ -45,7 +45,6 @@ extern "C" {
 
 #define KVA_NW 4 /* warps per CTA */
 #define KVA_LOG2E 1.4426950408889634f
-#define KVA_LN2 0.6931471805599453f
 
 typedef kva__cuda_attn_args attn_args; /* cuda_backend.h */
 
@@ -342,6 +341,7 @@ attend_step(const attn_args &a, int32_t kb, int g, const uint4 (&kr)[U][NCH],
  * chunks per lane (LK*NCH*VEC >= max(D, Dv)); ROWS: attention rows per CTA.
  */
 #include "attn_xpose.cuh"
+#include "simt_merge.cuh"
 
 /* RING: loads through the cp.async ring, plus the transposing reduction of
  * attn_xpose.cuh where U*ROWS >= LK (f16/bf16); else the register pipeline
@@ -506,84 +506,26 @@ __global__ void __launch_bounds__(KVA_NW * 32, simt_ring<T>::on &&ROWS == 4 ? 3 
             cp_async_wait<0>(); /* nothing may land in the ring after the item */
         }
 
-        /* Merge the groups of each warp (lanes li of every group hold channel li). */
-#pragma unroll
-        for (int o = LK; o < 32; o <<= 1) {
-#pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-                const float mo = __shfl_xor_sync(0xffffffffu, m[r], o);
-                const float lo_ = __shfl_xor_sync(0xffffffffu, l[r], o);
-                const float mx = fmaxf(m[r], mo);
-                const float mu = mx == -INFINITY ? 0.f : mx;
-                const float ca = exp2f(m[r] - mu), cb = exp2f(mo - mu);
-                l[r] = l[r] * ca + lo_ * cb;
-                m[r] = mx;
-#pragma unroll
-                for (int c = 0; c < NCH; c++)
-#pragma unroll
-                    for (int e = 0; e < VEC; e++) {
-                        const float x = __shfl_xor_sync(0xffffffffu, acc[r][c][e], o);
-                        acc[r][c][e] = acc[r][c][e] * ca + x * cb;
-                    }
-            }
-        }
-        if (g == 0) {
-#pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-#pragma unroll
-                for (int c = 0; c < NCH; c++)
-#pragma unroll
-                    for (int e = 0; e < VEC; e++)
-                        s_acc[warp][r][(li + c * LK) * VEC + e] = acc[r][c][e];
-                if (li == 0) {
-                    s_m[warp][r] = m[r];
-                    s_l[warp][r] = l[r];
-                }
-            }
-        }
+        /* Merge the groups of each warp, then the warps; element (r, d) per thread. */
+        kva__simt_merge_groups<LK, ROWS, NCH, VEC>(m, l, acc);
+        kva__simt_store_warp<LK, ROWS, NCH, VEC, KVA_NW, DC>(warp, g, li, m, l, acc, s_acc, s_m,
+                                                             s_l);
         __syncthreads();
-
-        /* Combine the warps and write: element (r, d) per thread. */
         for (int32_t x = threadIdx.x; x < nrows * a.Dv; x += blockDim.x) {
             const int32_t r = x / a.Dv, d = x - r * a.Dv;
-            float M = -INFINITY;
-#pragma unroll
-            for (int ww = 0; ww < KVA_NW; ww++)
-                M = fmaxf(M, s_m[ww][r]);
-            const float mu = M == -INFINITY ? 0.f : M;
-            float L = 0.f, O = 0.f;
-#pragma unroll
-            for (int ww = 0; ww < KVA_NW; ww++) {
-                const float c = exp2f(s_m[ww][r] - mu);
-                L += s_l[ww][r] * c;
-                O += s_acc[ww][r][d] * c;
-            }
+            float M, mu, L, O;
+            kva__simt_combine<KVA_NW, ROWS, DC>(s_m, s_l, s_acc, r, d, &M, &mu, &L, &O);
             const int32_t qi = r / w.nh, hh = r - qi * w.nh;
             const int32_t head = w.kv_head * a.G + w.h0 + hh;
             const int64_t tok = qs + w.i0 + qi;
             if (w.task >= 0) {
-                /* Split partial: out over this chunk's keys, lse without the sink. */
                 const kva__cuda_task t = a.meta.tasks[w.task];
-                float *blk = a.ws + t.ws_off + (int64_t)w.split * nrows * (a.Dv + 1);
-                blk[(int64_t)r * a.Dv + d] = L > 0.f ? O / L : 0.f;
-                if (d == 0)
-                    blk[(int64_t)nrows * a.Dv + r] =
-                        L > 0.f ? (mu + log2f(L)) * KVA_LN2 : (L == 0.f ? -INFINITY : L);
+                kva__simt_write_partial(a.ws + t.ws_off + (int64_t)w.split * nrows * (a.Dv + 1),
+                                        nrows, a.Dv, r, d, mu, L, O);
             } else {
-                float Mt = M;
-                float sink2 = -INFINITY;
-                if (a.sinks) {
-                    sink2 = a.sinks[head] * KVA_LOG2E;
-                    Mt = fmaxf(M, sink2);
-                }
-                const float mt = Mt == -INFINITY ? 0.f : Mt;
-                const float cf = exp2f(mu - mt);
-                const float Lt = L * cf + (a.sinks ? exp2f(sink2 - mt) : 0.f);
-                const float o = Lt > 0.f ? O * cf / Lt : (Lt == 0.f ? 0.f : Lt);
+                const float o = kva__simt_finish(M, mu, L, O, a.sinks ? a.sinks + head : NULL, d,
+                                                 a.lse ? a.lse + tok * a.H + head : NULL);
                 store_elem((T *)a.out, (size_t)((tok * a.H + head) * a.Dv + d), o);
-                if (a.lse && d == 0)
-                    a.lse[tok * a.H + head] =
-                        Lt > 0.f ? (mt + log2f(Lt)) * KVA_LN2 : (Lt == 0.f ? -INFINITY : Lt);
             }
         }
         __syncthreads();

@@ -26,7 +26,7 @@ extern "C" {
 
 static cudaStream_t stream_of(const kva_context *ctx)
 {
-    return (cudaStream_t)((const kva__cuda_state *)ctx->cuda)->stream;
+    return (cudaStream_t)((const kva__cuda_state *)ctx->state)->stream;
 }
 
 __device__ __forceinline__ float load_f(const float *p, int64_t i)

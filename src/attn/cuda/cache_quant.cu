@@ -47,7 +47,7 @@ extern "C" {
 
 static cudaStream_t stream_of(const kva_context *ctx)
 {
-    return (cudaStream_t)((const kva__cuda_state *)ctx->cuda)->stream;
+    return (cudaStream_t)((const kva__cuda_state *)ctx->state)->stream;
 }
 
 static int has_int8(kva_quant q)
@@ -361,7 +361,7 @@ extern "C" kva_status kva__cuda_cache_write_quant(kva_context *ctx, kva_cache *c
         cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
         KVA_CUDA_TRY(cudaStreamIsCapturing(s, &cs));
         a.record = cs != cudaStreamCaptureStatusNone ||
-                   ((const kva__cuda_state *)ctx->cuda)->deferred_write_status;
+                   ((const kva__cuda_state *)ctx->state)->deferred_write_status;
     }
     if (src_dtype == KVA_DTYPE_F32)
         KVA_TRY(launch<float>(s, a, k, v));
@@ -387,7 +387,7 @@ extern "C" kva_status kva_cuda_cache_write_status(kva_context *ctx, const kva_ca
     kva__clear_error();
     KVA_CHECK_PTR(ctx);
     KVA_CHECK_PTR(cache);
-    if (ctx->backend != KVA_BACKEND_CUDA || !ctx->cuda || cache->mem != ctx->ops->memory)
+    if (ctx->backend != KVA_BACKEND_CUDA || !ctx->state || cache->mem != ctx->ops->memory)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_cuda_cache_write_status: ctx backend '%s' and cache memory '%s': "
                          "both must be cuda",

@@ -22,7 +22,7 @@
 
 /* Number of CUDA devices visible (0 without a driver or a GPU). */
 int kva__cuda_device_count(void);
-/* Creates ctx->cuda (stream 0, empty buffers) on ctx->device_id; frees it. */
+/* Creates ctx->state (stream 0, empty buffers) on ctx->device_id; frees it. */
 kva_status kva__cuda_context_init(kva_context *ctx);
 void kva__cuda_context_free(kva_context *ctx);
 /* Device memory on ctx's device (bytes > 0); freed on device_id. */

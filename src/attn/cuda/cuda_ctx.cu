@@ -10,8 +10,9 @@
  * leave the staging buffer, fills it and enqueues one cudaMemcpyAsync per
  * section. The run path then only launches kernels.
  *
- * Prefills on tensor cores: for paged plans whose shape prefill_mma supports
- * (D in {64, 128, 256}, Dv == D, f16/bf16), requests with q_len above the
+ * Prefills on tensor cores: for paged plans whose shape a prefill tile kernel
+ * supports (kva__cuda_prefill_supported: D = Dv in {64, 128, 256}, or D 192 /
+ * Dv 128 on sm_90a; f16/bf16), requests with q_len above the
  * decode threshold and at least KVA_CUDA_MMA_MIN_ROWS packed rows
  * (q_len * H / Hkv) leave the work partition; their tile list is built into
  * the staging buffer's prefill-tile section and uploaded with the rest. The
@@ -32,7 +33,7 @@ extern "C" {
 
 static kva__cuda_state *state_of(const kva_context *ctx)
 {
-    return (kva__cuda_state *)ctx->cuda;
+    return (kva__cuda_state *)ctx->state;
 }
 
 /* Makes the context's device current (cheap when it already is). */
@@ -63,7 +64,7 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx)
                          (int)ctx->device_id, cudaGetErrorString(e));
     }
     st->upload_event = ev;
-    ctx->cuda = st;
+    ctx->state = st;
     return KVA_STATUS_OK;
 }
 
@@ -79,7 +80,7 @@ extern "C" void kva__cuda_context_free(kva_context *ctx)
     cudaFreeHost(st->meta_host);
     cudaEventDestroy((cudaEvent_t)st->upload_event);
     free(st);
-    ctx->cuda = NULL;
+    ctx->state = NULL;
 }
 
 /* The memory table's workspace_free: called after kva__cuda_context_free,
@@ -125,7 +126,7 @@ extern "C" kva_status kva__cuda_check_ctx(const char *fn, const kva_context *ctx
 {
     if (!ctx)
         return kva__fail(KVA_STATUS_NULL_POINTER, "%s: argument 'ctx' is NULL", fn);
-    if (ctx->backend != KVA_BACKEND_CUDA || !ctx->cuda)
+    if (ctx->backend != KVA_BACKEND_CUDA || !ctx->state)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: ctx backend is '%s', not 'cuda'", fn,
                          kva_backend_name(ctx->backend));
     return KVA_STATUS_OK;

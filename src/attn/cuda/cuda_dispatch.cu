@@ -40,7 +40,7 @@ typedef kva__cuda_attn_args attn_args;
 static kva_status launch_prefill(kva_context *ctx, const kva_plan *plan, const attn_args *a,
                                  const kva_cache *cache, int eager)
 {
-    kva__cuda_state *st = (kva__cuda_state *)ctx->cuda;
+    kva__cuda_state *st = (kva__cuda_state *)ctx->state;
     const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
     if (!cp->mma || !cache || st->caps.ptiles <= 0 || (eager && cp->num_ptiles == 0))
         return KVA_STATUS_OK;
@@ -84,7 +84,7 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
 {
     if (cache && cache->desc.quant != KVA_QUANT_NONE) /* attn_quant.cu: all items and tiles */
         return kva__cuda_attention_quant(ctx, plan, q, cache, sinks, out, lse);
-    const kva__cuda_state *st = (const kva__cuda_state *)ctx->cuda;
+    const kva__cuda_state *st = (const kva__cuda_state *)ctx->state;
     const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
     const kva_plan_desc *d = &plan->d;
     cudaStream_t stream = (cudaStream_t)st->stream;

@@ -23,9 +23,10 @@ extern "C" const kva__kernel_info kva__cuda_kernels[KVA__CUDA_KERNELS] = {
     {"decode_mma_sm80", KVA__KERNEL_DECODE, NULL},
     /* Work items on CUDA cores: every dtype, head size and cache format. */
     {"decode_simt", KVA__KERNEL_DECODE, NULL},
-    /* Prefill tiles on wgmma with TMA loads of in-range K/V tiles (D 128). */
+    /* Prefill tiles on wgmma with TMA loads of in-range K/V tiles (D/Dv 64/64, 128/128,
+     * 192/128). */
     {"prefill_wgmma_tma_sm90", KVA__KERNEL_PREFILL, wgmma_usable},
-    /* The same kernel with every K/V tile gathered by cp.async (D 128). */
+    /* The same kernel with every K/V tile gathered by cp.async. */
     {"prefill_wgmma_sm90", KVA__KERNEL_PREFILL, wgmma_usable},
     /* Prefill tiles on mma.sync, D in {64, 128, 256}, float and quantized caches. */
     {"prefill_mma_sm80", KVA__KERNEL_PREFILL, NULL},

@@ -308,10 +308,11 @@ extern "C" kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, 
 {
     const dm_launch k = dm_pick(dtype, a->D);
     if (!k.fn || a->Dv != a->D)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_attention_run: attention variant 4 does not cover D = %d, Dv = %d, "
-                         "dtype = %s (D in {64, 128, 256}, Dv == D, f16 or bf16)",
-                         (int)a->D, (int)a->Dv, kva_dtype_name(dtype));
+        return kva__fail(
+            KVA_STATUS_UNSUPPORTED,
+            "kva_attention_run: the tensor-core decode does not cover D = %d, Dv = %d, "
+            "dtype = %s (D in {64, 128, 256}, Dv == D, f16 or bf16)",
+            (int)a->D, (int)a->Dv, kva_dtype_name(dtype));
     /* The limit is per function and device; plan_build raised it through the
      * occupancy query, set again here for a context on another device. */
     KVA_CUDA_TRY(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));

@@ -381,11 +381,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
 
 extern "C" int kva__cuda_prefill_supported(int32_t head_dim, int32_t head_dim_v, kva_dtype dtype)
 {
-    if (head_dim_v != head_dim)
+    if (dtype != KVA_DTYPE_BF16 && dtype != KVA_DTYPE_F16)
         return 0;
-    if (head_dim != 64 && head_dim != 128 && head_dim != 256)
-        return 0;
-    return dtype == KVA_DTYPE_BF16 || dtype == KVA_DTYPE_F16;
+    return kva__cuda_prefill_kernel_exists(head_dim, head_dim_v, KVA__CUDA_PREFILL_MMA) ||
+           kva__cuda_prefill_kernel_exists(head_dim, head_dim_v, KVA__CUDA_PREFILL_WGMMA);
 }
 
 extern "C" int64_t kva__cuda_prefill_tiles_count_subset(int32_t num_requests,
@@ -557,14 +556,16 @@ static kva_status launch_dtype(const kva__cuda_prefill_args *a, cudaStream_t st)
     }
 }
 
-extern "C" int kva__cuda_prefill_kernel_exists(int32_t head_dim, kva__cuda_prefill_kernel kernel)
+extern "C" int kva__cuda_prefill_kernel_exists(int32_t head_dim, int32_t head_dim_v,
+                                               kva__cuda_prefill_kernel kernel)
 {
     switch (kernel) {
     case KVA__CUDA_PREFILL_MMA:
-        return 1;
+        return head_dim == head_dim_v && (head_dim == 64 || head_dim == 128 || head_dim == 256);
     case KVA__CUDA_PREFILL_WGMMA:
     case KVA__CUDA_PREFILL_WGMMA_TMA:
-        return head_dim == 128 && kva__cuda_prefill_wgmma_ready();
+        return kva__cuda_prefill_wgmma_dims(head_dim, head_dim_v) &&
+               kva__cuda_prefill_wgmma_ready();
     default:
         return 0;
     }
@@ -578,10 +579,12 @@ static int tma_pays(int32_t block_size, int32_t num_blocks)
     return num_blocks > 0 && block_size >= 16 && (block_size & (block_size - 1)) == 0;
 }
 
-extern "C" kva__cuda_prefill_kernel
-kva__cuda_prefill_kernel_default(int32_t head_dim, int32_t block_size, int32_t num_blocks)
+extern "C" kva__cuda_prefill_kernel kva__cuda_prefill_kernel_default(int32_t head_dim,
+                                                                     int32_t head_dim_v,
+                                                                     int32_t block_size,
+                                                                     int32_t num_blocks)
 {
-    if (head_dim == 128 && kva__cuda_prefill_wgmma_ready())
+    if (kva__cuda_prefill_wgmma_dims(head_dim, head_dim_v) && kva__cuda_prefill_wgmma_ready())
         return tma_pays(block_size, num_blocks) ? KVA__CUDA_PREFILL_WGMMA_TMA
                                                 : KVA__CUDA_PREFILL_WGMMA;
     return KVA__CUDA_PREFILL_MMA;
@@ -594,7 +597,7 @@ extern "C" kva_status kva__cuda_prefill_launch_kernel(const kva__cuda_prefill_ar
     if (!kva__cuda_prefill_supported(a->head_dim, a->head_dim_v, a->dtype))
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva__cuda_prefill_launch: D = %d, Dv = %d, dtype = %s not supported "
-                         "(D in {64, 128, 256}, Dv == D, f16 or bf16)",
+                         "(D = Dv in {64, 128, 256}, or D 192 / Dv 128 on sm_90a; f16 or bf16)",
                          (int)a->head_dim, (int)a->head_dim_v, kva_dtype_name(a->dtype));
     if (a->grid_tiles < 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva__cuda_prefill_launch: grid_tiles = %d",
@@ -606,12 +609,13 @@ extern "C" kva_status kva__cuda_prefill_launch_kernel(const kva__cuda_prefill_ar
      * strides are multiples of D * 2 >= 128 bytes). */
     KVA__CUDA_PREFILL_CHECK_SHAPE(a, "kva__cuda_prefill_launch");
     if (kernel == KVA__CUDA_PREFILL_AUTO)
-        kernel = kva__cuda_prefill_kernel_default(a->head_dim, a->block_size, a->num_blocks);
-    if (!kva__cuda_prefill_kernel_exists(a->head_dim, kernel))
+        kernel = kva__cuda_prefill_kernel_default(a->head_dim, a->head_dim_v, a->block_size,
+                                                  a->num_blocks);
+    if (!kva__cuda_prefill_kernel_exists(a->head_dim, a->head_dim_v, kernel))
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva__cuda_prefill_launch: prefill kernel %d does not exist for D = %d "
-                         "on this build and device",
-                         (int)kernel, (int)a->head_dim);
+                         "kva__cuda_prefill_launch: prefill kernel %d does not exist for D = %d, "
+                         "Dv = %d on this build and device",
+                         (int)kernel, (int)a->head_dim, (int)a->head_dim_v);
     if (kernel != KVA__CUDA_PREFILL_MMA)
         return kva__cuda_prefill_wgmma_launch(a, stream, kernel == KVA__CUDA_PREFILL_WGMMA_TMA);
     cudaStream_t st = (cudaStream_t)stream;

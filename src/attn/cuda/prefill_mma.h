@@ -43,8 +43,8 @@ extern "C" {
  * registry (cuda_kernels.c) names them. */
 typedef enum kva__cuda_prefill_kernel {
     KVA__CUDA_PREFILL_AUTO = 0,  /* the dispatcher's choice (kva__cuda_prefill_kernel_default) */
-    KVA__CUDA_PREFILL_MMA = 1,   /* mma.sync, sm_80+, D 64/128/256 (prefill_mma.cu) */
-    KVA__CUDA_PREFILL_WGMMA = 2, /* sm_90a wgmma, D 128, K/V gathered by cp.async */
+    KVA__CUDA_PREFILL_MMA = 1,   /* mma.sync, sm_80+, D = Dv 64/128/256 (prefill_mma.cu) */
+    KVA__CUDA_PREFILL_WGMMA = 2, /* sm_90a wgmma, D/Dv 64/64, 128/128, 192/128; cp.async K/V */
     KVA__CUDA_PREFILL_WGMMA_TMA = 3, /* the same with in-range K/V tiles loaded by TMA */
 } kva__cuda_prefill_kernel;
 
@@ -54,16 +54,17 @@ typedef enum kva__cuda_prefill_kernel {
  * (SM count, the tensor-map encoder and the K/V tensor maps, the kernels'
  * shared-memory attribute). Zero-initialize it; the launchers fill it. */
 typedef struct kva__cuda_prefill_host_cache {
-    int num_sms;          /* 0 until asked */
-    void *tmap_encode;    /* cuTensorMapEncodeTiled, NULL until looked up */
-    uint64_t attr_set[2]; /* bit k: dynamic shared-memory attribute of wgmma kernel k
-                             (kva__cuda_prefill_kernel) set ([0] f16, [1] bf16) */
+    int num_sms;       /* 0 until asked */
+    void *tmap_encode; /* cuTensorMapEncodeTiled, NULL until looked up */
+    uint64_t
+        attr_set[2]; /* bit 2 i + t: dynamic shared-memory attribute of the wgmma kernel
+                        of head-size pair i (prefill_wgmma.cu), TMA t, set ([0] f16, [1] bf16) */
     /* The last K/V tensor maps encoded (prefill_wgmma.cu wg_tmaps, as bytes)
-     * and what they describe: reused while k, v, NB, B, Hkv, layout, dtype
-     * are the same. */
+     * and what they describe: reused while k, v, NB, B, Hkv, layout, dtype,
+     * D, Dv are the same. */
     int tm_valid;
     const void *tm_k, *tm_v;
-    int32_t tm_nb, tm_b, tm_hkv, tm_layout, tm_dtype;
+    int32_t tm_nb, tm_b, tm_hkv, tm_layout, tm_dtype, tm_dk, tm_dv;
     uint64_t tmaps[48];
 } kva__cuda_prefill_host_cache;
 
@@ -94,7 +95,7 @@ typedef struct kva__cuda_prefill_args {
     int32_t num_heads;    /* H, a multiple of num_kv_heads */
     int32_t num_kv_heads; /* Hkv */
     int32_t head_dim;     /* D */
-    int32_t head_dim_v;   /* Dv (must equal D for now) */
+    int32_t head_dim_v;   /* Dv (kva__cuda_prefill_supported) */
     kva_dtype dtype;      /* F16 or BF16: q, k, v and out */
     kva_layout layout;    /* KVA_LAYOUT_NHD or KVA_LAYOUT_HND */
     float scale;          /* softmax scale; 0 means 1/sqrt(D) */
@@ -137,8 +138,9 @@ typedef struct kva__cuda_prefill_args {
         KVA_CHECK_ALIGNED(a->out, 4);                                                              \
     } while (0)
 
-/* 1 if the kernel supports head sizes (D, Dv) with dtype: D in {64, 128, 256},
- * Dv == D, dtype F16 or BF16; else 0. */
+/* 1 if some prefill kernel supports head sizes (D, Dv) with dtype: D = Dv in
+ * {64, 128, 256}, or D 192 / Dv 128 where the wgmma kernel runs
+ * (kva__cuda_prefill_wgmma_ready); dtype F16 or BF16; else 0. */
 int kva__cuda_prefill_supported(int32_t head_dim, int32_t head_dim_v, kva_dtype dtype);
 
 /*
@@ -193,21 +195,27 @@ kva_status kva__cuda_prefill_launch(const kva__cuda_prefill_args *args, void *st
 kva_status kva__cuda_prefill_launch_kernel(const kva__cuda_prefill_args *args, void *stream,
                                            kva__cuda_prefill_kernel kernel);
 
-/* 1 if kernel exists for head size D (the wgmma kernels: D 128 on a build
- * with sm_90a code and a compute capability 9.0 device). */
-int kva__cuda_prefill_kernel_exists(int32_t head_dim, kva__cuda_prefill_kernel kernel);
-/* The kernel the dispatcher runs for D, block size B and NB (0 = unknown):
- * on sm_90a at D 128 the wgmma kernel, with TMA where B is a power of two
- * >= 16 and NB is known; else mma.sync. */
-kva__cuda_prefill_kernel kva__cuda_prefill_kernel_default(int32_t head_dim, int32_t block_size,
-                                                          int32_t num_blocks);
+/* 1 if kernel exists for head sizes D, Dv (mma.sync: D = Dv in {64, 128,
+ * 256}; the wgmma kernels: kva__cuda_prefill_wgmma_dims on a build with
+ * sm_90a code and a compute capability 9.0 device). */
+int kva__cuda_prefill_kernel_exists(int32_t head_dim, int32_t head_dim_v,
+                                    kva__cuda_prefill_kernel kernel);
+/* The kernel the dispatcher runs for D, Dv, block size B and NB (0 =
+ * unknown): on sm_90a for the wgmma head sizes the wgmma kernel, with TMA
+ * where B is a power of two >= 16 and NB is known; else mma.sync. */
+kva__cuda_prefill_kernel kva__cuda_prefill_kernel_default(int32_t head_dim, int32_t head_dim_v,
+                                                          int32_t block_size, int32_t num_blocks);
 
 /* prefill_wgmma.cu: 1 if the build has sm_90a device code (KVA_CUDA_SM90A,
  * CMAKE_CUDA_ARCHITECTURES naming 90a) and the current device has compute
  * capability 9.0; else 0 (also without a device). */
 int kva__cuda_prefill_wgmma_ready(void);
+/* prefill_wgmma.cu: 1 if the wgmma kernel is written for head sizes (D, Dv):
+ * (64, 64), (128, 128), (192, 128). */
+int kva__cuda_prefill_wgmma_dims(int32_t head_dim, int32_t head_dim_v);
 /* Launches the wgmma kernel (arguments already checked by
- * kva__cuda_prefill_launch_kernel; D = Dv = 128, f16/bf16); tma: load the
+ * kva__cuda_prefill_launch_kernel; head sizes kva__cuda_prefill_wgmma_dims,
+ * f16/bf16); tma: load the
  * in-range K/V tiles by TMA (KVA__CUDA_PREFILL_WGMMA_TMA). */
 kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_args *args, void *stream,
                                           int tma);

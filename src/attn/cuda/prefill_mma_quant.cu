@@ -102,7 +102,7 @@ extern "C" kva_status kva__cuda_qprefill_run(kva_context *ctx, const kva_plan *p
                                              const kva_cache *cache, const float *sinks, void *out,
                                              float *lse)
 {
-    const kva__cuda_state *st = (const kva__cuda_state *)ctx->cuda;
+    const kva__cuda_state *st = (const kva__cuda_state *)ctx->state;
     const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
     const kva_plan_desc *d = &plan->d;
     const kva_cache_desc *cd = &cache->desc;

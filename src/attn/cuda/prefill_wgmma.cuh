@@ -15,15 +15,40 @@
 #endif
 
 #define WG_M KVA__CUDA_PREFILL_TILE_M /* rows per CTA (128) */
-#define WG_D 128                      /* head size */
 #define WG_BN 128                     /* keys per K/V tile */
 #define WG_LOG2E 1.4426950408889634f
 #define WG_LN2 0.6931471805599453f
-/* Bytes of one [rows, 128] operand in the swizzled layout. */
-#define WG_TILE_BYTES(rows) ((rows)*WG_D * 2)
+/* Bytes of one [rows, d] operand in the swizzled layout. */
+#define WG_TILE_BYTES(rows, d) ((rows) * (d)*2)
 
-/* Byte offset of 16-byte chunk ch (0..15) of row r in a swizzled [rows, 128]
- * operand: column block ch / 8 ([rows][64] each), chunk (ch % 8) ^ (r % 8). */
+/*
+ * Head sizes are the kernel's traits: DK (Q and K rows, the k extent of
+ * S = Q K^T) and DV (V rows, the n extent of O = P V). Served: (64, 64),
+ * (128, 128) and (192, 128) (MLA's prefill with the rope part in K).
+ * wg_dims gives the K/V ring depth that fits the shared memory next to Q
+ * [128, DK]: 4 stages at DK 64, 3 at 128, 2 at 192 (a stage is K [128, DK]
+ * and V [128, DV]).
+ */
+template <int DK, int DV> struct wg_dims {
+    static_assert(DK % 64 == 0 && DV % 64 == 0 && DK <= 192 && DV <= 128, "wgmma head sizes");
+    static constexpr int NST = DK == 64 ? 4 : DK == 128 ? 3 : 2;
+    static constexpr uint32_t QB = WG_TILE_BYTES(WG_M, DK), KB = WG_TILE_BYTES(WG_BN, DK),
+                              VB = WG_TILE_BYTES(WG_BN, DV);
+    static constexpr int NO = DV / 2; /* O accumulators per consumer thread */
+};
+
+/* How 128 threads copy rows of C 16-byte chunks (C = D / 8): TPR threads per
+ * row, each with chunks lch, lch + TPR, ... (SETS of them), RP rows per
+ * pass. C 16: 16 threads per row, 8 rows per pass; C 8 and 24: 8 threads per
+ * row, 16 rows per pass (24: three chunks per thread). */
+template <int C> struct wg_split {
+    static constexpr int TPR = C % 16 == 0 ? 16 : 8;
+    static constexpr int SETS = C / TPR;
+    static constexpr int RP = 128 / TPR;
+};
+
+/* Byte offset of 16-byte chunk ch of row r in a swizzled [rows, D] operand:
+ * column block ch / 8 ([rows][64] each), chunk (ch % 8) ^ (r % 8). */
 #ifdef KVA_WGMMA_BODY
 static __device__ __forceinline__ uint32_t wg_swz(int r, int ch, int rows)
 {
@@ -47,6 +72,10 @@ template <typename Ty> struct wg_ops;
         {                                                                                          \
             kva__wgmma_rs_m64n128_##ty##_tb(d, a, b, 1);                                           \
         }                                                                                          \
+        static __device__ __forceinline__ void rs64(float d[32], const uint32_t a[4], uint64_t b)  \
+        {                                                                                          \
+            kva__wgmma_rs_m64n64_##ty##_tb(d, a, b, 1);                                            \
+        }                                                                                          \
     };
 #else
 #define KVA__WG_OPS(Ty, ty)                                                                        \
@@ -66,7 +95,9 @@ struct wg_ctx {
 
 #ifdef KVA_WGMMA_BODY
 /* Fills c for the thread's rows m0 + rbase + g4 + 8 hf (rbase = 64 * warpgroup
- * + 16 * warp in it) of a tile whose rows end at m_last. */
+ * + 16 * warp in it) of a tile whose rows end at m_last (DK: the default
+ * scale's head size). */
+template <int DK>
 static __device__ __forceinline__ void wg_ctx_init(wg_ctx &c, const kva__cuda_prefill_args &a,
                                                    int m0, int rbase, int m_last, int G, int kvh,
                                                    int seq_len, int q_len, int pos_min, int pos_max)
@@ -86,7 +117,7 @@ static __device__ __forceinline__ void wg_ctx_init(wg_ctx &c, const kva__cuda_pr
     c.has_window = a.window_left >= 0 && a.window_left < KVA_MAX_SEQ_LEN;
     c.window = a.window_left;
     c.t4 = lane & 3;
-    const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)WG_D);
+    const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)DK);
     c.softcap = a.softcap;
     c.score_mul = a.softcap > 0.0f ? scale / a.softcap : 0.0f;
     c.cap_mul = a.softcap * WG_LOG2E;
@@ -103,9 +134,9 @@ static __device__ __forceinline__ void wg_ctx_init(wg_ctx &c, const kva__cuda_pr
  * P into pa: the register A operands of the k-steps (keys 16 kk .. + 15) of
  * O += P V ({0, 1}: keys 0..7 of rows g, g + 8; {2, 3}: keys 8..15).
  */
-template <typename Ty, bool DEFER = false>
+template <typename Ty, bool DEFER, int NO>
 static __device__ __forceinline__ bool
-wg_softmax(float (&s)[64], float (&o)[64], uint32_t (&pa)[8][4], float (&m_run)[2],
+wg_softmax(float (&s)[64], float (&o)[NO], uint32_t (&pa)[8][4], float (&m_run)[2],
            float (&l_run)[2], const wg_ctx &c, int n0, float (&alpha_out)[2])
 {
     const int need_mask = (n0 + WG_BN > c.seq_len) || (c.causal && n0 + WG_BN - 1 > c.pos_min) ||
@@ -154,7 +185,7 @@ wg_softmax(float (&s)[64], float (&o)[64], uint32_t (&pa)[8][4], float (&m_run)[
             l_run[hf] *= alpha;
             if (!DEFER) {
 #pragma unroll
-                for (int nb = 0; nb < WG_D / 8; nb++) {
+                for (int nb = 0; nb < NO / 4; nb++) {
                     o[4 * nb + 2 * hf] *= alpha;
                     o[4 * nb + 2 * hf + 1] *= alpha;
                 }
@@ -179,10 +210,11 @@ wg_softmax(float (&s)[64], float (&o)[64], uint32_t (&pa)[8][4], float (&m_run)[
 
 /* O *= alpha of its row half (o[4 nb + e] is row hf = e / 2): the rescale
  * wg_softmax<Ty, true> leaves to its caller. */
-static __device__ __forceinline__ void wg_rescale_o(float (&o)[64], const float (&alpha)[2])
+template <int NO>
+static __device__ __forceinline__ void wg_rescale_o(float (&o)[NO], const float (&alpha)[2])
 {
 #pragma unroll
-    for (int nb = 0; nb < WG_D / 8; nb++) {
+    for (int nb = 0; nb < NO / 4; nb++) {
         o[4 * nb] *= alpha[0];
         o[4 * nb + 1] *= alpha[0];
         o[4 * nb + 2] *= alpha[1];
@@ -191,9 +223,9 @@ static __device__ __forceinline__ void wg_rescale_o(float (&o)[64], const float 
 }
 
 /* Sink, normalization, out and lse of the thread's rows (as prefill_mma). */
-template <typename Ty>
+template <typename Ty, int DV>
 static __device__ __forceinline__ void
-wg_epilogue(const kva__cuda_prefill_args &a, const wg_ctx &c, const float (&o)[64],
+wg_epilogue(const kva__cuda_prefill_args &a, const wg_ctx &c, const float (&o)[DV / 2],
             const float (&m_run)[2], const float (&l_run)[2], int pm0, int rows, int q_start, int G)
 {
     typedef typename Ty::elem elem;
@@ -219,9 +251,9 @@ wg_epilogue(const kva__cuda_prefill_args &a, const wg_ctx &c, const float (&o)[6
         if (pm >= rows)
             continue;
         const size_t orow = (size_t)(q_start + pm / G) * a.num_heads + c.head[hf];
-        elem *dst = out + orow * WG_D;
+        elem *dst = out + orow * DV;
 #pragma unroll
-        for (int nb = 0; nb < WG_D / 8; nb++) {
+        for (int nb = 0; nb < DV / 8; nb++) {
             const uint32_t v = Ty::pack(o[4 * nb + 2 * hf] * inv, o[4 * nb + 2 * hf + 1] * inv);
             *(uint32_t *)(dst + nb * 8 + 2 * c.t4) = v;
         }
@@ -238,9 +270,9 @@ wg_epilogue(const kva__cuda_prefill_args &a, const wg_ctx &c, const float (&o)[6
  */
 struct wg_kv {
     const int32_t *bt;
-    const char *k, *v;  /* this kv head's element 0 + the thread's chunk, bytes */
-    int64_t blk_stride; /* bytes */
-    int row_stride;     /* bytes */
+    const char *k, *v;    /* this kv head's element 0 + the thread's first chunk, bytes */
+    int64_t k_blk, v_blk; /* bytes per block of K and V */
+    int k_row, v_row;     /* bytes between the key rows of one block */
     int B, b_shift, kv_lo, kv_hi;
 };
 /* Block id of key j (0 outside [kv_lo, kv_hi), where the block table is not
@@ -250,26 +282,54 @@ static __device__ __forceinline__ int wg_blk_of(const wg_kv &g, int j)
     const int bi = g.b_shift >= 0 ? j >> g.b_shift : j / g.B;
     return j >= g.kv_lo && j < g.kv_hi ? g.bt[bi] : 0;
 }
-/* Gathers keys n0 .. n0 + 127 by 128 threads (index t: 16-byte chunk t % 16
- * of rows t / 16 + 8 k) with their block ids staged in shared memory (int32
- * [128] at sids): no global load on the copy path. */
-static __device__ __forceinline__ void wg_gather_ids(const wg_kv &g, int t, int n0, uint32_t sk,
-                                                     uint32_t sv, uint32_t sids)
+/* Gathers rows n0 .. n0 + 127 of one operand of C chunks per row (src: the
+ * thread's first chunk of the head's row 0; blk_b, row_b: bytes per block and
+ * between rows) into the stage at dst by 128 threads (index t; wg_split:
+ * chunk t % TPR + TPR s of rows t / TPR + RP k), with the block ids staged in
+ * shared memory (int32 [128] at sids): no global load on the copy path. PAIR:
+ * also the second operand (src2 into dst2) at the same offsets (K and V when
+ * DK = DV). */
+template <int C, bool PAIR>
+static __device__ __forceinline__ void
+wg_gather_rows(const wg_kv &g, const char *src, const char *src2, int64_t blk_b, int row_b, int t,
+               int n0, uint32_t dst, uint32_t dst2, uint32_t sids)
 {
-    const int lrow = t >> 4, lch = t & 15;
+    typedef wg_split<C> sp;
+    const int lrow = t >> (sp::TPR == 16 ? 4 : 3), lch = t & (sp::TPR - 1);
     const uint32_t swz =
         (uint32_t)((lch >> 3) * WG_BN * 128 + lrow * 128 + (((lch & 7) ^ (lrow & 7)) << 4));
 #pragma unroll
-    for (int k = 0; k < WG_BN / 8; k++) {
-        const int row = lrow + 8 * k, j = n0 + row;
+    for (int k = 0; k < WG_BN / sp::RP; k++) {
+        const int row = lrow + sp::RP * k, j = n0 + row;
         const int o = g.b_shift >= 0 ? j & (g.B - 1) : j % g.B;
         const bool in = j >= g.kv_lo && j < g.kv_hi;
         int blk;
         asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(blk) : "r"(sids + 4u * (uint32_t)row));
-        const int64_t off = in ? (int64_t)blk * g.blk_stride + (int64_t)o * g.row_stride : 0;
-        const uint32_t so = swz + (uint32_t)(k * 8 * 128);
-        kva__cp_async16(sk + so, g.k + off, in ? 16 : 0);
-        kva__cp_async16(sv + so, g.v + off, in ? 16 : 0);
+        const int64_t off = in ? (int64_t)blk * blk_b + (int64_t)o * row_b : 0;
+#pragma unroll
+        for (int st = 0; st < sp::SETS; st++) {
+            /* Chunk lch + TPR st: column block (lch + TPR st) / 8; within the
+             * block the chunk is swizzled by the row (wg_swz; RP and TPR are
+             * multiples of 8). */
+            const uint32_t so =
+                swz + (uint32_t)((sp::TPR * st >> 3) * WG_BN * 128 + k * sp::RP * 128);
+            kva__cp_async16(dst + so, src + off + sp::TPR * st * 16, in ? 16 : 0);
+            if (PAIR)
+                kva__cp_async16(dst2 + so, src2 + off + sp::TPR * st * 16, in ? 16 : 0);
+        }
+    }
+}
+/* Gathers keys n0 .. n0 + 127 of K [128, DK] into sk and V [128, DV] into sv
+ * (one pass over the rows when DK = DV). */
+template <int DK, int DV>
+static __device__ __forceinline__ void wg_gather_ids(const wg_kv &g, int t, int n0, uint32_t sk,
+                                                     uint32_t sv, uint32_t sids)
+{
+    if constexpr (DK == DV) {
+        wg_gather_rows<DK / 8, true>(g, g.k, g.v, g.k_blk, g.k_row, t, n0, sk, sv, sids);
+    } else {
+        wg_gather_rows<DK / 8, false>(g, g.k, g.k, g.k_blk, g.k_row, t, n0, sk, sk, sids);
+        wg_gather_rows<DV / 8, false>(g, g.v, g.v, g.v_blk, g.v_row, t, n0, sv, sv, sids);
     }
 }
 
@@ -295,62 +355,76 @@ static __device__ __forceinline__ void wg_tile_init(wg_tile &t, const kva__cuda_
     t.kv_lo = has_window ? max(0, t.pos_min - a.window_left) : 0;
     t.kv_hi = a.causal ? min(t.seq_len, t.pos_max + 1) : t.seq_len;
 }
+/* The gather state of tile t for thread tid of the producer (its first chunk
+ * of a K and a V row: wg_split). */
+template <int DK, int DV>
 static __device__ __forceinline__ void wg_kv_init(wg_kv &g, const kva__cuda_prefill_args &a,
-                                                  const wg_tile &t, int lch)
+                                                  const wg_tile &t, int tid)
 {
     const int Hkv = a.num_kv_heads, B = a.block_size, nhd = a.layout == KVA_LAYOUT_NHD;
     const int bt_stride =
         a.block_table_stride_dev ? *a.block_table_stride_dev : a.block_table_stride;
     g.bt = a.block_table + (size_t)t.r * bt_stride;
-    const int64_t head_off =
-        ((nhd ? (int64_t)t.kvh * WG_D : (int64_t)t.kvh * B * WG_D) + lch * 8) * 2;
-    g.k = (const char *)a.k + head_off;
-    g.v = (const char *)a.v + head_off;
-    g.blk_stride = (int64_t)B * Hkv * WG_D * 2;
-    g.row_stride = (nhd ? Hkv * WG_D : WG_D) * 2;
+    /* Rows of D elements before this kv head's first row: NHD kvh, HND kvh * B. */
+    const int64_t head_rows = nhd ? (int64_t)t.kvh : (int64_t)t.kvh * B;
+    const int64_t k_off = (head_rows * DK + (tid & (wg_split<DK / 8>::TPR - 1)) * 8) * 2;
+    g.k = (const char *)a.k + k_off;
+    g.v = (const char *)a.v +
+          (DK == DV ? k_off : (head_rows * DV + (tid & (wg_split<DV / 8>::TPR - 1)) * 8) * 2);
+    g.k_blk = (int64_t)B * Hkv * DK * 2;
+    g.v_blk = (int64_t)B * Hkv * DV * 2;
+    g.k_row = (nhd ? Hkv * DK : DK) * 2;
+    g.v_row = (nhd ? Hkv * DV : DV) * 2;
     g.B = B;
     g.b_shift = (B & (B - 1)) == 0 ? __ffs(B) - 1 : -1;
     g.kv_lo = t.kv_lo;
     g.kv_hi = t.kv_hi;
 }
 /* Q rows m0 + r0 .. m0 + r0 + nrows - 1 of the tile (zeros past the request)
- * into the swizzled [128, 128] Q operand at sq, by NT threads (index t). */
-template <int NT>
+ * into the swizzled [128, DK] Q operand at sq, by NT threads (index t). */
+template <int NT, int DK>
 static __device__ __forceinline__ void wg_load_q(const kva__cuda_prefill_args &a, const wg_tile &tl,
                                                  uint32_t sq, int r0, int nrows, int t)
 {
     typedef uint16_t elem;
+    constexpr int C = DK / 8; /* 16-byte chunks per row */
     const elem *q = (const elem *)a.q;
-    for (int idx = t; idx < nrows * 16; idx += NT) {
-        const int row = r0 + idx / 16, ch = idx % 16, pm = tl.m0 + row;
+    for (int idx = t; idx < nrows * C; idx += NT) {
+        const int row = r0 + idx / C, ch = idx % C, pm = tl.m0 + row;
         const elem *src = q;
         int bytes = 0;
         if (pm < tl.rows) {
             const int i = pm / tl.G, g = pm - i * tl.G;
-            src = q + ((size_t)(tl.q_start + i) * a.num_heads + (size_t)tl.kvh * tl.G + g) * WG_D +
+            src = q + ((size_t)(tl.q_start + i) * a.num_heads + (size_t)tl.kvh * tl.G + g) * DK +
                   ch * 8;
             bytes = 16;
         }
         kva__cp_async16(sq + wg_swz(row, ch, WG_M), src, bytes);
     }
 }
-/* S = Q K^T [64, 128] for one warpgroup: 8 k-steps over D. */
-template <typename Ty>
+/* S = Q K^T [64, 128] for one warpgroup: DK / 16 k-steps over D (4 per
+ * 64-element column block of Q and K). */
+template <typename Ty, int DK>
 static __device__ __forceinline__ void wg_qk(float (&s)[64], uint64_t dq, uint64_t dk)
 {
 #pragma unroll
-    for (int kk = 0; kk < WG_D / 16; kk++)
+    for (int kk = 0; kk < DK / 16; kk++)
         wg_ops<Ty>::ss(s, dq + (uint64_t)(((kk >> 2) * WG_M * 128 + (kk & 3) * 32) >> 4),
                        dk + (uint64_t)(((kk >> 2) * WG_BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
 }
-/* O += P V for one warpgroup: 8 k-steps over the tile's keys. */
-template <typename Ty>
-static __device__ __forceinline__ void wg_pv(float (&o)[64], const uint32_t (&pa)[8][4],
+/* O [64, DV] += P V for one warpgroup: 8 k-steps over the tile's keys
+ * (m64n128k16, or m64n64k16 at DV 64). */
+template <typename Ty, int DV>
+static __device__ __forceinline__ void wg_pv(float (&o)[DV / 2], const uint32_t (&pa)[8][4],
                                              uint64_t dv)
 {
 #pragma unroll
-    for (int kk = 0; kk < WG_BN / 16; kk++)
-        wg_ops<Ty>::rs(o, pa[kk], dv + (uint64_t)((kk * 16 * 128) >> 4));
+    for (int kk = 0; kk < WG_BN / 16; kk++) {
+        if constexpr (DV == 64)
+            wg_ops<Ty>::rs64(o, pa[kk], dv + (uint64_t)((kk * 16 * 128) >> 4));
+        else
+            wg_ops<Ty>::rs(o, pa[kk], dv + (uint64_t)((kk * 16 * 128) >> 4));
+    }
 }
 #endif /* KVA_WGMMA_BODY */
 
@@ -385,14 +459,13 @@ static __device__ __forceinline__ void wg_bar_arrive(int id, int n)
 /*
  * TMA (KVA__CUDA_PREFILL_WGMMA_TMA). Two tensor maps over the paged cache, K and V, each
  * rank 4 with the dimensions in increasing stride: NHD [NB, B, Hkv, D] as
- * (D, Hkv, B, NB), HND [NB, Hkv, B, D] as (D, B, Hkv, NB); box 64 elements of
- * D by box_rows = min(B, 128) key rows of one head of one block, 128-byte
- * swizzle, so a box lands as box_rows rows of 128 bytes in exactly the
- * swizzled [rows][64] column-block layout of wg_swz (the box's shared-memory
- * address is 1024-byte aligned because box_rows is a multiple of 8). Built on
- * the host per launch (wg_tmaps_encode); ok = 0 when the cache cannot be
- * described (B not a power of two >= 8, NB unknown, encode failure): the
- * kernel then gathers every tile by cp.async.
+ * (D, Hkv, B, NB), HND [NB, Hkv, B, D] as (D, B, Hkv, NB) (D: DK for K, DV
+ * for V); box 64 elements of D by box_rows = min(B, 128) key rows of one head of one block,
+ * 128-byte swizzle, so a box lands as box_rows rows of 128 bytes in exactly the swizzled [rows][64]
+ * column-block layout of wg_swz (the box's shared-memory address is 1024-byte aligned because
+ * box_rows is a multiple of 8). Built on the host per launch (wg_tmaps_encode); ok = 0 when the
+ * cache cannot be described (B not a power of two >= 8, NB unknown, encode failure): the kernel
+ * then gathers every tile by cp.async.
  */
 struct wg_tmaps {
     CUtensorMap k, v; /* 64-byte aligned, 128 bytes each */

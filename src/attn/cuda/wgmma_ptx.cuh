@@ -1,9 +1,10 @@
 /*
  * wgmma_ptx.cuh - PTX wrappers of the sm_90a warpgroup matrix instructions
  * (wgmma.mma_async) used by prefill_wgmma.cu: shared-memory matrix
- * descriptors (128-byte swizzle), fences, commit / wait, and the two
+ * descriptors (128-byte swizzle), fences, commit / wait, and the
  * m64n128k16 forms with fp32 accumulation (A from shared memory, A from
- * registers). Only compiled where the sm_90a feature set is present
+ * registers), plus m64n64k16 with A from registers. Only compiled where the sm_90a feature set is
+ * present
  * (__CUDA_ARCH_FEAT_SM90_ALL); the including file guards its use.
  *
  * Accumulator fragment of m64nNk16 (fp32), per thread of the warpgroup
@@ -104,18 +105,23 @@ KVA__WGMMA_SS0_N128(bf16)
 KVA__WGMMA_SS0_N128(f16)
 
 /* A from registers, B from shared memory MN-major (imm-trans-b = 1):
- * kva__wgmma_rs_m64n128_{bf16,f16}_tb(d, a, db, scale_d). */
-#define KVA__WGMMA_RS_N128(ty)                                                                     \
-    static __device__ __forceinline__ void kva__wgmma_rs_m64n128_##ty##_tb(                        \
-        float d[64], const uint32_t a[4], uint64_t db, int scale_d)                                \
+ * kva__wgmma_rs_m64n{N}_{bf16,f16}_tb(d, a, db, scale_d), d[N / 2]; RL: the
+ * PTX register list of d, then the operand numbers of a[0..3], db and scale_d
+ * (they follow d's N / 2). */
+#define KVA__WGMMA_RS(ty, N, RL, DL, A0, A1, A2, A3, B, S)                                         \
+    static __device__ __forceinline__ void kva__wgmma_rs_m64n##N##_##ty##_tb(                      \
+        float d[N / 2], const uint32_t a[4], uint64_t db, int scale_d)                             \
     {                                                                                              \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                  \
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." #ty "." #ty " " KVA__WG_R64    \
-                     ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                               \
-                     : KVA__WG_D64("+f")                                                           \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #S ", 0;\n"                              \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #ty "." #ty " " RL          \
+                     ", {%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #B ", p, 1, 1, 1;\n}\n"       \
+                     : DL("+f")                                                                    \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));         \
     }
-KVA__WGMMA_RS_N128(bf16)
-KVA__WGMMA_RS_N128(f16)
+/* N = 128 (S and O at D 128), N = 64 (O of a 64-element value head). */
+KVA__WGMMA_RS(bf16, 128, KVA__WG_R64, KVA__WG_D64, 64, 65, 66, 67, 68, 69)
+KVA__WGMMA_RS(f16, 128, KVA__WG_R64, KVA__WG_D64, 64, 65, 66, 67, 68, 69)
+KVA__WGMMA_RS(bf16, 64, KVA__WG_R32 "}", KVA__WG_D32, 32, 33, 34, 35, 36, 37)
+KVA__WGMMA_RS(f16, 64, KVA__WG_R32 "}", KVA__WG_D32, 32, 33, 34, 35, 36, 37)
 
 #endif

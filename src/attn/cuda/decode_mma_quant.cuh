@@ -1,0 +1,607 @@
+/*
+ * decode_mma_quant.cuh - the tensor-core decode (decode_mma.cu, registry name
+ * decode_mma_sm80) over quantized caches: KVA_QUANT_INT8_CHANNEL,
+ * INT8_TOKEN_K and FP8_E4M3 (1-byte K and V), and INT8_TOKEN_K_V16 (int8 K,
+ * V in the q dtype). attn_quant.cu sends the work items of a plan
+ * partitioned for the tensor-core decode here (items of up to 16 rows, nq
+ * query tokens x nh heads of one kv head, one m16 tile) and keeps the
+ * prefill tiles on its CUDA-core kernel.
+ *
+ * The kernel body is written once here and instantiated per format family
+ * in decode_mma_quant_{i8,fp8,v16}.cu (f16 and bf16 q, D 64 / 128 / 256) so
+ * the build compiles them in parallel; decode_mma_quant.cu is the host side.
+ *
+ * As decode_mma.cu: persistent CTAs of 4 warps, one item at a time; warp w
+ * takes the steps of BNW keys w, w + 4, ... of the item (BNW = 32 for 1-byte
+ * V at D <= 128, else 16) and copies K and V [BNW, D] (and the BNW per-token
+ * key scales) with cp.async into a private ring of NST stages; its own
+ * online softmax; the warps merge through shared memory at the end; split
+ * partials as decode_mma.cu's. The configuration is described at qm_cfg
+ * (its measurements: bench/results/2026-11-22_performance-journal.md).
+ *
+ * The mma runs in f16 (m16n8k16, fp32 accumulation); the codes are turned
+ * into f16 exactly in registers:
+ *   int8: 0x6400 | (c ^ 0x80) is the f16 1024 + 128 + c (one byte_perm per
+ *         two codes), minus 1152 (one hsub2);
+ *   fp8:  cvt e4m3x2 -> f16x2 (exact; NaN kept).
+ * The scales never enter the key loop:
+ *   S = Q' K^T with Q'_c = q_c s_c (K scale folded, rounded to f16 once per
+ *       item as hi + lo; each row scaled first by the power of two that
+ *       brings its max |Q'| into [2^14, 2^15), undone on the scores, so
+ *       Q' neither overflows f16 nor falls into its subnormals whatever
+ *       the magnitude of q and s: qm_row_exp), minus
+ *       qo = sum_c Q'_c o_c per row (INT8_CHANNEL offsets), or
+ *       times the per-token key scale of each score column (INT8_TOKEN_K);
+ *   O = P C_V (codes), and at the end out_c = s_c (O_c - o_c l) / l;
+ *   INT8_TOKEN_K_V16: O = P V with P in V's dtype and V by ldmatrix.trans,
+ *   as decode_mma.cu (no V scales).
+ * Fragments from bytes (no ldmatrix for 8-bit elements on sm_90): the sum
+ * over channels of S does not depend on which mma k index holds which
+ * channel, so lane (g4, t4) takes channels 16 t4 .. +15 of each 64 (one
+ * 16-byte load of a K row gives 4 k-steps) and Q' is laid out to match. For
+ * P V the k index is the key: lane (g4, t4) loads 4 channels of the keys
+ * 2t4, 2t4+1, 2t4+8, 2t4+9 (4-byte loads) and byte_perm regroups them into
+ * the B fragments of 4 n-tiles whose column g4 is channel 4 g4 + j of each
+ * 32: output channel (tile 4g + j, column n) is 32 g + 4 n + j.
+ */
+#ifndef KVA_CUDA_DECODE_MMA_QUANT_CUH
+#define KVA_CUDA_DECODE_MMA_QUANT_CUH
+
+extern "C" {
+#include "cuda_backend.h"
+}
+#include "cuda_check.h"
+#include "decode_mma_common.cuh"
+#include "mma_ptx.cuh"
+#include "quant_args.cuh"
+#include "quant_cvt.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Kernel arguments: the tensor-core decode's plus the cache's scales. */
+typedef struct kva__cuda_quant_mma_args {
+    kva__cuda_attn_args a; /* k, v: the codes; scale, masks, items as decode_mma.cu */
+    const float *kts;      /* [NB, Hkv, B] per-token key scales (INT8_TOKEN_K), or NULL */
+    const float *ks, *ko;  /* [Hkv, D] static K scale / offset (unit / zero for per-token) */
+    const float *vs, *vo;  /* [Hkv, Dv] static V scale / offset */
+    int32_t q16;           /* q is 16-byte aligned (vector loads of its rows) */
+} kva__cuda_quant_mma_args;
+
+#define QM_NW 4  /* warps per CTA */
+#define QM_BN 16 /* keys per tile */
+#define QM_M KVA__CUDA_MMA_DECODE_ROWS
+
+/* Formats: K and V int8 codes, K and V fp8 codes, int8 K codes with a 16-bit
+ * V in the q dtype (INT8_TOKEN_K_V16). */
+enum { QM_I8 = 0, QM_FP8 = 1, QM_V16 = 2 };
+
+/* Ring stages per warp (NST - 1 steps in flight), keys per step and shared
+ * memory at head size D for format FMT. 1-byte V at D <= 128 runs 32 keys
+ * per warp step (KT = 2): two 16-key sub-tiles whose score chains interleave
+ * and share the Q' fragments, one softmax update and one block-table lookup
+ * per 32 keys; D 256 runs 16-key steps (registers). A stage holds the K
+ * codes [BNW, D] bytes, V [BNW, D] (codes, or 16-bit for QM_V16, swizzled as
+ * the bf16 kernel's tiles) and BNW key scales. QM_V16 runs 16-key steps
+ * (NST 5 / 4 / 4: a 16-key stage already carries 6 KB at D 128). */
+template <int D, int FMT> struct qm_cfg {
+    static constexpr int VB = FMT == QM_V16 ? 2 : 1;       /* bytes per V element */
+    static constexpr int KT = D <= 128 && VB == 1 ? 2 : 1; /* 16-key sub-tiles */
+    static constexpr int BNW = QM_BN * KT;                 /* keys per warp step */
+    static constexpr int NST = VB == 2   ? (D == 64 ? 5 : 4)
+                               : KT == 2 ? (D == 64 ? 4 : 3)
+                                         : (D == 64    ? 8
+                                            : D == 128 ? 6
+                                                       : 5);
+    static constexpr int QSTR = D + 8;                /* Q' row stride (halves) */
+    static constexpr int SQ = 2 * QM_M * QSTR * 2;    /* Q' hi, lo [16, D] f16 */
+    static constexpr int VOFF = BNW * D;              /* V in the stage (bytes) */
+    static constexpr int TSOFF = VOFF + BNW * D * VB; /* key scales in the stage */
+    static constexpr int STAGE = TSOFF + 4 * BNW;
+    static constexpr int SMEM = SQ + QM_NW * NST * STAGE;
+    static constexpr int MINB = D == 64 ? 3 : D == 128 ? 2 : 1;
+    static_assert(QM_NW * QM_M * D * 4 <= QM_NW * NST * STAGE, "merge space");
+    static_assert(STAGE % 16 == 0, "stage alignment");
+};
+
+/* Output store of the epilogue (kva__dmma_write): OT __half or __nv_bfloat16. */
+template <typename OT> struct qm_out {
+    typedef OT elem;
+    static __device__ __forceinline__ void store(OT *p, float x)
+    {
+        *p = (OT)x;
+    }
+};
+
+/* The mma element type of OT. */
+template <typename OT> struct qm_ty {
+    typedef kva__mma_f16 type;
+};
+template <> struct qm_ty<__nv_bfloat16> {
+    typedef kva__mma_bf16 type;
+};
+
+/* Byte offsets in the K and V tiles [16, D] (16-byte chunks, swizzled so
+ * that the fragment loads of a warp are free of bank conflicts: K rows r
+ * and r + 1 alternate halves of 128 bytes, V rows 2t, 2t + 2, ... rotate). */
+template <int D> static __device__ __forceinline__ uint32_t qm_koff(int r, int c)
+{
+    constexpr int CH = D / 16;
+    const int x = CH >= 8 ? (r & 1) << 2 : 0;
+    return (uint32_t)(r * D + ((c ^ x) << 4));
+}
+template <int D> static __device__ __forceinline__ uint32_t qm_voff(int r, int c)
+{
+    constexpr int CH = D / 16;
+    const int x = CH >= 8 ? ((r >> 1) & 3) << 1 : ((r >> 1) & 1) << 1;
+    return (uint32_t)(r * D + ((c ^ x) << 4));
+}
+
+/* Row (in rows of D bytes) and token-scale index of key j of kv head kvh:
+ * NHD (block * B + off) * Hkv + kvh, HND (block * Hkv + kvh) * B + off;
+ * scales [NB, Hkv, B]: (block * Hkv + kvh) * B + off. */
+static __device__ __forceinline__ int64_t qm_key_row(const kva__cuda_quant_mma_args &q,
+                                                     const int32_t *bt_row, int32_t kvh, int32_t j,
+                                                     int64_t *tsi)
+{
+    const kva__cuda_attn_args &a = q.a;
+    const int32_t blk = j / a.B, off = j - blk * a.B;
+    const int64_t block = __ldg(bt_row + blk);
+    *tsi = (block * a.Hkv + kvh) * a.B + off;
+    return a.layout_hnd ? *tsi : (block * a.B + off) * a.Hkv + kvh;
+}
+
+/* The warp copies K and V of keys kb .. kb + BNW - 1 (zeros past kend; BNW
+ * 16 or 32; VB bytes per V element) and their token scales into the stage at
+ * st: lane l computes the row of key l % BNW, the others get it by shuffle. */
+template <int D, int BNW, int VB>
+static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &q,
+                                                const int32_t *bt_row, int32_t kvh, int32_t kb,
+                                                int32_t kend, uint32_t st, int lane)
+{
+    constexpr int CH = D / 16;
+    const int32_t jl = kb + (lane & (BNW - 1));
+    int64_t tsi = 0;
+    const int64_t mine = jl < kend ? qm_key_row(q, bt_row, kvh, jl, &tsi) : -1;
+    const char *kp = (const char *)q.a.k, *vp = (const char *)q.a.v;
+#pragma unroll
+    for (int i = 0; i < BNW * CH / 32; i++) {
+        const int x = lane + 32 * i, key = x / CH, c = x % CH;
+        const int64_t row = __shfl_sync(0xffffffffu, mine, key);
+        const bool ok = row >= 0;
+        const int64_t boff = ok ? row * (int64_t)D + c * 16 : 0;
+        kva__cp_async16(st + qm_koff<D>(key, c), kp + boff, ok ? 16 : 0);
+        if (VB == 1)
+            kva__cp_async16(st + BNW * D + qm_voff<D>(key, c), vp + boff, ok ? 16 : 0);
+    }
+    if (VB == 2) {
+        /* 16-bit V rows: D / 8 chunks, the bf16 kernel's swizzle (ldmatrix.trans). */
+        constexpr int CV = D / 8;
+#pragma unroll
+        for (int i = 0; i < BNW * CV / 32; i++) {
+            const int x = lane + 32 * i, key = x / CV, c = x % CV;
+            const int64_t row = __shfl_sync(0xffffffffu, mine, key);
+            const bool ok = row >= 0;
+            const int64_t boff = ok ? row * (int64_t)(2 * D) + c * 16 : 0;
+            kva__cp_async16(st + BNW * D + kva__swz<D>(key, c), vp + boff, ok ? 16 : 0);
+        }
+    }
+    if (q.kts && lane < BNW) {
+        const bool ok = mine >= 0;
+        kva__cp_async4(st + BNW * D * (1 + VB) + lane * 4, ok ? q.kts + tsi : q.kts, ok ? 4 : 0);
+    }
+}
+
+/* 2^k as a float, k in [-126, 127]. */
+static __device__ __forceinline__ float qm_exp2i(int k)
+{
+    return __int_as_float((k + 127) << 23);
+}
+
+/* Q' range: f16 holds |x| < 65504 and is exact only above 2^-14 (6.1e-5);
+ * q * s can be far larger (bf16 q) or smaller (small q times key scales of
+ * ~0.01: issue #22). Returns k such that a row whose largest |Q'| is mx has
+ * mx * 2^k in [2^14, 2^15); Q' is stored times 2^k (exact) and the scores
+ * times 2^-k after the offset or token-scale step (exact, before the softmax
+ * scale), so the result does not depend on how the scale is split between
+ * q, the key scales and the softmax scale. k = 0 for a zero row and for a
+ * non-finite max (inf in q), which then propagates as in the reference. */
+static __device__ __forceinline__ int qm_row_exp(float mx)
+{
+    int k = 0;
+    if (mx > 0.f && mx <= 3.4028235e38f) {
+        int ex;
+        frexpf(mx, &ex); /* mx in [2^(ex-1), 2^ex) */
+        k = min(max(15 - ex, -120), 120);
+    }
+    return k;
+}
+
+/* Q'[r, c] = q[r, c] * ks[kvh, c] times 2^k_r (qm_row_exp) as two f16,
+ * hi + lo (zeros past nrows), s_up[r] = 2^-k_r and qo[r] = sum_c Q'[r, c] o_c
+ * (INT8_CHANNEL offsets), in chunks of 8 channels per thread (16-byte loads
+ * of q when q16, two float4 of the scales and offsets); the
+ * D / 8 chunks of a row lie in consecutive lanes of one warp, which take the
+ * row max and sum qo by shuffles. One barrier at the end (Q', s_qo and s_up
+ * visible). */
+template <int FMT, typename OT, int D>
+static __device__ __forceinline__ void
+qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t nrows, int32_t qs,
+           bool ktok, __half *sQ, __half *sQl, float *s_qo, float *s_up)
+{
+    const kva__cuda_attn_args &a = q.a;
+    constexpr int QSTR = D + 8, C8 = D / 8, NI = QM_M * C8 / (QM_NW * 32);
+    static_assert((QM_NW * 32) % C8 == 0 && C8 <= 32, "a row's chunks in one warp");
+    static_assert((QM_M * C8) % (QM_NW * 32) == 0, "whole chunk rounds");
+    float vv[NI][8];
+#pragma unroll
+    for (int i = 0; i < NI; i++) {
+        const int x = threadIdx.x + i * QM_NW * 32;
+        const int r = x / C8, c = (x % C8) * 8;
+        float *v = vv[i];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = 0.f;
+        if (r < nrows) {
+            const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+            const int32_t head = w.kv_head * a.G + w.h0 + hh;
+            const OT *qp = (const OT *)a.q + ((int64_t)(qs + w.i0 + qi) * a.H + head) * D + c;
+            OT qv[8];
+            if (q.q16) {
+                *(uint4 *)qv = __ldg((const uint4 *)qp);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    qv[j] = qp[j];
+            }
+            const float4 *ks = (const float4 *)(q.ks + (int64_t)w.kv_head * D + c);
+            const float4 s0 = __ldg(ks), s1 = __ldg(ks + 1);
+            const float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                v[j] = (float)qv[j] * sv[j];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NI; i++) {
+        const int x = threadIdx.x + i * QM_NW * 32;
+        const int r = x / C8, c = (x % C8) * 8;
+        float *v = vv[i];
+        float mx = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            mx = fmaxf(mx, fabsf(v[j]));
+#pragma unroll
+        for (int o = C8 / 2; o >= 1; o >>= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const int k = qm_row_exp(mx);
+        const float down = qm_exp2i(k);
+        if (x % C8 == 0)
+            s_up[r] = qm_exp2i(-k);
+        __half hi[8], lo[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            v[j] *= down;
+            hi[j] = __float2half_rn(v[j]);
+            lo[j] = __float2half_rn(v[j] - __half2float(hi[j]));
+        }
+        *(uint4 *)(sQ + r * QSTR + c) = *(const uint4 *)hi;
+        *(uint4 *)(sQl + r * QSTR + c) = *(const uint4 *)lo;
+        if (FMT == QM_I8 && !ktok) {
+            const float4 *ko = (const float4 *)(q.ko + (int64_t)w.kv_head * D + c);
+            const float4 o0 = __ldg(ko), o1 = __ldg(ko + 1);
+            const float ov[8] = {o0.x, o0.y, o0.z, o0.w, o1.x, o1.y, o1.z, o1.w};
+            float acc = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                acc = fmaf(__half2float(hi[j]) + __half2float(lo[j]), ov[j], acc);
+#pragma unroll
+            for (int o = C8 / 2; o >= 1; o >>= 1)
+                acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            if (x % C8 == 0)
+                s_qo[r] = acc;
+        }
+    }
+    __syncthreads();
+}
+
+/*
+ * FMT: QM_I8 or QM_FP8; OT: __half or __nv_bfloat16 (q and out); D = Dv;
+ * Dynamic shared memory: Q' hi, lo [16, D + 8] f16,
+ * then the rings [NW][NST] stages; the warps' O [NW][16][D] fp32 reuse the
+ * rings for the merge.
+ */
+template <int FMT, typename OT, int D>
+__global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, FMT>::MINB))
+    decode_mma_quant_kernel(const kva__cuda_quant_mma_args q)
+{
+    typedef qm_cfg<D, FMT> cfg;
+    /* QM_V16: P V in the q dtype (V's), as the bf16 kernel. */
+    typedef typename qm_ty<OT>::type TyV;
+    const kva__cuda_attn_args &a = q.a;
+    constexpr int NST = cfg::NST, STAGE = cfg::STAGE, QSTR = cfg::QSTR;
+    constexpr int KT = cfg::KT, BNW = cfg::BNW, NT = 2 * KT;
+    constexpr int NO = D / 8; /* n8 tiles of O */
+    extern __shared__ __align__(128) unsigned char qm_buf[];
+    __shared__ float s_m[QM_NW][QM_M], s_l[QM_NW][QM_M], s_qo[QM_M], s_up[QM_M];
+    __half *sQ = (__half *)qm_buf, *sQl = sQ + QM_M * QSTR;
+    float *s_acc = (float *)(qm_buf + cfg::SQ); /* [NW][16][D] after the loop */
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g4 = lane >> 2, t4 = lane & 3;
+    const uint32_t ring = kva__smem_u32(qm_buf) + cfg::SQ + (uint32_t)warp * NST * STAGE;
+    const unsigned char *ring_p = qm_buf + cfg::SQ + (size_t)warp * NST * STAGE;
+    const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
+    const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
+    const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
+    const bool ktok = q.kts != nullptr;
+
+    for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
+        const kva__cuda_item w = a.meta.items[it];
+        const int32_t nrows = w.nq * w.nh;
+        const int32_t qs = a.meta.qsl[w.req];
+        const int32_t q_len = a.meta.qsl[w.req + 1] - qs;
+        const int32_t s = a.meta.seq_lens[w.req];
+        const int32_t *bt_row = a.meta.block_table + (int64_t)w.req * bt_stride;
+        const int32_t kend = w.k1;
+        const int32_t kb0 = w.k0 + warp * BNW;
+        constexpr int32_t STEP = QM_NW * BNW;
+
+        /* The first NST - 1 steps of the warp's ring (the rings are free: the
+         * previous item ended with a barrier after its merge), then Q'. */
+#pragma unroll
+        for (int st = 0; st < NST - 1; st++) {
+            const int32_t kb = kb0 + st * STEP;
+            if (kb < kend)
+                qm_issue<D, BNW, cfg::VB>(q, bt_row, w.kv_head, kb, kend, ring + st * STAGE, lane);
+            kva__cp_async_commit();
+        }
+        qm_stage_q<FMT, OT, D>(q, w, nrows, qs, ktok, sQ, sQl, s_qo, s_up);
+        float qup[2]; /* 2^-k of rows g4, g4 + 8 (qm_row_exp) */
+        qup[0] = s_up[g4];
+        qup[1] = s_up[g4 + 8];
+        /* This thread's two rows g4 and g4 + 8: visible keys, position, slope. */
+        int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
+        float slope[2];
+        kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all);
+        float qo[2] = {0.f, 0.f};
+        if (FMT == QM_I8 && !ktok) {
+            qo[0] = s_qo[g4];
+            qo[1] = s_qo[g4 + 8];
+        }
+
+        float o[NO][4];
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[n][e] = 0.f;
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+        int stage = 0;
+        for (int32_t kb = kb0; kb < kend; kb += STEP) {
+            __syncwarp(); /* every lane is past the stage refilled now */
+            {
+                const int ahead = stage == 0 ? NST - 1 : stage - 1;
+                const int32_t kn = kb + (NST - 1) * STEP;
+                if (kn < kend)
+                    qm_issue<D, BNW, cfg::VB>(q, bt_row, w.kv_head, kn, kend, ring + ahead * STAGE,
+                                              lane);
+                kva__cp_async_commit();
+            }
+            kva__cp_async_wait<NST - 1>();
+            __syncwarp(); /* the other lanes' copies of this step have landed */
+            const unsigned char *sk = ring_p + stage * STAGE, *sv = sk + cfg::VOFF;
+
+            /* S = Q' K^T [16, BNW]: sc[nt] is keys nt*8 .. +8 (B column g4
+             * is key g4 + 8 nt; sub-tile kt: nt = 2 kt, 2 kt + 1). Per 64
+             * channels: the lane's 16 channels 16 t4 .. of rows g4, g4 + 8
+             * of Q' and of its key rows. Codes are exact in f16 and so are
+             * their products with Q' hi and lo: S is Q' K^T to about 2^-22
+             * (the lo pass is skipped for per-token keys, where Q' = 2^k q
+             * is exact in f16 down to 2^-31 of the row's max). The Q' fragments of a 64-channel
+             * slice serve every sub-tile; the sub-tiles' accumulator chains interleave. */
+            float sc[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sc[nt][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 64; kk++) {
+                uint32_t qr[2][8], qs8[2][8];
+#pragma unroll
+                for (int pass = 0; pass < 2; pass++) {
+                    if (pass == 1 && ktok)
+                        break;
+                    const __half *q0 = (pass ? sQl : sQ) + g4 * QSTR + kk * 64 + 16 * t4;
+                    const uint4 qa0 = *(const uint4 *)q0, qa1 = *(const uint4 *)(q0 + 8);
+                    const uint4 qb0 = *(const uint4 *)(q0 + 8 * QSTR),
+                                qb1 = *(const uint4 *)(q0 + 8 * QSTR + 8);
+                    qr[pass][0] = qa0.x, qr[pass][1] = qa0.y, qr[pass][2] = qa0.z;
+                    qr[pass][3] = qa0.w, qr[pass][4] = qa1.x, qr[pass][5] = qa1.y;
+                    qr[pass][6] = qa1.z, qr[pass][7] = qa1.w;
+                    qs8[pass][0] = qb0.x, qs8[pass][1] = qb0.y, qs8[pass][2] = qb0.z;
+                    qs8[pass][3] = qb0.w, qs8[pass][4] = qb1.x, qs8[pass][5] = qb1.y;
+                    qs8[pass][6] = qb1.z, qs8[pass][7] = qb1.w;
+                }
+#pragma unroll
+                for (int kt = 0; kt < KT; kt++) {
+                    uint32_t kb_[2][4][2];
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++) {
+                        const uint4 kw =
+                            *(const uint4 *)(sk + qm_koff<D>(16 * kt + g4 + 8 * nt, kk * 4 + t4));
+                        kva__cvt4_f16<FMT == QM_FP8>(kw.x, kb_[nt][0][0], kb_[nt][0][1]);
+                        kva__cvt4_f16<FMT == QM_FP8>(kw.y, kb_[nt][1][0], kb_[nt][1][1]);
+                        kva__cvt4_f16<FMT == QM_FP8>(kw.z, kb_[nt][2][0], kb_[nt][2][1]);
+                        kva__cvt4_f16<FMT == QM_FP8>(kw.w, kb_[nt][3][0], kb_[nt][3][1]);
+                    }
+#pragma unroll
+                    for (int pass = 0; pass < 2; pass++) {
+                        if (pass == 1 && ktok)
+                            break;
+#pragma unroll
+                        for (int st = 0; st < 4; st++) {
+                            const uint32_t af[4] = {qr[pass][2 * st], qs8[pass][2 * st],
+                                                    qr[pass][2 * st + 1], qs8[pass][2 * st + 1]};
+                            kva__mma_f16::mma(sc[2 * kt], af, kb_[0][st][0], kb_[0][st][1]);
+                            kva__mma_f16::mma(sc[2 * kt + 1], af, kb_[1][st][0], kb_[1][st][1]);
+                        }
+                    }
+                }
+            }
+            /* Scores: per-token key scales or the offset term. Element e:
+             * row g4 + (e >> 1) * 8, key kb + nt * 8 + 2 * t4 + (e & 1). */
+            if (ktok) {
+                const float *ts = (const float *)(sk + cfg::TSOFF);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const float2 t2 = *(const float2 *)(ts + nt * 8 + 2 * t4);
+                    sc[nt][0] *= t2.x;
+                    sc[nt][1] *= t2.y;
+                    sc[nt][2] *= t2.x;
+                    sc[nt][3] *= t2.y;
+                }
+            } else if (FMT == QM_I8) {
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        sc[nt][e] -= qo[e >> 1];
+            }
+            /* Q' was stored times 2^k per row (qm_row_exp). */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sc[nt][e] *= qup[e >> 1];
+            kva__dmma_logits<BNW>(sc, a, scale_log2, kb, t4, lo_all, hi_all, lo, hi, pos, slope);
+            kva__dmma_softmax<NO, NT>(sc, m_run, l_run, o);
+            if constexpr (FMT == QM_V16) {
+                /* O += P V: P [16, 16] in V's dtype, V [16, D] by ldmatrix.trans. */
+                static_assert(KT == 1, "16-bit V: 16-key steps");
+                const int v_r = (lane & 7) + ((lane >> 3) & 1) * 8, v_c = lane >> 4;
+                const uint32_t svu = ring + stage * STAGE + cfg::VOFF;
+                uint32_t pv[4];
+                kva__dmma_pack_p<TyV>(sc, pv);
+#pragma unroll
+                for (int dp = 0; dp < D / 16; dp++) {
+                    uint32_t vb[4];
+                    kva__ldsm_x4_trans(svu + kva__swz<D>(v_r, dp * 2 + v_c), vb);
+                    TyV::mma(o[2 * dp], pv, vb[0], vb[1]);
+                    TyV::mma(o[2 * dp + 1], pv, vb[2], vb[3]);
+                }
+            } else {
+                /* O += P C_V: P [16, 16] of each sub-tile in f16 as the A operand
+                 * (k = key). */
+                uint32_t pa[KT][4];
+#pragma unroll
+                for (int kt = 0; kt < KT; kt++)
+                    kva__dmma_pack_p<kva__mma_f16>(sc + 2 * kt, pa[kt]);
+#pragma unroll
+                for (int g = 0; g < D / 32; g++) {
+#pragma unroll
+                    for (int kt = 0; kt < KT; kt++) {
+                        /* Channels 32 g + 4 g4 .. +3 of keys 16 kt + (2t4, 2t4+1,
+                         * 2t4+8, 2t4+9). */
+                        const int c = 2 * g + (g4 >> 2), b = 4 * (g4 & 3), k0 = 16 * kt + 2 * t4;
+                        const uint32_t r0 = *(const uint32_t *)(sv + qm_voff<D>(k0, c) + b);
+                        const uint32_t r1 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 1, c) + b);
+                        const uint32_t r8 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 8, c) + b);
+                        const uint32_t r9 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 9, c) + b);
+                        uint32_t b0[4], b1[4];
+                        kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r0, r1, 0x5140), b0[0], b0[1]);
+                        kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r0, r1, 0x7362), b0[2], b0[3]);
+                        kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r8, r9, 0x5140), b1[0], b1[1]);
+                        kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r8, r9, 0x7362), b1[2], b1[3]);
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                            kva__mma_f16::mma(o[4 * g + j], pa[kt], b0[j], b1[j]);
+                    }
+                }
+            }
+            stage = stage == NST - 1 ? 0 : stage + 1;
+        }
+        kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
+
+        kva__dmma_row_sums(l_run);
+        __syncthreads(); /* every warp is done with its ring */
+                         /* O tile 4g + j, column n = 2 t4 (+1): channel 32 g + 4 n + j. */
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int r = g4 + hf * 8;
+            float *dst = s_acc + ((size_t)warp * QM_M + r) * D;
+#pragma unroll
+            for (int n = 0; n < NO; n++) {
+                /* QM_V16: the standard layout, channels 8 n + 2 t4 (+1). */
+                const int ch = FMT == QM_V16 ? 8 * n + 2 * t4 : 32 * (n >> 2) + 8 * t4 + (n & 3);
+                dst[ch] = o[n][2 * hf];
+                dst[ch + (FMT == QM_V16 ? 1 : 4)] = o[n][2 * hf + 1];
+            }
+            if (t4 == 0) {
+                s_m[warp][r] = m_run[hf];
+                s_l[warp][r] = l_run[hf];
+            }
+        }
+        __syncthreads();
+
+        /* Combine the warps, apply the V scales, write: element (r, d) per thread. */
+        for (int32_t x = threadIdx.x; x < nrows * D; x += QM_NW * 32) {
+            const int32_t r = x / D, d = x - r * D;
+            float M, mu, L, O;
+            kva__dmma_merge<QM_NW, QM_M, D>(s_m, s_l, s_acc, r, d, M, mu, L, O);
+            /* sum_j p_j v_jd in value units (0 when no key is visible). */
+            const int64_t sv_ = (int64_t)w.kv_head * D + d;
+            if (FMT == QM_I8)
+                O = q.vs[sv_] * (O - q.vo[sv_] * L);
+            else if (FMT == QM_FP8)
+                O = q.vs[sv_] * O;
+            kva__dmma_write<D, qm_out<OT>>(a, w, nrows, qs, r, d, M, mu, L, O);
+        }
+        __syncthreads(); /* Q', s_acc and the rings are rewritten by the next item */
+    }
+}
+
+/* A kernel of the family and its dynamic shared memory (bytes). */
+typedef void (*qm_kernel_fn)(kva__cuda_quant_mma_args);
+typedef struct qm_launch {
+    qm_kernel_fn fn;
+    int smem;
+} qm_launch;
+
+/* The kernel for format FMT, q dtype OT and head size D (64, 128 or 256;
+ * fn NULL otherwise). Instantiated by decode_mma_quant_{i8,fp8,v16}.cu. */
+template <int FMT, typename OT> static qm_launch qm_pick_d(int32_t D)
+{
+    qm_launch k = {NULL, 0};
+    if (D == 64)
+        k = {decode_mma_quant_kernel<FMT, OT, 64>, qm_cfg<64, FMT>::SMEM};
+    else if (D == 128)
+        k = {decode_mma_quant_kernel<FMT, OT, 128>, qm_cfg<128, FMT>::SMEM};
+    else if (D == 256)
+        k = {decode_mma_quant_kernel<FMT, OT, 256>, qm_cfg<256, FMT>::SMEM};
+    return k;
+}
+
+/* The kernel of format FMT for q dtype dt (F16 or BF16) and head size D. */
+template <int FMT> static qm_launch qm_pick_dt(kva_dtype dt, int32_t D)
+{
+    if (dt == KVA_DTYPE_BF16)
+        return qm_pick_d<FMT, __nv_bfloat16>(D);
+    if (dt == KVA_DTYPE_F16)
+        return qm_pick_d<FMT, __half>(D);
+    return qm_launch{NULL, 0};
+}
+
+/* The kernel of each family for q dtype dt (F16 or BF16) and head size D;
+ * fn NULL where the family has none. */
+qm_launch kva__dmma_quant_pick_i8(kva_dtype dt, int32_t D);
+qm_launch kva__dmma_quant_pick_fp8(kva_dtype dt, int32_t D);
+qm_launch kva__dmma_quant_pick_v16(kva_dtype dt, int32_t D);
+
+#endif /* KVA_CUDA_DECODE_MMA_QUANT_CUH */

@@ -1,0 +1,11 @@
+/*
+ * prefill_wgmma_d192.cu - the sm_90a wgmma prefill kernel
+ * (prefill_wgmma_kernel.cuh) instantiated for D 192 / Dv 128: TMA and
+ * cp.async forms, f16 and bf16.
+ */
+#include "prefill_wgmma_kernel.cuh"
+
+kva_status kva__wg_launch_d192(const kva__cuda_prefill_args *a, cudaStream_t st, int tma)
+{
+    return launch_dims<192, 128, 2>(a, st, tma);
+}

@@ -1,0 +1,448 @@
+/*
+ * prefill_wgmma_kernel.cuh - the sm_90a (Hopper) paged prefill kernel on warpgroup
+ * matrix instructions (wgmma.mma_async): KVA__CUDA_PREFILL_WGMMA and
+ * KVA__CUDA_PREFILL_WGMMA_TMA of prefill_mma.h.
+ *
+ * Same contract, tiles and arguments as prefill_mma.cu (one CTA tile = 128
+ * packed (token, group head) rows of one (request, kv head); paged NHD/HND
+ * cache, any B; causal, window, soft-cap, ALiBi, sinks, LSE), f16/bf16, with
+ * the head sizes (DK, DV) as template traits (prefill_wgmma.cuh, wg_dims).
+ * The body is written once here and instantiated per head-size pair in
+ * prefill_wgmma_d{64,128,192}.cu (so the build compiles them in parallel);
+ * prefill_wgmma.cu is the host side (device check, tensor maps, dispatch).
+ * Structure (FlashAttention-3 style), at DK = DV = 128:
+ *   - CTA = 3 warpgroups (384 threads): warpgroup 0 is the producer (40
+ *     registers via setmaxnreg), warpgroups 1 and 2 the consumers (232
+ *     registers; rows 0..63 and 64..127 of the CTA tile, each loading its own
+ *     Q rows);
+ *   - Q [128, 128] and the K, V tiles [BN = 128 keys, 128] live in shared
+ *     memory in the 128-byte-swizzle layout of wgmma: two column blocks of 64
+ *     elements, each [rows][64] with 16-byte chunk c of row r at c ^ (r & 7);
+ *   - the producer fills a ring of NST = 3 K/V stages guarded by "full" and
+ *     "empty" mbarriers: it loads the block ids of the next key tile one tile
+ *     ahead into shared memory, then gathers K/V rows by cp.async (any B) or,
+ *     in the TMA kernel, loads a tile whose keys all lie in the visible range
+ *     by TMA boxes (one per block, column block and K or V; B a power of two
+ *     >= 8 and NB known) that its four warps issue;
+ *   - S [64, 128] per consumer = 8 wgmma m64n128k16 (A = Q, B = K, both from
+ *     shared memory, K-major); online softmax on the fp32 accumulators in log2
+ *     units (lazy rescaling as prefill_mma); P is packed to f16/bf16 in
+ *     registers and is the register A operand of O += P V, 8 wgmma
+ *     m64n128k16 with B = V from shared memory in its natural [key][dim]
+ *     layout (MN-major, imm-trans-b = 1);
+ *   - the consumers ping-pong through named barriers: one issues its GEMMs
+ *     while the other runs its softmax; INTRA (the TMA kernel) also issues
+ *     each consumer's P V of tile it - 1 after S of tile it, so it runs under
+ *     the consumer's own softmax;
+ *   - the grid is persistent: min(tiles, SMs) CTAs walk the heaviest-first
+ *     tile list in snake order (odd rounds in reverse CTA order, which evens
+ *     out the CTAs' loads); the K/V ring runs on across CTA tiles, and each
+ *     consumer loads its next Q rows under its epilogue;
+ *   - key tiles are visited from the diagonal down; only tiles crossing the
+ *     diagonal, the window edge or seq_len are masked per element.
+ * The kernel body exists only in sm_90a device code (__CUDA_ARCH_FEAT_SM90_ALL);
+ * other targets get an empty kernel that the host never launches
+ * (kva__cuda_prefill_wgmma_ready() checks the build and the device).
+ */
+#ifndef KVA_CUDA_PREFILL_WGMMA_KERNEL_CUH
+#define KVA_CUDA_PREFILL_WGMMA_KERNEL_CUH
+
+extern "C" {
+#include "internal.h"
+}
+#include "mma_ptx.cuh"
+#include "prefill_mma.h"
+#include "wgmma_ptx.cuh"
+
+#include <cuda.h> /* CUtensorMap (types only; the driver entry point is looked up) */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <string.h>
+
+#include "prefill_wgmma.cuh"
+
+/* prefill_wgmma.cu: fills tm for the TMA kernel (wg_tmaps); tm->ok = 0 where
+ * the cache cannot be described or the driver refuses. */
+void kva__wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm);
+/* prefill_wgmma_d{64,128,192}.cu: launch the kernel of one head-size pair
+ * (tma: the TMA form). */
+kva_status kva__wg_launch_d64(const kva__cuda_prefill_args *a, cudaStream_t st, int tma);
+kva_status kva__wg_launch_d128(const kva__cuda_prefill_args *a, cudaStream_t st, int tma);
+kva_status kva__wg_launch_d192(const kva__cuda_prefill_args *a, cudaStream_t st, int tma);
+
+/*
+ * The kernel (header comment above). The producer waits for its cp.async
+ * copies of a stage, fence.proxy.async, then arrives on the stage's "full"
+ * mbarrier; a consumer releases a stage on its "empty" mbarrier once the P V
+ * product that read it is done.
+ * TMA: a K/V tile whose 128 keys all lie in the visible range [kv_lo, kv_hi)
+ * is loaded by TMA (tm, wg_tmaps) instead of cp.async: the producer's four
+ * warps issue a quarter of the boxes each on the stage's "full" mbarrier,
+ * thread 0 having armed it with the tile's byte count (arrive.expect_tx), and
+ * nobody waits: the producer goes on to the next stage at once. Tiles that
+ * cross the edge of the range (rows there must be zero-filled, not loaded:
+ * unused slots of a block may hold NaN) and every tile when tm.ok = 0 take
+ * the cp.async path.
+ * Persistent grid: CTA b computes the CTA tiles of rounds k = 0, 1, ...: tile
+ * k * gridDim.x + b, with the CTA order reversed in odd rounds (snake: 1 x
+ * 4096 causal, 1024 tiles on 132 SMs, max CTA load at the mean instead of 12 %
+ * over it for round robin); the K/V ring and its mbarrier phases run on across
+ * CTA tiles (counter gi), consumers release the last stage of a tile too, and
+ * the ping-pong starts afresh per tile (consumer 1 arrives first on consumer
+ * 0's barrier).
+ * Dynamic shared memory (from a 1024-byte aligned base): Q [128, DK], K
+ * [NST][128, DK], V [NST][128, DV] (all swizzled, wg_swz), the 2 * NST
+ * mbarriers (8 bytes each), then the staged block ids [2][128] int32.
+ */
+template <bool INTRA, bool TMA, typename Ty, int DK, int DV>
+__global__ void __launch_bounds__(3 * 128, 1)
+    prefill_wgmma_ws_kernel(const kva__cuda_prefill_args a, const __grid_constant__ wg_tmaps tm)
+{
+#ifdef KVA_WGMMA_BODY
+    typedef wg_dims<DK, DV> dims;
+    constexpr int NST = dims::NST, NO = dims::NO;
+    constexpr uint32_t QB = dims::QB, KB = dims::KB, VB = dims::VB;
+    const int n_tiles = *a.num_tiles;
+    if ((int)blockIdx.x >= n_tiles)
+        return;
+    /* CTA tile of round k: k * gridDim.x + blockIdx.x, the CTA order reversed
+     * in odd rounds (snake: the CTA that took the heaviest tile of one round
+     * takes the lightest of the next). A CTA's rounds end at the first tile
+     * index >= n_tiles (only the last round is partial). */
+    const int t_step = (int)gridDim.x;
+    auto tile_of = [&](int k) {
+        return k * t_step + ((k & 1) ? t_step - 1 - (int)blockIdx.x : (int)blockIdx.x);
+    };
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const uint32_t sQ = (kva__smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t sK = sQ + QB;
+    const uint32_t sV = sK + NST * KB;
+    const uint32_t full = sV + NST * VB, empty = full + 8 * NST; /* mbarriers [NST] each */
+
+    const int tid = threadIdx.x;
+    const int wg = tid >> 7;
+    if (tid == 0) {
+        for (int i = 0; i < NST; i++) {
+            wg_mbar_init(full + 8 * i, 128);
+            wg_mbar_init(empty + 8 * i, 256);
+        }
+    }
+    __syncthreads();
+    /* K/V tiles of the CTA's earlier CTA tiles: the ring's stage and phase of
+     * key tile it of this CTA tile come from gi + it. */
+    uint32_t gi = 0;
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        for (int k = 0;; k++) {
+            const int ti = tile_of(k);
+            if (ti >= n_tiles)
+                break;
+            wg_tile tl;
+            wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
+            const int n_first = tl.kv_lo / WG_BN;
+            const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
+            const int ntiles = n_last - n_first + 1; /* may be 0 */
+            wg_kv g;
+            wg_kv_init<DK, DV>(g, a, tl, tid);
+            /* The block id of key n0 + tid of the next tile is loaded one tile
+             * ahead and staged in shared memory ([2][128] int32 after the
+             * mbarriers), so the copy path has no dependent global load. */
+            const uint32_t sids = empty + 8 * NST;
+            int nxt = ntiles > 0 ? wg_blk_of(g, n_last * WG_BN + tid) : 0;
+            for (int it = 0; it < ntiles; it++) {
+                const uint32_t gk = gi + (uint32_t)it;
+                const int st = (int)(gk % NST), n0 = (n_last - it) * WG_BN;
+                {
+                    const int cur = nxt;
+                    if (it + 1 < ntiles)
+                        nxt = wg_blk_of(g, n0 - WG_BN + tid);
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sids + (gk & 1) * 512 + 4 * tid),
+                                 "r"(cur)
+                                 : "memory");
+                    wg_bar_sync(5, 128); /* ids visible; buffer (gk - 1) & 1 no longer read */
+                }
+                if (gk >= NST)
+                    wg_mbar_wait(empty + 8 * st, ((gk / NST) - 1) & 1);
+                if (TMA && tm.ok && n0 >= tl.kv_lo && n0 + WG_BN <= tl.kv_hi) {
+                    /* A TMA copy is a warp-uniform instruction (the compiler
+                     * issues a warp's lanes' boxes one after the other), so the
+                     * four warps issue a quarter each (op o by lane o / 4 of
+                     * warp o % 4): at B 16 (32 boxes per tile) each warp issues
+                     * 8. Boxes of other warps may complete before thread 0 arms
+                     * the barrier: the tx-count may go below zero while thread
+                     * 0's arrival is pending, and the phase cannot complete
+                     * without it. */
+                    const int NW = 4;
+                    if (tid < 32 * NW) {
+                        if (tid == 0)
+                            wg_mbar_arrive_tx(full + 8 * st, KB + VB);
+                        __syncwarp();
+                        /* Op o: block b = o / OPB of the tile (key rows b * R ..),
+                         * then op j = o % OPB of the block: DK = DV: column block
+                         * j / 2 of K (j even) or V; else K's column blocks
+                         * 0 .. DK / 64 - 1, then V's. */
+                        constexpr int KCB = DK / 64, OPB = KCB + DV / 64;
+                        static_assert(DK != DV || KCB <= 2, "DK = DV: 64 or 128");
+                        const int R = tm.box_rows, nhd = a.layout == KVA_LAYOUT_NHD;
+                        const int o0 = (tid & 31) * 4 + (tid >> 5);
+                        for (int o = o0; o < OPB * (WG_BN / R); o += 32 * NW) {
+                            /* DK = DV: OPB = 2 KCB (4 at 128, 2 at 64), shifts. */
+                            constexpr int SH = KCB == 2 ? 2 : 1;
+                            const int j = (unsigned)o % OPB;
+                            const int row = DK == DV ? (o >> SH) * R : (int)((unsigned)o / OPB) * R;
+                            const bool isv = DK == DV ? (o & 1) != 0 : j >= KCB;
+                            const int cb = DK == DV ? (o >> 1) & (KCB - 1) : (isv ? j - KCB : j);
+                            int blk;
+                            asm volatile("ld.shared.b32 %0, [%1];\n"
+                                         : "=r"(blk)
+                                         : "r"(sids + (gk & 1) * 512 + 4u * (uint32_t)row));
+                            const int off = (n0 + row) & (a.block_size - 1);
+                            uint32_t dst;
+                            if constexpr (DK == DV)
+                                dst =
+                                    (isv ? sV : sK) + st * KB + (uint32_t)(cb * WG_BN + row) * 128u;
+                            else
+                                dst = (isv ? sV + st * VB : sK + st * KB) +
+                                      (uint32_t)(cb * WG_BN + row) * 128u;
+                            wg_tma_load4(dst, isv ? &tm.v : &tm.k, cb * 64, nhd ? tl.kvh : off,
+                                         nhd ? off : tl.kvh, blk, full + 8 * st);
+                        }
+                        if (tid != 0)
+                            wg_mbar_arrive(full + 8 * st);
+                    } else {
+                        wg_mbar_arrive(full + 8 * st);
+                    }
+                    continue;
+                }
+                wg_gather_ids<DK, DV>(g, tid, n0, sK + st * KB, sV + st * VB,
+                                      sids + (gk & 1) * 512);
+                kva__cp_async_commit();
+                /* Wait for this tile, then publish it. */
+                kva__cp_async_wait<0>();
+                kva__fence_proxy_async();
+                wg_mbar_arrive(full + 8 * st);
+            }
+            gi += (uint32_t)ntiles;
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+        const int cw = wg - 1, ct = tid - 128, wq = (ct >> 5) & 3;
+        const uint64_t dq = kva__wgmma_desc(sQ + (uint32_t)cw * 64 * 128, 16, 1024);
+        const uint64_t dk0 = kva__wgmma_desc(sK, 16, 1024);
+        const uint64_t dv0 = kva__wgmma_desc(sV, WG_BN * 128, 1024);
+        int k = 0, ti = blockIdx.x;
+        wg_tile tl;
+        wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
+        wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127);
+        kva__cp_async_commit();
+        for (;;) {
+            /* The tile header and tile count are read again where they are
+             * needed, not kept live through the key loop (registers). */
+            wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
+            kva__cp_async_wait<0>();
+            kva__fence_proxy_async();
+            wg_bar_sync(3 + cw, 128);
+            wg_ctx c;
+            wg_ctx_init<DK>(c, a, tl.m0, cw * 64 + wq * 16, tl.m_last, tl.G, tl.kvh, tl.seq_len,
+                            tl.q_len, tl.pos_min, tl.pos_max);
+            const int n_first = tl.kv_lo / WG_BN;
+            const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
+            const int ntiles = n_last - n_first + 1; /* may be 0 */
+            float o[NO], s[64];
+            float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int e = 0; e < 64; e++)
+                s[e] = 0.0f;
+#pragma unroll
+            for (int e = 0; e < NO; e++)
+                o[e] = 0.0f;
+            uint32_t pa[8][4];
+            const int my_bar = 1 + cw, other_bar = 2 - cw;
+            if (ntiles > 0) {
+                if (cw == 1)
+                    wg_bar_arrive(1, 256); /* consumer 0 issues first */
+                /* Tile 0: S only. */
+                const int st0 = (int)(gi % NST);
+                wg_mbar_wait(full + 8 * st0, (gi / NST) & 1);
+                wg_bar_sync(my_bar, 256);
+                kva__wgmma_fence();
+                wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st0 * KB) >> 4));
+                kva__wgmma_commit();
+                wg_bar_arrive(other_bar, 256);
+                kva__wgmma_wait<0>();
+#pragma unroll
+                for (int e = 0; e < 64; e++)
+                    kva__reg_fence(s[e]);
+                float alpha[2] = {1.0f, 1.0f};
+                wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, n_last * WG_BN, alpha);
+                bool resc_prev = false; /* INTRA: o is still zero after tile 0 */
+                for (int it = 1; it < ntiles; it++) {
+                    const uint32_t gk = gi + (uint32_t)it;
+                    const int st = (int)(gk % NST), sp = (int)((gk - 1) % NST);
+                    wg_mbar_wait(full + 8 * st, (gk / NST) & 1);
+                    wg_bar_sync(my_bar, 256);
+                    kva__wgmma_fence();
+                    if (!INTRA) {
+                        wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
+                        kva__wgmma_commit();
+                        wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
+                        kva__wgmma_commit();
+                        wg_bar_arrive(other_bar, 256);
+                        kva__wgmma_wait<1>(); /* P V of tile it - 1 */
+#pragma unroll
+                        for (int e = 0; e < NO; e++)
+                            kva__reg_fence(o[e]);
+                        wg_mbar_arrive(empty + 8 * sp);
+                        kva__wgmma_wait<0>();
+#pragma unroll
+                        for (int e = 0; e < 64; e++)
+                            kva__reg_fence(s[e]);
+                        wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, (n_last - it) * WG_BN,
+                                              alpha);
+                    } else {
+                        /* S of tile it first, then P V of tile it - 1, which runs
+                         * under this tile's softmax. o is rescaled for tile it - 1
+                         * between the two issues (as FlashAttention-3 does; a
+                         * rescale after the wait makes ptxas serialize wgmma). */
+                        wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
+                        kva__wgmma_commit();
+                        if (resc_prev)
+                            wg_rescale_o(o, alpha);
+                        kva__wgmma_fence();
+                        wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
+                        kva__wgmma_commit();
+                        wg_bar_arrive(other_bar, 256);
+                        kva__wgmma_wait<1>(); /* S of tile it */
+#pragma unroll
+                        for (int e = 0; e < 64; e++)
+                            kva__reg_fence(s[e]);
+                        uint32_t pn[8][4];
+                        resc_prev = wg_softmax<Ty, true>(s, o, pn, m_run, l_run, c,
+                                                         (n_last - it) * WG_BN, alpha);
+                        kva__wgmma_wait<0>(); /* P V of tile it - 1 */
+#pragma unroll
+                        for (int e = 0; e < NO; e++)
+                            kva__reg_fence(o[e]);
+#pragma unroll
+                        for (int k = 0; k < 8; k++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                asm volatile("" : "+r"(pa[k][i])::"memory"); /* live until here */
+                                pa[k][i] = pn[k][i];
+                            }
+                        wg_mbar_arrive(empty + 8 * sp);
+                    }
+                }
+                /* P V of the last tile. */
+                wg_bar_sync(my_bar, 256);
+                if (INTRA && resc_prev)
+                    wg_rescale_o(o, alpha);
+                const int sl = (int)((gi + (uint32_t)ntiles - 1) % NST);
+                kva__wgmma_fence();
+                wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sl * VB) >> 4));
+                kva__wgmma_commit();
+                if (cw == 0)
+                    wg_bar_arrive(other_bar, 256);
+                kva__wgmma_wait<0>();
+#pragma unroll
+                for (int e = 0; e < NO; e++)
+                    kva__reg_fence(o[e]);
+                wg_mbar_arrive(empty + 8 * sl); /* the ring goes on with the next CTA tile */
+            }
+            gi += (uint32_t)ntiles;
+            /* The next CTA tile's Q rows of this warpgroup are loaded under the
+             * epilogue (S of this tile is done with them). */
+            const int tn = tile_of(k + 1), nt = *a.num_tiles;
+            if (tn < nt) {
+                wg_tile_init(tl, a, a.tiles + (size_t)tn * KVA__CUDA_PREFILL_TILE_INTS);
+                wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127);
+                kva__cp_async_commit();
+            }
+            wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
+            wg_epilogue<Ty, DV>(a, c, o, m_run, l_run, tl.m0 + cw * 64 + wq * 16 + ((ct & 31) >> 2),
+                                tl.rows, tl.q_start, tl.G);
+            if (tn >= nt)
+                break;
+            ti = tn;
+            k++;
+        }
+    }
+#endif /* KVA_WGMMA_BODY */
+}
+
+/* Launches the kernel on a persistent grid of min(grid_tiles, SMs) CTAs.
+ * DIX: the head-size pair's index (bits of the host cache's attribute mask). */
+template <bool INTRA, bool TMA, typename Ty, int DK, int DV, int DIX>
+static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream)
+{
+    typedef wg_dims<DK, DV> dims;
+    const size_t smem =
+        1024 + (size_t)dims::QB + dims::NST * (size_t)(dims::KB + dims::VB) + 16 * dims::NST + 1024;
+    static_assert(1024 + dims::QB + dims::NST * (dims::KB + dims::VB) + 16 * dims::NST + 1024 <=
+                      227 * 1024,
+                  "shared memory of the wgmma prefill");
+    wg_tmaps tm;
+    if (TMA)
+        kva__wg_tmaps_encode(a, &tm);
+    else
+        memset(&tm, 0, sizeof tm);
+    kva__cuda_prefill_host_cache *hc = a->host_cache;
+    int grid = a->grid_tiles;
+    int nsm = hc ? hc->num_sms : 0; /* one CTA per SM (224 KB of shared memory each) */
+    if (nsm <= 0) {
+        int dev = 0;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e == cudaSuccess)
+            e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
+        if (e != cudaSuccess)
+            return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                             "kva__cuda_prefill_launch: SM count (persistent wgmma kernel): %s",
+                             cudaGetErrorString(e));
+        if (hc)
+            hc->num_sms = nsm;
+    }
+    grid = nsm > 0 && nsm < grid ? nsm : grid;
+    const int bf = a->dtype == KVA_DTYPE_BF16;
+    const int bit = 2 * DIX + (TMA ? 1 : 0);
+    auto fn = prefill_wgmma_ws_kernel<INTRA, TMA, Ty, DK, DV>;
+    if (!hc || !((hc->attr_set[bf] >> bit) & 1)) {
+        cudaError_t e =
+            cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess)
+            return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                             "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
+                             "memory, wgmma kernel): %s",
+                             smem, cudaGetErrorString(e));
+        if (hc)
+            hc->attr_set[bf] |= (uint64_t)1 << bit;
+    }
+    fn<<<grid, 3 * 128, smem, stream>>>(*a, tm);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                         "kva__cuda_prefill_launch: launch of %d tiles (wgmma kernel): %s",
+                         (int)a->grid_tiles, cudaGetErrorString(e));
+    return KVA_STATUS_OK;
+}
+
+/* The kernels of one head-size pair: TMA or cp.async, bf16 or f16. The TMA
+ * kernel also issues P V under the consumer's own softmax (INTRA); the
+ * cp.async kernel does not (measured faster without, docs/cuda-prefill.md). */
+template <int DK, int DV, int DIX>
+static kva_status launch_dims(const kva__cuda_prefill_args *a, cudaStream_t st, int tma)
+{
+    const int bf = a->dtype == KVA_DTYPE_BF16;
+    if (tma)
+        return bf ? launch_ws<true, true, kva__mma_bf16, DK, DV, DIX>(a, st)
+                  : launch_ws<true, true, kva__mma_f16, DK, DV, DIX>(a, st);
+    return bf ? launch_ws<false, false, kva__mma_bf16, DK, DV, DIX>(a, st)
+              : launch_ws<false, false, kva__mma_f16, DK, DV, DIX>(a, st);
+}
+
+#endif /* KVA_CUDA_PREFILL_WGMMA_KERNEL_CUH */
