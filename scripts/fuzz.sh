@@ -9,6 +9,10 @@
 # The corpora grow in build-fuzz/corpus/NAME, logs go to build-fuzz/NAME.log,
 # a crash or leak to build-fuzz/artifacts/ (every finding becomes a test).
 #   KVA_FUZZ_CC       the compiler (default clang-14)
+#   KVA_FUZZ_OPT      optimization of the instrumented build (default -O0: the
+#                     shortest build, for the smoke; -O1 runs several times faster)
+#   KVA_FUZZ_JOBS     J: long runs start J processes of RUNS/J executions each,
+#                     on one shared corpus (what libFuzzer's -jobs does); default 1
 #   KVA_FUZZ_TARGETS  harnesses to run (default "fuzz_c8_loader fuzz_desc")
 #   KVA_FUZZ_TIMEOUT  seconds one input may take (default 10 for smoke, 60 otherwise:
 #                     a valid plan of ~10^6 query tokens takes ~12 s in this -O0
@@ -19,7 +23,7 @@ cd "$(dirname "$0")/.."
 mode=${1:-1000000}
 cc=${KVA_FUZZ_CC:-clang-14}
 flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
-flags="$flags -fno-omit-frame-pointer -g -O0"
+flags="$flags -fno-omit-frame-pointer -g ${KVA_FUZZ_OPT:--O0}"
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_C_FLAGS="$flags" -DKVA_FUZZ=ON -DKVA_CUDA=OFF -DKVA_BUILD_TESTS=OFF >/dev/null
 ninja -C build-fuzz -j"$(nproc)" fuzz_c8_loader fuzz_desc fuzz_seeds
@@ -41,15 +45,29 @@ for name in ${KVA_FUZZ_TARGETS:-fuzz_c8_loader fuzz_desc}; do
   else
     limit=(-runs="$mode" -timeout="${KVA_FUZZ_TIMEOUT:-60}")
   fi
-  echo "== $name ${limit[*]}"
-  if ! build-fuzz/$name "${limit[@]}" -rss_limit_mb=2048 -malloc_limit_mb=1024 -max_len=8192 \
-    -print_final_stats=1 -artifact_prefix=build-fuzz/artifacts/ \
-    build-fuzz/corpus/$name "$seeds" >build-fuzz/$name.log 2>&1; then
-    status=1
-    tail -40 build-fuzz/$name.log
-  fi
-  grep -E "^(#[0-9]+\s+(DONE|INITED)|stat::number_of_executed_units|stat::peak_rss)" \
-    build-fuzz/$name.log | tail -3 || true
-  grep -Eo "cov: [0-9]+ ft: [0-9]+" build-fuzz/$name.log | tail -1 || true
+  jobs=1
+  [ "$mode" != smoke ] && jobs=${KVA_FUZZ_JOBS:-1}
+  [ "$jobs" -gt 1 ] && limit[0]=-runs=$(( (mode + jobs - 1) / jobs ))
+  echo "== $name ${limit[*]} x $jobs"
+  pids=()
+  for j in $(seq 1 "$jobs"); do
+    log=build-fuzz/$name.log
+    [ "$jobs" -gt 1 ] && log=build-fuzz/$name.$j.log
+    build-fuzz/$name "${limit[@]}" -rss_limit_mb=2048 -malloc_limit_mb=1024 -max_len=8192 \
+      -print_final_stats=1 -artifact_prefix=build-fuzz/artifacts/ \
+      build-fuzz/corpus/$name "$seeds" >"$log" 2>&1 &
+    pids+=($!)
+  done
+  for j in $(seq 1 "$jobs"); do
+    log=build-fuzz/$name.log
+    [ "$jobs" -gt 1 ] && log=build-fuzz/$name.$j.log
+    if ! wait "${pids[$((j - 1))]}"; then
+      status=1
+      tail -40 "$log"
+    fi
+    grep -E "^(#[0-9]+\s+(DONE|INITED)|stat::number_of_executed_units|stat::peak_rss)" \
+      "$log" | tail -3 || true
+    grep -Eo "cov: [0-9]+ ft: [0-9]+" "$log" | tail -1 || true
+  done
 done
 exit $status
