@@ -6,7 +6,8 @@
  *      kva_cache_create_quant with fuzzed scale arrays;
  *   2. a write of up to 16 tokens with fuzzed slots, strides and src dtype;
  *   3. a plan descriptor (up to 8 requests: query_start_loc, seq_lens,
- *      block table, every scalar field, ALiBi slopes) through
+ *      block table, every scalar field, ALiBi slopes, the attention kind,
+ *      MLA head sizes and DCP fields; the cache kind too) through
  *      kva_plan_create, and, when the plan is small and fits the cache,
  *      kva_attention_run into NaN-poisoned outputs.
  * The library must return a status (never crash, never touch memory it was
@@ -38,6 +39,7 @@ static const kva_dtype kFloatDt[4] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF
 static kva_cache_desc read_cache_desc(fz *f)
 {
     kva_cache_desc d;
+    memset(&d, 0, sizeof d); /* fields added later (kind) must not be stack garbage */
     d.num_blocks = fz_i32(f);
     d.block_size = fz_i32(f);
     d.num_kv_heads = fz_i32(f);
@@ -46,6 +48,8 @@ static kva_cache_desc read_cache_desc(fz *f)
     d.dtype = (kva_dtype)fz_i32(f);
     d.layout = (kva_layout)fz_i32(f);
     d.quant = (kva_quant)fz_i32(f);
+    const uint8_t k = fz_u8(f); /* mostly MHA, often MLA, sometimes any value */
+    d.kind = k < 0xc0 ? KVA_ATTN_MHA : k < 0xf8 ? KVA_ATTN_MLA : (kva_attn_kind)fz_i32(f);
     return d;
 }
 
@@ -165,6 +169,16 @@ static void fuzz_plan(fz *f, kva_context *ctx, kva_cache *c, const kva_cache_des
             slopes[h] = h == 0 ? s : 0.25f / (float)(h + 1);
     }
     d.alibi_slopes = slopes;
+    d.kind = fz_u8(f) < 0xf0 ? cd->kind : (kva_attn_kind)fz_i32(f);
+    if (d.kind == KVA_ATTN_MLA && fz_u8(f) < 0x80) { /* the layer-level head sizes */
+        d.mla_qk_nope_head_dim = fz_u8(f) < 0x20 ? fz_i32(f) : 8 * fz_range(f, 0, 24);
+        d.mla_v_head_dim = fz_u8(f) < 0x20 ? fz_i32(f) : 8 * fz_range(f, 0, 24);
+    }
+    if (fz_u8(f) < 0x30) { /* a sharded (DCP) plan */
+        d.dcp_size = fz_u8(f) < 0x20 ? fz_i32(f) : fz_range(f, 0, 8);
+        d.dcp_rank = fz_u8(f) < 0x20 ? fz_i32(f) : fz_range(f, 0, 8);
+        d.dcp_interleave = fz_u8(f) < 0x20 ? fz_i32(f) : fz_range(f, 0, 16);
+    }
     /* A valid plan costs time and memory linear in its query tokens, up to
      * KVA_MAX_SEQ_LEN (2^30): ~1.3 GB and over a minute in this -O0 build
      * (tests/fuzz/findings/README.md). Steps of more than 2^20 query tokens
