@@ -239,11 +239,15 @@ static void rank_main(const cfg *c, ncclUniqueId id)
     ncclComm_t comm;
     NC(ncclCommInitRank(&comm, N, id, rank));
     kva_context_desc gd = {KVA_BACKEND_CUDA, 0, rank};
-    kva_context *gpu = NULL;
+    /* Two contexts: a CUDA context's newest plan owns its device metadata,
+     * and the unsharded and the sharded plan run in turn. */
+    kva_context *gpu = NULL, *gfull = NULL;
     KV(kva_context_create(&gd, &gpu));
+    KV(kva_context_create(&gd, &gfull));
     cudaStream_t s;
     CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     KV(kva_cuda_context_set_stream(gpu, s));
+    KV(kva_cuda_context_set_stream(gfull, s));
     const int TMAX = 4096 > R ? 4096 : R;
     kva_dcp_nccl *dcp = NULL;
     KV(kva_dcp_nccl_create(gpu, comm, TMAX, H, D, KVA_DTYPE_BF16, &dcp));
@@ -256,7 +260,7 @@ static void rank_main(const cfg *c, ncclUniqueId id)
     kva_test_fill_uniform(pv, KVA_DTYPE_BF16, P * row, &rng);
     kva_cache *full, *shard;
     kva_plan *pfull, *pshard;
-    build(c, gpu, 1, 0, pk, pv, &full, &pfull);
+    build(c, gfull, 1, 0, pk, pv, &full, &pfull);
     build(c, gpu, N, rank, pk, pv, &shard, &pshard);
     free(pk), free(pv);
     const size_t nq = (size_t)R * H * D;
@@ -273,7 +277,7 @@ static void rank_main(const cfg *c, ncclUniqueId id)
     CU(cudaMemcpy(dq, q, nq * 2, cudaMemcpyHostToDevice));
     CU(cudaMemset(dfull, 0xff, nq * 2));
     CU(cudaMemset(dpart, 0xff, nq * 2));
-    KV(kva_attention_run(gpu, pfull, dq, full, NULL, dfull, NULL));
+    KV(kva_attention_run(gfull, pfull, dq, full, NULL, dfull, NULL));
     KV(kva_attention_run(gpu, pshard, dq, shard, NULL, dpart, dlse));
     CU(cudaStreamSynchronize(s));
     CU(cudaMemcpy(want, dfull, nq * 2, cudaMemcpyDeviceToHost));
@@ -301,7 +305,7 @@ static void rank_main(const cfg *c, ncclUniqueId id)
         if (bad)
             DIE("rank %d: %zu values differ", rank, bad);
     }
-    const float tf = time_run(gpu, s, pfull, dq, full, dfull, NULL, c->iters);
+    const float tf = time_run(gfull, s, pfull, dq, full, dfull, NULL, c->iters);
     const float ts = time_run(gpu, s, pshard, dq, shard, dpart, dlse, c->iters);
     printf("rank %d: decode R=%d S=%d H=%d Hkv=%d D=%d bf16: unsharded %.4f ms, rank's shard "
            "(N=%d I=%d) %.4f ms: ratio %.3f\n",
@@ -352,6 +356,7 @@ static void rank_main(const cfg *c, ncclUniqueId id)
     free(q), free(want), free(got);
     kva_dcp_nccl_destroy(dcp);
     kva_context_destroy(gpu);
+    kva_context_destroy(gfull);
     cudaStreamDestroy(s);
     ncclCommDestroy(comm);
 }
