@@ -35,11 +35,6 @@ static kva_cache *upload_rank_cache(kva_context *gpu, const fmt *f, const kva_ca
     kva_cache *dc = NULL;
     CHECK_OK(kva_cache_create_quant(gpu, &cd, f->quant == KVA_QUANT_NONE ? NULL : &qp, &dc));
     cache_upload(dc, hc);
-    float *hts = NULL, *dts = NULL;
-    if (kva_cache_token_scales(hc, &hts) == KVA_STATUS_OK && hts &&
-        kva_cache_token_scales(dc, &dts) == KVA_STATUS_OK && dts)
-        CUDA_OK(cudaMemcpy(dts, hts, (size_t)cd.num_blocks * kva_cache_block_bytes_scales(hc),
-                           cudaMemcpyHostToDevice));
     return dc;
 }
 

@@ -108,11 +108,6 @@ static kva_cache *upload(kva_context *gpu, const fmt *f, const kva_cache *hc)
     kva_cache *dc = NULL;
     CHECK_OK(kva_cache_create_quant(gpu, &cd, f->quant == KVA_QUANT_NONE ? NULL : &qp, &dc));
     cache_upload(dc, hc);
-    float *hs = NULL, *ds = NULL;
-    if (kva_cache_token_scales(hc, &hs) == KVA_STATUS_OK && hs &&
-        kva_cache_token_scales(dc, &ds) == KVA_STATUS_OK && ds)
-        CUDA_OK(cudaMemcpy(ds, hs, (size_t)cd.num_blocks * kva_cache_block_bytes_scales(hc),
-                           cudaMemcpyHostToDevice));
     return dc;
 }
 
