@@ -621,6 +621,11 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     plan_kernels(ctx, plan, &kernel, &pkernel, &mma);
     mma = mma && !dcp_global; /* the prefill tiles take masks from local lengths */
     const int mla = kernel == KVA__CUDA_K_MLA_DECODE_MMA || kernel == KVA__CUDA_K_MLA_DECODE_WGMMA;
+    if (plan->d.kind == KVA_ATTN_MLA && plan->d.dcp_size > 1)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: sharded (dcp_size = %d) MLA plans run on the reference "
+                         "and CPU backends; the CUDA MLA decode has not been run sharded",
+                         (int)plan->d.dcp_size);
     if (!mla && dmax > 256)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_plan_create: head_dim = %d, head_dim_v = %d: the CUDA backend's "
