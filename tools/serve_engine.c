@@ -162,21 +162,6 @@ static kva_status create_device(serve_engine *e)
     return warm_up(e);
 }
 
-/* Fills n elements with uniform values of standard deviation sigma. */
-static void fill_scaled(void *p, kva_dtype dt, size_t n, kva_rng *rng, double sigma)
-{
-    kva_test_fill_uniform(p, dt, n, rng);
-    for (size_t i = 0; i < n; i++) {
-        float x = (float)(kva_test_get(p, dt, i) * sigma);
-        if (dt == KVA_DTYPE_F32)
-            ((float *)p)[i] = x;
-        else if (dt == KVA_DTYPE_F16)
-            ((uint16_t *)p)[i] = kva_f32_to_f16(x);
-        else
-            ((uint16_t *)p)[i] = kva_f32_to_bf16(x);
-    }
-}
-
 kva_status serve_engine_create(const serve_opts *o, serve_engine **out)
 {
     kva_status st;
@@ -259,7 +244,7 @@ kva_status serve_engine_create(const serve_opts *o, serve_engine **out)
     kva_rng rng = {o->seed ^ 0xa77e47105ull};
     kva_test_fill_uniform(e->rand, o->dtype, e->n_rand, &rng);
     if (e->w) /* variance 1/Dc: k_nope and v of unit variance, as tests/mla_util.h */
-        fill_scaled(e->w, o->dtype, e->n_w, &rng, 1.0 / sqrt((double)o->mla_kv_rank));
+        kva_test_fill(e->w, o->dtype, e->n_w, &rng, 1.0 / sqrt((double)o->mla_kv_rank));
     if (e->dev && (st = create_device(e)) != KVA_STATUS_OK)
         goto fail;
     *out = e;

@@ -302,6 +302,11 @@ class Cache:
                 raise InvalidArgumentError(
                     "%s: heads and channels of a token must be contiguous (strides %s)"
                     % (name, t.strides))
+        self._write(kv, vv, n, slot_mapping)
+
+    def _write(self, kv, vv, n, slot_mapping):
+        """kva_cache_write of n tokens from the checked views kv, vv."""
+        ctx = self.ctx
         if ctx.device == T.CPU and not isinstance(slot_mapping, np.ndarray) and \
                 not T.is_torch(slot_mapping):
             slot_mapping = np.asarray(slot_mapping, dtype=np.int64)
@@ -322,13 +327,7 @@ class Cache:
         if kv.dtype != vv.dtype:
             raise DtypeMismatchError("k, v: dtypes %s and %s differ"
                                      % (_dtype_name(kv.dtype), _dtype_name(vv.dtype)))
-        ctx = self.ctx
-        if ctx.device == T.CPU and not isinstance(slot_mapping, np.ndarray) and \
-                not T.is_torch(slot_mapping):
-            slot_mapping = np.asarray(slot_mapping, dtype=np.int64)
-        sv = _tensor(slot_mapping, "slot_mapping", ctx, (n,), T.I64)
-        _check(L.kva_cache_write(ctx._h, self._h, n, kv.ptr, kv.strides[0] if n > 1 else 0,
-                                 vv.ptr, vv.strides[0] if n > 1 else 0, kv.dtype, sv.ptr))
+        self._write(kv, vv, n, slot_mapping)
 
     def copy_blocks(self, pairs):
         """Copies whole blocks inside this cache: pairs [n, 2] of (src, dst) ids

@@ -524,11 +524,16 @@ class BatchMLAPagedAttentionWrapper:
             _scale_lse(res[1])
         return res
 
-    def _stream(self, q):
+    def _start(self, what, q, ckv_cache, kpe_cache):
+        """The plan and the latent cache of a run (and, CUDA, torch's stream)."""
+        p = self._plan
+        if p is None:
+            raise InvalidArgumentError("%s before plan()" % what)
         if self._ctx.device == T.CUDA and T.is_torch(q):
             import torch
 
             self._ctx.set_stream(torch.cuda.current_stream(q.device).cuda_stream)
+        return p, self._cache(ckv_cache, kpe_cache)
 
     def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse=False,
             profiler_buffer=None, kv_len=None, page_table=None, return_lse_base_on_e=False):
@@ -537,11 +542,7 @@ class BatchMLAPagedAttentionWrapper:
         return_lse_base_on_e). q_nope and q_pe are concatenated into one
         [T, H, Dc + Dr] query (a copy). profiler_buffer, kv_len and page_table
         (FlashInfer's cutlass backend) are ignored."""
-        p = self._plan
-        if p is None:
-            raise InvalidArgumentError("run() before plan()")
-        self._stream(q_nope)
-        cache = self._cache(ckv_cache, kpe_cache)
+        p, cache = self._start("run()", q_nope, ckv_cache, kpe_cache)
         want = return_lse or lse is not None
         res = p.run(_cat_last(q_nope, q_pe), cache, out=out, lse=lse, return_lse=want)
         return self._finish(res, want, return_lse_base_on_e)
@@ -551,11 +552,7 @@ class BatchMLAPagedAttentionWrapper:
         """kvattn's layer-level call (kva_mla_run): q [T, H, Dn + Dr] (q_nope,
         q_pe), w_uk [H, Dn, Dc], w_uv [H, Dc, Dv] -> out [T, H, Dv], or (out,
         lse) as run()."""
-        p = self._plan
-        if p is None:
-            raise InvalidArgumentError("run_layer() before plan()")
-        self._stream(q)
-        cache = self._cache(ckv_cache, kpe_cache)
+        p, cache = self._start("run_layer()", q, ckv_cache, kpe_cache)
         want = return_lse or lse is not None
         res = p.run_mla(q, w_uk, w_uv, cache, out=out, lse=lse, return_lse=want)
         return self._finish(res, want, return_lse_base_on_e)
