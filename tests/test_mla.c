@@ -301,7 +301,8 @@ static void test_split(void)
     check_cpu(&c, 3, NULL, 4, 4);
     const int32_t ql2[2] = {1, 3}, sl2[2] = {2100, 700};
     c = mla_case_of(9, 64, 16, 32, 24, 64, KVA_DTYPE_F32, 1, 4, 2, ql2, sl2, 42);
-    check_cpu(&c, 2, NULL, 0, 2);
+    check_cpu(&c, 4, NULL, 0, 4);
+    check_cpu(&c, 2, NULL, 0, 1); /* as many items as threads: no split */
     const int32_t ql3[2] = {2, 1}, sl3[2] = {4000, 10};
     c = mla_case_of(3, 40, 16, 32, 24, 16, KVA_DTYPE_F32, 1, 2, 2, ql3, sl3, 43);
     check_cpu(&c, 4, NULL, 0, 4);
@@ -322,15 +323,15 @@ static void test_kernels(void)
     const int32_t n = kva_test_cpu_kernels(k);
     int found = 0;
     const int32_t ql[3] = {1, 3, 20}, sl[3] = {1500, 40, 90};
-    mla_case c = mla_case_of(9, 64, 16, 32, 24, 16, KVA_DTYPE_BF16, 1, 1, 3, ql, sl, 51);
+    mla_case c = mla_case_of(9, 64, 16, 32, 24, 16, KVA_DTYPE_BF16, 1, 4, 3, ql, sl, 51);
     for (int32_t i = 0; i < n; i++) {
         if (k[i].family != KVA__KERNEL_MLA)
             continue;
         found++;
         if (!k[i].runs)
             continue;
-        check_cpu(&c, 2, k[i].name, 0, 1);  /* 1 + 9 + 9 items: no split */
-        check_cpu(&c, 16, k[i].name, 0, 2); /* 19 items on 16 threads */
+        check_cpu(&c, 2, k[i].name, 0, 1);  /* 1 + 1 + 9 items: no split */
+        check_cpu(&c, 16, k[i].name, 0, 3); /* 11 items on 16 threads */
     }
     CHECK(found >= 1);
 }

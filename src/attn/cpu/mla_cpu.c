@@ -11,15 +11,16 @@
  * q_len 0 have no items. The dynamic schedule spreads the items over the
  * threads; the empty indices cost a test each.
  *
- * Split-KV: a step of few items (one long decode at small batch) would
- * leave threads idle, so kva__cpu_mla_split_of cuts each absorbed item's
- * keys into `split` pieces of whole chunks. The run then has two phases:
- * every piece (and every compute-friendly item) runs on the team, leaving
- * its partial (unnormalized latent output, row max and sum) in the
- * workspace after the threads' scratch; after the barrier one merge per
- * absorbed item folds its pieces by their LSE, projects the rows by W_UV
- * and stores them. The latent output is merged before the projection, so
- * the projection runs once per row whatever the split.
+ * Split-KV: a step of fewer items than threads (one long decode at small
+ * batch) would leave threads idle, so kva__cpu_mla_split_of cuts each
+ * absorbed item's keys into `split` pieces of whole chunks. The run then has
+ * three phases, each ended by the team's barrier: each split item absorbs
+ * its queries once (q_nope . W_UK, reading W_UK once) into the workspace
+ * after the threads' scratch; every piece (and every other item) runs,
+ * leaving its partial (unnormalized latent output, row max and sum) next to
+ * them; one merge per split item folds its pieces by their LSE, projects
+ * the rows by W_UV and stores them. Absorption and projection run once per
+ * row whatever the split.
  */
 #include "mla_cpu.h"
 
@@ -76,9 +77,10 @@ void kva__cpu_mla_split_of(const kva_context *ctx, const kva_plan *plan, int32_t
     const int32_t nh = H < KVA_MLA_HEAD_GROUP ? (int32_t)H : KVA_MLA_HEAD_GROUP;
     s->split = 1;
     s->num_absorbed = (int32_t)absorbed;
+    s->qa_floats = padded_rows((size_t)q_abs, (size_t)nh) * (size_t)d->head_dim;
     s->piece_floats = padded_rows((size_t)q_abs, (size_t)nh) * ((size_t)d->head_dim_v + 2);
     const int64_t limit = ctx->mla_max_splits > 0 ? ctx->mla_max_splits : KVA_MLA_MAX_SPLITS;
-    if (absorbed == 0 || items >= 2 * (int64_t)nt)
+    if (absorbed == 0 || items >= (int64_t)nt)
         return;
     int64_t split = (2 * (int64_t)nt + items - 1) / items;
     const int64_t by_keys = (s_max + KVA_MLA_SPLIT_MIN - 1) / KVA_MLA_SPLIT_MIN;
@@ -87,12 +89,19 @@ void kva__cpu_mla_split_of(const kva_context *ctx, const kva_plan *plan, int32_t
     s->split = split > 1 ? (int32_t)split : 1;
 }
 
-/* Bytes of the split partials of s (0 without split-KV). */
+/* Floats of one split item's area: its absorbed queries, then its pieces'
+ * partials. */
+static size_t item_floats(const kva__cpu_mla_split *s)
+{
+    return s->qa_floats + (size_t)s->split * s->piece_floats;
+}
+
+/* Bytes of the split items' areas of s (0 without split-KV). */
 static size_t partial_bytes(const kva__cpu_mla_split *s)
 {
     if (s->split <= 1)
         return 0;
-    return (size_t)s->num_absorbed * (size_t)s->split * s->piece_floats * sizeof(float);
+    return (size_t)s->num_absorbed * item_floats(s) * sizeof(float);
 }
 
 size_t kva__cpu_mla_workspace(const kva_context *ctx, const kva_plan *plan, int32_t nt)
@@ -125,8 +134,8 @@ static int item_at(const kva_plan *plan, int64_t idx, int32_t H, kva__cpu_mla_it
 }
 
 /* Split-KV: the ordinal of absorbed item it among the plan's absorbed items
- * (its partials' slot). Splitting happens only for plans of fewer items than
- * 2 nt, so the walk over the earlier requests is short. */
+ * (its area's slot). Splitting happens only for plans of fewer items than
+ * threads, so the walk over the earlier requests is short. */
 static int64_t absorbed_ordinal(const kva_plan *plan, const kva__cpu_mla_item *it, int32_t H)
 {
     const int64_t groups = (H + KVA_MLA_HEAD_GROUP - 1) / KVA_MLA_HEAD_GROUP;
@@ -136,6 +145,26 @@ static int64_t absorbed_ordinal(const kva_plan *plan, const kva__cpu_mla_item *i
         n += q_len > 0 && q_len <= plan->d.decode_threshold ? groups : 0;
     }
     return n + it->h0 / KVA_MLA_HEAD_GROUP;
+}
+
+/* Makes it piece `piece` (-1: the absorption, split: the merge) of a split
+ * absorbed item: its area in partials and, for a piece, its keys, chunks
+ * [nc p / split, nc (p + 1) / split). */
+static void split_piece(const kva_plan *plan, const kva__cpu_mla_split *sp, float *partials,
+                        int32_t H, int32_t piece, kva__cpu_mla_item *it)
+{
+    const int64_t s = plan->seq_lens[it->r], nc = (s + KVA_MLA_CHUNK - 1) / KVA_MLA_CHUNK;
+    const int32_t split = sp->split;
+    it->split = split;
+    it->piece = piece;
+    if (piece >= 0 && piece < split) {
+        it->k0 = nc * piece / split * KVA_MLA_CHUNK;
+        it->k1 = nc * (piece + 1) / split * KVA_MLA_CHUNK;
+        it->k1 = it->k1 < s ? it->k1 : s;
+    }
+    it->piece_floats = sp->piece_floats;
+    it->qa = partials + (size_t)absorbed_ordinal(plan, it, H) * item_floats(sp);
+    it->partial = it->qa + sp->qa_floats;
 }
 
 kva_status kva__cpu_mla_run(kva_context *ctx, const kva_plan *plan, const void *q, const void *w_uk,
@@ -189,42 +218,38 @@ kva_status kva__cpu_mla_run(kva_context *ctx, const kva_plan *plan, const void *
         const int tid = 0;
 #endif
         float *scratch = (float *)(base + (size_t)tid * stride);
-        /* Phase 1: every item, or every piece of a split absorbed item. */
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t x = 0; x < n_idx * split; x++) {
-            kva__cpu_mla_item it;
-            if (!item_at(plan, x / split, H, &it))
-                continue;
-            const int32_t p = (int32_t)(x % split);
-            if (split > 1 && it.absorbed) {
-                /* Piece p: chunks [nc p / split, nc (p + 1) / split). */
-                const int64_t s = plan->seq_lens[it.r];
-                const int64_t nc = (s + KVA_MLA_CHUNK - 1) / KVA_MLA_CHUNK;
-                it.split = split;
-                it.piece = p;
-                it.k0 = nc * p / split * KVA_MLA_CHUNK;
-                it.k1 = nc * (p + 1) / split * KVA_MLA_CHUNK;
-                it.k1 = it.k1 < s ? it.k1 : s;
-                it.piece_floats = sp.piece_floats;
-                it.partial = partials + (size_t)absorbed_ordinal(plan, &it, H) * (size_t)split *
-                                            sp.piece_floats;
-            } else if (p != 0) {
-                continue; /* unsplit items run once */
-            }
-            item_fn(&m, &it, scratch);
-        }
-        /* Phase 2 (after the loop's barrier): merge each split item. */
+        /* Phase 1: each split item's absorption. */
         if (split > 1) {
 #pragma omp for schedule(dynamic, 1)
             for (int64_t idx = 0; idx < n_idx; idx++) {
                 kva__cpu_mla_item it;
                 if (!item_at(plan, idx, H, &it) || !it.absorbed)
                     continue;
-                it.split = split;
-                it.piece = split;
-                it.piece_floats = sp.piece_floats;
-                it.partial = partials + (size_t)absorbed_ordinal(plan, &it, H) * (size_t)split *
-                                            sp.piece_floats;
+                split_piece(plan, &sp, partials, H, -1, &it);
+                item_fn(&m, &it, scratch);
+            }
+        }
+        /* Phase 2: every item, or every piece of a split absorbed item. */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t x = 0; x < n_idx * split; x++) {
+            kva__cpu_mla_item it;
+            if (!item_at(plan, x / split, H, &it))
+                continue;
+            const int32_t p = (int32_t)(x % split);
+            if (split > 1 && it.absorbed)
+                split_piece(plan, &sp, partials, H, p, &it);
+            else if (p != 0)
+                continue; /* unsplit items run once */
+            item_fn(&m, &it, scratch);
+        }
+        /* Phase 3: merge each split item. */
+        if (split > 1) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t idx = 0; idx < n_idx; idx++) {
+                kva__cpu_mla_item it;
+                if (!item_at(plan, idx, H, &it) || !it.absorbed)
+                    continue;
+                split_piece(plan, &sp, partials, H, split, &it);
                 item_fn(&m, &it, scratch);
             }
         }

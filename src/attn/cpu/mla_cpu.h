@@ -21,8 +21,8 @@
 /* Query heads of one absorbed-path item: every latent row read once serves
  * q_len * KVA_MLA_HEAD_GROUP attention rows. */
 #define KVA_MLA_HEAD_GROUP 64
-/* Split-KV of absorbed items: at least this many keys per piece (each piece
- * repeats the item's absorption, q_nope . W_UK), at most this many pieces. */
+/* Split-KV of absorbed items: at least this many keys per piece, at most
+ * this many pieces. */
 #define KVA_MLA_SPLIT_MIN 512
 #define KVA_MLA_MAX_SPLITS 32
 
@@ -41,16 +41,18 @@ typedef struct kva__cpu_mla {
 
 /* One work item: request r, heads h0 .. h0 + nh - 1; absorbed = 1 for the
  * absorbed (decode) path, 0 for the compute-friendly (prefill) path.
- * Split absorbed items (split > 1): piece p < split attends to keys
- * [k0, k1) and leaves its unnormalized latent output o [Mp, Dc], row
- * maxima mx [Mp] and sums l [Mp] in partial + p * piece_floats (Mp = q_len
- * * nh rounded up to 16); piece == split merges the split partials by their
- * LSE and projects and stores the rows. */
+ * Split absorbed items (split > 1; Mp = q_len * nh rounded up to 16):
+ * piece -1 absorbs the queries once into qa [Mp, D]; piece p < split
+ * attends from qa to keys [k0, k1) and leaves its unnormalized latent
+ * output o [Mp, Dc], row maxima mx [Mp] and sums l [Mp] in partial + p *
+ * piece_floats; piece == split merges the pieces by their LSE and projects
+ * and stores the rows. */
 typedef struct kva__cpu_mla_item {
     int32_t r, h0, nh, absorbed;
     int32_t split, piece;
     int64_t k0, k1;
-    float *partial; /* [split, piece_floats] of this item, or NULL */
+    float *qa;      /* [Mp, D] absorbed queries of a split item, or NULL */
+    float *partial; /* [split, piece_floats] of a split item, or NULL */
     size_t piece_floats;
 } kva__cpu_mla_item;
 
@@ -61,11 +63,12 @@ typedef void (*kva__cpu_mla_item_fn)(const kva__cpu_mla *m, const kva__cpu_mla_i
 typedef struct kva__cpu_mla_split {
     int32_t split;        /* pieces per absorbed item; 1 = no split-KV */
     int32_t num_absorbed; /* absorbed items of the plan */
+    size_t qa_floats;     /* floats of an item's absorbed queries, Mp * D at most */
     size_t piece_floats;  /* floats of one piece's partial, Mp * (Dc + 2) at most */
 } kva__cpu_mla_split;
 
 /* The split of plan's absorbed items on nt threads: split when the plan has
- * fewer items than 2 nt, into up to 2 nt / items pieces of at least
+ * fewer items than threads, into up to 2 nt / items pieces of at least
  * KVA_MLA_SPLIT_MIN keys of its longest absorbed request, at most
  * KVA_MLA_MAX_SPLITS or ctx->mla_max_splits when set. */
 void kva__cpu_mla_split_of(const kva_context *ctx, const kva_plan *plan, int32_t nt,
