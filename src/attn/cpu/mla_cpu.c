@@ -167,6 +167,23 @@ static void split_piece(const kva_plan *plan, const kva__cpu_mla_split *sp, floa
     it->partial = it->qa + sp->qa_floats;
 }
 
+/* Runs piece `piece` (-1: the absorption, split: the merge) of every split
+ * item on the calling team: an orphaned worksharing loop, called by every
+ * thread of the parallel region (its end is the team's barrier). */
+static void split_pass(const kva__cpu_mla *m, kva__cpu_mla_item_fn item_fn,
+                       const kva__cpu_mla_split *sp, float *partials, int64_t n_idx, int32_t piece,
+                       float *scratch)
+{
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t idx = 0; idx < n_idx; idx++) {
+        kva__cpu_mla_item it;
+        if (!item_at(m->plan, idx, m->H, &it) || !it.absorbed)
+            continue;
+        split_piece(m->plan, sp, partials, m->H, piece, &it);
+        item_fn(m, &it, scratch);
+    }
+}
+
 kva_status kva__cpu_mla_run(kva_context *ctx, const kva_plan *plan, const void *q, const void *w_uk,
                             const void *w_uv, const kva_cache *cache, void *out, float *lse)
 {
@@ -219,17 +236,9 @@ kva_status kva__cpu_mla_run(kva_context *ctx, const kva_plan *plan, const void *
 #endif
         float *scratch = (float *)(base + (size_t)tid * stride);
         /* Phase 1: each split item's absorption. */
-        if (split > 1) {
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t idx = 0; idx < n_idx; idx++) {
-                kva__cpu_mla_item it;
-                if (!item_at(plan, idx, H, &it) || !it.absorbed)
-                    continue;
-                split_piece(plan, &sp, partials, H, -1, &it);
-                item_fn(&m, &it, scratch);
-            }
-        }
-        /* Phase 2: every item, or every piece of a split absorbed item. */
+        if (split > 1)
+            split_pass(&m, item_fn, &sp, partials, n_idx, -1, scratch);
+            /* Phase 2: every item, or every piece of a split absorbed item. */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t x = 0; x < n_idx * split; x++) {
             kva__cpu_mla_item it;
@@ -243,16 +252,8 @@ kva_status kva__cpu_mla_run(kva_context *ctx, const kva_plan *plan, const void *
             item_fn(&m, &it, scratch);
         }
         /* Phase 3: merge each split item. */
-        if (split > 1) {
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t idx = 0; idx < n_idx; idx++) {
-                kva__cpu_mla_item it;
-                if (!item_at(plan, idx, H, &it) || !it.absorbed)
-                    continue;
-                split_piece(plan, &sp, partials, H, split, &it);
-                item_fn(&m, &it, scratch);
-            }
-        }
+        if (split > 1)
+            split_pass(&m, item_fn, &sp, partials, n_idx, split, scratch);
     }
     return KVA_STATUS_OK;
 }
