@@ -16,7 +16,11 @@
  * The check runs the reference on request 0 (and the prefill of a mixed
  * batch) for two heads (q and weights sliced), which keeps the fp64 naive
  * math to seconds; the whole output is checked for NaN.
+ * --backend cuda times the layer on GPU 0 (bench_mla_cuda.c) and splits
+ * kva_mla_run's time into its phases; the attention phase of the
+ * compute-friendly path is also reported as attention FLOPs per second.
  */
+#include "bench_mla.h"
 #include "cli.h"
 
 #include <math.h>
@@ -28,7 +32,7 @@ typedef struct mla_opts {
     int mode; /* 0 decode, 1 prefill, 2 mixed */
     int32_t batch, context, q_len, heads, Dc, Dr, Dn, Dv, B, threads, iters, warmup;
     kva_dtype dt;
-    int fp8, kernel, no_check, no_ceiling;
+    int fp8, kernel, no_check, no_ceiling, cuda;
 } mla_opts;
 
 static void usage(void)
@@ -49,6 +53,7 @@ static void usage(void)
            "  --kv-quant none|fp8  FP8 E4M3 latent cache [none]\n"
            "  --block-size B       [64]\n"
            "  --kernel             time kva_attention_run on absorbed q (decode mode)\n"
+           "  --backend cpu|cuda   cuda: GPU 0, with the phases of kva_mla_run [cpu]\n"
            "  --threads N          0 = all cores [0]\n"
            "  --iters N, --warmup N  [10, 2]\n"
            "  --no-check, --no-ceiling\n");
@@ -70,6 +75,7 @@ static int parse(int argc, char **argv, mla_opts *o)
     static const char *const modes[] = {"decode", "prefill", "mixed"};
     static const char *const dts[] = {"f32", "f16", "bf16"};
     static const char *const quants[] = {"none", "fp8"};
+    static const char *const backends[] = {"cpu", "cuda"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--mla"))
@@ -96,6 +102,8 @@ static int parse(int argc, char **argv, mla_opts *o)
             o->dt = c == 0 ? KVA_DTYPE_F32 : c == 1 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
         } else if (!strcmp(a, "--kv-quant"))
             ok = kva_cli_parse_choice(a, v, quants, 2, &o->fp8);
+        else if (!strcmp(a, "--backend"))
+            ok = kva_cli_parse_choice(a, v, backends, 2, &o->cuda);
         else {
             static const char *const flags[] = {"--batch",    "--context",      "--q-len",
                                                 "--heads",    "--kv-lora-rank", "--rope-dim",
@@ -320,10 +328,34 @@ int kva_cli_bench_mla(int argc, char **argv)
     fill(wuv, o.dt, H * o.Dc * o.Dv, &seed, 1.7 / sqrt((double)o.Dc));
     kva_plan_desc pd = plan_desc(&o, &b, !o.kernel);
     kva_plan *plan = NULL;
-    if ((st = kva_plan_create(ctx, &pd, &plan)) != KVA_STATUS_OK)
-        return kva_cli_lib_error("kva_plan_create", st);
     double *tm = malloc((size_t)o.iters * sizeof *tm);
-    for (int k = -o.warmup - 1; k < o.iters; k++) {
+    bench_mla_times ct;
+    memset(&ct, 0, sizeof ct);
+    if (o.cuda) {
+        bench_mla_io io = {.cache = cache,
+                           .plan_desc = &pd,
+                           .q = q,
+                           .w_uk = wuk,
+                           .w_uv = wuv,
+                           .q_bytes = (size_t)b.T * H * qw * es,
+                           .w_uk_bytes = H * o.Dn * o.Dc * es,
+                           .w_uv_bytes = H * o.Dc * o.Dv * es,
+                           .out = out,
+                           .lse = lse,
+                           .out_bytes = (size_t)b.T * H * ow * es,
+                           .lse_bytes = (size_t)b.T * H * 4,
+                           .iters = o.iters,
+                           .warmup = o.warmup,
+                           .kernel = o.kernel};
+        if ((rc = bench_mla_cuda(&io, &ct)) != KVA_EXIT_OK)
+            return rc;
+        for (int i = 0; i < o.iters; i++)
+            tm[i] = ct.median;
+        tm[0] = ct.best;
+        o.no_ceiling = 1;
+    } else if ((st = kva_plan_create(ctx, &pd, &plan)) != KVA_STATUS_OK)
+        return kva_cli_lib_error("kva_plan_create", st);
+    for (int k = -o.warmup - 1; k < o.iters && !o.cuda; k++) {
         const double t0 = kva_cli_now();
         st = o.kernel ? kva_attention_run(ctx, plan, q, cache, NULL, out, lse)
                       : kva_mla_run(ctx, plan, q, wuk, wuv, cache, out, lse);
@@ -341,7 +373,7 @@ int kva_cli_bench_mla(int argc, char **argv)
     const double med = tm[o.iters / 2], best = tm[0];
 
     /* Work: latent bytes and FLOPs per path (header comment). */
-    double bytes = 0, flops = 0;
+    double bytes = 0, flops = 0, attn_flops = 0;
     const size_t kv_es = o.fp8 ? 1 : es;
     for (int32_t r = 0; r < b.R; r++) {
         const double q_len = b.qsl[r + 1] - b.qsl[r], s = b.sl[r];
@@ -351,7 +383,8 @@ int kva_cli_bench_mla(int argc, char **argv)
             flops += 2.0 * H * pairs * (double)(D + o.Dc) +
                      (o.kernel ? 0 : 2.0 * H * q_len * (o.Dn * o.Dc + o.Dc * o.Dv));
         else
-            flops += 2.0 * H * pairs * (double)(Dq + o.Dv) + 2.0 * H * s * o.Dc * (o.Dn + o.Dv);
+            flops += 2.0 * H * pairs * (double)(Dq + o.Dv) + 2.0 * H * s * o.Dc * (o.Dn + o.Dv),
+                attn_flops += 2.0 * H * pairs * (double)(Dq + o.Dv);
     }
     int nan = 0;
     for (size_t i = 0; i < (size_t)b.T * H * ow; i++)
@@ -363,7 +396,9 @@ int kva_cli_bench_mla(int argc, char **argv)
                          : "mixed",
            o.kernel ? " (kernel-level absorbed)" : "", (int)o.batch, (int)o.context, (int)o.q_len,
            (int)o.heads, (int)o.Dc, (int)o.Dr, (int)o.Dn, (int)o.Dv, kva_dtype_name(o.dt),
-           o.fp8 ? " fp8 latent" : "", (int)o.B, (int)kva_context_num_threads(ctx));
+           o.fp8 ? " fp8 latent" : "", (int)o.B, o.cuda ? 0 : (int)kva_context_num_threads(ctx));
+    if (o.cuda)
+        printf("  backend cuda (GPU 0)\n");
     printf("  KV bytes per token: latent %zu, MHA of the same heads (K %zu + V %zu per head) "
            "%zu (%.1fx)\n",
            D * kv_es, Dq, (size_t)o.Dv, H * (Dq + o.Dv) * es,
@@ -371,6 +406,15 @@ int kva_cli_bench_mla(int argc, char **argv)
     printf("  time median %.3f ms, min %.3f ms (%d iters)\n", med * 1e3, best * 1e3, o.iters);
     printf("  latent bytes %.1f MB -> %.2f GB/s; %.2f GFLOP -> %.1f GFLOP/s\n", bytes / 1e6,
            bytes / med / 1e9, flops / 1e9, flops / med / 1e9);
+    if (ct.has_phases) {
+        const double *p = ct.phase;
+        printf("  phases (medians of %d timed runs): absorbed %.3f ms, decompress %.3f ms, "
+               "attention %.3f ms, merge %.3f ms\n",
+               o.iters, p[0] * 1e3, p[1] * 1e3, p[2] * 1e3, p[3] * 1e3);
+        if (p[2] > 0)
+            printf("  compute-friendly attention: %.2f GFLOP -> %.1f TFLOP/s (kernel part)\n",
+                   attn_flops / 1e9, attn_flops / p[2] / 1e12);
+    }
     if (!o.no_ceiling) {
         const int nt = kva_context_num_threads(ctx);
         const double bw = kva_cli_measure_read_bw(nt);
