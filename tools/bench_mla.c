@@ -436,7 +436,11 @@ int kva_cli_bench_mla(int argc, char **argv)
             double le = 0;
             const double e = check_request(&o, &b, cache, r, q, wuk, wuv, out, lse, &le);
             const double tol = o.dt == KVA_DTYPE_F32 ? 1e-4 : 2.0 / 128;
-            const int ok = e >= 0 && e <= tol && le <= 1e-3;
+            /* The CUDA paths round q_abs, the latent output and the decompressed K
+             * to the input dtype (the CPU keeps them in f32): their LSE moves by
+             * the dtype's rounding of the scores. */
+            const double lse_tol = o.cuda && o.dt != KVA_DTYPE_F32 ? 1e-2 : 1e-3;
+            const int ok = e >= 0 && e <= tol && le <= lse_tol;
             printf("  check vs ref (request %d, heads 0-1): max err %.2g of the row max, lse "
                    "%.2g: %s\n",
                    (int)r, e, le, ok ? "ok" : "FAILED");

@@ -14,7 +14,8 @@
  * and not (a row without keys: out 0, LSE -inf). The latent rows come from
  * the reference's cache; on the GPU the blocks no request uses and the slots
  * past each request's length are NaN, so a read of a wrong row fails. out and
- * lse are poisoned before every run.
+ * lse are poisoned before every run. One case is also captured in a CUDA
+ * graph and replayed (the same bits as the eager run).
  *
  * Tolerances: the CUDA path rounds to the input dtype where the reference
  * does not (q_nope . W_UK and the latent output on the absorbed path, the
@@ -115,8 +116,43 @@ static void gpu_free(gpu_case *g)
     kva_context_destroy(g->ctx);
 }
 
-/* Runs case c (chunk: forced context chunk in keys, 0 = the plan's). */
-static void run_case(const mla_case *c, int32_t chunk)
+/* Captures kva_mla_run of plan in a CUDA graph on a new stream (which also
+ * proves the run makes no host synchronization), replays it into poisoned
+ * out / lse, and checks the bits against the eager run's got / lse. */
+static void graph_replay(const mla_case *c, const mla_data *m, gpu_case *g, kva_plan *plan,
+                         const void *got, const float *lse)
+{
+    const size_t rows = (size_t)m->T * c->H, n_out = rows * c->Dv * mla_es(c->dt);
+    cudaStream_t st;
+    cudaGraph_t gr;
+    cudaGraphExec_t ge;
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CHECK_OK(kva_cuda_context_set_stream(g->ctx, st));
+    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    CHECK_OK(kva_mla_run(g->ctx, plan, g->q, g->w_uk, g->w_uv, g->cache, g->out, g->lse));
+    CUDA_OK(cudaStreamEndCapture(st, &gr));
+    CUDA_OK(cudaGraphInstantiate(&ge, gr, 0));
+    CUDA_OK(cudaMemset(g->out, 0xff, n_out));
+    CUDA_OK(cudaMemset(g->lse, 0xff, rows * 4));
+    CUDA_OK(cudaGraphLaunch(ge, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    void *out2 = malloc(n_out + 16);
+    float *lse2 = malloc(rows * 4 + 4);
+    to_host(out2, g->out, n_out);
+    to_host(lse2, g->lse, rows * 4);
+    CHECK_MSG(memcmp(out2, got, n_out) == 0 && memcmp(lse2, lse, rows * 4) == 0,
+              "H %d: the graph replay differs from the eager run", (int)c->H);
+    free(out2);
+    free(lse2);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(gr);
+    CHECK_OK(kva_cuda_context_set_stream(g->ctx, NULL));
+    cudaStreamDestroy(st);
+}
+
+/* Runs case c (chunk: forced context chunk in keys, 0 = the plan's; graph:
+ * also replay the run from a captured CUDA graph). */
+static void run_case_g(const mla_case *c, int32_t chunk, int graph)
 {
     kva_context *ref = NULL;
     kva_context_desc rd = {KVA_BACKEND_REF, 1, 0};
@@ -171,6 +207,8 @@ static void run_case(const mla_case *c, int32_t chunk)
             CHECK_MSG(bad == 0 && bad_lse == 0 && cd <= cd_max,
                       "H %d B %d %s thr %d: %zu out and %zu lse mismatches, cos dist %.3g",
                       (int)c->H, (int)c->B, kva_dtype_name(c->dt), (int)c->thr, bad, bad_lse, cd);
+            if (graph)
+                graph_replay(c, &m, &g, plan, got, lse);
         }
         kva_plan_destroy(plan);
     }
@@ -181,6 +219,11 @@ static void run_case(const mla_case *c, int32_t chunk)
     free(lse);
     mla_data_free(&m);
     kva_context_destroy(ref);
+}
+
+static void run_case(const mla_case *c, int32_t chunk)
+{
+    run_case_g(c, chunk, 0);
 }
 
 /* Decodes q_len 1-4 (context 0 and block edges), a prefill without cached
@@ -204,7 +247,7 @@ static void test_grid(void)
             c.seq_len[6] = 90;
             c.seq_len[5] = B + 20;
         }
-        run_case(&c, i % 3 == 0 ? 64 : i % 3 == 1 ? 0 : 128);
+        run_case_g(&c, i % 3 == 0 ? 64 : i % 3 == 1 ? 0 : 128, i == 0);
     }
 }
 

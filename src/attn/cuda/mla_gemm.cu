@@ -15,9 +15,10 @@
  * and the shared-memory tile keeps the global layout (ldmatrix .trans for
  * N-major), so both load with 16-byte cp.async.
  * Tiles: 128 x 128 outputs per CTA of 8 warps (2 x 4, 64 x 32 each), k steps
- * of 32, two shared-memory stages. Requirements (checked by the launcher):
+ * of 64, two shared-memory stages (72 KiB of dynamic shared memory: up to
+ * three CTAs per SM). Requirements (checked by the launcher):
  * K, N, the leading dimensions and head strides multiples of 8 elements,
- * A, B and C 16-byte aligned.
+ * A and B 16-byte aligned, C 4-byte aligned.
  */
 extern "C" {
 #include "mla_run.h"
@@ -30,12 +31,13 @@ extern "C" {
 namespace
 {
 
-constexpr int BM = 128, BN = 128, BK = 32, THREADS = 256;
-constexpr int A_LD = BK + 8;   /* halves per A row in shared memory (80 bytes: no bank conflict) */
+constexpr int BM = 128, BN = 128, BK = 64, THREADS = 256;
+constexpr int A_LD = BK + 8;   /* halves per A row in shared memory (144 bytes: no bank conflict) */
 constexpr int BNK_LD = BK + 8; /* K-major B: [BN][BK + 8] */
 constexpr int BKN_LD = BN + 8; /* N-major B: [BK][BN + 8] */
 constexpr int A_STAGE = BM * A_LD;
 constexpr int B_STAGE = (BN * BNK_LD > BK * BKN_LD) ? BN * BNK_LD : BK * BKN_LD;
+constexpr int SMEM_BYTES = 2 * (A_STAGE + B_STAGE) * 2;
 
 struct gemm_p {
     const char *a;
@@ -55,7 +57,7 @@ __device__ __forceinline__ void load_stage(const gemm_p &p, uint16_t *As, uint16
                                            int n0, int k0, int h)
 {
     const int tid = threadIdx.x;
-    /* A: BM rows x BK / 8 chunks = 512 chunks, two per thread. */
+    /* A: BM rows x BK / 8 chunks = 1024 chunks, four per thread. */
     for (int i = tid; i < BM * (BK / 8); i += THREADS) {
         const int r = i / (BK / 8), ch = i % (BK / 8);
         const int m = m0 + r, k = k0 + ch * 8;
@@ -89,8 +91,9 @@ __device__ __forceinline__ void load_stage(const gemm_p &p, uint16_t *As, uint16
 
 template <typename TR, bool KN> __global__ void __launch_bounds__(THREADS) gemm_kernel(gemm_p p)
 {
-    __shared__ __align__(16) uint16_t As[2][A_STAGE];
-    __shared__ __align__(16) uint16_t Bs[2][B_STAGE];
+    extern __shared__ __align__(16) uint16_t smem[];
+    uint16_t *As[2] = {smem, smem + A_STAGE};
+    uint16_t *Bs[2] = {smem + 2 * A_STAGE, smem + 2 * A_STAGE + B_STAGE};
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN, h = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wm = (warp / 4) * 64, wn = (warp % 4) * 32; /* warp tile origin */
@@ -214,12 +217,13 @@ extern "C" kva_status kva__cuda_mla_gemm(const kva__cuda_mla_gemm_args *g, void 
     const dim3 grid((unsigned)((g->M + BM - 1) / BM), (unsigned)((g->N + BN - 1) / BN),
                     (unsigned)g->heads);
     cudaStream_t s = (cudaStream_t)stream;
-    if (g->dtype == KVA_DTYPE_BF16)
-        g->b_kn ? gemm_kernel<kva__mma_bf16, true><<<grid, THREADS, 0, s>>>(p)
-                : gemm_kernel<kva__mma_bf16, false><<<grid, THREADS, 0, s>>>(p);
-    else
-        g->b_kn ? gemm_kernel<kva__mma_f16, true><<<grid, THREADS, 0, s>>>(p)
-                : gemm_kernel<kva__mma_f16, false><<<grid, THREADS, 0, s>>>(p);
+    const bool bf = g->dtype == KVA_DTYPE_BF16;
+    void (*k)(gemm_p) =
+        bf ? (g->b_kn ? gemm_kernel<kva__mma_bf16, true> : gemm_kernel<kva__mma_bf16, false>)
+           : (g->b_kn ? gemm_kernel<kva__mma_f16, true> : gemm_kernel<kva__mma_f16, false>);
+    /* Above the 48 KiB default: a host-side attribute, cheap to set again. */
+    KVA_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+    k<<<grid, THREADS, SMEM_BYTES, s>>>(p);
     KVA_CUDA_TRY(cudaGetLastError());
     return KVA_STATUS_OK;
 }

@@ -187,7 +187,7 @@ extern "C" kva_status kva__cuda_mla_plan_build(kva_context *ctx, const kva_plan 
     const int32_t WB = KVA_CUDA_MLA_WS_BLOCK;
 
     /* Requests: absorbed (q_len <= threshold), compute-friendly (the rest). */
-    int32_t Td = 0, Tp = 0, Pctx = 0, kw0 = 0, stride0 = 1;
+    int32_t Td = 0, Tp = 0, Pctx = 0, stride0 = 1;
     int64_t max_ctx = 0;
     for (int32_t r = 0; r < R; r++) {
         const int32_t q = qsl[r + 1] - qsl[r];
@@ -198,7 +198,6 @@ extern "C" kva_status kva__cuda_mla_plan_build(kva_context *ctx, const kva_plan 
         Tp += q;
         const int32_t nq = q < sl[r] ? q : sl[r], ctxr = sl[r] - nq;
         const int32_t nb = (nq + WB - 1) / WB;
-        kw0 += nb * WB;
         stride0 = nb > stride0 ? nb : stride0;
         Pctx += ctxr > 0;
         max_ctx = ctxr > max_ctx ? ctxr : max_ctx;
@@ -211,7 +210,6 @@ extern "C" kva_status kva__cuda_mla_plan_build(kva_context *ctx, const kva_plan 
     }
     const int32_t rounds_ctx = (int32_t)((max_ctx + C - 1) / C);
     const int32_t rounds = Tp > 0 ? 1 + rounds_ctx : 0;
-    const int32_t kw = kw0 > Pctx * C ? kw0 : Pctx * C;
 
     kva__cuda_mla_plan *mp = (kva__cuda_mla_plan *)calloc(1, sizeof *mp);
     if (mp)
@@ -224,7 +222,7 @@ extern "C" kva_status kva__cuda_mla_plan_build(kva_context *ctx, const kva_plan 
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_plan_create: out of memory");
     }
     mp->Dn = Dn, mp->Dv = Dv, mp->Dc = Dc, mp->Dr = Dr;
-    mp->Td = Td, mp->Tp = Tp, mp->rounds = rounds, mp->kw = kw, mp->base = base;
+    mp->Td = Td, mp->Tp = Tp, mp->rounds = rounds, mp->base = base;
 
     /* Layout: metadata first (one upload), then the buffers. */
     size_t o = 0;
@@ -233,6 +231,7 @@ extern "C" kva_status kva__cuda_mla_plan_build(kva_context *ctx, const kva_plan 
     mp->off_ptok = take(&o, sizeof(int32_t) * (size_t)Tp);
     mp->off_preq = take(&o, sizeof(int32_t) * (size_t)Tp);
     kva_status s = KVA_STATUS_OK;
+    int32_t kw = 0;
     for (int32_t k = 0; k < rounds && s == KVA_STATUS_OK; k++) {
         kva__cuda_mla_round *rd = &mp->round[k];
         int32_t keys = 0;
@@ -242,11 +241,12 @@ extern "C" kva_status kva__cuda_mla_plan_build(kva_context *ctx, const kva_plan 
             if (q <= d->decode_threshold)
                 continue;
             const int32_t nq = q < sl[r] ? q : sl[r], ctxr = sl[r] - nq;
-            if (k == 0)
-                use[r] = 1, keys += (nq + WB - 1) / WB * WB;
-            else if (ctxr > (int64_t)(k - 1) * C)
-                use[r] = 1, keys = Pctx * C;
+            /* Keys of the round: the new tokens', or the next chunk of the context. */
+            const int64_t n = k == 0 ? nq : ctxr - (int64_t)(k - 1) * C;
+            if (k == 0 || n > 0)
+                use[r] = 1, keys += (int32_t)(((n < C || k == 0 ? n : C) + WB - 1) / WB * WB);
         }
+        kw = keys > kw ? keys : kw;
         const int64_t nt = kva__cuda_prefill_tiles_count_subset(R, qsl, use, H, H);
         if (nt < 0 || nt > INT32_MAX)
             s = kva__fail(KVA_STATUS_INVALID_ARGUMENT,
@@ -262,6 +262,7 @@ extern "C" kva_status kva__cuda_mla_plan_build(kva_context *ctx, const kva_plan 
         rd->off_src = take(&o, sizeof(int32_t) * (size_t)keys);
     }
     const size_t meta_bytes = o;
+    mp->kw = kw;
     const size_t TH = (size_t)T * H, TdH = (size_t)Td * H, TpH = (size_t)Tp * H;
     mp->off_qabs = take(&o, TdH * (size_t)(Dc + Dr) * 2);
     mp->off_olat = take(&o, TdH * (size_t)Dc * 2);
@@ -302,7 +303,7 @@ extern "C" kva_status kva__cuda_mla_plan_build(kva_context *ctx, const kva_plan 
             int32_t *src = (int32_t *)(img + rd->off_src);
             for (int32_t i = 0; i < rd->keys; i++)
                 src[i] = -1;
-            int32_t w0 = 0, slot = 0;
+            int32_t w0 = 0; /* the request's first key row in the workspace */
             for (int32_t r = 0; r < R; r++) {
                 const int32_t q = qsl[r + 1] - qsl[r];
                 use[r] = 0;
@@ -315,7 +316,6 @@ extern "C" kva_status kva__cuda_mla_plan_build(kva_context *ctx, const kva_plan 
                 } else if (ctxr > 0) {
                     j0 = (int64_t)(k - 1) * C;
                     j1 = j0 + C < ctxr ? j0 + C : ctxr;
-                    w0 = slot++ * C;
                 }
                 if (j1 <= j0 && k > 0)
                     continue;
@@ -328,8 +328,7 @@ extern "C" kva_status kva__cuda_mla_plan_build(kva_context *ctx, const kva_plan 
                         plan->block_table[(size_t)r * d->block_table_stride + j / B];
                     src[w0 + (j - j0)] = (int32_t)((int64_t)blk * B + j % B);
                 }
-                if (k == 0)
-                    w0 += (int32_t)((j1 - j0 + WB - 1) / WB * WB);
+                w0 += (int32_t)((j1 - j0 + WB - 1) / WB * WB);
             }
             int32_t n = 0;
             s = kva__cuda_prefill_tiles_build_subset(R, qsl, seq, use, H, H, rd->causal, -1,
