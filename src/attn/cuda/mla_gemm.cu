@@ -39,17 +39,8 @@ constexpr int A_STAGE = BM * A_LD;
 constexpr int B_STAGE = (BN * BNK_LD > BK * BKN_LD) ? BN * BNK_LD : BK * BKN_LD;
 constexpr int SMEM_BYTES = 2 * (A_STAGE + B_STAGE) * 2;
 
-struct gemm_p {
-    const char *a;
-    const int32_t *a_rows;
-    int64_t lda, a_head;
-    const char *b;
-    int64_t ldb, b_head;
-    char *c;
-    const int32_t *c_rows;
-    int64_t ldc, c_head;
-    int32_t M, N, K;
-};
+/* The kernel reads the launcher's arguments as they are (a, b as bytes). */
+typedef kva__cuda_mla_gemm_args gemm_p;
 
 /* Loads the k-step starting at k0 of the CTA's A and B tiles into stage s. */
 template <bool KN>
@@ -65,7 +56,8 @@ __device__ __forceinline__ void load_stage(const gemm_p &p, uint16_t *As, uint16
         if (m < p.M)
             row = p.a_rows ? p.a_rows[m] : m;
         const bool ok = row >= 0 && k < p.K;
-        const char *src = ok ? p.a + 2 * (row * p.lda + (int64_t)h * p.a_head + k) : p.a;
+        const char *src = ok ? (const char *)p.a + 2 * (row * p.lda + (int64_t)h * p.a_head + k)
+                              : (const char *)p.a;
         kva__cp_async16(kva__smem_u32(As + r * A_LD + ch * 8), src, ok ? 16 : 0);
     }
     if (KN) {
@@ -74,7 +66,9 @@ __device__ __forceinline__ void load_stage(const gemm_p &p, uint16_t *As, uint16
             const int r = i / (BN / 8), ch = i % (BN / 8);
             const int k = k0 + r, n = n0 + ch * 8;
             const bool ok = k < p.K && n < p.N;
-            const char *src = ok ? p.b + 2 * ((int64_t)h * p.b_head + (int64_t)k * p.ldb + n) : p.b;
+            const char *src =
+                ok ? (const char *)p.b + 2 * ((int64_t)h * p.b_head + (int64_t)k * p.ldb + n)
+                   : (const char *)p.b;
             kva__cp_async16(kva__smem_u32(Bs + r * BKN_LD + ch * 8), src, ok ? 16 : 0);
         }
     } else {
@@ -83,7 +77,9 @@ __device__ __forceinline__ void load_stage(const gemm_p &p, uint16_t *As, uint16
             const int r = i / (BK / 8), ch = i % (BK / 8);
             const int n = n0 + r, k = k0 + ch * 8;
             const bool ok = k < p.K && n < p.N;
-            const char *src = ok ? p.b + 2 * ((int64_t)h * p.b_head + (int64_t)n * p.ldb + k) : p.b;
+            const char *src =
+                ok ? (const char *)p.b + 2 * ((int64_t)h * p.b_head + (int64_t)n * p.ldb + k)
+                   : (const char *)p.b;
             kva__cp_async16(kva__smem_u32(Bs + r * BNK_LD + ch * 8), src, ok ? 16 : 0);
         }
     }
@@ -161,7 +157,7 @@ template <typename TR, bool KN> __global__ void __launch_bounds__(THREADS) gemm_
             const int64_t row = p.c_rows ? p.c_rows[m] : m;
             if (row < 0)
                 continue;
-            char *crow = p.c + 2 * (row * p.ldc + (int64_t)h * p.c_head);
+            char *crow = (char *)p.c + 2 * (row * p.ldc + (int64_t)h * p.c_head);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int n = n0 + wn + j * 8 + t2;
@@ -209,11 +205,7 @@ extern "C" kva_status kva__cuda_mla_gemm(const kva__cuda_mla_gemm_args *g, void 
                          "kva_mla_run: GEMM operands M %d, N %d, K %d (%s) are not multiples of 8 "
                          "elements, aligned f16/bf16",
                          (int)g->M, (int)g->N, (int)g->K, kva_dtype_name(g->dtype));
-    gemm_p p;
-    p.a = (const char *)g->a, p.a_rows = g->a_rows, p.lda = g->lda, p.a_head = g->a_head;
-    p.b = (const char *)g->b, p.ldb = g->ldb, p.b_head = g->b_head;
-    p.c = (char *)g->c, p.c_rows = g->c_rows, p.ldc = g->ldc, p.c_head = g->c_head;
-    p.M = g->M, p.N = g->N, p.K = g->K;
+    const gemm_p p = *g;
     const dim3 grid((unsigned)((g->M + BM - 1) / BM), (unsigned)((g->N + BN - 1) / BN),
                     (unsigned)g->heads);
     cudaStream_t s = (cudaStream_t)stream;

@@ -165,6 +165,28 @@ extern "C" void kva__cuda_mla_plan_free(kva__cuda_mla_plan *mp)
     free(mp);
 }
 
+/* The keys [*j0, *j1) request r attends in round k of the compute-friendly
+ * path (context chunks of C keys); 0 if it has none there (absorbed
+ * requests, and context rounds past its context). Round 0: the last
+ * min(q_len, seq_len) keys, those of the new tokens (any request above the
+ * threshold takes part, even with none). */
+static int round_keys(const kva_plan *plan, int32_t r, int32_t k, int32_t C, int64_t *j0,
+                      int64_t *j1)
+{
+    const int32_t q = plan->query_start_loc[r + 1] - plan->query_start_loc[r];
+    const int32_t s = plan->seq_lens[r], nq = q < s ? q : s, ctxr = s - nq;
+    *j0 = *j1 = 0;
+    if (q <= plan->d.decode_threshold)
+        return 0;
+    if (k == 0) {
+        *j0 = ctxr, *j1 = s;
+        return 1;
+    }
+    *j0 = (int64_t)(k - 1) * C;
+    *j1 = *j0 + C < ctxr ? *j0 + C : ctxr;
+    return *j1 > *j0;
+}
+
 /* Bump allocator of byte offsets (256-byte aligned). */
 static size_t take(size_t *o, size_t bytes)
 {
@@ -236,15 +258,9 @@ extern "C" kva_status kva__cuda_mla_plan_build(kva_context *ctx, const kva_plan 
         kva__cuda_mla_round *rd = &mp->round[k];
         int32_t keys = 0;
         for (int32_t r = 0; r < R; r++) {
-            const int32_t q = qsl[r + 1] - qsl[r];
-            use[r] = 0;
-            if (q <= d->decode_threshold)
-                continue;
-            const int32_t nq = q < sl[r] ? q : sl[r], ctxr = sl[r] - nq;
-            /* Keys of the round: the new tokens', or the next chunk of the context. */
-            const int64_t n = k == 0 ? nq : ctxr - (int64_t)(k - 1) * C;
-            if (k == 0 || n > 0)
-                use[r] = 1, keys += (int32_t)(((n < C || k == 0 ? n : C) + WB - 1) / WB * WB);
+            int64_t j0, j1;
+            use[r] = (uint8_t)round_keys(plan, r, k, C, &j0, &j1);
+            keys += use[r] ? (int32_t)((j1 - j0 + WB - 1) / WB * WB) : 0;
         }
         kw = keys > kw ? keys : kw;
         const int64_t nt = kva__cuda_prefill_tiles_count_subset(R, qsl, use, H, H);
@@ -305,21 +321,10 @@ extern "C" kva_status kva__cuda_mla_plan_build(kva_context *ctx, const kva_plan 
                 src[i] = -1;
             int32_t w0 = 0; /* the request's first key row in the workspace */
             for (int32_t r = 0; r < R; r++) {
-                const int32_t q = qsl[r + 1] - qsl[r];
-                use[r] = 0;
-                if (q <= d->decode_threshold)
+                int64_t j0, j1;
+                use[r] = (uint8_t)round_keys(plan, r, k, C, &j0, &j1);
+                if (!use[r])
                     continue;
-                const int32_t nq = q < sl[r] ? q : sl[r], ctxr = sl[r] - nq;
-                int64_t j0 = 0, j1 = 0;
-                if (k == 0) {
-                    j0 = ctxr, j1 = sl[r];
-                } else if (ctxr > 0) {
-                    j0 = (int64_t)(k - 1) * C;
-                    j1 = j0 + C < ctxr ? j0 + C : ctxr;
-                }
-                if (j1 <= j0 && k > 0)
-                    continue;
-                use[r] = 1;
                 seq[r] = (int32_t)(j1 - j0);
                 for (int32_t b = 0; b * WB < j1 - j0; b++)
                     bt[(size_t)r * rd->bt_stride + b] = w0 / WB + b;
@@ -398,78 +403,97 @@ static kva_status merge(int mode, const kva__cuda_mla_plan *mp, kva_dtype dt, in
                                 : launch_merge<__half>(mode, mp, H, ws, seq, out, lse, st);
 }
 
+/* What both paths of a run read: the context's state, the plan's parts, the
+ * stream, the MLA workspace region and the head sizes. */
+typedef struct mla_env {
+    kva__cuda_state *st;
+    const kva__cuda_plan *cp;
+    const kva__cuda_mla_plan *mp;
+    const kva_plan_desc *d;
+    cudaStream_t stream;
+    char *ws;
+    int32_t H, Dc, Dr, Dn, Dv, Dq, Dl; /* Dq = Dn + Dr, Dl = Dc + Dr */
+} mla_env;
+
+static mla_env env_of(kva_context *ctx, const kva_plan *plan)
+{
+    mla_env e;
+    e.st = (kva__cuda_state *)ctx->state;
+    e.cp = (const kva__cuda_plan *)plan->device;
+    e.mp = e.cp->mla;
+    e.d = &plan->d;
+    e.stream = (cudaStream_t)e.st->stream;
+    e.ws = (char *)ctx->workspace + e.mp->base;
+    e.H = plan->d.num_heads, e.Dc = e.mp->Dc, e.Dr = e.mp->Dr, e.Dn = e.mp->Dn, e.Dv = e.mp->Dv;
+    e.Dq = e.Dn + e.Dr, e.Dl = e.Dc + e.Dr;
+    return e;
+}
+
 /* The absorbed requests: q_abs, the decode kernel + split merge, . W_UV. */
 static kva_status run_absorbed(kva_context *ctx, const kva_plan *plan, const void *q,
                                const void *w_uk, const void *w_uv, const kva_cache *cache,
                                void *out, float *lse, mla_timer *tm)
 {
-    const kva__cuda_state *st = (const kva__cuda_state *)ctx->state;
-    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
-    const kva__cuda_mla_plan *mp = cp->mla;
-    const kva_plan_desc *d = &plan->d;
-    cudaStream_t stream = (cudaStream_t)st->stream;
-    char *ws = (char *)ctx->workspace + mp->base;
-    const int32_t H = d->num_heads, Dc = mp->Dc, Dr = mp->Dr, Dn = mp->Dn, Dv = mp->Dv;
-    const int32_t Dq = Dn + Dr, Dl = Dc + Dr;
-    const int32_t *dtok = (const int32_t *)(ws + mp->off_dtok);
-    void *qabs = ws + mp->off_qabs, *olat = ws + mp->off_olat;
-    float *lsed = lse ? (float *)(ws + mp->off_lsed) : NULL;
+    const mla_env e = env_of(ctx, plan);
+    const int32_t *dtok = (const int32_t *)(e.ws + e.mp->off_dtok);
+    void *qabs = e.ws + e.mp->off_qabs, *olat = e.ws + e.mp->off_olat;
+    float *lsed = lse ? (float *)(e.ws + e.mp->off_lsed) : NULL;
 
     kva__cuda_mla_gemm_args g;
     memset(&g, 0, sizeof g);
-    g.a = q, g.a_rows = dtok, g.lda = (int64_t)H * Dq, g.a_head = Dq;
-    g.b = w_uk, g.ldb = Dc, g.b_head = (int64_t)Dn * Dc, g.b_kn = 1;
-    g.c = qabs, g.ldc = (int64_t)H * Dl, g.c_head = Dl;
-    g.M = mp->Td, g.N = Dc, g.K = Dn, g.heads = H, g.dtype = d->q_dtype;
-    KVA_TRY(kva__cuda_mla_gemm(&g, stream));
+    g.a = q, g.a_rows = dtok, g.lda = (int64_t)e.H * e.Dq, g.a_head = e.Dq;
+    g.b = w_uk, g.ldb = e.Dc, g.b_head = (int64_t)e.Dn * e.Dc, g.b_kn = 1;
+    g.c = qabs, g.ldc = (int64_t)e.H * e.Dl, g.c_head = e.Dl;
+    g.M = e.mp->Td, g.N = e.Dc, g.K = e.Dn, g.heads = e.H, g.dtype = e.d->q_dtype;
+    KVA_TRY(kva__cuda_mla_gemm(&g, e.stream));
     kva__cuda_mla_copy c;
     memset(&c, 0, sizeof c);
-    c.src = (const char *)q + 2 * (size_t)Dn, c.src_rows = dtok, c.lds = (int64_t)H * Dq;
-    c.src_head = Dq;
-    c.dst = (char *)qabs + 2 * (size_t)Dc, c.ldd = (int64_t)H * Dl, c.dst_head = Dl;
-    c.M = mp->Td, c.heads = H, c.width = Dr;
-    KVA_TRY(kva__cuda_mla_copy_rows(&c, stream));
+    c.src = (const char *)q + 2 * (size_t)e.Dn, c.src_rows = dtok, c.lds = (int64_t)e.H * e.Dq;
+    c.src_head = e.Dq;
+    c.dst = (char *)qabs + 2 * (size_t)e.Dc, c.ldd = (int64_t)e.H * e.Dl, c.dst_head = e.Dl;
+    c.M = e.mp->Td, c.heads = e.H, c.width = e.Dr;
+    KVA_TRY(kva__cuda_mla_copy_rows(&c, e.stream));
 
     kva__cuda_attn_args a;
     memset(&a, 0, sizeof a);
-    a.meta = st->meta;
-    a.meta.qsl = (const int32_t *)(ws + mp->off_qsl_d); /* the absorbed rows only */
+    a.meta = e.st->meta;
+    a.meta.qsl = (const int32_t *)(e.ws + e.mp->off_qsl_d); /* the absorbed rows only */
     a.q = qabs;
     a.k = cache->k;
     a.v = cache->v;
     a.out = olat;
     a.lse = lsed;
     a.ws = (float *)ctx->workspace;
-    a.H = H, a.Hkv = 1, a.G = H, a.D = d->head_dim, a.Dv = Dc;
+    a.H = e.H, a.Hkv = 1, a.G = e.H, a.D = e.d->head_dim, a.Dv = e.Dc;
     a.B = cache->desc.block_size;
     a.layout_hnd = cache->desc.layout == KVA_LAYOUT_HND;
-    a.causal = d->causal;
+    a.causal = e.d->causal;
     a.window_left = -1;
-    a.scale = d->scale;
-    const int grid = st->num_sms * cp->per_sm;
+    a.scale = e.d->scale;
+    const int grid = e.st->num_sms * e.cp->per_sm;
     if (plan->part->num_items > 0) {
-        if (cp->decode_kernel == KVA__CUDA_K_MLA_DECODE_WGMMA)
-            KVA_TRY(kva__cuda_mla_wgmma_launch(&a, d->q_dtype, grid, stream));
+        if (e.cp->decode_kernel == KVA__CUDA_K_MLA_DECODE_WGMMA)
+            KVA_TRY(kva__cuda_mla_wgmma_launch(&a, e.d->q_dtype, grid, e.stream));
         else
-            KVA_TRY(kva__cuda_mla_decode_launch(&a, d->q_dtype, cp->rows, grid, stream));
+            KVA_TRY(kva__cuda_mla_decode_launch(&a, e.d->q_dtype, e.cp->rows, grid, e.stream));
     }
     if (plan->part->num_tasks > 0)
-        KVA_TRY(kva__cuda_split_merge_launch(&a.meta, a.ws, NULL, olat, lsed, H, H, Dc, d->q_dtype,
-                                             st->num_sms * 2, stream));
+        KVA_TRY(kva__cuda_split_merge_launch(&a.meta, a.ws, NULL, olat, lsed, e.H, e.H, e.Dc,
+                                             e.d->q_dtype, e.st->num_sms * 2, e.stream));
 
     memset(&g, 0, sizeof g);
-    g.a = olat, g.lda = (int64_t)H * Dc, g.a_head = Dc;
-    g.b = w_uv, g.ldb = Dv, g.b_head = (int64_t)Dc * Dv, g.b_kn = 1;
-    g.c = out, g.c_rows = dtok, g.ldc = (int64_t)H * Dv, g.c_head = Dv;
-    g.M = mp->Td, g.N = Dv, g.K = Dc, g.heads = H, g.dtype = d->q_dtype;
-    KVA_TRY(kva__cuda_mla_gemm(&g, stream));
+    g.a = olat, g.lda = (int64_t)e.H * e.Dc, g.a_head = e.Dc;
+    g.b = w_uv, g.ldb = e.Dv, g.b_head = (int64_t)e.Dc * e.Dv, g.b_kn = 1;
+    g.c = out, g.c_rows = dtok, g.ldc = (int64_t)e.H * e.Dv, g.c_head = e.Dv;
+    g.M = e.mp->Td, g.N = e.Dv, g.K = e.Dc, g.heads = e.H, g.dtype = e.d->q_dtype;
+    KVA_TRY(kva__cuda_mla_gemm(&g, e.stream));
     if (lse) {
-        const int64_t n = (int64_t)mp->Td * H;
-        lse_scatter_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(mp->Td, H, dtok, lsed,
-                                                                            lse);
+        const int64_t n = (int64_t)e.mp->Td * e.H;
+        lse_scatter_kernel<<<(unsigned)((n + 255) / 256), 256, 0, e.stream>>>(e.mp->Td, e.H, dtok,
+                                                                              lsed, lse);
         KVA_CUDA_LAUNCHED("mla lse_scatter_kernel");
     }
-    return mark(tm, KVA__CUDA_MLA_PHASE_ABSORBED, stream);
+    return mark(tm, KVA__CUDA_MLA_PHASE_ABSORBED, e.stream);
 }
 
 /* The compute-friendly requests: per round, decompress, attend, merge. */
@@ -477,74 +501,67 @@ static kva_status run_compute(kva_context *ctx, const kva_plan *plan, const void
                               const void *w_uk, const void *w_uv, const kva_cache *cache, void *out,
                               float *lse, mla_timer *tm)
 {
-    kva__cuda_state *st = (kva__cuda_state *)ctx->state;
-    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
-    const kva__cuda_mla_plan *mp = cp->mla;
-    const kva_plan_desc *d = &plan->d;
-    cudaStream_t stream = (cudaStream_t)st->stream;
-    char *ws = (char *)ctx->workspace + mp->base;
-    const int32_t H = d->num_heads, Dc = mp->Dc, Dr = mp->Dr, Dn = mp->Dn, Dv = mp->Dv;
-    const int32_t Dq = Dn + Dr, Dl = Dc + Dr;
-    void *kws = ws + mp->off_kws, *vws = ws + mp->off_vws;
-    const int multi = mp->rounds > 1;
-    for (int32_t k = 0; k < mp->rounds; k++) {
-        const kva__cuda_mla_round *rd = &mp->round[k];
-        const int32_t *src = (const int32_t *)(ws + rd->off_src);
+    const mla_env e = env_of(ctx, plan);
+    void *kws = e.ws + e.mp->off_kws, *vws = e.ws + e.mp->off_vws;
+    const int multi = e.mp->rounds > 1;
+    for (int32_t k = 0; k < e.mp->rounds; k++) {
+        const kva__cuda_mla_round *rd = &e.mp->round[k];
+        const int32_t *src = (const int32_t *)(e.ws + rd->off_src);
         kva__cuda_mla_gemm_args g;
         memset(&g, 0, sizeof g);
-        g.a = cache->k, g.a_rows = src, g.lda = Dl, g.a_head = 0;
-        g.b = w_uk, g.ldb = Dc, g.b_head = (int64_t)Dn * Dc, g.b_kn = 0;
-        g.c = kws, g.ldc = (int64_t)H * Dq, g.c_head = Dq;
-        g.M = rd->keys, g.N = Dn, g.K = Dc, g.heads = H, g.dtype = d->q_dtype;
-        KVA_TRY(kva__cuda_mla_gemm(&g, stream));
-        g.b = w_uv, g.ldb = Dv, g.b_head = (int64_t)Dc * Dv, g.b_kn = 1;
-        g.c = vws, g.ldc = (int64_t)H * Dv, g.c_head = Dv, g.N = Dv;
-        KVA_TRY(kva__cuda_mla_gemm(&g, stream));
+        g.a = cache->k, g.a_rows = src, g.lda = e.Dl, g.a_head = 0;
+        g.b = w_uk, g.ldb = e.Dc, g.b_head = (int64_t)e.Dn * e.Dc, g.b_kn = 0;
+        g.c = kws, g.ldc = (int64_t)e.H * e.Dq, g.c_head = e.Dq;
+        g.M = rd->keys, g.N = e.Dn, g.K = e.Dc, g.heads = e.H, g.dtype = e.d->q_dtype;
+        KVA_TRY(kva__cuda_mla_gemm(&g, e.stream));
+        g.b = w_uv, g.ldb = e.Dv, g.b_head = (int64_t)e.Dc * e.Dv, g.b_kn = 1;
+        g.c = vws, g.ldc = (int64_t)e.H * e.Dv, g.c_head = e.Dv, g.N = e.Dv;
+        KVA_TRY(kva__cuda_mla_gemm(&g, e.stream));
         kva__cuda_mla_copy c;
         memset(&c, 0, sizeof c);
-        c.src = (const char *)cache->k + 2 * (size_t)Dc, c.src_rows = src, c.lds = Dl;
-        c.dst = (char *)kws + 2 * (size_t)Dn, c.ldd = (int64_t)H * Dq, c.dst_head = Dq;
-        c.M = rd->keys, c.heads = H, c.width = Dr;
-        KVA_TRY(kva__cuda_mla_copy_rows(&c, stream));
-        KVA_TRY(mark(tm, KVA__CUDA_MLA_PHASE_DECOMPRESS, stream));
+        c.src = (const char *)cache->k + 2 * (size_t)e.Dc, c.src_rows = src, c.lds = e.Dl;
+        c.dst = (char *)kws + 2 * (size_t)e.Dn, c.ldd = (int64_t)e.H * e.Dq, c.dst_head = e.Dq;
+        c.M = rd->keys, c.heads = e.H, c.width = e.Dr;
+        KVA_TRY(kva__cuda_mla_copy_rows(&c, e.stream));
+        KVA_TRY(mark(tm, KVA__CUDA_MLA_PHASE_DECOMPRESS, e.stream));
 
         kva__cuda_prefill_args pa;
         memset(&pa, 0, sizeof pa);
         pa.q = q;
         pa.k = kws;
         pa.v = vws;
-        pa.out = multi ? (void *)(ws + mp->off_part) : out;
-        pa.lse = multi ? (float *)(ws + mp->off_plse) : lse;
-        pa.query_start_loc = st->meta.qsl;
-        pa.seq_lens = (const int32_t *)(ws + rd->off_seq);
-        pa.block_table = (const int32_t *)(ws + rd->off_bt);
-        pa.tiles = (const int32_t *)(ws + rd->off_tiles);
-        pa.num_tiles = (const int32_t *)(ws + rd->off_ntiles);
+        pa.out = multi ? (void *)(e.ws + e.mp->off_part) : out;
+        pa.lse = multi ? (float *)(e.ws + e.mp->off_plse) : lse;
+        pa.query_start_loc = e.st->meta.qsl;
+        pa.seq_lens = (const int32_t *)(e.ws + rd->off_seq);
+        pa.block_table = (const int32_t *)(e.ws + rd->off_bt);
+        pa.tiles = (const int32_t *)(e.ws + rd->off_tiles);
+        pa.num_tiles = (const int32_t *)(e.ws + rd->off_ntiles);
         pa.grid_tiles = rd->ntiles;
         pa.block_table_stride = rd->bt_stride;
         pa.block_size = KVA_CUDA_MLA_WS_BLOCK;
-        pa.num_blocks = mp->kw / KVA_CUDA_MLA_WS_BLOCK;
-        pa.num_heads = H;
-        pa.num_kv_heads = H;
-        pa.head_dim = Dq;
-        pa.head_dim_v = Dv;
-        pa.dtype = d->q_dtype;
+        pa.num_blocks = e.mp->kw / KVA_CUDA_MLA_WS_BLOCK;
+        pa.num_heads = e.H;
+        pa.num_kv_heads = e.H;
+        pa.head_dim = e.Dq;
+        pa.head_dim_v = e.Dv;
+        pa.dtype = e.d->q_dtype;
         pa.layout = KVA_LAYOUT_NHD;
-        pa.scale = d->scale;
+        pa.scale = e.d->scale;
         pa.causal = rd->causal;
         pa.window_left = -1;
-        pa.host_cache = &st->prefill_host;
+        pa.host_cache = &e.st->prefill_host;
         if (rd->ntiles > 0)
-            KVA_TRY(kva__cuda_prefill_launch_kernel(&pa, stream, KVA__CUDA_PREFILL_AUTO));
-        KVA_TRY(mark(tm, KVA__CUDA_MLA_PHASE_ATTENTION, stream));
+            KVA_TRY(kva__cuda_prefill_launch_kernel(&pa, e.stream, KVA__CUDA_PREFILL_AUTO));
+        KVA_TRY(mark(tm, KVA__CUDA_MLA_PHASE_ATTENTION, e.stream));
         if (multi)
-            KVA_TRY(merge(k == 0 ? 0 : 1, mp, d->q_dtype, H, ws,
-                          (const int32_t *)(ws + rd->off_seq), out, lse, stream));
-        KVA_TRY(mark(tm, KVA__CUDA_MLA_PHASE_MERGE, stream));
+            KVA_TRY(merge(k == 0 ? 0 : 1, e.mp, e.d->q_dtype, e.H, e.ws,
+                          (const int32_t *)(e.ws + rd->off_seq), out, lse, e.stream));
+        KVA_TRY(mark(tm, KVA__CUDA_MLA_PHASE_MERGE, e.stream));
     }
     if (multi)
-        KVA_TRY(merge(2, mp, d->q_dtype, H, ws, NULL, out, lse, stream));
-    return mark(tm, KVA__CUDA_MLA_PHASE_MERGE, stream);
+        KVA_TRY(merge(2, e.mp, e.d->q_dtype, e.H, e.ws, NULL, out, lse, e.stream));
+    return mark(tm, KVA__CUDA_MLA_PHASE_MERGE, e.stream);
 }
 
 static kva_status run(kva_context *ctx, const kva_plan *plan, const void *q, const void *w_uk,
