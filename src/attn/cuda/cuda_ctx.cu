@@ -394,18 +394,6 @@ extern "C" kva_status kva__cuda_context_force_splits(kva_context *ctx, int split
     return KVA_STATUS_OK;
 }
 
-extern "C" kva_status kva__cuda_context_mla_chunk(kva_context *ctx, int32_t keys)
-{
-    kva__clear_error();
-    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
-    if (keys < 0 || keys > (1 << 20) || keys % 64 != 0)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva__cuda_context_mla_chunk: keys = %d (a multiple of 64, 0..2^20)",
-                         (int)keys);
-    state_of(ctx)->mla_chunk_keys = keys;
-    return KVA_STATUS_OK;
-}
-
 extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_capacity *cap)
 {
     kva__clear_error();
@@ -544,21 +532,6 @@ static int ctas_per_sm_cached(kva__cuda_state *st, kva_dtype dt, int32_t dmax, i
     return n;
 }
 
-/* The longest q_len the MLA decode kernel sees: every request's for a
- * kernel-level plan, the absorbed requests' (q_len <= decode_threshold) for
- * a layer-level one (kva_mla_run sends the others to the prefill; 1 if none). */
-static int32_t mla_decode_q_len(const kva_plan *plan)
-{
-    if (plan->d.mla_qk_nope_head_dim == 0)
-        return plan->info.max_q_len;
-    int32_t mq = 1;
-    for (int32_t r = 0; r < plan->d.num_requests; r++) {
-        const int32_t q = plan->query_start_loc[r + 1] - plan->query_start_loc[r];
-        mq = q <= plan->d.decode_threshold && q > mq ? q : mq;
-    }
-    return mq;
-}
-
 /* The kernels a plan of ctx runs: the decode family's (the tensor-core decode
  * where it covers the shape, unless the CUDA-core kernel is forced; a forced
  * tensor-core decode on a shape it does not cover runs the CUDA-core kernel)
@@ -572,7 +545,8 @@ static void plan_kernels(const kva_context *ctx, const kva_plan *plan, int *deco
          * items fill its 64 rows (H * max q_len > 32) on sm_90a, else mma.sync;
          * a forced MLA kernel wins. */
         const int fd = kva__context_forced_kernel(ctx, KVA__KERNEL_DECODE);
-        const int rows = kva__cuda_mla_decode_rows(plan->d.num_heads, mla_decode_q_len(plan));
+        const int rows =
+            kva__cuda_mla_decode_rows(plan->d.num_heads, kva__cuda_mla_decode_q_len(plan));
         *decode =
             fd == KVA__CUDA_K_MLA_DECODE_MMA ? KVA__CUDA_K_MLA_DECODE_MMA
             : fd == KVA__CUDA_K_MLA_DECODE_WGMMA || (rows == 64 && kva__cuda_prefill_wgmma_ready())
@@ -661,10 +635,11 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     /* The decode kernel decides the rows per item: one m16 tile for the
      * tensor-core decode, 4 or 8 for the CUDA-core kernel, 16 to 64 (H x the
      * longest q_len) for the MLA decode. */
-    const int rows = kernel == KVA__CUDA_K_MLA_DECODE_WGMMA ? 64
-                     : mla ? kva__cuda_mla_decode_rows(plan->d.num_heads, mla_decode_q_len(plan))
-                     : kernel == KVA__CUDA_K_DECODE_MMA ? KVA__CUDA_MMA_DECODE_ROWS
-                                                        : kva__cuda_rows_for_group(G);
+    const int rows =
+        kernel == KVA__CUDA_K_MLA_DECODE_WGMMA ? 64
+        : mla ? kva__cuda_mla_decode_rows(plan->d.num_heads, kva__cuda_mla_decode_q_len(plan))
+        : kernel == KVA__CUDA_K_DECODE_MMA ? KVA__CUDA_MMA_DECODE_ROWS
+                                           : kva__cuda_rows_for_group(G);
     const int per_sm = ctas_per_sm_cached(
         st, plan->d.q_dtype, kernel == KVA__CUDA_K_DECODE_MMA ? plan->d.head_dim : dmax,
         kernel == KVA__CUDA_K_DECODE_MMA ? 0 : rows, kernel);

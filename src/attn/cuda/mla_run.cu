@@ -187,6 +187,33 @@ static int round_keys(const kva_plan *plan, int32_t r, int32_t k, int32_t C, int
     return *j1 > *j0;
 }
 
+/* The longest q_len the MLA decode kernel sees: every request's for a
+ * kernel-level plan, the absorbed requests' (q_len <= decode_threshold) for
+ * a layer-level one (kva_mla_run sends the others to the prefill; 1 if none). */
+extern "C" int32_t kva__cuda_mla_decode_q_len(const kva_plan *plan)
+{
+    if (plan->d.mla_qk_nope_head_dim == 0)
+        return plan->info.max_q_len;
+    int32_t mq = 1;
+    for (int32_t r = 0; r < plan->d.num_requests; r++) {
+        const int32_t q = plan->query_start_loc[r + 1] - plan->query_start_loc[r];
+        mq = q <= plan->d.decode_threshold && q > mq ? q : mq;
+    }
+    return mq;
+}
+
+extern "C" kva_status kva__cuda_context_mla_chunk(kva_context *ctx, int32_t keys)
+{
+    kva__clear_error();
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
+    if (keys < 0 || keys > (1 << 20) || keys % 64 != 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_context_mla_chunk: keys = %d (a multiple of 64, 0..2^20)",
+                         (int)keys);
+    ((kva__cuda_state *)ctx->state)->mla_chunk_keys = keys;
+    return KVA_STATUS_OK;
+}
+
 /* Bump allocator of byte offsets (256-byte aligned). */
 static size_t take(size_t *o, size_t bytes)
 {

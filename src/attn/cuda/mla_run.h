@@ -86,6 +86,11 @@ typedef struct kva__cuda_mla_plan {
  * D = Dn + Dr, Dv (called before anything is uploaded). */
 kva_status kva__cuda_mla_split(const kva_plan *plan, uint8_t *skip);
 
+/* The longest q_len the MLA decode kernel sees in plan: every request's for
+ * a kernel-level plan, the absorbed requests' for a layer-level one (1 if
+ * none); it sizes the decode kernel's items. */
+int32_t kva__cuda_mla_decode_q_len(const kva_plan *plan);
+
 /* Builds the layer-level plan of an MLA plan with mla head sizes (the
  * partition, for the absorbed requests only, is built already): chooses the
  * chunking, lays out the region at byte offset base of the workspace,
