@@ -80,7 +80,7 @@ typedef struct qa_args {
     float *ws;             /* split partials */
     int32_t H, Hkv, G, D, Dv, B;
     int32_t isub; /* units per item (item rows up to isub * ROWS); 0: items run elsewhere */
-    int32_t hnd, causal, window_left, has_alibi, qdt;
+    int32_t hnd, causal, window_left, chunk, has_alibi, qdt; /* chunk: attention_chunk */
     float scale, softcap;
 } qa_args;
 
@@ -349,8 +349,7 @@ __global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
                 const int32_t i = w.i0 + qi;
                 const int32_t p = s - q_len + i;
                 const int32_t h_ = a.causal ? p + 1 : s;
-                const int32_t l_ =
-                    a.window_left >= 0 && p - a.window_left > 0 ? p - a.window_left : 0;
+                const int32_t l_ = kva__first_key(p, a.window_left, a.chunk);
                 lo[r] = l_ > w.k0 ? l_ : w.k0;
                 hi[r] = h_ < w.k1 ? h_ : w.k1;
                 pos[r] = p;

@@ -402,7 +402,7 @@ __global__ void __launch_bounds__(KVA_NW * 32, simt_ring<T>::on &&ROWS == 4 ? 3 
                 const int32_t i = w.i0 + qi;
                 const int32_t p = s - q_len + i;
                 int32_t h_ = a.causal ? p + 1 : s;
-                int32_t l_ = a.window_left >= 0 && p - a.window_left > 0 ? p - a.window_left : 0;
+                int32_t l_ = kva__first_key(p, a.window_left, a.chunk);
                 lo[r] = l_ > w.k0 ? l_ : w.k0;
                 hi[r] = h_ < w.k1 ? h_ : w.k1;
                 pos[r] = p;

@@ -469,8 +469,8 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
     if (mma_req)
         KVA_TRY(kva__cuda_prefill_tiles_build_subset(
             R, plan->query_start_loc, plan->kv_lens, mma_req, plan->d.num_heads,
-            plan->d.num_kv_heads, plan->d.causal, plan->d.window_left, (int32_t *)(h + off[8]),
-            (int32_t)st->caps.ptiles, &ntiles));
+            plan->d.num_kv_heads, plan->d.causal, plan->d.window_left, plan->d.attention_chunk,
+            (int32_t *)(h + off[8]), (int32_t)st->caps.ptiles, &ntiles));
     hdr[KVA_CUDA_HDR_PTILES] = ntiles;
 
     /* The used part of every section (offsets increase with the index). */
@@ -571,7 +571,7 @@ static void plan_kernels(const kva_context *ctx, const kva_plan *plan, int *deco
 /*
  * Sharded (DCP) plans. The CUDA kernels take masks from the lengths they are
  * given, not from global positions, so a sharded plan runs only where every
- * query row sees all of the rank's keys: no window, no ALiBi, and causal
+ * query row sees all of the rank's keys: no window or chunk, no ALiBi, and causal
  * rows only when the first query of each request comes after every local
  * key (decodes, q_len 1, always do). Such a plan runs as a non-causal plan
  * over the local lengths kv_lens (the device copy of seq_lens holds them);
@@ -583,12 +583,14 @@ static kva_status dcp_accept(kva_plan *plan)
     const kva_plan_desc *d = &plan->d;
     if (d->dcp_size <= 1)
         return KVA_STATUS_OK;
-    if (d->window_left >= 0 || plan->alibi_slopes)
+    if (d->window_left >= 0 || d->attention_chunk > 0 || plan->alibi_slopes)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_plan_create: the CUDA backend runs sharded (dcp_size = %d) plans "
-                         "without sliding windows and ALiBi only (window_left = %d, alibi %s); "
-                         "the reference and CPU backends run them",
-                         (int)d->dcp_size, (int)d->window_left, plan->alibi_slopes ? "on" : "off");
+                         "without sliding windows, local chunks and ALiBi only (window_left = "
+                         "%d, attention_chunk = %d, alibi %s); the reference and CPU backends "
+                         "run them",
+                         (int)d->dcp_size, (int)d->window_left, (int)d->attention_chunk,
+                         plan->alibi_slopes ? "on" : "off");
     for (int32_t r = 0; d->causal && r < d->num_requests; r++) {
         const int32_t q = plan->query_start_loc[r + 1] - plan->query_start_loc[r];
         const int32_t s = plan->seq_lens[r];
@@ -607,6 +609,11 @@ static kva_status dcp_accept(kva_plan *plan)
 static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
 {
     KVA_TRY(dcp_accept(plan));
+    /* Draft trees run on the reference and CPU backends so far (docs/masks.md). */
+    if (plan->tree_bits)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: the CUDA backend has no tree-verification mask yet "
+                         "(tree_parents / tree_mask); the reference and CPU backends run it");
     kva__cuda_state *st = state_of(ctx);
     KVA_TRY(use_device(st->device));
     KVA_TRY(check_not_capturing("kva_plan_create", st));

@@ -43,7 +43,7 @@ kva__dmma_rows(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nr
         const int32_t qi = r / w.nh, hh = r - qi * w.nh;
         const int32_t p = s - q_len + w.i0 + qi;
         const int32_t h_ = a.causal ? p + 1 : s;
-        const int32_t l_ = a.window_left >= 0 && p - a.window_left > 0 ? p - a.window_left : 0;
+        const int32_t l_ = kva__first_key(p, a.window_left, a.chunk);
         const int32_t rlo = l_ > w.k0 ? l_ : w.k0, rhi = h_ < w.k1 ? h_ : w.k1;
         lo_all = rlo > lo_all ? rlo : lo_all;
         hi_all = rhi < hi_all ? rhi : hi_all;
