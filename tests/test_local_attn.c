@@ -50,19 +50,6 @@ static void print_case(const lcase *c, const char *kernel)
             kernel ? kernel : "dispatcher");
 }
 
-/* Kernels a case runs: NULL (the dispatcher), then every CPU kernel that runs here. */
-static int kernels(const char **v)
-{
-    kva_test_kernel k[KVA_TEST_MAX_KERNELS];
-    const int32_t nk = kva_test_cpu_kernels(k);
-    int n = 0;
-    v[n++] = NULL;
-    for (int32_t i = 0; i < nk; i++)
-        if (k[i].runs)
-            v[n++] = k[i].name;
-    return n;
-}
-
 /* Fills block `blk` of the cache (K and V rows of every kv head) with NaN. */
 static void poison_block(kva_cache *cache, int32_t blk)
 {
@@ -130,7 +117,7 @@ static void run_lcase(const lcase *c)
         CHECK_OK(kva_attention_run(ref, pref, q, cache, sk, out_ref, lse_ref));
 
     const char *vs[KVA_TEST_MAX_KERNELS + 1];
-    const int nv = kernels(vs);
+    const int nv = kva_test_cpu_runnable(vs);
     for (int i = 0; i < nv && pref; i++) {
         kva_plan *pcpu = NULL;
         CHECK_OK(kva__context_force_kernel(cpu, vs[i])); /* NULL: none */

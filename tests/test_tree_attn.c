@@ -150,19 +150,6 @@ typedef struct tcase {
     uint64_t seed;
 } tcase;
 
-/* Kernels a case runs on the CPU: NULL (the dispatcher), then every one that runs here. */
-static int kernels(const char **v)
-{
-    kva_test_kernel kk[KVA_TEST_MAX_KERNELS];
-    const int32_t nk = kva_test_cpu_kernels(kk);
-    int n = 0;
-    v[n++] = NULL;
-    for (int32_t i = 0; i < nk; i++)
-        if (kk[i].runs)
-            v[n++] = kk[i].name;
-    return n;
-}
-
 /* Runs a paged tree case on ref (parents), ref (packed mask), the CPU with every
  * kernel, and, for chains, ref and CPU without a tree. */
 static void run_tcase(const tcase *c)
@@ -206,7 +193,7 @@ static void run_tcase(const tcase *c)
 
     /* Every other way of running it must match: (backend, tree form, kernel). */
     const char *vs[KVA_TEST_MAX_KERNELS + 1];
-    const int nv = kernels(vs);
+    const int nv = kva_test_cpu_runnable(vs);
     for (int w = -2; w < nv && pr && cache; w++) {
         kva_context *ctx = w < 0 ? ref : cpu;
         kva_plan_desc wd = pd;
