@@ -535,6 +535,8 @@ static void test_chunk(void)
         CHECK_MSG(run_batch(&c, &b), "chunk case %d, f32", i);
         kva_test_batch_free(&b);
     }
+    printf("test_chunk: 8 batches done\n"); /* progress: the grid after it is long */
+    fflush(stdout);
 }
 
 /* Sharded (DCP) plans with a local chunk: the CUDA kernels take masks from

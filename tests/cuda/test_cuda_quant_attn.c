@@ -359,6 +359,8 @@ static void test_chunk(void)
             c.lse = 1;
             CHECK_MSG(run_attn(&c, 7000 + (uint64_t)(f * 4 + k)), "chunk f=%d k=%d", f, k);
         }
+    printf("test_chunk: %d formats done\n", NFMT); /* progress: the lists after it are long */
+    fflush(stdout);
 }
 
 /*
