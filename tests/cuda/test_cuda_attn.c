@@ -539,9 +539,10 @@ static void test_chunk(void)
     fflush(stdout);
 }
 
-/* Sharded (DCP) plans with a local chunk: the CUDA kernels take masks from
- * local lengths, so the plan is refused with a status naming the chunk. */
-static void test_chunk_dcp_refused(void)
+/* Refused plans: sharded (DCP) plans with a local chunk (the CUDA kernels
+ * take masks from local lengths) and draft trees (no tree mask in the CUDA
+ * kernels yet) get KVA_STATUS_UNSUPPORTED with a message naming the field. */
+static void test_chunk_tree_refused(void)
 {
     static const int32_t q[] = {1}, s[] = {100};
     kva_test_batch b;
@@ -556,6 +557,15 @@ static void test_chunk_dcp_refused(void)
     CHECK_STATUS(kva_plan_create(gpu, &pd, &p), KVA_STATUS_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("attention_chunk = 32");
     CHECK(p == NULL);
+    const int32_t parents[1] = {-1};
+    pd.attention_chunk = 0;
+    pd.dcp_size = 0;
+    pd.tree_parents = parents;
+    CHECK_STATUS(kva_plan_create(gpu, &pd, &p), KVA_STATUS_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("tree_parents");
+    CHECK(p == NULL);
+    printf("test_chunk_tree_refused: done\n");
+    fflush(stdout);
     kva_context_destroy(gpu);
     kva_test_batch_free(&b);
 }
@@ -658,8 +668,8 @@ int main(void)
     if (skip)
         return skip;
 #ifdef KVA_HAVE_CUDA
+    RUN(test_chunk_tree_refused);
     RUN(test_chunk);
-    RUN(test_chunk_dcp_refused);
     RUN(test_stale_plan);
     RUN(test_empty_rows);
     RUN(test_split_kv);
