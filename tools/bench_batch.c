@@ -403,7 +403,18 @@ bench_counts bench_count(const bench_opts *o, const bench_batch *b)
     for (int32_t r = 0; r < b->num_requests; r++) {
         int32_t q = b->query_start_loc[r + 1] - b->query_start_loc[r];
         int32_t s = b->seq_lens[r];
-        c.pairs += bench_request_pairs(o, q, s);
+        if (b->tree_parents) {
+            /* A tree token sees the committed keys, its ancestors and itself. */
+            const int32_t *par = b->tree_parents + b->query_start_loc[r];
+            for (int32_t i = 0; i < q; i++) {
+                int64_t n = (int64_t)s - q;
+                for (int32_t t = i; t >= 0; t = par[t])
+                    n++;
+                c.pairs += (double)n * o->heads;
+            }
+        } else {
+            c.pairs += bench_request_pairs(o, q, s);
+        }
         /* Keys some query of the request sees: the union of the rows' ranges
          * ends at s - 1 (the last query's position) and starts at the first
          * query's window or chunk start. A key read by several queries (or
