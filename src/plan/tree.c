@@ -4,10 +4,11 @@
  *
  * A tree plan stores, for every query token t, a 64-bit word whose bit k says
  * that t sees tree token k of its request (k = t itself or an ancestor). The
- * kernels keep their contiguous per-row key range [lo, pos + 1) and AND the
- * word into the lane mask of the chunk that covers the request's last q_len
- * keys (kva__tree_lanes); the committed context before them is read once per
- * item for every row, as for an ordinary speculative decode.
+ * kernels keep their contiguous per-row key range [lo, pos + 1) and mask the
+ * request's last q_len keys with the word (the CPU decode kernels through
+ * kva__tree_lanes, the tiled prefill kernels through pf_tree_mask); the
+ * committed context before them is read once per item for every row, as for
+ * an ordinary speculative decode. The CUDA backend refuses tree plans.
  */
 #include "internal.h"
 
