@@ -78,6 +78,7 @@ extern "C" {
 /* Limits every backend accepts (larger values are rejected with a status). */
 #define KVA_MAX_SEQ_LEN (1 << 30) /* longest seq_len, and most query tokens in one plan */
 #define KVA_MAX_HEADS 4096        /* most query heads (and kv heads) */
+#define KVA_MAX_TREE_TOKENS 64    /* most query tokens of a request of a tree plan */
 #define KVA_MAX_THREADS 1024      /* most CPU threads a context may ask for */
 /* Largest head size D (and Dv) of any backend: MLA's absorbed 512 + 64. A
  * backend may take less (kva_cache_desc lists each backend's range); a head
@@ -479,6 +480,34 @@ typedef struct kva_plan_desc {
      * layer-level call. */
     int32_t mla_qk_nope_head_dim;
     int32_t mla_v_head_dim;
+
+    /* Chunked local attention (Llama 4's attention_chunk_size, docs/masks.md):
+     * C > 0 limits the query at position pos to keys j with j / C == pos / C
+     * (integer division), on top of the causal rule and any window: every
+     * request attends within its current chunk only, and a long request costs
+     * what that chunk costs. 0 = off. Positions are global under DCP. */
+    int32_t attention_chunk;
+
+    /* Tree verification (speculative decoding with a draft tree, docs/masks.md):
+     * the q_len = q query tokens of each request are a draft tree (q <=
+     * KVA_MAX_TREE_TOKENS) at key positions s - q .. s - 1 after its committed
+     * context; query i sees every committed key j < s - q (one pass over the
+     * context serves the whole tree) and tree key s - q + k only if token k is
+     * i or an ancestor of i. Give the tree one of two ways (both NULL = off):
+     *   tree_parents [T] int32: the parent of each query token as an index
+     *     within its request (0 .. i - 1), or -1 for a root, which hangs off
+     *     the committed context;
+     *   tree_mask: FlashInfer's packed_custom_mask restricted to the tree
+     *     part: for each request in order, its q x q bits row-major (bit i*q + k
+     *     = query i sees tree token k), packed with bitorder "little" (element e
+     *     is bit e % 8 of byte e / 8) and each request starting on a new byte
+     *     (segment_packbits), so request r starts at byte sum over r' < r of
+     *     ceil(q_r'^2 / 8). Every row must hold its diagonal and no bit above
+     *     it (tree tokens come in topological order).
+     * Needs causal = 1; no window, chunk, ALiBi, MLA or DCP. Reference and
+     * CPU backends (the CUDA backend refuses tree plans for now). */
+    const int32_t *tree_parents;
+    const uint8_t *tree_mask;
 } kva_plan_desc;
 
 typedef struct kva_plan kva_plan;
@@ -534,7 +563,9 @@ KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const in
  *   pos = s - q + i (bottom-right aligned, as FlashAttention >= 2.1);
  *   score_j = scale * <q, k_j>; if softcap c > 0: score_j = c * tanh(score_j / c);
  *   with ALiBi: score_j += slope_h * (j - pos);
- *   key j is visible if j < s, and (causal) j <= pos, and (window) pos - j <= window_left;
+ *   key j is visible if j < s, and (causal) j <= pos, and (window) pos - j <= window_left,
+ *   and (chunk C = attention_chunk > 0) j / C == pos / C,
+ *   and (tree) j < s - q or token j - (s - q) is i or an ancestor of i;
  *   out = sum_j softmax_j * v_j over visible keys, the sink in the denominator.
  * Causal plans require q_len <= seq_len, so key j = pos is visible and every
  * row sees a key. Non-causal plans (encoder, cross-attention) may have
@@ -853,6 +884,17 @@ KVA_API kva_status kva_pool_request_free(kva_pool *pool, int32_t request_id);
 KVA_API kva_status kva_pool_request_drop_window(kva_pool *pool, int32_t request_id,
                                                 int32_t window_tokens);
 
+/*
+ * Chunked local attention (kva_plan_desc.attention_chunk = chunk_tokens):
+ * releases the blocks whose positions all lie before the start of the chunk
+ * of the next token, num_tokens - num_tokens % chunk_tokens (that token and
+ * every later one attend to keys from there on; vLLM's chunked-local
+ * manager), and puts the null block 0 in their place in the block table. A
+ * block that straddles the chunk start is kept. chunk_tokens >= 1.
+ */
+KVA_API kva_status kva_pool_request_drop_chunk(kva_pool *pool, int32_t request_id,
+                                               int32_t chunk_tokens);
+
 /* Writes the request's block-table row: row [row_len] int32 receives its
  * num_blocks block ids then 0 (the null block) up to row_len. row may be NULL
  * when row_len is 0 to query *out_num_blocks (may be NULL) only. */
@@ -862,7 +904,7 @@ KVA_API kva_status kva_pool_request_block_table(const kva_pool *pool, int32_t re
 
 /* Writes slots [count] int64 for positions first_pos .. first_pos + count - 1:
  * slot = block * B + position % B. Every position must be allocated and not
- * dropped by kva_pool_request_drop_window. */
+ * dropped by kva_pool_request_drop_window or kva_pool_request_drop_chunk. */
 KVA_API kva_status kva_pool_request_slots(const kva_pool *pool, int32_t request_id,
                                           int32_t first_pos, int32_t count, int64_t *slots);
 

@@ -38,4 +38,19 @@ static inline int32_t kva_test_cpu_kernels(kva_test_kernel *out)
     return n;
 }
 
+/* The kernels a test runs a case with: NULL (the dispatcher's choice), then
+ * the name of every registry kernel that runs here; v holds
+ * KVA_TEST_MAX_KERNELS + 1 entries. Returns their count. */
+static inline int kva_test_cpu_runnable(const char **v)
+{
+    kva_test_kernel k[KVA_TEST_MAX_KERNELS];
+    const int32_t nk = kva_test_cpu_kernels(k);
+    int n = 0;
+    v[n++] = NULL;
+    for (int32_t i = 0; i < nk; i++)
+        if (k[i].runs)
+            v[n++] = k[i].name;
+    return n;
+}
+
 #endif /* KVA_TEST_CPU_KERNELS_H */

@@ -28,12 +28,13 @@ typedef struct mask {
     const char *name;
     int causal, window, alibi, sinks;
     float softcap;
+    int chunk; /* attention_chunk (global positions), 0 = none */
 } mask;
 
 static const mask masks[] = {
-    {"causal", 1, -1, 0, 0, 0.0f},         {"window", 1, 21, 0, 0, 0.0f},
-    {"alibi-softcap", 1, -1, 1, 0, 15.0f}, {"sinks", 1, -1, 0, 1, 0.0f},
-    {"non-causal", 0, -1, 0, 0, 0.0f},
+    {"causal", 1, -1, 0, 0, 0.0f, 0},         {"window", 1, 21, 0, 0, 0.0f, 0},
+    {"alibi-softcap", 1, -1, 1, 0, 15.0f, 0}, {"sinks", 1, -1, 0, 1, 0.0f, 0},
+    {"non-causal", 0, -1, 0, 0, 0.0f, 0},     {"chunk", 1, -1, 0, 1, 0.0f, 12},
 };
 
 /* The batch: q_lens and global seq_lens (decodes, a spec decode, a prefill
@@ -116,6 +117,7 @@ static inline kva_status setup_rank(kva_context *ctx, const fmt *f, const mask *
     pd.q_dtype = f->q_dt;
     pd.causal = m->causal;
     pd.window_left = m->window;
+    pd.attention_chunk = m->chunk;
     pd.softcap = m->softcap;
     pd.alibi_slopes = m->alibi ? slopes : NULL;
     pd.dcp_size = N;

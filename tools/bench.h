@@ -29,6 +29,8 @@ typedef struct bench_opts {
     kva_layout layout;
     int32_t causal;
     int32_t window; /* window_left, -1 for none */
+    int32_t chunk;  /* attention_chunk (local attention), 0 for none */
+    int tree;       /* draft tree of each request's q_len tokens: BENCH_TREE_* */
     float softcap;
     kva_backend backend;
     int32_t threads;
@@ -50,6 +52,10 @@ typedef struct bench_opts {
     int quiet;  /* no table on stdout (the sweep prints one row per shape) */
 } bench_opts;
 
+/* Draft trees of --tree: none, a chain (ordinary speculative decoding as a
+ * tree), a star (every token a child of the first), random parents. */
+enum { BENCH_TREE_NONE = 0, BENCH_TREE_CHAIN = 1, BENCH_TREE_STAR = 2, BENCH_TREE_RANDOM = 3 };
+
 /* Shape sets of --sweep (bench_sweep.c). */
 enum { SWEEP_NONE = 0, SWEEP_DECODE = 1, SWEEP_PREFILL = 2, SWEEP_MIXED = 4, SWEEP_ALL = 7 };
 
@@ -70,17 +76,18 @@ typedef struct bench_batch {
     int32_t *seq_lens;        /* [R] */
     int32_t *block_table;     /* [R, block_table_stride], shuffled block ids */
     int32_t block_table_stride;
-    int32_t num_blocks;  /* NB of the cache: every block of every request */
-    void *q;             /* [T, H, D] dtype */
-    void *out;           /* [T, H, Dv] dtype */
-    float *lse;          /* [T, H] */
-    void *k_new, *v_new; /* [T, Hkv, D], [T, Hkv, Dv]: the step's new keys/values */
-    int64_t *slot_new;   /* [T] cache slots of the new tokens */
-    void *k_ragged;      /* [sum(seq_lens), Hkv, D] (--ragged only) */
-    void *v_ragged;      /* [sum(seq_lens), Hkv, Dv] (--ragged only) */
-    int64_t *src_token;  /* [T] check batch only: token of the full batch; else NULL */
-    float *slopes;       /* [H] ALiBi slopes (--alibi), else NULL */
-    float *sinks;        /* [H] sink logits (--sinks), else NULL */
+    int32_t num_blocks;    /* NB of the cache: every block of every request */
+    void *q;               /* [T, H, D] dtype */
+    void *out;             /* [T, H, Dv] dtype */
+    float *lse;            /* [T, H] */
+    void *k_new, *v_new;   /* [T, Hkv, D], [T, Hkv, Dv]: the step's new keys/values */
+    int64_t *slot_new;     /* [T] cache slots of the new tokens */
+    void *k_ragged;        /* [sum(seq_lens), Hkv, D] (--ragged only) */
+    void *v_ragged;        /* [sum(seq_lens), Hkv, Dv] (--ragged only) */
+    int64_t *src_token;    /* [T] check batch only: token of the full batch; else NULL */
+    float *slopes;         /* [H] ALiBi slopes (--alibi), else NULL */
+    float *sinks;          /* [H] sink logits (--sinks), else NULL */
+    int32_t *tree_parents; /* [T] draft-tree parents (--tree), else NULL */
 } bench_batch;
 
 /* bench_batch.c */

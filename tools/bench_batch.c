@@ -31,6 +31,7 @@ void bench_opts_init(bench_opts *o)
     o->layout = KVA_LAYOUT_NHD;
     o->causal = 1;
     o->window = -1;
+    o->chunk = 0;
     o->softcap = 0.0f;
     o->backend = KVA_BACKEND_CPU;
     o->threads = 0;
@@ -118,6 +119,7 @@ void bench_batch_free(bench_batch *b)
     free(b->src_token);
     free(b->slopes);
     free(b->sinks);
+    free(b->tree_parents);
     memset(b, 0, sizeof *b);
 }
 
@@ -217,6 +219,20 @@ kva_status bench_batch_build(const bench_opts *o, bench_batch *b)
             b->sinks = NULL;
         }
     }
+    if (o->tree != BENCH_TREE_NONE) {
+        /* Each request's q_len tokens form one tree, parents before children. */
+        b->tree_parents = malloc(Tz * sizeof(int32_t));
+        if (!b->tree_parents)
+            return oom(b);
+        for (int32_t r = 0; r < R; r++) {
+            const int32_t q0 = b->query_start_loc[r], q = b->query_start_loc[r + 1] - q0;
+            for (int32_t i = 0; i < q; i++)
+                b->tree_parents[q0 + i] = o->tree == BENCH_TREE_CHAIN  ? i - 1
+                                          : o->tree == BENCH_TREE_STAR ? (i == 0 ? -1 : 0)
+                                          : i == 0                     ? -1
+                                                   : (int32_t)(splitmix64(&rng) % (uint64_t)i);
+        }
+    }
     bench_fill(b->q, o->dtype, (size_t)T * H * D, &rng);
     bench_fill(b->k_new, o->dtype, (size_t)T * Hkv * D, &rng);
     bench_fill(b->v_new, o->dtype, (size_t)T * Hkv * Dv, &rng);
@@ -251,6 +267,8 @@ void bench_plan_desc(const bench_opts *o, const bench_batch *b, kva_plan_desc *d
     d->scale = 0.0f;
     d->causal = o->causal;
     d->window_left = o->window;
+    d->attention_chunk = o->chunk;
+    d->tree_parents = b->tree_parents;
     d->softcap = o->softcap;
     d->alibi_slopes = b->slopes;
 }
@@ -341,12 +359,22 @@ kva_status bench_ragged_fill(const bench_opts *o, bench_batch *b)
 
 /* ---- work counts ---- */
 
+/* The first key position pos sees under the window and the local chunk. */
+static int64_t first_key(const bench_opts *o, int64_t pos)
+{
+    int64_t lo = o->window >= 0 && pos - o->window > 0 ? pos - o->window : 0;
+    if (o->chunk > 0 && pos > 0 && pos - pos % o->chunk > lo)
+        lo = pos - pos % o->chunk;
+    return lo;
+}
+
 /* Visible keys of query position pos in a request of seq_len s (the rule of
- * kva_attention_run: j < s, causal j <= pos, window pos - j <= window_left). */
+ * kva_attention_run: j < s, causal j <= pos, window pos - j <= window_left,
+ * chunk j / C == pos / C). */
 static int64_t visible_keys(const bench_opts *o, int64_t s, int64_t pos)
 {
     int64_t hi = o->causal && pos < s - 1 ? pos : s - 1;
-    int64_t lo = o->window >= 0 && pos - o->window > 0 ? pos - o->window : 0;
+    int64_t lo = first_key(o, pos);
     return hi >= lo ? hi - lo + 1 : 0;
 }
 
@@ -375,13 +403,24 @@ bench_counts bench_count(const bench_opts *o, const bench_batch *b)
     for (int32_t r = 0; r < b->num_requests; r++) {
         int32_t q = b->query_start_loc[r + 1] - b->query_start_loc[r];
         int32_t s = b->seq_lens[r];
-        c.pairs += bench_request_pairs(o, q, s);
+        if (b->tree_parents) {
+            /* A tree token sees the committed keys, its ancestors and itself. */
+            const int32_t *par = b->tree_parents + b->query_start_loc[r];
+            for (int32_t i = 0; i < q; i++) {
+                int64_t n = (int64_t)s - q;
+                for (int32_t t = i; t >= 0; t = par[t])
+                    n++;
+                c.pairs += (double)n * o->heads;
+            }
+        } else {
+            c.pairs += bench_request_pairs(o, q, s);
+        }
         /* Keys some query of the request sees: the union of the rows' ranges
          * ends at s - 1 (the last query's position) and starts at the first
-         * query's window start. A key read by several queries (or query heads
-         * of a group) counts once per kv head. */
+         * query's window or chunk start. A key read by several queries (or
+         * query heads of a group) counts once per kv head. */
         int64_t first = (int64_t)s - q;
-        int64_t lo = o->window >= 0 && first - o->window > 0 ? first - o->window : 0;
+        int64_t lo = first_key(o, first);
         if (q > 0 && s > lo)
             c.kv_bytes += (double)(s - lo) * o->kv_heads * row_bytes;
     }

@@ -111,13 +111,16 @@ static kva_status build_subset(const bench_opts *o, const bench_batch *b, const 
         cb->k_ragged = malloc(((size_t)rows + 1) * Hkv * D * es);
         cb->v_ragged = malloc(((size_t)rows + 1) * Hkv * Dv * es);
     }
+    if (b->tree_parents)
+        cb->tree_parents = malloc(((size_t)T + 1) * sizeof(int32_t));
     if (b->slopes && (cb->slopes = malloc(H * sizeof(float))) != NULL)
         memcpy(cb->slopes, b->slopes, H * sizeof(float));
     if (b->sinks && (cb->sinks = malloc(H * sizeof(float))) != NULL)
         memcpy(cb->sinks, b->sinks, H * sizeof(float));
     if (!cb->query_start_loc || !cb->seq_lens || !cb->block_table || !cb->q || !cb->out ||
         !cb->lse || !cb->src_token || (o->ragged && (!cb->k_ragged || !cb->v_ragged)) ||
-        (b->slopes && !cb->slopes) || (b->sinks && !cb->sinks)) {
+        (b->slopes && !cb->slopes) || (b->sinks && !cb->sinks) ||
+        (b->tree_parents && !cb->tree_parents)) {
         bench_batch_free(cb);
         return KVA_STATUS_OUT_OF_MEMORY;
     }
@@ -135,6 +138,9 @@ static kva_status build_subset(const bench_opts *o, const bench_batch *b, const 
                (size_t)q_keep[k] * H * D * es);
         for (int32_t i = 0; i < q_keep[k]; i++)
             cb->src_token[t + i] = q0 + i;
+        /* The first q_keep tokens of a tree are a tree: parents come first. */
+        if (b->tree_parents)
+            memcpy(cb->tree_parents + t, b->tree_parents + q0, (size_t)q_keep[k] * sizeof(int32_t));
         if (o->ragged) {
             /* Request r's keys start at the prefix sum of the earlier seq_lens. */
             int64_t kv0 = 0;

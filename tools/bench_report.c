@@ -79,8 +79,14 @@ void bench_report_print(const bench_opts *o, const bench_batch *b, const bench_r
     else
         printf("  %-18s %d x (q_len %d after %d cached tokens)\n", "requests", (int)o->batch,
                (int)o->q_len, (int)o->context);
-    printf("  %-18s causal=%d window_left=%d softcap=%g alibi=%d sinks=%d\n", "mask",
-           (int)o->causal, (int)o->window, (double)o->softcap, o->alibi, o->sinks);
+    printf("  %-18s causal=%d window_left=%d attention_chunk=%d tree=%s softcap=%g alibi=%d "
+           "sinks=%d\n",
+           "mask", (int)o->causal, (int)o->window, (int)o->chunk,
+           o->tree == BENCH_TREE_CHAIN  ? "chain"
+           : o->tree == BENCH_TREE_STAR ? "star"
+           : o->tree                    ? "random"
+                                        : "none",
+           (double)o->softcap, o->alibi, o->sinks);
     if (o->variant)
         printf("  %-18s %s on the items of its family (--variant)\n", "kernel forced", o->variant);
     printf("  %-18s state %s, %d decodes (%d tokens), %d prefills (%d tokens), %d work items\n",
@@ -196,10 +202,10 @@ void bench_report_json_write(FILE *f, const bench_opts *o, const bench_result *r
             (int)o->heads, (int)o->kv_heads, (int)o->head_dim, (int)o->head_dim_v,
             (int)o->block_size, (int)r->num_blocks);
     fprintf(f,
-            "  \"mask\": {\"causal\": %d, \"window_left\": %d, \"softcap\": %g, "
-            "\"alibi\": %s, \"sinks\": %s},\n",
-            (int)o->causal, (int)o->window, (double)o->softcap, o->alibi ? "true" : "false",
-            o->sinks ? "true" : "false");
+            "  \"mask\": {\"causal\": %d, \"window_left\": %d, \"attention_chunk\": %d, "
+            "\"softcap\": %g, \"alibi\": %s, \"sinks\": %s},\n",
+            (int)o->causal, (int)o->window, (int)o->chunk, (double)o->softcap,
+            o->alibi ? "true" : "false", o->sinks ? "true" : "false");
     fprintf(f, "  \"variant\": \"%s\",\n", o->variant ? o->variant : "");
     fprintf(f,
             "  \"plan\": {\"state\": \"%s\", \"num_decodes\": %d, \"num_decode_tokens\": %d, "

@@ -56,6 +56,10 @@ void kva_cli_usage_bench(void)
            "mask:\n"
            "  --causal 0|1         bottom-right causal mask      [1]\n"
            "  --window N           sliding window (window_left), -1 = none [-1]\n"
+           "  --attention-chunk C  local attention: keys of the query's chunk of C only\n"
+           "                       (attention_chunk, Llama 4), 0 = none [0]\n"
+           "  --tree chain|star|random  each request's --q-len tokens are a draft tree\n"
+           "                       (tree verification; ref and cpu) [none]\n"
            "  --softcap c          logits soft-cap, 0 = none     [0]\n"
            "  --alibi              ALiBi slopes 2^(-8(h+1)/H)\n"
            "  --sinks              per-head sink logits (random, unit variance)\n"
@@ -103,7 +107,8 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
         "--mode",     "--batch",      "--context",    "--q-len",   "--heads",  "--kv-heads",
         "--head-dim", "--head-dim-v", "--block-size", "--dtype",   "--layout", "--causal",
         "--window",   "--softcap",    "--backend",    "--threads", "--iters",  "--warmup",
-        "--seed",     "--json",       "--kv-quant",   "--variant", "--sweep"};
+        "--seed",     "--json",       "--kv-quant",   "--variant", "--sweep",  "--attention-chunk",
+        "--tree"};
     const int32_t BIG = 1 << 24;
     bench_opts_init(o);
     for (int i = 1; i < argc; i++) {
@@ -180,6 +185,10 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
                                                  "fp8"};
             ok = kva_cli_parse_choice(f, val, quants, 5, &k);
             o->kv_quant = (kva_quant)k; /* same order as kva_quant */
+        } else if (!strcmp(f, "--tree")) {
+            static const char *const trees[] = {"chain", "star", "random"};
+            ok = kva_cli_parse_choice(f, val, trees, 3, &k);
+            o->tree = BENCH_TREE_CHAIN + k;
         } else if (!strcmp(f, "--layout")) {
             ok = kva_cli_parse_choice(f, val, layouts, 2, &k);
             o->layout = k == 0 ? KVA_LAYOUT_NHD : KVA_LAYOUT_HND;
@@ -187,6 +196,8 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
             ok = kva_cli_parse_i32(f, val, 0, 1, &o->causal);
         else if (!strcmp(f, "--window"))
             ok = kva_cli_parse_i32(f, val, -1, BIG, &o->window);
+        else if (!strcmp(f, "--attention-chunk"))
+            ok = kva_cli_parse_i32(f, val, 0, BIG, &o->chunk);
         else if (!strcmp(f, "--softcap"))
             ok = kva_cli_parse_float(f, val, 0.0f, 1e6f, &o->softcap);
         else if (!strcmp(f, "--backend")) {

@@ -111,6 +111,9 @@ class PlanDesc(Structure):
         ("dcp_interleave", c_int32),
         ("mla_qk_nope_head_dim", c_int32),  # kind MLA: Dn of kva_mla_run, else 0
         ("mla_v_head_dim", c_int32),  # kind MLA: Dv of kva_mla_run, else 0
+        ("attention_chunk", c_int32),  # chunked local attention C, 0 = off (docs/masks.md)
+        ("tree_parents", c_void_p),  # [T] int32 draft-tree parents, or NULL
+        ("tree_mask", c_void_p),  # packed tree mask (FlashInfer layout), or NULL
     ]
 
 

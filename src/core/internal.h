@@ -292,6 +292,8 @@ struct kva_plan {
     int64_t *kv_start;           /* [R+1] exclusive prefix sum of kv_lens (ragged K/V rows) */
     int32_t *block_table;        /* [R, d.block_table_stride] host copy, or NULL */
     float *alibi_slopes;         /* [H] host copy, or NULL */
+    uint64_t *tree_bits;         /* [T] tree plans: bit k of query token t's word = it sees
+                                    tree token k of its request (kva__tree_lanes); else NULL */
     int32_t max_block_id;        /* largest block id any request reads, -1 if none */
     kva_plan_info info;
     size_t workspace_bytes; /* ctx workspace the run needs (reserved at plan time) */
@@ -315,6 +317,56 @@ static inline int64_t kva__dcp_local_count(const kva_plan_desc *d, int64_t g)
     const int64_t I = d->dcp_interleave, span = (int64_t)d->dcp_size * I;
     const int64_t rem = g % span - (int64_t)d->dcp_rank * I;
     return g / span * I + (rem < 0 ? 0 : rem > I ? I : rem);
+}
+
+/* The first key visible to the query at (global) position pos under the
+ * window (window_left >= 0) and the local-attention chunk (chunk > 0): the
+ * larger of pos - window_left and the start of pos's chunk, at least 0. Both
+ * masks keep a row's visible keys one contiguous range, and the first key
+ * never decreases as pos grows, so a tile of rows sees [first key of its
+ * first row, last key of its last row). Shared by the plan and every kernel. */
+#ifdef __CUDACC__
+#define KVA__HOST_DEVICE __host__ __device__
+#else
+#define KVA__HOST_DEVICE
+#endif
+static inline KVA__HOST_DEVICE int32_t kva__first_key(int32_t pos, int32_t window_left,
+                                                      int32_t chunk)
+{
+    int32_t lo = window_left >= 0 && pos - window_left > 0 ? pos - window_left : 0;
+    if (chunk > 0 && pos > 0) {
+        const int32_t start = pos - pos % chunk;
+        lo = start > lo ? start : lo;
+    }
+    return lo;
+}
+
+/* Validates a plan descriptor's draft tree (tree_parents or tree_mask, after
+ * the batch arrays were checked) and builds its words (kva_plan.tree_bits)
+ * into *out, or NULL for a plan without a tree (src/plan/tree.c). */
+kva_status kva__plan_tree_bits(const kva_plan_desc *d, uint64_t **out);
+
+/* Visibility of the keys c0 .. c0 + 31 of request r to its query i under the
+ * plan's tree mask, one bit per key (bit t = key c0 + t): all ones without a
+ * tree; with one, the committed keys (below s - q) are visible and tree key
+ * s - q + k is if bit k of the row's tree word is set. Kernels AND it into
+ * their lane masks of a 32-key chunk. */
+static inline uint32_t kva__tree_lanes(const kva_plan *p, int32_t r, int32_t i, int64_t c0)
+{
+    if (!p->tree_bits)
+        return 0xffffffffu;
+    const int32_t q0 = p->query_start_loc[r];
+    const int64_t t0 = (int64_t)p->seq_lens[r] - (p->query_start_loc[r + 1] - q0);
+    const uint64_t bits = p->tree_bits[q0 + i];
+    const int64_t off = c0 - t0;
+    if (off >= 64)
+        return 0;
+    if (off >= 0)
+        return (uint32_t)(bits >> off);
+    if (off <= -32)
+        return 0xffffffffu;
+    const int sh = (int)-off;
+    return (uint32_t)(bits << sh) | ((1u << sh) - 1u);
 }
 
 /* The global position of local key j (j itself for an unsharded plan): the

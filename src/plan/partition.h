@@ -127,7 +127,8 @@ void kva__partition_free(kva__partition *part); /* NULL is a no-op */
 /*
  * Keys [*lo, *hi) visible to query row i of a request with q_len q and
  * seq_len s (the semantics of kva_attention_run): pos = s - q + i; causal
- * limits keys to j <= pos, a window to pos - j <= window_left. The visible
+ * limits keys to j <= pos, a window to pos - j <= window_left, a local-attention
+ * chunk C to j >= pos - pos % C (kva__first_key). The visible
  * set of a row is always one contiguous range. For a sharded (DCP) plan, s
  * and pos are global and the range is mapped to the rank's local keys
  * (kva__dcp_local_count); it may be empty then, or after clipping by a caller.
@@ -137,7 +138,7 @@ static inline void kva__row_keys(const kva_plan_desc *d, int32_t s, int32_t q, i
 {
     int32_t pos = s - q + i;
     *hi = d->causal ? pos + 1 : s;
-    *lo = d->window_left >= 0 && pos - d->window_left > 0 ? pos - d->window_left : 0;
+    *lo = kva__first_key(pos, d->window_left, d->attention_chunk);
     if (d->dcp_size > 1) {
         *lo = (int32_t)kva__dcp_local_count(d, *lo);
         *hi = (int32_t)kva__dcp_local_count(d, *hi);

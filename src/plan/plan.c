@@ -69,12 +69,12 @@ static kva_status check_mla(const kva_plan_desc *d)
                          "%s: scale = %g: an MLA plan needs the model's softmax scale (DeepSeek: "
                          "1/sqrt(Dn + Dr) times mscale^2), not the default 1/sqrt(D)",
                          fn, (double)d->scale);
-    if (d->window_left >= 0 || d->softcap > 0.0f || d->alibi_slopes)
+    if (d->window_left >= 0 || d->softcap > 0.0f || d->alibi_slopes || d->attention_chunk > 0)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "%s: window_left = %d, softcap = %g, alibi_slopes = %p: MLA plans take "
-                         "no window, soft-cap or ALiBi",
-                         fn, (int)d->window_left, (double)d->softcap,
-                         (const void *)d->alibi_slopes);
+                         "%s: window_left = %d, softcap = %g, alibi_slopes = %p, attention_chunk "
+                         "= %d: MLA plans take no window, soft-cap, ALiBi or local chunk",
+                         fn, (int)d->window_left, (double)d->softcap, (const void *)d->alibi_slopes,
+                         (int)d->attention_chunk);
     const int32_t dn = d->mla_qk_nope_head_dim, dv = d->mla_v_head_dim;
     /* A rank's partial must be combined before W_UV: sharded MLA is the
      * absorbed attention of kva_attention_run, combined with Dv = Dc. */
@@ -163,6 +163,18 @@ static kva_status check_scalars(const kva_plan_desc *d)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_plan_create: window_left = %d, must be >= -1 (-1 means no window)",
                          (int)d->window_left);
+    if (d->attention_chunk < 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: attention_chunk = %d is negative (0 means off)",
+                         (int)d->attention_chunk);
+    /* Local attention is a decoder's causal self-attention (Llama 4): a
+     * non-causal row may sit before its request's first key (cross-attention),
+     * where a chunk has no meaning. */
+    if (d->attention_chunk > 0 && !d->causal)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: attention_chunk = %d needs causal = 1 (local "
+                         "attention is defined for causal self-attention only)",
+                         (int)d->attention_chunk);
     if (d->decode_threshold < 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_plan_create: decode_threshold = %d is negative",
@@ -329,6 +341,7 @@ static void free_plan(kva_plan *p)
     free(p->kv_start);
     free(p->block_table);
     free(p->alibi_slopes);
+    free(p->tree_bits);
     free(p);
 }
 
@@ -374,13 +387,18 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
                          (int)desc->mla_qk_nope_head_dim, kva_backend_name(ctx->backend));
     int32_t max_block_id = -1;
     KVA_TRY(check_batch(desc, &dcp, &max_block_id));
+    uint64_t *tree_bits = NULL;
+    KVA_TRY(kva__plan_tree_bits(desc, &tree_bits));
 
     const int32_t R = desc->num_requests;
     const int32_t H = desc->num_heads;
     size_t bt_elems = desc->block_table ? (size_t)R * (size_t)desc->block_table_stride : 0;
     kva_plan *p = calloc(1, sizeof *p);
-    if (!p)
+    if (!p) {
+        free(tree_bits);
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_plan_create: out of memory");
+    }
+    p->tree_bits = tree_bits;
     p->ops = ctx->ops;
     p->backend = ctx->backend;
     p->query_start_loc = alloc_n((size_t)R + 1, sizeof(int32_t));
@@ -423,6 +441,8 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
     p->d.seq_lens = NULL;
     p->d.block_table = NULL;
     p->d.alibi_slopes = NULL;
+    p->d.tree_parents = NULL;
+    p->d.tree_mask = NULL;
     if (!desc->block_table) {
         p->d.block_table_stride = 0;
     }

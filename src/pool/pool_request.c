@@ -314,6 +314,20 @@ kva_status kva_pool_request_free(kva_pool *pool, int32_t request_id)
     return KVA_STATUS_OK;
 }
 
+/* Releases request r's blocks that end at or before position first_needed
+ * (blocks 0 .. first_needed / B - 1) and puts the null block 0 in their place,
+ * last first, as kva_pool_request_free does; an earlier drop already nulled
+ * everything before the first null block found. */
+static void drop_before(kva_pool *pool, kva__pool_request *r, int32_t first_needed)
+{
+    for (int32_t i = first_needed / pool->desc.block_size - 1; i >= 0; i--) {
+        if (r->blocks[i] == 0)
+            break;
+        kva__pool_release(pool, r->blocks[i]);
+        r->blocks[i] = 0;
+    }
+}
+
 kva_status kva_pool_request_drop_window(kva_pool *pool, int32_t request_id, int32_t window_tokens)
 {
     kva__clear_error();
@@ -324,18 +338,24 @@ kva_status kva_pool_request_drop_window(kva_pool *pool, int32_t request_id, int3
     if (window_tokens < 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: window_tokens %d must be >= 0", __func__,
                          (int)window_tokens);
-    int32_t first_needed = r->num_tokens - window_tokens;
-    if (first_needed <= 0)
-        return KVA_STATUS_OK;
-    /* Blocks 0 .. first_needed / B - 1 end before the first needed position.
-     * Released last first, as kva_pool_request_free does; an earlier drop
-     * already nulled everything before the first null block found. */
-    for (int32_t i = first_needed / pool->desc.block_size - 1; i >= 0; i--) {
-        if (r->blocks[i] == 0)
-            break;
-        kva__pool_release(pool, r->blocks[i]);
-        r->blocks[i] = 0;
-    }
+    const int32_t first_needed = r->num_tokens - window_tokens;
+    if (first_needed > 0)
+        drop_before(pool, r, first_needed);
+    return KVA_STATUS_OK;
+}
+
+kva_status kva_pool_request_drop_chunk(kva_pool *pool, int32_t request_id, int32_t chunk_tokens)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(pool);
+    kva__pool_request *r = kva__pool_find_request(pool, request_id, __func__);
+    if (r == NULL)
+        return KVA_STATUS_OUT_OF_RANGE;
+    if (chunk_tokens < 1)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: chunk_tokens %d must be >= 1", __func__,
+                         (int)chunk_tokens);
+    /* The next token, at position num_tokens, sees keys from its chunk's start on. */
+    drop_before(pool, r, r->num_tokens - r->num_tokens % chunk_tokens);
     return KVA_STATUS_OK;
 }
 

@@ -26,7 +26,7 @@ typedef struct cfg {
     int32_t H, Hkv, D, Dv, B;
     kva_dtype dt;
     kva_layout layout;
-    int32_t causal, window;
+    int32_t causal, window, chunk; /* chunk: attention_chunk, 0 = none */
     float softcap, scale;
     int alibi, sinks, lse, ragged;
     const char *dkernel; /* decode-family kernel forced on the CUDA context (NULL: default) */
@@ -37,9 +37,11 @@ typedef struct cfg {
 
 /* Writes NaN (0xff bytes) into every K/V slot of the host cache that no
  * request of b may read: slots at or past seq_len in each request's last
- * (partly filled) block and every slot of unused blocks. A block shared by
- * several requests keeps the slots any of them reads. */
-static void poison_unread_slots(kva_cache *hc, const kva_test_batch *b)
+ * (partly filled) block, every slot of unused blocks and, with a local
+ * attention chunk (> 0), of the blocks that end before the chunk of the
+ * request's first query. A block shared by several requests keeps the slots
+ * any of them reads. */
+static void poison_unread_slots(kva_cache *hc, const kva_test_batch *b, int32_t chunk)
 {
     kva_cache_desc cd;
     kva_cache_get_desc(hc, &cd);
@@ -49,6 +51,9 @@ static void poison_unread_slots(kva_cache *hc, const kva_test_batch *b)
     int32_t *used = calloc((size_t)cd.num_blocks, sizeof(int32_t)); /* slots read per block */
     for (int32_t r = 0; r < b->R; r++)
         for (int32_t k = 0; (int64_t)k * B < b->seq_lens[r]; k++) {
+            const int32_t first = b->seq_lens[r] - b->q_lens[r];
+            if (chunk > 0 && b->q_lens[r] > 0 && (k + 1) * B <= first - first % chunk)
+                continue;
             const int32_t blk = b->block_table[(size_t)r * b->stride + k];
             const int32_t n = b->seq_lens[r] - k * B < B ? b->seq_lens[r] - k * B : B;
             if (n > used[blk])
@@ -71,12 +76,12 @@ static void print_cfg(const cfg *c)
 {
     fprintf(stderr,
             "  case seed=%llu R=%d max_len=%d kinds=%u H=%d Hkv=%d D=%d Dv=%d B=%d dt=%s %s "
-            "causal=%d window=%d softcap=%g scale=%g alibi=%d sinks=%d lse=%d ragged=%d "
-            "kernels=%s,%s\n",
+            "causal=%d window=%d chunk=%d softcap=%g scale=%g alibi=%d sinks=%d lse=%d "
+            "ragged=%d kernels=%s,%s\n",
             (unsigned long long)c->seed, c->R, c->max_len, c->kinds, c->H, c->Hkv, c->D, c->Dv,
             c->B, kva_dtype_name(c->dt), c->layout == KVA_LAYOUT_NHD ? "NHD" : "HND", c->causal,
-            c->window, (double)c->softcap, (double)c->scale, c->alibi, c->sinks, c->lse, c->ragged,
-            c->dkernel ? c->dkernel : "default", c->pkernel ? c->pkernel : "default");
+            c->window, c->chunk, (double)c->softcap, (double)c->scale, c->alibi, c->sinks, c->lse,
+            c->ragged, c->dkernel ? c->dkernel : "default", c->pkernel ? c->pkernel : "default");
 }
 
 /* 1 if the registry kernel `name` can run here (the wgmma kernels need an
@@ -126,7 +131,7 @@ static int run_batch(const cfg *c, const kva_test_batch *given)
     } else {
         CHECK_OK(kva_test_batch_cache(b, ref, &rng, Hkv, D, Dv, c->dt, c->layout, &hc));
         if (hc && !c->keep_tail)
-            poison_unread_slots(hc, b);
+            poison_unread_slots(hc, b, c->chunk);
         kva_cache_desc cd;
         kva_cache_get_desc(hc, &cd);
         CHECK_OK(kva_cache_create(gpu, &cd, &dc));
@@ -142,6 +147,7 @@ static int run_batch(const cfg *c, const kva_test_batch *given)
     }
     pd.causal = c->causal;
     pd.window_left = c->window;
+    pd.attention_chunk = c->chunk;
     pd.softcap = c->softcap;
     pd.scale = c->scale;
     float *slopes = malloc(sizeof(float) * (size_t)H), *sinks = malloc(sizeof(float) * (size_t)H);
@@ -476,6 +482,94 @@ static void test_mma_mixed(void)
     }
 }
 
+/* Chunked local attention (attention_chunk): the blocks before each request's
+ * current chunk hold NaN, so a kernel that reads them fails. Batches with
+ * chunk boundaries inside prefills, query spans over 3 and more chunks,
+ * decodes on a chunk's first key, max seq_len below C, and page 16 with C
+ * 8192 past the first chunk; every decode and prefill kernel that runs here,
+ * f16/bf16/f32, with a window, soft-cap, ALiBi and sinks rotated in. */
+static void test_chunk(void)
+{
+    static const int32_t q[] = {1, 300, 1, 77, 4, 130, 1, 17};
+    static const int32_t s[] = {500, 300, 1024, 900, 260, 1333, 37, 17};
+    static const int32_t ql[] = {1, 1, 37, 2}, sl[] = {9000, 8193, 8207, 12000};
+    static const int32_t chunks[] = {128, 64, 16, 8192};
+    static const char *const dk[] = {NULL, "decode_simt", "decode_mma_sm80"};
+    static const char *const pk[] = {NULL, "prefill_wgmma_tma_sm90", "prefill_wgmma_sm90",
+                                     "prefill_mma_sm80"};
+    for (int i = 0; i < 8; i++) {
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.seed = 900 + (uint64_t)i;
+        c.D = c.Dv = i % 2 ? 64 : 128;
+        c.dt = i % 3 == 2 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+        c.H = 32;
+        c.Hkv = 8;
+        c.B = i % 4 == 1 ? 5 : 16;
+        c.layout = i % 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+        c.causal = 1;
+        c.chunk = chunks[i % 4];
+        c.window = i == 2 ? 40 : -1;
+        c.softcap = i == 5 ? 5.0f : 0.0f;
+        c.alibi = i == 6;
+        c.sinks = i % 3 == 1;
+        c.lse = 1;
+        kva_test_batch b;
+        if (c.chunk == 8192)
+            make_batch(&b, 950 + (uint64_t)i, 4, ql, sl, c.B);
+        else
+            make_batch(&b, 950 + (uint64_t)i, 8, q, s, c.B);
+        for (int d = 0; d < 3; d++)
+            for (int k = 0; k < 4; k++) {
+                if ((d > 0 && k > 0) || (dk[d] && !kernel_usable(dk[d])) ||
+                    (pk[k] && !kernel_usable(pk[k])))
+                    continue;
+                c.dkernel = dk[d];
+                c.pkernel = pk[k];
+                CHECK_MSG(run_batch(&c, &b), "chunk case %d, kernels %s / %s", i,
+                          dk[d] ? dk[d] : "default", pk[k] ? pk[k] : "default");
+            }
+        /* f32 runs on the CUDA-core kernels only. */
+        c.dt = KVA_DTYPE_F32;
+        c.dkernel = c.pkernel = NULL;
+        CHECK_MSG(run_batch(&c, &b), "chunk case %d, f32", i);
+        kva_test_batch_free(&b);
+    }
+    printf("test_chunk: 8 batches done\n"); /* progress: the grid after it is long */
+    fflush(stdout);
+}
+
+/* Refused plans: sharded (DCP) plans with a local chunk (the CUDA kernels
+ * take masks from local lengths) and draft trees (no tree mask in the CUDA
+ * kernels yet) get KVA_STATUS_UNSUPPORTED with a message naming the field. */
+static void test_chunk_tree_refused(void)
+{
+    static const int32_t q[] = {1}, s[] = {100};
+    kva_test_batch b;
+    make_batch(&b, 3, 1, q, s, 16);
+    kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
+    kva_context *gpu = NULL;
+    CHECK_OK(kva_context_create(&gd, &gpu));
+    kva_plan_desc pd = kva_test_batch_plan_desc(&b, 8, 2, 128, 128, KVA_DTYPE_BF16);
+    pd.attention_chunk = 32;
+    pd.dcp_size = 2;
+    kva_plan *p = NULL;
+    CHECK_STATUS(kva_plan_create(gpu, &pd, &p), KVA_STATUS_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("attention_chunk = 32");
+    CHECK(p == NULL);
+    const int32_t parents[1] = {-1};
+    pd.attention_chunk = 0;
+    pd.dcp_size = 0;
+    pd.tree_parents = parents;
+    CHECK_STATUS(kva_plan_create(gpu, &pd, &p), KVA_STATUS_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("tree_parents");
+    CHECK(p == NULL);
+    printf("test_chunk_tree_refused: done\n");
+    fflush(stdout);
+    kva_context_destroy(gpu);
+    kva_test_batch_free(&b);
+}
+
 /* A plan with a block table sends its prefills to the paged tensor-core
  * kernel, so kva_attention_run_ragged refuses it (status, message, out
  * untouched) instead of skipping those rows. */
@@ -574,6 +668,8 @@ int main(void)
     if (skip)
         return skip;
 #ifdef KVA_HAVE_CUDA
+    RUN(test_chunk_tree_refused);
+    RUN(test_chunk);
     RUN(test_stale_plan);
     RUN(test_empty_rows);
     RUN(test_split_kv);

@@ -45,17 +45,18 @@ typedef struct acfg {
     float qmag, kmag; /* 0, or the spread of q (normal, sigma) and of K (uniform times kmag,
                          static K scales times kmag), with the softmax scale set to keep the
                          logits O(1): q * s beyond the f16 range */
+    int32_t chunk;    /* attention_chunk, 0 = none (last: positional initializers above) */
 } acfg;
 
 static void print_acfg(const acfg *c)
 {
     fprintf(stderr,
-            "  case %s/%s H=%d Hkv=%d D=%d Dv=%d B=%d q %s %s causal=%d window=%d softcap=%g "
-            "alibi=%d sinks=%d lse=%d gran=%d kind=%d simt=%d q_odd=%d\n",
+            "  case %s/%s H=%d Hkv=%d D=%d Dv=%d B=%d q %s %s causal=%d window=%d chunk=%d "
+            "softcap=%g alibi=%d sinks=%d lse=%d gran=%d kind=%d simt=%d q_odd=%d\n",
             kva_quant_name(fmts[c->f]), kva_dtype_name(fmt_dtype(c->f)), c->H, c->Hkv, c->D, c->Dv,
             c->B, kva_dtype_name(c->qdt), c->layout == KVA_LAYOUT_HND ? "HND" : "NHD", c->causal,
-            c->window, (double)c->softcap, c->alibi, c->sinks, c->lse, c->gran, c->kind, c->simt,
-            c->q_odd);
+            c->window, c->chunk, (double)c->softcap, c->alibi, c->sinks, c->lse, c->gran, c->kind,
+            c->simt, c->q_odd);
 }
 
 /* 4. Attention: device vs reference over the same quantized bytes. */
@@ -115,6 +116,7 @@ static int run_attn(const acfg *c, uint64_t seed)
         kva_plan_desc pd = kva_test_batch_plan_desc(&b, H, Hkv, D, Dv, c->qdt);
         pd.causal = c->causal;
         pd.window_left = c->window;
+        pd.attention_chunk = c->chunk;
         pd.softcap = c->softcap;
         if (c->qmag > 0.f) /* logits of about unit spread */
             pd.scale = (float)(1.0 / (sqrt((double)D) * c->qmag * kmag));
@@ -332,6 +334,35 @@ static void test_mma_versions(void)
         }
 }
 
+/* Chunked local attention over every format: long decodes (split-KV) with C
+ * 4096, mixed batches with big prefills with C 64 (chunk boundaries inside
+ * prefills, spans over 3 chunks), on the default kernels and decode_simt. */
+static void test_chunk(void)
+{
+    for (int f = 0; f < NFMT; f++)
+        for (int k = 0; k < 4; k++) {
+            acfg c;
+            memset(&c, 0, sizeof c);
+            c.f = f;
+            c.H = 32;
+            c.Hkv = 8;
+            c.D = c.Dv = 128;
+            c.B = 16;
+            c.qdt = k % 2 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+            c.layout = f % 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+            c.causal = 1;
+            c.window = -1;
+            c.chunk = k < 2 ? 4096 : 64;
+            c.kind = k < 2 ? 1 : 2;
+            c.simt = k == 3;
+            c.sinks = k == 1;
+            c.lse = 1;
+            CHECK_MSG(run_attn(&c, 7000 + (uint64_t)(f * 4 + k)), "chunk f=%d k=%d", f, k);
+        }
+    printf("test_chunk: %d formats done\n", NFMT); /* progress: the lists after it are long */
+    fflush(stdout);
+}
+
 /*
  * 4c. q * s beyond the f16 range: the tensor-core kernel holds Q' = q s in
  * f16 (decode_mma_quant.cu, qm_range). Large q (bf16 sigma 2e4, or 1e5 for
@@ -380,6 +411,7 @@ int main(void)
     if (skip)
         return skip;
 #ifdef KVA_HAVE_CUDA
+    RUN(test_chunk);
     RUN(test_spec_decode);
     RUN(test_mma_versions);
     RUN(test_q_range);

@@ -105,7 +105,8 @@ static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, i
 
 /*
  * Online-softmax update of attention row m (query head h, position pos) with
- * the keys [a, e) of the chunk starting at c0.
+ * the keys [a, e) of the chunk starting at c0 that the tree lanes
+ * (kva__tree_lanes, all ones without a tree) leave visible.
  *
  * Non-finite scores follow the reference: a NaN score makes the row's sum
  * (and its max, when no finite score came before) NaN, so out and lse become
@@ -114,7 +115,7 @@ static void load_chunk(const kva__cpu_run *run, const kva__cpu_chunk_rows *cr, i
  * NaN), so it stays empty (sum 0).
  */
 static inline void update_row(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t m, int32_t h,
-                              int32_t pos, int32_t c0, int32_t a, int32_t e)
+                              int32_t pos, int32_t c0, int32_t a, int32_t e, uint32_t tree)
 {
     const kva_plan *plan = run->plan;
     const int32_t D = plan->d.head_dim, Dv = plan->d.head_dim_v;
@@ -148,6 +149,15 @@ static inline void update_row(const kva__cpu_run *run, kva__cpu_scratch *s, int3
             const float x = dot8(qm, kp[t], D);
             p[t] = x;
             cmax = x > cmax ? x : cmax;
+        }
+    }
+    /* A tree plan's row: keys of the chunk its lanes (kva__tree_lanes) hide get -inf. */
+    if (tree != 0xffffffffu) {
+        cmax = -INFINITY;
+        for (int32_t t = 0; t < n; t++) {
+            if (!((tree >> (a - c0 + t)) & 1u))
+                p[t] = -INFINITY;
+            cmax = p[t] > cmax ? p[t] : cmax;
         }
     }
     const float mold = s->mx[m];
@@ -213,8 +223,9 @@ void kva__cpu_attn_portable(const kva__cpu_run *run, const kva__work_item *it, k
             if (a >= e)
                 continue;
             const int32_t pos = g.seq - g.q_len + it->i0 + ii;
+            const uint32_t tree = kva__tree_lanes(plan, r, it->i0 + ii, c0);
             for (int32_t hh = 0; hh < nh; hh++)
-                update_row(run, s, ii * nh + hh, g.hbase + hh, pos, c0, a, e);
+                update_row(run, s, ii * nh + hh, g.hbase + hh, pos, c0, a, e, tree);
         }
     }
     kva__cpu_item_finish(run, it, s, &g);

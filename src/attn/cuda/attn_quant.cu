@@ -81,7 +81,7 @@ typedef struct qa_args {
     float *ws;             /* split partials */
     int32_t H, Hkv, G, D, Dv, B;
     int32_t isub; /* units per item (item rows up to isub * ROWS); 0: items run elsewhere */
-    int32_t hnd, causal, window_left, has_alibi, qdt;
+    int32_t hnd, causal, window_left, chunk, has_alibi, qdt; /* chunk: attention_chunk */
     float scale, softcap;
 } qa_args;
 
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
                 const int32_t head = w.kvh * a.G + w.h0 + hh;
                 const int32_t i = w.i0 + qi;
                 int32_t p, h_, l_;
-                kva__cuda_row_keys(a.meta, a.causal, a.window_left, w.req, s, q_len, i, l_, h_, p);
+                kva__cuda_row_keys(a.meta, a.causal, a.window_left, a.chunk, w.req, s, q_len, i, l_, h_, p);
                 lo[r] = l_ > w.k0 ? l_ : w.k0;
                 hi[r] = h_ < w.k1 ? h_ : w.k1;
                 pos[r] = p;

@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(KVA_NW * 32, simt_ring<T>::on &&ROWS == 4 ? 3 
                 const int32_t head = w.kv_head * a.G + w.h0 + hh;
                 const int32_t i = w.i0 + qi;
                 int32_t p, h_, l_;
-                kva__cuda_row_keys(a.meta, a.causal, a.window_left, w.req, s, q_len, i, l_, h_, p);
+                kva__cuda_row_keys(a.meta, a.causal, a.window_left, a.chunk, w.req, s, q_len, i, l_, h_, p);
                 lo[r] = l_ > w.k0 ? l_ : w.k0;
                 hi[r] = h_ < w.k1 ? h_ : w.k1;
                 pos[r] = p;

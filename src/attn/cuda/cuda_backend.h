@@ -209,7 +209,7 @@ typedef struct kva__cuda_attn_args {
     float *lse;         /* [T, H] or NULL */
     float *ws;          /* split partials */
     int32_t H, Hkv, G, D, Dv, B;
-    int32_t layout_hnd, ragged, causal, window_left, has_alibi;
+    int32_t layout_hnd, ragged, causal, window_left, chunk, has_alibi; /* chunk: attention_chunk */
     float scale, softcap;
 } kva__cuda_attn_args;
 

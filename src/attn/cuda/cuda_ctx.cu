@@ -472,8 +472,8 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
     if (mma_req)
         KVA_TRY(kva__cuda_prefill_tiles_build_subset(
             R, plan->query_start_loc, plan->kv_lens, mma_req, plan->d.num_heads,
-            plan->d.num_kv_heads, plan->d.causal, plan->d.window_left, (int32_t *)(h + off[8]),
-            (int32_t)st->caps.ptiles, &ntiles));
+            plan->d.num_kv_heads, plan->d.causal, plan->d.window_left, plan->d.attention_chunk,
+            (int32_t *)(h + off[8]), (int32_t)st->caps.ptiles, &ntiles));
     hdr[KVA_CUDA_HDR_PTILES] = ntiles;
     const int dcp_global = ((const kva__cuda_plan *)plan->device)->dcp_global;
     if (dcp_global) { /* masks on global positions (dcp_pos.cuh) */
@@ -582,7 +582,9 @@ static void plan_kernels(const kva_context *ctx, const kva_plan *plan, int *deco
 
 /*
  * Sharded (DCP) plans. The device copy of seq_lens holds the local lengths
- * kv_lens. Where every query row sees all of the rank's keys (no window, no
+ * kv_lens. Local chunks (attention_chunk) are refused on sharded plans (not
+ * run sharded on a GPU yet; the reference and CPU backends run them).
+ * Where every query row sees all of the rank's keys (no window, no
  * ALiBi, and causal rows only when the first query of each request comes
  * after every local key: decodes, q_len 1, always do) the plan runs as a
  * non-causal plan over them, on every kernel. Otherwise (*global = 1) the
@@ -591,12 +593,18 @@ static void plan_kernels(const kva_context *ctx, const kva_plan *plan, int *deco
  * items of the decode-family kernels, whose mask code reads them (the
  * prefill tile kernels do not).
  */
-static void dcp_accept(kva_plan *plan, int *global)
+static kva_status dcp_accept(kva_plan *plan, int *global)
 {
     const kva_plan_desc *d = &plan->d;
     *global = 0;
     if (d->dcp_size <= 1)
-        return;
+        return KVA_STATUS_OK;
+    if (d->attention_chunk > 0)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: the CUDA backend runs sharded (dcp_size = %d) plans "
+                         "without local chunks (attention_chunk = %d); the reference and CPU "
+                         "backends run them",
+                         (int)d->dcp_size, (int)d->attention_chunk);
     *global = d->window_left >= 0 || plan->alibi_slopes;
     for (int32_t r = 0; d->causal && r < d->num_requests; r++) {
         const int32_t q = plan->query_start_loc[r + 1] - plan->query_start_loc[r];
@@ -606,12 +614,18 @@ static void dcp_accept(kva_plan *plan, int *global)
     }
     if (!*global)
         plan->d.causal = 0; /* every local key is visible to every row */
+    return KVA_STATUS_OK;
 }
 
 static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
 {
     int dcp_global = 0;
-    dcp_accept(plan, &dcp_global);
+    KVA_TRY(dcp_accept(plan, &dcp_global));
+    /* Draft trees run on the reference and CPU backends so far (docs/masks.md). */
+    if (plan->tree_bits)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: the CUDA backend has no tree-verification mask yet "
+                         "(tree_parents / tree_mask); the reference and CPU backends run it");
     kva__cuda_state *st = state_of(ctx);
     KVA_TRY(use_device(st->device));
     KVA_TRY(check_not_capturing("kva_plan_create", st));

@@ -73,6 +73,7 @@ static kva_status launch_prefill(kva_context *ctx, const kva_plan *plan, const a
     pa.scale = d->scale;
     pa.causal = d->causal;
     pa.window_left = d->window_left;
+    pa.attention_chunk = d->attention_chunk;
     pa.softcap = d->softcap;
     pa.host_cache = &st->prefill_host;
     return kva__cuda_prefill_launch_kernel(&pa, st->stream, cp->prefill_kernel);
@@ -108,6 +109,7 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
     a.ragged = cache == NULL;
     a.causal = d->causal;
     a.window_left = d->window_left;
+    a.chunk = d->attention_chunk;
     a.has_alibi = cp->has_alibi;
     a.scale = d->scale;
     a.softcap = d->softcap;

@@ -31,18 +31,20 @@ static __device__ __forceinline__ int32_t kva__cuda_key_pos(const kva__cuda_meta
 }
 
 /* Row i of request req (s local keys, q_len queries): the local keys
- * [lo, hi) its mask lets it see (before the work item's clamp) and its
- * position pos (ALiBi: slope * (key position - pos)). */
+ * [lo, hi) its mask lets it see (before the work item's clamp: the causal
+ * end, the later of the window's and the local chunk's start,
+ * kva__first_key) and its position pos (ALiBi: slope * (key position - pos)). */
 static __device__ __forceinline__ void kva__cuda_row_keys(const kva__cuda_meta &m, int causal,
-                                                          int32_t window_left, int32_t req,
-                                                          int32_t s, int32_t q_len, int32_t i,
-                                                          int32_t &lo, int32_t &hi, int32_t &pos)
+                                                          int32_t window_left, int32_t chunk,
+                                                          int32_t req, int32_t s, int32_t q_len,
+                                                          int32_t i, int32_t &lo, int32_t &hi,
+                                                          int32_t &pos)
 {
     const int32_t n = m.hdr[KVA_CUDA_HDR_DCP_N];
     const int32_t S = n > 1 ? m.dcp_seq_lens[req] : s;
     pos = S - q_len + i;
     hi = causal ? pos + 1 : S;
-    lo = window_left >= 0 && pos - window_left > 0 ? pos - window_left : 0;
+    lo = kva__first_key(pos, window_left, chunk);
     if (n > 1) { /* global ends -> local keys before them (kva__dcp_local_count) */
         const int32_t I = m.hdr[KVA_CUDA_HDR_DCP_I], span = n * I;
         const int32_t off = m.hdr[KVA_CUDA_HDR_DCP_RANK] * I;

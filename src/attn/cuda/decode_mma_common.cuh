@@ -43,7 +43,7 @@ kva__dmma_rows(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nr
     for (int r = 0; r < nrows; r++) {
         const int32_t qi = r / w.nh, hh = r - qi * w.nh;
         int32_t p, h_, l_;
-        kva__cuda_row_keys(a.meta, a.causal, a.window_left, w.req, s, q_len, w.i0 + qi, l_, h_, p);
+        kva__cuda_row_keys(a.meta, a.causal, a.window_left, a.chunk, w.req, s, q_len, w.i0 + qi, l_, h_, p);
         const int32_t rlo = l_ > w.k0 ? l_ : w.k0, rhi = h_ < w.k1 ? h_ : w.k1;
         lo_all = rlo > lo_all ? rlo : lo_all;
         hi_all = rhi < hi_all ? rhi : hi_all;

@@ -95,14 +95,17 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
     const int bt_stride =
         a.block_table_stride_dev ? *a.block_table_stride_dev : a.block_table_stride;
     const int32_t *bt = a.block_table + (size_t)r * bt_stride;
-    const int has_window = a.window_left >= 0 && a.window_left < KVA_MAX_SEQ_LEN;
-    const int window = a.window_left;
+    /* The window and the local chunk give each row a first key (kva__first_key);
+     * window_left >= KVA_MAX_SEQ_LEN excludes nothing. */
+    const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
+    const int chunk = a.attention_chunk;
+    const int has_lo = window >= 0 || chunk > 0;
 
     /* Positions of the tile's first and last valid rows (CTA-uniform). */
     const int m_last = min(m0 + TILE_M, rows) - 1;
     const int pos_min = seq_len - q_len + m0 / G;
     const int pos_max = seq_len - q_len + m_last / G;
-    int kv_lo = has_window ? max(0, pos_min - window) : 0;
+    int kv_lo = kva__first_key(pos_min, window, chunk);
     int kv_hi = a.causal ? min(seq_len, pos_max + 1) : seq_len;
 
     /* ---- stage Q: rows m0 .. m0 + TILE_M of the packed (token, head) rows ---- */
@@ -246,7 +249,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
          * mul = scale * log2(e) is applied in the exponent's FFMA. Otherwise S is
          * transformed to log2 units first (mul = 1), masked elements to -inf. */
         const int need_mask = (n0 + BN > seq_len) || (a.causal && n0 + BN - 1 > pos_min) ||
-                              (has_window && (int64_t)pos_max - n0 > window);
+                              (has_lo && n0 < kva__first_key(pos_max, window, chunk));
         const int transform = need_mask || softcap > 0.0f || a.alibi_slopes != NULL;
         const float mul = transform ? 1.0f : scale_log2;
         if (transform) {
@@ -268,7 +271,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
                         x += sl[hf] * (float)(j - pos[mt][hf]);
                         const int p_ = pos[mt][hf];
                         const bool vis = j < seq_len && (!a.causal || j <= p_) &&
-                                         (!has_window || p_ - j <= window);
+                                         (!has_lo || j >= kva__first_key(p_, window, chunk));
                         s[mt][nb][e] = vis ? x : -INFINITY;
                     }
             }
@@ -433,10 +436,12 @@ static int tile_cost_cmp(const void *pa, const void *pb)
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
-extern "C" kva_status kva__cuda_prefill_tiles_build_subset(
-    int32_t num_requests, const int32_t *query_start_loc, const int32_t *seq_lens,
-    const uint8_t *use_req, int32_t num_heads, int32_t num_kv_heads, int32_t causal,
-    int32_t window_left, int32_t *tiles, int32_t capacity, int32_t *num_tiles)
+extern "C" kva_status
+kva__cuda_prefill_tiles_build_subset(int32_t num_requests, const int32_t *query_start_loc,
+                                     const int32_t *seq_lens, const uint8_t *use_req,
+                                     int32_t num_heads, int32_t num_kv_heads, int32_t causal,
+                                     int32_t window_left, int32_t attention_chunk, int32_t *tiles,
+                                     int32_t capacity, int32_t *num_tiles)
 {
     KVA_CHECK_PTR(query_start_loc);
     KVA_CHECK_PTR(num_tiles);
@@ -455,7 +460,7 @@ extern "C" kva_status kva__cuda_prefill_tiles_build_subset(
     if (count > 0)
         KVA_CHECK_PTR(tiles);
     const int64_t G = num_heads / num_kv_heads;
-    const int has_window = window_left >= 0 && window_left < KVA_MAX_SEQ_LEN;
+    const int32_t window = window_left < KVA_MAX_SEQ_LEN ? window_left : -1;
     /* One entry per (request, m0); each expands to Hkv tiles of equal cost. */
     tile_cost *tc = (tile_cost *)malloc(sizeof(tile_cost) * (size_t)(count > 0 ? count : 1));
     if (!tc)
@@ -469,8 +474,8 @@ extern "C" kva_status kva__cuda_prefill_tiles_build_subset(
         for (int64_t m0 = 0; m0 < q_len * G; m0 += TILE_M) {
             const int64_t m_last = (m0 + TILE_M < q_len * G ? m0 + TILE_M : q_len * G) - 1;
             const int64_t pmin = s - q_len + m0 / G, pmax = s - q_len + m_last / G;
-            int64_t lo = has_window ? pmin - window_left : 0, hi = causal ? pmax + 1 : s;
-            lo = lo < 0 ? 0 : lo;
+            const int64_t lo = kva__first_key((int32_t)pmin, window, attention_chunk);
+            int64_t hi = causal ? pmax + 1 : s;
             hi = hi > s ? s : hi;
             tc[n].cost = (hi > lo ? hi - lo : 0) + 64; /* + fixed cost: Q load, epilogue */
             tc[n].index = n;
@@ -503,8 +508,8 @@ extern "C" kva_status kva__cuda_prefill_tiles_build(int32_t num_requests,
                                                     int32_t capacity, int32_t *num_tiles)
 {
     return kva__cuda_prefill_tiles_build_subset(num_requests, query_start_loc, seq_lens, NULL,
-                                                num_heads, num_kv_heads, causal, window_left, tiles,
-                                                capacity, num_tiles);
+                                                num_heads, num_kv_heads, causal, window_left, 0,
+                                                tiles, capacity, num_tiles);
 }
 
 /* The configuration per head size: {BN keys per tile, NW warps, WM m16 tiles

@@ -89,19 +89,20 @@ typedef struct kva__cuda_prefill_args {
     /* Scalars. */
     int32_t grid_tiles; /* CTAs launched (the tile array's capacity); 0 launches nothing */
     int32_t block_table_stride;
-    int32_t block_size;   /* B >= 1 */
-    int32_t num_blocks;   /* NB of k and v, or 0 if unknown (the TMA kernel then gathers
-                             every tile by cp.async) */
-    int32_t num_heads;    /* H, a multiple of num_kv_heads */
-    int32_t num_kv_heads; /* Hkv */
-    int32_t head_dim;     /* D */
-    int32_t head_dim_v;   /* Dv (kva__cuda_prefill_supported) */
-    kva_dtype dtype;      /* F16 or BF16: q, k, v and out */
-    kva_layout layout;    /* KVA_LAYOUT_NHD or KVA_LAYOUT_HND */
-    float scale;          /* softmax scale; 0 means 1/sqrt(D) */
-    int32_t causal;       /* bottom-right aligned causal mask */
-    int32_t window_left;  /* < 0 or >= KVA_MAX_SEQ_LEN: no window */
-    float softcap;        /* > 0: s = cap * tanh(s / cap); else none */
+    int32_t block_size;      /* B >= 1 */
+    int32_t num_blocks;      /* NB of k and v, or 0 if unknown (the TMA kernel then gathers
+                                every tile by cp.async) */
+    int32_t num_heads;       /* H, a multiple of num_kv_heads */
+    int32_t num_kv_heads;    /* Hkv */
+    int32_t head_dim;        /* D */
+    int32_t head_dim_v;      /* Dv (kva__cuda_prefill_supported) */
+    kva_dtype dtype;         /* F16 or BF16: q, k, v and out */
+    kva_layout layout;       /* KVA_LAYOUT_NHD or KVA_LAYOUT_HND */
+    float scale;             /* softmax scale; 0 means 1/sqrt(D) */
+    int32_t causal;          /* bottom-right aligned causal mask */
+    int32_t window_left;     /* < 0 or >= KVA_MAX_SEQ_LEN: no window */
+    int32_t attention_chunk; /* > 0: local attention chunk C (kva__first_key); else none */
+    float softcap;           /* > 0: s = cap * tanh(s / cap); else none */
     kva__cuda_prefill_host_cache *host_cache; /* host memory, or NULL: ask at every launch */
 } kva__cuda_prefill_args;
 
@@ -167,7 +168,9 @@ kva_status kva__cuda_prefill_tiles_build(int32_t num_requests, const int32_t *qu
                                          int32_t *tiles, int32_t capacity, int32_t *num_tiles);
 
 /* The same two for the subset of requests r with use_req[r] != 0 (host array
- * [R]; NULL = all): the CUDA backend's run path sends only its prefills here. */
+ * [R]; NULL = all): the CUDA backend's run path sends only its prefills here.
+ * The subset builder also takes the plan's attention_chunk (0 = none), which
+ * moves a tile's first key like the window (kva__first_key). */
 int64_t kva__cuda_prefill_tiles_count_subset(int32_t num_requests, const int32_t *query_start_loc,
                                              const uint8_t *use_req, int32_t num_heads,
                                              int32_t num_kv_heads);
@@ -175,7 +178,8 @@ kva_status kva__cuda_prefill_tiles_build_subset(int32_t num_requests,
                                                 const int32_t *query_start_loc,
                                                 const int32_t *seq_lens, const uint8_t *use_req,
                                                 int32_t num_heads, int32_t num_kv_heads,
-                                                int32_t causal, int32_t window_left, int32_t *tiles,
+                                                int32_t causal, int32_t window_left,
+                                                int32_t attention_chunk, int32_t *tiles,
                                                 int32_t capacity, int32_t *num_tiles);
 
 /*

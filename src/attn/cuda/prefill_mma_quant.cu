@@ -134,6 +134,7 @@ extern "C" kva_status kva__cuda_qprefill_run(kva_context *ctx, const kva_plan *p
     pa->scale = d->scale;
     pa->causal = d->causal;
     pa->window_left = d->window_left;
+    pa->attention_chunk = d->attention_chunk;
     pa->softcap = d->softcap;
     qa.quant = cd->quant;
     qa.kts = cache->k_token_scale;

@@ -138,13 +138,16 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     const int bt_stride =
         a.block_table_stride_dev ? *a.block_table_stride_dev : a.block_table_stride;
     const int32_t *bt = a.block_table + (size_t)r * bt_stride;
-    const int has_window = a.window_left >= 0 && a.window_left < KVA_MAX_SEQ_LEN;
-    const int window = a.window_left;
+    /* The window and the local chunk give each row a first key (kva__first_key);
+     * window_left >= KVA_MAX_SEQ_LEN excludes nothing. */
+    const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
+    const int chunk = a.attention_chunk;
+    const int has_lo = window >= 0 || chunk > 0;
 
     const int m_last = min(m0 + QP_TILE_M, rows) - 1;
     const int pos_min = seq_len - q_len + m0 / G;
     const int pos_max = seq_len - q_len + m_last / G;
-    const int kv_lo = has_window ? max(0, pos_min - window) : 0;
+    const int kv_lo = kva__first_key(pos_min, window, chunk);
     const int kv_hi = a.causal ? min(seq_len, pos_max + 1) : seq_len;
 
     /* ---- K/V gather (codes) of key rows n0 .. n0 + BN into staging stage st.
@@ -438,7 +441,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
 
         /* From here on as prefill_mma.cu (lazy rescaling). */
         const int need_mask = (n0 + BN > seq_len) || (a.causal && n0 + BN - 1 > pos_min) ||
-                              (has_window && (int64_t)pos_max - n0 > window);
+                              (has_lo && n0 < kva__first_key(pos_max, window, chunk));
         const int transform = need_mask || softcap > 0.0f || a.alibi_slopes != NULL;
         const float mul = transform ? 1.0f : scale_log2;
         if (transform) {
@@ -460,7 +463,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
                         x += sl[hf] * (float)(j - pos[mt][hf]);
                         const int p_ = pos[mt][hf];
                         const bool vis = j < seq_len && (!a.causal || j <= p_) &&
-                                         (!has_window || p_ - j <= window);
+                                         (!has_lo || j >= kva__first_key(p_, window, chunk));
                         s[mt][nb][e] = vis ? x : -INFINITY;
                     }
             }

@@ -88,7 +88,7 @@ KVA__WG_OPS(kva__mma_f16, f16)
 /* Per-thread rows and CTA-uniform scalars of the softmax and the epilogue. */
 struct wg_ctx {
     int pos[2], head[2]; /* position and query head of rows hf = 0, 1 */
-    int seq_len, pos_min, pos_max, causal, has_window, window, t4;
+    int seq_len, pos_min, pos_max, causal, has_lo, window, chunk, t4; /* kva__first_key */
     float scale_log2, score_mul, cap_mul, softcap;
     const float *alibi;
 };
@@ -114,8 +114,9 @@ static __device__ __forceinline__ void wg_ctx_init(wg_ctx &c, const kva__cuda_pr
     c.pos_min = pos_min;
     c.pos_max = pos_max;
     c.causal = a.causal;
-    c.has_window = a.window_left >= 0 && a.window_left < KVA_MAX_SEQ_LEN;
-    c.window = a.window_left;
+    c.window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
+    c.chunk = a.attention_chunk;
+    c.has_lo = c.window >= 0 || c.chunk > 0;
     c.t4 = lane & 3;
     const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)DK);
     c.softcap = a.softcap;
@@ -140,7 +141,7 @@ wg_softmax(float (&s)[64], float (&o)[NO], uint32_t (&pa)[8][4], float (&m_run)[
            float (&l_run)[2], const wg_ctx &c, int n0, float (&alpha_out)[2])
 {
     const int need_mask = (n0 + WG_BN > c.seq_len) || (c.causal && n0 + WG_BN - 1 > c.pos_min) ||
-                          (c.has_window && (int64_t)c.pos_max - n0 > c.window);
+                          (c.has_lo && n0 < kva__first_key(c.pos_max, c.window, c.chunk));
     const int transform = need_mask || c.softcap > 0.0f || c.alibi != NULL;
     const float mul = transform ? 1.0f : c.scale_log2;
     if (transform) {
@@ -157,8 +158,8 @@ wg_softmax(float (&s)[64], float (&o)[NO], uint32_t (&pa)[8][4], float (&m_run)[
             x = c.softcap > 0.0f ? c.cap_mul * tanhf(x * c.score_mul) : x * c.scale_log2;
             x += sl[hf] * (float)(j - c.pos[hf]);
             const int p_ = c.pos[hf];
-            const bool vis =
-                j < c.seq_len && (!c.causal || j <= p_) && (!c.has_window || p_ - j <= c.window);
+            const bool vis = j < c.seq_len && (!c.causal || j <= p_) &&
+                             (!c.has_lo || j >= kva__first_key(p_, c.window, c.chunk));
             s[e] = vis ? x : -INFINITY;
         }
     }
@@ -351,8 +352,8 @@ static __device__ __forceinline__ void wg_tile_init(wg_tile &t, const kva__cuda_
     t.m_last = min(t.m0 + WG_M, t.rows) - 1;
     t.pos_min = t.seq_len - t.q_len + t.m0 / t.G;
     t.pos_max = t.seq_len - t.q_len + t.m_last / t.G;
-    const int has_window = a.window_left >= 0 && a.window_left < KVA_MAX_SEQ_LEN;
-    t.kv_lo = has_window ? max(0, t.pos_min - a.window_left) : 0;
+    const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
+    t.kv_lo = kva__first_key(t.pos_min, window, a.attention_chunk);
     t.kv_hi = a.causal ? min(t.seq_len, t.pos_max + 1) : t.seq_len;
 }
 /* The gather state of tile t for thread tid of the producer (its first chunk

@@ -28,6 +28,7 @@ static void kva__quant_args_common(A &a, kva_context *ctx, const kva_plan *plan,
     a.B = cd->block_size;
     a.causal = d->causal;
     a.window_left = d->window_left;
+    a.chunk = d->attention_chunk;
     a.has_alibi = cp->has_alibi;
     a.scale = d->scale;
     a.softcap = d->softcap;

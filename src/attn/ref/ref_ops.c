@@ -60,14 +60,20 @@ static void kv_rows_offsets(const kv_rows *s, int64_t j, int64_t *k_off, int64_t
 
 /* 1 if the key at (global) position j is visible to the query at position
  * pos of a request with seq_len s, following kva_attention_run's definition
- * clause by clause. */
-static int key_visible(const kva_plan_desc *d, int64_t j, int64_t pos, int64_t s)
+ * clause by clause; a tree plan's row sees tree key tree0 + k only if bit k
+ * of its word tree is set (tree0 = s - q_len; beyond every key otherwise). */
+static int key_visible(const kva_plan_desc *d, int64_t j, int64_t pos, int64_t s, int64_t tree0,
+                       uint64_t tree)
 {
     if (j >= s)
         return 0;
     if (d->causal && j > pos)
         return 0;
     if (d->window_left >= 0 && pos - j > d->window_left)
+        return 0;
+    if (d->attention_chunk > 0 && j / d->attention_chunk != pos / d->attention_chunk)
+        return 0;
+    if (j >= tree0 && !((tree >> (j - tree0)) & 1))
         return 0;
     return 1;
 }
@@ -103,13 +109,14 @@ static double key_score(const kva_plan *plan, const kv_rows *kv, const double *q
  * One output row: query head h of the token whose query is qv [D] (as double),
  * at position pos of a request with seq_len s, over its n keys (n = s, or the
  * rank's local keys of a sharded plan, whose key j sits at global position
- * kva__key_pos(j)). Writes Dv elements of out at
- * element offset out_off in the plan's q_dtype, and *lse when lse is not NULL.
- * has_sink says whether sink holds the head's sink logit.
+ * kva__key_pos(j)); tree0 and tree: the row's tree mask (key_visible).
+ * Writes Dv elements of out at element offset out_off in the plan's
+ * q_dtype, and *lse when lse is not NULL. has_sink says whether sink holds
+ * the head's sink logit.
  */
 static void attend_row(const kva_plan *plan, const kv_rows *kv, const double *qv, int32_t h,
-                       int64_t pos, int64_t s, int64_t n, int has_sink, double sink, void *out,
-                       size_t out_off, float *lse)
+                       int64_t pos, int64_t s, int64_t n, int64_t tree0, uint64_t tree,
+                       int has_sink, double sink, void *out, size_t out_off, float *lse)
 {
     const kva_plan_desc *d = &plan->d;
     const int32_t Dv = d->head_dim_v;
@@ -118,7 +125,7 @@ static void attend_row(const kva_plan *plan, const kv_rows *kv, const double *qv
      * score makes m NaN, so it reaches the output and the LSE. */
     double m = has_sink ? sink : -INFINITY;
     for (int64_t j = 0; j < n; j++) {
-        if (!key_visible(d, kva__key_pos(d, j), pos, s))
+        if (!key_visible(d, kva__key_pos(d, j), pos, s, tree0, tree))
             continue;
         const double sc = key_score(plan, kv, qv, h, pos, j);
         if (sc > m || isnan(sc))
@@ -140,7 +147,7 @@ static void attend_row(const kva_plan *plan, const kv_rows *kv, const double *qv
     /* Pass 2: the denominator (sink included) and the weighted sum of values. */
     double denom = has_sink ? exp(sink - m) : 0.0;
     for (int64_t j = 0; j < n; j++) {
-        if (!key_visible(d, kva__key_pos(d, j), pos, s))
+        if (!key_visible(d, kva__key_pos(d, j), pos, s, tree0, tree))
             continue;
         const double p = exp(key_score(plan, kv, qv, h, pos, j) - m);
         int64_t k_off, v_off;
@@ -186,12 +193,15 @@ static void attend_all(const kva_plan *plan, kv_rows kv, const void *q, const fl
         for (int32_t i = 0; i < q_len; i++) {
             const int64_t t = (int64_t)q_begin + i;
             const int64_t pos = s - q_len + i; /* bottom-right aligned */
+            /* A tree plan's row sees the tree tokens its word names. */
+            const int64_t tree0 = plan->tree_bits ? s - q_len : INT64_MAX;
+            const uint64_t tree = plan->tree_bits ? plan->tree_bits[t] : 0;
             for (int32_t h = 0; h < H; h++) {
                 const int64_t row = t * H + h;
                 for (int32_t c = 0; c < D; c++)
                     qv[c] = (double)kva__load_f(q, d->q_dtype, (size_t)(row * D + c));
                 kv.head = h / group;
-                attend_row(plan, &kv, qv, h, pos, s, plan->kv_lens[r], sinks != NULL,
+                attend_row(plan, &kv, qv, h, pos, s, plan->kv_lens[r], tree0, tree, sinks != NULL,
                            sinks ? (double)sinks[h] : -INFINITY, out, (size_t)(row * Dv),
                            lse ? lse + row : NULL);
             }
