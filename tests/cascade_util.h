@@ -1,0 +1,153 @@
+/*
+ * cascade_util.h - the batches of the cascade (shared-prefix) tests: groups
+ * of requests whose block-table rows begin with the same shared blocks, the
+ * other blocks drawn at random from the cache, and a cache filled with random
+ * K/V rows through kva_cache_write (every format).
+ */
+#ifndef KVA_TEST_CASCADE_UTIL_H
+#define KVA_TEST_CASCADE_UTIL_H
+
+#include "cache_util.h"
+
+#define CAS_MAX_R 40
+#define CAS_MAX_G 4
+
+/* One request: its group (-1 for none), query rows, and keys after the
+ * group's shared blocks (seq_len = shared * B + own >= q_len). */
+typedef struct {
+    int32_t group, q_len, own;
+} cas_req;
+
+typedef struct {
+    const char *name;
+    int32_t H, Hkv, D, B;
+    kva_dtype dt;       /* q / out dtype */
+    kva_dtype cache_dt; /* storage dtype */
+    kva_quant quant;
+    kva_layout layout;
+    int32_t R, G;
+    cas_req req[CAS_MAX_R];
+    int32_t shared[CAS_MAX_G];    /* blocks each group shares */
+    int32_t given;                /* pass the grouping (with prefix = given_len) */
+    int32_t given_len[CAS_MAX_G]; /* tokens given as cascade_prefix_len (0: shared * B) */
+    int32_t mode;                 /* kva_cascade_mode */
+    float softcap;
+    int32_t sinks;
+    int32_t expect_groups; /* info.num_cascade_groups the plan must report */
+} cas_case;
+
+typedef struct {
+    int32_t R, T, stride, NB;
+    int32_t qsl[CAS_MAX_R + 1], seq[CAS_MAX_R], grp[CAS_MAX_R], plen[CAS_MAX_G];
+    int32_t *bt; /* [R, stride] */
+    float sinks[64];
+} cas_batch;
+
+/* Block ids: group g's shared blocks, then each request's own, all distinct
+ * and drawn at random from 1 .. NB-1 (block 0 stays unused). */
+static inline void cas_build(const cas_case *c, kva_rng *r, cas_batch *b)
+{
+    memset(b, 0, sizeof *b);
+    b->R = c->R;
+    int32_t need = 0, stride = 0;
+    for (int32_t g = 0; g < c->G; g++)
+        need += c->shared[g];
+    for (int32_t i = 0; i < c->R; i++) {
+        const cas_req *q = &c->req[i];
+        const int32_t sh = q->group >= 0 ? c->shared[q->group] : 0;
+        b->seq[i] = sh * c->B + q->own;
+        const int32_t nb = (b->seq[i] + c->B - 1) / c->B;
+        need += nb - sh;
+        stride = nb > stride ? nb : stride;
+        b->qsl[i + 1] = b->qsl[i] + q->q_len;
+        b->grp[i] = q->group;
+    }
+    b->T = b->qsl[c->R];
+    b->stride = stride + 1;
+    b->NB = need + 1 + 7;
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)b->NB);
+    for (int32_t i = 0; i < b->NB; i++)
+        perm[i] = i;
+    for (int32_t i = b->NB - 1; i > 1; i--) {
+        const int32_t j = kva_rng_int(r, 1, i), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int32_t next = 1, shared_at[CAS_MAX_G];
+    for (int32_t g = 0; g < c->G; g++) {
+        shared_at[g] = next;
+        next += c->shared[g];
+        b->plen[g] = c->given_len[g] ? c->given_len[g] : c->shared[g] * c->B;
+    }
+    b->bt = malloc(sizeof(int32_t) * (size_t)c->R * (size_t)b->stride);
+    for (int32_t i = 0; i < c->R; i++) {
+        int32_t *row = b->bt + (int64_t)i * b->stride;
+        const int32_t g = c->req[i].group, sh = g >= 0 ? c->shared[g] : 0;
+        const int32_t nb = (b->seq[i] + c->B - 1) / c->B;
+        for (int32_t j = 0; j < b->stride; j++)
+            row[j] = -1;
+        for (int32_t j = 0; j < nb; j++)
+            row[j] = j < sh ? perm[shared_at[g] + j] : perm[next++];
+    }
+    free(perm);
+    for (int32_t h = 0; h < c->H && h < 64; h++)
+        b->sinks[h] = (float)(2.0 * kva_rng_unit(r) - 1.0);
+}
+
+static inline kva_plan_desc cas_desc(const cas_case *c, const cas_batch *b, int32_t mode,
+                                     int with_grouping)
+{
+    kva_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.num_requests = c->R;
+    d.query_start_loc = b->qsl;
+    d.seq_lens = b->seq;
+    d.block_table = b->bt;
+    d.block_table_stride = b->stride;
+    d.block_size = c->B;
+    d.num_heads = c->H;
+    d.num_kv_heads = c->Hkv;
+    d.head_dim = c->D;
+    d.q_dtype = c->dt;
+    d.causal = 1;
+    d.window_left = -1;
+    d.softcap = c->softcap;
+    d.cascade = mode;
+    if (with_grouping) {
+        d.num_cascade_groups = c->G;
+        d.cascade_group = b->grp;
+        d.cascade_prefix_len = b->plen;
+    }
+    return d;
+}
+
+/* A cache of the case's format on ctx with every slot written from random
+ * rows (host arrays k_rows, v_rows, slots of ctx's memory space: the caller
+ * passes device copies for a device context). */
+static inline kva_cache *cas_cache(kva_context *ctx, const cas_case *c, const cas_batch *b,
+                                   const void *k_rows, const void *v_rows, const int64_t *slots)
+{
+    kva_cache_desc cd = make_desc(b->NB, c->B, c->Hkv, c->D, c->D, c->cache_dt, c->layout);
+    cd.quant = c->quant;
+    kva_rng r = {77};
+    float buf[2 * 8 * 2 * 256];
+    kva_quant_params qp;
+    make_params(c->quant, c->Hkv, c->D, c->D, 1, &r, buf, &qp);
+    kva_cache *cache = NULL;
+    CHECK_OK(kva_cache_create_quant(ctx, &cd, c->quant == KVA_QUANT_NONE ? NULL : &qp, &cache));
+    CHECK_OK(kva_cache_write(ctx, cache, b->NB * c->B, k_rows, 0, v_rows, 0, KVA_DTYPE_F32, slots));
+    return cache;
+}
+
+/* Tolerances of a cascade run against the reference: the two passes' outputs
+ * are rounded to the output dtype before the merge rounds again. */
+static inline double cas_atol(kva_dtype dt)
+{
+    return dt == KVA_DTYPE_F32 ? 1e-4 : dt == KVA_DTYPE_F16 ? 1e-3 : 8e-3;
+}
+static inline double cas_rtol(kva_dtype dt)
+{
+    return dt == KVA_DTYPE_F32 ? 1e-4 : dt == KVA_DTYPE_F16 ? 3e-3 : 2e-2;
+}
+
+#endif /* KVA_TEST_CASCADE_UTIL_H */
