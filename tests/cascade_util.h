@@ -139,6 +139,26 @@ static inline kva_cache *cas_cache(kva_context *ctx, const cas_case *c, const ca
     return cache;
 }
 
+/* A base case: 2 groups (3 and 2 shared blocks), ungrouped requests around them. */
+static inline cas_case cas_base(const char *name)
+{
+    cas_case c;
+    memset(&c, 0, sizeof c);
+    c.name = name;
+    c.H = 8, c.Hkv = 2, c.D = 64, c.B = 16;
+    c.dt = c.cache_dt = KVA_DTYPE_F32;
+    c.layout = KVA_LAYOUT_NHD;
+    c.G = 2;
+    c.shared[0] = 3, c.shared[1] = 2;
+    const cas_req reqs[] = {{0, 1, 7},  {-1, 1, 40}, {0, 1, 16}, {1, 1, 1},
+                            {0, 1, 30}, {1, 1, 20},  {-1, 1, 5}, {0, 1, 3}};
+    c.R = 8;
+    memcpy(c.req, reqs, sizeof reqs);
+    c.mode = KVA_CASCADE_ON;
+    c.expect_groups = 2;
+    return c;
+}
+
 /* Tolerances of a cascade run against the reference: the two passes' outputs
  * are rounded to the output dtype before the merge rounds again. */
 static inline double cas_atol(kva_dtype dt)

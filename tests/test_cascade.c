@@ -63,31 +63,11 @@ static void run_case(const cas_case *c, kva_backend be)
         free(b.bt);
 }
 
-/* A base case: 2 groups (3 and 2 shared blocks), ungrouped requests around them. */
-static cas_case base(const char *name)
-{
-    cas_case c;
-    memset(&c, 0, sizeof c);
-    c.name = name;
-    c.H = 8, c.Hkv = 2, c.D = 64, c.B = 16;
-    c.dt = c.cache_dt = KVA_DTYPE_F32;
-    c.layout = KVA_LAYOUT_NHD;
-    c.G = 2;
-    c.shared[0] = 3, c.shared[1] = 2;
-    const cas_req reqs[] = {{0, 1, 7},  {-1, 1, 40}, {0, 1, 16}, {1, 1, 1},
-                            {0, 1, 30}, {1, 1, 20},  {-1, 1, 5}, {0, 1, 3}};
-    c.R = 8;
-    memcpy(c.req, reqs, sizeof reqs);
-    c.mode = KVA_CASCADE_ON;
-    c.expect_groups = 2;
-    return c;
-}
-
 static void test_mixes(void)
 {
     const kva_backend bes[] = {KVA_BACKEND_CPU, KVA_BACKEND_REF};
     for (int i = 0; i < 2; i++) {
-        cas_case c = base("decodes, 2 groups found");
+        cas_case c = cas_base("decodes, 2 groups found");
         run_case(&c, bes[i]);
         c.name = "decodes, 2 groups given";
         c.given = 1;
@@ -95,13 +75,13 @@ static void test_mixes(void)
         /* A member whose first query lies inside the third shared block:
          * found, the group shares 2 blocks (its prefix ends off the edge of
          * what the block ids share). */
-        c = base("prefix off the shared edge");
+        c = cas_base("prefix off the shared edge");
         c.req[2].q_len = 10, c.req[2].own = 4;
         run_case(&c, bes[i]);
         /* Groups of one request (given) and prefill rows in the same step:
          * a speculative decode in a group, a chunked prefill after its
          * prefix, and an ungrouped prefill. */
-        c = base("groups of one, prefill rows");
+        c = cas_base("groups of one, prefill rows");
         c.given = 1;
         c.G = 3, c.shared[2] = 4;
         c.req[1] = (cas_req){2, 1, 9};
@@ -113,15 +93,15 @@ static void test_mixes(void)
     }
     /* Given prefixes shorter than what the blocks share; sinks and soft-cap;
      * GQA 8 and MHA; HND; f16 and bf16. */
-    cas_case c = base("given shorter prefixes, sinks, soft-cap");
+    cas_case c = cas_base("given shorter prefixes, sinks, soft-cap");
     c.given = 1, c.given_len[0] = 16, c.given_len[1] = 32;
     c.sinks = 1, c.softcap = 30.0f;
     run_case(&c, KVA_BACKEND_CPU);
-    c = base("GQA 8, HND, bf16");
+    c = cas_base("GQA 8, HND, bf16");
     c.H = 16, c.Hkv = 2, c.D = 128, c.layout = KVA_LAYOUT_HND;
     c.dt = c.cache_dt = KVA_DTYPE_BF16;
     run_case(&c, KVA_BACKEND_CPU);
-    c = base("MHA, f16, block 32");
+    c = cas_base("MHA, f16, block 32");
     c.H = 4, c.Hkv = 4, c.B = 32, c.dt = c.cache_dt = KVA_DTYPE_F16;
     run_case(&c, KVA_BACKEND_CPU);
 }
@@ -137,7 +117,7 @@ static void test_formats(void)
              {KVA_QUANT_INT8_TOKEN_K_V16, KVA_DTYPE_F16, KVA_DTYPE_F16},
              {KVA_QUANT_FP8_E4M3, KVA_DTYPE_FP8_E4M3, KVA_DTYPE_F32}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-        cas_case c = base(kva_quant_name(f[i].q));
+        cas_case c = cas_base(kva_quant_name(f[i].q));
         c.quant = f[i].q, c.cache_dt = f[i].cdt, c.dt = f[i].qdt;
         run_case(&c, KVA_BACKEND_CPU);
     }
@@ -215,7 +195,7 @@ static void test_bad_groupings(void)
 {
     kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 2);
     kva_rng r = {9};
-    cas_case c = base("bad");
+    cas_case c = cas_base("bad");
     cas_batch b;
     cas_build(&c, &r, &b);
     kva_plan *sentinel = (kva_plan *)&c, *p = sentinel;
@@ -265,7 +245,7 @@ static void test_bad_groupings(void)
  * writing nothing. */
 static void test_bad_runs(void)
 {
-    cas_case c = base("runs");
+    cas_case c = cas_base("runs");
     kva_rng r = {3};
     cas_batch b;
     cas_build(&c, &r, &b);
