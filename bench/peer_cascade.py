@@ -22,24 +22,13 @@ import traceback
 
 import torch
 
+from peer_cuda import median_ms
+
 H, HKV, D, PAGE = 32, 8, 128, 16
 
 
-def median_us(fn, iters=30, warmup=5):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
+def median_us(fn, iters, warmup):
+    return median_ms(fn, iters, warmup) * 1e3
 
 
 def shape(R, P, S, iters):

@@ -159,6 +159,56 @@ static inline cas_case cas_base(const char *name)
     return c;
 }
 
+/* One case's data and its reference: the batch, random K/V rows [NB*B, Hkv,
+ * D] f32 for every slot, q [T, H, D], a host cache of the rows on the
+ * reference backend, and the reference's plain run over it (o_ref, l_ref). */
+typedef struct {
+    cas_batch b;
+    size_t nq, nl, rows, nslots;
+    float *kr, *vr, *l_ref;
+    int64_t *slots;
+    void *q, *o_ref;
+    const float *sinks; /* b.sinks or NULL */
+    kva_context *ref;
+    kva_cache *cache; /* on ref (host memory: the CPU backend reads it too) */
+} cas_data;
+
+static inline void cas_data_make(const cas_case *c, uint64_t seed, cas_data *x)
+{
+    kva_rng r = {seed};
+    memset(x, 0, sizeof *x);
+    cas_build(c, &r, &x->b);
+    const size_t es = kva_dtype_size(c->dt);
+    x->nq = (size_t)x->b.T * c->H * c->D, x->nl = (size_t)x->b.T * c->H;
+    x->nslots = (size_t)x->b.NB * c->B, x->rows = x->nslots * c->Hkv * c->D;
+    x->kr = malloc(x->rows * 4), x->vr = malloc(x->rows * 4);
+    x->slots = malloc(sizeof(int64_t) * x->nslots);
+    kva_test_fill(x->kr, KVA_DTYPE_F32, x->rows, &r, 1.0);
+    kva_test_fill(x->vr, KVA_DTYPE_F32, x->rows, &r, 1.0);
+    for (size_t s = 0; s < x->nslots; s++)
+        x->slots[s] = (int64_t)s;
+    x->q = malloc(x->nq * es), x->o_ref = malloc(x->nq * es), x->l_ref = malloc(x->nl * 4);
+    kva_test_fill(x->q, c->dt, x->nq, &r, 1.0);
+    x->sinks = c->sinks ? x->b.sinks : NULL;
+    x->ref = new_ctx(KVA_BACKEND_REF, 1);
+    x->cache = cas_cache(x->ref, c, &x->b, x->kr, x->vr, x->slots);
+    kva_plan *plain = NULL;
+    kva_plan_desc d = cas_desc(c, &x->b, KVA_CASCADE_OFF, 0);
+    CHECK_OK(kva_plan_create(x->ref, &d, &plain));
+    kva_test_poison(x->o_ref, c->dt, x->nq);
+    kva_test_poison(x->l_ref, KVA_DTYPE_F32, x->nl);
+    CHECK_OK(kva_attention_run(x->ref, plain, x->q, x->cache, x->sinks, x->o_ref, x->l_ref));
+    kva_plan_destroy(plain);
+}
+
+static inline void cas_data_free(cas_data *x)
+{
+    kva_cache_destroy(x->cache);
+    kva_context_destroy(x->ref);
+    free(x->kr), free(x->vr), free(x->slots), free(x->q), free(x->o_ref), free(x->l_ref);
+    free(x->b.bt);
+}
+
 /* Tolerances of a cascade run against the reference: the two passes' outputs
  * are rounded to the output dtype before the merge rounds again. */
 static inline double cas_atol(kva_dtype dt)

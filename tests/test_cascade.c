@@ -13,54 +13,34 @@
  * reference's plain run. */
 static void run_case(const cas_case *c, kva_backend be)
 {
-    kva_rng r = {1234};
-    cas_batch b;
-    cas_build(c, &r, &b);
-    const size_t nq = (size_t)b.T * c->H * c->D, nl = (size_t)b.T * c->H;
-    const size_t es = kva_dtype_size(c->dt), rows = (size_t)b.NB * c->B * c->Hkv * c->D;
-    float *kr = malloc(rows * 4), *vr = malloc(rows * 4);
-    int64_t *slots = malloc(sizeof(int64_t) * (size_t)b.NB * c->B);
-    kva_test_fill(kr, KVA_DTYPE_F32, rows, &r, 1.0);
-    kva_test_fill(vr, KVA_DTYPE_F32, rows, &r, 1.0);
-    for (int64_t s = 0; s < (int64_t)b.NB * c->B; s++)
-        slots[s] = s;
-    void *q = malloc(nq * es), *o_ref = malloc(nq * es), *o = malloc(nq * es);
-    float *l_ref = malloc(nl * 4), *l = malloc(nl * 4);
-    kva_test_fill(q, c->dt, nq, &r, 1.0);
-    kva_context *ref = new_ctx(KVA_BACKEND_REF, 1), *ctx = new_ctx(be, 2);
-    kva_cache *cache = cas_cache(ref, c, &b, kr, vr, slots);
-    const float *sinks = c->sinks ? b.sinks : NULL;
-
-    kva_plan *plain = NULL, *plan = NULL;
-    kva_plan_desc d = cas_desc(c, &b, KVA_CASCADE_OFF, 0);
-    CHECK_OK(kva_plan_create(ref, &d, &plain));
-    kva_test_poison(o_ref, c->dt, nq);
-    kva_test_poison(l_ref, KVA_DTYPE_F32, nl);
-    CHECK_OK(kva_attention_run(ref, plain, q, cache, sinks, o_ref, l_ref));
-
-    d = cas_desc(c, &b, c->mode, c->given);
+    cas_data x;
+    cas_data_make(c, 1234, &x);
+    const size_t es = kva_dtype_size(c->dt);
+    void *o = malloc(x.nq * es);
+    float *l = malloc(x.nl * 4);
+    kva_context *ctx = new_ctx(be, 2);
+    kva_plan *plan = NULL;
+    kva_plan_desc d = cas_desc(c, &x.b, c->mode, c->given);
     CHECK_OK(kva_plan_create(ctx, &d, &plan));
     kva_plan_info info;
     CHECK_OK(kva_plan_get_info(plan, &info));
     CHECK_MSG(info.num_cascade_groups == c->expect_groups, "%s on %s: %d cascade groups, want %d",
               c->name, kva_backend_name(be), (int)info.num_cascade_groups, (int)c->expect_groups);
     for (int with_lse = 1; with_lse >= 0; with_lse--) {
-        kva_test_poison(o, c->dt, nq);
-        kva_test_poison(l, KVA_DTYPE_F32, nl);
-        CHECK_OK(kva_attention_run(ctx, plan, q, cache, sinks, o, with_lse ? l : NULL));
-        size_t bad = kva_test_compare("out", o, o_ref, c->dt, nq, cas_atol(c->dt), cas_rtol(c->dt));
+        kva_test_poison(o, c->dt, x.nq);
+        kva_test_poison(l, KVA_DTYPE_F32, x.nl);
+        CHECK_OK(kva_attention_run(ctx, plan, x.q, x.cache, x.sinks, o, with_lse ? l : NULL));
+        size_t bad =
+            kva_test_compare("out", o, x.o_ref, c->dt, x.nq, cas_atol(c->dt), cas_rtol(c->dt));
         if (with_lse)
-            bad += kva_test_compare_f32("lse", l, l_ref, nl, 1e-4, 1e-4);
+            bad += kva_test_compare_f32("lse", l, x.l_ref, x.nl, 1e-4, 1e-4);
         CHECK_MSG(bad == 0, "%s on %s (lse %s): %zu mismatches", c->name, kva_backend_name(be),
                   with_lse ? "on" : "off", bad);
     }
     kva_plan_destroy(plan);
-    kva_plan_destroy(plain);
-    kva_cache_destroy(cache);
-    kva_context_destroy(ref);
     kva_context_destroy(ctx);
-    free(kr), free(vr), free(slots), free(q), free(o_ref), free(o), free(l_ref), free(l),
-        free(b.bt);
+    cas_data_free(&x);
+    free(o), free(l);
 }
 
 static void test_mixes(void)

@@ -17,44 +17,25 @@
  * and compares it with the reference's plain run; returns the plan's info. */
 static kva_plan_info run_case(const cas_case *c, int graph)
 {
-    kva_rng r = {4321};
-    cas_batch b;
-    cas_build(c, &r, &b);
-    const size_t nq = (size_t)b.T * c->H * c->D, nl = (size_t)b.T * c->H;
-    const size_t es = kva_dtype_size(c->dt), rows = (size_t)b.NB * c->B * c->Hkv * c->D;
-    const size_t ns = (size_t)b.NB * c->B;
-    float *kr = malloc(rows * 4), *vr = malloc(rows * 4);
-    int64_t *slots = malloc(sizeof(int64_t) * ns);
-    kva_test_fill(kr, KVA_DTYPE_F32, rows, &r, 1.0);
-    kva_test_fill(vr, KVA_DTYPE_F32, rows, &r, 1.0);
-    for (size_t s = 0; s < ns; s++)
-        slots[s] = (int64_t)s;
-    void *q = malloc(nq * es), *o_ref = malloc(nq * es), *o = malloc(nq * es);
-    float *l_ref = malloc(nl * 4), *l = malloc(nl * 4);
-    kva_test_fill(q, c->dt, nq, &r, 1.0);
-    kva_context *ref = new_ctx(KVA_BACKEND_REF, 1), *ctx = new_ctx(KVA_BACKEND_CUDA, 0);
-    kva_cache *hc = cas_cache(ref, c, &b, kr, vr, slots);
-    void *dk = dev_from(kr, rows * 4), *dv = dev_from(vr, rows * 4);
-    void *dslots = dev_from(slots, ns * sizeof(int64_t));
-    kva_cache *dc = cas_cache(ctx, c, &b, dk, dv, dslots);
-    const float *sinks = c->sinks ? b.sinks : NULL;
-    float *dsinks = sinks ? dev_from(sinks, sizeof(float) * (size_t)c->H) : NULL;
-    void *dq = dev_from(q, nq * es), *dout = dev_poisoned(nq * es);
+    cas_data x;
+    cas_data_make(c, 4321, &x);
+    const size_t nq = x.nq, nl = x.nl, es = kva_dtype_size(c->dt);
+    void *o = malloc(nq * es);
+    float *l = malloc(nl * 4);
+    kva_context *ctx = new_ctx(KVA_BACKEND_CUDA, 0);
+    void *dk = dev_from(x.kr, x.rows * 4), *dv = dev_from(x.vr, x.rows * 4);
+    void *dslots = dev_from(x.slots, x.nslots * sizeof(int64_t));
+    kva_cache *dc = cas_cache(ctx, c, &x.b, dk, dv, dslots);
+    float *dsinks = x.sinks ? dev_from(x.sinks, sizeof(float) * (size_t)c->H) : NULL;
+    void *dq = dev_from(x.q, nq * es), *dout = dev_poisoned(nq * es);
     float *dlse = dev_poisoned(nl * 4);
     cudaStream_t stream = NULL;
     if (graph) {
         CUDA_OK(cudaStreamCreate(&stream));
         CHECK_OK(kva_cuda_context_set_stream(ctx, stream));
     }
-
-    kva_plan *plain = NULL, *plan = NULL;
-    kva_plan_desc d = cas_desc(c, &b, KVA_CASCADE_OFF, 0);
-    CHECK_OK(kva_plan_create(ref, &d, &plain));
-    kva_test_poison(o_ref, c->dt, nq);
-    kva_test_poison(l_ref, KVA_DTYPE_F32, nl);
-    CHECK_OK(kva_attention_run(ref, plain, q, hc, sinks, o_ref, l_ref));
-
-    d = cas_desc(c, &b, c->mode, c->given);
+    kva_plan *plan = NULL;
+    kva_plan_desc d = cas_desc(c, &x.b, c->mode, c->given);
     CHECK_OK(kva_plan_create(ctx, &d, &plan));
     kva_plan_info info;
     memset(&info, 0, sizeof info);
@@ -78,28 +59,25 @@ static kva_plan_info run_case(const cas_case *c, int graph)
     }
     to_host(o, dout, nq * es);
     to_host(l, dlse, nl * 4);
-    size_t bad = kva_test_compare("out", o, o_ref, c->dt, nq, cas_atol(c->dt), cas_rtol(c->dt));
-    bad += kva_test_compare_f32("lse", l, l_ref, nl, 2e-4, 2e-4);
+    size_t bad = kva_test_compare("out", o, x.o_ref, c->dt, nq, cas_atol(c->dt), cas_rtol(c->dt));
+    bad += kva_test_compare_f32("lse", l, x.l_ref, nl, 2e-4, 2e-4);
     CHECK_MSG(bad == 0, "%s%s: %zu mismatches", c->name, graph ? " (graph)" : "", bad);
     /* Without lse: the suffix pass's lse goes to the workspace. */
     CUDA_OK(cudaMemset(dout, 0xff, nq * es));
     CHECK_OK(kva_attention_run(ctx, plan, dq, dc, dsinks, dout, NULL));
     to_host(o, dout, nq * es);
-    bad = kva_test_compare("out", o, o_ref, c->dt, nq, cas_atol(c->dt), cas_rtol(c->dt));
+    bad = kva_test_compare("out", o, x.o_ref, c->dt, nq, cas_atol(c->dt), cas_rtol(c->dt));
     CHECK_MSG(bad == 0, "%s (no lse): %zu mismatches", c->name, bad);
 
     kva_plan_destroy(plan);
-    kva_plan_destroy(plain);
-    kva_cache_destroy(hc);
     kva_cache_destroy(dc);
-    kva_context_destroy(ref);
     kva_context_destroy(ctx);
     if (stream)
         cudaStreamDestroy(stream);
     cudaFree(dk), cudaFree(dv), cudaFree(dslots), cudaFree(dsinks), cudaFree(dq), cudaFree(dout),
         cudaFree(dlse);
-    free(kr), free(vr), free(slots), free(q), free(o_ref), free(o), free(l_ref), free(l),
-        free(b.bt);
+    cas_data_free(&x);
+    free(o), free(l);
     return info;
 }
 
