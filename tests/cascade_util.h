@@ -159,6 +159,22 @@ static inline cas_case cas_base(const char *name)
     return c;
 }
 
+/* cas_base with groups of one request (given) and prefill rows in the same
+ * step: a speculative decode in a group, a chunked prefill after its group's
+ * prefix, and an ungrouped prefill. */
+static inline cas_case cas_prefill_rows(const char *name)
+{
+    cas_case c = cas_base(name);
+    c.given = 1;
+    c.G = 3, c.shared[2] = 4;
+    c.req[1] = (cas_req){2, 1, 9};
+    c.req[4].q_len = 5;
+    c.req[5].q_len = 19, c.req[5].own = 25;
+    c.req[6] = (cas_req){-1, 33, 33};
+    c.expect_groups = 3;
+    return c;
+}
+
 /* One case's data and its reference: the batch, random K/V rows [NB*B, Hkv,
  * D] f32 for every slot, q [T, H, D], a host cache of the rows on the
  * reference backend, and the reference's plain run over it (o_ref, l_ref). */

@@ -58,17 +58,7 @@ static void test_mixes(void)
         c = cas_base("prefix off the shared edge");
         c.req[2].q_len = 10, c.req[2].own = 4;
         run_case(&c, bes[i]);
-        /* Groups of one request (given) and prefill rows in the same step:
-         * a speculative decode in a group, a chunked prefill after its
-         * prefix, and an ungrouped prefill. */
-        c = cas_base("groups of one, prefill rows");
-        c.given = 1;
-        c.G = 3, c.shared[2] = 4;
-        c.req[1] = (cas_req){2, 1, 9};
-        c.req[4].q_len = 5;
-        c.req[5].q_len = 19, c.req[5].own = 25;
-        c.req[6] = (cas_req){-1, 33, 33};
-        c.expect_groups = 3;
+        c = cas_prefill_rows("groups of one, prefill rows");
         run_case(&c, bes[i]);
     }
     /* Given prefixes shorter than what the blocks share; sinks and soft-cap;

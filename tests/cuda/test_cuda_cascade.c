@@ -91,14 +91,7 @@ static void test_mixes(void)
     c = cas_base("prefix off the shared edge");
     c.req[2].q_len = 10, c.req[2].own = 4;
     run_case(&c, 0);
-    c = cas_base("groups of one, prefill rows, sinks, soft-cap");
-    c.given = 1;
-    c.G = 3, c.shared[2] = 4;
-    c.req[1] = (cas_req){2, 1, 9};
-    c.req[4].q_len = 5;
-    c.req[5].q_len = 19, c.req[5].own = 25;
-    c.req[6] = (cas_req){-1, 33, 33};
-    c.expect_groups = 3;
+    c = cas_prefill_rows("groups of one, prefill rows, sinks, soft-cap");
     c.sinks = 1, c.softcap = 30.0f;
     run_case(&c, 0);
     c = cas_base("forced off");
