@@ -110,6 +110,11 @@ class PlanDesc(Structure):
         ("dcp_interleave", c_int32),
         ("mla_qk_nope_head_dim", c_int32),  # kind MLA: Dn of kva_mla_run, else 0
         ("mla_v_head_dim", c_int32),  # kind MLA: Dv of kva_mla_run, else 0
+        # Cascade (shared-prefix) plans (docs/cascade.md); all 0 = automatic.
+        ("cascade", c_int32),  # kva_cascade_mode: 0 auto, 1 off, 2 on
+        ("num_cascade_groups", c_int32),
+        ("cascade_group", c_void_p),  # [R] int32 or NULL
+        ("cascade_prefix_len", c_void_p),  # [G] int32
     ]
 
 
@@ -125,6 +130,9 @@ class PlanInfo(Structure):
         ("max_q_len", c_int32),
         ("max_seq_len", c_int32),
         ("num_work_items", c_int32),
+        ("num_cascade_groups", c_int32),
+        ("cascade_rows", c_int32),
+        ("cascade_chunks", c_int32),
     ]
 
 
