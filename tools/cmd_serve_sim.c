@@ -17,57 +17,58 @@ void kva_cli_usage_serve_sim(void)
 {
     serve_opts d;
     serve_opts_init(&d);
-    printf("usage: kvattn serve-sim [options]\n"
-           "\n"
-           "Simulates an LLM server on the real library: a vLLM-v1-style scheduler\n"
-           "(continuous batching, token budget, chunked prefill, preemption by recompute)\n"
-           "over the block pool with prefix caching, and a model of L attention layers with\n"
-           "random q/K/V; each step writes K/V into the paged caches and runs attention for\n"
-           "every layer. Prints vllm bench serve's result table. Time is the measured wall\n"
-           "time of the steps (idle gaps between arrivals are skipped, not slept).\n"
-           "\n"
-           "workload (vllm bench serve --dataset-name random):\n"
-           "  --num-prompts N          requests                         [%d]\n"
-           "  --input-len N            prompt tokens after the prefix   [%d]\n"
-           "  --output-len N           generated tokens per request     [%d]\n"
-           "  --range-ratio r          lengths uniform in len*(1-r)..len*(1+r), 0 <= r < 1 [%g]\n"
-           "  --prefix-len N           shared prefix tokens of every prompt [%d]\n"
-           "  --request-rate R|inf     Poisson arrivals, requests/s; inf = all at once [inf]\n"
-           "  --max-concurrency N      most requests in flight, 0 = no limit [0]\n"
-           "  --seed N                 workload and data seed           [%llu]\n"
-           "scheduler:\n"
-           "  --max-num-batched-tokens N  token budget of a step        [%d]\n"
-           "  --max-num-seqs N         most running requests            [%d]\n"
-           "  --no-chunked-prefill     a prefill must fit one step's budget whole\n"
-           "  --no-prefix-caching      no prefix cache in the block pool\n"
-           "  --hash sha256|xxh3       block hash of the prefix cache   [sha256]\n"
-           "model (one slice of Llama-3-8B's attention by default):\n"
-           "  --layers L               attention layers                 [%d]\n"
-           "  --num-heads H            query heads                      [%d]\n"
-           "  --num-kv-heads Hkv       kv heads (H multiple of Hkv)     [%d]\n"
-           "  --head-dim D             head size, multiple of 8, <= 576 (CUDA 256) [%d]\n"
-           "  --block-size B           tokens per cache block           [%d]\n"
-           "  --dtype f32|f16|bf16     q, cache and output dtype        [bf16]\n"
-           "  --kv-quant none|int8|int8-token|int8-token-v16|fp8\n"
-           "                           quantized cache format (docs/quant.md) [none]\n"
-           "  --num-blocks NB          blocks per layer cache (and pool), 0 = from\n"
-           "                           --kv-cache-mem                   [0]\n"
-           "  --kv-cache-mem SIZE      K+V memory of all layers, e.g. 512M, 2G [512M]\n"
-           "run:\n"
-           "  --backend ref|cpu|cuda   attention backend; cuda: GPU 0, one stream\n"
-           "                           synchronization per step         [cpu]\n"
-           "  --threads N              CPU threads, 0 = all cores (not with cuda) [0]\n"
-           "  --verify                 check sampled steps against the reference backend\n"
-           "                           and the pool invariants after every step; exit 1 on\n"
-           "                           a mismatch\n"
-           "  --json FILE              also write the results as JSON (vllm's field names)\n"
-           "  --progress, --no-progress  progress bar on stderr [on when stderr is a tty]\n"
-           "\n"
-           "Exit status: 0 success, 1 library error or failed check, 2 bad usage.\n",
-           (int)d.num_prompts, (int)d.input_len, (int)d.output_len, d.range_ratio,
-           (int)d.prefix_len, (unsigned long long)d.seed, (int)d.max_num_batched_tokens,
-           (int)d.max_num_seqs, (int)d.layers, (int)d.heads, (int)d.kv_heads, (int)d.head_dim,
-           (int)d.block_size);
+    printf(
+        "usage: kvattn serve-sim [options]\n"
+        "\n"
+        "Simulates an LLM server on the real library: a vLLM-v1-style scheduler\n"
+        "(continuous batching, token budget, chunked prefill, preemption by recompute)\n"
+        "over the block pool with prefix caching, and a model of L attention layers with\n"
+        "random q/K/V; each step writes K/V into the paged caches and runs attention for\n"
+        "every layer. Prints vllm bench serve's result table. Time is the measured wall\n"
+        "time of the steps (idle gaps between arrivals are skipped, not slept).\n"
+        "\n"
+        "workload (vllm bench serve --dataset-name random):\n"
+        "  --num-prompts N          requests                         [%d]\n"
+        "  --input-len N            prompt tokens after the prefix   [%d]\n"
+        "  --output-len N           generated tokens per request     [%d]\n"
+        "  --range-ratio r          lengths uniform in len*(1-r)..len*(1+r), 0 <= r < 1 [%g]\n"
+        "  --prefix-len N           shared prefix tokens of every prompt [%d]\n"
+        "  --request-rate R|inf     Poisson arrivals, requests/s; inf = all at once [inf]\n"
+        "  --max-concurrency N      most requests in flight, 0 = no limit [0]\n"
+        "  --seed N                 workload and data seed           [%llu]\n"
+        "scheduler:\n"
+        "  --max-num-batched-tokens N  token budget of a step        [%d]\n"
+        "  --max-num-seqs N         most running requests            [%d]\n"
+        "  --no-chunked-prefill     a prefill must fit one step's budget whole\n"
+        "  --no-prefix-caching      no prefix cache in the block pool\n"
+        "  --hash sha256|xxh3       block hash of the prefix cache   [sha256]\n"
+        "  --cascade auto|off|on    cascade plans over shared prefixes (docs/cascade.md) [auto]\n"
+        "model (one slice of Llama-3-8B's attention by default):\n"
+        "  --layers L               attention layers                 [%d]\n"
+        "  --num-heads H            query heads                      [%d]\n"
+        "  --num-kv-heads Hkv       kv heads (H multiple of Hkv)     [%d]\n"
+        "  --head-dim D             head size, multiple of 8, <= 576 (CUDA 256) [%d]\n"
+        "  --block-size B           tokens per cache block           [%d]\n"
+        "  --dtype f32|f16|bf16     q, cache and output dtype        [bf16]\n"
+        "  --kv-quant none|int8|int8-token|int8-token-v16|fp8\n"
+        "                           quantized cache format (docs/quant.md) [none]\n"
+        "  --num-blocks NB          blocks per layer cache (and pool), 0 = from\n"
+        "                           --kv-cache-mem                   [0]\n"
+        "  --kv-cache-mem SIZE      K+V memory of all layers, e.g. 512M, 2G [512M]\n"
+        "run:\n"
+        "  --backend ref|cpu|cuda   attention backend; cuda: GPU 0, one stream\n"
+        "                           synchronization per step         [cpu]\n"
+        "  --threads N              CPU threads, 0 = all cores (not with cuda) [0]\n"
+        "  --verify                 check sampled steps against the reference backend\n"
+        "                           and the pool invariants after every step; exit 1 on\n"
+        "                           a mismatch\n"
+        "  --json FILE              also write the results as JSON (vllm's field names)\n"
+        "  --progress, --no-progress  progress bar on stderr [on when stderr is a tty]\n"
+        "\n"
+        "Exit status: 0 success, 1 library error or failed check, 2 bad usage.\n",
+        (int)d.num_prompts, (int)d.input_len, (int)d.output_len, d.range_ratio, (int)d.prefix_len,
+        (unsigned long long)d.seed, (int)d.max_num_batched_tokens, (int)d.max_num_seqs,
+        (int)d.layers, (int)d.heads, (int)d.kv_heads, (int)d.head_dim, (int)d.block_size);
 }
 
 /* "512M", "2G", "1.5G", "65536K" or plain bytes; binary units. */
@@ -127,7 +128,7 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
         "--num-heads",       "--num-kv-heads", "--head-dim",
         "--block-size",      "--dtype",        "--kv-quant",
         "--num-blocks",      "--kv-cache-mem", "--backend",
-        "--threads",         "--json"};
+        "--threads",         "--json",         "--cascade"};
     const int32_t BIG = 1 << 24;
     int threads_set = 0;
     serve_opts_init(o);
@@ -192,7 +193,11 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
             ok = kva_cli_parse_i32(f, val, 1, BIG, &o->max_num_batched_tokens);
         else if (!strcmp(f, "--max-num-seqs"))
             ok = kva_cli_parse_i32(f, val, 1, BIG, &o->max_num_seqs);
-        else if (!strcmp(f, "--hash")) {
+        else if (!strcmp(f, "--cascade")) {
+            static const char *const modes[] = {"auto", "off", "on"};
+            ok = kva_cli_parse_choice(f, val, modes, 3, &k);
+            o->cascade = k; /* KVA_CASCADE_AUTO, _OFF, _ON in this order */
+        } else if (!strcmp(f, "--hash")) {
             ok = kva_cli_parse_choice(f, val, hashes, 2, &k);
             o->hash = k == 0 ? KVA_POOL_HASH_SHA256 : KVA_POOL_HASH_XXH3_128;
         } else if (!strcmp(f, "--layers"))

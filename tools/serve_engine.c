@@ -109,6 +109,7 @@ static kva_plan_desc step_desc(const serve_opts *o, int32_t R, const int32_t *qs
     pd.q_dtype = o->dtype;
     pd.causal = 1;
     pd.window_left = -1;
+    pd.cascade = o->cascade;
     return pd;
 }
 

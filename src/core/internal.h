@@ -350,6 +350,8 @@ typedef struct kva__cascade_cost {
     double read_bw;      /* bytes/s of keys read once (the prefix pass) */
     double reread_bw;    /* bytes/s of keys several requests read in turn (plain plans
                             re-read a shared prefix, partly from cache) */
+    double reread_max;   /* prefixes of at most this many K/V bytes are re-read at
+                            reread_bw, larger ones at read_bw; 0: any size */
     double decode_flops; /* flop/s of the plain (decode) kernels */
     double prefix_flops; /* flop/s of the prefix pass (prefill kernels) */
     double fixed_s;      /* seconds of the gather, prefix launch and merge */

@@ -201,7 +201,8 @@ static void choose_groups(const kva_context *ctx, const kva_plan *p, int32_t *gr
     for (int32_t g = 0; g < G; g++) {
         const double P = (double)plen[g] * d->block_size;
         const double flops = 2.0 * m[g] * d->num_heads * P * (d->head_dim + d->head_dim_v);
-        const double plain_read = n[g] * P * kvb / cc.reread_bw;
+        const int cached = cc.reread_max <= 0.0 || P * kvb <= cc.reread_max;
+        const double plain_read = n[g] * P * kvb / (cached ? cc.reread_bw : cc.read_bw);
         const double plain_math = flops / cc.decode_flops;
         const double casc_read = P * kvb / cc.read_bw;
         const double casc_math = flops / cc.prefix_flops;

@@ -35,6 +35,7 @@ extern "C" kva_status kva__cuda_cascade_cost(const kva_context *ctx, kva__cascad
 {
     out->read_bw = 3.0e12;
     out->reread_bw = 9.0e12;
+    out->reread_max = 0.0; /* concurrent CTAs share the reads whatever the prefix size */
     out->decode_flops = 1.5e14;
     out->prefix_flops = 3.0e14;
     out->fixed_s = 12e-6;
