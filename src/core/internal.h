@@ -294,10 +294,12 @@ struct kva_plan {
     float *alibi_slopes;         /* [H] host copy, or NULL */
     int32_t max_block_id;        /* largest block id any request reads, -1 if none */
     kva_plan_info info;
-    size_t workspace_bytes;       /* ctx workspace the run needs (reserved at plan time) */
-    kva__partition *part;         /* built by ops->plan_build, freed by ops->plan_release */
-    void *device;                 /* backend-owned device copies (CUDA) */
-    struct kva__cascade *cascade; /* a cascade plan's passes (part and device NULL), or NULL */
+    size_t workspace_bytes; /* ctx workspace the run needs (reserved at plan time) */
+    kva__partition *part;   /* built by ops->plan_build, freed by ops->plan_release */
+    void *device;           /* backend-owned device copies (CUDA) */
+    /* A cascade plan's passes (src/plan/cascade.c; part and device stay
+     * NULL), or NULL. */
+    struct kva__cascade *cascade;
 };
 
 /* ---- cascade (shared-prefix) plans (src/plan/cascade.c, src/attn/cascade.c) ----
