@@ -42,7 +42,13 @@ static const mask masks[] = {
 /* Not const: the CUDA test also runs the batch as decodes only (all 1). */
 static int32_t q_lens[R] = {1, 3, 9, 1, 1, 2};
 static const int32_t seq_lens[R] = {37, 20, 41, 700, 2, 5};
-enum { H = 4, HKV = 2, D = 32, DV = 24, B = 8 };
+/* Head sizes: a test may set KVA_DCP_D / KVA_DCP_DV before the include (the
+ * CUDA test takes 64, which its tensor-core and quantized kernels cover). */
+#ifndef KVA_DCP_D
+#define KVA_DCP_D 32
+#define KVA_DCP_DV 24
+#endif
+enum { H = 4, HKV = 2, D = KVA_DCP_D, DV = KVA_DCP_DV, B = 8 };
 
 /* One rank's cache (on ctx) and plan (on plan_ctx, or ctx when NULL) for
  * the batch: a block-table row per request over blocks handed out in a

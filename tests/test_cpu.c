@@ -765,6 +765,8 @@ int main(void)
     g_kernels[g_nkernels++] = NULL;
     printf("kernels: dispatcher");
     for (int32_t v = 0; v < nk; v++) {
+        if (kernels[v].family == KVA__KERNEL_MLA)
+            continue; /* kva_mla_run's items: tests/test_mla.c */
         if (kernels[v].runs)
             g_kernels[g_nkernels++] = kernels[v].name;
         printf(", %s%s", kernels[v].name, kernels[v].runs ? "" : " (not on this machine)");

@@ -94,7 +94,12 @@ static void test_dispatch(void)
     static const char *const names[] = {"decode_portable",   "decode_avx2",       "decode_avx512",
                                         "decode_avx512bf16", "prefill_portable",  "prefill_avx2",
                                         "prefill_avx512",    "prefill_avx512bf16"};
-    CHECK(n == 8);
+    CHECK(n == 10);
+    /* Then kva_mla_run's items (tests/test_mla.c forces them). */
+    CHECK(n == 10 && same(k[8].name, "mla_portable") && k[8].family == KVA__KERNEL_MLA &&
+          k[8].runs);
+    CHECK(n == 10 && same(k[9].name, "mla_avx512") && k[9].family == KVA__KERNEL_MLA &&
+          k[9].runs == (level >= KVA__ISA_AVX512));
     for (int32_t i = 0; i < n && i < 8; i++) {
         CHECK_MSG(same(k[i].name, names[i]) &&
                       k[i].family == (i < 4 ? KVA__KERNEL_DECODE : KVA__KERNEL_PREFILL) &&
@@ -326,7 +331,7 @@ static void test_variant_shapes(void)
     kva_test_kernel k[KVA_TEST_MAX_KERNELS];
     const int32_t n = kva_test_cpu_kernels(k);
     for (int32_t v = 0; v < n; v++) {
-        if (!k[v].runs)
+        if (!k[v].runs || k[v].family == KVA__KERNEL_MLA) /* MLA: tests/test_mla.c */
             continue;
         for (int di = 0; di < 4; di++)
             for (int gi = 0; gi < 4; gi++)

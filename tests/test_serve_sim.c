@@ -344,6 +344,96 @@ static void test_verify_quant(void)
     CHECK(serve_block_bytes(&o) == tok * (d + 2 * d + 4));
 }
 
+/* MLA layers (kva_mla_run over a latent cache) at small sizes: every request
+ * finishes, the run has decode-only and mixed steps (the absorbed and the
+ * compute-friendly path), and --verify's checks (the latent rows where the
+ * block table says, the output against the reference's naive MLA) pass for
+ * f32, bf16 and an FP8 latent cache. */
+static void mla_opts(serve_opts *o)
+{
+    small_opts(o);
+    o->kind = KVA_ATTN_MLA;
+    o->heads = 4;
+    o->mla_kv_rank = 64;
+    o->mla_rope_dim = 16;
+    o->mla_nope_dim = 32;
+    o->mla_v_dim = 24;
+    o->verify = 1;
+}
+
+static void test_mla(void)
+{
+    static const kva_dtype dts[] = {KVA_DTYPE_F32, KVA_DTYPE_BF16, KVA_DTYPE_BF16};
+    for (int i = 0; i < 3; i++) {
+        serve_opts o;
+        mla_opts(&o);
+        o.dtype = dts[i];
+        o.kv_quant = i == 2 ? KVA_QUANT_FP8_E4M3 : KVA_QUANT_NONE;
+        serve_run run;
+        watch w;
+        CHECK_OK(run_checked(&o, &run, &w));
+        CHECK(run.stats.steps_by_state[KVA_STATE_DECODE_ONLY] > 0);
+        CHECK(run.stats.steps_by_state[KVA_STATE_CHUNKED_PREFILL] > 0);
+        CHECK(run.stats.verify_steps >= 3);
+        CHECK(run.stats.verify_tokens > 0);
+        CHECK_MSG(run.stats.verify_failures == 0, "%s%s: %s", kva_dtype_name(o.dtype),
+                  i == 2 ? " fp8" : "", run.verify_error);
+        serve_run_free(&run);
+    }
+    /* The checks can fail on MLA layers too. */
+    static const int faults[] = {SERVE_FAULT_OUTPUT, SERVE_FAULT_SLOT};
+    for (int f = 0; f < 2; f++) {
+        serve_opts o;
+        mla_opts(&o);
+        o.fault = faults[f];
+        serve_run run;
+        CHECK_OK(serve_sim_run(&o, NULL, NULL, &run));
+        CHECK(run.stats.verify_failures >= 1);
+        CHECK(run.verify_error[0] != '\0');
+        serve_run_free(&run);
+    }
+}
+
+/* The DeepSeek-V2-Lite preset: its shapes, its KV bytes per token (one
+ * latent row of Dc + Dr per layer against H (Dn + Dr + Dv) for MHA), and a
+ * short verified run of two of its layers. */
+static void test_mla_preset(void)
+{
+    serve_opts o;
+    serve_opts_init(&o);
+    CHECK(!serve_opts_set_model(&o, "deepseek-v3"));
+    CHECK(o.kind == KVA_ATTN_MHA && o.layers == 4);
+    CHECK(serve_opts_set_model(&o, "deepseek-v2-lite"));
+    CHECK(o.kind == KVA_ATTN_MLA && o.layers == 27 && o.heads == 16);
+    CHECK(o.mla_kv_rank == 512 && o.mla_rope_dim == 64);
+    CHECK(o.mla_nope_dim == 128 && o.mla_v_dim == 128);
+    CHECK(serve_token_bytes(&o) == 27 * (512 + 64) * 2);                /* bf16 */
+    CHECK(serve_token_bytes_mha(&o) == 27 * 16 * (128 + 64 + 128) * 2); /* 8.9x */
+    CHECK(serve_block_bytes(&o) == serve_token_bytes(&o) * o.block_size);
+    o.kv_quant = KVA_QUANT_FP8_E4M3;
+    CHECK(serve_token_bytes(&o) == 27 * (512 + 64));
+    CHECK(serve_token_bytes_mha(&o) == 27 * 16 * (128 + 64 + 128));
+    CHECK(serve_opts_set_model(&o, "llama3-8b-slice"));
+    CHECK(o.kind == KVA_ATTN_MHA && o.layers == 4 && o.heads == 32 && o.kv_heads == 8);
+    CHECK(o.head_dim == 128);
+
+    small_opts(&o);
+    CHECK(serve_opts_set_model(&o, "deepseek-v2-lite"));
+    o.layers = 2;
+    o.dtype = KVA_DTYPE_BF16;
+    o.num_prompts = 4;
+    o.prefix_len = 16;
+    o.input_len = 24;
+    o.output_len = 4;
+    o.verify = 1;
+    serve_run run;
+    watch w;
+    CHECK_OK(run_checked(&o, &run, &w));
+    CHECK(run.stats.verify_steps >= 2);
+    CHECK_MSG(run.stats.verify_failures == 0, "%s", run.verify_error);
+    serve_run_free(&run);
+}
+
 /* --backend cuda where this build has no CUDA runtime (the test compiles
  * tools/serve_device.c without it) or no GPU is visible: the engine refuses
  * before the first step, with BACKEND_UNAVAILABLE and a message that says
@@ -647,6 +737,8 @@ int main(void)
     RUN(test_verify);
     RUN(test_verify_quant);
     RUN(test_verify_detects);
+    RUN(test_mla);
+    RUN(test_mla_preset);
     RUN(test_cuda_unavailable);
     RUN(test_pool_too_small);
     RUN(test_deterministic);

@@ -13,11 +13,17 @@
  *     absorption and output projections 2 * (Dn * Dc + Dc * Dv) per row;
  *     compute-friendly 2 * (Dn + Dr + Dv) per (head, visible key) plus the
  *     decompression 2 * Dc * (Dn + Dv) per (head, key); against the FMA peak.
+ * --compare-split times the absorbed path without split-KV (at most one key
+ * piece per item) and with the default split in alternating rounds of one
+ * run, so that load on the machine hits both alike.
  * The check runs the reference on request 0 (and the prefill of a mixed
  * batch) for two heads (q and weights sliced), which keeps the fp64 naive
  * math to seconds; the whole output is checked for NaN.
  */
 #include "cli.h"
+#include "internal.h"                 /* kva__context_force_kernel, mla_max_splits */
+#include "../src/attn/cpu/cpu_attn.h" /* kva__cpu_plan_kernel */
+#include "../src/attn/cpu/mla_cpu.h"  /* kva__cpu_mla_split_of */
 
 #include <math.h>
 #include <stdio.h>
@@ -28,7 +34,9 @@ typedef struct mla_opts {
     int mode; /* 0 decode, 1 prefill, 2 mixed */
     int32_t batch, context, q_len, heads, Dc, Dr, Dn, Dv, B, threads, iters, warmup;
     kva_dtype dt;
-    int fp8, kernel, no_check, no_ceiling;
+    int fp8, kernel, no_check, no_ceiling, compare_split;
+    int32_t max_splits;  /* ctx->mla_max_splits: 0 default, 1 no split-KV */
+    const char *variant; /* a registry kernel forced by name, or NULL */
 } mla_opts;
 
 static void usage(void)
@@ -50,6 +58,9 @@ static void usage(void)
            "  --block-size B       [64]\n"
            "  --kernel             time kva_attention_run on absorbed q (decode mode)\n"
            "  --threads N          0 = all cores [0]\n"
+           "  --variant NAME       force a registry kernel (mla_portable, mla_avx512)\n"
+           "  --max-splits N       most key pieces per absorbed item, 1 = no split-KV [0: auto]\n"
+           "  --compare-split      time without and with split-KV in alternating rounds\n"
            "  --iters N, --warmup N  [10, 2]\n"
            "  --no-check, --no-ceiling\n");
 }
@@ -78,9 +89,12 @@ static int parse(int argc, char **argv, mla_opts *o)
             usage();
             return KVA_EXIT_OK;
         }
-        if (!strcmp(a, "--kernel") || !strcmp(a, "--no-check") || !strcmp(a, "--no-ceiling")) {
+        if (!strcmp(a, "--kernel") || !strcmp(a, "--no-check") || !strcmp(a, "--no-ceiling") ||
+            !strcmp(a, "--compare-split")) {
             if (!strcmp(a, "--kernel"))
                 o->kernel = 1;
+            else if (!strcmp(a, "--compare-split"))
+                o->compare_split = 1;
             else if (!strcmp(a, "--no-check"))
                 o->no_check = 1;
             else
@@ -96,6 +110,10 @@ static int parse(int argc, char **argv, mla_opts *o)
             o->dt = c == 0 ? KVA_DTYPE_F32 : c == 1 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
         } else if (!strcmp(a, "--kv-quant"))
             ok = kva_cli_parse_choice(a, v, quants, 2, &o->fp8);
+        else if (!strcmp(a, "--variant"))
+            o->variant = v;
+        else if (!strcmp(a, "--max-splits"))
+            ok = kva_cli_parse_i32(a, v, 0, KVA_MLA_MAX_SPLITS, &o->max_splits);
         else {
             static const char *const flags[] = {"--batch",    "--context",      "--q-len",
                                                 "--heads",    "--kv-lora-rank", "--rope-dim",
@@ -125,6 +143,10 @@ static int parse(int argc, char **argv, mla_opts *o)
         o->q_len = defaults[o->mode][2];
     if (o->iters < 1)
         o->iters = 1;
+    if (o->kernel && (o->compare_split || o->max_splits)) {
+        fprintf(stderr, "kvattn: bench --mla: split-KV is kva_mla_run's; not with --kernel\n");
+        return KVA_EXIT_USAGE;
+    }
     if (o->kernel && o->mode != 0) {
         fprintf(stderr, "kvattn: bench --mla: --kernel times the absorbed decode only\n");
         return KVA_EXIT_USAGE;
@@ -277,6 +299,9 @@ int kva_cli_bench_mla(int argc, char **argv)
     kva_status st = kva_context_create(&cd, &ctx);
     if (st != KVA_STATUS_OK)
         return kva_cli_lib_error("kva_context_create", st);
+    if (o.variant && (st = kva__context_force_kernel(ctx, o.variant)) != KVA_STATUS_OK)
+        return kva_cli_lib_error("--variant", st);
+    ctx->mla_max_splits = o.max_splits;
     kva_cache_desc kd = {.num_blocks = b.nb,
                          .block_size = o.B,
                          .num_kv_heads = 1,
@@ -322,23 +347,37 @@ int kva_cli_bench_mla(int argc, char **argv)
     kva_plan *plan = NULL;
     if ((st = kva_plan_create(ctx, &pd, &plan)) != KVA_STATUS_OK)
         return kva_cli_lib_error("kva_plan_create", st);
-    double *tm = malloc((size_t)o.iters * sizeof *tm);
-    for (int k = -o.warmup - 1; k < o.iters; k++) {
-        const double t0 = kva_cli_now();
-        st = o.kernel ? kva_attention_run(ctx, plan, q, cache, NULL, out, lse)
-                      : kva_mla_run(ctx, plan, q, wuk, wuv, cache, out, lse);
-        if (st != KVA_STATUS_OK)
-            return kva_cli_lib_error(o.kernel ? "kva_attention_run" : "kva_mla_run", st);
-        if (k >= 0)
-            tm[k] = kva_cli_now() - t0;
-    }
-    for (int i = 1; i < o.iters; i++) /* insertion sort: the median */
-        for (int j = i; j > 0 && tm[j] < tm[j - 1]; j--) {
-            const double t = tm[j];
-            tm[j] = tm[j - 1];
-            tm[j - 1] = t;
+    /* Rounds: one timing per pass (--compare-split: unsplit, then split;
+     * the plan's workspace holds the split's partials, which the unsplit
+     * pass leaves unused). */
+    const int passes = o.compare_split ? 2 : 1;
+    double *tms = malloc((size_t)passes * (size_t)o.iters * sizeof *tms);
+    for (int k = -o.warmup - 1; k < o.iters; k++)
+        for (int ps = 0; ps < passes; ps++) {
+            if (o.compare_split)
+                ctx->mla_max_splits = ps == 0 ? 1 : o.max_splits;
+            const double t0 = kva_cli_now();
+            st = o.kernel ? kva_attention_run(ctx, plan, q, cache, NULL, out, lse)
+                          : kva_mla_run(ctx, plan, q, wuk, wuv, cache, out, lse);
+            if (st != KVA_STATUS_OK)
+                return kva_cli_lib_error(o.kernel ? "kva_attention_run" : "kva_mla_run", st);
+            if (k >= 0)
+                tms[(size_t)ps * o.iters + k] = kva_cli_now() - t0;
         }
+    for (int ps = 0; ps < passes; ps++) { /* insertion sort: the medians */
+        double *tm = tms + (size_t)ps * o.iters;
+        for (int i = 1; i < o.iters; i++)
+            for (int j = i; j > 0 && tm[j] < tm[j - 1]; j--) {
+                const double t = tm[j];
+                tm[j] = tm[j - 1];
+                tm[j - 1] = t;
+            }
+    }
+    const double *tm = tms + (size_t)(passes - 1) * o.iters;
     const double med = tm[o.iters / 2], best = tm[0];
+    kva__cpu_mla_split sp = {1, 0, 0};
+    if (!o.kernel)
+        kva__cpu_mla_split_of(ctx, plan, kva_context_num_threads(ctx), &sp);
 
     /* Work: latent bytes and FLOPs per path (header comment). */
     double bytes = 0, flops = 0;
@@ -368,6 +407,14 @@ int kva_cli_bench_mla(int argc, char **argv)
            "%zu (%.1fx)\n",
            D * kv_es, Dq, (size_t)o.Dv, H * (Dq + o.Dv) * es,
            (double)(H * (Dq + o.Dv) * es) / (double)(D * kv_es));
+    if (!o.kernel)
+        printf("  kernel %s, split-KV %d piece%s per absorbed item\n",
+               kva__cpu_plan_kernel(plan, KVA__KERNEL_MLA), (int)sp.split,
+               sp.split == 1 ? "" : "s");
+    if (o.compare_split)
+        printf("  without split-KV: median %.3f ms, min %.3f ms -> %.2f GB/s (split: %.2fx)\n",
+               tms[o.iters / 2] * 1e3, tms[0] * 1e3, bytes / tms[o.iters / 2] / 1e9,
+               tms[o.iters / 2] / med);
     printf("  time median %.3f ms, min %.3f ms (%d iters)\n", med * 1e3, best * 1e3, o.iters);
     printf("  latent bytes %.1f MB -> %.2f GB/s; %.2f GFLOP -> %.1f GFLOP/s\n", bytes / 1e6,
            bytes / med / 1e9, flops / 1e9, flops / med / 1e9);
@@ -410,7 +457,7 @@ int kva_cli_bench_mla(int argc, char **argv)
     free(wuk);
     free(wuv);
     free(lse);
-    free(tm);
+    free(tms);
     free(b.qsl);
     free(b.sl);
     free(b.bt);

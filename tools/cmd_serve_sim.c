@@ -41,16 +41,22 @@ void kva_cli_usage_serve_sim(void)
            "  --no-chunked-prefill     a prefill must fit one step's budget whole\n"
            "  --no-prefix-caching      no prefix cache in the block pool\n"
            "  --hash sha256|xxh3       block hash of the prefix cache   [sha256]\n"
-           "  --cascade auto|off|on    cascade plans (docs/cascade.md)  [auto]\n"
-           "model (one slice of Llama-3-8B's attention by default):\n"
-           "  --layers L               attention layers                 [%d]\n"
+           "  --cascade auto|off|on    cascade plans (docs/cascade.md)  [auto]\n",
+           (int)d.num_prompts, (int)d.input_len, (int)d.output_len, d.range_ratio,
+           (int)d.prefix_len, (unsigned long long)d.seed, (int)d.max_num_batched_tokens,
+           (int)d.max_num_seqs);
+    printf("model (one slice of Llama-3-8B's attention by default):\n"
+           "  --model NAME             a preset; the flags below apply on top of it:\n");
+    serve_print_models(stdout);
+    printf("  --layers L               attention layers                 [%d]\n"
            "  --num-heads H            query heads                      [%d]\n"
-           "  --num-kv-heads Hkv       kv heads (H multiple of Hkv)     [%d]\n"
-           "  --head-dim D             head size, multiple of 8, <= 576 (CUDA 256) [%d]\n"
+           "  --num-kv-heads Hkv       kv heads (H multiple of Hkv; not MLA) [%d]\n"
+           "  --head-dim D             head size, multiple of 8, <= 576 (CUDA 256; not MLA) [%d]\n"
            "  --block-size B           tokens per cache block           [%d]\n"
            "  --dtype f32|f16|bf16     q, cache and output dtype        [bf16]\n"
            "  --kv-quant none|int8|int8-token|int8-token-v16|fp8\n"
-           "                           quantized cache format (docs/quant.md) [none]\n"
+           "                           quantized cache format (docs/quant.md; MLA: none\n"
+           "                           or fp8)                          [none]\n"
            "  --num-blocks NB          blocks per layer cache (and pool), 0 = from\n"
            "                           --kv-cache-mem                   [0]\n"
            "  --kv-cache-mem SIZE      K+V memory of all layers, e.g. 512M, 2G [512M]\n"
@@ -65,10 +71,7 @@ void kva_cli_usage_serve_sim(void)
            "  --progress, --no-progress  progress bar on stderr [on when stderr is a tty]\n"
            "\n"
            "Exit status: 0 success, 1 library error or failed check, 2 bad usage.\n",
-           (int)d.num_prompts, (int)d.input_len, (int)d.output_len, d.range_ratio,
-           (int)d.prefix_len, (unsigned long long)d.seed, (int)d.max_num_batched_tokens,
-           (int)d.max_num_seqs, (int)d.layers, (int)d.heads, (int)d.kv_heads, (int)d.head_dim,
-           (int)d.block_size);
+           (int)d.layers, (int)d.heads, (int)d.kv_heads, (int)d.head_dim, (int)d.block_size);
 }
 
 /* "512M", "2G", "1.5G", "65536K" or plain bytes; binary units. */
@@ -128,12 +131,26 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
         "--num-heads",       "--num-kv-heads", "--head-dim",
         "--block-size",      "--dtype",        "--kv-quant",
         "--num-blocks",      "--kv-cache-mem", "--backend",
-        "--threads",         "--json",         "--cascade"};
+        "--threads",         "--json",         "--model",
+        "--cascade"};
     const int32_t BIG = 1 << 24;
-    int threads_set = 0;
+    int threads_set = 0, mha_shape_set = 0;
     serve_opts_init(o);
     o->progress = isatty(STDERR_FILENO);
     *json = NULL;
+    /* --model first, wherever it stands, so that the other flags refine it. */
+    for (int i = 1; i < argc; i++) {
+        if (!kva_cli_flag_is(argv[i], "--model"))
+            continue;
+        const char *val = kva_cli_flag_value(argc, argv, &i, "--model");
+        if (!val)
+            return KVA_EXIT_USAGE;
+        if (!serve_opts_set_model(o, val)) {
+            fprintf(stderr, "kvattn: --model: unknown preset '%s'; presets:\n", val);
+            serve_print_models(stderr);
+            return KVA_EXIT_USAGE;
+        }
+    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int k = 0, ok = 1;
@@ -204,11 +221,13 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
             ok = kva_cli_parse_i32(f, val, 1, 1024, &o->layers);
         else if (!strcmp(f, "--num-heads"))
             ok = kva_cli_parse_i32(f, val, 1, KVA_MAX_HEADS, &o->heads);
-        else if (!strcmp(f, "--num-kv-heads"))
+        else if (!strcmp(f, "--num-kv-heads")) {
             ok = kva_cli_parse_i32(f, val, 1, KVA_MAX_HEADS, &o->kv_heads);
-        else if (!strcmp(f, "--head-dim"))
+            mha_shape_set = 1;
+        } else if (!strcmp(f, "--head-dim")) {
             ok = kva_cli_parse_i32(f, val, 8, KVA_MAX_HEAD_DIM, &o->head_dim);
-        else if (!strcmp(f, "--block-size"))
+            mha_shape_set = 1;
+        } else if (!strcmp(f, "--block-size"))
             ok = kva_cli_parse_i32(f, val, 1, 65536, &o->block_size);
         else if (!strcmp(f, "--dtype")) {
             ok = kva_cli_parse_choice(f, val, dtypes, 3, &k);
@@ -238,11 +257,22 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
         if (!ok)
             return KVA_EXIT_USAGE;
     }
-    if (o->head_dim % 8 != 0) {
+    if (o->kind == KVA_ATTN_MLA) {
+        if (mha_shape_set) {
+            fprintf(stderr, "kvattn: --num-kv-heads / --head-dim: an MLA model's layers have one "
+                            "latent kv head of the preset's Dc + Dr\n");
+            return KVA_EXIT_USAGE;
+        }
+        if (o->kv_quant != KVA_QUANT_NONE && o->kv_quant != KVA_QUANT_FP8_E4M3) {
+            fprintf(stderr, "kvattn: --kv-quant %s: an MLA latent cache is unquantized or fp8\n",
+                    kva_quant_name(o->kv_quant));
+            return KVA_EXIT_USAGE;
+        }
+    } else if (o->head_dim % 8 != 0) {
         fprintf(stderr, "kvattn: --head-dim %d: must be a multiple of 8\n", (int)o->head_dim);
         return KVA_EXIT_USAGE;
     }
-    if (o->heads % o->kv_heads != 0) {
+    if (o->kind != KVA_ATTN_MLA && o->heads % o->kv_heads != 0) {
         fprintf(stderr, "kvattn: --num-heads %d is not a multiple of --num-kv-heads %d\n",
                 (int)o->heads, (int)o->kv_heads);
         return KVA_EXIT_USAGE;

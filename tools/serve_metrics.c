@@ -134,6 +134,10 @@ int serve_metrics_compute(const serve_run *run, serve_metrics *m)
     m->attention_share = st->attention_s / busy;
     m->write_share = st->write_s / busy;
     m->plan_share = st->plan_s / busy;
+    const int64_t dec = st->steps_by_state[KVA_STATE_DECODE_ONLY];
+    m->mean_step_ms = st->steps > 0 ? 1e3 * st->step_s / (double)st->steps : 0.0;
+    m->mean_decode_step_ms =
+        dec > 0 ? 1e3 * st->step_s_by_state[KVA_STATE_DECODE_ONLY] / (double)dec : 0.0;
     free(ttft);
     free(tpot);
     free(e2el);
@@ -154,12 +158,19 @@ void serve_print_header(FILE *f, const serve_opts *o, const serve_run *run)
     char fmt[64] = "";
     if (o->kv_quant != KVA_QUANT_NONE)
         snprintf(fmt, sizeof fmt, " KV %s", kva_quant_name(o->kv_quant));
+    char shape[96];
+    if (o->kind == KVA_ATTN_MLA)
+        snprintf(shape, sizeof shape, "MLA H=%d Dc=%d Dr=%d Dn=%d Dv=%d", (int)o->heads,
+                 (int)o->mla_kv_rank, (int)o->mla_rope_dim, (int)o->mla_nope_dim,
+                 (int)o->mla_v_dim);
+    else
+        snprintf(shape, sizeof shape, "H=%d Hkv=%d D=%d", (int)o->heads, (int)o->kv_heads,
+                 (int)o->head_dim);
     fprintf(f,
-            "serve-sim: backend %s (%s); model %d layers H=%d Hkv=%d D=%d %s%s B=%d; "
+            "serve-sim: backend %s (%s); model %d layers %s %s%s B=%d; "
             "KV pool %d blocks (%.0f MiB)\n",
-            kva_backend_name(o->backend), who, (int)o->layers, (int)o->heads, (int)o->kv_heads,
-            (int)o->head_dim, kva_dtype_name(o->dtype), fmt, (int)o->block_size,
-            (int)run->num_blocks, mib);
+            kva_backend_name(o->backend), who, (int)o->layers, shape, kva_dtype_name(o->dtype), fmt,
+            (int)o->block_size, (int)run->num_blocks, mib);
     fprintf(f, "serve-sim: %d prompts, prefix %d + input %d, output %d, range ratio %g, rate %s",
             (int)o->num_prompts, (int)o->prefix_len, (int)o->input_len, (int)o->output_len,
             o->range_ratio, o->request_rate > 0 ? "" : "inf");
@@ -238,6 +249,14 @@ void serve_print_table(FILE *f, const serve_opts *o, const serve_run *run, const
     fprintf(f, ")\n");
     ROW_I("Preemptions:", st->preemptions);
     ROW_F("Peak KV cache usage (%):", 100.0 * st->peak_kv_usage);
+    ROW_I("KV cache bytes per token:", serve_token_bytes(o));
+    if (o->kind == KVA_ATTN_MLA)
+        fprintf(f, "%-40s %lld (%.1fx the MLA cache)\n",
+                "  MHA of the same heads:", (long long)serve_token_bytes_mha(o),
+                (double)serve_token_bytes_mha(o) / (double)serve_token_bytes(o));
+    ROW_F("Mean step time (ms):", m->mean_step_ms);
+    if (st->steps_by_state[KVA_STATE_DECODE_ONLY] > 0)
+        ROW_F("Mean decode-only step time (ms):", m->mean_decode_step_ms);
     if (o->verify)
         fprintf(f, "%-40s %d steps, %d failed (max abs err %.3g)\n",
                 "Reference check:", (int)st->verify_steps, (int)st->verify_failures,
@@ -323,10 +342,16 @@ int serve_write_json(const char *path, const serve_opts *o, const serve_run *run
     fprintf(f,
             "    \"model\": {\"layers\": %d, \"num_heads\": %d, \"num_kv_heads\": %d, "
             "\"head_dim\": %d, \"dtype\": \"%s\", \"kv_quant\": \"%s\", \"block_size\": %d, "
-            "\"num_blocks\": %d},\n",
+            "\"num_blocks\": %d, \"attention\": \"%s\"",
             (int)o->layers, (int)o->heads, (int)o->kv_heads, (int)o->head_dim,
             kva_dtype_name(o->dtype), kva_quant_name(o->kv_quant), (int)o->block_size,
-            (int)run->num_blocks);
+            (int)run->num_blocks, o->kind == KVA_ATTN_MLA ? "mla" : "mha");
+    if (o->kind == KVA_ATTN_MLA)
+        fprintf(f,
+                ", \"kv_lora_rank\": %d, \"qk_rope_head_dim\": %d, \"qk_nope_head_dim\": %d, "
+                "\"v_head_dim\": %d",
+                (int)o->mla_kv_rank, (int)o->mla_rope_dim, (int)o->mla_nope_dim, (int)o->mla_v_dim);
+    fprintf(f, "},\n");
     fprintf(f,
             "    \"scheduler\": {\"max_num_batched_tokens\": %d, \"max_num_seqs\": %d, "
             "\"chunked_prefill\": %s, \"prefix_caching\": %s},\n",
@@ -350,6 +375,10 @@ int serve_write_json(const char *path, const serve_opts *o, const serve_run *run
     fprintf(f, "    \"step_s\": %.9g,\n    \"attention_s\": %.9g,\n    \"cache_write_s\": %.9g,\n",
             st->step_s, st->attention_s, st->write_s);
     fprintf(f, "    \"plan_s\": %.9g,\n", st->plan_s);
+    fprintf(f, "    \"mean_step_ms\": %.9g,\n    \"mean_decode_step_ms\": %.9g,\n", m->mean_step_ms,
+            m->mean_decode_step_ms);
+    fprintf(f, "    \"kv_bytes_per_token\": %lld,\n    \"kv_bytes_per_token_mha\": %lld,\n",
+            (long long)serve_token_bytes(o), (long long)serve_token_bytes_mha(o));
     fprintf(f, "    \"attention_share\": %.9g,\n    \"cache_write_share\": %.9g,\n",
             m->attention_share, m->write_share);
     fprintf(f, "    \"steps\": %lld,\n    \"steps_by_state\": {", (long long)st->steps);

@@ -14,7 +14,6 @@
  * includes the wait for the step that was running when the request came.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "cli_quant.h"
 #include "serve_sim.h"
 
 #include <math.h>
@@ -61,36 +60,6 @@ void serve_opts_init(serve_opts *o)
     o->max_concurrency = 0;
     o->seed = 0;
     o->progress = 0;
-}
-
-int64_t serve_block_bytes(const serve_opts *o)
-{
-    /* Bytes of one token's K and V of one kv head, as the format stores them. */
-    const int64_t d = o->head_dim, es = (int64_t)kva_dtype_size(o->dtype);
-    int64_t row = 2 * d * es;
-    if (o->kv_quant == KVA_QUANT_INT8_CHANNEL || o->kv_quant == KVA_QUANT_FP8_E4M3)
-        row = 2 * d;
-    else if (o->kv_quant == KVA_QUANT_INT8_TOKEN_K)
-        row = 2 * d + 4; /* + the float32 key scale */
-    else if (o->kv_quant == KVA_QUANT_INT8_TOKEN_K_V16)
-        row = d + d * es + 4;
-    return row * o->block_size * o->kv_heads * o->layers;
-}
-
-/* Quantized formats get scalar static scales fitted to the random data
- * (uniform, |x| < 1.74), as `kvattn bench --kv-quant` uses. */
-kva_status serve_cache_create(kva_context *ctx, const serve_opts *o, kva_cache **out)
-{
-    kva_cache_desc desc = {.num_blocks = o->num_blocks,
-                           .block_size = o->block_size,
-                           .num_kv_heads = o->kv_heads,
-                           .head_dim = o->head_dim,
-                           .dtype = o->dtype,
-                           .layout = KVA_LAYOUT_NHD,
-                           .quant = o->kv_quant};
-    kva_cli_quant q;
-    const kva_quant_params *pp = kva_cli_quant_setup(o->kv_quant, o->dtype, &q, &desc.dtype);
-    return kva_cache_create_quant(ctx, &desc, pp, out);
 }
 
 void serve_opts_resolve(serve_opts *o)
@@ -229,6 +198,8 @@ static kva_status sim_loop(const serve_opts *o, serve_engine *e, serve_sched *s,
         double dt = serve_now() - t0 - verify_s;
         now += dt;
         st->step_s += dt;
+        if (b.num_requests > 0)
+            st->step_s_by_state[st->last_state] += dt;
         for (int32_t k = 0; k < ne; k++) {
             serve_req *r = &reqs[emitted[k]];
             r->token_s[r->num_output - 1] = now;

@@ -8,9 +8,13 @@
  *   serve_sched.c     the scheduler: continuous batching with a token budget,
  *                     chunked prefill, max_num_seqs, prefix-cache lookups
  *                     through kva_pool, preemption by recompute
- *   serve_engine.c    the model: L attention layers, one kva_cache each; per
- *                     step one plan, then kva_cache_write + kva_attention_run
- *                     per layer; the optional check against the reference
+ *   serve_model.c     the model: presets (--model), tensor and cache sizes per
+ *                     token, the caches, the plan, one layer's attention call
+ *                     (kva_attention_run, or kva_mla_run for MLA layers)
+ *   serve_engine.c    the engine: L layers, one kva_cache each; per step one
+ *                     plan, then the cache write and attention per layer
+ *   serve_verify.c    the optional check of sampled steps against the
+ *                     reference backend (--verify)
  *   serve_sim.c       the loop: virtual clock, concurrency gate, token times
  *   serve_metrics.c   vllm bench serve's metrics, the table and the JSON
  *   serve_device.c    --backend cuda: stream, events, device buffers (CUDA
@@ -21,7 +25,9 @@
  * tests/test_serve_sim.c compiles it directly.
  *
  * Shape glossary as in kvattn.h: T tokens, R requests, H query heads, Hkv kv
- * heads, D head size, B block size, NB blocks, L layers.
+ * heads, D head size, B block size, NB blocks, L layers; MLA (docs/mla.md):
+ * Dc latent width, Dr rotary width, Dn non-rotary query/key width, Dv value
+ * width.
  */
 #ifndef KVA_SERVE_SIM_H
 #define KVA_SERVE_SIM_H
@@ -40,6 +46,13 @@ typedef struct serve_opts {
     int32_t heads;   /* H */
     int32_t kv_heads;
     int32_t head_dim; /* D (= Dv) */
+    /* MLA layers (kind KVA_ATTN_MLA): every layer is MLA over a latent cache
+     * [NB, B, Dc + Dr]; kv_heads and head_dim are not used then. */
+    kva_attn_kind kind;
+    int32_t mla_kv_rank;  /* Dc (kv_lora_rank) */
+    int32_t mla_rope_dim; /* Dr (qk_rope_head_dim) */
+    int32_t mla_nope_dim; /* Dn (qk_nope_head_dim) */
+    int32_t mla_v_dim;    /* Dv (v_head_dim) */
     int32_t block_size;
     kva_dtype dtype;      /* q, output and (unquantized) cache dtype */
     kva_quant kv_quant;   /* cache format (docs/quant.md); KVA_QUANT_NONE by default */
@@ -76,13 +89,46 @@ typedef struct serve_opts {
 enum { SERVE_FAULT_NONE = 0, SERVE_FAULT_OUTPUT = 1, SERVE_FAULT_SLOT = 2 };
 
 void serve_opts_init(serve_opts *o);
+/* Resolves num_blocks from kv_cache_mem when it is 0. */
+void serve_opts_resolve(serve_opts *o);
+
+/* ---- serve_model.c ---- */
+
+/* Applies the preset `name` (--model); returns 0 if there is none. */
+int serve_opts_set_model(serve_opts *o, const char *name);
+/* One line per preset for --help. */
+void serve_print_models(FILE *f);
+
+/* Elements per token of the model's tensors (in the model's dtype). */
+typedef struct serve_shape {
+    size_t q;          /* query: H * D (MLA: H * (Dn + Dr)) */
+    size_t k, v;       /* the cache write's sources: Hkv * D each (MLA: c_kv Dc, k_pe Dr) */
+    size_t out;        /* output: H * D (MLA: H * Dv) */
+    size_t unit;       /* elements of one query head: the shift unit of the random slices */
+    size_t w_uk, w_uv; /* elements of one layer's W_UK [H, Dn, Dc], W_UV [H, Dc, Dv]; 0 for MHA */
+} serve_shape;
+
+void serve_model_shape(const serve_opts *o, serve_shape *s);
+/* Bytes of KV cache per token over all layers, as the format stores them
+ * (MLA: the latent row). */
+int64_t serve_token_bytes(const serve_opts *o);
+/* The same for an MHA model of the same heads (MLA: H * (Dn + Dr + Dv)
+ * elements per token and layer); serve_token_bytes for MHA models. */
+int64_t serve_token_bytes_mha(const serve_opts *o);
 /* Bytes of K and V storage of one block over all layers. */
 int64_t serve_block_bytes(const serve_opts *o);
 /* Creates one layer's cache on ctx: the model's shape, the NHD layout and
  * --kv-quant's format with the static scales serve-sim uses. */
 kva_status serve_cache_create(kva_context *ctx, const serve_opts *o, kva_cache **out);
-/* Resolves num_blocks from kv_cache_mem when it is 0. */
-void serve_opts_resolve(serve_opts *o);
+/* The plan descriptor of a step: causal, no window, the model's shapes
+ * (MLA: the latent cache's, the layer-level head sizes, scale 1/sqrt(Dn + Dr)). */
+kva_plan_desc serve_step_desc(const serve_opts *o, int32_t R, const int32_t *qsl,
+                              const int32_t *seq_lens, const int32_t *bt, int32_t stride);
+/* One layer's attention: kva_attention_run, or for MLA kva_mla_run with the
+ * layer's weights (w_uk, w_uv unused for MHA). out: [T, shape.out]. */
+kva_status serve_layer_attention(kva_context *ctx, const serve_opts *o, const kva_plan *plan,
+                                 const void *q, const void *w_uk, const void *w_uv,
+                                 const kva_cache *cache, void *out);
 
 /* One request of the workload and what happened to it. */
 typedef enum serve_req_state {
@@ -124,6 +170,8 @@ typedef struct serve_stats {
     double attention_s;   /* inside kva_attention_run (CUDA: device time, events) */
     double write_s;       /* inside kva_cache_write (CUDA: device time, events) */
     double plan_s;        /* inside kva_plan_create / destroy */
+    double step_s_by_state[KVA_STATE_EMPTY + 1]; /* step_s by the steps' kva_attn_state */
+    int32_t last_state;                          /* the last step's state (set by the engine) */
     /* --verify */
     int32_t verify_steps;
     int32_t verify_failures;
@@ -245,6 +293,8 @@ typedef struct serve_metrics {
     double attention_share; /* attention_s / step_s */
     double write_share;
     double plan_share;
+    double mean_step_ms;        /* step_s / steps */
+    double mean_decode_step_ms; /* over the decode-only steps */
 } serve_metrics;
 
 /* Returns 0 when out of memory. */

@@ -1,8 +1,8 @@
 """kvattn: attention backends for LLM serving (a thin layer over the C library).
 
-Core API (mirrors include/kvattn.h): Context, Cache, Plan (run / run_ragged),
-run, merge_states, Pool; kvattn.flashinfer holds FlashInfer-compatible
-wrappers. Failures raise KvaError subclasses carrying kva_last_error().
+Core API (mirrors include/kvattn.h): Context, Cache, Plan (run / run_ragged /
+run_mla), run, merge_states, Pool; kvattn.flashinfer holds
+FlashInfer-compatible wrappers (decode, prefill, ragged prefill, MLA). Failures raise KvaError subclasses carrying kva_last_error().
 """
 
 from ._errors import (  # noqa: F401

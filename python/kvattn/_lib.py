@@ -42,6 +42,7 @@ DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 DTYPE_SIZES = {0: 4, 1: 2, 2: 2, 3: 1, 4: 1, 5: 1}
 LAYOUTS = {"NHD": 0, "HND": 1}
 QUANTS = {"none": 0, "int8_channel": 1, "int8_token_k": 2, "int8_token_k_v16": 3, "fp8_e4m3": 4}
+KINDS = {"mha": 0, "mla": 1}  # kva_attn_kind
 POOL_HASHES = {"sha256": 0, "xxh3_128": 1}
 STATES = {
     0: "prefill_no_cache",

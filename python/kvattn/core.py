@@ -158,15 +158,20 @@ class Cache:
 
     Cache(ctx, ...) allocates it (quantized formats take their static scales
     here: host float32 arrays of length 1, Hkv or Hkv*D); Cache.from_tensors
-    wraps caller-owned K/V tensors without copying."""
+    wraps caller-owned K/V tensors without copying.
+
+    kind="mla": a latent cache (docs/mla.md), one row [c_kv (Dc) | k_pe (Dr)]
+    per token: num_kv_heads=1, head_dim=Dc + Dr, head_dim_v=Dc;
+    Cache.mla(ctx, num_blocks, block_size, kv_lora_rank, qk_rope_head_dim,
+    ...) says the same with DeepSeek's names."""
 
     def __init__(self, ctx, num_blocks, block_size, num_kv_heads, head_dim, head_dim_v=0,
                  dtype="f16", layout="NHD", quant="none", k_scale=None, k_offset=None,
-                 v_scale=None, v_offset=None):
+                 v_scale=None, v_offset=None, kind="mha"):
         self.ctx = ctx
         d = L.CacheDesc(num_blocks, block_size, num_kv_heads, head_dim, head_dim_v,
                         dtype_code(dtype), _enum(L.LAYOUTS, layout, "layout"),
-                        _enum(L.QUANTS, quant, "quant"))
+                        _enum(L.QUANTS, quant, "quant"), _enum(L.KINDS, kind, "kind"))
         arrays = [None if a is None else T.host_array(a, np.float32, n).reshape(-1)
                   for a, n in ((k_scale, "k_scale"), (k_offset, "k_offset"),
                                (v_scale, "v_scale"), (v_offset, "v_offset"))]
@@ -180,6 +185,28 @@ class Cache:
         _check(L.kva_cache_create_quant(ctx._h, _byref(d), params, _byref(h)))
         self._h, self._owners = h.value, ()
         self._load_desc()
+
+    @classmethod
+    def mla(cls, ctx, num_blocks, block_size, kv_lora_rank=512, qk_rope_head_dim=64,
+            dtype="bf16", quant="none", k_scale=None):
+        """A latent (MLA) cache of rows [c_kv | k_pe]: [NB, B, Dc + Dr] with
+        Dc = kv_lora_rank, Dr = qk_rope_head_dim; quant "none" or "fp8_e4m3"
+        (one per-tensor k_scale)."""
+        return cls(ctx, num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim,
+                   kv_lora_rank, dtype=dtype, quant=quant, k_scale=k_scale, kind="mla")
+
+    @classmethod
+    def from_latent(cls, ctx, kv, kv_lora_rank=512):
+        """Wraps a caller-owned latent cache kv [NB, B, Dc + Dr] (rows
+        [c_kv | k_pe], contiguous, f32/f16/bf16; Dc = kv_lora_rank) as an MLA
+        cache, without copying (kva_cache_create_from); the cache keeps kv
+        alive."""
+        v = _tensor(kv, "kv", ctx)
+        if len(v.shape) != 3:
+            raise ShapeMismatchError("kv: expected [NB, B, Dc + Dr] (3-D), got %s" % (v.shape,))
+        nb, bs, d = v.shape
+        return cls._wrap(ctx, v.ptr, None, nb, bs, 1, d, kv_lora_rank, v.dtype, 0, (kv,),
+                         kind=L.KINDS["mla"])
 
     @classmethod
     def from_tensors(cls, ctx, k, v, layout="NHD"):
@@ -217,13 +244,16 @@ class Cache:
         return cls._wrap(ctx, v.ptr, None, np_, bs, hkv, d, d, v.dtype, lay, (kv,))
 
     @classmethod
-    def _wrap(cls, ctx, kptr, vptr, nb, bs, hkv, d, dv, dtype, layout, owners):
-        """vptr None: kptr is interleaved storage of nb pages."""
+    def _wrap(cls, ctx, kptr, vptr, nb, bs, hkv, d, dv, dtype, layout, owners, kind=0):
+        """vptr None: kptr is interleaved storage of nb pages (kind 0) or
+        latent rows (kind MLA)."""
         self = cls.__new__(cls)
         self.ctx = ctx
-        desc = L.CacheDesc(nb, bs, hkv, d, dv, dtype, layout, 0)
+        desc = L.CacheDesc(nb, bs, hkv, d, dv, dtype, layout, 0, kind)
         h = ctypes.c_void_p()
-        if vptr is None:
+        if kind:
+            _check(L.kva_cache_create_from(ctx._h, _byref(desc), kptr, None, _byref(h)))
+        elif vptr is None:
             _check(L.kva_cache_create_from_interleaved(ctx._h, _byref(desc), kptr, _byref(h)))
         else:
             _check(L.kva_cache_create_from(ctx._h, _byref(desc), kptr, vptr, _byref(h)))
@@ -240,15 +270,19 @@ class Cache:
         self.dtype = L.DTYPE_NAMES[d.dtype]
         self.layout = {v: k for k, v in L.LAYOUTS.items()}[d.layout]
         self.quant = {v: k for k, v in L.QUANTS.items()}[d.quant]
-        self._sig = (d.block_size, d.num_kv_heads, d.head_dim, d.head_dim_v)
+        self.kind = {v: k for k, v in L.KINDS.items()}[d.kind]
+        self._sig = (d.block_size, d.num_kv_heads, d.head_dim, d.head_dim_v, d.kind)
 
     def write(self, k, v, slot_mapping):
         """reshape_and_cache: k [T, Hkv, D], v [T, Hkv, Dv] (f32/f16/bf16; the
         token dimension may be strided, e.g. slices of a fused QKV output),
         slot_mapping [T] int64 (slot = block * B + offset, < 0 skips), all on
-        the context's device."""
+        the context's device. MLA caches (concat_and_cache_mla): k = c_kv
+        [T, Dc], v = k_pe [T, Dr] (or [T, 1, Dc], [T, 1, Dr])."""
         ctx = self.ctx
         kv, vv = _tensor(k, "k", ctx, contiguous=False), _tensor(v, "v", ctx, contiguous=False)
+        if self.kind == "mla":
+            return self._write_latent(kv, vv, slot_mapping)
         if len(kv.shape) != 3 or len(vv.shape) != 3:
             raise ShapeMismatchError("k, v: expected [T, Hkv, D] tensors, got %s and %s"
                                      % (kv.shape, vv.shape))
@@ -268,12 +302,32 @@ class Cache:
                 raise InvalidArgumentError(
                     "%s: heads and channels of a token must be contiguous (strides %s)"
                     % (name, t.strides))
+        self._write(kv, vv, n, slot_mapping)
+
+    def _write(self, kv, vv, n, slot_mapping):
+        """kva_cache_write of n tokens from the checked views kv, vv."""
+        ctx = self.ctx
         if ctx.device == T.CPU and not isinstance(slot_mapping, np.ndarray) and \
                 not T.is_torch(slot_mapping):
             slot_mapping = np.asarray(slot_mapping, dtype=np.int64)
         sv = _tensor(slot_mapping, "slot_mapping", ctx, (n,), T.I64)
         _check(L.kva_cache_write(ctx._h, self._h, n, kv.ptr, kv.strides[0] if n > 1 else 0,
                                  vv.ptr, vv.strides[0] if n > 1 else 0, kv.dtype, sv.ptr))
+
+    def _write_latent(self, kv, vv, slot_mapping):
+        dc, dr = self.head_dim_v, self.head_dim - self.head_dim_v
+        n = kv.shape[0] if kv.shape else 0
+        for t, name, width in ((kv, "k (c_kv)", dc), (vv, "v (k_pe)", dr)):
+            if tuple(t.shape) not in ((n, width), (n, 1, width)):
+                raise ShapeMismatchError("%s: shape %s, expected (%d, %d)"
+                                         % (name, tuple(t.shape), n, width))
+            if t.strides[-1] != 1 and width > 1:
+                raise InvalidArgumentError("%s: channels of a token must be contiguous "
+                                           "(strides %s)" % (name, t.strides))
+        if kv.dtype != vv.dtype:
+            raise DtypeMismatchError("k, v: dtypes %s and %s differ"
+                                     % (_dtype_name(kv.dtype), _dtype_name(vv.dtype)))
+        self._write(kv, vv, n, slot_mapping)
 
     def copy_blocks(self, pairs):
         """Copies whole blocks inside this cache: pairs [n, 2] of (src, dst) ids
@@ -315,7 +369,10 @@ class Cache:
         return np.asarray(self._host_view("k"))
 
     def v_array(self):
-        """Host caches: a numpy view of the V storage (as k_array)."""
+        """Host caches: a numpy view of the V storage (as k_array). MLA: the
+        first Dc columns of the latent rows (a strided view of k_array)."""
+        if self.kind == "mla":
+            return self.k_array()[..., : self.head_dim_v]
         return self._host_view("v")
 
     def close(self):
@@ -327,9 +384,9 @@ class Cache:
 
     def __repr__(self):
         return ("kvattn.Cache(num_blocks=%d, block_size=%d, num_kv_heads=%d, head_dim=%d, "
-                "head_dim_v=%d, dtype=%r, layout=%r, quant=%r)"
+                "head_dim_v=%d, dtype=%r, layout=%r, quant=%r, kind=%r)"
                 % (self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim,
-                   self.head_dim_v, self.dtype, self.layout, self.quant))
+                   self.head_dim_v, self.dtype, self.layout, self.quant, self.kind))
 
 
 class PlanInfo:
@@ -351,12 +408,17 @@ class Plan:
     context's backend. query_start_loc [R+1], seq_lens [R] and block_table
     [R, max_blocks] are host int32 arrays (lists, numpy or torch; CUDA
     tensors are copied to the host); block_table may be None for plans used
-    only with run_ragged."""
+    only with run_ragged.
+
+    kind="mla" plans read latent caches (num_kv_heads=1, head_dim=Dc + Dr,
+    head_dim_v=Dc, an explicit scale): run() is the absorbed kernel-level
+    call; with mla_qk_nope_head_dim (Dn) and mla_v_head_dim (Dv) given,
+    run_mla() is the layer-level kva_mla_run."""
 
     def __init__(self, ctx, query_start_loc, seq_lens, block_table=None, *, block_size,
                  num_heads, num_kv_heads, head_dim, head_dim_v=0, q_dtype="f16", scale=0.0,
                  causal=True, window_left=-1, softcap=0.0, alibi_slopes=None,
-                 decode_threshold=0):
+                 decode_threshold=0, kind="mha", mla_qk_nope_head_dim=0, mla_v_head_dim=0):
         qsl = T.host_array(query_start_loc, np.int32, "query_start_loc")
         sl = T.host_array(seq_lens, np.int32, "seq_lens")
         r = sl.shape[0]
@@ -380,18 +442,22 @@ class Plan:
         # is a per-context template whose batch fields are set here (contexts
         # are used from one thread at a time, so the template is too).
         key = (block_size, num_heads, num_kv_heads, head_dim, head_dim_v, q_dtype, scale,
-               causal, window_left, softcap, decode_threshold)
+               causal, window_left, softcap, decode_threshold, kind, mla_qk_nope_head_dim,
+               mla_v_head_dim)
         tmpl = ctx._plan_descs.get(key)
         if tmpl is None:
             qdt = dtype_code(q_dtype)
+            kc = _enum(L.KINDS, kind, "kind")
             d = L.PlanDesc(0, None, None, None, 0, block_size, decode_threshold, num_heads,
                            num_kv_heads, head_dim, head_dim_v, qdt, scale or 0.0,
                            1 if causal else 0, -1 if window_left is None else window_left,
-                           softcap or 0.0, None)
+                           softcap or 0.0, None, kc)
+            d.mla_qk_nope_head_dim = mla_qk_nope_head_dim
+            d.mla_v_head_dim = mla_v_head_dim
             if len(ctx._plan_descs) >= 64:
                 ctx._plan_descs.clear()
             tmpl = ctx._plan_descs[key] = (d, qdt, (block_size, num_kv_heads, head_dim,
-                                                     head_dim_v or head_dim))
+                                                     head_dim_v or head_dim, kc))
         d, qdt, self._cache_sig = tmpl
         d.num_requests = r
         d.query_start_loc = T.address(qsl)
@@ -410,6 +476,7 @@ class Plan:
         self._q_shape = (t, num_heads, head_dim)
         self._out_shape = (t, num_heads, dv)
         self._lse_shape = (t, num_heads)
+        self._mla = (mla_qk_nope_head_dim, mla_v_head_dim) if mla_v_head_dim else None
         self._seq_lens = sl if block_table is None else None
 
     @property
@@ -424,16 +491,49 @@ class Plan:
         _check(L.kva_plan_get_info(self._h, _byref(c)))
         return PlanInfo(c)
 
-    def _outputs(self, q, qv, out, lse, return_lse, ctx):
+    def _outputs(self, q, qv, out, lse, return_lse, ctx, out_shape=None):
+        out_shape = out_shape or self._out_shape
         if out is None:
-            out = T.empty_like_device(q, self._out_shape, self.q_dtype, qv.device, qv.device_id)
-        ov = _tensor(out, "out", ctx, self._out_shape, self.q_dtype)
+            out = T.empty_like_device(q, out_shape, self.q_dtype, qv.device, qv.device_id)
+        ov = _tensor(out, "out", ctx, out_shape, self.q_dtype)
         lv = None
         if lse is None and return_lse:
             lse = T.empty_like_device(q, self._lse_shape, T.F32, qv.device, qv.device_id)
         if lse is not None:
             lv = _tensor(lse, "lse", ctx, self._lse_shape, T.F32)
         return out, ov, lse, lv
+
+    def _check_cache(self, cache):
+        if cache._sig != self._cache_sig:
+            raise ShapeMismatchError(
+                "cache (B %d, Hkv %d, D %d, Dv %d, %s) does not match the plan (B %d, Hkv %d, "
+                "D %d, Dv %d, %s)" % (cache.block_size, cache.num_kv_heads, cache.head_dim,
+                                      cache.head_dim_v, cache.kind, self.block_size,
+                                      self.num_kv_heads, self.head_dim, self.head_dim_v,
+                                      "mla" if self._cache_sig[4] else "mha"))
+
+    def run_mla(self, q, w_uk, w_uv, cache, *, out=None, lse=None, return_lse=False, ctx=None):
+        """Multi-head latent attention for one layer (kva_mla_run): q
+        [T, H, Dn + Dr] (q_nope then q_pe, RoPE applied), w_uk [H, Dn, Dc]
+        and w_uv [H, Dc, Dv] in the plan's q_dtype, cache a latent cache.
+        Returns out [T, H, Dv], or (out, lse) as run(). Requests with q_len <=
+        decode_threshold take the absorbed path, the others the
+        compute-friendly one (docs/mla.md)."""
+        ctx = ctx or self.ctx
+        if self._mla is None:
+            raise InvalidArgumentError("run_mla: the plan has no mla_qk_nope_head_dim / "
+                                       "mla_v_head_dim (create it with kind='mla' and both)")
+        dn, dv = self._mla
+        t, h = self._lse_shape
+        dc, dr = self.head_dim_v, self.head_dim - self.head_dim_v
+        qv = _tensor(q, "q", ctx, (t, h, dn + dr), self.q_dtype)
+        uk = _tensor(w_uk, "w_uk", ctx, (h, dn, dc), self.q_dtype)
+        uv = _tensor(w_uv, "w_uv", ctx, (h, dc, dv), self.q_dtype)
+        self._check_cache(cache)
+        out, ov, lse, lv = self._outputs(q, qv, out, lse, return_lse, ctx, (t, h, dv))
+        _check(L.kva_mla_run(ctx._h, self._h, qv.ptr, uk.ptr, uv.ptr, cache._h, ov.ptr,
+                             lv.ptr if lv else None))
+        return (out, lse) if lv else out
 
     def _sinks(self, sinks, ctx):
         if sinks is None:
@@ -447,12 +547,7 @@ class Plan:
         lse is given or return_lse is set."""
         ctx = ctx or self.ctx
         qv = _tensor(q, "q", ctx, self._q_shape, self.q_dtype)
-        if cache._sig != self._cache_sig:
-            raise ShapeMismatchError(
-                "cache (B %d, Hkv %d, D %d, Dv %d) does not match the plan (B %d, Hkv %d, D %d, "
-                "Dv %d)" % (cache.block_size, cache.num_kv_heads, cache.head_dim,
-                            cache.head_dim_v, self.block_size, self.num_kv_heads, self.head_dim,
-                            self.head_dim_v))
+        self._check_cache(cache)
         out, ov, lse, lv = self._outputs(q, qv, out, lse, return_lse, ctx)
         _check(L.kva_attention_run(ctx._h, self._h, qv.ptr, cache._h, self._sinks(sinks, ctx),
                                    ov.ptr, lv.ptr if lv else None))

@@ -32,9 +32,13 @@ kva_status kva__dcp_group_init(const char *fn, kva_context *ctx, int size, int r
     return KVA_STATUS_OK;
 }
 
-kva_status kva__dcp_group_check(const char *fn, const kva__dcp_group *g, int32_t num_tokens,
-                                const void *out_part, const float *lse_part, const void *out)
+kva_status kva__dcp_group_check(const char *fn, const kva__dcp_group *g, kva_dcp_combine mode,
+                                int32_t num_tokens, const void *out_part, const float *lse_part,
+                                const void *out)
 {
+    if ((unsigned)mode >= (unsigned)KVA_DCP_COMBINE_COUNT_)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: mode = %d is not a kva_dcp_combine", fn,
+                         (int)mode);
     if (num_tokens < 0 || num_tokens > g->max_tokens)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: num_tokens = %d is outside [0, max_tokens = %d]", fn, (int)num_tokens,

@@ -22,9 +22,10 @@ kva_status kva__dcp_group_init(const char *fn, kva_context *ctx, int size, int r
                                int32_t max_tokens, int32_t num_heads, int32_t head_dim_v,
                                int32_t max_dv, kva_dtype dtype, kva__dcp_group *g);
 
-/* Validates a combine call's arguments (mode known to the caller) before any
- * collective: T <= max_tokens, the tensors given when T > 0. */
-kva_status kva__dcp_group_check(const char *fn, const kva__dcp_group *g, int32_t num_tokens,
-                                const void *out_part, const float *lse_part, const void *out);
+/* Validates a combine call's arguments before any collective: a known mode,
+ * T <= max_tokens, the tensors given when T > 0. */
+kva_status kva__dcp_group_check(const char *fn, const kva__dcp_group *g, kva_dcp_combine mode,
+                                int32_t num_tokens, const void *out_part, const float *lse_part,
+                                const void *out);
 
 #endif /* KVA_DCP_GROUP_H */

@@ -180,11 +180,8 @@ kva_status kva_dcp_mpi_combine(kva_dcp_mpi *c, kva_dcp_combine mode, int32_t num
 {
     kva__clear_error();
     KVA_CHECK_PTR(c);
-    if ((unsigned)mode >= (unsigned)KVA_DCP_COMBINE_COUNT_)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_dcp_mpi_combine: mode = %d is not a kva_dcp_combine", (int)mode);
-    KVA_TRY(
-        kva__dcp_group_check("kva_dcp_mpi_combine", &c->g, num_tokens, out_part, lse_part, out));
+    KVA_TRY(kva__dcp_group_check("kva_dcp_mpi_combine", &c->g, mode, num_tokens, out_part, lse_part,
+                                 out));
     /* Every rank returns here for T = 0 alike, so no collective is skipped on one only. */
     if (num_tokens == 0)
         return KVA_STATUS_OK;

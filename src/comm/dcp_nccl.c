@@ -9,6 +9,12 @@
  * kva_merge_states_n merges the N received blocks in place (part stride = one
  * block). Everything runs on the context's stream, with no allocation and no
  * host synchronization, so it can be graph-captured.
+ *
+ * AG_RS, as dcp_mpi.c's (vLLM's cp_lse_ag_out_rs): ncclAllGather of the LSEs
+ * [N, T, H]; a kernel (dcp_nccl_agrs.cu) weights each row of this rank's
+ * partial by exp(lse_part - lse) into float32 [N][T][Hn][Dv] (block k = rank
+ * k's heads) and writes lse_out; ncclReduceScatter sums block k on rank k
+ * (straight into out for F32 outputs); a kernel converts to F16 / BF16.
  */
 #include "dcp_group.h"
 #include "kvattn_cuda.h"
@@ -17,10 +23,21 @@
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 
+/* dcp_nccl_agrs.cu (shapes there). */
+cudaError_t kva__dcp_nccl_rescale(cudaStream_t s, kva_dtype dt, int32_t N, int32_t Tn, int32_t H,
+                                  int32_t Dv, int32_t rank, const float *lses,
+                                  const float *lse_part, const void *out_part, float *send,
+                                  float *lse_out);
+cudaError_t kva__dcp_nccl_convert(cudaStream_t s, kva_dtype dt, int64_t n, const float *src,
+                                  void *dst);
+
 struct kva_dcp_nccl {
     kva__dcp_group g;
     ncclComm_t comm;
-    void *send, *recv; /* N packed blocks each, device memory */
+    /* Device memory: A2A: N packed blocks each; AG_RS: send [N][T][Hn][Dv] and
+     * recv [T][Hn][Dv] float32, lses [N][T][H] float32. */
+    void *send, *recv;
+    float *lses;
 };
 
 kva_status kva_dcp_nccl_create(kva_context *ctx, ncclComm_t comm, int32_t max_tokens,
@@ -47,11 +64,18 @@ kva_status kva_dcp_nccl_create(kva_context *ctx, ncclComm_t comm, int32_t max_to
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_dcp_nccl_create: out of memory");
     c->g = g;
     c->comm = comm;
-    const size_t bytes = (size_t)max_tokens * num_heads * ((size_t)head_dim_v * c->g.es + 4);
-    if (cudaMalloc(&c->send, bytes) != cudaSuccess || cudaMalloc(&c->recv, bytes) != cudaSuccess) {
+    /* The larger of the modes' buffers: A2A's N blocks of T*Hn*(Dv*es + 4)
+     * bytes, AG_RS's T*H*Dv float32 (send; recv needs 1/N of it). */
+    const size_t a2a = (size_t)max_tokens * num_heads * ((size_t)head_dim_v * c->g.es + 4);
+    const size_t agrs = (size_t)max_tokens * num_heads * head_dim_v * sizeof(float);
+    const size_t bytes = a2a > agrs ? a2a : agrs;
+    const size_t lbytes = (size_t)size * max_tokens * num_heads * sizeof(float);
+    if (cudaMalloc(&c->send, bytes) != cudaSuccess || cudaMalloc(&c->recv, bytes) != cudaSuccess ||
+        cudaMalloc((void **)&c->lses, lbytes) != cudaSuccess) {
         kva_dcp_nccl_destroy(c);
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
-                         "kva_dcp_nccl_create: cudaMalloc of 2 x %zu bytes failed", bytes);
+                         "kva_dcp_nccl_create: cudaMalloc of 2 x %zu + %zu bytes failed", bytes,
+                         lbytes);
     }
     *out = c;
     return KVA_STATUS_OK;
@@ -63,33 +87,56 @@ void kva_dcp_nccl_destroy(kva_dcp_nccl *c)
         return;
     cudaFree(c->send);
     cudaFree(c->recv);
+    cudaFree(c->lses);
     free(c);
 }
 
-kva_status kva_dcp_nccl_combine(kva_dcp_nccl *c, kva_dcp_combine mode, int32_t num_tokens,
-                                const void *out_part, const float *lse_part, void *out,
-                                float *lse_out)
+/* A status for a failed NCCL call. */
+static kva_status nccl_fail(const char *what, ncclResult_t r)
 {
-    kva__clear_error();
-    KVA_CHECK_PTR(c);
-    if (mode == KVA_DCP_COMBINE_AG_RS)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_dcp_nccl_combine: KVA_DCP_COMBINE_AG_RS over NCCL is planned; use "
-                         "KVA_DCP_COMBINE_A2A");
-    if (mode != KVA_DCP_COMBINE_A2A)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_dcp_nccl_combine: mode = %d is not a kva_dcp_combine", (int)mode);
-    KVA_TRY(
-        kva__dcp_group_check("kva_dcp_nccl_combine", &c->g, num_tokens, out_part, lse_part, out));
-    if (num_tokens == 0)
-        return KVA_STATUS_OK;
-    const int32_t N = c->g.size, H = c->g.num_heads, Hn = H / N, Dv = c->g.head_dim_v,
-                  T = num_tokens;
+    return kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_dcp_nccl_combine: %s failed: %s", what,
+                     ncclGetErrorString(r));
+}
+
+/* A status for a failed CUDA call. */
+static kva_status cuda_fail(const char *what, cudaError_t e)
+{
+    return kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_dcp_nccl_combine: %s failed: %s", what,
+                     cudaGetErrorString(e));
+}
+
+/* AG_RS (see the top of the file). */
+static kva_status combine_ag_rs(kva_dcp_nccl *c, cudaStream_t s, int32_t T, const void *out_part,
+                                const float *lse_part, void *out, float *lse_out)
+{
+    const int32_t N = c->g.size, H = c->g.num_heads, Hn = H / N, Dv = c->g.head_dim_v;
+    ncclResult_t r = ncclAllGather(lse_part, c->lses, (size_t)T * H, ncclFloat32, c->comm, s);
+    if (r != ncclSuccess)
+        return nccl_fail("ncclAllGather of the LSEs", r);
+    cudaError_t e = kva__dcp_nccl_rescale(s, c->g.dtype, N, T, H, Dv, c->g.rank, c->lses, lse_part,
+                                          out_part, c->send, lse_out);
+    if (e != cudaSuccess)
+        return cuda_fail("the rescale kernel", e);
+    const size_t count = (size_t)T * Hn * Dv;
+    float *red = c->g.dtype == KVA_DTYPE_F32 ? out : c->recv;
+    r = ncclReduceScatter(c->send, red, count, ncclFloat32, ncclSum, c->comm, s);
+    if (r != ncclSuccess)
+        return nccl_fail("ncclReduceScatter of the rescaled outputs", r);
+    if (c->g.dtype != KVA_DTYPE_F32) {
+        e = kva__dcp_nccl_convert(s, c->g.dtype, (int64_t)count, red, out);
+        if (e != cudaSuccess)
+            return cuda_fail("the conversion kernel", e);
+    }
+    return KVA_STATUS_OK;
+}
+
+/* A2A (see the top of the file). */
+static kva_status combine_a2a(kva_dcp_nccl *c, cudaStream_t s, int32_t T, const void *out_part,
+                              const float *lse_part, void *out, float *lse_out)
+{
+    const int32_t N = c->g.size, H = c->g.num_heads, Hn = H / N, Dv = c->g.head_dim_v;
     const size_t out_bytes = (size_t)T * Hn * Dv * c->g.es, lse_bytes = (size_t)T * Hn * 4;
     const size_t block = out_bytes + lse_bytes, hrow = (size_t)Hn * Dv * c->g.es;
-    void *stream = NULL;
-    KVA_TRY(kva_cuda_context_get_stream(c->g.ctx, &stream));
-    cudaStream_t s = (cudaStream_t)stream;
     for (int32_t k = 0; k < N; k++) {
         char *b = (char *)c->send + (size_t)k * block;
         cudaError_t e = cudaMemcpy2DAsync(b, hrow, (const char *)out_part + (size_t)k * hrow,
@@ -100,9 +147,7 @@ kva_status kva_dcp_nccl_combine(kva_dcp_nccl *c, kva_dcp_combine mode, int32_t n
                                   (size_t)H * 4, (size_t)Hn * 4, (size_t)T,
                                   cudaMemcpyDeviceToDevice, s);
         if (e != cudaSuccess)
-            return kva__fail(KVA_STATUS_DEVICE_ERROR,
-                             "kva_dcp_nccl_combine: packing block %d failed: %s", (int)k,
-                             cudaGetErrorString(e));
+            return cuda_fail("packing a block", e);
     }
     ncclResult_t r = ncclGroupStart();
     for (int32_t k = 0; k < N && r == ncclSuccess; k++) {
@@ -114,10 +159,26 @@ kva_status kva_dcp_nccl_combine(kva_dcp_nccl *c, kva_dcp_combine mode, int32_t n
     if (r == ncclSuccess)
         r = end;
     if (r != ncclSuccess)
-        return kva__fail(KVA_STATUS_DEVICE_ERROR,
-                         "kva_dcp_nccl_combine: the grouped send/recv failed: %s",
-                         ncclGetErrorString(r));
+        return nccl_fail("the grouped send/recv", r);
     return kva_merge_states_n(
         c->g.ctx, N, T, Hn, Dv, c->g.dtype, c->recv, (int64_t)(block / c->g.es),
         (const float *)((const char *)c->recv + out_bytes), (int64_t)(block / 4), out, lse_out);
+}
+
+kva_status kva_dcp_nccl_combine(kva_dcp_nccl *c, kva_dcp_combine mode, int32_t num_tokens,
+                                const void *out_part, const float *lse_part, void *out,
+                                float *lse_out)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(c);
+    KVA_TRY(kva__dcp_group_check("kva_dcp_nccl_combine", &c->g, mode, num_tokens, out_part,
+                                 lse_part, out));
+    /* Every rank returns here for T = 0 alike, so no collective is skipped on one only. */
+    if (num_tokens == 0)
+        return KVA_STATUS_OK;
+    void *stream = NULL;
+    KVA_TRY(kva_cuda_context_get_stream(c->g.ctx, &stream));
+    if (mode == KVA_DCP_COMBINE_AG_RS)
+        return combine_ag_rs(c, (cudaStream_t)stream, num_tokens, out_part, lse_part, out, lse_out);
+    return combine_a2a(c, (cudaStream_t)stream, num_tokens, out_part, lse_part, out, lse_out);
 }

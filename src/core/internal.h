@@ -132,6 +132,7 @@ typedef struct kva__backend_ops kva__backend_ops;
 typedef enum kva__kernel_family {
     KVA__KERNEL_DECODE = 0,  /* decode-shaped items (q_len 1..4, few rows) */
     KVA__KERNEL_PREFILL = 1, /* prefill-shaped items */
+    KVA__KERNEL_MLA = 2,     /* the layer-level MLA items (kva_mla_run) */
     KVA__KERNEL_FAMILIES
 } kva__kernel_family;
 
@@ -170,6 +171,10 @@ struct kva_context {
     void *state;
     /* Registry index + 1 of the kernel forced per family (kva__context_force_kernel); 0 = none. */
     int32_t forced_kernel[KVA__KERNEL_FAMILIES];
+    /* Most key splits of one absorbed kva_mla_run item on the CPU backend
+     * (src/attn/cpu/mla_cpu.c), for tests and benches: 0 = the default, 1 =
+     * no split-KV. Read when a plan is created. */
+    int32_t mla_max_splits;
     /* A second context of the same backend, device and threads, made by the
      * first cascade plan (src/plan/cascade.c): it holds the prefix pass's
      * plan (the CUDA backend keeps one uploaded plan per context) and the

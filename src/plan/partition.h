@@ -69,6 +69,7 @@ struct kva__partition {
      * plan_build: variant_decode for decode-shaped items, variant_prefill for
      * prefill-shaped ones (src/attn/cpu/cpu_attn.h, "Dispatch seam"). */
     int32_t variant_decode, variant_prefill;
+    int32_t variant_mla; /* the layer-level MLA items' kernel (kva_mla_run) */
     /* Groups of items a backend runs together (the CPU backend: decode items
      * of one request and key range over several kv heads, interleaved chunk
      * by chunk, src/attn/cpu/cpu_attn.h): group g is items [group_start[g],

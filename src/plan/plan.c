@@ -75,12 +75,15 @@ static kva_status check_mla(const kva_plan_desc *d)
                          "no window, soft-cap or ALiBi",
                          fn, (int)d->window_left, (double)d->softcap,
                          (const void *)d->alibi_slopes);
-    if (d->dcp_size > 1)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "%s: dcp_size = %d: sharded (DCP) MLA plans are not implemented yet "
-                         "(the MLA kernels read seq_lens as the local key count)",
-                         fn, (int)d->dcp_size);
     const int32_t dn = d->mla_qk_nope_head_dim, dv = d->mla_v_head_dim;
+    /* A rank's partial must be combined before W_UV: sharded MLA is the
+     * absorbed attention of kva_attention_run, combined with Dv = Dc. */
+    if (d->dcp_size > 1 && dn != 0)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: dcp_size = %d with mla_qk_nope_head_dim = %d: a sharded MLA plan "
+                         "serves kva_attention_run (absorbed; combine the ranks with Dv = Dc, "
+                         "then apply W_UV), not kva_mla_run",
+                         fn, (int)d->dcp_size, (int)dn);
     if ((dn == 0) != (dv == 0))
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: mla_qk_nope_head_dim = %d, mla_v_head_dim = %d: give both (for "

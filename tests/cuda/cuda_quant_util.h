@@ -78,11 +78,6 @@ static inline size_t bytes_ts(const kva_cache *c)
 static inline void upload_quant(kva_cache *dc, const kva_cache *hc)
 {
     cache_upload(dc, hc);
-    float *hs = NULL, *ds = NULL;
-    kva_cache_token_scales(hc, &hs);
-    kva_cache_token_scales(dc, &ds);
-    if (hs && ds)
-        CUDA_OK(cudaMemcpy(ds, hs, bytes_ts(hc), cudaMemcpyHostToDevice));
 }
 
 /* Makes every slot no request reads unreadable: token scales NaN, and the

@@ -59,7 +59,8 @@ static inline int dev_untouched(const void *d)
     return untouched;
 }
 
-/* Copies a host cache's K/V storage into a device cache of the same desc. */
+/* Copies a host cache's K/V storage (and per-token scales, if its format has
+ * them) into a device cache of the same desc and static scales. */
 static inline void cache_upload(kva_cache *dev, const kva_cache *host)
 {
     void *hk, *hv, *dk, *dv;
@@ -69,6 +70,13 @@ static inline void cache_upload(kva_cache *dev, const kva_cache *host)
                        cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dv, hv, (size_t)host->desc.num_blocks * kva_cache_block_bytes_v(host),
                        cudaMemcpyHostToDevice));
+    float *hs = NULL, *ds = NULL;
+    kva_cache_token_scales(host, &hs);
+    kva_cache_token_scales(dev, &ds);
+    if (hs && ds)
+        CUDA_OK(cudaMemcpy(ds, hs,
+                           (size_t)host->desc.num_blocks * kva_cache_block_bytes_scales(host),
+                           cudaMemcpyHostToDevice));
 }
 #endif
 

@@ -92,7 +92,11 @@ static void fuzz_write(fz *f, kva_context *ctx, kva_cache *c, const kva_cache_de
     const kva_dtype sdt = kFloatDt[fz_u8(f) % 4];
     int64_t ks = fz_u8(f) < 0x40 ? fz_i32(f) : 0, vs = fz_u8(f) < 0x40 ? fz_i32(f) : 0;
     const int32_t dv = d->head_dim_v ? d->head_dim_v : d->head_dim;
-    const int64_t rk = (int64_t)d->num_kv_heads * d->head_dim, rv = (int64_t)d->num_kv_heads * dv;
+    /* Source rows: K and V of all kv heads; an MLA cache takes c_kv (Dc = Dv)
+     * as k and k_pe (Dr = D - Dc, which may exceed Dc) as v. */
+    const int mla = d->kind == KVA_ATTN_MLA;
+    const int64_t rk = mla ? dv : (int64_t)d->num_kv_heads * d->head_dim;
+    const int64_t rv = mla ? d->head_dim - dv : (int64_t)d->num_kv_heads * dv;
     const int64_t sk = ks > 0 ? ks : rk, sv = vs > 0 ? vs : rv;
     if (sk > (1 << 16) || sv > (1 << 16))
         return;

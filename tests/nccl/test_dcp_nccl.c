@@ -1,11 +1,11 @@
 /*
  * test_dcp_nccl.c - the DCP combine over NCCL (kvattn_nccl.h) with one rank
  * on one GPU: random partials (bf16 out, lse with -inf rows) go through
- * KVA_DCP_COMBINE_A2A (pack, grouped send/recv to itself, merge) directly and
- * captured in a CUDA graph; with one rank the result must be the partial
- * itself, bit for bit, and the lse equal. AG_RS is refused (planned) and bad
- * arguments fail before anything is enqueued. Multi-rank runs are issue 20's.
- * Exits 77 without NCCL or a GPU.
+ * both modes (A2A: pack, grouped send/recv to itself, merge; AG_RS:
+ * all-gather, rescale, reduce-scatter, convert) directly and captured in a
+ * CUDA graph; with one rank the result must be the partial itself, bit for
+ * bit, and the lse equal. Bad arguments fail before anything is enqueued.
+ * N ranks on N GPUs: test_dcp_nccl_ranks.c. Exits 77 without NCCL or a GPU.
  */
 #include <stdio.h>
 
@@ -48,15 +48,18 @@ static void test_single_rank(void)
 
     kva_dcp_nccl *dcp = NULL;
     CHECK_OK(kva_dcp_nccl_create(gpu, comm, T, H, DV, KVA_DTYPE_BF16, &dcp));
-    for (int graph = 0; graph < 2; graph++) {
+    for (int it = 0; it < 4; it++) {
+        const int graph = it & 1;
+        const kva_dcp_combine mode = it < 2 ? KVA_DCP_COMBINE_A2A : KVA_DCP_COMBINE_AG_RS;
         CUDA_OK(cudaMemset(dout, 0xff, sizeof part));
+        CUDA_OK(cudaMemset(dgl, 0xff, sizeof lse));
         if (!graph) {
-            CHECK_OK(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_A2A, T, dpart, dlse, dout, dgl));
+            CHECK_OK(kva_dcp_nccl_combine(dcp, mode, T, dpart, dlse, dout, dgl));
         } else {
             cudaGraph_t g;
             cudaGraphExec_t exec;
             CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-            CHECK_OK(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_A2A, T, dpart, dlse, dout, dgl));
+            CHECK_OK(kva_dcp_nccl_combine(dcp, mode, T, dpart, dlse, dout, dgl));
             CUDA_OK(cudaStreamEndCapture(stream, &g));
             CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
             CUDA_OK(cudaGraphLaunch(exec, stream));
@@ -71,13 +74,14 @@ static void test_single_rank(void)
             const float w = lse[i / DV] == -INFINITY ? 0.0f : kva_bf16_to_f32(part[i]);
             bad += kva_bf16_to_f32(got[i]) != w;
         }
-        CHECK_MSG(bad == 0, "graph %d: %zu elements differ from the partial", graph, bad);
+        CHECK_MSG(bad == 0, "mode %d graph %d: %zu elements differ from the partial", (int)mode,
+                  graph, bad);
         for (int i = 0; i < T * H; i++)
             CHECK_MSG(got_lse[i] == lse[i] || fabsf(got_lse[i] - lse[i]) <= 1e-6f,
-                      "lse %d: %g vs %g", i, got_lse[i], lse[i]);
+                      "mode %d lse %d: %g vs %g", (int)mode, i, got_lse[i], lse[i]);
     }
-    CHECK_STATUS(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_AG_RS, T, dpart, dlse, dout, dgl),
-                 KVA_STATUS_UNSUPPORTED);
+    CHECK_STATUS(kva_dcp_nccl_combine(dcp, (kva_dcp_combine)7, T, dpart, dlse, dout, dgl),
+                 KVA_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_A2A, T + 1, dpart, dlse, dout, dgl),
                  KVA_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_A2A, T, NULL, dlse, dout, dgl),

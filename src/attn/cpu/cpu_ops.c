@@ -45,6 +45,10 @@ static const kva__kernel_info kernels[] = {
     {"prefill_avx512",     KVA__KERNEL_PREFILL, usable_avx512},
     {"prefill_avx512bf16", KVA__KERNEL_PREFILL, usable_avx512bf16},
 #endif
+    {"mla_portable",       KVA__KERNEL_MLA,     NULL},
+#if defined(__x86_64__)
+    {"mla_avx512",         KVA__KERNEL_MLA,     usable_avx512},
+#endif
 };
 static const cpu_kernel impls[] = {
     {kva__cpu_attn_portable,         NULL,                           KVA__ISA_PORTABLE},
@@ -58,6 +62,11 @@ static const cpu_kernel impls[] = {
     {kva__cpu_prefill_avx2,          NULL,                           KVA__ISA_AVX2},
     {kva__cpu_prefill_avx512,        NULL,                           KVA__ISA_AVX512},
     {kva__cpu_prefill_avx512bf16,    NULL,                           KVA__ISA_AVX512BF16},
+#endif
+    /* MLA items run through kva__cpu_plan_mla_item (mla_cpu.c's entry). */
+    {NULL,                           NULL,                           KVA__ISA_PORTABLE},
+#if defined(__x86_64__)
+    {NULL,                           NULL,                           KVA__ISA_AVX512},
 #endif
 };
 /* clang-format on */
@@ -84,10 +93,10 @@ static int usable_avx512bf16(const kva_context *ctx)
 /* Registry indices of the kernels a plan built on ctx runs: per family the
  * one forced on ctx (kva__context_force_kernel) while the ISA level still
  * allows it, else the last entry the level allows. */
-static void choose(const kva_context *ctx, int32_t *decode, int32_t *prefill)
+static void choose(const kva_context *ctx, int32_t *decode, int32_t *prefill, int32_t *mla)
 {
     const kva__cpu_isa level = kva__cpu_isa_of(&ctx->cpu_features);
-    int32_t pick[KVA__KERNEL_FAMILIES] = {0, 0};
+    int32_t pick[KVA__KERNEL_FAMILIES] = {0};
     for (int32_t i = 0; i < NUM_KERNELS; i++)
         if (impls[i].isa <= level)
             pick[kernels[i].family] = i;
@@ -98,13 +107,27 @@ static void choose(const kva_context *ctx, int32_t *decode, int32_t *prefill)
     }
     *decode = pick[KVA__KERNEL_DECODE];
     *prefill = pick[KVA__KERNEL_PREFILL];
+    *mla = pick[KVA__KERNEL_MLA];
 }
 
 const char *kva__cpu_plan_kernel(const kva_plan *plan, kva__kernel_family family)
 {
-    const int32_t v =
-        family == KVA__KERNEL_DECODE ? plan->part->variant_decode : plan->part->variant_prefill;
+    const int32_t v = family == KVA__KERNEL_DECODE    ? plan->part->variant_decode
+                      : family == KVA__KERNEL_PREFILL ? plan->part->variant_prefill
+                                                      : plan->part->variant_mla;
     return v >= 1 && v <= NUM_KERNELS ? kernels[v - 1].name : NULL;
+}
+
+kva__cpu_mla_item_fn kva__cpu_plan_mla_item(const kva_plan *plan)
+{
+#if defined(__x86_64__)
+    const int32_t v = plan->part->variant_mla;
+    if (v >= 1 && v <= NUM_KERNELS && impls[v - 1].isa >= KVA__ISA_AVX512)
+        return kva__cpu_mla_item_avx512;
+#else
+    (void)plan;
+#endif
+    return kva__cpu_mla_item_portable;
 }
 
 int kva__cpu_kernel_groups(const char *name)
@@ -186,11 +209,13 @@ kva_status kva__cpu_plan_partition(kva_context *ctx, kva_plan *plan,
         /* Re-partitioning keeps the kernels. */
         part->variant_decode = plan->part->variant_decode;
         part->variant_prefill = plan->part->variant_prefill;
+        part->variant_mla = plan->part->variant_mla;
     } else {
-        int32_t kd = 0, kp = 0;
-        choose(ctx, &kd, &kp);
+        int32_t kd = 0, kp = 0, km = 0;
+        choose(ctx, &kd, &kp, &km);
         part->variant_decode = kd + 1;
         part->variant_prefill = kp + 1;
+        part->variant_mla = km + 1;
     }
     kva_status gst = build_groups(part, decode_group(part) != NULL);
     if (gst != KVA_STATUS_OK) {
@@ -228,8 +253,8 @@ static kva_status cpu_plan_build(kva_context *ctx, kva_plan *plan)
      * KVA_CPU_GROUP_MAX kv heads (cpu_attn.h, "Groups"): ask for as many
      * groups per thread as there were items, i.e. split long requests as
      * often as before grouping. */
-    int32_t kd = 0, kp = 0;
-    choose(ctx, &kd, &kp);
+    int32_t kd = 0, kp = 0, km = 0;
+    choose(ctx, &kd, &kp, &km);
     int decode_only = impls[kd].group != NULL;
     for (int32_t r = 0; r < plan->d.num_requests; r++)
         if (plan->query_start_loc[r + 1] - plan->query_start_loc[r] > KVA_CPU_DECODE_MAX_NQ)
@@ -241,7 +266,7 @@ static kva_status cpu_plan_build(kva_context *ctx, kva_plan *plan)
     KVA_TRY(kva__cpu_plan_partition(ctx, plan, &pp));
     /* A plan with MLA head sizes also serves kva_mla_run (mla_cpu.c), whose
      * per-thread scratch shares the workspace with the partition's. */
-    const size_t mla = kva__cpu_mla_workspace(plan, pp.num_threads);
+    const size_t mla = kva__cpu_mla_workspace(ctx, plan, pp.num_threads);
     if (mla > plan->workspace_bytes) {
         KVA_TRY(kva__context_reserve_workspace(ctx, mla));
         plan->workspace_bytes = mla;

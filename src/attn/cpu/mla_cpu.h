@@ -3,9 +3,12 @@
  *
  * mla_cpu.c drives a run: it lists the work items (a decode request's heads
  * in groups of KVA_MLA_HEAD_GROUP, or one head of a prefill request), sizes
- * each thread's scratch and runs the items on an OpenMP team. The item
+ * each thread's scratch and runs the items on an OpenMP team. When a run has
+ * fewer items than twice its threads, each absorbed item's keys are split
+ * into pieces run in parallel and merged by their LSE (split-KV). The item
  * bodies (mla_items.inc) are compiled once per ISA: mla_portable.c (plain
- * C) and mla_avx512.c (the same C, auto-vectorized for AVX-512).
+ * C) and mla_avx512.c (the same C, auto-vectorized for AVX-512), the kernel
+ * registry's "mla_portable" and "mla_avx512" (cpu_ops.c).
  */
 #ifndef KVA_MLA_CPU_H
 #define KVA_MLA_CPU_H
@@ -18,6 +21,10 @@
 /* Query heads of one absorbed-path item: every latent row read once serves
  * q_len * KVA_MLA_HEAD_GROUP attention rows. */
 #define KVA_MLA_HEAD_GROUP 64
+/* Split-KV of absorbed items: at least this many keys per piece, at most
+ * this many pieces. */
+#define KVA_MLA_SPLIT_MIN 512
+#define KVA_MLA_MAX_SPLITS 32
 
 /* Everything an item needs. Shapes: q [T, H, Dn + Dr], w_uk [H, Dn, Dc],
  * w_uv [H, Dc, Dv] (q_dtype), out [T, H, Dv] (q_dtype), lse [T, H] or NULL. */
@@ -33,10 +40,39 @@ typedef struct kva__cpu_mla {
 } kva__cpu_mla;
 
 /* One work item: request r, heads h0 .. h0 + nh - 1; absorbed = 1 for the
- * absorbed (decode) path, 0 for the compute-friendly (prefill) path. */
+ * absorbed (decode) path, 0 for the compute-friendly (prefill) path.
+ * Split absorbed items (split > 1; Mp = q_len * nh rounded up to 16):
+ * piece -1 absorbs the queries once into qa [Mp, D]; piece p < split
+ * attends from qa to keys [k0, k1) and leaves its unnormalized latent
+ * output o [Mp, Dc], row maxima mx [Mp] and sums l [Mp] in partial + p *
+ * piece_floats; piece == split merges the pieces by their LSE and projects
+ * and stores the rows. */
 typedef struct kva__cpu_mla_item {
     int32_t r, h0, nh, absorbed;
+    int32_t split, piece;
+    int64_t k0, k1;
+    float *qa;      /* [Mp, D] absorbed queries of a split item, or NULL */
+    float *partial; /* [split, piece_floats] of a split item, or NULL */
+    size_t piece_floats;
 } kva__cpu_mla_item;
+
+typedef void (*kva__cpu_mla_item_fn)(const kva__cpu_mla *m, const kva__cpu_mla_item *it,
+                                     float *scratch);
+
+/* How a run splits its absorbed items over the keys. */
+typedef struct kva__cpu_mla_split {
+    int32_t split;        /* pieces per absorbed item; 1 = no split-KV */
+    int32_t num_absorbed; /* absorbed items of the plan */
+    size_t qa_floats;     /* floats of an item's absorbed queries, Mp * D at most */
+    size_t piece_floats;  /* floats of one piece's partial, Mp * (Dc + 2) at most */
+} kva__cpu_mla_split;
+
+/* The split of plan's absorbed items on nt threads: split when the plan has
+ * fewer items than threads, into up to 2 nt / items pieces of at least
+ * KVA_MLA_SPLIT_MIN keys of its longest absorbed request, at most
+ * KVA_MLA_MAX_SPLITS or ctx->mla_max_splits when set. */
+void kva__cpu_mla_split_of(const kva_context *ctx, const kva_plan *plan, int32_t nt,
+                           kva__cpu_mla_split *s);
 
 /* Floats of one thread's scratch, per path (mla_items.inc carves them in
  * this order). Absorbed, for M = q_len * heads rows padded to Mp, a multiple
@@ -58,9 +94,10 @@ static inline size_t kva__cpu_mla_floats(int absorbed, size_t rows, size_t D, si
 
 /* Bytes of one thread's scratch for plan (a multiple of 64). */
 size_t kva__cpu_mla_scratch_bytes(const kva_plan *plan);
-/* Workspace bytes of kva_mla_run for plan built with nt threads (0 for a
- * plan without MLA head sizes). */
-size_t kva__cpu_mla_workspace(const kva_plan *plan, int32_t nt);
+/* Workspace bytes of kva_mla_run for plan built on ctx with nt threads (0
+ * for a plan without MLA head sizes): nt scratch areas, then the split
+ * partials. */
+size_t kva__cpu_mla_workspace(const kva_context *ctx, const kva_plan *plan, int32_t nt);
 /* kva__backend_ops.mla_run of the CPU backend. */
 kva_status kva__cpu_mla_run(kva_context *ctx, const kva_plan *plan, const void *q, const void *w_uk,
                             const void *w_uv, const kva_cache *cache, void *out, float *lse);
@@ -68,5 +105,8 @@ kva_status kva__cpu_mla_run(kva_context *ctx, const kva_plan *plan, const void *
 /* Runs one item with the given scratch (kva__cpu_mla_scratch_bytes bytes). */
 void kva__cpu_mla_item_portable(const kva__cpu_mla *m, const kva__cpu_mla_item *it, float *scratch);
 void kva__cpu_mla_item_avx512(const kva__cpu_mla *m, const kva__cpu_mla_item *it, float *scratch);
+/* The item entry of the plan's MLA kernel (registry family KVA__KERNEL_MLA,
+ * chosen when the plan was built; cpu_ops.c). */
+kva__cpu_mla_item_fn kva__cpu_plan_mla_item(const kva_plan *plan);
 
 #endif /* KVA_MLA_CPU_H */

@@ -44,6 +44,7 @@ extern "C" {
 }
 #include "attn_quant_ld.cuh"
 #include "cuda_check.h"
+#include "dcp_pos.cuh"
 #include "quant_args.cuh"
 #include "simt_merge.cuh"
 
@@ -245,7 +246,9 @@ attend(const qa_args &a, int32_t kb, int g, int32_t nrows, bool ktok, const chun
         for (int r = 0; r < ROWS; r++)
 #pragma unroll
             for (int u = 0; u < QA_U; u++)
-                sc[u][r] = fmaf(slope[r], (float)(kb + u * KPW + g - pos[r]), sc[u][r]);
+                sc[u][r] =
+                    fmaf(slope[r], (float)(kva__cuda_key_pos(a.meta, kb + u * KPW + g) - pos[r]),
+                         sc[u][r]);
     }
     if (!(kb >= lo_all && kb + QA_U * KPW <= hi_all)) {
 #pragma unroll
@@ -347,10 +350,8 @@ __global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
                 const int32_t m = w.mstart + r, qi = m / w.nh, hh = m - qi * w.nh;
                 const int32_t head = w.kvh * a.G + w.h0 + hh;
                 const int32_t i = w.i0 + qi;
-                const int32_t p = s - q_len + i;
-                const int32_t h_ = a.causal ? p + 1 : s;
-                const int32_t l_ =
-                    a.window_left >= 0 && p - a.window_left > 0 ? p - a.window_left : 0;
+                int32_t p, h_, l_;
+                kva__cuda_row_keys(a.meta, a.causal, a.window_left, w.req, s, q_len, i, l_, h_, p);
                 lo[r] = l_ > w.k0 ? l_ : w.k0;
                 hi[r] = h_ < w.k1 ? h_ : w.k1;
                 pos[r] = p;

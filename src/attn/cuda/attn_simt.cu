@@ -37,6 +37,7 @@ extern "C" {
 #include "prefill_mma.h"
 }
 #include "cuda_check.h"
+#include "dcp_pos.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -286,7 +287,9 @@ attend_step(const attn_args &a, int32_t kb, int g, const uint4 (&kr)[U][NCH],
         for (int r = 0; r < ROWS; r++)
 #pragma unroll
             for (int u = 0; u < U; u++)
-                sc[u][r] = fmaf(slope[r], (float)(kb + u * KPW + g - pos[r]), sc[u][r]);
+                sc[u][r] =
+                    fmaf(slope[r], (float)(kva__cuda_key_pos(a.meta, kb + u * KPW + g) - pos[r]),
+                         sc[u][r]);
     }
     if (!(kb >= lo_all && kb + U * KPW <= hi_all)) {
 #pragma unroll
@@ -400,9 +403,8 @@ __global__ void __launch_bounds__(KVA_NW * 32, simt_ring<T>::on &&ROWS == 4 ? 3 
                 const int32_t qi = r / w.nh, hh = r - qi * w.nh;
                 const int32_t head = w.kv_head * a.G + w.h0 + hh;
                 const int32_t i = w.i0 + qi;
-                const int32_t p = s - q_len + i;
-                int32_t h_ = a.causal ? p + 1 : s;
-                int32_t l_ = a.window_left >= 0 && p - a.window_left > 0 ? p - a.window_left : 0;
+                int32_t p, h_, l_;
+                kva__cuda_row_keys(a.meta, a.causal, a.window_left, w.req, s, q_len, i, l_, h_, p);
                 lo[r] = l_ > w.k0 ? l_ : w.k0;
                 hi[r] = h_ < w.k1 ? h_ : w.k1;
                 pos[r] = p;

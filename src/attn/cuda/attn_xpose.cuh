@@ -114,7 +114,8 @@ attend_step_x(const attn_args &a, int32_t kb, int g, int li, const uint4 (&kr)[U
         const int32_t j = kb + u * KPW + g;
         float v = a.softcap > 0.f ? a.softcap * tanhf(x[k] * a.scale / a.softcap) * KVA_LOG2E
                                   : x[k] * (a.scale * KVA_LOG2E);
-        v = fmaf(xr.slope[k], (float)(j - xr.pos[k]), v);
+        if (a.has_alibi) /* key position: dcp_pos.cuh */
+            v = fmaf(xr.slope[k], (float)(kva__cuda_key_pos(a.meta, j) - xr.pos[k]), v);
         s[k] = inside || (j >= xr.lo[k] && j < xr.hi[k]) ? v : -INFINITY;
     }
     /* Row maxima over the lanes that hold the same row (different keys). */

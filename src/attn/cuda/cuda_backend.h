@@ -64,6 +64,11 @@ enum {
     KVA_CUDA_HDR_REQS,      /* R */
     KVA_CUDA_HDR_BT_STRIDE, /* block_table_stride */
     KVA_CUDA_HDR_PTILES,    /* tiles of the tensor-core prefill kernel (prefill_mma.h) */
+    /* A sharded plan whose rows do not all see every local key (dcp_pos.cuh):
+     * N, this rank, the interleave; 0 otherwise. */
+    KVA_CUDA_HDR_DCP_N,
+    KVA_CUDA_HDR_DCP_RANK,
+    KVA_CUDA_HDR_DCP_I,
     KVA_CUDA_HDR_WORDS = 16
 };
 
@@ -86,6 +91,7 @@ typedef struct kva__cuda_meta {
     const int32_t *block_table;  /* [caps.bt] */
     const float *alibi;          /* [caps.heads] */
     const int32_t *ptiles;       /* [caps.ptiles, 4] prefill tiles {r, m0, kvh, 0} */
+    const int32_t *dcp_seq_lens; /* [caps.reqs] global seq_lens (sharded plans, dcp_pos.cuh) */
 } kva__cuda_meta;
 
 /* The CUDA backend's kernels, as indices into its registry (kva__cuda_kernels,
@@ -165,6 +171,8 @@ typedef struct kva__cuda_plan {
                              prefills); eager runs skip it when num_ptiles == 0 */
     int32_t num_ptiles;   /* prefill tiles of this plan */
     int32_t num_prefills; /* requests routed to prefill_mma */
+    int dcp_global;       /* sharded, and some row does not see every local key: masks on
+                             global positions (dcp_pos.cuh), no prefill tiles */
 } kva__cuda_plan;
 
 /* kva_cache_write into a quantized device cache (cache_quant.cu); arguments

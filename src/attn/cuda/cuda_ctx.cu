@@ -173,7 +173,7 @@ static size_t align256(size_t x)
 }
 
 /* Byte offsets of the sections for caps c; returns the total size. */
-#define KVA_CUDA_SECTIONS 9
+#define KVA_CUDA_SECTIONS 10
 /* Packed rows (q_len * H / Hkv) from which a request above the decode
  * threshold goes to prefill_mma (fewer leave most of its 128-row tile empty). */
 #define KVA_CUDA_MMA_MIN_ROWS 64
@@ -192,6 +192,7 @@ static size_t layout_sections(const kva__cuda_caps *c, size_t off[KVA_CUDA_SECTI
     off[6] = o, o = align256(o + (size_t)c->bt * sizeof(int32_t));
     off[7] = o, o = align256(o + (size_t)c->heads * sizeof(float));
     off[8] = o, o = align256(o + (size_t)c->ptiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t));
+    off[9] = o, o = align256(o + (size_t)c->reqs * sizeof(int32_t));
     return o;
 }
 
@@ -263,6 +264,7 @@ static kva_status reserve_meta(kva__cuda_state *st, const kva__cuda_caps *need)
     st->meta.block_table = (const int32_t *)(b + off[6]);
     st->meta.alibi = (const float *)(b + off[7]);
     st->meta.ptiles = c.ptiles > 0 ? (const int32_t *)(b + off[8]) : NULL;
+    st->meta.dcp_seq_lens = (const int32_t *)(b + off[9]);
     /* The header is read by every kernel (the prefill kernel's tile count
      * too) before the first upload could fill it. */
     KVA_CUDA_TRY(cudaMemsetAsync(dev, 0, KVA_CUDA_HDR_WORDS * sizeof(int32_t), STREAM(st)));
@@ -472,6 +474,13 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
             plan->d.num_kv_heads, plan->d.causal, plan->d.window_left, (int32_t *)(h + off[8]),
             (int32_t)st->caps.ptiles, &ntiles));
     hdr[KVA_CUDA_HDR_PTILES] = ntiles;
+    const int dcp_global = ((const kva__cuda_plan *)plan->device)->dcp_global;
+    if (dcp_global) { /* masks on global positions (dcp_pos.cuh) */
+        hdr[KVA_CUDA_HDR_DCP_N] = plan->d.dcp_size;
+        hdr[KVA_CUDA_HDR_DCP_RANK] = plan->d.dcp_rank;
+        hdr[KVA_CUDA_HDR_DCP_I] = plan->d.dcp_interleave;
+        memcpy(h + off[9], plan->seq_lens, (size_t)R * sizeof(int32_t));
+    }
 
     /* The used part of every section (offsets increase with the index). */
     size_t len[KVA_CUDA_SECTIONS];
@@ -484,6 +493,7 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
     len[6] = (size_t)bt * sizeof(int32_t);
     len[7] = plan->alibi_slopes ? (size_t)plan->d.num_heads * sizeof(float) : 0;
     len[8] = (size_t)ntiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t);
+    len[9] = dcp_global ? (size_t)R * sizeof(int32_t) : 0;
     /* Sections closer than KVA_CUDA_UPLOAD_GAP bytes go in one copy (the gap's
      * stale bytes with them): a cudaMemcpyAsync costs a few microseconds of
      * host time, more than copying a few KB over PCIe. */
@@ -569,44 +579,37 @@ static void plan_kernels(const kva_context *ctx, const kva_plan *plan, int *deco
 }
 
 /*
- * Sharded (DCP) plans. The CUDA kernels take masks from the lengths they are
- * given, not from global positions, so a sharded plan runs only where every
- * query row sees all of the rank's keys: no window, no ALiBi, and causal
- * rows only when the first query of each request comes after every local
- * key (decodes, q_len 1, always do). Such a plan runs as a non-causal plan
- * over the local lengths kv_lens (the device copy of seq_lens holds them);
- * any other is refused with KVA_STATUS_UNSUPPORTED. The reference and CPU
- * backends run every mask.
+ * Sharded (DCP) plans. The device copy of seq_lens holds the local lengths
+ * kv_lens. Where every query row sees all of the rank's keys (no window, no
+ * ALiBi, and causal rows only when the first query of each request comes
+ * after every local key: decodes, q_len 1, always do) the plan runs as a
+ * non-causal plan over them, on every kernel. Otherwise (*global = 1) the
+ * masks need global positions: the upload adds N, the rank, the interleave
+ * and the global lengths (dcp_pos.cuh), and the plan's rows all run as work
+ * items of the decode-family kernels, whose mask code reads them (the
+ * prefill tile kernels do not).
  */
-static kva_status dcp_accept(kva_plan *plan)
+static void dcp_accept(kva_plan *plan, int *global)
 {
     const kva_plan_desc *d = &plan->d;
+    *global = 0;
     if (d->dcp_size <= 1)
-        return KVA_STATUS_OK;
-    if (d->window_left >= 0 || plan->alibi_slopes)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_plan_create: the CUDA backend runs sharded (dcp_size = %d) plans "
-                         "without sliding windows and ALiBi only (window_left = %d, alibi %s); "
-                         "the reference and CPU backends run them",
-                         (int)d->dcp_size, (int)d->window_left, plan->alibi_slopes ? "on" : "off");
+        return;
+    *global = d->window_left >= 0 || plan->alibi_slopes;
     for (int32_t r = 0; d->causal && r < d->num_requests; r++) {
         const int32_t q = plan->query_start_loc[r + 1] - plan->query_start_loc[r];
         const int32_t s = plan->seq_lens[r];
         if (q > 0 && kva__dcp_local_count(d, (int64_t)s - q + 1) != plan->kv_lens[r])
-            return kva__fail(KVA_STATUS_UNSUPPORTED,
-                             "kva_plan_create: the CUDA backend runs causal sharded plans only "
-                             "when every query row sees all of the rank's keys; request %d "
-                             "(q_len %d, seq_len %d) on rank %d of %d does not (decodes do; the "
-                             "reference and CPU backends run any)",
-                             (int)r, (int)q, (int)s, (int)d->dcp_rank, (int)d->dcp_size);
+            *global = 1;
     }
-    plan->d.causal = 0; /* every local key is visible to every row */
-    return KVA_STATUS_OK;
+    if (!*global)
+        plan->d.causal = 0; /* every local key is visible to every row */
 }
 
 static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
 {
-    KVA_TRY(dcp_accept(plan));
+    int dcp_global = 0;
+    dcp_accept(plan, &dcp_global);
     kva__cuda_state *st = state_of(ctx);
     KVA_TRY(use_device(st->device));
     KVA_TRY(check_not_capturing("kva_plan_create", st));
@@ -616,7 +619,13 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     int kernel = 0, mma = 0;
     kva__cuda_prefill_kernel pkernel = KVA__CUDA_PREFILL_AUTO;
     plan_kernels(ctx, plan, &kernel, &pkernel, &mma);
+    mma = mma && !dcp_global; /* the prefill tiles take masks from local lengths */
     const int mla = kernel == KVA__CUDA_K_MLA_DECODE_MMA || kernel == KVA__CUDA_K_MLA_DECODE_WGMMA;
+    if (plan->d.kind == KVA_ATTN_MLA && plan->d.dcp_size > 1)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: sharded (dcp_size = %d) MLA plans run on the reference "
+                         "and CPU backends; the CUDA MLA decode has not been run sharded",
+                         (int)plan->d.dcp_size);
     if (!mla && dmax > 256)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_plan_create: head_dim = %d, head_dim_v = %d: the CUDA backend's "
@@ -684,6 +693,7 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     plan->part = part; /* released by cuda_plan_release on any failure below */
     plan->device = cp;
     cp->mma = mma;
+    cp->dcp_global = dcp_global;
     cp->num_prefills = num_prefills;
     cp->num_ptiles = (int32_t)ptiles;
     kva__cuda_caps need;

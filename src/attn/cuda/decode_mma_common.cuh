@@ -14,6 +14,7 @@
 #ifndef KVA_CUDA_DECODE_MMA_COMMON_CUH
 #define KVA_CUDA_DECODE_MMA_COMMON_CUH
 
+#include "dcp_pos.cuh"
 #include "mma_ptx.cuh"
 
 #include <math.h>
@@ -41,9 +42,8 @@ kva__dmma_rows(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nr
     }
     for (int r = 0; r < nrows; r++) {
         const int32_t qi = r / w.nh, hh = r - qi * w.nh;
-        const int32_t p = s - q_len + w.i0 + qi;
-        const int32_t h_ = a.causal ? p + 1 : s;
-        const int32_t l_ = a.window_left >= 0 && p - a.window_left > 0 ? p - a.window_left : 0;
+        int32_t p, h_, l_;
+        kva__cuda_row_keys(a.meta, a.causal, a.window_left, w.req, s, q_len, w.i0 + qi, l_, h_, p);
         const int32_t rlo = l_ > w.k0 ? l_ : w.k0, rhi = h_ < w.k1 ? h_ : w.k1;
         lo_all = rlo > lo_all ? rlo : lo_all;
         hi_all = rhi < hi_all ? rhi : hi_all;
@@ -90,7 +90,10 @@ kva__dmma_logits(float sc[][4], const kva__cuda_attn_args &a, float scale_log2, 
             for (int e = 0; e < 4; e++) {
                 const int hf = e >> 1;
                 const int32_t j = kb + nt * 8 + 2 * t4 + (e & 1);
-                const float x = fmaf(slope[hf], (float)(j - pos[hf]), sc[nt][e]);
+                const float x =
+                    a.has_alibi ? fmaf(slope[hf], (float)(kva__cuda_key_pos(a.meta, j) - pos[hf]),
+                                       sc[nt][e])
+                                : sc[nt][e];
                 sc[nt][e] = j >= lo[hf] && j < hi[hf] ? x : -INFINITY;
             }
     }

@@ -1,0 +1,406 @@
+/*
+ * dcp_nccl_bench.c - decode context parallelism over NCCL on N GPUs of one
+ * host, N processes (rank r on GPU r; forked before any CUDA call, rank 0
+ * hands the ncclUniqueId to the others through pipes):
+ *
+ *   dcp_nccl_bench [N R S H Hkv D I iters]   (defaults 2 8 131072 32 8 128 1 50)
+ *
+ * Attention: every rank holds the whole bf16 cache of R requests of S tokens
+ * (the unsharded baseline, on its own GPU) and its shard (kva_dcp_slots
+ * layout with interleave I, shuffled block tables; token g of request r has
+ * the same K/V rows in both). It checks the combine of the sharded decode
+ * (both kva_dcp_nccl_combine modes) against its heads of the unsharded
+ * decode, then times the unsharded and the sharded decode (median of iters
+ * runs, each between its own CUDA events).
+ * Combine: for T in {R, 64, 512, 4096} query tokens of H heads and head size
+ * D (random bf16 partials and lses), each mode against the bare NCCL
+ * collectives that move the same bytes (A2A: the grouped ncclSend/ncclRecv
+ * of the N packed blocks; AG_RS: ncclAllGather of T*H floats and
+ * ncclReduceScatter of T*H*D floats); iters back-to-back calls between two
+ * events after a barrier, the mean per call. Every rank prints its lines.
+ * NCCL_NVLS_ENABLE is set to 0 unless the environment sets it.
+ */
+#define _POSIX_C_SOURCE 200809L /* fork, pipe, setenv */
+#include "data.h"
+#include "kvattn_cuda.h"
+#include "kvattn_nccl.h"
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define DIE(...)                                                                                   \
+    do {                                                                                           \
+        fprintf(stderr, "dcp_nccl_bench: " __VA_ARGS__);                                           \
+        fputc('\n', stderr);                                                                       \
+        _exit(1);                                                                                  \
+    } while (0)
+#define CU(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess)                                                                     \
+            DIE("%s: %s", #x, cudaGetErrorString(e_));                                             \
+    } while (0)
+#define KV(x)                                                                                      \
+    do {                                                                                           \
+        kva_status s_ = (x);                                                                       \
+        if (s_ != KVA_STATUS_OK)                                                                   \
+            DIE("%s: %s: %s", #x, kva_status_name(s_), kva_last_error());                          \
+    } while (0)
+#define NC(x)                                                                                      \
+    do {                                                                                           \
+        ncclResult_t r_ = (x);                                                                     \
+        if (r_ != ncclSuccess)                                                                     \
+            DIE("%s: %s", #x, ncclGetErrorString(r_));                                             \
+    } while (0)
+
+typedef struct cfg {
+    int N, R, S, H, Hkv, D, I, iters, rank;
+} cfg;
+
+static int cmp_float(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Rows of the pattern the K/V of every token is drawn from: token g of
+ * request r has row (g + 1021 r) mod P, the same on every rank. */
+enum { P = 4099, B = 16 };
+
+/* A block table of R rows of nblk[r] blocks, ids 0 .. sum-1 shuffled. */
+static int32_t *shuffled_table(int R, const int32_t *nblk, int32_t *stride, int32_t *total)
+{
+    int32_t s = 1, n = 0;
+    for (int r = 0; r < R; r++)
+        s = nblk[r] > s ? nblk[r] : s, n += nblk[r];
+    int32_t *ids = malloc(sizeof(int32_t) * (n ? n : 1)), *bt = malloc(sizeof(int32_t) * R * s);
+    kva_rng rng = {77};
+    for (int32_t i = 0; i < n; i++)
+        ids[i] = i;
+    for (int32_t i = n - 1; i > 0; i--) {
+        const int32_t j = kva_rng_int(&rng, 0, i), t = ids[i];
+        ids[i] = ids[j], ids[j] = t;
+    }
+    int32_t next = 0;
+    for (int r = 0; r < R; r++)
+        for (int32_t j = 0; j < s; j++)
+            bt[r * s + j] = j < nblk[r] ? ids[next++] : -1;
+    free(ids);
+    *stride = s, *total = n;
+    return bt;
+}
+
+/* A bf16 cache on gpu holding rank `rank` of N's tokens (N = 1: all) of R
+ * requests of S tokens, from the pattern pk / pv [P][Hkv*D]; its plan for
+ * decodes of q_len 1. */
+static void build(const cfg *c, kva_context *gpu, int N, int rank, const uint16_t *pk,
+                  const uint16_t *pv, kva_cache **cache, kva_plan **plan)
+{
+    const size_t row = (size_t)c->Hkv * c->D;
+    int32_t *seq = malloc(sizeof(int32_t) * c->R), *local = malloc(sizeof(int32_t) * c->R),
+            *nblk = malloc(sizeof(int32_t) * c->R), *qsl = malloc(sizeof(int32_t) * (c->R + 1));
+    for (int r = 0; r < c->R; r++)
+        seq[r] = c->S;
+    KV(kva_dcp_local_lens(c->R, seq, N, rank, c->I, local));
+    for (int r = 0; r < c->R; r++)
+        nblk[r] = (local[r] + B - 1) / B;
+    int32_t stride, nb;
+    int32_t *bt = shuffled_table(c->R, nblk, &stride, &nb);
+    kva_cache_desc cd = {
+        nb, B, c->Hkv, c->D, c->D, KVA_DTYPE_BF16, KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_ATTN_MHA};
+    KV(kva_cache_create(gpu, &cd, cache));
+    uint16_t *hk = malloc((size_t)nb * B * row * 2), *hv = malloc((size_t)nb * B * row * 2);
+    int64_t *slots = malloc(sizeof(int64_t) * c->S);
+    for (int r = 0; r < c->R; r++) {
+        KV(kva_dcp_slots(N, rank, c->I, B, bt + (size_t)r * stride, stride, 0, c->S, slots));
+        for (int32_t g = 0; g < c->S; g++) {
+            if (slots[g] < 0)
+                continue;
+            const size_t src = (size_t)((g + 1021 * r) % P) * row;
+            memcpy(hk + (size_t)slots[g] * row, pk + src, row * 2);
+            memcpy(hv + (size_t)slots[g] * row, pv + src, row * 2);
+        }
+    }
+    void *dk, *dv;
+    kva_cache_data(*cache, &dk, &dv);
+    CU(cudaMemcpy(dk, hk, (size_t)nb * B * row * 2, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dv, hv, (size_t)nb * B * row * 2, cudaMemcpyHostToDevice));
+    for (int r = 0; r <= c->R; r++)
+        qsl[r] = r;
+    kva_plan_desc pd = {0};
+    pd.num_requests = c->R;
+    pd.query_start_loc = qsl;
+    pd.seq_lens = seq;
+    pd.block_table = bt;
+    pd.block_table_stride = stride;
+    pd.block_size = B;
+    pd.decode_threshold = 1;
+    pd.num_heads = c->H;
+    pd.num_kv_heads = c->Hkv;
+    pd.head_dim = c->D;
+    pd.head_dim_v = c->D;
+    pd.q_dtype = KVA_DTYPE_BF16;
+    pd.causal = 1;
+    pd.window_left = -1;
+    pd.dcp_size = N;
+    pd.dcp_rank = rank;
+    pd.dcp_interleave = c->I;
+    KV(kva_plan_create(gpu, &pd, plan));
+    free(hk), free(hv), free(slots), free(seq), free(local), free(nblk), free(qsl), free(bt);
+}
+
+/* Median time (ms) of iters runs of the plan, each between its own events. */
+static float time_run(kva_context *gpu, cudaStream_t s, kva_plan *p, const void *q,
+                      const kva_cache *cache, void *out, float *lse, int iters)
+{
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    float *t = malloc(sizeof(float) * iters);
+    for (int i = 0; i < 3; i++)
+        KV(kva_attention_run(gpu, p, q, cache, NULL, out, lse));
+    for (int i = 0; i < iters; i++) {
+        CU(cudaEventRecord(e0, s));
+        KV(kva_attention_run(gpu, p, q, cache, NULL, out, lse));
+        CU(cudaEventRecord(e1, s));
+        CU(cudaEventSynchronize(e1));
+        CU(cudaEventElapsedTime(&t[i], e0, e1));
+    }
+    qsort(t, (size_t)iters, sizeof *t, cmp_float);
+    const float m = t[iters / 2];
+    free(t);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return m;
+}
+
+/* What a timed loop runs: the combine in a mode, or the bare collectives. */
+typedef struct op {
+    kva_dcp_nccl *dcp;
+    ncclComm_t comm;
+    cudaStream_t s;
+    int mode, bare, T, N, H, D;
+    void *part, *out, *sbuf, *rbuf;
+    float *lse, *lse_out;
+} op;
+
+static void op_run(const op *o)
+{
+    if (!o->bare) {
+        KV(kva_dcp_nccl_combine(o->dcp, (kva_dcp_combine)o->mode, o->T, o->part, o->lse, o->out,
+                                o->lse_out));
+        return;
+    }
+    const size_t Hn = (size_t)o->H / o->N;
+    if (o->mode == KVA_DCP_COMBINE_A2A) {
+        const size_t block = (size_t)o->T * Hn * (o->D * 2 + 4);
+        NC(ncclGroupStart());
+        for (int k = 0; k < o->N; k++) {
+            NC(ncclSend((char *)o->sbuf + k * block, block, ncclUint8, k, o->comm, o->s));
+            NC(ncclRecv((char *)o->rbuf + k * block, block, ncclUint8, k, o->comm, o->s));
+        }
+        NC(ncclGroupEnd());
+    } else {
+        NC(ncclAllGather(o->lse, o->rbuf, (size_t)o->T * o->H, ncclFloat32, o->comm, o->s));
+        NC(ncclReduceScatter(o->sbuf, o->rbuf, (size_t)o->T * Hn * o->D, ncclFloat32, ncclSum,
+                             o->comm, o->s));
+    }
+}
+
+/* Mean ms per call of iters back-to-back calls after a barrier. */
+static float time_op(const op *o, int iters, float *barrier)
+{
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    for (int i = 0; i < 5; i++)
+        op_run(o);
+    NC(ncclAllReduce(barrier, barrier, 1, ncclFloat32, ncclSum, o->comm, o->s));
+    CU(cudaStreamSynchronize(o->s));
+    CU(cudaEventRecord(e0, o->s));
+    for (int i = 0; i < iters; i++)
+        op_run(o);
+    CU(cudaEventRecord(e1, o->s));
+    CU(cudaEventSynchronize(e1));
+    float ms = 0;
+    CU(cudaEventElapsedTime(&ms, e0, e1));
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return ms / iters;
+}
+
+static void rank_main(const cfg *c, ncclUniqueId id)
+{
+    const int N = c->N, rank = c->rank, H = c->H, D = c->D, R = c->R, Hn = H / N;
+    CU(cudaSetDevice(rank));
+    ncclComm_t comm;
+    NC(ncclCommInitRank(&comm, N, id, rank));
+    kva_context_desc gd = {KVA_BACKEND_CUDA, 0, rank};
+    /* Two contexts: a CUDA context's newest plan owns its device metadata,
+     * and the unsharded and the sharded plan run in turn. */
+    kva_context *gpu = NULL, *gfull = NULL;
+    KV(kva_context_create(&gd, &gpu));
+    KV(kva_context_create(&gd, &gfull));
+    cudaStream_t s;
+    CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    KV(kva_cuda_context_set_stream(gpu, s));
+    KV(kva_cuda_context_set_stream(gfull, s));
+    const int TMAX = 4096 > R ? 4096 : R;
+    kva_dcp_nccl *dcp = NULL;
+    KV(kva_dcp_nccl_create(gpu, comm, TMAX, H, D, KVA_DTYPE_BF16, &dcp));
+
+    /* Attention: unsharded and sharded decode, checked, then timed. */
+    const size_t row = (size_t)c->Hkv * D;
+    uint16_t *pk = malloc(P * row * 2), *pv = malloc(P * row * 2);
+    kva_rng rng = {2026};
+    kva_test_fill_uniform(pk, KVA_DTYPE_BF16, P * row, &rng);
+    kva_test_fill_uniform(pv, KVA_DTYPE_BF16, P * row, &rng);
+    kva_cache *full, *shard;
+    kva_plan *pfull, *pshard;
+    build(c, gfull, 1, 0, pk, pv, &full, &pfull);
+    build(c, gpu, N, rank, pk, pv, &shard, &pshard);
+    free(pk), free(pv);
+    const size_t nq = (size_t)R * H * D;
+    uint16_t *q = malloc(nq * 2), *want = malloc(nq * 2), *got = malloc(nq * 2);
+    kva_test_fill(q, KVA_DTYPE_BF16, nq, &rng, 1.5);
+    void *dq, *dfull, *dpart, *dout;
+    float *dlse, *dlo;
+    CU(cudaMalloc(&dq, nq * 2));
+    CU(cudaMalloc(&dfull, nq * 2));
+    CU(cudaMalloc(&dpart, nq * 2));
+    CU(cudaMalloc(&dout, nq * 2));
+    CU(cudaMalloc((void **)&dlse, sizeof(float) * R * H));
+    CU(cudaMalloc((void **)&dlo, sizeof(float) * R * H));
+    CU(cudaMemcpy(dq, q, nq * 2, cudaMemcpyHostToDevice));
+    CU(cudaMemset(dfull, 0xff, nq * 2));
+    CU(cudaMemset(dpart, 0xff, nq * 2));
+    KV(kva_attention_run(gfull, pfull, dq, full, NULL, dfull, NULL));
+    KV(kva_attention_run(gpu, pshard, dq, shard, NULL, dpart, dlse));
+    CU(cudaStreamSynchronize(s));
+    CU(cudaMemcpy(want, dfull, nq * 2, cudaMemcpyDeviceToHost));
+    static const kva_dcp_combine modes[2] = {KVA_DCP_COMBINE_A2A, KVA_DCP_COMBINE_AG_RS};
+    static const char *names[2] = {"A2A", "AG_RS"};
+    for (int m = 0; m < 2; m++) {
+        CU(cudaMemset(dout, 0xff, nq * 2));
+        KV(kva_dcp_nccl_combine(dcp, modes[m], R, dpart, dlse, dout, dlo));
+        CU(cudaStreamSynchronize(s));
+        CU(cudaMemcpy(got, dout, (size_t)R * Hn * D * 2, cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        double worst = 0;
+        for (int t = 0; t < R; t++)
+            for (int j = 0; j < Hn * D; j++) {
+                const double a = kva_bf16_to_f32(got[(size_t)t * Hn * D + j]);
+                const double w = kva_bf16_to_f32(want[((size_t)t * H + rank * Hn) * D + j]);
+                const double err = fabs(a - w);
+                /* bf16 tolerance + the P rounding of the tensor-core decode (|v| < sqrt 3). */
+                bad += !(err <= kva_test_atol(KVA_DTYPE_BF16) + 0x1p-8 * 1.7320508 +
+                                    kva_test_rtol(KVA_DTYPE_BF16) * (fabs(w) + 1.7320508));
+                worst = err > worst || err != err ? err : worst;
+            }
+        printf("rank %d: check %s: combined sharded decode vs unsharded: max |diff| %.3g, %s\n",
+               rank, names[m], worst, bad ? "FAILED" : "ok");
+        if (bad)
+            DIE("rank %d: %zu values differ", rank, bad);
+    }
+    const float tf = time_run(gfull, s, pfull, dq, full, dfull, NULL, c->iters);
+    const float ts = time_run(gpu, s, pshard, dq, shard, dpart, dlse, c->iters);
+    printf("rank %d: decode R=%d S=%d H=%d Hkv=%d D=%d bf16: unsharded %.4f ms, rank's shard "
+           "(N=%d I=%d) %.4f ms: ratio %.3f\n",
+           rank, R, c->S, H, c->Hkv, D, tf, N, c->I, ts, ts / tf);
+    fflush(stdout);
+    kva_plan_destroy(pfull), kva_plan_destroy(pshard);
+    kva_cache_destroy(full), kva_cache_destroy(shard);
+
+    /* Combine against the bare collectives. */
+    const size_t pe = (size_t)TMAX * H * D;
+    void *part, *out, *sbuf, *rbuf;
+    float *lse, *lse_out, *barrier;
+    CU(cudaMalloc(&part, pe * 2));
+    CU(cudaMalloc(&out, pe * 2));
+    CU(cudaMalloc(&sbuf, pe * 4 + (size_t)TMAX * H * 4));
+    CU(cudaMalloc(&rbuf, pe * 4 * N + (size_t)TMAX * H * 4 * N));
+    CU(cudaMalloc((void **)&lse, sizeof(float) * TMAX * H));
+    CU(cudaMalloc((void **)&lse_out, sizeof(float) * TMAX * H));
+    CU(cudaMalloc((void **)&barrier, sizeof(float)));
+    CU(cudaMemset(barrier, 0, sizeof(float)));
+    uint16_t *hp = malloc(pe * 2);
+    float *hl = malloc(sizeof(float) * TMAX * H);
+    kva_test_fill(hp, KVA_DTYPE_BF16, pe, &rng, 1.0);
+    for (size_t i = 0; i < (size_t)TMAX * H; i++)
+        hl[i] = (float)(kva_rng_unit(&rng) * 8.0 - 4.0);
+    CU(cudaMemcpy(part, hp, pe * 2, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(lse, hl, sizeof(float) * TMAX * H, cudaMemcpyHostToDevice));
+    free(hp), free(hl);
+    const int Ts[] = {R, 64, 512, 4096};
+    for (int ti = 0; ti < 4; ti++)
+        for (int m = 0; m < 2; m++) {
+            op o = {dcp, comm, s,   modes[m], 0,    Ts[ti], N,      H,
+                    D,   part, out, sbuf,     rbuf, lse,    lse_out};
+            const float tc = time_op(&o, c->iters, barrier);
+            o.bare = 1;
+            const float tb = time_op(&o, c->iters, barrier);
+            const double mb = modes[m] == KVA_DCP_COMBINE_AG_RS
+                                  ? ((double)Ts[ti] * H * 4 + (double)Ts[ti] * H * D * 4) / 1e6
+                                  : (double)Ts[ti] * H * (D * 2 + 4) / 1e6;
+            printf("rank %d: combine %-5s T=%-5d H=%d Dv=%d bf16 (%.2f MB sent): %.4f ms, bare "
+                   "collective %.4f ms: ratio %.2f\n",
+                   rank, names[m], Ts[ti], H, D, mb, tc, tb, tc / tb);
+            fflush(stdout);
+        }
+    cudaFree(part), cudaFree(out), cudaFree(sbuf), cudaFree(rbuf), cudaFree(lse);
+    cudaFree(lse_out), cudaFree(barrier), cudaFree(dq), cudaFree(dfull), cudaFree(dpart);
+    cudaFree(dout), cudaFree(dlse), cudaFree(dlo);
+    free(q), free(want), free(got);
+    kva_dcp_nccl_destroy(dcp);
+    kva_context_destroy(gpu);
+    kva_context_destroy(gfull);
+    cudaStreamDestroy(s);
+    ncclCommDestroy(comm);
+}
+
+int main(int argc, char **argv)
+{
+    cfg c = {2, 8, 131072, 32, 8, 128, 1, 50, 0};
+    int *f[] = {&c.N, &c.R, &c.S, &c.H, &c.Hkv, &c.D, &c.I, &c.iters};
+    for (int i = 1; i < argc && i <= 8; i++)
+        *f[i - 1] = atoi(argv[i]);
+    if (c.N < 1 || c.N > KVA_MAX_DCP || c.H % c.N || c.R < 1 || c.S < 1 || c.iters < 1 || c.I < 1) {
+        fprintf(stderr, "usage: dcp_nccl_bench [N R S H Hkv D I iters] (H a multiple of N)\n");
+        return 2;
+    }
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    fflush(NULL);
+    int fds[KVA_MAX_DCP][2];
+    for (int r = 1; r < c.N; r++)
+        if (pipe(fds[r]) != 0)
+            return 2;
+    pid_t pids[KVA_MAX_DCP];
+    for (int r = 0; r < c.N; r++) {
+        pids[r] = fork();
+        if (pids[r] != 0)
+            continue;
+        alarm(500);
+        ncclUniqueId id;
+        if (r == 0) {
+            NC(ncclGetUniqueId(&id));
+            for (int p = 1; p < c.N; p++)
+                if (write(fds[p][1], &id, sizeof id) != (ssize_t)sizeof id)
+                    DIE("pipe write");
+        } else if (read(fds[r][0], &id, sizeof id) != (ssize_t)sizeof id) {
+            DIE("pipe read");
+        }
+        c.rank = r;
+        rank_main(&c, id);
+        fflush(NULL);
+        _exit(0);
+    }
+    int failed = 0, st;
+    for (int r = 0; r < c.N; r++) {
+        waitpid(pids[r], &st, 0);
+        failed |= !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+    }
+    return failed;
+}
