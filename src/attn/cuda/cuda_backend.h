@@ -152,6 +152,7 @@ typedef struct kva__cuda_state {
      * instead of per launch (SM count, tensor maps, kernel attributes). */
     kva__cuda_prefill_host_cache prefill_host;
     /* ctx->workspace / ctx->workspace_bytes hold the device split partials. */
+    int32_t mla_chunk_keys; /* kva__cuda_context_mla_chunk: 0 = the plan's choice */
 } kva__cuda_state;
 
 /* Plan-side data of the CUDA backend (plan->device). */
@@ -173,6 +174,9 @@ typedef struct kva__cuda_plan {
     int32_t num_prefills; /* requests routed to prefill_mma */
     int dcp_global;       /* sharded, and some row does not see every local key: masks on
                              global positions (dcp_pos.cuh), no prefill tiles */
+    /* Layer-level MLA plans (mla head sizes given): kva_mla_run's part
+     * (mla_run.h); the partition then holds the absorbed requests only. */
+    struct kva__cuda_mla_plan *mla;
 } kva__cuda_plan;
 
 /* kva_cache_write into a quantized device cache (cache_quant.cu); arguments
@@ -265,6 +269,10 @@ kva_status kva__cuda_qprefill_run(kva_context *ctx, const kva_plan *plan, const 
  * alone), 0 restores the default. */
 kva_status kva__cuda_context_force_splits(kva_context *ctx, int splits);
 
+/* Tests: plans created on ctx from now on decompress the cached context of
+ * kva_mla_run's compute-friendly requests in chunks of `keys` keys per
+ * request (a multiple of 64, at most 2^20); 0 restores the plan's choice. */
+kva_status kva__cuda_context_mla_chunk(kva_context *ctx, int32_t keys);
 /* Launches the attention kernel over every item of the uploaded plan, then
  * the split merge; kv is the paged cache or NULL with ragged k/v. */
 kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan, const void *q,

@@ -21,6 +21,7 @@
  */
 extern "C" {
 #include "cuda_backend.h"
+#include "mla_run.h"
 #include "partition.h"
 #include "prefill_mma.h"
 }
@@ -554,7 +555,8 @@ static void plan_kernels(const kva_context *ctx, const kva_plan *plan, int *deco
          * items fill its 64 rows (H * max q_len > 32) on sm_90a, else mma.sync;
          * a forced MLA kernel wins. */
         const int fd = kva__context_forced_kernel(ctx, KVA__KERNEL_DECODE);
-        const int rows = kva__cuda_mla_decode_rows(plan->d.num_heads, plan->info.max_q_len);
+        const int rows =
+            kva__cuda_mla_decode_rows(plan->d.num_heads, kva__cuda_mla_decode_q_len(plan));
         *decode =
             fd == KVA__CUDA_K_MLA_DECODE_MMA ? KVA__CUDA_K_MLA_DECODE_MMA
             : fd == KVA__CUDA_K_MLA_DECODE_WGMMA || (rows == 64 && kva__cuda_prefill_wgmma_ready())
@@ -642,10 +644,11 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     /* The decode kernel decides the rows per item: one m16 tile for the
      * tensor-core decode, 4 or 8 for the CUDA-core kernel, 16 to 64 (H x the
      * longest q_len) for the MLA decode. */
-    const int rows = kernel == KVA__CUDA_K_MLA_DECODE_WGMMA ? 64
-                     : mla ? kva__cuda_mla_decode_rows(plan->d.num_heads, plan->info.max_q_len)
-                     : kernel == KVA__CUDA_K_DECODE_MMA ? KVA__CUDA_MMA_DECODE_ROWS
-                                                        : kva__cuda_rows_for_group(G);
+    const int rows =
+        kernel == KVA__CUDA_K_MLA_DECODE_WGMMA ? 64
+        : mla ? kva__cuda_mla_decode_rows(plan->d.num_heads, kva__cuda_mla_decode_q_len(plan))
+        : kernel == KVA__CUDA_K_DECODE_MMA ? KVA__CUDA_MMA_DECODE_ROWS
+                                           : kva__cuda_rows_for_group(G);
     const int per_sm = ctas_per_sm_cached(
         st, plan->d.q_dtype, kernel == KVA__CUDA_K_DECODE_MMA ? plan->d.head_dim : dmax,
         kernel == KVA__CUDA_K_DECODE_MMA ? 0 : rows, kernel);
@@ -678,8 +681,24 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
                              "kva_plan_create: the prefill tile count of the batch overflows");
         }
     }
+    /* Layer-level MLA plans: the partition holds the absorbed requests only. */
+    const int mla_layer = mla && plan->d.mla_qk_nope_head_dim > 0;
+    if (mla_layer) {
+        mma_req = (uint8_t *)calloc((size_t)(R > 0 ? R : 1), 1);
+        if (!mma_req)
+            return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_plan_create: out of memory");
+        const kva_status ms = kva__cuda_mla_split(plan, mma_req);
+        if (ms != KVA_STATUS_OK) {
+            free(mma_req);
+            return ms;
+        }
+    }
     kva__partition *part = NULL;
     kva_status s = best_partition(st, plan, rows, per_sm, mma_req, &part);
+    if (mla_layer) {
+        free(mma_req);
+        mma_req = NULL;
+    }
     if (s != KVA_STATUS_OK) {
         free(mma_req);
         return s;
@@ -718,6 +737,11 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
         s = upload_plan(st, plan, part, ptiles > 0 ? mma_req : NULL);
     }
     free(mma_req);
+    if (s == KVA_STATUS_OK && mla_layer)
+        s = kva__cuda_mla_plan_build(ctx, plan, (ws + 255u) & ~(size_t)255u, st->mla_chunk_keys,
+                                     reserve_workspace, st->stream, &cp->mla);
+    if (s != KVA_STATUS_OK && mla_layer)
+        st->generation++; /* the upload replaced the current plan's metadata */
     KVA_TRY(s);
     st->generation++;
     cp->generation = st->generation;
@@ -727,7 +751,7 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     cp->prefill_kernel = pkernel;
     cp->has_alibi = plan->alibi_slopes != NULL;
     plan->info.num_work_items = part->num_items + (int32_t)ptiles;
-    plan->workspace_bytes = ws;
+    plan->workspace_bytes = cp->mla ? cp->mla->base + cp->mla->bytes : ws;
     return KVA_STATUS_OK;
 }
 
@@ -735,6 +759,8 @@ static void cuda_plan_release(kva_plan *plan)
 {
     kva__partition_free(plan->part);
     plan->part = NULL;
+    if (plan->device)
+        kva__cuda_mla_plan_free(((kva__cuda_plan *)plan->device)->mla);
     free(plan->device);
     plan->device = NULL;
 }
@@ -762,7 +788,28 @@ static kva_status cuda_attention_paged(kva_context *ctx, const kva_plan *plan, c
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_attention_run: cache lives on device %d but the context uses %d",
                          (int)cache->device_id, (int)ctx->device_id);
+    const kva__cuda_mla_plan *mp = ((const kva__cuda_plan *)plan->device)->mla;
+    if (mp && mp->Tp > 0)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_attention_run: this MLA plan has mla head sizes and %d request "
+                         "token(s) above decode_threshold = %d, which the CUDA backend runs only "
+                         "in kva_mla_run (its partition leaves them out); plan the kernel-level "
+                         "call with mla head sizes 0",
+                         (int)mp->Tp, (int)plan->d.decode_threshold);
     return kva__cuda_attention(ctx, plan, q, cache, NULL, NULL, sinks, out, lse);
+}
+
+/* kva_mla_run: the plan must be the context's latest, the cache on its device. */
+static kva_status cuda_mla_run(kva_context *ctx, const kva_plan *plan, const void *q,
+                               const void *w_uk, const void *w_uv, const kva_cache *cache,
+                               void *out, float *lse)
+{
+    KVA_TRY(check_current("kva_mla_run", ctx, plan));
+    if (cache->device_id != ctx->device_id)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_mla_run: cache lives on device %d but the context uses %d",
+                         (int)cache->device_id, (int)ctx->device_id);
+    return kva__cuda_mla_run(ctx, plan, q, w_uk, w_uv, cache, out, lse);
 }
 
 static kva_status cuda_attention_ragged(kva_context *ctx, const kva_plan *plan, const void *q,
@@ -812,7 +859,7 @@ extern "C" const kva__backend_ops kva__cuda_ops = {
     &cuda_memory,
     kva__cuda_merge_states_n,
     cuda_attention_paged,     /* mla_attention_paged: the plan chose an MLA kernel (plan_kernels) */
-    NULL,                     /* mla_run: the layer-level MLA is not on the GPU yet */
+    cuda_mla_run,             /* mla_run: mla_run.cu */
     kva__cuda_cascade_cost,   /* cascade_cost (cascade.cu) */
     kva__cuda_cascade_follow, /* cascade_follow */
     kva__cuda_cascade_upload, /* cascade_upload */
