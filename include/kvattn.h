@@ -508,7 +508,39 @@ typedef struct kva_plan_desc {
      * CPU backends (the CUDA backend refuses tree plans for now). */
     const int32_t *tree_parents;
     const uint8_t *tree_mask;
+
+    /* Cascade (shared-prefix) attention, docs/cascade.md. Requests whose
+     * block-table rows begin with the same block ids share those keys; a
+     * cascade plan attends such a shared prefix once per group, with all the
+     * group's query rows together, then each request's own keys, and merges
+     * the two by their LSE (the result equals the plain plan's up to
+     * rounding). cascade is a kva_cascade_mode (0 = automatic). The grouping
+     * is found from the block table, or given: cascade_group [R] (host, read
+     * during kva_plan_create) names each request's group 0..G-1, or -1 for
+     * none, and cascade_prefix_len [G] the tokens each group shares, a
+     * positive multiple of B that ends at or before every member's first
+     * query (seq_len - q_len) and over which every member's block ids equal.
+     * Requests with q_len 0 are ignored. A grouping that does not match the
+     * block table is refused (KVA_STATUS_INVALID_ARGUMENT or OUT_OF_RANGE).
+     * Plans with ALiBi, a sliding window, a local chunk, a draft tree, DCP
+     * sharding or kind KVA_ATTN_MLA, and backends without cascade kernels,
+     * decline it (KVA_CASCADE_ON: KVA_STATUS_UNSUPPORTED). */
+    int32_t cascade;                   /* kva_cascade_mode */
+    int32_t num_cascade_groups;        /* G of a given grouping; 0 without one */
+    const int32_t *cascade_group;      /* [R] group of each request or -1; NULL: find them */
+    const int32_t *cascade_prefix_len; /* [G] shared tokens of each group */
 } kva_plan_desc;
+
+/* Whether a plan runs shared prefixes as a cascade (kva_plan_desc.cascade). */
+typedef enum kva_cascade_mode {
+    /* The plan estimates each group's time with and without the cascade
+     * (keys read, flops, the extra passes) and keeps the groups that pay;
+     * configurations that cannot cascade run as plain plans. */
+    KVA_CASCADE_AUTO = 0,
+    KVA_CASCADE_OFF = 1, /* never (a given grouping is still validated) */
+    KVA_CASCADE_ON = 2,  /* every group found or given, whether it pays or not */
+    KVA_CASCADE_MODE_COUNT_
+} kva_cascade_mode;
 
 typedef struct kva_plan kva_plan;
 
@@ -522,7 +554,10 @@ typedef struct kva_plan_info {
     int32_t decode_first; /* 1 if all decodes come before all prefills */
     int32_t max_q_len;
     int32_t max_seq_len;
-    int32_t num_work_items; /* units of parallel work the backend will run */
+    int32_t num_work_items;     /* units of parallel work the backend will run */
+    int32_t num_cascade_groups; /* shared-prefix groups run as a cascade (0: none) */
+    int32_t cascade_rows;       /* query rows of those groups */
+    int32_t cascade_chunks;     /* key chunks each group's prefix pass is cut into */
 } kva_plan_info;
 
 /* Validates the batch metadata and builds the per-step plan: copies the

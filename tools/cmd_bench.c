@@ -89,6 +89,8 @@ void kva_cli_usage_bench(void)
            "  --json FILE          also write the result as JSON to FILE\n"
            "  --mla                multi-head latent attention instead (its own options:\n"
            "                       kvattn bench --mla --help)\n"
+           "  --cascade            a shared-prefix decode step, plain vs cascade plan (its\n"
+           "                       own options: kvattn bench --cascade --help)\n"
            "\n"
            "Exit status: 0 success, 1 library error or failed check, 2 bad usage.\n",
            AUTO_SECONDS, AUTO_ITERS_MIN, AUTO_ITERS_MAX);
@@ -588,6 +590,9 @@ int kva_cli_bench(int argc, char **argv)
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--mla") == 0)
             return kva_cli_bench_mla(argc, argv);
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--cascade") == 0)
+            return kva_cli_bench_cascade(argc, argv); /* bench_cascade.c */
     bench_opts o;
     int rc = parse_bench(argc, argv, &o);
     if (rc >= 0)

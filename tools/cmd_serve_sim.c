@@ -40,7 +40,8 @@ void kva_cli_usage_serve_sim(void)
            "  --max-num-seqs N         most running requests            [%d]\n"
            "  --no-chunked-prefill     a prefill must fit one step's budget whole\n"
            "  --no-prefix-caching      no prefix cache in the block pool\n"
-           "  --hash sha256|xxh3       block hash of the prefix cache   [sha256]\n",
+           "  --hash sha256|xxh3       block hash of the prefix cache   [sha256]\n"
+           "  --cascade auto|off|on    cascade plans (docs/cascade.md)  [auto]\n",
            (int)d.num_prompts, (int)d.input_len, (int)d.output_len, d.range_ratio,
            (int)d.prefix_len, (unsigned long long)d.seed, (int)d.max_num_batched_tokens,
            (int)d.max_num_seqs);
@@ -130,7 +131,8 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
         "--num-heads",       "--num-kv-heads", "--head-dim",
         "--block-size",      "--dtype",        "--kv-quant",
         "--num-blocks",      "--kv-cache-mem", "--backend",
-        "--threads",         "--json",         "--model"};
+        "--threads",         "--json",         "--model",
+        "--cascade"};
     const int32_t BIG = 1 << 24;
     int threads_set = 0, mha_shape_set = 0;
     serve_opts_init(o);
@@ -208,7 +210,11 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
             ok = kva_cli_parse_i32(f, val, 1, BIG, &o->max_num_batched_tokens);
         else if (!strcmp(f, "--max-num-seqs"))
             ok = kva_cli_parse_i32(f, val, 1, BIG, &o->max_num_seqs);
-        else if (!strcmp(f, "--hash")) {
+        else if (!strcmp(f, "--cascade")) {
+            static const char *const modes[] = {"auto", "off", "on"};
+            ok = kva_cli_parse_choice(f, val, modes, 3, &k);
+            o->cascade = k; /* KVA_CASCADE_AUTO, _OFF, _ON in this order */
+        } else if (!strcmp(f, "--hash")) {
             ok = kva_cli_parse_choice(f, val, hashes, 2, &k);
             o->hash = k == 0 ? KVA_POOL_HASH_SHA256 : KVA_POOL_HASH_XXH3_128;
         } else if (!strcmp(f, "--layers"))

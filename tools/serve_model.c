@@ -164,6 +164,7 @@ kva_plan_desc serve_step_desc(const serve_opts *o, int32_t R, const int32_t *qsl
     pd.q_dtype = o->dtype;
     pd.causal = 1;
     pd.window_left = -1;
+    pd.cascade = o->cascade;
     if (o->kind == KVA_ATTN_MLA) {
         /* The latent cache's shape; the model's scale 1/sqrt(Dn + Dr). */
         pd.kind = KVA_ATTN_MLA;

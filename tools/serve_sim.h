@@ -60,6 +60,7 @@ typedef struct serve_opts {
     int64_t kv_cache_mem; /* bytes of K+V over all layers when num_blocks is 0 */
     int prefix_caching;   /* 1: the pool caches full blocks by content */
     kva_pool_hash hash;   /* the pool's block hash */
+    int32_t cascade;      /* kva_cascade_mode of every step's plan (0 = automatic) */
     /* Scheduler. */
     int32_t max_num_batched_tokens; /* token budget of one step */
     int32_t max_num_seqs;           /* most running requests */

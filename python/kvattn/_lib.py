@@ -114,6 +114,11 @@ class PlanDesc(Structure):
         ("attention_chunk", c_int32),  # chunked local attention C, 0 = off (docs/masks.md)
         ("tree_parents", c_void_p),  # [T] int32 draft-tree parents, or NULL
         ("tree_mask", c_void_p),  # packed tree mask (FlashInfer layout), or NULL
+        # Cascade (shared-prefix) plans (docs/cascade.md); all 0 = automatic.
+        ("cascade", c_int32),  # kva_cascade_mode: 0 auto, 1 off, 2 on
+        ("num_cascade_groups", c_int32),
+        ("cascade_group", c_void_p),  # [R] int32 or NULL
+        ("cascade_prefix_len", c_void_p),  # [G] int32
     ]
 
 
@@ -129,6 +134,9 @@ class PlanInfo(Structure):
         ("max_q_len", c_int32),
         ("max_seq_len", c_int32),
         ("num_work_items", c_int32),
+        ("num_cascade_groups", c_int32),
+        ("cascade_rows", c_int32),
+        ("cascade_chunks", c_int32),
     ]
 
 

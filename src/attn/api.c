@@ -138,6 +138,8 @@ kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, const void 
     /* A sharded plan's partials are combined: the sink joins on rank 0 only. */
     if (plan->d.dcp_rank != 0)
         sinks = NULL;
+    if (plan->cascade)
+        return kva__cascade_run(ctx, plan, q, cache, sinks, out, lse);
     return ctx->ops->attention_paged(ctx, plan, q, cache, sinks, out, lse);
 }
 
@@ -191,6 +193,10 @@ kva_status kva_attention_run_ragged(kva_context *ctx, const kva_plan *plan, cons
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_attention_run_ragged: plan kind is KVA_ATTN_MLA: MLA runs over a "
                          "latent cache (kva_attention_run, kva_mla_run)");
+    if (plan->cascade)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_attention_run_ragged: the plan is a cascade plan (it reads shared "
+                         "blocks of a paged cache): run it with kva_attention_run");
     if (T == 0)
         return KVA_STATUS_OK;
     KVA_TRY(check_aligned_tensors(plan, q, k, v, sinks, out, lse));

@@ -104,6 +104,7 @@ void kva_context_destroy(kva_context *ctx)
 {
     if (!ctx)
         return;
+    kva_context_destroy(ctx->aux);
     if (ctx->ops->context_free)
         ctx->ops->context_free(ctx); /* first: queued work may still read the workspace */
     ctx->ops->memory->workspace_free(ctx);

@@ -175,6 +175,11 @@ struct kva_context {
      * (src/attn/cpu/mla_cpu.c), for tests and benches: 0 = the default, 1 =
      * no split-KV. Read when a plan is created. */
     int32_t mla_max_splits;
+    /* A second context of the same backend, device and threads, made by the
+     * first cascade plan (src/plan/cascade.c): it holds the prefix pass's
+     * plan (the CUDA backend keeps one uploaded plan per context) and the
+     * cascade buffers. NULL until then; destroyed with this context. */
+    kva_context *aux;
 };
 
 /* Grows ctx->workspace to at least bytes, in the context's memory space
@@ -299,7 +304,68 @@ struct kva_plan {
     size_t workspace_bytes; /* ctx workspace the run needs (reserved at plan time) */
     kva__partition *part;   /* built by ops->plan_build, freed by ops->plan_release */
     void *device;           /* backend-owned device copies (CUDA) */
+    /* A cascade plan's passes (src/plan/cascade.c; part and device stay
+     * NULL), or NULL. */
+    struct kva__cascade *cascade;
 };
+
+/* ---- cascade (shared-prefix) plans (src/plan/cascade.c, src/attn/cascade.c) ----
+ *
+ * A cascade plan runs as two ordinary plans and two index passes:
+ *   gather:  q_pref [C, M, H, D] = q rows gather[0..M) (the groups' rows, group
+ *            after group), copied C times, once per key chunk;
+ *   prefix:  plan `prefix` on ctx->aux, non-causal: virtual request (c, g)
+ *            holds group g's rows of copy c and reads chunk c of the group's
+ *            shared blocks -> out_pref [C, M, H, Dv], lse_pref [C, M, H];
+ *   suffix:  plan `suffix` on ctx: every request over its keys after its
+ *            group's prefix (all of them when ungrouped), with the sinks ->
+ *            out, lse (or lse_suf);
+ *   merge:   out/lse row t merged in place with its C prefix rows
+ *            (merge[t] >= 0; t is ungrouped when -1).
+ * Buffers live in ctx->aux's workspace past the prefix plan's own bytes. */
+typedef struct kva__cascade {
+    kva_plan *prefix;   /* built on aux */
+    kva_plan *suffix;   /* built on the plan's context */
+    kva_context *aux;   /* the context the prefix plan was built on */
+    int32_t num_groups; /* G */
+    int32_t num_chunks; /* C */
+    int32_t rows;       /* M: query rows of all groups */
+    int32_t *gather;    /* [M] token of each prefix row (host) */
+    int32_t *merge;     /* [T] prefix row of each token, -1 if ungrouped (host) */
+    size_t off_q, off_out, off_lse, off_lse_suf, off_tmp, off_idx; /* bytes into aux->workspace */
+    size_t aux_bytes;                                              /* aux workspace the run needs */
+} kva__cascade;
+
+/* Decides and builds the cascade of plan p (classified, not yet built) from
+ * desc: validates a given grouping, finds or takes the groups, runs the cost
+ * model and, when a cascade is chosen, builds both passes and sets
+ * p->cascade (else leaves it NULL: p is built as a plain plan). */
+kva_status kva__cascade_plan(kva_context *ctx, const kva_plan_desc *desc, kva_plan *p);
+/* Frees p->cascade (its two plans included). */
+void kva__cascade_free(kva_plan *p);
+/* kva_attention_run of a cascade plan after the API's checks. */
+kva_status kva__cascade_run(kva_context *ctx, const kva_plan *plan, const void *q,
+                            const kva_cache *cache, const float *sinks, void *out, float *lse);
+/* The host backends' index passes (reference and CPU): cascade_gather and
+ * cascade_merge of kva__backend_ops over the host index arrays. */
+kva_status kva__host_cascade_gather(kva_context *ctx, const kva_plan *plan, const void *q,
+                                    void *q_pref);
+kva_status kva__host_cascade_merge(kva_context *ctx, const kva_plan *plan, const void *out_pref,
+                                   const float *lse_pref, void *out, float *lse);
+
+/* What a backend's cascade costs, for the plan's choice (kva_cascade_mode
+ * AUTO): rates of the passes and the fixed cost of the extra ones. */
+typedef struct kva__cascade_cost {
+    double read_bw;      /* bytes/s of keys read once (the prefix pass) */
+    double reread_bw;    /* bytes/s of keys several requests read in turn (plain plans
+                            re-read a shared prefix, partly from cache) */
+    double reread_max;   /* prefixes of at most this many K/V bytes are re-read at
+                            reread_bw, larger ones at read_bw; 0: any size */
+    double decode_flops; /* flop/s of the plain (decode) kernels */
+    double prefix_flops; /* flop/s of the prefix pass (prefill kernels) */
+    double fixed_s;      /* seconds of the gather, prefix launch and merge */
+    int32_t units;       /* parallel units to fill (CUDA: 2 x SMs); 0: no key chunks */
+} kva__cascade_cost;
 
 /* ---- decode context parallelism: positions of a sharded plan ----
  *
@@ -485,6 +551,26 @@ struct kva__backend_ops {
                                       float *lse);
     kva_status (*mla_run)(kva_context *ctx, const kva_plan *plan, const void *q, const void *w_uk,
                           const void *w_uv, const kva_cache *cache, void *out, float *lse);
+
+    /* ---- cascade (kva__cascade; NULL cascade_gather: the backend has none
+     * and plans decline it) ----
+     * cascade_cost: the cost model's rates on ctx (NULL: the plan never
+     *   chooses a cascade by itself, KVA_CASCADE_ON still runs one).
+     * cascade_follow: makes aux run where ctx runs (CUDA: on ctx's stream),
+     *   before aux's plan is built; NULL for host backends.
+     * cascade_upload: at plan time, after both passes are built: the index
+     *   arrays into the backend's memory (CUDA: aux's workspace at off_idx);
+     *   NULL for host backends, whose passes read the host arrays.
+     * cascade_gather / cascade_merge: the index passes (kva__cascade), on
+     *   ctx's stream; q_pref, out_pref and lse_pref point into aux's
+     *   workspace; out [T, H, Dv] and lse [T, H] are merged in place. */
+    kva_status (*cascade_cost)(const kva_context *ctx, kva__cascade_cost *out);
+    kva_status (*cascade_follow)(kva_context *aux, const kva_context *ctx);
+    kva_status (*cascade_upload)(kva_context *ctx, const kva_plan *plan);
+    kva_status (*cascade_gather)(kva_context *ctx, const kva_plan *plan, const void *q,
+                                 void *q_pref);
+    kva_status (*cascade_merge)(kva_context *ctx, const kva_plan *plan, const void *out_pref,
+                                const float *lse_pref, void *out, float *lse);
 };
 
 extern const kva__backend_ops kva__ref_ops;  /* src/attn/ref/ */

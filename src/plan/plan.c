@@ -335,6 +335,7 @@ static void classify(kva_plan *p)
 /* Frees the host copies and the plan; the backend part must be released first. */
 static void free_plan(kva_plan *p)
 {
+    kva__cascade_free(p);
     free(p->query_start_loc);
     free(p->seq_lens);
     free(p->kv_lens);
@@ -443,6 +444,8 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
     p->d.alibi_slopes = NULL;
     p->d.tree_parents = NULL;
     p->d.tree_mask = NULL;
+    p->d.cascade_group = NULL; /* read by kva__cascade_plan from desc */
+    p->d.cascade_prefix_len = NULL;
     if (!desc->block_table) {
         p->d.block_table_stride = 0;
     }
@@ -457,7 +460,13 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
     p->d.causal = desc->causal != 0;
     classify(p);
 
-    if (ctx->ops && ctx->ops->plan_build) {
+    /* A cascade plan runs as two plans of its own (src/plan/cascade.c). */
+    kva_status cst = kva__cascade_plan(ctx, desc, p);
+    if (cst != KVA_STATUS_OK) {
+        free_plan(p);
+        return cst;
+    }
+    if (!p->cascade && ctx->ops && ctx->ops->plan_build) {
         kva_status st = ctx->ops->plan_build(ctx, p);
         if (st != KVA_STATUS_OK) {
             /* plan_release accepts a partly built plan (part/device NULL or valid). */

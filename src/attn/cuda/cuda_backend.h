@@ -282,6 +282,14 @@ kva_status kva__cuda_merge_states(kva_context *ctx, int32_t num_tokens, int32_t 
                                   int32_t head_dim_v, kva_dtype dtype, const void *out_a,
                                   const float *lse_a, const void *out_b, const float *lse_b,
                                   void *out, float *lse_out);
+/* Cascade plans (cascade.cu): the kva__backend_ops cascade entries. */
+kva_status kva__cuda_cascade_cost(const kva_context *ctx, kva__cascade_cost *out);
+kva_status kva__cuda_cascade_follow(kva_context *aux, const kva_context *ctx);
+kva_status kva__cuda_cascade_upload(kva_context *ctx, const kva_plan *plan);
+kva_status kva__cuda_cascade_gather(kva_context *ctx, const kva_plan *plan, const void *q,
+                                    void *q_pref);
+kva_status kva__cuda_cascade_merge(kva_context *ctx, const kva_plan *plan, const void *out_pref,
+                                   const float *lse_pref, void *out, float *lse);
 kva_status kva__cuda_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_tokens,
                                     int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
                                     const void *outs, int64_t out_stride, const float *lses,

@@ -872,6 +872,11 @@ extern "C" const kva__backend_ops kva__cuda_ops = {
     kva__cuda_context_free,
     &cuda_memory,
     kva__cuda_merge_states_n,
-    cuda_attention_paged, /* mla_attention_paged: the plan chose an MLA kernel (plan_kernels) */
-    cuda_mla_run,         /* mla_run: mla_run.cu */
+    cuda_attention_paged,     /* mla_attention_paged: the plan chose an MLA kernel (plan_kernels) */
+    cuda_mla_run,             /* mla_run: mla_run.cu */
+    kva__cuda_cascade_cost,   /* cascade_cost (cascade.cu) */
+    kva__cuda_cascade_follow, /* cascade_follow */
+    kva__cuda_cascade_upload, /* cascade_upload */
+    kva__cuda_cascade_gather, /* cascade_gather */
+    kva__cuda_cascade_merge,  /* cascade_merge */
 };

@@ -365,4 +365,7 @@ const kva__backend_ops kva__ref_ops = {
     .max_threads = 1, /* the reference runs single-threaded */
     .memory = &kva__host_memory,
     .merge_states_n = ref_merge_states_n,
+    /* Cascade plans run on request (KVA_CASCADE_ON) only: no cost model. */
+    .cascade_gather = kva__host_cascade_gather,
+    .cascade_merge = kva__host_cascade_merge,
 };

@@ -1,0 +1,239 @@
+/*
+ * cascade_util.h - the batches of the cascade (shared-prefix) tests: groups
+ * of requests whose block-table rows begin with the same shared blocks, the
+ * other blocks drawn at random from the cache, and a cache filled with random
+ * K/V rows through kva_cache_write (every format).
+ */
+#ifndef KVA_TEST_CASCADE_UTIL_H
+#define KVA_TEST_CASCADE_UTIL_H
+
+#include "cache_util.h"
+
+#define CAS_MAX_R 40
+#define CAS_MAX_G 4
+
+/* One request: its group (-1 for none), query rows, and keys after the
+ * group's shared blocks (seq_len = shared * B + own >= q_len). */
+typedef struct {
+    int32_t group, q_len, own;
+} cas_req;
+
+typedef struct {
+    const char *name;
+    int32_t H, Hkv, D, B;
+    kva_dtype dt;       /* q / out dtype */
+    kva_dtype cache_dt; /* storage dtype */
+    kva_quant quant;
+    kva_layout layout;
+    int32_t R, G;
+    cas_req req[CAS_MAX_R];
+    int32_t shared[CAS_MAX_G];    /* blocks each group shares */
+    int32_t given;                /* pass the grouping (with prefix = given_len) */
+    int32_t given_len[CAS_MAX_G]; /* tokens given as cascade_prefix_len (0: shared * B) */
+    int32_t mode;                 /* kva_cascade_mode */
+    float softcap;
+    int32_t sinks;
+    int32_t expect_groups; /* info.num_cascade_groups the plan must report */
+} cas_case;
+
+typedef struct {
+    int32_t R, T, stride, NB;
+    int32_t qsl[CAS_MAX_R + 1], seq[CAS_MAX_R], grp[CAS_MAX_R], plen[CAS_MAX_G];
+    int32_t *bt; /* [R, stride] */
+    float sinks[64];
+} cas_batch;
+
+/* Block ids: group g's shared blocks, then each request's own, all distinct
+ * and drawn at random from 1 .. NB-1 (block 0 stays unused). */
+static inline void cas_build(const cas_case *c, kva_rng *r, cas_batch *b)
+{
+    memset(b, 0, sizeof *b);
+    b->R = c->R;
+    int32_t need = 0, stride = 0;
+    for (int32_t g = 0; g < c->G; g++)
+        need += c->shared[g];
+    for (int32_t i = 0; i < c->R; i++) {
+        const cas_req *q = &c->req[i];
+        const int32_t sh = q->group >= 0 ? c->shared[q->group] : 0;
+        b->seq[i] = sh * c->B + q->own;
+        const int32_t nb = (b->seq[i] + c->B - 1) / c->B;
+        need += nb - sh;
+        stride = nb > stride ? nb : stride;
+        b->qsl[i + 1] = b->qsl[i] + q->q_len;
+        b->grp[i] = q->group;
+    }
+    b->T = b->qsl[c->R];
+    b->stride = stride + 1;
+    b->NB = need + 1 + 7;
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)b->NB);
+    for (int32_t i = 0; i < b->NB; i++)
+        perm[i] = i;
+    for (int32_t i = b->NB - 1; i > 1; i--) {
+        const int32_t j = kva_rng_int(r, 1, i), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int32_t next = 1, shared_at[CAS_MAX_G];
+    for (int32_t g = 0; g < c->G; g++) {
+        shared_at[g] = next;
+        next += c->shared[g];
+        b->plen[g] = c->given_len[g] ? c->given_len[g] : c->shared[g] * c->B;
+    }
+    b->bt = malloc(sizeof(int32_t) * (size_t)c->R * (size_t)b->stride);
+    for (int32_t i = 0; i < c->R; i++) {
+        int32_t *row = b->bt + (int64_t)i * b->stride;
+        const int32_t g = c->req[i].group, sh = g >= 0 ? c->shared[g] : 0;
+        const int32_t nb = (b->seq[i] + c->B - 1) / c->B;
+        for (int32_t j = 0; j < b->stride; j++)
+            row[j] = -1;
+        for (int32_t j = 0; j < nb; j++)
+            row[j] = j < sh ? perm[shared_at[g] + j] : perm[next++];
+    }
+    free(perm);
+    for (int32_t h = 0; h < c->H && h < 64; h++)
+        b->sinks[h] = (float)(2.0 * kva_rng_unit(r) - 1.0);
+}
+
+static inline kva_plan_desc cas_desc(const cas_case *c, const cas_batch *b, int32_t mode,
+                                     int with_grouping)
+{
+    kva_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.num_requests = c->R;
+    d.query_start_loc = b->qsl;
+    d.seq_lens = b->seq;
+    d.block_table = b->bt;
+    d.block_table_stride = b->stride;
+    d.block_size = c->B;
+    d.num_heads = c->H;
+    d.num_kv_heads = c->Hkv;
+    d.head_dim = c->D;
+    d.q_dtype = c->dt;
+    d.causal = 1;
+    d.window_left = -1;
+    d.softcap = c->softcap;
+    d.cascade = mode;
+    if (with_grouping) {
+        d.num_cascade_groups = c->G;
+        d.cascade_group = b->grp;
+        d.cascade_prefix_len = b->plen;
+    }
+    return d;
+}
+
+/* A cache of the case's format on ctx with every slot written from random
+ * rows (host arrays k_rows, v_rows, slots of ctx's memory space: the caller
+ * passes device copies for a device context). */
+static inline kva_cache *cas_cache(kva_context *ctx, const cas_case *c, const cas_batch *b,
+                                   const void *k_rows, const void *v_rows, const int64_t *slots)
+{
+    kva_cache_desc cd = make_desc(b->NB, c->B, c->Hkv, c->D, c->D, c->cache_dt, c->layout);
+    cd.quant = c->quant;
+    kva_rng r = {77};
+    float buf[2 * 8 * 2 * 256];
+    kva_quant_params qp;
+    make_params(c->quant, c->Hkv, c->D, c->D, 1, &r, buf, &qp);
+    kva_cache *cache = NULL;
+    CHECK_OK(kva_cache_create_quant(ctx, &cd, c->quant == KVA_QUANT_NONE ? NULL : &qp, &cache));
+    CHECK_OK(kva_cache_write(ctx, cache, b->NB * c->B, k_rows, 0, v_rows, 0, KVA_DTYPE_F32, slots));
+    return cache;
+}
+
+/* A base case: 2 groups (3 and 2 shared blocks), ungrouped requests around them. */
+static inline cas_case cas_base(const char *name)
+{
+    cas_case c;
+    memset(&c, 0, sizeof c);
+    c.name = name;
+    c.H = 8, c.Hkv = 2, c.D = 64, c.B = 16;
+    c.dt = c.cache_dt = KVA_DTYPE_F32;
+    c.layout = KVA_LAYOUT_NHD;
+    c.G = 2;
+    c.shared[0] = 3, c.shared[1] = 2;
+    const cas_req reqs[] = {{0, 1, 7},  {-1, 1, 40}, {0, 1, 16}, {1, 1, 1},
+                            {0, 1, 30}, {1, 1, 20},  {-1, 1, 5}, {0, 1, 3}};
+    c.R = 8;
+    memcpy(c.req, reqs, sizeof reqs);
+    c.mode = KVA_CASCADE_ON;
+    c.expect_groups = 2;
+    return c;
+}
+
+/* cas_base with groups of one request (given) and prefill rows in the same
+ * step: a speculative decode in a group, a chunked prefill after its group's
+ * prefix, and an ungrouped prefill. */
+static inline cas_case cas_prefill_rows(const char *name)
+{
+    cas_case c = cas_base(name);
+    c.given = 1;
+    c.G = 3, c.shared[2] = 4;
+    c.req[1] = (cas_req){2, 1, 9};
+    c.req[4].q_len = 5;
+    c.req[5].q_len = 19, c.req[5].own = 25;
+    c.req[6] = (cas_req){-1, 33, 33};
+    c.expect_groups = 3;
+    return c;
+}
+
+/* One case's data and its reference: the batch, random K/V rows [NB*B, Hkv,
+ * D] f32 for every slot, q [T, H, D], a host cache of the rows on the
+ * reference backend, and the reference's plain run over it (o_ref, l_ref). */
+typedef struct {
+    cas_batch b;
+    size_t nq, nl, rows, nslots;
+    float *kr, *vr, *l_ref;
+    int64_t *slots;
+    void *q, *o_ref;
+    const float *sinks; /* b.sinks or NULL */
+    kva_context *ref;
+    kva_cache *cache; /* on ref (host memory: the CPU backend reads it too) */
+} cas_data;
+
+static inline void cas_data_make(const cas_case *c, uint64_t seed, cas_data *x)
+{
+    kva_rng r = {seed};
+    memset(x, 0, sizeof *x);
+    cas_build(c, &r, &x->b);
+    const size_t es = kva_dtype_size(c->dt);
+    x->nq = (size_t)x->b.T * c->H * c->D, x->nl = (size_t)x->b.T * c->H;
+    x->nslots = (size_t)x->b.NB * c->B, x->rows = x->nslots * c->Hkv * c->D;
+    x->kr = malloc(x->rows * 4), x->vr = malloc(x->rows * 4);
+    x->slots = malloc(sizeof(int64_t) * x->nslots);
+    kva_test_fill(x->kr, KVA_DTYPE_F32, x->rows, &r, 1.0);
+    kva_test_fill(x->vr, KVA_DTYPE_F32, x->rows, &r, 1.0);
+    for (size_t s = 0; s < x->nslots; s++)
+        x->slots[s] = (int64_t)s;
+    x->q = malloc(x->nq * es), x->o_ref = malloc(x->nq * es), x->l_ref = malloc(x->nl * 4);
+    kva_test_fill(x->q, c->dt, x->nq, &r, 1.0);
+    x->sinks = c->sinks ? x->b.sinks : NULL;
+    x->ref = new_ctx(KVA_BACKEND_REF, 1);
+    x->cache = cas_cache(x->ref, c, &x->b, x->kr, x->vr, x->slots);
+    kva_plan *plain = NULL;
+    kva_plan_desc d = cas_desc(c, &x->b, KVA_CASCADE_OFF, 0);
+    CHECK_OK(kva_plan_create(x->ref, &d, &plain));
+    kva_test_poison(x->o_ref, c->dt, x->nq);
+    kva_test_poison(x->l_ref, KVA_DTYPE_F32, x->nl);
+    CHECK_OK(kva_attention_run(x->ref, plain, x->q, x->cache, x->sinks, x->o_ref, x->l_ref));
+    kva_plan_destroy(plain);
+}
+
+static inline void cas_data_free(cas_data *x)
+{
+    kva_cache_destroy(x->cache);
+    kva_context_destroy(x->ref);
+    free(x->kr), free(x->vr), free(x->slots), free(x->q), free(x->o_ref), free(x->l_ref);
+    free(x->b.bt);
+}
+
+/* Tolerances of a cascade run against the reference: the two passes' outputs
+ * are rounded to the output dtype before the merge rounds again. */
+static inline double cas_atol(kva_dtype dt)
+{
+    return dt == KVA_DTYPE_F32 ? 1e-4 : dt == KVA_DTYPE_F16 ? 1e-3 : 8e-3;
+}
+static inline double cas_rtol(kva_dtype dt)
+{
+    return dt == KVA_DTYPE_F32 ? 1e-4 : dt == KVA_DTYPE_F16 ? 3e-3 : 2e-2;
+}
+
+#endif /* KVA_TEST_CASCADE_UTIL_H */
