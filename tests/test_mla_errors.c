@@ -168,6 +168,37 @@ static mla_case tiny(void)
     return mla_case_of(4, 16, 8, 8, 8, 4, KVA_DTYPE_F32, 1, 1, 2, ql, sl, 5);
 }
 
+/* A rotary part wider than the latent part (Dr 496 > Dc 16; fuzz_desc's
+ * finding crash-81db0a6b was the harness sizing k_pe by Dc): the write reads
+ * exactly Dc values of c_kv and Dr of k_pe (buffers of those sizes, so ASan
+ * sees any read past them) on the reference and CPU backends. */
+static void test_write_wide_rope(void)
+{
+    const kva_backend bs[2] = {KVA_BACKEND_REF, KVA_BACKEND_CPU};
+    for (int bi = 0; bi < 2; bi++) {
+        kva_context *ctx = new_ctx(bs[bi]);
+        kva_cache_desc d = latent_desc(KVA_DTYPE_F32);
+        d.head_dim = 512;
+        d.head_dim_v = 16;
+        kva_cache *c = NULL;
+        CHECK_OK(kva_cache_create(ctx, &d, &c));
+        float *rows = NULL;
+        CHECK_OK(kva_cache_data(c, (void **)&rows, NULL));
+        float *ckv = malloc(16 * sizeof *ckv), *kpe = malloc(496 * sizeof *kpe);
+        kva_rng rng = {11};
+        kva_test_fill_uniform(ckv, KVA_DTYPE_F32, 16, &rng);
+        kva_test_fill_uniform(kpe, KVA_DTYPE_F32, 496, &rng);
+        const int64_t slot = 6;
+        CHECK_OK(kva_cache_write(ctx, c, 1, ckv, 0, kpe, 0, KVA_DTYPE_F32, &slot));
+        CHECK(memcmp(rows + slot * 512, ckv, 16 * sizeof *ckv) == 0);
+        CHECK(memcmp(rows + slot * 512 + 16, kpe, 496 * sizeof *kpe) == 0);
+        free(ckv);
+        free(kpe);
+        kva_cache_destroy(c);
+        kva_context_destroy(ctx);
+    }
+}
+
 static void test_plan_desc(void)
 {
     kva_context *ctx = new_ctx(KVA_BACKEND_CPU);
@@ -297,6 +328,7 @@ int main(void)
 {
     RUN(test_cache_desc);
     RUN(test_write);
+    RUN(test_write_wide_rope);
     RUN(test_plan_desc);
     RUN(test_run_mismatch);
     return kva_test_finish();
