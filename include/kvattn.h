@@ -1,5 +1,7 @@
 /*
- * kvattn.h - the whole public C API of kvattn.
+ * kvattn.h - the public C API of kvattn (with kvattn_mla.h and kvattn_pool.h,
+ * which it includes; kvattn_cuda.h, kvattn_mpi.h and kvattn_nccl.h add the
+ * CUDA-, MPI- and NCCL-only calls).
  *
  * kvattn owns a paged KV cache and computes attention for one layer of a mixed
  * serving batch (prefills, chunked prefills, decodes, speculative decodes).
@@ -78,6 +80,7 @@ extern "C" {
 /* Limits every backend accepts (larger values are rejected with a status). */
 #define KVA_MAX_SEQ_LEN (1 << 30) /* longest seq_len, and most query tokens in one plan */
 #define KVA_MAX_HEADS 4096        /* most query heads (and kv heads) */
+#define KVA_MAX_TOPK 65536        /* most keys per token of a sparse plan (sparse_topk) */
 #define KVA_MAX_TREE_TOKENS 64    /* most query tokens of a request of a tree plan */
 #define KVA_MAX_THREADS 1024      /* most CPU threads a context may ask for */
 /* Largest head size D (and Dv) of any backend: MLA's absorbed 512 + 64. A
@@ -219,8 +222,25 @@ typedef enum kva_layout {
  *                             kept in the cache: [NB, Hkv, B] float32
  *   INT8_TOKEN_K_V16 f16/bf16 as INT8_TOKEN_K (int8)     as stored (dtype)
  *   FP8_E4M3        FP8_E4M3  q = fp8(x / s), x = q * s; s per tensor or per kv head
+ *   FP8_DS_MLA      FP8_E4M3  MLA caches only: FlashMLA's "fp8_ds_mla" rows, below
+ *   FP8_TOKEN       FP8_E4M3  index-key caches only (KVA_ATTN_INDEX), below
  *
  * rne = round to nearest, ties to even; clamp to [-128, 127].
+ *
+ * FP8_DS_MLA (DeepSeek V3.2, vLLM's "fp8_ds_mla" cache, byte for byte as
+ * FlashMLA reads it): kind KVA_ATTN_MLA with Dc = head_dim_v a multiple of
+ * 128 and Dr = head_dim - Dc. Each token's row is Dc + 4 * Dc / 128 + 2 * Dr
+ * bytes (DeepSeek, Dc 512 / Dr 64: 656): the Dc e4m3 codes of c_kv, then one
+ * float32 scale per tile of 128 codes, s = max(amax(tile) / 448, FLT_MIN) as
+ * vLLM's concat_and_cache_ds_mla writes it (readers take any positive
+ * float32 scale, e.g. powers of two), then the Dr values of k_pe as bf16,
+ * unquantized. c_kv = code * s of its tile. Rows are contiguous, token after
+ * token, B rows per block (layouts NHD and HND coincide). No static scales.
+ *
+ * FP8_TOKEN (the DeepSeek V3.2 indexer's key cache, as vLLM lays it out):
+ * kind KVA_ATTN_INDEX; each block holds its B rows of D e4m3 codes, token
+ * after token, then B float32 scales, one per token, s = max(amax / 448,
+ * FLT_MIN) on write (any positive scale on read): D + 4 bytes per token.
  */
 typedef enum kva_quant {
     KVA_QUANT_NONE = 0,             /* K/V stored in the cache dtype (f32, f16 or bf16) */
@@ -228,11 +248,13 @@ typedef enum kva_quant {
     KVA_QUANT_INT8_TOKEN_K = 2,     /* int8 K with per-token scales, int8 V per channel */
     KVA_QUANT_INT8_TOKEN_K_V16 = 3, /* int8 K with per-token scales, V in f16/bf16 */
     KVA_QUANT_FP8_E4M3 = 4,         /* fp8 e4m3 K and V, per-tensor or per-kv-head scales */
+    KVA_QUANT_FP8_DS_MLA = 5,       /* MLA latent rows as FlashMLA's fp8_ds_mla (656 bytes) */
+    KVA_QUANT_FP8_TOKEN = 6,        /* index keys: fp8 e4m3 with a per-token scale */
     KVA_QUANT_COUNT_
 } kva_quant;
 
-/* "none", "int8_channel", "int8_token_k", "int8_token_k_v16", "fp8_e4m3";
- * "invalid" otherwise. */
+/* "none", "int8_channel", "int8_token_k", "int8_token_k_v16", "fp8_e4m3",
+ * "fp8_ds_mla", "fp8_token"; "invalid" otherwise. */
 KVA_API const char *kva_quant_name(kva_quant quant);
 
 /*
@@ -286,8 +308,19 @@ typedef enum kva_attn_kind {
      * no window, soft-cap or ALiBi) run kva_attention_run, the absorbed
      * kernel-level call (FlashMLA's flash_mla_with_kvcache), and kva_mla_run,
      * the layer-level call that takes the un-absorbed query and the layer's
-     * W_UK / W_UV. */
+     * W_UK / W_UV. An MLA cache may also hold FlashMLA's FP8 rows
+     * (KVA_QUANT_FP8_DS_MLA, dtype FP8_E4M3, no params), which sparse plans
+     * read (kva_mla_sparse_run, kvattn_mla.h). */
     KVA_ATTN_MLA = 1,
+    /* Index keys of DeepSeek V3.2's lightning indexer: one key row of D
+     * values per token (DeepSeek: 128), no values. Cache: num_kv_heads = 1,
+     * head_dim = D, head_dim_v 0 or D (ignored: there is no V storage,
+     * v_data is NULL, kva_cache_block_bytes_v is 0); dtype F32, F16 or BF16
+     * (KVA_QUANT_NONE) or FP8_E4M3 with KVA_QUANT_FP8_TOKEN (no params).
+     * Write: kva_cache_write with k = keys [T, D] and v = NULL. Plans of this
+     * kind (num_kv_heads 1, head_dim D, num_heads = the index heads) run
+     * kva_indexer_run only (kvattn_mla.h). */
+    KVA_ATTN_INDEX = 2,
     KVA_ATTN_KIND_COUNT_
 } kva_attn_kind;
 
@@ -394,6 +427,24 @@ KVA_API kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t n
                                    const void *k, int64_t k_token_stride, const void *v,
                                    int64_t v_token_stride, kva_dtype src_dtype,
                                    const int64_t *slot_mapping);
+
+/*
+ * Read tokens back out of the cache, dequantized: the inverse of
+ * kva_cache_write (what a "separate" sparse-MLA prefill gathers, what an
+ * engine offloads or checks). For each t < num_tokens with slot s =
+ * slot_mapping[t] >= 0, row t of k (and of v) receives the slot's K (and V)
+ * values converted to dst_dtype (F32, F16 or BF16, round-to-nearest-even);
+ * a negative slot leaves its rows untouched. Shapes and strides as
+ * kva_cache_write's: MHA k [T, Hkv, D], v [T, Hkv, Dv]; MLA k = c_kv
+ * [T, Dc], v = k_pe [T, Dr]; INDEX k [T, D], v must be NULL. k or v may be
+ * NULL to skip that half (not both). Quantized values come back as the
+ * format defines them (code * scale (- offset)), exactly representable in
+ * F32. A slot >= NB*B is an error and nothing is written (CUDA: slot_mapping
+ * is device memory; the kernel skips such a slot).
+ */
+KVA_API kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
+                                  const int64_t *slot_mapping, void *k, int64_t k_token_stride,
+                                  void *v, int64_t v_token_stride, kva_dtype dst_dtype);
 
 /* Copy whole blocks inside one cache: pairs [n, 2] int32 of (src, dst) block
  * ids (vLLM's copy_blocks, used for copy-on-write of shared blocks). All ids are
@@ -529,7 +580,35 @@ typedef struct kva_plan_desc {
     int32_t num_cascade_groups;        /* G of a given grouping; 0 without one */
     const int32_t *cascade_group;      /* [R] group of each request or -1; NULL: find them */
     const int32_t *cascade_prefix_len; /* [G] shared tokens of each group */
+
+    /* Sparse attention (DeepSeek V3.2, kvattn_mla.h). sparse_topk = K > 0
+     * makes a kind KVA_ATTN_MLA plan a sparse MLA plan, run by
+     * kva_mla_sparse_run only (each query token attends the K positions of
+     * its own index list), and is the K of a kind KVA_ATTN_INDEX plan
+     * (kva_indexer_run picks K keys per token); at most KVA_MAX_TOPK. 0: a
+     * dense plan (KVA_ATTN_INDEX plans need K > 0). sparse_mode is a
+     * kva_sparse_mode (sparse MLA plans only; 0 otherwise). Sparse plans take
+     * no window, soft-cap, ALiBi, chunk, tree, cascade or DCP; causal is
+     * ignored (the index list is the mask); decode_threshold splits decodes
+     * from prefills as in every plan. */
+    int32_t sparse_topk;
+    int32_t sparse_mode;
 } kva_plan_desc;
+
+/* How a sparse MLA plan runs its prefill tokens (kva_plan_desc.sparse_mode). */
+typedef enum kva_sparse_mode {
+    /* Every token, decode or prefill, reads its indexed rows from the cache
+     * in place (FlashMLA's kernel over the paged cache; vLLM's mixed batch). */
+    KVA_SPARSE_MIXED = 0,
+    /* Decodes as MIXED; each prefill request's keys are first read back from
+     * the cache into a dense workspace (kva_cache_read, as bf16 (f32 on the
+     * reference)), and its tokens run a prefill kernel over that workspace
+     * (FlashMLA's sparse prefill; vLLM's separate prefill / decode). The
+     * plan reserves the workspace for its longest prefill. Equal to MIXED up
+     * to rounding. */
+    KVA_SPARSE_SEPARATE = 1,
+    KVA_SPARSE_MODE_COUNT_
+} kva_sparse_mode;
 
 /* Whether a plan runs shared prefixes as a cascade (kva_plan_desc.cascade). */
 typedef enum kva_cascade_mode {
@@ -626,38 +705,6 @@ KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const in
 KVA_API kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, const void *q,
                                      const kva_cache *cache, const float *sinks, void *out,
                                      float *lse);
-
-/*
- * Multi-head latent attention for one layer (kind KVA_ATTN_MLA), from the
- * un-absorbed query, as vLLM's MLA common backend computes it. With
- * Dc = the plan's head_dim_v, Dr = head_dim - head_dim_v, Dn =
- * mla_qk_nope_head_dim and Dv = mla_v_head_dim (both given to the plan):
- *   q:     [T, H, Dn + Dr] in q_dtype: each head's q_nope [Dn] then q_pe [Dr]
- *          (RoPE already applied; k_pe in the cache likewise).
- *   w_uk:  [H, Dn, Dc] in q_dtype: head h's key up-projection,
- *          k_nope_h(j) = w_uk[h] . c_kv(j)   (vLLM's W_UK_T).
- *   w_uv:  [H, Dc, Dv] in q_dtype: head h's value up-projection,
- *          v_h(j) = c_kv(j) . w_uv[h]        (vLLM's W_UV).
- *   cache: an MLA cache holding [c_kv | k_pe] for every key the plan covers.
- *   out:   [T, H, Dv] in q_dtype; lse: [T, H] float32 or NULL.
- * Semantics: for each head h, ordinary attention (kva_attention_run's masks:
- * causal or not, bottom-right aligned) with key k_h(j) = [k_nope_h(j), k_pe(j)]
- * (Dn + Dr), value v_h(j) (Dv) and score_j = scale * <q_h, k_h(j)>, the plan's
- * scale being the model's (DeepSeek: 1/sqrt(Dn + Dr), times its YaRN mscale^2).
- * lse is that softmax's natural-log sum-exp. Rows that see no key write 0 and
- * lse = -inf.
- * Paths (the result is the same up to rounding): requests with q_len <=
- * decode_threshold take the absorbed path (q_nope . w_uk -> [Dc], attention
- * over the latent rows with D = Dc + Dr, Dv = Dc, then . w_uv -> [Dv]); the
- * others take the compute-friendly path (the context's latent rows are
- * decompressed per head into the workspace in bounded chunks, attention with
- * D = Dn + Dr, Dv = Dv per chunk, chunks merged by their LSE). One plan may
- * mix both. The reference backend computes the naive, non-absorbed math in
- * fp64 for every request: the truth both paths are tested against.
- */
-KVA_API kva_status kva_mla_run(kva_context *ctx, const kva_plan *plan, const void *q,
-                               const void *w_uk, const void *w_uv, const kva_cache *cache,
-                               void *out, float *lse);
 
 /*
  * Attention without a cache, over new K/V packed per request (PrefillNoCache,
@@ -796,170 +843,12 @@ KVA_API kva_status kva_c8_scales_load(const char *checkpoint_dir, int32_t layer,
                                       int32_t tp_size, kva_c8_scales **out);
 KVA_API void kva_c8_scales_free(kva_c8_scales *scales); /* NULL is a no-op */
 
-/* ------------------------------------------------------------------------ */
-/* Block pool with prefix caching (host-side, device-agnostic)              */
-/* ------------------------------------------------------------------------ */
-
-/*
- * The pool hands out the NB blocks of a paged cache to requests and caches
- * full blocks by content so that a later prompt with the same prefix reuses
- * them (vLLM's automatic prefix caching). It never touches K/V memory: it
- * produces the block-table rows (kva_plan_desc.block_table) and the slot
- * mappings (kva_cache_write) that the engine passes to the rest of the API.
- *
- * Block 0 is the null block: it pads block-table rows and replaces blocks
- * that fell out of a sliding window; it is never handed out or freed.
- * A request's tokens are the positions whose KV has been computed; an engine
- * step is: kva_pool_request_add (prefix lookup) -> kva_pool_request_allocate
- * -> kva_pool_request_block_table / kva_pool_request_slots -> run the model ->
- * kva_pool_request_append_tokens (records the computed tokens and caches the
- * blocks that became full) -> ... -> kva_pool_request_free. docs/pool.md has
- * the invariants, the eviction policy and the hash chain.
- *
- * Request ids are small non-negative integers; the id of a freed request may
- * be reused by a later kva_pool_request_add or kva_pool_request_fork.
- * A pool may be used from one thread at a time.
- */
-
-/* Each hash needs its library at build time (CMake KVA_WITH_OPENSSL,
- * KVA_WITH_XXHASH, both ON by default): kva_pool_create with prefix caching
- * on and a hash the build left out fails with KVA_STATUS_UNSUPPORTED; a
- * pool without prefix caching hashes nothing and works in every build. */
-typedef enum kva_pool_hash {
-    KVA_POOL_HASH_SHA256 = 0,   /* default: SHA-256 (libcrypto), 32-byte hashes,
-                                   collision-resistant across tenants */
-    KVA_POOL_HASH_XXH3_128 = 1, /* XXH3-128 (libxxhash), 16-byte hashes: faster,
-                                   not safe against adversarial prompts */
-    KVA_POOL_HASH_COUNT_
-} kva_pool_hash;
-
-typedef struct kva_pool_desc {
-    int32_t num_blocks;            /* NB, 2 .. 2^30, including the null block 0 */
-    int32_t block_size;            /* B, 1 .. 65536 tokens per block */
-    kva_pool_hash hash;            /* block hash function (0 = SHA-256) */
-    int32_t enable_prefix_caching; /* 1 to cache full blocks by content, 0 not to */
-} kva_pool_desc;
-
-typedef struct kva_pool_stats {
-    int32_t num_blocks;         /* NB - 1: blocks that can be handed out */
-    int32_t num_used_blocks;    /* blocks held by at least one request */
-    int32_t num_free_blocks;    /* blocks in the free queue (cached or empty) */
-    int32_t num_cached_blocks;  /* blocks holding a cached hash (used or free) */
-    int32_t num_requests;       /* live requests */
-    double usage;               /* num_used_blocks / num_blocks */
-    int64_t query_tokens;       /* prompt tokens looked up (prefix caching on) */
-    int64_t hit_tokens;         /* of those, tokens served from the cache */
-    double hit_rate;            /* hit_tokens / query_tokens, 0 when none */
-    int64_t num_evicted_blocks; /* cached blocks whose hash was dropped for reuse */
-} kva_pool_stats;
-
-typedef struct kva_pool_request_info {
-    int32_t num_tokens;        /* computed tokens (KV written) */
-    int32_t num_blocks;        /* length of the block-table row (null blocks included) */
-    int32_t num_cached_tokens; /* tokens served from the cache by kva_pool_request_add */
-} kva_pool_request_info;
-
-typedef struct kva_pool kva_pool;
-
-/* Creates a pool of desc->num_blocks blocks, all free; block 0 is the null block. */
-KVA_API kva_status kva_pool_create(const kva_pool_desc *desc, kva_pool **out);
-/* Frees the pool and every live request. NULL is a no-op. */
-KVA_API void kva_pool_destroy(kva_pool *pool);
-
-/*
- * Adds a request with prompt_tokens [n] (n >= 1) and an optional extra key
- * (extra_len bytes, e.g. an adapter id or a per-tenant cache salt; NULL when
- * extra_len is 0) that separates its cache entries from other keys'. Looks up
- * the prefix cache block by block and takes the hit blocks; the hit is capped
- * so that at least one prompt token is recomputed. *out_num_cached_tokens
- * (may be NULL) receives the hit in tokens, a multiple of B, which is also the
- * request's number of computed tokens.
- */
-KVA_API kva_status kva_pool_request_add(kva_pool *pool, const int32_t *prompt_tokens, int32_t n,
-                                        const void *extra_key, size_t extra_len,
-                                        int32_t *out_request_id, int32_t *out_num_cached_tokens);
-
-/*
- * Makes the request's blocks cover num_tokens + num_new_tokens +
- * num_lookahead_tokens positions (lookahead = speculative tokens), taking
- * blocks from the head of the free queue. Fails with KVA_STATUS_POOL_EXHAUSTED
- * and changes nothing when too few blocks are free.
- */
-KVA_API kva_status kva_pool_request_allocate(kva_pool *pool, int32_t request_id,
-                                             int32_t num_new_tokens, int32_t num_lookahead_tokens);
-
-/*
- * Records tokens [n] as computed at positions num_tokens .. num_tokens + n - 1
- * (their KV has been written) and, with prefix caching on, caches every block
- * that became full. The positions must be allocated.
- */
-KVA_API kva_status kva_pool_request_append_tokens(kva_pool *pool, int32_t request_id,
-                                                  const int32_t *tokens, int32_t n);
-
-/*
- * Creates a request that shares src's computed prefix (parallel sampling):
- * the full blocks are shared (reference counts incremented); a partial last
- * block is copied into a fresh block, and out_copy [2] receives the (src, dst)
- * block ids to pass to kva_cache_copy_blocks, or {-1, -1} when there is none.
- * Fails with KVA_STATUS_POOL_EXHAUSTED, changing nothing, if the copy has no block.
- */
-KVA_API kva_status kva_pool_request_fork(kva_pool *pool, int32_t src_request_id,
-                                         int32_t *out_request_id, int32_t *out_copy);
-
-/* Releases the request's blocks, last block first (so tail blocks are evicted
- * first), and forgets the request. */
-KVA_API kva_status kva_pool_request_free(kva_pool *pool, int32_t request_id);
-
-/*
- * Sliding window: releases the blocks whose positions all lie before
- * num_tokens - window_tokens (the next token at position num_tokens attends
- * to keys >= num_tokens - window_tokens) and puts the null block 0 in their
- * place in the block table. window_tokens >= 0.
- */
-KVA_API kva_status kva_pool_request_drop_window(kva_pool *pool, int32_t request_id,
-                                                int32_t window_tokens);
-
-/*
- * Chunked local attention (kva_plan_desc.attention_chunk = chunk_tokens):
- * releases the blocks whose positions all lie before the start of the chunk
- * of the next token, num_tokens - num_tokens % chunk_tokens (that token and
- * every later one attend to keys from there on; vLLM's chunked-local
- * manager), and puts the null block 0 in their place in the block table. A
- * block that straddles the chunk start is kept. chunk_tokens >= 1.
- */
-KVA_API kva_status kva_pool_request_drop_chunk(kva_pool *pool, int32_t request_id,
-                                               int32_t chunk_tokens);
-
-/* Writes the request's block-table row: row [row_len] int32 receives its
- * num_blocks block ids then 0 (the null block) up to row_len. row may be NULL
- * when row_len is 0 to query *out_num_blocks (may be NULL) only. */
-KVA_API kva_status kva_pool_request_block_table(const kva_pool *pool, int32_t request_id,
-                                                int32_t *row, int32_t row_len,
-                                                int32_t *out_num_blocks);
-
-/* Writes slots [count] int64 for positions first_pos .. first_pos + count - 1:
- * slot = block * B + position % B. Every position must be allocated and not
- * dropped by kva_pool_request_drop_window or kva_pool_request_drop_chunk. */
-KVA_API kva_status kva_pool_request_slots(const kva_pool *pool, int32_t request_id,
-                                          int32_t first_pos, int32_t count, int64_t *slots);
-
-/* Token and block counts of a live request. */
-KVA_API kva_status kva_pool_request_get_info(const kva_pool *pool, int32_t request_id,
-                                             kva_pool_request_info *out);
-
-/* Block counts and prefix-cache hit statistics. */
-KVA_API kva_status kva_pool_get_stats(const kva_pool *pool, kva_pool_stats *out);
-
-/* Drops every cached hash (e.g. after new weights are loaded). Refused with
- * KVA_STATUS_INVALID_ARGUMENT, changing nothing, while any block is in use. */
-KVA_API kva_status kva_pool_reset_prefix_cache(kva_pool *pool);
-
-/* Checks every pool invariant (docs/pool.md); KVA_STATUS_INTERNAL with a
- * message naming the first violation, KVA_STATUS_OK if all hold. */
-KVA_API kva_status kva_pool_check(const kva_pool *pool);
-
 #ifdef __cplusplus
 }
 #endif
+
+/* The rest of the API, by subject (each includes this header). */
+#include "kvattn_mla.h"  /* kva_mla_run, sparse MLA and its indexer */
+#include "kvattn_pool.h" /* the block pool with prefix caching */
 
 #endif /* KVATTN_H */

@@ -11,6 +11,10 @@
 #ifndef KVA_TEST_HARNESS_H
 #define KVA_TEST_HARNESS_H
 
+/* The cache formats of MHA caches (kind KVA_ATTN_MHA): kva_quant values
+ * below this. FP8_DS_MLA and FP8_TOKEN belong to MLA and index-key caches. */
+#define KVA_TEST_MHA_QUANTS (KVA_QUANT_FP8_E4M3 + 1)
+
 #include "../bench/data.h"
 #include "kvattn.h"
 

@@ -306,8 +306,8 @@ static void test_attn_kind(void)
                         .head_dim = 16,
                         .dtype = KVA_DTYPE_F32};
     kva_cache *c = SENTINEL;
-    d.kind = (kva_attn_kind)2;
-    EXPECT_FAIL(kva_cache_create(ctx, &d, &c), KVA_STATUS_INVALID_ARGUMENT, "kind = 2");
+    d.kind = KVA_ATTN_KIND_COUNT_;
+    EXPECT_FAIL(kva_cache_create(ctx, &d, &c), KVA_STATUS_INVALID_ARGUMENT, "kind = 3");
     d.kind = (kva_attn_kind)-3;
     EXPECT_FAIL(kva_cache_create(ctx, &d, &c), KVA_STATUS_INVALID_ARGUMENT, "kind = -3");
     d.kind = KVA_ATTN_MLA;

@@ -345,7 +345,7 @@ static void test_bad_inputs(void)
         WITH(head_dim, 0, KVA_STATUS_INVALID_ARGUMENT, "head_dim = 0");
         WITH(head_dim, KVA_MAX_HEAD_DIM + 8, KVA_STATUS_UNSUPPORTED, "head_dim = 584");
         WITH(head_dim_v, KVA_MAX_HEAD_DIM + 8, KVA_STATUS_UNSUPPORTED, "head_dim_v = 584");
-        WITH(kind, (kva_attn_kind)2, KVA_STATUS_INVALID_ARGUMENT, "kind = 2");
+        WITH(kind, KVA_ATTN_KIND_COUNT_, KVA_STATUS_INVALID_ARGUMENT, "kind = 3");
         WITH(kind, (kva_attn_kind)-1, KVA_STATUS_INVALID_ARGUMENT, "kind = -1");
         WITH(kind, KVA_ATTN_MLA, KVA_STATUS_INVALID_ARGUMENT, "MLA plan");
         WITH(head_dim_v, 20, KVA_STATUS_UNSUPPORTED, "head_dim_v = 20");

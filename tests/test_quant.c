@@ -252,7 +252,7 @@ static void test_round_trip_error(void)
         fill_data(v, T, hkv, D, outl, &rng);
         calibrate_c8(k, T, n, ksc, kof);
         calibrate_c8(v, T, n, vsc, vof);
-        for (int q = 1; q < KVA_QUANT_COUNT_; q++) {
+        for (int q = 1; q < KVA_TEST_MHA_QUANTS; q++) {
             kva_quant_params p;
             memset(&p, 0, sizeof p);
             float fk[2], fv[2];
@@ -309,7 +309,7 @@ static void test_bytes_per_token(void)
     float one = 0.05f;
     kva_quant_params p = {&one, 1, NULL, 0, &one, 1, NULL, 0};
     printf("bytes per token (Hkv 8, D 128): f16 %.0f\n", base);
-    for (int q = 1; q < KVA_QUANT_COUNT_; q++) {
+    for (int q = 1; q < KVA_TEST_MHA_QUANTS; q++) {
         kva_cache_desc d = qdesc(4, B, hkv, D, D, (kva_quant)q, KVA_LAYOUT_NHD, KVA_DTYPE_F16);
         kva_cache *c = NULL;
         const kva_quant_params *pp = q == KVA_QUANT_INT8_TOKEN_K_V16 ? NULL : &p;
@@ -347,7 +347,7 @@ static void test_write_sources_strides(void)
     kva_rng rng = {555};
     const int32_t T = 40, hkv = 3, D = 16, Dv = 24, B = 8, nb = 6;
     float ks = 0.015f, vs = 0.02f, ko = 1.5f;
-    for (int q = 1; q < KVA_QUANT_COUNT_; q++)
+    for (int q = 1; q < KVA_TEST_MHA_QUANTS; q++)
         for (int lay = 0; lay < 2; lay++)
             for (int sdt = 0; sdt < 2; sdt++) {
                 const kva_dtype src_dt = sdt ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;

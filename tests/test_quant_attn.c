@@ -44,7 +44,7 @@ static const qcfg cfgs[] = {
 /* Max |attention over quantized - over unquantized| per format (unit-variance
  * uniform K/V, scales calibrated to the data range); measured values are
  * printed, the bounds are ~2x above the largest measured. */
-static const double vs_float_bound[KVA_QUANT_COUNT_] = {0, 0.03, 0.03, 0.03, 0.15};
+static const double vs_float_bound[KVA_TEST_MHA_QUANTS] = {0, 0.03, 0.03, 0.03, 0.15};
 
 static kva_context *ctx_of(kva_backend b)
 {
@@ -239,7 +239,7 @@ static void test_case(kva_quant fmt, const qcfg *cf, kva_rng *rng)
 static void test_formats(void)
 {
     kva_rng rng = {2024};
-    for (int f = 1; f < KVA_QUANT_COUNT_; f++)
+    for (int f = 1; f < KVA_TEST_MHA_QUANTS; f++)
         for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++)
             test_case((kva_quant)f, &cfgs[c], &rng);
 }
@@ -256,7 +256,7 @@ static void test_prefill_no_cache(void)
     kva_rng rng = {31337};
     const int32_t H = 4, Hkv = 2, D = 64, Dv = 64, B = 16;
     const int32_t R = 3, ql[3] = {37, 64, 5};
-    for (int f = 1; f < KVA_QUANT_COUNT_; f++) {
+    for (int f = 1; f < KVA_TEST_MHA_QUANTS; f++) {
         kva_test_batch b;
         kva_test_batch_init(&b, &rng, R, ql, ql, B, 2, 0);
         kva_context *ref = ctx_of(KVA_BACKEND_REF), *cpu = ctx_of(KVA_BACKEND_CPU);

@@ -208,7 +208,7 @@ static void test_bad_writes(void)
 {
     kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 2);
     kva_rng rng = {77};
-    for (int q = 1; q < KVA_QUANT_COUNT_; q++) {
+    for (int q = 1; q < KVA_TEST_MHA_QUANTS; q++) {
         kva_cache *c = filled(ctx, (kva_quant)q, &rng);
         const int32_t T = 5;
         float k[5 * 32], v[5 * 16];
@@ -358,7 +358,7 @@ static void test_copy_swap_scales(void)
 {
     kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 2);
     kva_rng rng = {9};
-    for (int q = 1; q < KVA_QUANT_COUNT_; q++) {
+    for (int q = 1; q < KVA_TEST_MHA_QUANTS; q++) {
         kva_cache *a = filled(ctx, (kva_quant)q, &rng);
         kva_cache *b = filled(ctx, (kva_quant)q, &rng);
         const int32_t pairs[4] = {1, 4, 2, 0};
@@ -410,7 +410,7 @@ static void test_user_block_transfer(void)
 {
     kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 1);
     kva_rng rng = {10};
-    for (int q = 1; q < KVA_QUANT_COUNT_; q++) {
+    for (int q = 1; q < KVA_TEST_MHA_QUANTS; q++) {
         kva_cache *a = filled(ctx, (kva_quant)q, &rng);
         kva_cache *b = filled(ctx, (kva_quant)q, &rng);
         char *ak, *av, *bk, *bv;

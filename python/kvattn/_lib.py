@@ -41,8 +41,9 @@ DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "i8": 3, "fp8_e4m3": 4, "u8": 5}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 DTYPE_SIZES = {0: 4, 1: 2, 2: 2, 3: 1, 4: 1, 5: 1}
 LAYOUTS = {"NHD": 0, "HND": 1}
-QUANTS = {"none": 0, "int8_channel": 1, "int8_token_k": 2, "int8_token_k_v16": 3, "fp8_e4m3": 4}
-KINDS = {"mha": 0, "mla": 1}  # kva_attn_kind
+QUANTS = {"none": 0, "int8_channel": 1, "int8_token_k": 2, "int8_token_k_v16": 3, "fp8_e4m3": 4,
+          "fp8_ds_mla": 5, "fp8_token": 6}
+KINDS = {"mha": 0, "mla": 1, "index": 2}  # kva_attn_kind
 POOL_HASHES = {"sha256": 0, "xxh3_128": 1}
 STATES = {
     0: "prefill_no_cache",
@@ -119,6 +120,9 @@ class PlanDesc(Structure):
         ("num_cascade_groups", c_int32),
         ("cascade_group", c_void_p),  # [R] int32 or NULL
         ("cascade_prefix_len", c_void_p),  # [G] int32
+        # Sparse MLA / indexer plans (kvattn_mla.h); 0 = dense.
+        ("sparse_topk", c_int32),
+        ("sparse_mode", c_int32),  # kva_sparse_mode: 0 mixed, 1 separate
     ]
 
 

@@ -326,3 +326,44 @@ kva_status kva_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_t
     return ctx->ops->merge_states_n(ctx, num_parts, num_tokens, num_heads, head_dim_v, dtype, outs,
                                     out_stride, lses, lse_stride, out, lse_out);
 }
+
+/* Declared in kvattn.h / kvattn_mla.h, being built (issue 17): no plan or
+ * cache of these kinds can be created yet, so these only check their
+ * handles and refuse. */
+kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
+                          const int64_t *slot_mapping, void *k, int64_t k_token_stride, void *v,
+                          int64_t v_token_stride, kva_dtype dst_dtype)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(cache);
+    (void)num_tokens, (void)slot_mapping, (void)k, (void)k_token_stride, (void)v,
+        (void)v_token_stride, (void)dst_dtype;
+    return kva__fail(KVA_STATUS_UNSUPPORTED, "kva_cache_read: not in this build yet");
+}
+
+kva_status kva_mla_sparse_run(kva_context *ctx, const kva_plan *plan, const void *q,
+                              const kva_cache *cache, const int32_t *indices,
+                              int64_t indices_stride, const int32_t *topk_length,
+                              const float *sinks, void *out, float *lse)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(plan);
+    KVA_CHECK_PTR(cache);
+    (void)q, (void)indices, (void)indices_stride, (void)topk_length, (void)sinks, (void)out,
+        (void)lse;
+    return kva__fail(KVA_STATUS_UNSUPPORTED, "kva_mla_sparse_run: not in this build yet");
+}
+
+kva_status kva_indexer_run(kva_context *ctx, const kva_plan *plan, const void *q,
+                           const float *weights, const kva_cache *cache, int32_t *indices,
+                           int64_t indices_stride, int32_t *topk_length)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(plan);
+    KVA_CHECK_PTR(cache);
+    (void)q, (void)weights, (void)indices, (void)indices_stride, (void)topk_length;
+    return kva__fail(KVA_STATUS_UNSUPPORTED, "kva_indexer_run: not in this build yet");
+}

@@ -25,7 +25,8 @@
 const char *kva_quant_name(kva_quant quant)
 {
     static const char *const names[KVA_QUANT_COUNT_] = {"none", "int8_channel", "int8_token_k",
-                                                        "int8_token_k_v16", "fp8_e4m3"};
+                                                        "int8_token_k_v16", "fp8_e4m3",
+                                                        "fp8_ds_mla", "fp8_token"};
     if ((unsigned)quant >= (unsigned)KVA_QUANT_COUNT_)
         return "invalid";
     return names[quant];

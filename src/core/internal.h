@@ -486,6 +486,13 @@ typedef struct kva__memory_ops {
      * (src, dst) ids; src and dst are each in this space or in host memory. */
     kva_status (*copy_blocks)(kva_context *ctx, const kva_cache *src, kva_cache *dst,
                               const int32_t *pairs, int32_t n);
+    /* kva_cache_read after validation, except the slot values (as
+     * cache_write); strides in destination elements, resolved; k or v may be
+     * NULL (not both); num_tokens > 0. NULL: the space cannot read back
+     * (kva_cache_read refuses with KVA_STATUS_UNSUPPORTED). */
+    kva_status (*cache_read)(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
+                             const int64_t *slot_mapping, void *k, int64_t k_stride, void *v,
+                             int64_t v_stride, kva_dtype dst_dtype);
 } kva__memory_ops;
 
 extern const kva__memory_ops kva__host_memory; /* src/cache/host_memory.c */
@@ -571,6 +578,22 @@ struct kva__backend_ops {
                                  void *q_pref);
     kva_status (*cascade_merge)(kva_context *ctx, const kva_plan *plan, const void *out_pref,
                                 const float *lse_pref, void *out, float *lse);
+
+    /* ---- sparse MLA and the indexer (kvattn_mla.h; NULL: the backend has
+     * none, and kva_plan_create refuses such plans with
+     * KVA_STATUS_UNSUPPORTED) ----
+     * mla_sparse: kva_mla_sparse_run after the API's checks (host backends:
+     *   every index and topk_length checked by the API first); indices_stride
+     *   resolved (>= K); topk_length may be NULL; plan_build reserved the
+     *   workspace (KVA_SPARSE_SEPARATE: the gathered rows).
+     * indexer: kva_indexer_run after the API's checks; indices_stride
+     *   resolved; topk_length may be NULL. */
+    kva_status (*mla_sparse)(kva_context *ctx, const kva_plan *plan, const void *q,
+                             const kva_cache *cache, const int32_t *indices, int64_t indices_stride,
+                             const int32_t *topk_length, const float *sinks, void *out, float *lse);
+    kva_status (*indexer)(kva_context *ctx, const kva_plan *plan, const void *q,
+                          const float *weights, const kva_cache *cache, int32_t *indices,
+                          int64_t indices_stride, int32_t *topk_length);
 };
 
 extern const kva__backend_ops kva__ref_ops;  /* src/attn/ref/ */

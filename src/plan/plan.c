@@ -140,6 +140,12 @@ static kva_status check_scalars(const kva_plan_desc *d)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_plan_create: kind = %d is not a kva_attn_kind (0 .. %d)",
                          (int)d->kind, (int)KVA_ATTN_KIND_COUNT_ - 1);
+    /* Declared in kvattn.h, being built (issue 17): refused until then. */
+    if (d->kind == KVA_ATTN_INDEX || d->sparse_topk != 0 || d->sparse_mode != 0)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: kind = %d, sparse_topk = %d, sparse_mode = %d: sparse "
+                         "MLA and indexer plans are not in this build yet",
+                         (int)d->kind, (int)d->sparse_topk, (int)d->sparse_mode);
     if (d->kind == KVA_ATTN_MLA)
         KVA_TRY(check_mla(d));
     else if (d->mla_qk_nope_head_dim != 0 || d->mla_v_head_dim != 0)
