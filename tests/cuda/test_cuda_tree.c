@@ -287,7 +287,7 @@ static void test_float(void)
         c.seed = 4100 + (uint64_t)i;
         c.H = heads[i % 3][0];
         c.Hkv = heads[i % 3][1];
-        c.D = dims[(i / 3) % 3];
+        c.D = dims[(i + i / 3) % 3];
         c.B = i % 2 ? 16 : 5;
         c.f = -1;
         c.dt = i % 3 == 1 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
