@@ -15,9 +15,10 @@
  *   - soft-cap and sinks rotated in; outputs poisoned (NaN) before each run,
  *     cache slots no request reads NaN.
  * Also: a graph captured over one tree plan replays a plan with other trees
- * and a plan without a tree; a tree plan that the CUDA backend refuses
- * (sharded) gets a status. KVA_TEST_QUICK=1 runs a shorter list. Exits 77
- * without a GPU.
+ * and a plan without a tree; tree plans with what trees do not combine with
+ * (a sharded plan, a window) get a status on a CUDA context too, and a tree
+ * of 65 tokens. KVA_TEST_QUICK=1 runs a shorter list. Exits 77 without a
+ * GPU.
  */
 #include "cuda_quant_util.h"
 #include "tree_util.h"
@@ -435,6 +436,45 @@ static void test_graph(void)
     fflush(stdout);
 }
 
+/* Refused tree plans on a CUDA context: a status naming the field, no plan. */
+static void test_refused(void)
+{
+    static const int32_t q[] = {4, 65}, sl[] = {40, 100};
+    kva_rng rng = {4600};
+    kva_test_batch b;
+    kva_test_batch_init(&b, &rng, 2, q, sl, 16, 2, 1);
+    kva_context *gpu = make_ctx(KVA_BACKEND_CUDA);
+    int32_t par[69];
+    for (int32_t i = 0; i < 69; i++)
+        par[i] = i < 4 ? i - 1 : i - 5; /* two chains */
+    kva_plan_desc pd = kva_test_batch_plan_desc(&b, 8, 2, 64, 64, KVA_DTYPE_BF16);
+    pd.causal = 1;
+    pd.tree_parents = par;
+    kva_plan *p = NULL;
+    CHECK_STATUS(kva_plan_create(gpu, &pd, &p), KVA_STATUS_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("KVA_MAX_TREE_TOKENS");
+    CHECK(p == NULL);
+    b.query_start_loc[2] = 4 + 64; /* the second tree cut to 64 tokens */
+    b.q_lens[1] = 64;
+    pd = kva_test_batch_plan_desc(&b, 8, 2, 64, 64, KVA_DTYPE_BF16);
+    pd.causal = 1;
+    pd.tree_parents = par;
+    pd.dcp_size = 2;
+    CHECK_STATUS(kva_plan_create(gpu, &pd, &p), KVA_STATUS_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("dcp_size");
+    CHECK(p == NULL);
+    pd.dcp_size = 0;
+    pd.window_left = 8;
+    CHECK_STATUS(kva_plan_create(gpu, &pd, &p), KVA_STATUS_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("window_left");
+    CHECK(p == NULL);
+    pd.window_left = -1;
+    CHECK_OK(kva_plan_create(gpu, &pd, &p));
+    kva_plan_destroy(p);
+    kva_context_destroy(gpu);
+    kva_test_batch_free(&b);
+}
+
 #endif /* KVA_HAVE_CUDA */
 
 int main(void)
@@ -443,6 +483,7 @@ int main(void)
     if (skip)
         return skip;
 #ifdef KVA_HAVE_CUDA
+    RUN(test_refused);
     RUN(test_float);
     RUN(test_quant);
     RUN(test_graph);
