@@ -555,8 +555,8 @@ typedef struct kva_plan_desc {
      *     (segment_packbits), so request r starts at byte sum over r' < r of
      *     ceil(q_r'^2 / 8). Every row must hold its diagonal and no bit above
      *     it (tree tokens come in topological order).
-     * Needs causal = 1; no window, chunk, ALiBi, MLA or DCP. Reference and
-     * CPU backends (the CUDA backend refuses tree plans for now). */
+     * Needs causal = 1; no window, chunk, ALiBi, MLA or DCP. Every backend
+     * (reference, CPU, CUDA: every cache format and kernel, graph-capturable). */
     const int32_t *tree_parents;
     const uint8_t *tree_mask;
 

@@ -59,7 +59,7 @@ void kva_cli_usage_bench(void)
            "  --attention-chunk C  local attention: keys of the query's chunk of C only\n"
            "                       (attention_chunk, Llama 4), 0 = none [0]\n"
            "  --tree chain|star|random  each request's --q-len tokens are a draft tree\n"
-           "                       (tree verification; ref and cpu) [none]\n"
+           "                       (tree verification) [none]\n"
            "  --softcap c          logits soft-cap, 0 = none     [0]\n"
            "  --alibi              ALiBi slopes 2^(-8(h+1)/H)\n"
            "  --sinks              per-head sink logits (random, unit variance)\n"

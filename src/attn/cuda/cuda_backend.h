@@ -4,8 +4,8 @@
  *
  * Device metadata: one device buffer per context, cut into fixed sections
  * (header, work items, split tasks, query_start_loc, seq_lens, kv_start,
- * block_table, alibi, prefill tiles). Its section addresses change only when it grows,
- * which happens only at plan time; kernels read every per-plan value (counts,
+ * block_table, alibi, prefill tiles, global seq_lens, tree words). Its section addresses change
+ * only when it grows, which happens only at plan time; kernels read every per-plan value (counts,
  * block-table stride) from the header, so a captured graph replays with the
  * metadata of whatever plan was uploaded last.
  */
@@ -69,12 +69,16 @@ enum {
     KVA_CUDA_HDR_DCP_N,
     KVA_CUDA_HDR_DCP_RANK,
     KVA_CUDA_HDR_DCP_I,
+    /* 1 when the plan has a draft tree: meta.tree holds a word per query
+     * token (tree_mask.cuh); 0 otherwise. */
+    KVA_CUDA_HDR_TREE,
     KVA_CUDA_HDR_WORDS = 16
 };
 
 /* Capacities (element counts) of the metadata sections. */
 typedef struct kva__cuda_caps {
     int64_t items, tasks, reqs, bt, heads;
+    int64_t tree;   /* tree words (query tokens of a tree plan) */
     int64_t ptiles; /* prefill tiles; 0 until a plan or reserve needs them. It is
                        also the prefill kernel's grid size (CTAs past the header's
                        KVA_CUDA_HDR_PTILES count exit). */
@@ -92,6 +96,8 @@ typedef struct kva__cuda_meta {
     const float *alibi;          /* [caps.heads] */
     const int32_t *ptiles;       /* [caps.ptiles, 4] prefill tiles {r, m0, kvh, 0} */
     const int32_t *dcp_seq_lens; /* [caps.reqs] global seq_lens (sharded plans, dcp_pos.cuh) */
+    const uint64_t *tree;        /* [caps.tree] tree words of the query tokens (kva_plan.tree_bits,
+                                    read while the header's KVA_CUDA_HDR_TREE is set) */
 } kva__cuda_meta;
 
 /* The CUDA backend's kernels, as indices into its registry (kva__cuda_kernels,
