@@ -218,6 +218,9 @@ static inline void idx_logits(const idx_case *c, const idx_data *x, int32_t r, i
                               double *L, double *M)
 {
     const int32_t Hi = c->Hi, D = c->D;
+    double *qd = malloc((size_t)Hi * D * sizeof *qd);
+    for (size_t e = 0; e < (size_t)Hi * D; e++)
+        qd[e] = kva_test_get(x->q, c->dt, (size_t)t * Hi * D + e);
     *M = 0.0;
     for (int32_t j = 0; j < n; j++) {
         const double *k = x->kval + (size_t)(x->kstart[r] + j) * D;
@@ -225,7 +228,7 @@ static inline void idx_logits(const idx_case *c, const idx_data *x, int32_t r, i
         for (int32_t h = 0; h < Hi; h++) {
             double dot = 0.0, ad = 0.0;
             for (int32_t d = 0; d < D; d++) {
-                const double qv = kva_test_get(x->q, c->dt, ((size_t)t * Hi + h) * D + d);
+                const double qv = qd[(size_t)h * D + d];
                 dot += qv * k[d];
                 ad += fabs(qv * k[d]);
             }
@@ -237,6 +240,7 @@ static inline void idx_logits(const idx_case *c, const idx_data *x, int32_t r, i
         if (mag > *M)
             *M = mag;
     }
+    free(qd);
 }
 
 /* 1 if key a ranks before key b in exact arithmetic (NaN last, ties by position). */
@@ -275,15 +279,24 @@ static inline int idx_check_row(const char *label, int32_t t, const int32_t *row
 {
     const int32_t m = n < K ? n : K;
     int bad = 0;
-    /* The reference order (insertion sort is fine at test sizes). */
-    for (int32_t j = 0; j < n; j++) {
-        int32_t i = j;
-        while (i > 0 && idx_before(L, j, ord[i - 1])) {
-            ord[i] = ord[i - 1];
-            i--;
+    /* The reference order: a merge sort of the positions by idx_before. */
+    for (int32_t j = 0; j < n; j++)
+        ord[j] = j;
+    int32_t *tmp = malloc((size_t)n * sizeof *tmp);
+    for (int32_t w = 1; w < n; w *= 2) {
+        for (int32_t lo = 0; lo < n; lo += 2 * w) {
+            const int32_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            int32_t i = lo, j = mid, o = lo;
+            while (i < mid && j < hi)
+                tmp[o++] = idx_before(L, ord[j], ord[i]) ? ord[j++] : ord[i++];
+            while (i < mid)
+                tmp[o++] = ord[i++];
+            while (j < hi)
+                tmp[o++] = ord[j++];
         }
-        ord[i] = j;
+        memcpy(ord, tmp, (size_t)n * sizeof *ord);
     }
+    free(tmp);
     if (len >= 0 && len != m)
         bad++;
     memset(seen, 0, (size_t)n);
