@@ -120,6 +120,10 @@ static void test_grid(void)
                   .seq_len = {90, 40},
                   .seed = 43};
     run_case(gpu, &c);
+    /* FP8 blocks of 5 rows: B (D + 4) bytes, not a multiple of 16. */
+    idx_case f = {.Hi = 16, .D = 48, .B = 5, .K = 10, .dt = KVA_DTYPE_BF16, .fp8 = 1, .R = 2,
+                  .q_len = {4, 1}, .seq_len = {60, 33}, .seed = 46};
+    run_case(gpu, &f);
     if (!quick) {
         /* The shape, smaller: top-2048 of 8k keys, 128 heads. */
         idx_case d = {.Hi = 64,

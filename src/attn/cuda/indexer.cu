@@ -72,6 +72,16 @@ static __device__ __forceinline__ void cvt4(uint32_t w, uint32_t &lo, uint32_t &
     }
 }
 
+/* 16 bytes at p: one vector load when blocks are 16-byte multiples, else
+ * four words (FP8_TOKEN blocks of B (D + 4) bytes are 4-byte multiples). */
+static __device__ __forceinline__ uint4 ld16(const char *p, int64_t block_bytes)
+{
+    if ((block_bytes & 15) == 0)
+        return *(const uint4 *)p;
+    const uint32_t *u = (const uint32_t *)p;
+    return make_uint4(u[0], u[1], u[2], u[3]);
+}
+
 template <typename M, bool FP8>
 __global__ void __launch_bounds__(IDX_WARPS * 32)
     index_logits_kernel(const typename M::elem *q, const float *wts, const char *cache,
@@ -111,7 +121,7 @@ __global__ void __launch_bounds__(IDX_WARPS * 32)
             const char *base = cache + (int64_t)btr[key / B] * block_bytes;
             const int32_t off = key % B;
             if (FP8) {
-                const uint4 w = *(const uint4 *)(base + (int64_t)off * D + c * 16);
+                const uint4 w = ld16(base + (int64_t)off * D + c * 16, block_bytes);
                 uint4 lo, hi;
                 cvt4<M>(w.x, lo.x, lo.y);
                 cvt4<M>(w.y, lo.z, lo.w);
@@ -515,7 +525,7 @@ __global__ void __launch_bounds__(IDX_WARPS * 32)
     for (int32_t e = threadIdx.x; e < (kend - tile.w) * cpr; e += blockDim.x) {
         const int32_t key = tile.w + e / cpr, c = e % cpr;
         const char *base = cache + (int64_t)btr[key / B] * block_bytes;
-        const uint4 w = *(const uint4 *)(base + (int64_t)(key % B) * D * esize + c * 16);
+        const uint4 w = ld16(base + (int64_t)(key % B) * D * esize + c * 16, block_bytes);
         acc ^= w.x ^ w.y ^ w.z ^ w.w;
         if (FP8 && c == 0)
             acc ^= *(const uint32_t *)(base + (int64_t)B * D + (int64_t)(key % B) * 4);
