@@ -174,6 +174,12 @@ static void test_cache_bytes(void)
         x.keys[(size_t)5 * c.D + i] = 0.0f;
         x.keys[(size_t)6 * c.D + i] *= 1000.0f;
     }
+    for (int32_t t = 5; t <= 6; t++) { /* the values those rows now hold */
+        uint8_t codes[KVA_MAX_HEAD_DIM];
+        const float s = idx_quant_row(x.keys + (size_t)t * c.D, c.D, codes);
+        for (int32_t i = 0; i < c.D; i++)
+            x.kval[(size_t)t * c.D + i] = idx_e4m3_value(codes[i]) * (double)s;
+    }
     kva_cache *dev = make_dev_cache(gpu, &c, &x);
     kva_cache_desc cd = idx_cache_desc(&c, &x);
     kva_cache *host = NULL;
