@@ -82,17 +82,7 @@ static kva_status check_cache_for_plan(const char *fn, const kva_context *ctx, c
                          fn, (int)plan->max_block_id, (int)c->num_blocks);
     /* Kernels read the cache where it lives: in the context's own memory
      * space (ref and CPU share host memory), on the context's device. */
-    if (cache->mem != ctx->ops->memory)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: cache lives in %s memory but the context's backend '%s' reads %s "
-                         "memory",
-                         fn, cache->mem->name, kva_backend_name(ctx->backend),
-                         ctx->ops->memory->name);
-    if (cache->mem->per_device && cache->device_id != ctx->device_id)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: cache lives on device %d but the context uses device %d", fn,
-                         (int)cache->device_id, (int)ctx->device_id);
-    return KVA_STATUS_OK;
+    return kva__cache_check_space(fn, ctx, cache);
 }
 
 /* Checks that every tensor pointer given is aligned to its element size (q, k,

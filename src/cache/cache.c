@@ -380,6 +380,21 @@ kva_status kva_cache_create_from_interleaved(kva_context *ctx, const kva_cache_d
     return wrap(fn, ctx, &d, kv_data, (char *)kv_data + page, 1, out);
 }
 
+kva_status kva__cache_check_space(const char *fn, const kva_context *ctx, const kva_cache *cache)
+{
+    if (cache->mem != ctx->ops->memory)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: cache lives in %s memory but the context's backend '%s' reads %s "
+                         "memory",
+                         fn, cache->mem->name, kva_backend_name(ctx->backend),
+                         ctx->ops->memory->name);
+    if (cache->mem->per_device && cache->device_id != ctx->device_id)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: cache lives on device %d but the context uses device %d", fn,
+                         (int)cache->device_id, (int)ctx->device_id);
+    return KVA_STATUS_OK;
+}
+
 void kva_cache_destroy(kva_cache *cache)
 {
     if (!cache)

@@ -177,16 +177,7 @@ kva_status kva__index_cache_read(kva_context *ctx, const kva_cache *cache, int32
                          "%s: k_token_stride = %lld: must be 0 (contiguous) or at least the row "
                          "of D = %lld elements (and not overflow)",
                          fn, (long long)k_token_stride, (long long)D);
-    if (cache->mem != ctx->ops->memory)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: the cache lives in %s memory, but the context's backend '%s' "
-                         "reads %s memory",
-                         fn, cache->mem->name, kva_backend_name(ctx->backend),
-                         ctx->ops->memory->name);
-    if (cache->mem->per_device && cache->device_id != ctx->device_id)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: cache lives on device %d but the context uses device %d", fn,
-                         (int)cache->device_id, (int)ctx->device_id);
+    KVA_TRY(kva__cache_check_space(fn, ctx, cache));
     if (num_tokens == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(k);

@@ -232,6 +232,11 @@ struct kva_cache {
     unsigned char *pair_flags;
 };
 
+/* KVA_STATUS_OK if ctx may touch cache: the cache lives in the memory
+ * space of ctx's backend (and on its device); else INVALID_ARGUMENT naming
+ * fn and both spaces (src/cache/cache.c). */
+kva_status kva__cache_check_space(const char *fn, const kva_context *ctx, const kva_cache *cache);
+
 /* Element offset of (block, offset in block, kv head) for a row of width
  * dim in a cache of the given layout; 64-bit throughout. */
 static inline int64_t kva__cache_row(const kva_cache_desc *d, int64_t block, int64_t off,
