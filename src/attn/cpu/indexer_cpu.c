@@ -4,9 +4,10 @@
  *
  * Threads take query tokens. For its token a thread converts q [Hi, D] to
  * float once, then walks the keys 0 .. pos in tiles of W (8 on AVX2, 16 on
- * AVX-512, 8 portable): the tile's rows are loaded (FP8_TOKEN: codes and
- * the per-token scale), transposed to [D, W] and scored by the ISA's tile
- * kernel (indexer_cpu.h) into the token's logit row. The top K are then
+ * AVX-512, 8 portable): the tile's rows are loaded straight into [D, W]
+ * order (FP8_TOKEN codes through a 256-entry table, the per-token scales
+ * aside) and scored by the ISA's tile kernel (indexer_cpu.h) into the
+ * token's logit row. The top K are then
  * selected without a full sort: a three-pass radix select on the logits'
  * order-preserving 32-bit keys finds the K-th largest key exactly, one pass
  * collects the keys above it and the lowest positions equal to it, and only
@@ -21,19 +22,25 @@
 #endif
 
 /* Bytes of one thread's scratch, each part 64-byte aligned: q [Hi, D] and
- * the tile [D, W] and rows [W, D] as float, scales [W], logits/keys [S],
- * candidates [K] uint64, the radix histogram [2048]. */
+ * the tile [D, W] as float, the e4m3 table [256] (in a part of [D, W]
+ * floats or 1 KiB), scales [W], logits/keys [S], candidates [K] uint64,
+ * the radix histogram [2048]. */
 static size_t align64(size_t x)
 {
     return (x + 63) & ~(size_t)63;
+}
+static size_t lut_bytes(size_t D)
+{
+    const size_t b = align64(D * KVA_INDEX_TILE_MAX * 4);
+    return b > 1024 ? b : 1024;
 }
 static size_t thread_bytes(const kva_plan *plan)
 {
     const kva_plan_desc *d = &plan->d;
     const size_t D = (size_t)d->head_dim, W = KVA_INDEX_TILE_MAX;
-    return align64((size_t)d->num_heads * D * 4) + 2 * align64(D * W * 4) + align64(W * 4) +
-           align64((size_t)plan->info.max_seq_len * 4) + align64((size_t)d->sparse_topk * 8) +
-           align64(2048 * 4);
+    return align64((size_t)d->num_heads * D * 4) + align64(D * W * 4) + lut_bytes(D) +
+           align64(W * 4) + align64((size_t)plan->info.max_seq_len * 4) +
+           align64((size_t)d->sparse_topk * 8) + align64(2048 * 4);
 }
 
 size_t kva__cpu_indexer_workspace(const kva_plan *plan, int32_t nt)
@@ -119,10 +126,44 @@ static void select_top(uint32_t *key, int32_t n, int32_t K, uint64_t *cand, uint
         row[k] = k < m ? (int32_t) ~(uint32_t)cand[k] : -1;
 }
 
+/* Loads key (block, off) into column j of the tile kt [D, W]; returns its
+ * scale. lut [256]: the e4m3 values (FP8_TOKEN). */
+static float load_column(const kva_cache *c, int64_t block, int64_t off, const float *lut,
+                         float *kt, int32_t j, int W)
+{
+    const kva_cache_desc *d = &c->desc;
+    const int32_t D = d->head_dim;
+    const char *base = (const char *)c->k + block * c->k_block_elems * (int64_t)c->elem_size;
+    if (d->quant == KVA_QUANT_FP8_TOKEN) {
+        const uint8_t *codes = (const uint8_t *)base + off * D;
+        for (int32_t i = 0; i < D; i++)
+            kt[i * W + j] = lut[codes[i]];
+        float s;
+        memcpy(&s, base + (int64_t)d->block_size * D + off * 4, sizeof s);
+        return s;
+    }
+    if (d->dtype == KVA_DTYPE_F32) {
+        const float *row = (const float *)base + off * D;
+        for (int32_t i = 0; i < D; i++)
+            kt[i * W + j] = row[i];
+    } else if (d->dtype == KVA_DTYPE_BF16) {
+        const uint16_t *row = (const uint16_t *)base + off * D;
+        for (int32_t i = 0; i < D; i++) {
+            const uint32_t u = (uint32_t)row[i] << 16;
+            memcpy(kt + i * W + j, &u, 4);
+        }
+    } else {
+        const uint16_t *row = (const uint16_t *)base + off * D;
+        for (int32_t i = 0; i < D; i++)
+            kt[i * W + j] = kva_f16_to_f32(row[i]);
+    }
+    return 1.0f;
+}
+
 /* Scores the keys 0 .. n-1 of one token of request r into logit [n]. */
 static void score_token(const kva_plan *plan, const kva_cache *cache, const int32_t *bt,
                         const float *q, const float *w, int32_t n, kva__index_tile_fn tile, int W,
-                        float *kt, float *rows, float *sc, float *logit)
+                        float *kt, const float *lut, float *sc, float *logit)
 {
     const int32_t D = plan->d.head_dim, Hi = plan->d.num_heads, B = plan->d.block_size;
     for (int32_t j0 = 0; j0 < n; j0 += W) {
@@ -130,11 +171,8 @@ static void score_token(const kva_plan *plan, const kva_cache *cache, const int3
         for (int32_t j = 0; j < W; j++) {
             /* Past the last key, repeat it: computed, never stored. */
             const int32_t p = j0 + (j < nk ? j : nk - 1);
-            sc[j] = kva__index_load_key(cache, bt[p / B], p % B, rows + (int64_t)j * D);
+            sc[j] = load_column(cache, bt[p / B], p % B, lut, kt, j, W);
         }
-        for (int32_t c = 0; c < D; c++)
-            for (int32_t j = 0; j < W; j++)
-                kt[c * W + j] = rows[(int64_t)j * D + c];
         float out[KVA_INDEX_TILE_MAX];
         tile(q, w, kt, sc, Hi, D, out);
         memcpy(logit + j0, out, (size_t)nk * sizeof *out);
@@ -171,8 +209,10 @@ kva_status kva__cpu_indexer(kva_context *ctx, const kva_plan *plan, const void *
         char *ws = (char *)ctx->workspace + (size_t)tid * tb;
         float *qf = (float *)ws;
         float *kt = (float *)(ws + align64((size_t)Hi * D * 4));
-        float *rows = (float *)((char *)kt + align64((size_t)D * KVA_INDEX_TILE_MAX * 4));
-        float *sc = (float *)((char *)rows + align64((size_t)D * KVA_INDEX_TILE_MAX * 4));
+        float *lut = (float *)((char *)kt + align64((size_t)D * KVA_INDEX_TILE_MAX * 4));
+        float *sc = (float *)((char *)lut + lut_bytes((size_t)D));
+        for (int c = 0; c < 256; c++)
+            lut[c] = kva_fp8_e4m3_to_f32((uint8_t)c);
         float *logit = (float *)((char *)sc + align64(KVA_INDEX_TILE_MAX * 4));
         uint64_t *cand = (uint64_t *)((char *)logit + align64((size_t)plan->info.max_seq_len * 4));
         uint32_t *hist = (uint32_t *)((char *)cand + align64((size_t)K * 8));
@@ -189,7 +229,7 @@ kva_status kva__cpu_indexer(kva_context *ctx, const kva_plan *plan, const void *
             for (int64_t e = 0; e < (int64_t)Hi * D; e++)
                 qf[e] = kva__load_f(q, d->q_dtype, (size_t)((int64_t)t * Hi * D + e));
             score_token(plan, cache, plan->block_table + (int64_t)r * d->block_table_stride, qf,
-                        weights + (int64_t)t * Hi, n, tile, W, kt, rows, sc, logit);
+                        weights + (int64_t)t * Hi, n, tile, W, kt, lut, sc, logit);
             uint32_t *key = (uint32_t *)logit; /* in place */
             for (int32_t j = 0; j < n; j++)
                 key[j] = order_key(logit[j]);
