@@ -85,6 +85,17 @@ int kva__head_dim_ok(int32_t d);
 
 /* ---- CPU features (src/core/cpu_features.c) ---- */
 
+/* 1 where the CPU backend's x86-64 SIMD kernel files are built (x86-64, and
+ * CMake's KVA_CPU_SIMD on, which otherwise defines KVA_NO_SIMD and leaves the
+ * *_avx2*.c / *_avx512*.c files out). Code that calls into those files checks
+ * this, not __x86_64__; the ISA level (kva__cpu_isa_of) is PORTABLE without
+ * them. */
+#if defined(__x86_64__) && !defined(KVA_NO_SIMD)
+#define KVA_X86_SIMD 1
+#else
+#define KVA_X86_SIMD 0
+#endif
+
 typedef struct kva__cpu_features {
     int avx2, fma, f16c; /* x86-64 */
     int avx512f, avx512bw, avx512vl, avx512dq;
