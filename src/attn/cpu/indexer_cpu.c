@@ -189,7 +189,7 @@ kva_status kva__cpu_indexer(kva_context *ctx, const kva_plan *plan, const void *
     kva__index_tile_fn tile = tile_portable;
     int W = 8;
     const kva__cpu_isa isa = kva__cpu_isa_of(&ctx->cpu_features);
-#if defined(__x86_64__)
+#if KVA_X86_SIMD
     if (isa >= KVA__ISA_AVX512)
         tile = kva__index_tile_avx512, W = 16;
     else if (isa >= KVA__ISA_AVX2)
