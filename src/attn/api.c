@@ -185,10 +185,10 @@ kva_status kva_attention_run_ragged(kva_context *ctx, const kva_plan *plan, cons
     KVA_TRY(check_plan_for_context(__func__, ctx, plan));
     if (plan->d.kind != KVA_ATTN_MHA)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_attention_run_ragged: plan kind is %d: MLA runs over a latent cache "
+                         "kva_attention_run_ragged: plan kind is %s: MLA runs over a latent cache "
                          "(kva_attention_run, kva_mla_run), the indexer over an index-key cache "
                          "(kva_indexer_run)",
-                         (int)plan->d.kind);
+                         plan->d.kind == KVA_ATTN_MLA ? "KVA_ATTN_MLA" : "KVA_ATTN_INDEX");
     if (plan->cascade)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_attention_run_ragged: the plan is a cascade plan (it reads shared "

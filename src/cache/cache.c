@@ -362,9 +362,9 @@ kva_status kva_cache_create_from_interleaved(kva_context *ctx, const kva_cache_d
     KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb, &tb));
     if (d.kind != KVA_ATTN_MHA)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "%s: desc->kind = %d: latent and index-key caches have no V pages to "
+                         "%s: desc->kind = %s: latent and index-key caches have no V pages to "
                          "interleave; use kva_cache_create_from",
-                         fn, (int)d.kind);
+                         fn, d.kind == KVA_ATTN_MLA ? "KVA_ATTN_MLA" : "KVA_ATTN_INDEX");
     if (d.head_dim_v != d.head_dim)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "%s: head_dim_v = %d differs from head_dim = %d: interleaved K/V pages "
