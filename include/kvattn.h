@@ -241,6 +241,8 @@ typedef enum kva_layout {
  * kind KVA_ATTN_INDEX; each block holds its B rows of D e4m3 codes, token
  * after token, then B float32 scales, one per token, s = max(amax / 448,
  * FLT_MIN) on write (any positive scale on read): D + 4 bytes per token.
+ * A NaN element is left out of amax and stored as NaN (0x7f); an infinite
+ * one makes s infinite (the row reads back as NaN and zeros).
  */
 typedef enum kva_quant {
     KVA_QUANT_NONE = 0,             /* K/V stored in the cache dtype (f32, f16 or bf16) */
@@ -438,8 +440,8 @@ KVA_API kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t n
  * kva_cache_write's: MHA k [T, Hkv, D], v [T, Hkv, Dv]; MLA k = c_kv
  * [T, Dc], v = k_pe [T, Dr]; INDEX k [T, D], v must be NULL. k or v may be
  * NULL to skip that half (not both). Quantized values come back as the
- * format defines them (code * scale (- offset)), exactly representable in
- * F32. A slot >= NB*B is an error and nothing is written (CUDA: slot_mapping
+ * format defines them (code * scale (- offset)), computed in double and
+ * rounded once to F32 (exact for power-of-two scales). A slot >= NB*B is an error and nothing is written (CUDA: slot_mapping
  * is device memory; the kernel skips such a slot).
  */
 KVA_API kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,

@@ -22,6 +22,8 @@ int kva_cli_bench(int argc, char **argv);     /* cmd_bench.c */
 int kva_cli_bench_dcp(int argc, char **argv); /* bench_dcp.c: kvattn bench --dcp N */
 void kva_cli_usage_bench(void);               /* cmd_bench.c: the bench options */
 int kva_cli_bench_mla(int argc, char **argv); /* bench_mla.c: kvattn bench --mla */
+/* bench_indexer.c: kvattn bench --indexer */
+int kva_cli_bench_indexer(int argc, char **argv);
 /* bench_cascade.c: kvattn bench --cascade */
 int kva_cli_bench_cascade(int argc, char **argv);
 int kva_cli_serve_sim(int argc, char **argv); /* cmd_serve_sim.c */

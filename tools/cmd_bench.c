@@ -91,6 +91,8 @@ void kva_cli_usage_bench(void)
            "                       kvattn bench --mla --help)\n"
            "  --cascade            a shared-prefix decode step, plain vs cascade plan (its\n"
            "                       own options: kvattn bench --cascade --help)\n"
+           "  --indexer            DeepSeek V3.2's lightning indexer, top-K keys per token\n"
+           "                       (its own options: kvattn bench --indexer --help)\n"
            "\n"
            "Exit status: 0 success, 1 library error or failed check, 2 bad usage.\n",
            AUTO_SECONDS, AUTO_ITERS_MIN, AUTO_ITERS_MAX);
@@ -590,6 +592,9 @@ int kva_cli_bench(int argc, char **argv)
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--mla") == 0)
             return kva_cli_bench_mla(argc, argv);
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--indexer") == 0)
+            return kva_cli_bench_indexer(argc, argv); /* bench_indexer.c */
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--cascade") == 0)
             return kva_cli_bench_cascade(argc, argv); /* bench_cascade.c */

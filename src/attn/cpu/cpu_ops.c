@@ -5,6 +5,7 @@
  */
 #include "cpu_attn.h"
 #include "cpu_dequant.h"
+#include "indexer_cpu.h"
 #include "mla_cpu.h"
 
 #include <stdlib.h>
@@ -241,6 +242,15 @@ kva_status kva__cpu_plan_partition(kva_context *ctx, kva_plan *plan,
 
 static kva_status cpu_plan_build(kva_context *ctx, kva_plan *plan)
 {
+    /* An indexer plan needs only its threads' scratch (indexer_cpu.c). */
+    if (plan->d.kind == KVA_ATTN_INDEX) {
+        const size_t bytes =
+            kva__cpu_indexer_workspace(plan, ctx->num_threads > 0 ? ctx->num_threads : 1);
+        KVA_TRY(kva__context_reserve_workspace(ctx, bytes));
+        plan->workspace_bytes = bytes;
+        plan->info.num_work_items = plan->info.num_tokens;
+        return KVA_STATUS_OK;
+    }
     kva__partition_params pp;
     pp.num_threads = ctx->num_threads > 0 ? ctx->num_threads : 1;
     pp.max_rows = KVA_CPU_MAX_ROWS;
@@ -415,4 +425,5 @@ const kva__backend_ops kva__cpu_ops = {
     .cascade_cost = cpu_cascade_cost,
     .cascade_gather = kva__host_cascade_gather,
     .cascade_merge = kva__host_cascade_merge,
+    .indexer = kva__cpu_indexer,
 };

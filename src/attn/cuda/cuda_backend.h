@@ -183,7 +183,39 @@ typedef struct kva__cuda_plan {
     /* Layer-level MLA plans (mla head sizes given): kva_mla_run's part
      * (mla_run.h); the partition then holds the absorbed requests only. */
     struct kva__cuda_mla_plan *mla;
+    /* Indexer plans (kind KVA_ATTN_INDEX, indexer.cu): their own device
+     * tiles and metadata; the fields above stay 0. */
+    struct kva__cuda_index_plan *index;
 } kva__cuda_plan;
+
+/* The lightning indexer (indexer.cu): plan build (instead of the attention
+ * partition; sets plan->device with .index), its release, and the run
+ * (kva__backend_ops.indexer). */
+kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *plan);
+void kva__cuda_indexer_plan_free(struct kva__cuda_index_plan *ip);
+kva_status kva__cuda_indexer(kva_context *ctx, const kva_plan *plan, const void *q,
+                             const float *weights, const kva_cache *cache, int32_t *indices,
+                             int64_t indices_stride, int32_t *topk_length);
+/* Benchmarks (tools/bench_indexer_cuda.c): the run's parts (bit 0: the
+ * logits kernel, bit 1: the top-K kernel; 3 = kva__cuda_indexer), and a
+ * kernel reading exactly the keys (codes and scales) the logits kernel
+ * reads, once per tile, nothing else; *bytes (if not NULL) receives that
+ * count. Enqueued on ctx's stream. */
+kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *plan, const void *q,
+                                   const float *weights, const kva_cache *cache, int32_t *indices,
+                                   int64_t indices_stride, int32_t *topk_length, int parts);
+kva_status kva__cuda_indexer_probe(kva_context *ctx, const kva_plan *plan, const kva_cache *cache,
+                                   double *bytes);
+/* Index-key caches in device memory (index_cache.cu): storage (v aliases k),
+ * the write (k [T, D] rows at k_stride elements; slots past the cache
+ * skipped) and the memory table's read-back (index-key caches only). */
+kva_status kva__cuda_index_cache_alloc(kva_context *ctx, kva_cache *c);
+kva_status kva__cuda_index_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
+                                       const void *k, int64_t k_stride, kva_dtype src_dtype,
+                                       const int64_t *slot_mapping);
+kva_status kva__cuda_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
+                                const int64_t *slot_mapping, void *k, int64_t k_stride, void *v,
+                                int64_t v_stride, kva_dtype dst_dtype);
 
 /* kva_cache_write into a quantized device cache (cache_quant.cu); arguments
  * as kva__cuda_cache_write's. */

@@ -631,6 +631,8 @@ static kva_status dcp_accept(kva_plan *plan, int *global)
 
 static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
 {
+    if (plan->d.kind == KVA_ATTN_INDEX) /* indexer.cu: no attention partition */
+        return kva__cuda_indexer_plan_build(ctx, plan);
     int dcp_global = 0;
     KVA_TRY(dcp_accept(plan, &dcp_global));
     kva__cuda_state *st = state_of(ctx);
@@ -781,8 +783,10 @@ static void cuda_plan_release(kva_plan *plan)
 {
     kva__partition_free(plan->part);
     plan->part = NULL;
-    if (plan->device)
+    if (plan->device) {
         kva__cuda_mla_plan_free(((kva__cuda_plan *)plan->device)->mla);
+        kva__cuda_indexer_plan_free(((kva__cuda_plan *)plan->device)->index);
+    }
     free(plan->device);
     plan->device = NULL;
 }
@@ -861,6 +865,7 @@ static const kva__memory_ops cuda_memory = {
     kva__cuda_cache_free,  /* cache_free */
     kva__cuda_cache_write, /* cache_write */
     kva__cuda_copy_blocks, /* copy_blocks */
+    kva__cuda_cache_read,  /* cache_read (index_cache.cu: index-key caches) */
 };
 
 extern "C" const kva__backend_ops kva__cuda_ops = {
@@ -887,4 +892,6 @@ extern "C" const kva__backend_ops kva__cuda_ops = {
     kva__cuda_cascade_upload, /* cascade_upload */
     kva__cuda_cascade_gather, /* cascade_gather */
     kva__cuda_cascade_merge,  /* cascade_merge */
+    NULL,                     /* mla_sparse */
+    kva__cuda_indexer,        /* indexer (indexer.cu) */
 };

@@ -14,4 +14,12 @@ size_t kva__ref_mla_workspace(const kva_plan *plan);
 kva_status kva__ref_mla_run(kva_context *ctx, const kva_plan *plan, const void *q, const void *w_uk,
                             const void *w_uv, const kva_cache *cache, void *out, float *lse);
 
+/* The reference indexer (ref_indexer.c): workspace bytes for an indexer
+ * plan ([max_seq_len] doubles and two int32 arrays; 0 for other kinds) and
+ * kva__backend_ops.indexer (arguments there). */
+size_t kva__ref_indexer_workspace(const kva_plan *plan);
+kva_status kva__ref_indexer(kva_context *ctx, const kva_plan *plan, const void *q,
+                            const float *weights, const kva_cache *cache, int32_t *indices,
+                            int64_t indices_stride, int32_t *topk_length);
+
 #endif /* KVA_REF_MLA_H */

@@ -344,7 +344,7 @@ static kva_status ref_plan_build(kva_context *ctx, kva_plan *plan)
     plan->info.num_work_items = rows > INT32_MAX ? INT32_MAX : (int32_t)rows;
     /* Only the layer-level MLA call needs memory: one request's
      * decompressed keys and values of one head (ref_mla.c). */
-    const size_t bytes = kva__ref_mla_workspace(plan);
+    const size_t bytes = kva__ref_mla_workspace(plan) + kva__ref_indexer_workspace(plan);
     KVA_TRY(kva__context_reserve_workspace(ctx, bytes));
     plan->workspace_bytes = bytes;
     return KVA_STATUS_OK;
@@ -368,4 +368,5 @@ const kva__backend_ops kva__ref_ops = {
     /* Cascade plans run on request (KVA_CASCADE_ON) only: no cost model. */
     .cascade_gather = kva__host_cascade_gather,
     .cascade_merge = kva__host_cascade_merge,
+    .indexer = kva__ref_indexer,
 };
