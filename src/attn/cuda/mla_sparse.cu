@@ -7,8 +7,14 @@
  * (mla_decode_mma.cu, mla_decode_common.cuh) with two traits:
  *   the row source SRC: 16-bit latent rows of 1152 bytes (a bf16/f16 cache,
  *     or the dense rows the separate mode gathered), or fp8_ds_mla rows of
- *     656 bytes (codes, 4 tile scales, bf16 k_pe) that the CTA dequantizes
- *     per tile into a 16-bit tile in shared memory;
+ *     656 bytes (codes, 4 tile scales, bf16 k_pe). fp8 rows are converted
+ *     per tile into a 16-bit tile of the CODES (e4m3 values are exact in
+ *     bf16 and f16); the scales enter in fp32: S = sum over the 4 c_kv
+ *     tiles of s_tile(key) * (q_tile . codes_tile) + q_pe . k_pe, and P V
+ *     uses P_tile = P * s_tile(key) for the value columns of each tile. So
+ *     the keys and values are the cache's exact dequantized values (only P
+ *     is rounded to 16 bits, as for every cache), not FlashMLA's bf16
+ *     rounding of code * scale;
  *   the addressing (runtime): position p of the token's request through its
  *     block-table row, or dense row p of the request's gathered rows.
  *
@@ -91,10 +97,12 @@ template <int MT, bool FP8> struct sp_cfg {
     static constexpr int TILE = BN * ML_D * 2;
     static constexpr int RAW = FP8 ? BN * sp_ds_mla::ROW : 0; /* one raw stage */
     static constexpr int P_STRIDE = BN * 2 + 16;
+    static constexpr int NP = FP8 ? 4 : 1; /* P copies: one per c_kv tile (its scales) */
+    static constexpr int P_BYTES = 16 * MT * P_STRIDE;
     static constexpr int OFF_TILE = M * ML_D * 2;                     /* 16-bit tiles */
     static constexpr int OFF_RAW = OFF_TILE + (FP8 ? 1 : NST) * TILE; /* fp8 raw ring */
     static constexpr int OFF_P = OFF_RAW + NST * RAW;
-    static constexpr int OFF_RED = OFF_P + M * P_STRIDE;
+    static constexpr int OFF_RED = OFF_P + NP * P_BYTES;
     static constexpr int OFF_OK = OFF_RED + 2 * SP_NW * 64 * 4;
     static constexpr int SMEM = OFF_OK + NST * BN * 4;
     static_assert(NBS >= 1 && KW % 8 == 0, "key slice of a warp");
@@ -146,9 +154,10 @@ static __device__ __forceinline__ void sp_issue(const sp_args &a, const int32_t 
 }
 
 /* fp8_ds_mla raw rows [BN, 656] -> the 16-bit tile [BN, 576] (layout
- * ml_off<0>): c_kv chunk c (8 codes) times its tile's scale, k_pe copied. */
+ * ml_off<0>): c_kv chunk c (8 codes) as their exact 16-bit values (the
+ * scales are applied in fp32 by the caller), k_pe copied. */
 template <int BN, typename Ty>
-static __device__ __forceinline__ void sp_dequant(const unsigned char *raw, unsigned char *tile)
+static __device__ __forceinline__ void sp_codes(const unsigned char *raw, unsigned char *tile)
 {
     for (int x = threadIdx.x; x < BN * ML_CH; x += ML_NT) {
         const int r = x / ML_CH, c = x - r * ML_CH;
@@ -156,7 +165,6 @@ static __device__ __forceinline__ void sp_dequant(const unsigned char *raw, unsi
         uint4 v;
         if (c < ML_DV / 8) {
             const uint2 codes = *reinterpret_cast<const uint2 *>(row + c * 8);
-            const float s = reinterpret_cast<const float *>(row + ML_DV)[c >> 4];
             uint32_t w[4];
 #pragma unroll
             for (int i = 0; i < 4; i++) {
@@ -164,7 +172,7 @@ static __device__ __forceinline__ void sp_dequant(const unsigned char *raw, unsi
                 const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
                     (__nv_fp8x2_storage_t)((word >> (16 * (i & 1))) & 0xffffu), __NV_E4M3);
                 const float2 f = __half22float2(__half2(h));
-                w[i] = Ty::pack(f.x * s, f.y * s);
+                w[i] = Ty::pack(f.x, f.y);
             }
             v = make_uint4(w[0], w[1], w[2], w[3]);
         } else {
@@ -327,40 +335,74 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_sparse_kernel(const sp_args a)
         uint32_t sk = sTile + stage * C::TILE;
         if (SRC::FP8) {
             sk = sTile;
-            sp_dequant<BN, Ty>(sp_smem + C::OFF_RAW + stage * C::RAW, sp_smem + C::OFF_TILE);
+            sp_codes<BN, Ty>(sp_smem + C::OFF_RAW + stage * C::RAW, sp_smem + C::OFF_TILE);
             __syncthreads(); /* the 16-bit tile */
         }
 
-        /* S = Q K^T for row tile rt and the warp's KW keys (two chains). */
+        /* The tile scales of the thread's keys key0 + 8 nt + 2 t4 + e (fp8). */
         const int key0 = kg * KW;
-        float sc[NBS][4], sc2[NBS][4];
+        float ksc[NBS][2][4];
+        if (SRC::FP8) {
+            const unsigned char *raw = sp_smem + C::OFF_RAW + stage * C::RAW;
+#pragma unroll
+            for (int nt = 0; nt < NBS; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float4 v = *reinterpret_cast<const float4 *>(
+                        raw + (key0 + nt * 8 + 2 * t4 + e) * sp_ds_mla::ROW + ML_DV);
+                    ksc[nt][e][0] = v.x, ksc[nt][e][1] = v.y, ksc[nt][e][2] = v.z,
+                    ksc[nt][e][3] = v.w;
+                }
+        }
+        /* S = Q K^T for row tile rt and the warp's KW keys: per part (the 4
+         * c_kv tiles of 8 k-steps, then k_pe's 4) in two chains, each part
+         * times its scale (fp8) into sc. */
+        float sc[NBS][4];
 #pragma unroll
         for (int nt = 0; nt < NBS; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                sc[nt][e] = 0.f, sc2[nt][e] = 0.f;
-#pragma unroll 4
-        for (int kk = 0; kk < ML_D / 16; kk += 2) {
-            uint32_t qa[4], qb[4];
-            kva__ldsm_x4(sQ + ml_off<0>(row0 + q_r, kk * 2 + q_c), qa);
-            kva__ldsm_x4(sQ + ml_off<0>(row0 + q_r, kk * 2 + 2 + q_c), qb);
-            if (NBS == 1) {
-                uint32_t kf[4];
-                kva__ldsm_x4(sk + ml_off<0>(key0 + (lane & 7), kk * 2 + (lane >> 3)), kf);
-                Ty::mma(sc[0], qa, kf[0], kf[1]);
-                Ty::mma(sc2[0], qb, kf[2], kf[3]);
-            } else {
+                sc[nt][e] = 0.f;
 #pragma unroll
-                for (int np = 0; np < NBS / 2; np++) {
-                    uint32_t kf[4], kh[4];
-                    kva__ldsm_x4(sk + ml_off<0>(key0 + np * 16 + k_r, kk * 2 + k_c), kf);
-                    kva__ldsm_x4(sk + ml_off<0>(key0 + np * 16 + k_r, kk * 2 + 2 + k_c), kh);
-                    Ty::mma(sc[2 * np], qa, kf[0], kf[1]);
-                    Ty::mma(sc[2 * np + 1], qa, kf[2], kf[3]);
-                    Ty::mma(sc2[2 * np], qb, kh[0], kh[1]);
-                    Ty::mma(sc2[2 * np + 1], qb, kh[2], kh[3]);
+        for (int part = 0; part < 5; part++) {
+            float ta[NBS][4], tb[NBS][4];
+#pragma unroll
+            for (int nt = 0; nt < NBS; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    ta[nt][e] = 0.f, tb[nt][e] = 0.f;
+            const int kk0 = part * 8, kk1 = part == 4 ? ML_D / 16 : kk0 + 8;
+#pragma unroll 4
+            for (int kk = kk0; kk < kk1; kk += 2) {
+                uint32_t qa[4], qb[4];
+                kva__ldsm_x4(sQ + ml_off<0>(row0 + q_r, kk * 2 + q_c), qa);
+                kva__ldsm_x4(sQ + ml_off<0>(row0 + q_r, kk * 2 + 2 + q_c), qb);
+                if (NBS == 1) {
+                    uint32_t kf[4];
+                    kva__ldsm_x4(sk + ml_off<0>(key0 + (lane & 7), kk * 2 + (lane >> 3)), kf);
+                    Ty::mma(ta[0], qa, kf[0], kf[1]);
+                    Ty::mma(tb[0], qb, kf[2], kf[3]);
+                } else {
+#pragma unroll
+                    for (int np = 0; np < NBS / 2; np++) {
+                        uint32_t kf[4], kh[4];
+                        kva__ldsm_x4(sk + ml_off<0>(key0 + np * 16 + k_r, kk * 2 + k_c), kf);
+                        kva__ldsm_x4(sk + ml_off<0>(key0 + np * 16 + k_r, kk * 2 + 2 + k_c), kh);
+                        Ty::mma(ta[2 * np], qa, kf[0], kf[1]);
+                        Ty::mma(ta[2 * np + 1], qa, kf[2], kf[3]);
+                        Ty::mma(tb[2 * np], qb, kh[0], kh[1]);
+                        Ty::mma(tb[2 * np + 1], qb, kh[2], kh[3]);
+                    }
                 }
             }
+#pragma unroll
+            for (int nt = 0; nt < NBS; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float x = ta[nt][e] + tb[nt][e];
+                    sc[nt][e] = SRC::FP8 && part < 4 ? fmaf(x, ksc[nt][e & 1][part & 3], sc[nt][e])
+                                                     : sc[nt][e] + x;
+                }
         }
         /* Logits in log2 units; unused keys -inf. */
         const int *ok = s_ok + stage * BN;
@@ -369,8 +411,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_sparse_kernel(const sp_args a)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int kt = key0 + nt * 8 + 2 * t4 + (e & 1);
-                const float v = (sc[nt][e] + sc2[nt][e]) * scale_log2;
-                sc[nt][e] = ok[kt] ? v : -INFINITY;
+                sc[nt][e] = ok[kt] ? sc[nt][e] * scale_log2 : -INFINITY;
             }
         float alpha[2], mu[2];
         const bool resc =
@@ -383,10 +424,16 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_sparse_kernel(const sp_args a)
                 const float p0 = kva__ex2(sc[nt][2 * hf] - mu[hf]);
                 const float p1 = kva__ex2(sc[nt][2 * hf + 1] - mu[hf]);
                 sum += p0 + p1;
-                const uint32_t pv = Ty::pack(p0, p1);
                 const uint32_t addr = sP + (uint32_t)((row0 + g4 + 8 * hf) * C::P_STRIDE +
                                                       (key0 + nt * 8 + 2 * t4) * 2);
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pv) : "memory");
+#pragma unroll
+                for (int tp = 0; tp < C::NP; tp++) { /* fp8: P times the value tile's scale */
+                    const uint32_t pv = SRC::FP8
+                                            ? Ty::pack(p0 * ksc[nt][0][tp], p1 * ksc[nt][1][tp])
+                                            : Ty::pack(p0, p1);
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr + tp * C::P_BYTES), "r"(pv)
+                                 : "memory");
+                }
             }
             l_run[hf] += sum;
         }
@@ -406,9 +453,14 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_sparse_kernel(const sp_args a)
 #pragma unroll
         for (int kp = 0; kp < BN / 16; kp++) {
             uint32_t pa[4];
-            kva__ldsm_x4(sP + (uint32_t)((row0 + q_r) * C::P_STRIDE + (kp * 2 + q_c) * 16), pa);
 #pragma unroll
             for (int dp = 0; dp < NBO / 2; dp++) {
+                if (dp % 8 == 0) { /* P of the value tile of columns 8 cc0 + 16 dp .. */
+                    const int tp = SRC::FP8 ? (cc0 * 8 + dp * 16) >> 7 : 0;
+                    kva__ldsm_x4(sP + (uint32_t)(tp * C::P_BYTES + (row0 + q_r) * C::P_STRIDE +
+                                                 (kp * 2 + q_c) * 16),
+                                 pa);
+                }
                 uint32_t vb[4];
                 kva__ldsm_x4_trans(sk + ml_off<0>(kp * 16 + v_r, cc0 + dp * 2 + v_c), vb);
                 Ty::mma(o[2 * dp], pa, vb[0], vb[1]);
