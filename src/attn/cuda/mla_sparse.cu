@@ -280,9 +280,6 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_sparse_kernel(const sp_args a)
     const int g4 = lane >> 2, t4 = lane & 3;
     const int rt = warp % MT, kg = warp / MT, row0 = rt * 16;
     const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
-    const int q_r = (lane & 7) + ((lane >> 3) & 1) * 8, q_c = lane >> 4;
-    const int k_r = (lane & 7) + (lane >> 4) * 8, k_c = (lane >> 3) & 1;
-    const int v_r = (lane & 7) + ((lane >> 3) & 1) * 8, v_c = lane >> 4;
     constexpr int TPK = ML_NT / BN;
     const int my_key = threadIdx.x / TPK;
     const uint32_t stage_bytes = SRC::FP8 ? C::RAW : C::TILE;
@@ -355,8 +352,8 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_sparse_kernel(const sp_args a)
                 }
         }
         /* S = Q K^T for row tile rt and the warp's KW keys: per part (the 4
-         * c_kv tiles of 8 k-steps, then k_pe's 4) in two chains, each part
-         * times its scale (fp8) into sc. */
+         * c_kv tiles of 8 k-steps, then k_pe's 4), each part times its key's
+         * scale (fp8) into sc. */
         float sc[NBS][4];
 #pragma unroll
         for (int nt = 0; nt < NBS; nt++)
@@ -371,30 +368,10 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_sparse_kernel(const sp_args a)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     ta[nt][e] = 0.f, tb[nt][e] = 0.f;
-            const int kk0 = part * 8, kk1 = part == 4 ? ML_D / 16 : kk0 + 8;
-#pragma unroll 4
-            for (int kk = kk0; kk < kk1; kk += 2) {
-                uint32_t qa[4], qb[4];
-                kva__ldsm_x4(sQ + ml_off<0>(row0 + q_r, kk * 2 + q_c), qa);
-                kva__ldsm_x4(sQ + ml_off<0>(row0 + q_r, kk * 2 + 2 + q_c), qb);
-                if (NBS == 1) {
-                    uint32_t kf[4];
-                    kva__ldsm_x4(sk + ml_off<0>(key0 + (lane & 7), kk * 2 + (lane >> 3)), kf);
-                    Ty::mma(ta[0], qa, kf[0], kf[1]);
-                    Ty::mma(tb[0], qb, kf[2], kf[3]);
-                } else {
-#pragma unroll
-                    for (int np = 0; np < NBS / 2; np++) {
-                        uint32_t kf[4], kh[4];
-                        kva__ldsm_x4(sk + ml_off<0>(key0 + np * 16 + k_r, kk * 2 + k_c), kf);
-                        kva__ldsm_x4(sk + ml_off<0>(key0 + np * 16 + k_r, kk * 2 + 2 + k_c), kh);
-                        Ty::mma(ta[2 * np], qa, kf[0], kf[1]);
-                        Ty::mma(ta[2 * np + 1], qa, kf[2], kf[3]);
-                        Ty::mma(tb[2 * np], qb, kh[0], kh[1]);
-                        Ty::mma(tb[2 * np + 1], qb, kh[2], kh[3]);
-                    }
-                }
-            }
+            if (part < 4)
+                ml_qk<Ty, NBS, 8>(sQ, sk, row0, key0, part * 8, lane, ta, tb);
+            else
+                ml_qk<Ty, NBS, 4>(sQ, sk, row0, key0, 32, lane, ta, tb);
 #pragma unroll
             for (int nt = 0; nt < NBS; nt++)
 #pragma unroll
@@ -416,56 +393,22 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_sparse_kernel(const sp_args a)
         float alpha[2], mu[2];
         const bool resc =
             ml_tile_max<NBS, SP_NW / MT>(sc, s_max, kg, row0 + g4, t4, m_run, l_run, alpha, mu);
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < NBS; nt++) {
-                const float p0 = kva__ex2(sc[nt][2 * hf] - mu[hf]);
-                const float p1 = kva__ex2(sc[nt][2 * hf + 1] - mu[hf]);
-                sum += p0 + p1;
-                const uint32_t addr = sP + (uint32_t)((row0 + g4 + 8 * hf) * C::P_STRIDE +
-                                                      (key0 + nt * 8 + 2 * t4) * 2);
-#pragma unroll
-                for (int tp = 0; tp < C::NP; tp++) { /* fp8: P times the value tile's scale */
-                    const uint32_t pv = SRC::FP8
-                                            ? Ty::pack(p0 * ksc[nt][0][tp], p1 * ksc[nt][1][tp])
-                                            : Ty::pack(p0, p1);
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr + tp * C::P_BYTES), "r"(pv)
-                                 : "memory");
-                }
-            }
-            l_run[hf] += sum;
-        }
-        if (resc) {
-#pragma unroll
-            for (int n = 0; n < NBO; n++) {
-                o[n][0] *= alpha[0];
-                o[n][1] *= alpha[0];
-                o[n][2] *= alpha[1];
-                o[n][3] *= alpha[1];
-            }
-        }
+        /* P (fp8: one copy per value tile, times the keys' scales of that tile). */
+        ml_store_p<Ty, NBS, C::NP, C::P_STRIDE, C::P_BYTES>(sc, mu, sP, row0 + g4, key0, t4, l_run,
+                                                            ksc);
+        if (resc)
+            ml_rescale<NBO>(o, alpha);
         __syncthreads(); /* P of every slice */
 
-        /* O += P V over the warp's CW value columns of the tile. */
+        /* O += P V over the warp's CW value columns of the tile (fp8: per value
+         * tile of 128 columns, with that tile's P). */
         const int cc0 = kg * (C::CW / 8);
+        constexpr int NBT = SRC::FP8 && NBO > 16 ? 16 : NBO; /* n8 tiles per P copy */
 #pragma unroll
-        for (int kp = 0; kp < BN / 16; kp++) {
-            uint32_t pa[4];
-#pragma unroll
-            for (int dp = 0; dp < NBO / 2; dp++) {
-                if (dp % 8 == 0) { /* P of the value tile of columns 8 cc0 + 16 dp .. */
-                    const int tp = SRC::FP8 ? (cc0 * 8 + dp * 16) >> 7 : 0;
-                    kva__ldsm_x4(sP + (uint32_t)(tp * C::P_BYTES + (row0 + q_r) * C::P_STRIDE +
-                                                 (kp * 2 + q_c) * 16),
-                                 pa);
-                }
-                uint32_t vb[4];
-                kva__ldsm_x4_trans(sk + ml_off<0>(kp * 16 + v_r, cc0 + dp * 2 + v_c), vb);
-                Ty::mma(o[2 * dp], pa, vb[0], vb[1]);
-                Ty::mma(o[2 * dp + 1], pa, vb[2], vb[3]);
-            }
+        for (int pt = 0; pt < NBO / NBT; pt++) {
+            const int tp = SRC::FP8 ? (cc0 + pt * NBT) >> 4 : 0;
+            ml_pv<Ty, BN, NBT, C::P_STRIDE>(sP + tp * C::P_BYTES, sk, row0, cc0 + pt * NBT, lane,
+                                            o + pt * NBT);
         }
         stage = stage == NST - 1 ? 0 : stage + 1;
     }
