@@ -441,6 +441,8 @@ KVA_API kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t n
  * format defines them (code * scale (- offset)), exactly representable in
  * F32. A slot >= NB*B is an error and nothing is written (CUDA: slot_mapping
  * is device memory; the kernel skips such a slot).
+ * CUDA reads back MLA caches and unquantized MHA caches; a quantized MHA
+ * cache gets KVA_STATUS_UNSUPPORTED (swap its blocks to a host cache).
  */
 KVA_API kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
                                   const int64_t *slot_mapping, void *k, int64_t k_token_stride,
@@ -605,7 +607,9 @@ typedef enum kva_sparse_mode {
      * reference)), and its tokens run a prefill kernel over that workspace
      * (FlashMLA's sparse prefill; vLLM's separate prefill / decode). The
      * plan reserves the workspace for its longest prefill. Equal to MIXED up
-     * to rounding. */
+     * to rounding (CUDA reads the rows back in the q dtype, f16 or bf16: over
+     * an FP8_DS_MLA cache its prefills see code * scale rounded to it, where
+     * MIXED uses the exact values). */
     KVA_SPARSE_SEPARATE = 1,
     KVA_SPARSE_MODE_COUNT_
 } kva_sparse_mode;
