@@ -438,9 +438,11 @@ KVA_API kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t n
  * kva_cache_write's: MHA k [T, Hkv, D], v [T, Hkv, Dv]; MLA k = c_kv
  * [T, Dc], v = k_pe [T, Dr]; INDEX k [T, D], v must be NULL. k or v may be
  * NULL to skip that half (not both). Quantized values come back as the
- * format defines them (code * scale (- offset)), exactly representable in
- * F32. A slot >= NB*B is an error and nothing is written (CUDA: slot_mapping
- * is device memory; the kernel skips such a slot).
+ * format defines them, computed in float32: code * scale (fp8 formats,
+ * INT8_TOKEN_K keys; FP8_DS_MLA: the tile's scale, k_pe exactly),
+ * (code - offset) * scale (int8 with static scales), then rounded to
+ * dst_dtype. A slot >= NB*B is an error and nothing is written (CUDA:
+ * slot_mapping is device memory; the kernel skips such a slot).
  * CUDA reads back MLA caches and unquantized MHA caches; a quantized MHA
  * cache gets KVA_STATUS_UNSUPPORTED (swap its blocks to a host cache).
  */

@@ -24,9 +24,9 @@
 
 const char *kva_quant_name(kva_quant quant)
 {
-    static const char *const names[KVA_QUANT_COUNT_] = {"none", "int8_channel", "int8_token_k",
-                                                        "int8_token_k_v16", "fp8_e4m3",
-                                                        "fp8_ds_mla", "fp8_token"};
+    static const char *const names[KVA_QUANT_COUNT_] = {
+        "none",     "int8_channel", "int8_token_k", "int8_token_k_v16",
+        "fp8_e4m3", "fp8_ds_mla",   "fp8_token"};
     if ((unsigned)quant >= (unsigned)KVA_QUANT_COUNT_)
         return "invalid";
     return names[quant];
@@ -114,6 +114,17 @@ kva_status kva__quant_params_expand(const char *fn, const kva_cache_desc *d,
             return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                              "%s: params is given but desc->quant is none (unquantized caches "
                              "have no scales)",
+                             fn);
+        return KVA_STATUS_OK;
+    }
+    /* fp8_ds_mla carries its scales in the rows: no static arrays. */
+    if (q == KVA_QUANT_FP8_DS_MLA) {
+        if (params &&
+            (params->k_scale || params->k_scale_len || params->k_offset || params->k_offset_len ||
+             params->v_scale || params->v_scale_len || params->v_offset || params->v_offset_len))
+            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                             "%s: params has static scales but quant fp8_ds_mla keeps one scale "
+                             "per 128 c_kv values inside each row (pass NULL)",
                              fn);
         return KVA_STATUS_OK;
     }
