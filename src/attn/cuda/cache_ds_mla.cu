@@ -13,7 +13,7 @@
  *     mla_sparse.cu).
  * An fp8_ds_mla row (Dc a multiple of 128, Dr = D - Dc) is Dc codes, Dc / 128
  * float32 scales, Dr bf16 values: Dc + 4 Dc / 128 + 2 Dr bytes; B rows per
- * block, token after token (kva__cuda_ds_mla_row_bytes).
+ * block, token after token (kva__ds_mla_row_bytes, src/core/internal.h).
  */
 extern "C" {
 #include "cuda_backend.h"
@@ -32,12 +32,6 @@ extern "C" {
 static cudaStream_t stream_of(const kva_context *ctx)
 {
     return (cudaStream_t)((const kva__cuda_state *)ctx->state)->stream;
-}
-
-extern "C" int64_t kva__cuda_ds_mla_row_bytes(const kva_cache_desc *d)
-{
-    const int64_t dc = d->head_dim_v, dr = (int64_t)d->head_dim - d->head_dim_v;
-    return dc + 4 * (dc / 128) + 2 * dr;
 }
 
 /* ---- write ---- */
@@ -89,7 +83,7 @@ extern "C" kva_status kva__cuda_ds_mla_write(kva_context *ctx, kva_cache *cache,
 {
     const kva_cache_desc *d = &cache->desc;
     const int32_t Dc = d->head_dim_v, Dr = d->head_dim - d->head_dim_v;
-    const int64_t rb = kva__cuda_ds_mla_row_bytes(d);
+    const int64_t rb = kva__ds_mla_row_bytes(d->head_dim, d->head_dim_v);
     const int64_t ns = (int64_t)d->num_blocks * d->block_size;
     const int grid = n < 65535 ? n : 65535;
     cudaStream_t s = stream_of(ctx);
@@ -210,7 +204,8 @@ static read_args read_setup(const kva_cache *c)
             : d->dtype == KVA_DTYPE_F32      ? RD_F32
             : d->dtype == KVA_DTYPE_F16      ? RD_F16
                                              : RD_BF16;
-    a.row_bytes = d->quant == KVA_QUANT_FP8_DS_MLA ? kva__cuda_ds_mla_row_bytes(d) : 0;
+    a.row_bytes =
+        d->quant == KVA_QUANT_FP8_DS_MLA ? kva__ds_mla_row_bytes(d->head_dim, d->head_dim_v) : 0;
     return a;
 }
 

@@ -147,9 +147,10 @@ extern "C" kva_status kva__cuda_cache_alloc(kva_context *ctx, kva_cache *c)
     void *p = NULL;
     c->owns_memory = 1;
     /* fp8_ds_mla: B byte rows per block (cache_ds_mla.cu), no scale arrays. */
-    const size_t kbytes = d->quant == KVA_QUANT_FP8_DS_MLA
-                              ? nb * (size_t)d->block_size * (size_t)kva__cuda_ds_mla_row_bytes(d)
-                              : nb * (size_t)c->k_block_elems * c->elem_size;
+    const size_t kbytes =
+        d->quant == KVA_QUANT_FP8_DS_MLA
+            ? nb * (size_t)d->block_size * (size_t)kva__ds_mla_row_bytes(d->head_dim, d->head_dim_v)
+            : nb * (size_t)c->k_block_elems * c->elem_size;
     KVA_TRY(kva__cuda_alloc(ctx, kbytes, &p));
     c->k = p;
     if (mla) { /* the values are the first Dc columns of the latent rows */

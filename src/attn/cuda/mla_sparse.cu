@@ -609,6 +609,12 @@ extern "C" kva_status kva__cuda_mla_sparse(kva_context *ctx, const kva_plan *pla
                          "D %d / Dv %d, q %s, cache %s / %s)",
                          (int)d->head_dim, (int)d->head_dim_v, kva_dtype_name(d->q_dtype),
                          kva_dtype_name(cd->dtype), kva_quant_name(cd->quant));
+    if ((uintptr_t)q % 16 != 0)
+        return kva__fail(
+            KVA_STATUS_INVALID_ARGUMENT,
+            "kva_mla_sparse_run: q = %p: the CUDA sparse kernel reads q rows in 16-byte "
+            "chunks and needs q 16-byte aligned",
+            q);
     size_t ws_bytes = 0, rows_off = 0;
     KVA_TRY(kva__cuda_sparse_workspace(ctx, plan, &ws_bytes, &rows_off));
     if (ws_bytes > ctx->workspace_bytes)

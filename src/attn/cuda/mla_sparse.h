@@ -11,9 +11,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Bytes of one fp8_ds_mla row of cache descriptor d: Dc codes, Dc / 128
- * float32 scales, Dr bf16 values (656 for Dc 512 / Dr 64). */
-int64_t kva__cuda_ds_mla_row_bytes(const kva_cache_desc *d);
 /* kva_cache_write into an FP8_DS_MLA device cache (arguments as
  * kva__memory_ops.cache_write): byte-identical to the host writer. */
 kva_status kva__cuda_ds_mla_write(kva_context *ctx, kva_cache *cache, int32_t n, const void *k,
