@@ -476,7 +476,7 @@ static void test_bad_input(void)
     /* f32 q: the CUDA sparse kernel takes f16 and bf16. */
     CHECK_STATUS(kva_plan_create(gpu, &pd, &plan), KVA_STATUS_UNSUPPORTED);
     CHECK(plan == NULL);
-    /* A bf16 latent cache under an f16 plan: refused at run time. */
+    /* A bf16 latent cache under an f16 plan: refused by the API's checks. */
     pd.q_dtype = KVA_DTYPE_F16;
     CHECK_OK(kva_plan_create(gpu, &pd, &plan));
     kva_cache_desc cd = {2,           16, 1, DL, DC, KVA_DTYPE_BF16, KVA_LAYOUT_NHD, KVA_QUANT_NONE,
@@ -487,7 +487,7 @@ static void test_bad_input(void)
     int32_t *d_idx = dev_from((int32_t[8]){0, 1, 2, 3, 4, -1, -1, -1}, 8 * sizeof(int32_t));
     if (plan && cache) {
         CHECK_STATUS(kva_mla_sparse_run(gpu, plan, d_q, cache, d_idx, 8, NULL, NULL, d_out, NULL),
-                     KVA_STATUS_UNSUPPORTED);
+                     KVA_STATUS_DTYPE_MISMATCH);
         CHECK(dev_untouched(d_out));
     }
     kva_plan_destroy(plan);

@@ -89,7 +89,7 @@ typedef struct sp_args {
 template <int MT, bool FP8> struct sp_cfg {
     static constexpr int M = 16 * MT;
     static constexpr int BN = MT == 4 ? 32 : 64;
-    static constexpr int NST = MT == 4 ? 3 : 2;
+    static constexpr int NST = MT == 4 || (MT == 1 && FP8) ? 3 : 2; /* what fits 227 KB */
     static constexpr int KW = BN * MT / SP_NW;
     static constexpr int NBS = KW / 8;
     static constexpr int CW = ML_DV * MT / SP_NW;
@@ -130,26 +130,39 @@ static __device__ __forceinline__ int32_t sp_pos(const int32_t *idx_row, int32_t
     return j < kend ? __ldg(idx_row + j) : -1;
 }
 
-/* Copies the row of position p (unused when outside 0 .. s - 1: zeros) as
- * key `key` of a tile at `dst`: thread chunk c0, c0 + TPK, ...; records the
- * key's validity in ok[key] (written by chunk 0's thread). */
+/* A key on its way to the ring: whether it is used, and its row as
+ * blk * B + off (dense rows: blk 0, off = the position). The block-table
+ * entry is loaded one tile before the copy, so the copy never waits on it. */
+struct sp_key {
+    int32_t ok, blk, off;
+};
+static __device__ __forceinline__ sp_key sp_locate(const sp_args &a, const int32_t *bt_row,
+                                                   int32_t p, int32_t s)
+{
+    sp_key k;
+    k.ok = p >= 0 && p < s;
+    k.blk = k.ok && !a.dense ? __ldg(bt_row + p / a.B) : 0;
+    k.off = !k.ok ? 0 : a.dense ? p : p % a.B;
+    return k;
+}
+
+/* Copies key k's row (zeros when unused) as key `key` of a tile at `dst`:
+ * thread chunk c0, c0 + TPK, ...; records its validity in ok[key] (chunk
+ * 0's thread). */
 template <int BN, typename SRC>
-static __device__ __forceinline__ void sp_issue(const sp_args &a, const int32_t *bt_row, int32_t p,
-                                                int32_t s, uint32_t dst, int *ok)
+static __device__ __forceinline__ void sp_issue(const sp_args &a, const sp_key &k, uint32_t dst,
+                                                int *ok)
 {
     constexpr int TPK = ML_NT / BN;
     const int key = threadIdx.x / TPK, c0 = threadIdx.x % TPK;
-    const bool valid = p >= 0 && p < s;
     const unsigned char *src = a.rows;
-    if (valid) {
-        const int64_t row = a.dense ? (int64_t)p : (int64_t)__ldg(bt_row + p / a.B) * a.B + p % a.B;
-        src += row * SRC::ROW;
-    }
+    if (k.ok)
+        src += ((int64_t)k.blk * a.B + k.off) * SRC::ROW;
     if (c0 == 0)
-        ok[key] = valid;
+        ok[key] = k.ok;
     for (int c = c0; c < SRC::CH; c += TPK) {
         const uint32_t d = SRC::FP8 ? (uint32_t)(key * SRC::ROW + c * 16) : ml_off<0>(key, c);
-        kva__cp_async16(dst + d, src + (valid ? c * 16 : 0), valid ? 16 : 0);
+        kva__cp_async16(dst + d, src + (k.ok ? c * 16 : 0), k.ok ? 16 : 0);
     }
 }
 
@@ -175,8 +188,15 @@ static __device__ __forceinline__ void sp_codes(const unsigned char *raw, unsign
                 w[i] = Ty::pack(f.x, f.y);
             }
             v = make_uint4(w[0], w[1], w[2], w[3]);
-        } else {
-            v = *reinterpret_cast<const uint4 *>(row + ML_DV + 16 + (c - ML_DV / 8) * 16);
+        } else { /* k_pe: bf16, as the q dtype (f16: exact in f16's normal range) */
+            const uint4 b =
+                *reinterpret_cast<const uint4 *>(row + ML_DV + 16 + (c - ML_DV / 8) * 16);
+            const uint32_t bw[4] = {b.x, b.y, b.z, b.w};
+            uint32_t w[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                w[i] = Ty::pack(__uint_as_float(bw[i] << 16), __uint_as_float(bw[i] & 0xffff0000u));
+            v = make_uint4(w[0], w[1], w[2], w[3]);
         }
         *reinterpret_cast<uint4 *>(tile + ml_off<0>(r, c)) = v;
     }
@@ -285,16 +305,18 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_sparse_kernel(const sp_args a)
     const uint32_t stage_bytes = SRC::FP8 ? C::RAW : C::TILE;
     const uint32_t ring = SRC::FP8 ? sRaw : sTile;
 
-    /* The first NST - 1 tiles, the position of the next one, then Q. */
+    /* The first NST - 1 tiles, the row of the next one and the position of
+     * the one after, then Q. */
 #pragma unroll
     for (int st = 0; st < NST - 1; st++) {
         const int32_t kb = kbeg + st * BN;
         if (kb < kend)
-            sp_issue<BN, SRC>(a, bt_row, sp_pos(idx_row, kb + my_key, kend), s,
+            sp_issue<BN, SRC>(a, sp_locate(a, bt_row, sp_pos(idx_row, kb + my_key, kend), s),
                               ring + st * stage_bytes, s_ok + st * BN);
         kva__cp_async_commit();
     }
-    int32_t p_next = sp_pos(idx_row, kbeg + (NST - 1) * BN + my_key, kend);
+    sp_key k_next = sp_locate(a, bt_row, sp_pos(idx_row, kbeg + (NST - 1) * BN + my_key, kend), s);
+    int32_t p_next = sp_pos(idx_row, kbeg + NST * BN + my_key, kend);
     {
         /* Q [M, 576]: heads h0 .. of token t, as one query row of nrows heads. */
         kva__cuda_item w = {};
@@ -323,9 +345,9 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_sparse_kernel(const sp_args a)
             const int32_t kn = kb + (NST - 1) * BN;
             const int ahead = stage == 0 ? NST - 1 : stage - 1;
             if (kn < kend) {
-                sp_issue<BN, SRC>(a, bt_row, p_next, s, ring + ahead * stage_bytes,
-                                  s_ok + ahead * BN);
-                p_next = sp_pos(idx_row, kn + BN + my_key, kend);
+                sp_issue<BN, SRC>(a, k_next, ring + ahead * stage_bytes, s_ok + ahead * BN);
+                k_next = sp_locate(a, bt_row, p_next, s);
+                p_next = sp_pos(idx_row, kn + 2 * BN + my_key, kend);
             }
             kva__cp_async_commit();
         }
