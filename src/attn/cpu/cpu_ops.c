@@ -266,7 +266,9 @@ static kva_status cpu_plan_build(kva_context *ctx, kva_plan *plan)
     KVA_TRY(kva__cpu_plan_partition(ctx, plan, &pp));
     /* A plan with MLA head sizes also serves kva_mla_run (mla_cpu.c), whose
      * per-thread scratch shares the workspace with the partition's. */
-    const size_t mla = kva__cpu_mla_workspace(ctx, plan, pp.num_threads);
+    size_t mla = kva__cpu_mla_workspace(ctx, plan, pp.num_threads);
+    const size_t sparse = kva__cpu_sparse_workspace(plan, pp.num_threads);
+    mla = sparse > mla ? sparse : mla;
     if (mla > plan->workspace_bytes) {
         KVA_TRY(kva__context_reserve_workspace(ctx, mla));
         plan->workspace_bytes = mla;
@@ -408,6 +410,7 @@ const kva__backend_ops kva__cpu_ops = {
      * decode and prefill kernels run the absorbed math unchanged. */
     .mla_attention_paged = cpu_attention_paged,
     .mla_run = kva__cpu_mla_run,
+    .mla_sparse = kva__cpu_mla_sparse,
     .max_head_dim = KVA_MAX_HEAD_DIM,
     .memory = &kva__host_memory,
     .kernels = kernels,
