@@ -47,6 +47,7 @@ static const kva__kernel_info kernels[] = {
 #endif
     {"mla_portable",       KVA__KERNEL_MLA,     NULL},
 #if defined(__x86_64__)
+    {"mla_avx2",           KVA__KERNEL_MLA,     usable_avx2},
     {"mla_avx512",         KVA__KERNEL_MLA,     usable_avx512},
 #endif
 };
@@ -66,6 +67,7 @@ static const cpu_kernel impls[] = {
     /* MLA items run through kva__cpu_plan_mla_item (mla_cpu.c's entry). */
     {NULL,                           NULL,                           KVA__ISA_PORTABLE},
 #if defined(__x86_64__)
+    {NULL,                           NULL,                           KVA__ISA_AVX2},
     {NULL,                           NULL,                           KVA__ISA_AVX512},
 #endif
 };
@@ -124,6 +126,8 @@ kva__cpu_mla_item_fn kva__cpu_plan_mla_item(const kva_plan *plan)
     const int32_t v = plan->part->variant_mla;
     if (v >= 1 && v <= NUM_KERNELS && impls[v - 1].isa >= KVA__ISA_AVX512)
         return kva__cpu_mla_item_avx512;
+    if (v >= 1 && v <= NUM_KERNELS && impls[v - 1].isa >= KVA__ISA_AVX2)
+        return kva__cpu_mla_item_avx2;
 #else
     (void)plan;
 #endif

@@ -7,8 +7,10 @@
  * fewer items than twice its threads, each absorbed item's keys are split
  * into pieces run in parallel and merged by their LSE (split-KV). The item
  * bodies (mla_items.inc) are compiled once per ISA: mla_portable.c (plain
- * C) and mla_avx512.c (the same C, auto-vectorized for AVX-512), the kernel
- * registry's "mla_portable" and "mla_avx512" (cpu_ops.c).
+ * C), mla_avx2.c and mla_avx512.c (the same C, auto-vectorized for AVX2 /
+ * AVX-512), the kernel registry's "mla_portable", "mla_avx2" and
+ * "mla_avx512" (cpu_ops.c). Sparse MLA runs the same items
+ * (mla_sparse_cpu.c).
  */
 #ifndef KVA_MLA_CPU_H
 #define KVA_MLA_CPU_H
@@ -124,6 +126,7 @@ kva_status kva__cpu_mla_sparse(kva_context *ctx, const kva_plan *plan, const voi
 
 /* Runs one item with the given scratch (kva__cpu_mla_scratch_bytes bytes). */
 void kva__cpu_mla_item_portable(const kva__cpu_mla *m, const kva__cpu_mla_item *it, float *scratch);
+void kva__cpu_mla_item_avx2(const kva__cpu_mla *m, const kva__cpu_mla_item *it, float *scratch);
 void kva__cpu_mla_item_avx512(const kva__cpu_mla *m, const kva__cpu_mla_item *it, float *scratch);
 /* The item entry of the plan's MLA kernel (registry family KVA__KERNEL_MLA,
  * chosen when the plan was built; cpu_ops.c). */
