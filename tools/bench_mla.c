@@ -63,7 +63,7 @@ static void usage(void)
            "  --kernel             time kva_attention_run on absorbed q (decode mode)\n"
            "  --backend cpu|cuda   cuda: GPU 0, with the phases of kva_mla_run [cpu]\n"
            "  --threads N          0 = all cores [0]\n"
-           "  --variant NAME       force a registry kernel (mla_portable, mla_avx512)\n"
+           "  --variant NAME       force a registry kernel (mla_portable, mla_avx2, mla_avx512)\n"
            "  --max-splits N       most key pieces per absorbed item, 1 = no split-KV [0: auto]\n"
            "  --compare-split      time without and with split-KV in alternating rounds\n"
            "  --iters N, --warmup N  [10, 2]\n"

@@ -89,6 +89,8 @@ void kva_cli_usage_bench(void)
            "  --json FILE          also write the result as JSON to FILE\n"
            "  --mla                multi-head latent attention instead (its own options:\n"
            "                       kvattn bench --mla --help)\n"
+           "  --mla-sparse         sparse MLA (DeepSeek V3.2) instead (its own options:\n"
+           "                       kvattn bench --mla-sparse --help)\n"
            "  --cascade            a shared-prefix decode step, plain vs cascade plan (its\n"
            "                       own options: kvattn bench --cascade --help)\n"
            "  --indexer            DeepSeek V3.2's lightning indexer, top-K keys per token\n"
@@ -592,9 +594,12 @@ int kva_cli_bench(int argc, char **argv)
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--mla") == 0)
             return kva_cli_bench_mla(argc, argv);
-    for (int i = 1; i < argc; i++)
+    for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--indexer") == 0)
             return kva_cli_bench_indexer(argc, argv); /* bench_indexer.c */
+        if (strcmp(argv[i], "--mla-sparse") == 0)
+            return kva_cli_bench_mla_sparse(argc, argv); /* bench_mla_sparse.c */
+    }
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--cascade") == 0)
             return kva_cli_bench_cascade(argc, argv); /* bench_cascade.c */

@@ -220,6 +220,7 @@ kva_cache_token_scales = _proto("kva_cache_token_scales", c_int, _P, POINTER(_P)
 kva_cache_block_bytes_k = _proto("kva_cache_block_bytes_k", c_size_t, _P)
 kva_cache_block_bytes_v = _proto("kva_cache_block_bytes_v", c_size_t, _P)
 kva_cache_write = _proto("kva_cache_write", c_int, _P, _P, _I32, _P, _I64, _P, _I64, c_int, _P)
+kva_cache_read = _proto("kva_cache_read", c_int, _P, _P, _I32, _P, _P, _I64, _P, _I64, c_int)
 kva_cache_copy_blocks = _proto("kva_cache_copy_blocks", c_int, _P, _P, _P, _I32)
 kva_cache_swap_blocks = _proto("kva_cache_swap_blocks", c_int, _P, _P, _P, _P, _I32)
 
@@ -232,6 +233,9 @@ kva_batch_reorder_decode_first = _proto(
 
 kva_attention_run = _proto("kva_attention_run", c_int, _P, _P, _P, _P, _P, _P, _P)
 kva_mla_run = _proto("kva_mla_run", c_int, _P, _P, _P, _P, _P, _P, _P, _P)
+kva_mla_sparse_run = _proto(
+    "kva_mla_sparse_run", c_int, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _P
+)
 kva_attention_run_ragged = _proto("kva_attention_run_ragged", c_int, _P, _P, _P, _P, _P, _P, _P, _P)
 kva_merge_states = _proto(
     "kva_merge_states", c_int, _P, _I32, _I32, _I32, c_int, _P, _P, _P, _P, _P, _P

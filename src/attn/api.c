@@ -101,6 +101,29 @@ static kva_status check_aligned_tensors(const kva_plan *plan, const void *q, con
     return KVA_STATUS_OK;
 }
 
+/* The dense runs (kva_attention_run, kva_mla_run) refuse indexer plans
+ * (kva_indexer_run's), sparse plans and fp8_ds_mla caches, which only
+ * kva_mla_sparse_run reads. */
+static kva_status check_dense(const char *fn, const kva_plan *plan, const kva_cache *cache)
+{
+    if (plan->d.kind == KVA_ATTN_INDEX)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: the plan is an indexer plan (kind KVA_ATTN_INDEX): run it with "
+                         "kva_indexer_run",
+                         fn);
+    if (plan->d.sparse_topk > 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: the plan is a sparse MLA plan (sparse_topk = %d): run it with "
+                         "kva_mla_sparse_run",
+                         fn, (int)plan->d.sparse_topk);
+    if (cache->desc.quant == KVA_QUANT_FP8_DS_MLA)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: the cache is an fp8_ds_mla cache, which sparse MLA plans read "
+                         "(kva_mla_sparse_run) and dense plans do not",
+                         fn);
+    return KVA_STATUS_OK;
+}
+
 kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, const void *q,
                              const kva_cache *cache, const float *sinks, void *out, float *lse)
 {
@@ -115,13 +138,10 @@ kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, const void 
     }
     KVA_TRY(check_plan_for_context(__func__, ctx, plan));
     KVA_TRY(check_cache_for_plan(__func__, ctx, plan, cache));
+    KVA_TRY(check_dense(__func__, plan, cache));
     if (T == 0)
         return KVA_STATUS_OK;
     KVA_TRY(check_aligned_tensors(plan, q, NULL, NULL, sinks, out, lse));
-    if (plan->d.kind == KVA_ATTN_INDEX)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_attention_run: the plan is an indexer plan (kind KVA_ATTN_INDEX): "
-                         "run it with kva_indexer_run");
     /* MLA plans were refused at plan time by a backend without MLA kernels. */
     if (plan->d.kind == KVA_ATTN_MLA)
         return ctx->ops->mla_attention_paged(ctx, plan, q, cache, sinks, out, lse);
@@ -147,6 +167,8 @@ kva_status kva_mla_run(kva_context *ctx, const kva_plan *plan, const void *q, co
     if (plan->d.kind != KVA_ATTN_MLA)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_mla_run: plan kind = %d is not KVA_ATTN_MLA", (int)plan->d.kind);
+    if (plan->d.sparse_topk > 0)
+        return check_dense(__func__, plan, cache);
     if (plan->d.mla_qk_nope_head_dim == 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_mla_run: the plan was built without mla_qk_nope_head_dim / "
@@ -160,12 +182,90 @@ kva_status kva_mla_run(kva_context *ctx, const kva_plan *plan, const void *q, co
     }
     KVA_TRY(check_plan_for_context(__func__, ctx, plan));
     KVA_TRY(check_cache_for_plan(__func__, ctx, plan, cache));
+    KVA_TRY(check_dense(__func__, plan, cache));
     if (T == 0)
         return KVA_STATUS_OK;
     KVA_TRY(check_aligned_tensors(plan, q, w_uk, w_uv, NULL, out, lse));
     /* Plans with MLA head sizes were refused at plan time by a backend
      * without the layer-level call. */
     return ctx->ops->mla_run(ctx, plan, q, w_uk, w_uv, cache, out, lse);
+}
+
+/* Host backends read indices and topk_length in host memory: every row a
+ * run reads is checked before anything is written. Row t of request r
+ * reads its first topk_length[t] entries (all K without topk_length), each
+ * -1 or a position below seq_len. */
+static kva_status check_sparse_indices(const kva_plan *plan, const int32_t *indices, int64_t stride,
+                                       const int32_t *topk_length)
+{
+    const int32_t K = plan->d.sparse_topk;
+    for (int32_t r = 0; r < plan->d.num_requests; r++) {
+        const int32_t s = plan->seq_lens[r];
+        for (int32_t t = plan->query_start_loc[r]; t < plan->query_start_loc[r + 1]; t++) {
+            int32_t n = K;
+            if (topk_length) {
+                n = topk_length[t];
+                if (n < 0 || n > K)
+                    return kva__fail(KVA_STATUS_OUT_OF_RANGE,
+                                     "kva_mla_sparse_run: topk_length[%d] = %d is outside [0, "
+                                     "%d] (sparse_topk); nothing was written",
+                                     (int)t, (int)n, (int)K);
+            }
+            const int32_t *row = indices + (int64_t)t * stride;
+            for (int32_t e = 0; e < n; e++)
+                if (row[e] < -1 || row[e] >= s)
+                    return kva__fail(KVA_STATUS_OUT_OF_RANGE,
+                                     "kva_mla_sparse_run: indices[token %d, entry %d] = %d is "
+                                     "outside [-1, %d) (request %d's seq_len %d; -1 = unused); "
+                                     "nothing was written",
+                                     (int)t, (int)e, (int)row[e], (int)s, (int)r, (int)s);
+        }
+    }
+    return KVA_STATUS_OK;
+}
+
+kva_status kva_mla_sparse_run(kva_context *ctx, const kva_plan *plan, const void *q,
+                              const kva_cache *cache, const int32_t *indices,
+                              int64_t indices_stride, const int32_t *topk_length,
+                              const float *sinks, void *out, float *lse)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(plan);
+    KVA_CHECK_PTR(cache);
+    if (plan->d.kind != KVA_ATTN_MLA || plan->d.sparse_topk <= 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_mla_sparse_run: plan kind = %d, sparse_topk = %d: a sparse MLA plan "
+                         "has kind KVA_ATTN_MLA and sparse_topk > 0 (dense plans run with "
+                         "kva_attention_run)",
+                         (int)plan->d.kind, (int)plan->d.sparse_topk);
+    const int32_t T = plan->info.num_tokens, K = plan->d.sparse_topk;
+    if (indices_stride == 0)
+        indices_stride = K;
+    if (indices_stride < K || (T > 1 && indices_stride > (INT64_MAX / 4 - K) / (T - 1)))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_mla_sparse_run: indices_stride = %lld: must be 0 (= K) or at least "
+                         "K = %d, and the last row must fit the address space",
+                         (long long)indices_stride, (int)K);
+    if (T > 0) {
+        KVA_CHECK_PTR(q);
+        KVA_CHECK_PTR(indices);
+        KVA_CHECK_PTR(out);
+    }
+    KVA_TRY(check_plan_for_context(__func__, ctx, plan));
+    KVA_TRY(check_cache_for_plan(__func__, ctx, plan, cache));
+    if (T == 0)
+        return KVA_STATUS_OK;
+    KVA_TRY(check_aligned_tensors(plan, q, NULL, NULL, sinks, out, lse));
+    KVA_CHECK_ALIGNED(indices, sizeof(int32_t));
+    KVA_CHECK_ALIGNED(topk_length, sizeof(int32_t));
+    /* Device backends cannot read device indices here; their kernels treat
+     * out-of-range entries as unused (kvattn_mla.h). */
+    if (ctx->ops->memory->host)
+        KVA_TRY(check_sparse_indices(plan, indices, indices_stride, topk_length));
+    /* Sparse plans were refused at plan time by a backend without the kernel. */
+    return ctx->ops->mla_sparse(ctx, plan, q, cache, indices, indices_stride, topk_length, sinks,
+                                out, lse);
 }
 
 kva_status kva_attention_run_ragged(kva_context *ctx, const kva_plan *plan, const void *q,
@@ -321,38 +421,6 @@ kva_status kva_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_t
                          ops_name(ctx));
     return ctx->ops->merge_states_n(ctx, num_parts, num_tokens, num_heads, head_dim_v, dtype, outs,
                                     out_stride, lses, lse_stride, out, lse_out);
-}
-
-/* Declared in kvattn.h / kvattn_mla.h, being built (issue 17): no plan or
- * cache of these kinds can be created yet, so these only check their
- * handles and refuse. */
-kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
-                          const int64_t *slot_mapping, void *k, int64_t k_token_stride, void *v,
-                          int64_t v_token_stride, kva_dtype dst_dtype)
-{
-    kva__clear_error();
-    KVA_CHECK_PTR(ctx);
-    KVA_CHECK_PTR(cache);
-    if (cache->desc.kind == KVA_ATTN_INDEX) /* src/cache/index_cache.c */
-        return kva__index_cache_read(ctx, cache, num_tokens, slot_mapping, k, k_token_stride, v,
-                                     v_token_stride, dst_dtype);
-    (void)num_tokens, (void)slot_mapping, (void)k, (void)k_token_stride, (void)v,
-        (void)v_token_stride, (void)dst_dtype;
-    return kva__fail(KVA_STATUS_UNSUPPORTED, "kva_cache_read: not in this build yet");
-}
-
-kva_status kva_mla_sparse_run(kva_context *ctx, const kva_plan *plan, const void *q,
-                              const kva_cache *cache, const int32_t *indices,
-                              int64_t indices_stride, const int32_t *topk_length,
-                              const float *sinks, void *out, float *lse)
-{
-    kva__clear_error();
-    KVA_CHECK_PTR(ctx);
-    KVA_CHECK_PTR(plan);
-    KVA_CHECK_PTR(cache);
-    (void)q, (void)indices, (void)indices_stride, (void)topk_length, (void)sinks, (void)out,
-        (void)lse;
-    return kva__fail(KVA_STATUS_UNSUPPORTED, "kva_mla_sparse_run: not in this build yet");
 }
 
 /* The indexer (kvattn_mla.h): O(1) checks as every run, then the backend.

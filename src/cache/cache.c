@@ -50,11 +50,18 @@ static kva_status validate_mla(const char *fn, const kva_cache_desc *d)
                          "%s: desc->head_dim_v = %d, but an MLA cache needs head_dim_v = Dc "
                          "(kv_lora_rank) given and below head_dim = Dc + Dr = %d",
                          fn, (int)d->head_dim_v, (int)d->head_dim);
-    if (d->quant != KVA_QUANT_NONE && d->quant != KVA_QUANT_FP8_E4M3)
+    if (d->quant != KVA_QUANT_NONE && d->quant != KVA_QUANT_FP8_E4M3 &&
+        d->quant != KVA_QUANT_FP8_DS_MLA)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "%s: desc->quant = %s: MLA caches are unquantized (f32, f16, bf16) or "
-                         "fp8_e4m3",
+                         "%s: desc->quant = %s: MLA caches are unquantized (f32, f16, bf16), "
+                         "fp8_e4m3 or fp8_ds_mla",
                          fn, kva_quant_name(d->quant));
+    /* fp8_ds_mla scales c_kv per tile of 128 values: Dc must hold whole tiles. */
+    if (d->quant == KVA_QUANT_FP8_DS_MLA && d->head_dim_v % KVA__DS_MLA_TILE != 0)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: desc->head_dim_v = %d: an fp8_ds_mla cache needs Dc a multiple of "
+                         "%d (one float32 scale per tile of %d c_kv values)",
+                         fn, (int)d->head_dim_v, KVA__DS_MLA_TILE, KVA__DS_MLA_TILE);
     return KVA_STATUS_OK;
 }
 
@@ -105,14 +112,13 @@ static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cac
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: desc->kind = %d is not a kva_attn_kind (0 .. %d)", fn, (int)d->kind,
                          (int)KVA_ATTN_KIND_COUNT_ - 1);
-    /* Declared in kvattn.h, being built (issue 17): refused until then. */
-    if (d->quant == KVA_QUANT_FP8_DS_MLA)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "%s: desc->kind = %d, quant = %s: the fp8_ds_mla format is not in this "
-                         "build yet",
-                         fn, (int)d->kind, kva_quant_name(d->quant));
     if (d->kind == KVA_ATTN_MLA)
         KVA_TRY(validate_mla(fn, d));
+    else if (d->quant == KVA_QUANT_FP8_DS_MLA)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: desc->quant = fp8_ds_mla with kind = %d: the format holds latent "
+                         "rows, for kind KVA_ATTN_MLA caches only",
+                         fn, (int)d->kind);
     if (d->kind == KVA_ATTN_INDEX)
         KVA_TRY(kva__index_cache_validate(fn, d));
     else if (d->quant == KVA_QUANT_FP8_TOKEN)
@@ -135,7 +141,8 @@ static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cac
                              fn, kva_dtype_name(d->dtype), kva_quant_name(d->quant));
         k_dtype = KVA_DTYPE_I8;
     } else {
-        const kva_dtype want = d->quant == KVA_QUANT_FP8_E4M3 || d->quant == KVA_QUANT_FP8_TOKEN
+        const kva_dtype want = d->quant == KVA_QUANT_FP8_E4M3 || d->quant == KVA_QUANT_FP8_TOKEN ||
+                                       d->quant == KVA_QUANT_FP8_DS_MLA
                                    ? KVA_DTYPE_FP8_E4M3
                                    : KVA_DTYPE_I8;
         if (d->dtype != want)
@@ -150,9 +157,12 @@ static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cac
     const uint64_t limit = (uint64_t)PTRDIFF_MAX;
     uint64_t rows = 0, kb = 0, vb = 0, tb = 0;
     size_t elem = kva_dtype_size(k_dtype), v_elem = kva_dtype_size(d->dtype);
-    /* MLA and index-key caches keep no V rows; an FP8_TOKEN row carries its
-     * float32 scale (D + 4 bytes). */
-    const uint64_t k_row = (uint64_t)d->head_dim * elem + kva__index_scale_bytes(d);
+    /* Bytes of one kv head's K row: D elements, an fp8_ds_mla row, or an
+     * FP8_TOKEN row with its float32 scale (D + 4 bytes). MLA and index-key
+     * caches keep no V rows. */
+    const uint64_t k_row = d->quant == KVA_QUANT_FP8_DS_MLA
+                               ? (uint64_t)kva__ds_mla_row_bytes(d->head_dim, d->head_dim_v)
+                               : (uint64_t)d->head_dim * elem + kva__index_scale_bytes(d);
     int ok = mul_within((uint64_t)d->num_blocks, (uint64_t)d->block_size, limit, &rows) &&
              mul_within(rows, (uint64_t)d->num_kv_heads, limit, &rows) &&
              mul_within(rows, k_row, limit, &kb) &&
@@ -210,6 +220,10 @@ static kva_status new_handle(const char *fn, kva_context *ctx, const kva_cache_d
     c->k_block_elems = rows * resolved->head_dim;
     /* An FP8_TOKEN block ends with its B float32 scales (1-byte elements). */
     c->k_block_elems += rows * (int64_t)kva__index_scale_bytes(resolved);
+    /* fp8_ds_mla rows are bytes of mixed types (codes, scales, bf16): the
+     * block is B rows of kva__ds_mla_row_bytes 1-byte elements. */
+    if (resolved->quant == KVA_QUANT_FP8_DS_MLA)
+        c->k_block_elems = rows * kva__ds_mla_row_bytes(resolved->head_dim, resolved->head_dim_v);
     /* An MLA cache keeps its values inside the K rows, an index-key cache
      * has none: no V storage. */
     c->v_block_elems = resolved->kind != KVA_ATTN_MHA ? 0 : rows * resolved->head_dim_v;

@@ -181,6 +181,13 @@ static void write_latent(const kva_cache *c, int64_t block, int64_t off, const c
             row[i] = kva__load_f(ckv, src_dt, (size_t)i);
         for (int64_t i = 0; i < Dr; i++)
             row[Dc + i] = kva__load_f(kpe, src_dt, (size_t)i);
+        if (d->quant == KVA_QUANT_FP8_DS_MLA) {
+            /* One kva__ds_mla_row_bytes row per slot (Hkv = 1). */
+            uint8_t *dst =
+                (uint8_t *)c->k + (block * d->block_size + off) * kva__ds_mla_row_bytes(D, Dc);
+            kva__ds_mla_quantize_row(dst, row, row + Dc, Dc, Dr);
+            return;
+        }
         kva__quant_write_token(c, 0, block, off, (const char *)row, KVA_DTYPE_F32);
         return;
     }

@@ -86,4 +86,5 @@ const kva__memory_ops kva__host_memory = {
     .cache_free = host_cache_free,
     .cache_write = kva__host_cache_write,
     .copy_blocks = kva__host_copy_blocks,
+    .cache_read = kva__host_cache_read,
 };

@@ -117,6 +117,17 @@ kva_status kva__quant_params_expand(const char *fn, const kva_cache_desc *d,
                              fn);
         return KVA_STATUS_OK;
     }
+    /* fp8_ds_mla carries its scales in the rows: no static arrays. */
+    if (q == KVA_QUANT_FP8_DS_MLA) {
+        if (params &&
+            (params->k_scale || params->k_scale_len || params->k_offset || params->k_offset_len ||
+             params->v_scale || params->v_scale_len || params->v_offset || params->v_offset_len))
+            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                             "%s: params has static scales but quant fp8_ds_mla keeps one scale "
+                             "per 128 c_kv values inside each row (pass NULL)",
+                             fn);
+        return KVA_STATUS_OK;
+    }
     kva_quant_params none;
     memset(&none, 0, sizeof none);
     const kva_quant_params *p = params ? params : &none;

@@ -268,6 +268,29 @@ static inline int64_t kva__cache_v_dim(const kva_cache_desc *d)
 
 /* ---- quantized caches (src/cache/quant.c) ---- */
 
+/* FP8_DS_MLA (FlashMLA's fp8_ds_mla, include/kvattn.h): c_kv values per
+ * float32 scale, and the bytes of one token's row for D = Dc + Dr: Dc e4m3
+ * codes, Dc / 128 float32 scales, Dr bf16 values of k_pe (DeepSeek: 656). */
+#define KVA__DS_MLA_TILE 128
+static inline int64_t kva__ds_mla_row_bytes(int64_t D, int64_t Dc)
+{
+    return Dc + 4 * (Dc / KVA__DS_MLA_TILE) + 2 * (D - Dc);
+}
+/* Quantizes one latent row, c_kv [Dc] and k_pe [Dr] in float32, into the
+ * fp8_ds_mla row dst [kva__ds_mla_row_bytes] (src/cache/ds_mla.c): per tile
+ * s = max(amax / 448, FLT_MIN), codes fp8(x / s), k_pe as bf16 (rne). */
+void kva__ds_mla_quantize_row(uint8_t *dst, const float *ckv, const float *kpe, int64_t Dc,
+                              int64_t Dr);
+/* Dequantizes an fp8_ds_mla row into ckv [Dc] (code * scale, float32) and
+ * kpe [Dr] (bf16 -> float32, exact); either may be NULL. */
+void kva__ds_mla_dequantize_row(const uint8_t *row, float *ckv, float *kpe, int64_t Dc, int64_t Dr);
+/* The host memory space's kva_cache_read (src/cache/cache_read.c), also the
+ * gather of the host backends' separate sparse prefill: slots already
+ * checked (< NB*B; negative ones skipped), strides in dst elements. */
+kva_status kva__host_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
+                                const int64_t *slot_mapping, void *k, int64_t k_stride, void *v,
+                                int64_t v_stride, kva_dtype dst_dtype);
+
 /* Validates params for the resolved descriptor d and expands them into one
  * allocation of [Hkv*D] k_scale, k_offset, [Hkv*Dv] v_scale, v_offset (in that
  * order), stored in *out (NULL for KVA_QUANT_NONE). fn names the caller. */
@@ -390,6 +413,14 @@ typedef struct kva__cascade {
     size_t off_q, off_out, off_lse, off_lse_suf, off_tmp, off_idx; /* bytes into aux->workspace */
     size_t aux_bytes;                                              /* aux workspace the run needs */
 } kva__cascade;
+
+/* Sparse MLA plans (d.sparse_topk > 0): the rows the separate mode
+ * (KVA_SPARSE_SEPARATE) gathers into the workspace at once, the longest
+ * seq_len of the plan's prefill requests (q_len > decode_threshold); 0 for
+ * a MIXED plan or one without prefills (src/plan/plan.c). A backend's
+ * plan_build reserves this many dense latent rows [rows, D] in its gather
+ * dtype. */
+int64_t kva__sparse_gather_rows(const kva_plan *p);
 
 /* Decides and builds the cascade of plan p (classified, not yet built) from
  * desc: validates a given grouping, finds or takes the groups, runs the cost

@@ -142,6 +142,48 @@ static kva_status check_index(const kva_plan_desc *d)
     return KVA_STATUS_OK;
 }
 
+/* The relations of a sparse MLA plan (sparse_topk > 0, kvattn_mla.h): K
+ * within KVA_MAX_TOPK, kind KVA_ATTN_MLA, a kva_sparse_mode, and none of the
+ * features the index list replaces or the sparse kernels do not take (the
+ * MLA masks are refused by check_mla). */
+static kva_status check_sparse(const kva_plan_desc *d)
+{
+    static const char fn[] = "kva_plan_create";
+    if (d->sparse_topk < 0 || d->sparse_topk > KVA_MAX_TOPK)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: sparse_topk = %d is outside [0, %d] (KVA_MAX_TOPK; 0 = dense)", fn,
+                         (int)d->sparse_topk, KVA_MAX_TOPK);
+    if (d->sparse_topk == 0) {
+        if (d->sparse_mode != 0)
+            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                             "%s: sparse_mode = %d on a dense plan (sparse_topk = 0): must be 0",
+                             fn, (int)d->sparse_mode);
+        return KVA_STATUS_OK;
+    }
+    if (d->kind != KVA_ATTN_MLA)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: sparse_topk = %d with kind = %d: sparse attention plans have kind "
+                         "KVA_ATTN_MLA",
+                         fn, (int)d->sparse_topk, (int)d->kind);
+    if ((unsigned)d->sparse_mode >= (unsigned)KVA_SPARSE_MODE_COUNT_)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: sparse_mode = %d is not a kva_sparse_mode (0 .. %d)", fn,
+                         (int)d->sparse_mode, (int)KVA_SPARSE_MODE_COUNT_ - 1);
+    if (d->mla_qk_nope_head_dim != 0 || d->mla_v_head_dim != 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: sparse_topk = %d with mla_qk_nope_head_dim = %d, mla_v_head_dim = "
+                         "%d: sparse plans run the absorbed call only (both must be 0)",
+                         fn, (int)d->sparse_topk, (int)d->mla_qk_nope_head_dim,
+                         (int)d->mla_v_head_dim);
+    if (d->dcp_size > 1 || d->tree_parents || d->tree_mask || d->cascade == KVA_CASCADE_ON ||
+        d->num_cascade_groups != 0 || d->cascade_group)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: sparse_topk = %d: sparse plans take no DCP sharding (dcp_size = "
+                         "%d), draft tree or cascade",
+                         fn, (int)d->sparse_topk, (int)d->dcp_size);
+    return KVA_STATUS_OK;
+}
+
 /* Checks the attention shape and semantics (everything but the batch arrays). */
 static kva_status check_scalars(const kva_plan_desc *d)
 {
@@ -181,14 +223,10 @@ static kva_status check_scalars(const kva_plan_desc *d)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_plan_create: kind = %d is not a kva_attn_kind (0 .. %d)",
                          (int)d->kind, (int)KVA_ATTN_KIND_COUNT_ - 1);
-    /* Declared in kvattn.h, being built (issue 17): refused until then. */
-    if (d->kind != KVA_ATTN_INDEX && (d->sparse_topk != 0 || d->sparse_mode != 0))
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_plan_create: kind = %d, sparse_topk = %d, sparse_mode = %d: sparse "
-                         "MLA and indexer plans are not in this build yet",
-                         (int)d->kind, (int)d->sparse_topk, (int)d->sparse_mode);
     if (d->kind == KVA_ATTN_INDEX)
         KVA_TRY(check_index(d));
+    else
+        KVA_TRY(check_sparse(d));
     if (d->kind == KVA_ATTN_MLA)
         KVA_TRY(check_mla(d));
     else if (d->mla_qk_nope_head_dim != 0 || d->mla_v_head_dim != 0)
@@ -428,6 +466,15 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_plan_create: kind = KVA_ATTN_MLA: backend '%s' has no MLA kernels",
                          kva_backend_name(ctx->backend));
+    if (desc->sparse_topk > 0 && (!ctx->ops || !ctx->ops->mla_sparse))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: sparse_topk = %d: backend '%s' has no sparse MLA "
+                         "kernels",
+                         (int)desc->sparse_topk, kva_backend_name(ctx->backend));
+    /* The index list is a sparse plan's mask: causal is ignored, so q_len
+     * may exceed seq_len as in a non-causal plan. */
+    if (desc->sparse_topk > 0)
+        dcp.causal = 0;
     if (desc->kind == KVA_ATTN_MLA && desc->mla_qk_nope_head_dim != 0 &&
         (!ctx->ops || !ctx->ops->mla_run))
         return kva__fail(KVA_STATUS_UNSUPPORTED,
@@ -440,7 +487,7 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
                          "kva_plan_create: kind = KVA_ATTN_INDEX: backend '%s' has no indexer",
                          kva_backend_name(ctx->backend));
     int32_t max_block_id = -1;
-    KVA_TRY(check_batch(desc, &dcp, &max_block_id));
+    KVA_TRY(check_batch(&dcp, &dcp, &max_block_id));
     uint64_t *tree_bits = NULL;
     KVA_TRY(kva__plan_tree_bits(desc, &tree_bits));
 
@@ -510,7 +557,7 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
         p->d.window_left = -1; /* wider than any sequence: excludes nothing */
     if (p->d.decode_threshold == 0)
         p->d.decode_threshold = 1;
-    p->d.causal = desc->causal != 0;
+    p->d.causal = dcp.causal != 0;
     classify(p);
 
     /* A cascade plan runs as two plans of its own (src/plan/cascade.c). */
@@ -542,6 +589,19 @@ void kva_plan_destroy(kva_plan *plan)
     if (plan->ops && plan->ops->plan_release)
         plan->ops->plan_release(plan);
     free_plan(plan);
+}
+
+int64_t kva__sparse_gather_rows(const kva_plan *p)
+{
+    if (p->d.sparse_topk <= 0 || p->d.sparse_mode != KVA_SPARSE_SEPARATE)
+        return 0;
+    int64_t rows = 0;
+    for (int32_t r = 0; r < p->d.num_requests; r++) {
+        const int32_t q = p->query_start_loc[r + 1] - p->query_start_loc[r];
+        if (q > p->d.decode_threshold && p->seq_lens[r] > rows)
+            rows = p->seq_lens[r];
+    }
+    return rows;
 }
 
 kva_status kva_plan_get_info(const kva_plan *plan, kva_plan_info *out)

@@ -48,6 +48,7 @@ static const kva__kernel_info kernels[] = {
 #endif
     {"mla_portable",       KVA__KERNEL_MLA,     NULL},
 #if KVA_X86_SIMD
+    {"mla_avx2",           KVA__KERNEL_MLA,     usable_avx2},
     {"mla_avx512",         KVA__KERNEL_MLA,     usable_avx512},
 #endif
 };
@@ -67,6 +68,7 @@ static const cpu_kernel impls[] = {
     /* MLA items run through kva__cpu_plan_mla_item (mla_cpu.c's entry). */
     {NULL,                           NULL,                           KVA__ISA_PORTABLE},
 #if KVA_X86_SIMD
+    {NULL,                           NULL,                           KVA__ISA_AVX2},
     {NULL,                           NULL,                           KVA__ISA_AVX512},
 #endif
 };
@@ -125,6 +127,8 @@ kva__cpu_mla_item_fn kva__cpu_plan_mla_item(const kva_plan *plan)
     const int32_t v = plan->part->variant_mla;
     if (v >= 1 && v <= NUM_KERNELS && impls[v - 1].isa >= KVA__ISA_AVX512)
         return kva__cpu_mla_item_avx512;
+    if (v >= 1 && v <= NUM_KERNELS && impls[v - 1].isa >= KVA__ISA_AVX2)
+        return kva__cpu_mla_item_avx2;
 #else
     (void)plan;
 #endif
@@ -276,7 +280,9 @@ static kva_status cpu_plan_build(kva_context *ctx, kva_plan *plan)
     KVA_TRY(kva__cpu_plan_partition(ctx, plan, &pp));
     /* A plan with MLA head sizes also serves kva_mla_run (mla_cpu.c), whose
      * per-thread scratch shares the workspace with the partition's. */
-    const size_t mla = kva__cpu_mla_workspace(ctx, plan, pp.num_threads);
+    size_t mla = kva__cpu_mla_workspace(ctx, plan, pp.num_threads);
+    const size_t sparse = kva__cpu_sparse_workspace(plan, pp.num_threads);
+    mla = sparse > mla ? sparse : mla;
     if (mla > plan->workspace_bytes) {
         KVA_TRY(kva__context_reserve_workspace(ctx, mla));
         plan->workspace_bytes = mla;
@@ -418,6 +424,7 @@ const kva__backend_ops kva__cpu_ops = {
      * decode and prefill kernels run the absorbed math unchanged. */
     .mla_attention_paged = cpu_attention_paged,
     .mla_run = kva__cpu_mla_run,
+    .mla_sparse = kva__cpu_mla_sparse,
     .max_head_dim = KVA_MAX_HEAD_DIM,
     .memory = &kva__host_memory,
     .kernels = kernels,

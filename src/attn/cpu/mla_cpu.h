@@ -7,8 +7,10 @@
  * fewer items than twice its threads, each absorbed item's keys are split
  * into pieces run in parallel and merged by their LSE (split-KV). The item
  * bodies (mla_items.inc) are compiled once per ISA: mla_portable.c (plain
- * C) and mla_avx512.c (the same C, auto-vectorized for AVX-512), the kernel
- * registry's "mla_portable" and "mla_avx512" (cpu_ops.c).
+ * C), mla_avx2.c and mla_avx512.c (the same C, auto-vectorized for AVX2 /
+ * AVX-512), the kernel registry's "mla_portable", "mla_avx2" and
+ * "mla_avx512" (cpu_ops.c). Sparse MLA runs the same items
+ * (mla_sparse_cpu.c).
  */
 #ifndef KVA_MLA_CPU_H
 #define KVA_MLA_CPU_H
@@ -37,6 +39,15 @@ typedef struct kva__cpu_mla {
     int32_t H, D, Dc, Dr, Dn, Dv;
     int32_t max_q_len;  /* rows of the compute-friendly path's per-head state */
     float fp8_lut[256]; /* FP8 caches: code -> value * the cache's k scale */
+    /* Sparse runs (kva_mla_sparse_run; idx NULL otherwise, Dn 0, Dv = Dc):
+     * indices [T, idx_stride], topk_len [T] or NULL, sinks [H] or NULL, and
+     * the bf16 rows [seq_len, D] a separate prefill gathered for the
+     * request being run, or NULL (read the cache). */
+    const int32_t *idx;
+    int64_t idx_stride;
+    const int32_t *topk_len;
+    const float *sinks;
+    const uint16_t *gather;
 } kva__cpu_mla;
 
 /* One work item: request r, heads h0 .. h0 + nh - 1; absorbed = 1 for the
@@ -49,6 +60,7 @@ typedef struct kva__cpu_mla {
  * and stores the rows. */
 typedef struct kva__cpu_mla_item {
     int32_t r, h0, nh, absorbed;
+    int32_t t; /* sparse items: the query token */
     int32_t split, piece;
     int64_t k0, k1;
     float *qa;      /* [Mp, D] absorbed queries of a split item, or NULL */
@@ -102,8 +114,19 @@ size_t kva__cpu_mla_workspace(const kva_context *ctx, const kva_plan *plan, int3
 kva_status kva__cpu_mla_run(kva_context *ctx, const kva_plan *plan, const void *q, const void *w_uk,
                             const void *w_uv, const kva_cache *cache, void *out, float *lse);
 
+/* Sparse MLA (mla_sparse_cpu.c): workspace bytes of a sparse plan built
+ * on ctx with nt threads (nt scratch areas of kva__cpu_mla_floats(1, heads
+ * of an item, ...), then the separate mode's gathered bf16 rows), and the
+ * run (kva__backend_ops.mla_sparse). */
+size_t kva__cpu_sparse_workspace(const kva_plan *plan, int32_t nt);
+kva_status kva__cpu_mla_sparse(kva_context *ctx, const kva_plan *plan, const void *q,
+                               const kva_cache *cache, const int32_t *indices,
+                               int64_t indices_stride, const int32_t *topk_length,
+                               const float *sinks, void *out, float *lse);
+
 /* Runs one item with the given scratch (kva__cpu_mla_scratch_bytes bytes). */
 void kva__cpu_mla_item_portable(const kva__cpu_mla *m, const kva__cpu_mla_item *it, float *scratch);
+void kva__cpu_mla_item_avx2(const kva__cpu_mla *m, const kva__cpu_mla_item *it, float *scratch);
 void kva__cpu_mla_item_avx512(const kva__cpu_mla *m, const kva__cpu_mla_item *it, float *scratch);
 /* The item entry of the plan's MLA kernel (registry family KVA__KERNEL_MLA,
  * chosen when the plan was built; cpu_ops.c). */

@@ -17,6 +17,7 @@
  */
 extern "C" {
 #include "cuda_backend.h"
+#include "mla_sparse.h"
 }
 #include "cuda_check.h"
 
@@ -139,15 +140,20 @@ extern "C" kva_status kva__cuda_cache_alloc(kva_context *ctx, kva_cache *c)
                          "kva_cache_create: head_dim = %d, head_dim_v = %d: the CUDA backend's "
                          "attention kernels take head sizes up to 256 (576 / 512 for MLA caches)",
                          (int)d->head_dim, (int)d->head_dim_v);
-    if (mla && d->quant != KVA_QUANT_NONE)
+    if (mla && d->quant != KVA_QUANT_NONE && d->quant != KVA_QUANT_FP8_DS_MLA)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_cache_create: quant = %s: the CUDA backend's MLA caches are "
-                         "unquantized (f32, f16, bf16)",
+                         "unquantized (f32, f16, bf16) or fp8_ds_mla",
                          kva_quant_name(d->quant));
     const size_t nb = (size_t)d->num_blocks;
     void *p = NULL;
     c->owns_memory = 1;
-    KVA_TRY(kva__cuda_alloc(ctx, nb * (size_t)c->k_block_elems * c->elem_size, &p));
+    /* fp8_ds_mla: B byte rows per block (cache_ds_mla.cu), no scale arrays. */
+    const size_t kbytes =
+        d->quant == KVA_QUANT_FP8_DS_MLA
+            ? nb * (size_t)d->block_size * (size_t)kva__ds_mla_row_bytes(d->head_dim, d->head_dim_v)
+            : nb * (size_t)c->k_block_elems * c->elem_size;
+    KVA_TRY(kva__cuda_alloc(ctx, kbytes, &p));
     c->k = p;
     if (mla) { /* the values are the first Dc columns of the latent rows */
         c->v = c->k;
@@ -182,6 +188,9 @@ extern "C" kva_status kva__cuda_cache_write(kva_context *ctx, kva_cache *cache, 
     if (cache->desc.kind == KVA_ATTN_INDEX) /* index_cache.cu */
         return kva__cuda_index_cache_write(ctx, cache, num_tokens, k, k_stride, src_dtype,
                                            slot_mapping);
+    if (cache->desc.quant == KVA_QUANT_FP8_DS_MLA) /* cache_ds_mla.cu */
+        return kva__cuda_ds_mla_write(ctx, cache, num_tokens, k, k_stride, v, v_stride, src_dtype,
+                                      slot_mapping);
     if (cache->desc.quant != KVA_QUANT_NONE) /* cache_quant.cu */
         return kva__cuda_cache_write_quant(ctx, cache, num_tokens, k, k_stride, v, v_stride,
                                            src_dtype, slot_mapping);

@@ -208,14 +208,14 @@ kva_status kva__cuda_indexer_probe(kva_context *ctx, const kva_plan *plan, const
                                    double *bytes);
 /* Index-key caches in device memory (index_cache.cu): storage (v aliases k),
  * the write (k [T, D] rows at k_stride elements; slots past the cache
- * skipped) and the memory table's read-back (index-key caches only). */
+ * skipped) and their read-back (called by kva__cuda_cache_read). */
 kva_status kva__cuda_index_cache_alloc(kva_context *ctx, kva_cache *c);
 kva_status kva__cuda_index_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
                                        const void *k, int64_t k_stride, kva_dtype src_dtype,
                                        const int64_t *slot_mapping);
-kva_status kva__cuda_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
-                                const int64_t *slot_mapping, void *k, int64_t k_stride, void *v,
-                                int64_t v_stride, kva_dtype dst_dtype);
+kva_status kva__cuda_index_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
+                                      const int64_t *slot_mapping, void *k, int64_t k_stride,
+                                      kva_dtype dst_dtype);
 
 /* kva_cache_write into a quantized device cache (cache_quant.cu); arguments
  * as kva__cuda_cache_write's. */

@@ -22,6 +22,7 @@
 extern "C" {
 #include "cuda_backend.h"
 #include "mla_run.h"
+#include "mla_sparse.h"
 #include "partition.h"
 #include "prefill_mma.h"
 }
@@ -629,10 +630,64 @@ static kva_status dcp_accept(kva_plan *plan, int *global)
     return KVA_STATUS_OK;
 }
 
+/* Sparse MLA plans (sparse_topk > 0, mla_sparse.cu): no work partition (the
+ * kernel's items are tokens x head tiles x key splits, from the launch
+ * arguments); the batch arrays are uploaded as for every plan, and the
+ * workspace holds the split partials and the separate mode's dense rows. */
+static kva_status sparse_plan_build(kva_context *ctx, kva_plan *plan)
+{
+    kva__cuda_state *st = state_of(ctx);
+    if (!kva__cuda_sparse_supported(plan))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: the CUDA sparse MLA covers D = 576, Dv = 512 with f16 "
+                         "or bf16 q (got D = %d, Dv = %d, %s)",
+                         (int)plan->d.head_dim, (int)plan->d.head_dim_v,
+                         kva_dtype_name(plan->d.q_dtype));
+    if (!plan->block_table)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: a sparse MLA plan needs a block_table (its index "
+                         "lists are positions, turned into cache slots through it)");
+    kva__partition *part = (kva__partition *)calloc(1, sizeof *part);
+    kva__cuda_plan *cp = (kva__cuda_plan *)calloc(1, sizeof *cp);
+    if (!part || !cp) {
+        free(part);
+        free(cp);
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_plan_create: out of memory");
+    }
+    plan->part = part; /* released by cuda_plan_release on any failure below */
+    plan->device = cp;
+    const int32_t R = plan->d.num_requests;
+    kva__cuda_caps need;
+    memset(&need, 0, sizeof need);
+    need.reqs = R;
+    need.bt = (int64_t)R * plan->d.block_table_stride;
+    need.heads = plan->d.num_heads;
+    size_t ws = 0, rows_off = 0;
+    KVA_TRY(kva__cuda_sparse_workspace(ctx, plan, &ws, &rows_off));
+    KVA_TRY(reserve_meta(st, &need));
+    KVA_TRY(reserve_workspace(ctx, ws));
+    if (st->upload_pending) {
+        const cudaError_t e = cudaEventSynchronize((cudaEvent_t)st->upload_event);
+        if (e != cudaSuccess)
+            return kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_plan_create: %s", cudaGetErrorString(e));
+    }
+    st->upload_pending = 0;
+    KVA_TRY(upload_plan(st, plan, part, NULL));
+    st->generation++;
+    cp->generation = st->generation;
+    plan->workspace_bytes = ws;
+    return KVA_STATUS_OK;
+}
+
 static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
 {
     if (plan->d.kind == KVA_ATTN_INDEX) /* indexer.cu: no attention partition */
         return kva__cuda_indexer_plan_build(ctx, plan);
+    if (plan->d.sparse_topk > 0) {
+        KVA_TRY(use_device(state_of(ctx)->device));
+        KVA_TRY(check_not_capturing("kva_plan_create", state_of(ctx)));
+        return sparse_plan_build(ctx, plan);
+    }
     int dcp_global = 0;
     KVA_TRY(dcp_accept(plan, &dcp_global));
     kva__cuda_state *st = state_of(ctx);
@@ -838,6 +893,21 @@ static kva_status cuda_mla_run(kva_context *ctx, const kva_plan *plan, const voi
     return kva__cuda_mla_run(ctx, plan, q, w_uk, w_uv, cache, out, lse);
 }
 
+/* kva_mla_sparse_run: the plan must be the context's latest, the cache on its device. */
+static kva_status cuda_mla_sparse(kva_context *ctx, const kva_plan *plan, const void *q,
+                                  const kva_cache *cache, const int32_t *indices,
+                                  int64_t indices_stride, const int32_t *topk_length,
+                                  const float *sinks, void *out, float *lse)
+{
+    KVA_TRY(check_current("kva_mla_sparse_run", ctx, plan));
+    if (cache->device_id != ctx->device_id)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_mla_sparse_run: cache lives on device %d but the context uses %d",
+                         (int)cache->device_id, (int)ctx->device_id);
+    return kva__cuda_mla_sparse(ctx, plan, q, cache, indices, indices_stride, topk_length, sinks,
+                                out, lse);
+}
+
 static kva_status cuda_attention_ragged(kva_context *ctx, const kva_plan *plan, const void *q,
                                         const void *k, const void *v, const float *sinks, void *out,
                                         float *lse)
@@ -865,7 +935,7 @@ static const kva__memory_ops cuda_memory = {
     kva__cuda_cache_free,  /* cache_free */
     kva__cuda_cache_write, /* cache_write */
     kva__cuda_copy_blocks, /* copy_blocks */
-    kva__cuda_cache_read,  /* cache_read (index_cache.cu: index-key caches) */
+    kva__cuda_cache_read,  /* cache_read (cache_ds_mla.cu; index-key caches: index_cache.cu) */
 };
 
 extern "C" const kva__backend_ops kva__cuda_ops = {
@@ -892,6 +962,6 @@ extern "C" const kva__backend_ops kva__cuda_ops = {
     kva__cuda_cascade_upload, /* cascade_upload */
     kva__cuda_cascade_gather, /* cascade_gather */
     kva__cuda_cascade_merge,  /* cascade_merge */
-    NULL,                     /* mla_sparse */
+    cuda_mla_sparse,          /* mla_sparse (mla_sparse.cu) */
     kva__cuda_indexer,        /* indexer (indexer.cu) */
 };

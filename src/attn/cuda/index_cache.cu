@@ -150,18 +150,11 @@ extern "C" kva_status kva__cuda_index_cache_write(kva_context *ctx, kva_cache *c
     return KVA_STATUS_OK;
 }
 
-extern "C" kva_status kva__cuda_cache_read(kva_context *ctx, const kva_cache *cache,
-                                           int32_t num_tokens, const int64_t *slot_mapping, void *k,
-                                           int64_t k_stride, void *v, int64_t v_stride,
-                                           kva_dtype dst_dtype)
+extern "C" kva_status kva__cuda_index_cache_read(kva_context *ctx, const kva_cache *cache,
+                                                 int32_t num_tokens, const int64_t *slot_mapping,
+                                                 void *k, int64_t k_stride, kva_dtype dst_dtype)
 {
-    (void)v, (void)v_stride;
     const kva_cache_desc *d = &cache->desc;
-    if (d->kind != KVA_ATTN_INDEX)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_cache_read: the CUDA backend reads back index-key caches only (kind "
-                         "%d)",
-                         (int)d->kind);
     if (cache->device_id != ctx->device_id)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_cache_read: cache lives on device %d but the context uses %d",

@@ -144,6 +144,110 @@ ml_finish(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, 
     __syncthreads(); /* s_sum, Q and the ring are rewritten by the next item */
 }
 
+/* mma.sync steps of the kernels with [rows, 576] tiles in layout ml_off<0>
+ * (mla_decode_mma.cu, mla_sparse.cu). S (+)= Q K^T of row tile row0 against
+ * keys key0 .. key0 + 8 NBS - 1 over k-steps kk0 .. kk0 + STEPS - 1 (STEPS
+ * even), in two chains: sa the even k-steps, sb the odd ones. */
+template <typename Ty, int NBS, int STEPS>
+static __device__ __forceinline__ void ml_qk(uint32_t sQ, uint32_t sk, int row0, int key0, int kk0,
+                                             int lane, float (*sa)[4], float (*sb)[4])
+{
+    const int q_r = (lane & 7) + ((lane >> 3) & 1) * 8, q_c = lane >> 4;
+    const int k_r = (lane & 7) + (lane >> 4) * 8, k_c = (lane >> 3) & 1;
+#pragma unroll 4
+    for (int kk = kk0; kk < kk0 + STEPS; kk += 2) {
+        uint32_t qa[4], qb[4];
+        kva__ldsm_x4(sQ + ml_off<0>(row0 + q_r, kk * 2 + q_c), qa);
+        kva__ldsm_x4(sQ + ml_off<0>(row0 + q_r, kk * 2 + 2 + q_c), qb);
+        if (NBS == 1) {
+            /* Keys key0 .. + 7, chunks 2 kk .. 2 kk + 3: two k-steps. */
+            uint32_t kf[4];
+            kva__ldsm_x4(sk + ml_off<0>(key0 + (lane & 7), kk * 2 + (lane >> 3)), kf);
+            Ty::mma(sa[0], qa, kf[0], kf[1]);
+            Ty::mma(sb[0], qb, kf[2], kf[3]);
+        } else {
+#pragma unroll
+            for (int np = 0; np < NBS / 2; np++) {
+                uint32_t kf[4], kh[4];
+                kva__ldsm_x4(sk + ml_off<0>(key0 + np * 16 + k_r, kk * 2 + k_c), kf);
+                kva__ldsm_x4(sk + ml_off<0>(key0 + np * 16 + k_r, kk * 2 + 2 + k_c), kh);
+                Ty::mma(sa[2 * np], qa, kf[0], kf[1]);
+                Ty::mma(sa[2 * np + 1], qa, kf[2], kf[3]);
+                Ty::mma(sb[2 * np], qb, kh[0], kh[1]);
+                Ty::mma(sb[2 * np + 1], qb, kh[2], kh[3]);
+            }
+        }
+    }
+}
+
+/* O += P V: P [16, BN] of row tile row0 (rows P_STRIDE bytes apart at sP, the
+ * input dtype), V = value chunks cc0 .. cc0 + NBO - 1 of the BN rows of the
+ * tile at sk (ldmatrix.trans); o: NBO n8 tiles. */
+template <typename Ty, int BN, int NBO, int P_STRIDE>
+static __device__ __forceinline__ void ml_pv(uint32_t sP, uint32_t sk, int row0, int cc0, int lane,
+                                             float (*o)[4])
+{
+    const int q_r = (lane & 7) + ((lane >> 3) & 1) * 8, q_c = lane >> 4;
+    const int v_r = (lane & 7) + ((lane >> 3) & 1) * 8, v_c = lane >> 4;
+#pragma unroll
+    for (int kp = 0; kp < BN / 16; kp++) {
+        uint32_t pa[4];
+        kva__ldsm_x4(sP + (uint32_t)((row0 + q_r) * P_STRIDE + (kp * 2 + q_c) * 16), pa);
+#pragma unroll
+        for (int dp = 0; dp < NBO / 2; dp++) {
+            uint32_t vb[4];
+            kva__ldsm_x4_trans(sk + ml_off<0>(kp * 16 + v_r, cc0 + dp * 2 + v_c), vb);
+            Ty::mma(o[2 * dp], pa, vb[0], vb[1]);
+            Ty::mma(o[2 * dp + 1], pa, vb[2], vb[3]);
+        }
+    }
+}
+
+/* P = 2^(sc - mu) of rows r0, r0 + 8 and the warp's keys key0 + 8 nt + 2 t4
+ * + e in the input dtype into NP copies of the shared P tile (rows P_STRIDE
+ * bytes apart, copies P_BYTES apart; copy tp times ksc[nt][e][tp] when NP >
+ * 1: the sparse kernel's per-key value scales); the unscaled row sums are
+ * added to l_run. */
+template <typename Ty, int NBS, int NP, int P_STRIDE, int P_BYTES>
+static __device__ __forceinline__ void ml_store_p(const float (*sc)[4], const float mu[2],
+                                                  uint32_t sP, int r0, int key0, int t4,
+                                                  float l_run[2], const float (*ksc)[2][4])
+{
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NBS; nt++) {
+            const float p0 = kva__ex2(sc[nt][2 * hf] - mu[hf]);
+            const float p1 = kva__ex2(sc[nt][2 * hf + 1] - mu[hf]);
+            sum += p0 + p1;
+            const uint32_t addr =
+                sP + (uint32_t)((r0 + 8 * hf) * P_STRIDE + (key0 + nt * 8 + 2 * t4) * 2);
+#pragma unroll
+            for (int tp = 0; tp < NP; tp++) {
+                const uint32_t pv =
+                    NP > 1 ? Ty::pack(p0 * ksc[nt][0][tp], p1 * ksc[nt][1][tp]) : Ty::pack(p0, p1);
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr + tp * P_BYTES), "r"(pv)
+                             : "memory");
+            }
+        }
+        l_run[hf] += sum;
+    }
+}
+
+/* O rows r0 and r0 + 8 times alpha (NBO n8 tiles). */
+template <int NBO>
+static __device__ __forceinline__ void ml_rescale(float (*o)[4], const float alpha[2])
+{
+#pragma unroll
+    for (int n = 0; n < NBO; n++) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+    }
+}
+
 /* The running max of rows r0 and r0 + 8 over this tile: the thread's keys
  * (NB n8 tiles of sc), its 4 lanes, then the NS slices through s_max [NS][64]
  * (one barrier inside). Returns the rescale factors of the old state in alpha

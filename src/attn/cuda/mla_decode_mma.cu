@@ -96,10 +96,6 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
     const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
     const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
-    /* Lane offsets of the ldmatrix addresses (as decode_mma.cu). */
-    const int q_r = (lane & 7) + ((lane >> 3) & 1) * 8, q_c = lane >> 4;
-    const int k_r = (lane & 7) + (lane >> 4) * 8, k_c = (lane >> 3) & 1;
-    const int v_r = (lane & 7) + ((lane >> 3) & 1) * 8, v_c = lane >> 4;
 
     for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
         const ml_item mi = ml_item_load(a, it, bt_stride);
@@ -153,30 +149,7 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     sc[nt][e] = 0.f, sc2[nt][e] = 0.f;
-#pragma unroll 4
-            for (int kk = 0; kk < ML_D / 16; kk += 2) {
-                uint32_t qa[4], qb[4];
-                kva__ldsm_x4(sQ + ml_off<0>(row0 + q_r, kk * 2 + q_c), qa);
-                kva__ldsm_x4(sQ + ml_off<0>(row0 + q_r, kk * 2 + 2 + q_c), qb);
-                if (NBS == 1) {
-                    /* Keys key0 .. + 7, chunks 2 kk .. 2 kk + 3: two k-steps. */
-                    uint32_t kf[4];
-                    kva__ldsm_x4(sk + ml_off<0>(key0 + (lane & 7), kk * 2 + (lane >> 3)), kf);
-                    Ty::mma(sc[0], qa, kf[0], kf[1]);
-                    Ty::mma(sc2[0], qb, kf[2], kf[3]);
-                } else {
-#pragma unroll
-                    for (int np = 0; np < NBS / 2; np++) {
-                        uint32_t kf[4], kh[4];
-                        kva__ldsm_x4(sk + ml_off<0>(key0 + np * 16 + k_r, kk * 2 + k_c), kf);
-                        kva__ldsm_x4(sk + ml_off<0>(key0 + np * 16 + k_r, kk * 2 + 2 + k_c), kh);
-                        Ty::mma(sc[2 * np], qa, kf[0], kf[1]);
-                        Ty::mma(sc[2 * np + 1], qa, kf[2], kf[3]);
-                        Ty::mma(sc2[2 * np], qb, kh[0], kh[1]);
-                        Ty::mma(sc2[2 * np + 1], qb, kh[2], kh[3]);
-                    }
-                }
-            }
+            ml_qk<Ty, NBS, ML_D / 16>(sQ, sk, row0, key0, 0, lane, sc, sc2);
 #pragma unroll
             for (int nt = 0; nt < NBS; nt++)
 #pragma unroll
@@ -189,48 +162,16 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
             float alpha[2], mu[2];
             const bool resc =
                 ml_tile_max<NBS, ML_NW / MT>(sc, s_max, kg, row0 + g4, t4, m_run, l_run, alpha, mu);
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                /* P of the warp's keys, in the input dtype, into the shared P tile. */
-                float sum = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < NBS; nt++) {
-                    const float p0 = kva__ex2(sc[nt][2 * hf] - mu[hf]);
-                    const float p1 = kva__ex2(sc[nt][2 * hf + 1] - mu[hf]);
-                    sum += p0 + p1;
-                    const uint32_t pv = Ty::pack(p0, p1);
-                    const uint32_t addr = sP + (uint32_t)((row0 + g4 + 8 * hf) * C::P_STRIDE +
-                                                          (key0 + nt * 8 + 2 * t4) * 2);
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pv) : "memory");
-                }
-                l_run[hf] += sum;
-            }
-            if (resc) {
-#pragma unroll
-                for (int n = 0; n < NBO; n++) {
-                    o[n][0] *= alpha[0];
-                    o[n][1] *= alpha[0];
-                    o[n][2] *= alpha[1];
-                    o[n][3] *= alpha[1];
-                }
-            }
+            /* P of the warp's keys, in the input dtype, into the shared P tile. */
+            ml_store_p<Ty, NBS, 1, C::P_STRIDE, 0>(sc, mu, sP, row0 + g4, key0, t4, l_run, NULL);
+            if (resc)
+                ml_rescale<NBO>(o, alpha);
             __syncthreads(); /* P of every slice */
 
             /* O += P V: P [16, BN] of the row tile, V = the tile's columns
              * kg * CW .. + CW - 1 (ldmatrix.trans of the latent rows). */
             const int cc0 = kg * (C::CW / 8); /* first value chunk of the warp */
-#pragma unroll
-            for (int kp = 0; kp < BN / 16; kp++) {
-                uint32_t pa[4];
-                kva__ldsm_x4(sP + (uint32_t)((row0 + q_r) * C::P_STRIDE + (kp * 2 + q_c) * 16), pa);
-#pragma unroll
-                for (int dp = 0; dp < NBO / 2; dp++) {
-                    uint32_t vb[4];
-                    kva__ldsm_x4_trans(sk + ml_off<0>(kp * 16 + v_r, cc0 + dp * 2 + v_c), vb);
-                    Ty::mma(o[2 * dp], pa, vb[0], vb[1]);
-                    Ty::mma(o[2 * dp + 1], pa, vb[2], vb[3]);
-                }
-            }
+            ml_pv<Ty, BN, NBO, C::P_STRIDE>(sP, sk, row0, cc0, lane, o);
             stage = stage == NST - 1 ? 0 : stage + 1;
         }
         kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */

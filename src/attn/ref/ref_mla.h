@@ -21,5 +21,13 @@ size_t kva__ref_indexer_workspace(const kva_plan *plan);
 kva_status kva__ref_indexer(kva_context *ctx, const kva_plan *plan, const void *q,
                             const float *weights, const kva_cache *cache, int32_t *indices,
                             int64_t indices_stride, int32_t *topk_length);
+/* Workspace bytes kva__ref_mla_sparse needs for plan: the separate mode's
+ * gathered rows [kva__sparse_gather_rows, D] float32 (ref_sparse.c). */
+size_t kva__ref_sparse_workspace(const kva_plan *plan);
+/* kva__backend_ops.mla_sparse of the reference backend (ref_sparse.c). */
+kva_status kva__ref_mla_sparse(kva_context *ctx, const kva_plan *plan, const void *q,
+                               const kva_cache *cache, const int32_t *indices,
+                               int64_t indices_stride, const int32_t *topk_length,
+                               const float *sinks, void *out, float *lse);
 
 #endif /* KVA_REF_MLA_H */

@@ -342,9 +342,14 @@ static kva_status ref_plan_build(kva_context *ctx, kva_plan *plan)
 {
     const int64_t rows = (int64_t)plan->info.num_tokens * plan->d.num_heads;
     plan->info.num_work_items = rows > INT32_MAX ? INT32_MAX : (int32_t)rows;
-    /* Only the layer-level MLA call needs memory: one request's
-     * decompressed keys and values of one head (ref_mla.c). */
-    const size_t bytes = kva__ref_mla_workspace(plan) + kva__ref_indexer_workspace(plan);
+    /* Only the layer-level MLA call needs memory, one request's
+     * decompressed keys and values of one head (ref_mla.c), the sparse
+     * separate mode its gathered rows (ref_sparse.c), and the indexer its
+     * logits (ref_indexer.c); a plan is one of these. */
+    size_t bytes = kva__ref_mla_workspace(plan);
+    const size_t sparse = kva__ref_sparse_workspace(plan);
+    bytes = sparse > bytes ? sparse : bytes;
+    bytes += kva__ref_indexer_workspace(plan);
     KVA_TRY(kva__context_reserve_workspace(ctx, bytes));
     plan->workspace_bytes = bytes;
     return KVA_STATUS_OK;
@@ -369,4 +374,5 @@ const kva__backend_ops kva__ref_ops = {
     .cascade_gather = kva__host_cascade_gather,
     .cascade_merge = kva__host_cascade_merge,
     .indexer = kva__ref_indexer,
+    .mla_sparse = kva__ref_mla_sparse,
 };

@@ -1,0 +1,284 @@
+/*
+ * bench_cuda_mla_sparse.c - times the sparse MLA (kva_mla_sparse_run,
+ * DeepSeek V3.2's top-k attention over FlashMLA's fp8_ds_mla rows) on the
+ * CUDA backend with CUDA events: the issue-17 targets in one run.
+ *
+ *   bench_cuda_mla_sparse [--iters N]          the suite below
+ *   bench_cuda_mla_sparse --one R Q S H K FMT MODE [--iters N]
+ *       R requests of Q query tokens, seq_len S, H heads, top-K, FMT fp8|bf16
+ *       (cache rows), MODE mixed|separate.
+ *
+ * Suite: decode batch 128, q_len 2, H 128, top-2048 over fp8_ds_mla rows
+ * (seq_len 8k); the same at H 16 and at H 64 (H 16 padded to 64, FlashMLA's
+ * way: the ratio is the "no padding" target); the bf16 cache; sparse prefill
+ * of 4k tokens (one request, seq_len 8k, H 128, top-2048) in both modes and
+ * over a bf16 cache. Index lists are random positions of the request (all
+ * valid), so every token gathers K scattered rows.
+ * Counts: FLOPs as FlashMLA does, 2 * H * K * (576 + 512) per query token;
+ * gathered bytes K * row bytes (656 fp8, 1152 bf16) per token (each head
+ * tile's CTA reads them; H > 64 reads them twice). Before timing, one token's
+ * first heads are checked against an fp64 computation over the rows read
+ * back with kva_cache_read (out within 1e-3 + 2^-8 sqrt 3 + 2/128 |ref|).
+ * Median of N runs, each between its own pair of events.
+ */
+#include "internal.h"
+#include "kvattn_cuda.h"
+#include "data.h"
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DC 512
+#define DR 64
+#define DL 576
+
+#define DIE(...)                                                                                   \
+    do {                                                                                           \
+        fprintf(stderr, "bench_cuda_mla_sparse: " __VA_ARGS__);                                    \
+        fputc('\n', stderr);                                                                       \
+        exit(1);                                                                                   \
+    } while (0)
+#define CU(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            DIE("%s: %s", #call, cudaGetErrorString(e_));                                          \
+    } while (0)
+#define KV(call)                                                                                   \
+    do {                                                                                           \
+        kva_status s_ = (call);                                                                    \
+        if (s_ != KVA_STATUS_OK)                                                                   \
+            DIE("%s: %s: %s", #call, kva_status_name(s_), kva_last_error());                       \
+    } while (0)
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct shape {
+    const char *name;
+    int32_t R, Q, S, H, K;
+    int fp8, separate;
+} shape;
+
+/* Checks token 0, heads 0 .. 3 against fp64 over the read-back rows; 1 if ok. */
+static int check(kva_context *ctx, const kva_cache *cache, const shape *sh, const int32_t *bt,
+                 int32_t stride, const uint16_t *q, const int32_t *idx, const void *d_out,
+                 float scale)
+{
+    const int32_t K = sh->K, B = cache->desc.block_size;
+    int64_t *slots = malloc(sizeof(int64_t) * K);
+    for (int32_t j = 0; j < K; j++)
+        slots[j] = (int64_t)bt[idx[j] / B] * B + idx[j] % B;
+    int64_t *d_slots = NULL;
+    float *d_rows = NULL;
+    CU(cudaMalloc((void **)&d_slots, sizeof(int64_t) * K));
+    CU(cudaMalloc((void **)&d_rows, sizeof(float) * (size_t)K * DL));
+    CU(cudaMemcpy(d_slots, slots, sizeof(int64_t) * K, cudaMemcpyHostToDevice));
+    KV(kva_cache_read(ctx, cache, K, d_slots, d_rows, DL, d_rows + DC, DL, KVA_DTYPE_F32));
+    float *rows = malloc(sizeof(float) * (size_t)K * DL);
+    uint16_t *out = malloc(2 * (size_t)4 * DC);
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(rows, d_rows, sizeof(float) * (size_t)K * DL, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(out, d_out, 2 * (size_t)4 * DC, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    double *sc = malloc(sizeof(double) * K);
+    for (int h = 0; h < 4 && h < sh->H; h++) {
+        double m = -INFINITY, l = 0;
+        for (int32_t j = 0; j < K; j++) {
+            double a = 0;
+            for (int c = 0; c < DL; c++)
+                a += (double)kva_bf16_to_f32(q[h * DL + c]) * rows[(size_t)j * DL + c];
+            sc[j] = a * scale;
+            m = sc[j] > m ? sc[j] : m;
+        }
+        for (int32_t j = 0; j < K; j++)
+            l += exp(sc[j] - m);
+        for (int c = 0; c < DC; c++) {
+            double o = 0;
+            for (int32_t j = 0; j < K; j++)
+                o += exp(sc[j] - m) * rows[(size_t)j * DL + c];
+            o /= l;
+            const double got = kva_bf16_to_f32(out[h * DC + c]);
+            bad += !(fabs(got - o) <= 1e-3 + 0x1p-8 * 1.7320508 + 2.0 / 128 * fabs(o));
+        }
+    }
+    free(sc), free(rows), free(out), free(slots);
+    cudaFree(d_slots), cudaFree(d_rows);
+    return bad == 0;
+}
+
+/* Runs one shape; prints a line and returns the median ms (negative on a failed check). */
+static double run_shape(const shape *sh, int iters)
+{
+    kva_rng rng = {1234};
+    const int32_t R = sh->R, Q = sh->Q, S = sh->S, H = sh->H, K = sh->K, B = 64;
+    const int32_t T = R * Q, nbr = (S + B - 1) / B, NB = R * nbr;
+    int32_t *qsl = malloc(sizeof(int32_t) * (R + 1)), *sl = malloc(sizeof(int32_t) * R);
+    int32_t *bt = malloc(sizeof(int32_t) * (size_t)R * nbr), *perm = malloc(sizeof(int32_t) * NB);
+    for (int32_t i = 0; i < NB; i++)
+        perm[i] = i;
+    for (int32_t i = NB - 1; i > 0; i--) {
+        const int32_t j = kva_rng_int(&rng, 0, i), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int32_t r = 0; r <= R; r++)
+        qsl[r] = r * Q;
+    for (int32_t r = 0; r < R; r++) {
+        sl[r] = S;
+        for (int32_t k = 0; k < nbr; k++)
+            bt[(size_t)r * nbr + k] = perm[r * nbr + k];
+    }
+    kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
+    kva_context *ctx = NULL;
+    KV(kva_context_create(&gd, &ctx));
+    kva_cache_desc cd = {NB,
+                         B,
+                         1,
+                         DL,
+                         DC,
+                         sh->fp8 ? KVA_DTYPE_FP8_E4M3 : KVA_DTYPE_BF16,
+                         KVA_LAYOUT_NHD,
+                         sh->fp8 ? KVA_QUANT_FP8_DS_MLA : KVA_QUANT_NONE,
+                         KVA_ATTN_MLA};
+    kva_cache *cache = NULL;
+    KV(kva_cache_create(ctx, &cd, &cache));
+    /* Every slot written (random bf16 c_kv / k_pe), in chunks of 64k tokens. */
+    const int64_t slots_n = (int64_t)NB * B, chunk = 65536;
+    uint16_t *src = malloc(2 * (size_t)chunk * DL);
+    int64_t *sl64 = malloc(sizeof(int64_t) * chunk);
+    void *d_src = NULL, *d_sl = NULL;
+    CU(cudaMalloc(&d_src, 2 * (size_t)chunk * DL));
+    CU(cudaMalloc(&d_sl, sizeof(int64_t) * chunk));
+    kva_test_fill_uniform(src, KVA_DTYPE_BF16, (size_t)chunk * DL, &rng);
+    CU(cudaMemcpy(d_src, src, 2 * (size_t)chunk * DL, cudaMemcpyHostToDevice));
+    for (int64_t s0 = 0; s0 < slots_n; s0 += chunk) { /* the same 64k rows over and over */
+        const int64_t n = slots_n - s0 < chunk ? slots_n - s0 : chunk;
+        for (int64_t i = 0; i < n; i++)
+            sl64[i] = s0 + i;
+        CU(cudaMemcpy(d_sl, sl64, sizeof(int64_t) * n, cudaMemcpyHostToDevice));
+        KV(kva_cache_write(ctx, cache, (int32_t)n, d_src, DL, (uint16_t *)d_src + DC, DL,
+                           KVA_DTYPE_BF16, d_sl));
+    }
+    uint16_t *q = malloc(2 * (size_t)T * H * DL);
+    kva_test_fill(q, KVA_DTYPE_BF16, (size_t)T * H * DL, &rng, 1.0);
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)T * K);
+    for (size_t i = 0; i < (size_t)T * K; i++)
+        idx[i] = kva_rng_int(&rng, 0, S - 1);
+    void *d_q = NULL, *d_idx = NULL, *d_out = NULL;
+    float *d_lse = NULL;
+    CU(cudaMalloc(&d_q, 2 * (size_t)T * H * DL));
+    CU(cudaMalloc(&d_idx, sizeof(int32_t) * (size_t)T * K));
+    CU(cudaMalloc(&d_out, 2 * (size_t)T * H * DC));
+    CU(cudaMalloc((void **)&d_lse, sizeof(float) * (size_t)T * H));
+    CU(cudaMemcpy(d_q, q, 2 * (size_t)T * H * DL, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d_idx, idx, sizeof(int32_t) * (size_t)T * K, cudaMemcpyHostToDevice));
+    kva_plan_desc pd;
+    memset(&pd, 0, sizeof pd);
+    pd.num_requests = R;
+    pd.query_start_loc = qsl;
+    pd.seq_lens = sl;
+    pd.block_table = bt;
+    pd.block_table_stride = nbr;
+    pd.block_size = B;
+    pd.decode_threshold = 4;
+    pd.num_heads = H;
+    pd.num_kv_heads = 1;
+    pd.head_dim = DL;
+    pd.head_dim_v = DC;
+    pd.q_dtype = KVA_DTYPE_BF16;
+    pd.scale = (float)(1.0 / sqrt(192.0));
+    pd.window_left = -1;
+    pd.kind = KVA_ATTN_MLA;
+    pd.sparse_topk = K;
+    pd.sparse_mode = sh->separate ? KVA_SPARSE_SEPARATE : KVA_SPARSE_MIXED;
+    kva_plan *plan = NULL;
+    KV(kva_plan_create(ctx, &pd, &plan));
+    CU(cudaMemset(d_out, 0xff, 2 * (size_t)T * H * DC));
+    KV(kva_mla_sparse_run(ctx, plan, d_q, cache, d_idx, K, NULL, NULL, d_out, d_lse));
+    const int ok = check(ctx, cache, sh, bt, nbr, q, idx, d_out, pd.scale);
+    for (int w = 0; w < 3; w++)
+        KV(kva_mla_sparse_run(ctx, plan, d_q, cache, d_idx, K, NULL, NULL, d_out, d_lse));
+    float *ms = malloc(sizeof(float) * iters);
+    cudaEvent_t ev[2];
+    CU(cudaEventCreate(&ev[0]));
+    CU(cudaEventCreate(&ev[1]));
+    for (int it = 0; it < iters; it++) {
+        CU(cudaEventRecord(ev[0], 0));
+        KV(kva_mla_sparse_run(ctx, plan, d_q, cache, d_idx, K, NULL, NULL, d_out, d_lse));
+        CU(cudaEventRecord(ev[1], 0));
+        CU(cudaEventSynchronize(ev[1]));
+        CU(cudaEventElapsedTime(&ms[it], ev[0], ev[1]));
+    }
+    qsort(ms, (size_t)iters, sizeof(float), cmp_float);
+    const double med = ms[iters / 2];
+    const double flops = 2.0 * H * (double)K * (DL + DC) * T;
+    const double bytes = (double)T * K * (sh->fp8 ? 656 : 1152);
+    printf("%-34s R=%-4d Q=%-5d S=%-5d H=%-3d K=%-4d %-4s %-8s %9.4f ms %7.1f TFLOP/s %6.2f TB/s "
+           "gathered  check %s\n",
+           sh->name, R, Q, S, H, K, sh->fp8 ? "fp8" : "bf16", sh->separate ? "separate" : "mixed",
+           med, flops / med * 1e-9, bytes / med * 1e-9, ok ? "ok" : "FAILED");
+    fflush(stdout);
+    kva_plan_destroy(plan);
+    kva_cache_destroy(cache);
+    kva_context_destroy(ctx);
+    cudaFree(d_q), cudaFree(d_idx), cudaFree(d_out), cudaFree(d_lse), cudaFree(d_src),
+        cudaFree(d_sl);
+    free(ms), free(q), free(idx), free(src), free(sl64), free(qsl), free(sl), free(bt), free(perm);
+    return ok ? med : -med;
+}
+
+int main(int argc, char **argv)
+{
+    int iters = 20;
+    shape one = {"one", 0, 0, 0, 0, 0, 1, 0};
+    int have_one = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
+            iters = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--one") && i + 7 < argc) {
+            one.R = atoi(argv[++i]), one.Q = atoi(argv[++i]), one.S = atoi(argv[++i]);
+            one.H = atoi(argv[++i]), one.K = atoi(argv[++i]);
+            one.fp8 = !strcmp(argv[++i], "fp8");
+            one.separate = !strcmp(argv[++i], "separate");
+            have_one = 1;
+        } else {
+            DIE("usage: bench_cuda_mla_sparse [--iters N] [--one R Q S H K fp8|bf16 "
+                "mixed|separate]");
+        }
+    }
+    if (iters < 1)
+        iters = 1;
+    if (!kva_backend_available(KVA_BACKEND_CUDA)) {
+        printf("bench_cuda_mla_sparse: no CUDA device; skipped\n");
+        return 0;
+    }
+    struct cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    if (have_one)
+        return run_shape(&one, iters) < 0;
+    const shape suite[] = {
+        {"decode H128 (target >= 350)", 128, 2, 8192, 128, 2048, 1, 0},
+        {"decode H128 bf16 cache", 128, 2, 8192, 128, 2048, 0, 0},
+        {"decode H16", 128, 2, 8192, 16, 2048, 1, 0},
+        {"decode H64 (H16 padded to 64)", 128, 2, 8192, 64, 2048, 1, 0},
+        {"prefill 4k (target >= 500)", 1, 4096, 8192, 128, 2048, 1, 0},
+        {"prefill 4k separate", 1, 4096, 8192, 128, 2048, 1, 1},
+        {"prefill 4k bf16 cache", 1, 4096, 8192, 128, 2048, 0, 0},
+    };
+    double t[7];
+    int fails = 0;
+    for (int i = 0; i < 7; i++) {
+        t[i] = run_shape(&suite[i], iters);
+        fails += t[i] < 0;
+        t[i] = fabs(t[i]);
+    }
+    printf("H16 vs H16 padded to 64: %.2fx faster (target >= 2x)\n", t[3] / t[2]);
+    return fails != 0;
+}

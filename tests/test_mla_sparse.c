@@ -1,0 +1,345 @@
+/*
+ * test_mla_sparse.c - sparse MLA (kva_mla_sparse_run) on the reference and
+ * CPU backends.
+ *
+ *   - The reference backend against this file's own fp64 sparse attention
+ *     (rows read back with kva_cache_read, every listed entry counted as
+ *     often as it is listed, the sink in the denominator): tight tolerance.
+ *   - Every CPU MLA kernel of the registry this machine runs, MIXED and
+ *     SEPARATE, against the reference with FlashMLA's tolerances: out within
+ *     abs 1e-3 or rel 2/128 per element, cosine distance <= 5e-6, LSE within
+ *     abs 1e-6 (MIXED; SEPARATE reads bf16 rows, so its LSE is held to the
+ *     bf16 gather's error instead, except over bf16 caches, where the
+ *     gather is exact).
+ *   - H in {1, 3, 16, 64, 128}; bf16/f16/f32, fp8_e4m3 and fp8_ds_mla caches;
+ *     decodes (q_len 1..4) and prefills in one plan; unused (-1) and
+ *     repeated entries; topk_length (0, K, and between); all-invalid lists
+ *     (out 0, lse -inf; with sinks lse = sink); indices_stride > K.
+ * Outputs are poisoned before every run. KVA_TEST_QUICK=1 keeps K small.
+ */
+#include "sparse_util.h"
+
+#include <float.h>
+
+/* This file's reference: out [T, H, Dc] and lse [T, H] in fp64, over the
+ * rows kva_cache_read gives in float32, or for prefill requests (q_len >
+ * thr) in pre_dt: BF16 is what the CPU backend's separate mode reads. */
+static void naive(kva_context *ctx, const sp_case *c, const sp_data *m, kva_dtype pre_dt,
+                  double *out, double *lse)
+{
+    const int32_t D = c->Dc + c->Dr, Dc = c->Dc, ks = c->K + c->stride_pad;
+    const kva_plan_desc pd = sp_plan_desc(c, m);
+    float *rows = malloc((size_t)(c->K > 0 ? c->K : 1) * D * sizeof(float));
+    int64_t *slots = malloc((size_t)(c->K > 0 ? c->K : 1) * sizeof(int64_t));
+    double *s = malloc((size_t)(c->K > 0 ? c->K : 1) * sizeof(double));
+    uint16_t *half = malloc((size_t)(c->K > 0 ? c->K : 1) * D * sizeof(uint16_t));
+    for (int32_t r = 0; r < c->R; r++)
+        for (int32_t t = m->qsl[r]; t < m->qsl[r + 1]; t++) {
+            const int32_t *idx = m->idx + (size_t)t * ks;
+            const int32_t n = m->len ? m->len[t] : c->K;
+            int32_t nv = 0;
+            for (int32_t e = 0; e < n; e++)
+                if (idx[e] >= 0)
+                    slots[nv++] = (int64_t)m->bt[(size_t)r * m->stride + idx[e] / c->B] * c->B +
+                                  idx[e] % c->B;
+            const int pre = m->qsl[r + 1] - m->qsl[r] > c->thr && pre_dt == KVA_DTYPE_BF16;
+            if (nv > 0 && !pre)
+                CHECK_OK(
+                    kva_cache_read(ctx, m->cache, nv, slots, rows, D, rows + Dc, D, KVA_DTYPE_F32));
+            if (nv > 0 && pre) { /* bf16 rows, widened */
+                CHECK_OK(kva_cache_read(ctx, m->cache, nv, slots, half, D, half + Dc, D,
+                                        KVA_DTYPE_BF16));
+                for (size_t i = 0; i < (size_t)nv * D; i++)
+                    rows[i] = kva_bf16_to_f32(half[i]);
+            }
+            for (int32_t h = 0; h < c->H; h++) {
+                const size_t row = (size_t)t * c->H + h;
+                double mx = m->sinks ? m->sinks[h] : -INFINITY;
+                for (int32_t j = 0; j < nv; j++) {
+                    double x = 0.0;
+                    for (int32_t i = 0; i < D; i++)
+                        x += kva_test_get(m->q, c->dt, row * D + i) * rows[(size_t)j * D + i];
+                    s[j] = x * pd.scale;
+                    mx = s[j] > mx ? s[j] : mx;
+                }
+                double w = m->sinks ? exp(m->sinks[h] - mx) : 0.0;
+                for (int32_t i = 0; i < Dc; i++)
+                    out[row * Dc + i] = 0.0;
+                for (int32_t j = 0; j < nv; j++) {
+                    const double p = exp(s[j] - mx);
+                    w += p;
+                    for (int32_t i = 0; i < Dc; i++)
+                        out[row * Dc + i] += p * rows[(size_t)j * D + i];
+                }
+                for (int32_t i = 0; i < Dc && nv > 0; i++)
+                    out[row * Dc + i] /= w;
+                lse[row] = nv > 0 ? mx + log(w) : m->sinks ? m->sinks[h] : -INFINITY;
+            }
+        }
+    free(rows);
+    free(slots);
+    free(s);
+    free(half);
+}
+
+/* Runs case c on ctx (mode given) into out / lse (poisoned first). */
+static int run(kva_context *ctx, const sp_case *c, const sp_data *m, int32_t mode, void *out,
+               float *lse)
+{
+    sp_case cc = *c;
+    cc.mode = mode;
+    kva_plan_desc pd = sp_plan_desc(&cc, m);
+    kva_plan *plan = NULL;
+    CHECK_OK(kva_plan_create(ctx, &pd, &plan));
+    if (!plan)
+        return 0;
+    const size_t rows = (size_t)m->T * c->H;
+    kva_test_poison(out, c->dt, rows * c->Dc);
+    kva_test_poison(lse, KVA_DTYPE_F32, rows);
+    kva_status st = kva_mla_sparse_run(ctx, plan, m->q, m->cache, m->idx, c->K + c->stride_pad,
+                                       m->len, m->sinks, out, lse);
+    CHECK_OK(st);
+    kva_plan_destroy(plan);
+    return st == KVA_STATUS_OK;
+}
+
+/* FlashMLA's checks of got against want (out [rows, Dc] in dt, lse [rows]):
+ * per element abs atol or rel rtol, the cosine distance, the LSE within
+ * lse_tol (relative beyond 1). Rows whose lse is -inf must match exactly. */
+static void compare(const char *label, const sp_case *c, const void *got, const double *want,
+                    size_t rows, const float *lse, const double *lse_want, double lse_tol)
+{
+    const size_t n = rows * c->Dc;
+    size_t bad = 0, bad_lse = 0;
+    double dot = 0.0, ng = 0.0, nw = 0.0, worst = 0.0, worst_lse = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double g = kva_test_get(got, c->dt, i), w = want[i], e = fabs(g - w);
+        if (!(e <= 1e-3 || e <= 2.0 / 128.0 * fabs(w)))
+            bad++;
+        worst = e > worst || e != e ? e : worst;
+        dot += g * w, ng += g * g, nw += w * w;
+    }
+    for (size_t r = 0; r < rows; r++) {
+        const double e = fabs((double)lse[r] - lse_want[r]);
+        const int ok = isinf(lse_want[r]) ? lse[r] == (float)lse_want[r]
+                                          : e <= lse_tol * fmax(1.0, fabs(lse_want[r]));
+        bad_lse += !ok;
+        worst_lse = !isinf(lse_want[r]) && (e > worst_lse || e != e) ? e : worst_lse;
+    }
+    const double cos_dist = ng > 0 && nw > 0 ? 1.0 - dot / sqrt(ng * nw) : (ng == nw ? 0.0 : 1.0);
+    CHECK_MSG(bad == 0 && bad_lse == 0 && cos_dist <= 5e-6,
+              "%s (H %d, %s cache %s, K %d): %zu/%zu out elements off (worst %.3g), cosine "
+              "distance %.3g, %zu lse off (worst %.3g)",
+              label, (int)c->H, kva_quant_name(c->quant), kva_dtype_name(c->dt), (int)c->K, bad, n,
+              worst, cos_dist, bad_lse, worst_lse);
+}
+
+/* The largest |a - b| and the cosine distance of two outputs [n] in dt. */
+static void agreement(const void *a, const void *b, kva_dtype dt, size_t n, double *worst,
+                      double *cos_dist)
+{
+    double dot = 0.0, na = 0.0, nb = 0.0;
+    *worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double x = kva_test_get(a, dt, i), y = kva_test_get(b, dt, i);
+        *worst = fabs(x - y) > *worst || x != y ? fmax(*worst, fabs(x - y)) : *worst;
+        dot += x * y, na += x * x, nb += y * y;
+    }
+    *cos_dist = na > 0 && nb > 0 ? 1.0 - dot / sqrt(na * nb) : (na == nb ? 0.0 : 1.0);
+}
+
+/* The reference backend against naive, then every CPU kernel in both modes
+ * (the separate mode against naive over the bf16 rows it reads), and the
+ * two modes against each other. */
+static void check(const sp_case *c)
+{
+    kva_context *ref = NULL, *cpu = NULL;
+    kva_context_desc rd = {KVA_BACKEND_REF, 1, 0}, cd = {KVA_BACKEND_CPU, 2, 0};
+    CHECK_OK(kva_context_create(&rd, &ref));
+    CHECK_OK(kva_context_create(&cd, &cpu));
+    sp_data m;
+    if (!ref || !cpu || !sp_data_make(ref, c, &m)) {
+        CHECK_MSG(0, "case setup failed: %s", kva_last_error());
+        kva_context_destroy(ref);
+        kva_context_destroy(cpu);
+        return;
+    }
+    const size_t rows = (size_t)m.T * c->H, n = rows * c->Dc, es = kva_dtype_size(c->dt);
+    double *want = malloc((n + 1) * 8), *lse_want = malloc((rows + 1) * 8);
+    double *want_bf = malloc((n + 1) * 8), *lse_bf = malloc((rows + 1) * 8);
+    void *got = malloc(n * es + 4), *mixed = malloc(n * es + 4);
+    float *lse = malloc(rows * 4 + 4);
+    naive(ref, c, &m, KVA_DTYPE_F32, want, lse_want);
+    naive(ref, c, &m, KVA_DTYPE_BF16, want_bf, lse_bf);
+    /* The reference backend, both modes (SEPARATE reads float32 rows). */
+    for (int32_t mode = 0; mode < 2; mode++)
+        if (run(ref, c, &m, mode, got, lse))
+            compare(mode ? "ref separate" : "ref mixed", c, got, want, rows, lse, lse_want, 1e-6);
+    static const char *const kernels[] = {"mla_portable", "mla_avx2", "mla_avx512"};
+    for (int k = 0; k < 3; k++) {
+        if (kva__context_force_kernel(cpu, kernels[k]) != KVA_STATUS_OK)
+            continue; /* not in this build or not on this machine */
+        char label[64];
+        snprintf(label, sizeof label, "cpu %s mixed", kernels[k]);
+        if (run(cpu, c, &m, KVA_SPARSE_MIXED, mixed, lse))
+            compare(label, c, mixed, want, rows, lse, lse_want, 1e-6);
+        snprintf(label, sizeof label, "cpu %s separate", kernels[k]);
+        if (!run(cpu, c, &m, KVA_SPARSE_SEPARATE, got, lse))
+            continue;
+        compare(label, c, got, want_bf, rows, lse, lse_bf, 1e-6);
+        /* MIXED == SEPARATE: to FlashMLA's tolerances where the bf16 rows
+         * are exact (bf16 caches), else to the bf16 rounding of the rows. */
+        double worst, cos_dist;
+        agreement(got, mixed, c->dt, n, &worst, &cos_dist);
+        const int exact = c->quant == KVA_QUANT_NONE && c->dt == KVA_DTYPE_BF16;
+        CHECK_MSG(
+            exact ? cos_dist <= 5e-6 && worst <= 2.0 / 128.0 : cos_dist <= 2e-5 && worst <= 0.05,
+            "%s: separate vs mixed: worst %.3g, cosine distance %.3g", label, worst, cos_dist);
+    }
+    free(want);
+    free(lse_want);
+    free(want_bf);
+    free(lse_bf);
+    free(got);
+    free(mixed);
+    free(lse);
+    sp_data_free(&m);
+    kva_context_destroy(ref);
+    kva_context_destroy(cpu);
+}
+
+static int quick(void)
+{
+    return getenv("KVA_TEST_QUICK") != NULL;
+}
+
+/* One decode-and-prefill batch per head count, DeepSeek's shapes. */
+static void test_heads(void)
+{
+    static const int32_t Hs[] = {1, 3, 16, 64, 128};
+    for (int i = 0; i < 5; i++) {
+        sp_case c = {.H = Hs[i],
+                     .Dc = 512,
+                     .Dr = 64,
+                     .B = 64,
+                     .K = quick() ? 64 : 256,
+                     .dt = KVA_DTYPE_BF16,
+                     .quant = KVA_QUANT_FP8_DS_MLA,
+                     .thr = 4,
+                     .R = 3,
+                     .q_len = {1, 2, 6},
+                     .seq_len = {300, 97, 530},
+                     .unused = 0.1,
+                     .dup = 0.05,
+                     .seed = 100 + (uint64_t)i};
+        check(&c);
+    }
+}
+
+/* Every MLA cache format and q dtype, small shapes, odd block sizes. */
+static void test_formats(void)
+{
+    static const kva_quant qs[] = {KVA_QUANT_NONE, KVA_QUANT_FP8_E4M3, KVA_QUANT_FP8_DS_MLA};
+    static const kva_dtype dts[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
+    for (int qi = 0; qi < 3; qi++)
+        for (int di = 0; di < 3; di++) {
+            sp_case c = {.H = 5,
+                         .Dc = 128,
+                         .Dr = 32,
+                         .B = 16,
+                         .K = 48,
+                         .dt = dts[di],
+                         .quant = qs[qi],
+                         .thr = 1,
+                         .R = 4,
+                         .q_len = {1, 1, 9, 3},
+                         .seq_len = {40, 1, 77, 64},
+                         .use_len = 1,
+                         .sinks = di == 1,
+                         .unused = 0.2,
+                         .dup = 0.1,
+                         .stride_pad = 5,
+                         .seed = 200 + (uint64_t)(qi * 3 + di)};
+            check(&c);
+        }
+}
+
+/* Repeated entries count as often as listed; the naive reference does that
+ * (and would differ were they counted once: a row listing one key twice
+ * and another once weighs them 2:1). */
+static void test_duplicates(void)
+{
+    sp_case c = {.H = 16,
+                 .Dc = 512,
+                 .Dr = 64,
+                 .B = 32,
+                 .K = 128,
+                 .dt = KVA_DTYPE_BF16,
+                 .quant = KVA_QUANT_FP8_DS_MLA,
+                 .thr = 2,
+                 .R = 2,
+                 .q_len = {2, 5},
+                 .seq_len = {50, 70},
+                 .dup = 0.6,
+                 .seed = 300};
+    check(&c);
+}
+
+/* Rows with nothing to attend: every entry -1, topk_length 0 (odd tokens
+ * via use_len), a request of seq_len 0: out 0 and lse -inf, or lse = sink. */
+static void test_empty_rows(void)
+{
+    for (int sinks = 0; sinks < 2; sinks++) {
+        sp_case c = {.H = 3,
+                     .Dc = 128,
+                     .Dr = 64,
+                     .B = 8,
+                     .K = 16,
+                     .dt = KVA_DTYPE_F32,
+                     .quant = KVA_QUANT_FP8_DS_MLA,
+                     .thr = 1,
+                     .R = 3,
+                     .q_len = {1, 3, 2},
+                     .seq_len = {0, 20, 5},
+                     .use_len = 1,
+                     .sinks = sinks,
+                     .unused = 1.0,
+                     .seed = 400 + (uint64_t)sinks};
+        check(&c);
+        sp_case d = c;
+        d.unused = 0.3; /* some rows keep keys, the topk_length 0 ones none */
+        check(&d);
+    }
+}
+
+/* A long prefill with DeepSeek's topk (full mode only). */
+static void test_long(void)
+{
+    if (quick())
+        return;
+    sp_case c = {.H = 16,
+                 .Dc = 512,
+                 .Dr = 64,
+                 .B = 64,
+                 .K = 2048,
+                 .dt = KVA_DTYPE_BF16,
+                 .quant = KVA_QUANT_FP8_DS_MLA,
+                 .thr = 4,
+                 .R = 2,
+                 .q_len = {2, 20},
+                 .seq_len = {4000, 3000},
+                 .unused = 0.02,
+                 .dup = 0.01,
+                 .seed = 500};
+    check(&c);
+}
+
+int main(void)
+{
+    RUN(test_formats);
+    RUN(test_duplicates);
+    RUN(test_empty_rows);
+    RUN(test_heads);
+    RUN(test_long);
+    return kva_test_finish();
+}
