@@ -111,28 +111,6 @@ kva_status kva__host_cache_read(kva_context *ctx, const kva_cache *cache, int32_
     return KVA_STATUS_OK;
 }
 
-/* Checks a token stride (in destination elements) and resolves 0 to
- * row_elems, as kva_cache_write does for its sources. */
-static kva_status resolve_stride(const char *name, int64_t stride, int64_t row_elems,
-                                 int32_t num_tokens, size_t elem, int64_t *out)
-{
-    if (stride == 0)
-        stride = row_elems;
-    if (stride < row_elems)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_cache_read: %s = %lld is smaller than a token's row (%lld "
-                         "elements); 0 means contiguous",
-                         name, (long long)stride, (long long)row_elems);
-    const int64_t max_elems = PTRDIFF_MAX / (int64_t)elem;
-    if (num_tokens > 1 && stride > (max_elems - row_elems) / (num_tokens - 1))
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_cache_read: %s = %lld with num_tokens = %d overflows the address "
-                         "space",
-                         name, (long long)stride, (int)num_tokens);
-    *out = stride;
-    return KVA_STATUS_OK;
-}
-
 kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
                           const int64_t *slot_mapping, void *k, int64_t k_token_stride, void *v,
                           int64_t v_token_stride, kva_dtype dst_dtype)
@@ -174,8 +152,10 @@ kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_
     const int64_t v_row = mla ? d->head_dim - d->head_dim_v : hkv * d->head_dim_v;
     const size_t es = kva_dtype_size(dst_dtype);
     int64_t ks = 0, vs = 0;
-    KVA_TRY(resolve_stride("k_token_stride", k_token_stride, k_row, num_tokens, es, &ks));
-    KVA_TRY(resolve_stride("v_token_stride", v_token_stride, v_row, num_tokens, es, &vs));
+    KVA_TRY(kva__resolve_token_stride("kva_cache_read", "k_token_stride", k_token_stride, k_row,
+                                      num_tokens, es, &ks));
+    KVA_TRY(kva__resolve_token_stride("kva_cache_read", "v_token_stride", v_token_stride, v_row,
+                                      num_tokens, es, &vs));
     if (num_tokens == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(slot_mapping);
