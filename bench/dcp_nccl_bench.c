@@ -10,14 +10,19 @@
  * layout with interleave I, shuffled block tables; token g of request r has
  * the same K/V rows in both). It checks the combine of the sharded decode
  * (both kva_dcp_nccl_combine modes) against its heads of the unsharded
- * decode, then times the unsharded and the sharded decode (median of iters
- * runs, each between its own CUDA events).
+ * decode, then times the unsharded and the sharded decode: the median of
+ * iters runs, each between its own CUDA events ("stream"), and the median
+ * of 9 replays of a CUDA graph of 10 runs, per run ("graph": no launch
+ * latency between runs, as an engine's captured decode step runs).
  * Combine: for T in {R, 64, 512, 4096} query tokens of H heads and head size
  * D (random bf16 partials and lses), each mode against the bare NCCL
  * collectives that move the same bytes (A2A: the grouped ncclSend/ncclRecv
- * of the N packed blocks; AG_RS: ncclAllGather of T*H floats and
- * ncclReduceScatter of T*H*D floats); iters back-to-back calls between two
- * events after a barrier, the mean per call. Every rank prints its lines.
+ * of the packed blocks to the N - 1 peers, and, as "a2a", with the block to
+ * itself too, as an all-to-all call moves; AG_RS: ncclAllGather of T*H
+ * floats and ncclReduceScatter of T*H*D floats): iters back-to-back calls
+ * between two events after a barrier ("stream"), and the same iters calls
+ * captured in one CUDA graph and replayed ("graph"), the mean per call.
+ * Every rank prints its lines.
  * NCCL_NVLS_ENABLE is set to 0 unless the environment sets it.
  */
 #define _POSIX_C_SOURCE 200809L /* fork, pipe, setenv */
@@ -178,12 +183,43 @@ static float time_run(kva_context *gpu, cudaStream_t s, kva_plan *p, const void 
     return m;
 }
 
+/* Median time (ms) per run of 9 replays of a CUDA graph of 10 runs of the plan. */
+static float time_run_graph(kva_context *gpu, cudaStream_t s, kva_plan *p, const void *q,
+                            const kva_cache *cache, void *out, float *lse)
+{
+    enum { RUNS = 10, REPLAYS = 9 };
+    cudaGraph_t g;
+    cudaGraphExec_t exec;
+    CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < RUNS; i++)
+        KV(kva_attention_run(gpu, p, q, cache, NULL, out, lse));
+    CU(cudaStreamEndCapture(s, &g));
+    CU(cudaGraphInstantiate(&exec, g, 0));
+    CU(cudaGraphLaunch(exec, s)); /* warm-up */
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    float t[REPLAYS];
+    for (int i = 0; i < REPLAYS; i++) {
+        CU(cudaEventRecord(e0, s));
+        CU(cudaGraphLaunch(exec, s));
+        CU(cudaEventRecord(e1, s));
+        CU(cudaEventSynchronize(e1));
+        CU(cudaEventElapsedTime(&t[i], e0, e1));
+    }
+    qsort(t, REPLAYS, sizeof *t, cmp_float);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cudaGraphExecDestroy(exec), cudaGraphDestroy(g);
+    return t[REPLAYS / 2] / RUNS;
+}
+
 /* What a timed loop runs: the combine in a mode, or the bare collectives. */
 typedef struct op {
     kva_dcp_nccl *dcp;
     ncclComm_t comm;
     cudaStream_t s;
-    int mode, bare, T, N, H, D;
+    int mode, bare, T, N, rank, H, D; /* bare: 0 the combine, 1 the bare collectives, 2
+                                         (A2A) the bare all-to-all with the self block */
     void *part, *out, *sbuf, *rbuf;
     float *lse, *lse_out;
 } op;
@@ -200,6 +236,8 @@ static void op_run(const op *o)
         const size_t block = (size_t)o->T * Hn * (o->D * 2 + 4);
         NC(ncclGroupStart());
         for (int k = 0; k < o->N; k++) {
+            if (k == o->rank && o->bare == 1)
+                continue;
             NC(ncclSend((char *)o->sbuf + k * block, block, ncclUint8, k, o->comm, o->s));
             NC(ncclRecv((char *)o->rbuf + k * block, block, ncclUint8, k, o->comm, o->s));
         }
@@ -211,24 +249,40 @@ static void op_run(const op *o)
     }
 }
 
-/* Mean ms per call of iters back-to-back calls after a barrier. */
-static float time_op(const op *o, int iters, float *barrier)
+/* Mean ms per call of iters back-to-back calls after a barrier, enqueued one
+ * by one or (graph) captured in one CUDA graph. */
+static float time_op(const op *o, int iters, int graph, float *barrier)
 {
     cudaEvent_t e0, e1;
     CU(cudaEventCreate(&e0));
     CU(cudaEventCreate(&e1));
     for (int i = 0; i < 5; i++)
         op_run(o);
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t exec = NULL;
+    if (graph) {
+        CU(cudaStreamBeginCapture(o->s, cudaStreamCaptureModeGlobal));
+        for (int i = 0; i < iters; i++)
+            op_run(o);
+        CU(cudaStreamEndCapture(o->s, &g));
+        CU(cudaGraphInstantiate(&exec, g, 0));
+        CU(cudaGraphLaunch(exec, o->s)); /* warm-up */
+    }
     NC(ncclAllReduce(barrier, barrier, 1, ncclFloat32, ncclSum, o->comm, o->s));
     CU(cudaStreamSynchronize(o->s));
     CU(cudaEventRecord(e0, o->s));
-    for (int i = 0; i < iters; i++)
-        op_run(o);
+    if (graph)
+        CU(cudaGraphLaunch(exec, o->s));
+    else
+        for (int i = 0; i < iters; i++)
+            op_run(o);
     CU(cudaEventRecord(e1, o->s));
     CU(cudaEventSynchronize(e1));
     float ms = 0;
     CU(cudaEventElapsedTime(&ms, e0, e1));
     cudaEventDestroy(e0), cudaEventDestroy(e1);
+    if (graph)
+        cudaGraphExecDestroy(exec), cudaGraphDestroy(g);
     return ms / iters;
 }
 
@@ -307,9 +361,11 @@ static void rank_main(const cfg *c, ncclUniqueId id)
     }
     const float tf = time_run(gfull, s, pfull, dq, full, dfull, NULL, c->iters);
     const float ts = time_run(gpu, s, pshard, dq, shard, dpart, dlse, c->iters);
-    printf("rank %d: decode R=%d S=%d H=%d Hkv=%d D=%d bf16: unsharded %.4f ms, rank's shard "
-           "(N=%d I=%d) %.4f ms: ratio %.3f\n",
-           rank, R, c->S, H, c->Hkv, D, tf, N, c->I, ts, ts / tf);
+    const float gf = time_run_graph(gfull, s, pfull, dq, full, dfull, NULL);
+    const float gs = time_run_graph(gpu, s, pshard, dq, shard, dpart, dlse);
+    printf("rank %d: decode R=%d S=%d H=%d Hkv=%d D=%d bf16: stream: unsharded %.4f ms, rank's "
+           "shard (N=%d I=%d) %.4f ms: ratio %.3f; graph: %.4f ms, %.4f ms: ratio %.3f\n",
+           rank, R, c->S, H, c->Hkv, D, tf, N, c->I, ts, ts / tf, gf, gs, gs / gf);
     fflush(stdout);
     kva_plan_destroy(pfull), kva_plan_destroy(pshard);
     kva_cache_destroy(full), kva_cache_destroy(shard);
@@ -337,18 +393,27 @@ static void rank_main(const cfg *c, ncclUniqueId id)
     const int Ts[] = {R, 64, 512, 4096};
     for (int ti = 0; ti < 4; ti++)
         for (int m = 0; m < 2; m++) {
-            op o = {dcp, comm, s,   modes[m], 0,    Ts[ti], N,      H,
-                    D,   part, out, sbuf,     rbuf, lse,    lse_out};
-            const float tc = time_op(&o, c->iters, barrier);
-            o.bare = 1;
-            const float tb = time_op(&o, c->iters, barrier);
-            const double mb = modes[m] == KVA_DCP_COMBINE_AG_RS
-                                  ? ((double)Ts[ti] * H * 4 + (double)Ts[ti] * H * D * 4) / 1e6
-                                  : (double)Ts[ti] * H * (D * 2 + 4) / 1e6;
-            printf("rank %d: combine %-5s T=%-5d H=%d Dv=%d bf16 (%.2f MB sent): %.4f ms, bare "
-                   "collective %.4f ms: ratio %.2f\n",
-                   rank, names[m], Ts[ti], H, D, mb, tc, tb, tc / tb);
-            fflush(stdout);
+            op o = {dcp, comm, s,    modes[m], 0,    Ts[ti], N,   rank,
+                    H,   D,    part, out,      sbuf, rbuf,   lse, lse_out};
+            const int a2a = modes[m] == KVA_DCP_COMBINE_A2A;
+            const double mb = a2a ? (double)Ts[ti] * H * (D * 2 + 4) / 1e6
+                                  : ((double)Ts[ti] * H * 4 + (double)Ts[ti] * H * D * 4) / 1e6;
+            for (int graph = 0; graph < 2; graph++) {
+                o.bare = 0;
+                const float tc = time_op(&o, c->iters, graph, barrier);
+                o.bare = 1;
+                const float tb = time_op(&o, c->iters, graph, barrier);
+                o.bare = 2;
+                const float ta = a2a ? time_op(&o, c->iters, graph, barrier) : 0.f;
+                printf("rank %d: combine %-5s T=%-5d H=%d Dv=%d bf16 (%.2f MB) %s: %.4f "
+                       "ms, bare collective %.4f ms: ratio %.2f",
+                       rank, names[m], Ts[ti], H, D, mb, graph ? "graph " : "stream", tc, tb,
+                       tc / tb);
+                if (a2a)
+                    printf(" (bare a2a with self %.4f ms: ratio %.2f)", ta, tc / ta);
+                printf("\n");
+                fflush(stdout);
+            }
         }
     cudaFree(part), cudaFree(out), cudaFree(sbuf), cudaFree(rbuf), cudaFree(lse);
     cudaFree(lse_out), cudaFree(barrier), cudaFree(dq), cudaFree(dfull), cudaFree(dpart);

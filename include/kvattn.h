@@ -241,6 +241,8 @@ typedef enum kva_layout {
  * kind KVA_ATTN_INDEX; each block holds its B rows of D e4m3 codes, token
  * after token, then B float32 scales, one per token, s = max(amax / 448,
  * FLT_MIN) on write (any positive scale on read): D + 4 bytes per token.
+ * A NaN element is left out of amax and stored as NaN (0x7f); an infinite
+ * one makes s infinite (the row reads back as NaN and zeros).
  */
 typedef enum kva_quant {
     KVA_QUANT_NONE = 0,             /* K/V stored in the cache dtype (f32, f16 or bf16) */
@@ -438,11 +440,11 @@ KVA_API kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t n
  * kva_cache_write's: MHA k [T, Hkv, D], v [T, Hkv, Dv]; MLA k = c_kv
  * [T, Dc], v = k_pe [T, Dr]; INDEX k [T, D], v must be NULL. k or v may be
  * NULL to skip that half (not both). Quantized values come back as the
- * format defines them, computed in float32: code * scale (fp8 formats,
- * INT8_TOKEN_K keys; FP8_DS_MLA: the tile's scale, k_pe exactly),
- * (code - offset) * scale (int8 with static scales), then rounded to
- * dst_dtype. A slot >= NB*B is an error and nothing is written (CUDA:
- * slot_mapping is device memory; the kernel skips such a slot).
+ * format defines them (code * scale, (code - offset) * scale; FP8_DS_MLA:
+ * the tile's scale, k_pe as stored), computed in double and rounded once
+ * to F32 (exact for power-of-two scales), then to dst_dtype. A slot >= NB*B
+ * is an error and nothing is written (CUDA: slot_mapping is device memory;
+ * the kernel skips such a slot).
  */
 KVA_API kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
                                   const int64_t *slot_mapping, void *k, int64_t k_token_stride,
@@ -557,8 +559,8 @@ typedef struct kva_plan_desc {
      *     (segment_packbits), so request r starts at byte sum over r' < r of
      *     ceil(q_r'^2 / 8). Every row must hold its diagonal and no bit above
      *     it (tree tokens come in topological order).
-     * Needs causal = 1; no window, chunk, ALiBi, MLA or DCP. Reference and
-     * CPU backends (the CUDA backend refuses tree plans for now). */
+     * Needs causal = 1; no window, chunk, ALiBi, MLA or DCP. Every backend
+     * (reference, CPU, CUDA: every cache format and kernel, graph-capturable). */
     const int32_t *tree_parents;
     const uint8_t *tree_mask;
 

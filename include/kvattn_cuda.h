@@ -53,7 +53,9 @@ typedef struct kva_cuda_capacity {
  * cap (synchronizes the stream; refused while it is capturing). With
  * max_tokens > max_requests it also reserves the tile list of the tensor-core
  * prefill kernel, whose (possibly empty) launch is then part of every run of
- * a shape it supports, so a graph captured over decodes replays prefills. */
+ * a shape it supports, so a graph captured over decodes replays prefills.
+ * It also reserves max_tokens draft-tree words, so a graph replays tree
+ * plans too. */
 KVA_API kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_capacity *cap);
 
 /* Quantized caches with int8 rows cannot store NaN (kvattn.h). On CUDA a

@@ -112,7 +112,12 @@ KVA_API kva_status kva_mla_sparse_run(kva_context *ctx, const kva_plan *plan, co
  * the reference in fp64). Row t lists the min(K, pos + 1) keys of the
  * largest logits, ordered by logit, descending, ties broken by the lower
  * position first, then -1 up to K; topk_length[t] = min(K, pos + 1). A
- * NaN logit sorts below every other (it is listed last, if at all).
+ * NaN logit sorts below every other (it is listed last, if at all); ReLU
+ * keeps NaN, so a key holding NaN gets a NaN logit. Backends other than the
+ * reference may order keys whose float32 logits tie by rounding
+ * differently. The CUDA backend takes f16/bf16 q, Hi and D multiples of 16
+ * and K <= 4096 (else KVA_STATUS_UNSUPPORTED at plan time), q 16-byte
+ * aligned; indices, topk_length, q and weights are device memory there.
  */
 KVA_API kva_status kva_indexer_run(kva_context *ctx, const kva_plan *plan, const void *q,
                                    const float *weights, const kva_cache *cache, int32_t *indices,

@@ -38,10 +38,11 @@ KVA_API void kva_dcp_nccl_destroy(kva_dcp_nccl *dcp); /* NULL is a no-op */
  * Device tensors: out_part [T, H, Dv] in dtype and lse_part [T, H] float32
  * (this rank's sharded kva_attention_run); out [T, H/N, Dv] and lse_out
  * [T, H/N] (or NULL) receive the full attention of this rank's heads, as
- * kvattn_mpi.h's. Modes: KVA_DCP_COMBINE_A2A (grouped ncclSend/ncclRecv of
- * the packed blocks, then kva_merge_states_n) and KVA_DCP_COMBINE_AG_RS
- * (ncclAllGather of the LSEs, a rescale kernel, ncclReduceScatter of the
- * float32 rescaled rows). An NCCL error returns
+ * kvattn_mpi.h's. Modes: KVA_DCP_COMBINE_A2A (a pack kernel, grouped
+ * ncclSend/ncclRecv of the packed blocks with the other ranks, a merge
+ * kernel) and KVA_DCP_COMBINE_AG_RS (ncclAllGather of the LSEs, a rescale
+ * kernel, ncclReduceScatter of the float32 rescaled rows, a conversion
+ * kernel). An NCCL error returns
  * KVA_STATUS_DEVICE_ERROR with ncclGetErrorString's text.
  */
 KVA_API kva_status kva_dcp_nccl_combine(kva_dcp_nccl *dcp, kva_dcp_combine mode, int32_t num_tokens,

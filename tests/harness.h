@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int kva_test_checks_failed_;
 static int kva_test_cases_passed_;
@@ -65,10 +66,30 @@ static int kva_test_cases_failed_;
     CHECK_MSG(strstr(kva_last_error(), (substr)) != NULL, "message '%s' lacks '%s'",               \
               kva_last_error(), (substr))
 
+/* 1 under KVA_TEST_QUICK (the sanitizer stage of scripts/test.sh, the GPU
+ * machine's quick sets): slow tests run a subset of their cases, chosen so
+ * that every axis value still occurs; the Release run covers them all. */
+static inline int kva_test_quick(void)
+{
+    return getenv("KVA_TEST_QUICK") != NULL;
+}
+
+/* RUN(case): runs one test case and counts it passed or failed. With the
+ * environment variable KVA_TEST_TIMES set, each case's wall time goes to
+ * stderr (to find what makes a test slow, e.g. under the sanitizers). */
+static inline double kva_test_now_(void)
+{
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC); /* C11 */
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 #define RUN(fn)                                                                                    \
     do {                                                                                           \
         int before_ = kva_test_checks_failed_;                                                     \
+        const double t0_ = kva_test_now_();                                                        \
         fn();                                                                                      \
+        if (getenv("KVA_TEST_TIMES"))                                                              \
+            fprintf(stderr, "%8.2f s  %s\n", kva_test_now_() - t0_, #fn);                          \
         if (kva_test_checks_failed_ == before_) {                                                  \
             kva_test_cases_passed_++;                                                              \
         } else {                                                                                   \

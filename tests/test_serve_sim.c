@@ -434,6 +434,37 @@ static void test_mla_preset(void)
     serve_run_free(&run);
 }
 
+/* The Llama-4 preset: 3 local layers (attention_chunk 8192) and 1 global;
+ * then a short verified run of its pattern with a chunk the prompts cross
+ * (C 32, global every 2nd layer), so each step plans twice and the checked
+ * layers alternate between local and global. */
+static void test_chunk_preset(void)
+{
+    serve_opts o;
+    serve_opts_init(&o);
+    CHECK(serve_opts_set_model(&o, "llama4-scout-slice"));
+    CHECK(o.kind == KVA_ATTN_MHA && o.layers == 4 && o.heads == 40 && o.kv_heads == 8);
+    CHECK(o.attention_chunk == 8192 && o.chunk_global_every == 4);
+    CHECK(serve_layer_local(&o, 0) && serve_layer_local(&o, 2) && !serve_layer_local(&o, 3));
+    o.attention_chunk = 0;
+    CHECK(!serve_layer_local(&o, 0));
+
+    small_opts(&o);
+    CHECK(serve_opts_set_model(&o, "llama4-scout-slice"));
+    o.heads = 8;
+    o.kv_heads = 2;
+    o.attention_chunk = 32;
+    o.chunk_global_every = 2;
+    o.dtype = KVA_DTYPE_BF16;
+    o.verify = 1;
+    serve_run run;
+    watch w;
+    CHECK_OK(run_checked(&o, &run, &w));
+    CHECK(run.stats.verify_steps >= 3);
+    CHECK_MSG(run.stats.verify_failures == 0, "%s", run.verify_error);
+    serve_run_free(&run);
+}
+
 /* --backend cuda where this build has no CUDA runtime (the test compiles
  * tools/serve_device.c without it) or no GPU is visible: the engine refuses
  * before the first step, with BACKEND_UNAVAILABLE and a message that says
@@ -739,6 +770,7 @@ int main(void)
     RUN(test_verify_detects);
     RUN(test_mla);
     RUN(test_mla_preset);
+    RUN(test_chunk_preset);
     RUN(test_cuda_unavailable);
     RUN(test_pool_too_small);
     RUN(test_deterministic);

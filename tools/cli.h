@@ -17,12 +17,15 @@ enum { KVA_EXIT_OK = 0, KVA_EXIT_LIBRARY = 1, KVA_EXIT_USAGE = 2 };
 
 /* ---- subcommands (one file each) ---- */
 
-int kva_cli_info(int argc, char **argv);             /* cmd_info.c */
-int kva_cli_bench(int argc, char **argv);            /* cmd_bench.c */
-int kva_cli_bench_dcp(int argc, char **argv);        /* bench_dcp.c: kvattn bench --dcp N */
-void kva_cli_usage_bench(void);                      /* cmd_bench.c: the bench options */
-int kva_cli_bench_mla(int argc, char **argv);        /* bench_mla.c: kvattn bench --mla */
-int kva_cli_bench_mla_sparse(int argc, char **argv); /* bench_mla_sparse.c: --mla-sparse */
+int kva_cli_info(int argc, char **argv);      /* cmd_info.c */
+int kva_cli_bench(int argc, char **argv);     /* cmd_bench.c */
+int kva_cli_bench_dcp(int argc, char **argv); /* bench_dcp.c: kvattn bench --dcp N */
+void kva_cli_usage_bench(void);               /* cmd_bench.c: the bench options */
+int kva_cli_bench_mla(int argc, char **argv); /* bench_mla.c: kvattn bench --mla */
+/* bench_indexer.c: kvattn bench --indexer */
+int kva_cli_bench_indexer(int argc, char **argv);
+/* bench_mla_sparse.c: kvattn bench --mla-sparse */
+int kva_cli_bench_mla_sparse(int argc, char **argv);
 /* bench_cascade.c: kvattn bench --cascade */
 int kva_cli_bench_cascade(int argc, char **argv);
 int kva_cli_serve_sim(int argc, char **argv); /* cmd_serve_sim.c */

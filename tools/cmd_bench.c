@@ -59,7 +59,7 @@ void kva_cli_usage_bench(void)
            "  --attention-chunk C  local attention: keys of the query's chunk of C only\n"
            "                       (attention_chunk, Llama 4), 0 = none [0]\n"
            "  --tree chain|star|random  each request's --q-len tokens are a draft tree\n"
-           "                       (tree verification; ref and cpu) [none]\n"
+           "                       (tree verification) [none]\n"
            "  --softcap c          logits soft-cap, 0 = none     [0]\n"
            "  --alibi              ALiBi slopes 2^(-8(h+1)/H)\n"
            "  --sinks              per-head sink logits (random, unit variance)\n"
@@ -93,6 +93,8 @@ void kva_cli_usage_bench(void)
            "                       kvattn bench --mla-sparse --help)\n"
            "  --cascade            a shared-prefix decode step, plain vs cascade plan (its\n"
            "                       own options: kvattn bench --cascade --help)\n"
+           "  --indexer            DeepSeek V3.2's lightning indexer, top-K keys per token\n"
+           "                       (its own options: kvattn bench --indexer --help)\n"
            "\n"
            "Exit status: 0 success, 1 library error or failed check, 2 bad usage.\n",
            AUTO_SECONDS, AUTO_ITERS_MIN, AUTO_ITERS_MAX);
@@ -593,8 +595,11 @@ int kva_cli_bench(int argc, char **argv)
         if (strcmp(argv[i], "--mla") == 0)
             return kva_cli_bench_mla(argc, argv);
     for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--indexer") == 0)
+            return kva_cli_bench_indexer(argc, argv); /* bench_indexer.c */
+    for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--mla-sparse") == 0)
-            return kva_cli_bench_mla_sparse(argc, argv);
+            return kva_cli_bench_mla_sparse(argc, argv); /* bench_mla_sparse.c */
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--cascade") == 0)
             return kva_cli_bench_cascade(argc, argv); /* bench_cascade.c */

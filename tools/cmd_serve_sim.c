@@ -41,7 +41,10 @@ void kva_cli_usage_serve_sim(void)
            "  --no-chunked-prefill     a prefill must fit one step's budget whole\n"
            "  --no-prefix-caching      no prefix cache in the block pool\n"
            "  --hash sha256|xxh3       block hash of the prefix cache   [sha256]\n"
-           "  --cascade auto|off|on    cascade plans (docs/cascade.md)  [auto]\n",
+           "  --cascade auto|off|on    cascade plans (docs/cascade.md)  [auto]\n"
+           "  --attention-chunk C      chunked local attention of C tokens in the local\n"
+           "                           layers (Llama 4; docs/masks.md), 0 = none [0]\n"
+           "  --chunk-global-every N   with a chunk: every N-th layer is global, 0 = none [0]\n",
            (int)d.num_prompts, (int)d.input_len, (int)d.output_len, d.range_ratio,
            (int)d.prefix_len, (unsigned long long)d.seed, (int)d.max_num_batched_tokens,
            (int)d.max_num_seqs);
@@ -123,16 +126,33 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
     static const kva_dtype dtype_vals[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
     static const char *const backends[] = {"ref", "cpu", "cuda"};
     static const char *const hashes[] = {"sha256", "xxh3"};
-    static const char *const value_flags[] = {
-        "--num-prompts",     "--input-len",    "--output-len",
-        "--range-ratio",     "--prefix-len",   "--request-rate",
-        "--max-concurrency", "--seed",         "--max-num-batched-tokens",
-        "--max-num-seqs",    "--hash",         "--layers",
-        "--num-heads",       "--num-kv-heads", "--head-dim",
-        "--block-size",      "--dtype",        "--kv-quant",
-        "--num-blocks",      "--kv-cache-mem", "--backend",
-        "--threads",         "--json",         "--model",
-        "--cascade"};
+    static const char *const value_flags[] = {"--num-prompts",
+                                              "--input-len",
+                                              "--output-len",
+                                              "--range-ratio",
+                                              "--prefix-len",
+                                              "--request-rate",
+                                              "--max-concurrency",
+                                              "--seed",
+                                              "--max-num-batched-tokens",
+                                              "--max-num-seqs",
+                                              "--hash",
+                                              "--layers",
+                                              "--num-heads",
+                                              "--num-kv-heads",
+                                              "--head-dim",
+                                              "--block-size",
+                                              "--dtype",
+                                              "--kv-quant",
+                                              "--num-blocks",
+                                              "--kv-cache-mem",
+                                              "--backend",
+                                              "--threads",
+                                              "--json",
+                                              "--model",
+                                              "--cascade",
+                                              "--attention-chunk",
+                                              "--chunk-global-every"};
     const int32_t BIG = 1 << 24;
     int threads_set = 0, mha_shape_set = 0;
     serve_opts_init(o);
@@ -214,7 +234,11 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
             static const char *const modes[] = {"auto", "off", "on"};
             ok = kva_cli_parse_choice(f, val, modes, 3, &k);
             o->cascade = k; /* KVA_CASCADE_AUTO, _OFF, _ON in this order */
-        } else if (!strcmp(f, "--hash")) {
+        } else if (!strcmp(f, "--attention-chunk"))
+            ok = kva_cli_parse_i32(f, val, 0, KVA_MAX_SEQ_LEN, &o->attention_chunk);
+        else if (!strcmp(f, "--chunk-global-every"))
+            ok = kva_cli_parse_i32(f, val, 0, 1024, &o->chunk_global_every);
+        else if (!strcmp(f, "--hash")) {
             ok = kva_cli_parse_choice(f, val, hashes, 2, &k);
             o->hash = k == 0 ? KVA_POOL_HASH_SHA256 : KVA_POOL_HASH_XXH3_128;
         } else if (!strcmp(f, "--layers"))
@@ -266,6 +290,11 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
         if (o->kv_quant != KVA_QUANT_NONE && o->kv_quant != KVA_QUANT_FP8_E4M3) {
             fprintf(stderr, "kvattn: --kv-quant %s: an MLA latent cache is unquantized or fp8\n",
                     kva_quant_name(o->kv_quant));
+            return KVA_EXIT_USAGE;
+        }
+        if (o->attention_chunk > 0) {
+            fprintf(stderr, "kvattn: --attention-chunk %d: MLA layers take no local chunk\n",
+                    (int)o->attention_chunk);
             return KVA_EXIT_USAGE;
         }
     } else if (o->head_dim % 8 != 0) {

@@ -120,7 +120,8 @@ static kva_status warm_up(serve_engine *e)
     const int32_t T = e->qsl[R];
     for (int32_t t = 0; t < T; t++)
         e->slots[t] = -1;
-    kva_plan_desc pd = serve_step_desc(o, R, e->qsl, e->seq_lens, e->bt, stride);
+    kva_plan_desc pd =
+        serve_step_desc(o, R, e->qsl, e->seq_lens, e->bt, stride, serve_layer_local(o, 0));
     kva_plan *plan = NULL;
     if ((rc = kva_plan_create(e->ctx, &pd, &plan)) != KVA_STATUS_OK)
         return rc;
@@ -397,7 +398,8 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
     e->qsl[R] = T;
     st->scheduled_tokens += T;
 
-    kva_plan_desc pd = serve_step_desc(o, R, e->qsl, e->seq_lens, e->bt, stride);
+    int local = serve_layer_local(o, 0);
+    kva_plan_desc pd = serve_step_desc(o, R, e->qsl, e->seq_lens, e->bt, stride, local);
     kva_plan *plan = NULL;
     double t0 = serve_now();
     if ((rc = kva_plan_create(e->ctx, &pd, &plan)) != KVA_STATUS_OK)
@@ -431,6 +433,21 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
             serve_engine_dev_fail(e, rc);
     }
     for (int32_t l = 0; l < o->layers && rc == KVA_STATUS_OK; l++) {
+        if (serve_layer_local(o, l) != local) {
+            /* Local (chunked) and global layers take plans of their own; a
+             * CUDA context keeps only its latest plan's metadata, so the step
+             * plans again where the layer kind changes (the upload lands in
+             * the next layer's write time on CUDA). */
+            local = !local;
+            t0 = serve_now();
+            kva_plan_destroy(plan);
+            plan = NULL;
+            pd = serve_step_desc(o, R, e->qsl, e->seq_lens, e->bt, stride, local);
+            rc = kva_plan_create(e->ctx, &pd, &plan);
+            st->plan_s += serve_now() - t0;
+            if (rc != KVA_STATUS_OK)
+                break;
+        }
         size_t shift = (size_t)((e->step * 7 + l * 13) % RAND_SHIFTS) * sh->unit;
         /* Host slices; on CUDA the same offsets into the device copy. */
         const char *hq = (const char *)e->rand + shift * e->es;

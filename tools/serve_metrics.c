@@ -163,6 +163,10 @@ void serve_print_header(FILE *f, const serve_opts *o, const serve_run *run)
         snprintf(shape, sizeof shape, "MLA H=%d Dc=%d Dr=%d Dn=%d Dv=%d", (int)o->heads,
                  (int)o->mla_kv_rank, (int)o->mla_rope_dim, (int)o->mla_nope_dim,
                  (int)o->mla_v_dim);
+    else if (o->attention_chunk > 0)
+        snprintf(shape, sizeof shape, "H=%d Hkv=%d D=%d chunk %d (global every %d)", (int)o->heads,
+                 (int)o->kv_heads, (int)o->head_dim, (int)o->attention_chunk,
+                 (int)o->chunk_global_every);
     else
         snprintf(shape, sizeof shape, "H=%d Hkv=%d D=%d", (int)o->heads, (int)o->kv_heads,
                  (int)o->head_dim);
@@ -346,6 +350,9 @@ int serve_write_json(const char *path, const serve_opts *o, const serve_run *run
             (int)o->layers, (int)o->heads, (int)o->kv_heads, (int)o->head_dim,
             kva_dtype_name(o->dtype), kva_quant_name(o->kv_quant), (int)o->block_size,
             (int)run->num_blocks, o->kind == KVA_ATTN_MLA ? "mla" : "mha");
+    if (o->attention_chunk > 0)
+        fprintf(f, ", \"attention_chunk\": %d, \"chunk_global_every\": %d", (int)o->attention_chunk,
+                (int)o->chunk_global_every);
     if (o->kind == KVA_ATTN_MLA)
         fprintf(f,
                 ", \"kv_lora_rank\": %d, \"qk_rope_head_dim\": %d, \"qk_nope_head_dim\": %d, "

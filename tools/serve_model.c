@@ -28,13 +28,19 @@ typedef struct serve_preset {
     kva_attn_kind kind;
     int32_t layers, heads, kv_heads, head_dim; /* MHA */
     int32_t Dc, Dr, Dn, Dv;                    /* MLA */
+    int32_t chunk, global_every;               /* attention_chunk of the local layers */
 } serve_preset;
 
 static const serve_preset presets[] = {
     {"llama3-8b-slice", "4 layers of Llama-3-8B's attention (H 32, Hkv 8, D 128)", KVA_ATTN_MHA, 4,
-     32, 8, 128, 0, 0, 0, 0},
+     32, 8, 128, 0, 0, 0, 0, 0, 0},
     {"deepseek-v2-lite", "DeepSeek-V2-Lite: 27 MLA layers, H 16, Dc 512, Dr 64, Dn 128, Dv 128",
-     KVA_ATTN_MLA, 27, 16, 1, 576, 512, 64, 128, 128},
+     KVA_ATTN_MLA, 27, 16, 1, 576, 512, 64, 128, 128, 0, 0},
+    /* Llama 4 (Scout, Maverick): 3 of 4 layers attend within chunks of 8192
+     * (attention_chunk_size), every 4th layer sees the whole context. */
+    {"llama4-scout-slice",
+     "4 layers of Llama-4-Scout's attention (H 40, Hkv 8, D 128): 3 local (chunk 8192), 1 global",
+     KVA_ATTN_MHA, 4, 40, 8, 128, 0, 0, 0, 0, 8192, 4},
 };
 
 int serve_opts_set_model(serve_opts *o, const char *name)
@@ -52,6 +58,8 @@ int serve_opts_set_model(serve_opts *o, const char *name)
         o->mla_rope_dim = p->Dr;
         o->mla_nope_dim = p->Dn;
         o->mla_v_dim = p->Dv;
+        o->attention_chunk = p->chunk;
+        o->chunk_global_every = p->global_every;
         return 1;
     }
     return 0;
@@ -150,8 +158,14 @@ kva_status serve_cache_create(kva_context *ctx, const serve_opts *o, kva_cache *
     return kva_cache_create_quant(ctx, &desc, pp, out);
 }
 
+int serve_layer_local(const serve_opts *o, int32_t l)
+{
+    const int32_t n = o->chunk_global_every;
+    return o->attention_chunk > 0 && !(n > 0 && l % n == n - 1);
+}
+
 kva_plan_desc serve_step_desc(const serve_opts *o, int32_t R, const int32_t *qsl,
-                              const int32_t *seq_lens, const int32_t *bt, int32_t stride)
+                              const int32_t *seq_lens, const int32_t *bt, int32_t stride, int local)
 {
     kva_plan_desc pd = {0};
     pd.num_requests = R;
@@ -164,6 +178,7 @@ kva_plan_desc serve_step_desc(const serve_opts *o, int32_t R, const int32_t *qsl
     pd.q_dtype = o->dtype;
     pd.causal = 1;
     pd.window_left = -1;
+    pd.attention_chunk = local ? o->attention_chunk : 0;
     pd.cascade = o->cascade;
     if (o->kind == KVA_ATTN_MLA) {
         /* The latent cache's shape; the model's scale 1/sqrt(Dn + Dr). */

@@ -53,6 +53,11 @@ typedef struct serve_opts {
     int32_t mla_rope_dim; /* Dr (qk_rope_head_dim) */
     int32_t mla_nope_dim; /* Dn (qk_nope_head_dim) */
     int32_t mla_v_dim;    /* Dv (v_head_dim) */
+    /* Chunked local attention (Llama 4, docs/masks.md): the local layers'
+     * plans take attention_chunk C; every chunk_global_every-th layer (l % N
+     * == N - 1) is global (no chunk); 0 = every layer local. C = 0: none. */
+    int32_t attention_chunk;
+    int32_t chunk_global_every;
     int32_t block_size;
     kva_dtype dtype;      /* q, output and (unquantized) cache dtype */
     kva_quant kv_quant;   /* cache format (docs/quant.md); KVA_QUANT_NONE by default */
@@ -120,10 +125,15 @@ int64_t serve_block_bytes(const serve_opts *o);
 /* Creates one layer's cache on ctx: the model's shape, the NHD layout and
  * --kv-quant's format with the static scales serve-sim uses. */
 kva_status serve_cache_create(kva_context *ctx, const serve_opts *o, kva_cache **out);
+/* 1 if layer l is a local (chunked) layer: attention_chunk > 0 and l is not
+ * one of the every-N-th global layers. */
+int serve_layer_local(const serve_opts *o, int32_t l);
 /* The plan descriptor of a step: causal, no window, the model's shapes
- * (MLA: the latent cache's, the layer-level head sizes, scale 1/sqrt(Dn + Dr)). */
+ * (MLA: the latent cache's, the layer-level head sizes, scale 1/sqrt(Dn + Dr));
+ * local != 0: the local layers' attention_chunk. */
 kva_plan_desc serve_step_desc(const serve_opts *o, int32_t R, const int32_t *qsl,
-                              const int32_t *seq_lens, const int32_t *bt, int32_t stride);
+                              const int32_t *seq_lens, const int32_t *bt, int32_t stride,
+                              int local);
 /* One layer's attention: kva_attention_run, or for MLA kva_mla_run with the
  * layer's weights (w_uk, w_uv unused for MHA). out: [T, shape.out]. */
 kva_status serve_layer_attention(kva_context *ctx, const serve_opts *o, const kva_plan *plan,

@@ -181,7 +181,8 @@ static kva_status verify_layer(serve_engine *e, int32_t R, int32_t stride, int32
     }
     e->v_qsl[n] = t;
     kva_test_poison(e->v_out, o->dtype, (size_t)t * on);
-    kva_plan_desc pd = serve_step_desc(o, n, e->v_qsl, v_seq, e->v_bt, stride);
+    kva_plan_desc pd =
+        serve_step_desc(o, n, e->v_qsl, v_seq, e->v_bt, stride, serve_layer_local(o, l));
     kva_plan *plan = NULL;
     kva_status rc = kva_plan_create(e->ref, &pd, &plan);
     if (rc == KVA_STATUS_OK)

@@ -82,17 +82,7 @@ static kva_status check_cache_for_plan(const char *fn, const kva_context *ctx, c
                          fn, (int)plan->max_block_id, (int)c->num_blocks);
     /* Kernels read the cache where it lives: in the context's own memory
      * space (ref and CPU share host memory), on the context's device. */
-    if (cache->mem != ctx->ops->memory)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: cache lives in %s memory but the context's backend '%s' reads %s "
-                         "memory",
-                         fn, cache->mem->name, kva_backend_name(ctx->backend),
-                         ctx->ops->memory->name);
-    if (cache->mem->per_device && cache->device_id != ctx->device_id)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: cache lives on device %d but the context uses device %d", fn,
-                         (int)cache->device_id, (int)ctx->device_id);
-    return KVA_STATUS_OK;
+    return kva__cache_check_space(fn, ctx, cache);
 }
 
 /* Checks that every tensor pointer given is aligned to its element size (q, k,
@@ -115,7 +105,7 @@ static kva_status check_aligned_tensors(const kva_plan *plan, const void *q, con
  * fp8_ds_mla caches, which only kva_mla_sparse_run reads. */
 static kva_status check_dense(const char *fn, const kva_plan *plan, const kva_cache *cache)
 {
-    if (plan->d.sparse_topk > 0)
+    if (plan->d.kind == KVA_ATTN_MLA && plan->d.sparse_topk > 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: the plan is a sparse MLA plan (sparse_topk = %d): run it with "
                          "kva_mla_sparse_run",
@@ -146,6 +136,10 @@ kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, const void 
     if (T == 0)
         return KVA_STATUS_OK;
     KVA_TRY(check_aligned_tensors(plan, q, NULL, NULL, sinks, out, lse));
+    if (plan->d.kind == KVA_ATTN_INDEX)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_attention_run: the plan is an indexer plan (kind KVA_ATTN_INDEX): "
+                         "run it with kva_indexer_run");
     /* MLA plans were refused at plan time by a backend without MLA kernels. */
     if (plan->d.kind == KVA_ATTN_MLA)
         return ctx->ops->mla_attention_paged(ctx, plan, q, cache, sinks, out, lse);
@@ -287,10 +281,12 @@ kva_status kva_attention_run_ragged(kva_context *ctx, const kva_plan *plan, cons
         KVA_CHECK_PTR(out);
     }
     KVA_TRY(check_plan_for_context(__func__, ctx, plan));
-    if (plan->d.kind == KVA_ATTN_MLA)
+    if (plan->d.kind != KVA_ATTN_MHA)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_attention_run_ragged: plan kind is KVA_ATTN_MLA: MLA runs over a "
-                         "latent cache (kva_attention_run, kva_mla_run)");
+                         "kva_attention_run_ragged: plan kind is %s: MLA runs over a latent cache "
+                         "(kva_attention_run, kva_mla_run), the indexer over an index-key cache "
+                         "(kva_indexer_run)",
+                         plan->d.kind == KVA_ATTN_MLA ? "KVA_ATTN_MLA" : "KVA_ATTN_INDEX");
     if (plan->cascade)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_attention_run_ragged: the plan is a cascade plan (it reads shared "
@@ -425,17 +421,41 @@ kva_status kva_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_t
                                     out_stride, lses, lse_stride, out, lse_out);
 }
 
-/* Declared in kvattn_mla.h, being built (issue 17): no plan or cache of
- * this kind can be created yet, so this only checks its handles and
- * refuses. */
+/* The indexer (kvattn_mla.h): O(1) checks as every run, then the backend.
+ * Nothing is written on failure. */
 kva_status kva_indexer_run(kva_context *ctx, const kva_plan *plan, const void *q,
                            const float *weights, const kva_cache *cache, int32_t *indices,
                            int64_t indices_stride, int32_t *topk_length)
 {
+    static const char fn[] = "kva_indexer_run";
     kva__clear_error();
     KVA_CHECK_PTR(ctx);
     KVA_CHECK_PTR(plan);
     KVA_CHECK_PTR(cache);
-    (void)q, (void)weights, (void)indices, (void)indices_stride, (void)topk_length;
-    return kva__fail(KVA_STATUS_UNSUPPORTED, "kva_indexer_run: not in this build yet");
+    if (plan->d.kind != KVA_ATTN_INDEX)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: plan kind = %d is not KVA_ATTN_INDEX",
+                         fn, (int)plan->d.kind);
+    const int32_t T = plan->info.num_tokens, K = plan->d.sparse_topk;
+    if (indices_stride == 0)
+        indices_stride = K;
+    if (indices_stride < K || indices_stride > PTRDIFF_MAX / 4 / (T > 0 ? T : 1))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: indices_stride = %lld: must be 0 (means K) or at least K = %d (and "
+                         "not overflow)",
+                         fn, (long long)indices_stride, (int)K);
+    if (T > 0) {
+        KVA_CHECK_PTR(q);
+        KVA_CHECK_PTR(weights);
+        KVA_CHECK_PTR(indices);
+    }
+    KVA_TRY(check_plan_for_context(fn, ctx, plan));
+    KVA_TRY(check_cache_for_plan(fn, ctx, plan, cache));
+    if (T == 0)
+        return KVA_STATUS_OK;
+    KVA_CHECK_ALIGNED(q, kva_dtype_size(plan->d.q_dtype));
+    KVA_CHECK_ALIGNED(weights, sizeof(float));
+    KVA_CHECK_ALIGNED(indices, sizeof(int32_t));
+    KVA_CHECK_ALIGNED(topk_length, sizeof(int32_t));
+    /* Indexer plans were refused at plan time by a backend without one. */
+    return ctx->ops->indexer(ctx, plan, q, weights, cache, indices, indices_stride, topk_length);
 }

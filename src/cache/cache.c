@@ -113,17 +113,19 @@ static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cac
                          "%s: desc->kind = %d is not a kva_attn_kind (0 .. %d)", fn, (int)d->kind,
                          (int)KVA_ATTN_KIND_COUNT_ - 1);
     /* Declared in kvattn.h, being built (issue 17): refused until then. */
-    if (d->kind == KVA_ATTN_INDEX || d->quant == KVA_QUANT_FP8_TOKEN)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "%s: desc->kind = %d, quant = %s: index-key caches and the fp8_token "
-                         "format are not in this build yet",
-                         fn, (int)d->kind, kva_quant_name(d->quant));
     if (d->kind == KVA_ATTN_MLA)
         KVA_TRY(validate_mla(fn, d));
     else if (d->quant == KVA_QUANT_FP8_DS_MLA)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "%s: desc->quant = fp8_ds_mla with kind = %d: the format holds latent "
                          "rows, for kind KVA_ATTN_MLA caches only",
+                         fn, (int)d->kind);
+    if (d->kind == KVA_ATTN_INDEX)
+        KVA_TRY(kva__index_cache_validate(fn, d));
+    else if (d->quant == KVA_QUANT_FP8_TOKEN)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: desc->quant = fp8_token is the index-key format: it needs kind "
+                         "KVA_ATTN_INDEX (got kind %d)",
                          fn, (int)d->kind);
     kva_dtype k_dtype = d->dtype; /* storage dtype of K elements */
     if (d->quant == KVA_QUANT_NONE) {
@@ -140,7 +142,8 @@ static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cac
                              fn, kva_dtype_name(d->dtype), kva_quant_name(d->quant));
         k_dtype = KVA_DTYPE_I8;
     } else {
-        const kva_dtype want = d->quant == KVA_QUANT_FP8_E4M3 || d->quant == KVA_QUANT_FP8_DS_MLA
+        const kva_dtype want = d->quant == KVA_QUANT_FP8_E4M3 || d->quant == KVA_QUANT_FP8_DS_MLA ||
+                                       d->quant == KVA_QUANT_FP8_TOKEN
                                    ? KVA_DTYPE_FP8_E4M3
                                    : KVA_DTYPE_I8;
         if (d->dtype != want)
@@ -155,14 +158,16 @@ static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cac
     const uint64_t limit = (uint64_t)PTRDIFF_MAX;
     uint64_t rows = 0, kb = 0, vb = 0, tb = 0;
     size_t elem = kva_dtype_size(k_dtype), v_elem = kva_dtype_size(d->dtype);
-    /* Bytes of one kv head's K row: D elements, or an fp8_ds_mla row. */
-    const uint64_t k_row_bytes = d->quant == KVA_QUANT_FP8_DS_MLA
-                                     ? (uint64_t)kva__ds_mla_row_bytes(d->head_dim, d->head_dim_v)
-                                     : (uint64_t)d->head_dim * elem;
+    /* Bytes of one kv head's K row: D elements (an FP8_TOKEN row carries its
+     * float32 scale: D + 4 bytes), or an fp8_ds_mla row. MLA and index-key
+     * caches keep no V rows. */
+    const uint64_t k_row = d->quant == KVA_QUANT_FP8_DS_MLA
+                               ? (uint64_t)kva__ds_mla_row_bytes(d->head_dim, d->head_dim_v)
+                               : (uint64_t)d->head_dim * elem + kva__index_scale_bytes(d);
     int ok = mul_within((uint64_t)d->num_blocks, (uint64_t)d->block_size, limit, &rows) &&
              mul_within(rows, (uint64_t)d->num_kv_heads, limit, &rows) &&
-             mul_within(rows, k_row_bytes, limit, &kb) &&
-             mul_within(rows, d->kind == KVA_ATTN_MLA ? 0 : (uint64_t)dv * v_elem, limit, &vb) &&
+             mul_within(rows, k_row, limit, &kb) &&
+             mul_within(rows, d->kind != KVA_ATTN_MHA ? 0 : (uint64_t)dv * v_elem, limit, &vb) &&
              mul_within(rows, sizeof(float), limit, &tb);
     if (!ok)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
@@ -193,6 +198,10 @@ static kva_status check_mla_backend(const char *fn, const kva_context *ctx, cons
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "%s: desc->quant = fp8_ds_mla: backend '%s' has no sparse MLA kernels", fn,
                          kva_backend_name(ctx->backend));
+    if (d->kind == KVA_ATTN_INDEX && !ctx->ops->indexer)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: desc->kind = KVA_ATTN_INDEX: backend '%s' has no indexer", fn,
+                         kva_backend_name(ctx->backend));
     return KVA_STATUS_OK;
 }
 
@@ -221,8 +230,11 @@ static kva_status new_handle(const char *fn, kva_context *ctx, const kva_cache_d
      * block is B rows of kva__ds_mla_row_bytes 1-byte elements. */
     if (resolved->quant == KVA_QUANT_FP8_DS_MLA)
         c->k_block_elems = rows * kva__ds_mla_row_bytes(resolved->head_dim, resolved->head_dim_v);
-    /* An MLA cache keeps its values inside the K rows: no V storage. */
-    c->v_block_elems = resolved->kind == KVA_ATTN_MLA ? 0 : rows * resolved->head_dim_v;
+    /* An FP8_TOKEN block ends with its B float32 scales (1-byte elements). */
+    c->k_block_elems += rows * (int64_t)kva__index_scale_bytes(resolved);
+    /* An MLA cache keeps its values inside the K rows, an index-key cache
+     * has none: no V storage. */
+    c->v_block_elems = resolved->kind != KVA_ATTN_MHA ? 0 : rows * resolved->head_dim_v;
     *out = c;
     return KVA_STATUS_OK;
 }
@@ -316,11 +328,11 @@ static kva_status wrap(const char *fn, kva_context *ctx, const kva_cache_desc *d
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: k_data = %p is not aligned to the %zu-byte %s element", fn, k_data,
                          elem, kva_dtype_name(d.dtype));
-    if (d.kind == KVA_ATTN_MLA) {
+    if (d.kind != KVA_ATTN_MHA) {
         if (v_data)
             return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                             "%s: v_data = %p, but an MLA cache keeps its values in the K rows: "
-                             "pass NULL",
+                             "%s: v_data = %p, but an MLA cache keeps its values in the K rows "
+                             "and an index-key cache has none: pass NULL",
                              fn, v_data);
         v_data = k_data;
         vb = 0;
@@ -352,7 +364,7 @@ kva_status kva_cache_create_from(kva_context *ctx, const kva_cache_desc *desc, v
     KVA_CHECK_PTR(ctx);
     KVA_CHECK_PTR(desc);
     KVA_CHECK_PTR(k_data);
-    if (desc->kind != KVA_ATTN_MLA)
+    if (desc->kind == KVA_ATTN_MHA)
         KVA_CHECK_PTR(v_data);
     KVA_CHECK_PTR(out);
     return wrap(fn, ctx, desc, k_data, v_data, 0, out);
@@ -370,11 +382,11 @@ kva_status kva_cache_create_from_interleaved(kva_context *ctx, const kva_cache_d
     kva_cache_desc d;
     uint64_t kb, vb, tb;
     KVA_TRY(validate_desc(fn, desc, &d, &kb, &vb, &tb));
-    if (d.kind == KVA_ATTN_MLA)
+    if (d.kind != KVA_ATTN_MHA)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "%s: desc->kind = KVA_ATTN_MLA: a latent cache has no V pages to "
+                         "%s: desc->kind = %s: latent and index-key caches have no V pages to "
                          "interleave; use kva_cache_create_from",
-                         fn);
+                         fn, d.kind == KVA_ATTN_MLA ? "KVA_ATTN_MLA" : "KVA_ATTN_INDEX");
     if (d.head_dim_v != d.head_dim)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "%s: head_dim_v = %d differs from head_dim = %d: interleaved K/V pages "
@@ -388,6 +400,21 @@ kva_status kva_cache_create_from_interleaved(kva_context *ctx, const kva_cache_d
     uint64_t page = kb / (uint64_t)d.num_blocks;
     d.num_blocks = 2 * d.num_blocks - 1;
     return wrap(fn, ctx, &d, kv_data, (char *)kv_data + page, 1, out);
+}
+
+kva_status kva__cache_check_space(const char *fn, const kva_context *ctx, const kva_cache *cache)
+{
+    if (cache->mem != ctx->ops->memory)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: cache lives in %s memory but the context's backend '%s' reads %s "
+                         "memory",
+                         fn, cache->mem->name, kva_backend_name(ctx->backend),
+                         ctx->ops->memory->name);
+    if (cache->mem->per_device && cache->device_id != ctx->device_id)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: cache lives on device %d but the context uses device %d", fn,
+                         (int)cache->device_id, (int)ctx->device_id);
+    return KVA_STATUS_OK;
 }
 
 void kva_cache_destroy(kva_cache *cache)

@@ -17,7 +17,9 @@
 /* Decodes one K (is_v = 0) or V (is_v = 1) row of kv head h at (block,
  * off), channels [c0, c0 + n) of the stored row, into x [n] float32:
  * unquantized values exactly, int8 as (code - offset) * scale, fp8 as
- * code * scale, each in float32, and fp8_ds_mla through its tile scales. */
+ * code * scale, fp8_ds_mla through its tile scales, each computed exactly
+ * (in double where the float32 product would round twice) and rounded once
+ * to float32. */
 static void decode_row(const kva_cache *c, int is_v, int64_t block, int64_t off, int64_t h,
                        int64_t c0, int64_t n, float *x)
 {
@@ -53,7 +55,7 @@ static void decode_row(const kva_cache *c, int is_v, int64_t block, int64_t off,
             x[i] = (float)((const int8_t *)base)[e + i] * s;
     } else if (kva__quant_is_int8(d->quant, is_v)) {
         for (int64_t i = 0; i < n; i++)
-            x[i] = ((float)((const int8_t *)base)[e + i] - offset[i]) * scale[i];
+            x[i] = (float)(((double)((const int8_t *)base)[e + i] - offset[i]) * scale[i]);
     } else { /* FP8_E4M3 */
         for (int64_t i = 0; i < n; i++)
             x[i] = kva_fp8_e4m3_to_f32(((const uint8_t *)base)[e + i]) * scale[i];
@@ -66,10 +68,8 @@ kva_status kva__host_cache_read(kva_context *ctx, const kva_cache *cache, int32_
 {
     (void)ctx;
     const kva_cache_desc *d = &cache->desc;
-    if (d->kind == KVA_ATTN_INDEX)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_cache_read: index-key caches (KVA_ATTN_INDEX) cannot be read back "
-                         "in this build yet");
+    if (d->kind == KVA_ATTN_INDEX) /* src/cache/index_cache.c */
+        return kva__host_index_read(ctx, cache, num_tokens, slot_mapping, k, k_stride, dst_dtype);
     const int64_t num_slots = (int64_t)d->num_blocks * d->block_size;
     for (int32_t t = 0; t < num_tokens; t++)
         if (slot_mapping[t] >= num_slots)
@@ -118,6 +118,9 @@ kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_
     kva__clear_error();
     KVA_CHECK_PTR(ctx);
     KVA_CHECK_PTR(cache);
+    if (cache->desc.kind == KVA_ATTN_INDEX) /* its own checks: src/cache/index_cache.c */
+        return kva__index_cache_read(ctx, cache, num_tokens, slot_mapping, k, k_token_stride, v,
+                                     v_token_stride, dst_dtype);
     if (num_tokens < 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva_cache_read: num_tokens = %d is negative",
                          (int)num_tokens);
@@ -132,19 +135,7 @@ kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_
         return kva__fail(KVA_STATUS_NULL_POINTER,
                          "kva_cache_read: k and v are both NULL (pass at least one)");
     const kva_cache_desc *d = &cache->desc;
-    if (d->kind == KVA_ATTN_INDEX && v)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_cache_read: v = %p, but an index-key cache has no values: pass NULL",
-                         v);
-    if (cache->mem != ctx->ops->memory)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_cache_read: ctx backend '%s' (%s memory) cannot read a cache in %s "
-                         "memory",
-                         kva_backend_name(ctx->backend), ctx->ops->memory->name, cache->mem->name);
-    if (cache->mem->per_device && cache->device_id != ctx->device_id)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_cache_read: cache lives on device %d but the context uses device %d",
-                         (int)cache->device_id, (int)ctx->device_id);
+    KVA_TRY(kva__cache_check_space("kva_cache_read", ctx, cache));
     /* Destination row widths, as kva_cache_write's sources. */
     const int mla = d->kind == KVA_ATTN_MLA;
     const int64_t hkv = d->num_kv_heads;

@@ -137,6 +137,12 @@ kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_token
     /* Source row widths: K and V rows of all kv heads; for an MLA cache
      * c_kv (Dc) and k_pe (Dr = D - Dc), the two parts of one latent row. */
     const int mla = d->kind == KVA_ATTN_MLA;
+    /* An index-key cache takes key rows [T, D] only (v = NULL). */
+    if (d->kind == KVA_ATTN_INDEX && v)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_cache_write: v = %p, but an index-key cache (kind KVA_ATTN_INDEX) "
+                         "has no values: pass NULL",
+                         v);
     const int64_t k_row = mla ? d->head_dim_v : hkv * d->head_dim;
     const int64_t v_row = mla ? d->head_dim - d->head_dim_v : hkv * d->head_dim_v;
     const size_t src_elem = kva_dtype_size(src_dtype);
@@ -148,7 +154,8 @@ kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_token
     if (num_tokens == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(k);
-    KVA_CHECK_PTR(v);
+    if (d->kind != KVA_ATTN_INDEX)
+        KVA_CHECK_PTR(v);
     KVA_CHECK_PTR(slot_mapping);
     KVA_CHECK_ALIGNED(k, src_elem);
     KVA_CHECK_ALIGNED(v, src_elem);
@@ -203,6 +210,8 @@ kva_status kva__host_cache_write(kva_context *ctx, kva_cache *cache, int32_t num
                                  kva_dtype src_dtype, const int64_t *slot_mapping)
 {
     const kva_cache_desc *d = &cache->desc;
+    if (d->kind == KVA_ATTN_INDEX) /* src/cache/index_cache.c */
+        return kva__host_index_write(ctx, cache, num_tokens, k, ks, src_dtype, slot_mapping);
     const int64_t hkv = d->num_kv_heads, dk = d->head_dim, dv = d->head_dim_v;
     const size_t src_elem = kva_dtype_size(src_dtype);
     /* Every slot is checked before anything is written. */

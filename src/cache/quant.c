@@ -163,6 +163,9 @@ kva_status kva__quant_params_expand(const char *fn, const kva_cache_desc *d,
     const int64_t hkv = d->num_kv_heads, dk = d->head_dim, dv = d->head_dim_v;
     for (int i = 0; i < 4; i++)
         KVA_TRY(check_array(fn, &arr[i], req[i], allow[i], hkv, i < 2 ? dk : dv, per_channel, q));
+    /* FP8_TOKEN rows carry their own scales (src/cache/index_cache.c). */
+    if (q == KVA_QUANT_FP8_TOKEN)
+        return KVA_STATUS_OK;
     const size_t n = (size_t)(2 * hkv * dk + 2 * hkv * dv);
     float *buf = malloc(n * sizeof(float));
     if (!buf)

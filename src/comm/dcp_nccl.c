@@ -1,35 +1,64 @@
 /*
  * dcp_nccl.c - the decode-context-parallel combine over NCCL (kvattn_nccl.h).
  *
- * A2A, as dcp_mpi.c's: per destination k the rank packs [its out rows of
- * k's heads (T*Hn*Dv in dtype) | their lse (T*Hn float32)] into one block of
- * a device buffer with two strided copies (cudaMemcpy2DAsync: T rows of Hn
- * heads out of H); a grouped ncclSend/ncclRecv per peer exchanges the
- * blocks (NCCL has no all-to-all call; this is how its docs build one); and
- * kva_merge_states_n merges the N received blocks in place (part stride = one
- * block). Everything runs on the context's stream, with no allocation and no
- * host synchronization, so it can be graph-captured.
+ * A2A, as dcp_mpi.c's: one kernel (dcp_nccl_kernels.cu) packs, for every
+ * other rank k, [its out rows of k's heads (T*Hn*Dv in dtype) | their lse
+ * (T*Hn float32)] into block k of a device buffer; a grouped
+ * ncclSend/ncclRecv per peer exchanges the blocks (NCCL has no all-to-all
+ * call; this is how its docs build one; no send to itself); and one merge
+ * kernel combines the N - 1 received blocks with this rank's own rows, read
+ * in place from the partial. Three operations on the context's stream, no
+ * allocation and no host synchronization, so it can be graph-captured.
  *
  * AG_RS, as dcp_mpi.c's (vLLM's cp_lse_ag_out_rs): ncclAllGather of the LSEs
- * [N, T, H]; a kernel (dcp_nccl_agrs.cu) weights each row of this rank's
- * partial by exp(lse_part - lse) into float32 [N][T][Hn][Dv] (block k = rank
- * k's heads) and writes lse_out; ncclReduceScatter sums block k on rank k
- * (straight into out for F32 outputs); a kernel converts to F16 / BF16.
+ * [N, T, H]; a kernel weights each row of this rank's partial by
+ * exp(lse_part - lse) into float32 [N][T][Hn][Dv] (block k = rank k's heads)
+ * and writes lse_out; ncclReduceScatter sums block k on rank k (straight into
+ * out for F32 outputs); a kernel converts to F16 / BF16.
+ *
+ * The kernels use 16-byte accesses when the caller's out_part and out are
+ * 16-byte aligned (cudaMalloc's are), element accesses otherwise.
  */
 #include "dcp_group.h"
 #include "kvattn_cuda.h"
 #include "kvattn_nccl.h"
 
 #include <cuda_runtime_api.h>
+#include <stdint.h>
 #include <stdlib.h>
 
-/* dcp_nccl_agrs.cu (shapes there). */
-cudaError_t kva__dcp_nccl_rescale(cudaStream_t s, kva_dtype dt, int32_t N, int32_t Tn, int32_t H,
-                                  int32_t Dv, int32_t rank, const float *lses,
+/* dcp_nccl_kernels.cu (shapes there). */
+cudaError_t kva__dcp_nccl_a2a_pack(cudaStream_t s, size_t es, int vec, int32_t N, int32_t Tn,
+                                   int32_t H, int32_t Dv, int32_t rank, size_t block,
+                                   size_t out_bytes, const void *out_part, const float *lse_part,
+                                   void *send);
+cudaError_t kva__dcp_nccl_a2a_merge(cudaStream_t s, kva_dtype dt, int vec, int32_t N, int32_t Tn,
+                                    int32_t H, int32_t Dv, int32_t rank, size_t block,
+                                    size_t out_bytes, const void *out_part, const float *lse_part,
+                                    const void *recv, void *out, float *lse_out);
+cudaError_t kva__dcp_nccl_rescale(cudaStream_t s, kva_dtype dt, int vec, int32_t N, int32_t Tn,
+                                  int32_t H, int32_t Dv, int32_t rank, const float *lses,
                                   const float *lse_part, const void *out_part, float *send,
                                   float *lse_out);
-cudaError_t kva__dcp_nccl_convert(cudaStream_t s, kva_dtype dt, int64_t n, const float *src,
-                                  void *dst);
+cudaError_t kva__dcp_nccl_convert(cudaStream_t s, kva_dtype dt, int vec, int64_t n,
+                                  const float *src, void *dst);
+
+/* A2A's block stride for T tokens: [T*Hn*Dv in dtype | T*Hn float32], rounded
+ * up to 16 bytes so every block starts 16-byte aligned (*used: the bytes
+ * sent, *out_bytes: where the lses start). */
+static size_t a2a_block(const kva__dcp_group *g, int32_t T, size_t *used, size_t *out_bytes)
+{
+    const size_t Hn = (size_t)(g->num_heads / g->size);
+    *out_bytes = (size_t)T * Hn * g->head_dim_v * g->es;
+    *used = *out_bytes + (size_t)T * Hn * 4;
+    return (*used + 15) & ~(size_t)15;
+}
+
+/* Whether p is 16-byte aligned. */
+static int aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15) == 0;
+}
 
 struct kva_dcp_nccl {
     kva__dcp_group g;
@@ -64,9 +93,10 @@ kva_status kva_dcp_nccl_create(kva_context *ctx, ncclComm_t comm, int32_t max_to
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_dcp_nccl_create: out of memory");
     c->g = g;
     c->comm = comm;
-    /* The larger of the modes' buffers: A2A's N blocks of T*Hn*(Dv*es + 4)
-     * bytes, AG_RS's T*H*Dv float32 (send; recv needs 1/N of it). */
-    const size_t a2a = (size_t)max_tokens * num_heads * ((size_t)head_dim_v * c->g.es + 4);
+    /* The larger of the modes' buffers: A2A's N blocks (a2a_block), AG_RS's
+     * T*H*Dv float32 (send; recv needs 1/N of it). */
+    size_t used, ob;
+    const size_t a2a = (size_t)size * a2a_block(&c->g, max_tokens, &used, &ob);
     const size_t agrs = (size_t)max_tokens * num_heads * head_dim_v * sizeof(float);
     const size_t bytes = a2a > agrs ? a2a : agrs;
     const size_t lbytes = (size_t)size * max_tokens * num_heads * sizeof(float);
@@ -113,8 +143,9 @@ static kva_status combine_ag_rs(kva_dcp_nccl *c, cudaStream_t s, int32_t T, cons
     ncclResult_t r = ncclAllGather(lse_part, c->lses, (size_t)T * H, ncclFloat32, c->comm, s);
     if (r != ncclSuccess)
         return nccl_fail("ncclAllGather of the LSEs", r);
-    cudaError_t e = kva__dcp_nccl_rescale(s, c->g.dtype, N, T, H, Dv, c->g.rank, c->lses, lse_part,
-                                          out_part, c->send, lse_out);
+    const int vec = aligned16(out_part) && aligned16(out);
+    cudaError_t e = kva__dcp_nccl_rescale(s, c->g.dtype, vec, N, T, H, Dv, c->g.rank, c->lses,
+                                          lse_part, out_part, c->send, lse_out);
     if (e != cudaSuccess)
         return cuda_fail("the rescale kernel", e);
     const size_t count = (size_t)T * Hn * Dv;
@@ -123,7 +154,7 @@ static kva_status combine_ag_rs(kva_dcp_nccl *c, cudaStream_t s, int32_t T, cons
     if (r != ncclSuccess)
         return nccl_fail("ncclReduceScatter of the rescaled outputs", r);
     if (c->g.dtype != KVA_DTYPE_F32) {
-        e = kva__dcp_nccl_convert(s, c->g.dtype, (int64_t)count, red, out);
+        e = kva__dcp_nccl_convert(s, c->g.dtype, vec, (int64_t)count, red, out);
         if (e != cudaSuccess)
             return cuda_fail("the conversion kernel", e);
     }
@@ -134,35 +165,34 @@ static kva_status combine_ag_rs(kva_dcp_nccl *c, cudaStream_t s, int32_t T, cons
 static kva_status combine_a2a(kva_dcp_nccl *c, cudaStream_t s, int32_t T, const void *out_part,
                               const float *lse_part, void *out, float *lse_out)
 {
-    const int32_t N = c->g.size, H = c->g.num_heads, Hn = H / N, Dv = c->g.head_dim_v;
-    const size_t out_bytes = (size_t)T * Hn * Dv * c->g.es, lse_bytes = (size_t)T * Hn * 4;
-    const size_t block = out_bytes + lse_bytes, hrow = (size_t)Hn * Dv * c->g.es;
-    for (int32_t k = 0; k < N; k++) {
-        char *b = (char *)c->send + (size_t)k * block;
-        cudaError_t e = cudaMemcpy2DAsync(b, hrow, (const char *)out_part + (size_t)k * hrow,
-                                          (size_t)H * Dv * c->g.es, hrow, (size_t)T,
-                                          cudaMemcpyDeviceToDevice, s);
-        if (e == cudaSuccess)
-            e = cudaMemcpy2DAsync(b + out_bytes, (size_t)Hn * 4, lse_part + (size_t)k * Hn,
-                                  (size_t)H * 4, (size_t)Hn * 4, (size_t)T,
-                                  cudaMemcpyDeviceToDevice, s);
-        if (e != cudaSuccess)
-            return cuda_fail("packing a block", e);
-    }
-    ncclResult_t r = ncclGroupStart();
-    for (int32_t k = 0; k < N && r == ncclSuccess; k++) {
-        r = ncclSend((const char *)c->send + (size_t)k * block, block, ncclUint8, k, c->comm, s);
+    const int32_t N = c->g.size, H = c->g.num_heads, Dv = c->g.head_dim_v, rank = c->g.rank;
+    size_t used, out_bytes;
+    const size_t block = a2a_block(&c->g, T, &used, &out_bytes);
+    const int vec = aligned16(out_part) && aligned16(out);
+    cudaError_t e = kva__dcp_nccl_a2a_pack(s, c->g.es, vec, N, T, H, Dv, rank, block, out_bytes,
+                                           out_part, lse_part, c->send);
+    if (e != cudaSuccess)
+        return cuda_fail("the pack kernel", e);
+    if (N > 1) {
+        ncclResult_t r = ncclGroupStart();
+        for (int32_t k = 0; k < N && r == ncclSuccess; k++) {
+            if (k == rank)
+                continue;
+            r = ncclSend((const char *)c->send + (size_t)k * block, used, ncclUint8, k, c->comm, s);
+            if (r == ncclSuccess)
+                r = ncclRecv((char *)c->recv + (size_t)k * block, used, ncclUint8, k, c->comm, s);
+        }
+        const ncclResult_t end = ncclGroupEnd();
         if (r == ncclSuccess)
-            r = ncclRecv((char *)c->recv + (size_t)k * block, block, ncclUint8, k, c->comm, s);
+            r = end;
+        if (r != ncclSuccess)
+            return nccl_fail("the grouped send/recv", r);
     }
-    const ncclResult_t end = ncclGroupEnd();
-    if (r == ncclSuccess)
-        r = end;
-    if (r != ncclSuccess)
-        return nccl_fail("the grouped send/recv", r);
-    return kva_merge_states_n(
-        c->g.ctx, N, T, Hn, Dv, c->g.dtype, c->recv, (int64_t)(block / c->g.es),
-        (const float *)((const char *)c->recv + out_bytes), (int64_t)(block / 4), out, lse_out);
+    e = kva__dcp_nccl_a2a_merge(s, c->g.dtype, vec, N, T, H, Dv, rank, block, out_bytes, out_part,
+                                lse_part, c->recv, out, lse_out);
+    if (e != cudaSuccess)
+        return cuda_fail("the merge kernel", e);
+    return KVA_STATUS_OK;
 }
 
 kva_status kva_dcp_nccl_combine(kva_dcp_nccl *c, kva_dcp_combine mode, int32_t num_tokens,

@@ -138,7 +138,7 @@ const char *kva__cpu_isa_name(kva__cpu_isa isa)
 kva__cpu_isa kva__cpu_isa_of(const kva__cpu_features *f)
 {
     kva__cpu_isa level = KVA__ISA_PORTABLE;
-    if (f->avx2 && f->fma && f->f16c) {
+    if (KVA_X86_SIMD && f->avx2 && f->fma && f->f16c) {
         level = KVA__ISA_AVX2;
         if (f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq) {
             level = KVA__ISA_AVX512;

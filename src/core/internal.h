@@ -85,6 +85,17 @@ int kva__head_dim_ok(int32_t d);
 
 /* ---- CPU features (src/core/cpu_features.c) ---- */
 
+/* 1 where the CPU backend's x86-64 SIMD kernel files are built (x86-64, and
+ * CMake's KVA_CPU_SIMD on, which otherwise defines KVA_NO_SIMD and leaves the
+ * *_avx2*.c / *_avx512*.c files out). Code that calls into those files checks
+ * this, not __x86_64__; the ISA level (kva__cpu_isa_of) is PORTABLE without
+ * them. */
+#if defined(__x86_64__) && !defined(KVA_NO_SIMD)
+#define KVA_X86_SIMD 1
+#else
+#define KVA_X86_SIMD 0
+#endif
+
 typedef struct kva__cpu_features {
     int avx2, fma, f16c; /* x86-64 */
     int avx512f, avx512bw, avx512vl, avx512dq;
@@ -232,6 +243,11 @@ struct kva_cache {
     unsigned char *pair_flags;
 };
 
+/* KVA_STATUS_OK if ctx may touch cache: the cache lives in the memory
+ * space of ctx's backend (and on its device); else INVALID_ARGUMENT naming
+ * fn and both spaces (src/cache/cache.c). */
+kva_status kva__cache_check_space(const char *fn, const kva_context *ctx, const kva_cache *cache);
+
 /* Element offset of (block, offset in block, kv head) for a row of width
  * dim in a cache of the given layout; 64-bit throughout. */
 static inline int64_t kva__cache_row(const kva_cache_desc *d, int64_t block, int64_t off,
@@ -302,6 +318,45 @@ void kva__quant_write_token(const kva_cache *c, int is_v, int64_t block, int64_t
  * head), in double, exactly as the format defines it (reference backend). */
 double kva__quant_load(const kva_cache *c, int is_v, int64_t block, int64_t off, int64_t head,
                        int64_t ch);
+
+/* ---- index-key caches (kind KVA_ATTN_INDEX; src/cache/index_cache.c) ----
+ *
+ * One key row of D values per token, Hkv 1, no V storage (v == k,
+ * v_block_elems 0). Unquantized: K [NB, B, D] in the cache dtype. FP8_TOKEN:
+ * each block is B * (D + 4) bytes, the B rows of D e4m3 codes, token after
+ * token, then the B float32 scales (x = code * scale). */
+
+/* Bytes per row that the format adds for its scale: 4 for FP8_TOKEN, else 0. */
+static inline size_t kva__index_scale_bytes(const kva_cache_desc *d)
+{
+    return d->quant == KVA_QUANT_FP8_TOKEN ? sizeof(float) : 0;
+}
+/* The FP8_TOKEN scale of a row whose absolute maximum is amax (NaN ignored
+ * by the caller): max(amax / 448, FLT_MIN), as vLLM's indexer cache write. */
+float kva__index_fp8_scale(float amax);
+/* The relations of kind KVA_ATTN_INDEX (validate_desc in cache.c): Hkv 1,
+ * head_dim_v 0 or D, F32/F16/BF16 unquantized or FP8_E4M3 + FP8_TOKEN. */
+kva_status kva__index_cache_validate(const char *fn, const kva_cache_desc *d);
+/* Token (block, off)'s key row: the D values (codes of FP8_TOKEN rows) as
+ * float into dst [D]; returns the row's scale (1 when unquantized), so the
+ * key is dst * scale. Host caches only. */
+float kva__index_load_key(const kva_cache *c, int64_t block, int64_t off, float *dst);
+/* kva_cache_write into a host index-key cache, after the API's checks (the
+ * slots are checked here first): k [T, D] rows at k_stride elements. */
+kva_status kva__host_index_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
+                                 const void *k, int64_t k_stride, kva_dtype src_dtype,
+                                 const int64_t *slot_mapping);
+/* The memory spaces' read-back of an index-key cache (kva_cache_read after
+ * validation, strides resolved): k [T, D] rows at k_stride elements in
+ * dst_dtype. Host: every slot checked first; CUDA: slots >= NB*B skipped. */
+kva_status kva__host_index_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
+                                const int64_t *slot_mapping, void *k, int64_t k_stride,
+                                kva_dtype dst_dtype);
+/* kva_cache_read of an index-key cache: the API-level checks (v NULL, k
+ * given, strides, dtype, memory space), then the space's read. */
+kva_status kva__index_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
+                                 const int64_t *slot_mapping, void *k, int64_t k_token_stride,
+                                 void *v, int64_t v_token_stride, kva_dtype dst_dtype);
 
 /* ---- plan (src/plan/) ---- */
 

@@ -143,6 +143,47 @@ static kva_status check_sparse(const kva_plan_desc *d)
     return KVA_STATUS_OK;
 }
 
+/* The relations of an indexer plan (kind KVA_ATTN_INDEX, kva_indexer_run):
+ * one index-key row per token, K = sparse_topk keys per query token, causal,
+ * and none of the masks or plan modes attention plans take. */
+static kva_status check_index(const kva_plan_desc *d)
+{
+    static const char fn[] = "kva_plan_create";
+    if (d->num_kv_heads != 1)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: num_kv_heads = %d, but an indexer plan (kind KVA_ATTN_INDEX) reads "
+                         "one key row per token: num_kv_heads must be 1",
+                         fn, (int)d->num_kv_heads);
+    if (d->head_dim_v != 0 && d->head_dim_v != d->head_dim)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: head_dim_v = %d: an indexer plan has no values; give 0 or head_dim "
+                         "= %d",
+                         fn, (int)d->head_dim_v, (int)d->head_dim);
+    if (d->sparse_topk < 1 || d->sparse_topk > KVA_MAX_TOPK)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: sparse_topk = %d: an indexer plan needs K in [1, %d] "
+                         "(KVA_MAX_TOPK)",
+                         fn, (int)d->sparse_topk, KVA_MAX_TOPK);
+    if (d->sparse_mode != 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: sparse_mode = %d is for sparse MLA plans; an indexer plan takes 0",
+                         fn, (int)d->sparse_mode);
+    if (!d->causal)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: causal = 0: the indexer scores the keys up to each token's own "
+                         "position; an indexer plan needs causal = 1",
+                         fn);
+    if (d->window_left >= 0 || d->softcap != 0.0f || d->alibi_slopes || d->attention_chunk != 0 ||
+        d->tree_parents || d->tree_mask || d->cascade_group || d->num_cascade_groups != 0 ||
+        d->cascade == KVA_CASCADE_ON || d->dcp_size > 1)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: an indexer plan takes no window (%d), soft-cap (%g), ALiBi (%p), "
+                         "chunk (%d), tree, cascade grouping or DCP (dcp_size %d)",
+                         fn, (int)d->window_left, (double)d->softcap, (const void *)d->alibi_slopes,
+                         (int)d->attention_chunk, (int)d->dcp_size);
+    return KVA_STATUS_OK;
+}
+
 /* Checks the attention shape and semantics (everything but the batch arrays). */
 static kva_status check_scalars(const kva_plan_desc *d)
 {
@@ -182,13 +223,10 @@ static kva_status check_scalars(const kva_plan_desc *d)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_plan_create: kind = %d is not a kva_attn_kind (0 .. %d)",
                          (int)d->kind, (int)KVA_ATTN_KIND_COUNT_ - 1);
-    /* Declared in kvattn.h, being built (issue 17): refused until then. */
     if (d->kind == KVA_ATTN_INDEX)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_plan_create: kind = %d, sparse_topk = %d, sparse_mode = %d: "
-                         "indexer plans are not in this build yet",
-                         (int)d->kind, (int)d->sparse_topk, (int)d->sparse_mode);
-    KVA_TRY(check_sparse(d));
+        KVA_TRY(check_index(d));
+    else
+        KVA_TRY(check_sparse(d));
     if (d->kind == KVA_ATTN_MLA)
         KVA_TRY(check_mla(d));
     else if (d->mla_qk_nope_head_dim != 0 || d->mla_v_head_dim != 0)
@@ -444,6 +482,10 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
                          "layer-level MLA (kva_mla_run); plan with 0 head sizes for "
                          "kva_attention_run",
                          (int)desc->mla_qk_nope_head_dim, kva_backend_name(ctx->backend));
+    if (desc->kind == KVA_ATTN_INDEX && (!ctx->ops || !ctx->ops->indexer))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_plan_create: kind = KVA_ATTN_INDEX: backend '%s' has no indexer",
+                         kva_backend_name(ctx->backend));
     int32_t max_block_id = -1;
     KVA_TRY(check_batch(&dcp, &dcp, &max_block_id));
     uint64_t *tree_bits = NULL;
@@ -519,7 +561,9 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
     classify(p);
 
     /* A cascade plan runs as two plans of its own (src/plan/cascade.c). */
-    kva_status cst = kva__cascade_plan(ctx, desc, p);
+    /* Indexer plans never cascade (check_index); backends build them in
+     * their plan_build like any plan. */
+    kva_status cst = desc->kind == KVA_ATTN_INDEX ? KVA_STATUS_OK : kva__cascade_plan(ctx, desc, p);
     if (cst != KVA_STATUS_OK) {
         free_plan(p);
         return cst;

@@ -8,7 +8,8 @@
  * request's last q_len keys with the word (the CPU decode kernels through
  * kva__tree_lanes, the tiled prefill kernels through pf_tree_mask); the
  * committed context before them is read once per item for every row, as for
- * an ordinary speculative decode. The CUDA backend refuses tree plans.
+ * an ordinary speculative decode. The CUDA backend uploads the words with the
+ * plan and its kernels AND them into their masks (src/attn/cuda/tree_mask.cuh).
  */
 #include "internal.h"
 

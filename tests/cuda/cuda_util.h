@@ -59,6 +59,19 @@ static inline int dev_untouched(const void *d)
     return untouched;
 }
 
+/* 1 if the registry kernel `name` can run here (the wgmma kernels need an
+ * sm_90a build and device). */
+static inline int kernel_usable(const char *name)
+{
+    kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
+    kva_context *gpu = NULL;
+    if (kva_context_create(&gd, &gpu) != KVA_STATUS_OK)
+        return 0;
+    const int ok = kva__context_force_kernel(gpu, name) == KVA_STATUS_OK;
+    kva_context_destroy(gpu);
+    return ok;
+}
+
 /* Copies a host cache's K/V storage (and per-token scales, if its format has
  * them) into a device cache of the same desc and static scales. */
 static inline void cache_upload(kva_cache *dev, const kva_cache *host)

@@ -1,10 +1,11 @@
 /*
  * test_dcp_nccl.c - the DCP combine over NCCL (kvattn_nccl.h) with one rank
  * on one GPU: random partials (bf16 out, lse with -inf rows) go through
- * both modes (A2A: pack, grouped send/recv to itself, merge; AG_RS:
- * all-gather, rescale, reduce-scatter, convert) directly and captured in a
- * CUDA graph; with one rank the result must be the partial itself, bit for
- * bit, and the lse equal. Bad arguments fail before anything is enqueued.
+ * both modes (A2A: pack, no peer to send to, merge; AG_RS: all-gather,
+ * rescale, reduce-scatter, convert) directly, captured in a CUDA graph and
+ * on tensors 2 bytes off 16-byte alignment (the kernels' element-wise
+ * path); with one rank the result must be the partial itself, bit for bit,
+ * and the lse equal. Bad arguments fail before anything is enqueued.
  * N ranks on N GPUs: test_dcp_nccl_ranks.c. Exits 77 without NCCL or a GPU.
  */
 #include <stdio.h>
@@ -45,16 +46,20 @@ static void test_single_rank(void)
         part[5 * DV + i] = 0; /* an empty row (lse -inf) holds zeros, as attention writes */
     void *dpart = dev_from(part, sizeof part), *dout = dev_poisoned(sizeof part);
     float *dlse = dev_from(lse, sizeof lse), *dgl = dev_poisoned(sizeof lse);
+    /* The same partial and an output 2 bytes past cudaMalloc's alignment. */
+    char *mpart = dev_poisoned(sizeof part + 16), *mout = dev_poisoned(sizeof part + 16);
+    CUDA_OK(cudaMemcpy(mpart + 2, part, sizeof part, cudaMemcpyHostToDevice));
 
     kva_dcp_nccl *dcp = NULL;
     CHECK_OK(kva_dcp_nccl_create(gpu, comm, T, H, DV, KVA_DTYPE_BF16, &dcp));
-    for (int it = 0; it < 4; it++) {
-        const int graph = it & 1;
-        const kva_dcp_combine mode = it < 2 ? KVA_DCP_COMBINE_A2A : KVA_DCP_COMBINE_AG_RS;
-        CUDA_OK(cudaMemset(dout, 0xff, sizeof part));
+    for (int it = 0; it < 6; it++) {
+        const int graph = it < 4 && (it & 1), mis = it >= 4;
+        const kva_dcp_combine mode = it % 4 < 2 ? KVA_DCP_COMBINE_A2A : KVA_DCP_COMBINE_AG_RS;
+        void *src = mis ? (void *)(mpart + 2) : dpart, *dst = mis ? (void *)(mout + 2) : dout;
+        CUDA_OK(cudaMemset(dst, 0xff, sizeof part));
         CUDA_OK(cudaMemset(dgl, 0xff, sizeof lse));
         if (!graph) {
-            CHECK_OK(kva_dcp_nccl_combine(dcp, mode, T, dpart, dlse, dout, dgl));
+            CHECK_OK(kva_dcp_nccl_combine(dcp, mode, T, src, dlse, dst, dgl));
         } else {
             cudaGraph_t g;
             cudaGraphExec_t exec;
@@ -67,15 +72,15 @@ static void test_single_rank(void)
             cudaGraphExecDestroy(exec);
             cudaGraphDestroy(g);
         }
-        to_host(got, dout, sizeof got);
+        to_host(got, dst, sizeof got);
         to_host(got_lse, dgl, sizeof got_lse);
         size_t bad = 0;
         for (size_t i = 0; i < on; i++) {
             const float w = lse[i / DV] == -INFINITY ? 0.0f : kva_bf16_to_f32(part[i]);
             bad += kva_bf16_to_f32(got[i]) != w;
         }
-        CHECK_MSG(bad == 0, "mode %d graph %d: %zu elements differ from the partial", (int)mode,
-                  graph, bad);
+        CHECK_MSG(bad == 0, "mode %d graph %d misaligned %d: %zu elements differ from the partial",
+                  (int)mode, graph, mis, bad);
         for (int i = 0; i < T * H; i++)
             CHECK_MSG(got_lse[i] == lse[i] || fabsf(got_lse[i] - lse[i]) <= 1e-6f,
                       "mode %d lse %d: %g vs %g", (int)mode, i, got_lse[i], lse[i]);
@@ -87,7 +92,7 @@ static void test_single_rank(void)
     CHECK_STATUS(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_A2A, T, NULL, dlse, dout, dgl),
                  KVA_STATUS_NULL_POINTER);
     kva_dcp_nccl_destroy(dcp);
-    cudaFree(dpart), cudaFree(dout), cudaFree(dlse), cudaFree(dgl);
+    cudaFree(dpart), cudaFree(dout), cudaFree(dlse), cudaFree(dgl), cudaFree(mpart), cudaFree(mout);
     kva_context_destroy(gpu);
     cudaStreamDestroy(stream);
     ncclCommDestroy(comm);

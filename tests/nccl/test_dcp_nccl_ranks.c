@@ -15,7 +15,9 @@
  * on the same inputs: bf16, fp8 and int8 (per-token keys) caches, bf16
  * queries and outputs, interleave I = 1 and I = B, a causal decode batch and
  * a non-causal mixed batch (spec decodes and a prefill chunk); the first
- * case also replays both combines from a CUDA graph into poisoned outputs.
+ * case also replays both combines from a CUDA graph into poisoned outputs
+ * and runs them on tensors 2 bytes off 16-byte alignment (the combine
+ * kernels' element-wise path).
  * Exits 77 without NCCL, without the CUDA backend or with fewer than N GPUs.
  */
 #define _POSIX_C_SOURCE 200809L /* fork, pipe, setenv */
@@ -176,6 +178,7 @@ static void combine(kva_dcp_nccl *dcp, cudaStream_t s, kva_dcp_combine mode, int
 {
     CUDA_OK(cudaMemset(dout, 0xff, obytes));
     CUDA_OK(cudaMemset(dlo, 0xff, sizeof(float) * T * H));
+    CUDA_OK(cudaDeviceSynchronize()); /* the poison lands before s (non-blocking) runs */
     if (!graph) {
         CHECK_OK(kva_dcp_nccl_combine(dcp, mode, T, dpart, dlse, dout, dlo));
         return;
@@ -222,6 +225,7 @@ static void run_rank(int32_t N, int32_t rank, ncclUniqueId id)
     void *dout = dev_poisoned(2 * TMAX * Hn * D);
     float *dlse = dev_poisoned(sizeof(float) * TMAX * H),
           *dlo = dev_poisoned(sizeof(float) * TMAX * H);
+    char *mpart = dev_poisoned(2 * TMAX * H * D + 16), *mout = dev_poisoned(2 * TMAX * Hn * D + 16);
     int first = 1;
     for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++)
         for (int mixed = 0; mixed < 2; mixed++)
@@ -248,17 +252,29 @@ static void run_rank(int32_t N, int32_t rank, ncclUniqueId id)
                 CUDA_OK(cudaMemcpy(dq, q, 2 * (size_t)T * H * D, cudaMemcpyHostToDevice));
                 CHECK_OK(kva_attention_run(gpu, sp, dq, dc, NULL, dpart, dlse));
                 for (int m = 0; m < 2; m++)
-                    for (int graph = 0; graph <= first; graph++) {
+                    for (int var = 0; var <= 2 * first; var++) {
                         const kva_dcp_combine mode =
                             m ? KVA_DCP_COMBINE_AG_RS : KVA_DCP_COMBINE_A2A;
-                        combine(dcp, s, mode, graph, T, dpart, dlse, dout, dlo,
+                        const int graph = var == 1, mis = var == 2;
+                        const void *src = dpart;
+                        void *dst = dout;
+                        if (mis) {
+                            CUDA_OK(cudaDeviceSynchronize());
+                            CUDA_OK(cudaMemcpy(mpart + 2, dpart, 2 * (size_t)T * H * D,
+                                               cudaMemcpyDeviceToDevice));
+                            src = mpart + 2, dst = mout + 2;
+                        }
+                        combine(dcp, s, mode, graph, T, src, dlse, dst, dlo,
                                 2 * (size_t)T * Hn * D);
-                        to_host(got, dout, 2 * (size_t)T * Hn * D);
+                        to_host(got, dst, 2 * (size_t)T * Hn * D);
                         to_host(got_lse, dlo, sizeof(float) * T * Hn);
                         char label[128];
                         snprintf(label, sizeof label, "rank %d/%d %s %s I=%d %s%s", (int)rank,
                                  (int)N, f->name, mixed ? "mixed" : "decode", (int)I,
-                                 m ? "AG_RS" : "A2A", graph ? " graph" : "");
+                                 m ? "AG_RS" : "A2A",
+                                 graph ? " graph"
+                                 : mis ? " misaligned"
+                                       : "");
                         const size_t bad =
                             compare_heads(label, f->vmax, T, N, rank, got, got_lse, want, want_lse);
                         CHECK_MSG(bad == 0, "%s: %zu values differ", label, bad);
@@ -268,6 +284,7 @@ static void run_rank(int32_t N, int32_t rank, ncclUniqueId id)
             }
     kva_dcp_nccl_destroy(dcp);
     cudaFree(dq), cudaFree(dpart), cudaFree(dout), cudaFree(dlse), cudaFree(dlo);
+    cudaFree(mpart), cudaFree(mout);
     free(k), free(v), free(q), free(want), free(got), free(want_lse), free(got_lse);
     kva_context_destroy(gpu);
     kva_context_destroy(ref);

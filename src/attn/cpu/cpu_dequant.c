@@ -15,7 +15,7 @@
 
 int kva__cpu_dequant_simd(const kva__cpu_features *f)
 {
-#if defined(__x86_64__)
+#if KVA_X86_SIMD
     return kva__cpu_isa_of(f) >= KVA__ISA_AVX2;
 #else
     (void)f;
@@ -40,7 +40,7 @@ void kva__cpu_dequant_rows(int32_t n, int32_t width, kva_dtype dt, const unsigne
             os_buf[c] = offset[c] * scale[c];
         os = os_buf;
     }
-#if defined(__x86_64__)
+#if KVA_X86_SIMD
     if (simd) {
         kva__cpu_dequant_rows_avx2(n, width, dt, rows, token_scale, scale, os, dst);
         return;

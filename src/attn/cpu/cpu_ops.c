@@ -5,6 +5,7 @@
  */
 #include "cpu_attn.h"
 #include "cpu_dequant.h"
+#include "indexer_cpu.h"
 #include "mla_cpu.h"
 
 #include <stdlib.h>
@@ -34,39 +35,39 @@ static int usable_avx512bf16(const kva_context *ctx);
 /* clang-format off */
 static const kva__kernel_info kernels[] = {
     {"decode_portable",    KVA__KERNEL_DECODE,  NULL},
-#if defined(__x86_64__)
+#if KVA_X86_SIMD
     {"decode_avx2",        KVA__KERNEL_DECODE,  usable_avx2},
     {"decode_avx512",      KVA__KERNEL_DECODE,  usable_avx512},
     {"decode_avx512bf16",  KVA__KERNEL_DECODE,  usable_avx512bf16},
 #endif
     {"prefill_portable",   KVA__KERNEL_PREFILL, NULL},
-#if defined(__x86_64__)
+#if KVA_X86_SIMD
     {"prefill_avx2",       KVA__KERNEL_PREFILL, usable_avx2},
     {"prefill_avx512",     KVA__KERNEL_PREFILL, usable_avx512},
     {"prefill_avx512bf16", KVA__KERNEL_PREFILL, usable_avx512bf16},
 #endif
     {"mla_portable",       KVA__KERNEL_MLA,     NULL},
-#if defined(__x86_64__)
+#if KVA_X86_SIMD
     {"mla_avx2",           KVA__KERNEL_MLA,     usable_avx2},
     {"mla_avx512",         KVA__KERNEL_MLA,     usable_avx512},
 #endif
 };
 static const cpu_kernel impls[] = {
     {kva__cpu_attn_portable,         NULL,                           KVA__ISA_PORTABLE},
-#if defined(__x86_64__)
+#if KVA_X86_SIMD
     {kva__cpu_decode_avx2,           kva__cpu_decode_avx2_group,     KVA__ISA_AVX2},
     {kva__cpu_decode_avx512,         kva__cpu_decode_avx512_group,   KVA__ISA_AVX512},
     {kva__cpu_decode_avx512bf16,     kva__cpu_decode_avx512bf16_group, KVA__ISA_AVX512BF16},
 #endif
     {kva__cpu_attn_portable,         NULL,                           KVA__ISA_PORTABLE},
-#if defined(__x86_64__)
+#if KVA_X86_SIMD
     {kva__cpu_prefill_avx2,          NULL,                           KVA__ISA_AVX2},
     {kva__cpu_prefill_avx512,        NULL,                           KVA__ISA_AVX512},
     {kva__cpu_prefill_avx512bf16,    NULL,                           KVA__ISA_AVX512BF16},
 #endif
     /* MLA items run through kva__cpu_plan_mla_item (mla_cpu.c's entry). */
     {NULL,                           NULL,                           KVA__ISA_PORTABLE},
-#if defined(__x86_64__)
+#if KVA_X86_SIMD
     {NULL,                           NULL,                           KVA__ISA_AVX2},
     {NULL,                           NULL,                           KVA__ISA_AVX512},
 #endif
@@ -122,7 +123,7 @@ const char *kva__cpu_plan_kernel(const kva_plan *plan, kva__kernel_family family
 
 kva__cpu_mla_item_fn kva__cpu_plan_mla_item(const kva_plan *plan)
 {
-#if defined(__x86_64__)
+#if KVA_X86_SIMD
     const int32_t v = plan->part->variant_mla;
     if (v >= 1 && v <= NUM_KERNELS && impls[v - 1].isa >= KVA__ISA_AVX512)
         return kva__cpu_mla_item_avx512;
@@ -245,6 +246,15 @@ kva_status kva__cpu_plan_partition(kva_context *ctx, kva_plan *plan,
 
 static kva_status cpu_plan_build(kva_context *ctx, kva_plan *plan)
 {
+    /* An indexer plan needs only its threads' scratch (indexer_cpu.c). */
+    if (plan->d.kind == KVA_ATTN_INDEX) {
+        const size_t bytes =
+            kva__cpu_indexer_workspace(plan, ctx->num_threads > 0 ? ctx->num_threads : 1);
+        KVA_TRY(kva__context_reserve_workspace(ctx, bytes));
+        plan->workspace_bytes = bytes;
+        plan->info.num_work_items = plan->info.num_tokens;
+        return KVA_STATUS_OK;
+    }
     kva__partition_params pp;
     pp.num_threads = ctx->num_threads > 0 ? ctx->num_threads : 1;
     pp.max_rows = KVA_CPU_MAX_ROWS;
@@ -422,4 +432,5 @@ const kva__backend_ops kva__cpu_ops = {
     .cascade_cost = cpu_cascade_cost,
     .cascade_gather = kva__host_cascade_gather,
     .cascade_merge = kva__host_cascade_merge,
+    .indexer = kva__cpu_indexer,
 };

@@ -23,7 +23,7 @@
  */
 #include "cpu_attn.h"
 
-#if defined(__x86_64__)
+#if KVA_X86_SIMD
 
 #include "decode_loop.h"
 
@@ -266,4 +266,4 @@ void kva__cpu_decode_group(const kva__cpu_run *run, const kva__work_item *items,
         item_close(run, isa, &ir[i]);
 }
 
-#endif /* __x86_64__ */
+#endif /* KVA_X86_SIMD */

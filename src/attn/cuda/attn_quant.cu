@@ -45,6 +45,7 @@ extern "C" {
 #include "attn_quant_ld.cuh"
 #include "cuda_check.h"
 #include "dcp_pos.cuh"
+#include "tree_mask.cuh"
 #include "quant_args.cuh"
 #include "simt_merge.cuh"
 
@@ -203,8 +204,8 @@ attend(const qa_args &a, int32_t kb, int g, int32_t nrows, bool ktok, const chun
        const chunk<CB> (&vr)[QA_U][FMT >= 2 ? 2 : 1], const float (&ts)[QA_U],
        const float (&q)[ROWS][CB], const float (&qo)[ROWS], const int32_t (&lo)[ROWS],
        const int32_t (&hi)[ROWS], const int32_t (&pos)[ROWS], const float (&slope)[ROWS],
-       int32_t lo_all, int32_t hi_all, float (&m)[ROWS], float (&l)[ROWS],
-       float (&acc)[ROWS][FMT >= 2 ? 2 : 1][FMT >= 2 ? CB / 2 : CB])
+       int32_t lo_all, int32_t hi_all, const kva__cuda_tree &tree, float (&m)[ROWS],
+       float (&l)[ROWS], float (&acc)[ROWS][FMT >= 2 ? 2 : 1][FMT >= 2 ? CB / 2 : CB])
 {
     constexpr int VB = FMT >= 2 ? 2 : 1, NCHV = VB, VV = CB / VB, KV = CB;
     constexpr int KPW = 32 / LK;
@@ -256,7 +257,9 @@ attend(const qa_args &a, int32_t kb, int g, int32_t nrows, bool ktok, const chun
 #pragma unroll
             for (int u = 0; u < QA_U; u++) {
                 const int32_t j = kb + u * KPW + g;
-                sc[u][r] = (r < w.nrows && j >= lo[r] && j < hi[r]) ? sc[u][r] : -INFINITY;
+                const bool vis =
+                    r < w.nrows && j >= lo[r] && j < hi[r] && kva__cuda_tree_sees(tree, pos[r], j);
+                sc[u][r] = vis ? sc[u][r] : -INFINITY;
             }
     }
     /* Online softmax; sc becomes the weights p. */
@@ -320,6 +323,7 @@ __global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane / LK, li = lane % LK;
     const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
+    const int32_t tree_on = a.meta.hdr[KVA_CUDA_HDR_TREE]; /* tree_mask.cuh */
     const int32_t n_tiles = a.ptiles ? a.meta.hdr[KVA_CUDA_HDR_PTILES] : 0;
     const int32_t n_units = n_items * a.isub + n_tiles * (KVA__CUDA_PREFILL_TILE_M / ROWS);
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
@@ -333,6 +337,7 @@ __global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
         const int32_t qs = a.meta.qsl[w.req];
         const int32_t q_len = a.meta.qsl[w.req + 1] - qs;
         const int32_t s = a.meta.seq_lens[w.req];
+        const kva__cuda_tree tree = kva__cuda_tree_at(a.meta.tree, tree_on, qs, s, q_len);
         const int32_t *bt_row = a.meta.block_table + (int64_t)w.req * bt_stride;
 
         /* Per row: the scaled query chunk, qo, visible keys, ALiBi slope. */
@@ -351,7 +356,8 @@ __global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
                 const int32_t head = w.kvh * a.G + w.h0 + hh;
                 const int32_t i = w.i0 + qi;
                 int32_t p, h_, l_;
-                kva__cuda_row_keys(a.meta, a.causal, a.window_left, a.chunk, w.req, s, q_len, i, l_, h_, p);
+                kva__cuda_row_keys(a.meta, a.causal, a.window_left, a.chunk, w.req, s, q_len, i, l_,
+                                   h_, p);
                 lo[r] = l_ > w.k0 ? l_ : w.k0;
                 hi[r] = h_ < w.k1 ? h_ : w.k1;
                 pos[r] = p;
@@ -401,6 +407,7 @@ __global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
                 lo_all = max(lo_all, lo[r]);
                 hi_all = min(hi_all, hi[r]);
             }
+        hi_all = min(hi_all, tree.t0); /* steps reaching a tree key are masked */
         qa_addr ka;
         ka.bstride = (int64_t)a.B * a.Hkv;
         ka.ostride = a.hnd ? 1 : a.Hkv;
@@ -420,7 +427,7 @@ __global__ void __launch_bounds__(QA_NW * 32, 2) qa_kernel(qa_args a)
                 float tn[QA_U];
                 issue<FMT, LK, ROWS, CB>(a, ka, bt_row, kb + STEP, g, li, kend, kn, vn, tn);
                 attend<FMT, LK, ROWS, CB>(a, kb, g, w.nrows, ktok, kr, vr, ts, q, qo, lo, hi, pos,
-                                          slope, lo_all, hi_all, m, l, acc);
+                                          slope, lo_all, hi_all, tree, m, l, acc);
 #pragma unroll
                 for (int u = 0; u < QA_U; u++) {
                     kr[u] = kn[u];

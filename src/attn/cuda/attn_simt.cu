@@ -38,6 +38,7 @@ extern "C" {
 }
 #include "cuda_check.h"
 #include "dcp_pos.cuh"
+#include "tree_mask.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -238,8 +239,8 @@ __device__ __forceinline__ void
 attend_step(const attn_args &a, int32_t kb, int g, const uint4 (&kr)[U][NCH],
             const uint4 (&vr)[U][NCH], const float (&q)[ROWS][NCH][vec_of<T>::n],
             const int32_t (&lo)[ROWS], const int32_t (&hi)[ROWS], const int32_t (&pos)[ROWS],
-            const float (&slope)[ROWS], int32_t lo_all, int32_t hi_all, float (&m)[ROWS],
-            float (&l)[ROWS], float (&acc)[ROWS][NCH][vec_of<T>::n])
+            const float (&slope)[ROWS], int32_t lo_all, int32_t hi_all, const kva__cuda_tree &tree,
+            float (&m)[ROWS], float (&l)[ROWS], float (&acc)[ROWS][NCH][vec_of<T>::n])
 {
     constexpr int VEC = vec_of<T>::n;
     constexpr int KPW = 32 / LK;
@@ -297,7 +298,8 @@ attend_step(const attn_args &a, int32_t kb, int g, const uint4 (&kr)[U][NCH],
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int32_t j = kb + u * KPW + g;
-                sc[u][r] = (j >= lo[r] && j < hi[r]) ? sc[u][r] : -INFINITY;
+                const bool vis = j >= lo[r] && j < hi[r] && kva__cuda_tree_sees(tree, pos[r], j);
+                sc[u][r] = vis ? sc[u][r] : -INFINITY;
             }
     }
     /* Online softmax; sc becomes the weights p. */
@@ -371,6 +373,7 @@ __global__ void __launch_bounds__(KVA_NW * 32, simt_ring<T>::on &&ROWS == 4 ? 3 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane / LK, li = lane % LK;
     const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
+    const int32_t tree_on = a.meta.hdr[KVA_CUDA_HDR_TREE]; /* tree_mask.cuh */
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
     const T *qp = (const T *)a.q;
 
@@ -380,6 +383,7 @@ __global__ void __launch_bounds__(KVA_NW * 32, simt_ring<T>::on &&ROWS == 4 ? 3 
         const int32_t qs = a.meta.qsl[w.req];
         const int32_t q_len = a.meta.qsl[w.req + 1] - qs;
         const int32_t s = a.meta.seq_lens[w.req];
+        const kva__cuda_tree tree = kva__cuda_tree_at(a.meta.tree, tree_on, qs, s, q_len);
         const int32_t *bt_row =
             a.ragged ? nullptr : a.meta.block_table + (int64_t)w.req * bt_stride;
         const int64_t kvs = a.ragged ? a.meta.kv_start[w.req] : 0;
@@ -404,7 +408,8 @@ __global__ void __launch_bounds__(KVA_NW * 32, simt_ring<T>::on &&ROWS == 4 ? 3 
                 const int32_t head = w.kv_head * a.G + w.h0 + hh;
                 const int32_t i = w.i0 + qi;
                 int32_t p, h_, l_;
-                kva__cuda_row_keys(a.meta, a.causal, a.window_left, a.chunk, w.req, s, q_len, i, l_, h_, p);
+                kva__cuda_row_keys(a.meta, a.causal, a.window_left, a.chunk, w.req, s, q_len, i, l_,
+                                   h_, p);
                 lo[r] = l_ > w.k0 ? l_ : w.k0;
                 hi[r] = h_ < w.k1 ? h_ : w.k1;
                 pos[r] = p;
@@ -442,6 +447,7 @@ __global__ void __launch_bounds__(KVA_NW * 32, simt_ring<T>::on &&ROWS == 4 ? 3 
                 hi_all = hi[r] < hi_all ? hi[r] : hi_all;
             }
         }
+        hi_all = hi_all < tree.t0 ? hi_all : tree.t0; /* tree keys: masked steps */
         key_addr ka;
         ka.bstride = (int64_t)a.B * a.Hkv;
         ka.ostride = a.layout_hnd ? 1 : a.Hkv;
@@ -458,7 +464,7 @@ __global__ void __launch_bounds__(KVA_NW * 32, simt_ring<T>::on &&ROWS == 4 ? 3 
                 uint4 kn[U][NCH], vn[U][NCH];
                 issue_kv<T, LK, NCH, U>(a, ka, bt_row, kvs, kb + STEP, g, li, kend, kn, vn);
                 attend_step<T, LK, NCH, ROWS, U>(a, kb, g, kr, vr, q, lo, hi, pos, slope, lo_all,
-                                                 hi_all, m, l, acc);
+                                                 hi_all, tree, m, l, acc);
 #pragma unroll
                 for (int u = 0; u < U; u++)
 #pragma unroll
@@ -499,10 +505,10 @@ __global__ void __launch_bounds__(KVA_NW * 32, simt_ring<T>::on &&ROWS == 4 ? 3 
                     }
                 if constexpr (XPOSE)
                     attend_step_x<T, LK, NCH, ROWS, U>(a, kb, g, li, kr, vr, q, xr, lo_all, hi_all,
-                                                       m, l, acc);
+                                                       tree, m, l, acc);
                 else
                     attend_step<T, LK, NCH, ROWS, U>(a, kb, g, kr, vr, q, lo, hi, pos, slope,
-                                                     lo_all, hi_all, m, l, acc);
+                                                     lo_all, hi_all, tree, m, l, acc);
                 stage = stage == KVA_STAGES - 1 ? 0 : stage + 1;
             }
             cp_async_wait<0>(); /* nothing may land in the ring after the item */

@@ -73,8 +73,9 @@ template <typename T, int LK, int NCH, int ROWS, int U>
 __device__ __forceinline__ void
 attend_step_x(const attn_args &a, int32_t kb, int g, int li, const uint4 (&kr)[U][NCH],
               const uint4 (&vr)[U][NCH], const float (&q)[ROWS][NCH][vec_of<T>::n],
-              xpose_rows<U * ROWS / LK> &xr, int32_t lo_all, int32_t hi_all, float (&m)[ROWS],
-              float (&l)[ROWS], float (&acc)[ROWS][NCH][vec_of<T>::n])
+              xpose_rows<U * ROWS / LK> &xr, int32_t lo_all, int32_t hi_all,
+              const kva__cuda_tree &tree, float (&m)[ROWS], float (&l)[ROWS],
+              float (&acc)[ROWS][NCH][vec_of<T>::n])
 {
     constexpr int VEC = vec_of<T>::n;
     constexpr int KPW = 32 / LK;
@@ -116,7 +117,9 @@ attend_step_x(const attn_args &a, int32_t kb, int g, int li, const uint4 (&kr)[U
                                   : x[k] * (a.scale * KVA_LOG2E);
         if (a.has_alibi) /* key position: dcp_pos.cuh */
             v = fmaf(xr.slope[k], (float)(kva__cuda_key_pos(a.meta, j) - xr.pos[k]), v);
-        s[k] = inside || (j >= xr.lo[k] && j < xr.hi[k]) ? v : -INFINITY;
+        const bool vis =
+            inside || (j >= xr.lo[k] && j < xr.hi[k] && kva__cuda_tree_sees(tree, xr.pos[k], j));
+        s[k] = vis ? v : -INFINITY;
     }
     /* Row maxima over the lanes that hold the same row (different keys). */
     float p[M];

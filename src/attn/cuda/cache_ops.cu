@@ -131,6 +131,8 @@ extern "C" kva_status kva__cuda_cache_alloc(kva_context *ctx, kva_cache *c)
 {
     /* cudaMalloc memory is 256-byte aligned; sizes were bounded by validation. */
     const kva_cache_desc *d = &c->desc;
+    if (d->kind == KVA_ATTN_INDEX) /* index_cache.cu */
+        return kva__cuda_index_cache_alloc(ctx, c);
     const int mla = d->kind == KVA_ATTN_MLA;
     if (!mla && (d->head_dim > 256 || d->head_dim_v > 256))
         return kva__fail(KVA_STATUS_UNSUPPORTED,
@@ -177,6 +179,9 @@ extern "C" kva_status kva__cuda_cache_write(kva_context *ctx, kva_cache *cache, 
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_cache_write: cache lives on device %d but the context uses %d",
                          (int)cache->device_id, (int)ctx->device_id);
+    if (cache->desc.kind == KVA_ATTN_INDEX) /* index_cache.cu */
+        return kva__cuda_index_cache_write(ctx, cache, num_tokens, k, k_stride, src_dtype,
+                                           slot_mapping);
     if (cache->desc.quant != KVA_QUANT_NONE) /* cache_quant.cu */
         return kva__cuda_cache_write_quant(ctx, cache, num_tokens, k, k_stride, v, v_stride,
                                            src_dtype, slot_mapping);

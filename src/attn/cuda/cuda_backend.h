@@ -4,8 +4,8 @@
  *
  * Device metadata: one device buffer per context, cut into fixed sections
  * (header, work items, split tasks, query_start_loc, seq_lens, kv_start,
- * block_table, alibi, prefill tiles). Its section addresses change only when it grows,
- * which happens only at plan time; kernels read every per-plan value (counts,
+ * block_table, alibi, prefill tiles, global seq_lens, tree words). Its section addresses change
+ * only when it grows, which happens only at plan time; kernels read every per-plan value (counts,
  * block-table stride) from the header, so a captured graph replays with the
  * metadata of whatever plan was uploaded last.
  */
@@ -69,12 +69,16 @@ enum {
     KVA_CUDA_HDR_DCP_N,
     KVA_CUDA_HDR_DCP_RANK,
     KVA_CUDA_HDR_DCP_I,
+    /* 1 when the plan has a draft tree: meta.tree holds a word per query
+     * token (tree_mask.cuh); 0 otherwise. */
+    KVA_CUDA_HDR_TREE,
     KVA_CUDA_HDR_WORDS = 16
 };
 
 /* Capacities (element counts) of the metadata sections. */
 typedef struct kva__cuda_caps {
     int64_t items, tasks, reqs, bt, heads;
+    int64_t tree;   /* tree words (query tokens of a tree plan) */
     int64_t ptiles; /* prefill tiles; 0 until a plan or reserve needs them. It is
                        also the prefill kernel's grid size (CTAs past the header's
                        KVA_CUDA_HDR_PTILES count exit). */
@@ -92,6 +96,8 @@ typedef struct kva__cuda_meta {
     const float *alibi;          /* [caps.heads] */
     const int32_t *ptiles;       /* [caps.ptiles, 4] prefill tiles {r, m0, kvh, 0} */
     const int32_t *dcp_seq_lens; /* [caps.reqs] global seq_lens (sharded plans, dcp_pos.cuh) */
+    const uint64_t *tree;        /* [caps.tree] tree words of the query tokens (kva_plan.tree_bits,
+                                    read while the header's KVA_CUDA_HDR_TREE is set) */
 } kva__cuda_meta;
 
 /* The CUDA backend's kernels, as indices into its registry (kva__cuda_kernels,
@@ -177,7 +183,39 @@ typedef struct kva__cuda_plan {
     /* Layer-level MLA plans (mla head sizes given): kva_mla_run's part
      * (mla_run.h); the partition then holds the absorbed requests only. */
     struct kva__cuda_mla_plan *mla;
+    /* Indexer plans (kind KVA_ATTN_INDEX, indexer.cu): their own device
+     * tiles and metadata; the fields above stay 0. */
+    struct kva__cuda_index_plan *index;
 } kva__cuda_plan;
+
+/* The lightning indexer (indexer.cu): plan build (instead of the attention
+ * partition; sets plan->device with .index), its release, and the run
+ * (kva__backend_ops.indexer). */
+kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *plan);
+void kva__cuda_indexer_plan_free(struct kva__cuda_index_plan *ip);
+kva_status kva__cuda_indexer(kva_context *ctx, const kva_plan *plan, const void *q,
+                             const float *weights, const kva_cache *cache, int32_t *indices,
+                             int64_t indices_stride, int32_t *topk_length);
+/* Benchmarks (tools/bench_indexer_cuda.c): the run's parts (bit 0: the
+ * logits kernel, bit 1: the top-K kernel; 3 = kva__cuda_indexer), and a
+ * kernel reading exactly the keys (codes and scales) the logits kernel
+ * reads, once per tile, nothing else; *bytes (if not NULL) receives that
+ * count. Enqueued on ctx's stream. */
+kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *plan, const void *q,
+                                   const float *weights, const kva_cache *cache, int32_t *indices,
+                                   int64_t indices_stride, int32_t *topk_length, int parts);
+kva_status kva__cuda_indexer_probe(kva_context *ctx, const kva_plan *plan, const kva_cache *cache,
+                                   double *bytes);
+/* Index-key caches in device memory (index_cache.cu): storage (v aliases k),
+ * the write (k [T, D] rows at k_stride elements; slots past the cache
+ * skipped) and the memory table's read-back (index-key caches only). */
+kva_status kva__cuda_index_cache_alloc(kva_context *ctx, kva_cache *c);
+kva_status kva__cuda_index_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
+                                       const void *k, int64_t k_stride, kva_dtype src_dtype,
+                                       const int64_t *slot_mapping);
+kva_status kva__cuda_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
+                                const int64_t *slot_mapping, void *k, int64_t k_stride, void *v,
+                                int64_t v_stride, kva_dtype dst_dtype);
 
 /* kva_cache_write into a quantized device cache (cache_quant.cu); arguments
  * as kva__cuda_cache_write's. */

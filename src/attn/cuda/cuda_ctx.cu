@@ -174,7 +174,7 @@ static size_t align256(size_t x)
 }
 
 /* Byte offsets of the sections for caps c; returns the total size. */
-#define KVA_CUDA_SECTIONS 10
+#define KVA_CUDA_SECTIONS 11
 /* Packed rows (q_len * H / Hkv) from which a request above the decode
  * threshold goes to prefill_mma (fewer leave most of its 128-row tile empty). */
 #define KVA_CUDA_MMA_MIN_ROWS 64
@@ -194,6 +194,7 @@ static size_t layout_sections(const kva__cuda_caps *c, size_t off[KVA_CUDA_SECTI
     off[7] = o, o = align256(o + (size_t)c->heads * sizeof(float));
     off[8] = o, o = align256(o + (size_t)c->ptiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t));
     off[9] = o, o = align256(o + (size_t)c->reqs * sizeof(int32_t));
+    off[10] = o, o = align256(o + (size_t)c->tree * sizeof(uint64_t));
     return o;
 }
 
@@ -221,7 +222,8 @@ static kva_status reserve_meta(kva__cuda_state *st, const kva__cuda_caps *need)
 {
     kva__cuda_caps c = st->caps;
     if (st->meta_dev && need->items <= c.items && need->tasks <= c.tasks && need->reqs <= c.reqs &&
-        need->bt <= c.bt && need->heads <= c.heads && need->ptiles <= c.ptiles)
+        need->bt <= c.bt && need->heads <= c.heads && need->ptiles <= c.ptiles &&
+        need->tree <= c.tree)
         return KVA_STATUS_OK;
     c.items = max64(max64(c.items, need->items), 1024);
     c.tasks = max64(max64(c.tasks, need->tasks), 256);
@@ -232,6 +234,8 @@ static kva_status reserve_meta(kva__cuda_state *st, const kva__cuda_caps *need)
      * kernel is launched only when there is (decode-only contexts skip it). */
     if (need->ptiles > c.ptiles)
         c.ptiles = max64(need->ptiles, 256);
+    if (need->tree > c.tree) /* likewise the tree words (tree plans only) */
+        c.tree = max64(need->tree, 256);
     size_t off[KVA_CUDA_SECTIONS];
     size_t bytes = layout_sections(&c, off);
     KVA_TRY(check_not_capturing("kva_plan_create", st));
@@ -266,6 +270,7 @@ static kva_status reserve_meta(kva__cuda_state *st, const kva__cuda_caps *need)
     st->meta.alibi = (const float *)(b + off[7]);
     st->meta.ptiles = c.ptiles > 0 ? (const int32_t *)(b + off[8]) : NULL;
     st->meta.dcp_seq_lens = (const int32_t *)(b + off[9]);
+    st->meta.tree = (const uint64_t *)(b + off[10]);
     /* The header is read by every kernel (the prefill kernel's tile count
      * too) before the first upload could fill it. */
     KVA_CUDA_TRY(cudaMemsetAsync(dev, 0, KVA_CUDA_HDR_WORDS * sizeof(int32_t), STREAM(st)));
@@ -370,6 +375,7 @@ static void caps_for(const kva__cuda_state *st, const kva_cuda_capacity *cap, kv
     c->reqs = cap->max_requests;
     c->bt = cap->max_block_table;
     c->heads = cap->num_heads;
+    c->tree = cap->max_tokens; /* a tree plan's words: a graph replays trees too */
     /* Prefill tiles: every request has at most ceil(q_len * G / 128) tiles per
      * kv head; only batches with a request of more than one token can have a
      * prefill. */
@@ -482,6 +488,11 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
         hdr[KVA_CUDA_HDR_DCP_I] = plan->d.dcp_interleave;
         memcpy(h + off[9], plan->seq_lens, (size_t)R * sizeof(int32_t));
     }
+    const int32_t T = R > 0 ? plan->query_start_loc[R] : 0;
+    if (plan->tree_bits) { /* draft-tree words (tree_mask.cuh) */
+        hdr[KVA_CUDA_HDR_TREE] = 1;
+        memcpy(h + off[10], plan->tree_bits, (size_t)T * sizeof(uint64_t));
+    }
 
     /* The used part of every section (offsets increase with the index). */
     size_t len[KVA_CUDA_SECTIONS];
@@ -495,6 +506,7 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
     len[7] = plan->alibi_slopes ? (size_t)plan->d.num_heads * sizeof(float) : 0;
     len[8] = (size_t)ntiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t);
     len[9] = dcp_global ? (size_t)R * sizeof(int32_t) : 0;
+    len[10] = plan->tree_bits ? (size_t)T * sizeof(uint64_t) : 0;
     /* Sections closer than KVA_CUDA_UPLOAD_GAP bytes go in one copy (the gap's
      * stale bytes with them): a cudaMemcpyAsync costs a few microseconds of
      * host time, more than copying a few KB over PCIe. */
@@ -619,13 +631,10 @@ static kva_status dcp_accept(kva_plan *plan, int *global)
 
 static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
 {
+    if (plan->d.kind == KVA_ATTN_INDEX) /* indexer.cu: no attention partition */
+        return kva__cuda_indexer_plan_build(ctx, plan);
     int dcp_global = 0;
     KVA_TRY(dcp_accept(plan, &dcp_global));
-    /* Draft trees run on the reference and CPU backends so far (docs/masks.md). */
-    if (plan->tree_bits)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_plan_create: the CUDA backend has no tree-verification mask yet "
-                         "(tree_parents / tree_mask); the reference and CPU backends run it");
     kva__cuda_state *st = state_of(ctx);
     KVA_TRY(use_device(st->device));
     KVA_TRY(check_not_capturing("kva_plan_create", st));
@@ -736,6 +745,7 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     need.bt = plan->block_table ? (int64_t)R * plan->d.block_table_stride : 0;
     need.heads = plan->d.num_heads;
     need.ptiles = ptiles;
+    need.tree = plan->tree_bits && R > 0 ? plan->query_start_loc[R] : 0;
     size_t ws = (size_t)part->partial_floats * sizeof(float);
     s = reserve_meta(st, &need);
     if (s == KVA_STATUS_OK)
@@ -773,8 +783,10 @@ static void cuda_plan_release(kva_plan *plan)
 {
     kva__partition_free(plan->part);
     plan->part = NULL;
-    if (plan->device)
+    if (plan->device) {
         kva__cuda_mla_plan_free(((kva__cuda_plan *)plan->device)->mla);
+        kva__cuda_indexer_plan_free(((kva__cuda_plan *)plan->device)->index);
+    }
     free(plan->device);
     plan->device = NULL;
 }
@@ -853,6 +865,7 @@ static const kva__memory_ops cuda_memory = {
     kva__cuda_cache_free,  /* cache_free */
     kva__cuda_cache_write, /* cache_write */
     kva__cuda_copy_blocks, /* copy_blocks */
+    kva__cuda_cache_read,  /* cache_read (index_cache.cu: index-key caches) */
 };
 
 extern "C" const kva__backend_ops kva__cuda_ops = {
@@ -879,4 +892,6 @@ extern "C" const kva__backend_ops kva__cuda_ops = {
     kva__cuda_cascade_upload, /* cascade_upload */
     kva__cuda_cascade_gather, /* cascade_gather */
     kva__cuda_cascade_merge,  /* cascade_merge */
+    NULL,                     /* mla_sparse */
+    kva__cuda_indexer,        /* indexer (indexer.cu) */
 };

@@ -62,6 +62,8 @@ static kva_status launch_prefill(kva_context *ctx, const kva_plan *plan, const a
     pa.grid_tiles = (int32_t)st->caps.ptiles;
     /* Per-plan values come from the device header (graph replay). */
     pa.block_table_stride_dev = st->meta.hdr + KVA_CUDA_HDR_BT_STRIDE;
+    pa.tree = st->meta.tree;
+    pa.tree_on = st->meta.hdr + KVA_CUDA_HDR_TREE;
     pa.block_size = cache->desc.block_size;
     pa.num_blocks = cache->desc.num_blocks;
     pa.num_heads = d->num_heads;

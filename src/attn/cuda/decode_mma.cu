@@ -117,6 +117,7 @@ __global__ void __launch_bounds__(DM_NW * 32, dm_cfg<D>::MINB)
     const int g4 = lane >> 2, t4 = lane & 3;
     const uint32_t ring = sQ + DM_M * D * 2 + (uint32_t)warp * NST * 2 * TILE;
     const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
+    const int32_t tree_on = a.meta.hdr[KVA_CUDA_HDR_TREE]; /* tree_mask.cuh */
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
     const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
     /* Lane offsets of the ldmatrix addresses (rows and chunks of the x4 sets). */
@@ -130,6 +131,7 @@ __global__ void __launch_bounds__(DM_NW * 32, dm_cfg<D>::MINB)
         const int32_t qs = a.meta.qsl[w.req];
         const int32_t q_len = a.meta.qsl[w.req + 1] - qs;
         const int32_t s = a.meta.seq_lens[w.req];
+        const kva__cuda_tree tree = kva__cuda_tree_at(a.meta.tree, tree_on, qs, s, q_len);
         const int32_t *bt_row =
             a.ragged ? nullptr : a.meta.block_table + (int64_t)w.req * bt_stride;
         const int64_t kvs = a.ragged ? a.meta.kv_start[w.req] : 0;
@@ -149,7 +151,7 @@ __global__ void __launch_bounds__(DM_NW * 32, dm_cfg<D>::MINB)
         /* This thread's two rows g4 and g4 + 8: visible keys, position, slope. */
         int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
         float slope[2];
-        kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all);
+        kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
         __syncthreads(); /* Q visible to every warp */
 
         float o[NO][4];
@@ -205,7 +207,8 @@ __global__ void __launch_bounds__(DM_NW * 32, dm_cfg<D>::MINB)
             /* Logits in log2 units; the mask only where some row may not see
              * some key of the tile. Element e: row g4 + (e >> 1) * 8, key
              * kb + nt * 8 + 2 * t4 + (e & 1). */
-            kva__dmma_logits<DM_BN>(sc, a, scale_log2, kb, t4, lo_all, hi_all, lo, hi, pos, slope);
+            kva__dmma_logits<DM_BN>(sc, a, scale_log2, kb, t4, lo_all, hi_all, lo, hi, pos, slope,
+                                    &tree);
             kva__dmma_softmax<NO>(sc, m_run, l_run, o);
             /* O += P V: P [16, 16] as the A operand, V [16, D] by ldmatrix.trans. */
             uint32_t pa[4];

@@ -16,6 +16,7 @@
 
 #include "dcp_pos.cuh"
 #include "mma_ptx.cuh"
+#include "tree_mask.cuh"
 
 #include <math.h>
 #include <stdint.h>
@@ -25,11 +26,12 @@
 
 /* The thread's two rows g4 and g4 + 8 of item w (nrows rows, request of
  * s keys and q_len queries): visible keys [lo, hi), position, ALiBi slope
- * (log2 units); [lo_all, hi_all): the keys every row of the item sees. */
+ * (log2 units); [lo_all, hi_all): the keys every row of the item sees (none
+ * of a draft tree's keys, tree: the request's tree or NULL, tree_mask.cuh). */
 static __device__ __forceinline__ void
 kva__dmma_rows(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, int32_t s,
                int32_t q_len, int g4, int32_t lo[2], int32_t hi[2], int32_t pos[2], float slope[2],
-               int32_t &lo_all, int32_t &hi_all)
+               int32_t &lo_all, int32_t &hi_all, const kva__cuda_tree *tree = nullptr)
 {
     lo_all = w.k0;
     hi_all = w.k1;
@@ -43,7 +45,8 @@ kva__dmma_rows(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nr
     for (int r = 0; r < nrows; r++) {
         const int32_t qi = r / w.nh, hh = r - qi * w.nh;
         int32_t p, h_, l_;
-        kva__cuda_row_keys(a.meta, a.causal, a.window_left, a.chunk, w.req, s, q_len, w.i0 + qi, l_, h_, p);
+        kva__cuda_row_keys(a.meta, a.causal, a.window_left, a.chunk, w.req, s, q_len, w.i0 + qi, l_,
+                           h_, p);
         const int32_t rlo = l_ > w.k0 ? l_ : w.k0, rhi = h_ < w.k1 ? h_ : w.k1;
         lo_all = rlo > lo_all ? rlo : lo_all;
         hi_all = rhi < hi_all ? rhi : hi_all;
@@ -57,17 +60,19 @@ kva__dmma_rows(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nr
                     slope[hf] = a.meta.alibi[w.kv_head * a.G + w.h0 + hh] * KVA__DMMA_LOG2E;
             }
     }
+    if (tree && hi_all > tree->t0)
+        hi_all = tree->t0;
 }
 
 /* Logits of the tile of BN keys kb.. (BN / 8 n8 tiles: 16 for the bf16
  * kernel, 16 or 32 for the quantized one) in log2 units: soft-cap or scale,
- * then ALiBi and the mask, the mask only where some row may not see some key
- * of the tile. */
+ * then ALiBi and the mask (with the draft tree, if tree is given), the mask
+ * only where some row may not see some key of the tile. */
 template <int BN>
 static __device__ __forceinline__ void
 kva__dmma_logits(float sc[][4], const kva__cuda_attn_args &a, float scale_log2, int32_t kb, int t4,
                  int32_t lo_all, int32_t hi_all, const int32_t lo[2], const int32_t hi[2],
-                 const int32_t pos[2], const float slope[2])
+                 const int32_t pos[2], const float slope[2], const kva__cuda_tree *tree = nullptr)
 {
     const bool inside = kb >= lo_all && kb + BN <= hi_all;
     if (a.softcap > 0.f) {
@@ -94,7 +99,9 @@ kva__dmma_logits(float sc[][4], const kva__cuda_attn_args &a, float scale_log2, 
                     a.has_alibi ? fmaf(slope[hf], (float)(kva__cuda_key_pos(a.meta, j) - pos[hf]),
                                        sc[nt][e])
                                 : sc[nt][e];
-                sc[nt][e] = j >= lo[hf] && j < hi[hf] ? x : -INFINITY;
+                const bool vis =
+                    j >= lo[hf] && j < hi[hf] && (!tree || kva__cuda_tree_sees(*tree, pos[hf], j));
+                sc[nt][e] = vis ? x : -INFINITY;
             }
     }
 }

@@ -336,6 +336,7 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, FMT>::MINB))
     const uint32_t ring = kva__smem_u32(qm_buf) + cfg::SQ + (uint32_t)warp * NST * STAGE;
     const unsigned char *ring_p = qm_buf + cfg::SQ + (size_t)warp * NST * STAGE;
     const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
+    const int32_t tree_on = a.meta.hdr[KVA_CUDA_HDR_TREE]; /* tree_mask.cuh */
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
     const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
     const bool ktok = q.kts != nullptr;
@@ -346,6 +347,7 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, FMT>::MINB))
         const int32_t qs = a.meta.qsl[w.req];
         const int32_t q_len = a.meta.qsl[w.req + 1] - qs;
         const int32_t s = a.meta.seq_lens[w.req];
+        const kva__cuda_tree tree = kva__cuda_tree_at(a.meta.tree, tree_on, qs, s, q_len);
         const int32_t *bt_row = a.meta.block_table + (int64_t)w.req * bt_stride;
         const int32_t kend = w.k1;
         const int32_t kb0 = w.k0 + warp * BNW;
@@ -367,7 +369,7 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, FMT>::MINB))
         /* This thread's two rows g4 and g4 + 8: visible keys, position, slope. */
         int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
         float slope[2];
-        kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all);
+        kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
         float qo[2] = {0.f, 0.f};
         if (FMT == QM_I8 && !ktok) {
             qo[0] = s_qo[g4];
@@ -480,7 +482,8 @@ __global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, FMT>::MINB))
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     sc[nt][e] *= qup[e >> 1];
-            kva__dmma_logits<BNW>(sc, a, scale_log2, kb, t4, lo_all, hi_all, lo, hi, pos, slope);
+            kva__dmma_logits<BNW>(sc, a, scale_log2, kb, t4, lo_all, hi_all, lo, hi, pos, slope,
+                                  &tree);
             kva__dmma_softmax<NO, NT>(sc, m_run, l_run, o);
             if constexpr (FMT == QM_V16) {
                 /* O += P V: P [16, 16] in V's dtype, V [16, D] by ldmatrix.trans. */

@@ -39,6 +39,7 @@ extern "C" {
 #include "mma_ptx.cuh"
 #include "prefill_mma.h"
 #include "prefill_mma_common.cuh"
+#include "tree_mask.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -100,6 +101,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
     const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
     const int chunk = a.attention_chunk;
     const int has_lo = window >= 0 || chunk > 0;
+    const kva__cuda_tree tree =
+        kva__cuda_tree_at(a.tree, a.tree_on ? *a.tree_on : 0, q_start, seq_len, q_len);
 
     /* Positions of the tile's first and last valid rows (CTA-uniform). */
     const int m_last = min(m0 + TILE_M, rows) - 1;
@@ -249,7 +252,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
          * mul = scale * log2(e) is applied in the exponent's FFMA. Otherwise S is
          * transformed to log2 units first (mul = 1), masked elements to -inf. */
         const int need_mask = (n0 + BN > seq_len) || (a.causal && n0 + BN - 1 > pos_min) ||
-                              (has_lo && n0 < kva__first_key(pos_max, window, chunk));
+                              (has_lo && n0 < kva__first_key(pos_max, window, chunk)) ||
+                              n0 + BN > tree.t0;
         const int transform = need_mask || softcap > 0.0f || a.alibi_slopes != NULL;
         const float mul = transform ? 1.0f : scale_log2;
         if (transform) {
@@ -271,7 +275,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
                         x += sl[hf] * (float)(j - pos[mt][hf]);
                         const int p_ = pos[mt][hf];
                         const bool vis = j < seq_len && (!a.causal || j <= p_) &&
-                                         (!has_lo || j >= kva__first_key(p_, window, chunk));
+                                         (!has_lo || j >= kva__first_key(p_, window, chunk)) &&
+                                         kva__cuda_tree_sees(tree, p_, j);
                         s[mt][nb][e] = vis ? x : -INFINITY;
                     }
             }

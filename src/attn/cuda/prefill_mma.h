@@ -86,6 +86,11 @@ typedef struct kva__cuda_prefill_args {
                                               stride is read from device memory (so a
                                               captured launch replays plans of another
                                               stride) and block_table_stride is unused */
+    const uint64_t *tree;                  /* [T] draft-tree words of the query tokens
+                                              (tree_mask.cuh), read while *tree_on != 0 */
+    const int32_t *tree_on;                /* [1] or NULL (no tree): the device header's
+                                              KVA_CUDA_HDR_TREE, so a captured launch
+                                              replays tree and plain plans alike */
     /* Scalars. */
     int32_t grid_tiles; /* CTAs launched (the tile array's capacity); 0 launches nothing */
     int32_t block_table_stride;

@@ -124,6 +124,8 @@ extern "C" kva_status kva__cuda_qprefill_run(kva_context *ctx, const kva_plan *p
     pa->grid_tiles = (int32_t)st->caps.ptiles;
     /* Per-plan values come from the device header (graph replay). */
     pa->block_table_stride_dev = st->meta.hdr + KVA_CUDA_HDR_BT_STRIDE;
+    pa->tree = st->meta.tree;
+    pa->tree_on = st->meta.hdr + KVA_CUDA_HDR_TREE;
     pa->block_size = cd->block_size;
     pa->num_heads = d->num_heads;
     pa->num_kv_heads = d->num_kv_heads;

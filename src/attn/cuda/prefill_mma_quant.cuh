@@ -48,6 +48,7 @@ extern "C" {
 }
 #include "mma_ptx.cuh"
 #include "prefill_mma_common.cuh"
+#include "tree_mask.cuh"
 #include "prefill_mma_quant.h"
 #include "quant_cvt.cuh"
 
@@ -143,6 +144,8 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
     const int chunk = a.attention_chunk;
     const int has_lo = window >= 0 || chunk > 0;
+    const kva__cuda_tree tree =
+        kva__cuda_tree_at(a.tree, a.tree_on ? *a.tree_on : 0, q_start, seq_len, q_len);
 
     const int m_last = min(m0 + QP_TILE_M, rows) - 1;
     const int pos_min = seq_len - q_len + m0 / G;
@@ -441,7 +444,8 @@ __global__ void __launch_bounds__(NW * 32, MINB)
 
         /* From here on as prefill_mma.cu (lazy rescaling). */
         const int need_mask = (n0 + BN > seq_len) || (a.causal && n0 + BN - 1 > pos_min) ||
-                              (has_lo && n0 < kva__first_key(pos_max, window, chunk));
+                              (has_lo && n0 < kva__first_key(pos_max, window, chunk)) ||
+                              n0 + BN > tree.t0;
         const int transform = need_mask || softcap > 0.0f || a.alibi_slopes != NULL;
         const float mul = transform ? 1.0f : scale_log2;
         if (transform) {
@@ -463,7 +467,8 @@ __global__ void __launch_bounds__(NW * 32, MINB)
                         x += sl[hf] * (float)(j - pos[mt][hf]);
                         const int p_ = pos[mt][hf];
                         const bool vis = j < seq_len && (!a.causal || j <= p_) &&
-                                         (!has_lo || j >= kva__first_key(p_, window, chunk));
+                                         (!has_lo || j >= kva__first_key(p_, window, chunk)) &&
+                                         kva__cuda_tree_sees(tree, p_, j);
                         s[mt][nb][e] = vis ? x : -INFINITY;
                     }
             }

@@ -89,18 +89,19 @@ KVA__WG_OPS(kva__mma_f16, f16)
 struct wg_ctx {
     int pos[2], head[2]; /* position and query head of rows hf = 0, 1 */
     int seq_len, pos_min, pos_max, causal, has_lo, window, chunk, t4; /* kva__first_key */
+    kva__cuda_tree tree; /* the request's draft tree (tree_mask.cuh) */
     float scale_log2, score_mul, cap_mul, softcap;
     const float *alibi;
 };
 
 #ifdef KVA_WGMMA_BODY
 /* Fills c for the thread's rows m0 + rbase + g4 + 8 hf (rbase = 64 * warpgroup
- * + 16 * warp in it) of a tile whose rows end at m_last (DK: the default
- * scale's head size). */
+ * + 16 * warp in it) of a tile whose rows end at m_last, of the request whose
+ * query tokens start at q_start (DK: the default scale's head size). */
 template <int DK>
-static __device__ __forceinline__ void wg_ctx_init(wg_ctx &c, const kva__cuda_prefill_args &a,
-                                                   int m0, int rbase, int m_last, int G, int kvh,
-                                                   int seq_len, int q_len, int pos_min, int pos_max)
+static __device__ __forceinline__ void
+wg_ctx_init(wg_ctx &c, const kva__cuda_prefill_args &a, int m0, int rbase, int m_last, int G,
+            int kvh, int seq_len, int q_len, int pos_min, int pos_max, int q_start)
 {
     const int lane = threadIdx.x & 31;
 #pragma unroll
@@ -117,6 +118,7 @@ static __device__ __forceinline__ void wg_ctx_init(wg_ctx &c, const kva__cuda_pr
     c.window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
     c.chunk = a.attention_chunk;
     c.has_lo = c.window >= 0 || c.chunk > 0;
+    c.tree = kva__cuda_tree_at(a.tree, a.tree_on ? *a.tree_on : 0, q_start, seq_len, q_len);
     c.t4 = lane & 3;
     const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)DK);
     c.softcap = a.softcap;
@@ -141,7 +143,8 @@ wg_softmax(float (&s)[64], float (&o)[NO], uint32_t (&pa)[8][4], float (&m_run)[
            float (&l_run)[2], const wg_ctx &c, int n0, float (&alpha_out)[2])
 {
     const int need_mask = (n0 + WG_BN > c.seq_len) || (c.causal && n0 + WG_BN - 1 > c.pos_min) ||
-                          (c.has_lo && n0 < kva__first_key(c.pos_max, c.window, c.chunk));
+                          (c.has_lo && n0 < kva__first_key(c.pos_max, c.window, c.chunk)) ||
+                          n0 + WG_BN > c.tree.t0;
     const int transform = need_mask || c.softcap > 0.0f || c.alibi != NULL;
     const float mul = transform ? 1.0f : c.scale_log2;
     if (transform) {
@@ -159,7 +162,8 @@ wg_softmax(float (&s)[64], float (&o)[NO], uint32_t (&pa)[8][4], float (&m_run)[
             x += sl[hf] * (float)(j - c.pos[hf]);
             const int p_ = c.pos[hf];
             const bool vis = j < c.seq_len && (!c.causal || j <= p_) &&
-                             (!c.has_lo || j >= kva__first_key(p_, c.window, c.chunk));
+                             (!c.has_lo || j >= kva__first_key(p_, c.window, c.chunk)) &&
+                             kva__cuda_tree_sees(c.tree, p_, j);
             s[e] = vis ? x : -INFINITY;
         }
     }

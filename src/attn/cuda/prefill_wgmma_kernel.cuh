@@ -52,6 +52,7 @@ extern "C" {
 }
 #include "mma_ptx.cuh"
 #include "prefill_mma.h"
+#include "tree_mask.cuh"
 #include "wgmma_ptx.cuh"
 
 #include <cuda.h> /* CUtensorMap (types only; the driver entry point is looked up) */
@@ -250,7 +251,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
             wg_bar_sync(3 + cw, 128);
             wg_ctx c;
             wg_ctx_init<DK>(c, a, tl.m0, cw * 64 + wq * 16, tl.m_last, tl.G, tl.kvh, tl.seq_len,
-                            tl.q_len, tl.pos_min, tl.pos_max);
+                            tl.q_len, tl.pos_min, tl.pos_max, tl.q_start);
             const int n_first = tl.kv_lo / WG_BN;
             const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */

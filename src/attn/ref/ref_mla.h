@@ -22,5 +22,12 @@ kva_status kva__ref_mla_sparse(kva_context *ctx, const kva_plan *plan, const voi
                                const kva_cache *cache, const int32_t *indices,
                                int64_t indices_stride, const int32_t *topk_length,
                                const float *sinks, void *out, float *lse);
+/* The reference indexer (ref_indexer.c): workspace bytes for an indexer
+ * plan ([max_seq_len] doubles and two int32 arrays; 0 for other kinds) and
+ * kva__backend_ops.indexer (arguments there). */
+size_t kva__ref_indexer_workspace(const kva_plan *plan);
+kva_status kva__ref_indexer(kva_context *ctx, const kva_plan *plan, const void *q,
+                            const float *weights, const kva_cache *cache, int32_t *indices,
+                            int64_t indices_stride, int32_t *topk_length);
 
 #endif /* KVA_REF_MLA_H */

@@ -342,10 +342,10 @@ static kva_status ref_plan_build(kva_context *ctx, kva_plan *plan)
 {
     const int64_t rows = (int64_t)plan->info.num_tokens * plan->d.num_heads;
     plan->info.num_work_items = rows > INT32_MAX ? INT32_MAX : (int32_t)rows;
-    /* Only the layer-level MLA call needs memory, one request's
-     * decompressed keys and values of one head (ref_mla.c), and the sparse
-     * separate mode its gathered rows (ref_sparse.c). */
-    size_t bytes = kva__ref_mla_workspace(plan);
+    /* Only the layer-level MLA call (one request's decompressed keys and
+     * values of one head, ref_mla.c), the indexer and the sparse separate
+     * mode (its gathered rows, ref_sparse.c) need memory. */
+    size_t bytes = kva__ref_mla_workspace(plan) + kva__ref_indexer_workspace(plan);
     const size_t sparse = kva__ref_sparse_workspace(plan);
     bytes = sparse > bytes ? sparse : bytes;
     KVA_TRY(kva__context_reserve_workspace(ctx, bytes));
@@ -372,4 +372,5 @@ const kva__backend_ops kva__ref_ops = {
     .cascade_gather = kva__host_cascade_gather,
     .cascade_merge = kva__host_cascade_merge,
     .mla_sparse = kva__ref_mla_sparse,
+    .indexer = kva__ref_indexer,
 };

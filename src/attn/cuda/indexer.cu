@@ -1,0 +1,640 @@
+/*
+ * indexer.cu - DeepSeek V3.2's lightning indexer on CUDA (kva_indexer_run):
+ *
+ *   index_logits_kernel: one CTA per tile = (up to G consecutive query
+ *     tokens of one request) x (a chunk of up to IDX_CHUNK keys). The
+ *     tokens' queries [G, Hi, D] sit in shared memory for the whole tile;
+ *     each step loads 128 keys once (FP8_TOKEN codes converted exactly to
+ *     the q dtype, their scales aside) and every token reuses them: warp w
+ *     computes S = Q [Hi, D] . K^T [D, 32 keys] on tensor cores (mma.sync
+ *     m16n8k16, fp32 accumulators, 64 heads per pass), applies ReLU and the
+ *     head weights in registers, sums the heads by shuffles and writes the
+ *     32 logits (times the key scales) into the workspace row of its token.
+ *   index_topk_kernel: one CTA per query token: a radix select on the
+ *     logits' order-preserving keys (11 + 11 + 10 bits, shared-memory
+ *     histograms, block scans) finds the K-th largest exactly, one pass
+ *     gathers the keys above it and, in position order, the lowest
+ *     positions equal to it, and a bitonic sort of those K orders them
+ *     (logit descending, position ascending, NaN last).
+ *
+ * The workspace holds logits [tokens of a pass, max_seq_len] float32; a
+ * plan whose tokens need more than IDX_WS_FLOATS runs in several passes.
+ * Shapes: q f16 or bf16, Hi and D multiples of 16, K <= IDX_TOPK_MAX; the
+ * plan refuses the rest (the reference and CPU backends take them).
+ */
+extern "C" {
+#include "cuda_backend.h"
+}
+#include "cuda_check.h"
+#include "mma_ptx.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <stdlib.h>
+
+#define IDX_WARPS 4
+#define IDX_KEYS (IDX_WARPS * 32) /* keys per step of a logits CTA */
+#define IDX_CHUNK 2048            /* keys per tile */
+#define IDX_MAX_G 4               /* query tokens per tile */
+#define IDX_SMEM_MAX (112 * 1024) /* two logits CTAs per SM */
+#define IDX_TOPK_MAX 4096
+#define IDX_TOPK_THREADS 1024
+#define IDX_WS_FLOATS ((size_t)1 << 28) /* 1 GiB of logits per pass */
+
+/* The CUDA part of an indexer plan (kva__cuda_plan.index). */
+typedef struct kva__cuda_index_plan {
+    void *dev;            /* one device allocation: tiles, tok_n, block table */
+    const int4 *tiles;    /* [num_tiles] {request, first token, tokens, first key} */
+    const int32_t *tok_n; /* [T] keys each token scores (pos + 1) */
+    const int32_t *bt;    /* [R, stride] */
+    int32_t num_tiles, G, smax, stride, num_passes;
+    int32_t *pass; /* host [num_passes + 1, 2]: first tile, first token of each pass */
+    size_t smem;   /* dynamic shared memory of the logits kernel */
+} kva__cuda_index_plan;
+
+/* ---- logits ---- */
+
+/* Four fp8 e4m3 codes of w as two packed pairs of the mma element type (exact). */
+template <typename M>
+static __device__ __forceinline__ void cvt4(uint32_t w, uint32_t &lo, uint32_t &hi)
+{
+    const __half2_raw a =
+        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
+    const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
+    if constexpr (sizeof(typename M::elem) == 2 && __is_same(typename M::elem, __half)) {
+        lo = (uint32_t)a.x | ((uint32_t)a.y << 16);
+        hi = (uint32_t)b.x | ((uint32_t)b.y << 16);
+    } else {
+        const float2 fa = __half22float2(__half2(a)), fb = __half22float2(__half2(b));
+        lo = M::pack(fa.x, fa.y);
+        hi = M::pack(fb.x, fb.y);
+    }
+}
+
+/* 16 bytes at p: one vector load when blocks are 16-byte multiples, else
+ * four words (FP8_TOKEN blocks of B (D + 4) bytes are 4-byte multiples). */
+static __device__ __forceinline__ uint4 ld16(const char *p, int64_t block_bytes)
+{
+    if ((block_bytes & 15) == 0)
+        return *(const uint4 *)p;
+    const uint32_t *u = (const uint32_t *)p;
+    return make_uint4(u[0], u[1], u[2], u[3]);
+}
+
+template <typename M, bool FP8>
+__global__ void __launch_bounds__(IDX_WARPS * 32)
+    index_logits_kernel(const typename M::elem *q, const float *wts, const char *cache,
+                        int64_t block_bytes, const int4 *tiles, const int32_t *tok_n,
+                        const int32_t *bt, int32_t stride, int32_t Hi, int32_t D, int32_t B,
+                        float *logits, int32_t smax, int32_t tok_base)
+{
+    typedef typename M::elem elem;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int4 tile = tiles[blockIdx.x];
+    const int32_t r = tile.x, t0 = tile.y, nt = tile.z, k0 = tile.w;
+    const int32_t DP = D + 8;                           /* padded rows: conflict-free ldmatrix */
+    elem *qs = (elem *)smem;                            /* [G * Hi, DP] */
+    elem *ks = qs + (size_t)nt * Hi * DP;               /* [IDX_KEYS, DP] */
+    float *wsm = (float *)(ks + (size_t)IDX_KEYS * DP); /* [G * Hi] */
+    float *scs = wsm + nt * Hi;                         /* [IDX_KEYS] */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int32_t c8 = D / 8;
+    for (int32_t e = tid; e < nt * Hi * c8; e += blockDim.x) {
+        const int32_t row = e / c8, c = e - row * c8;
+        *(uint4 *)(qs + (size_t)row * DP + c * 8) =
+            *(const uint4 *)(q + ((int64_t)t0 * Hi + row) * D + c * 8);
+    }
+    for (int32_t e = tid; e < nt * Hi; e += blockDim.x)
+        wsm[e] = wts[(int64_t)t0 * Hi + e];
+    const int32_t n_last = tok_n[t0 + nt - 1];
+    const int32_t kend = n_last < k0 + IDX_CHUNK ? n_last : k0 + IDX_CHUNK;
+    const int32_t *btr = bt + (int64_t)r * stride;
+    const uint32_t qs_u = kva__smem_u32(qs), ks_u = kva__smem_u32(ks);
+    for (int32_t kb = k0; kb < kend; kb += IDX_KEYS) {
+        __syncthreads();                          /* the previous step's keys are consumed */
+        const int32_t cpr = FP8 ? D / 16 : D / 8; /* 16-byte source chunks per key */
+        for (int32_t e = tid; e < IDX_KEYS * cpr; e += blockDim.x) {
+            const int32_t j = e / cpr, c = e - j * cpr, key = kb + j;
+            if (key >= kend)
+                continue; /* never stored: those columns are not written */
+            const char *base = cache + (int64_t)btr[key / B] * block_bytes;
+            const int32_t off = key % B;
+            if (FP8) {
+                const uint4 w = ld16(base + (int64_t)off * D + c * 16, block_bytes);
+                uint4 lo, hi;
+                cvt4<M>(w.x, lo.x, lo.y);
+                cvt4<M>(w.y, lo.z, lo.w);
+                cvt4<M>(w.z, hi.x, hi.y);
+                cvt4<M>(w.w, hi.z, hi.w);
+                *(uint4 *)(ks + (size_t)j * DP + c * 16) = lo;
+                *(uint4 *)(ks + (size_t)j * DP + c * 16 + 8) = hi;
+            } else {
+                *(uint4 *)(ks + (size_t)j * DP + c * 8) =
+                    *(const uint4 *)(base + ((int64_t)off * D + c * 8) * (int64_t)sizeof(elem));
+            }
+        }
+        for (int32_t j = tid; j < IDX_KEYS; j += blockDim.x) {
+            const int32_t key = kb + j;
+            float s = 1.0f;
+            if (FP8 && key < kend)
+                s = *(const float *)(cache + (int64_t)btr[key / B] * block_bytes + (int64_t)B * D +
+                                     (int64_t)(key % B) * 4);
+            scs[j] = s;
+        }
+        __syncthreads();
+        for (int32_t g = 0; g < nt; g++) {
+            const int32_t n = tok_n[t0 + g];
+            if (kb + warp * 32 >= n)
+                continue; /* the warp's keys are all after this token */
+            float part[4][2] = {};
+            for (int32_t hg = 0; hg < Hi; hg += 64) {
+                const int32_t mt = (Hi - hg) / 16 < 4 ? (Hi - hg) / 16 : 4;
+                float acc[4][4][4] = {};
+                for (int32_t kk = 0; kk < D; kk += 16) {
+                    uint32_t b[4][2];
+#pragma unroll
+                    for (int np = 0; np < 2; np++) {
+                        uint32_t x[4];
+                        const int32_t row = warp * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                        kva__ldsm_x4(ks_u + (uint32_t)((row * DP + kk + ((lane >> 3) & 1) * 8) * 2),
+                                     x);
+                        b[2 * np][0] = x[0];
+                        b[2 * np][1] = x[1];
+                        b[2 * np + 1][0] = x[2];
+                        b[2 * np + 1][1] = x[3];
+                    }
+#pragma unroll
+                    for (int mi = 0; mi < 4; mi++) {
+                        if (mi < mt) {
+                            uint32_t a[4];
+                            const int32_t row = g * Hi + hg + mi * 16 + (lane & 15);
+                            kva__ldsm_x4(qs_u + (uint32_t)((row * DP + kk + (lane >> 4) * 8) * 2),
+                                         a);
+#pragma unroll
+                            for (int ni = 0; ni < 4; ni++)
+                                M::mma(acc[mi][ni], a, b[ni][0], b[ni][1]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int mi = 0; mi < 4; mi++) {
+                    if (mi < mt) {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const float wh =
+                                wsm[g * Hi + hg + mi * 16 + (lane >> 2) + (e >= 2 ? 8 : 0)];
+#pragma unroll
+                            for (int ni = 0; ni < 4; ni++) {
+                                const float x = acc[mi][ni][e];
+                                part[ni][e & 1] += wh * (x < 0.0f ? 0.0f : x); /* NaN kept */
+                            }
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    float v = part[ni][c];
+                    v += __shfl_xor_sync(0xffffffffu, v, 4);
+                    v += __shfl_xor_sync(0xffffffffu, v, 8);
+                    v += __shfl_xor_sync(0xffffffffu, v, 16);
+                    part[ni][c] = v;
+                }
+            if (lane < 4) {
+                float *out = logits + (int64_t)(t0 + g - tok_base) * smax;
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int32_t col = warp * 32 + ni * 8 + lane * 2 + c, key = kb + col;
+                        if (key < n)
+                            out[key] = part[ni][c] * scs[col];
+                    }
+            }
+        }
+    }
+}
+
+/* ---- top K ---- */
+
+/* Order-preserving key of a logit: -0 as +0, NaN lowest (0). */
+static __device__ __forceinline__ uint32_t order_key(float x)
+{
+    if (x != x)
+        return 0u;
+    const uint32_t u = __float_as_uint(x == 0.0f ? 0.0f : x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Block-wide exclusive scan of v (IDX_TOPK_THREADS threads); *total gets the sum. */
+static __device__ __forceinline__ uint32_t block_scan(uint32_t v, uint32_t *sw, uint32_t *total)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint32_t x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o)
+            x += y;
+    }
+    if (lane == 31)
+        sw[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        uint32_t s = sw[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const uint32_t y = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= o)
+                s += y;
+        }
+        sw[32 + lane] = s; /* inclusive warp offsets */
+    }
+    __syncthreads();
+    const uint32_t res = x - v + (warp > 0 ? sw[32 + warp - 1] : 0u);
+    *total = sw[32 + 31];
+    __syncthreads(); /* sw may be reused */
+    return res;
+}
+
+__global__ void __launch_bounds__(IDX_TOPK_THREADS)
+    index_topk_kernel(const float *logits, int32_t smax, int32_t tok_base, const int32_t *tok_n,
+                      int32_t K, int32_t *indices, int64_t istride, int32_t *topk_length)
+{
+    __shared__ uint32_t hist[2048];
+    __shared__ unsigned long long cand[IDX_TOPK_MAX];
+    __shared__ uint32_t sw[64];
+    __shared__ uint32_t s_bin, s_above, s_cnt;
+    const int32_t t = tok_base + blockIdx.x, n = tok_n[t];
+    const float *row = logits + (int64_t)blockIdx.x * smax;
+    const int tid = threadIdx.x;
+    const int32_t m = n < K ? n : K;
+    if (n <= K) {
+        for (int32_t j = tid; j < n; j += blockDim.x)
+            cand[j] = (unsigned long long)order_key(row[j]) << 32 | (uint32_t) ~(uint32_t)j;
+    } else {
+        uint32_t prefix = 0, mask = 0;
+        int32_t need = K;
+        for (int p = 0; p < 3; p++) {
+            const int shift = p == 0 ? 21 : p == 1 ? 10 : 0;
+            const uint32_t nb = p < 2 ? 2048u : 1024u;
+            for (uint32_t i = tid; i < nb; i += blockDim.x)
+                hist[i] = 0;
+            __syncthreads();
+            for (int32_t j = tid; j < n; j += blockDim.x) {
+                const uint32_t key = order_key(row[j]);
+                if ((key & mask) == prefix)
+                    atomicAdd(&hist[(key >> shift) & (nb - 1)], 1u);
+            }
+            __syncthreads();
+            /* Thread i holds bins nb-1-2i and nb-2-2i: counts from the top. */
+            const uint32_t i2 = 2u * tid;
+            const uint32_t c0 = i2 < nb ? hist[nb - 1 - i2] : 0u;
+            const uint32_t c1 = i2 + 1 < nb ? hist[nb - 2 - i2] : 0u;
+            uint32_t total;
+            const uint32_t e0 = block_scan(c0 + c1, sw, &total);
+            if (e0 < (uint32_t)need && e0 + c0 >= (uint32_t)need) {
+                s_bin = nb - 1 - i2;
+                s_above = e0;
+            } else if (e0 + c0 < (uint32_t)need && e0 + c0 + c1 >= (uint32_t)need) {
+                s_bin = nb - 2 - i2;
+                s_above = e0 + c0;
+            }
+            __syncthreads();
+            need -= (int32_t)s_above;
+            prefix |= s_bin << shift;
+            mask |= (nb - 1) << shift;
+            __syncthreads();
+        }
+        /* prefix = the K-th largest key; K - need keys are above it. */
+        const int32_t gt = K - need;
+        if (tid == 0)
+            s_cnt = 0;
+        __syncthreads();
+        uint32_t run = 0;
+        for (int32_t base = 0; base < n; base += blockDim.x) {
+            const int32_t j = base + tid;
+            const uint32_t key = j < n ? order_key(row[j]) : 0u;
+            if (j < n && key > prefix)
+                cand[atomicAdd(&s_cnt, 1u)] =
+                    (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
+            const uint32_t eq = j < n && key == prefix;
+            uint32_t total;
+            const uint32_t rank = run + block_scan(eq, sw, &total);
+            if (eq && rank < (uint32_t)need)
+                cand[gt + rank] = (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
+            run += total;
+        }
+    }
+    __syncthreads();
+    int32_t P = 1;
+    while (P < m)
+        P <<= 1;
+    for (int32_t i = m + tid; i < P; i += blockDim.x)
+        cand[i] = 0ull; /* below every real entry */
+    __syncthreads();
+    for (int32_t k = 2; k <= P; k <<= 1)
+        for (int32_t j = k >> 1; j > 0; j >>= 1) {
+            for (int32_t i = tid; i < P; i += blockDim.x) {
+                const int32_t x = i ^ j;
+                if (x > i) {
+                    const unsigned long long a = cand[i], b = cand[x];
+                    const bool desc = (i & k) == 0;
+                    if (desc ? a < b : a > b) {
+                        cand[i] = b;
+                        cand[x] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    int32_t *out = indices + (int64_t)t * istride;
+    for (int32_t k = tid; k < K; k += blockDim.x)
+        out[k] = k < m ? (int32_t) ~(uint32_t)cand[k] : -1;
+    if (topk_length && tid == 0)
+        topk_length[t] = m;
+}
+
+/* ---- plan and run ---- */
+
+template <typename M, bool FP8> static void *logits_fn()
+{
+    return (void *)index_logits_kernel<M, FP8>;
+}
+
+static void *pick(kva_dtype q_dtype, int fp8)
+{
+    if (q_dtype == KVA_DTYPE_BF16)
+        return fp8 ? logits_fn<kva__mma_bf16, true>() : logits_fn<kva__mma_bf16, false>();
+    return fp8 ? logits_fn<kva__mma_f16, true>() : logits_fn<kva__mma_f16, false>();
+}
+
+static size_t smem_bytes(int32_t G, int32_t Hi, int32_t D)
+{
+    return ((size_t)G * Hi + IDX_KEYS) * (size_t)(D + 8) * 2 + ((size_t)G * Hi + IDX_KEYS) * 4;
+}
+
+extern "C" void kva__cuda_indexer_plan_free(kva__cuda_index_plan *ip)
+{
+    if (!ip)
+        return;
+    if (ip->dev)
+        cudaFree(ip->dev);
+    free(ip->pass);
+    free(ip);
+}
+
+extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *plan)
+{
+    static const char fn[] = "kva_plan_create";
+    const kva_plan_desc *d = &plan->d;
+    const int32_t Hi = d->num_heads, D = d->head_dim, K = d->sparse_topk, R = d->num_requests;
+    if (d->q_dtype == KVA_DTYPE_F32 || Hi % 16 != 0 || D % 16 != 0 || K > IDX_TOPK_MAX)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: the CUDA indexer takes f16/bf16 q, num_heads and head_dim multiples "
+                         "of 16 and sparse_topk <= %d (got %s, %d, %d, %d); the reference and CPU "
+                         "backends take the rest",
+                         fn, IDX_TOPK_MAX, kva_dtype_name(d->q_dtype), (int)Hi, (int)D, (int)K);
+    int32_t G = IDX_MAX_G;
+    while (G > 1 && smem_bytes(G, Hi, D) > IDX_SMEM_MAX)
+        G--;
+    if (smem_bytes(G, Hi, D) > IDX_SMEM_MAX)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: num_heads %d x head_dim %d: the CUDA indexer's queries do not fit "
+                         "its shared memory",
+                         fn, (int)Hi, (int)D);
+    KVA_CUDA_TRY(cudaSetDevice(ctx->device_id));
+    const int32_t T = plan->info.num_tokens;
+    const int32_t smax = plan->info.max_seq_len > 0 ? plan->info.max_seq_len : 1;
+    /* Tiles, grouped into passes of at most IDX_WS_FLOATS logits. */
+    const int64_t per_pass =
+        (int64_t)(IDX_WS_FLOATS / (size_t)smax) > G ? (int64_t)(IDX_WS_FLOATS / (size_t)smax) : G;
+    int64_t ntiles = 0;
+    for (int32_t r = 0; r < R; r++) {
+        const int32_t q0 = plan->query_start_loc[r], ql = plan->query_start_loc[r + 1] - q0;
+        const int32_t s = plan->seq_lens[r];
+        for (int32_t g0 = 0; g0 < ql; g0 += G) {
+            const int32_t nt = ql - g0 < G ? ql - g0 : G, nmax = s - ql + g0 + nt;
+            ntiles += (nmax + IDX_CHUNK - 1) / IDX_CHUNK;
+        }
+    }
+    if (ntiles > INT32_MAX / 2)
+        return kva__fail(KVA_STATUS_UNSUPPORTED, "%s: too many indexer tiles (%lld)", fn,
+                         (long long)ntiles);
+    const int64_t bt_n = (int64_t)R * d->block_table_stride;
+    const size_t bytes = (size_t)ntiles * sizeof(int4) + ((size_t)T + (size_t)bt_n + 1) * 4;
+    char *host = (char *)malloc(bytes);
+    kva__cuda_index_plan *ip = (kva__cuda_index_plan *)calloc(1, sizeof *ip);
+    int32_t *pass = (int32_t *)malloc(((size_t)T + 2) * 2 * sizeof(int32_t));
+    if (!host || !ip || !pass) {
+        free(host);
+        free(ip);
+        free(pass);
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "%s: out of memory", fn);
+    }
+    int4 *tiles = (int4 *)host;
+    int32_t *tok_n = (int32_t *)(tiles + ntiles);
+    int32_t *bt = tok_n + T;
+    int32_t nt_done = 0, np = 0, pass_t0 = 0;
+    int64_t longest = 0;
+    pass[0] = 0;
+    pass[1] = 0;
+    for (int32_t r = 0; r < R; r++) {
+        const int32_t q0 = plan->query_start_loc[r], ql = plan->query_start_loc[r + 1] - q0;
+        const int32_t s = plan->seq_lens[r];
+        for (int32_t i = 0; i < ql; i++)
+            tok_n[q0 + i] = s - ql + i + 1;
+        for (int32_t g0 = 0; g0 < ql; g0 += G) {
+            const int32_t nt = ql - g0 < G ? ql - g0 : G, nmax = s - ql + g0 + nt;
+            if (q0 + g0 + nt - pass_t0 > per_pass) { /* start a new pass here */
+                np++;
+                pass_t0 = q0 + g0;
+                pass[2 * np] = nt_done;
+                pass[2 * np + 1] = pass_t0;
+            }
+            for (int32_t k0 = 0; k0 < nmax; k0 += IDX_CHUNK)
+                tiles[nt_done++] = make_int4(r, q0 + g0, nt, k0);
+            if (q0 + g0 + nt - pass_t0 > longest)
+                longest = q0 + g0 + nt - pass_t0;
+        }
+    }
+    np++;
+    pass[2 * np] = nt_done;
+    pass[2 * np + 1] = T;
+    if (bt_n > 0)
+        memcpy(bt, plan->block_table, (size_t)bt_n * 4);
+    ip->pass = pass;
+    ip->num_passes = np;
+    ip->num_tiles = nt_done;
+    ip->G = G;
+    ip->smax = smax;
+    ip->stride = d->block_table_stride;
+    ip->smem = smem_bytes(G, Hi, D);
+    kva__cuda_plan *cp = (kva__cuda_plan *)calloc(1, sizeof *cp);
+    if (!cp) {
+        free(host);
+        kva__cuda_indexer_plan_free(ip);
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "%s: out of memory", fn);
+    }
+    cp->index = ip;
+    plan->device = cp; /* released by cuda_plan_release on any failure below */
+    cudaError_t e = cudaMalloc(&ip->dev, bytes);
+    if (e == cudaSuccess)
+        e = cudaMemcpy(ip->dev, host, bytes, cudaMemcpyHostToDevice);
+    free(host);
+    if (e == cudaSuccess) {
+        /* The smem limit of every instantiation this plan may run. */
+        const int fp8s[2] = {0, 1};
+        for (int i = 0; i < 2 && e == cudaSuccess; i++)
+            e = cudaFuncSetAttribute(pick(d->q_dtype, fp8s[i]),
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ip->smem);
+    }
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kva__fail(KVA_STATUS_DEVICE_ERROR, "%s: indexer plan upload: %s", fn,
+                         cudaGetErrorString(e));
+    }
+    ip->tiles = (const int4 *)ip->dev;
+    ip->tok_n = (const int32_t *)(ip->tiles + ntiles);
+    ip->bt = ip->tok_n + T;
+    const size_t ws = (size_t)longest * (size_t)smax * sizeof(float);
+    KVA_TRY(kva__context_reserve_workspace(ctx, ws));
+    plan->workspace_bytes = ws;
+    plan->info.num_work_items = nt_done;
+    return KVA_STATUS_OK;
+}
+
+/* Reads every key (codes and scale) of every tile once, as the logits
+ * kernel does, and nothing else: the benchmark's baseline. One word per
+ * CTA goes to sink so the loads stay. */
+template <bool FP8>
+__global__ void __launch_bounds__(IDX_WARPS * 32)
+    index_probe_kernel(const char *cache, int64_t block_bytes, const int4 *tiles,
+                       const int32_t *tok_n, const int32_t *bt, int32_t stride, int32_t D,
+                       int32_t B, int32_t esize, uint32_t *sink)
+{
+    const int4 tile = tiles[blockIdx.x];
+    const int32_t n_last = tok_n[tile.y + tile.z - 1];
+    const int32_t kend = n_last < tile.w + IDX_CHUNK ? n_last : tile.w + IDX_CHUNK;
+    const int32_t *btr = bt + (int64_t)tile.x * stride;
+    const int32_t cpr = D * esize / 16;
+    uint32_t acc = 0;
+    for (int32_t e = threadIdx.x; e < (kend - tile.w) * cpr; e += blockDim.x) {
+        const int32_t key = tile.w + e / cpr, c = e % cpr;
+        const char *base = cache + (int64_t)btr[key / B] * block_bytes;
+        const uint4 w = ld16(base + (int64_t)(key % B) * D * esize + c * 16, block_bytes);
+        acc ^= w.x ^ w.y ^ w.z ^ w.w;
+        if (FP8 && c == 0)
+            acc ^= *(const uint32_t *)(base + (int64_t)B * D + (int64_t)(key % B) * 4);
+    }
+    if (acc == 0x9e3779b9u) /* practically never: keeps the loads */
+        sink[blockIdx.x] = acc;
+}
+
+extern "C" kva_status kva__cuda_indexer_probe(kva_context *ctx, const kva_plan *plan,
+                                              const kva_cache *cache, double *bytes)
+{
+    const kva__cuda_index_plan *ip = ((const kva__cuda_plan *)plan->device)->index;
+    const int fp8 = cache->desc.quant == KVA_QUANT_FP8_TOKEN;
+    const int64_t bb = cache->k_block_elems * (int64_t)cache->elem_size;
+    const int32_t es = (int32_t)kva_dtype_size(cache->desc.dtype), D = plan->d.head_dim;
+    cudaStream_t s = (cudaStream_t)((const kva__cuda_state *)ctx->state)->stream;
+    uint32_t *sink = (uint32_t *)ctx->workspace;
+    if (bytes) {
+        /* The same count on the host: keys of every tile times the row bytes. */
+        double sum = 0.0;
+        const int32_t T = plan->info.num_tokens;
+        int32_t *tok_n = (int32_t *)malloc(((size_t)T + 1) * 4);
+        int4 *tiles = (int4 *)malloc(((size_t)ip->num_tiles + 1) * sizeof(int4));
+        if (!tok_n || !tiles) {
+            free(tok_n);
+            free(tiles);
+            return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "indexer probe: out of memory");
+        }
+        KVA_CUDA_TRY(cudaMemcpy(tok_n, ip->tok_n, (size_t)T * 4, cudaMemcpyDeviceToHost));
+        KVA_CUDA_TRY(cudaMemcpy(tiles, ip->tiles, (size_t)ip->num_tiles * sizeof(int4),
+                                cudaMemcpyDeviceToHost));
+        for (int32_t i = 0; i < ip->num_tiles; i++) {
+            const int32_t n_last = tok_n[tiles[i].y + tiles[i].z - 1];
+            const int32_t kend = n_last < tiles[i].w + IDX_CHUNK ? n_last : tiles[i].w + IDX_CHUNK;
+            sum += (double)(kend - tiles[i].w) * ((double)D * es + (fp8 ? 4 : 0));
+        }
+        free(tok_n);
+        free(tiles);
+        *bytes = sum;
+    }
+    if (fp8)
+        index_probe_kernel<true><<<ip->num_tiles, IDX_WARPS * 32, 0, s>>>(
+            (const char *)cache->k, bb, ip->tiles, ip->tok_n, ip->bt, ip->stride, D,
+            plan->d.block_size, es, sink);
+    else
+        index_probe_kernel<false><<<ip->num_tiles, IDX_WARPS * 32, 0, s>>>(
+            (const char *)cache->k, bb, ip->tiles, ip->tok_n, ip->bt, ip->stride, D,
+            plan->d.block_size, es, sink);
+    KVA_CUDA_LAUNCHED("index_probe_kernel");
+    return KVA_STATUS_OK;
+}
+
+extern "C" kva_status kva__cuda_indexer(kva_context *ctx, const kva_plan *plan, const void *q,
+                                        const float *weights, const kva_cache *cache,
+                                        int32_t *indices, int64_t indices_stride,
+                                        int32_t *topk_length)
+{
+    return kva__cuda_indexer_parts(ctx, plan, q, weights, cache, indices, indices_stride,
+                                   topk_length, 3);
+}
+
+extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *plan, const void *q,
+                                              const float *weights, const kva_cache *cache,
+                                              int32_t *indices, int64_t indices_stride,
+                                              int32_t *topk_length, int parts)
+{
+    static const char fn[] = "kva_indexer_run";
+    const kva__cuda_index_plan *ip = ((const kva__cuda_plan *)plan->device)->index;
+    if (cache->device_id != ctx->device_id)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: cache lives on device %d but the context uses %d", fn,
+                         (int)cache->device_id, (int)ctx->device_id);
+    if ((uintptr_t)q % 16 != 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: q = %p: the CUDA indexer reads q in 16-byte vectors (align it)", fn,
+                         q);
+    const kva_plan_desc *d = &plan->d;
+    const int fp8 = cache->desc.quant == KVA_QUANT_FP8_TOKEN;
+    const int64_t bb = cache->k_block_elems * (int64_t)cache->elem_size;
+    cudaStream_t s = (cudaStream_t)((const kva__cuda_state *)ctx->state)->stream;
+    float *ws = (float *)ctx->workspace;
+    for (int32_t p = 0; p < ip->num_passes; p++) {
+        const int32_t a = ip->pass[2 * p], b = ip->pass[2 * p + 2];
+        const int32_t t0 = ip->pass[2 * p + 1], t1 = ip->pass[2 * p + 3];
+        if ((parts & 1) && b > a) {
+            void *args[] = {(void *)&q,
+                            (void *)&weights,
+                            (void *)&cache->k,
+                            (void *)&bb,
+                            (void *)&ip->tiles,
+                            (void *)&ip->tok_n,
+                            (void *)&ip->bt,
+                            (void *)&ip->stride,
+                            (void *)&d->num_heads,
+                            (void *)&d->head_dim,
+                            (void *)&d->block_size,
+                            (void *)&ws,
+                            (void *)&ip->smax,
+                            (void *)&t0};
+            const int4 *tiles = ip->tiles + a;
+            args[4] = (void *)&tiles;
+            KVA_CUDA_TRY(cudaLaunchKernel(pick(d->q_dtype, fp8), dim3((unsigned)(b - a)),
+                                          dim3(IDX_WARPS * 32), args, ip->smem, s));
+        }
+        if ((parts & 2) && t1 > t0) {
+            index_topk_kernel<<<(unsigned)(t1 - t0), IDX_TOPK_THREADS, 0, s>>>(
+                ws, ip->smax, t0, ip->tok_n, d->sparse_topk, indices, indices_stride, topk_length);
+            KVA_CUDA_LAUNCHED("index_topk_kernel");
+        }
+    }
+    return KVA_STATUS_OK;
+}

@@ -1,0 +1,293 @@
+/*
+ * test_cuda_indexer.c - the CUDA lightning indexer (kva_indexer_run) and
+ * index-key caches in device memory, against the test's fp64 reference
+ * (tests/indexer_util.h: same set and order except between logits within
+ * float rounding of each other).
+ *
+ * Cases: DeepSeek's 64 heads of 128 over FP8_TOKEN keys (bf16 q), decodes,
+ * a speculative decode, prefills with and without context, key chunks
+ * crossed, K above pos + 1, K = 1, repeated keys (exact ties) and a NaN key
+ * on f16 caches; the FP8_TOKEN bytes written on the device equal the test's
+ * quantizer (after a swap to a host cache); read-back; bad input gets a
+ * status and leaves outputs untouched. KVA_TEST_QUICK=1 runs the small
+ * cases only. Exits 77 without a GPU.
+ */
+#include "../indexer_util.h"
+#include "cuda_util.h"
+
+#ifdef KVA_HAVE_CUDA
+
+static kva_context *make_ctx(kva_backend b)
+{
+    kva_context_desc cd = {.backend = b, .num_threads = 1};
+    kva_context *ctx = NULL;
+    CHECK_OK(kva_context_create(&cd, &ctx));
+    return ctx;
+}
+
+/* A device cache holding the case's keys, written on the device. */
+static kva_cache *make_dev_cache(kva_context *gpu, const idx_case *c, const idx_data *x)
+{
+    kva_cache_desc cd = idx_cache_desc(c, x);
+    kva_cache *cache = NULL;
+    CHECK_OK(kva_cache_create(gpu, &cd, &cache));
+    if (!cache)
+        return NULL;
+    void *dk = dev_from(x->keys, (size_t)x->total * c->D * sizeof(float));
+    void *ds = dev_from(x->slots, (size_t)x->total * sizeof(int64_t));
+    CHECK_OK(kva_cache_write(gpu, cache, x->total, dk, 0, NULL, 0, KVA_DTYPE_F32, ds));
+    CUDA_OK(cudaDeviceSynchronize());
+    cudaFree(dk);
+    cudaFree(ds);
+    return cache;
+}
+
+static void run_case(kva_context *gpu, const idx_case *c)
+{
+    idx_data x;
+    idx_build(c, &x);
+    kva_cache *cache = make_dev_cache(gpu, c, &x);
+    kva_plan_desc pd = idx_plan_desc(c, &x);
+    kva_plan *plan = NULL;
+    CHECK_OK(kva_plan_create(gpu, &pd, &plan));
+    if (cache && plan) {
+        const int64_t stride = c->K + 1;
+        const size_t ni = (size_t)x.T * stride, qb = (size_t)x.T * c->Hi * c->D * 2;
+        void *dq = dev_from(x.q, qb), *dw = dev_from(x.w, (size_t)x.T * c->Hi * sizeof(float));
+        /* 0x5a5a5a5a in every entry: -1 padding must be written. */
+        int32_t *di = dev_poisoned(ni * 4), *dl = dev_poisoned((size_t)x.T * 4);
+        CUDA_OK(cudaMemset(di, 0x5a, ni * 4));
+        CHECK_OK(kva_indexer_run(gpu, plan, dq, dw, cache, di, stride, dl));
+        int32_t *ind = malloc(ni * 4), *len = malloc((size_t)x.T * 4);
+        to_host(ind, di, ni * 4);
+        to_host(len, dl, (size_t)x.T * 4);
+        int pad = 0;
+        for (int32_t t = 0; t < x.T; t++)
+            pad += ind[t * stride + c->K] != 0x5a5a5a5a; /* past K: untouched */
+        char label[96];
+        snprintf(label, sizeof label, "cuda Hi %d D %d K %d fp8 %d %s", (int)c->Hi, (int)c->D,
+                 (int)c->K, c->fp8, kva_dtype_name(c->dt));
+        const int bad = idx_check(label, c, &x, ind, stride, len, 0);
+        CHECK_MSG(pad == 0 && bad == 0, "%s: %d of %d rows differ, %d pads written", label, bad,
+                  (int)x.T, pad);
+        free(ind);
+        free(len);
+        cudaFree(dq), cudaFree(dw), cudaFree(di), cudaFree(dl);
+    }
+    kva_plan_destroy(plan);
+    kva_cache_destroy(cache);
+    idx_free(&x);
+}
+
+static void test_grid(void)
+{
+    kva_context *gpu = make_ctx(KVA_BACKEND_CUDA);
+    const int quick = getenv("KVA_TEST_QUICK") != NULL;
+    /* DeepSeek's shape, FP8 keys, a mixed batch whose prefill crosses a chunk. */
+    idx_case a = {.Hi = 64,
+                  .D = 128,
+                  .B = 64,
+                  .K = 128,
+                  .dt = KVA_DTYPE_BF16,
+                  .fp8 = 1,
+                  .R = 4,
+                  .q_len = {1, 3, 24, 17},
+                  .seq_len = {3000, 700, 2100, 17},
+                  .ties = 1,
+                  .seed = 41};
+    run_case(gpu, &a);
+    /* f16 q and cache, 16 heads of 64, K above most rows, ties and a NaN key. */
+    idx_case b = {.Hi = 16,
+                  .D = 64,
+                  .B = 16,
+                  .K = 200,
+                  .dt = KVA_DTYPE_F16,
+                  .R = 3,
+                  .q_len = {6, 1, 2},
+                  .seq_len = {300, 1, 150},
+                  .ties = 1,
+                  .nan_key = 1,
+                  .seed = 42};
+    run_case(gpu, &b);
+    /* K = 1, 48 heads (a partial head group), bf16 cache. */
+    idx_case c = {.Hi = 48,
+                  .D = 32,
+                  .B = 7,
+                  .K = 1,
+                  .dt = KVA_DTYPE_BF16,
+                  .R = 2,
+                  .q_len = {9, 1},
+                  .seq_len = {90, 40},
+                  .seed = 43};
+    run_case(gpu, &c);
+    /* FP8 blocks of 5 rows: B (D + 4) bytes, not a multiple of 16. */
+    idx_case f = {.Hi = 16, .D = 48, .B = 5, .K = 10, .dt = KVA_DTYPE_BF16, .fp8 = 1, .R = 2,
+                  .q_len = {4, 1}, .seq_len = {60, 33}, .seed = 46};
+    run_case(gpu, &f);
+    if (!quick) {
+        /* The shape, smaller: top-2048 of 8k keys, 128 heads. */
+        idx_case d = {.Hi = 64,
+                      .D = 128,
+                      .B = 64,
+                      .K = 2048,
+                      .dt = KVA_DTYPE_BF16,
+                      .fp8 = 1,
+                      .R = 1,
+                      .q_len = {40},
+                      .seq_len = {8192},
+                      .seed = 44};
+        run_case(gpu, &d);
+        idx_case e = {.Hi = 128,
+                      .D = 128,
+                      .B = 32,
+                      .K = 4096,
+                      .dt = KVA_DTYPE_F16,
+                      .fp8 = 1,
+                      .R = 2,
+                      .q_len = {1, 8},
+                      .seq_len = {5000, 4100},
+                      .ties = 1,
+                      .seed = 45};
+        run_case(gpu, &e);
+    }
+    kva_context_destroy(gpu);
+}
+
+/* FP8_TOKEN bytes written on the device, swapped to a host cache, equal
+ * the test's quantizer; kva_cache_read gives code * scale. */
+static void test_cache_bytes(void)
+{
+    kva_context *gpu = make_ctx(KVA_BACKEND_CUDA), *cpu = make_ctx(KVA_BACKEND_CPU);
+    idx_case c = {.Hi = 16,
+                  .D = 128,
+                  .B = 16,
+                  .K = 8,
+                  .dt = KVA_DTYPE_BF16,
+                  .fp8 = 1,
+                  .R = 2,
+                  .q_len = {1, 1},
+                  .seq_len = {40, 33},
+                  .seed = 51};
+    idx_data x;
+    idx_build(&c, &x);
+    for (int32_t i = 0; i < c.D; i++) { /* a zero row: scale FLT_MIN */
+        x.keys[(size_t)5 * c.D + i] = 0.0f;
+        x.keys[(size_t)6 * c.D + i] *= 1000.0f;
+    }
+    for (int32_t t = 5; t <= 6; t++) { /* the values those rows now hold */
+        uint8_t codes[KVA_MAX_HEAD_DIM];
+        const float s = idx_quant_row(x.keys + (size_t)t * c.D, c.D, codes);
+        for (int32_t i = 0; i < c.D; i++)
+            x.kval[(size_t)t * c.D + i] = idx_e4m3_value(codes[i]) * (double)s;
+    }
+    kva_cache *dev = make_dev_cache(gpu, &c, &x);
+    kva_cache_desc cd = idx_cache_desc(&c, &x);
+    kva_cache *host = NULL;
+    CHECK_OK(kva_cache_create(cpu, &cd, &host));
+    if (dev && host) {
+        int32_t *pairs = malloc((size_t)x.nb * 2 * sizeof *pairs);
+        for (int32_t b = 0; b < x.nb; b++)
+            pairs[2 * b] = pairs[2 * b + 1] = b;
+        CHECK_OK(kva_cache_swap_blocks(gpu, dev, host, pairs, x.nb));
+        CUDA_OK(cudaDeviceSynchronize());
+        free(pairs);
+        void *hk = NULL;
+        kva_cache_data(host, &hk, NULL);
+        const unsigned char *bytes = hk;
+        int bad = 0;
+        for (int32_t t = 0; t < x.total; t++) {
+            uint8_t want[KVA_MAX_HEAD_DIM];
+            const float s = idx_quant_row(x.keys + (size_t)t * c.D, c.D, want);
+            const int64_t b = x.slots[t] / c.B, o = x.slots[t] % c.B;
+            const unsigned char *blk = bytes + b * (int64_t)c.B * (c.D + 4);
+            float got;
+            memcpy(&got, blk + (int64_t)c.B * c.D + o * 4, 4);
+            bad += memcmp(blk + o * c.D, want, (size_t)c.D) != 0 || memcmp(&got, &s, 4) != 0;
+        }
+        CHECK_MSG(bad == 0, "%d device-written FP8_TOKEN rows differ from the quantizer", bad);
+        /* Read-back on the device. */
+        float *dback = dev_poisoned((size_t)x.total * c.D * 4);
+        void *ds = dev_from(x.slots, (size_t)x.total * 8);
+        CHECK_OK(kva_cache_read(gpu, dev, x.total, ds, dback, 0, NULL, 0, KVA_DTYPE_F32));
+        float *back = malloc((size_t)x.total * c.D * 4);
+        to_host(back, dback, (size_t)x.total * c.D * 4);
+        bad = 0;
+        for (size_t i = 0; i < (size_t)x.total * c.D; i++)
+            bad += back[i] != (float)x.kval[i];
+        CHECK_MSG(bad == 0, "kva_cache_read on CUDA: %d values differ from code * scale", bad);
+        free(back);
+        cudaFree(dback);
+        cudaFree(ds);
+    }
+    kva_cache_destroy(host);
+    kva_cache_destroy(dev);
+    idx_free(&x);
+    kva_context_destroy(cpu);
+    kva_context_destroy(gpu);
+}
+
+/* Shapes the CUDA indexer refuses, and bad runs: a status, nothing written. */
+static void test_bad_input(void)
+{
+    kva_context *gpu = make_ctx(KVA_BACKEND_CUDA);
+    idx_case c = {.Hi = 16,
+                  .D = 64,
+                  .B = 16,
+                  .K = 8,
+                  .dt = KVA_DTYPE_BF16,
+                  .fp8 = 1,
+                  .R = 1,
+                  .q_len = {3},
+                  .seq_len = {30},
+                  .seed = 61};
+    idx_data x;
+    idx_build(&c, &x);
+    kva_plan_desc pd = idx_plan_desc(&c, &x);
+    kva_plan *plan = NULL;
+    kva_plan_desc p = pd;
+    p.q_dtype = KVA_DTYPE_F32;
+    CHECK_STATUS(kva_plan_create(gpu, &p, &plan), KVA_STATUS_UNSUPPORTED);
+    p = pd;
+    p.num_heads = 8;
+    CHECK_STATUS(kva_plan_create(gpu, &p, &plan), KVA_STATUS_UNSUPPORTED);
+    p = pd;
+    p.sparse_topk = 5000;
+    CHECK_STATUS(kva_plan_create(gpu, &p, &plan), KVA_STATUS_UNSUPPORTED);
+    kva_cache *cache = make_dev_cache(gpu, &c, &x);
+    CHECK_OK(kva_plan_create(gpu, &pd, &plan));
+    if (cache && plan) {
+        const size_t qb = (size_t)x.T * c.Hi * c.D * 2;
+        char *dq = dev_poisoned(qb + 16);
+        CUDA_OK(cudaMemcpy(dq, x.q, qb, cudaMemcpyHostToDevice));
+        void *dw = dev_from(x.w, (size_t)x.T * c.Hi * 4);
+        int32_t *di = dev_poisoned((size_t)x.T * c.K * 4);
+        CHECK_STATUS(kva_indexer_run(gpu, plan, dq + 2, dw, cache, di, 0, NULL),
+                     KVA_STATUS_INVALID_ARGUMENT);
+        CHECK_STATUS(kva_indexer_run(gpu, plan, dq, dw, cache, di, 3, NULL),
+                     KVA_STATUS_INVALID_ARGUMENT);
+        CHECK(dev_untouched(di));
+        float *dk = dev_from(x.keys, (size_t)c.D * 4);
+        void *ds = dev_from(x.slots, 8);
+        CHECK_STATUS(kva_cache_write(gpu, cache, 1, dk, 0, dk, 0, KVA_DTYPE_F32, ds),
+                     KVA_STATUS_INVALID_ARGUMENT);
+        cudaFree(dq), cudaFree(dw), cudaFree(di), cudaFree(dk), cudaFree(ds);
+    }
+    kva_plan_destroy(plan);
+    kva_cache_destroy(cache);
+    idx_free(&x);
+    kva_context_destroy(gpu);
+}
+#endif
+
+int main(void)
+{
+    const int skip = cuda_test_skip();
+    if (skip)
+        return skip;
+#ifdef KVA_HAVE_CUDA
+    RUN(test_bad_input);
+    RUN(test_cache_bytes);
+    RUN(test_grid);
+#endif
+    return kva_test_finish();
+}
