@@ -440,14 +440,13 @@ KVA_API kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t n
  * kva_cache_write's: MHA k [T, Hkv, D], v [T, Hkv, Dv]; MLA k = c_kv
  * [T, Dc], v = k_pe [T, Dr]; INDEX k [T, D], v must be NULL. k or v may be
  * NULL to skip that half (not both). Quantized values come back as the
- * format defines them, then rounded to dst_dtype: code * scale (the fp8
- * formats, INT8_TOKEN_K keys; FP8_DS_MLA: the tile's scale, k_pe exactly;
- * FP8_TOKEN: the token's scale), one correctly rounded float32 product;
- * (code - offset) * scale in float32 (int8 with static scales). A slot >=
- * NB*B is an error and nothing is written (CUDA: slot_mapping is device
- * memory; the kernel skips such a slot). CUDA reads back MLA caches,
- * index-key caches and unquantized MHA caches; a quantized MHA cache gets
- * KVA_STATUS_UNSUPPORTED (swap its blocks to a host cache).
+ * format defines them (code * scale, (code - offset) * scale; FP8_DS_MLA:
+ * the tile's scale, k_pe as stored; FP8_TOKEN: the token's scale), computed
+ * in double and rounded once to F32 (exact for power-of-two scales), then
+ * to dst_dtype. A slot >= NB*B is an error and nothing is written (CUDA:
+ * slot_mapping is device memory; the kernel skips such a slot). CUDA reads
+ * back MLA caches, index-key caches and unquantized MHA caches; a quantized
+ * MHA cache gets KVA_STATUS_UNSUPPORTED (swap its blocks to a host cache).
  */
 KVA_API kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
                                   const int64_t *slot_mapping, void *k, int64_t k_token_stride,

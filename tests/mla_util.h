@@ -100,6 +100,41 @@ static inline kva_plan_desc mla_plan_desc(const mla_case *c, const mla_data *m, 
     return p;
 }
 
+/* The block tables of R requests of q_len [R] queries and seq_len [R] keys
+ * over a shuffled block order (block 0 left unused): fills qsl [R + 1], the
+ * block count *nb (two spare) and the row stride *stride; returns the table
+ * [R, *stride] (calloc). Shared with sparse_util.h. */
+static inline int32_t *mla_block_tables(kva_rng *rng, int32_t R, const int32_t *q_len,
+                                        const int32_t *seq_len, int32_t B, int32_t *qsl,
+                                        int32_t *nb, int32_t *stride)
+{
+    int32_t blocks = 0, maxb = 1;
+    qsl[0] = 0;
+    for (int32_t r = 0; r < R; r++) {
+        const int32_t nbr = (seq_len[r] + B - 1) / B;
+        blocks += nbr;
+        maxb = nbr > maxb ? nbr : maxb;
+        qsl[r + 1] = qsl[r] + q_len[r];
+    }
+    *nb = blocks + 2;
+    *stride = maxb;
+    int32_t *bt = calloc((size_t)(R > 0 ? R : 1) * (size_t)maxb, sizeof(int32_t));
+    int32_t *perm = malloc((size_t)*nb * sizeof(int32_t));
+    for (int32_t i = 0; i < *nb; i++)
+        perm[i] = i;
+    for (int32_t i = *nb - 1; i > 1; i--) { /* shuffle blocks 1 .. nb-1 */
+        int32_t j = kva_rng_int(rng, 1, i), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int32_t next = 1;
+    for (int32_t r = 0; r < R; r++)
+        for (int32_t b = 0; b < (seq_len[r] + B - 1) / B; b++)
+            bt[(size_t)r * maxb + b] = perm[next++];
+    free(perm);
+    return bt;
+}
+
 /* Builds the case on ctx: block tables over a shuffled block order (block 0
  * left unused), every slot of the batch written through kva_cache_write
  * from random c_kv / k_pe in the case's dtype (f32 for FP8 caches). */
@@ -107,31 +142,9 @@ static inline int mla_data_make(kva_context *ctx, const mla_case *c, mla_data *m
 {
     memset(m, 0, sizeof *m);
     kva_rng rng = {c->seed};
-    int32_t blocks = 0, maxb = 1;
-    m->qsl[0] = 0;
-    for (int32_t r = 0; r < c->R; r++) {
-        const int32_t nbr = (c->seq_len[r] + c->B - 1) / c->B;
-        blocks += nbr;
-        maxb = nbr > maxb ? nbr : maxb;
-        m->qsl[r + 1] = m->qsl[r] + c->q_len[r];
-    }
+    m->bt = mla_block_tables(&rng, c->R, c->q_len, c->seq_len, c->B, m->qsl, &m->nb, &m->stride);
     m->T = m->qsl[c->R];
-    m->nb = blocks + 2;
-    m->stride = maxb;
-    m->bt = calloc((size_t)(c->R > 0 ? c->R : 1) * (size_t)maxb, sizeof(int32_t));
-    int32_t *perm = malloc((size_t)m->nb * sizeof(int32_t));
-    for (int32_t i = 0; i < m->nb; i++)
-        perm[i] = i;
-    for (int32_t i = m->nb - 1; i > 1; i--) { /* shuffle blocks 1 .. nb-1 */
-        int32_t j = kva_rng_int(&rng, 1, i), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
-    int32_t next = 1;
-    for (int32_t r = 0; r < c->R; r++)
-        for (int32_t b = 0; b < (c->seq_len[r] + c->B - 1) / c->B; b++)
-            m->bt[(size_t)r * maxb + b] = perm[next++];
-    free(perm);
+    const int32_t maxb = m->stride;
 
     kva_cache_desc cd = mla_cache_desc(c, m->nb);
     const float fp8_scale = 0.02f;

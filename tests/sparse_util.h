@@ -11,8 +11,7 @@
 #ifndef KVA_TEST_SPARSE_UTIL_H
 #define KVA_TEST_SPARSE_UTIL_H
 
-#include "harness.h"
-#include "internal.h"
+#include "mla_util.h" /* mla_block_tables */
 
 #define SP_MAX_REQ 8
 
@@ -71,30 +70,9 @@ static inline int sp_data_make(kva_context *ctx, const sp_case *c, sp_data *m)
 {
     memset(m, 0, sizeof *m);
     kva_rng rng = {c->seed};
-    int32_t blocks = 0, maxb = 1;
-    for (int32_t r = 0; r < c->R; r++) {
-        const int32_t nbr = (c->seq_len[r] + c->B - 1) / c->B;
-        blocks += nbr;
-        maxb = nbr > maxb ? nbr : maxb;
-        m->qsl[r + 1] = m->qsl[r] + c->q_len[r];
-    }
+    m->bt = mla_block_tables(&rng, c->R, c->q_len, c->seq_len, c->B, m->qsl, &m->nb, &m->stride);
     m->T = m->qsl[c->R];
-    m->nb = blocks + 2;
-    m->stride = maxb;
-    m->bt = calloc((size_t)(c->R > 0 ? c->R : 1) * (size_t)maxb, sizeof(int32_t));
-    int32_t *perm = malloc((size_t)m->nb * sizeof(int32_t));
-    for (int32_t i = 0; i < m->nb; i++)
-        perm[i] = i;
-    for (int32_t i = m->nb - 1; i > 1; i--) { /* shuffle blocks 1 .. nb-1 */
-        int32_t j = kva_rng_int(&rng, 1, i), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
-    int32_t next = 1;
-    for (int32_t r = 0; r < c->R; r++)
-        for (int32_t b = 0; b < (c->seq_len[r] + c->B - 1) / c->B; b++)
-            m->bt[(size_t)r * maxb + b] = perm[next++];
-    free(perm);
+    const int32_t maxb = m->stride;
 
     const int fp8 = c->quant == KVA_QUANT_FP8_E4M3;
     kva_cache_desc cd = {.num_blocks = m->nb,

@@ -9,7 +9,8 @@
  *     bf16 roundings are this file's own (nearest value, ties to even).
  *   - kva_cache_read gives back code * scale and k_pe exactly (f32), rounded
  *     once (f16, bf16), for fp8_ds_mla and every other format of MHA and
- *     MLA caches (decoded here from the raw storage and the given scales).
+ *     MLA caches (decoded here from the raw storage and the given scales,
+ *     in double, rounded once to f32).
  *   - copy_blocks / swap_blocks move whole 656-byte-row blocks.
  *   - Bad descriptors and bad reads: a status, nothing created or written.
  */
@@ -260,7 +261,8 @@ static double decoded(const kva_cache *c, const float *ks, const float *vs, cons
     case KVA_QUANT_NONE:
         return kva_test_get(base, d.dtype, off);
     case KVA_QUANT_INT8_CHANNEL:
-        return (float)(((const int8_t *)base)[off] - (is_v ? vo : ks + 2)[0]) * (is_v ? vs : ks)[0];
+        return (float)(((double)((const int8_t *)base)[off] - (is_v ? vo : ks + 2)[0]) *
+                       (is_v ? vs : ks)[0]);
     case KVA_QUANT_INT8_TOKEN_K:
     case KVA_QUANT_INT8_TOKEN_K_V16:
         if (!is_v) {
@@ -269,7 +271,7 @@ static double decoded(const kva_cache *c, const float *ks, const float *vs, cons
         }
         if (d.quant == KVA_QUANT_INT8_TOKEN_K_V16)
             return kva_test_get(base, d.dtype, off);
-        return (float)(((const int8_t *)base)[off] - vo[0]) * vs[0];
+        return (float)(((double)((const int8_t *)base)[off] - vo[0]) * vs[0]);
     default: /* FP8_E4M3 */
         return (float)(e4m3_value(((const uint8_t *)base)[off]) * (is_v && !mla ? vs : ks)[0]);
     }

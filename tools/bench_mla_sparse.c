@@ -19,7 +19,8 @@
  */
 #include "bench.h" /* bench_median */
 #include "cli.h"
-#include "internal.h" /* kva__context_force_kernel */
+#include "internal.h"                 /* kva__context_force_kernel */
+#include "../src/attn/cpu/cpu_attn.h" /* kva__cpu_plan_kernel */
 
 #include <math.h>
 #include <stdio.h>
@@ -372,6 +373,8 @@ int kva_cli_bench_mla_sparse(int argc, char **argv)
            o.mode ? "separate" : "mixed", o.backend ? "cpu" : "ref", nt);
     if (o.prefill)
         printf("  prefill: %d tokens\n", (int)o.prefill);
+    if (o.backend == 1)
+        printf("  kernel %s\n", kva__cpu_plan_kernel(plan, KVA__KERNEL_MLA));
     printf("  time median %.3f ms, min %.3f ms (%d iters)\n", med * 1e3, best * 1e3, o.iters);
     printf("  gathered %.1f MB -> %.2f GB/s; %.2f GFLOP -> %.4f TFLOP/s\n", bytes / 1e6,
            bytes / med / 1e9, flops / 1e9, flops / med / 1e12);

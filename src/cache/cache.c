@@ -182,13 +182,20 @@ static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cac
     return KVA_STATUS_OK;
 }
 
-/* A latent cache only on a backend with MLA kernels: its memory space's
- * write and copies must know the latent row layout too. */
+/* A latent cache only on a backend with MLA kernels (an fp8_ds_mla one with
+ * sparse MLA kernels): its memory space's write and copies must know the
+ * latent row layout too. */
 static kva_status check_mla_backend(const char *fn, const kva_context *ctx, const kva_cache_desc *d)
 {
     if (d->kind == KVA_ATTN_MLA && !ctx->ops->mla_attention_paged)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "%s: desc->kind = KVA_ATTN_MLA: backend '%s' has no MLA kernels", fn,
+                         kva_backend_name(ctx->backend));
+    /* Only sparse plans read fp8_ds_mla rows: the backend's memory space
+     * writes them when it has the sparse kernels. */
+    if (d->quant == KVA_QUANT_FP8_DS_MLA && !ctx->ops->mla_sparse)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: desc->quant = fp8_ds_mla: backend '%s' has no sparse MLA kernels", fn,
                          kva_backend_name(ctx->backend));
     if (d->kind == KVA_ATTN_INDEX && !ctx->ops->indexer)
         return kva__fail(KVA_STATUS_UNSUPPORTED,

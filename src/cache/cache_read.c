@@ -17,7 +17,9 @@
 /* Decodes one K (is_v = 0) or V (is_v = 1) row of kv head h at (block,
  * off), channels [c0, c0 + n) of the stored row, into x [n] float32:
  * unquantized values exactly, int8 as (code - offset) * scale, fp8 as
- * code * scale, each in float32, and fp8_ds_mla through its tile scales. */
+ * code * scale, fp8_ds_mla through its tile scales, each computed exactly
+ * (in double where the float32 product would round twice) and rounded once
+ * to float32. */
 static void decode_row(const kva_cache *c, int is_v, int64_t block, int64_t off, int64_t h,
                        int64_t c0, int64_t n, float *x)
 {
@@ -53,7 +55,7 @@ static void decode_row(const kva_cache *c, int is_v, int64_t block, int64_t off,
             x[i] = (float)((const int8_t *)base)[e + i] * s;
     } else if (kva__quant_is_int8(d->quant, is_v)) {
         for (int64_t i = 0; i < n; i++)
-            x[i] = ((float)((const int8_t *)base)[e + i] - offset[i]) * scale[i];
+            x[i] = (float)(((double)((const int8_t *)base)[e + i] - offset[i]) * scale[i]);
     } else { /* FP8_E4M3 */
         for (int64_t i = 0; i < n; i++)
             x[i] = kva_fp8_e4m3_to_f32(((const uint8_t *)base)[e + i]) * scale[i];
@@ -66,10 +68,8 @@ kva_status kva__host_cache_read(kva_context *ctx, const kva_cache *cache, int32_
 {
     (void)ctx;
     const kva_cache_desc *d = &cache->desc;
-    if (d->kind == KVA_ATTN_INDEX)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_cache_read: index-key caches (KVA_ATTN_INDEX) cannot be read back "
-                         "in this build yet");
+    if (d->kind == KVA_ATTN_INDEX) /* src/cache/index_cache.c */
+        return kva__host_index_read(ctx, cache, num_tokens, slot_mapping, k, k_stride, dst_dtype);
     const int64_t num_slots = (int64_t)d->num_blocks * d->block_size;
     for (int32_t t = 0; t < num_tokens; t++)
         if (slot_mapping[t] >= num_slots)
@@ -111,28 +111,6 @@ kva_status kva__host_cache_read(kva_context *ctx, const kva_cache *cache, int32_
     return KVA_STATUS_OK;
 }
 
-/* Checks a token stride (in destination elements) and resolves 0 to
- * row_elems, as kva_cache_write does for its sources. */
-static kva_status resolve_stride(const char *name, int64_t stride, int64_t row_elems,
-                                 int32_t num_tokens, size_t elem, int64_t *out)
-{
-    if (stride == 0)
-        stride = row_elems;
-    if (stride < row_elems)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_cache_read: %s = %lld is smaller than a token's row (%lld "
-                         "elements); 0 means contiguous",
-                         name, (long long)stride, (long long)row_elems);
-    const int64_t max_elems = PTRDIFF_MAX / (int64_t)elem;
-    if (num_tokens > 1 && stride > (max_elems - row_elems) / (num_tokens - 1))
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_cache_read: %s = %lld with num_tokens = %d overflows the address "
-                         "space",
-                         name, (long long)stride, (int)num_tokens);
-    *out = stride;
-    return KVA_STATUS_OK;
-}
-
 kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
                           const int64_t *slot_mapping, void *k, int64_t k_token_stride, void *v,
                           int64_t v_token_stride, kva_dtype dst_dtype)
@@ -140,7 +118,7 @@ kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_
     kva__clear_error();
     KVA_CHECK_PTR(ctx);
     KVA_CHECK_PTR(cache);
-    if (cache->desc.kind == KVA_ATTN_INDEX) /* index-key caches: src/cache/index_cache.c */
+    if (cache->desc.kind == KVA_ATTN_INDEX) /* its own checks: src/cache/index_cache.c */
         return kva__index_cache_read(ctx, cache, num_tokens, slot_mapping, k, k_token_stride, v,
                                      v_token_stride, dst_dtype);
     if (num_tokens < 0)
@@ -157,15 +135,7 @@ kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_
         return kva__fail(KVA_STATUS_NULL_POINTER,
                          "kva_cache_read: k and v are both NULL (pass at least one)");
     const kva_cache_desc *d = &cache->desc;
-    if (cache->mem != ctx->ops->memory)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_cache_read: ctx backend '%s' (%s memory) cannot read a cache in %s "
-                         "memory",
-                         kva_backend_name(ctx->backend), ctx->ops->memory->name, cache->mem->name);
-    if (cache->mem->per_device && cache->device_id != ctx->device_id)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_cache_read: cache lives on device %d but the context uses device %d",
-                         (int)cache->device_id, (int)ctx->device_id);
+    KVA_TRY(kva__cache_check_space("kva_cache_read", ctx, cache));
     /* Destination row widths, as kva_cache_write's sources. */
     const int mla = d->kind == KVA_ATTN_MLA;
     const int64_t hkv = d->num_kv_heads;
@@ -173,8 +143,10 @@ kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_
     const int64_t v_row = mla ? d->head_dim - d->head_dim_v : hkv * d->head_dim_v;
     const size_t es = kva_dtype_size(dst_dtype);
     int64_t ks = 0, vs = 0;
-    KVA_TRY(resolve_stride("k_token_stride", k_token_stride, k_row, num_tokens, es, &ks));
-    KVA_TRY(resolve_stride("v_token_stride", v_token_stride, v_row, num_tokens, es, &vs));
+    KVA_TRY(kva__resolve_token_stride("kva_cache_read", "k_token_stride", k_token_stride, k_row,
+                                      num_tokens, es, &ks));
+    KVA_TRY(kva__resolve_token_stride("kva_cache_read", "v_token_stride", v_token_stride, v_row,
+                                      num_tokens, es, &vs));
     if (num_tokens == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(slot_mapping);

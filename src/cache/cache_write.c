@@ -56,25 +56,24 @@ static void convert_row(void *dst, kva_dtype dst_dt, const void *src, kva_dtype 
     }
 }
 
-/* Checks a token stride (in source elements) and resolves 0 to row_elems. */
-static kva_status resolve_stride(const char *name, int64_t stride, int64_t row_elems,
-                                 int32_t num_tokens, size_t src_elem, int64_t *out)
+kva_status kva__resolve_token_stride(const char *fn, const char *name, int64_t stride,
+                                     int64_t row_elems, int32_t num_tokens, size_t elem,
+                                     int64_t *out)
 {
     if (stride == 0)
         stride = row_elems;
     if (stride < row_elems)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_cache_write: %s = %lld is smaller than a token's row (%lld "
-                         "elements); 0 means contiguous",
-                         name, (long long)stride, (long long)row_elems);
+                         "%s: %s = %lld is smaller than a token's row (%lld elements); 0 means "
+                         "contiguous",
+                         fn, name, (long long)stride, (long long)row_elems);
     /* The last row ends at (T-1)*stride + row_elems elements; its byte offset
      * must fit a signed 64-bit integer. */
-    int64_t max_elems = PTRDIFF_MAX / (int64_t)src_elem;
+    int64_t max_elems = PTRDIFF_MAX / (int64_t)elem;
     if (num_tokens > 1 && stride > (max_elems - row_elems) / (num_tokens - 1))
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_cache_write: %s = %lld with num_tokens = %d overflows the "
-                         "address space",
-                         name, (long long)stride, (int)num_tokens);
+                         "%s: %s = %lld with num_tokens = %d overflows the address space", fn, name,
+                         (long long)stride, (int)num_tokens);
     *out = stride;
     return KVA_STATUS_OK;
 }
@@ -148,8 +147,10 @@ kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_token
     const int64_t v_row = mla ? d->head_dim - d->head_dim_v : hkv * d->head_dim_v;
     const size_t src_elem = kva_dtype_size(src_dtype);
     int64_t ks = 0, vs = 0;
-    KVA_TRY(resolve_stride("k_token_stride", k_token_stride, k_row, num_tokens, src_elem, &ks));
-    KVA_TRY(resolve_stride("v_token_stride", v_token_stride, v_row, num_tokens, src_elem, &vs));
+    KVA_TRY(kva__resolve_token_stride("kva_cache_write", "k_token_stride", k_token_stride, k_row,
+                                      num_tokens, src_elem, &ks));
+    KVA_TRY(kva__resolve_token_stride("kva_cache_write", "v_token_stride", v_token_stride, v_row,
+                                      num_tokens, src_elem, &vs));
     if (num_tokens == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(k);

@@ -691,6 +691,14 @@ const kva__backend_ops *kva__backend(kva_backend b);
 /* Devices backend b sees (0 for host backends and for unavailable ones). */
 int kva__backend_device_count(kva_backend b);
 
+/* Checks a token stride of kva_cache_write / kva_cache_read (fn; name the
+ * argument) in elements of elem bytes, resolving 0 to row_elems: at least a
+ * row, and the last of num_tokens rows within PTRDIFF_MAX bytes
+ * (src/cache/cache_write.c). */
+kva_status kva__resolve_token_stride(const char *fn, const char *name, int64_t stride,
+                                     int64_t row_elems, int32_t num_tokens, size_t elem,
+                                     int64_t *out);
+
 /* Host memory space pieces (src/cache/), used by kva__host_memory. */
 kva_status kva__host_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
                                  const void *k, int64_t k_stride, const void *v, int64_t v_stride,

@@ -184,31 +184,38 @@ static void split_pass(const kva__cpu_mla *m, kva__cpu_mla_item_fn item_fn,
     }
 }
 
+void kva__cpu_mla_init(kva__cpu_mla *m, const kva_plan *plan, const kva_cache *cache, const void *q,
+                       void *out, float *lse)
+{
+    const kva_plan_desc *d = &plan->d;
+    memset(m, 0, sizeof *m);
+    m->plan = plan;
+    m->cache = cache;
+    m->q = q;
+    m->out = out;
+    m->lse = lse;
+    m->H = d->num_heads;
+    m->D = d->head_dim;
+    m->Dc = d->head_dim_v;
+    m->Dr = d->head_dim - d->head_dim_v;
+    m->Dn = d->mla_qk_nope_head_dim;
+    m->Dv = d->mla_v_head_dim;
+    m->max_q_len = plan->info.max_q_len;
+    if (cache->desc.quant == KVA_QUANT_FP8_E4M3) {
+        const float s = cache->k_scale[0]; /* one per-tensor scale (MLA: Hkv = 1) */
+        for (int i = 0; i < 256; i++)
+            m->fp8_lut[i] = kva_fp8_e4m3_to_f32((uint8_t)i) * s;
+    }
+}
+
 kva_status kva__cpu_mla_run(kva_context *ctx, const kva_plan *plan, const void *q, const void *w_uk,
                             const void *w_uv, const kva_cache *cache, void *out, float *lse)
 {
     const kva_plan_desc *d = &plan->d;
     kva__cpu_mla m;
-    memset(&m, 0, sizeof m);
-    m.plan = plan;
-    m.cache = cache;
-    m.q = q;
+    kva__cpu_mla_init(&m, plan, cache, q, out, lse);
     m.w_uk = w_uk;
     m.w_uv = w_uv;
-    m.out = out;
-    m.lse = lse;
-    m.H = d->num_heads;
-    m.D = d->head_dim;
-    m.Dc = d->head_dim_v;
-    m.Dr = d->head_dim - d->head_dim_v;
-    m.Dn = d->mla_qk_nope_head_dim;
-    m.Dv = d->mla_v_head_dim;
-    m.max_q_len = plan->info.max_q_len;
-    if (cache->desc.quant == KVA_QUANT_FP8_E4M3) {
-        const float s = cache->k_scale[0]; /* one per-tensor scale (MLA: Hkv = 1) */
-        for (int i = 0; i < 256; i++)
-            m.fp8_lut[i] = kva_fp8_e4m3_to_f32((uint8_t)i) * s;
-    }
     const kva__cpu_mla_item_fn item_fn = kva__cpu_plan_mla_item(plan);
     /* Threads: the context's, as far as the workspace holds their scratch
      * and, when splitting, the partials after it (sized at plan time for the

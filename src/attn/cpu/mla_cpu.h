@@ -114,6 +114,10 @@ size_t kva__cpu_mla_workspace(const kva_context *ctx, const kva_plan *plan, int3
 kva_status kva__cpu_mla_run(kva_context *ctx, const kva_plan *plan, const void *q, const void *w_uk,
                             const void *w_uv, const kva_cache *cache, void *out, float *lse);
 
+/* Fills m for a run of plan over cache (q, out, lse; the rest zero): the
+ * shapes from the plan and, for an FP8 E4M3 cache, fp8_lut. */
+void kva__cpu_mla_init(kva__cpu_mla *m, const kva_plan *plan, const kva_cache *cache, const void *q,
+                       void *out, float *lse);
 /* Sparse MLA (mla_sparse_cpu.c): workspace bytes of a sparse plan built
  * on ctx with nt threads (nt scratch areas of kva__cpu_mla_floats(1, heads
  * of an item, ...), then the separate mode's gathered bf16 rows), and the

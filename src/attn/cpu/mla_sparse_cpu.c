@@ -127,26 +127,12 @@ kva_status kva__cpu_mla_sparse(kva_context *ctx, const kva_plan *plan, const voi
 {
     const kva_plan_desc *d = &plan->d;
     kva__cpu_mla m;
-    memset(&m, 0, sizeof m);
-    m.plan = plan;
-    m.cache = cache;
-    m.q = q;
-    m.out = out;
-    m.lse = lse;
-    m.H = d->num_heads;
-    m.D = d->head_dim;
-    m.Dc = d->head_dim_v;
-    m.Dr = d->head_dim - d->head_dim_v;
+    kva__cpu_mla_init(&m, plan, cache, q, out, lse);
     m.Dv = m.Dc; /* the latent output, stored as is */
     m.idx = indices;
     m.idx_stride = indices_stride;
     m.topk_len = topk_length;
     m.sinks = sinks;
-    if (cache->desc.quant == KVA_QUANT_FP8_E4M3) {
-        const float s = cache->k_scale[0]; /* one per-tensor scale (MLA: Hkv = 1) */
-        for (int i = 0; i < 256; i++)
-            m.fp8_lut[i] = kva_fp8_e4m3_to_f32((uint8_t)i) * s;
-    }
     const kva__cpu_mla_item_fn fn = kva__cpu_plan_mla_item(plan);
     /* Threads: the context's, as far as the workspace (sized at plan time)
      * holds their scratch after the gathered rows. */

@@ -61,6 +61,16 @@ static void load_row(const sparse_rows *s, int64_t p, double *x)
     }
 }
 
+/* Loads key position p's row into x [D] and returns scale * <q, x>. */
+static double score(const sparse_rows *s, const double *q, int64_t p, double scale, double *x)
+{
+    load_row(s, p, x);
+    double dot = 0.0;
+    for (int64_t i = 0; i < s->D; i++)
+        dot += q[i] * x[i];
+    return scale * dot;
+}
+
 /* One output row: query q [D] (fp64) against entries idx [n] of request
  * rows s; writes out [Dc] and *lse. */
 static void attend_row(const sparse_rows *s, const double *q, const int32_t *idx, int32_t n,
@@ -72,11 +82,7 @@ static void attend_row(const sparse_rows *s, const double *q, const int32_t *idx
     for (int32_t e = 0; e < n; e++) {
         if (idx[e] < 0)
             continue;
-        load_row(s, idx[e], x);
-        double dot = 0.0;
-        for (int64_t i = 0; i < s->D; i++)
-            dot += q[i] * x[i];
-        m = fmax(m, scale * dot);
+        m = fmax(m, score(s, q, idx[e], scale, x));
         any = 1;
     }
     for (int64_t i = 0; i < s->Dc; i++)
@@ -85,11 +91,7 @@ static void attend_row(const sparse_rows *s, const double *q, const int32_t *idx
     for (int32_t e = 0; e < n && any; e++) {
         if (idx[e] < 0)
             continue;
-        load_row(s, idx[e], x);
-        double dot = 0.0;
-        for (int64_t i = 0; i < s->D; i++)
-            dot += q[i] * x[i];
-        const double pe = exp(scale * dot - m);
+        const double pe = exp(score(s, q, idx[e], scale, x) - m);
         w += pe;
         for (int64_t i = 0; i < s->Dc; i++)
             acc[i] += pe * x[i];
