@@ -1,7 +1,7 @@
 /*
- * kvattn.h - the public C API of kvattn (with kvattn_mla.h and kvattn_pool.h,
- * which it includes; kvattn_cuda.h, kvattn_mpi.h and kvattn_nccl.h add the
- * CUDA-, MPI- and NCCL-only calls).
+ * kvattn.h - the public C API of kvattn, with the headers it includes at its
+ * end (kvattn_dcp.h, kvattn_c8.h, kvattn_mla.h, kvattn_pool.h); kvattn_cuda.h,
+ * kvattn_mpi.h and kvattn_nccl.h add the CUDA-, MPI- and NCCL-only calls.
  *
  * kvattn owns a paged KV cache and computes attention for one layer of a mixed
  * serving batch (prefills, chunked prefills, decodes, speculative decodes).
@@ -763,99 +763,13 @@ KVA_API kva_status kva_merge_states_n(kva_context *ctx, int32_t num_parts, int32
                                       const void *outs, int64_t out_stride, const float *lses,
                                       int64_t lse_stride, void *out, float *lse_out);
 
-/* ------------------------------------------------------------------------ */
-/* Decode context parallelism helpers (docs/dcp.md)                          */
-/* ------------------------------------------------------------------------ */
-
-/*
- * How the communicator-backed combines (kvattn_mpi.h, kvattn_nccl.h) move
- * the ranks' partials; both leave rank k with the exact result for its
- * H / N heads [k * H/N, (k+1) * H/N), as vLLM's DCP does.
- */
-typedef enum kva_dcp_combine {
-    /* All-gather the LSEs [N, T, H], rescale the rank's partial by its
-     * weight, reduce-scatter (sum) the rescaled partials over the heads in
-     * float32 (vLLM's cp_lse_ag_out_rs). */
-    KVA_DCP_COMBINE_AG_RS = 0,
-    /* One all-to-all of packed [out | lse] blocks (each rank sends rank k
-     * its partial for k's heads, in the output dtype), then a local
-     * kva_merge_states_n of the N received blocks (vLLM's packed all-to-all). */
-    KVA_DCP_COMBINE_A2A = 1,
-    KVA_DCP_COMBINE_COUNT_
-} kva_dcp_combine;
-
-/*
- * The tokens rank dcp_rank holds of each request: local_lens[r] = the number
- * of positions i < seq_lens[r] with (i / I) mod N == rank (at most
- * ceil(seq_len / (N * I)) * I). Local token k of the rank is global position
- * ((k / I) * N + rank) * I + k % I, and it lives at local slot
- * block_table_row[k / B] * B + k % B of the rank's cache. dcp_size 0 or 1 and
- * dcp_interleave 0 mean 1, as in kva_plan_desc.
- */
-KVA_API kva_status kva_dcp_local_lens(int32_t num_requests, const int32_t *seq_lens,
-                                      int32_t dcp_size, int32_t dcp_rank, int32_t dcp_interleave,
-                                      int32_t *local_lens);
-
-/*
- * The slot mapping for kva_cache_write on rank dcp_rank of count new tokens
- * of one request at global positions first_pos .. first_pos + count - 1:
- * slots [count] int64 receives the local slot of each token the rank holds
- * (through the rank's block-table row [row_len], block size B) and -1 for the
- * others, which kva_cache_write skips. Every rank is given the same K/V rows
- * and keeps its own. The row must cover every local token named
- * (KVA_STATUS_OUT_OF_RANGE otherwise, nothing written).
- */
-KVA_API kva_status kva_dcp_slots(int32_t dcp_size, int32_t dcp_rank, int32_t dcp_interleave,
-                                 int32_t block_size, const int32_t *block_table_row,
-                                 int32_t row_len, int32_t first_pos, int32_t count, int64_t *slots);
-
-/* ------------------------------------------------------------------------ */
-/* Checkpoint scales (C8)                                                    */
-/* ------------------------------------------------------------------------ */
-
-/*
- * The C8 scales of one layer, as a checkpoint ships them, sharded to one
- * tensor-parallel rank. params points into the arrays of this struct (valid
- * until kva_c8_scales_free) and can be passed to kva_cache_create_quant with
- * desc.quant = KVA_QUANT_INT8_CHANNEL.
- */
-typedef struct kva_c8_scales {
-    int32_t num_kv_heads; /* kv heads of this rank */
-    int32_t head_dim;     /* channels per kv head */
-    kva_quant_params params;
-    float *data; /* owned storage behind params */
-} kva_c8_scales;
-
-/*
- * Reads layer `layer`'s k/v cache scales and offsets from the checkpoint in
- * checkpoint_dir: quant_model_description.json must say "kv_cache_type": "C8";
- * tensors are looked up through model.safetensors.index.json when present,
- * else in every *.safetensors file of the directory. Accepted names (first
- * match wins, {i} = layer):
- *   model.layers.{i}.self_attn.{k,v}_cache_{scale,offset}
- *   model.layers.{i}.self_attn.attn.{k,v}_cache_{scale,offset}
- *   model.layers.{i}.self_attn.{k,v}_proj.kv_cache_{scale,offset}
- * Scales are required, offsets optional (0). Each tensor is a scalar ([] or
- * [1]) or [num_kv_heads_total * head_dim] (also accepted as [Hkv_total, D]) in
- * F32, F16 or BF16. Sharding: with tp_size <= Hkv_total (tp_size dividing it),
- * rank r gets kv heads [r*Hkv_total/tp_size, (r+1)*Hkv_total/tp_size); with
- * tp_size > Hkv_total (Hkv_total dividing tp_size) each rank gets the one head
- * r / (tp_size / Hkv_total), as vLLM replicates kv heads. Errors: IO_ERROR for
- * a missing or unreadable file, malformed JSON or safetensors header,
- * truncated data or a missing tensor; DTYPE_MISMATCH / SHAPE_MISMATCH for a
- * tensor of the wrong dtype or shape; INVALID_ARGUMENT for bad arguments;
- * UNSUPPORTED in a build without cJSON (CMake KVA_WITH_CJSON=OFF).
- */
-KVA_API kva_status kva_c8_scales_load(const char *checkpoint_dir, int32_t layer,
-                                      int32_t num_kv_heads_total, int32_t head_dim, int32_t tp_rank,
-                                      int32_t tp_size, kva_c8_scales **out);
-KVA_API void kva_c8_scales_free(kva_c8_scales *scales); /* NULL is a no-op */
-
 #ifdef __cplusplus
 }
 #endif
 
 /* The rest of the API, by subject (each includes this header). */
+#include "kvattn_dcp.h"  /* decode context parallelism: local lengths and slots */
+#include "kvattn_c8.h"   /* the C8 checkpoint scale loader */
 #include "kvattn_mla.h"  /* kva_mla_run, sparse MLA and its indexer */
 #include "kvattn_pool.h" /* the block pool with prefix caching */
 
