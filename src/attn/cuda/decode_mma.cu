@@ -112,21 +112,10 @@ template <typename Ty, int D_> struct dm_load16 {
         }
     }
 
-    /* O += P V: P [16, 16] as the A operand, V [16, D] by ldmatrix.trans. */
     static __device__ __forceinline__ void pv(float o[D / 8][4], const float sc[NT][4],
                                               const unsigned char *, uint32_t st, int lane)
     {
-        const int v_r = (lane & 7) + ((lane >> 3) & 1) * 8, v_c = lane >> 4;
-        const uint32_t sv = st + TILE;
-        uint32_t pa[4];
-        kva__dmma_pack_p<Ty>(sc, pa);
-#pragma unroll
-        for (int dp = 0; dp < D / 16; dp++) {
-            uint32_t vb[4];
-            kva__ldsm_x4_trans(sv + kva__swz<D>(v_r, dp * 2 + v_c), vb);
-            Ty::mma(o[2 * dp], pa, vb[0], vb[1]);
-            Ty::mma(o[2 * dp + 1], pa, vb[2], vb[3]);
-        }
+        kva__dmma_pv16<Ty, D>(o, sc, st + TILE, lane);
     }
 
     /* Row half hf of O: channels 8 n + 2 t4 (+1). */

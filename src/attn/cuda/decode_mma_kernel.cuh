@@ -74,6 +74,25 @@ extern "C" {
 #define DM_BN 16 /* keys per tile */
 #define DM_M KVA__CUDA_MMA_DECODE_ROWS
 
+/* O += P V of a 16-key step with 16-bit V (Ty kva__mma_bf16 or kva__mma_f16):
+ * P [16, 16] (sc, rounded to V's dtype) as the A operand, V [16, D] at shared
+ * address sv (kva__swz chunks) by ldmatrix.trans. */
+template <typename Ty, int D>
+static __device__ __forceinline__ void kva__dmma_pv16(float o[D / 8][4], const float sc[2][4],
+                                                      uint32_t sv, int lane)
+{
+    const int v_r = (lane & 7) + ((lane >> 3) & 1) * 8, v_c = lane >> 4;
+    uint32_t pa[4];
+    kva__dmma_pack_p<Ty>(sc, pa);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; dp++) {
+        uint32_t vb[4];
+        kva__ldsm_x4_trans(sv + kva__swz<D>(v_r, dp * 2 + v_c), vb);
+        Ty::mma(o[2 * dp], pa, vb[0], vb[1]);
+        Ty::mma(o[2 * dp + 1], pa, vb[2], vb[3]);
+    }
+}
+
 /* The decode of load policy P (above). Dynamic shared memory: Q (P::SQ
  * bytes) then the rings [NW][NST] stages; the warps' O [NW][16][D] fp32
  * reuse the rings' space for the final merge. */

@@ -445,17 +445,7 @@ template <int FMT, typename OT, int D_> struct qm_load {
         const int g4 = lane >> 2, t4 = lane & 3;
         if constexpr (FMT == QM_V16) {
             static_assert(KT == 1, "16-bit V: 16-key steps");
-            const int v_r = (lane & 7) + ((lane >> 3) & 1) * 8, v_c = lane >> 4;
-            const uint32_t svu = st + VOFF;
-            uint32_t pv[4];
-            kva__dmma_pack_p<TyV>(sc, pv);
-#pragma unroll
-            for (int dp = 0; dp < D / 16; dp++) {
-                uint32_t vb[4];
-                kva__ldsm_x4_trans(svu + kva__swz<D>(v_r, dp * 2 + v_c), vb);
-                TyV::mma(o[2 * dp], pv, vb[0], vb[1]);
-                TyV::mma(o[2 * dp + 1], pv, vb[2], vb[3]);
-            }
+            kva__dmma_pv16<TyV, D>(o, sc, st + VOFF, lane);
         } else {
             const unsigned char *sv = stp + VOFF;
             uint32_t pa[KT][4];
