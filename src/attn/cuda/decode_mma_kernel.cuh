@@ -22,9 +22,10 @@
  *     [BNW, D], gathered through the block table: NHD or HND, any block size,
  *     ragged as NHD with B = 1 where the policy allows) with cp.async into a
  *     private ring of P::NST stages in shared memory (NST - 1 steps in flight
- *     per warp), so warps never wait for each other inside the key loop. The
- *     first NST - 1 steps are issued before Q is staged (the rings are free:
- *     the previous item ended with a barrier after its merge).
+ *     per warp), so warps never wait for each other inside the key loop. With
+ *     P::ISSUE_FIRST the first NST - 1 steps are issued before Q is staged
+ *     (the rings are free: the previous item ended with a barrier after its
+ *     merge), else after.
  *   - Q [16, D] (rows past the item's zero) is staged in shared memory once
  *     per item by the policy (16-bit: as it is; quantized: Q' = q times the
  *     key scales).
@@ -46,12 +47,14 @@
  *   Out                 the epilogue's store (kva__dmma_write's St)
  *   D, BNW, NT = BNW/8, NST, STAGE (bytes of one ring stage), SQ (bytes of
  *   staged Q before the rings), SMEM (dynamic shared bytes), MINB (CTAs per
- *   SM of __launch_bounds__), RAGGED (ragged caches served)
+ *   SM of __launch_bounds__), RAGGED (ragged caches served), ISSUE_FIRST
+ *   (the ring's first steps issued before Q is staged)
  *   Item                what a thread keeps of the item's staged Q
  *   issue(q, bt_row, kvs, kvh, kb, kend, stage, lane): the warp's copies of
  *                       the step at kb into the stage at shared address stage
- *   stage_q(q, w, nrows, qs, smem, it, g4): Q of item w into smem, then a
- *                       barrier, then it filled
+ *   stage_q(q, w, nrows, qs, smem, it, g4): Q of item w into smem (with
+ *                       ISSUE_FIRST: then a barrier and it filled; else the
+ *                       body's barrier follows)
  *   scores(sc, q, smem, stage_p, stage, it, lane): S of the step
  *   pv(o, sc, stage_p, stage, lane): O += P V of the step
  *   store_acc(dst, o, hf, t4): the thread's O row half hf into dst [D] fp32
@@ -129,20 +132,31 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         const int32_t kb0 = w.k0 + warp * BNW;
         constexpr int32_t STEP = DM_NW * BNW;
 
-        /* The first NST - 1 steps of the warp's ring, then Q. */
+        /* The first NST - 1 steps of the warp's ring. */
+        auto prologue = [&]() {
 #pragma unroll
-        for (int st = 0; st < NST - 1; st++) {
-            const int32_t kb = kb0 + st * STEP;
-            if (kb < kend)
-                P::issue(q, bt_row, kvs, w.kv_head, kb, kend, ring + st * STAGE, lane);
-            kva__cp_async_commit();
-        }
+            for (int st = 0; st < NST - 1; st++) {
+                const int32_t kb = kb0 + st * STEP;
+                if (kb < kend)
+                    P::issue(q, bt_row, kvs, w.kv_head, kb, kend, ring + st * STAGE, lane);
+                kva__cp_async_commit();
+            }
+        };
         typename P::Item qit;
-        P::stage_q(q, w, nrows, qs, dm_smem_buf, qit, g4);
         /* This thread's two rows g4 and g4 + 8: visible keys, position, slope. */
         int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
         float slope[2];
-        kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
+        if constexpr (P::ISSUE_FIRST) {
+            /* The copies' latency hides behind the staging of Q (its barrier inside). */
+            prologue();
+            P::stage_q(q, w, nrows, qs, dm_smem_buf, qit, g4);
+            kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
+        } else {
+            P::stage_q(q, w, nrows, qs, dm_smem_buf, qit, g4);
+            kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
+            __syncthreads(); /* Q visible to every warp */
+            prologue();
+        }
 
         float o[NO][4];
 #pragma unroll

@@ -308,7 +308,7 @@ template <int FMT, typename OT, int D_> struct qm_load {
     static constexpr int STAGE = TSOFF + 4 * BNW;
     static constexpr int SMEM = SQ + DM_NW * NST * STAGE;
     static constexpr int MINB = D == 64 ? 3 : D == 128 ? 2 : 1;
-    static constexpr bool RAGGED = false;
+    static constexpr bool RAGGED = false, ISSUE_FIRST = true;
     static_assert(DM_NW * DM_M * D * 4 <= DM_NW * NST * STAGE, "merge space");
     static_assert(STAGE % 16 == 0, "stage alignment");
     /* Of rows g4 and g4 + 8: 2^-k (qm_row_exp), sum_c Q'_c o_c (INT8_CHANNEL). */

@@ -16,7 +16,8 @@
  * (natural log) and r.out(p) (part p's out row [Dv], float or 16-bit), and
  * sink is the lse of a part without value (-inf: none). Channels
  * d0 + STEP * i (i < NV, below Dv) go to o[i], the row's lse to lv. As the
- * reference: a part of weight 0 is not read, all -inf gives 0 and -inf, a NaN
+ * reference: the values of a part of weight 0 do not count (they may be NaN;
+ * every part's row must be readable memory), all -inf gives 0 and -inf, a NaN
  * lse makes the row NaN (out and lse).
  */
 template <int NV, int STEP, typename R>
@@ -41,17 +42,17 @@ static __device__ __forceinline__ void kva__lse_merge(const R &r, float sink, in
 #pragma unroll
     for (int i = 0; i < NV; i++)
         acc[i] = 0.f;
+    /* Branch-free over the parts (a select, not a skip, drops a weight-0
+     * part's values), so the compiler can keep several parts' loads in flight. */
     for (int32_t p = 0; p < r.parts; p++) {
         const float c = expf(r.lse(p) - M);
-        if (c == 0.f)
-            continue;
         L += c;
         const auto *v = r.out(p);
 #pragma unroll
         for (int i = 0; i < NV; i++) {
             const int32_t d = d0 + STEP * i;
-            if (d < Dv)
-                acc[i] += c * load_f(v, d);
+            const float x = d < Dv ? load_f(v, d) : 0.f;
+            acc[i] += c > 0.f ? c * x : 0.f;
         }
     }
 #pragma unroll
