@@ -1,8 +1,9 @@
 /*
  * decode_mma_common.cuh - the per-item steps of the tensor-core decode
- * (decode_mma_kernel.cuh, for every cache format; the MLA decodes use some): the visible key range
- * of the thread's rows, the logit transform, the online-softmax update of rows g4 and g4 + 8 of an
- * m16 tile, and the end-of-item merge of the warps and the epilogue (out, lse, split partial,
+ * (decode_mma_kernel.cuh, for every cache format; the MLA decodes use some):
+ * the visible key range of the thread's rows, the logit transform, the
+ * online-softmax update of rows g4 and g4 + 8 of an m16 tile, and the
+ * end-of-item merge of the warps and the epilogue (out, lse, split partial,
  * sink).
  *
  * Fragment layout (mma m16n8k16, lane = 4 g4 + t4): S [16, 16] of one tile
