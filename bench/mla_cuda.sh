@@ -7,15 +7,21 @@
 #   OUT         logs and results (default build-mla/out)
 #   KVA_WHEELS  folder of the FlashInfer wheels (installed offline into /tmp/kva_site)
 #   KVA_STEPS   default "test memcheck sass peers"
+#   KVA_STEP_TIMEOUT  seconds per test / sanitizer step (default 300)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build-mla/out}
 mkdir -p "$out"
 steps=" ${KVA_STEPS:-test memcheck sass peers} "
-# "ncu" (not in the default): Nsight Compute's speed-of-light and warp-state
-# sections of one launch of the wgmma kernel at H 128 (the compute-bound shape).
+# "ncu" (not in the default): Nsight Compute's speed-of-light, warp-state,
+# compute and memory sections of one launch at H 128 (the compute-bound
+# shape), of the default kernel and of each registry name in KVA_NCU_KERNELS.
+# "racecheck" (not in the default): compute-sanitizer racecheck, quick set.
+#   KVA_PEER_ARGS  extra arguments of bench/peer_mla.py (e.g. --forced NAMES)
 has() { [[ "$steps" == *" $1 "* ]]; }
 status=0
+tmo=${KVA_STEP_TIMEOUT:-300}
+ncu_default=1
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 cmake -S . -B build-mla -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
@@ -25,11 +31,14 @@ timeout 400 ninja -C build-mla -j"$(nproc)" test_cuda_mla bench_cuda_mla >"$out/
   { grep -E "error|Error" "$out/build.log" | head -30; tail -20 "$out/build.log"; exit 1; }
 echo "== built"
 if has test; then
-  timeout 300 build-mla/test_cuda_mla >"$out/test_cuda_mla.log" 2>&1 || status=1
+  timeout "$tmo" build-mla/test_cuda_mla >"$out/test_cuda_mla.log" 2>&1 || status=1
   grep -E "case|FAILED|CHECK|passed" "$out/test_cuda_mla.log" | tail -40
+  # A failing (or hanging) default kernel: keep only the SASS count and the
+  # profiles of the forced kernels.
+  [ $status = 0 ] || { steps=" sass ncu "; ncu_default=0; }
 fi
 if has memcheck; then
-  KVA_TEST_QUICK=1 timeout 300 compute-sanitizer --tool memcheck build-mla/test_cuda_mla \
+  KVA_TEST_QUICK=1 timeout "$tmo" compute-sanitizer --tool memcheck build-mla/test_cuda_mla \
     >"$out/memcheck_test_cuda_mla.log" 2>&1 || status=1
   echo "memcheck: $(grep -E 'ERROR SUMMARY' "$out/memcheck_test_cuda_mla.log" | tail -1); $(tail -1 "$out/memcheck_test_cuda_mla.log")"
 fi
@@ -37,11 +46,26 @@ if has sass; then
   obj=$(find build-mla -name 'mla_decode_wgmma.cu.o' | head -1)
   echo "sass: $(cuobjdump -sass "$obj" | grep -c HGMMA) HGMMA, $(cuobjdump -sass "$obj" | grep -c 'LDL\|STL') LDL/STL in $obj"
 fi
+if has racecheck; then
+  KVA_TEST_QUICK=1 timeout "$tmo" compute-sanitizer --tool racecheck build-mla/test_cuda_mla \
+    >"$out/racecheck_test_cuda_mla.log" 2>&1 || status=1
+  echo "racecheck: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/racecheck_test_cuda_mla.log" | tail -1); $(tail -1 "$out/racecheck_test_cuda_mla.log")"
+fi
 if has ncu; then
-  timeout 120 ncu --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
-    -k regex:mla_decode --launch-skip 2 --launch-count 1 build-mla/bench_cuda_mla --batch 128 \
-    --context 4096 --heads 128 --iters 3 >"$out/ncu_mla_h128.txt" 2>&1
-  grep -E "Duration|Throughput|Stall|Issued|Warp Cycles|Eligible|Pipe|smsp__pcsamp" "$out/ncu_mla_h128.txt" | head -40
+  # The default kernel, then each kernel of KVA_NCU_KERNELS (registry names) forced.
+  ks=${KVA_NCU_KERNELS:-}
+  [ $ncu_default = 0 ] || ks="default $ks"
+  for k in $ks; do
+    kargs=()
+    [ "$k" = default ] || kargs=(--kernel "$k")
+    timeout 120 ncu --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis -k regex:mla_decode --launch-skip 2 --launch-count 1 \
+      build-mla/bench_cuda_mla --batch 128 --context 4096 --heads 128 --iters 3 "${kargs[@]}" \
+      >"$out/ncu_mla_h128_$k.txt" 2>&1
+    echo "== ncu $k"
+    grep -E "Duration|Throughput|Stall|Issued|Warp Cycles|Eligible|Pipe|L2 Hit|Registers" \
+      "$out/ncu_mla_h128_$k.txt" | head -24
+  done
 fi
 if has peers; then
   if [ -n "${KVA_WHEELS:-}" ] && ls "$KVA_WHEELS"/*.whl >/dev/null 2>&1; then

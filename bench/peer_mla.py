@@ -36,7 +36,8 @@ SHAPES = [
     (128, 8192, 2, 128),
 ]
 PAGE = 64
-# Ours only, with the mma.sync kernel forced where the wgmma one is the default.
+# Ours only, with other kernels forced (--forced, registry names; default the
+# mma.sync kernel) where the wgmma one is the default.
 FORCED = [(128, 4096, 1, 64), (128, 4096, 1, 128), (128, 8192, 2, 128)]
 
 
@@ -93,12 +94,15 @@ def main():
     ap.add_argument("--ours", required=True)
     ap.add_argument("--out", default=".")
     ap.add_argument("--skip-flashinfer", action="store_true")
+    ap.add_argument("--forced", default="mla_decode_mma_sm80",
+                    help="comma-separated kernel names run (ours only) on the FORCED shapes")
     a = ap.parse_args()
     ceil = copy_tbs()
     dev = torch.cuda.get_device_name()
     rows = []
+    forced = [k for k in a.forced.split(",") if k]
     for R, S, Q, H, kernel in [s + (None,) for s in SHAPES] + \
-            [s + ("mla_decode_mma_sm80",) for s in FORCED]:
+            [s + (k,) for k in forced for s in FORCED]:
         kvb, fl = work(R, S, Q, H)
         row = dict(R=R, S=S, Q=Q, H=H, kv_bytes=kvb, flops=fl, kernel=kernel)
         try:

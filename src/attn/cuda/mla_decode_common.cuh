@@ -58,18 +58,19 @@ static __device__ __forceinline__ ml_item ml_item_load(const kva__cuda_attn_args
     return m;
 }
 
-/* The CTA (ML_NT threads) copies latent rows kb .. kb + BN - 1 (zeros from kend
- * on, whose block-table entries are not read) into a tile at `stage` in
- * layout ROWS: thread t takes key t / TPK and chunks t % TPK + TPK * i, so it
- * reads one block-table entry per tile. */
-template <int BN, int ROWS>
+/* NT threads (thread t of them; the CTA's ML_NT by default) copy latent rows
+ * kb .. kb + BN - 1 (zeros from kend on, whose block-table entries are not
+ * read) into a tile at `stage` in layout ROWS: thread t takes key t / TPK and
+ * chunks t % TPK + TPK * i, so it reads one block-table entry per tile. */
+template <int BN, int ROWS, int NT = ML_NT>
 static __device__ __forceinline__ void ml_issue(const kva__cuda_attn_args &a, const int32_t *bt_row,
-                                                int32_t kb, int32_t kend, uint32_t stage)
+                                                int32_t kb, int32_t kend, uint32_t stage,
+                                                int t = threadIdx.x)
 {
-    constexpr int TPK = ML_NT / BN;  /* threads per key: 4 or 8 */
-    constexpr int CPT = ML_CH / TPK; /* chunks per thread: 18 or 9 */
-    static_assert(ML_CH % TPK == 0 && ML_NT % BN == 0, "tile gather");
-    const int key = threadIdx.x / TPK, c0 = threadIdx.x % TPK;
+    constexpr int TPK = NT / BN;     /* threads per key: 2, 4 or 8 */
+    constexpr int CPT = ML_CH / TPK; /* chunks per thread: 36, 18 or 9 */
+    static_assert(ML_CH % TPK == 0 && NT % BN == 0, "tile gather");
+    const int key = t / TPK, c0 = t % TPK;
     const int32_t j = kb + key;
     const bool ok = j < kend;
     const char *src = (const char *)a.k;

@@ -1,0 +1,282 @@
+/*
+ * mla_decode_wgmma_v1.cu - TEMPORARY (A/B only, removed before merge): the previous absorbed MLA
+ * decode on sm_90a warpgroup MMA
+ * ("mla_decode_wgmma_sm90"): the plan's work items of up to 64 rows over a
+ * latent paged cache (D 576 = c_kv 512 | k_pe 64, values = the first 512
+ * columns), the same math and item format as mla_decode_mma.cu, which keeps
+ * the items of 16 and 32 rows (H * q_len <= 32: no padding of small head
+ * counts to 64) and every item on sm_80.
+ *
+ * One CTA = two warpgroups (256 threads) runs one item at a time
+ * (persistent grid). Per item Q [64, 576] is staged in shared memory in the
+ * wgmma K-major layout (128-byte swizzle, 9 column blocks). Key tiles of 64
+ * latent rows are gathered by cp.async into a 2-stage ring in the same layout
+ * (every row read once from global memory, for S and for P V). Per tile:
+ *   - S: warpgroup g computes Q K^T for keys 32 g .. 32 g + 31 of the tile
+ *     (36 wgmma m64n32k16, A = Q and B = K from shared memory);
+ *   - the row max goes through shared memory (both warpgroups then agree on
+ *     the running max), P is written to shared memory ([64, 64] in the input
+ *     dtype, K-major, swizzled), fence.proxy.async, barrier;
+ *   - O: warpgroup g owns value columns 256 g .. 256 g + 255 (O [64, 256] in
+ *     128 registers per thread) and adds P [64, 64] V (8 wgmma m64n128k16,
+ *     A = P and B = the tile's value columns, MN-major, from shared memory).
+ * Shared memory: Q 72 KB + 2 x 72 KB ring + P 8 KB (+ 1 KB alignment).
+ * Everything that issues sm_90a instructions is compiled only for sm_90a
+ * (__CUDA_ARCH_FEAT_SM90_ALL); other device passes get an empty kernel that the
+ * host never launches (the registry entry is usable only with sm_90a code and
+ * a compute capability 9.0 device).
+ */
+extern "C" {
+#include "cuda_backend.h"
+}
+#include "cuda_check.h"
+#include "mla_decode_common.cuh"
+#include "wgmma_ptx.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KVA_MLA_WGMMAV1_BODY 1
+#endif
+
+#define MV_M 64  /* rows per item */
+#define MV_BN 64 /* keys per tile */
+#define MV_NST 2 /* ring stages */
+#define MV_QB (MV_M * ML_D * 2)
+#define MV_KB (MV_BN * ML_D * 2)
+#define MV_PB (MV_M * MV_BN * 2)
+#define MV_SMEM (MV_QB + MV_NST * MV_KB + MV_PB + 1024)
+
+#ifdef KVA_MLA_WGMMAV1_BODY
+/* Accumulator lists of the two wgmma shapes below: S [64, 32] is d[4][4]
+ * (n8 tile j, element e: row 16 w + g + 8 (e / 2), column 8 j + 2 t + e % 2,
+ * the mma.sync C layout, see wgmma_ptx.cuh), O [64, 128] is d[16][4]. */
+#define MV_D4(c, j) c(d[j][0]), c(d[j][1]), c(d[j][2]), c(d[j][3])
+#define MV_D16(c) MV_D4(c, 0), MV_D4(c, 1), MV_D4(c, 2), MV_D4(c, 3)
+#define MV_D64(c)                                                                                  \
+    MV_D16(c), MV_D4(c, 4), MV_D4(c, 5), MV_D4(c, 6), MV_D4(c, 7), MV_D4(c, 8), MV_D4(c, 9),       \
+        MV_D4(c, 10), MV_D4(c, 11), MV_D4(c, 12), MV_D4(c, 13), MV_D4(c, 14), MV_D4(c, 15)
+#define MV_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+
+/* S (+)= A [64, 16] B [16, 32], A and B K-major in shared memory. */
+#define MV_SS_N32(ty)                                                                              \
+    static __device__ __forceinline__ void mv_ss_n32_##ty(float(&d)[4][4], uint64_t da,            \
+                                                          uint64_t db, int scale_d)                \
+    {                                                                                              \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                  \
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." #ty "." #ty " " MV_R16          \
+                     ", %16, %17, p, 1, 1, 0, 0;\n}\n"                                             \
+                     : MV_D16("+f")                                                                \
+                     : "l"(da), "l"(db), "r"(scale_d));                                            \
+    }
+MV_SS_N32(bf16)
+MV_SS_N32(f16)
+/* O += A [64, 16] B [16, 128], A K-major, B MN-major (imm-trans-b = 1). */
+#define MV_SS_N128_TB(ty)                                                                          \
+    static __device__ __forceinline__ void mv_ss_n128_tb_##ty(float(&d)[16][4], uint64_t da,       \
+                                                              uint64_t db)                         \
+    {                                                                                              \
+        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." #ty "." #ty " " KVA__WG_R64    \
+                     ", %64, %65, 1, 1, 1, 0, 1;\n"                                                \
+                     : MV_D64("+f")                                                                \
+                     : "l"(da), "l"(db));                                                          \
+    }
+MV_SS_N128_TB(bf16)
+MV_SS_N128_TB(f16)
+
+template <typename Ty> struct mv_ops;
+template <> struct mv_ops<kva__mma_bf16> {
+    static __device__ __forceinline__ void s(float (&d)[4][4], uint64_t a, uint64_t b, int sc)
+    {
+        mv_ss_n32_bf16(d, a, b, sc);
+    }
+    static __device__ __forceinline__ void o(float (&d)[16][4], uint64_t a, uint64_t b)
+    {
+        mv_ss_n128_tb_bf16(d, a, b);
+    }
+};
+template <> struct mv_ops<kva__mma_f16> {
+    static __device__ __forceinline__ void s(float (&d)[4][4], uint64_t a, uint64_t b, int sc)
+    {
+        mv_ss_n32_f16(d, a, b, sc);
+    }
+    static __device__ __forceinline__ void o(float (&d)[16][4], uint64_t a, uint64_t b)
+    {
+        mv_ss_n128_tb_f16(d, a, b);
+    }
+};
+#endif
+
+template <typename Ty>
+__global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmmav1_kernel(const kva__cuda_attn_args a)
+{
+#ifdef KVA_MLA_WGMMAV1_BODY
+    typedef typename Ty::elem elem;
+    extern __shared__ __align__(1024) unsigned char mv_smem_raw[];
+    __shared__ float s_max[2][64], s_sum[2][64];
+    const uint32_t raw = kva__smem_u32(mv_smem_raw);
+    const uint32_t sQ = (raw + 1023u) & ~1023u;
+    const uint32_t sK = sQ + MV_QB, sP = sK + MV_NST * MV_KB;
+    unsigned char *q_gen = mv_smem_raw + (sQ - raw);
+
+    const int tid = threadIdx.x, lane = tid & 31, g4 = lane >> 2, t4 = lane & 3;
+    const int wg = tid >> 7;                   /* warpgroup: key slice of S, column half of O */
+    const int r0 = ((tid >> 5) & 3) * 16 + g4; /* the thread's rows r0 and r0 + 8 */
+    const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
+    const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
+    const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
+    const uint64_t dq = kva__wgmma_desc(sQ, 16, 1024);
+    const uint64_t dk = kva__wgmma_desc(sK, 16, 1024);
+    const uint64_t dv = kva__wgmma_desc(sK, MV_BN * 128, 1024);
+    const uint64_t dp = kva__wgmma_desc(sP, 16, 1024);
+
+    for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
+        const ml_item mi = ml_item_load(a, it, bt_stride);
+        const kva__cuda_item &w = mi.w;
+        const int32_t nrows = mi.nrows, qs = mi.qs, kend = w.k1;
+        const int32_t *bt_row = mi.bt_row;
+
+        if (w.k0 < kend)
+            ml_issue<MV_BN, MV_BN>(a, bt_row, w.k0, kend, sK);
+        kva__cp_async_commit();
+        ml_stage_q<MV_M, MV_M, elem>(a, w, nrows, qs, q_gen);
+        int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
+        float slope[2];
+        kva__dmma_rows(a, w, nrows, mi.s, mi.q_len, r0, lo, hi, pos, slope, lo_all, hi_all);
+
+        /* O [64, 256] of this warpgroup: n8 tiles 16 h + n are columns
+         * 256 wg + 128 h + 8 n + ... (two m64n128 accumulators). */
+        float o[32][4];
+#pragma unroll
+        for (int n = 0; n < 32; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[n][e] = 0.f;
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+        int stage = 0;
+        for (int32_t kb = w.k0; kb < kend; kb += MV_BN) {
+            kva__cp_async_wait<0>();
+            kva__fence_proxy_async(); /* cp.async and Q stores -> the wgmma operand reads */
+            __syncthreads();          /* tile kb landed; the other stage, P, maxima are free */
+            const uint32_t st_off = (uint32_t)stage * MV_KB;
+
+            /* S = Q K^T for keys kb + 32 wg .. + 31: 36 k-steps over 576, in two
+             * accumulator chains (even and odd k-steps) summed afterwards. */
+            float sc[4][4], sc2[4][4];
+            kva__wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < ML_D / 16; kk++)
+                mv_ops<Ty>::s(kk & 1 ? sc2 : sc,
+                              dq + (uint64_t)(((kk >> 2) * MV_M * 128 + (kk & 3) * 32) >> 4),
+                              dk + (uint64_t)((st_off + (kk >> 2) * MV_BN * 128 + wg * 32 * 128 +
+                                               (kk & 3) * 32) >>
+                                              4),
+                              kk > 1);
+            kva__wgmma_commit();
+            /* The next tile's copies go out while the tensor cores run S. */
+            if (kb + MV_BN < kend)
+                ml_issue<MV_BN, MV_BN>(a, bt_row, kb + MV_BN, kend, sK + (stage ^ 1) * MV_KB);
+            kva__cp_async_commit();
+            kva__wgmma_wait<0>();
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    kva__reg_fence(sc[j][e]);
+                    kva__reg_fence(sc2[j][e]);
+                    sc[j][e] += sc2[j][e];
+                }
+            kva__dmma_logits<32>(sc, a, scale_log2, kb + wg * 32, t4, lo_all, hi_all, lo, hi, pos,
+                                 slope);
+            float alpha[2], mu[2];
+            const bool resc = ml_tile_max<4, 2>(sc, s_max, wg, r0, t4, m_run, l_run, alpha, mu);
+            /* P of this warpgroup's keys into the shared [64, 64] P tile (swizzled). */
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int r = r0 + 8 * hf;
+                float sum = 0.f;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const float p0 = kva__ex2(sc[j][2 * hf] - mu[hf]);
+                    const float p1 = kva__ex2(sc[j][2 * hf + 1] - mu[hf]);
+                    sum += p0 + p1;
+                    const int key = wg * 32 + j * 8 + 2 * t4;
+                    const uint32_t addr =
+                        sP + (uint32_t)(r * 128 + ((((key >> 3) ^ (r & 7))) << 4) + (key & 7) * 2);
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(Ty::pack(p0, p1))
+                                 : "memory");
+                }
+                l_run[hf] += sum;
+            }
+            if (resc) {
+#pragma unroll
+                for (int n = 0; n < 32; n++) {
+                    o[n][0] *= alpha[0];
+                    o[n][1] *= alpha[0];
+                    o[n][2] *= alpha[1];
+                    o[n][3] *= alpha[1];
+                }
+            }
+            kva__fence_proxy_async(); /* P stores -> the wgmma operand reads */
+            __syncthreads();
+
+            /* O += P V over the tile's 64 keys (4 k-steps) for value columns
+             * 256 wg + 128 h .. + 127: column blocks 4 wg + 2 h and + 1. */
+            kva__wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < MV_BN / 16; kk++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    mv_ops<Ty>::o(
+                        *reinterpret_cast<float(*)[16][4]>(&o[16 * h]),
+                        dp + (uint64_t)((kk * 32) >> 4),
+                        dv + (uint64_t)((st_off + (4 * wg + 2 * h) * MV_BN * 128 + kk * 16 * 128) >>
+                                        4));
+            kva__wgmma_commit();
+            kva__wgmma_wait<0>();
+#pragma unroll
+            for (int n = 0; n < 32; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    kva__reg_fence(o[n][e]);
+            stage ^= 1;
+        }
+        kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
+        ml_finish<32, 2, Ty>(a, w, nrows, qs, s_sum, wg, r0, wg * 256, t4, l_run, m_run, o);
+    }
+#endif
+}
+
+/* ---- host side ---- */
+
+static ml_kernel_fn mv_pick(kva_dtype dt)
+{
+    if (dt == KVA_DTYPE_BF16)
+        return mla_decode_wgmmav1_kernel<kva__mma_bf16>;
+    if (dt == KVA_DTYPE_F16)
+        return mla_decode_wgmmav1_kernel<kva__mma_f16>;
+    return NULL;
+}
+
+extern "C" int kva__cuda_mla_wgmmav1_ctas_per_sm(kva_dtype dtype)
+{
+    return kva__cuda_prefill_wgmma_ready() ? ml_ctas_per_sm(mv_pick(dtype), MV_SMEM) : 0;
+}
+
+extern "C" kva_status kva__cuda_mla_wgmmav1_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
+                                                   int grid, void *stream)
+{
+    const ml_kernel_fn fn = mv_pick(dtype);
+    if (!fn || !kva__cuda_mla_decode_supported(a->D, a->Dv, dtype) || a->Hkv != 1 || a->ragged ||
+        !kva__cuda_prefill_wgmma_ready())
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_attention_run: mla_decode_wgmma_v1_sm90 needs an sm_90a build and "
+                         "device, D = 576, Dv = 512, Hkv = 1, a paged f16/bf16 latent cache (got "
+                         "D = %d, Dv = %d, Hkv = %d, dtype = %s)",
+                         (int)a->D, (int)a->Dv, (int)a->Hkv, kva_dtype_name(dtype));
+    return ml_launch(fn, MV_SMEM, a, grid, stream);
+}
