@@ -62,9 +62,14 @@ if has ncu; then
       --section MemoryWorkloadAnalysis -k regex:mla_decode --launch-skip 2 --launch-count 1 \
       build-mla/bench_cuda_mla --batch 128 --context 4096 --heads 128 --iters 3 "${kargs[@]}" \
       >"$out/ncu_mla_h128_$k.txt" 2>&1
+    # The warp stall reasons (cycles per issued instruction), a separate run.
+    timeout 120 ncu --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+      -k regex:mla_decode --launch-skip 2 --launch-count 1 build-mla/bench_cuda_mla --batch 128 \
+      --context 4096 --heads 128 --iters 3 "${kargs[@]}" >>"$out/ncu_mla_h128_$k.txt" 2>&1
     echo "== ncu $k"
-    grep -E "Duration|Throughput|Stall|Issued|Warp Cycles|Eligible|Pipe|L2 Hit|Registers" \
-      "$out/ncu_mla_h128_$k.txt" | head -24
+    grep -E "Duration|Throughput|Issued Ipc|Warp Cycles Per Issued|L2 Hit|highest-utilized" \
+      "$out/ncu_mla_h128_$k.txt" | head -12
+    grep -E "issue_stalled" "$out/ncu_mla_h128_$k.txt" | sort -k3 -g -r | head -8
   done
 fi
 if has peers; then

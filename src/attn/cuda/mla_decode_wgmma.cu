@@ -10,27 +10,32 @@
  * grid) with a "seesaw" schedule over pairs of key tiles (docs/mla.md):
  *   - Q [64, 576] is staged once per item in shared memory (wgmma K-major
  *     layout, 128-byte swizzle, 9 column blocks of 64);
- *   - key tiles of 64 latent rows alternate between two buffers: warpgroup 0
- *     gathers the even tiles into buffer 0, warpgroup 1 the odd ones into
- *     buffer 1 (cp.async, 128 threads each; every row read once for S and
- *     P V);
- *   - warpgroup g computes the whole S = Q K^T [64, 64] of its own tile (36
- *     wgmma m64n64k16 from shared memory) and its softmax, so the two
+ *   - key tiles of 32 latent rows (every row read once, for S and P V) go
+ *     round four buffers, tile t in buffer t % 4: warpgroup 0 gathers the
+ *     even tiles, warpgroup 1 the odd ones (cp.async, 128 threads each), each
+ *     a pair of tiles ahead of its use, the cache rows of its keys read from
+ *     the block table a pair ahead of that;
+ *   - warpgroup g computes the whole S = Q K^T [64, 32] of its own tile (36
+ *     wgmma m64n32k16 from shared memory) and its softmax, so the two
  *     warpgroups' S products run side by side on the tensor cores;
  *   - warpgroup g owns value columns 256 g .. 256 g + 255 of O (128 fp32
  *     registers per thread) and adds both tiles' P V to them: its own P from
  *     registers (A operand of the wgmma), the other warpgroup's P from one
- *     shared [64, 64] P buffer;
+ *     shared P tile;
  *   - the running max travels with P: warpgroup 0's tile 2i uses the max of
  *     the previous pair, warpgroup 1's tile 2i + 1 the max after tile 2i, and
  *     both end the pair at the same max.
- * Handoffs (named barriers, producer arrive / consumer sync): 1 "P0 and m0
- * ready" (wg 0 -> 1), 2 "buffer 0 free" (wg 1 -> 0, after its P0 V), 3 "P1 and
- * m1 ready" (wg 1 -> 0), 4 "buffer 1 free" (wg 0 -> 1, after its P1 V); 5 and
- * 6 are each warpgroup's own "tile landed" barrier. The P buffer needs no
- * barrier of its own: P0 is overwritten by P1 only after warpgroup 1's P0 V
- * completed, P1 by the next P0 only after warpgroup 0's P1 V completed.
- * Shared memory: Q 72 KB + 2 x 72 KB tiles + P 8 KB + the maxima and row sums
+ * Handoffs (named barriers of both warpgroups): 1 "P0 and m0 written" and 3
+ * "P1 and m1 written" are met by both sides (bar.sync: the data pass through
+ * generic shared memory, and a rendezvous orders the next pair's rewrites
+ * too); 2 "buffer of tile t0 free" (wg 1 arrives after its P0 V, wg 0 waits
+ * before it copies tile t0 + 4 there) and 4 "buffer of tile t0 + 1 free" (wg 0
+ * arrives after its P1 V, wg 1 waits before copying tile t0 + 5) order only
+ * wgmma reads before cp.async writes. 5 and 6 are each warpgroup's own "tile
+ * landed" barrier. The P tile needs no barrier of its own: P0 is overwritten
+ * by P1 only after warpgroup 1's P0 V completed, P1 by the next P0 only
+ * after warpgroup 0's P1 V completed.
+ * Shared memory: Q 72 KB + 4 x 36 KB tiles + P 8 KB + the maxima and row sums
  * (+ 1 KB alignment) = 226 KB.
  * Everything that issues sm_90a instructions is compiled only for sm_90a
  * (__CUDA_ARCH_FEAT_SM90_ALL); other device passes get an empty kernel that the
@@ -54,41 +59,41 @@ extern "C" {
 #endif
 
 #define MW_M 64  /* rows per item */
-#define MW_BN 64 /* keys per tile */
+#define MW_BN 32 /* keys per tile */
+#define MW_NB 4  /* tile buffers: two per warpgroup */
 #define MW_QB (MW_M * ML_D * 2)
 #define MW_KB (MW_BN * ML_D * 2)
-#define MW_PB (MW_M * MW_BN * 2)
-#define MW_SMEM (MW_QB + 2 * MW_KB + MW_PB + 4 * 64 * 4 + 1024)
+#define MW_PB (MW_M * 64 * 2) /* P [64, 64] tile layout, the first MW_BN keys used */
+#define MW_SMEM (MW_QB + MW_NB * MW_KB + MW_PB + 4 * 64 * 4 + 1024)
 
 #ifdef KVA_MLA_WGMMA_BODY
-/* S [64, 64] = A [64, 16] B [16, 64] (+ S unless scale_d is 0), A and B
- * K-major in shared memory; d[32] in the accumulator layout of wgmma_ptx.cuh. */
-#define MW_SS_N64(ty)                                                                              \
-    static __device__ __forceinline__ void mw_ss_n64_##ty(float d[32], uint64_t da, uint64_t db,   \
-                                                          int scale_d)                             \
+/* S [64, 32] += A [64, 16] B [16, 32], A and B K-major in shared memory;
+ * d[16] in the accumulator layout of wgmma_ptx.cuh. */
+#define MW_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define MW_SS_N32(ty)                                                                              \
+    static __device__ __forceinline__ void mw_ss_n32_##ty(float d[16], uint64_t da, uint64_t db)   \
     {                                                                                              \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                  \
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." #ty "." #ty " " KVA__WG_R32     \
-                     "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                            \
-                     : KVA__WG_D32("+f")                                                           \
-                     : "l"(da), "l"(db), "r"(scale_d));                                            \
+        asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32." #ty "." #ty " " MW_R16          \
+                     ", %16, %17, 1, 1, 1, 0, 0;\n"                                                \
+                     : KVA__WG_D8("+f", 0), KVA__WG_D8("+f", 8)                                    \
+                     : "l"(da), "l"(db));                                                          \
     }
-MW_SS_N64(bf16)
-MW_SS_N64(f16)
+MW_SS_N32(bf16)
+MW_SS_N32(f16)
 /* The same with S overwritten (scale-d false) and an output only: the first
  * k-step, so that S carries no dependency on the registers' earlier values
  * (the softmax that rewrites them may then run beside another wgmma). */
-#define MW_SS0_N64(ty)                                                                             \
-    static __device__ __forceinline__ void mw_ss0_n64_##ty(float d[32], uint64_t da, uint64_t db)  \
+#define MW_SS0_N32(ty)                                                                             \
+    static __device__ __forceinline__ void mw_ss0_n32_##ty(float d[16], uint64_t da, uint64_t db)  \
     {                                                                                              \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"                                    \
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." #ty "." #ty " " KVA__WG_R32     \
-                     "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                            \
-                     : KVA__WG_D32("=f")                                                           \
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." #ty "." #ty " " MW_R16          \
+                     ", %16, %17, p, 1, 1, 0, 0;\n}\n"                                             \
+                     : KVA__WG_D8("=f", 0), KVA__WG_D8("=f", 8)                                    \
                      : "l"(da), "l"(db));                                                          \
     }
-MW_SS0_N64(bf16)
-MW_SS0_N64(f16)
+MW_SS0_N32(bf16)
+MW_SS0_N32(f16)
 /* O [64, 128] += A [64, 16] B [16, 128], A K-major, B MN-major (imm-trans-b = 1). */
 #define MW_SS_N128_TB(ty)                                                                          \
     static __device__ __forceinline__ void mw_ss_n128_tb_##ty(float d[64], uint64_t da,            \
@@ -107,9 +112,9 @@ template <> struct mw_ops<kva__mma_bf16> {
     static __device__ __forceinline__ void s(float *d, uint64_t a, uint64_t b, int sc)
     {
         if (sc)
-            mw_ss_n64_bf16(d, a, b, 1);
+            mw_ss_n32_bf16(d, a, b);
         else
-            mw_ss0_n64_bf16(d, a, b);
+            mw_ss0_n32_bf16(d, a, b);
     }
     static __device__ __forceinline__ void o_ss(float *d, uint64_t a, uint64_t b)
     {
@@ -124,9 +129,9 @@ template <> struct mw_ops<kva__mma_f16> {
     static __device__ __forceinline__ void s(float *d, uint64_t a, uint64_t b, int sc)
     {
         if (sc)
-            mw_ss_n64_f16(d, a, b, 1);
+            mw_ss_n32_f16(d, a, b);
         else
-            mw_ss0_n64_f16(d, a, b);
+            mw_ss0_n32_f16(d, a, b);
     }
     static __device__ __forceinline__ void o_ss(float *d, uint64_t a, uint64_t b)
     {
@@ -148,10 +153,10 @@ static __device__ __forceinline__ void mw_bar_arrive(int id, int n)
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
-/* S [64, 64] = Q K^T of the tile at sk (36 k-steps over 576), issued and
+/* S [64, 32] = Q K^T of the tile at sk (36 k-steps over 576), issued and
  * committed, not waited for. */
 template <typename Ty>
-static __device__ __forceinline__ void mw_qk(float (&s)[8][4], uint64_t dq, uint32_t sk)
+static __device__ __forceinline__ void mw_qk(float (&s)[4][4], uint64_t dq, uint32_t sk)
 {
     const uint64_t dk = kva__wgmma_desc(sk, 16, 1024);
     kva__wgmma_fence();
@@ -163,7 +168,7 @@ static __device__ __forceinline__ void mw_qk(float (&s)[8][4], uint64_t dq, uint
 }
 
 /* O [64, 256] (this warpgroup's value columns, column blocks 4 g ..) += P V of
- * the tile at sk: P from registers (pa, the A fragments of the 4 k-steps) or,
+ * the tile at sk: P from registers (pa, the A fragments of the 2 k-steps) or,
  * with pa NULL, from the shared P tile at sp. Issued and committed. */
 template <typename Ty>
 static __device__ __forceinline__ void mw_pv(float (&o)[128], const uint32_t (*pa)[4], uint32_t sp,
@@ -188,10 +193,10 @@ static __device__ __forceinline__ void mw_pv(float (&o)[128], const uint32_t (*p
 
 /* Keeps the registers of a P operand live (unreused) until the wgmma that
  * reads them asynchronously has been waited for. */
-static __device__ __forceinline__ void mw_keep(const uint32_t (&pa)[4][4])
+static __device__ __forceinline__ void mw_keep(const uint32_t (&pa)[2][4])
 {
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 2; i++)
         asm volatile("" ::"r"(pa[i][0]), "r"(pa[i][1]), "r"(pa[i][2]), "r"(pa[i][3]) : "memory");
 }
 
@@ -217,19 +222,19 @@ static __device__ __forceinline__ void mw_rescale(float (&o)[128], const float f
 }
 
 /* Softmax of the warpgroup's own tile: s holds raw scores of keys kb ..
- * kb + 63; m (rows r0, r0 + 8, log2 units) is the running max it starts
+ * kb + 31; m (rows r0, r0 + 8, log2 units) is the running max it starts
  * from and becomes the max after the tile. P = 2^(s - m) goes to pa (the A
- * fragments of the 4 P V k-steps) and its partial row sums to lsum; f is
+ * fragments of the 2 P V k-steps) and its partial row sums to lsum; f is
  * the factor that moves the state relative to the old max onto the new. */
 template <typename Ty>
 static __device__ __forceinline__ void
-mw_softmax(float (&s)[8][4], const kva__cuda_attn_args &a, float scale_log2, int32_t kb, int t4,
+mw_softmax(float (&s)[4][4], const kva__cuda_attn_args &a, float scale_log2, int32_t kb, int t4,
            int32_t lo_all, int32_t hi_all, const int32_t lo[2], const int32_t hi[2],
            const int32_t pos[2], const float slope[2], float m[2], float f[2], float lsum[2],
-           uint32_t (&pa)[4][4])
+           uint32_t (&pa)[2][4])
 {
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < 4; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
             kva__reg_fence(s[j][e]);
@@ -239,7 +244,7 @@ mw_softmax(float (&s)[8][4], const kva__cuda_attn_args &a, float scale_log2, int
     for (int hf = 0; hf < 2; hf++) {
         float mx = m[hf];
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < 4; j++)
             mx = fmaxf(mx, fmaxf(s[j][2 * hf], s[j][2 * hf + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -249,24 +254,24 @@ mw_softmax(float (&s)[8][4], const kva__cuda_attn_args &a, float scale_log2, int
         lsum[hf] = 0.f;
     }
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < 4; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             s[j][e] = kva__ex2(s[j][e] - mu[e >> 1]);
             lsum[e >> 1] += s[j][e];
         }
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++)
+    for (int kk = 0; kk < 2; kk++)
         kva__dmma_pack_p<Ty>(&s[2 * kk], pa[kk]);
 }
 
-/* P (pa) into the shared [64, 64] P tile (K-major, 128-byte swizzle) and the
+/* P (pa) into the shared P tile ([64, 64] K-major, 128-byte swizzle) and the
  * rows' max into sm [64]; then the proxy fence for the wgmma reads. */
-static __device__ __forceinline__ void mw_publish(const uint32_t (&pa)[4][4], const float m[2],
+static __device__ __forceinline__ void mw_publish(const uint32_t (&pa)[2][4], const float m[2],
                                                   uint32_t sp, float *sm, int r0, int t4)
 {
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < 4; j++)
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
             const int r = r0 + 8 * hf;
@@ -306,9 +311,9 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
     extern __shared__ __align__(1024) unsigned char mw_smem_raw[];
     const uint32_t raw = kva__smem_u32(mw_smem_raw);
     const uint32_t sQ = (raw + 1023u) & ~1023u;
-    const uint32_t sK = sQ + MW_QB, sP = sK + 2 * MW_KB;
+    const uint32_t sK = sQ + MW_QB, sP = sK + MW_NB * MW_KB;
     unsigned char *q_gen = mw_smem_raw + (sQ - raw);
-    float *s_m0 = reinterpret_cast<float *>(q_gen + MW_QB + 2 * MW_KB + MW_PB);
+    float *s_m0 = reinterpret_cast<float *>(q_gen + MW_QB + MW_NB * MW_KB + MW_PB);
     float *s_m1 = s_m0 + 64;
     float(*s_sum)[64] = reinterpret_cast<float(*)[64]>(s_m1 + 64);
 
@@ -319,7 +324,6 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
     const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
     const uint64_t dq = kva__wgmma_desc(sQ, 16, 1024);
-    const uint32_t my_buf = sK + (uint32_t)wg * MW_KB;
 
     for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
         const ml_item mi = ml_item_load(a, it, bt_stride);
@@ -328,10 +332,12 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
         const int32_t *bt_row = mi.bt_row;
         const int32_t nt = kend > w.k0 ? (kend - w.k0 + MW_BN - 1) / MW_BN : 0; /* tiles */
 
-        /* Tile wg into this warpgroup's buffer while Q is staged. */
+        /* Tile wg into buffer wg while Q is staged; the cache row of the
+         * thread's key in tile wg + 2 (the next it copies) read ahead. */
         if (wg < nt)
-            ml_issue<MW_BN, MW_BN, 128>(a, bt_row, w.k0 + wg * MW_BN, kend, my_buf, wt);
+            ml_issue<MW_BN, MW_BN, 128>(a, bt_row, w.k0 + wg * MW_BN, kend, sK + wg * MW_KB, wt);
         kva__cp_async_commit();
+        int64_t row_next = ml_row<MW_BN, 128>(a, bt_row, w.k0 + (wg + 2) * MW_BN, kend, wt);
         ml_stage_q<MW_M, MW_M, elem>(a, w, nrows, qs, q_gen);
         kva__fence_proxy_async(); /* Q stores -> the wgmma operand reads */
         __syncthreads();
@@ -348,55 +354,63 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
         for (int32_t t0 = 0; t0 < nt; t0 += 2) { /* the pair of tiles t0, t0 + 1 */
-            const bool has1 = t0 + 1 < nt, next0 = t0 + 2 < nt, next1 = t0 + 3 < nt;
-            float s[8][4], f[2], lsum[2];
-            uint32_t pa[4][4];
+            const bool has1 = t0 + 1 < nt;
+            /* Tile t of the item lives in buffer t % 4. */
+            const uint32_t buf0 = sK + (uint32_t)(t0 & 3) * MW_KB, buf1 = buf0 + MW_KB;
+            /* This warpgroup's tile of the next pair (t0 + 2 + wg) goes into
+             * the buffer of its tile of the previous pair, once the other
+             * warpgroup's P V on that one is done (barrier 2 / 4). */
+            const int32_t tn = t0 + 2 + wg;
+            if (t0 >= 2 && tn < nt) {
+                if (wg == 0)
+                    mw_bar_sync(2, 256);
+                else
+                    mw_bar_sync(4, 256);
+            }
+            if (tn < nt) {
+                ml_issue_row<MW_BN, MW_BN, 128>(a, row_next, sK + (uint32_t)(tn & 3) * MW_KB, wt);
+                row_next = ml_row<MW_BN, 128>(a, bt_row, w.k0 + (tn + 2) * MW_BN, kend, wt);
+            }
+            kva__cp_async_commit();
+            float s[4][4], f[2], lsum[2];
+            uint32_t pa[2][4];
             if (wg == 0) {
                 /* Tile t0: S, softmax from the pair's starting max, P0 and m0
                  * to warpgroup 1, O += P0 V (left half). */
-                kva__cp_async_wait<0>();
+                kva__cp_async_wait<1>();  /* all but the copy just issued */
                 kva__fence_proxy_async(); /* cp.async -> the wgmma operand reads */
                 mw_bar_sync(5, 128);
-                mw_qk<Ty>(s, dq, my_buf);
+                mw_qk<Ty>(s, dq, buf0);
                 kva__wgmma_wait<0>();
                 mw_softmax<Ty>(s, a, scale_log2, w.k0 + t0 * MW_BN, t4, lo_all, hi_all, lo, hi, pos,
                                slope, m, f, lsum, pa);
                 mw_publish(pa, m, sP, s_m0, r0, t4);
-                mw_bar_arrive(1, 256);
+                mw_bar_sync(1, 256);
                 mw_rescale(o, f);
                 l[0] = l[0] * f[0] + lsum[0];
                 l[1] = l[1] * f[1] + lsum[1];
-                mw_pv<Ty>(o, pa, sP, my_buf, 0);
-                if (next0) {
-                    /* Buffer 0 is free once warpgroup 1's P0 V and ours are done. */
-                    mw_bar_sync(2, 256);
-                    kva__wgmma_wait<0>();
-                    ml_issue<MW_BN, MW_BN, 128>(a, bt_row, w.k0 + (t0 + 2) * MW_BN, kend, my_buf,
-                                                wt);
-                }
-                kva__cp_async_commit();
+                mw_pv<Ty>(o, pa, sP, buf0, 0);
                 kva__wgmma_wait<0>();
                 mw_keep(pa);
                 mw_fence_o(o);
                 if (has1) {
                     /* Tile t0 + 1: O (left half) onto m1, += P1 V from the
-                     * shared P tile. */
+                     * shared P tile; its buffer is then free for tile t0 + 5. */
                     mw_bar_sync(3, 256);
                     mw_follow(o, l, m, s_m1, r0);
-                    mw_pv<Ty>(o, NULL, sP, sK + MW_KB, 0);
+                    mw_pv<Ty>(o, NULL, sP, buf1, 0);
                     kva__wgmma_wait<0>();
                     mw_fence_o(o);
-                    if (next1)
+                    if (t0 + 5 < nt)
                         mw_bar_arrive(4, 256);
                 }
             } else {
-                /* Tile t0 + 1's S runs beside warpgroup 0's S and softmax;
-                 * its softmax beside O (right half) += P0 V. */
+                /* Tile t0 + 1's S runs beside warpgroup 0's S and softmax. */
                 if (has1) {
-                    kva__cp_async_wait<0>();
+                    kva__cp_async_wait<1>();
                     kva__fence_proxy_async();
                     mw_bar_sync(6, 128);
-                    mw_qk<Ty>(s, dq, my_buf);
+                    mw_qk<Ty>(s, dq, buf1);
                 }
                 mw_bar_sync(1, 256);
                 /* S is waited for and the softmax done before the P0 V wgmma
@@ -408,28 +422,22 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
                 if (has1)
                     mw_softmax<Ty>(s, a, scale_log2, w.k0 + (t0 + 1) * MW_BN, t4, lo_all, hi_all,
                                    lo, hi, pos, slope, m, f, lsum, pa);
-                mw_pv<Ty>(o, NULL, sP, sK, 1);
+                mw_pv<Ty>(o, NULL, sP, buf0, 1);
                 kva__wgmma_wait<0>();
                 mw_fence_o(o);
-                if (next0)
-                    mw_bar_arrive(2, 256);
+                if (t0 + 4 < nt)
+                    mw_bar_arrive(2, 256); /* tile t0's buffer: free for tile t0 + 4 */
                 if (has1) {
                     /* P1 and m1 to warpgroup 0 (P0 has been read), O += P1 V. */
                     mw_rescale(o, f);
                     l[0] = l[0] * f[0] + lsum[0];
                     l[1] = l[1] * f[1] + lsum[1];
                     mw_publish(pa, m, sP, s_m1, r0, t4);
-                    mw_bar_arrive(3, 256);
-                    mw_pv<Ty>(o, pa, sP, my_buf, 1);
+                    mw_bar_sync(3, 256);
+                    mw_pv<Ty>(o, pa, sP, buf1, 1);
                     kva__wgmma_wait<0>();
                     mw_keep(pa);
                     mw_fence_o(o);
-                    if (next1) {
-                        mw_bar_sync(4, 256); /* warpgroup 0's P1 V is done */
-                        ml_issue<MW_BN, MW_BN, 128>(a, bt_row, w.k0 + (t0 + 3) * MW_BN, kend,
-                                                    my_buf, wt);
-                    }
-                    kva__cp_async_commit();
                 }
             }
         }
