@@ -8,6 +8,7 @@
 #   KVA_WHEELS  folder of the FlashInfer wheels (installed offline into /tmp/kva_site)
 #   KVA_STEPS   default "test memcheck sass peers"
 #   KVA_STEP_TIMEOUT  seconds per test / sanitizer step (default 300)
+#   KVA_CMAKE_EXTRA   extra cmake arguments (e.g. -DCMAKE_CUDA_FLAGS=-lineinfo)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build-mla/out}
@@ -26,7 +27,7 @@ t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 cmake -S . -B build-mla -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90a -DKVA_WITH_OPENSSL=OFF -DKVA_WITH_XXHASH=OFF \
-  -DKVA_WITH_CJSON=OFF >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
+  -DKVA_WITH_CJSON=OFF ${KVA_CMAKE_EXTRA:-} >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
 timeout 400 ninja -C build-mla -j"$(nproc)" test_cuda_mla bench_cuda_mla >"$out/build.log" 2>&1 ||
   { grep -E "error|Error" "$out/build.log" | head -30; tail -20 "$out/build.log"; exit 1; }
 echo "== built"

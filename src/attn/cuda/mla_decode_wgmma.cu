@@ -53,6 +53,7 @@ extern "C" {
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KVA_MLA_WGMMA_BODY 1
@@ -303,6 +304,8 @@ static __device__ __forceinline__ void mw_follow(float (&o)[128], float l[2], fl
 }
 #endif
 
+__device__ int mw_exp; /* EXPERIMENT (not for merge): 1 no copies, 2 no wgmma, 4 no P V */
+
 template <typename Ty>
 __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__cuda_attn_args a)
 {
@@ -324,6 +327,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
     const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
     const uint64_t dq = kva__wgmma_desc(sQ, 16, 1024);
+    const int ex = mw_exp;
 
     for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
         const ml_item mi = ml_item_load(a, it, bt_stride);
@@ -334,7 +338,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
 
         /* Tile wg into buffer wg while Q is staged; the cache row of the
          * thread's key in tile wg + 2 (the next it copies) read ahead. */
-        if (wg < nt)
+        if (wg < nt && !(ex & 1))
             ml_issue<MW_BN, MW_BN, 128>(a, bt_row, w.k0 + wg * MW_BN, kend, sK + wg * MW_KB, wt);
         kva__cp_async_commit();
         int64_t row_next = ml_row<MW_BN, 128>(a, bt_row, w.k0 + (wg + 2) * MW_BN, kend, wt);
@@ -367,7 +371,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
                 else
                     mw_bar_sync(4, 256);
             }
-            if (tn < nt) {
+            if (tn < nt && !(ex & 1)) {
                 ml_issue_row<MW_BN, MW_BN, 128>(a, row_next, sK + (uint32_t)(tn & 3) * MW_KB, wt);
                 row_next = ml_row<MW_BN, 128>(a, bt_row, w.k0 + (tn + 2) * MW_BN, kend, wt);
             }
@@ -380,7 +384,11 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
                 kva__cp_async_wait<1>();  /* all but the copy just issued */
                 kva__fence_proxy_async(); /* cp.async -> the wgmma operand reads */
                 mw_bar_sync(5, 128);
-                mw_qk<Ty>(s, dq, buf0);
+                if (ex & 2)
+                    for (int i = 0; i < 16; i++)
+                        s[i / 4][i % 4] = 0.f;
+                else
+                    mw_qk<Ty>(s, dq, buf0);
                 kva__wgmma_wait<0>();
                 mw_softmax<Ty>(s, a, scale_log2, w.k0 + t0 * MW_BN, t4, lo_all, hi_all, lo, hi, pos,
                                slope, m, f, lsum, pa);
@@ -389,7 +397,8 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
                 mw_rescale(o, f);
                 l[0] = l[0] * f[0] + lsum[0];
                 l[1] = l[1] * f[1] + lsum[1];
-                mw_pv<Ty>(o, pa, sP, buf0, 0);
+                if (!(ex & 6))
+                    mw_pv<Ty>(o, pa, sP, buf0, 0);
                 kva__wgmma_wait<0>();
                 mw_keep(pa);
                 mw_fence_o(o);
@@ -398,7 +407,8 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
                      * shared P tile; its buffer is then free for tile t0 + 5. */
                     mw_bar_sync(3, 256);
                     mw_follow(o, l, m, s_m1, r0);
-                    mw_pv<Ty>(o, NULL, sP, buf1, 0);
+                    if (!(ex & 6))
+                        mw_pv<Ty>(o, NULL, sP, buf1, 0);
                     kva__wgmma_wait<0>();
                     mw_fence_o(o);
                     if (t0 + 5 < nt)
@@ -410,7 +420,11 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
                     kva__cp_async_wait<1>();
                     kva__fence_proxy_async();
                     mw_bar_sync(6, 128);
-                    mw_qk<Ty>(s, dq, buf1);
+                    if (ex & 2)
+                        for (int i = 0; i < 16; i++)
+                            s[i / 4][i % 4] = 0.f;
+                    else
+                        mw_qk<Ty>(s, dq, buf1);
                 }
                 mw_bar_sync(1, 256);
                 /* S is waited for and the softmax done before the P0 V wgmma
@@ -422,7 +436,8 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
                 if (has1)
                     mw_softmax<Ty>(s, a, scale_log2, w.k0 + (t0 + 1) * MW_BN, t4, lo_all, hi_all,
                                    lo, hi, pos, slope, m, f, lsum, pa);
-                mw_pv<Ty>(o, NULL, sP, buf0, 1);
+                if (!(ex & 6))
+                    mw_pv<Ty>(o, NULL, sP, buf0, 1);
                 kva__wgmma_wait<0>();
                 mw_fence_o(o);
                 if (t0 + 4 < nt)
@@ -434,7 +449,8 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
                     l[1] = l[1] * f[1] + lsum[1];
                     mw_publish(pa, m, sP, s_m1, r0, t4);
                     mw_bar_sync(3, 256);
-                    mw_pv<Ty>(o, pa, sP, buf1, 1);
+                    if (!(ex & 6))
+                        mw_pv<Ty>(o, pa, sP, buf1, 1);
                     kva__wgmma_wait<0>();
                     mw_keep(pa);
                     mw_fence_o(o);
@@ -468,6 +484,11 @@ extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, k
                                                  int grid, void *stream)
 {
     const ml_kernel_fn fn = mw_pick(dtype);
+    {
+        const char *e = getenv("KVA_MLA_EXP"); /* EXPERIMENT (not for merge) */
+        const int v = e ? atoi(e) : 0;
+        cudaMemcpyToSymbol(mw_exp, &v, sizeof v);
+    }
     if (!fn || !kva__cuda_mla_decode_supported(a->D, a->Dv, dtype) || a->Hkv != 1 || a->ragged ||
         !kva__cuda_prefill_wgmma_ready())
         return kva__fail(KVA_STATUS_UNSUPPORTED,
