@@ -87,11 +87,26 @@ static __device__ __forceinline__ void ml_issue_row(const kva__cuda_attn_args &a
     static_assert(ML_CH % TPK == 0 && NT % BN == 0, "tile gather");
     const int key = t / TPK, c0 = t % TPK;
     const bool ok = row >= 0;
-    const char *src = (const char *)a.k + (ok ? row * (int64_t)(ML_D * 2) : 0);
+    const char *src = (const char *)a.k + (ok ? row * (int64_t)(ML_D * 2) + c0 * 16 : 0);
+    if (ROWS > 0 && 8 % TPK == 0) {
+        /* wgmma layout: chunk c0 + TPK i sits in column block i / U at
+         * swizzled position (c0 + TPK (i % U)) ^ (key % 8), U = 8 / TPK, so
+         * U base addresses plus constants give every copy's address. */
+        constexpr int U = 8 / TPK > 0 ? 8 / TPK : 1;
+        uint32_t base[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            base[u] = stage + (uint32_t)(key * 128 + (((c0 + TPK * u) ^ (key & 7)) << 4));
+#pragma unroll
+        for (int i = 0; i < CPT; i++)
+            kva__cp_async16(base[i % U] + (uint32_t)((i / U) * ROWS * 128),
+                            src + (ok ? TPK * 16 * i : 0), ok ? 16 : 0);
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < CPT; i++) {
         const int c = c0 + TPK * i;
-        kva__cp_async16(stage + ml_off<ROWS>(key, c), src + (ok ? c * 16 : 0), ok ? 16 : 0);
+        kva__cp_async16(stage + ml_off<ROWS>(key, c), src + (ok ? TPK * 16 * i : 0), ok ? 16 : 0);
     }
 }
 

@@ -25,18 +25,18 @@
  *   - the running max travels with P: warpgroup 0's tile 2i uses the max of
  *     the previous pair, warpgroup 1's tile 2i + 1 the max after tile 2i, and
  *     both end the pair at the same max.
- * Handoffs (named barriers of both warpgroups): 1 "P0 and m0 written" and 3
- * "P1 and m1 written" are met by both sides (bar.sync: the data pass through
- * generic shared memory, and a rendezvous orders the next pair's rewrites
- * too); 2 "buffer of tile t0 free" (wg 1 arrives after its P0 V, wg 0 waits
- * before it copies tile t0 + 4 there) and 4 "buffer of tile t0 + 1 free" (wg 0
- * arrives after its P1 V, wg 1 waits before copying tile t0 + 5) order only
- * wgmma reads before cp.async writes. 5 and 6 are each warpgroup's own "tile
- * landed" barrier. The P tile needs no barrier of its own: P0 is overwritten
- * by P1 only after warpgroup 1's P0 V completed, P1 by the next P0 only
- * after warpgroup 0's P1 V completed.
- * Shared memory: Q 72 KB + 4 x 36 KB tiles + P 8 KB + the maxima and row sums
- * (+ 1 KB alignment) = 226 KB.
+ * Handoffs: named barriers 1 "P0 and m0 written" and 3 "P1 and m1 written"
+ * are met by both warpgroups (bar.sync: the data pass through generic shared
+ * memory, and the rendezvous also orders the next pair's rewrites); two
+ * mbarriers say "buffer free" (warpgroup 1 arrives on [0] after its P0 V, so
+ * that warpgroup 0 may copy tile t0 + 4 into tile t0's buffer; warpgroup 0 on
+ * [1] after its P1 V, for tile t0 + 5) and order only wgmma reads before
+ * cp.async writes; 5 and 6 are each warpgroup's own "tile landed" barrier.
+ * The P tile needs no barrier of its own: P0 is overwritten by P1 only after
+ * warpgroup 1's P0 V completed, P1 by the next P0 only after warpgroup 0's
+ * P1 V completed.
+ * Shared memory: Q 72 KB + 4 x 36 KB tiles + P 8 KB + the maxima, row sums and
+ * mbarriers (+ 1 KB alignment) = 226 KB.
  * Everything that issues sm_90a instructions is compiled only for sm_90a
  * (__CUDA_ARCH_FEAT_SM90_ALL); other device passes get an empty kernel that the
  * host never launches (the registry entry is usable only with sm_90a code and
@@ -59,13 +59,14 @@ extern "C" {
 #define KVA_MLA_WGMMA_BODY 1
 #endif
 
-#define MW_M 64  /* rows per item */
-#define MW_BN 32 /* keys per tile */
-#define MW_NB 4  /* tile buffers: two per warpgroup */
+#define MW_M 64     /* rows per item */
+#define MW_LAZY 8.f /* log2 headroom of the lazily moved softmax max */
+#define MW_BN 32    /* keys per tile */
+#define MW_NB 4     /* tile buffers: two per warpgroup */
 #define MW_QB (MW_M * ML_D * 2)
 #define MW_KB (MW_BN * ML_D * 2)
 #define MW_PB (MW_M * 64 * 2) /* P [64, 64] tile layout, the first MW_BN keys used */
-#define MW_SMEM (MW_QB + MW_NB * MW_KB + MW_PB + 4 * 64 * 4 + 1024)
+#define MW_SMEM (MW_QB + MW_NB * MW_KB + MW_PB + 4 * 64 * 4 + 16 + 1024)
 
 #ifdef KVA_MLA_WGMMA_BODY
 /* S [64, 32] += A [64, 16] B [16, 32], A and B K-major in shared memory;
@@ -144,14 +145,10 @@ template <> struct mw_ops<kva__mma_f16> {
     }
 };
 
-/* Named barriers between the warpgroups (n = 256) or inside one (n = 128). */
+/* Named barrier of both warpgroups (n = 256) or of one (n = 128). */
 static __device__ __forceinline__ void mw_bar_sync(int id, int n)
 {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-static __device__ __forceinline__ void mw_bar_arrive(int id, int n)
-{
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
 /* S [64, 32] = Q K^T of the tile at sk (36 k-steps over 576), issued and
@@ -249,6 +246,12 @@ mw_softmax(float (&s)[4][4], const kva__cuda_attn_args &a, float scale_log2, int
             mx = fmaxf(mx, fmaxf(s[j][2 * hf], s[j][2 * hf + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        /* Lazy rescaling: the reference max moves only when the row's max
+         * grows by more than MW_LAZY (log2 units) or was -inf, so P stays
+         * below 2^MW_LAZY and O, l are rarely rescaled; any reference gives
+         * the same out and lse. */
+        if (!(mx > m[hf] + MW_LAZY) && m[hf] != -INFINITY)
+            mx = m[hf];
         mu[hf] = mx == -INFINITY ? 0.f : mx;
         f[hf] = kva__ex2(m[hf] - mu[hf]); /* 0 while m = -inf */
         m[hf] = mx;
@@ -319,6 +322,16 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
     float *s_m0 = reinterpret_cast<float *>(q_gen + MW_QB + MW_NB * MW_KB + MW_PB);
     float *s_m1 = s_m0 + 64;
     float(*s_sum)[64] = reinterpret_cast<float(*)[64]>(s_m1 + 64);
+    /* "Buffer free" mbarriers (128 arrivals each): [0] tile t0's buffer, by
+     * warpgroup 1 for warpgroup 0; [1] tile t0 + 1's, by 0 for 1. */
+    const uint32_t mb_free = sP + MW_PB + 4 * 64 * 4;
+    if (threadIdx.x == 0) {
+        kva__mbar_init(mb_free, 128);
+        kva__mbar_init(mb_free + 8, 128);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    uint32_t free_phase = 0; /* completed waits of this warpgroup's mbarrier */
 
     const int tid = threadIdx.x, lane = tid & 31, g4 = lane >> 2, t4 = lane & 3;
     const int wg = tid >> 7, wt = tid & 127; /* warpgroup: tile parity and column half of O */
@@ -366,10 +379,8 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
              * warpgroup's P V on that one is done (barrier 2 / 4). */
             const int32_t tn = t0 + 2 + wg;
             if (t0 >= 2 && tn < nt) {
-                if (wg == 0)
-                    mw_bar_sync(2, 256);
-                else
-                    mw_bar_sync(4, 256);
+                kva__mbar_wait(mb_free + 8 * wg, free_phase & 1);
+                free_phase++;
             }
             if (tn < nt && !(ex & 1)) {
                 ml_issue_row<MW_BN, MW_BN, 128>(a, row_next, sK + (uint32_t)(tn & 3) * MW_KB, wt);
@@ -412,7 +423,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
                     kva__wgmma_wait<0>();
                     mw_fence_o(o);
                     if (t0 + 5 < nt)
-                        mw_bar_arrive(4, 256);
+                        kva__mbar_arrive(mb_free + 8);
                 }
             } else {
                 /* Tile t0 + 1's S runs beside warpgroup 0's S and softmax. */
@@ -441,7 +452,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
                 kva__wgmma_wait<0>();
                 mw_fence_o(o);
                 if (t0 + 4 < nt)
-                    mw_bar_arrive(2, 256); /* tile t0's buffer: free for tile t0 + 4 */
+                    kva__mbar_arrive(mb_free); /* tile t0's buffer: free for tile t0 + 4 */
                 if (has1) {
                     /* P1 and m1 to warpgroup 0 (P0 has been read), O += P1 V. */
                     mw_rescale(o, f);
