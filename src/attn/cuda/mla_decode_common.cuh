@@ -88,7 +88,7 @@ static __device__ __forceinline__ void ml_issue_row(const kva__cuda_attn_args &a
     const int key = t / TPK, c0 = t % TPK;
     const bool ok = row >= 0;
     const char *src = (const char *)a.k + (ok ? row * (int64_t)(ML_D * 2) + c0 * 16 : 0);
-    if (ROWS > 0 && 8 % TPK == 0) {
+    if constexpr (ROWS > 0 && 8 % TPK == 0) {
         /* wgmma layout: chunk c0 + TPK i sits in column block i / U at
          * swizzled position (c0 + TPK (i % U)) ^ (key % 8), U = 8 / TPK, so
          * U base addresses plus constants give every copy's address. */
@@ -101,12 +101,13 @@ static __device__ __forceinline__ void ml_issue_row(const kva__cuda_attn_args &a
         for (int i = 0; i < CPT; i++)
             kva__cp_async16(base[i % U] + (uint32_t)((i / U) * ROWS * 128),
                             src + (ok ? TPK * 16 * i : 0), ok ? 16 : 0);
-        return;
-    }
+    } else {
 #pragma unroll
-    for (int i = 0; i < CPT; i++) {
-        const int c = c0 + TPK * i;
-        kva__cp_async16(stage + ml_off<ROWS>(key, c), src + (ok ? TPK * 16 * i : 0), ok ? 16 : 0);
+        for (int i = 0; i < CPT; i++) {
+            const int c = c0 + TPK * i;
+            kva__cp_async16(stage + ml_off<ROWS>(key, c), src + (ok ? TPK * 16 * i : 0),
+                            ok ? 16 : 0);
+        }
     }
 }
 
