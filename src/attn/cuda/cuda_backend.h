@@ -105,11 +105,10 @@ typedef enum kva__cuda_kernel {
     KVA__CUDA_K_PREFILL_ITEMS,     /* "prefill_items": no tiles, prefills as work items of
                                       the plan's decode-family kernel */
     /* MLA family: every work item of a latent-cache plan (KVA_ATTN_MLA). */
-    KVA__CUDA_K_MLA_DECODE_MMA,      /* "mla_decode_mma_sm80": absorbed MLA on mma.sync,
-                                        items of 16, 32 or 64 rows (mla_decode_mma.cu) */
-    KVA__CUDA_K_MLA_DECODE_WGMMA,    /* "mla_decode_wgmma_sm90": absorbed MLA on sm_90a
-                                        wgmma, items of 64 rows (mla_decode_wgmma.cu) */
-    KVA__CUDA_K_MLA_DECODE_WGMMA_V1, /* TEMPORARY A/B: "mla_decode_wgmma_v1_sm90" */
+    KVA__CUDA_K_MLA_DECODE_MMA,   /* "mla_decode_mma_sm80": absorbed MLA on mma.sync,
+                                     items of 16, 32 or 64 rows (mla_decode_mma.cu) */
+    KVA__CUDA_K_MLA_DECODE_WGMMA, /* "mla_decode_wgmma_sm90": absorbed MLA on sm_90a
+                                     wgmma, items of 64 rows (mla_decode_wgmma.cu) */
     KVA__CUDA_KERNELS
 } kva__cuda_kernel;
 extern const kva__kernel_info kva__cuda_kernels[KVA__CUDA_KERNELS];
@@ -225,9 +224,6 @@ kva_status kva__cuda_mla_decode_launch(const kva__cuda_attn_args *a, kva_dtype d
 /* mla_decode_wgmma.cu: the same over items of up to 64 rows on sm_90a wgmma;
  * resident CTAs per SM (0 without sm_90a code or device) and the launch. */
 int kva__cuda_mla_wgmma_ctas_per_sm(kva_dtype dtype);
-int kva__cuda_mla_wgmmav1_ctas_per_sm(kva_dtype dtype);
-kva_status kva__cuda_mla_wgmmav1_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int grid,
-                                        void *stream);
 kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int grid,
                                       void *stream);
 /* The tensor-core decode over quantized caches (decode_mma_quant.cu): 1 if it covers the

@@ -520,11 +520,10 @@ static int ctas_per_sm_cached(kva__cuda_state *st, kva_dtype dt, int32_t dmax, i
             return o->per_sm;
     }
     const int n =
-        kernel == KVA__CUDA_K_DECODE_MMA            ? kva__cuda_decode_mma_ctas_per_sm(dt, dmax)
-        : kernel == KVA__CUDA_K_MLA_DECODE_MMA      ? kva__cuda_mla_decode_ctas_per_sm(dt, rows)
-        : kernel == KVA__CUDA_K_MLA_DECODE_WGMMA    ? kva__cuda_mla_wgmma_ctas_per_sm(dt)
-        : kernel == KVA__CUDA_K_MLA_DECODE_WGMMA_V1 ? kva__cuda_mla_wgmmav1_ctas_per_sm(dt)
-                                                    : kva__cuda_simt_ctas_per_sm(dt, dmax, rows);
+        kernel == KVA__CUDA_K_DECODE_MMA         ? kva__cuda_decode_mma_ctas_per_sm(dt, dmax)
+        : kernel == KVA__CUDA_K_MLA_DECODE_MMA   ? kva__cuda_mla_decode_ctas_per_sm(dt, rows)
+        : kernel == KVA__CUDA_K_MLA_DECODE_WGMMA ? kva__cuda_mla_wgmma_ctas_per_sm(dt)
+                                                 : kva__cuda_simt_ctas_per_sm(dt, dmax, rows);
     if (n > 0 && st->num_occ < KVA__CUDA_OCC_CACHE) {
         kva__cuda_occ *o = &st->occ[st->num_occ++];
         o->dtype = dt, o->dmax = dmax, o->rows = rows, o->kernel = kernel, o->per_sm = n;
@@ -547,8 +546,7 @@ static void plan_kernels(const kva_context *ctx, const kva_plan *plan, int *deco
         const int fd = kva__context_forced_kernel(ctx, KVA__KERNEL_DECODE);
         const int rows = kva__cuda_mla_decode_rows(plan->d.num_heads, plan->info.max_q_len);
         *decode =
-            fd == KVA__CUDA_K_MLA_DECODE_MMA        ? KVA__CUDA_K_MLA_DECODE_MMA
-            : fd == KVA__CUDA_K_MLA_DECODE_WGMMA_V1 ? KVA__CUDA_K_MLA_DECODE_WGMMA_V1
+            fd == KVA__CUDA_K_MLA_DECODE_MMA ? KVA__CUDA_K_MLA_DECODE_MMA
             : fd == KVA__CUDA_K_MLA_DECODE_WGMMA || (rows == 64 && kva__cuda_prefill_wgmma_ready())
                 ? KVA__CUDA_K_MLA_DECODE_WGMMA
                 : KVA__CUDA_K_MLA_DECODE_MMA;
@@ -618,9 +616,7 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     int kernel = 0, mma = 0;
     kva__cuda_prefill_kernel pkernel = KVA__CUDA_PREFILL_AUTO;
     plan_kernels(ctx, plan, &kernel, &pkernel, &mma);
-    const int mla = kernel == KVA__CUDA_K_MLA_DECODE_MMA ||
-                    kernel == KVA__CUDA_K_MLA_DECODE_WGMMA ||
-                    kernel == KVA__CUDA_K_MLA_DECODE_WGMMA_V1;
+    const int mla = kernel == KVA__CUDA_K_MLA_DECODE_MMA || kernel == KVA__CUDA_K_MLA_DECODE_WGMMA;
     if (!mla && dmax > 256)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_plan_create: head_dim = %d, head_dim_v = %d: the CUDA backend's "
@@ -637,11 +633,10 @@ static kva_status cuda_plan_build(kva_context *ctx, kva_plan *plan)
     /* The decode kernel decides the rows per item: one m16 tile for the
      * tensor-core decode, 4 or 8 for the CUDA-core kernel, 16 to 64 (H x the
      * longest q_len) for the MLA decode. */
-    const int rows =
-        kernel == KVA__CUDA_K_MLA_DECODE_WGMMA || kernel == KVA__CUDA_K_MLA_DECODE_WGMMA_V1 ? 64
-        : mla ? kva__cuda_mla_decode_rows(plan->d.num_heads, plan->info.max_q_len)
-        : kernel == KVA__CUDA_K_DECODE_MMA ? KVA__CUDA_MMA_DECODE_ROWS
-                                           : kva__cuda_rows_for_group(G);
+    const int rows = kernel == KVA__CUDA_K_MLA_DECODE_WGMMA ? 64
+                     : mla ? kva__cuda_mla_decode_rows(plan->d.num_heads, plan->info.max_q_len)
+                     : kernel == KVA__CUDA_K_DECODE_MMA ? KVA__CUDA_MMA_DECODE_ROWS
+                                                        : kva__cuda_rows_for_group(G);
     const int per_sm = ctas_per_sm_cached(
         st, plan->d.q_dtype, kernel == KVA__CUDA_K_DECODE_MMA ? plan->d.head_dim : dmax,
         kernel == KVA__CUDA_K_DECODE_MMA ? 0 : rows, kernel);

@@ -40,5 +40,4 @@ extern "C" const kva__kernel_info kva__cuda_kernels[KVA__CUDA_KERNELS] = {
     /* The same on sm_90a wgmma, items of 64 rows: the default where H * q_len
      * fills them (> 32 rows). */
     {"mla_decode_wgmma_sm90", KVA__KERNEL_DECODE, wgmma_usable},
-    {"mla_decode_wgmma_v1_sm90", KVA__KERNEL_DECODE, wgmma_usable}, /* TEMPORARY A/B */
 };

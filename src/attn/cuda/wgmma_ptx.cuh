@@ -48,25 +48,6 @@ static __device__ __forceinline__ void kva__fence_proxy_async()
 {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-/* Shared-memory mbarriers (sm_90): init with the arrival count, arrive,
- * and wait for the phase of the given parity to complete. */
-static __device__ __forceinline__ void kva__mbar_init(uint32_t bar, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-static __device__ __forceinline__ void kva__mbar_arrive(uint32_t bar)
-{
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
-                 : "memory");
-}
-static __device__ __forceinline__ void kva__mbar_wait(uint32_t bar, uint32_t parity)
-{
-    asm volatile("{\n.reg .pred p;\nKVA_MBAR_WAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@p bra KVA_MBAR_DONE;\nbra KVA_MBAR_WAIT;\nKVA_MBAR_DONE:\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
 /* Keeps the compiler from moving accesses of an accumulator register across
  * the wgmma issue / wait statements. */
 static __device__ __forceinline__ void kva__reg_fence(float &r)
