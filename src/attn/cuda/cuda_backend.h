@@ -272,11 +272,10 @@ int kva__cuda_mla_decode_ctas_per_sm(kva_dtype dtype, int rows);
 kva_status kva__cuda_mla_decode_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int rows,
                                        int grid, void *stream);
 /* mla_decode_wgmma.cu: the same over items of up to 64 rows on sm_90a wgmma;
- * resident CTAs per SM (0 without sm_90a code or device) and the launch
- * (num_blocks: the cache's, for the TMA tensor map over its rows). */
+ * resident CTAs per SM (0 without sm_90a code or device) and the launch. */
 int kva__cuda_mla_wgmma_ctas_per_sm(kva_dtype dtype);
-kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, int64_t num_blocks,
-                                      kva_dtype dtype, int grid, void *stream);
+kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int grid,
+                                      void *stream);
 /* The tensor-core decode over quantized caches (decode_mma_quant.cu): 1 if it covers the
  * shape (INT8_CHANNEL, INT8_TOKEN_K or FP8_E4M3 with f16/bf16 q, or
  * INT8_TOKEN_K_V16 whose V dtype cache_dtype is the q dtype; D = Dv in {64,

@@ -10,13 +10,7 @@
  * (persistent grid). Per item Q [64, 576] is staged in shared memory in the
  * wgmma K-major layout (128-byte swizzle, 9 column blocks). Key tiles of 64
  * latent rows are gathered by cp.async into a 2-stage ring in the same layout
- * (every row read once from global memory, for S and for P V). A tile of 64
- * keys that lies whole inside one cache page (pages of a multiple of 64
- * tokens) is instead one thread's nine TMA boxes (64 columns x 64 rows, a 2-D
- * tensor map over the cache rows, the same swizzled layout) completing on the
- * stage's mbarrier, so 255 threads issue no copy instructions for it; the
- * other tiles (an item's partial first or last tile, smaller pages, no tensor
- * map, KVA_MLA_TMA=0 in the environment) keep the gather. Per tile:
+ * (every row read once from global memory, for S and for P V). Per tile:
  *   - S: warpgroup g computes Q K^T for keys 32 g .. 32 g + 31 of the tile
  *     (36 wgmma m64n32k16, A = Q and B = K from shared memory);
  *   - the row max goes through shared memory (both warpgroups then agree on
@@ -30,8 +24,7 @@
  * from uniform registers (with the warpgroup index in a per-thread register,
  * every wgmma needed its descriptor converted). The softmax max moves lazily
  * (ml_tile_max), which skips most rescales of O.
- * Shared memory: Q 72 KB + 2 x 72 KB ring + P 8 KB (+ 1 KB alignment), two
- * mbarriers.
+ * Shared memory: Q 72 KB + 2 x 72 KB ring + P 8 KB (+ 1 KB alignment).
  * Everything that issues sm_90a instructions is compiled only for sm_90a
  * (__CUDA_ARCH_FEAT_SM90_ALL); other device passes get an empty kernel that the
  * host never launches (the registry entry is usable only with sm_90a code and
@@ -44,14 +37,10 @@ extern "C" {
 #include "mla_decode_common.cuh"
 #include "wgmma_ptx.cuh"
 
-#include <cuda.h> /* CUtensorMap (types only; the driver entry point is looked up) */
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KVA_MLA_WGMMA_BODY 1
@@ -161,79 +150,13 @@ static __device__ __forceinline__ void mw_pv(float (&o)[32][4], uint64_t dp, uin
 }
 #endif
 
-#ifdef KVA_MLA_WGMMA_BODY
-static __device__ __forceinline__ void mw_mbar_init(uint32_t bar)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-}
-/* The issuing thread's arrival, expecting `bytes` of TMA writes. */
-static __device__ __forceinline__ void mw_mbar_expect(uint32_t bar, uint32_t bytes)
-{
-    asm volatile(
-        "{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
-        "r"(bytes)
-        : "memory");
-}
-static __device__ __forceinline__ void mw_mbar_wait(uint32_t bar, uint32_t parity)
-{
-    asm volatile("{\n.reg .pred p;\nMW_WAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@p bra MW_DONE;\nbra MW_WAIT;\nMW_DONE:\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-/* Box (column c, cache row r) of the 2-D map into shared memory at dst. */
-static __device__ __forceinline__ void mw_tma2d(uint32_t dst, const CUtensorMap *map, int c, int r,
-                                                uint32_t bar)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-                 "l"((uint64_t)(uintptr_t)map), "r"(c), "r"(r), "r"(bar)
-                 : "memory");
-}
-
-/* Whether the tile of keys kb .. kb + 63 is copied by TMA: whole (kend is
- * past it) and, pages being a multiple of 64 keys when tma is set, inside
- * one page. Uniform over the CTA. */
-static __device__ __forceinline__ bool mw_tile_tma(int tma, int32_t kb, int32_t kend)
-{
-    return tma && (kb & (MW_BN - 1)) == 0 && kb + MW_BN <= kend;
-}
-
-/* Starts the copy of keys kb .. kb + 63 into the ring stage at dst: thread 0
- * issues the nine TMA boxes on mbarrier bar (mw_tile_tma), otherwise every
- * thread its part of the cp.async gather (zeros from kend on). */
-static __device__ __forceinline__ void mw_issue(const kva__cuda_attn_args &a, const CUtensorMap *tm,
-                                                int tma, const int32_t *bt_row, int32_t kb,
-                                                int32_t kend, uint32_t dst, uint32_t bar)
-{
-    if (mw_tile_tma(tma, kb, kend)) {
-        if (threadIdx.x == 0) {
-            const int32_t blk = kb / a.B;
-            const int32_t row = __ldg(bt_row + blk) * a.B + (kb - blk * a.B);
-            mw_mbar_expect(bar, MW_KB);
-#pragma unroll
-            for (int i = 0; i < ML_D / 64; i++)
-                mw_tma2d(dst + (uint32_t)(i * MW_BN * 128), tm, i * 64, row, bar);
-        }
-    } else {
-        ml_issue<MW_BN, MW_BN>(a, bt_row, kb, kend, dst);
-    }
-}
-#endif
-
-/* tm: the cache rows as a 2-D tensor map (576 columns x NB * B rows, boxes of
- * 64 x 64, 128-byte swizzle), used where tma is set (mw_tmap). */
 template <typename Ty>
-__global__ void __launch_bounds__(ML_NT, 1)
-    mla_decode_wgmma_kernel(const kva__cuda_attn_args a, const __grid_constant__ CUtensorMap tm,
-                            const int tma)
+__global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__cuda_attn_args a)
 {
 #ifdef KVA_MLA_WGMMA_BODY
     typedef typename Ty::elem elem;
     extern __shared__ __align__(1024) unsigned char mw_smem_raw[];
     __shared__ float s_max[2][64], s_sum[2][64];
-    __shared__ __align__(8) uint64_t s_bar[MW_NST]; /* the ring stages' TMA mbarriers */
     const uint32_t raw = kva__smem_u32(mw_smem_raw);
     const uint32_t sQ = (raw + 1023u) & ~1023u;
     const uint32_t sK = sQ + MW_QB, sP = sK + MW_NST * MW_KB;
@@ -249,12 +172,6 @@ __global__ void __launch_bounds__(ML_NT, 1)
     const uint64_t dk = kva__wgmma_desc(sK, 16, 1024);
     const uint64_t dv = kva__wgmma_desc(sK, MW_BN * 128, 1024);
     const uint64_t dp = kva__wgmma_desc(sP, 16, 1024);
-    const uint32_t bar0 = kva__smem_u32(s_bar);
-    if (tid == 0)
-        for (int i = 0; i < MW_NST; i++)
-            mw_mbar_init(bar0 + 8 * i);
-    __syncthreads();
-    uint32_t phase = 0; /* bit s: the parity of stage s's next TMA completion */
 
     for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
         const ml_item mi = ml_item_load(a, it, bt_stride);
@@ -263,7 +180,7 @@ __global__ void __launch_bounds__(ML_NT, 1)
         const int32_t *bt_row = mi.bt_row;
 
         if (w.k0 < kend)
-            mw_issue(a, &tm, tma, bt_row, w.k0, kend, sK, bar0);
+            ml_issue<MW_BN, MW_BN>(a, bt_row, w.k0, kend, sK);
         kva__cp_async_commit();
         ml_stage_q<MW_M, MW_M, elem>(a, w, nrows, qs, q_gen);
         int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
@@ -283,10 +200,6 @@ __global__ void __launch_bounds__(ML_NT, 1)
         int stage = 0;
         for (int32_t kb = w.k0; kb < kend; kb += MW_BN) {
             kva__cp_async_wait<0>();
-            if (mw_tile_tma(tma, kb, kend)) {
-                mw_mbar_wait(bar0 + 8 * stage, (phase >> stage) & 1u);
-                phase ^= 1u << stage;
-            }
             kva__fence_proxy_async(); /* cp.async and Q stores -> the wgmma operand reads */
             __syncthreads();          /* tile kb landed; the other stage, P, maxima are free */
             const uint32_t st_off = (uint32_t)stage * MW_KB;
@@ -303,8 +216,7 @@ __global__ void __launch_bounds__(ML_NT, 1)
                 mw_s<Ty, 1>(sc, sc2, dq, dk + (st_off >> 4));
             /* The next tile's copies go out while the tensor cores run S. */
             if (kb + MW_BN < kend)
-                mw_issue(a, &tm, tma, bt_row, kb + MW_BN, kend, sK + (stage ^ 1) * MW_KB,
-                         bar0 + 8 * (stage ^ 1));
+                ml_issue<MW_BN, MW_BN>(a, bt_row, kb + MW_BN, kend, sK + (stage ^ 1) * MW_KB);
             kva__cp_async_commit();
             kva__wgmma_wait<0>();
 #pragma unroll
@@ -372,9 +284,7 @@ __global__ void __launch_bounds__(ML_NT, 1)
 
 /* ---- host side ---- */
 
-typedef void (*mw_kernel_fn)(kva__cuda_attn_args, CUtensorMap, int);
-
-static mw_kernel_fn mw_pick(kva_dtype dt)
+static ml_kernel_fn mw_pick(kva_dtype dt)
 {
     if (dt == KVA_DTYPE_BF16)
         return mla_decode_wgmma_kernel<kva__mma_bf16>;
@@ -388,55 +298,10 @@ extern "C" int kva__cuda_mla_wgmma_ctas_per_sm(kva_dtype dtype)
     return kva__cuda_prefill_wgmma_ready() ? ml_ctas_per_sm(mw_pick(dtype), MW_SMEM) : 0;
 }
 
-/* cuTensorMapEncodeTiled from the driver, looked up once (NULL if absent). */
-static void *mw_encode_fn(void)
+extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
+                                                 int grid, void *stream)
 {
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-        (void)cudaGetLastError();
-        return NULL;
-    }
-    return fn;
-}
-
-/* The kernel's tensor map over the cache rows ([NB * B, 576], 1152-byte
- * rows) into m; 1 if the TMA path can run: pages of a multiple of 64 keys,
- * row indices in int32, the driver's encoder found, and KVA_MLA_TMA not "0"
- * (an A/B switch for the gather path). Encoded per launch (host arithmetic
- * only), so a captured graph keeps the map of its cache. */
-static int mw_tmap(const kva__cuda_attn_args *a, kva_dtype dtype, int64_t num_blocks,
-                   CUtensorMap *m)
-{
-    memset(m, 0, sizeof *m);
-    const char *env = getenv("KVA_MLA_TMA");
-    if ((env && !strcmp(env, "0")) || a->B % MW_BN != 0 || num_blocks <= 0 ||
-        num_blocks * a->B > INT32_MAX)
-        return 0;
-    static void *const fn = mw_encode_fn();
-    if (!fn)
-        return 0;
-    const cuuint64_t dims[2] = {ML_D, (cuuint64_t)(num_blocks * a->B)};
-    const cuuint64_t strides[1] = {ML_D * 2};
-    const cuuint32_t box[2] = {64, MW_BN}, estr[2] = {1, 1};
-    const CUtensorMapDataType dt = dtype == KVA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    if (((PFN_cuTensorMapEncodeTiled_v12000)fn)(
-            m, dt, 2, (void *)a->k, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
-        memset(m, 0, sizeof *m);
-        return 0;
-    }
-    return 1;
-}
-
-extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, int64_t num_blocks,
-                                                 kva_dtype dtype, int grid, void *stream)
-{
-    const mw_kernel_fn fn = mw_pick(dtype);
+    const ml_kernel_fn fn = mw_pick(dtype);
     if (!fn || !kva__cuda_mla_decode_supported(a->D, a->Dv, dtype) || a->Hkv != 1 || a->ragged ||
         !kva__cuda_prefill_wgmma_ready())
         return kva__fail(KVA_STATUS_UNSUPPORTED,
@@ -444,10 +309,5 @@ extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, i
                          "device, D = 576, Dv = 512, Hkv = 1, a paged f16/bf16 latent cache (got "
                          "D = %d, Dv = %d, Hkv = %d, dtype = %s)",
                          (int)a->D, (int)a->Dv, (int)a->Hkv, kva_dtype_name(dtype));
-    CUtensorMap tm;
-    const int tma = mw_tmap(a, dtype, num_blocks, &tm);
-    KVA_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, MW_SMEM));
-    fn<<<grid, ML_NT, (size_t)MW_SMEM, (cudaStream_t)stream>>>(*a, tm, tma);
-    KVA_CUDA_LAUNCHED("mla_decode_wgmma kernel");
-    return KVA_STATUS_OK;
+    return ml_launch(fn, MW_SMEM, a, grid, stream);
 }

@@ -500,8 +500,7 @@ static kva_status run_absorbed(kva_context *ctx, const kva_plan *plan, const voi
     const int grid = e.st->num_sms * e.cp->per_sm;
     if (plan->part->num_items > 0) {
         if (e.cp->decode_kernel == KVA__CUDA_K_MLA_DECODE_WGMMA)
-            KVA_TRY(kva__cuda_mla_wgmma_launch(&a, cache->desc.num_blocks, e.d->q_dtype, grid,
-                                               e.stream));
+            KVA_TRY(kva__cuda_mla_wgmma_launch(&a, e.d->q_dtype, grid, e.stream));
         else
             KVA_TRY(kva__cuda_mla_decode_launch(&a, e.d->q_dtype, e.cp->rows, grid, e.stream));
     }
