@@ -334,7 +334,7 @@ typedef void (*ml_kernel_fn)(kva__cuda_attn_args);
 
 /* Resident CTAs per SM of fn with smem bytes of dynamic shared memory (its
  * limit raised first); 0 if it cannot run. */
-template <typename Fn> static inline int ml_ctas_per_sm(Fn fn, int smem)
+static inline int ml_ctas_per_sm(ml_kernel_fn fn, int smem)
 {
     int n = 0;
     if (!fn ||

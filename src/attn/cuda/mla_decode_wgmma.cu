@@ -10,10 +10,7 @@
  * (persistent grid). Per item Q [64, 576] is staged in shared memory in the
  * wgmma K-major layout (128-byte swizzle, 9 column blocks). Key tiles of 64
  * latent rows are gathered by cp.async into a 2-stage ring in the same layout
- * (every row read once from global memory, for S and for P V), and the
- * rows of the PF tiles after the one being copied are requested into L2 by
- * bulk prefetches (one per row), so that the gather, which can keep only one
- * tile in flight, reads them from L2 rather than DRAM. Per tile:
+ * (every row read once from global memory, for S and for P V). Per tile:
  *   - S: warpgroup g computes Q K^T for keys 32 g .. 32 g + 31 of the tile
  *     (36 wgmma m64n32k16, A = Q and B = K from shared memory);
  *   - the row max goes through shared memory (both warpgroups then agree on
@@ -44,7 +41,6 @@ extern "C" {
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KVA_MLA_WGMMA_BODY 1
@@ -154,28 +150,8 @@ static __device__ __forceinline__ void mw_pv(float (&o)[32][4], uint64_t dp, uin
 }
 #endif
 
-#ifdef KVA_MLA_WGMMA_BODY
-/* Asks L2 for the latent rows of keys kb .. kb + 63 (none from kend on): one
- * 1152-byte bulk prefetch per key, by the thread of ml_issue that copies the
- * key's first chunk (64 threads, 8 per warp). */
-static __device__ __forceinline__ void mw_prefetch(const kva__cuda_attn_args &a,
-                                                   const int32_t *bt_row, int32_t kb, int32_t kend)
-{
-    if (threadIdx.x % (ML_NT / MW_BN) != 0)
-        return;
-    const int64_t row = ml_row<MW_BN>(a, bt_row, kb, kend);
-    if (row >= 0)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(
-                         (const char *)a.k + row * (int64_t)(ML_D * 2)),
-                     "r"(ML_D * 2)
-                     : "memory");
-}
-#endif
-
-/* pf: tiles prefetched into L2 beyond the one being copied (mw_prefetch). */
 template <typename Ty>
-__global__ void __launch_bounds__(ML_NT, 1)
-    mla_decode_wgmma_kernel(const kva__cuda_attn_args a, const int pf)
+__global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__cuda_attn_args a)
 {
 #ifdef KVA_MLA_WGMMA_BODY
     typedef typename Ty::elem elem;
@@ -206,8 +182,6 @@ __global__ void __launch_bounds__(ML_NT, 1)
         if (w.k0 < kend)
             ml_issue<MW_BN, MW_BN>(a, bt_row, w.k0, kend, sK);
         kva__cp_async_commit();
-        for (int i = 1; i <= pf && w.k0 + i * MW_BN < kend; i++)
-            mw_prefetch(a, bt_row, w.k0 + i * MW_BN, kend);
         ml_stage_q<MW_M, MW_M, elem>(a, w, nrows, qs, q_gen);
         int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
         float slope[2];
@@ -244,8 +218,6 @@ __global__ void __launch_bounds__(ML_NT, 1)
             if (kb + MW_BN < kend)
                 ml_issue<MW_BN, MW_BN>(a, bt_row, kb + MW_BN, kend, sK + (stage ^ 1) * MW_KB);
             kva__cp_async_commit();
-            if (pf > 0 && kb + (pf + 1) * MW_BN < kend)
-                mw_prefetch(a, bt_row, kb + (pf + 1) * MW_BN, kend);
             kva__wgmma_wait<0>();
 #pragma unroll
             for (int j = 0; j < 4; j++)
@@ -312,9 +284,7 @@ __global__ void __launch_bounds__(ML_NT, 1)
 
 /* ---- host side ---- */
 
-typedef void (*mw_kernel_fn)(kva__cuda_attn_args, int);
-
-static mw_kernel_fn mw_pick(kva_dtype dt)
+static ml_kernel_fn mw_pick(kva_dtype dt)
 {
     if (dt == KVA_DTYPE_BF16)
         return mla_decode_wgmma_kernel<kva__mma_bf16>;
@@ -331,7 +301,7 @@ extern "C" int kva__cuda_mla_wgmma_ctas_per_sm(kva_dtype dtype)
 extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
                                                  int grid, void *stream)
 {
-    const mw_kernel_fn fn = mw_pick(dtype);
+    const ml_kernel_fn fn = mw_pick(dtype);
     if (!fn || !kva__cuda_mla_decode_supported(a->D, a->Dv, dtype) || a->Hkv != 1 || a->ragged ||
         !kva__cuda_prefill_wgmma_ready())
         return kva__fail(KVA_STATUS_UNSUPPORTED,
@@ -339,11 +309,5 @@ extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, k
                          "device, D = 576, Dv = 512, Hkv = 1, a paged f16/bf16 latent cache (got "
                          "D = %d, Dv = %d, Hkv = %d, dtype = %s)",
                          (int)a->D, (int)a->Dv, (int)a->Hkv, kva_dtype_name(dtype));
-    /* KVA_MLA_PREFETCH=N (0-3): the prefetch distance, an A/B switch; 1 by default. */
-    const char *env = getenv("KVA_MLA_PREFETCH");
-    const int pf = env && env[0] >= '0' && env[0] <= '3' && !env[1] ? env[0] - '0' : 1;
-    KVA_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, MW_SMEM));
-    fn<<<grid, ML_NT, (size_t)MW_SMEM, (cudaStream_t)stream>>>(*a, pf);
-    KVA_CUDA_LAUNCHED("mla_decode_wgmma kernel");
-    return KVA_STATUS_OK;
+    return ml_launch(fn, MW_SMEM, a, grid, stream);
 }
