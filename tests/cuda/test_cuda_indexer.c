@@ -54,30 +54,20 @@ static void check_graph(kva_context *gpu, const kva_plan *plan, const idx_case *
                         const int32_t *len)
 {
     const size_t ni = (size_t)x->T * stride;
-    cudaStream_t st;
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    CHECK_OK(kva_cuda_context_set_stream(gpu, st));
-    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    test_graph g;
+    graph_begin(gpu, &g);
     CHECK_OK(kva_indexer_run(gpu, plan, dq, dw, cache, di, stride, dl));
-    CUDA_OK(cudaStreamEndCapture(st, &g));
-    CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+    graph_end(gpu, &g);
     CUDA_OK(cudaMemset(di, 0x5a, ni * 4));
     CUDA_OK(cudaMemset(dl, 0xff, (size_t)x->T * 4));
-    CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaGraphLaunch(ge, st));
-    CUDA_OK(cudaStreamSynchronize(st));
+    graph_replay(&g);
     int32_t *ind2 = malloc(ni * 4), *len2 = malloc((size_t)x->T * 4);
     to_host(ind2, di, ni * 4);
     to_host(len2, dl, (size_t)x->T * 4);
     CHECK_MSG(memcmp(ind2, ind, ni * 4) == 0 && memcmp(len2, len, (size_t)x->T * 4) == 0,
               "indexer Hi %d K %d: graph replay differs from the eager run", (int)c->Hi, (int)c->K);
     free(ind2), free(len2);
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
-    CHECK_OK(kva_cuda_context_set_stream(gpu, NULL));
-    cudaStreamDestroy(st);
+    graph_free(&g);
 }
 
 /* Runs case c against the reference; multipass: the plan must hold fewer

@@ -404,21 +404,14 @@ static int run_case(const scase *c)
         /* The same run captured in a CUDA graph (capture fails on any host
          * sync) and replayed into poisoned outputs: the eager run's bits. */
         {
-            cudaStream_t st;
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-            CHECK_OK(kva_cuda_context_set_stream(gpu, st));
-            CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            test_graph g;
+            graph_begin(gpu, &g);
             CHECK_OK(kva_mla_sparse_run(gpu, plan, d_q, cache, d_idx, istr, d_tl, d_sinks, d_out,
                                         d_lse));
-            CUDA_OK(cudaStreamEndCapture(st, &g));
-            CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+            graph_end(gpu, &g);
             CUDA_OK(cudaMemset(d_out, 0xff, no * es));
             CUDA_OK(cudaMemset(d_lse, 0xff, sizeof(float) * nl));
-            CUDA_OK(cudaDeviceSynchronize());
-            CUDA_OK(cudaGraphLaunch(ge, st));
-            CUDA_OK(cudaStreamSynchronize(st));
+            graph_replay(&g);
             unsigned char *o2 = malloc(no * es);
             float *l2 = malloc(sizeof(float) * nl);
             to_host(o2, d_out, no * es);
@@ -429,10 +422,7 @@ static int run_case(const scase *c)
                       (unsigned long long)c->seed, mode ? "separate" : "mixed");
             ok &= same;
             free(o2), free(l2);
-            cudaGraphExecDestroy(ge);
-            cudaGraphDestroy(g);
-            CHECK_OK(kva_cuda_context_set_stream(gpu, NULL));
-            cudaStreamDestroy(st);
+            graph_free(&g);
         }
         kva_plan_destroy(plan);
     }

@@ -49,24 +49,19 @@ static __device__ __forceinline__ uint32_t iwg_swz(int r, int ch)
 /* D [64, 128] (+)= A [64, 16] B [16, 128] by q element type. */
 template <typename M> struct iwg_mma;
 #ifdef IDX_WG_BODY
-template <> struct iwg_mma<kva__mma_bf16> {
-    static __device__ __forceinline__ void ss(float d[64], uint64_t a, uint64_t b, int acc)
-    {
-        if (acc)
-            kva__wgmma_ss_m64n128_bf16(d, a, b, 1);
-        else
-            kva__wgmma_ss0_m64n128_bf16(d, a, b);
-    }
-};
-template <> struct iwg_mma<kva__mma_f16> {
-    static __device__ __forceinline__ void ss(float d[64], uint64_t a, uint64_t b, int acc)
-    {
-        if (acc)
-            kva__wgmma_ss_m64n128_f16(d, a, b, 1);
-        else
-            kva__wgmma_ss0_m64n128_f16(d, a, b);
-    }
-};
+#define IWG_MMA(Ty, ty)                                                                            \
+    template <> struct iwg_mma<Ty> {                                                               \
+        static __device__ __forceinline__ void ss(float d[64], uint64_t a, uint64_t b, int acc)    \
+        {                                                                                          \
+            if (acc)                                                                               \
+                kva__wgmma_ss_m64n128_##ty(d, a, b, 1);                                            \
+            else                                                                                   \
+                kva__wgmma_ss0_m64n128_##ty(d, a, b);                                              \
+        }                                                                                          \
+    };
+IWG_MMA(kva__mma_bf16, bf16)
+IWG_MMA(kva__mma_f16, f16)
+#undef IWG_MMA
 #endif
 
 /*
