@@ -194,16 +194,35 @@ static void test_grid(void)
         run_case(gpu, &e, 0);
     }
     /* The multi-pass path (plans whose logits exceed the workspace limit):
-     * at most 5000 logits per pass, so 1-4 tokens per pass here. */
-    CHECK_OK(kva__cuda_context_indexer_test(gpu, 5000, 0));
+     * at most 1000 logits per pass, so 4 tokens (one tile) per pass here. */
+    CHECK_OK(kva__cuda_context_indexer_test(gpu, 1000, 0));
     run_case(gpu, &a, 1);
     run_case(gpu, &b, 1);
     /* The mma.sync logits kernel on DeepSeek's shape (where the sm_90a
      * kernel takes it by default), also over passes. */
     CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 1));
     run_case(gpu, &a, 0);
-    CHECK_OK(kva__cuda_context_indexer_test(gpu, 9000, 1));
+    CHECK_OK(kva__cuda_context_indexer_test(gpu, 1000, 1));
     run_case(gpu, &a, 1);
+    /* Every key of request 0 equal (all its logits tie at the K-th: the
+     * top-K ranks the equal keys by position), with top-K rows kept in
+     * shared memory and read from the workspace. */
+    idx_case s = {.Hi = 64,
+                  .D = 128,
+                  .B = 64,
+                  .K = 100,
+                  .dt = KVA_DTYPE_BF16,
+                  .fp8 = 1,
+                  .R = 2,
+                  .q_len = {5, 2},
+                  .seq_len = {700, 300},
+                  .same = 1,
+                  .seed = 47};
+    CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 0));
+    run_case(gpu, &s, 0);
+    CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 2));
+    run_case(gpu, &s, 0);
+    run_case(gpu, &a, 0);
     CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 0));
     CHECK_STATUS(kva__cuda_context_indexer_test(gpu, -1, 0), KVA_STATUS_INVALID_ARGUMENT);
     kva_context_destroy(gpu);

@@ -230,10 +230,10 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
     __shared__ uint32_t hist[2048];
     __shared__ unsigned long long cand[IDX_TOPK_MAX];
     __shared__ uint32_t sw[64];
-    __shared__ uint32_t s_bin, s_above, s_cnt;
+    __shared__ uint32_t s_bin, s_above, s_cnt, s_eq;
     const int32_t t = tok_base + blockIdx.x, n = tok_n[t];
     const float *row = logits + (int64_t)blockIdx.x * smax;
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, lane = tid & 31;
     const int32_t m = n < K ? n : K;
     const bool cached = n <= kcap;
     if (n <= K) {
@@ -248,17 +248,26 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
             for (uint32_t i = tid; i < nb; i += blockDim.x)
                 hist[i] = 0;
             __syncthreads();
-            for (int32_t j = tid; j < n; j += blockDim.x) {
-                uint32_t key;
-                if (p > 0 && cached) {
-                    key = kcache[j];
-                } else {
-                    key = order_key(row[j]);
-                    if (cached)
-                        kcache[j] = key;
+            /* Logits crowd into few bins (above all in the first pass): the
+             * lanes of a warp that share a bin add once, by a leader. */
+            for (int32_t base = 0; base < n; base += blockDim.x) {
+                const int32_t j = base + tid;
+                uint32_t bin = 0xffffffffu;
+                if (j < n) {
+                    uint32_t key;
+                    if (p > 0 && cached) {
+                        key = kcache[j];
+                    } else {
+                        key = order_key(row[j]);
+                        if (cached)
+                            kcache[j] = key;
+                    }
+                    if ((key & mask) == prefix)
+                        bin = (key >> shift) & (nb - 1);
                 }
-                if ((key & mask) == prefix)
-                    atomicAdd(&hist[(key >> shift) & (nb - 1)], 1u);
+                const unsigned peers = __match_any_sync(0xffffffffu, bin);
+                if (bin != 0xffffffffu && lane == __ffs(peers) - 1)
+                    atomicAdd(&hist[bin], (uint32_t)__popc(peers));
             }
             __syncthreads();
             /* Thread i holds bins nb-1-2i and nb-2-2i: counts from the top. */
@@ -278,10 +287,16 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
             need -= (int32_t)s_above;
             prefix |= s_bin << shift;
             mask |= (nb - 1) << shift;
+            if (p == 2 && tid == 0)
+                s_eq = hist[s_bin]; /* keys equal to the K-th largest */
             __syncthreads();
         }
-        /* prefix = the K-th largest key; K - need keys are above it. */
+        /* prefix = the K-th largest key; K - need keys are above it. When
+         * every key equal to it is taken (no tie at the boundary, the usual
+         * case), all are appended in any order (the sort below orders them);
+         * else the equal ones are ranked by position, lowest first. */
         const int32_t gt = K - need;
+        const bool all_eq = s_eq == (uint32_t)need;
         if (tid == 0)
             s_cnt = 0;
         __syncthreads();
@@ -289,15 +304,22 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
         for (int32_t base = 0; base < n; base += blockDim.x) {
             const int32_t j = base + tid;
             const uint32_t key = j >= n ? 0u : cached ? kcache[j] : order_key(row[j]);
-            if (j < n && key > prefix)
-                cand[atomicAdd(&s_cnt, 1u)] =
-                    (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
-            const uint32_t eq = j < n && key == prefix;
-            uint32_t total;
-            const uint32_t rank = run + block_scan(eq, sw, &total);
-            if (eq && rank < (uint32_t)need)
-                cand[gt + rank] = (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
-            run += total;
+            const bool take = j < n && (key > prefix || (all_eq && key == prefix));
+            const unsigned bal = __ballot_sync(0xffffffffu, take);
+            uint32_t at = 0;
+            if (lane == 0 && bal)
+                at = atomicAdd(&s_cnt, (uint32_t)__popc(bal));
+            at = __shfl_sync(0xffffffffu, at, 0) + (uint32_t)__popc(bal & ((1u << lane) - 1u));
+            if (take)
+                cand[at] = (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
+            if (!all_eq) {
+                const uint32_t eq = j < n && key == prefix;
+                uint32_t total;
+                const uint32_t rank = run + block_scan(eq, sw, &total);
+                if (eq && rank < (uint32_t)need)
+                    cand[gt + rank] = (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
+                run += total;
+            }
         }
     }
     __syncthreads();
@@ -309,15 +331,14 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
     __syncthreads();
     for (int32_t k = 2; k <= P; k <<= 1)
         for (int32_t j = k >> 1; j > 0; j >>= 1) {
-            for (int32_t i = tid; i < P; i += blockDim.x) {
-                const int32_t x = i ^ j;
-                if (x > i) {
-                    const unsigned long long a = cand[i], b = cand[x];
-                    const bool desc = (i & k) == 0;
-                    if (desc ? a < b : a > b) {
-                        cand[i] = b;
-                        cand[x] = a;
-                    }
+            /* Pair q compares i (q with a 0 inserted at j's bit) and i + j. */
+            for (int32_t q = tid; q < P / 2; q += blockDim.x) {
+                const int32_t i = 2 * q - (q & (j - 1)), x = i + j;
+                const unsigned long long a = cand[i], b = cand[x];
+                const bool desc = (i & k) == 0;
+                if (desc ? a < b : a > b) {
+                    cand[i] = b;
+                    cand[x] = a;
                 }
             }
             __syncthreads();
@@ -566,7 +587,7 @@ extern "C" kva_status kva__cuda_indexer_probe(kva_context *ctx, const kva_plan *
 }
 
 extern "C" kva_status kva__cuda_context_indexer_test(kva_context *ctx, int64_t pass_floats,
-                                                     int no_wgmma)
+                                                     int flags)
 {
     kva__clear_error();
     KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
@@ -576,7 +597,8 @@ extern "C" kva_status kva__cuda_context_indexer_test(kva_context *ctx, int64_t p
                          (long long)pass_floats);
     kva__cuda_state *st = (kva__cuda_state *)ctx->state;
     st->index_pass_floats = pass_floats;
-    st->index_no_wgmma = no_wgmma != 0;
+    st->index_no_wgmma = (flags & 1) != 0;
+    st->index_topk_global = (flags & 2) != 0;
     return KVA_STATUS_OK;
 }
 
@@ -607,7 +629,8 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
     const kva_plan_desc *d = &plan->d;
     const int fp8 = cache->desc.quant == KVA_QUANT_FP8_TOKEN;
     const int64_t bb = cache->k_block_elems * (int64_t)cache->elem_size;
-    cudaStream_t s = (cudaStream_t)((const kva__cuda_state *)ctx->state)->stream;
+    const kva__cuda_state *st = (const kva__cuda_state *)ctx->state;
+    cudaStream_t s = (cudaStream_t)st->stream;
     float *ws = (float *)ctx->workspace;
     for (int32_t p = 0; p < ip->num_passes; p++) {
         const int32_t a = ip->pass[2 * p], b = ip->pass[2 * p + 2];
@@ -634,7 +657,8 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
                                           ip->smem, s));
         }
         if ((parts & 2) && t1 > t0) {
-            const int32_t kcap = ip->smax <= IDX_TOPK_CACHE ? ip->smax : 0;
+            const int32_t kcap =
+                ip->smax <= IDX_TOPK_CACHE && !st->index_topk_global ? ip->smax : 0;
             index_topk_kernel<<<(unsigned)(t1 - t0), IDX_TOPK_THREADS, (size_t)kcap * 4, s>>>(
                 ws, ip->smax, t0, ip->tok_n, d->sparse_topk, indices, indices_stride, topk_length,
                 kcap);
