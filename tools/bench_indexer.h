@@ -27,11 +27,10 @@ typedef struct bench_index_data {
     double keys_scored; /* sum over tokens of pos + 1 */
 } bench_index_data;
 
-/* Medians in seconds: the whole run, its two kernels (the top-K one also
- * with its rows read from the workspace in every pass), and the read-once
+/* Medians in seconds: the whole run, its two kernels, and the read-once
  * baseline with the bytes it reads (CUDA only). */
 typedef struct bench_index_times {
-    double total, logits, topk, topk_global, read, read_bytes;
+    double total, logits, topk, read, read_bytes;
 } bench_index_times;
 
 /* Times the run on CUDA device 0; the first run's indices [T, K] go to ind. */

@@ -74,23 +74,15 @@ int bench_indexer_cuda(const bench_index_opts *o, bench_index_data *x, int32_t *
     }
     if ((e = cudaMemcpy(ind, di, ib, cudaMemcpyDeviceToHost)) != cudaSuccess)
         goto cuda_fail;
-    double *out[5] = {&tm->total, &tm->logits, &tm->topk, &tm->read, &tm->topk_global};
-    for (int what = 0; what < 5; what++) {
-        /* what 4: the top-K kernel with its rows read from the workspace. */
-        if (what == 4 &&
-            (st = kva__cuda_context_indexer_test(ctx, 0, 2 | o->mma_sync)) != KVA_STATUS_OK) {
-            rc = kva_cli_lib_error("indexer top-K variant", st);
-            goto done;
-        }
+    double *out[4] = {&tm->total, &tm->logits, &tm->topk, &tm->read};
+    for (int what = 0; what < 4; what++) {
         for (int i = 0; i < o->warmup + o->iters; i++) {
             cudaEventRecord(ev[0], s);
             if (what == 3)
                 st = kva__cuda_indexer_probe(ctx, plan, dc, NULL);
             else
                 st = kva__cuda_indexer_parts(ctx, plan, q, w, dc, di, o->topk, NULL,
-                                             what == 0   ? 3
-                                             : what == 4 ? 2
-                                                         : what);
+                                             what == 0 ? 3 : what);
             cudaEventRecord(ev[1], s);
             if (st != KVA_STATUS_OK) {
                 rc = kva_cli_lib_error("indexer timing (cuda)", st);

@@ -19,9 +19,6 @@
  *
  *   On sm_90a builds and devices, DeepSeek's shape (Hi 64, D 128) takes
  *   the wgmma logits kernel of indexer_wgmma.cu instead (same tiles).
- *   The top-K kernel keeps a row's order keys in shared memory after the
- *   first histogram pass when the row fits (IDX_TOPK_CACHE), so the logits
- *   are read once.
  *
  * The workspace holds logits [tokens of a pass, max_seq_len] float32; a
  * plan whose tokens need more than IDX_WS_FLOATS runs in several passes
@@ -221,12 +218,11 @@ static __device__ __forceinline__ uint32_t block_scan(uint32_t v, uint32_t *sw, 
 
 __global__ void __launch_bounds__(IDX_TOPK_THREADS)
     index_topk_kernel(const float *logits, int32_t smax, int32_t tok_base, const int32_t *tok_n,
-                      int32_t K, int32_t *indices, int64_t istride, int32_t *topk_length,
-                      int32_t kcap)
+                      int32_t K, int32_t *indices, int64_t istride, int32_t *topk_length)
 {
-    /* [kcap] the row's order keys, kept from the first pass for the others
-     * when the row fits (kcap = smax or 0): one read of the logits. */
-    extern __shared__ uint32_t kcache[];
+    /* Every pass reads the row from the workspace (mostly L2): keeping the
+     * row's keys in shared memory instead (128 KB at 32k keys, one CTA per
+     * SM) measured slower on the H100 (bench/results/h100_2026-11-27_indexer.txt). */
     __shared__ uint32_t hist[2048];
     __shared__ unsigned long long cand[IDX_TOPK_MAX];
     __shared__ uint32_t sw[64];
@@ -235,7 +231,6 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
     const float *row = logits + (int64_t)blockIdx.x * smax;
     const int tid = threadIdx.x, lane = tid & 31;
     const int32_t m = n < K ? n : K;
-    const bool cached = n <= kcap;
     if (n <= K) {
         for (int32_t j = tid; j < n; j += blockDim.x)
             cand[j] = (unsigned long long)order_key(row[j]) << 32 | (uint32_t) ~(uint32_t)j;
@@ -254,14 +249,7 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
                 const int32_t j = base + tid;
                 uint32_t bin = 0xffffffffu;
                 if (j < n) {
-                    uint32_t key;
-                    if (p > 0 && cached) {
-                        key = kcache[j];
-                    } else {
-                        key = order_key(row[j]);
-                        if (cached)
-                            kcache[j] = key;
-                    }
+                    const uint32_t key = order_key(row[j]);
                     if ((key & mask) == prefix)
                         bin = (key >> shift) & (nb - 1);
                 }
@@ -303,7 +291,7 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
         uint32_t run = 0;
         for (int32_t base = 0; base < n; base += blockDim.x) {
             const int32_t j = base + tid;
-            const uint32_t key = j >= n ? 0u : cached ? kcache[j] : order_key(row[j]);
+            const uint32_t key = j < n ? order_key(row[j]) : 0u;
             const bool take = j < n && (key > prefix || (all_eq && key == prefix));
             const unsigned bal = __ballot_sync(0xffffffffu, take);
             uint32_t at = 0;
@@ -496,9 +484,6 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
         for (int i = 0; i < 2 && e == cudaSuccess; i++)
             e = cudaFuncSetAttribute(pick(d->q_dtype, fp8s[i], wg),
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
-        if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(index_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     IDX_TOPK_CACHE * 4);
     }
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -598,7 +583,6 @@ extern "C" kva_status kva__cuda_context_indexer_test(kva_context *ctx, int64_t p
     kva__cuda_state *st = (kva__cuda_state *)ctx->state;
     st->index_pass_floats = pass_floats;
     st->index_no_wgmma = (flags & 1) != 0;
-    st->index_topk_global = (flags & 2) != 0;
     return KVA_STATUS_OK;
 }
 
@@ -629,8 +613,7 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
     const kva_plan_desc *d = &plan->d;
     const int fp8 = cache->desc.quant == KVA_QUANT_FP8_TOKEN;
     const int64_t bb = cache->k_block_elems * (int64_t)cache->elem_size;
-    const kva__cuda_state *st = (const kva__cuda_state *)ctx->state;
-    cudaStream_t s = (cudaStream_t)st->stream;
+    cudaStream_t s = (cudaStream_t)((const kva__cuda_state *)ctx->state)->stream;
     float *ws = (float *)ctx->workspace;
     for (int32_t p = 0; p < ip->num_passes; p++) {
         const int32_t a = ip->pass[2 * p], b = ip->pass[2 * p + 2];
@@ -657,11 +640,8 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
                                           ip->smem, s));
         }
         if ((parts & 2) && t1 > t0) {
-            const int32_t kcap =
-                ip->smax <= IDX_TOPK_CACHE && !st->index_topk_global ? ip->smax : 0;
-            index_topk_kernel<<<(unsigned)(t1 - t0), IDX_TOPK_THREADS, (size_t)kcap * 4, s>>>(
-                ws, ip->smax, t0, ip->tok_n, d->sparse_topk, indices, indices_stride, topk_length,
-                kcap);
+            index_topk_kernel<<<(unsigned)(t1 - t0), IDX_TOPK_THREADS, 0, s>>>(
+                ws, ip->smax, t0, ip->tok_n, d->sparse_topk, indices, indices_stride, topk_length);
             KVA_CUDA_LAUNCHED("index_topk_kernel");
         }
     }

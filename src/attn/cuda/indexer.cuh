@@ -20,7 +20,6 @@
 #define IDX_SMEM_MAX (112 * 1024) /* two logits CTAs per SM */
 #define IDX_TOPK_MAX 4096
 #define IDX_TOPK_THREADS 1024
-#define IDX_TOPK_CACHE 45056 /* longest row whose order keys the top-K kernel keeps in smem */
 #define IDX_WS_FLOATS ((size_t)1 << 28) /* 1 GiB of logits per pass */
 
 /* The CUDA part of an indexer plan (kva__cuda_plan.index). */
