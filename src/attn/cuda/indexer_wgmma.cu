@@ -41,10 +41,12 @@ extern "C" {
 /* Byte offset of 16-byte chunk ch (8 elements) of row r in a [128, D]
  * operand with 128-byte swizzle: column blocks of 64 elements, [128][128 B]
  * each, chunk (ch % 8) ^ (r % 8) within the row. */
+#ifdef IDX_WG_BODY
 static __device__ __forceinline__ uint32_t iwg_swz(int r, int ch)
 {
     return (uint32_t)((ch >> 3) * 128 * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
 }
+#endif
 
 /* D [64, 128] (+)= A [64, 16] B [16, 128] by q element type. */
 template <typename M> struct iwg_mma;
