@@ -26,6 +26,7 @@ typedef struct idx_case {
     int32_t R, q_len[IDX_MAX_REQ], seq_len[IDX_MAX_REQ];
     int ties;    /* 1: some key rows repeat an earlier row of their request (exact ties) */
     int nan_key; /* 1: one key of request 0 holds a NaN */
+    int same;    /* 1: every key of request 0 repeats its first: all logits tie */
     uint64_t seed;
 } idx_case;
 
@@ -147,6 +148,9 @@ static inline void idx_build(const idx_case *c, idx_data *x)
             for (int32_t j = 3; j < c->seq_len[r]; j += 5)
                 memcpy(x->keys + (size_t)(x->kstart[r] + j) * D,
                        x->keys + (size_t)(x->kstart[r] + j - 3) * D, (size_t)D * sizeof(float));
+    if (c->same)
+        for (int32_t j = 1; j < c->seq_len[0]; j++)
+            memcpy(x->keys + (size_t)j * D, x->keys, (size_t)D * sizeof(float));
     if (c->nan_key && c->seq_len[0] > 1)
         x->keys[(size_t)(c->seq_len[0] / 2) * D + 1] = NAN;
     uint8_t codes[KVA_MAX_HEAD_DIM];

@@ -37,7 +37,8 @@ static void usage(void)
            "  --kv-quant fp8|none  FP8_TOKEN or unquantized keys       [fp8]\n"
            "  --threads N          CPU threads, 0 = all                [0]\n"
            "  --iters N --warmup N timed and untimed runs              [5, 1]\n"
-           "  --no-check           skip the check against the reference backend\n");
+           "  --no-check           skip the check against the reference backend\n"
+           "  --mma-sync           cuda: force the mma.sync logits kernel\n");
 }
 
 static int parse(int argc, char **argv, bench_index_opts *o)
@@ -65,8 +66,8 @@ static int parse(int argc, char **argv, bench_index_opts *o)
             usage();
             return KVA_EXIT_OK;
         }
-        if (!strcmp(a, "--no-check")) {
-            o->no_check = 1;
+        if (!strcmp(a, "--no-check") || !strcmp(a, "--mma-sync")) {
+            *(!strcmp(a, "--no-check") ? &o->no_check : &o->mma_sync) = 1;
             continue;
         }
         const char *v = i + 1 < argc ? argv[++i] : "";

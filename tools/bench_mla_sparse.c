@@ -13,11 +13,14 @@
  *   FLOPs: 2 * (D + Dc) per (head, listed key), against the FMA peak.
  * The check runs the reference backend on the first decode request (and the
  * first two tokens of the prefill), with FlashMLA's output tolerance.
- * Device backends (--backend cuda) need their own upload of the host cache,
- * q and indices; until the CUDA sparse kernel brings that half, they are
- * refused with a message.
+ * --backend cuda runs bench_mla_sparse_cuda.c instead: without shape
+ * options the issue-17 suite (decode and prefill shapes on the device), with
+ * them one shape of --batch requests of --q-len tokens (or one prefill of
+ * --prefill tokens), seq_len --context, --heads, --topk, --cache ds_mla|bf16,
+ * --mode; bf16 q; CUDA-event medians of --iters runs.
  */
 #include "bench.h" /* bench_median */
+#include "bench_mla_sparse.h"
 #include "cli.h"
 #include "internal.h"                 /* kva__context_force_kernel */
 #include "../src/attn/cpu/cpu_attn.h" /* kva__cpu_plan_kernel */
@@ -31,6 +34,7 @@ typedef struct sp_opts {
     int32_t batch, context, q_len, prefill, heads, topk, Dc, Dr, B, threads, iters, warmup;
     kva_dtype dt;
     int cache, mode, backend, no_check, no_ceiling, paired;
+    int shape_set; /* a shape option was given (--backend cuda: one shape, not the suite) */
     const char *variant;
 } sp_opts;
 
@@ -53,7 +57,11 @@ static void usage(void)
            "  --dtype f32|f16|bf16 q and output dtype [bf16]\n"
            "  --mode mixed|separate  kva_sparse_mode [mixed]\n"
            "  --block-size B       [64]\n"
-           "  --backend ref|cpu    [cpu]\n"
+           "  --backend ref|cpu|cuda  [cpu]; cuda without shape options runs the issue-17\n"
+           "                       suite (decode B 128 / prefill 4k, H 128 / 16 / 64, fp8_ds_mla\n"
+           "                       and bf16 caches, both modes); with them, one shape of\n"
+           "                       --batch x --q-len tokens or one --prefill (bf16 q, cache\n"
+           "                       ds_mla or bf16; --context is the seq_len)\n"
            "  --threads N          0 = all cores [0]\n"
            "  --variant NAME       force a registry kernel (mla_portable, mla_avx2, mla_avx512)\n"
            "  --paired             a read pass after every timed run: the fraction of the\n"
@@ -96,6 +104,11 @@ static int parse(int argc, char **argv, sp_opts *o)
         }
         const char *v = i + 1 < argc ? argv[++i] : "";
         int ok = 1, c = 0;
+        static const char *const shape_opts[] = {"--batch",   "--q-len", "--prefill",
+                                                 "--context", "--topk",  "--heads",
+                                                 "--cache",   "--mode",  "--dtype"};
+        for (int k = 0; k < 9; k++)
+            o->shape_set |= !strcmp(a, shape_opts[k]);
         if (!strcmp(a, "--dtype")) {
             ok = kva_cli_parse_choice(a, v, dts, 3, &c);
             o->dt = c == 0 ? KVA_DTYPE_F32 : c == 1 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
@@ -133,9 +146,12 @@ static int parse(int argc, char **argv, sp_opts *o)
                         "context\n");
         return KVA_EXIT_USAGE;
     }
-    if (o->backend == 2) {
-        fprintf(stderr, "kvattn: bench --mla-sparse: --backend cuda needs the device upload that "
-                        "comes with the CUDA sparse kernel; not in this build yet\n");
+    if (o->backend == 2 && o->shape_set &&
+        ((o->batch > 0 && o->prefill > 0) || o->dt != KVA_DTYPE_BF16 ||
+         (o->cache != 0 && o->cache != 2) || o->Dc != 512 || o->Dr != 64 || o->B != 64)) {
+        fprintf(stderr, "kvattn: bench --mla-sparse: --backend cuda times either --batch R "
+                        "decodes or one --prefill P (--batch 0), bf16 q, --cache ds_mla or bf16, "
+                        "Dc 512, Dr 64, block size 64\n");
         return KVA_EXIT_USAGE;
     }
     return -1;
@@ -320,6 +336,17 @@ int kva_cli_bench_mla_sparse(int argc, char **argv)
     int rc = parse(argc, argv, &o);
     if (rc >= 0)
         return rc;
+    if (o.backend == 2) {
+        const bench_sp_shape one = {"one",
+                                    o.batch > 0 ? o.batch : 1,
+                                    o.batch > 0 ? o.q_len : o.prefill,
+                                    o.context,
+                                    o.heads,
+                                    o.topk,
+                                    o.cache == 0,
+                                    o.mode == 1};
+        return bench_mla_sparse_cuda(o.shape_set ? &one : NULL, o.iters);
+    }
     kva_context *ctx = NULL;
     kva_context_desc cd = {o.backend == 0 ? KVA_BACKEND_REF : KVA_BACKEND_CPU, o.threads, 0};
     kva_status st = kva_context_create(&cd, &ctx);

@@ -44,6 +44,7 @@ LAYOUTS = {"NHD": 0, "HND": 1}
 QUANTS = {"none": 0, "int8_channel": 1, "int8_token_k": 2, "int8_token_k_v16": 3, "fp8_e4m3": 4,
           "fp8_ds_mla": 5, "fp8_token": 6}
 KINDS = {"mha": 0, "mla": 1, "index": 2}  # kva_attn_kind
+SPARSE_MODES = {"mixed": 0, "separate": 1}  # kva_sparse_mode
 POOL_HASHES = {"sha256": 0, "xxh3_128": 1}
 STATES = {
     0: "prefill_no_cache",
@@ -236,6 +237,7 @@ kva_mla_run = _proto("kva_mla_run", c_int, _P, _P, _P, _P, _P, _P, _P, _P)
 kva_mla_sparse_run = _proto(
     "kva_mla_sparse_run", c_int, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _P
 )
+kva_indexer_run = _proto("kva_indexer_run", c_int, _P, _P, _P, _P, _P, _P, _I64, _P)
 kva_attention_run_ragged = _proto("kva_attention_run_ragged", c_int, _P, _P, _P, _P, _P, _P, _P, _P)
 kva_merge_states = _proto(
     "kva_merge_states", c_int, _P, _I32, _I32, _I32, c_int, _P, _P, _P, _P, _P, _P

@@ -163,7 +163,13 @@ class Cache:
     kind="mla": a latent cache (docs/mla.md), one row [c_kv (Dc) | k_pe (Dr)]
     per token: num_kv_heads=1, head_dim=Dc + Dr, head_dim_v=Dc;
     Cache.mla(ctx, num_blocks, block_size, kv_lora_rank, qk_rope_head_dim,
-    ...) says the same with DeepSeek's names."""
+    ...) says the same with DeepSeek's names; quant="fp8_ds_mla" is
+    FlashMLA's 656-byte FP8 row (docs/mla_sparse.md), read by sparse plans.
+
+    kind="index": the lightning indexer's key cache (docs/indexer.md), one
+    key row of D values per token; Cache.index(ctx, num_blocks, block_size,
+    head_dim, fp8=True) makes the FP8_TOKEN one (codes and a per-token
+    scale), write(keys, None, slot_mapping) fills it."""
 
     def __init__(self, ctx, num_blocks, block_size, num_kv_heads, head_dim, head_dim_v=0,
                  dtype="f16", layout="NHD", quant="none", k_scale=None, k_offset=None,
@@ -194,6 +200,15 @@ class Cache:
         (one per-tensor k_scale)."""
         return cls(ctx, num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim,
                    kv_lora_rank, dtype=dtype, quant=quant, k_scale=k_scale, kind="mla")
+
+    @classmethod
+    def index(cls, ctx, num_blocks, block_size, head_dim=128, fp8=True, dtype="bf16"):
+        """An index-key cache (kind "index") of [NB, B] rows of head_dim:
+        FP8_TOKEN (e4m3 codes, one float32 scale per token, vLLM's indexer
+        k cache) when fp8, else unquantized in dtype (f32/f16/bf16)."""
+        return cls(ctx, num_blocks, block_size, 1, head_dim, head_dim,
+                   dtype="fp8_e4m3" if fp8 else dtype, quant="fp8_token" if fp8 else "none",
+                   kind="index")
 
     @classmethod
     def from_latent(cls, ctx, kv, kv_lora_rank=512):
@@ -278,9 +293,13 @@ class Cache:
         token dimension may be strided, e.g. slices of a fused QKV output),
         slot_mapping [T] int64 (slot = block * B + offset, < 0 skips), all on
         the context's device. MLA caches (concat_and_cache_mla): k = c_kv
-        [T, Dc], v = k_pe [T, Dr] (or [T, 1, Dc], [T, 1, Dr])."""
+        [T, Dc], v = k_pe [T, Dr] (or [T, 1, Dc], [T, 1, Dr]). Index-key
+        caches: k = keys [T, D] (or [T, 1, D]), v = None."""
         ctx = self.ctx
-        kv, vv = _tensor(k, "k", ctx, contiguous=False), _tensor(v, "v", ctx, contiguous=False)
+        kv = _tensor(k, "k", ctx, contiguous=False)
+        if self.kind == "index":
+            return self._write_index(kv, v, slot_mapping)
+        vv = _tensor(v, "v", ctx, contiguous=False)
         if self.kind == "mla":
             return self._write_latent(kv, vv, slot_mapping)
         if len(kv.shape) != 3 or len(vv.shape) != 3:
@@ -305,14 +324,28 @@ class Cache:
         self._write(kv, vv, n, slot_mapping)
 
     def _write(self, kv, vv, n, slot_mapping):
-        """kva_cache_write of n tokens from the checked views kv, vv."""
+        """kva_cache_write of n tokens from the checked views kv, vv (None:
+        an index-key cache's write)."""
         ctx = self.ctx
         if ctx.device == T.CPU and not isinstance(slot_mapping, np.ndarray) and \
                 not T.is_torch(slot_mapping):
             slot_mapping = np.asarray(slot_mapping, dtype=np.int64)
         sv = _tensor(slot_mapping, "slot_mapping", ctx, (n,), T.I64)
         _check(L.kva_cache_write(ctx._h, self._h, n, kv.ptr, kv.strides[0] if n > 1 else 0,
-                                 vv.ptr, vv.strides[0] if n > 1 else 0, kv.dtype, sv.ptr))
+                                 vv.ptr if vv else None, vv.strides[0] if vv and n > 1 else 0,
+                                 kv.dtype, sv.ptr))
+
+    def _write_index(self, kv, v, slot_mapping):
+        if v is not None:
+            raise InvalidArgumentError("v: an index-key cache has no values; pass v=None")
+        n, d = kv.shape[0] if kv.shape else 0, self.head_dim
+        if tuple(kv.shape) not in ((n, d), (n, 1, d)):
+            raise ShapeMismatchError("k (keys): shape %s, expected (%d, %d)"
+                                     % (tuple(kv.shape), n, d))
+        if kv.strides[-1] != 1 and d > 1:
+            raise InvalidArgumentError("k (keys): channels of a token must be contiguous "
+                                       "(strides %s)" % (kv.strides,))
+        self._write(kv, None, n, slot_mapping)
 
     def _write_latent(self, kv, vv, slot_mapping):
         dc, dr = self.head_dim_v, self.head_dim - self.head_dim_v
@@ -413,12 +446,19 @@ class Plan:
     kind="mla" plans read latent caches (num_kv_heads=1, head_dim=Dc + Dr,
     head_dim_v=Dc, an explicit scale): run() is the absorbed kernel-level
     call; with mla_qk_nope_head_dim (Dn) and mla_v_head_dim (Dv) given,
-    run_mla() is the layer-level kva_mla_run."""
+    run_mla() is the layer-level kva_mla_run; with sparse_topk=K (and
+    sparse_mode "mixed" or "separate"), run_mla_sparse() is DeepSeek V3.2's
+    sparse MLA (kva_mla_sparse_run, docs/mla_sparse.md).
+
+    kind="index" plans (num_heads = index heads Hi, num_kv_heads=1,
+    head_dim=D, sparse_topk=K, causal) run the lightning indexer over an
+    index-key cache: run_indexer() (kva_indexer_run, docs/indexer.md)."""
 
     def __init__(self, ctx, query_start_loc, seq_lens, block_table=None, *, block_size,
                  num_heads, num_kv_heads, head_dim, head_dim_v=0, q_dtype="f16", scale=0.0,
                  causal=True, window_left=-1, softcap=0.0, alibi_slopes=None,
-                 decode_threshold=0, kind="mha", mla_qk_nope_head_dim=0, mla_v_head_dim=0):
+                 decode_threshold=0, kind="mha", mla_qk_nope_head_dim=0, mla_v_head_dim=0,
+                 sparse_topk=0, sparse_mode="mixed"):
         qsl = T.host_array(query_start_loc, np.int32, "query_start_loc")
         sl = T.host_array(seq_lens, np.int32, "seq_lens")
         r = sl.shape[0]
@@ -443,7 +483,7 @@ class Plan:
         # are used from one thread at a time, so the template is too).
         key = (block_size, num_heads, num_kv_heads, head_dim, head_dim_v, q_dtype, scale,
                causal, window_left, softcap, decode_threshold, kind, mla_qk_nope_head_dim,
-               mla_v_head_dim)
+               mla_v_head_dim, sparse_topk, sparse_mode)
         tmpl = ctx._plan_descs.get(key)
         if tmpl is None:
             qdt = dtype_code(q_dtype)
@@ -454,6 +494,8 @@ class Plan:
                            softcap or 0.0, None, kc)
             d.mla_qk_nope_head_dim = mla_qk_nope_head_dim
             d.mla_v_head_dim = mla_v_head_dim
+            d.sparse_topk = sparse_topk
+            d.sparse_mode = _enum(L.SPARSE_MODES, sparse_mode, "sparse_mode")
             if len(ctx._plan_descs) >= 64:
                 ctx._plan_descs.clear()
             tmpl = ctx._plan_descs[key] = (d, qdt, (block_size, num_kv_heads, head_dim,
@@ -477,6 +519,7 @@ class Plan:
         self._out_shape = (t, num_heads, dv)
         self._lse_shape = (t, num_heads)
         self._mla = (mla_qk_nope_head_dim, mla_v_head_dim) if mla_v_head_dim else None
+        self.kind, self.sparse_topk = kind, sparse_topk
         self._seq_lens = sl if block_table is None else None
 
     @property
@@ -510,7 +553,7 @@ class Plan:
                 "D %d, Dv %d, %s)" % (cache.block_size, cache.num_kv_heads, cache.head_dim,
                                       cache.head_dim_v, cache.kind, self.block_size,
                                       self.num_kv_heads, self.head_dim, self.head_dim_v,
-                                      "mla" if self._cache_sig[4] else "mha"))
+                                      {v: k for k, v in L.KINDS.items()}[self._cache_sig[4]]))
 
     def run_mla(self, q, w_uk, w_uv, cache, *, out=None, lse=None, return_lse=False, ctx=None):
         """Multi-head latent attention for one layer (kva_mla_run): q
@@ -534,6 +577,71 @@ class Plan:
         _check(L.kva_mla_run(ctx._h, self._h, qv.ptr, uk.ptr, uv.ptr, cache._h, ov.ptr,
                              lv.ptr if lv else None))
         return (out, lse) if lv else out
+
+    def _index_rows(self, a, name, ctx, writable=False):
+        """View of an index-list tensor [T, >= K] int32 whose rows may be
+        strided (row stride in elements, 0 for one row); its pointer and stride."""
+        t, k = self.num_tokens, self.sparse_topk
+        v = _tensor(a, name, ctx, dtype=T.I32, contiguous=False)
+        if len(v.shape) != 2 or v.shape[0] != t or v.shape[1] < k or (k > 1 and v.strides[1] != 1):
+            raise ShapeMismatchError("%s: shape %s (strides %s), expected (%d, >= %d) int32 with "
+                                     "contiguous rows" % (name, tuple(v.shape), v.strides, t, k))
+        return v, v.strides[0] if t > 1 else k
+
+    def run_mla_sparse(self, q, cache, indices, *, topk_length=None, sinks=None, out=None,
+                       lse=None, return_lse=False, ctx=None):
+        """Sparse absorbed MLA (kva_mla_sparse_run): token t attends only the
+        request-local key positions of its row indices[t, :K] (int32, -1 =
+        unused; rows may be strided), of which it reads the first
+        topk_length[t] (int32 [T]) when given. q [T, H, Dc + Dr] absorbed in
+        the plan's q_dtype, cache a latent cache (bf16/f16/f32, fp8_e4m3 or
+        fp8_ds_mla), sinks [H] float32 or None. Returns out [T, H, Dc], or
+        (out, lse) as run()."""
+        ctx = ctx or self.ctx
+        if self.kind != "mla" or not self.sparse_topk:
+            raise InvalidArgumentError("run_mla_sparse: the plan is not a sparse MLA plan "
+                                       "(create it with kind='mla' and sparse_topk=K)")
+        qv = _tensor(q, "q", ctx, self._q_shape, self.q_dtype)
+        self._check_cache(cache)
+        iv, istride = self._index_rows(indices, "indices", ctx)
+        tv = None
+        if topk_length is not None:
+            tv = _tensor(topk_length, "topk_length", ctx, (self.num_tokens,), T.I32)
+        out, ov, lse, lv = self._outputs(q, qv, out, lse, return_lse, ctx)
+        _check(L.kva_mla_sparse_run(ctx._h, self._h, qv.ptr, cache._h, iv.ptr, istride,
+                                    tv.ptr if tv else None, self._sinks(sinks, ctx), ov.ptr,
+                                    lv.ptr if lv else None))
+        return (out, lse) if lv else out
+
+    def run_indexer(self, q, weights, cache, *, indices=None, topk_length=None,
+                    return_lengths=False, ctx=None):
+        """DeepSeek V3.2's lightning indexer (kva_indexer_run): q [T, Hi, D]
+        index queries in the plan's q_dtype, weights [T, Hi] float32, cache an
+        index-key cache. Token t at position pos lists the min(K, pos + 1)
+        causal keys of the largest logits sum_h w[t, h] relu(q[t, h] . k_j),
+        by logit descending (ties: lower position first), then -1 up to K.
+        Returns indices [T, K] int32 (allocated like q unless given: rows may
+        be strided), or (indices, topk_length [T] int32) when topk_length is
+        given or return_lengths is set."""
+        ctx = ctx or self.ctx
+        if self.kind != "index":
+            raise InvalidArgumentError("run_indexer: the plan is not an indexer plan "
+                                       "(create it with kind='index' and sparse_topk=K)")
+        t, k = self.num_tokens, self.sparse_topk
+        qv = _tensor(q, "q", ctx, self._q_shape, self.q_dtype)
+        wv = _tensor(weights, "weights", ctx, (t, self.num_heads), T.F32)
+        self._check_cache(cache)
+        if indices is None:
+            indices = T.empty_like_device(q, (t, k), T.I32, qv.device, qv.device_id)
+        iv, istride = self._index_rows(indices, "indices", ctx)
+        if topk_length is None and return_lengths:
+            topk_length = T.empty_like_device(q, (t,), T.I32, qv.device, qv.device_id)
+        tv = None
+        if topk_length is not None:
+            tv = _tensor(topk_length, "topk_length", ctx, (t,), T.I32)
+        _check(L.kva_indexer_run(ctx._h, self._h, qv.ptr, wv.ptr, cache._h, iv.ptr, istride,
+                                 tv.ptr if tv else None))
+        return (indices, topk_length) if tv else indices
 
     def _sinks(self, sinks, ctx):
         if sinks is None:

@@ -72,6 +72,49 @@ static inline int kernel_usable(const char *name)
     return ok;
 }
 
+/* A CUDA graph captured from what the library enqueues on a context's
+ * stream: graph_begin gives the context a new non-blocking stream and starts
+ * capturing (a host synchronization inside the captured calls then fails the
+ * capture), graph_end instantiates it and gives the context back the legacy
+ * stream, graph_replay launches it after everything queued so far (e.g. the
+ * poisoning of the outputs) and waits, graph_free releases it. */
+typedef struct test_graph {
+    cudaStream_t stream;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+} test_graph;
+
+static inline void graph_begin(kva_context *ctx, test_graph *g)
+{
+    memset(g, 0, sizeof *g);
+    CUDA_OK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+    CHECK_OK(kva_cuda_context_set_stream(ctx, g->stream));
+    CUDA_OK(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeGlobal));
+}
+
+static inline void graph_end(kva_context *ctx, test_graph *g)
+{
+    CUDA_OK(cudaStreamEndCapture(g->stream, &g->graph));
+    CUDA_OK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+    CHECK_OK(kva_cuda_context_set_stream(ctx, NULL));
+}
+
+static inline void graph_replay(test_graph *g)
+{
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaGraphLaunch(g->exec, g->stream));
+    CUDA_OK(cudaStreamSynchronize(g->stream));
+}
+
+static inline void graph_free(test_graph *g)
+{
+    if (g->exec)
+        cudaGraphExecDestroy(g->exec);
+    if (g->graph)
+        cudaGraphDestroy(g->graph);
+    cudaStreamDestroy(g->stream);
+}
+
 /* Copies a host cache's K/V storage (and per-token scales, if its format has
  * them) into a device cache of the same desc and static scales. */
 static inline void cache_upload(kva_cache *dev, const kva_cache *host)

@@ -9,11 +9,15 @@
  * crossed, K above pos + 1, K = 1, repeated keys (exact ties) and a NaN key
  * on f16 caches; the FP8_TOKEN bytes written on the device equal the test's
  * quantizer (after a swap to a host cache); read-back; bad input gets a
- * status and leaves outputs untouched. KVA_TEST_QUICK=1 runs the small
- * cases only. Exits 77 without a GPU.
+ * status and leaves outputs untouched; every run also captured in a CUDA
+ * graph and replayed (same bits); the multi-pass path (a small per-pass
+ * logits limit set by kva__cuda_context_indexer_test) and the mma.sync
+ * logits kernel where the sm_90a one is the default. KVA_TEST_QUICK=1 runs
+ * the small cases only. Exits 77 without a GPU.
  */
 #include "../indexer_util.h"
 #include "cuda_util.h"
+#include "../../src/attn/cuda/cuda_backend.h" /* kva__cuda_context_indexer_test */
 
 #ifdef KVA_HAVE_CUDA
 
@@ -42,7 +46,33 @@ static kva_cache *make_dev_cache(kva_context *gpu, const idx_case *c, const idx_
     return cache;
 }
 
-static void run_case(kva_context *gpu, const idx_case *c)
+/* The run captured in a CUDA graph (capture fails on a host sync) and
+ * replayed into poisoned outputs: the bits of the eager run (ind, len). */
+static void check_graph(kva_context *gpu, const kva_plan *plan, const idx_case *c,
+                        const idx_data *x, const void *dq, const void *dw, const kva_cache *cache,
+                        int32_t *di, int32_t *dl, int64_t stride, const int32_t *ind,
+                        const int32_t *len)
+{
+    const size_t ni = (size_t)x->T * stride;
+    test_graph g;
+    graph_begin(gpu, &g);
+    CHECK_OK(kva_indexer_run(gpu, plan, dq, dw, cache, di, stride, dl));
+    graph_end(gpu, &g);
+    CUDA_OK(cudaMemset(di, 0x5a, ni * 4));
+    CUDA_OK(cudaMemset(dl, 0xff, (size_t)x->T * 4));
+    graph_replay(&g);
+    int32_t *ind2 = malloc(ni * 4), *len2 = malloc((size_t)x->T * 4);
+    to_host(ind2, di, ni * 4);
+    to_host(len2, dl, (size_t)x->T * 4);
+    CHECK_MSG(memcmp(ind2, ind, ni * 4) == 0 && memcmp(len2, len, (size_t)x->T * 4) == 0,
+              "indexer Hi %d K %d: graph replay differs from the eager run", (int)c->Hi, (int)c->K);
+    free(ind2), free(len2);
+    graph_free(&g);
+}
+
+/* Runs case c against the reference; multipass: the plan must hold fewer
+ * tokens' logits than the whole batch (kva__cuda_context_indexer_test). */
+static void run_case(kva_context *gpu, const idx_case *c, int multipass)
 {
     idx_data x;
     idx_build(c, &x);
@@ -50,6 +80,10 @@ static void run_case(kva_context *gpu, const idx_case *c)
     kva_plan_desc pd = idx_plan_desc(c, &x);
     kva_plan *plan = NULL;
     CHECK_OK(kva_plan_create(gpu, &pd, &plan));
+    if (plan && multipass)
+        CHECK_MSG(plan->workspace_bytes < (size_t)x.T * plan->info.max_seq_len * sizeof(float),
+                  "multi-pass plan: workspace %zu bytes holds every token's logits",
+                  plan->workspace_bytes);
     if (cache && plan) {
         const int64_t stride = c->K + 1;
         const size_t ni = (size_t)x.T * stride, qb = (size_t)x.T * c->Hi * c->D * 2;
@@ -70,6 +104,7 @@ static void run_case(kva_context *gpu, const idx_case *c)
         const int bad = idx_check(label, c, &x, ind, stride, len, 0);
         CHECK_MSG(pad == 0 && bad == 0, "%s: %d of %d rows differ, %d pads written", label, bad,
                   (int)x.T, pad);
+        check_graph(gpu, plan, c, &x, dq, dw, cache, di, dl, stride, ind, len);
         free(ind);
         free(len);
         cudaFree(dq), cudaFree(dw), cudaFree(di), cudaFree(dl);
@@ -95,7 +130,7 @@ static void test_grid(void)
                   .seq_len = {3000, 700, 2100, 17},
                   .ties = 1,
                   .seed = 41};
-    run_case(gpu, &a);
+    run_case(gpu, &a, 0);
     /* f16 q and cache, 16 heads of 64, K above most rows, ties and a NaN key. */
     idx_case b = {.Hi = 16,
                   .D = 64,
@@ -108,7 +143,7 @@ static void test_grid(void)
                   .ties = 1,
                   .nan_key = 1,
                   .seed = 42};
-    run_case(gpu, &b);
+    run_case(gpu, &b, 0);
     /* K = 1, 48 heads (a partial head group), bf16 cache. */
     idx_case c = {.Hi = 48,
                   .D = 32,
@@ -119,11 +154,19 @@ static void test_grid(void)
                   .q_len = {9, 1},
                   .seq_len = {90, 40},
                   .seed = 43};
-    run_case(gpu, &c);
+    run_case(gpu, &c, 0);
     /* FP8 blocks of 5 rows: B (D + 4) bytes, not a multiple of 16. */
-    idx_case f = {.Hi = 16, .D = 48, .B = 5, .K = 10, .dt = KVA_DTYPE_BF16, .fp8 = 1, .R = 2,
-                  .q_len = {4, 1}, .seq_len = {60, 33}, .seed = 46};
-    run_case(gpu, &f);
+    idx_case f = {.Hi = 16,
+                  .D = 48,
+                  .B = 5,
+                  .K = 10,
+                  .dt = KVA_DTYPE_BF16,
+                  .fp8 = 1,
+                  .R = 2,
+                  .q_len = {4, 1},
+                  .seq_len = {60, 33},
+                  .seed = 46};
+    run_case(gpu, &f, 0);
     if (!quick) {
         /* The shape, smaller: top-2048 of 8k keys, 128 heads. */
         idx_case d = {.Hi = 64,
@@ -136,7 +179,7 @@ static void test_grid(void)
                       .q_len = {40},
                       .seq_len = {8192},
                       .seed = 44};
-        run_case(gpu, &d);
+        run_case(gpu, &d, 0);
         idx_case e = {.Hi = 128,
                       .D = 128,
                       .B = 32,
@@ -148,8 +191,37 @@ static void test_grid(void)
                       .seq_len = {5000, 4100},
                       .ties = 1,
                       .seed = 45};
-        run_case(gpu, &e);
+        run_case(gpu, &e, 0);
     }
+    /* The multi-pass path (plans whose logits exceed the workspace limit):
+     * at most 1000 logits per pass, so 4 tokens (one tile) per pass here. */
+    CHECK_OK(kva__cuda_context_indexer_test(gpu, 1000, 0));
+    run_case(gpu, &a, 1);
+    run_case(gpu, &b, 1);
+    /* The mma.sync logits kernel on DeepSeek's shape (where the sm_90a
+     * kernel takes it by default), also over passes. */
+    CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 1));
+    run_case(gpu, &a, 0);
+    CHECK_OK(kva__cuda_context_indexer_test(gpu, 1000, 1));
+    run_case(gpu, &a, 1);
+    /* Every key of request 0 equal (all its logits tie at the K-th: the
+     * top-K ranks the equal keys by position): mma.sync over passes, then
+     * the default kernel in one pass. */
+    idx_case s = {.Hi = 64,
+                  .D = 128,
+                  .B = 64,
+                  .K = 100,
+                  .dt = KVA_DTYPE_BF16,
+                  .fp8 = 1,
+                  .R = 2,
+                  .q_len = {5, 2},
+                  .seq_len = {700, 300},
+                  .same = 1,
+                  .seed = 47};
+    run_case(gpu, &s, 0);
+    CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 0));
+    run_case(gpu, &s, 0);
+    CHECK_STATUS(kva__cuda_context_indexer_test(gpu, -1, 0), KVA_STATUS_INVALID_ARGUMENT);
     kva_context_destroy(gpu);
 }
 

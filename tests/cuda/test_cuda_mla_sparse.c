@@ -18,7 +18,8 @@
  *     sink); H in {1, 3, 16, 64, 128}; decode tokens (q_len 1-4) and prefill
  *     tokens in one plan; MIXED and SEPARATE equal to the reference and to
  *     each other; fp8_ds_mla and bf16 / f16 latent caches; split and
- *     unsplit launches.
+ *     unsplit launches; every run also captured in a CUDA graph and
+ *     replayed into poisoned outputs (the eager run's bits).
  * Tolerances (FlashMLA's, plus the rounding of P to the input dtype before
  * P V that every tensor-core kernel here does, as test_cuda_mla.c states):
  * out within 1e-3 + u max|v| + 2.01/128 |ref| (u = 2^-8 bf16, 2^-11 f16),
@@ -400,6 +401,29 @@ static int run_case(const scase *c)
         to_host(lses[mode], d_lse, sizeof(float) * nl);
         ok &= compare(mode ? "separate" : "mixed", c, outs[mode], lses[mode], mode ? ro_sep : ro,
                       mode ? rl_sep : rl, no, nl);
+        /* The same run captured in a CUDA graph (capture fails on any host
+         * sync) and replayed into poisoned outputs: the eager run's bits. */
+        {
+            test_graph g;
+            graph_begin(gpu, &g);
+            CHECK_OK(kva_mla_sparse_run(gpu, plan, d_q, cache, d_idx, istr, d_tl, d_sinks, d_out,
+                                        d_lse));
+            graph_end(gpu, &g);
+            CUDA_OK(cudaMemset(d_out, 0xff, no * es));
+            CUDA_OK(cudaMemset(d_lse, 0xff, sizeof(float) * nl));
+            graph_replay(&g);
+            unsigned char *o2 = malloc(no * es);
+            float *l2 = malloc(sizeof(float) * nl);
+            to_host(o2, d_out, no * es);
+            to_host(l2, d_lse, sizeof(float) * nl);
+            const int same = memcmp(o2, outs[mode], no * es) == 0 &&
+                             memcmp(l2, lses[mode], sizeof(float) * nl) == 0;
+            CHECK_MSG(same, "seed %llu %s: graph replay differs from the eager run",
+                      (unsigned long long)c->seed, mode ? "separate" : "mixed");
+            ok &= same;
+            free(o2), free(l2);
+            graph_free(&g);
+        }
         kva_plan_destroy(plan);
     }
     /* Over 16-bit caches both modes read the same values: they agree with

@@ -17,8 +17,12 @@
  *     positions equal to it, and a bitonic sort of those K orders them
  *     (logit descending, position ascending, NaN last).
  *
+ *   On sm_90a builds and devices, DeepSeek's shape (Hi 64, D 128) takes
+ *   the wgmma logits kernel of indexer_wgmma.cu instead (same tiles).
+ *
  * The workspace holds logits [tokens of a pass, max_seq_len] float32; a
- * plan whose tokens need more than IDX_WS_FLOATS runs in several passes.
+ * plan whose tokens need more than IDX_WS_FLOATS runs in several passes
+ * (tests lower the limit with kva__cuda_context_indexer_test).
  * Shapes: q f16 or bf16, Hi and D multiples of 16, K <= IDX_TOPK_MAX; the
  * plan refuses the rest (the reference and CPU backends take them).
  */
@@ -26,61 +30,13 @@ extern "C" {
 #include "cuda_backend.h"
 }
 #include "cuda_check.h"
-#include "mma_ptx.cuh"
+#include "indexer.cuh"
+#include "prefill_mma.h" /* kva__cuda_prefill_wgmma_ready */
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <stdlib.h>
-
-#define IDX_WARPS 4
-#define IDX_KEYS (IDX_WARPS * 32) /* keys per step of a logits CTA */
-#define IDX_CHUNK 2048            /* keys per tile */
-#define IDX_MAX_G 4               /* query tokens per tile */
-#define IDX_SMEM_MAX (112 * 1024) /* two logits CTAs per SM */
-#define IDX_TOPK_MAX 4096
-#define IDX_TOPK_THREADS 1024
-#define IDX_WS_FLOATS ((size_t)1 << 28) /* 1 GiB of logits per pass */
-
-/* The CUDA part of an indexer plan (kva__cuda_plan.index). */
-typedef struct kva__cuda_index_plan {
-    void *dev;            /* one device allocation: tiles, tok_n, block table */
-    const int4 *tiles;    /* [num_tiles] {request, first token, tokens, first key} */
-    const int32_t *tok_n; /* [T] keys each token scores (pos + 1) */
-    const int32_t *bt;    /* [R, stride] */
-    int32_t num_tiles, G, smax, stride, num_passes;
-    int32_t *pass; /* host [num_passes + 1, 2]: first tile, first token of each pass */
-    size_t smem;   /* dynamic shared memory of the logits kernel */
-} kva__cuda_index_plan;
-
-/* ---- logits ---- */
-
-/* Four fp8 e4m3 codes of w as two packed pairs of the mma element type (exact). */
-template <typename M>
-static __device__ __forceinline__ void cvt4(uint32_t w, uint32_t &lo, uint32_t &hi)
-{
-    const __half2_raw a =
-        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
-    const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
-    if constexpr (sizeof(typename M::elem) == 2 && __is_same(typename M::elem, __half)) {
-        lo = (uint32_t)a.x | ((uint32_t)a.y << 16);
-        hi = (uint32_t)b.x | ((uint32_t)b.y << 16);
-    } else {
-        const float2 fa = __half22float2(__half2(a)), fb = __half22float2(__half2(b));
-        lo = M::pack(fa.x, fa.y);
-        hi = M::pack(fb.x, fb.y);
-    }
-}
-
-/* 16 bytes at p: one vector load when blocks are 16-byte multiples, else
- * four words (FP8_TOKEN blocks of B (D + 4) bytes are 4-byte multiples). */
-static __device__ __forceinline__ uint4 ld16(const char *p, int64_t block_bytes)
-{
-    if ((block_bytes & 15) == 0)
-        return *(const uint4 *)p;
-    const uint32_t *u = (const uint32_t *)p;
-    return make_uint4(u[0], u[1], u[2], u[3]);
-}
 
 template <typename M, bool FP8>
 __global__ void __launch_bounds__(IDX_WARPS * 32)
@@ -264,13 +220,16 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
     index_topk_kernel(const float *logits, int32_t smax, int32_t tok_base, const int32_t *tok_n,
                       int32_t K, int32_t *indices, int64_t istride, int32_t *topk_length)
 {
+    /* Every pass reads the row from the workspace (mostly L2): keeping the
+     * row's keys in shared memory instead (128 KB at 32k keys, one CTA per
+     * SM) measured slower on the H100 (bench/results/h100_2026-11-27_indexer.txt). */
     __shared__ uint32_t hist[2048];
     __shared__ unsigned long long cand[IDX_TOPK_MAX];
     __shared__ uint32_t sw[64];
-    __shared__ uint32_t s_bin, s_above, s_cnt;
+    __shared__ uint32_t s_bin, s_above, s_cnt, s_eq;
     const int32_t t = tok_base + blockIdx.x, n = tok_n[t];
     const float *row = logits + (int64_t)blockIdx.x * smax;
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, lane = tid & 31;
     const int32_t m = n < K ? n : K;
     if (n <= K) {
         for (int32_t j = tid; j < n; j += blockDim.x)
@@ -284,10 +243,19 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
             for (uint32_t i = tid; i < nb; i += blockDim.x)
                 hist[i] = 0;
             __syncthreads();
-            for (int32_t j = tid; j < n; j += blockDim.x) {
-                const uint32_t key = order_key(row[j]);
-                if ((key & mask) == prefix)
-                    atomicAdd(&hist[(key >> shift) & (nb - 1)], 1u);
+            /* Logits crowd into few bins (above all in the first pass): the
+             * lanes of a warp that share a bin add once, by a leader. */
+            for (int32_t base = 0; base < n; base += blockDim.x) {
+                const int32_t j = base + tid;
+                uint32_t bin = 0xffffffffu;
+                if (j < n) {
+                    const uint32_t key = order_key(row[j]);
+                    if ((key & mask) == prefix)
+                        bin = (key >> shift) & (nb - 1);
+                }
+                const unsigned peers = __match_any_sync(0xffffffffu, bin);
+                if (bin != 0xffffffffu && lane == __ffs(peers) - 1)
+                    atomicAdd(&hist[bin], (uint32_t)__popc(peers));
             }
             __syncthreads();
             /* Thread i holds bins nb-1-2i and nb-2-2i: counts from the top. */
@@ -307,10 +275,16 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
             need -= (int32_t)s_above;
             prefix |= s_bin << shift;
             mask |= (nb - 1) << shift;
+            if (p == 2 && tid == 0)
+                s_eq = hist[s_bin]; /* keys equal to the K-th largest */
             __syncthreads();
         }
-        /* prefix = the K-th largest key; K - need keys are above it. */
+        /* prefix = the K-th largest key; K - need keys are above it. When
+         * every key equal to it is taken (no tie at the boundary, the usual
+         * case), all are appended in any order (the sort below orders them);
+         * else the equal ones are ranked by position, lowest first. */
         const int32_t gt = K - need;
+        const bool all_eq = s_eq == (uint32_t)need;
         if (tid == 0)
             s_cnt = 0;
         __syncthreads();
@@ -318,15 +292,22 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
         for (int32_t base = 0; base < n; base += blockDim.x) {
             const int32_t j = base + tid;
             const uint32_t key = j < n ? order_key(row[j]) : 0u;
-            if (j < n && key > prefix)
-                cand[atomicAdd(&s_cnt, 1u)] =
-                    (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
-            const uint32_t eq = j < n && key == prefix;
-            uint32_t total;
-            const uint32_t rank = run + block_scan(eq, sw, &total);
-            if (eq && rank < (uint32_t)need)
-                cand[gt + rank] = (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
-            run += total;
+            const bool take = j < n && (key > prefix || (all_eq && key == prefix));
+            const unsigned bal = __ballot_sync(0xffffffffu, take);
+            uint32_t at = 0;
+            if (lane == 0 && bal)
+                at = atomicAdd(&s_cnt, (uint32_t)__popc(bal));
+            at = __shfl_sync(0xffffffffu, at, 0) + (uint32_t)__popc(bal & ((1u << lane) - 1u));
+            if (take)
+                cand[at] = (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
+            if (!all_eq) {
+                const uint32_t eq = j < n && key == prefix;
+                uint32_t total;
+                const uint32_t rank = run + block_scan(eq, sw, &total);
+                if (eq && rank < (uint32_t)need)
+                    cand[gt + rank] = (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
+                run += total;
+            }
         }
     }
     __syncthreads();
@@ -338,15 +319,14 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
     __syncthreads();
     for (int32_t k = 2; k <= P; k <<= 1)
         for (int32_t j = k >> 1; j > 0; j >>= 1) {
-            for (int32_t i = tid; i < P; i += blockDim.x) {
-                const int32_t x = i ^ j;
-                if (x > i) {
-                    const unsigned long long a = cand[i], b = cand[x];
-                    const bool desc = (i & k) == 0;
-                    if (desc ? a < b : a > b) {
-                        cand[i] = b;
-                        cand[x] = a;
-                    }
+            /* Pair q compares i (q with a 0 inserted at j's bit) and i + j. */
+            for (int32_t q = tid; q < P / 2; q += blockDim.x) {
+                const int32_t i = 2 * q - (q & (j - 1)), x = i + j;
+                const unsigned long long a = cand[i], b = cand[x];
+                const bool desc = (i & k) == 0;
+                if (desc ? a < b : a > b) {
+                    cand[i] = b;
+                    cand[x] = a;
                 }
             }
             __syncthreads();
@@ -365,8 +345,10 @@ template <typename M, bool FP8> static void *logits_fn()
     return (void *)index_logits_kernel<M, FP8>;
 }
 
-static void *pick(kva_dtype q_dtype, int fp8)
+static void *pick(kva_dtype q_dtype, int fp8, int wg)
 {
+    if (wg)
+        return kva__cuda_index_wg_fn(q_dtype, fp8);
     if (q_dtype == KVA_DTYPE_BF16)
         return fp8 ? logits_fn<kva__mma_bf16, true>() : logits_fn<kva__mma_bf16, false>();
     return fp8 ? logits_fn<kva__mma_f16, true>() : logits_fn<kva__mma_f16, false>();
@@ -398,10 +380,15 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
                          "of 16 and sparse_topk <= %d (got %s, %d, %d, %d); the reference and CPU "
                          "backends take the rest",
                          fn, IDX_TOPK_MAX, kva_dtype_name(d->q_dtype), (int)Hi, (int)D, (int)K);
-    int32_t G = IDX_MAX_G;
-    while (G > 1 && smem_bytes(G, Hi, D) > IDX_SMEM_MAX)
+    const kva__cuda_state *st = (const kva__cuda_state *)ctx->state;
+    /* DeepSeek's shape takes the sm_90a kernel where the build and device
+     * have it (tests may force the mma.sync one). */
+    const int wg =
+        Hi == IDX_WG_HI && D == IDX_WG_D && !st->index_no_wgmma && kva__cuda_prefill_wgmma_ready();
+    int32_t G = wg ? IDX_WG_G : IDX_MAX_G;
+    while (!wg && G > 1 && smem_bytes(G, Hi, D) > IDX_SMEM_MAX)
         G--;
-    if (smem_bytes(G, Hi, D) > IDX_SMEM_MAX)
+    if (!wg && smem_bytes(G, Hi, D) > IDX_SMEM_MAX)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "%s: num_heads %d x head_dim %d: the CUDA indexer's queries do not fit "
                          "its shared memory",
@@ -409,9 +396,12 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
     KVA_CUDA_TRY(cudaSetDevice(ctx->device_id));
     const int32_t T = plan->info.num_tokens;
     const int32_t smax = plan->info.max_seq_len > 0 ? plan->info.max_seq_len : 1;
-    /* Tiles, grouped into passes of at most IDX_WS_FLOATS logits. */
+    /* Tiles, grouped into passes of at most IDX_WS_FLOATS logits (or the
+     * test's limit, kva__cuda_context_indexer_test). */
+    const size_t ws_floats =
+        st->index_pass_floats > 0 ? (size_t)st->index_pass_floats : IDX_WS_FLOATS;
     const int64_t per_pass =
-        (int64_t)(IDX_WS_FLOATS / (size_t)smax) > G ? (int64_t)(IDX_WS_FLOATS / (size_t)smax) : G;
+        (int64_t)(ws_floats / (size_t)smax) > G ? (int64_t)(ws_floats / (size_t)smax) : G;
     int64_t ntiles = 0;
     for (int32_t r = 0; r < R; r++) {
         const int32_t q0 = plan->query_start_loc[r], ql = plan->query_start_loc[r + 1] - q0;
@@ -472,7 +462,8 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
     ip->G = G;
     ip->smax = smax;
     ip->stride = d->block_table_stride;
-    ip->smem = smem_bytes(G, Hi, D);
+    ip->wg = wg;
+    ip->smem = wg ? kva__cuda_index_wg_smem() : smem_bytes(G, Hi, D);
     kva__cuda_plan *cp = (kva__cuda_plan *)calloc(1, sizeof *cp);
     if (!cp) {
         free(host);
@@ -486,11 +477,13 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
         e = cudaMemcpy(ip->dev, host, bytes, cudaMemcpyHostToDevice);
     free(host);
     if (e == cudaSuccess) {
-        /* The smem limit of every instantiation this plan may run. */
+        /* The smem limit of every kernel this plan may run: the largest any
+         * plan uses, so a plan made later never lowers an earlier one's. */
         const int fp8s[2] = {0, 1};
+        const int lim = wg ? (int)ip->smem : IDX_SMEM_MAX;
         for (int i = 0; i < 2 && e == cudaSuccess; i++)
-            e = cudaFuncSetAttribute(pick(d->q_dtype, fp8s[i]),
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ip->smem);
+            e = cudaFuncSetAttribute(pick(d->q_dtype, fp8s[i], wg),
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
     }
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -578,6 +571,21 @@ extern "C" kva_status kva__cuda_indexer_probe(kva_context *ctx, const kva_plan *
     return KVA_STATUS_OK;
 }
 
+extern "C" kva_status kva__cuda_context_indexer_test(kva_context *ctx, int64_t pass_floats,
+                                                     int flags)
+{
+    kva__clear_error();
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
+    if (pass_floats < 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_context_indexer_test: pass_floats = %lld (>= 0)",
+                         (long long)pass_floats);
+    kva__cuda_state *st = (kva__cuda_state *)ctx->state;
+    st->index_pass_floats = pass_floats;
+    st->index_no_wgmma = (flags & 1) != 0;
+    return KVA_STATUS_OK;
+}
+
 extern "C" kva_status kva__cuda_indexer(kva_context *ctx, const kva_plan *plan, const void *q,
                                         const float *weights, const kva_cache *cache,
                                         int32_t *indices, int64_t indices_stride,
@@ -627,8 +635,9 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
                             (void *)&t0};
             const int4 *tiles = ip->tiles + a;
             args[4] = (void *)&tiles;
-            KVA_CUDA_TRY(cudaLaunchKernel(pick(d->q_dtype, fp8), dim3((unsigned)(b - a)),
-                                          dim3(IDX_WARPS * 32), args, ip->smem, s));
+            KVA_CUDA_TRY(cudaLaunchKernel(pick(d->q_dtype, fp8, ip->wg), dim3((unsigned)(b - a)),
+                                          dim3(ip->wg ? IDX_WG_THREADS : IDX_WARPS * 32), args,
+                                          ip->smem, s));
         }
         if ((parts & 2) && t1 > t0) {
             index_topk_kernel<<<(unsigned)(t1 - t0), IDX_TOPK_THREADS, 0, s>>>(

@@ -1,12 +1,12 @@
 /*
- * bench_cuda_mla_sparse.c - times the sparse MLA (kva_mla_sparse_run,
- * DeepSeek V3.2's top-k attention over FlashMLA's fp8_ds_mla rows) on the
- * CUDA backend with CUDA events: the issue-17 targets in one run.
- *
- *   bench_cuda_mla_sparse [--iters N]          the suite below
- *   bench_cuda_mla_sparse --one R Q S H K FMT MODE [--iters N]
- *       R requests of Q query tokens, seq_len S, H heads, top-K, FMT fp8|bf16
- *       (cache rows), MODE mixed|separate.
+ * bench_mla_sparse_cuda.c - `kvattn bench --mla-sparse --backend cuda`:
+ * times the sparse MLA (kva_mla_sparse_run, DeepSeek V3.2's top-k attention
+ * over FlashMLA's fp8_ds_mla rows) on the CUDA backend with CUDA events.
+ * Without shape options it runs the suite below (the issue-17 targets in
+ * one run); with them, one shape (bench_mla_sparse.c maps the options: R
+ * requests of Q query tokens, seq_len S, H heads, top-K, fp8_ds_mla or bf16
+ * cache rows, mixed or separate). Builds without the CUDA backend compile
+ * the stub at the end.
  *
  * Suite: decode batch 128, q_len 2, H 128, top-2048 over fp8_ds_mla rows
  * (seq_len 8k); the same at H 16 and at H 64 (H 16 padded to 64, FlashMLA's
@@ -21,13 +21,18 @@
  * back with kva_cache_read (out within 1e-3 + 2^-8 sqrt 3 + 2/128 |ref|).
  * Median of N runs, each between its own pair of events.
  */
+#include "bench_mla_sparse.h"
+
+#include <stdio.h>
+
+#ifdef KVA_HAVE_CUDA
+
+#include "../bench/data.h"
 #include "internal.h"
 #include "kvattn_cuda.h"
-#include "data.h"
 
 #include <cuda_runtime.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,7 +42,7 @@
 
 #define DIE(...)                                                                                   \
     do {                                                                                           \
-        fprintf(stderr, "bench_cuda_mla_sparse: " __VA_ARGS__);                                    \
+        fprintf(stderr, "kvattn: bench --mla-sparse (cuda): " __VA_ARGS__);                        \
         fputc('\n', stderr);                                                                       \
         exit(1);                                                                                   \
     } while (0)
@@ -60,11 +65,7 @@ static int cmp_float(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-typedef struct shape {
-    const char *name;
-    int32_t R, Q, S, H, K;
-    int fp8, separate;
-} shape;
+typedef bench_sp_shape shape;
 
 /* Checks token 0, heads 0 .. 3 against fp64 over the read-back rows; 1 if ok. */
 static int check(kva_context *ctx, const kva_cache *cache, const shape *sh, const int32_t *bt,
@@ -233,36 +234,19 @@ static double run_shape(const shape *sh, int iters)
     return ok ? med : -med;
 }
 
-int main(int argc, char **argv)
+int bench_mla_sparse_cuda(const bench_sp_shape *one, int iters)
 {
-    int iters = 20;
-    shape one = {"one", 0, 0, 0, 0, 0, 1, 0};
-    int have_one = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
-            iters = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "--one") && i + 7 < argc) {
-            one.R = atoi(argv[++i]), one.Q = atoi(argv[++i]), one.S = atoi(argv[++i]);
-            one.H = atoi(argv[++i]), one.K = atoi(argv[++i]);
-            one.fp8 = !strcmp(argv[++i], "fp8");
-            one.separate = !strcmp(argv[++i], "separate");
-            have_one = 1;
-        } else {
-            DIE("usage: bench_cuda_mla_sparse [--iters N] [--one R Q S H K fp8|bf16 "
-                "mixed|separate]");
-        }
-    }
     if (iters < 1)
         iters = 1;
     if (!kva_backend_available(KVA_BACKEND_CUDA)) {
-        printf("bench_cuda_mla_sparse: no CUDA device; skipped\n");
-        return 0;
+        fprintf(stderr, "kvattn: bench --mla-sparse: no CUDA device\n");
+        return 1;
     }
     struct cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-    if (have_one)
-        return run_shape(&one, iters) < 0;
+    if (one)
+        return run_shape(one, iters) < 0;
     const shape suite[] = {
         {"decode H128 (target >= 350)", 128, 2, 8192, 128, 2048, 1, 0},
         {"decode H128 bf16 cache", 128, 2, 8192, 128, 2048, 0, 0},
@@ -282,3 +266,14 @@ int main(int argc, char **argv)
     printf("H16 vs H16 padded to 64: %.2fx faster (target >= 2x)\n", t[3] / t[2]);
     return fails != 0;
 }
+
+#else
+
+int bench_mla_sparse_cuda(const bench_sp_shape *one, int iters)
+{
+    (void)one, (void)iters;
+    fprintf(stderr, "kvattn: bench --mla-sparse: this build has no CUDA backend\n");
+    return 2;
+}
+
+#endif

@@ -1,0 +1,77 @@
+/*
+ * indexer.cuh - what the CUDA lightning indexer's files share (indexer.cu:
+ * plan, mma.sync logits kernel, top-K, run; indexer_wgmma.cu: the sm_90a
+ * logits kernel): tile sizes, the plan's device part, the exact fp8 key
+ * conversion and the key loads. CUDA C++ only; after cuda_backend.h.
+ */
+#ifndef KVA_CUDA_INDEXER_CUH
+#define KVA_CUDA_INDEXER_CUH
+
+#include "mma_ptx.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#define IDX_WARPS 4
+#define IDX_KEYS (IDX_WARPS * 32) /* keys per step of a logits CTA */
+#define IDX_CHUNK 2048            /* keys per tile */
+#define IDX_MAX_G 4               /* query tokens per tile */
+#define IDX_SMEM_MAX (112 * 1024) /* two logits CTAs per SM */
+#define IDX_TOPK_MAX 4096
+#define IDX_TOPK_THREADS 1024
+#define IDX_WS_FLOATS ((size_t)1 << 28) /* 1 GiB of logits per pass */
+
+/* The CUDA part of an indexer plan (kva__cuda_plan.index). */
+typedef struct kva__cuda_index_plan {
+    void *dev;            /* one device allocation: tiles, tok_n, block table */
+    const int4 *tiles;    /* [num_tiles] {request, first token, tokens, first key} */
+    const int32_t *tok_n; /* [T] keys each token scores (pos + 1) */
+    const int32_t *bt;    /* [R, stride] */
+    int32_t num_tiles, G, smax, stride, num_passes;
+    int32_t *pass; /* host [num_passes + 1, 2]: first tile, first token of each pass */
+    size_t smem;   /* dynamic shared memory of the logits kernel */
+    int wg;        /* 1: the sm_90a wgmma logits kernel (indexer_wgmma.cu) */
+} kva__cuda_index_plan;
+
+/* Four fp8 e4m3 codes of w as two packed pairs of the mma element type (exact). */
+template <typename M>
+static __device__ __forceinline__ void cvt4(uint32_t w, uint32_t &lo, uint32_t &hi)
+{
+    const __half2_raw a =
+        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
+    const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
+    if constexpr (sizeof(typename M::elem) == 2 && __is_same(typename M::elem, __half)) {
+        lo = (uint32_t)a.x | ((uint32_t)a.y << 16);
+        hi = (uint32_t)b.x | ((uint32_t)b.y << 16);
+    } else {
+        const float2 fa = __half22float2(__half2(a)), fb = __half22float2(__half2(b));
+        lo = M::pack(fa.x, fa.y);
+        hi = M::pack(fb.x, fb.y);
+    }
+}
+
+/* 16 bytes at p: one vector load when blocks are 16-byte multiples, else
+ * four words (FP8_TOKEN blocks of B (D + 4) bytes are 4-byte multiples). */
+static __device__ __forceinline__ uint4 ld16(const char *p, int64_t block_bytes)
+{
+    if ((block_bytes & 15) == 0)
+        return *(const uint4 *)p;
+    const uint32_t *u = (const uint32_t *)p;
+    return make_uint4(u[0], u[1], u[2], u[3]);
+}
+
+/* The sm_90a logits kernel (indexer_wgmma.cu): Hi = IDX_WG_HI index heads of
+ * D = IDX_WG_D, tiles of up to IDX_WG_G tokens x IDX_CHUNK keys, run by
+ * IDX_WG_THREADS threads with kva__cuda_index_wg_smem() bytes of dynamic
+ * shared memory; the kernel has index_logits_kernel's parameters.
+ * kva__cuda_index_wg_fn gives the instantiation for a q dtype and key
+ * format (fp8: FP8_TOKEN codes, else keys of the q dtype). */
+#define IDX_WG_HI 64
+#define IDX_WG_D 128
+#define IDX_WG_G 4
+#define IDX_WG_THREADS 256
+size_t kva__cuda_index_wg_smem(void);
+void *kva__cuda_index_wg_fn(kva_dtype q_dtype, int fp8);
+
+#endif

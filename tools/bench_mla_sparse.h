@@ -1,0 +1,24 @@
+/*
+ * bench_mla_sparse.h - `kvattn bench --mla-sparse` on CUDA
+ * (bench_mla_sparse_cuda.c), called by bench_mla_sparse.c.
+ */
+#ifndef KVA_TOOLS_BENCH_MLA_SPARSE_H
+#define KVA_TOOLS_BENCH_MLA_SPARSE_H
+
+#include <stdint.h>
+
+/* One CUDA shape: R requests of Q query tokens, seq_len S, H heads, top-K
+ * random positions per token; fp8: fp8_ds_mla rows (else bf16); separate:
+ * KVA_SPARSE_SEPARATE (else MIXED). q and out are bf16. */
+typedef struct bench_sp_shape {
+    const char *name;
+    int32_t R, Q, S, H, K;
+    int fp8, separate;
+} bench_sp_shape;
+
+/* Times `one` (checked first against fp64 over the rows read back), or the
+ * issue-17 suite when one is NULL, with medians of iters CUDA-event timings.
+ * Returns a KVA_EXIT_* status: 1 when a check or call fails, 2 without CUDA. */
+int bench_mla_sparse_cuda(const bench_sp_shape *one, int iters);
+
+#endif
