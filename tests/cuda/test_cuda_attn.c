@@ -526,10 +526,10 @@ static void test_chunk(void)
     fflush(stdout);
 }
 
-/* Refused plans: sharded (DCP) plans with a local chunk (the CUDA kernels
- * take masks from local lengths) get KVA_STATUS_UNSUPPORTED with a message
- * naming the field. (Draft trees run: test_cuda_tree.c.) */
-static void test_chunk_dcp_refused(void)
+/* Sharded (DCP) plans: a local chunk is accepted (its start is taken on
+ * global positions; test_cuda_dcp checks the results), a sharded MLA plan
+ * gets KVA_STATUS_UNSUPPORTED with a message naming the case and no plan. */
+static void test_dcp_plans(void)
 {
     static const int32_t q[] = {1}, s[] = {100};
     kva_test_batch b;
@@ -540,11 +540,20 @@ static void test_chunk_dcp_refused(void)
     kva_plan_desc pd = kva_test_batch_plan_desc(&b, 8, 2, 128, 128, KVA_DTYPE_BF16);
     pd.attention_chunk = 32;
     pd.dcp_size = 2;
+    pd.dcp_rank = 1;
     kva_plan *p = NULL;
+    CHECK_OK(kva_plan_create(gpu, &pd, &p));
+    CHECK(p != NULL);
+    kva_plan_destroy(p);
+    p = NULL;
+    pd = kva_test_batch_plan_desc(&b, 8, 1, 576, 512, KVA_DTYPE_BF16);
+    pd.kind = KVA_ATTN_MLA;
+    pd.scale = 0.0625f;
+    pd.dcp_size = 2;
     CHECK_STATUS(kva_plan_create(gpu, &pd, &p), KVA_STATUS_UNSUPPORTED);
-    CHECK_ERROR_MENTIONS("attention_chunk = 32");
+    CHECK_ERROR_MENTIONS("MLA");
     CHECK(p == NULL);
-    printf("test_chunk_dcp_refused: done\n");
+    printf("test_dcp_plans: done\n");
     fflush(stdout);
     kva_context_destroy(gpu);
     kva_test_batch_free(&b);
@@ -648,7 +657,7 @@ int main(void)
     if (skip)
         return skip;
 #ifdef KVA_HAVE_CUDA
-    RUN(test_chunk_dcp_refused);
+    RUN(test_dcp_plans);
     RUN(test_chunk);
     RUN(test_stale_plan);
     RUN(test_empty_rows);

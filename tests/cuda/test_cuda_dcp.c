@@ -7,13 +7,12 @@
  * equal the reference's unsharded run. Cases: causal decodes, and a mixed
  * batch (decodes, spec decodes, a prefill chunk, requests shorter than N * I)
  * under every mask: causal, sliding window, ALiBi + soft-cap, sinks,
- * non-causal. Rows that do not see every local key take global positions
- * (dcp_pos.cuh); the others run as non-causal plans. Every case runs on the
- * dispatcher's kernels (D = Dv = 64: the tensor-core decode, prefill tiles
- * where rows see all keys) and with decode_simt forced; f16 and bf16 caches,
- * plus fp8 and int8 keys + f16 values under causal and ALiBi. The merge is
- * also captured in a CUDA graph and replayed into a poisoned output.
- * Exits 77 without a GPU.
+ * non-causal, a local chunk (its start taken on global positions). Rows that do not see every local
+ * key take global positions (dcp_pos.cuh); the others run as non-causal plans. Every case runs on
+ * the dispatcher's kernels (D = Dv = 64: the tensor-core decode, prefill tiles where rows see all
+ * keys) and with decode_simt forced; f16 and bf16 caches, plus fp8 and int8 keys + f16 values under
+ * causal, ALiBi and the chunk. The merge is also captured in a CUDA graph and replayed into a
+ * poisoned output. Exits 77 without a GPU.
  */
 #define KVA_DCP_D 64
 #define KVA_DCP_DV 64
@@ -140,10 +139,8 @@ static void test_emulated_ranks(void)
             check_case(ref, gpu, stream, fs[fi], &masks[0], kernels[ki]);
             /* The mixed batch under every mask (the quantized formats: causal, ALiBi). */
             memcpy(q_lens, mixed, sizeof mixed);
-            /* Sharded CUDA plans refuse local chunks (test_cuda_attn checks the
-             * refusal; the reference and CPU run them: test_dcp). */
             for (size_t mi = 0; mi < sizeof masks / sizeof masks[0]; mi++)
-                if ((fi < 2 || mi == 0 || mi == 2) && masks[mi].chunk == 0)
+                if (fi < 2 || mi == 0 || mi == 2 || masks[mi].chunk > 0)
                     check_case(ref, gpu, stream, fs[fi], &masks[mi], kernels[ki]);
         }
     }

@@ -462,10 +462,8 @@ static void plan_kernels(const kva_context *ctx, const kva_plan *plan, int *deco
 
 /*
  * Sharded (DCP) plans. The device copy of seq_lens holds the local lengths
- * kv_lens. Local chunks (attention_chunk) are refused on sharded plans (not
- * run sharded on a GPU yet; the reference and CPU backends run them).
- * Where every query row sees all of the rank's keys (no window, no
- * ALiBi, and causal rows only when the first query of each request comes
+ * kv_lens. Where every query row sees all of the rank's keys (no window, no
+ * local chunk, no ALiBi, and causal rows only when the first query of each request comes
  * after every local key: decodes, q_len 1, always do) the plan runs as a
  * non-causal plan over them, on every kernel. Otherwise (*global = 1) the
  * masks need global positions: the upload adds N, the rank, the interleave
@@ -479,13 +477,7 @@ static kva_status dcp_accept(kva_plan *plan, int *global)
     *global = 0;
     if (d->dcp_size <= 1)
         return KVA_STATUS_OK;
-    if (d->attention_chunk > 0)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_plan_create: the CUDA backend runs sharded (dcp_size = %d) plans "
-                         "without local chunks (attention_chunk = %d); the reference and CPU "
-                         "backends run them",
-                         (int)d->dcp_size, (int)d->attention_chunk);
-    *global = d->window_left >= 0 || plan->alibi_slopes;
+    *global = d->window_left >= 0 || d->attention_chunk > 0 || plan->alibi_slopes;
     for (int32_t r = 0; d->causal && r < d->num_requests; r++) {
         const int32_t q = plan->query_start_loc[r + 1] - plan->query_start_loc[r];
         const int32_t s = plan->seq_lens[r];
