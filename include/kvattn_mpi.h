@@ -5,7 +5,8 @@
  *
  * The engine owns its process group: it passes the MPI communicator of its
  * DCP group once, at kva_dcp_mpi_create; kvattn only issues collectives on
- * it (never duplicates, splits or frees it). The communicator's size is N
+ * it (never duplicates, splits or frees it; the A2A combine of ranks on one
+ * host makes an MPI shared-memory window over it at its first call). The communicator's size is N
  * (dcp_size) and each process's rank in it must be the dcp_rank of its plans.
  * Every rank calls kva_dcp_mpi_combine for the same step in the same order,
  * like any MPI collective.
@@ -39,7 +40,10 @@ typedef struct kva_dcp_mpi kva_dcp_mpi;
 KVA_API kva_status kva_dcp_mpi_create(kva_context *ctx, MPI_Comm comm, int32_t max_tokens,
                                       int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
                                       kva_dcp_mpi **out);
-KVA_API void kva_dcp_mpi_destroy(kva_dcp_mpi *dcp); /* NULL is a no-op */
+/* NULL is a no-op. A collective (every rank, before MPI_Finalize) once an
+ * A2A combine ran with every rank on one host: it frees the shared-memory
+ * window of that path (MPI_Win_free). */
+KVA_API void kva_dcp_mpi_destroy(kva_dcp_mpi *dcp);
 
 /*
  * The combine (a collective over the communicator). out_part: [T, H, Dv] in

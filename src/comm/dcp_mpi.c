@@ -15,7 +15,18 @@
  *   kva_merge_states_n merges the N received blocks in place (part stride =
  *   block). Moves T*H*Dv dtype elements per rank plus the LSEs, in one
  *   collective.
- * Buffers are made once for max_tokens at create; a combine never allocates.
+ *   When every rank runs on one host (the processor names agree), the first
+ *   A2A combine makes an MPI shared-memory window instead (MPI-3
+ *   MPI_Win_allocate_shared: one segment per rank, two buffers each): each
+ *   rank packs its blocks into its own segment, one MPI_Barrier publishes
+ *   them, and kva_merge_states_n reads rank k's block of every segment in
+ *   place (part stride = segment). The pack and the merge are the whole data
+ *   movement: the all-to-all's two copies through shared memory are gone.
+ *   Combine i writes buffer i % 2, so a rank rewrites a buffer only after
+ *   every rank passed the next combine's barrier, that is, finished reading
+ *   it.
+ * Buffers are made once for max_tokens at create (the window at the first
+ * A2A combine); a combine never allocates after that.
  */
 #include "dcp_group.h"
 #include "kvattn_mpi.h"
@@ -33,6 +44,14 @@ struct kva_dcp_mpi {
     void *send;   /* AG_RS: [N, T, Hn, Dv] float32; A2A: N packed blocks */
     void *recv;   /* AG_RS: [T, Hn, Dv] float32; A2A: N packed blocks */
     size_t bytes; /* of send and of recv */
+    /* A2A over shared memory: shm 0 = not tried yet, 1 = in use, -1 = the
+     * ranks are not on one host (MPI_Alltoall). The window's segments are
+     * contiguous in rank order: rank p's buffer b at seg0 + p * seg + b * buf. */
+    int shm;
+    MPI_Win win;
+    char *seg0;
+    size_t seg, buf;
+    int64_t calls; /* shared-memory combines so far */
 };
 
 /* A status for a failed MPI call, with MPI's message. */
@@ -69,6 +88,7 @@ kva_status kva_dcp_mpi_create(kva_context *ctx, MPI_Comm comm, int32_t max_token
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_dcp_mpi_create: out of memory");
     c->g = g;
     c->comm = comm;
+    c->win = MPI_WIN_NULL;
     /* The larger of the two modes' buffers: T*H*Dv float32 (AG_RS send) or N
      * blocks of T*Hn*(Dv*es + 4) bytes (A2A). */
     const size_t elems = (size_t)max_tokens * (size_t)num_heads * (size_t)head_dim_v;
@@ -92,6 +112,10 @@ void kva_dcp_mpi_destroy(kva_dcp_mpi *c)
 {
     if (!c)
         return;
+    if (c->win != MPI_WIN_NULL) {
+        MPI_Win_unlock_all(c->win);
+        MPI_Win_free(&c->win);
+    }
     free(c->lses);
     free(c->row);
     free(c->send);
@@ -148,6 +172,74 @@ static kva_status combine_ag_rs(kva_dcp_mpi *c, int32_t T, const void *out_part,
     return kva_convert(c->recv, KVA_DTYPE_F32, out, c->g.dtype, (size_t)count);
 }
 
+/* Rank k's block (of T*Hn rows: out in dtype, then lse in float32) for
+ * destination k, packed from this rank's partials at dst. */
+static void pack_block(const kva_dcp_mpi *c, int32_t T, int32_t k, const void *out_part,
+                       const float *lse_part, char *dst, size_t out_bytes)
+{
+    const int32_t H = c->g.num_heads, Hn = H / c->g.size, Dv = c->g.head_dim_v;
+    const size_t hrow = (size_t)Hn * Dv * c->g.es;
+    for (int32_t t = 0; t < T; t++) {
+        const size_t src = ((size_t)t * H + (size_t)k * Hn) * Dv * c->g.es;
+        memcpy(dst + (size_t)t * hrow, (const char *)out_part + src, hrow);
+        memcpy(dst + out_bytes + (size_t)t * Hn * 4, lse_part + (size_t)t * H + (size_t)k * Hn,
+               (size_t)Hn * 4);
+    }
+}
+
+/* Sets c->shm at the first A2A combine (a collective, like the combine):
+ * 1 with the window made when every rank is on this rank's host and MPI gives
+ * contiguous segments, -1 otherwise. Every rank takes the same branch: the
+ * host test is an all-gather, the segment test an all-reduce. */
+static kva_status shm_open(kva_dcp_mpi *c)
+{
+    const int N = c->g.size;
+    char name[MPI_MAX_PROCESSOR_NAME + 1];
+    int len = 0, err;
+    memset(name, 0, sizeof name);
+    if ((err = MPI_Get_processor_name(name, &len)) != MPI_SUCCESS)
+        return mpi_fail("MPI_Get_processor_name", err);
+    char *all = malloc((size_t)N * sizeof name);
+    if (!all)
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_dcp_mpi_combine: out of memory");
+    err = MPI_Allgather(name, (int)sizeof name, MPI_CHAR, all, (int)sizeof name, MPI_CHAR, c->comm);
+    int same = 1;
+    for (int p = 0; err == MPI_SUCCESS && p < N; p++)
+        same &= strcmp(all + (size_t)p * sizeof name, name) == 0;
+    free(all);
+    if (err != MPI_SUCCESS)
+        return mpi_fail("MPI_Allgather of the processor names", err);
+    /* Every rank compares the same names: same is equal on every rank. */
+    c->shm = -1;
+    if (!same)
+        return KVA_STATUS_OK;
+    /* One buffer: max_tokens blocks' worth of rows for every destination,
+     * rounded to 64 bytes. */
+    c->buf = (c->bytes + 63) & ~(size_t)63;
+    c->seg = 2 * c->buf;
+    char *mine = NULL;
+    if ((err = MPI_Win_allocate_shared((MPI_Aint)c->seg, 1, MPI_INFO_NULL, c->comm, &mine,
+                                       &c->win)) != MPI_SUCCESS)
+        return mpi_fail("MPI_Win_allocate_shared", err);
+    MPI_Aint size = 0;
+    int du = 0;
+    char *p0 = NULL;
+    if ((err = MPI_Win_shared_query(c->win, 0, &size, &du, &p0)) != MPI_SUCCESS)
+        return mpi_fail("MPI_Win_shared_query", err);
+    int ok = mine == p0 + (size_t)c->g.rank * c->seg, all_ok = 0;
+    if ((err = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_LAND, c->comm)) != MPI_SUCCESS)
+        return mpi_fail("MPI_Allreduce", err);
+    if (!all_ok) { /* segments not contiguous: the all-to-all after all */
+        MPI_Win_free(&c->win);
+        return KVA_STATUS_OK;
+    }
+    if ((err = MPI_Win_lock_all(MPI_MODE_NOCHECK, c->win)) != MPI_SUCCESS)
+        return mpi_fail("MPI_Win_lock_all", err);
+    c->seg0 = p0;
+    c->shm = 1;
+    return KVA_STATUS_OK;
+}
+
 /* A2A (see the top of the file). */
 static kva_status combine_a2a(kva_dcp_mpi *c, int32_t T, const void *out_part,
                               const float *lse_part, void *out, float *lse_out)
@@ -155,16 +247,26 @@ static kva_status combine_a2a(kva_dcp_mpi *c, int32_t T, const void *out_part,
     const int32_t N = c->g.size, H = c->g.num_heads, Hn = H / N, Dv = c->g.head_dim_v;
     const size_t out_bytes = (size_t)T * Hn * Dv * c->g.es, lse_bytes = (size_t)T * Hn * 4;
     const size_t block = out_bytes + lse_bytes; /* a multiple of 4: Dv is a multiple of 8 */
-    const size_t hrow = (size_t)Hn * Dv * c->g.es;
-    for (int32_t k = 0; k < N; k++) {
-        char *b = (char *)c->send + (size_t)k * block;
-        for (int32_t t = 0; t < T; t++) {
-            const size_t src = ((size_t)t * H + (size_t)k * Hn) * Dv * c->g.es;
-            memcpy(b + (size_t)t * hrow, (const char *)out_part + src, hrow);
-            memcpy(b + out_bytes + (size_t)t * Hn * 4, lse_part + (size_t)t * H + (size_t)k * Hn,
-                   (size_t)Hn * 4);
-        }
+    if (c->shm == 0)
+        KVA_TRY(shm_open(c));
+    if (c->shm > 0) {
+        const size_t b = (size_t)(c->calls++ & 1) * c->buf;
+        char *own = c->seg0 + (size_t)c->g.rank * c->seg + b;
+        for (int32_t k = 0; k < N; k++)
+            pack_block(c, T, k, out_part, lse_part, own + (size_t)k * block, out_bytes);
+        /* Publish the blocks (memory barrier, barrier, memory barrier). */
+        MPI_Win_sync(c->win);
+        const int err = MPI_Barrier(c->comm);
+        if (err != MPI_SUCCESS)
+            return mpi_fail("MPI_Barrier", err);
+        MPI_Win_sync(c->win);
+        const char *first = c->seg0 + b + (size_t)c->g.rank * block; /* rank 0's block for me */
+        return kva_merge_states_n(c->g.ctx, N, T, Hn, Dv, c->g.dtype, first,
+                                  (int64_t)(c->seg / c->g.es), (const float *)(first + out_bytes),
+                                  (int64_t)(c->seg / 4), out, lse_out);
     }
+    for (int32_t k = 0; k < N; k++)
+        pack_block(c, T, k, out_part, lse_part, (char *)c->send + (size_t)k * block, out_bytes);
     const int err =
         MPI_Alltoall(c->send, (int)block, MPI_BYTE, c->recv, (int)block, MPI_BYTE, c->comm);
     if (err != MPI_SUCCESS)

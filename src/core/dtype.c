@@ -105,12 +105,9 @@ float kva_f16_to_f32(uint16_t h)
 
 uint16_t kva_f32_to_bf16(float x)
 {
-    uint32_t u = f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep sign, force a quiet mantissa bit */
-        return (uint16_t)((u >> 16) | 0x40u);
-    uint32_t lsb = (u >> 16) & 1u;
-    u += 0x7fffu + lsb; /* round to nearest even; overflows correctly to inf */
-    return (uint16_t)(u >> 16);
+    /* NaN: sign kept, a quiet mantissa bit forced; otherwise round to nearest
+     * even (overflows correctly to inf). */
+    return kva__bf16_bits(f32_bits(x));
 }
 
 float kva_bf16_to_f32(uint16_t h)
@@ -137,6 +134,21 @@ kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst, kva_dtyp
     if (src_dtype == dst_dtype) {
         if (src != dst)
             memmove(dst, src, n * kva_dtype_size(src_dtype));
+        return KVA_STATUS_OK;
+    }
+    /* bf16 <-> f32 (the DCP combines' conversions) in loops that vectorize. */
+    if (src_dtype == KVA_DTYPE_BF16 && dst_dtype == KVA_DTYPE_F32) {
+        const uint16_t *restrict s = src;
+        float *restrict d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = bits_f32((uint32_t)s[i] << 16);
+        return KVA_STATUS_OK;
+    }
+    if (src_dtype == KVA_DTYPE_F32 && dst_dtype == KVA_DTYPE_BF16) {
+        const float *restrict s = src;
+        uint16_t *restrict d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = kva__bf16_bits(f32_bits(s[i]));
         return KVA_STATUS_OK;
     }
     for (size_t i = 0; i < n; i++)

@@ -58,6 +58,13 @@ KVA_API void kva__clear_error(void);
 
 /* 1 for F32, F16, BF16. */
 int kva__dtype_is_float(kva_dtype dtype);
+/* The bf16 bits of the f32 of bits u: round to nearest even, NaN kept quiet
+ * (kva_f32_to_bf16). Branch-free and inline, so row loops over it vectorize. */
+static inline uint16_t kva__bf16_bits(uint32_t u)
+{
+    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r);
+}
 /* Loads element i of a float-typed buffer as float. */
 static inline float kva__load_f(const void *p, kva_dtype dt, size_t i)
 {

@@ -4,11 +4,11 @@
  *
  * Every rank builds the same global K/V and queries (fixed seed), fills its
  * own sharded cache, runs its sharded plan on the CPU backend and combines
- * with both modes (AG_RS, A2A); its H / N heads of the result must equal the
- * unsharded run (computed by every rank for itself) within the tolerance of
- * test_dcp.c, for f32 and bf16 outputs and two masks, with I = 1 and B.
- * Bad input fails with a status on every rank before any collective.
- * Built without MPI, it prints why and exits 77 (skipped).
+ * with both modes (AG_RS, A2A; A2A again after a combine of NaN partials,
+ * which the shared-memory path's second buffer must not leak); its H / N heads of the result must
+ * equal the unsharded run (computed by every rank for itself) within the tolerance of test_dcp.c,
+ * for f32 and bf16 outputs and two masks, with I = 1 and B. Bad input fails with a status on every
+ * rank before any collective. Built without MPI, it prints why and exits 77 (skipped).
  */
 #include <stdio.h>
 
@@ -55,10 +55,24 @@ static void check_mode(const fmt *f, const mask *m, int32_t I)
 
     kva_dcp_mpi *dcp = NULL;
     CHECK_OK(kva_dcp_mpi_create(ctx, MPI_COMM_WORLD, T, H, DV, f->q_dt, &dcp));
-    const kva_dcp_combine modes[] = {KVA_DCP_COMBINE_AG_RS, KVA_DCP_COMBINE_A2A};
-    for (int mi = 0; mi < 2; mi++) {
+    /* A2A runs again after a combine of NaN partials (-1): a rank that read a
+     * buffer the others did not write this time (the shared-memory path's two
+     * buffers) gets NaN. */
+    const int modes[] = {KVA_DCP_COMBINE_AG_RS, KVA_DCP_COMBINE_A2A, -1, KVA_DCP_COMBINE_A2A,
+                         KVA_DCP_COMBINE_A2A};
+    void *nan_part = malloc(es * on);
+    float *nan_lse = malloc(sizeof(float) * T * H);
+    kva_test_poison(nan_part, f->q_dt, on);
+    kva_test_poison(nan_lse, KVA_DTYPE_F32, (size_t)T * H);
+    for (int mi = 0; mi < 5; mi++) {
         kva_test_poison(got, f->q_dt, (size_t)T * Hn * DV);
-        CHECK_OK(kva_dcp_mpi_combine(dcp, modes[mi], T, part, part_lse, got, got_lse));
+        if (modes[mi] < 0) {
+            CHECK_OK(
+                kva_dcp_mpi_combine(dcp, KVA_DCP_COMBINE_A2A, T, nan_part, nan_lse, got, got_lse));
+            continue;
+        }
+        CHECK_OK(
+            kva_dcp_mpi_combine(dcp, (kva_dcp_combine)modes[mi], T, part, part_lse, got, got_lse));
         size_t bad = 0;
         for (int32_t t = 0; t < T; t++)
             for (int32_t hh = 0; hh < Hn; hh++) {
@@ -93,6 +107,7 @@ static void check_mode(const fmt *f, const mask *m, int32_t I)
                  N > 1 ? KVA_STATUS_INVALID_ARGUMENT : KVA_STATUS_OK);
     kva_dcp_mpi_destroy(bad);
     free(want), free(part), free(got), free(want_lse), free(part_lse), free(got_lse);
+    free(nan_part), free(nan_lse);
     free(q), free(k), free(v);
     kva_context_destroy(ctx);
 }

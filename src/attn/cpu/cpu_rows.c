@@ -4,8 +4,8 @@
  * Loads (kva__cpu_load_row, static inline in cpu_attn.h so that it inlines
  * into the kernels' per-key loops) are branch-free loops over the row that
  * the compiler vectorizes (f16 and bf16 to fp32 are exact). Stores round to nearest
- * even through the library's scalar converters: they run once per output
- * element, far off the hot path.
+ * even: bf16 in a loop that vectorizes (the DCP merges store every element they
+ * read), f16 through the library's scalar converter.
  */
 #include "cpu_attn.h"
 
@@ -20,10 +20,13 @@ void kva__cpu_store_row(void *dst, kva_dtype dt, const float *src, int32_t n)
         uint16_t *d = dst;
         for (int32_t i = 0; i < n; i++)
             d[i] = kva_f32_to_f16(src[i]);
-    } else {
-        uint16_t *d = dst;
-        for (int32_t i = 0; i < n; i++)
-            d[i] = kva_f32_to_bf16(src[i]);
+    } else { /* kva_f32_to_bf16's rounding, inline: the loop vectorizes */
+        uint16_t *restrict d = dst;
+        for (int32_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, src + i, sizeof u);
+            d[i] = kva__bf16_bits(u);
+        }
     }
 }
 
