@@ -100,7 +100,12 @@ typedef struct kva__cpu_features {
     int avx2, fma, f16c; /* x86-64 */
     int avx512f, avx512bw, avx512vl, avx512dq;
     int avx512bf16, avx512vnni; /* vdpbf16ps / vpdpbusd (with AVX-512 F) */
-    int neon;                   /* AArch64 */
+    /* vdpbf16ps scores beat fp32 FMA scores: set on AMD CPUs with
+     * AVX512_BF16 (Zen 4 issues 512-bit FMAs at half rate and vdpbf16ps at
+     * full rate), not on Intel ones (there vdpbf16ps does half the FMAs'
+     * multiply-adds per cycle). The prefill dispatch reads it. */
+    int bf16dot_fast;
+    int neon; /* AArch64 */
 } kva__cpu_features;
 
 /* Detects the running CPU's vector ISA (cpuid + xgetbv on x86-64). */

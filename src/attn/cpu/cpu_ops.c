@@ -93,15 +93,30 @@ static int usable_avx512bf16(const kva_context *ctx)
     return usable_at(ctx, KVA__ISA_AVX512BF16);
 }
 
+/* 1 for registry entries whose only gain over the entry before them is the
+ * vdpbf16ps scores: prefill_avx512bf16 (decode_avx512bf16 also has the
+ * VNNI int8 path). */
+static int bf16dot_only(int32_t i)
+{
+#if KVA_X86_SIMD
+    return impls[i].fn == kva__cpu_prefill_avx512bf16;
+#else
+    (void)i;
+    return 0;
+#endif
+}
+
 /* Registry indices of the kernels a plan built on ctx runs: per family the
  * one forced on ctx (kva__context_force_kernel) while the ISA level still
- * allows it, else the last entry the level allows. */
+ * allows it, else the last entry the level allows, skipping a bf16-dot
+ * entry where bf16 dot products do not beat fp32 FMAs
+ * (kva__cpu_features.bf16dot_fast). */
 static void choose(const kva_context *ctx, int32_t *decode, int32_t *prefill, int32_t *mla)
 {
     const kva__cpu_isa level = kva__cpu_isa_of(&ctx->cpu_features);
     int32_t pick[KVA__KERNEL_FAMILIES] = {0};
     for (int32_t i = 0; i < NUM_KERNELS; i++)
-        if (impls[i].isa <= level)
+        if (impls[i].isa <= level && (!bf16dot_only(i) || ctx->cpu_features.bf16dot_fast))
             pick[kernels[i].family] = i;
     for (int f = 0; f < KVA__KERNEL_FAMILIES; f++) {
         const int32_t forced = kva__context_forced_kernel(ctx, (kva__kernel_family)f);
