@@ -10,7 +10,7 @@
 #include "cache_util.h"
 
 #define CAS_MAX_R 40
-#define CAS_MAX_G 4
+#define CAS_MAX_G 8
 
 /* One request: its group (-1 for none), query rows, and keys after the
  * group's shared blocks (seq_len = shared * B + own >= q_len). */
@@ -34,24 +34,43 @@ typedef struct {
     float softcap;
     int32_t sinks;
     int32_t expect_groups; /* info.num_cascade_groups the plan must report */
+    /* Nested groups: group g's first shared[parent[g]] blocks are its
+     * parent's (parent[g] < g, or -1 for a top-level group); with `given`
+     * the parents are passed as cascade_parent. */
+    int32_t nested;
+    int32_t parent[CAS_MAX_G];
 } cas_case;
 
 typedef struct {
     int32_t R, T, stride, NB;
-    int32_t qsl[CAS_MAX_R + 1], seq[CAS_MAX_R], grp[CAS_MAX_R], plen[CAS_MAX_G];
+    int32_t qsl[CAS_MAX_R + 1], seq[CAS_MAX_R], grp[CAS_MAX_R], plen[CAS_MAX_G], par[CAS_MAX_G];
     int32_t *bt; /* [R, stride] */
     float sinks[64];
 } cas_batch;
 
+/* The parent of group g, -1 for a top-level group. */
+static inline int32_t cas_parent(const cas_case *c, int32_t g)
+{
+    return c->nested ? c->parent[g] : -1;
+}
+
+/* Shared blocks group g adds to its parent's. */
+static inline int32_t cas_own_shared(const cas_case *c, int32_t g)
+{
+    const int32_t p = cas_parent(c, g);
+    return c->shared[g] - (p >= 0 ? c->shared[p] : 0);
+}
+
 /* Block ids: group g's shared blocks, then each request's own, all distinct
- * and drawn at random from 1 .. NB-1 (block 0 stays unused). */
+ * and drawn at random from 1 .. NB-1 (block 0 stays unused); a nested
+ * group's blocks begin with its parent's. */
 static inline void cas_build(const cas_case *c, kva_rng *r, cas_batch *b)
 {
     memset(b, 0, sizeof *b);
     b->R = c->R;
     int32_t need = 0, stride = 0;
     for (int32_t g = 0; g < c->G; g++)
-        need += c->shared[g];
+        need += cas_own_shared(c, g);
     for (int32_t i = 0; i < c->R; i++) {
         const cas_req *q = &c->req[i];
         const int32_t sh = q->group >= 0 ? c->shared[q->group] : 0;
@@ -76,8 +95,9 @@ static inline void cas_build(const cas_case *c, kva_rng *r, cas_batch *b)
     int32_t next = 1, shared_at[CAS_MAX_G];
     for (int32_t g = 0; g < c->G; g++) {
         shared_at[g] = next;
-        next += c->shared[g];
+        next += cas_own_shared(c, g);
         b->plen[g] = c->given_len[g] ? c->given_len[g] : c->shared[g] * c->B;
+        b->par[g] = cas_parent(c, g);
     }
     b->bt = malloc(sizeof(int32_t) * (size_t)c->R * (size_t)b->stride);
     for (int32_t i = 0; i < c->R; i++) {
@@ -86,8 +106,16 @@ static inline void cas_build(const cas_case *c, kva_rng *r, cas_batch *b)
         const int32_t nb = (b->seq[i] + c->B - 1) / c->B;
         for (int32_t j = 0; j < b->stride; j++)
             row[j] = -1;
-        for (int32_t j = 0; j < nb; j++)
-            row[j] = j < sh ? perm[shared_at[g] + j] : perm[next++];
+        for (int32_t j = 0; j < nb; j++) {
+            if (j >= sh) {
+                row[j] = perm[next++];
+                continue;
+            }
+            int32_t a = g; /* the group that added shared block j */
+            while (cas_parent(c, a) >= 0 && j < c->shared[cas_parent(c, a)])
+                a = cas_parent(c, a);
+            row[j] = perm[shared_at[a] + j - (c->shared[a] - cas_own_shared(c, a))];
+        }
     }
     free(perm);
     for (int32_t h = 0; h < c->H && h < 64; h++)
@@ -117,6 +145,7 @@ static inline kva_plan_desc cas_desc(const cas_case *c, const cas_batch *b, int3
         d.num_cascade_groups = c->G;
         d.cascade_group = b->grp;
         d.cascade_prefix_len = b->plen;
+        d.cascade_parent = c->nested ? b->par : NULL;
     }
     return d;
 }

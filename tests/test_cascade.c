@@ -54,9 +54,11 @@ static void test_mixes(void)
         run_case(&c, bes[i]);
         /* A member whose first query lies inside the third shared block:
          * found, the group shares 2 blocks (its prefix ends off the edge of
-         * what the block ids share). */
+         * what the block ids share), and its other members the third in a
+         * nested group. */
         c = cas_base("prefix off the shared edge");
         c.req[2].q_len = 10, c.req[2].own = 4;
+        c.expect_groups = 3;
         run_case(&c, bes[i]);
         c = cas_prefill_rows("groups of one, prefill rows");
         run_case(&c, bes[i]);

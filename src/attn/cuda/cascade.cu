@@ -4,10 +4,11 @@
  *   cascade_cost: the plan's cost model rates for this device;
  *   cascade_follow: the aux context runs on the context's stream, so both
  *     passes and the index passes are ordered (and captured) together;
- *   cascade_upload: the index arrays (gather [M], merge [T]) into aux's
+ *   cascade_upload: the index arrays (gather [M], merge [L, T]) into aux's
  *     workspace at off_idx, at plan time;
  *   gather_kernel: q_pref [C, M, H, D] = q rows gather[i], C copies;
- *   merge_kernel: out/lse row (t, h) merged in place with its C prefix rows.
+ *   merge_kernel: out/lse row (t, h) merged in place with its C prefix rows
+ *     of one level (launched once per level of nested groups).
  * The two passes between them are ordinary plans: the prefix plan's
  * virtual requests (many rows over long keys) run on the tensor-core prefill
  * tiles, the suffix plan's decodes on the decode kernels.
@@ -63,7 +64,7 @@ extern "C" kva_status kva__cuda_cascade_upload(kva_context *ctx, const kva_plan 
     cudaStream_t s = (cudaStream_t)state_of(ctx)->stream;
     char *idx = (char *)c->aux->workspace + c->off_idx;
     const size_t gb = (size_t)c->rows * sizeof(int32_t);
-    const size_t mb = (size_t)plan->info.num_tokens * sizeof(int32_t);
+    const size_t mb = (size_t)c->num_levels * plan->info.num_tokens * sizeof(int32_t);
     /* Earlier runs on the stream may still read the indices of a previous
      * cascade plan: the copies queue behind them; pageable sources complete
      * before cudaMemcpyAsync returns, and the stream is drained so the plan
@@ -199,14 +200,15 @@ __global__ void __launch_bounds__(128)
     }
 }
 
-extern "C" kva_status kva__cuda_cascade_merge(kva_context *ctx, const kva_plan *plan,
+extern "C" kva_status kva__cuda_cascade_merge(kva_context *ctx, const kva_plan *plan, int32_t level,
                                               const void *out_pref, const float *lse_pref,
                                               void *out, float *lse)
 {
     const kva__cascade *c = plan->cascade;
     cudaStream_t s = (cudaStream_t)state_of(ctx)->stream;
-    const int32_t *merge =
-        (const int32_t *)((const char *)c->aux->workspace + c->off_idx) + c->rows;
+    /* The level's map: merge [L, T] follows gather [M]. */
+    const int32_t *merge = (const int32_t *)((const char *)c->aux->workspace + c->off_idx) +
+                           c->rows + (int64_t)level * plan->info.num_tokens;
     const int32_t H = plan->d.num_heads, Dv = plan->d.head_dim_v;
     const int64_t rows = (int64_t)plan->info.num_tokens * H;
     const int64_t ctas = (rows + 3) / 4;
