@@ -204,6 +204,60 @@ static inline cas_case cas_prefill_rows(const char *name)
     return c;
 }
 
+/* Two levels: group 0 shares 2 blocks; its subgroup 1 shares 5 (the first
+ * 2 of them group 0's). Request 0 is in group 0 only, requests 2 and 4 in
+ * group 1, the rest ungrouped. */
+static inline cas_case cas_two_levels(const char *name)
+{
+    cas_case c;
+    memset(&c, 0, sizeof c);
+    c.name = name;
+    c.H = 8, c.Hkv = 2, c.D = 64, c.B = 16;
+    c.dt = c.cache_dt = KVA_DTYPE_F32;
+    c.layout = KVA_LAYOUT_NHD;
+    c.nested = 1;
+    c.G = 2;
+    c.shared[0] = 2, c.parent[0] = -1;
+    c.shared[1] = 5, c.parent[1] = 0;
+    const cas_req reqs[] = {{0, 1, 9}, {-1, 1, 40}, {1, 1, 16}, {-1, 3, 7}, {1, 1, 3}};
+    c.R = 5;
+    memcpy(c.req, reqs, sizeof reqs);
+    c.mode = KVA_CASCADE_ON;
+    c.expect_groups = 2;
+    return c;
+}
+
+/* Three levels, ragged: top-level groups 0 (2 blocks) and 5 (3 blocks, no
+ * subgroups); group 0's subgroups 1 (4 blocks) and 3 (3 blocks, a leaf);
+ * group 1's subgroup 2 (7 blocks). Members at every level, with decodes,
+ * speculative decodes and prefills after the prefix. */
+static inline cas_case cas_three_levels(const char *name)
+{
+    cas_case c;
+    memset(&c, 0, sizeof c);
+    c.name = name;
+    c.H = 8, c.Hkv = 2, c.D = 64, c.B = 16;
+    c.dt = c.cache_dt = KVA_DTYPE_F32;
+    c.layout = KVA_LAYOUT_NHD;
+    c.nested = 1;
+    c.G = 6;
+    const int32_t shared[6] = {2, 4, 7, 3, 0, 3}, parent[6] = {-1, 0, 1, 0, -1, -1};
+    memcpy(c.shared, shared, sizeof shared);
+    memcpy(c.parent, parent, sizeof parent);
+    /* Group 4 shares nothing and has no members: it stays unused. */
+    c.shared[4] = 1;
+    const cas_req reqs[] = {
+        {2, 1, 5},    {0, 1, 30}, {1, 1, 20},  {2, 4, 12}, {3, 1, 1},  {-1, 1, 50},
+        {2, 1, 40},   {5, 1, 6},  {1, 17, 17}, {3, 2, 9},  {0, 1, 2},  {5, 9, 30},
+        {-1, 24, 24}, {2, 1, 16}, {1, 1, 1},   {3, 1, 33}, {5, 1, 16},
+    };
+    c.R = (int32_t)(sizeof reqs / sizeof reqs[0]);
+    memcpy(c.req, reqs, sizeof reqs);
+    c.mode = KVA_CASCADE_ON;
+    c.expect_groups = 5;
+    return c;
+}
+
 /* One case's data and its reference: the batch, random K/V rows [NB*B, Hkv,
  * D] f32 for every slot, q [T, H, D], a host cache of the rows on the
  * reference backend, and the reference's plain run over it (o_ref, l_ref). */

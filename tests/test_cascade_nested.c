@@ -45,70 +45,16 @@ static void run_case(const cas_case *c, kva_backend be)
     free(o), free(l);
 }
 
-/* Two levels: group 0 shares 2 blocks; its subgroup 1 shares 5 (the first
- * 2 of them group 0's). Request 0 is in group 0 only, requests 2 and 4 in
- * group 1, the rest ungrouped. */
-static cas_case two_levels(const char *name)
-{
-    cas_case c;
-    memset(&c, 0, sizeof c);
-    c.name = name;
-    c.H = 8, c.Hkv = 2, c.D = 64, c.B = 16;
-    c.dt = c.cache_dt = KVA_DTYPE_F32;
-    c.layout = KVA_LAYOUT_NHD;
-    c.nested = 1;
-    c.G = 2;
-    c.shared[0] = 2, c.parent[0] = -1;
-    c.shared[1] = 5, c.parent[1] = 0;
-    const cas_req reqs[] = {{0, 1, 9}, {-1, 1, 40}, {1, 1, 16}, {-1, 3, 7}, {1, 1, 3}};
-    c.R = 5;
-    memcpy(c.req, reqs, sizeof reqs);
-    c.mode = KVA_CASCADE_ON;
-    c.expect_groups = 2;
-    return c;
-}
-
-/* Three levels, ragged: top-level groups 0 (2 blocks) and 5 (3 blocks, no
- * subgroups); group 0's subgroups 1 (4 blocks) and 3 (3 blocks, a leaf);
- * group 1's subgroup 2 (7 blocks). Members at every level, with decodes,
- * speculative decodes and prefills after the prefix. */
-static cas_case three_levels(const char *name)
-{
-    cas_case c;
-    memset(&c, 0, sizeof c);
-    c.name = name;
-    c.H = 8, c.Hkv = 2, c.D = 64, c.B = 16;
-    c.dt = c.cache_dt = KVA_DTYPE_F32;
-    c.layout = KVA_LAYOUT_NHD;
-    c.nested = 1;
-    c.G = 6;
-    const int32_t shared[6] = {2, 4, 7, 3, 0, 3}, parent[6] = {-1, 0, 1, 0, -1, -1};
-    memcpy(c.shared, shared, sizeof shared);
-    memcpy(c.parent, parent, sizeof parent);
-    /* Group 4 shares nothing and has no members: it stays unused. */
-    c.shared[4] = 1;
-    const cas_req reqs[] = {
-        {2, 1, 5},    {0, 1, 30}, {1, 1, 20},  {2, 4, 12}, {3, 1, 1},  {-1, 1, 50},
-        {2, 1, 40},   {5, 1, 6},  {1, 17, 17}, {3, 2, 9},  {0, 1, 2},  {5, 9, 30},
-        {-1, 24, 24}, {2, 1, 16}, {1, 1, 1},   {3, 1, 33}, {5, 1, 16},
-    };
-    c.R = (int32_t)(sizeof reqs / sizeof reqs[0]);
-    memcpy(c.req, reqs, sizeof reqs);
-    c.mode = KVA_CASCADE_ON;
-    c.expect_groups = 5;
-    return c;
-}
-
 static void test_levels(void)
 {
     const kva_backend bes[] = {KVA_BACKEND_CPU, KVA_BACKEND_REF};
     for (int i = 0; i < 2; i++) {
-        cas_case c = two_levels("two levels found");
+        cas_case c = cas_two_levels("two levels found");
         run_case(&c, bes[i]);
         c.name = "two levels given";
         c.given = 1;
         run_case(&c, bes[i]);
-        c = three_levels("three levels found, ragged");
+        c = cas_three_levels("three levels found, ragged");
         run_case(&c, bes[i]);
         c.name = "three levels given, ragged";
         c.given = 1;
@@ -119,25 +65,25 @@ static void test_levels(void)
      * block: found, subgroup 2 shares 5 blocks (its prefix ends off the edge
      * of what its block ids share; one block after group 1's), and its
      * other members form a fourth level over blocks 5 and 6. */
-    cas_case c = three_levels("subgroup prefix off the shared edge");
+    cas_case c = cas_three_levels("subgroup prefix off the shared edge");
     c.req[3] = (cas_req){2, 30, 8}; /* first query at 112 + 8 - 30 = 90 */
     c.expect_groups = 6;
     run_case(&c, KVA_BACKEND_CPU);
     run_case(&c, KVA_BACKEND_REF);
     /* Given nested prefixes shorter than the blocks share; sinks, soft-cap. */
-    c = three_levels("given shorter nested prefixes, sinks, soft-cap");
+    c = cas_three_levels("given shorter nested prefixes, sinks, soft-cap");
     c.given = 1;
     c.given_len[1] = 3 * 16, c.given_len[2] = 5 * 16;
     c.sinks = 1, c.softcap = 20.0f;
     run_case(&c, KVA_BACKEND_CPU);
     /* GQA 4, bf16 (each level's merge rounds to bf16), and an int8 cache. */
-    c = three_levels("three levels, GQA 4, bf16, D 128");
+    c = cas_three_levels("three levels, GQA 4, bf16, D 128");
     c.H = 16, c.Hkv = 4, c.D = 128, c.dt = c.cache_dt = KVA_DTYPE_BF16;
     run_case(&c, KVA_BACKEND_CPU);
-    c = two_levels("two levels, int8 token cache, HND");
+    c = cas_two_levels("two levels, int8 token cache, HND");
     c.quant = KVA_QUANT_INT8_TOKEN_K, c.cache_dt = KVA_DTYPE_I8, c.layout = KVA_LAYOUT_HND;
     run_case(&c, KVA_BACKEND_CPU);
-    c = three_levels("three levels, no cascade");
+    c = cas_three_levels("three levels, no cascade");
     c.mode = KVA_CASCADE_OFF, c.expect_groups = 0;
     run_case(&c, KVA_BACKEND_CPU);
 }
@@ -180,7 +126,7 @@ static void test_bad_nestings(void)
 {
     kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 2);
     kva_rng r = {10};
-    cas_case c = three_levels("bad");
+    cas_case c = cas_three_levels("bad");
     c.given = 1;
     cas_batch b;
     cas_build(&c, &r, &b);
