@@ -168,8 +168,9 @@ static inline kva_cache *cas_cache(kva_context *ctx, const cas_case *c, const ca
     return cache;
 }
 
-/* A base case: 2 groups (3 and 2 shared blocks), ungrouped requests around them. */
-static inline cas_case cas_base(const char *name)
+/* An empty case of the small shape (H/Hkv 8/2, D 64, B 16, f32, NHD) with
+ * the R requests reqs, forced on, expecting `groups` groups. */
+static inline cas_case cas_small(const char *name, const cas_req *reqs, int32_t R, int32_t groups)
 {
     cas_case c;
     memset(&c, 0, sizeof c);
@@ -177,14 +178,21 @@ static inline cas_case cas_base(const char *name)
     c.H = 8, c.Hkv = 2, c.D = 64, c.B = 16;
     c.dt = c.cache_dt = KVA_DTYPE_F32;
     c.layout = KVA_LAYOUT_NHD;
-    c.G = 2;
-    c.shared[0] = 3, c.shared[1] = 2;
+    c.R = R;
+    memcpy(c.req, reqs, sizeof(cas_req) * (size_t)R);
+    c.mode = KVA_CASCADE_ON;
+    c.expect_groups = groups;
+    return c;
+}
+
+/* A base case: 2 groups (3 and 2 shared blocks), ungrouped requests around them. */
+static inline cas_case cas_base(const char *name)
+{
     const cas_req reqs[] = {{0, 1, 7},  {-1, 1, 40}, {0, 1, 16}, {1, 1, 1},
                             {0, 1, 30}, {1, 1, 20},  {-1, 1, 5}, {0, 1, 3}};
-    c.R = 8;
-    memcpy(c.req, reqs, sizeof reqs);
-    c.mode = KVA_CASCADE_ON;
-    c.expect_groups = 2;
+    cas_case c = cas_small(name, reqs, 8, 2);
+    c.G = 2;
+    c.shared[0] = 3, c.shared[1] = 2;
     return c;
 }
 
@@ -209,21 +217,12 @@ static inline cas_case cas_prefill_rows(const char *name)
  * group 1, the rest ungrouped. */
 static inline cas_case cas_two_levels(const char *name)
 {
-    cas_case c;
-    memset(&c, 0, sizeof c);
-    c.name = name;
-    c.H = 8, c.Hkv = 2, c.D = 64, c.B = 16;
-    c.dt = c.cache_dt = KVA_DTYPE_F32;
-    c.layout = KVA_LAYOUT_NHD;
+    const cas_req reqs[] = {{0, 1, 9}, {-1, 1, 40}, {1, 1, 16}, {-1, 3, 7}, {1, 1, 3}};
+    cas_case c = cas_small(name, reqs, 5, 2);
     c.nested = 1;
     c.G = 2;
     c.shared[0] = 2, c.parent[0] = -1;
     c.shared[1] = 5, c.parent[1] = 0;
-    const cas_req reqs[] = {{0, 1, 9}, {-1, 1, 40}, {1, 1, 16}, {-1, 3, 7}, {1, 1, 3}};
-    c.R = 5;
-    memcpy(c.req, reqs, sizeof reqs);
-    c.mode = KVA_CASCADE_ON;
-    c.expect_groups = 2;
     return c;
 }
 
@@ -233,28 +232,18 @@ static inline cas_case cas_two_levels(const char *name)
  * speculative decodes and prefills after the prefix. */
 static inline cas_case cas_three_levels(const char *name)
 {
-    cas_case c;
-    memset(&c, 0, sizeof c);
-    c.name = name;
-    c.H = 8, c.Hkv = 2, c.D = 64, c.B = 16;
-    c.dt = c.cache_dt = KVA_DTYPE_F32;
-    c.layout = KVA_LAYOUT_NHD;
-    c.nested = 1;
-    c.G = 6;
-    const int32_t shared[6] = {2, 4, 7, 3, 0, 3}, parent[6] = {-1, 0, 1, 0, -1, -1};
-    memcpy(c.shared, shared, sizeof shared);
-    memcpy(c.parent, parent, sizeof parent);
-    /* Group 4 shares nothing and has no members: it stays unused. */
-    c.shared[4] = 1;
     const cas_req reqs[] = {
         {2, 1, 5},    {0, 1, 30}, {1, 1, 20},  {2, 4, 12}, {3, 1, 1},  {-1, 1, 50},
         {2, 1, 40},   {5, 1, 6},  {1, 17, 17}, {3, 2, 9},  {0, 1, 2},  {5, 9, 30},
         {-1, 24, 24}, {2, 1, 16}, {1, 1, 1},   {3, 1, 33}, {5, 1, 16},
     };
-    c.R = (int32_t)(sizeof reqs / sizeof reqs[0]);
-    memcpy(c.req, reqs, sizeof reqs);
-    c.mode = KVA_CASCADE_ON;
-    c.expect_groups = 5;
+    cas_case c = cas_small(name, reqs, (int32_t)(sizeof reqs / sizeof reqs[0]), 5);
+    c.nested = 1;
+    c.G = 6;
+    /* Group 4 (1 block, top-level) has no members: it stays unused. */
+    const int32_t shared[6] = {2, 4, 7, 3, 1, 3}, parent[6] = {-1, 0, 1, 0, -1, -1};
+    memcpy(c.shared, shared, sizeof shared);
+    memcpy(c.parent, parent, sizeof parent);
     return c;
 }
 
@@ -317,6 +306,41 @@ static inline double cas_atol(kva_dtype dt)
 static inline double cas_rtol(kva_dtype dt)
 {
     return dt == KVA_DTYPE_F32 ? 1e-4 : dt == KVA_DTYPE_F16 ? 3e-3 : 2e-2;
+}
+
+/* Runs case c on a host context of backend `be` (2 threads) and compares
+ * it with the reference's plain run, with and without the LSE output; the
+ * plan must report c->expect_groups groups (of every level). */
+static inline void cas_run_host(const cas_case *c, kva_backend be, uint64_t seed)
+{
+    cas_data x;
+    cas_data_make(c, seed, &x);
+    const size_t es = kva_dtype_size(c->dt);
+    void *o = malloc(x.nq * es);
+    float *l = malloc(x.nl * 4);
+    kva_context *ctx = new_ctx(be, 2);
+    kva_plan *plan = NULL;
+    kva_plan_desc d = cas_desc(c, &x.b, c->mode, c->given);
+    CHECK_OK(kva_plan_create(ctx, &d, &plan));
+    kva_plan_info info;
+    CHECK_OK(kva_plan_get_info(plan, &info));
+    CHECK_MSG(info.num_cascade_groups == c->expect_groups, "%s on %s: %d cascade groups, want %d",
+              c->name, kva_backend_name(be), (int)info.num_cascade_groups, (int)c->expect_groups);
+    for (int with_lse = 1; with_lse >= 0; with_lse--) {
+        kva_test_poison(o, c->dt, x.nq);
+        kva_test_poison(l, KVA_DTYPE_F32, x.nl);
+        CHECK_OK(kva_attention_run(ctx, plan, x.q, x.cache, x.sinks, o, with_lse ? l : NULL));
+        size_t bad =
+            kva_test_compare("out", o, x.o_ref, c->dt, x.nq, cas_atol(c->dt), cas_rtol(c->dt));
+        if (with_lse)
+            bad += kva_test_compare_f32("lse", l, x.l_ref, x.nl, 1e-4, 1e-4);
+        CHECK_MSG(bad == 0, "%s on %s (lse %s): %zu mismatches", c->name, kva_backend_name(be),
+                  with_lse ? "on" : "off", bad);
+    }
+    kva_plan_destroy(plan);
+    kva_context_destroy(ctx);
+    cas_data_free(&x);
+    free(o), free(l);
 }
 
 #endif /* KVA_TEST_CASCADE_UTIL_H */

@@ -460,6 +460,9 @@ typedef struct kva__cascade_cost {
     double decode_flops; /* flop/s of the plain (decode) kernels */
     double prefix_flops; /* flop/s of the prefix pass (prefill kernels) */
     double fixed_s;      /* seconds of the gather, prefix launch and merge */
+    double prefix_rows;  /* attention rows per kv head (query rows x GQA group) at which
+                            the prefix pass reaches prefix_flops; fewer scale it down in
+                            proportion (unfilled vector lanes); 0: no scaling */
     int32_t units;       /* parallel units to fill (CUDA: 2 x SMs); 0: no key chunks */
 } kva__cascade_cost;
 

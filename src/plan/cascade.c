@@ -246,7 +246,7 @@ static void keep_none(int32_t G, int32_t *keep)
 static void choose_groups(const kva_context *ctx, const kva_plan *p, const int32_t *grp, int32_t G,
                           const int32_t *plen, const int32_t *par, int32_t *keep)
 {
-    kva__cascade_cost cc;
+    kva__cascade_cost cc = {0};
     if (!ctx->ops->cascade_cost || ctx->ops->cascade_cost(ctx, &cc) != KVA_STATUS_OK) {
         keep_none(G, keep);
         return;
@@ -279,7 +279,10 @@ static void choose_groups(const kva_context *ctx, const kva_plan *p, const int32
         const double plain_read = n[g] * P * kvb / (cached ? cc.reread_bw : cc.read_bw);
         const double plain_math = flops / cc.decode_flops;
         const double casc_read = P * kvb / cc.read_bw;
-        const double casc_math = flops / cc.prefix_flops;
+        const double lanes = m[g] * d->num_heads / d->num_kv_heads;
+        const double fill =
+            cc.prefix_rows > 0.0 && lanes < cc.prefix_rows ? lanes / cc.prefix_rows : 1.0;
+        const double casc_math = flops / (cc.prefix_flops * fill);
         const double merge = 4.0 * m[g] * d->num_heads * (d->head_dim_v * es + 4.0) / cc.read_bw;
         const double g_gain = (plain_read > plain_math ? plain_read : plain_math) -
                               (casc_read > casc_math ? casc_read : casc_math) - merge;
@@ -330,7 +333,7 @@ static kva_status aux_context(kva_context *ctx, kva_context **out)
 static int32_t chunks_for(const kva_context *ctx, const kva_plan *p, int32_t G, int32_t rows,
                           int32_t min_blocks)
 {
-    kva__cascade_cost cc;
+    kva__cascade_cost cc = {0};
     if (!ctx->ops->cascade_cost || ctx->ops->cascade_cost(ctx, &cc) != KVA_STATUS_OK ||
         cc.units <= 0)
         return 1;
