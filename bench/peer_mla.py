@@ -12,7 +12,7 @@ first for every shape (bench_cuda_mla, which also checks request 0 against
 the CPU backend), then FlashInfer (whose first plan JIT-compiles its kernel);
 a peer that cannot run is reported with its error.
 
-Usage: peer_mla.py --ours build/bench_cuda_mla [--out DIR] [--skip-flashinfer]
+Usage: peer_mla.py --ours build/bench_cuda_mla [--out DIR] [--skip-flashinfer] [--heads 16,128]
 """
 import argparse
 import json
@@ -96,13 +96,18 @@ def main():
     ap.add_argument("--skip-flashinfer", action="store_true")
     ap.add_argument("--forced", default="mla_decode_mma_sm80",
                     help="comma-separated kernel names run (ours only) on the FORCED shapes")
+    ap.add_argument("--heads", default="",
+                    help="comma-separated H values: only the shapes with these heads")
     a = ap.parse_args()
     ceil = copy_tbs()
     dev = torch.cuda.get_device_name()
     rows = []
     forced = [k for k in a.forced.split(",") if k]
+    heads = {int(h) for h in a.heads.split(",") if h}
     for R, S, Q, H, kernel in [s + (None,) for s in SHAPES] + \
             [s + (k,) for k in forced for s in FORCED]:
+        if heads and H not in heads:
+            continue
         kvb, fl = work(R, S, Q, H)
         row = dict(R=R, S=S, Q=Q, H=H, kv_bytes=kvb, flops=fl, kernel=kernel)
         try:

@@ -1,5 +1,5 @@
 /*
- * cache_ops.cu - the CUDA side of the cache calls and of kva_merge_states:
+ * cache_ops.cu - the CUDA side of the cache calls:
  *   cache storage: K and V of a device cache in cudaMalloc memory (the
  *     memory table's cache_alloc / cache_free; cache_quant.cu adds the
  *     quantized formats' device state);
@@ -8,9 +8,8 @@
  *   block copies (copy_blocks inside a device cache, swap between a device
  *     and a host cache) through cudaMemcpyAsync, one copy per block of K, of
  *     V and of the per-token key scales (INT8_TOKEN_K formats);
- * Quantized caches are written by cache_quant.cu.
- *   merge_states_kernel: the LSE merge of two partial attention results;
- *   merge_states_n_kernel: of P (kva_merge_states_n, the DCP combine).
+ * Quantized caches are written by cache_quant.cu, kva_merge_states and
+ * kva_merge_states_n run in split_merge.cu.
  * Everything is enqueued on the context's stream; nothing synchronizes except
  * copies into pageable host memory, which the runtime completes before
  * cudaMemcpyAsync returns.
@@ -20,6 +19,7 @@ extern "C" {
 #include "mla_sparse.h"
 }
 #include "cuda_check.h"
+#include "elem_io.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -28,31 +28,6 @@ extern "C" {
 static cudaStream_t stream_of(const kva_context *ctx)
 {
     return (cudaStream_t)((const kva__cuda_state *)ctx->state)->stream;
-}
-
-__device__ __forceinline__ float load_f(const float *p, int64_t i)
-{
-    return p[i];
-}
-__device__ __forceinline__ float load_f(const __half *p, int64_t i)
-{
-    return __half2float(p[i]);
-}
-__device__ __forceinline__ float load_f(const __nv_bfloat16 *p, int64_t i)
-{
-    return __bfloat162float(p[i]);
-}
-__device__ __forceinline__ void store_f(float *p, int64_t i, float x)
-{
-    p[i] = x;
-}
-__device__ __forceinline__ void store_f(__half *p, int64_t i, float x)
-{
-    p[i] = __float2half_rn(x);
-}
-__device__ __forceinline__ void store_f(__nv_bfloat16 *p, int64_t i, float x)
-{
-    p[i] = __float2bfloat16_rn(x);
 }
 
 /* Copies element i of src to element j of dst: bit-exact when the types are
@@ -234,150 +209,5 @@ extern "C" kva_status kva__cuda_copy_blocks(kva_context *ctx, const kva_cache *s
             KVA_CUDA_TRY(cudaMemcpyAsync((char *)dst->k_token_scale + b * tbb,
                                          (const char *)src->k_token_scale + a * tbb, tbb, kind, s));
     }
-    return KVA_STATUS_OK;
-}
-
-/* One warp per row n of [T*H]: out = LSE-weighted mean of out_a and out_b
- * (the reference's special cases: both -inf gives 0 and -inf). The lse of a
- * row is read by every lane before lane 0 writes lse_out (which may alias). */
-template <typename T>
-__global__ void __launch_bounds__(128)
-    merge_states_kernel(int64_t rows, int32_t Dv, const T *oa, const float *la_p, const T *ob,
-                        const float *lb_p, T *out, float *lse_out)
-{
-    const int lane = threadIdx.x & 31;
-    const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
-    for (int64_t n = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); n < rows;
-         n += warps) {
-        const float la = la_p[n], lb = lb_p[n];
-        __syncwarp();
-        const int64_t base = n * Dv;
-        if (la == -INFINITY && lb == -INFINITY) {
-            for (int32_t c = lane; c < Dv; c += 32)
-                store_f(out, base + c, 0.f);
-            if (lane == 0)
-                lse_out[n] = -INFINITY;
-            continue;
-        }
-        const float m = la > lb ? la : lb;
-        const float wa = expf(la - m), wb = expf(lb - m);
-        const float w = wa + wb;
-        for (int32_t c = lane; c < Dv; c += 32) {
-            float x = 0.f;
-            if (wa > 0.f)
-                x += wa * load_f(oa, base + c);
-            if (wb > 0.f)
-                x += wb * load_f(ob, base + c);
-            store_f(out, base + c, x / w);
-        }
-        if (lane == 0)
-            lse_out[n] = m + logf(w);
-    }
-}
-
-extern "C" kva_status kva__cuda_merge_states(kva_context *ctx, int32_t num_tokens,
-                                             int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
-                                             const void *out_a, const float *lse_a,
-                                             const void *out_b, const float *lse_b, void *out,
-                                             float *lse_out)
-{
-    const int64_t rows = (int64_t)num_tokens * num_heads;
-    const int64_t ctas = (rows + 3) / 4;
-    const int grid = ctas < 65535 ? (int)ctas : 65535;
-    cudaStream_t s = stream_of(ctx);
-    if (dtype == KVA_DTYPE_F32)
-        merge_states_kernel<float><<<grid, 128, 0, s>>>(rows, head_dim_v, (const float *)out_a,
-                                                        lse_a, (const float *)out_b, lse_b,
-                                                        (float *)out, lse_out);
-    else if (dtype == KVA_DTYPE_F16)
-        merge_states_kernel<__half><<<grid, 128, 0, s>>>(rows, head_dim_v, (const __half *)out_a,
-                                                         lse_a, (const __half *)out_b, lse_b,
-                                                         (__half *)out, lse_out);
-    else
-        merge_states_kernel<__nv_bfloat16><<<grid, 128, 0, s>>>(
-            rows, head_dim_v, (const __nv_bfloat16 *)out_a, lse_a, (const __nv_bfloat16 *)out_b,
-            lse_b, (__nv_bfloat16 *)out, lse_out);
-    KVA_CUDA_LAUNCHED("merge_states_kernel");
-    return KVA_STATUS_OK;
-}
-
-/* One warp per row n of [T*H]: the LSE-weighted mean of the row's P parts
- * (part p's out row at p * os + n * Dv, its lse at p * ls + n), as the reference computes it: a
- * part of weight 0 is not read, all -inf gives 0 and -inf, a NaN lse a NaN row. */
-template <typename T>
-__global__ void __launch_bounds__(128)
-    merge_states_n_kernel(int32_t P, int64_t rows, int32_t Dv, const T *outs, int64_t os,
-                          const float *lses, int64_t ls, T *out, float *lse_out)
-{
-    const int lane = threadIdx.x & 31;
-    const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
-    for (int64_t n = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); n < rows;
-         n += warps) {
-        float m = -INFINITY;
-        bool nan = false;
-        for (int32_t p = 0; p < P; p++) {
-            const float l = lses[p * ls + n];
-            nan |= l != l;
-            m = l > m ? l : m;
-        }
-        const int64_t base = n * Dv;
-        if (nan || m == -INFINITY) {
-            for (int32_t c = lane; c < Dv; c += 32)
-                store_f(out, base + c, nan ? NAN : 0.f);
-            if (lse_out && lane == 0)
-                lse_out[n] = nan ? NAN : -INFINITY;
-            continue;
-        }
-        float acc[256 / 32]; /* Dv <= 256: the backend's max_head_dim */
-        for (int32_t i = 0; i < 256 / 32; i++)
-            acc[i] = 0.f;
-        float w = 0.f;
-        for (int32_t p = 0; p < P; p++) {
-            const float wp = expf(lses[p * ls + n] - m);
-            if (wp == 0.f)
-                continue;
-            w += wp;
-            const int64_t off = p * os + n * Dv;
-#pragma unroll
-            for (int32_t i = 0; i < 256 / 32; i++) {
-                const int32_t c = lane + 32 * i;
-                if (c < Dv)
-                    acc[i] += wp * load_f(outs, off + c);
-            }
-        }
-        const float inv = 1.f / w;
-#pragma unroll
-        for (int32_t i = 0; i < 256 / 32; i++) {
-            const int32_t c = lane + 32 * i;
-            if (c < Dv)
-                store_f(out, base + c, acc[i] * inv);
-        }
-        if (lse_out && lane == 0)
-            lse_out[n] = m + logf(w);
-    }
-}
-
-extern "C" kva_status
-kva__cuda_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_tokens, int32_t num_heads,
-                         int32_t head_dim_v, kva_dtype dtype, const void *outs, int64_t out_stride,
-                         const float *lses, int64_t lse_stride, void *out, float *lse_out)
-{
-    const int64_t rows = (int64_t)num_tokens * num_heads;
-    const int64_t ctas = (rows + 3) / 4;
-    const int grid = ctas < 65535 ? (int)ctas : 65535;
-    cudaStream_t s = stream_of(ctx);
-    if (dtype == KVA_DTYPE_F32)
-        merge_states_n_kernel<float><<<grid, 128, 0, s>>>(num_parts, rows, head_dim_v,
-                                                          (const float *)outs, out_stride, lses,
-                                                          lse_stride, (float *)out, lse_out);
-    else if (dtype == KVA_DTYPE_F16)
-        merge_states_n_kernel<__half><<<grid, 128, 0, s>>>(num_parts, rows, head_dim_v,
-                                                           (const __half *)outs, out_stride, lses,
-                                                           lse_stride, (__half *)out, lse_out);
-    else
-        merge_states_n_kernel<__nv_bfloat16>
-            <<<grid, 128, 0, s>>>(num_parts, rows, head_dim_v, (const __nv_bfloat16 *)outs,
-                                  out_stride, lses, lse_stride, (__nv_bfloat16 *)out, lse_out);
-    KVA_CUDA_LAUNCHED("merge_states_n_kernel");
     return KVA_STATUS_OK;
 }

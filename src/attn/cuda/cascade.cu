@@ -6,9 +6,10 @@
  *     passes and the index passes are ordered (and captured) together;
  *   cascade_upload: the index arrays (gather [M], merge [L, T]) into aux's
  *     workspace at off_idx, at plan time;
- *   gather_kernel: q_pref [C, M, H, D] = q rows gather[i], C copies;
- *   merge_kernel: out/lse row (t, h) merged in place with its C prefix rows
- *     of one level (launched once per level of nested groups).
+ *   gather_kernel: q_pref [C, M, H, D] = q rows gather[i], C copies.
+ * The merge of out/lse row (t, h) in place with its C prefix rows of one
+ * level runs in split_merge.cu (kva__cuda_cascade_merge: merge_rows_kernel,
+ * launched once per level of nested groups).
  * The two passes between them are ordinary plans: the prefix plan's
  * virtual requests (many rows over long keys) run on the tensor-core prefill
  * tiles, the suffix plan's decodes on the decode kernels.
@@ -105,125 +106,5 @@ extern "C" kva_status kva__cuda_cascade_gather(kva_context *ctx, const kva_plan 
         gather_kernel<uint16_t><<<grid, 128, 0, s>>>((const uint16_t *)q, (uint16_t *)q_pref,
                                                      gather, c->rows, n, (int64_t)(bytes / 2));
     KVA_CUDA_LAUNCHED("cascade gather_kernel");
-    return KVA_STATUS_OK;
-}
-
-static __device__ __forceinline__ float ld(const float *p, int64_t i)
-{
-    return p[i];
-}
-static __device__ __forceinline__ float ld(const __half *p, int64_t i)
-{
-    return __half2float(p[i]);
-}
-static __device__ __forceinline__ float ld(const __nv_bfloat16 *p, int64_t i)
-{
-    return __bfloat162float(p[i]);
-}
-static __device__ __forceinline__ void st(float *p, int64_t i, float x)
-{
-    p[i] = x;
-}
-static __device__ __forceinline__ void st(__half *p, int64_t i, float x)
-{
-    p[i] = __float2half_rn(x);
-}
-static __device__ __forceinline__ void st(__nv_bfloat16 *p, int64_t i, float x)
-{
-    p[i] = __float2bfloat16_rn(x);
-}
-
-/* One warp per (token t, head h) row of [T, H] whose token is grouped
- * (merge[t] = m >= 0): parts are the C prefix rows (k * M + m, h) of
- * out_pref / lse_pref and the suffix row (t, h) of out / lse, which it
- * overwrites. As kva_merge_states_n: a part of weight 0 is not read, all
- * -inf gives 0 and -inf, a NaN lse a NaN row. Dv <= 256. */
-template <typename T>
-__global__ void __launch_bounds__(128)
-    merge_kernel(const int32_t *merge, int32_t C, int32_t M, int32_t H, int32_t Dv,
-                 const T *out_pref, const float *lse_pref, T *out, float *lse, int64_t rows)
-{
-    const int lane = threadIdx.x & 31;
-    const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
-    for (int64_t n = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); n < rows;
-         n += warps) {
-        const int64_t t = n / H, h = n % H;
-        const int32_t m = merge[t];
-        if (m < 0)
-            continue;
-        const float ls = lse[n];
-        float mx = ls;
-        bool nan = ls != ls;
-        for (int32_t k = 0; k < C; k++) {
-            const float l = lse_pref[((int64_t)k * M + m) * H + h];
-            nan |= l != l;
-            mx = l > mx ? l : mx;
-        }
-        __syncwarp();
-        if (nan || mx == -INFINITY) {
-            for (int32_t d = lane; d < Dv; d += 32)
-                st(out, n * Dv + d, nan ? NAN : 0.f);
-            if (lane == 0)
-                lse[n] = nan ? NAN : -INFINITY;
-            continue;
-        }
-        float acc[8], w = 0.f;
-        const float ws = expf(ls - mx);
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int32_t d = lane + 32 * i;
-            acc[i] = ws > 0.f && d < Dv ? ws * ld(out, n * Dv + d) : 0.f;
-        }
-        w += ws;
-        for (int32_t k = 0; k < C; k++) {
-            const int64_t r = ((int64_t)k * M + m) * H + h;
-            const float wk = expf(lse_pref[r] - mx);
-            if (wk == 0.f)
-                continue;
-            w += wk;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const int32_t d = lane + 32 * i;
-                if (d < Dv)
-                    acc[i] += wk * ld(out_pref, r * Dv + d);
-            }
-        }
-        const float inv = 1.f / w;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int32_t d = lane + 32 * i;
-            if (d < Dv)
-                st(out, n * Dv + d, acc[i] * inv);
-        }
-        if (lane == 0)
-            lse[n] = mx + logf(w);
-    }
-}
-
-extern "C" kva_status kva__cuda_cascade_merge(kva_context *ctx, const kva_plan *plan, int32_t level,
-                                              const void *out_pref, const float *lse_pref,
-                                              void *out, float *lse)
-{
-    const kva__cascade *c = plan->cascade;
-    cudaStream_t s = (cudaStream_t)state_of(ctx)->stream;
-    /* The level's map: merge [L, T] follows gather [M]. */
-    const int32_t *merge = (const int32_t *)((const char *)c->aux->workspace + c->off_idx) +
-                           c->rows + (int64_t)level * plan->info.num_tokens;
-    const int32_t H = plan->d.num_heads, Dv = plan->d.head_dim_v;
-    const int64_t rows = (int64_t)plan->info.num_tokens * H;
-    const int64_t ctas = (rows + 3) / 4;
-    const int grid = ctas < 65535 ? (int)ctas : 65535;
-    const int32_t C = c->num_chunks, M = c->rows;
-    if (plan->d.q_dtype == KVA_DTYPE_F32)
-        merge_kernel<float><<<grid, 128, 0, s>>>(merge, C, M, H, Dv, (const float *)out_pref,
-                                                 lse_pref, (float *)out, lse, rows);
-    else if (plan->d.q_dtype == KVA_DTYPE_F16)
-        merge_kernel<__half><<<grid, 128, 0, s>>>(merge, C, M, H, Dv, (const __half *)out_pref,
-                                                  lse_pref, (__half *)out, lse, rows);
-    else
-        merge_kernel<__nv_bfloat16><<<grid, 128, 0, s>>>(merge, C, M, H, Dv,
-                                                         (const __nv_bfloat16 *)out_pref, lse_pref,
-                                                         (__nv_bfloat16 *)out, lse, rows);
-    KVA_CUDA_LAUNCHED("cascade merge_kernel");
     return KVA_STATUS_OK;
 }

@@ -1,62 +1,19 @@
 /*
- * decode_mma.cu - the tensor-core decode ("decode_mma_sm80"): decodes and
- * speculative decodes on tensor cores (mma.sync m16n8k16, fp32 accumulation),
- * for the work items of the shared partition (src/plan/partition.h) like the
- * CUDA-core kernel (attn_simt.cu).
+ * decode_mma.cu - the tensor-core decode (decode_mma_kernel.cuh) over 16-bit
+ * caches (bf16 or f16 K and V in the q dtype): its load policy and host side.
  *
- * One CTA (4 warps) runs one item at a time (persistent grid: CTA b runs items
- * b, b + gridDim.x, ... of the count in the device header). An item holds up
- * to 16 attention rows (nq query tokens x nh heads of one kv head), packed
- * into the M dimension of one m16 tile: a decode of a GQA-4 model fills 4 of
- * the 16 rows, a speculative decode of 4 tokens all 16, so the K/V rows of
- * the item are read once for every row (the CUDA-core kernel keeps 4 or 8
- * rows per item and read K/V once per item).
- *
- *   - Q [16, D] (rows past the item's zero) is staged in shared memory once
- *     per item, XOR-swizzled in 16-byte chunks, and read with ldmatrix.
- *   - The item's keys are cut into tiles of 16; warp w takes tiles w, w + 4,
- *     ... and keeps its own online-softmax state (m, l and O [16, D] in mma
- *     accumulators). Each warp copies its tiles (K and V [16, D], gathered
- *     through the block table: NHD or HND, any block size, ragged as NHD with
- *     B = 1) with cp.async into a private ring of NST stages in shared memory
- *     (NST - 1 tiles in flight per warp; 1-3 CTAs per SM by D: 128-144 KB in
- *     flight per SM), so warps never wait for each other inside the key loop.
- *   - S = Q K^T [16, 16] per tile (D / 16 k-steps x 2 mma); scores in log2
- *     units (scale * log2 e), soft-cap and ALiBi on CTA-uniform branches, the
- *     mask per element only on tiles not fully visible to every row (causal
- *     inside the speculative tokens, window, chunk edges).
- *   - P (rounded to the input dtype, as FlashAttention) stays in registers as
- *     the A operand of O += P V (ldmatrix.trans of V).
- *   - At the end the warps merge through shared memory (the ring's space) and
- *     the CTA writes out/lse, or the split partial that split_merge_kernel
- *     (split_merge.cu) combines; the sink enters there or here, once.
- * Keys at or past the item's end are zero-filled (cp.async with source size
- * 0) and their block-table entries never read, so NaN in unused cache slots
- * cannot reach P V.
+ *   - Q [16, D] is staged in shared memory as it is, XOR-swizzled in 16-byte
+ *     chunks, and read with ldmatrix.
+ *   - Steps of 16 keys (K and V [16, D] per stage, the same swizzle); 1-3
+ *     CTAs per SM by D (128-144 KB in flight per SM).
+ *   - S = Q K^T [16, 16] per step (D / 16 k-steps x 2 mma); P (rounded to the
+ *     input dtype, as FlashAttention) is the A operand of O += P V
+ *     (ldmatrix.trans of V).
  */
-extern "C" {
-#include "cuda_backend.h"
-}
-#include "cuda_check.h"
-#include "decode_mma_common.cuh"
-#include "mma_ptx.cuh"
+#include "decode_mma_kernel.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <math.h>
-#include <stdint.h>
-
-#define DM_NW 4  /* warps per CTA */
-#define DM_BN 16 /* keys per tile */
-#define DM_M KVA__CUDA_MMA_DECODE_ROWS
-
-/* Ring stages per warp for head size D (NST - 1 tiles in flight). */
-template <int D> struct dm_cfg {
-    static constexpr int NST = D == 64 ? 4 : 3;
-    static constexpr int TILE = DM_BN * D * 2; /* bytes of K (or V) of one tile */
-    static constexpr int SMEM = DM_M * D * 2 + DM_NW * NST * 2 * TILE;
-    static constexpr int MINB = D == 64 ? 3 : D == 128 ? 2 : 1;
-};
 
 /* Row index (in rows of D elements) of key j for the item's kv head: paged
  * NHD (block * B + off) * Hkv + kvh, HND (block * Hkv + kvh) * B + off;
@@ -72,71 +29,56 @@ static __device__ __forceinline__ int64_t dm_key_row(const kva__cuda_attn_args &
     return a.layout_hnd ? (block * a.Hkv + kvh) * a.B + off : (block * a.B + off) * a.Hkv + kvh;
 }
 
-/* The warp copies K and V of the 16 keys kb.. (zeros past kend) into one ring
- * stage: lane l computes the row of key l & 15, the others get it by shuffle;
- * chunk x = lane + 32 i is key x / (D/8), chunk x % (D/8). */
-template <int D>
-static __device__ __forceinline__ void dm_issue(const kva__cuda_attn_args &a, const int32_t *bt_row,
-                                                int64_t kvs, int32_t kvh, int32_t kb, int32_t kend,
-                                                uint32_t sk, uint32_t sv, int lane)
-{
-    constexpr int CH = D / 8;
-    const int32_t jl = kb + (lane & 15);
-    const int64_t mine = jl < kend ? dm_key_row(a, bt_row, kvs, kvh, jl) : -1;
-    const char *kp = (const char *)a.k, *vp = (const char *)a.v;
-#pragma unroll
-    for (int i = 0; i < DM_BN * CH / 32; i++) {
-        const int x = lane + 32 * i, key = x / CH, c = x % CH;
-        const int64_t row = __shfl_sync(0xffffffffu, mine, key);
-        const bool ok = row >= 0;
-        const int64_t boff = ok ? row * (int64_t)(D * 2) + c * 16 : 0;
-        kva__cp_async16(sk + kva__swz<D>(key, c), kp + boff, ok ? 16 : 0);
-        kva__cp_async16(sv + kva__swz<D>(key, c), vp + boff, ok ? 16 : 0);
+/* The load policy (decode_mma_kernel.cuh) of 16-bit K and V: Ty
+ * kva__mma_bf16 or kva__mma_f16, head size D (= Dv). A stage holds K then V
+ * [16, D] (TILE bytes each); Q [16, D] comes first. */
+template <typename Ty, int D_> struct dm_load16 {
+    typedef kva__cuda_attn_args Args;
+    typedef Ty Out;
+    static constexpr int D = D_, BNW = DM_BN, NT = BNW / 8;
+    static constexpr int NST = D == 64 ? 4 : 3; /* ring stages per warp */
+    static constexpr int TILE = DM_BN * D * 2;  /* bytes of K (or V) of one step */
+    static constexpr int STAGE = 2 * TILE, SQ = DM_M * D * 2;
+    static constexpr int SMEM = SQ + DM_NW * NST * STAGE;
+    static constexpr int MINB = D == 64 ? 3 : D == 128 ? 2 : 1;
+    static constexpr bool RAGGED = true, ISSUE_FIRST = false;
+    struct Item {
+    };
+
+    static __device__ __forceinline__ const kva__cuda_attn_args &attn(const Args &a)
+    {
+        return a;
     }
-}
 
-/*
- * Ty: kva__mma_bf16 or kva__mma_f16; D: head size (= Dv). Dynamic shared memory: Q [16, D]
- * then the rings [NW][NST][K/V][16, D]; the warps' O [NW][16][D] fp32 reuse the
- * rings' space for the final merge.
- */
-template <typename Ty, int D>
-__global__ void __launch_bounds__(DM_NW * 32, dm_cfg<D>::MINB)
-    decode_mma_kernel(const kva__cuda_attn_args a)
-{
-    typedef typename Ty::elem elem;
-    constexpr int NST = dm_cfg<D>::NST, TILE = dm_cfg<D>::TILE;
-    constexpr int CH = D / 8;
-    constexpr int NO = D / 8; /* n8 tiles of O */
-    extern __shared__ __align__(128) unsigned char dm_smem_buf[];
-    __shared__ float s_m[DM_NW][DM_M], s_l[DM_NW][DM_M];
-    const uint32_t sQ = kva__smem_u32(dm_smem_buf);
-    float *s_acc = (float *)(dm_smem_buf + DM_M * D * 2); /* [NW][16][D] after the loop */
+    /* The warp copies K and V of the 16 keys kb.. (zeros past kend) into the
+     * stage at st: lane l computes the row of key l & 15, the others get it
+     * by shuffle; chunk x = lane + 32 i is key x / (D/8), chunk x % (D/8). */
+    static __device__ __forceinline__ void issue(const Args &a, const int32_t *bt_row, int64_t kvs,
+                                                 int32_t kvh, int32_t kb, int32_t kend, uint32_t st,
+                                                 int lane)
+    {
+        constexpr int CH = D / 8;
+        const int32_t jl = kb + (lane & 15);
+        const int64_t mine = jl < kend ? dm_key_row(a, bt_row, kvs, kvh, jl) : -1;
+        const char *kp = (const char *)a.k, *vp = (const char *)a.v;
+#pragma unroll
+        for (int i = 0; i < DM_BN * CH / 32; i++) {
+            const int x = lane + 32 * i, key = x / CH, c = x % CH;
+            const int64_t row = __shfl_sync(0xffffffffu, mine, key);
+            const bool ok = row >= 0;
+            const int64_t boff = ok ? row * (int64_t)(D * 2) + c * 16 : 0;
+            kva__cp_async16(st + kva__swz<D>(key, c), kp + boff, ok ? 16 : 0);
+            kva__cp_async16(st + TILE + kva__swz<D>(key, c), vp + boff, ok ? 16 : 0);
+        }
+    }
 
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g4 = lane >> 2, t4 = lane & 3;
-    const uint32_t ring = sQ + DM_M * D * 2 + (uint32_t)warp * NST * 2 * TILE;
-    const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
-    const int32_t tree_on = a.meta.hdr[KVA_CUDA_HDR_TREE]; /* tree_mask.cuh */
-    const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
-    const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
-    /* Lane offsets of the ldmatrix addresses (rows and chunks of the x4 sets). */
-    const int q_r = (lane & 7) + ((lane >> 3) & 1) * 8, q_c = lane >> 4;
-    const int k_r = (lane & 7) + (lane >> 4) * 8, k_c = (lane >> 3) & 1;
-    const int v_r = (lane & 7) + ((lane >> 3) & 1) * 8, v_c = lane >> 4;
-
-    for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
-        const kva__cuda_item w = a.meta.items[it];
-        const int32_t nrows = w.nq * w.nh;
-        const int32_t qs = a.meta.qsl[w.req];
-        const int32_t q_len = a.meta.qsl[w.req + 1] - qs;
-        const int32_t s = a.meta.seq_lens[w.req];
-        const kva__cuda_tree tree = kva__cuda_tree_at(a.meta.tree, tree_on, qs, s, q_len);
-        const int32_t *bt_row =
-            a.ragged ? nullptr : a.meta.block_table + (int64_t)w.req * bt_stride;
-        const int64_t kvs = a.ragged ? a.meta.kv_start[w.req] : 0;
-
-        /* Q rows into shared memory (zeros past nrows). */
+    /* Q rows into shared memory (zeros past nrows); the body's barrier follows. */
+    static __device__ __forceinline__ void stage_q(const Args &a, const kva__cuda_item &w,
+                                                   int32_t nrows, int32_t qs, unsigned char *smem,
+                                                   Item &, int)
+    {
+        typedef typename Ty::elem elem;
+        constexpr int CH = D / 8;
         for (int x = threadIdx.x; x < DM_M * CH; x += DM_NW * 32) {
             const int r = x / CH, c = x % CH;
             uint4 v = make_uint4(0, 0, 0, 0);
@@ -146,142 +88,64 @@ __global__ void __launch_bounds__(DM_NW * 32, dm_cfg<D>::MINB)
                 const elem *qrow = (const elem *)a.q + ((int64_t)(qs + w.i0 + qi) * a.H + head) * D;
                 v = __ldg(reinterpret_cast<const uint4 *>(qrow) + c);
             }
-            *reinterpret_cast<uint4 *>(dm_smem_buf + kva__swz<D>(r, c)) = v;
+            *reinterpret_cast<uint4 *>(smem + kva__swz<D>(r, c)) = v;
         }
-        /* This thread's two rows g4 and g4 + 8: visible keys, position, slope. */
-        int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
-        float slope[2];
-        kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
-        __syncthreads(); /* Q visible to every warp */
-
-        float o[NO][4];
-#pragma unroll
-        for (int n = 0; n < NO; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[n][e] = 0.f;
-        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-
-        const int32_t kend = w.k1;
-        const int32_t kb0 = w.k0 + warp * DM_BN;
-        constexpr int32_t STEP = DM_NW * DM_BN;
-#pragma unroll
-        for (int st = 0; st < NST - 1; st++) {
-            const int32_t kb = kb0 + st * STEP;
-            if (kb < kend)
-                dm_issue<D>(a, bt_row, kvs, w.kv_head, kb, kend, ring + st * 2 * TILE,
-                            ring + st * 2 * TILE + TILE, lane);
-            kva__cp_async_commit();
-        }
-        int stage = 0;
-        for (int32_t kb = kb0; kb < kend; kb += STEP) {
-            /* Refill the stage the previous tile used (every lane is past it). */
-            __syncwarp();
-            {
-                const int ahead = stage == 0 ? NST - 1 : stage - 1;
-                const int32_t kn = kb + (NST - 1) * STEP;
-                if (kn < kend)
-                    dm_issue<D>(a, bt_row, kvs, w.kv_head, kn, kend, ring + ahead * 2 * TILE,
-                                ring + ahead * 2 * TILE + TILE, lane);
-                kva__cp_async_commit();
-            }
-            kva__cp_async_wait<NST - 1>();
-            __syncwarp(); /* the other lanes' copies of this tile have landed */
-            const uint32_t sk = ring + stage * 2 * TILE, sv = sk + TILE;
-
-            /* S = Q K^T [16, 16]: s[nt] is keys nt*8 .. +8. */
-            float sc[2][4];
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    sc[nt][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                uint32_t qa[4], kf[4];
-                kva__ldsm_x4(sQ + kva__swz<D>(q_r, kk * 2 + q_c), qa);
-                kva__ldsm_x4(sk + kva__swz<D>(k_r, kk * 2 + k_c), kf);
-                Ty::mma(sc[0], qa, kf[0], kf[1]);
-                Ty::mma(sc[1], qa, kf[2], kf[3]);
-            }
-            /* Logits in log2 units; the mask only where some row may not see
-             * some key of the tile. Element e: row g4 + (e >> 1) * 8, key
-             * kb + nt * 8 + 2 * t4 + (e & 1). */
-            kva__dmma_logits<DM_BN>(sc, a, scale_log2, kb, t4, lo_all, hi_all, lo, hi, pos, slope,
-                                    &tree);
-            kva__dmma_softmax<NO>(sc, m_run, l_run, o);
-            /* O += P V: P [16, 16] as the A operand, V [16, D] by ldmatrix.trans. */
-            uint32_t pa[4];
-            kva__dmma_pack_p<Ty>(sc, pa);
-#pragma unroll
-            for (int dp = 0; dp < D / 16; dp++) {
-                uint32_t vb[4];
-                kva__ldsm_x4_trans(sv + kva__swz<D>(v_r, dp * 2 + v_c), vb);
-                Ty::mma(o[2 * dp], pa, vb[0], vb[1]);
-                Ty::mma(o[2 * dp + 1], pa, vb[2], vb[3]);
-            }
-            stage = stage == NST - 1 ? 0 : stage + 1;
-        }
-        kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
-
-        /* Row sums over the 4 lanes of a row; the warps' states to shared memory. */
-        kva__dmma_row_sums(l_run);
-        __syncthreads(); /* every warp is done with its ring */
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int r = g4 + hf * 8;
-            float *dst = s_acc + ((size_t)warp * DM_M + r) * D;
-#pragma unroll
-            for (int n = 0; n < NO; n++)
-                *reinterpret_cast<float2 *>(dst + n * 8 + 2 * t4) =
-                    make_float2(o[n][2 * hf], o[n][2 * hf + 1]);
-            if (t4 == 0) {
-                s_m[warp][r] = m_run[hf];
-                s_l[warp][r] = l_run[hf];
-            }
-        }
-        __syncthreads();
-
-        /* Combine the warps and write: element (r, d) per thread. */
-        for (int32_t x = threadIdx.x; x < nrows * D; x += DM_NW * 32) {
-            const int32_t r = x / D, d = x - r * D;
-            float M, mu, L, O;
-            kva__dmma_merge<DM_NW, DM_M, D>(s_m, s_l, s_acc, r, d, M, mu, L, O);
-            kva__dmma_write<D, Ty>(a, w, nrows, qs, r, d, M, mu, L, O);
-        }
-        __syncthreads(); /* Q, s_acc and the rings are rewritten by the next item */
     }
-}
+
+    /* S = Q K^T [16, 16]: ldmatrix of Q and K (x4 sets: rows and chunks of
+     * the lane's addresses). */
+    static __device__ __forceinline__ void scores(float sc[NT][4], const Args &,
+                                                  const unsigned char *smem, const unsigned char *,
+                                                  uint32_t sk, const Item &, int lane)
+    {
+        const uint32_t sQ = kva__smem_u32(smem);
+        const int q_r = (lane & 7) + ((lane >> 3) & 1) * 8, q_c = lane >> 4;
+        const int k_r = (lane & 7) + (lane >> 4) * 8, k_c = (lane >> 3) & 1;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t qa[4], kf[4];
+            kva__ldsm_x4(sQ + kva__swz<D>(q_r, kk * 2 + q_c), qa);
+            kva__ldsm_x4(sk + kva__swz<D>(k_r, kk * 2 + k_c), kf);
+            Ty::mma(sc[0], qa, kf[0], kf[1]);
+            Ty::mma(sc[1], qa, kf[2], kf[3]);
+        }
+    }
+
+    static __device__ __forceinline__ void pv(float o[D / 8][4], const float sc[NT][4],
+                                              const unsigned char *, uint32_t st, int lane)
+    {
+        kva__dmma_pv16<Ty, D>(o, sc, st + TILE, lane);
+    }
+
+    /* Row half hf of O: channels 8 n + 2 t4 (+1). */
+    static __device__ __forceinline__ void store_acc(float *dst, const float o[D / 8][4], int hf,
+                                                     int t4)
+    {
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            *reinterpret_cast<float2 *>(dst + n * 8 + 2 * t4) =
+                make_float2(o[n][2 * hf], o[n][2 * hf + 1]);
+    }
+
+    static __device__ __forceinline__ float value(const Args &, const kva__cuda_item &, int32_t,
+                                                  float, float O)
+    {
+        return O;
+    }
+};
 
 /* ---- host side ---- */
 
-typedef void (*dm_kernel_fn)(kva__cuda_attn_args);
+template <int D> using dm_load_bf16 = dm_load16<kva__mma_bf16, D>;
+template <int D> using dm_load_f16 = dm_load16<kva__mma_f16, D>;
 
-typedef struct dm_launch {
-    dm_kernel_fn fn;
-    int smem;
-} dm_launch;
-
-template <typename Ty> static dm_launch dm_pick_d(int32_t D)
-{
-    dm_launch k = {NULL, 0};
-    if (D == 64)
-        k = {decode_mma_kernel<Ty, 64>, dm_cfg<64>::SMEM};
-    else if (D == 128)
-        k = {decode_mma_kernel<Ty, 128>, dm_cfg<128>::SMEM};
-    else if (D == 256)
-        k = {decode_mma_kernel<Ty, 256>, dm_cfg<256>::SMEM};
-    return k;
-}
-
-static dm_launch dm_pick(kva_dtype dt, int32_t D)
+static dm_launch<kva__cuda_attn_args> dm_pick(kva_dtype dt, int32_t D)
 {
     if (dt == KVA_DTYPE_BF16)
-        return dm_pick_d<kva__mma_bf16>(D);
+        return dm_pick_d<dm_load_bf16>(D);
     if (dt == KVA_DTYPE_F16)
-        return dm_pick_d<kva__mma_f16>(D);
-    dm_launch none = {NULL, 0};
-    return none;
+        return dm_pick_d<dm_load_f16>(D);
+    return dm_launch<kva__cuda_attn_args>{NULL, 0};
 }
 
 extern "C" int kva__cuda_decode_mma_supported(int32_t head_dim, int32_t head_dim_v, kva_dtype dtype)
@@ -292,7 +156,7 @@ extern "C" int kva__cuda_decode_mma_supported(int32_t head_dim, int32_t head_dim
 
 extern "C" int kva__cuda_decode_mma_ctas_per_sm(kva_dtype dtype, int32_t head_dim)
 {
-    const dm_launch k = dm_pick(dtype, head_dim);
+    const dm_launch<kva__cuda_attn_args> k = dm_pick(dtype, head_dim);
     if (!k.fn)
         return 0;
     int n = 0;
@@ -309,7 +173,7 @@ extern "C" int kva__cuda_decode_mma_ctas_per_sm(kva_dtype dtype, int32_t head_di
 extern "C" kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
                                                   int grid, void *stream)
 {
-    const dm_launch k = dm_pick(dtype, a->D);
+    const dm_launch<kva__cuda_attn_args> k = dm_pick(dtype, a->D);
     if (!k.fn || a->Dv != a->D)
         return kva__fail(
             KVA_STATUS_UNSUPPORTED,

@@ -1,10 +1,10 @@
 /*
- * decode_mma_common.cuh - the per-item steps that the tensor-core decode
- * kernels (decode_mma.cu: bf16/f16 cache, decode_mma_quant.cu: int8/fp8
- * codes) share: the visible key range of the thread's rows, the logit
- * transform, the online-softmax update of rows g4 and g4 + 8 of an m16 tile,
- * and the end-of-item merge of the warps and the epilogue (out, lse, split
- * partial, sink).
+ * decode_mma_common.cuh - the per-item steps of the tensor-core decode
+ * (decode_mma_kernel.cuh, for every cache format; the MLA decodes use some):
+ * the visible key range of the thread's rows, the logit transform, the
+ * online-softmax update of rows g4 and g4 + 8 of an m16 tile, and the
+ * end-of-item merge of the warps and the epilogue (out, lse, split partial,
+ * sink).
  *
  * Fragment layout (mma m16n8k16, lane = 4 g4 + t4): S [16, 16] of one tile
  * of keys kb .. kb + 15 is sc[nt][e], row g4 + (e >> 1) * 8, key

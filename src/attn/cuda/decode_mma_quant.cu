@@ -67,13 +67,13 @@ extern "C" kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva
     KVA_CUDA_TRY(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
     int per_sm = 0;
     KVA_CUDA_TRY(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, QM_NW * 32, (size_t)k.smem));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, DM_NW * 32, (size_t)k.smem));
     if (per_sm < 1)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
                          "kva_attention_run: the quantized tensor-core decode (D %d) cannot be "
                          "resident on device %d",
                          (int)a.D, (int)st->device);
-    k.fn<<<st->num_sms * per_sm, QM_NW * 32, (size_t)k.smem, (cudaStream_t)st->stream>>>(qa);
-    KVA_CUDA_LAUNCHED("decode_mma_quant_kernel");
+    k.fn<<<st->num_sms * per_sm, DM_NW * 32, (size_t)k.smem, (cudaStream_t)st->stream>>>(qa);
+    KVA_CUDA_LAUNCHED("decode_mma_kernel (quantized)");
     return KVA_STATUS_OK;
 }

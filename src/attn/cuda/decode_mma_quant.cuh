@@ -7,17 +7,18 @@
  * query tokens x nh heads of one kv head, one m16 tile) and keeps the
  * prefill tiles on its CUDA-core kernel.
  *
- * The kernel body is written once here and instantiated per format family
+ * This header is the load policy of the tensor-core decode's one body
+ * (decode_mma_kernel.cuh) for these formats, instantiated per format family
  * in decode_mma_quant_{i8,fp8,v16}.cu (f16 and bf16 q, D 64 / 128 / 256) so
  * the build compiles them in parallel; decode_mma_quant.cu is the host side.
  *
- * As decode_mma.cu: persistent CTAs of 4 warps, one item at a time; warp w
- * takes the steps of BNW keys w, w + 4, ... of the item (BNW = 32 for 1-byte
- * V at D <= 128, else 16) and copies K and V [BNW, D] (and the BNW per-token
- * key scales) with cp.async into a private ring of NST stages; its own
- * online softmax; the warps merge through shared memory at the end; split
- * partials as decode_mma.cu's. The configuration is described at qm_cfg
- * (its measurements: bench/results/2026-11-22_performance-journal.md).
+ * As for 16-bit caches: persistent CTAs of 4 warps, one item at a time; warp
+ * w takes the steps of BNW keys w, w + 4, ... of the item (BNW = 32 for
+ * 1-byte V at D <= 128, else 16) and copies K and V [BNW, D] (and the BNW
+ * per-token key scales) with cp.async into a private ring of NST stages; its
+ * own online softmax; the warps merge through shared memory at the end;
+ * split partials as the 16-bit policy's. The configuration is described at
+ * qm_load (its measurements: bench/results/2026-11-22_performance-journal.md).
  *
  * The mma runs in f16 (m16n8k16, fp32 accumulation); the codes are turned
  * into f16 exactly in registers:
@@ -51,7 +52,7 @@ extern "C" {
 #include "cuda_backend.h"
 }
 #include "cuda_check.h"
-#include "decode_mma_common.cuh"
+#include "decode_mma_kernel.cuh"
 #include "mma_ptx.cuh"
 #include "quant_args.cuh"
 #include "quant_cvt.cuh"
@@ -72,41 +73,9 @@ typedef struct kva__cuda_quant_mma_args {
     int32_t q16;           /* q is 16-byte aligned (vector loads of its rows) */
 } kva__cuda_quant_mma_args;
 
-#define QM_NW 4  /* warps per CTA */
-#define QM_BN 16 /* keys per tile */
-#define QM_M KVA__CUDA_MMA_DECODE_ROWS
-
 /* Formats: K and V int8 codes, K and V fp8 codes, int8 K codes with a 16-bit
  * V in the q dtype (INT8_TOKEN_K_V16). */
 enum { QM_I8 = 0, QM_FP8 = 1, QM_V16 = 2 };
-
-/* Ring stages per warp (NST - 1 steps in flight), keys per step and shared
- * memory at head size D for format FMT. 1-byte V at D <= 128 runs 32 keys
- * per warp step (KT = 2): two 16-key sub-tiles whose score chains interleave
- * and share the Q' fragments, one softmax update and one block-table lookup
- * per 32 keys; D 256 runs 16-key steps (registers). A stage holds the K
- * codes [BNW, D] bytes, V [BNW, D] (codes, or 16-bit for QM_V16, swizzled as
- * the bf16 kernel's tiles) and BNW key scales. QM_V16 runs 16-key steps
- * (NST 5 / 4 / 4: a 16-key stage already carries 6 KB at D 128). */
-template <int D, int FMT> struct qm_cfg {
-    static constexpr int VB = FMT == QM_V16 ? 2 : 1;       /* bytes per V element */
-    static constexpr int KT = D <= 128 && VB == 1 ? 2 : 1; /* 16-key sub-tiles */
-    static constexpr int BNW = QM_BN * KT;                 /* keys per warp step */
-    static constexpr int NST = VB == 2   ? (D == 64 ? 5 : 4)
-                               : KT == 2 ? (D == 64 ? 4 : 3)
-                                         : (D == 64    ? 8
-                                            : D == 128 ? 6
-                                                       : 5);
-    static constexpr int QSTR = D + 8;                /* Q' row stride (halves) */
-    static constexpr int SQ = 2 * QM_M * QSTR * 2;    /* Q' hi, lo [16, D] f16 */
-    static constexpr int VOFF = BNW * D;              /* V in the stage (bytes) */
-    static constexpr int TSOFF = VOFF + BNW * D * VB; /* key scales in the stage */
-    static constexpr int STAGE = TSOFF + 4 * BNW;
-    static constexpr int SMEM = SQ + QM_NW * NST * STAGE;
-    static constexpr int MINB = D == 64 ? 3 : D == 128 ? 2 : 1;
-    static_assert(QM_NW * QM_M * D * 4 <= QM_NW * NST * STAGE, "merge space");
-    static_assert(STAGE % 16 == 0, "stage alignment");
-};
 
 /* Output store of the epilogue (kva__dmma_write): OT __half or __nv_bfloat16. */
 template <typename OT> struct qm_out {
@@ -234,13 +203,13 @@ qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t n
            bool ktok, __half *sQ, __half *sQl, float *s_qo, float *s_up)
 {
     const kva__cuda_attn_args &a = q.a;
-    constexpr int QSTR = D + 8, C8 = D / 8, NI = QM_M * C8 / (QM_NW * 32);
-    static_assert((QM_NW * 32) % C8 == 0 && C8 <= 32, "a row's chunks in one warp");
-    static_assert((QM_M * C8) % (QM_NW * 32) == 0, "whole chunk rounds");
+    constexpr int QSTR = D + 8, C8 = D / 8, NI = DM_M * C8 / (DM_NW * 32);
+    static_assert((DM_NW * 32) % C8 == 0 && C8 <= 32, "a row's chunks in one warp");
+    static_assert((DM_M * C8) % (DM_NW * 32) == 0, "whole chunk rounds");
     float vv[NI][8];
 #pragma unroll
     for (int i = 0; i < NI; i++) {
-        const int x = threadIdx.x + i * QM_NW * 32;
+        const int x = threadIdx.x + i * DM_NW * 32;
         const int r = x / C8, c = (x % C8) * 8;
         float *v = vv[i];
 #pragma unroll
@@ -268,7 +237,7 @@ qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t n
     }
 #pragma unroll
     for (int i = 0; i < NI; i++) {
-        const int x = threadIdx.x + i * QM_NW * 32;
+        const int x = threadIdx.x + i * DM_NW * 32;
         const int r = x / C8, c = (x % C8) * 8;
         float *v = vv[i];
         float mx = 0.f;
@@ -309,295 +278,246 @@ qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t n
     __syncthreads();
 }
 
-/*
- * FMT: QM_I8 or QM_FP8; OT: __half or __nv_bfloat16 (q and out); D = Dv;
- * Dynamic shared memory: Q' hi, lo [16, D + 8] f16,
- * then the rings [NW][NST] stages; the warps' O [NW][16][D] fp32 reuse the
- * rings for the merge.
- */
-template <int FMT, typename OT, int D>
-__global__ void __launch_bounds__(QM_NW * 32, (qm_cfg<D, FMT>::MINB))
-    decode_mma_quant_kernel(const kva__cuda_quant_mma_args q)
-{
-    typedef qm_cfg<D, FMT> cfg;
-    /* QM_V16: P V in the q dtype (V's), as the bf16 kernel. */
+/* The load policy (decode_mma_kernel.cuh) of format FMT (QM_I8, QM_FP8 or
+ * QM_V16), q and out dtype OT (__half or __nv_bfloat16), head size D = Dv.
+ * Ring stages per warp (NST - 1 steps in flight), keys per step and shared
+ * memory: 1-byte V at D <= 128 runs 32 keys per warp step (KT = 2): two
+ * 16-key sub-tiles whose score chains interleave and share the Q'
+ * fragments, one softmax update and one block-table lookup per 32 keys;
+ * D 256 runs 16-key steps (registers). A stage holds the K codes [BNW, D]
+ * bytes, V [BNW, D] (codes, or 16-bit for QM_V16, swizzled as the 16-bit
+ * policy's tiles) and BNW key scales. QM_V16 runs 16-key steps (NST 5 / 4 /
+ * 4: a 16-key stage already carries 6 KB at D 128). Q' hi and lo [16, D + 8]
+ * f16 come first. */
+template <int FMT, typename OT, int D_> struct qm_load {
+    typedef kva__cuda_quant_mma_args Args;
+    typedef qm_out<OT> Out;
+    static constexpr int D = D_;
+    static constexpr int VB = FMT == QM_V16 ? 2 : 1;       /* bytes per V element */
+    static constexpr int KT = D <= 128 && VB == 1 ? 2 : 1; /* 16-key sub-tiles */
+    static constexpr int BNW = DM_BN * KT, NT = 2 * KT;    /* keys per warp step */
+    static constexpr int NST = VB == 2   ? (D == 64 ? 5 : 4)
+                               : KT == 2 ? (D == 64 ? 4 : 3)
+                                         : (D == 64    ? 8
+                                            : D == 128 ? 6
+                                                       : 5);
+    static constexpr int QSTR = D + 8;                /* Q' row stride (halves) */
+    static constexpr int SQ = 2 * DM_M * QSTR * 2;    /* Q' hi, lo [16, D] f16 */
+    static constexpr int VOFF = BNW * D;              /* V in the stage (bytes) */
+    static constexpr int TSOFF = VOFF + BNW * D * VB; /* key scales in the stage */
+    static constexpr int STAGE = TSOFF + 4 * BNW;
+    static constexpr int SMEM = SQ + DM_NW * NST * STAGE;
+    static constexpr int MINB = D == 64 ? 3 : D == 128 ? 2 : 1;
+    static constexpr bool RAGGED = false, ISSUE_FIRST = true;
+    static_assert(DM_NW * DM_M * D * 4 <= DM_NW * NST * STAGE, "merge space");
+    static_assert(STAGE % 16 == 0, "stage alignment");
+    /* Of rows g4 and g4 + 8: 2^-k (qm_row_exp), sum_c Q'_c o_c (INT8_CHANNEL). */
+    struct Item {
+        float qup[2], qo[2];
+    };
+    /* QM_V16: P V in the q dtype (V's), as the 16-bit policy. */
     typedef typename qm_ty<OT>::type TyV;
-    const kva__cuda_attn_args &a = q.a;
-    constexpr int NST = cfg::NST, STAGE = cfg::STAGE, QSTR = cfg::QSTR;
-    constexpr int KT = cfg::KT, BNW = cfg::BNW, NT = 2 * KT;
-    constexpr int NO = D / 8; /* n8 tiles of O */
-    extern __shared__ __align__(128) unsigned char qm_buf[];
-    __shared__ float s_m[QM_NW][QM_M], s_l[QM_NW][QM_M], s_qo[QM_M], s_up[QM_M];
-    __half *sQ = (__half *)qm_buf, *sQl = sQ + QM_M * QSTR;
-    float *s_acc = (float *)(qm_buf + cfg::SQ); /* [NW][16][D] after the loop */
 
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g4 = lane >> 2, t4 = lane & 3;
-    const uint32_t ring = kva__smem_u32(qm_buf) + cfg::SQ + (uint32_t)warp * NST * STAGE;
-    const unsigned char *ring_p = qm_buf + cfg::SQ + (size_t)warp * NST * STAGE;
-    const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
-    const int32_t tree_on = a.meta.hdr[KVA_CUDA_HDR_TREE]; /* tree_mask.cuh */
-    const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
-    const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
-    const bool ktok = q.kts != nullptr;
+    static __device__ __forceinline__ const kva__cuda_attn_args &attn(const Args &q)
+    {
+        return q.a;
+    }
 
-    for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
-        const kva__cuda_item w = a.meta.items[it];
-        const int32_t nrows = w.nq * w.nh;
-        const int32_t qs = a.meta.qsl[w.req];
-        const int32_t q_len = a.meta.qsl[w.req + 1] - qs;
-        const int32_t s = a.meta.seq_lens[w.req];
-        const kva__cuda_tree tree = kva__cuda_tree_at(a.meta.tree, tree_on, qs, s, q_len);
-        const int32_t *bt_row = a.meta.block_table + (int64_t)w.req * bt_stride;
-        const int32_t kend = w.k1;
-        const int32_t kb0 = w.k0 + warp * BNW;
-        constexpr int32_t STEP = QM_NW * BNW;
+    static __device__ __forceinline__ void issue(const Args &q, const int32_t *bt_row, int64_t,
+                                                 int32_t kvh, int32_t kb, int32_t kend, uint32_t st,
+                                                 int lane)
+    {
+        qm_issue<D, BNW, VB>(q, bt_row, kvh, kb, kend, st, lane);
+    }
 
-        /* The first NST - 1 steps of the warp's ring (the rings are free: the
-         * previous item ended with a barrier after its merge), then Q'. */
-#pragma unroll
-        for (int st = 0; st < NST - 1; st++) {
-            const int32_t kb = kb0 + st * STEP;
-            if (kb < kend)
-                qm_issue<D, BNW, cfg::VB>(q, bt_row, w.kv_head, kb, kend, ring + st * STAGE, lane);
-            kva__cp_async_commit();
+    /* Q' of the item (qm_stage_q, with its barrier), then the thread's rows'
+     * scale and offset terms. */
+    static __device__ __forceinline__ void stage_q(const Args &q, const kva__cuda_item &w,
+                                                   int32_t nrows, int32_t qs, unsigned char *smem,
+                                                   Item &it, int g4)
+    {
+        __shared__ float s_qo[DM_M], s_up[DM_M];
+        __half *sQ = (__half *)smem;
+        qm_stage_q<FMT, OT, D>(q, w, nrows, qs, q.kts != nullptr, sQ, sQ + DM_M * QSTR, s_qo, s_up);
+        it.qup[0] = s_up[g4];
+        it.qup[1] = s_up[g4 + 8];
+        it.qo[0] = 0.f;
+        it.qo[1] = 0.f;
+        if (FMT == QM_I8 && q.kts == nullptr) {
+            it.qo[0] = s_qo[g4];
+            it.qo[1] = s_qo[g4 + 8];
         }
-        qm_stage_q<FMT, OT, D>(q, w, nrows, qs, ktok, sQ, sQl, s_qo, s_up);
-        float qup[2]; /* 2^-k of rows g4, g4 + 8 (qm_row_exp) */
-        qup[0] = s_up[g4];
-        qup[1] = s_up[g4 + 8];
-        /* This thread's two rows g4 and g4 + 8: visible keys, position, slope. */
-        int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
-        float slope[2];
-        kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
-        float qo[2] = {0.f, 0.f};
-        if (FMT == QM_I8 && !ktok) {
-            qo[0] = s_qo[g4];
-            qo[1] = s_qo[g4 + 8];
-        }
+    }
 
-        float o[NO][4];
+    /* S = Q' K^T [16, BNW] (B column g4 is key g4 + 8 nt; sub-tile kt:
+     * nt = 2 kt, 2 kt + 1). Per 64 channels: the lane's 16 channels 16 t4 ..
+     * of rows g4, g4 + 8 of Q' and of its key rows. Codes are exact in f16
+     * and so are their products with Q' hi and lo: S is Q' K^T to about
+     * 2^-22 (the lo pass is skipped for per-token keys, where Q' = 2^k q is
+     * exact in f16 down to 2^-31 of the row's max). The Q' fragments of a
+     * 64-channel slice serve every sub-tile; the sub-tiles' accumulator
+     * chains interleave. Then the per-token key scales or the offset term,
+     * and 2^-k. */
+    static __device__ __forceinline__ void scores(float sc[NT][4], const Args &q,
+                                                  const unsigned char *smem,
+                                                  const unsigned char *sk, uint32_t, const Item &it,
+                                                  int lane)
+    {
+        const int g4 = lane >> 2, t4 = lane & 3;
+        const bool ktok = q.kts != nullptr;
+        const __half *sQ = (const __half *)smem, *sQl = sQ + DM_M * QSTR;
 #pragma unroll
-        for (int n = 0; n < NO; n++)
+        for (int kk = 0; kk < D / 64; kk++) {
+            uint32_t qr[2][8], qs8[2][8];
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[n][e] = 0.f;
-        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-
-        int stage = 0;
-        for (int32_t kb = kb0; kb < kend; kb += STEP) {
-            __syncwarp(); /* every lane is past the stage refilled now */
-            {
-                const int ahead = stage == 0 ? NST - 1 : stage - 1;
-                const int32_t kn = kb + (NST - 1) * STEP;
-                if (kn < kend)
-                    qm_issue<D, BNW, cfg::VB>(q, bt_row, w.kv_head, kn, kend, ring + ahead * STAGE,
-                                              lane);
-                kva__cp_async_commit();
+            for (int pass = 0; pass < 2; pass++) {
+                if (pass == 1 && ktok)
+                    break;
+                const __half *q0 = (pass ? sQl : sQ) + g4 * QSTR + kk * 64 + 16 * t4;
+                const uint4 qa0 = *(const uint4 *)q0, qa1 = *(const uint4 *)(q0 + 8);
+                const uint4 qb0 = *(const uint4 *)(q0 + 8 * QSTR),
+                            qb1 = *(const uint4 *)(q0 + 8 * QSTR + 8);
+                qr[pass][0] = qa0.x, qr[pass][1] = qa0.y, qr[pass][2] = qa0.z;
+                qr[pass][3] = qa0.w, qr[pass][4] = qa1.x, qr[pass][5] = qa1.y;
+                qr[pass][6] = qa1.z, qr[pass][7] = qa1.w;
+                qs8[pass][0] = qb0.x, qs8[pass][1] = qb0.y, qs8[pass][2] = qb0.z;
+                qs8[pass][3] = qb0.w, qs8[pass][4] = qb1.x, qs8[pass][5] = qb1.y;
+                qs8[pass][6] = qb1.z, qs8[pass][7] = qb1.w;
             }
-            kva__cp_async_wait<NST - 1>();
-            __syncwarp(); /* the other lanes' copies of this step have landed */
-            const unsigned char *sk = ring_p + stage * STAGE, *sv = sk + cfg::VOFF;
-
-            /* S = Q' K^T [16, BNW]: sc[nt] is keys nt*8 .. +8 (B column g4
-             * is key g4 + 8 nt; sub-tile kt: nt = 2 kt, 2 kt + 1). Per 64
-             * channels: the lane's 16 channels 16 t4 .. of rows g4, g4 + 8
-             * of Q' and of its key rows. Codes are exact in f16 and so are
-             * their products with Q' hi and lo: S is Q' K^T to about 2^-22
-             * (the lo pass is skipped for per-token keys, where Q' = 2^k q
-             * is exact in f16 down to 2^-31 of the row's max). The Q' fragments of a 64-channel
-             * slice serve every sub-tile; the sub-tiles' accumulator chains interleave. */
-            float sc[NT][4];
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+            for (int kt = 0; kt < KT; kt++) {
+                uint32_t kb_[2][4][2];
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    sc[nt][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < D / 64; kk++) {
-                uint32_t qr[2][8], qs8[2][8];
+                for (int nt = 0; nt < 2; nt++) {
+                    const uint4 kw =
+                        *(const uint4 *)(sk + qm_koff<D>(16 * kt + g4 + 8 * nt, kk * 4 + t4));
+                    kva__cvt4_f16<FMT == QM_FP8>(kw.x, kb_[nt][0][0], kb_[nt][0][1]);
+                    kva__cvt4_f16<FMT == QM_FP8>(kw.y, kb_[nt][1][0], kb_[nt][1][1]);
+                    kva__cvt4_f16<FMT == QM_FP8>(kw.z, kb_[nt][2][0], kb_[nt][2][1]);
+                    kva__cvt4_f16<FMT == QM_FP8>(kw.w, kb_[nt][3][0], kb_[nt][3][1]);
+                }
 #pragma unroll
                 for (int pass = 0; pass < 2; pass++) {
                     if (pass == 1 && ktok)
                         break;
-                    const __half *q0 = (pass ? sQl : sQ) + g4 * QSTR + kk * 64 + 16 * t4;
-                    const uint4 qa0 = *(const uint4 *)q0, qa1 = *(const uint4 *)(q0 + 8);
-                    const uint4 qb0 = *(const uint4 *)(q0 + 8 * QSTR),
-                                qb1 = *(const uint4 *)(q0 + 8 * QSTR + 8);
-                    qr[pass][0] = qa0.x, qr[pass][1] = qa0.y, qr[pass][2] = qa0.z;
-                    qr[pass][3] = qa0.w, qr[pass][4] = qa1.x, qr[pass][5] = qa1.y;
-                    qr[pass][6] = qa1.z, qr[pass][7] = qa1.w;
-                    qs8[pass][0] = qb0.x, qs8[pass][1] = qb0.y, qs8[pass][2] = qb0.z;
-                    qs8[pass][3] = qb0.w, qs8[pass][4] = qb1.x, qs8[pass][5] = qb1.y;
-                    qs8[pass][6] = qb1.z, qs8[pass][7] = qb1.w;
-                }
 #pragma unroll
-                for (int kt = 0; kt < KT; kt++) {
-                    uint32_t kb_[2][4][2];
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++) {
-                        const uint4 kw =
-                            *(const uint4 *)(sk + qm_koff<D>(16 * kt + g4 + 8 * nt, kk * 4 + t4));
-                        kva__cvt4_f16<FMT == QM_FP8>(kw.x, kb_[nt][0][0], kb_[nt][0][1]);
-                        kva__cvt4_f16<FMT == QM_FP8>(kw.y, kb_[nt][1][0], kb_[nt][1][1]);
-                        kva__cvt4_f16<FMT == QM_FP8>(kw.z, kb_[nt][2][0], kb_[nt][2][1]);
-                        kva__cvt4_f16<FMT == QM_FP8>(kw.w, kb_[nt][3][0], kb_[nt][3][1]);
-                    }
-#pragma unroll
-                    for (int pass = 0; pass < 2; pass++) {
-                        if (pass == 1 && ktok)
-                            break;
-#pragma unroll
-                        for (int st = 0; st < 4; st++) {
-                            const uint32_t af[4] = {qr[pass][2 * st], qs8[pass][2 * st],
-                                                    qr[pass][2 * st + 1], qs8[pass][2 * st + 1]};
-                            kva__mma_f16::mma(sc[2 * kt], af, kb_[0][st][0], kb_[0][st][1]);
-                            kva__mma_f16::mma(sc[2 * kt + 1], af, kb_[1][st][0], kb_[1][st][1]);
-                        }
+                    for (int st = 0; st < 4; st++) {
+                        const uint32_t af[4] = {qr[pass][2 * st], qs8[pass][2 * st],
+                                                qr[pass][2 * st + 1], qs8[pass][2 * st + 1]};
+                        kva__mma_f16::mma(sc[2 * kt], af, kb_[0][st][0], kb_[0][st][1]);
+                        kva__mma_f16::mma(sc[2 * kt + 1], af, kb_[1][st][0], kb_[1][st][1]);
                     }
                 }
             }
-            /* Scores: per-token key scales or the offset term. Element e:
-             * row g4 + (e >> 1) * 8, key kb + nt * 8 + 2 * t4 + (e & 1). */
-            if (ktok) {
-                const float *ts = (const float *)(sk + cfg::TSOFF);
+        }
+        /* Element e: row g4 + (e >> 1) * 8, key kb + nt * 8 + 2 * t4 + (e & 1). */
+        if (ktok) {
+            const float *ts = (const float *)(sk + TSOFF);
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    const float2 t2 = *(const float2 *)(ts + nt * 8 + 2 * t4);
-                    sc[nt][0] *= t2.x;
-                    sc[nt][1] *= t2.y;
-                    sc[nt][2] *= t2.x;
-                    sc[nt][3] *= t2.y;
-                }
-            } else if (FMT == QM_I8) {
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        sc[nt][e] -= qo[e >> 1];
+            for (int nt = 0; nt < NT; nt++) {
+                const float2 t2 = *(const float2 *)(ts + nt * 8 + 2 * t4);
+                sc[nt][0] *= t2.x;
+                sc[nt][1] *= t2.y;
+                sc[nt][2] *= t2.x;
+                sc[nt][3] *= t2.y;
             }
-            /* Q' was stored times 2^k per row (qm_row_exp). */
+        } else if (FMT == QM_I8) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    sc[nt][e] *= qup[e >> 1];
-            kva__dmma_logits<BNW>(sc, a, scale_log2, kb, t4, lo_all, hi_all, lo, hi, pos, slope,
-                                  &tree);
-            kva__dmma_softmax<NO, NT>(sc, m_run, l_run, o);
-            if constexpr (FMT == QM_V16) {
-                /* O += P V: P [16, 16] in V's dtype, V [16, D] by ldmatrix.trans. */
-                static_assert(KT == 1, "16-bit V: 16-key steps");
-                const int v_r = (lane & 7) + ((lane >> 3) & 1) * 8, v_c = lane >> 4;
-                const uint32_t svu = ring + stage * STAGE + cfg::VOFF;
-                uint32_t pv[4];
-                kva__dmma_pack_p<TyV>(sc, pv);
-#pragma unroll
-                for (int dp = 0; dp < D / 16; dp++) {
-                    uint32_t vb[4];
-                    kva__ldsm_x4_trans(svu + kva__swz<D>(v_r, dp * 2 + v_c), vb);
-                    TyV::mma(o[2 * dp], pv, vb[0], vb[1]);
-                    TyV::mma(o[2 * dp + 1], pv, vb[2], vb[3]);
-                }
-            } else {
-                /* O += P C_V: P [16, 16] of each sub-tile in f16 as the A operand
-                 * (k = key). */
-                uint32_t pa[KT][4];
-#pragma unroll
-                for (int kt = 0; kt < KT; kt++)
-                    kva__dmma_pack_p<kva__mma_f16>(sc + 2 * kt, pa[kt]);
-#pragma unroll
-                for (int g = 0; g < D / 32; g++) {
-#pragma unroll
-                    for (int kt = 0; kt < KT; kt++) {
-                        /* Channels 32 g + 4 g4 .. +3 of keys 16 kt + (2t4, 2t4+1,
-                         * 2t4+8, 2t4+9). */
-                        const int c = 2 * g + (g4 >> 2), b = 4 * (g4 & 3), k0 = 16 * kt + 2 * t4;
-                        const uint32_t r0 = *(const uint32_t *)(sv + qm_voff<D>(k0, c) + b);
-                        const uint32_t r1 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 1, c) + b);
-                        const uint32_t r8 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 8, c) + b);
-                        const uint32_t r9 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 9, c) + b);
-                        uint32_t b0[4], b1[4];
-                        kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r0, r1, 0x5140), b0[0], b0[1]);
-                        kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r0, r1, 0x7362), b0[2], b0[3]);
-                        kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r8, r9, 0x5140), b1[0], b1[1]);
-                        kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r8, r9, 0x7362), b1[2], b1[3]);
-#pragma unroll
-                        for (int j = 0; j < 4; j++)
-                            kva__mma_f16::mma(o[4 * g + j], pa[kt], b0[j], b1[j]);
-                    }
-                }
-            }
-            stage = stage == NST - 1 ? 0 : stage + 1;
+                    sc[nt][e] -= it.qo[e >> 1];
         }
-        kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
-
-        kva__dmma_row_sums(l_run);
-        __syncthreads(); /* every warp is done with its ring */
-                         /* O tile 4g + j, column n = 2 t4 (+1): channel 32 g + 4 n + j. */
+        /* Q' was stored times 2^k per row (qm_row_exp). */
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int r = g4 + hf * 8;
-            float *dst = s_acc + ((size_t)warp * QM_M + r) * D;
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int n = 0; n < NO; n++) {
-                /* QM_V16: the standard layout, channels 8 n + 2 t4 (+1). */
-                const int ch = FMT == QM_V16 ? 8 * n + 2 * t4 : 32 * (n >> 2) + 8 * t4 + (n & 3);
-                dst[ch] = o[n][2 * hf];
-                dst[ch + (FMT == QM_V16 ? 1 : 4)] = o[n][2 * hf + 1];
-            }
-            if (t4 == 0) {
-                s_m[warp][r] = m_run[hf];
-                s_l[warp][r] = l_run[hf];
-            }
-        }
-        __syncthreads();
-
-        /* Combine the warps, apply the V scales, write: element (r, d) per thread. */
-        for (int32_t x = threadIdx.x; x < nrows * D; x += QM_NW * 32) {
-            const int32_t r = x / D, d = x - r * D;
-            float M, mu, L, O;
-            kva__dmma_merge<QM_NW, QM_M, D>(s_m, s_l, s_acc, r, d, M, mu, L, O);
-            /* sum_j p_j v_jd in value units (0 when no key is visible). */
-            const int64_t sv_ = (int64_t)w.kv_head * D + d;
-            if (FMT == QM_I8)
-                O = q.vs[sv_] * (O - q.vo[sv_] * L);
-            else if (FMT == QM_FP8)
-                O = q.vs[sv_] * O;
-            kva__dmma_write<D, qm_out<OT>>(a, w, nrows, qs, r, d, M, mu, L, O);
-        }
-        __syncthreads(); /* Q', s_acc and the rings are rewritten by the next item */
+            for (int e = 0; e < 4; e++)
+                sc[nt][e] *= it.qup[e >> 1];
     }
-}
+
+    /* O += P V of the step: QM_V16 as the 16-bit policy (P in V's dtype, V
+     * by ldmatrix.trans); else O += P C_V with P [16, 16] of each sub-tile in
+     * f16 as the A operand (k = key). */
+    static __device__ __forceinline__ void pv(float o[D / 8][4], const float sc[NT][4],
+                                              const unsigned char *stp, uint32_t st, int lane)
+    {
+        const int g4 = lane >> 2, t4 = lane & 3;
+        if constexpr (FMT == QM_V16) {
+            static_assert(KT == 1, "16-bit V: 16-key steps");
+            kva__dmma_pv16<TyV, D>(o, sc, st + VOFF, lane);
+        } else {
+            const unsigned char *sv = stp + VOFF;
+            uint32_t pa[KT][4];
+#pragma unroll
+            for (int kt = 0; kt < KT; kt++)
+                kva__dmma_pack_p<kva__mma_f16>(sc + 2 * kt, pa[kt]);
+#pragma unroll
+            for (int g = 0; g < D / 32; g++) {
+#pragma unroll
+                for (int kt = 0; kt < KT; kt++) {
+                    /* Channels 32 g + 4 g4 .. +3 of keys 16 kt + (2t4, 2t4+1,
+                     * 2t4+8, 2t4+9). */
+                    const int c = 2 * g + (g4 >> 2), b = 4 * (g4 & 3), k0 = 16 * kt + 2 * t4;
+                    const uint32_t r0 = *(const uint32_t *)(sv + qm_voff<D>(k0, c) + b);
+                    const uint32_t r1 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 1, c) + b);
+                    const uint32_t r8 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 8, c) + b);
+                    const uint32_t r9 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 9, c) + b);
+                    uint32_t b0[4], b1[4];
+                    kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r0, r1, 0x5140), b0[0], b0[1]);
+                    kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r0, r1, 0x7362), b0[2], b0[3]);
+                    kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r8, r9, 0x5140), b1[0], b1[1]);
+                    kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r8, r9, 0x7362), b1[2], b1[3]);
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        kva__mma_f16::mma(o[4 * g + j], pa[kt], b0[j], b1[j]);
+                }
+            }
+        }
+    }
+
+    /* Row half hf of O: tile 4g + j, column n = 2 t4 (+1) is channel
+     * 32 g + 4 n + j; QM_V16: the standard layout, channels 8 n + 2 t4 (+1). */
+    static __device__ __forceinline__ void store_acc(float *dst, const float o[D / 8][4], int hf,
+                                                     int t4)
+    {
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            const int ch = FMT == QM_V16 ? 8 * n + 2 * t4 : 32 * (n >> 2) + 8 * t4 + (n & 3);
+            dst[ch] = o[n][2 * hf];
+            dst[ch + (FMT == QM_V16 ? 1 : 4)] = o[n][2 * hf + 1];
+        }
+    }
+
+    /* sum_j p_j v_jd in value units (0 when no key is visible): the V scales. */
+    static __device__ __forceinline__ float value(const Args &q, const kva__cuda_item &w, int32_t d,
+                                                  float L, float O)
+    {
+        const int64_t sv_ = (int64_t)w.kv_head * D + d;
+        if (FMT == QM_I8)
+            return q.vs[sv_] * (O - q.vo[sv_] * L);
+        if (FMT == QM_FP8)
+            return q.vs[sv_] * O;
+        return O;
+    }
+};
 
 /* A kernel of the family and its dynamic shared memory (bytes). */
-typedef void (*qm_kernel_fn)(kva__cuda_quant_mma_args);
-typedef struct qm_launch {
-    qm_kernel_fn fn;
-    int smem;
-} qm_launch;
+typedef dm_launch<kva__cuda_quant_mma_args> qm_launch;
 
-/* The kernel for format FMT, q dtype OT and head size D (64, 128 or 256;
- * fn NULL otherwise). Instantiated by decode_mma_quant_{i8,fp8,v16}.cu. */
-template <int FMT, typename OT> static qm_launch qm_pick_d(int32_t D)
-{
-    qm_launch k = {NULL, 0};
-    if (D == 64)
-        k = {decode_mma_quant_kernel<FMT, OT, 64>, qm_cfg<64, FMT>::SMEM};
-    else if (D == 128)
-        k = {decode_mma_quant_kernel<FMT, OT, 128>, qm_cfg<128, FMT>::SMEM};
-    else if (D == 256)
-        k = {decode_mma_quant_kernel<FMT, OT, 256>, qm_cfg<256, FMT>::SMEM};
-    return k;
-}
+/* qm_load of one format and q dtype as a family over D (dm_pick_d). */
+template <int FMT, typename OT> struct qm_family {
+    template <int D> using pol = qm_load<FMT, OT, D>;
+};
 
-/* The kernel of format FMT for q dtype dt (F16 or BF16) and head size D. */
+/* The kernel for format FMT and q dtype dt (F16 or BF16) and head size D;
+ * fn NULL where there is none. Instantiated by decode_mma_quant_{i8,fp8,v16}.cu. */
 template <int FMT> static qm_launch qm_pick_dt(kva_dtype dt, int32_t D)
 {
     if (dt == KVA_DTYPE_BF16)
-        return qm_pick_d<FMT, __nv_bfloat16>(D);
+        return dm_pick_d<qm_family<FMT, __nv_bfloat16>::template pol>(D);
     if (dt == KVA_DTYPE_F16)
-        return qm_pick_d<FMT, __half>(D);
+        return dm_pick_d<qm_family<FMT, __half>::template pol>(D);
     return qm_launch{NULL, 0};
 }
 

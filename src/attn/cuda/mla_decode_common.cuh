@@ -17,10 +17,11 @@
 
 #include <stdint.h>
 
-#define ML_D 576  /* latent row: Dc + Dr */
-#define ML_DV 512 /* values: the first Dc columns */
-#define ML_CH 72  /* 16-byte chunks per latent row */
-#define ML_NT 256 /* threads per CTA of both kernels */
+#define ML_D 576    /* latent row: Dc + Dr */
+#define ML_DV 512   /* values: the first Dc columns */
+#define ML_CH 72    /* 16-byte chunks per latent row */
+#define ML_NT 256   /* threads per CTA of both kernels */
+#define ML_LAZY 8.f /* headroom of the lazily moved softmax max (log2 units) */
 
 /*
  * Byte offset of chunk c of row r in a [ROWS, 576] tile.
@@ -58,31 +59,67 @@ static __device__ __forceinline__ ml_item ml_item_load(const kva__cuda_attn_args
     return m;
 }
 
-/* The CTA (ML_NT threads) copies latent rows kb .. kb + BN - 1 (zeros from kend
- * on, whose block-table entries are not read) into a tile at `stage` in
- * layout ROWS: thread t takes key t / TPK and chunks t % TPK + TPK * i, so it
- * reads one block-table entry per tile. */
-template <int BN, int ROWS>
-static __device__ __forceinline__ void ml_issue(const kva__cuda_attn_args &a, const int32_t *bt_row,
-                                                int32_t kb, int32_t kend, uint32_t stage)
+/* The cache row (physical block * B + offset) that thread t of NT threads
+ * copies in the tile of keys kb .. kb + BN - 1 (ml_issue_row), or -1 from
+ * kend on (no block-table entry read). Separate from the copy so that a
+ * kernel can load it a tile ahead. */
+template <int BN, int NT = ML_NT>
+static __device__ __forceinline__ int64_t ml_row(const kva__cuda_attn_args &a,
+                                                 const int32_t *bt_row, int32_t kb, int32_t kend,
+                                                 int t = threadIdx.x)
 {
-    constexpr int TPK = ML_NT / BN;  /* threads per key: 4 or 8 */
-    constexpr int CPT = ML_CH / TPK; /* chunks per thread: 18 or 9 */
-    static_assert(ML_CH % TPK == 0 && ML_NT % BN == 0, "tile gather");
-    const int key = threadIdx.x / TPK, c0 = threadIdx.x % TPK;
-    const int32_t j = kb + key;
-    const bool ok = j < kend;
-    const char *src = (const char *)a.k;
-    if (ok) {
-        const int32_t blk = j / a.B, off = j - blk * a.B;
-        const int64_t row = (int64_t)__ldg(bt_row + blk) * a.B + off;
-        src += row * (int64_t)(ML_D * 2);
-    }
+    const int32_t j = kb + t / (NT / BN);
+    if (j >= kend)
+        return -1;
+    const int32_t blk = j / a.B;
+    return (int64_t)__ldg(bt_row + blk) * a.B + (j - blk * a.B);
+}
+
+/* NT threads (thread t of them; the CTA's ML_NT by default) copy latent rows
+ * kb .. kb + BN - 1 into a tile at `stage` in layout ROWS: thread t takes key
+ * t / TPK (cache row `row` from ml_row, zeros where it is -1) and chunks
+ * t % TPK + TPK * i. */
+template <int BN, int ROWS, int NT = ML_NT>
+static __device__ __forceinline__ void ml_issue_row(const kva__cuda_attn_args &a, int64_t row,
+                                                    uint32_t stage, int t = threadIdx.x)
+{
+    constexpr int TPK = NT / BN;     /* threads per key: 2, 4 or 8 */
+    constexpr int CPT = ML_CH / TPK; /* chunks per thread: 36, 18 or 9 */
+    static_assert(ML_CH % TPK == 0 && NT % BN == 0, "tile gather");
+    const int key = t / TPK, c0 = t % TPK;
+    /* Past kend the copies read nothing (size 0) at the cache's first row. */
+    const bool ok = row >= 0;
+    const char *src = (const char *)a.k + (ok ? row * (int64_t)(ML_D * 2) + c0 * 16 : 0);
+    if constexpr (ROWS > 0 && 8 % TPK == 0) {
+        /* wgmma layout: chunk c0 + TPK i sits in column block i / U at
+         * swizzled position (c0 + TPK (i % U)) ^ (key % 8), U = 8 / TPK, so
+         * U base addresses plus constants give every copy's address. */
+        constexpr int U = 8 / TPK > 0 ? 8 / TPK : 1;
+        uint32_t base[U];
 #pragma unroll
-    for (int i = 0; i < CPT; i++) {
-        const int c = c0 + TPK * i;
-        kva__cp_async16(stage + ml_off<ROWS>(key, c), src + (ok ? c * 16 : 0), ok ? 16 : 0);
+        for (int u = 0; u < U; u++)
+            base[u] = stage + (uint32_t)(key * 128 + (((c0 + TPK * u) ^ (key & 7)) << 4));
+#pragma unroll
+        for (int i = 0; i < CPT; i++)
+            kva__cp_async16(base[i % U] + (uint32_t)((i / U) * ROWS * 128), src + TPK * 16 * i,
+                            ok ? 16 : 0);
+    } else {
+#pragma unroll
+        for (int i = 0; i < CPT; i++) {
+            const int c = c0 + TPK * i;
+            kva__cp_async16(stage + ml_off<ROWS>(key, c), src + TPK * 16 * i, ok ? 16 : 0);
+        }
     }
+}
+
+/* ml_row and ml_issue_row in one step (the block-table entry read just before
+ * the copies). */
+template <int BN, int ROWS, int NT = ML_NT>
+static __device__ __forceinline__ void ml_issue(const kva__cuda_attn_args &a, const int32_t *bt_row,
+                                                int32_t kb, int32_t kend, uint32_t stage,
+                                                int t = threadIdx.x)
+{
+    ml_issue_row<BN, ROWS, NT>(a, ml_row<BN, NT>(a, bt_row, kb, kend, t), stage, t);
 }
 
 /* Q rows of item w ([M, 576], zeros past nrows) into shared memory at sq in
@@ -252,7 +289,7 @@ static __device__ __forceinline__ void ml_rescale(float (*o)[4], const float alp
  * (NB n8 tiles of sc), its 4 lanes, then the NS slices through s_max [NS][64]
  * (one barrier inside). Returns the rescale factors of the old state in alpha
  * and updates m_run; l_run is rescaled. */
-template <int NB, int NS>
+template <int NB, int NS, bool LAZY = false>
 static __device__ __forceinline__ bool ml_tile_max(const float (*sc)[4], float (*s_max)[64],
                                                    int slice, int r0, int t4, float m_run[2],
                                                    float l_run[2], float alpha[2], float mu[2])
@@ -276,6 +313,12 @@ static __device__ __forceinline__ bool ml_tile_max(const float (*sc)[4], float (
 #pragma unroll
         for (int k = 0; k < NS; k++)
             mx = fmaxf(mx, s_max[k][r0 + 8 * hf]);
+        /* LAZY: the reference max moves only when the row's max grows past
+         * it by more than ML_LAZY (log2 units) or was -inf, so P stays below
+         * 2^ML_LAZY and O is rarely rescaled; any reference gives the same
+         * out and lse. */
+        if (LAZY && m_run[hf] != -INFINITY && !(mx > m_run[hf] + ML_LAZY))
+            mx = m_run[hf];
         mu[hf] = mx == -INFINITY ? 0.f : mx;
         alpha[hf] = kva__ex2(m_run[hf] - mu[hf]); /* 0 while m_run = -inf */
         resc |= mx != m_run[hf];

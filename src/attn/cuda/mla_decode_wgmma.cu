@@ -19,6 +19,11 @@
  *   - O: warpgroup g owns value columns 256 g .. 256 g + 255 (O [64, 256] in
  *     128 registers per thread) and adds P [64, 64] V (8 wgmma m64n128k16,
  *     A = P and B = the tile's value columns, MN-major, from shared memory).
+ * The S and P V issue sequences are instantiated per warpgroup and picked by
+ * a warpgroup-uniform branch, so that their descriptors are constant offsets
+ * from uniform registers (with the warpgroup index in a per-thread register,
+ * every wgmma needed its descriptor converted). The softmax max moves lazily
+ * (ml_tile_max), which skips most rescales of O.
  * Shared memory: Q 72 KB + 2 x 72 KB ring + P 8 KB (+ 1 KB alignment).
  * Everything that issues sm_90a instructions is compiled only for sm_90a
  * (__CUDA_ARCH_FEAT_SM90_ALL); other device passes get an empty kernel that the
@@ -109,6 +114,42 @@ template <> struct mw_ops<kva__mma_f16> {
 };
 #endif
 
+#ifdef KVA_MLA_WGMMA_BODY
+/* S = Q K^T for keys 32 WG .. 32 WG + 31 of the tile whose descriptor is dk:
+ * 36 k-steps over 576 in two accumulator chains (even and odd k-steps, summed
+ * by the caller); issued and committed. */
+template <typename Ty, int WG>
+static __device__ __forceinline__ void mw_s(float (&sc)[4][4], float (&sc2)[4][4], uint64_t dq,
+                                            uint64_t dk)
+{
+    kva__wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < ML_D / 16; kk++)
+        mw_ops<Ty>::s(
+            kk & 1 ? sc2 : sc, dq + (uint64_t)(((kk >> 2) * MW_M * 128 + (kk & 3) * 32) >> 4),
+            dk + (uint64_t)(((kk >> 2) * MW_BN * 128 + WG * 32 * 128 + (kk & 3) * 32) >> 4),
+            kk > 1);
+    kva__wgmma_commit();
+}
+
+/* O += P V over the tile's 64 keys (4 k-steps) for value columns
+ * 256 WG + 128 h .. + 127 (column blocks 4 WG + 2 h and + 1) of the tile whose
+ * value descriptor is dv; issued and committed. */
+template <typename Ty, int WG>
+static __device__ __forceinline__ void mw_pv(float (&o)[32][4], uint64_t dp, uint64_t dv)
+{
+    kva__wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < MW_BN / 16; kk++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            mw_ops<Ty>::o(*reinterpret_cast<float(*)[16][4]>(&o[16 * h]),
+                          dp + (uint64_t)((kk * 32) >> 4),
+                          dv + (uint64_t)(((4 * WG + 2 * h) * MW_BN * 128 + kk * 16 * 128) >> 4));
+    kva__wgmma_commit();
+}
+#endif
+
 template <typename Ty>
 __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__cuda_attn_args a)
 {
@@ -166,16 +207,13 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
             /* S = Q K^T for keys kb + 32 wg .. + 31: 36 k-steps over 576, in two
              * accumulator chains (even and odd k-steps) summed afterwards. */
             float sc[4][4], sc2[4][4];
-            kva__wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < ML_D / 16; kk++)
-                mw_ops<Ty>::s(kk & 1 ? sc2 : sc,
-                              dq + (uint64_t)(((kk >> 2) * MW_M * 128 + (kk & 3) * 32) >> 4),
-                              dk + (uint64_t)((st_off + (kk >> 2) * MW_BN * 128 + wg * 32 * 128 +
-                                               (kk & 3) * 32) >>
-                                              4),
-                              kk > 1);
-            kva__wgmma_commit();
+            /* Warpgroup-uniform branches: each side's descriptors are then
+             * constant offsets from uniform bases (no per-wgmma conversion
+             * from per-thread registers). */
+            if (wg == 0)
+                mw_s<Ty, 0>(sc, sc2, dq, dk + (st_off >> 4));
+            else
+                mw_s<Ty, 1>(sc, sc2, dq, dk + (st_off >> 4));
             /* The next tile's copies go out while the tensor cores run S. */
             if (kb + MW_BN < kend)
                 ml_issue<MW_BN, MW_BN>(a, bt_row, kb + MW_BN, kend, sK + (stage ^ 1) * MW_KB);
@@ -192,7 +230,8 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
             kva__dmma_logits<32>(sc, a, scale_log2, kb + wg * 32, t4, lo_all, hi_all, lo, hi, pos,
                                  slope);
             float alpha[2], mu[2];
-            const bool resc = ml_tile_max<4, 2>(sc, s_max, wg, r0, t4, m_run, l_run, alpha, mu);
+            const bool resc =
+                ml_tile_max<4, 2, true>(sc, s_max, wg, r0, t4, m_run, l_run, alpha, mu);
             /* P of this warpgroup's keys into the shared [64, 64] P tile (swizzled). */
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
@@ -225,17 +264,10 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
 
             /* O += P V over the tile's 64 keys (4 k-steps) for value columns
              * 256 wg + 128 h .. + 127: column blocks 4 wg + 2 h and + 1. */
-            kva__wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < MW_BN / 16; kk++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    mw_ops<Ty>::o(
-                        *reinterpret_cast<float(*)[16][4]>(&o[16 * h]),
-                        dp + (uint64_t)((kk * 32) >> 4),
-                        dv + (uint64_t)((st_off + (4 * wg + 2 * h) * MW_BN * 128 + kk * 16 * 128) >>
-                                        4));
-            kva__wgmma_commit();
+            if (wg == 0)
+                mw_pv<Ty, 0>(o, dp, dv + (st_off >> 4));
+            else
+                mw_pv<Ty, 1>(o, dp, dv + (st_off >> 4));
             kva__wgmma_wait<0>();
 #pragma unroll
             for (int n = 0; n < 32; n++)

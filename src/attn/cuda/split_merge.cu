@@ -1,36 +1,47 @@
 /*
- * split_merge.cu - the second pass of a run whose plan split some work items
- * into key chunks: merges every split task's partials (LSE-weighted), adds the
- * sink and writes out / lse. One kernel for every decode kernel (decode_mma*,
- * attn_simt, attn_quant): they all write partials in the same layout.
+ * split_merge.cu - the LSE merges of partial attention states on the GPU, all
+ * through one merge (kva__lse_merge, lse_merge.cuh) over a source of parts:
+ *   split_merge_kernel: the second pass of a run whose plan split some work
+ *     items into key chunks: merges every split task's partials, adds the
+ *     sink and writes out / lse. One kernel for every decode kernel
+ *     (decode_mma*, attn_simt, attn_quant, the MLA decodes): they all write
+ *     partials in the same layout. One element per thread.
+ *   merge_rows_kernel: one warp per row (token, head) of [T, H], for
+ *     kva_merge_states (two parts), kva_merge_states_n (P strided parts, the
+ *     DCP combine) and the cascade merge (a row with its C prefix rows, in
+ *     place; src/attn/cascade.c).
  */
 extern "C" {
 #include "cuda_backend.h"
 }
 #include "cuda_check.h"
+#include "lse_merge.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
+#include <type_traits>
 
-static __device__ __forceinline__ void store_out(float *p, int64_t i, float x)
-{
-    p[i] = x;
-}
-static __device__ __forceinline__ void store_out(__half *p, int64_t i, float x)
-{
-    p[i] = __float2half_rn(x);
-}
-static __device__ __forceinline__ void store_out(__nv_bfloat16 *p, int64_t i, float x)
-{
-    p[i] = __float2bfloat16_rn(x);
-}
+/* Parts of row r of a split task: block sp of [nrows, Dv] outputs then
+ * [nrows] lse at base + sp * blk. */
+struct split_parts {
+    const float *base;
+    int64_t blk;
+    int32_t nrows, Dv, r, parts;
+    __device__ __forceinline__ float lse(int32_t p) const
+    {
+        return base[p * blk + (int64_t)nrows * Dv + r];
+    }
+    __device__ __forceinline__ const float *out(int32_t p) const
+    {
+        return base + p * blk + (int64_t)r * Dv;
+    }
+};
 
 /* Task t's partials at ws + t.ws_off: num_splits blocks of [nq * nh, Dv]
  * outputs then [nq * nh] lse (natural log). out [T, H, Dv] in T's type, lse
- * [T, H] or NULL; sinks [H] or NULL. One CTA per task at a time. A NaN lse in
- * any split makes the row NaN. */
+ * [T, H] or NULL; sinks [H] or NULL. One CTA per task at a time. */
 template <typename T>
 __global__ void __launch_bounds__(256)
     split_merge_kernel(kva__cuda_meta meta, const float *ws, const float *sinks, T *out, float *lse,
@@ -48,27 +59,10 @@ __global__ void __launch_bounds__(256)
             const int32_t qi = r / t.nh, hh = r - qi * t.nh;
             const int32_t head = t.kv_head * G + t.h0 + hh;
             const int64_t tok = qs + t.i0 + qi;
-            float M = sinks ? sinks[head] : -INFINITY;
-            int nan = 0;
-            for (int32_t sp = 0; sp < t.num_splits; sp++) {
-                const float ls = base[sp * blk + (int64_t)nrows * Dv + r];
-                nan |= ls != ls;
-                M = fmaxf(M, ls);
-            }
-            const float mu = M == -INFINITY ? 0.f : M;
-            float L = sinks ? expf(sinks[head] - mu) : 0.f, O = 0.f;
-            for (int32_t sp = 0; sp < t.num_splits; sp++) {
-                const float c = expf(base[sp * blk + (int64_t)nrows * Dv + r] - mu);
-                L += c;
-                O += c * base[sp * blk + (int64_t)r * Dv + d];
-            }
-            float o = L > 0.f ? O / L : 0.f;
-            float lv = L > 0.f ? mu + logf(L) : -INFINITY;
-            if (nan) {
-                o = NAN;
-                lv = NAN;
-            }
-            store_out(out, (tok * H + head) * Dv + d, o);
+            const split_parts parts = {base, blk, nrows, Dv, r, t.num_splits};
+            float o[1], lv;
+            kva__lse_merge<1, 0>(parts, sinks ? sinks[head] : -INFINITY, d, Dv, o, lv);
+            store_f(out, (tok * H + head) * Dv + d, o[0]);
             if (lse && d == 0)
                 lse[tok * H + head] = lv;
         }
@@ -92,4 +86,196 @@ extern "C" kva_status kva__cuda_split_merge_launch(const kva__cuda_meta *meta, c
             <<<grid, 256, 0, s>>>(*meta, ws, sinks, (__nv_bfloat16 *)out, lse, H, G, Dv);
     KVA_CUDA_LAUNCHED("split_merge_kernel");
     return KVA_STATUS_OK;
+}
+
+/* ---- row merges: one warp per row n of [T * H] ---- */
+
+/* The parts of row n of a row source S: S::row(n) gives parts, lse(p),
+ * out(p) (as split_parts) and skip (the row is left as it is). */
+
+/* kva_merge_states: out_a / lse_a and out_b / lse_b [T * H, Dv]. */
+template <typename T> struct states2_src {
+    const T *oa, *ob;
+    const float *la, *lb;
+    int32_t Dv;
+    struct row_t {
+        const T *oa, *ob;
+        float la, lb;
+        int32_t parts;
+        bool skip;
+        __device__ __forceinline__ float lse(int32_t p) const
+        {
+            return p ? lb : la;
+        }
+        __device__ __forceinline__ const T *out(int32_t p) const
+        {
+            return p ? ob : oa;
+        }
+    };
+    __device__ __forceinline__ row_t row(int64_t n) const
+    {
+        return {oa + n * Dv, ob + n * Dv, la[n], lb[n], 2, false};
+    }
+};
+
+/* kva_merge_states_n: part p of row n at outs + p * os + n * Dv, lse
+ * lses[p * ls + n]. */
+template <typename T> struct states_n_src {
+    const T *outs;
+    const float *lses;
+    int64_t os, ls;
+    int32_t P, Dv;
+    struct row_t {
+        const T *o;
+        const float *l;
+        int64_t os, ls;
+        int32_t parts;
+        bool skip;
+        __device__ __forceinline__ float lse(int32_t p) const
+        {
+            return l[p * ls];
+        }
+        __device__ __forceinline__ const T *out(int32_t p) const
+        {
+            return o + p * os;
+        }
+    };
+    __device__ __forceinline__ row_t row(int64_t n) const
+    {
+        return {outs + n * Dv, lses + n, os, ls, P, false};
+    }
+};
+
+/* Cascade: row (t, h) of out / lse [T, H] whose token is grouped (merge[t] =
+ * m >= 0), with the C prefix rows (k * M + m, h) of out_pref / lse_pref
+ * [C * M, H] as parts 1 .. C. */
+template <typename T> struct cascade_src {
+    const int32_t *merge;
+    const T *out, *out_pref;
+    const float *lse, *lse_pref;
+    int32_t C, M, H, Dv;
+    struct row_t {
+        const T *o, *op;
+        const float *l, *lp;
+        int64_t pstride; /* rows between two prefix parts: M * H */
+        int32_t Dv, parts;
+        bool skip;
+        __device__ __forceinline__ float lse(int32_t p) const
+        {
+            return p ? lp[(p - 1) * pstride] : *l;
+        }
+        __device__ __forceinline__ const T *out(int32_t p) const
+        {
+            return p ? op + (p - 1) * pstride * Dv : o;
+        }
+    };
+    __device__ __forceinline__ row_t row(int64_t n) const
+    {
+        const int64_t t = n / H, h = n % H;
+        const int32_t m = merge[t];
+        const int64_t pr = (int64_t)(m < 0 ? 0 : m) * H + h;
+        return {out + n * Dv, out_pref + pr * Dv, lse + n, lse_pref + pr, (int64_t)M * H, Dv, C + 1,
+                m < 0};
+    }
+};
+
+/* Row n of src merged into out [rows, Dv] in T's type and lse_out [rows] (or
+ * NULL); Dv <= 256 (the backend's max_head_dim). Every lane reads the row's
+ * parts before any lane writes, so out and lse_out may alias a part. */
+template <typename T, typename S>
+__global__ void __launch_bounds__(128)
+    merge_rows_kernel(const S src, int64_t rows, int32_t Dv, T *out, float *lse_out)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+    for (int64_t n = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); n < rows;
+         n += warps) {
+        const typename S::row_t r = src.row(n);
+        if (r.skip)
+            continue;
+        float o[256 / 32], lv;
+        kva__lse_merge<256 / 32, 32>(r, -INFINITY, lane, Dv, o, lv);
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 256 / 32; i++) {
+            const int32_t d = lane + 32 * i;
+            if (d < Dv)
+                store_f(out, n * Dv + d, o[i]);
+        }
+        if (lse_out && lane == 0)
+            lse_out[n] = lv;
+    }
+}
+
+/* merge_rows_kernel of source family Src (Src<T>) in dtype's T over the rows
+ * of [T * H], 4 rows per CTA of 128 threads; mk(T *) gives the source. */
+template <template <typename> class Src, typename Make>
+static kva_status merge_rows_launch(const kva_context *ctx, kva_dtype dtype, int64_t rows,
+                                    int32_t Dv, void *out, float *lse_out, Make mk)
+{
+    cudaStream_t s = (cudaStream_t)((const kva__cuda_state *)ctx->state)->stream;
+    const int64_t ctas = (rows + 3) / 4;
+    const int grid = ctas < 65535 ? (int)ctas : 65535;
+    if (dtype == KVA_DTYPE_F32)
+        merge_rows_kernel<float, Src<float>>
+            <<<grid, 128, 0, s>>>(mk((const float *)0), rows, Dv, (float *)out, lse_out);
+    else if (dtype == KVA_DTYPE_F16)
+        merge_rows_kernel<__half, Src<__half>>
+            <<<grid, 128, 0, s>>>(mk((const __half *)0), rows, Dv, (__half *)out, lse_out);
+    else
+        merge_rows_kernel<__nv_bfloat16, Src<__nv_bfloat16>><<<grid, 128, 0, s>>>(
+            mk((const __nv_bfloat16 *)0), rows, Dv, (__nv_bfloat16 *)out, lse_out);
+    KVA_CUDA_LAUNCHED("merge_rows_kernel");
+    return KVA_STATUS_OK;
+}
+
+extern "C" kva_status kva__cuda_merge_states(kva_context *ctx, int32_t num_tokens,
+                                             int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
+                                             const void *out_a, const float *lse_a,
+                                             const void *out_b, const float *lse_b, void *out,
+                                             float *lse_out)
+{
+    return merge_rows_launch<states2_src>(
+        ctx, dtype, (int64_t)num_tokens * num_heads, head_dim_v, out, lse_out, [&](auto *z) {
+            typedef std::remove_const_t<std::remove_pointer_t<decltype(z)>> T;
+            return states2_src<T>{(const T *)out_a, (const T *)out_b, lse_a, lse_b, head_dim_v};
+        });
+}
+
+extern "C" kva_status
+kva__cuda_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_tokens, int32_t num_heads,
+                         int32_t head_dim_v, kva_dtype dtype, const void *outs, int64_t out_stride,
+                         const float *lses, int64_t lse_stride, void *out, float *lse_out)
+{
+    return merge_rows_launch<states_n_src>(
+        ctx, dtype, (int64_t)num_tokens * num_heads, head_dim_v, out, lse_out, [&](auto *z) {
+            typedef std::remove_const_t<std::remove_pointer_t<decltype(z)>> T;
+            return states_n_src<T>{(const T *)outs, lses,      out_stride,
+                                   lse_stride,      num_parts, head_dim_v};
+        });
+}
+
+extern "C" kva_status kva__cuda_cascade_merge(kva_context *ctx, const kva_plan *plan, int32_t level,
+                                              const void *out_pref, const float *lse_pref,
+                                              void *out, float *lse)
+{
+    const kva__cascade *c = plan->cascade;
+    /* The level's map: merge [L, T] follows gather [M] (nested groups merge
+     * level by level). */
+    const int32_t *merge = (const int32_t *)((const char *)c->aux->workspace + c->off_idx) +
+                           c->rows + (int64_t)level * plan->info.num_tokens;
+    const int32_t H = plan->d.num_heads, Dv = plan->d.head_dim_v;
+    return merge_rows_launch<cascade_src>(
+        ctx, plan->d.q_dtype, (int64_t)plan->info.num_tokens * H, Dv, out, lse, [&](auto *z) {
+            typedef std::remove_const_t<std::remove_pointer_t<decltype(z)>> T;
+            return cascade_src<T>{merge,
+                                  (const T *)out,
+                                  (const T *)out_pref,
+                                  lse,
+                                  lse_pref,
+                                  c->num_chunks,
+                                  c->rows,
+                                  H,
+                                  Dv};
+        });
 }

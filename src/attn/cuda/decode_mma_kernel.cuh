@@ -1,0 +1,248 @@
+/*
+ * decode_mma_kernel.cuh - the one body of the tensor-core decode
+ * ("decode_mma_sm80"): decodes and speculative decodes on tensor cores
+ * (mma.sync m16n8k16, fp32 accumulation), for the work items of the shared
+ * partition (src/plan/partition.h) like the CUDA-core kernel (attn_simt.cu).
+ * What the cache format changes enters as a load policy P (below):
+ * decode_mma.cu holds the 16-bit policy (f16/bf16 K and V) and its host
+ * side, decode_mma_quant.cuh the quantized one (int8/fp8 codes and their
+ * scales), instantiated per format family in decode_mma_quant_{i8,fp8,v16}.cu
+ * so the build compiles them in parallel.
+ *
+ * One CTA (4 warps) runs one item at a time (persistent grid: CTA b runs items
+ * b, b + gridDim.x, ... of the count in the device header). An item holds up
+ * to 16 attention rows (nq query tokens x nh heads of one kv head), packed
+ * into the M dimension of one m16 tile: a decode of a GQA-4 model fills 4 of
+ * the 16 rows, a speculative decode of 4 tokens all 16, so the K/V rows of
+ * the item are read once for every row.
+ *
+ *   - The item's keys are cut into steps of P::BNW (16 or 32); warp w takes
+ *     steps w, w + 4, ... and keeps its own online-softmax state (m, l and
+ *     O [16, D] in mma accumulators). Each warp copies its steps (K and V
+ *     [BNW, D], gathered through the block table: NHD or HND, any block size,
+ *     ragged as NHD with B = 1 where the policy allows) with cp.async into a
+ *     private ring of P::NST stages in shared memory (NST - 1 steps in flight
+ *     per warp), so warps never wait for each other inside the key loop. With
+ *     P::ISSUE_FIRST the first NST - 1 steps are issued before Q is staged
+ *     (the rings are free: the previous item ended with a barrier after its
+ *     merge), else after.
+ *   - Q [16, D] (rows past the item's zero) is staged in shared memory once
+ *     per item by the policy (16-bit: as it is; quantized: Q' = q times the
+ *     key scales).
+ *   - S = Q K^T [16, BNW] per step (the policy's mma loop); scores in log2
+ *     units (scale * log2 e), soft-cap and ALiBi on CTA-uniform branches, the
+ *     mask per element only on steps not fully visible to every row (causal
+ *     inside the speculative tokens, window, chunk edges, draft trees).
+ *   - P stays in registers as the A operand of O += P V (the policy's).
+ *   - At the end the warps merge through shared memory (the ring's space) and
+ *     the CTA writes out/lse, or the split partial that split_merge_kernel
+ *     (split_merge.cu) combines; the sink enters there or here, once.
+ * Keys at or past the item's end are zero-filled (cp.async with source size
+ * 0) and their block-table entries never read, so NaN in unused cache slots
+ * cannot reach P V.
+ *
+ * A load policy P (a struct of static members) gives:
+ *   Args                the kernel's argument struct; attn(q) its attention
+ *                       arguments (kva__cuda_attn_args)
+ *   Out                 the epilogue's store (kva__dmma_write's St)
+ *   D, BNW, NT = BNW/8, NST, STAGE (bytes of one ring stage), SQ (bytes of
+ *   staged Q before the rings), SMEM (dynamic shared bytes), MINB (CTAs per
+ *   SM of __launch_bounds__), RAGGED (ragged caches served), ISSUE_FIRST
+ *   (the ring's first steps issued before Q is staged)
+ *   Item                what a thread keeps of the item's staged Q
+ *   issue(q, bt_row, kvs, kvh, kb, kend, stage, lane): the warp's copies of
+ *                       the step at kb into the stage at shared address stage
+ *   stage_q(q, w, nrows, qs, smem, it, g4): Q of item w into smem (with
+ *                       ISSUE_FIRST: then a barrier and it filled; else the
+ *                       body's barrier follows)
+ *   scores(sc, q, smem, stage_p, stage, it, lane): S of the step
+ *   pv(o, sc, stage_p, stage, lane): O += P V of the step
+ *   store_acc(dst, o, hf, t4): the thread's O row half hf into dst [D] fp32
+ *   value(q, w, d, L, O): O of channel d in value units
+ */
+#ifndef KVA_CUDA_DECODE_MMA_KERNEL_CUH
+#define KVA_CUDA_DECODE_MMA_KERNEL_CUH
+
+extern "C" {
+#include "cuda_backend.h"
+}
+#include "cuda_check.h"
+#include "decode_mma_common.cuh"
+#include "mma_ptx.cuh"
+
+#include <math.h>
+#include <stdint.h>
+
+#define DM_NW 4  /* warps per CTA */
+#define DM_BN 16 /* keys per tile */
+#define DM_M KVA__CUDA_MMA_DECODE_ROWS
+
+/* O += P V of a 16-key step with 16-bit V (Ty kva__mma_bf16 or kva__mma_f16):
+ * P [16, 16] (sc, rounded to V's dtype) as the A operand, V [16, D] at shared
+ * address sv (kva__swz chunks) by ldmatrix.trans. */
+template <typename Ty, int D>
+static __device__ __forceinline__ void kva__dmma_pv16(float o[D / 8][4], const float sc[2][4],
+                                                      uint32_t sv, int lane)
+{
+    const int v_r = (lane & 7) + ((lane >> 3) & 1) * 8, v_c = lane >> 4;
+    uint32_t pa[4];
+    kva__dmma_pack_p<Ty>(sc, pa);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; dp++) {
+        uint32_t vb[4];
+        kva__ldsm_x4_trans(sv + kva__swz<D>(v_r, dp * 2 + v_c), vb);
+        Ty::mma(o[2 * dp], pa, vb[0], vb[1]);
+        Ty::mma(o[2 * dp + 1], pa, vb[2], vb[3]);
+    }
+}
+
+/* The decode of load policy P (above). Dynamic shared memory: Q (P::SQ
+ * bytes) then the rings [NW][NST] stages; the warps' O [NW][16][D] fp32
+ * reuse the rings' space for the final merge. */
+template <typename P>
+__global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const typename P::Args q)
+{
+    constexpr int D = P::D, NST = P::NST, STAGE = P::STAGE, BNW = P::BNW, NT = P::NT;
+    constexpr int NO = D / 8; /* n8 tiles of O */
+    const kva__cuda_attn_args &a = P::attn(q);
+    extern __shared__ __align__(128) unsigned char dm_smem_buf[];
+    __shared__ float s_m[DM_NW][DM_M], s_l[DM_NW][DM_M];
+    float *s_acc = (float *)(dm_smem_buf + P::SQ); /* [NW][16][D] after the loop */
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g4 = lane >> 2, t4 = lane & 3;
+    const uint32_t ring = kva__smem_u32(dm_smem_buf) + P::SQ + (uint32_t)warp * NST * STAGE;
+    const unsigned char *ring_p = dm_smem_buf + P::SQ + (size_t)warp * NST * STAGE;
+    const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
+    const int32_t tree_on = a.meta.hdr[KVA_CUDA_HDR_TREE]; /* tree_mask.cuh */
+    const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
+    const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
+    const bool ragged = P::RAGGED && a.ragged;
+
+    for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
+        const kva__cuda_item w = a.meta.items[it];
+        const int32_t nrows = w.nq * w.nh;
+        const int32_t qs = a.meta.qsl[w.req];
+        const int32_t q_len = a.meta.qsl[w.req + 1] - qs;
+        const int32_t s = a.meta.seq_lens[w.req];
+        const kva__cuda_tree tree = kva__cuda_tree_at(a.meta.tree, tree_on, qs, s, q_len);
+        const int32_t *bt_row = ragged ? nullptr : a.meta.block_table + (int64_t)w.req * bt_stride;
+        const int64_t kvs = ragged ? a.meta.kv_start[w.req] : 0;
+        const int32_t kend = w.k1;
+        const int32_t kb0 = w.k0 + warp * BNW;
+        constexpr int32_t STEP = DM_NW * BNW;
+
+        /* The first NST - 1 steps of the warp's ring. */
+        auto prologue = [&]() {
+#pragma unroll
+            for (int st = 0; st < NST - 1; st++) {
+                const int32_t kb = kb0 + st * STEP;
+                if (kb < kend)
+                    P::issue(q, bt_row, kvs, w.kv_head, kb, kend, ring + st * STAGE, lane);
+                kva__cp_async_commit();
+            }
+        };
+        typename P::Item qit;
+        /* This thread's two rows g4 and g4 + 8: visible keys, position, slope. */
+        int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
+        float slope[2];
+        if constexpr (P::ISSUE_FIRST) {
+            /* The copies' latency hides behind the staging of Q (its barrier inside). */
+            prologue();
+            P::stage_q(q, w, nrows, qs, dm_smem_buf, qit, g4);
+            kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
+        } else {
+            P::stage_q(q, w, nrows, qs, dm_smem_buf, qit, g4);
+            kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
+            __syncthreads(); /* Q visible to every warp */
+            prologue();
+        }
+
+        float o[NO][4];
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[n][e] = 0.f;
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+        int stage = 0;
+        for (int32_t kb = kb0; kb < kend; kb += STEP) {
+            /* Refill the stage the previous step used (every lane is past it). */
+            __syncwarp();
+            {
+                const int ahead = stage == 0 ? NST - 1 : stage - 1;
+                const int32_t kn = kb + (NST - 1) * STEP;
+                if (kn < kend)
+                    P::issue(q, bt_row, kvs, w.kv_head, kn, kend, ring + ahead * STAGE, lane);
+                kva__cp_async_commit();
+            }
+            kva__cp_async_wait<NST - 1>();
+            __syncwarp(); /* the other lanes' copies of this step have landed */
+
+            /* S [16, BNW]: sc[nt] is keys nt*8 .. +8. Element e: row
+             * g4 + (e >> 1) * 8, key kb + nt * 8 + 2 * t4 + (e & 1). */
+            float sc[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sc[nt][e] = 0.f;
+            P::scores(sc, q, dm_smem_buf, ring_p + stage * STAGE, ring + stage * STAGE, qit, lane);
+            /* Logits in log2 units; the mask only where some row may not see
+             * some key of the step. */
+            kva__dmma_logits<BNW>(sc, a, scale_log2, kb, t4, lo_all, hi_all, lo, hi, pos, slope,
+                                  &tree);
+            kva__dmma_softmax<NO, NT>(sc, m_run, l_run, o);
+            P::pv(o, sc, ring_p + stage * STAGE, ring + stage * STAGE, lane);
+            stage = stage == NST - 1 ? 0 : stage + 1;
+        }
+        kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
+
+        /* Row sums over the 4 lanes of a row; the warps' states to shared memory. */
+        kva__dmma_row_sums(l_run);
+        __syncthreads(); /* every warp is done with its ring */
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int r = g4 + hf * 8;
+            P::store_acc(s_acc + ((size_t)warp * DM_M + r) * D, o, hf, t4);
+            if (t4 == 0) {
+                s_m[warp][r] = m_run[hf];
+                s_l[warp][r] = l_run[hf];
+            }
+        }
+        __syncthreads();
+
+        /* Combine the warps and write: element (r, d) per thread. */
+        for (int32_t x = threadIdx.x; x < nrows * D; x += DM_NW * 32) {
+            const int32_t r = x / D, d = x - r * D;
+            float M, mu, L, O;
+            kva__dmma_merge<DM_NW, DM_M, D>(s_m, s_l, s_acc, r, d, M, mu, L, O);
+            O = P::value(q, w, d, L, O);
+            kva__dmma_write<D, typename P::Out>(a, w, nrows, qs, r, d, M, mu, L, O);
+        }
+        __syncthreads(); /* Q, s_acc and the rings are rewritten by the next item */
+    }
+}
+
+/* A kernel of the family and its dynamic shared memory (bytes). */
+template <typename Args> struct dm_launch {
+    void (*fn)(Args);
+    int smem;
+};
+
+/* The kernel of policy family Pol (Pol<D>) for head size D (64, 128 or 256;
+ * fn NULL otherwise). */
+template <template <int> class Pol> static dm_launch<typename Pol<64>::Args> dm_pick_d(int32_t D)
+{
+    dm_launch<typename Pol<64>::Args> k = {NULL, 0};
+    if (D == 64)
+        k = {decode_mma_kernel<Pol<64>>, Pol<64>::SMEM};
+    else if (D == 128)
+        k = {decode_mma_kernel<Pol<128>>, Pol<128>::SMEM};
+    else if (D == 256)
+        k = {decode_mma_kernel<Pol<256>>, Pol<256>::SMEM};
+    return k;
+}
+
+#endif /* KVA_CUDA_DECODE_MMA_KERNEL_CUH */
