@@ -82,6 +82,7 @@ extern "C" {
 #define KVA_MAX_HEADS 4096        /* most query heads (and kv heads) */
 #define KVA_MAX_TOPK 65536        /* most keys per token of a sparse plan (sparse_topk) */
 #define KVA_MAX_TREE_TOKENS 64    /* most query tokens of a request of a tree plan */
+#define KVA_MAX_CASCADE_LEVELS 8  /* most levels of nested cascade groups */
 #define KVA_MAX_THREADS 1024      /* most CPU threads a context may ask for */
 /* Largest head size D (and Dv) of any backend: MLA's absorbed 512 + 64. A
  * backend may take less (kva_cache_desc lists each backend's range); a head
@@ -599,6 +600,18 @@ typedef struct kva_plan_desc {
      * from prefills as in every plan. */
     int32_t sparse_topk;
     int32_t sparse_mode;
+
+    /* Nested cascade groups (docs/cascade.md): cascade_parent [G] (host,
+     * read during kva_plan_create) gives each group of a given grouping its
+     * parent group, or -1 for a top-level group; NULL: every group is
+     * top-level. A parent comes before its child (parent[g] < g) and shares
+     * fewer tokens (cascade_prefix_len[parent] < cascade_prefix_len[g]); the
+     * child's members share the parent's prefix too, so they need not be
+     * listed twice: cascade_group names each request's deepest group. Each
+     * level's part of the prefix is attended once per group and merged by LSE;
+     * at most KVA_MAX_CASCADE_LEVELS levels. Found groupings nest by themselves (requests that
+     * share more leading blocks than their group form subgroups). */
+    const int32_t *cascade_parent;
 } kva_plan_desc;
 
 /* How a sparse MLA plan runs its prefill tokens (kva_plan_desc.sparse_mode). */

@@ -10,7 +10,7 @@
 #include "cache_util.h"
 
 #define CAS_MAX_R 40
-#define CAS_MAX_G 4
+#define CAS_MAX_G 8
 
 /* One request: its group (-1 for none), query rows, and keys after the
  * group's shared blocks (seq_len = shared * B + own >= q_len). */
@@ -34,24 +34,43 @@ typedef struct {
     float softcap;
     int32_t sinks;
     int32_t expect_groups; /* info.num_cascade_groups the plan must report */
+    /* Nested groups: group g's first shared[parent[g]] blocks are its
+     * parent's (parent[g] < g, or -1 for a top-level group); with `given`
+     * the parents are passed as cascade_parent. */
+    int32_t nested;
+    int32_t parent[CAS_MAX_G];
 } cas_case;
 
 typedef struct {
     int32_t R, T, stride, NB;
-    int32_t qsl[CAS_MAX_R + 1], seq[CAS_MAX_R], grp[CAS_MAX_R], plen[CAS_MAX_G];
+    int32_t qsl[CAS_MAX_R + 1], seq[CAS_MAX_R], grp[CAS_MAX_R], plen[CAS_MAX_G], par[CAS_MAX_G];
     int32_t *bt; /* [R, stride] */
     float sinks[64];
 } cas_batch;
 
+/* The parent of group g, -1 for a top-level group. */
+static inline int32_t cas_parent(const cas_case *c, int32_t g)
+{
+    return c->nested ? c->parent[g] : -1;
+}
+
+/* Shared blocks group g adds to its parent's. */
+static inline int32_t cas_own_shared(const cas_case *c, int32_t g)
+{
+    const int32_t p = cas_parent(c, g);
+    return c->shared[g] - (p >= 0 ? c->shared[p] : 0);
+}
+
 /* Block ids: group g's shared blocks, then each request's own, all distinct
- * and drawn at random from 1 .. NB-1 (block 0 stays unused). */
+ * and drawn at random from 1 .. NB-1 (block 0 stays unused); a nested
+ * group's blocks begin with its parent's. */
 static inline void cas_build(const cas_case *c, kva_rng *r, cas_batch *b)
 {
     memset(b, 0, sizeof *b);
     b->R = c->R;
     int32_t need = 0, stride = 0;
     for (int32_t g = 0; g < c->G; g++)
-        need += c->shared[g];
+        need += cas_own_shared(c, g);
     for (int32_t i = 0; i < c->R; i++) {
         const cas_req *q = &c->req[i];
         const int32_t sh = q->group >= 0 ? c->shared[q->group] : 0;
@@ -76,8 +95,9 @@ static inline void cas_build(const cas_case *c, kva_rng *r, cas_batch *b)
     int32_t next = 1, shared_at[CAS_MAX_G];
     for (int32_t g = 0; g < c->G; g++) {
         shared_at[g] = next;
-        next += c->shared[g];
+        next += cas_own_shared(c, g);
         b->plen[g] = c->given_len[g] ? c->given_len[g] : c->shared[g] * c->B;
+        b->par[g] = cas_parent(c, g);
     }
     b->bt = malloc(sizeof(int32_t) * (size_t)c->R * (size_t)b->stride);
     for (int32_t i = 0; i < c->R; i++) {
@@ -86,8 +106,16 @@ static inline void cas_build(const cas_case *c, kva_rng *r, cas_batch *b)
         const int32_t nb = (b->seq[i] + c->B - 1) / c->B;
         for (int32_t j = 0; j < b->stride; j++)
             row[j] = -1;
-        for (int32_t j = 0; j < nb; j++)
-            row[j] = j < sh ? perm[shared_at[g] + j] : perm[next++];
+        for (int32_t j = 0; j < nb; j++) {
+            if (j >= sh) {
+                row[j] = perm[next++];
+                continue;
+            }
+            int32_t a = g; /* the group that added shared block j */
+            while (cas_parent(c, a) >= 0 && j < c->shared[cas_parent(c, a)])
+                a = cas_parent(c, a);
+            row[j] = perm[shared_at[a] + j - (c->shared[a] - cas_own_shared(c, a))];
+        }
     }
     free(perm);
     for (int32_t h = 0; h < c->H && h < 64; h++)
@@ -117,6 +145,7 @@ static inline kva_plan_desc cas_desc(const cas_case *c, const cas_batch *b, int3
         d.num_cascade_groups = c->G;
         d.cascade_group = b->grp;
         d.cascade_prefix_len = b->plen;
+        d.cascade_parent = c->nested ? b->par : NULL;
     }
     return d;
 }
@@ -139,8 +168,9 @@ static inline kva_cache *cas_cache(kva_context *ctx, const cas_case *c, const ca
     return cache;
 }
 
-/* A base case: 2 groups (3 and 2 shared blocks), ungrouped requests around them. */
-static inline cas_case cas_base(const char *name)
+/* An empty case of the small shape (H/Hkv 8/2, D 64, B 16, f32, NHD) with
+ * the R requests reqs, forced on, expecting `groups` groups. */
+static inline cas_case cas_small(const char *name, const cas_req *reqs, int32_t R, int32_t groups)
 {
     cas_case c;
     memset(&c, 0, sizeof c);
@@ -148,14 +178,21 @@ static inline cas_case cas_base(const char *name)
     c.H = 8, c.Hkv = 2, c.D = 64, c.B = 16;
     c.dt = c.cache_dt = KVA_DTYPE_F32;
     c.layout = KVA_LAYOUT_NHD;
-    c.G = 2;
-    c.shared[0] = 3, c.shared[1] = 2;
+    c.R = R;
+    memcpy(c.req, reqs, sizeof(cas_req) * (size_t)R);
+    c.mode = KVA_CASCADE_ON;
+    c.expect_groups = groups;
+    return c;
+}
+
+/* A base case: 2 groups (3 and 2 shared blocks), ungrouped requests around them. */
+static inline cas_case cas_base(const char *name)
+{
     const cas_req reqs[] = {{0, 1, 7},  {-1, 1, 40}, {0, 1, 16}, {1, 1, 1},
                             {0, 1, 30}, {1, 1, 20},  {-1, 1, 5}, {0, 1, 3}};
-    c.R = 8;
-    memcpy(c.req, reqs, sizeof reqs);
-    c.mode = KVA_CASCADE_ON;
-    c.expect_groups = 2;
+    cas_case c = cas_small(name, reqs, 8, 2);
+    c.G = 2;
+    c.shared[0] = 3, c.shared[1] = 2;
     return c;
 }
 
@@ -172,6 +209,41 @@ static inline cas_case cas_prefill_rows(const char *name)
     c.req[5].q_len = 19, c.req[5].own = 25;
     c.req[6] = (cas_req){-1, 33, 33};
     c.expect_groups = 3;
+    return c;
+}
+
+/* Two levels: group 0 shares 2 blocks; its subgroup 1 shares 5 (the first
+ * 2 of them group 0's). Request 0 is in group 0 only, requests 2 and 4 in
+ * group 1, the rest ungrouped. */
+static inline cas_case cas_two_levels(const char *name)
+{
+    const cas_req reqs[] = {{0, 1, 9}, {-1, 1, 40}, {1, 1, 16}, {-1, 3, 7}, {1, 1, 3}};
+    cas_case c = cas_small(name, reqs, 5, 2);
+    c.nested = 1;
+    c.G = 2;
+    c.shared[0] = 2, c.parent[0] = -1;
+    c.shared[1] = 5, c.parent[1] = 0;
+    return c;
+}
+
+/* Three levels, ragged: top-level groups 0 (2 blocks) and 5 (3 blocks, no
+ * subgroups); group 0's subgroups 1 (4 blocks) and 3 (3 blocks, a leaf);
+ * group 1's subgroup 2 (7 blocks). Members at every level, with decodes,
+ * speculative decodes and prefills after the prefix. */
+static inline cas_case cas_three_levels(const char *name)
+{
+    const cas_req reqs[] = {
+        {2, 1, 5},    {0, 1, 30}, {1, 1, 20},  {2, 4, 12}, {3, 1, 1},  {-1, 1, 50},
+        {2, 1, 40},   {5, 1, 6},  {1, 17, 17}, {3, 2, 9},  {0, 1, 2},  {5, 9, 30},
+        {-1, 24, 24}, {2, 1, 16}, {1, 1, 1},   {3, 1, 33}, {5, 1, 16},
+    };
+    cas_case c = cas_small(name, reqs, (int32_t)(sizeof reqs / sizeof reqs[0]), 5);
+    c.nested = 1;
+    c.G = 6;
+    /* Group 4 (1 block, top-level) has no members: it stays unused. */
+    const int32_t shared[6] = {2, 4, 7, 3, 1, 3}, parent[6] = {-1, 0, 1, 0, -1, -1};
+    memcpy(c.shared, shared, sizeof shared);
+    memcpy(c.parent, parent, sizeof parent);
     return c;
 }
 
@@ -234,6 +306,41 @@ static inline double cas_atol(kva_dtype dt)
 static inline double cas_rtol(kva_dtype dt)
 {
     return dt == KVA_DTYPE_F32 ? 1e-4 : dt == KVA_DTYPE_F16 ? 3e-3 : 2e-2;
+}
+
+/* Runs case c on a host context of backend `be` (2 threads) and compares
+ * it with the reference's plain run, with and without the LSE output; the
+ * plan must report c->expect_groups groups (of every level). */
+static inline void cas_run_host(const cas_case *c, kva_backend be, uint64_t seed)
+{
+    cas_data x;
+    cas_data_make(c, seed, &x);
+    const size_t es = kva_dtype_size(c->dt);
+    void *o = malloc(x.nq * es);
+    float *l = malloc(x.nl * 4);
+    kva_context *ctx = new_ctx(be, 2);
+    kva_plan *plan = NULL;
+    kva_plan_desc d = cas_desc(c, &x.b, c->mode, c->given);
+    CHECK_OK(kva_plan_create(ctx, &d, &plan));
+    kva_plan_info info;
+    CHECK_OK(kva_plan_get_info(plan, &info));
+    CHECK_MSG(info.num_cascade_groups == c->expect_groups, "%s on %s: %d cascade groups, want %d",
+              c->name, kva_backend_name(be), (int)info.num_cascade_groups, (int)c->expect_groups);
+    for (int with_lse = 1; with_lse >= 0; with_lse--) {
+        kva_test_poison(o, c->dt, x.nq);
+        kva_test_poison(l, KVA_DTYPE_F32, x.nl);
+        CHECK_OK(kva_attention_run(ctx, plan, x.q, x.cache, x.sinks, o, with_lse ? l : NULL));
+        size_t bad =
+            kva_test_compare("out", o, x.o_ref, c->dt, x.nq, cas_atol(c->dt), cas_rtol(c->dt));
+        if (with_lse)
+            bad += kva_test_compare_f32("lse", l, x.l_ref, x.nl, 1e-4, 1e-4);
+        CHECK_MSG(bad == 0, "%s on %s (lse %s): %zu mismatches", c->name, kva_backend_name(be),
+                  with_lse ? "on" : "off", bad);
+    }
+    kva_plan_destroy(plan);
+    kva_context_destroy(ctx);
+    cas_data_free(&x);
+    free(o), free(l);
 }
 
 #endif /* KVA_TEST_CASCADE_UTIL_H */

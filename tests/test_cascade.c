@@ -9,38 +9,9 @@
  */
 #include "cascade_util.h"
 
-/* Runs case c on a context of backend `be` and compares it with the
- * reference's plain run. */
 static void run_case(const cas_case *c, kva_backend be)
 {
-    cas_data x;
-    cas_data_make(c, 1234, &x);
-    const size_t es = kva_dtype_size(c->dt);
-    void *o = malloc(x.nq * es);
-    float *l = malloc(x.nl * 4);
-    kva_context *ctx = new_ctx(be, 2);
-    kva_plan *plan = NULL;
-    kva_plan_desc d = cas_desc(c, &x.b, c->mode, c->given);
-    CHECK_OK(kva_plan_create(ctx, &d, &plan));
-    kva_plan_info info;
-    CHECK_OK(kva_plan_get_info(plan, &info));
-    CHECK_MSG(info.num_cascade_groups == c->expect_groups, "%s on %s: %d cascade groups, want %d",
-              c->name, kva_backend_name(be), (int)info.num_cascade_groups, (int)c->expect_groups);
-    for (int with_lse = 1; with_lse >= 0; with_lse--) {
-        kva_test_poison(o, c->dt, x.nq);
-        kva_test_poison(l, KVA_DTYPE_F32, x.nl);
-        CHECK_OK(kva_attention_run(ctx, plan, x.q, x.cache, x.sinks, o, with_lse ? l : NULL));
-        size_t bad =
-            kva_test_compare("out", o, x.o_ref, c->dt, x.nq, cas_atol(c->dt), cas_rtol(c->dt));
-        if (with_lse)
-            bad += kva_test_compare_f32("lse", l, x.l_ref, x.nl, 1e-4, 1e-4);
-        CHECK_MSG(bad == 0, "%s on %s (lse %s): %zu mismatches", c->name, kva_backend_name(be),
-                  with_lse ? "on" : "off", bad);
-    }
-    kva_plan_destroy(plan);
-    kva_context_destroy(ctx);
-    cas_data_free(&x);
-    free(o), free(l);
+    cas_run_host(c, be, 1234);
 }
 
 static void test_mixes(void)
@@ -54,9 +25,11 @@ static void test_mixes(void)
         run_case(&c, bes[i]);
         /* A member whose first query lies inside the third shared block:
          * found, the group shares 2 blocks (its prefix ends off the edge of
-         * what the block ids share). */
+         * what the block ids share), and its other members the third in a
+         * nested group. */
         c = cas_base("prefix off the shared edge");
         c.req[2].q_len = 10, c.req[2].own = 4;
+        c.expect_groups = 3;
         run_case(&c, bes[i]);
         c = cas_prefill_rows("groups of one, prefill rows");
         run_case(&c, bes[i]);
@@ -124,9 +97,9 @@ static void test_choice(void)
     kva_rng r = {5};
     cas_case c;
     cas_batch b;
-    /* The issue's small case declines; a long shared prefix pays where the
-     * plain decode is bound by its reads (16 threads' worth of flops against
-     * the memory's bandwidth), not where 2 threads' flops bind both. */
+    /* The issue's small case declines; a long shared prefix pays with 16
+     * threads (the plain decode bound by its reads) and with 2 (the prefix
+     * pass's tiled kernel does the same flops ~3x faster than the decode's). */
     kva_context *wide = new_ctx(KVA_BACKEND_CPU, 16);
     shared_batch(&c, 8, 128, 256);
     cas_build(&c, &r, &b);
@@ -139,7 +112,7 @@ static void test_choice(void)
     cas_build(&c, &r, &b);
     d = cas_desc(&c, &b, KVA_CASCADE_AUTO, 0);
     CHECK(groups_of(wide, &d, KVA_STATUS_OK) == 1);
-    CHECK(groups_of(ctx, &d, KVA_STATUS_OK) == 0);
+    CHECK(groups_of(ctx, &d, KVA_STATUS_OK) == 1);
     d.cascade = KVA_CASCADE_OFF;
     CHECK(groups_of(wide, &d, KVA_STATUS_OK) == 0);
     kva_context_destroy(wide);

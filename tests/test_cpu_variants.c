@@ -113,6 +113,12 @@ static void test_dispatch(void)
     const char *best = best_at(k, n, KVA__KERNEL_DECODE, level);
     const char *bestp = best_at(k, n, KVA__KERNEL_PREFILL, level);
     CHECK(best && bestp);
+    /* The bf16-dot prefill is the default only where vdpbf16ps beats fp32
+     * FMAs (kva__cpu_features.bf16dot_fast); elsewhere the entry before it. */
+    kva__cpu_features feat;
+    kva__cpu_features_get(&feat);
+    if (same(bestp, "prefill_avx512bf16") && !feat.bf16dot_fast)
+        bestp = "prefill_avx512";
     /* Per-item shape rule: single-row decodes and short GQA-1 spec decodes
      * are decode-shaped, query tiles prefill-shaped. */
     CHECK(!kva__cpu_item_prefill(1, 8) && !kva__cpu_item_prefill(1, 64));

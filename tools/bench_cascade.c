@@ -25,7 +25,7 @@ typedef struct cas_opts {
     int32_t batch, prefix, suffix, groups, heads, kv_heads, head_dim, B, threads, iters, warmup;
     kva_dtype dt;
     kva_backend backend;
-    int no_ceiling;
+    int no_ceiling, paired;
 } cas_opts;
 
 static void usage(void)
@@ -43,7 +43,10 @@ static void usage(void)
            "  --backend cpu|cuda   backend                           [cpu]\n"
            "  --threads N          CPU threads, 0 = all              [0]\n"
            "  --iters N --warmup N timed and untimed runs            [20 3]\n"
-           "  --no-ceiling         skip the CPU roofline (read bandwidth, FMA peak)\n");
+           "  --no-ceiling         skip the CPU roofline (read bandwidth, FMA peak)\n"
+           "  --paired             cpu: also run plain, cascade, a read pass and an FMA\n"
+           "                       peak measurement in turn --iters times, and print the\n"
+           "                       medians of each turn's speedup over its own roofline\n");
 }
 
 static int parse(int argc, char **argv, cas_opts *o)
@@ -51,7 +54,8 @@ static int parse(int argc, char **argv, cas_opts *o)
     static const char *const dts[] = {"f32", "f16", "bf16"};
     static const kva_dtype dtv[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
     static const char *const bes[] = {"cpu", "cuda"};
-    *o = (cas_opts){64, 8192, 256, 1, 32, 8, 128, 16, 0, 20, 3, KVA_DTYPE_BF16, KVA_BACKEND_CPU, 0};
+    *o = (cas_opts){64, 8192, 256, 1, 32, 8, 128, 16, 0, 20, 3, KVA_DTYPE_BF16, KVA_BACKEND_CPU,
+                    0,  0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int k = 0, ok = 1;
@@ -63,6 +67,10 @@ static int parse(int argc, char **argv, cas_opts *o)
         }
         if (strcmp(a, "--no-ceiling") == 0) {
             o->no_ceiling = 1;
+            continue;
+        }
+        if (strcmp(a, "--paired") == 0) {
+            o->paired = 1;
             continue;
         }
         const char *v = kva_cli_flag_value(argc, argv, &i, a);
@@ -259,6 +267,68 @@ static kva_status fill(const cas_opts *o, kva_context *ctx, kva_cache *cache, in
     return st;
 }
 
+static int by_value(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* --paired (CPU): o->iters turns of one plain run, one cascade run, one read
+ * pass and one FMA peak measurement, so each turn's speedup is judged
+ * against the roofline of the same moment (the VM's load moves all four);
+ * prints the medians over the turns. bytes/flops as in the main report. */
+static kva_status paired(const cas_opts *o, kva_context *ctx, kva_plan_desc *d, const void *q,
+                         const kva_cache *cache, void *out, float *lse, double plain_bytes,
+                         double casc_bytes, double flops)
+{
+    const int nt = kva_context_num_threads(ctx);
+    kva_plan *plan[2] = {NULL, NULL};
+    kva_cli_reader rd = {0};
+    double *v = malloc(sizeof(double) * (size_t)o->iters * 4);
+    kva_status st = v ? KVA_STATUS_OK : KVA_STATUS_OUT_OF_MEMORY;
+    for (int m = 0; m < 2 && st == KVA_STATUS_OK; m++) {
+        d->cascade = m ? KVA_CASCADE_ON : KVA_CASCADE_OFF;
+        st = kva_plan_create(ctx, d, &plan[m]);
+    }
+    if (st == KVA_STATUS_OK && kva_cli_reader_open(&rd, nt) != 0)
+        st = KVA_STATUS_OUT_OF_MEMORY;
+    double *sp = v, *roof = v + o->iters, *share = v + 2 * o->iters, *bw = v + 3 * o->iters;
+    for (int i = 0; i < o->iters && st == KVA_STATUS_OK; i++) {
+        double t[2];
+        for (int m = 0; m < 2 && st == KVA_STATUS_OK; m++) {
+            const double t0 = kva_cli_now();
+            st = kva_attention_run(ctx, plan[m], q, cache, NULL, out, lse);
+            t[m] = kva_cli_now() - t0;
+        }
+        const char *isa = "";
+        bw[i] = kva_cli_reader_pass(&rd) * 1e9;
+        const double peak = kva_cli_measure_fma_peak(nt, &isa) * 1e9;
+        const double tp = fmax(plain_bytes / bw[i], flops / peak);
+        const double tc = fmax(casc_bytes / bw[i], flops / peak);
+        sp[i] = t[0] / t[1];
+        roof[i] = tp / tc;
+        share[i] = sp[i] / roof[i];
+    }
+    if (st == KVA_STATUS_OK) {
+        const int n = o->iters;
+        qsort(sp, (size_t)n, sizeof(double), by_value);
+        qsort(roof, (size_t)n, sizeof(double), by_value);
+        qsort(share, (size_t)n, sizeof(double), by_value);
+        qsort(bw, (size_t)n, sizeof(double), by_value);
+        printf("  paired (%d turns of plain, cascade, read pass, FMA peak; medians): speedup "
+               "%.2fx, roofline ratio %.2fx (read %.1f GB/s), speedup / roofline ratio %.0f%% "
+               "(quartiles %.0f%% .. %.0f%%)\n",
+               n, bench_median(sp, n), bench_median(roof, n), bench_median(bw, n) * 1e-9,
+               100.0 * bench_median(share, n), 100.0 * share[n / 4], 100.0 * share[(3 * n) / 4]);
+    }
+    if (rd.buf)
+        kva_cli_reader_close(&rd);
+    kva_plan_destroy(plan[0]);
+    kva_plan_destroy(plan[1]);
+    free(v);
+    return st;
+}
+
 int kva_cli_bench_cascade(int argc, char **argv)
 {
     cas_opts o;
@@ -389,6 +459,11 @@ int kva_cli_bench_cascade(int argc, char **argv)
                    nt, bw * 1e-9, isa, peak * 1e-9, tp * 1e6, tc * 1e6, tp / tc, med[0] / med[1],
                    100.0 * (med[0] / med[1]) / (tp / tc));
         }
+    }
+    if (!dev && o.paired) {
+        st = paired(&o, ctx, &d, q, cache, out, lse, plain_bytes, casc_bytes, flops);
+        if (st != KVA_STATUS_OK)
+            return kva_cli_lib_error("--paired", st);
     }
     kva_cache_destroy(cache);
     kva_context_destroy(ctx);

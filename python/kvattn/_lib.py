@@ -124,6 +124,7 @@ class PlanDesc(Structure):
         # Sparse MLA / indexer plans (kvattn_mla.h); 0 = dense.
         ("sparse_topk", c_int32),
         ("sparse_mode", c_int32),  # kva_sparse_mode: 0 mixed, 1 separate
+        ("cascade_parent", c_void_p),  # [G] int32 parent group of each given group, or NULL
     ]
 
 

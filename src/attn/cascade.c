@@ -3,12 +3,12 @@
  * backends' index passes (the plan and its layout: src/plan/cascade.c and
  * kva__cascade in src/core/internal.h).
  *
- * A run is four launches on the context's stream, none of which reads
+ * A run is 3 + L launches on the context's stream, none of which reads
  * anything on the host: the gather of the groups' query rows, the prefix
  * plan on the aux context (non-causal, LSE kept), the suffix plan on the
- * context (the sinks join here, so they count once), and the merge of each
- * grouped row with its prefix rows. Everything was validated at plan time
- * and by kva_attention_run, so this is graph-capture safe on CUDA.
+ * context (the sinks join here, so they count once), and per level of
+ * nested groups the merge of each grouped row with its prefix rows. Everything was validated at
+ * plan time and by kva_attention_run, so this is graph-capture safe on CUDA.
  */
 #include "internal.h"
 
@@ -31,7 +31,9 @@ kva_status kva__cascade_run(kva_context *ctx, const kva_plan *plan, const void *
     KVA_TRY(ops->cascade_gather(ctx, plan, q, q_pref));
     KVA_TRY(ops->attention_paged(aux, c->prefix, q_pref, cache, NULL, out_pref, lse_pref));
     KVA_TRY(ops->attention_paged(ctx, c->suffix, q, cache, sinks, out, lse_suf));
-    return ops->cascade_merge(ctx, plan, out_pref, lse_pref, out, lse_suf);
+    for (int32_t l = 0; l < c->num_levels; l++)
+        KVA_TRY(ops->cascade_merge(ctx, plan, l, out_pref, lse_pref, out, lse_suf));
+    return KVA_STATUS_OK;
 }
 
 kva_status kva__host_cascade_gather(kva_context *ctx, const kva_plan *plan, const void *q,
@@ -48,11 +50,12 @@ kva_status kva__host_cascade_gather(kva_context *ctx, const kva_plan *plan, cons
     return KVA_STATUS_OK;
 }
 
-/* Row t of out/lse merged in place with its prefix rows: the C chunks are
- * first merged into the aux workspace's scratch row (C > 1), then with the
- * suffix row, by the backend's own merges (in-place is allowed). */
-kva_status kva__host_cascade_merge(kva_context *ctx, const kva_plan *plan, const void *out_pref,
-                                   const float *lse_pref, void *out, float *lse)
+/* Row t of out/lse merged in place with its prefix row of one level: the C
+ * chunks are first merged into the aux workspace's scratch row (C > 1), then
+ * with the suffix row, by the backend's own merges (in-place is allowed). */
+kva_status kva__host_cascade_merge(kva_context *ctx, const kva_plan *plan, int32_t level,
+                                   const void *out_pref, const float *lse_pref, void *out,
+                                   float *lse)
 {
     const kva__cascade *c = plan->cascade;
     const int32_t H = plan->d.num_heads, Dv = plan->d.head_dim_v, T = plan->info.num_tokens;
@@ -62,7 +65,7 @@ kva_status kva__host_cascade_merge(kva_context *ctx, const kva_plan *plan, const
     float *tmp_lse = (float *)(tmp + ((row + 255) & ~(size_t)255));
     const int64_t part = (int64_t)c->rows * H;
     for (int32_t t = 0; t < T; t++) {
-        const int32_t m = c->merge[t];
+        const int32_t m = c->merge[(int64_t)level * T + t];
         if (m < 0)
             continue;
         const void *po = (const unsigned char *)out_pref + (size_t)m * row;

@@ -76,6 +76,14 @@ static void detect_x86(kva__cpu_features *f)
         if (f->avx512f && max_sub >= 1 && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1))
             f->avx512bf16 = (a1 >> 5) & 1;
     }
+    /* Leaf 0: the vendor string in EBX, EDX, ECX ("AuthenticAMD"). */
+    unsigned v[4];
+    if (f->avx512bf16 && __get_cpuid(0, &v[3], &v[0], &v[2], &v[1])) {
+        char vendor[13];
+        memcpy(vendor, v, 12);
+        vendor[12] = '\0';
+        f->bf16dot_fast = strcmp(vendor, "AuthenticAMD") == 0;
+    }
 }
 
 #endif /* KVA_X86_CPUID */

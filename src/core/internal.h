@@ -107,7 +107,12 @@ typedef struct kva__cpu_features {
     int avx2, fma, f16c; /* x86-64 */
     int avx512f, avx512bw, avx512vl, avx512dq;
     int avx512bf16, avx512vnni; /* vdpbf16ps / vpdpbusd (with AVX-512 F) */
-    int neon;                   /* AArch64 */
+    /* vdpbf16ps scores beat fp32 FMA scores: set on AMD CPUs with
+     * AVX512_BF16 (Zen 4 issues 512-bit FMAs at half rate and vdpbf16ps at
+     * full rate), not on Intel ones (there vdpbf16ps does half the FMAs'
+     * multiply-adds per cycle). The prefill dispatch reads it. */
+    int bf16dot_fast;
+    int neon; /* AArch64 */
 } kva__cpu_features;
 
 /* Detects the running CPU's vector ISA (cpuid + xgetbv on x86-64). */
@@ -405,18 +410,22 @@ struct kva_plan {
  *   suffix:  plan `suffix` on ctx: every request over its keys after its
  *            group's prefix (all of them when ungrouped), with the sinks ->
  *            out, lse (or lse_suf);
- *   merge:   out/lse row t merged in place with its C prefix rows
- *            (merge[t] >= 0; t is ungrouped when -1).
- * Buffers live in ctx->aux's workspace past the prefix plan's own bytes. */
+ *   merge:   per level l, out/lse row t merged in place with its C prefix
+ *            rows (merge[l * T + t] >= 0; -1 when t has no group at level l).
+ * Nested groups (levels): a group of level l > 0 attends only its part of
+ * the prefix (the blocks after its parent's), with its rows listed again,
+ * so a token has one prefix row per level it belongs to. Buffers live in
+ * ctx->aux's workspace past the prefix plan's own bytes. */
 typedef struct kva__cascade {
     kva_plan *prefix;   /* built on aux */
     kva_plan *suffix;   /* built on the plan's context */
     kva_context *aux;   /* the context the prefix plan was built on */
-    int32_t num_groups; /* G */
+    int32_t num_groups; /* G: groups of every level */
+    int32_t num_levels; /* L: 1 without nested groups */
     int32_t num_chunks; /* C */
-    int32_t rows;       /* M: query rows of all groups */
+    int32_t rows;       /* M: query rows of all groups (a row once per level) */
     int32_t *gather;    /* [M] token of each prefix row (host) */
-    int32_t *merge;     /* [T] prefix row of each token, -1 if ungrouped (host) */
+    int32_t *merge;     /* [L, T] prefix row of each token per level, or -1 (host) */
     size_t off_q, off_out, off_lse, off_lse_suf, off_tmp, off_idx; /* bytes into aux->workspace */
     size_t aux_bytes;                                              /* aux workspace the run needs */
 } kva__cascade;
@@ -443,8 +452,9 @@ kva_status kva__cascade_run(kva_context *ctx, const kva_plan *plan, const void *
  * cascade_merge of kva__backend_ops over the host index arrays. */
 kva_status kva__host_cascade_gather(kva_context *ctx, const kva_plan *plan, const void *q,
                                     void *q_pref);
-kva_status kva__host_cascade_merge(kva_context *ctx, const kva_plan *plan, const void *out_pref,
-                                   const float *lse_pref, void *out, float *lse);
+kva_status kva__host_cascade_merge(kva_context *ctx, const kva_plan *plan, int32_t level,
+                                   const void *out_pref, const float *lse_pref, void *out,
+                                   float *lse);
 
 /* What a backend's cascade costs, for the plan's choice (kva_cascade_mode
  * AUTO): rates of the passes and the fixed cost of the extra ones. */
@@ -457,6 +467,9 @@ typedef struct kva__cascade_cost {
     double decode_flops; /* flop/s of the plain (decode) kernels */
     double prefix_flops; /* flop/s of the prefix pass (prefill kernels) */
     double fixed_s;      /* seconds of the gather, prefix launch and merge */
+    double prefix_rows;  /* attention rows per kv head (query rows x GQA group) at which
+                            the prefix pass reaches prefix_flops; fewer scale it down in
+                            proportion (unfilled vector lanes); 0: no scaling */
     int32_t units;       /* parallel units to fill (CUDA: 2 x SMs); 0: no key chunks */
 } kva__cascade_cost;
 
@@ -663,14 +676,15 @@ struct kva__backend_ops {
      *   NULL for host backends, whose passes read the host arrays.
      * cascade_gather / cascade_merge: the index passes (kva__cascade), on
      *   ctx's stream; q_pref, out_pref and lse_pref point into aux's
-     *   workspace; out [T, H, Dv] and lse [T, H] are merged in place. */
+     *   workspace; out [T, H, Dv] and lse [T, H] are merged in place with the
+     *   prefix rows of one level (merge[level * T ..]), once per level. */
     kva_status (*cascade_cost)(const kva_context *ctx, kva__cascade_cost *out);
     kva_status (*cascade_follow)(kva_context *aux, const kva_context *ctx);
     kva_status (*cascade_upload)(kva_context *ctx, const kva_plan *plan);
     kva_status (*cascade_gather)(kva_context *ctx, const kva_plan *plan, const void *q,
                                  void *q_pref);
-    kva_status (*cascade_merge)(kva_context *ctx, const kva_plan *plan, const void *out_pref,
-                                const float *lse_pref, void *out, float *lse);
+    kva_status (*cascade_merge)(kva_context *ctx, const kva_plan *plan, int32_t level,
+                                const void *out_pref, const float *lse_pref, void *out, float *lse);
 
     /* ---- sparse MLA and the indexer (kvattn_mla.h; NULL: the backend has
      * none, and kva_plan_create refuses such plans with

@@ -4,9 +4,9 @@
  * test's mixes (groups found and given, prefixes off the shared edge, groups
  * of one, prefill rows in the step, sinks and soft-cap), a group large enough
  * for the tensor-core prefill tiles with its prefix cut into key chunks,
- * every cache format the decode reads, forced on/off, and a cascade run
- * captured in a CUDA graph and replayed. Outputs are poisoned before every
- * run. Exits 77 without the CUDA build or a device.
+ * every cache format the decode reads, forced on/off, nested groups (two
+ * and three levels), and cascade runs captured in a CUDA graph and replayed. Outputs are poisoned
+ * before every run. Exits 77 without the CUDA build or a device.
  */
 #include "cascade_util.h"
 #include "cuda_util.h"
@@ -90,6 +90,7 @@ static void test_mixes(void)
     run_case(&c, 0);
     c = cas_base("prefix off the shared edge");
     c.req[2].q_len = 10, c.req[2].own = 4;
+    c.expect_groups = 3; /* the other members' third block: a nested group */
     run_case(&c, 0);
     c = cas_prefill_rows("groups of one, prefill rows, sinks, soft-cap");
     c.sinks = 1, c.softcap = 30.0f;
@@ -123,6 +124,35 @@ static void test_tiles_chunks(void)
     run_case(&c, 0);
 }
 
+/* Nested groups: two and three levels, found and given (the merge runs
+ * once per level), and a two-level group of 32 decodes on the tensor-core
+ * tiles with key chunks, also in a graph. */
+static void test_nested(void)
+{
+    cas_case c = cas_two_levels("two levels found");
+    run_case(&c, 0);
+    c = cas_three_levels("three levels found, ragged");
+    run_case(&c, 0);
+    c.name = "three levels given, ragged, sinks";
+    c.given = 1, c.sinks = 1;
+    run_case(&c, 0);
+    memset(&c, 0, sizeof c);
+    c.name = "32 decodes in 2 levels, bf16, chunks";
+    c.H = 16, c.Hkv = 4, c.D = 128, c.B = 16;
+    c.dt = c.cache_dt = KVA_DTYPE_BF16;
+    c.nested = 1;
+    c.R = 33, c.G = 2, c.shared[0] = 64, c.shared[1] = 128;
+    c.parent[0] = -1, c.parent[1] = 0;
+    for (int i = 0; i < 32; i++)
+        c.req[i] = (cas_req){i % 2, 1, 1 + 5 * i};
+    c.req[32] = (cas_req){-1, 40, 90};
+    c.mode = KVA_CASCADE_ON, c.expect_groups = 2;
+    kva_plan_info info = run_case(&c, 0);
+    CHECK_MSG(info.cascade_chunks > 1, "cascade_chunks = %d", (int)info.cascade_chunks);
+    c.name = "32 decodes in 2 levels, in a graph";
+    run_case(&c, 1);
+}
+
 static void test_formats(void)
 {
     static const struct {
@@ -151,6 +181,7 @@ int main(void)
 #ifdef KVA_HAVE_CUDA
     RUN(test_mixes);
     RUN(test_tiles_chunks);
+    RUN(test_nested);
     RUN(test_formats);
 #endif
     return kva_test_finish();

@@ -186,7 +186,8 @@ void kva__cpu_prefill_avx512bf16(const kva__cpu_run *run, const kva__work_item *
  * `kvattn bench --variant NAME` use) if the ISA level allows it, else the
  * last registry entry of the family the level allows (the registry lists
  * them in increasing ISA order, each beating the earlier ones where it can
- * run). The ISA level is the context's detected one (ctx->cpu_features),
+ * run; prefill_avx512bf16 only where vdpbf16ps beats fp32 FMAs,
+ * kva__cpu_features.bf16dot_fast). The ISA level is the context's detected one (ctx->cpu_features),
  * lowered by the environment variable KVA_CPU_ISA (src/core/cpu_features.c):
  * the ISA knob tests and benchmarks use to run the AVX2 or portable kernels
  * on an AVX-512 machine; it names an ISA, never a kernel.

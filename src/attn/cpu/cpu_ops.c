@@ -93,15 +93,30 @@ static int usable_avx512bf16(const kva_context *ctx)
     return usable_at(ctx, KVA__ISA_AVX512BF16);
 }
 
+/* 1 for registry entries whose only gain over the entry before them is the
+ * vdpbf16ps scores: prefill_avx512bf16 (decode_avx512bf16 also has the
+ * VNNI int8 path). */
+static int bf16dot_only(int32_t i)
+{
+#if KVA_X86_SIMD
+    return impls[i].fn == kva__cpu_prefill_avx512bf16;
+#else
+    (void)i;
+    return 0;
+#endif
+}
+
 /* Registry indices of the kernels a plan built on ctx runs: per family the
  * one forced on ctx (kva__context_force_kernel) while the ISA level still
- * allows it, else the last entry the level allows. */
+ * allows it, else the last entry the level allows, skipping a bf16-dot
+ * entry where bf16 dot products do not beat fp32 FMAs
+ * (kva__cpu_features.bf16dot_fast). */
 static void choose(const kva_context *ctx, int32_t *decode, int32_t *prefill, int32_t *mla)
 {
     const kva__cpu_isa level = kva__cpu_isa_of(&ctx->cpu_features);
     int32_t pick[KVA__KERNEL_FAMILIES] = {0};
     for (int32_t i = 0; i < NUM_KERNELS; i++)
-        if (impls[i].isa <= level)
+        if (impls[i].isa <= level && (!bf16dot_only(i) || ctx->cpu_features.bf16dot_fast))
             pick[kernels[i].family] = i;
     for (int f = 0; f < KVA__KERNEL_FAMILIES; f++) {
         const int32_t forced = kva__context_forced_kernel(ctx, (kva__kernel_family)f);
@@ -394,11 +409,14 @@ static kva_status cpu_attention_ragged(kva_context *ctx, const kva_plan *plan, c
 
 /* The cascade cost model's rates for ctx's threads: rough per-core figures
  * of an AVX-512 server core, memory bandwidth saturating at ~8 cores. The
- * tiled prefill kernels reach about the flop rate the decode kernels would
- * at the same shapes (the prefix pass measured ~25-45% of the FMA peak), so
- * a cascade pays only where the plain decode is bound by its reads: a
- * prefix that fits the last-level cache (taken as 16 MiB) is re-read from
- * it at ~4x the memory's rate. */
+ * decode kernels reach ~20-25 GFLOP/s per core on keys in cache, the tiled
+ * prefill kernel of the prefix pass 90-130 (one thread, 64 rows x 8k keys,
+ * prefill_avx512 on a Xeon; bench/results/vm_2026-11-27_casc2.txt), taken
+ * at half that for loaded machines, with 256 attention rows per kv head or
+ * more (fewer leave its vector lanes and register blocks unfilled: at 2
+ * threads 8 and 16 decodes over a 2k prefix ran slower as a cascade, 32
+ * over 4k and 64 over 8k faster); a prefix that fits the last-level cache
+ * (taken as 16 MiB) is re-read from it at ~4x the memory's rate. */
 static kva_status cpu_cascade_cost(const kva_context *ctx, kva__cascade_cost *out)
 {
     const double nt = ctx->num_threads, bw_cores = nt < 8 ? nt : 8;
@@ -406,8 +424,9 @@ static kva_status cpu_cascade_cost(const kva_context *ctx, kva__cascade_cost *ou
     out->reread_bw = 4.0 * out->read_bw;
     out->reread_max = 16.0 * 1024 * 1024;
     out->decode_flops = 20e9 * nt;
-    out->prefix_flops = 20e9 * nt;
+    out->prefix_flops = 60e9 * nt;
     out->fixed_s = 20e-6;
+    out->prefix_rows = 256.0;
     out->units = 0;
     return KVA_STATUS_OK;
 }

@@ -4,11 +4,12 @@
  *   cascade_cost: the plan's cost model rates for this device;
  *   cascade_follow: the aux context runs on the context's stream, so both
  *     passes and the index passes are ordered (and captured) together;
- *   cascade_upload: the index arrays (gather [M], merge [T]) into aux's
+ *   cascade_upload: the index arrays (gather [M], merge [L, T]) into aux's
  *     workspace at off_idx, at plan time;
  *   gather_kernel: q_pref [C, M, H, D] = q rows gather[i], C copies.
- * The merge of out/lse row (t, h) in place with its C prefix rows runs in
- * split_merge.cu (kva__cuda_cascade_merge: merge_rows_kernel).
+ * The merge of out/lse row (t, h) in place with its C prefix rows of one
+ * level runs in split_merge.cu (kva__cuda_cascade_merge: merge_rows_kernel,
+ * launched once per level of nested groups).
  * The two passes between them are ordinary plans: the prefix plan's
  * virtual requests (many rows over long keys) run on the tensor-core prefill
  * tiles, the suffix plan's decodes on the decode kernels.
@@ -64,7 +65,7 @@ extern "C" kva_status kva__cuda_cascade_upload(kva_context *ctx, const kva_plan 
     cudaStream_t s = (cudaStream_t)state_of(ctx)->stream;
     char *idx = (char *)c->aux->workspace + c->off_idx;
     const size_t gb = (size_t)c->rows * sizeof(int32_t);
-    const size_t mb = (size_t)plan->info.num_tokens * sizeof(int32_t);
+    const size_t mb = (size_t)c->num_levels * plan->info.num_tokens * sizeof(int32_t);
     /* Earlier runs on the stream may still read the indices of a previous
      * cascade plan: the copies queue behind them; pageable sources complete
      * before cudaMemcpyAsync returns, and the stream is drained so the plan

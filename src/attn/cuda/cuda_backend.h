@@ -333,8 +333,9 @@ kva_status kva__cuda_cascade_follow(kva_context *aux, const kva_context *ctx);
 kva_status kva__cuda_cascade_upload(kva_context *ctx, const kva_plan *plan);
 kva_status kva__cuda_cascade_gather(kva_context *ctx, const kva_plan *plan, const void *q,
                                     void *q_pref);
-kva_status kva__cuda_cascade_merge(kva_context *ctx, const kva_plan *plan, const void *out_pref,
-                                   const float *lse_pref, void *out, float *lse);
+kva_status kva__cuda_cascade_merge(kva_context *ctx, const kva_plan *plan, int32_t level,
+                                   const void *out_pref, const float *lse_pref, void *out,
+                                   float *lse);
 kva_status kva__cuda_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_tokens,
                                     int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
                                     const void *outs, int64_t out_stride, const float *lses,

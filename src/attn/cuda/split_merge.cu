@@ -255,13 +255,15 @@ kva__cuda_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_tokens
         });
 }
 
-extern "C" kva_status kva__cuda_cascade_merge(kva_context *ctx, const kva_plan *plan,
+extern "C" kva_status kva__cuda_cascade_merge(kva_context *ctx, const kva_plan *plan, int32_t level,
                                               const void *out_pref, const float *lse_pref,
                                               void *out, float *lse)
 {
     const kva__cascade *c = plan->cascade;
-    const int32_t *merge =
-        (const int32_t *)((const char *)c->aux->workspace + c->off_idx) + c->rows;
+    /* The level's map: merge [L, T] follows gather [M] (nested groups merge
+     * level by level). */
+    const int32_t *merge = (const int32_t *)((const char *)c->aux->workspace + c->off_idx) +
+                           c->rows + (int64_t)level * plan->info.num_tokens;
     const int32_t H = plan->d.num_heads, Dv = plan->d.head_dim_v;
     return merge_rows_launch<cascade_src>(
         ctx, plan->d.q_dtype, (int64_t)plan->info.num_tokens * H, Dv, out, lse, [&](auto *z) {
