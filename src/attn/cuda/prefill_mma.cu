@@ -524,9 +524,9 @@ extern "C" kva_status kva__cuda_prefill_tiles_build_sections(
         nent[r] = n - first[r];
         order[nr++] = r;
     }
-    /* Requests by their heaviest tile, longest first (insertion sort, stable:
-     * a batch has few prefills). */
-    for (int32_t i = 1; i < nr; i++) {
+    /* With sections, requests by their heaviest tile, longest first
+     * (insertion sort, stable: a batch has few prefills). */
+    for (int32_t i = 1; section_keys > 0 && i < nr; i++) {
         const int32_t r = order[i];
         int32_t j = i;
         while (j > 0 && heavy[order[j - 1]] < heavy[r]) {
