@@ -20,7 +20,7 @@ TREES=("$@")
 EXTRA=(${KVA_DEP_ARGS[@]+"${KVA_DEP_ARGS[@]}"})
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 SHAPES=("1 4096 0" "2 2048 0" "8 1024 0" "32 256 0" "4 1024 3072")
-TARGETS="bench_cuda ${TESTS:-}"
+TARGETS="bench_cuda"
 [ "${SERVE:-0}" = 1 ] && TARGETS="$TARGETS kvattn"
 # Configure and build every tree in parallel (16 cores shared).
 for spec in "${TREES[@]}"; do
@@ -28,27 +28,37 @@ for spec in "${TREES[@]}"; do
     ( cmake -S "$src" -B "$HERE/b-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
         -DKVA_BUILD_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${EXTRA[@]}" \
         > "$OUT/build-$name.log" 2>&1 &&
-      ninja -C "$HERE/b-$name" -j$(( $(nproc) / ${#TREES[@]} )) $TARGETS >> "$OUT/build-$name.log" 2>&1 ||
+      # The tests (TESTS) are built and run in the tree named new or exp only.
+      t=$TARGETS; { [ "$name" = new ] || [ "$name" = exp ]; } && t="$t ${TESTS:-}"
+      ninja -C "$HERE/b-$name" -j$(( $(nproc) / ${#TREES[@]} )) $t >> "$OUT/build-$name.log" 2>&1 ||
       { echo "BUILD FAILED: $name"; tail -30 "$OUT/build-$name.log"; } ) &
 done
 SECONDS=0; wait; echo "== built in ${SECONDS} s"
-for spec in "${TREES[@]}"; do
-    name=${spec%%=*}
-    for t in ${TESTS:-}; do
-        echo "== $name $t (quick)"
-        KVA_TEST_QUICK=1 timeout 240 "b-$name/$t" > "$OUT/test-$name-$t.log" 2>&1
-        echo "exit $?"; tail -3 "$OUT/test-$name-$t.log"
+run_tests() {
+    for spec in "${TREES[@]}"; do
+        name=${spec%%=*}
+        { [ "$name" = new ] || [ "$name" = exp ]; } || continue
+        for t in ${TESTS:-}; do
+            echo "== $name $t (quick)"
+            KVA_TEST_QUICK=1 timeout "${TEST_LIMIT:-150}" "b-$name/$t" > "$OUT/test-$name-$t.log" 2>&1
+            echo "exit $?"; tail -2 "$OUT/test-$name-$t.log"
+        done
     done
-done
+}
 for shp in "${SHAPES[@]}"; do
     set -- $shp
     for b in b-*/bench_cuda; do
         name=${b%%/*}; name=${name#b-}
-        echo -n "$name ${1}x${2}+${3}: "
-        timeout 120 "$b" --mode prefill --batch "$1" --q-len "$2" --context "$3" --iters 50 \
-            --plan-iters 200 2> "$OUT/bench-$name-$1x$2.err" > /dev/null
-        grep -o "median.*TFLOP/s, \|back to back.*\|host enqueue[^;]*\|plan create[^;]*us" \
+        # VARIANTS (environment settings, one run each) apply to the tree
+        # named "exp"; the others run once.
+        vars="KVA_NONE=1"; [ "$name" = exp ] && vars=${VARIANTS:-KVA_NONE=1}
+        for v in $vars; do
+        echo -n "$name $v ${1}x${2}+${3}: "
+        env ${v//,/ } timeout 120 "$b" --mode prefill --batch "$1" --q-len "$2" --context "$3" \
+            --iters 50 --plan-iters 200 2> "$OUT/bench-$name-$1x$2.err" > /dev/null
+        grep -o "median.*TFLOP/s, \|back to back.*\|host enqueue[^;]*\|plan create[^;]*us\|check [a-zA-Z]*" \
             "$OUT/bench-$name-$1x$2.err" | tr '\n' ' '; echo
+        done
     done
 done | tee "$OUT/bench.txt"
 if [ "${PROFILE:-0}" = 1 ]; then
@@ -68,6 +78,18 @@ if [ "${PROFILE:-0}" = 1 ]; then
         done
     done
 fi
+if [ "${STALLS:-0}" = 1 ]; then
+    # Stall reasons per issued instruction of the 32 x 256 prefill kernel, every tree.
+    for b in b-*/bench_cuda; do
+        name=${b%%/*}; name=${name#b-}
+        timeout 100 ncu -k regex:prefill_wgmma -s 2 -c 1 \
+            --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,gpu__time_duration.sum" \
+            "$b" --mode prefill --batch 32 --q-len 256 --context 0 --iters 3 \
+            > "$OUT/stalls-$name.txt" 2>&1
+        echo "== stalls $name 32x256"
+        grep -E "stalled|duration" "$OUT/stalls-$name.txt" | awk '$NF+0 > 0.05' | sed 's/smsp__average_warps_issue_stalled_//' | head -14
+    done
+fi
 if [ "${SERVE:-0}" = 1 ]; then
     for s in "${TREES[@]}"; do
         name=${s%%=*}
@@ -76,6 +98,8 @@ if [ "${SERVE:-0}" = 1 ]; then
         grep -i "plan\|step time\|throughput" "$OUT/serve-$name.txt" | head -8
     done
 fi
-[ "${SDPA:-1}" = 1 ] || exit 0
-echo "== torch SDPA (same shapes, contiguous K/V expanded to H heads)"
-PYTHONUNBUFFERED=1 timeout 200 python3 "$HERE/bench/prefill_sdpa_peer.py" short 2>&1 | tee "$OUT/sdpa.txt"
+if [ "${SDPA:-1}" = 1 ]; then
+    echo "== torch SDPA (same shapes, contiguous K/V expanded to H heads)"
+    PYTHONUNBUFFERED=1 timeout 200 python3 "$HERE/bench/prefill_sdpa_peer.py" short 2>&1 | tee "$OUT/sdpa.txt"
+fi
+run_tests

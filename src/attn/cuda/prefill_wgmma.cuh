@@ -451,12 +451,6 @@ static __device__ __forceinline__ void wg_mbar_wait(uint32_t bar, uint32_t parit
                  "r"(parity)
                  : "memory");
 }
-/* An arrival on bar that happens when every cp.async the thread issued
- * before has completed (noinc: it is one of the barrier's expected arrivals). */
-static __device__ __forceinline__ void wg_cp_async_arrive(uint32_t bar)
-{
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 static __device__ __forceinline__ void wg_bar_sync(int id, int n)
 {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");

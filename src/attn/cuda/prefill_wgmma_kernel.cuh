@@ -223,11 +223,11 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 }
                 wg_gather_ids<DK, DV>(g, tid, n0, sK + st * KB, sV + st * VB,
                                       sids + (gk & 1) * 512);
-                /* The thread's arrival on the stage's full barrier happens
-                 * when its copies have landed; the producer goes on to the
-                 * next stage at once (several stages in flight), and the
-                 * consumers fence the async proxy after their wait. */
-                wg_cp_async_arrive(full + 8 * st);
+                kva__cp_async_commit();
+                /* Wait for this tile, then publish it. */
+                kva__cp_async_wait<0>();
+                kva__fence_proxy_async();
+                wg_mbar_arrive(full + 8 * st);
             }
             gi += (uint32_t)ntiles;
         }
@@ -238,19 +238,6 @@ __global__ void __launch_bounds__(3 * 128, 1)
         const uint64_t dk0 = kva__wgmma_desc(sK, 16, 1024);
         const uint64_t dv0 = kva__wgmma_desc(sV, WG_BN * 128, 1024);
         int k = 0, ti = blockIdx.x;
-        /* Loads this warpgroup's Q rows of the next CTA tile (k + 1) once S
-         * of the current tile's last key tile is done with them, so the load
-         * runs under the last softmax, P V and the epilogue (short prompts:
-         * most CTA tiles have one or two key tiles). */
-        auto prefetch_q = [&]() {
-            const int tn = tile_of(k + 1);
-            if (tn < *a.num_tiles) {
-                wg_tile tq;
-                wg_tile_init(tq, a, a.tiles + (size_t)tn * KVA__CUDA_PREFILL_TILE_INTS);
-                wg_load_q<128, DK>(a, tq, sQ, cw * 64, 64, ct & 127);
-                kva__cp_async_commit();
-            }
-        };
         wg_tile tl;
         wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
         wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127);
@@ -284,7 +271,6 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 /* Tile 0: S only. */
                 const int st0 = (int)(gi % NST);
                 wg_mbar_wait(full + 8 * st0, (gi / NST) & 1);
-                kva__fence_proxy_async(); /* cp.async data -> wgmma (async proxy) */
                 wg_bar_sync(my_bar, 256);
                 kva__wgmma_fence();
                 wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st0 * KB) >> 4));
@@ -296,14 +282,11 @@ __global__ void __launch_bounds__(3 * 128, 1)
                     kva__reg_fence(s[e]);
                 float alpha[2] = {1.0f, 1.0f};
                 wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, n_last * WG_BN, alpha);
-                if (ntiles == 1)
-                    prefetch_q();
                 bool resc_prev = false; /* INTRA: o is still zero after tile 0 */
                 for (int it = 1; it < ntiles; it++) {
                     const uint32_t gk = gi + (uint32_t)it;
                     const int st = (int)(gk % NST), sp = (int)((gk - 1) % NST);
                     wg_mbar_wait(full + 8 * st, (gk / NST) & 1);
-                    kva__fence_proxy_async();
                     wg_bar_sync(my_bar, 256);
                     kva__wgmma_fence();
                     if (!INTRA) {
@@ -323,8 +306,6 @@ __global__ void __launch_bounds__(3 * 128, 1)
                             kva__reg_fence(s[e]);
                         wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, (n_last - it) * WG_BN,
                                               alpha);
-                        if (it == ntiles - 1)
-                            prefetch_q();
                     } else {
                         /* S of tile it first, then P V of tile it - 1, which runs
                          * under this tile's softmax. o is rescaled for tile it - 1
@@ -345,8 +326,6 @@ __global__ void __launch_bounds__(3 * 128, 1)
                         uint32_t pn[8][4];
                         resc_prev = wg_softmax<Ty, true>(s, o, pn, m_run, l_run, c,
                                                          (n_last - it) * WG_BN, alpha);
-                        if (it == ntiles - 1)
-                            prefetch_q();
                         kva__wgmma_wait<0>(); /* P V of tile it - 1 */
 #pragma unroll
                         for (int e = 0; e < NO; e++)
@@ -378,10 +357,14 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 wg_mbar_arrive(empty + 8 * sl); /* the ring goes on with the next CTA tile */
             }
             gi += (uint32_t)ntiles;
-            /* A tile without key tiles loads the next Q rows here. */
-            if (ntiles == 0)
-                prefetch_q();
+            /* The next CTA tile's Q rows of this warpgroup are loaded under the
+             * epilogue (S of this tile is done with them). */
             const int tn = tile_of(k + 1), nt = *a.num_tiles;
+            if (tn < nt) {
+                wg_tile_init(tl, a, a.tiles + (size_t)tn * KVA__CUDA_PREFILL_TILE_INTS);
+                wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127);
+                kva__cp_async_commit();
+            }
             wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
             wg_epilogue<Ty, DV>(a, c, o, m_run, l_run, tl.m0 + cw * 64 + wq * 16 + ((ct & 31) >> 2),
                                 tl.rows, tl.q_start, tl.G);
