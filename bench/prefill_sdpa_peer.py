@@ -2,12 +2,17 @@
 """prefill_sdpa_peer.py - torch SDPA (flash and cuDNN backends) on the shapes of
 bench/cuda_prefill_bench.c (causal bf16, contiguous K/V expanded to H heads),
 plus the bf16 matmul ceiling, in one process. Median of 30 CUDA-event-timed
-calls after 5 warm-ups; TFLOP/s = 2 * (D + Dv) * H * R * S (S + 1) / 2 / time
-(Dv: the value head size; D 192 / Dv 128 is MLA's prefill with the rope part
-in K).
+calls after 5 warm-ups ("per call"), and the mean of 30 calls enqueued back to
+back between one pair of events ("b2b"); TFLOP/s = 2 * (D + Dv) * H * (visible
+query-key pairs) / time, pairs = R * q (q + 1) / 2 + R * q * ctx for R prompts
+of q tokens after ctx cached ones (causal, bottom-right aligned) (Dv: the value
+head size; D 192 / Dv 128 is MLA's prefill with the rope part in K).
+Argument "short" (issue 23): the serving step's short prefills instead, 1 x
+4096, 2 x 2048, 8 x 1024, 32 x 256 and 4 x 1024 after 3072 cached tokens, at
+H/Hkv 32/8, D 128 (the shapes of `bench_cuda --mode prefill`).
 Used by bench/prefill_mma_bench.sh; run it in the same device call as the
 kvattn benchmark and compare ratios within that call only."""
-import torch, statistics
+import sys, torch, statistics
 from torch.nn.attention import sdpa_kernel, SDPBackend
 import torch.nn.functional as F
 def t(fn, reps=30):
@@ -17,25 +22,47 @@ def t(fn, reps=30):
     for _ in range(reps):
         a = torch.cuda.Event(enable_timing=True); b = torch.cuda.Event(enable_timing=True)
         a.record(); fn(); b.record(); b.synchronize(); ms.append(a.elapsed_time(b))
-    return statistics.median(ms)
+    a = torch.cuda.Event(enable_timing=True); b = torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps): fn()
+    b.record(); b.synchronize()
+    return statistics.median(ms), a.elapsed_time(b) / reps
 x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-ms = t(lambda: x @ x, 10)
+ms, _ = t(lambda: x @ x, 10)
 print(f"matmul 8192^3 bf16: {2*8192**3/ms/1e9:.1f} TFLOP/s (ceiling)")
 del x
-for name, R, S, H, Hkv, D, Dv in [("1x4096 H32/8 D128", 1, 4096, 32, 8, 128, 128),
-                                  ("1x4096 H32/32 D128", 1, 4096, 32, 32, 128, 128),
-                                  ("8x1024 H32/8 D128", 8, 1024, 32, 8, 128, 128),
-                                  ("1x4096 H32/8 D64", 1, 4096, 32, 8, 64, 64),
-                                  ("1x4096 H16/4 D256", 1, 4096, 16, 4, 256, 256),
-                                  ("1x4096 H32/32 D192/128", 1, 4096, 32, 32, 192, 128)]:
+# name, R, q_len, cached tokens, H, Hkv, D, Dv
+if len(sys.argv) > 1 and sys.argv[1] == "short":
+    shapes = [("1x4096 H32/8 D128", 1, 4096, 0, 32, 8, 128, 128),
+              ("2x2048 H32/8 D128", 2, 2048, 0, 32, 8, 128, 128),
+              ("8x1024 H32/8 D128", 8, 1024, 0, 32, 8, 128, 128),
+              ("32x256 H32/8 D128", 32, 256, 0, 32, 8, 128, 128),
+              ("4x1024+3072 H32/8 D128", 4, 1024, 3072, 32, 8, 128, 128)]
+else:
+    shapes = [("1x4096 H32/8 D128", 1, 4096, 0, 32, 8, 128, 128),
+              ("1x4096 H32/32 D128", 1, 4096, 0, 32, 32, 128, 128),
+              ("8x1024 H32/8 D128", 8, 1024, 0, 32, 8, 128, 128),
+              ("1x4096 H32/8 D64", 1, 4096, 0, 32, 8, 64, 64),
+              ("1x4096 H16/4 D256", 1, 4096, 0, 16, 4, 256, 256),
+              ("1x4096 H32/32 D192/128", 1, 4096, 0, 32, 32, 192, 128)]
+for name, R, S, C, H, Hkv, D, Dv in shapes:
     q = torch.randn(R, H, S, D, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(R, H, S, D, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(R, H, S, Dv, device="cuda", dtype=torch.bfloat16)
-    flops = 2 * (D + Dv) * H * R * S * (S + 1) / 2
+    k = torch.randn(R, H, S + C, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(R, H, S + C, Dv, device="cuda", dtype=torch.bfloat16)
+    flops = 2 * (D + Dv) * H * R * (S * (S + 1) / 2 + S * C)
+    # A fresh prompt: is_causal (top-left = bottom-right); after cached tokens:
+    # the bottom-right aligned causal bias.
+    if C == 0:
+        call = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        from torch.nn.attention.bias import causal_lower_right
+        bias = causal_lower_right(S, S + C)
+        call = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     for bname, be in [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]:
         try:
             with sdpa_kernel(be):
-                ms = t(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-            print(f"{name:22s} sdpa-{bname:5s} {ms:8.3f} ms {flops/ms/1e9:7.1f} TFLOP/s")
+                ms, b2b = t(call)
+            print(f"{name:22s} sdpa-{bname:5s} {ms:8.3f} ms {flops/ms/1e9:7.1f} TFLOP/s"
+                  f"  b2b {b2b:8.3f} ms {flops/b2b/1e9:7.1f} TFLOP/s")
         except Exception as e:
             print(f"{name:22s} sdpa-{bname:5s} failed: {str(e)[:100]}")

@@ -554,6 +554,81 @@ static void test_wgmma_tma(void)
     }
 }
 
+/* Estimated cost of tile {r, m0} as the builder counts it (causal, no window). */
+static int64_t tile_keys(const int32_t *qsl, const int32_t *sl, int32_t G, const int32_t *t)
+{
+    const int32_t q = qsl[t[0] + 1] - qsl[t[0]], rows = q * G;
+    const int32_t last = (t[1] + 128 < rows ? t[1] + 128 : rows) - 1;
+    const int32_t hi = sl[t[0]] - q + last / G + 1;
+    return hi < sl[t[0]] ? hi : sl[t[0]];
+}
+
+/* L2 sections: the same tiles as the plain order, each exactly once; requests
+ * longest first; within a section heaviest first; a section's (request, kv
+ * head) groups read at most section_keys keys (or it holds one group). */
+static void test_sections(void)
+{
+    /* 6 requests (one not sent), H 8, Hkv 4 (G 2): 2 .. 9 tiles per kv head. */
+    static const int32_t qsl[] = {0, 300, 310, 700, 828, 1428, 1600};
+    static const int32_t sl[] = {300, 1010, 700, 128, 600, 172};
+    static const uint8_t use[] = {1, 1, 1, 1, 1, 0};
+    enum { CAP = 256, H = 8, HKV = 4, G = 2 };
+    int32_t plain[CAP * 4], sec[CAP * 4], n0 = -1, n1 = -1;
+    const int64_t count = kva__cuda_prefill_tiles_count_subset(6, qsl, use, H, HKV);
+    CHECK(count > 0 && count <= CAP);
+    CHECK_OK(
+        kva__cuda_prefill_tiles_build_subset(6, qsl, sl, use, H, HKV, 1, -1, 0, plain, CAP, &n0));
+    const int64_t budget = 2000; /* keys of one section */
+    CHECK_OK(kva__cuda_prefill_tiles_build_sections(6, qsl, sl, use, H, HKV, 1, -1, 0, budget, sec,
+                                                    CAP, &n1));
+    CHECK(n0 == count && n1 == count);
+    /* A permutation of the plain list. */
+    int used[CAP] = {0};
+    for (int32_t i = 0; i < n1; i++) {
+        int found = 0;
+        for (int32_t j = 0; j < n0 && !found; j++)
+            if (!used[j] && !memcmp(&sec[4 * i], &plain[4 * j], 4 * sizeof(int32_t)))
+                used[j] = found = 1;
+        CHECK(found);
+    }
+    /* Sections are the runs of the list that whole groups (request, kv head)
+     * span: a group's tiles lie between its first and last position. */
+    int32_t last[6 * HKV];
+    for (int32_t i = 0; i < n1; i++)
+        last[sec[4 * i] * HKV + sec[4 * i + 2]] = i;
+    int32_t sections = 0, start = 0;
+    while (start < n1) {
+        int32_t end = start + 1;
+        for (int32_t i = start; i < end; i++) {
+            const int32_t l = last[sec[4 * i] * HKV + sec[4 * i + 2]] + 1;
+            end = l > end ? l : end;
+        }
+        int64_t keys = 0;
+        int ng = 0;
+        for (int32_t i = start; i < end; i++) {
+            const int32_t *t = &sec[4 * i];
+            int first = 1; /* the group's first tile in the list */
+            for (int32_t j = start; j < i && first; j++)
+                first = !(sec[4 * j] == t[0] && sec[4 * j + 2] == t[2]);
+            if (first) {
+                keys += sl[t[0]];
+                ng++;
+            }
+            CHECK(i == start || tile_keys(qsl, sl, G, t) <= tile_keys(qsl, sl, G, t - 4));
+        }
+        CHECK(keys <= budget || ng == 1);
+        sections++;
+        start = end;
+    }
+    CHECK(sections > 1);
+    /* The longest request (1, 1010 keys) comes first. */
+    CHECK(sec[0] == 1);
+    /* Without a budget the order is the plain one. */
+    CHECK_OK(kva__cuda_prefill_tiles_build_sections(6, qsl, sl, use, H, HKV, 1, -1, 0, 0, sec, CAP,
+                                                    &n1));
+    CHECK(n1 == n0 && !memcmp(sec, plain, (size_t)n0 * 4 * sizeof(int32_t)));
+}
+
 /* Host side: the tile builder's order and errors, the launcher's rejections. */
 static void test_host(void)
 {
@@ -583,6 +658,7 @@ static void test_host(void)
     CHECK(n == -5 && memcmp(before, tiles, sizeof tiles) == 0);
     CHECK_STATUS(kva__cuda_prefill_tiles_build(4, qsl, sl, 8, 3, 1, -1, tiles, 64, &n),
                  KVA_STATUS_INVALID_ARGUMENT);
+    test_sections();
     CHECK(kva__cuda_prefill_supported(128, 128, KVA_DTYPE_BF16));
     CHECK(kva__cuda_prefill_supported(64, 64, KVA_DTYPE_F16));
     CHECK(kva__cuda_prefill_supported(256, 256, KVA_DTYPE_BF16));

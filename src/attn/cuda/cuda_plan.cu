@@ -46,6 +46,10 @@ static size_t align256(size_t x)
 /* Packed rows (q_len * H / Hkv) from which a request above the decode
  * threshold goes to prefill_mma (fewer leave most of its 128-row tile empty). */
 #define KVA_CUDA_MMA_MIN_ROWS 64
+/* K/V bytes of one L2 section of the prefill tile list
+ * (kva__cuda_prefill_tiles_build_sections): a third of an H100's 50 MB L2,
+ * the rest left to the query rows and outputs streaming through. */
+#define KVA_CUDA_L2_SECTION_BYTES ((int64_t)16 << 20)
 /* Largest gap between two used metadata sections that one upload spans. */
 #define KVA_CUDA_UPLOAD_GAP ((size_t)32 << 10)
 
@@ -344,9 +348,11 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
         memcpy(h + off[7], plan->alibi_slopes, (size_t)plan->d.num_heads * sizeof(float));
     int32_t ntiles = 0;
     if (mma_req)
-        KVA_TRY(kva__cuda_prefill_tiles_build_subset(
+        KVA_TRY(kva__cuda_prefill_tiles_build_sections(
             R, plan->query_start_loc, plan->kv_lens, mma_req, plan->d.num_heads,
             plan->d.num_kv_heads, plan->d.causal, plan->d.window_left, plan->d.attention_chunk,
+            KVA_CUDA_L2_SECTION_BYTES / ((int64_t)(plan->d.head_dim + plan->d.head_dim_v) *
+                                         (int64_t)kva_dtype_size(plan->d.q_dtype)),
             (int32_t *)(h + off[8]), (int32_t)st->caps.ptiles, &ntiles));
     hdr[KVA_CUDA_HDR_PTILES] = ntiles;
     const int dcp_global = ((const kva__cuda_plan *)plan->device)->dcp_global;

@@ -426,7 +426,7 @@ extern "C" int64_t kva__cuda_prefill_tiles_count(int32_t num_requests,
                                                 num_kv_heads);
 }
 
-/* A tile and its estimated cost, for the heaviest-first sort. */
+/* A (request, m0) entry and its estimated cost, for the heaviest-first sort. */
 typedef struct tile_cost {
     int64_t cost;
     int32_t index; /* position in build order, the tie-break (stable sort) */
@@ -441,12 +441,27 @@ static int tile_cost_cmp(const void *pa, const void *pb)
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
-extern "C" kva_status
-kva__cuda_prefill_tiles_build_subset(int32_t num_requests, const int32_t *query_start_loc,
-                                     const int32_t *seq_lens, const uint8_t *use_req,
-                                     int32_t num_heads, int32_t num_kv_heads, int32_t causal,
-                                     int32_t window_left, int32_t attention_chunk, int32_t *tiles,
-                                     int32_t capacity, int32_t *num_tiles)
+/* A section's part of one request: its kv heads h0 .. h1 - 1. */
+typedef struct tile_group {
+    int32_t r, h0, h1;
+} tile_group;
+
+/*
+ * Sections (section_keys > 0): the (request, kv head) groups are dealt, the
+ * requests in order of their heaviest tile (longest first), into consecutive
+ * sections whose groups together read at most section_keys keys (a group
+ * reads its request's seq_len keys; a section holds at least one group), and
+ * the tiles are listed section after section, heaviest first within each.
+ * The tiles of one section run at about the same time and reread the same
+ * K/V, so with the section's K/V inside the L2 cache each K/V tile comes from
+ * DRAM about once (32 x 256 at GQA 4: every kv head's K/V is read by 8 query
+ * tiles). section_keys <= 0: one section (heaviest first over the batch).
+ */
+extern "C" kva_status kva__cuda_prefill_tiles_build_sections(
+    int32_t num_requests, const int32_t *query_start_loc, const int32_t *seq_lens,
+    const uint8_t *use_req, int32_t num_heads, int32_t num_kv_heads, int32_t causal,
+    int32_t window_left, int32_t attention_chunk, int64_t section_keys, int32_t *tiles,
+    int32_t capacity, int32_t *num_tiles)
 {
     KVA_CHECK_PTR(query_start_loc);
     KVA_CHECK_PTR(num_tiles);
@@ -466,15 +481,32 @@ kva__cuda_prefill_tiles_build_subset(int32_t num_requests, const int32_t *query_
         KVA_CHECK_PTR(tiles);
     const int64_t G = num_heads / num_kv_heads;
     const int32_t window = window_left < KVA_MAX_SEQ_LEN ? window_left : -1;
-    /* One entry per (request, m0); each expands to Hkv tiles of equal cost. */
-    tile_cost *tc = (tile_cost *)malloc(sizeof(tile_cost) * (size_t)(count > 0 ? count : 1));
-    if (!tc)
+    const int32_t R = num_requests > 0 ? num_requests : 0;
+    /* One entry per (request, m0), each expanding to one tile per kv head of
+     * its section; per request its first entry, entry count and heaviest cost;
+     * the section's entries; the groups. */
+    const size_t ne = (size_t)(count > 0 ? count : 1);
+    tile_cost *tc = (tile_cost *)malloc(sizeof(tile_cost) * 2 * ne);
+    int64_t *rq = (int64_t *)malloc(sizeof(int64_t) * 3 * (size_t)(R + 1));
+    tile_group *grp = (tile_group *)malloc(sizeof(tile_group) * (size_t)(R + 1));
+    int32_t *order = (int32_t *)malloc(sizeof(int32_t) * (size_t)(R + 1));
+    if (!tc || !rq || !grp || !order) {
+        free(tc);
+        free(rq);
+        free(grp);
+        free(order);
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "%s: %lld tiles", __func__, (long long)count);
-    int32_t n = 0;
-    for (int32_t r = 0; r < num_requests; r++) {
+    }
+    tile_cost *sec = tc + ne;
+    int64_t *first = rq, *nent = rq + (R + 1), *heavy = rq + 2 * (R + 1);
+    int32_t n = 0, nr = 0;
+    for (int32_t r = 0; r < R; r++) {
         const int64_t q_len = (int64_t)query_start_loc[r + 1] - query_start_loc[r];
         const int64_t s = seq_lens[r];
-        if (use_req && !use_req[r])
+        first[r] = n;
+        nent[r] = 0;
+        heavy[r] = 0;
+        if ((use_req && !use_req[r]) || q_len <= 0)
             continue;
         for (int64_t m0 = 0; m0 < q_len * G; m0 += TILE_M) {
             const int64_t m_last = (m0 + TILE_M < q_len * G ? m0 + TILE_M : q_len * G) - 1;
@@ -486,23 +518,93 @@ kva__cuda_prefill_tiles_build_subset(int32_t num_requests, const int32_t *query_
             tc[n].index = n;
             tc[n].r = r;
             tc[n].m0 = (int32_t)m0;
+            heavy[r] = tc[n].cost > heavy[r] ? tc[n].cost : heavy[r];
             n++;
         }
+        nent[r] = n - first[r];
+        order[nr++] = r;
     }
-    qsort(tc, (size_t)n, sizeof(tile_cost), tile_cost_cmp);
-    int32_t w = 0;
-    for (int32_t e = 0; e < n; e++)
-        for (int32_t h = 0; h < num_kv_heads; h++) {
-            int32_t *t = tiles + (size_t)w * KVA__CUDA_PREFILL_TILE_INTS;
-            t[0] = tc[e].r;
-            t[1] = tc[e].m0;
-            t[2] = h;
-            t[3] = 0;
-            w++;
+    /* With sections, requests by their heaviest tile, longest first
+     * (insertion sort, stable: a batch has few prefills). */
+    for (int32_t i = 1; section_keys > 0 && i < nr; i++) {
+        const int32_t r = order[i];
+        int32_t j = i;
+        while (j > 0 && heavy[order[j - 1]] < heavy[r]) {
+            order[j] = order[j - 1];
+            j--;
         }
+        order[j] = r;
+    }
+    int32_t w = 0, oi = 0, h = 0;
+    while (oi < nr) {
+        /* Groups of the next section: whole requests' kv heads h0 .. h1 - 1
+         * while their keys fit section_keys (at least one group). */
+        int32_t ng = 0;
+        int64_t keys = 0;
+        while (oi < nr) {
+            const int32_t r = order[oi];
+            const int64_t s = seq_lens[r] > 0 ? seq_lens[r] : 1;
+            int32_t fit = num_kv_heads - h;
+            if (section_keys > 0) {
+                const int64_t room = (section_keys - keys) / s;
+                fit = room < fit ? (int32_t)room : fit;
+                if (fit < 1 && (ng > 0 || keys > 0))
+                    break;
+                fit = fit < 1 ? 1 : fit;
+            }
+            grp[ng].r = r;
+            grp[ng].h0 = h;
+            grp[ng].h1 = h + fit;
+            ng++;
+            keys += (int64_t)fit * s;
+            h += fit;
+            if (h == num_kv_heads) {
+                h = 0;
+                oi++;
+            }
+            if (section_keys > 0 && keys >= section_keys)
+                break;
+        }
+        /* The section's entries, heaviest first, each expanded to its heads. */
+        int32_t m = 0;
+        for (int32_t g = 0; g < ng; g++)
+            for (int64_t e = 0; e < nent[grp[g].r]; e++) {
+                sec[m] = tc[first[grp[g].r] + e];
+                sec[m].index = m; /* the tie-break: group order, then m0 */
+                sec[m].r = g;     /* the group, for its kv heads */
+                m++;
+            }
+        qsort(sec, (size_t)m, sizeof(tile_cost), tile_cost_cmp);
+        for (int32_t e = 0; e < m; e++) {
+            const tile_group *gr = &grp[sec[e].r];
+            for (int32_t kh = gr->h0; kh < gr->h1; kh++) {
+                int32_t *t = tiles + (size_t)w * KVA__CUDA_PREFILL_TILE_INTS;
+                t[0] = gr->r;
+                t[1] = sec[e].m0;
+                t[2] = kh;
+                t[3] = 0;
+                w++;
+            }
+        }
+    }
     free(tc);
+    free(rq);
+    free(grp);
+    free(order);
     *num_tiles = w;
     return KVA_STATUS_OK;
+}
+
+extern "C" kva_status
+kva__cuda_prefill_tiles_build_subset(int32_t num_requests, const int32_t *query_start_loc,
+                                     const int32_t *seq_lens, const uint8_t *use_req,
+                                     int32_t num_heads, int32_t num_kv_heads, int32_t causal,
+                                     int32_t window_left, int32_t attention_chunk, int32_t *tiles,
+                                     int32_t capacity, int32_t *num_tiles)
+{
+    return kva__cuda_prefill_tiles_build_sections(num_requests, query_start_loc, seq_lens, use_req,
+                                                  num_heads, num_kv_heads, causal, window_left,
+                                                  attention_chunk, 0, tiles, capacity, num_tiles);
 }
 
 extern "C" kva_status kva__cuda_prefill_tiles_build(int32_t num_requests,

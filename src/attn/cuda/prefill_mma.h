@@ -186,6 +186,17 @@ kva_status kva__cuda_prefill_tiles_build_subset(int32_t num_requests,
                                                 int32_t causal, int32_t window_left,
                                                 int32_t attention_chunk, int32_t *tiles,
                                                 int32_t capacity, int32_t *num_tiles);
+/* The subset builder with L2 sections: section_keys > 0 lists the tiles
+ * section after section, each section a run of (request, kv head) groups
+ * (requests longest first) that together read at most section_keys keys,
+ * heaviest first within a section, so that a section's K/V stays in the L2
+ * cache while its query tiles reread it; section_keys <= 0 is the subset
+ * builder's order. */
+kva_status kva__cuda_prefill_tiles_build_sections(
+    int32_t num_requests, const int32_t *query_start_loc, const int32_t *seq_lens,
+    const uint8_t *use_req, int32_t num_heads, int32_t num_kv_heads, int32_t causal,
+    int32_t window_left, int32_t attention_chunk, int64_t section_keys, int32_t *tiles,
+    int32_t capacity, int32_t *num_tiles);
 
 /*
  * Launches the kernel on stream (a cudaStream_t, may be NULL). Checks the
