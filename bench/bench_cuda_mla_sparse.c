@@ -21,6 +21,8 @@
  * back with kva_cache_read (out within 1e-3 + 2^-8 sqrt 3 + 2/128 |ref|).
  * Median of N runs, each between its own pair of events.
  */
+#define BENCH_NAME "bench_cuda_mla_sparse"
+#include "bench_cuda_util.h"
 #include "internal.h"
 #include "kvattn_cuda.h"
 #include "data.h"
@@ -34,31 +36,6 @@
 #define DC 512
 #define DR 64
 #define DL 576
-
-#define DIE(...)                                                                                   \
-    do {                                                                                           \
-        fprintf(stderr, "bench_cuda_mla_sparse: " __VA_ARGS__);                                    \
-        fputc('\n', stderr);                                                                       \
-        exit(1);                                                                                   \
-    } while (0)
-#define CU(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            DIE("%s: %s", #call, cudaGetErrorString(e_));                                          \
-    } while (0)
-#define KV(call)                                                                                   \
-    do {                                                                                           \
-        kva_status s_ = (call);                                                                    \
-        if (s_ != KVA_STATUS_OK)                                                                   \
-            DIE("%s: %s: %s", #call, kva_status_name(s_), kva_last_error());                       \
-    } while (0)
-
-static int cmp_float(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
 
 typedef struct shape {
     const char *name;
@@ -75,11 +52,9 @@ static int check(kva_context *ctx, const kva_cache *cache, const shape *sh, cons
     int64_t *slots = malloc(sizeof(int64_t) * K);
     for (int32_t j = 0; j < K; j++)
         slots[j] = (int64_t)bt[idx[j] / B] * B + idx[j] % B;
-    int64_t *d_slots = NULL;
+    int64_t *d_slots = bench_upload(slots, sizeof(int64_t) * K);
     float *d_rows = NULL;
-    CU(cudaMalloc((void **)&d_slots, sizeof(int64_t) * K));
     CU(cudaMalloc((void **)&d_rows, sizeof(float) * (size_t)K * DL));
-    CU(cudaMemcpy(d_slots, slots, sizeof(int64_t) * K, cudaMemcpyHostToDevice));
     KV(kva_cache_read(ctx, cache, K, d_slots, d_rows, DL, d_rows + DC, DL, KVA_DTYPE_F32));
     float *rows = malloc(sizeof(float) * (size_t)K * DL);
     uint16_t *out = malloc(2 * (size_t)4 * DC);
@@ -152,11 +127,9 @@ static double run_shape(const shape *sh, int iters)
     const int64_t slots_n = (int64_t)NB * B, chunk = 65536;
     uint16_t *src = malloc(2 * (size_t)chunk * DL);
     int64_t *sl64 = malloc(sizeof(int64_t) * chunk);
-    void *d_src = NULL, *d_sl = NULL;
-    CU(cudaMalloc(&d_src, 2 * (size_t)chunk * DL));
-    CU(cudaMalloc(&d_sl, sizeof(int64_t) * chunk));
     kva_test_fill_uniform(src, KVA_DTYPE_BF16, (size_t)chunk * DL, &rng);
-    CU(cudaMemcpy(d_src, src, 2 * (size_t)chunk * DL, cudaMemcpyHostToDevice));
+    void *d_src = bench_upload(src, 2 * (size_t)chunk * DL), *d_sl = NULL;
+    CU(cudaMalloc(&d_sl, sizeof(int64_t) * chunk));
     for (int64_t s0 = 0; s0 < slots_n; s0 += chunk) { /* the same 64k rows over and over */
         const int64_t n = slots_n - s0 < chunk ? slots_n - s0 : chunk;
         for (int64_t i = 0; i < n; i++)
@@ -170,14 +143,11 @@ static double run_shape(const shape *sh, int iters)
     int32_t *idx = malloc(sizeof(int32_t) * (size_t)T * K);
     for (size_t i = 0; i < (size_t)T * K; i++)
         idx[i] = kva_rng_int(&rng, 0, S - 1);
-    void *d_q = NULL, *d_idx = NULL, *d_out = NULL;
+    void *d_q = bench_upload(q, 2 * (size_t)T * H * DL);
+    void *d_idx = bench_upload(idx, sizeof(int32_t) * (size_t)T * K), *d_out = NULL;
     float *d_lse = NULL;
-    CU(cudaMalloc(&d_q, 2 * (size_t)T * H * DL));
-    CU(cudaMalloc(&d_idx, sizeof(int32_t) * (size_t)T * K));
     CU(cudaMalloc(&d_out, 2 * (size_t)T * H * DC));
     CU(cudaMalloc((void **)&d_lse, sizeof(float) * (size_t)T * H));
-    CU(cudaMemcpy(d_q, q, 2 * (size_t)T * H * DL, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(d_idx, idx, sizeof(int32_t) * (size_t)T * K, cudaMemcpyHostToDevice));
     kva_plan_desc pd;
     memset(&pd, 0, sizeof pd);
     pd.num_requests = R;
@@ -205,18 +175,10 @@ static double run_shape(const shape *sh, int iters)
     for (int w = 0; w < 3; w++)
         KV(kva_mla_sparse_run(ctx, plan, d_q, cache, d_idx, K, NULL, NULL, d_out, d_lse));
     float *ms = malloc(sizeof(float) * iters);
-    cudaEvent_t ev[2];
-    CU(cudaEventCreate(&ev[0]));
-    CU(cudaEventCreate(&ev[1]));
-    for (int it = 0; it < iters; it++) {
-        CU(cudaEventRecord(ev[0], 0));
-        KV(kva_mla_sparse_run(ctx, plan, d_q, cache, d_idx, K, NULL, NULL, d_out, d_lse));
-        CU(cudaEventRecord(ev[1], 0));
-        CU(cudaEventSynchronize(ev[1]));
-        CU(cudaEventElapsedTime(&ms[it], ev[0], ev[1]));
-    }
-    qsort(ms, (size_t)iters, sizeof(float), cmp_float);
-    const double med = ms[iters / 2];
+    BENCH_TIME_EVENTS(
+        ms, iters,
+        KV(kva_mla_sparse_run(ctx, plan, d_q, cache, d_idx, K, NULL, NULL, d_out, d_lse)));
+    const double med = bench_median(ms, iters);
     const double flops = 2.0 * H * (double)K * (DL + DC) * T;
     const double bytes = (double)T * K * (sh->fp8 ? 656 : 1152);
     printf("%-34s R=%-4d Q=%-5d S=%-5d H=%-3d K=%-4d %-4s %-8s %9.4f ms %7.1f TFLOP/s %6.2f TB/s "
