@@ -89,8 +89,8 @@ static int copy_bench(int iters)
     CU(cudaMalloc(&y, n));
     CU(cudaMemset(x, 0x5a, n));
     float *ms = malloc(sizeof(float) * (size_t)iters), warm[3];
-    BENCH_TIME_EVENTS(warm, 3, CU(cudaMemcpyAsync(y, x, n, cudaMemcpyDeviceToDevice, 0)));
-    BENCH_TIME_EVENTS(ms, iters, CU(cudaMemcpyAsync(y, x, n, cudaMemcpyDeviceToDevice, 0)));
+    BENCH_TIME_EVENTS(warm, 3, 0, CU(cudaMemcpyAsync(y, x, n, cudaMemcpyDeviceToDevice, 0)));
+    BENCH_TIME_EVENTS(ms, iters, 0, CU(cudaMemcpyAsync(y, x, n, cudaMemcpyDeviceToDevice, 0)));
     const float med = bench_median(ms, iters);
     const double tbs = 2.0 * (double)n / (med * 1e-3) * 1e-12;
     fprintf(stderr,

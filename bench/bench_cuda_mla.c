@@ -192,7 +192,7 @@ int main(int argc, char **argv)
     for (int w = 0; w < 3; w++)
         KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL));
     float *ms = malloc(sizeof(float) * (size_t)iters);
-    BENCH_TIME_EVENTS(ms, iters, KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL)));
+    BENCH_TIME_EVENTS(ms, iters, 0, KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL)));
     const double med = bench_median(ms, iters);
     double pairs = 0;
     for (int32_t i = 0; i < Q; i++)

@@ -176,7 +176,7 @@ static double run_shape(const shape *sh, int iters)
         KV(kva_mla_sparse_run(ctx, plan, d_q, cache, d_idx, K, NULL, NULL, d_out, d_lse));
     float *ms = malloc(sizeof(float) * iters);
     BENCH_TIME_EVENTS(
-        ms, iters,
+        ms, iters, 0,
         KV(kva_mla_sparse_run(ctx, plan, d_q, cache, d_idx, K, NULL, NULL, d_out, d_lse)));
     const double med = bench_median(ms, iters);
     const double flops = 2.0 * H * (double)K * (DL + DC) * T;

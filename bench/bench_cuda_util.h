@@ -1,5 +1,6 @@
 /*
- * bench_cuda_util.h - what the CUDA benchmarks (bench/bench_cuda*.c) share:
+ * bench_cuda_util.h - what the CUDA benchmarks (bench/bench_cuda*.c,
+ * dcp_nccl_bench.c) share:
  * the fatal-error macros around CUDA runtime and kvattn calls, the median of
  * timed runs, the event timing of one call, and host-to-device uploads.
  * Benchmarks only (they exit on any failure); built with the CUDA backend.
@@ -17,13 +18,17 @@
 #ifndef BENCH_NAME
 #error "define BENCH_NAME before including bench_cuda_util.h"
 #endif
+/* How DIE ends the process (a forked rank defines _exit). */
+#ifndef BENCH_EXIT
+#define BENCH_EXIT exit
+#endif
 
-/* Prints "BENCH_NAME: <message>" and exits with status 1. */
+/* Prints "BENCH_NAME: <message>" and ends the process with status 1. */
 #define DIE(...)                                                                                   \
     do {                                                                                           \
         fprintf(stderr, BENCH_NAME ": " __VA_ARGS__);                                              \
         fputc('\n', stderr);                                                                       \
-        exit(1);                                                                                   \
+        BENCH_EXIT(1);                                                                             \
     } while (0)
 /* A CUDA runtime call that must succeed. */
 #define CU(call)                                                                                   \
@@ -40,17 +45,17 @@
             DIE("%s: %s: %s", #call, kva_status_name(s_), kva_last_error());                       \
     } while (0)
 
-/* Times `call` iters times on the default stream, each run between its own
- * pair of events: ms[0 .. iters) in milliseconds. */
-#define BENCH_TIME_EVENTS(ms, iters, call)                                                         \
+/* Times `call` iters times on stream (0: the default stream), each run
+ * between its own pair of events: ms[0 .. iters) in milliseconds. */
+#define BENCH_TIME_EVENTS(ms, iters, stream, call)                                                 \
     do {                                                                                           \
         cudaEvent_t ev_[2];                                                                        \
         CU(cudaEventCreate(&ev_[0]));                                                              \
         CU(cudaEventCreate(&ev_[1]));                                                              \
         for (int it_ = 0; it_ < (iters); it_++) {                                                  \
-            CU(cudaEventRecord(ev_[0], 0));                                                        \
+            CU(cudaEventRecord(ev_[0], (stream)));                                                 \
             call;                                                                                  \
-            CU(cudaEventRecord(ev_[1], 0));                                                        \
+            CU(cudaEventRecord(ev_[1], (stream)));                                                 \
             CU(cudaEventSynchronize(ev_[1]));                                                      \
             CU(cudaEventElapsedTime(&(ms)[it_], ev_[0], ev_[1]));                                  \
         }                                                                                          \
