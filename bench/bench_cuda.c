@@ -40,7 +40,9 @@
  * the host (median, microseconds) and one uncached occupancy query.
  * The last line is one JSON object for bench/peer_cuda.py.
  */
+#define BENCH_NAME "bench_cuda"
 #include "batches.h"
+#include "bench_cuda_util.h"
 #include "internal.h"
 #include "kvattn_cuda.h"
 #include "../src/plan/partition.h"
@@ -52,43 +54,12 @@
 #include <string.h>
 #include <time.h>
 
-#define DIE(...)                                                                                   \
-    do {                                                                                           \
-        fprintf(stderr, "bench_cuda: " __VA_ARGS__);                                               \
-        fputc('\n', stderr);                                                                       \
-        exit(1);                                                                                   \
-    } while (0)
-#define CU(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            DIE("%s: %s", #call, cudaGetErrorString(e_));                                          \
-    } while (0)
-#define KV(call)                                                                                   \
-    do {                                                                                           \
-        kva_status s_ = (call);                                                                    \
-        if (s_ != KVA_STATUS_OK)                                                                   \
-            DIE("%s: %s: %s", #call, kva_status_name(s_), kva_last_error());                       \
-    } while (0)
-
-static int cmp_float(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Host wall clock in microseconds. */
 static double host_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-}
-
-static float median(float *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_float);
-    return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* Fills n elements by tiling a random pattern of 16M elements (never zeros). */
@@ -117,19 +88,10 @@ static int copy_bench(int iters)
     CU(cudaMalloc(&x, n));
     CU(cudaMalloc(&y, n));
     CU(cudaMemset(x, 0x5a, n));
-    cudaEvent_t ev[2];
-    CU(cudaEventCreate(&ev[0]));
-    CU(cudaEventCreate(&ev[1]));
-    float *ms = malloc(sizeof(float) * (size_t)iters);
-    for (int it = -3; it < iters; it++) {
-        CU(cudaEventRecord(ev[0], 0));
-        CU(cudaMemcpyAsync(y, x, n, cudaMemcpyDeviceToDevice, 0));
-        CU(cudaEventRecord(ev[1], 0));
-        CU(cudaEventSynchronize(ev[1]));
-        if (it >= 0)
-            CU(cudaEventElapsedTime(&ms[it], ev[0], ev[1]));
-    }
-    const float med = median(ms, iters);
+    float *ms = malloc(sizeof(float) * (size_t)iters), warm[3];
+    BENCH_TIME_EVENTS(warm, 3, 0, CU(cudaMemcpyAsync(y, x, n, cudaMemcpyDeviceToDevice, 0)));
+    BENCH_TIME_EVENTS(ms, iters, 0, CU(cudaMemcpyAsync(y, x, n, cudaMemcpyDeviceToDevice, 0)));
+    const float med = bench_median(ms, iters);
     const double tbs = 2.0 * (double)n / (med * 1e-3) * 1e-12;
     fprintf(stderr,
             "bench_cuda: copy 1 GiB device to device: median %.4f ms, %.3f TB/s (read + "
@@ -304,10 +266,8 @@ int main(int argc, char **argv)
     const size_t nq = (size_t)b.T * H * D, no = (size_t)b.T * H * Dv;
     void *q = malloc(nq * es), *out_cpu = malloc(no * es), *out_gpu = malloc(no * es);
     kva_test_fill_uniform(q, dt, nq, &rng);
-    void *dq = NULL, *dout = NULL;
-    CU(cudaMalloc(&dq, nq * es));
+    void *dq = bench_upload(q, nq * es), *dout = NULL;
     CU(cudaMalloc(&dout, no * es));
-    CU(cudaMemcpy(dq, q, nq * es, cudaMemcpyHostToDevice));
 
     /* Check the first requests (a prefix of the same batch) against the CPU backend. */
     kva_test_batch chk = b;
@@ -369,7 +329,7 @@ int main(int argc, char **argv)
         CU(cudaEventSynchronize(ev[1]));
         CU(cudaEventElapsedTime(&ms[it], ev[0], ev[1]));
     }
-    const float med = median(ms, iters), enq_us = median(enq, iters);
+    const float med = bench_median(ms, iters), enq_us = bench_median(enq, iters);
     /* Back to back: `iters` runs queued between one pair of events (the
      * stream never waits for the host), per run; median of 5 such batches. */
     float b2b[5];
@@ -382,7 +342,7 @@ int main(int argc, char **argv)
         CU(cudaEventElapsedTime(&b2b[rep], ev[0], ev[1]));
         b2b[rep] /= (float)iters;
     }
-    const float b2b_ms = median(b2b, 5);
+    const float b2b_ms = bench_median(b2b, 5);
 
     float graph_ms = 0.f;
     if (layers > 0) {
@@ -411,7 +371,7 @@ int main(int argc, char **argv)
             CU(cudaEventSynchronize(ev[1]));
             CU(cudaEventElapsedTime(&gm[it], ev[0], ev[1]));
         }
-        graph_ms = median(gm, reps) / (float)layers;
+        graph_ms = bench_median(gm, reps) / (float)layers;
         free(gm);
         cudaGraphExecDestroy(ge);
         cudaGraphDestroy(g);
@@ -436,8 +396,8 @@ int main(int argc, char **argv)
         fprintf(stderr,
                 "bench_cuda: plan create + destroy median %.1f us (%d runs); one uncached "
                 "occupancy query %.1f us\n",
-                (double)median(pt, plan_iters), plan_iters,
-                (double)median(pt + plan_iters, plan_iters));
+                (double)bench_median(pt, plan_iters), plan_iters,
+                (double)bench_median(pt + plan_iters, plan_iters));
         free(pt);
     }
 

@@ -20,6 +20,8 @@
  * mla_decode_wgmma_sm90) through kva__context_force_kernel.
  * The last line is one JSON object (bench/peer_mla.py reads it).
  */
+#define BENCH_NAME "bench_cuda_mla"
+#include "bench_cuda_util.h"
 #include "internal.h"
 #include "kvattn_cuda.h"
 #include "../src/plan/partition.h"
@@ -34,31 +36,6 @@
 
 #define DC 512
 #define DL 576
-
-#define DIE(...)                                                                                   \
-    do {                                                                                           \
-        fprintf(stderr, "bench_cuda_mla: " __VA_ARGS__);                                           \
-        fputc('\n', stderr);                                                                       \
-        exit(1);                                                                                   \
-    } while (0)
-#define CU(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            DIE("%s: %s", #call, cudaGetErrorString(e_));                                          \
-    } while (0)
-#define KV(call)                                                                                   \
-    do {                                                                                           \
-        kva_status s_ = (call);                                                                    \
-        if (s_ != KVA_STATUS_OK)                                                                   \
-            DIE("%s: %s: %s", #call, kva_status_name(s_), kva_last_error());                       \
-    } while (0)
-
-static int cmp_float(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
 
 static kva_plan_desc mla_desc(int32_t R, const int32_t *qsl, const int32_t *sl, const int32_t *bt,
                               int32_t stride, int32_t B, int32_t H, kva_dtype dt)
@@ -199,11 +176,10 @@ int main(int argc, char **argv)
                       cudaMemcpyHostToDevice));
     free(hp);
     const size_t nq = (size_t)R * Q * H * DL, no = (size_t)R * Q * H * DC;
-    void *q = malloc(nq * 2), *dq = NULL, *dout = NULL;
+    void *q = malloc(nq * 2), *dout = NULL;
     kva_test_fill(q, dt, nq, &rng, 1.0);
-    CU(cudaMalloc(&dq, nq * 2));
+    void *dq = bench_upload(q, nq * 2);
     CU(cudaMalloc(&dout, no * 2));
-    CU(cudaMemcpy(dq, q, nq * 2, cudaMemcpyHostToDevice));
 
     kva_plan_desc pd = mla_desc(R, qsl, sl, bt, nblk, B, H, dt);
     kva_plan *plan = NULL;
@@ -213,21 +189,11 @@ int main(int argc, char **argv)
     CU(cudaDeviceSynchronize());
     const long bad = check_request0(dk, bt, nblk, B, H, Q, s, dt, q, dout);
 
-    cudaEvent_t ev[2];
-    CU(cudaEventCreate(&ev[0]));
-    CU(cudaEventCreate(&ev[1]));
     for (int w = 0; w < 3; w++)
         KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL));
     float *ms = malloc(sizeof(float) * (size_t)iters);
-    for (int it = 0; it < iters; it++) {
-        CU(cudaEventRecord(ev[0], 0));
-        KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL));
-        CU(cudaEventRecord(ev[1], 0));
-        CU(cudaEventSynchronize(ev[1]));
-        CU(cudaEventElapsedTime(&ms[it], ev[0], ev[1]));
-    }
-    qsort(ms, (size_t)iters, sizeof *ms, cmp_float);
-    const double med = iters % 2 ? ms[iters / 2] : 0.5 * (ms[iters / 2 - 1] + ms[iters / 2]);
+    BENCH_TIME_EVENTS(ms, iters, 0, KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL)));
+    const double med = bench_median(ms, iters);
     double pairs = 0;
     for (int32_t i = 0; i < Q; i++)
         pairs += (double)R * (s - Q + i + 1);

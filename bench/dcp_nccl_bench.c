@@ -26,6 +26,11 @@
  * NCCL_NVLS_ENABLE is set to 0 unless the environment sets it.
  */
 #define _POSIX_C_SOURCE 200809L /* fork, pipe, setenv */
+#include <unistd.h>
+
+#define BENCH_NAME "dcp_nccl_bench"
+#define BENCH_EXIT _exit /* ranks are forked processes */
+#include "bench_cuda_util.h"
 #include "data.h"
 #include "kvattn_cuda.h"
 #include "kvattn_nccl.h"
@@ -36,26 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
-#define DIE(...)                                                                                   \
-    do {                                                                                           \
-        fprintf(stderr, "dcp_nccl_bench: " __VA_ARGS__);                                           \
-        fputc('\n', stderr);                                                                       \
-        _exit(1);                                                                                  \
-    } while (0)
-#define CU(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess)                                                                     \
-            DIE("%s: %s", #x, cudaGetErrorString(e_));                                             \
-    } while (0)
-#define KV(x)                                                                                      \
-    do {                                                                                           \
-        kva_status s_ = (x);                                                                       \
-        if (s_ != KVA_STATUS_OK)                                                                   \
-            DIE("%s: %s: %s", #x, kva_status_name(s_), kva_last_error());                          \
-    } while (0)
 #define NC(x)                                                                                      \
     do {                                                                                           \
         ncclResult_t r_ = (x);                                                                     \
@@ -66,12 +52,6 @@
 typedef struct cfg {
     int N, R, S, H, Hkv, D, I, iters, rank;
 } cfg;
-
-static int cmp_float(const void *a, const void *b)
-{
-    const float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
 
 /* Rows of the pattern the K/V of every token is drawn from: token g of
  * request r has row (g + 1021 r) mod P, the same on every rank. */
@@ -163,23 +143,12 @@ static void build(const cfg *c, kva_context *gpu, int N, int rank, const uint16_
 static float time_run(kva_context *gpu, cudaStream_t s, kva_plan *p, const void *q,
                       const kva_cache *cache, void *out, float *lse, int iters)
 {
-    cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
     float *t = malloc(sizeof(float) * iters);
     for (int i = 0; i < 3; i++)
         KV(kva_attention_run(gpu, p, q, cache, NULL, out, lse));
-    for (int i = 0; i < iters; i++) {
-        CU(cudaEventRecord(e0, s));
-        KV(kva_attention_run(gpu, p, q, cache, NULL, out, lse));
-        CU(cudaEventRecord(e1, s));
-        CU(cudaEventSynchronize(e1));
-        CU(cudaEventElapsedTime(&t[i], e0, e1));
-    }
-    qsort(t, (size_t)iters, sizeof *t, cmp_float);
-    const float m = t[iters / 2];
+    BENCH_TIME_EVENTS(t, iters, s, KV(kva_attention_run(gpu, p, q, cache, NULL, out, lse)));
+    const float m = bench_median(t, iters);
     free(t);
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
     return m;
 }
 
@@ -196,21 +165,10 @@ static float time_run_graph(kva_context *gpu, cudaStream_t s, kva_plan *p, const
     CU(cudaStreamEndCapture(s, &g));
     CU(cudaGraphInstantiate(&exec, g, 0));
     CU(cudaGraphLaunch(exec, s)); /* warm-up */
-    cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
     float t[REPLAYS];
-    for (int i = 0; i < REPLAYS; i++) {
-        CU(cudaEventRecord(e0, s));
-        CU(cudaGraphLaunch(exec, s));
-        CU(cudaEventRecord(e1, s));
-        CU(cudaEventSynchronize(e1));
-        CU(cudaEventElapsedTime(&t[i], e0, e1));
-    }
-    qsort(t, REPLAYS, sizeof *t, cmp_float);
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    BENCH_TIME_EVENTS(t, REPLAYS, s, CU(cudaGraphLaunch(exec, s)));
     cudaGraphExecDestroy(exec), cudaGraphDestroy(g);
-    return t[REPLAYS / 2] / RUNS;
+    return bench_median(t, REPLAYS) / RUNS;
 }
 
 /* What a timed loop runs: the combine in a mode, or the bare collectives. */

@@ -228,6 +228,12 @@ typedef enum kva_layout {
  *
  * rne = round to nearest, ties to even; clamp to [-128, 127].
  *
+ * Formats and kinds: FP8_DS_MLA and FP8_TOKEN exist for one kind each; a
+ * descriptor that names either with another kind fails with
+ * KVA_STATUS_INVALID_ARGUMENT. A format the kind could hold but kvattn does
+ * not implement for it (e.g. INT8_CHANNEL for an MLA or index-key cache)
+ * fails with KVA_STATUS_UNSUPPORTED.
+ *
  * FP8_DS_MLA (DeepSeek V3.2, vLLM's "fp8_ds_mla" cache, byte for byte as
  * FlashMLA reads it): kind KVA_ATTN_MLA with Dc = head_dim_v a multiple of
  * 128 and Dr = head_dim - Dc. Each token's row is Dc + 4 * Dc / 128 + 2 * Dr

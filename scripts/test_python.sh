@@ -4,6 +4,10 @@
 # `pip install`s it into the venv build/py-venv (CPU-only, no C tests or
 # tools: the fast build CI uses; the CMake build directory build/py-build is
 # kept between runs), then runs pytest on tests/python.
+#   KVA_PY_PREBUILT=PATH  the wheel packs this already built libkvattn.so
+#                         instead of compiling the library (scripts/test.sh
+#                         passes the Release build's; CMake option
+#                         KVA_PYTHON_PREBUILT)
 # Extra arguments go to pytest (e.g. -k decode).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +29,20 @@ if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
 else # not a git checkout: everything but build outputs and venvs
   tar --exclude='./build*' --exclude='./.venv*' --exclude='./.git' -cf - . | tar -xpf - -C "$src"
 fi
+# Always defined (empty: build the library), so that the kept build directory
+# does not remember an earlier run's choice.
+prebuilt=""
+if [ -n "${KVA_PY_PREBUILT:-}" ]; then
+  [ -f "$KVA_PY_PREBUILT" ] || { echo "test_python.sh: KVA_PY_PREBUILT=$KVA_PY_PREBUILT: no such file" >&2; exit 1; }
+  prebuilt=$(realpath "$KVA_PY_PREBUILT")
+fi
 "$venv/bin/pip" install -q --no-build-isolation --no-deps --force-reinstall "$src" \
-  -C cmake.define.KVA_CUDA=OFF -C build-dir="$PWD/build/py-build"
+  -C cmake.define.KVA_CUDA=OFF -C build-dir="$PWD/build/py-build" \
+  -C cmake.define.KVA_PYTHON_PREBUILT="$prebuilt"
+if [ -n "${KVA_PY_PREBUILT:-}" ]; then
+  # The installed package must load the library it was given.
+  lib=$(cd tests/python && ../../"$venv"/bin/python -c "import kvattn; print(kvattn.LIBRARY_PATH)")
+  echo "kvattn package over $lib"
+  cmp "$KVA_PY_PREBUILT" "$lib"
+fi
 (cd tests/python && ../../"$venv"/bin/python -m pytest -q -p no:cacheprovider "$@" .)

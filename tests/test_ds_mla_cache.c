@@ -356,9 +356,27 @@ static void test_errors(void)
     d.dtype = KVA_DTYPE_BF16;
     CHECK_STATUS(kva_cache_create_quant(ctx, &d, NULL, &c), KVA_STATUS_DTYPE_MISMATCH);
     d = ds_desc(2, 4, 512, 64);
+    /* A format of one kind with another: INVALID_ARGUMENT (kvattn.h), for
+     * both kind-bound formats and every other kind. */
     d.kind = KVA_ATTN_MHA;
-    CHECK_STATUS(kva_cache_create_quant(ctx, &d, NULL, &c), KVA_STATUS_UNSUPPORTED);
+    CHECK_STATUS(kva_cache_create_quant(ctx, &d, NULL, &c), KVA_STATUS_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("fp8_ds_mla");
+    d.kind = KVA_ATTN_INDEX;
+    CHECK_STATUS(kva_cache_create_quant(ctx, &d, NULL, &c), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("KVA_ATTN_MLA");
+    d = ds_desc(2, 4, 512, 64);
+    d.quant = KVA_QUANT_FP8_TOKEN;
+    CHECK_STATUS(kva_cache_create_quant(ctx, &d, NULL, &c), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("KVA_ATTN_INDEX");
+    d.kind = KVA_ATTN_MHA;
+    d.num_kv_heads = 2;
+    CHECK_STATUS(kva_cache_create_quant(ctx, &d, NULL, &c), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("fp8_token");
+    /* A format the kind could hold but is not implemented for it: UNSUPPORTED. */
+    d = ds_desc(2, 4, 512, 64);
+    d.quant = KVA_QUANT_INT8_CHANNEL;
+    d.dtype = KVA_DTYPE_I8;
+    CHECK_STATUS(kva_cache_create_quant(ctx, &d, NULL, &c), KVA_STATUS_UNSUPPORTED);
     d = ds_desc(2, 4, 512, 64);
     const float one = 1.0f;
     kva_quant_params p = {.k_scale = &one, .k_scale_len = 1};

@@ -240,13 +240,8 @@ kva_status kva_mla_sparse_run(kva_context *ctx, const kva_plan *plan, const void
                          "kva_attention_run)",
                          (int)plan->d.kind, (int)plan->d.sparse_topk);
     const int32_t T = plan->info.num_tokens, K = plan->d.sparse_topk;
-    if (indices_stride == 0)
-        indices_stride = K;
-    if (indices_stride < K || (T > 1 && indices_stride > (INT64_MAX / 4 - K) / (T - 1)))
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_mla_sparse_run: indices_stride = %lld: must be 0 (= K) or at least "
-                         "K = %d, and the last row must fit the address space",
-                         (long long)indices_stride, (int)K);
+    KVA_TRY(kva__resolve_token_stride(__func__, "indices_stride", indices_stride, K, T,
+                                      sizeof(int32_t), &indices_stride));
     if (T > 0) {
         KVA_CHECK_PTR(q);
         KVA_CHECK_PTR(indices);
@@ -438,13 +433,8 @@ kva_status kva_indexer_run(kva_context *ctx, const kva_plan *plan, const void *q
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: plan kind = %d is not KVA_ATTN_INDEX",
                          fn, (int)plan->d.kind);
     const int32_t T = plan->info.num_tokens, K = plan->d.sparse_topk;
-    if (indices_stride == 0)
-        indices_stride = K;
-    if (indices_stride < K || indices_stride > PTRDIFF_MAX / 4 / (T > 0 ? T : 1))
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: indices_stride = %lld: must be 0 (means K) or at least K = %d (and "
-                         "not overflow)",
-                         fn, (long long)indices_stride, (int)K);
+    KVA_TRY(kva__resolve_token_stride(fn, "indices_stride", indices_stride, K, T, sizeof(int32_t),
+                                      &indices_stride));
     if (T > 0) {
         KVA_CHECK_PTR(q);
         KVA_CHECK_PTR(weights);

@@ -112,20 +112,23 @@ static kva_status validate_desc(const char *fn, const kva_cache_desc *d, kva_cac
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: desc->kind = %d is not a kva_attn_kind (0 .. %d)", fn, (int)d->kind,
                          (int)KVA_ATTN_KIND_COUNT_ - 1);
+    /* A format that exists for one kind only (kvattn.h: fp8_ds_mla for MLA,
+     * fp8_token for index keys) with another kind contradicts itself:
+     * INVALID_ARGUMENT. A kind's own checks then refuse the formats it does
+     * not implement with UNSUPPORTED. */
+    const kva_attn_kind format_kind = d->quant == KVA_QUANT_FP8_DS_MLA  ? KVA_ATTN_MLA
+                                      : d->quant == KVA_QUANT_FP8_TOKEN ? KVA_ATTN_INDEX
+                                                                        : d->kind;
+    if (d->kind != format_kind)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: desc->quant = %s is a format of kind %s caches only (got kind %d)",
+                         fn, kva_quant_name(d->quant),
+                         format_kind == KVA_ATTN_MLA ? "KVA_ATTN_MLA" : "KVA_ATTN_INDEX",
+                         (int)d->kind);
     if (d->kind == KVA_ATTN_MLA)
         KVA_TRY(validate_mla(fn, d));
-    else if (d->quant == KVA_QUANT_FP8_DS_MLA)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "%s: desc->quant = fp8_ds_mla with kind = %d: the format holds latent "
-                         "rows, for kind KVA_ATTN_MLA caches only",
-                         fn, (int)d->kind);
     if (d->kind == KVA_ATTN_INDEX)
         KVA_TRY(kva__index_cache_validate(fn, d));
-    else if (d->quant == KVA_QUANT_FP8_TOKEN)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: desc->quant = fp8_token is the index-key format: it needs kind "
-                         "KVA_ATTN_INDEX (got kind %d)",
-                         fn, (int)d->kind);
     kva_dtype k_dtype = d->dtype; /* storage dtype of K elements */
     if (d->quant == KVA_QUANT_NONE) {
         if (!kva__dtype_is_float(d->dtype))

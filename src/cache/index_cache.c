@@ -169,14 +169,8 @@ kva_status kva__index_cache_read(kva_context *ctx, const kva_cache *cache, int32
     if (v)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: v = %p, but an index-key cache has no values: pass NULL", fn, v);
-    const int64_t D = cache->desc.head_dim;
-    if (k_token_stride == 0)
-        k_token_stride = D;
-    if (k_token_stride < D || k_token_stride > PTRDIFF_MAX / 8 / (num_tokens > 0 ? num_tokens : 1))
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: k_token_stride = %lld: must be 0 (contiguous) or at least the row "
-                         "of D = %lld elements (and not overflow)",
-                         fn, (long long)k_token_stride, (long long)D);
+    KVA_TRY(kva__resolve_token_stride(fn, "k_token_stride", k_token_stride, cache->desc.head_dim,
+                                      num_tokens, kva_dtype_size(dst_dtype), &k_token_stride));
     KVA_TRY(kva__cache_check_space(fn, ctx, cache));
     if (num_tokens == 0)
         return KVA_STATUS_OK;

@@ -712,7 +712,8 @@ const kva__backend_ops *kva__backend(kva_backend b);
 /* Devices backend b sees (0 for host backends and for unavailable ones). */
 int kva__backend_device_count(kva_backend b);
 
-/* Checks a token stride of kva_cache_write / kva_cache_read (fn; name the
+/* Checks a per-token row stride (kva_cache_write / kva_cache_read's token
+ * strides, the sparse runs' indices_stride; fn the public call, name the
  * argument) in elements of elem bytes, resolving 0 to row_elems: at least a
  * row, and the last of num_tokens rows within PTRDIFF_MAX bytes
  * (src/cache/cache_write.c). */
