@@ -119,8 +119,8 @@ static void gpu_free(gpu_case *g)
 /* Captures kva_mla_run of plan in a CUDA graph on a new stream (which also
  * proves the run makes no host synchronization), replays it into poisoned
  * out / lse, and checks the bits against the eager run's got / lse. */
-static void graph_replay(const mla_case *c, const mla_data *m, gpu_case *g, kva_plan *plan,
-                         const void *got, const float *lse)
+static void mla_graph_replay(const mla_case *c, const mla_data *m, gpu_case *g, kva_plan *plan,
+                             const void *got, const float *lse)
 {
     const size_t rows = (size_t)m->T * c->H, n_out = rows * c->Dv * mla_es(c->dt);
     cudaStream_t st;
@@ -208,7 +208,7 @@ static void run_case_g(const mla_case *c, int32_t chunk, int graph)
                       "H %d B %d %s thr %d: %zu out and %zu lse mismatches, cos dist %.3g",
                       (int)c->H, (int)c->B, kva_dtype_name(c->dt), (int)c->thr, bad, bad_lse, cd);
             if (graph)
-                graph_replay(c, &m, &g, plan, got, lse);
+                mla_graph_replay(c, &m, &g, plan, got, lse);
         }
         kva_plan_destroy(plan);
     }
