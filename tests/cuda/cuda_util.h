@@ -78,13 +78,13 @@ static inline int kernel_usable(const char *name)
  * capture), graph_end instantiates it and gives the context back the legacy
  * stream, graph_replay launches it after everything queued so far (e.g. the
  * poisoning of the outputs) and waits, graph_free releases it. */
-typedef struct test_graph {
+typedef struct cu_graph {
     cudaStream_t stream;
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-} test_graph;
+} cu_graph;
 
-static inline void graph_begin(kva_context *ctx, test_graph *g)
+static inline void graph_begin(kva_context *ctx, cu_graph *g)
 {
     memset(g, 0, sizeof *g);
     CUDA_OK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
@@ -92,21 +92,21 @@ static inline void graph_begin(kva_context *ctx, test_graph *g)
     CUDA_OK(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeGlobal));
 }
 
-static inline void graph_end(kva_context *ctx, test_graph *g)
+static inline void graph_end(kva_context *ctx, cu_graph *g)
 {
     CUDA_OK(cudaStreamEndCapture(g->stream, &g->graph));
     CUDA_OK(cudaGraphInstantiate(&g->exec, g->graph, 0));
     CHECK_OK(kva_cuda_context_set_stream(ctx, NULL));
 }
 
-static inline void graph_replay(test_graph *g)
+static inline void graph_replay(cu_graph *g)
 {
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaGraphLaunch(g->exec, g->stream));
     CUDA_OK(cudaStreamSynchronize(g->stream));
 }
 
-static inline void graph_free(test_graph *g)
+static inline void graph_free(cu_graph *g)
 {
     if (g->exec)
         cudaGraphExecDestroy(g->exec);

@@ -54,7 +54,7 @@ static void check_graph(kva_context *gpu, const kva_plan *plan, const idx_case *
                         const int32_t *len)
 {
     const size_t ni = (size_t)x->T * stride;
-    test_graph g;
+    cu_graph g;
     graph_begin(gpu, &g);
     CHECK_OK(kva_indexer_run(gpu, plan, dq, dw, cache, di, stride, dl));
     graph_end(gpu, &g);

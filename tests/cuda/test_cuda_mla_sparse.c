@@ -404,7 +404,7 @@ static int run_case(const scase *c)
         /* The same run captured in a CUDA graph (capture fails on any host
          * sync) and replayed into poisoned outputs: the eager run's bits. */
         {
-            test_graph g;
+            cu_graph g;
             graph_begin(gpu, &g);
             CHECK_OK(kva_mla_sparse_run(gpu, plan, d_q, cache, d_idx, istr, d_tl, d_sinks, d_out,
                                         d_lse));
