@@ -27,6 +27,8 @@
 
 #ifdef KVA_HAVE_CUDA
 
+#define BENCH_NAME "kvattn: bench --mla-sparse (cuda)"
+#include "../bench/bench_cuda_util.h"
 #include "../bench/data.h"
 #include "internal.h"
 #include "kvattn_cuda.h"
@@ -39,31 +41,6 @@
 #define DC 512
 #define DR 64
 #define DL 576
-
-#define DIE(...)                                                                                   \
-    do {                                                                                           \
-        fprintf(stderr, "kvattn: bench --mla-sparse (cuda): " __VA_ARGS__);                        \
-        fputc('\n', stderr);                                                                       \
-        exit(1);                                                                                   \
-    } while (0)
-#define CU(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            DIE("%s: %s", #call, cudaGetErrorString(e_));                                          \
-    } while (0)
-#define KV(call)                                                                                   \
-    do {                                                                                           \
-        kva_status s_ = (call);                                                                    \
-        if (s_ != KVA_STATUS_OK)                                                                   \
-            DIE("%s: %s: %s", #call, kva_status_name(s_), kva_last_error());                       \
-    } while (0)
-
-static int cmp_float(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
 
 typedef bench_sp_shape shape;
 
@@ -206,18 +183,10 @@ static double run_shape(const shape *sh, int iters)
     for (int w = 0; w < 3; w++)
         KV(kva_mla_sparse_run(ctx, plan, d_q, cache, d_idx, K, NULL, NULL, d_out, d_lse));
     float *ms = malloc(sizeof(float) * iters);
-    cudaEvent_t ev[2];
-    CU(cudaEventCreate(&ev[0]));
-    CU(cudaEventCreate(&ev[1]));
-    for (int it = 0; it < iters; it++) {
-        CU(cudaEventRecord(ev[0], 0));
-        KV(kva_mla_sparse_run(ctx, plan, d_q, cache, d_idx, K, NULL, NULL, d_out, d_lse));
-        CU(cudaEventRecord(ev[1], 0));
-        CU(cudaEventSynchronize(ev[1]));
-        CU(cudaEventElapsedTime(&ms[it], ev[0], ev[1]));
-    }
-    qsort(ms, (size_t)iters, sizeof(float), cmp_float);
-    const double med = ms[iters / 2];
+    BENCH_TIME_EVENTS(
+        ms, iters, 0,
+        KV(kva_mla_sparse_run(ctx, plan, d_q, cache, d_idx, K, NULL, NULL, d_out, d_lse)));
+    const double med = bench_median(ms, iters);
     const double flops = 2.0 * H * (double)K * (DL + DC) * T;
     const double bytes = (double)T * K * (sh->fp8 ? 656 : 1152);
     printf("%-34s R=%-4d Q=%-5d S=%-5d H=%-3d K=%-4d %-4s %-8s %9.4f ms %7.1f TFLOP/s %6.2f TB/s "
