@@ -41,6 +41,7 @@ extern "C" {
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KVA_MLA_WGMMA_BODY 1
@@ -150,7 +151,101 @@ static __device__ __forceinline__ void mw_pv(float (&o)[32][4], uint64_t dp, uin
 }
 #endif
 
+#ifdef KVA_MLA_WGMMA_BODY
+/* Warpgroup WG's half of the copy of latent rows kb .. kb + 63 into the ring
+ * stage at `stage` (layout ml_off<MW_BN>): the value column blocks its own
+ * P V reads (4 WG .. 4 WG + 3) and positions 4 WG .. 4 WG + 3 of the k_pe
+ * block 8 (read only by S). A warpgroup can so refill a stage as soon as its
+ * own P V of that stage is done, whatever the other one is doing. Thread t
+ * (0 .. 127 of the warpgroup) takes key t / 2 (cache row from ml_row, zeros
+ * past kend) and positions t % 2 + 2 u of each block. */
+template <int WG>
+static __device__ __forceinline__ void mw_issue_half(const kva__cuda_attn_args &a,
+                                                     const int32_t *bt_row, int32_t kb,
+                                                     int32_t kend, uint32_t stage, int t)
+{
+    const int64_t row = ml_row<MW_BN, 128>(a, bt_row, kb, kend, t);
+    const int key = t >> 1, c0 = t & 1;
+    const bool ok = row >= 0;
+    const char *src = (const char *)a.k + (ok ? row * (int64_t)(ML_D * 2) : 0);
+    const uint32_t krow = stage + (uint32_t)(key * 128);
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const uint32_t base = krow + (uint32_t)(((c0 + 2 * u) ^ (key & 7)) << 4);
+#pragma unroll
+        for (int b = 4 * WG; b < 4 * WG + 4; b++)
+            kva__cp_async16(base + (uint32_t)(b * MW_BN * 128), src + (8 * b + c0 + 2 * u) * 16,
+                            ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int c = 4 * WG + c0 + 2 * u; /* position in block 8 */
+        kva__cp_async16(krow + (uint32_t)(8 * MW_BN * 128 + ((c ^ (key & 7)) << 4)),
+                        src + (64 + c) * 16, ok ? 16 : 0);
+    }
+}
+
+/* P = 2^(sc - mu) of rows r0, r0 + 8 and this warpgroup's keys 32 wg + 8 j +
+ * 2 t4 + e into the shared [64, 64] P tile (K-major, 128-byte swizzle, the
+ * input dtype); psum gets the thread's row sums. */
 template <typename Ty>
+static __device__ __forceinline__ void mw_store_p(const float (&sc)[4][4], const float mu[2],
+                                                  uint32_t sP, int wg, int r0, int t4,
+                                                  float psum[2])
+{
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int r = r0 + 8 * hf;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float p0 = kva__ex2(sc[j][2 * hf] - mu[hf]);
+            const float p1 = kva__ex2(sc[j][2 * hf + 1] - mu[hf]);
+            sum += p0 + p1;
+            const int key = wg * 32 + j * 8 + 2 * t4;
+            const uint32_t addr =
+                sP + (uint32_t)(r * 128 + ((((key >> 3) ^ (r & 7))) << 4) + (key & 7) * 2);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(Ty::pack(p0, p1))
+                         : "memory");
+        }
+        psum[hf] = sum;
+    }
+}
+
+/* mw_pv of warpgroup wg behind a warpgroup-uniform branch: O += P V over
+ * the 64 keys of the tile whose value descriptor is dv, for value columns
+ * 256 wg + 128 h .. + 127 (column blocks 4 wg + 2 h and + 1). */
+template <typename Ty>
+static __device__ __forceinline__ void mw_pv_wg(int wg, float (&o)[32][4], uint64_t dp,
+                                                uint64_t dv)
+{
+    if (wg == 0)
+        mw_pv<Ty, 0>(o, dp, dv);
+    else
+        mw_pv<Ty, 1>(o, dp, dv);
+}
+#endif
+
+/*
+ * The tile loop, per 64-key tile (stage = its ring slot):
+ *   1. wait for this thread's copies of the tile, barrier (the tile and,
+ *      with DEFER, both warpgroups' P V of the previous tile issued);
+ *   2. issue S; with DEFER the previous tile's P V, issued before S, is
+ *      waited for now (wait_group 1), so that the tensor cores run it and S
+ *      back to back; this warpgroup then copies its half of the next tile
+ *      into the other stage (its own P V of that stage is done);
+ *   3. S done: logits, the thread's row maxima into s_max, and P written
+ *      against the current reference max m_run (the lazy max rarely moves);
+ *   4. one barrier with a vote: when no row's max grew past m_run + ML_LAZY
+ *      (the usual case) P is final and P V is issued at once; otherwise (the
+ *      item's first tile, a jump) both warpgroups take the maxima from s_max,
+ *      move the reference, rewrite P, rescale, and meet at a second barrier.
+ *      With DEFER the P store waits for that barrier (the other warpgroup
+ *      may still read the previous P), so DEFER has three barriers per tile
+ *      and the plain order two.
+ *   5. issue P V; without DEFER wait for it here.
+ */
+template <typename Ty, bool DEFER>
 __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__cuda_attn_args a)
 {
 #ifdef KVA_MLA_WGMMA_BODY
@@ -179,8 +274,12 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
         const int32_t nrows = mi.nrows, qs = mi.qs, kend = w.k1;
         const int32_t *bt_row = mi.bt_row;
 
-        if (w.k0 < kend)
-            ml_issue<MW_BN, MW_BN>(a, bt_row, w.k0, kend, sK);
+        if (w.k0 < kend) {
+            if (wg == 0)
+                mw_issue_half<0>(a, bt_row, w.k0, kend, sK, tid & 127);
+            else
+                mw_issue_half<1>(a, bt_row, w.k0, kend, sK, tid & 127);
+        }
         kva__cp_async_commit();
         ml_stage_q<MW_M, MW_M, elem>(a, w, nrows, qs, q_gen);
         int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
@@ -201,22 +300,30 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
         for (int32_t kb = w.k0; kb < kend; kb += MW_BN) {
             kva__cp_async_wait<0>();
             kva__fence_proxy_async(); /* cp.async and Q stores -> the wgmma operand reads */
-            __syncthreads();          /* tile kb landed; the other stage, P, maxima are free */
+            __syncthreads();          /* 1. tile kb landed */
             const uint32_t st_off = (uint32_t)stage * MW_KB;
+            if (DEFER && kb > w.k0) /* the previous tile's P V, ahead of S on the tensor cores */
+                mw_pv_wg<Ty>(wg, o, dp, dv + ((st_off ^ MW_KB) >> 4));
 
-            /* S = Q K^T for keys kb + 32 wg .. + 31: 36 k-steps over 576, in two
-             * accumulator chains (even and odd k-steps) summed afterwards. */
+            /* 2. S = Q K^T for keys kb + 32 wg .. + 31: 36 k-steps over 576, in
+             * two accumulator chains (even and odd k-steps) summed afterwards.
+             * Warpgroup-uniform branches: each side's descriptors are then
+             * constant offsets from uniform bases. */
             float sc[4][4], sc2[4][4];
-            /* Warpgroup-uniform branches: each side's descriptors are then
-             * constant offsets from uniform bases (no per-wgmma conversion
-             * from per-thread registers). */
             if (wg == 0)
                 mw_s<Ty, 0>(sc, sc2, dq, dk + (st_off >> 4));
             else
                 mw_s<Ty, 1>(sc, sc2, dq, dk + (st_off >> 4));
-            /* The next tile's copies go out while the tensor cores run S. */
-            if (kb + MW_BN < kend)
-                ml_issue<MW_BN, MW_BN>(a, bt_row, kb + MW_BN, kend, sK + (stage ^ 1) * MW_KB);
+            if (DEFER)
+                kva__wgmma_wait<1>(); /* this warpgroup's P V of the previous tile */
+            /* This warpgroup's half of the next tile, while the tensor cores run S. */
+            if (kb + MW_BN < kend) {
+                const uint32_t nxt = sK + (uint32_t)(stage ^ 1) * MW_KB;
+                if (wg == 0)
+                    mw_issue_half<0>(a, bt_row, kb + MW_BN, kend, nxt, tid & 127);
+                else
+                    mw_issue_half<1>(a, bt_row, kb + MW_BN, kend, nxt, tid & 127);
+            }
             kva__cp_async_commit();
             kva__wgmma_wait<0>();
 #pragma unroll
@@ -227,55 +334,81 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
                     kva__reg_fence(sc2[j][e]);
                     sc[j][e] += sc2[j][e];
                 }
-            kva__dmma_logits<32>(sc, a, scale_log2, kb + wg * 32, t4, lo_all, hi_all, lo, hi, pos,
-                                 slope);
-            float alpha[2], mu[2];
-            const bool resc =
-                ml_tile_max<4, 2, true>(sc, s_max, wg, r0, t4, m_run, l_run, alpha, mu);
-            /* P of this warpgroup's keys into the shared [64, 64] P tile (swizzled). */
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const int r = r0 + 8 * hf;
-                float sum = 0.f;
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const float p0 = kva__ex2(sc[j][2 * hf] - mu[hf]);
-                    const float p1 = kva__ex2(sc[j][2 * hf + 1] - mu[hf]);
-                    sum += p0 + p1;
-                    const int key = wg * 32 + j * 8 + 2 * t4;
-                    const uint32_t addr =
-                        sP + (uint32_t)(r * 128 + ((((key >> 3) ^ (r & 7))) << 4) + (key & 7) * 2);
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(Ty::pack(p0, p1))
-                                 : "memory");
-                }
-                l_run[hf] += sum;
-            }
-            if (resc) {
-#pragma unroll
-                for (int n = 0; n < 32; n++) {
-                    o[n][0] *= alpha[0];
-                    o[n][1] *= alpha[0];
-                    o[n][2] *= alpha[1];
-                    o[n][3] *= alpha[1];
-                }
-            }
-            kva__fence_proxy_async(); /* P stores -> the wgmma operand reads */
-            __syncthreads();
-
-            /* O += P V over the tile's 64 keys (4 k-steps) for value columns
-             * 256 wg + 128 h .. + 127: column blocks 4 wg + 2 h and + 1. */
-            if (wg == 0)
-                mw_pv<Ty, 0>(o, dp, dv + (st_off >> 4));
-            else
-                mw_pv<Ty, 1>(o, dp, dv + (st_off >> 4));
-            kva__wgmma_wait<0>();
 #pragma unroll
             for (int n = 0; n < 32; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    kva__reg_fence(o[n][e]);
+                    kva__reg_fence(o[n][e]); /* P V done: o may be rescaled below */
+            kva__dmma_logits<32>(sc, a, scale_log2, kb + wg * 32, t4, lo_all, hi_all, lo, hi, pos,
+                                 slope);
+
+            /* 3. The thread's row maxima over its keys and 4 lanes; a row
+             * whose max grew past the lazy headroom (or was -inf and is not
+             * now) moves the reference. */
+            bool move = false;
+            float mu[2], psum[2];
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                float mx = fmaxf(sc[0][2 * hf], sc[0][2 * hf + 1]);
+#pragma unroll
+                for (int j = 1; j < 4; j++)
+                    mx = fmaxf(mx, fmaxf(sc[j][2 * hf], sc[j][2 * hf + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                if (t4 == 0)
+                    s_max[wg][r0 + 8 * hf] = mx;
+                move |= mx > m_run[hf] + ML_LAZY; /* -inf + ML_LAZY is -inf */
+                mu[hf] = m_run[hf] == -INFINITY ? 0.f : m_run[hf];
+            }
+            if (!DEFER) { /* P is free: both P V of the previous tile are done */
+                mw_store_p<Ty>(sc, mu, sP, wg, r0, t4, psum);
+                kva__fence_proxy_async(); /* P stores -> the wgmma operand reads */
+            }
+            /* 4. Every thread's vote; the barrier also publishes s_max (and P). */
+            const bool moved = __syncthreads_or(move);
+            if (moved) {
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int r = r0 + 8 * hf;
+                    float mx = fmaxf(m_run[hf], fmaxf(s_max[0][r], s_max[1][r]));
+                    if (m_run[hf] != -INFINITY && !(mx > m_run[hf] + ML_LAZY))
+                        mx = m_run[hf];
+                    mu[hf] = mx == -INFINITY ? 0.f : mx;
+                    const float alpha = kva__ex2(m_run[hf] - mu[hf]); /* 0 while m_run = -inf */
+                    m_run[hf] = mx;
+                    l_run[hf] *= alpha;
+#pragma unroll
+                    for (int n = 0; n < 32; n++) {
+                        o[n][2 * hf] *= alpha;
+                        o[n][2 * hf + 1] *= alpha;
+                    }
+                }
+            }
+            if (DEFER || moved) { /* P against the reference now in m_run */
+                mw_store_p<Ty>(sc, mu, sP, wg, r0, t4, psum);
+                kva__fence_proxy_async();
+                __syncthreads(); /* P complete */
+            }
+            l_run[0] += psum[0];
+            l_run[1] += psum[1];
+
+            /* 5. O += P V over the tile's 64 keys (with DEFER at the next
+             * tile's step 1, or after the loop). */
+            if (!DEFER) {
+                mw_pv_wg<Ty>(wg, o, dp, dv + (st_off >> 4));
+                kva__wgmma_wait<0>();
+            }
             stage ^= 1;
         }
+        if (DEFER && w.k0 < kend) {
+            mw_pv_wg<Ty>(wg, o, dp, dv + ((uint32_t)(stage ^ 1) * MW_KB >> 4));
+            kva__wgmma_wait<0>();
+        }
+#pragma unroll
+        for (int n = 0; n < 32; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                kva__reg_fence(o[n][e]);
         kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
         ml_finish<32, 2, Ty>(a, w, nrows, qs, s_sum, wg, r0, wg * 256, t4, l_run, m_run, o);
     }
@@ -286,10 +419,15 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
 
 static ml_kernel_fn mw_pick(kva_dtype dt)
 {
+    /* A/B switch of the experiment (branch mla3): KVA_MLA_WG_DEFER=1. */
+    const char *e = getenv("KVA_MLA_WG_DEFER");
+    const bool defer = e && e[0] == '1';
     if (dt == KVA_DTYPE_BF16)
-        return mla_decode_wgmma_kernel<kva__mma_bf16>;
+        return defer ? mla_decode_wgmma_kernel<kva__mma_bf16, true>
+                     : mla_decode_wgmma_kernel<kva__mma_bf16, false>;
     if (dt == KVA_DTYPE_F16)
-        return mla_decode_wgmma_kernel<kva__mma_f16>;
+        return defer ? mla_decode_wgmma_kernel<kva__mma_f16, true>
+                     : mla_decode_wgmma_kernel<kva__mma_f16, false>;
     return NULL;
 }
 
