@@ -205,8 +205,7 @@ static __device__ __forceinline__ void mw_store_p(const float (&sc)[4][4], const
             const int key = wg * 32 + j * 8 + 2 * t4;
             const uint32_t addr =
                 sP + (uint32_t)(r * 128 + ((((key >> 3) ^ (r & 7))) << 4) + (key & 7) * 2);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(Ty::pack(p0, p1))
-                         : "memory");
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(Ty::pack(p0, p1)) : "memory");
         }
         psum[hf] = sum;
     }
@@ -216,8 +215,7 @@ static __device__ __forceinline__ void mw_store_p(const float (&sc)[4][4], const
  * the 64 keys of the tile whose value descriptor is dv, for value columns
  * 256 wg + 128 h .. + 127 (column blocks 4 wg + 2 h and + 1). */
 template <typename Ty>
-static __device__ __forceinline__ void mw_pv_wg(int wg, float (&o)[32][4], uint64_t dp,
-                                                uint64_t dv)
+static __device__ __forceinline__ void mw_pv_wg(int wg, float (&o)[32][4], uint64_t dp, uint64_t dv)
 {
     if (wg == 0)
         mw_pv<Ty, 0>(o, dp, dv);
