@@ -152,37 +152,38 @@ static __device__ __forceinline__ void mw_pv(float (&o)[32][4], uint64_t dp, uin
 #endif
 
 #ifdef KVA_MLA_WGMMA_BODY
-/* Warpgroup WG's half of the copy of latent rows kb .. kb + 63 into the ring
- * stage at `stage` (layout ml_off<MW_BN>): the value column blocks its own
- * P V reads (4 WG .. 4 WG + 3) and positions 4 WG .. 4 WG + 3 of the k_pe
- * block 8 (read only by S). A warpgroup can so refill a stage as soon as its
- * own P V of that stage is done, whatever the other one is doing. Thread t
- * (0 .. 127 of the warpgroup) takes key t / 2 (cache row from ml_row, zeros
- * past kend) and positions t % 2 + 2 u of each block. */
-template <int WG>
-static __device__ __forceinline__ void mw_issue_half(const kva__cuda_attn_args &a,
-                                                     const int32_t *bt_row, int32_t kb,
-                                                     int32_t kend, uint32_t stage, int t)
+/* The copy of latent rows kb .. kb + 63 into the ring stage at `stage`
+ * (layout ml_off<MW_BN>) in whole 128-byte lines: thread t takes keys
+ * t / 8 and t / 8 + 32 (cache rows from ml_row, zeros past kend) and chunks
+ * t % 8 + 8 i of each, so that one warp instruction reads four full lines
+ * (ml_issue's four threads per key read half lines). */
+static __device__ __forceinline__ void mw_issue_lines(const kva__cuda_attn_args &a,
+                                                      const int32_t *bt_row, int32_t kb,
+                                                      int32_t kend, uint32_t stage, int t)
 {
-    const int64_t row = ml_row<MW_BN, 128>(a, bt_row, kb, kend, t);
-    const int key = t >> 1, c0 = t & 1;
-    const bool ok = row >= 0;
-    const char *src = (const char *)a.k + (ok ? row * (int64_t)(ML_D * 2) : 0);
-    const uint32_t krow = stage + (uint32_t)(key * 128);
+    const int c0 = t & 7;
 #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        const uint32_t base = krow + (uint32_t)(((c0 + 2 * u) ^ (key & 7)) << 4);
+    for (int h = 0; h < 2; h++) {
+        const int key = (t >> 3) + 32 * h;
+        const int64_t row = ml_row<MW_BN, MW_BN>(a, bt_row, kb, kend, key);
+        const bool ok = row >= 0;
+        const char *src = (const char *)a.k + (ok ? row * (int64_t)(ML_D * 2) + c0 * 16 : 0);
+        const uint32_t dst = stage + (uint32_t)(key * 128 + ((c0 ^ (key & 7)) << 4));
 #pragma unroll
-        for (int b = 4 * WG; b < 4 * WG + 4; b++)
-            kva__cp_async16(base + (uint32_t)(b * MW_BN * 128), src + (8 * b + c0 + 2 * u) * 16,
-                            ok ? 16 : 0);
+        for (int i = 0; i < ML_CH / 8; i++)
+            kva__cp_async16(dst + (uint32_t)(i * MW_BN * 128), src + 128 * i, ok ? 16 : 0);
     }
-#pragma unroll
-    for (int u = 0; u < 2; u++) {
-        const int c = 4 * WG + c0 + 2 * u; /* position in block 8 */
-        kva__cp_async16(krow + (uint32_t)(8 * MW_BN * 128 + ((c ^ (key & 7)) << 4)),
-                        src + (64 + c) * 16, ok ? 16 : 0);
-    }
+}
+
+/* The tile copy of variant VAR: ml_issue's half lines (0) or whole lines. */
+template <int VAR>
+static __device__ __forceinline__ void mw_issue(const kva__cuda_attn_args &a, const int32_t *bt_row,
+                                                int32_t kb, int32_t kend, uint32_t stage)
+{
+    if (VAR == 0)
+        ml_issue<MW_BN, MW_BN>(a, bt_row, kb, kend, stage);
+    else
+        mw_issue_lines(a, bt_row, kb, kend, stage, threadIdx.x);
 }
 
 /* P = 2^(sc - mu) of rows r0, r0 + 8 and this warpgroup's keys 32 wg + 8 j +
@@ -210,40 +211,23 @@ static __device__ __forceinline__ void mw_store_p(const float (&sc)[4][4], const
         psum[hf] = sum;
     }
 }
-
-/* mw_pv of warpgroup wg behind a warpgroup-uniform branch: O += P V over
- * the 64 keys of the tile whose value descriptor is dv, for value columns
- * 256 wg + 128 h .. + 127 (column blocks 4 wg + 2 h and + 1). */
-template <typename Ty>
-static __device__ __forceinline__ void mw_pv_wg(int wg, float (&o)[32][4], uint64_t dp, uint64_t dv)
-{
-    if (wg == 0)
-        mw_pv<Ty, 0>(o, dp, dv);
-    else
-        mw_pv<Ty, 1>(o, dp, dv);
-}
 #endif
 
 /*
  * The tile loop, per 64-key tile (stage = its ring slot):
- *   1. wait for this thread's copies of the tile, barrier (the tile and,
- *      with DEFER, both warpgroups' P V of the previous tile issued);
- *   2. issue S; with DEFER the previous tile's P V, issued before S, is
- *      waited for now (wait_group 1), so that the tensor cores run it and S
- *      back to back; this warpgroup then copies its half of the next tile
- *      into the other stage (its own P V of that stage is done);
+ *   1. wait for this thread's copies of the tile, barrier (the tile landed;
+ *      both warpgroups' P V of the previous tile are done);
+ *   2. issue S and the copy of the next tile into the other stage (VAR 2:
+ *      the copy first);
  *   3. S done: logits, the thread's row maxima into s_max, and P written
  *      against the current reference max m_run (the lazy max rarely moves);
  *   4. one barrier with a vote: when no row's max grew past m_run + ML_LAZY
- *      (the usual case) P is final and P V is issued at once; otherwise (the
- *      item's first tile, a jump) both warpgroups take the maxima from s_max,
- *      move the reference, rewrite P, rescale, and meet at a second barrier.
- *      With DEFER the P store waits for that barrier (the other warpgroup
- *      may still read the previous P), so DEFER has three barriers per tile
- *      and the plain order two.
- *   5. issue P V; without DEFER wait for it here.
+ *      (the usual case) P is final; otherwise (the item's first tile, a
+ *      jump) every thread takes its rows' maxima from s_max, moves the
+ *      reference, rescales, rewrites P, and all meet at a second barrier;
+ *   5. P V, waited for.
  */
-template <typename Ty, bool DEFER>
+template <typename Ty, int VAR>
 __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__cuda_attn_args a)
 {
 #ifdef KVA_MLA_WGMMA_BODY
@@ -272,12 +256,8 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
         const int32_t nrows = mi.nrows, qs = mi.qs, kend = w.k1;
         const int32_t *bt_row = mi.bt_row;
 
-        if (w.k0 < kend) {
-            if (wg == 0)
-                mw_issue_half<0>(a, bt_row, w.k0, kend, sK, tid & 127);
-            else
-                mw_issue_half<1>(a, bt_row, w.k0, kend, sK, tid & 127);
-        }
+        if (w.k0 < kend)
+            mw_issue<VAR>(a, bt_row, w.k0, kend, sK);
         kva__cp_async_commit();
         ml_stage_q<MW_M, MW_M, elem>(a, w, nrows, qs, q_gen);
         int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
@@ -298,10 +278,11 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
         for (int32_t kb = w.k0; kb < kend; kb += MW_BN) {
             kva__cp_async_wait<0>();
             kva__fence_proxy_async(); /* cp.async and Q stores -> the wgmma operand reads */
-            __syncthreads();          /* 1. tile kb landed */
+            __syncthreads();          /* 1. tile kb landed; the other stage and P are free */
             const uint32_t st_off = (uint32_t)stage * MW_KB;
-            if (DEFER && kb > w.k0) /* the previous tile's P V, ahead of S on the tensor cores */
-                mw_pv_wg<Ty>(wg, o, dp, dv + ((st_off ^ MW_KB) >> 4));
+            const uint32_t nxt = sK + (uint32_t)(stage ^ 1) * MW_KB;
+            if (VAR == 2 && kb + MW_BN < kend)
+                mw_issue<VAR>(a, bt_row, kb + MW_BN, kend, nxt);
 
             /* 2. S = Q K^T for keys kb + 32 wg .. + 31: 36 k-steps over 576, in
              * two accumulator chains (even and odd k-steps) summed afterwards.
@@ -312,16 +293,9 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
                 mw_s<Ty, 0>(sc, sc2, dq, dk + (st_off >> 4));
             else
                 mw_s<Ty, 1>(sc, sc2, dq, dk + (st_off >> 4));
-            if (DEFER)
-                kva__wgmma_wait<1>(); /* this warpgroup's P V of the previous tile */
-            /* This warpgroup's half of the next tile, while the tensor cores run S. */
-            if (kb + MW_BN < kend) {
-                const uint32_t nxt = sK + (uint32_t)(stage ^ 1) * MW_KB;
-                if (wg == 0)
-                    mw_issue_half<0>(a, bt_row, kb + MW_BN, kend, nxt, tid & 127);
-                else
-                    mw_issue_half<1>(a, bt_row, kb + MW_BN, kend, nxt, tid & 127);
-            }
+            /* The next tile's copies go out while the tensor cores run S. */
+            if (VAR != 2 && kb + MW_BN < kend)
+                mw_issue<VAR>(a, bt_row, kb + MW_BN, kend, nxt);
             kva__cp_async_commit();
             kva__wgmma_wait<0>();
 #pragma unroll
@@ -332,17 +306,12 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
                     kva__reg_fence(sc2[j][e]);
                     sc[j][e] += sc2[j][e];
                 }
-#pragma unroll
-            for (int n = 0; n < 32; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    kva__reg_fence(o[n][e]); /* P V done: o may be rescaled below */
             kva__dmma_logits<32>(sc, a, scale_log2, kb + wg * 32, t4, lo_all, hi_all, lo, hi, pos,
                                  slope);
 
             /* 3. The thread's row maxima over its keys and 4 lanes; a row
              * whose max grew past the lazy headroom (or was -inf and is not
-             * now) moves the reference. */
+             * now) votes to move the reference. */
             bool move = false;
             float mu[2], psum[2];
 #pragma unroll
@@ -358,13 +327,10 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
                 move |= mx > m_run[hf] + ML_LAZY; /* -inf + ML_LAZY is -inf */
                 mu[hf] = m_run[hf] == -INFINITY ? 0.f : m_run[hf];
             }
-            if (!DEFER) { /* P is free: both P V of the previous tile are done */
-                mw_store_p<Ty>(sc, mu, sP, wg, r0, t4, psum);
-                kva__fence_proxy_async(); /* P stores -> the wgmma operand reads */
-            }
-            /* 4. Every thread's vote; the barrier also publishes s_max (and P). */
-            const bool moved = __syncthreads_or(move);
-            if (moved) {
+            mw_store_p<Ty>(sc, mu, sP, wg, r0, t4, psum);
+            kva__fence_proxy_async(); /* P stores -> the wgmma operand reads */
+            /* 4. Every thread's vote; the barrier also publishes s_max and P. */
+            if (__syncthreads_or(move)) {
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
                     const int r = r0 + 8 * hf;
@@ -381,32 +347,29 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
                         o[n][2 * hf + 1] *= alpha;
                     }
                 }
-            }
-            if (DEFER || moved) { /* P against the reference now in m_run */
+                /* P against the moved reference (nobody reads P before the
+                 * barrier below). */
                 mw_store_p<Ty>(sc, mu, sP, wg, r0, t4, psum);
                 kva__fence_proxy_async();
-                __syncthreads(); /* P complete */
+                __syncthreads();
             }
             l_run[0] += psum[0];
             l_run[1] += psum[1];
 
-            /* 5. O += P V over the tile's 64 keys (with DEFER at the next
-             * tile's step 1, or after the loop). */
-            if (!DEFER) {
-                mw_pv_wg<Ty>(wg, o, dp, dv + (st_off >> 4));
-                kva__wgmma_wait<0>();
-            }
+            /* 5. O += P V over the tile's 64 keys (4 k-steps) for value columns
+             * 256 wg + 128 h .. + 127: column blocks 4 wg + 2 h and + 1. */
+            if (wg == 0)
+                mw_pv<Ty, 0>(o, dp, dv + (st_off >> 4));
+            else
+                mw_pv<Ty, 1>(o, dp, dv + (st_off >> 4));
+            kva__wgmma_wait<0>();
+#pragma unroll
+            for (int n = 0; n < 32; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    kva__reg_fence(o[n][e]);
             stage ^= 1;
         }
-        if (DEFER && w.k0 < kend) {
-            mw_pv_wg<Ty>(wg, o, dp, dv + ((uint32_t)(stage ^ 1) * MW_KB >> 4));
-            kva__wgmma_wait<0>();
-        }
-#pragma unroll
-        for (int n = 0; n < 32; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                kva__reg_fence(o[n][e]);
         kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
         ml_finish<32, 2, Ty>(a, w, nrows, qs, s_sum, wg, r0, wg * 256, t4, l_run, m_run, o);
     }
@@ -417,15 +380,17 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
 
 static ml_kernel_fn mw_pick(kva_dtype dt)
 {
-    /* A/B switch of the experiment (branch mla3): KVA_MLA_WG_DEFER=1. */
-    const char *e = getenv("KVA_MLA_WG_DEFER");
-    const bool defer = e && e[0] == '1';
+    /* A/B switch of the experiment (branch mla3): KVA_MLA_WG_VAR=0/1/2. */
+    const char *e = getenv("KVA_MLA_WG_VAR");
+    const int v = e && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
     if (dt == KVA_DTYPE_BF16)
-        return defer ? mla_decode_wgmma_kernel<kva__mma_bf16, true>
-                     : mla_decode_wgmma_kernel<kva__mma_bf16, false>;
+        return v == 2   ? mla_decode_wgmma_kernel<kva__mma_bf16, 2>
+               : v == 1 ? mla_decode_wgmma_kernel<kva__mma_bf16, 1>
+                        : mla_decode_wgmma_kernel<kva__mma_bf16, 0>;
     if (dt == KVA_DTYPE_F16)
-        return defer ? mla_decode_wgmma_kernel<kva__mma_f16, true>
-                     : mla_decode_wgmma_kernel<kva__mma_f16, false>;
+        return v == 2   ? mla_decode_wgmma_kernel<kva__mma_f16, 2>
+               : v == 1 ? mla_decode_wgmma_kernel<kva__mma_f16, 1>
+                        : mla_decode_wgmma_kernel<kva__mma_f16, 0>;
     return NULL;
 }
 
