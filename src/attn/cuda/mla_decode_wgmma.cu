@@ -399,9 +399,20 @@ extern "C" int kva__cuda_mla_wgmma_ctas_per_sm(kva_dtype dtype)
     return kva__cuda_prefill_wgmma_ready() ? ml_ctas_per_sm(mw_pick(dtype), MW_SMEM) : 0;
 }
 
+#ifdef KVA_MLA_WG_BASE_AB
+/* Experiment only: main's kernel, built beside this one on the device. */
+extern "C" kva_status kva__cuda_mla_wgmma_base_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
+                                                      int grid, void *stream);
+#endif
+
 extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
                                                  int grid, void *stream)
 {
+#ifdef KVA_MLA_WG_BASE_AB
+    const char *e = getenv("KVA_MLA_WG_VAR");
+    if (e && e[0] == 'b')
+        return kva__cuda_mla_wgmma_base_launch(a, dtype, grid, stream);
+#endif
     const ml_kernel_fn fn = mw_pick(dtype);
     if (!fn || !kva__cuda_mla_decode_supported(a->D, a->Dv, dtype) || a->Hkv != 1 || a->ragged ||
         !kva__cuda_prefill_wgmma_ready())
