@@ -17,11 +17,10 @@
 
 #include <stdint.h>
 
-#define ML_D 576    /* latent row: Dc + Dr */
-#define ML_DV 512   /* values: the first Dc columns */
-#define ML_CH 72    /* 16-byte chunks per latent row */
-#define ML_NT 256   /* threads per CTA of both kernels */
-#define ML_LAZY 8.f /* headroom of the lazily moved softmax max (log2 units) */
+#define ML_D 576  /* latent row: Dc + Dr */
+#define ML_DV 512 /* values: the first Dc columns */
+#define ML_CH 72  /* 16-byte chunks per latent row */
+#define ML_NT 256 /* threads per CTA of both kernels */
 
 /*
  * Byte offset of chunk c of row r in a [ROWS, 576] tile.
@@ -334,7 +333,7 @@ static __device__ __forceinline__ void ml_rescale(float (*o)[4], const float alp
  * (NB n8 tiles of sc), its 4 lanes, then the NS slices through s_max [NS][64]
  * (one barrier inside). Returns the rescale factors of the old state in alpha
  * and updates m_run; l_run is rescaled. */
-template <int NB, int NS, bool LAZY = false>
+template <int NB, int NS>
 static __device__ __forceinline__ bool ml_tile_max(const float (*sc)[4], float (*s_max)[64],
                                                    int slice, int r0, int t4, float m_run[2],
                                                    float l_run[2], float alpha[2], float mu[2])
@@ -358,12 +357,6 @@ static __device__ __forceinline__ bool ml_tile_max(const float (*sc)[4], float (
 #pragma unroll
         for (int k = 0; k < NS; k++)
             mx = fmaxf(mx, s_max[k][r0 + 8 * hf]);
-        /* LAZY: the reference max moves only when the row's max grows past
-         * it by more than ML_LAZY (log2 units) or was -inf, so P stays below
-         * 2^ML_LAZY and O is rarely rescaled; any reference gives the same
-         * out and lse. */
-        if (LAZY && m_run[hf] != -INFINITY && !(mx > m_run[hf] + ML_LAZY))
-            mx = m_run[hf];
         mu[hf] = mx == -INFINITY ? 0.f : mx;
         alpha[hf] = kva__ex2(m_run[hf] - mu[hf]); /* 0 while m_run = -inf */
         resc |= mx != m_run[hf];

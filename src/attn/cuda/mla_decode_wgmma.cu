@@ -13,17 +13,20 @@
  * (every row read once from global memory, for S and for P V). Per tile:
  *   - S: warpgroup g computes Q K^T for keys 32 g .. 32 g + 31 of the tile
  *     (36 wgmma m64n32k16, A = Q and B = K from shared memory);
- *   - the row max goes through shared memory (both warpgroups then agree on
- *     the running max), P is written to shared memory ([64, 64] in the input
- *     dtype, K-major, swizzled), fence.proxy.async, barrier;
+ *   - P is written to shared memory ([64, 64] in the input dtype, K-major,
+ *     swizzled) against the running reference max, which moves lazily (only
+ *     when a row's max grows past it by MW_LAZY, so P stays below 2^MW_LAZY
+ *     and O is rarely rescaled); one barrier votes whether any row moved: if
+ *     none did (the usual case) P is final, otherwise the row maxima go
+ *     through shared memory, both warpgroups move the reference the same
+ *     way, rescale, rewrite P and meet at a second barrier;
  *   - O: warpgroup g owns value columns 256 g .. 256 g + 255 (O [64, 256] in
  *     128 registers per thread) and adds P [64, 64] V (8 wgmma m64n128k16,
  *     A = P and B = the tile's value columns, MN-major, from shared memory).
  * The S and P V issue sequences are instantiated per warpgroup and picked by
  * a warpgroup-uniform branch, so that their descriptors are constant offsets
  * from uniform registers (with the warpgroup index in a per-thread register,
- * every wgmma needed its descriptor converted). The softmax max moves lazily
- * (ml_tile_max), which skips most rescales of O.
+ * every wgmma needed its descriptor converted).
  * Shared memory: Q 72 KB + 2 x 72 KB ring + P 8 KB (+ 1 KB alignment).
  * Everything that issues sm_90a instructions is compiled only for sm_90a
  * (__CUDA_ARCH_FEAT_SM90_ALL); other device passes get an empty kernel that the
@@ -41,7 +44,6 @@ extern "C" {
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KVA_MLA_WGMMA_BODY 1
@@ -54,6 +56,10 @@ extern "C" {
 #define MW_KB (MW_BN * ML_D * 2)
 #define MW_PB (MW_M * MW_BN * 2)
 #define MW_SMEM (MW_QB + MW_NST * MW_KB + MW_PB + 1024)
+/* Headroom of the lazily moved softmax reference max (log2 units): any
+ * reference gives the same out and lse, this one moves only when a row's max
+ * grows past it by more than MW_LAZY (or was -inf). */
+#define MW_LAZY 8.f
 
 #ifdef KVA_MLA_WGMMA_BODY
 /* Accumulator lists of the two wgmma shapes below: S [64, 32] is d[4][4]
@@ -152,40 +158,6 @@ static __device__ __forceinline__ void mw_pv(float (&o)[32][4], uint64_t dp, uin
 #endif
 
 #ifdef KVA_MLA_WGMMA_BODY
-/* The copy of latent rows kb .. kb + 63 into the ring stage at `stage`
- * (layout ml_off<MW_BN>) in whole 128-byte lines: thread t takes keys
- * t / 8 and t / 8 + 32 (cache rows from ml_row, zeros past kend) and chunks
- * t % 8 + 8 i of each, so that one warp instruction reads four full lines
- * (ml_issue's four threads per key read half lines). */
-static __device__ __forceinline__ void mw_issue_lines(const kva__cuda_attn_args &a,
-                                                      const int32_t *bt_row, int32_t kb,
-                                                      int32_t kend, uint32_t stage, int t)
-{
-    const int c0 = t & 7;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int key = (t >> 3) + 32 * h;
-        const int64_t row = ml_row<MW_BN, MW_BN>(a, bt_row, kb, kend, key);
-        const bool ok = row >= 0;
-        const char *src = (const char *)a.k + (ok ? row * (int64_t)(ML_D * 2) + c0 * 16 : 0);
-        const uint32_t dst = stage + (uint32_t)(key * 128 + ((c0 ^ (key & 7)) << 4));
-#pragma unroll
-        for (int i = 0; i < ML_CH / 8; i++)
-            kva__cp_async16(dst + (uint32_t)(i * MW_BN * 128), src + 128 * i, ok ? 16 : 0);
-    }
-}
-
-/* The tile copy of variant VAR: ml_issue's half lines (0) or whole lines. */
-template <int VAR>
-static __device__ __forceinline__ void mw_issue(const kva__cuda_attn_args &a, const int32_t *bt_row,
-                                                int32_t kb, int32_t kend, uint32_t stage)
-{
-    if (VAR == 0)
-        ml_issue<MW_BN, MW_BN>(a, bt_row, kb, kend, stage);
-    else
-        mw_issue_lines(a, bt_row, kb, kend, stage, threadIdx.x);
-}
-
 /* P = 2^(sc - mu) of rows r0, r0 + 8 and this warpgroup's keys 32 wg + 8 j +
  * 2 t4 + e into the shared [64, 64] P tile (K-major, 128-byte swizzle, the
  * input dtype); psum gets the thread's row sums. */
@@ -217,17 +189,18 @@ static __device__ __forceinline__ void mw_store_p(const float (&sc)[4][4], const
  * The tile loop, per 64-key tile (stage = its ring slot):
  *   1. wait for this thread's copies of the tile, barrier (the tile landed;
  *      both warpgroups' P V of the previous tile are done);
- *   2. issue S and the copy of the next tile into the other stage (VAR 2:
- *      the copy first);
+ *   2. issue S, then the copy of the next tile into the other stage (S first:
+ *      the copy issued ahead of S, or in whole 128-byte lines per warp
+ *      instruction, ran slower);
  *   3. S done: logits, the thread's row maxima into s_max, and P written
  *      against the current reference max m_run (the lazy max rarely moves);
- *   4. one barrier with a vote: when no row's max grew past m_run + ML_LAZY
+ *   4. one barrier with a vote: when no row's max grew past m_run + MW_LAZY
  *      (the usual case) P is final; otherwise (the item's first tile, a
  *      jump) every thread takes its rows' maxima from s_max, moves the
  *      reference, rescales, rewrites P, and all meet at a second barrier;
  *   5. P V, waited for.
  */
-template <typename Ty, int VAR>
+template <typename Ty>
 __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__cuda_attn_args a)
 {
 #ifdef KVA_MLA_WGMMA_BODY
@@ -257,7 +230,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
         const int32_t *bt_row = mi.bt_row;
 
         if (w.k0 < kend)
-            mw_issue<VAR>(a, bt_row, w.k0, kend, sK);
+            ml_issue<MW_BN, MW_BN>(a, bt_row, w.k0, kend, sK);
         kva__cp_async_commit();
         ml_stage_q<MW_M, MW_M, elem>(a, w, nrows, qs, q_gen);
         int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
@@ -280,9 +253,6 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
             kva__fence_proxy_async(); /* cp.async and Q stores -> the wgmma operand reads */
             __syncthreads();          /* 1. tile kb landed; the other stage and P are free */
             const uint32_t st_off = (uint32_t)stage * MW_KB;
-            const uint32_t nxt = sK + (uint32_t)(stage ^ 1) * MW_KB;
-            if (VAR == 2 && kb + MW_BN < kend)
-                mw_issue<VAR>(a, bt_row, kb + MW_BN, kend, nxt);
 
             /* 2. S = Q K^T for keys kb + 32 wg .. + 31: 36 k-steps over 576, in
              * two accumulator chains (even and odd k-steps) summed afterwards.
@@ -294,8 +264,8 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
             else
                 mw_s<Ty, 1>(sc, sc2, dq, dk + (st_off >> 4));
             /* The next tile's copies go out while the tensor cores run S. */
-            if (VAR != 2 && kb + MW_BN < kend)
-                mw_issue<VAR>(a, bt_row, kb + MW_BN, kend, nxt);
+            if (kb + MW_BN < kend)
+                ml_issue<MW_BN, MW_BN>(a, bt_row, kb + MW_BN, kend, sK + (stage ^ 1) * MW_KB);
             kva__cp_async_commit();
             kva__wgmma_wait<0>();
 #pragma unroll
@@ -324,7 +294,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 if (t4 == 0)
                     s_max[wg][r0 + 8 * hf] = mx;
-                move |= mx > m_run[hf] + ML_LAZY; /* -inf + ML_LAZY is -inf */
+                move |= mx > m_run[hf] + MW_LAZY; /* -inf + MW_LAZY is -inf */
                 mu[hf] = m_run[hf] == -INFINITY ? 0.f : m_run[hf];
             }
             mw_store_p<Ty>(sc, mu, sP, wg, r0, t4, psum);
@@ -335,7 +305,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
                 for (int hf = 0; hf < 2; hf++) {
                     const int r = r0 + 8 * hf;
                     float mx = fmaxf(m_run[hf], fmaxf(s_max[0][r], s_max[1][r]));
-                    if (m_run[hf] != -INFINITY && !(mx > m_run[hf] + ML_LAZY))
+                    if (m_run[hf] != -INFINITY && !(mx > m_run[hf] + MW_LAZY))
                         mx = m_run[hf];
                     mu[hf] = mx == -INFINITY ? 0.f : mx;
                     const float alpha = kva__ex2(m_run[hf] - mu[hf]); /* 0 while m_run = -inf */
@@ -380,17 +350,10 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__c
 
 static ml_kernel_fn mw_pick(kva_dtype dt)
 {
-    /* A/B switch of the experiment (branch mla3): KVA_MLA_WG_VAR=0/1/2. */
-    const char *e = getenv("KVA_MLA_WG_VAR");
-    const int v = e && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
     if (dt == KVA_DTYPE_BF16)
-        return v == 2   ? mla_decode_wgmma_kernel<kva__mma_bf16, 2>
-               : v == 1 ? mla_decode_wgmma_kernel<kva__mma_bf16, 1>
-                        : mla_decode_wgmma_kernel<kva__mma_bf16, 0>;
+        return mla_decode_wgmma_kernel<kva__mma_bf16>;
     if (dt == KVA_DTYPE_F16)
-        return v == 2   ? mla_decode_wgmma_kernel<kva__mma_f16, 2>
-               : v == 1 ? mla_decode_wgmma_kernel<kva__mma_f16, 1>
-                        : mla_decode_wgmma_kernel<kva__mma_f16, 0>;
+        return mla_decode_wgmma_kernel<kva__mma_f16>;
     return NULL;
 }
 
@@ -399,20 +362,9 @@ extern "C" int kva__cuda_mla_wgmma_ctas_per_sm(kva_dtype dtype)
     return kva__cuda_prefill_wgmma_ready() ? ml_ctas_per_sm(mw_pick(dtype), MW_SMEM) : 0;
 }
 
-#ifdef KVA_MLA_WG_BASE_AB
-/* Experiment only: main's kernel, built beside this one on the device. */
-extern "C" kva_status kva__cuda_mla_wgmma_base_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
-                                                      int grid, void *stream);
-#endif
-
 extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
                                                  int grid, void *stream)
 {
-#ifdef KVA_MLA_WG_BASE_AB
-    const char *e = getenv("KVA_MLA_WG_VAR");
-    if (e && e[0] == 'b')
-        return kva__cuda_mla_wgmma_base_launch(a, dtype, grid, stream);
-#endif
     const ml_kernel_fn fn = mw_pick(dtype);
     if (!fn || !kva__cuda_mla_decode_supported(a->D, a->Dv, dtype) || a->Hkv != 1 || a->ragged ||
         !kva__cuda_prefill_wgmma_ready())
