@@ -82,7 +82,7 @@ for t in none chain star random chain; do
     $([ $t = none ] || echo --tree $t) >>"$out/bench_tree.txt" 2>&1
 done
 echo "total: $(($(date +%s) - t0)) s"
-nvidia-smi --query-gpu=name --format=csv,noheader
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 grep -h "cascade bench\|plain  \|cascade  \|speedup" "$out/bench_cascade.txt"
 cat "$out/peer.txt" 2>/dev/null
 grep -h "^==\|attention median" "$out/bench_chunk.txt" "$out/bench_tree.txt"
