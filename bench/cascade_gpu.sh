@@ -11,8 +11,8 @@
 # FlashInfer JIT-compiles its kernels on first use (minutes): its two modules
 # (the plain decode's FA2 prefill kernels, the cascade's FA3 ones on sm_90a)
 # compile in two background processes from the start, while kvattn builds (or
-# is taken from KVA_PREBUILT) and test_cuda_cascade runs; the timed runs start
-# when both are done, so no timing shares the CPUs with a compiler.
+# is taken from KVA_PREBUILT) and test_cuda_cascade runs; kvattn's timed runs
+# start when the cascade's module is built, FlashInfer's when both are.
 #   KVA_WHEELS    folder of wheels for the peer (flashinfer-python, apache-tvm-ffi)
 #   KVA_PREBUILT  folder holding `kvattn` and `test_cuda_cascade` built for
 #                 sm_90a elsewhere (no build here); unset: build in build-cuda
@@ -53,23 +53,16 @@ echo "kvattn ready: $(($(date +%s) - t0)) s"
 timeout 150 "$bin/test_cuda_cascade" >"$out/test_cuda_cascade.log" 2>&1
 echo "test_cuda_cascade (rc $?): $(tail -1 "$out/test_cuda_cascade.log")"
 grep -m5 "failed\|mismatch" "$out/test_cuda_cascade.log"
+# kvattn's timings (GPU-bound, CUDA events) once the cascade module is built;
+# FlashInfer's (Python launches each run) only when no compiler runs.
 wait $wc
 rc_c=$?
 echo "peer warm-up, cascade (rc $rc_c): $(($(date +%s) - t0)) s"
-wait $wp
-rc_p=$?
-echo "peer warm-up, plain (rc $rc_p): $(($(date +%s) - t0)) s"
-only=()
-[ $rc_p -ne 0 ] && only=(--only cascade)
-[ $rc_c -ne 0 ] && only=(--only plain)
 for s in $shapes; do
   IFS=: read -r R P S <<<"$s"
   timeout 60 "$bin/kvattn" bench --cascade --backend cuda --batch "$R" --shared-prefix "$P" \
     --suffix "$S" --iters 30 --warmup 5 >>"$out/bench_cascade.txt" 2>&1
 done
-if [ $rc_c -eq 0 ] || [ $rc_p -eq 0 ]; then
-  timeout 120 python3 bench/peer_cascade.py "${only[@]}" >"$out/peer.txt" 2>"$out/peer_stderr.log"
-fi
 common="--backend cuda --mode decode --heads 32 --kv-heads 8 --head-dim 128 --block-size 16"
 common="$common --dtype bf16 --iters 100"
 for c in "8191" "131071 --attention-chunk 8192" "8191"; do
@@ -81,6 +74,15 @@ for t in none chain star random chain; do
   timeout 60 "$bin/kvattn" bench $common --batch 16 --q-len 16 --context 4096 \
     $([ $t = none ] || echo --tree $t) >>"$out/bench_tree.txt" 2>&1
 done
+wait $wp
+rc_p=$?
+echo "peer warm-up, plain (rc $rc_p): $(($(date +%s) - t0)) s"
+only=()
+[ $rc_p -ne 0 ] && only=(--only cascade)
+[ $rc_c -ne 0 ] && only=(--only plain)
+if [ $rc_c -eq 0 ] || [ $rc_p -eq 0 ]; then
+  timeout 120 python3 bench/peer_cascade.py "${only[@]}" >"$out/peer.txt" 2>"$out/peer_stderr.log"
+fi
 echo "total: $(($(date +%s) - t0)) s"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 grep -h "cascade bench\|plain  \|cascade  \|speedup" "$out/bench_cascade.txt"
