@@ -703,6 +703,19 @@ struct kva__backend_ops {
                           int64_t indices_stride, int32_t *topk_length);
 };
 
+/* The N-way LSE merge of kva_merge_states_n on host memory (src/attn/cpu/
+ * cpu_merge.c), on ctx's threads, over parts whose token rows are strided:
+ * head h of token t of part p is the row at outs + p * out_stride + t *
+ * out_tok + h * Dv and its lse lses[p * lse_stride + t * lse_tok + h]
+ * (elements); out [T, H, Dv] and lse_out [T, H] (or NULL) are contiguous.
+ * Exported for kvattn_mpi, whose combine merges the ranks' partials in place
+ * in their [T, all heads, Dv] layout. */
+KVA_API void kva__cpu_merge_rows(const kva_context *ctx, int32_t num_parts, int32_t num_tokens,
+                                 int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
+                                 const void *outs, int64_t out_stride, int64_t out_tok,
+                                 const float *lses, int64_t lse_stride, int64_t lse_tok, void *out,
+                                 float *lse_out);
+
 extern const kva__backend_ops kva__ref_ops;  /* src/attn/ref/ */
 extern const kva__backend_ops kva__cpu_ops;  /* src/attn/cpu/ */
 extern const kva__backend_ops kva__cuda_ops; /* src/attn/cuda/ (no_cuda.c: "unavailable") */
