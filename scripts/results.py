@@ -227,7 +227,8 @@ DCP_DECODE_RE = re.compile(
     r"\(N=(\d+) I=(\d+)\) ([0-9.]+) ms: ratio [0-9.]+; graph: ([0-9.]+) ms, ([0-9.]+) ms")
 DCP_COMBINE_RE = re.compile(
     r"rank (\d+): combine (\S+)\s+T=(\d+)\s+H=(\d+) Dv=(\d+) \S+ \(([0-9.]+) MB\) (stream|graph)\s*: "
-    r"([0-9.]+) ms, bare collective ([0-9.]+) ms: ratio [0-9.]+(?: \(bare a2a with self ([0-9.]+) ms)?")
+    r"([0-9.]+) ms, bare collective ([0-9.]+) ms: ratio [0-9.]+(?: \(bare a2a with self ([0-9.]+) ms)?"
+    r"(?:.*; floor \(bare \+ empty kernels\) ([0-9.]+) ms)?")
 
 
 def dcp(a):
@@ -256,11 +257,12 @@ def dcp(a):
                                        gshard=float(gs)))
                 m = DCP_COMBINE_RE.search(line)
                 if m:
-                    rk, mode, T, H, Dv, mb, timing, tc, tb, ta = m.groups()
+                    rk, mode, T, H, Dv, mb, timing, tc, tb, ta, tn = m.groups()
                     N = int(re.search(r"bench_N(\d+)_", path).group(1))
                     combine.append(dict(rank=int(rk), N=N, mode=mode, T=int(T), H=int(H),
                                         Dv=int(Dv), mb=float(mb), timing=timing, ms=float(tc),
-                                        bare=float(tb), bare_self=float(ta) if ta else None))
+                                        bare=float(tb), bare_self=float(ta) if ta else None,
+                                        floor=float(tn) if tn else None))
     splits = []
     sj = os.path.join(logs, "splits.json")
     if os.path.exists(sj):
@@ -301,9 +303,13 @@ def dcp(a):
                   "NCCL calls alone on the same bytes (A2A: grouped send/recv of the blocks to the "
                   "N - 1 peers, as the combine sends; with self: plus the block to itself, as an "
                   "all-to-all call moves; AG_RS: all-gather of the LSEs + reduce-scatter of the "
-                  "float32 rows). The slowest rank's ratio (target <= 1.2).", "",
+                  "float32 rows). The slowest rank's ratio (target <= 1.2). Floor: the bare "
+                  "calls with an empty kernel in each place where the combine runs one (A2A: "
+                  "before and after; AG_RS: after each collective), over the bare time: what "
+                  "any combine made of kernels around the collectives costs at least.", "",
                   "| N | T | mode | timing | MB | combine ms | bare ms | ratio | bare with self ms "
-                  "| ratio to it |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| ratio to it | floor ms | floor / bare |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         keys = []
         for c in combine:
             k = (c["N"], c["T"], c["mode"], c["timing"])
@@ -316,7 +322,8 @@ def dcp(a):
             ws = w["bare_self"]
             lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {w['mb']:.2f} | {w['ms']:.4f} | "
                          f"{w['bare']:.4f} | {w['ms'] / w['bare']:.2f} | {fmt(ws, 4)} | "
-                         f"{fmt(w['ms'] / ws if ws else None)} |")
+                         f"{fmt(w['ms'] / ws if ws else None)} | {fmt(w.get('floor'), 4)} | "
+                         f"{fmt(w['floor'] / w['bare'] if w.get('floor') else None)} |")
         lines.append("")
     if splits:
         lines += ["## One long request: split choice (bench_cuda)", "",
