@@ -41,7 +41,9 @@ template <typename Ty, int D_> struct dm_load16 {
     static constexpr int STAGE = 2 * TILE, SQ = DM_M * D * 2;
     static constexpr int SMEM = SQ + DM_NW * NST * STAGE;
     static constexpr int MINB = D == 64 ? 3 : D == 128 ? 2 : 1;
-    static constexpr bool RAGGED = true, ISSUE_FIRST = true;
+    /* Q staged before the first copies: issuing them first measured within
+     * noise at R 1 and 64 x 4095 (bench/results/h200_2026-11-27_dcp6.txt). */
+    static constexpr bool RAGGED = true, ISSUE_FIRST = false;
     struct Item {
     };
 
@@ -72,7 +74,7 @@ template <typename Ty, int D_> struct dm_load16 {
         }
     }
 
-    /* Q rows into shared memory (zeros past nrows), then a barrier. */
+    /* Q rows into shared memory (zeros past nrows); the body's barrier follows. */
     static __device__ __forceinline__ void stage_q(const Args &a, const kva__cuda_item &w,
                                                    int32_t nrows, int32_t qs, unsigned char *smem,
                                                    Item &, int)
@@ -90,7 +92,6 @@ template <typename Ty, int D_> struct dm_load16 {
             }
             *reinterpret_cast<uint4 *>(smem + kva__swz<D>(r, c)) = v;
         }
-        __syncthreads(); /* Q visible to every warp */
     }
 
     /* S = Q K^T [16, 16]: ldmatrix of Q and K (x4 sets: rows and chunks of
