@@ -19,13 +19,13 @@
         CHECK_MSG(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                     \
     } while (0)
 
-/* Device copy of n bytes of host memory (NULL when src is NULL). The
- * helpers below that copy or set device memory end with
- * cudaDeviceSynchronize: a cudaMemcpy from pageable host memory may return
- * before its DMA has landed, and a cudaMemset is asynchronous; both run on
- * the legacy default stream, which a context's cudaStreamNonBlocking stream
- * does not wait for, so a kernel launched next could read the old bytes
- * (test_cuda_dcp failed that way while other tests loaded the GPU). */
+/* Device copy of n bytes of host memory (NULL when src is NULL). It and
+ * cache_upload end with cudaDeviceSynchronize: a cudaMemcpy from pageable
+ * host memory may return before its DMA has landed, on the legacy default
+ * stream, which a context's cudaStreamNonBlocking stream does not wait for,
+ * so a kernel launched next could read the old bytes (test_cuda_dcp read a
+ * rank's cache early while other tests loaded the GPU: finite wrong values,
+ * not the poison). */
 static inline void *dev_from(const void *src, size_t n)
 {
     if (!src)
@@ -39,12 +39,21 @@ static inline void *dev_from(const void *src, size_t n)
 }
 
 /* Device buffer of n bytes filled with 0xff (NaN in every float dtype). */
+/* cudaMemset runs on the legacy stream, which does not order against a
+ * stream created with cudaStreamNonBlocking: the fill must finish before a
+ * kernel on such a stream writes the buffer, or it may land after (a false
+ * failure that showed when other processes shared the GPU). */
+static inline void dev_fill(void *d, int byte, size_t n)
+{
+    CUDA_OK(cudaMemset(d, byte, n));
+    CUDA_OK(cudaDeviceSynchronize());
+}
+
 static inline void *dev_poisoned(size_t n)
 {
     void *d = NULL;
     CUDA_OK(cudaMalloc(&d, n ? n : 1));
-    CUDA_OK(cudaMemset(d, 0xff, n ? n : 1));
-    CUDA_OK(cudaDeviceSynchronize());
+    dev_fill(d, 0xff, n ? n : 1);
     return d;
 }
 
