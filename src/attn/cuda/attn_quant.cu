@@ -604,7 +604,11 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
         kfn<<<st->num_sms * per_sm, QA_NW * 32, 0, stream>>>(a);
         KVA_CUDA_LAUNCHED("qa_kernel");
     }
-    /* Always launched (it exits when the plan has no split task): graph replay. */
+    /* Always launched (it exits when the plan has no split task: graph
+     * replay), except after the tensor-core decode, which merged every split
+     * task itself (the prefill tiles write no partials). */
+    if (mma)
+        return KVA_STATUS_OK;
     return kva__cuda_split_merge_launch(&a.meta, a.ws, sinks, out, lse, a.H, a.G, a.Dv, d->q_dtype,
                                         st->num_sms * 2, stream);
 }

@@ -51,9 +51,13 @@ typedef struct kva__cuda_item {
 } kva__cuda_item;
 
 /* One split task (from kva__split_task); partials at ws + ws_off floats:
- * num_splits blocks of [nq*nh, Dv] outputs then [nq*nh] lse. */
+ * num_splits blocks of [nq*nh, Dv] outputs then [nq*nh] lse. done: the
+ * task's partials written so far in this run, counted by the tensor-core
+ * decode, whose CTA that writes the last one merges the task
+ * (decode_mma_kernel.cuh); uploaded 0 and set back to 0 by that CTA, so every
+ * run and graph replay starts from 0. */
 typedef struct kva__cuda_task {
-    int32_t req, kv_head, h0, nh, i0, nq, num_splits, pad;
+    int32_t req, kv_head, h0, nh, i0, nq, num_splits, done;
     int64_t ws_off;
 } kva__cuda_task;
 
