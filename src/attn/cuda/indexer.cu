@@ -19,6 +19,11 @@
  *
  *   On sm_90a builds and devices, DeepSeek's shape (Hi 64, D 128) takes
  *   the wgmma logits kernel of indexer_wgmma.cu instead (same tiles).
+ *   index_qquant_kernel: the FP8-q mode (kva_plan_desc.index_q_quant)
+ *     quantizes each (token, head) row of q first, into the workspace after
+ *     the logits: e4m3 codes for the wgmma kernel's e4m3 products over
+ *     FP8_TOKEN keys, else the codes' exact values in the q dtype for the
+ *     16-bit kernels; the row scales go into the head weights.
  *
  * The workspace holds logits [tokens of a pass, max_seq_len] float32; a
  * plan whose tokens need more than IDX_WS_FLOATS runs in several passes
@@ -172,6 +177,51 @@ __global__ void __launch_bounds__(IDX_WARPS * 32)
             }
         }
     }
+}
+
+/* ---- the FP8-q mode's queries ---- */
+
+static __device__ __forceinline__ float to_f(__nv_bfloat16 x)
+{
+    return __bfloat162float(x);
+}
+static __device__ __forceinline__ float to_f(__half x)
+{
+    return __half2float(x);
+}
+
+/* kva_plan_desc.index_q_quant = FP8_TOKEN: one warp per (token, head) row of
+ * q [rows = T Hi, D] quantizes it as the FP8_TOKEN key rows are written
+ * (indexer.cuh); qc [rows, D] gets the e4m3 codes (E8: for the e4m3 wgmma
+ * kernel) or their values in the q dtype (exact: for the 16-bit kernels),
+ * wq [rows] = wts * s (w relu(s x) = w s relu(x), s > 0). */
+template <typename M, bool E8>
+__global__ void __launch_bounds__(128)
+    index_qquant_kernel(const typename M::elem *q, const float *wts, int64_t rows, int32_t D,
+                        void *qc, float *wq)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (row >= rows)
+        return;
+    const typename M::elem *src = q + row * D;
+    float amax = 0.0f;
+    for (int32_t i = lane; i < D; i += 32) {
+        const float a = fabsf(to_f(src[i]));
+        amax = a > amax ? a : amax; /* NaN is left out */
+    }
+    const float s = kva__fp8_token_scale_warp(amax);
+    for (int32_t i = lane; i < D; i += 32) {
+        const unsigned char c = kva__fp8_token_code(to_f(src[i]), s);
+        if (E8) {
+            ((unsigned char *)qc)[row * D + i] = c;
+        } else {
+            const __half h(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)c, __NV_E4M3));
+            M::store((typename M::elem *)qc + row * D + i, __half2float(h));
+        }
+    }
+    if (lane == 0)
+        wq[row] = wts[row] * s;
 }
 
 /* ---- top K ---- */
@@ -345,10 +395,14 @@ template <typename M, bool FP8> static void *logits_fn()
     return (void *)index_logits_kernel<M, FP8>;
 }
 
-static void *pick(kva_dtype q_dtype, int fp8, int wg)
+/* The logits kernel of a q dtype, key format (fp8: FP8_TOKEN), kernel
+ * family (wg: sm_90a wgmma) and FP8-q mode (qf8: e4m3 products, wgmma over
+ * FP8_TOKEN keys only; elsewhere the FP8-q mode runs the 16-bit kernels on
+ * the codes' exact values). */
+static void *pick(kva_dtype q_dtype, int fp8, int wg, int qf8)
 {
     if (wg)
-        return kva__cuda_index_wg_fn(q_dtype, fp8);
+        return kva__cuda_index_wg_fn(q_dtype, fp8, qf8);
     if (q_dtype == KVA_DTYPE_BF16)
         return fp8 ? logits_fn<kva__mma_bf16, true>() : logits_fn<kva__mma_bf16, false>();
     return fp8 ? logits_fn<kva__mma_f16, true>() : logits_fn<kva__mma_f16, false>();
@@ -463,6 +517,7 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
     ip->smax = smax;
     ip->stride = d->block_table_stride;
     ip->wg = wg;
+    ip->qf8 = d->index_q_quant == KVA_QUANT_FP8_TOKEN;
     ip->smem = wg ? kva__cuda_index_wg_smem() : smem_bytes(G, Hi, D);
     kva__cuda_plan *cp = (kva__cuda_plan *)calloc(1, sizeof *cp);
     if (!cp) {
@@ -479,10 +534,9 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
     if (e == cudaSuccess) {
         /* The smem limit of every kernel this plan may run: the largest any
          * plan uses, so a plan made later never lowers an earlier one's. */
-        const int fp8s[2] = {0, 1};
         const int lim = wg ? (int)ip->smem : IDX_SMEM_MAX;
-        for (int i = 0; i < 2 && e == cudaSuccess; i++)
-            e = cudaFuncSetAttribute(pick(d->q_dtype, fp8s[i], wg),
+        for (int i = 0; i < 3 && e == cudaSuccess; i++)
+            e = cudaFuncSetAttribute(pick(d->q_dtype, i > 0, wg, i == 2 && ip->qf8),
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
     }
     if (e != cudaSuccess) {
@@ -493,7 +547,14 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
     ip->tiles = (const int4 *)ip->dev;
     ip->tok_n = (const int32_t *)(ip->tiles + ntiles);
     ip->bt = ip->tok_n + T;
-    const size_t ws = (size_t)longest * (size_t)smax * sizeof(float);
+    /* Logits [longest, smax], then for the FP8-q mode q's codes [T, Hi, D]
+     * (up to 2 bytes each) and the scaled weights [T, Hi]. */
+    size_t ws = (size_t)longest * (size_t)smax * sizeof(float);
+    if (ip->qf8) {
+        ip->qc_off = (ws + 255) & ~(size_t)255;
+        ip->wq_off = ip->qc_off + (((size_t)T * Hi * D * 2 + 255) & ~(size_t)255);
+        ws = ip->wq_off + (size_t)T * Hi * sizeof(float);
+    }
     KVA_TRY(kva__context_reserve_workspace(ctx, ws));
     plan->workspace_bytes = ws;
     plan->info.num_work_items = nt_done;
@@ -615,6 +676,34 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
     const int64_t bb = cache->k_block_elems * (int64_t)cache->elem_size;
     cudaStream_t s = (cudaStream_t)((const kva__cuda_state *)ctx->state)->stream;
     float *ws = (float *)ctx->workspace;
+    /* The FP8-q mode: q quantized once for every pass (part of the logits
+     * step); the logits kernels then read the codes and scaled weights. */
+    const int qf8 = ip->qf8 && ip->wg && fp8; /* e4m3 x e4m3 products */
+    if (ip->qf8 && (parts & 1)) {
+        void *qc = (char *)ctx->workspace + ip->qc_off;
+        float *wq = (float *)((char *)ctx->workspace + ip->wq_off);
+        const int64_t rows = (int64_t)plan->info.num_tokens * d->num_heads;
+        const unsigned grid = (unsigned)((rows + 3) / 4);
+        const int32_t D = d->head_dim;
+        if (d->q_dtype == KVA_DTYPE_BF16) {
+            if (qf8)
+                index_qquant_kernel<kva__mma_bf16, true>
+                    <<<grid, 128, 0, s>>>((const __nv_bfloat16 *)q, weights, rows, D, qc, wq);
+            else
+                index_qquant_kernel<kva__mma_bf16, false>
+                    <<<grid, 128, 0, s>>>((const __nv_bfloat16 *)q, weights, rows, D, qc, wq);
+        } else {
+            if (qf8)
+                index_qquant_kernel<kva__mma_f16, true>
+                    <<<grid, 128, 0, s>>>((const __half *)q, weights, rows, D, qc, wq);
+            else
+                index_qquant_kernel<kva__mma_f16, false>
+                    <<<grid, 128, 0, s>>>((const __half *)q, weights, rows, D, qc, wq);
+        }
+        KVA_CUDA_LAUNCHED("index_qquant_kernel");
+        q = qc;
+        weights = wq;
+    }
     for (int32_t p = 0; p < ip->num_passes; p++) {
         const int32_t a = ip->pass[2 * p], b = ip->pass[2 * p + 2];
         const int32_t t0 = ip->pass[2 * p + 1], t1 = ip->pass[2 * p + 3];
@@ -635,9 +724,9 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
                             (void *)&t0};
             const int4 *tiles = ip->tiles + a;
             args[4] = (void *)&tiles;
-            KVA_CUDA_TRY(cudaLaunchKernel(pick(d->q_dtype, fp8, ip->wg), dim3((unsigned)(b - a)),
-                                          dim3(ip->wg ? IDX_WG_THREADS : IDX_WARPS * 32), args,
-                                          ip->smem, s));
+            KVA_CUDA_TRY(cudaLaunchKernel(
+                pick(d->q_dtype, fp8, ip->wg, qf8), dim3((unsigned)(b - a)),
+                dim3(ip->wg ? IDX_WG_THREADS : IDX_WARPS * 32), args, ip->smem, s));
         }
         if ((parts & 2) && t1 > t0) {
             index_topk_kernel<<<(unsigned)(t1 - t0), IDX_TOPK_THREADS, 0, s>>>(
