@@ -40,7 +40,8 @@ static void usage(void)
            "  --threads N          CPU threads, 0 = all                [0]\n"
            "  --iters N --warmup N timed and untimed runs              [5, 1]\n"
            "  --no-check           skip the check against the reference backend\n"
-           "  --mma-sync           cuda: force the mma.sync logits kernel\n");
+           "  --mma-sync           cuda: force the mma.sync logits kernel\n"
+           "  --topk-full          cuda: every top-K radix pass reads the whole row\n");
 }
 
 static int parse(int argc, char **argv, bench_index_opts *o)
@@ -68,8 +69,10 @@ static int parse(int argc, char **argv, bench_index_opts *o)
             usage();
             return KVA_EXIT_OK;
         }
-        if (!strcmp(a, "--no-check") || !strcmp(a, "--mma-sync")) {
-            *(!strcmp(a, "--no-check") ? &o->no_check : &o->mma_sync) = 1;
+        if (!strcmp(a, "--no-check") || !strcmp(a, "--mma-sync") || !strcmp(a, "--topk-full")) {
+            *(!strcmp(a, "--no-check")   ? &o->no_check
+              : !strcmp(a, "--mma-sync") ? &o->mma_sync
+                                         : &o->topk_full) = 1;
             continue;
         }
         const char *v = i + 1 < argc ? argv[++i] : "";

@@ -12,7 +12,8 @@
  * status and leaves outputs untouched; every run also captured in a CUDA
  * graph and replayed (same bits); the multi-pass path (a small per-pass
  * logits limit set by kva__cuda_context_indexer_test) and the mma.sync
- * logits kernel where the sm_90a one is the default; the FP8-q mode
+ * logits kernel where the sm_90a one is the default, the top-K's
+ * whole-row passes (forced, and for a tie bin past its buffer); the FP8-q mode
  * (index_q_quant, e4m3 products on sm_90a). KVA_TEST_QUICK=1 runs
  * the small cases only. Exits 77 without a GPU.
  */
@@ -222,6 +223,19 @@ static void test_grid(void)
     run_case(gpu, &s, 0);
     CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 0));
     run_case(gpu, &s, 0);
+    /* The top-K reading the whole row in every radix pass (flag 2), and by
+     * default a tie bin larger than its shared-memory buffer (5000 equal
+     * keys: the whole-row passes). */
+    CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 2));
+    run_case(gpu, &a, 0);
+    run_case(gpu, &s, 0);
+    CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 0));
+    idx_case s2 = s;
+    s2.R = 1;
+    s2.q_len[0] = 3;
+    s2.seq_len[0] = 5000;
+    s2.seed = 48;
+    run_case(gpu, &s2, 0);
     CHECK_STATUS(kva__cuda_context_indexer_test(gpu, -1, 0), KVA_STATUS_INVALID_ARGUMENT);
     kva_context_destroy(gpu);
 }

@@ -12,10 +12,14 @@
  *     32 logits (times the key scales) into the workspace row of its token.
  *   index_topk_kernel: one CTA per query token: a radix select on the
  *     logits' order-preserving keys (11 + 11 + 10 bits, shared-memory
- *     histograms, block scans) finds the K-th largest exactly, one pass
- *     gathers the keys above it and, in position order, the lowest
- *     positions equal to it, and a bitonic sort of those K orders them
- *     (logit descending, position ascending, NaN last).
+ *     histograms, block scans) finds the K-th largest exactly: the first
+ *     pass over the row finds the 11-bit bin of the K-th key, a second
+ *     gathers the keys above that bin and copies the bin's own into shared
+ *     memory, where the other two passes and the pick run (when the bin is
+ *     too large, or the K-th key ties with keys left out, every pass reads
+ *     the row and the pick ranks the equal ones by position); a bitonic
+ *     sort of the K orders them (logit descending, position ascending, NaN
+ *     last).
  *
  *   On sm_90a builds and devices, DeepSeek's shape (Hi 64, D 128) takes
  *   the wgmma logits kernel of indexer_wgmma.cu instead (same tiles).
@@ -266,20 +270,105 @@ static __device__ __forceinline__ uint32_t block_scan(uint32_t v, uint32_t *sw, 
     return res;
 }
 
+/* Appends v to dst at the next free place of counter *ctr for every thread
+ * of the warp whose take is set (one atomic per warp). */
+static __device__ __forceinline__ void warp_append(bool take, unsigned long long v,
+                                                   unsigned long long *dst, uint32_t *ctr)
+{
+    const int lane = threadIdx.x & 31;
+    const unsigned bal = __ballot_sync(0xffffffffu, take);
+    uint32_t at = 0;
+    if (lane == 0 && bal)
+        at = atomicAdd(ctr, (uint32_t)__popc(bal));
+    at = __shfl_sync(0xffffffffu, at, 0) + (uint32_t)__popc(bal & ((1u << lane) - 1u));
+    if (take)
+        dst[at] = v;
+}
+
+/* The shared state of one token's radix select. */
+struct topk_sel {
+    uint32_t bin, above, eq;
+};
+
+/* One radix pass (p = 0, 1, 2: bits 31-21, 20-10, 9-0) over the keys that
+ * match prefix under mask: the row's n logits (BUF false) or the n
+ * candidates of buf (BUF true: keys in the high words). Finds the bin of
+ * the need-th largest; on return prefix / mask include it, need counts
+ * what is still to take inside it and sel->eq holds the bin's count. */
+template <bool BUF>
+static __device__ void radix_pass(const float *row, const unsigned long long *buf, int32_t n, int p,
+                                  uint32_t &prefix, uint32_t &mask, int32_t &need, uint32_t *hist,
+                                  uint32_t *sw, topk_sel *sel)
+{
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int shift = p == 0 ? 21 : p == 1 ? 10 : 0;
+    const uint32_t nb = p < 2 ? 2048u : 1024u;
+    for (uint32_t i = tid; i < nb; i += blockDim.x)
+        hist[i] = 0;
+    __syncthreads();
+    /* Logits crowd into few bins (above all in the first pass): the lanes
+     * of a warp that share a bin add once, by a leader. */
+    for (int32_t base = 0; base < n; base += blockDim.x) {
+        const int32_t j = base + tid;
+        uint32_t bin = 0xffffffffu;
+        if (j < n) {
+            const uint32_t key = BUF ? (uint32_t)(buf[j] >> 32) : order_key(row[j]);
+            if ((key & mask) == prefix)
+                bin = (key >> shift) & (nb - 1);
+        }
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+        if (bin != 0xffffffffu && lane == __ffs(peers) - 1)
+            atomicAdd(&hist[bin], (uint32_t)__popc(peers));
+    }
+    __syncthreads();
+    /* Thread i holds bins nb-1-2i and nb-2-2i: counts from the top. */
+    const uint32_t i2 = 2u * tid;
+    const uint32_t c0 = i2 < nb ? hist[nb - 1 - i2] : 0u;
+    const uint32_t c1 = i2 + 1 < nb ? hist[nb - 2 - i2] : 0u;
+    uint32_t total;
+    const uint32_t e0 = block_scan(c0 + c1, sw, &total);
+    if (e0 < (uint32_t)need && e0 + c0 >= (uint32_t)need) {
+        sel->bin = nb - 1 - i2;
+        sel->above = e0;
+    } else if (e0 + c0 < (uint32_t)need && e0 + c0 + c1 >= (uint32_t)need) {
+        sel->bin = nb - 2 - i2;
+        sel->above = e0 + c0;
+    }
+    __syncthreads();
+    need -= (int32_t)sel->above;
+    prefix |= sel->bin << shift;
+    mask |= (nb - 1) << shift;
+    if (tid == 0)
+        sel->eq = hist[sel->bin];
+    __syncthreads();
+}
+
+/*
+ * One CTA per token. The K-th largest order key comes from a radix select
+ * (bits 31-21, 20-10, 9-0). Usually the first pass's bin of the K-th key
+ * holds few keys: a second pass over the row then appends every key of a
+ * higher bin to cand and copies those of that bin into buf (dynamic shared
+ * memory, IDX_TOPK_BUF entries), and the last two radix passes and the
+ * final pick run over buf alone (two passes over the row in all). When
+ * that bin is larger than buf, or the boundary tie needs position ranks,
+ * or full is set (tests, benchmarks), every pass reads the whole row.
+ */
 __global__ void __launch_bounds__(IDX_TOPK_THREADS)
     index_topk_kernel(const float *logits, int32_t smax, int32_t tok_base, const int32_t *tok_n,
-                      int32_t K, int32_t *indices, int64_t istride, int32_t *topk_length)
+                      int32_t K, int32_t *indices, int64_t istride, int32_t *topk_length, int full)
 {
-    /* Every pass reads the row from the workspace (mostly L2): keeping the
-     * row's keys in shared memory instead (128 KB at 32k keys, one CTA per
-     * SM) measured slower on the H100 (bench/results/h100_2026-11-27_indexer.txt). */
+    /* The row is read from the workspace (mostly L2) in each pass: keeping
+     * it in shared memory (128 KB at 32k keys, one CTA per SM) measured
+     * slower on the H100 (bench/results/h100_2026-11-27_indexer.txt). */
     __shared__ uint32_t hist[2048];
     __shared__ unsigned long long cand[IDX_TOPK_MAX];
     __shared__ uint32_t sw[64];
-    __shared__ uint32_t s_bin, s_above, s_cnt, s_eq;
+    __shared__ uint32_t s_cnt, s_nbuf;
+    __shared__ topk_sel sel;
+    extern __shared__ unsigned long long buf[]; /* [IDX_TOPK_BUF] */
     const int32_t t = tok_base + blockIdx.x, n = tok_n[t];
     const float *row = logits + (int64_t)blockIdx.x * smax;
-    const int tid = threadIdx.x, lane = tid & 31;
+    const int tid = threadIdx.x;
     const int32_t m = n < K ? n : K;
     if (n <= K) {
         for (int32_t j = tid; j < n; j += blockDim.x)
@@ -287,76 +376,61 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
     } else {
         uint32_t prefix = 0, mask = 0;
         int32_t need = K;
-        for (int p = 0; p < 3; p++) {
-            const int shift = p == 0 ? 21 : p == 1 ? 10 : 0;
-            const uint32_t nb = p < 2 ? 2048u : 1024u;
-            for (uint32_t i = tid; i < nb; i += blockDim.x)
-                hist[i] = 0;
-            __syncthreads();
-            /* Logits crowd into few bins (above all in the first pass): the
-             * lanes of a warp that share a bin add once, by a leader. */
+        radix_pass<false>(row, NULL, n, 0, prefix, mask, need, hist, sw, &sel);
+        const bool small = !full && sel.eq <= IDX_TOPK_BUF;
+        if (tid == 0)
+            s_cnt = s_nbuf = 0;
+        __syncthreads();
+        if (small) {
+            /* Keys above the bin go to cand (K - need of them), the bin's to buf. */
             for (int32_t base = 0; base < n; base += blockDim.x) {
                 const int32_t j = base + tid;
-                uint32_t bin = 0xffffffffu;
-                if (j < n) {
-                    const uint32_t key = order_key(row[j]);
-                    if ((key & mask) == prefix)
-                        bin = (key >> shift) & (nb - 1);
+                const uint32_t key = j < n ? order_key(row[j]) : 0u;
+                const unsigned long long v =
+                    (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
+                warp_append(j < n && (key & mask) > prefix, v, cand, &s_cnt);
+                warp_append(j < n && (key & mask) == prefix, v, buf, &s_nbuf);
+            }
+            __syncthreads();
+            const int32_t nbuf = (int32_t)s_nbuf;
+            radix_pass<true>(NULL, buf, nbuf, 1, prefix, mask, need, hist, sw, &sel);
+            radix_pass<true>(NULL, buf, nbuf, 2, prefix, mask, need, hist, sw, &sel);
+            if (sel.eq == (uint32_t)need) { /* every key equal to the K-th is taken */
+                for (int32_t base = 0; base < nbuf; base += blockDim.x) {
+                    const int32_t i = base + tid;
+                    const bool ok = i < nbuf && (uint32_t)(buf[i] >> 32) >= prefix;
+                    warp_append(ok, ok ? buf[i] : 0ull, cand, &s_cnt);
                 }
-                const unsigned peers = __match_any_sync(0xffffffffu, bin);
-                if (bin != 0xffffffffu && lane == __ffs(peers) - 1)
-                    atomicAdd(&hist[bin], (uint32_t)__popc(peers));
+            } else if (tid == 0) {
+                s_cnt = 0; /* ranks by position: the full pick below */
             }
             __syncthreads();
-            /* Thread i holds bins nb-1-2i and nb-2-2i: counts from the top. */
-            const uint32_t i2 = 2u * tid;
-            const uint32_t c0 = i2 < nb ? hist[nb - 1 - i2] : 0u;
-            const uint32_t c1 = i2 + 1 < nb ? hist[nb - 2 - i2] : 0u;
-            uint32_t total;
-            const uint32_t e0 = block_scan(c0 + c1, sw, &total);
-            if (e0 < (uint32_t)need && e0 + c0 >= (uint32_t)need) {
-                s_bin = nb - 1 - i2;
-                s_above = e0;
-            } else if (e0 + c0 < (uint32_t)need && e0 + c0 + c1 >= (uint32_t)need) {
-                s_bin = nb - 2 - i2;
-                s_above = e0 + c0;
-            }
-            __syncthreads();
-            need -= (int32_t)s_above;
-            prefix |= s_bin << shift;
-            mask |= (nb - 1) << shift;
-            if (p == 2 && tid == 0)
-                s_eq = hist[s_bin]; /* keys equal to the K-th largest */
-            __syncthreads();
+        } else {
+            radix_pass<false>(row, NULL, n, 1, prefix, mask, need, hist, sw, &sel);
+            radix_pass<false>(row, NULL, n, 2, prefix, mask, need, hist, sw, &sel);
         }
         /* prefix = the K-th largest key; K - need keys are above it. When
          * every key equal to it is taken (no tie at the boundary, the usual
          * case), all are appended in any order (the sort below orders them);
          * else the equal ones are ranked by position, lowest first. */
         const int32_t gt = K - need;
-        const bool all_eq = s_eq == (uint32_t)need;
-        if (tid == 0)
-            s_cnt = 0;
-        __syncthreads();
-        uint32_t run = 0;
-        for (int32_t base = 0; base < n; base += blockDim.x) {
-            const int32_t j = base + tid;
-            const uint32_t key = j < n ? order_key(row[j]) : 0u;
-            const bool take = j < n && (key > prefix || (all_eq && key == prefix));
-            const unsigned bal = __ballot_sync(0xffffffffu, take);
-            uint32_t at = 0;
-            if (lane == 0 && bal)
-                at = atomicAdd(&s_cnt, (uint32_t)__popc(bal));
-            at = __shfl_sync(0xffffffffu, at, 0) + (uint32_t)__popc(bal & ((1u << lane) - 1u));
-            if (take)
-                cand[at] = (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
-            if (!all_eq) {
-                const uint32_t eq = j < n && key == prefix;
-                uint32_t total;
-                const uint32_t rank = run + block_scan(eq, sw, &total);
-                if (eq && rank < (uint32_t)need)
-                    cand[gt + rank] = (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
-                run += total;
+        const bool all_eq = sel.eq == (uint32_t)need;
+        if (!small || !all_eq) {
+            uint32_t run = 0;
+            for (int32_t base = 0; base < n; base += blockDim.x) {
+                const int32_t j = base + tid;
+                const uint32_t key = j < n ? order_key(row[j]) : 0u;
+                const unsigned long long v =
+                    (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
+                warp_append(j < n && (key > prefix || (all_eq && key == prefix)), v, cand, &s_cnt);
+                if (!all_eq) {
+                    const uint32_t eq = j < n && key == prefix;
+                    uint32_t total;
+                    const uint32_t rank = run + block_scan(eq, sw, &total);
+                    if (eq && rank < (uint32_t)need)
+                        cand[gt + rank] = v;
+                    run += total;
+                }
             }
         }
     }
@@ -518,6 +592,7 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
     ip->stride = d->block_table_stride;
     ip->wg = wg;
     ip->qf8 = d->index_q_quant == KVA_QUANT_FP8_TOKEN;
+    ip->topk_full = st->index_topk_full;
     ip->smem = wg ? kva__cuda_index_wg_smem() : smem_bytes(G, Hi, D);
     kva__cuda_plan *cp = (kva__cuda_plan *)calloc(1, sizeof *cp);
     if (!cp) {
@@ -538,6 +613,9 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
         for (int i = 0; i < 3 && e == cudaSuccess; i++)
             e = cudaFuncSetAttribute(pick(d->q_dtype, i > 0, wg, i == 2 && ip->qf8),
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
+        if (e == cudaSuccess) /* its candidate buffer, past the 48 KB default */
+            e = cudaFuncSetAttribute(index_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)(IDX_TOPK_BUF * sizeof(unsigned long long)));
     }
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -644,6 +722,7 @@ extern "C" kva_status kva__cuda_context_indexer_test(kva_context *ctx, int64_t p
     kva__cuda_state *st = (kva__cuda_state *)ctx->state;
     st->index_pass_floats = pass_floats;
     st->index_no_wgmma = (flags & 1) != 0;
+    st->index_topk_full = (flags & 2) != 0;
     return KVA_STATUS_OK;
 }
 
@@ -729,8 +808,10 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
                 dim3(ip->wg ? IDX_WG_THREADS : IDX_WARPS * 32), args, ip->smem, s));
         }
         if ((parts & 2) && t1 > t0) {
-            index_topk_kernel<<<(unsigned)(t1 - t0), IDX_TOPK_THREADS, 0, s>>>(
-                ws, ip->smax, t0, ip->tok_n, d->sparse_topk, indices, indices_stride, topk_length);
+            index_topk_kernel<<<(unsigned)(t1 - t0), IDX_TOPK_THREADS,
+                                IDX_TOPK_BUF * sizeof(unsigned long long), s>>>(
+                ws, ip->smax, t0, ip->tok_n, d->sparse_topk, indices, indices_stride, topk_length,
+                ip->topk_full);
             KVA_CUDA_LAUNCHED("index_topk_kernel");
         }
     }

@@ -22,6 +22,7 @@
 #define IDX_SMEM_MAX (112 * 1024) /* two logits CTAs per SM */
 #define IDX_TOPK_MAX 4096
 #define IDX_TOPK_THREADS 1024
+#define IDX_TOPK_BUF 4096 /* candidates of the K-th key's first-pass bin in shared memory */
 #define IDX_WS_FLOATS ((size_t)1 << 28) /* 1 GiB of logits per pass */
 
 /* The CUDA part of an indexer plan (kva__cuda_plan.index). */
@@ -35,6 +36,7 @@ typedef struct kva__cuda_index_plan {
     size_t smem;           /* dynamic shared memory of the logits kernel */
     int wg;                /* 1: the sm_90a wgmma logits kernel (indexer_wgmma.cu) */
     int qf8;               /* 1: index_q_quant FP8_TOKEN (q quantized by index_qquant_kernel) */
+    int topk_full;         /* 1: every top-K pass reads the whole row (tests, benchmarks) */
     size_t qc_off, wq_off; /* FP8-q: workspace bytes of q's codes, the scaled weights */
 } kva__cuda_index_plan;
 
