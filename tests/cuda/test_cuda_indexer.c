@@ -82,10 +82,19 @@ static void run_case(kva_context *gpu, const idx_case *c, int multipass)
     kva_plan_desc pd = idx_plan_desc(c, &x);
     kva_plan *plan = NULL;
     CHECK_OK(kva_plan_create(gpu, &pd, &plan));
-    if (plan && multipass)
-        CHECK_MSG(plan->workspace_bytes < (size_t)x.T * plan->info.max_seq_len * sizeof(float),
+    if (plan && multipass) {
+        /* A one-pass plan's workspace: every token's logits, then for the
+         * FP8-q mode q's codes (2 bytes each at most) and the scaled
+         * weights, 256-byte aligned (indexer.cu). */
+        size_t all = (size_t)x.T * plan->info.max_seq_len * sizeof(float);
+        if (c->qfp8)
+            all = ((all + 255) & ~(size_t)255) +
+                  (((size_t)x.T * c->Hi * c->D * 2 + 255) & ~(size_t)255) +
+                  (size_t)x.T * c->Hi * sizeof(float);
+        CHECK_MSG(plan->workspace_bytes < all,
                   "multi-pass plan: workspace %zu bytes holds every token's logits",
                   plan->workspace_bytes);
+    }
     if (cache && plan) {
         const int64_t stride = c->K + 1;
         const size_t ni = (size_t)x.T * stride, qb = (size_t)x.T * c->Hi * c->D * 2;
