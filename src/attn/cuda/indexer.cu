@@ -228,6 +228,19 @@ __global__ void __launch_bounds__(128)
         wq[row] = wts[row] * s;
 }
 
+/* Launches index_qquant_kernel on s: e4m3 codes (e8) or their values. */
+template <typename M>
+static void launch_qquant(int e8, const void *q, const float *wts, int64_t rows, int32_t D,
+                          void *qc, float *wq, cudaStream_t s)
+{
+    const unsigned grid = (unsigned)((rows + 3) / 4);
+    const typename M::elem *qe = (const typename M::elem *)q;
+    if (e8)
+        index_qquant_kernel<M, true><<<grid, 128, 0, s>>>(qe, wts, rows, D, qc, wq);
+    else
+        index_qquant_kernel<M, false><<<grid, 128, 0, s>>>(qe, wts, rows, D, qc, wq);
+}
+
 /* ---- top K ---- */
 
 /* Order-preserving key of a logit: -0 as +0, NaN lowest (0). */
@@ -762,23 +775,11 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
         void *qc = (char *)ctx->workspace + ip->qc_off;
         float *wq = (float *)((char *)ctx->workspace + ip->wq_off);
         const int64_t rows = (int64_t)plan->info.num_tokens * d->num_heads;
-        const unsigned grid = (unsigned)((rows + 3) / 4);
         const int32_t D = d->head_dim;
-        if (d->q_dtype == KVA_DTYPE_BF16) {
-            if (qf8)
-                index_qquant_kernel<kva__mma_bf16, true>
-                    <<<grid, 128, 0, s>>>((const __nv_bfloat16 *)q, weights, rows, D, qc, wq);
-            else
-                index_qquant_kernel<kva__mma_bf16, false>
-                    <<<grid, 128, 0, s>>>((const __nv_bfloat16 *)q, weights, rows, D, qc, wq);
-        } else {
-            if (qf8)
-                index_qquant_kernel<kva__mma_f16, true>
-                    <<<grid, 128, 0, s>>>((const __half *)q, weights, rows, D, qc, wq);
-            else
-                index_qquant_kernel<kva__mma_f16, false>
-                    <<<grid, 128, 0, s>>>((const __half *)q, weights, rows, D, qc, wq);
-        }
+        if (d->q_dtype == KVA_DTYPE_BF16)
+            launch_qquant<kva__mma_bf16>(qf8, q, weights, rows, D, qc, wq, s);
+        else
+            launch_qquant<kva__mma_f16>(qf8, q, weights, rows, D, qc, wq, s);
         KVA_CUDA_LAUNCHED("index_qquant_kernel");
         q = qc;
         weights = wq;
