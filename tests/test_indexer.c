@@ -224,13 +224,11 @@ static void test_fp8_q(void)
     idx_build(&f, &x);
     /* Token 1's head 2: all zeros. */
     memset((float *)x.q + ((size_t)1 * f.Hi + 2) * f.D, 0, (size_t)f.D * sizeof(float));
-    char label[64];
     kva_context *ref = make_ctx(KVA_BACKEND_REF, 1);
     run_on(ref, "ref fp8 q, f32 keys", &f, &x, 1);
     kva_context_destroy(ref);
     kva_context *cpu = make_ctx(KVA_BACKEND_CPU, 2);
-    snprintf(label, sizeof label, "cpu fp8 q, f32 keys");
-    run_on(cpu, label, &f, &x, 0);
+    run_on(cpu, "cpu fp8 q, f32 keys", &f, &x, 0);
     kva_context_destroy(cpu);
     idx_free(&x);
 }
