@@ -1,9 +1,10 @@
 /*
  * indexer.cuh - what the CUDA lightning indexer's files share (indexer.cu:
  * plan, mma.sync logits kernel, top-K, run; indexer_wgmma.cu: the sm_90a
- * logits kernel; index_cache.cu: the FP8_TOKEN quantization): tile sizes,
- * the plan's device part, the exact fp8 key conversion, the key loads and
- * the row quantization. CUDA C++ only; after cuda_backend.h.
+ * logits kernel; indexer_probe.cu: the benchmark baseline; index_cache.cu:
+ * the FP8_TOKEN quantization): tile sizes, the plan's device part, the
+ * exact fp8 key conversion, the key loads and the row quantization. CUDA
+ * C++ only; after cuda_backend.h.
  */
 #ifndef KVA_CUDA_INDEXER_CUH
 #define KVA_CUDA_INDEXER_CUH
