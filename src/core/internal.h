@@ -346,6 +346,10 @@ static inline size_t kva__index_scale_bytes(const kva_cache_desc *d)
 /* The FP8_TOKEN scale of a row whose absolute maximum is amax (NaN ignored
  * by the caller): max(amax / 448, FLT_MIN), as vLLM's indexer cache write. */
 float kva__index_fp8_scale(float amax);
+/* The FP8_TOKEN quantization of one row x [D] (a key row of the cache, or
+ * an index query row of an FP8-q indexer plan): codes [D] = e4m3(x / s),
+ * x / s in float32, round to nearest even, saturating; returns s. */
+float kva__index_fp8_quant_row(const float *x, int64_t D, uint8_t *codes);
 /* The relations of kind KVA_ATTN_INDEX (validate_desc in cache.c): Hkv 1,
  * head_dim_v 0 or D, F32/F16/BF16 unquantized or FP8_E4M3 + FP8_TOKEN. */
 kva_status kva__index_cache_validate(const char *fn, const kva_cache_desc *d);
