@@ -145,9 +145,13 @@ stage "AddressSanitizer + UndefinedBehaviorSanitizer build (the rest of the back
 bg_wait asan build-asan-log/build.log
 tail -1 build-asan-log/build.log
 stage "AddressSanitizer + UndefinedBehaviorSanitizer tests"
-# KVA_TEST_QUICK: test_qmag sweeps q's magnitude over its extremes and 1 only
-# (2^-20, 1, 2^10; the Release run above covers all seven): the sanitizers
-# check memory and UB, which the magnitudes between do not change.
+# KVA_TEST_QUICK: the sanitizers check memory and UB, which more random cases
+# of the same code paths do not change; the Release run above runs them all.
+# Tests that read it: test_qmag sweeps q's magnitude over its extremes and 1
+# only (2^-20, 1, 2^10 of seven), test_cpu runs 36 of its grid's 72 cases
+# (every axis value at least four times), test_cpu_prefill one dtype per
+# shape, test_mla without its 32k case, test_mla_sparse with small K,
+# test_tree_attn 8 of its 24 random trees.
 KVA_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs"
 stage "fuzz smoke (libFuzzer, a few seconds per harness; scripts/fuzz.sh)"
