@@ -148,19 +148,25 @@ static __device__ __forceinline__ void ml_stage_q(const kva__cuda_attn_args &a,
  * lanes and over the NS key slices of the CTA (through s_sum [NS][64], slice
  * `slice`), then the thread's accumulators written: o[n][e] is row
  * r0 + 8 (e / 2), value column col0 + 8 n + 2 t4 + e % 2 (NB n8 tiles), running
- * max m_run in log2 units. Ends with every thread past s_sum. */
+ * max m_run in log2 units. The values of kva__dmma_write (split partial and
+ * its lse, or out with the sink and lse), but the per-row factors are
+ * computed once and out is stored in pairs: written per element, this code
+ * was over 12,000 instructions per kernel, fetched cold once per item. Ends
+ * with every thread past s_sum. */
 template <int NB, int NS, typename Ty>
 static __device__ __forceinline__ void
 ml_finish(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, int32_t qs,
           float (*s_sum)[64], int slice, int r0, int col0, int t4, float l_run[2],
           const float m_run[2], const float (*o)[4])
 {
+    typedef typename Ty::elem elem;
     kva__dmma_row_sums(l_run);
     if (t4 == 0) {
         s_sum[slice][r0] = l_run[0];
         s_sum[slice][r0 + 8] = l_run[1];
     }
     __syncthreads();
+    const bool lead = col0 == 0 && t4 == 0; /* the thread holding column 0 writes lse */
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int32_t r = r0 + 8 * hf;
@@ -171,12 +177,51 @@ ml_finish(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, 
         for (int k = 0; k < NS; k++)
             L += s_sum[k][r];
         const float Mx = m_run[hf], mu = Mx == -INFINITY ? 0.f : Mx;
+        const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+        const int32_t head = w.kv_head * a.G + w.h0 + hh;
+        const int64_t tok = qs + w.i0 + qi;
+        if (w.task >= 0) { /* split partial [nrows, 512] relative to its own L, then lse */
+            const kva__cuda_task t = a.meta.tasks[w.task];
+            float *blk = a.ws + t.ws_off + (int64_t)w.split * nrows * (ML_DV + 1);
+            float *dst = blk + (int64_t)r * ML_DV + col0 + 2 * t4;
+            const float inv = L > 0.f ? 1.f / L : 0.f;
 #pragma unroll
-        for (int n = 0; n < NB; n++)
+            for (int n = 0; n < NB; n++) {
+                dst[n * 8] = o[n][2 * hf] * inv;
+                dst[n * 8 + 1] = o[n][2 * hf + 1] * inv;
+            }
+            if (lead)
+                blk[(int64_t)nrows * ML_DV + r] =
+                    L > 0.f ? (mu + log2f(L)) * KVA__DMMA_LN2 : (L == 0.f ? -INFINITY : L);
+            continue;
+        }
+        float Mt = Mx, sink2 = -INFINITY;
+        if (a.sinks) {
+            sink2 = a.sinks[head] * KVA__DMMA_LOG2E;
+            Mt = fmaxf(Mx, sink2);
+        }
+        const float mt = Mt == -INFINITY ? 0.f : Mt;
+        const float cf = exp2f(mu - mt);
+        const float Lt = L * cf + (a.sinks ? exp2f(sink2 - mt) : 0.f);
+        /* out = O cf / Lt; a row without weight gives 0 (Lt = 0) or Lt (NaN). */
+        const bool pos = Lt > 0.f;
+        const float f = pos ? cf / Lt : 0.f, f0 = pos || Lt == 0.f ? 0.f : Lt;
+        elem *dst = (elem *)a.out + (tok * a.H + head) * ML_DV + col0 + 2 * t4;
+        if (((uintptr_t)a.out & 3) == 0) {
 #pragma unroll
-            for (int e = 0; e < 2; e++)
-                kva__dmma_write<ML_DV, Ty>(a, w, nrows, qs, r, col0 + n * 8 + 2 * t4 + e, Mx, mu, L,
-                                           o[n][2 * hf + e]);
+            for (int n = 0; n < NB; n++)
+                *reinterpret_cast<uint32_t *>(dst + n * 8) =
+                    Ty::pack(o[n][2 * hf] * f + f0, o[n][2 * hf + 1] * f + f0);
+        } else {
+#pragma unroll
+            for (int n = 0; n < NB; n++) {
+                Ty::store(dst + n * 8, o[n][2 * hf] * f + f0);
+                Ty::store(dst + n * 8 + 1, o[n][2 * hf + 1] * f + f0);
+            }
+        }
+        if (a.lse && lead)
+            a.lse[tok * a.H + head] =
+                pos ? (mt + log2f(Lt)) * KVA__DMMA_LN2 : (Lt == 0.f ? -INFINITY : Lt);
     }
     __syncthreads(); /* s_sum, Q and the ring are rewritten by the next item */
 }

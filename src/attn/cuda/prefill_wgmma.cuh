@@ -85,13 +85,24 @@ template <typename Ty> struct wg_ops;
 KVA__WG_OPS(kva__mma_bf16, bf16)
 KVA__WG_OPS(kva__mma_f16, f16)
 
-/* Per-thread rows and CTA-uniform scalars of the softmax and the epilogue. */
+/*
+ * Per-thread rows and CTA-uniform scalars of the softmax and the epilogue.
+ * The mask is folded into per-row bounds when the CTA tile starts: row hf
+ * sees keys lo[hf] <= j < hi[hf] (causal, seq_len, window and chunk), and
+ * among the draft-tree keys j >= t0 only those whose bit j - t0 is set in the
+ * row's tree word (t0 = INT32_MAX without a tree). So the per-element
+ * test of a masked key tile is a few compares and the unrolled 64-element
+ * loop stays small (docs/cuda-prefill.md: the kernel's code size).
+ */
 struct wg_ctx {
     int pos[2], head[2]; /* position and query head of rows hf = 0, 1 */
-    int seq_len, pos_min, pos_max, causal, has_lo, window, chunk, t4; /* kva__first_key */
-    kva__cuda_tree tree; /* the request's draft tree (tree_mask.cuh) */
-    float scale_log2, score_mul, cap_mul, softcap;
-    const float *alibi;
+    int lo[2], hi[2];    /* the rows' visible keys [lo, hi) without the tree */
+    const uint64_t *tw;  /* the request's draft-tree words, read on tiles reaching t0 */
+    int t0, tn;          /* first draft-tree key (INT32_MAX: no tree), tree rows */
+    int hi_min, lo_max;  /* CTA-uniform: the smallest hi, the largest lo of the tile */
+    int t4;
+    float scale_log2; /* the softmax scale times log2(e); soft-cap and ALiBi are passed
+                         to wg_softmax from the kernel's arguments */
 };
 
 #ifdef KVA_WGMMA_BODY
@@ -104,28 +115,26 @@ wg_ctx_init(wg_ctx &c, const kva__cuda_prefill_args &a, int m0, int rbase, int m
             int kvh, int seq_len, int q_len, int pos_min, int pos_max, int q_start)
 {
     const int lane = threadIdx.x & 31;
+    const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
+    const kva__cuda_tree tree =
+        kva__cuda_tree_at(a.tree, a.tree_on ? *a.tree_on : 0, q_start, seq_len, q_len);
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int pm = min(m0 + rbase + hf * 8 + (lane >> 2), m_last);
-        const int i = pm / G;
-        c.pos[hf] = seq_len - q_len + i;
+        const int i = pm / G, p = seq_len - q_len + i;
+        c.pos[hf] = p;
         c.head[hf] = kvh * G + (pm - i * G);
+        c.lo[hf] = kva__first_key(p, window, a.attention_chunk);
+        c.hi[hf] = a.causal ? min(seq_len, p + 1) : seq_len;
     }
-    c.seq_len = seq_len;
-    c.pos_min = pos_min;
-    c.pos_max = pos_max;
-    c.causal = a.causal;
-    c.window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
-    c.chunk = a.attention_chunk;
-    c.has_lo = c.window >= 0 || c.chunk > 0;
-    c.tree = kva__cuda_tree_at(a.tree, a.tree_on ? *a.tree_on : 0, q_start, seq_len, q_len);
+    c.tw = tree.w;
+    c.t0 = tree.t0;
+    c.tn = tree.n;
+    c.hi_min = a.causal ? min(seq_len, pos_min + 1) : seq_len;
+    c.lo_max = kva__first_key(pos_max, window, a.attention_chunk);
     c.t4 = lane & 3;
     const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)DK);
-    c.softcap = a.softcap;
-    c.score_mul = a.softcap > 0.0f ? scale / a.softcap : 0.0f;
-    c.cap_mul = a.softcap * WG_LOG2E;
     c.scale_log2 = scale * WG_LOG2E;
-    c.alibi = a.alibi_slopes;
 }
 
 /*
@@ -138,32 +147,41 @@ wg_ctx_init(wg_ctx &c, const kva__cuda_prefill_args &a, int m0, int rbase, int m
  * O += P V ({0, 1}: keys 0..7 of rows g, g + 8; {2, 3}: keys 8..15).
  */
 template <typename Ty, bool DEFER, int NO>
-static __device__ __forceinline__ bool
-wg_softmax(float (&s)[64], float (&o)[NO], uint32_t (&pa)[8][4], float (&m_run)[2],
-           float (&l_run)[2], const wg_ctx &c, int n0, float (&alpha_out)[2])
+static __device__ __forceinline__ bool wg_softmax(float (&s)[64], float (&o)[NO],
+                                                  uint32_t (&pa)[8][4], float (&m_run)[2],
+                                                  float (&l_run)[2], const wg_ctx &c, float softcap,
+                                                  const float *alibi, int n0, float (&alpha_out)[2])
 {
-    const int need_mask = (n0 + WG_BN > c.seq_len) || (c.causal && n0 + WG_BN - 1 > c.pos_min) ||
-                          (c.has_lo && n0 < kva__first_key(c.pos_max, c.window, c.chunk)) ||
-                          n0 + WG_BN > c.tree.t0;
-    const int transform = need_mask || c.softcap > 0.0f || c.alibi != NULL;
+    const int need_mask = n0 + WG_BN > c.hi_min || n0 < c.lo_max || n0 + WG_BN > c.t0;
+    const int transform = need_mask || softcap > 0.0f || alibi != NULL;
     const float mul = transform ? 1.0f : c.scale_log2;
     if (transform) {
         float sl[2] = {0.0f, 0.0f};
-        if (c.alibi) {
-            sl[0] = c.alibi[c.head[0]] * WG_LOG2E;
-            sl[1] = c.alibi[c.head[1]] * WG_LOG2E;
+        if (alibi) {
+            sl[0] = alibi[c.head[0]] * WG_LOG2E;
+            sl[1] = alibi[c.head[1]] * WG_LOG2E;
         }
+        /* The rows' tree words (keys t0 .. t0 + 63; rows are the request's
+         * query tokens, tree positions t0 .. t0 + q_len - 1), 0 off the tree. */
+        uint64_t tw[2] = {0ull, 0ull};
+        if (n0 + WG_BN > c.t0) {
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++)
+                if ((uint32_t)(c.pos[hf] - c.t0) < (uint32_t)c.tn)
+                    tw[hf] = __ldg(c.tw + (c.pos[hf] - c.t0));
+        }
+        const float score_mul = softcap > 0.0f ? c.scale_log2 * WG_LN2 / softcap : 0.0f;
+        const float cap_mul = softcap * WG_LOG2E;
 #pragma unroll
         for (int e = 0; e < 64; e++) {
             const int hf = (e >> 1) & 1;
             const int j = n0 + (e >> 2) * 8 + 2 * c.t4 + (e & 1);
             float x = s[e];
-            x = c.softcap > 0.0f ? c.cap_mul * tanhf(x * c.score_mul) : x * c.scale_log2;
+            x = softcap > 0.0f ? cap_mul * tanhf(x * score_mul) : x * c.scale_log2;
             x += sl[hf] * (float)(j - c.pos[hf]);
-            const int p_ = c.pos[hf];
-            const bool vis = j < c.seq_len && (!c.causal || j <= p_) &&
-                             (!c.has_lo || j >= kva__first_key(p_, c.window, c.chunk)) &&
-                             kva__cuda_tree_sees(c.tree, p_, j);
+            const uint32_t k = (uint32_t)(j - c.t0);
+            const bool vis =
+                j >= c.lo[hf] && j < c.hi[hf] && (j < c.t0 || (k < 64u && ((tw[hf] >> k) & 1ull)));
             s[e] = vis ? x : -INFINITY;
         }
     }

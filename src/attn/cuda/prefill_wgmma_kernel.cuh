@@ -281,7 +281,8 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 for (int e = 0; e < 64; e++)
                     kva__reg_fence(s[e]);
                 float alpha[2] = {1.0f, 1.0f};
-                wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, n_last * WG_BN, alpha);
+                wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, a.softcap, a.alibi_slopes,
+                                      n_last * WG_BN, alpha);
                 bool resc_prev = false; /* INTRA: o is still zero after tile 0 */
                 for (int it = 1; it < ntiles; it++) {
                     const uint32_t gk = gi + (uint32_t)it;
@@ -304,8 +305,8 @@ __global__ void __launch_bounds__(3 * 128, 1)
 #pragma unroll
                         for (int e = 0; e < 64; e++)
                             kva__reg_fence(s[e]);
-                        wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, (n_last - it) * WG_BN,
-                                              alpha);
+                        wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, a.softcap, a.alibi_slopes,
+                                              (n_last - it) * WG_BN, alpha);
                     } else {
                         /* S of tile it first, then P V of tile it - 1, which runs
                          * under this tile's softmax. o is rescaled for tile it - 1
@@ -324,8 +325,9 @@ __global__ void __launch_bounds__(3 * 128, 1)
                         for (int e = 0; e < 64; e++)
                             kva__reg_fence(s[e]);
                         uint32_t pn[8][4];
-                        resc_prev = wg_softmax<Ty, true>(s, o, pn, m_run, l_run, c,
-                                                         (n_last - it) * WG_BN, alpha);
+                        resc_prev =
+                            wg_softmax<Ty, true>(s, o, pn, m_run, l_run, c, a.softcap,
+                                                 a.alibi_slopes, (n_last - it) * WG_BN, alpha);
                         kva__wgmma_wait<0>(); /* P V of tile it - 1 */
 #pragma unroll
                         for (int e = 0; e < NO; e++)
