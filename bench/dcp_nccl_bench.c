@@ -22,6 +22,10 @@
  * floats and ncclReduceScatter of T*H*D floats): iters back-to-back calls
  * between two events after a barrier ("stream"), and the same iters calls
  * captured in one CUDA graph and replayed ("graph"), the mean per call.
+ * Floor: the bare collectives with an empty kernel (dcp_nccl_nop.cu) in each
+ * place where the combine runs a kernel (A2A: before and after the
+ * send/recv; AG_RS: after each collective), what any combine made of
+ * kernels around the collectives costs at least.
  * Every rank prints its lines.
  * NCCL_NVLS_ENABLE is set to 0 unless the environment sets it.
  */
@@ -41,6 +45,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+
+/* dcp_nccl_nop.cu: one empty kernel on s. */
+cudaError_t dcp_bench_nop(cudaStream_t s);
 
 #define NC(x)                                                                                      \
     do {                                                                                           \
@@ -177,7 +184,9 @@ typedef struct op {
     ncclComm_t comm;
     cudaStream_t s;
     int mode, bare, T, N, rank, H, D; /* bare: 0 the combine, 1 the bare collectives, 2
-                                         (A2A) the bare all-to-all with the self block */
+                                         (A2A) the bare all-to-all with the self block, 3
+                                         the floor: 1 with empty kernels where the
+                                         combine's are */
     void *part, *out, *sbuf, *rbuf;
     float *lse, *lse_out;
 } op;
@@ -190,20 +199,29 @@ static void op_run(const op *o)
         return;
     }
     const size_t Hn = (size_t)o->H / o->N;
+    const int nop = o->bare == 3;
     if (o->mode == KVA_DCP_COMBINE_A2A) {
         const size_t block = (size_t)o->T * Hn * (o->D * 2 + 4);
+        if (nop)
+            CU(dcp_bench_nop(o->s)); /* the pack */
         NC(ncclGroupStart());
         for (int k = 0; k < o->N; k++) {
-            if (k == o->rank && o->bare == 1)
+            if (k == o->rank && o->bare != 2)
                 continue;
             NC(ncclSend((char *)o->sbuf + k * block, block, ncclUint8, k, o->comm, o->s));
             NC(ncclRecv((char *)o->rbuf + k * block, block, ncclUint8, k, o->comm, o->s));
         }
         NC(ncclGroupEnd());
+        if (nop)
+            CU(dcp_bench_nop(o->s)); /* the merge */
     } else {
         NC(ncclAllGather(o->lse, o->rbuf, (size_t)o->T * o->H, ncclFloat32, o->comm, o->s));
+        if (nop)
+            CU(dcp_bench_nop(o->s)); /* the rescale */
         NC(ncclReduceScatter(o->sbuf, o->rbuf, (size_t)o->T * Hn * o->D, ncclFloat32, ncclSum,
                              o->comm, o->s));
+        if (nop)
+            CU(dcp_bench_nop(o->s)); /* the conversion */
     }
 }
 
@@ -363,13 +381,15 @@ static void rank_main(const cfg *c, ncclUniqueId id)
                 const float tb = time_op(&o, c->iters, graph, barrier);
                 o.bare = 2;
                 const float ta = a2a ? time_op(&o, c->iters, graph, barrier) : 0.f;
+                o.bare = 3;
+                const float tn = time_op(&o, c->iters, graph, barrier);
                 printf("rank %d: combine %-5s T=%-5d H=%d Dv=%d bf16 (%.2f MB) %s: %.4f "
                        "ms, bare collective %.4f ms: ratio %.2f",
                        rank, names[m], Ts[ti], H, D, mb, graph ? "graph " : "stream", tc, tb,
                        tc / tb);
                 if (a2a)
                     printf(" (bare a2a with self %.4f ms: ratio %.2f)", ta, tc / ta);
-                printf("\n");
+                printf("; floor (bare + empty kernels) %.4f ms: %.2f x bare\n", tn, tn / tb);
                 fflush(stdout);
             }
         }

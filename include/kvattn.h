@@ -618,6 +618,25 @@ typedef struct kva_plan_desc {
      * at most KVA_MAX_CASCADE_LEVELS levels. Found groupings nest by themselves (requests that
      * share more leading blocks than their group form subgroups). */
     const int32_t *cascade_parent;
+
+    /* Lightning indexer plans (kind KVA_ATTN_INDEX, kva_indexer_run) only;
+     * 0 otherwise. How the index queries enter the logits, a kva_quant:
+     *   KVA_QUANT_NONE (0): products of q in q_dtype with the keys (exact
+     *     in fp32 on CPU and CUDA).
+     *   KVA_QUANT_FP8_TOKEN: each (token, head) row q[t, h] [D] is first
+     *     quantized as the FP8_TOKEN key rows are (s = max(amax / 448,
+     *     FLT_MIN), NaN left out of amax and coded NaN; codes = e4m3(x / s),
+     *     x / s in float32, round to nearest even, saturating), and the
+     *     logits use code * s in place of q (DeepSeek V3.2's inference
+     *     code and DeepGEMM's fp8_mqa_logits quantize the index query so;
+     *     their fp8 products are twice the bf16 rate on Hopper). Every
+     *     backend quantizes alike; the sm_90a CUDA kernel then multiplies
+     *     codes by key codes on fp8 tensor cores (where the cache is
+     *     FP8_TOKEN), whose accumulation keeps fewer bits than fp32, so
+     *     more keys of nearly equal logits trade places near the K-th
+     *     (the tests allow 2^-10 of sum_h |w_h| sum_d |q_hd k_d|,
+     *     docs/indexer.md). */
+    int32_t index_q_quant;
 } kva_plan_desc;
 
 /* How a sparse MLA plan runs its prefill tokens (kva_plan_desc.sparse_mode). */

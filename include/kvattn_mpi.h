@@ -13,6 +13,7 @@
  *
  *   kva_dcp_mpi_create(ctx, comm, max_tokens, H, Dv, dtype, &dcp);   once
  *   each layer:
+ *     kva_dcp_mpi_partials(dcp, T, &part, &part_lse);   optional: no copy
  *     kva_attention_run(ctx, sharded_plan, q, cache, sinks, part, part_lse);
  *     kva_dcp_mpi_combine(dcp, KVA_DCP_COMBINE_A2A, T, part, part_lse, out, lse);
  *   kva_dcp_mpi_destroy(dcp);
@@ -55,6 +56,23 @@ KVA_API void kva_dcp_mpi_destroy(kva_dcp_mpi *dcp);
  * message (MPI's default error handler aborts before that: set
  * MPI_ERRORS_RETURN on the communicator to get it).
  */
+/*
+ * Where the sharded kva_attention_run of this rank writes its partial for the
+ * next combine of num_tokens tokens, so that the A2A combine need not copy
+ * it: *out_part [T, H, Dv] in dtype and *lse_part [T, H] float32. With every
+ * rank on one host they lie in the combine's shared-memory window, and an A2A
+ * combine given exactly these two pointers skips its pack (the ranks merge
+ * each other's rows in place); otherwise they are a buffer of the combine's,
+ * packed as any other. Valid until that combine ran: each A2A combine on the
+ * window moves to the other of two buffers, so ask again for the next step.
+ * Every rank of a combine passes its partials buffer, or none does (the
+ * merge reads the peers' buffers in the layout of its own choice). The first
+ * call is a collective (it makes the window, as the first A2A combine
+ * would); later calls are local.
+ */
+KVA_API kva_status kva_dcp_mpi_partials(kva_dcp_mpi *dcp, int32_t num_tokens, void **out_part,
+                                        float **lse_part);
+
 KVA_API kva_status kva_dcp_mpi_combine(kva_dcp_mpi *dcp, kva_dcp_combine mode, int32_t num_tokens,
                                        const void *out_part, const float *lse_part, void *out,
                                        float *lse_out);

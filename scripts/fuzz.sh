@@ -5,6 +5,8 @@
 # corpora (tests/fuzz/fuzz_seeds.c) and runs each harness.
 #   scripts/fuzz.sh smoke    a few seconds of each (scripts/test.sh runs this;
 #                            portable CPU kernels only, see below)
+#   scripts/fuzz.sh build    the smoke's build and seeds only (scripts/test.sh
+#                            runs it in the background before the smoke)
 #   scripts/fuzz.sh [RUNS]   RUNS executions of each (default 1000000), one at
 #                            a time (single-threaded; run it off CI's clock)
 # The corpora grow in build-fuzz/corpus/NAME, logs go to build-fuzz/NAME.log,
@@ -31,7 +33,7 @@ flags="$flags -fno-omit-frame-pointer -g ${KVA_FUZZ_OPT:--O0}"
 # the sanitizer suite of scripts/test.sh covers the SIMD kernels. Long runs
 # fuzz the SIMD kernels too.
 simd=ON
-[ "$mode" = smoke ] && simd=OFF
+[ "$mode" = smoke ] || [ "$mode" = build ] && simd=OFF
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_C_FLAGS="$flags" -DKVA_FUZZ=ON -DKVA_CUDA=OFF -DKVA_BUILD_TESTS=OFF \
   -DKVA_CPU_SIMD=$simd >/dev/null
@@ -39,6 +41,7 @@ ninja -C build-fuzz -j"$(nproc)" fuzz_c8_loader fuzz_desc fuzz_seeds
 mkdir -p build-fuzz/seeds/c8 build-fuzz/seeds/desc build-fuzz/artifacts \
   build-fuzz/corpus/fuzz_c8_loader build-fuzz/corpus/fuzz_desc
 ASAN_OPTIONS=detect_leaks=0 build-fuzz/fuzz_seeds build-fuzz/seeds/c8 build-fuzz/seeds/desc
+[ "$mode" = build ] && exit 0
 # -O0 keeps the build short, but ASan at -O0 gives the SIMD kernels stack
 # frames of megabytes: a large stack for the main thread and OpenMP's.
 ulimit -s unlimited 2>/dev/null || ulimit -s 262144 2>/dev/null || true

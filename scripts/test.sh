@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # test.sh - build and run every test: the Release build, a smoke run of the CLI,
 # then the whole suite again under -fsanitize=address,undefined, then a smoke run
-# of the libFuzzer harnesses.
+# of the libFuzzer harnesses. The sanitizer build and the fuzz harnesses'
+# build run in the background from the start at the lowest CPU priority
+# (nice 19): they take only the CPU time the stages before them leave idle
+# (the single-threaded CLI, package, Python and model stages, the ends of the
+# Release build and test run) and are waited for at their stages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -26,6 +30,54 @@ stage() {
   stage_name=$1
   [ -z "$1" ] || echo "== $1"
 }
+
+# Background builds: each in its own process group (setsid), so that an early
+# exit of this script stops them (the EXIT trap) instead of leaving them running.
+bg_pids=()
+bg_stop() {
+  local p
+  for p in ${bg_pids[@]+"${bg_pids[@]}"}; do
+    kill -- "-$p" 2>/dev/null || true
+  done
+}
+trap bg_stop EXIT
+# bg NAME LOG COMMAND...: starts COMMAND at nice 19, its output to LOG; the pid
+# goes to bg_pid_NAME.
+bg() {
+  local name=$1 log=$2
+  shift 2
+  mkdir -p "$(dirname "$log")"
+  setsid nice -n 19 "$@" >"$log" 2>&1 </dev/null &
+  bg_pids+=($!)
+  printf -v "bg_pid_$name" %s $!
+}
+# bg_wait NAME LOG: waits for the background job; on failure prints its log and exits.
+bg_wait() {
+  local pid_var="bg_pid_$1"
+  if ! wait "${!pid_var}"; then
+    echo "$1 failed:" >&2
+    tail -80 "$2" >&2
+    exit 1
+  fi
+}
+
+# The sanitizer build: the CUDA runtime and ASan do not mix, so it is CPU-only.
+# -g1: line tables only, enough for the file:line of a sanitizer report's stack
+# (full -g costs about a quarter more compile time in the SIMD kernel files).
+# KVA_BUILD_TOOLS=OFF: the CLI and the benchmarks are not run there (the
+# Release build compiles and runs them); the tests are all built. The SIMD
+# kernel files get ASan and UBSan's arithmetic checks only (CMakeLists.txt
+# says why).
+asan_build() {
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DKVA_SANITIZE=ON -DKVA_CUDA=OFF \
+    -DKVA_BUILD_TOOLS=OFF >/dev/null
+  local t0=$SECONDS
+  ninja -C build-asan -j"$jobs"
+  echo "asan build: ninja $((SECONDS - t0)) s wall (in the background, nice 19)"
+}
+bg asan build-asan-log/build.log bash -c "set -euo pipefail; $(declare -f asan_build); jobs=$jobs; asan_build"
+bg fuzz build-fuzz-log/build.log bash scripts/fuzz.sh build
 
 stage "Release build"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -89,25 +141,21 @@ KVA_PY_PREBUILT=build/libkvattn.so bash scripts/test_python.sh
 stage "Real model: SmolLM2-135M with kvattn attention vs the example's numpy attention"
 bash scripts/test_llm.sh
 
-stage "AddressSanitizer + UndefinedBehaviorSanitizer build"
-# The CUDA runtime and ASan do not mix; the sanitizer build is CPU-only. -g1:
-# line tables only, enough for the file:line of a sanitizer report's stack
-# (full -g costs about a quarter more compile time in the SIMD kernel files).
-# KVA_BUILD_TOOLS=OFF: the CLI and the benchmarks are not run here (the
-# Release build above compiled and ran them); the tests are all built. The
-# SIMD kernel files get ASan and UBSan's arithmetic checks only (CMakeLists.txt
-# says why).
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DKVA_SANITIZE=ON -DKVA_CUDA=OFF \
-  -DKVA_BUILD_TOOLS=OFF >/dev/null
-ninja -C build-asan -j"$jobs"
+stage "AddressSanitizer + UndefinedBehaviorSanitizer build (the rest of the background build)"
+bg_wait asan build-asan-log/build.log
+tail -1 build-asan-log/build.log
 stage "AddressSanitizer + UndefinedBehaviorSanitizer tests"
-# KVA_TEST_QUICK: test_qmag sweeps q's magnitude over its extremes and 1 only
-# (2^-20, 1, 2^10; the Release run above covers all seven): the sanitizers
-# check memory and UB, which the magnitudes between do not change.
+# KVA_TEST_QUICK: the sanitizers check memory and UB, which more random cases
+# of the same code paths do not change; the Release run above runs them all.
+# Tests that read it: test_qmag sweeps q's magnitude over its extremes and 1
+# only (2^-20, 1, 2^10 of seven), test_cpu runs 36 of its grid's 72 cases
+# (every axis value at least four times), test_cpu_prefill one dtype per
+# shape, test_mla without its 32k case, test_mla_sparse with small K,
+# test_tree_attn 8 of its 24 random trees.
 KVA_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs"
 stage "fuzz smoke (libFuzzer, a few seconds per harness; scripts/fuzz.sh)"
+bg_wait fuzz build-fuzz-log/build.log
 bash scripts/fuzz.sh smoke
 stage ""
 printf "== stage times\n%s" "$stage_log"

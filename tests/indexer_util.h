@@ -24,9 +24,11 @@ typedef struct idx_case {
     kva_dtype dt; /* q dtype, and the cache dtype when unquantized */
     int fp8;      /* 1: FP8_E4M3 + FP8_TOKEN cache */
     int32_t R, q_len[IDX_MAX_REQ], seq_len[IDX_MAX_REQ];
-    int ties;    /* 1: some key rows repeat an earlier row of their request (exact ties) */
-    int nan_key; /* 1: one key of request 0 holds a NaN */
-    int same;    /* 1: every key of request 0 repeats its first: all logits tie */
+    int ties;       /* 1: some key rows repeat an earlier row of their request (exact ties) */
+    int nan_key;    /* 1: one key of request 0 holds a NaN */
+    int same;       /* 1: every key of request 0 repeats its first: all logits tie */
+    int qfp8;       /* 1: index_q_quant = FP8_TOKEN (q quantized per token and head) */
+    double tol_rel; /* the checker's tolerance / M (idx_logits); 0: fp32 rounding */
     uint64_t seed;
 } idx_case;
 
@@ -210,6 +212,7 @@ static inline kva_plan_desc idx_plan_desc(const idx_case *c, const idx_data *x)
     p.block_size = c->B;
     p.kind = KVA_ATTN_INDEX;
     p.sparse_topk = c->K;
+    p.index_q_quant = c->qfp8 ? KVA_QUANT_FP8_TOKEN : KVA_QUANT_NONE;
     return p;
 }
 
@@ -217,14 +220,27 @@ static inline kva_plan_desc idx_plan_desc(const idx_case *c, const idx_data *x)
 
 /* Logits of token t (request r, n = pos + 1 keys) into L [n]; M = the
  * row's magnitude max_j sum_h |w_h| sum_d |q_hd k_jd| (the scale of fp32
- * rounding errors). */
-static inline void idx_logits(const idx_case *c, const idx_data *x, int32_t r, int32_t t, int32_t n,
-                              double *L, double *M)
+ * rounding errors). With c->qfp8 the q rows are this file's quantizer's
+ * code * scale, as the library must quantize them; qfp8 = -1 scores the
+ * unquantized q whatever the case says (the overlap statistics). */
+static inline void idx_logits_q(const idx_case *c, const idx_data *x, int32_t r, int32_t t,
+                                int32_t n, int qfp8, double *L, double *M)
 {
     const int32_t Hi = c->Hi, D = c->D;
     double *qd = malloc((size_t)Hi * D * sizeof *qd);
     for (size_t e = 0; e < (size_t)Hi * D; e++)
         qd[e] = kva_test_get(x->q, c->dt, (size_t)t * Hi * D + e);
+    if (qfp8 == 1) {
+        float row[KVA_MAX_HEAD_DIM];
+        uint8_t codes[KVA_MAX_HEAD_DIM];
+        for (int32_t h = 0; h < Hi; h++) {
+            for (int32_t d = 0; d < D; d++)
+                row[d] = (float)qd[(size_t)h * D + d];
+            const float s = idx_quant_row(row, D, codes);
+            for (int32_t d = 0; d < D; d++)
+                qd[(size_t)h * D + d] = idx_e4m3_value(codes[d]) * (double)s;
+        }
+    }
     *M = 0.0;
     for (int32_t j = 0; j < n; j++) {
         const double *k = x->kval + (size_t)(x->kstart[r] + j) * D;
@@ -246,6 +262,11 @@ static inline void idx_logits(const idx_case *c, const idx_data *x, int32_t r, i
     }
     free(qd);
 }
+static inline void idx_logits(const idx_case *c, const idx_data *x, int32_t r, int32_t t, int32_t n,
+                              double *L, double *M)
+{
+    idx_logits_q(c, x, r, t, n, c->qfp8 ? 1 : -1, L, M);
+}
 
 /* 1 if key a ranks before key b in exact arithmetic (NaN last, ties by position). */
 static inline int idx_before(const double *L, int32_t a, int32_t b)
@@ -262,6 +283,28 @@ static inline int idx_before(const double *L, int32_t a, int32_t b)
 static inline double idx_rank(double v)
 {
     return v != v ? -INFINITY : v;
+}
+
+/* The reference order ord [n] of the positions: a merge sort by idx_before. */
+static inline void idx_order(const double *L, int32_t n, int32_t *ord)
+{
+    for (int32_t j = 0; j < n; j++)
+        ord[j] = j;
+    int32_t *tmp = malloc((size_t)n * sizeof *tmp + 1);
+    for (int32_t w = 1; w < n; w *= 2) {
+        for (int32_t lo = 0; lo < n; lo += 2 * w) {
+            const int32_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            int32_t i = lo, j = mid, o = lo;
+            while (i < mid && j < hi)
+                tmp[o++] = idx_before(L, ord[j], ord[i]) ? ord[j++] : ord[i++];
+            while (i < mid)
+                tmp[o++] = ord[i++];
+            while (j < hi)
+                tmp[o++] = ord[j++];
+        }
+        memcpy(ord, tmp, (size_t)n * sizeof *ord);
+    }
+    free(tmp);
 }
 
 /*
@@ -283,24 +326,7 @@ static inline int idx_check_row(const char *label, int32_t t, const int32_t *row
 {
     const int32_t m = n < K ? n : K;
     int bad = 0;
-    /* The reference order: a merge sort of the positions by idx_before. */
-    for (int32_t j = 0; j < n; j++)
-        ord[j] = j;
-    int32_t *tmp = malloc((size_t)n * sizeof *tmp);
-    for (int32_t w = 1; w < n; w *= 2) {
-        for (int32_t lo = 0; lo < n; lo += 2 * w) {
-            const int32_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
-            int32_t i = lo, j = mid, o = lo;
-            while (i < mid && j < hi)
-                tmp[o++] = idx_before(L, ord[j], ord[i]) ? ord[j++] : ord[i++];
-            while (i < mid)
-                tmp[o++] = ord[i++];
-            while (j < hi)
-                tmp[o++] = ord[j++];
-        }
-        memcpy(ord, tmp, (size_t)n * sizeof *ord);
-    }
-    free(tmp);
+    idx_order(L, n, ord);
     if (len >= 0 && len != m)
         bad++;
     memset(seen, 0, (size_t)n);
@@ -362,8 +388,10 @@ static inline int idx_check(const char *label, const idx_case *c, const idx_data
             const int32_t t = x->qsl[r] + i, n = c->seq_len[r] - c->q_len[r] + i + 1;
             double M = 0.0;
             idx_logits(c, x, r, t, n, L, &M);
-            /* fp32 sums of D products per head, then Hi heads. */
-            const double tol = 8.0 * (c->D + c->Hi) * ldexp(1.0, -24) * M;
+            /* fp32 sums of D products per head, then Hi heads (or the
+             * case's own bound). */
+            const double tol =
+                (c->tol_rel > 0.0 ? c->tol_rel : 8.0 * (c->D + c->Hi) * ldexp(1.0, -24)) * M;
             const int b = idx_check_row(label, t, indices + (int64_t)t * stride,
                                         topk ? topk[t] : -1, c->K, L, n, tol, exact, ord, seen);
             bad += b != 0;
@@ -372,6 +400,42 @@ static inline int idx_check(const char *label, const idx_case *c, const idx_data
     free(ord);
     free(seen);
     return bad;
+}
+
+/* How much quantizing q changes the exact top K: over every token of the
+ * case, the share of the unquantized q's top min(K, n) keys that the
+ * FP8-q logits' top min(K, n) also lists (both from this file's fp64
+ * logits, no library output). */
+static inline double idx_fp8q_overlap(const idx_case *c, const idx_data *x)
+{
+    int32_t maxn = 1;
+    for (int32_t r = 0; r < c->R; r++)
+        if (c->seq_len[r] > maxn)
+            maxn = c->seq_len[r];
+    double *L = malloc((size_t)maxn * sizeof *L), M;
+    int32_t *oa = malloc((size_t)maxn * sizeof *oa), *ob = malloc((size_t)maxn * sizeof *ob);
+    unsigned char *in = malloc((size_t)maxn);
+    double hit = 0.0, all = 0.0;
+    for (int32_t r = 0; r < c->R; r++)
+        for (int32_t i = 0; i < c->q_len[r]; i++) {
+            const int32_t t = x->qsl[r] + i, n = c->seq_len[r] - c->q_len[r] + i + 1;
+            const int32_t m = n < c->K ? n : c->K;
+            idx_logits_q(c, x, r, t, n, -1, L, &M);
+            idx_order(L, n, oa);
+            idx_logits_q(c, x, r, t, n, 1, L, &M);
+            idx_order(L, n, ob);
+            memset(in, 0, (size_t)(n > 0 ? n : 0));
+            for (int32_t k = 0; k < m; k++)
+                in[oa[k]] = 1;
+            for (int32_t k = 0; k < m; k++)
+                hit += in[ob[k]];
+            all += m;
+        }
+    free(L);
+    free(oa);
+    free(ob);
+    free(in);
+    return all > 0.0 ? hit / all : 1.0;
 }
 
 #endif /* KVA_TEST_INDEXER_UTIL_H */

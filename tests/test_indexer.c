@@ -184,6 +184,55 @@ static void test_k1_odd_shapes(void)
     run_case(&d);
 }
 
+/* index_q_quant = FP8_TOKEN: q quantized per (token, head) row as the keys
+ * are, on DeepSeek's shape over FP8 keys, over f32 keys with a NaN key,
+ * and with a q row of zeros (scale FLT_MIN, every code 0); the reference
+ * must equal the test's quantized fp64 logits exactly, the CPU within fp32
+ * rounding. Prints how much of the unquantized top K the FP8-q top K keeps
+ * on this random data. */
+static void test_fp8_q(void)
+{
+    idx_case c = {.Hi = 64,
+                  .D = 128,
+                  .B = 64,
+                  .K = 64,
+                  .dt = KVA_DTYPE_BF16,
+                  .fp8 = 1,
+                  .qfp8 = 1,
+                  .R = 2,
+                  .q_len = {1, 6},
+                  .seq_len = {900, 300},
+                  .ties = 1,
+                  .seed = 17};
+    run_case(&c);
+    idx_data x;
+    idx_build(&c, &x);
+    printf("  fp8 q: %.1f%% of the bf16-q top-%d kept (random data, %d tokens)\n",
+           100.0 * idx_fp8q_overlap(&c, &x), (int)c.K, (int)x.T);
+    idx_free(&x);
+    idx_case f = {.Hi = 5,
+                  .D = 40,
+                  .B = 7,
+                  .K = 9,
+                  .dt = KVA_DTYPE_F32,
+                  .qfp8 = 1,
+                  .R = 2,
+                  .q_len = {4, 1},
+                  .seq_len = {60, 31},
+                  .nan_key = 1,
+                  .seed = 18};
+    idx_build(&f, &x);
+    /* Token 1's head 2: all zeros. */
+    memset((float *)x.q + ((size_t)1 * f.Hi + 2) * f.D, 0, (size_t)f.D * sizeof(float));
+    kva_context *ref = make_ctx(KVA_BACKEND_REF, 1);
+    run_on(ref, "ref fp8 q, f32 keys", &f, &x, 1);
+    kva_context_destroy(ref);
+    kva_context *cpu = make_ctx(KVA_BACKEND_CPU, 2);
+    run_on(cpu, "cpu fp8 q, f32 keys", &f, &x, 0);
+    kva_context_destroy(cpu);
+    idx_free(&x);
+}
+
 /* The FP8_TOKEN bytes of kva_cache_write against the test's quantizer, the
  * block size, read-back, copy and swap. */
 static void test_fp8_token_bytes(void)
@@ -366,6 +415,18 @@ static void test_bad_descriptors(void)
     q = p;
     q.dcp_size = 2;
     CHECK_STATUS(kva_plan_create(ctx, &q, &plan), KVA_STATUS_UNSUPPORTED);
+    q = p;
+    q.index_q_quant = KVA_QUANT_FP8_E4M3; /* only NONE or FP8_TOKEN */
+    CHECK_STATUS(kva_plan_create(ctx, &q, &plan), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("index_q_quant");
+    q.index_q_quant = -1;
+    CHECK_STATUS(kva_plan_create(ctx, &q, &plan), KVA_STATUS_INVALID_ARGUMENT);
+    q = p; /* an attention plan with an indexer option */
+    q.kind = KVA_ATTN_MHA;
+    q.sparse_topk = 0;
+    q.index_q_quant = KVA_QUANT_FP8_TOKEN;
+    CHECK_STATUS(kva_plan_create(ctx, &q, &plan), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("index_q_quant");
     CHECK(plan == NULL);
     kva_context_destroy(ctx);
 }
@@ -490,5 +551,6 @@ int main(void)
     RUN(test_fp8_deepseek_shape);
     RUN(test_short_rows);
     RUN(test_k1_odd_shapes);
+    RUN(test_fp8_q);
     return kva_test_finish();
 }

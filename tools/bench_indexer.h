@@ -12,6 +12,8 @@ typedef struct bench_index_opts {
     int32_t batch, context, q_len, heads, head_dim, topk, B, threads, iters, warmup;
     kva_dtype dt;
     int fp8, cuda, no_check, mma_sync; /* mma_sync: force the mma.sync logits kernel */
+    int qfp8;                          /* index_q_quant FP8_TOKEN (--q-quant fp8) */
+    int topk_full;                     /* cuda: every top-K radix pass reads the whole row */
 } bench_index_opts;
 
 /* The host data of one run: an index-key cache on a CPU context (copied

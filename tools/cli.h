@@ -62,13 +62,17 @@ double kva_cli_measure_read_bw(int num_threads);
 /* One read pass at a time over that buffer, for measurements interleaved
  * with the timed runs (`kvattn bench --paired`): open allocates and touches
  * it (-1: out of memory), pass reads it once with the reader's threads and
- * returns GB/s, close frees it. */
+ * returns GB/s, close frees it. kva_cli_reader_open_bytes takes the buffer's
+ * size instead: a buffer as large as a kernel's working set, read pass after
+ * pass, measures the memory level that kernel re-reads it from (the last-level
+ * cache when it fits there). */
 typedef struct kva_cli_reader {
     uint64_t *buf;
     size_t words;
     int threads;
 } kva_cli_reader;
 int kva_cli_reader_open(kva_cli_reader *r, int num_threads);
+int kva_cli_reader_open_bytes(kva_cli_reader *r, int num_threads, size_t bytes);
 double kva_cli_reader_pass(kva_cli_reader *r);
 void kva_cli_reader_close(kva_cli_reader *r);
 /* Measured fp32 FMA peak in GFLOP/s with the given number of threads, using

@@ -38,7 +38,12 @@ int kva_cli_reader_open(kva_cli_reader *r, int num_threads)
 {
     /* 256 MiB: 8x the largest last-level caches of the machines we run on, so
      * the passes measure DRAM, not cache. */
-    const size_t bytes = (size_t)256 << 20;
+    return kva_cli_reader_open_bytes(r, num_threads, (size_t)256 << 20);
+}
+
+int kva_cli_reader_open_bytes(kva_cli_reader *r, int num_threads, size_t bytes)
+{
+    bytes = bytes < 4096 ? 4096 : bytes;
     r->words = bytes / sizeof(uint64_t);
     r->threads = num_threads < 1 ? 1 : num_threads;
     r->buf = malloc(bytes);

@@ -67,6 +67,11 @@ void kva_cli_usage_serve_sim(void)
            "  --backend ref|cpu|cuda   attention backend; cuda: GPU 0, one stream\n"
            "                           synchronization per step         [cpu]\n"
            "  --threads N              CPU threads, 0 = all cores (not with cuda) [0]\n"
+           "  --dcp                    decode context parallelism over the ranks of\n"
+           "                           mpirun -np N (MPI builds; docs/dcp.md): each rank\n"
+           "                           keeps 1/N of the KV cache, the MPI combine joins\n"
+           "                           the partial outputs; rank 0 prints\n"
+           "  --dcp-interleave I       tokens in a row per rank, dividing B [B]\n"
            "  --verify                 check sampled steps against the reference backend\n"
            "                           and the pool invariants after every step; exit 1 on\n"
            "                           a mismatch\n"
@@ -152,7 +157,8 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
                                               "--model",
                                               "--cascade",
                                               "--attention-chunk",
-                                              "--chunk-global-every"};
+                                              "--chunk-global-every",
+                                              "--dcp-interleave"};
     const int32_t BIG = 1 << 24;
     int threads_set = 0, mha_shape_set = 0;
     serve_opts_init(o);
@@ -189,6 +195,10 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
         if (strcmp(a, "--verify") == 0) {
             o->verify = 1;
             o->check_pool = 1;
+            continue;
+        }
+        if (strcmp(a, "--dcp") == 0) {
+            o->dcp = -1; /* N and the rank come from MPI (kva_cli_serve_sim) */
             continue;
         }
         if (strcmp(a, "--progress") == 0 || strcmp(a, "--no-progress") == 0) {
@@ -251,7 +261,9 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
         } else if (!strcmp(f, "--head-dim")) {
             ok = kva_cli_parse_i32(f, val, 8, KVA_MAX_HEAD_DIM, &o->head_dim);
             mha_shape_set = 1;
-        } else if (!strcmp(f, "--block-size"))
+        } else if (!strcmp(f, "--dcp-interleave"))
+            ok = kva_cli_parse_i32(f, val, 1, 65536, &o->dcp_interleave);
+        else if (!strcmp(f, "--block-size"))
             ok = kva_cli_parse_i32(f, val, 1, 65536, &o->block_size);
         else if (!strcmp(f, "--dtype")) {
             ok = kva_cli_parse_choice(f, val, dtypes, 3, &k);
@@ -304,6 +316,29 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
     if (o->kind != KVA_ATTN_MLA && o->heads % o->kv_heads != 0) {
         fprintf(stderr, "kvattn: --num-heads %d is not a multiple of --num-kv-heads %d\n",
                 (int)o->heads, (int)o->kv_heads);
+        return KVA_EXIT_USAGE;
+    }
+    if (o->dcp) {
+        char why[160];
+        const char *bad = why;
+        if (!serve_dcp_available(why, sizeof why))
+            bad = why;
+        else if (o->backend == KVA_BACKEND_CUDA)
+            bad = "--backend cuda (the MPI combine works on host memory)";
+        else if (o->kind == KVA_ATTN_MLA)
+            bad = "an MLA model";
+        else if (o->cascade == KVA_CASCADE_ON)
+            bad = "--cascade on (sharded plans take no cascade)";
+        else if (o->dcp_interleave && o->block_size % o->dcp_interleave != 0)
+            bad = "a --dcp-interleave that does not divide --block-size";
+        else
+            bad = NULL;
+        if (bad) {
+            fprintf(stderr, "kvattn: --dcp: not with %s\n", bad);
+            return KVA_EXIT_USAGE;
+        }
+    } else if (o->dcp_interleave) {
+        fprintf(stderr, "kvattn: --dcp-interleave needs --dcp\n");
         return KVA_EXIT_USAGE;
     }
     if (o->num_blocks == 1) {
@@ -368,10 +403,31 @@ int kva_cli_serve_sim(int argc, char **argv)
     int rc = parse_serve(argc, argv, &o, &json);
     if (rc >= 0)
         return rc;
+    /* --dcp: every rank parsed the same command line, so the same checks
+     * passed on all of them before MPI starts; rank 0 prints. */
+    const int dcp = o.dcp != 0;
+    if (dcp) {
+        if (!serve_dcp_init(NULL, NULL, &o)) {
+            fprintf(stderr, "kvattn serve-sim: --dcp: MPI_Init failed\n");
+            return KVA_EXIT_LIBRARY;
+        }
+        if (o.heads % o.dcp != 0) {
+            if (o.dcp_rank == 0)
+                fprintf(stderr,
+                        "kvattn serve-sim: --dcp: %d heads are not a multiple of %d ranks\n",
+                        (int)o.heads, (int)o.dcp);
+            serve_dcp_finalize();
+            return KVA_EXIT_USAGE;
+        }
+        if (o.dcp_rank != 0)
+            o.progress = 0;
+    }
     serve_run run;
     kva_status st = serve_sim_run(&o, NULL, NULL, &run);
     if (st != KVA_STATUS_OK) {
         fprintf(stderr, "kvattn serve-sim: %s\n", run.error);
+        if (dcp) /* the other ranks may wait in a collective */
+            serve_dcp_abort(KVA_EXIT_LIBRARY);
         serve_run_free(&run);
         /* A configuration the run cannot finish (checked before it starts) is
          * bad usage; anything else is a library failure. */
@@ -386,9 +442,14 @@ int kva_cli_serve_sim(int argc, char **argv)
         serve_run_free(&run);
         return KVA_EXIT_LIBRARY;
     }
+    rc = KVA_EXIT_OK;
+    if (dcp && o.dcp_rank != 0) {
+        serve_run_free(&run);
+        serve_dcp_finalize();
+        return rc;
+    }
     serve_print_header(stdout, &o, &run);
     serve_print_table(stdout, &o, &run, &m);
-    rc = KVA_EXIT_OK;
     if (json && serve_write_json(json, &o, &run, &m) != 0) {
         fprintf(stderr, "kvattn: cannot write --json file '%s'\n", json);
         rc = KVA_EXIT_LIBRARY;
@@ -402,5 +463,7 @@ int kva_cli_serve_sim(int argc, char **argv)
         rc = KVA_EXIT_LIBRARY;
     }
     serve_run_free(&run);
+    if (dcp)
+        serve_dcp_finalize();
     return rc;
 }

@@ -163,6 +163,29 @@ static kva_status create_device(serve_engine *e)
     return warm_up(e);
 }
 
+/* --dcp: the combine; under --verify rank 0's unsharded layer 0
+ * (serve_verify_dcp). */
+static kva_status dcp_create(serve_engine *e)
+{
+    const serve_opts *o = &e->o;
+    const size_t T = (size_t)e->tmax, rows = T * (size_t)o->heads;
+    kva_status st = serve_dcp_create(e->ctx, o, e->tmax, &e->dcp);
+    if (st != KVA_STATUS_OK)
+        return st;
+    if (!o->verify || o->dcp_rank != 0)
+        return KVA_STATUS_OK;
+    serve_opts fo = *o;
+    fo.block_size = o->dcp * o->block_size;
+    if ((st = serve_cache_create(e->ctx, &fo, &e->full)) != KVA_STATUS_OK)
+        return st;
+    e->full_slots = malloc(T * sizeof(int64_t));
+    e->full_out = malloc(rows * (size_t)o->head_dim * e->es);
+    e->gathered = malloc(rows * (size_t)o->head_dim * e->es);
+    if (!e->full_slots || !e->full_out || !e->gathered)
+        return KVA_STATUS_OUT_OF_MEMORY;
+    return KVA_STATUS_OK;
+}
+
 kva_status serve_engine_create(const serve_opts *o, serve_engine **out)
 {
     kva_status st;
@@ -190,12 +213,12 @@ kva_status serve_engine_create(const serve_opts *o, serve_engine **out)
     kva_context_desc cd = {o->backend, o->threads, 0};
     if ((st = kva_context_create(&cd, &e->ctx)) != KVA_STATUS_OK)
         goto fail;
-    if (o->verify) {
+    if (o->verify && !o->dcp) {
         kva_context_desc rd = {KVA_BACKEND_REF, 1, 0};
         if ((st = kva_context_create(&rd, &e->ref)) != KVA_STATUS_OK)
             goto fail;
     }
-    kva_pool_desc pd = {o->num_blocks, o->block_size, o->hash, o->prefix_caching};
+    kva_pool_desc pd = {o->num_blocks, serve_pool_block_size(o), o->hash, o->prefix_caching};
     if ((st = kva_pool_create(&pd, &e->pool)) != KVA_STATUS_OK)
         goto fail;
     e->caches = calloc((size_t)o->layers, sizeof *e->caches);
@@ -230,7 +253,9 @@ kva_status serve_engine_create(const serve_opts *o, serve_engine **out)
     } else {
         e->slots = malloc(T * sizeof *e->slots);
     }
-    if (o->verify) {
+    if (o->dcp && (st = dcp_create(e)) != KVA_STATUS_OK)
+        goto fail;
+    if (o->verify && !o->dcp) {
         e->v_q = malloc(T * sh->q * e->es);
         e->v_out = malloc(T * sh->out * e->es);
         e->v_slots = malloc(T * sizeof *e->v_slots);
@@ -238,7 +263,8 @@ kva_status serve_engine_create(const serve_opts *o, serve_engine **out)
             (e->dev && (st = serve_cache_create(e->ref, o, &e->mirror)) != KVA_STATUS_OK))
             goto fail;
     }
-    if (!e->rand || !e->out || !e->slots || (o->verify && (!e->v_q || !e->v_out || !e->v_slots))) {
+    if (!e->rand || !e->out || !e->slots ||
+        (o->verify && !o->dcp && (!e->v_q || !e->v_out || !e->v_slots))) {
         st = KVA_STATUS_OUT_OF_MEMORY;
         goto fail;
     }
@@ -265,6 +291,11 @@ void serve_engine_destroy(serve_engine *e)
             kva_cache_destroy(e->caches[l]);
     free(e->caches);
     kva_cache_destroy(e->mirror);
+    serve_dcp_destroy(e->dcp);
+    kva_cache_destroy(e->full);
+    free(e->full_slots);
+    free(e->full_out);
+    free(e->gathered);
     kva_cache_destroy(e->expect);
     kva_pool_destroy(e->pool);
     kva_context_destroy(e->ref);
@@ -309,6 +340,11 @@ const char *serve_engine_verify_error(const serve_engine *e)
 kva_pool *serve_engine_pool(serve_engine *e)
 {
     return e->pool;
+}
+
+double serve_engine_dcp_max(serve_engine *e, double v)
+{
+    return serve_dcp_max(e->dcp, v);
 }
 
 int32_t serve_engine_threads(const serve_engine *e)
@@ -389,8 +425,17 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
         e->qsl[j] = T;
         e->seq_lens[j] = b->context[k] + b->num_new[k];
         rc = kva_pool_request_block_table(e->pool, pid, e->bt + (size_t)j * stride, stride, NULL);
-        if (rc == KVA_STATUS_OK)
+        if (rc == KVA_STATUS_OK && !e->dcp)
             rc = kva_pool_request_slots(e->pool, pid, b->context[k], b->num_new[k], e->slots + T);
+        /* --dcp: the rank's own tokens through the same row (serve_dcp.c);
+         * the unsharded check cache takes the pool's slots. */
+        if (rc == KVA_STATUS_OK && e->dcp)
+            rc = kva_dcp_slots(o->dcp, o->dcp_rank, o->dcp_interleave, o->block_size,
+                               e->bt + (size_t)j * stride, stride, b->context[k], b->num_new[k],
+                               e->slots + T);
+        if (rc == KVA_STATUS_OK && e->full)
+            rc = kva_pool_request_slots(e->pool, pid, b->context[k], b->num_new[k],
+                                        e->full_slots + T);
         if (rc != KVA_STATUS_OK)
             return rc;
         T += b->num_new[k];
@@ -414,7 +459,7 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
     st->steps_by_state[info.state]++;
     st->last_state = (int32_t)info.state;
     /* Verify at steps 1, 2, 4, ... and at the first step of each state. */
-    int check = verify && ((e->step & (e->step - 1)) == 0 || !e->seen_state[info.state]);
+    int check = verify && !e->dcp && ((e->step & (e->step - 1)) == 0 || !e->seen_state[info.state]);
     e->seen_state[info.state] = 1;
 
     const serve_shape *sh = &e->sh;
@@ -464,8 +509,12 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
             if (!dev) /* an unwritten output element shows as NaN */
                 kva_test_poison(e->out, o->dtype, (size_t)T * sh->out);
         }
+        /* --dcp --verify checks layer 0 of every step (serve_verify_dcp). */
+        const int dcp_check = e->dcp && verify && l == 0;
+        if (dcp_check)
+            kva_test_poison(e->out, o->dtype, (size_t)T * (o->heads / o->dcp) * o->head_dim);
         int64_t saved_slot = e->slots[0];
-        if (check_layer && !dev && o->fault == SERVE_FAULT_SLOT && T > 1)
+        if ((check_layer || dcp_check) && !dev && o->fault == SERVE_FAULT_SLOT && T > 1)
             e->slots[0] = e->slots[T - 1];
         t0 = serve_now();
         rc = kva_cache_write(e->ctx, e->caches[l], T, k, 0, v, 0, o->dtype,
@@ -478,10 +527,28 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
             serve_engine_dev_fail(e, rc);
         if (rc != KVA_STATUS_OK)
             break;
-        rc = serve_layer_attention(e->ctx, o, plan, q, serve_engine_w_uk(e, dev ? e->d_w : e->w, l),
-                                   serve_engine_w_uv(e, dev ? e->d_w : e->w, l), e->caches[l], out);
+        void *part = NULL;
+        float *part_lse = NULL;
+        if (e->dcp) { /* the rank's partial, straight into the combine's window */
+            rc = serve_dcp_partials(e->dcp, T, &part, &part_lse);
+            if (rc == KVA_STATUS_OK)
+                rc = kva_attention_run(e->ctx, plan, q, e->caches[l], NULL, part, part_lse);
+        } else
+            rc = serve_layer_attention(
+                e->ctx, o, plan, q, serve_engine_w_uk(e, dev ? e->d_w : e->w, l),
+                serve_engine_w_uv(e, dev ? e->d_w : e->w, l), e->caches[l], out);
         if (!dev)
             st->attention_s += serve_now() - t1;
+        if (rc == KVA_STATUS_OK && e->dcp) {
+            double c0 = serve_now();
+            rc = serve_dcp_combine(e->dcp, T, part, part_lse, out);
+            st->combine_s += serve_now() - c0;
+            if (rc == KVA_STATUS_OK && dcp_check) {
+                double v0 = serve_now();
+                rc = serve_verify_dcp(e, R, stride, hq, hk, hv, st);
+                *verify_s += serve_now() - v0;
+            }
+        }
         if (rc == KVA_STATUS_OK && dev && (rc = serve_dev_record(e->d, 2 * l + 2)) != KVA_STATUS_OK)
             serve_engine_dev_fail(e, rc);
         if (rc == KVA_STATUS_OK && check_layer && !dev) {

@@ -48,6 +48,13 @@ struct serve_engine {
     int64_t *v_slots;  /* [tmax] slots from the block-table rows */
     kva_cache *mirror; /* CUDA: host copy of the checked layer's cache (ref context) */
     kva_cache *expect; /* the new rows written by the reference (ref context) */
+    /* --dcp: the combine (out receives the rank's heads, [tmax, H / N, D]).
+     * --verify, rank 0: layer 0 unsharded (full, NB blocks of N * B tokens),
+     * its slots [tmax] and output [tmax, H, D], the ranks' outputs [N][...]. */
+    serve_dcp *dcp;
+    kva_cache *full;
+    int64_t *full_slots;
+    void *full_out, *gathered;
 };
 
 /* Layer l's weights W_UK, W_UV in base (e->w or e->d_w); NULL for MHA models. */
@@ -82,5 +89,10 @@ kva_status serve_verify_host(serve_engine *e, int32_t R, int32_t stride, int32_t
  * went to e->d_vout, on downloaded copies. */
 kva_status serve_verify_device(serve_engine *e, int32_t R, int32_t stride, int32_t l,
                                serve_stats *st);
+
+/* --dcp --verify after layer 0's combine (a collective): rank 0 compares
+ * the ranks' combined heads with layer 0 run unsharded (serve_verify.c). */
+kva_status serve_verify_dcp(serve_engine *e, int32_t R, int32_t stride, const void *q,
+                            const void *k, const void *v, serve_stats *st);
 
 #endif /* KVA_SERVE_ENGINE_H */

@@ -258,13 +258,24 @@ void serve_print_table(FILE *f, const serve_opts *o, const serve_run *run, const
         fprintf(f, "%-40s %lld (%.1fx the MLA cache)\n",
                 "  MHA of the same heads:", (long long)serve_token_bytes_mha(o),
                 (double)serve_token_bytes_mha(o) / (double)serve_token_bytes(o));
+    if (o->dcp) {
+        /* serve_dcp.c: each rank's caches keep B of every N * B pool tokens. */
+        const int64_t local = (int64_t)(run->num_blocks - 1) * o->block_size;
+        fprintf(f, "%-40s %d ranks, interleave %d\n", "DCP (mpirun):", (int)o->dcp,
+                (int)o->dcp_interleave);
+        fprintf(f, "%-40s %lld per rank, %lld in the pool (%dx)\n",
+                "KV cache token capacity:", (long long)local, (long long)local * o->dcp,
+                (int)o->dcp);
+        ROW_F("Combine share of step time (%):",
+              st->step_s > 0 ? 100.0 * st->combine_s / st->step_s : 0.0);
+    }
     ROW_F("Mean step time (ms):", m->mean_step_ms);
     if (st->steps_by_state[KVA_STATE_DECODE_ONLY] > 0)
         ROW_F("Mean decode-only step time (ms):", m->mean_decode_step_ms);
     if (o->verify)
         fprintf(f, "%-40s %d steps, %d failed (max abs err %.3g)\n",
-                "Reference check:", (int)st->verify_steps, (int)st->verify_failures,
-                st->verify_max_err);
+                o->dcp ? "Unsharded check (layer 0):" : "Reference check:", (int)st->verify_steps,
+                (int)st->verify_failures, st->verify_max_err);
     rule(f, "", '=');
 }
 

@@ -158,6 +158,11 @@ kva_status serve_cache_create(kva_context *ctx, const serve_opts *o, kva_cache *
     return kva_cache_create_quant(ctx, &desc, pp, out);
 }
 
+int32_t serve_pool_block_size(const serve_opts *o)
+{
+    return o->dcp > 1 ? o->dcp * o->block_size : o->block_size;
+}
+
 int serve_layer_local(const serve_opts *o, int32_t l)
 {
     const int32_t n = o->chunk_global_every;
@@ -180,6 +185,11 @@ kva_plan_desc serve_step_desc(const serve_opts *o, int32_t R, const int32_t *qsl
     pd.window_left = -1;
     pd.attention_chunk = local ? o->attention_chunk : 0;
     pd.cascade = o->cascade;
+    if (o->dcp > 0) { /* serve_dcp.c: the pool's block table is the local one */
+        pd.dcp_size = o->dcp;
+        pd.dcp_rank = o->dcp_rank;
+        pd.dcp_interleave = o->dcp_interleave;
+    }
     if (o->kind == KVA_ATTN_MLA) {
         /* The latent cache's shape; the model's scale 1/sqrt(Dn + Dr). */
         pd.kind = KVA_ATTN_MLA;

@@ -64,6 +64,8 @@ void serve_opts_init(serve_opts *o)
 
 void serve_opts_resolve(serve_opts *o)
 {
+    if (o->dcp && o->dcp_interleave == 0)
+        o->dcp_interleave = o->block_size;
     if (o->num_blocks == 0) {
         int64_t nb = o->kv_cache_mem / serve_block_bytes(o);
         o->num_blocks = nb < 2 ? 2 : nb > (1 << 30) ? (1 << 30) : (int32_t)nb;
@@ -170,8 +172,8 @@ static kva_status sim_loop(const serve_opts *o, serve_engine *e, serve_sched *s,
                      "%lld blocks of %d tokens to finish, the pool has %d (raise --num-blocks "
                      "or --kv-cache-mem)",
                      (int)head, (int)r->prompt_len, (int)r->output_len,
-                     (long long)((need + o->block_size - 1) / o->block_size), (int)o->block_size,
-                     (int)o->num_blocks - 1);
+                     (long long)((need + serve_pool_block_size(o) - 1) / serve_pool_block_size(o)),
+                     (int)serve_pool_block_size(o), (int)o->num_blocks - 1);
             return rc;
         }
         if (rc != KVA_STATUS_OK)
@@ -196,6 +198,8 @@ static kva_status sim_loop(const serve_opts *o, serve_engine *e, serve_sched *s,
             verify_s += serve_now() - c0;
         }
         double dt = serve_now() - t0 - verify_s;
+        if (o->dcp) /* the group's step takes its slowest rank's time (serve_dcp.c) */
+            dt = serve_engine_dcp_max(e, dt);
         now += dt;
         st->step_s += dt;
         if (b.num_requests > 0)
@@ -252,14 +256,15 @@ kva_status serve_sim_run(const serve_opts *o, serve_step_hook hook, void *user, 
      * half way: refuse the configuration up front. */
     for (int32_t i = 0; i < run->num_reqs; i++) {
         int64_t need = (int64_t)run->reqs[i].prompt_len + run->reqs[i].output_len - 1;
-        int64_t blocks = (need + opts.block_size - 1) / opts.block_size;
+        const int32_t pb = serve_pool_block_size(&opts);
+        int64_t blocks = (need + pb - 1) / pb;
         if (blocks > (int64_t)opts.num_blocks - 1) {
             snprintf(run->error, sizeof run->error,
                      "the pool is too small: request %d (%d prompt + %d output tokens) needs "
                      "%lld blocks of %d tokens to finish, the pool has %d (raise --num-blocks "
                      "or --kv-cache-mem)",
                      (int)i, (int)run->reqs[i].prompt_len, (int)run->reqs[i].output_len,
-                     (long long)blocks, (int)opts.block_size, (int)opts.num_blocks - 1);
+                     (long long)blocks, (int)pb, (int)opts.num_blocks - 1);
             return KVA_STATUS_POOL_EXHAUSTED;
         }
     }

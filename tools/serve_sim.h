@@ -89,6 +89,12 @@ typedef struct serve_opts {
      * writes the step's first new token at the last one's slot (host
      * backends; CUDA steps upload their slots once, before the layers). */
     int fault;
+    /* --dcp (serve_dcp.c, docs/dcp.md): decode context parallelism over the
+     * ranks of MPI_COMM_WORLD (mpirun -np N). dcp = N (0: off); dcp_rank is
+     * this process's rank; dcp_interleave I (0: B) tokens in a row per rank.
+     * Every rank runs the same scheduler over a pool of NB blocks of N * B
+     * tokens; its caches keep the rank's B tokens of each such block. */
+    int32_t dcp, dcp_rank, dcp_interleave;
 } serve_opts;
 
 enum { SERVE_FAULT_NONE = 0, SERVE_FAULT_OUTPUT = 1, SERVE_FAULT_SLOT = 2 };
@@ -98,6 +104,9 @@ void serve_opts_init(serve_opts *o);
 void serve_opts_resolve(serve_opts *o);
 
 /* ---- serve_model.c ---- */
+
+/* Tokens per block of the pool: B, or N * B under --dcp (serve_model.c). */
+int32_t serve_pool_block_size(const serve_opts *o);
 
 /* Applies the preset `name` (--model); returns 0 if there is none. */
 int serve_opts_set_model(serve_opts *o, const char *name);
@@ -180,6 +189,7 @@ typedef struct serve_stats {
     double attention_s;   /* inside kva_attention_run (CUDA: device time, events) */
     double write_s;       /* inside kva_cache_write (CUDA: device time, events) */
     double plan_s;        /* inside kva_plan_create / destroy */
+    double combine_s;     /* --dcp: inside kva_dcp_mpi_combine */
     double step_s_by_state[KVA_STATE_EMPTY + 1]; /* step_s by the steps' kva_attn_state */
     int32_t last_state;                          /* the last step's state (set by the engine) */
     /* --verify */
@@ -215,6 +225,8 @@ typedef struct serve_batch {
 kva_status serve_engine_create(const serve_opts *o, serve_engine **out);
 void serve_engine_destroy(serve_engine *e);
 kva_pool *serve_engine_pool(serve_engine *e);
+/* --dcp: the largest v over the ranks (a collective). */
+double serve_engine_dcp_max(serve_engine *e, double v);
 /* Threads of the backend's context. */
 int32_t serve_engine_threads(const serve_engine *e);
 /* The message of a failure that did not come from the library (a CUDA
@@ -316,6 +328,36 @@ void serve_print_table(FILE *f, const serve_opts *o, const serve_run *run, const
 /* Returns 0 on success, -1 if the file cannot be written. */
 int serve_write_json(const char *path, const serve_opts *o, const serve_run *run,
                      const serve_metrics *m);
+
+/* ---- serve_dcp.c ---- */
+
+/* --dcp over MPI (builds of the CLI with MPI; stubs elsewhere, which fail
+ * with KVA_STATUS_UNSUPPORTED and a reason). */
+typedef struct serve_dcp serve_dcp;
+
+/* 1 if this build has MPI, else 0 with the reason in why. */
+int serve_dcp_available(char *why, size_t n);
+/* MPI_Init; the run's N and this rank into o. Returns 0 on failure. */
+int serve_dcp_init(int *argc, char ***argv, serve_opts *o);
+/* MPI_Finalize (after serve_dcp_init only). */
+void serve_dcp_finalize(void);
+/* Ends every rank's process (MPI_Abort): a failed rank's peers may be
+ * waiting in a collective. */
+void serve_dcp_abort(int code);
+/* The combine of one run (A2A) for up to max_tokens tokens, on ctx. */
+kva_status serve_dcp_create(kva_context *ctx, const serve_opts *o, int32_t max_tokens,
+                            serve_dcp **out);
+void serve_dcp_destroy(serve_dcp *d);
+/* Where this rank's attention writes its partial [T, H, D] and lse [T, H]
+ * for the next combine (kva_dcp_mpi_partials: in the shared window). */
+kva_status serve_dcp_partials(serve_dcp *d, int32_t T, void **part, float **lse);
+/* kva_dcp_mpi_combine (A2A): part and lse -> out [T, H / N, D]. */
+kva_status serve_dcp_combine(serve_dcp *d, int32_t T, const void *part, const float *lse,
+                             void *out);
+/* The largest v over the ranks (every rank calls it). */
+double serve_dcp_max(serve_dcp *d, double v);
+/* Rank 0 receives every rank's n bytes at mine into all [N][n]. */
+kva_status serve_dcp_gather(serve_dcp *d, const void *mine, size_t n, void *all);
 
 /* ---- serve_device.c ---- */
 

@@ -291,3 +291,71 @@ kva_status serve_verify_host(serve_engine *e, int32_t R, int32_t stride, int32_t
         return KVA_STATUS_INTERNAL;
     return verify_layer(e, R, stride, l, q, e->caches[l], e->out, misplaced, st);
 }
+
+/* --dcp --verify, every step, layer 0 (the layer rank 0 keeps unsharded in
+ * e->full: NB blocks of N * B tokens, indexed by the pool's block table as a
+ * run without --dcp would): rank 0 writes the step's new rows there and runs
+ * the unsharded plan; every rank sends its combined heads [T, H / N, D]; rank
+ * 0 compares them head by head with the tolerance of tests/test_dcp.c (the
+ * partials are rounded to the dtype before the combine: atol + rtol (|want| +
+ * 1.75 (N - 1)), 1.75 bounding the random values). A collective: every rank
+ * calls it at the same steps. */
+kva_status serve_verify_dcp(serve_engine *e, int32_t R, int32_t stride, const void *q,
+                            const void *k, const void *v, serve_stats *st)
+{
+    const serve_opts *o = &e->o;
+    const int32_t T = e->qsl[R], N = o->dcp, Hn = o->heads / N, D = o->head_dim;
+    const size_t mine = (size_t)T * Hn * D * e->es;
+    if (o->fault == SERVE_FAULT_OUTPUT && o->dcp_rank == N - 1)
+        fault_output(o, e->out);
+    kva_status rc = serve_dcp_gather(e->dcp, e->out, mine, e->gathered);
+    if (rc != KVA_STATUS_OK || o->dcp_rank != 0)
+        return rc;
+    /* The run without --dcp: block size N * B, the pool's slots. */
+    serve_opts fo = *o;
+    fo.dcp = 0;
+    fo.block_size = N * o->block_size;
+    if ((rc = kva_cache_write(e->ctx, e->full, T, k, 0, v, 0, o->dtype, e->full_slots)) !=
+        KVA_STATUS_OK)
+        return rc;
+    kva_plan_desc pd =
+        serve_step_desc(&fo, R, e->qsl, e->seq_lens, e->bt, stride, serve_layer_local(o, 0));
+    kva_plan *plan = NULL;
+    if ((rc = kva_plan_create(e->ctx, &pd, &plan)) != KVA_STATUS_OK)
+        return rc;
+    kva_test_poison(e->full_out, o->dtype, (size_t)T * o->heads * D);
+    rc = kva_attention_run(e->ctx, plan, q, e->full, NULL, e->full_out, NULL);
+    kva_plan_destroy(plan);
+    if (rc != KVA_STATUS_OK)
+        return rc;
+    const double atol = kva_test_atol(o->dtype), rtol = kva_test_rtol(o->dtype);
+    size_t bad = 0;
+    for (int32_t t = 0; t < T; t++)
+        for (int32_t h = 0; h < o->heads; h++)
+            for (int32_t x = 0; x < D; x++) {
+                /* Rank h / Hn sent head h as its head h % Hn. */
+                size_t g = (((size_t)(h / Hn) * T + t) * Hn + h % Hn) * D + x;
+                double got = kva_test_get(e->gathered, o->dtype, g);
+                double want =
+                    kva_test_get(e->full_out, o->dtype, ((size_t)t * o->heads + h) * D + x);
+                double err = fabs(got - want);
+                if (!(err <= atol + rtol * (fabs(want) + 1.75 * (N - 1)))) {
+                    bad++;
+                    if (isnan(err))
+                        err = INFINITY;
+                }
+                if (err > st->verify_max_err)
+                    st->verify_max_err = err;
+            }
+    st->verify_steps++;
+    st->verify_tokens += T;
+    if (bad) {
+        st->verify_failures++;
+        if (!e->verr[0])
+            snprintf(e->verr, sizeof e->verr,
+                     "step %lld, layer 0: %zu combined output elements of %d ranks differ from "
+                     "the unsharded run (largest error so far %.3g)",
+                     (long long)e->step, bad, (int)N, st->verify_max_err);
+    }
+    return KVA_STATUS_OK;
+}

@@ -125,6 +125,7 @@ class PlanDesc(Structure):
         ("sparse_topk", c_int32),
         ("sparse_mode", c_int32),  # kva_sparse_mode: 0 mixed, 1 separate
         ("cascade_parent", c_void_p),  # [G] int32 parent group of each given group, or NULL
+        ("index_q_quant", c_int32),  # indexer plans: kva_quant of q, 0 none, 6 fp8_token
     ]
 
 

@@ -85,19 +85,25 @@ static void write_key(const kva_cache *c, int64_t block, int64_t off, const char
             kva__store_f(row, d->dtype, (size_t)i, kva__load_f(src, src_dt, (size_t)i));
         return;
     }
-    /* FP8_TOKEN: s = max(amax / 448, FLT_MIN) over the row (NaN ignored: a
-     * NaN element stays NaN, its code 0x7f), codes fp8(x / s). */
-    float x[KVA_MAX_HEAD_DIM], amax = 0.0f;
-    for (int64_t i = 0; i < D; i++) {
+    float x[KVA_MAX_HEAD_DIM];
+    for (int64_t i = 0; i < D; i++)
         x[i] = kva__load_f(src, src_dt, (size_t)i);
+    const float s = kva__index_fp8_quant_row(x, D, (uint8_t *)base + off * D);
+    memcpy(base + (int64_t)d->block_size * D + off * (int64_t)sizeof(float), &s, sizeof s);
+}
+
+float kva__index_fp8_quant_row(const float *x, int64_t D, uint8_t *codes)
+{
+    /* NaN is ignored by the comparison: a NaN element stays NaN (code 0x7f). */
+    float amax = 0.0f;
+    for (int64_t i = 0; i < D; i++) {
         const float a = fabsf(x[i]);
         amax = a > amax ? a : amax;
     }
     const float s = kva__index_fp8_scale(amax);
-    uint8_t *codes = (uint8_t *)base + off * D;
     for (int64_t i = 0; i < D; i++)
         codes[i] = kva_f32_to_fp8_e4m3(x[i] / s);
-    memcpy(base + (int64_t)d->block_size * D + off * (int64_t)sizeof(float), &s, sizeof s);
+    return s;
 }
 
 /* Checks every slot of a host call before anything is touched. */

@@ -25,6 +25,11 @@
  *   Combine i writes buffer i % 2, so a rank rewrites a buffer only after
  *   every rank passed the next combine's barrier, that is, finished reading
  *   it.
+ *   Zero-copy: kva_dcp_mpi_partials hands out the rank's next buffer as
+ *   [T, H, Dv] out | [T, H] lse (the lse at a 64-byte boundary), where the
+ *   sharded attention writes its partial; a combine given those pointers
+ *   skips the pack, and the merge reads its heads' rows of every rank's
+ *   buffer in place (token stride H * Dv) on the context's threads.
  * Buffers are made once for max_tokens at create (the window at the first
  * A2A combine); a combine never allocates after that.
  */
@@ -52,7 +57,14 @@ struct kva_dcp_mpi {
     char *seg0;
     size_t seg, buf;
     int64_t calls; /* shared-memory combines so far */
+    void *part;    /* kva_dcp_mpi_partials without the window: [T, H, Dv] | lse */
 };
+
+/* Bytes of a zero-copy partial's out rows, where its lse starts. */
+static size_t part_lse_offset(const kva_dcp_mpi *c, int32_t T)
+{
+    return ((size_t)T * c->g.num_heads * c->g.head_dim_v * c->g.es + 63) & ~(size_t)63;
+}
 
 /* A status for a failed MPI call, with MPI's message. */
 static kva_status mpi_fail(const char *what, int err)
@@ -94,6 +106,7 @@ kva_status kva_dcp_mpi_create(kva_context *ctx, MPI_Comm comm, int32_t max_token
     const size_t elems = (size_t)max_tokens * (size_t)num_heads * (size_t)head_dim_v;
     const size_t a2a = (size_t)max_tokens * (size_t)num_heads * ((size_t)head_dim_v * c->g.es + 4);
     c->bytes = elems * sizeof(float) > a2a ? elems * sizeof(float) : a2a;
+    c->bytes += 64; /* a zero-copy partial's lse starts at a 64-byte boundary */
     c->lses = malloc((size_t)size * (size_t)max_tokens * (size_t)num_heads * sizeof(float));
     c->row = malloc((size_t)head_dim_v * sizeof(float));
     c->send = malloc(c->bytes);
@@ -120,6 +133,7 @@ void kva_dcp_mpi_destroy(kva_dcp_mpi *c)
     free(c->row);
     free(c->send);
     free(c->recv);
+    free(c->part);
     free(c);
 }
 
@@ -250,8 +264,35 @@ static kva_status combine_a2a(kva_dcp_mpi *c, int32_t T, const void *out_part,
     if (c->shm == 0)
         KVA_TRY(shm_open(c));
     if (c->shm > 0) {
-        const size_t b = (size_t)(c->calls++ & 1) * c->buf;
+        const size_t b = (size_t)(c->calls & 1) * c->buf, lo = part_lse_offset(c, T);
         char *own = c->seg0 + (size_t)c->g.rank * c->seg + b;
+        const char *p = out_part;
+        const int zero_copy = p == own;
+        if (zero_copy && (const char *)lse_part != own + lo)
+            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                             "kva_dcp_mpi_combine: out_part is this rank's kva_dcp_mpi_partials "
+                             "buffer but lse_part is not its lse for %d tokens",
+                             (int)T);
+        if (!zero_copy && p >= c->seg0 && p < c->seg0 + (size_t)N * c->seg)
+            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                             "kva_dcp_mpi_combine: out_part lies in the shared window but is not "
+                             "the buffer of this combine (kva_dcp_mpi_partials right before it)");
+        c->calls++;
+        if (zero_copy) {
+            MPI_Win_sync(c->win);
+            const int err = MPI_Barrier(c->comm);
+            if (err != MPI_SUCCESS)
+                return mpi_fail("MPI_Barrier", err);
+            MPI_Win_sync(c->win);
+            /* This rank's heads in rank 0's buffer; rank p's one segment on. */
+            const char *b0 = c->seg0 + b;
+            kva__cpu_merge_rows(c->g.ctx, N, T, Hn, Dv, c->g.dtype,
+                                b0 + (size_t)c->g.rank * Hn * Dv * c->g.es,
+                                (int64_t)(c->seg / c->g.es), (int64_t)H * Dv,
+                                (const float *)(b0 + lo) + (size_t)c->g.rank * Hn,
+                                (int64_t)(c->seg / 4), H, out, lse_out);
+            return KVA_STATUS_OK;
+        }
         for (int32_t k = 0; k < N; k++)
             pack_block(c, T, k, out_part, lse_part, own + (size_t)k * block, out_bytes);
         /* Publish the blocks (memory barrier, barrier, memory barrier). */
@@ -274,6 +315,32 @@ static kva_status combine_a2a(kva_dcp_mpi *c, int32_t T, const void *out_part,
     return kva_merge_states_n(
         c->g.ctx, N, T, Hn, Dv, c->g.dtype, c->recv, (int64_t)(block / c->g.es),
         (const float *)((char *)c->recv + out_bytes), (int64_t)(block / 4), out, lse_out);
+}
+
+kva_status kva_dcp_mpi_partials(kva_dcp_mpi *c, int32_t num_tokens, void **out_part,
+                                float **lse_part)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(c);
+    KVA_CHECK_PTR(out_part);
+    KVA_CHECK_PTR(lse_part);
+    if (num_tokens < 1 || num_tokens > c->g.max_tokens)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_dcp_mpi_partials: num_tokens = %d is outside [1, max_tokens = %d]",
+                         (int)num_tokens, (int)c->g.max_tokens);
+    if (c->shm == 0)
+        KVA_TRY(shm_open(c));
+    char *p;
+    if (c->shm > 0) {
+        p = c->seg0 + (size_t)c->g.rank * c->seg + (size_t)(c->calls & 1) * c->buf;
+    } else {
+        if (!c->part && !(c->part = malloc(c->bytes)))
+            return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_dcp_mpi_partials: out of memory");
+        p = c->part;
+    }
+    *out_part = p;
+    *lse_part = (float *)(p + part_lse_offset(c, num_tokens));
+    return KVA_STATUS_OK;
 }
 
 kva_status kva_dcp_mpi_combine(kva_dcp_mpi *c, kva_dcp_combine mode, int32_t num_tokens,

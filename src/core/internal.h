@@ -346,6 +346,10 @@ static inline size_t kva__index_scale_bytes(const kva_cache_desc *d)
 /* The FP8_TOKEN scale of a row whose absolute maximum is amax (NaN ignored
  * by the caller): max(amax / 448, FLT_MIN), as vLLM's indexer cache write. */
 float kva__index_fp8_scale(float amax);
+/* The FP8_TOKEN quantization of one row x [D] (a key row of the cache, or
+ * an index query row of an FP8-q indexer plan): codes [D] = e4m3(x / s),
+ * x / s in float32, round to nearest even, saturating; returns s. */
+float kva__index_fp8_quant_row(const float *x, int64_t D, uint8_t *codes);
 /* The relations of kind KVA_ATTN_INDEX (validate_desc in cache.c): Hkv 1,
  * head_dim_v 0 or D, F32/F16/BF16 unquantized or FP8_E4M3 + FP8_TOKEN. */
 kva_status kva__index_cache_validate(const char *fn, const kva_cache_desc *d);
@@ -702,6 +706,19 @@ struct kva__backend_ops {
                           const float *weights, const kva_cache *cache, int32_t *indices,
                           int64_t indices_stride, int32_t *topk_length);
 };
+
+/* The N-way LSE merge of kva_merge_states_n on host memory (src/attn/cpu/
+ * cpu_merge.c), on ctx's threads, over parts whose token rows are strided:
+ * head h of token t of part p is the row at outs + p * out_stride + t *
+ * out_tok + h * Dv and its lse lses[p * lse_stride + t * lse_tok + h]
+ * (elements); out [T, H, Dv] and lse_out [T, H] (or NULL) are contiguous.
+ * Exported for kvattn_mpi, whose combine merges the ranks' partials in place
+ * in their [T, all heads, Dv] layout. */
+KVA_API void kva__cpu_merge_rows(const kva_context *ctx, int32_t num_parts, int32_t num_tokens,
+                                 int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
+                                 const void *outs, int64_t out_stride, int64_t out_tok,
+                                 const float *lses, int64_t lse_stride, int64_t lse_tok, void *out,
+                                 float *lse_out);
 
 extern const kva__backend_ops kva__ref_ops;  /* src/attn/ref/ */
 extern const kva__backend_ops kva__cpu_ops;  /* src/attn/cpu/ */

@@ -126,6 +126,11 @@ static kva_status check_index(const kva_plan_desc *d)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: sparse_mode = %d is for sparse MLA plans; an indexer plan takes 0",
                          fn, (int)d->sparse_mode);
+    if (d->index_q_quant != KVA_QUANT_NONE && d->index_q_quant != KVA_QUANT_FP8_TOKEN)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: index_q_quant = %d: an indexer plan takes KVA_QUANT_NONE (0) or "
+                         "KVA_QUANT_FP8_TOKEN (%d)",
+                         fn, (int)d->index_q_quant, (int)KVA_QUANT_FP8_TOKEN);
     if (!d->causal)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: causal = 0: the indexer scores the keys up to each token's own "
@@ -227,6 +232,11 @@ static kva_status check_scalars(const kva_plan_desc *d)
         KVA_TRY(check_index(d));
     else
         KVA_TRY(check_sparse(d));
+    if (d->kind != KVA_ATTN_INDEX && d->index_q_quant != 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_create: index_q_quant = %d is for indexer plans (kind "
+                         "KVA_ATTN_INDEX) only; must be 0",
+                         (int)d->index_q_quant);
     if (d->kind == KVA_ATTN_MLA)
         KVA_TRY(check_mla(d));
     else if (d->mla_qk_nope_head_dim != 0 || d->mla_v_head_dim != 0)

@@ -19,7 +19,13 @@
         CHECK_MSG(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                     \
     } while (0)
 
-/* Device copy of n bytes of host memory (NULL when src is NULL). */
+/* Device copy of n bytes of host memory (NULL when src is NULL). It and
+ * cache_upload end with cudaDeviceSynchronize: a cudaMemcpy from pageable
+ * host memory may return before its DMA has landed, on the legacy default
+ * stream, which a context's cudaStreamNonBlocking stream does not wait for,
+ * so a kernel launched next could read the old bytes (test_cuda_dcp read a
+ * rank's cache early while other tests loaded the GPU: finite wrong values,
+ * not the poison). */
 static inline void *dev_from(const void *src, size_t n)
 {
     if (!src)
@@ -28,6 +34,7 @@ static inline void *dev_from(const void *src, size_t n)
     CUDA_OK(cudaMalloc(&d, n ? n : 1));
     if (n)
         CUDA_OK(cudaMemcpy(d, src, n, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaDeviceSynchronize());
     return d;
 }
 
@@ -143,6 +150,7 @@ static inline void cache_upload(kva_cache *dev, const kva_cache *host)
         CUDA_OK(cudaMemcpy(ds, hs,
                            (size_t)host->desc.num_blocks * kva_cache_block_bytes_scales(host),
                            cudaMemcpyHostToDevice));
+    CUDA_OK(cudaDeviceSynchronize()); /* see dev_from */
 }
 #endif
 

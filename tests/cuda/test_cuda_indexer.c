@@ -12,7 +12,9 @@
  * status and leaves outputs untouched; every run also captured in a CUDA
  * graph and replayed (same bits); the multi-pass path (a small per-pass
  * logits limit set by kva__cuda_context_indexer_test) and the mma.sync
- * logits kernel where the sm_90a one is the default. KVA_TEST_QUICK=1 runs
+ * logits kernel where the sm_90a one is the default, the top-K's
+ * whole-row passes (forced, and for a tie bin past its buffer); the FP8-q mode
+ * (index_q_quant, e4m3 products on sm_90a). KVA_TEST_QUICK=1 runs
  * the small cases only. Exits 77 without a GPU.
  */
 #include "../indexer_util.h"
@@ -80,10 +82,19 @@ static void run_case(kva_context *gpu, const idx_case *c, int multipass)
     kva_plan_desc pd = idx_plan_desc(c, &x);
     kva_plan *plan = NULL;
     CHECK_OK(kva_plan_create(gpu, &pd, &plan));
-    if (plan && multipass)
-        CHECK_MSG(plan->workspace_bytes < (size_t)x.T * plan->info.max_seq_len * sizeof(float),
+    if (plan && multipass) {
+        /* A one-pass plan's workspace: every token's logits, then for the
+         * FP8-q mode q's codes (2 bytes each at most) and the scaled
+         * weights, 256-byte aligned (indexer.cu). */
+        size_t all = (size_t)x.T * plan->info.max_seq_len * sizeof(float);
+        if (c->qfp8)
+            all = ((all + 255) & ~(size_t)255) +
+                  (((size_t)x.T * c->Hi * c->D * 2 + 255) & ~(size_t)255) +
+                  (size_t)x.T * c->Hi * sizeof(float);
+        CHECK_MSG(plan->workspace_bytes < all,
                   "multi-pass plan: workspace %zu bytes holds every token's logits",
                   plan->workspace_bytes);
+    }
     if (cache && plan) {
         const int64_t stride = c->K + 1;
         const size_t ni = (size_t)x.T * stride, qb = (size_t)x.T * c->Hi * c->D * 2;
@@ -99,8 +110,8 @@ static void run_case(kva_context *gpu, const idx_case *c, int multipass)
         for (int32_t t = 0; t < x.T; t++)
             pad += ind[t * stride + c->K] != 0x5a5a5a5a; /* past K: untouched */
         char label[96];
-        snprintf(label, sizeof label, "cuda Hi %d D %d K %d fp8 %d %s", (int)c->Hi, (int)c->D,
-                 (int)c->K, c->fp8, kva_dtype_name(c->dt));
+        snprintf(label, sizeof label, "cuda Hi %d D %d K %d fp8 %d %s%s", (int)c->Hi, (int)c->D,
+                 (int)c->K, c->fp8, kva_dtype_name(c->dt), c->qfp8 ? " fp8 q" : "");
         const int bad = idx_check(label, c, &x, ind, stride, len, 0);
         CHECK_MSG(pad == 0 && bad == 0, "%s: %d of %d rows differ, %d pads written", label, bad,
                   (int)x.T, pad);
@@ -221,7 +232,94 @@ static void test_grid(void)
     run_case(gpu, &s, 0);
     CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 0));
     run_case(gpu, &s, 0);
+    /* The top-K reading the whole row in every radix pass (flag 2), and by
+     * default a tie bin larger than its shared-memory buffer (5000 equal
+     * keys: the whole-row passes). */
+    CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 2));
+    run_case(gpu, &a, 0);
+    run_case(gpu, &s, 0);
+    CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 0));
+    idx_case s2 = s;
+    s2.R = 1;
+    s2.q_len[0] = 3;
+    s2.seq_len[0] = 5000;
+    s2.seed = 48;
+    run_case(gpu, &s2, 0);
     CHECK_STATUS(kva__cuda_context_indexer_test(gpu, -1, 0), KVA_STATUS_INVALID_ARGUMENT);
+    kva_context_destroy(gpu);
+}
+
+/*
+ * index_q_quant = FP8_TOKEN against the test's quantized fp64 logits. On
+ * sm_90a, DeepSeek's shape over FP8_TOKEN keys runs e4m3 x e4m3 wgmma,
+ * whose accumulation keeps fewer bits than fp32: those cases allow swaps
+ * within 2^-10 M (indexer_util.h's M); the 16-bit kernels (bf16 keys, the
+ * mma.sync kernel forced) multiply the codes' exact values and keep the
+ * fp32 bound. Also over passes, with f16 q and a NaN key, and graph replay
+ * (run_case). Prints the share of the bf16-q top K the FP8-q top K keeps.
+ */
+static void test_fp8_q(void)
+{
+    kva_context *gpu = make_ctx(KVA_BACKEND_CUDA);
+    const double tc = ldexp(1.0, -10);
+    idx_case a = {.Hi = 64,
+                  .D = 128,
+                  .B = 64,
+                  .K = 128,
+                  .dt = KVA_DTYPE_BF16,
+                  .fp8 = 1,
+                  .qfp8 = 1,
+                  .tol_rel = tc,
+                  .R = 4,
+                  .q_len = {1, 3, 24, 17},
+                  .seq_len = {3000, 700, 2100, 17},
+                  .ties = 1,
+                  .seed = 71};
+    run_case(gpu, &a, 0);
+    idx_data x;
+    idx_build(&a, &x);
+    printf("  fp8 q: %.1f%% of the bf16-q top-%d kept (random data, %d tokens)\n",
+           100.0 * idx_fp8q_overlap(&a, &x), (int)a.K, (int)x.T);
+    idx_free(&x);
+    idx_case b = a; /* bf16 keys: the bf16 wgmma kernel on the codes' values */
+    b.fp8 = 0;
+    b.tol_rel = 0.0;
+    b.seed = 72;
+    run_case(gpu, &b, 0);
+    idx_case f = {.Hi = 16, /* not DeepSeek's shape: mma.sync, f16 q, a NaN key */
+                  .D = 64,
+                  .B = 16,
+                  .K = 20,
+                  .dt = KVA_DTYPE_F16,
+                  .fp8 = 1,
+                  .qfp8 = 1,
+                  .R = 2,
+                  .q_len = {6, 1},
+                  .seq_len = {300, 90},
+                  .nan_key = 1,
+                  .seed = 73};
+    run_case(gpu, &f, 0);
+    if (!getenv("KVA_TEST_QUICK")) {
+        idx_case d = {.Hi = 64, /* top-2048 of 8k keys, f16 q */
+                      .D = 128,
+                      .B = 64,
+                      .K = 2048,
+                      .dt = KVA_DTYPE_F16,
+                      .fp8 = 1,
+                      .qfp8 = 1,
+                      .tol_rel = tc,
+                      .R = 1,
+                      .q_len = {24},
+                      .seq_len = {8192},
+                      .seed = 74};
+        run_case(gpu, &d, 0);
+    }
+    CHECK_OK(kva__cuda_context_indexer_test(gpu, 1000, 0)); /* passes */
+    run_case(gpu, &a, 1);
+    CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 1)); /* mma.sync on the codes' values */
+    a.tol_rel = 0.0;
+    run_case(gpu, &a, 0);
+    CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 0));
     kva_context_destroy(gpu);
 }
 
@@ -325,6 +423,10 @@ static void test_bad_input(void)
     p = pd;
     p.sparse_topk = 5000;
     CHECK_STATUS(kva_plan_create(gpu, &p, &plan), KVA_STATUS_UNSUPPORTED);
+    p = pd;
+    p.index_q_quant = KVA_QUANT_FP8_E4M3;
+    CHECK_STATUS(kva_plan_create(gpu, &p, &plan), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK(plan == NULL);
     kva_cache *cache = make_dev_cache(gpu, &c, &x);
     CHECK_OK(kva_plan_create(gpu, &pd, &plan));
     if (cache && plan) {
@@ -360,6 +462,7 @@ int main(void)
     RUN(test_bad_input);
     RUN(test_cache_bytes);
     RUN(test_grid);
+    RUN(test_fp8_q);
 #endif
     return kva_test_finish();
 }

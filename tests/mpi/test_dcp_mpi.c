@@ -5,7 +5,9 @@
  * Every rank builds the same global K/V and queries (fixed seed), fills its
  * own sharded cache, runs its sharded plan on the CPU backend and combines
  * with both modes (AG_RS, A2A; A2A again after a combine of NaN partials,
- * which the shared-memory path's second buffer must not leak); its H / N heads of the result must
+ * which the shared-memory path's second buffer must not leak), and A2A from
+ * the partials buffers of kva_dcp_mpi_partials (the zero-copy path, the same
+ * NaN round); its H / N heads of the result must
  * equal the unsharded run (computed by every rank for itself) within the tolerance of test_dcp.c,
  * for f32 and bf16 outputs and two masks, with I = 1 and B. Bad input fails with a status on every
  * rank before any collective. Built without MPI, it prints why and exits 77 (skipped).
@@ -58,21 +60,42 @@ static void check_mode(const fmt *f, const mask *m, int32_t I)
     /* A2A runs again after a combine of NaN partials (-1): a rank that read a
      * buffer the others did not write this time (the shared-memory path's two
      * buffers) gets NaN. */
-    const int modes[] = {KVA_DCP_COMBINE_AG_RS, KVA_DCP_COMBINE_A2A, -1, KVA_DCP_COMBINE_A2A,
+    /* ZC: A2A from the kva_dcp_mpi_partials buffers (the partial copied in,
+     * as the attention would write it); -2: a zero-copy combine of NaN. */
+    enum { ZC = 100 };
+    const int modes[] = {KVA_DCP_COMBINE_AG_RS,
+                         KVA_DCP_COMBINE_A2A,
+                         -1,
+                         KVA_DCP_COMBINE_A2A,
+                         KVA_DCP_COMBINE_A2A,
+                         ZC,
+                         -2,
+                         ZC,
+                         ZC,
                          KVA_DCP_COMBINE_A2A};
+    const int num_modes = (int)(sizeof modes / sizeof modes[0]);
     void *nan_part = malloc(es * on);
     float *nan_lse = malloc(sizeof(float) * T * H);
     kva_test_poison(nan_part, f->q_dt, on);
     kva_test_poison(nan_lse, KVA_DTYPE_F32, (size_t)T * H);
-    for (int mi = 0; mi < 5; mi++) {
+    for (int mi = 0; mi < num_modes; mi++) {
         kva_test_poison(got, f->q_dt, (size_t)T * Hn * DV);
-        if (modes[mi] < 0) {
-            CHECK_OK(
-                kva_dcp_mpi_combine(dcp, KVA_DCP_COMBINE_A2A, T, nan_part, nan_lse, got, got_lse));
-            continue;
+        const void *src = modes[mi] == -1 ? nan_part : part;
+        const float *src_lse = modes[mi] == -1 ? nan_lse : part_lse;
+        if (modes[mi] == ZC || modes[mi] == -2) {
+            void *zp = NULL;
+            float *zl = NULL;
+            CHECK_OK(kva_dcp_mpi_partials(dcp, T, &zp, &zl));
+            memcpy(zp, modes[mi] == ZC ? part : nan_part, es * on);
+            memcpy(zl, modes[mi] == ZC ? part_lse : nan_lse, sizeof(float) * T * H);
+            src = zp;
+            src_lse = zl;
         }
-        CHECK_OK(
-            kva_dcp_mpi_combine(dcp, (kva_dcp_combine)modes[mi], T, part, part_lse, got, got_lse));
+        const kva_dcp_combine mode =
+            modes[mi] == KVA_DCP_COMBINE_AG_RS ? KVA_DCP_COMBINE_AG_RS : KVA_DCP_COMBINE_A2A;
+        CHECK_OK(kva_dcp_mpi_combine(dcp, mode, T, src, src_lse, got, got_lse));
+        if (modes[mi] < 0)
+            continue;
         size_t bad = 0;
         for (int32_t t = 0; t < T; t++)
             for (int32_t hh = 0; hh < Hn; hh++) {
@@ -101,6 +124,16 @@ static void check_mode(const fmt *f, const mask *m, int32_t I)
     CHECK_STATUS(kva_dcp_mpi_combine(dcp, KVA_DCP_COMBINE_A2A, T + 1, part, part_lse, got, NULL),
                  KVA_STATUS_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("max_tokens");
+    void *zp = NULL;
+    float *zl = NULL;
+    CHECK_STATUS(kva_dcp_mpi_partials(dcp, 0, &zp, &zl), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kva_dcp_mpi_partials(dcp, T, NULL, &zl), KVA_STATUS_NULL_POINTER);
+    CHECK_OK(kva_dcp_mpi_partials(dcp, T, &zp, &zl));
+    /* The window's buffer with an lse that is not its own (ranks on one host:
+     * the shared-memory path checks before its barrier). */
+    CHECK_STATUS(kva_dcp_mpi_combine(dcp, KVA_DCP_COMBINE_A2A, T, zp, zl + 1, got, NULL),
+                 KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("lse_part");
     kva_dcp_mpi_destroy(dcp);
     kva_dcp_mpi *bad = NULL;
     CHECK_STATUS(kva_dcp_mpi_create(ctx, MPI_COMM_WORLD, T, H + 1, DV, f->q_dt, &bad),

@@ -119,17 +119,30 @@ kva_status kva__cpu_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t 
                                    const void *outs, int64_t out_stride, const float *lses,
                                    int64_t lse_stride, void *out, float *lse_out)
 {
+    kva__cpu_merge_rows(ctx, num_parts, num_tokens, num_heads, head_dim_v, dtype, outs, out_stride,
+                        (int64_t)num_heads * head_dim_v, lses, lse_stride, num_heads, out, lse_out);
+    return KVA_STATUS_OK;
+}
+
+void kva__cpu_merge_rows(const kva_context *ctx, int32_t num_parts, int32_t num_tokens,
+                         int32_t num_heads, int32_t head_dim_v, kva_dtype dtype, const void *outs,
+                         int64_t out_stride, int64_t out_tok, const float *lses, int64_t lse_stride,
+                         int64_t lse_tok, void *out, float *lse_out)
+{
     const int64_t rows = (int64_t)num_tokens * num_heads;
     const int32_t Dv = head_dim_v;
-    const size_t row_bytes = (size_t)Dv * kva_dtype_size(dtype);
+    const size_t esz = kva_dtype_size(dtype), row_bytes = (size_t)Dv * esz;
     const int nt =
         ctx->num_threads > 1 && rows * Dv * num_parts >= 16384 ? (int)ctx->num_threads : 1;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t n = 0; n < rows; n++) {
-        float acc[KVA_MAX_HEAD_DIM], row[KVA_MAX_HEAD_DIM];
+        /* Row n is head h of token t; its parts sit at the token strides. */
+        const int64_t t = n / num_heads, h = n % num_heads;
+        const int64_t src = t * out_tok + h * Dv, ls = t * lse_tok + h;
+        float acc[KVA_MAX_HEAD_DIM], wts[KVA_MAX_DCP];
         float m = -INFINITY;
         for (int32_t p = 0; p < num_parts; p++)
-            m = kva__cpu_max_nan(lses[p * lse_stride + n], m);
+            m = kva__cpu_max_nan(lses[p * lse_stride + ls], m);
         unsigned char *dst = (unsigned char *)out + (size_t)n * row_bytes;
         if (m != m || m == -INFINITY) { /* a NaN part, or no key in any part */
             for (int32_t c = 0; c < Dv; c++)
@@ -139,27 +152,37 @@ kva_status kva__cpu_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t 
                 lse_out[n] = m;
             continue;
         }
-        memset(acc, 0, (size_t)Dv * sizeof(float));
+        /* The weights first, so each part's row is read once, already
+         * normalized: acc = sum_p (w_p / W) out_p, one pass per part. */
         float w = 0.0f;
         for (int32_t p = 0; p < num_parts; p++) {
-            const float wp = expf(lses[p * lse_stride + n] - m);
-            if (wp == 0.0f)
-                continue; /* not read: its row may hold anything */
-            kva__cpu_load_row(row,
-                              (const unsigned char *)outs +
-                                  ((size_t)(p * out_stride) + (size_t)n * Dv) *
-                                      kva_dtype_size(dtype),
-                              dtype, Dv);
-            for (int32_t c = 0; c < Dv; c++)
-                acc[c] += wp * row[c];
-            w += wp;
+            wts[p] = expf(lses[p * lse_stride + ls] - m);
+            w += wts[p];
         }
         const float inv = 1.0f / w;
-        for (int32_t c = 0; c < Dv; c++)
-            acc[c] *= inv;
+        memset(acc, 0, (size_t)Dv * sizeof(float));
+        for (int32_t p = 0; p < num_parts; p++) {
+            if (wts[p] == 0.0f)
+                continue; /* not read: its row may hold anything */
+            const float wp = wts[p] * inv;
+            const unsigned char *row =
+                (const unsigned char *)outs + ((size_t)(p * out_stride) + (size_t)src) * esz;
+            if (dtype == KVA_DTYPE_F32) {
+                const float *restrict r = (const float *)row;
+                for (int32_t c = 0; c < Dv; c++)
+                    acc[c] += wp * r[c];
+            } else if (dtype == KVA_DTYPE_BF16) {
+                const uint16_t *restrict r = (const uint16_t *)row;
+                for (int32_t c = 0; c < Dv; c++)
+                    acc[c] += wp * kva__cpu_bf16_to_f32(r[c]);
+            } else {
+                const uint16_t *restrict r = (const uint16_t *)row;
+                for (int32_t c = 0; c < Dv; c++)
+                    acc[c] += wp * kva__cpu_f16_to_f32(r[c]);
+            }
+        }
         kva__cpu_store_row(dst, dtype, acc, Dv);
         if (lse_out)
             lse_out[n] = m + logf(w);
     }
-    return KVA_STATUS_OK;
 }

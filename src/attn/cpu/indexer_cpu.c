@@ -3,7 +3,8 @@
  * backend).
  *
  * Threads take query tokens. For its token a thread converts q [Hi, D] to
- * float once, then walks the keys 0 .. pos in tiles of W (8 on AVX2, 16 on
+ * float once (an FP8-q plan: to its e4m3 codes' values, the row scales
+ * folded into the head weights), then walks the keys 0 .. pos in tiles of W (8 on AVX2, 16 on
  * AVX-512, 8 portable): the tile's rows are loaded straight into [D, W]
  * order (FP8_TOKEN codes through a 256-entry table, the per-token scales
  * aside) and scored by the ISA's tile kernel (indexer_cpu.h) into the
@@ -24,7 +25,7 @@
 /* Bytes of one thread's scratch, each part 64-byte aligned: q [Hi, D] and
  * the tile [D, W] as float, the e4m3 table [256] (in a part of [D, W]
  * floats or 1 KiB), scales [W], logits/keys [S], candidates [K] uint64,
- * the radix histogram [2048]. */
+ * the radix histogram [2048], the head weights [Hi] of an FP8-q plan. */
 static size_t align64(size_t x)
 {
     return (x + 63) & ~(size_t)63;
@@ -40,7 +41,8 @@ static size_t thread_bytes(const kva_plan *plan)
     const size_t D = (size_t)d->head_dim, W = KVA_INDEX_TILE_MAX;
     return align64((size_t)d->num_heads * D * 4) + align64(D * W * 4) + lut_bytes(D) +
            align64(W * 4) + align64((size_t)plan->info.max_seq_len * 4) +
-           align64((size_t)d->sparse_topk * 8) + align64(2048 * 4);
+           align64((size_t)d->sparse_topk * 8) + align64(2048 * 4) +
+           align64((size_t)d->num_heads * 4);
 }
 
 size_t kva__cpu_indexer_workspace(const kva_plan *plan, int32_t nt)
@@ -216,6 +218,7 @@ kva_status kva__cpu_indexer(kva_context *ctx, const kva_plan *plan, const void *
         float *logit = (float *)((char *)sc + align64(KVA_INDEX_TILE_MAX * 4));
         uint64_t *cand = (uint64_t *)((char *)logit + align64((size_t)plan->info.max_seq_len * 4));
         uint32_t *hist = (uint32_t *)((char *)cand + align64((size_t)K * 8));
+        float *wq = (float *)((char *)hist + align64(2048 * 4));
         int32_t r = 0;
 #pragma omp for schedule(dynamic, 1)
         for (int32_t t = 0; t < T; t++) {
@@ -228,8 +231,23 @@ kva_status kva__cpu_indexer(kva_context *ctx, const kva_plan *plan, const void *
             const int32_t n = plan->seq_lens[r] - ql + (t - q0) + 1; /* keys 0 .. pos */
             for (int64_t e = 0; e < (int64_t)Hi * D; e++)
                 qf[e] = kva__load_f(q, d->q_dtype, (size_t)((int64_t)t * Hi * D + e));
-            score_token(plan, cache, plan->block_table + (int64_t)r * d->block_table_stride, qf,
-                        weights + (int64_t)t * Hi, n, tile, W, kt, lut, sc, logit);
+            const float *w = weights + (int64_t)t * Hi;
+            if (d->index_q_quant == KVA_QUANT_FP8_TOKEN) {
+                /* Each head's row becomes its codes' values (exact), its
+                 * scale goes into the head weight: w s relu(c . k) =
+                 * w relu(c s . k) since s > 0. */
+                uint8_t codes[KVA_MAX_HEAD_DIM];
+                for (int32_t h = 0; h < Hi; h++) {
+                    float *qh = qf + (int64_t)h * D;
+                    const float s = kva__index_fp8_quant_row(qh, D, codes);
+                    for (int32_t c = 0; c < D; c++)
+                        qh[c] = lut[codes[c]];
+                    wq[h] = w[h] * s;
+                }
+                w = wq;
+            }
+            score_token(plan, cache, plan->block_table + (int64_t)r * d->block_table_stride, qf, w,
+                        n, tile, W, kt, lut, sc, logit);
             uint32_t *key = (uint32_t *)logit; /* in place */
             for (int32_t j = 0; j < n; j++)
                 key[j] = order_key(logit[j]);

@@ -1,6 +1,7 @@
 /*
- * attn_xpose.cuh - the key-loop step of the CUDA-core kernel for f16/bf16 (included by
- * attn_simt.cu; a template, hence in a header).
+ * attn_xpose.cuh - the key-loop step of the CUDA-core kernel (simt_kernel.cuh)
+ * for the load policies with the cp.async ring (f16/bf16; included by
+ * simt_kernel.cuh; a template, hence in a header).
  *
  * A plain step reduces each of the U*ROWS dot products of a lane group
  * with its own log2(LK) shuffles and then runs the softmax update for every
@@ -69,15 +70,14 @@ template <int N, int NV> struct butterfly<0, N, NV> {
     static __device__ __forceinline__ void run(float (&)[NV], int) {}
 };
 
-template <typename T, int LK, int NCH, int ROWS, int U>
+template <class P, int LK, int ROWS>
 __device__ __forceinline__ void
-attend_step_x(const attn_args &a, int32_t kb, int g, int li, const uint4 (&kr)[U][NCH],
-              const uint4 (&vr)[U][NCH], const float (&q)[ROWS][NCH][vec_of<T>::n],
-              xpose_rows<U * ROWS / LK> &xr, int32_t lo_all, int32_t hi_all,
-              const kva__cuda_tree &tree, float (&m)[ROWS], float (&l)[ROWS],
-              float (&acc)[ROWS][NCH][vec_of<T>::n])
+kva__simt_step_x(const typename P::Args &a, int32_t kb, int g, int li, const typename P::Regs &rg,
+                 const float (&q)[ROWS][P::KE], xpose_rows<P::U * ROWS / LK> &xr, int32_t lo_all,
+                 int32_t hi_all, const kva__cuda_tree &tree, float (&m)[ROWS], float (&l)[ROWS],
+                 float (&acc)[ROWS][P::NCV][P::VV])
 {
-    constexpr int VEC = vec_of<T>::n;
+    constexpr int U = P::U, NCV = P::NCV, VV = P::VV;
     constexpr int KPW = 32 / LK;
     constexpr int NV = U * ROWS;
     constexpr int M = NV / LK;
@@ -88,20 +88,11 @@ attend_step_x(const attn_args &a, int32_t kb, int g, int li, const uint4 (&kr)[U
     float x[NV];
 #pragma unroll
     for (int u = 0; u < U; u++) {
-        float kf[NCH][VEC];
+        float dot[ROWS];
+        kva__simt_dots<P, ROWS>(rg, u, q, dot);
 #pragma unroll
-        for (int c = 0; c < NCH; c++)
-            to_float(kr[u][c], kf[c], (const T *)nullptr);
-#pragma unroll
-        for (int r = 0; r < ROWS; r++) {
-            float dot = 0.f;
-#pragma unroll
-            for (int c = 0; c < NCH; c++)
-#pragma unroll
-                for (int e = 0; e < VEC; e++)
-                    dot = fmaf(q[r][c][e], kf[c][e], dot);
-            x[u * ROWS + r] = dot;
-        }
+        for (int r = 0; r < ROWS; r++)
+            x[u * ROWS + r] = dot[r];
     }
     /* Transposing butterfly: after the round with offset o, a lane holds
      * half as many values, each summed over twice as many lanes. */
@@ -113,8 +104,8 @@ attend_step_x(const attn_args &a, int32_t kb, int g, int li, const uint4 (&kr)[U
     for (int k = 0; k < M; k++) {
         const int u = (li * M + k) / ROWS;
         const int32_t j = kb + u * KPW + g;
-        float v = a.softcap > 0.f ? a.softcap * tanhf(x[k] * a.scale / a.softcap) * KVA_LOG2E
-                                  : x[k] * (a.scale * KVA_LOG2E);
+        float v = a.softcap > 0.f ? a.softcap * tanhf(x[k] * a.scale / a.softcap) * KVA__SIMT_LOG2E
+                                  : x[k] * (a.scale * KVA__SIMT_LOG2E);
         if (a.has_alibi) /* key position: dcp_pos.cuh */
             v = fmaf(xr.slope[k], (float)(kva__cuda_key_pos(a.meta, j) - xr.pos[k]), v);
         const bool vis =
@@ -142,27 +133,27 @@ attend_step_x(const attn_args &a, int32_t kb, int g, int li, const uint4 (&kr)[U
         m[r] = mn;
         l[r] *= corr;
 #pragma unroll
-        for (int c = 0; c < NCH; c++)
+        for (int c = 0; c < NCV; c++)
 #pragma unroll
-            for (int e = 0; e < VEC; e++)
+            for (int e = 0; e < VV; e++)
                 acc[r][c][e] *= corr;
     }
     /* Weights to every lane, then the value accumulation for its channels. */
 #pragma unroll
     for (int u = 0; u < U; u++) {
-        float vf[NCH][VEC];
+        float vf[NCV][VV];
 #pragma unroll
-        for (int c = 0; c < NCH; c++)
-            to_float(vr[u][c], vf[c], (const T *)nullptr);
+        for (int c = 0; c < NCV; c++)
+            P::v_float(rg, u, c, vf[c]);
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
             const int idx = u * ROWS + r;
             const float pv = __shfl_sync(full, p[idx % M], base + idx / M);
             l[r] += pv;
 #pragma unroll
-            for (int c = 0; c < NCH; c++)
+            for (int c = 0; c < NCV; c++)
 #pragma unroll
-                for (int e = 0; e < VEC; e++)
+                for (int e = 0; e < VV; e++)
                     acc[r][c][e] = fmaf(pv, vf[c][e], acc[r][c][e]);
         }
     }

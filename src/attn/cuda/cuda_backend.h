@@ -51,9 +51,13 @@ typedef struct kva__cuda_item {
 } kva__cuda_item;
 
 /* One split task (from kva__split_task); partials at ws + ws_off floats:
- * num_splits blocks of [nq*nh, Dv] outputs then [nq*nh] lse. */
+ * num_splits blocks of [nq*nh, Dv] outputs then [nq*nh] lse. done: the
+ * task's partials written so far in this run, counted by the tensor-core
+ * decode, whose CTA that writes the last one merges the task
+ * (decode_mma_kernel.cuh); uploaded 0 and set back to 0 by that CTA, so every
+ * run and graph replay starts from 0. */
 typedef struct kva__cuda_task {
-    int32_t req, kv_head, h0, nh, i0, nq, num_splits, pad;
+    int32_t req, kv_head, h0, nh, i0, nq, num_splits, done;
     int64_t ws_off;
 } kva__cuda_task;
 
@@ -161,6 +165,7 @@ typedef struct kva__cuda_state {
     int32_t mla_chunk_keys;    /* kva__cuda_context_mla_chunk: 0 = the plan's choice */
     int64_t index_pass_floats; /* kva__cuda_context_indexer_test: 0 = IDX_WS_FLOATS */
     int index_no_wgmma;        /* kva__cuda_context_indexer_test: 1 = mma.sync logits */
+    int index_topk_full;       /* kva__cuda_context_indexer_test: 1 = full-row top-K passes */
 } kva__cuda_state;
 
 /* Plan-side data of the CUDA backend (plan->device). */
@@ -211,7 +216,8 @@ kva_status kva__cuda_indexer_probe(kva_context *ctx, const kva_plan *plan, const
 /* Tests and benchmarks: indexer plans created on ctx from now on hold at
  * most pass_floats logits per pass (0: the default 1 GiB), so a small plan
  * runs the multi-pass path; flags bit 0: those plans use the mma.sync
- * logits kernel where the sm_90a one would run. */
+ * logits kernel where the sm_90a one would run; bit 1: their top-K reads
+ * the whole row in every radix pass (no shared-memory candidate buffer). */
 kva_status kva__cuda_context_indexer_test(kva_context *ctx, int64_t pass_floats, int flags);
 /* Index-key caches in device memory (index_cache.cu): storage (v aliases k),
  * the write (k [T, D] rows at k_stride elements; slots past the cache

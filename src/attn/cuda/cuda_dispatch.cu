@@ -7,7 +7,8 @@
  *   2. the work items' kernel the plan chose (cp->decode_kernel): the
  *      tensor-core decode (decode_mma.cu) or the CUDA-core kernel
  *      (attn_simt.cu);
- *   3. the split merge (split_merge.cu).
+ *   3. the split merge (split_merge.cu), unless the items' kernel merged its
+ *      split tasks itself (the tensor-core decode: last-CTA merge).
  * Which kernel runs is decided per plan (cuda_plan_build: the shape, or a
  * kernel forced through kva__context_force_kernel) and, for the prefill
  * tiles, per run (the cache's block size decides TMA).
@@ -151,8 +152,9 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
     }
     /* Launched under capture even when the plan has no split task (it then
      * exits), so a graph captured over a plan without splits replays plans
-     * with splits. */
-    if (eager && plan->part->num_tasks == 0)
+     * with splits; never after the tensor-core decode, which merged every
+     * task of the plan (all its split items are that kernel's). */
+    if ((eager && plan->part->num_tasks == 0) || cp->decode_kernel == KVA__CUDA_K_DECODE_MMA)
         return KVA_STATUS_OK;
     return kva__cuda_split_merge_launch(&a.meta, a.ws, sinks, out, lse, a.H, a.G, a.Dv, d->q_dtype,
                                         st->num_sms * 2, stream);

@@ -41,6 +41,8 @@ template <typename Ty, int D_> struct dm_load16 {
     static constexpr int STAGE = 2 * TILE, SQ = DM_M * D * 2;
     static constexpr int SMEM = SQ + DM_NW * NST * STAGE;
     static constexpr int MINB = D == 64 ? 3 : D == 128 ? 2 : 1;
+    /* Q staged before the first copies: issuing them first measured within
+     * noise at R 1 and 64 x 4095 (bench/results/h200_2026-11-27_dcp6.txt). */
     static constexpr bool RAGGED = true, ISSUE_FIRST = false;
     struct Item {
     };

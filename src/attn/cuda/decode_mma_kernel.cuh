@@ -35,8 +35,11 @@
  *     inside the speculative tokens, window, chunk edges, draft trees).
  *   - P stays in registers as the A operand of O += P V (the policy's).
  *   - At the end the warps merge through shared memory (the ring's space) and
- *     the CTA writes out/lse, or the split partial that split_merge_kernel
- *     (split_merge.cu) combines; the sink enters there or here, once.
+ *     the CTA writes out/lse, or a split partial. The CTA that writes the
+ *     last partial of a split task (a count per task: the task's done word)
+ *     merges the task's partials into out/lse (kva__merge_split_task,
+ *     lse_merge.cuh), so no merge kernel runs after this one; the sink enters
+ *     there or here, once.
  * Keys at or past the item's end are zero-filled (cp.async with source size
  * 0) and their block-table entries never read, so NaN in unused cache slots
  * cannot reach P V.
@@ -68,6 +71,7 @@ extern "C" {
 }
 #include "cuda_check.h"
 #include "decode_mma_common.cuh"
+#include "lse_merge.cuh"
 #include "mma_ptx.cuh"
 
 #include <math.h>
@@ -107,6 +111,7 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
     const kva__cuda_attn_args &a = P::attn(q);
     extern __shared__ __align__(128) unsigned char dm_smem_buf[];
     __shared__ float s_m[DM_NW][DM_M], s_l[DM_NW][DM_M];
+    __shared__ int s_last; /* this CTA wrote the last partial of its item's split task */
     float *s_acc = (float *)(dm_smem_buf + P::SQ); /* [NW][16][D] after the loop */
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -220,6 +225,25 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
             kva__dmma_merge<DM_NW, DM_M, D>(s_m, s_l, s_acc, r, d, M, mu, L, O);
             O = P::value(q, w, d, L, O);
             kva__dmma_write<D, typename P::Out>(a, w, nrows, qs, r, d, M, mu, L, O);
+        }
+        if (w.task >= 0) {
+            /* Publish the partial, then count it; the CTA that counts the
+             * task's last split merges the task, every partial visible to it
+             * after the writers' fences. It sets the count back to 0 for the
+             * next run (or graph replay) of the plan. */
+            __threadfence();
+            __syncthreads();
+            int *done = const_cast<int *>(&a.meta.tasks[w.task].done);
+            if (threadIdx.x == 0)
+                s_last = atomicAdd(done, 1) == a.meta.tasks[w.task].num_splits - 1;
+            __syncthreads();
+            if (s_last) {
+                __threadfence();
+                kva__merge_split_task<D / 32>(a.meta, a.meta.tasks[w.task], a.ws, a.sinks,
+                                              (typename P::Out::elem *)a.out, a.lse, a.H, a.G, D);
+                if (threadIdx.x == 0)
+                    atomicExch(done, 0);
+            }
         }
         __syncthreads(); /* Q, s_acc and the rings are rewritten by the next item */
     }

@@ -13,11 +13,11 @@ extern "C" {
 #include "cuda_backend.h"
 }
 #include "cuda_check.h"
+#include "indexer.cuh" /* kva__fp8_token_scale_warp, kva__fp8_token_code */
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
-#include <float.h>
 
 static cudaStream_t stream_of(const kva_context *ctx)
 {
@@ -70,16 +70,10 @@ __global__ void __launch_bounds__(128)
             const float a = fabsf(ld(src, src_dt, row + i));
             amax = a > amax ? a : amax; /* NaN is ignored */
         }
-        for (int o = 16; o > 0; o >>= 1) {
-            const float x = __shfl_xor_sync(0xffffffffu, amax, o);
-            amax = x > amax ? x : amax;
-        }
-        float s = amax / 448.0f;
-        s = s > FLT_MIN ? s : FLT_MIN;
+        const float s = kva__fp8_token_scale_warp(amax);
         unsigned char *codes = (unsigned char *)base + off * D;
         for (int32_t i = lane; i < D; i += 32)
-            codes[i] = (unsigned char)__nv_cvt_float_to_fp8(__fdiv_rn(ld(src, src_dt, row + i), s),
-                                                            __NV_SATFINITE, __NV_E4M3);
+            codes[i] = kva__fp8_token_code(ld(src, src_dt, row + i), s);
         if (lane == 0)
             *(float *)(base + (int64_t)B * D + off * 4) = s;
     }

@@ -12,13 +12,22 @@
  *     32 logits (times the key scales) into the workspace row of its token.
  *   index_topk_kernel: one CTA per query token: a radix select on the
  *     logits' order-preserving keys (11 + 11 + 10 bits, shared-memory
- *     histograms, block scans) finds the K-th largest exactly, one pass
- *     gathers the keys above it and, in position order, the lowest
- *     positions equal to it, and a bitonic sort of those K orders them
- *     (logit descending, position ascending, NaN last).
+ *     histograms, block scans) finds the K-th largest exactly: the first
+ *     pass over the row finds the 11-bit bin of the K-th key, a second
+ *     gathers the keys above that bin and copies the bin's own into shared
+ *     memory, where the other two passes and the pick run (when the bin is
+ *     too large, or the K-th key ties with keys left out, every pass reads
+ *     the row and the pick ranks the equal ones by position); a bitonic
+ *     sort of the K orders them (logit descending, position ascending, NaN
+ *     last).
  *
  *   On sm_90a builds and devices, DeepSeek's shape (Hi 64, D 128) takes
  *   the wgmma logits kernel of indexer_wgmma.cu instead (same tiles).
+ *   index_qquant_kernel: the FP8-q mode (kva_plan_desc.index_q_quant)
+ *     quantizes each (token, head) row of q first, into the workspace after
+ *     the logits: e4m3 codes for the wgmma kernel's e4m3 products over
+ *     FP8_TOKEN keys, else the codes' exact values in the q dtype for the
+ *     16-bit kernels; the row scales go into the head weights.
  *
  * The workspace holds logits [tokens of a pass, max_seq_len] float32; a
  * plan whose tokens need more than IDX_WS_FLOATS runs in several passes
@@ -174,6 +183,64 @@ __global__ void __launch_bounds__(IDX_WARPS * 32)
     }
 }
 
+/* ---- the FP8-q mode's queries ---- */
+
+static __device__ __forceinline__ float to_f(__nv_bfloat16 x)
+{
+    return __bfloat162float(x);
+}
+static __device__ __forceinline__ float to_f(__half x)
+{
+    return __half2float(x);
+}
+
+/* kva_plan_desc.index_q_quant = FP8_TOKEN: one warp per (token, head) row of
+ * q [rows = T Hi, D] quantizes it as the FP8_TOKEN key rows are written
+ * (indexer.cuh); qc [rows, D] gets the e4m3 codes (E8: for the e4m3 wgmma
+ * kernel) or their values in the q dtype (exact: for the 16-bit kernels),
+ * wq [rows] = wts * s (w relu(s x) = w s relu(x), s > 0). */
+template <typename M, bool E8>
+__global__ void __launch_bounds__(128)
+    index_qquant_kernel(const typename M::elem *q, const float *wts, int64_t rows, int32_t D,
+                        void *qc, float *wq)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (row >= rows)
+        return;
+    const typename M::elem *src = q + row * D;
+    float amax = 0.0f;
+    for (int32_t i = lane; i < D; i += 32) {
+        const float a = fabsf(to_f(src[i]));
+        amax = a > amax ? a : amax; /* NaN is left out */
+    }
+    const float s = kva__fp8_token_scale_warp(amax);
+    for (int32_t i = lane; i < D; i += 32) {
+        const unsigned char c = kva__fp8_token_code(to_f(src[i]), s);
+        if (E8) {
+            ((unsigned char *)qc)[row * D + i] = c;
+        } else {
+            const __half h(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)c, __NV_E4M3));
+            M::store((typename M::elem *)qc + row * D + i, __half2float(h));
+        }
+    }
+    if (lane == 0)
+        wq[row] = wts[row] * s;
+}
+
+/* Launches index_qquant_kernel on s: e4m3 codes (e8) or their values. */
+template <typename M>
+static void launch_qquant(int e8, const void *q, const float *wts, int64_t rows, int32_t D,
+                          void *qc, float *wq, cudaStream_t s)
+{
+    const unsigned grid = (unsigned)((rows + 3) / 4);
+    const typename M::elem *qe = (const typename M::elem *)q;
+    if (e8)
+        index_qquant_kernel<M, true><<<grid, 128, 0, s>>>(qe, wts, rows, D, qc, wq);
+    else
+        index_qquant_kernel<M, false><<<grid, 128, 0, s>>>(qe, wts, rows, D, qc, wq);
+}
+
 /* ---- top K ---- */
 
 /* Order-preserving key of a logit: -0 as +0, NaN lowest (0). */
@@ -216,20 +283,105 @@ static __device__ __forceinline__ uint32_t block_scan(uint32_t v, uint32_t *sw, 
     return res;
 }
 
+/* Appends v to dst at the next free place of counter *ctr for every thread
+ * of the warp whose take is set (one atomic per warp). */
+static __device__ __forceinline__ void warp_append(bool take, unsigned long long v,
+                                                   unsigned long long *dst, uint32_t *ctr)
+{
+    const int lane = threadIdx.x & 31;
+    const unsigned bal = __ballot_sync(0xffffffffu, take);
+    uint32_t at = 0;
+    if (lane == 0 && bal)
+        at = atomicAdd(ctr, (uint32_t)__popc(bal));
+    at = __shfl_sync(0xffffffffu, at, 0) + (uint32_t)__popc(bal & ((1u << lane) - 1u));
+    if (take)
+        dst[at] = v;
+}
+
+/* The shared state of one token's radix select. */
+struct topk_sel {
+    uint32_t bin, above, eq;
+};
+
+/* One radix pass (p = 0, 1, 2: bits 31-21, 20-10, 9-0) over the keys that
+ * match prefix under mask: the row's n logits (BUF false) or the n
+ * candidates of buf (BUF true: keys in the high words). Finds the bin of
+ * the need-th largest; on return prefix / mask include it, need counts
+ * what is still to take inside it and sel->eq holds the bin's count. */
+template <bool BUF>
+static __device__ void radix_pass(const float *row, const unsigned long long *buf, int32_t n, int p,
+                                  uint32_t &prefix, uint32_t &mask, int32_t &need, uint32_t *hist,
+                                  uint32_t *sw, topk_sel *sel)
+{
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int shift = p == 0 ? 21 : p == 1 ? 10 : 0;
+    const uint32_t nb = p < 2 ? 2048u : 1024u;
+    for (uint32_t i = tid; i < nb; i += blockDim.x)
+        hist[i] = 0;
+    __syncthreads();
+    /* Logits crowd into few bins (above all in the first pass): the lanes
+     * of a warp that share a bin add once, by a leader. */
+    for (int32_t base = 0; base < n; base += blockDim.x) {
+        const int32_t j = base + tid;
+        uint32_t bin = 0xffffffffu;
+        if (j < n) {
+            const uint32_t key = BUF ? (uint32_t)(buf[j] >> 32) : order_key(row[j]);
+            if ((key & mask) == prefix)
+                bin = (key >> shift) & (nb - 1);
+        }
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+        if (bin != 0xffffffffu && lane == __ffs(peers) - 1)
+            atomicAdd(&hist[bin], (uint32_t)__popc(peers));
+    }
+    __syncthreads();
+    /* Thread i holds bins nb-1-2i and nb-2-2i: counts from the top. */
+    const uint32_t i2 = 2u * tid;
+    const uint32_t c0 = i2 < nb ? hist[nb - 1 - i2] : 0u;
+    const uint32_t c1 = i2 + 1 < nb ? hist[nb - 2 - i2] : 0u;
+    uint32_t total;
+    const uint32_t e0 = block_scan(c0 + c1, sw, &total);
+    if (e0 < (uint32_t)need && e0 + c0 >= (uint32_t)need) {
+        sel->bin = nb - 1 - i2;
+        sel->above = e0;
+    } else if (e0 + c0 < (uint32_t)need && e0 + c0 + c1 >= (uint32_t)need) {
+        sel->bin = nb - 2 - i2;
+        sel->above = e0 + c0;
+    }
+    __syncthreads();
+    need -= (int32_t)sel->above;
+    prefix |= sel->bin << shift;
+    mask |= (nb - 1) << shift;
+    if (tid == 0)
+        sel->eq = hist[sel->bin];
+    __syncthreads();
+}
+
+/*
+ * One CTA per token. The K-th largest order key comes from a radix select
+ * (bits 31-21, 20-10, 9-0). Usually the first pass's bin of the K-th key
+ * holds few keys: a second pass over the row then appends every key of a
+ * higher bin to cand and copies those of that bin into buf (dynamic shared
+ * memory, IDX_TOPK_BUF entries), and the last two radix passes and the
+ * final pick run over buf alone (two passes over the row in all). When
+ * that bin is larger than buf, or the boundary tie needs position ranks,
+ * or full is set (tests, benchmarks), every pass reads the whole row.
+ */
 __global__ void __launch_bounds__(IDX_TOPK_THREADS)
     index_topk_kernel(const float *logits, int32_t smax, int32_t tok_base, const int32_t *tok_n,
-                      int32_t K, int32_t *indices, int64_t istride, int32_t *topk_length)
+                      int32_t K, int32_t *indices, int64_t istride, int32_t *topk_length, int full)
 {
-    /* Every pass reads the row from the workspace (mostly L2): keeping the
-     * row's keys in shared memory instead (128 KB at 32k keys, one CTA per
-     * SM) measured slower on the H100 (bench/results/h100_2026-11-27_indexer.txt). */
+    /* The row is read from the workspace (mostly L2) in each pass: keeping
+     * it in shared memory (128 KB at 32k keys, one CTA per SM) measured
+     * slower on the H100 (bench/results/h100_2026-11-27_indexer.txt). */
     __shared__ uint32_t hist[2048];
     __shared__ unsigned long long cand[IDX_TOPK_MAX];
     __shared__ uint32_t sw[64];
-    __shared__ uint32_t s_bin, s_above, s_cnt, s_eq;
+    __shared__ uint32_t s_cnt, s_nbuf;
+    __shared__ topk_sel sel;
+    extern __shared__ unsigned long long buf[]; /* [IDX_TOPK_BUF] */
     const int32_t t = tok_base + blockIdx.x, n = tok_n[t];
     const float *row = logits + (int64_t)blockIdx.x * smax;
-    const int tid = threadIdx.x, lane = tid & 31;
+    const int tid = threadIdx.x;
     const int32_t m = n < K ? n : K;
     if (n <= K) {
         for (int32_t j = tid; j < n; j += blockDim.x)
@@ -237,76 +389,61 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
     } else {
         uint32_t prefix = 0, mask = 0;
         int32_t need = K;
-        for (int p = 0; p < 3; p++) {
-            const int shift = p == 0 ? 21 : p == 1 ? 10 : 0;
-            const uint32_t nb = p < 2 ? 2048u : 1024u;
-            for (uint32_t i = tid; i < nb; i += blockDim.x)
-                hist[i] = 0;
-            __syncthreads();
-            /* Logits crowd into few bins (above all in the first pass): the
-             * lanes of a warp that share a bin add once, by a leader. */
+        radix_pass<false>(row, NULL, n, 0, prefix, mask, need, hist, sw, &sel);
+        const bool small = !full && sel.eq <= IDX_TOPK_BUF;
+        if (tid == 0)
+            s_cnt = s_nbuf = 0;
+        __syncthreads();
+        if (small) {
+            /* Keys above the bin go to cand (K - need of them), the bin's to buf. */
             for (int32_t base = 0; base < n; base += blockDim.x) {
                 const int32_t j = base + tid;
-                uint32_t bin = 0xffffffffu;
-                if (j < n) {
-                    const uint32_t key = order_key(row[j]);
-                    if ((key & mask) == prefix)
-                        bin = (key >> shift) & (nb - 1);
+                const uint32_t key = j < n ? order_key(row[j]) : 0u;
+                const unsigned long long v =
+                    (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
+                warp_append(j < n && (key & mask) > prefix, v, cand, &s_cnt);
+                warp_append(j < n && (key & mask) == prefix, v, buf, &s_nbuf);
+            }
+            __syncthreads();
+            const int32_t nbuf = (int32_t)s_nbuf;
+            radix_pass<true>(NULL, buf, nbuf, 1, prefix, mask, need, hist, sw, &sel);
+            radix_pass<true>(NULL, buf, nbuf, 2, prefix, mask, need, hist, sw, &sel);
+            if (sel.eq == (uint32_t)need) { /* every key equal to the K-th is taken */
+                for (int32_t base = 0; base < nbuf; base += blockDim.x) {
+                    const int32_t i = base + tid;
+                    const bool ok = i < nbuf && (uint32_t)(buf[i] >> 32) >= prefix;
+                    warp_append(ok, ok ? buf[i] : 0ull, cand, &s_cnt);
                 }
-                const unsigned peers = __match_any_sync(0xffffffffu, bin);
-                if (bin != 0xffffffffu && lane == __ffs(peers) - 1)
-                    atomicAdd(&hist[bin], (uint32_t)__popc(peers));
+            } else if (tid == 0) {
+                s_cnt = 0; /* ranks by position: the full pick below */
             }
             __syncthreads();
-            /* Thread i holds bins nb-1-2i and nb-2-2i: counts from the top. */
-            const uint32_t i2 = 2u * tid;
-            const uint32_t c0 = i2 < nb ? hist[nb - 1 - i2] : 0u;
-            const uint32_t c1 = i2 + 1 < nb ? hist[nb - 2 - i2] : 0u;
-            uint32_t total;
-            const uint32_t e0 = block_scan(c0 + c1, sw, &total);
-            if (e0 < (uint32_t)need && e0 + c0 >= (uint32_t)need) {
-                s_bin = nb - 1 - i2;
-                s_above = e0;
-            } else if (e0 + c0 < (uint32_t)need && e0 + c0 + c1 >= (uint32_t)need) {
-                s_bin = nb - 2 - i2;
-                s_above = e0 + c0;
-            }
-            __syncthreads();
-            need -= (int32_t)s_above;
-            prefix |= s_bin << shift;
-            mask |= (nb - 1) << shift;
-            if (p == 2 && tid == 0)
-                s_eq = hist[s_bin]; /* keys equal to the K-th largest */
-            __syncthreads();
+        } else {
+            radix_pass<false>(row, NULL, n, 1, prefix, mask, need, hist, sw, &sel);
+            radix_pass<false>(row, NULL, n, 2, prefix, mask, need, hist, sw, &sel);
         }
         /* prefix = the K-th largest key; K - need keys are above it. When
          * every key equal to it is taken (no tie at the boundary, the usual
          * case), all are appended in any order (the sort below orders them);
          * else the equal ones are ranked by position, lowest first. */
         const int32_t gt = K - need;
-        const bool all_eq = s_eq == (uint32_t)need;
-        if (tid == 0)
-            s_cnt = 0;
-        __syncthreads();
-        uint32_t run = 0;
-        for (int32_t base = 0; base < n; base += blockDim.x) {
-            const int32_t j = base + tid;
-            const uint32_t key = j < n ? order_key(row[j]) : 0u;
-            const bool take = j < n && (key > prefix || (all_eq && key == prefix));
-            const unsigned bal = __ballot_sync(0xffffffffu, take);
-            uint32_t at = 0;
-            if (lane == 0 && bal)
-                at = atomicAdd(&s_cnt, (uint32_t)__popc(bal));
-            at = __shfl_sync(0xffffffffu, at, 0) + (uint32_t)__popc(bal & ((1u << lane) - 1u));
-            if (take)
-                cand[at] = (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
-            if (!all_eq) {
-                const uint32_t eq = j < n && key == prefix;
-                uint32_t total;
-                const uint32_t rank = run + block_scan(eq, sw, &total);
-                if (eq && rank < (uint32_t)need)
-                    cand[gt + rank] = (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
-                run += total;
+        const bool all_eq = sel.eq == (uint32_t)need;
+        if (!small || !all_eq) {
+            uint32_t run = 0;
+            for (int32_t base = 0; base < n; base += blockDim.x) {
+                const int32_t j = base + tid;
+                const uint32_t key = j < n ? order_key(row[j]) : 0u;
+                const unsigned long long v =
+                    (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
+                warp_append(j < n && (key > prefix || (all_eq && key == prefix)), v, cand, &s_cnt);
+                if (!all_eq) {
+                    const uint32_t eq = j < n && key == prefix;
+                    uint32_t total;
+                    const uint32_t rank = run + block_scan(eq, sw, &total);
+                    if (eq && rank < (uint32_t)need)
+                        cand[gt + rank] = v;
+                    run += total;
+                }
             }
         }
     }
@@ -345,10 +482,14 @@ template <typename M, bool FP8> static void *logits_fn()
     return (void *)index_logits_kernel<M, FP8>;
 }
 
-static void *pick(kva_dtype q_dtype, int fp8, int wg)
+/* The logits kernel of a q dtype, key format (fp8: FP8_TOKEN), kernel
+ * family (wg: sm_90a wgmma) and FP8-q mode (qf8: e4m3 products, wgmma over
+ * FP8_TOKEN keys only; elsewhere the FP8-q mode runs the 16-bit kernels on
+ * the codes' exact values). */
+static void *pick(kva_dtype q_dtype, int fp8, int wg, int qf8)
 {
     if (wg)
-        return kva__cuda_index_wg_fn(q_dtype, fp8);
+        return kva__cuda_index_wg_fn(q_dtype, fp8, qf8);
     if (q_dtype == KVA_DTYPE_BF16)
         return fp8 ? logits_fn<kva__mma_bf16, true>() : logits_fn<kva__mma_bf16, false>();
     return fp8 ? logits_fn<kva__mma_f16, true>() : logits_fn<kva__mma_f16, false>();
@@ -463,6 +604,8 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
     ip->smax = smax;
     ip->stride = d->block_table_stride;
     ip->wg = wg;
+    ip->qf8 = d->index_q_quant == KVA_QUANT_FP8_TOKEN;
+    ip->topk_full = st->index_topk_full;
     ip->smem = wg ? kva__cuda_index_wg_smem() : smem_bytes(G, Hi, D);
     kva__cuda_plan *cp = (kva__cuda_plan *)calloc(1, sizeof *cp);
     if (!cp) {
@@ -479,11 +622,13 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
     if (e == cudaSuccess) {
         /* The smem limit of every kernel this plan may run: the largest any
          * plan uses, so a plan made later never lowers an earlier one's. */
-        const int fp8s[2] = {0, 1};
         const int lim = wg ? (int)ip->smem : IDX_SMEM_MAX;
-        for (int i = 0; i < 2 && e == cudaSuccess; i++)
-            e = cudaFuncSetAttribute(pick(d->q_dtype, fp8s[i], wg),
+        for (int i = 0; i < 3 && e == cudaSuccess; i++)
+            e = cudaFuncSetAttribute(pick(d->q_dtype, i > 0, wg, i == 2 && ip->qf8),
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
+        if (e == cudaSuccess) /* its candidate buffer, past the 48 KB default */
+            e = cudaFuncSetAttribute(index_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)(IDX_TOPK_BUF * sizeof(unsigned long long)));
     }
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -493,81 +638,17 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
     ip->tiles = (const int4 *)ip->dev;
     ip->tok_n = (const int32_t *)(ip->tiles + ntiles);
     ip->bt = ip->tok_n + T;
-    const size_t ws = (size_t)longest * (size_t)smax * sizeof(float);
+    /* Logits [longest, smax], then for the FP8-q mode q's codes [T, Hi, D]
+     * (up to 2 bytes each) and the scaled weights [T, Hi]. */
+    size_t ws = (size_t)longest * (size_t)smax * sizeof(float);
+    if (ip->qf8) {
+        ip->qc_off = (ws + 255) & ~(size_t)255;
+        ip->wq_off = ip->qc_off + (((size_t)T * Hi * D * 2 + 255) & ~(size_t)255);
+        ws = ip->wq_off + (size_t)T * Hi * sizeof(float);
+    }
     KVA_TRY(kva__context_reserve_workspace(ctx, ws));
     plan->workspace_bytes = ws;
     plan->info.num_work_items = nt_done;
-    return KVA_STATUS_OK;
-}
-
-/* Reads every key (codes and scale) of every tile once, as the logits
- * kernel does, and nothing else: the benchmark's baseline. One word per
- * CTA goes to sink so the loads stay. */
-template <bool FP8>
-__global__ void __launch_bounds__(IDX_WARPS * 32)
-    index_probe_kernel(const char *cache, int64_t block_bytes, const int4 *tiles,
-                       const int32_t *tok_n, const int32_t *bt, int32_t stride, int32_t D,
-                       int32_t B, int32_t esize, uint32_t *sink)
-{
-    const int4 tile = tiles[blockIdx.x];
-    const int32_t n_last = tok_n[tile.y + tile.z - 1];
-    const int32_t kend = n_last < tile.w + IDX_CHUNK ? n_last : tile.w + IDX_CHUNK;
-    const int32_t *btr = bt + (int64_t)tile.x * stride;
-    const int32_t cpr = D * esize / 16;
-    uint32_t acc = 0;
-    for (int32_t e = threadIdx.x; e < (kend - tile.w) * cpr; e += blockDim.x) {
-        const int32_t key = tile.w + e / cpr, c = e % cpr;
-        const char *base = cache + (int64_t)btr[key / B] * block_bytes;
-        const uint4 w = ld16(base + (int64_t)(key % B) * D * esize + c * 16, block_bytes);
-        acc ^= w.x ^ w.y ^ w.z ^ w.w;
-        if (FP8 && c == 0)
-            acc ^= *(const uint32_t *)(base + (int64_t)B * D + (int64_t)(key % B) * 4);
-    }
-    if (acc == 0x9e3779b9u) /* practically never: keeps the loads */
-        sink[blockIdx.x] = acc;
-}
-
-extern "C" kva_status kva__cuda_indexer_probe(kva_context *ctx, const kva_plan *plan,
-                                              const kva_cache *cache, double *bytes)
-{
-    const kva__cuda_index_plan *ip = ((const kva__cuda_plan *)plan->device)->index;
-    const int fp8 = cache->desc.quant == KVA_QUANT_FP8_TOKEN;
-    const int64_t bb = cache->k_block_elems * (int64_t)cache->elem_size;
-    const int32_t es = (int32_t)kva_dtype_size(cache->desc.dtype), D = plan->d.head_dim;
-    cudaStream_t s = (cudaStream_t)((const kva__cuda_state *)ctx->state)->stream;
-    uint32_t *sink = (uint32_t *)ctx->workspace;
-    if (bytes) {
-        /* The same count on the host: keys of every tile times the row bytes. */
-        double sum = 0.0;
-        const int32_t T = plan->info.num_tokens;
-        int32_t *tok_n = (int32_t *)malloc(((size_t)T + 1) * 4);
-        int4 *tiles = (int4 *)malloc(((size_t)ip->num_tiles + 1) * sizeof(int4));
-        if (!tok_n || !tiles) {
-            free(tok_n);
-            free(tiles);
-            return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "indexer probe: out of memory");
-        }
-        KVA_CUDA_TRY(cudaMemcpy(tok_n, ip->tok_n, (size_t)T * 4, cudaMemcpyDeviceToHost));
-        KVA_CUDA_TRY(cudaMemcpy(tiles, ip->tiles, (size_t)ip->num_tiles * sizeof(int4),
-                                cudaMemcpyDeviceToHost));
-        for (int32_t i = 0; i < ip->num_tiles; i++) {
-            const int32_t n_last = tok_n[tiles[i].y + tiles[i].z - 1];
-            const int32_t kend = n_last < tiles[i].w + IDX_CHUNK ? n_last : tiles[i].w + IDX_CHUNK;
-            sum += (double)(kend - tiles[i].w) * ((double)D * es + (fp8 ? 4 : 0));
-        }
-        free(tok_n);
-        free(tiles);
-        *bytes = sum;
-    }
-    if (fp8)
-        index_probe_kernel<true><<<ip->num_tiles, IDX_WARPS * 32, 0, s>>>(
-            (const char *)cache->k, bb, ip->tiles, ip->tok_n, ip->bt, ip->stride, D,
-            plan->d.block_size, es, sink);
-    else
-        index_probe_kernel<false><<<ip->num_tiles, IDX_WARPS * 32, 0, s>>>(
-            (const char *)cache->k, bb, ip->tiles, ip->tok_n, ip->bt, ip->stride, D,
-            plan->d.block_size, es, sink);
-    KVA_CUDA_LAUNCHED("index_probe_kernel");
     return KVA_STATUS_OK;
 }
 
@@ -583,6 +664,7 @@ extern "C" kva_status kva__cuda_context_indexer_test(kva_context *ctx, int64_t p
     kva__cuda_state *st = (kva__cuda_state *)ctx->state;
     st->index_pass_floats = pass_floats;
     st->index_no_wgmma = (flags & 1) != 0;
+    st->index_topk_full = (flags & 2) != 0;
     return KVA_STATUS_OK;
 }
 
@@ -615,6 +697,22 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
     const int64_t bb = cache->k_block_elems * (int64_t)cache->elem_size;
     cudaStream_t s = (cudaStream_t)((const kva__cuda_state *)ctx->state)->stream;
     float *ws = (float *)ctx->workspace;
+    /* The FP8-q mode: q quantized once for every pass (part of the logits
+     * step); the logits kernels then read the codes and scaled weights. */
+    const int qf8 = ip->qf8 && ip->wg && fp8; /* e4m3 x e4m3 products */
+    if (ip->qf8 && (parts & 1)) {
+        void *qc = (char *)ctx->workspace + ip->qc_off;
+        float *wq = (float *)((char *)ctx->workspace + ip->wq_off);
+        const int64_t rows = (int64_t)plan->info.num_tokens * d->num_heads;
+        const int32_t D = d->head_dim;
+        if (d->q_dtype == KVA_DTYPE_BF16)
+            launch_qquant<kva__mma_bf16>(qf8, q, weights, rows, D, qc, wq, s);
+        else
+            launch_qquant<kva__mma_f16>(qf8, q, weights, rows, D, qc, wq, s);
+        KVA_CUDA_LAUNCHED("index_qquant_kernel");
+        q = qc;
+        weights = wq;
+    }
     for (int32_t p = 0; p < ip->num_passes; p++) {
         const int32_t a = ip->pass[2 * p], b = ip->pass[2 * p + 2];
         const int32_t t0 = ip->pass[2 * p + 1], t1 = ip->pass[2 * p + 3];
@@ -635,13 +733,15 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
                             (void *)&t0};
             const int4 *tiles = ip->tiles + a;
             args[4] = (void *)&tiles;
-            KVA_CUDA_TRY(cudaLaunchKernel(pick(d->q_dtype, fp8, ip->wg), dim3((unsigned)(b - a)),
-                                          dim3(ip->wg ? IDX_WG_THREADS : IDX_WARPS * 32), args,
-                                          ip->smem, s));
+            KVA_CUDA_TRY(cudaLaunchKernel(
+                pick(d->q_dtype, fp8, ip->wg, qf8), dim3((unsigned)(b - a)),
+                dim3(ip->wg ? IDX_WG_THREADS : IDX_WARPS * 32), args, ip->smem, s));
         }
         if ((parts & 2) && t1 > t0) {
-            index_topk_kernel<<<(unsigned)(t1 - t0), IDX_TOPK_THREADS, 0, s>>>(
-                ws, ip->smax, t0, ip->tok_n, d->sparse_topk, indices, indices_stride, topk_length);
+            index_topk_kernel<<<(unsigned)(t1 - t0), IDX_TOPK_THREADS,
+                                IDX_TOPK_BUF * sizeof(unsigned long long), s>>>(
+                ws, ip->smax, t0, ip->tok_n, d->sparse_topk, indices, indices_stride, topk_length,
+                ip->topk_full);
             KVA_CUDA_LAUNCHED("index_topk_kernel");
         }
     }

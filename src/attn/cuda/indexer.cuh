@@ -1,8 +1,10 @@
 /*
  * indexer.cuh - what the CUDA lightning indexer's files share (indexer.cu:
  * plan, mma.sync logits kernel, top-K, run; indexer_wgmma.cu: the sm_90a
- * logits kernel): tile sizes, the plan's device part, the exact fp8 key
- * conversion and the key loads. CUDA C++ only; after cuda_backend.h.
+ * logits kernel; indexer_probe.cu: the benchmark baseline; index_cache.cu:
+ * the FP8_TOKEN quantization): tile sizes, the plan's device part, the
+ * exact fp8 key conversion, the key loads and the row quantization. CUDA
+ * C++ only; after cuda_backend.h.
  */
 #ifndef KVA_CUDA_INDEXER_CUH
 #define KVA_CUDA_INDEXER_CUH
@@ -12,6 +14,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <float.h>
 
 #define IDX_WARPS 4
 #define IDX_KEYS (IDX_WARPS * 32) /* keys per step of a logits CTA */
@@ -20,6 +23,7 @@
 #define IDX_SMEM_MAX (112 * 1024) /* two logits CTAs per SM */
 #define IDX_TOPK_MAX 4096
 #define IDX_TOPK_THREADS 1024
+#define IDX_TOPK_BUF 4096 /* candidates of the K-th key's first-pass bin in shared memory */
 #define IDX_WS_FLOATS ((size_t)1 << 28) /* 1 GiB of logits per pass */
 
 /* The CUDA part of an indexer plan (kva__cuda_plan.index). */
@@ -29,9 +33,12 @@ typedef struct kva__cuda_index_plan {
     const int32_t *tok_n; /* [T] keys each token scores (pos + 1) */
     const int32_t *bt;    /* [R, stride] */
     int32_t num_tiles, G, smax, stride, num_passes;
-    int32_t *pass; /* host [num_passes + 1, 2]: first tile, first token of each pass */
-    size_t smem;   /* dynamic shared memory of the logits kernel */
-    int wg;        /* 1: the sm_90a wgmma logits kernel (indexer_wgmma.cu) */
+    int32_t *pass;         /* host [num_passes + 1, 2]: first tile, first token of each pass */
+    size_t smem;           /* dynamic shared memory of the logits kernel */
+    int wg;                /* 1: the sm_90a wgmma logits kernel (indexer_wgmma.cu) */
+    int qf8;               /* 1: index_q_quant FP8_TOKEN (q quantized by index_qquant_kernel) */
+    int topk_full;         /* 1: every top-K pass reads the whole row (tests, benchmarks) */
+    size_t qc_off, wq_off; /* FP8-q: workspace bytes of q's codes, the scaled weights */
 } kva__cuda_index_plan;
 
 /* Four fp8 e4m3 codes of w as two packed pairs of the mma element type (exact). */
@@ -51,6 +58,25 @@ static __device__ __forceinline__ void cvt4(uint32_t w, uint32_t &lo, uint32_t &
     }
 }
 
+/* The FP8_TOKEN quantization of one row by one warp (the key write of
+ * index_cache.cu, the FP8-q mode's queries): each lane's amax of its
+ * elements (NaN left out) -> the row's s = max(amax / 448, FLT_MIN), on
+ * every lane; then each element's code is e4m3(x / s), x / s rounded as
+ * the host's float division, saturating (NaN -> NaN). */
+static __device__ __forceinline__ float kva__fp8_token_scale_warp(float amax)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        const float x = __shfl_xor_sync(0xffffffffu, amax, o);
+        amax = x > amax ? x : amax;
+    }
+    const float s = amax / 448.0f;
+    return s > FLT_MIN ? s : FLT_MIN;
+}
+static __device__ __forceinline__ unsigned char kva__fp8_token_code(float x, float s)
+{
+    return (unsigned char)__nv_cvt_float_to_fp8(__fdiv_rn(x, s), __NV_SATFINITE, __NV_E4M3);
+}
+
 /* 16 bytes at p: one vector load when blocks are 16-byte multiples, else
  * four words (FP8_TOKEN blocks of B (D + 4) bytes are 4-byte multiples). */
 static __device__ __forceinline__ uint4 ld16(const char *p, int64_t block_bytes)
@@ -66,12 +92,13 @@ static __device__ __forceinline__ uint4 ld16(const char *p, int64_t block_bytes)
  * IDX_WG_THREADS threads with kva__cuda_index_wg_smem() bytes of dynamic
  * shared memory; the kernel has index_logits_kernel's parameters.
  * kva__cuda_index_wg_fn gives the instantiation for a q dtype and key
- * format (fp8: FP8_TOKEN codes, else keys of the q dtype). */
+ * format (fp8: FP8_TOKEN codes, else keys of the q dtype); qf8 with fp8:
+ * the e4m3 x e4m3 one (q as e4m3 codes). */
 #define IDX_WG_HI 64
 #define IDX_WG_D 128
 #define IDX_WG_G 4
 #define IDX_WG_THREADS 256
 size_t kva__cuda_index_wg_smem(void);
-void *kva__cuda_index_wg_fn(kva_dtype q_dtype, int fp8);
+void *kva__cuda_index_wg_fn(kva_dtype q_dtype, int fp8, int qf8);
 
 #endif

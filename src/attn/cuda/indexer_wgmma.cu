@@ -15,9 +15,15 @@
  * (2 shuffles), with no exchange between warps and no contamination
  * between keys (a NaN key spoils only its own row).
  *
+ * The operand type M is a trait: the q dtype (bf16, f16; m64n128k16, FP8
+ * key codes converted exactly to it) or e4m3 (iwg_e4m3: the FP8-q mode of
+ * kva_plan_desc.index_q_quant over FP8_TOKEN keys; q holds the codes the
+ * run quantized, the weights their scales, and the key codes go to shared
+ * memory as they are, m64n128k32 at twice the rate).
+ *
  * Per step of 128 keys (warpgroup w takes keys 64 w .. 64 w + 63): the
  * codes prefetched into registers during the previous step are converted
- * exactly to the q dtype and stored swizzled, the next step's codes and
+ * exactly to the q dtype (or copied, e4m3) and stored swizzled, the next step's codes and
  * scales are loaded into registers (in flight during the products), then
  * both token pairs run. Shared memory (~99 KB) and <= 128 registers keep
  * two CTAs per SM, so one CTA's conversion overlaps the other's products.
@@ -34,9 +40,16 @@ extern "C" {
 #endif
 
 #define WG_KEYS 128                             /* keys per step */
-#define WG_OP_BYTES (128 * IDX_WG_D * 2)        /* one [128, D] 16-bit operand */
+#define WG_OP_BYTES (128 * IDX_WG_D * 2)        /* one [128, D] 16-bit operand (e4m3: half) */
 #define WG_Q_BYTES (IDX_WG_G / 2 * WG_OP_BYTES) /* the token pairs' operands */
 #define WG_SMEM (WG_Q_BYTES + WG_OP_BYTES + IDX_WG_G * IDX_WG_HI * 4 + WG_KEYS * 4 + 1024)
+
+/* The operand type of the FP8-q mode (kva_plan_desc.index_q_quant) over
+ * FP8_TOKEN keys: q and key codes both e4m3, m64n128k32 products; q is
+ * the codes kva__cuda_indexer_parts quantized into the workspace. */
+struct iwg_e4m3 {
+    typedef uint8_t elem;
+};
 
 /* Byte offset of 16-byte chunk ch (8 elements) of row r in a [128, D]
  * operand with 128-byte swizzle: column blocks of 64 elements, [128][128 B]
@@ -48,7 +61,7 @@ static __device__ __forceinline__ uint32_t iwg_swz(int r, int ch)
 }
 #endif
 
-/* D [64, 128] (+)= A [64, 16] B [16, 128] by q element type. */
+/* D [64, 128] (+)= A [64, k] B [k, 128] by operand type (k = 32 bytes). */
 template <typename M> struct iwg_mma;
 #ifdef IDX_WG_BODY
 #define IWG_MMA(Ty, ty)                                                                            \
@@ -63,13 +76,14 @@ template <typename M> struct iwg_mma;
     };
 IWG_MMA(kva__mma_bf16, bf16)
 IWG_MMA(kva__mma_f16, f16)
+IWG_MMA(iwg_e4m3, e4m3)
 #undef IWG_MMA
 #endif
 
 /*
- * q: [T, 64, 128] q dtype; wts: [T, 64]; cache: index-key blocks
- * (FP8_TOKEN: B rows of 128 codes then B float32 scales; else B rows of
- * 128 values of the q dtype); tiles: [grid] {request, first token, tokens,
+ * q: [T, 64, 128] of M::elem (the q dtype, or e4m3 codes); wts: [T, 64];
+ * cache: index-key blocks (FP8_TOKEN: B rows of 128 codes then B float32
+ * scales; else B rows of 128 values of the q dtype); tiles: [grid] {request, first token, tokens,
  * first key}; tok_n: [T] keys each token scores; bt: [R, stride];
  * logits: [tokens of the pass, smax], row t - tok_base. Hi and D are the
  * plan's (64, 128: the kernel is built for them).
@@ -83,6 +97,11 @@ __global__ void __launch_bounds__(IDX_WG_THREADS, 2)
 {
 #ifdef IDX_WG_BODY
     constexpr int NV = FP8 ? 4 : 8; /* 16-byte key chunks per thread and step */
+    /* Bytes per operand row and of one [128, D] operand; e4m3 operands
+     * (QF8) take the key codes as they are, 16-bit ones their values. */
+    constexpr bool QF8 = sizeof(typename M::elem) == 1;
+    constexpr int ROWB = IDX_WG_D * (int)sizeof(typename M::elem), OPB = 128 * ROWB;
+    static_assert(!QF8 || FP8, "e4m3 operands need FP8_TOKEN keys");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const uint32_t raw_u = kva__smem_u32(smem_raw);
     const uint32_t pad = (1024u - (raw_u & 1023u)) & 1023u; /* swizzle atoms: 1024-aligned */
@@ -97,12 +116,13 @@ __global__ void __launch_bounds__(IDX_WG_THREADS, 2)
 
     /* Queries: token tok's head h is row (tok % 2) * 64 + h of pair tok / 2;
      * absent tokens are zeros (their logits are not written). */
-    for (int e = tid; e < IDX_WG_G * IDX_WG_HI * (IDX_WG_D / 8); e += IDX_WG_THREADS) {
-        const int row = e / (IDX_WG_D / 8), ch = e % (IDX_WG_D / 8);
+    for (int e = tid; e < IDX_WG_G * IDX_WG_HI * (ROWB / 16); e += IDX_WG_THREADS) {
+        const int row = e / (ROWB / 16), ch = e % (ROWB / 16);
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (row / IDX_WG_HI < nt)
-            v = *(const uint4 *)(q + ((int64_t)t0 * IDX_WG_HI + row) * IDX_WG_D + ch * 8);
-        *(uint4 *)(sq + (row >> 7) * WG_OP_BYTES + iwg_swz(row & 127, ch)) = v;
+            v = *(const uint4 *)((const char *)q + ((int64_t)t0 * IDX_WG_HI + row) * ROWB +
+                                 ch * 16);
+        *(uint4 *)(sq + (row >> 7) * OPB + iwg_swz(row & 127, ch)) = v;
     }
     for (int e = tid; e < IDX_WG_G * IDX_WG_HI; e += IDX_WG_THREADS)
         wsm[e] = e / IDX_WG_HI < nt ? wts[(int64_t)t0 * IDX_WG_HI + e] : 0.0f;
@@ -147,7 +167,11 @@ __global__ void __launch_bounds__(IDX_WG_THREADS, 2)
 #pragma unroll
         for (int i = 0; i < NV; i++) {
             const int j = jb + kstep * i;
-            if (FP8) {
+            if constexpr (QF8) {
+                *(uint4 *)(sk + iwg_swz(j, c)) = kr[i]; /* codes as they are */
+                if (c == 0)
+                    scs[j] = sr[i];
+            } else if constexpr (FP8) {
                 uint4 lo, hi;
                 cvt4<M>(kr[i].x, lo.x, lo.y);
                 cvt4<M>(kr[i].y, lo.z, lo.w);
@@ -176,10 +200,10 @@ __global__ void __launch_bounds__(IDX_WG_THREADS, 2)
             float d[64];
             kva__wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < IDX_WG_D / 16; kk++) {
+            for (int kk = 0; kk < ROWB / 32; kk++) { /* 32 bytes of the rows per product */
                 const uint32_t o = (uint32_t)((kk >> 2) * 128 * 128 + (kk & 3) * 32);
-                iwg_mma<M>::ss(d, dk + (uint64_t)(o >> 4),
-                               dq + (uint64_t)((p * WG_OP_BYTES + o) >> 4), kk > 0);
+                iwg_mma<M>::ss(d, dk + (uint64_t)(o >> 4), dq + (uint64_t)((p * OPB + o) >> 4),
+                               kk > 0);
             }
             kva__wgmma_commit();
             kva__wgmma_wait<0>();
@@ -237,8 +261,10 @@ template <typename M, bool FP8> static void *wg_fn()
     return (void *)index_logits_wg_kernel<M, FP8>;
 }
 
-void *kva__cuda_index_wg_fn(kva_dtype q_dtype, int fp8)
+void *kva__cuda_index_wg_fn(kva_dtype q_dtype, int fp8, int qf8)
 {
+    if (qf8 && fp8)
+        return wg_fn<iwg_e4m3, true>();
     if (q_dtype == KVA_DTYPE_BF16)
         return fp8 ? wg_fn<kva__mma_bf16, true>() : wg_fn<kva__mma_bf16, false>();
     return fp8 ? wg_fn<kva__mma_f16, true>() : wg_fn<kva__mma_f16, false>();

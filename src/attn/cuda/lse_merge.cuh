@@ -1,36 +1,53 @@
 /*
  * lse_merge.cuh - the one LSE merge of partial attention states that every
- * CUDA merge kernel (split_merge.cu: the split work items' second pass,
- * kva_merge_states and kva_merge_states_n, the cascade merge) runs.
+ * CUDA merge runs, one warp per row: the split merge (split_merge.cu's
+ * split_merge_kernel and the tensor-core decode's last-CTA merge,
+ * decode_mma_kernel.cuh), kva_merge_states, kva_merge_states_n and the cascade
+ * merge (split_merge.cu's merge_rows_kernel).
  */
 #ifndef KVA_CUDA_LSE_MERGE_CUH
 #define KVA_CUDA_LSE_MERGE_CUH
 
+extern "C" {
+#include "cuda_backend.h"
+}
 #include "elem_io.cuh"
 
 #include <math.h>
 #include <stdint.h>
 
 /*
- * The LSE-weighted mean of one row's parts: R gives r.parts, r.lse(p)
- * (natural log) and r.out(p) (part p's out row [Dv], float or 16-bit), and
- * sink is the lse of a part without value (-inf: none). Channels
- * d0 + STEP * i (i < NV, below Dv) go to o[i], the row's lse to lv. As the
- * reference: the values of a part of weight 0 do not count (they may be NaN;
- * every part's row must be readable memory), all -inf gives 0 and -inf, a NaN
- * lse makes the row NaN (out and lse).
+ * The LSE-weighted mean of one row's parts, computed by the 32 lanes of a
+ * warp together (all must call it, with the same row): R gives r.parts,
+ * r.lse(p) (natural log) and r.val(p, d) (channel d of part p's out row, as a
+ * float), and sink is the lse of a part without value (-inf: none). Lane l
+ * gets channels d0 + l + 32 i (i < NV, below Dv) in o[i]; every lane gets the
+ * row's lse in lv. As the reference: the values of a part of weight 0 do not
+ * count (they may be NaN; every part's row must be readable memory), all -inf
+ * gives 0 and -inf, a NaN lse makes the row NaN (out and lse).
+ *
+ * The lanes share the parts' lses (lane l reads parts l, l + 32, ...: one
+ * round of loads and a shuffle reduction instead of a chain over the parts)
+ * and each lane's weight goes to the others by shuffle; the sum over the
+ * parts' values is branch-free (a select, not a skip, drops a weight-0 part's
+ * values), so several parts' loads are in flight at once.
  */
-template <int NV, int STEP, typename R>
+template <int NV, typename R>
 static __device__ __forceinline__ void kva__lse_merge(const R &r, float sink, int32_t d0,
                                                       int32_t Dv, float o[NV], float &lv)
 {
+    const int lane = threadIdx.x & 31;
     float M = sink;
     bool nan = false;
-    for (int32_t p = 0; p < r.parts; p++) {
+    for (int32_t p = lane; p < r.parts; p += 32) {
         const float l = r.lse(p);
         nan |= l != l;
         M = fmaxf(M, l);
     }
+#pragma unroll
+    for (int x = 16; x > 0; x >>= 1)
+        M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, x));
+    nan = __any_sync(0xffffffffu, nan);
     if (nan || M == -INFINITY) {
 #pragma unroll
         for (int i = 0; i < NV; i++)
@@ -38,27 +55,86 @@ static __device__ __forceinline__ void kva__lse_merge(const R &r, float sink, in
         lv = nan ? NAN : -INFINITY;
         return;
     }
-    float L = expf(sink - M), acc[NV];
+    float L = 0.f, acc[NV];
 #pragma unroll
     for (int i = 0; i < NV; i++)
         acc[i] = 0.f;
-    /* Branch-free over the parts (a select, not a skip, drops a weight-0
-     * part's values), so the compiler can keep several parts' loads in flight. */
-    for (int32_t p = 0; p < r.parts; p++) {
-        const float c = expf(r.lse(p) - M);
-        L += c;
-        const auto *v = r.out(p);
+    for (int32_t p0 = 0; p0 < r.parts; p0 += 32) {
+        const int32_t n = r.parts - p0 < 32 ? r.parts - p0 : 32; /* the same in every lane */
+        const float cl = lane < n ? expf(r.lse(p0 + lane) - M) : 0.f;
+        L += cl;
+#pragma unroll 4
+        for (int32_t j = 0; j < n; j++) {
+            const float c = __shfl_sync(0xffffffffu, cl, j);
 #pragma unroll
-        for (int i = 0; i < NV; i++) {
-            const int32_t d = d0 + STEP * i;
-            const float x = d < Dv ? load_f(v, d) : 0.f;
-            acc[i] += c > 0.f ? c * x : 0.f;
+            for (int i = 0; i < NV; i++) {
+                const int32_t d = d0 + lane + 32 * i;
+                const float x = d < Dv ? r.val(p0 + j, d) : 0.f;
+                acc[i] += c > 0.f ? c * x : 0.f;
+            }
         }
     }
+#pragma unroll
+    for (int x = 16; x > 0; x >>= 1)
+        L += __shfl_xor_sync(0xffffffffu, L, x);
+    L += expf(sink - M);
 #pragma unroll
     for (int i = 0; i < NV; i++)
         o[i] = acc[i] / L;
     lv = M + logf(L);
+}
+
+/* Parts of row r of a split task: block sp of [nrows, Dv] outputs then
+ * [nrows] lse at base + sp * blk. Read through L2 (ld.cg): in the
+ * tensor-core decode's last-CTA merge other CTAs of the same grid wrote them
+ * (an SM's L1 is not coherent with their stores). */
+struct kva__split_parts {
+    const float *base;
+    int64_t blk;
+    int32_t nrows, Dv, r, parts;
+    __device__ __forceinline__ float lse(int32_t p) const
+    {
+        return __ldcg(base + p * blk + (int64_t)nrows * Dv + r);
+    }
+    __device__ __forceinline__ float val(int32_t p, int32_t d) const
+    {
+        return __ldcg(base + p * blk + (int64_t)r * Dv + d);
+    }
+};
+
+/*
+ * Merges split task t into out [T, H, Dv] (T: float, __half or
+ * __nv_bfloat16) and lse [T, H] (or NULL), with sinks [H] (or NULL): its
+ * partials at ws + t.ws_off are num_splits blocks of [nq * nh, Dv] outputs
+ * then [nq * nh] lse (natural log). Every thread of the calling CTA calls it
+ * (blockDim.x a multiple of 32); warp w takes rows w, w + warps, ..., NV * 32
+ * channels at a time.
+ */
+template <int NV, typename T>
+static __device__ __forceinline__ void
+kva__merge_split_task(const kva__cuda_meta &meta, const kva__cuda_task &t, const float *ws,
+                      const float *sinks, T *out, float *lse, int32_t H, int32_t G, int32_t Dv)
+{
+    const int32_t nrows = t.nq * t.nh, qs = meta.qsl[t.req];
+    const int64_t blk = (int64_t)nrows * (Dv + 1);
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int32_t r = threadIdx.x >> 5; r < nrows; r += warps) {
+        const int32_t qi = r / t.nh, head = t.kv_head * G + t.h0 + (r - qi * t.nh);
+        const int64_t row = (int64_t)(qs + t.i0 + qi) * H + head;
+        const kva__split_parts parts = {ws + t.ws_off, blk, nrows, Dv, r, t.num_splits};
+        for (int32_t d0 = 0; d0 < Dv; d0 += 32 * NV) {
+            float o[NV], lv;
+            kva__lse_merge<NV>(parts, sinks ? sinks[head] : -INFINITY, d0, Dv, o, lv);
+#pragma unroll
+            for (int i = 0; i < NV; i++) {
+                const int32_t d = d0 + lane + 32 * i;
+                if (d < Dv)
+                    store_f(out, row * Dv + d, o[i]);
+            }
+            if (lse && d0 == 0 && lane == 0)
+                lse[row] = lv;
+        }
+    }
 }
 
 #endif /* KVA_CUDA_LSE_MERGE_CUH */

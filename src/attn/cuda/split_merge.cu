@@ -1,19 +1,19 @@
 /*
  * split_merge.cu - the LSE merges of partial attention states on the GPU, all
- * through one merge (kva__lse_merge, lse_merge.cuh) over a source of parts:
+ * through one merge (kva__lse_merge, lse_merge.cuh: one warp per row) over a
+ * source of parts:
  *   split_merge_kernel: the second pass of a run whose plan split some work
  *     items into key chunks: merges every split task's partials, adds the
- *     sink and writes out / lse. One kernel for every decode kernel
- *     (decode_mma*, attn_simt, attn_quant, the MLA decodes): they all write
- *     partials in the same layout. One element per thread.
+ *     sink and writes out / lse (kva__merge_split_task). It follows every
+ *     decode kernel that does not merge its tasks itself (attn_simt,
+ *     attn_quant, the MLA decodes): they all write partials in the same
+ *     layout. The tensor-core decode (decode_mma_kernel.cuh) merges each task
+ *     in the last CTA that wrote one of its partials, with the same function.
  *   merge_rows_kernel: one warp per row (token, head) of [T, H], for
  *     kva_merge_states (two parts), kva_merge_states_n (P strided parts, the
  *     DCP combine) and the cascade merge (a row with its C prefix rows, in
  *     place; src/attn/cascade.c).
  */
-extern "C" {
-#include "cuda_backend.h"
-}
 #include "cuda_check.h"
 #include "lse_merge.cuh"
 
@@ -23,50 +23,30 @@ extern "C" {
 #include <stdint.h>
 #include <type_traits>
 
-/* Parts of row r of a split task: block sp of [nrows, Dv] outputs then
- * [nrows] lse at base + sp * blk. */
-struct split_parts {
-    const float *base;
-    int64_t blk;
-    int32_t nrows, Dv, r, parts;
-    __device__ __forceinline__ float lse(int32_t p) const
-    {
-        return base[p * blk + (int64_t)nrows * Dv + r];
-    }
-    __device__ __forceinline__ const float *out(int32_t p) const
-    {
-        return base + p * blk + (int64_t)r * Dv;
-    }
-};
-
-/* Task t's partials at ws + t.ws_off: num_splits blocks of [nq * nh, Dv]
- * outputs then [nq * nh] lse (natural log). out [T, H, Dv] in T's type, lse
- * [T, H] or NULL; sinks [H] or NULL. One CTA per task at a time. */
-template <typename T>
+/* Every split task of the plan (meta's header count), one CTA per task at a
+ * time; NV * 32 channels per pass over a row. */
+template <int NV, typename T>
 __global__ void __launch_bounds__(256)
     split_merge_kernel(kva__cuda_meta meta, const float *ws, const float *sinks, T *out, float *lse,
                        int32_t H, int32_t G, int32_t Dv)
 {
     const int32_t n_tasks = meta.hdr[KVA_CUDA_HDR_TASKS];
-    for (int32_t ti = blockIdx.x; ti < n_tasks; ti += gridDim.x) {
-        const kva__cuda_task t = meta.tasks[ti];
-        const int32_t nrows = t.nq * t.nh;
-        const int64_t blk = (int64_t)nrows * (Dv + 1);
-        const float *base = ws + t.ws_off;
-        const int32_t qs = meta.qsl[t.req];
-        for (int32_t x = threadIdx.x; x < nrows * Dv; x += blockDim.x) {
-            const int32_t r = x / Dv, d = x - r * Dv;
-            const int32_t qi = r / t.nh, hh = r - qi * t.nh;
-            const int32_t head = t.kv_head * G + t.h0 + hh;
-            const int64_t tok = qs + t.i0 + qi;
-            const split_parts parts = {base, blk, nrows, Dv, r, t.num_splits};
-            float o[1], lv;
-            kva__lse_merge<1, 0>(parts, sinks ? sinks[head] : -INFINITY, d, Dv, o, lv);
-            store_f(out, (tok * H + head) * Dv + d, o[0]);
-            if (lse && d == 0)
-                lse[tok * H + head] = lv;
-        }
-    }
+    for (int32_t ti = blockIdx.x; ti < n_tasks; ti += gridDim.x)
+        kva__merge_split_task<NV>(meta, meta.tasks[ti], ws, sinks, out, lse, H, G, Dv);
+}
+
+/* split_merge_kernel for T with the fewest channels per lane that cover Dv
+ * in one pass (up to 512, the MLA decodes' Dc). */
+template <typename T>
+static void split_merge_go(const kva__cuda_meta &meta, const float *ws, const float *sinks, T *out,
+                           float *lse, int32_t H, int32_t G, int32_t Dv, int grid, cudaStream_t s)
+{
+    if (Dv <= 128)
+        split_merge_kernel<4, T><<<grid, 256, 0, s>>>(meta, ws, sinks, out, lse, H, G, Dv);
+    else if (Dv <= 256)
+        split_merge_kernel<8, T><<<grid, 256, 0, s>>>(meta, ws, sinks, out, lse, H, G, Dv);
+    else
+        split_merge_kernel<16, T><<<grid, 256, 0, s>>>(meta, ws, sinks, out, lse, H, G, Dv);
 }
 
 extern "C" kva_status kva__cuda_split_merge_launch(const kva__cuda_meta *meta, const float *ws,
@@ -76,14 +56,11 @@ extern "C" kva_status kva__cuda_split_merge_launch(const kva__cuda_meta *meta, c
 {
     cudaStream_t s = (cudaStream_t)stream;
     if (dtype == KVA_DTYPE_F32)
-        split_merge_kernel<float>
-            <<<grid, 256, 0, s>>>(*meta, ws, sinks, (float *)out, lse, H, G, Dv);
+        split_merge_go(*meta, ws, sinks, (float *)out, lse, H, G, Dv, grid, s);
     else if (dtype == KVA_DTYPE_F16)
-        split_merge_kernel<__half>
-            <<<grid, 256, 0, s>>>(*meta, ws, sinks, (__half *)out, lse, H, G, Dv);
+        split_merge_go(*meta, ws, sinks, (__half *)out, lse, H, G, Dv, grid, s);
     else
-        split_merge_kernel<__nv_bfloat16>
-            <<<grid, 256, 0, s>>>(*meta, ws, sinks, (__nv_bfloat16 *)out, lse, H, G, Dv);
+        split_merge_go(*meta, ws, sinks, (__nv_bfloat16 *)out, lse, H, G, Dv, grid, s);
     KVA_CUDA_LAUNCHED("split_merge_kernel");
     return KVA_STATUS_OK;
 }
@@ -91,7 +68,7 @@ extern "C" kva_status kva__cuda_split_merge_launch(const kva__cuda_meta *meta, c
 /* ---- row merges: one warp per row n of [T * H] ---- */
 
 /* The parts of row n of a row source S: S::row(n) gives parts, lse(p),
- * out(p) (as split_parts) and skip (the row is left as it is). */
+ * val(p, d) (as kva__split_parts) and skip (the row is left as it is). */
 
 /* kva_merge_states: out_a / lse_a and out_b / lse_b [T * H, Dv]. */
 template <typename T> struct states2_src {
@@ -107,9 +84,9 @@ template <typename T> struct states2_src {
         {
             return p ? lb : la;
         }
-        __device__ __forceinline__ const T *out(int32_t p) const
+        __device__ __forceinline__ float val(int32_t p, int32_t d) const
         {
-            return p ? ob : oa;
+            return load_f(p ? ob : oa, d);
         }
     };
     __device__ __forceinline__ row_t row(int64_t n) const
@@ -135,9 +112,9 @@ template <typename T> struct states_n_src {
         {
             return l[p * ls];
         }
-        __device__ __forceinline__ const T *out(int32_t p) const
+        __device__ __forceinline__ float val(int32_t p, int32_t d) const
         {
-            return o + p * os;
+            return load_f(o + p * os, d);
         }
     };
     __device__ __forceinline__ row_t row(int64_t n) const
@@ -164,9 +141,9 @@ template <typename T> struct cascade_src {
         {
             return p ? lp[(p - 1) * pstride] : *l;
         }
-        __device__ __forceinline__ const T *out(int32_t p) const
+        __device__ __forceinline__ float val(int32_t p, int32_t d) const
         {
-            return p ? op + (p - 1) * pstride * Dv : o;
+            return load_f(p ? op + (p - 1) * pstride * Dv : o, d);
         }
     };
     __device__ __forceinline__ row_t row(int64_t n) const
@@ -194,7 +171,7 @@ __global__ void __launch_bounds__(128)
         if (r.skip)
             continue;
         float o[256 / 32], lv;
-        kva__lse_merge<256 / 32, 32>(r, -INFINITY, lane, Dv, o, lv);
+        kva__lse_merge<256 / 32>(r, -INFINITY, 0, Dv, o, lv);
         __syncwarp();
 #pragma unroll
         for (int i = 0; i < 256 / 32; i++) {
