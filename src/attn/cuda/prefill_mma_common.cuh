@@ -7,7 +7,8 @@
  * here are the parts whose logic is the same in both and whose machine
  * code does not change when moved here (checked with nvdisasm for sm_80 and
  * sm_90a): ldmatrix addressing, the rows' positions and heads, the
- * accumulator init and O += P V. S = Q K^T, the score transform and masks,
+ * accumulator init, the score transform and masks (folded into per-row
+ * bounds and visibility words, as the wgmma kernel's) and O += P V. S = Q K^T,
  * the online softmax and the row end stay in each kernel: moved here, they
  * compiled to other instruction schedules.
  * C-style CUDA; templates only for compile-time sizes.
@@ -20,6 +21,7 @@ extern "C" {
 }
 #include "mma_ptx.cuh"
 #include "prefill_mma.h"
+#include "tree_mask.cuh"
 
 #include <math.h>
 #include <stdint.h>
@@ -102,6 +104,93 @@ static __device__ __forceinline__ void kva__pf_pv(float o[WM][D / 8][4], uint32_
             Ty::mma(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
             Ty::mma(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
         }
+    }
+}
+
+/*
+ * The mask of a CTA tile, folded into per-row bounds when the tile starts:
+ * row (mt, hf) sees keys lo <= j < hi (causal, seq_len, window and chunk)
+ * and, among the draft-tree keys j >= tree.t0, those set in its tree word
+ * (tree_mask.cuh). hi_min and lo_max (the smallest hi, the largest lo of the
+ * tile: CTA-uniform) tell which key tiles need the per-element mask.
+ */
+template <int WM> struct kva__pf_mask {
+    int lo[WM][2], hi[WM][2];
+    int hi_min, lo_max;
+    kva__cuda_tree tree;
+};
+
+/* The mask of the tile whose rows sit at pos (kva__pf_rows), positions
+ * pos_min .. pos_max, of the request whose query tokens start at q_start. */
+template <int WM>
+static __device__ __forceinline__ void
+kva__pf_mask_init(kva__pf_mask<WM> &mk, const kva__cuda_prefill_args &a, const int pos[WM][2],
+                  int seq_len, int q_len, int q_start, int pos_min, int pos_max)
+{
+    /* window_left >= KVA_MAX_SEQ_LEN excludes nothing. */
+    const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
+#pragma unroll
+    for (int mt = 0; mt < WM; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            mk.lo[mt][hf] = kva__first_key(pos[mt][hf], window, a.attention_chunk);
+            mk.hi[mt][hf] = a.causal ? min(seq_len, pos[mt][hf] + 1) : seq_len;
+        }
+    mk.hi_min = a.causal ? min(seq_len, pos_min + 1) : seq_len;
+    mk.lo_max = kva__first_key(pos_max, window, a.attention_chunk);
+    mk.tree = kva__cuda_tree_at(a.tree, a.tree_on ? *a.tree_on : 0, q_start, seq_len, q_len);
+}
+
+/* Whether some row of the tile may not see some key of n0 .. n0 + BN. */
+template <int WM, int BN>
+static __device__ __forceinline__ bool kva__pf_mask_needed(const kva__pf_mask<WM> &mk, int n0)
+{
+    return n0 + BN > mk.hi_min || n0 < mk.lo_max || n0 + BN > mk.tree.t0;
+}
+
+/*
+ * Scores s [WM][NB8][4] of key tile n0 in log2 units (element e of n8 block
+ * nb: row half e / 2, key n0 + 8 nb + 2 t4 + e % 2): soft-cap or the scale,
+ * ALiBi (alibi: [H] slopes or NULL; head: the rows' query heads), masked
+ * elements -inf. The rows' visibility words are built once per tile, so the
+ * per-element test is one bit test at a constant position.
+ */
+template <int WM, int NB8>
+static __device__ __forceinline__ void
+kva__pf_transform(float s[WM][NB8][4], const kva__pf_mask<WM> &mk, const int pos[WM][2],
+                  const int head[WM][2], const float *alibi, float softcap, float scale_log2,
+                  float score_mul, float cap_mul, int n0, int t4)
+{
+    constexpr int NWD = (NB8 * 8 + 31) / 32; /* visibility words per row */
+#pragma unroll
+    for (int mt = 0; mt < WM; mt++) {
+        float sl[2] = {0.0f, 0.0f};
+        if (alibi) {
+            sl[0] = alibi[head[mt][0]] * KVA__PF_LOG2E;
+            sl[1] = alibi[head[mt][1]] * KVA__PF_LOG2E;
+        }
+        uint32_t vis[2][NWD];
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int ti = pos[mt][hf] - mk.tree.t0; /* the row's tree index */
+            uint64_t tw = 0ull;
+            if (n0 + NB8 * 8 > mk.tree.t0 && (uint32_t)ti < (uint32_t)mk.tree.n)
+                tw = __ldg(mk.tree.w + ti);
+#pragma unroll
+            for (int q = 0; q < NWD; q++)
+                vis[hf][q] = kva__cuda_vis_word(n0 + 2 * t4 + 32 * q, mk.lo[mt][hf],
+                                                mk.hi[mt][hf], mk.tree.t0, tw);
+        }
+#pragma unroll
+        for (int nb = 0; nb < NB8; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int hf = e >> 1, i = nb * 8 + (e & 1);
+                float x = s[mt][nb][e];
+                x = softcap > 0.0f ? cap_mul * tanhf(x * score_mul) : x * scale_log2;
+                x += sl[hf] * (float)(n0 + i + 2 * t4 - pos[mt][hf]);
+                s[mt][nb][e] = (vis[hf][i >> 5] >> (i & 31)) & 1u ? x : -INFINITY;
+            }
     }
 }
 

@@ -143,9 +143,6 @@ __global__ void __launch_bounds__(NW * 32, MINB)
      * window_left >= KVA_MAX_SEQ_LEN excludes nothing. */
     const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
     const int chunk = a.attention_chunk;
-    const int has_lo = window >= 0 || chunk > 0;
-    const kva__cuda_tree tree =
-        kva__cuda_tree_at(a.tree, a.tree_on ? *a.tree_on : 0, q_start, seq_len, q_len);
 
     const int m_last = min(m0 + QP_TILE_M, rows) - 1;
     const int pos_min = seq_len - q_len + m0 / G;
@@ -341,6 +338,8 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     kva__pf_ldsm_lanes<D, WM>(lane, warp, sQ, xo_q, xo_k, q_lane, k_row, v_row);
     int pos[WM][2], head[WM][2];
     kva__pf_rows<WM>(m0, warp, g4, m_last, G, seq_len, q_len, kvh, pos, head);
+    kva__pf_mask<WM> mk;
+    kva__pf_mask_init<WM>(mk, a, pos, seq_len, q_len, q_start, pos_min, pos_max);
     const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)D);
     const float softcap = a.softcap;
     const float score_mul = softcap > 0.0f ? scale / softcap : 0.0f;
@@ -443,36 +442,12 @@ __global__ void __launch_bounds__(NW * 32, MINB)
         }
 
         /* From here on as prefill_mma.cu (lazy rescaling). */
-        const int need_mask = (n0 + BN > seq_len) || (a.causal && n0 + BN - 1 > pos_min) ||
-                              (has_lo && n0 < kva__first_key(pos_max, window, chunk)) ||
-                              n0 + BN > tree.t0;
+        const int need_mask = kva__pf_mask_needed<WM, BN>(mk, n0);
         const int transform = need_mask || softcap > 0.0f || a.alibi_slopes != NULL;
         const float mul = transform ? 1.0f : scale_log2;
-        if (transform) {
-#pragma unroll
-            for (int mt = 0; mt < WM; mt++) {
-                float sl[2] = {0.0f, 0.0f};
-                if (a.alibi_slopes) {
-                    sl[0] = a.alibi_slopes[head[mt][0]] * KVA__PF_LOG2E;
-                    sl[1] = a.alibi_slopes[head[mt][1]] * KVA__PF_LOG2E;
-                }
-#pragma unroll
-                for (int nb = 0; nb < NB8; nb++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int hf = e >> 1;
-                        const int j = n0 + nb * 8 + 2 * t4 + (e & 1);
-                        float x = s[mt][nb][e];
-                        x = softcap > 0.0f ? cap_mul * tanhf(x * score_mul) : x * scale_log2;
-                        x += sl[hf] * (float)(j - pos[mt][hf]);
-                        const int p_ = pos[mt][hf];
-                        const bool vis = j < seq_len && (!a.causal || j <= p_) &&
-                                         (!has_lo || j >= kva__first_key(p_, window, chunk)) &&
-                                         kva__cuda_tree_sees(tree, p_, j);
-                        s[mt][nb][e] = vis ? x : -INFINITY;
-                    }
-            }
-        }
+        if (transform)
+            kva__pf_transform<WM, NB8>(s, mk, pos, head, a.alibi_slopes, softcap, scale_log2,
+                                       score_mul, cap_mul, n0, t4);
         uint32_t pk[WM][NB8][2]; /* P in TyP, packed pairs */
 #pragma unroll
         for (int mt = 0; mt < WM; mt++) {
