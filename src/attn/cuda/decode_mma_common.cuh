@@ -105,7 +105,8 @@ kva__dmma_logits(float sc[][4], const kva__cuda_attn_args &a, float scale_log2, 
                     tw = __ldg(tree->w + ti);
 #pragma unroll
                 for (int q = 0; q < NWD; q++)
-                    vw[hf][q] = kva__cuda_vis_word(kb + 2 * t4 + 32 * q, lo[hf], hi[hf], tree->t0, tw);
+                    vw[hf][q] =
+                        kva__cuda_vis_word(kb + 2 * t4 + 32 * q, lo[hf], hi[hf], tree->t0, tw);
             }
         }
 #pragma unroll
@@ -119,8 +120,8 @@ kva__dmma_logits(float sc[][4], const kva__cuda_attn_args &a, float scale_log2, 
                                        sc[nt][e])
                                 : sc[nt][e];
                 const int i = nt * 8 + (e & 1);
-                const bool vis = tree ? ((vw[hf][i >> 5] >> (i & 31)) & 1u) != 0
-                                      : j >= lo[hf] && j < hi[hf];
+                const bool vis =
+                    tree ? ((vw[hf][i >> 5] >> (i & 31)) & 1u) != 0 : j >= lo[hf] && j < hi[hf];
                 sc[nt][e] = vis ? x : -INFINITY;
             }
     }

@@ -256,106 +256,17 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
         if (transform)
             kva__pf_transform<WM, NB8>(s, mk, pos, head, a.alibi_slopes, softcap, scale_log2,
                                        score_mul, cap_mul, n0, t4);
-#pragma unroll
-        for (int mt = 0; mt < WM; mt++) {
-            float m_new[2];
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int nb = 0; nb < NB8; nb++)
-                    mx = fmaxf(mx, fmaxf(s[mt][nb][2 * hf], s[mt][nb][2 * hf + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                m_new[hf] = fmaxf(m_run[mt][hf], mx * mul);
-            }
-            /* Lazy rescaling: keep the reference max (and skip rescaling O)
-             * until some row of the warp grows past it by more than 8, so that
-             * weights stay <= 2^8; exact for any reference, as l and O share it. */
-            const bool rescale = __any_sync(0xffffffffu, m_new[0] > m_run[mt][0] + 8.0f ||
-                                                             m_new[1] > m_run[mt][1] + 8.0f);
-            if (rescale) {
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    const float m_use = m_new[hf] == -INFINITY ? 0.0f : m_new[hf];
-                    const float alpha = kva__ex2(m_run[mt][hf] - m_use); /* 0 while m_run = -inf */
-                    m_run[mt][hf] = m_new[hf];
-                    l_run[mt][hf] *= alpha;
-#pragma unroll
-                    for (int db = 0; db < DB8; db++) {
-                        o[mt][db][2 * hf] *= alpha;
-                        o[mt][db][2 * hf + 1] *= alpha;
-                    }
-                }
-            }
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const float m_use = m_run[mt][hf] == -INFINITY ? 0.0f : m_run[mt][hf];
-                float sum = 0.0f;
-#pragma unroll
-                for (int nb = 0; nb < NB8; nb++) {
-                    const float p0 = kva__ex2(fmaf(s[mt][nb][2 * hf], mul, -m_use));
-                    const float p1 = kva__ex2(fmaf(s[mt][nb][2 * hf + 1], mul, -m_use));
-                    s[mt][nb][2 * hf] = p0;
-                    s[mt][nb][2 * hf + 1] = p1;
-                    sum += p0 + p1;
-                }
-                l_run[mt][hf] += sum; /* per-thread partial */
-            }
-        }
-
-        /* O += P V: P [16 * WM, BN] from the S registers, V [BN, D]. */
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t pa[WM][4];
-#pragma unroll
-            for (int mt = 0; mt < WM; mt++) {
-                pa[mt][0] = Ty::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                pa[mt][1] = Ty::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                pa[mt][2] = Ty::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                pa[mt][3] = Ty::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-            }
-            kva__pf_pv<D, WM, Ty>(o, pa, v_lane, xo_q, kk);
-        }
+        uint32_t pk[WM][NB8][2]; /* P, packed pairs */
+        kva__pf_softmax<WM, NB8, DB8, Ty>(s, o, m_run, l_run, mul, pk);
+        /* O += P V: P [16 * WM, BN] from registers, V [BN, D]. */
+        kva__pf_pv_tile<D, WM, BN, Ty>(o, pk, v_lane, xo_q);
         __syncthreads(); /* stage st is overwritten by the next iteration's copy */
     }
     kva__cp_async_wait<0>();
 
     /* ---- epilogue: sink, normalization, out and lse ---- */
-    elem *out = (elem *)a.out;
-#pragma unroll
-    for (int mt = 0; mt < WM; mt++)
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            float l = l_run[mt][hf];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            float m = m_run[mt][hf];
-            float f = 1.0f;
-            if (a.sinks) {
-                const float sink2 = a.sinks[head[mt][hf]] * LOG2E_F;
-                const float m_f = fmaxf(m, sink2);
-                f = kva__ex2(m - m_f); /* 0 when m = -inf */
-                l = l * f + kva__ex2(sink2 - m_f);
-                m = m_f;
-            }
-            /* l == 0: no visible key and no sink. NaN l (a NaN score) falls through. */
-            const float inv = l == 0.0f ? 0.0f : f / l;
-            const float lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * LN2_F;
-            const int pm = m0 + warp * 16 * WM + mt * 16 + hf * 8 + g4;
-            if (pm >= rows)
-                continue;
-            const int i = pm / G;
-            const size_t orow = (size_t)(q_start + i) * H + head[mt][hf];
-            elem *dst = out + orow * D;
-#pragma unroll
-            for (int db = 0; db < DB8; db++) {
-                const uint32_t v = Ty::pack(o[mt][db][2 * hf] * inv, o[mt][db][2 * hf + 1] * inv);
-                *(uint32_t *)(dst + db * 8 + 2 * t4) = v;
-            }
-            if (a.lse && t4 == 0)
-                a.lse[orow] = lse;
-        }
+    kva__pf_row_end<D, WM, Ty>(a, o, m_run, l_run, head, m0, warp, g4, t4, rows, q_start, G,
+                               [](int, float, float &, float &) {});
 }
 
 /* ------------------------------------------------------------------------ */

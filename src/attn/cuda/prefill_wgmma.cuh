@@ -175,7 +175,8 @@ static __device__ __forceinline__ bool wg_softmax(float (&s)[64], float (&o)[NO]
                 tw = __ldg(c.tw + (c.pos[hf] - c.t0));
 #pragma unroll
             for (int q = 0; q < WG_BN / 32; q++)
-                vis[hf][q] = kva__cuda_vis_word(n0 + 2 * c.t4 + 32 * q, c.lo[hf], c.hi[hf], c.t0, tw);
+                vis[hf][q] =
+                    kva__cuda_vis_word(n0 + 2 * c.t4 + 32 * q, c.lo[hf], c.hi[hf], c.t0, tw);
         }
         const float score_mul = softcap > 0.0f ? c.scale_log2 * WG_LN2 / softcap : 0.0f;
         const float cap_mul = softcap * WG_LOG2E;
