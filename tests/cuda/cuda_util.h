@@ -32,11 +32,21 @@ static inline void *dev_from(const void *src, size_t n)
 }
 
 /* Device buffer of n bytes filled with 0xff (NaN in every float dtype). */
+/* cudaMemset runs on the legacy stream, which does not order against a
+ * stream created with cudaStreamNonBlocking: the fill must finish before a
+ * kernel on such a stream writes the buffer, or it may land after (a false
+ * failure that showed when other processes shared the GPU). */
+static inline void dev_fill(void *d, int byte, size_t n)
+{
+    CUDA_OK(cudaMemset(d, byte, n));
+    CUDA_OK(cudaDeviceSynchronize());
+}
+
 static inline void *dev_poisoned(size_t n)
 {
     void *d = NULL;
     CUDA_OK(cudaMalloc(&d, n ? n : 1));
-    CUDA_OK(cudaMemset(d, 0xff, n ? n : 1));
+    dev_fill(d, 0xff, n ? n : 1);
     return d;
 }
 

@@ -96,7 +96,7 @@ static void check_case(kva_context *ref, kva_context *gpu, cudaStream_t stream, 
                  * poisoned output. */
                 cudaGraph_t graph;
                 cudaGraphExec_t exec;
-                CUDA_OK(cudaMemset(dout, 0xff, es * on));
+                dev_fill(dout, 0xff, es * on);
                 CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
                 CHECK_OK(
                     kva_merge_states_n(gpu, N, T, H, DV, f->q_dt, dparts, 0, dlses, 0, dout, NULL));

@@ -58,8 +58,8 @@ static void check_graph(kva_context *gpu, const kva_plan *plan, const idx_case *
     graph_begin(gpu, &g);
     CHECK_OK(kva_indexer_run(gpu, plan, dq, dw, cache, di, stride, dl));
     graph_end(gpu, &g);
-    CUDA_OK(cudaMemset(di, 0x5a, ni * 4));
-    CUDA_OK(cudaMemset(dl, 0xff, (size_t)x->T * 4));
+    dev_fill(di, 0x5a, ni * 4);
+    dev_fill(dl, 0xff, (size_t)x->T * 4);
     graph_replay(&g);
     int32_t *ind2 = malloc(ni * 4), *len2 = malloc((size_t)x->T * 4);
     to_host(ind2, di, ni * 4);
@@ -90,7 +90,7 @@ static void run_case(kva_context *gpu, const idx_case *c, int multipass)
         void *dq = dev_from(x.q, qb), *dw = dev_from(x.w, (size_t)x.T * c->Hi * sizeof(float));
         /* 0x5a5a5a5a in every entry: -1 padding must be written. */
         int32_t *di = dev_poisoned(ni * 4), *dl = dev_poisoned((size_t)x.T * 4);
-        CUDA_OK(cudaMemset(di, 0x5a, ni * 4));
+        dev_fill(di, 0x5a, ni * 4);
         CHECK_OK(kva_indexer_run(gpu, plan, dq, dw, cache, di, stride, dl));
         int32_t *ind = malloc(ni * 4), *len = malloc((size_t)x.T * 4);
         to_host(ind, di, ni * 4);

@@ -152,7 +152,7 @@ static int run_case(const mcase *c, int quick_print)
     CHECK_OK(kva_cache_create(gpu, &cd, &cache));
     void *ck = NULL;
     kva_cache_data(cache, &ck, NULL);
-    CUDA_OK(cudaMemset(ck, 0xff, (size_t)NB * B * DL * 2));
+    dev_fill(ck, 0xff, (size_t)NB * B * DL * 2);
     void *d_ckv = dev_from(ckv, (size_t)L * DC * 2), *d_kpe = dev_from(kpe, (size_t)L * DR * 2);
     void *d_slots = dev_from(slots, sizeof(int64_t) * (size_t)L);
     if (L > 0)
@@ -197,8 +197,8 @@ static int run_case(const mcase *c, int quick_print)
         const int kernel = cp->decode_kernel;
         CHECK(kernel == KVA__CUDA_K_MLA_DECODE_MMA || kernel == KVA__CUDA_K_MLA_DECODE_WGMMA);
         CHECK(pass == 0 || kernel == KVA__CUDA_K_MLA_DECODE_MMA);
-        CUDA_OK(cudaMemset(d_out, 0xff, no * 2));
-        CUDA_OK(cudaMemset(d_lse, 0xff, sizeof(float) * (size_t)T * H));
+        dev_fill(d_out, 0xff, no * 2);
+        dev_fill(d_lse, 0xff, sizeof(float) * (size_t)T * H);
         CHECK_OK(kva_attention_run(gpu, plan, d_q, cache, NULL, d_out, d_lse));
         uint16_t *out = malloc(no * 2 + 2);
         float *lse = malloc(sizeof(float) * (size_t)T * H + 4);
@@ -250,8 +250,8 @@ static int run_case(const mcase *c, int quick_print)
             CHECK_OK(kva_attention_run(gpu, plan, d_q, cache, NULL, d_out, d_lse));
             CUDA_OK(cudaStreamEndCapture(st, &g));
             CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
-            CUDA_OK(cudaMemset(d_out, 0xff, no * 2));
-            CUDA_OK(cudaMemset(d_lse, 0xff, sizeof(float) * (size_t)T * H));
+            dev_fill(d_out, 0xff, no * 2);
+            dev_fill(d_lse, 0xff, sizeof(float) * (size_t)T * H);
             CUDA_OK(cudaGraphLaunch(ge, st));
             CUDA_OK(cudaStreamSynchronize(st));
             uint16_t *out2 = malloc(no * 2 + 2);

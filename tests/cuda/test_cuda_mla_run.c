@@ -94,7 +94,7 @@ static int gpu_make(const mla_case *c, const mla_data *m, gpu_case *g)
     }
     for (int32_t b = 0; b < m->nb; b++)
         if (!used[b])
-            CUDA_OK(cudaMemset((char *)dk + (size_t)b * c->B * row, 0xff, (size_t)c->B * row));
+            dev_fill((char *)dk + (size_t)b * c->B * row, 0xff, (size_t)c->B * row);
     free(used);
     const size_t es = mla_es(c->dt), T = (size_t)(m->T > 0 ? m->T : 1);
     g->q = dev_from(m->q, T * c->H * (c->Dn + c->Dr) * es);
@@ -132,8 +132,8 @@ static void mla_graph_replay(const mla_case *c, const mla_data *m, gpu_case *g, 
     CHECK_OK(kva_mla_run(g->ctx, plan, g->q, g->w_uk, g->w_uv, g->cache, g->out, g->lse));
     CUDA_OK(cudaStreamEndCapture(st, &gr));
     CUDA_OK(cudaGraphInstantiate(&ge, gr, 0));
-    CUDA_OK(cudaMemset(g->out, 0xff, n_out));
-    CUDA_OK(cudaMemset(g->lse, 0xff, rows * 4));
+    dev_fill(g->out, 0xff, n_out);
+    dev_fill(g->lse, 0xff, rows * 4);
     CUDA_OK(cudaGraphLaunch(ge, st));
     CUDA_OK(cudaStreamSynchronize(st));
     void *out2 = malloc(n_out + 16);

@@ -237,7 +237,7 @@ static int run_case(const scase *c)
     CHECK(cbytes == (size_t)NB * B * (c->fp8 ? ROWB : DL * es));
     void *ck = NULL;
     kva_cache_data(cache, &ck, NULL);
-    CUDA_OK(cudaMemset(ck, 0xff, cbytes));
+    dev_fill(ck, 0xff, cbytes);
     void *d_ckv = dev_from(ckv, es * (size_t)(L + 1) * DC);
     void *d_kpe = dev_from(kpe, es * (size_t)(L + 1) * DR);
     void *d_slots = dev_from(slots, sizeof(int64_t) * (size_t)(L + 1));
@@ -393,8 +393,8 @@ static int run_case(const scase *c)
             ok = 0;
             continue;
         }
-        CUDA_OK(cudaMemset(d_out, 0xff, no * es));
-        CUDA_OK(cudaMemset(d_lse, 0xff, sizeof(float) * nl));
+        dev_fill(d_out, 0xff, no * es);
+        dev_fill(d_lse, 0xff, sizeof(float) * nl);
         CHECK_OK(
             kva_mla_sparse_run(gpu, plan, d_q, cache, d_idx, istr, d_tl, d_sinks, d_out, d_lse));
         to_host(outs[mode], d_out, no * es);
@@ -409,8 +409,8 @@ static int run_case(const scase *c)
             CHECK_OK(kva_mla_sparse_run(gpu, plan, d_q, cache, d_idx, istr, d_tl, d_sinks, d_out,
                                         d_lse));
             graph_end(gpu, &g);
-            CUDA_OK(cudaMemset(d_out, 0xff, no * es));
-            CUDA_OK(cudaMemset(d_lse, 0xff, sizeof(float) * nl));
+            dev_fill(d_out, 0xff, no * es);
+            dev_fill(d_lse, 0xff, sizeof(float) * nl);
             graph_replay(&g);
             unsigned char *o2 = malloc(no * es);
             float *l2 = malloc(sizeof(float) * nl);
