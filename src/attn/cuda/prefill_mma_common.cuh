@@ -276,6 +276,26 @@ static __device__ __forceinline__ void kva__pf_pv_tile(float o[WM][D / 8][4],
     }
 }
 
+/* The end of one row's online softmax (log2 units): l its sum of P over
+ * all lanes, m its reference max; with sinks ([H] logits, or NULL) the
+ * head's sink joins the denominator. inv normalizes O, lse in natural log
+ * units; a row with no visible key and no sink gets inv 0 and lse -inf (a
+ * NaN l, from a NaN score, falls through). */
+static __device__ __forceinline__ void kva__pf_row_norm(float l, float m, const float *sinks,
+                                                        int head, float &inv, float &lse)
+{
+    float f = 1.0f;
+    if (sinks) {
+        const float sink2 = sinks[head] * KVA__PF_LOG2E;
+        const float m_f = fmaxf(m, sink2);
+        f = kva__ex2(m - m_f); /* 0 when m = -inf */
+        l = l * f + kva__ex2(sink2 - m_f);
+        m = m_f;
+    }
+    inv = l == 0.0f ? 0.0f : f / l;
+    lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * KVA__PF_LN2;
+}
+
 /*
  * The row end: sink, normalization, out [T, H, D] and lse of the thread's
  * rows (row m0 + 16 (WM warp + mt) + 8 hf + g4 of the packed rows; rows past
@@ -298,19 +318,8 @@ kva__pf_row_end(const kva__cuda_prefill_args &a, const float o[WM][D / 8][4],
             float lk = l_run[mt][hf];
             lk += __shfl_xor_sync(0xffffffffu, lk, 1);
             lk += __shfl_xor_sync(0xffffffffu, lk, 2);
-            float l = lk;
-            float m = m_run[mt][hf];
-            float f = 1.0f;
-            if (a.sinks) {
-                const float sink2 = a.sinks[head[mt][hf]] * KVA__PF_LOG2E;
-                const float m_f = fmaxf(m, sink2);
-                f = kva__ex2(m - m_f); /* 0 when m = -inf */
-                l = l * f + kva__ex2(sink2 - m_f);
-                m = m_f;
-            }
-            /* l == 0: no visible key and no sink. NaN l (a NaN score) falls through. */
-            const float inv = l == 0.0f ? 0.0f : f / l;
-            const float lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * KVA__PF_LN2;
+            float inv, lse;
+            kva__pf_row_norm(lk, m_run[mt][hf], a.sinks, head[mt][hf], inv, lse);
             const int pm = m0 + warp * 16 * WM + mt * 16 + hf * 8 + g4;
             if (pm >= rows)
                 continue;

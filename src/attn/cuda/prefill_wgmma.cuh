@@ -264,18 +264,8 @@ wg_epilogue(const kva__cuda_prefill_args &a, const wg_ctx &c, const float (&o)[D
         float l = l_run[hf];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
-        float m = m_run[hf];
-        float f = 1.0f;
-        if (a.sinks) {
-            const float sink2 = a.sinks[c.head[hf]] * WG_LOG2E;
-            const float m_f = fmaxf(m, sink2);
-            f = kva__ex2(m - m_f); /* 0 when m = -inf */
-            l = l * f + kva__ex2(sink2 - m_f);
-            m = m_f;
-        }
-        /* l == 0: no visible key and no sink. NaN l (a NaN score) falls through. */
-        const float inv = l == 0.0f ? 0.0f : f / l;
-        const float lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * WG_LN2;
+        float inv, lse;
+        kva__pf_row_norm(l, m_run[hf], a.sinks, c.head[hf], inv, lse);
         const int pm = pm0 + hf * 8;
         if (pm >= rows)
             continue;
