@@ -319,12 +319,51 @@ typedef struct tile_cost {
     int32_t r, m0;
 } tile_cost;
 
-static int tile_cost_cmp(const void *pa, const void *pb)
+/* The tile list's order: heaviest first, ties in build order (a total
+ * order: index is unique). */
+static inline int tile_before(const tile_cost *x, const tile_cost *y)
 {
-    const tile_cost *x = (const tile_cost *)pa, *y = (const tile_cost *)pb;
-    if (x->cost != y->cost)
-        return x->cost > y->cost ? -1 : 1;
-    return x->index < y->index ? -1 : x->index > y->index;
+    return x->cost != y->cost ? x->cost > y->cost : x->index < y->index;
+}
+
+/* Sorts a[0..n) by tile_before (the order is total, so the result equals
+ * qsort's with the same comparison) with the comparison inlined:
+ * insertion-sorted runs of 8, then bottom-up merges through tmp [n]. qsort's
+ * indirect comparisons were most of the tile list's host time
+ * (bench/results/h100_2026-11-27_pf4.txt). */
+static void tile_sort(tile_cost *a, tile_cost *tmp, int32_t n)
+{
+    enum { RUN = 8 };
+    for (int32_t lo = 0; lo < n; lo += RUN) {
+        const int32_t hi = lo + RUN < n ? lo + RUN : n;
+        for (int32_t i = lo + 1; i < hi; i++) {
+            const tile_cost x = a[i];
+            int32_t j = i;
+            while (j > lo && tile_before(&x, &a[j - 1])) {
+                a[j] = a[j - 1];
+                j--;
+            }
+            a[j] = x;
+        }
+    }
+    tile_cost *src = a, *dst = tmp;
+    for (int32_t w = RUN; w < n; w *= 2) {
+        for (int32_t lo = 0; lo < n; lo += 2 * w) {
+            const int32_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            int32_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi)
+                dst[k++] = tile_before(&src[j], &src[i]) ? src[j++] : src[i++];
+            while (i < mid)
+                dst[k++] = src[i++];
+            while (j < hi)
+                dst[k++] = src[j++];
+        }
+        tile_cost *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != a)
+        memcpy(a, src, (size_t)n * sizeof *a);
 }
 
 /* A section's part of one request: its kv heads h0 .. h1 - 1. */
@@ -372,7 +411,7 @@ extern "C" kva_status kva__cuda_prefill_tiles_build_sections(
      * its section; per request its first entry, entry count and heaviest cost;
      * the section's entries; the groups. */
     const size_t ne = (size_t)(count > 0 ? count : 1);
-    tile_cost *tc = (tile_cost *)malloc(sizeof(tile_cost) * 2 * ne);
+    tile_cost *tc = (tile_cost *)malloc(sizeof(tile_cost) * 3 * ne);
     int64_t *rq = (int64_t *)malloc(sizeof(int64_t) * 3 * (size_t)(R + 1));
     tile_group *grp = (tile_group *)malloc(sizeof(tile_group) * (size_t)(R + 1));
     int32_t *order = (int32_t *)malloc(sizeof(int32_t) * (size_t)(R + 1));
@@ -383,7 +422,7 @@ extern "C" kva_status kva__cuda_prefill_tiles_build_sections(
         free(order);
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "%s: %lld tiles", __func__, (long long)count);
     }
-    tile_cost *sec = tc + ne;
+    tile_cost *sec = tc + ne, *tmp = tc + 2 * ne; /* tmp: tile_sort's */
     int64_t *first = rq, *nent = rq + (R + 1), *heavy = rq + 2 * (R + 1);
     int32_t n = 0, nr = 0;
     for (int32_t r = 0; r < R; r++) {
@@ -460,7 +499,7 @@ extern "C" kva_status kva__cuda_prefill_tiles_build_sections(
                 sec[m].r = g;     /* the group, for its kv heads */
                 m++;
             }
-        qsort(sec, (size_t)m, sizeof(tile_cost), tile_cost_cmp);
+        tile_sort(sec, tmp, m);
         for (int32_t e = 0; e < m; e++) {
             const tile_group *gr = &grp[sec[e].r];
             for (int32_t kh = gr->h0; kh < gr->h1; kh++) {
