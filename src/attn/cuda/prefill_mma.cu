@@ -39,6 +39,7 @@ extern "C" {
 #include "mma_ptx.cuh"
 #include "prefill_mma.h"
 #include "prefill_mma_common.cuh"
+#include "sort_inline.h"
 #include "tree_mask.cuh"
 
 #include <cuda_bf16.h>
@@ -326,45 +327,10 @@ static inline int tile_before(const tile_cost *x, const tile_cost *y)
     return x->cost != y->cost ? x->cost > y->cost : x->index < y->index;
 }
 
-/* Sorts a[0..n) by tile_before (the order is total, so the result equals
- * qsort's with the same comparison) with the comparison inlined:
- * insertion-sorted runs of 8, then bottom-up merges through tmp [n]. qsort's
- * indirect comparisons were most of the tile list's host time
+/* The sort of a section's entries (sort_inline.h): qsort's indirect
+ * comparisons were most of the tile list's host time
  * (bench/results/h100_2026-11-27_pf4.txt). */
-static void tile_sort(tile_cost *a, tile_cost *tmp, int32_t n)
-{
-    enum { RUN = 8 };
-    for (int32_t lo = 0; lo < n; lo += RUN) {
-        const int32_t hi = lo + RUN < n ? lo + RUN : n;
-        for (int32_t i = lo + 1; i < hi; i++) {
-            const tile_cost x = a[i];
-            int32_t j = i;
-            while (j > lo && tile_before(&x, &a[j - 1])) {
-                a[j] = a[j - 1];
-                j--;
-            }
-            a[j] = x;
-        }
-    }
-    tile_cost *src = a, *dst = tmp;
-    for (int32_t w = RUN; w < n; w *= 2) {
-        for (int32_t lo = 0; lo < n; lo += 2 * w) {
-            const int32_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
-            int32_t i = lo, j = mid, k = lo;
-            while (i < mid && j < hi)
-                dst[k++] = tile_before(&src[j], &src[i]) ? src[j++] : src[i++];
-            while (i < mid)
-                dst[k++] = src[i++];
-            while (j < hi)
-                dst[k++] = src[j++];
-        }
-        tile_cost *t = src;
-        src = dst;
-        dst = t;
-    }
-    if (src != a)
-        memcpy(a, src, (size_t)n * sizeof *a);
-}
+KVA__DEFINE_SORT(tile_sort, tile_cost, tile_before, 8)
 
 /* A section's part of one request: its kv heads h0 .. h1 - 1. */
 typedef struct tile_group {
