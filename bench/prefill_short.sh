@@ -9,7 +9,10 @@
 # Usage: bench/prefill_short.sh NAME=SRCDIR [NAME=SRCDIR ...]
 #   e.g. bench/prefill_short.sh base=/path/to/main new=.
 # Environment: TESTS (ctest names to build and run, quick sets), PROFILE,
-# SERVE, SDPA=0 skips the peers, ARCH (default 90a).
+# SERVE, SDPA=0 skips the peers, ARCH (default 90a), MORE=1 also times the
+# other kernels the mask code serves on every tree (the mma.sync prefill
+# forced, the int8 prefill, both after 4096 cached keys, bf16 decode and
+# speculative decode).
 set -u -o pipefail
 OUT=${OUT:-prefill_short_out}
 mkdir -p "$OUT"
@@ -61,6 +64,23 @@ for shp in "${SHAPES[@]}"; do
         done
     done
 done | tee "$OUT/bench.txt"
+if [ "${MORE:-0}" = 1 ]; then
+    MORE_RUNS=("prefill_mma_sm80 8x1024+4096|--mode prefill --batch 8 --q-len 1024 --kernel prefill_mma_sm80"
+        "prefill_mma_sm80 32x256+4096|--mode prefill --batch 32 --q-len 256 --kernel prefill_mma_sm80"
+        "prefill int8 8x1024+4096|--mode prefill --batch 8 --q-len 1024 --quant int8"
+        "prefill int8 32x256+4096|--mode prefill --batch 32 --q-len 256 --quant int8"
+        "decode 64x4096|--mode decode --batch 64 --context 4096"
+        "decode q4 16x4096|--mode decode --batch 16 --q-len 4 --context 4096"
+        "decode int8 q4 16x4096|--mode decode --batch 16 --q-len 4 --context 4096 --quant int8")
+    for m in "${MORE_RUNS[@]}"; do
+        for b in b-*/bench_cuda; do
+            name=${b%%/*}; name=${name#b-}
+            echo -n "$name ${m%%|*}: "
+            timeout 120 "$b" ${m#*|} --iters 50 2> "$OUT/more-$name.err" > /dev/null
+            grep -o "median[^,]*, [^,]*, [^,]*, \|check [a-zA-Z]*" "$OUT/more-$name.err" | tr '\n' ' '; echo
+        done
+    done | tee "$OUT/more.txt"
+fi
 if [ "${PROFILE:-0}" = 1 ]; then
     for b in b-*/bench_cuda; do
         name=${b%%/*}; name=${name#b-}

@@ -23,6 +23,7 @@
  * counting (no comparison sort).
  */
 #include "partition.h"
+#include "sort_inline.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -488,42 +489,12 @@ typedef struct cost_run {
     int64_t cost, count;
 } cost_run;
 
-/* Sorts runs[0..n) by cost, largest first (insertion-sorted blocks of 16,
- * then bottom-up merges through tmp [n]). */
-static void sort_runs(cost_run *runs, cost_run *tmp, int32_t n)
+/* runs[0..n) by cost, largest first (sort_inline.h; runs of 16). */
+static inline int run_before(const cost_run *x, const cost_run *y)
 {
-    enum { BLK = 16 };
-    for (int32_t lo = 0; lo < n; lo += BLK) {
-        const int32_t hi = lo + BLK < n ? lo + BLK : n;
-        for (int32_t i = lo + 1; i < hi; i++) {
-            const cost_run x = runs[i];
-            int32_t j = i;
-            while (j > lo && runs[j - 1].cost < x.cost) {
-                runs[j] = runs[j - 1];
-                j--;
-            }
-            runs[j] = x;
-        }
-    }
-    cost_run *src = runs, *dst = tmp;
-    for (int32_t w = BLK; w < n; w *= 2) {
-        for (int32_t lo = 0; lo < n; lo += 2 * w) {
-            const int32_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
-            int32_t i = lo, j = mid, k = lo;
-            while (i < mid && j < hi)
-                dst[k++] = src[j].cost > src[i].cost ? src[j++] : src[i++];
-            while (i < mid)
-                dst[k++] = src[i++];
-            while (j < hi)
-                dst[k++] = src[j++];
-        }
-        cost_run *t = src;
-        src = dst;
-        dst = t;
-    }
-    if (src != runs)
-        memcpy(runs, src, (size_t)n * sizeof *runs);
+    return x->cost > y->cost;
 }
+KVA__DEFINE_SORT(sort_runs, cost_run, run_before, 16)
 
 /* Whether units x and y are cut into the same item costs under any rule. */
 static int same_shape(const kva_plan *plan, const unit *x, const unit *y)

@@ -320,6 +320,7 @@ static kva_status check_batch(const kva_plan_desc *d, const kva_plan_desc *dcp,
     const int32_t R = d->num_requests;
     const int32_t *qsl = d->query_start_loc;
     *max_block_id = -1;
+    int32_t max_id = -1;
     if (R > 0) {
         if (!qsl)
             return kva__fail(
@@ -373,17 +374,25 @@ static kva_status check_batch(const kva_plan_desc *d, const kva_plan_desc *dcp,
                              (int)d->block_table_stride);
         if (q == 0)
             continue; /* No kernel reads this request's blocks. */
+        /* The row's smallest and largest ids in one branch-free pass (it
+         * vectorizes: a 64 x 4k decode batch has 16k entries to check every
+         * step); the negative entry is looked up only to name it. */
         const int32_t *row = d->block_table + (int64_t)r * d->block_table_stride;
+        int32_t lo = INT32_MAX, hi = -1;
         for (int64_t j = 0; j < need; j++) {
-            if (row[j] < 0)
-                return kva__fail(KVA_STATUS_OUT_OF_RANGE,
-                                 "kva_plan_create: block_table entry %lld of request %d is %d "
-                                 "(negative), but seq_lens[%d] = %d needs it",
-                                 (long long)j, (int)r, (int)row[j], (int)r, (int)s);
-            if (row[j] > *max_block_id)
-                *max_block_id = row[j];
+            lo = row[j] < lo ? row[j] : lo;
+            hi = row[j] > hi ? row[j] : hi;
         }
+        if (lo < 0)
+            for (int64_t j = 0; j < need; j++)
+                if (row[j] < 0)
+                    return kva__fail(KVA_STATUS_OUT_OF_RANGE,
+                                     "kva_plan_create: block_table entry %lld of request %d is %d "
+                                     "(negative), but seq_lens[%d] = %d needs it",
+                                     (long long)j, (int)r, (int)row[j], (int)r, (int)s);
+        max_id = hi > max_id ? hi : max_id;
     }
+    *max_block_id = max_id;
     return KVA_STATUS_OK;
 }
 

@@ -89,6 +89,26 @@ kva__dmma_logits(float sc[][4], const kva__cuda_attn_args &a, float scale_log2, 
                 sc[nt][e] *= scale_log2;
     }
     if (a.has_alibi || !inside) {
+        /* With a tree, the rows' visibility words of the step (tree_mask.cuh:
+         * bit nt * 8 + e % 2 of row hf is key kb + 8 nt + 2 t4 + e % 2), built
+         * once, so each element is one bit test and the row's tree word is read
+         * once; without one (tree == nullptr, a compile-time constant at every
+         * caller) the bounds are compared per element. */
+        constexpr int NWD = (BN + 31) / 32;
+        uint32_t vw[2][NWD];
+        if (tree) {
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int32_t ti = pos[hf] - tree->t0;
+                uint64_t tw = 0ull;
+                if (kb + BN > tree->t0 && (uint32_t)ti < (uint32_t)tree->n)
+                    tw = __ldg(tree->w + ti);
+#pragma unroll
+                for (int q = 0; q < NWD; q++)
+                    vw[hf][q] =
+                        kva__cuda_vis_word(kb + 2 * t4 + 32 * q, lo[hf], hi[hf], tree->t0, tw);
+            }
+        }
 #pragma unroll
         for (int nt = 0; nt < BN / 8; nt++)
 #pragma unroll
@@ -99,8 +119,9 @@ kva__dmma_logits(float sc[][4], const kva__cuda_attn_args &a, float scale_log2, 
                     a.has_alibi ? fmaf(slope[hf], (float)(kva__cuda_key_pos(a.meta, j) - pos[hf]),
                                        sc[nt][e])
                                 : sc[nt][e];
+                const int i = nt * 8 + (e & 1);
                 const bool vis =
-                    j >= lo[hf] && j < hi[hf] && (!tree || kva__cuda_tree_sees(*tree, pos[hf], j));
+                    tree ? ((vw[hf][i >> 5] >> (i & 31)) & 1u) != 0 : j >= lo[hf] && j < hi[hf];
                 sc[nt][e] = vis ? x : -INFINITY;
             }
     }

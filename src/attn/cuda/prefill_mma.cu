@@ -39,6 +39,7 @@ extern "C" {
 #include "mma_ptx.cuh"
 #include "prefill_mma.h"
 #include "prefill_mma_common.cuh"
+#include "sort_inline.h"
 #include "tree_mask.cuh"
 
 #include <cuda_bf16.h>
@@ -100,9 +101,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
      * window_left >= KVA_MAX_SEQ_LEN excludes nothing. */
     const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
     const int chunk = a.attention_chunk;
-    const int has_lo = window >= 0 || chunk > 0;
-    const kva__cuda_tree tree =
-        kva__cuda_tree_at(a.tree, a.tree_on ? *a.tree_on : 0, q_start, seq_len, q_len);
 
     /* Positions of the tile's first and last valid rows (CTA-uniform). */
     const int m_last = min(m0 + TILE_M, rows) - 1;
@@ -177,6 +175,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
     kva__pf_ldsm_lanes<D, WM>(lane, warp, sQ, xo_q, xo_k, q_lane, k_row, v_row);
     int pos[WM][2], head[WM][2];
     kva__pf_rows<WM>(m0, warp, g4, m_last, G, seq_len, q_len, kvh, pos, head);
+    kva__pf_mask<WM> mk;
+    kva__pf_mask_init<WM>(mk, a, pos, seq_len, q_len, q_start, pos_min, pos_max);
     const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)D);
     const float softcap = a.softcap;
     const float score_mul = softcap > 0.0f ? scale / softcap : 0.0f; /* before tanh */
@@ -251,136 +251,23 @@ __global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__c
          * ALiBi, no masked element in this tile: CTA-uniform): S stays raw and
          * mul = scale * log2(e) is applied in the exponent's FFMA. Otherwise S is
          * transformed to log2 units first (mul = 1), masked elements to -inf. */
-        const int need_mask = (n0 + BN > seq_len) || (a.causal && n0 + BN - 1 > pos_min) ||
-                              (has_lo && n0 < kva__first_key(pos_max, window, chunk)) ||
-                              n0 + BN > tree.t0;
+        const int need_mask = kva__pf_mask_needed<WM, BN>(mk, n0);
         const int transform = need_mask || softcap > 0.0f || a.alibi_slopes != NULL;
         const float mul = transform ? 1.0f : scale_log2;
-        if (transform) {
-#pragma unroll
-            for (int mt = 0; mt < WM; mt++) {
-                float sl[2] = {0.0f, 0.0f};
-                if (a.alibi_slopes) {
-                    sl[0] = a.alibi_slopes[head[mt][0]] * LOG2E_F;
-                    sl[1] = a.alibi_slopes[head[mt][1]] * LOG2E_F;
-                }
-#pragma unroll
-                for (int nb = 0; nb < NB8; nb++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int hf = e >> 1;
-                        const int j = n0 + nb * 8 + 2 * t4 + (e & 1);
-                        float x = s[mt][nb][e];
-                        x = softcap > 0.0f ? cap_mul * tanhf(x * score_mul) : x * scale_log2;
-                        x += sl[hf] * (float)(j - pos[mt][hf]);
-                        const int p_ = pos[mt][hf];
-                        const bool vis = j < seq_len && (!a.causal || j <= p_) &&
-                                         (!has_lo || j >= kva__first_key(p_, window, chunk)) &&
-                                         kva__cuda_tree_sees(tree, p_, j);
-                        s[mt][nb][e] = vis ? x : -INFINITY;
-                    }
-            }
-        }
-#pragma unroll
-        for (int mt = 0; mt < WM; mt++) {
-            float m_new[2];
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int nb = 0; nb < NB8; nb++)
-                    mx = fmaxf(mx, fmaxf(s[mt][nb][2 * hf], s[mt][nb][2 * hf + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                m_new[hf] = fmaxf(m_run[mt][hf], mx * mul);
-            }
-            /* Lazy rescaling: keep the reference max (and skip rescaling O)
-             * until some row of the warp grows past it by more than 8, so that
-             * weights stay <= 2^8; exact for any reference, as l and O share it. */
-            const bool rescale = __any_sync(0xffffffffu, m_new[0] > m_run[mt][0] + 8.0f ||
-                                                             m_new[1] > m_run[mt][1] + 8.0f);
-            if (rescale) {
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    const float m_use = m_new[hf] == -INFINITY ? 0.0f : m_new[hf];
-                    const float alpha = kva__ex2(m_run[mt][hf] - m_use); /* 0 while m_run = -inf */
-                    m_run[mt][hf] = m_new[hf];
-                    l_run[mt][hf] *= alpha;
-#pragma unroll
-                    for (int db = 0; db < DB8; db++) {
-                        o[mt][db][2 * hf] *= alpha;
-                        o[mt][db][2 * hf + 1] *= alpha;
-                    }
-                }
-            }
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const float m_use = m_run[mt][hf] == -INFINITY ? 0.0f : m_run[mt][hf];
-                float sum = 0.0f;
-#pragma unroll
-                for (int nb = 0; nb < NB8; nb++) {
-                    const float p0 = kva__ex2(fmaf(s[mt][nb][2 * hf], mul, -m_use));
-                    const float p1 = kva__ex2(fmaf(s[mt][nb][2 * hf + 1], mul, -m_use));
-                    s[mt][nb][2 * hf] = p0;
-                    s[mt][nb][2 * hf + 1] = p1;
-                    sum += p0 + p1;
-                }
-                l_run[mt][hf] += sum; /* per-thread partial */
-            }
-        }
-
-        /* O += P V: P [16 * WM, BN] from the S registers, V [BN, D]. */
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t pa[WM][4];
-#pragma unroll
-            for (int mt = 0; mt < WM; mt++) {
-                pa[mt][0] = Ty::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                pa[mt][1] = Ty::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                pa[mt][2] = Ty::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                pa[mt][3] = Ty::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-            }
-            kva__pf_pv<D, WM, Ty>(o, pa, v_lane, xo_q, kk);
-        }
+        if (transform)
+            kva__pf_transform<WM, NB8>(s, mk, pos, head, a.alibi_slopes, softcap, scale_log2,
+                                       score_mul, cap_mul, n0, t4);
+        uint32_t pk[WM][NB8][2]; /* P, packed pairs */
+        kva__pf_softmax<WM, NB8, DB8, Ty>(s, o, m_run, l_run, mul, pk);
+        /* O += P V: P [16 * WM, BN] from registers, V [BN, D]. */
+        kva__pf_pv_tile<D, WM, BN, Ty>(o, pk, v_lane, xo_q);
         __syncthreads(); /* stage st is overwritten by the next iteration's copy */
     }
     kva__cp_async_wait<0>();
 
     /* ---- epilogue: sink, normalization, out and lse ---- */
-    elem *out = (elem *)a.out;
-#pragma unroll
-    for (int mt = 0; mt < WM; mt++)
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            float l = l_run[mt][hf];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            float m = m_run[mt][hf];
-            float f = 1.0f;
-            if (a.sinks) {
-                const float sink2 = a.sinks[head[mt][hf]] * LOG2E_F;
-                const float m_f = fmaxf(m, sink2);
-                f = kva__ex2(m - m_f); /* 0 when m = -inf */
-                l = l * f + kva__ex2(sink2 - m_f);
-                m = m_f;
-            }
-            /* l == 0: no visible key and no sink. NaN l (a NaN score) falls through. */
-            const float inv = l == 0.0f ? 0.0f : f / l;
-            const float lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * LN2_F;
-            const int pm = m0 + warp * 16 * WM + mt * 16 + hf * 8 + g4;
-            if (pm >= rows)
-                continue;
-            const int i = pm / G;
-            const size_t orow = (size_t)(q_start + i) * H + head[mt][hf];
-            elem *dst = out + orow * D;
-#pragma unroll
-            for (int db = 0; db < DB8; db++) {
-                const uint32_t v = Ty::pack(o[mt][db][2 * hf] * inv, o[mt][db][2 * hf + 1] * inv);
-                *(uint32_t *)(dst + db * 8 + 2 * t4) = v;
-            }
-            if (a.lse && t4 == 0)
-                a.lse[orow] = lse;
-        }
+    kva__pf_row_end<D, WM, Ty>(a, o, m_run, l_run, head, m0, warp, g4, t4, rows, q_start, G,
+                               [](int, float, float &, float &) {});
 }
 
 /* ------------------------------------------------------------------------ */
@@ -433,13 +320,17 @@ typedef struct tile_cost {
     int32_t r, m0;
 } tile_cost;
 
-static int tile_cost_cmp(const void *pa, const void *pb)
+/* The tile list's order: heaviest first, ties in build order (a total
+ * order: index is unique). */
+static inline int tile_before(const tile_cost *x, const tile_cost *y)
 {
-    const tile_cost *x = (const tile_cost *)pa, *y = (const tile_cost *)pb;
-    if (x->cost != y->cost)
-        return x->cost > y->cost ? -1 : 1;
-    return x->index < y->index ? -1 : x->index > y->index;
+    return x->cost != y->cost ? x->cost > y->cost : x->index < y->index;
 }
+
+/* The sort of a section's entries (sort_inline.h): qsort's indirect
+ * comparisons were most of the tile list's host time
+ * (bench/results/h100_2026-11-27_pf4.txt). */
+KVA__DEFINE_SORT(tile_sort, tile_cost, tile_before, 8)
 
 /* A section's part of one request: its kv heads h0 .. h1 - 1. */
 typedef struct tile_group {
@@ -486,7 +377,7 @@ extern "C" kva_status kva__cuda_prefill_tiles_build_sections(
      * its section; per request its first entry, entry count and heaviest cost;
      * the section's entries; the groups. */
     const size_t ne = (size_t)(count > 0 ? count : 1);
-    tile_cost *tc = (tile_cost *)malloc(sizeof(tile_cost) * 2 * ne);
+    tile_cost *tc = (tile_cost *)malloc(sizeof(tile_cost) * 3 * ne);
     int64_t *rq = (int64_t *)malloc(sizeof(int64_t) * 3 * (size_t)(R + 1));
     tile_group *grp = (tile_group *)malloc(sizeof(tile_group) * (size_t)(R + 1));
     int32_t *order = (int32_t *)malloc(sizeof(int32_t) * (size_t)(R + 1));
@@ -497,7 +388,7 @@ extern "C" kva_status kva__cuda_prefill_tiles_build_sections(
         free(order);
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "%s: %lld tiles", __func__, (long long)count);
     }
-    tile_cost *sec = tc + ne;
+    tile_cost *sec = tc + ne, *tmp = tc + 2 * ne; /* tmp: tile_sort's */
     int64_t *first = rq, *nent = rq + (R + 1), *heavy = rq + 2 * (R + 1);
     int32_t n = 0, nr = 0;
     for (int32_t r = 0; r < R; r++) {
@@ -574,7 +465,7 @@ extern "C" kva_status kva__cuda_prefill_tiles_build_sections(
                 sec[m].r = g;     /* the group, for its kv heads */
                 m++;
             }
-        qsort(sec, (size_t)m, sizeof(tile_cost), tile_cost_cmp);
+        tile_sort(sec, tmp, m);
         for (int32_t e = 0; e < m; e++) {
             const tile_group *gr = &grp[sec[e].r];
             for (int32_t kh = gr->h0; kh < gr->h1; kh++) {

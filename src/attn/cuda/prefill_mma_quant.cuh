@@ -143,9 +143,6 @@ __global__ void __launch_bounds__(NW * 32, MINB)
      * window_left >= KVA_MAX_SEQ_LEN excludes nothing. */
     const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
     const int chunk = a.attention_chunk;
-    const int has_lo = window >= 0 || chunk > 0;
-    const kva__cuda_tree tree =
-        kva__cuda_tree_at(a.tree, a.tree_on ? *a.tree_on : 0, q_start, seq_len, q_len);
 
     const int m_last = min(m0 + QP_TILE_M, rows) - 1;
     const int pos_min = seq_len - q_len + m0 / G;
@@ -341,6 +338,8 @@ __global__ void __launch_bounds__(NW * 32, MINB)
     kva__pf_ldsm_lanes<D, WM>(lane, warp, sQ, xo_q, xo_k, q_lane, k_row, v_row);
     int pos[WM][2], head[WM][2];
     kva__pf_rows<WM>(m0, warp, g4, m_last, G, seq_len, q_len, kvh, pos, head);
+    kva__pf_mask<WM> mk;
+    kva__pf_mask_init<WM>(mk, a, pos, seq_len, q_len, q_start, pos_min, pos_max);
     const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)D);
     const float softcap = a.softcap;
     const float score_mul = softcap > 0.0f ? scale / softcap : 0.0f;
@@ -443,143 +442,36 @@ __global__ void __launch_bounds__(NW * 32, MINB)
         }
 
         /* From here on as prefill_mma.cu (lazy rescaling). */
-        const int need_mask = (n0 + BN > seq_len) || (a.causal && n0 + BN - 1 > pos_min) ||
-                              (has_lo && n0 < kva__first_key(pos_max, window, chunk)) ||
-                              n0 + BN > tree.t0;
+        const int need_mask = kva__pf_mask_needed<WM, BN>(mk, n0);
         const int transform = need_mask || softcap > 0.0f || a.alibi_slopes != NULL;
         const float mul = transform ? 1.0f : scale_log2;
-        if (transform) {
-#pragma unroll
-            for (int mt = 0; mt < WM; mt++) {
-                float sl[2] = {0.0f, 0.0f};
-                if (a.alibi_slopes) {
-                    sl[0] = a.alibi_slopes[head[mt][0]] * KVA__PF_LOG2E;
-                    sl[1] = a.alibi_slopes[head[mt][1]] * KVA__PF_LOG2E;
-                }
-#pragma unroll
-                for (int nb = 0; nb < NB8; nb++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int hf = e >> 1;
-                        const int j = n0 + nb * 8 + 2 * t4 + (e & 1);
-                        float x = s[mt][nb][e];
-                        x = softcap > 0.0f ? cap_mul * tanhf(x * score_mul) : x * scale_log2;
-                        x += sl[hf] * (float)(j - pos[mt][hf]);
-                        const int p_ = pos[mt][hf];
-                        const bool vis = j < seq_len && (!a.causal || j <= p_) &&
-                                         (!has_lo || j >= kva__first_key(p_, window, chunk)) &&
-                                         kva__cuda_tree_sees(tree, p_, j);
-                        s[mt][nb][e] = vis ? x : -INFINITY;
-                    }
-            }
-        }
+        if (transform)
+            kva__pf_transform<WM, NB8>(s, mk, pos, head, a.alibi_slopes, softcap, scale_log2,
+                                       score_mul, cap_mul, n0, t4);
         uint32_t pk[WM][NB8][2]; /* P in TyP, packed pairs */
-#pragma unroll
-        for (int mt = 0; mt < WM; mt++) {
-            float m_new[2];
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int nb = 0; nb < NB8; nb++)
-                    mx = fmaxf(mx, fmaxf(s[mt][nb][2 * hf], s[mt][nb][2 * hf + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                m_new[hf] = fmaxf(m_run[mt][hf], mx * mul);
-            }
-            const bool rescale = __any_sync(0xffffffffu, m_new[0] > m_run[mt][0] + 8.0f ||
-                                                             m_new[1] > m_run[mt][1] + 8.0f);
-            if (rescale) {
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    const float m_use = m_new[hf] == -INFINITY ? 0.0f : m_new[hf];
-                    const float alpha = kva__ex2(m_run[mt][hf] - m_use);
-                    m_run[mt][hf] = m_new[hf];
-                    l_run[mt][hf] *= alpha;
-#pragma unroll
-                    for (int db = 0; db < DB8; db++) {
-                        o[mt][db][2 * hf] *= alpha;
-                        o[mt][db][2 * hf + 1] *= alpha;
-                    }
-                }
-            }
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const float m_use = m_run[mt][hf] == -INFINITY ? 0.0f : m_run[mt][hf];
-                float sum = 0.0f;
-#pragma unroll
-                for (int nb = 0; nb < NB8; nb++) {
-                    const float p0 = kva__ex2(fmaf(s[mt][nb][2 * hf], mul, -m_use));
-                    const float p1 = kva__ex2(fmaf(s[mt][nb][2 * hf + 1], mul, -m_use));
-                    pk[mt][nb][hf] = TyP::pack(p0, p1);
-                    sum += p0 + p1;
-                }
-                l_run[mt][hf] += sum; /* per-thread partial */
-            }
-        }
-
+        kva__pf_softmax<WM, NB8, DB8, TyP>(s, o, m_run, l_run, mul, pk);
         /* O += P V: P [16 * WM, BN] from registers, V [BN, D] (f16 codes or TyP). */
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t pa[WM][4];
-#pragma unroll
-            for (int mt = 0; mt < WM; mt++) {
-                pa[mt][0] = pk[mt][2 * kk][0];
-                pa[mt][1] = pk[mt][2 * kk][1];
-                pa[mt][2] = pk[mt][2 * kk + 1][0];
-                pa[mt][3] = pk[mt][2 * kk + 1][1];
-            }
-            kva__pf_pv<D, WM, TyP>(o, pa, v_lane, xo_q, kk);
-        }
+        kva__pf_pv_tile<D, WM, BN, TyP>(o, pk, v_lane, xo_q);
     }
     kva__cp_async_wait<0>();
 
-    /* ---- epilogue: V scales, sink, normalization, out and lse ---- */
-    elem *out = (elem *)a.out;
-#pragma unroll
-    for (int mt = 0; mt < WM; mt++)
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            float lk = l_run[mt][hf];
-            lk += __shfl_xor_sync(0xffffffffu, lk, 1);
-            lk += __shfl_xor_sync(0xffffffffu, lk, 2);
-            float l = lk;
-            float m = m_run[mt][hf];
-            float f = 1.0f;
-            if (a.sinks) {
-                const float sink2 = a.sinks[head[mt][hf]] * KVA__PF_LOG2E;
-                const float m_f = fmaxf(m, sink2);
-                f = kva__ex2(m - m_f);
-                l = l * f + kva__ex2(sink2 - m_f);
-                m = m_f;
-            }
-            const float inv = l == 0.0f ? 0.0f : f / l;
-            const float lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * KVA__PF_LN2;
-            const int pm = m0 + warp * 16 * WM + mt * 16 + hf * 8 + g4;
-            if (pm >= rows)
-                continue;
-            const int i = pm / G;
-            const size_t orow = (size_t)(q_start + i) * H + head[mt][hf];
-            elem *dst = out + orow * D;
-#pragma unroll
-            for (int db = 0; db < DB8; db++) {
-                const int c = db * 8 + 2 * t4;
-                float x0 = o[mt][db][2 * hf], x1 = o[mt][db][2 * hf + 1];
-                if (FMT != QP_V16) {
-                    const float2 vs = __ldg((const float2 *)(qa.vs + (size_t)kvh * D + c));
-                    if (FMT != QP_FP8) {
-                        const float2 vo = __ldg((const float2 *)(qa.vo + (size_t)kvh * D + c));
-                        x0 = fmaf(-vo.x, lk, x0);
-                        x1 = fmaf(-vo.y, lk, x1);
-                    }
-                    x0 *= vs.x;
-                    x1 *= vs.y;
-                }
-                *(uint32_t *)(dst + c) = Ty::pack(x0 * inv, x1 * inv);
-            }
-            if (a.lse && t4 == 0)
-                a.lse[orow] = lse;
-        }
+    /* ---- epilogue: V scales, sink, normalization, out and lse ----
+     * out_c = s_c (O_c - o_c l) / l (o_c = 0 for FP8, no scale for V16). */
+    kva__pf_row_end<D, WM, Ty>(a, o, m_run, l_run, head, m0, warp, g4, t4, rows, q_start, G,
+                               [&](int c, float lk, float &x0, float &x1) {
+                                   if (FMT != QP_V16) {
+                                       const float2 vs =
+                                           __ldg((const float2 *)(qa.vs + (size_t)kvh * D + c));
+                                       if (FMT != QP_FP8) {
+                                           const float2 vo =
+                                               __ldg((const float2 *)(qa.vo + (size_t)kvh * D + c));
+                                           x0 = fmaf(-vo.x, lk, x0);
+                                           x1 = fmaf(-vo.y, lk, x1);
+                                       }
+                                       x0 *= vs.x;
+                                       x1 *= vs.y;
+                                   }
+                               });
 }
 
 /* Launches one instantiation with its dynamic shared memory. */

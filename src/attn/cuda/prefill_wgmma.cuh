@@ -90,9 +90,10 @@ KVA__WG_OPS(kva__mma_f16, f16)
  * The mask is folded into per-row bounds when the CTA tile starts: row hf
  * sees keys lo[hf] <= j < hi[hf] (causal, seq_len, window and chunk), and
  * among the draft-tree keys j >= t0 only those whose bit j - t0 is set in the
- * row's tree word (t0 = INT32_MAX without a tree). So the per-element
- * test of a masked key tile is a few compares and the unrolled 64-element
- * loop stays small (docs/cuda-prefill.md: the kernel's code size).
+ * row's tree word (t0 = INT32_MAX without a tree). A masked key tile turns
+ * them into each row's visibility words once (kva__cuda_vis_word), so the
+ * per-element test is one bit test and the unrolled 64-element loop stays
+ * small (docs/cuda-prefill.md: the kernel's code size).
  */
 struct wg_ctx {
     int pos[2], head[2]; /* position and query head of rows hf = 0, 1 */
@@ -161,28 +162,33 @@ static __device__ __forceinline__ bool wg_softmax(float (&s)[64], float (&o)[NO]
             sl[0] = alibi[c.head[0]] * WG_LOG2E;
             sl[1] = alibi[c.head[1]] * WG_LOG2E;
         }
-        /* The rows' tree words (keys t0 .. t0 + 63; rows are the request's
-         * query tokens, tree positions t0 .. t0 + q_len - 1), 0 off the tree. */
-        uint64_t tw[2] = {0ull, 0ull};
-        if (n0 + WG_BN > c.t0) {
+        /* The rows' visibility words (tree_mask.cuh): bit (e / 4) * 8 + e % 2
+         * of the 128-bit word of row hf is element e's key n0 + 8 (e / 4) +
+         * 2 t4 + e % 2. The tree words (keys t0 .. t0 + 63; rows are the
+         * request's query tokens, tree positions t0 .. t0 + q_len - 1) are read
+         * only on tiles reaching t0, 0 off the tree. */
+        uint32_t vis[2][WG_BN / 32];
 #pragma unroll
-            for (int hf = 0; hf < 2; hf++)
-                if ((uint32_t)(c.pos[hf] - c.t0) < (uint32_t)c.tn)
-                    tw[hf] = __ldg(c.tw + (c.pos[hf] - c.t0));
+        for (int hf = 0; hf < 2; hf++) {
+            uint64_t tw = 0ull;
+            if (n0 + WG_BN > c.t0 && (uint32_t)(c.pos[hf] - c.t0) < (uint32_t)c.tn)
+                tw = __ldg(c.tw + (c.pos[hf] - c.t0));
+#pragma unroll
+            for (int q = 0; q < WG_BN / 32; q++)
+                vis[hf][q] =
+                    kva__cuda_vis_word(n0 + 2 * c.t4 + 32 * q, c.lo[hf], c.hi[hf], c.t0, tw);
         }
         const float score_mul = softcap > 0.0f ? c.scale_log2 * WG_LN2 / softcap : 0.0f;
         const float cap_mul = softcap * WG_LOG2E;
 #pragma unroll
         for (int e = 0; e < 64; e++) {
-            const int hf = (e >> 1) & 1;
-            const int j = n0 + (e >> 2) * 8 + 2 * c.t4 + (e & 1);
+            const int hf = (e >> 1) & 1, i = (e >> 2) * 8 + (e & 1);
+            const int j = n0 + i + 2 * c.t4;
             float x = s[e];
             x = softcap > 0.0f ? cap_mul * tanhf(x * score_mul) : x * c.scale_log2;
             x += sl[hf] * (float)(j - c.pos[hf]);
-            const uint32_t k = (uint32_t)(j - c.t0);
-            const bool vis =
-                j >= c.lo[hf] && j < c.hi[hf] && (j < c.t0 || (k < 64u && ((tw[hf] >> k) & 1ull)));
-            s[e] = vis ? x : -INFINITY;
+            const bool vis_e = (vis[hf][i >> 5] >> (i & 31)) & 1u;
+            s[e] = vis_e ? x : -INFINITY;
         }
     }
     float m_new[2];
@@ -258,18 +264,8 @@ wg_epilogue(const kva__cuda_prefill_args &a, const wg_ctx &c, const float (&o)[D
         float l = l_run[hf];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
-        float m = m_run[hf];
-        float f = 1.0f;
-        if (a.sinks) {
-            const float sink2 = a.sinks[c.head[hf]] * WG_LOG2E;
-            const float m_f = fmaxf(m, sink2);
-            f = kva__ex2(m - m_f); /* 0 when m = -inf */
-            l = l * f + kva__ex2(sink2 - m_f);
-            m = m_f;
-        }
-        /* l == 0: no visible key and no sink. NaN l (a NaN score) falls through. */
-        const float inv = l == 0.0f ? 0.0f : f / l;
-        const float lse = l == 0.0f ? -INFINITY : (m + __log2f(l)) * WG_LN2;
+        float inv, lse;
+        kva__pf_row_norm(l, m_run[hf], a.sinks, c.head[hf], inv, lse);
         const int pm = pm0 + hf * 8;
         if (pm >= rows)
             continue;

@@ -52,6 +52,7 @@ extern "C" {
 }
 #include "mma_ptx.cuh"
 #include "prefill_mma.h"
+#include "prefill_mma_common.cuh"
 #include "tree_mask.cuh"
 #include "wgmma_ptx.cuh"
 

@@ -54,4 +54,32 @@ static __device__ __forceinline__ bool kva__cuda_tree_sees(const kva__cuda_tree 
     return k < 64u && i < (uint32_t)t.n && ((__ldg(t.w + i) >> k) & 1u);
 }
 
+/* The low n bits set, n in [0, 32]. */
+static __device__ __forceinline__ uint32_t kva__cuda_ones32(int32_t n)
+{
+    return n >= 32 ? 0xffffffffu : (1u << n) - 1u;
+}
+
+/*
+ * The visibility word of one row for the 32 keys kb .. kb + 31: bit i set
+ * iff the row sees key kb + i, that is lo <= kb + i < hi (causal, seq_len,
+ * window, chunk: the row's bounds) and, for a tree key kb + i >= t0, bit
+ * kb + i - t0 of the row's tree word tw (0 for rows off the tree; t0 =
+ * INT32_MAX without a tree). Kernels build a row's words once per masked key
+ * tile, so the per-element test of the unrolled softmax loop is one bit test
+ * with a constant position (docs/cuda-prefill.md: the kernels' code size).
+ */
+static __device__ __forceinline__ uint32_t kva__cuda_vis_word(int32_t kb, int32_t lo, int32_t hi,
+                                                              int32_t t0, uint64_t tw)
+{
+    const int32_t a = min(max(lo - kb, 0), 32), b = min(max(hi - kb, 0), 32);
+    uint32_t m = kva__cuda_ones32(b) & ~kva__cuda_ones32(a);
+    const int32_t d = kb - t0; /* tree key of bit 0 (negative: below the tree) */
+    if (d > -32) {
+        const uint32_t tb = d >= 64 ? 0u : d >= 0 ? (uint32_t)(tw >> d) : (uint32_t)(tw << -d);
+        m &= kva__cuda_ones32(max(-d, 0)) | tb; /* committed keys below t0, tree keys */
+    }
+    return m;
+}
+
 #endif /* KVA_CUDA_TREE_MASK_CUH */
