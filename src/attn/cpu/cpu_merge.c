@@ -92,7 +92,7 @@ static void merge_row(kva_dtype dt, int32_t Dv, const void *a, float la, const v
     }
     /* A side of weight exactly 0 (lse -inf, or so far below the other that the
      * weight underflows) is not read: its row may hold anything, even NaN. */
-    const float wa = expf(la - top), wb = expf(lb - top);
+    const float wa = la == top ? 1.0f : expf(la - top), wb = lb == top ? 1.0f : expf(lb - top);
     if (wa != 0.0f)
         kva__cpu_load_row(fa, a, dt, Dv);
     else
@@ -170,7 +170,9 @@ void kva__cpu_merge_rows(const kva_context *ctx, int32_t num_parts, int32_t num_
          * normalized: acc = sum_p (w_p / W) out_p, one pass per part. */
         float w = 0.0f;
         for (int32_t p = 0; p < num_parts; p++) {
-            wts[p] = expf(lses[p * lse_stride + ls] - m);
+            /* exp(0) = 1 exactly: the largest part needs no expf. */
+            const float l = lses[p * lse_stride + ls];
+            wts[p] = l == m ? 1.0f : expf(l - m);
             w += wts[p];
         }
         const float inv = 1.0f / w;
