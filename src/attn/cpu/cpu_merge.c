@@ -9,6 +9,9 @@
  * part is empty (and there is no sink) the row is 0 with lse -inf. A NaN lse
  * of a split part makes top, and so the whole row, NaN (kva_merge_states
  * leaves NaN to the arithmetic). Accumulation is fp32.
+ * The N-way merge (kva__cpu_merge_rows) merges each row with AVX2 where the
+ * context's ISA level allows (cpu_merge_avx2.c; KVA_CPU_ISA=portable forces
+ * the C loop here), on as many threads as its size pays for.
  */
 #include "cpu_attn.h"
 
