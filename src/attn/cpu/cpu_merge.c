@@ -150,7 +150,9 @@ void kva__cpu_merge_rows(const kva_context *ctx, int32_t num_parts, int32_t num_
     const int32_t Dv = head_dim_v;
     const size_t esz = kva_dtype_size(dtype), row_bytes = (size_t)Dv * esz;
     const int nt = merge_threads(ctx, rows * Dv * num_parts);
-    const int simd = KVA_X86_SIMD && kva__cpu_isa_of(&ctx->cpu_features) >= KVA__ISA_AVX2;
+#if KVA_X86_SIMD
+    const int simd = kva__cpu_isa_of(&ctx->cpu_features) >= KVA__ISA_AVX2;
+#endif
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t n = 0; n < rows; n++) {
         /* Row n is head h of token t; its parts sit at the token strides. */
@@ -181,6 +183,7 @@ void kva__cpu_merge_rows(const kva_context *ctx, int32_t num_parts, int32_t num_
         const float inv = 1.0f / w;
         if (lse_out)
             lse_out[n] = m + logf(w);
+#if KVA_X86_SIMD
         if (simd) {
             for (int32_t p = 0; p < num_parts; p++)
                 wts[p] *= inv; /* 0 stays 0: that part is still not read */
@@ -189,6 +192,7 @@ void kva__cpu_merge_rows(const kva_context *ctx, int32_t num_parts, int32_t num_
                                     (size_t)out_stride * esz, wts, dst);
             continue;
         }
+#endif
         memset(acc, 0, (size_t)Dv * sizeof(float));
         for (int32_t p = 0; p < num_parts; p++) {
             if (wts[p] == 0.0f)
