@@ -14,7 +14,8 @@
  *   2. the local lengths follow the formula, kva_dcp_slots maps every token to
  *      exactly one rank;
  *   3. kva_merge_states_n equals the reference merge on random partials with
- *      -inf and NaN parts;
+ *      -inf and NaN parts, in f32 and, in f16 and bf16 on both CPU row paths
+ *      (AVX2 and portable, KVA_CPU_ISA), against the reference backend's;
  *   4. bad input: the DCP fields, the helpers and the merge fail with a clear
  *      status and change nothing.
  *
@@ -23,6 +24,7 @@
  * times the largest |partial| of the element (a convex combination of the
  * partials carries at most their largest rounding error).
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "cpu_kernels.h"
 #include "dcp_util.h"
 
@@ -221,6 +223,65 @@ static void test_merge_n(void)
     kva_context_destroy(ref);
 }
 
+/* kva_merge_states_n in f16 and bf16 on the CPU backend, on its SIMD row path
+ * and its portable one, against the reference backend's merge of the same
+ * partials: Dv = 136 takes both the 32-column and the 8-column steps; row 1
+ * has an empty part whose out is NaN (not read), row 3 a NaN part. */
+static void test_merge_n_dtypes(void)
+{
+    const int32_t P = 3, T = 5, Hm = 4, Dm = 136, rows = T * Hm;
+    const size_t on = (size_t)rows * Dm;
+    const kva_dtype dts[] = {KVA_DTYPE_BF16, KVA_DTYPE_F16};
+    const char *isas[] = {NULL, "portable"};
+    kva_context *ref = new_ctx(KVA_BACKEND_REF, 1);
+    kva_context *cpu = new_ctx(KVA_BACKEND_CPU, 2);
+    float *lses = malloc(sizeof(float) * P * rows), *wl = malloc(sizeof(float) * rows),
+          *gl = malloc(sizeof(float) * rows), *w32 = malloc(sizeof(float) * on),
+          *g32 = malloc(sizeof(float) * on);
+    for (int d = 0; d < 2; d++) {
+        const kva_dtype dt = dts[d];
+        const size_t es = kva_dtype_size(dt);
+        kva_rng rng = {11 + (uint64_t)d};
+        unsigned char *outs = malloc(es * on * P), *want = malloc(es * on), *got = malloc(es * on);
+        kva_test_fill(outs, dt, on * P, &rng, 1.0);
+        for (int32_t i = 0; i < P * rows; i++)
+            lses[i] = (float)(kva_rng_unit(&rng) * 8.0 - 4.0);
+        lses[2 * rows + 1] = -INFINITY;
+        float nan = NAN;
+        for (int32_t c = 0; c < Dm; c++)
+            CHECK_OK(
+                kva_convert(&nan, KVA_DTYPE_F32, outs + ((size_t)2 * on + Dm + c) * es, dt, 1));
+        lses[1 * rows + 3] = NAN;
+        kva_test_poison(want, dt, on);
+        CHECK_OK(kva_merge_states_n(ref, P, T, Hm, Dm, dt, outs, 0, lses, 0, want, wl));
+        CHECK_OK(kva_convert(want, dt, w32, KVA_DTYPE_F32, on));
+        for (int i = 0; i < 2; i++) {
+            if (isas[i])
+                setenv("KVA_CPU_ISA", isas[i], 1);
+            kva_test_poison(got, dt, on);
+            CHECK_OK(kva_merge_states_n(cpu, P, T, Hm, Dm, dt, outs, 0, lses, 0, got, gl));
+            unsetenv("KVA_CPU_ISA");
+            CHECK_OK(kva_convert(got, dt, g32, KVA_DTYPE_F32, on));
+            /* One rounding of the dtype apart at most: 2^-8 (bf16), 2^-11 (f16). */
+            const float rtol = dt == KVA_DTYPE_BF16 ? 0x1p-8f : 0x1p-11f;
+            size_t bad = 0;
+            for (int32_t n = 0; n < rows; n++) {
+                for (int32_t c = 0; c < Dm; c++) {
+                    const float g = g32[n * Dm + c], w = w32[n * Dm + c];
+                    bad += n == 3 ? !isnan(g) : !(fabsf(g - w) <= 1e-6f + rtol * fabsf(w));
+                }
+                bad += n == 3 ? !isnan(gl[n]) : !(fabsf(gl[n] - wl[n]) <= 1e-5f);
+            }
+            CHECK_MSG(bad == 0, "%s %s: %zu values differ from the reference", kva_dtype_name(dt),
+                      isas[i] ? isas[i] : "native ISA", bad);
+        }
+        free(outs), free(want), free(got);
+    }
+    free(lses), free(wl), free(gl), free(w32), free(g32);
+    kva_context_destroy(cpu);
+    kva_context_destroy(ref);
+}
+
 static void test_bad_input(void)
 {
     kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 2);
@@ -304,6 +365,7 @@ int main(void)
 {
     RUN(test_layout);
     RUN(test_merge_n);
+    RUN(test_merge_n_dtypes);
     RUN(test_bad_input);
     RUN(test_equal_unsharded);
     RUN(test_cpu_kernels);

@@ -307,6 +307,12 @@ static inline float kva__cpu_max_nan(float a, float b)
 
 /* Stores n fp32 values as dtype dt at dst (f16/bf16 round to nearest even). */
 void kva__cpu_store_row(void *dst, kva_dtype dt, const float *src, int32_t n);
+/* One row of kva__cpu_merge_rows (cpu_merge_avx2.c; AVX2 + FMA + F16C only):
+ * dst [Dv] in dt = sum_p wts[p] * part p's row, where part p's row is at
+ * row0 + p * part_bytes (Dv elements of dt: F32, F16 or BF16). A part whose
+ * weight is 0 is not read. Dv is a multiple of 8, at most KVA_MAX_HEAD_DIM. */
+void kva__cpu_merge_row_avx2(kva_dtype dt, int32_t Dv, int32_t num_parts, const unsigned char *row0,
+                             size_t part_bytes, const float *wts, void *dst);
 /* IEEE binary16 -> binary32, exact and branch-free: the exponent/mantissa bits
  * moved to binary32 positions give x * 2^-112 for normal and subnormal halves
  * (binary32 has room for both), so one multiply by 2^112 rebiases; inf and NaN

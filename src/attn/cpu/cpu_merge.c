@@ -9,10 +9,27 @@
  * part is empty (and there is no sink) the row is 0 with lse -inf. A NaN lse
  * of a split part makes top, and so the whole row, NaN (kva_merge_states
  * leaves NaN to the arithmetic). Accumulation is fp32.
+ * The N-way merge (kva__cpu_merge_rows) merges each row with AVX2 where the
+ * context's ISA level allows (cpu_merge_avx2.c; KVA_CPU_ISA=portable forces
+ * the C loop here), on as many threads as its size pays for.
  */
 #include "cpu_attn.h"
 
 #include <math.h>
+
+/* Row elements times parts a thread of a merge gets at least. A merge is
+ * memory-bound and short (a decode step's DCP combine reads a few hundred KiB),
+ * so a thread is worth its fork/join and wake-up (microseconds, tens when the
+ * pool slept through a collective) only with this much work; smaller merges
+ * use fewer threads, down to the caller's thread alone. */
+#define KVA_CPU_MERGE_THREAD_WORK 65536
+
+/* The threads of a merge of work row elements times parts. */
+static int merge_threads(const kva_context *ctx, int64_t work)
+{
+    const int64_t nt = work / KVA_CPU_MERGE_THREAD_WORK;
+    return nt < 1 ? 1 : nt > ctx->num_threads ? (int)ctx->num_threads : (int)nt;
+}
 
 void kva__cpu_merge_task(const kva__cpu_run *run, const kva__split_task *t)
 {
@@ -78,7 +95,7 @@ static void merge_row(kva_dtype dt, int32_t Dv, const void *a, float la, const v
     }
     /* A side of weight exactly 0 (lse -inf, or so far below the other that the
      * weight underflows) is not read: its row may hold anything, even NaN. */
-    const float wa = expf(la - top), wb = expf(lb - top);
+    const float wa = la == top ? 1.0f : expf(la - top), wb = lb == top ? 1.0f : expf(lb - top);
     if (wa != 0.0f)
         kva__cpu_load_row(fa, a, dt, Dv);
     else
@@ -102,7 +119,7 @@ kva_status kva__cpu_merge_states(kva_context *ctx, int32_t num_tokens, int32_t n
 {
     const int64_t rows = (int64_t)num_tokens * num_heads;
     const size_t row_bytes = (size_t)head_dim_v * kva_dtype_size(dtype);
-    const int nt = ctx->num_threads > 1 && rows * head_dim_v >= 16384 ? (int)ctx->num_threads : 1;
+    const int nt = merge_threads(ctx, rows * head_dim_v * 2);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < rows; i++) {
         /* Read both lse values before the (possibly aliased) lse_out is written. */
@@ -132,8 +149,10 @@ void kva__cpu_merge_rows(const kva_context *ctx, int32_t num_parts, int32_t num_
     const int64_t rows = (int64_t)num_tokens * num_heads;
     const int32_t Dv = head_dim_v;
     const size_t esz = kva_dtype_size(dtype), row_bytes = (size_t)Dv * esz;
-    const int nt =
-        ctx->num_threads > 1 && rows * Dv * num_parts >= 16384 ? (int)ctx->num_threads : 1;
+    const int nt = merge_threads(ctx, rows * Dv * num_parts);
+#if KVA_X86_SIMD
+    const int simd = kva__cpu_isa_of(&ctx->cpu_features) >= KVA__ISA_AVX2;
+#endif
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t n = 0; n < rows; n++) {
         /* Row n is head h of token t; its parts sit at the token strides. */
@@ -156,10 +175,24 @@ void kva__cpu_merge_rows(const kva_context *ctx, int32_t num_parts, int32_t num_
          * normalized: acc = sum_p (w_p / W) out_p, one pass per part. */
         float w = 0.0f;
         for (int32_t p = 0; p < num_parts; p++) {
-            wts[p] = expf(lses[p * lse_stride + ls] - m);
+            /* exp(0) = 1 exactly: the largest part needs no expf. */
+            const float l = lses[p * lse_stride + ls];
+            wts[p] = l == m ? 1.0f : expf(l - m);
             w += wts[p];
         }
         const float inv = 1.0f / w;
+        if (lse_out)
+            lse_out[n] = m + logf(w);
+#if KVA_X86_SIMD
+        if (simd) {
+            for (int32_t p = 0; p < num_parts; p++)
+                wts[p] *= inv; /* 0 stays 0: that part is still not read */
+            kva__cpu_merge_row_avx2(dtype, Dv, num_parts,
+                                    (const unsigned char *)outs + (size_t)src * esz,
+                                    (size_t)out_stride * esz, wts, dst);
+            continue;
+        }
+#endif
         memset(acc, 0, (size_t)Dv * sizeof(float));
         for (int32_t p = 0; p < num_parts; p++) {
             if (wts[p] == 0.0f)
@@ -182,7 +215,5 @@ void kva__cpu_merge_rows(const kva_context *ctx, int32_t num_parts, int32_t num_
             }
         }
         kva__cpu_store_row(dst, dtype, acc, Dv);
-        if (lse_out)
-            lse_out[n] = m + logf(w);
     }
 }

@@ -1,0 +1,95 @@
+/*
+ * cpu_merge_avx2.c - AVX2 + FMA + F16C row merge of the CPU backend's
+ * multi-part LSE merge (kva__cpu_merge_rows; contract in cpu_attn.h). CMake
+ * compiles this file with -mavx2 -mfma -mf16c; it is called only when the
+ * context's ISA level is AVX2 or higher.
+ *
+ * Eight columns at a time, the accumulator stays in a register across the
+ * parts (acc = sum_p w_p out_p, a fused multiply-add per part), and the
+ * result is stored straight from it: bf16 rounds to nearest even in the
+ * integer domain (NaN kept quiet, as kva_f32_to_bf16 does), f32 is stored as
+ * is; f16 rows go through the scalar row store (its rounding and NaN rules).
+ */
+#if defined(__x86_64__)
+
+#include "cpu_attn.h"
+
+#include <immintrin.h>
+
+/* Eight elements of a row of dtype dt at p, as fp32 (exact). */
+static inline __m256 load8(const unsigned char *p, kva_dtype dt)
+{
+    if (dt == KVA_DTYPE_F32)
+        return _mm256_loadu_ps((const float *)p);
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (dt == KVA_DTYPE_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* Eight fp32 as bf16 at p: kva__bf16_bits on each lane. */
+static inline void store8_bf16(unsigned char *p, __m256 x)
+{
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i one = _mm256_set1_epi32(1);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    r = _mm256_blendv_epi8(r, qnan, nan);
+    /* r holds 16-bit values in 32-bit lanes: pack within lanes, then gather
+     * the two lanes' low halves. */
+    const __m256i pk = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(pk));
+}
+
+/* Stores the nv vectors a (8 * nv columns from column c) of the merged row. */
+static inline void store_cols(kva_dtype dt, unsigned char *dst, float *acc, int32_t c,
+                              const __m256 *a, int nv)
+{
+    for (int v = 0; v < nv; v++) {
+        if (dt == KVA_DTYPE_BF16)
+            store8_bf16(dst + (size_t)(c + 8 * v) * 2, a[v]);
+        else if (dt == KVA_DTYPE_F32)
+            _mm256_storeu_ps((float *)dst + c + 8 * v, a[v]);
+        else
+            _mm256_storeu_ps(acc + c + 8 * v, a[v]);
+    }
+}
+
+/* Merges columns [c, c + 8 * nv) over the parts; nv is a constant where it
+ * inlines, so the nv independent accumulators unroll into registers. */
+static inline void merge_cols(kva_dtype dt, size_t es, int32_t num_parts, const unsigned char *row0,
+                              size_t part_bytes, const float *wts, unsigned char *dst, float *acc,
+                              int32_t c, int nv)
+{
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+    const unsigned char *r = row0 + (size_t)c * es;
+    for (int32_t p = 0; p < num_parts; p++, r += part_bytes) {
+        if (wts[p] == 0.0f)
+            continue; /* a part of weight 0 is not read */
+        const __m256 w = _mm256_set1_ps(wts[p]);
+        for (int v = 0; v < nv; v++)
+            a[v] = _mm256_fmadd_ps(w, load8(r + (size_t)8 * v * es, dt), a[v]);
+    }
+    store_cols(dt, dst, acc, c, a, nv);
+}
+
+void kva__cpu_merge_row_avx2(kva_dtype dt, int32_t Dv, int32_t num_parts, const unsigned char *row0,
+                             size_t part_bytes, const float *wts, void *dst)
+{
+    const size_t es = kva_dtype_size(dt);
+    float acc[KVA_MAX_HEAD_DIM]; /* the f16 row before its scalar store */
+    int32_t c = 0;
+    for (; c + 32 <= Dv; c += 32)
+        merge_cols(dt, es, num_parts, row0, part_bytes, wts, dst, acc, c, 4);
+    for (; c < Dv; c += 8)
+        merge_cols(dt, es, num_parts, row0, part_bytes, wts, dst, acc, c, 1);
+    if (dt == KVA_DTYPE_F16)
+        kva__cpu_store_row(dst, dt, acc, Dv);
+}
+
+#endif
