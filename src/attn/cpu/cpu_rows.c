@@ -48,11 +48,14 @@ static size_t tile_layout(unsigned char *base, int32_t D, int32_t Dv, kva__cpu_t
             t->field = (type *)(base + off);                                                       \
         off += span((n), sizeof(type));                                                            \
     } while (0)
-    TILE_ARRAY(qt, float, (size_t)D *R);
-    TILE_ARRAY(st, float, K *R);
-    TILE_ARRAY(ot, float, (size_t)Dv *R);
-    TILE_ARRAY(kb, float, K *(size_t)D);
-    TILE_ARRAY(vb, float, K *(size_t)Dv);
+    /* 32 floats more per row of qt, st, ot, kb, vb: the kernels' padded
+     * row strides (prefill_tiled.inc, pf_ld: at most n + 31). */
+    const size_t LR = R + 32;
+    TILE_ARRAY(qt, float, (size_t)D *LR);
+    TILE_ARRAY(st, float, K *LR);
+    TILE_ARRAY(ot, float, (size_t)Dv *LR);
+    TILE_ARRAY(kb, float, K *((size_t)D + 32));
+    TILE_ARRAY(vb, float, K *((size_t)Dv + 32));
     TILE_ARRAY(mx, float, R);
     TILE_ARRAY(sum, float, R);
     TILE_ARRAY(alpha, float, R);
