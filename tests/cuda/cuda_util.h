@@ -38,17 +38,16 @@ static inline void *dev_from(const void *src, size_t n)
     return d;
 }
 
-/* Device buffer of n bytes filled with 0xff (NaN in every float dtype). */
-/* cudaMemset runs on the legacy stream, which does not order against a
- * stream created with cudaStreamNonBlocking: the fill must finish before a
- * kernel on such a stream writes the buffer, or it may land after (a false
- * failure that showed when other processes shared the GPU). */
+/* Fills n bytes of device memory and waits: cudaMemset runs on the legacy
+ * stream, which a cudaStreamNonBlocking stream does not wait for, so an
+ * unfinished fill could land after a kernel's output (as dev_from's copy). */
 static inline void dev_fill(void *d, int byte, size_t n)
 {
     CUDA_OK(cudaMemset(d, byte, n));
     CUDA_OK(cudaDeviceSynchronize());
 }
 
+/* Device buffer of n bytes filled with 0xff (NaN in every float dtype). */
 static inline void *dev_poisoned(size_t n)
 {
     void *d = NULL;
