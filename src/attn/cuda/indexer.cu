@@ -524,8 +524,8 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
     const kva__cuda_state *st = (const kva__cuda_state *)ctx->state;
     /* DeepSeek's shape takes the sm_90a kernel where the build and device
      * have it (tests may force the mma.sync one). */
-    const int wg =
-        Hi == IDX_WG_HI && D == IDX_WG_D && !st->index_no_wgmma && kva__cuda_prefill_wgmma_ready();
+    const int wg = Hi == IDX_WG_HI && D == IDX_WG_D && !(st->index_no_wgmma & 1) &&
+                   kva__cuda_prefill_wgmma_ready();
     int32_t G = wg ? IDX_WG_G : IDX_MAX_G;
     while (!wg && G > 1 && smem_bytes(G, Hi, D) > IDX_SMEM_MAX)
         G--;
@@ -607,6 +607,20 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
     ip->qf8 = d->index_q_quant == KVA_QUANT_FP8_TOKEN;
     ip->topk_full = st->index_topk_full;
     ip->smem = wg ? kva__cuda_index_wg_smem() : smem_bytes(G, Hi, D);
+    /* The FP8-q mode over FP8_TOKEN keys (the cache's format is known at
+     * run time) with pages of 64 keys inside a block: the warp-specialized
+     * kernel, unless tests force the other wgmma one. */
+    if (wg && ip->qf8 && d->block_size % 64 == 0 && !(st->index_no_wgmma & 4)) {
+        ip->tmap_encode = kva__cuda_index_ws_encoder();
+        if (cudaDeviceGetAttribute(&ip->num_sms, cudaDevAttrMultiProcessorCount, ctx->device_id) !=
+            cudaSuccess) {
+            (void)cudaGetLastError();
+            ip->num_sms = 0;
+        }
+        if (st->index_no_wgmma & 8)
+            ip->num_sms = 2;
+        ip->ws = ip->tmap_encode != NULL && ip->num_sms > 0;
+    }
     kva__cuda_plan *cp = (kva__cuda_plan *)calloc(1, sizeof *cp);
     if (!cp) {
         free(host);
@@ -626,6 +640,10 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
         for (int i = 0; i < 3 && e == cudaSuccess; i++)
             e = cudaFuncSetAttribute(pick(d->q_dtype, i > 0, wg, i == 2 && ip->qf8),
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
+        if (e == cudaSuccess && ip->ws)
+            e = cudaFuncSetAttribute(kva__cuda_index_ws_fn(),
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)kva__cuda_index_ws_smem());
         if (e == cudaSuccess) /* its candidate buffer, past the 48 KB default */
             e = cudaFuncSetAttribute(index_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)(IDX_TOPK_BUF * sizeof(unsigned long long)));
@@ -663,7 +681,8 @@ extern "C" kva_status kva__cuda_context_indexer_test(kva_context *ctx, int64_t p
                          (long long)pass_floats);
     kva__cuda_state *st = (kva__cuda_state *)ctx->state;
     st->index_pass_floats = pass_floats;
-    st->index_no_wgmma = (flags & 1) != 0;
+    /* Bits 0, 2, 3 of flags (the logits kernels) stay in index_no_wgmma. */
+    st->index_no_wgmma = flags & 13;
     st->index_topk_full = (flags & 2) != 0;
     return KVA_STATUS_OK;
 }
@@ -716,7 +735,31 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
     for (int32_t p = 0; p < ip->num_passes; p++) {
         const int32_t a = ip->pass[2 * p], b = ip->pass[2 * p + 2];
         const int32_t t0 = ip->pass[2 * p + 1], t1 = ip->pass[2 * p + 3];
-        if ((parts & 1) && b > a) {
+        int parts_done = 0; /* the logits ran on the warp-specialized kernel */
+        if ((parts & 1) && b > a && qf8 && ip->ws) {
+            const kva__cuda_index_ws_args wa = {ip->tmap_encode,
+                                                q,
+                                                weights,
+                                                (const char *)cache->k,
+                                                bb,
+                                                cache->desc.num_blocks,
+                                                d->block_size,
+                                                plan->info.num_tokens,
+                                                ip->tiles + a,
+                                                b - a,
+                                                ip->tok_n,
+                                                ip->bt,
+                                                ip->stride,
+                                                ws,
+                                                ip->smax,
+                                                t0,
+                                                ip->num_sms};
+            if (kva__cuda_index_ws_launch(&wa, s)) {
+                KVA_CUDA_LAUNCHED("index_logits_ws_kernel");
+                parts_done = 1;
+            }
+        }
+        if ((parts & 1) && b > a && !parts_done) {
             void *args[] = {(void *)&q,
                             (void *)&weights,
                             (void *)&cache->k,

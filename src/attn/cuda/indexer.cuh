@@ -38,6 +38,9 @@ typedef struct kva__cuda_index_plan {
     int wg;                /* 1: the sm_90a wgmma logits kernel (indexer_wgmma.cu) */
     int qf8;               /* 1: index_q_quant FP8_TOKEN (q quantized by index_qquant_kernel) */
     int topk_full;         /* 1: every top-K pass reads the whole row (tests, benchmarks) */
+    int ws;                /* 1: FP8-q over FP8_TOKEN keys may take the warp-specialized kernel */
+    int num_sms;           /* its grid: one persistent CTA per SM */
+    void *tmap_encode;     /* cuTensorMapEncodeTiled, for its tensor maps */
     size_t qc_off, wq_off; /* FP8-q: workspace bytes of q's codes, the scaled weights */
 } kva__cuda_index_plan;
 
@@ -100,5 +103,31 @@ static __device__ __forceinline__ uint4 ld16(const char *p, int64_t block_bytes)
 #define IDX_WG_THREADS 256
 size_t kva__cuda_index_wg_smem(void);
 void *kva__cuda_index_wg_fn(kva_dtype q_dtype, int fp8, int qf8);
+
+/* The warp-specialized sm_90a kernel (indexer_wgmma.cu) of the FP8-q mode
+ * over FP8_TOKEN keys with B a multiple of 64: TMA-fed, persistent CTAs
+ * of three warpgroups. kva__cuda_index_ws_launch encodes its tensor maps
+ * and launches it on tiles [0, ntiles) of a pass; it returns 0 (nothing
+ * launched) when a map cannot be encoded, and the caller runs
+ * kva__cuda_index_wg_fn's kernel instead. */
+typedef struct kva__cuda_index_ws_args {
+    void *encode;      /* cuTensorMapEncodeTiled (kva__cuda_index_ws_encoder) */
+    const void *qc;    /* [T, 64, 128] e4m3 codes of q */
+    const float *wq;   /* [T, 64] scaled weights */
+    const char *cache; /* FP8_TOKEN blocks of block_bytes = B (128 + 4) */
+    int64_t block_bytes;
+    int32_t num_blocks, B, T;
+    const int4 *tiles; /* [ntiles] */
+    int32_t ntiles;
+    const int32_t *tok_n, *bt; /* [T], [R, stride] */
+    int32_t stride;
+    float *logits; /* [tokens of the pass, smax] */
+    int32_t smax, tok_base;
+    int grid; /* CTAs at most (the SM count) */
+} kva__cuda_index_ws_args;
+size_t kva__cuda_index_ws_smem(void);
+void *kva__cuda_index_ws_fn(void);
+void *kva__cuda_index_ws_encoder(void);
+int kva__cuda_index_ws_launch(const kva__cuda_index_ws_args *a, cudaStream_t s);
 
 #endif
