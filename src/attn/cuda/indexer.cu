@@ -243,15 +243,6 @@ static void launch_qquant(int e8, const void *q, const float *wts, int64_t rows,
 
 /* ---- top K ---- */
 
-/* Order-preserving key of a logit: -0 as +0, NaN lowest (0). */
-static __device__ __forceinline__ uint32_t order_key(float x)
-{
-    if (x != x)
-        return 0u;
-    const uint32_t u = __float_as_uint(x == 0.0f ? 0.0f : x);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 /* Block-wide exclusive scan of v (IDX_TOPK_THREADS threads); *total gets the sum. */
 static __device__ __forceinline__ uint32_t block_scan(uint32_t v, uint32_t *sw, uint32_t *total)
 {
@@ -305,27 +296,29 @@ struct topk_sel {
 
 /* One radix pass (p = 0, 1, 2: bits 31-21, 20-10, 9-0) over the keys that
  * match prefix under mask: the row's n logits (BUF false) or the n
- * candidates of buf (BUF true: keys in the high words). Finds the bin of
- * the need-th largest; on return prefix / mask include it, need counts
- * what is still to take inside it and sel->eq holds the bin's count. */
+ * candidates of buf (BUF true: keys in the high words); given (p = 0
+ * only, or NULL): the first pass's counts [IDX_HIST_BINS], as the
+ * warp-specialized logits kernel counted them, in place of counting. Finds
+ * the bin of the need-th largest; on return prefix / mask include it, need
+ * counts what is still to take inside it and sel->eq holds the bin's count. */
 template <bool BUF>
 static __device__ void radix_pass(const float *row, const unsigned long long *buf, int32_t n, int p,
                                   uint32_t &prefix, uint32_t &mask, int32_t &need, uint32_t *hist,
-                                  uint32_t *sw, topk_sel *sel)
+                                  uint32_t *sw, topk_sel *sel, const uint32_t *given)
 {
     const int tid = threadIdx.x, lane = tid & 31;
     const int shift = p == 0 ? 21 : p == 1 ? 10 : 0;
     const uint32_t nb = p < 2 ? 2048u : 1024u;
     for (uint32_t i = tid; i < nb; i += blockDim.x)
-        hist[i] = 0;
+        hist[i] = given ? given[i] : 0u;
     __syncthreads();
     /* Logits crowd into few bins (above all in the first pass): the lanes
      * of a warp that share a bin add once, by a leader. */
-    for (int32_t base = 0; base < n; base += blockDim.x) {
+    for (int32_t base = 0; !given && base < n; base += blockDim.x) {
         const int32_t j = base + tid;
         uint32_t bin = 0xffffffffu;
         if (j < n) {
-            const uint32_t key = BUF ? (uint32_t)(buf[j] >> 32) : order_key(row[j]);
+            const uint32_t key = BUF ? (uint32_t)(buf[j] >> 32) : kva__index_order_key(row[j]);
             if ((key & mask) == prefix)
                 bin = (key >> shift) & (nb - 1);
         }
@@ -365,10 +358,14 @@ static __device__ void radix_pass(const float *row, const unsigned long long *bu
  * final pick run over buf alone (two passes over the row in all). When
  * that bin is larger than buf, or the boundary tie needs position ranks,
  * or full is set (tests, benchmarks), every pass reads the whole row.
+ * ghist ([tokens of the pass, IDX_HIST_BINS], or NULL): the first pass's
+ * counts from the warp-specialized logits kernel, which then reads no row
+ * (unless full).
  */
 __global__ void __launch_bounds__(IDX_TOPK_THREADS)
     index_topk_kernel(const float *logits, int32_t smax, int32_t tok_base, const int32_t *tok_n,
-                      int32_t K, int32_t *indices, int64_t istride, int32_t *topk_length, int full)
+                      int32_t K, int32_t *indices, int64_t istride, int32_t *topk_length, int full,
+                      const uint32_t *ghist)
 {
     /* The row is read from the workspace (mostly L2) in each pass: keeping
      * it in shared memory (128 KB at 32k keys, one CTA per SM) measured
@@ -385,11 +382,13 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
     const int32_t m = n < K ? n : K;
     if (n <= K) {
         for (int32_t j = tid; j < n; j += blockDim.x)
-            cand[j] = (unsigned long long)order_key(row[j]) << 32 | (uint32_t) ~(uint32_t)j;
+            cand[j] =
+                (unsigned long long)kva__index_order_key(row[j]) << 32 | (uint32_t) ~(uint32_t)j;
     } else {
         uint32_t prefix = 0, mask = 0;
         int32_t need = K;
-        radix_pass<false>(row, NULL, n, 0, prefix, mask, need, hist, sw, &sel);
+        radix_pass<false>(row, NULL, n, 0, prefix, mask, need, hist, sw, &sel,
+                          ghist && !full ? ghist + (int64_t)blockIdx.x * IDX_HIST_BINS : NULL);
         const bool small = !full && sel.eq <= IDX_TOPK_BUF;
         if (tid == 0)
             s_cnt = s_nbuf = 0;
@@ -398,7 +397,7 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
             /* Keys above the bin go to cand (K - need of them), the bin's to buf. */
             for (int32_t base = 0; base < n; base += blockDim.x) {
                 const int32_t j = base + tid;
-                const uint32_t key = j < n ? order_key(row[j]) : 0u;
+                const uint32_t key = j < n ? kva__index_order_key(row[j]) : 0u;
                 const unsigned long long v =
                     (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
                 warp_append(j < n && (key & mask) > prefix, v, cand, &s_cnt);
@@ -406,8 +405,8 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
             }
             __syncthreads();
             const int32_t nbuf = (int32_t)s_nbuf;
-            radix_pass<true>(NULL, buf, nbuf, 1, prefix, mask, need, hist, sw, &sel);
-            radix_pass<true>(NULL, buf, nbuf, 2, prefix, mask, need, hist, sw, &sel);
+            radix_pass<true>(NULL, buf, nbuf, 1, prefix, mask, need, hist, sw, &sel, NULL);
+            radix_pass<true>(NULL, buf, nbuf, 2, prefix, mask, need, hist, sw, &sel, NULL);
             if (sel.eq == (uint32_t)need) { /* every key equal to the K-th is taken */
                 for (int32_t base = 0; base < nbuf; base += blockDim.x) {
                     const int32_t i = base + tid;
@@ -419,8 +418,8 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
             }
             __syncthreads();
         } else {
-            radix_pass<false>(row, NULL, n, 1, prefix, mask, need, hist, sw, &sel);
-            radix_pass<false>(row, NULL, n, 2, prefix, mask, need, hist, sw, &sel);
+            radix_pass<false>(row, NULL, n, 1, prefix, mask, need, hist, sw, &sel, NULL);
+            radix_pass<false>(row, NULL, n, 2, prefix, mask, need, hist, sw, &sel, NULL);
         }
         /* prefix = the K-th largest key; K - need keys are above it. When
          * every key equal to it is taken (no tie at the boundary, the usual
@@ -432,7 +431,7 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
             uint32_t run = 0;
             for (int32_t base = 0; base < n; base += blockDim.x) {
                 const int32_t j = base + tid;
-                const uint32_t key = j < n ? order_key(row[j]) : 0u;
+                const uint32_t key = j < n ? kva__index_order_key(row[j]) : 0u;
                 const unsigned long long v =
                     (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
                 warp_append(j < n && (key > prefix || (all_eq && key == prefix)), v, cand, &s_cnt);
@@ -664,6 +663,10 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
         ip->wq_off = ip->qc_off + (((size_t)T * Hi * D * 2 + 255) & ~(size_t)255);
         ws = ip->wq_off + (size_t)T * Hi * sizeof(float);
     }
+    if (ip->ws) { /* the first radix pass's counts [longest, IDX_HIST_BINS] */
+        ip->hist_off = (ws + 255) & ~(size_t)255;
+        ws = ip->hist_off + (size_t)longest * IDX_HIST_BINS * 4;
+    }
     KVA_TRY(kva__context_reserve_workspace(ctx, ws));
     plan->workspace_bytes = ws;
     plan->info.num_work_items = nt_done;
@@ -735,8 +738,11 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
     for (int32_t p = 0; p < ip->num_passes; p++) {
         const int32_t a = ip->pass[2 * p], b = ip->pass[2 * p + 2];
         const int32_t t0 = ip->pass[2 * p + 1], t1 = ip->pass[2 * p + 3];
-        int parts_done = 0; /* the logits ran on the warp-specialized kernel */
-        if ((parts & 1) && b > a && qf8 && ip->ws) {
+        uint32_t *ghist = NULL; /* the first radix pass's counts (warp-specialized kernel) */
+        if (qf8 && ip->ws)
+            ghist = (uint32_t *)((char *)ctx->workspace + ip->hist_off);
+        if ((parts & 1) && b > a && ghist) {
+            KVA_CUDA_TRY(cudaMemsetAsync(ghist, 0, (size_t)(t1 - t0) * IDX_HIST_BINS * 4, s));
             const kva__cuda_index_ws_args wa = {ip->tmap_encode,
                                                 q,
                                                 weights,
@@ -753,13 +759,16 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
                                                 ws,
                                                 ip->smax,
                                                 t0,
+                                                ghist,
                                                 ip->num_sms};
-            if (kva__cuda_index_ws_launch(&wa, s)) {
-                KVA_CUDA_LAUNCHED("index_logits_ws_kernel");
-                parts_done = 1;
-            }
+            if (!kva__cuda_index_ws_launch(&wa, s))
+                return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                                 "%s: the driver refused the indexer's tensor maps (cache %p, "
+                                 "%d blocks of %d tokens)",
+                                 fn, cache->k, (int)cache->desc.num_blocks, (int)d->block_size);
+            KVA_CUDA_LAUNCHED("index_logits_ws_kernel");
         }
-        if ((parts & 1) && b > a && !parts_done) {
+        if ((parts & 1) && b > a && !ghist) {
             void *args[] = {(void *)&q,
                             (void *)&weights,
                             (void *)&cache->k,
@@ -784,7 +793,7 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
             index_topk_kernel<<<(unsigned)(t1 - t0), IDX_TOPK_THREADS,
                                 IDX_TOPK_BUF * sizeof(unsigned long long), s>>>(
                 ws, ip->smax, t0, ip->tok_n, d->sparse_topk, indices, indices_stride, topk_length,
-                ip->topk_full);
+                ip->topk_full, ghist);
             KVA_CUDA_LAUNCHED("index_topk_kernel");
         }
     }

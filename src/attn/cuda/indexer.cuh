@@ -25,6 +25,7 @@
 #define IDX_TOPK_THREADS 1024
 #define IDX_TOPK_BUF 4096 /* candidates of the K-th key's first-pass bin in shared memory */
 #define IDX_WS_FLOATS ((size_t)1 << 28) /* 1 GiB of logits per pass */
+#define IDX_HIST_BINS 2048              /* the top-K's first radix pass: bits 31-21 */
 
 /* The CUDA part of an indexer plan (kva__cuda_plan.index). */
 typedef struct kva__cuda_index_plan {
@@ -42,6 +43,7 @@ typedef struct kva__cuda_index_plan {
     int num_sms;           /* its grid: one persistent CTA per SM */
     void *tmap_encode;     /* cuTensorMapEncodeTiled, for its tensor maps */
     size_t qc_off, wq_off; /* FP8-q: workspace bytes of q's codes, the scaled weights */
+    size_t hist_off;       /* ws: workspace bytes of the first radix pass's counts */
 } kva__cuda_index_plan;
 
 /* Four fp8 e4m3 codes of w as two packed pairs of the mma element type (exact). */
@@ -80,6 +82,16 @@ static __device__ __forceinline__ unsigned char kva__fp8_token_code(float x, flo
     return (unsigned char)__nv_cvt_float_to_fp8(__fdiv_rn(x, s), __NV_SATFINITE, __NV_E4M3);
 }
 
+/* Order-preserving key of a logit (the top-K's radix order): -0 as +0,
+ * NaN lowest (0). */
+static __device__ __forceinline__ uint32_t kva__index_order_key(float x)
+{
+    if (x != x)
+        return 0u;
+    const uint32_t u = __float_as_uint(x == 0.0f ? 0.0f : x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
 /* 16 bytes at p: one vector load when blocks are 16-byte multiples, else
  * four words (FP8_TOKEN blocks of B (D + 4) bytes are 4-byte multiples). */
 static __device__ __forceinline__ uint4 ld16(const char *p, int64_t block_bytes)
@@ -108,8 +120,8 @@ void *kva__cuda_index_wg_fn(kva_dtype q_dtype, int fp8, int qf8);
  * over FP8_TOKEN keys with B a multiple of 64: TMA-fed, persistent CTAs
  * of three warpgroups. kva__cuda_index_ws_launch encodes its tensor maps
  * and launches it on tiles [0, ntiles) of a pass; it returns 0 (nothing
- * launched) when a map cannot be encoded, and the caller runs
- * kva__cuda_index_wg_fn's kernel instead. */
+ * launched) when a map cannot be encoded. Besides the logits it counts
+ * each row's logits per bin of the top-K's first radix pass into hist. */
 typedef struct kva__cuda_index_ws_args {
     void *encode;      /* cuTensorMapEncodeTiled (kva__cuda_index_ws_encoder) */
     const void *qc;    /* [T, 64, 128] e4m3 codes of q */
@@ -123,7 +135,9 @@ typedef struct kva__cuda_index_ws_args {
     int32_t stride;
     float *logits; /* [tokens of the pass, smax] */
     int32_t smax, tok_base;
-    int grid; /* CTAs at most (the SM count) */
+    uint32_t
+        *hist; /* [tokens of the pass, IDX_HIST_BINS], zeroed: counts of the top-K's first pass */
+    int grid;  /* CTAs at most (the SM count) */
 } kva__cuda_index_ws_args;
 size_t kva__cuda_index_ws_smem(void);
 void *kva__cuda_index_ws_fn(void);

@@ -268,7 +268,8 @@ __global__ void __launch_bounds__(IDX_WG_THREADS, 2)
 #define WS_OFF_K (2 * WS_QB)
 #define WS_OFF_W (WS_OFF_K + WS_NST * WS_PB)
 #define WS_OFF_S (WS_OFF_W + 2 * WS_WB)
-#define WS_OFF_BAR (WS_OFF_S + WS_NST * WS_PAGE * 4)
+#define WS_OFF_H (WS_OFF_S + WS_NST * WS_PAGE * 4) /* [4 tokens, IDX_HIST_BINS] counts */
+#define WS_OFF_BAR (WS_OFF_H + IDX_WG_G * IDX_HIST_BINS * 4)
 #define WS_SMEM (WS_OFF_BAR + (4 + 2 * WS_NST) * 8 + 1024)
 
 /* The tensor maps of one launch: keys (e4m3 codes of the FP8_TOKEN cache,
@@ -374,7 +375,7 @@ static __device__ __forceinline__ void iws_mma(float d[128], uint64_t da, uint64
  * warp-specialized: warpgroup 0 is the producer (one warp: TMA loads of
  * each tile's q codes and scaled weights into one of two buffers, and of
  * the keys, one 64-key page = an 8 KB box of codes plus its 256 bytes of
- * scales per stage of an WS_NST-deep ring, through mbarriers), warpgroups
+ * scales per stage of a WS_NST-deep ring, through mbarriers), warpgroups
  * 1 and 2 the consumers. The CTAs are persistent (grid <= SMs; CTA i takes
  * tiles i, i + grid, ...) and number the pages they load 0, 1, 2, ... over
  * all their tiles; consumer c takes the pages of parity c:
@@ -384,15 +385,19 @@ static __device__ __forceinline__ void iws_mma(float d[128], uint64_t da, uint64
  * so one consumer's epilogue (ReLU, head weights, the sums over heads)
  * runs under the other's products. The epilogue is index_logits_wg_kernel's
  * with 4 tokens per accumulator row and the quad's sums reduced and
- * scattered in 6 shuffles (lane t of a quad ends with token t).
- * wq: [T, 64] scaled weights; tiles [ntiles]; the rest as
- * index_logits_wg_kernel.
+ * scattered in 6 shuffles (lane t of a quad ends with token t). The
+ * epilogue also counts each logit in its bin of the top-K's first radix
+ * pass (shared memory, per token of the tile); at the end of a tile both
+ * consumers add the counts to hist and clear them, so the top-K kernel
+ * skips that pass over the row.
+ * wq: [T, 64] scaled weights; tiles [ntiles]; hist: [tokens of the pass,
+ * IDX_HIST_BINS], zeroed; the rest as index_logits_wg_kernel.
  */
 __global__ void __launch_bounds__(384, 1)
     index_logits_ws_kernel(const __grid_constant__ iws_maps tm, const char *cache,
                            int64_t block_bytes, const float *wq, const int4 *tiles, int32_t ntiles,
                            const int32_t *tok_n, const int32_t *bt, int32_t stride, int32_t B,
-                           float *logits, int32_t smax, int32_t tok_base)
+                           float *logits, int32_t smax, int32_t tok_base, uint32_t *hist)
 {
 #ifdef IDX_WG_BODY
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -456,7 +461,11 @@ __global__ void __launch_bounds__(384, 1)
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
         const int c = wg - 1, wq4 = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
-        const int row0 = 16 * wq4 + g; /* this thread's key rows: row0, row0 + 8 */
+        const int row0 = 16 * wq4 + g;                 /* this thread's key rows: row0, row0 + 8 */
+        uint32_t *sh = (uint32_t *)(sbase + WS_OFF_H); /* [4, IDX_HIST_BINS] */
+        for (int i = tid - 128; i < IDX_WG_G * IDX_HIST_BINS; i += 256)
+            sh[i] = 0u;
+        iws_named(true, 3, 256);
         uint32_t gk = 0;
         int li = 0;
         for (int ti = blockIdx.x; ti < ntiles; ti += gridDim.x, li++) {
@@ -523,18 +532,36 @@ __global__ void __launch_bounds__(384, 1)
                 const int32_t key = k0 + WS_PAGE * p + row0;
                 if (t < nt) {
                     float *out = logits + (int64_t)(t0 + t - tok_base) * smax;
-                    if (key < n0 + t)
-                        out[key] = v[0] * sc0;
-                    if (key + 8 < n0 + t)
-                        out[key + 8] = v[1] * sc1;
+                    uint32_t *ht = sh + t * IDX_HIST_BINS;
+                    if (key < n0 + t) {
+                        const float x = v[0] * sc0;
+                        out[key] = x;
+                        atomicAdd(ht + (kva__index_order_key(x) >> 21), 1u);
+                    }
+                    if (key + 8 < n0 + t) {
+                        const float x = v[1] * sc1;
+                        out[key + 8] = x;
+                        atomicAdd(ht + (kva__index_order_key(x) >> 21), 1u);
+                    }
                 }
             }
             iws_arrive(qempty + 8 * qs); /* this consumer's products of the tile are done */
+            /* The tile's counts (both consumers' epilogues are done) go to
+             * hist; the bins are clear again before the next tile counts. */
+            iws_named(true, 3, 256);
+            for (int i = tid - 128; i < nt * IDX_HIST_BINS; i += 256) {
+                const uint32_t n = sh[i];
+                if (n) {
+                    atomicAdd(hist + (int64_t)(t0 - tok_base) * IDX_HIST_BINS + i, n);
+                    sh[i] = 0u;
+                }
+            }
+            iws_named(true, 3, 256);
         }
     }
 #else
     (void)tm, (void)cache, (void)block_bytes, (void)wq, (void)tiles, (void)ntiles, (void)tok_n;
-    (void)bt, (void)stride, (void)B, (void)logits, (void)smax, (void)tok_base;
+    (void)bt, (void)stride, (void)B, (void)logits, (void)smax, (void)tok_base, (void)hist;
 #endif
 }
 
@@ -608,6 +635,6 @@ int kva__cuda_index_ws_launch(const kva__cuda_index_ws_args *a, cudaStream_t s)
     const int grid = a->ntiles < a->grid ? a->ntiles : a->grid;
     index_logits_ws_kernel<<<grid, 384, WS_SMEM, s>>>(tm, a->cache, a->block_bytes, a->wq, a->tiles,
                                                       a->ntiles, a->tok_n, a->bt, a->stride, a->B,
-                                                      a->logits, a->smax, a->tok_base);
+                                                      a->logits, a->smax, a->tok_base, a->hist);
     return 1;
 }
