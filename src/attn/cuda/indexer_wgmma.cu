@@ -510,9 +510,11 @@ __global__ void __launch_bounds__(384, 1)
                 for (int j = 0; j < 32; j++) {
                     const float2 w =
                         *(const float2 *)(wsm + (j >> 3) * IDX_WG_HI + 8 * (j & 7) + 2 * t);
-                    part[2 * (j >> 3)] += w.x * iws_relu(d[4 * j]) + w.y * iws_relu(d[4 * j + 1]);
-                    part[2 * (j >> 3) + 1] +=
-                        w.x * iws_relu(d[4 * j + 2]) + w.y * iws_relu(d[4 * j + 3]);
+                    float *pa = part + 2 * (j >> 3); /* one FMA per product */
+                    pa[0] = fmaf(w.x, iws_relu(d[4 * j]), pa[0]);
+                    pa[0] = fmaf(w.y, iws_relu(d[4 * j + 1]), pa[0]);
+                    pa[1] = fmaf(w.x, iws_relu(d[4 * j + 2]), pa[1]);
+                    pa[1] = fmaf(w.y, iws_relu(d[4 * j + 3]), pa[1]);
                 }
                 /* Reduce-scatter over the quad: lanes t & 2 keep tokens 2, 3, then
                  * lanes t & 1 the odd token of their pair: lane t ends with token t. */
