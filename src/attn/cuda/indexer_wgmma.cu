@@ -33,6 +33,7 @@ extern "C" {
 }
 #include "cuda_check.h"
 #include "indexer.cuh"
+#include "async_ptx.cuh"
 #include "wgmma_ptx.cuh"
 
 #include <cuda.h> /* CUtensorMap (types only; the driver entry point is looked up) */
@@ -281,64 +282,6 @@ struct iws_maps {
 };
 
 #ifdef IDX_WG_BODY
-static __device__ __forceinline__ void iws_bar_init(uint32_t bar, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-static __device__ __forceinline__ void iws_arrive(uint32_t bar)
-{
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
-                 : "memory");
-}
-/* Arrives on bar and adds bytes to the transfer count its phase waits for. */
-static __device__ __forceinline__ void iws_expect(uint32_t bar, uint32_t bytes)
-{
-    asm volatile(
-        "{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
-        "r"(bytes)
-        : "memory");
-}
-static __device__ __forceinline__ void iws_wait(uint32_t bar, uint32_t parity)
-{
-    asm volatile("{\n.reg .pred p;\nIWS_WAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@p bra IWS_DONE;\nbra IWS_WAIT;\nIWS_DONE:\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-/* Named barrier id among n threads: sync waits, arrive does not. */
-static __device__ __forceinline__ void iws_named(bool sync, int id, int n)
-{
-    if (sync)
-        asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-    else
-        asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-/* TMA boxes and a plain bulk copy into shared memory, completing on bar. */
-static __device__ __forceinline__ void iws_tma2(uint32_t dst, const CUtensorMap *m, int c0, int c1,
-                                                uint32_t bar)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-                 "l"((uint64_t)(uintptr_t)m), "r"(c0), "r"(c1), "r"(bar)
-                 : "memory");
-}
-static __device__ __forceinline__ void iws_tma3(uint32_t dst, const CUtensorMap *m, int c0, int c1,
-                                                int c2, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-                 "l"((uint64_t)(uintptr_t)m), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-                 : "memory");
-}
-static __device__ __forceinline__ void iws_bulk(uint32_t dst, const void *src, uint32_t bytes,
-                                                uint32_t bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"((uint64_t)(uintptr_t)src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
 /* ReLU that keeps NaN (a NaN key spoils its own logit only). */
 static __device__ __forceinline__ float iws_relu(float x)
 {
@@ -400,7 +343,7 @@ __global__ void __launch_bounds__(384, 1)
                            float *logits, int32_t smax, int32_t tok_base, uint32_t *hist)
 {
 #ifdef IDX_WG_BODY
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    extern __shared__ __align__(16) unsigned char smem_raw[]; /* aligned up to 1024 below */
     const uint32_t base = (kva__smem_u32(smem_raw) + 1023u) & ~1023u;
     const unsigned char *sbase = smem_raw + (base - kva__smem_u32(smem_raw));
     const uint32_t qfull = base + WS_OFF_BAR, qempty = qfull + 16, full = qfull + 32,
@@ -408,12 +351,12 @@ __global__ void __launch_bounds__(384, 1)
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
     if (tid == 0) {
         for (int i = 0; i < 2; i++) {
-            iws_bar_init(qfull + 8 * i, 1);
-            iws_bar_init(qempty + 8 * i, 256);
+            kva__mbar_init(qfull + 8 * i, 1);
+            kva__mbar_init(qempty + 8 * i, 256);
         }
         for (int i = 0; i < WS_NST; i++) {
-            iws_bar_init(full + 8 * i, 1);
-            iws_bar_init(empty + 8 * i, 128);
+            kva__mbar_init(full + 8 * i, 1);
+            kva__mbar_init(empty + 8 * i, 128);
         }
     }
     __syncthreads();
@@ -434,27 +377,27 @@ __global__ void __launch_bounds__(384, 1)
                 blk = bt[(int64_t)tile.x * stride + (tile.w + WS_PAGE * lane) / B];
             const int qs = li & 1;
             if (li >= 2)
-                iws_wait(qempty + 8 * qs, ((li >> 1) - 1) & 1);
+                kva__mbar_wait(qempty + 8 * qs, ((li >> 1) - 1) & 1);
             if (lane == 0) {
-                iws_expect(qfull + 8 * qs, WS_QB + (uint32_t)tile.z * IDX_WG_HI * 4);
-                iws_tma2(base + qs * WS_QB, &tm.q, 0, tile.y * IDX_WG_HI, qfull + 8 * qs);
-                iws_bulk(base + WS_OFF_W + qs * WS_WB, wq + (int64_t)tile.y * IDX_WG_HI,
-                         (uint32_t)tile.z * IDX_WG_HI * 4, qfull + 8 * qs);
+                kva__mbar_expect_tx(qfull + 8 * qs, WS_QB + (uint32_t)tile.z * IDX_WG_HI * 4);
+                kva__tma_load2(base + qs * WS_QB, &tm.q, 0, tile.y * IDX_WG_HI, qfull + 8 * qs);
+                kva__bulk_load(base + WS_OFF_W + qs * WS_WB, wq + (int64_t)tile.y * IDX_WG_HI,
+                               (uint32_t)tile.z * IDX_WG_HI * 4, qfull + 8 * qs);
             }
             for (int p = 0; p < np; p++, gk++) {
                 const int st = (int)(gk % WS_NST);
                 const int32_t b = __shfl_sync(0xffffffffu, blk, p);
                 if (gk >= WS_NST)
-                    iws_wait(empty + 8 * st, ((gk / WS_NST) - 1) & 1);
+                    kva__mbar_wait(empty + 8 * st, ((gk / WS_NST) - 1) & 1);
                 if (lane == 0) {
                     const int32_t off = (tile.w + WS_PAGE * p) % B;
                     const uint32_t bar = full + 8 * st;
-                    iws_expect(bar, WS_PB + WS_PAGE * 4);
-                    iws_tma3(base + WS_OFF_K + st * WS_PB, &tm.k, 0, off, b, bar);
-                    iws_bulk(base + WS_OFF_S + st * WS_PAGE * 4,
-                             cache + (int64_t)b * block_bytes + (int64_t)B * IDX_WG_D +
-                                 (int64_t)off * 4,
-                             WS_PAGE * 4, bar);
+                    kva__mbar_expect_tx(bar, WS_PB + WS_PAGE * 4);
+                    kva__tma_load3(base + WS_OFF_K + st * WS_PB, &tm.k, 0, off, b, bar);
+                    kva__bulk_load(base + WS_OFF_S + st * WS_PAGE * 4,
+                                   cache + (int64_t)b * block_bytes + (int64_t)B * IDX_WG_D +
+                                       (int64_t)off * 4,
+                                   WS_PAGE * 4, bar);
                 }
             }
         }
@@ -465,7 +408,7 @@ __global__ void __launch_bounds__(384, 1)
         uint32_t *sh = (uint32_t *)(sbase + WS_OFF_H); /* [4, IDX_HIST_BINS] */
         for (int i = tid - 128; i < IDX_WG_G * IDX_HIST_BINS; i += 256)
             sh[i] = 0u;
-        iws_named(true, 3, 256);
+        kva__named_bar(true, 3, 256);
         uint32_t gk = 0;
         int li = 0;
         for (int ti = blockIdx.x; ti < ntiles; ti += gridDim.x, li++) {
@@ -476,16 +419,16 @@ __global__ void __launch_bounds__(384, 1)
             const int32_t kend = n_last < k0 + IDX_CHUNK ? n_last : k0 + IDX_CHUNK;
             const int np = (kend - k0 + WS_PAGE - 1) / WS_PAGE;
             const int qs = li & 1;
-            iws_wait(qfull + 8 * qs, (li >> 1) & 1);
+            kva__mbar_wait(qfull + 8 * qs, (li >> 1) & 1);
             const uint64_t dq = kva__wgmma_desc(base + qs * WS_QB, 16, 1024);
             const float *wsm = (const float *)(sbase + WS_OFF_W + qs * WS_WB);
             for (int p = 0; p < np; p++, gk++) {
                 if ((int)(gk & 1) != c)
                     continue;
                 const int st = (int)(gk % WS_NST);
-                iws_wait(full + 8 * st, (gk / WS_NST) & 1);
+                kva__mbar_wait(full + 8 * st, (gk / WS_NST) & 1);
                 if (gk > 0)
-                    iws_named(true, 1 + c, 256); /* page gk - 1 is issued */
+                    kva__named_bar(true, 1 + c, 256); /* page gk - 1 is issued */
                 const uint64_t dk = kva__wgmma_desc(base + WS_OFF_K + st * WS_PB, 16, 1024);
                 float d[128];
                 kva__wgmma_fence();
@@ -494,14 +437,15 @@ __global__ void __launch_bounds__(384, 1)
                     iws_mma(d, dk + (uint64_t)(2 * kk), dq + (uint64_t)(2 * kk), kk > 0);
                 kva__wgmma_commit();
                 if (p + 1 < np || ti + (int)gridDim.x < ntiles)
-                    iws_named(false, 2 - c, 256); /* the other consumer may issue page gk + 1 */
+                    kva__named_bar(false, 2 - c,
+                                   256); /* the other consumer may issue page gk + 1 */
                 kva__wgmma_wait<0>();
 #pragma unroll
                 for (int e = 0; e < 128; e++)
                     kva__reg_fence(d[e]);
                 const float *scs = (const float *)(sbase + WS_OFF_S + st * WS_PAGE * 4);
                 const float sc0 = scs[row0], sc1 = scs[row0 + 8];
-                iws_arrive(empty + 8 * st);
+                kva__mbar_arrive(empty + 8 * st);
                 /* d[4 j + e]: key row row0 + 8 (e / 2), column 8 j + 2 t + e % 2 =
                  * token j / 8, head 8 (j % 8) + 2 t + e % 2. part[2 a + h]: token a,
                  * row half h. */
@@ -547,10 +491,10 @@ __global__ void __launch_bounds__(384, 1)
                     }
                 }
             }
-            iws_arrive(qempty + 8 * qs); /* this consumer's products of the tile are done */
+            kva__mbar_arrive(qempty + 8 * qs); /* this consumer's products of the tile are done */
             /* The tile's counts (both consumers' epilogues are done) go to
              * hist; the bins are clear again before the next tile counts. */
-            iws_named(true, 3, 256);
+            kva__named_bar(true, 3, 256);
             for (int i = tid - 128; i < nt * IDX_HIST_BINS; i += 256) {
                 const uint32_t n = sh[i];
                 if (n) {
@@ -558,7 +502,7 @@ __global__ void __launch_bounds__(384, 1)
                     sh[i] = 0u;
                 }
             }
-            iws_named(true, 3, 256);
+            kva__named_bar(true, 3, 256);
         }
     }
 #else
