@@ -1,10 +1,11 @@
 /*
  * indexer.cuh - what the CUDA lightning indexer's files share (indexer.cu:
  * plan, mma.sync logits kernel, top-K, run; indexer_wgmma.cu: the sm_90a
- * logits kernel; indexer_probe.cu: the benchmark baseline; index_cache.cu:
- * the FP8_TOKEN quantization): tile sizes, the plan's device part, the
- * exact fp8 key conversion, the key loads and the row quantization. CUDA
- * C++ only; after cuda_backend.h.
+ * logits kernels; indexer_qquant.cu: the FP8-q mode's queries;
+ * indexer_probe.cu: the benchmark baseline; index_cache.cu: the FP8_TOKEN
+ * quantization): tile sizes, the plan's device part, the exact fp8 key
+ * conversion, the key loads, the row quantization and the top-K's order
+ * key. CUDA C++ only; after cuda_backend.h.
  */
 #ifndef KVA_CUDA_INDEXER_CUH
 #define KVA_CUDA_INDEXER_CUH
@@ -101,6 +102,13 @@ static __device__ __forceinline__ uint4 ld16(const char *p, int64_t block_bytes)
     const uint32_t *u = (const uint32_t *)p;
     return make_uint4(u[0], u[1], u[2], u[3]);
 }
+
+/* The FP8-q mode's queries (indexer_qquant.cu): rows = T Hi rows of q
+ * [rows, D] (f16 or bf16 q_dtype) quantized as FP8_TOKEN key rows into qc
+ * [rows, D] (e8: e4m3 codes; else their exact values in q_dtype) and
+ * wq [rows] = wts * s, on stream s. */
+void kva__cuda_index_qquant(kva_dtype q_dtype, int e8, const void *q, const float *wts,
+                            int64_t rows, int32_t D, void *qc, float *wq, cudaStream_t s);
 
 /* The sm_90a logits kernel (indexer_wgmma.cu): Hi = IDX_WG_HI index heads of
  * D = IDX_WG_D, tiles of up to IDX_WG_G tokens x IDX_CHUNK keys, run by
