@@ -25,8 +25,7 @@
  *   - split items (a partition forced to split long rows into key chunks),
  *     whose partials and lse (base-2 max times ln 2) the merge combines;
  *   - non-causal plans (every row sees the same keys: the cascade's prefix
- *     pass), whose items take up to KVA_CPU_TILE_ROWS rows, cut along the
- *     keys.
+ *     pass), whose items take up to KVA_CPU_TILE_ROWS rows.
  * KVA_TEST_QUICK=1 runs one dtype of each shape and mask case (in turn) and
  * bf16 only for the long contexts.
  */
