@@ -139,13 +139,74 @@ wg_ctx_init(wg_ctx &c, const kva__cuda_prefill_args &a, int m0, int rbase, int m
 }
 
 /*
+ * The plan's score transforms of one key tile, in place (raw scores in, log2
+ * units out): soft-cap (cap * tanh(score / cap)) or the plain scale, then
+ * ALiBi's slope[head] * (j - pos). Each is its own unrolled loop, entered
+ * only when the plan has the transform, so the common path (a causal mask
+ * only) never fetches their code (docs/cuda-prefill.md: the kernel's code
+ * size).
+ */
+static __device__ __forceinline__ void wg_transform(float (&s)[64], const wg_ctx &c, float softcap,
+                                                    const float *alibi, int n0)
+{
+    if (softcap > 0.0f) {
+        const float score_mul = c.scale_log2 * WG_LN2 / softcap, cap_mul = softcap * WG_LOG2E;
+#pragma unroll
+        for (int e = 0; e < 64; e++)
+            s[e] = cap_mul * tanhf(s[e] * score_mul);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 64; e++)
+            s[e] *= c.scale_log2;
+    }
+    if (alibi) {
+        const float sl[2] = {alibi[c.head[0]] * WG_LOG2E, alibi[c.head[1]] * WG_LOG2E};
+#pragma unroll
+        for (int e = 0; e < 64; e++) {
+            const int hf = (e >> 1) & 1, j = n0 + (e >> 2) * 8 + (e & 1) + 2 * c.t4;
+            s[e] += sl[hf] * (float)(j - c.pos[hf]);
+        }
+    }
+}
+
+/*
+ * The mask of one key tile that crosses a row's bounds or the draft tree:
+ * invisible elements become -inf. The rows' visibility words
+ * (tree_mask.cuh): bit (e / 4) * 8 + e % 2 of the 128-bit word of row hf is
+ * element e's key n0 + 8 (e / 4) + 2 t4 + e % 2. The tree words (keys t0 ..
+ * t0 + 63; rows are the request's query tokens, tree positions t0 .. t0 +
+ * q_len - 1) are read only on tiles reaching t0, 0 off the tree.
+ */
+static __device__ __forceinline__ void wg_mask(float (&s)[64], const wg_ctx &c, int n0)
+{
+    uint32_t vis[2][WG_BN / 32];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        uint64_t tw = 0ull;
+        if (n0 + WG_BN > c.t0 && (uint32_t)(c.pos[hf] - c.t0) < (uint32_t)c.tn)
+            tw = __ldg(c.tw + (c.pos[hf] - c.t0));
+#pragma unroll
+        for (int q = 0; q < WG_BN / 32; q++)
+            vis[hf][q] = kva__cuda_vis_word(n0 + 2 * c.t4 + 32 * q, c.lo[hf], c.hi[hf], c.t0, tw);
+    }
+#pragma unroll
+    for (int e = 0; e < 64; e++) {
+        const int hf = (e >> 1) & 1, i = (e >> 2) * 8 + (e & 1);
+        s[e] = (vis[hf][i >> 5] >> (i & 31)) & 1u ? s[e] : -INFINITY;
+    }
+}
+
+/*
  * Online softmax of one key tile (keys n0 .. n0 + 127) in log2 units, as
  * prefill_mma: s[4 nb + e] is row hf = e / 2, key n0 + 8 nb + 2 t4 + e % 2.
- * Masks / transforms the tile when needed, updates m_run and l_run (per-thread
- * partial sums), rescales o lazily (the reference max moves only when a row
- * of the warp grows past it by more than 8, so weights stay <= 2^8), and packs
- * P into pa: the register A operands of the k-steps (keys 16 kk .. + 15) of
- * O += P V ({0, 1}: keys 0..7 of rows g, g + 8; {2, 3}: keys 8..15).
+ * Transforms (wg_transform, only with soft-cap or ALiBi) and masks (wg_mask,
+ * only on tiles crossing a row's bounds or the tree) the tile; otherwise
+ * the raw score goes straight into the exponent's FFMA with scale * log2(e).
+ * Updates m_run and l_run (per-thread partial sums), rescales o lazily (the
+ * reference max moves only when a row of the warp grows past it by more than
+ * 8, so weights stay <= 2^8), and packs P into pa: the register A operands of
+ * the k-steps (keys 16 kk .. + 15) of O += P V ({0, 1}: keys 0..7 of rows g,
+ * g + 8; {2, 3}: keys 8..15).
  */
 template <typename Ty, bool DEFER, int NO>
 static __device__ __forceinline__ bool wg_softmax(float (&s)[64], float (&o)[NO],
@@ -153,44 +214,12 @@ static __device__ __forceinline__ bool wg_softmax(float (&s)[64], float (&o)[NO]
                                                   float (&l_run)[2], const wg_ctx &c, float softcap,
                                                   const float *alibi, int n0, float (&alpha_out)[2])
 {
-    const int need_mask = n0 + WG_BN > c.hi_min || n0 < c.lo_max || n0 + WG_BN > c.t0;
-    const int transform = need_mask || softcap > 0.0f || alibi != NULL;
+    const int transform = softcap > 0.0f || alibi != NULL;
     const float mul = transform ? 1.0f : c.scale_log2;
-    if (transform) {
-        float sl[2] = {0.0f, 0.0f};
-        if (alibi) {
-            sl[0] = alibi[c.head[0]] * WG_LOG2E;
-            sl[1] = alibi[c.head[1]] * WG_LOG2E;
-        }
-        /* The rows' visibility words (tree_mask.cuh): bit (e / 4) * 8 + e % 2
-         * of the 128-bit word of row hf is element e's key n0 + 8 (e / 4) +
-         * 2 t4 + e % 2. The tree words (keys t0 .. t0 + 63; rows are the
-         * request's query tokens, tree positions t0 .. t0 + q_len - 1) are read
-         * only on tiles reaching t0, 0 off the tree. */
-        uint32_t vis[2][WG_BN / 32];
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            uint64_t tw = 0ull;
-            if (n0 + WG_BN > c.t0 && (uint32_t)(c.pos[hf] - c.t0) < (uint32_t)c.tn)
-                tw = __ldg(c.tw + (c.pos[hf] - c.t0));
-#pragma unroll
-            for (int q = 0; q < WG_BN / 32; q++)
-                vis[hf][q] =
-                    kva__cuda_vis_word(n0 + 2 * c.t4 + 32 * q, c.lo[hf], c.hi[hf], c.t0, tw);
-        }
-        const float score_mul = softcap > 0.0f ? c.scale_log2 * WG_LN2 / softcap : 0.0f;
-        const float cap_mul = softcap * WG_LOG2E;
-#pragma unroll
-        for (int e = 0; e < 64; e++) {
-            const int hf = (e >> 1) & 1, i = (e >> 2) * 8 + (e & 1);
-            const int j = n0 + i + 2 * c.t4;
-            float x = s[e];
-            x = softcap > 0.0f ? cap_mul * tanhf(x * score_mul) : x * c.scale_log2;
-            x += sl[hf] * (float)(j - c.pos[hf]);
-            const bool vis_e = (vis[hf][i >> 5] >> (i & 31)) & 1u;
-            s[e] = vis_e ? x : -INFINITY;
-        }
-    }
+    if (transform)
+        wg_transform(s, c, softcap, alibi, n0);
+    if (n0 + WG_BN > c.hi_min || n0 < c.lo_max || n0 + WG_BN > c.t0)
+        wg_mask(s, c, n0);
     float m_new[2];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -307,8 +336,9 @@ static __device__ __forceinline__ int wg_blk_of(const wg_kv &g, int j)
  * chunk t % TPR + TPR s of rows t / TPR + RP k), with the block ids staged in
  * shared memory (int32 [128] at sids): no global load on the copy path. PAIR:
  * also the second operand (src2 into dst2) at the same offsets (K and V when
- * DK = DV). */
-template <int C, bool PAIR>
+ * DK = DV). POW2: B is a power of two (a mask instead of a division; two
+ * instantiations, so the common path carries no division code). */
+template <int C, bool PAIR, bool POW2>
 static __device__ __forceinline__ void
 wg_gather_rows(const wg_kv &g, const char *src, const char *src2, int64_t blk_b, int row_b, int t,
                int n0, uint32_t dst, uint32_t dst2, uint32_t sids)
@@ -320,7 +350,7 @@ wg_gather_rows(const wg_kv &g, const char *src, const char *src2, int64_t blk_b,
 #pragma unroll
     for (int k = 0; k < WG_BN / sp::RP; k++) {
         const int row = lrow + sp::RP * k, j = n0 + row;
-        const int o = g.b_shift >= 0 ? j & (g.B - 1) : j % g.B;
+        const int o = POW2 ? j & (g.B - 1) : j % g.B;
         const bool in = j >= g.kv_lo && j < g.kv_hi;
         int blk;
         asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(blk) : "r"(sids + 4u * (uint32_t)row));
@@ -345,10 +375,16 @@ static __device__ __forceinline__ void wg_gather_ids(const wg_kv &g, int t, int 
                                                      uint32_t sv, uint32_t sids)
 {
     if constexpr (DK == DV) {
-        wg_gather_rows<DK / 8, true>(g, g.k, g.v, g.k_blk, g.k_row, t, n0, sk, sv, sids);
+        if (g.b_shift >= 0)
+            wg_gather_rows<DK / 8, true, true>(g, g.k, g.v, g.k_blk, g.k_row, t, n0, sk, sv, sids);
+        else
+            wg_gather_rows<DK / 8, true, false>(g, g.k, g.v, g.k_blk, g.k_row, t, n0, sk, sv, sids);
+    } else if (g.b_shift >= 0) {
+        wg_gather_rows<DK / 8, false, true>(g, g.k, g.k, g.k_blk, g.k_row, t, n0, sk, sk, sids);
+        wg_gather_rows<DV / 8, false, true>(g, g.v, g.v, g.v_blk, g.v_row, t, n0, sv, sv, sids);
     } else {
-        wg_gather_rows<DK / 8, false>(g, g.k, g.k, g.k_blk, g.k_row, t, n0, sk, sk, sids);
-        wg_gather_rows<DV / 8, false>(g, g.v, g.v, g.v_blk, g.v_row, t, n0, sv, sv, sids);
+        wg_gather_rows<DK / 8, false, false>(g, g.k, g.k, g.k_blk, g.k_row, t, n0, sk, sk, sids);
+        wg_gather_rows<DV / 8, false, false>(g, g.v, g.v, g.v_blk, g.v_row, t, n0, sv, sv, sids);
     }
 }
 

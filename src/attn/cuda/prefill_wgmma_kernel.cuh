@@ -266,42 +266,35 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 o[e] = 0.0f;
             uint32_t pa[8][4];
             const int my_bar = 1 + cw, other_bar = 2 - cw;
+            float alpha[2] = {1.0f, 1.0f};
+            bool resc_prev = false; /* INTRA: o still owes this rescale */
             if (ntiles > 0) {
                 if (cw == 1)
                     wg_bar_arrive(1, 256); /* consumer 0 issues first */
-                /* Tile 0: S only. */
-                const int st0 = (int)(gi % NST);
-                wg_mbar_wait(full + 8 * st0, (gi / NST) & 1);
-                wg_bar_sync(my_bar, 256);
-                kva__wgmma_fence();
-                wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st0 * KB) >> 4));
-                kva__wgmma_commit();
-                wg_bar_arrive(other_bar, 256);
-                kva__wgmma_wait<0>();
-#pragma unroll
-                for (int e = 0; e < 64; e++)
-                    kva__reg_fence(s[e]);
-                float alpha[2] = {1.0f, 1.0f};
-                wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, a.softcap, a.alibi_slopes,
-                                      n_last * WG_BN, alpha);
-                bool resc_prev = false; /* INTRA: o is still zero after tile 0 */
-                for (int it = 1; it < ntiles; it++) {
+                /* One loop over the key tiles, the first included (one softmax
+                 * site: the code of a short tile stays small). Tile it issues S
+                 * of tile it and P V of tile it - 1 (it > 0). */
+                for (int it = 0; it < ntiles; it++) {
                     const uint32_t gk = gi + (uint32_t)it;
-                    const int st = (int)(gk % NST), sp = (int)((gk - 1) % NST);
+                    const int st = (int)(gk % NST), sp = (int)((gk + NST - 1) % NST);
                     wg_mbar_wait(full + 8 * st, (gk / NST) & 1);
                     wg_bar_sync(my_bar, 256);
                     kva__wgmma_fence();
                     if (!INTRA) {
-                        wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
-                        kva__wgmma_commit();
+                        if (it > 0) {
+                            wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
+                            kva__wgmma_commit();
+                        }
                         wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
                         kva__wgmma_commit();
                         wg_bar_arrive(other_bar, 256);
-                        kva__wgmma_wait<1>(); /* P V of tile it - 1 */
+                        if (it > 0) {
+                            kva__wgmma_wait<1>(); /* P V of tile it - 1 */
 #pragma unroll
-                        for (int e = 0; e < NO; e++)
-                            kva__reg_fence(o[e]);
-                        wg_mbar_arrive(empty + 8 * sp);
+                            for (int e = 0; e < NO; e++)
+                                kva__reg_fence(o[e]);
+                            wg_mbar_arrive(empty + 8 * sp);
+                        }
                         kva__wgmma_wait<0>();
 #pragma unroll
                         for (int e = 0; e < 64; e++)
@@ -315,11 +308,13 @@ __global__ void __launch_bounds__(3 * 128, 1)
                          * rescale after the wait makes ptxas serialize wgmma). */
                         wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
                         kva__wgmma_commit();
-                        if (resc_prev)
-                            wg_rescale_o(o, alpha);
-                        kva__wgmma_fence();
-                        wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
-                        kva__wgmma_commit();
+                        if (it > 0) {
+                            if (resc_prev)
+                                wg_rescale_o(o, alpha);
+                            kva__wgmma_fence();
+                            wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
+                        }
+                        kva__wgmma_commit(); /* P V of tile it - 1 (an empty group at it = 0) */
                         wg_bar_arrive(other_bar, 256);
                         kva__wgmma_wait<1>(); /* S of tile it */
 #pragma unroll
@@ -333,6 +328,8 @@ __global__ void __launch_bounds__(3 * 128, 1)
 #pragma unroll
                         for (int e = 0; e < NO; e++)
                             kva__reg_fence(o[e]);
+                        if (it > 0)
+                            wg_mbar_arrive(empty + 8 * sp);
 #pragma unroll
                         for (int k = 0; k < 8; k++)
 #pragma unroll
@@ -340,9 +337,19 @@ __global__ void __launch_bounds__(3 * 128, 1)
                                 asm volatile("" : "+r"(pa[k][i])::"memory"); /* live until here */
                                 pa[k][i] = pn[k][i];
                             }
-                        wg_mbar_arrive(empty + 8 * sp);
                     }
                 }
+            }
+            /* The next CTA tile's Q rows of this warpgroup are loaded now,
+             * under the last P V and the epilogue (S of this tile is done with
+             * them). */
+            const int tn = tile_of(k + 1), nt = *a.num_tiles;
+            if (tn < nt) {
+                wg_tile_init(tl, a, a.tiles + (size_t)tn * KVA__CUDA_PREFILL_TILE_INTS);
+                wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127);
+                kva__cp_async_commit();
+            }
+            if (ntiles > 0) {
                 /* P V of the last tile. */
                 wg_bar_sync(my_bar, 256);
                 if (INTRA && resc_prev)
@@ -360,14 +367,6 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 wg_mbar_arrive(empty + 8 * sl); /* the ring goes on with the next CTA tile */
             }
             gi += (uint32_t)ntiles;
-            /* The next CTA tile's Q rows of this warpgroup are loaded under the
-             * epilogue (S of this tile is done with them). */
-            const int tn = tile_of(k + 1), nt = *a.num_tiles;
-            if (tn < nt) {
-                wg_tile_init(tl, a, a.tiles + (size_t)tn * KVA__CUDA_PREFILL_TILE_INTS);
-                wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127);
-                kva__cp_async_commit();
-            }
             wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
             wg_epilogue<Ty, DV>(a, c, o, m_run, l_run, tl.m0 + cw * 64 + wq * 16 + ((ct & 31) >> 2),
                                 tl.rows, tl.q_start, tl.G);
