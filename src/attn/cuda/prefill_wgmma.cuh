@@ -86,6 +86,53 @@ KVA__WG_OPS(kva__mma_bf16, bf16)
 KVA__WG_OPS(kva__mma_f16, f16)
 
 /*
+ * x / d for 0 <= x < 2^31 by a multiply-high, an add and a shift: d is the
+ * launch's GQA group size G (H / Hkv), m and l come from the round-up method
+ * (l = ceil(log2 d), m = 2^32 (2^l - d) / d + 1), computed once per thread at
+ * the kernel's start. The packed rows' (token, head) split of every tile
+ * header, Q load and output row would otherwise each run an integer division.
+ */
+struct wg_div {
+    uint32_t d, m;
+    int l;
+};
+static __device__ __forceinline__ wg_div wg_div_make(uint32_t d)
+{
+    wg_div v;
+    v.d = d;
+    v.l = d > 1 ? 32 - __clz((int)(d - 1)) : 0;
+    v.m = (uint32_t)(((1ull << 32) * ((1ull << v.l) - d)) / d + 1);
+    return v;
+}
+static __device__ __forceinline__ int wg_div_q(const wg_div &v, int x)
+{
+    return (int)((__umulhi((uint32_t)x, v.m) + (uint32_t)x) >> v.l);
+}
+
+/* Tile header: request, rows, visible key range. */
+struct wg_tile {
+    int r, m0, kvh, q_start, q_len, seq_len, rows, G, m_last, pos_min, pos_max, kv_lo, kv_hi;
+};
+static __device__ __forceinline__ void wg_tile_init(wg_tile &t, const kva__cuda_prefill_args &a,
+                                                    const int32_t *tile, const wg_div &gd)
+{
+    t.r = tile[0];
+    t.m0 = tile[1];
+    t.kvh = tile[2];
+    t.G = (int)gd.d;
+    t.q_start = a.query_start_loc[t.r];
+    t.q_len = a.query_start_loc[t.r + 1] - t.q_start;
+    t.seq_len = a.seq_lens[t.r];
+    t.rows = t.q_len * t.G;
+    t.m_last = min(t.m0 + WG_M, t.rows) - 1;
+    t.pos_min = t.seq_len - t.q_len + wg_div_q(gd, t.m0);
+    t.pos_max = t.seq_len - t.q_len + wg_div_q(gd, t.m_last);
+    const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
+    t.kv_lo = kva__first_key(t.pos_min, window, a.attention_chunk);
+    t.kv_hi = a.causal ? min(t.seq_len, t.pos_max + 1) : t.seq_len;
+}
+
+/*
  * Per-thread rows and CTA-uniform scalars of the softmax and the epilogue.
  * The mask is folded into per-row bounds when the CTA tile starts: row hf
  * sees keys lo[hf] <= j < hi[hf] (causal, seq_len, window and chunk), and
@@ -97,6 +144,7 @@ KVA__WG_OPS(kva__mma_f16, f16)
  */
 struct wg_ctx {
     int pos[2], head[2]; /* position and query head of rows hf = 0, 1 */
+    int tok[2];          /* their query token (output row / H), -1 past the request */
     int lo[2], hi[2];    /* the rows' visible keys [lo, hi) without the tree */
     const uint64_t *tw;  /* the request's draft-tree words, read on tiles reaching t0 */
     int t0, tn;          /* first draft-tree key (INT32_MAX: no tree), tree rows */
@@ -107,32 +155,33 @@ struct wg_ctx {
 };
 
 #ifdef KVA_WGMMA_BODY
-/* Fills c for the thread's rows m0 + rbase + g4 + 8 hf (rbase = 64 * warpgroup
- * + 16 * warp in it) of a tile whose rows end at m_last, of the request whose
- * query tokens start at q_start (DK: the default scale's head size). */
+/* Fills c for the thread's rows t.m0 + rbase + g4 + 8 hf (rbase = 64 *
+ * warpgroup + 16 * warp in it) of tile t (DK: the default scale's head
+ * size). */
 template <int DK>
-static __device__ __forceinline__ void
-wg_ctx_init(wg_ctx &c, const kva__cuda_prefill_args &a, int m0, int rbase, int m_last, int G,
-            int kvh, int seq_len, int q_len, int pos_min, int pos_max, int q_start)
+static __device__ __forceinline__ void wg_ctx_init(wg_ctx &c, const kva__cuda_prefill_args &a,
+                                                   const wg_tile &t, int rbase, const wg_div &gd)
 {
     const int lane = threadIdx.x & 31;
     const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
     const kva__cuda_tree tree =
-        kva__cuda_tree_at(a.tree, a.tree_on ? *a.tree_on : 0, q_start, seq_len, q_len);
+        kva__cuda_tree_at(a.tree, a.tree_on ? *a.tree_on : 0, t.q_start, t.seq_len, t.q_len);
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
-        const int pm = min(m0 + rbase + hf * 8 + (lane >> 2), m_last);
-        const int i = pm / G, p = seq_len - q_len + i;
+        /* Rows past the request take the last row's mask; they write nothing. */
+        const int pu = t.m0 + rbase + hf * 8 + (lane >> 2), pm = min(pu, t.m_last);
+        const int i = wg_div_q(gd, pm), p = t.seq_len - t.q_len + i;
         c.pos[hf] = p;
-        c.head[hf] = kvh * G + (pm - i * G);
+        c.head[hf] = t.kvh * t.G + (pm - i * t.G);
+        c.tok[hf] = pu < t.rows ? t.q_start + i : -1;
         c.lo[hf] = kva__first_key(p, window, a.attention_chunk);
-        c.hi[hf] = a.causal ? min(seq_len, p + 1) : seq_len;
+        c.hi[hf] = a.causal ? min(t.seq_len, p + 1) : t.seq_len;
     }
     c.tw = tree.w;
     c.t0 = tree.t0;
     c.tn = tree.n;
-    c.hi_min = a.causal ? min(seq_len, pos_min + 1) : seq_len;
-    c.lo_max = kva__first_key(pos_max, window, a.attention_chunk);
+    c.hi_min = a.causal ? min(t.seq_len, t.pos_min + 1) : t.seq_len;
+    c.lo_max = kva__first_key(t.pos_max, window, a.attention_chunk);
     c.t4 = lane & 3;
     const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)DK);
     c.scale_log2 = scale * WG_LOG2E;
@@ -280,11 +329,12 @@ static __device__ __forceinline__ void wg_rescale_o(float (&o)[NO], const float 
     }
 }
 
-/* Sink, normalization, out and lse of the thread's rows (as prefill_mma). */
+/* Sink, normalization, out and lse of the thread's rows (as prefill_mma; the
+ * output rows come from c, no tile header is read). */
 template <typename Ty, int DV>
-static __device__ __forceinline__ void
-wg_epilogue(const kva__cuda_prefill_args &a, const wg_ctx &c, const float (&o)[DV / 2],
-            const float (&m_run)[2], const float (&l_run)[2], int pm0, int rows, int q_start, int G)
+static __device__ __forceinline__ void wg_epilogue(const kva__cuda_prefill_args &a, const wg_ctx &c,
+                                                   const float (&o)[DV / 2],
+                                                   const float (&m_run)[2], const float (&l_run)[2])
 {
     typedef typename Ty::elem elem;
     elem *out = (elem *)a.out;
@@ -295,10 +345,9 @@ wg_epilogue(const kva__cuda_prefill_args &a, const wg_ctx &c, const float (&o)[D
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         float inv, lse;
         kva__pf_row_norm(l, m_run[hf], a.sinks, c.head[hf], inv, lse);
-        const int pm = pm0 + hf * 8;
-        if (pm >= rows)
+        if (c.tok[hf] < 0)
             continue;
-        const size_t orow = (size_t)(q_start + pm / G) * a.num_heads + c.head[hf];
+        const size_t orow = (size_t)c.tok[hf] * a.num_heads + c.head[hf];
         elem *dst = out + orow * DV;
 #pragma unroll
         for (int nb = 0; nb < DV / 8; nb++) {
@@ -388,28 +437,6 @@ static __device__ __forceinline__ void wg_gather_ids(const wg_kv &g, int t, int 
     }
 }
 
-/* Tile header: request, rows, visible key range. */
-struct wg_tile {
-    int r, m0, kvh, q_start, q_len, seq_len, rows, G, m_last, pos_min, pos_max, kv_lo, kv_hi;
-};
-static __device__ __forceinline__ void wg_tile_init(wg_tile &t, const kva__cuda_prefill_args &a,
-                                                    const int32_t *tile)
-{
-    t.r = tile[0];
-    t.m0 = tile[1];
-    t.kvh = tile[2];
-    t.G = a.num_heads / a.num_kv_heads;
-    t.q_start = a.query_start_loc[t.r];
-    t.q_len = a.query_start_loc[t.r + 1] - t.q_start;
-    t.seq_len = a.seq_lens[t.r];
-    t.rows = t.q_len * t.G;
-    t.m_last = min(t.m0 + WG_M, t.rows) - 1;
-    t.pos_min = t.seq_len - t.q_len + t.m0 / t.G;
-    t.pos_max = t.seq_len - t.q_len + t.m_last / t.G;
-    const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
-    t.kv_lo = kva__first_key(t.pos_min, window, a.attention_chunk);
-    t.kv_hi = a.causal ? min(t.seq_len, t.pos_max + 1) : t.seq_len;
-}
 /* The gather state of tile t for thread tid of the producer (its first chunk
  * of a K and a V row: wg_split). */
 template <int DK, int DV>
@@ -439,7 +466,8 @@ static __device__ __forceinline__ void wg_kv_init(wg_kv &g, const kva__cuda_pref
  * into the swizzled [128, DK] Q operand at sq, by NT threads (index t). */
 template <int NT, int DK>
 static __device__ __forceinline__ void wg_load_q(const kva__cuda_prefill_args &a, const wg_tile &tl,
-                                                 uint32_t sq, int r0, int nrows, int t)
+                                                 uint32_t sq, int r0, int nrows, int t,
+                                                 const wg_div &gd)
 {
     typedef uint16_t elem;
     constexpr int C = DK / 8; /* 16-byte chunks per row */
@@ -449,7 +477,7 @@ static __device__ __forceinline__ void wg_load_q(const kva__cuda_prefill_args &a
         const elem *src = q;
         int bytes = 0;
         if (pm < tl.rows) {
-            const int i = pm / tl.G, g = pm - i * tl.G;
+            const int i = wg_div_q(gd, pm), g = pm - i * tl.G;
             src = q + ((size_t)(tl.q_start + i) * a.num_heads + (size_t)tl.kvh * tl.G + g) * DK +
                   ch * 8;
             bytes = 16;

@@ -128,6 +128,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
 
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
+    const wg_div gd = wg_div_make((uint32_t)(a.num_heads / a.num_kv_heads)); /* G */
     if (tid == 0) {
         for (int i = 0; i < NST; i++) {
             wg_mbar_init(full + 8 * i, 128);
@@ -146,7 +147,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
             if (ti >= n_tiles)
                 break;
             wg_tile tl;
-            wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
+            wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS, gd);
             const int n_first = tl.kv_lo / WG_BN;
             const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
@@ -238,21 +239,20 @@ __global__ void __launch_bounds__(3 * 128, 1)
         const uint64_t dq = kva__wgmma_desc(sQ + (uint32_t)cw * 64 * 128, 16, 1024);
         const uint64_t dk0 = kva__wgmma_desc(sK, 16, 1024);
         const uint64_t dv0 = kva__wgmma_desc(sV, WG_BN * 128, 1024);
-        int k = 0, ti = blockIdx.x;
+        int k = 0;
+        /* tl: the header of the CTA tile about to start, read when its Q rows
+         * are loaded (under the previous tile's epilogue); the key loop and the
+         * epilogue need only c and the key-tile range. */
         wg_tile tl;
-        wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
-        wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127);
+        wg_tile_init(tl, a, a.tiles + (size_t)blockIdx.x * KVA__CUDA_PREFILL_TILE_INTS, gd);
+        wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
         kva__cp_async_commit();
         for (;;) {
-            /* The tile header and tile count are read again where they are
-             * needed, not kept live through the key loop (registers). */
-            wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
             kva__cp_async_wait<0>();
             kva__fence_proxy_async();
             wg_bar_sync(3 + cw, 128);
             wg_ctx c;
-            wg_ctx_init<DK>(c, a, tl.m0, cw * 64 + wq * 16, tl.m_last, tl.G, tl.kvh, tl.seq_len,
-                            tl.q_len, tl.pos_min, tl.pos_max, tl.q_start);
+            wg_ctx_init<DK>(c, a, tl, cw * 64 + wq * 16, gd);
             const int n_first = tl.kv_lo / WG_BN;
             const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
@@ -266,35 +266,42 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 o[e] = 0.0f;
             uint32_t pa[8][4];
             const int my_bar = 1 + cw, other_bar = 2 - cw;
-            float alpha[2] = {1.0f, 1.0f};
-            bool resc_prev = false; /* INTRA: o still owes this rescale */
             if (ntiles > 0) {
                 if (cw == 1)
                     wg_bar_arrive(1, 256); /* consumer 0 issues first */
-                /* One loop over the key tiles, the first included (one softmax
-                 * site: the code of a short tile stays small). Tile it issues S
-                 * of tile it and P V of tile it - 1 (it > 0). */
-                for (int it = 0; it < ntiles; it++) {
+                /* Tile 0: S only. */
+                const int st0 = (int)(gi % NST);
+                wg_mbar_wait(full + 8 * st0, (gi / NST) & 1);
+                wg_bar_sync(my_bar, 256);
+                kva__wgmma_fence();
+                wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st0 * KB) >> 4));
+                kva__wgmma_commit();
+                wg_bar_arrive(other_bar, 256);
+                kva__wgmma_wait<0>();
+#pragma unroll
+                for (int e = 0; e < 64; e++)
+                    kva__reg_fence(s[e]);
+                float alpha[2] = {1.0f, 1.0f};
+                wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, a.softcap, a.alibi_slopes,
+                                      n_last * WG_BN, alpha);
+                bool resc_prev = false; /* INTRA: o is still zero after tile 0 */
+                for (int it = 1; it < ntiles; it++) {
                     const uint32_t gk = gi + (uint32_t)it;
-                    const int st = (int)(gk % NST), sp = (int)((gk + NST - 1) % NST);
+                    const int st = (int)(gk % NST), sp = (int)((gk - 1) % NST);
                     wg_mbar_wait(full + 8 * st, (gk / NST) & 1);
                     wg_bar_sync(my_bar, 256);
                     kva__wgmma_fence();
                     if (!INTRA) {
-                        if (it > 0) {
-                            wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
-                            kva__wgmma_commit();
-                        }
+                        wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
+                        kva__wgmma_commit();
                         wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
                         kva__wgmma_commit();
                         wg_bar_arrive(other_bar, 256);
-                        if (it > 0) {
-                            kva__wgmma_wait<1>(); /* P V of tile it - 1 */
+                        kva__wgmma_wait<1>(); /* P V of tile it - 1 */
 #pragma unroll
-                            for (int e = 0; e < NO; e++)
-                                kva__reg_fence(o[e]);
-                            wg_mbar_arrive(empty + 8 * sp);
-                        }
+                        for (int e = 0; e < NO; e++)
+                            kva__reg_fence(o[e]);
+                        wg_mbar_arrive(empty + 8 * sp);
                         kva__wgmma_wait<0>();
 #pragma unroll
                         for (int e = 0; e < 64; e++)
@@ -308,13 +315,11 @@ __global__ void __launch_bounds__(3 * 128, 1)
                          * rescale after the wait makes ptxas serialize wgmma). */
                         wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
                         kva__wgmma_commit();
-                        if (it > 0) {
-                            if (resc_prev)
-                                wg_rescale_o(o, alpha);
-                            kva__wgmma_fence();
-                            wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
-                        }
-                        kva__wgmma_commit(); /* P V of tile it - 1 (an empty group at it = 0) */
+                        if (resc_prev)
+                            wg_rescale_o(o, alpha);
+                        kva__wgmma_fence();
+                        wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
+                        kva__wgmma_commit();
                         wg_bar_arrive(other_bar, 256);
                         kva__wgmma_wait<1>(); /* S of tile it */
 #pragma unroll
@@ -328,8 +333,6 @@ __global__ void __launch_bounds__(3 * 128, 1)
 #pragma unroll
                         for (int e = 0; e < NO; e++)
                             kva__reg_fence(o[e]);
-                        if (it > 0)
-                            wg_mbar_arrive(empty + 8 * sp);
 #pragma unroll
                         for (int k = 0; k < 8; k++)
 #pragma unroll
@@ -337,19 +340,9 @@ __global__ void __launch_bounds__(3 * 128, 1)
                                 asm volatile("" : "+r"(pa[k][i])::"memory"); /* live until here */
                                 pa[k][i] = pn[k][i];
                             }
+                        wg_mbar_arrive(empty + 8 * sp);
                     }
                 }
-            }
-            /* The next CTA tile's Q rows of this warpgroup are loaded now,
-             * under the last P V and the epilogue (S of this tile is done with
-             * them). */
-            const int tn = tile_of(k + 1), nt = *a.num_tiles;
-            if (tn < nt) {
-                wg_tile_init(tl, a, a.tiles + (size_t)tn * KVA__CUDA_PREFILL_TILE_INTS);
-                wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127);
-                kva__cp_async_commit();
-            }
-            if (ntiles > 0) {
                 /* P V of the last tile. */
                 wg_bar_sync(my_bar, 256);
                 if (INTRA && resc_prev)
@@ -367,12 +360,17 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 wg_mbar_arrive(empty + 8 * sl); /* the ring goes on with the next CTA tile */
             }
             gi += (uint32_t)ntiles;
-            wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
-            wg_epilogue<Ty, DV>(a, c, o, m_run, l_run, tl.m0 + cw * 64 + wq * 16 + ((ct & 31) >> 2),
-                                tl.rows, tl.q_start, tl.G);
+            /* The next CTA tile's Q rows of this warpgroup are loaded under the
+             * epilogue (S of this tile is done with them). */
+            const int tn = tile_of(k + 1), nt = *a.num_tiles;
+            if (tn < nt) {
+                wg_tile_init(tl, a, a.tiles + (size_t)tn * KVA__CUDA_PREFILL_TILE_INTS, gd);
+                wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
+                kva__cp_async_commit();
+            }
+            wg_epilogue<Ty, DV>(a, c, o, m_run, l_run);
             if (tn >= nt)
                 break;
-            ti = tn;
             k++;
         }
     }
