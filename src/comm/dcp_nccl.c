@@ -208,6 +208,39 @@ static kva_status combine_a2a(kva_dcp_nccl *c, cudaStream_t s, int32_t T, const 
     return KVA_STATUS_OK;
 }
 
+/* Runs A2A's and AG_RS's collectives once at max_tokens and once at one
+ * token on zeroed scratch partials and waits for them: NCCL connects its
+ * peers lazily, at a communicator's first operations of each kind, and the
+ * LSA window is registered only after that (a window registered as a
+ * communicator's first operation is a known NCCL failure). */
+static kva_status warm_collectives(kva_dcp_nccl *c, cudaStream_t s)
+{
+    const size_t rows = (size_t)c->g.max_tokens * c->g.num_heads;
+    const size_t pb = rows * c->g.head_dim_v * c->g.es;
+    void *part = NULL, *out = NULL;
+    float *lse = NULL;
+    kva_status st = KVA_STATUS_OK;
+    if (cudaMalloc(&part, pb) != cudaSuccess ||
+        cudaMalloc((void **)&lse, rows * 4) != cudaSuccess || cudaMalloc(&out, pb) != cudaSuccess) {
+        st = kva__fail(KVA_STATUS_OUT_OF_MEMORY,
+                       "kva_dcp_nccl_partials: cudaMalloc of the warm-up partials failed");
+    } else if (cudaMemsetAsync(part, 0, pb, s) != cudaSuccess ||
+               cudaMemsetAsync(lse, 0, rows * 4, s) != cudaSuccess) {
+        st = kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_dcp_nccl_partials: cudaMemsetAsync failed");
+    }
+    const int32_t Ts[2] = {c->g.max_tokens, 1};
+    for (int i = 0; i < 2 && st == KVA_STATUS_OK; i++) {
+        st = combine_a2a(c, s, Ts[i], part, lse, out, NULL);
+        if (st == KVA_STATUS_OK)
+            st = combine_ag_rs(c, s, Ts[i], part, lse, out, NULL);
+    }
+    if (st == KVA_STATUS_OK && cudaStreamSynchronize(s) != cudaSuccess)
+        st = kva__fail(KVA_STATUS_DEVICE_ERROR,
+                       "kva_dcp_nccl_partials: the warm-up collectives failed");
+    cudaFree(part), cudaFree(lse), cudaFree(out);
+    return st;
+}
+
 kva_status kva_dcp_nccl_partials(kva_dcp_nccl *c, void **out_part, float **lse_part)
 {
     kva__clear_error();
@@ -215,6 +248,10 @@ kva_status kva_dcp_nccl_partials(kva_dcp_nccl *c, void **out_part, float **lse_p
     KVA_CHECK_PTR(out_part);
     KVA_CHECK_PTR(lse_part);
     if (!c->lsa) {
+        void *stream = NULL;
+        KVA_TRY(kva_cuda_context_get_stream(c->g.ctx, &stream));
+        if (c->g.size > 1)
+            KVA_TRY(warm_collectives(c, (cudaStream_t)stream));
         const size_t rows = (size_t)c->g.max_tokens * c->g.num_heads;
         char msg[256];
         if (kva__dcp_lsa_create(c->comm, c->g.dtype, rows * c->g.head_dim_v * c->g.es,

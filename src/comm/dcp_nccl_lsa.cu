@@ -56,6 +56,7 @@ struct kva__dcp_lsa {
     ncclWindow_t win;
     ncclDevComm dc;
     int win_made, dc_made;
+    int solo;     /* one rank: buf from cudaMalloc, no window, lsa_solo_kernel */
     int grid_max; /* the LSA barriers: one per CTA */
 };
 
@@ -89,6 +90,33 @@ static __device__ __forceinline__ void copy_row(E *dst, const E *src, int32_t Dv
     } else {
         for (int32_t i = lane; i < Dv; i += 32)
             dst[i] = src[i];
+    }
+}
+
+/* Step 3 (see the top): warp w0, w0 + W, ... merges destination row n of
+ * this rank's heads over the N parts (vals / lses in shared memory) into
+ * out [T][Hn][Dv] and lse_out [T][Hn] (or NULL). */
+template <typename E>
+static __device__ __forceinline__ void
+merge_rows(const E *const *vals, const float *const *lses, int32_t N, int64_t rows, int32_t Hn,
+           int32_t H, int32_t Dv, int32_t rank, int64_t w0, int64_t W, E *out, float *lse_out)
+{
+    const int lane = threadIdx.x & 31;
+    for (int64_t n = w0; n < rows; n += W) {
+        const int64_t t = n / Hn, j = n % Hn;
+        const lsa_parts<E> r = {vals, lses, t * H + (int64_t)rank * Hn + j, Dv, N};
+        for (int32_t d0 = 0; d0 < Dv; d0 += 128) {
+            float o[4], lv;
+            kva__lse_merge<4>(r, -INFINITY, d0, Dv, o, lv);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int32_t d = d0 + lane + 32 * i;
+                if (d < Dv)
+                    store_f(out, n * Dv + d, o[i]);
+            }
+            if (lse_out && d0 == 0 && lane == 0)
+                lse_out[n] = lv;
+        }
     }
 }
 
@@ -129,23 +157,26 @@ __global__ void __launch_bounds__(KVA_LSA_THREADS)
         }
     }
     bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
-    for (int64_t n = w0; n < rows; n += W) {
-        const int64_t t = n / Hn, j = n % Hn;
-        const lsa_parts<E> r = {vals, lses, t * H + (int64_t)rank * Hn + j, Dv, N};
-        for (int32_t d0 = 0; d0 < Dv; d0 += 128) {
-            float o[4], lv;
-            kva__lse_merge<4>(r, -INFINITY, d0, Dv, o, lv);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int32_t d = d0 + lane + 32 * i;
-                if (d < Dv)
-                    store_f(out, n * Dv + d, o[i]);
-            }
-            if (lse_out && d0 == 0 && lane == 0)
-                lse_out[n] = lv;
-        }
-    }
+    merge_rows(vals, lses, N, rows, Hn, H, Dv, rank, w0, W, out, lse_out);
     bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+}
+
+/* One rank (NCCL makes no device communicator for it): the merge of the one
+ * part, no barrier. */
+template <typename E>
+__global__ void __launch_bounds__(KVA_LSA_THREADS)
+    lsa_solo_kernel(int32_t T, int32_t H, int32_t Dv, const E *part, const float *lse_part, E *out,
+                    float *lse_out)
+{
+    __shared__ const E *vals[1];
+    __shared__ const float *lses[1];
+    if (threadIdx.x == 0)
+        vals[0] = part, lses[0] = lse_part;
+    __syncthreads();
+    const int warps = blockDim.x >> 5;
+    merge_rows(vals, lses, 1, (int64_t)T * H, H, H, Dv, 0,
+               (int64_t)blockIdx.x * warps + (threadIdx.x >> 5), (int64_t)gridDim.x * warps, out,
+               lse_out);
 }
 
 /* The kernel for dtype dt (F32, F16 or BF16) as a plain function pointer,
@@ -187,6 +218,20 @@ extern "C" int kva__dcp_lsa_create(ncclComm_t comm, kva_dtype dt, size_t part_by
     /* Every CTA resident at once, so a CTA waiting at its barrier never keeps
      * a peer's CTA of the same index from running. */
     l->grid_max = sms * (per_sm > 0 ? per_sm : 1);
+    int nranks = 0;
+    ncclCommCount(comm, &nranks);
+    if (nranks == 1) {
+        l->solo = 1;
+        ce = cudaMalloc(&l->buf, l->bytes);
+        if (ce != cudaSuccess) {
+            snprintf(msg, msg_len, "cudaMalloc of %zu bytes failed: %s", l->bytes,
+                     cudaGetErrorString(ce));
+            delete l;
+            return 1;
+        }
+        *out = l;
+        return 0;
+    }
     const char *what = "ncclMemAlloc";
     ncclResult_t r = ncclMemAlloc(&l->buf, l->bytes);
     if (r == ncclSuccess) {
@@ -211,8 +256,6 @@ extern "C" int kva__dcp_lsa_create(ncclComm_t comm, kva_dtype dt, size_t part_by
         kva__dcp_lsa_destroy(l);
         return 1;
     }
-    int nranks = 0;
-    ncclCommCount(comm, &nranks);
     if (l->dc.lsaSize != nranks) {
         snprintf(msg, msg_len,
                  "only %d of the communicator's %d ranks can load and store each other's memory "
@@ -229,6 +272,11 @@ extern "C" void kva__dcp_lsa_destroy(kva__dcp_lsa *l)
 {
     if (!l)
         return;
+    if (l->solo) {
+        cudaFree(l->buf);
+        delete l;
+        return;
+    }
     if (l->dc_made)
         ncclDevCommDestroy(l->comm, &l->dc);
     if (l->win_made)
@@ -255,9 +303,11 @@ extern "C" cudaError_t kva__dcp_lsa_combine(const kva__dcp_lsa *l, cudaStream_t 
     const int64_t want = (rows + per_cta - 1) / per_cta;
     const int grid = want < 1 ? 1 : want > l->grid_max ? l->grid_max : (int)want;
 #define LSA_LAUNCH(E)                                                                              \
-    lsa_combine_kernel<E><<<grid, KVA_LSA_THREADS, 0, s>>>(l->dc, l->win, l->lse_off, N, T, H, Dv, \
-                                                           rank, copy, (const E *)part, lse_part,  \
-                                                           (E *)out, lse_out)
+    l->solo ? lsa_solo_kernel<E>                                                                   \
+        <<<grid, KVA_LSA_THREADS, 0, s>>>(T, H, Dv, (const E *)part, lse_part, (E *)out, lse_out)  \
+            : lsa_combine_kernel<E>                                                                \
+        <<<grid, KVA_LSA_THREADS, 0, s>>>(l->dc, l->win, l->lse_off, N, T, H, Dv, rank, copy,      \
+                                          (const E *)part, lse_part, (E *)out, lse_out)
     if (dt == KVA_DTYPE_F32)
         LSA_LAUNCH(float);
     else if (dt == KVA_DTYPE_F16)
