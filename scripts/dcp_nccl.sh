@@ -25,6 +25,12 @@ out=${OUT:-build-dcp/out}
 mkdir -p "$out"
 NS=${KVA_DCP_NS:-2}
 RS=${KVA_DCP_RS:-8 1}
+# The wheel's libnccl first: the image's /lib/x86_64-linux-gnu/libnccl.so.2
+# (2.28.3) is otherwise what the loader finds, and the LSA combine needs the
+# library of the headers it was compiled with (2.28.9).
+ncdir=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])" 2>/dev/null)
+[ -n "${NCCL_ROOT:-}" ] && ncdir=$NCCL_ROOT
+[ -n "$ncdir" ] && export LD_LIBRARY_PATH="$ncdir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 nvidia-smi topo -m >"$out/topo.txt" 2>&1 || true
 cmake -S . -B build-dcp -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \

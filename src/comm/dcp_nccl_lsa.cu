@@ -2,7 +2,8 @@
  * dcp_nccl_lsa.cu - KVA_DCP_COMBINE_LSA, the NCCL combine as ONE kernel over
  * NCCL's device API (nccl_device.h, NCCL >= 2.28), compiled into kvattn_nccl.
  * Without nccl_device.h it builds a stub whose setup reports the mode as
- * unsupported (dcp_nccl.c turns that into KVA_STATUS_UNSUPPORTED).
+ * unsupported (dcp_nccl.c turns that into KVA_STATUS_UNSUPPORTED), and so
+ * does the setup when the libnccl loaded is not the headers' version.
  *
  * Setup (kva__dcp_lsa_create, collective over the communicator): one buffer
  * from ncclMemAlloc registered as a symmetric window
@@ -10,7 +11,8 @@
  * partials [max_tokens][H][Dv] in the output dtype, then their lses
  * [max_tokens][H] float32 at lse_off; a device communicator
  * (ncclDevCommCreate) with one LSA barrier per CTA the kernel can keep
- * resident (grid_max), no multimem (NVLink multicast stays off).
+ * resident (grid_max), no multimem (NVLink multicast stays off). One rank:
+ * NCCL makes no device communicator, so a plain buffer and lsa_solo_kernel.
  *
  * The kernel: CTA b's warps own destination rows n = t*Hn + j (token t, head
  * j of a rank's Hn = H / N heads), n = warp, warp + W, ... (W warps in the
@@ -218,6 +220,19 @@ extern "C" int kva__dcp_lsa_create(ncclComm_t comm, kva_dtype dt, size_t part_by
     /* Every CTA resident at once, so a CTA waiting at its barrier never keeps
      * a peer's CTA of the same index from running. */
     l->grid_max = sms * (per_sm > 0 ? per_sm : 1);
+    /* The device API's structures (ncclDevComm, the window) are compiled in
+     * from nccl_device.h and filled by the library: they must be one
+     * version (2.28.9 headers over the system's 2.28.3 library faulted). */
+    int version = 0;
+    ncclGetVersion(&version);
+    if (version != NCCL_VERSION_CODE) {
+        snprintf(msg, msg_len,
+                 "kvattn_nccl was compiled with NCCL %d's nccl_device.h but runs with libnccl %d "
+                 "(put the matching libnccl.so.2 first on the loader's path)",
+                 (int)NCCL_VERSION_CODE, version);
+        delete l;
+        return 1;
+    }
     int nranks = 0;
     ncclCommCount(comm, &nranks);
     if (nranks == 1) {
