@@ -220,19 +220,6 @@ extern "C" int kva__dcp_lsa_create(ncclComm_t comm, kva_dtype dt, size_t part_by
     /* Every CTA resident at once, so a CTA waiting at its barrier never keeps
      * a peer's CTA of the same index from running. */
     l->grid_max = sms * (per_sm > 0 ? per_sm : 1);
-    /* The device API's structures (ncclDevComm, the window) are compiled in
-     * from nccl_device.h and filled by the library: they must be one
-     * version (2.28.9 headers over the system's 2.28.3 library faulted). */
-    int version = 0;
-    ncclGetVersion(&version);
-    if (version != NCCL_VERSION_CODE) {
-        snprintf(msg, msg_len,
-                 "kvattn_nccl was compiled with NCCL %d's nccl_device.h but runs with libnccl %d "
-                 "(put the matching libnccl.so.2 first on the loader's path)",
-                 (int)NCCL_VERSION_CODE, version);
-        delete l;
-        return 1;
-    }
     int nranks = 0;
     ncclCommCount(comm, &nranks);
     if (nranks == 1) {
@@ -246,6 +233,19 @@ extern "C" int kva__dcp_lsa_create(ncclComm_t comm, kva_dtype dt, size_t part_by
         }
         *out = l;
         return 0;
+    }
+    /* The device API's structures (ncclDevComm, the window) are compiled in
+     * from nccl_device.h and filled by the library: they must be one
+     * version (2.28.9 headers over the system's 2.28.3 library faulted). */
+    int version = 0;
+    ncclGetVersion(&version);
+    if (version != NCCL_VERSION_CODE) {
+        snprintf(msg, msg_len,
+                 "kvattn_nccl was compiled with NCCL %d's nccl_device.h but runs with libnccl %d "
+                 "(put the matching libnccl.so.2 first on the loader's path)",
+                 (int)NCCL_VERSION_CODE, version);
+        delete l;
+        return 1;
     }
     const char *what = "ncclMemAlloc";
     ncclResult_t r = ncclMemAlloc(&l->buf, l->bytes);
