@@ -209,10 +209,10 @@ static kva_status combine_a2a(kva_dcp_nccl *c, cudaStream_t s, int32_t T, const 
 }
 
 /* Runs A2A's and AG_RS's collectives once at max_tokens and once at one
- * token on zeroed scratch partials and waits for them: NCCL connects its
- * peers lazily, at a communicator's first operations of each kind, and the
- * LSA window is registered only after that (a window registered as a
- * communicator's first operation is a known NCCL failure). */
+ * token on zeroed scratch partials and waits for them, so the LSA window is
+ * never the communicator's first operation and NCCL has connected its peers
+ * (it does so lazily) before it: a precaution (PyTorch reports a window
+ * registration failing as a communicator's first NCCL call, NCCL 2.29). */
 static kva_status warm_collectives(kva_dcp_nccl *c, cudaStream_t s)
 {
     const size_t rows = (size_t)c->g.max_tokens * c->g.num_heads;
