@@ -9,17 +9,18 @@
  * (the unsharded baseline, on its own GPU) and its shard (kva_dcp_slots
  * layout with interleave I, shuffled block tables; token g of request r has
  * the same K/V rows in both). It checks the combine of the sharded decode
- * (both kva_dcp_nccl_combine modes) against its heads of the unsharded
+ * (every kva_dcp_nccl_combine mode, LSA also from the window) against its heads of the unsharded
  * decode, then times the unsharded and the sharded decode: the median of
  * iters runs, each between its own CUDA events ("stream"), and the median
  * of 9 replays of a CUDA graph of 10 runs, per run ("graph": no launch
  * latency between runs, as an engine's captured decode step runs).
  * Combine: for T in {R, 64, 512, 4096} query tokens of H heads and head size
  * D (random bf16 partials and lses), each mode against the bare NCCL
- * collectives that move the same bytes (A2A: the grouped ncclSend/ncclRecv
- * of the packed blocks to the N - 1 peers, and, as "a2a", with the block to
- * itself too, as an all-to-all call moves; AG_RS: ncclAllGather of T*H
- * floats and ncclReduceScatter of T*H*D floats): iters back-to-back calls
+ * collectives that move the same bytes (A2A and LSA: the grouped
+ * ncclSend/ncclRecv of the packed blocks to the N - 1 peers, and, as "a2a",
+ * with the block to itself too, as an all-to-all call moves; AG_RS:
+ * ncclAllGather of T*H floats and ncclReduceScatter of T*H*D floats; LSA_win
+ * is LSA on partials already in its window): iters back-to-back calls
  * between two events after a barrier ("stream"), and the same iters calls
  * captured in one CUDA graph and replayed ("graph"), the mean per call.
  * Floor: the bare collectives with an empty kernel (dcp_nccl_nop.cu) in each
@@ -186,7 +187,7 @@ typedef struct op {
     int mode, bare, T, N, rank, H, D; /* bare: 0 the combine, 1 the bare collectives, 2
                                          (A2A) the bare all-to-all with the self block, 3
                                          the floor: 1 with empty kernels where the
-                                         combine's are */
+                                         combine's are; LSA's bare ones are A2A's */
     void *part, *out, *sbuf, *rbuf;
     float *lse, *lse_out;
 } op;
@@ -200,7 +201,7 @@ static void op_run(const op *o)
     }
     const size_t Hn = (size_t)o->H / o->N;
     const int nop = o->bare == 3;
-    if (o->mode == KVA_DCP_COMBINE_A2A) {
+    if (o->mode != KVA_DCP_COMBINE_AG_RS) {
         const size_t block = (size_t)o->T * Hn * (o->D * 2 + 4);
         if (nop)
             CU(dcp_bench_nop(o->s)); /* the pack */
@@ -311,11 +312,24 @@ static void rank_main(const cfg *c, ncclUniqueId id)
     KV(kva_attention_run(gpu, pshard, dq, shard, NULL, dpart, dlse));
     CU(cudaStreamSynchronize(s));
     CU(cudaMemcpy(want, dfull, nq * 2, cudaMemcpyDeviceToHost));
-    static const kva_dcp_combine modes[2] = {KVA_DCP_COMBINE_A2A, KVA_DCP_COMBINE_AG_RS};
-    static const char *names[2] = {"A2A", "AG_RS"};
-    for (int m = 0; m < 2; m++) {
+    /* LSA_win: the LSA combine on partials the attention wrote into the
+     * window (kva_dcp_nccl_partials), read in place; LSA: copied in first. */
+    static const kva_dcp_combine modes[4] = {KVA_DCP_COMBINE_A2A, KVA_DCP_COMBINE_AG_RS,
+                                             KVA_DCP_COMBINE_LSA, KVA_DCP_COMBINE_LSA};
+    static const char *names[4] = {"A2A", "AG_RS", "LSA", "LSA_win"};
+    void *wpart = NULL;
+    float *wlse = NULL;
+    const int nmodes = kva_dcp_nccl_partials(dcp, &wpart, &wlse) == KVA_STATUS_OK ? 4 : 2;
+    if (nmodes == 2)
+        printf("rank %d: no LSA combine: %s\n", rank, kva_last_error());
+    for (int m = 0; m < nmodes; m++) {
         CU(cudaMemset(dout, 0xff, nq * 2));
-        KV(kva_dcp_nccl_combine(dcp, modes[m], R, dpart, dlse, dout, dlo));
+        if (m == 3) {
+            KV(kva_attention_run(gpu, pshard, dq, shard, NULL, wpart, wlse));
+            KV(kva_dcp_nccl_combine(dcp, modes[m], R, wpart, wlse, dout, dlo));
+        } else {
+            KV(kva_dcp_nccl_combine(dcp, modes[m], R, dpart, dlse, dout, dlo));
+        }
         CU(cudaStreamSynchronize(s));
         CU(cudaMemcpy(got, dout, (size_t)R * Hn * D * 2, cudaMemcpyDeviceToHost));
         size_t bad = 0;
@@ -367,11 +381,31 @@ static void rank_main(const cfg *c, ncclUniqueId id)
     CU(cudaMemcpy(lse, hl, sizeof(float) * TMAX * H, cudaMemcpyHostToDevice));
     free(hp), free(hl);
     const int Ts[] = {R, 64, 512, 4096};
+    /* The window's partials for LSA_win (the same random rows). */
+    if (wpart) {
+        CU(cudaMemcpy(wpart, part, pe * 2, cudaMemcpyDeviceToDevice));
+        CU(cudaMemcpy(wlse, lse, sizeof(float) * TMAX * H, cudaMemcpyDeviceToDevice));
+    }
     for (int ti = 0; ti < 4; ti++)
-        for (int m = 0; m < 2; m++) {
-            op o = {dcp, comm, s,    modes[m], 0,    Ts[ti], N,   rank,
-                    H,   D,    part, out,      sbuf, rbuf,   lse, lse_out};
-            const int a2a = modes[m] == KVA_DCP_COMBINE_A2A;
+        for (int m = 0; m < nmodes; m++) {
+            const int win = m == 3, lsa = modes[m] == KVA_DCP_COMBINE_LSA;
+            op o = {dcp,
+                    comm,
+                    s,
+                    modes[m],
+                    0,
+                    Ts[ti],
+                    N,
+                    rank,
+                    H,
+                    D,
+                    win ? wpart : part,
+                    out,
+                    sbuf,
+                    rbuf,
+                    win ? wlse : lse,
+                    lse_out};
+            const int a2a = modes[m] != KVA_DCP_COMBINE_AG_RS;
             const double mb = a2a ? (double)Ts[ti] * H * (D * 2 + 4) / 1e6
                                   : ((double)Ts[ti] * H * 4 + (double)Ts[ti] * H * D * 4) / 1e6;
             for (int graph = 0; graph < 2; graph++) {
@@ -382,14 +416,17 @@ static void rank_main(const cfg *c, ncclUniqueId id)
                 o.bare = 2;
                 const float ta = a2a ? time_op(&o, c->iters, graph, barrier) : 0.f;
                 o.bare = 3;
-                const float tn = time_op(&o, c->iters, graph, barrier);
+                const float tn = lsa ? 0.f : time_op(&o, c->iters, graph, barrier);
                 printf("rank %d: combine %-5s T=%-5d H=%d Dv=%d bf16 (%.2f MB) %s: %.4f "
                        "ms, bare collective %.4f ms: ratio %.2f",
                        rank, names[m], Ts[ti], H, D, mb, graph ? "graph " : "stream", tc, tb,
                        tc / tb);
                 if (a2a)
                     printf(" (bare a2a with self %.4f ms: ratio %.2f)", ta, tc / ta);
-                printf("; floor (bare + empty kernels) %.4f ms: %.2f x bare\n", tn, tn / tb);
+                if (lsa)
+                    printf("; one kernel\n");
+                else
+                    printf("; floor (bare + empty kernels) %.4f ms: %.2f x bare\n", tn, tn / tb);
                 fflush(stdout);
             }
         }

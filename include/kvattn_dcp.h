@@ -19,7 +19,7 @@ extern "C" {
 
 /*
  * How the communicator-backed combines (kvattn_mpi.h, kvattn_nccl.h) move
- * the ranks' partials; both leave rank k with the exact result for its
+ * the ranks' partials; every mode leaves rank k with the exact result for its
  * H / N heads [k * H/N, (k+1) * H/N), as vLLM's DCP does.
  */
 typedef enum kva_dcp_combine {
@@ -31,6 +31,19 @@ typedef enum kva_dcp_combine {
      * its partial for k's heads, in the output dtype), then a local
      * kva_merge_states_n of the N received blocks (vLLM's packed all-to-all). */
     KVA_DCP_COMBINE_A2A = 1,
+    /* NCCL only (kvattn_nccl.h; the MPI combine returns UNSUPPORTED): one
+     * kernel over NCCL's device API (NCCL >= 2.28, symmetric memory, all
+     * ranks load/store accessible, e.g. one NVLink domain). kvattn allocates
+     * the window (ncclMemAlloc + ncclCommWindowRegister, collective) at the
+     * first kva_dcp_nccl_partials, which must come before any LSA combine,
+     * outside graph capture. The kernel waits at a device-side barrier until
+     * every rank's partial is in its window, reads the peers' rows of this
+     * rank's heads over NVLink, merges them as kva_merge_states_n and passes
+     * a second barrier (no peer reads this rank's window after it), so it is
+     * graph-capturable and replayable. Partials given in the window
+     * (kva_dcp_nccl_partials' pointers, written by kva_attention_run) are read
+     * in place; others are first copied into the window by the same kernel. */
+    KVA_DCP_COMBINE_LSA = 2,
     KVA_DCP_COMBINE_COUNT_
 } kva_dcp_combine;
 

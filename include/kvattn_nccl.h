@@ -31,7 +31,24 @@ typedef struct kva_dcp_nccl kva_dcp_nccl;
 KVA_API kva_status kva_dcp_nccl_create(kva_context *ctx, ncclComm_t comm, int32_t max_tokens,
                                        int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
                                        kva_dcp_nccl **out);
-KVA_API void kva_dcp_nccl_destroy(kva_dcp_nccl *dcp); /* NULL is a no-op */
+/* NULL is a no-op. Collective (every rank) once kva_dcp_nccl_partials made
+ * the LSA window: its deregistration is. */
+KVA_API void kva_dcp_nccl_destroy(kva_dcp_nccl *dcp);
+
+/*
+ * The LSA combine's window (KVA_DCP_COMBINE_LSA, kvattn_dcp.h): this rank's
+ * partials inside it, out_part [max_tokens, H, Dv] in dtype and lse_part
+ * [max_tokens, H] float32 (fixed addresses: a T-token step uses the first T
+ * rows of each). The first call allocates the window with ncclMemAlloc,
+ * registers it as a symmetric window and makes NCCL's device communicator:
+ * a collective (every rank, in the same order as the other NCCL calls),
+ * outside graph capture; later calls return the same pointers. Write the
+ * sharded kva_attention_run's out and lse there and the LSA combine reads
+ * them in place (no copy). KVA_STATUS_UNSUPPORTED (nothing allocated) when
+ * NCCL has no device API or the ranks cannot load and store each other's
+ * memory.
+ */
+KVA_API kva_status kva_dcp_nccl_partials(kva_dcp_nccl *dcp, void **out_part, float **lse_part);
 
 /*
  * The combine, enqueued on the context's stream (no host synchronization).
@@ -42,8 +59,12 @@ KVA_API void kva_dcp_nccl_destroy(kva_dcp_nccl *dcp); /* NULL is a no-op */
  * ncclSend/ncclRecv of the packed blocks with the other ranks, a merge
  * kernel) and KVA_DCP_COMBINE_AG_RS (ncclAllGather of the LSEs, a rescale
  * kernel, ncclReduceScatter of the float32 rescaled rows, a conversion
- * kernel). An NCCL error returns
- * KVA_STATUS_DEVICE_ERROR with ncclGetErrorString's text.
+ * kernel), and KVA_DCP_COMBINE_LSA (one kernel: device-side barrier, the
+ * peers' rows read over NVLink from their windows, merge, barrier; needs
+ * kva_dcp_nccl_partials first; out_part / lse_part either the window's
+ * partials, read in place, or outside the window, copied in; out and lse_out
+ * outside it). An NCCL error returns KVA_STATUS_DEVICE_ERROR with
+ * ncclGetErrorString's text.
  */
 KVA_API kva_status kva_dcp_nccl_combine(kva_dcp_nccl *dcp, kva_dcp_combine mode, int32_t num_tokens,
                                         const void *out_part, const float *lse_part, void *out,

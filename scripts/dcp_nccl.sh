@@ -16,6 +16,7 @@
 #   KVA_MACHINE       when set (e.g. "h100x4-dcp"), scripts/results.py dcp
 #                     writes docs/results/$KVA_MACHINE.md from the logs
 #   KVA_CUDA_ARCH     CMAKE_CUDA_ARCHITECTURES (default 90a)
+#   KVA_DCP_TIMEOUT   seconds each test or bench run may take (default 300)
 #   OUT               folder for logs (default build-dcp/out)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,12 @@ out=${OUT:-build-dcp/out}
 mkdir -p "$out"
 NS=${KVA_DCP_NS:-2}
 RS=${KVA_DCP_RS:-8 1}
+# The wheel's libnccl first: the image's /lib/x86_64-linux-gnu/libnccl.so.2
+# (2.28.3) is otherwise what the loader finds, and the LSA combine needs the
+# library of the headers it was compiled with (2.28.9).
+ncdir=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])" 2>/dev/null)
+[ -n "${NCCL_ROOT:-}" ] && ncdir=$NCCL_ROOT
+[ -n "$ncdir" ] && export LD_LIBRARY_PATH="$ncdir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 nvidia-smi topo -m >"$out/topo.txt" 2>&1 || true
 cmake -S . -B build-dcp -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
@@ -41,7 +48,7 @@ status=0
 run_test() { # name, command...
   local name=$1
   shift
-  timeout 300 "$@" >"$out/$name.log" 2>&1 || { status=1; tail -30 "$out/$name.log"; }
+  timeout "${KVA_DCP_TIMEOUT:-300}" "$@" >"$out/$name.log" 2>&1 || { status=1; tail -30 "$out/$name.log"; }
   echo "$name: $(tail -1 "$out/$name.log")"
 }
 run_test test_dcp_nccl build-dcp/test_dcp_nccl
@@ -50,7 +57,7 @@ for n in $NS; do run_test "test_dcp_nccl_ranks_$n" build-dcp/test_dcp_nccl_ranks
 for n in $NS; do
   for r in $RS; do
     log="$out/bench_N${n}_R${r}.log"
-    timeout 300 build-dcp/dcp_nccl_bench "$n" "$r" ${KVA_DCP_BENCH:-131072 32 8 128 1 50} >"$log" 2>&1 ||
+    timeout "${KVA_DCP_TIMEOUT:-300}" build-dcp/dcp_nccl_bench "$n" "$r" ${KVA_DCP_BENCH:-131072 32 8 128 1 50} >"$log" 2>&1 ||
       { status=1; tail -20 "$log"; }
   done
 done

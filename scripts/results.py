@@ -337,7 +337,11 @@ def dcp(a):
                   "NCCL calls alone on the same bytes (A2A: grouped send/recv of the blocks to the "
                   "N - 1 peers, as the combine sends; with self: plus the block to itself, as an "
                   "all-to-all call moves; AG_RS: all-gather of the LSEs + reduce-scatter of the "
-                  "float32 rows). The slowest rank's ratio (target <= 1.2). Floor: the bare "
+                  "float32 rows; LSA and LSA_win: A2A's). LSA: the one-kernel combine over "
+                  "NCCL's device API on partials in the caller's buffer (copied into the "
+                  "window by the kernel); LSA_win: on partials already in the window (as the "
+                  "attention writes them), read in place. The slowest rank's ratio (target "
+                  "<= 1.2). Floor: the bare "
                   "calls with an empty kernel in each place where the combine runs one (A2A: "
                   "before and after; AG_RS: after each collective), over the bare time: what "
                   "any combine made of kernels around the collectives costs at least.", "",

@@ -351,6 +351,10 @@ kva_status kva_dcp_mpi_combine(kva_dcp_mpi *c, kva_dcp_combine mode, int32_t num
     KVA_CHECK_PTR(c);
     KVA_TRY(kva__dcp_group_check("kva_dcp_mpi_combine", &c->g, mode, num_tokens, out_part, lse_part,
                                  out));
+    if (mode == KVA_DCP_COMBINE_LSA)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "kva_dcp_mpi_combine: KVA_DCP_COMBINE_LSA is the NCCL combine's mode "
+                         "(GPU memory over NVLink); use A2A or AG_RS");
     /* Every rank returns here for T = 0 alike, so no collective is skipped on one only. */
     if (num_tokens == 0)
         return KVA_STATUS_OK;

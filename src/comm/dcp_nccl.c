@@ -16,10 +16,15 @@
  * and writes lse_out; ncclReduceScatter sums block k on rank k (straight into
  * out for F32 outputs); a kernel converts to F16 / BF16.
  *
+ * LSA (dcp_nccl_lsa.cu): one kernel over NCCL's device API that reads the
+ * peers' partial rows of this rank's heads from their symmetric windows
+ * (set up by the first kva_dcp_nccl_partials) and merges them.
+ *
  * The kernels use 16-byte accesses when the caller's out_part and out are
  * 16-byte aligned (cudaMalloc's are), element accesses otherwise.
  */
 #include "dcp_group.h"
+#include "dcp_nccl_lsa.h"
 #include "kvattn_cuda.h"
 #include "kvattn_nccl.h"
 
@@ -67,6 +72,13 @@ struct kva_dcp_nccl {
      * recv [T][Hn][Dv] float32, lses [N][T][H] float32. */
     void *send, *recv;
     float *lses;
+    /* LSA: the window (made by the first kva_dcp_nccl_partials) and this
+     * rank's partials in it: [max_tokens][H][Dv] at win_part, [max_tokens][H]
+     * at win_lse, win_bytes in all. */
+    kva__dcp_lsa *lsa;
+    void *win_part;
+    float *win_lse;
+    size_t win_bytes;
 };
 
 kva_status kva_dcp_nccl_create(kva_context *ctx, ncclComm_t comm, int32_t max_tokens,
@@ -115,6 +127,7 @@ void kva_dcp_nccl_destroy(kva_dcp_nccl *c)
 {
     if (!c)
         return;
+    kva__dcp_lsa_destroy(c->lsa);
     cudaFree(c->send);
     cudaFree(c->recv);
     cudaFree(c->lses);
@@ -195,6 +208,101 @@ static kva_status combine_a2a(kva_dcp_nccl *c, cudaStream_t s, int32_t T, const 
     return KVA_STATUS_OK;
 }
 
+/* Runs A2A's and AG_RS's collectives once at max_tokens and once at one
+ * token on zeroed scratch partials and waits for them, so the LSA window is
+ * never the communicator's first operation and NCCL has connected its peers
+ * (it does so lazily) before it: a precaution (PyTorch reports a window
+ * registration failing as a communicator's first NCCL call, NCCL 2.29). */
+static kva_status warm_collectives(kva_dcp_nccl *c, cudaStream_t s)
+{
+    const size_t rows = (size_t)c->g.max_tokens * c->g.num_heads;
+    const size_t pb = rows * c->g.head_dim_v * c->g.es;
+    void *part = NULL, *out = NULL;
+    float *lse = NULL;
+    kva_status st = KVA_STATUS_OK;
+    if (cudaMalloc(&part, pb) != cudaSuccess ||
+        cudaMalloc((void **)&lse, rows * 4) != cudaSuccess || cudaMalloc(&out, pb) != cudaSuccess) {
+        st = kva__fail(KVA_STATUS_OUT_OF_MEMORY,
+                       "kva_dcp_nccl_partials: cudaMalloc of the warm-up partials failed");
+    } else if (cudaMemsetAsync(part, 0, pb, s) != cudaSuccess ||
+               cudaMemsetAsync(lse, 0, rows * 4, s) != cudaSuccess) {
+        st = kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_dcp_nccl_partials: cudaMemsetAsync failed");
+    }
+    const int32_t Ts[2] = {c->g.max_tokens, 1};
+    for (int i = 0; i < 2 && st == KVA_STATUS_OK; i++) {
+        st = combine_a2a(c, s, Ts[i], part, lse, out, NULL);
+        if (st == KVA_STATUS_OK)
+            st = combine_ag_rs(c, s, Ts[i], part, lse, out, NULL);
+    }
+    if (st == KVA_STATUS_OK && cudaStreamSynchronize(s) != cudaSuccess)
+        st = kva__fail(KVA_STATUS_DEVICE_ERROR,
+                       "kva_dcp_nccl_partials: the warm-up collectives failed");
+    cudaFree(part), cudaFree(lse), cudaFree(out);
+    return st;
+}
+
+kva_status kva_dcp_nccl_partials(kva_dcp_nccl *c, void **out_part, float **lse_part)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(c);
+    KVA_CHECK_PTR(out_part);
+    KVA_CHECK_PTR(lse_part);
+    if (!c->lsa) {
+        void *stream = NULL;
+        KVA_TRY(kva_cuda_context_get_stream(c->g.ctx, &stream));
+        if (c->g.size > 1)
+            KVA_TRY(warm_collectives(c, (cudaStream_t)stream));
+        const size_t rows = (size_t)c->g.max_tokens * c->g.num_heads;
+        char msg[256];
+        if (kva__dcp_lsa_create(c->comm, c->g.dtype, rows * c->g.head_dim_v * c->g.es,
+                                rows * sizeof(float), &c->lsa, msg, sizeof msg) != 0)
+            return kva__fail(KVA_STATUS_UNSUPPORTED,
+                             "kva_dcp_nccl_partials: the LSA combine's window: %s", msg);
+        kva__dcp_lsa_partials(c->lsa, &c->win_part, &c->win_lse, &c->win_bytes);
+    }
+    *out_part = c->win_part;
+    *lse_part = c->win_lse;
+    return KVA_STATUS_OK;
+}
+
+/* Whether [p, p + n) overlaps the window. */
+static int in_window(const kva_dcp_nccl *c, const void *p, size_t n)
+{
+    const uintptr_t a = (uintptr_t)p, w = (uintptr_t)c->win_part;
+    return a < w + c->win_bytes && w < a + n;
+}
+
+/* LSA (see the top of the file): zero-copy when the partials are the
+ * window's own, else their rows for the other ranks are copied in first. */
+static kva_status combine_lsa(kva_dcp_nccl *c, cudaStream_t s, int32_t T, const void *out_part,
+                              const float *lse_part, void *out, float *lse_out)
+{
+    const char *fn = "kva_dcp_nccl_combine";
+    if (!c->lsa)
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: KVA_DCP_COMBINE_LSA needs the window: call kva_dcp_nccl_partials "
+                         "first (on every rank, outside graph capture)",
+                         fn);
+    const int32_t N = c->g.size, H = c->g.num_heads, Hn = H / N, Dv = c->g.head_dim_v;
+    const int own = out_part == c->win_part && lse_part == c->win_lse;
+    const size_t rows = (size_t)T * H, pb = rows * Dv * c->g.es;
+    if (!own && ((out_part != c->win_part && in_window(c, out_part, pb)) ||
+                 (lse_part != c->win_lse && in_window(c, lse_part, rows * sizeof(float)))))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: out_part / lse_part point inside the LSA window but not at the "
+                         "partials kva_dcp_nccl_partials gave",
+                         fn);
+    if (in_window(c, out, (size_t)T * Hn * Dv * c->g.es) ||
+        (lse_out && in_window(c, lse_out, (size_t)T * Hn * sizeof(float))))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: out / lse_out must not lie in the LSA window (peers read it)", fn);
+    const cudaError_t e = kva__dcp_lsa_combine(c->lsa, s, c->g.dtype, N, T, H, Dv, c->g.rank, !own,
+                                               out_part, lse_part, out, lse_out);
+    if (e != cudaSuccess)
+        return cuda_fail("the LSA combine kernel", e);
+    return KVA_STATUS_OK;
+}
+
 kva_status kva_dcp_nccl_combine(kva_dcp_nccl *c, kva_dcp_combine mode, int32_t num_tokens,
                                 const void *out_part, const float *lse_part, void *out,
                                 float *lse_out)
@@ -210,5 +318,7 @@ kva_status kva_dcp_nccl_combine(kva_dcp_nccl *c, kva_dcp_combine mode, int32_t n
     KVA_TRY(kva_cuda_context_get_stream(c->g.ctx, &stream));
     if (mode == KVA_DCP_COMBINE_AG_RS)
         return combine_ag_rs(c, (cudaStream_t)stream, num_tokens, out_part, lse_part, out, lse_out);
+    if (mode == KVA_DCP_COMBINE_LSA)
+        return combine_lsa(c, (cudaStream_t)stream, num_tokens, out_part, lse_part, out, lse_out);
     return combine_a2a(c, (cudaStream_t)stream, num_tokens, out_part, lse_part, out, lse_out);
 }

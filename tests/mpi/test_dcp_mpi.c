@@ -124,6 +124,9 @@ static void check_mode(const fmt *f, const mask *m, int32_t I)
     CHECK_STATUS(kva_dcp_mpi_combine(dcp, KVA_DCP_COMBINE_A2A, T + 1, part, part_lse, got, NULL),
                  KVA_STATUS_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("max_tokens");
+    CHECK_STATUS(kva_dcp_mpi_combine(dcp, KVA_DCP_COMBINE_LSA, T, part, part_lse, got, got_lse),
+                 KVA_STATUS_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("NCCL");
     void *zp = NULL;
     float *zl = NULL;
     CHECK_STATUS(kva_dcp_mpi_partials(dcp, 0, &zp, &zl), KVA_STATUS_INVALID_ARGUMENT);

@@ -1,11 +1,13 @@
 /*
  * test_dcp_nccl.c - the DCP combine over NCCL (kvattn_nccl.h) with one rank
  * on one GPU: random partials (bf16 out, lse with -inf rows) go through
- * both modes (A2A: pack, no peer to send to, merge; AG_RS: all-gather,
- * rescale, reduce-scatter, convert) directly, captured in a CUDA graph and
- * on tensors 2 bytes off 16-byte alignment (the kernels' element-wise
- * path); with one rank the result must be the partial itself, bit for bit,
- * and the lse equal. Bad arguments fail before anything is enqueued.
+ * every mode (A2A: pack, no peer to send to, merge; AG_RS: all-gather,
+ * rescale, reduce-scatter, convert; LSA: the one kernel with its barriers,
+ * from the caller's buffer and from the window) directly, captured in a
+ * CUDA graph and on tensors 2 bytes off 16-byte alignment (the kernels'
+ * element-wise path); with one rank the result must be the partial itself,
+ * bit for bit, and the lse equal. Bad arguments fail before anything is
+ * enqueued.
  * N ranks on N GPUs: test_dcp_nccl_ranks.c. Exits 77 without NCCL or a GPU.
  */
 #include <stdio.h>
@@ -52,19 +54,42 @@ static void test_single_rank(void)
 
     kva_dcp_nccl *dcp = NULL;
     CHECK_OK(kva_dcp_nccl_create(gpu, comm, T, H, DV, KVA_DTYPE_BF16, &dcp));
-    for (int it = 0; it < 6; it++) {
-        const int graph = it < 4 && (it & 1), mis = it >= 4;
-        const kva_dcp_combine mode = it % 4 < 2 ? KVA_DCP_COMBINE_A2A : KVA_DCP_COMBINE_AG_RS;
-        void *src = mis ? (void *)(mpart + 2) : dpart, *dst = mis ? (void *)(mout + 2) : dout;
+    /* LSA before its window exists: refused, nothing enqueued. */
+    CHECK_STATUS(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_LSA, T, dpart, dlse, dout, dgl),
+                 KVA_STATUS_UNSUPPORTED);
+    CHECK_ERROR_MENTIONS("kva_dcp_nccl_partials");
+    void *wpart = NULL;
+    float *wlse = NULL;
+    CHECK_OK(kva_dcp_nccl_partials(dcp, &wpart, &wlse));
+    /* The window's partials (LSA reads them in place). */
+    CUDA_OK(cudaMemcpy(wpart, part, sizeof part, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(wlse, lse, sizeof lse, cudaMemcpyHostToDevice));
+    static const struct {
+        kva_dcp_combine mode;
+        int graph, mis, win;
+    } cases[] = {
+        {KVA_DCP_COMBINE_A2A, 0, 0, 0},   {KVA_DCP_COMBINE_A2A, 1, 0, 0},
+        {KVA_DCP_COMBINE_AG_RS, 0, 0, 0}, {KVA_DCP_COMBINE_AG_RS, 1, 0, 0},
+        {KVA_DCP_COMBINE_A2A, 0, 1, 0},   {KVA_DCP_COMBINE_AG_RS, 0, 1, 0},
+        {KVA_DCP_COMBINE_LSA, 0, 0, 0},   {KVA_DCP_COMBINE_LSA, 1, 0, 0},
+        {KVA_DCP_COMBINE_LSA, 0, 1, 0},   {KVA_DCP_COMBINE_LSA, 0, 0, 1},
+        {KVA_DCP_COMBINE_LSA, 1, 0, 1},
+    };
+    for (size_t it = 0; it < sizeof cases / sizeof cases[0]; it++) {
+        const kva_dcp_combine mode = cases[it].mode;
+        const int graph = cases[it].graph, mis = cases[it].mis;
+        const void *src = mis ? (void *)(mpart + 2) : cases[it].win ? wpart : dpart;
+        const float *slse = cases[it].win ? wlse : dlse;
+        void *dst = mis ? (void *)(mout + 2) : dout;
         CUDA_OK(cudaMemset(dst, 0xff, sizeof part));
         CUDA_OK(cudaMemset(dgl, 0xff, sizeof lse));
         if (!graph) {
-            CHECK_OK(kva_dcp_nccl_combine(dcp, mode, T, src, dlse, dst, dgl));
+            CHECK_OK(kva_dcp_nccl_combine(dcp, mode, T, src, slse, dst, dgl));
         } else {
             cudaGraph_t g;
             cudaGraphExec_t exec;
             CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-            CHECK_OK(kva_dcp_nccl_combine(dcp, mode, T, dpart, dlse, dout, dgl));
+            CHECK_OK(kva_dcp_nccl_combine(dcp, mode, T, src, slse, dst, dgl));
             CUDA_OK(cudaStreamEndCapture(stream, &g));
             CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
             CUDA_OK(cudaGraphLaunch(exec, stream));
@@ -79,8 +104,9 @@ static void test_single_rank(void)
             const float w = lse[i / DV] == -INFINITY ? 0.0f : kva_bf16_to_f32(part[i]);
             bad += kva_bf16_to_f32(got[i]) != w;
         }
-        CHECK_MSG(bad == 0, "mode %d graph %d misaligned %d: %zu elements differ from the partial",
-                  (int)mode, graph, mis, bad);
+        CHECK_MSG(bad == 0,
+                  "mode %d graph %d misaligned %d window %d: %zu elements differ from the partial",
+                  (int)mode, graph, mis, cases[it].win, bad);
         for (int i = 0; i < T * H; i++)
             CHECK_MSG(got_lse[i] == lse[i] || fabsf(got_lse[i] - lse[i]) <= 1e-6f,
                       "mode %d lse %d: %g vs %g", (int)mode, i, got_lse[i], lse[i]);
@@ -91,6 +117,23 @@ static void test_single_rank(void)
                  KVA_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_A2A, T, NULL, dlse, dout, dgl),
                  KVA_STATUS_NULL_POINTER);
+    /* LSA: partials inside the window but not at its partials, an output
+     * inside it; refused before anything runs, the output left as it was. */
+    CUDA_OK(cudaMemset(dout, 0x7f, sizeof part));
+    CHECK_STATUS(
+        kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_LSA, T, (char *)wpart + 2, dlse, dout, dgl),
+        KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_LSA, T, dpart, wlse + 1, dout, dgl),
+                 KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_LSA, T, dpart, dlse, wpart, dgl),
+                 KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("window");
+    CHECK_STATUS(kva_dcp_nccl_partials(dcp, NULL, &wlse), KVA_STATUS_NULL_POINTER);
+    to_host(got, dout, sizeof got);
+    size_t changed = 0;
+    for (size_t i = 0; i < on; i++)
+        changed += got[i] != 0x7f7f;
+    CHECK_MSG(changed == 0, "a refused LSA combine wrote %zu output elements", changed);
     kva_dcp_nccl_destroy(dcp);
     cudaFree(dpart), cudaFree(dout), cudaFree(dlse), cudaFree(dgl), cudaFree(mpart), cudaFree(mout);
     kva_context_destroy(gpu);

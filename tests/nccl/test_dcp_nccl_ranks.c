@@ -9,13 +9,14 @@
  * seed), keeps its own tokens in its cache through kva_dcp_slots (shuffled
  * block tables; the host cache's codes and per-token scales are uploaded to
  * the GPU cache, so the GPU reads the codes the reference reads), runs its
- * sharded plan on the CUDA backend and combines with both
- * kva_dcp_nccl_combine modes (A2A and AG_RS). Each rank checks the output
+ * sharded plan on the CUDA backend and combines with every
+ * kva_dcp_nccl_combine mode (A2A, AG_RS and LSA, the last also with the
+ * attention writing into the LSA window, read in place). Each rank checks the output
  * and lse of its H / N heads against the reference backend's unsharded run
  * on the same inputs: bf16, fp8 and int8 (per-token keys) caches, bf16
  * queries and outputs, interleave I = 1 and I = B, a causal decode batch and
  * a non-causal mixed batch (spec decodes and a prefill chunk); the first
- * case also replays both combines from a CUDA graph into poisoned outputs
+ * case also replays every combine from a CUDA graph into poisoned outputs
  * and runs them on tensors 2 bytes off 16-byte alignment (the combine
  * kernels' element-wise path).
  * Exits 77 without NCCL, without the CUDA backend or with fewer than N GPUs.
@@ -217,6 +218,11 @@ static void run_rank(int32_t N, int32_t rank, ncclUniqueId id)
     const int32_t TMAX = 32, Hn = H / N;
     kva_dcp_nccl *dcp = NULL;
     CHECK_OK(kva_dcp_nccl_create(gpu, comm, TMAX, H, D, KVA_DTYPE_BF16, &dcp));
+    void *wpart = NULL; /* the LSA combine's window: the attention writes there */
+    float *wlse = NULL;
+    CHECK_OK(kva_dcp_nccl_partials(dcp, &wpart, &wlse));
+    if (!wpart)
+        return;
     float *k = malloc(sizeof(float) * rows * HKV * D), *v = malloc(sizeof(float) * rows * HKV * D);
     uint16_t *q = malloc(2 * TMAX * H * D), *want = malloc(2 * TMAX * H * D);
     uint16_t *got = malloc(2 * TMAX * Hn * D);
@@ -251,12 +257,21 @@ static void run_rank(int32_t N, int32_t rank, ncclUniqueId id)
                 kva_plan *sp = make_plan(gpu, q_lens, !mixed, N, rank, I, bt, stride);
                 CUDA_OK(cudaMemcpy(dq, q, 2 * (size_t)T * H * D, cudaMemcpyHostToDevice));
                 CHECK_OK(kva_attention_run(gpu, sp, dq, dc, NULL, dpart, dlse));
-                for (int m = 0; m < 2; m++)
-                    for (int var = 0; var <= 2 * first; var++) {
-                        const kva_dcp_combine mode =
-                            m ? KVA_DCP_COMBINE_AG_RS : KVA_DCP_COMBINE_A2A;
-                        const int graph = var == 1, mis = var == 2;
+                static const kva_dcp_combine modes[3] = {KVA_DCP_COMBINE_A2A, KVA_DCP_COMBINE_AG_RS,
+                                                         KVA_DCP_COMBINE_LSA};
+                static const char *mnames[3] = {"A2A", "AG_RS", "LSA"};
+                static const char *vnames[5] = {"", " graph", " misaligned", " window",
+                                                " window graph"};
+                for (int m = 0; m < 3; m++)
+                    for (int var = 0; var < 5; var++) {
+                        /* 1, 2, 4 on the first case only; 3, 4 (the window's
+                         * partials, written by the attention) for LSA only. */
+                        if ((var >= 3 && m != 2) || (!first && (var == 1 || var == 2 || var == 4)))
+                            continue;
+                        const kva_dcp_combine mode = modes[m];
+                        const int graph = var == 1 || var == 4, mis = var == 2, win = var >= 3;
                         const void *src = dpart;
+                        const float *slse = dlse;
                         void *dst = dout;
                         if (mis) {
                             CUDA_OK(cudaDeviceSynchronize());
@@ -264,17 +279,24 @@ static void run_rank(int32_t N, int32_t rank, ncclUniqueId id)
                                                cudaMemcpyDeviceToDevice));
                             src = mpart + 2, dst = mout + 2;
                         }
-                        combine(dcp, s, mode, graph, T, src, dlse, dst, dlo,
+                        if (win) {
+                            /* The last combine's kernel has ended on this rank,
+                             * so no peer reads the window any more. */
+                            CUDA_OK(cudaDeviceSynchronize());
+                            CUDA_OK(cudaMemset(wpart, 0xff, 2 * (size_t)T * H * D));
+                            CUDA_OK(cudaMemset(wlse, 0xff, sizeof(float) * T * H));
+                            CUDA_OK(cudaDeviceSynchronize());
+                            CHECK_OK(kva_attention_run(gpu, sp, dq, dc, NULL, wpart, wlse));
+                            src = wpart, slse = wlse;
+                        }
+                        combine(dcp, s, mode, graph, T, src, slse, dst, dlo,
                                 2 * (size_t)T * Hn * D);
                         to_host(got, dst, 2 * (size_t)T * Hn * D);
                         to_host(got_lse, dlo, sizeof(float) * T * Hn);
                         char label[128];
                         snprintf(label, sizeof label, "rank %d/%d %s %s I=%d %s%s", (int)rank,
-                                 (int)N, f->name, mixed ? "mixed" : "decode", (int)I,
-                                 m ? "AG_RS" : "A2A",
-                                 graph ? " graph"
-                                 : mis ? " misaligned"
-                                       : "");
+                                 (int)N, f->name, mixed ? "mixed" : "decode", (int)I, mnames[m],
+                                 vnames[var]);
                         const size_t bad =
                             compare_heads(label, f->vmax, T, N, rank, got, got_lse, want, want_lse);
                         CHECK_MSG(bad == 0, "%s: %zu values differ", label, bad);

@@ -2,8 +2,9 @@
  * lse_merge.cuh - the one LSE merge of partial attention states that every
  * CUDA merge runs, one warp per row: the split merge (split_merge.cu's
  * split_merge_kernel and the tensor-core decode's last-CTA merge,
- * decode_mma_kernel.cuh), kva_merge_states, kva_merge_states_n and the cascade
- * merge (split_merge.cu's merge_rows_kernel).
+ * decode_mma_kernel.cuh), kva_merge_states, kva_merge_states_n, the cascade
+ * merge (split_merge.cu's merge_rows_kernel) and the NCCL LSA combine
+ * (src/comm/dcp_nccl_lsa.cu, whose parts are the peers' windows).
  */
 #ifndef KVA_CUDA_LSE_MERGE_CUH
 #define KVA_CUDA_LSE_MERGE_CUH
