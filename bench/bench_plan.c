@@ -155,7 +155,7 @@ int main(int argc, char **argv)
 #ifndef BENCH_PLAN_FOUR_ONLY
         kva__partition_params pp = gpu_params(slots);
         kva__partition_grid grid = {slots, 0, 176, 600, 1100}; /* cuda_ctx.cu best_partition */
-        if (kva__partition_build_grid(plan, &pp, &grid, skip, &pg) != KVA_STATUS_OK) {
+        if (kva__partition_build_grid(plan, &pp, &grid, skip, NULL, &pg) != KVA_STATUS_OK) {
             fprintf(stderr, "bench_plan: %s\n", kva_last_error());
             return 1;
         }
@@ -172,7 +172,7 @@ int main(int argc, char **argv)
             double t2 = now_us();
 #ifndef BENCH_PLAN_FOUR_ONLY
             kva__partition *x = NULL;
-            (void)kva__partition_build_grid(plan, &pp, &grid, skip, &x);
+            (void)kva__partition_build_grid(plan, &pp, &grid, skip, NULL, &x);
             kva__partition_free(x);
 #endif
             double t3 = now_us();
