@@ -194,28 +194,14 @@ static int by_cost_desc(const void *pa, const void *pb)
     return item_before(a, b) ? -1 : item_before(b, a);
 }
 
-/* The chunk count rule sr asks of u is capped at u->cap, so it is found
- * with at most one division; the chunk keys it gives are remembered in u,
- * since the grid's candidates mostly ask a unit for the same count. */
+/* The count asked (kva__part_asked) decides the cut; the chunk keys it gives
+ * are remembered in u, since the grid's candidates mostly ask a unit for the
+ * same count. */
 int32_t kva__part_unit_splits(const kva__partition_params *pp, const kva__split_rule *sr,
                               kva__unit *u, int32_t *asked, int32_t *chunk)
 {
-    const int64_t cap = u->cap, cost = u->cost, t = sr->target;
-    int64_t ns = 1;
+    const int64_t ns = kva__part_asked(sr, u->cost, u->cap);
     *asked = 1;
-    if (cap < 2)
-        return 1;
-    if (sr->forced > 0)
-        ns = sr->forced < cap ? sr->forced : cap;
-    else if (t > 0 && cost > t)
-        /* ns = cost / t rounded down or up, at most cap; the usual counts
-         * (below 3) by comparison. */
-        ns = sr->floor ? (cost >= t * cap ? cap
-                          : cost < 2 * t  ? 1
-                                          : cost / t)
-                       : (cost > t * (cap - 1) ? cap
-                          : cost <= 2 * t      ? 2
-                                               : (cost + t - 1) / t);
     if (ns < 2)
         return 1;
     *asked = (int32_t)ns;

@@ -118,13 +118,13 @@ static int32_t list_groups(const kva_plan *plan, struct kva__partition_scratch *
 
 /* The chunk counts rule sr asks of every group, into asked [ng]; returns
  * whether any group is split. */
-static int ask_groups(const kva__partition_params *pp, const kva__split_rule *sr,
-                      struct kva__partition_scratch *s, int32_t ng, int32_t *asked)
+static int ask_groups(const kva__split_rule *sr, const struct kva__partition_scratch *s, int32_t ng,
+                      int32_t *asked)
 {
     int any = 0;
     for (int32_t g = 0; g < ng; g++) {
-        int32_t chunk = 0;
-        (void)kva__part_unit_splits(pp, sr, &s->a.units[s->groups[g].first], &asked[g], &chunk);
+        const kva__unit *u = &s->a.units[s->groups[g].first];
+        asked[g] = (int32_t)kva__part_asked(sr, u->cost, u->cap);
         any |= asked[g] > 1;
     }
     return any;
@@ -418,7 +418,7 @@ kva_status kva__partition_build_grid(const kva_plan *plan, const kva__partition_
             }
         }
         int32_t *asked = s->asked + (size_t)nseen * (size_t)ng;
-        const int any_split = ask_groups(&pp, &sr, s, ng, asked);
+        const int any_split = ask_groups(&sr, s, ng, asked);
         int seen = 0;
         for (int32_t k = 0; k < nseen && !seen; k++)
             seen = !memcmp(s->asked + (size_t)k * (size_t)ng, asked, sizeof(int32_t) * (size_t)ng);

@@ -58,6 +58,23 @@ typedef struct kva__split_rule {
     int32_t forced; /* > 0: every unit is cut into this many chunks (benchmarks) */
 } kva__split_rule;
 
+/* The chunk count rule sr asks of a unit of `cost` that may be cut into at
+ * most cap chunks (1: unsplit): cost / target rounded down or up, at most
+ * cap, the usual counts (below 3) by comparison, not division. */
+static inline int64_t kva__part_asked(const kva__split_rule *sr, int64_t cost, int64_t cap)
+{
+    const int64_t t = sr->target;
+    if (cap < 2)
+        return 1;
+    if (sr->forced > 0)
+        return sr->forced < cap ? sr->forced : cap;
+    if (t <= 0 || cost <= t)
+        return 1;
+    if (sr->floor)
+        return cost >= t * cap ? cap : cost < 2 * t ? 1 : cost / t;
+    return cost > t * (cap - 1) ? cap : cost <= 2 * t ? 2 : (cost + t - 1) / t;
+}
+
 int kva__part_push_item(kva__part_builder *b, const kva__work_item *it);
 /* Lists the units (a->units grown as needed; a->n set); returns the count,
  * or -1 when out of memory. */
