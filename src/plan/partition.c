@@ -342,7 +342,8 @@ int64_t kva__part_units_total(const kva_plan *plan, const kva__unit_list *a)
     return total * plan->d.num_kv_heads;
 }
 
-/* Normalizes the caller's parameters (every field >= 1, prefill_rows <= max_rows). */
+/* Normalizes the caller's parameters (every field >= 1; prefill_rows may
+ * exceed max_rows, which bounds decode tiles and head slices). */
 kva__partition_params kva__part_norm_params(const kva__partition_params *params)
 {
     kva__partition_params pp = *params;
@@ -350,7 +351,7 @@ kva__partition_params kva__part_norm_params(const kva__partition_params *params)
         pp.num_threads = 1;
     if (pp.max_rows < 1)
         pp.max_rows = 1;
-    if (pp.prefill_rows < 1 || pp.prefill_rows > pp.max_rows)
+    if (pp.prefill_rows < 1)
         pp.prefill_rows = pp.max_rows;
     if (pp.split_align < 1)
         pp.split_align = 1;

@@ -82,7 +82,7 @@ int32_t kva__part_list_units(kva__unit_list *a, const kva_plan *plan,
                              const kva__partition_params *pp, const uint8_t *skip_req);
 /* Total cost of the units (every kv head). */
 int64_t kva__part_units_total(const kva_plan *plan, const kva__unit_list *a);
-/* The caller's parameters with every field >= 1 and prefill_rows <= max_rows. */
+/* The caller's parameters with every field >= 1 (see partition.c). */
 kva__partition_params kva__part_norm_params(const kva__partition_params *params);
 /* Chunks unit u is cut into under rule sr (1 = unsplit); *asked gets the
  * chunk count the rule asks for after the caps (1 when unsplit), which
