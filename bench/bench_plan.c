@@ -31,6 +31,15 @@
 #include <string.h>
 #include <time.h>
 
+/* kva__partition_build_grid; an older tree's (-DBENCH_PLAN_NO_UPDATE) takes no reuse. */
+#ifdef BENCH_PLAN_NO_UPDATE
+#define GRID_BUILD(plan, pp, grid, skip, reuse, out)                                               \
+    kva__partition_build_grid(plan, pp, grid, skip, out)
+#else
+#define GRID_BUILD(plan, pp, grid, skip, reuse, out)                                               \
+    kva__partition_build_grid(plan, pp, grid, skip, reuse, out)
+#endif
+
 static double now_us(void)
 {
     struct timespec ts;
@@ -91,6 +100,101 @@ static kva__partition *four_builds(const kva_plan *plan, int64_t slots, const ui
     }
     *t_out = best_t;
     return best;
+}
+
+/*
+ * The decode phase of serve-sim's default workload, as a sequence of plans:
+ * 32 requests sharing a 256-token prefix (16 blocks), 448..656 keys at the
+ * first step, one more per step, each finishing after 48..80 steps (H/Hkv
+ * 32/8, D 128, B 16, bf16). Per step it times (us; medians over every step
+ * of `passes` passes): the generic plan on the ref backend created and
+ * destroyed, or updated in place (kva_plan_update), and the grid partition
+ * built fresh, or rebuilt in the previous step's (reuse), which is what the
+ * CUDA plan's update does. A -DBENCH_PLAN_NO_UPDATE build (an older tree)
+ * times only the first of each pair.
+ */
+static void serve_sequence(kva_context *ctx, int64_t slots, int passes)
+{
+    enum { R0 = 32, STEPS = 80, STRIDE = 48 };
+    int32_t base[R0], out[R0], qsl[R0 + 1], seq[R0], bt[R0 * STRIDE];
+    kva_rng rng = {4242};
+    for (int32_t r = 0; r < R0; r++) {
+        base[r] = 256 + kva_rng_int(&rng, 192, 320) + 1;
+        out[r] = kva_rng_int(&rng, 48, 80);
+        for (int32_t j = 0; j < STRIDE; j++)
+            bt[r * STRIDE + j] = j < 16 ? j : 16 + r * STRIDE + j;
+    }
+    const int n = STEPS * passes;
+    double *t = malloc(sizeof(double) * (size_t)n * 4);
+    int m = 0;
+    kva_plan *up = NULL;
+    kva__partition *reuse = NULL;
+    kva__partition_params pp = gpu_params(slots);
+    kva__partition_grid grid = {slots, 0, 176, 600, 1100}; /* cuda_plan.cu best_partition */
+    for (int pass = 0; pass < passes; pass++)
+        for (int step = 0; step < STEPS; step++) {
+            int32_t R = 0, rows[R0];
+            qsl[0] = 0;
+            for (int32_t r = 0; r < R0; r++)
+                if (step < out[r]) {
+                    rows[R] = r;
+                    seq[R] = base[r] + step;
+                    qsl[R + 1] = qsl[R] + 1;
+                    R++;
+                }
+            if (R == 0)
+                continue;
+            int32_t btr[R0 * STRIDE];
+            for (int32_t i = 0; i < R; i++)
+                memcpy(btr + i * STRIDE, bt + rows[i] * STRIDE, sizeof(int32_t) * STRIDE);
+            kva_plan_desc pd;
+            memset(&pd, 0, sizeof pd);
+            pd.num_requests = R, pd.query_start_loc = qsl, pd.seq_lens = seq;
+            pd.block_table = btr, pd.block_table_stride = STRIDE, pd.block_size = 16;
+            pd.num_heads = 32, pd.num_kv_heads = 8, pd.head_dim = 128;
+            pd.q_dtype = KVA_DTYPE_BF16, pd.causal = 1, pd.window_left = -1;
+            double t0 = now_us();
+            kva_plan *p = NULL;
+            if (kva_plan_create(ctx, &pd, &p) != KVA_STATUS_OK) {
+                fprintf(stderr, "bench_plan: %s\n", kva_last_error());
+                exit(1);
+            }
+            double t1 = now_us();
+            kva__partition *x = NULL;
+            (void)GRID_BUILD(p, &pp, &grid, NULL, NULL, &x);
+            double t2 = now_us();
+            kva__partition_free(x);
+            double t3 = t2, t4 = t2;
+#ifndef BENCH_PLAN_NO_UPDATE
+            t3 = now_us();
+            if (!up ? kva_plan_create(ctx, &pd, &up) : kva_plan_update(ctx, up, &pd)) {
+                fprintf(stderr, "bench_plan: %s\n", kva_last_error());
+                exit(1);
+            }
+            double t3b = now_us();
+            (void)kva__partition_build_grid(p, &pp, &grid, NULL, reuse, &reuse);
+            t4 = now_us();
+            t[2 * n + m] = t3b - t3;
+            t[3 * n + m] = t4 - t3b;
+            t3 = t3b;
+#endif
+            double t5 = now_us();
+            kva_plan_destroy(p);
+            t[m] = (t1 - t0) + (now_us() - t5);
+            t[n + m] = t2 - t1;
+            m++;
+        }
+    printf(
+        "  serve-sim default, decode phase (%d plans): create + destroy %6.2f us | grid %6.2f us",
+        m, median(t, m), median(t + n, m));
+#ifndef BENCH_PLAN_NO_UPDATE
+    printf(" | update %6.2f us | grid rebuilt in place %6.2f us", median(t + 2 * n, m),
+           median(t + 3 * n, m));
+#endif
+    printf("\n");
+    kva_plan_destroy(up);
+    kva__partition_free(reuse);
+    free(t);
 }
 
 int main(int argc, char **argv)
@@ -155,7 +259,7 @@ int main(int argc, char **argv)
 #ifndef BENCH_PLAN_FOUR_ONLY
         kva__partition_params pp = gpu_params(slots);
         kva__partition_grid grid = {slots, 0, 176, 600, 1100}; /* cuda_ctx.cu best_partition */
-        if (kva__partition_build_grid(plan, &pp, &grid, skip, &pg) != KVA_STATUS_OK) {
+        if (GRID_BUILD(plan, &pp, &grid, skip, NULL, &pg) != KVA_STATUS_OK) {
             fprintf(stderr, "bench_plan: %s\n", kva_last_error());
             return 1;
         }
@@ -172,7 +276,7 @@ int main(int argc, char **argv)
             double t2 = now_us();
 #ifndef BENCH_PLAN_FOUR_ONLY
             kva__partition *x = NULL;
-            (void)kva__partition_build_grid(plan, &pp, &grid, skip, &x);
+            (void)GRID_BUILD(plan, &pp, &grid, skip, NULL, &x);
             kva__partition_free(x);
 #endif
             double t3 = now_us();
@@ -194,6 +298,7 @@ int main(int argc, char **argv)
         kva_test_batch_free(&b);
     }
     free(t);
+    serve_sequence(ctx, slots, iters / 20 + 1);
     kva_context_destroy(ctx);
     return 0;
 }

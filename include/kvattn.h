@@ -1,13 +1,14 @@
 /*
  * kvattn.h - the public C API of kvattn, with the headers it includes at its
- * end (kvattn_dcp.h, kvattn_c8.h, kvattn_mla.h, kvattn_pool.h); kvattn_cuda.h,
+ * end (kvattn_merge.h, kvattn_dcp.h, kvattn_c8.h, kvattn_mla.h, kvattn_pool.h); kvattn_cuda.h,
  * kvattn_mpi.h and kvattn_nccl.h add the CUDA-, MPI- and NCCL-only calls.
  *
  * kvattn owns a paged KV cache and computes attention for one layer of a mixed
  * serving batch (prefills, chunked prefills, decodes, speculative decodes).
  * An engine calls it like this every step:
  *
- *   kva_plan_create(ctx, &batch_metadata, &plan);      once per step
+ *   kva_plan_create(ctx, &batch_metadata, &plan);      once per step (or
+ *                                                      kva_plan_update)
  *   for each layer:
  *     kva_cache_write(ctx, cache[l], ...new K/V...);   reshape_and_cache
  *     kva_attention_run(ctx, plan, q, cache[l], ...);  attention
@@ -533,7 +534,8 @@ typedef struct kva_plan_desc {
      * (kva_merge_states_n, kvattn_mpi.h, kvattn_nccl.h) turns into the
      * full result. Sinks count once: a sharded run adds them on rank 0 only.
      * All zero (zero-initialized descriptors) = unsharded. */
-    int32_t dcp_size;       /* N ranks, 0 or 1 = unsharded, at most KVA_MAX_DCP */
+    int32_t dcp_size;       /* N ranks, 0 or 1 = unsharded, at most KVA_MAX_DCP
+                               (kvattn_merge.h) */
     int32_t dcp_rank;       /* this plan's rank, 0 .. N-1 */
     int32_t dcp_interleave; /* I >= 1 consecutive tokens per rank in turn; 0 means 1 */
     /* kind KVA_ATTN_MLA only (must be 0 otherwise): the head sizes of the
@@ -690,6 +692,24 @@ typedef struct kva_plan_info {
  * partitions the work for the context's backend. */
 KVA_API kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan **out);
 KVA_API void kva_plan_destroy(kva_plan *plan); /* NULL is a no-op */
+/*
+ * Re-plans an existing plan for a new step: afterwards plan is what
+ * kva_plan_create(ctx, desc) would have built (same info, same work, same
+ * results of every run call), and the old plan is gone, but its memory is
+ * reused: the host copies, and on the CUDA backend the partition's arrays and
+ * the device record (no allocation once they are large enough). desc is
+ * checked exactly as kva_plan_create checks it (the same statuses and
+ * messages). ctx must be of the backend plan was built on (else
+ * KVA_STATUS_INVALID_ARGUMENT); a plan of any kind, cascade or not, may be
+ * updated to any other. On failure the plan is unchanged and still runs,
+ * except after a device error or a failed device allocation on the CUDA
+ * backend (the context's metadata buffers may be gone: run calls on the plan
+ * then fail with KVA_STATUS_INVALID_ARGUMENT until an update succeeds). As
+ * with kva_plan_create, a CUDA context holds only its latest plan's device
+ * metadata. An engine's step loop: create once, update every step, destroy
+ * at the end.
+ */
+KVA_API kva_status kva_plan_update(kva_context *ctx, kva_plan *plan, const kva_plan_desc *desc);
 KVA_API kva_status kva_plan_get_info(const kva_plan *plan, kva_plan_info *out);
 
 /*
@@ -764,51 +784,15 @@ KVA_API kva_status kva_attention_run_ragged(kva_context *ctx, const kva_plan *pl
                                             const void *k, const void *v, const float *sinks,
                                             void *out, float *lse);
 
-/*
- * Merge two partial attention results over disjoint key sets:
- *   out = (exp(lse_a) * out_a + exp(lse_b) * out_b) / (exp(lse_a) + exp(lse_b)),
- *   lse = log(exp(lse_a) + exp(lse_b)), computed stably; a side whose lse is
- *   -inf contributes nothing; both -inf gives out 0 and lse -inf.
- *   out_a, out_b, out: [T, H, Dv] in dtype (F32, F16 or BF16); lse_*: [T, H] float32.
- *   T = num_tokens may be 0 (nothing to merge, tensors may be NULL); H =
- *   num_heads is 1..KVA_MAX_HEADS and Dv = head_dim_v a valid head size even then.
- * out may alias out_a or out_b, lse_out may alias lse_a or lse_b (in-place).
- */
-KVA_API kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_heads,
-                                    int32_t head_dim_v, kva_dtype dtype, const void *out_a,
-                                    const float *lse_a, const void *out_b, const float *lse_b,
-                                    void *out, float *lse_out);
-
-/*
- * Merge P partial attention results over disjoint key sets (the DCP combine
- * when every rank's partial is in one process; kva_merge_states is P = 2):
- *   out = sum_p exp(lse_p) * out_p / sum_p exp(lse_p), lse = log(sum_p exp(lse_p)),
- *   computed stably with one rounding to dtype; a part whose lse is -inf
- *   contributes nothing (its out rows are not read); all -inf gives out 0
- *   and lse -inf; a NaN lse makes the row NaN.
- *   outs: P parts of [T, H, Dv] in dtype (F32, F16 or BF16), part p at
- *         element p * out_stride (0 means T*H*Dv: dense [P, T, H, Dv]);
- *   lses: P parts of [T, H] float32, part p at element p * lse_stride (0
- *         means T*H), so a collective's packed [out | lse] blocks merge in place;
- *   out: [T, H, Dv] in dtype; lse_out: [T, H] float32, or NULL.
- * P = num_parts is 1..KVA_MAX_DCP; strides are 0 or at least the part size;
- * out and lse_out may not overlap the inputs. Graph-capture safe on CUDA (no
- * allocation, no synchronization).
- */
-#define KVA_MAX_DCP 256 /* most ranks of a sharded plan, and most parts of a merge */
-KVA_API kva_status kva_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_tokens,
-                                      int32_t num_heads, int32_t head_dim_v, kva_dtype dtype,
-                                      const void *outs, int64_t out_stride, const float *lses,
-                                      int64_t lse_stride, void *out, float *lse_out);
-
 #ifdef __cplusplus
 }
 #endif
 
 /* The rest of the API, by subject (each includes this header). */
-#include "kvattn_dcp.h"  /* decode context parallelism: local lengths and slots */
-#include "kvattn_c8.h"   /* the C8 checkpoint scale loader */
-#include "kvattn_mla.h"  /* kva_mla_run, sparse MLA and its indexer */
-#include "kvattn_pool.h" /* the block pool with prefix caching */
+#include "kvattn_merge.h" /* merging partial results (kva_merge_states, _n) */
+#include "kvattn_dcp.h"   /* decode context parallelism: local lengths and slots */
+#include "kvattn_c8.h"    /* the C8 checkpoint scale loader */
+#include "kvattn_mla.h"   /* kva_mla_run, sparse MLA and its indexer */
+#include "kvattn_pool.h"  /* the block pool with prefix caching */
 
 #endif /* KVATTN_H */

@@ -191,7 +191,7 @@ static void test_grid_random(void)
         kva__partition_params pp = params_for(rows, slots);
         kva__partition_grid grid = {slots, 0, 0, 0, 0};
         kva__partition *pg = NULL;
-        CHECK_OK(kva__partition_build_grid(plan, &pp, &grid, skip, &pg));
+        CHECK_OK(kva__partition_build_grid(plan, &pp, &grid, skip, NULL, &pg));
         if (pg) {
             check_partition(plan, pg, skip);
             const int64_t sim = simulate(pg, slots);
@@ -232,7 +232,7 @@ static void test_grid_random(void)
             /* The former choice (force_splits < 0) is the best of the four builds. */
             kva__partition_grid gold = {slots, -1, 0, 0, 0};
             kva__partition *po = NULL;
-            CHECK_OK(kva__partition_build_grid(plan, &pp, &gold, skip, &po));
+            CHECK_OK(kva__partition_build_grid(plan, &pp, &gold, skip, NULL, &po));
             if (po) {
                 check_partition(plan, po, skip);
                 CHECK(po->pick >= 1 && po->pick <= 4 && po->makespan == best_old &&
@@ -243,7 +243,7 @@ static void test_grid_random(void)
              * estimate is never above the one of the unsplit candidate. */
             kva__partition_grid gm = {slots, 0, 176, 600, 1100};
             kva__partition *pm = NULL;
-            CHECK_OK(kva__partition_build_grid(plan, &pp, &gm, skip, &pm));
+            CHECK_OK(kva__partition_build_grid(plan, &pp, &gm, skip, NULL, &pm));
             if (pm) {
                 check_partition(plan, pm, skip);
                 CHECK(pm->makespan == simulate(pm, slots) &&
@@ -256,7 +256,7 @@ static void test_grid_random(void)
         const int32_t force = kva_rng_int(&rng, 1, 12);
         kva__partition_grid gf = {slots, force, 0, 0, 0};
         kva__partition *pf = NULL;
-        CHECK_OK(kva__partition_build_grid(plan, &pp, &gf, skip, &pf));
+        CHECK_OK(kva__partition_build_grid(plan, &pp, &gf, skip, NULL, &pf));
         if (pf) {
             check_partition(plan, pf, skip);
             CHECK(pf->pick == 9 && pf->makespan == simulate(pf, slots));
@@ -300,7 +300,7 @@ static void test_grid_uniform(void)
         kva__partition_grid grid = {264, 0, 176, 600, 1100};
         kva__partition *pg = NULL;
         if (plan)
-            CHECK_OK(kva__partition_build_grid(plan, &pp, &grid, NULL, &pg));
+            CHECK_OK(kva__partition_build_grid(plan, &pp, &grid, NULL, NULL, &pg));
         if (pg) {
             check_partition(plan, pg, NULL);
             CHECK_MSG(pg->num_items == want_items[c], "R %d S %d: %d items (candidate %d)",

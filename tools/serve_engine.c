@@ -7,10 +7,10 @@
  * One step, as an engine runs it:
  *   the batch in decode-first order (kva_batch_reorder_decode_first);
  *   block-table rows and slot mappings from the pool;
- *   kva_plan_create once;
+ *   the plan, once: kva_plan_create in the first step, kva_plan_update (in
+ *   place, reusing the plan's memory) in every later one;
  *   for each layer: kva_cache_write of the new tokens' K/V (MLA: c_kv and
- *   k_pe), kva_attention_run (MLA: kva_mla_run with the layer's W_UK, W_UV);
- *   kva_plan_destroy.
+ *   k_pe), kva_attention_run (MLA: kva_mla_run with the layer's W_UK, W_UV).
  * q, K and V are random: slices of one buffer filled once at creation, at an
  * offset that changes with the layer and the step, so no time goes to a
  * random generator on the step path. (The values are therefore not a
@@ -298,6 +298,7 @@ void serve_engine_destroy(serve_engine *e)
     free(e->gathered);
     kva_cache_destroy(e->expect);
     kva_pool_destroy(e->pool);
+    kva_plan_destroy(e->plan);
     kva_context_destroy(e->ref);
     kva_context_destroy(e->ctx);
     free(e->rand);
@@ -395,6 +396,14 @@ static kva_status reserve(serve_engine *e, int32_t R, int32_t stride)
     return KVA_STATUS_OK;
 }
 
+/* Plans the step into e->plan: created once, then updated in place. */
+static kva_status replan(serve_engine *e, const kva_plan_desc *pd)
+{
+    if (!e->plan)
+        return kva_plan_create(e->ctx, pd, &e->plan);
+    return kva_plan_update(e->ctx, e->plan, pd);
+}
+
 kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, serve_stats *st,
                              double *verify_s)
 {
@@ -445,16 +454,14 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
 
     int local = serve_layer_local(o, 0);
     kva_plan_desc pd = serve_step_desc(o, R, e->qsl, e->seq_lens, e->bt, stride, local);
-    kva_plan *plan = NULL;
     double t0 = serve_now();
-    if ((rc = kva_plan_create(e->ctx, &pd, &plan)) != KVA_STATUS_OK)
+    if ((rc = replan(e, &pd)) != KVA_STATUS_OK)
         return rc;
     st->plan_s += serve_now() - t0;
+    kva_plan *plan = e->plan;
     kva_plan_info info;
-    if ((rc = kva_plan_get_info(plan, &info)) != KVA_STATUS_OK) {
-        kva_plan_destroy(plan);
+    if ((rc = kva_plan_get_info(plan, &info)) != KVA_STATUS_OK)
         return rc;
-    }
     st->steps++;
     st->steps_by_state[info.state]++;
     st->last_state = (int32_t)info.state;
@@ -485,10 +492,8 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
              * the next layer's write time on CUDA). */
             local = !local;
             t0 = serve_now();
-            kva_plan_destroy(plan);
-            plan = NULL;
             pd = serve_step_desc(o, R, e->qsl, e->seq_lens, e->bt, stride, local);
-            rc = kva_plan_create(e->ctx, &pd, &plan);
+            rc = replan(e, &pd);
             st->plan_s += serve_now() - t0;
             if (rc != KVA_STATUS_OK)
                 break;
@@ -578,8 +583,5 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
             *verify_s += serve_now() - v0;
         }
     }
-    t0 = serve_now();
-    kva_plan_destroy(plan);
-    st->plan_s += serve_now() - t0;
     return rc;
 }

@@ -42,6 +42,10 @@ struct serve_engine {
     int64_t *slots; /* [tmax] (CUDA: pinned) */
     int64_t step;
     int seen_state[KVA_STATE_EMPTY + 1];
+    /* The step's plan: created by the first step, then re-planned in place
+     * (kva_plan_update) by every step and layer-kind change, as an engine
+     * keeps one plan; destroyed with the engine. */
+    kva_plan *plan;
     /* Reference check buffers. */
     int32_t *v_sel, *v_qsl, *v_seq, *v_bt;
     void *v_q, *v_out; /* [tmax, q], [tmax, out] */

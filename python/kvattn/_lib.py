@@ -229,6 +229,7 @@ kva_cache_swap_blocks = _proto("kva_cache_swap_blocks", c_int, _P, _P, _P, _P, _
 
 kva_plan_create = _proto("kva_plan_create", c_int, _P, POINTER(PlanDesc), POINTER(_P))
 kva_plan_destroy = _proto("kva_plan_destroy", None, _P)
+kva_plan_update = _proto("kva_plan_update", c_int, _P, _P, POINTER(PlanDesc))
 kva_plan_get_info = _proto("kva_plan_get_info", c_int, _P, POINTER(PlanInfo))
 kva_batch_reorder_decode_first = _proto(
     "kva_batch_reorder_decode_first", c_int, _I32, _P, _I32, _P, POINTER(_I32)

@@ -462,19 +462,7 @@ class Plan:
                  causal=True, window_left=-1, softcap=0.0, alibi_slopes=None,
                  decode_threshold=0, kind="mha", mla_qk_nope_head_dim=0, mla_v_head_dim=0,
                  sparse_topk=0, sparse_mode="mixed", index_q_quant="none"):
-        qsl = T.host_array(query_start_loc, np.int32, "query_start_loc")
-        sl = T.host_array(seq_lens, np.int32, "seq_lens")
-        r = sl.shape[0]
-        if qsl.ndim != 1 or sl.ndim != 1 or qsl.shape[0] != r + 1:
-            raise ShapeMismatchError("query_start_loc %s must be [R+1] for seq_lens %s [R]"
-                                     % (qsl.shape, sl.shape))
-        bt, stride = None, 0
-        if block_table is not None:
-            bt = T.host_array(block_table, np.int32, "block_table")
-            if bt.ndim != 2 or bt.shape[0] != r:
-                raise ShapeMismatchError("block_table: shape %s, expected (%d, max_blocks)"
-                                         % (bt.shape, r))
-            stride = bt.shape[1]
+        qsl, sl, bt, stride = self._batch(query_start_loc, seq_lens, block_table)
         al = None
         if alibi_slopes is not None:
             al = T.host_array(alibi_slopes, np.float32, "alibi_slopes")
@@ -505,26 +493,64 @@ class Plan:
             tmpl = ctx._plan_descs[key] = (d, qdt, (block_size, num_kv_heads, head_dim,
                                                      head_dim_v or head_dim, kc))
         d, qdt, self._cache_sig = tmpl
+        self._desc, self._alibi = d, al
+        self.ctx, self.q_dtype = ctx, qdt
+        self.block_size, self.num_heads, self.num_kv_heads = block_size, num_heads, num_kv_heads
+        self.head_dim, self.head_dim_v = head_dim, head_dim_v or head_dim
+        self._mla = (mla_qk_nope_head_dim, mla_v_head_dim) if mla_v_head_dim else None
+        self.kind, self.sparse_topk = kind, sparse_topk
+        self._h = None
+        self._plan(qsl, sl, bt, stride, None)
+
+    @staticmethod
+    def _batch(query_start_loc, seq_lens, block_table):
+        qsl = T.host_array(query_start_loc, np.int32, "query_start_loc")
+        sl = T.host_array(seq_lens, np.int32, "seq_lens")
+        r = sl.shape[0]
+        if qsl.ndim != 1 or sl.ndim != 1 or qsl.shape[0] != r + 1:
+            raise ShapeMismatchError("query_start_loc %s must be [R+1] for seq_lens %s [R]"
+                                     % (qsl.shape, sl.shape))
+        bt, stride = None, 0
+        if block_table is not None:
+            bt = T.host_array(block_table, np.int32, "block_table")
+            if bt.ndim != 2 or bt.shape[0] != r:
+                raise ShapeMismatchError("block_table: shape %s, expected (%d, max_blocks)"
+                                         % (bt.shape, r))
+            stride = bt.shape[1]
+        return qsl, sl, bt, stride
+
+    def _plan(self, qsl, sl, bt, stride, ctx):
+        """kva_plan_create (ctx None) or kva_plan_update on ctx with the batch arrays."""
+        d, r = self._desc, sl.shape[0]
         d.num_requests = r
         d.query_start_loc = T.address(qsl)
         d.seq_lens = T.address(sl)
         d.block_table = None if bt is None else T.address(bt)
         d.block_table_stride = stride
-        d.alibi_slopes = None if al is None else T.address(al)
-        h = ctypes.c_void_p()
-        _check(L.kva_plan_create(ctx._h, _byref(d), _byref(h)))
-        self._h, self.ctx, self.q_dtype = h.value, ctx, qdt
+        d.alibi_slopes = None if self._alibi is None else T.address(self._alibi)
+        if ctx is None:
+            h = ctypes.c_void_p()
+            _check(L.kva_plan_create(self.ctx._h, _byref(d), _byref(h)))
+            self._h = h.value
+        else:
+            _check(L.kva_plan_update(ctx._h, self._h, _byref(d)))
+            self.ctx = ctx
         self.num_requests = r
         t = self.num_tokens = int(qsl[r])
-        self.block_size, self.num_heads, self.num_kv_heads = block_size, num_heads, num_kv_heads
-        self.head_dim, dv = head_dim, head_dim_v or head_dim
-        self.head_dim_v = dv
-        self._q_shape = (t, num_heads, head_dim)
-        self._out_shape = (t, num_heads, dv)
-        self._lse_shape = (t, num_heads)
-        self._mla = (mla_qk_nope_head_dim, mla_v_head_dim) if mla_v_head_dim else None
-        self.kind, self.sparse_topk = kind, sparse_topk
-        self._seq_lens = sl if block_table is None else None
+        self._q_shape = (t, self.num_heads, self.head_dim)
+        self._out_shape = (t, self.num_heads, self.head_dim_v)
+        self._lse_shape = (t, self.num_heads)
+        self._seq_lens = sl if bt is None else None
+
+    def update(self, query_start_loc, seq_lens, block_table=None, *, ctx=None):
+        """kva_plan_update: re-plans this plan in place for a new step's batch
+        (same attention shape and options), reusing its memory; afterwards it
+        is what Plan(ctx, query_start_loc, seq_lens, block_table, ...) with
+        this plan's options would be. On an error the plan is unchanged.
+        ctx defaults to the plan's context."""
+        qsl, sl, bt, stride = self._batch(query_start_loc, seq_lens, block_table)
+        self._plan(qsl, sl, bt, stride, ctx or self.ctx)
+        return self
 
     @property
     def kv_len_total(self):

@@ -398,6 +398,12 @@ struct kva_plan {
     size_t workspace_bytes; /* ctx workspace the run needs (reserved at plan time) */
     kva__partition *part;   /* built by ops->plan_build, freed by ops->plan_release */
     void *device;           /* backend-owned device copies (CUDA) */
+    /* kva_plan_update: the capacities of the host arrays above (elements of
+     * the per-request arrays, of block_table, of alibi_slopes), and the
+     * plan before last (memory the next update builds in; its backend part
+     * recycled or released), or NULL. */
+    int64_t cap_reqs, cap_bt, cap_heads;
+    kva_plan *spare;
     /* A cascade plan's passes (src/plan/cascade.c; part and device stay
      * NULL), or NULL. */
     struct kva__cascade *cascade;
@@ -705,6 +711,12 @@ struct kva__backend_ops {
     kva_status (*indexer)(kva_context *ctx, const kva_plan *plan, const void *q,
                           const float *weights, const kva_cache *cache, int32_t *indices,
                           int64_t indices_stride, int32_t *topk_length);
+
+    /* Optional (kva_plan_update): keeps what plan_build can rebuild in of a
+     * replaced plan's backend part (left in plan->part / plan->device, which
+     * plan_build then finds non-NULL) and frees the rest. NULL: plan_release
+     * is called instead and plan_build always starts from NULL. */
+    void (*plan_recycle)(kva_plan *plan);
 };
 
 /* The N-way LSE merge of kva_merge_states_n on host memory (src/attn/cpu/

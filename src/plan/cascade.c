@@ -16,6 +16,7 @@
  * join the suffix pass only, which counts them once.
  */
 #include "internal.h"
+#include "sort_inline.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -126,12 +127,14 @@ static kva_status check_grouping(const kva_plan_desc *desc, const kva_plan *p, i
     return st;
 }
 
-/* Orders the keys (first block id << 32 | request) of find_groups. */
-static int by_key(const void *x, const void *y)
+/* Orders the keys (first block id << 32 | request) of find_groups; they
+ * are distinct, so any sort gives one order (sort_inline.h: no qsort call
+ * per comparison, every plan of a cascade-capable backend sorts them). */
+static inline int key_before(const int64_t *x, const int64_t *y)
 {
-    const int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
-    return a < b ? -1 : a > b;
+    return *x < *y;
 }
+KVA__DEFINE_SORT(sort_keys, int64_t, key_before, 16)
 
 /* Among the n requests key [0..n) (block id at index `at` << 32 | request,
  * sorted), makes each run of two or more with the same block id a group of
@@ -141,7 +144,7 @@ static void group_runs(const kva_plan *p, int64_t *key, int32_t n, int32_t at, i
                        int32_t *grp, int32_t *plen, int32_t *par, int32_t *num_groups)
 {
     const int64_t stride = p->d.block_table_stride;
-    qsort(key, (size_t)n, sizeof(int64_t), by_key);
+    sort_keys(key, key + p->d.num_requests, n); /* key [2R]: the upper half is scratch */
     for (int32_t i = 0; i < n;) {
         const int32_t r0 = (int32_t)(key[i] & 0xffffffff);
         const int32_t *a = p->block_table + r0 * stride;
@@ -177,7 +180,7 @@ static kva_status find_groups(const kva_plan *p, int32_t *grp, int32_t *plen, in
 {
     const int32_t R = p->d.num_requests;
     const int64_t stride = p->d.block_table_stride;
-    int64_t *key = malloc(sizeof(int64_t) * (size_t)(R > 0 ? R : 1));
+    int64_t *key = malloc(sizeof(int64_t) * 2 * (size_t)(R > 0 ? R : 1));
     int32_t *depth = malloc(sizeof(int32_t) * (size_t)(R > 0 ? R : 1));
     if (!key || !depth) {
         free(key);

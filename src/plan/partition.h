@@ -85,6 +85,11 @@ struct kva__partition {
     int32_t pick;
     int64_t makespan; /* worker 0's load: the sum of its items' costs */
     int64_t estimate; /* the grid's time the choice was made on (kva__partition_grid) */
+    /* Memory kept for a rebuild (kva__partition_build_grid's reuse): the
+     * capacities of items and tasks, and the grid builder's scratch (its
+     * units and cost runs; NULL until a grid build made it). */
+    int32_t cap_items, cap_tasks;
+    struct kva__partition_scratch *scratch;
 };
 
 /* A persistent grid that runs a partition's items round-robin in their
@@ -117,15 +122,19 @@ kva_status kva__partition_build_subset(const kva_plan *plan, const kva__partitio
  * time (the makespan and grid's model), which is evaluated from the item
  * costs in closed form without building the candidates; only the winner is
  * built. params->num_threads and
- * items_per_thread are ignored.
+ * items_per_thread are ignored. reuse: NULL, or a partition of an earlier
+ * build (of any plan) that the new one is built in, taking over its memory
+ * (arrays grown only when too small): it is consumed, returned as *out on
+ * success and freed on failure. The result does not depend on reuse.
  */
 kva_status kva__partition_build_grid(const kva_plan *plan, const kva__partition_params *params,
                                      const kva__partition_grid *grid, const uint8_t *skip_req,
-                                     kva__partition **out);
+                                     kva__partition *reuse, kva__partition **out);
 /* Makespan of part's items on `slots` workers running them round-robin in
  * order, when the order is largest cost first: the load of worker 0. */
 int64_t kva__partition_makespan(const kva__partition *part, int64_t slots);
-void kva__partition_free(kva__partition *part); /* NULL is a no-op */
+void kva__partition_free(kva__partition *part);                     /* NULL is a no-op */
+void kva__partition_scratch_free(struct kva__partition_scratch *s); /* NULL is a no-op */
 
 /*
  * Keys [*lo, *hi) visible to query row i of a request with q_len q and

@@ -452,34 +452,59 @@ static void free_plan(kva_plan *p)
     free(p);
 }
 
-/* malloc of n elements of size sz (at least one element, so 0 is never asked for). */
-static void *alloc_n(size_t n, size_t sz)
+/* Releases a plan's backend part and frees it (and its spare, if any). */
+static void destroy_plan(kva_plan *p)
 {
-    if (n == 0)
-        n = 1;
-    if (n > SIZE_MAX / sz)
-        return NULL;
-    return malloc(n * sz);
+    if (!p)
+        return;
+    destroy_plan(p->spare);
+    p->spare = NULL;
+    if (p->ops && p->ops->plan_release)
+        p->ops->plan_release(p);
+    free_plan(p);
 }
 
-kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan **out)
+/* Grows *a to n elements of size sz (at least one), keeping *cap; 0 when out
+ * of memory (*a unchanged). The contents are not kept. */
+static int grow_array(void **a, int64_t *cap, int64_t n, size_t sz)
 {
-    kva__clear_error();
-    KVA_CHECK_PTR(ctx);
-    KVA_CHECK_PTR(desc);
-    KVA_CHECK_PTR(out);
+    if (n < 1)
+        n = 1;
+    if (*a && n <= *cap)
+        return 1;
+    if ((uint64_t)n > SIZE_MAX / sz)
+        return 0;
+    void *q = malloc((size_t)n * sz);
+    if (!q)
+        return 0;
+    free(*a);
+    *a = q;
+    *cap = n;
+    return 1;
+}
+
+/*
+ * Everything kva_plan_create checks of ctx and desc before it builds
+ * anything: the scalars, the backend's capabilities, the batch arrays; on
+ * success *dcp holds desc with the DCP fields resolved, *max_block_id the
+ * largest block id read and *tree_bits a tree plan's mask words (or NULL; the
+ * caller owns them).
+ */
+static kva_status check_desc(kva_context *ctx, const kva_plan_desc *desc, kva_plan_desc *dcp,
+                             int32_t *max_block_id, uint64_t **tree_bits)
+{
     KVA_TRY(check_scalars(desc));
     KVA_TRY(kva__head_dim_check("kva_plan_create", ctx, "head_dim", desc->head_dim));
     if (desc->head_dim_v != 0)
         KVA_TRY(kva__head_dim_check("kva_plan_create", ctx, "head_dim_v", desc->head_dim_v));
     /* The DCP fields resolved (0 means 1), as the plan keeps them. */
-    kva_plan_desc dcp = *desc;
-    if (dcp.dcp_size <= 1) {
-        dcp.dcp_size = 1;
-        dcp.dcp_rank = 0;
-        dcp.dcp_interleave = 1;
-    } else if (dcp.dcp_interleave == 0) {
-        dcp.dcp_interleave = 1;
+    *dcp = *desc;
+    if (dcp->dcp_size <= 1) {
+        dcp->dcp_size = 1;
+        dcp->dcp_rank = 0;
+        dcp->dcp_interleave = 1;
+    } else if (dcp->dcp_interleave == 0) {
+        dcp->dcp_interleave = 1;
     }
     if (desc->kind == KVA_ATTN_MLA && (!ctx->ops || !ctx->ops->mla_attention_paged))
         return kva__fail(KVA_STATUS_UNSUPPORTED,
@@ -493,7 +518,7 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
     /* The index list is a sparse plan's mask: causal is ignored, so q_len
      * may exceed seq_len as in a non-causal plan. */
     if (desc->sparse_topk > 0)
-        dcp.causal = 0;
+        dcp->causal = 0;
     if (desc->kind == KVA_ATTN_MLA && desc->mla_qk_nope_head_dim != 0 &&
         (!ctx->ops || !ctx->ops->mla_run))
         return kva__fail(KVA_STATUS_UNSUPPORTED,
@@ -505,33 +530,45 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_plan_create: kind = KVA_ATTN_INDEX: backend '%s' has no indexer",
                          kva_backend_name(ctx->backend));
-    int32_t max_block_id = -1;
-    KVA_TRY(check_batch(&dcp, &dcp, &max_block_id));
-    uint64_t *tree_bits = NULL;
-    KVA_TRY(kva__plan_tree_bits(desc, &tree_bits));
+    KVA_TRY(check_batch(dcp, dcp, max_block_id));
+    return kva__plan_tree_bits(desc, tree_bits);
+}
 
+/*
+ * Builds the plan of a checked desc (check_desc's dcp, max_block_id and
+ * tree_bits, which p takes over) in p: p's host arrays are reused where
+ * large enough, and a backend part left in p by plan_recycle is rebuilt in
+ * place. On failure p keeps only memory (arrays, no backend part, no
+ * cascade) and is to be freed by the caller.
+ */
+static kva_status build_plan(kva_context *ctx, const kva_plan_desc *desc, const kva_plan_desc *dcp,
+                             int32_t max_block_id, uint64_t *tree_bits, kva_plan *p)
+{
     const int32_t R = desc->num_requests;
     const int32_t H = desc->num_heads;
-    size_t bt_elems = desc->block_table ? (size_t)R * (size_t)desc->block_table_stride : 0;
-    kva_plan *p = calloc(1, sizeof *p);
-    if (!p) {
-        free(tree_bits);
-        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_plan_create: out of memory");
-    }
+    const int64_t bt_elems = desc->block_table ? (int64_t)R * desc->block_table_stride : 0;
+    free(p->tree_bits);
     p->tree_bits = tree_bits;
     p->ops = ctx->ops;
     p->backend = ctx->backend;
-    p->query_start_loc = alloc_n((size_t)R + 1, sizeof(int32_t));
-    p->seq_lens = alloc_n((size_t)R, sizeof(int32_t));
-    p->kv_lens = alloc_n((size_t)R, sizeof(int32_t));
-    p->kv_start = alloc_n((size_t)R + 1, sizeof(int64_t));
-    if (desc->block_table)
-        p->block_table = alloc_n(bt_elems, sizeof(int32_t));
-    if (desc->alibi_slopes)
-        p->alibi_slopes = alloc_n((size_t)H, sizeof(float));
-    if (!p->query_start_loc || !p->seq_lens || !p->kv_lens || !p->kv_start ||
-        (desc->block_table && !p->block_table) || (desc->alibi_slopes && !p->alibi_slopes)) {
-        free_plan(p);
+    int64_t cap_qsl = p->cap_reqs, cap_sl = p->cap_reqs, cap_kvl = p->cap_reqs,
+            cap_kvs = p->cap_reqs, cap_al = p->cap_heads;
+    int ok = grow_array((void **)&p->query_start_loc, &cap_qsl, (int64_t)R + 1, sizeof(int32_t)) &&
+             grow_array((void **)&p->seq_lens, &cap_sl, (int64_t)R + 1, sizeof(int32_t)) &&
+             grow_array((void **)&p->kv_lens, &cap_kvl, (int64_t)R + 1, sizeof(int32_t)) &&
+             grow_array((void **)&p->kv_start, &cap_kvs, (int64_t)R + 1, sizeof(int64_t));
+    if (ok)
+        p->cap_reqs = cap_qsl;
+    if (ok && desc->block_table)
+        ok = grow_array((void **)&p->block_table, &p->cap_bt, bt_elems, sizeof(int32_t));
+    if (ok && desc->alibi_slopes) {
+        ok = grow_array((void **)&p->alibi_slopes, &cap_al, H, sizeof(float));
+        if (ok)
+            p->cap_heads = cap_al;
+    }
+    if (!ok) {
+        if (p->ops && p->ops->plan_release)
+            p->ops->plan_release(p);
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
                          "kva_plan_create: out of memory copying the metadata of %d requests "
                          "(block_table_stride = %d)",
@@ -546,17 +583,29 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
     }
     p->kv_start[0] = 0;
     for (int32_t r = 0; r < R; r++) {
-        p->kv_lens[r] = (int32_t)kva__dcp_local_count(&dcp, p->seq_lens[r]);
+        p->kv_lens[r] = (int32_t)kva__dcp_local_count(dcp, p->seq_lens[r]);
         p->kv_start[r + 1] = p->kv_start[r] + p->kv_lens[r];
     }
-    if (bt_elems > 0)
-        memcpy(p->block_table, desc->block_table, bt_elems * sizeof(int32_t));
-    if (p->alibi_slopes)
+    /* A plan without a block table (ragged) or ALiBi has NULL there. */
+    if (!desc->block_table) {
+        free(p->block_table);
+        p->block_table = NULL;
+        p->cap_bt = 0;
+    } else if (bt_elems > 0) {
+        memcpy(p->block_table, desc->block_table, (size_t)bt_elems * sizeof(int32_t));
+    }
+    if (!desc->alibi_slopes) {
+        free(p->alibi_slopes);
+        p->alibi_slopes = NULL;
+        p->cap_heads = 0;
+    } else {
         memcpy(p->alibi_slopes, desc->alibi_slopes, (size_t)H * sizeof(float));
+    }
     p->max_block_id = max_block_id;
+    p->workspace_bytes = 0;
 
     /* Resolved scalars; the pointer fields stay NULL so nobody reads the caller's arrays. */
-    p->d = dcp;
+    p->d = *dcp;
     p->d.query_start_loc = NULL;
     p->d.seq_lens = NULL;
     p->d.block_table = NULL;
@@ -576,38 +625,98 @@ kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan
         p->d.window_left = -1; /* wider than any sequence: excludes nothing */
     if (p->d.decode_threshold == 0)
         p->d.decode_threshold = 1;
-    p->d.causal = dcp.causal != 0;
+    p->d.causal = dcp->causal != 0;
     classify(p);
 
     /* A cascade plan runs as two plans of its own (src/plan/cascade.c). */
     /* Indexer plans never cascade (check_index); backends build them in
      * their plan_build like any plan. */
-    kva_status cst = desc->kind == KVA_ATTN_INDEX ? KVA_STATUS_OK : kva__cascade_plan(ctx, desc, p);
-    if (cst != KVA_STATUS_OK) {
-        free_plan(p);
-        return cst;
+    kva_status st = desc->kind == KVA_ATTN_INDEX ? KVA_STATUS_OK : kva__cascade_plan(ctx, desc, p);
+    if (st == KVA_STATUS_OK && !p->cascade && ctx->ops && ctx->ops->plan_build)
+        st = ctx->ops->plan_build(ctx, p);
+    else if (p->ops && p->ops->plan_release)
+        p->ops->plan_release(p); /* a recycled part a cascade plan does not use */
+    if (st != KVA_STATUS_OK) {
+        /* plan_release accepts a partly built plan (part/device NULL or valid). */
+        if (ctx->ops && ctx->ops->plan_release)
+            ctx->ops->plan_release(p);
+        kva__cascade_free(p);
     }
-    if (!p->cascade && ctx->ops && ctx->ops->plan_build) {
-        kva_status st = ctx->ops->plan_build(ctx, p);
-        if (st != KVA_STATUS_OK) {
-            /* plan_release accepts a partly built plan (part/device NULL or valid). */
-            if (ctx->ops->plan_release)
-                ctx->ops->plan_release(p);
-            free_plan(p);
-            return st;
-        }
+    return st;
+}
+
+kva_status kva_plan_create(kva_context *ctx, const kva_plan_desc *desc, kva_plan **out)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(desc);
+    KVA_CHECK_PTR(out);
+    kva_plan_desc dcp;
+    int32_t max_block_id = -1;
+    uint64_t *tree_bits = NULL;
+    KVA_TRY(check_desc(ctx, desc, &dcp, &max_block_id, &tree_bits));
+    kva_plan *p = calloc(1, sizeof *p);
+    if (!p) {
+        free(tree_bits);
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_plan_create: out of memory");
+    }
+    const kva_status st = build_plan(ctx, desc, &dcp, max_block_id, tree_bits, p);
+    if (st != KVA_STATUS_OK) {
+        free_plan(p);
+        return st;
     }
     *out = p;
     return KVA_STATUS_OK;
 }
 
+kva_status kva_plan_update(kva_context *ctx, kva_plan *plan, const kva_plan_desc *desc)
+{
+    kva__clear_error();
+    KVA_CHECK_PTR(ctx);
+    KVA_CHECK_PTR(plan);
+    KVA_CHECK_PTR(desc);
+    if (plan->ops != ctx->ops)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_plan_update: the plan was built by backend '%s', the context is "
+                         "backend '%s'",
+                         kva_backend_name(plan->backend), kva_backend_name(ctx->backend));
+    kva_plan_desc dcp;
+    int32_t max_block_id = -1;
+    uint64_t *tree_bits = NULL;
+    KVA_TRY(check_desc(ctx, desc, &dcp, &max_block_id, &tree_bits));
+    /* The new plan is built in the spare (the plan before last's memory),
+     * so that a failure leaves the plan as it was; then the two swap. */
+    kva_plan *n = plan->spare ? plan->spare : calloc(1, sizeof *n);
+    plan->spare = NULL;
+    if (!n) {
+        free(tree_bits);
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_plan_update: out of memory");
+    }
+    const kva_status st = build_plan(ctx, desc, &dcp, max_block_id, tree_bits, n);
+    if (st != KVA_STATUS_OK) {
+        free_plan(n);
+        return st;
+    }
+    const kva_plan old = *plan;
+    *plan = *n;
+    *n = old;
+    /* The old plan becomes the spare: its cascade and tree words go, its
+     * arrays stay, and its backend part is kept for reuse where the backend
+     * can rebuild in place (plan_recycle) or released. */
+    kva__cascade_free(n);
+    free(n->tree_bits);
+    n->tree_bits = NULL;
+    if (n->ops && n->ops->plan_recycle)
+        n->ops->plan_recycle(n);
+    else if (n->ops && n->ops->plan_release)
+        n->ops->plan_release(n);
+    plan->spare = n;
+    return KVA_STATUS_OK;
+}
+
 void kva_plan_destroy(kva_plan *plan)
 {
-    if (!plan)
-        return;
-    if (plan->ops && plan->ops->plan_release)
-        plan->ops->plan_release(plan);
-    free_plan(plan);
+    destroy_plan(plan);
 }
 
 int64_t kva__sparse_gather_rows(const kva_plan *p)

@@ -97,6 +97,39 @@ def test_run_allocates_outputs_and_run_alias(ctx):
     assert plan.info.state == "decode_only"
 
 
+def test_plan_update_equals_fresh_plan(ctx):
+    """Plan.update (kva_plan_update) re-plans in place: each step's outputs
+    equal a fresh Plan's bit for bit; a bad batch raises and changes nothing."""
+    b, h, hkv, d = 4, 8, 2, 32
+    cache = kvattn.Cache(ctx, 200, b, hkv, d, dtype="f32")
+    ka, va = cache.k_array(), cache.v_array()
+    ka[...] = RNG.standard_normal(ka.shape)
+    va[...] = RNG.standard_normal(va.shape)
+    kw = dict(block_size=b, num_heads=h, num_kv_heads=hkv, head_dim=d, q_dtype="f32")
+    plan = None
+    for step in range(6):
+        q_lens = RNG.integers(1, 5, size=int(RNG.integers(1, 6))).tolist()
+        ctx_lens = RNG.integers(0, 60, size=len(q_lens)).tolist()
+        seq_lens, bt, _, _ = make_batch(RNG, q_lens, ctx_lens, b)
+        qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+        if plan is None:
+            plan = kvattn.Plan(ctx, qsl, seq_lens, bt, **kw)
+        else:
+            assert plan.update(qsl, seq_lens, bt) is plan
+        fresh = kvattn.Plan(ctx, qsl, seq_lens, bt, **kw)
+        q = RNG.standard_normal((qsl[-1], h, d)).astype(np.float32)
+        out, lse = plan.run(q, cache, return_lse=True)
+        ref_out, ref_lse = fresh.run(q, cache, return_lse=True)
+        np.testing.assert_array_equal(out, ref_out)
+        np.testing.assert_array_equal(lse, ref_lse)
+        assert plan.num_tokens == qsl[-1] and plan.info.num_tokens == qsl[-1]
+    bad = bt.copy()
+    bad[0, 0] = -1
+    with pytest.raises(kvattn.OutOfRangeError):
+        plan.update(qsl, seq_lens, bad)
+    np.testing.assert_array_equal(plan.run(q, cache), ref_out)
+
+
 def test_run_ragged(ctx):
     q_lens, s_lens = [3, 5], [4, 5]
     qsl = np.array([0, 3, 8], np.int32)

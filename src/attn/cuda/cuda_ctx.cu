@@ -258,4 +258,5 @@ extern "C" const kva__backend_ops kva__cuda_ops = {
     kva__cuda_cascade_merge,  /* cascade_merge */
     cuda_mla_sparse,          /* mla_sparse (mla_sparse.cu) */
     kva__cuda_indexer,        /* indexer (indexer.cu) */
+    kva__cuda_plan_recycle,   /* plan_recycle (cuda_plan.cu) */
 };

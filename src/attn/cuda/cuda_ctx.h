@@ -29,6 +29,7 @@ static inline kva_status use_device(int device)
  * graph capture). */
 extern "C" kva_status kva__cuda_plan_build(kva_context *ctx, kva_plan *plan);
 extern "C" void kva__cuda_plan_release(kva_plan *plan);
+extern "C" void kva__cuda_plan_recycle(kva_plan *plan);
 extern "C" kva_status kva__cuda_workspace_reserve(kva_context *ctx, size_t bytes);
 
 #endif /* KVA_CUDA_CTX_H */

@@ -131,6 +131,7 @@ static kva_status reserve_meta(kva__cuda_state *st, const kva__cuda_caps *need)
     st->meta_host = host;
     st->meta_bytes = bytes;
     st->caps = c;
+    st->generation++; /* the plan whose metadata the old buffers held is gone */
     char *b = (char *)dev;
     st->meta.hdr = (const int32_t *)(b + off[0]);
     st->meta.items = (const kva__cuda_item *)(b + off[1]);
@@ -214,7 +215,8 @@ static void gpu_params(const kva__cuda_state *st, int rows, int ctas_per_sm,
  * winner is built (kva__partition_build_grid).
  */
 static kva_status best_partition(const kva__cuda_state *st, const kva_plan *plan, int rows,
-                                 int per_sm, const uint8_t *skip_req, kva__partition **out)
+                                 int per_sm, const uint8_t *skip_req, kva__partition *reuse,
+                                 kva__partition **out)
 {
     kva__partition_params pp;
     gpu_params(st, rows, per_sm, &pp);
@@ -225,7 +227,7 @@ static kva_status best_partition(const kva__cuda_state *st, const kva_plan *plan
     grid.alpha_pct = KVA_CUDA_GRID_ALPHA_PCT;
     grid.item_overhead = KVA_CUDA_GRID_ITEM_OVERHEAD;
     grid.split_overhead = KVA_CUDA_GRID_SPLIT_OVERHEAD;
-    return kva__partition_build_grid(plan, &pp, &grid, skip_req, out);
+    return kva__partition_build_grid(plan, &pp, &grid, skip_req, reuse, out);
 }
 
 /* Upper bounds of the sections for a batch within cap (kva_cuda_context_reserve). */
@@ -544,15 +546,12 @@ static kva_status sparse_plan_build(kva_context *ctx, kva_plan *plan)
     return KVA_STATUS_OK;
 }
 
-extern "C" kva_status kva__cuda_plan_build(kva_context *ctx, kva_plan *plan)
+/* The attention plans' build (every kind but sparse MLA and the indexer):
+ * *reuse and *cp_reuse, a recycled plan's partition and device record or
+ * NULL, are taken over (set to NULL) once the build gets to them. */
+static kva_status attention_plan_build(kva_context *ctx, kva_plan *plan, kva__partition **reuse,
+                                       kva__cuda_plan **cp_reuse)
 {
-    if (plan->d.kind == KVA_ATTN_INDEX) /* indexer.cu: no attention partition */
-        return kva__cuda_indexer_plan_build(ctx, plan);
-    if (plan->d.sparse_topk > 0) {
-        KVA_TRY(use_device(state_of(ctx)->device));
-        KVA_TRY(check_not_capturing("kva_plan_create", state_of(ctx)));
-        return sparse_plan_build(ctx, plan);
-    }
     int dcp_global = 0;
     KVA_TRY(dcp_accept(plan, &dcp_global));
     kva__cuda_state *st = state_of(ctx);
@@ -637,7 +636,8 @@ extern "C" kva_status kva__cuda_plan_build(kva_context *ctx, kva_plan *plan)
         }
     }
     kva__partition *part = NULL;
-    kva_status s = best_partition(st, plan, rows, per_sm, mma_req, &part);
+    kva_status s = best_partition(st, plan, rows, per_sm, mma_req, *reuse, &part);
+    *reuse = NULL; /* consumed: part, or freed */
     if (mla_layer) {
         free(mma_req);
         mma_req = NULL;
@@ -646,7 +646,10 @@ extern "C" kva_status kva__cuda_plan_build(kva_context *ctx, kva_plan *plan)
         free(mma_req);
         return s;
     }
-    kva__cuda_plan *cp = (kva__cuda_plan *)calloc(1, sizeof *cp);
+    kva__cuda_plan *cp = *cp_reuse ? *cp_reuse : (kva__cuda_plan *)malloc(sizeof *cp);
+    *cp_reuse = NULL;
+    if (cp)
+        memset(cp, 0, sizeof *cp);
     if (!cp) {
         free(mma_req);
         kva__partition_free(part);
@@ -697,6 +700,44 @@ extern "C" kva_status kva__cuda_plan_build(kva_context *ctx, kva_plan *plan)
     plan->info.num_work_items = part->num_items + (int32_t)ptiles;
     plan->workspace_bytes = cp->mla ? cp->mla->base + cp->mla->bytes : ws;
     return KVA_STATUS_OK;
+}
+
+extern "C" kva_status kva__cuda_plan_build(kva_context *ctx, kva_plan *plan)
+{
+    /* A recycled plan (kva_plan_update) brings its partition and device
+     * record; the attention build rebuilds in them, the others free them. */
+    kva__partition *reuse = plan->part;
+    kva__cuda_plan *cp = (kva__cuda_plan *)plan->device;
+    plan->part = NULL;
+    plan->device = NULL;
+    kva_status s;
+    if (plan->d.kind == KVA_ATTN_INDEX) { /* indexer.cu: no attention partition */
+        s = kva__cuda_indexer_plan_build(ctx, plan);
+    } else if (plan->d.sparse_topk > 0) {
+        s = use_device(state_of(ctx)->device);
+        if (s == KVA_STATUS_OK)
+            s = check_not_capturing("kva_plan_create", state_of(ctx));
+        if (s == KVA_STATUS_OK)
+            s = sparse_plan_build(ctx, plan);
+    } else {
+        s = attention_plan_build(ctx, plan, &reuse, &cp);
+    }
+    kva__partition_free(reuse);
+    free(cp);
+    return s;
+}
+
+/* Keeps a replaced plan's partition (its arrays) and device record for the
+ * next build; the MLA and indexer parts are freed. */
+extern "C" void kva__cuda_plan_recycle(kva_plan *plan)
+{
+    kva__cuda_plan *cp = (kva__cuda_plan *)plan->device;
+    if (cp) {
+        kva__cuda_mla_plan_free(cp->mla);
+        kva__cuda_indexer_plan_free(cp->index);
+        cp->mla = NULL;
+        cp->index = NULL;
+    }
 }
 
 extern "C" void kva__cuda_plan_release(kva_plan *plan)

@@ -1,0 +1,459 @@
+/*
+ * partition_grid.c - the partition for a persistent grid (the CUDA backend's
+ * plan): the choice among split targets, in closed form, and the build of
+ * the winner (kva__partition_build_grid, partition.h).
+ *
+ * The grid runs items round-robin, so the split target matters more than on
+ * a dynamic schedule. The units are listed once (one per request, head slice
+ * and query tile; the kv heads multiply them), identical neighbours merged
+ * into groups. Each candidate target first gives every group its chunk
+ * count (a candidate that asks every group for the same counts as an
+ * earlier one cuts the same items, so it is not evaluated again); then its
+ * item costs are listed as runs of equal cost, sorted, and the grid's
+ * makespan read off them. Only the winner is built, every item placed at its
+ * sorted position by counting (no comparison sort). Run every step, this is
+ * most of a decode plan's host time: the per-group work has no division
+ * where a comparison does, and a rebuild (reuse) allocates nothing once its
+ * arrays are large enough.
+ */
+#include "partition_impl.h"
+#include "sort_inline.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* A run of `count` items of equal cost. */
+typedef struct cost_run {
+    int64_t cost, count;
+} cost_run;
+
+/* runs[0..n) by cost, largest first (sort_inline.h; runs of 16). */
+static inline int run_before(const cost_run *x, const cost_run *y)
+{
+    return x->cost > y->cost;
+}
+KVA__DEFINE_SORT(sort_runs, cost_run, run_before, 16)
+
+/* Consecutive units [first, first + n) cut alike under any rule (same_shape). */
+typedef struct unit_group {
+    int32_t first, n;
+} unit_group;
+
+/* Candidates: 1..4 ceil, 5..8 floor, 9 forced, 0 unsplit. */
+#define NUM_CANDIDATES 10
+
+/* What a grid build keeps for the next one (kva__partition.scratch). */
+struct kva__partition_scratch {
+    kva__unit_list a;
+    unit_group *groups;
+    int32_t cap_groups;
+    int32_t *asked; /* [cap_asked]: each candidate's chunk counts [ng] in turn */
+    int32_t cap_asked;
+    cost_run *runs[2]; /* the candidate's and the best one's [cap_runs[i]], the upper half merge
+                          scratch */
+    int32_t cap_runs[2];
+    int64_t *dcost; /* [2 * (cap_dcost + 1)]: build_placed's costs and positions */
+    int32_t cap_dcost;
+};
+
+void kva__partition_scratch_free(struct kva__partition_scratch *s)
+{
+    if (!s)
+        return;
+    free(s->a.units);
+    free(s->groups);
+    free(s->asked);
+    free(s->runs[0]);
+    free(s->runs[1]);
+    free(s->dcost);
+    free(s);
+}
+
+/* Whether units x and y are cut into the same item costs under any rule. */
+static int same_shape(const kva_plan *plan, const kva__unit *x, const kva__unit *y)
+{
+    if (x->cost != y->cost || x->nh != y->nh || x->nq != y->nq || x->k0 != y->k0 || x->k1 != y->k1)
+        return 0;
+    if (x->nq == 1)
+        return 1; /* chunk costs depend on the key range only */
+    const int32_t qx = plan->query_start_loc[x->req + 1] - plan->query_start_loc[x->req];
+    const int32_t qy = plan->query_start_loc[y->req + 1] - plan->query_start_loc[y->req];
+    return x->i0 == y->i0 && qx == qy && plan->seq_lens[x->req] == plan->seq_lens[y->req];
+}
+
+/* Grows *p (elements of size sz) to hold n, keeping *cap; 0 when out of memory. */
+static int grow(void **p, int32_t *cap, int64_t n, size_t sz)
+{
+    if (n <= *cap)
+        return 1;
+    if (n > INT32_MAX / 2)
+        return 0;
+    const int32_t c = (int32_t)(n + n / 2 + 16);
+    void *q = realloc(*p, (size_t)c * sz);
+    if (!q)
+        return 0;
+    *p = q;
+    *cap = c;
+    return 1;
+}
+
+/* Merges consecutive units of the same shape into s->groups; returns the
+ * group count, or -1 when out of memory. */
+static int32_t list_groups(const kva_plan *plan, struct kva__partition_scratch *s)
+{
+    const kva__unit_list *a = &s->a;
+    int32_t ng = 0;
+    for (int32_t i = 0; i < a->n;) {
+        int32_t j = i + 1;
+        while (j < a->n && same_shape(plan, &a->units[i], &a->units[j]))
+            j++;
+        if (!grow((void **)&s->groups, &s->cap_groups, (int64_t)ng + 1, sizeof *s->groups))
+            return -1;
+        s->groups[ng].first = i;
+        s->groups[ng++].n = j - i;
+        i = j;
+    }
+    return ng;
+}
+
+/* The chunk counts rule sr asks of every group, into asked [ng]; returns
+ * whether any group is split. */
+static int ask_groups(const kva__split_rule *sr, const struct kva__partition_scratch *s, int32_t ng,
+                      int32_t *asked)
+{
+    int any = 0;
+    for (int32_t g = 0; g < ng; g++) {
+        const kva__unit *u = &s->a.units[s->groups[g].first];
+        asked[g] = (int32_t)kva__part_asked(sr, u->cost, u->cap);
+        any |= asked[g] > 1;
+    }
+    return any;
+}
+
+/*
+ * The makespan of the items the chunk counts asked [ng] cut the groups
+ * into, on `slots` workers running them round-robin in cost order, without
+ * building them: sorted by cost (largest first), worker b runs items b,
+ * b + slots, ..., so worker 0 has the largest item of every round and at
+ * least as many items as any other worker, and its load is the makespan:
+ * the sum of the costs at positions 0, slots, 2 slots, ... of the sorted
+ * list. Only the costs are listed, in s->runs[buf] as runs of equal cost (a
+ * unit split into equal chunks is one run, a group one run per chunk cost).
+ * *num_items gets the item count, *num_runs the runs, *sum_cost their total.
+ * Returns -1 when out of memory.
+ */
+static int64_t groups_makespan(const kva_plan *plan, const kva__partition_params *pp,
+                               const kva__split_rule *sr, struct kva__partition_scratch *s,
+                               int32_t ng, const int32_t *asked, int buf, int64_t slots,
+                               int64_t *num_items, int32_t *num_runs, int64_t *sum_cost)
+{
+    const int64_t hkv = plan->d.num_kv_heads;
+    /* Runs: one for an unsplit group, two for a split one-row unit (the full
+     * chunks and the last), one per chunk otherwise (at most the asked count). */
+    int64_t need = 1;
+    for (int32_t g = 0; g < ng; g++)
+        need += asked[g] == 1 ? 1 : s->a.units[s->groups[g].first].nq == 1 ? 2 : asked[g];
+    if (!grow((void **)&s->runs[buf], &s->cap_runs[buf], 2 * need, sizeof(cost_run)))
+        return -1;
+    cost_run *r = s->runs[buf];
+    int32_t n = 0;
+    for (int32_t g = 0; g < ng; g++) {
+        kva__unit *u = &s->a.units[s->groups[g].first];
+        const int64_t mult = hkv * s->groups[g].n;
+        if (asked[g] == 1) {
+            r[n].cost = u->cost, r[n++].count = mult;
+            continue;
+        }
+        int32_t chunk = 0, a2 = 0;
+        const int32_t ns = kva__part_unit_splits(pp, sr, u, &a2, &chunk);
+        if (u->nq == 1) {
+            const int32_t keys = u->k1 - u->k0, last = keys - (ns - 1) * chunk;
+            r[n].cost = kva__part_chunk_cost(plan, u, 0, 0, 0, chunk),
+            r[n++].count = (ns - 1) * mult;
+            r[n].cost = kva__part_chunk_cost(plan, u, 0, 0, 0, last), r[n++].count = mult;
+        } else {
+            const int32_t sl = plan->seq_lens[u->req];
+            const int32_t q_len = plan->query_start_loc[u->req + 1] - plan->query_start_loc[u->req];
+            for (int32_t c = 0; c < ns; c++) {
+                const int32_t lo = u->k0 + c * chunk, e = lo + chunk < u->k1 ? lo + chunk : u->k1;
+                r[n].cost = kva__part_chunk_cost(plan, u, sl, q_len, lo, e), r[n++].count = mult;
+            }
+        }
+    }
+    sort_runs(r, r + s->cap_runs[buf] / 2, n); /* n <= need <= cap / 2 */
+    /* Worker 0's positions (multiples of slots) in each run [pos, pos + count):
+     * next0 is the first one not before pos; a division only for a run
+     * longer than a round. */
+    int64_t pos = 0, next0 = 0, worst = 0;
+    *sum_cost = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const int64_t end = pos + r[i].count;
+        *sum_cost += r[i].cost * r[i].count;
+        if (next0 < end) {
+            const int64_t span = end - 1 - next0;
+            const int64_t hits = 1 + (span < slots ? 0 : span / slots);
+            worst += hits * r[i].cost;
+            next0 += hits * slots;
+        }
+        pos = end;
+    }
+    *num_items = pos;
+    *num_runs = n;
+    return worst;
+}
+
+/*
+ * Places the items of one request's n units (u [n]) for all hkv kv heads in
+ * emission order (kv head, then unit) when rule sr splits none of them: the
+ * cost bucket of each unit is looked up once, not once per kv head. Returns
+ * 0 (nothing placed) when a unit is split; *ok = 0 when a bucket overflows.
+ */
+static int place_whole(kva__part_builder *b, const kva__partition_params *pp,
+                       const kva__split_rule *sr, kva__unit *u, int32_t n, int32_t hkv, int *ok)
+{
+    for (int32_t k = 0; k < n; k++) {
+        int32_t asked = 1, chunk = 0;
+        if (kva__part_unit_splits(pp, sr, &u[k], &asked, &chunk) != 1)
+            return 0;
+        int32_t lo = 0, hi = b->ndist - 1; /* dcost descending, the unit's cost among them */
+        while (lo < hi) {
+            const int32_t mid = (lo + hi) / 2;
+            if (b->dcost[mid] > u[k].cost)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (b->dcost[lo] != u[k].cost) {
+            *ok = 0; /* cannot happen: the costs were listed by groups_makespan */
+            return 1;
+        }
+        u[k].memo_bucket = lo;
+    }
+    for (int32_t kvh = 0; kvh < hkv; kvh++)
+        for (int32_t k = 0; k < n; k++) {
+            const int64_t at = b->dnext[u[k].memo_bucket]++;
+            if (at >= b->cap_items) {
+                *ok = 0;
+                return 1;
+            }
+            kva__work_item *it = &b->items[at];
+            it->req = u[k].req;
+            it->kv_head = kvh;
+            it->h0 = u[k].h0;
+            it->nh = u[k].nh;
+            it->i0 = u[k].i0;
+            it->nq = u[k].nq;
+            it->k0 = u[k].k0;
+            it->k1 = u[k].k1;
+            it->task = -1;
+            it->split = 0;
+            it->cost = u[k].cost;
+        }
+    b->num_items += n * hkv;
+    return 1;
+}
+
+/*
+ * Builds the partition of rule sr whose item costs groups_makespan listed in
+ * runs [nruns] (sorted, largest first; num_items items) into part (its
+ * arrays reused where large enough): the items are emitted in tie order (per
+ * request: kv head, head slice, query rows, keys) and placed at their sorted
+ * position by cost (builder.place), so the result equals a build sorted by
+ * item_before up to the numbering of the split tasks and their workspace
+ * offsets, without a sort.
+ */
+static kva_status build_placed(const kva_plan *plan, const kva__partition_params *pp,
+                               struct kva__partition_scratch *s, const kva__split_rule *sr,
+                               const cost_run *runs, int32_t nruns, int64_t num_items,
+                               kva__partition *part, kva__partition **out)
+{
+    kva__part_builder b;
+    memset(&b, 0, sizeof b);
+    b.items = part->items;
+    b.cap_items = part->cap_items;
+    b.tasks = part->tasks;
+    b.cap_tasks = part->cap_tasks;
+    part->items = NULL;
+    part->tasks = NULL;
+    int ok = num_items < INT32_MAX &&
+             grow((void **)&s->dcost, &s->cap_dcost, 2 * ((int64_t)nruns + 1), sizeof(int64_t)) &&
+             grow((void **)&b.items, &b.cap_items, num_items + 1, sizeof *b.items);
+    const int32_t cap_items = b.cap_items;
+    int64_t partial_floats = 0;
+    if (ok) {
+        /* Distinct costs and the first position of each. */
+        int64_t *dcost = s->dcost;
+        int32_t nd = 0;
+        int64_t pos = 0;
+        for (int32_t i = 0; i < nruns; i++) {
+            if (nd == 0 || dcost[nd - 1] != runs[i].cost) {
+                dcost[nd] = runs[i].cost;
+                dcost[nruns + 1 + nd] = pos;
+                nd++;
+            }
+            pos += runs[i].count;
+        }
+        b.place = 1;
+        b.dcost = dcost;
+        b.dnext = dcost + nruns + 1;
+        b.ndist = nd;
+        b.cap_items = (int32_t)num_items; /* the placement's bound; restored below */
+    }
+    kva__unit_list *a = &s->a;
+    for (int32_t i = 0; ok && i < a->n;) {
+        int32_t j = i + 1;
+        while (j < a->n && a->units[j].req == a->units[i].req)
+            j++;
+        if (place_whole(&b, pp, sr, a->units + i, j - i, plan->d.num_kv_heads, &ok)) {
+            i = j;
+            continue;
+        }
+        for (int32_t kvh = 0; ok && kvh < plan->d.num_kv_heads; kvh++)
+            for (int32_t u = i; ok && u < j; u++)
+                ok = kva__part_emit_unit(&b, plan, pp, &a->units[u], kvh, sr, &partial_floats);
+        i = j;
+    }
+    ok = ok && b.num_items == num_items;
+    b.cap_items = cap_items;
+    return kva__part_finish(plan, pp, part, &b, partial_floats, ok, out);
+}
+
+/*
+ * The grid's time for a candidate, in cost units: the load of worker 0 (t)
+ * divided by the speed-up a worker gets while the grid is not saturated
+ * (alpha_pct / 100), but never less than the total cost spread over every
+ * worker; plus the fixed cost of every item worker 0 runs and, when any unit
+ * is split, of the split tasks' partial writes and merge pass.
+ */
+static int64_t grid_estimate(const kva__partition_grid *g, int64_t slots, int64_t t, int64_t sum,
+                             int64_t items, int any_split)
+{
+    const int64_t alpha = g->alpha_pct > 100 ? g->alpha_pct : 100;
+    const int64_t spread = (sum + slots - 1) / slots, solo = t * 100 / alpha;
+    return (spread > solo ? spread : solo) + g->item_overhead * ((items + slots - 1) / slots) +
+           (any_split ? g->split_overhead : 0);
+}
+
+int64_t kva__partition_makespan(const kva__partition *part, int64_t slots)
+{
+    int64_t worst = 0;
+    if (slots < 1)
+        slots = 1;
+    for (int64_t i = 0; i < part->num_items; i += slots)
+        worst += part->items[i].cost; /* worker 0: see groups_makespan */
+    return worst;
+}
+
+/* The partition to build in: reuse emptied (its arrays and scratch kept), or
+ * a new one; NULL when out of memory (reuse freed). */
+static kva__partition *take_partition(kva__partition *reuse)
+{
+    kva__partition *part = reuse ? reuse : calloc(1, sizeof *part);
+    if (part && !part->scratch)
+        part->scratch = calloc(1, sizeof *part->scratch);
+    if (!part || !part->scratch) {
+        kva__partition_free(part);
+        return NULL;
+    }
+    kva__partition keep = *part;
+    free(part->group_start);
+    memset(part, 0, sizeof *part);
+    part->items = keep.items;
+    part->cap_items = keep.cap_items;
+    part->tasks = keep.tasks;
+    part->cap_tasks = keep.cap_tasks;
+    part->scratch = keep.scratch;
+    return part;
+}
+
+kva_status kva__partition_build_grid(const kva_plan *plan, const kva__partition_params *params,
+                                     const kva__partition_grid *grid, const uint8_t *skip_req,
+                                     kva__partition *reuse, kva__partition **out)
+{
+    kva__partition_params pp = kva__part_norm_params(params);
+    pp.items_per_thread = 1;
+    const int64_t slots = grid->slots > 0 ? grid->slots : 1;
+    kva__partition *part = take_partition(reuse);
+    if (!part)
+        goto oom;
+    struct kva__partition_scratch *s = part->scratch;
+    s->a.n = 0;
+    if (kva__part_list_units(&s->a, plan, &pp, skip_req) < 0)
+        goto oom;
+    const int32_t ng = list_groups(plan, s);
+    if (ng < 0 || !grow((void **)&s->asked, &s->cap_asked, (int64_t)NUM_CANDIDATES * ng + 1,
+                        sizeof *s->asked))
+        goto oom;
+    const int64_t total = kva__part_units_total(plan, &s->a);
+    /* Candidates 1..4: items of at most total / (slots * k) (chunk counts
+     * rounded up, the CPU's rule); 5..8: the same targets rounded down, so a
+     * unit is cut into as many chunks as fit, not one more (16 decodes x 8
+     * kv heads on 264 CTAs: 2 chunks each fill one round; rounded up, 3 take
+     * two); 0: no split. The lowest grid_estimate wins; ties go to fewer
+     * items, then to the earlier candidate (order 1..8, 0). force_splits < 0
+     * keeps the former choice: candidates 1..4 by makespan alone. A
+     * candidate asking every group for the same chunk counts as an earlier
+     * one has that one's estimate and items, so it cannot win: skipped. */
+    kva__split_rule best = {0, 0, 0};
+    int32_t best_pick = -1, best_nruns = 0, nseen = 0;
+    int64_t best_e = 0, best_t = 0, best_items = 0;
+    int cur = 0; /* the runs buffer a candidate fills; the best one's is 1 - cur */
+    const int former = grid->force_splits < 0;
+    for (int32_t i = 1; i <= 10; i++) {
+        const int32_t c = i == 10 ? 0 : i; /* 1..9, then 0 */
+        kva__split_rule sr = {0, 0, 0};
+        if (grid->force_splits > 0) {
+            if (c != 9)
+                continue;
+            sr.forced = grid->force_splits;
+        } else if (c == 9 || (former && (c == 0 || c > 4))) {
+            continue;
+        } else if (c > 0) {
+            const int32_t k = c <= 4 ? c : c - 4;
+            sr.floor = c > 4;
+            if (slots * k > 1) {
+                sr.target = total / (slots * k);
+                if (sr.target < 1)
+                    sr.target = 1;
+            }
+        }
+        int32_t *asked = s->asked + (size_t)nseen * (size_t)ng;
+        const int any_split = ask_groups(&sr, s, ng, asked);
+        int seen = 0;
+        for (int32_t k = 0; k < nseen && !seen; k++)
+            seen = !memcmp(s->asked + (size_t)k * (size_t)ng, asked, sizeof(int32_t) * (size_t)ng);
+        if (seen)
+            continue;
+        nseen++;
+        int64_t items = 0, sum = 0;
+        int32_t nruns = 0;
+        const int64_t t =
+            groups_makespan(plan, &pp, &sr, s, ng, asked, cur, slots, &items, &nruns, &sum);
+        if (t < 0)
+            goto oom;
+        const int64_t e = former ? t : grid_estimate(grid, slots, t, sum, items, any_split);
+        if (best_pick < 0 || e < best_e || (!former && e == best_e && items < best_items)) {
+            best = sr;
+            best_pick = c;
+            best_e = e;
+            best_t = t;
+            best_items = items;
+            best_nruns = nruns;
+            cur = 1 - cur;
+        }
+    }
+    pp.num_threads = (int32_t)(slots < INT32_MAX ? slots : INT32_MAX);
+    kva_status st =
+        build_placed(plan, &pp, s, &best, s->runs[1 - cur], best_nruns, best_items, part, out);
+    if (st == KVA_STATUS_OK) {
+        (*out)->pick = best_pick;
+        (*out)->makespan = best_t;
+        (*out)->estimate = best_e;
+    }
+    return st;
+oom:
+    kva__partition_free(part);
+    return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
+                     "kva_plan_create: out of memory partitioning %d requests",
+                     (int)plan->d.num_requests);
+}

@@ -1,0 +1,137 @@
+/*
+ * test_cuda_plan_update.c - kva_plan_update on the CUDA backend. A plan on
+ * one context is updated through a sequence of random steps (decodes,
+ * speculative decodes, chunked and fresh prefills that take the tensor-core
+ * prefill kernel, R growing and shrinking, windows, non-causal steps); after
+ * every update it must equal a plan created fresh from the same descriptor
+ * on a second context of the same device: the same info, the same partition
+ * item for item, and the same outputs bit for bit (outputs poisoned before
+ * each run). Bad input (a negative block id, a context of another backend)
+ * changes nothing: the plan still runs and gives the same output. Exits 77
+ * without a GPU.
+ */
+#include "batchgen.h"
+#include "cuda_util.h"
+#include "../../src/plan/partition.h"
+
+#ifdef KVA_HAVE_CUDA
+
+enum { H = 16, HKV = 4, D = 128, BS = 16 };
+#define DT KVA_DTYPE_BF16
+
+/* Runs plan on ctx into a poisoned device output; returns it on the host. */
+static uint16_t *run_out(kva_context *ctx, const kva_plan *plan, const void *dq,
+                         const kva_cache *cache, int32_t T)
+{
+    const size_t n = (size_t)(T > 0 ? T : 1) * H * D * 2;
+    void *dout = dev_poisoned(n);
+    uint16_t *out = malloc(n);
+    if (T > 0)
+        CHECK_OK(kva_attention_run(ctx, plan, dq, cache, NULL, dout, NULL));
+    CUDA_OK(cudaDeviceSynchronize());
+    to_host(out, dout, n);
+    CUDA_OK(cudaFree(dout));
+    return out;
+}
+
+static void test_update_sequence(void)
+{
+    kva_context *ctx = NULL, *fresh_ctx = NULL, *ref = NULL;
+    kva_context_desc cd = {KVA_BACKEND_CUDA, 0, 0}, rd = {KVA_BACKEND_REF, 1, 0};
+    CHECK_OK(kva_context_create(&cd, &ctx));
+    CHECK_OK(kva_context_create(&cd, &fresh_ctx));
+    CHECK_OK(kva_context_create(&rd, &ref));
+    kva_rng rng = {271828};
+    kva_plan *plan = NULL;
+    const int steps = kva_test_quick() ? 12 : 40;
+    for (int c = 0; c < steps && ctx && fresh_ctx; c++) {
+        const int32_t R = kva_rng_int(&rng, 1, c % 3 == 0 ? 40 : 10);
+        kva_test_batch b;
+        kva_test_batch_random(&b, &rng, R, BS, c % 2 ? 3000 : 400,
+                              c % 4 == 0   ? 1u
+                              : c % 4 == 1 ? 3u
+                                           : 15u,
+                              0);
+        kva_plan_desc pd = kva_test_batch_plan_desc(&b, H, HKV, D, D, DT);
+        pd.causal = c % 7 != 3;
+        if (c % 5 == 2)
+            pd.window_left = kva_rng_int(&rng, 0, 300);
+        kva_plan *fresh = NULL;
+        CHECK_OK(kva_plan_create(fresh_ctx, &pd, &fresh));
+        if (!plan)
+            CHECK_OK(kva_plan_create(ctx, &pd, &plan));
+        else
+            CHECK_OK(kva_plan_update(ctx, plan, &pd));
+        if (plan && fresh) {
+            CHECK(!memcmp(&plan->info, &fresh->info, sizeof plan->info));
+            CHECK(plan->workspace_bytes == fresh->workspace_bytes);
+            CHECK_MSG(plan->part && fresh->part &&
+                          plan->part->num_items == fresh->part->num_items &&
+                          !memcmp(plan->part->items, fresh->part->items,
+                                  sizeof *plan->part->items * (size_t)plan->part->num_items),
+                      "step %d: the updated plan's partition differs from a fresh one", c);
+            /* One random cache, on the device. */
+            kva_cache_desc desc;
+            memset(&desc, 0, sizeof desc);
+            desc.num_blocks = b.num_blocks, desc.block_size = BS, desc.num_kv_heads = HKV;
+            desc.head_dim = D, desc.head_dim_v = D, desc.dtype = DT;
+            kva_cache *hc = NULL, *dc = NULL;
+            CHECK_OK(kva_cache_create(ref, &desc, &hc));
+            CHECK_OK(kva_cache_create(ctx, &desc, &dc));
+            void *k = NULL, *v = NULL;
+            kva_cache_data(hc, &k, &v);
+            const size_t nkv = (size_t)b.num_blocks * BS * HKV * D;
+            kva_test_fill(k, DT, nkv, &rng, 1.0);
+            kva_test_fill(v, DT, nkv, &rng, 1.0);
+            cache_upload(dc, hc);
+            const size_t nq = (size_t)(b.T > 0 ? b.T : 1) * H * D;
+            uint16_t *q = malloc(nq * 2);
+            kva_test_fill(q, DT, nq, &rng, 1.0);
+            void *dq = dev_from(q, nq * 2);
+            uint16_t *o1 = run_out(ctx, plan, dq, dc, b.T);
+            uint16_t *o2 = run_out(fresh_ctx, fresh, dq, dc, b.T);
+            CHECK_MSG(!memcmp(o1, o2, (size_t)b.T * H * D * 2),
+                      "step %d: outputs of the updated and the fresh plan differ", c);
+            if (c == steps - 1) {
+                /* Bad input changes nothing: the plan still runs alike. */
+                int32_t *bt = malloc(sizeof(int32_t) * (size_t)b.R * (size_t)b.stride);
+                memcpy(bt, b.block_table, sizeof(int32_t) * (size_t)b.R * (size_t)b.stride);
+                bt[0] = -3;
+                kva_plan_desc bad = pd;
+                bad.block_table = bt;
+                CHECK_STATUS(kva_plan_update(ctx, plan, &bad), KVA_STATUS_OUT_OF_RANGE);
+                CHECK_STATUS(kva_plan_update(ref, plan, &pd), KVA_STATUS_INVALID_ARGUMENT);
+                uint16_t *o3 = run_out(ctx, plan, dq, dc, b.T);
+                CHECK(!memcmp(o1, o3, (size_t)b.T * H * D * 2));
+                free(o3);
+                free(bt);
+            }
+            free(o1), free(o2), free(q);
+            CUDA_OK(cudaFree(dq));
+            kva_cache_destroy(dc);
+            kva_cache_destroy(hc);
+        }
+        kva_plan_destroy(fresh);
+        kva_test_batch_free(&b);
+    }
+    kva_plan_destroy(plan);
+    kva_context_destroy(ctx);
+    kva_context_destroy(fresh_ctx);
+    kva_context_destroy(ref);
+}
+
+int main(void)
+{
+    const int skip = cuda_test_skip();
+    if (skip)
+        return skip;
+    RUN(test_update_sequence);
+    return kva_test_finish();
+}
+
+#else
+int main(void)
+{
+    return cuda_test_skip();
+}
+#endif
