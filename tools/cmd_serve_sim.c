@@ -75,6 +75,8 @@ void kva_cli_usage_serve_sim(void)
            "  --verify                 check sampled steps against the reference backend\n"
            "                           and the pool invariants after every step; exit 1 on\n"
            "                           a mismatch\n"
+           "  --plan-create            kva_plan_create + destroy every step instead of\n"
+           "                           updating one plan (kva_plan_update), to compare\n"
            "  --json FILE              also write the results as JSON (vllm's field names)\n"
            "  --progress, --no-progress  progress bar on stderr [on when stderr is a tty]\n"
            "\n"
@@ -190,6 +192,10 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
         }
         if (strcmp(a, "--no-prefix-caching") == 0) {
             o->prefix_caching = 0;
+            continue;
+        }
+        if (strcmp(a, "--plan-create") == 0) {
+            o->plan_create = 1;
             continue;
         }
         if (strcmp(a, "--verify") == 0) {

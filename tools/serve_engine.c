@@ -396,9 +396,14 @@ static kva_status reserve(serve_engine *e, int32_t R, int32_t stride)
     return KVA_STATUS_OK;
 }
 
-/* Plans the step into e->plan: created once, then updated in place. */
+/* Plans the step into e->plan: created once, then updated in place
+ * (--plan-create: destroyed and created again every step). */
 static kva_status replan(serve_engine *e, const kva_plan_desc *pd)
 {
+    if (e->plan && e->o.plan_create) {
+        kva_plan_destroy(e->plan);
+        e->plan = NULL;
+    }
     if (!e->plan)
         return kva_plan_create(e->ctx, pd, &e->plan);
     return kva_plan_update(e->ctx, e->plan, pd);
