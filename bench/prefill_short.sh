@@ -8,11 +8,16 @@
 # (SERVE=1). Logs go to $OUT.
 # Usage: bench/prefill_short.sh NAME=SRCDIR [NAME=SRCDIR ...]
 #   e.g. bench/prefill_short.sh base=/path/to/main new=.
+# A SRCDIR that holds an executable bench_cuda is a prebuilt build directory
+# (built elsewhere with the same CUDA toolkit; its tests too): it is used as is.
 # Environment: TESTS (ctest names to build and run, quick sets), PROFILE,
 # SERVE, SDPA=0 skips the peers, ARCH (default 90a), MORE=1 also times the
 # other kernels the mask code serves on every tree (the mma.sync prefill
 # forced, the int8 prefill, both after 4096 cached keys, bf16 decode and
-# speculative decode).
+# speculative decode), SOURCE=1 ncu's per-instruction stall samples
+# (SourceCounters) of the 32 x 256 and 8 x 1024 prefills on every tree, as
+# CSV (ncu --page source --print-source sass; SOURCE="base:32x256 new:8x1024"
+# picks trees and shapes).
 set -u -o pipefail
 OUT=${OUT:-prefill_short_out}
 mkdir -p "$OUT"
@@ -28,6 +33,9 @@ TARGETS="bench_cuda"
 # Configure and build every tree in parallel (16 cores shared).
 for spec in "${TREES[@]}"; do
     name=${spec%%=*}; src=${spec#*=}
+    if [ -x "$src/bench_cuda" ]; then
+        rm -rf "$HERE/b-$name"; ln -s "$(cd "$src" && pwd)" "$HERE/b-$name"; continue
+    fi
     ( cmake -S "$src" -B "$HERE/b-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
         -DKVA_BUILD_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${EXTRA[@]}" \
         > "$OUT/build-$name.log" 2>&1 &&
@@ -96,6 +104,29 @@ if [ "${PROFILE:-0}" = 1 ]; then
             grep -E "Duration|SM Busy|Throughput|Issue Slots|Eligible|Active Warps|Stall|Achieved Occ|Grid Size|sm__cycles|Waves|L2 Hit|Mem Busy|Max Bandwidth" \
                 "$OUT/ncu-$name-$1x$2.txt" | head -30
         done
+    done
+fi
+if [ -n "${SOURCE:-}" ] && [ "${SOURCE}" != 0 ]; then
+    # SOURCE=1: every tree and both shapes; else "NAME:RxQ ..." pairs.
+    pairs=${SOURCE}
+    if [ "$pairs" = 1 ]; then
+        pairs=""
+        for b in b-*/bench_cuda; do n=${b%%/*}; pairs="$pairs ${n#b-}:32x256 ${n#b-}:8x1024"; done
+    fi
+    for pr in $pairs; do
+        name=${pr%%:*}; shp=${pr#*:}; b="b-$name/bench_cuda"
+        {
+            set -- ${shp%x*} ${shp#*x}
+            timeout 120 ncu -k regex:prefill_wgmma -s 2 -c 1 --section WarpStateStats \
+                --section SourceCounters --section SpeedOfLight -f -o "$OUT/src-$name-$1x$2" \
+                "$b" --mode prefill --batch "$1" --q-len "$2" --context 0 --iters 3 \
+                > "$OUT/src-$name-$1x$2.log" 2>&1
+            timeout 60 ncu -i "$OUT/src-$name-$1x$2.ncu-rep" --page source --csv \
+                --print-source sass > "$OUT/src-$name-$1x$2.csv" 2>&1 ||
+                timeout 60 ncu -i "$OUT/src-$name-$1x$2.ncu-rep" --page source --csv \
+                    > "$OUT/src-$name-$1x$2.csv" 2>&1
+            echo "== source counters $name $1x$2: $(wc -l < "$OUT/src-$name-$1x$2.csv") lines"
+        }
     done
 fi
 if [ "${STALLS:-0}" = 1 ]; then

@@ -23,7 +23,9 @@
  *   - sliding window, soft-cap, ALiBi and sinks, alone and together, after a
  *     cached context, in NHD and HND caches;
  *   - split items (a partition forced to split long rows into key chunks),
- *     whose partials and lse (base-2 max times ln 2) the merge combines.
+ *     whose partials and lse (base-2 max times ln 2) the merge combines;
+ *   - non-causal plans (every row sees the same keys: the cascade's prefix
+ *     pass), whose items take up to KVA_CPU_TILE_ROWS rows.
  * KVA_TEST_QUICK=1 runs one dtype of each shape and mask case (in turn) and
  * bf16 only for the long contexts.
  */
@@ -43,6 +45,7 @@ typedef struct pcase {
     int32_t window;           /* window_left, -1 none */
     float softcap, scale;     /* 0: none / 1/sqrt(D) */
     int alibi, sinks, split;
+    int noncausal; /* causal = 0 */
     kva_layout layout;
     uint64_t seed;
 } pcase;
@@ -98,6 +101,7 @@ static void run_pcase(const pcase *c)
 
     kva_plan_desc pd = kva_test_batch_plan_desc(&b, H, c->Hkv, D, Dv, c->dt);
     pd.window_left = c->window;
+    pd.causal = !c->noncausal;
     pd.softcap = c->softcap;
     pd.scale = c->scale;
     float *slopes = malloc(sizeof(float) * (size_t)H);
@@ -136,6 +140,16 @@ static void run_pcase(const pcase *c)
             kva__partition_params pp = {3, KVA_CPU_MAX_ROWS, KVA_CPU_PREFILL_ROWS, 32, 64, 16, 64};
             CHECK_OK(kva__cpu_plan_partition(cpu, pcpu, &pp));
             CHECK_MSG(pcpu->part->num_tasks > 0, "the forced partition split nothing");
+        }
+        if (c->noncausal &&
+            strcmp(kva__cpu_plan_kernel(pcpu, KVA__KERNEL_PREFILL), "prefill_portable") != 0) {
+            /* The tiled kernels get items of more than KVA_CPU_MAX_ROWS rows. */
+            int32_t most = 0;
+            for (int32_t k = 0; k < pcpu->part->num_items; k++) {
+                const kva__work_item *it = &pcpu->part->items[k];
+                most = it->nq * it->nh > most ? it->nq * it->nh : most;
+            }
+            CHECK_MSG(most > KVA_CPU_MAX_ROWS, "items of %d rows at most", (int)most);
         }
         kva_test_poison(out_cpu, c->dt, no);
         kva_test_poison(lse_cpu, KVA_DTYPE_F32, nl);
@@ -276,6 +290,24 @@ static void test_splits(void)
     }
 }
 
+/* Non-causal plans: 64 and 150 queries of GQA 8 (tiles of 256 rows and a
+ * remainder), after cached keys, with sinks and soft-cap in turn. */
+static void test_same_keys(void)
+{
+    for (int t = 0; t < 3; t++) {
+        pcase c = base_case(16, 2, 128, 128, (kva_dtype)t, 600 + (uint64_t)t);
+        c.R = 2;
+        c.q_len[0] = 64;
+        c.ctx[0] = 1200;
+        c.q_len[1] = 150;
+        c.ctx[1] = 300;
+        c.noncausal = 1;
+        c.sinks = t != 1;
+        c.softcap = t == 2 ? 8.0f : 0.0f;
+        run_pcase(&c);
+    }
+}
+
 int main(void)
 {
     const char *vs[KVA_TEST_MAX_KERNELS + 1];
@@ -289,5 +321,6 @@ int main(void)
     RUN(test_wide_scores);
     RUN(test_masks_after_context);
     RUN(test_splits);
+    RUN(test_same_keys);
     return kva_test_finish();
 }

@@ -169,10 +169,12 @@ static void test_layout(void)
 }
 
 /* kva_merge_states_n on random partials (some -inf, one NaN row) against a
- * fold of kva_merge_states on the reference backend, in f32. */
+ * fold of kva_merge_states on the reference backend, in f32. Hm = 10: the
+ * CPU backend takes rows 0-7 of a token 8 at a time (AVX2 weights, the
+ * special rows 2, 4, 5 among them) and rows 8-9 one by one. */
 static void test_merge_n(void)
 {
-    const int32_t P = 5, T = 7, Hm = 3, Dm = 16, rows = T * Hm;
+    const int32_t P = 5, T = 7, Hm = 10, Dm = 16, rows = T * Hm;
     kva_rng rng = {7};
     float *outs = malloc(sizeof(float) * P * rows * Dm), *lses = malloc(sizeof(float) * P * rows);
     kva_test_fill_uniform(outs, KVA_DTYPE_F32, (size_t)P * rows * Dm, &rng);
@@ -225,11 +227,13 @@ static void test_merge_n(void)
 
 /* kva_merge_states_n in f16 and bf16 on the CPU backend, on its SIMD row path
  * and its portable one, against the reference backend's merge of the same
- * partials: Dv = 136 takes both the 32-column and the 8-column steps; row 1
- * has an empty part whose out is NaN (not read), row 3 a NaN part. */
+ * partials: Dv = 136 takes both the 32-column and the 8-column steps, Hm = 12
+ * a block of 8 rows with vector weights and 4 rows one by one; row 1 has an
+ * empty part whose out is NaN (not read), row 3 a NaN part, row 6 one NaN
+ * element in a part of finite lse (a NaN lane of the merged row's store). */
 static void test_merge_n_dtypes(void)
 {
-    const int32_t P = 3, T = 5, Hm = 4, Dm = 136, rows = T * Hm;
+    const int32_t P = 3, T = 5, Hm = 12, Dm = 136, rows = T * Hm;
     const size_t on = (size_t)rows * Dm;
     const kva_dtype dts[] = {KVA_DTYPE_BF16, KVA_DTYPE_F16};
     const char *isas[] = {NULL, "portable"};
@@ -252,6 +256,7 @@ static void test_merge_n_dtypes(void)
             CHECK_OK(
                 kva_convert(&nan, KVA_DTYPE_F32, outs + ((size_t)2 * on + Dm + c) * es, dt, 1));
         lses[1 * rows + 3] = NAN;
+        CHECK_OK(kva_convert(&nan, KVA_DTYPE_F32, outs + ((size_t)6 * Dm + 5) * es, dt, 1));
         kva_test_poison(want, dt, on);
         CHECK_OK(kva_merge_states_n(ref, P, T, Hm, Dm, dt, outs, 0, lses, 0, want, wl));
         CHECK_OK(kva_convert(want, dt, w32, KVA_DTYPE_F32, on));
@@ -268,7 +273,8 @@ static void test_merge_n_dtypes(void)
             for (int32_t n = 0; n < rows; n++) {
                 for (int32_t c = 0; c < Dm; c++) {
                     const float g = g32[n * Dm + c], w = w32[n * Dm + c];
-                    bad += n == 3 ? !isnan(g) : !(fabsf(g - w) <= 1e-6f + rtol * fabsf(w));
+                    bad +=
+                        n == 3 || isnan(w) ? !isnan(g) : !(fabsf(g - w) <= 1e-6f + rtol * fabsf(w));
                 }
                 bad += n == 3 ? !isnan(gl[n]) : !(fabsf(gl[n] - wl[n]) <= 1e-5f);
             }

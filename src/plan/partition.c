@@ -387,7 +387,8 @@ static int64_t units_total(const kva_plan *plan, const unit_list *a)
     return total * plan->d.num_kv_heads;
 }
 
-/* Normalizes the caller's parameters (every field >= 1, prefill_rows <= max_rows). */
+/* Normalizes the caller's parameters (every field >= 1; prefill_rows may
+ * exceed max_rows, which bounds decode tiles and head slices). */
 static kva__partition_params norm_params(const kva__partition_params *params)
 {
     kva__partition_params pp = *params;
@@ -395,7 +396,7 @@ static kva__partition_params norm_params(const kva__partition_params *params)
         pp.num_threads = 1;
     if (pp.max_rows < 1)
         pp.max_rows = 1;
-    if (pp.prefill_rows < 1 || pp.prefill_rows > pp.max_rows)
+    if (pp.prefill_rows < 1)
         pp.prefill_rows = pp.max_rows;
     if (pp.split_align < 1)
         pp.split_align = 1;

@@ -7,7 +7,9 @@
  * so each K/V row an item loads serves all of its heads (GQA packing). Query
  * rows are tiled (decodes form one tile, prefills are cut into tiles of a few
  * dozen rows), so an item computes a tile of nq query rows x nh heads, i.e.
- * nq * nh "rows" of attention, at most params.max_rows.
+ * nq * nh "rows" of attention: at most params.max_rows for a decode tile
+ * (and for nq = 1), at most params.prefill_rows for a prefill tile of
+ * several query rows.
  *
  * When there are too few items to keep every thread busy, or one item would
  * dominate the step, an item's key range is split into chunks (split-KV). The
@@ -50,7 +52,8 @@ typedef struct kva__split_task {
 typedef struct kva__partition_params {
     int32_t num_threads;      /* threads that will run the items (>= 1) */
     int32_t max_rows;         /* most attention rows (query rows x heads) per item */
-    int32_t prefill_rows;     /* preferred attention rows of a prefill tile (<= max_rows) */
+    int32_t prefill_rows;     /* preferred attention rows of a prefill tile (may exceed
+                                 max_rows, which slices the heads: nq >= 2 then) */
     int32_t split_align;      /* split boundaries are multiples of this many keys */
     int32_t min_split_keys;   /* no chunk shorter than this many keys */
     int32_t max_splits;       /* most chunks per tile */

@@ -30,6 +30,14 @@
 #define KVA_CPU_PREFILL_ROWS 128
 /* Most keys of one tile of the tiled prefill kernels (prefill_tiled.inc). */
 #define KVA_CPU_TILE_KEYS 96
+/* Most attention rows of an item of the tiled prefill kernels. A plan whose
+ * query rows all see the same keys (non-causal, no window or chunk: the
+ * cascade's prefix pass, encoders) takes tiles of this many rows when its
+ * prefill kernel is a tiled one (cpu_plan_build), so that each K/V tile is
+ * read and converted once for twice KVA_CPU_PREFILL_ROWS rows: the prefix
+ * pass of 64 decodes at GQA 4 is one item per kv head (before its key
+ * splits) instead of two. */
+#define KVA_CPU_TILE_ROWS 256
 /* Decode groups (see "Groups" below): most items of one group, and most
  * attention rows of an item that may join one. */
 #define KVA_CPU_GROUP_MAX 8
@@ -92,7 +100,7 @@ typedef struct kva__cpu_scratch {
 } kva__cpu_scratch;
 
 /* The tiled prefill kernels' arrays (prefill_tiled.inc), carved out of
- * kva__cpu_scratch.tile. Mp = MAX_ROWS (a multiple of 16), KT = TILE_KEYS;
+ * kva__cpu_scratch.tile. Mp = TILE_ROWS (a multiple of 16), KT = TILE_KEYS;
  * arrays over rows hold one lane per attention row of the item. */
 typedef struct kva__cpu_tile {
     float *qt;                  /* [D, Mp] query tile, transposed, scale folded in */
@@ -313,6 +321,14 @@ void kva__cpu_store_row(void *dst, kva_dtype dt, const float *src, int32_t n);
  * weight is 0 is not read. Dv is a multiple of 8, at most KVA_MAX_HEAD_DIM. */
 void kva__cpu_merge_row_avx2(kva_dtype dt, int32_t Dv, int32_t num_parts, const unsigned char *row0,
                              size_t part_bytes, const float *wts, void *dst);
+/* The weights of 8 rows of kva__cpu_merge_rows at once (cpu_merge_avx2.c):
+ * part p's lses of the rows at l0 + p * stride [8]; w [num_parts, 8] gets
+ * each part's normalized weight exp(l_p - m) / W per row (exactly 1 / W for
+ * the largest part, 0 for l_p = -inf), lse [8] m + log W. Returns the bit
+ * mask of the rows it does not handle (a NaN part, or every part -inf),
+ * whose w and lse are left unspecified. */
+unsigned kva__cpu_merge_weights8_avx2(int32_t num_parts, const float *l0, int64_t stride, float *w,
+                                      float *lse);
 /* IEEE binary16 -> binary32, exact and branch-free: the exponent/mantissa bits
  * moved to binary32 positions give x * 2^-112 for normal and subnormal halves
  * (binary32 has room for both), so one multiply by 2^112 rebiases; inf and NaN

@@ -141,79 +141,159 @@ kva_status kva__cpu_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t 
     return KVA_STATUS_OK;
 }
 
+/* What every row of one kva__cpu_merge_rows call shares. */
+typedef struct merge_args {
+    int32_t num_parts, num_heads, Dv;
+    kva_dtype dtype;
+    size_t esz, row_bytes;
+    const unsigned char *outs;
+    int64_t out_stride, out_tok;
+    const float *lses;
+    int64_t lse_stride, lse_tok;
+    unsigned char *out;
+    float *lse_out;
+    int simd; /* the AVX2 row merge (cpu_merge_avx2.c) */
+} merge_args;
+
+/* Merges row n (head n % H of token n / H) of a merge_rows call. */
+static void merge_rows_one(const merge_args *a, int64_t n);
+
+/* Merges rows [8 b, 8 b + 8) of token t = b / blocks, blocks = ceil(H / 8)
+ * per token: with AVX2 a whole block of 8 heads gets its weights in vectors
+ * (kva__cpu_merge_weights8_avx2); other rows go one by one. */
+static void merge_rows_block(const merge_args *a, int64_t b)
+{
+    const int32_t H = a->num_heads, blocks = (H + 7) / 8;
+    const int64_t t = b / blocks;
+    const int32_t h0 = (int32_t)(b % blocks) * 8, nh = H - h0 < 8 ? H - h0 : 8;
+#if KVA_X86_SIMD
+    if (a->simd && nh == 8) {
+        float w[KVA_MAX_DCP * 8], lse[8], wts[KVA_MAX_DCP];
+        const unsigned special = kva__cpu_merge_weights8_avx2(
+            a->num_parts, a->lses + t * a->lse_tok + h0, a->lse_stride, w, lse);
+        for (int32_t l = 0; l < 8; l++) {
+            const int64_t n = t * H + h0 + l;
+            if (special >> l & 1u) {
+                merge_rows_one(a, n);
+                continue;
+            }
+            for (int32_t p = 0; p < a->num_parts; p++)
+                wts[p] = w[p * 8 + l];
+            if (a->lse_out)
+                a->lse_out[n] = lse[l];
+            kva__cpu_merge_row_avx2(a->dtype, a->Dv, a->num_parts,
+                                    a->outs + (size_t)(t * a->out_tok + (h0 + l) * a->Dv) * a->esz,
+                                    (size_t)a->out_stride * a->esz, wts,
+                                    a->out + (size_t)n * a->row_bytes);
+        }
+        return;
+    }
+#endif
+    for (int32_t h = h0; h < h0 + nh; h++)
+        merge_rows_one(a, t * H + h);
+}
+
+static void merge_rows_one(const merge_args *a, int64_t n)
+{
+    const int32_t num_parts = a->num_parts, Dv = a->Dv;
+    const kva_dtype dtype = a->dtype;
+    const size_t esz = a->esz;
+    /* Row n is head h of token t; its parts sit at the token strides. */
+    const int64_t t = n / a->num_heads, h = n % a->num_heads;
+    const int64_t src = t * a->out_tok + h * Dv, ls = t * a->lse_tok + h;
+    float acc[KVA_MAX_HEAD_DIM], wts[KVA_MAX_DCP];
+    float m = -INFINITY;
+    for (int32_t p = 0; p < num_parts; p++)
+        m = kva__cpu_max_nan(a->lses[p * a->lse_stride + ls], m);
+    unsigned char *dst = a->out + (size_t)n * a->row_bytes;
+    if (m != m || m == -INFINITY) { /* a NaN part, or no key in any part */
+        for (int32_t c = 0; c < Dv; c++)
+            acc[c] = m != m ? m : 0.0f;
+        kva__cpu_store_row(dst, dtype, acc, Dv);
+        if (a->lse_out)
+            a->lse_out[n] = m;
+        return;
+    }
+    /* The weights first, so each part's row is read once, already
+     * normalized: acc = sum_p (w_p / W) out_p, one pass per part. */
+    float w = 0.0f;
+    for (int32_t p = 0; p < num_parts; p++) {
+        /* exp(0) = 1 exactly: the largest part needs no expf. */
+        const float l = a->lses[p * a->lse_stride + ls];
+        wts[p] = l == m ? 1.0f : expf(l - m);
+        w += wts[p];
+    }
+    const float inv = 1.0f / w;
+    if (a->lse_out)
+        a->lse_out[n] = m + logf(w);
+#if KVA_X86_SIMD
+    if (a->simd) {
+        for (int32_t p = 0; p < num_parts; p++)
+            wts[p] *= inv; /* 0 stays 0: that part is still not read */
+        kva__cpu_merge_row_avx2(dtype, Dv, num_parts, a->outs + (size_t)src * esz,
+                                (size_t)a->out_stride * esz, wts, dst);
+        return;
+    }
+#endif
+    memset(acc, 0, (size_t)Dv * sizeof(float));
+    for (int32_t p = 0; p < num_parts; p++) {
+        if (wts[p] == 0.0f)
+            continue; /* not read: its row may hold anything */
+        const float wp = wts[p] * inv;
+        const unsigned char *row = a->outs + ((size_t)(p * a->out_stride) + (size_t)src) * esz;
+        if (dtype == KVA_DTYPE_F32) {
+            const float *restrict r = (const float *)row;
+            for (int32_t c = 0; c < Dv; c++)
+                acc[c] += wp * r[c];
+        } else if (dtype == KVA_DTYPE_BF16) {
+            const uint16_t *restrict r = (const uint16_t *)row;
+            for (int32_t c = 0; c < Dv; c++)
+                acc[c] += wp * kva__cpu_bf16_to_f32(r[c]);
+        } else {
+            const uint16_t *restrict r = (const uint16_t *)row;
+            for (int32_t c = 0; c < Dv; c++)
+                acc[c] += wp * kva__cpu_f16_to_f32(r[c]);
+        }
+    }
+    kva__cpu_store_row(dst, dtype, acc, Dv);
+}
+
 void kva__cpu_merge_rows(const kva_context *ctx, int32_t num_parts, int32_t num_tokens,
                          int32_t num_heads, int32_t head_dim_v, kva_dtype dtype, const void *outs,
                          int64_t out_stride, int64_t out_tok, const float *lses, int64_t lse_stride,
                          int64_t lse_tok, void *out, float *lse_out)
 {
     const int64_t rows = (int64_t)num_tokens * num_heads;
-    const int32_t Dv = head_dim_v;
-    const size_t esz = kva_dtype_size(dtype), row_bytes = (size_t)Dv * esz;
-    const int nt = merge_threads(ctx, rows * Dv * num_parts);
+    merge_args a;
+    a.num_parts = num_parts;
+    a.num_heads = num_heads;
+    a.Dv = head_dim_v;
+    a.dtype = dtype;
+    a.esz = kva_dtype_size(dtype);
+    a.row_bytes = (size_t)head_dim_v * a.esz;
+    a.outs = outs;
+    a.out_stride = out_stride;
+    a.out_tok = out_tok;
+    a.lses = lses;
+    a.lse_stride = lse_stride;
+    a.lse_tok = lse_tok;
+    a.out = out;
+    a.lse_out = lse_out;
 #if KVA_X86_SIMD
-    const int simd = kva__cpu_isa_of(&ctx->cpu_features) >= KVA__ISA_AVX2;
+    a.simd = kva__cpu_isa_of(&ctx->cpu_features) >= KVA__ISA_AVX2;
+#else
+    a.simd = 0;
 #endif
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t n = 0; n < rows; n++) {
-        /* Row n is head h of token t; its parts sit at the token strides. */
-        const int64_t t = n / num_heads, h = n % num_heads;
-        const int64_t src = t * out_tok + h * Dv, ls = t * lse_tok + h;
-        float acc[KVA_MAX_HEAD_DIM], wts[KVA_MAX_DCP];
-        float m = -INFINITY;
-        for (int32_t p = 0; p < num_parts; p++)
-            m = kva__cpu_max_nan(lses[p * lse_stride + ls], m);
-        unsigned char *dst = (unsigned char *)out + (size_t)n * row_bytes;
-        if (m != m || m == -INFINITY) { /* a NaN part, or no key in any part */
-            for (int32_t c = 0; c < Dv; c++)
-                acc[c] = m != m ? m : 0.0f;
-            kva__cpu_store_row(dst, dtype, acc, Dv);
-            if (lse_out)
-                lse_out[n] = m;
-            continue;
-        }
-        /* The weights first, so each part's row is read once, already
-         * normalized: acc = sum_p (w_p / W) out_p, one pass per part. */
-        float w = 0.0f;
-        for (int32_t p = 0; p < num_parts; p++) {
-            /* exp(0) = 1 exactly: the largest part needs no expf. */
-            const float l = lses[p * lse_stride + ls];
-            wts[p] = l == m ? 1.0f : expf(l - m);
-            w += wts[p];
-        }
-        const float inv = 1.0f / w;
-        if (lse_out)
-            lse_out[n] = m + logf(w);
-#if KVA_X86_SIMD
-        if (simd) {
-            for (int32_t p = 0; p < num_parts; p++)
-                wts[p] *= inv; /* 0 stays 0: that part is still not read */
-            kva__cpu_merge_row_avx2(dtype, Dv, num_parts,
-                                    (const unsigned char *)outs + (size_t)src * esz,
-                                    (size_t)out_stride * esz, wts, dst);
-            continue;
-        }
-#endif
-        memset(acc, 0, (size_t)Dv * sizeof(float));
-        for (int32_t p = 0; p < num_parts; p++) {
-            if (wts[p] == 0.0f)
-                continue; /* not read: its row may hold anything */
-            const float wp = wts[p] * inv;
-            const unsigned char *row =
-                (const unsigned char *)outs + ((size_t)(p * out_stride) + (size_t)src) * esz;
-            if (dtype == KVA_DTYPE_F32) {
-                const float *restrict r = (const float *)row;
-                for (int32_t c = 0; c < Dv; c++)
-                    acc[c] += wp * r[c];
-            } else if (dtype == KVA_DTYPE_BF16) {
-                const uint16_t *restrict r = (const uint16_t *)row;
-                for (int32_t c = 0; c < Dv; c++)
-                    acc[c] += wp * kva__cpu_bf16_to_f32(r[c]);
-            } else {
-                const uint16_t *restrict r = (const uint16_t *)row;
-                for (int32_t c = 0; c < Dv; c++)
-                    acc[c] += wp * kva__cpu_f16_to_f32(r[c]);
-            }
-        }
-        kva__cpu_store_row(dst, dtype, acc, Dv);
+    const int nt = merge_threads(ctx, rows * head_dim_v * num_parts);
+    const int64_t blocks = (int64_t)num_tokens * ((num_heads + 7) / 8);
+    if (nt == 1) {
+        /* No parallel region for a merge of one thread (a DCP combine of a
+         * few decodes takes microseconds). */
+        for (int64_t b = 0; b < blocks; b++)
+            merge_rows_block(&a, b);
+        return;
     }
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t b = 0; b < blocks; b++)
+        merge_rows_block(&a, b);
 }

@@ -13,6 +13,7 @@
 #if defined(__x86_64__)
 
 #include "cpu_attn.h"
+#include "prefill_avx2.h" /* pf_exp */
 
 #include <immintrin.h>
 
@@ -27,29 +28,49 @@ static inline __m256 load8(const unsigned char *p, kva_dtype dt)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* Eight fp32 as bf16 at p: kva__bf16_bits on each lane. */
-static inline void store8_bf16(unsigned char *p, __m256 x)
+/* Eight fp32 as bf16 in the low 16 bits of 32-bit lanes: kva__bf16_bits on
+ * each lane (round to nearest even, NaN kept quiet). */
+static inline __m256i bf16_lanes(__m256 x)
 {
     const __m256i u = _mm256_castps_si256(x);
-    const __m256i one = _mm256_set1_epi32(1);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
-    __m256i r = _mm256_srli_epi32(
+    const __m256i hi = _mm256_srli_epi32(u, 16);
+    const __m256i odd = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(
         _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                           _mm256_set1_epi32(0x7f800000));
-    const __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-    r = _mm256_blendv_epi8(r, qnan, nan);
+    /* NaN lanes (rare): the quiet bit set on the high half instead. */
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    if (_mm256_testz_ps(nan, nan))
+        return r;
+    const __m256i qnan = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(nan));
+}
+
+/* Eight fp32 as bf16 at p. */
+static inline void store8_bf16(unsigned char *p, __m256 x)
+{
+    const __m256i r = bf16_lanes(x);
     /* r holds 16-bit values in 32-bit lanes: pack within lanes, then gather
      * the two lanes' low halves. */
     const __m256i pk = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
     _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(pk));
 }
 
+/* Sixteen fp32 (x, then y) as bf16 at p: one pack, one permute, one store. */
+static inline void store16_bf16(unsigned char *p, __m256 x, __m256 y)
+{
+    const __m256i pk = _mm256_packus_epi32(bf16_lanes(x), bf16_lanes(y));
+    _mm256_storeu_si256((__m256i *)p, _mm256_permute4x64_epi64(pk, 0xd8));
+}
+
 /* Stores the nv vectors a (8 * nv columns from column c) of the merged row. */
 static inline void store_cols(kva_dtype dt, unsigned char *dst, float *acc, int32_t c,
                               const __m256 *a, int nv)
 {
-    for (int v = 0; v < nv; v++) {
+    int v = 0;
+    if (dt == KVA_DTYPE_BF16)
+        for (; v + 2 <= nv; v += 2)
+            store16_bf16(dst + (size_t)(c + 8 * v) * 2, a[v], a[v + 1]);
+    for (; v < nv; v++) {
         if (dt == KVA_DTYPE_BF16)
             store8_bf16(dst + (size_t)(c + 8 * v) * 2, a[v]);
         else if (dt == KVA_DTYPE_F32)
@@ -78,10 +99,42 @@ static inline void merge_cols(kva_dtype dt, size_t es, int32_t num_parts, const 
     store_cols(dt, dst, acc, c, a, nv);
 }
 
+unsigned kva__cpu_merge_weights8_avx2(int32_t num_parts, const float *l0, int64_t stride, float *w,
+                                      float *lse)
+{
+    __m256 m = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+    for (int32_t p = 0; p < num_parts; p++) {
+        const __m256 l = _mm256_loadu_ps(l0 + p * stride);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(l, l, _CMP_UNORD_Q));
+        m = _mm256_max_ps(l, m); /* NaN lanes: the nan mask takes them */
+    }
+    const __m256 empty = _mm256_cmp_ps(m, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ);
+    const unsigned special = (unsigned)_mm256_movemask_ps(_mm256_or_ps(nan, empty));
+    /* exp(l - m), exactly 1 for the largest part (and 0 for l = -inf). */
+    const __m256 one = _mm256_set1_ps(1.0f);
+    __m256 sum = _mm256_setzero_ps();
+    for (int32_t p = 0; p < num_parts; p++) {
+        const __m256 l = _mm256_loadu_ps(l0 + p * stride);
+        const __m256 top = _mm256_cmp_ps(l, m, _CMP_EQ_OQ);
+        const __m256 e = _mm256_blendv_ps(pf_exp(_mm256_sub_ps(l, m)), one, top);
+        _mm256_storeu_ps(w + p * 8, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    const __m256 inv = _mm256_div_ps(one, sum);
+    for (int32_t p = 0; p < num_parts; p++)
+        _mm256_storeu_ps(w + p * 8, _mm256_mul_ps(_mm256_loadu_ps(w + p * 8), inv));
+    float ms[8], ss[8];
+    _mm256_storeu_ps(ms, m);
+    _mm256_storeu_ps(ss, sum);
+    for (int l = 0; l < 8; l++)
+        lse[l] = ms[l] + logf(ss[l]);
+    return special;
+}
+
 void kva__cpu_merge_row_avx2(kva_dtype dt, int32_t Dv, int32_t num_parts, const unsigned char *row0,
                              size_t part_bytes, const float *wts, void *dst)
 {
-    const size_t es = kva_dtype_size(dt);
+    const size_t es = dt == KVA_DTYPE_F32 ? 4 : 2;
     float acc[KVA_MAX_HEAD_DIM]; /* the f16 row before its scalar store */
     int32_t c = 0;
     for (; c + 32 <= Dv; c += 32)

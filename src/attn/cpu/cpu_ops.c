@@ -292,6 +292,15 @@ static kva_status cpu_plan_build(kva_context *ctx, kva_plan *plan)
         const int32_t hkv = plan->d.num_kv_heads;
         pp.items_per_thread *= hkv < KVA_CPU_GROUP_MAX ? hkv : KVA_CPU_GROUP_MAX;
     }
+    /* Rows that all see the same keys (cpu_attn.h, KVA_CPU_TILE_ROWS): the
+     * tiled kernels take twice the rows per K/V tile. (Asking for more items
+     * per thread as well, to cut these tiles along the keys as often as the
+     * smaller ones were, would double the split partials the merge reads.)
+     * The portable kernel's scratch holds KVA_CPU_MAX_ROWS rows. */
+    const kva_plan_desc *d = &plan->d;
+    if (!decode_only && impls[kp].fn != kva__cpu_attn_portable && !d->causal &&
+        d->window_left < 0 && d->attention_chunk <= 0)
+        pp.prefill_rows = KVA_CPU_TILE_ROWS;
     KVA_TRY(kva__cpu_plan_partition(ctx, plan, &pp));
     /* A plan with MLA head sizes also serves kva_mla_run (mla_cpu.c), whose
      * per-thread scratch shares the workspace with the partition's. */

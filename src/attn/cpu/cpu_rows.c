@@ -39,7 +39,7 @@ static size_t span(size_t n, size_t sz)
 /* Lays out the tiled prefill arrays from base (NULL: only measures); returns the bytes. */
 static size_t tile_layout(unsigned char *base, int32_t D, int32_t Dv, kva__cpu_tile *t)
 {
-    const size_t R = KVA_CPU_MAX_ROWS, K = KVA_CPU_TILE_KEYS;
+    const size_t R = KVA_CPU_TILE_ROWS, K = KVA_CPU_TILE_KEYS;
     const size_t W = (size_t)(D > Dv ? D : Dv);
     size_t off = 0;
 #define TILE_ARRAY(field, type, n)                                                                 \

@@ -86,6 +86,53 @@ KVA__WG_OPS(kva__mma_bf16, bf16)
 KVA__WG_OPS(kva__mma_f16, f16)
 
 /*
+ * x / d for 0 <= x < 2^31 by a multiply-high, an add and a shift: d is the
+ * launch's GQA group size G (H / Hkv), m and l come from the round-up method
+ * (l = ceil(log2 d), m = 2^32 (2^l - d) / d + 1), computed once per thread at
+ * the kernel's start. The packed rows' (token, head) split of every tile
+ * header, Q load and output row would otherwise each run an integer division.
+ */
+struct wg_div {
+    uint32_t d, m;
+    int l;
+};
+static __device__ __forceinline__ wg_div wg_div_make(uint32_t d)
+{
+    wg_div v;
+    v.d = d;
+    v.l = d > 1 ? 32 - __clz((int)(d - 1)) : 0;
+    v.m = (uint32_t)(((1ull << 32) * ((1ull << v.l) - d)) / d + 1);
+    return v;
+}
+static __device__ __forceinline__ int wg_div_q(const wg_div &v, int x)
+{
+    return (int)((__umulhi((uint32_t)x, v.m) + (uint32_t)x) >> v.l);
+}
+
+/* Tile header: request, rows, visible key range. */
+struct wg_tile {
+    int r, m0, kvh, q_start, q_len, seq_len, rows, G, m_last, pos_min, pos_max, kv_lo, kv_hi;
+};
+static __device__ __forceinline__ void wg_tile_init(wg_tile &t, const kva__cuda_prefill_args &a,
+                                                    const int32_t *tile, const wg_div &gd)
+{
+    t.r = tile[0];
+    t.m0 = tile[1];
+    t.kvh = tile[2];
+    t.G = (int)gd.d;
+    t.q_start = a.query_start_loc[t.r];
+    t.q_len = a.query_start_loc[t.r + 1] - t.q_start;
+    t.seq_len = a.seq_lens[t.r];
+    t.rows = t.q_len * t.G;
+    t.m_last = min(t.m0 + WG_M, t.rows) - 1;
+    t.pos_min = t.seq_len - t.q_len + wg_div_q(gd, t.m0);
+    t.pos_max = t.seq_len - t.q_len + wg_div_q(gd, t.m_last);
+    const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
+    t.kv_lo = kva__first_key(t.pos_min, window, a.attention_chunk);
+    t.kv_hi = a.causal ? min(t.seq_len, t.pos_max + 1) : t.seq_len;
+}
+
+/*
  * Per-thread rows and CTA-uniform scalars of the softmax and the epilogue.
  * The mask is folded into per-row bounds when the CTA tile starts: row hf
  * sees keys lo[hf] <= j < hi[hf] (causal, seq_len, window and chunk), and
@@ -97,6 +144,7 @@ KVA__WG_OPS(kva__mma_f16, f16)
  */
 struct wg_ctx {
     int pos[2], head[2]; /* position and query head of rows hf = 0, 1 */
+    int tok[2];          /* their query token (output row / H), -1 past the request */
     int lo[2], hi[2];    /* the rows' visible keys [lo, hi) without the tree */
     const uint64_t *tw;  /* the request's draft-tree words, read on tiles reaching t0 */
     int t0, tn;          /* first draft-tree key (INT32_MAX: no tree), tree rows */
@@ -107,45 +155,107 @@ struct wg_ctx {
 };
 
 #ifdef KVA_WGMMA_BODY
-/* Fills c for the thread's rows m0 + rbase + g4 + 8 hf (rbase = 64 * warpgroup
- * + 16 * warp in it) of a tile whose rows end at m_last, of the request whose
- * query tokens start at q_start (DK: the default scale's head size). */
+/* Fills c for the thread's rows t.m0 + rbase + g4 + 8 hf (rbase = 64 *
+ * warpgroup + 16 * warp in it) of tile t (DK: the default scale's head
+ * size). */
 template <int DK>
-static __device__ __forceinline__ void
-wg_ctx_init(wg_ctx &c, const kva__cuda_prefill_args &a, int m0, int rbase, int m_last, int G,
-            int kvh, int seq_len, int q_len, int pos_min, int pos_max, int q_start)
+static __device__ __forceinline__ void wg_ctx_init(wg_ctx &c, const kva__cuda_prefill_args &a,
+                                                   const wg_tile &t, int rbase, const wg_div &gd)
 {
     const int lane = threadIdx.x & 31;
     const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
     const kva__cuda_tree tree =
-        kva__cuda_tree_at(a.tree, a.tree_on ? *a.tree_on : 0, q_start, seq_len, q_len);
+        kva__cuda_tree_at(a.tree, a.tree_on ? *a.tree_on : 0, t.q_start, t.seq_len, t.q_len);
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
-        const int pm = min(m0 + rbase + hf * 8 + (lane >> 2), m_last);
-        const int i = pm / G, p = seq_len - q_len + i;
+        /* Rows past the request take the last row's mask; they write nothing. */
+        const int pu = t.m0 + rbase + hf * 8 + (lane >> 2), pm = min(pu, t.m_last);
+        const int i = wg_div_q(gd, pm), p = t.seq_len - t.q_len + i;
         c.pos[hf] = p;
-        c.head[hf] = kvh * G + (pm - i * G);
+        c.head[hf] = t.kvh * t.G + (pm - i * t.G);
+        c.tok[hf] = pu < t.rows ? t.q_start + i : -1;
         c.lo[hf] = kva__first_key(p, window, a.attention_chunk);
-        c.hi[hf] = a.causal ? min(seq_len, p + 1) : seq_len;
+        c.hi[hf] = a.causal ? min(t.seq_len, p + 1) : t.seq_len;
     }
     c.tw = tree.w;
     c.t0 = tree.t0;
     c.tn = tree.n;
-    c.hi_min = a.causal ? min(seq_len, pos_min + 1) : seq_len;
-    c.lo_max = kva__first_key(pos_max, window, a.attention_chunk);
+    c.hi_min = a.causal ? min(t.seq_len, t.pos_min + 1) : t.seq_len;
+    c.lo_max = kva__first_key(t.pos_max, window, a.attention_chunk);
     c.t4 = lane & 3;
     const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)DK);
     c.scale_log2 = scale * WG_LOG2E;
 }
 
 /*
+ * The plan's score transforms of one key tile, in place (raw scores in, log2
+ * units out): soft-cap (cap * tanh(score / cap)) or the plain scale, then
+ * ALiBi's slope[head] * (j - pos). Each is its own unrolled loop, entered
+ * only when the plan has the transform, so the common path (a causal mask
+ * only) never fetches their code (docs/cuda-prefill.md: the kernel's code
+ * size).
+ */
+static __device__ __forceinline__ void wg_transform(float (&s)[64], const wg_ctx &c, float softcap,
+                                                    const float *alibi, int n0)
+{
+    if (softcap > 0.0f) {
+        const float score_mul = c.scale_log2 * WG_LN2 / softcap, cap_mul = softcap * WG_LOG2E;
+#pragma unroll
+        for (int e = 0; e < 64; e++)
+            s[e] = cap_mul * tanhf(s[e] * score_mul);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 64; e++)
+            s[e] *= c.scale_log2;
+    }
+    if (alibi) {
+        const float sl[2] = {alibi[c.head[0]] * WG_LOG2E, alibi[c.head[1]] * WG_LOG2E};
+#pragma unroll
+        for (int e = 0; e < 64; e++) {
+            const int hf = (e >> 1) & 1, j = n0 + (e >> 2) * 8 + (e & 1) + 2 * c.t4;
+            s[e] += sl[hf] * (float)(j - c.pos[hf]);
+        }
+    }
+}
+
+/*
+ * The mask of one key tile that crosses a row's bounds or the draft tree:
+ * invisible elements become -inf. The rows' visibility words
+ * (tree_mask.cuh): bit (e / 4) * 8 + e % 2 of the 128-bit word of row hf is
+ * element e's key n0 + 8 (e / 4) + 2 t4 + e % 2. The tree words (keys t0 ..
+ * t0 + 63; rows are the request's query tokens, tree positions t0 .. t0 +
+ * q_len - 1) are read only on tiles reaching t0, 0 off the tree.
+ */
+static __device__ __forceinline__ void wg_mask(float (&s)[64], const wg_ctx &c, int n0)
+{
+    uint32_t vis[2][WG_BN / 32];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        uint64_t tw = 0ull;
+        if (n0 + WG_BN > c.t0 && (uint32_t)(c.pos[hf] - c.t0) < (uint32_t)c.tn)
+            tw = __ldg(c.tw + (c.pos[hf] - c.t0));
+#pragma unroll
+        for (int q = 0; q < WG_BN / 32; q++)
+            vis[hf][q] = kva__cuda_vis_word(n0 + 2 * c.t4 + 32 * q, c.lo[hf], c.hi[hf], c.t0, tw);
+    }
+#pragma unroll
+    for (int e = 0; e < 64; e++) {
+        const int hf = (e >> 1) & 1, i = (e >> 2) * 8 + (e & 1);
+        s[e] = (vis[hf][i >> 5] >> (i & 31)) & 1u ? s[e] : -INFINITY;
+    }
+}
+
+/*
  * Online softmax of one key tile (keys n0 .. n0 + 127) in log2 units, as
  * prefill_mma: s[4 nb + e] is row hf = e / 2, key n0 + 8 nb + 2 t4 + e % 2.
- * Masks / transforms the tile when needed, updates m_run and l_run (per-thread
- * partial sums), rescales o lazily (the reference max moves only when a row
- * of the warp grows past it by more than 8, so weights stay <= 2^8), and packs
- * P into pa: the register A operands of the k-steps (keys 16 kk .. + 15) of
- * O += P V ({0, 1}: keys 0..7 of rows g, g + 8; {2, 3}: keys 8..15).
+ * Transforms (wg_transform, only with soft-cap or ALiBi) and masks (wg_mask,
+ * only on tiles crossing a row's bounds or the tree) the tile; otherwise
+ * the raw score goes straight into the exponent's FFMA with scale * log2(e).
+ * Updates m_run and l_run (per-thread partial sums), rescales o lazily (the
+ * reference max moves only when a row of the warp grows past it by more than
+ * 8, so weights stay <= 2^8), and packs P into pa: the register A operands of
+ * the k-steps (keys 16 kk .. + 15) of O += P V ({0, 1}: keys 0..7 of rows g,
+ * g + 8; {2, 3}: keys 8..15).
  */
 template <typename Ty, bool DEFER, int NO>
 static __device__ __forceinline__ bool wg_softmax(float (&s)[64], float (&o)[NO],
@@ -153,44 +263,12 @@ static __device__ __forceinline__ bool wg_softmax(float (&s)[64], float (&o)[NO]
                                                   float (&l_run)[2], const wg_ctx &c, float softcap,
                                                   const float *alibi, int n0, float (&alpha_out)[2])
 {
-    const int need_mask = n0 + WG_BN > c.hi_min || n0 < c.lo_max || n0 + WG_BN > c.t0;
-    const int transform = need_mask || softcap > 0.0f || alibi != NULL;
+    const int transform = softcap > 0.0f || alibi != NULL;
     const float mul = transform ? 1.0f : c.scale_log2;
-    if (transform) {
-        float sl[2] = {0.0f, 0.0f};
-        if (alibi) {
-            sl[0] = alibi[c.head[0]] * WG_LOG2E;
-            sl[1] = alibi[c.head[1]] * WG_LOG2E;
-        }
-        /* The rows' visibility words (tree_mask.cuh): bit (e / 4) * 8 + e % 2
-         * of the 128-bit word of row hf is element e's key n0 + 8 (e / 4) +
-         * 2 t4 + e % 2. The tree words (keys t0 .. t0 + 63; rows are the
-         * request's query tokens, tree positions t0 .. t0 + q_len - 1) are read
-         * only on tiles reaching t0, 0 off the tree. */
-        uint32_t vis[2][WG_BN / 32];
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            uint64_t tw = 0ull;
-            if (n0 + WG_BN > c.t0 && (uint32_t)(c.pos[hf] - c.t0) < (uint32_t)c.tn)
-                tw = __ldg(c.tw + (c.pos[hf] - c.t0));
-#pragma unroll
-            for (int q = 0; q < WG_BN / 32; q++)
-                vis[hf][q] =
-                    kva__cuda_vis_word(n0 + 2 * c.t4 + 32 * q, c.lo[hf], c.hi[hf], c.t0, tw);
-        }
-        const float score_mul = softcap > 0.0f ? c.scale_log2 * WG_LN2 / softcap : 0.0f;
-        const float cap_mul = softcap * WG_LOG2E;
-#pragma unroll
-        for (int e = 0; e < 64; e++) {
-            const int hf = (e >> 1) & 1, i = (e >> 2) * 8 + (e & 1);
-            const int j = n0 + i + 2 * c.t4;
-            float x = s[e];
-            x = softcap > 0.0f ? cap_mul * tanhf(x * score_mul) : x * c.scale_log2;
-            x += sl[hf] * (float)(j - c.pos[hf]);
-            const bool vis_e = (vis[hf][i >> 5] >> (i & 31)) & 1u;
-            s[e] = vis_e ? x : -INFINITY;
-        }
-    }
+    if (transform)
+        wg_transform(s, c, softcap, alibi, n0);
+    if (n0 + WG_BN > c.hi_min || n0 < c.lo_max || n0 + WG_BN > c.t0)
+        wg_mask(s, c, n0);
     float m_new[2];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -251,11 +329,12 @@ static __device__ __forceinline__ void wg_rescale_o(float (&o)[NO], const float 
     }
 }
 
-/* Sink, normalization, out and lse of the thread's rows (as prefill_mma). */
+/* Sink, normalization, out and lse of the thread's rows (as prefill_mma; the
+ * output rows come from c, no tile header is read). */
 template <typename Ty, int DV>
-static __device__ __forceinline__ void
-wg_epilogue(const kva__cuda_prefill_args &a, const wg_ctx &c, const float (&o)[DV / 2],
-            const float (&m_run)[2], const float (&l_run)[2], int pm0, int rows, int q_start, int G)
+static __device__ __forceinline__ void wg_epilogue(const kva__cuda_prefill_args &a, const wg_ctx &c,
+                                                   const float (&o)[DV / 2],
+                                                   const float (&m_run)[2], const float (&l_run)[2])
 {
     typedef typename Ty::elem elem;
     elem *out = (elem *)a.out;
@@ -266,10 +345,9 @@ wg_epilogue(const kva__cuda_prefill_args &a, const wg_ctx &c, const float (&o)[D
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         float inv, lse;
         kva__pf_row_norm(l, m_run[hf], a.sinks, c.head[hf], inv, lse);
-        const int pm = pm0 + hf * 8;
-        if (pm >= rows)
+        if (c.tok[hf] < 0)
             continue;
-        const size_t orow = (size_t)(q_start + pm / G) * a.num_heads + c.head[hf];
+        const size_t orow = (size_t)c.tok[hf] * a.num_heads + c.head[hf];
         elem *dst = out + orow * DV;
 #pragma unroll
         for (int nb = 0; nb < DV / 8; nb++) {
@@ -307,8 +385,9 @@ static __device__ __forceinline__ int wg_blk_of(const wg_kv &g, int j)
  * chunk t % TPR + TPR s of rows t / TPR + RP k), with the block ids staged in
  * shared memory (int32 [128] at sids): no global load on the copy path. PAIR:
  * also the second operand (src2 into dst2) at the same offsets (K and V when
- * DK = DV). */
-template <int C, bool PAIR>
+ * DK = DV). POW2: B is a power of two (a mask instead of a division; two
+ * instantiations, so the common path carries no division code). */
+template <int C, bool PAIR, bool POW2>
 static __device__ __forceinline__ void
 wg_gather_rows(const wg_kv &g, const char *src, const char *src2, int64_t blk_b, int row_b, int t,
                int n0, uint32_t dst, uint32_t dst2, uint32_t sids)
@@ -320,7 +399,7 @@ wg_gather_rows(const wg_kv &g, const char *src, const char *src2, int64_t blk_b,
 #pragma unroll
     for (int k = 0; k < WG_BN / sp::RP; k++) {
         const int row = lrow + sp::RP * k, j = n0 + row;
-        const int o = g.b_shift >= 0 ? j & (g.B - 1) : j % g.B;
+        const int o = POW2 ? j & (g.B - 1) : j % g.B;
         const bool in = j >= g.kv_lo && j < g.kv_hi;
         int blk;
         asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(blk) : "r"(sids + 4u * (uint32_t)row));
@@ -345,35 +424,19 @@ static __device__ __forceinline__ void wg_gather_ids(const wg_kv &g, int t, int 
                                                      uint32_t sv, uint32_t sids)
 {
     if constexpr (DK == DV) {
-        wg_gather_rows<DK / 8, true>(g, g.k, g.v, g.k_blk, g.k_row, t, n0, sk, sv, sids);
+        if (g.b_shift >= 0)
+            wg_gather_rows<DK / 8, true, true>(g, g.k, g.v, g.k_blk, g.k_row, t, n0, sk, sv, sids);
+        else
+            wg_gather_rows<DK / 8, true, false>(g, g.k, g.v, g.k_blk, g.k_row, t, n0, sk, sv, sids);
+    } else if (g.b_shift >= 0) {
+        wg_gather_rows<DK / 8, false, true>(g, g.k, g.k, g.k_blk, g.k_row, t, n0, sk, sk, sids);
+        wg_gather_rows<DV / 8, false, true>(g, g.v, g.v, g.v_blk, g.v_row, t, n0, sv, sv, sids);
     } else {
-        wg_gather_rows<DK / 8, false>(g, g.k, g.k, g.k_blk, g.k_row, t, n0, sk, sk, sids);
-        wg_gather_rows<DV / 8, false>(g, g.v, g.v, g.v_blk, g.v_row, t, n0, sv, sv, sids);
+        wg_gather_rows<DK / 8, false, false>(g, g.k, g.k, g.k_blk, g.k_row, t, n0, sk, sk, sids);
+        wg_gather_rows<DV / 8, false, false>(g, g.v, g.v, g.v_blk, g.v_row, t, n0, sv, sv, sids);
     }
 }
 
-/* Tile header: request, rows, visible key range. */
-struct wg_tile {
-    int r, m0, kvh, q_start, q_len, seq_len, rows, G, m_last, pos_min, pos_max, kv_lo, kv_hi;
-};
-static __device__ __forceinline__ void wg_tile_init(wg_tile &t, const kva__cuda_prefill_args &a,
-                                                    const int32_t *tile)
-{
-    t.r = tile[0];
-    t.m0 = tile[1];
-    t.kvh = tile[2];
-    t.G = a.num_heads / a.num_kv_heads;
-    t.q_start = a.query_start_loc[t.r];
-    t.q_len = a.query_start_loc[t.r + 1] - t.q_start;
-    t.seq_len = a.seq_lens[t.r];
-    t.rows = t.q_len * t.G;
-    t.m_last = min(t.m0 + WG_M, t.rows) - 1;
-    t.pos_min = t.seq_len - t.q_len + t.m0 / t.G;
-    t.pos_max = t.seq_len - t.q_len + t.m_last / t.G;
-    const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
-    t.kv_lo = kva__first_key(t.pos_min, window, a.attention_chunk);
-    t.kv_hi = a.causal ? min(t.seq_len, t.pos_max + 1) : t.seq_len;
-}
 /* The gather state of tile t for thread tid of the producer (its first chunk
  * of a K and a V row: wg_split). */
 template <int DK, int DV>
@@ -403,7 +466,8 @@ static __device__ __forceinline__ void wg_kv_init(wg_kv &g, const kva__cuda_pref
  * into the swizzled [128, DK] Q operand at sq, by NT threads (index t). */
 template <int NT, int DK>
 static __device__ __forceinline__ void wg_load_q(const kva__cuda_prefill_args &a, const wg_tile &tl,
-                                                 uint32_t sq, int r0, int nrows, int t)
+                                                 uint32_t sq, int r0, int nrows, int t,
+                                                 const wg_div &gd)
 {
     typedef uint16_t elem;
     constexpr int C = DK / 8; /* 16-byte chunks per row */
@@ -413,7 +477,7 @@ static __device__ __forceinline__ void wg_load_q(const kva__cuda_prefill_args &a
         const elem *src = q;
         int bytes = 0;
         if (pm < tl.rows) {
-            const int i = pm / tl.G, g = pm - i * tl.G;
+            const int i = wg_div_q(gd, pm), g = pm - i * tl.G;
             src = q + ((size_t)(tl.q_start + i) * a.num_heads + (size_t)tl.kvh * tl.G + g) * DK +
                   ch * 8;
             bytes = 16;

@@ -128,6 +128,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
 
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
+    const wg_div gd = wg_div_make((uint32_t)(a.num_heads / a.num_kv_heads)); /* G */
     if (tid == 0) {
         for (int i = 0; i < NST; i++) {
             wg_mbar_init(full + 8 * i, 128);
@@ -146,7 +147,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
             if (ti >= n_tiles)
                 break;
             wg_tile tl;
-            wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
+            wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS, gd);
             const int n_first = tl.kv_lo / WG_BN;
             const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
@@ -238,21 +239,20 @@ __global__ void __launch_bounds__(3 * 128, 1)
         const uint64_t dq = kva__wgmma_desc(sQ + (uint32_t)cw * 64 * 128, 16, 1024);
         const uint64_t dk0 = kva__wgmma_desc(sK, 16, 1024);
         const uint64_t dv0 = kva__wgmma_desc(sV, WG_BN * 128, 1024);
-        int k = 0, ti = blockIdx.x;
+        int k = 0;
+        /* tl: the header of the CTA tile about to start, read when its Q rows
+         * are loaded (under the previous tile's epilogue); the key loop and the
+         * epilogue need only c and the key-tile range. */
         wg_tile tl;
-        wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
-        wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127);
+        wg_tile_init(tl, a, a.tiles + (size_t)blockIdx.x * KVA__CUDA_PREFILL_TILE_INTS, gd);
+        wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
         kva__cp_async_commit();
         for (;;) {
-            /* The tile header and tile count are read again where they are
-             * needed, not kept live through the key loop (registers). */
-            wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
             kva__cp_async_wait<0>();
             kva__fence_proxy_async();
             wg_bar_sync(3 + cw, 128);
             wg_ctx c;
-            wg_ctx_init<DK>(c, a, tl.m0, cw * 64 + wq * 16, tl.m_last, tl.G, tl.kvh, tl.seq_len,
-                            tl.q_len, tl.pos_min, tl.pos_max, tl.q_start);
+            wg_ctx_init<DK>(c, a, tl, cw * 64 + wq * 16, gd);
             const int n_first = tl.kv_lo / WG_BN;
             const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
@@ -364,16 +364,13 @@ __global__ void __launch_bounds__(3 * 128, 1)
              * epilogue (S of this tile is done with them). */
             const int tn = tile_of(k + 1), nt = *a.num_tiles;
             if (tn < nt) {
-                wg_tile_init(tl, a, a.tiles + (size_t)tn * KVA__CUDA_PREFILL_TILE_INTS);
-                wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127);
+                wg_tile_init(tl, a, a.tiles + (size_t)tn * KVA__CUDA_PREFILL_TILE_INTS, gd);
+                wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
                 kva__cp_async_commit();
             }
-            wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS);
-            wg_epilogue<Ty, DV>(a, c, o, m_run, l_run, tl.m0 + cw * 64 + wq * 16 + ((ct & 31) >> 2),
-                                tl.rows, tl.q_start, tl.G);
+            wg_epilogue<Ty, DV>(a, c, o, m_run, l_run);
             if (tn >= nt)
                 break;
-            ti = tn;
             k++;
         }
     }
