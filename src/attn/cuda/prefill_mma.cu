@@ -1,46 +1,24 @@
 /*
- * prefill_mma.cu - paged prefill / chunked prefill attention on tensor cores
- * (C-style CUDA; templates only for compile-time sizes).
+ * prefill_mma.cu - the mma.sync prefill (prefill_mma_kernel.cuh, the one
+ * body; docs/cuda-prefill.md) over f16 / bf16 caches: its 16-bit load
+ * policy, and the host side of every prefill kernel: the tile list (heaviest
+ * tiles first, in L2-sized sections), shape support, the kernel choice
+ * (mma.sync or the sm_90a wgmma kernel, prefill_wgmma.cu) and the launch.
  *
- * FlashAttention-2 structure on mma.sync.m16n8k16 (f16 or bf16 inputs, fp32
- * accumulation), for sm_80 and later:
- *   - one CTA = one tile of TILE_M = 128 packed rows (token i, group head g;
- *     row m = i * G + g) of one (request, kv head); see prefill_mma.h;
- *   - Q [128, D] is staged in shared memory once; K and V tiles [BN, D] are
- *     gathered from the paged cache through the block table with cp.async
- *     (16-byte chunks, rows may come from different blocks, any B >= 1), two
- *     stages deep, so the copy of tile n-1 overlaps the math of tile n;
- *   - shared memory rows are XOR-swizzled in 16-byte chunks (chunk c of row r
- *     lives at c ^ (r & 7)), so ldmatrix reads and cp.async writes are free of
- *     bank conflicts;
- *   - S = Q K^T and O += P V on mma.sync; P goes from the S accumulators to
- *     A fragments in registers (converted to f16/bf16) without shared memory;
- *   - online softmax in registers in log2 units: scale * log2(e) is folded
- *     into one multiply, exponentials are kva__ex2.approx;
- *   - key tiles no row of the CTA can see (causal, window) are never loaded;
- *     only tiles crossing the diagonal, the window edge or seq_len are masked
- *     per element.
- *
- *   - lazy rescaling: the running max used as the exponent's reference moves
- *     (and O, l are rescaled) only when some row of the warp exceeds it by
- *     more than 8 (log2 units), so the weights stay <= 2^8 and the O rescale
- *     is skipped on almost every tile.
  * One configuration per head size (mma_cfg below): D 128 runs 4 warps x 32
  * rows (two m16 tiles per warp, so each K/V fragment read from shared memory
  * feeds two mma; O takes D fp32 registers per thread), D 64 and D 256 run 8
  * warps x 16 rows (O is 16 x D per warp, D / 2 registers per thread; D 256
  * with 32 keys per tile and one CTA per SM). This is the portable prefill
- * (sm_80 and later); on sm_90a the wgmma kernel (prefill_wgmma.cu) takes
- * D 128.
+ * (sm_80 and later); on sm_90a the wgmma kernel takes D 128.
  */
 extern "C" {
 #include "internal.h"
 }
 #include "mma_ptx.cuh"
 #include "prefill_mma.h"
-#include "prefill_mma_common.cuh"
+#include "prefill_mma_kernel.cuh"
 #include "sort_inline.h"
-#include "tree_mask.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -51,224 +29,129 @@ extern "C" {
 #include <string.h>
 
 #define TILE_M KVA__CUDA_PREFILL_TILE_M
-#define LOG2E_F KVA__PF_LOG2E
-#define LN2_F KVA__PF_LN2
 
 /* ------------------------------------------------------------------------ */
-/* The kernel                                                                */
+/* The 16-bit load policy (prefill_mma_kernel.cuh)                           */
 /* ------------------------------------------------------------------------ */
+
+/* The configuration per head size: {BN keys per tile, NW warps, WM m16 tiles
+ * per warp, MINB CTAs per SM}. */
+template <int D> struct mma_cfg;
+template <> struct mma_cfg<64> {
+    enum { BN = 64, NW = 8, WM = 1, MINB = 2 };
+};
+template <> struct mma_cfg<128> {
+    enum { BN = 64, NW = 4, WM = 2, MINB = 1 };
+};
+template <> struct mma_cfg<256> {
+    enum { BN = 32, NW = 8, WM = 1, MINB = 1 };
+};
 
 /*
- * Template sizes: D head size (= Dv), BN keys per tile, NW warps, WM m16 tiles
- * per warp (NW * WM * 16 == TILE_M), MINB CTAs per SM the register budget must
- * allow (__launch_bounds__); mma_cfg gives them per D. Ty: kva__mma_bf16 or
- * kva__mma_f16.
+ * f16 / bf16 K and V (Ty: kva__mma_bf16 or kva__mma_f16, also q's and
+ * out's dtype). Q is copied with cp.async (its group joins the first key
+ * tile's); K and V tiles are gathered straight into their swizzled stages.
  * Dynamic shared memory: Q [TILE_M, D], then K [2][BN, D], V [2][BN, D].
  */
-template <int D, int BN, int NW, int WM, int MINB, typename Ty>
-__global__ void __launch_bounds__(NW * 32, MINB) prefill_mma_kernel(const kva__cuda_prefill_args a)
-{
-    static_assert(NW * WM * 16 == TILE_M, "tile rows");
-    static_assert(D % 64 == 0 && BN % 16 == 0, "sizes");
-    constexpr int NT = NW * 32; /* threads */
-    constexpr int CPR = D / 8;  /* 16-byte chunks per row */
-    constexpr int NB8 = BN / 8; /* n8 blocks of S */
-    constexpr int DB8 = D / 8;  /* n8 blocks of O */
-    typedef typename Ty::elem elem;
-
-    const int tile_idx = blockIdx.x;
-    if (tile_idx >= *a.num_tiles)
-        return;
-    const int32_t *tile = a.tiles + (size_t)tile_idx * KVA__CUDA_PREFILL_TILE_INTS;
-    const int r = tile[0], m0 = tile[1], kvh = tile[2];
-
-    extern __shared__ __align__(128) unsigned char smem[];
-    const uint32_t sQ = kva__smem_u32(smem);
-    const uint32_t sK = sQ + TILE_M * D * 2;
-    const uint32_t sV = sK + 2 * BN * D * 2;
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int H = a.num_heads, G = a.num_heads / a.num_kv_heads;
-    const int q_start = a.query_start_loc[r];
-    const int q_len = a.query_start_loc[r + 1] - q_start;
-    const int seq_len = a.seq_lens[r];
-    const int rows = q_len * G; /* packed rows of this (request, kv head) */
-    const int B = a.block_size;
-    const int bt_stride =
-        a.block_table_stride_dev ? *a.block_table_stride_dev : a.block_table_stride;
-    const int32_t *bt = a.block_table + (size_t)r * bt_stride;
-    /* The window and the local chunk give each row a first key (kva__first_key);
-     * window_left >= KVA_MAX_SEQ_LEN excludes nothing. */
-    const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
-    const int chunk = a.attention_chunk;
-
-    /* Positions of the tile's first and last valid rows (CTA-uniform). */
-    const int m_last = min(m0 + TILE_M, rows) - 1;
-    const int pos_min = seq_len - q_len + m0 / G;
-    const int pos_max = seq_len - q_len + m_last / G;
-    int kv_lo = kva__first_key(pos_min, window, chunk);
-    int kv_hi = a.causal ? min(seq_len, pos_max + 1) : seq_len;
-
-    /* ---- stage Q: rows m0 .. m0 + TILE_M of the packed (token, head) rows ---- */
-    const elem *q = (const elem *)a.q;
-    for (int idx = tid; idx < TILE_M * CPR; idx += NT) {
-        const int row = idx / CPR, ch = idx % CPR;
-        const int pm = m0 + row;
-        const elem *src = q;
-        int bytes = 0;
-        if (pm < rows) {
-            const int i = pm / G, g = pm - (pm / G) * G;
-            src = q + ((size_t)(q_start + i) * H + (size_t)kvh * G + g) * D + ch * 8;
-            bytes = 16;
-        }
-        kva__cp_async16(sQ + kva__swz<D>(row, ch), src, bytes);
-    }
-
-    /* K/V gather of key rows n0 .. n0 + BN into a stage, in two phases so the
-     * block-table loads' latency hides behind S = Q K^T: kv_blocks() loads the
-     * block ids of this thread's rows (KV_ITERS rows lrow + k * KV_RPP, one
-     * 16-byte chunk lch each), kv_copy() issues the cp.async copies. Rows outside
-     * [kv_lo, kv_hi) -- past seq_len (a partly filled block's unused slots,
-     * which may hold any bit pattern, NaN included), past the causal diagonal
-     * of the tile's last row, or before the window of its first row -- are
-     * zero-filled and their block-table entries never read, so no row's
-     * P V product meets them (0 * NaN). */
-    constexpr int KV_RPP = NT / CPR;
-    constexpr int KV_ITERS = BN * CPR / NT;
+template <int D_, typename Ty_> struct pf16_policy {
+    typedef mma_cfg<D_> C;
+    typedef kva__cuda_prefill_args Args;
+    typedef Ty_ Ty;
+    typedef Ty_ TyS;
+    typedef Ty_ TyP;
+    typedef typename Ty_::elem elem;
+    static constexpr int D = D_, BN = C::BN, NW = C::NW, WM = C::WM, MINB = C::MINB;
+    static constexpr int SQ = TILE_M * D * 2;
+    static constexpr int SMEM = (TILE_M + 4 * BN) * D * 2;
+    static constexpr bool KV_FIRST = false, CONVERT = false, LO = false;
+    static constexpr int NT = NW * 32;
+    static constexpr int CPR = D / 8; /* 16-byte chunks per row */
+    /* A thread copies KV_ITERS rows lrow + k * KV_RPP of a key tile, one
+     * 16-byte chunk lch each. */
+    static constexpr int KV_RPP = NT / CPR;
+    static constexpr int KV_ITERS = BN * CPR / NT;
     static_assert(NT % CPR == 0 && (BN * CPR) % NT == 0, "copy shape");
-    const int lrow = tid / CPR, lch = tid % CPR;
-    const elem *kc = (const elem *)a.k, *vc = (const elem *)a.v;
-    const int Hkv = a.num_kv_heads;
-    const int nhd = a.layout == KVA_LAYOUT_NHD;
-    /* Element offset of key j of this kv head: blk * blk_stride + o * row_stride
-     * + head_off with blk = block_table[j / B], o = j % B (a shift for B = 2^k). */
-    const int64_t blk_stride = (int64_t)B * Hkv * D;
-    const int row_stride = nhd ? Hkv * D : D;
-    const int head_off = (nhd ? kvh * D : kvh * B * D) + lch * 8;
-    const int b_shift = (B & (B - 1)) == 0 ? __ffs(B) - 1 : -1;
-    auto kv_blocks = [&](int n0, int blk[KV_ITERS]) {
-#pragma unroll
-        for (int k = 0; k < KV_ITERS; k++) {
-            const int j = n0 + lrow + k * KV_RPP;
-            const int bi = b_shift >= 0 ? j >> b_shift : j / B;
-            blk[k] = j >= kv_lo && j < kv_hi ? bt[bi] : 0;
-        }
+    struct Blocks {
+        int k[KV_ITERS];
     };
-    auto kv_copy = [&](int st, int n0, const int blk[KV_ITERS]) {
+
+    const Args &a;
+    const kva__pf_tile &t;
+    uint32_t sQ, sK, sV;
+    int lrow, lch, head_off; /* head_off: the tile's, plus this thread's chunk */
+
+    static __device__ __forceinline__ const Args &attn(const Args &q)
+    {
+        return q;
+    }
+    __device__ __forceinline__ pf16_policy(const Args &q, const kva__pf_tile &tt,
+                                           unsigned char *smem)
+        : a(q), t(tt)
+    {
+        sQ = kva__smem_u32(smem);
+        sK = sQ + SQ;
+        sV = sK + 2 * BN * D * 2;
+        lrow = (int)threadIdx.x / CPR;
+        lch = (int)threadIdx.x % CPR;
+        head_off = t.head_off + lch * 8;
+    }
+    static __device__ __forceinline__ void clear(Blocks &b)
+    {
+#pragma unroll
+        for (int k = 0; k < KV_ITERS; k++)
+            b.k[k] = 0;
+    }
+    /* Q rows m0 .. m0 + TILE_M of the packed (token, head) rows. */
+    __device__ __forceinline__ void stage_q() const
+    {
+        const elem *q = (const elem *)a.q;
+        for (int idx = (int)threadIdx.x; idx < TILE_M * CPR; idx += NT) {
+            const int row = idx / CPR, ch = idx % CPR;
+            const int pm = t.m0 + row;
+            const elem *src = q;
+            int bytes = 0;
+            if (pm < t.rows) {
+                const int i = pm / t.G, g = pm - (pm / t.G) * t.G;
+                src = q + ((size_t)(t.q_start + i) * t.H + (size_t)t.kvh * t.G + g) * D + ch * 8;
+                bytes = 16;
+            }
+            kva__cp_async16(sQ + kva__swz<D>(row, ch), src, bytes);
+        }
+    }
+    __device__ __forceinline__ void blocks(int n0, Blocks &b) const
+    {
+#pragma unroll
+        for (int k = 0; k < KV_ITERS; k++)
+            b.k[k] = t.key_block(n0 + lrow + k * KV_RPP);
+    }
+    __device__ __forceinline__ void copy(int st, int n0, const Blocks &b) const
+    {
+        const elem *kc = (const elem *)a.k, *vc = (const elem *)a.v;
 #pragma unroll
         for (int k = 0; k < KV_ITERS; k++) {
             const int row = lrow + k * KV_RPP, j = n0 + row;
-            const int o = b_shift >= 0 ? j & (B - 1) : j % B;
-            const bool in = j >= kv_lo && j < kv_hi;
-            const int64_t off = in ? (int64_t)blk[k] * blk_stride + (o * row_stride + head_off) : 0;
+            const int o = t.key_slot(j);
+            const bool in = t.key_in(j);
+            const int64_t off =
+                in ? (int64_t)b.k[k] * t.blk_stride + (o * t.row_stride + head_off) : 0;
             const uint32_t so = (uint32_t)st * BN * D * 2 + kva__swz<D>(row, lch);
             kva__cp_async16(sK + so, kc + off, in ? 16 : 0);
             kva__cp_async16(sV + so, vc + off, in ? 16 : 0);
         }
-    };
-
-    /* ---- per-thread rows: warp's m16 tile mt, half hf (row g or g + 8) ---- */
-    const int g4 = lane >> 2, t4 = lane & 3;
-
-    /* ldmatrix addressing and the rows' positions and heads. */
-    uint32_t xo_q[4], xo_k[4], q_lane, k_row, v_row;
-    kva__pf_ldsm_lanes<D, WM>(lane, warp, sQ, xo_q, xo_k, q_lane, k_row, v_row);
-    int pos[WM][2], head[WM][2];
-    kva__pf_rows<WM>(m0, warp, g4, m_last, G, seq_len, q_len, kvh, pos, head);
-    kva__pf_mask<WM> mk;
-    kva__pf_mask_init<WM>(mk, a, pos, seq_len, q_len, q_start, pos_min, pos_max);
-    const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)D);
-    const float softcap = a.softcap;
-    const float score_mul = softcap > 0.0f ? scale / softcap : 0.0f; /* before tanh */
-    const float cap_mul = softcap * LOG2E_F;                         /* after tanh */
-    const float scale_log2 = scale * LOG2E_F;
-
-    float o[WM][DB8][4];
-    float m_run[WM][2], l_run[WM][2];
-    kva__pf_init<WM, DB8>(o, m_run, l_run);
-
-    const int n_first = kv_lo / BN;
-    const int n_last = kv_hi > kv_lo ? (kv_hi - 1) / BN : n_first - 1;
-    if (n_last >= n_first) {
-        int blk[KV_ITERS];
-        kv_blocks(n_last * BN, blk);
-        kv_copy(0, n_last * BN, blk);
     }
-    kva__cp_async_commit();
-
-    /* Key tiles from the last (the diagonal, masked) down to the first. The copy
-     * of tile n - 1 into the other stage is issued after S of tile n, once every
-     * warp has passed this iteration's barrier (so the previous readers of that
-     * stage are done). */
-    for (int n = n_last, it = 0; n >= n_first; n--, it++) {
-        const int st = it & 1;
-        const int has_next = n - 1 >= n_first;
-        int blk[KV_ITERS];
-#pragma unroll
-        for (int k = 0; k < KV_ITERS; k++)
-            blk[k] = 0;
-        if (has_next)
-            kv_blocks((n - 1) * BN, blk);
-        kva__cp_async_wait<0>();
-        __syncthreads();
-
-        const int n0 = n * BN;
-        const uint32_t k_lane = sK + (uint32_t)st * BN * D * 2 + k_row;
-        const uint32_t v_lane = sV + (uint32_t)st * BN * D * 2 + v_row;
-
-        /* S = Q K^T: [16 * WM, BN] per warp. */
-        float s[WM][NB8][4];
-#pragma unroll
-        for (int mt = 0; mt < WM; mt++)
-#pragma unroll
-            for (int nb = 0; nb < NB8; nb++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s[mt][nb][e] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            uint32_t qa[WM][4];
-#pragma unroll
-            for (int mt = 0; mt < WM; mt++)
-                kva__ldsm_x4(q_lane + xo_q[kk & 3] + (kk >> 2) * 128 + mt * 16 * D * 2, qa[mt]);
-#pragma unroll
-            for (int p = 0; p < BN / 16; p++) {
-                uint32_t kb[4];
-                kva__ldsm_x4(k_lane + xo_k[kk & 3] + (kk >> 2) * 128 + p * 16 * D * 2, kb);
-#pragma unroll
-                for (int mt = 0; mt < WM; mt++) {
-                    Ty::mma(s[mt][2 * p], qa[mt], kb[0], kb[1]);
-                    Ty::mma(s[mt][2 * p + 1], qa[mt], kb[2], kb[3]);
-                }
-            }
-        }
-
-        if (has_next)
-            kv_copy(st ^ 1, (n - 1) * BN, blk);
-        kva__cp_async_commit();
-
-        /* Scores and online softmax, in log2 units. Fast path (no soft-cap, no
-         * ALiBi, no masked element in this tile: CTA-uniform): S stays raw and
-         * mul = scale * log2(e) is applied in the exponent's FFMA. Otherwise S is
-         * transformed to log2 units first (mul = 1), masked elements to -inf. */
-        const int need_mask = kva__pf_mask_needed<WM, BN>(mk, n0);
-        const int transform = need_mask || softcap > 0.0f || a.alibi_slopes != NULL;
-        const float mul = transform ? 1.0f : scale_log2;
-        if (transform)
-            kva__pf_transform<WM, NB8>(s, mk, pos, head, a.alibi_slopes, softcap, scale_log2,
-                                       score_mul, cap_mul, n0, t4);
-        uint32_t pk[WM][NB8][2]; /* P, packed pairs */
-        kva__pf_softmax<WM, NB8, DB8, Ty>(s, o, m_run, l_run, mul, pk);
-        /* O += P V: P [16 * WM, BN] from registers, V [BN, D]. */
-        kva__pf_pv_tile<D, WM, BN, Ty>(o, pk, v_lane, xo_q);
-        __syncthreads(); /* stage st is overwritten by the next iteration's copy */
+    __device__ __forceinline__ void q_ready(int, int) const {}
+    __device__ __forceinline__ void convert(int) const {}
+    __device__ __forceinline__ uint32_t k_tile(int st) const
+    {
+        return sK + (uint32_t)st * BN * D * 2;
     }
-    kva__cp_async_wait<0>();
-
-    /* ---- epilogue: sink, normalization, out and lse ---- */
-    kva__pf_row_end<D, WM, Ty>(a, o, m_run, l_run, head, m0, warp, g4, t4, rows, q_start, G,
-                               [](int, float, float &, float &) {});
-}
+    __device__ __forceinline__ uint32_t v_tile(int st) const
+    {
+        return sV + (uint32_t)st * BN * D * 2;
+    }
+    __device__ __forceinline__ void scores(float (*)[BN / 8][4], int, int) const {}
+    __device__ __forceinline__ void vfix(int, float, float &, float &) const {}
+};
 
 /* ------------------------------------------------------------------------ */
 /* Host side                                                                 */
@@ -510,52 +393,17 @@ extern "C" kva_status kva__cuda_prefill_tiles_build(int32_t num_requests,
                                                 tiles, capacity, num_tiles);
 }
 
-/* The configuration per head size: {BN keys per tile, NW warps, WM m16 tiles
- * per warp, MINB CTAs per SM}. */
-template <int D> struct mma_cfg;
-template <> struct mma_cfg<64> {
-    enum { BN = 64, NW = 8, WM = 1, MINB = 2 };
-};
-template <> struct mma_cfg<128> {
-    enum { BN = 64, NW = 4, WM = 2, MINB = 1 };
-};
-template <> struct mma_cfg<256> {
-    enum { BN = 32, NW = 8, WM = 1, MINB = 1 };
-};
-
-/* Launches the kernel for head size D with its dynamic shared memory. */
-template <int D, typename Ty>
-static kva_status launch_d(const kva__cuda_prefill_args *a, cudaStream_t stream)
-{
-    typedef mma_cfg<D> C;
-    auto fn = prefill_mma_kernel<D, C::BN, C::NW, C::WM, C::MINB, Ty>;
-    const size_t smem = (size_t)(TILE_M + 4 * C::BN) * D * 2;
-    cudaError_t e =
-        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess)
-        return kva__fail(KVA_STATUS_DEVICE_ERROR,
-                         "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
-                         "memory, D = %d): %s",
-                         smem, D, cudaGetErrorString(e));
-    fn<<<a->grid_tiles, C::NW * 32, smem, stream>>>(*a);
-    e = cudaGetLastError();
-    if (e != cudaSuccess)
-        return kva__fail(KVA_STATUS_DEVICE_ERROR,
-                         "kva__cuda_prefill_launch: launch of %d tiles (D = %d): %s",
-                         (int)a->grid_tiles, D, cudaGetErrorString(e));
-    return KVA_STATUS_OK;
-}
-
 template <typename Ty>
 static kva_status launch_dtype(const kva__cuda_prefill_args *a, cudaStream_t st)
 {
+    const char *who = "kva__cuda_prefill_launch";
     switch (a->head_dim) {
     case 64:
-        return launch_d<64, Ty>(a, st);
+        return kva__pf_launch<pf16_policy<64, Ty>>(*a, a->grid_tiles, st, who);
     case 128:
-        return launch_d<128, Ty>(a, st);
+        return kva__pf_launch<pf16_policy<128, Ty>>(*a, a->grid_tiles, st, who);
     default:
-        return launch_d<256, Ty>(a, st);
+        return kva__pf_launch<pf16_policy<256, Ty>>(*a, a->grid_tiles, st, who);
     }
 }
 

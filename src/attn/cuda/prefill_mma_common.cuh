@@ -1,17 +1,13 @@
 /*
- * prefill_mma_common.cuh - device pieces shared by the mma.sync prefill
- * kernels: prefill_mma.cu (f16 / bf16 cache) and prefill_mma_quant.cuh
- * (quantized caches). Both run FlashAttention-2 over one tile of TILE_M =
- * 128 packed (token, group head) rows per CTA (prefill_mma.h), WM m16 tiles
- * per warp, BN keys per key tile, online softmax in log2 units; the pieces
- * here are the parts whose logic is the same in both and whose machine
- * code does not change when moved here (checked with nvdisasm for sm_80 and
- * sm_90a): ldmatrix addressing, the rows' positions and heads, the
- * accumulator init, the score transform and masks (folded into per-row
- * bounds and visibility words, as the wgmma kernel's), the online softmax,
- * O += P V and the row end (the quantized kernel's V scales as a functor).
- * S = Q K^T and the K/V loads stay in each kernel (the quantized one stages
- * codes and converts them).
+ * prefill_mma_common.cuh - device pieces of the mma.sync prefill's one body
+ * (prefill_mma_kernel.cuh, with its 16-bit and quantized load policies),
+ * some of them also used by the wgmma prefill (prefill_wgmma_kernel.cuh):
+ * ldmatrix addressing, the rows' positions and heads, the accumulator init,
+ * the score transform and masks (folded into per-row bounds and visibility
+ * words), the online softmax (one tile of TILE_M = 128 packed (token, group
+ * head) rows per CTA, WM m16 tiles per warp, BN keys per key tile, log2
+ * units), O += P V and the row end (the quantized policy's V scales as a
+ * functor).
  * C-style CUDA; templates only for compile-time sizes.
  */
 #ifndef KVA_CUDA_PREFILL_MMA_COMMON_CUH

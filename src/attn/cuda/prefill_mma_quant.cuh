@@ -1,13 +1,12 @@
 /*
- * prefill_mma_quant.cuh - the tensor-core paged prefill kernel over quantized
- * caches (prefill_mma_quant.h), included by the per-format instantiation
- * files prefill_mma_quant_*.cu (one translation unit per format, so the
- * instantiations compile in parallel).
+ * prefill_mma_quant.cuh - the quantized load policy of the mma.sync prefill
+ * (prefill_mma_kernel.cuh, the one body; prefill_mma_quant.h), included by
+ * the per-format instantiation files prefill_mma_quant_*.cu (one
+ * translation unit per format, so the instantiations compile in parallel).
  *
- * prefill_mma.cu's FlashAttention-2 kernel (128 packed (token, head) rows
- * per CTA, key tiles from the diagonal down, online softmax in log2 units,
- * lazy rescaling, masks per element only on boundary tiles) with these
- * changes:
+ * The body's FlashAttention-2 kernel (128 packed (token, head) rows per CTA,
+ * key tiles from the diagonal down, online softmax in log2 units, lazy
+ * rescaling, masks per element only on boundary tiles) with these loads:
  *   - K and V codes (1 byte; 2-byte V for INT8_TOKEN_K_V16) and the BN
  *     per-token key scales are gathered with cp.async into a two-stage
  *     staging area (half the bytes of a bf16 tile), then converted once per
@@ -47,8 +46,7 @@ extern "C" {
 #include "internal.h"
 }
 #include "mma_ptx.cuh"
-#include "prefill_mma_common.cuh"
-#include "tree_mask.cuh"
+#include "prefill_mma_kernel.cuh"
 #include "prefill_mma_quant.h"
 #include "quant_cvt.cuh"
 
@@ -90,117 +88,108 @@ static __device__ __forceinline__ float qp_exp2i(int e)
 }
 
 /*
- * D head size (= Dv), BN keys per tile, NW warps, WM m16 tiles per warp
- * (NW * WM * 16 == TILE_M), MINB CTAs per SM for __launch_bounds__, FMT
- * (above), LO: per-channel K scales folded as hi + lo (INT8_CHANNEL only),
- * Ty: the q / out dtype (kva__mma_bf16 or kva__mma_f16; also P's and V's
- * for QP_V16). Dynamic shared memory: qp_cfg.
+ * The quantized load policy (prefill_mma_kernel.cuh). D head size (= Dv), BN
+ * keys per tile, NW warps, WM m16 tiles per warp (NW * WM * 16 == TILE_M),
+ * MINB CTAs per SM for __launch_bounds__, FMT (above), LO: per-channel K
+ * scales folded as hi + lo (INT8_CHANNEL only), Ty: the q / out dtype
+ * (kva__mma_bf16 or kva__mma_f16; also P's and V's for QP_V16). Dynamic
+ * shared memory: qp_cfg. The first key tile's copy is issued before Q is
+ * staged (its latency hides there); each tile's codes are converted once
+ * per CTA after the next tile's copy is issued.
  */
-template <int D, int BN, int NW, int WM, int MINB, int FMT, bool LO, typename Ty>
-__global__ void __launch_bounds__(NW * 32, MINB)
-    prefill_mma_quant_kernel(const kva__cuda_qprefill_args qa)
-{
-    typedef qp_cfg<D, BN, FMT, LO> cfg;
-    static_assert(NW * WM * 16 == QP_TILE_M, "tile rows");
-    static_assert(D % 64 == 0 && BN % 16 == 0, "sizes");
-    static_assert(!LO || FMT == QP_I8, "hi + lo only for per-channel K scales");
-    constexpr bool KTOK = cfg::KTOK;
-    constexpr int NT = NW * 32;
-    constexpr int CPR = D / 8;  /* 16-byte chunks per f16 row */
-    constexpr int CK = D / 16;  /* 16-byte chunks per code row */
-    constexpr int NB8 = BN / 8; /* n8 blocks of S */
-    constexpr int DB8 = D / 8;  /* n8 blocks of O */
-    typedef typename Ty::elem elem;
+template <int D_, int BN_, int NW_, int WM_, int MINB_, int FMT, bool LO_, typename Ty_>
+struct qp_policy {
+    typedef qp_cfg<D_, BN_, FMT, LO_> cfg;
+    typedef kva__cuda_qprefill_args Args;
+    typedef Ty_ Ty;
+    typedef kva__mma_f16 TyS; /* S = Q'' K^T in f16 over converted codes */
     /* P V runs in f16 over converted codes, in the q dtype over a 16-bit V. */
-    typedef typename std::conditional<FMT == QP_V16, Ty, kva__mma_f16>::type TyP;
-    const kva__cuda_prefill_args &a = qa.p;
-
-    const int tile_idx = blockIdx.x;
-    if (tile_idx >= *a.num_tiles)
-        return;
-    const int32_t *tile = a.tiles + (size_t)tile_idx * KVA__CUDA_PREFILL_TILE_INTS;
-    const int r = tile[0], m0 = tile[1], kvh = tile[2];
-
-    extern __shared__ __align__(128) unsigned char smem[];
-    __shared__ float s_rmul[QP_TILE_M], s_qo[QP_TILE_M];
-    const uint32_t sQ = kva__smem_u32(smem);
-    const uint32_t sK = sQ + cfg::OFF_K16;
-    const uint32_t sV = sQ + cfg::OFF_V16;
-    const uint32_t sS = sQ + cfg::OFF_STG;
-    unsigned char *stg_p = smem + cfg::OFF_STG;
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int H = a.num_heads, G = a.num_heads / a.num_kv_heads;
-    const int q_start = a.query_start_loc[r];
-    const int q_len = a.query_start_loc[r + 1] - q_start;
-    const int seq_len = a.seq_lens[r];
-    const int rows = q_len * G;
-    const int B = a.block_size;
-    const int bt_stride =
-        a.block_table_stride_dev ? *a.block_table_stride_dev : a.block_table_stride;
-    const int32_t *bt = a.block_table + (size_t)r * bt_stride;
-    /* The window and the local chunk give each row a first key (kva__first_key);
-     * window_left >= KVA_MAX_SEQ_LEN excludes nothing. */
-    const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
-    const int chunk = a.attention_chunk;
-
-    const int m_last = min(m0 + QP_TILE_M, rows) - 1;
-    const int pos_min = seq_len - q_len + m0 / G;
-    const int pos_max = seq_len - q_len + m_last / G;
-    const int kv_lo = kva__first_key(pos_min, window, chunk);
-    const int kv_hi = a.causal ? min(seq_len, pos_max + 1) : seq_len;
-
-    /* ---- K/V gather (codes) of key rows n0 .. n0 + BN into staging stage st.
-     * As prefill_mma.cu: rows outside [kv_lo, kv_hi) are zero-filled (codes 0
-     * and scale 0 convert to 0, never NaN) and their block ids never read. */
-    constexpr int KV_RPP = NT / CK;
-    constexpr int KV_ITERS = BN * CK / NT;
+    typedef typename std::conditional<FMT == QP_V16, Ty_, kva__mma_f16>::type TyP;
+    typedef typename Ty_::elem elem;
+    static constexpr int D = D_, BN = BN_, NW = NW_, WM = WM_, MINB = MINB_;
+    static constexpr int SQ = cfg::SQ, SMEM = cfg::SMEM;
+    static constexpr bool KV_FIRST = true, CONVERT = true, LO = LO_;
+    static_assert(!LO || FMT == QP_I8, "hi + lo only for per-channel K scales");
+    static constexpr bool KTOK = cfg::KTOK;
+    static constexpr int NT = NW * 32;
+    static constexpr int CPR = D / 8; /* 16-byte chunks per f16 row */
+    static constexpr int CK = D / 16; /* 16-byte chunks per code row */
+    /* A thread copies code rows lrow + k * KV_RPP (chunk lch) and, for
+     * QP_V16, V rows vrow + k * V_RPP (chunk vch) of a key tile. */
+    static constexpr int KV_RPP = NT / CK;
+    static constexpr int KV_ITERS = BN * CK / NT;
     static_assert(NT % CK == 0 && (BN * CK) % NT == 0, "copy shape");
-    constexpr int V_RPP = NT / CPR;
-    constexpr int V_ITERS = FMT == QP_V16 ? BN * CPR / NT : 1;
+    static constexpr int V_RPP = NT / CPR;
+    static constexpr int V_ITERS = FMT == QP_V16 ? BN * CPR / NT : 1;
     static_assert(FMT != QP_V16 || (NT % CPR == 0 && (BN * CPR) % NT == 0), "copy shape");
-    const int lrow = tid / CK, lch = tid % CK;
-    const int vrow = tid / CPR, vch = tid % CPR;
-    const unsigned char *kc = (const unsigned char *)a.k, *vc = (const unsigned char *)a.v;
-    const int Hkv = a.num_kv_heads;
-    const int nhd = a.layout == KVA_LAYOUT_NHD;
-    /* Element offset of key j: blk * blk_stride + o * row_stride + head_off. */
-    const int64_t blk_stride = (int64_t)B * Hkv * D;
-    const int row_stride = nhd ? Hkv * D : D;
-    const int head_off = nhd ? kvh * D : kvh * B * D;
-    const int b_shift = (B & (B - 1)) == 0 ? __ffs(B) - 1 : -1;
-    auto blk_of = [&](int j) {
-        const int bi = b_shift >= 0 ? j >> b_shift : j / B;
-        return j >= kv_lo && j < kv_hi ? bt[bi] : 0;
-    };
-    auto off_of = [&](int j) {
-        const int o = b_shift >= 0 ? j & (B - 1) : j % B;
-        return o;
-    };
-    struct blks {
+    struct Blocks {
         int k[KV_ITERS], v[V_ITERS], t;
     };
-    auto kv_blocks = [&](int n0, blks &b) {
+
+    const Args &qa;
+    const kva__pf_tile &t;
+    unsigned char *smem;
+    uint32_t sQ, sK, sV, sS;
+    int lrow, lch, vrow, vch;
+    float rmul[WM][2], qo_r[WM][2]; /* the thread's rows' 2^-e_r * s_k and qo_r */
+
+    static __device__ __forceinline__ const kva__cuda_prefill_args &attn(const Args &q)
+    {
+        return q.p;
+    }
+    /* Per packed row of the tile: 2^-e_r * s_k (row_mul) and qo_r (row_qo;
+     * two arrays, so a format without offsets drops the second). */
+    static __device__ __forceinline__ float *row_mul()
+    {
+        __shared__ float s_rmul[QP_TILE_M];
+        return s_rmul;
+    }
+    static __device__ __forceinline__ float *row_qo()
+    {
+        __shared__ float s_qo[QP_TILE_M];
+        return s_qo;
+    }
+    __device__ __forceinline__ qp_policy(const Args &q, const kva__pf_tile &tt, unsigned char *sm)
+        : qa(q), t(tt), smem(sm)
+    {
+        sQ = kva__smem_u32(smem);
+        sK = sQ + cfg::OFF_K16;
+        sV = sQ + cfg::OFF_V16;
+        sS = sQ + cfg::OFF_STG;
+        lrow = (int)threadIdx.x / CK;
+        lch = (int)threadIdx.x % CK;
+        vrow = (int)threadIdx.x / CPR;
+        vch = (int)threadIdx.x % CPR;
+    }
+    static __device__ __forceinline__ void clear(Blocks &) {}
+    __device__ __forceinline__ void blocks(int n0, Blocks &b) const
+    {
 #pragma unroll
         for (int k = 0; k < KV_ITERS; k++)
-            b.k[k] = blk_of(n0 + lrow + k * KV_RPP);
+            b.k[k] = t.key_block(n0 + lrow + k * KV_RPP);
         if (FMT == QP_V16) {
 #pragma unroll
             for (int k = 0; k < V_ITERS; k++)
-                b.v[k] = blk_of(n0 + vrow + k * V_RPP);
+                b.v[k] = t.key_block(n0 + vrow + k * V_RPP);
         }
-        if (KTOK && tid < BN)
-            b.t = blk_of(n0 + tid);
-    };
-    auto kv_copy = [&](int st, int n0, const blks &b) {
+        if (KTOK && (int)threadIdx.x < BN)
+            b.t = t.key_block(n0 + (int)threadIdx.x);
+    }
+    /* Codes (and V16's V, swizzled; the key scales) of key rows n0 .. n0 +
+     * BN into staging stage st; rows outside [kv_lo, kv_hi) zero-filled
+     * (codes 0 and scale 0 convert to 0, never NaN). */
+    __device__ __forceinline__ void copy(int st, int n0, const Blocks &b) const
+    {
+        const unsigned char *kc = (const unsigned char *)qa.p.k,
+                            *vc = (const unsigned char *)qa.p.v;
         const uint32_t stage = sS + (uint32_t)st * cfg::STAGE;
 #pragma unroll
         for (int k = 0; k < KV_ITERS; k++) {
             const int row = lrow + k * KV_RPP, j = n0 + row;
-            const bool in = j >= kv_lo && j < kv_hi;
-            const int64_t off =
-                in ? (int64_t)b.k[k] * blk_stride + (off_of(j) * row_stride + head_off + lch * 16)
-                   : 0;
+            const bool in = t.key_in(j);
+            const int64_t off = in ? (int64_t)b.k[k] * t.blk_stride +
+                                         (t.key_slot(j) * t.row_stride + t.head_off + lch * 16)
+                                   : 0;
             const uint32_t so = (uint32_t)(row * D + lch * 16);
             kva__cp_async16(stage + so, kc + off, in ? 16 : 0);
             if (FMT != QP_V16)
@@ -210,24 +199,27 @@ __global__ void __launch_bounds__(NW * 32, MINB)
 #pragma unroll
             for (int k = 0; k < V_ITERS; k++) {
                 const int row = vrow + k * V_RPP, j = n0 + row;
-                const bool in = j >= kv_lo && j < kv_hi;
-                const int64_t off =
-                    in ? ((int64_t)b.v[k] * blk_stride + (off_of(j) * row_stride + head_off)) * 2 +
-                             vch * 16
-                       : 0;
+                const bool in = t.key_in(j);
+                const int64_t off = in ? ((int64_t)b.v[k] * t.blk_stride +
+                                          (t.key_slot(j) * t.row_stride + t.head_off)) *
+                                                 2 +
+                                             vch * 16
+                                       : 0;
                 kva__cp_async16(stage + cfg::STG_V + kva__swz<D>(row, vch), vc + off, in ? 16 : 0);
             }
         }
-        if (KTOK && tid < BN) {
-            const int j = n0 + tid;
-            const bool in = j >= kv_lo && j < kv_hi;
-            const int64_t ti = in ? ((int64_t)b.t * Hkv + kvh) * B + off_of(j) : 0;
-            kva__cp_async4(stage + cfg::STG_T + tid * 4, qa.kts + ti, in ? 4 : 0);
+        if (KTOK && (int)threadIdx.x < BN) {
+            const int j = n0 + (int)threadIdx.x;
+            const bool in = t.key_in(j);
+            const int64_t ti = in ? ((int64_t)b.t * t.Hkv + t.kvh) * t.B + t.key_slot(j) : 0;
+            kva__cp_async4(stage + cfg::STG_T + (int)threadIdx.x * 4, qa.kts + ti, in ? 4 : 0);
         }
-    };
-    /* Codes of stage st -> the f16 tiles K (and V for 1-byte V). */
-    auto convert = [&](int st) {
-        const unsigned char *stage = stg_p + st * cfg::STAGE;
+    }
+    /* Codes of stage st -> the f16 tiles K (and V for 1-byte V), then a
+     * barrier. */
+    __device__ __forceinline__ void convert(int st) const
+    {
+        const unsigned char *stage = smem + cfg::OFF_STG + st * cfg::STAGE;
 #pragma unroll
         for (int k = 0; k < KV_ITERS; k++) {
             const int row = lrow + k * KV_RPP;
@@ -244,42 +236,35 @@ __global__ void __launch_bounds__(NW * 32, MINB)
                 *(uint4 *)(dst + kva__swz<D>(row, 2 * lch + 1)) = x1;
             }
         }
-    };
-
-    /* Issue the first tile's copy before staging Q (its latency hides there). */
-    const int n_first = kv_lo / BN;
-    const int n_last = kv_hi > kv_lo ? (kv_hi - 1) / BN : n_first - 1;
-    if (n_last >= n_first) {
-        blks b0;
-        kv_blocks(n_last * BN, b0);
-        kv_copy(0, n_last * BN, b0);
+        __syncthreads();
     }
-    kva__cp_async_commit();
-
-    /* ---- stage Q'' = q * s_k * 2^e_r (hi [, lo]) and qo_r, 2^-e_r * s_k ----
+    /* Stage Q'' = q * s_k * 2^e_r (hi [, lo]) and qo_r, 2^-e_r * s_k
      * Thread: chunk vch (8 channels) of rows vrow + i * V_RPP; a row's CPR
      * chunks lie in consecutive lanes of one warp (CPR <= 32). */
+    __device__ __forceinline__ void stage_q() const
     {
+        float *s_rmul = row_mul(), *s_qo = row_qo();
         static_assert(CPR <= 32 && 32 % CPR == 0 && (QP_TILE_M * CPR) % NT == 0, "Q chunks");
-        const elem *q = (const elem *)a.q;
-        const float ku = LO ? 1.0f : qa.ks[(size_t)kvh * D];
+        const elem *q = (const elem *)qa.p.q;
+        const float ku = LO ? 1.0f : qa.ks[(size_t)t.kvh * D];
 #pragma unroll 1
         for (int row = vrow; row < QP_TILE_M; row += V_RPP) {
-            const int pm = m0 + row, c0 = vch * 8;
+            const int pm = t.m0 + row, c0 = vch * 8;
             float v[8];
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 v[j] = 0.0f;
-            if (pm < rows) {
-                const int i = pm / G, g = pm - (pm / G) * G;
-                const elem *src = q + ((size_t)(q_start + i) * H + (size_t)kvh * G + g) * D + c0;
+            if (pm < t.rows) {
+                const int i = pm / t.G, g = pm - (pm / t.G) * t.G;
+                const elem *src =
+                    q + ((size_t)(t.q_start + i) * t.H + (size_t)t.kvh * t.G + g) * D + c0;
                 uint4 raw = *(const uint4 *)src;
                 const elem *e8 = (const elem *)&raw;
 #pragma unroll
                 for (int j = 0; j < 8; j++)
                     v[j] = (float)e8[j];
                 if (LO) {
-                    const float4 *ks = (const float4 *)(qa.ks + (size_t)kvh * D + c0);
+                    const float4 *ks = (const float4 *)(qa.ks + (size_t)t.kvh * D + c0);
                     const float4 s0 = __ldg(ks), s1 = __ldg(ks + 1);
                     const float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
 #pragma unroll
@@ -312,7 +297,7 @@ __global__ void __launch_bounds__(NW * 32, MINB)
                 lo[j] = __float2half_rn(x - __half2float(hi[j]));
             }
             if (FMT == QP_I8) {
-                const float4 *ko = (const float4 *)(qa.ko + (size_t)kvh * D + c0);
+                const float4 *ko = (const float4 *)(qa.ko + (size_t)t.kvh * D + c0);
                 const float4 o0 = __ldg(ko), o1 = __ldg(ko + 1);
                 const float ov[8] = {o0.x, o0.y, o0.z, o0.w, o1.x, o1.y, o1.z, o1.w};
 #pragma unroll
@@ -327,173 +312,82 @@ __global__ void __launch_bounds__(NW * 32, MINB)
                 *(uint4 *)(smem + cfg::SQ + kva__swz<D>(row, vch)) = *(const uint4 *)lo;
             if (vch == 0) {
                 s_rmul[row] = qp_exp2i(-e) * ku;
-                s_qo[row] = qo;
+                if (FMT == QP_I8)
+                    s_qo[row] = qo;
             }
         }
     }
-
-    const int g4 = lane >> 2, t4 = lane & 3;
-    /* ldmatrix addressing and the rows' positions and heads: prefill_mma.cu's. */
-    uint32_t xo_q[4], xo_k[4], q_lane, k_row, v_row;
-    kva__pf_ldsm_lanes<D, WM>(lane, warp, sQ, xo_q, xo_k, q_lane, k_row, v_row);
-    int pos[WM][2], head[WM][2];
-    kva__pf_rows<WM>(m0, warp, g4, m_last, G, seq_len, q_len, kvh, pos, head);
-    kva__pf_mask<WM> mk;
-    kva__pf_mask_init<WM>(mk, a, pos, seq_len, q_len, q_start, pos_min, pos_max);
-    const float scale = a.scale > 0.0f ? a.scale : rsqrtf((float)D);
-    const float softcap = a.softcap;
-    const float score_mul = softcap > 0.0f ? scale / softcap : 0.0f;
-    const float cap_mul = softcap * KVA__PF_LOG2E;
-    const float scale_log2 = scale * KVA__PF_LOG2E;
-
-    float o[WM][DB8][4];
-    float m_run[WM][2], l_run[WM][2], rmul[WM][2], qo_r[WM][2];
-    kva__pf_init<WM, DB8>(o, m_run, l_run);
-    __syncthreads(); /* Q'', s_rmul, s_qo */
+    /* S to score units: s = 2^-e_r s_k (S - qo_r) or 2^-e_r t_j S. */
+    __device__ __forceinline__ void scores(float s[WM][BN / 8][4], int st, int t4) const
+    {
+        constexpr int NB8 = BN / 8;
+        const float *ts =
+            (const float *)(smem + cfg::OFF_STG + st * cfg::STAGE + cfg::STG_T); /* KTOK only */
 #pragma unroll
-    for (int mt = 0; mt < WM; mt++)
+        for (int nb = 0; nb < NB8; nb++) {
+            float2 t2 = make_float2(1.0f, 1.0f);
+            if (KTOK)
+                t2 = *(const float2 *)(ts + nb * 8 + 2 * t4);
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int lr = warp * 16 * WM + mt * 16 + hf * 8 + g4;
-            rmul[mt][hf] = s_rmul[lr];
-            qo_r[mt][hf] = s_qo[lr];
+            for (int mt = 0; mt < WM; mt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int hf = e >> 1;
+                    float x = s[mt][nb][e];
+                    if (FMT == QP_I8)
+                        x -= qo_r[mt][hf];
+                    if (KTOK)
+                        x *= (e & 1) ? t2.y : t2.x;
+                    s[mt][nb][e] = x * rmul[mt][hf];
+                }
         }
-
-    /* Key tiles from the last (the diagonal) down to the first. Per tile: the
-     * codes of tile n landed (wait + barrier: also every warp is done with
-     * the f16 tiles and with staging stage st ^ 1), the copy of tile n - 1
-     * is issued into st ^ 1, stage st is converted, barrier, math. */
-    for (int n = n_last, it = 0; n >= n_first; n--, it++) {
-        const int st = it & 1;
-        const int has_next = n - 1 >= n_first;
-        blks bn;
-        if (has_next)
-            kv_blocks((n - 1) * BN, bn);
-        kva__cp_async_wait<0>();
-        __syncthreads();
-        if (has_next)
-            kv_copy(st ^ 1, (n - 1) * BN, bn);
-        kva__cp_async_commit();
-        convert(st);
-        __syncthreads();
-
-        const int n0 = n * BN;
-        const uint32_t k_lane = sK + k_row;
-        const uint32_t v_lane =
-            (FMT == QP_V16 ? sS + (uint32_t)st * cfg::STAGE + cfg::STG_V : sV) + v_row;
-
-        /* S = Q'' K^T: [16 * WM, BN] per warp (LO: plus the lo pass). */
-        float s[WM][NB8][4];
+    }
+    /* Q'', the row factors and the first copy issued: a barrier, then this
+     * thread's rows' factors. */
+    __device__ __forceinline__ void q_ready(int warp, int g4)
+    {
+        const float *s_rmul = row_mul(), *s_qo = row_qo();
+        __syncthreads(); /* Q'', the row factors */
 #pragma unroll
         for (int mt = 0; mt < WM; mt++)
 #pragma unroll
-            for (int nb = 0; nb < NB8; nb++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s[mt][nb][e] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            uint32_t qa_[WM][4], ql_[WM][4];
-#pragma unroll
-            for (int mt = 0; mt < WM; mt++) {
-                kva__ldsm_x4(q_lane + xo_q[kk & 3] + (kk >> 2) * 128 + mt * 16 * D * 2, qa_[mt]);
-                if (LO)
-                    kva__ldsm_x4(q_lane + cfg::SQ + xo_q[kk & 3] + (kk >> 2) * 128 +
-                                     mt * 16 * D * 2,
-                                 ql_[mt]);
+            for (int hf = 0; hf < 2; hf++) {
+                const int lr = warp * 16 * WM + mt * 16 + hf * 8 + g4;
+                rmul[mt][hf] = s_rmul[lr];
+                qo_r[mt][hf] = FMT == QP_I8 ? s_qo[lr] : 0.0f;
             }
-#pragma unroll
-            for (int p = 0; p < BN / 16; p++) {
-                uint32_t kb[4];
-                kva__ldsm_x4(k_lane + xo_k[kk & 3] + (kk >> 2) * 128 + p * 16 * D * 2, kb);
-#pragma unroll
-                for (int mt = 0; mt < WM; mt++) {
-                    kva__mma_f16::mma(s[mt][2 * p], qa_[mt], kb[0], kb[1]);
-                    kva__mma_f16::mma(s[mt][2 * p + 1], qa_[mt], kb[2], kb[3]);
-                    if (LO) {
-                        kva__mma_f16::mma(s[mt][2 * p], ql_[mt], kb[0], kb[1]);
-                        kva__mma_f16::mma(s[mt][2 * p + 1], ql_[mt], kb[2], kb[3]);
-                    }
-                }
-            }
-        }
-
-        /* Score units: s = 2^-e_r s_k (S - qo_r) or 2^-e_r t_j S. */
-        {
-            const float *ts = (const float *)(stg_p + st * cfg::STAGE + cfg::STG_T); /* KTOK only */
-#pragma unroll
-            for (int nb = 0; nb < NB8; nb++) {
-                float2 t2 = make_float2(1.0f, 1.0f);
-                if (KTOK)
-                    t2 = *(const float2 *)(ts + nb * 8 + 2 * t4);
-#pragma unroll
-                for (int mt = 0; mt < WM; mt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int hf = e >> 1;
-                        float x = s[mt][nb][e];
-                        if (FMT == QP_I8)
-                            x -= qo_r[mt][hf];
-                        if (KTOK)
-                            x *= (e & 1) ? t2.y : t2.x;
-                        s[mt][nb][e] = x * rmul[mt][hf];
-                    }
-            }
-        }
-
-        /* From here on as prefill_mma.cu (lazy rescaling). */
-        const int need_mask = kva__pf_mask_needed<WM, BN>(mk, n0);
-        const int transform = need_mask || softcap > 0.0f || a.alibi_slopes != NULL;
-        const float mul = transform ? 1.0f : scale_log2;
-        if (transform)
-            kva__pf_transform<WM, NB8>(s, mk, pos, head, a.alibi_slopes, softcap, scale_log2,
-                                       score_mul, cap_mul, n0, t4);
-        uint32_t pk[WM][NB8][2]; /* P in TyP, packed pairs */
-        kva__pf_softmax<WM, NB8, DB8, TyP>(s, o, m_run, l_run, mul, pk);
-        /* O += P V: P [16 * WM, BN] from registers, V [BN, D] (f16 codes or TyP). */
-        kva__pf_pv_tile<D, WM, BN, TyP>(o, pk, v_lane, xo_q);
     }
-    kva__cp_async_wait<0>();
-
-    /* ---- epilogue: V scales, sink, normalization, out and lse ----
-     * out_c = s_c (O_c - o_c l) / l (o_c = 0 for FP8, no scale for V16). */
-    kva__pf_row_end<D, WM, Ty>(a, o, m_run, l_run, head, m0, warp, g4, t4, rows, q_start, G,
-                               [&](int c, float lk, float &x0, float &x1) {
-                                   if (FMT != QP_V16) {
-                                       const float2 vs =
-                                           __ldg((const float2 *)(qa.vs + (size_t)kvh * D + c));
-                                       if (FMT != QP_FP8) {
-                                           const float2 vo =
-                                               __ldg((const float2 *)(qa.vo + (size_t)kvh * D + c));
-                                           x0 = fmaf(-vo.x, lk, x0);
-                                           x1 = fmaf(-vo.y, lk, x1);
-                                       }
-                                       x0 *= vs.x;
-                                       x1 *= vs.y;
-                                   }
-                               });
-}
+    __device__ __forceinline__ uint32_t k_tile(int) const
+    {
+        return sK;
+    }
+    /* V: the converted f16 tile, or QP_V16's 16-bit V in its stage. */
+    __device__ __forceinline__ uint32_t v_tile(int st) const
+    {
+        return FMT == QP_V16 ? sS + (uint32_t)st * cfg::STAGE + cfg::STG_V : sV;
+    }
+    /* out_c = s_c (O_c - o_c l) / l (o_c = 0 for FP8, no scale for V16). */
+    __device__ __forceinline__ void vfix(int c, float lk, float &x0, float &x1) const
+    {
+        if (FMT != QP_V16) {
+            const float2 vs = __ldg((const float2 *)(qa.vs + (size_t)t.kvh * D + c));
+            if (FMT != QP_FP8) {
+                const float2 vo = __ldg((const float2 *)(qa.vo + (size_t)t.kvh * D + c));
+                x0 = fmaf(-vo.x, lk, x0);
+                x1 = fmaf(-vo.y, lk, x1);
+            }
+            x0 *= vs.x;
+            x1 *= vs.y;
+        }
+    }
+};
 
 /* Launches one instantiation with its dynamic shared memory. */
 template <int D, int BN, int NW, int WM, int MINB, int FMT, bool LO, typename Ty>
 static kva_status qp_launch_one(const kva__cuda_qprefill_args *qa, cudaStream_t stream)
 {
-    const size_t smem = (size_t)qp_cfg<D, BN, FMT, LO>::SMEM;
-    auto fn = prefill_mma_quant_kernel<D, BN, NW, WM, MINB, FMT, LO, Ty>;
-    cudaError_t e =
-        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess)
-        return kva__fail(KVA_STATUS_DEVICE_ERROR,
-                         "kva_attention_run: quantized prefill: cudaFuncSetAttribute(%zu bytes "
-                         "of shared memory, D = %d): %s",
-                         smem, D, cudaGetErrorString(e));
-    fn<<<qa->p.grid_tiles, NW * 32, smem, stream>>>(*qa);
-    e = cudaGetLastError();
-    if (e != cudaSuccess)
-        return kva__fail(KVA_STATUS_DEVICE_ERROR,
-                         "kva_attention_run: quantized prefill: launch of %d tiles (D = %d): %s",
-                         (int)qa->p.grid_tiles, D, cudaGetErrorString(e));
-    return KVA_STATUS_OK;
+    return kva__pf_launch<qp_policy<D, BN, NW, WM, MINB, FMT, LO, Ty>>(
+        *qa, qa->p.grid_tiles, stream, "kva_attention_run: quantized prefill");
 }
 
 /* The configuration per format and head size (8 warps x 16 rows or 4 warps x
