@@ -12,8 +12,10 @@
  * (seq_len 8k); the same at H 16 and at H 64 (H 16 padded to 64, FlashMLA's
  * way: the ratio is the "no padding" target); the bf16 cache; sparse prefill
  * of 4k tokens (one request, seq_len 8k, H 128, top-2048) in both modes and
- * over a bf16 cache. Index lists are random positions of the request (all
- * valid), so every token gathers K scattered rows.
+ * over a bf16 cache; then H 16 forced onto the wgmma body (64-row tiles) and
+ * the shapes that moved to it with the mma.sync kernel forced (the previous
+ * default: before / after in one run). Index lists are random positions of
+ * the request (all valid), so every token gathers K scattered rows.
  * Counts: FLOPs as FlashMLA does, 2 * H * K * (576 + 512) per query token;
  * gathered bytes K * row bytes (656 fp8, 1152 bf16) per token (each head
  * tile's CTA reads them; H > 64 reads them twice). Before timing, one token's

@@ -261,8 +261,9 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
                 o[n][e] = 0.f;
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
-        int stage = 0;
-        for (int32_t kb = wi.k0; kb < kend; kb += MW_BN) {
+        const int32_t k0 = wi.k0;
+        for (int32_t kb = k0; kb < kend; kb += MW_BN) {
+            const int stage = ((kb - k0) / MW_BN) & 1;
             kva__cp_async_wait<0>();
             kva__fence_proxy_async(); /* cp.async and Q stores -> the wgmma operand reads */
             __syncthreads();          /* 1. tile kb landed; the other stage and P are free */
@@ -351,7 +352,6 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     kva__reg_fence(o[n][e]);
-            stage ^= 1;
         }
         kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
         wi.finish(a, s_sum, wg, r0, t4, l_run, m_run, o);
