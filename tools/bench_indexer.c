@@ -41,7 +41,9 @@ static void usage(void)
            "  --iters N --warmup N timed and untimed runs              [5, 1]\n"
            "  --no-check           skip the check against the reference backend\n"
            "  --mma-sync           cuda: force the mma.sync logits kernel\n"
-           "  --topk-full          cuda: every top-K radix pass reads the whole row\n");
+           "  --topk-full          cuda: every top-K radix pass reads the whole row\n"
+           "  --no-ws              cuda: FP8-q on the sm_90a wgmma kernel, not the\n"
+           "                       warp-specialized one\n");
 }
 
 static int parse(int argc, char **argv, bench_index_opts *o)
@@ -69,10 +71,12 @@ static int parse(int argc, char **argv, bench_index_opts *o)
             usage();
             return KVA_EXIT_OK;
         }
-        if (!strcmp(a, "--no-check") || !strcmp(a, "--mma-sync") || !strcmp(a, "--topk-full")) {
-            *(!strcmp(a, "--no-check")   ? &o->no_check
-              : !strcmp(a, "--mma-sync") ? &o->mma_sync
-                                         : &o->topk_full) = 1;
+        if (!strcmp(a, "--no-check") || !strcmp(a, "--mma-sync") || !strcmp(a, "--topk-full") ||
+            !strcmp(a, "--no-ws")) {
+            *(!strcmp(a, "--no-check")    ? &o->no_check
+              : !strcmp(a, "--mma-sync")  ? &o->mma_sync
+              : !strcmp(a, "--topk-full") ? &o->topk_full
+                                          : &o->no_ws) = 1;
             continue;
         }
         const char *v = i + 1 < argc ? argv[++i] : "";

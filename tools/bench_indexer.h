@@ -14,6 +14,7 @@ typedef struct bench_index_opts {
     int fp8, cuda, no_check, mma_sync; /* mma_sync: force the mma.sync logits kernel */
     int qfp8;                          /* index_q_quant FP8_TOKEN (--q-quant fp8) */
     int topk_full;                     /* cuda: every top-K radix pass reads the whole row */
+    int no_ws; /* cuda: FP8-q on the sm_90a wgmma kernel, not the warp-specialized one */
 } bench_index_opts;
 
 /* The host data of one run: an index-key cache on a CPU context (copied

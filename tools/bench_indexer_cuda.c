@@ -45,10 +45,10 @@ int bench_indexer_cuda(const bench_index_opts *o, bench_index_data *x, int32_t *
     cudaError_t e = cudaSuccess;
     const size_t qb = (size_t)x->T * o->heads * o->head_dim * 2;
     const size_t wb = (size_t)x->T * o->heads * 4, ib = (size_t)x->T * o->topk * 4;
-    if ((o->mma_sync || o->topk_full) &&
-        (st = kva__cuda_context_indexer_test(ctx, 0, o->mma_sync | o->topk_full << 1)) !=
-            KVA_STATUS_OK) {
-        rc = kva_cli_lib_error("--mma-sync / --topk-full", st);
+    if ((o->mma_sync || o->topk_full || o->no_ws) &&
+        (st = kva__cuda_context_indexer_test(
+             ctx, 0, o->mma_sync | o->topk_full << 1 | o->no_ws << 2)) != KVA_STATUS_OK) {
+        rc = kva_cli_lib_error("--mma-sync / --topk-full / --no-ws", st);
         goto done;
     }
     if ((st = kva_cache_create(ctx, &x->cache->desc, &dc)) != KVA_STATUS_OK ||

@@ -452,13 +452,16 @@ class Plan:
 
     kind="index" plans (num_heads = index heads Hi, num_kv_heads=1,
     head_dim=D, sparse_topk=K, causal) run the lightning indexer over an
-    index-key cache: run_indexer() (kva_indexer_run, docs/indexer.md)."""
+    index-key cache: run_indexer() (kva_indexer_run, docs/indexer.md);
+    index_q_quant="fp8_token" quantizes q per token and head to e4m3 first
+    (s = max(amax / 448, FLT_MIN), as the FP8_TOKEN key rows) and scores
+    with code * s, as DeepSeek's inference code does."""
 
     def __init__(self, ctx, query_start_loc, seq_lens, block_table=None, *, block_size,
                  num_heads, num_kv_heads, head_dim, head_dim_v=0, q_dtype="f16", scale=0.0,
                  causal=True, window_left=-1, softcap=0.0, alibi_slopes=None,
                  decode_threshold=0, kind="mha", mla_qk_nope_head_dim=0, mla_v_head_dim=0,
-                 sparse_topk=0, sparse_mode="mixed"):
+                 sparse_topk=0, sparse_mode="mixed", index_q_quant="none"):
         qsl = T.host_array(query_start_loc, np.int32, "query_start_loc")
         sl = T.host_array(seq_lens, np.int32, "seq_lens")
         r = sl.shape[0]
@@ -483,7 +486,7 @@ class Plan:
         # are used from one thread at a time, so the template is too).
         key = (block_size, num_heads, num_kv_heads, head_dim, head_dim_v, q_dtype, scale,
                causal, window_left, softcap, decode_threshold, kind, mla_qk_nope_head_dim,
-               mla_v_head_dim, sparse_topk, sparse_mode)
+               mla_v_head_dim, sparse_topk, sparse_mode, index_q_quant)
         tmpl = ctx._plan_descs.get(key)
         if tmpl is None:
             qdt = dtype_code(q_dtype)
@@ -496,6 +499,7 @@ class Plan:
             d.mla_v_head_dim = mla_v_head_dim
             d.sparse_topk = sparse_topk
             d.sparse_mode = _enum(L.SPARSE_MODES, sparse_mode, "sparse_mode")
+            d.index_q_quant = _enum(L.QUANTS, index_q_quant, "index_q_quant")
             if len(ctx._plan_descs) >= 64:
                 ctx._plan_descs.clear()
             tmpl = ctx._plan_descs[key] = (d, qdt, (block_size, num_kv_heads, head_dim,

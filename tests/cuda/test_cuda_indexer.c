@@ -14,7 +14,8 @@
  * logits limit set by kva__cuda_context_indexer_test) and the mma.sync
  * logits kernel where the sm_90a one is the default, the top-K's
  * whole-row passes (forced, and for a tie bin past its buffer); the FP8-q mode
- * (index_q_quant, e4m3 products on sm_90a). KVA_TEST_QUICK=1 runs
+ * (index_q_quant, e4m3 products on sm_90a: the warp-specialized kernel,
+ * on 2 CTAs too, and the other wgmma kernel forced). KVA_TEST_QUICK=1 runs
  * the small cases only. Exits 77 without a GPU.
  */
 #include "../indexer_util.h"
@@ -316,6 +317,18 @@ static void test_fp8_q(void)
     }
     CHECK_OK(kva__cuda_context_indexer_test(gpu, 1000, 0)); /* passes */
     run_case(gpu, &a, 1);
+    /* The warp-specialized kernel (sm_90a, B a multiple of 64) on 2 CTAs:
+     * each takes many tiles (both q buffers, the key ring across tiles);
+     * then B 128 with a NaN key; then the other wgmma kernel forced. */
+    CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 8));
+    run_case(gpu, &a, 0);
+    idx_case n = a;
+    n.B = 128;
+    n.nan_key = 1;
+    n.seed = 75;
+    run_case(gpu, &n, 0);
+    CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 4));
+    run_case(gpu, &a, 0);
     CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 1)); /* mma.sync on the codes' values */
     a.tol_rel = 0.0;
     run_case(gpu, &a, 0);

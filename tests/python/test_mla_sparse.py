@@ -282,6 +282,36 @@ def test_run_indexer_matches_numpy(fp8):
     np.testing.assert_array_equal(only, got)
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_run_indexer_fp8_q(fp8):
+    """index_q_quant="fp8_token": each q[t, h] row quantized as a key row is
+    written (s = max(amax / 448, FLT_MIN), code = e4m3(q / s) in float32),
+    logits over code * s; a row of zeros (s = FLT_MIN, codes 0) scores 0."""
+    rng = np.random.default_rng(31 + fp8)
+    batch, ctx, cache, kval, _ = indexer_setup(rng, fp8)
+    plan = kvattn.Plan(ctx, batch.qsl, batch.seq_lens, batch.block_table, block_size=batch.bs,
+                       num_heads=HI, num_kv_heads=1, head_dim=D, q_dtype="f32", kind="index",
+                       sparse_topk=KI, index_q_quant="fp8_token")
+    q = rng.uniform(-1, 1, (batch.T, HI, D)).astype(np.float32)
+    q[2, 1] = 0.0
+    w = rng.uniform(-1, 1, (batch.T, HI)).astype(np.float32)
+    s = np.maximum(np.abs(q).max(axis=2, keepdims=True) / np.float32(448), FLT_MIN)
+    qval = e4m3_round((q / s).astype(np.float32)) * s.astype(np.float64)
+    ind = np.full((batch.T, KI), 0x5A5A5A5A, np.int32)
+    lens = np.full(batch.T, -7, np.int32)
+    plan.run_indexer(q, w, cache, indices=ind, topk_length=lens)
+    check_topk(batch, qval, w, kval, ind, lens)
+    # Other kva_quant values are refused (by the library, or by name).
+    with pytest.raises(kvattn.InvalidArgumentError):
+        kvattn.Plan(ctx, batch.qsl, batch.seq_lens, batch.block_table, block_size=batch.bs,
+                    num_heads=HI, num_kv_heads=1, head_dim=D, q_dtype="f32", kind="index",
+                    sparse_topk=KI, index_q_quant="fp8_e4m3")
+    with pytest.raises(kvattn.InvalidArgumentError):
+        kvattn.Plan(ctx, batch.qsl, batch.seq_lens, batch.block_table, block_size=batch.bs,
+                    num_heads=HI, num_kv_heads=1, head_dim=D, q_dtype="f32", kind="index",
+                    sparse_topk=KI, index_q_quant="e5m2")
+
+
 def test_run_indexer_bad_input():
     rng = np.random.default_rng(5)
     batch, ctx, cache, kval, plan = indexer_setup(rng, False)

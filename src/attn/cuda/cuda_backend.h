@@ -164,7 +164,7 @@ typedef struct kva__cuda_state {
     /* ctx->workspace / ctx->workspace_bytes hold the device split partials. */
     int32_t mla_chunk_keys;    /* kva__cuda_context_mla_chunk: 0 = the plan's choice */
     int64_t index_pass_floats; /* kva__cuda_context_indexer_test: 0 = IDX_WS_FLOATS */
-    int index_no_wgmma;        /* kva__cuda_context_indexer_test: 1 = mma.sync logits */
+    int index_no_wgmma;        /* kva__cuda_context_indexer_test: flags bits 0, 2, 3 */
     int index_topk_full;       /* kva__cuda_context_indexer_test: 1 = full-row top-K passes */
 } kva__cuda_state;
 
@@ -217,7 +217,10 @@ kva_status kva__cuda_indexer_probe(kva_context *ctx, const kva_plan *plan, const
  * most pass_floats logits per pass (0: the default 1 GiB), so a small plan
  * runs the multi-pass path; flags bit 0: those plans use the mma.sync
  * logits kernel where the sm_90a one would run; bit 1: their top-K reads
- * the whole row in every radix pass (no shared-memory candidate buffer). */
+ * the whole row in every radix pass (no shared-memory candidate buffer);
+ * bit 2: the FP8-q mode takes the sm_90a wgmma kernel, not the
+ * warp-specialized one; bit 3: the warp-specialized kernel runs 2 CTAs
+ * (each takes many tiles). Bits 0, 2 and 3 live in index_no_wgmma. */
 kva_status kva__cuda_context_indexer_test(kva_context *ctx, int64_t pass_floats, int flags);
 /* Index-key caches in device memory (index_cache.cu): storage (v aliases k),
  * the write (k [T, D] rows at k_stride elements; slots past the cache

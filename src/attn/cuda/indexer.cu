@@ -22,12 +22,15 @@
  *     last).
  *
  *   On sm_90a builds and devices, DeepSeek's shape (Hi 64, D 128) takes
- *   the wgmma logits kernel of indexer_wgmma.cu instead (same tiles).
- *   index_qquant_kernel: the FP8-q mode (kva_plan_desc.index_q_quant)
- *     quantizes each (token, head) row of q first, into the workspace after
- *     the logits: e4m3 codes for the wgmma kernel's e4m3 products over
- *     FP8_TOKEN keys, else the codes' exact values in the q dtype for the
- *     16-bit kernels; the row scales go into the head weights.
+ *   the wgmma logits kernel of indexer_wgmma.cu instead (same tiles); its
+ *   FP8-q mode over FP8_TOKEN keys with B a multiple of 64 the
+ *   warp-specialized kernel there, which also counts the top-K's first
+ *   radix pass (the top-K then starts from those counts).
+ *   index_qquant_kernel (indexer_qquant.cu): the FP8-q mode
+ *     (kva_plan_desc.index_q_quant) quantizes each (token, head) row of q first, into the workspace
+ * after the logits: e4m3 codes for the wgmma kernel's e4m3 products over FP8_TOKEN keys, else the
+ * codes' exact values in the q dtype for the 16-bit kernels; the row scales go into the head
+ * weights.
  *
  * The workspace holds logits [tokens of a pass, max_seq_len] float32; a
  * plan whose tokens need more than IDX_WS_FLOATS runs in several passes
@@ -183,74 +186,7 @@ __global__ void __launch_bounds__(IDX_WARPS * 32)
     }
 }
 
-/* ---- the FP8-q mode's queries ---- */
-
-static __device__ __forceinline__ float to_f(__nv_bfloat16 x)
-{
-    return __bfloat162float(x);
-}
-static __device__ __forceinline__ float to_f(__half x)
-{
-    return __half2float(x);
-}
-
-/* kva_plan_desc.index_q_quant = FP8_TOKEN: one warp per (token, head) row of
- * q [rows = T Hi, D] quantizes it as the FP8_TOKEN key rows are written
- * (indexer.cuh); qc [rows, D] gets the e4m3 codes (E8: for the e4m3 wgmma
- * kernel) or their values in the q dtype (exact: for the 16-bit kernels),
- * wq [rows] = wts * s (w relu(s x) = w s relu(x), s > 0). */
-template <typename M, bool E8>
-__global__ void __launch_bounds__(128)
-    index_qquant_kernel(const typename M::elem *q, const float *wts, int64_t rows, int32_t D,
-                        void *qc, float *wq)
-{
-    const int lane = threadIdx.x & 31;
-    const int64_t row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-    if (row >= rows)
-        return;
-    const typename M::elem *src = q + row * D;
-    float amax = 0.0f;
-    for (int32_t i = lane; i < D; i += 32) {
-        const float a = fabsf(to_f(src[i]));
-        amax = a > amax ? a : amax; /* NaN is left out */
-    }
-    const float s = kva__fp8_token_scale_warp(amax);
-    for (int32_t i = lane; i < D; i += 32) {
-        const unsigned char c = kva__fp8_token_code(to_f(src[i]), s);
-        if (E8) {
-            ((unsigned char *)qc)[row * D + i] = c;
-        } else {
-            const __half h(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)c, __NV_E4M3));
-            M::store((typename M::elem *)qc + row * D + i, __half2float(h));
-        }
-    }
-    if (lane == 0)
-        wq[row] = wts[row] * s;
-}
-
-/* Launches index_qquant_kernel on s: e4m3 codes (e8) or their values. */
-template <typename M>
-static void launch_qquant(int e8, const void *q, const float *wts, int64_t rows, int32_t D,
-                          void *qc, float *wq, cudaStream_t s)
-{
-    const unsigned grid = (unsigned)((rows + 3) / 4);
-    const typename M::elem *qe = (const typename M::elem *)q;
-    if (e8)
-        index_qquant_kernel<M, true><<<grid, 128, 0, s>>>(qe, wts, rows, D, qc, wq);
-    else
-        index_qquant_kernel<M, false><<<grid, 128, 0, s>>>(qe, wts, rows, D, qc, wq);
-}
-
 /* ---- top K ---- */
-
-/* Order-preserving key of a logit: -0 as +0, NaN lowest (0). */
-static __device__ __forceinline__ uint32_t order_key(float x)
-{
-    if (x != x)
-        return 0u;
-    const uint32_t u = __float_as_uint(x == 0.0f ? 0.0f : x);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
 
 /* Block-wide exclusive scan of v (IDX_TOPK_THREADS threads); *total gets the sum. */
 static __device__ __forceinline__ uint32_t block_scan(uint32_t v, uint32_t *sw, uint32_t *total)
@@ -305,27 +241,29 @@ struct topk_sel {
 
 /* One radix pass (p = 0, 1, 2: bits 31-21, 20-10, 9-0) over the keys that
  * match prefix under mask: the row's n logits (BUF false) or the n
- * candidates of buf (BUF true: keys in the high words). Finds the bin of
- * the need-th largest; on return prefix / mask include it, need counts
- * what is still to take inside it and sel->eq holds the bin's count. */
+ * candidates of buf (BUF true: keys in the high words); given (p = 0
+ * only, or NULL): the first pass's counts [IDX_HIST_BINS], as the
+ * warp-specialized logits kernel counted them, in place of counting. Finds
+ * the bin of the need-th largest; on return prefix / mask include it, need
+ * counts what is still to take inside it and sel->eq holds the bin's count. */
 template <bool BUF>
 static __device__ void radix_pass(const float *row, const unsigned long long *buf, int32_t n, int p,
                                   uint32_t &prefix, uint32_t &mask, int32_t &need, uint32_t *hist,
-                                  uint32_t *sw, topk_sel *sel)
+                                  uint32_t *sw, topk_sel *sel, const uint32_t *given)
 {
     const int tid = threadIdx.x, lane = tid & 31;
     const int shift = p == 0 ? 21 : p == 1 ? 10 : 0;
     const uint32_t nb = p < 2 ? 2048u : 1024u;
     for (uint32_t i = tid; i < nb; i += blockDim.x)
-        hist[i] = 0;
+        hist[i] = given ? given[i] : 0u;
     __syncthreads();
     /* Logits crowd into few bins (above all in the first pass): the lanes
      * of a warp that share a bin add once, by a leader. */
-    for (int32_t base = 0; base < n; base += blockDim.x) {
+    for (int32_t base = 0; !given && base < n; base += blockDim.x) {
         const int32_t j = base + tid;
         uint32_t bin = 0xffffffffu;
         if (j < n) {
-            const uint32_t key = BUF ? (uint32_t)(buf[j] >> 32) : order_key(row[j]);
+            const uint32_t key = BUF ? (uint32_t)(buf[j] >> 32) : kva__index_order_key(row[j]);
             if ((key & mask) == prefix)
                 bin = (key >> shift) & (nb - 1);
         }
@@ -365,10 +303,14 @@ static __device__ void radix_pass(const float *row, const unsigned long long *bu
  * final pick run over buf alone (two passes over the row in all). When
  * that bin is larger than buf, or the boundary tie needs position ranks,
  * or full is set (tests, benchmarks), every pass reads the whole row.
+ * ghist ([tokens of the pass, IDX_HIST_BINS], or NULL): the first pass's
+ * counts from the warp-specialized logits kernel, which then reads no row
+ * (unless full).
  */
 __global__ void __launch_bounds__(IDX_TOPK_THREADS)
     index_topk_kernel(const float *logits, int32_t smax, int32_t tok_base, const int32_t *tok_n,
-                      int32_t K, int32_t *indices, int64_t istride, int32_t *topk_length, int full)
+                      int32_t K, int32_t *indices, int64_t istride, int32_t *topk_length, int full,
+                      const uint32_t *ghist)
 {
     /* The row is read from the workspace (mostly L2) in each pass: keeping
      * it in shared memory (128 KB at 32k keys, one CTA per SM) measured
@@ -385,11 +327,13 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
     const int32_t m = n < K ? n : K;
     if (n <= K) {
         for (int32_t j = tid; j < n; j += blockDim.x)
-            cand[j] = (unsigned long long)order_key(row[j]) << 32 | (uint32_t) ~(uint32_t)j;
+            cand[j] =
+                (unsigned long long)kva__index_order_key(row[j]) << 32 | (uint32_t) ~(uint32_t)j;
     } else {
         uint32_t prefix = 0, mask = 0;
         int32_t need = K;
-        radix_pass<false>(row, NULL, n, 0, prefix, mask, need, hist, sw, &sel);
+        radix_pass<false>(row, NULL, n, 0, prefix, mask, need, hist, sw, &sel,
+                          ghist && !full ? ghist + (int64_t)blockIdx.x * IDX_HIST_BINS : NULL);
         const bool small = !full && sel.eq <= IDX_TOPK_BUF;
         if (tid == 0)
             s_cnt = s_nbuf = 0;
@@ -398,7 +342,7 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
             /* Keys above the bin go to cand (K - need of them), the bin's to buf. */
             for (int32_t base = 0; base < n; base += blockDim.x) {
                 const int32_t j = base + tid;
-                const uint32_t key = j < n ? order_key(row[j]) : 0u;
+                const uint32_t key = j < n ? kva__index_order_key(row[j]) : 0u;
                 const unsigned long long v =
                     (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
                 warp_append(j < n && (key & mask) > prefix, v, cand, &s_cnt);
@@ -406,8 +350,8 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
             }
             __syncthreads();
             const int32_t nbuf = (int32_t)s_nbuf;
-            radix_pass<true>(NULL, buf, nbuf, 1, prefix, mask, need, hist, sw, &sel);
-            radix_pass<true>(NULL, buf, nbuf, 2, prefix, mask, need, hist, sw, &sel);
+            radix_pass<true>(NULL, buf, nbuf, 1, prefix, mask, need, hist, sw, &sel, NULL);
+            radix_pass<true>(NULL, buf, nbuf, 2, prefix, mask, need, hist, sw, &sel, NULL);
             if (sel.eq == (uint32_t)need) { /* every key equal to the K-th is taken */
                 for (int32_t base = 0; base < nbuf; base += blockDim.x) {
                     const int32_t i = base + tid;
@@ -419,8 +363,8 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
             }
             __syncthreads();
         } else {
-            radix_pass<false>(row, NULL, n, 1, prefix, mask, need, hist, sw, &sel);
-            radix_pass<false>(row, NULL, n, 2, prefix, mask, need, hist, sw, &sel);
+            radix_pass<false>(row, NULL, n, 1, prefix, mask, need, hist, sw, &sel, NULL);
+            radix_pass<false>(row, NULL, n, 2, prefix, mask, need, hist, sw, &sel, NULL);
         }
         /* prefix = the K-th largest key; K - need keys are above it. When
          * every key equal to it is taken (no tie at the boundary, the usual
@@ -432,7 +376,7 @@ __global__ void __launch_bounds__(IDX_TOPK_THREADS)
             uint32_t run = 0;
             for (int32_t base = 0; base < n; base += blockDim.x) {
                 const int32_t j = base + tid;
-                const uint32_t key = j < n ? order_key(row[j]) : 0u;
+                const uint32_t key = j < n ? kva__index_order_key(row[j]) : 0u;
                 const unsigned long long v =
                     (unsigned long long)key << 32 | (uint32_t) ~(uint32_t)j;
                 warp_append(j < n && (key > prefix || (all_eq && key == prefix)), v, cand, &s_cnt);
@@ -524,8 +468,8 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
     const kva__cuda_state *st = (const kva__cuda_state *)ctx->state;
     /* DeepSeek's shape takes the sm_90a kernel where the build and device
      * have it (tests may force the mma.sync one). */
-    const int wg =
-        Hi == IDX_WG_HI && D == IDX_WG_D && !st->index_no_wgmma && kva__cuda_prefill_wgmma_ready();
+    const int wg = Hi == IDX_WG_HI && D == IDX_WG_D && !(st->index_no_wgmma & 1) &&
+                   kva__cuda_prefill_wgmma_ready();
     int32_t G = wg ? IDX_WG_G : IDX_MAX_G;
     while (!wg && G > 1 && smem_bytes(G, Hi, D) > IDX_SMEM_MAX)
         G--;
@@ -607,6 +551,20 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
     ip->qf8 = d->index_q_quant == KVA_QUANT_FP8_TOKEN;
     ip->topk_full = st->index_topk_full;
     ip->smem = wg ? kva__cuda_index_wg_smem() : smem_bytes(G, Hi, D);
+    /* The FP8-q mode over FP8_TOKEN keys (the cache's format is known at
+     * run time) with pages of 64 keys inside a block: the warp-specialized
+     * kernel, unless tests force the other wgmma one. */
+    if (wg && ip->qf8 && d->block_size % 64 == 0 && !(st->index_no_wgmma & 4)) {
+        ip->tmap_encode = kva__cuda_index_ws_encoder();
+        if (cudaDeviceGetAttribute(&ip->num_sms, cudaDevAttrMultiProcessorCount, ctx->device_id) !=
+            cudaSuccess) {
+            (void)cudaGetLastError();
+            ip->num_sms = 0;
+        }
+        if (st->index_no_wgmma & 8)
+            ip->num_sms = 2;
+        ip->ws = ip->tmap_encode != NULL && ip->num_sms > 0;
+    }
     kva__cuda_plan *cp = (kva__cuda_plan *)calloc(1, sizeof *cp);
     if (!cp) {
         free(host);
@@ -626,6 +584,10 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
         for (int i = 0; i < 3 && e == cudaSuccess; i++)
             e = cudaFuncSetAttribute(pick(d->q_dtype, i > 0, wg, i == 2 && ip->qf8),
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, lim);
+        if (e == cudaSuccess && ip->ws)
+            e = cudaFuncSetAttribute(kva__cuda_index_ws_fn(),
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)kva__cuda_index_ws_smem());
         if (e == cudaSuccess) /* its candidate buffer, past the 48 KB default */
             e = cudaFuncSetAttribute(index_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)(IDX_TOPK_BUF * sizeof(unsigned long long)));
@@ -646,6 +608,10 @@ extern "C" kva_status kva__cuda_indexer_plan_build(kva_context *ctx, kva_plan *p
         ip->wq_off = ip->qc_off + (((size_t)T * Hi * D * 2 + 255) & ~(size_t)255);
         ws = ip->wq_off + (size_t)T * Hi * sizeof(float);
     }
+    if (ip->ws) { /* the first radix pass's counts [longest, IDX_HIST_BINS] */
+        ip->hist_off = (ws + 255) & ~(size_t)255;
+        ws = ip->hist_off + (size_t)longest * IDX_HIST_BINS * 4;
+    }
     KVA_TRY(kva__context_reserve_workspace(ctx, ws));
     plan->workspace_bytes = ws;
     plan->info.num_work_items = nt_done;
@@ -663,7 +629,8 @@ extern "C" kva_status kva__cuda_context_indexer_test(kva_context *ctx, int64_t p
                          (long long)pass_floats);
     kva__cuda_state *st = (kva__cuda_state *)ctx->state;
     st->index_pass_floats = pass_floats;
-    st->index_no_wgmma = (flags & 1) != 0;
+    /* Bits 0, 2, 3 of flags (the logits kernels) stay in index_no_wgmma. */
+    st->index_no_wgmma = flags & 13;
     st->index_topk_full = (flags & 2) != 0;
     return KVA_STATUS_OK;
 }
@@ -705,10 +672,7 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
         float *wq = (float *)((char *)ctx->workspace + ip->wq_off);
         const int64_t rows = (int64_t)plan->info.num_tokens * d->num_heads;
         const int32_t D = d->head_dim;
-        if (d->q_dtype == KVA_DTYPE_BF16)
-            launch_qquant<kva__mma_bf16>(qf8, q, weights, rows, D, qc, wq, s);
-        else
-            launch_qquant<kva__mma_f16>(qf8, q, weights, rows, D, qc, wq, s);
+        kva__cuda_index_qquant(d->q_dtype, qf8, q, weights, rows, D, qc, wq, s);
         KVA_CUDA_LAUNCHED("index_qquant_kernel");
         q = qc;
         weights = wq;
@@ -716,7 +680,37 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
     for (int32_t p = 0; p < ip->num_passes; p++) {
         const int32_t a = ip->pass[2 * p], b = ip->pass[2 * p + 2];
         const int32_t t0 = ip->pass[2 * p + 1], t1 = ip->pass[2 * p + 3];
-        if ((parts & 1) && b > a) {
+        uint32_t *ghist = NULL; /* the first radix pass's counts (warp-specialized kernel) */
+        if (qf8 && ip->ws)
+            ghist = (uint32_t *)((char *)ctx->workspace + ip->hist_off);
+        if ((parts & 1) && b > a && ghist) {
+            KVA_CUDA_TRY(cudaMemsetAsync(ghist, 0, (size_t)(t1 - t0) * IDX_HIST_BINS * 4, s));
+            const kva__cuda_index_ws_args wa = {ip->tmap_encode,
+                                                q,
+                                                weights,
+                                                (const char *)cache->k,
+                                                bb,
+                                                cache->desc.num_blocks,
+                                                d->block_size,
+                                                plan->info.num_tokens,
+                                                ip->tiles + a,
+                                                b - a,
+                                                ip->tok_n,
+                                                ip->bt,
+                                                ip->stride,
+                                                ws,
+                                                ip->smax,
+                                                t0,
+                                                ghist,
+                                                ip->num_sms};
+            if (!kva__cuda_index_ws_launch(&wa, s))
+                return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                                 "%s: the driver refused the indexer's tensor maps (cache %p, "
+                                 "%d blocks of %d tokens)",
+                                 fn, cache->k, (int)cache->desc.num_blocks, (int)d->block_size);
+            KVA_CUDA_LAUNCHED("index_logits_ws_kernel");
+        }
+        if ((parts & 1) && b > a && !ghist) {
             void *args[] = {(void *)&q,
                             (void *)&weights,
                             (void *)&cache->k,
@@ -741,7 +735,7 @@ extern "C" kva_status kva__cuda_indexer_parts(kva_context *ctx, const kva_plan *
             index_topk_kernel<<<(unsigned)(t1 - t0), IDX_TOPK_THREADS,
                                 IDX_TOPK_BUF * sizeof(unsigned long long), s>>>(
                 ws, ip->smax, t0, ip->tok_n, d->sparse_topk, indices, indices_stride, topk_length,
-                ip->topk_full);
+                ip->topk_full, ghist);
             KVA_CUDA_LAUNCHED("index_topk_kernel");
         }
     }
