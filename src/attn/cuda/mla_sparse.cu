@@ -1,6 +1,9 @@
 /*
  * mla_sparse.cu - sparse absorbed MLA (DeepSeek V3.2, kva_mla_sparse_run) on
- * tensor cores ("mla_sparse_mma_sm80"): every query token attends only the
+ * mma.sync (registry entry "mla_decode_mma_sm80": plans of H <= 32, every
+ * plan without sm_90a, and any plan when forced; H > 32 runs on the wgmma
+ * body, mla_sparse_wgmma.cu) and the host side of both kernels (the kernel
+ * choice, launches, splits, workspace, merge): every query token attends only the
  * latent rows its own index list names, gathered from the paged cache (or
  * from a request's dense rows in the separate mode), on mma.sync m16n8k16
  * with fp32 accumulation. The body is the absorbed MLA decode's
