@@ -151,23 +151,12 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_sparse_kernel(const sp_args a)
     int *s_ok = (int *)(sp_smem + C::OFF_OK); /* [NST][BN] */
 
     /* The item: token, head tile, split; tokens of the other side exit. */
-    int32_t x = blockIdx.x;
-    const int32_t split = x % a.nsplit;
-    x /= a.nsplit;
-    const int32_t tile = x % a.tiles, t = a.t0 + x / a.tiles;
-    const int32_t r = sp_request(a, t);
-    const int32_t q_len = __ldg(a.qsl + r + 1) - __ldg(a.qsl + r);
-    if ((a.side == 1 && q_len > a.dthr) || (a.side == 2 && q_len <= a.dthr))
+    const sp_item mi = sp_item_load<M>(a, blockIdx.x);
+    if (mi.skip)
         return;
-    const int32_t s = __ldg(a.seq_lens + r);
-    const int32_t *bt_row = a.bt + (int64_t)r * a.bt_stride;
-    const int32_t *idx_row = a.idx + (int64_t)t * a.idx_stride;
-    int32_t klen = a.topk_len ? __ldg(a.topk_len + t) : a.K;
-    if (klen < 0 || klen > a.K)
-        klen = a.K;
-    const int32_t kbeg = split * a.split_keys;
-    const int32_t kend = min(klen, kbeg + a.split_keys);
-    const int32_t h0 = tile * M, nrows = min(M, a.H - h0);
+    const int32_t t = mi.t, split = mi.split, s = mi.s, kbeg = mi.kbeg, kend = mi.kend;
+    const int32_t h0 = mi.h0, nrows = mi.nrows;
+    const int32_t *bt_row = mi.bt_row, *idx_row = mi.idx_row;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g4 = lane >> 2, t4 = lane & 3;
@@ -190,17 +179,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_sparse_kernel(const sp_args a)
     }
     sp_key k_next = sp_locate(a, bt_row, sp_pos(idx_row, kbeg + (NST - 1) * BN + my_key, kend), s);
     int32_t p_next = sp_pos(idx_row, kbeg + NST * BN + my_key, kend);
-    {
-        /* Q [M, 576]: heads h0 .. of token t, as one query row of nrows heads. */
-        kva__cuda_item w = {};
-        w.h0 = h0;
-        w.nh = nrows;
-        w.nq = 1;
-        kva__cuda_attn_args qa = {};
-        qa.q = a.q;
-        qa.H = a.H;
-        ml_stage_q<M, 0, elem>(qa, w, nrows, t, sp_smem);
-    }
+    sp_stage_q<M, 0, elem>(a, mi, sp_smem);
 
     float o[NBO][4];
 #pragma unroll

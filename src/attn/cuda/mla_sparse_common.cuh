@@ -83,6 +83,56 @@ static __device__ __forceinline__ sp_key sp_locate(const sp_args &a, const int32
     return k;
 }
 
+/* Item `it` of a launch (token, head tile of M rows, key split) and what it
+ * reads: skip when the token belongs to the other side of the launch; its
+ * request's seq_len and block-table row, its index row, its keys kbeg ..
+ * kend - 1 (topk_length outside 0 .. K means K) and heads h0 .. h0 + nrows - 1. */
+struct sp_item {
+    bool skip;
+    int32_t t, split, s, kbeg, kend, h0, nrows;
+    const int32_t *bt_row, *idx_row;
+};
+template <int M>
+static __device__ __forceinline__ sp_item sp_item_load(const sp_args &a, int32_t it)
+{
+    sp_item m;
+    int32_t x = it;
+    m.split = x % a.nsplit;
+    x /= a.nsplit;
+    const int32_t tile = x % a.tiles;
+    m.t = a.t0 + x / a.tiles;
+    const int32_t r = sp_request(a, m.t);
+    const int32_t q_len = __ldg(a.qsl + r + 1) - __ldg(a.qsl + r);
+    m.skip = (a.side == 1 && q_len > a.dthr) || (a.side == 2 && q_len <= a.dthr);
+    m.s = __ldg(a.seq_lens + r);
+    m.bt_row = a.bt + (int64_t)r * a.bt_stride;
+    m.idx_row = a.idx + (int64_t)m.t * a.idx_stride;
+    int32_t klen = a.topk_len ? __ldg(a.topk_len + m.t) : a.K;
+    if (klen < 0 || klen > a.K)
+        klen = a.K;
+    m.kbeg = m.split * a.split_keys;
+    m.kend = min(klen, m.kbeg + a.split_keys);
+    m.h0 = tile * M;
+    m.nrows = min(M, a.H - m.h0);
+    return m;
+}
+
+/* Q [M, 576] of item m (heads h0 .. of token t, as one query row of nrows
+ * heads; zeros past nrows) into shared memory at dst in layout ROWS. */
+template <int M, int ROWS, typename elem>
+static __device__ __forceinline__ void sp_stage_q(const sp_args &a, const sp_item &m,
+                                                  unsigned char *dst)
+{
+    kva__cuda_item w = {};
+    w.h0 = m.h0;
+    w.nh = m.nrows;
+    w.nq = 1;
+    kva__cuda_attn_args qa = {};
+    qa.q = a.q;
+    qa.H = a.H;
+    ml_stage_q<M, ROWS, elem>(qa, w, m.nrows, m.t, dst);
+}
+
 /* End of an item: rows r0, r0 + 8 of the head tile (heads h0 + r), value
  * columns col0 + 8 n + 2 t4 + e: the row sums over the NS slices, then out
  * and lse (sink included), or the split partial. */

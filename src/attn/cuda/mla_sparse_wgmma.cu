@@ -71,10 +71,9 @@ static __device__ __forceinline__ int64_t ms_row(const sp_args &a, const int32_t
  * Thread tid copies or converts key tid / 4 of every tile (part tid % 4). */
 template <typename Ty, bool FP8> struct ms_sparse {
     typedef sp_args args;
+    sp_item mi;
     bool skip;
     int32_t k0, kend;
-    int32_t t, h0, nrows, split, s;
-    const int32_t *bt_row, *idx_row;
     int64_t row1, row2; /* the thread's key row in the next tile and (fp8) the one after */
     int32_t pnext;      /* its entry's position in the tile after those */
 
@@ -84,7 +83,7 @@ template <typename Ty, bool FP8> struct ms_sparse {
     }
     __device__ __forceinline__ int32_t pos(int32_t j) const
     {
-        return j < kend ? __ldg(idx_row + j) : -1;
+        return j < kend ? __ldg(mi.idx_row + j) : -1;
     }
     /* fp8_ds_mla: row (or zeros for -1) as key `key` of the tile at stage,
      * part c = tid % 4, in the q dtype. */
@@ -144,31 +143,17 @@ template <typename Ty, bool FP8> struct ms_sparse {
     __device__ __forceinline__ ms_sparse(const args &a, int32_t it, uint32_t sK,
                                          unsigned char *q_gen, int)
     {
-        int32_t x = it;
-        split = x % a.nsplit;
-        x /= a.nsplit;
-        const int32_t tile = x % a.tiles;
-        t = a.t0 + x / a.tiles;
-        const int32_t r = sp_request(a, t);
-        const int32_t q_len = __ldg(a.qsl + r + 1) - __ldg(a.qsl + r);
-        skip = (a.side == 1 && q_len > a.dthr) || (a.side == 2 && q_len <= a.dthr);
+        mi = sp_item_load<MW_M>(a, it);
+        skip = mi.skip;
         if (skip)
             return;
-        s = __ldg(a.seq_lens + r);
-        bt_row = a.bt + (int64_t)r * a.bt_stride;
-        idx_row = a.idx + (int64_t)t * a.idx_stride;
-        int32_t klen = a.topk_len ? __ldg(a.topk_len + t) : a.K;
-        if (klen < 0 || klen > a.K)
-            klen = a.K;
-        k0 = split * a.split_keys;
-        kend = min(klen, k0 + a.split_keys);
-        h0 = tile * MW_M;
-        nrows = min(MW_M, a.H - h0);
+        k0 = mi.kbeg;
+        kend = mi.kend;
 
         const int key = threadIdx.x >> 2;
-        const int64_t first = ms_row(a, bt_row, pos(k0 + key), s);
+        const int64_t first = ms_row(a, mi.bt_row, pos(k0 + key), mi.s);
         if (FP8) {
-            row1 = ms_row(a, bt_row, pos(k0 + MW_BN + key), s);
+            row1 = ms_row(a, mi.bt_row, pos(k0 + MW_BN + key), mi.s);
             if (row1 >= 0 && (threadIdx.x & 3) == 0)
                 ms_prefetch_l2(a.rows + row1 * sp_ds_mla::ROW, sp_ds_mla::ROW);
             if (k0 < kend)
@@ -176,20 +161,12 @@ template <typename Ty, bool FP8> struct ms_sparse {
         } else {
             if (k0 < kend)
                 issue_row(a, first, sK, 0);
-            row1 = ms_row(a, bt_row, pos(k0 + MW_BN + key), s);
+            row1 = ms_row(a, mi.bt_row, pos(k0 + MW_BN + key), mi.s);
         }
         row2 = -1;
         pnext = pos(k0 + 2 * MW_BN + key);
         kva__cp_async_commit();
-        /* Q [64, 576]: heads h0 .. of token t, as one query row of nrows heads. */
-        kva__cuda_item w = {};
-        w.h0 = h0;
-        w.nh = nrows;
-        w.nq = 1;
-        kva__cuda_attn_args qa = {};
-        qa.q = a.q;
-        qa.H = a.H;
-        ml_stage_q<MW_M, MW_M, typename Ty::elem>(qa, w, nrows, t, q_gen);
+        sp_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi, q_gen);
     }
     /* 16-bit rows: the copies of `row` as the thread's key (cp.async). */
     __device__ __forceinline__ void issue_row(const args &a, int64_t row, uint32_t stage,
@@ -213,12 +190,12 @@ template <typename Ty, bool FP8> struct ms_sparse {
             return;
         const int key = threadIdx.x >> 2;
         if (FP8) { /* the tile after kb into L2 (its rows are loaded during kb - 64's P V) */
-            row2 = ms_row(a, bt_row, pnext, s);
+            row2 = ms_row(a, mi.bt_row, pnext, mi.s);
             if (row2 >= 0 && (threadIdx.x & 3) == 0)
                 ms_prefetch_l2(a.rows + row2 * sp_ds_mla::ROW, sp_ds_mla::ROW);
         } else {
             issue_row(a, row1, stage, st);
-            row1 = ms_row(a, bt_row, pnext, s);
+            row1 = ms_row(a, mi.bt_row, pnext, mi.s);
         }
         pnext = pos(kb + 2 * MW_BN + key);
     }
@@ -244,7 +221,8 @@ template <typename Ty, bool FP8> struct ms_sparse {
                                            int t4, float l_run[2], const float m_run[2],
                                            const float (*o)[4]) const
     {
-        sp_finish<32, 2, Ty>(a, t, h0, nrows, split, s_sum, wg, r0, wg * 256, t4, l_run, m_run, o);
+        sp_finish<32, 2, Ty>(a, mi.t, mi.h0, mi.nrows, mi.split, s_sum, wg, r0, wg * 256, t4, l_run,
+                             m_run, o);
         __syncthreads(); /* s_sum, Q, the ring and the flags are rewritten by the next item */
     }
 };
