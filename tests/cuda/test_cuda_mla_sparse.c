@@ -19,7 +19,12 @@
  *     tokens in one plan; MIXED and SEPARATE equal to the reference and to
  *     each other; fp8_ds_mla and bf16 / f16 latent caches; split and
  *     unsplit launches; every run also captured in a CUDA graph and
- *     replayed into poisoned outputs (the eager run's bits).
+ *     replayed into poisoned outputs (the eager run's bits);
+ *   - every case on both kernels of the MLA family (forced):
+ *     mla_decode_mma_sm80 and, where usable, mla_decode_wgmma_sm90, whose
+ *     64-row head tiles pad H 1 / 3 / 16 / 48 and which reads fp8_ds_mla
+ *     rows as code * s rounded to the q dtype (its reference: the rows so
+ *     rounded; MIXED and SEPARATE then also equal each other).
  * Tolerances (FlashMLA's, plus the rounding of P to the input dtype before
  * P V that every tensor-core kernel here does, as test_cuda_mla.c states):
  * out within 1e-3 + u max|v| + 2.01/128 |ref| (u = 2^-8 bf16, 2^-11 f16),
