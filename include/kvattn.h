@@ -652,8 +652,9 @@ typedef enum kva_sparse_mode {
      * (FlashMLA's sparse prefill; vLLM's separate prefill / decode). The
      * plan reserves the workspace for its longest prefill. Equal to MIXED up
      * to rounding (CUDA reads the rows back in the q dtype, f16 or bf16: over
-     * an FP8_DS_MLA cache its prefills see code * scale rounded to it, where
-     * MIXED uses the exact values). */
+     * an FP8_DS_MLA cache its prefills see code * scale rounded to it, as
+     * MIXED does on sm_90a at H > 32; the other CUDA kernel and the host
+     * backends use the exact values in MIXED). */
     KVA_SPARSE_SEPARATE = 1,
     KVA_SPARSE_MODE_COUNT_
 } kva_sparse_mode;

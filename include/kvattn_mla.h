@@ -85,6 +85,10 @@ KVA_API kva_status kva_mla_run(kva_context *ctx, const kva_plan *plan, const voi
  * token, entry and value, nothing written. The CUDA backend (device
  * memory, which the host does not read) treats such an entry as unused
  * (-1), and a topk_length outside 0 .. K as K.
+ * FP8_DS_MLA values: code * scale exactly, except on the CUDA backend's
+ * sm_90a kernel (H > 32 on an sm_90a build and device), which, as
+ * FlashMLA's sparse kernels, rounds code * scale (an fp32 product) to the
+ * q dtype before the products (bf16: a relative 2^-9 per value).
  * kva_sparse_mode MIXED and SEPARATE give the same result up to rounding.
  */
 KVA_API kva_status kva_mla_sparse_run(kva_context *ctx, const kva_plan *plan, const void *q,

@@ -344,7 +344,8 @@ int kva_cli_bench_mla_sparse(int argc, char **argv)
                                     o.heads,
                                     o.topk,
                                     o.cache == 0,
-                                    o.mode == 1};
+                                    o.mode == 1,
+                                    NULL};
         return bench_mla_sparse_cuda(o.shape_set ? &one : NULL, o.iters);
     }
     kva_context *ctx = NULL;

@@ -9,11 +9,13 @@
 
 /* One CUDA shape: R requests of Q query tokens, seq_len S, H heads, top-K
  * random positions per token; fp8: fp8_ds_mla rows (else bf16); separate:
- * KVA_SPARSE_SEPARATE (else MIXED). q and out are bf16. */
+ * KVA_SPARSE_SEPARATE (else MIXED); kernel: the MLA registry kernel forced
+ * (NULL: the dispatcher's choice). q and out are bf16. */
 typedef struct bench_sp_shape {
     const char *name;
     int32_t R, Q, S, H, K;
     int fp8, separate;
+    const char *kernel;
 } bench_sp_shape;
 
 /* Times `one` (checked first against fp64 over the rows read back), or the

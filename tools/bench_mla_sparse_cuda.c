@@ -12,8 +12,10 @@
  * (seq_len 8k); the same at H 16 and at H 64 (H 16 padded to 64, FlashMLA's
  * way: the ratio is the "no padding" target); the bf16 cache; sparse prefill
  * of 4k tokens (one request, seq_len 8k, H 128, top-2048) in both modes and
- * over a bf16 cache. Index lists are random positions of the request (all
- * valid), so every token gathers K scattered rows.
+ * over a bf16 cache; then H 16 forced onto the wgmma body (64-row tiles) and
+ * the shapes that moved to it with the mma.sync kernel forced (the previous
+ * default: before / after in one run). Index lists are random positions of
+ * the request (all valid), so every token gathers K scattered rows.
  * Counts: FLOPs as FlashMLA does, 2 * H * K * (576 + 512) per query token;
  * gathered bytes K * row bytes (656 fp8, 1152 bf16) per token (each head
  * tile's CTA reads them; H > 64 reads them twice). Before timing, one token's
@@ -115,6 +117,8 @@ static double run_shape(const shape *sh, int iters)
     kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
     kva_context *ctx = NULL;
     KV(kva_context_create(&gd, &ctx));
+    if (sh->kernel)
+        KV(kva__context_force_kernel(ctx, sh->kernel));
     kva_cache_desc cd = {NB,
                          B,
                          1,
@@ -216,18 +220,29 @@ int bench_mla_sparse_cuda(const bench_sp_shape *one, int iters)
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     if (one)
         return run_shape(one, iters) < 0;
+    /* The default kernels (wgmma for H > 32 on sm_90a), then the shapes whose
+     * kernel changed with mma.sync forced (the previous default) and H 16 on
+     * the wgmma body (its 64-row tile: the padding the H 64 row measures). */
+    static const char *const mma = "mla_decode_mma_sm80", *const wg = "mla_decode_wgmma_sm90";
     const shape suite[] = {
-        {"decode H128 (target >= 350)", 128, 2, 8192, 128, 2048, 1, 0},
-        {"decode H128 bf16 cache", 128, 2, 8192, 128, 2048, 0, 0},
-        {"decode H16", 128, 2, 8192, 16, 2048, 1, 0},
-        {"decode H64 (H16 padded to 64)", 128, 2, 8192, 64, 2048, 1, 0},
-        {"prefill 4k (target >= 500)", 1, 4096, 8192, 128, 2048, 1, 0},
-        {"prefill 4k separate", 1, 4096, 8192, 128, 2048, 1, 1},
-        {"prefill 4k bf16 cache", 1, 4096, 8192, 128, 2048, 0, 0},
+        {"decode H128 (target >= 350)", 128, 2, 8192, 128, 2048, 1, 0, NULL},
+        {"decode H128 bf16 cache", 128, 2, 8192, 128, 2048, 0, 0, NULL},
+        {"decode H16", 128, 2, 8192, 16, 2048, 1, 0, NULL},
+        {"decode H64 (H16 padded to 64)", 128, 2, 8192, 64, 2048, 1, 0, NULL},
+        {"prefill 4k (target >= 500)", 1, 4096, 8192, 128, 2048, 1, 0, NULL},
+        {"prefill 4k separate", 1, 4096, 8192, 128, 2048, 1, 1, NULL},
+        {"prefill 4k bf16 cache", 1, 4096, 8192, 128, 2048, 0, 0, NULL},
+        {"decode H16 on wgmma (64-row tile)", 128, 2, 8192, 16, 2048, 1, 0, wg},
+        {"decode H128 mma.sync", 128, 2, 8192, 128, 2048, 1, 0, mma},
+        {"decode H128 bf16 cache mma.sync", 128, 2, 8192, 128, 2048, 0, 0, mma},
+        {"decode H64 mma.sync", 128, 2, 8192, 64, 2048, 1, 0, mma},
+        {"prefill 4k mma.sync", 1, 4096, 8192, 128, 2048, 1, 0, mma},
+        {"prefill 4k separate mma.sync", 1, 4096, 8192, 128, 2048, 1, 1, mma},
     };
-    double t[7];
+    const int n = (int)(sizeof suite / sizeof suite[0]);
+    double t[sizeof suite / sizeof suite[0]];
     int fails = 0;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < n; i++) {
         t[i] = run_shape(&suite[i], iters);
         fails += t[i] < 0;
         t[i] = fabs(t[i]);

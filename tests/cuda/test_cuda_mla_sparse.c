@@ -19,7 +19,12 @@
  *     tokens in one plan; MIXED and SEPARATE equal to the reference and to
  *     each other; fp8_ds_mla and bf16 / f16 latent caches; split and
  *     unsplit launches; every run also captured in a CUDA graph and
- *     replayed into poisoned outputs (the eager run's bits).
+ *     replayed into poisoned outputs (the eager run's bits);
+ *   - every case on both kernels of the MLA family (forced):
+ *     mla_decode_mma_sm80 and, where usable, mla_decode_wgmma_sm90, whose
+ *     64-row head tiles pad H 1 / 3 / 16 / 48 and which reads fp8_ds_mla
+ *     rows as code * s rounded to the q dtype (its reference: the rows so
+ *     rounded; MIXED and SEPARATE then also equal each other).
  * Tolerances (FlashMLA's, plus the rounding of P to the input dtype before
  * P V that every tensor-core kernel here does, as test_cuda_mla.c states):
  * out within 1e-3 + u max|v| + 2.01/128 |ref| (u = 2^-8 bf16, 2^-11 f16),
@@ -341,10 +346,15 @@ static int run_case(const scase *c)
 
     /* The separate mode reads fp8_ds_mla rows back in the q dtype (as vLLM
      * gathers bf16 for FlashMLA's sparse prefill): its prefill tokens'
-     * reference uses those rounded values. */
+     * reference uses those rounded values (ro_sep). The wgmma kernel reads
+     * every fp8_ds_mla row so (code * s rounded to the q dtype, as FlashMLA's
+     * sparse kernels): its reference is ro16 for every token. */
     double *ro_sep = malloc(sizeof(double) * no), *rl_sep = malloc(sizeof(double) * nl);
+    double *ro16 = malloc(sizeof(double) * no), *rl16 = malloc(sizeof(double) * nl);
     memcpy(ro_sep, ro, sizeof(double) * no);
     memcpy(rl_sep, rl, sizeof(double) * nl);
+    memcpy(ro16, ro, sizeof(double) * no);
+    memcpy(rl16, rl, sizeof(double) * nl);
     if (c->fp8) {
         double *lat16 = malloc(sizeof(double) * (size_t)(L + 1) * DL);
         for (size_t i = 0; i < (size_t)L * DL; i++) {
@@ -352,11 +362,15 @@ static int run_case(const scase *c)
             lat16[i] = dt == KVA_DTYPE_F16 ? kva_f16_to_f32(kva_f32_to_f16(f))
                                            : kva_bf16_to_f32(kva_f32_to_bf16(f));
         }
-        for (int32_t r = c->R; r < R; r++)
+        for (int32_t r = 0; r < R; r++)
             for (int32_t t = qsl[r]; t < qsl[r + 1]; t++)
                 reference(qd + (size_t)t * H * DL, lat16 + lat0[r] * DL, idx + (size_t)t * istr,
                           klen[t], sl[r], H, scale, c->sinks ? sinks : NULL,
-                          ro_sep + (size_t)t * H * DC, rl_sep + (size_t)t * H);
+                          ro16 + (size_t)t * H * DC, rl16 + (size_t)t * H);
+        for (int32_t t = qsl[c->R]; t < T; t++) { /* the prefill tokens */
+            memcpy(ro_sep + (size_t)t * H * DC, ro16 + (size_t)t * H * DC, sizeof(double) * H * DC);
+            memcpy(rl_sep + (size_t)t * H, rl16 + (size_t)t * H, sizeof(double) * H);
+        }
         free(lat16);
     }
 
@@ -367,75 +381,93 @@ static int run_case(const scase *c)
     void *d_out = dev_poisoned(no * es), *d_lse = dev_poisoned(sizeof(float) * nl);
     void *outs[2] = {malloc(no * es), malloc(no * es)};
     float *lses[2] = {malloc(sizeof(float) * nl), malloc(sizeof(float) * nl)};
-    for (int mode = 0; mode < 2; mode++) {
-        kva_plan_desc pd;
-        memset(&pd, 0, sizeof pd);
-        pd.num_requests = R;
-        pd.query_start_loc = qsl;
-        pd.seq_lens = sl;
-        pd.block_table = bt;
-        pd.block_table_stride = stride;
-        pd.block_size = B;
-        pd.decode_threshold = 4;
-        pd.num_heads = H;
-        pd.num_kv_heads = 1;
-        pd.head_dim = DL;
-        pd.head_dim_v = DC;
-        pd.q_dtype = dt;
-        pd.scale = (float)scale;
-        pd.window_left = -1;
-        pd.kind = KVA_ATTN_MLA;
-        pd.sparse_topk = K;
-        pd.sparse_mode = mode ? KVA_SPARSE_SEPARATE : KVA_SPARSE_MIXED;
-        kva_plan *plan = NULL;
-        CHECK_OK(kva_plan_create(gpu, &pd, &plan));
-        if (!plan) {
-            ok = 0;
+    /* Both kernels of the MLA family: mma.sync (16/32/64-row head tiles) and,
+     * where this build and device have it, the wgmma body (64-row tiles). */
+    static const char *const kernels[2] = {"mla_decode_mma_sm80", "mla_decode_wgmma_sm90"};
+    for (int kn = 0; kn < 2; kn++) {
+        const kva_status fs = kva__context_force_kernel(gpu, kernels[kn]);
+        if (fs == KVA_STATUS_UNSUPPORTED)
             continue;
-        }
-        dev_fill(d_out, 0xff, no * es);
-        dev_fill(d_lse, 0xff, sizeof(float) * nl);
-        CHECK_OK(
-            kva_mla_sparse_run(gpu, plan, d_q, cache, d_idx, istr, d_tl, d_sinks, d_out, d_lse));
-        to_host(outs[mode], d_out, no * es);
-        to_host(lses[mode], d_lse, sizeof(float) * nl);
-        ok &= compare(mode ? "separate" : "mixed", c, outs[mode], lses[mode], mode ? ro_sep : ro,
-                      mode ? rl_sep : rl, no, nl);
-        /* The same run captured in a CUDA graph (capture fails on any host
-         * sync) and replayed into poisoned outputs: the eager run's bits. */
-        {
-            cu_graph g;
-            graph_begin(gpu, &g);
-            CHECK_OK(kva_mla_sparse_run(gpu, plan, d_q, cache, d_idx, istr, d_tl, d_sinks, d_out,
-                                        d_lse));
-            graph_end(gpu, &g);
+        CHECK_OK(fs);
+        const int wg = kn == 1;
+        fprintf(stderr, " kernel %s\n", kernels[kn]);
+        for (int mode = 0; mode < 2; mode++) {
+            kva_plan_desc pd;
+            memset(&pd, 0, sizeof pd);
+            pd.num_requests = R;
+            pd.query_start_loc = qsl;
+            pd.seq_lens = sl;
+            pd.block_table = bt;
+            pd.block_table_stride = stride;
+            pd.block_size = B;
+            pd.decode_threshold = 4;
+            pd.num_heads = H;
+            pd.num_kv_heads = 1;
+            pd.head_dim = DL;
+            pd.head_dim_v = DC;
+            pd.q_dtype = dt;
+            pd.scale = (float)scale;
+            pd.window_left = -1;
+            pd.kind = KVA_ATTN_MLA;
+            pd.sparse_topk = K;
+            pd.sparse_mode = mode ? KVA_SPARSE_SEPARATE : KVA_SPARSE_MIXED;
+            kva_plan *plan = NULL;
+            CHECK_OK(kva_plan_create(gpu, &pd, &plan));
+            if (!plan) {
+                ok = 0;
+                continue;
+            }
             dev_fill(d_out, 0xff, no * es);
             dev_fill(d_lse, 0xff, sizeof(float) * nl);
-            graph_replay(&g);
-            unsigned char *o2 = malloc(no * es);
-            float *l2 = malloc(sizeof(float) * nl);
-            to_host(o2, d_out, no * es);
-            to_host(l2, d_lse, sizeof(float) * nl);
-            const int same = memcmp(o2, outs[mode], no * es) == 0 &&
-                             memcmp(l2, lses[mode], sizeof(float) * nl) == 0;
-            CHECK_MSG(same, "seed %llu %s: graph replay differs from the eager run",
-                      (unsigned long long)c->seed, mode ? "separate" : "mixed");
-            ok &= same;
-            free(o2), free(l2);
-            graph_free(&g);
+            CHECK_OK(kva_mla_sparse_run(gpu, plan, d_q, cache, d_idx, istr, d_tl, d_sinks, d_out,
+                                        d_lse));
+            to_host(outs[mode], d_out, no * es);
+            to_host(lses[mode], d_lse, sizeof(float) * nl);
+            ok &= compare(mode ? "separate" : "mixed", c, outs[mode], lses[mode],
+                          wg && c->fp8 ? ro16
+                          : mode       ? ro_sep
+                                       : ro,
+                          wg && c->fp8 ? rl16
+                          : mode       ? rl_sep
+                                       : rl,
+                          no, nl);
+            /* The same run captured in a CUDA graph (capture fails on any host
+             * sync) and replayed into poisoned outputs: the eager run's bits. */
+            {
+                cu_graph g;
+                graph_begin(gpu, &g);
+                CHECK_OK(kva_mla_sparse_run(gpu, plan, d_q, cache, d_idx, istr, d_tl, d_sinks,
+                                            d_out, d_lse));
+                graph_end(gpu, &g);
+                dev_fill(d_out, 0xff, no * es);
+                dev_fill(d_lse, 0xff, sizeof(float) * nl);
+                graph_replay(&g);
+                unsigned char *o2 = malloc(no * es);
+                float *l2 = malloc(sizeof(float) * nl);
+                to_host(o2, d_out, no * es);
+                to_host(l2, d_lse, sizeof(float) * nl);
+                const int same = memcmp(o2, outs[mode], no * es) == 0 &&
+                                 memcmp(l2, lses[mode], sizeof(float) * nl) == 0;
+                CHECK_MSG(same, "seed %llu %s %s: graph replay differs from the eager run",
+                          (unsigned long long)c->seed, kernels[kn], mode ? "separate" : "mixed");
+                ok &= same;
+                free(o2), free(l2);
+                graph_free(&g);
+            }
+            kva_plan_destroy(plan);
         }
-        kva_plan_destroy(plan);
-    }
-    /* Over 16-bit caches both modes read the same values: they agree with
-     * each other as with the reference. */
-    if (!c->fp8) {
-        double *o0 = malloc(sizeof(double) * no), *l0 = malloc(sizeof(double) * nl);
-        for (size_t i = 0; i < no; i++)
-            o0[i] = kva_test_get(outs[0], dt, i);
-        for (size_t i = 0; i < nl; i++)
-            l0[i] = lses[0][i];
-        ok &= compare("separate vs mixed", c, outs[1], lses[1], o0, l0, no, nl);
-        free(o0), free(l0);
+        /* Over 16-bit caches, and over any cache on the wgmma kernel, both modes
+         * read the same values: they agree with each other as with the
+         * reference. */
+        if (!c->fp8 || wg) {
+            double *o0 = malloc(sizeof(double) * no), *l0 = malloc(sizeof(double) * nl);
+            for (size_t i = 0; i < no; i++)
+                o0[i] = kva_test_get(outs[0], dt, i);
+            for (size_t i = 0; i < nl; i++)
+                l0[i] = lses[0][i];
+            ok &= compare("separate vs mixed", c, outs[1], lses[1], o0, l0, no, nl);
+            free(o0), free(l0);
+        }
     }
     CHECK(ok);
     kva_cache_destroy(cache);
@@ -443,7 +475,7 @@ static int run_case(const scase *c)
     cudaFree(d_ckv), cudaFree(d_kpe), cudaFree(d_slots), cudaFree(d_q), cudaFree(d_idx);
     cudaFree(d_tl), cudaFree(d_sinks), cudaFree(d_out), cudaFree(d_lse);
     free(outs[0]), free(outs[1]), free(lses[0]), free(lses[1]), free(ro), free(rl);
-    free(ro_sep), free(rl_sep);
+    free(ro_sep), free(rl_sep), free(ro16), free(rl16);
     free(idx), free(tl), free(klen), free(sinks), free(qd), free(lat), free(bytes), free(q);
     free(ckv), free(kpe), free(slots), free(perm), free(bt), free(qsl), free(sl), free(lat0),
         free(hc);

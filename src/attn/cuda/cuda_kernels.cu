@@ -35,9 +35,9 @@ extern "C" const kva__kernel_info kva__cuda_kernels[KVA__CUDA_KERNELS] = {
     {"prefill_items", KVA__KERNEL_PREFILL, NULL},
     /* Absorbed MLA over a latent cache (D 576, Dv 512) on mma.sync: the work
      * items of KVA_ATTN_MLA plans of 16 or 32 rows (H * q_len <= 32), and of
-     * any plan when forced. */
+     * any plan when forced; sparse MLA plans of H <= 32 (mla_sparse.cu). */
     {"mla_decode_mma_sm80", KVA__KERNEL_DECODE, NULL},
     /* The same on sm_90a wgmma, items of 64 rows: the default where H * q_len
-     * fills them (> 32 rows). */
+     * fills them (> 32 rows); sparse MLA plans of H > 32 (mla_sparse_wgmma.cu). */
     {"mla_decode_wgmma_sm90", KVA__KERNEL_DECODE, wgmma_usable},
 };

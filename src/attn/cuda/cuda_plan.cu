@@ -523,6 +523,7 @@ static kva_status sparse_plan_build(kva_context *ctx, kva_plan *plan)
     }
     plan->part = part; /* released by kva__cuda_plan_release on any failure below */
     plan->device = cp;
+    cp->decode_kernel = kva__cuda_sparse_kernel(ctx, plan);
     const int32_t R = plan->d.num_requests;
     kva__cuda_caps need;
     memset(&need, 0, sizeof need);

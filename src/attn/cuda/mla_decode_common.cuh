@@ -75,12 +75,12 @@ static __device__ __forceinline__ int64_t ml_row(const kva__cuda_attn_args &a,
 }
 
 /* NT threads (thread t of them; the CTA's ML_NT by default) copy latent rows
- * kb .. kb + BN - 1 into a tile at `stage` in layout ROWS: thread t takes key
- * t / TPK (cache row `row` from ml_row, zeros where it is -1) and chunks
- * t % TPK + TPK * i. */
+ * [576] of `rows` (16-bit elements) into a tile at `stage` in layout ROWS:
+ * thread t takes key t / TPK (row `row`, e.g. from ml_row; zeros where it
+ * is -1) and chunks t % TPK + TPK * i. */
 template <int BN, int ROWS, int NT = ML_NT>
-static __device__ __forceinline__ void ml_issue_row(const kva__cuda_attn_args &a, int64_t row,
-                                                    uint32_t stage, int t = threadIdx.x)
+static __device__ __forceinline__ void ml_issue_row_at(const void *rows, int64_t row,
+                                                       uint32_t stage, int t = threadIdx.x)
 {
     constexpr int TPK = NT / BN;     /* threads per key: 2, 4 or 8 */
     constexpr int CPT = ML_CH / TPK; /* chunks per thread: 36, 18 or 9 */
@@ -88,7 +88,7 @@ static __device__ __forceinline__ void ml_issue_row(const kva__cuda_attn_args &a
     const int key = t / TPK, c0 = t % TPK;
     /* Past kend the copies read nothing (size 0) at the cache's first row. */
     const bool ok = row >= 0;
-    const char *src = (const char *)a.k + (ok ? row * (int64_t)(ML_D * 2) + c0 * 16 : 0);
+    const char *src = (const char *)rows + (ok ? row * (int64_t)(ML_D * 2) + c0 * 16 : 0);
     if constexpr (ROWS > 0 && 8 % TPK == 0) {
         /* wgmma layout: chunk c0 + TPK i sits in column block i / U at
          * swizzled position (c0 + TPK (i % U)) ^ (key % 8), U = 8 / TPK, so
@@ -109,6 +109,14 @@ static __device__ __forceinline__ void ml_issue_row(const kva__cuda_attn_args &a
             kva__cp_async16(stage + ml_off<ROWS>(key, c), src + TPK * 16 * i, ok ? 16 : 0);
         }
     }
+}
+
+/* ml_issue_row_at over the cache of a (the latent rows of the tile at kb). */
+template <int BN, int ROWS, int NT = ML_NT>
+static __device__ __forceinline__ void ml_issue_row(const kva__cuda_attn_args &a, int64_t row,
+                                                    uint32_t stage, int t = threadIdx.x)
+{
+    ml_issue_row_at<BN, ROWS, NT>(a.k, row, stage, t);
 }
 
 /* ml_row and ml_issue_row in one step (the block-table entry read just before

@@ -4,356 +4,85 @@
  * latent paged cache (D 576 = c_kv 512 | k_pe 64, values = the first 512
  * columns), the same math and item format as mla_decode_mma.cu, which keeps
  * the items of 16 and 32 rows (H * q_len <= 32: no padding of small head
- * counts to 64) and every item on sm_80.
- *
- * One CTA = two warpgroups (256 threads) runs one item at a time
- * (persistent grid). Per item Q [64, 576] is staged in shared memory in the
- * wgmma K-major layout (128-byte swizzle, 9 column blocks). Key tiles of 64
- * latent rows are gathered by cp.async into a 2-stage ring in the same layout
- * (every row read once from global memory, for S and for P V). Per tile:
- *   - S: warpgroup g computes Q K^T for keys 32 g .. 32 g + 31 of the tile
- *     (36 wgmma m64n32k16, A = Q and B = K from shared memory);
- *   - P is written to shared memory ([64, 64] in the input dtype, K-major,
- *     swizzled) against the running reference max, which moves lazily (only
- *     when a row's max grows past it by MW_LAZY, so P stays below 2^MW_LAZY
- *     and O is rarely rescaled); one barrier votes whether any row moved: if
- *     none did (the usual case) P is final, otherwise the row maxima go
- *     through shared memory, both warpgroups move the reference the same
- *     way, rescale, rewrite P and meet at a second barrier;
- *   - O: warpgroup g owns value columns 256 g .. 256 g + 255 (O [64, 256] in
- *     128 registers per thread) and adds P [64, 64] V (8 wgmma m64n128k16,
- *     A = P and B = the tile's value columns, MN-major, from shared memory).
- * The S and P V issue sequences are instantiated per warpgroup and picked by
- * a warpgroup-uniform branch, so that their descriptors are constant offsets
- * from uniform registers (with the warpgroup index in a per-thread register,
- * every wgmma needed its descriptor converted).
- * Shared memory: Q 72 KB + 2 x 72 KB ring + P 8 KB (+ 1 KB alignment).
- * Everything that issues sm_90a instructions is compiled only for sm_90a
- * (__CUDA_ARCH_FEAT_SM90_ALL); other device passes get an empty kernel that the
- * host never launches (the registry entry is usable only with sm_90a code and
- * a compute capability 9.0 device).
+ * counts to 64) and every item on sm_80. The body is mla_wgmma_body.cuh's
+ * (shared with the sparse MLA); this file is its dense work policy: an item
+ * of the uploaded plan, key tiles of the request's contiguous positions
+ * gathered by cp.async through the block table, the plan's masks, and the
+ * split partials or outputs of ml_finish.
  */
 extern "C" {
 #include "cuda_backend.h"
 }
 #include "cuda_check.h"
-#include "mla_decode_common.cuh"
-#include "wgmma_ptx.cuh"
+#include "mla_wgmma_body.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define KVA_MLA_WGMMA_BODY 1
-#endif
-
-#define MW_M 64  /* rows per item */
-#define MW_BN 64 /* keys per tile */
-#define MW_NST 2 /* ring stages */
-#define MW_QB (MW_M * ML_D * 2)
-#define MW_KB (MW_BN * ML_D * 2)
-#define MW_PB (MW_M * MW_BN * 2)
-#define MW_SMEM (MW_QB + MW_NST * MW_KB + MW_PB + 1024)
-/* Headroom of the lazily moved softmax reference max (log2 units): any
- * reference gives the same out and lse, this one moves only when a row's max
- * grows past it by more than MW_LAZY (or was -inf). */
-#define MW_LAZY 8.f
-
 #ifdef KVA_MLA_WGMMA_BODY
-/* Accumulator lists of the two wgmma shapes below: S [64, 32] is d[4][4]
- * (n8 tile j, element e: row 16 w + g + 8 (e / 2), column 8 j + 2 t + e % 2,
- * the mma.sync C layout, see wgmma_ptx.cuh), O [64, 128] is d[16][4]. */
-#define MW_D4(c, j) c(d[j][0]), c(d[j][1]), c(d[j][2]), c(d[j][3])
-#define MW_D16(c) MW_D4(c, 0), MW_D4(c, 1), MW_D4(c, 2), MW_D4(c, 3)
-#define MW_D64(c)                                                                                  \
-    MW_D16(c), MW_D4(c, 4), MW_D4(c, 5), MW_D4(c, 6), MW_D4(c, 7), MW_D4(c, 8), MW_D4(c, 9),       \
-        MW_D4(c, 10), MW_D4(c, 11), MW_D4(c, 12), MW_D4(c, 13), MW_D4(c, 14), MW_D4(c, 15)
-#define MW_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+/* The dense work policy of mla_wgmma_kernel (interface: mla_wgmma_body.cuh). */
+template <typename Ty> struct mw_dense {
+    typedef kva__cuda_attn_args args;
+    ml_item mi;
+    bool skip;
+    int32_t k0, kend;
+    int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
+    float slope[2];
 
-/* S (+)= A [64, 16] B [16, 32], A and B K-major in shared memory. */
-#define MW_SS_N32(ty)                                                                              \
-    static __device__ __forceinline__ void mw_ss_n32_##ty(float(&d)[4][4], uint64_t da,            \
-                                                          uint64_t db, int scale_d)                \
-    {                                                                                              \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                  \
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." #ty "." #ty " " MW_R16          \
-                     ", %16, %17, p, 1, 1, 0, 0;\n}\n"                                             \
-                     : MW_D16("+f")                                                                \
-                     : "l"(da), "l"(db), "r"(scale_d));                                            \
-    }
-MW_SS_N32(bf16)
-MW_SS_N32(f16)
-/* O += A [64, 16] B [16, 128], A K-major, B MN-major (imm-trans-b = 1). */
-#define MW_SS_N128_TB(ty)                                                                          \
-    static __device__ __forceinline__ void mw_ss_n128_tb_##ty(float(&d)[16][4], uint64_t da,       \
-                                                              uint64_t db)                         \
-    {                                                                                              \
-        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." #ty "." #ty " " KVA__WG_R64    \
-                     ", %64, %65, 1, 1, 1, 0, 1;\n"                                                \
-                     : MW_D64("+f")                                                                \
-                     : "l"(da), "l"(db));                                                          \
-    }
-MW_SS_N128_TB(bf16)
-MW_SS_N128_TB(f16)
-
-template <typename Ty> struct mw_ops;
-template <> struct mw_ops<kva__mma_bf16> {
-    static __device__ __forceinline__ void s(float (&d)[4][4], uint64_t a, uint64_t b, int sc)
+    static __device__ __forceinline__ int32_t items(const args &a)
     {
-        mw_ss_n32_bf16(d, a, b, sc);
+        return a.meta.hdr[KVA_CUDA_HDR_ITEMS];
     }
-    static __device__ __forceinline__ void o(float (&d)[16][4], uint64_t a, uint64_t b)
+    /* Item it: its first tile's copies (committed), Q, the mask bounds. */
+    __device__ __forceinline__ mw_dense(const args &a, int32_t it, uint32_t sK,
+                                        unsigned char *q_gen, int r0)
     {
-        mw_ss_n128_tb_bf16(d, a, b);
-    }
-};
-template <> struct mw_ops<kva__mma_f16> {
-    static __device__ __forceinline__ void s(float (&d)[4][4], uint64_t a, uint64_t b, int sc)
-    {
-        mw_ss_n32_f16(d, a, b, sc);
-    }
-    static __device__ __forceinline__ void o(float (&d)[16][4], uint64_t a, uint64_t b)
-    {
-        mw_ss_n128_tb_f16(d, a, b);
-    }
-};
-#endif
-
-#ifdef KVA_MLA_WGMMA_BODY
-/* S = Q K^T for keys 32 WG .. 32 WG + 31 of the tile whose descriptor is dk:
- * 36 k-steps over 576 in two accumulator chains (even and odd k-steps, summed
- * by the caller); issued and committed. */
-template <typename Ty, int WG>
-static __device__ __forceinline__ void mw_s(float (&sc)[4][4], float (&sc2)[4][4], uint64_t dq,
-                                            uint64_t dk)
-{
-    kva__wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < ML_D / 16; kk++)
-        mw_ops<Ty>::s(
-            kk & 1 ? sc2 : sc, dq + (uint64_t)(((kk >> 2) * MW_M * 128 + (kk & 3) * 32) >> 4),
-            dk + (uint64_t)(((kk >> 2) * MW_BN * 128 + WG * 32 * 128 + (kk & 3) * 32) >> 4),
-            kk > 1);
-    kva__wgmma_commit();
-}
-
-/* O += P V over the tile's 64 keys (4 k-steps) for value columns
- * 256 WG + 128 h .. + 127 (column blocks 4 WG + 2 h and + 1) of the tile whose
- * value descriptor is dv; issued and committed. */
-template <typename Ty, int WG>
-static __device__ __forceinline__ void mw_pv(float (&o)[32][4], uint64_t dp, uint64_t dv)
-{
-    kva__wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < MW_BN / 16; kk++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            mw_ops<Ty>::o(*reinterpret_cast<float(*)[16][4]>(&o[16 * h]),
-                          dp + (uint64_t)((kk * 32) >> 4),
-                          dv + (uint64_t)(((4 * WG + 2 * h) * MW_BN * 128 + kk * 16 * 128) >> 4));
-    kva__wgmma_commit();
-}
-#endif
-
-#ifdef KVA_MLA_WGMMA_BODY
-/* P = 2^(sc - mu) of rows r0, r0 + 8 and this warpgroup's keys 32 wg + 8 j +
- * 2 t4 + e into the shared [64, 64] P tile (K-major, 128-byte swizzle, the
- * input dtype); psum gets the thread's row sums. */
-template <typename Ty>
-static __device__ __forceinline__ void mw_store_p(const float (&sc)[4][4], const float mu[2],
-                                                  uint32_t sP, int wg, int r0, int t4,
-                                                  float psum[2])
-{
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const int r = r0 + 8 * hf;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const float p0 = kva__ex2(sc[j][2 * hf] - mu[hf]);
-            const float p1 = kva__ex2(sc[j][2 * hf + 1] - mu[hf]);
-            sum += p0 + p1;
-            const int key = wg * 32 + j * 8 + 2 * t4;
-            const uint32_t addr =
-                sP + (uint32_t)(r * 128 + ((((key >> 3) ^ (r & 7))) << 4) + (key & 7) * 2);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(Ty::pack(p0, p1)) : "memory");
-        }
-        psum[hf] = sum;
-    }
-}
-#endif
-
-/*
- * The tile loop, per 64-key tile (stage = its ring slot):
- *   1. wait for this thread's copies of the tile, barrier (the tile landed;
- *      both warpgroups' P V of the previous tile are done);
- *   2. issue S, then the copy of the next tile into the other stage (S first:
- *      the copy issued ahead of S, or in whole 128-byte lines per warp
- *      instruction, ran slower);
- *   3. S done: logits, the thread's row maxima into s_max, and P written
- *      against the current reference max m_run (the lazy max rarely moves);
- *   4. one barrier with a vote: when no row's max grew past m_run + MW_LAZY
- *      (the usual case) P is final; otherwise (the item's first tile, a
- *      jump) every thread takes its rows' maxima from s_max, moves the
- *      reference, rescales, rewrites P, and all meet at a second barrier;
- *   5. P V, waited for.
- */
-template <typename Ty>
-__global__ void __launch_bounds__(ML_NT, 1) mla_decode_wgmma_kernel(const kva__cuda_attn_args a)
-{
-#ifdef KVA_MLA_WGMMA_BODY
-    typedef typename Ty::elem elem;
-    extern __shared__ __align__(1024) unsigned char mw_smem_raw[];
-    __shared__ float s_max[2][64], s_sum[2][64];
-    const uint32_t raw = kva__smem_u32(mw_smem_raw);
-    const uint32_t sQ = (raw + 1023u) & ~1023u;
-    const uint32_t sK = sQ + MW_QB, sP = sK + MW_NST * MW_KB;
-    unsigned char *q_gen = mw_smem_raw + (sQ - raw);
-
-    const int tid = threadIdx.x, lane = tid & 31, g4 = lane >> 2, t4 = lane & 3;
-    const int wg = tid >> 7;                   /* warpgroup: key slice of S, column half of O */
-    const int r0 = ((tid >> 5) & 3) * 16 + g4; /* the thread's rows r0 and r0 + 8 */
-    const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
-    const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
-    const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
-    const uint64_t dq = kva__wgmma_desc(sQ, 16, 1024);
-    const uint64_t dk = kva__wgmma_desc(sK, 16, 1024);
-    const uint64_t dv = kva__wgmma_desc(sK, MW_BN * 128, 1024);
-    const uint64_t dp = kva__wgmma_desc(sP, 16, 1024);
-
-    for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
-        const ml_item mi = ml_item_load(a, it, bt_stride);
-        const kva__cuda_item &w = mi.w;
-        const int32_t nrows = mi.nrows, qs = mi.qs, kend = w.k1;
-        const int32_t *bt_row = mi.bt_row;
-
-        if (w.k0 < kend)
-            ml_issue<MW_BN, MW_BN>(a, bt_row, w.k0, kend, sK);
+        mi = ml_item_load(a, it, a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE]);
+        skip = false;
+        k0 = mi.w.k0;
+        kend = mi.w.k1;
+        if (k0 < kend)
+            ml_issue<MW_BN, MW_BN>(a, mi.bt_row, k0, kend, sK);
         kva__cp_async_commit();
-        ml_stage_q<MW_M, MW_M, elem>(a, w, nrows, qs, q_gen);
-        int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
-        float slope[2];
-        kva__dmma_rows(a, w, nrows, mi.s, mi.q_len, r0, lo, hi, pos, slope, lo_all, hi_all);
-
-        /* O [64, 256] of this warpgroup: n8 tiles 16 h + n are columns
-         * 256 wg + 128 h + 8 n + ... (two m64n128 accumulators). */
-        float o[32][4];
-#pragma unroll
-        for (int n = 0; n < 32; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[n][e] = 0.f;
-        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-
-        int stage = 0;
-        for (int32_t kb = w.k0; kb < kend; kb += MW_BN) {
-            kva__cp_async_wait<0>();
-            kva__fence_proxy_async(); /* cp.async and Q stores -> the wgmma operand reads */
-            __syncthreads();          /* 1. tile kb landed; the other stage and P are free */
-            const uint32_t st_off = (uint32_t)stage * MW_KB;
-
-            /* 2. S = Q K^T for keys kb + 32 wg .. + 31: 36 k-steps over 576, in
-             * two accumulator chains (even and odd k-steps) summed afterwards.
-             * Warpgroup-uniform branches: each side's descriptors are then
-             * constant offsets from uniform bases. */
-            float sc[4][4], sc2[4][4];
-            if (wg == 0)
-                mw_s<Ty, 0>(sc, sc2, dq, dk + (st_off >> 4));
-            else
-                mw_s<Ty, 1>(sc, sc2, dq, dk + (st_off >> 4));
-            /* The next tile's copies go out while the tensor cores run S. */
-            if (kb + MW_BN < kend)
-                ml_issue<MW_BN, MW_BN>(a, bt_row, kb + MW_BN, kend, sK + (stage ^ 1) * MW_KB);
-            kva__cp_async_commit();
-            kva__wgmma_wait<0>();
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    kva__reg_fence(sc[j][e]);
-                    kva__reg_fence(sc2[j][e]);
-                    sc[j][e] += sc2[j][e];
-                }
-            kva__dmma_logits<32>(sc, a, scale_log2, kb + wg * 32, t4, lo_all, hi_all, lo, hi, pos,
-                                 slope);
-
-            /* 3. The thread's row maxima over its keys and 4 lanes; a row
-             * whose max grew past the lazy headroom (or was -inf and is not
-             * now) votes to move the reference. */
-            bool move = false;
-            float mu[2], psum[2];
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                float mx = fmaxf(sc[0][2 * hf], sc[0][2 * hf + 1]);
-#pragma unroll
-                for (int j = 1; j < 4; j++)
-                    mx = fmaxf(mx, fmaxf(sc[j][2 * hf], sc[j][2 * hf + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                if (t4 == 0)
-                    s_max[wg][r0 + 8 * hf] = mx;
-                move |= mx > m_run[hf] + MW_LAZY; /* -inf + MW_LAZY is -inf */
-                mu[hf] = m_run[hf] == -INFINITY ? 0.f : m_run[hf];
-            }
-            mw_store_p<Ty>(sc, mu, sP, wg, r0, t4, psum);
-            kva__fence_proxy_async(); /* P stores -> the wgmma operand reads */
-            /* 4. Every thread's vote; the barrier also publishes s_max and P. */
-            if (__syncthreads_or(move)) {
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    const int r = r0 + 8 * hf;
-                    float mx = fmaxf(m_run[hf], fmaxf(s_max[0][r], s_max[1][r]));
-                    if (m_run[hf] != -INFINITY && !(mx > m_run[hf] + MW_LAZY))
-                        mx = m_run[hf];
-                    mu[hf] = mx == -INFINITY ? 0.f : mx;
-                    const float alpha = kva__ex2(m_run[hf] - mu[hf]); /* 0 while m_run = -inf */
-                    m_run[hf] = mx;
-                    l_run[hf] *= alpha;
-#pragma unroll
-                    for (int n = 0; n < 32; n++) {
-                        o[n][2 * hf] *= alpha;
-                        o[n][2 * hf + 1] *= alpha;
-                    }
-                }
-                /* P against the moved reference (nobody reads P before the
-                 * barrier below). */
-                mw_store_p<Ty>(sc, mu, sP, wg, r0, t4, psum);
-                kva__fence_proxy_async();
-                __syncthreads();
-            }
-            l_run[0] += psum[0];
-            l_run[1] += psum[1];
-
-            /* 5. O += P V over the tile's 64 keys (4 k-steps) for value columns
-             * 256 wg + 128 h .. + 127: column blocks 4 wg + 2 h and + 1. */
-            if (wg == 0)
-                mw_pv<Ty, 0>(o, dp, dv + (st_off >> 4));
-            else
-                mw_pv<Ty, 1>(o, dp, dv + (st_off >> 4));
-            kva__wgmma_wait<0>();
-#pragma unroll
-            for (int n = 0; n < 32; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    kva__reg_fence(o[n][e]);
-            stage ^= 1;
-        }
-        kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
-        ml_finish<32, 2, Ty>(a, w, nrows, qs, s_sum, wg, r0, wg * 256, t4, l_run, m_run, o);
+        ml_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi.w, mi.nrows, mi.qs, q_gen);
+        kva__dmma_rows(a, mi.w, mi.nrows, mi.s, mi.q_len, r0, lo, hi, pos, slope, lo_all, hi_all);
     }
+    __device__ __forceinline__ void next(const args &a, int32_t kb, uint32_t stage, int)
+    {
+        if (kb < kend)
+            ml_issue<MW_BN, MW_BN>(a, mi.bt_row, kb, kend, stage);
+    }
+    __device__ __forceinline__ void land(const args &, int32_t, uint32_t, int) {}
+    __device__ __forceinline__ void logits(float (&sc)[4][4], const args &a, float scale_log2,
+                                           int32_t kb, int wg, int t4, int)
+    {
+        kva__dmma_logits<32>(sc, a, scale_log2, kb + wg * 32, t4, lo_all, hi_all, lo, hi, pos,
+                             slope);
+    }
+    __device__ __forceinline__ void finish(const args &a, float (*s_sum)[64], int wg, int r0,
+                                           int t4, float l_run[2], const float m_run[2],
+                                           const float (*o)[4])
+    {
+        ml_finish<32, 2, Ty>(a, mi.w, mi.nrows, mi.qs, s_sum, wg, r0, wg * 256, t4, l_run, m_run,
+                             o);
+    }
+};
+#else
+template <typename Ty> struct mw_dense { /* host and non-sm_90a passes: the kernel is empty */
+    typedef kva__cuda_attn_args args;
+};
 #endif
-}
 
 /* ---- host side ---- */
 
 static ml_kernel_fn mw_pick(kva_dtype dt)
 {
     if (dt == KVA_DTYPE_BF16)
-        return mla_decode_wgmma_kernel<kva__mma_bf16>;
+        return mla_wgmma_kernel<kva__mma_bf16, mw_dense<kva__mma_bf16>>;
     if (dt == KVA_DTYPE_F16)
-        return mla_decode_wgmma_kernel<kva__mma_f16>;
+        return mla_wgmma_kernel<kva__mma_f16, mw_dense<kva__mma_f16>>;
     return NULL;
 }
 

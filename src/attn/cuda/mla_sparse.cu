@@ -1,6 +1,9 @@
 /*
  * mla_sparse.cu - sparse absorbed MLA (DeepSeek V3.2, kva_mla_sparse_run) on
- * tensor cores ("mla_sparse_mma_sm80"): every query token attends only the
+ * mma.sync (registry entry "mla_decode_mma_sm80": plans of H <= 32, every
+ * plan without sm_90a, and any plan when forced; H > 32 runs on the wgmma
+ * body, mla_sparse_wgmma.cu) and the host side of both kernels (the kernel
+ * choice, launches, splits, workspace, merge): every query token attends only the
  * latent rows its own index list names, gathered from the paged cache (or
  * from a request's dense rows in the separate mode), on mma.sync m16n8k16
  * with fp32 accumulation. The body is the absorbed MLA decode's
@@ -40,7 +43,7 @@ extern "C" {
 #include "mla_sparse.h"
 }
 #include "cuda_check.h"
-#include "mla_decode_common.cuh"
+#include "mla_sparse_common.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -48,41 +51,6 @@ extern "C" {
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
-#define SP_NW (ML_NT / 32) /* warps per CTA */
-
-/* Row sources. ROW: bytes per row in global memory; CH: its 16-byte chunks. */
-struct sp_rows16 { /* latent rows in the q dtype: [c_kv 512 | k_pe 64] */
-    static constexpr bool FP8 = false;
-    static constexpr int ROW = ML_D * 2;
-    static constexpr int CH = ML_CH;
-};
-struct sp_ds_mla { /* 512 e4m3 codes, 4 float32 tile scales, 64 bf16 k_pe */
-    static constexpr bool FP8 = true;
-    static constexpr int ROW = 656;
-    static constexpr int CH = 41;
-};
-
-/* Everything one launch reads (fixed per launch, so graph-capturable). */
-typedef struct sp_args {
-    const void *q;             /* [T, H, 576] */
-    const unsigned char *rows; /* cache storage, or the dense rows [s, 576] of one request */
-    const int32_t *idx;        /* [T, K] at idx_stride */
-    int64_t idx_stride;
-    const int32_t *topk_len; /* [T] or NULL */
-    const float *sinks;      /* [H] or NULL */
-    void *out;               /* [T, H, 512] */
-    float *lse;              /* [T, H] or NULL */
-    float *ws;               /* split partials: [nt, H, nsplit, 512], then [nt, H, nsplit] */
-    const int32_t *qsl, *seq_lens, *bt; /* the uploaded plan (device) */
-    int32_t R, bt_stride, B;
-    int32_t H, K, nsplit, split_keys, tiles; /* tiles: head tiles of M rows per token */
-    int32_t t0, nt;                          /* the launch's tokens t0 .. t0 + nt - 1 */
-    int32_t side, dthr;                      /* 1: decode tokens only (q_len <= dthr),
-                                                2: prefill tokens only, 0: every token */
-    int32_t dense;                           /* rows are positions of the token's request */
-    float scale;
-} sp_args;
 
 /* Tile shape per (MT, SRC) as ml_cfg in mla_decode_mma.cu, plus (fp8) the
  * raw ring and the per-stage key validity words. */
@@ -108,43 +76,6 @@ template <int MT, bool FP8> struct sp_cfg {
     static_assert(NBS >= 1 && KW % 8 == 0, "key slice of a warp");
     static_assert(SMEM <= 227 * 1024, "shared memory of one CTA");
 };
-
-/* The request of token t: the r with qsl[r] <= t < qsl[r + 1]. */
-static __device__ __forceinline__ int32_t sp_request(const sp_args &a, int32_t t)
-{
-    int32_t lo = 0, hi = a.R - 1;
-    while (lo < hi) {
-        const int32_t mid = (lo + hi + 1) >> 1;
-        if (__ldg(a.qsl + mid) <= t)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
-}
-
-/* Position of index entry j (or -1 past kend), read by the thread that will
- * copy the key. */
-static __device__ __forceinline__ int32_t sp_pos(const int32_t *idx_row, int32_t j, int32_t kend)
-{
-    return j < kend ? __ldg(idx_row + j) : -1;
-}
-
-/* A key on its way to the ring: whether it is used, and its row as
- * blk * B + off (dense rows: blk 0, off = the position). The block-table
- * entry is loaded one tile before the copy, so the copy never waits on it. */
-struct sp_key {
-    int32_t ok, blk, off;
-};
-static __device__ __forceinline__ sp_key sp_locate(const sp_args &a, const int32_t *bt_row,
-                                                   int32_t p, int32_t s)
-{
-    sp_key k;
-    k.ok = p >= 0 && p < s;
-    k.blk = k.ok && !a.dense ? __ldg(bt_row + p / a.B) : 0;
-    k.off = !k.ok ? 0 : a.dense ? p : p % a.B;
-    return k;
-}
 
 /* Copies key k's row (zeros when unused) as key `key` of a tile at `dst`:
  * thread chunk c0, c0 + TPK, ...; records its validity in ok[key] (chunk
@@ -202,64 +133,6 @@ static __device__ __forceinline__ void sp_codes(const unsigned char *raw, unsign
     }
 }
 
-/* End of an item: rows r0, r0 + 8 of the head tile (heads h0 + r), value
- * columns col0 + 8 n + 2 t4 + e: the row sums over the NS slices, then out
- * and lse (sink included), or the split partial. */
-template <int NBO, int NS, typename Ty>
-static __device__ __forceinline__ void
-sp_finish(const sp_args &a, int32_t t, int32_t h0, int32_t nrows, int32_t split, float (*s_sum)[64],
-          int slice, int r0, int col0, int t4, float l_run[2], const float m_run[2],
-          const float (*o)[4])
-{
-    kva__dmma_row_sums(l_run);
-    if (t4 == 0) {
-        s_sum[slice][r0] = l_run[0];
-        s_sum[slice][r0 + 8] = l_run[1];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const int32_t r = r0 + 8 * hf, h = h0 + r;
-        if (r >= nrows)
-            continue;
-        float L = 0.f;
-#pragma unroll
-        for (int k = 0; k < NS; k++)
-            L += s_sum[k][r];
-        const float mu = m_run[hf] == -INFINITY ? 0.f : m_run[hf];
-        if (a.nsplit > 1) { /* partial relative to its own sum, lse in log2 units */
-            const int64_t prow = ((int64_t)(t - a.t0) * a.H + h) * a.nsplit + split;
-            float *po = a.ws + prow * ML_DV;
-            const float inv = L > 0.f ? 1.f / L : 0.f;
-#pragma unroll
-            for (int n = 0; n < NBO; n++)
-                *reinterpret_cast<float2 *>(po + col0 + n * 8 + 2 * t4) =
-                    make_float2(o[n][2 * hf] * inv, o[n][2 * hf + 1] * inv);
-            if (t4 == 0 && col0 == 0)
-                a.ws[(int64_t)a.nt * a.H * a.nsplit * ML_DV + prow] =
-                    L > 0.f ? mu + log2f(L) : -INFINITY;
-            continue;
-        }
-        float Mt = mu, sink2 = -INFINITY;
-        if (a.sinks) {
-            sink2 = a.sinks[h] * KVA__DMMA_LOG2E;
-            Mt = fmaxf(L > 0.f ? mu : -INFINITY, sink2);
-        }
-        const float mt = Mt == -INFINITY ? 0.f : Mt;
-        const float cf = L > 0.f ? exp2f(mu - mt) : 0.f;
-        const float Lt = L * cf + (a.sinks ? exp2f(sink2 - mt) : 0.f);
-        const float f = Lt > 0.f ? cf / Lt : 0.f;
-        typename Ty::elem *dst = (typename Ty::elem *)a.out + ((int64_t)t * a.H + h) * ML_DV;
-#pragma unroll
-        for (int n = 0; n < NBO; n++)
-#pragma unroll
-            for (int e = 0; e < 2; e++)
-                Ty::store(dst + col0 + n * 8 + 2 * t4 + e, o[n][2 * hf + e] * f);
-        if (a.lse && t4 == 0 && col0 == 0)
-            a.lse[(int64_t)t * a.H + h] = Lt > 0.f ? (mt + log2f(Lt)) * KVA__DMMA_LN2 : -INFINITY;
-    }
-}
-
 /*
  * Ty: kva__mma_bf16 or kva__mma_f16 (the q dtype, and the 16-bit rows'); MT:
  * row tiles of 16 per item; SRC: sp_rows16 or sp_ds_mla. One item per CTA.
@@ -278,23 +151,12 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_sparse_kernel(const sp_args a)
     int *s_ok = (int *)(sp_smem + C::OFF_OK); /* [NST][BN] */
 
     /* The item: token, head tile, split; tokens of the other side exit. */
-    int32_t x = blockIdx.x;
-    const int32_t split = x % a.nsplit;
-    x /= a.nsplit;
-    const int32_t tile = x % a.tiles, t = a.t0 + x / a.tiles;
-    const int32_t r = sp_request(a, t);
-    const int32_t q_len = __ldg(a.qsl + r + 1) - __ldg(a.qsl + r);
-    if ((a.side == 1 && q_len > a.dthr) || (a.side == 2 && q_len <= a.dthr))
+    const sp_item mi = sp_item_load<M>(a, blockIdx.x);
+    if (mi.skip)
         return;
-    const int32_t s = __ldg(a.seq_lens + r);
-    const int32_t *bt_row = a.bt + (int64_t)r * a.bt_stride;
-    const int32_t *idx_row = a.idx + (int64_t)t * a.idx_stride;
-    int32_t klen = a.topk_len ? __ldg(a.topk_len + t) : a.K;
-    if (klen < 0 || klen > a.K)
-        klen = a.K;
-    const int32_t kbeg = split * a.split_keys;
-    const int32_t kend = min(klen, kbeg + a.split_keys);
-    const int32_t h0 = tile * M, nrows = min(M, a.H - h0);
+    const int32_t t = mi.t, split = mi.split, s = mi.s, kbeg = mi.kbeg, kend = mi.kend;
+    const int32_t h0 = mi.h0, nrows = mi.nrows;
+    const int32_t *bt_row = mi.bt_row, *idx_row = mi.idx_row;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g4 = lane >> 2, t4 = lane & 3;
@@ -317,17 +179,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_sparse_kernel(const sp_args a)
     }
     sp_key k_next = sp_locate(a, bt_row, sp_pos(idx_row, kbeg + (NST - 1) * BN + my_key, kend), s);
     int32_t p_next = sp_pos(idx_row, kbeg + NST * BN + my_key, kend);
-    {
-        /* Q [M, 576]: heads h0 .. of token t, as one query row of nrows heads. */
-        kva__cuda_item w = {};
-        w.h0 = h0;
-        w.nh = nrows;
-        w.nq = 1;
-        kva__cuda_attn_args qa = {};
-        qa.q = a.q;
-        qa.H = a.H;
-        ml_stage_q<M, 0, elem>(qa, w, nrows, t, sp_smem);
-    }
+    sp_stage_q<M, 0, elem>(a, mi, sp_smem);
 
     float o[NBO][4];
 #pragma unroll
@@ -529,6 +381,39 @@ static int sp_mt(int32_t H)
     return H <= 16 ? 1 : H <= 32 ? 2 : 4;
 }
 
+/* 1 if the plan runs on the wgmma MLA body (mla_sparse_wgmma.cu), chosen in
+ * kva_plan_create (kva__cuda_sparse_kernel). */
+static int sp_wgmma(const kva_plan *p)
+{
+    const kva__cuda_plan *cp = (const kva__cuda_plan *)p->device;
+    return cp && cp->decode_kernel == KVA__CUDA_K_MLA_DECODE_WGMMA;
+}
+
+/* Head tiles per token and keys per tile of the plan's kernel. */
+static void sp_geometry(const kva_plan *p, int32_t *tiles, int *bn)
+{
+    const int32_t H = p->d.num_heads;
+    if (sp_wgmma(p)) {
+        *tiles = (H + 63) / 64;
+        *bn = 64;
+        return;
+    }
+    const int mt = sp_mt(H);
+    *tiles = (H + 16 * mt - 1) / (16 * mt);
+    *bn = mt == 4 ? 32 : 64;
+}
+
+extern "C" int kva__cuda_sparse_kernel(const kva_context *ctx, const kva_plan *plan)
+{
+    const int fd = kva__context_forced_kernel(ctx, KVA__KERNEL_DECODE);
+    if (fd == KVA__CUDA_K_MLA_DECODE_MMA)
+        return KVA__CUDA_K_MLA_DECODE_MMA;
+    return fd == KVA__CUDA_K_MLA_DECODE_WGMMA ||
+                   (plan->d.num_heads > 32 && kva__cuda_prefill_wgmma_ready())
+               ? KVA__CUDA_K_MLA_DECODE_WGMMA
+               : KVA__CUDA_K_MLA_DECODE_MMA;
+}
+
 /* Key splits of a launch of `items` unsplit items over K entries of BN-key
  * tiles on num_sms SMs (one resident CTA each): none when the items fill two
  * waves, else enough to do so, each split at least 4 tiles. */
@@ -559,9 +444,9 @@ template <typename F> static kva_status sp_for_launches(const kva_plan *p, int n
 {
     const kva_plan_desc *d = &p->d;
     const int32_t R = d->num_requests, T = p->query_start_loc[R];
-    const int mt = sp_mt(d->num_heads);
-    const int64_t tiles = (d->num_heads + 16 * mt - 1) / (16 * mt);
-    const int bn = mt == 4 ? 32 : 64;
+    int32_t tiles = 0;
+    int bn = 0;
+    sp_geometry(p, &tiles, &bn);
     const int sep = d->sparse_mode == KVA_SPARSE_SEPARATE;
     int64_t decodes = 0;
     for (int32_t r = 0; r < R; r++) {
@@ -664,7 +549,9 @@ extern "C" kva_status kva__cuda_mla_sparse(kva_context *ctx, const kva_plan *pla
     a.B = cd->block_size;
     a.H = d->num_heads;
     a.K = d->sparse_topk;
-    a.tiles = (d->num_heads + 16 * mt - 1) / (16 * mt);
+    int bn = 0;
+    sp_geometry(plan, &a.tiles, &bn);
+    const int wgmma = sp_wgmma(plan);
     a.dthr = d->decode_threshold;
     a.scale = d->scale;
     return sp_for_launches(plan, st->num_sms, [&](const sp_launch &l) -> kva_status {
@@ -683,14 +570,21 @@ extern "C" kva_status kva__cuda_mla_sparse(kva_context *ctx, const kva_plan *pla
                 plan->seq_lens[l.r], rows, d->q_dtype));
             b.rows = (const unsigned char *)rows;
         }
-        KVA_CUDA_TRY(
-            cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
         const int64_t grid = (int64_t)l.nt * a.tiles * l.nsplit;
         if (grid > 0x7fffffff)
             return kva__fail(KVA_STATUS_UNSUPPORTED,
                              "kva_mla_sparse_run: %lld items exceed one launch", (long long)grid);
-        k.fn<<<(unsigned)grid, ML_NT, (size_t)k.smem, stream>>>(b);
-        KVA_CUDA_LAUNCHED("mla_sparse_kernel");
+        if (wgmma) { /* persistent CTAs, one per SM */
+            const int64_t n = grid < st->num_sms ? grid : st->num_sms;
+            if (n > 0)
+                KVA_TRY(
+                    kva__cuda_sparse_wgmma_launch(&b, d->q_dtype, dense ? 0 : fp8, (int)n, stream));
+        } else {
+            KVA_CUDA_TRY(
+                cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+            k.fn<<<(unsigned)grid, ML_NT, (size_t)k.smem, stream>>>(b);
+            KVA_CUDA_LAUNCHED("mla_sparse_kernel");
+        }
         if (l.nsplit > 1) {
             const int64_t rows = (int64_t)l.nt * a.H;
             k.merge<<<(unsigned)((rows + 3) / 4), 128, 0, stream>>>(b);

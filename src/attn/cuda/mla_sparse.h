@@ -28,6 +28,11 @@ kva_status kva__cuda_cache_read(kva_context *ctx, const kva_cache *cache, int32_
 kva_status kva__cuda_mla_gather_rows(kva_context *ctx, const kva_cache *cache,
                                      const int32_t *bt_row, int32_t s, void *rows, kva_dtype dt);
 
+/* The kernel a sparse plan of ctx runs (kva__cuda_kernel): the sm_90a wgmma
+ * MLA body ("mla_decode_wgmma_sm90", mla_sparse_wgmma.cu) for H > 32 where
+ * this build and device have it, else mma.sync ("mla_decode_mma_sm80",
+ * mla_sparse.cu: 16- and 32-row head tiles); a forced MLA kernel wins. */
+int kva__cuda_sparse_kernel(const kva_context *ctx, const kva_plan *plan);
 /* 1 if the CUDA sparse MLA covers the plan's shape (D 576, Dv 512, f16/bf16 q). */
 int kva__cuda_sparse_supported(const kva_plan *plan);
 /* Workspace bytes a sparse plan's run needs on ctx, and the offset of the
