@@ -276,6 +276,35 @@ static void test_verify(void)
     serve_run_free(&run);
 }
 
+/* --verify with cascade steps (automatic mode): prefix-cache hits over 256+
+ * shared keys make the CPU plan run a cascade, whose two passes' bf16
+ * outputs are rounded before the merge, while the reference backend runs the
+ * step plainly; the check must bound that (the cascade tests' tolerance) and
+ * pass, and the steps must really have cascaded. */
+static void test_verify_cascade(void)
+{
+    serve_opts o;
+    small_opts(&o);
+    o.verify = 1;
+    o.dtype = KVA_DTYPE_BF16;
+    o.layers = 1;
+    o.num_prompts = 3;
+    o.range_ratio = 0.0;
+    o.input_len = 600;
+    o.prefix_len = 512;
+    o.output_len = 4;
+    o.max_num_batched_tokens = 256;
+    o.cascade = KVA_CASCADE_AUTO;
+    serve_run run;
+    watch w;
+    CHECK_OK(run_checked(&o, &run, &w));
+    CHECK_MSG(run.stats.cascade_steps > 0, "no step ran a cascade");
+    CHECK(run.stats.verify_steps >= 3);
+    CHECK_MSG(run.stats.verify_failures == 0, "%d failures, max err %g",
+              (int)run.stats.verify_failures, run.stats.verify_max_err);
+    serve_run_free(&run);
+}
+
 /* --verify can fail: an output element off by 1 and a new token written at
  * the wrong slot are each reported in every checked step, with a message,
  * while the run itself completes (the command then exits 1). */
@@ -767,6 +796,7 @@ int main(void)
     RUN(test_poisson_unlimited);
     RUN(test_verify);
     RUN(test_verify_quant);
+    RUN(test_verify_cascade);
     RUN(test_verify_detects);
     RUN(test_mla);
     RUN(test_mla_preset);

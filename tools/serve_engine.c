@@ -468,6 +468,7 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
     if ((rc = kva_plan_get_info(plan, &info)) != KVA_STATUS_OK)
         return rc;
     st->steps++;
+    st->cascade_steps += info.num_cascade_groups > 0;
     st->steps_by_state[info.state]++;
     st->last_state = (int32_t)info.state;
     /* Verify at steps 1, 2, 4, ... and at the first step of each state. */

@@ -193,6 +193,7 @@ typedef struct serve_stats {
     double combine_s;     /* --dcp: inside kva_dcp_mpi_combine */
     double step_s_by_state[KVA_STATE_EMPTY + 1]; /* step_s by the steps' kva_attn_state */
     int32_t last_state;                          /* the last step's state (set by the engine) */
+    int64_t cascade_steps; /* steps whose (first layer's) plan ran a cascade */
     /* --verify */
     int32_t verify_steps;
     int32_t verify_failures;
