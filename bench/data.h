@@ -121,6 +121,19 @@ static inline double kva_test_rtol(kva_dtype dt)
     return dt == KVA_DTYPE_F32 ? 2e-5 : dt == KVA_DTYPE_F16 ? 1.2e-3 : 9e-3;
 }
 
+/* Tolerances of a cascade run against the reference's plain one: the two
+ * passes' outputs are rounded to the output dtype before the merge rounds
+ * again, an error of up to one rounding of the partials however small the
+ * merged value (tests/cascade_util.h, serve-sim --verify). */
+static inline double kva_test_cascade_atol(kva_dtype dt)
+{
+    return dt == KVA_DTYPE_F32 ? 1e-4 : dt == KVA_DTYPE_F16 ? 1e-3 : 8e-3;
+}
+static inline double kva_test_cascade_rtol(kva_dtype dt)
+{
+    return dt == KVA_DTYPE_F32 ? 1e-4 : dt == KVA_DTYPE_F16 ? 3e-3 : 2e-2;
+}
+
 /* Compares n elements; returns the number of mismatches (NaN always mismatches)
  * and prints the first few with a label. */
 static inline size_t kva_test_compare(const char *label, const void *got, const void *want,

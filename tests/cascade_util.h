@@ -297,15 +297,14 @@ static inline void cas_data_free(cas_data *x)
     free(x->b.bt);
 }
 
-/* Tolerances of a cascade run against the reference: the two passes' outputs
- * are rounded to the output dtype before the merge rounds again. */
+/* Tolerances of a cascade run against the reference (bench/data.h). */
 static inline double cas_atol(kva_dtype dt)
 {
-    return dt == KVA_DTYPE_F32 ? 1e-4 : dt == KVA_DTYPE_F16 ? 1e-3 : 8e-3;
+    return kva_test_cascade_atol(dt);
 }
 static inline double cas_rtol(kva_dtype dt)
 {
-    return dt == KVA_DTYPE_F32 ? 1e-4 : dt == KVA_DTYPE_F16 ? 3e-3 : 2e-2;
+    return kva_test_cascade_rtol(dt);
 }
 
 /* Runs case c on a host context of backend `be` (2 threads) and compares

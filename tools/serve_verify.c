@@ -147,13 +147,11 @@ static int step_may_cascade(const serve_engine *e)
            info.num_cascade_groups > 0;
 }
 
-/* The bounds of tests/cascade_util.h (cas_atol / cas_rtol) for a cascade
- * step, at least the plain bounds. */
+/* The cascade bounds of bench/data.h for a cascade step, at least the
+ * plain bounds. */
 static void cascade_tolerances(const serve_opts *o, double *atol, double *rtol)
 {
-    const kva_dtype dt = o->dtype;
-    const double ca = dt == KVA_DTYPE_F32 ? 1e-4 : dt == KVA_DTYPE_F16 ? 1e-3 : 8e-3;
-    const double cr = dt == KVA_DTYPE_F32 ? 1e-4 : dt == KVA_DTYPE_F16 ? 3e-3 : 2e-2;
+    const double ca = kva_test_cascade_atol(o->dtype), cr = kva_test_cascade_rtol(o->dtype);
     *atol = *atol > ca ? *atol : ca;
     *rtol = *rtol > cr ? *rtol : cr;
 }
