@@ -26,7 +26,7 @@ extern "C" {
 /* The dense work policy of mla_wgmma_kernel (interface: mla_wgmma_body.cuh). */
 template <typename Ty> struct mw_dense {
     typedef kva__cuda_attn_args args;
-    static constexpr int PREGS = 32; /* the producer only issues cp.async; consumers: 232 */
+    static constexpr int PREGS = 32; /* the producer only issues cp.async */
     ml_item mi;
     bool skip;
     int32_t k0, kend;

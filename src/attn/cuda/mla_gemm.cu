@@ -57,7 +57,7 @@ __device__ __forceinline__ void load_stage(const gemm_p &p, uint16_t *As, uint16
             row = p.a_rows ? p.a_rows[m] : m;
         const bool ok = row >= 0 && k < p.K;
         const char *src = ok ? (const char *)p.a + 2 * (row * p.lda + (int64_t)h * p.a_head + k)
-                             : (const char *)p.a;
+                              : (const char *)p.a;
         kva__cp_async16(kva__smem_u32(As + r * A_LD + ch * 8), src, ok ? 16 : 0);
     }
     if (KN) {

@@ -75,7 +75,7 @@ static __device__ __forceinline__ int64_t ms_row(const sp_args &a, const int32_t
  * before it fills the current one. */
 template <typename Ty, bool FP8> struct ms_sparse {
     typedef sp_args args;
-    static constexpr int PREGS = FP8 ? 56 : 32; /* consumers: 224 / 232 */
+    static constexpr int PREGS = FP8 ? 56 : 32;
     sp_item mi;
     bool skip;
     int32_t k0, kend;

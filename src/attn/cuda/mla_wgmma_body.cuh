@@ -67,11 +67,6 @@
 #define MW_NST 2  /* ring stages */
 #define MW_PT 128 /* producer threads (one warpgroup after the ML_NT consumers) */
 #define MW_NT (ML_NT + MW_PT)
-/* Registers per thread at launch (the register file over MW_NT threads, in
- * steps of 8): setmaxnreg only moves registers between the CTA's warps, so
- * the producer's W::PREGS and the consumers' budget share MW_REGS * MW_NT
- * (a request beyond it never returns). */
-#define MW_REGS (65536 / MW_NT / 8 * 8)
 #define MW_QB (MW_M * ML_D * 2)
 #define MW_KB (MW_BN * ML_D * 2)
 #define MW_PB (MW_M * MW_BN * 2)
@@ -285,7 +280,7 @@ __global__ void __launch_bounds__(MW_NT, 1) mla_wgmma_kernel(const typename W::a
         }
         return;
     }
-    kva__setmaxnreg_inc<(MW_REGS * MW_NT - MW_PT * W::PREGS) / ML_NT / 8 * 8>();
+    kva__setmaxnreg_inc<(65536 - MW_PT * W::PREGS) / ML_NT / 8 * 8>();
 
     const int tid = threadIdx.x, lane = tid & 31, g4 = lane >> 2, t4 = lane & 3;
     const int wg = tid >> 7;                   /* warpgroup: key slice of S, column half of O */
