@@ -4,10 +4,9 @@
  * arrive with an expected transfer count, wait on a phase parity), named
  * barriers, TMA boxes (cp.async.bulk.tensor, 2-D and 3-D, from a
  * CUtensorMap) and plain bulk copies into shared memory, completing on an
- * mbarrier, register budgets of warpgroups (setmaxnreg). Shared-memory
- * operands are 32-bit shared-window addresses (kva__smem_u32). Used by the
- * warp-specialized kernels (indexer_wgmma.cu, mla_wgmma_body.cuh); compiled
- * only for sm_90 and later device passes.
+ * mbarrier. Shared-memory operands are 32-bit shared-window addresses
+ * (kva__smem_u32). Used by the warp-specialized indexer kernel
+ * (indexer_wgmma.cu); compiled only for sm_90 and later device passes.
  */
 #ifndef KVA_CUDA_ASYNC_PTX_CUH
 #define KVA_CUDA_ASYNC_PTX_CUH
@@ -50,33 +49,6 @@ static __device__ __forceinline__ void kva__named_bar(bool sync, int id, int n)
         asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
     else
         asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-/* Makes mbarrier inits visible to the other threads (before their barrier). */
-static __device__ __forceinline__ void kva__mbar_init_fence()
-{
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-/* Named barrier id among the n threads: returns whether any of them passed
- * a true vote (bar.red.or). */
-static __device__ __forceinline__ bool kva__named_bar_or(int id, int n, bool vote)
-{
-    uint32_t r;
-    asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 q, %1, 0;\n"
-                 "bar.red.or.pred p, %2, %3, q;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(r)
-                 : "r"((uint32_t)vote), "r"(id), "r"(n)
-                 : "memory");
-    return r != 0;
-}
-/* The register budget of this warpgroup's threads from here on (every warp
- * of the warpgroup executes it; N a multiple of 8 in 24 .. 256). */
-template <int N> static __device__ __forceinline__ void kva__setmaxnreg_inc()
-{
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N> static __device__ __forceinline__ void kva__setmaxnreg_dec()
-{
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 /* One TMA box at coordinates (c0, c1[, c2]), innermost first, into shared
  * memory at dst; its bytes complete on bar. */

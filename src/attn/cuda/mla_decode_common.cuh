@@ -22,14 +22,6 @@
 #define ML_CH 72  /* 16-byte chunks per latent row */
 #define ML_NT 256 /* threads per CTA of both kernels */
 
-/* Barrier of the ML_NT threads that compute (barrier 1: the wgmma body's
- * producer warpgroup, when there is one, takes no part; in the kernels of
- * ML_NT threads it is every thread). */
-static __device__ __forceinline__ void ml_bar()
-{
-    asm volatile("bar.sync 1, %0;\n" ::"n"(ML_NT) : "memory");
-}
-
 /*
  * Byte offset of chunk c of row r in a [ROWS, 576] tile.
  * ROWS = 0 (ldmatrix layout, mma.sync): rows of 1152 bytes, chunk c at
@@ -180,7 +172,7 @@ ml_finish(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, 
         s_sum[slice][r0] = l_run[0];
         s_sum[slice][r0 + 8] = l_run[1];
     }
-    ml_bar();
+    __syncthreads();
     const bool lead = col0 == 0 && t4 == 0; /* the thread holding column 0 writes lse */
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -238,7 +230,7 @@ ml_finish(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, 
             a.lse[tok * a.H + head] =
                 pos ? (mt + log2f(Lt)) * KVA__DMMA_LN2 : (Lt == 0.f ? -INFINITY : Lt);
     }
-    ml_bar(); /* s_sum, Q and the ring are rewritten by the next item */
+    __syncthreads(); /* s_sum, Q and the ring are rewritten by the next item */
 }
 
 /* mma.sync steps of the kernels with [rows, 576] tiles in layout ml_off<0>
@@ -382,20 +374,19 @@ static __device__ __forceinline__ bool ml_tile_max(const float (*sc)[4], float (
     return __any_sync(0xffffffffu, resc);
 }
 
-/* ---- host side: both kernels take kva__cuda_attn_args (ML_NT threads, or
- * nt: the wgmma body's ML_NT + its producer warpgroup) ---- */
+/* ---- host side: both kernels take kva__cuda_attn_args and ML_NT threads ---- */
 
 typedef void (*ml_kernel_fn)(kva__cuda_attn_args);
 
 /* Resident CTAs per SM of fn with smem bytes of dynamic shared memory (its
  * limit raised first); 0 if it cannot run. */
-static inline int ml_ctas_per_sm(ml_kernel_fn fn, int smem, int nt = ML_NT)
+static inline int ml_ctas_per_sm(ml_kernel_fn fn, int smem)
 {
     int n = 0;
     if (!fn ||
         cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
             cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, nt, (size_t)smem) != cudaSuccess) {
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, ML_NT, (size_t)smem) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
     }
@@ -406,10 +397,10 @@ static inline int ml_ctas_per_sm(ml_kernel_fn fn, int smem, int nt = ML_NT)
  * is per function and device: plan_build raised it through the occupancy
  * query; set again for a context on another device. */
 static inline kva_status ml_launch(ml_kernel_fn fn, int smem, const kva__cuda_attn_args *a,
-                                   int grid, void *stream, int nt = ML_NT)
+                                   int grid, void *stream)
 {
     KVA_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    fn<<<grid, nt, (size_t)smem, (cudaStream_t)stream>>>(*a);
+    fn<<<grid, ML_NT, (size_t)smem, (cudaStream_t)stream>>>(*a);
     KVA_CUDA_LAUNCHED("mla_decode kernel");
     return KVA_STATUS_OK;
 }

@@ -8,8 +8,7 @@
  * (shared with the sparse MLA); this file is its dense work policy: an item
  * of the uploaded plan, key tiles of the request's contiguous positions
  * gathered by cp.async through the block table, the plan's masks, and the
- * split partials or outputs of ml_finish. The producer warpgroup gathers
- * each tile by cp.async (two threads per key row).
+ * split partials or outputs of ml_finish.
  */
 extern "C" {
 #include "cuda_backend.h"
@@ -26,7 +25,6 @@ extern "C" {
 /* The dense work policy of mla_wgmma_kernel (interface: mla_wgmma_body.cuh). */
 template <typename Ty> struct mw_dense {
     typedef kva__cuda_attn_args args;
-    static constexpr int PREGS = 32; /* the producer only issues cp.async */
     ml_item mi;
     bool skip;
     int32_t k0, kend;
@@ -37,27 +35,26 @@ template <typename Ty> struct mw_dense {
     {
         return a.meta.hdr[KVA_CUDA_HDR_ITEMS];
     }
-    __device__ __forceinline__ mw_dense(const args &a, int32_t it)
+    /* Item it: its first tile's copies (committed), Q, the mask bounds. */
+    __device__ __forceinline__ mw_dense(const args &a, int32_t it, uint32_t sK,
+                                        unsigned char *q_gen, int r0)
     {
         mi = ml_item_load(a, it, a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE]);
         skip = false;
         k0 = mi.w.k0;
         kend = mi.w.k1;
-    }
-    /* Q and the mask bounds of the thread's rows. */
-    __device__ __forceinline__ void stage_q(const args &a, unsigned char *q_gen, int r0)
-    {
+        if (k0 < kend)
+            ml_issue<MW_BN, MW_BN>(a, mi.bt_row, k0, kend, sK);
+        kva__cp_async_commit();
         ml_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi.w, mi.nrows, mi.qs, q_gen);
         kva__dmma_rows(a, mi.w, mi.nrows, mi.s, mi.q_len, r0, lo, hi, pos, slope, lo_all, hi_all);
     }
-    /* Thread pt's copies of tile kb (key pt / 2, every other chunk), landed. */
-    __device__ __forceinline__ void produce(const args &a, int32_t kb, uint32_t stage, int,
-                                            int pt) const
+    __device__ __forceinline__ void next(const args &a, int32_t kb, uint32_t stage, int)
     {
-        ml_issue<MW_BN, MW_BN, MW_PT>(a, mi.bt_row, kb, kend, stage, pt);
-        kva__cp_async_commit();
-        kva__cp_async_wait<0>();
+        if (kb < kend)
+            ml_issue<MW_BN, MW_BN>(a, mi.bt_row, kb, kend, stage);
     }
+    __device__ __forceinline__ void land(const args &, int32_t, uint32_t, int) {}
     __device__ __forceinline__ void logits(float (&sc)[4][4], const args &a, float scale_log2,
                                            int32_t kb, int wg, int t4, int)
     {
@@ -91,7 +88,7 @@ static ml_kernel_fn mw_pick(kva_dtype dt)
 
 extern "C" int kva__cuda_mla_wgmma_ctas_per_sm(kva_dtype dtype)
 {
-    return kva__cuda_prefill_wgmma_ready() ? ml_ctas_per_sm(mw_pick(dtype), MW_SMEM, MW_NT) : 0;
+    return kva__cuda_prefill_wgmma_ready() ? ml_ctas_per_sm(mw_pick(dtype), MW_SMEM) : 0;
 }
 
 extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
@@ -105,5 +102,5 @@ extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, k
                          "device, D = 576, Dv = 512, Hkv = 1, a paged f16/bf16 latent cache (got "
                          "D = %d, Dv = %d, Hkv = %d, dtype = %s)",
                          (int)a->D, (int)a->Dv, (int)a->Hkv, kva_dtype_name(dtype));
-    return ml_launch(fn, MW_SMEM, a, grid, stream, MW_NT);
+    return ml_launch(fn, MW_SMEM, a, grid, stream);
 }

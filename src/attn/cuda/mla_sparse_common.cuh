@@ -147,7 +147,7 @@ sp_finish(const sp_args &a, int32_t t, int32_t h0, int32_t nrows, int32_t split,
         s_sum[slice][r0] = l_run[0];
         s_sum[slice][r0 + 8] = l_run[1];
     }
-    ml_bar();
+    __syncthreads();
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int32_t r = r0 + 8 * hf, h = h0 + r;

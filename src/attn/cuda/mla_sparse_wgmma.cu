@@ -10,19 +10,17 @@
  * 0 .. seq_len - 1 are unused: their rows are zeros in the tile and their
  * logits -inf (the per-stage key flags s_ok).
  *
- * The producer warpgroup of the body fills the ring (two threads per key),
- * in one of two row formats (the policy's FP8 parameter):
- *   16-bit rows (a latent cache of the q dtype, or the dense rows): cp.async
- *     gathers, as the dense decode's tiles;
- *   fp8_ds_mla rows (656 bytes): each row is prefetched into L2 one tile
- *     ahead (one bulk prefetch), then loaded by its 2 producer threads
- *     (thread h: c_kv tiles 2 h, 2 h + 1 with their scales, k_pe values
- *     32 h .. 32 h + 31) and written into the ring as q-dtype values
- *     code * scale (fp32 product, rounded once), as FlashMLA's sparse
- *     kernels and this backend's separate mode read them. The consumers
- *     convert nothing; each row is converted once per head tile (H 128:
- *     twice per token).
- * The row of each thread's key is looked up one tile ahead.
+ * Two row formats (the policy's FP8 parameter):
+ *   16-bit rows (a latent cache of the q dtype, or the dense rows): copied
+ *     by cp.async into the ring like the dense decode's tiles, the row of
+ *     each thread's key looked up one tile ahead;
+ *   fp8_ds_mla rows (656 bytes): each row is prefetched into L2 two tiles
+ *     ahead (one bulk prefetch), then, while the previous tile's P V runs,
+ *     loaded by its 4 threads (thread c: c_kv tile c's 128 codes and scale,
+ *     k_pe values 16 c .. 16 c + 15) into registers and written into the
+ *     ring as q-dtype values code * scale (fp32 product, rounded once), as
+ *     FlashMLA's sparse kernels and this backend's separate mode read them.
+ *     Each row is converted once per head tile (H 128: twice per token).
  * Split partials and their merge are mla_sparse.cu's (sp_finish,
  * sp_merge_kernel), so the launch geometry is the mma.sync kernel's with
  * 64-row head tiles.
@@ -70,112 +68,143 @@ static __device__ __forceinline__ int64_t ms_row(const sp_args &a, const int32_t
 }
 
 /* The sparse work policy of mla_wgmma_kernel (interface: mla_wgmma_body.cuh).
- * Producer thread pt copies or converts half pt % 2 of key pt / 2 of every
- * tile; it looks the next tile's row up (and, fp8, prefetches it into L2)
- * before it fills the current one. */
+ * Thread tid copies or converts key tid / 4 of every tile (part tid % 4). */
 template <typename Ty, bool FP8> struct ms_sparse {
     typedef sp_args args;
-    static constexpr int PREGS = FP8 ? 56 : 32;
     sp_item mi;
     bool skip;
     int32_t k0, kend;
-    int64_t row_n; /* producer: the thread's key row in tile kb + 64 */
+    int64_t row1, row2; /* the thread's key row in the next tile and (fp8) the one after */
+    int32_t pnext;      /* its entry's position in the tile after those */
 
     static __device__ __forceinline__ int32_t items(const args &a)
     {
         return a.nt * a.tiles * a.nsplit;
     }
-    __device__ __forceinline__ ms_sparse(const args &a, int32_t it)
+    __device__ __forceinline__ int32_t pos(int32_t j) const
     {
-        mi = sp_item_load<MW_M>(a, it);
-        skip = mi.skip;
-        k0 = mi.kbeg;
-        kend = mi.kend;
+        return j < kend ? __ldg(mi.idx_row + j) : -1;
     }
-    __device__ __forceinline__ void stage_q(const args &a, unsigned char *q_gen, int)
+    /* fp8_ds_mla: row (or zeros for -1) as key `key` of the tile at stage,
+     * part c = tid % 4, in the q dtype. */
+    __device__ __forceinline__ void convert(const args &a, int64_t row, uint32_t stage) const
     {
-        sp_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi, q_gen);
-    }
-    /* Cache row of the thread's key in the tile at kb (-1: unused). */
-    __device__ __forceinline__ int64_t row_at(const args &a, int32_t kb, int pt) const
-    {
-        const int32_t j = kb + (pt >> 1);
-        return ms_row(a, mi.bt_row, j < kend ? __ldg(mi.idx_row + j) : -1, mi.s);
-    }
-    /* fp8_ds_mla: half h = pt % 2 of `row` (or zeros for -1) as key pt / 2 of
-     * the tile at stage, in the q dtype: c_kv tiles 2 h, 2 h + 1 (codes times
-     * their tile's scale) and k_pe values 32 h .. 32 h + 31. */
-    __device__ __forceinline__ void convert(const args &a, int64_t row, uint32_t stage,
-                                            int pt) const
-    {
-        const int key = pt >> 1, h = pt & 1;
-        const unsigned char *src = a.rows + (row >= 0 ? row : 0) * sp_ds_mla::ROW;
-        const uint32_t base = stage + (uint32_t)(key * 128);
+        const int key = threadIdx.x >> 2, c = threadIdx.x & 3;
+        uint4 cw[8], pe[2];
+        float scl = 0.f;
+        if (row >= 0) {
+            const unsigned char *src = a.rows + row * sp_ds_mla::ROW;
 #pragma unroll
-        for (int cc = 0; cc < 2; cc++) {
-            const int c = 2 * h + cc;
-            const float scl =
-                row >= 0 ? __ldg(reinterpret_cast<const float *>(src + ML_DV) + c) : 0.f;
+            for (int i = 0; i < 8; i++)
+                cw[i] = __ldg(reinterpret_cast<const uint4 *>(src + 128 * c) + i);
+            scl = __ldg(reinterpret_cast<const float *>(src + ML_DV) + c);
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const uint4 cw = row >= 0
-                                     ? __ldg(reinterpret_cast<const uint4 *>(src + 128 * c) + i)
-                                     : make_uint4(0, 0, 0, 0);
-                /* chunks 16 c + 2 i and + 1 (8 codes each): column blocks 2 c, 2 c + 1 */
+            for (int i = 0; i < 2; i++)
+                pe[i] = __ldg(reinterpret_cast<const uint4 *>(src + ML_DV + 16 + 32 * c) + i);
+        } else {
 #pragma unroll
-                for (int k = 0; k < 2; k++) {
-                    const uint32_t lo = k ? cw.z : cw.x, hi = k ? cw.w : cw.y;
-                    uint32_t w[4];
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const uint32_t word = e < 2 ? lo : hi;
-                        const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(
-                            (__nv_fp8x2_storage_t)((word >> (16 * (e & 1))) & 0xffffu), __NV_E4M3);
-                        const float2 f = __half22float2(__half2(hr));
-                        w[e] = Ty::pack(f.x * scl, f.y * scl);
-                    }
-                    const int ch = 16 * c + 2 * i + k;
-                    ms_st16(base +
-                                (uint32_t)((ch >> 3) * MW_BN * 128 + (((ch & 7) ^ (key & 7)) << 4)),
-                            make_uint4(w[0], w[1], w[2], w[3]));
-                }
-            }
+            for (int i = 0; i < 8; i++)
+                cw[i] = make_uint4(0, 0, 0, 0);
+            pe[0] = pe[1] = make_uint4(0, 0, 0, 0);
         }
-        /* k_pe values 32 h + 8 i .. + 7: chunks 64 + 4 h + i, column block 8. */
+        const uint32_t base = stage + (uint32_t)(key * 128);
+        /* c_kv tile c: chunks 16 c + k (8 codes each) in column blocks 2 c, 2 c + 1. */
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint4 pe =
-                row >= 0 ? __ldg(reinterpret_cast<const uint4 *>(src + ML_DV + 16 + 64 * h) + i)
-                         : make_uint4(0, 0, 0, 0);
-            const uint32_t bw[4] = {pe.x, pe.y, pe.z, pe.w};
+        for (int k = 0; k < 16; k++) {
+            const uint32_t lo = k & 1 ? cw[k >> 1].z : cw[k >> 1].x;
+            const uint32_t hi = k & 1 ? cw[k >> 1].w : cw[k >> 1].y;
+            uint32_t w[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint32_t word = i < 2 ? lo : hi;
+                const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+                    (__nv_fp8x2_storage_t)((word >> (16 * (i & 1))) & 0xffffu), __NV_E4M3);
+                const float2 f = __half22float2(__half2(h));
+                w[i] = Ty::pack(f.x * scl, f.y * scl);
+            }
+            const int ch = 16 * c + k;
+            ms_st16(base + (uint32_t)((ch >> 3) * MW_BN * 128 + (((ch & 7) ^ (key & 7)) << 4)),
+                    make_uint4(w[0], w[1], w[2], w[3]));
+        }
+        /* k_pe values 16 c .. 16 c + 15: chunks 64 + 2 c + i, column block 8. */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const uint32_t bw[4] = {pe[i].x, pe[i].y, pe[i].z, pe[i].w};
             uint32_t w[4];
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 w[e] = Ty::pack(__uint_as_float(bw[e] << 16), __uint_as_float(bw[e] & 0xffff0000u));
-            const int ch = 4 * h + i;
+            const int ch = 2 * c + i;
             ms_st16(base + (uint32_t)(8 * MW_BN * 128 + ((ch ^ (key & 7)) << 4)),
                     make_uint4(w[0], w[1], w[2], w[3]));
         }
     }
-    /* Thread pt's part of tile kb in the slot at stage (st), landed; its key's
-     * flag. */
-    __device__ __forceinline__ void produce(const args &a, int32_t kb, uint32_t stage, int st,
-                                            int pt)
+    /* Item it: token, head tile, split; the first tile in stage 0, Q. */
+    __device__ __forceinline__ ms_sparse(const args &a, int32_t it, uint32_t sK,
+                                         unsigned char *q_gen, int)
     {
-        const int64_t row = kb == k0 ? row_at(a, kb, pt) : row_n;
-        if (!FP8)
-            ml_issue_row_at<MW_BN, MW_BN, MW_PT>(a.rows, row, stage, pt);
-        row_n = kb + MW_BN < kend ? row_at(a, kb + MW_BN, pt) : -1;
+        mi = sp_item_load<MW_M>(a, it);
+        skip = mi.skip;
+        if (skip)
+            return;
+        k0 = mi.kbeg;
+        kend = mi.kend;
+
+        const int key = threadIdx.x >> 2;
+        const int64_t first = ms_row(a, mi.bt_row, pos(k0 + key), mi.s);
         if (FP8) {
-            if (row_n >= 0 && (pt & 1) == 0)
-                ms_prefetch_l2(a.rows + row_n * sp_ds_mla::ROW, sp_ds_mla::ROW);
-            convert(a, row, stage, pt);
+            row1 = ms_row(a, mi.bt_row, pos(k0 + MW_BN + key), mi.s);
+            if (row1 >= 0 && (threadIdx.x & 3) == 0)
+                ms_prefetch_l2(a.rows + row1 * sp_ds_mla::ROW, sp_ds_mla::ROW);
+            if (k0 < kend)
+                land_row(a, first, sK, 0);
         } else {
-            kva__cp_async_commit();
-            kva__cp_async_wait<0>();
+            if (k0 < kend)
+                issue_row(a, first, sK, 0);
+            row1 = ms_row(a, mi.bt_row, pos(k0 + MW_BN + key), mi.s);
         }
-        if ((pt & 1) == 0)
-            ms_ok()[st][pt >> 1] = row >= 0;
+        row2 = -1;
+        pnext = pos(k0 + 2 * MW_BN + key);
+        kva__cp_async_commit();
+        sp_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi, q_gen);
+    }
+    /* 16-bit rows: the copies of `row` as the thread's key (cp.async). */
+    __device__ __forceinline__ void issue_row(const args &a, int64_t row, uint32_t stage,
+                                              int st) const
+    {
+        ml_issue_row_at<MW_BN, MW_BN>(a.rows, row, stage);
+        if ((threadIdx.x & 3) == 0)
+            ms_ok()[st][threadIdx.x >> 2] = row >= 0;
+    }
+    /* fp8_ds_mla: `row` converted into the thread's part of its key. */
+    __device__ __forceinline__ void land_row(const args &a, int64_t row, uint32_t stage,
+                                             int st) const
+    {
+        convert(a, row, stage);
+        if ((threadIdx.x & 3) == 0)
+            ms_ok()[st][threadIdx.x >> 2] = row >= 0;
+    }
+    __device__ __forceinline__ void next(const args &a, int32_t kb, uint32_t stage, int st)
+    {
+        if (kb >= kend)
+            return;
+        const int key = threadIdx.x >> 2;
+        if (FP8) { /* the tile after kb into L2 (its rows are loaded during kb - 64's P V) */
+            row2 = ms_row(a, mi.bt_row, pnext, mi.s);
+            if (row2 >= 0 && (threadIdx.x & 3) == 0)
+                ms_prefetch_l2(a.rows + row2 * sp_ds_mla::ROW, sp_ds_mla::ROW);
+        } else {
+            issue_row(a, row1, stage, st);
+            row1 = ms_row(a, mi.bt_row, pnext, mi.s);
+        }
+        pnext = pos(kb + 2 * MW_BN + key);
+    }
+    __device__ __forceinline__ void land(const args &a, int32_t kb, uint32_t stage, int st)
+    {
+        if (!FP8 || kb >= kend)
+            return;
+        land_row(a, row1, stage, st);
+        row1 = row2;
     }
     __device__ __forceinline__ void logits(float (&sc)[4][4], const args &, float scale_log2,
                                            int32_t, int wg, int t4, int st) const
@@ -194,7 +223,7 @@ template <typename Ty, bool FP8> struct ms_sparse {
     {
         sp_finish<32, 2, Ty>(a, mi.t, mi.h0, mi.nrows, mi.split, s_sum, wg, r0, wg * 256, t4, l_run,
                              m_run, o);
-        ml_bar(); /* s_sum and Q are rewritten by the next item */
+        __syncthreads(); /* s_sum, Q, the ring and the flags are rewritten by the next item */
     }
 };
 #else
@@ -226,7 +255,7 @@ kva_status kva__cuda_sparse_wgmma_launch(const sp_args *a, kva_dtype q_dtype, in
                          "device and f16/bf16 q (got %s)",
                          kva_dtype_name(q_dtype));
     KVA_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, MW_SMEM));
-    fn<<<grid, MW_NT, (size_t)MW_SMEM, (cudaStream_t)stream>>>(*a);
+    fn<<<grid, ML_NT, (size_t)MW_SMEM, (cudaStream_t)stream>>>(*a);
     KVA_CUDA_LAUNCHED("mla_sparse wgmma kernel");
     return KVA_STATUS_OK;
 }

@@ -10,19 +10,8 @@
  * shared tile (cp.async of 16-bit rows, or fp8_ds_mla rows loaded and
  * dequantized by the CTA), the logit mask and the end-of-item stores.
  *
- * One CTA = three warpgroups (384 threads) runs one item at a time
- * (persistent grid): two compute warpgroups (threads 0 .. 255, "the
- * consumers") and a producer warpgroup (threads 256 .. 383) that only fills
- * the key ring through the policy (cp.async gathers of 16-bit rows, or
- * fp8_ds_mla rows loaded and dequantized), so that no consumer issues a copy
- * or converts a row. The two sides meet at mbarriers per ring slot: "full"
- * (the producer's 128 threads arrive when their part of the tile is in
- * shared memory and fenced for the async proxy) and "empty" (each consumer
- * warp arrives when its S and P V reads of the slot are done). The producer
- * runs ahead into the next item, so a tile of the next item loads while the
- * consumers store this item's output. Registers: the producer gives its
- * budget up (setmaxnreg, W::PREGS), the consumers take the rest.
- * Per item Q [64, 576] is staged in shared memory by the consumers in the
+ * One CTA = two warpgroups (256 threads) runs one item at a time
+ * (persistent grid). Per item Q [64, 576] is staged in shared memory in the
  * wgmma K-major layout (128-byte swizzle, 9 column blocks). Key tiles of 64
  * latent rows land in a 2-stage ring in the same layout (every row read once
  * from global memory, for S and for P V). Per tile:
@@ -51,7 +40,6 @@
 #ifndef KVA_CUDA_MLA_WGMMA_BODY_CUH
 #define KVA_CUDA_MLA_WGMMA_BODY_CUH
 
-#include "async_ptx.cuh"
 #include "mla_decode_common.cuh"
 #include "wgmma_ptx.cuh"
 
@@ -62,11 +50,9 @@
 #define KVA_MLA_WGMMA_BODY 1
 #endif
 
-#define MW_M 64   /* rows per item */
-#define MW_BN 64  /* keys per tile */
-#define MW_NST 2  /* ring stages */
-#define MW_PT 128 /* producer threads (one warpgroup after the ML_NT consumers) */
-#define MW_NT (ML_NT + MW_PT)
+#define MW_M 64  /* rows per item */
+#define MW_BN 64 /* keys per tile */
+#define MW_NST 2 /* ring stages */
 #define MW_QB (MW_M * ML_D * 2)
 #define MW_KB (MW_BN * ML_D * 2)
 #define MW_PB (MW_M * MW_BN * 2)
@@ -201,105 +187,69 @@ static __device__ __forceinline__ void mw_store_p(const float (&sc)[4][4], const
 #endif
 
 /*
- * The work policy W of mla_wgmma_kernel<Ty, W>: a class, one object per item
- * and side (the producer and the consumers each build their own).
+ * The work policy W of mla_wgmma_kernel<Ty, W>: a class, one object per item.
  *   typedef args               the kernel's argument struct;
  *   static items(a)            work items of the launch (CTAs loop over them);
- *   PREGS                      the producer's registers per thread (a
- *                              multiple of 8; the consumers get the rest);
- *   W(a, it)                   item it: skip (the item does nothing), its
- *                              keys k0 .. kend - 1 in tiles of 64;
- *   stage_q(a, q_gen, r0)      consumers: Q [64, 576] (rows past the item's
- *                              zero) by plain stores at q_gen, and what
- *                              logits needs for the thread's rows r0, r0 + 8;
- *   produce(a, kb, stage, st, pt)  producer thread pt (0 .. MW_PT - 1): its
- *                              part of tile kb into `stage` (ring slot st),
- *                              complete in shared memory when it returns;
+ *   W(a, it, sK, q_gen, r0)    loads item it; unless it skips the item,
+ *                              starts the copies of its first key tile into
+ *                              ring stage 0 at sK (committed), stages Q
+ *                              [64, 576] (rows past the item's zero) at q_gen
+ *                              and sets what logits needs for the thread's
+ *                              rows r0, r0 + 8;
+ *   skip, k0, kend             the item does nothing (CTA-uniform); its keys
+ *                              k0 .. kend - 1, in tiles of 64;
+ *   next(a, kb, stage, st)     after S of tile kb - 64 is issued: the copies
+ *                              of tile kb (if kb < kend) into `stage` (ring
+ *                              slot st; the caller commits them);
+ *   land(a, kb, stage, st)     after P V of tile kb - 64 is issued: what the
+ *                              policy itself writes into `stage` (slot st)
+ *                              for tile kb;
  *   logits(sc, a, scale_log2, kb, wg, t4, st)  S of the thread's keys
  *                              kb + 32 wg + 8 j + 2 t4 + e (ring slot st) into
  *                              log2-unit logits, masked keys -inf;
  *   finish(a, s_sum, wg, r0, t4, l_run, m_run, o)  the item's stores; ends
- *                              with every consumer past s_sum (ml_bar).
+ *                              with every thread past s_sum.
  *
- * The consumers' tile loop, per 64-key tile (st = its ring slot):
- *   1. wait for slot st's "full" barrier (the tile landed);
- *   2. issue S, wait for it; logits; the thread's row maxima into s_max;
- *   3. a barrier of the consumers (both warpgroups' P V of the previous tile
- *      are done: P is free), then P written against the current reference
- *      max m_run (the lazy max rarely moves);
+ * The tile loop, per 64-key tile (stage = its ring slot):
+ *   1. wait for this thread's copies of the tile, barrier (the tile landed;
+ *      both warpgroups' P V of the previous tile are done);
+ *   2. issue S, then the copy of the next tile into the other stage (S first:
+ *      the copy issued ahead of S, or in whole 128-byte lines per warp
+ *      instruction, ran slower);
+ *   3. S done: logits, the thread's row maxima into s_max, and P written
+ *      against the current reference max m_run (the lazy max rarely moves);
  *   4. one barrier with a vote: when no row's max grew past m_run + MW_LAZY
  *      (the usual case) P is final; otherwise (the item's first tile, a
  *      jump) every thread takes its rows' maxima from s_max, moves the
  *      reference, rescales, rewrites P, and all meet at a second barrier;
- *   5. P V issued and waited for; each warp arrives on slot st's "empty"
- *      barrier (the producer may refill it).
- * The producer's loop: the same items and tiles; per tile it waits for the
- * slot's "empty" barrier, runs W::produce, fences its writes for the async
- * proxy and arrives on "full".
+ *   5. P V issued, the policy's land step for the next tile, P V waited for.
  */
 template <typename Ty, typename W>
-__global__ void __launch_bounds__(MW_NT, 1) mla_wgmma_kernel(const typename W::args a)
+__global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::args a)
 {
 #ifdef KVA_MLA_WGMMA_BODY
     extern __shared__ __align__(1024) unsigned char mw_smem_raw[];
     __shared__ float s_max[2][64], s_sum[2][64];
-    __shared__ __align__(8) uint64_t s_bar[2 * MW_NST]; /* full[st], then empty[st] */
     const uint32_t raw = kva__smem_u32(mw_smem_raw);
     const uint32_t sQ = (raw + 1023u) & ~1023u;
     const uint32_t sK = sQ + MW_QB, sP = sK + MW_NST * MW_KB;
-    const uint32_t bar_full = kva__smem_u32(s_bar), bar_empty = bar_full + 8 * MW_NST;
     unsigned char *q_gen = mw_smem_raw + (sQ - raw);
-    const int32_t n_items = W::items(a);
-
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int st = 0; st < MW_NST; st++) {
-            kva__mbar_init(bar_full + 8 * st, MW_PT);
-            kva__mbar_init(bar_empty + 8 * st, ML_NT / 32);
-        }
-        kva__mbar_init_fence();
-    }
-    __syncthreads();
-
-    if (threadIdx.x >= ML_NT) { /* the producer warpgroup */
-        kva__setmaxnreg_dec<W::PREGS>();
-        const int pt = threadIdx.x - ML_NT;
-        uint32_t ph = 0; /* bit st: parity of slot st's fills so far */
-        for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
-            W wi(a, it);
-            if (wi.skip)
-                continue;
-            for (int32_t kb = wi.k0; kb < wi.kend; kb += MW_BN) {
-                const int st = ((kb - wi.k0) / MW_BN) & 1;
-                kva__mbar_wait(bar_empty + 8 * st, ((ph >> st) & 1) ^ 1);
-                ph ^= 1u << st;
-                wi.produce(a, kb, sK + st * MW_KB, st, pt);
-                kva__fence_proxy_async(); /* the tile's writes -> the wgmma operand reads */
-                kva__mbar_arrive(bar_full + 8 * st);
-            }
-        }
-        return;
-    }
-    kva__setmaxnreg_inc<(65536 - MW_PT * W::PREGS) / ML_NT / 8 * 8>();
 
     const int tid = threadIdx.x, lane = tid & 31, g4 = lane >> 2, t4 = lane & 3;
     const int wg = tid >> 7;                   /* warpgroup: key slice of S, column half of O */
     const int r0 = ((tid >> 5) & 3) * 16 + g4; /* the thread's rows r0 and r0 + 8 */
+    const int32_t n_items = W::items(a);
     const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
     const uint64_t dq = kva__wgmma_desc(sQ, 16, 1024);
     const uint64_t dk = kva__wgmma_desc(sK, 16, 1024);
     const uint64_t dv = kva__wgmma_desc(sK, MW_BN * 128, 1024);
     const uint64_t dp = kva__wgmma_desc(sP, 16, 1024);
-    uint32_t ph = 0; /* bit st: parity of slot st's fills consumed so far */
 
     for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
-        W wi(a, it);
+        W wi(a, it, sK, q_gen, r0);
         if (wi.skip)
             continue;
         const int32_t kend = wi.kend;
-        wi.stage_q(a, q_gen, r0);
-        kva__fence_proxy_async(); /* Q stores -> the wgmma operand reads */
-        ml_bar();                 /* Q complete (the previous item's reads ended in finish) */
 
         /* O [64, 256] of this warpgroup: n8 tiles 16 h + n are columns
          * 256 wg + 128 h + 8 n + ... (two m64n128 accumulators). */
@@ -314,9 +264,9 @@ __global__ void __launch_bounds__(MW_NT, 1) mla_wgmma_kernel(const typename W::a
         const int32_t k0 = wi.k0;
         for (int32_t kb = k0; kb < kend; kb += MW_BN) {
             const int stage = ((kb - k0) / MW_BN) & 1;
-            /* 1. tile kb landed */
-            kva__mbar_wait(bar_full + 8 * stage, (ph >> stage) & 1);
-            ph ^= 1u << stage;
+            kva__cp_async_wait<0>();
+            kva__fence_proxy_async(); /* cp.async and Q stores -> the wgmma operand reads */
+            __syncthreads();          /* 1. tile kb landed; the other stage and P are free */
             const uint32_t st_off = (uint32_t)stage * MW_KB;
 
             /* 2. S = Q K^T for keys kb + 32 wg .. + 31: 36 k-steps over 576, in
@@ -328,6 +278,9 @@ __global__ void __launch_bounds__(MW_NT, 1) mla_wgmma_kernel(const typename W::a
                 mw_s<Ty, 0>(sc, sc2, dq, dk + (st_off >> 4));
             else
                 mw_s<Ty, 1>(sc, sc2, dq, dk + (st_off >> 4));
+            /* The next tile's copies go out while the tensor cores run S. */
+            wi.next(a, kb + MW_BN, sK + (stage ^ 1) * MW_KB, stage ^ 1);
+            kva__cp_async_commit();
             kva__wgmma_wait<0>();
 #pragma unroll
             for (int j = 0; j < 4; j++)
@@ -357,11 +310,10 @@ __global__ void __launch_bounds__(MW_NT, 1) mla_wgmma_kernel(const typename W::a
                 move |= mx > m_run[hf] + MW_LAZY; /* -inf + MW_LAZY is -inf */
                 mu[hf] = m_run[hf] == -INFINITY ? 0.f : m_run[hf];
             }
-            ml_bar(); /* both warpgroups' P V of the previous tile are done: P is free */
             mw_store_p<Ty>(sc, mu, sP, wg, r0, t4, psum);
             kva__fence_proxy_async(); /* P stores -> the wgmma operand reads */
             /* 4. Every thread's vote; the barrier also publishes s_max and P. */
-            if (kva__named_bar_or(1, ML_NT, move)) {
+            if (__syncthreads_or(move)) {
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
                     const int r = r0 + 8 * hf;
@@ -382,27 +334,26 @@ __global__ void __launch_bounds__(MW_NT, 1) mla_wgmma_kernel(const typename W::a
                  * barrier below). */
                 mw_store_p<Ty>(sc, mu, sP, wg, r0, t4, psum);
                 kva__fence_proxy_async();
-                ml_bar();
+                __syncthreads();
             }
             l_run[0] += psum[0];
             l_run[1] += psum[1];
 
             /* 5. O += P V over the tile's 64 keys (4 k-steps) for value columns
-             * 256 wg + 128 h .. + 127: column blocks 4 wg + 2 h and + 1; then
-             * the slot goes back to the producer. */
+             * 256 wg + 128 h .. + 127: column blocks 4 wg + 2 h and + 1. */
             if (wg == 0)
                 mw_pv<Ty, 0>(o, dp, dv + (st_off >> 4));
             else
                 mw_pv<Ty, 1>(o, dp, dv + (st_off >> 4));
+            wi.land(a, kb + MW_BN, sK + (stage ^ 1) * MW_KB, stage ^ 1);
             kva__wgmma_wait<0>();
 #pragma unroll
             for (int n = 0; n < 32; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     kva__reg_fence(o[n][e]);
-            if (lane == 0)
-                kva__mbar_arrive(bar_empty + 8 * stage);
         }
+        kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
         wi.finish(a, s_sum, wg, r0, t4, l_run, m_run, o);
     }
 #endif
