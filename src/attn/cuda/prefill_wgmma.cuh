@@ -18,6 +18,10 @@
 #define WG_BN 128                     /* keys per K/V tile */
 #define WG_LOG2E 1.4426950408889634f
 #define WG_LN2 0.6931471805599453f
+/* Consumer schedule defaults (wg_tmaps): CTA tiles of >= WG_PP_MIN key
+ * tiles ping-pong; WG_EARLY_Q: the next Q after the last S. */
+#define WG_PP_MIN 1
+#define WG_EARLY_Q 0
 /* Bytes of one [rows, d] operand in the swizzled layout. */
 #define WG_TILE_BYTES(rows, d) ((rows) * (d)*2)
 
@@ -109,20 +113,37 @@ static __device__ __forceinline__ int wg_div_q(const wg_div &v, int x)
     return (int)((__umulhi((uint32_t)x, v.m) + (uint32_t)x) >> v.l);
 }
 
+/* A tile's record in the plan's list: request, first packed row, kv head.
+ * The consumers load the next CTA tile's record when the current one starts,
+ * so the header built from it under the epilogue waits only for the small,
+ * L1-resident query_start_loc and seq_lens. */
+struct wg_rec {
+    int r, m0, kvh;
+};
+static __device__ __forceinline__ wg_rec wg_rec_load(const kva__cuda_prefill_args &a, int ti)
+{
+    const int32_t *tile = a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS;
+    wg_rec rc;
+    rc.r = __ldg(tile);
+    rc.m0 = __ldg(tile + 1);
+    rc.kvh = __ldg(tile + 2);
+    return rc;
+}
+
 /* Tile header: request, rows, visible key range. */
 struct wg_tile {
     int r, m0, kvh, q_start, q_len, seq_len, rows, G, m_last, pos_min, pos_max, kv_lo, kv_hi;
 };
 static __device__ __forceinline__ void wg_tile_init(wg_tile &t, const kva__cuda_prefill_args &a,
-                                                    const int32_t *tile, const wg_div &gd)
+                                                    const wg_rec &rc, const wg_div &gd)
 {
-    t.r = tile[0];
-    t.m0 = tile[1];
-    t.kvh = tile[2];
+    t.r = rc.r;
+    t.m0 = rc.m0;
+    t.kvh = rc.kvh;
     t.G = (int)gd.d;
-    t.q_start = a.query_start_loc[t.r];
-    t.q_len = a.query_start_loc[t.r + 1] - t.q_start;
-    t.seq_len = a.seq_lens[t.r];
+    t.q_start = __ldg(a.query_start_loc + t.r);
+    t.q_len = __ldg(a.query_start_loc + t.r + 1) - t.q_start;
+    t.seq_len = __ldg(a.seq_lens + t.r);
     t.rows = t.q_len * t.G;
     t.m_last = min(t.m0 + WG_M, t.rows) - 1;
     t.pos_min = t.seq_len - t.q_len + wg_div_q(gd, t.m0);
@@ -157,15 +178,15 @@ struct wg_ctx {
 #ifdef KVA_WGMMA_BODY
 /* Fills c for the thread's rows t.m0 + rbase + g4 + 8 hf (rbase = 64 *
  * warpgroup + 16 * warp in it) of tile t (DK: the default scale's head
- * size). */
+ * size; tree_on: the launch's *a.tree_on, read once per thread). */
 template <int DK>
 static __device__ __forceinline__ void wg_ctx_init(wg_ctx &c, const kva__cuda_prefill_args &a,
-                                                   const wg_tile &t, int rbase, const wg_div &gd)
+                                                   const wg_tile &t, int rbase, const wg_div &gd,
+                                                   int tree_on)
 {
     const int lane = threadIdx.x & 31;
     const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
-    const kva__cuda_tree tree =
-        kva__cuda_tree_at(a.tree, a.tree_on ? *a.tree_on : 0, t.q_start, t.seq_len, t.q_len);
+    const kva__cuda_tree tree = kva__cuda_tree_at(a.tree, tree_on, t.q_start, t.seq_len, t.q_len);
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         /* Rows past the request take the last row's mask; they write nothing. */
@@ -553,6 +574,13 @@ static __device__ __forceinline__ void wg_bar_arrive(int id, int n)
 struct wg_tmaps {
     CUtensorMap k, v; /* 64-byte aligned, 128 bytes each */
     int ok, box_rows;
+    /* Schedule of the consumers (both kernels; set per launch by launch_ws):
+     * pp_min: CTA tiles of at least pp_min key tiles ping-pong (one
+     * consumer's GEMMs beside the other's softmax), shorter ones run both
+     * consumers freely; early_q: the next CTA tile's Q rows are loaded as
+     * soon as the last S of the current one is done (else under the
+     * epilogue). */
+    int pp_min, early_q;
 };
 #ifdef KVA_WGMMA_BODY
 static __device__ __forceinline__ void wg_mbar_arrive_tx(uint32_t bar, uint32_t bytes)
