@@ -18,10 +18,6 @@
 #define WG_BN 128                     /* keys per K/V tile */
 #define WG_LOG2E 1.4426950408889634f
 #define WG_LN2 0.6931471805599453f
-/* Consumer schedule defaults (wg_tmaps): CTA tiles of >= WG_PP_MIN key
- * tiles ping-pong; WG_EARLY_Q: the next Q after the last S. */
-#define WG_PP_MIN 1
-#define WG_EARLY_Q 0
 /* Bytes of one [rows, d] operand in the swizzled layout. */
 #define WG_TILE_BYTES(rows, d) ((rows) * (d)*2)
 
@@ -114,9 +110,9 @@ static __device__ __forceinline__ int wg_div_q(const wg_div &v, int x)
 }
 
 /* A tile's record in the plan's list: request, first packed row, kv head.
- * The consumers load the next CTA tile's record when the current one starts,
- * so the header built from it under the epilogue waits only for the small,
- * L1-resident query_start_loc and seq_lens. */
+ * The consumers load the next CTA tile's record before the current tile's
+ * last P V, so the header built from it under the epilogue waits only for
+ * the small, L1-resident query_start_loc and seq_lens. */
 struct wg_rec {
     int r, m0, kvh;
 };
@@ -484,7 +480,12 @@ static __device__ __forceinline__ void wg_kv_init(wg_kv &g, const kva__cuda_pref
     g.kv_hi = t.kv_hi;
 }
 /* Q rows m0 + r0 .. m0 + r0 + nrows - 1 of the tile (zeros past the request)
- * into the swizzled [128, DK] Q operand at sq, by NT threads (index t). */
+ * into the swizzled [128, DK] Q operand at sq, by NT threads (index t).
+ * Where C (16-byte chunks per row) divides NT, a thread copies chunk t % C of
+ * rows r0 + t / C + RPI k (RPI = NT / C, a multiple of 8 dividing nrows): its
+ * shared-memory address steps by RPI rows (the swizzle depends on the row
+ * mod 8 only) and its (token, head) by RPI packed rows, di tokens and dg
+ * heads with a carry past G, so only the first row takes a division. */
 template <int NT, int DK>
 static __device__ __forceinline__ void wg_load_q(const kva__cuda_prefill_args &a, const wg_tile &tl,
                                                  uint32_t sq, int r0, int nrows, int t,
@@ -493,17 +494,41 @@ static __device__ __forceinline__ void wg_load_q(const kva__cuda_prefill_args &a
     typedef uint16_t elem;
     constexpr int C = DK / 8; /* 16-byte chunks per row */
     const elem *q = (const elem *)a.q;
-    for (int idx = t; idx < nrows * C; idx += NT) {
-        const int row = r0 + idx / C, ch = idx % C, pm = tl.m0 + row;
-        const elem *src = q;
-        int bytes = 0;
-        if (pm < tl.rows) {
-            const int i = wg_div_q(gd, pm), g = pm - i * tl.G;
-            src = q + ((size_t)(tl.q_start + i) * a.num_heads + (size_t)tl.kvh * tl.G + g) * DK +
-                  ch * 8;
-            bytes = 16;
+    if constexpr (NT % C == 0) {
+        constexpr int RPI = NT / C;
+        static_assert(RPI % 8 == 0, "Q rows per step: a multiple of the swizzle period");
+        const int ch = t % C, row0 = r0 + t / C;
+        int pm = tl.m0 + row0, i = wg_div_q(gd, pm), g = pm - i * tl.G;
+        const int di = wg_div_q(gd, RPI), dg = RPI - di * tl.G;
+        const elem *base = q + (size_t)tl.kvh * tl.G * DK + ch * 8;
+        const uint32_t dst = sq + wg_swz(row0, ch, WG_M);
+        for (int k = 0; k * RPI < nrows; k++) {
+            const bool in = pm < tl.rows;
+            const elem *src =
+                in ? base + ((size_t)(tl.q_start + i) * a.num_heads + (size_t)g) * DK : q;
+            kva__cp_async16(dst + (uint32_t)(k * RPI * 128), src, in ? 16 : 0);
+            pm += RPI;
+            i += di;
+            g += dg;
+            if (g >= tl.G) {
+                g -= tl.G;
+                i++;
+            }
         }
-        kva__cp_async16(sq + wg_swz(row, ch, WG_M), src, bytes);
+    } else {
+        for (int idx = t; idx < nrows * C; idx += NT) {
+            const int row = r0 + idx / C, ch = idx % C, pm = tl.m0 + row;
+            const elem *src = q;
+            int bytes = 0;
+            if (pm < tl.rows) {
+                const int i = wg_div_q(gd, pm), g = pm - i * tl.G;
+                src = q +
+                      ((size_t)(tl.q_start + i) * a.num_heads + (size_t)tl.kvh * tl.G + g) * DK +
+                      ch * 8;
+                bytes = 16;
+            }
+            kva__cp_async16(sq + wg_swz(row, ch, WG_M), src, bytes);
+        }
     }
 }
 /* S = Q K^T [64, 128] for one warpgroup: DK / 16 k-steps over D (4 per
@@ -574,13 +599,6 @@ static __device__ __forceinline__ void wg_bar_arrive(int id, int n)
 struct wg_tmaps {
     CUtensorMap k, v; /* 64-byte aligned, 128 bytes each */
     int ok, box_rows;
-    /* Schedule of the consumers (both kernels; set per launch by launch_ws):
-     * pp_min: CTA tiles of at least pp_min key tiles ping-pong (one
-     * consumer's GEMMs beside the other's softmax), shorter ones run both
-     * consumers freely; early_q: the next CTA tile's Q rows are loaded as
-     * soon as the last S of the current one is done (else under the
-     * epilogue). */
-    int pp_min, early_q;
 };
 #ifdef KVA_WGMMA_BODY
 static __device__ __forceinline__ void wg_mbar_arrive_tx(uint32_t bar, uint32_t bytes)

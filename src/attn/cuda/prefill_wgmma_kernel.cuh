@@ -63,7 +63,6 @@ extern "C" {
 #include <cuda_runtime.h>
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "prefill_wgmma.cuh"
@@ -241,28 +240,15 @@ __global__ void __launch_bounds__(3 * 128, 1)
         const uint64_t dk0 = kva__wgmma_desc(sK, 16, 1024);
         const uint64_t dv0 = kva__wgmma_desc(sV, WG_BN * 128, 1024);
         const int tree_on = a.tree_on ? *a.tree_on : 0;
-        /* Q rows of this warpgroup for the CTA tile of record rc (header tl
-         * built from it), one cp.async group. */
-        auto load_q = [&](const wg_rec &rc) {
-            wg_tile t;
-            wg_tile_init(t, a, rc, gd);
-            wg_load_q<128, DK>(a, t, sQ, cw * 64, 64, ct & 127, gd);
-            kva__cp_async_commit();
-        };
         int k = 0;
-        /* rec: the record of the CTA tile about to start, its Q rows loaded
-         * (under the previous tile's epilogue, or earlier with early_q). */
-        wg_rec rec = wg_rec_load(a, (int)blockIdx.x);
-        load_q(rec);
+        /* tl: the header of the CTA tile about to start, built when its Q rows
+         * are loaded (under the previous tile's epilogue); the key loop and the
+         * epilogue need only c and the key-tile range. */
+        wg_tile tl;
+        wg_tile_init(tl, a, wg_rec_load(a, (int)blockIdx.x), gd);
+        wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
+        kva__cp_async_commit();
         for (;;) {
-            wg_tile tl;
-            wg_tile_init(tl, a, rec, gd);
-            /* The next CTA tile's record, loaded now so that its Q load does
-             * not wait for it (nxt.r < 0: none). */
-            const int tn = tile_of(k + 1);
-            wg_rec nxt = {-1, 0, 0};
-            if (tn < n_tiles)
-                nxt = wg_rec_load(a, tn);
             kva__cp_async_wait<0>();
             kva__fence_proxy_async();
             wg_bar_sync(3 + cw, 128);
@@ -271,9 +257,6 @@ __global__ void __launch_bounds__(3 * 128, 1)
             const int n_first = tl.kv_lo / WG_BN;
             const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
-            /* Ping-pong on this CTA tile (warpgroup-uniform, the same in both
-             * consumers); early: the next Q is issued after the last S. */
-            const bool pp = ntiles >= tm.pp_min, early = tm.early_q && nxt.r >= 0;
             float o[NO], s[64];
             float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -284,25 +267,26 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 o[e] = 0.0f;
             uint32_t pa[8][4];
             const int my_bar = 1 + cw, other_bar = 2 - cw;
+            /* The next CTA tile's record (nxt.r < 0: none), loaded before the
+             * last P V so that its latency hides under it and the next Q load
+             * under the epilogue does not wait for it. */
+            const int tn = tile_of(k + 1);
+            wg_rec nxt = {-1, 0, 0};
             if (ntiles > 0) {
-                if (pp && cw == 1)
+                if (cw == 1)
                     wg_bar_arrive(1, 256); /* consumer 0 issues first */
                 /* Tile 0: S only. */
                 const int st0 = (int)(gi % NST);
                 wg_mbar_wait(full + 8 * st0, (gi / NST) & 1);
-                if (pp)
-                    wg_bar_sync(my_bar, 256);
+                wg_bar_sync(my_bar, 256);
                 kva__wgmma_fence();
                 wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st0 * KB) >> 4));
                 kva__wgmma_commit();
-                if (pp)
-                    wg_bar_arrive(other_bar, 256);
+                wg_bar_arrive(other_bar, 256);
                 kva__wgmma_wait<0>();
 #pragma unroll
                 for (int e = 0; e < 64; e++)
                     kva__reg_fence(s[e]);
-                if (early && ntiles == 1)
-                    load_q(nxt); /* this warpgroup's Q rows are read no more */
                 float alpha[2] = {1.0f, 1.0f};
                 wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, a.softcap, a.alibi_slopes,
                                       n_last * WG_BN, alpha);
@@ -311,16 +295,14 @@ __global__ void __launch_bounds__(3 * 128, 1)
                     const uint32_t gk = gi + (uint32_t)it;
                     const int st = (int)(gk % NST), sp = (int)((gk - 1) % NST);
                     wg_mbar_wait(full + 8 * st, (gk / NST) & 1);
-                    if (pp)
-                        wg_bar_sync(my_bar, 256);
+                    wg_bar_sync(my_bar, 256);
                     kva__wgmma_fence();
                     if (!INTRA) {
                         wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
                         kva__wgmma_commit();
                         wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
                         kva__wgmma_commit();
-                        if (pp)
-                            wg_bar_arrive(other_bar, 256);
+                        wg_bar_arrive(other_bar, 256);
                         kva__wgmma_wait<1>(); /* P V of tile it - 1 */
 #pragma unroll
                         for (int e = 0; e < NO; e++)
@@ -330,8 +312,6 @@ __global__ void __launch_bounds__(3 * 128, 1)
 #pragma unroll
                         for (int e = 0; e < 64; e++)
                             kva__reg_fence(s[e]);
-                        if (early && it == ntiles - 1)
-                            load_q(nxt);
                         wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, a.softcap, a.alibi_slopes,
                                               (n_last - it) * WG_BN, alpha);
                     } else {
@@ -346,14 +326,11 @@ __global__ void __launch_bounds__(3 * 128, 1)
                         kva__wgmma_fence();
                         wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
                         kva__wgmma_commit();
-                        if (pp)
-                            wg_bar_arrive(other_bar, 256);
+                        wg_bar_arrive(other_bar, 256);
                         kva__wgmma_wait<1>(); /* S of tile it */
 #pragma unroll
                         for (int e = 0; e < 64; e++)
                             kva__reg_fence(s[e]);
-                        if (early && it == ntiles - 1)
-                            load_q(nxt);
                         uint32_t pn[8][4];
                         resc_prev =
                             wg_softmax<Ty, true>(s, o, pn, m_run, l_run, c, a.softcap,
@@ -372,54 +349,41 @@ __global__ void __launch_bounds__(3 * 128, 1)
                         wg_mbar_arrive(empty + 8 * sp);
                     }
                 }
+                if (tn < n_tiles)
+                    nxt = wg_rec_load(a, tn);
                 /* P V of the last tile. */
-                if (pp)
-                    wg_bar_sync(my_bar, 256);
+                wg_bar_sync(my_bar, 256);
                 if (INTRA && resc_prev)
                     wg_rescale_o(o, alpha);
                 const int sl = (int)((gi + (uint32_t)ntiles - 1) % NST);
                 kva__wgmma_fence();
                 wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sl * VB) >> 4));
                 kva__wgmma_commit();
-                if (pp && cw == 0)
+                if (cw == 0)
                     wg_bar_arrive(other_bar, 256);
                 kva__wgmma_wait<0>();
 #pragma unroll
                 for (int e = 0; e < NO; e++)
                     kva__reg_fence(o[e]);
                 wg_mbar_arrive(empty + 8 * sl); /* the ring goes on with the next CTA tile */
+            } else if (tn < n_tiles) {
+                nxt = wg_rec_load(a, tn);
             }
             gi += (uint32_t)ntiles;
             /* The next CTA tile's Q rows of this warpgroup are loaded under the
-             * epilogue (S of this tile is done with them), unless early did. */
-            if (nxt.r >= 0 && !(early && ntiles > 0))
-                load_q(nxt);
+             * epilogue (S of this tile is done with them). */
+            if (nxt.r >= 0) {
+                wg_tile_init(tl, a, nxt, gd);
+                wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
+                kva__cp_async_commit();
+            }
             wg_epilogue<Ty, DV>(a, c, o, m_run, l_run);
             if (nxt.r < 0)
                 break;
-            rec = nxt;
             k++;
         }
     }
 #endif /* KVA_WGMMA_BODY */
-}
-
-/* The consumers' schedule (wg_tmaps::pp_min, early_q): the defaults, or
- * KVA_WGMMA_PP_MIN / KVA_WGMMA_EARLY_Q from the environment (read once per
- * process; for measuring the schedules, docs/cuda-prefill.md). */
-struct wg_sched {
-    int pp_min, early_q;
-};
-static wg_sched wg_sched_get(void)
-{
-    wg_sched s = {WG_PP_MIN, WG_EARLY_Q};
-    const char *e = getenv("KVA_WGMMA_PP_MIN");
-    if (e && *e)
-        s.pp_min = atoi(e);
-    e = getenv("KVA_WGMMA_EARLY_Q");
-    if (e && *e)
-        s.early_q = atoi(e) != 0;
-    return s;
 }
 
 /* Launches the kernel on a persistent grid of min(grid_tiles, SMs) CTAs.
@@ -438,9 +402,6 @@ static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream
         kva__wg_tmaps_encode(a, &tm);
     else
         memset(&tm, 0, sizeof tm);
-    static const wg_sched sched = wg_sched_get();
-    tm.pp_min = sched.pp_min;
-    tm.early_q = sched.early_q;
     kva__cuda_prefill_host_cache *hc = a->host_cache;
     int grid = a->grid_tiles;
     int nsm = hc ? hc->num_sms : 0; /* one CTA per SM (224 KB of shared memory each) */
