@@ -12,7 +12,11 @@
  * reduce-scatter + convert) vs a bare MPI_Allgather of the LSEs plus
  * MPI_Reduce_scatter_block of T*H*Dv floats. threads: the CPU context's
  * threads per rank (the merge's). Rank 0 prints the table with
- * the ratios (the issue's target: combine <= 1.2x the bare collective).
+ * the ratios (the issue's target: combine <= 1.2x the bare collective),
+ * then the zero-copy combine's parts timed alone: the local merge of the
+ * same rows (kva_merge_states_n of N parts of [T, H/N, Dv], this rank's
+ * memory, hot) and a bare MPI_Barrier (what the combine's handshake
+ * replaces).
  */
 #include "../bench/data.h"
 #include "kvattn_mpi.h"
@@ -49,6 +53,8 @@ static double time_ms(step_fn fn, void *arg, int iters)
 }
 
 typedef struct args {
+    kva_context *ctx;
+    kva_dtype dt;
     kva_dcp_mpi *dcp;
     kva_dcp_combine mode;
     int32_t T, H, Dv, N;
@@ -74,6 +80,24 @@ static void combine_zero_copy(void *p)
         kva_dcp_mpi_combine(a->dcp, KVA_DCP_COMBINE_A2A, a->T, zp, zl, a->out, a->lse_out) !=
             KVA_STATUS_OK)
         fprintf(stderr, "zero-copy combine failed: %s\n", kva_last_error());
+}
+
+/* The zero-copy combine's merge alone: N parts of [T, H/N, Dv] (the
+ * partial's buffer read as N blocks) merged into this rank's heads. */
+static void merge_alone(void *p)
+{
+    args *a = p;
+    const int32_t Hn = a->H / a->N;
+    const size_t block = (size_t)a->T * Hn;
+    if (kva_merge_states_n(a->ctx, a->N, a->T, Hn, a->Dv, a->dt, a->part, (int64_t)(block * a->Dv),
+                           a->lse, (int64_t)block, a->out, a->lse_out) != KVA_STATUS_OK)
+        fprintf(stderr, "merge failed: %s\n", kva_last_error());
+}
+
+static void bare_barrier(void *p)
+{
+    (void)p;
+    MPI_Barrier(MPI_COMM_WORLD);
 }
 
 static void bare_a2a(void *p)
@@ -108,11 +132,11 @@ int main(int argc, char **argv)
     const int iters = argc > 5 ? atoi(argv[5]) : 50;
     const int threads = argc > 6 ? atoi(argv[6]) : 1;
     a.N = N;
+    a.dt = dt;
     a.es = kva_dtype_size(dt);
     kva_context_desc cd = {KVA_BACKEND_CPU, threads, 0};
-    kva_context *ctx = NULL;
-    if (kva_context_create(&cd, &ctx) != KVA_STATUS_OK ||
-        kva_dcp_mpi_create(ctx, MPI_COMM_WORLD, a.T, a.H, a.Dv, dt, &a.dcp) != KVA_STATUS_OK) {
+    if (kva_context_create(&cd, &a.ctx) != KVA_STATUS_OK ||
+        kva_dcp_mpi_create(a.ctx, MPI_COMM_WORLD, a.T, a.H, a.Dv, dt, &a.dcp) != KVA_STATUS_OK) {
         fprintf(stderr, "rank %d: %s\n", rank, kva_last_error());
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
@@ -144,6 +168,7 @@ int main(int argc, char **argv)
         kva_dcp_mpi_combine(a.dcp, KVA_DCP_COMBINE_A2A, a.T, zp, zl, a.out, a.lse_out);
     }
     const double c_zc = time_ms(combine_zero_copy, &a, iters);
+    const double m_zc = time_ms(merge_alone, &a, iters), bar = time_ms(bare_barrier, &a, iters);
     a.mode = KVA_DCP_COMBINE_AG_RS;
     const double c_rs = time_ms(combine, &a, iters), b_rs = time_ms(bare_ag_rs, &a, iters);
     if (rank == 0) {
@@ -153,11 +178,12 @@ int main(int argc, char **argv)
         printf("  a2a:   combine %8.3f ms  bare MPI_Alltoall %8.3f ms  ratio %.2f\n", c_a2a, b_a2a,
                c_a2a / b_a2a);
         printf("  a2a zero-copy: combine %8.3f ms  ratio %.2f\n", c_zc, c_zc / b_a2a);
+        printf("  zero-copy parts: merge alone %8.3f ms  bare MPI_Barrier %8.3f ms\n", m_zc, bar);
         printf("  ag_rs: combine %8.3f ms  bare allgather+reduce_scatter %8.3f ms  ratio %.2f\n",
                c_rs, b_rs, c_rs / b_rs);
     }
     kva_dcp_mpi_destroy(a.dcp);
-    kva_context_destroy(ctx);
+    kva_context_destroy(a.ctx);
     free(a.part), free(a.out), free(a.lse), free(a.lse_out), free(a.lses), free(a.send),
         free(a.recv);
     MPI_Finalize();

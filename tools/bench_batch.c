@@ -62,9 +62,11 @@ void bench_opts_resolve(bench_opts *o)
 
 /* ---- random data ---- */
 
+#define SPLITMIX_GAMMA 0x9e3779b97f4a7c15ull
+
 static uint64_t splitmix64(uint64_t *s)
 {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    uint64_t z = (*s += SPLITMIX_GAMMA);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
@@ -76,8 +78,18 @@ void bench_fill(void *p, kva_dtype dt, size_t n, uint64_t *s)
      * unit variance and the softmax is neither flat nor one-hot. Two values per
      * 64-bit draw keeps filling gigabytes of cache fast. */
     const float a = 1.7320508f * 0x1.0p-23f;
-    for (size_t i = 0; i < n; i += 2) {
-        uint64_t z = splitmix64(s);
+    /* splitmix64 is a counter: draw j sees the state s0 + (j + 1) * gamma, so
+     * the draws of a large fill (a cache of gigabytes) are made on all
+     * threads, with the values of the one sequential stream. */
+    const uint64_t s0 = *s;
+    const size_t draws = (n + 1) / 2;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (draws >= ((size_t)1 << 18))
+#endif
+    for (size_t j = 0; j < draws; j++) {
+        const size_t i = 2 * j;
+        uint64_t st = s0 + (uint64_t)j * SPLITMIX_GAMMA;
+        uint64_t z = splitmix64(&st);
         float x[2] = {(float)(int32_t)((uint32_t)(z >> 40) - (1u << 23)) * a,
                       (float)(int32_t)((uint32_t)((z >> 8) & 0xffffffu) - (1u << 23)) * a};
         for (size_t k = 0; k < 2 && i + k < n; k++) {
@@ -89,6 +101,7 @@ void bench_fill(void *p, kva_dtype dt, size_t n, uint64_t *s)
                 ((uint16_t *)p)[i + k] = kva_f32_to_bf16(x[k]);
         }
     }
+    *s = s0 + (uint64_t)draws * SPLITMIX_GAMMA;
 }
 
 void bench_poison(void *p, kva_dtype dt, size_t n)

@@ -18,13 +18,15 @@
  *   When every rank runs on one host (the processor names agree), the first
  *   A2A combine makes an MPI shared-memory window instead (MPI-3
  *   MPI_Win_allocate_shared: one segment per rank, two buffers each): each
- *   rank packs its blocks into its own segment, one MPI_Barrier publishes
- *   them, and kva_merge_states_n reads rank k's block of every segment in
- *   place (part stride = segment). The pack and the merge are the whole data
- *   movement: the all-to-all's two copies through shared memory are gone.
+ *   rank packs its blocks into its own segment, publishes them by storing
+ *   its combine count in a flag of its segment (a release store; readers
+ *   spin on every peer's flag with acquire loads: a handshake of one cache
+ *   line per peer instead of an MPI_Barrier's message rounds), and
+ *   kva_merge_states_n reads rank k's block of every segment in place (part
+ *   stride = segment). The pack and the merge are the whole data movement:
+ *   the all-to-all's two copies through shared memory are gone.
  *   Combine i writes buffer i % 2, so a rank rewrites a buffer only after
- *   every rank passed the next combine's barrier, that is, finished reading
- *   it.
+ *   every rank published combine i + 1, that is, finished reading it.
  *   Zero-copy: kva_dcp_mpi_partials hands out the rank's next buffer as
  *   [T, H, Dv] out | [T, H] lse (the lse at a 64-byte boundary), where the
  *   sharded attention writes its partial; a combine given those pointers
@@ -37,9 +39,14 @@
 #include "kvattn_mpi.h"
 
 #include <math.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 struct kva_dcp_mpi {
     kva__dcp_group g;
@@ -51,7 +58,9 @@ struct kva_dcp_mpi {
     size_t bytes; /* of send and of recv */
     /* A2A over shared memory: shm 0 = not tried yet, 1 = in use, -1 = the
      * ranks are not on one host (MPI_Alltoall). The window's segments are
-     * contiguous in rank order: rank p's buffer b at seg0 + p * seg + b * buf. */
+     * contiguous in rank order: rank p's buffer b at seg0 + p * seg + b * buf,
+     * its flag (the count of combines it published) at seg0 + p * seg +
+     * 2 * buf, on a 128-byte line pair of its own. */
     int shm;
     MPI_Win win;
     char *seg0;
@@ -64,6 +73,45 @@ struct kva_dcp_mpi {
 static size_t part_lse_offset(const kva_dcp_mpi *c, int32_t T)
 {
     return ((size_t)T * c->g.num_heads * c->g.head_dim_v * c->g.es + 63) & ~(size_t)63;
+}
+
+/* Bytes of a segment's flag area: two cache lines, so that the adjacent-line
+ * prefetch of a reader spinning on one flag never pulls a neighbour's data. */
+#define FLAG_BYTES 128
+
+/* Rank p's flag: how many shared-memory combines it has published. */
+static _Atomic int64_t *flag_of(const kva_dcp_mpi *c, int p)
+{
+    return (_Atomic int64_t *)(c->seg0 + (size_t)p * c->seg + 2 * c->buf);
+}
+
+/* Publishes this rank's part of combine c->calls (its partial or packed
+ * blocks are written) and waits until every rank has published it too. This
+ * is the barrier of the shared-memory combines: each rank stores its count
+ * once and reads every peer's flag, one cache line each, where MPI_Barrier
+ * exchanges messages through the transport. Safe to reuse the buffers with
+ * two of them (see the top of the file): a peer publishes combine i + 1 only
+ * after it finished reading combine i. Spins with a pause, and yields the
+ * core after a while so that oversubscribed ranks (more ranks than cores)
+ * still make progress. */
+static void shm_sync(kva_dcp_mpi *c)
+{
+    const int64_t want = c->calls;
+    MPI_Win_sync(c->win); /* the partials' stores before the flag's */
+    atomic_store_explicit(flag_of(c, c->g.rank), want, memory_order_release);
+    for (int p = 0; p < c->g.size; p++) {
+        const _Atomic int64_t *f = flag_of(c, p);
+        for (unsigned spin = 0; atomic_load_explicit(f, memory_order_acquire) < want; spin++) {
+            if (spin < 4096) {
+#if defined(__x86_64__) || defined(__i386__)
+                _mm_pause();
+#endif
+            } else {
+                sched_yield();
+            }
+        }
+    }
+    MPI_Win_sync(c->win); /* the peers' partials after their flags */
 }
 
 /* A status for a failed MPI call, with MPI's message. */
@@ -228,9 +276,9 @@ static kva_status shm_open(kva_dcp_mpi *c)
     if (!same)
         return KVA_STATUS_OK;
     /* One buffer: max_tokens blocks' worth of rows for every destination,
-     * rounded to 64 bytes. */
-    c->buf = (c->bytes + 63) & ~(size_t)63;
-    c->seg = 2 * c->buf;
+     * rounded to 128 bytes; two of them, then the flag. */
+    c->buf = (c->bytes + 127) & ~(size_t)127;
+    c->seg = 2 * c->buf + FLAG_BYTES;
     char *mine = NULL;
     if ((err = MPI_Win_allocate_shared((MPI_Aint)c->seg, 1, MPI_INFO_NULL, c->comm, &mine,
                                        &c->win)) != MPI_SUCCESS)
@@ -241,6 +289,9 @@ static kva_status shm_open(kva_dcp_mpi *c)
     if ((err = MPI_Win_shared_query(c->win, 0, &size, &du, &p0)) != MPI_SUCCESS)
         return mpi_fail("MPI_Win_shared_query", err);
     int ok = mine == p0 + (size_t)c->g.rank * c->seg, all_ok = 0;
+    /* No combine published yet; the all-reduce orders this store before any
+     * peer reads the flag. */
+    atomic_store((_Atomic int64_t *)(mine + 2 * c->buf), 0);
     if ((err = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_LAND, c->comm)) != MPI_SUCCESS)
         return mpi_fail("MPI_Allreduce", err);
     if (!all_ok) { /* segments not contiguous: the all-to-all after all */
@@ -279,11 +330,7 @@ static kva_status combine_a2a(kva_dcp_mpi *c, int32_t T, const void *out_part,
                              "the buffer of this combine (kva_dcp_mpi_partials right before it)");
         c->calls++;
         if (zero_copy) {
-            MPI_Win_sync(c->win);
-            const int err = MPI_Barrier(c->comm);
-            if (err != MPI_SUCCESS)
-                return mpi_fail("MPI_Barrier", err);
-            MPI_Win_sync(c->win);
+            shm_sync(c);
             /* This rank's heads in rank 0's buffer; rank p's one segment on. */
             const char *b0 = c->seg0 + b;
             kva__cpu_merge_rows(c->g.ctx, N, T, Hn, Dv, c->g.dtype,
@@ -295,12 +342,7 @@ static kva_status combine_a2a(kva_dcp_mpi *c, int32_t T, const void *out_part,
         }
         for (int32_t k = 0; k < N; k++)
             pack_block(c, T, k, out_part, lse_part, own + (size_t)k * block, out_bytes);
-        /* Publish the blocks (memory barrier, barrier, memory barrier). */
-        MPI_Win_sync(c->win);
-        const int err = MPI_Barrier(c->comm);
-        if (err != MPI_SUCCESS)
-            return mpi_fail("MPI_Barrier", err);
-        MPI_Win_sync(c->win);
+        shm_sync(c); /* publish the blocks, see the peers' */
         const char *first = c->seg0 + b + (size_t)c->g.rank * block; /* rank 0's block for me */
         return kva_merge_states_n(c->g.ctx, N, T, Hn, Dv, c->g.dtype, first,
                                   (int64_t)(c->seg / c->g.es), (const float *)(first + out_bytes),

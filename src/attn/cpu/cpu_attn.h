@@ -321,6 +321,10 @@ void kva__cpu_store_row(void *dst, kva_dtype dt, const float *src, int32_t n);
  * weight is 0 is not read. Dv is a multiple of 8, at most KVA_MAX_HEAD_DIM. */
 void kva__cpu_merge_row_avx2(kva_dtype dt, int32_t Dv, int32_t num_parts, const unsigned char *row0,
                              size_t part_bytes, const float *wts, void *dst);
+/* kva__cpu_merge_row_avx2 for bf16 rows (cpu_merge_avx512.c; AVX-512 F/BW
+ * only): the same contract with dt = BF16. */
+void kva__cpu_merge_row_bf16_avx512(int32_t Dv, int32_t num_parts, const unsigned char *row0,
+                                    size_t part_bytes, const float *wts, void *dst);
 /* The weights of 8 rows of kva__cpu_merge_rows at once (cpu_merge_avx2.c):
  * part p's lses of the rows at l0 + p * stride [8]; w [num_parts, 8] gets
  * each part's normalized weight exp(l_p - m) / W per row (exactly 1 / W for

@@ -10,8 +10,9 @@
  * of a split part makes top, and so the whole row, NaN (kva_merge_states
  * leaves NaN to the arithmetic). Accumulation is fp32.
  * The N-way merge (kva__cpu_merge_rows) merges each row with AVX2 where the
- * context's ISA level allows (cpu_merge_avx2.c; KVA_CPU_ISA=portable forces
- * the C loop here), on as many threads as its size pays for.
+ * context's ISA level allows (cpu_merge_avx2.c; bf16 rows with AVX-512 where
+ * that is allowed, cpu_merge_avx512.c; KVA_CPU_ISA=avx2 or portable forces
+ * the lower levels), on as many threads as its size pays for.
  */
 #include "cpu_attn.h"
 
@@ -152,8 +153,22 @@ typedef struct merge_args {
     int64_t lse_stride, lse_tok;
     unsigned char *out;
     float *lse_out;
-    int simd; /* the AVX2 row merge (cpu_merge_avx2.c) */
+    int simd; /* the context's ISA level (kva__cpu_isa): AVX2 or higher takes the SIMD rows */
 } merge_args;
+
+#if KVA_X86_SIMD
+/* dst = sum_p wts[p] * part p's row at row0 + p * out_stride elements, by the
+ * highest row merge the ISA level allows. */
+static void merge_row_simd(const merge_args *a, const unsigned char *row0, const float *wts,
+                           unsigned char *dst)
+{
+    const size_t part_bytes = (size_t)a->out_stride * a->esz;
+    if (a->dtype == KVA_DTYPE_BF16 && a->simd >= KVA__ISA_AVX512)
+        kva__cpu_merge_row_bf16_avx512(a->Dv, a->num_parts, row0, part_bytes, wts, dst);
+    else
+        kva__cpu_merge_row_avx2(a->dtype, a->Dv, a->num_parts, row0, part_bytes, wts, dst);
+}
+#endif
 
 /* Merges row n (head n % H of token n / H) of a merge_rows call. */
 static void merge_rows_one(const merge_args *a, int64_t n);
@@ -167,7 +182,7 @@ static void merge_rows_block(const merge_args *a, int64_t b)
     const int64_t t = b / blocks;
     const int32_t h0 = (int32_t)(b % blocks) * 8, nh = H - h0 < 8 ? H - h0 : 8;
 #if KVA_X86_SIMD
-    if (a->simd && nh == 8) {
+    if (a->simd >= KVA__ISA_AVX2 && nh == 8) {
         float w[KVA_MAX_DCP * 8], lse[8], wts[KVA_MAX_DCP];
         const unsigned special = kva__cpu_merge_weights8_avx2(
             a->num_parts, a->lses + t * a->lse_tok + h0, a->lse_stride, w, lse);
@@ -181,10 +196,8 @@ static void merge_rows_block(const merge_args *a, int64_t b)
                 wts[p] = w[p * 8 + l];
             if (a->lse_out)
                 a->lse_out[n] = lse[l];
-            kva__cpu_merge_row_avx2(a->dtype, a->Dv, a->num_parts,
-                                    a->outs + (size_t)(t * a->out_tok + (h0 + l) * a->Dv) * a->esz,
-                                    (size_t)a->out_stride * a->esz, wts,
-                                    a->out + (size_t)n * a->row_bytes);
+            merge_row_simd(a, a->outs + (size_t)(t * a->out_tok + (h0 + l) * a->Dv) * a->esz, wts,
+                           a->out + (size_t)n * a->row_bytes);
         }
         return;
     }
@@ -227,11 +240,10 @@ static void merge_rows_one(const merge_args *a, int64_t n)
     if (a->lse_out)
         a->lse_out[n] = m + logf(w);
 #if KVA_X86_SIMD
-    if (a->simd) {
+    if (a->simd >= KVA__ISA_AVX2) {
         for (int32_t p = 0; p < num_parts; p++)
             wts[p] *= inv; /* 0 stays 0: that part is still not read */
-        kva__cpu_merge_row_avx2(dtype, Dv, num_parts, a->outs + (size_t)src * esz,
-                                (size_t)a->out_stride * esz, wts, dst);
+        merge_row_simd(a, a->outs + (size_t)src * esz, wts, dst);
         return;
     }
 #endif
@@ -280,7 +292,7 @@ void kva__cpu_merge_rows(const kva_context *ctx, int32_t num_parts, int32_t num_
     a.out = out;
     a.lse_out = lse_out;
 #if KVA_X86_SIMD
-    a.simd = kva__cpu_isa_of(&ctx->cpu_features) >= KVA__ISA_AVX2;
+    a.simd = (int)kva__cpu_isa_of(&ctx->cpu_features);
 #else
     a.simd = 0;
 #endif

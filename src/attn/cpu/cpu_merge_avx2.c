@@ -9,6 +9,8 @@
  * result is stored straight from it: bf16 rounds to nearest even in the
  * integer domain (NaN kept quiet, as kva_f32_to_bf16 does), f32 is stored as
  * is; f16 rows go through the scalar row store (its rounding and NaN rules).
+ * bf16 rows take 16 columns per load (merge_row_bf16): a short DCP combine
+ * is bound by these instructions, not by memory.
  */
 #if defined(__x86_64__)
 
@@ -55,22 +57,11 @@ static inline void store8_bf16(unsigned char *p, __m256 x)
     _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(pk));
 }
 
-/* Sixteen fp32 (x, then y) as bf16 at p: one pack, one permute, one store. */
-static inline void store16_bf16(unsigned char *p, __m256 x, __m256 y)
-{
-    const __m256i pk = _mm256_packus_epi32(bf16_lanes(x), bf16_lanes(y));
-    _mm256_storeu_si256((__m256i *)p, _mm256_permute4x64_epi64(pk, 0xd8));
-}
-
 /* Stores the nv vectors a (8 * nv columns from column c) of the merged row. */
 static inline void store_cols(kva_dtype dt, unsigned char *dst, float *acc, int32_t c,
                               const __m256 *a, int nv)
 {
-    int v = 0;
-    if (dt == KVA_DTYPE_BF16)
-        for (; v + 2 <= nv; v += 2)
-            store16_bf16(dst + (size_t)(c + 8 * v) * 2, a[v], a[v + 1]);
-    for (; v < nv; v++) {
+    for (int v = 0; v < nv; v++) {
         if (dt == KVA_DTYPE_BF16)
             store8_bf16(dst + (size_t)(c + 8 * v) * 2, a[v]);
         else if (dt == KVA_DTYPE_F32)
@@ -97,6 +88,68 @@ static inline void merge_cols(kva_dtype dt, size_t es, int32_t num_parts, const 
             a[v] = _mm256_fmadd_ps(w, load8(r + (size_t)8 * v * es, dt), a[v]);
     }
     store_cols(dt, dst, acc, c, a, nv);
+}
+
+/* Two vectors of bf16 values in 32-bit lanes (bf16_lanes of lo and hi),
+ * packed within each 128-bit lane: the inverse of widen_lo / widen_hi below,
+ * so the 16 columns of one load come back in their order. */
+static inline __m256i pack_bf16(__m256 lo, __m256 hi)
+{
+    return _mm256_packus_epi32(bf16_lanes(lo), bf16_lanes(hi));
+}
+
+/* The 16 bf16 columns of x as fp32, exact: each element shifted into the
+ * high half of a 32-bit lane by interleaving zeros below it. Within each
+ * 128-bit lane, widen_lo takes columns 0-3 and widen_hi columns 4-7. */
+static inline __m256 widen_lo(__m256i x)
+{
+    return _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), x));
+}
+static inline __m256 widen_hi(__m256i x)
+{
+    return _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), x));
+}
+
+/* kva__cpu_merge_row_avx2 for bf16 rows: 32 columns per step, two 32-byte
+ * loads per part widened in place (the columns permuted within 128-bit
+ * lanes alike in every part and in the accumulators, and put back by the
+ * pack), then 16 columns and 8 for the rest of Dv. */
+static void merge_row_bf16(int32_t Dv, int32_t num_parts, const unsigned char *row0,
+                           size_t part_bytes, const float *wts, unsigned char *dst)
+{
+    int32_t c = 0;
+    for (; c + 32 <= Dv; c += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const unsigned char *r = row0 + (size_t)c * 2;
+        for (int32_t p = 0; p < num_parts; p++, r += part_bytes) {
+            if (wts[p] == 0.0f)
+                continue; /* a part of weight 0 is not read */
+            const __m256 w = _mm256_set1_ps(wts[p]);
+            const __m256i x = _mm256_loadu_si256((const __m256i *)r);
+            const __m256i y = _mm256_loadu_si256((const __m256i *)(r + 32));
+            a0 = _mm256_fmadd_ps(w, widen_lo(x), a0);
+            a1 = _mm256_fmadd_ps(w, widen_hi(x), a1);
+            a2 = _mm256_fmadd_ps(w, widen_lo(y), a2);
+            a3 = _mm256_fmadd_ps(w, widen_hi(y), a3);
+        }
+        _mm256_storeu_si256((__m256i *)(dst + (size_t)c * 2), pack_bf16(a0, a1));
+        _mm256_storeu_si256((__m256i *)(dst + (size_t)c * 2 + 32), pack_bf16(a2, a3));
+    }
+    for (; c + 16 <= Dv; c += 16) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+        const unsigned char *r = row0 + (size_t)c * 2;
+        for (int32_t p = 0; p < num_parts; p++, r += part_bytes) {
+            if (wts[p] == 0.0f)
+                continue;
+            const __m256 w = _mm256_set1_ps(wts[p]);
+            const __m256i x = _mm256_loadu_si256((const __m256i *)r);
+            a0 = _mm256_fmadd_ps(w, widen_lo(x), a0);
+            a1 = _mm256_fmadd_ps(w, widen_hi(x), a1);
+        }
+        _mm256_storeu_si256((__m256i *)(dst + (size_t)c * 2), pack_bf16(a0, a1));
+    }
+    for (; c < Dv; c += 8)
+        merge_cols(KVA_DTYPE_BF16, 2, num_parts, row0, part_bytes, wts, dst, NULL, c, 1);
 }
 
 unsigned kva__cpu_merge_weights8_avx2(int32_t num_parts, const float *l0, int64_t stride, float *w,
@@ -134,6 +187,10 @@ unsigned kva__cpu_merge_weights8_avx2(int32_t num_parts, const float *l0, int64_
 void kva__cpu_merge_row_avx2(kva_dtype dt, int32_t Dv, int32_t num_parts, const unsigned char *row0,
                              size_t part_bytes, const float *wts, void *dst)
 {
+    if (dt == KVA_DTYPE_BF16) {
+        merge_row_bf16(Dv, num_parts, row0, part_bytes, wts, dst);
+        return;
+    }
     const size_t es = dt == KVA_DTYPE_F32 ? 4 : 2;
     float acc[KVA_MAX_HEAD_DIM]; /* the f16 row before its scalar store */
     int32_t c = 0;
