@@ -16,9 +16,12 @@
  * and writes lse_out; ncclReduceScatter sums block k on rank k (straight into
  * out for F32 outputs); a kernel converts to F16 / BF16.
  *
- * LSA (dcp_nccl_lsa.cu): one kernel over NCCL's device API that reads the
- * peers' partial rows of this rank's heads from their symmetric windows
- * (set up by the first kva_dcp_nccl_partials) and merges them.
+ * LSA (dcp_nccl_lsa.cu): one kernel over NCCL's device API and the
+ * symmetric window set up by the first kva_dcp_nccl_partials: partials in
+ * the caller's buffer are pushed (each rank stores the peers' rows into
+ * their windows, one device barrier, a local merge); partials in the
+ * window are pulled (after a barrier each rank reads its heads' rows from
+ * the peers' windows and merges; a second barrier).
  *
  * The kernels use 16-byte accesses when the caller's out_part and out are
  * 16-byte aligned (cudaMalloc's are), element accesses otherwise.
@@ -272,8 +275,8 @@ static int in_window(const kva_dcp_nccl *c, const void *p, size_t n)
     return a < w + c->win_bytes && w < a + n;
 }
 
-/* LSA (see the top of the file): zero-copy when the partials are the
- * window's own, else their rows for the other ranks are copied in first. */
+/* LSA (see the top of the file): pulled by the peers when the partials are
+ * the window's own, else pushed to them. */
 static kva_status combine_lsa(kva_dcp_nccl *c, cudaStream_t s, int32_t T, const void *out_part,
                               const float *lse_part, void *out, float *lse_out)
 {
