@@ -275,7 +275,8 @@ def dcp(a):
         tests[os.path.basename(path)[:-4]] = last
     decode, combine = [], []
     nccl = {}  # log name -> "NCCL: library ..., headers ..." as the binary printed it
-    for path in sorted(glob.glob(os.path.join(logs, "*.log"))):
+    for path in sorted(glob.glob(os.path.join(logs, "test_*.log")) +
+                       glob.glob(os.path.join(logs, "bench_*.log"))):
         with open(path) as f:
             m = re.search(r"^NCCL: library (\d+), headers (\d+)$", f.read(), re.M)
         if m:

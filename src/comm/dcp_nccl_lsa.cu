@@ -22,7 +22,8 @@
  * head j of a rank's Hn = H / N heads), n = warp, warp + W, ... (W warps in
  * the grid), on every rank alike (every rank launches the same grid for T).
  *
- * Push (lsa_push_kernel: partials anywhere but the window; one barrier):
+ * Push (lsa_push_kernel: partials in the caller's buffer, or in the window
+ * up to KVA_LSA_PULL_BYTES; one barrier):
  *   1. Each warp stores the rows (t, k*Hn + j) of its n and their lses from
  *      the caller's partial into slot `rank` of rank k's receive area of
  *      the current parity, over NVLink through k's LSA pointer, for every
@@ -31,14 +32,16 @@
  *   3. Merge: each warp merges row n over the N parts with kva__lse_merge
  *      (lse_merge.cuh), all local reads: this rank's own part from the
  *      caller's partial, part p from slot p; one rounding to dtype.
- *   4. The last CTA to finish (the ticket) flips the parity for the next push.
+ *   4. The CTA that took the last ticket (every CTA takes one after reading
+ *      the parity) flips the parity for the next push.
  *   No second barrier: a peer's next push goes to the other area; the one
  *   after it (this area again) starts only once the peer's kernel in between
  *   has passed its barrier with this rank's kernel in between, which started
  *   after this kernel ended (kernels of one stream run in order). The parity
  *   lives on the device, so a captured graph replays it right.
  * Pull (lsa_pull_kernel: partials in the window, as the attention wrote
- * them; two barriers):
+ * them, above KVA_LSA_PULL_BYTES, where reading them in place beat pushing
+ * in dcp_nccl_bench (docs/dcp.md); two barriers):
  *   1. LSA barrier b: every rank's partials are complete (CTA b of every
  *      rank has reached the combine, after its attention).
  *   2. Merge: part p's row (t, rank*Hn + j) is read over NVLink from rank
@@ -65,6 +68,10 @@
 #include <nccl_device.h>
 
 #define KVA_LSA_THREADS 256
+/* Partials in the window of more bytes than this are pulled, fewer pushed:
+ * 4 x H200, H 32, Dv 128 bf16, push faster up to T 512 (4.2 MB), pull at
+ * T 4096 (34 MB); between them not measured. */
+#define KVA_LSA_PULL_BYTES ((size_t)8 << 20)
 
 /* The receive areas in the window (bytes): parity e's at recv_off + e *
  * area; in an area, slot p's rows at slot * p and its lses at slot_lse_off +
@@ -150,7 +157,11 @@ static __device__ __forceinline__ void merge_rows(const E *const *vals, const fl
 }
 
 /* Push (see the top). part [T][H][Dv] / lse_part [T][H]: this rank's
- * partial (not in the window); out [T][Hn][Dv], lse_out [T][Hn] (or NULL). */
+ * partial (anywhere but the receive areas); out [T][Hn][Dv], lse_out
+ * [T][Hn] (or NULL). The prologue issues its independent loads (the
+ * barrier's state, the parity, the window's base pointers) before one CTA
+ * barrier, and the ticket's atomic right after it, so their latencies
+ * overlap; one CTA needs no ticket. */
 template <typename E>
 __global__ void __launch_bounds__(KVA_LSA_THREADS)
     lsa_push_kernel(ncclDevComm dc, ncclWindow_t win, kva__lsa_recv rv, unsigned *ctl, int32_t N,
@@ -159,46 +170,46 @@ __global__ void __launch_bounds__(KVA_LSA_THREADS)
 {
     __shared__ const E *vals[KVA_MAX_DCP];
     __shared__ const float *lses[KVA_MAX_DCP];
-    __shared__ E *dst[KVA_MAX_DCP]; /* this rank's slot in rank k's area */
-    __shared__ float *dst_lse[KVA_MAX_DCP];
+    __shared__ char *base[KVA_MAX_DCP]; /* rank p's window */
     __shared__ unsigned parity;
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int64_t W = (int64_t)gridDim.x * warps,
                   w0 = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5);
     const int32_t Hn = H / N;
     const int64_t rows = (int64_t)T * Hn;
+    ncclLsaBarrierSession<ncclCoopCta> bar(ncclCoopCta(), dc, ncclTeamTagLsa(), blockIdx.x);
     if (threadIdx.x == 0)
         parity = *(volatile unsigned *)ctl;
+    for (int32_t p = threadIdx.x; p < N; p += blockDim.x)
+        base[p] = (char *)ncclGetLsaPointer(win, 0, p);
     __syncthreads();
+    unsigned ticket = 0;
+    if (threadIdx.x == 0 && gridDim.x > 1) /* the value is used at the end */
+        ticket = atomicAdd(ctl + 1, 1u);
     const size_t area = rv.recv_off + parity * rv.area;
-    for (int32_t p = threadIdx.x; p < N; p += blockDim.x) {
-        vals[p] = p == rank ? part : (const E *)ncclGetLocalPointer(win, area + rv.slot * p);
-        lses[p] =
-            p == rank
-                ? lse_part
-                : (const float *)ncclGetLocalPointer(win, area + rv.slot_lse_off + rv.slot_lse * p);
-        dst[p] = (E *)ncclGetLsaPointer(win, area + rv.slot * rank, p);
-        dst_lse[p] =
-            (float *)ncclGetLsaPointer(win, area + rv.slot_lse_off + rv.slot_lse * rank, p);
+    for (int32_t p = threadIdx.x; p < N; p += blockDim.x) { /* read after bar.sync */
+        vals[p] = p == rank ? part : (const E *)(base[rank] + area + rv.slot * p);
+        lses[p] = p == rank
+                      ? lse_part
+                      : (const float *)(base[rank] + area + rv.slot_lse_off + rv.slot_lse * p);
     }
-    __syncthreads();
-    ncclLsaBarrierSession<ncclCoopCta> bar(ncclCoopCta(), dc, ncclTeamTagLsa(), blockIdx.x);
     for (int64_t n = w0; n < rows; n += W) {
         const int64_t t = n / Hn, j = n % Hn;
         for (int32_t k = 0; k < N; k++) {
             if (k == rank)
                 continue;
             const int64_t rt = t * H + (int64_t)k * Hn + j;
-            copy_row(dst[k] + n * Dv, part + rt * Dv, Dv, lane);
+            char *slot = base[k] + area + rv.slot * rank;
+            copy_row((E *)slot + n * Dv, part + rt * Dv, Dv, lane);
             if (lane == 0)
-                dst_lse[k][n] = lse_part[rt];
+                ((float *)(base[k] + area + rv.slot_lse_off + rv.slot_lse * rank))[n] =
+                    lse_part[rt];
         }
     }
     bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
     merge_rows(vals, lses, N, rows, Hn, H, Dv, rank, 1, w0, W, out, lse_out);
-    /* Every CTA has read the parity: the last one out flips it. */
-    __syncthreads();
-    if (threadIdx.x == 0 && atomicAdd(ctl + 1, 1u) == gridDim.x - 1) {
+    /* Every CTA read the parity before its ticket: the last one flips it. */
+    if (threadIdx.x == 0 && (gridDim.x == 1 || ticket == gridDim.x - 1)) {
         ctl[1] = 0;
         ctl[0] = parity ^ 1u;
     }
@@ -391,15 +402,16 @@ extern "C" void kva__dcp_lsa_partials(const kva__dcp_lsa *l, void **part, float 
     *bytes = l->bytes;
 }
 
-/* Launches the solo, push (copy) or pull kernel for element type E. */
+/* Launches the solo, push or pull kernel for element type E (in_window:
+ * the partials are the window's own). */
 template <typename E>
 static void launch(const kva__dcp_lsa *l, cudaStream_t s, int grid, int32_t N, int32_t T, int32_t H,
-                   int32_t Dv, int32_t rank, int copy, const E *part, const float *lse_part, E *out,
-                   float *lse_out)
+                   int32_t Dv, int32_t rank, int in_window, const E *part, const float *lse_part,
+                   E *out, float *lse_out)
 {
     if (l->solo)
         lsa_solo_kernel<E><<<grid, KVA_LSA_THREADS, 0, s>>>(T, H, Dv, part, lse_part, out, lse_out);
-    else if (copy)
+    else if (!in_window || (size_t)T * H * Dv * sizeof(E) <= KVA_LSA_PULL_BYTES)
         lsa_push_kernel<E><<<grid, KVA_LSA_THREADS, 0, s>>>(l->dc, l->win, l->rv, l->ctl, N, T, H,
                                                             Dv, rank, part, lse_part, out, lse_out);
     else
@@ -409,20 +421,20 @@ static void launch(const kva__dcp_lsa *l, cudaStream_t s, int grid, int32_t N, i
 
 extern "C" cudaError_t kva__dcp_lsa_combine(const kva__dcp_lsa *l, cudaStream_t s, kva_dtype dt,
                                             int32_t N, int32_t T, int32_t H, int32_t Dv,
-                                            int32_t rank, int copy, const void *part,
+                                            int32_t rank, int in_window, const void *part,
                                             const float *lse_part, void *out, float *lse_out)
 {
     const int64_t rows = (int64_t)T * (H / N), per_cta = KVA_LSA_THREADS / 32;
     const int64_t want = (rows + per_cta - 1) / per_cta;
     const int grid = want < 1 ? 1 : want > l->grid_max ? l->grid_max : (int)want;
     if (dt == KVA_DTYPE_F32)
-        launch(l, s, grid, N, T, H, Dv, rank, copy, (const float *)part, lse_part, (float *)out,
-               lse_out);
+        launch(l, s, grid, N, T, H, Dv, rank, in_window, (const float *)part, lse_part,
+               (float *)out, lse_out);
     else if (dt == KVA_DTYPE_F16)
-        launch(l, s, grid, N, T, H, Dv, rank, copy, (const __half *)part, lse_part, (__half *)out,
-               lse_out);
+        launch(l, s, grid, N, T, H, Dv, rank, in_window, (const __half *)part, lse_part,
+               (__half *)out, lse_out);
     else
-        launch(l, s, grid, N, T, H, Dv, rank, copy, (const __nv_bfloat16 *)part, lse_part,
+        launch(l, s, grid, N, T, H, Dv, rank, in_window, (const __nv_bfloat16 *)part, lse_part,
                (__nv_bfloat16 *)out, lse_out);
     return cudaGetLastError();
 }
