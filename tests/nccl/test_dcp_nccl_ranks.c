@@ -21,7 +21,8 @@
  * (twice: the push's receive parity lives on the device), runs them on
  * tensors 2 bytes off 16-byte alignment (the combine kernels' element-wise
  * path) and runs a burst of LSA pushes back to back with no host wait
- * (ranks drift apart; each output must still be exact).
+ * (ranks drift apart; each output must still be exact). Then large()
+ * combines partials big enough that the window's are pulled, not pushed.
  * Rank 0 prints the NCCL library's and headers' versions; where they differ
  * (another libnccl.so.2 first on the loader's path) the LSA setup must
  * refuse with UNSUPPORTED and a message naming both, and the other modes
@@ -237,6 +238,59 @@ static void burst(kva_dcp_nccl *dcp, int32_t N, int32_t rank, double vmax, int32
     free(got), free(got_lse);
 }
 
+/* Large partials (TL tokens: more bytes than the LSA combine pushes from
+ * its window, so those are pulled; from the caller's buffer pushed, over
+ * the full grid): random partials of every rank (seeded by rank, so each
+ * rank makes all of them), the reference kva_merge_states_n of all of them
+ * on the host, each LSA combine checked on this rank's heads. */
+static void large(ncclComm_t comm, kva_context *gpu, kva_context *ref, int32_t N, int32_t rank)
+{
+    enum { TL = 8448 }; /* 8448 * 8 * 64 * 2 bytes: 8.25 MiB */
+    const size_t pe = (size_t)TL * H * D, le = (size_t)TL * H;
+    kva_dcp_nccl *dcp = NULL;
+    CHECK_OK(kva_dcp_nccl_create(gpu, comm, TL, H, D, KVA_DTYPE_BF16, &dcp));
+    void *wpart = NULL;
+    float *wlse = NULL;
+    CHECK_OK(kva_dcp_nccl_partials(dcp, &wpart, &wlse));
+    uint16_t *parts = malloc(2 * pe * N), *want = malloc(2 * pe), *got = malloc(2 * pe / N);
+    float *lses = malloc(sizeof(float) * le * N), *want_lse = malloc(sizeof(float) * le),
+          *got_lse = malloc(sizeof(float) * le / N);
+    for (int32_t p = 0; p < N; p++) {
+        kva_rng rng = {900 + (uint64_t)p};
+        kva_test_fill(parts + pe * p, KVA_DTYPE_BF16, pe, &rng, 1.0);
+        for (size_t i = 0; i < le; i++)
+            lses[le * p + i] = (float)(kva_rng_unit(&rng) * 8.0 - 4.0);
+    }
+    CHECK_OK(
+        kva_merge_states_n(ref, N, TL, H, D, KVA_DTYPE_BF16, parts, 0, lses, 0, want, want_lse));
+    void *dpart = dev_poisoned(2 * pe), *dout = dev_poisoned(2 * pe / N);
+    float *dlse = dev_poisoned(sizeof(float) * le), *dlo = dev_poisoned(sizeof(float) * le / N);
+    if (wpart && dpart && dout && dlse && dlo) {
+        CUDA_OK(cudaMemcpy(dpart, parts + pe * rank, 2 * pe, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(dlse, lses + le * rank, sizeof(float) * le, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(wpart, dpart, 2 * pe, cudaMemcpyDeviceToDevice));
+        CUDA_OK(cudaMemcpy(wlse, dlse, sizeof(float) * le, cudaMemcpyDeviceToDevice));
+        for (int win = 0; win < 2; win++) {
+            CUDA_OK(cudaMemset(dout, 0xff, 2 * pe / N));
+            CUDA_OK(cudaMemset(dlo, 0xff, sizeof(float) * le / N));
+            CUDA_OK(cudaDeviceSynchronize());
+            CHECK_OK(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_LSA, TL, win ? wpart : dpart,
+                                          win ? wlse : dlse, dout, dlo));
+            CUDA_OK(cudaDeviceSynchronize());
+            to_host(got, dout, 2 * pe / N);
+            to_host(got_lse, dlo, sizeof(float) * le / N);
+            char label[64];
+            snprintf(label, sizeof label, "rank %d/%d LSA T=%d %s", (int)rank, (int)N, (int)TL,
+                     win ? "window (pulled)" : "pushed");
+            const size_t bad = compare_heads(label, 1.0, TL, N, rank, got, got_lse, want, want_lse);
+            CHECK_MSG(bad == 0, "%s: %zu values differ", label, bad);
+        }
+    }
+    kva_dcp_nccl_destroy(dcp);
+    cudaFree(dpart), cudaFree(dout), cudaFree(dlse), cudaFree(dlo);
+    free(parts), free(want), free(got), free(lses), free(want_lse), free(got_lse);
+}
+
 static void run_rank(int32_t N, int32_t rank, ncclUniqueId id)
 {
     CUDA_OK(cudaSetDevice(rank));
@@ -364,6 +418,8 @@ static void run_rank(int32_t N, int32_t rank, ncclUniqueId id)
                 kva_plan_destroy(sp), kva_cache_destroy(dc), kva_cache_destroy(hc), free(bt);
             }
     kva_dcp_nccl_destroy(dcp);
+    if (lsa && N > 1)
+        large(comm, gpu, ref, N, rank);
     cudaFree(dq), cudaFree(dpart), cudaFree(dout), cudaFree(dlse), cudaFree(dlo);
     cudaFree(mpart), cudaFree(mout), cudaFree(bout), cudaFree(blo);
     free(k), free(v), free(q), free(want), free(got), free(want_lse), free(got_lse);
