@@ -42,9 +42,10 @@ typedef enum kva_dcp_combine {
      * kva_merge_states_n (two receive areas alternate between calls; the
      * parity lives on the device). Partials given in the window
      * (kva_dcp_nccl_partials' pointers, written by kva_attention_run) are
-     * pulled: after a barrier each rank reads its heads' rows from the peers'
-     * windows, then a second barrier (no peer reads this rank's partials after
-     * it). Either way graph-capturable and replayable. */
+     * pushed the same way up to 8 MiB (T * H * Dv * element size) and pulled
+     * above it: after a barrier each rank reads its heads' rows from the
+     * peers' windows, then a second barrier (no peer reads this rank's
+     * partials after it). Either way graph-capturable and replayable. */
     KVA_DCP_COMBINE_LSA = 2,
     KVA_DCP_COMBINE_COUNT_
 } kva_dcp_combine;
