@@ -19,15 +19,18 @@
  * collectives that move the same bytes (A2A and LSA: the grouped
  * ncclSend/ncclRecv of the packed blocks to the N - 1 peers, and, as "a2a",
  * with the block to itself too, as an all-to-all call moves; AG_RS:
- * ncclAllGather of T*H floats and ncclReduceScatter of T*H*D floats; LSA_win
- * is LSA on partials already in its window): iters back-to-back calls
+ * ncclAllGather of T*H floats and ncclReduceScatter of T*H*D floats; LSA is
+ * the LSA combine on the caller's partials (the kernel pushes them to the
+ * peers, one barrier), LSA_win on partials already in its window (the peers
+ * pull them, two barriers)): iters back-to-back calls
  * between two events after a barrier ("stream"), and the same iters calls
  * captured in one CUDA graph and replayed ("graph"), the mean per call.
  * Floor: the bare collectives with an empty kernel (dcp_nccl_nop.cu) in each
  * place where the combine runs a kernel (A2A: before and after the
  * send/recv; AG_RS: after each collective), what any combine made of
  * kernels around the collectives costs at least.
- * Every rank prints its lines.
+ * Every rank prints its lines; rank 0 first the NCCL library's and
+ * headers' versions.
  * NCCL_NVLS_ENABLE is set to 0 unless the environment sets it.
  */
 #define _POSIX_C_SOURCE 200809L /* fork, pipe, setenv */
@@ -267,6 +270,10 @@ static void rank_main(const cfg *c, ncclUniqueId id)
 {
     const int N = c->N, rank = c->rank, H = c->H, D = c->D, R = c->R, Hn = H / N;
     CU(cudaSetDevice(rank));
+    int lib = 0;
+    NC(ncclGetVersion(&lib));
+    if (rank == 0)
+        printf("NCCL: library %d, headers %d\n", lib, (int)NCCL_VERSION_CODE);
     ncclComm_t comm;
     NC(ncclCommInitRank(&comm, N, id, rank));
     kva_context_desc gd = {KVA_BACKEND_CUDA, 0, rank};
@@ -313,7 +320,8 @@ static void rank_main(const cfg *c, ncclUniqueId id)
     CU(cudaStreamSynchronize(s));
     CU(cudaMemcpy(want, dfull, nq * 2, cudaMemcpyDeviceToHost));
     /* LSA_win: the LSA combine on partials the attention wrote into the
-     * window (kva_dcp_nccl_partials), read in place; LSA: copied in first. */
+     * window (kva_dcp_nccl_partials), pulled by the peers; LSA: on the
+     * caller's partials, pushed to the peers. */
     static const kva_dcp_combine modes[4] = {KVA_DCP_COMBINE_A2A, KVA_DCP_COMBINE_AG_RS,
                                              KVA_DCP_COMBINE_LSA, KVA_DCP_COMBINE_LSA};
     static const char *names[4] = {"A2A", "AG_RS", "LSA", "LSA_win"};

@@ -36,13 +36,16 @@ typedef enum kva_dcp_combine {
      * ranks load/store accessible, e.g. one NVLink domain). kvattn allocates
      * the window (ncclMemAlloc + ncclCommWindowRegister, collective) at the
      * first kva_dcp_nccl_partials, which must come before any LSA combine,
-     * outside graph capture. The kernel waits at a device-side barrier until
-     * every rank's partial is in its window, reads the peers' rows of this
-     * rank's heads over NVLink, merges them as kva_merge_states_n and passes
-     * a second barrier (no peer reads this rank's window after it), so it is
-     * graph-capturable and replayable. Partials given in the window
-     * (kva_dcp_nccl_partials' pointers, written by kva_attention_run) are read
-     * in place; others are first copied into the window by the same kernel. */
+     * outside graph capture. Partials in the caller's own buffer are pushed:
+     * the kernel stores each peer's rows into that peer's window over NVLink,
+     * waits at one device-side barrier and merges the rows it received as
+     * kva_merge_states_n (two receive areas alternate between calls; the
+     * parity lives on the device). Partials given in the window
+     * (kva_dcp_nccl_partials' pointers, written by kva_attention_run) are
+     * pushed the same way up to 8 MiB (T * H * Dv * element size) and pulled
+     * above it: after a barrier each rank reads its heads' rows from the
+     * peers' windows, then a second barrier (no peer reads this rank's
+     * partials after it). Either way graph-capturable and replayable. */
     KVA_DCP_COMBINE_LSA = 2,
     KVA_DCP_COMBINE_COUNT_
 } kva_dcp_combine;

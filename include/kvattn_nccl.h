@@ -43,10 +43,11 @@ KVA_API void kva_dcp_nccl_destroy(kva_dcp_nccl *dcp);
  * registers it as a symmetric window and makes NCCL's device communicator:
  * a collective (every rank, in the same order as the other NCCL calls),
  * outside graph capture; later calls return the same pointers. Write the
- * sharded kva_attention_run's out and lse there and the LSA combine reads
- * them in place (no copy). KVA_STATUS_UNSUPPORTED (nothing allocated) when
- * NCCL has no device API or the ranks cannot load and store each other's
- * memory.
+ * sharded kva_attention_run's out and lse there and the LSA combine lets
+ * the peers read large ones in place (kvattn_dcp.h). KVA_STATUS_UNSUPPORTED
+ * (nothing allocated) when NCCL has no device API, the ranks cannot load and
+ * store each other's memory, or the libnccl loaded is not the version of the
+ * headers kvattn_nccl was built with (the message names both).
  */
 KVA_API kva_status kva_dcp_nccl_partials(kva_dcp_nccl *dcp, void **out_part, float **lse_part);
 
@@ -59,12 +60,12 @@ KVA_API kva_status kva_dcp_nccl_partials(kva_dcp_nccl *dcp, void **out_part, flo
  * ncclSend/ncclRecv of the packed blocks with the other ranks, a merge
  * kernel) and KVA_DCP_COMBINE_AG_RS (ncclAllGather of the LSEs, a rescale
  * kernel, ncclReduceScatter of the float32 rescaled rows, a conversion
- * kernel), and KVA_DCP_COMBINE_LSA (one kernel: device-side barrier, the
- * peers' rows read over NVLink from their windows, merge, barrier; needs
+ * kernel), and KVA_DCP_COMBINE_LSA (one kernel over NCCL's device API,
+ * kvattn_dcp.h: the rows pushed into the peers' windows and one device-side
+ * barrier, or large partials in the window pulled between two; needs
  * kva_dcp_nccl_partials first; out_part / lse_part either the window's
- * partials, read in place, or outside the window, copied in; out and lse_out
- * outside it). An NCCL error returns KVA_STATUS_DEVICE_ERROR with
- * ncclGetErrorString's text.
+ * partials or outside the window; out and lse_out outside it). An NCCL error returns
+ * KVA_STATUS_DEVICE_ERROR with ncclGetErrorString's text.
  */
 KVA_API kva_status kva_dcp_nccl_combine(kva_dcp_nccl *dcp, kva_dcp_combine mode, int32_t num_tokens,
                                         const void *out_part, const float *lse_part, void *out,

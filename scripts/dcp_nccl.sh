@@ -13,6 +13,11 @@
 #                     unsharded and per-rank context lengths with the plan's
 #                     split choice and forced split counts (the per-rank
 #                     ratio of a single long request)
+#   KVA_DCP_SYSLIB    another libnccl.so.2 (default: the image's
+#                     /lib/x86_64-linux-gnu/libnccl.so.2 where it exists and
+#                     is not the wheel's): test_dcp_nccl_ranks 2 runs once more
+#                     with it preloaded, where the LSA setup must refuse the
+#                     version mismatch (test_dcp_nccl_ranks_2_syslib); "" skips
 #   KVA_MACHINE       when set (e.g. "h100x4-dcp"), scripts/results.py dcp
 #                     writes docs/results/$KVA_MACHINE.md from the logs
 #   KVA_CUDA_ARCH     CMAKE_CUDA_ARCHITECTURES (default 90a)
@@ -44,6 +49,8 @@ s=$(date +%s)
 timeout 400 ninja -C build-dcp -j"$(nproc)" $targets >"$out/build.log" 2>&1 ||
   { tail -40 "$out/build.log"; exit 1; }
 echo "build: $(($(date +%s) - s)) s"
+# Which libnccl the binaries load (the tests and the bench print its version).
+ldd build-dcp/test_dcp_nccl_ranks | grep -i nccl | tee "$out/ldd.txt"
 status=0
 run_test() { # name, command...
   local name=$1
@@ -54,6 +61,11 @@ run_test() { # name, command...
 run_test test_dcp_nccl build-dcp/test_dcp_nccl
 [ "${KVA_DCP_CUDA_TEST:-1}" = 1 ] && run_test test_cuda_dcp build-dcp/test_cuda_dcp
 for n in $NS; do run_test "test_dcp_nccl_ranks_$n" build-dcp/test_dcp_nccl_ranks "$n"; done
+syslib=${KVA_DCP_SYSLIB-/lib/x86_64-linux-gnu/libnccl.so.2}
+if [ -n "$syslib" ] && [ -e "$syslib" ] && ! grep -q -e "$syslib" -e "$(readlink -f "$syslib")" "$out/ldd.txt"; then
+  run_test test_dcp_nccl_ranks_2_syslib env LD_PRELOAD="$syslib" build-dcp/test_dcp_nccl_ranks 2
+  grep "^NCCL" "$out/test_dcp_nccl_ranks_2_syslib.log"
+fi
 for n in $NS; do
   for r in $RS; do
     log="$out/bench_N${n}_R${r}.log"

@@ -274,6 +274,13 @@ def dcp(a):
             last = (f.read().strip().splitlines() or [""])[-1]
         tests[os.path.basename(path)[:-4]] = last
     decode, combine = [], []
+    nccl = {}  # log name -> "NCCL: library ..., headers ..." as the binary printed it
+    for path in sorted(glob.glob(os.path.join(logs, "test_*.log")) +
+                       glob.glob(os.path.join(logs, "bench_*.log"))):
+        with open(path) as f:
+            m = re.search(r"^NCCL: library (\d+), headers (\d+)$", f.read(), re.M)
+        if m:
+            nccl[os.path.basename(path)[:-4]] = (int(m.group(1)), int(m.group(2)))
     for path in sorted(glob.glob(os.path.join(logs, "bench_N*_R*.log"))):
         with open(path) as f:
             for line in f:
@@ -308,6 +315,10 @@ def dcp(a):
         lines += [f"Rerun (a machine with {ns[-1]} GPUs): `KVA_DCP_NS=\"{' '.join(map(str, ns))}\" "
                   f"KVA_DCP_RS=\"{' '.join(map(str, rs))}\" KVA_MACHINE={a.machine} "
                   "scripts/dcp_nccl.sh`.", ""]
+    if nccl:
+        lines += ["NCCL versions the binaries printed (library = the libnccl.so.2 loaded, headers "
+                  "= the nccl.h / nccl_device.h compiled in; the LSA combine needs them equal): "
+                  + "; ".join(f"{k}: library {v[0]}, headers {v[1]}" for k, v in nccl.items()) + ".", ""]
     if tests:
         lines += ["## Tests", "", "| test | result |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in tests.items()]
@@ -338,9 +349,11 @@ def dcp(a):
                   "N - 1 peers, as the combine sends; with self: plus the block to itself, as an "
                   "all-to-all call moves; AG_RS: all-gather of the LSEs + reduce-scatter of the "
                   "float32 rows; LSA and LSA_win: A2A's). LSA: the one-kernel combine over "
-                  "NCCL's device API on partials in the caller's buffer (copied into the "
-                  "window by the kernel); LSA_win: on partials already in the window (as the "
-                  "attention writes them), read in place. The slowest rank's ratio (target "
+                  "NCCL's device API on partials in the caller's buffer (each rank pushes the "
+                  "peers' rows into their windows, one device barrier, local merge); LSA_win: "
+                  "on partials already in the window (as the attention writes them): pushed "
+                  "the same way up to 8 MiB, above it pulled by the peers between two "
+                  "barriers. The slowest rank's ratio (target "
                   "<= 1.2). Floor: the bare "
                   "calls with an empty kernel in each place where the combine runs one (A2A: "
                   "before and after; AG_RS: after each collective), over the bare time: what "
@@ -372,8 +385,8 @@ def dcp(a):
             lines.append(f"| {j['S']} | {j.get('forced_splits', '?')} | {j['items']} | {j['ms']:.4f} | "
                          f"{j['graph_ms_per_layer']:.4f} |")
         lines.append("")
-    write(a, a.machine, lines, {"gpu": gpu, "tests": tests, "decode": decode, "combine": combine,
-                                "splits": splits}, date)
+    write(a, a.machine, lines, {"gpu": gpu, "tests": tests, "nccl": nccl, "decode": decode,
+                                "combine": combine, "splits": splits}, date)
 
 
 CAS_HEAD_RE = re.compile(r"cascade bench: \w+, R (\d+), shared prefix (\d+) in \d+ group\(s\), "

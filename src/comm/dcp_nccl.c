@@ -16,9 +16,12 @@
  * and writes lse_out; ncclReduceScatter sums block k on rank k (straight into
  * out for F32 outputs); a kernel converts to F16 / BF16.
  *
- * LSA (dcp_nccl_lsa.cu): one kernel over NCCL's device API that reads the
- * peers' partial rows of this rank's heads from their symmetric windows
- * (set up by the first kva_dcp_nccl_partials) and merges them.
+ * LSA (dcp_nccl_lsa.cu): one kernel over NCCL's device API and the
+ * symmetric window set up by the first kva_dcp_nccl_partials: partials in
+ * the caller's buffer are pushed (each rank stores the peers' rows into
+ * their windows, one device barrier, a local merge); partials in the
+ * window are pulled (after a barrier each rank reads its heads' rows from
+ * the peers' windows and merges; a second barrier).
  *
  * The kernels use 16-byte accesses when the caller's out_part and out are
  * 16-byte aligned (cudaMalloc's are), element accesses otherwise.
@@ -272,8 +275,9 @@ static int in_window(const kva_dcp_nccl *c, const void *p, size_t n)
     return a < w + c->win_bytes && w < a + n;
 }
 
-/* LSA (see the top of the file): zero-copy when the partials are the
- * window's own, else their rows for the other ranks are copied in first. */
+/* LSA (see the top of the file): partials in the window are pulled by the
+ * peers when large (dcp_nccl_lsa.cu's KVA_LSA_PULL_BYTES), else every
+ * partial is pushed to them. */
 static kva_status combine_lsa(kva_dcp_nccl *c, cudaStream_t s, int32_t T, const void *out_part,
                               const float *lse_part, void *out, float *lse_out)
 {
@@ -296,7 +300,7 @@ static kva_status combine_lsa(kva_dcp_nccl *c, cudaStream_t s, int32_t T, const 
         (lse_out && in_window(c, lse_out, (size_t)T * Hn * sizeof(float))))
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: out / lse_out must not lie in the LSA window (peers read it)", fn);
-    const cudaError_t e = kva__dcp_lsa_combine(c->lsa, s, c->g.dtype, N, T, H, Dv, c->g.rank, !own,
+    const cudaError_t e = kva__dcp_lsa_combine(c->lsa, s, c->g.dtype, N, T, H, Dv, c->g.rank, own,
                                                out_part, lse_part, out, lse_out);
     if (e != cudaSuccess)
         return cuda_fail("the LSA combine kernel", e);

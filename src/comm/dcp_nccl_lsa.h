@@ -30,11 +30,11 @@ void kva__dcp_lsa_destroy(kva__dcp_lsa *l);
  * [max_tokens][H] at *lse; *bytes: the window's size (both lie inside it). */
 void kva__dcp_lsa_partials(const kva__dcp_lsa *l, void **part, float **lse, size_t *bytes);
 /* The combine kernel on stream s (dcp_nccl_lsa.cu's top): part [T][H][Dv]
- * and lse_part [T][H] are this rank's partial (copy = 0: the window's own,
- * read in place; 1: elsewhere, its rows for the other ranks are copied into
- * the window first); out [T][H/N][Dv], lse_out [T][H/N] (or NULL). */
+ * and lse_part [T][H] are this rank's partial (in_window = 1: the window's
+ * own, pulled by the peers above KVA_LSA_PULL_BYTES, else pushed; 0:
+ * elsewhere, pushed); out [T][H/N][Dv], lse_out [T][H/N] (or NULL). */
 cudaError_t kva__dcp_lsa_combine(const kva__dcp_lsa *l, cudaStream_t s, kva_dtype dt, int32_t N,
-                                 int32_t T, int32_t H, int32_t Dv, int32_t rank, int copy,
+                                 int32_t T, int32_t H, int32_t Dv, int32_t rank, int in_window,
                                  const void *part, const float *lse_part, void *out,
                                  float *lse_out);
 

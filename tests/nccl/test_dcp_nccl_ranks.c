@@ -10,15 +10,23 @@
  * block tables; the host cache's codes and per-token scales are uploaded to
  * the GPU cache, so the GPU reads the codes the reference reads), runs its
  * sharded plan on the CUDA backend and combines with every
- * kva_dcp_nccl_combine mode (A2A, AG_RS and LSA, the last also with the
- * attention writing into the LSA window, read in place). Each rank checks the output
+ * kva_dcp_nccl_combine mode (A2A, AG_RS and LSA, the last on the caller's
+ * partials (pushed to the peers) and with the attention writing into the
+ * LSA window (read in place by the peers)). Each rank checks the output
  * and lse of its H / N heads against the reference backend's unsharded run
  * on the same inputs: bf16, fp8 and int8 (per-token keys) caches, bf16
  * queries and outputs, interleave I = 1 and I = B, a causal decode batch and
  * a non-causal mixed batch (spec decodes and a prefill chunk); the first
  * case also replays every combine from a CUDA graph into poisoned outputs
- * and runs them on tensors 2 bytes off 16-byte alignment (the combine
- * kernels' element-wise path).
+ * (twice: the push's receive parity lives on the device), runs them on
+ * tensors 2 bytes off 16-byte alignment (the combine kernels' element-wise
+ * path) and runs a burst of LSA pushes back to back with no host wait
+ * (ranks drift apart; each output must still be exact). Then large()
+ * combines partials big enough that the window's are pulled, not pushed.
+ * Rank 0 prints the NCCL library's and headers' versions; where they differ
+ * (another libnccl.so.2 first on the loader's path) the LSA setup must
+ * refuse with UNSUPPORTED and a message naming both, and the other modes
+ * must still pass.
  * Exits 77 without NCCL, without the CUDA backend or with fewer than N GPUs.
  */
 #define _POSIX_C_SOURCE 200809L /* fork, pipe, setenv */
@@ -36,10 +44,11 @@ int main(void)
 #include "kvattn_nccl.h"
 
 #include <signal.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-enum { R = 6, H = 8, HKV = 2, D = 64, B = 16 };
+enum { R = 6, H = 8, HKV = 2, D = 64, B = 16, BURST = 6 };
 static const int32_t seq_lens[R] = {37, 300, 5, 1200, 64, 2};
 static const int32_t decode_q[R] = {1, 1, 1, 1, 1, 1}, mixed_q[R] = {1, 3, 9, 1, 2, 1};
 
@@ -192,8 +201,94 @@ static void combine(kva_dcp_nccl *dcp, cudaStream_t s, kva_dcp_combine mode, int
     CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
     CUDA_OK(cudaGraphLaunch(exec, s));
     CUDA_OK(cudaStreamSynchronize(s));
+    /* Again into fresh poison: the replay must not depend on host state. */
+    CUDA_OK(cudaMemset(dout, 0xff, obytes));
+    CUDA_OK(cudaMemset(dlo, 0xff, sizeof(float) * T * H));
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaGraphLaunch(exec, s));
+    CUDA_OK(cudaStreamSynchronize(s));
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(g);
+}
+
+/* BURST LSA combines of the same partials (the caller's: pushed) enqueued
+ * back to back into their own poisoned outputs, one wait at the end; each
+ * output is checked against the unsharded run. */
+static void burst(kva_dcp_nccl *dcp, int32_t N, int32_t rank, double vmax, int32_t T,
+                  const void *dpart, const float *dlse, char *bout, float *blo,
+                  const uint16_t *want, const float *want_lse)
+{
+    const int32_t Hn = H / N;
+    const size_t ob = 2 * (size_t)T * Hn * D;
+    uint16_t *got = malloc(ob);
+    float *got_lse = malloc(sizeof(float) * T * Hn);
+    CUDA_OK(cudaDeviceSynchronize());
+    for (int i = 0; i < BURST; i++)
+        CHECK_OK(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_LSA, T, dpart, dlse, bout + i * ob,
+                                      blo + (size_t)i * T * Hn));
+    CUDA_OK(cudaDeviceSynchronize());
+    for (int i = 0; i < BURST; i++) {
+        to_host(got, bout + i * ob, ob);
+        to_host(got_lse, blo + (size_t)i * T * Hn, sizeof(float) * T * Hn);
+        char label[64];
+        snprintf(label, sizeof label, "rank %d/%d LSA burst %d", (int)rank, (int)N, i);
+        const size_t bad = compare_heads(label, vmax, T, N, rank, got, got_lse, want, want_lse);
+        CHECK_MSG(bad == 0, "%s: %zu values differ", label, bad);
+    }
+    free(got), free(got_lse);
+}
+
+/* Large partials (TL tokens: more bytes than the LSA combine pushes from
+ * its window, so those are pulled; from the caller's buffer pushed, over
+ * the full grid): random partials of every rank (seeded by rank, so each
+ * rank makes all of them), the reference kva_merge_states_n of all of them
+ * on the host, each LSA combine checked on this rank's heads. */
+static void large(ncclComm_t comm, kva_context *gpu, kva_context *ref, int32_t N, int32_t rank)
+{
+    enum { TL = 8448 }; /* 8448 * 8 * 64 * 2 bytes: 8.25 MiB */
+    const size_t pe = (size_t)TL * H * D, le = (size_t)TL * H;
+    kva_dcp_nccl *dcp = NULL;
+    CHECK_OK(kva_dcp_nccl_create(gpu, comm, TL, H, D, KVA_DTYPE_BF16, &dcp));
+    void *wpart = NULL;
+    float *wlse = NULL;
+    CHECK_OK(kva_dcp_nccl_partials(dcp, &wpart, &wlse));
+    uint16_t *parts = malloc(2 * pe * N), *want = malloc(2 * pe), *got = malloc(2 * pe / N);
+    float *lses = malloc(sizeof(float) * le * N), *want_lse = malloc(sizeof(float) * le),
+          *got_lse = malloc(sizeof(float) * le / N);
+    for (int32_t p = 0; p < N; p++) {
+        kva_rng rng = {900 + (uint64_t)p};
+        kva_test_fill(parts + pe * p, KVA_DTYPE_BF16, pe, &rng, 1.0);
+        for (size_t i = 0; i < le; i++)
+            lses[le * p + i] = (float)(kva_rng_unit(&rng) * 8.0 - 4.0);
+    }
+    CHECK_OK(
+        kva_merge_states_n(ref, N, TL, H, D, KVA_DTYPE_BF16, parts, 0, lses, 0, want, want_lse));
+    void *dpart = dev_poisoned(2 * pe), *dout = dev_poisoned(2 * pe / N);
+    float *dlse = dev_poisoned(sizeof(float) * le), *dlo = dev_poisoned(sizeof(float) * le / N);
+    if (wpart && dpart && dout && dlse && dlo) {
+        CUDA_OK(cudaMemcpy(dpart, parts + pe * rank, 2 * pe, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(dlse, lses + le * rank, sizeof(float) * le, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(wpart, dpart, 2 * pe, cudaMemcpyDeviceToDevice));
+        CUDA_OK(cudaMemcpy(wlse, dlse, sizeof(float) * le, cudaMemcpyDeviceToDevice));
+        for (int win = 0; win < 2; win++) {
+            CUDA_OK(cudaMemset(dout, 0xff, 2 * pe / N));
+            CUDA_OK(cudaMemset(dlo, 0xff, sizeof(float) * le / N));
+            CUDA_OK(cudaDeviceSynchronize());
+            CHECK_OK(kva_dcp_nccl_combine(dcp, KVA_DCP_COMBINE_LSA, TL, win ? wpart : dpart,
+                                          win ? wlse : dlse, dout, dlo));
+            CUDA_OK(cudaDeviceSynchronize());
+            to_host(got, dout, 2 * pe / N);
+            to_host(got_lse, dlo, sizeof(float) * le / N);
+            char label[64];
+            snprintf(label, sizeof label, "rank %d/%d LSA T=%d %s", (int)rank, (int)N, (int)TL,
+                     win ? "window (pulled)" : "pushed");
+            const size_t bad = compare_heads(label, 1.0, TL, N, rank, got, got_lse, want, want_lse);
+            CHECK_MSG(bad == 0, "%s: %zu values differ", label, bad);
+        }
+    }
+    kva_dcp_nccl_destroy(dcp);
+    cudaFree(dpart), cudaFree(dout), cudaFree(dlse), cudaFree(dlo);
+    free(parts), free(want), free(got), free(lses), free(want_lse), free(got_lse);
 }
 
 static void run_rank(int32_t N, int32_t rank, ncclUniqueId id)
@@ -220,9 +315,22 @@ static void run_rank(int32_t N, int32_t rank, ncclUniqueId id)
     CHECK_OK(kva_dcp_nccl_create(gpu, comm, TMAX, H, D, KVA_DTYPE_BF16, &dcp));
     void *wpart = NULL; /* the LSA combine's window: the attention writes there */
     float *wlse = NULL;
-    CHECK_OK(kva_dcp_nccl_partials(dcp, &wpart, &wlse));
-    if (!wpart)
-        return;
+    int lib = 0;
+    CHECK(ncclGetVersion(&lib) == ncclSuccess);
+    if (rank == 0)
+        printf("NCCL: library %d, headers %d\n", lib, (int)NCCL_VERSION_CODE);
+    const kva_status ps = kva_dcp_nccl_partials(dcp, &wpart, &wlse);
+    /* One rank needs no device API: its LSA combine is a local merge. */
+    const int lsa = lib == NCCL_VERSION_CODE || N == 1;
+    if (lsa) {
+        CHECK_OK(ps);
+        if (!wpart)
+            return;
+    } else {
+        CHECK_MSG(ps == KVA_STATUS_UNSUPPORTED && strstr(kva_last_error(), "runs with libnccl"),
+                  "rank %d: library %d, headers %d: LSA setup gave %d (%s)", (int)rank, lib,
+                  (int)NCCL_VERSION_CODE, (int)ps, kva_last_error());
+    }
     float *k = malloc(sizeof(float) * rows * HKV * D), *v = malloc(sizeof(float) * rows * HKV * D);
     uint16_t *q = malloc(2 * TMAX * H * D), *want = malloc(2 * TMAX * H * D);
     uint16_t *got = malloc(2 * TMAX * Hn * D);
@@ -232,6 +340,8 @@ static void run_rank(int32_t N, int32_t rank, ncclUniqueId id)
     float *dlse = dev_poisoned(sizeof(float) * TMAX * H),
           *dlo = dev_poisoned(sizeof(float) * TMAX * H);
     char *mpart = dev_poisoned(2 * TMAX * H * D + 16), *mout = dev_poisoned(2 * TMAX * Hn * D + 16);
+    char *bout = dev_poisoned(BURST * 2 * TMAX * Hn * D);
+    float *blo = dev_poisoned(BURST * sizeof(float) * TMAX * Hn);
     int first = 1;
     for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++)
         for (int mixed = 0; mixed < 2; mixed++)
@@ -262,11 +372,14 @@ static void run_rank(int32_t N, int32_t rank, ncclUniqueId id)
                 static const char *mnames[3] = {"A2A", "AG_RS", "LSA"};
                 static const char *vnames[5] = {"", " graph", " misaligned", " window",
                                                 " window graph"};
+                if (lsa && first) /* before the others: ranks start apart */
+                    burst(dcp, N, rank, f->vmax, T, dpart, dlse, bout, blo, want, want_lse);
                 for (int m = 0; m < 3; m++)
                     for (int var = 0; var < 5; var++) {
                         /* 1, 2, 4 on the first case only; 3, 4 (the window's
                          * partials, written by the attention) for LSA only. */
-                        if ((var >= 3 && m != 2) || (!first && (var == 1 || var == 2 || var == 4)))
+                        if ((var >= 3 && m != 2) ||
+                            (!first && (var == 1 || var == 2 || var == 4)) || (m == 2 && !lsa))
                             continue;
                         const kva_dcp_combine mode = modes[m];
                         const int graph = var == 1 || var == 4, mis = var == 2, win = var >= 3;
@@ -305,8 +418,10 @@ static void run_rank(int32_t N, int32_t rank, ncclUniqueId id)
                 kva_plan_destroy(sp), kva_cache_destroy(dc), kva_cache_destroy(hc), free(bt);
             }
     kva_dcp_nccl_destroy(dcp);
+    if (lsa && N > 1)
+        large(comm, gpu, ref, N, rank);
     cudaFree(dq), cudaFree(dpart), cudaFree(dout), cudaFree(dlse), cudaFree(dlo);
-    cudaFree(mpart), cudaFree(mout);
+    cudaFree(mpart), cudaFree(mout), cudaFree(bout), cudaFree(blo);
     free(k), free(v), free(q), free(want), free(got), free(want_lse), free(got_lse);
     kva_context_destroy(gpu);
     kva_context_destroy(ref);
