@@ -6,9 +6,14 @@
  * every update it must equal a plan created fresh from the same descriptor
  * on a second context of the same device: the same info, the same partition
  * item for item, and the same outputs bit for bit (outputs poisoned before
- * each run). Bad input (a negative block id, a context of another backend)
- * changes nothing: the plan still runs and gives the same output. Exits 77
- * without a GPU.
+ * each run), and the reference backend's output within the tensor-core
+ * tolerance. The sequence runs twice: with the updated plan's context growing
+ * its metadata as the batches need (each upload one copy), and reserved for
+ * far larger batches (kva_cuda_context_reserve: large item, task and tile
+ * capacities, so a step with split tasks or prefill tiles uploads in several
+ * copies), against the fresh plans' unreserved context. Bad input (a negative
+ * block id, a context of another backend) changes nothing: the plan still
+ * runs and gives the same output. Exits 77 without a GPU.
  */
 #include "batchgen.h"
 #include "cuda_util.h"
@@ -34,14 +39,37 @@ static uint16_t *run_out(kva_context *ctx, const kva_plan *plan, const void *dq,
     return out;
 }
 
-static void test_update_sequence(void)
+/* The reference output of pd over the host cache hc and q, against got. */
+static void check_ref(kva_context *ref, const kva_plan_desc *pd, const kva_cache *hc, const void *q,
+                      const uint16_t *got, int32_t T, int step)
+{
+    kva_plan *pr = NULL;
+    CHECK_OK(kva_plan_create(ref, pd, &pr));
+    const size_t n = (size_t)T * H * D;
+    uint16_t *want = malloc((n > 0 ? n : 1) * 2);
+    if (pr && T > 0)
+        CHECK_OK(kva_attention_run(ref, pr, q, hc, NULL, want, NULL));
+    /* Rows of the tensor-core decode and prefill (the defaults for this
+     * shape): P rounded to bf16 for P V, + 2^-8 * max|v|. */
+    const double atol = kva_test_atol(DT) + 0x1p-8 * 1.7320508;
+    CHECK_MSG(kva_test_compare("out", got, want, DT, n, atol, kva_test_rtol(DT)) == 0,
+              "step %d: the updated plan's output is off the reference", step);
+    free(want);
+    kva_plan_destroy(pr);
+}
+
+static void update_sequence(int reserved)
 {
     kva_context *ctx = NULL, *fresh_ctx = NULL, *ref = NULL;
     kva_context_desc cd = {KVA_BACKEND_CUDA, 0, 0}, rd = {KVA_BACKEND_REF, 1, 0};
     CHECK_OK(kva_context_create(&cd, &ctx));
     CHECK_OK(kva_context_create(&cd, &fresh_ctx));
     CHECK_OK(kva_context_create(&rd, &ref));
-    kva_rng rng = {271828};
+    if (reserved && ctx) {
+        const kva_cuda_capacity cap = {256, 16384, 256 * 512, H, HKV, D};
+        CHECK_OK(kva_cuda_context_reserve(ctx, &cap));
+    }
+    kva_rng rng = {271828u + (uint64_t)reserved};
     kva_plan *plan = NULL;
     const int steps = kva_test_quick() ? 12 : 40;
     for (int c = 0; c < steps && ctx && fresh_ctx; c++) {
@@ -92,6 +120,7 @@ static void test_update_sequence(void)
             uint16_t *o2 = run_out(fresh_ctx, fresh, dq, dc, b.T);
             CHECK_MSG(!memcmp(o1, o2, (size_t)b.T * H * D * 2),
                       "step %d: outputs of the updated and the fresh plan differ", c);
+            check_ref(ref, &pd, hc, q, o1, b.T, c);
             if (c == steps - 1) {
                 /* Bad input changes nothing: the plan still runs alike. */
                 int32_t *bt = malloc(sizeof(int32_t) * (size_t)b.R * (size_t)b.stride);
@@ -120,12 +149,23 @@ static void test_update_sequence(void)
     kva_context_destroy(ref);
 }
 
+static void test_update_sequence(void)
+{
+    update_sequence(0);
+}
+
+static void test_update_sequence_reserved(void)
+{
+    update_sequence(1);
+}
+
 int main(void)
 {
     const int skip = cuda_test_skip();
     if (skip)
         return skip;
     RUN(test_update_sequence);
+    RUN(test_update_sequence_reserved);
     return kva_test_finish();
 }
 

@@ -52,21 +52,43 @@ static size_t align256(size_t x)
 #define KVA_CUDA_L2_SECTION_BYTES ((int64_t)16 << 20)
 /* Largest gap between two used metadata sections that one upload spans. */
 #define KVA_CUDA_UPLOAD_GAP ((size_t)32 << 10)
+/* Used sections that lie within this many bytes go up in one copy, whatever
+ * the gaps between them (~3 us of PCIe time on the GPU's side, against the
+ * host's few microseconds per cudaMemcpyAsync). */
+#define KVA_CUDA_UPLOAD_SPAN ((size_t)128 << 10)
+
+/*
+ * The sections in buffer order: the header and the per-request arrays
+ * (small), the block table, the work items, then the sections that only some
+ * plans use (split tasks, prefill tiles, tree words). A decode step's upload
+ * (header, requests, block table, items) is then one span whose only gaps are
+ * the unused capacities of the request arrays and the block table, even when
+ * kva_cuda_context_reserve made the item and tile capacities large.
+ * Indices: 0 header, 1 items, 2 tasks, 3 qsl, 4 seq_lens, 5 kv_start, 6 block
+ * table, 7 ALiBi slopes, 8 prefill tiles, 9 global seq_lens, 10 tree words.
+ */
+static const int kva_cuda_section_order[KVA_CUDA_SECTIONS] = {0, 3, 4, 5, 7, 9, 6, 1, 2, 8, 10};
 
 static size_t layout_sections(const kva__cuda_caps *c, size_t off[KVA_CUDA_SECTIONS])
 {
+    size_t bytes[KVA_CUDA_SECTIONS];
+    bytes[0] = KVA_CUDA_HDR_WORDS * sizeof(int32_t);
+    bytes[1] = (size_t)c->items * sizeof(kva__cuda_item);
+    bytes[2] = (size_t)c->tasks * sizeof(kva__cuda_task);
+    bytes[3] = (size_t)(c->reqs + 1) * sizeof(int32_t);
+    bytes[4] = (size_t)c->reqs * sizeof(int32_t);
+    bytes[5] = (size_t)(c->reqs + 1) * sizeof(int64_t);
+    bytes[6] = (size_t)c->bt * sizeof(int32_t);
+    bytes[7] = (size_t)c->heads * sizeof(float);
+    bytes[8] = (size_t)c->ptiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t);
+    bytes[9] = (size_t)c->reqs * sizeof(int32_t);
+    bytes[10] = (size_t)c->tree * sizeof(uint64_t);
     size_t o = 0;
-    off[0] = o, o = align256(o + KVA_CUDA_HDR_WORDS * sizeof(int32_t));
-    off[1] = o, o = align256(o + (size_t)c->items * sizeof(kva__cuda_item));
-    off[2] = o, o = align256(o + (size_t)c->tasks * sizeof(kva__cuda_task));
-    off[3] = o, o = align256(o + (size_t)(c->reqs + 1) * sizeof(int32_t));
-    off[4] = o, o = align256(o + (size_t)c->reqs * sizeof(int32_t));
-    off[5] = o, o = align256(o + (size_t)(c->reqs + 1) * sizeof(int64_t));
-    off[6] = o, o = align256(o + (size_t)c->bt * sizeof(int32_t));
-    off[7] = o, o = align256(o + (size_t)c->heads * sizeof(float));
-    off[8] = o, o = align256(o + (size_t)c->ptiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t));
-    off[9] = o, o = align256(o + (size_t)c->reqs * sizeof(int32_t));
-    off[10] = o, o = align256(o + (size_t)c->tree * sizeof(uint64_t));
+    for (int k = 0; k < KVA_CUDA_SECTIONS; k++) {
+        const int i = kva_cuda_section_order[k];
+        off[i] = o;
+        o = align256(o + bytes[i]);
+    }
     return o;
 }
 
@@ -89,25 +111,39 @@ static kva_status check_not_capturing(const char *fn, kva__cuda_state *st)
     return KVA_STATUS_OK;
 }
 
-/* Grows the metadata buffers to hold need (keeps them when they already do). */
-static kva_status reserve_meta(kva__cuda_state *st, const kva__cuda_caps *need)
+/* The capacity of one section that has to hold need, at least lo: cap when
+ * it does, else need, and with slack at least twice cap. */
+static int64_t grow_cap(int64_t cap, int64_t need, int64_t lo, int slack)
+{
+    if (need <= cap)
+        return max64(cap, lo);
+    return max64(max64(need, lo), slack ? 2 * cap : 0);
+}
+
+/* Grows the metadata buffers to hold need (keeps them when they already do).
+ * slack (plan builds): a section that overflows at least doubles, so a batch
+ * that grows step by step, as a serving engine's first steps do, costs a few
+ * reallocations (each one a stream synchronize, device and pinned
+ * allocations), not one per step; kva_cuda_context_reserve asks for its upper
+ * bounds exactly. The prefill tiles grow exactly: their capacity is the grid
+ * of the (non-persistent) mma.sync prefill kernel. */
+static kva_status reserve_meta(kva__cuda_state *st, const kva__cuda_caps *need, int slack)
 {
     kva__cuda_caps c = st->caps;
     if (st->meta_dev && need->items <= c.items && need->tasks <= c.tasks && need->reqs <= c.reqs &&
         need->bt <= c.bt && need->heads <= c.heads && need->ptiles <= c.ptiles &&
         need->tree <= c.tree)
         return KVA_STATUS_OK;
-    c.items = max64(max64(c.items, need->items), 1024);
-    c.tasks = max64(max64(c.tasks, need->tasks), 256);
-    c.reqs = max64(max64(c.reqs, need->reqs), 64);
-    c.bt = max64(max64(c.bt, need->bt), 4096);
-    c.heads = max64(max64(c.heads, need->heads), 64);
+    c.items = grow_cap(c.items, need->items, 1024, slack);
+    c.tasks = grow_cap(c.tasks, need->tasks, 256, slack);
+    c.reqs = grow_cap(c.reqs, need->reqs, 64, slack);
+    c.bt = grow_cap(c.bt, need->bt, 4096, slack);
+    c.heads = grow_cap(c.heads, need->heads, 64, 0);
     /* No prefill-tile capacity until a plan or reserve needs some: the prefill
-     * kernel is launched only when there is (decode-only contexts skip it). */
-    if (need->ptiles > c.ptiles)
-        c.ptiles = max64(need->ptiles, 256);
-    if (need->tree > c.tree) /* likewise the tree words (tree plans only) */
-        c.tree = max64(need->tree, 256);
+     * kernel is launched only when there is (decode-only contexts skip it);
+     * likewise the tree words (tree plans only). */
+    c.ptiles = need->ptiles > 0 ? grow_cap(c.ptiles, need->ptiles, 256, 0) : c.ptiles;
+    c.tree = need->tree > 0 ? grow_cap(c.tree, need->tree, 256, slack) : c.tree;
     size_t off[KVA_CUDA_SECTIONS];
     size_t bytes = layout_sections(&c, off);
     KVA_TRY(check_not_capturing("kva_plan_create", st));
@@ -157,7 +193,11 @@ extern "C" kva_status kva__cuda_workspace_reserve(kva_context *ctx, size_t bytes
     if (bytes <= ctx->workspace_bytes)
         return KVA_STATUS_OK;
     KVA_TRY(check_not_capturing("kva_plan_create", st));
+    /* A quarter of headroom, and at least half again the old size, so a
+     * workspace that grows step by step is reallocated a few times only. */
     size_t rounded = align256(bytes + bytes / 4);
+    if (rounded < ctx->workspace_bytes + ctx->workspace_bytes / 2)
+        rounded = align256(ctx->workspace_bytes + ctx->workspace_bytes / 2);
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, rounded);
     if (e != cudaSuccess) {
@@ -296,7 +336,7 @@ extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_
     size_t ws = 0;
     caps_for(st, cap, &c, &ws);
     KVA_TRY(check_not_capturing(__func__, st));
-    KVA_TRY(reserve_meta(st, &c));
+    KVA_TRY(reserve_meta(st, &c, 0));
     return kva__cuda_workspace_reserve(ctx, ws);
 }
 
@@ -370,7 +410,7 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
         memcpy(h + off[10], plan->tree_bits, (size_t)T * sizeof(uint64_t));
     }
 
-    /* The used part of every section (offsets increase with the index). */
+    /* The used part of every section. */
     size_t len[KVA_CUDA_SECTIONS];
     len[0] = KVA_CUDA_HDR_WORDS * sizeof(int32_t);
     len[1] = (size_t)part->num_items * sizeof(kva__cuda_item);
@@ -383,15 +423,25 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
     len[8] = (size_t)ntiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t);
     len[9] = dcp_global ? (size_t)R * sizeof(int32_t) : 0;
     len[10] = plan->tree_bits ? (size_t)T * sizeof(uint64_t) : 0;
-    /* Sections closer than KVA_CUDA_UPLOAD_GAP bytes go in one copy (the gap's
+    /* Sections closer than KVA_CUDA_UPLOAD_GAP bytes, or all of them when
+     * they lie within KVA_CUDA_UPLOAD_SPAN bytes, go in one copy (the gaps'
      * stale bytes with them): a cudaMemcpyAsync costs a few microseconds of
      * host time, more than copying a few KB over PCIe. */
+    size_t first = 0, last = 0;
+    for (int k = KVA_CUDA_SECTIONS - 1; k >= 0; k--) {
+        const int i = kva_cuda_section_order[k];
+        if (len[i] > 0)
+            first = off[i], last = last ? last : off[i] + len[i];
+    }
+    const size_t gap =
+        last - first <= KVA_CUDA_UPLOAD_SPAN ? KVA_CUDA_UPLOAD_SPAN : KVA_CUDA_UPLOAD_GAP;
     size_t lo = 0, hi = 0;
     int open = 0;
-    for (int i = 0; i < KVA_CUDA_SECTIONS; i++) {
+    for (int k = 0; k < KVA_CUDA_SECTIONS; k++) {
+        const int i = kva_cuda_section_order[k];
         if (len[i] == 0)
             continue;
-        if (open && off[i] - hi > KVA_CUDA_UPLOAD_GAP) {
+        if (open && off[i] - hi > gap) {
             KVA_TRY(upload(st, lo, hi - lo));
             open = 0;
         }
@@ -532,7 +582,7 @@ static kva_status sparse_plan_build(kva_context *ctx, kva_plan *plan)
     need.heads = plan->d.num_heads;
     size_t ws = 0, rows_off = 0;
     KVA_TRY(kva__cuda_sparse_workspace(ctx, plan, &ws, &rows_off));
-    KVA_TRY(reserve_meta(st, &need));
+    KVA_TRY(reserve_meta(st, &need, 1));
     KVA_TRY(kva__cuda_workspace_reserve(ctx, ws));
     if (st->upload_pending) {
         const cudaError_t e = cudaEventSynchronize((cudaEvent_t)st->upload_event);
@@ -671,7 +721,7 @@ static kva_status attention_plan_build(kva_context *ctx, kva_plan *plan, kva__pa
     need.ptiles = ptiles;
     need.tree = plan->tree_bits && R > 0 ? plan->query_start_loc[R] : 0;
     size_t ws = (size_t)part->partial_floats * sizeof(float);
-    s = reserve_meta(st, &need);
+    s = reserve_meta(st, &need, 1);
     if (s == KVA_STATUS_OK)
         s = kva__cuda_workspace_reserve(ctx, ws);
     /* The previous upload must have left the staging buffer. */
