@@ -8,8 +8,9 @@
  *
  * kva_plan_create partitions the work on the host (src/plan/partition.c),
  * grows the buffers if the plan does not fit (after a stream synchronize;
- * refused during capture), waits for the previous upload to leave the
- * staging buffer, fills it and enqueues one cudaMemcpyAsync per section.
+ * refused during capture), fills a slot of the pinned staging ring (waiting
+ * for an older upload to leave it where needed) and enqueues its used
+ * sections in as few cudaMemcpyAsync as possible (one for a decode step).
  * The run path then only launches kernels.
  *
  * Prefills on tensor cores: for paged plans whose shape a prefill tile kernel
@@ -53,8 +54,8 @@ static size_t align256(size_t x)
 /* Largest gap between two used metadata sections that one upload spans. */
 #define KVA_CUDA_UPLOAD_GAP ((size_t)32 << 10)
 /* Used sections that lie within this many bytes go up in one copy, whatever
- * the gaps between them (~3 us of PCIe time on the GPU's side, against the
- * host's few microseconds per cudaMemcpyAsync). */
+ * the gaps between them: the extra bytes cost the copy engine little, a
+ * second cudaMemcpyAsync costs the host a runtime call. */
 #define KVA_CUDA_UPLOAD_SPAN ((size_t)128 << 10)
 
 /*
@@ -150,7 +151,7 @@ static kva_status reserve_meta(kva__cuda_state *st, const kva__cuda_caps *need, 
     void *dev = NULL, *host = NULL;
     cudaError_t e = cudaMalloc(&dev, bytes);
     if (e == cudaSuccess)
-        e = cudaMallocHost(&host, bytes);
+        e = cudaMallocHost(&host, bytes * KVA__CUDA_STAGING_SLOTS);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         cudaFree(dev);
@@ -162,7 +163,9 @@ static kva_status reserve_meta(kva__cuda_state *st, const kva__cuda_caps *need, 
     KVA_CUDA_TRY(cudaStreamSynchronize(STREAM(st)));
     cudaFree(st->meta_dev);
     cudaFreeHost(st->meta_host);
-    st->upload_pending = 0;
+    st->ring->pending[0] = st->ring->pending[1] = 0; /* the stream ran every upload */
+    st->ring->uploads = 0;
+    st->ring_slots = KVA__CUDA_STAGING_SLOTS;
     st->meta_dev = dev;
     st->meta_host = host;
     st->meta_bytes = bytes;
@@ -340,23 +343,82 @@ extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_
     return kva__cuda_workspace_reserve(ctx, ws);
 }
 
-/* Copies bytes of staging at off to the device buffer on the stream. */
-static kva_status upload(kva__cuda_state *st, size_t off, size_t bytes)
+/*
+ * The staging ring. An upload fills a staging slot on the host and copies it
+ * to the device buffer on the stream, so the slot stays in use until the
+ * stream has run the copy. Uploads go in groups of KVA__CUDA_STAGING_GROUP
+ * into alternate halves of KVA__CUDA_STAGING_SLOTS slots, and only the last
+ * upload of a group records an event (upload_events[half]); the first upload
+ * of a group waits, on the host, for the event of the group two before (the
+ * same half), which the stream has normally run long ago. So a host event
+ * record and wait (runtime calls, as the copy is) come once per group instead
+ * of once per upload.
+ */
+static kva_status staging_acquire(kva__cuda_state *st, char **slot)
 {
-    if (bytes == 0)
-        return KVA_STATUS_OK;
-    KVA_CUDA_TRY(cudaMemcpyAsync((char *)st->meta_dev + off, (const char *)st->meta_host + off,
-                                 bytes, cudaMemcpyHostToDevice, STREAM(st)));
+    const uint64_t n = st->ring->uploads;
+    const int half = (int)((n / KVA__CUDA_STAGING_GROUP) & 1u);
+    if (n % KVA__CUDA_STAGING_GROUP == 0 && st->ring->pending[half]) {
+        const cudaError_t e = cudaEventSynchronize((cudaEvent_t)st->ring->events[half]);
+        if (e != cudaSuccess)
+            return kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_plan_create: %s", cudaGetErrorString(e));
+        st->ring->pending[half] = 0;
+    }
+    *slot = (char *)st->meta_host +
+            (size_t)(half * KVA__CUDA_STAGING_GROUP + (int)(n % KVA__CUDA_STAGING_GROUP)) *
+                st->meta_bytes;
     return KVA_STATUS_OK;
 }
 
-/* Fills the staging buffer with the plan's metadata and enqueues the copies. */
+/* Marks the slot of staging_acquire as in flight (its copies enqueued);
+ * records the group's event after its last upload. */
+static kva_status staging_release(kva__cuda_state *st)
+{
+    const uint64_t n = st->ring->uploads;
+    const int half = (int)((n / KVA__CUDA_STAGING_GROUP) & 1u);
+    if (n % KVA__CUDA_STAGING_GROUP == KVA__CUDA_STAGING_GROUP - 1) {
+        KVA_CUDA_TRY(cudaEventRecord((cudaEvent_t)st->ring->events[half], STREAM(st)));
+        st->ring->pending[half] = 1;
+    }
+    st->ring->uploads = n + 1;
+    return KVA_STATUS_OK;
+}
+
+extern "C" kva_status kva__cuda_upload_drain(kva__cuda_state *st)
+{
+    const uint64_t n = st->ring->uploads;
+    if (n % KVA__CUDA_STAGING_GROUP != 0) { /* close the open group */
+        const int half = (int)((n / KVA__CUDA_STAGING_GROUP) & 1u);
+        KVA_CUDA_TRY(cudaEventRecord((cudaEvent_t)st->ring->events[half], STREAM(st)));
+        st->ring->pending[half] = 1;
+        st->ring->uploads = (n / KVA__CUDA_STAGING_GROUP + 1) * KVA__CUDA_STAGING_GROUP;
+    }
+    for (int h = 0; h < 2; h++)
+        if (st->ring->pending[h]) {
+            KVA_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)st->ring->events[h]));
+            st->ring->pending[h] = 0;
+        }
+    return KVA_STATUS_OK;
+}
+
+/* Copies bytes of the staging slot h at off to the device buffer on the stream. */
+static kva_status upload(kva__cuda_state *st, const char *h, size_t off, size_t bytes)
+{
+    if (bytes == 0)
+        return KVA_STATUS_OK;
+    KVA_CUDA_TRY(cudaMemcpyAsync((char *)st->meta_dev + off, h + off, bytes, cudaMemcpyHostToDevice,
+                                 STREAM(st)));
+    return KVA_STATUS_OK;
+}
+
+/* Fills a staging slot with the plan's metadata and enqueues the copies. */
 static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const kva__partition *part,
                               const uint8_t *mma_req)
 {
     size_t off[KVA_CUDA_SECTIONS];
     layout_sections(&st->caps, off);
-    char *h = (char *)st->meta_host;
+    char *h = NULL;
+    KVA_TRY(staging_acquire(st, &h));
     const int32_t R = plan->d.num_requests;
     const int64_t bt = plan->block_table ? (int64_t)R * plan->d.block_table_stride : 0;
 
@@ -442,7 +504,7 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
         if (len[i] == 0)
             continue;
         if (open && off[i] - hi > gap) {
-            KVA_TRY(upload(st, lo, hi - lo));
+            KVA_TRY(upload(st, h, lo, hi - lo));
             open = 0;
         }
         if (!open)
@@ -450,10 +512,8 @@ static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const k
         hi = off[i] + len[i];
     }
     if (open)
-        KVA_TRY(upload(st, lo, hi - lo));
-    KVA_CUDA_TRY(cudaEventRecord((cudaEvent_t)st->upload_event, STREAM(st)));
-    st->upload_pending = 1;
-    return KVA_STATUS_OK;
+        KVA_TRY(upload(st, h, lo, hi - lo));
+    return staging_release(st);
 }
 
 /* Resident CTAs per SM of the decode-family kernel (KVA__CUDA_K_DECODE_*) for
@@ -584,12 +644,6 @@ static kva_status sparse_plan_build(kva_context *ctx, kva_plan *plan)
     KVA_TRY(kva__cuda_sparse_workspace(ctx, plan, &ws, &rows_off));
     KVA_TRY(reserve_meta(st, &need, 1));
     KVA_TRY(kva__cuda_workspace_reserve(ctx, ws));
-    if (st->upload_pending) {
-        const cudaError_t e = cudaEventSynchronize((cudaEvent_t)st->upload_event);
-        if (e != cudaSuccess)
-            return kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_plan_create: %s", cudaGetErrorString(e));
-    }
-    st->upload_pending = 0;
     KVA_TRY(upload_plan(st, plan, part, NULL));
     st->generation++;
     cp->generation = st->generation;
@@ -724,16 +778,8 @@ static kva_status attention_plan_build(kva_context *ctx, kva_plan *plan, kva__pa
     s = reserve_meta(st, &need, 1);
     if (s == KVA_STATUS_OK)
         s = kva__cuda_workspace_reserve(ctx, ws);
-    /* The previous upload must have left the staging buffer. */
-    if (s == KVA_STATUS_OK && st->upload_pending) {
-        const cudaError_t e = cudaEventSynchronize((cudaEvent_t)st->upload_event);
-        if (e != cudaSuccess)
-            s = kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_plan_create: %s", cudaGetErrorString(e));
-    }
-    if (s == KVA_STATUS_OK) {
-        st->upload_pending = 0;
+    if (s == KVA_STATUS_OK)
         s = upload_plan(st, plan, part, ptiles > 0 ? mma_req : NULL);
-    }
     free(mma_req);
     if (s == KVA_STATUS_OK && mla_layer)
         s = kva__cuda_mla_plan_build(ctx, plan, (ws + 255u) & ~(size_t)255u, st->mla_chunk_keys,
