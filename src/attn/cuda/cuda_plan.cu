@@ -348,7 +348,7 @@ extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_
  * to the device buffer on the stream, so the slot stays in use until the
  * stream has run the copy. Uploads go in groups of KVA__CUDA_STAGING_GROUP
  * into alternate halves of KVA__CUDA_STAGING_SLOTS slots, and only the last
- * upload of a group records an event (upload_events[half]); the first upload
+ * upload of a group records an event (ring->events[half]); the first upload
  * of a group waits, on the host, for the event of the group two before (the
  * same half), which the stream has normally run long ago. So a host event
  * record and wait (runtime calls, as the copy is) come once per group instead
