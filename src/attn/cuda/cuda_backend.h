@@ -141,7 +141,7 @@ typedef struct kva__cuda_occ {
 #define KVA__CUDA_STAGING_GROUP 2
 #define KVA__CUDA_STAGING_SLOTS (2 * KVA__CUDA_STAGING_GROUP)
 
-/* The staging ring of a context's plan uploads (cuda_plan.cu,
+/* The staging ring of a context's plan uploads (cuda_meta.cu,
  * staging_acquire): uploads go in groups of KVA__CUDA_STAGING_GROUP into
  * alternate halves of the staging slots; after a group, an event on the
  * stream marks its half free again. */
@@ -183,7 +183,7 @@ typedef struct kva__cuda_state {
 } kva__cuda_state;
 
 /* Waits until no upload of st still reads its staging (before the context's
- * stream changes; cuda_plan.cu). */
+ * stream changes; cuda_meta.cu). */
 kva_status kva__cuda_upload_drain(kva__cuda_state *st);
 
 /* Plan-side data of the CUDA backend (plan->device). */

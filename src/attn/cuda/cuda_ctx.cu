@@ -232,7 +232,7 @@ static const kva__memory_ops cuda_memory = {
     "cuda device",               /* name */
     0,                           /* host */
     1,                           /* per_device */
-    kva__cuda_workspace_reserve, /* workspace_reserve (cuda_plan.cu) */
+    kva__cuda_workspace_reserve, /* workspace_reserve (cuda_meta.cu) */
     workspace_free,              /* workspace_free */
     kva__cuda_cache_alloc,       /* cache_alloc (cache_ops.cu) */
     kva__cuda_cache_free,        /* cache_free */
