@@ -11,8 +11,9 @@
 # A SRCDIR that holds an executable bench_cuda is a prebuilt build directory
 # (built elsewhere with the same CUDA toolkit; its tests too): it is used as is.
 # Environment: TESTS (ctest names to build and run, quick sets), PROFILE,
-# SERVE, SDPA=0 skips the peers, ARCH (default 90a), MORE=1 also times the
-# other kernels the mask code serves on every tree (the mma.sync prefill
+# SERVE, SDPA=0 skips the peers, PS_SHAPES ("R Q C;R Q C": batch, q_len and
+# cached keys of the shapes to time instead of the five), ARCH (default 90a),
+# MORE=1 also times the other kernels the mask code serves on every tree (the mma.sync prefill
 # forced, the int8 prefill, both after 4096 cached keys, bf16 decode and
 # speculative decode), SOURCE=1 ncu's per-instruction stall samples
 # (SourceCounters) of the 32 x 256 and 8 x 1024 prefills on every tree, as
@@ -28,6 +29,7 @@ TREES=("$@")
 EXTRA=(${KVA_DEP_ARGS[@]+"${KVA_DEP_ARGS[@]}"})
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 SHAPES=("1 4096 0" "2 2048 0" "8 1024 0" "32 256 0" "4 1024 3072")
+[ -n "${PS_SHAPES:-}" ] && IFS=';' read -ra SHAPES <<< "$PS_SHAPES"
 TARGETS="bench_cuda"
 [ "${SERVE:-0}" = 1 ] && TARGETS="$TARGETS kvattn"
 # Configure and build every tree in parallel (16 cores shared).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""sass_stats.py OBJ...: per mma.sync prefill kernel in the objects' device code (compile
+"""sass_stats.py OBJ...: per prefill kernel (mma.sync or wgmma) in the objects' device code (compile
 them for one architecture, e.g. sm_90a): a key from its template arguments (the same for
 main's per-kernel templates and the one body's policies, so two listings can be compared
 line by line), SASS instruction count (NOPs left out), registers, stack, shared memory,
@@ -21,6 +21,9 @@ def key(d):
     if m: return f'16bit D{m[1]} {m[2]}'
     m = re.match(r'void prefill_mma(?:_quant)?_kernel<(?:qp_policy<)?(\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\w+), (\w+)>', d)
     if m: return f'quant fmt{m[6]} D{m[1]} BN{m[2]} NW{m[3]} LO={m[7]} {m[8]}'
+    # wgmma: prefill_wgmma_ws_kernel<true, true, kva__mma_bf16, 128, 128>(...)
+    m = re.match(r'void prefill_wgmma_ws_kernel<(?:\(bool\))?(\w+), (?:\(bool\))?(\w+), (\w+), (?:\(int\))?(\d+), (?:\(int\))?(\d+)>', d)
+    if m: return f'wgmma {"TMA" if m[2] in ("true", "1") else "cp.async"} {m[4]}/{m[5]} {m[3]}'
     return d[:80]
 stats = {}
 for obj in sys.argv[1:]:
@@ -40,7 +43,7 @@ for obj in sys.argv[1:]:
         if m and cur: stats[cur]['ins'].append(re.sub(r'0x[0-9a-f]+', 'X', m[1]))
 for f, s in sorted(stats.items(), key=lambda kv: key(demangle(kv[0]))):
     d = demangle(f)
-    if 'prefill_mma' not in d: continue
+    if 'prefill_mma' not in d and 'prefill_wgmma' not in d: continue
     ins = [i for i in s.get('ins', []) if not i.startswith('NOP')]
     h = hashlib.sha1('\n'.join(ins).encode()).hexdigest()[:10]
     r = s.get('res', (0, 0, 0))
@@ -48,7 +51,7 @@ for f, s in sorted(stats.items(), key=lambda kv: key(demangle(kv[0]))):
     cls = lambda pat: sum(1 for o in op if re.match(pat, o))
     mem = cls(r'(LDG|STG|LDS|STS|LDSM|LDGSTS|LDC|ATOM|RED)\b')
     spill = cls(r'(STL|LDL)\b')
-    mma = cls(r'HMMA')
+    mma = cls(r'H?G?MMA')
     sfu = cls(r'MUFU')
     sync = cls(r'(BAR|DEPBAR|LDGDEPBAR|SHFL|VOTE)')
     print(f'{key(d):50s} ins {len(ins):6d} reg {r[0]:3d} stack {r[1]:4d} smem {r[2]:5d} '

@@ -109,20 +109,37 @@ static __device__ __forceinline__ int wg_div_q(const wg_div &v, int x)
     return (int)((__umulhi((uint32_t)x, v.m) + (uint32_t)x) >> v.l);
 }
 
+/* A tile's record in the plan's list: request, first packed row, kv head.
+ * The consumers load the next CTA tile's record before the current tile's
+ * last P V, so the header built from it under the epilogue waits only for
+ * the small, L1-resident query_start_loc and seq_lens. */
+struct wg_rec {
+    int r, m0, kvh;
+};
+static __device__ __forceinline__ wg_rec wg_rec_load(const kva__cuda_prefill_args &a, int ti)
+{
+    const int32_t *tile = a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS;
+    wg_rec rc;
+    rc.r = __ldg(tile);
+    rc.m0 = __ldg(tile + 1);
+    rc.kvh = __ldg(tile + 2);
+    return rc;
+}
+
 /* Tile header: request, rows, visible key range. */
 struct wg_tile {
     int r, m0, kvh, q_start, q_len, seq_len, rows, G, m_last, pos_min, pos_max, kv_lo, kv_hi;
 };
 static __device__ __forceinline__ void wg_tile_init(wg_tile &t, const kva__cuda_prefill_args &a,
-                                                    const int32_t *tile, const wg_div &gd)
+                                                    const wg_rec &rc, const wg_div &gd)
 {
-    t.r = tile[0];
-    t.m0 = tile[1];
-    t.kvh = tile[2];
+    t.r = rc.r;
+    t.m0 = rc.m0;
+    t.kvh = rc.kvh;
     t.G = (int)gd.d;
-    t.q_start = a.query_start_loc[t.r];
-    t.q_len = a.query_start_loc[t.r + 1] - t.q_start;
-    t.seq_len = a.seq_lens[t.r];
+    t.q_start = __ldg(a.query_start_loc + t.r);
+    t.q_len = __ldg(a.query_start_loc + t.r + 1) - t.q_start;
+    t.seq_len = __ldg(a.seq_lens + t.r);
     t.rows = t.q_len * t.G;
     t.m_last = min(t.m0 + WG_M, t.rows) - 1;
     t.pos_min = t.seq_len - t.q_len + wg_div_q(gd, t.m0);
@@ -157,15 +174,15 @@ struct wg_ctx {
 #ifdef KVA_WGMMA_BODY
 /* Fills c for the thread's rows t.m0 + rbase + g4 + 8 hf (rbase = 64 *
  * warpgroup + 16 * warp in it) of tile t (DK: the default scale's head
- * size). */
+ * size; tree_on: the launch's *a.tree_on, read once per thread). */
 template <int DK>
 static __device__ __forceinline__ void wg_ctx_init(wg_ctx &c, const kva__cuda_prefill_args &a,
-                                                   const wg_tile &t, int rbase, const wg_div &gd)
+                                                   const wg_tile &t, int rbase, const wg_div &gd,
+                                                   int tree_on)
 {
     const int lane = threadIdx.x & 31;
     const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
-    const kva__cuda_tree tree =
-        kva__cuda_tree_at(a.tree, a.tree_on ? *a.tree_on : 0, t.q_start, t.seq_len, t.q_len);
+    const kva__cuda_tree tree = kva__cuda_tree_at(a.tree, tree_on, t.q_start, t.seq_len, t.q_len);
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         /* Rows past the request take the last row's mask; they write nothing. */
@@ -463,7 +480,12 @@ static __device__ __forceinline__ void wg_kv_init(wg_kv &g, const kva__cuda_pref
     g.kv_hi = t.kv_hi;
 }
 /* Q rows m0 + r0 .. m0 + r0 + nrows - 1 of the tile (zeros past the request)
- * into the swizzled [128, DK] Q operand at sq, by NT threads (index t). */
+ * into the swizzled [128, DK] Q operand at sq, by NT threads (index t).
+ * Where C (16-byte chunks per row) divides NT, a thread copies chunk t % C of
+ * rows r0 + t / C + RPI k (RPI = NT / C, a multiple of 8 dividing nrows): its
+ * shared-memory address steps by RPI rows (the swizzle depends on the row
+ * mod 8 only) and its (token, head) by RPI packed rows, di tokens and dg
+ * heads with a carry past G, so only the first row takes a division. */
 template <int NT, int DK>
 static __device__ __forceinline__ void wg_load_q(const kva__cuda_prefill_args &a, const wg_tile &tl,
                                                  uint32_t sq, int r0, int nrows, int t,
@@ -472,17 +494,41 @@ static __device__ __forceinline__ void wg_load_q(const kva__cuda_prefill_args &a
     typedef uint16_t elem;
     constexpr int C = DK / 8; /* 16-byte chunks per row */
     const elem *q = (const elem *)a.q;
-    for (int idx = t; idx < nrows * C; idx += NT) {
-        const int row = r0 + idx / C, ch = idx % C, pm = tl.m0 + row;
-        const elem *src = q;
-        int bytes = 0;
-        if (pm < tl.rows) {
-            const int i = wg_div_q(gd, pm), g = pm - i * tl.G;
-            src = q + ((size_t)(tl.q_start + i) * a.num_heads + (size_t)tl.kvh * tl.G + g) * DK +
-                  ch * 8;
-            bytes = 16;
+    if constexpr (NT % C == 0) {
+        constexpr int RPI = NT / C;
+        static_assert(RPI % 8 == 0, "Q rows per step: a multiple of the swizzle period");
+        const int ch = t % C, row0 = r0 + t / C;
+        int pm = tl.m0 + row0, i = wg_div_q(gd, pm), g = pm - i * tl.G;
+        const int di = wg_div_q(gd, RPI), dg = RPI - di * tl.G;
+        const elem *base = q + (size_t)tl.kvh * tl.G * DK + ch * 8;
+        const uint32_t dst = sq + wg_swz(row0, ch, WG_M);
+        for (int k = 0; k * RPI < nrows; k++) {
+            const bool in = pm < tl.rows;
+            const elem *src =
+                in ? base + ((size_t)(tl.q_start + i) * a.num_heads + (size_t)g) * DK : q;
+            kva__cp_async16(dst + (uint32_t)(k * RPI * 128), src, in ? 16 : 0);
+            pm += RPI;
+            i += di;
+            g += dg;
+            if (g >= tl.G) {
+                g -= tl.G;
+                i++;
+            }
         }
-        kva__cp_async16(sq + wg_swz(row, ch, WG_M), src, bytes);
+    } else {
+        for (int idx = t; idx < nrows * C; idx += NT) {
+            const int row = r0 + idx / C, ch = idx % C, pm = tl.m0 + row;
+            const elem *src = q;
+            int bytes = 0;
+            if (pm < tl.rows) {
+                const int i = wg_div_q(gd, pm), g = pm - i * tl.G;
+                src = q +
+                      ((size_t)(tl.q_start + i) * a.num_heads + (size_t)tl.kvh * tl.G + g) * DK +
+                      ch * 8;
+                bytes = 16;
+            }
+            kva__cp_async16(sq + wg_swz(row, ch, WG_M), src, bytes);
+        }
     }
 }
 /* S = Q K^T [64, 128] for one warpgroup: DK / 16 k-steps over D (4 per

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
             if (ti >= n_tiles)
                 break;
             wg_tile tl;
-            wg_tile_init(tl, a, a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS, gd);
+            wg_tile_init(tl, a, wg_rec_load(a, ti), gd);
             const int n_first = tl.kv_lo / WG_BN;
             const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
@@ -239,12 +239,13 @@ __global__ void __launch_bounds__(3 * 128, 1)
         const uint64_t dq = kva__wgmma_desc(sQ + (uint32_t)cw * 64 * 128, 16, 1024);
         const uint64_t dk0 = kva__wgmma_desc(sK, 16, 1024);
         const uint64_t dv0 = kva__wgmma_desc(sV, WG_BN * 128, 1024);
+        const int tree_on = a.tree_on ? *a.tree_on : 0;
         int k = 0;
-        /* tl: the header of the CTA tile about to start, read when its Q rows
+        /* tl: the header of the CTA tile about to start, built when its Q rows
          * are loaded (under the previous tile's epilogue); the key loop and the
          * epilogue need only c and the key-tile range. */
         wg_tile tl;
-        wg_tile_init(tl, a, a.tiles + (size_t)blockIdx.x * KVA__CUDA_PREFILL_TILE_INTS, gd);
+        wg_tile_init(tl, a, wg_rec_load(a, (int)blockIdx.x), gd);
         wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
         kva__cp_async_commit();
         for (;;) {
@@ -252,7 +253,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
             kva__fence_proxy_async();
             wg_bar_sync(3 + cw, 128);
             wg_ctx c;
-            wg_ctx_init<DK>(c, a, tl, cw * 64 + wq * 16, gd);
+            wg_ctx_init<DK>(c, a, tl, cw * 64 + wq * 16, gd, tree_on);
             const int n_first = tl.kv_lo / WG_BN;
             const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
@@ -266,6 +267,11 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 o[e] = 0.0f;
             uint32_t pa[8][4];
             const int my_bar = 1 + cw, other_bar = 2 - cw;
+            /* The next CTA tile's record (nxt.r < 0: none), loaded before the
+             * last P V so that its latency hides under it and the next Q load
+             * under the epilogue does not wait for it. */
+            const int tn = tile_of(k + 1);
+            wg_rec nxt = {-1, 0, 0};
             if (ntiles > 0) {
                 if (cw == 1)
                     wg_bar_arrive(1, 256); /* consumer 0 issues first */
@@ -343,6 +349,8 @@ __global__ void __launch_bounds__(3 * 128, 1)
                         wg_mbar_arrive(empty + 8 * sp);
                     }
                 }
+                if (tn < n_tiles)
+                    nxt = wg_rec_load(a, tn);
                 /* P V of the last tile. */
                 wg_bar_sync(my_bar, 256);
                 if (INTRA && resc_prev)
@@ -358,18 +366,19 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 for (int e = 0; e < NO; e++)
                     kva__reg_fence(o[e]);
                 wg_mbar_arrive(empty + 8 * sl); /* the ring goes on with the next CTA tile */
+            } else if (tn < n_tiles) {
+                nxt = wg_rec_load(a, tn);
             }
             gi += (uint32_t)ntiles;
             /* The next CTA tile's Q rows of this warpgroup are loaded under the
              * epilogue (S of this tile is done with them). */
-            const int tn = tile_of(k + 1), nt = *a.num_tiles;
-            if (tn < nt) {
-                wg_tile_init(tl, a, a.tiles + (size_t)tn * KVA__CUDA_PREFILL_TILE_INTS, gd);
+            if (nxt.r >= 0) {
+                wg_tile_init(tl, a, nxt, gd);
                 wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
                 kva__cp_async_commit();
             }
             wg_epilogue<Ty, DV>(a, c, o, m_run, l_run);
-            if (tn >= nt)
+            if (nxt.r < 0)
                 break;
             k++;
         }
