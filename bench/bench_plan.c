@@ -111,9 +111,11 @@ static kva__partition *four_builds(const kva_plan *plan, int64_t slots, const ui
  * destroyed, or updated in place (kva_plan_update), and the grid partition
  * built fresh, or rebuilt in the previous step's (reuse), which is what the
  * CUDA plan's update does. A -DBENCH_PLAN_NO_UPDATE build (an older tree)
- * times only the first of each pair.
+ * times only the first of each pair. With a CUDA context (cu, a CUDA build on
+ * a machine with a GPU) it also times kva_plan_update there: the whole CUDA
+ * plan, whose part beyond the ref update and the grid is the metadata upload.
  */
-static void serve_sequence(kva_context *ctx, int64_t slots, int passes)
+static void serve_sequence(kva_context *ctx, kva_context *cu, int64_t slots, int passes)
 {
     enum { R0 = 32, STEPS = 80, STRIDE = 48 };
     int32_t base[R0], out[R0], qsl[R0 + 1], seq[R0], bt[R0 * STRIDE];
@@ -125,9 +127,9 @@ static void serve_sequence(kva_context *ctx, int64_t slots, int passes)
             bt[r * STRIDE + j] = j < 16 ? j : 16 + r * STRIDE + j;
     }
     const int n = STEPS * passes;
-    double *t = malloc(sizeof(double) * (size_t)n * 4);
+    double *t = malloc(sizeof(double) * (size_t)n * 5);
     int m = 0;
-    kva_plan *up = NULL;
+    kva_plan *up = NULL, *cup = NULL;
     kva__partition *reuse = NULL;
     kva__partition_params pp = gpu_params(slots);
     kva__partition_grid grid = {slots, 0, 176, 600, 1100}; /* cuda_plan.cu best_partition */
@@ -182,6 +184,14 @@ static void serve_sequence(kva_context *ctx, int64_t slots, int passes)
             kva_plan_destroy(p);
             t[m] = (t1 - t0) + (now_us() - t5);
             t[n + m] = t2 - t1;
+            if (cu) {
+                const double t6 = now_us();
+                if (!cup ? kva_plan_create(cu, &pd, &cup) : kva_plan_update(cu, cup, &pd)) {
+                    fprintf(stderr, "bench_plan: cuda: %s\n", kva_last_error());
+                    exit(1);
+                }
+                t[4 * n + m] = now_us() - t6;
+            }
             m++;
         }
     printf(
@@ -191,7 +201,10 @@ static void serve_sequence(kva_context *ctx, int64_t slots, int passes)
     printf(" | update %6.2f us | grid rebuilt in place %6.2f us", median(t + 2 * n, m),
            median(t + 3 * n, m));
 #endif
+    if (cu)
+        printf(" | cuda update %6.2f us", median(t + 4 * n, m));
     printf("\n");
+    kva_plan_destroy(cup);
     kva_plan_destroy(up);
     kva__partition_free(reuse);
     free(t);
@@ -298,7 +311,13 @@ int main(int argc, char **argv)
         kva_test_batch_free(&b);
     }
     free(t);
-    serve_sequence(ctx, slots, iters / 20 + 1);
+    /* The CUDA plan where there is one (a CUDA build on a GPU machine). */
+    kva_context *cu = NULL;
+    kva_context_desc cud = {KVA_BACKEND_CUDA, 1, 0};
+    if (kva_context_create(&cud, &cu) != KVA_STATUS_OK)
+        cu = NULL;
+    serve_sequence(ctx, cu, slots, iters / 20 + 1);
+    kva_context_destroy(cu);
     kva_context_destroy(ctx);
     return 0;
 }

@@ -92,7 +92,12 @@ kva_status serve_engine_dev_fail(serve_engine *e, kva_status st)
 /* CUDA: one small step before the clock starts, as an engine's warm-up
  * (profile) run: it loads the kernels (the runtime loads modules lazily, at
  * their first launch), sizes the context's device metadata, and makes the
- * backend refuse an unsupported shape before the run. A decode and a
+ * backend refuse an unsupported shape before the run. The metadata and the
+ * split workspace are first reserved for the largest step (max_num_seqs
+ * requests, the token budget; kva_cuda_context_reserve), as an engine sizes
+ * its attention buffers at start-up, so no step pays for growing them (a
+ * stream synchronize and pinned allocations); the block table's capacity
+ * grows with the batches (it depends on the sequence lengths). A decode and a
  * prefill of up to 64 tokens over blocks 1.. (zeroed), on layer 0; the
  * cache write is launched with every slot -1 (skipped), so no cache changes. */
 static kva_status warm_up(serve_engine *e)
@@ -107,6 +112,11 @@ static kva_status warm_up(serve_engine *e)
     kva_status rc = reserve(e, R, stride);
     if (rc != KVA_STATUS_OK)
         return rc;
+    if (o->kind != KVA_ATTN_MLA) { /* MLA plans keep their own buffers (mla_run) */
+        kva_cuda_capacity cap = {o->max_num_seqs, e->tmax, 0, o->heads, o->kv_heads, o->head_dim};
+        if ((rc = kva_cuda_context_reserve(e->ctx, &cap)) != KVA_STATUS_OK)
+            return rc;
+    }
     e->qsl[0] = 0;
     e->qsl[1] = 1;
     e->seq_lens[0] = s;
@@ -462,7 +472,7 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
     double t0 = serve_now();
     if ((rc = replan(e, &pd)) != KVA_STATUS_OK)
         return rc;
-    st->plan_s += serve_now() - t0;
+    double plan_step = serve_now() - t0; /* this step's plan time */
     kva_plan *plan = e->plan;
     kva_plan_info info;
     if ((rc = kva_plan_get_info(plan, &info)) != KVA_STATUS_OK)
@@ -500,7 +510,7 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
             t0 = serve_now();
             pd = serve_step_desc(o, R, e->qsl, e->seq_lens, e->bt, stride, local);
             rc = replan(e, &pd);
-            st->plan_s += serve_now() - t0;
+            plan_step += serve_now() - t0;
             if (rc != KVA_STATUS_OK)
                 break;
         }
@@ -568,6 +578,10 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
             *verify_s += serve_now() - v0;
         }
     }
+    st->plan_s += plan_step;
+    st->plan_s_by_state[info.state] += plan_step;
+    if (plan_step > st->plan_max_s)
+        st->plan_max_s = plan_step;
     /* CUDA: the step ends when the stream has run it (an engine samples the
      * step's tokens here); then the events give the device times. */
     if (dev && rc == KVA_STATUS_OK) {

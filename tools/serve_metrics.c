@@ -134,6 +134,10 @@ int serve_metrics_compute(const serve_run *run, serve_metrics *m)
     m->attention_share = st->attention_s / busy;
     m->write_share = st->write_s / busy;
     m->plan_share = st->plan_s / busy;
+    m->decode_plan_share = st->step_s_by_state[KVA_STATE_DECODE_ONLY] > 0
+                               ? st->plan_s_by_state[KVA_STATE_DECODE_ONLY] /
+                                     st->step_s_by_state[KVA_STATE_DECODE_ONLY]
+                               : 0.0;
     const int64_t dec = st->steps_by_state[KVA_STATE_DECODE_ONLY];
     m->mean_step_ms = st->steps > 0 ? 1e3 * st->step_s / (double)st->steps : 0.0;
     m->mean_decode_step_ms =
@@ -238,6 +242,9 @@ void serve_print_table(FILE *f, const serve_opts *o, const serve_run *run, const
         ROW_F("GPU attention share of step time (%):", 100.0 * m->attention_share);
         ROW_F("GPU KV write share of step time (%):", 100.0 * m->write_share);
         ROW_F("Host plan share of step time (%):", 100.0 * m->plan_share);
+        if (st->steps_by_state[KVA_STATE_DECODE_ONLY] > 0)
+            ROW_F("  of decode-only step time (%):", 100.0 * m->decode_plan_share);
+        ROW_F("Host plan time, most in a step (us):", 1e6 * st->plan_max_s);
     } else {
         ROW_F("Attention share of step time (%):", 100.0 * m->attention_share);
         ROW_F("KV cache write share of step time (%):", 100.0 * m->write_share);
@@ -392,7 +399,8 @@ int serve_write_json(const char *path, const serve_opts *o, const serve_run *run
     fprintf(f, "    \"evicted_blocks\": %lld,\n", (long long)run->pool_stats.num_evicted_blocks);
     fprintf(f, "    \"step_s\": %.9g,\n    \"attention_s\": %.9g,\n    \"cache_write_s\": %.9g,\n",
             st->step_s, st->attention_s, st->write_s);
-    fprintf(f, "    \"plan_s\": %.9g,\n", st->plan_s);
+    fprintf(f, "    \"plan_s\": %.9g,\n    \"plan_max_s\": %.9g,\n", st->plan_s, st->plan_max_s);
+    fprintf(f, "    \"decode_plan_share\": %.9g,\n", m->decode_plan_share);
     fprintf(f, "    \"mean_step_ms\": %.9g,\n    \"mean_decode_step_ms\": %.9g,\n", m->mean_step_ms,
             m->mean_decode_step_ms);
     fprintf(f, "    \"kv_bytes_per_token\": %lld,\n    \"kv_bytes_per_token_mha\": %lld,\n",

@@ -190,8 +190,10 @@ typedef struct serve_stats {
     double attention_s;   /* inside kva_attention_run (CUDA: device time, events) */
     double write_s;       /* inside kva_cache_write (CUDA: device time, events) */
     double plan_s;        /* inside kva_plan_create / destroy */
+    double plan_max_s;    /* the most plan time of one step */
     double combine_s;     /* --dcp: inside kva_dcp_mpi_combine */
     double step_s_by_state[KVA_STATE_EMPTY + 1]; /* step_s by the steps' kva_attn_state */
+    double plan_s_by_state[KVA_STATE_EMPTY + 1]; /* plan_s likewise */
     int32_t last_state;                          /* the last step's state (set by the engine) */
     int64_t cascade_steps; /* steps whose (first layer's) plan ran a cascade */
     /* --verify */
@@ -317,6 +319,7 @@ typedef struct serve_metrics {
     double attention_share; /* attention_s / step_s */
     double write_share;
     double plan_share;
+    double decode_plan_share;   /* plan / step time of the decode-only steps */
     double mean_step_ms;        /* step_s / steps */
     double mean_decode_step_ms; /* over the decode-only steps */
 } serve_metrics;

@@ -6,9 +6,18 @@
  * every update it must equal a plan created fresh from the same descriptor
  * on a second context of the same device: the same info, the same partition
  * item for item, and the same outputs bit for bit (outputs poisoned before
- * each run). Bad input (a negative block id, a context of another backend)
- * changes nothing: the plan still runs and gives the same output. Exits 77
- * without a GPU.
+ * each run), and the reference backend's output within the tensor-core
+ * tolerance. The sequence runs twice: with the updated plan's context growing
+ * its metadata as the batches need (each upload one copy), and reserved for
+ * far larger batches (kva_cuda_context_reserve: large item, task and tile
+ * capacities, so a step with split tasks or prefill tiles uploads in several
+ * copies), against the fresh plans' unreserved context. Bad input (a negative
+ * block id, a context of another backend) changes nothing: the plan still
+ * runs and gives the same output. Pipelined: updates and runs enqueued with
+ * no host synchronization behind a long first run, so the later uploads
+ * queue on the stream while the host fills the staging ring again (an upload
+ * whose staging were overwritten before its copy ran would give a wrong
+ * output). Exits 77 without a GPU.
  */
 #include "batchgen.h"
 #include "cuda_util.h"
@@ -34,16 +43,51 @@ static uint16_t *run_out(kva_context *ctx, const kva_plan *plan, const void *dq,
     return out;
 }
 
-static void test_update_sequence(void)
+/* Steps of more multiply-adds than this (q_len x seq_len x H x (D + Dv)
+ * summed over the requests) skip the reference compare: the scalar fp64
+ * reference would take seconds to minutes on a long prefill. */
+#define REF_WORK_MAX 2e7
+
+/* The reference output of pd over the host cache hc and q, against got
+ * (steps of at most REF_WORK_MAX work). */
+static void check_ref(kva_context *ref, const kva_plan_desc *pd, const kva_cache *hc, const void *q,
+                      const uint16_t *got, int32_t T, int step)
+{
+    double work = 0.0;
+    for (int32_t r = 0; r < pd->num_requests; r++)
+        work += (double)(pd->query_start_loc[r + 1] - pd->query_start_loc[r]) *
+                (double)pd->seq_lens[r] * H * (2.0 * D);
+    if (work > REF_WORK_MAX)
+        return;
+    kva_plan *pr = NULL;
+    CHECK_OK(kva_plan_create(ref, pd, &pr));
+    const size_t n = (size_t)T * H * D;
+    uint16_t *want = malloc((n > 0 ? n : 1) * 2);
+    if (pr && T > 0)
+        CHECK_OK(kva_attention_run(ref, pr, q, hc, NULL, want, NULL));
+    /* Rows of the tensor-core decode and prefill (the defaults for this
+     * shape): P rounded to bf16 for P V, + 2^-8 * max|v|. */
+    const double atol = kva_test_atol(DT) + 0x1p-8 * 1.7320508;
+    CHECK_MSG(kva_test_compare("out", got, want, DT, n, atol, kva_test_rtol(DT)) == 0,
+              "step %d: the updated plan's output is off the reference", step);
+    free(want);
+    kva_plan_destroy(pr);
+}
+
+static void update_sequence(int reserved)
 {
     kva_context *ctx = NULL, *fresh_ctx = NULL, *ref = NULL;
     kva_context_desc cd = {KVA_BACKEND_CUDA, 0, 0}, rd = {KVA_BACKEND_REF, 1, 0};
     CHECK_OK(kva_context_create(&cd, &ctx));
     CHECK_OK(kva_context_create(&cd, &fresh_ctx));
     CHECK_OK(kva_context_create(&rd, &ref));
-    kva_rng rng = {271828};
+    if (reserved && ctx) {
+        const kva_cuda_capacity cap = {256, 16384, 256 * 512, H, HKV, D};
+        CHECK_OK(kva_cuda_context_reserve(ctx, &cap));
+    }
+    kva_rng rng = {271828u + (uint64_t)reserved};
     kva_plan *plan = NULL;
-    const int steps = kva_test_quick() ? 12 : 40;
+    const int steps = kva_test_quick() ? (reserved ? 6 : 12) : 40;
     for (int c = 0; c < steps && ctx && fresh_ctx; c++) {
         const int32_t R = kva_rng_int(&rng, 1, c % 3 == 0 ? 40 : 10);
         kva_test_batch b;
@@ -92,6 +136,7 @@ static void test_update_sequence(void)
             uint16_t *o2 = run_out(fresh_ctx, fresh, dq, dc, b.T);
             CHECK_MSG(!memcmp(o1, o2, (size_t)b.T * H * D * 2),
                       "step %d: outputs of the updated and the fresh plan differ", c);
+            check_ref(ref, &pd, hc, q, o1, b.T, c);
             if (c == steps - 1) {
                 /* Bad input changes nothing: the plan still runs alike. */
                 int32_t *bt = malloc(sizeof(int32_t) * (size_t)b.R * (size_t)b.stride);
@@ -120,12 +165,107 @@ static void test_update_sequence(void)
     kva_context_destroy(ref);
 }
 
+/* One step of the pipelined test: its batch, caches, q and device output. */
+typedef struct pipe_step {
+    kva_test_batch b;
+    kva_plan_desc pd;
+    kva_cache *hc, *dc;
+    uint16_t *q;
+    void *dq, *dout;
+} pipe_step;
+
+static void test_update_pipelined(void)
+{
+    enum { STEPS = 9 };
+    kva_context *ctx = NULL, *fresh_ctx = NULL, *ref = NULL;
+    kva_context_desc cd = {KVA_BACKEND_CUDA, 0, 0}, rd = {KVA_BACKEND_REF, 1, 0};
+    CHECK_OK(kva_context_create(&cd, &ctx));
+    CHECK_OK(kva_context_create(&cd, &fresh_ctx));
+    CHECK_OK(kva_context_create(&rd, &ref));
+    kva_rng rng = {314159};
+    pipe_step st[STEPS];
+    for (int c = 0; c < STEPS && ctx && ref; c++) { /* all set up before the first run */
+        pipe_step *p = &st[c];
+        /* Step 0: 32 long decodes, run 8 times (the same output), so the
+         * device is busy while the host plans the next steps. */
+        kva_test_batch_random(&p->b, &rng, c == 0 ? 32 : kva_rng_int(&rng, 1, 24), BS,
+                              c == 0 ? 4000 : 1500, c % 2 ? 15u : 1u, 0);
+        p->pd = kva_test_batch_plan_desc(&p->b, H, HKV, D, D, DT);
+        kva_cache_desc desc;
+        memset(&desc, 0, sizeof desc);
+        desc.num_blocks = p->b.num_blocks, desc.block_size = BS, desc.num_kv_heads = HKV;
+        desc.head_dim = D, desc.head_dim_v = D, desc.dtype = DT;
+        p->hc = p->dc = NULL;
+        CHECK_OK(kva_cache_create(ref, &desc, &p->hc));
+        CHECK_OK(kva_cache_create(ctx, &desc, &p->dc));
+        void *k = NULL, *v = NULL;
+        kva_cache_data(p->hc, &k, &v);
+        const size_t nkv = (size_t)p->b.num_blocks * BS * HKV * D;
+        kva_test_fill(k, DT, nkv, &rng, 1.0);
+        kva_test_fill(v, DT, nkv, &rng, 1.0);
+        cache_upload(p->dc, p->hc);
+        const size_t nq = (size_t)(p->b.T > 0 ? p->b.T : 1) * H * D;
+        p->q = malloc(nq * 2);
+        kva_test_fill(p->q, DT, nq, &rng, 1.0);
+        p->dq = dev_from(p->q, nq * 2);
+        p->dout = dev_poisoned(nq * 2);
+    }
+    if (!ctx || !fresh_ctx || !ref)
+        return;
+    CUDA_OK(cudaDeviceSynchronize());
+    kva_plan *plan = NULL;
+    for (int c = 0; c < STEPS; c++) { /* no host synchronization in this loop */
+        pipe_step *p = &st[c];
+        if (!plan)
+            CHECK_OK(kva_plan_create(ctx, &p->pd, &plan));
+        else
+            CHECK_OK(kva_plan_update(ctx, plan, &p->pd));
+        for (int i = 0; plan && p->b.T > 0 && i < (c == 0 ? 8 : 1); i++)
+            CHECK_OK(kva_attention_run(ctx, plan, p->dq, p->dc, NULL, p->dout, NULL));
+    }
+    for (int c = 0; c < STEPS; c++) {
+        pipe_step *p = &st[c];
+        const size_t n = (size_t)p->b.T * H * D;
+        uint16_t *got = malloc((n > 0 ? n : 1) * 2);
+        to_host(got, p->dout, n * 2);
+        kva_plan *fresh = NULL;
+        CHECK_OK(kva_plan_create(fresh_ctx, &p->pd, &fresh));
+        uint16_t *want = run_out(fresh_ctx, fresh, p->dq, p->dc, p->b.T);
+        CHECK_MSG(!memcmp(got, want, n * 2),
+                  "pipelined step %d: the output differs from a fresh plan's", c);
+        check_ref(ref, &p->pd, p->hc, p->q, got, p->b.T, c);
+        kva_plan_destroy(fresh);
+        free(got), free(want), free(p->q);
+        CUDA_OK(cudaFree(p->dq));
+        CUDA_OK(cudaFree(p->dout));
+        kva_cache_destroy(p->dc);
+        kva_cache_destroy(p->hc);
+        kva_test_batch_free(&p->b);
+    }
+    kva_plan_destroy(plan);
+    kva_context_destroy(ctx);
+    kva_context_destroy(fresh_ctx);
+    kva_context_destroy(ref);
+}
+
+static void test_update_sequence(void)
+{
+    update_sequence(0);
+}
+
+static void test_update_sequence_reserved(void)
+{
+    update_sequence(1);
+}
+
 int main(void)
 {
     const int skip = cuda_test_skip();
     if (skip)
         return skip;
     RUN(test_update_sequence);
+    RUN(test_update_sequence_reserved);
+    RUN(test_update_pipelined);
     return kva_test_finish();
 }
 

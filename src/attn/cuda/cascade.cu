@@ -52,9 +52,7 @@ extern "C" kva_status kva__cuda_cascade_follow(kva_context *aux, const kva_conte
     if (a->stream == stream)
         return KVA_STATUS_OK;
     /* As kva_cuda_context_set_stream: no upload may still read the staging. */
-    if (a->upload_pending)
-        KVA_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)a->upload_event));
-    a->upload_pending = 0;
+    KVA_TRY(kva__cuda_upload_drain(a));
     a->stream = (void *)stream;
     return KVA_STATUS_OK;
 }

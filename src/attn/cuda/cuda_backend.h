@@ -137,6 +137,20 @@ typedef struct kva__cuda_occ {
 } kva__cuda_occ;
 #define KVA__CUDA_OCC_CACHE 16
 
+/* Uploads per staging-ring event, and the slots of the ring (two groups). */
+#define KVA__CUDA_STAGING_GROUP 2
+#define KVA__CUDA_STAGING_SLOTS (2 * KVA__CUDA_STAGING_GROUP)
+
+/* The staging ring of a context's plan uploads (cuda_meta.cu,
+ * staging_acquire): uploads go in groups of KVA__CUDA_STAGING_GROUP into
+ * alternate halves of the staging slots; after a group, an event on the
+ * stream marks its half free again. */
+typedef struct kva__cuda_ring {
+    void *events[2];  /* cudaEvent_t per half */
+    int pending[2];   /* the half's event has been recorded and not yet waited for */
+    uint64_t uploads; /* uploads since the staging was allocated */
+} kva__cuda_ring;
+
 typedef struct kva__cuda_state {
     int device;
     void *stream; /* cudaStream_t; NULL = legacy default stream */
@@ -148,10 +162,10 @@ typedef struct kva__cuda_state {
                                   kva__partition_grid) */
     int deferred_write_status; /* kva_cuda_context_set_deferred_write_status */
     void *meta_dev;            /* device metadata buffer */
-    void *meta_host;           /* pinned staging of the same size */
-    size_t meta_bytes;         /* size of both */
-    void *upload_event;        /* cudaEvent_t recorded after the last upload */
-    int upload_pending;        /* the event has been recorded (staging may be in use) */
+    void *meta_host;           /* pinned staging: ring_slots slots of meta_bytes */
+    size_t meta_bytes;         /* size of the device buffer and of one staging slot */
+    kva__cuda_ring *ring;      /* the staging ring's events and counters */
+    int ring_slots;            /* KVA__CUDA_STAGING_SLOTS once meta_host is allocated */
     kva__cuda_meta meta;
     /* Resident CTAs per SM of the attention kernels for the shapes planned so
      * far (cuda_ctx.cu, ctas_per_sm_cached): fixed per kernel and device, so
@@ -167,6 +181,10 @@ typedef struct kva__cuda_state {
     int index_no_wgmma;        /* kva__cuda_context_indexer_test: flags bits 0, 2, 3 */
     int index_topk_full;       /* kva__cuda_context_indexer_test: 1 = full-row top-K passes */
 } kva__cuda_state;
+
+/* Waits until no upload of st still reads its staging (before the context's
+ * stream changes; cuda_meta.cu). */
+kva_status kva__cuda_upload_drain(kva__cuda_state *st);
 
 /* Plan-side data of the CUDA backend (plan->device). */
 typedef struct kva__cuda_plan {

@@ -30,15 +30,24 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx)
     st->device = ctx->device_id;
     cudaError_t e =
         cudaDeviceGetAttribute(&st->num_sms, cudaDevAttrMultiProcessorCount, st->device);
-    cudaEvent_t ev = NULL;
-    if (e == cudaSuccess)
-        e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    st->ring = (kva__cuda_ring *)calloc(1, sizeof *st->ring);
+    if (!st->ring) {
+        free(st);
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_context_create: out of memory");
+    }
+    cudaEvent_t ev[2] = {NULL, NULL};
+    for (int i = 0; i < 2 && e == cudaSuccess; i++)
+        e = cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming);
     if (e != cudaSuccess) {
+        if (ev[0])
+            cudaEventDestroy(ev[0]);
+        free(st->ring);
         free(st);
         return kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_context_create: device %d: %s",
                          (int)ctx->device_id, cudaGetErrorString(e));
     }
-    st->upload_event = ev;
+    st->ring->events[0] = ev[0];
+    st->ring->events[1] = ev[1];
     ctx->state = st;
     return KVA_STATUS_OK;
 }
@@ -53,7 +62,9 @@ extern "C" void kva__cuda_context_free(kva_context *ctx)
     (void)cudaStreamSynchronize(STREAM(st));
     cudaFree(st->meta_dev);
     cudaFreeHost(st->meta_host);
-    cudaEventDestroy((cudaEvent_t)st->upload_event);
+    cudaEventDestroy((cudaEvent_t)st->ring->events[0]);
+    cudaEventDestroy((cudaEvent_t)st->ring->events[1]);
+    free(st->ring);
     free(st);
     ctx->state = NULL;
 }
@@ -113,9 +124,7 @@ extern "C" kva_status kva_cuda_context_set_stream(kva_context *ctx, void *stream
     KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
     kva__cuda_state *st = state_of(ctx);
     /* A later upload must not overwrite staging an earlier stream still reads. */
-    if (st->upload_pending)
-        KVA_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)st->upload_event));
-    st->upload_pending = 0;
+    KVA_TRY(kva__cuda_upload_drain(st));
     st->stream = stream;
     return KVA_STATUS_OK;
 }
@@ -223,7 +232,7 @@ static const kva__memory_ops cuda_memory = {
     "cuda device",               /* name */
     0,                           /* host */
     1,                           /* per_device */
-    kva__cuda_workspace_reserve, /* workspace_reserve (cuda_plan.cu) */
+    kva__cuda_workspace_reserve, /* workspace_reserve (cuda_meta.cu) */
     workspace_free,              /* workspace_free */
     kva__cuda_cache_alloc,       /* cache_alloc (cache_ops.cu) */
     kva__cuda_cache_free,        /* cache_free */

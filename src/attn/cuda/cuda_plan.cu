@@ -1,15 +1,16 @@
 /*
- * cuda_plan.cu - the CUDA backend's plan builder (C-style CUDA): the device
- * metadata buffer and its layout, the partition parameters for the GPU, the
- * kernel choice per plan, the upload of a plan's metadata, the workspace,
- * kva_cuda_context_reserve, and the plan builds of every kind (attention,
- * MLA, sparse MLA, indexer). The context and the operation tables are in
- * cuda_ctx.cu.
+ * cuda_plan.cu - the CUDA backend's plan builder (C-style CUDA): the
+ * partition parameters for the GPU, the kernel choice per plan, and the plan
+ * builds of every kind (attention, MLA, sparse MLA, indexer). The device
+ * metadata buffer, its growth, the workspace, kva_cuda_context_reserve and
+ * the upload of a plan's metadata are in cuda_meta.cu; the context and the
+ * operation tables in cuda_ctx.cu.
  *
  * kva_plan_create partitions the work on the host (src/plan/partition.c),
  * grows the buffers if the plan does not fit (after a stream synchronize;
- * refused during capture), waits for the previous upload to leave the
- * staging buffer, fills it and enqueues one cudaMemcpyAsync per section.
+ * refused during capture), fills a slot of the pinned staging ring (waiting
+ * for an older upload to leave it where needed) and enqueues its used
+ * sections in as few cudaMemcpyAsync as possible (one for a decode step).
  * The run path then only launches kernels.
  *
  * Prefills on tensor cores: for paged plans whose shape a prefill tile kernel
@@ -34,144 +35,9 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- device metadata ---- */
-
-static size_t align256(size_t x)
-{
-    return (x + 255u) & ~(size_t)255u;
-}
-
-/* Byte offsets of the sections for caps c; returns the total size. */
-#define KVA_CUDA_SECTIONS 11
 /* Packed rows (q_len * H / Hkv) from which a request above the decode
  * threshold goes to prefill_mma (fewer leave most of its 128-row tile empty). */
 #define KVA_CUDA_MMA_MIN_ROWS 64
-/* K/V bytes of one L2 section of the prefill tile list
- * (kva__cuda_prefill_tiles_build_sections): a third of an H100's 50 MB L2,
- * the rest left to the query rows and outputs streaming through. */
-#define KVA_CUDA_L2_SECTION_BYTES ((int64_t)16 << 20)
-/* Largest gap between two used metadata sections that one upload spans. */
-#define KVA_CUDA_UPLOAD_GAP ((size_t)32 << 10)
-
-static size_t layout_sections(const kva__cuda_caps *c, size_t off[KVA_CUDA_SECTIONS])
-{
-    size_t o = 0;
-    off[0] = o, o = align256(o + KVA_CUDA_HDR_WORDS * sizeof(int32_t));
-    off[1] = o, o = align256(o + (size_t)c->items * sizeof(kva__cuda_item));
-    off[2] = o, o = align256(o + (size_t)c->tasks * sizeof(kva__cuda_task));
-    off[3] = o, o = align256(o + (size_t)(c->reqs + 1) * sizeof(int32_t));
-    off[4] = o, o = align256(o + (size_t)c->reqs * sizeof(int32_t));
-    off[5] = o, o = align256(o + (size_t)(c->reqs + 1) * sizeof(int64_t));
-    off[6] = o, o = align256(o + (size_t)c->bt * sizeof(int32_t));
-    off[7] = o, o = align256(o + (size_t)c->heads * sizeof(float));
-    off[8] = o, o = align256(o + (size_t)c->ptiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t));
-    off[9] = o, o = align256(o + (size_t)c->reqs * sizeof(int32_t));
-    off[10] = o, o = align256(o + (size_t)c->tree * sizeof(uint64_t));
-    return o;
-}
-
-static int64_t max64(int64_t a, int64_t b)
-{
-    return a > b ? a : b;
-}
-
-/* Refuses to grow while the stream is being captured: a graph would keep the
- * old addresses. */
-static kva_status check_not_capturing(const char *fn, kva__cuda_state *st)
-{
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    KVA_CUDA_TRY(cudaStreamIsCapturing(STREAM(st), &cs));
-    if (cs != cudaStreamCaptureStatusNone)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "%s: the context's stream is capturing a graph; plans must be created "
-                         "(and buffers reserved) outside capture",
-                         fn);
-    return KVA_STATUS_OK;
-}
-
-/* Grows the metadata buffers to hold need (keeps them when they already do). */
-static kva_status reserve_meta(kva__cuda_state *st, const kva__cuda_caps *need)
-{
-    kva__cuda_caps c = st->caps;
-    if (st->meta_dev && need->items <= c.items && need->tasks <= c.tasks && need->reqs <= c.reqs &&
-        need->bt <= c.bt && need->heads <= c.heads && need->ptiles <= c.ptiles &&
-        need->tree <= c.tree)
-        return KVA_STATUS_OK;
-    c.items = max64(max64(c.items, need->items), 1024);
-    c.tasks = max64(max64(c.tasks, need->tasks), 256);
-    c.reqs = max64(max64(c.reqs, need->reqs), 64);
-    c.bt = max64(max64(c.bt, need->bt), 4096);
-    c.heads = max64(max64(c.heads, need->heads), 64);
-    /* No prefill-tile capacity until a plan or reserve needs some: the prefill
-     * kernel is launched only when there is (decode-only contexts skip it). */
-    if (need->ptiles > c.ptiles)
-        c.ptiles = max64(need->ptiles, 256);
-    if (need->tree > c.tree) /* likewise the tree words (tree plans only) */
-        c.tree = max64(need->tree, 256);
-    size_t off[KVA_CUDA_SECTIONS];
-    size_t bytes = layout_sections(&c, off);
-    KVA_TRY(check_not_capturing("kva_plan_create", st));
-    void *dev = NULL, *host = NULL;
-    cudaError_t e = cudaMalloc(&dev, bytes);
-    if (e == cudaSuccess)
-        e = cudaMallocHost(&host, bytes);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        cudaFree(dev);
-        return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
-                         "kva_plan_create: cannot allocate %zu bytes of device metadata: %s", bytes,
-                         cudaGetErrorString(e));
-    }
-    /* Kernels queued earlier may still read the old buffers. */
-    KVA_CUDA_TRY(cudaStreamSynchronize(STREAM(st)));
-    cudaFree(st->meta_dev);
-    cudaFreeHost(st->meta_host);
-    st->upload_pending = 0;
-    st->meta_dev = dev;
-    st->meta_host = host;
-    st->meta_bytes = bytes;
-    st->caps = c;
-    st->generation++; /* the plan whose metadata the old buffers held is gone */
-    char *b = (char *)dev;
-    st->meta.hdr = (const int32_t *)(b + off[0]);
-    st->meta.items = (const kva__cuda_item *)(b + off[1]);
-    st->meta.tasks = (const kva__cuda_task *)(b + off[2]);
-    st->meta.qsl = (const int32_t *)(b + off[3]);
-    st->meta.seq_lens = (const int32_t *)(b + off[4]);
-    st->meta.kv_start = (const int64_t *)(b + off[5]);
-    st->meta.block_table = (const int32_t *)(b + off[6]);
-    st->meta.alibi = (const float *)(b + off[7]);
-    st->meta.ptiles = c.ptiles > 0 ? (const int32_t *)(b + off[8]) : NULL;
-    st->meta.dcp_seq_lens = (const int32_t *)(b + off[9]);
-    st->meta.tree = (const uint64_t *)(b + off[10]);
-    /* The header is read by every kernel (the prefill kernel's tile count
-     * too) before the first upload could fill it. */
-    KVA_CUDA_TRY(cudaMemsetAsync(dev, 0, KVA_CUDA_HDR_WORDS * sizeof(int32_t), STREAM(st)));
-    return KVA_STATUS_OK;
-}
-
-/* Grows the device workspace (split partials) to bytes. */
-extern "C" kva_status kva__cuda_workspace_reserve(kva_context *ctx, size_t bytes)
-{
-    kva__cuda_state *st = state_of(ctx);
-    if (bytes <= ctx->workspace_bytes)
-        return KVA_STATUS_OK;
-    KVA_TRY(check_not_capturing("kva_plan_create", st));
-    size_t rounded = align256(bytes + bytes / 4);
-    void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, rounded);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
-                         "kva_plan_create: cannot allocate %zu bytes of device workspace: %s",
-                         rounded, cudaGetErrorString(e));
-    }
-    KVA_CUDA_TRY(cudaStreamSynchronize(STREAM(st)));
-    cudaFree(ctx->workspace);
-    ctx->workspace = p;
-    ctx->workspace_bytes = rounded;
-    return KVA_STATUS_OK;
-}
 
 /* Partition parameters for the GPU: items of at most `rows` attention rows;
  * keys are split only when there are too few items to fill the SMs. */
@@ -230,41 +96,6 @@ static kva_status best_partition(const kva__cuda_state *st, const kva_plan *plan
     return kva__partition_build_grid(plan, &pp, &grid, skip_req, reuse, out);
 }
 
-/* Upper bounds of the sections for a batch within cap (kva_cuda_context_reserve). */
-static void caps_for(const kva__cuda_state *st, const kva_cuda_capacity *cap, kva__cuda_caps *c,
-                     size_t *ws_bytes)
-{
-    const int64_t G = cap->num_heads / (cap->num_kv_heads > 0 ? cap->num_kv_heads : 1);
-    const int rows = kva__cuda_rows_for_group((int32_t)G);
-    const int64_t slices = (G + rows - 1) / rows;
-    /* Resident CTAs per SM never exceed 8 for the attention kernels, and the
-     * partition asks for up to 4 items per CTA. */
-    const int64_t threads = 32 * (int64_t)(st->num_sms > 0 ? st->num_sms : 1);
-    /* Units: every request contributes at most q_len/nq + 1 tiles per slice and
-     * kv head; splitting adds at most one item per partition thread, and only
-     * units costlier than total/threads are split (fewer than threads of them). */
-    int64_t units = cap->num_kv_heads * slices * ((int64_t)cap->max_tokens + cap->max_requests);
-    c->items = units + 2 * threads + 64;
-    c->tasks = threads + 64;
-    c->reqs = cap->max_requests;
-    c->bt = cap->max_block_table;
-    c->heads = cap->num_heads;
-    c->tree = cap->max_tokens; /* a tree plan's words: a graph replays trees too */
-    /* Prefill tiles: every request has at most ceil(q_len * G / 128) tiles per
-     * kv head; only batches with a request of more than one token can have a
-     * prefill. */
-    c->ptiles = cap->max_tokens > cap->max_requests
-                    ? cap->num_kv_heads * ((int64_t)cap->max_tokens * G / KVA__CUDA_PREFILL_TILE_M +
-                                           cap->max_requests)
-                    : 0;
-    /* Split partials: the tensor-core decode's items hold up to 16 rows, the
-     * MLA decode's (the only kernel with Dv > 256) up to 64. */
-    const size_t ws_rows = cap->head_dim_v > 256              ? (size_t)64
-                           : rows > KVA__CUDA_MMA_DECODE_ROWS ? (size_t)rows
-                                                              : (size_t)KVA__CUDA_MMA_DECODE_ROWS;
-    *ws_bytes = (size_t)(3 * threads + 64) * ws_rows * ((size_t)cap->head_dim_v + 1) * 4u;
-}
-
 extern "C" kva_status kva__cuda_context_force_splits(kva_context *ctx, int splits)
 {
     kva__clear_error();
@@ -273,136 +104,6 @@ extern "C" kva_status kva__cuda_context_force_splits(kva_context *ctx, int split
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva__cuda_context_force_splits: splits = %d (-1..1024)", splits);
     state_of(ctx)->force_splits = splits;
-    return KVA_STATUS_OK;
-}
-
-extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_capacity *cap)
-{
-    kva__clear_error();
-    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
-    KVA_CHECK_PTR(cap);
-    if (cap->max_requests < 0 || cap->max_tokens < 0 || cap->max_block_table < 0 ||
-        cap->num_heads < 1 || cap->num_kv_heads < 1 || cap->num_heads % cap->num_kv_heads != 0 ||
-        !kva__head_dim_ok(cap->head_dim_v) || cap->head_dim_v > kva__cuda_ops.max_head_dim)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_cuda_context_reserve: cap = {R %d, T %d, block table %lld, H %d, "
-                         "Hkv %d, Dv %d} is not a valid shape",
-                         (int)cap->max_requests, (int)cap->max_tokens,
-                         (long long)cap->max_block_table, (int)cap->num_heads,
-                         (int)cap->num_kv_heads, (int)cap->head_dim_v);
-    kva__cuda_state *st = state_of(ctx);
-    KVA_TRY(use_device(st->device));
-    kva__cuda_caps c;
-    size_t ws = 0;
-    caps_for(st, cap, &c, &ws);
-    KVA_TRY(check_not_capturing(__func__, st));
-    KVA_TRY(reserve_meta(st, &c));
-    return kva__cuda_workspace_reserve(ctx, ws);
-}
-
-/* Copies bytes of staging at off to the device buffer on the stream. */
-static kva_status upload(kva__cuda_state *st, size_t off, size_t bytes)
-{
-    if (bytes == 0)
-        return KVA_STATUS_OK;
-    KVA_CUDA_TRY(cudaMemcpyAsync((char *)st->meta_dev + off, (const char *)st->meta_host + off,
-                                 bytes, cudaMemcpyHostToDevice, STREAM(st)));
-    return KVA_STATUS_OK;
-}
-
-/* Fills the staging buffer with the plan's metadata and enqueues the copies. */
-static kva_status upload_plan(kva__cuda_state *st, const kva_plan *plan, const kva__partition *part,
-                              const uint8_t *mma_req)
-{
-    size_t off[KVA_CUDA_SECTIONS];
-    layout_sections(&st->caps, off);
-    char *h = (char *)st->meta_host;
-    const int32_t R = plan->d.num_requests;
-    const int64_t bt = plan->block_table ? (int64_t)R * plan->d.block_table_stride : 0;
-
-    int32_t *hdr = (int32_t *)(h + off[0]);
-    memset(hdr, 0, KVA_CUDA_HDR_WORDS * sizeof(int32_t));
-    hdr[KVA_CUDA_HDR_ITEMS] = part->num_items;
-    hdr[KVA_CUDA_HDR_TASKS] = part->num_tasks;
-    hdr[KVA_CUDA_HDR_REQS] = R;
-    hdr[KVA_CUDA_HDR_BT_STRIDE] = plan->d.block_table_stride;
-    kva__cuda_item *it = (kva__cuda_item *)(h + off[1]);
-    for (int32_t i = 0; i < part->num_items; i++) {
-        const kva__work_item *w = &part->items[i];
-        kva__cuda_item x = {w->req, w->kv_head, w->h0, w->nh,   w->i0,
-                            w->nq,  w->k0,      w->k1, w->task, w->split};
-        it[i] = x;
-    }
-    kva__cuda_task *tk = (kva__cuda_task *)(h + off[2]);
-    for (int32_t i = 0; i < part->num_tasks; i++) {
-        const kva__split_task *t = &part->tasks[i];
-        kva__cuda_task x = {t->req, t->kv_head,    t->h0, t->nh,    t->i0,
-                            t->nq,  t->num_splits, 0,     t->ws_off};
-        tk[i] = x;
-    }
-    memcpy(h + off[3], plan->query_start_loc, ((size_t)R + 1) * sizeof(int32_t));
-    if (R > 0)
-        memcpy(h + off[4], plan->kv_lens, (size_t)R * sizeof(int32_t)); /* see dcp_accept */
-    memcpy(h + off[5], plan->kv_start, ((size_t)R + 1) * sizeof(int64_t));
-    if (bt > 0)
-        memcpy(h + off[6], plan->block_table, (size_t)bt * sizeof(int32_t));
-    if (plan->alibi_slopes)
-        memcpy(h + off[7], plan->alibi_slopes, (size_t)plan->d.num_heads * sizeof(float));
-    int32_t ntiles = 0;
-    if (mma_req)
-        KVA_TRY(kva__cuda_prefill_tiles_build_sections(
-            R, plan->query_start_loc, plan->kv_lens, mma_req, plan->d.num_heads,
-            plan->d.num_kv_heads, plan->d.causal, plan->d.window_left, plan->d.attention_chunk,
-            KVA_CUDA_L2_SECTION_BYTES / ((int64_t)(plan->d.head_dim + plan->d.head_dim_v) *
-                                         (int64_t)kva_dtype_size(plan->d.q_dtype)),
-            (int32_t *)(h + off[8]), (int32_t)st->caps.ptiles, &ntiles));
-    hdr[KVA_CUDA_HDR_PTILES] = ntiles;
-    const int dcp_global = ((const kva__cuda_plan *)plan->device)->dcp_global;
-    if (dcp_global) { /* masks on global positions (dcp_pos.cuh) */
-        hdr[KVA_CUDA_HDR_DCP_N] = plan->d.dcp_size;
-        hdr[KVA_CUDA_HDR_DCP_RANK] = plan->d.dcp_rank;
-        hdr[KVA_CUDA_HDR_DCP_I] = plan->d.dcp_interleave;
-        memcpy(h + off[9], plan->seq_lens, (size_t)R * sizeof(int32_t));
-    }
-    const int32_t T = R > 0 ? plan->query_start_loc[R] : 0;
-    if (plan->tree_bits) { /* draft-tree words (tree_mask.cuh) */
-        hdr[KVA_CUDA_HDR_TREE] = 1;
-        memcpy(h + off[10], plan->tree_bits, (size_t)T * sizeof(uint64_t));
-    }
-
-    /* The used part of every section (offsets increase with the index). */
-    size_t len[KVA_CUDA_SECTIONS];
-    len[0] = KVA_CUDA_HDR_WORDS * sizeof(int32_t);
-    len[1] = (size_t)part->num_items * sizeof(kva__cuda_item);
-    len[2] = (size_t)part->num_tasks * sizeof(kva__cuda_task);
-    len[3] = ((size_t)R + 1) * sizeof(int32_t);
-    len[4] = (size_t)R * sizeof(int32_t);
-    len[5] = ((size_t)R + 1) * sizeof(int64_t);
-    len[6] = (size_t)bt * sizeof(int32_t);
-    len[7] = plan->alibi_slopes ? (size_t)plan->d.num_heads * sizeof(float) : 0;
-    len[8] = (size_t)ntiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t);
-    len[9] = dcp_global ? (size_t)R * sizeof(int32_t) : 0;
-    len[10] = plan->tree_bits ? (size_t)T * sizeof(uint64_t) : 0;
-    /* Sections closer than KVA_CUDA_UPLOAD_GAP bytes go in one copy (the gap's
-     * stale bytes with them): a cudaMemcpyAsync costs a few microseconds of
-     * host time, more than copying a few KB over PCIe. */
-    size_t lo = 0, hi = 0;
-    int open = 0;
-    for (int i = 0; i < KVA_CUDA_SECTIONS; i++) {
-        if (len[i] == 0)
-            continue;
-        if (open && off[i] - hi > KVA_CUDA_UPLOAD_GAP) {
-            KVA_TRY(upload(st, lo, hi - lo));
-            open = 0;
-        }
-        if (!open)
-            lo = off[i], open = 1;
-        hi = off[i] + len[i];
-    }
-    if (open)
-        KVA_TRY(upload(st, lo, hi - lo));
-    KVA_CUDA_TRY(cudaEventRecord((cudaEvent_t)st->upload_event, STREAM(st)));
-    st->upload_pending = 1;
     return KVA_STATUS_OK;
 }
 
@@ -532,15 +233,9 @@ static kva_status sparse_plan_build(kva_context *ctx, kva_plan *plan)
     need.heads = plan->d.num_heads;
     size_t ws = 0, rows_off = 0;
     KVA_TRY(kva__cuda_sparse_workspace(ctx, plan, &ws, &rows_off));
-    KVA_TRY(reserve_meta(st, &need));
+    KVA_TRY(kva__cuda_reserve_meta(st, &need, 1));
     KVA_TRY(kva__cuda_workspace_reserve(ctx, ws));
-    if (st->upload_pending) {
-        const cudaError_t e = cudaEventSynchronize((cudaEvent_t)st->upload_event);
-        if (e != cudaSuccess)
-            return kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_plan_create: %s", cudaGetErrorString(e));
-    }
-    st->upload_pending = 0;
-    KVA_TRY(upload_plan(st, plan, part, NULL));
+    KVA_TRY(kva__cuda_upload_plan(st, plan, part, NULL));
     st->generation++;
     cp->generation = st->generation;
     plan->workspace_bytes = ws;
@@ -557,7 +252,7 @@ static kva_status attention_plan_build(kva_context *ctx, kva_plan *plan, kva__pa
     KVA_TRY(dcp_accept(plan, &dcp_global));
     kva__cuda_state *st = state_of(ctx);
     KVA_TRY(use_device(st->device));
-    KVA_TRY(check_not_capturing("kva_plan_create", st));
+    KVA_TRY(kva__cuda_check_not_capturing("kva_plan_create", st));
     const int32_t G = plan->d.num_heads / plan->d.num_kv_heads;
     const int32_t dmax =
         plan->d.head_dim > plan->d.head_dim_v ? plan->d.head_dim : plan->d.head_dim_v;
@@ -671,19 +366,11 @@ static kva_status attention_plan_build(kva_context *ctx, kva_plan *plan, kva__pa
     need.ptiles = ptiles;
     need.tree = plan->tree_bits && R > 0 ? plan->query_start_loc[R] : 0;
     size_t ws = (size_t)part->partial_floats * sizeof(float);
-    s = reserve_meta(st, &need);
+    s = kva__cuda_reserve_meta(st, &need, 1);
     if (s == KVA_STATUS_OK)
         s = kva__cuda_workspace_reserve(ctx, ws);
-    /* The previous upload must have left the staging buffer. */
-    if (s == KVA_STATUS_OK && st->upload_pending) {
-        const cudaError_t e = cudaEventSynchronize((cudaEvent_t)st->upload_event);
-        if (e != cudaSuccess)
-            s = kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_plan_create: %s", cudaGetErrorString(e));
-    }
-    if (s == KVA_STATUS_OK) {
-        st->upload_pending = 0;
-        s = upload_plan(st, plan, part, ptiles > 0 ? mma_req : NULL);
-    }
+    if (s == KVA_STATUS_OK)
+        s = kva__cuda_upload_plan(st, plan, part, ptiles > 0 ? mma_req : NULL);
     free(mma_req);
     if (s == KVA_STATUS_OK && mla_layer)
         s = kva__cuda_mla_plan_build(ctx, plan, (ws + 255u) & ~(size_t)255u, st->mla_chunk_keys,
@@ -717,7 +404,7 @@ extern "C" kva_status kva__cuda_plan_build(kva_context *ctx, kva_plan *plan)
     } else if (plan->d.sparse_topk > 0) {
         s = use_device(state_of(ctx)->device);
         if (s == KVA_STATUS_OK)
-            s = check_not_capturing("kva_plan_create", state_of(ctx));
+            s = kva__cuda_check_not_capturing("kva_plan_create", state_of(ctx));
         if (s == KVA_STATUS_OK)
             s = sparse_plan_build(ctx, plan);
     } else {

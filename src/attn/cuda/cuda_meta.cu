@@ -1,0 +1,427 @@
+/*
+ * cuda_meta.cu - the CUDA backend's device metadata (C-style CUDA): the
+ * buffer's section layout, its growth (kva__cuda_reserve_meta) and the split
+ * workspace's, kva_cuda_context_reserve, the pinned staging ring and the
+ * upload of a plan's metadata (kva__cuda_upload_plan). The plan builds that
+ * call them are in cuda_plan.cu; the layout of a section's entries is in
+ * cuda_backend.h.
+ */
+extern "C" {
+#include "cuda_backend.h"
+#include "partition.h"
+#include "prefill_mma.h"
+}
+#include "cuda_check.h"
+#include "cuda_ctx.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static size_t align256(size_t x)
+{
+    return (x + 255u) & ~(size_t)255u;
+}
+
+/* Sections of the metadata buffer (kva_cuda_section_order). */
+#define KVA_CUDA_SECTIONS 11
+/* K/V bytes of one L2 section of the prefill tile list
+ * (kva__cuda_prefill_tiles_build_sections): a third of an H100's 50 MB L2,
+ * the rest left to the query rows and outputs streaming through. */
+#define KVA_CUDA_L2_SECTION_BYTES ((int64_t)16 << 20)
+/* Largest gap between two used metadata sections that one upload spans. */
+#define KVA_CUDA_UPLOAD_GAP ((size_t)32 << 10)
+/* Used sections that lie within this many bytes go up in one copy, whatever
+ * the gaps between them: the extra bytes cost the copy engine little, a
+ * second cudaMemcpyAsync costs the host a runtime call. */
+#define KVA_CUDA_UPLOAD_SPAN ((size_t)128 << 10)
+
+/*
+ * The sections in buffer order: the header and the per-request arrays
+ * (small), the block table, the work items, then the sections that only some
+ * plans use (split tasks, prefill tiles, tree words). A decode step's upload
+ * (header, requests, block table, items) is then one span whose only gaps are
+ * the unused capacities of the request arrays and the block table, even when
+ * kva_cuda_context_reserve made the item and tile capacities large.
+ * Indices: 0 header, 1 items, 2 tasks, 3 qsl, 4 seq_lens, 5 kv_start, 6 block
+ * table, 7 ALiBi slopes, 8 prefill tiles, 9 global seq_lens, 10 tree words.
+ */
+static const int kva_cuda_section_order[KVA_CUDA_SECTIONS] = {0, 3, 4, 5, 7, 9, 6, 1, 2, 8, 10};
+
+/* Byte offsets of the sections for caps c; returns the total size. */
+static size_t layout_sections(const kva__cuda_caps *c, size_t off[KVA_CUDA_SECTIONS])
+{
+    size_t bytes[KVA_CUDA_SECTIONS];
+    bytes[0] = KVA_CUDA_HDR_WORDS * sizeof(int32_t);
+    bytes[1] = (size_t)c->items * sizeof(kva__cuda_item);
+    bytes[2] = (size_t)c->tasks * sizeof(kva__cuda_task);
+    bytes[3] = (size_t)(c->reqs + 1) * sizeof(int32_t);
+    bytes[4] = (size_t)c->reqs * sizeof(int32_t);
+    bytes[5] = (size_t)(c->reqs + 1) * sizeof(int64_t);
+    bytes[6] = (size_t)c->bt * sizeof(int32_t);
+    bytes[7] = (size_t)c->heads * sizeof(float);
+    bytes[8] = (size_t)c->ptiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t);
+    bytes[9] = (size_t)c->reqs * sizeof(int32_t);
+    bytes[10] = (size_t)c->tree * sizeof(uint64_t);
+    size_t o = 0;
+    for (int k = 0; k < KVA_CUDA_SECTIONS; k++) {
+        const int i = kva_cuda_section_order[k];
+        off[i] = o;
+        o = align256(o + bytes[i]);
+    }
+    return o;
+}
+
+static int64_t max64(int64_t a, int64_t b)
+{
+    return a > b ? a : b;
+}
+
+/* Refuses to grow while the stream is being captured: a graph would keep the
+ * old addresses. */
+kva_status kva__cuda_check_not_capturing(const char *fn, kva__cuda_state *st)
+{
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    KVA_CUDA_TRY(cudaStreamIsCapturing(STREAM(st), &cs));
+    if (cs != cudaStreamCaptureStatusNone)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: the context's stream is capturing a graph; plans must be created "
+                         "(and buffers reserved) outside capture",
+                         fn);
+    return KVA_STATUS_OK;
+}
+
+/* The capacity of one section that has to hold need, at least lo: cap when
+ * it does, else need, and with slack at least twice cap. */
+static int64_t grow_cap(int64_t cap, int64_t need, int64_t lo, int slack)
+{
+    if (need <= cap)
+        return max64(cap, lo);
+    return max64(max64(need, lo), slack ? 2 * cap : 0);
+}
+
+/* Grows the metadata buffers to hold need (keeps them when they already do).
+ * slack (plan builds): a section that overflows at least doubles, so a batch
+ * that grows step by step, as a serving engine's first steps do, costs a few
+ * reallocations (each one a stream synchronize, device and pinned
+ * allocations), not one per step; kva_cuda_context_reserve asks for its upper
+ * bounds exactly. The prefill tiles grow exactly: their capacity is the grid
+ * of the (non-persistent) mma.sync prefill kernel. */
+kva_status kva__cuda_reserve_meta(kva__cuda_state *st, const kva__cuda_caps *need, int slack)
+{
+    kva__cuda_caps c = st->caps;
+    if (st->meta_dev && need->items <= c.items && need->tasks <= c.tasks && need->reqs <= c.reqs &&
+        need->bt <= c.bt && need->heads <= c.heads && need->ptiles <= c.ptiles &&
+        need->tree <= c.tree)
+        return KVA_STATUS_OK;
+    c.items = grow_cap(c.items, need->items, 1024, slack);
+    c.tasks = grow_cap(c.tasks, need->tasks, 256, slack);
+    c.reqs = grow_cap(c.reqs, need->reqs, 64, slack);
+    c.bt = grow_cap(c.bt, need->bt, 4096, slack);
+    c.heads = grow_cap(c.heads, need->heads, 64, 0);
+    /* No prefill-tile capacity until a plan or reserve needs some: the prefill
+     * kernel is launched only when there is (decode-only contexts skip it);
+     * likewise the tree words (tree plans only). */
+    c.ptiles = need->ptiles > 0 ? grow_cap(c.ptiles, need->ptiles, 256, 0) : c.ptiles;
+    c.tree = need->tree > 0 ? grow_cap(c.tree, need->tree, 256, slack) : c.tree;
+    size_t off[KVA_CUDA_SECTIONS];
+    size_t bytes = layout_sections(&c, off);
+    KVA_TRY(kva__cuda_check_not_capturing("kva_plan_create", st));
+    void *dev = NULL, *host = NULL;
+    cudaError_t e = cudaMalloc(&dev, bytes);
+    if (e == cudaSuccess)
+        e = cudaMallocHost(&host, bytes * KVA__CUDA_STAGING_SLOTS);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        cudaFree(dev);
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
+                         "kva_plan_create: cannot allocate %zu bytes of device metadata: %s", bytes,
+                         cudaGetErrorString(e));
+    }
+    /* Kernels queued earlier may still read the old buffers. */
+    KVA_CUDA_TRY(cudaStreamSynchronize(STREAM(st)));
+    cudaFree(st->meta_dev);
+    cudaFreeHost(st->meta_host);
+    st->ring->pending[0] = st->ring->pending[1] = 0; /* the stream ran every upload */
+    st->ring->uploads = 0;
+    st->ring_slots = KVA__CUDA_STAGING_SLOTS;
+    st->meta_dev = dev;
+    st->meta_host = host;
+    st->meta_bytes = bytes;
+    st->caps = c;
+    st->generation++; /* the plan whose metadata the old buffers held is gone */
+    char *b = (char *)dev;
+    st->meta.hdr = (const int32_t *)(b + off[0]);
+    st->meta.items = (const kva__cuda_item *)(b + off[1]);
+    st->meta.tasks = (const kva__cuda_task *)(b + off[2]);
+    st->meta.qsl = (const int32_t *)(b + off[3]);
+    st->meta.seq_lens = (const int32_t *)(b + off[4]);
+    st->meta.kv_start = (const int64_t *)(b + off[5]);
+    st->meta.block_table = (const int32_t *)(b + off[6]);
+    st->meta.alibi = (const float *)(b + off[7]);
+    st->meta.ptiles = c.ptiles > 0 ? (const int32_t *)(b + off[8]) : NULL;
+    st->meta.dcp_seq_lens = (const int32_t *)(b + off[9]);
+    st->meta.tree = (const uint64_t *)(b + off[10]);
+    /* The header is read by every kernel (the prefill kernel's tile count
+     * too) before the first upload could fill it. */
+    KVA_CUDA_TRY(cudaMemsetAsync(dev, 0, KVA_CUDA_HDR_WORDS * sizeof(int32_t), STREAM(st)));
+    return KVA_STATUS_OK;
+}
+
+/* Grows the device workspace (split partials) to bytes. */
+extern "C" kva_status kva__cuda_workspace_reserve(kva_context *ctx, size_t bytes)
+{
+    kva__cuda_state *st = state_of(ctx);
+    if (bytes <= ctx->workspace_bytes)
+        return KVA_STATUS_OK;
+    KVA_TRY(kva__cuda_check_not_capturing("kva_plan_create", st));
+    /* A quarter of headroom, and at least half again the old size, so a
+     * workspace that grows step by step is reallocated a few times only. */
+    size_t rounded = align256(bytes + bytes / 4);
+    if (rounded < ctx->workspace_bytes + ctx->workspace_bytes / 2)
+        rounded = align256(ctx->workspace_bytes + ctx->workspace_bytes / 2);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, rounded);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
+                         "kva_plan_create: cannot allocate %zu bytes of device workspace: %s",
+                         rounded, cudaGetErrorString(e));
+    }
+    KVA_CUDA_TRY(cudaStreamSynchronize(STREAM(st)));
+    cudaFree(ctx->workspace);
+    ctx->workspace = p;
+    ctx->workspace_bytes = rounded;
+    return KVA_STATUS_OK;
+}
+
+/* Upper bounds of the sections for a batch within cap (kva_cuda_context_reserve). */
+static void caps_for(const kva__cuda_state *st, const kva_cuda_capacity *cap, kva__cuda_caps *c,
+                     size_t *ws_bytes)
+{
+    const int64_t G = cap->num_heads / (cap->num_kv_heads > 0 ? cap->num_kv_heads : 1);
+    const int rows = kva__cuda_rows_for_group((int32_t)G);
+    const int64_t slices = (G + rows - 1) / rows;
+    /* Resident CTAs per SM never exceed 8 for the attention kernels, and the
+     * partition asks for up to 4 items per CTA. */
+    const int64_t threads = 32 * (int64_t)(st->num_sms > 0 ? st->num_sms : 1);
+    /* Units: every request contributes at most q_len/nq + 1 tiles per slice and
+     * kv head; splitting adds at most one item per partition thread, and only
+     * units costlier than total/threads are split (fewer than threads of them). */
+    int64_t units = cap->num_kv_heads * slices * ((int64_t)cap->max_tokens + cap->max_requests);
+    c->items = units + 2 * threads + 64;
+    c->tasks = threads + 64;
+    c->reqs = cap->max_requests;
+    c->bt = cap->max_block_table;
+    c->heads = cap->num_heads;
+    c->tree = cap->max_tokens; /* a tree plan's words: a graph replays trees too */
+    /* Prefill tiles: every request has at most ceil(q_len * G / 128) tiles per
+     * kv head; only batches with a request of more than one token can have a
+     * prefill. */
+    c->ptiles = cap->max_tokens > cap->max_requests
+                    ? cap->num_kv_heads * ((int64_t)cap->max_tokens * G / KVA__CUDA_PREFILL_TILE_M +
+                                           cap->max_requests)
+                    : 0;
+    /* Split partials: the tensor-core decode's items hold up to 16 rows, the
+     * MLA decode's (the only kernel with Dv > 256) up to 64. */
+    const size_t ws_rows = cap->head_dim_v > 256              ? (size_t)64
+                           : rows > KVA__CUDA_MMA_DECODE_ROWS ? (size_t)rows
+                                                              : (size_t)KVA__CUDA_MMA_DECODE_ROWS;
+    *ws_bytes = (size_t)(3 * threads + 64) * ws_rows * ((size_t)cap->head_dim_v + 1) * 4u;
+}
+
+extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_capacity *cap)
+{
+    kva__clear_error();
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
+    KVA_CHECK_PTR(cap);
+    if (cap->max_requests < 0 || cap->max_tokens < 0 || cap->max_block_table < 0 ||
+        cap->num_heads < 1 || cap->num_kv_heads < 1 || cap->num_heads % cap->num_kv_heads != 0 ||
+        !kva__head_dim_ok(cap->head_dim_v) || cap->head_dim_v > kva__cuda_ops.max_head_dim)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_cuda_context_reserve: cap = {R %d, T %d, block table %lld, H %d, "
+                         "Hkv %d, Dv %d} is not a valid shape",
+                         (int)cap->max_requests, (int)cap->max_tokens,
+                         (long long)cap->max_block_table, (int)cap->num_heads,
+                         (int)cap->num_kv_heads, (int)cap->head_dim_v);
+    kva__cuda_state *st = state_of(ctx);
+    KVA_TRY(use_device(st->device));
+    kva__cuda_caps c;
+    size_t ws = 0;
+    caps_for(st, cap, &c, &ws);
+    KVA_TRY(kva__cuda_check_not_capturing(__func__, st));
+    KVA_TRY(kva__cuda_reserve_meta(st, &c, 0));
+    return kva__cuda_workspace_reserve(ctx, ws);
+}
+
+/*
+ * The staging ring. An upload fills a staging slot on the host and copies it
+ * to the device buffer on the stream, so the slot stays in use until the
+ * stream has run the copy. Uploads go in groups of KVA__CUDA_STAGING_GROUP
+ * into alternate halves of KVA__CUDA_STAGING_SLOTS slots, and only the last
+ * upload of a group records an event (ring->events[half]); the first upload
+ * of a group waits, on the host, for the event of the group two before (the
+ * same half), which the stream has normally run long ago. So a host event
+ * record and wait (runtime calls, as the copy is) come once per group instead
+ * of once per upload.
+ */
+static kva_status staging_acquire(kva__cuda_state *st, char **slot)
+{
+    const uint64_t n = st->ring->uploads;
+    const int half = (int)((n / KVA__CUDA_STAGING_GROUP) & 1u);
+    if (n % KVA__CUDA_STAGING_GROUP == 0 && st->ring->pending[half]) {
+        const cudaError_t e = cudaEventSynchronize((cudaEvent_t)st->ring->events[half]);
+        if (e != cudaSuccess)
+            return kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_plan_create: %s", cudaGetErrorString(e));
+        st->ring->pending[half] = 0;
+    }
+    *slot = (char *)st->meta_host +
+            (size_t)(half * KVA__CUDA_STAGING_GROUP + (int)(n % KVA__CUDA_STAGING_GROUP)) *
+                st->meta_bytes;
+    return KVA_STATUS_OK;
+}
+
+/* Marks the slot of staging_acquire as in flight (its copies enqueued);
+ * records the group's event after its last upload. */
+static kva_status staging_release(kva__cuda_state *st)
+{
+    const uint64_t n = st->ring->uploads;
+    const int half = (int)((n / KVA__CUDA_STAGING_GROUP) & 1u);
+    if (n % KVA__CUDA_STAGING_GROUP == KVA__CUDA_STAGING_GROUP - 1) {
+        KVA_CUDA_TRY(cudaEventRecord((cudaEvent_t)st->ring->events[half], STREAM(st)));
+        st->ring->pending[half] = 1;
+    }
+    st->ring->uploads = n + 1;
+    return KVA_STATUS_OK;
+}
+
+extern "C" kva_status kva__cuda_upload_drain(kva__cuda_state *st)
+{
+    const uint64_t n = st->ring->uploads;
+    if (n % KVA__CUDA_STAGING_GROUP != 0) { /* close the open group */
+        const int half = (int)((n / KVA__CUDA_STAGING_GROUP) & 1u);
+        KVA_CUDA_TRY(cudaEventRecord((cudaEvent_t)st->ring->events[half], STREAM(st)));
+        st->ring->pending[half] = 1;
+        st->ring->uploads = (n / KVA__CUDA_STAGING_GROUP + 1) * KVA__CUDA_STAGING_GROUP;
+    }
+    for (int h = 0; h < 2; h++)
+        if (st->ring->pending[h]) {
+            KVA_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)st->ring->events[h]));
+            st->ring->pending[h] = 0;
+        }
+    return KVA_STATUS_OK;
+}
+
+/* Copies bytes of the staging slot h at off to the device buffer on the stream. */
+static kva_status upload(kva__cuda_state *st, const char *h, size_t off, size_t bytes)
+{
+    if (bytes == 0)
+        return KVA_STATUS_OK;
+    KVA_CUDA_TRY(cudaMemcpyAsync((char *)st->meta_dev + off, h + off, bytes, cudaMemcpyHostToDevice,
+                                 STREAM(st)));
+    return KVA_STATUS_OK;
+}
+
+/* Fills a staging slot with the plan's metadata and enqueues the copies. */
+kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
+                                 const kva__partition *part, const uint8_t *mma_req)
+{
+    size_t off[KVA_CUDA_SECTIONS];
+    layout_sections(&st->caps, off);
+    char *h = NULL;
+    KVA_TRY(staging_acquire(st, &h));
+    const int32_t R = plan->d.num_requests;
+    const int64_t bt = plan->block_table ? (int64_t)R * plan->d.block_table_stride : 0;
+
+    int32_t *hdr = (int32_t *)(h + off[0]);
+    memset(hdr, 0, KVA_CUDA_HDR_WORDS * sizeof(int32_t));
+    hdr[KVA_CUDA_HDR_ITEMS] = part->num_items;
+    hdr[KVA_CUDA_HDR_TASKS] = part->num_tasks;
+    hdr[KVA_CUDA_HDR_REQS] = R;
+    hdr[KVA_CUDA_HDR_BT_STRIDE] = plan->d.block_table_stride;
+    kva__cuda_item *it = (kva__cuda_item *)(h + off[1]);
+    for (int32_t i = 0; i < part->num_items; i++) {
+        const kva__work_item *w = &part->items[i];
+        kva__cuda_item x = {w->req, w->kv_head, w->h0, w->nh,   w->i0,
+                            w->nq,  w->k0,      w->k1, w->task, w->split};
+        it[i] = x;
+    }
+    kva__cuda_task *tk = (kva__cuda_task *)(h + off[2]);
+    for (int32_t i = 0; i < part->num_tasks; i++) {
+        const kva__split_task *t = &part->tasks[i];
+        kva__cuda_task x = {t->req, t->kv_head,    t->h0, t->nh,    t->i0,
+                            t->nq,  t->num_splits, 0,     t->ws_off};
+        tk[i] = x;
+    }
+    memcpy(h + off[3], plan->query_start_loc, ((size_t)R + 1) * sizeof(int32_t));
+    if (R > 0)
+        memcpy(h + off[4], plan->kv_lens, (size_t)R * sizeof(int32_t)); /* see dcp_accept */
+    memcpy(h + off[5], plan->kv_start, ((size_t)R + 1) * sizeof(int64_t));
+    if (bt > 0)
+        memcpy(h + off[6], plan->block_table, (size_t)bt * sizeof(int32_t));
+    if (plan->alibi_slopes)
+        memcpy(h + off[7], plan->alibi_slopes, (size_t)plan->d.num_heads * sizeof(float));
+    int32_t ntiles = 0;
+    if (mma_req)
+        KVA_TRY(kva__cuda_prefill_tiles_build_sections(
+            R, plan->query_start_loc, plan->kv_lens, mma_req, plan->d.num_heads,
+            plan->d.num_kv_heads, plan->d.causal, plan->d.window_left, plan->d.attention_chunk,
+            KVA_CUDA_L2_SECTION_BYTES / ((int64_t)(plan->d.head_dim + plan->d.head_dim_v) *
+                                         (int64_t)kva_dtype_size(plan->d.q_dtype)),
+            (int32_t *)(h + off[8]), (int32_t)st->caps.ptiles, &ntiles));
+    hdr[KVA_CUDA_HDR_PTILES] = ntiles;
+    const int dcp_global = ((const kva__cuda_plan *)plan->device)->dcp_global;
+    if (dcp_global) { /* masks on global positions (dcp_pos.cuh) */
+        hdr[KVA_CUDA_HDR_DCP_N] = plan->d.dcp_size;
+        hdr[KVA_CUDA_HDR_DCP_RANK] = plan->d.dcp_rank;
+        hdr[KVA_CUDA_HDR_DCP_I] = plan->d.dcp_interleave;
+        memcpy(h + off[9], plan->seq_lens, (size_t)R * sizeof(int32_t));
+    }
+    const int32_t T = R > 0 ? plan->query_start_loc[R] : 0;
+    if (plan->tree_bits) { /* draft-tree words (tree_mask.cuh) */
+        hdr[KVA_CUDA_HDR_TREE] = 1;
+        memcpy(h + off[10], plan->tree_bits, (size_t)T * sizeof(uint64_t));
+    }
+
+    /* The used part of every section. */
+    size_t len[KVA_CUDA_SECTIONS];
+    len[0] = KVA_CUDA_HDR_WORDS * sizeof(int32_t);
+    len[1] = (size_t)part->num_items * sizeof(kva__cuda_item);
+    len[2] = (size_t)part->num_tasks * sizeof(kva__cuda_task);
+    len[3] = ((size_t)R + 1) * sizeof(int32_t);
+    len[4] = (size_t)R * sizeof(int32_t);
+    len[5] = ((size_t)R + 1) * sizeof(int64_t);
+    len[6] = (size_t)bt * sizeof(int32_t);
+    len[7] = plan->alibi_slopes ? (size_t)plan->d.num_heads * sizeof(float) : 0;
+    len[8] = (size_t)ntiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t);
+    len[9] = dcp_global ? (size_t)R * sizeof(int32_t) : 0;
+    len[10] = plan->tree_bits ? (size_t)T * sizeof(uint64_t) : 0;
+    /* Sections closer than KVA_CUDA_UPLOAD_GAP bytes, or all of them when
+     * they lie within KVA_CUDA_UPLOAD_SPAN bytes, go in one copy (the gaps'
+     * stale bytes with them): a cudaMemcpyAsync costs a few microseconds of
+     * host time, more than copying a few KB over PCIe. */
+    size_t first = 0, last = 0;
+    for (int k = KVA_CUDA_SECTIONS - 1; k >= 0; k--) {
+        const int i = kva_cuda_section_order[k];
+        if (len[i] > 0)
+            first = off[i], last = last ? last : off[i] + len[i];
+    }
+    const size_t gap =
+        last - first <= KVA_CUDA_UPLOAD_SPAN ? KVA_CUDA_UPLOAD_SPAN : KVA_CUDA_UPLOAD_GAP;
+    size_t lo = 0, hi = 0;
+    int open = 0;
+    for (int k = 0; k < KVA_CUDA_SECTIONS; k++) {
+        const int i = kva_cuda_section_order[k];
+        if (len[i] == 0)
+            continue;
+        if (open && off[i] - hi > gap) {
+            KVA_TRY(upload(st, h, lo, hi - lo));
+            open = 0;
+        }
+        if (!open)
+            lo = off[i], open = 1;
+        hi = off[i] + len[i];
+    }
+    if (open)
+        KVA_TRY(upload(st, h, lo, hi - lo));
+    return staging_release(st);
+}
