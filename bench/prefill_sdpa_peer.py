@@ -10,6 +10,11 @@ head size; D 192 / Dv 128 is MLA's prefill with the rope part in K).
 Argument "short" (issue 23): the serving step's short prefills instead, 1 x
 4096, 2 x 2048, 8 x 1024, 32 x 256 and 4 x 1024 after 3072 cached tokens, at
 H/Hkv 32/8, D 128 (the shapes of `bench_cuda --mode prefill`).
+With "short", FlashInfer's BatchPrefillWithPagedKVCacheWrapper runs too when
+flashinfer imports (paged NHD cache of Hkv heads, page 16, causal bottom-right
+aligned), per call and back to back like SDPA. KVA_FI_PREBUILT=1: use JIT
+modules already compiled into FLASHINFER_WORKSPACE_BASE (e.g. built on a
+machine without a GPU with FLASHINFER_CUDA_ARCH_LIST=9.0a) and never compile.
 Used by bench/prefill_mma_bench.sh; run it in the same device call as the
 kvattn benchmark and compare ratios within that call only."""
 import sys, torch, statistics
@@ -45,6 +50,34 @@ else:
               ("1x4096 H32/8 D64", 1, 4096, 0, 32, 8, 64, 64),
               ("1x4096 H16/4 D256", 1, 4096, 0, 16, 4, 256, 256),
               ("1x4096 H32/32 D192/128", 1, 4096, 0, 32, 32, 192, 128)]
+fi = None
+if len(sys.argv) > 1 and sys.argv[1] == "short":
+    try:
+        import os
+        import flashinfer as fi
+        if os.environ.get("KVA_FI_PREBUILT") == "1":
+            import flashinfer.jit.core as jc
+            def build_if_missing(self, *a, **k):
+                if not self.jit_library_path.exists():
+                    raise RuntimeError("KVA_FI_PREBUILT: %s not prebuilt" % self.name)
+            jc.JitSpecNvcc.build = build_if_missing
+    except Exception as e:
+        print(f"flashinfer: not run ({str(e)[:100]})")
+        fi = None
+def fi_paged(R, S, C, H, Hkv, D, page=16):
+    """FlashInfer's paged prefill over a random cache of R requests of S + C keys."""
+    per = (S + C + page - 1) // page
+    cache = torch.randn(R * per + 1, 2, page, Hkv, D, device="cuda", dtype=torch.bfloat16)
+    idx = torch.randperm(R * per + 1, device="cuda")[:R * per].int()
+    qo = torch.arange(0, R + 1, dtype=torch.int32, device="cuda") * S
+    kvp = torch.arange(0, R + 1, dtype=torch.int32, device="cuda") * per
+    last = torch.full((R,), (S + C) - (per - 1) * page, dtype=torch.int32, device="cuda")
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+    w.plan(qo, kvp, idx, last, H, Hkv, D, page, causal=True,
+           q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+    qf = torch.randn(R * S, H, D, device="cuda", dtype=torch.bfloat16)
+    return lambda: w.run(qf, cache)
 for name, R, S, C, H, Hkv, D, Dv in shapes:
     q = torch.randn(R, H, S, D, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(R, H, S + C, D, device="cuda", dtype=torch.bfloat16)
@@ -66,3 +99,10 @@ for name, R, S, C, H, Hkv, D, Dv in shapes:
                   f"  b2b {b2b:8.3f} ms {flops/b2b/1e9:7.1f} TFLOP/s")
         except Exception as e:
             print(f"{name:22s} sdpa-{bname:5s} failed: {str(e)[:100]}")
+    if fi is not None and D == Dv:
+        try:
+            ms, b2b = t(fi_paged(R, S, C, H, Hkv, D))
+            print(f"{name:22s} flashinfer {ms:7.3f} ms {flops/ms/1e9:7.1f} TFLOP/s"
+                  f"  b2b {b2b:8.3f} ms {flops/b2b/1e9:7.1f} TFLOP/s  (paged, page 16, {fi.__version__})")
+        except Exception as e:
+            print(f"{name:22s} flashinfer failed: {str(e)[:160]}")
