@@ -289,7 +289,7 @@ static cudaError_t dm_launch_go(void (*fn)(Args), int grid, int smem, cudaStream
  * compute capability 9.0 or later (asked once per device and process: the
  * run path's host time is part of every per-call decode time); *err gets a
  * runtime error of the queries. */
-static int dm_pdl_ok(cudaStream_t s, cudaError_t *err)
+static inline int dm_pdl_ok(cudaStream_t s, cudaError_t *err)
 {
     static std::atomic<int> major_of[64]; /* compute capability major + 1; 0: not asked */
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
