@@ -107,58 +107,6 @@ static int parse(int argc, char **argv, dcp_opts *o)
     return -1;
 }
 
-/* ---- where the buffers live: host memory (cpu) or GPU 0's (cuda) ---- */
-
-/* n bytes (at least 1) on the device (dev) or the host; NULL when out of memory. */
-static void *buf_alloc(int dev, size_t n)
-{
-#ifdef KVA_HAVE_CUDA
-    if (dev) {
-        void *p = NULL;
-        if (cudaMalloc(&p, n ? n : 1) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return NULL;
-        }
-        return p;
-    }
-#endif
-    (void)dev;
-    return malloc(n ? n : 1);
-}
-
-static void buf_free(int dev, void *p)
-{
-#ifdef KVA_HAVE_CUDA
-    if (dev) {
-        cudaFree(p);
-        return;
-    }
-#endif
-    (void)dev;
-    free(p);
-}
-
-/* Copies n bytes between the host and a buffer of buf_alloc(dev) (either
- * direction: plain memcpy on the host); KVA_EXIT_LIBRARY with a message on
- * a device error. */
-static int buf_copy(int dev, void *dst, const void *src, size_t n)
-{
-#ifdef KVA_HAVE_CUDA
-    if (dev) {
-        const cudaError_t e = cudaMemcpy(dst, src, n, cudaMemcpyDefault);
-        if (e != cudaSuccess) {
-            fprintf(stderr, "kvattn bench --dcp: cudaMemcpy failed: %s\n", cudaGetErrorString(e));
-            (void)cudaGetLastError();
-            return KVA_EXIT_LIBRARY;
-        }
-        return KVA_EXIT_OK;
-    }
-#endif
-    (void)dev;
-    memcpy(dst, src, n);
-    return KVA_EXIT_OK;
-}
-
 /* Times one call of fn(arg) in milliseconds: the host wall clock, or (dev)
  * a pair of CUDA events on the legacy default stream (the context's) around
  * it. Returns 0, a library error of fn, or KVA_EXIT_LIBRARY for the events. */
@@ -306,9 +254,9 @@ static int make_shard(kva_context *ctx, const dcp_opts *o, int32_t N, int32_t ra
         }
     int rc = KVA_EXIT_OK;
     if (dev) {
-        rc = buf_copy(dev, k, kh, cache_bytes);
+        rc = kva_cli_buf_copy(dev, k, kh, cache_bytes);
         if (!rc)
-            rc = buf_copy(dev, v, vh, cache_bytes);
+            rc = kva_cli_buf_copy(dev, v, vh, cache_bytes);
         free(kh), free(vh);
         if (rc)
             return rc;
@@ -332,8 +280,8 @@ static int make_shard(kva_context *ctx, const dcp_opts *o, int32_t N, int32_t ra
     if ((st = kva_plan_create(ctx, &pd, &s->plan)) != KVA_STATUS_OK)
         return kva_cli_lib_error("kva_plan_create", st);
     const size_t rows = (size_t)R * o->heads, ob = rows * o->head_dim * es;
-    s->out = buf_alloc(dev, ob);
-    s->lse = buf_alloc(dev, rows * sizeof(float));
+    s->out = kva_cli_buf_new(dev, ob);
+    s->lse = kva_cli_buf_new(dev, rows * sizeof(float));
     s->out_h = malloc(ob);
     s->lse_h = malloc(rows * sizeof(float));
     if (!s->out || !s->lse || !s->out_h || !s->lse_h) {
@@ -349,9 +297,9 @@ static int make_shard(kva_context *ctx, const dcp_opts *o, int32_t N, int32_t ra
             t[i] = ms;
     }
     if (!rc)
-        rc = buf_copy(dev, s->out_h, s->out, ob);
+        rc = kva_cli_buf_copy(dev, s->out_h, s->out, ob);
     if (!rc)
-        rc = buf_copy(dev, s->lse_h, s->lse, rows * sizeof(float));
+        rc = kva_cli_buf_copy(dev, s->lse_h, s->lse, rows * sizeof(float));
     if (rc)
         return rc;
     qsort(t, (size_t)o->iters, sizeof t[0], cmp_d);
@@ -368,8 +316,8 @@ static void free_shard(int dev, shard *s)
     kva_plan_destroy(s->plan);
     kva_cache_destroy(s->cache);
     free(s->bt);
-    buf_free(dev, s->out);
-    buf_free(dev, s->lse);
+    kva_cli_buf_free(dev, s->out);
+    kva_cli_buf_free(dev, s->lse);
     free(s->out_h);
     free(s->lse_h);
 }
@@ -425,14 +373,15 @@ int kva_cli_bench_dcp(int argc, char **argv)
     shard full = {0}, *sh = calloc((size_t)N, sizeof *sh);
     void *parts_h = malloc(on * es * N), *got_h = malloc(on * es);
     float *lses_h = malloc(rows * sizeof(float) * N);
-    void *q = buf_alloc(dev, rows * o.head_dim * es), *parts = buf_alloc(dev, on * es * N);
-    void *got = buf_alloc(dev, on * es);
-    float *lses = (float *)buf_alloc(dev, rows * sizeof(float) * N);
+    void *q = kva_cli_buf_new(dev, rows * o.head_dim * es),
+         *parts = kva_cli_buf_new(dev, on * es * N);
+    void *got = kva_cli_buf_new(dev, on * es);
+    float *lses = (float *)kva_cli_buf_new(dev, rows * sizeof(float) * N);
     if (!q || !parts || !got || !lses) {
         fprintf(stderr, "kvattn bench --dcp: out of memory\n");
         rc = KVA_EXIT_LIBRARY;
     } else {
-        rc = buf_copy(dev, q, q_h, rows * o.head_dim * es);
+        rc = kva_cli_buf_copy(dev, q, q_h, rows * o.head_dim * es);
     }
     if (!rc)
         rc = make_shard(ctx, &o, 0, 0, q, qsl, lens, &full);
@@ -444,9 +393,9 @@ int kva_cli_bench_dcp(int argc, char **argv)
         }
     }
     if (!rc)
-        rc = buf_copy(dev, parts, parts_h, on * es * N);
+        rc = kva_cli_buf_copy(dev, parts, parts_h, on * es * N);
     if (!rc)
-        rc = buf_copy(dev, lses, lses_h, rows * sizeof(float) * N);
+        rc = kva_cli_buf_copy(dev, lses, lses_h, rows * sizeof(float) * N);
     double comb[1000];
     combine_args ca = {ctx, N, R, H, Dv, o.dtype, parts, lses, got};
     for (int32_t i = -1; i < o.iters && !rc; i++) {
@@ -456,7 +405,7 @@ int kva_cli_bench_dcp(int argc, char **argv)
             comb[i] = ms;
     }
     if (!rc)
-        rc = buf_copy(dev, got_h, got, on * es);
+        rc = kva_cli_buf_copy(dev, got_h, got, on * es);
     if (!rc) { /* correctness first: the combine against the unsharded run */
         const double rtol = kva_test_rtol(o.dtype) * 2.0, atol = kva_test_atol(o.dtype) + rtol;
         const size_t bad =
@@ -497,7 +446,8 @@ int kva_cli_bench_dcp(int argc, char **argv)
     for (int32_t k = 0; k < N; k++)
         free_shard(dev, &sh[k]);
     free_shard(dev, &full);
-    buf_free(dev, q), buf_free(dev, parts), buf_free(dev, got), buf_free(dev, lses);
+    kva_cli_buf_free(dev, q), kva_cli_buf_free(dev, parts), kva_cli_buf_free(dev, got),
+        kva_cli_buf_free(dev, lses);
     free(sh), free(parts_h), free(got_h), free(lses_h), free(q_h), free(qsl), free(lens);
     kva_context_destroy(ctx);
     return rc;
