@@ -43,8 +43,10 @@ template <typename Ty, int D_> struct dm_load16 {
     static constexpr int MINB = D == 64 ? 3 : D == 128 ? 2 : 1;
     /* The first copies go out before Q is staged, so an item's first K/V
      * bytes are in flight during the Q loads: one dependent trip less per
-     * item, which short items (1k-4k keys per CTA) feel and long ones do not
-     * (bench/results/h200_2026-11-27_dcp6.txt, h200_2026-11-27_dec24.txt). */
+     * item, for the single-wave shapes whose time is mostly that chain
+     * (docs/cuda.md, "The fixed cost of a decode call"; measured with the
+     * dependent launch in bench/results/h200_2026-11-27_dec24.txt, alone
+     * within noise in h200_2026-11-27_dcp6.txt). */
     static constexpr bool RAGGED = true, ISSUE_FIRST = true;
     struct Item {
     };
