@@ -126,43 +126,6 @@ static int parse(int argc, char **argv, cas_opts *o)
     return -1;
 }
 
-/* Buffers where the backend computes: host memory, or device memory (cuda). */
-static void *buf_new(int dev, size_t n)
-{
-#ifdef KVA_HAVE_CUDA
-    if (dev) {
-        void *p = NULL;
-        return cudaMalloc(&p, n ? n : 1) == cudaSuccess ? p : NULL;
-    }
-#endif
-    (void)dev;
-    return malloc(n ? n : 1);
-}
-static void buf_free(int dev, void *p)
-{
-#ifdef KVA_HAVE_CUDA
-    if (dev) {
-        cudaFree(p);
-        return;
-    }
-#endif
-    (void)dev;
-    free(p);
-}
-/* Copies n bytes between host and backend memory (to_dev: host -> backend). */
-static void buf_copy(int dev, void *dst, const void *src, size_t n, int to_dev)
-{
-#ifdef KVA_HAVE_CUDA
-    if (dev) {
-        cudaDeviceSynchronize();
-        cudaMemcpy(dst, src, n, to_dev ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
-        return;
-    }
-#endif
-    (void)dev, (void)to_dev;
-    memcpy(dst, src, n);
-}
-
 /* Median seconds of o->iters runs of plan (after o->warmup). */
 static kva_status time_plan(const cas_opts *o, kva_context *ctx, const kva_plan *plan,
                             const void *q, const kva_cache *cache, void *out, float *lse,
@@ -254,23 +217,23 @@ static kva_status fill(const cas_opts *o, kva_context *ctx, kva_cache *cache, in
     const int64_t chunk = 8192, row = (int64_t)o->kv_heads * o->head_dim;
     float *h = malloc(sizeof(float) * (size_t)(2 * chunk * row));
     int64_t *hs = malloc(sizeof(int64_t) * (size_t)chunk);
-    float *d = buf_new(dev, sizeof(float) * (size_t)(2 * chunk * row));
-    int64_t *ds = buf_new(dev, sizeof(int64_t) * (size_t)chunk);
+    float *d = kva_cli_buf_new(dev, sizeof(float) * (size_t)(2 * chunk * row));
+    int64_t *ds = kva_cli_buf_new(dev, sizeof(int64_t) * (size_t)chunk);
     kva_status st = h && hs && d && ds ? KVA_STATUS_OK : KVA_STATUS_OUT_OF_MEMORY;
     uint64_t seed = 7;
     for (int64_t s0 = 0; st == KVA_STATUS_OK && s0 < (int64_t)nb * o->B; s0 += chunk) {
         const int64_t n = (int64_t)nb * o->B - s0 < chunk ? (int64_t)nb * o->B - s0 : chunk;
         for (int64_t i = 0; i < n; i++)
             hs[i] = s0 + i;
-        buf_copy(dev, ds, hs, sizeof(int64_t) * (size_t)n, 1);
+        (void)kva_cli_buf_copy(dev, ds, hs, sizeof(int64_t) * (size_t)n);
         bench_fill(h, KVA_DTYPE_F32, (size_t)(2 * n * row), &seed);
-        buf_copy(dev, d, h, sizeof(float) * (size_t)(2 * n * row), 1);
+        (void)kva_cli_buf_copy(dev, d, h, sizeof(float) * (size_t)(2 * n * row));
         st = kva_cache_write(ctx, cache, (int32_t)n, d, 0, d + n * row, 0, KVA_DTYPE_F32, ds);
     }
     free(h);
     free(hs);
-    buf_free(dev, d);
-    buf_free(dev, ds);
+    kva_cli_buf_free(dev, d);
+    kva_cli_buf_free(dev, ds);
     return st;
 }
 
@@ -461,9 +424,9 @@ int kva_cli_bench_cascade(int argc, char **argv)
     if ((st = kva_cache_create(ctx, &cdesc, &cache)) != KVA_STATUS_OK ||
         (st = fill(&o, ctx, cache, nb)) != KVA_STATUS_OK)
         return kva_cli_lib_error("cache create / write", st);
-    void *q = buf_new(dev, nq * es), *out = buf_new(dev, nq * es);
-    float *lse = buf_new(dev, sizeof(float) * (size_t)R * H);
-    buf_copy(dev, q, hq, nq * es, 1);
+    void *q = kva_cli_buf_new(dev, nq * es), *out = kva_cli_buf_new(dev, nq * es);
+    float *lse = kva_cli_buf_new(dev, sizeof(float) * (size_t)R * H);
+    (void)kva_cli_buf_copy(dev, q, hq, nq * es);
 
     kva_plan_desc d;
     memset(&d, 0, sizeof d);
@@ -492,10 +455,10 @@ int kva_cli_bench_cascade(int argc, char **argv)
         void *h = m == 0 ? h_plain : h_casc;
         if (m < 2) { /* the auto plan is one of the two: its choice is reported */
             bench_poison(h, o.dt, nq);
-            buf_copy(dev, out, h, nq * es, 1);
+            (void)kva_cli_buf_copy(dev, out, h, nq * es);
             st = kva_attention_run(ctx, plan, q, cache, NULL, out, lse);
             if (st == KVA_STATUS_OK)
-                buf_copy(dev, h, out, nq * es, 0);
+                (void)kva_cli_buf_copy(dev, h, out, nq * es);
             if (st == KVA_STATUS_OK)
                 st = time_plan(&o, ctx, plan, q, cache, out, lse, &med[m]);
         }
@@ -570,9 +533,9 @@ int kva_cli_bench_cascade(int argc, char **argv)
     }
     kva_cache_destroy(cache);
     kva_context_destroy(ctx);
-    buf_free(dev, q);
-    buf_free(dev, out);
-    buf_free(dev, lse);
+    kva_cli_buf_free(dev, q);
+    kva_cli_buf_free(dev, out);
+    kva_cli_buf_free(dev, lse);
     free(bt), free(qsl), free(seq), free(hq), free(h_plain), free(h_casc);
     return ok ? KVA_EXIT_OK : KVA_EXIT_LIBRARY;
 }

@@ -51,6 +51,17 @@ int kva_cli_flag_is(const char *arg, const char *flag);
  * and returns KVA_EXIT_LIBRARY. */
 int kva_cli_lib_error(const char *what, kva_status st);
 
+/* ---- benchmark buffers (cli_buf.c) ---- */
+
+/* n bytes (at least 1) on GPU 0 (dev, CUDA builds) or the host; NULL when
+ * out of memory. */
+void *kva_cli_buf_new(int dev, size_t n);
+void kva_cli_buf_free(int dev, void *p);
+/* Copies n bytes between the host and a kva_cli_buf_new(dev) buffer, either
+ * way (after the work queued before it); KVA_EXIT_LIBRARY with a message on a
+ * device error, else KVA_EXIT_OK. */
+int kva_cli_buf_copy(int dev, void *dst, const void *src, size_t n);
+
 /* ---- timing and machine (cli_sys.c) ---- */
 
 /* Monotonic clock in seconds (clock_gettime CLOCK_MONOTONIC). */

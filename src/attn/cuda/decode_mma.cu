@@ -41,9 +41,13 @@ template <typename Ty, int D_> struct dm_load16 {
     static constexpr int STAGE = 2 * TILE, SQ = DM_M * D * 2;
     static constexpr int SMEM = SQ + DM_NW * NST * STAGE;
     static constexpr int MINB = D == 64 ? 3 : D == 128 ? 2 : 1;
-    /* Q staged before the first copies: issuing them first measured within
-     * noise at R 1 and 64 x 4095 (bench/results/h200_2026-11-27_dcp6.txt). */
-    static constexpr bool RAGGED = true, ISSUE_FIRST = false;
+    /* The first copies go out before Q is staged, so an item's first K/V
+     * bytes are in flight during the Q loads: one dependent trip less per
+     * item, for the single-wave shapes whose time is mostly that chain
+     * (docs/cuda.md, "The fixed cost of a decode call"; measured with the
+     * dependent launch in bench/results/h200_2026-11-27_dec24.txt, alone
+     * within noise in h200_2026-11-27_dcp6.txt). */
+    static constexpr bool RAGGED = true, ISSUE_FIRST = true;
     struct Item {
     };
 
@@ -74,7 +78,7 @@ template <typename Ty, int D_> struct dm_load16 {
         }
     }
 
-    /* Q rows into shared memory (zeros past nrows); the body's barrier follows. */
+    /* Q rows into shared memory (zeros past nrows), then a barrier. */
     static __device__ __forceinline__ void stage_q(const Args &a, const kva__cuda_item &w,
                                                    int32_t nrows, int32_t qs, unsigned char *smem,
                                                    Item &, int)
@@ -92,6 +96,7 @@ template <typename Ty, int D_> struct dm_load16 {
             }
             *reinterpret_cast<uint4 *>(smem + kva__swz<D>(r, c)) = v;
         }
+        __syncthreads(); /* ISSUE_FIRST: Q visible to every warp */
     }
 
     /* S = Q K^T [16, 16]: ldmatrix of Q and K (x4 sets: rows and chunks of
@@ -185,7 +190,10 @@ extern "C" kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, 
     /* The limit is per function and device; plan_build raised it through the
      * occupancy query, set again here for a context on another device. */
     KVA_CUDA_TRY(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
-    k.fn<<<grid, DM_NW * 32, (size_t)k.smem, (cudaStream_t)stream>>>(*a);
+    cudaError_t e = cudaSuccess;
+    const int pdl = dm_pdl_ok((cudaStream_t)stream, &e);
+    KVA_CUDA_TRY(e);
+    KVA_CUDA_TRY(dm_launch_go(k.fn, grid, k.smem, (cudaStream_t)stream, *a, pdl));
     KVA_CUDA_LAUNCHED("decode_mma_kernel");
     return KVA_STATUS_OK;
 }

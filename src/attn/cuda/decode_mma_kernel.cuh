@@ -43,6 +43,10 @@
  * Keys at or past the item's end are zero-filled (cp.async with source size
  * 0) and their block-table entries never read, so NaN in unused cache slots
  * cannot reach P V.
+ * Eager launches on sm_90 are programmatic dependent launches
+ * (dm_launch_go): the CTAs wait for the previous kernel at the top of the
+ * body, and each CTA lets the next kernel launch when it starts its last
+ * item, so back-to-back launches overlap their start with the tail.
  *
  * A load policy P (a struct of static members) gives:
  *   Args                the kernel's argument struct; attn(q) its attention
@@ -74,6 +78,7 @@ extern "C" {
 #include "lse_merge.cuh"
 #include "mma_ptx.cuh"
 
+#include <atomic>
 #include <math.h>
 #include <stdint.h>
 
@@ -118,6 +123,10 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
     const int g4 = lane >> 2, t4 = lane & 3;
     const uint32_t ring = kva__smem_u32(dm_smem_buf) + P::SQ + (uint32_t)warp * NST * STAGE;
     const unsigned char *ring_p = dm_smem_buf + P::SQ + (size_t)warp * NST * STAGE;
+    /* Launched as a programmatic dependent (dm_launch_go): nothing of the
+     * previous kernel's output (q, the cache, a merge's inputs) is read
+     * before it has completed and its writes are visible. */
+    kva__pdl_wait();
     const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
     const int32_t tree_on = a.meta.hdr[KVA_CUDA_HDR_TREE]; /* tree_mask.cuh */
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
@@ -125,6 +134,8 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
     const bool ragged = P::RAGGED && a.ragged;
 
     for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
+        if (it + (int32_t)gridDim.x >= n_items)
+            kva__pdl_launch_dependents(); /* this CTA's last item: the next kernel may launch */
         const kva__cuda_item w = a.meta.items[it];
         const int32_t nrows = w.nq * w.nh;
         const int32_t qs = a.meta.qsl[w.req];
@@ -247,6 +258,54 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         }
         __syncthreads(); /* Q, s_acc and the rings are rewritten by the next item */
     }
+}
+
+/* Launches fn (a decode_mma_kernel) on stream s with grid CTAs of DM_NW
+ * warps and smem dynamic shared bytes. With pdl (the caller's choice: eager
+ * runs on a device of compute capability 9.0 or later) it is a programmatic
+ * dependent launch: the grid may be scheduled while the kernel before it in
+ * the stream drains (that kernel's CTAs allow it when they start their last
+ * item), so the launch latency and the CTAs' start overlap its tail; the
+ * body waits (kva__pdl_wait) before it reads anything. */
+template <typename Args>
+static cudaError_t dm_launch_go(void (*fn)(Args), int grid, int smem, cudaStream_t s, const Args &a,
+                                int pdl)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)grid);
+    cfg.blockDim = dim3(DM_NW * 32);
+    cfg.dynamicSmemBytes = (size_t)smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1] = {};
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, fn, a);
+}
+
+/* Whether launches on stream s may be programmatic dependents: the stream is
+ * not capturing a graph (graphs keep plain edges) and the current device has
+ * compute capability 9.0 or later (asked once per device and process: the
+ * run path's host time is part of every per-call decode time); *err gets a
+ * runtime error of the queries. */
+static inline int dm_pdl_ok(cudaStream_t s, cudaError_t *err)
+{
+    static std::atomic<int> major_of[64]; /* compute capability major + 1; 0: not asked */
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    int dev = 0, major = 0;
+    cudaError_t e = cudaStreamIsCapturing(s, &cs);
+    if (e == cudaSuccess)
+        e = cudaGetDevice(&dev);
+    if (e == cudaSuccess && dev >= 0 && dev < 64 && major_of[dev].load() > 0) {
+        major = major_of[dev].load() - 1;
+    } else if (e == cudaSuccess) {
+        e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        if (e == cudaSuccess && dev >= 0 && dev < 64)
+            major_of[dev].store(major + 1);
+    }
+    *err = e;
+    return e == cudaSuccess && cs == cudaStreamCaptureStatusNone && major >= 9;
 }
 
 /* A kernel of the family and its dynamic shared memory (bytes). */

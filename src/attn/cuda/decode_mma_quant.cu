@@ -73,7 +73,11 @@ extern "C" kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva
                          "kva_attention_run: the quantized tensor-core decode (D %d) cannot be "
                          "resident on device %d",
                          (int)a.D, (int)st->device);
-    k.fn<<<st->num_sms * per_sm, DM_NW * 32, (size_t)k.smem, (cudaStream_t)st->stream>>>(qa);
+    cudaError_t e = cudaSuccess;
+    const int pdl = dm_pdl_ok((cudaStream_t)st->stream, &e);
+    KVA_CUDA_TRY(e);
+    KVA_CUDA_TRY(
+        dm_launch_go(k.fn, st->num_sms * per_sm, k.smem, (cudaStream_t)st->stream, qa, pdl));
     KVA_CUDA_LAUNCHED("decode_mma_kernel (quantized)");
     return KVA_STATUS_OK;
 }

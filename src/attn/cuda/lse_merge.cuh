@@ -64,7 +64,10 @@ static __device__ __forceinline__ void kva__lse_merge(const R &r, float sink, in
         const int32_t n = r.parts - p0 < 32 ? r.parts - p0 : 32; /* the same in every lane */
         const float cl = lane < n ? expf(r.lse(p0 + lane) - M) : 0.f;
         L += cl;
-#pragma unroll 4
+        /* 8 parts' loads in flight per lane: the tensor-core decode's
+         * last-CTA merge of a long request's 32+ splits is a chain of these
+         * rounds at the end of the kernel. */
+#pragma unroll 8
         for (int32_t j = 0; j < n; j++) {
             const float c = __shfl_sync(0xffffffffu, cl, j);
 #pragma unroll

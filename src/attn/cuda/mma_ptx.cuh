@@ -1,8 +1,9 @@
 /*
  * mma_ptx.cuh - the PTX wrappers shared by the tensor-core kernels
  * (decode_mma.cu, decode_mma_quant.cu, prefill_mma.cu): cp.async, ldmatrix,
- * ex2 and mma.sync m16n8k16 with fp32 accumulation, and the element-type
- * traits (bf16, f16) of the mma operands.
+ * ex2 and mma.sync m16n8k16 with fp32 accumulation, the element-type
+ * traits (bf16, f16) of the mma operands and the programmatic dependent
+ * launch controls (sm_90).
  */
 #ifndef KVA_CUDA_MMA_PTX_CUH
 #define KVA_CUDA_MMA_PTX_CUH
@@ -112,5 +113,23 @@ struct kva__mma_f16 {
         *p = __float2half_rn(x);
     }
 };
+
+/* Programmatic dependent launch (sm_90+; no-ops on earlier passes and in a
+ * grid not launched as a dependent): kva__pdl_wait blocks until the kernels
+ * the grid depends on have completed and their writes are visible;
+ * kva__pdl_launch_dependents lets the next kernel in the stream launch once
+ * every CTA of this grid has called it or exited. */
+static __device__ __forceinline__ void kva__pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void kva__pdl_launch_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 
 #endif
