@@ -104,34 +104,19 @@ static void run_case(const idx_case *c)
  * repeated keys (exact ties) and a NaN key, f32 cache. */
 static void test_mixed_batch(void)
 {
-    idx_case c = {.Hi = 8,
-                  .D = 64,
-                  .B = 16,
-                  .K = 32,
-                  .dt = KVA_DTYPE_F32,
-                  .R = 4,
-                  .q_len = {1, 3, 40, 33},
-                  .seq_len = {200, 77, 300, 33},
-                  .ties = 1,
-                  .nan_key = 1,
-                  .seed = 11};
+    idx_case c = idx_case_of(8, 64, 16, 32, KVA_DTYPE_F32, 0, 4, (const int32_t[]){1, 3, 40, 33},
+                             (const int32_t[]){200, 77, 300, 33}, 11);
+    c.ties = 1;
+    c.nan_key = 1;
     run_case(&c);
 }
 
 /* DeepSeek's shape (64 heads of 128) over an FP8_TOKEN cache, bf16 q. */
 static void test_fp8_deepseek_shape(void)
 {
-    idx_case c = {.Hi = 64,
-                  .D = 128,
-                  .B = 64,
-                  .K = 64,
-                  .dt = KVA_DTYPE_BF16,
-                  .fp8 = 1,
-                  .R = 2,
-                  .q_len = {1, 12},
-                  .seq_len = {700, 260},
-                  .ties = 1,
-                  .seed = 12};
+    idx_case c = idx_case_of(64, 128, 64, 64, KVA_DTYPE_BF16, 1, 2, (const int32_t[]){1, 12},
+                             (const int32_t[]){700, 260}, 12);
+    c.ties = 1;
     run_case(&c);
 }
 
@@ -139,16 +124,9 @@ static void test_fp8_deepseek_shape(void)
  * that is listed last because every key is listed. */
 static void test_short_rows(void)
 {
-    idx_case c = {.Hi = 4,
-                  .D = 32,
-                  .B = 8,
-                  .K = 100,
-                  .dt = KVA_DTYPE_F16,
-                  .R = 3,
-                  .q_len = {5, 1, 2},
-                  .seq_len = {20, 1, 9},
-                  .nan_key = 1,
-                  .seed = 13};
+    idx_case c = idx_case_of(4, 32, 8, 100, KVA_DTYPE_F16, 0, 3, (const int32_t[]){5, 1, 2},
+                             (const int32_t[]){20, 1, 9}, 13);
+    c.nan_key = 1;
     run_case(&c);
     idx_case f = c;
     f.fp8 = 1;
@@ -160,27 +138,12 @@ static void test_short_rows(void)
  * multiple of 16, a block size that is not a power of two. */
 static void test_k1_odd_shapes(void)
 {
-    idx_case c = {.Hi = 3,
-                  .D = 24,
-                  .B = 5,
-                  .K = 1,
-                  .dt = KVA_DTYPE_BF16,
-                  .R = 2,
-                  .q_len = {1, 17},
-                  .seq_len = {64, 17},
-                  .ties = 1,
-                  .seed = 15};
+    idx_case c = idx_case_of(3, 24, 5, 1, KVA_DTYPE_BF16, 0, 2, (const int32_t[]){1, 17},
+                             (const int32_t[]){64, 17}, 15);
+    c.ties = 1;
     run_case(&c);
-    idx_case d = {.Hi = 7,
-                  .D = 136,
-                  .B = 3,
-                  .K = 7,
-                  .dt = KVA_DTYPE_F32,
-                  .fp8 = 1,
-                  .R = 1,
-                  .q_len = {9},
-                  .seq_len = {50},
-                  .seed = 16};
+    idx_case d = idx_case_of(7, 136, 3, 7, KVA_DTYPE_F32, 1, 1, (const int32_t[]){9},
+                             (const int32_t[]){50}, 16);
     run_case(&d);
 }
 
@@ -192,35 +155,20 @@ static void test_k1_odd_shapes(void)
  * on this random data. */
 static void test_fp8_q(void)
 {
-    idx_case c = {.Hi = 64,
-                  .D = 128,
-                  .B = 64,
-                  .K = 64,
-                  .dt = KVA_DTYPE_BF16,
-                  .fp8 = 1,
-                  .qfp8 = 1,
-                  .R = 2,
-                  .q_len = {1, 6},
-                  .seq_len = {900, 300},
-                  .ties = 1,
-                  .seed = 17};
+    idx_case c = idx_case_of(64, 128, 64, 64, KVA_DTYPE_BF16, 1, 2, (const int32_t[]){1, 6},
+                             (const int32_t[]){900, 300}, 17);
+    c.qfp8 = 1;
+    c.ties = 1;
     run_case(&c);
     idx_data x;
     idx_build(&c, &x);
     printf("  fp8 q: %.1f%% of the bf16-q top-%d kept (random data, %d tokens)\n",
            100.0 * idx_fp8q_overlap(&c, &x), (int)c.K, (int)x.T);
     idx_free(&x);
-    idx_case f = {.Hi = 5,
-                  .D = 40,
-                  .B = 7,
-                  .K = 9,
-                  .dt = KVA_DTYPE_F32,
-                  .qfp8 = 1,
-                  .R = 2,
-                  .q_len = {4, 1},
-                  .seq_len = {60, 31},
-                  .nan_key = 1,
-                  .seed = 18};
+    idx_case f = idx_case_of(5, 40, 7, 9, KVA_DTYPE_F32, 0, 2, (const int32_t[]){4, 1},
+                             (const int32_t[]){60, 31}, 18);
+    f.qfp8 = 1;
+    f.nan_key = 1;
     idx_build(&f, &x);
     /* Token 1's head 2: all zeros. */
     memset((float *)x.q + ((size_t)1 * f.Hi + 2) * f.D, 0, (size_t)f.D * sizeof(float));
@@ -434,16 +382,8 @@ static void test_bad_descriptors(void)
 /* Bad run, write and read arguments: a status, and nothing written. */
 static void test_bad_runs(void)
 {
-    idx_case cs = {.Hi = 4,
-                   .D = 32,
-                   .B = 4,
-                   .K = 5,
-                   .dt = KVA_DTYPE_F32,
-                   .fp8 = 1,
-                   .R = 1,
-                   .q_len = {3},
-                   .seq_len = {10},
-                   .seed = 31};
+    idx_case cs = idx_case_of(4, 32, 4, 5, KVA_DTYPE_F32, 1, 1, (const int32_t[]){3},
+                              (const int32_t[]){10}, 31);
     idx_data x;
     idx_build(&cs, &x);
     kva_context *ctx = make_ctx(KVA_BACKEND_CPU, 1);
