@@ -55,6 +55,15 @@ static inline idx_case idx_case_of(int32_t Hi, int32_t D, int32_t B, int32_t K, 
     return c;
 }
 
+/* A context of backend b with the given thread count (checked). */
+static inline kva_context *idx_ctx(kva_backend b, int32_t threads)
+{
+    kva_context_desc cd = {.backend = b, .num_threads = threads};
+    kva_context *ctx = NULL;
+    CHECK_OK(kva_context_create(&cd, &ctx));
+    return ctx;
+}
+
 /* ---- the independent FP8 e4m3fn encoder and FP8_TOKEN quantizer ---- */
 
 /* The value of e4m3fn code c (from the format's definition: bias 7, 3

@@ -14,14 +14,6 @@
 
 #define SENTINEL 0x5a5a5a5a
 
-static kva_context *make_ctx(kva_backend b, int32_t threads)
-{
-    kva_context_desc cd = {.backend = b, .num_threads = threads};
-    kva_context *ctx = NULL;
-    CHECK_OK(kva_context_create(&cd, &ctx));
-    return ctx;
-}
-
 /* Writes the case's keys into a new cache of ctx. */
 static kva_cache *make_cache(kva_context *ctx, const idx_case *c, const idx_data *x)
 {
@@ -84,13 +76,13 @@ static void run_case(const idx_case *c)
     char label[96];
     snprintf(label, sizeof label, "ref Hi %d D %d K %d fp8 %d", (int)c->Hi, (int)c->D, (int)c->K,
              c->fp8);
-    kva_context *ref = make_ctx(KVA_BACKEND_REF, 1);
+    kva_context *ref = idx_ctx(KVA_BACKEND_REF, 1);
     run_on(ref, label, c, &x, 1);
     kva_context_destroy(ref);
     static const char *isas[] = {"portable", "avx2", "avx512"};
     for (int i = 0; i < 3; i++) {
         setenv("KVA_CPU_ISA", isas[i], 1);
-        kva_context *cpu = make_ctx(KVA_BACKEND_CPU, 2);
+        kva_context *cpu = idx_ctx(KVA_BACKEND_CPU, 2);
         snprintf(label, sizeof label, "cpu/%s Hi %d D %d K %d fp8 %d", isas[i], (int)c->Hi,
                  (int)c->D, (int)c->K, c->fp8);
         run_on(cpu, label, c, &x, 0);
@@ -172,10 +164,10 @@ static void test_fp8_q(void)
     idx_build(&f, &x);
     /* Token 1's head 2: all zeros. */
     memset((float *)x.q + ((size_t)1 * f.Hi + 2) * f.D, 0, (size_t)f.D * sizeof(float));
-    kva_context *ref = make_ctx(KVA_BACKEND_REF, 1);
+    kva_context *ref = idx_ctx(KVA_BACKEND_REF, 1);
     run_on(ref, "ref fp8 q, f32 keys", &f, &x, 1);
     kva_context_destroy(ref);
-    kva_context *cpu = make_ctx(KVA_BACKEND_CPU, 2);
+    kva_context *cpu = idx_ctx(KVA_BACKEND_CPU, 2);
     run_on(cpu, "cpu fp8 q, f32 keys", &f, &x, 0);
     kva_context_destroy(cpu);
     idx_free(&x);
@@ -185,7 +177,7 @@ static void test_fp8_q(void)
  * block size, read-back, copy and swap. */
 static void test_fp8_token_bytes(void)
 {
-    kva_context *ctx = make_ctx(KVA_BACKEND_CPU, 1);
+    kva_context *ctx = idx_ctx(KVA_BACKEND_CPU, 1);
     const int32_t D = 32, B = 4, NB = 3, T = 7;
     kva_cache_desc cd = {.num_blocks = NB,
                          .block_size = B,
@@ -284,7 +276,7 @@ static void test_fp8_token_bytes(void)
 /* Descriptors the index-key cache and its plans refuse. */
 static void test_bad_descriptors(void)
 {
-    kva_context *ctx = make_ctx(KVA_BACKEND_CPU, 1);
+    kva_context *ctx = idx_ctx(KVA_BACKEND_CPU, 1);
     kva_cache_desc good = {.num_blocks = 2,
                            .block_size = 4,
                            .num_kv_heads = 1,
@@ -386,7 +378,7 @@ static void test_bad_runs(void)
                               (const int32_t[]){10}, 31);
     idx_data x;
     idx_build(&cs, &x);
-    kva_context *ctx = make_ctx(KVA_BACKEND_CPU, 1);
+    kva_context *ctx = idx_ctx(KVA_BACKEND_CPU, 1);
     kva_cache *cache = make_cache(ctx, &cs, &x);
     kva_plan_desc pd = idx_plan_desc(&cs, &x);
     kva_plan *plan = NULL;

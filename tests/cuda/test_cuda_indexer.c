@@ -24,14 +24,6 @@
 
 #ifdef KVA_HAVE_CUDA
 
-static kva_context *make_ctx(kva_backend b)
-{
-    kva_context_desc cd = {.backend = b, .num_threads = 1};
-    kva_context *ctx = NULL;
-    CHECK_OK(kva_context_create(&cd, &ctx));
-    return ctx;
-}
-
 /* A device cache holding the case's keys, written on the device. */
 static kva_cache *make_dev_cache(kva_context *gpu, const idx_case *c, const idx_data *x)
 {
@@ -128,7 +120,7 @@ static void run_case(kva_context *gpu, const idx_case *c, int multipass)
 
 static void test_grid(void)
 {
-    kva_context *gpu = make_ctx(KVA_BACKEND_CUDA);
+    kva_context *gpu = idx_ctx(KVA_BACKEND_CUDA, 1);
     const int quick = getenv("KVA_TEST_QUICK") != NULL;
     /* DeepSeek's shape, FP8 keys, a mixed batch whose prefill crosses a chunk. */
     idx_case a =
@@ -208,7 +200,7 @@ static void test_grid(void)
  */
 static void test_fp8_q(void)
 {
-    kva_context *gpu = make_ctx(KVA_BACKEND_CUDA);
+    kva_context *gpu = idx_ctx(KVA_BACKEND_CUDA, 1);
     const double tc = ldexp(1.0, -10);
     idx_case a =
         idx_case_of(64, 128, 64, 128, KVA_DTYPE_BF16, 1, 4, (const int32_t[]){1, 3, 24, 17},
@@ -266,7 +258,7 @@ static void test_fp8_q(void)
  * the test's quantizer; kva_cache_read gives code * scale. */
 static void test_cache_bytes(void)
 {
-    kva_context *gpu = make_ctx(KVA_BACKEND_CUDA), *cpu = make_ctx(KVA_BACKEND_CPU);
+    kva_context *gpu = idx_ctx(KVA_BACKEND_CUDA, 1), *cpu = idx_ctx(KVA_BACKEND_CPU, 1);
     idx_case c = idx_case_of(16, 128, 16, 8, KVA_DTYPE_BF16, 1, 2, (const int32_t[]){1, 1},
                              (const int32_t[]){40, 33}, 51);
     idx_data x;
@@ -330,7 +322,7 @@ static void test_cache_bytes(void)
 /* Shapes the CUDA indexer refuses, and bad runs: a status, nothing written. */
 static void test_bad_input(void)
 {
-    kva_context *gpu = make_ctx(KVA_BACKEND_CUDA);
+    kva_context *gpu = idx_ctx(KVA_BACKEND_CUDA, 1);
     idx_case c = idx_case_of(16, 64, 16, 8, KVA_DTYPE_BF16, 1, 1, (const int32_t[]){3},
                              (const int32_t[]){30}, 61);
     idx_data x;
