@@ -37,28 +37,11 @@
 #define DC 512
 #define DL 576
 
+/* The causal plan of the benchmark's batches (DeepSeek's scale 1/sqrt(128 + 64)). */
 static kva_plan_desc mla_desc(int32_t R, const int32_t *qsl, const int32_t *sl, const int32_t *bt,
                               int32_t stride, int32_t B, int32_t H, kva_dtype dt)
 {
-    kva_plan_desc pd;
-    memset(&pd, 0, sizeof pd);
-    pd.num_requests = R;
-    pd.query_start_loc = qsl;
-    pd.seq_lens = sl;
-    pd.block_table = bt;
-    pd.block_table_stride = stride;
-    pd.block_size = B;
-    pd.decode_threshold = 4;
-    pd.num_heads = H;
-    pd.num_kv_heads = 1;
-    pd.head_dim = DL;
-    pd.head_dim_v = DC;
-    pd.q_dtype = dt;
-    pd.scale = (float)(1.0 / sqrt(192.0));
-    pd.causal = 1;
-    pd.window_left = -1;
-    pd.kind = KVA_ATTN_MLA;
-    return pd;
+    return kva_test_mla_desc(R, qsl, sl, bt, stride, B, H, DL, DC, dt, 1.0 / sqrt(192.0), 1);
 }
 
 /* Request 0 on the CPU backend from a host copy of its blocks; returns the

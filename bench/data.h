@@ -2,7 +2,8 @@
  * data.h - data helpers shared by the tests (through tests/harness.h), the
  * benchmarks and the CLI's correctness checks: a seeded RNG, random fills in
  * any float dtype, element access, NaN poisoning, and the per-dtype
- * tolerances with a tolerance-checked comparison, stated once here.
+ * tolerances with a tolerance-checked comparison, stated once here; and the
+ * plan descriptor of an MLA batch.
  * Header-only (static inline); no test counters, so including it costs
  * nothing unused.
  */
@@ -157,6 +158,39 @@ static inline size_t kva_test_compare_f32(const char *label, const float *got, c
                                           size_t n, double atol, double rtol)
 {
     return kva_test_compare(label, got, want, KVA_DTYPE_F32, n, atol, rtol);
+}
+
+/* ---- MLA plan descriptor ---- */
+
+/* The plan descriptor of an MLA batch (kind KVA_ATTN_MLA, one latent kv head
+ * of head_dim = Dc + Dr, head_dim_v = Dc; q_len <= 4 counts as a decode, no
+ * window), shared by the MLA tests, benchmarks and the CLI's sparse MLA
+ * bench; callers set the sparse and layer-level fields on the result. */
+static inline kva_plan_desc kva_test_mla_desc(int32_t R, const int32_t *qsl,
+                                              const int32_t *seq_lens, const int32_t *block_table,
+                                              int32_t stride, int32_t B, int32_t H,
+                                              int32_t head_dim, int32_t head_dim_v,
+                                              kva_dtype q_dtype, double scale, int causal)
+{
+    kva_plan_desc pd;
+    memset(&pd, 0, sizeof pd);
+    pd.num_requests = R;
+    pd.query_start_loc = qsl;
+    pd.seq_lens = seq_lens;
+    pd.block_table = block_table;
+    pd.block_table_stride = stride;
+    pd.block_size = B;
+    pd.decode_threshold = 4;
+    pd.num_heads = H;
+    pd.num_kv_heads = 1;
+    pd.head_dim = head_dim;
+    pd.head_dim_v = head_dim_v;
+    pd.q_dtype = q_dtype;
+    pd.scale = (float)scale;
+    pd.causal = causal;
+    pd.window_left = -1;
+    pd.kind = KVA_ATTN_MLA;
+    return pd;
 }
 
 #endif /* KVA_BENCH_DATA_H */

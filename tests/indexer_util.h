@@ -32,6 +32,38 @@ typedef struct idx_case {
     uint64_t seed;
 } idx_case;
 
+/* A case of R requests of q_len ql [R] queries and seq_len sl [R] keys
+ * (R <= IDX_MAX_REQ), Hi heads of D, block size B, top K, q dtype dt, FP8
+ * keys when fp8; the flags (ties, nan_key, same, qfp8) and tol_rel are 0:
+ * the caller sets those it wants. */
+static inline idx_case idx_case_of(int32_t Hi, int32_t D, int32_t B, int32_t K, kva_dtype dt,
+                                   int fp8, int32_t R, const int32_t *ql, const int32_t *sl,
+                                   uint64_t seed)
+{
+    idx_case c;
+    memset(&c, 0, sizeof c);
+    c.Hi = Hi;
+    c.D = D;
+    c.B = B;
+    c.K = K;
+    c.dt = dt;
+    c.fp8 = fp8;
+    c.R = R;
+    memcpy(c.q_len, ql, (size_t)R * sizeof *ql);
+    memcpy(c.seq_len, sl, (size_t)R * sizeof *sl);
+    c.seed = seed;
+    return c;
+}
+
+/* A context of backend b with the given thread count (checked). */
+static inline kva_context *idx_ctx(kva_backend b, int32_t threads)
+{
+    kva_context_desc cd = {.backend = b, .num_threads = threads};
+    kva_context *ctx = NULL;
+    CHECK_OK(kva_context_create(&cd, &ctx));
+    return ctx;
+}
+
 /* ---- the independent FP8 e4m3fn encoder and FP8_TOKEN quantizer ---- */
 
 /* The value of e4m3fn code c (from the format's definition: bias 7, 3

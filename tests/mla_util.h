@@ -79,24 +79,12 @@ static inline kva_cache_desc mla_cache_desc(const mla_case *c, int32_t nb)
 /* The plan descriptor; layer = 1 gives it the layer-level head sizes. */
 static inline kva_plan_desc mla_plan_desc(const mla_case *c, const mla_data *m, int layer)
 {
-    kva_plan_desc p = {.num_requests = c->R,
-                       .query_start_loc = m->qsl,
-                       .seq_lens = c->seq_len,
-                       .block_table = m->bt,
-                       .block_table_stride = m->stride,
-                       .block_size = c->B,
-                       .decode_threshold = c->thr,
-                       .num_heads = c->H,
-                       .num_kv_heads = 1,
-                       .head_dim = c->Dc + c->Dr,
-                       .head_dim_v = c->Dc,
-                       .q_dtype = c->dt,
-                       .scale = (float)(1.0 / sqrt((double)(c->Dn + c->Dr))),
-                       .causal = c->causal,
-                       .window_left = -1,
-                       .kind = KVA_ATTN_MLA,
-                       .mla_qk_nope_head_dim = layer ? c->Dn : 0,
-                       .mla_v_head_dim = layer ? c->Dv : 0};
+    kva_plan_desc p =
+        kva_test_mla_desc(c->R, m->qsl, c->seq_len, m->bt, m->stride, c->B, c->H, c->Dc + c->Dr,
+                          c->Dc, c->dt, 1.0 / sqrt((double)(c->Dn + c->Dr)), c->causal);
+    p.decode_threshold = c->thr;
+    p.mla_qk_nope_head_dim = layer ? c->Dn : 0;
+    p.mla_v_head_dim = layer ? c->Dv : 0;
     return p;
 }
 

@@ -26,8 +26,11 @@
  *     whose partials and lse (base-2 max times ln 2) the merge combines;
  *   - non-causal plans (every row sees the same keys: the cascade's prefix
  *     pass), whose items take up to KVA_CPU_TILE_ROWS rows.
- * KVA_TEST_QUICK=1 runs one dtype of each shape and mask case (in turn) and
- * bf16 only for the long contexts.
+ * KVA_TEST_QUICK=1 (the sanitizer run) runs one dtype of each shape and mask
+ * case (in turn), bf16 only for the long contexts, and shorter contexts
+ * (fewer fully visible tiles of the same code) for the long contexts, the
+ * split items and the non-causal plans: every case's kernels, dtypes and
+ * masks still run.
  */
 #include "batchgen.h"
 #include "cpu_kernels.h"
@@ -220,13 +223,14 @@ static void test_shapes(void)
 /* A chunk of queries after thousands of cached tokens. */
 static void test_long_context(void)
 {
-    for (int t = kva_test_quick() ? 2 : 0; t < 3; t++) { /* quick: bf16 only */
+    const int quick = kva_test_quick();
+    for (int t = quick ? 2 : 0; t < 3; t++) { /* quick: bf16 only */
         pcase c = base_case(8, 2, 128, 128, (kva_dtype)t, 200 + (uint64_t)t);
         c.R = 2;
         c.q_len[0] = 40;
-        c.ctx[0] = 4000;
+        c.ctx[0] = quick ? 2000 : 4000;
         c.q_len[1] = 96;
-        c.ctx[1] = 2000;
+        c.ctx[1] = quick ? 1000 : 2000;
         run_pcase(&c);
     }
 }
@@ -277,13 +281,14 @@ static void test_masks_after_context(void)
 /* Items split into key chunks: partials, lse and the merge. */
 static void test_splits(void)
 {
+    const int quick = kva_test_quick(); /* quick: rows of 700 / 330 keys */
     for (int t = 0; t < 3; t++) {
         pcase c = base_case(8, 2, 128, 128, (kva_dtype)t, 500 + (uint64_t)t);
         c.R = 2;
         c.q_len[0] = 24;
-        c.ctx[0] = 1500;
+        c.ctx[0] = quick ? 700 : 1500;
         c.q_len[1] = 70;
-        c.ctx[1] = 600;
+        c.ctx[1] = quick ? 300 : 600;
         c.sinks = t != 1;
         c.softcap = t == 2 ? 8.0f : 0.0f;
         run_pcase(&c);
@@ -294,13 +299,14 @@ static void test_splits(void)
  * remainder), after cached keys, with sinks and soft-cap in turn. */
 static void test_same_keys(void)
 {
+    const int quick = kva_test_quick(); /* quick: 3 and 2 key tiles */
     for (int t = 0; t < 3; t++) {
         pcase c = base_case(16, 2, 128, 128, (kva_dtype)t, 600 + (uint64_t)t);
         c.R = 2;
         c.q_len[0] = 64;
-        c.ctx[0] = 1200;
+        c.ctx[0] = quick ? 200 : 1200;
         c.q_len[1] = 150;
-        c.ctx[1] = 300;
+        c.ctx[1] = quick ? 40 : 300;
         c.noncausal = 1;
         c.sinks = t != 1;
         c.softcap = t == 2 ? 8.0f : 0.0f;

@@ -14,14 +14,6 @@
 
 #define SENTINEL 0x5a5a5a5a
 
-static kva_context *make_ctx(kva_backend b, int32_t threads)
-{
-    kva_context_desc cd = {.backend = b, .num_threads = threads};
-    kva_context *ctx = NULL;
-    CHECK_OK(kva_context_create(&cd, &ctx));
-    return ctx;
-}
-
 /* Writes the case's keys into a new cache of ctx. */
 static kva_cache *make_cache(kva_context *ctx, const idx_case *c, const idx_data *x)
 {
@@ -84,13 +76,13 @@ static void run_case(const idx_case *c)
     char label[96];
     snprintf(label, sizeof label, "ref Hi %d D %d K %d fp8 %d", (int)c->Hi, (int)c->D, (int)c->K,
              c->fp8);
-    kva_context *ref = make_ctx(KVA_BACKEND_REF, 1);
+    kva_context *ref = idx_ctx(KVA_BACKEND_REF, 1);
     run_on(ref, label, c, &x, 1);
     kva_context_destroy(ref);
     static const char *isas[] = {"portable", "avx2", "avx512"};
     for (int i = 0; i < 3; i++) {
         setenv("KVA_CPU_ISA", isas[i], 1);
-        kva_context *cpu = make_ctx(KVA_BACKEND_CPU, 2);
+        kva_context *cpu = idx_ctx(KVA_BACKEND_CPU, 2);
         snprintf(label, sizeof label, "cpu/%s Hi %d D %d K %d fp8 %d", isas[i], (int)c->Hi,
                  (int)c->D, (int)c->K, c->fp8);
         run_on(cpu, label, c, &x, 0);
@@ -104,34 +96,19 @@ static void run_case(const idx_case *c)
  * repeated keys (exact ties) and a NaN key, f32 cache. */
 static void test_mixed_batch(void)
 {
-    idx_case c = {.Hi = 8,
-                  .D = 64,
-                  .B = 16,
-                  .K = 32,
-                  .dt = KVA_DTYPE_F32,
-                  .R = 4,
-                  .q_len = {1, 3, 40, 33},
-                  .seq_len = {200, 77, 300, 33},
-                  .ties = 1,
-                  .nan_key = 1,
-                  .seed = 11};
+    idx_case c = idx_case_of(8, 64, 16, 32, KVA_DTYPE_F32, 0, 4, (const int32_t[]){1, 3, 40, 33},
+                             (const int32_t[]){200, 77, 300, 33}, 11);
+    c.ties = 1;
+    c.nan_key = 1;
     run_case(&c);
 }
 
 /* DeepSeek's shape (64 heads of 128) over an FP8_TOKEN cache, bf16 q. */
 static void test_fp8_deepseek_shape(void)
 {
-    idx_case c = {.Hi = 64,
-                  .D = 128,
-                  .B = 64,
-                  .K = 64,
-                  .dt = KVA_DTYPE_BF16,
-                  .fp8 = 1,
-                  .R = 2,
-                  .q_len = {1, 12},
-                  .seq_len = {700, 260},
-                  .ties = 1,
-                  .seed = 12};
+    idx_case c = idx_case_of(64, 128, 64, 64, KVA_DTYPE_BF16, 1, 2, (const int32_t[]){1, 12},
+                             (const int32_t[]){700, 260}, 12);
+    c.ties = 1;
     run_case(&c);
 }
 
@@ -139,16 +116,9 @@ static void test_fp8_deepseek_shape(void)
  * that is listed last because every key is listed. */
 static void test_short_rows(void)
 {
-    idx_case c = {.Hi = 4,
-                  .D = 32,
-                  .B = 8,
-                  .K = 100,
-                  .dt = KVA_DTYPE_F16,
-                  .R = 3,
-                  .q_len = {5, 1, 2},
-                  .seq_len = {20, 1, 9},
-                  .nan_key = 1,
-                  .seed = 13};
+    idx_case c = idx_case_of(4, 32, 8, 100, KVA_DTYPE_F16, 0, 3, (const int32_t[]){5, 1, 2},
+                             (const int32_t[]){20, 1, 9}, 13);
+    c.nan_key = 1;
     run_case(&c);
     idx_case f = c;
     f.fp8 = 1;
@@ -160,27 +130,12 @@ static void test_short_rows(void)
  * multiple of 16, a block size that is not a power of two. */
 static void test_k1_odd_shapes(void)
 {
-    idx_case c = {.Hi = 3,
-                  .D = 24,
-                  .B = 5,
-                  .K = 1,
-                  .dt = KVA_DTYPE_BF16,
-                  .R = 2,
-                  .q_len = {1, 17},
-                  .seq_len = {64, 17},
-                  .ties = 1,
-                  .seed = 15};
+    idx_case c = idx_case_of(3, 24, 5, 1, KVA_DTYPE_BF16, 0, 2, (const int32_t[]){1, 17},
+                             (const int32_t[]){64, 17}, 15);
+    c.ties = 1;
     run_case(&c);
-    idx_case d = {.Hi = 7,
-                  .D = 136,
-                  .B = 3,
-                  .K = 7,
-                  .dt = KVA_DTYPE_F32,
-                  .fp8 = 1,
-                  .R = 1,
-                  .q_len = {9},
-                  .seq_len = {50},
-                  .seed = 16};
+    idx_case d = idx_case_of(7, 136, 3, 7, KVA_DTYPE_F32, 1, 1, (const int32_t[]){9},
+                             (const int32_t[]){50}, 16);
     run_case(&d);
 }
 
@@ -192,42 +147,27 @@ static void test_k1_odd_shapes(void)
  * on this random data. */
 static void test_fp8_q(void)
 {
-    idx_case c = {.Hi = 64,
-                  .D = 128,
-                  .B = 64,
-                  .K = 64,
-                  .dt = KVA_DTYPE_BF16,
-                  .fp8 = 1,
-                  .qfp8 = 1,
-                  .R = 2,
-                  .q_len = {1, 6},
-                  .seq_len = {900, 300},
-                  .ties = 1,
-                  .seed = 17};
+    idx_case c = idx_case_of(64, 128, 64, 64, KVA_DTYPE_BF16, 1, 2, (const int32_t[]){1, 6},
+                             (const int32_t[]){900, 300}, 17);
+    c.qfp8 = 1;
+    c.ties = 1;
     run_case(&c);
     idx_data x;
     idx_build(&c, &x);
     printf("  fp8 q: %.1f%% of the bf16-q top-%d kept (random data, %d tokens)\n",
            100.0 * idx_fp8q_overlap(&c, &x), (int)c.K, (int)x.T);
     idx_free(&x);
-    idx_case f = {.Hi = 5,
-                  .D = 40,
-                  .B = 7,
-                  .K = 9,
-                  .dt = KVA_DTYPE_F32,
-                  .qfp8 = 1,
-                  .R = 2,
-                  .q_len = {4, 1},
-                  .seq_len = {60, 31},
-                  .nan_key = 1,
-                  .seed = 18};
+    idx_case f = idx_case_of(5, 40, 7, 9, KVA_DTYPE_F32, 0, 2, (const int32_t[]){4, 1},
+                             (const int32_t[]){60, 31}, 18);
+    f.qfp8 = 1;
+    f.nan_key = 1;
     idx_build(&f, &x);
     /* Token 1's head 2: all zeros. */
     memset((float *)x.q + ((size_t)1 * f.Hi + 2) * f.D, 0, (size_t)f.D * sizeof(float));
-    kva_context *ref = make_ctx(KVA_BACKEND_REF, 1);
+    kva_context *ref = idx_ctx(KVA_BACKEND_REF, 1);
     run_on(ref, "ref fp8 q, f32 keys", &f, &x, 1);
     kva_context_destroy(ref);
-    kva_context *cpu = make_ctx(KVA_BACKEND_CPU, 2);
+    kva_context *cpu = idx_ctx(KVA_BACKEND_CPU, 2);
     run_on(cpu, "cpu fp8 q, f32 keys", &f, &x, 0);
     kva_context_destroy(cpu);
     idx_free(&x);
@@ -237,7 +177,7 @@ static void test_fp8_q(void)
  * block size, read-back, copy and swap. */
 static void test_fp8_token_bytes(void)
 {
-    kva_context *ctx = make_ctx(KVA_BACKEND_CPU, 1);
+    kva_context *ctx = idx_ctx(KVA_BACKEND_CPU, 1);
     const int32_t D = 32, B = 4, NB = 3, T = 7;
     kva_cache_desc cd = {.num_blocks = NB,
                          .block_size = B,
@@ -336,7 +276,7 @@ static void test_fp8_token_bytes(void)
 /* Descriptors the index-key cache and its plans refuse. */
 static void test_bad_descriptors(void)
 {
-    kva_context *ctx = make_ctx(KVA_BACKEND_CPU, 1);
+    kva_context *ctx = idx_ctx(KVA_BACKEND_CPU, 1);
     kva_cache_desc good = {.num_blocks = 2,
                            .block_size = 4,
                            .num_kv_heads = 1,
@@ -434,19 +374,11 @@ static void test_bad_descriptors(void)
 /* Bad run, write and read arguments: a status, and nothing written. */
 static void test_bad_runs(void)
 {
-    idx_case cs = {.Hi = 4,
-                   .D = 32,
-                   .B = 4,
-                   .K = 5,
-                   .dt = KVA_DTYPE_F32,
-                   .fp8 = 1,
-                   .R = 1,
-                   .q_len = {3},
-                   .seq_len = {10},
-                   .seed = 31};
+    idx_case cs = idx_case_of(4, 32, 4, 5, KVA_DTYPE_F32, 1, 1, (const int32_t[]){3},
+                              (const int32_t[]){10}, 31);
     idx_data x;
     idx_build(&cs, &x);
-    kva_context *ctx = make_ctx(KVA_BACKEND_CPU, 1);
+    kva_context *ctx = idx_ctx(KVA_BACKEND_CPU, 1);
     kva_cache *cache = make_cache(ctx, &cs, &x);
     kva_plan_desc pd = idx_plan_desc(&cs, &x);
     kva_plan *plan = NULL;

@@ -17,7 +17,8 @@
  * 64, f32/f16/bf16 and FP8 E4M3 latent caches, non-causal rows without keys.
  * Most cases use small head sizes (Dc 64, Dr 16, Dn 32, Dv 24) so the fp64
  * reference stays fast; two use DeepSeek's (512, 64, 128, 128).
- * KVA_TEST_QUICK=1 skips the 32k case.
+ * KVA_TEST_QUICK=1 skips the 32k case and runs DeepSeek's H 128 case on
+ * shorter contexts.
  *
  * Tolerances (CPU fp32 accumulation against fp64 on identical inputs): out
  * f32 atol 5e-5 / rtol 5e-5; f16 8e-4 / 2e-3; bf16 8e-4 / 2/128 (the issue's)
@@ -217,7 +218,10 @@ static void test_deepseek(void)
     const int32_t ql[3] = {1, 2, 33}, sl[3] = {130, 64, 100};
     mla_case c = mla_case_of(16, 512, 64, 128, 128, 64, KVA_DTYPE_BF16, 1, 2, 3, ql, sl, 21);
     run_case(&c);
-    const int32_t ql2[2] = {1, 4}, sl2[2] = {20, 33};
+    /* Quick: 9 and 12 keys (one block each) instead of 20 and 33: the naive
+     * reference decompresses every key for each of the 128 heads. */
+    const int q = getenv("KVA_TEST_QUICK") != NULL;
+    const int32_t ql2[2] = {1, 4}, sl2[2] = {q ? 9 : 20, q ? 12 : 33};
     c = mla_case_of(128, 512, 64, 128, 128, 16, KVA_DTYPE_F32, 1, 4, 2, ql2, sl2, 22);
     run_case(&c);
 }
@@ -232,58 +236,69 @@ static void test_long(void)
     run_case(&c);
 }
 
-/* kva_mla_run of case c on a CPU context of nt threads with the registry
- * kernel `kernel` forced (NULL: the dispatcher's) and at most max_splits key
- * pieces per absorbed item (0: the default), against the reference's naive
- * result; the plan must run `kernel` and split its absorbed items into
- * want_split pieces. */
-static void check_cpu(const mla_case *c, int32_t nt, const char *kernel, int32_t max_splits,
-                      int32_t want_split)
+/* One CPU run of check_cpu: kva_mla_run on a CPU context of nt threads with
+ * the registry kernel `kernel` forced (NULL: the dispatcher's) and at most
+ * max_splits key pieces per absorbed item (0: the default); the plan must run
+ * `kernel` and split its absorbed items into want_split pieces. */
+typedef struct cpu_run {
+    int32_t nt;
+    const char *kernel;
+    int32_t max_splits, want_split;
+} cpu_run;
+
+/* The n runs of case c against the reference's naive result, computed once. */
+static void check_cpu(const mla_case *c, int n, const cpu_run *runs)
 {
-    kva_context *ref = NULL, *cpu = NULL;
-    kva_context_desc rd = {KVA_BACKEND_REF, 1, 0}, cd = {KVA_BACKEND_CPU, nt, 0};
+    kva_context *ref = NULL;
+    kva_context_desc rd = {KVA_BACKEND_REF, 1, 0};
     CHECK_OK(kva_context_create(&rd, &ref));
-    CHECK_OK(kva_context_create(&cd, &cpu));
     mla_data m;
-    if (!ref || !cpu || !mla_data_make(ref, c, &m)) {
+    if (!ref || !mla_data_make(ref, c, &m)) {
         CHECK_MSG(0, "case setup failed: %s", kva_last_error());
         kva_context_destroy(ref);
-        kva_context_destroy(cpu);
         return;
     }
-    if (kernel)
-        CHECK_OK(kva__context_force_kernel(cpu, kernel));
-    cpu->mla_max_splits = max_splits;
     const size_t rows = (size_t)m.T * c->H, n_out = rows * c->Dv;
     void *want = malloc(n_out * mla_es(c->dt) + 4), *got = malloc(n_out * mla_es(c->dt) + 4);
     float *lse_want = malloc(rows * 4 + 4), *lse = malloc(rows * 4 + 4);
     run_on(ref, c, &m, 1, m.q, want, lse_want, n_out);
-    kva_plan_desc pd = mla_plan_desc(c, &m, 1);
-    kva_plan *plan = NULL;
-    CHECK_OK(kva_plan_create(cpu, &pd, &plan));
-    if (plan) {
-        kva__cpu_mla_split sp;
-        kva__cpu_mla_split_of(cpu, plan, nt, &sp);
-        const char *k = kva__cpu_plan_kernel(plan, KVA__KERNEL_MLA);
-        CHECK_MSG(sp.split == want_split && (!kernel || (k && strcmp(k, kernel) == 0)),
-                  "%s: split %d (want %d), kernel %s", kernel ? kernel : "dispatcher",
-                  (int)sp.split, (int)want_split, k ? k : "none");
-        kva_test_poison(got, c->dt, n_out);
-        kva_test_poison(lse, KVA_DTYPE_F32, rows);
-        CHECK_OK(kva_mla_run(cpu, plan, m.q, m.w_uk, m.w_uv, m.cache, got, lse));
-        char label[96];
-        snprintf(label, sizeof label, "cpu %d threads, %s, split %d", (int)nt,
-                 kernel ? kernel : "dispatcher", (int)sp.split);
-        compare(label, c, got, want, n_out, lse, lse_want, rows);
+    for (int i = 0; i < n; i++) {
+        const cpu_run *r = &runs[i];
+        kva_context *cpu = NULL;
+        kva_context_desc cd = {KVA_BACKEND_CPU, r->nt, 0};
+        CHECK_OK(kva_context_create(&cd, &cpu));
+        if (!cpu)
+            continue;
+        if (r->kernel)
+            CHECK_OK(kva__context_force_kernel(cpu, r->kernel));
+        cpu->mla_max_splits = r->max_splits;
+        kva_plan_desc pd = mla_plan_desc(c, &m, 1);
+        kva_plan *plan = NULL;
+        CHECK_OK(kva_plan_create(cpu, &pd, &plan));
+        if (plan) {
+            kva__cpu_mla_split sp;
+            kva__cpu_mla_split_of(cpu, plan, r->nt, &sp);
+            const char *k = kva__cpu_plan_kernel(plan, KVA__KERNEL_MLA);
+            CHECK_MSG(sp.split == r->want_split && (!r->kernel || (k && strcmp(k, r->kernel) == 0)),
+                      "%s: split %d (want %d), kernel %s", r->kernel ? r->kernel : "dispatcher",
+                      (int)sp.split, (int)r->want_split, k ? k : "none");
+            kva_test_poison(got, c->dt, n_out);
+            kva_test_poison(lse, KVA_DTYPE_F32, rows);
+            CHECK_OK(kva_mla_run(cpu, plan, m.q, m.w_uk, m.w_uv, m.cache, got, lse));
+            char label[96];
+            snprintf(label, sizeof label, "cpu %d threads, %s, split %d", (int)r->nt,
+                     r->kernel ? r->kernel : "dispatcher", (int)sp.split);
+            compare(label, c, got, want, n_out, lse, lse_want, rows);
+        }
+        kva_plan_destroy(plan);
+        kva_context_destroy(cpu);
     }
-    kva_plan_destroy(plan);
     free(want);
     free(got);
     free(lse_want);
     free(lse);
     mla_data_free(&m);
     kva_context_destroy(ref);
-    kva_context_destroy(cpu);
 }
 
 /* Split-KV of the absorbed path: long contexts at small batch, split and
@@ -296,23 +311,22 @@ static void test_split(void)
 {
     const int32_t ql1[1] = {1}, sl1[1] = {5000};
     mla_case c = mla_case_of(16, 64, 16, 32, 24, 16, KVA_DTYPE_BF16, 1, 1, 1, ql1, sl1, 41);
-    check_cpu(&c, 3, NULL, 0, 6); /* 1 item, 3 threads: 6 pieces */
-    check_cpu(&c, 3, NULL, 1, 1);
-    check_cpu(&c, 3, NULL, 4, 4);
+    /* 1 item, 3 threads: 6 pieces; then at most 1 and 4. */
+    check_cpu(&c, 3, (const cpu_run[]){{3, NULL, 0, 6}, {3, NULL, 1, 1}, {3, NULL, 4, 4}});
     const int32_t ql2[2] = {1, 3}, sl2[2] = {2100, 700};
     c = mla_case_of(9, 64, 16, 32, 24, 64, KVA_DTYPE_F32, 1, 4, 2, ql2, sl2, 42);
-    check_cpu(&c, 4, NULL, 0, 4);
-    check_cpu(&c, 2, NULL, 0, 1); /* as many items as threads: no split */
+    /* 4 threads: 4 pieces; as many items as threads: no split. */
+    check_cpu(&c, 2, (const cpu_run[]){{4, NULL, 0, 4}, {2, NULL, 0, 1}});
     const int32_t ql3[2] = {2, 1}, sl3[2] = {4000, 10};
     c = mla_case_of(3, 40, 16, 32, 24, 16, KVA_DTYPE_F32, 1, 2, 2, ql3, sl3, 43);
-    check_cpu(&c, 4, NULL, 0, 4);
+    check_cpu(&c, 1, (const cpu_run[]){{4, NULL, 0, 4}});
     const int32_t ql4[2] = {1, 2}, sl4[2] = {3000, 0};
     c = mla_case_of(3, 64, 16, 32, 24, 16, KVA_DTYPE_F32, 0, 2, 2, ql4, sl4, 44);
-    check_cpu(&c, 4, NULL, 0, 4);
+    check_cpu(&c, 1, (const cpu_run[]){{4, NULL, 0, 4}});
     /* Enough items for the threads: no split. */
     const int32_t ql5[4] = {1, 1, 1, 1}, sl5[4] = {3000, 3000, 3000, 3000};
     c = mla_case_of(16, 64, 16, 32, 24, 16, KVA_DTYPE_F32, 1, 1, 4, ql5, sl5, 45);
-    check_cpu(&c, 2, NULL, 0, 1);
+    check_cpu(&c, 1, (const cpu_run[]){{2, NULL, 0, 1}});
 }
 
 /* The registry's MLA kernels forced by name (every one this machine runs),
@@ -322,17 +336,20 @@ static void test_kernels(void)
     kva_test_kernel k[KVA_TEST_MAX_KERNELS];
     const int32_t n = kva_test_cpu_kernels(k);
     int found = 0;
-    const int32_t ql[3] = {1, 3, 20}, sl[3] = {1500, 40, 90};
-    mla_case c = mla_case_of(9, 64, 16, 32, 24, 16, KVA_DTYPE_BF16, 1, 4, 3, ql, sl, 51);
+    cpu_run runs[2 * KVA_TEST_MAX_KERNELS] = {{0, NULL, 0, 0}};
+    int nr = 0;
     for (int32_t i = 0; i < n; i++) {
         if (k[i].family != KVA__KERNEL_MLA)
             continue;
         found++;
         if (!k[i].runs)
             continue;
-        check_cpu(&c, 2, k[i].name, 0, 1);  /* 1 + 1 + 9 items: no split */
-        check_cpu(&c, 16, k[i].name, 0, 3); /* 11 items on 16 threads */
+        runs[nr++] = (cpu_run){2, k[i].name, 0, 1};  /* 1 + 1 + 9 items: no split */
+        runs[nr++] = (cpu_run){16, k[i].name, 0, 3}; /* 11 items on 16 threads */
     }
+    const int32_t ql[3] = {1, 3, 20}, sl[3] = {1500, 40, 90};
+    mla_case c = mla_case_of(9, 64, 16, 32, 24, 16, KVA_DTYPE_BF16, 1, 4, 3, ql, sl, 51);
+    check_cpu(&c, nr, runs);
     CHECK(found >= 1);
 }
 

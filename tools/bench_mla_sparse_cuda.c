@@ -160,23 +160,8 @@ static double run_shape(const shape *sh, int iters)
     CU(cudaMalloc((void **)&d_lse, sizeof(float) * (size_t)T * H));
     CU(cudaMemcpy(d_q, q, 2 * (size_t)T * H * DL, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(d_idx, idx, sizeof(int32_t) * (size_t)T * K, cudaMemcpyHostToDevice));
-    kva_plan_desc pd;
-    memset(&pd, 0, sizeof pd);
-    pd.num_requests = R;
-    pd.query_start_loc = qsl;
-    pd.seq_lens = sl;
-    pd.block_table = bt;
-    pd.block_table_stride = nbr;
-    pd.block_size = B;
-    pd.decode_threshold = 4;
-    pd.num_heads = H;
-    pd.num_kv_heads = 1;
-    pd.head_dim = DL;
-    pd.head_dim_v = DC;
-    pd.q_dtype = KVA_DTYPE_BF16;
-    pd.scale = (float)(1.0 / sqrt(192.0));
-    pd.window_left = -1;
-    pd.kind = KVA_ATTN_MLA;
+    kva_plan_desc pd =
+        kva_test_mla_desc(R, qsl, sl, bt, nbr, B, H, DL, DC, KVA_DTYPE_BF16, 1.0 / sqrt(192.0), 0);
     pd.sparse_topk = K;
     pd.sparse_mode = sh->separate ? KVA_SPARSE_SEPARATE : KVA_SPARSE_MIXED;
     kva_plan *plan = NULL;

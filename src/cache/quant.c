@@ -339,3 +339,36 @@ double kva__quant_load(const kva_cache *c, int is_v, int64_t block, int64_t off,
                (double)scale[s0];
     return (double)kva__load_f(c->v, d->dtype, (size_t)e); /* 16-bit V */
 }
+
+void kva__quant_load_row(const kva_cache *c, int is_v, int64_t block, int64_t off, int64_t head,
+                         int64_t n, double *out)
+{
+    const kva_cache_desc *d = &c->desc;
+    if (d->kind == KVA_ATTN_MLA)
+        is_v = 0; /* as kva__quant_load */
+    const int64_t dim = is_v ? d->head_dim_v : d->head_dim;
+    const int64_t e = kva__cache_row(d, block, off, head, dim);
+    const size_t s0 = (size_t)(head * dim);
+    if (!is_v && c->k_token_scale) {
+        const double s = c->k_token_scale[kva__token_scale_index(d, block, off, head)];
+        const int8_t *k = (const int8_t *)c->k + e;
+        for (int64_t ch = 0; ch < n; ch++)
+            out[ch] = (double)k[ch] * s;
+        return;
+    }
+    if (kva__quant_is_int8(d->quant, is_v)) {
+        const float *scale = (is_v ? c->v_scale : c->k_scale) + s0;
+        const float *offset = (is_v ? c->v_offset : c->k_offset) + s0;
+        const int8_t *x = (const int8_t *)(is_v ? c->v : c->k) + e;
+        for (int64_t ch = 0; ch < n; ch++)
+            out[ch] = ((double)x[ch] - (double)offset[ch]) * (double)scale[ch];
+    } else if (d->quant == KVA_QUANT_FP8_E4M3) {
+        const float *scale = (is_v ? c->v_scale : c->k_scale) + s0;
+        const uint8_t *x = (const uint8_t *)(is_v ? c->v : c->k) + e;
+        for (int64_t ch = 0; ch < n; ch++)
+            out[ch] = (double)kva_fp8_e4m3_to_f32(x[ch]) * (double)scale[ch];
+    } else { /* 16-bit V */
+        for (int64_t ch = 0; ch < n; ch++)
+            out[ch] = (double)kva__load_f(c->v, d->dtype, (size_t)(e + ch));
+    }
+}

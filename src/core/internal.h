@@ -330,6 +330,10 @@ void kva__quant_write_token(const kva_cache *c, int is_v, int64_t block, int64_t
  * head), in double, exactly as the format defines it (reference backend). */
 double kva__quant_load(const kva_cache *c, int is_v, int64_t block, int64_t off, int64_t head,
                        int64_t ch);
+/* Channels 0 .. n-1 of the same row into out [n]: each equal to
+ * kva__quant_load's, the row's address and scales found once. */
+void kva__quant_load_row(const kva_cache *c, int is_v, int64_t block, int64_t off, int64_t head,
+                         int64_t n, double *out);
 
 /* ---- index-key caches (kind KVA_ATTN_INDEX; src/cache/index_cache.c) ----
  *

@@ -24,14 +24,6 @@
 
 #ifdef KVA_HAVE_CUDA
 
-static kva_context *make_ctx(kva_backend b)
-{
-    kva_context_desc cd = {.backend = b, .num_threads = 1};
-    kva_context *ctx = NULL;
-    CHECK_OK(kva_context_create(&cd, &ctx));
-    return ctx;
-}
-
 /* A device cache holding the case's keys, written on the device. */
 static kva_cache *make_dev_cache(kva_context *gpu, const idx_case *c, const idx_data *x)
 {
@@ -128,81 +120,36 @@ static void run_case(kva_context *gpu, const idx_case *c, int multipass)
 
 static void test_grid(void)
 {
-    kva_context *gpu = make_ctx(KVA_BACKEND_CUDA);
+    kva_context *gpu = idx_ctx(KVA_BACKEND_CUDA, 1);
     const int quick = getenv("KVA_TEST_QUICK") != NULL;
     /* DeepSeek's shape, FP8 keys, a mixed batch whose prefill crosses a chunk. */
-    idx_case a = {.Hi = 64,
-                  .D = 128,
-                  .B = 64,
-                  .K = 128,
-                  .dt = KVA_DTYPE_BF16,
-                  .fp8 = 1,
-                  .R = 4,
-                  .q_len = {1, 3, 24, 17},
-                  .seq_len = {3000, 700, 2100, 17},
-                  .ties = 1,
-                  .seed = 41};
+    idx_case a =
+        idx_case_of(64, 128, 64, 128, KVA_DTYPE_BF16, 1, 4, (const int32_t[]){1, 3, 24, 17},
+                    (const int32_t[]){3000, 700, 2100, 17}, 41);
+    a.ties = 1;
     run_case(gpu, &a, 0);
     /* f16 q and cache, 16 heads of 64, K above most rows, ties and a NaN key. */
-    idx_case b = {.Hi = 16,
-                  .D = 64,
-                  .B = 16,
-                  .K = 200,
-                  .dt = KVA_DTYPE_F16,
-                  .R = 3,
-                  .q_len = {6, 1, 2},
-                  .seq_len = {300, 1, 150},
-                  .ties = 1,
-                  .nan_key = 1,
-                  .seed = 42};
+    idx_case b = idx_case_of(16, 64, 16, 200, KVA_DTYPE_F16, 0, 3, (const int32_t[]){6, 1, 2},
+                             (const int32_t[]){300, 1, 150}, 42);
+    b.ties = 1;
+    b.nan_key = 1;
     run_case(gpu, &b, 0);
     /* K = 1, 48 heads (a partial head group), bf16 cache. */
-    idx_case c = {.Hi = 48,
-                  .D = 32,
-                  .B = 7,
-                  .K = 1,
-                  .dt = KVA_DTYPE_BF16,
-                  .R = 2,
-                  .q_len = {9, 1},
-                  .seq_len = {90, 40},
-                  .seed = 43};
+    idx_case c = idx_case_of(48, 32, 7, 1, KVA_DTYPE_BF16, 0, 2, (const int32_t[]){9, 1},
+                             (const int32_t[]){90, 40}, 43);
     run_case(gpu, &c, 0);
     /* FP8 blocks of 5 rows: B (D + 4) bytes, not a multiple of 16. */
-    idx_case f = {.Hi = 16,
-                  .D = 48,
-                  .B = 5,
-                  .K = 10,
-                  .dt = KVA_DTYPE_BF16,
-                  .fp8 = 1,
-                  .R = 2,
-                  .q_len = {4, 1},
-                  .seq_len = {60, 33},
-                  .seed = 46};
+    idx_case f = idx_case_of(16, 48, 5, 10, KVA_DTYPE_BF16, 1, 2, (const int32_t[]){4, 1},
+                             (const int32_t[]){60, 33}, 46);
     run_case(gpu, &f, 0);
     if (!quick) {
         /* The shape, smaller: top-2048 of 8k keys, 128 heads. */
-        idx_case d = {.Hi = 64,
-                      .D = 128,
-                      .B = 64,
-                      .K = 2048,
-                      .dt = KVA_DTYPE_BF16,
-                      .fp8 = 1,
-                      .R = 1,
-                      .q_len = {40},
-                      .seq_len = {8192},
-                      .seed = 44};
+        idx_case d = idx_case_of(64, 128, 64, 2048, KVA_DTYPE_BF16, 1, 1, (const int32_t[]){40},
+                                 (const int32_t[]){8192}, 44);
         run_case(gpu, &d, 0);
-        idx_case e = {.Hi = 128,
-                      .D = 128,
-                      .B = 32,
-                      .K = 4096,
-                      .dt = KVA_DTYPE_F16,
-                      .fp8 = 1,
-                      .R = 2,
-                      .q_len = {1, 8},
-                      .seq_len = {5000, 4100},
-                      .ties = 1,
-                      .seed = 45};
+        idx_case e = idx_case_of(128, 128, 32, 4096, KVA_DTYPE_F16, 1, 2, (const int32_t[]){1, 8},
+                                 (const int32_t[]){5000, 4100}, 45);
+        e.ties = 1;
         run_case(gpu, &e, 0);
     }
     /* The multi-pass path (plans whose logits exceed the workspace limit):
@@ -219,17 +166,9 @@ static void test_grid(void)
     /* Every key of request 0 equal (all its logits tie at the K-th: the
      * top-K ranks the equal keys by position): mma.sync over passes, then
      * the default kernel in one pass. */
-    idx_case s = {.Hi = 64,
-                  .D = 128,
-                  .B = 64,
-                  .K = 100,
-                  .dt = KVA_DTYPE_BF16,
-                  .fp8 = 1,
-                  .R = 2,
-                  .q_len = {5, 2},
-                  .seq_len = {700, 300},
-                  .same = 1,
-                  .seed = 47};
+    idx_case s = idx_case_of(64, 128, 64, 100, KVA_DTYPE_BF16, 1, 2, (const int32_t[]){5, 2},
+                             (const int32_t[]){700, 300}, 47);
+    s.same = 1;
     run_case(gpu, &s, 0);
     CHECK_OK(kva__cuda_context_indexer_test(gpu, 0, 0));
     run_case(gpu, &s, 0);
@@ -261,21 +200,14 @@ static void test_grid(void)
  */
 static void test_fp8_q(void)
 {
-    kva_context *gpu = make_ctx(KVA_BACKEND_CUDA);
+    kva_context *gpu = idx_ctx(KVA_BACKEND_CUDA, 1);
     const double tc = ldexp(1.0, -10);
-    idx_case a = {.Hi = 64,
-                  .D = 128,
-                  .B = 64,
-                  .K = 128,
-                  .dt = KVA_DTYPE_BF16,
-                  .fp8 = 1,
-                  .qfp8 = 1,
-                  .tol_rel = tc,
-                  .R = 4,
-                  .q_len = {1, 3, 24, 17},
-                  .seq_len = {3000, 700, 2100, 17},
-                  .ties = 1,
-                  .seed = 71};
+    idx_case a =
+        idx_case_of(64, 128, 64, 128, KVA_DTYPE_BF16, 1, 4, (const int32_t[]){1, 3, 24, 17},
+                    (const int32_t[]){3000, 700, 2100, 17}, 71);
+    a.qfp8 = 1;
+    a.tol_rel = tc;
+    a.ties = 1;
     run_case(gpu, &a, 0);
     idx_data x;
     idx_build(&a, &x);
@@ -287,32 +219,18 @@ static void test_fp8_q(void)
     b.tol_rel = 0.0;
     b.seed = 72;
     run_case(gpu, &b, 0);
-    idx_case f = {.Hi = 16, /* not DeepSeek's shape: mma.sync, f16 q, a NaN key */
-                  .D = 64,
-                  .B = 16,
-                  .K = 20,
-                  .dt = KVA_DTYPE_F16,
-                  .fp8 = 1,
-                  .qfp8 = 1,
-                  .R = 2,
-                  .q_len = {6, 1},
-                  .seq_len = {300, 90},
-                  .nan_key = 1,
-                  .seed = 73};
+    /* not DeepSeek's shape: mma.sync, f16 q, a NaN key */
+    idx_case f = idx_case_of(16, 64, 16, 20, KVA_DTYPE_F16, 1, 2, (const int32_t[]){6, 1},
+                             (const int32_t[]){300, 90}, 73);
+    f.qfp8 = 1;
+    f.nan_key = 1;
     run_case(gpu, &f, 0);
     if (!getenv("KVA_TEST_QUICK")) {
-        idx_case d = {.Hi = 64, /* top-2048 of 8k keys, f16 q */
-                      .D = 128,
-                      .B = 64,
-                      .K = 2048,
-                      .dt = KVA_DTYPE_F16,
-                      .fp8 = 1,
-                      .qfp8 = 1,
-                      .tol_rel = tc,
-                      .R = 1,
-                      .q_len = {24},
-                      .seq_len = {8192},
-                      .seed = 74};
+        /* top-2048 of 8k keys, f16 q */
+        idx_case d = idx_case_of(64, 128, 64, 2048, KVA_DTYPE_F16, 1, 1, (const int32_t[]){24},
+                                 (const int32_t[]){8192}, 74);
+        d.qfp8 = 1;
+        d.tol_rel = tc;
         run_case(gpu, &d, 0);
     }
     CHECK_OK(kva__cuda_context_indexer_test(gpu, 1000, 0)); /* passes */
@@ -340,17 +258,9 @@ static void test_fp8_q(void)
  * the test's quantizer; kva_cache_read gives code * scale. */
 static void test_cache_bytes(void)
 {
-    kva_context *gpu = make_ctx(KVA_BACKEND_CUDA), *cpu = make_ctx(KVA_BACKEND_CPU);
-    idx_case c = {.Hi = 16,
-                  .D = 128,
-                  .B = 16,
-                  .K = 8,
-                  .dt = KVA_DTYPE_BF16,
-                  .fp8 = 1,
-                  .R = 2,
-                  .q_len = {1, 1},
-                  .seq_len = {40, 33},
-                  .seed = 51};
+    kva_context *gpu = idx_ctx(KVA_BACKEND_CUDA, 1), *cpu = idx_ctx(KVA_BACKEND_CPU, 1);
+    idx_case c = idx_case_of(16, 128, 16, 8, KVA_DTYPE_BF16, 1, 2, (const int32_t[]){1, 1},
+                             (const int32_t[]){40, 33}, 51);
     idx_data x;
     idx_build(&c, &x);
     for (int32_t i = 0; i < c.D; i++) { /* a zero row: scale FLT_MIN */
@@ -412,17 +322,9 @@ static void test_cache_bytes(void)
 /* Shapes the CUDA indexer refuses, and bad runs: a status, nothing written. */
 static void test_bad_input(void)
 {
-    kva_context *gpu = make_ctx(KVA_BACKEND_CUDA);
-    idx_case c = {.Hi = 16,
-                  .D = 64,
-                  .B = 16,
-                  .K = 8,
-                  .dt = KVA_DTYPE_BF16,
-                  .fp8 = 1,
-                  .R = 1,
-                  .q_len = {3},
-                  .seq_len = {30},
-                  .seed = 61};
+    kva_context *gpu = idx_ctx(KVA_BACKEND_CUDA, 1);
+    idx_case c = idx_case_of(16, 64, 16, 8, KVA_DTYPE_BF16, 1, 1, (const int32_t[]){3},
+                             (const int32_t[]){30}, 61);
     idx_data x;
     idx_build(&c, &x);
     kva_plan_desc pd = idx_plan_desc(&c, &x);

@@ -174,24 +174,8 @@ static int run_case(const mcase *c, int quick_print)
     if (L > 0)
         CHECK_OK(kva_cache_write(gpu, cache, (int32_t)L, d_ckv, 0, d_kpe, 0, dt, d_slots));
 
-    kva_plan_desc pd;
-    memset(&pd, 0, sizeof pd);
-    pd.num_requests = R;
-    pd.query_start_loc = qsl;
-    pd.seq_lens = sl;
-    pd.block_table = bt;
-    pd.block_table_stride = stride;
-    pd.block_size = B;
-    pd.decode_threshold = 4;
-    pd.num_heads = H;
-    pd.num_kv_heads = 1;
-    pd.head_dim = DL;
-    pd.head_dim_v = DC;
-    pd.q_dtype = dt;
-    pd.scale = (float)scale;
-    pd.causal = c->causal;
-    pd.window_left = -1;
-    pd.kind = KVA_ATTN_MLA;
+    kva_plan_desc pd =
+        kva_test_mla_desc(R, qsl, sl, bt, stride, B, H, DL, DC, dt, scale, c->causal);
     const size_t no = (size_t)T * H * DC;
     void *d_q = dev_from(q, (size_t)T * H * DL * 2);
     void *d_out = dev_poisoned(no * 2), *d_lse = dev_poisoned(sizeof(float) * (size_t)T * H);
@@ -355,23 +339,7 @@ static void test_bad_input(void)
     kva_context *gpu = NULL;
     CHECK_OK(kva_context_create(&gd, &gpu));
     const int32_t qsl[2] = {0, 1}, sl[1] = {5}, bt[1] = {0};
-    kva_plan_desc pd;
-    memset(&pd, 0, sizeof pd);
-    pd.num_requests = 1;
-    pd.query_start_loc = qsl;
-    pd.seq_lens = sl;
-    pd.block_table = bt;
-    pd.block_table_stride = 1;
-    pd.block_size = 16;
-    pd.num_heads = 16;
-    pd.num_kv_heads = 1;
-    pd.head_dim = DL;
-    pd.head_dim_v = DC;
-    pd.q_dtype = KVA_DTYPE_F32;
-    pd.scale = 0.07f;
-    pd.causal = 1;
-    pd.window_left = -1;
-    pd.kind = KVA_ATTN_MLA;
+    kva_plan_desc pd = kva_test_mla_desc(1, qsl, sl, bt, 1, 16, 16, DL, DC, KVA_DTYPE_F32, 0.07, 1);
     kva_plan *plan = NULL;
     /* f32 q: the CUDA MLA kernel takes f16 and bf16. */
     CHECK_STATUS(kva_plan_create(gpu, &pd, &plan), KVA_STATUS_UNSUPPORTED);

@@ -392,23 +392,8 @@ static int run_case(const scase *c)
         const int wg = kn == 1;
         fprintf(stderr, " kernel %s\n", kernels[kn]);
         for (int mode = 0; mode < 2; mode++) {
-            kva_plan_desc pd;
-            memset(&pd, 0, sizeof pd);
-            pd.num_requests = R;
-            pd.query_start_loc = qsl;
-            pd.seq_lens = sl;
-            pd.block_table = bt;
-            pd.block_table_stride = stride;
-            pd.block_size = B;
-            pd.decode_threshold = 4;
-            pd.num_heads = H;
-            pd.num_kv_heads = 1;
-            pd.head_dim = DL;
-            pd.head_dim_v = DC;
-            pd.q_dtype = dt;
-            pd.scale = (float)scale;
-            pd.window_left = -1;
-            pd.kind = KVA_ATTN_MLA;
+            kva_plan_desc pd =
+                kva_test_mla_desc(R, qsl, sl, bt, stride, B, H, DL, DC, dt, scale, 0);
             pd.sparse_topk = K;
             pd.sparse_mode = mode ? KVA_SPARSE_SEPARATE : KVA_SPARSE_MIXED;
             kva_plan *plan = NULL;
@@ -511,22 +496,7 @@ static void test_bad_input(void)
     kva_context *gpu = NULL;
     CHECK_OK(kva_context_create(&gd, &gpu));
     const int32_t qsl[2] = {0, 1}, sl[1] = {5}, bt[1] = {0};
-    kva_plan_desc pd;
-    memset(&pd, 0, sizeof pd);
-    pd.num_requests = 1;
-    pd.query_start_loc = qsl;
-    pd.seq_lens = sl;
-    pd.block_table = bt;
-    pd.block_table_stride = 1;
-    pd.block_size = 16;
-    pd.num_heads = 16;
-    pd.num_kv_heads = 1;
-    pd.head_dim = DL;
-    pd.head_dim_v = DC;
-    pd.q_dtype = KVA_DTYPE_F32;
-    pd.scale = 0.07f;
-    pd.window_left = -1;
-    pd.kind = KVA_ATTN_MLA;
+    kva_plan_desc pd = kva_test_mla_desc(1, qsl, sl, bt, 1, 16, 16, DL, DC, KVA_DTYPE_F32, 0.07, 0);
     pd.sparse_topk = 8;
     kva_plan *plan = NULL;
     /* f32 q: the CUDA sparse kernel takes f16 and bf16. */

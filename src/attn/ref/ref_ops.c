@@ -13,8 +13,8 @@
  *
  * The paged and the ragged kernel share attend_row(); they differ only in
  * where key j of a request lives (kv_rows_offsets()). Quantized caches are
- * dequantized element by element in fp64 exactly as the format defines it
- * (kva__quant_load, src/cache/quant.c).
+ * dequantized row by row in fp64 exactly as the format defines it
+ * (kva__quant_load_row, src/cache/quant.c).
  *
  * Rows that see no key (impossible through the public API, which requires
  * q_len <= seq_len so that key pos is always visible, but handled all the
@@ -89,8 +89,10 @@ static double key_score(const kva_plan *plan, const kv_rows *kv, const double *q
     double dot = 0.0;
     if (kv->quant) {
         const int64_t B = kv->cache->block_size;
+        double kr[KVA_MAX_HEAD_DIM];
+        kva__quant_load_row(kv->quant, 0, kv->blocks[j / B], j % B, kv->head, d->head_dim, kr);
         for (int32_t c = 0; c < d->head_dim; c++)
-            dot += qv[c] * kva__quant_load(kv->quant, 0, kv->blocks[j / B], j % B, kv->head, c);
+            dot += qv[c] * kr[c];
     } else {
         for (int32_t c = 0; c < d->head_dim; c++)
             dot += qv[c] * (double)kva__load_f(kv->k, kv->dtype, (size_t)(k_off + c));
@@ -155,8 +157,10 @@ static void attend_row(const kva_plan *plan, const kv_rows *kv, const double *qv
         denom += p;
         if (kv->quant) {
             const int64_t B = kv->cache->block_size;
+            double vr[KVA_MAX_HEAD_DIM];
+            kva__quant_load_row(kv->quant, 1, kv->blocks[j / B], j % B, kv->head, Dv, vr);
             for (int32_t c = 0; c < Dv; c++)
-                acc[c] += p * kva__quant_load(kv->quant, 1, kv->blocks[j / B], j % B, kv->head, c);
+                acc[c] += p * vr[c];
         } else {
             for (int32_t c = 0; c < Dv; c++)
                 acc[c] += p * (double)kva__load_f(kv->v, kv->dtype, (size_t)(v_off + c));

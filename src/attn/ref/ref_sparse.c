@@ -52,8 +52,7 @@ static void load_row(const sparse_rows *s, int64_t p, double *x)
             x[i] = kva_bf16_to_f32(h);
         }
     } else if (d->quant != KVA_QUANT_NONE) {
-        for (int64_t i = 0; i < s->D; i++)
-            x[i] = kva__quant_load(c, 0, block, off, 0, i);
+        kva__quant_load_row(c, 0, block, off, 0, s->D, x);
     } else {
         const int64_t e = kva__cache_row(d, block, off, 0, s->D);
         for (int64_t i = 0; i < s->D; i++)
