@@ -12,9 +12,9 @@ Argument "short" (issue 23): the serving step's short prefills instead, 1 x
 H/Hkv 32/8, D 128 (the shapes of `bench_cuda --mode prefill`).
 With "short", FlashInfer's BatchPrefillWithPagedKVCacheWrapper runs too when
 flashinfer imports (paged NHD cache of Hkv heads, page 16, causal bottom-right
-aligned), per call and back to back like SDPA. KVA_FI_PREBUILT=1: use JIT
-modules already compiled into FLASHINFER_WORKSPACE_BASE (e.g. built on a
-machine without a GPU with FLASHINFER_CUDA_ARCH_LIST=9.0a) and never compile.
+aligned), per call and back to back like SDPA. KVA_FI_PREBUILT=DIR: load its
+JIT module from DIR/<uri>/<uri>.so, compiled elsewhere (e.g. on a machine
+without a GPU with FLASHINFER_CUDA_ARCH_LIST=9.0a), and compile nothing here.
 Used by bench/prefill_mma_bench.sh; run it in the same device call as the
 kvattn benchmark and compare ratios within that call only."""
 import sys, torch, statistics
@@ -55,12 +55,19 @@ if len(sys.argv) > 1 and sys.argv[1] == "short":
     try:
         import os
         import flashinfer as fi
-        if os.environ.get("KVA_FI_PREBUILT") == "1":
-            import flashinfer.jit.core as jc
-            def build_if_missing(self, *a, **k):
-                if not self.jit_library_path.exists():
-                    raise RuntimeError("KVA_FI_PREBUILT: %s not prebuilt" % self.name)
-            jc.JitSpecNvcc.build = build_if_missing
+        pre = os.environ.get("KVA_FI_PREBUILT")
+        if pre:
+            # The module is loaded from PRE/<uri>/<uri>.so (compiled elsewhere);
+            # nothing is generated or compiled here.
+            import tvm_ffi
+            import flashinfer.prefill as fpre
+            class Prebuilt:
+                def __init__(self, uri):
+                    self.path = os.path.join(pre, uri, uri + ".so")
+                def build_and_load(self):
+                    return tvm_ffi.load_module(self.path)
+            fpre.gen_batch_prefill_module = lambda backend, *a: Prebuilt(
+                fpre.get_batch_prefill_uri(backend, *a))
     except Exception as e:
         print(f"flashinfer: not run ({str(e)[:100]})")
         fi = None
