@@ -2,11 +2,12 @@
  * async_ptx.cuh - PTX wrappers of the sm_90 asynchronous copies and the
  * barriers that order them: mbarriers in shared memory (init, arrive,
  * arrive with an expected transfer count, wait on a phase parity), named
- * barriers, TMA boxes (cp.async.bulk.tensor, 2-D and 3-D, from a
+ * barriers, TMA boxes (cp.async.bulk.tensor, 2-D to 4-D, from a
  * CUtensorMap) and plain bulk copies into shared memory, completing on an
  * mbarrier. Shared-memory operands are 32-bit shared-window addresses
  * (kva__smem_u32). Used by the warp-specialized indexer kernel
- * (indexer_wgmma.cu); compiled only for sm_90 and later device passes.
+ * (indexer_wgmma.cu) and the wgmma prefill (prefill_wgmma.cuh); compiled only
+ * for sm_90 and later device passes.
  */
 #ifndef KVA_CUDA_ASYNC_PTX_CUH
 #define KVA_CUDA_ASYNC_PTX_CUH
@@ -66,6 +67,14 @@ static __device__ __forceinline__ void kva__tma_load3(uint32_t dst, const CUtens
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
                  " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
                  "l"((uint64_t)(uintptr_t)m), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
+static __device__ __forceinline__ void kva__tma_load4(uint32_t dst, const CUtensorMap *m, int c0,
+                                                      int c1, int c2, int c3, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"((uint64_t)(uintptr_t)m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                  : "memory");
 }
 /* bytes (a multiple of 16) from global src (16-byte aligned) to shared dst. */

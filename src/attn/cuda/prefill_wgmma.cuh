@@ -2,13 +2,16 @@
  * prefill_wgmma.cuh - device helpers of the sm_90a wgmma prefill kernels
  * (prefill_wgmma.cu): tile header and paged K/V gather, the swizzled
  * shared-memory layout, the S = Q K^T and O += P V wgmma sequences, the online
- * softmax and the epilogue, mbarrier and named-barrier wrappers. Included by
+ * softmax and the epilogue (mbarriers, named barriers and TMA boxes: the
+ * wrappers of async_ptx.cuh). Included by
  * prefill_wgmma.cu only (after prefill_mma.h, mma_ptx.cuh, wgmma_ptx.cuh);
  * everything that issues sm_90a instructions is compiled only where
  * KVA_WGMMA_BODY is defined (sm_90a device passes).
  */
 #ifndef KVA_CUDA_PREFILL_WGMMA_CUH
 #define KVA_CUDA_PREFILL_WGMMA_CUH
+
+#include "async_ptx.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KVA_WGMMA_BODY 1
@@ -557,34 +560,6 @@ static __device__ __forceinline__ void wg_pv(float (&o)[DV / 2], const uint32_t 
 }
 #endif /* KVA_WGMMA_BODY */
 
-#ifdef KVA_WGMMA_BODY
-static __device__ __forceinline__ void wg_mbar_init(uint32_t bar, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-static __device__ __forceinline__ void wg_mbar_arrive(uint32_t bar)
-{
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
-                 : "memory");
-}
-static __device__ __forceinline__ void wg_mbar_wait(uint32_t bar, uint32_t parity)
-{
-    asm volatile("{\n.reg .pred p;\nWG_WAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@p bra WG_DONE;\nbra WG_WAIT;\nWG_DONE:\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-static __device__ __forceinline__ void wg_bar_sync(int id, int n)
-{
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-static __device__ __forceinline__ void wg_bar_arrive(int id, int n)
-{
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-#endif
-
 /*
  * TMA (KVA__CUDA_PREFILL_WGMMA_TMA). Two tensor maps over the paged cache, K and V, each
  * rank 4 with the dimensions in increasing stride: NHD [NB, B, Hkv, D] as
@@ -600,24 +575,5 @@ struct wg_tmaps {
     CUtensorMap k, v; /* 64-byte aligned, 128 bytes each */
     int ok, box_rows;
 };
-#ifdef KVA_WGMMA_BODY
-static __device__ __forceinline__ void wg_mbar_arrive_tx(uint32_t bar, uint32_t bytes)
-{
-    asm volatile(
-        "{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
-        "r"(bytes)
-        : "memory");
-}
-/* One box: coordinates (c0, c1, c2, c3) innermost first into shared memory at
- * dst; completion counted in bytes on the mbarrier bar. */
-static __device__ __forceinline__ void wg_tma_load4(uint32_t dst, const CUtensorMap *map, int c0,
-                                                    int c1, int c2, int c3, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
-                 "l"((uint64_t)(uintptr_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-                 : "memory");
-}
-#endif
 
 #endif

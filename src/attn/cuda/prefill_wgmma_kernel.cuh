@@ -131,8 +131,8 @@ __global__ void __launch_bounds__(3 * 128, 1)
     const wg_div gd = wg_div_make((uint32_t)(a.num_heads / a.num_kv_heads)); /* G */
     if (tid == 0) {
         for (int i = 0; i < NST; i++) {
-            wg_mbar_init(full + 8 * i, 128);
-            wg_mbar_init(empty + 8 * i, 256);
+            kva__mbar_init(full + 8 * i, 128);
+            kva__mbar_init(empty + 8 * i, 256);
         }
     }
     __syncthreads();
@@ -168,10 +168,11 @@ __global__ void __launch_bounds__(3 * 128, 1)
                     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sids + (gk & 1) * 512 + 4 * tid),
                                  "r"(cur)
                                  : "memory");
-                    wg_bar_sync(5, 128); /* ids visible; buffer (gk - 1) & 1 no longer read */
+                    kva__named_bar(true, 5,
+                                   128); /* ids visible; buffer (gk - 1) & 1 no longer read */
                 }
                 if (gk >= NST)
-                    wg_mbar_wait(empty + 8 * st, ((gk / NST) - 1) & 1);
+                    kva__mbar_wait(empty + 8 * st, ((gk / NST) - 1) & 1);
                 if (TMA && tm.ok && n0 >= tl.kv_lo && n0 + WG_BN <= tl.kv_hi) {
                     /* A TMA copy is a warp-uniform instruction (the compiler
                      * issues a warp's lanes' boxes one after the other), so the
@@ -184,7 +185,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
                     const int NW = 4;
                     if (tid < 32 * NW) {
                         if (tid == 0)
-                            wg_mbar_arrive_tx(full + 8 * st, KB + VB);
+                            kva__mbar_expect_tx(full + 8 * st, KB + VB);
                         __syncwarp();
                         /* Op o: block b = o / OPB of the tile (key rows b * R ..),
                          * then op j = o % OPB of the block: DK = DV: column block
@@ -213,13 +214,13 @@ __global__ void __launch_bounds__(3 * 128, 1)
                             else
                                 dst = (isv ? sV + st * VB : sK + st * KB) +
                                       (uint32_t)(cb * WG_BN + row) * 128u;
-                            wg_tma_load4(dst, isv ? &tm.v : &tm.k, cb * 64, nhd ? tl.kvh : off,
-                                         nhd ? off : tl.kvh, blk, full + 8 * st);
+                            kva__tma_load4(dst, isv ? &tm.v : &tm.k, cb * 64, nhd ? tl.kvh : off,
+                                           nhd ? off : tl.kvh, blk, full + 8 * st);
                         }
                         if (tid != 0)
-                            wg_mbar_arrive(full + 8 * st);
+                            kva__mbar_arrive(full + 8 * st);
                     } else {
-                        wg_mbar_arrive(full + 8 * st);
+                        kva__mbar_arrive(full + 8 * st);
                     }
                     continue;
                 }
@@ -229,7 +230,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 /* Wait for this tile, then publish it. */
                 kva__cp_async_wait<0>();
                 kva__fence_proxy_async();
-                wg_mbar_arrive(full + 8 * st);
+                kva__mbar_arrive(full + 8 * st);
             }
             gi += (uint32_t)ntiles;
         }
@@ -251,7 +252,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
         for (;;) {
             kva__cp_async_wait<0>();
             kva__fence_proxy_async();
-            wg_bar_sync(3 + cw, 128);
+            kva__named_bar(true, 3 + cw, 128);
             wg_ctx c;
             wg_ctx_init<DK>(c, a, tl, cw * 64 + wq * 16, gd, tree_on);
             const int n_first = tl.kv_lo / WG_BN;
@@ -274,15 +275,15 @@ __global__ void __launch_bounds__(3 * 128, 1)
             wg_rec nxt = {-1, 0, 0};
             if (ntiles > 0) {
                 if (cw == 1)
-                    wg_bar_arrive(1, 256); /* consumer 0 issues first */
+                    kva__named_bar(false, 1, 256); /* consumer 0 issues first */
                 /* Tile 0: S only. */
                 const int st0 = (int)(gi % NST);
-                wg_mbar_wait(full + 8 * st0, (gi / NST) & 1);
-                wg_bar_sync(my_bar, 256);
+                kva__mbar_wait(full + 8 * st0, (gi / NST) & 1);
+                kva__named_bar(true, my_bar, 256);
                 kva__wgmma_fence();
                 wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st0 * KB) >> 4));
                 kva__wgmma_commit();
-                wg_bar_arrive(other_bar, 256);
+                kva__named_bar(false, other_bar, 256);
                 kva__wgmma_wait<0>();
 #pragma unroll
                 for (int e = 0; e < 64; e++)
@@ -294,20 +295,20 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 for (int it = 1; it < ntiles; it++) {
                     const uint32_t gk = gi + (uint32_t)it;
                     const int st = (int)(gk % NST), sp = (int)((gk - 1) % NST);
-                    wg_mbar_wait(full + 8 * st, (gk / NST) & 1);
-                    wg_bar_sync(my_bar, 256);
+                    kva__mbar_wait(full + 8 * st, (gk / NST) & 1);
+                    kva__named_bar(true, my_bar, 256);
                     kva__wgmma_fence();
                     if (!INTRA) {
                         wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
                         kva__wgmma_commit();
                         wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
                         kva__wgmma_commit();
-                        wg_bar_arrive(other_bar, 256);
+                        kva__named_bar(false, other_bar, 256);
                         kva__wgmma_wait<1>(); /* P V of tile it - 1 */
 #pragma unroll
                         for (int e = 0; e < NO; e++)
                             kva__reg_fence(o[e]);
-                        wg_mbar_arrive(empty + 8 * sp);
+                        kva__mbar_arrive(empty + 8 * sp);
                         kva__wgmma_wait<0>();
 #pragma unroll
                         for (int e = 0; e < 64; e++)
@@ -326,7 +327,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
                         kva__wgmma_fence();
                         wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
                         kva__wgmma_commit();
-                        wg_bar_arrive(other_bar, 256);
+                        kva__named_bar(false, other_bar, 256);
                         kva__wgmma_wait<1>(); /* S of tile it */
 #pragma unroll
                         for (int e = 0; e < 64; e++)
@@ -346,13 +347,13 @@ __global__ void __launch_bounds__(3 * 128, 1)
                                 asm volatile("" : "+r"(pa[k][i])::"memory"); /* live until here */
                                 pa[k][i] = pn[k][i];
                             }
-                        wg_mbar_arrive(empty + 8 * sp);
+                        kva__mbar_arrive(empty + 8 * sp);
                     }
                 }
                 if (tn < n_tiles)
                     nxt = wg_rec_load(a, tn);
                 /* P V of the last tile. */
-                wg_bar_sync(my_bar, 256);
+                kva__named_bar(true, my_bar, 256);
                 if (INTRA && resc_prev)
                     wg_rescale_o(o, alpha);
                 const int sl = (int)((gi + (uint32_t)ntiles - 1) % NST);
@@ -360,12 +361,12 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sl * VB) >> 4));
                 kva__wgmma_commit();
                 if (cw == 0)
-                    wg_bar_arrive(other_bar, 256);
+                    kva__named_bar(false, other_bar, 256);
                 kva__wgmma_wait<0>();
 #pragma unroll
                 for (int e = 0; e < NO; e++)
                     kva__reg_fence(o[e]);
-                wg_mbar_arrive(empty + 8 * sl); /* the ring goes on with the next CTA tile */
+                kva__mbar_arrive(empty + 8 * sl); /* the ring goes on with the next CTA tile */
             } else if (tn < n_tiles) {
                 nxt = wg_rec_load(a, tn);
             }
