@@ -151,6 +151,28 @@ static __device__ __forceinline__ void ml_stage_q(const kva__cuda_attn_args &a,
     }
 }
 
+/* The softmax sums of rows r0 and r0 + 8 (each thread's quad summed) into
+ * s_sum[slice], then a barrier; ml_row_sum adds row r over the NS slices. */
+static __device__ __forceinline__ void ml_publish_sums(float (*s_sum)[64], int slice, int r0,
+                                                       int t4, float l_run[2])
+{
+    kva__dmma_row_sums(l_run);
+    if (t4 == 0) {
+        s_sum[slice][r0] = l_run[0];
+        s_sum[slice][r0 + 8] = l_run[1];
+    }
+    __syncthreads();
+}
+template <int NS>
+static __device__ __forceinline__ float ml_row_sum(const float (*s_sum)[64], int r)
+{
+    float L = 0.f;
+#pragma unroll
+    for (int k = 0; k < NS; k++)
+        L += s_sum[k][r];
+    return L;
+}
+
 /* End of an item: l_run of the thread's rows r0 and r0 + 8 summed over its 4
  * lanes and over the NS key slices of the CTA (through s_sum [NS][64], slice
  * `slice`), then the thread's accumulators written: o[n][e] is row
@@ -167,22 +189,14 @@ ml_finish(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, 
           const float m_run[2], const float (*o)[4])
 {
     typedef typename Ty::elem elem;
-    kva__dmma_row_sums(l_run);
-    if (t4 == 0) {
-        s_sum[slice][r0] = l_run[0];
-        s_sum[slice][r0 + 8] = l_run[1];
-    }
-    __syncthreads();
+    ml_publish_sums(s_sum, slice, r0, t4, l_run);
     const bool lead = col0 == 0 && t4 == 0; /* the thread holding column 0 writes lse */
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int32_t r = r0 + 8 * hf;
         if (r >= nrows)
             continue;
-        float L = 0.f;
-#pragma unroll
-        for (int k = 0; k < NS; k++)
-            L += s_sum[k][r];
+        const float L = ml_row_sum<NS>(s_sum, r);
         const float Mx = m_run[hf], mu = Mx == -INFINITY ? 0.f : Mx;
         const int32_t qi = r / w.nh, hh = r - qi * w.nh;
         const int32_t head = w.kv_head * a.G + w.h0 + hh;

@@ -142,21 +142,13 @@ sp_finish(const sp_args &a, int32_t t, int32_t h0, int32_t nrows, int32_t split,
           int slice, int r0, int col0, int t4, float l_run[2], const float m_run[2],
           const float (*o)[4])
 {
-    kva__dmma_row_sums(l_run);
-    if (t4 == 0) {
-        s_sum[slice][r0] = l_run[0];
-        s_sum[slice][r0 + 8] = l_run[1];
-    }
-    __syncthreads();
+    ml_publish_sums(s_sum, slice, r0, t4, l_run);
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int32_t r = r0 + 8 * hf, h = h0 + r;
         if (r >= nrows)
             continue;
-        float L = 0.f;
-#pragma unroll
-        for (int k = 0; k < NS; k++)
-            L += s_sum[k][r];
+        const float L = ml_row_sum<NS>(s_sum, r);
         const float mu = m_run[hf] == -INFINITY ? 0.f : m_run[hf];
         if (a.nsplit > 1) { /* partial relative to its own sum, lse in log2 units */
             const int64_t prow = ((int64_t)(t - a.t0) * a.H + h) * a.nsplit + split;
