@@ -112,8 +112,8 @@ if has ncu; then
   na=${KVA_NCU_ARGS:---batch 128 --context 16384 --heads 16}
   for v in base mine; do
     s=""; [ $v = base ] && s=_base
-    timeout 90 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
-      --section WarpStateStats --section Occupancy --section LaunchStats \
+    timeout 90 ncu --clock-control none --section SpeedOfLight \
+      --section WarpStateStats --section Occupancy \
       --metrics dram__bytes_read.sum,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio \
       -k regex:mla_decode --launch-skip 2 --launch-count 1 b/bench_cuda_mla$s $na --iters 3 --check 0 \
       >"$o/l/ncu_$v.txt" 2>&1
