@@ -17,11 +17,18 @@
  * 128, so H 8 or 16 decodes do not pay the tensor work of 64 rows.
  *
  *   - Q [M, 576] is staged in shared memory per item (XOR-swizzled 16-byte
- *     chunks, ldmatrix).
+ *     chunks, ldmatrix). The 16-row items of sm_90 (QR, ml_cfg) keep it in
+ *     registers instead (the A fragments of all 36 k-steps, loaded once per
+ *     item from a copy staged in the last ring stage): the 18 KB freed make
+ *     room for a third ring stage.
  *   - The item's keys are cut into tiles of BN rows (64 for MT <= 2, 32 for
  *     MT = 4), copied by the whole CTA with cp.async into a ring of NST stages
- *     (NST - 1 tiles in flight). Each tile is read from global memory once and
- *     serves S and P V: the value operand is the first 512 columns of the same
+ *     (NST - 1 tiles in flight; NST = 3 for MT = 4 and QR, else 2: with two
+ *     stages the next tile is issued only when the previous one has fully
+ *     landed, so the bytes in flight per SM fall to zero once per tile, which
+ *     kept the memory-bound H 16 decode well under the copy bandwidth:
+ *     docs/mla.md). Each tile is read from global memory once and serves S
+ *     and P V: the value operand is the first 512 columns of the same
  *     shared-memory tile (no second load).
  *   - S = Q K^T: warp w computes row tile w % MT against its slice of
  *     BN * MT / 8 keys (36 k-steps over 576). The row max goes through shared
