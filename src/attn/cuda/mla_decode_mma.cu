@@ -82,37 +82,23 @@ template <int MT, bool QR = false> struct ml_cfg {
     static constexpr int OFF_RED = OFF_P + M * P_STRIDE;
     static constexpr int SMEM = OFF_RED + 2 * ML_NW * 64 * 4;
     static_assert(NBS >= 1 && KW % 8 == 0, "key slice of a warp");
-    static_assert(!QR || MT <= 2, "Q in registers: the A fragments of one row tile a warp");
+    static_assert(!QR || (MT == 1 && NBS == 1), "Q in registers: one row tile, 8 keys a warp");
     static_assert(SMEM <= 227 * 1024, "shared memory of one CTA");
 };
 
 /* S (+)= Q K^T of the 16 rows whose A fragments are qf (k-step kk: chunks
- * 2 kk, 2 kk + 1) against keys key0 .. key0 + 8 NBS - 1 of the tile at sk, in
- * two chains (sa even k-steps, sb odd), as ml_qk with Q from registers. */
-template <typename Ty, int NBS>
+ * 2 kk, 2 kk + 1) against keys key0 .. key0 + 7 of the tile at sk, in two
+ * chains (sa even k-steps, sb odd), as ml_qk's NBS = 1 case. */
+template <typename Ty>
 static __device__ __forceinline__ void ml_qk_reg(const uint32_t (*qf)[4], uint32_t sk, int key0,
                                                  int lane, float (*sa)[4], float (*sb)[4])
 {
-    const int k_r = (lane & 7) + (lane >> 4) * 8, k_c = (lane >> 3) & 1;
 #pragma unroll
     for (int kk = 0; kk < ML_D / 16; kk += 2) {
-        if (NBS == 1) {
-            uint32_t kf[4];
-            kva__ldsm_x4(sk + ml_off<0>(key0 + (lane & 7), kk * 2 + (lane >> 3)), kf);
-            Ty::mma(sa[0], qf[kk], kf[0], kf[1]);
-            Ty::mma(sb[0], qf[kk + 1], kf[2], kf[3]);
-        } else {
-#pragma unroll
-            for (int np = 0; np < NBS / 2; np++) {
-                uint32_t kf[4], kh[4];
-                kva__ldsm_x4(sk + ml_off<0>(key0 + np * 16 + k_r, kk * 2 + k_c), kf);
-                kva__ldsm_x4(sk + ml_off<0>(key0 + np * 16 + k_r, kk * 2 + 2 + k_c), kh);
-                Ty::mma(sa[2 * np], qf[kk], kf[0], kf[1]);
-                Ty::mma(sa[2 * np + 1], qf[kk], kf[2], kf[3]);
-                Ty::mma(sb[2 * np], qf[kk + 1], kh[0], kh[1]);
-                Ty::mma(sb[2 * np + 1], qf[kk + 1], kh[2], kh[3]);
-            }
-        }
+        uint32_t kf[4];
+        kva__ldsm_x4(sk + ml_off<0>(key0 + (lane & 7), kk * 2 + (lane >> 3)), kf);
+        Ty::mma(sa[0], qf[kk], kf[0], kf[1]);
+        Ty::mma(sb[0], qf[kk + 1], kf[2], kf[3]);
     }
 }
 
@@ -164,7 +150,7 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
             const int q_r = (lane & 7) + ((lane >> 3) & 1) * 8, q_c = lane >> 4;
 #pragma unroll
             for (int kk = 0; kk < ML_D / 16; kk++)
-                kva__ldsm_x4(sQ + ml_off<0>(row0 + q_r, kk * 2 + q_c), qf[kk]);
+                kva__ldsm_x4(sQ + ml_off<0>(q_r, kk * 2 + q_c), qf[kk]);
         }
         /* This thread's rows row0 + g4 and row0 + g4 + 8 of the item: visible
          * keys, position, slope; [lo_all, hi_all): the keys every row sees. */
@@ -204,7 +190,7 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
                 for (int e = 0; e < 4; e++)
                     sc[nt][e] = 0.f, sc2[nt][e] = 0.f;
             if constexpr (QR)
-                ml_qk_reg<Ty, NBS>(qf, sk, key0, lane, sc, sc2);
+                ml_qk_reg<Ty>(qf, sk, key0, lane, sc, sc2);
             else
                 ml_qk<Ty, NBS, ML_D / 16>(sQ, sk, row0, key0, 0, lane, sc, sc2);
 #pragma unroll
@@ -248,7 +234,7 @@ typedef struct ml_pick_t {
 /* Whether the current device gives a CTA the shared memory of the 16-row
  * kernel with Q in registers and three stages (sm_90: 227 KB; sm_80: 163 KB,
  * which keeps the two-stage kernel). */
-static bool ml_qr_fits(int smem)
+static bool ml_qr_fits(void)
 {
     int dev = 0, optin = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -257,18 +243,16 @@ static bool ml_qr_fits(int smem)
         (void)cudaGetLastError();
         return false;
     }
-    return optin >= smem;
+    return optin >= ml_cfg<1, true>::SMEM;
 }
 
 template <typename Ty> static ml_pick_t ml_pick_mt(int rows)
 {
     ml_pick_t k = {NULL, 0};
-    if (rows == 16 && ml_qr_fits(ml_cfg<1, true>::SMEM))
+    if (rows == 16 && ml_qr_fits())
         k = {mla_decode_mma_kernel<Ty, 1, true>, ml_cfg<1, true>::SMEM};
     else if (rows == 16)
         k = {mla_decode_mma_kernel<Ty, 1, false>, ml_cfg<1>::SMEM};
-    else if (rows == 32 && ml_qr_fits(ml_cfg<2, true>::SMEM))
-        k = {mla_decode_mma_kernel<Ty, 2, true>, ml_cfg<2, true>::SMEM};
     else if (rows == 32)
         k = {mla_decode_mma_kernel<Ty, 2, false>, ml_cfg<2>::SMEM};
     else if (rows == 64)
