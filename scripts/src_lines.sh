@@ -5,7 +5,7 @@
 # in 50 files, goal <= 3/4 of that = 10,326). A file counts as "later" when its
 # name says it serves only one of: MLA (mla_*, ref_mla*, cache_ds_mla.cu,
 # prefill_wgmma_d192.cu: the D 192 / Dv 128 trait of MLA's prefill), sparse
-# MLA (*_sparse*, ref_sparse.c), the indexer of sparse MLA (indexer*,
+# MLA (*_sparse*), the indexer of sparse MLA (indexer*,
 # index_cache.cu, ref_indexer.c), cascade (cascade.*), DCP (dcp_*) and tree
 # masks (tree_mask*). Shared files that grew to serve those features count in
 # full.
@@ -31,7 +31,7 @@ done
 # Prints the reason a path serves only a later feature, or nothing.
 later() {
   case "${1##*/}" in
-    *_sparse* | ref_sparse.c) echo "sparse MLA" ;;
+    *_sparse*) echo "sparse MLA" ;;
     mla_* | ref_mla* | cache_ds_mla.cu | prefill_wgmma_d192.cu) echo "MLA" ;;
     indexer* | index_cache.cu | ref_indexer.c) echo "indexer" ;;
     cascade.*) echo "cascade" ;;
