@@ -77,54 +77,63 @@ static size_t tile_layout(unsigned char *base, int32_t D, int32_t Dv, kva__cpu_t
     return off;
 }
 
-/* The per-row arrays of R rows that a thread's scratch and each decode group
- * member (kva__cpu_scratch_member) hold of their own. */
-static size_t rows_layout(unsigned char *base, size_t R, int32_t D, int32_t Dv, kva__cpu_scratch *s)
+/* One decode group member's state (kva__cpu_scratch_member): the arrays a
+ * member does not share with the others, for GROUP_ROWS rows. */
+static size_t member_layout(unsigned char *base, int32_t D, int32_t Dv, kva__cpu_scratch *m)
 {
+    const size_t R = KVA_CPU_GROUP_ROWS;
+    size_t off = 0;
+    ARRAY(m, q, float, R *(size_t)D);
+    ARRAY(m, acc, float, R *(size_t)Dv);
+    ARRAY(m, mx, float, R);
+    ARRAY(m, sum, float, R);
+    ARRAY(m, lo, int32_t, R);
+    ARRAY(m, hi, int32_t, R);
+    ARRAY(m, qi, int8_t, R * 3 * (size_t)D);
+    ARRAY(m, qk, float, R * 2);
+    ARRAY(m, qc, int32_t, R * 4);
+    return off;
+}
+
+/* A thread's scratch (kva__cpu_scratch), the tile area and the group
+ * members' states last. */
+static size_t scratch_layout(unsigned char *base, int32_t D, int32_t Dv, kva__cpu_scratch *s)
+{
+    const size_t R = KVA_CPU_MAX_ROWS, C = KVA_CPU_KEY_CHUNK;
     size_t off = 0;
     ARRAY(s, q, float, R *(size_t)D);
     ARRAY(s, acc, float, R *(size_t)Dv);
     ARRAY(s, mx, float, R);
     ARRAY(s, sum, float, R);
-    ARRAY(s, lo, int32_t, R);
-    ARRAY(s, hi, int32_t, R);
-    ARRAY(s, qi, int8_t, R * 3 * (size_t)D);
-    ARRAY(s, qk, float, R * 2);
-    ARRAY(s, qc, int32_t, R * 4);
-    return off;
-}
-
-/* A thread's scratch (kva__cpu_scratch): its rows, the chunk's arrays, the
- * tile area and the group members' rows last. */
-static size_t scratch_layout(unsigned char *base, int32_t D, int32_t Dv, kva__cpu_scratch *s)
-{
-    const size_t R = KVA_CPU_MAX_ROWS, C = KVA_CPU_KEY_CHUNK;
-    size_t off = rows_layout(base, R, D, Dv, s);
     ARRAY(s, p, float, C);
     ARRAY(s, kbuf, float, C *(size_t)D);
     ARRAY(s, vbuf, float, C *(size_t)Dv);
+    ARRAY(s, lo, int32_t, R);
+    ARRAY(s, hi, int32_t, R);
     ARRAY(s, kp, const float *, C);
     ARRAY(s, vp, const float *, C);
     ARRAY(s, pm, float, R *C);
     ARRAY(s, alpha, float, R);
     ARRAY(s, live, int32_t, R);
     ARRAY(s, vs, float, 2 * 8 * 16 * 16);
+    ARRAY(s, qi, int8_t, R * 3 * (size_t)D);
+    ARRAY(s, qk, float, R * 2);
+    ARRAY(s, qc, int32_t, R * 4);
     ARRAY(s, kt, int32_t, (size_t)KVA_MAX_HEAD_DIM / 4 * 16);
     if (base)
         s->tile = base + off;
     off += tile_layout(NULL, D, Dv, NULL);
     if (base)
         s->group = base + off;
-    return off + KVA_CPU_GROUP_MAX * rows_layout(NULL, KVA_CPU_GROUP_ROWS, D, Dv, NULL);
+    return off + KVA_CPU_GROUP_MAX * member_layout(NULL, D, Dv, NULL);
 }
 #undef ARRAY
 
 void kva__cpu_scratch_member(const kva__cpu_scratch *s, int32_t i, int32_t D, int32_t Dv,
                              kva__cpu_scratch *member)
 {
-    const size_t R = KVA_CPU_GROUP_ROWS;
     *member = *s;
-    rows_layout(s->group + (size_t)i * rows_layout(NULL, R, D, Dv, NULL), R, D, Dv, member);
+    member_layout(s->group + (size_t)i * member_layout(NULL, D, Dv, NULL), D, Dv, member);
 }
 
 void kva__cpu_tile_map(void *area, int32_t D, int32_t Dv, kva__cpu_tile *t)
