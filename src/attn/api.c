@@ -15,10 +15,11 @@
  */
 #include "internal.h"
 
-/* Name of the context's backend table for messages. */
-static const char *ops_name(const kva_context *ctx)
+/* The failure of a call whose operation op the context's backend lacks. */
+static kva_status not_implemented(const char *fn, const char *op, const kva_context *ctx)
 {
-    return ctx->ops && ctx->ops->name ? ctx->ops->name : kva_backend_name(ctx->backend);
+    return kva__fail(KVA_STATUS_UNSUPPORTED, "%s: %s is not implemented by backend '%s'", fn, op,
+                     ctx->ops && ctx->ops->name ? ctx->ops->name : kva_backend_name(ctx->backend));
 }
 
 /* Checks shared by the paged and the ragged run: the plan belongs to ctx's
@@ -39,12 +40,14 @@ static kva_status check_plan_for_context(const char *fn, const kva_context *ctx,
     return KVA_STATUS_OK;
 }
 
-/* Checks that the cache has the shape, dtype, block ids and memory space the plan expects. */
+/* Checks the plan against ctx (check_plan_for_context), then that the cache
+ * has the shape, dtype, block ids and memory space the plan expects. */
 static kva_status check_cache_for_plan(const char *fn, const kva_context *ctx, const kva_plan *plan,
                                        const kva_cache *cache)
 {
     const kva_cache_desc *c = &cache->desc;
     const kva_plan_desc *d = &plan->d;
+    KVA_TRY(check_plan_for_context(fn, ctx, plan));
     if (!plan->block_table)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: plan has no block_table (it was built for kva_attention_run_ragged)",
@@ -53,22 +56,17 @@ static kva_status check_cache_for_plan(const char *fn, const kva_context *ctx, c
         return kva__fail(KVA_STATUS_SHAPE_MISMATCH,
                          "%s: cache kind = %d but plan kind = %d (kva_attn_kind)", fn, (int)c->kind,
                          (int)d->kind);
-    if (c->num_kv_heads != d->num_kv_heads)
-        return kva__fail(KVA_STATUS_SHAPE_MISMATCH,
-                         "%s: cache num_kv_heads = %d but plan num_kv_heads = %d", fn,
-                         (int)c->num_kv_heads, (int)d->num_kv_heads);
-    if (c->head_dim != d->head_dim)
-        return kva__fail(KVA_STATUS_SHAPE_MISMATCH,
-                         "%s: cache head_dim = %d but plan head_dim = %d", fn, (int)c->head_dim,
-                         (int)d->head_dim);
-    if (c->head_dim_v != d->head_dim_v)
-        return kva__fail(KVA_STATUS_SHAPE_MISMATCH,
-                         "%s: cache head_dim_v = %d but plan head_dim_v = %d", fn,
-                         (int)c->head_dim_v, (int)d->head_dim_v);
-    if (c->block_size != d->block_size)
-        return kva__fail(KVA_STATUS_SHAPE_MISMATCH,
-                         "%s: cache block_size = %d but plan block_size = %d", fn,
-                         (int)c->block_size, (int)d->block_size);
+    const struct {
+        const char *name;
+        int32_t cache, plan;
+    } dims[] = {{"num_kv_heads", c->num_kv_heads, d->num_kv_heads},
+                {"head_dim", c->head_dim, d->head_dim},
+                {"head_dim_v", c->head_dim_v, d->head_dim_v},
+                {"block_size", c->block_size, d->block_size}};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].cache != dims[i].plan)
+            return kva__fail(KVA_STATUS_SHAPE_MISMATCH, "%s: cache %s = %d but plan %s = %d", fn,
+                             dims[i].name, (int)dims[i].cache, dims[i].name, (int)dims[i].plan);
     /* Quantized caches are dequantized inside the kernels, so they serve any
      * q_dtype; unquantized caches are read as q_dtype. */
     if (c->quant == KVA_QUANT_NONE && c->dtype != d->q_dtype)
@@ -136,7 +134,6 @@ kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, const void 
         KVA_CHECK_PTR(q);
         KVA_CHECK_PTR(out);
     }
-    KVA_TRY(check_plan_for_context(__func__, ctx, plan));
     KVA_TRY(check_cache_for_plan(__func__, ctx, plan, cache));
     KVA_TRY(check_dense(__func__, plan, cache));
     if (T == 0)
@@ -146,9 +143,7 @@ kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, const void 
     if (plan->d.kind == KVA_ATTN_MLA)
         return ctx->ops->mla_attention_paged(ctx, plan, q, cache, sinks, out, lse);
     if (!ctx->ops || !ctx->ops->attention_paged)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_attention_run: attention_paged is not implemented by backend '%s'",
-                         ops_name(ctx));
+        return not_implemented(__func__, "attention_paged", ctx);
     /* A sharded plan's partials are combined: the sink joins on rank 0 only. */
     if (plan->d.dcp_rank != 0)
         sinks = NULL;
@@ -180,7 +175,6 @@ kva_status kva_mla_run(kva_context *ctx, const kva_plan *plan, const void *q, co
         KVA_CHECK_PTR(w_uv);
         KVA_CHECK_PTR(out);
     }
-    KVA_TRY(check_plan_for_context(__func__, ctx, plan));
     KVA_TRY(check_cache_for_plan(__func__, ctx, plan, cache));
     KVA_TRY(check_dense(__func__, plan, cache));
     if (T == 0)
@@ -247,7 +241,6 @@ kva_status kva_mla_sparse_run(kva_context *ctx, const kva_plan *plan, const void
         KVA_CHECK_PTR(indices);
         KVA_CHECK_PTR(out);
     }
-    KVA_TRY(check_plan_for_context(__func__, ctx, plan));
     KVA_TRY(check_cache_for_plan(__func__, ctx, plan, cache));
     if (T == 0)
         return KVA_STATUS_OK;
@@ -292,10 +285,7 @@ kva_status kva_attention_run_ragged(kva_context *ctx, const kva_plan *plan, cons
         return KVA_STATUS_OK;
     KVA_TRY(check_aligned_tensors(plan, q, k, v, sinks, out, lse));
     if (!ctx->ops || !ctx->ops->attention_ragged)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_attention_run_ragged: attention_ragged is not implemented by "
-                         "backend '%s'",
-                         ops_name(ctx));
+        return not_implemented(__func__, "attention_ragged", ctx);
     if (plan->d.dcp_rank != 0)
         sinks = NULL; /* as in kva_attention_run */
     return ctx->ops->attention_ragged(ctx, plan, q, k, v, sinks, out, lse);
@@ -350,9 +340,7 @@ kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_he
     KVA_CHECK_ALIGNED(lse_b, sizeof(float));
     KVA_CHECK_ALIGNED(lse_out, sizeof(float));
     if (!ctx->ops || !ctx->ops->merge_states)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_merge_states: merge_states is not implemented by backend '%s'",
-                         ops_name(ctx));
+        return not_implemented(__func__, "merge_states", ctx);
     return ctx->ops->merge_states(ctx, num_tokens, num_heads, head_dim_v, dtype, out_a, lse_a,
                                   out_b, lse_b, out, lse_out);
 }
@@ -411,9 +399,7 @@ kva_status kva_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_t
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_merge_states_n: lse_out overlaps outs, lses or out");
     if (!ctx->ops || !ctx->ops->merge_states_n)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_merge_states_n: merge_states_n is not implemented by backend '%s'",
-                         ops_name(ctx));
+        return not_implemented(__func__, "merge_states_n", ctx);
     return ctx->ops->merge_states_n(ctx, num_parts, num_tokens, num_heads, head_dim_v, dtype, outs,
                                     out_stride, lses, lse_stride, out, lse_out);
 }
@@ -440,7 +426,6 @@ kva_status kva_indexer_run(kva_context *ctx, const kva_plan *plan, const void *q
         KVA_CHECK_PTR(weights);
         KVA_CHECK_PTR(indices);
     }
-    KVA_TRY(check_plan_for_context(fn, ctx, plan));
     KVA_TRY(check_cache_for_plan(fn, ctx, plan, cache));
     if (T == 0)
         return KVA_STATUS_OK;

@@ -29,24 +29,12 @@
  * the default x86-64 build runs SSE2 (no FMA). The rows of the next chunk are
  * prefetched while the current one computes.
  *
- * Measured with `kvattn bench` (2-core x86-64 VM with AVX2/FMA/AVX-512,
- * Release, bf16, H=32 Hkv=8 D=128 B=16, NHD):
- *   decode 16 x 2048 keys, 2 threads: 20 ms, 6.7 GB/s of K/V, 27 GFLOP/s;
- *   1 thread: 14 GFLOP/s both with 64 keys (in cache) and 2048 keys, so
- *   the kernel is compute-bound at ~5 flops/cycle, not memory-bound;
- *   prefill 1024 tokens causal, 2 threads: 216 ms, 40 GFLOP/s.
  * Soft-cap and ALiBi run as separate passes over a row's chunk of scores
  * (no per-key branches, 1/cap precomputed); f16/bf16 rows load through the
- * inline kva__cpu_load_row. 1 thread, decode 4 x 4096 keys, best of 11:
- * softcap 30: 29.3 -> 24.5 ms; bf16, f16, f32 and a 512-token prefill
- * unchanged within noise (20.0, 48-49, 22, 110-113 ms).
- * Chunk location, prefetch, the query tile and the final store live in
- * cpu_item.c, shared with the SIMD variants (v2 AVX2, v3 AVX-512), for which
- * this file is the portable fallback.
- * Tried and dropped: compiler target_clones (AVX2, x86-64-v4) of this kernel
- * ran at half speed; four dot products per q load (dot8x4) ran slower (8
- * GFLOP/s single thread) with GCC 12; the hand-written AVX2 and AVX-512
- * kernels (decode_*, prefill_*) followed.
+ * inline kva__cpu_load_row. Chunk location, prefetch, the query tile and the
+ * final store live in cpu_item.c, shared with the AVX2 and AVX-512 kernels,
+ * for which this file is the portable fallback. Measurements and what was
+ * tried: bench/results/2026-11-22_performance-journal.md ("CPU backend v1").
  */
 #include "cpu_attn.h"
 

@@ -25,8 +25,7 @@
 /* Most attention rows (query rows x heads of a GQA group) per item. */
 #define KVA_CPU_MAX_ROWS 128
 /* Preferred attention rows of a prefill query tile: 128 (32 queries x a GQA
- * group of 4) amortizes each K/V tile's conversion over twice the rows of 64
- * and ran 3% faster with the tiled prefill kernel (1 thread, 2k prefill, bf16). */
+ * group of 4) amortizes each K/V tile's conversion over twice the rows of 64. */
 #define KVA_CPU_PREFILL_ROWS 128
 /* Most keys of one tile of the tiled prefill kernels (prefill_tiled.inc). */
 #define KVA_CPU_TILE_KEYS 96
@@ -77,8 +76,8 @@ typedef struct kva__cpu_scratch {
     float *alpha;     /* [max_rows] rescale factor of each row's accumulators this chunk */
     int32_t *live;    /* [max_rows] 1 if the row takes part in this chunk's P.V */
     float *vs;        /* [2, 8, 16, 16] per-(head, key) partial dot products (SIMD kernels) */
-    float *kbuf;      /* [KEY_CHUNK, D] keys converted to fp32 (v1; v3/v4 only for
-                         storage dtypes they do not read in place) */
+    float *kbuf;      /* [KEY_CHUNK, D] keys converted to fp32 (decode_portable; the
+                         SIMD decodes only for dtypes they do not read in place) */
     float *vbuf;      /* [KEY_CHUNK, Dv] values, likewise */
     int32_t *lo;      /* [max_rows] first visible key of each query row of the tile */
     int32_t *hi;      /* [max_rows] one past the last visible key */

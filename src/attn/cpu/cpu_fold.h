@@ -1,6 +1,6 @@
 /*
  * cpu_fold.h - row formats and static-scale folding shared by the decode
- * kernels v2 (AVX2) and v3/v4 (AVX-512), which read quantized K/V rows in
+ * kernels decode_avx2 and decode_avx512(bf16), which read quantized K/V rows in
  * their storage format and keep the static scales out of their loops.
  *
  * Row formats the loops read in registers: the cache's float formats, and the

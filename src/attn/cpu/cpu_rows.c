@@ -36,75 +36,104 @@ static size_t span(size_t n, size_t sz)
     return (n * sz + 63u) & ~(size_t)63u;
 }
 
-/* Lays out the tiled prefill arrays from base (NULL: only measures); returns the bytes. */
+/* Each *_layout below lays its arrays out in order from base, pointing the
+ * fields of obj at them, or with base NULL only adds up their bytes (so the
+ * size and the map cannot disagree); it returns the bytes. Every array
+ * starts on a 64-byte boundary. */
+#define ARRAY(obj, field, type, n)                                                                 \
+    do {                                                                                           \
+        if (base)                                                                                  \
+            (obj)->field = (type *)(base + off);                                                   \
+        off += span((n), sizeof(type));                                                            \
+    } while (0)
+
+/* The tiled prefill kernels' arrays (kva__cpu_tile). */
 static size_t tile_layout(unsigned char *base, int32_t D, int32_t Dv, kva__cpu_tile *t)
 {
     const size_t R = KVA_CPU_TILE_ROWS, K = KVA_CPU_TILE_KEYS;
     const size_t W = (size_t)(D > Dv ? D : Dv);
     size_t off = 0;
-#define TILE_ARRAY(field, type, n)                                                                 \
-    do {                                                                                           \
-        if (base)                                                                                  \
-            t->field = (type *)(base + off);                                                       \
-        off += span((n), sizeof(type));                                                            \
-    } while (0)
     /* 32 floats more per row of qt, st, ot, kb, vb: the kernels' padded
      * row strides (prefill_tiled.inc, pf_ld: at most n + 31). */
     const size_t LR = R + 32;
-    TILE_ARRAY(qt, float, (size_t)D *LR);
-    TILE_ARRAY(st, float, K *LR);
-    TILE_ARRAY(ot, float, (size_t)Dv *LR);
-    TILE_ARRAY(kb, float, K *((size_t)D + 32));
-    TILE_ARRAY(vb, float, K *((size_t)Dv + 32));
-    TILE_ARRAY(mx, float, R);
-    TILE_ARRAY(sum, float, R);
-    TILE_ARRAY(alpha, float, R);
-    TILE_ARRAY(muse, float, R);
-    TILE_ARRAY(cmax, float, R);
-    TILE_ARRAY(slope, float, R);
-    TILE_ARRAY(row, float, W);
-    TILE_ARRAY(lo, int32_t, R);
-    TILE_ARRAY(hi, int32_t, R);
-    TILE_ARRAY(pos, int32_t, R);
-    TILE_ARRAY(kp, const float *, K);
-    TILE_ARRAY(vp, const float *, K);
-    TILE_ARRAY(rows, const unsigned char *, 4 * K);
-#undef TILE_ARRAY
+    ARRAY(t, qt, float, (size_t)D *LR);
+    ARRAY(t, st, float, K *LR);
+    ARRAY(t, ot, float, (size_t)Dv *LR);
+    ARRAY(t, kb, float, K *((size_t)D + 32));
+    ARRAY(t, vb, float, K *((size_t)Dv + 32));
+    ARRAY(t, mx, float, R);
+    ARRAY(t, sum, float, R);
+    ARRAY(t, alpha, float, R);
+    ARRAY(t, muse, float, R);
+    ARRAY(t, cmax, float, R);
+    ARRAY(t, slope, float, R);
+    ARRAY(t, row, float, W);
+    ARRAY(t, lo, int32_t, R);
+    ARRAY(t, hi, int32_t, R);
+    ARRAY(t, pos, int32_t, R);
+    ARRAY(t, kp, const float *, K);
+    ARRAY(t, vp, const float *, K);
+    ARRAY(t, rows, const unsigned char *, 4 * K);
     return off;
 }
 
-/* Bytes of one decode group member's state (kva__cpu_scratch_member). */
-static size_t member_bytes(int32_t D, int32_t Dv)
+/* One decode group member's state (kva__cpu_scratch_member): the arrays a
+ * member does not share with the others, for GROUP_ROWS rows. */
+static size_t member_layout(unsigned char *base, int32_t D, int32_t Dv, kva__cpu_scratch *m)
 {
     const size_t R = KVA_CPU_GROUP_ROWS;
-    return span(R * (size_t)D, sizeof(float)) + span(R * (size_t)Dv, sizeof(float)) +
-           2 * span(R, sizeof(float)) + 2 * span(R, sizeof(int32_t)) + span(R * 3 * (size_t)D, 1) +
-           span(R * 2, sizeof(float)) + span(R * 4, sizeof(int32_t));
+    size_t off = 0;
+    ARRAY(m, q, float, R *(size_t)D);
+    ARRAY(m, acc, float, R *(size_t)Dv);
+    ARRAY(m, mx, float, R);
+    ARRAY(m, sum, float, R);
+    ARRAY(m, lo, int32_t, R);
+    ARRAY(m, hi, int32_t, R);
+    ARRAY(m, qi, int8_t, R * 3 * (size_t)D);
+    ARRAY(m, qk, float, R * 2);
+    ARRAY(m, qc, int32_t, R * 4);
+    return off;
 }
+
+/* A thread's scratch (kva__cpu_scratch), the tile area and the group
+ * members' states last. */
+static size_t scratch_layout(unsigned char *base, int32_t D, int32_t Dv, kva__cpu_scratch *s)
+{
+    const size_t R = KVA_CPU_MAX_ROWS, C = KVA_CPU_KEY_CHUNK;
+    size_t off = 0;
+    ARRAY(s, q, float, R *(size_t)D);
+    ARRAY(s, acc, float, R *(size_t)Dv);
+    ARRAY(s, mx, float, R);
+    ARRAY(s, sum, float, R);
+    ARRAY(s, p, float, C);
+    ARRAY(s, kbuf, float, C *(size_t)D);
+    ARRAY(s, vbuf, float, C *(size_t)Dv);
+    ARRAY(s, lo, int32_t, R);
+    ARRAY(s, hi, int32_t, R);
+    ARRAY(s, kp, const float *, C);
+    ARRAY(s, vp, const float *, C);
+    ARRAY(s, pm, float, R *C);
+    ARRAY(s, alpha, float, R);
+    ARRAY(s, live, int32_t, R);
+    ARRAY(s, vs, float, 2 * 8 * 16 * 16);
+    ARRAY(s, qi, int8_t, R * 3 * (size_t)D);
+    ARRAY(s, qk, float, R * 2);
+    ARRAY(s, qc, int32_t, R * 4);
+    ARRAY(s, kt, int32_t, (size_t)KVA_MAX_HEAD_DIM / 4 * 16);
+    if (base)
+        s->tile = base + off;
+    off += tile_layout(NULL, D, Dv, NULL);
+    if (base)
+        s->group = base + off;
+    return off + KVA_CPU_GROUP_MAX * member_layout(NULL, D, Dv, NULL);
+}
+#undef ARRAY
 
 void kva__cpu_scratch_member(const kva__cpu_scratch *s, int32_t i, int32_t D, int32_t Dv,
                              kva__cpu_scratch *member)
 {
-    const size_t R = KVA_CPU_GROUP_ROWS;
-    unsigned char *p = s->group + (size_t)i * member_bytes(D, Dv);
     *member = *s;
-    member->q = (float *)p;
-    p += span(R * (size_t)D, sizeof(float));
-    member->acc = (float *)p;
-    p += span(R * (size_t)Dv, sizeof(float));
-    member->mx = (float *)p;
-    p += span(R, sizeof(float));
-    member->sum = (float *)p;
-    p += span(R, sizeof(float));
-    member->lo = (int32_t *)p;
-    p += span(R, sizeof(int32_t));
-    member->hi = (int32_t *)p;
-    p += span(R, sizeof(int32_t));
-    member->qi = (int8_t *)p;
-    p += span(R * 3 * (size_t)D, 1);
-    member->qk = (float *)p;
-    p += span(R * 2, sizeof(float));
-    member->qc = (int32_t *)p;
+    member_layout(s->group + (size_t)i * member_layout(NULL, D, Dv, NULL), D, Dv, member);
 }
 
 void kva__cpu_tile_map(void *area, int32_t D, int32_t Dv, kva__cpu_tile *t)
@@ -114,61 +143,10 @@ void kva__cpu_tile_map(void *area, int32_t D, int32_t Dv, kva__cpu_tile *t)
 
 size_t kva__cpu_scratch_bytes(int32_t D, int32_t Dv)
 {
-    const size_t R = KVA_CPU_MAX_ROWS, C = KVA_CPU_KEY_CHUNK;
-    return span(R * (size_t)D, sizeof(float)) + span(R * (size_t)Dv, sizeof(float)) +
-           2 * span(R, sizeof(float)) + span(C, sizeof(float)) +
-           span(C * (size_t)D, sizeof(float)) + span(C * (size_t)Dv, sizeof(float)) +
-           2 * span(R, sizeof(int32_t)) + 2 * span(C, sizeof(const float *)) +
-           span(R * C, sizeof(float)) + span(R, sizeof(float)) + span(R, sizeof(int32_t)) +
-           span(2 * 8 * 16 * 16, sizeof(float)) + span(R * 3 * (size_t)D, 1) +
-           span(R * 2, sizeof(float)) + span(R * 4, sizeof(int32_t)) +
-           span((size_t)KVA_MAX_HEAD_DIM / 4 * 16, sizeof(int32_t)) +
-           tile_layout(NULL, D, Dv, NULL) + KVA_CPU_GROUP_MAX * member_bytes(D, Dv);
+    return scratch_layout(NULL, D, Dv, NULL);
 }
 
 void kva__cpu_scratch_map(void *area, int32_t D, int32_t Dv, kva__cpu_scratch *s)
 {
-    const size_t R = KVA_CPU_MAX_ROWS, C = KVA_CPU_KEY_CHUNK;
-    unsigned char *p = area;
-    s->q = (float *)p;
-    p += span(R * (size_t)D, sizeof(float));
-    s->acc = (float *)p;
-    p += span(R * (size_t)Dv, sizeof(float));
-    s->mx = (float *)p;
-    p += span(R, sizeof(float));
-    s->sum = (float *)p;
-    p += span(R, sizeof(float));
-    s->p = (float *)p;
-    p += span(C, sizeof(float));
-    s->kbuf = (float *)p;
-    p += span(C * (size_t)D, sizeof(float));
-    s->vbuf = (float *)p;
-    p += span(C * (size_t)Dv, sizeof(float));
-    s->lo = (int32_t *)p;
-    p += span(R, sizeof(int32_t));
-    s->hi = (int32_t *)p;
-    p += span(R, sizeof(int32_t));
-    s->kp = (const float **)p;
-    p += span(C, sizeof(const float *));
-    s->vp = (const float **)p;
-    p += span(C, sizeof(const float *));
-    s->pm = (float *)p;
-    p += span(R * C, sizeof(float));
-    s->alpha = (float *)p;
-    p += span(R, sizeof(float));
-    s->live = (int32_t *)p;
-    p += span(R, sizeof(int32_t));
-    s->vs = (float *)p;
-    p += span(2 * 8 * 16 * 16, sizeof(float));
-    s->qi = (int8_t *)p;
-    p += span(R * 3 * (size_t)D, 1);
-    s->qk = (float *)p;
-    p += span(R * 2, sizeof(float));
-    s->qc = (int32_t *)p;
-    p += span(R * 4, sizeof(int32_t));
-    s->kt = (int32_t *)p;
-    p += span((size_t)KVA_MAX_HEAD_DIM / 4 * 16, sizeof(int32_t));
-    s->tile = p;
-    p += tile_layout(NULL, D, Dv, NULL);
-    s->group = p;
+    scratch_layout(area, D, Dv, s);
 }

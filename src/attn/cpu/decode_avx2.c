@@ -12,7 +12,8 @@
  * converted once, 16 dims at a time, for up to 4 heads of the GQA group) as 8-lane partial dot
  * products reduced 8 keys at a time by an 8x8 transpose-and-add (hsum8), the softmax update runs on
  * score vectors with a polynomial exp (exp8), and P.V keeps 4 heads x 16 output dims in registers
- * while the keys stream through. Non-finite semantics are v1's (see attn_portable.c).
+ * while the keys stream through. Non-finite semantics are decode_portable's
+ * (attn_portable.c).
  *
  * What this layout gained over converting chunks to fp32 in scratch, and
  * over one head at a time, is measured in bench/results/2026-11-22_performance-journal.md.

@@ -62,7 +62,7 @@ AI __m256 ld8(const void *row, int32_t i, const int fmt)
         const __m128i b = _mm_loadl_epi64((const __m128i *)((const unsigned char *)row + i));
         if (fmt < FMT_FP8)
             return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-        /* e4m3 s.eeee.mmm -> f16 s.0eeee.mmm0000000 (value / 2^8), see v3. */
+        /* e4m3 s.eeee.mmm -> f16 s.0eeee.mmm0000000 (value / 2^8), see decode_avx512.h. */
         __m128i h =
             _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(b), 7), _mm_set1_epi16((short)0xbf80));
         if (fmt == FMT_FP8N) /* |code| 0x7f is NaN */

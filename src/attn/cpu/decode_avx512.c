@@ -4,7 +4,8 @@
  * decode_avx512bf16 adds AVX512_BF16 scores for bf16 q and cache, and on CPUs with
  * AVX512_VNNI int8 dot-product scores for int8 keys.
  *
- * Same work item and semantics as v1 (attn_portable.c); what changes:
+ * Same work item and semantics as decode_portable (attn_portable.c); what
+ * changes:
  *   - The item loop (decode_loop.c, shared with decode_avx2) reads the K
  *     and V rows in place, in their storage format, and prefetches the
  *     chunk two ahead key by key from the compute loops of this file's steps.
@@ -20,11 +21,10 @@
  *     registers (ld16: bf16 widen + shift, f16 vcvtph2ps) and serves up to 4
  *     heads, whose q stays in registers (64-dim parts of the head for up to
  *     4 heads; at D = 128 one pass with q of 2 heads in registers and of 2
- *     as FMA memory operands, scores_nb_d128: 1 thread, f16, 2048 keys in
- *     L3, ~20% less time per key at GQA 1, ~5% at GQA 4); the per-(head,
+ *     as FMA memory operands, scores_nb_d128); the per-(head,
  *     key) 16-lane partial sums are reduced 16 keys at a time by one 16x16
  *     transpose-and-add (hsum16).
- *   - Variant 4, bf16 q and cache: vdpbf16ps multiplies bf16 pairs exactly
+ *   - decode_avx512bf16, bf16 q and cache: vdpbf16ps multiplies bf16 pairs exactly
  *     and adds in fp32 (half the instructions, no conversion of K); the
  *     softmax scale multiplies the scores instead of q, which stays in
  *     registers as bf16 for the chunk.
@@ -37,7 +37,7 @@
  *     odd dims of one 64-byte load, accumulators un-paired once per item).
  *   - Loops specialized for D = Dv = 64, 128, 256 and each row format;
  *     other shapes take a runtime-D copy.
- *   - Variant 4 over int8 keys (INT8_CHANNEL, INT8_TOKEN_K, symmetric or
+ *   - decode_avx512bf16 over int8 keys (INT8_CHANNEL, INT8_TOKEN_K, symmetric or
  *     not) on a CPU with AVX512_VNNI: q' held as a 23-bit integer in 3
  *     signed byte digits, 16 keys transposed by dwords into lanes, vpdpbusd
  *     against the codes biased to unsigned bytes (scores_rows_i8dot in
@@ -51,22 +51,13 @@
  *     functions (*_ko), so the loops of the other layouts stay as they were
  *     (measured in bench/results/2026-11-22_performance-journal.md, "NHD key order").
  *
- * Non-finite semantics are v1's: NaN scores do not enter the max and make
+ * Non-finite semantics are decode_portable's: NaN scores do not enter the max and make
  * the row's sum NaN; an all -inf chunk leaves a row untouched (it takes no
  * part in the chunk's P.V, so 0 * inf in V cannot reach it); p = 0 keys
- * inside the visible range are accumulated like v1 does.
+ * inside the visible range are accumulated as decode_portable does.
  *
- * Measured: bench/results/2026-11-22_performance-journal.md
- * ("CPU decode loops rework"). In L2, 1
- * thread, GQA 4, D = 128 bf16 (v4), a key and kv head cost about 125 cycles
- * before the rework and about 90 after it (scores ~28, softmax ~10, P.V ~41
- * against 16 vdpbf16ps + 32 FMAs = 48 cycles of FMA-port work); from DRAM
- * the misses left after prefetching still add about 40 cycles.
- * Tried and dropped (A/B, 1 thread, bf16, 8 x 4096 keys, alternating
- * rounds): prefetch distance 1, 3, 4, 8, 16 chunks instead of 2 (equal or
- * slower: 16 chunks 27 vs 19 ms at GQA 1); prefetcht0 / prefetchnta instead
- * of prefetcht2 (2x slower: L1 prefetches of DRAM lines hold the L1 miss
- * buffers); prefetcht1 (same as t2); no software prefetch (2.2x slower).
+ * Measurements and what was tried: bench/results/2026-11-22_performance-journal.md
+ * ("CPU decode loops rework", "Notes moved out of the CPU kernel sources").
  */
 #include "cpu_attn.h"
 
