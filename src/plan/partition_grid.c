@@ -334,6 +334,40 @@ static int64_t grid_estimate(const kva__partition_grid *g, int64_t slots, int64_
            (any_split ? g->split_overhead : 0);
 }
 
+/*
+ * A lower bound of the grid_estimate of the items the chunk counts asked
+ * [ng] cut the groups into, in O(ng) and without listing or sorting their
+ * costs; *num_items gets their exact count. A unit cut into n chunks costs
+ * its own cost plus n - 1 item overheads in all (the chunks partition its
+ * keys, so their row-keys and loads add up to the unit's), so the sum, and
+ * with it the spread, is exact; worker 0's load is at least the largest
+ * item, which is at least the mean chunk of every unit.
+ */
+static int64_t groups_bound(const kva__partition_grid *g, const kva_plan *plan,
+                            const kva__partition_params *pp, const kva__split_rule *sr,
+                            struct kva__partition_scratch *s, int32_t ng, const int32_t *asked,
+                            int any_split, int64_t slots, int64_t *num_items)
+{
+    const int64_t hkv = plan->d.num_kv_heads;
+    int64_t items = 0, sum = 0, big = 0;
+    for (int32_t k = 0; k < ng; k++) {
+        kva__unit *u = &s->a.units[s->groups[k].first];
+        const int64_t mult = hkv * s->groups[k].n;
+        int64_t n = 1, c = u->cost;
+        if (asked[k] > 1) {
+            int32_t a2 = 0, chunk = 0;
+            n = kva__part_unit_splits(pp, sr, u, &a2, &chunk);
+            c = u->cost + (n - 1) * KVA__ITEM_OVERHEAD;
+        }
+        items += n * mult;
+        sum += c * mult;
+        c = (c + n - 1) / n; /* u's largest chunk is at least the mean, rounded up */
+        big = c > big ? c : big;
+    }
+    *num_items = items;
+    return grid_estimate(g, slots, big, sum, items, any_split);
+}
+
 int64_t kva__partition_makespan(const kva__partition *part, int64_t slots)
 {
     int64_t worst = 0;
@@ -366,9 +400,11 @@ static kva__partition *take_partition(kva__partition *reuse)
     return part;
 }
 
-kva_status kva__partition_build_grid(const kva_plan *plan, const kva__partition_params *params,
-                                     const kva__partition_grid *grid, const uint8_t *skip_req,
-                                     kva__partition *reuse, kva__partition **out)
+/* kva__partition_build_grid; exhaustive: every candidate evaluated in order
+ * (kva__partition_build_grid_all). */
+static kva_status build_grid(const kva_plan *plan, const kva__partition_params *params,
+                             const kva__partition_grid *grid, const uint8_t *skip_req,
+                             kva__partition *reuse, kva__partition **out, int exhaustive)
 {
     kva__partition_params pp = kva__part_norm_params(params);
     pp.items_per_thread = 1;
@@ -399,8 +435,34 @@ kva_status kva__partition_build_grid(const kva_plan *plan, const kva__partition_
     int64_t best_e = 0, best_t = 0, best_items = 0;
     int cur = 0; /* the runs buffer a candidate fills; the best one's is 1 - cur */
     const int former = grid->force_splits < 0;
+    /*
+     * Under the time model (not the former choice or a forced count) the
+     * unsplit candidate 0 is evaluated first, as the best so far: ties with
+     * it go to the other candidate (which comes before it in the order), one
+     * that splits no unit is the same partition (no second listing), and a
+     * candidate whose lower bound (groups_bound) already loses to the best
+     * is not listed either. The winner is the same as the one of evaluating
+     * every candidate in order (exhaustive); a decode step mostly lists one
+     * candidate instead of two or more.
+     */
+    const int bound = !former && grid->force_splits == 0 && !exhaustive;
+    if (bound) {
+        int32_t nruns = 0;
+        int64_t sum = 0;
+        (void)ask_groups(&best, s, ng, s->asked); /* all 1: target 0 splits nothing */
+        best_t = groups_makespan(plan, &pp, &best, s, ng, s->asked, cur, slots, &best_items, &nruns,
+                                 &sum);
+        if (best_t < 0)
+            goto oom;
+        best_e = grid_estimate(grid, slots, best_t, sum, best_items, 0);
+        best_pick = 0;
+        best_nruns = nruns;
+        cur = 1 - cur;
+    }
     for (int32_t i = 1; i <= 10; i++) {
         const int32_t c = i == 10 ? 0 : i; /* 1..9, then 0 */
+        if (c == 0 && bound)
+            break; /* evaluated first */
         kva__split_rule sr = {0, 0, 0};
         if (grid->force_splits > 0) {
             if (c != 9)
@@ -425,6 +487,22 @@ kva_status kva__partition_build_grid(const kva_plan *plan, const kva__partition_
         if (seen)
             continue;
         nseen++;
+        if (bound && !any_split) { /* candidate 0's items, and before it */
+            if (best_pick == 0)
+                best = sr, best_pick = c;
+            continue;
+        }
+        /* A candidate whose lower bound already loses to the best so far
+         * (ties: fewer items, then the earlier candidate, which the best is
+         * unless it is candidate 0) cannot win: its costs are not listed. */
+        if (bound) {
+            int64_t lb_items = 0;
+            const int64_t lb =
+                groups_bound(grid, plan, &pp, &sr, s, ng, asked, any_split, slots, &lb_items);
+            if (lb > best_e || (lb == best_e && (lb_items > best_items ||
+                                                 (lb_items == best_items && best_pick != 0))))
+                continue;
+        }
         int64_t items = 0, sum = 0;
         int32_t nruns = 0;
         const int64_t t =
@@ -432,7 +510,9 @@ kva_status kva__partition_build_grid(const kva_plan *plan, const kva__partition_
         if (t < 0)
             goto oom;
         const int64_t e = former ? t : grid_estimate(grid, slots, t, sum, items, any_split);
-        if (best_pick < 0 || e < best_e || (!former && e == best_e && items < best_items)) {
+        if (best_pick < 0 || e < best_e ||
+            (!former && e == best_e &&
+             (items < best_items || (items == best_items && best_pick == 0)))) {
             best = sr;
             best_pick = c;
             best_e = e;
@@ -456,4 +536,18 @@ oom:
     return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
                      "kva_plan_create: out of memory partitioning %d requests",
                      (int)plan->d.num_requests);
+}
+
+kva_status kva__partition_build_grid(const kva_plan *plan, const kva__partition_params *params,
+                                     const kva__partition_grid *grid, const uint8_t *skip_req,
+                                     kva__partition *reuse, kva__partition **out)
+{
+    return build_grid(plan, params, grid, skip_req, reuse, out, 0);
+}
+
+kva_status kva__partition_build_grid_all(const kva_plan *plan, const kva__partition_params *params,
+                                         const kva__partition_grid *grid, const uint8_t *skip_req,
+                                         kva__partition *reuse, kva__partition **out)
+{
+    return build_grid(plan, params, grid, skip_req, reuse, out, 1);
 }
