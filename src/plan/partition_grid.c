@@ -229,25 +229,22 @@ static int place_whole(kva__part_builder *b, const kva__partition_params *pp,
         }
         u[k].memo_bucket = lo;
     }
-    for (int32_t kvh = 0; kvh < hkv; kvh++)
+    /* One unit (every decode): its kv heads' items are consecutive in its
+     * bucket, written from one template. */
+    const int32_t per = n == 1 ? hkv : 1;
+    for (int32_t kvh = 0; kvh < hkv; kvh += per)
         for (int32_t k = 0; k < n; k++) {
-            const int64_t at = b->dnext[u[k].memo_bucket]++;
-            if (at >= b->cap_items) {
+            const int64_t at = b->dnext[u[k].memo_bucket];
+            b->dnext[u[k].memo_bucket] += per;
+            if (at + per > b->cap_items) {
                 *ok = 0;
                 return 1;
             }
+            kva__work_item t = {u[k].req, kvh,     u[k].h0, u[k].nh, u[k].i0,  u[k].nq,
+                                u[k].k0,  u[k].k1, -1,      0,       u[k].cost};
             kva__work_item *it = &b->items[at];
-            it->req = u[k].req;
-            it->kv_head = kvh;
-            it->h0 = u[k].h0;
-            it->nh = u[k].nh;
-            it->i0 = u[k].i0;
-            it->nq = u[k].nq;
-            it->k0 = u[k].k0;
-            it->k1 = u[k].k1;
-            it->task = -1;
-            it->split = 0;
-            it->cost = u[k].cost;
+            for (int32_t j = 0; j < per; j++, t.kv_head++)
+                it[j] = t;
         }
     b->num_items += n * hkv;
     return 1;
