@@ -34,9 +34,12 @@ static inline int run_before(const cost_run *x, const cost_run *y)
 }
 KVA__DEFINE_SORT(sort_runs, cost_run, run_before, 16)
 
-/* Consecutive units [first, first + n) cut alike under any rule (same_shape). */
+/* Consecutive units [first, first + n) cut alike under any rule
+ * (same_shape), with the first one's cost and chunk cap (ask_groups reads
+ * them for every candidate). */
 typedef struct unit_group {
-    int32_t first, n;
+    int64_t cost;
+    int32_t first, n, cap;
 } unit_group;
 
 /* Candidates: 1..4 ceil, 5..8 floor, 9 forced, 0 unsplit. */
@@ -109,6 +112,8 @@ static int32_t list_groups(const kva_plan *plan, struct kva__partition_scratch *
             j++;
         if (!grow((void **)&s->groups, &s->cap_groups, (int64_t)ng + 1, sizeof *s->groups))
             return -1;
+        s->groups[ng].cost = a->units[i].cost;
+        s->groups[ng].cap = a->units[i].cap;
         s->groups[ng].first = i;
         s->groups[ng++].n = j - i;
         i = j;
@@ -121,11 +126,28 @@ static int32_t list_groups(const kva_plan *plan, struct kva__partition_scratch *
 static int ask_groups(const kva__split_rule *sr, const struct kva__partition_scratch *s, int32_t ng,
                       int32_t *asked)
 {
+    const unit_group *gr = s->groups;
+    const int64_t t = sr->target;
     int any = 0;
+    if (sr->forced > 0 || t <= 0) {
+        for (int32_t g = 0; g < ng; g++) {
+            asked[g] = (int32_t)kva__part_asked(sr, gr[g].cost, gr[g].cap);
+            any |= asked[g] > 1;
+        }
+        return any;
+    }
+    /* kva__part_asked with the rule's branches out of the loop. */
     for (int32_t g = 0; g < ng; g++) {
-        const kva__unit *u = &s->a.units[s->groups[g].first];
-        asked[g] = (int32_t)kva__part_asked(sr, u->cost, u->cap);
-        any |= asked[g] > 1;
+        const int64_t c = gr[g].cost, cap = gr[g].cap;
+        int64_t n = 1;
+        if (cap >= 2 && c > t) {
+            if (sr->floor)
+                n = c >= t * cap ? cap : c < 2 * t ? 1 : c / t;
+            else
+                n = c > t * (cap - 1) ? cap : c <= 2 * t ? 2 : (c + t - 1) / t;
+        }
+        asked[g] = (int32_t)n;
+        any |= n > 1;
     }
     return any;
 }
