@@ -17,11 +17,18 @@
  * 128, so H 8 or 16 decodes do not pay the tensor work of 64 rows.
  *
  *   - Q [M, 576] is staged in shared memory per item (XOR-swizzled 16-byte
- *     chunks, ldmatrix).
+ *     chunks, ldmatrix). The 16-row items of sm_90 (QR, ml_cfg) keep it in
+ *     registers instead (the A fragments of all 36 k-steps, loaded once per
+ *     item from a copy staged in the last ring stage): the 18 KB freed make
+ *     room for a third ring stage.
  *   - The item's keys are cut into tiles of BN rows (64 for MT <= 2, 32 for
  *     MT = 4), copied by the whole CTA with cp.async into a ring of NST stages
- *     (NST - 1 tiles in flight). Each tile is read from global memory once and
- *     serves S and P V: the value operand is the first 512 columns of the same
+ *     (NST - 1 tiles in flight; NST = 3 for MT = 4 and QR, else 2: with two
+ *     stages the next tile is issued only when the previous one has fully
+ *     landed, so the bytes in flight per SM fall to zero once per tile, which
+ *     kept the memory-bound H 16 decode well under the copy bandwidth:
+ *     docs/mla.md). Each tile is read from global memory once and serves S
+ *     and P V: the value operand is the first 512 columns of the same
  *     shared-memory tile (no second load).
  *   - S = Q K^T: warp w computes row tile w % MT against its slice of
  *     BN * MT / 8 keys (36 k-steps over 576). The row max goes through shared
@@ -50,41 +57,64 @@ extern "C" {
 
 #define ML_NW (ML_NT / 32) /* warps per CTA */
 
-/* Tile shape per MT (row tiles of 16): keys per tile, ring stages, keys of
- * one warp's S slice, value columns of one warp; shared memory in bytes:
- * Q [M, 576], the ring [NST][BN, 576], P [M, BN] (rows padded by 16 bytes
- * against bank conflicts), the row maxima and sums [8][64] fp32. */
-template <int MT> struct ml_cfg {
+/* Tile shape per MT (row tiles of 16) and QR (Q in registers, MT = 1 only):
+ * keys per tile, ring stages, keys of one warp's S slice, value columns of one
+ * warp; shared memory in bytes: Q [M, 576] (not with QR: its registers are
+ * loaded from a staging copy in the last ring stage, free until the first
+ * tile's copies), the ring [NST][BN, 576], P [M, BN] (rows padded by 16 bytes
+ * against bank conflicts), the row maxima and sums [8][64] fp32.
+ * QR exists for the memory-bound 16-row items (H <= 16 decodes): without the
+ * 18 KB of Q a third 72 KB stage fits (227 KB on sm_90), so two tiles are in
+ * flight while one is computed, and the ring never drains between tiles. */
+template <int MT, bool QR = false> struct ml_cfg {
     static constexpr int M = 16 * MT;
     static constexpr int BN = MT == 4 ? 32 : 64;
-    static constexpr int NST = MT == 4 ? 3 : 2;
+    static constexpr int NST = MT == 4 || QR ? 3 : 2;
     static constexpr int KW = BN * MT / ML_NW;
     static constexpr int NBS = KW / 8;
     static constexpr int CW = ML_DV * MT / ML_NW;
     static constexpr int NBO = CW / 8;
     static constexpr int TILE = BN * ML_D * 2;
     static constexpr int P_STRIDE = BN * 2 + 16;
-    static constexpr int OFF_RING = M * ML_D * 2;
+    static constexpr int OFF_RING = QR ? 0 : M * ML_D * 2;
+    static constexpr int OFF_Q = QR ? (NST - 1) * TILE : 0;
     static constexpr int OFF_P = OFF_RING + NST * TILE;
     static constexpr int OFF_RED = OFF_P + M * P_STRIDE;
     static constexpr int SMEM = OFF_RED + 2 * ML_NW * 64 * 4;
     static_assert(NBS >= 1 && KW % 8 == 0, "key slice of a warp");
+    static_assert(!QR || (MT == 1 && NBS == 1), "Q in registers: one row tile, 8 keys a warp");
     static_assert(SMEM <= 227 * 1024, "shared memory of one CTA");
 };
 
+/* S (+)= Q K^T of the 16 rows whose A fragments are qf (k-step kk: chunks
+ * 2 kk, 2 kk + 1) against keys key0 .. key0 + 7 of the tile at sk, in two
+ * chains (sa even k-steps, sb odd), as ml_qk's NBS = 1 case. */
+template <typename Ty>
+static __device__ __forceinline__ void ml_qk_reg(const uint32_t (*qf)[4], uint32_t sk, int key0,
+                                                 int lane, float (*sa)[4], float (*sb)[4])
+{
+#pragma unroll
+    for (int kk = 0; kk < ML_D / 16; kk += 2) {
+        uint32_t kf[4];
+        kva__ldsm_x4(sk + ml_off<0>(key0 + (lane & 7), kk * 2 + (lane >> 3)), kf);
+        Ty::mma(sa[0], qf[kk], kf[0], kf[1]);
+        Ty::mma(sb[0], qf[kk + 1], kf[2], kf[3]);
+    }
+}
+
 /*
- * Ty: kva__mma_bf16 or kva__mma_f16; MT: row tiles of 16 per item.
- * Dynamic shared memory as ml_cfg<MT>.
+ * Ty: kva__mma_bf16 or kva__mma_f16; MT: row tiles of 16 per item; QR: Q in
+ * registers (ml_cfg). Dynamic shared memory as ml_cfg<MT, QR>.
  */
-template <typename Ty, int MT>
+template <typename Ty, int MT, bool QR>
 __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva__cuda_attn_args a)
 {
-    typedef ml_cfg<MT> C;
+    typedef ml_cfg<MT, QR> C;
     typedef typename Ty::elem elem;
     constexpr int M = C::M, BN = C::BN, NST = C::NST, KW = C::KW, NBS = C::NBS, NBO = C::NBO;
     extern __shared__ __align__(128) unsigned char ml_smem[];
-    const uint32_t sQ = kva__smem_u32(ml_smem);
-    const uint32_t sRing = sQ + C::OFF_RING, sP = sQ + C::OFF_P;
+    const uint32_t s0 = kva__smem_u32(ml_smem), sQ = s0 + C::OFF_Q;
+    const uint32_t sRing = s0 + C::OFF_RING, sP = s0 + C::OFF_P;
     float(*s_max)[64] = (float(*)[64])(ml_smem + C::OFF_RED);
     float(*s_sum)[64] = (float(*)[64])(ml_smem + C::OFF_RED + ML_NW * 64 * 4);
 
@@ -111,7 +141,17 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
                 ml_issue<BN, 0>(a, bt_row, kb, kend, sRing + st * C::TILE);
             kva__cp_async_commit();
         }
-        ml_stage_q<M, 0, elem>(a, w, nrows, qs, ml_smem);
+        ml_stage_q<M, 0, elem>(a, w, nrows, qs, ml_smem + C::OFF_Q);
+        /* QR: the A fragments of the 36 k-steps from the staged copy, which the
+         * first tile's copies overwrite only after the loop's first barrier. */
+        uint32_t qf[QR ? ML_D / 16 : 1][4];
+        if constexpr (QR) {
+            __syncthreads();
+            const int q_r = (lane & 7) + ((lane >> 3) & 1) * 8, q_c = lane >> 4;
+#pragma unroll
+            for (int kk = 0; kk < ML_D / 16; kk++)
+                kva__ldsm_x4(sQ + ml_off<0>(q_r, kk * 2 + q_c), qf[kk]);
+        }
         /* This thread's rows row0 + g4 and row0 + g4 + 8 of the item: visible
          * keys, position, slope; [lo_all, hi_all): the keys every row sees. */
         int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
@@ -149,7 +189,10 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     sc[nt][e] = 0.f, sc2[nt][e] = 0.f;
-            ml_qk<Ty, NBS, ML_D / 16>(sQ, sk, row0, key0, 0, lane, sc, sc2);
+            if constexpr (QR)
+                ml_qk_reg<Ty>(qf, sk, key0, lane, sc, sc2);
+            else
+                ml_qk<Ty, NBS, ML_D / 16>(sQ, sk, row0, key0, 0, lane, sc, sc2);
 #pragma unroll
             for (int nt = 0; nt < NBS; nt++)
 #pragma unroll
@@ -188,15 +231,32 @@ typedef struct ml_pick_t {
     int smem;
 } ml_pick_t;
 
+/* Whether the current device gives a CTA the shared memory of the 16-row
+ * kernel with Q in registers and three stages (sm_90: 227 KB; sm_80: 163 KB,
+ * which keeps the two-stage kernel). */
+static bool ml_qr_fits(void)
+{
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return optin >= ml_cfg<1, true>::SMEM;
+}
+
 template <typename Ty> static ml_pick_t ml_pick_mt(int rows)
 {
     ml_pick_t k = {NULL, 0};
-    if (rows == 16)
-        k = {mla_decode_mma_kernel<Ty, 1>, ml_cfg<1>::SMEM};
+    if (rows == 16 && ml_qr_fits())
+        k = {mla_decode_mma_kernel<Ty, 1, true>, ml_cfg<1, true>::SMEM};
+    else if (rows == 16)
+        k = {mla_decode_mma_kernel<Ty, 1, false>, ml_cfg<1>::SMEM};
     else if (rows == 32)
-        k = {mla_decode_mma_kernel<Ty, 2>, ml_cfg<2>::SMEM};
+        k = {mla_decode_mma_kernel<Ty, 2, false>, ml_cfg<2>::SMEM};
     else if (rows == 64)
-        k = {mla_decode_mma_kernel<Ty, 4>, ml_cfg<4>::SMEM};
+        k = {mla_decode_mma_kernel<Ty, 4, false>, ml_cfg<4>::SMEM};
     return k;
 }
 
