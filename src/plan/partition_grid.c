@@ -507,8 +507,10 @@ static kva_status build_grid(const kva_plan *plan, const kva__partition_params *
             continue;
         nseen++;
         if (bound && !any_split) { /* candidate 0's items, and before it */
-            if (best_pick == 0)
-                best = sr, best_pick = c;
+            if (best_pick == 0) {
+                best = sr;
+                best_pick = c;
+            }
             continue;
         }
         /* A candidate whose lower bound already loses to the best so far
