@@ -2,7 +2,7 @@
  * bench_plan.c - host cost of the CUDA backend's plan partition, on any
  * machine (no GPU needed: the partition is host code).
  *
- *   bench_plan [--iters N] [--sms S] [--per-sm C]
+ *   bench_plan [--iters N] [--sms S] [--per-sm C] [--serve P]
  *
  * For each batch (64 decodes x 4k, 32 decodes x 600, 16 decodes x 4k, a mixed
  * 32-request batch of 28 ragged decodes and 4 chunked prefills of 256, 64
@@ -16,6 +16,8 @@
  *   - grid:   kva__partition_build_grid (closed-form candidates, the winner
  *     built), what cuda_plan_build calls now (not in a -DBENCH_PLAN_FOUR_ONLY
  *     build, which links against an older tree's library).
+ * --serve P runs only the serve-sim sequence below, P passes (for a profiler:
+ * valgrind --tool=callgrind counts its instructions per plan).
  * The grid is S SMs x C CTAs (default 132 x 2: variant 4 at D 128 on an
  * H100). Requests the CUDA plan sends to the tensor-core prefill kernel (q_len
  * above the decode threshold and q_len x G >= 64) are left out of the
@@ -212,7 +214,7 @@ static void serve_sequence(kva_context *ctx, kva_context *cu, int64_t slots, int
 
 int main(int argc, char **argv)
 {
-    int iters = 201, sms = 132, per_sm = 2;
+    int iters = 201, sms = 132, per_sm = 2, serve = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--iters"))
             iters = atoi(argv[i + 1]);
@@ -220,13 +222,15 @@ int main(int argc, char **argv)
             sms = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--per-sm"))
             per_sm = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--serve"))
+            serve = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "bench_plan: unknown option %s\n", argv[i]);
             return 2;
         }
     }
-    if (iters < 1 || sms < 1 || per_sm < 1) {
-        fprintf(stderr, "bench_plan: --iters, --sms and --per-sm must be >= 1\n");
+    if (iters < 1 || sms < 1 || per_sm < 1 || serve < 0) {
+        fprintf(stderr, "bench_plan: --iters, --sms and --per-sm must be >= 1, --serve >= 0\n");
         return 2;
     }
     const int64_t slots = (int64_t)sms * per_sm;
@@ -237,6 +241,11 @@ int main(int argc, char **argv)
     if (kva_context_create(&cd, &ctx) != KVA_STATUS_OK) {
         fprintf(stderr, "bench_plan: %s\n", kva_last_error());
         return 1;
+    }
+    if (serve > 0) {
+        serve_sequence(ctx, NULL, slots, serve);
+        kva_context_destroy(ctx);
+        return 0;
     }
     double *t = malloc(sizeof(double) * (size_t)iters * 3);
     printf("bench_plan: grid %d SMs x %d CTAs = %lld slots, medians of %d runs\n", sms, per_sm,

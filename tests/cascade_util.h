@@ -153,6 +153,77 @@ static inline kva_plan_desc cas_desc(const cas_case *c, const cas_batch *b, int3
 /* A cache of the case's format on ctx with every slot written from random
  * rows (host arrays k_rows, v_rows, slots of ctx's memory space: the caller
  * passes device copies for a device context). */
+/* Groups of the automatic plan of c with group 0 sharing `shared` blocks,
+ * the grouping found (given 0) or given (1). */
+static inline int32_t cas_auto_groups(kva_context *ctx, cas_case *c, int32_t shared, int given,
+                                      kva_rng *r)
+{
+    c->shared[0] = shared;
+    cas_batch b;
+    cas_build(c, r, &b);
+    kva_plan_desc d = cas_desc(c, &b, KVA_CASCADE_AUTO, given);
+    kva_plan *p = NULL;
+    kva_plan_info info;
+    memset(&info, 0, sizeof info);
+    CHECK_OK(kva_plan_create(ctx, &d, &p));
+    if (p)
+        CHECK_OK(kva_plan_get_info(p, &info));
+    kva_plan_destroy(p);
+    free(b.bt);
+    return info.num_cascade_groups;
+}
+
+/*
+ * The automatic choice without a grouping skips finding the groups when a
+ * bound of their gain stays below the fixed cost (cascade.c auto_may_keep).
+ * Found that way or given (the choice then weighs the given group, no
+ * bound), one group of 3 to 39 decodes must be kept or declined alike: at
+ * the prefix length where the given group starts to be kept (bisection over
+ * 1 to 256 blocks) and around it; f32 and bf16, GQA 4 and 1. On the CUDA
+ * model the bound is within a few % of the gain of a large group at the
+ * turn; on the CPU models it is looser (their prefix pass costs more).
+ */
+static inline void cas_check_auto_bound(kva_context *ctx, uint64_t seed)
+{
+    kva_rng r = {seed};
+    int kept = 0, turns = 0;
+    for (int k = 0; k < 12; k++) {
+        cas_case c;
+        memset(&c, 0, sizeof c);
+        c.H = k % 3 == 0 ? 32 : 8, c.Hkv = k % 3 == 0 ? 8 : k % 3 == 1 ? 2 : 8;
+        c.D = k % 2 ? 128 : 64, c.B = 16;
+        c.dt = c.cache_dt = k % 2 ? KVA_DTYPE_BF16 : KVA_DTYPE_F32;
+        c.G = 1, c.R = kva_rng_int(&r, 4, CAS_MAX_R);
+        for (int32_t i = 0; i < c.R; i++) {
+            const int32_t q = kva_rng_int(&r, 1, 3);
+            c.req[i] = (cas_req){i < c.R - 1 ? 0 : -1, q, q + kva_rng_int(&r, 0, 40)};
+        }
+        int32_t lo = 1, hi = 256; /* the first length the given group is kept at */
+        if (!cas_auto_groups(ctx, &c, hi, 1, &r))
+            continue;
+        while (lo < hi) {
+            const int32_t mid = (lo + hi) / 2;
+            if (cas_auto_groups(ctx, &c, mid, 1, &r))
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        turns += lo > 1;
+        const int32_t at[5] = {lo - 2, lo - 1, lo, lo + 1, lo + 8};
+        for (int j = 0; j < 5; j++) {
+            if (at[j] < 1)
+                continue;
+            const int32_t found = cas_auto_groups(ctx, &c, at[j], 0, &r);
+            const int32_t given = cas_auto_groups(ctx, &c, at[j], 1, &r);
+            CHECK_MSG(found == given, "R %d, prefix %d blocks, H %d/%d: %d groups found, %d given",
+                      (int)c.R, (int)at[j], (int)c.H, (int)c.Hkv, (int)found, (int)given);
+            kept += given > 0;
+        }
+    }
+    CHECK_MSG(turns >= 3 && kept >= 6, "%d turns, %d kept: the sweep misses the choice's turn",
+              turns, kept);
+}
+
 static inline kva_cache *cas_cache(kva_context *ctx, const cas_case *c, const cas_batch *b,
                                    const void *k_rows, const void *v_rows, const int64_t *slots)
 {

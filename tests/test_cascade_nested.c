@@ -5,7 +5,8 @@
  * cascade_parent, ragged groups (siblings of different depths, members at
  * every level), decodes, speculative decodes and prefills in one step, a
  * subgroup whose prefix ends off its shared blocks' edge, bf16 and a
- * quantized cache; the automatic choice keeps the levels that pay; bad
+ * quantized cache; the automatic choice keeps the levels that pay, and
+ * decides alike whether it finds a group or is given it; bad
  * nestings get a status and create nothing. Outputs are poisoned before
  * every run.
  */
@@ -93,6 +94,17 @@ static void test_choice(void)
     kva_context_destroy(wide);
 }
 
+/* The automatic choice decides alike whether it finds a group or is given
+ * it (cascade_util.h), on the cost models of 2 and 16 threads. */
+static void test_auto_bound(void)
+{
+    for (int t = 0; t < 2; t++) {
+        kva_context *ctx = new_ctx(KVA_BACKEND_CPU, t ? 16 : 2);
+        cas_check_auto_bound(ctx, 23 + (uint64_t)t);
+        kva_context_destroy(ctx);
+    }
+}
+
 static void test_bad_nestings(void)
 {
     kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 2);
@@ -164,6 +176,7 @@ int main(void)
 {
     RUN(test_levels);
     RUN(test_choice);
+    RUN(test_auto_bound);
     RUN(test_bad_nestings);
     return kva_test_finish();
 }

@@ -16,12 +16,15 @@
  *     (kva__partition_build_subset at 1..4 items per worker), and when it
  *     kept one of those (pick 1..4), its items equal that build's item for
  *     item and its tasks equal up to numbering;
- *   - a forced split count cuts no unit into more chunks than asked.
+ *   - a forced split count cuts no unit into more chunks than asked;
+ *   - the candidates skipped by their lower bound change nothing: the build
+ *     equals the one that evaluates every candidate (makespan and time
+ *     model).
  * KVA_TEST_QUICK=1 (the sanitizer run) runs the first 84 of the 240 batches.
  */
 #include "batchgen.h"
 #include "internal.h"
-#include "../src/plan/partition.h"
+#include "../src/plan/partition_impl.h"
 
 /* The GPU parameters (cuda_ctx.cu gpu_params) for items of `rows` rows. */
 static kva__partition_params params_for(int32_t rows, int64_t threads)
@@ -64,6 +67,36 @@ static int before(const kva__work_item *a, const kva__work_item *b)
     if (a->i0 != b->i0)
         return a->i0 < b->i0;
     return a->k0 < b->k0;
+}
+
+/*
+ * The build of grid g equals the build that evaluates every candidate
+ * (kva__partition_build_grid_all): the candidates skipped by their lower
+ * bound could not have won. Items, tasks, the pick and its makespan and estimate are compared.
+ */
+static void check_exhaustive(const kva_plan *plan, const kva__partition_params *pp,
+                             const kva__partition_grid *g, const uint8_t *skip,
+                             const kva__partition *p, int c)
+{
+    kva__partition *x = NULL;
+    CHECK_OK(kva__partition_build_grid_all(plan, pp, g, skip, NULL, &x));
+    if (!x || !p)
+        return;
+    CHECK_MSG(x->pick == p->pick && x->makespan == p->makespan && x->estimate == p->estimate &&
+                  x->num_items == p->num_items && x->num_tasks == p->num_tasks &&
+                  x->partial_floats == p->partial_floats,
+              "case %d: bounded pick %d (estimate %lld, %d items), exhaustive %d (%lld, %d)", c,
+              (int)p->pick, (long long)p->estimate, (int)p->num_items, (int)x->pick,
+              (long long)x->estimate, (int)x->num_items);
+    if (x->num_items == p->num_items)
+        CHECK(!memcmp(x->items, p->items, sizeof *x->items * (size_t)x->num_items));
+    for (int32_t k = 0; x->num_tasks == p->num_tasks && k < x->num_tasks; k++) {
+        const kva__split_task *a = &x->tasks[k], *b = &p->tasks[k];
+        CHECK(a->req == b->req && a->kv_head == b->kv_head && a->h0 == b->h0 && a->nh == b->nh &&
+              a->i0 == b->i0 && a->nq == b->nq && a->num_splits == b->num_splits &&
+              a->ws_off == b->ws_off);
+    }
+    kva__partition_free(x);
 }
 
 /* Structure and coverage of partition p of plan (skip [R] or NULL). */
@@ -196,6 +229,7 @@ static void test_grid_random(void)
         kva__partition_grid grid = {slots, 0, 0, 0, 0};
         kva__partition *pg = NULL;
         CHECK_OK(kva__partition_build_grid(plan, &pp, &grid, skip, NULL, &pg));
+        check_exhaustive(plan, &pp, &grid, skip, pg, c);
         if (pg) {
             check_partition(plan, pg, skip);
             const int64_t sim = simulate(pg, slots);
@@ -248,6 +282,7 @@ static void test_grid_random(void)
             kva__partition_grid gm = {slots, 0, 176, 600, 1100};
             kva__partition *pm = NULL;
             CHECK_OK(kva__partition_build_grid(plan, &pp, &gm, skip, NULL, &pm));
+            check_exhaustive(plan, &pp, &gm, skip, pm, c);
             if (pm) {
                 check_partition(plan, pm, skip);
                 CHECK(pm->makespan == simulate(pm, slots) &&

@@ -511,6 +511,42 @@ static kva_status reserve_buffers(kva_plan *p, kva__cascade *c)
     return kva__context_reserve_workspace(c->aux, at);
 }
 
+/*
+ * Whether the automatic choice (choose_groups) could keep a group of any
+ * grouping of p. Without a cost model it keeps none. With one, a group's
+ * gain is at most its plain time, the larger of its members' re-reads of
+ * its prefix and their math, which is at most the sum over its members of
+ * the larger of each one's re-read and math; and over the kept groups of
+ * any grouping a request counts each of its shareable keys at most once
+ * (the prefixes of the kept groups it is in follow each other). So the
+ * gains add up to at most the sum over the requests of the larger of the
+ * re-read and the math of all their shareable keys. Below the fixed cost of
+ * one level no group is kept, and the groups need not be found (most decode
+ * steps of a serving engine: O(R), no sort). A margin covers the rounding.
+ */
+static int auto_may_keep(const kva_context *ctx, const kva_plan *p)
+{
+    kva__cascade_cost cc = {0};
+    if (!ctx->ops->cascade_cost || ctx->ops->cascade_cost(ctx, &cc) != KVA_STATUS_OK)
+        return 0;
+    const kva_plan_desc *d = &p->d;
+    const double es = (double)kva_dtype_size(d->q_dtype);
+    /* Re-reads at reread_bw, or at the slower of the two rates where large
+     * prefixes are read at read_bw (reread_max > 0). */
+    double bw = cc.reread_bw;
+    if (cc.reread_max > 0.0 && cc.read_bw < bw)
+        bw = cc.read_bw;
+    const double read = (double)d->num_kv_heads * (d->head_dim + d->head_dim_v) * es / bw;
+    const double math = 2.0 * d->num_heads * (d->head_dim + d->head_dim_v) / cc.decode_flops;
+    double plain = 0.0; /* seconds */
+    for (int32_t r = 0; r < d->num_requests; r++) {
+        const int32_t q = q_len_of(p, r), sb = shareable_blocks(p, r);
+        if (q > 0 && sb >= 1)
+            plain += (double)sb * d->block_size * (read > q * math ? read : q * math);
+    }
+    return !(plain < 0.999 * cc.fixed_s);
+}
+
 kva_status kva__cascade_plan(kva_context *ctx, const kva_plan_desc *desc, kva_plan *p)
 {
     const int32_t R = p->d.num_requests, G0 = desc->num_cascade_groups;
@@ -533,6 +569,8 @@ kva_status kva__cascade_plan(kva_context *ctx, const kva_plan_desc *desc, kva_pl
     if (why && desc->cascade == KVA_CASCADE_ON)
         return kva__fail(KVA_STATUS_UNSUPPORTED, "%s: cascade = KVA_CASCADE_ON, but %s", fn, why);
     if (why && !given)
+        return KVA_STATUS_OK;
+    if (!given && desc->cascade == KVA_CASCADE_AUTO && !auto_may_keep(ctx, p))
         return KVA_STATUS_OK;
     /* grp [R], then plen, par, keep and map [G <= R] (a found grouping's
      * groups have two or more members each, a nested one fewer than its

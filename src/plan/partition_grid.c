@@ -34,9 +34,12 @@ static inline int run_before(const cost_run *x, const cost_run *y)
 }
 KVA__DEFINE_SORT(sort_runs, cost_run, run_before, 16)
 
-/* Consecutive units [first, first + n) cut alike under any rule (same_shape). */
+/* Consecutive units [first, first + n) cut alike under any rule
+ * (same_shape), with the first one's cost and chunk cap (ask_groups reads
+ * them for every candidate). */
 typedef struct unit_group {
-    int32_t first, n;
+    int64_t cost;
+    int32_t first, n, cap;
 } unit_group;
 
 /* Candidates: 1..4 ceil, 5..8 floor, 9 forced, 0 unsplit. */
@@ -109,6 +112,8 @@ static int32_t list_groups(const kva_plan *plan, struct kva__partition_scratch *
             j++;
         if (!grow((void **)&s->groups, &s->cap_groups, (int64_t)ng + 1, sizeof *s->groups))
             return -1;
+        s->groups[ng].cost = a->units[i].cost;
+        s->groups[ng].cap = a->units[i].cap;
         s->groups[ng].first = i;
         s->groups[ng++].n = j - i;
         i = j;
@@ -121,11 +126,28 @@ static int32_t list_groups(const kva_plan *plan, struct kva__partition_scratch *
 static int ask_groups(const kva__split_rule *sr, const struct kva__partition_scratch *s, int32_t ng,
                       int32_t *asked)
 {
+    const unit_group *gr = s->groups;
+    const int64_t t = sr->target;
     int any = 0;
+    if (sr->forced > 0 || t <= 0) {
+        for (int32_t g = 0; g < ng; g++) {
+            asked[g] = (int32_t)kva__part_asked(sr, gr[g].cost, gr[g].cap);
+            any |= asked[g] > 1;
+        }
+        return any;
+    }
+    /* kva__part_asked with the rule's branches out of the loop. */
     for (int32_t g = 0; g < ng; g++) {
-        const kva__unit *u = &s->a.units[s->groups[g].first];
-        asked[g] = (int32_t)kva__part_asked(sr, u->cost, u->cap);
-        any |= asked[g] > 1;
+        const int64_t c = gr[g].cost, cap = gr[g].cap;
+        int64_t n = 1;
+        if (cap >= 2 && c > t) {
+            if (sr->floor)
+                n = c >= t * cap ? cap : c < 2 * t ? 1 : c / t;
+            else
+                n = c > t * (cap - 1) ? cap : c <= 2 * t ? 2 : (c + t - 1) / t;
+        }
+        asked[g] = (int32_t)n;
+        any |= n > 1;
     }
     return any;
 }
@@ -229,25 +251,22 @@ static int place_whole(kva__part_builder *b, const kva__partition_params *pp,
         }
         u[k].memo_bucket = lo;
     }
-    for (int32_t kvh = 0; kvh < hkv; kvh++)
+    /* One unit (every decode): its kv heads' items are consecutive in its
+     * bucket, written from one template. */
+    const int32_t per = n == 1 ? hkv : 1;
+    for (int32_t kvh = 0; kvh < hkv; kvh += per)
         for (int32_t k = 0; k < n; k++) {
-            const int64_t at = b->dnext[u[k].memo_bucket]++;
-            if (at >= b->cap_items) {
+            const int64_t at = b->dnext[u[k].memo_bucket];
+            b->dnext[u[k].memo_bucket] += per;
+            if (at + per > b->cap_items) {
                 *ok = 0;
                 return 1;
             }
+            kva__work_item t = {u[k].req, kvh,     u[k].h0, u[k].nh, u[k].i0,  u[k].nq,
+                                u[k].k0,  u[k].k1, -1,      0,       u[k].cost};
             kva__work_item *it = &b->items[at];
-            it->req = u[k].req;
-            it->kv_head = kvh;
-            it->h0 = u[k].h0;
-            it->nh = u[k].nh;
-            it->i0 = u[k].i0;
-            it->nq = u[k].nq;
-            it->k0 = u[k].k0;
-            it->k1 = u[k].k1;
-            it->task = -1;
-            it->split = 0;
-            it->cost = u[k].cost;
+            for (int32_t j = 0; j < per; j++, t.kv_head++)
+                it[j] = t;
         }
     b->num_items += n * hkv;
     return 1;
@@ -334,6 +353,40 @@ static int64_t grid_estimate(const kva__partition_grid *g, int64_t slots, int64_
            (any_split ? g->split_overhead : 0);
 }
 
+/*
+ * A lower bound of the grid_estimate of the items the chunk counts asked
+ * [ng] cut the groups into, in O(ng) and without listing or sorting their
+ * costs; *num_items gets their exact count. A unit cut into n chunks costs
+ * its own cost plus n - 1 item overheads in all (the chunks partition its
+ * keys, so their row-keys and loads add up to the unit's), so the sum, and
+ * with it the spread, is exact; worker 0's load is at least the largest
+ * item, which is at least the mean chunk of every unit.
+ */
+static int64_t groups_bound(const kva__partition_grid *g, const kva_plan *plan,
+                            const kva__partition_params *pp, const kva__split_rule *sr,
+                            struct kva__partition_scratch *s, int32_t ng, const int32_t *asked,
+                            int any_split, int64_t slots, int64_t *num_items)
+{
+    const int64_t hkv = plan->d.num_kv_heads;
+    int64_t items = 0, sum = 0, big = 0;
+    for (int32_t k = 0; k < ng; k++) {
+        kva__unit *u = &s->a.units[s->groups[k].first];
+        const int64_t mult = hkv * s->groups[k].n;
+        int64_t n = 1, c = u->cost;
+        if (asked[k] > 1) {
+            int32_t a2 = 0, chunk = 0;
+            n = kva__part_unit_splits(pp, sr, u, &a2, &chunk);
+            c = u->cost + (n - 1) * KVA__ITEM_OVERHEAD;
+        }
+        items += n * mult;
+        sum += c * mult;
+        c = (c + n - 1) / n; /* u's largest chunk is at least the mean, rounded up */
+        big = c > big ? c : big;
+    }
+    *num_items = items;
+    return grid_estimate(g, slots, big, sum, items, any_split);
+}
+
 int64_t kva__partition_makespan(const kva__partition *part, int64_t slots)
 {
     int64_t worst = 0;
@@ -366,9 +419,11 @@ static kva__partition *take_partition(kva__partition *reuse)
     return part;
 }
 
-kva_status kva__partition_build_grid(const kva_plan *plan, const kva__partition_params *params,
-                                     const kva__partition_grid *grid, const uint8_t *skip_req,
-                                     kva__partition *reuse, kva__partition **out)
+/* kva__partition_build_grid; exhaustive: every candidate evaluated in order
+ * (kva__partition_build_grid_all). */
+static kva_status build_grid(const kva_plan *plan, const kva__partition_params *params,
+                             const kva__partition_grid *grid, const uint8_t *skip_req,
+                             kva__partition *reuse, kva__partition **out, int exhaustive)
 {
     kva__partition_params pp = kva__part_norm_params(params);
     pp.items_per_thread = 1;
@@ -399,8 +454,34 @@ kva_status kva__partition_build_grid(const kva_plan *plan, const kva__partition_
     int64_t best_e = 0, best_t = 0, best_items = 0;
     int cur = 0; /* the runs buffer a candidate fills; the best one's is 1 - cur */
     const int former = grid->force_splits < 0;
+    /*
+     * Under the time model (not the former choice or a forced count) the
+     * unsplit candidate 0 is evaluated first, as the best so far: ties with
+     * it go to the other candidate (which comes before it in the order), one
+     * that splits no unit is the same partition (no second listing), and a
+     * candidate whose lower bound (groups_bound) already loses to the best
+     * is not listed either. The winner is the same as the one of evaluating
+     * every candidate in order (exhaustive); a decode step mostly lists one
+     * candidate instead of two or more.
+     */
+    const int bound = !former && grid->force_splits == 0 && !exhaustive;
+    if (bound) {
+        int32_t nruns = 0;
+        int64_t sum = 0;
+        (void)ask_groups(&best, s, ng, s->asked); /* all 1: target 0 splits nothing */
+        best_t = groups_makespan(plan, &pp, &best, s, ng, s->asked, cur, slots, &best_items, &nruns,
+                                 &sum);
+        if (best_t < 0)
+            goto oom;
+        best_e = grid_estimate(grid, slots, best_t, sum, best_items, 0);
+        best_pick = 0;
+        best_nruns = nruns;
+        cur = 1 - cur;
+    }
     for (int32_t i = 1; i <= 10; i++) {
         const int32_t c = i == 10 ? 0 : i; /* 1..9, then 0 */
+        if (c == 0 && bound)
+            break; /* evaluated first */
         kva__split_rule sr = {0, 0, 0};
         if (grid->force_splits > 0) {
             if (c != 9)
@@ -425,6 +506,24 @@ kva_status kva__partition_build_grid(const kva_plan *plan, const kva__partition_
         if (seen)
             continue;
         nseen++;
+        if (bound && !any_split) { /* candidate 0's items, and before it */
+            if (best_pick == 0) {
+                best = sr;
+                best_pick = c;
+            }
+            continue;
+        }
+        /* A candidate whose lower bound already loses to the best so far
+         * (ties: fewer items, then the earlier candidate, which the best is
+         * unless it is candidate 0) cannot win: its costs are not listed. */
+        if (bound) {
+            int64_t lb_items = 0;
+            const int64_t lb =
+                groups_bound(grid, plan, &pp, &sr, s, ng, asked, any_split, slots, &lb_items);
+            if (lb > best_e || (lb == best_e && (lb_items > best_items ||
+                                                 (lb_items == best_items && best_pick != 0))))
+                continue;
+        }
         int64_t items = 0, sum = 0;
         int32_t nruns = 0;
         const int64_t t =
@@ -432,7 +531,9 @@ kva_status kva__partition_build_grid(const kva_plan *plan, const kva__partition_
         if (t < 0)
             goto oom;
         const int64_t e = former ? t : grid_estimate(grid, slots, t, sum, items, any_split);
-        if (best_pick < 0 || e < best_e || (!former && e == best_e && items < best_items)) {
+        if (best_pick < 0 || e < best_e ||
+            (!former && e == best_e &&
+             (items < best_items || (items == best_items && best_pick == 0)))) {
             best = sr;
             best_pick = c;
             best_e = e;
@@ -456,4 +557,18 @@ oom:
     return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
                      "kva_plan_create: out of memory partitioning %d requests",
                      (int)plan->d.num_requests);
+}
+
+kva_status kva__partition_build_grid(const kva_plan *plan, const kva__partition_params *params,
+                                     const kva__partition_grid *grid, const uint8_t *skip_req,
+                                     kva__partition *reuse, kva__partition **out)
+{
+    return build_grid(plan, params, grid, skip_req, reuse, out, 0);
+}
+
+kva_status kva__partition_build_grid_all(const kva_plan *plan, const kva__partition_params *params,
+                                         const kva__partition_grid *grid, const uint8_t *skip_req,
+                                         kva__partition *reuse, kva__partition **out)
+{
+    return build_grid(plan, params, grid, skip_req, reuse, out, 1);
 }

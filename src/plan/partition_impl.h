@@ -103,4 +103,10 @@ kva_status kva__part_finish(const kva_plan *plan, const kva__partition_params *p
                             kva__partition *part, kva__part_builder *b, int64_t partial_floats,
                             int ok, kva__partition **out);
 
+/* kva__partition_build_grid with every candidate evaluated, none skipped by
+ * its lower bound: the same result, slower (tests compare the two). */
+kva_status kva__partition_build_grid_all(const kva_plan *plan, const kva__partition_params *params,
+                                         const kva__partition_grid *grid, const uint8_t *skip_req,
+                                         kva__partition *reuse, kva__partition **out);
+
 #endif /* KVA_PARTITION_IMPL_H */

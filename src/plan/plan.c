@@ -362,8 +362,9 @@ static kva_status check_batch(const kva_plan_desc *d, const kva_plan_desc *dcp,
                              (int)r, (long long)q, (int)r, (int)s);
         if (!d->block_table)
             continue;
-        /* A sharded plan's block table covers the rank's local tokens only. */
-        const int64_t local = kva__dcp_local_count(dcp, s);
+        /* A sharded plan's block table covers the rank's local tokens only
+         * (the count's divisions skipped when unsharded: every token is local). */
+        const int64_t local = dcp->dcp_size > 1 ? kva__dcp_local_count(dcp, s) : s;
         int64_t need = (local + d->block_size - 1) / d->block_size;
         if (need > d->block_table_stride)
             return kva__fail(KVA_STATUS_OUT_OF_RANGE,
@@ -374,16 +375,17 @@ static kva_status check_batch(const kva_plan_desc *d, const kva_plan_desc *dcp,
                              (int)d->block_table_stride);
         if (q == 0)
             continue; /* No kernel reads this request's blocks. */
-        /* The row's smallest and largest ids in one branch-free pass (it
-         * vectorizes: a 64 x 4k decode batch has 16k entries to check every
-         * step); the negative entry is looked up only to name it. */
+        /* The row's largest id and whether any is negative (the sign bit of
+         * their OR) in one branch-free pass (it vectorizes: a 64 x 4k decode
+         * batch has 16k entries to check every step); the negative entry is
+         * looked up only to name it. */
         const int32_t *row = d->block_table + (int64_t)r * d->block_table_stride;
-        int32_t lo = INT32_MAX, hi = -1;
+        int32_t any = 0, hi = -1;
         for (int64_t j = 0; j < need; j++) {
-            lo = row[j] < lo ? row[j] : lo;
+            any |= row[j];
             hi = row[j] > hi ? row[j] : hi;
         }
-        if (lo < 0)
+        if (any < 0)
             for (int64_t j = 0; j < need; j++)
                 if (row[j] < 0)
                     return kva__fail(KVA_STATUS_OUT_OF_RANGE,
@@ -583,7 +585,8 @@ static kva_status build_plan(kva_context *ctx, const kva_plan_desc *desc, const 
     }
     p->kv_start[0] = 0;
     for (int32_t r = 0; r < R; r++) {
-        p->kv_lens[r] = (int32_t)kva__dcp_local_count(dcp, p->seq_lens[r]);
+        p->kv_lens[r] =
+            dcp->dcp_size > 1 ? (int32_t)kva__dcp_local_count(dcp, p->seq_lens[r]) : p->seq_lens[r];
         p->kv_start[r + 1] = p->kv_start[r] + p->kv_lens[r];
     }
     /* A plan without a block table (ragged) or ALiBi has NULL there. */

@@ -173,6 +173,16 @@ static void test_formats(void)
 
 #endif /* KVA_HAVE_CUDA */
 
+/* The automatic choice decides alike whether it finds a group or is given
+ * it (cascade_util.h), on the CUDA cost model, where the shortcut's bound is
+ * close to the gain at the turn. */
+static void test_auto_bound(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_CUDA, 0);
+    cas_check_auto_bound(ctx, 29);
+    kva_context_destroy(ctx);
+}
+
 int main(void)
 {
     int skip = cuda_test_skip();
@@ -183,6 +193,7 @@ int main(void)
     RUN(test_tiles_chunks);
     RUN(test_nested);
     RUN(test_formats);
+    RUN(test_auto_bound);
 #endif
     return kva_test_finish();
 }

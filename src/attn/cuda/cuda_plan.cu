@@ -297,11 +297,13 @@ static kva_status attention_plan_build(kva_context *ctx, kva_plan *plan, kva__pa
                          kva__cuda_kernels[kernel].name, kva_dtype_name(plan->d.q_dtype),
                          (int)plan->d.head_dim, (int)plan->d.head_dim_v, (int)st->device);
     const int32_t R = plan->d.num_requests;
-    /* Requests for the prefill tile kernels (mma_req[r] = 1), when the shape has them. */
+    /* Requests for the prefill tile kernels (mma_req[r] = 1), when the shape
+     * has them and the step has prefills (classify: q_len above the decode
+     * threshold); a decode step allocates and counts nothing. */
     uint8_t *mma_req = NULL;
     int32_t num_prefills = 0;
     int64_t ptiles = 0;
-    if (mma) {
+    if (mma && plan->info.num_prefills > 0) {
         mma_req = (uint8_t *)calloc((size_t)(R > 0 ? R : 1), 1);
         if (!mma_req)
             return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_plan_create: out of memory");
