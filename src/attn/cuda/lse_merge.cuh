@@ -16,6 +16,8 @@ extern "C" {
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
+#include <type_traits>
 
 /*
  * The LSE-weighted mean of one row's parts, computed by the 32 lanes of a
@@ -138,6 +140,118 @@ kva__merge_split_task(const kva__cuda_meta &meta, const kva__cuda_task &t, const
             if (lse && d0 == 0 && lane == 0)
                 lse[row] = lv;
         }
+    }
+}
+
+/*
+ * One unit of kva__merge_split_task_cta: channels [d, d + VW) of row r of a
+ * split task whose P partial blocks start at base, blk floats apart ([nrows,
+ * Dv] outputs then [nrows] lse each). An online merge over chunks of CH
+ * parts: every part's lse and values of a chunk are loaded together (one
+ * round of L2 loads per chunk instead of an lse pass, then the values), the
+ * running max, sum and accumulators rescaled per chunk. Same results as
+ * kva__lse_merge: a part of weight 0 adds nothing (its values may be NaN), a
+ * NaN lse makes the row NaN, all -inf (and no sink) gives 0 and -inf.
+ */
+template <int VW, int CH>
+static __device__ __forceinline__ void kva__merge_unit(const float *base, int64_t blk,
+                                                       int32_t nrows, int32_t Dv, int32_t r,
+                                                       int32_t d, int32_t P, float sink,
+                                                       float o[VW], float &lv)
+{
+    typedef typename std::conditional<VW == 4, float4, float>::type vec;
+    float m = -INFINITY, L = 0.f, acc[VW];
+    bool nan = false;
+#pragma unroll
+    for (int i = 0; i < VW; i++)
+        acc[i] = 0.f;
+    for (int32_t p0 = 0; p0 < P; p0 += CH) {
+        float l[CH], x[CH][VW];
+#pragma unroll
+        for (int j = 0; j < CH; j++) {
+            const int32_t p = p0 + j < P ? p0 + j : P - 1; /* a valid part; weight 0 past P */
+            const float *pb = base + p * blk;
+            l[j] = p0 + j < P ? __ldcg(pb + (int64_t)nrows * Dv + r) : -INFINITY;
+            const vec v = __ldcg(reinterpret_cast<const vec *>(pb + (int64_t)r * Dv + d));
+            memcpy(x[j], &v, sizeof v);
+        }
+        float mc = m;
+#pragma unroll
+        for (int j = 0; j < CH; j++) {
+            nan |= l[j] != l[j];
+            mc = fmaxf(mc, l[j]);
+        }
+        if (mc == -INFINITY)
+            continue;
+        const float sc = expf(m - mc); /* 0 while m = -inf */
+        L *= sc;
+#pragma unroll
+        for (int i = 0; i < VW; i++)
+            acc[i] *= sc;
+#pragma unroll
+        for (int j = 0; j < CH; j++) {
+            const float c = expf(l[j] - mc);
+            L += c;
+#pragma unroll
+            for (int i = 0; i < VW; i++)
+                acc[i] += c > 0.f ? c * x[j][i] : 0.f;
+        }
+        m = mc;
+    }
+    const float M = fmaxf(m, sink);
+    if (nan || M == -INFINITY) {
+#pragma unroll
+        for (int i = 0; i < VW; i++)
+            o[i] = nan ? NAN : 0.f;
+        lv = nan ? NAN : -INFINITY;
+        return;
+    }
+    const float sc = expf(m - M);
+    L = L * sc + expf(sink - M);
+#pragma unroll
+    for (int i = 0; i < VW; i++)
+        o[i] = acc[i] * sc / L;
+    lv = M + logf(L);
+}
+
+/*
+ * kva__merge_split_task for one CTA that is the only reader of the task (the
+ * tensor-core decode's last-CTA merge): every thread takes units of VW
+ * channels of one row (4 when the partial blocks are 16-byte aligned, else
+ * 1) and merges all parts of its unit itself, with CH parts' loads in flight
+ * (kva__merge_unit), so a task of 4 rows x Dv 128 is one unit per thread of
+ * a 128-thread CTA and 32 parts are two rounds of L2 loads.
+ */
+template <typename T>
+static __device__ __forceinline__ void
+kva__merge_split_task_cta(const kva__cuda_meta &meta, const kva__cuda_task &t, const float *ws,
+                          const float *sinks, T *out, float *lse, int32_t H, int32_t G, int32_t Dv)
+{
+    constexpr int CH = 16;
+    const int32_t nrows = t.nq * t.nh, qs = meta.qsl[t.req];
+    const int64_t blk = (int64_t)nrows * (Dv + 1);
+    const float *base = ws + t.ws_off;
+    const bool v4 = Dv % 4 == 0 && blk % 4 == 0 && ((uintptr_t)base & 15) == 0;
+    const int32_t C = v4 ? Dv / 4 : Dv; /* units per row */
+    for (int32_t x = threadIdx.x; x < nrows * C; x += blockDim.x) {
+        const int32_t r = x / C, c = x - r * C;
+        const int32_t qi = r / t.nh, head = t.kv_head * G + t.h0 + (r - qi * t.nh);
+        const int64_t row = (int64_t)(qs + t.i0 + qi) * H + head;
+        const float sink = sinks ? sinks[head] : -INFINITY;
+        float lv;
+        if (v4) {
+            float o[4];
+            kva__merge_unit<4, CH>(base, blk, nrows, Dv, r, 4 * c, t.num_splits, sink, o, lv);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                store_f(out, row * Dv + 4 * c + i, o[i]);
+        } else {
+            float o[1];
+            kva__merge_unit<1, CH>(base, blk, nrows, Dv, r, c, t.num_splits, sink, o, lv);
+            store_f(out, row * Dv + c, o[0]);
+        }
+        if (lse && c == 0)
+            lse[row] = lv;
     }
 }
 
