@@ -54,8 +54,6 @@
 #include <string.h>
 #include <time.h>
 
-void kva__cuda_decode_diag(int bits, int64_t *trace); /* DIAG: decode_mma.cu */
-
 /* Host wall clock in microseconds. */
 static double host_us(void)
 {
@@ -401,107 +399,6 @@ int main(int argc, char **argv)
                 (double)bench_median(pt, plan_iters), plan_iters,
                 (double)bench_median(pt + plan_iters, plan_iters));
         free(pt);
-    }
-
-    const char *diag_list = getenv("KVA_DIAG");
-    if (diag_list && *diag_list) {
-        /* DIAG (call 1): ablations of the decode, alternated in one process,
-         * and globaltimer traces of two consecutive back-to-back launches. */
-        int dl[32], nd = 0;
-        for (const char *c = diag_list; *c && nd < 32;) {
-            dl[nd++] = (int)strtol(c, (char **)&c, 0);
-            while (*c == ',')
-                c++;
-        }
-        const size_t obytes = (size_t)b.T * H * Dv * es;
-        unsigned char *ref0 = malloc(obytes), *cur = malloc(obytes);
-        const int grid = 264 * 4;
-        int64_t *dtr = NULL, *htr = malloc(sizeof(int64_t) * 8 * grid * 2);
-        CU(cudaMalloc((void **)&dtr, sizeof(int64_t) * 8 * grid * 2));
-        for (int round = 0; round < 2; round++)
-            for (int di = 0; di < nd; di++) {
-                kva__cuda_decode_diag(dl[di], NULL);
-                for (int w = 0; w < 3; w++)
-                    KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL));
-                for (int it = 0; it < iters; it++) {
-                    CU(cudaEventRecord(ev[0], 0));
-                    const double t0 = host_us();
-                    KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL));
-                    enq[it] = (float)(host_us() - t0);
-                    CU(cudaEventRecord(ev[1], 0));
-                    CU(cudaEventSynchronize(ev[1]));
-                    CU(cudaEventElapsedTime(&ms[it], ev[0], ev[1]));
-                }
-                float bb[5];
-                for (int rep = 0; rep < 5; rep++) {
-                    CU(cudaEventRecord(ev[0], 0));
-                    for (int it = 0; it < iters; it++)
-                        KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL));
-                    CU(cudaEventRecord(ev[1], 0));
-                    CU(cudaEventSynchronize(ev[1]));
-                    CU(cudaEventElapsedTime(&bb[rep], ev[0], ev[1]));
-                    bb[rep] /= (float)iters;
-                }
-                CU(cudaMemcpy(dl[di] == 0 ? ref0 : cur, dout, obytes, cudaMemcpyDeviceToHost));
-                double md = 0.0;
-                if (dl[di] != 0)
-                    for (size_t e = 0; e < obytes / es; e++) {
-                        const double x = kva_test_get(ref0, dt, e), y = kva_test_get(cur, dt, e);
-                        const double dd = x > y ? x - y : y - x;
-                        md = dd > md || dd != dd ? dd : md;
-                    }
-                fprintf(stderr,
-                        "diag R=%d S=%d round %d bits %d: per call %.4f ms, b2b %.4f ms, enq %.1f "
-                        "us, max |out - bits0| %.3g\n",
-                        R, S, round, dl[di], (double)bench_median(ms, iters),
-                        (double)bench_median(bb, 5), (double)bench_median(enq, iters), md);
-                if (round == 1) {
-                    /* Two traced launches at the end of a back-to-back run. */
-                    CU(cudaMemset(dtr, 0, sizeof(int64_t) * 8 * grid * 2));
-                    for (int it = 0; it < 12; it++) {
-                        kva__cuda_decode_diag(dl[di], it == 10   ? dtr
-                                                      : it == 11 ? dtr + 8 * grid
-                                                                 : NULL);
-                        KV(kva_attention_run(gpu, plan, dq, dc, NULL, dout, NULL));
-                    }
-                    CU(cudaDeviceSynchronize());
-                    CU(cudaMemcpy(htr, dtr, sizeof(int64_t) * 8 * grid * 2,
-                                  cudaMemcpyDeviceToHost));
-                    int64_t base = INT64_MAX;
-                    for (int c = 0; c < 2 * grid; c++)
-                        if (htr[8 * c] && htr[8 * c] < base)
-                            base = htr[8 * c];
-                    for (int kk = 0; kk < 2; kk++) {
-                        const int64_t *t = htr + 8 * grid * kk;
-                        fprintf(stderr, "trace R=%d S=%d bits %d launch %d (ns from launch 0's first CTA):",
-                                R, S, dl[di], kk);
-                        for (int f = 0; f < 8; f++) {
-                            int64_t mn = INT64_MAX, mx = 0, n = 0;
-                            double sum = 0;
-                            for (int c = 0; c < grid; c++) {
-                                const int64_t v = t[8 * c + f];
-                                if (!v)
-                                    continue;
-                                mn = v < mn ? v : mn;
-                                mx = v > mx ? v : mx;
-                                sum += (double)v;
-                                n++;
-                            }
-                            if (n)
-                                fprintf(stderr, " T%d[n %d min %lld mean %.0f max %lld]", f, (int)n,
-                                        (long long)(mn - base), sum / n - (double)base,
-                                        (long long)(mx - base));
-                        }
-                        fprintf(stderr, "\n");
-                    }
-                    kva__cuda_decode_diag(0, NULL);
-                }
-            }
-        kva__cuda_decode_diag(0, NULL);
-        cudaFree(dtr);
-        free(htr);
-        free(ref0);
-        free(cur);
     }
 
     struct cudaDeviceProp prop;

@@ -283,8 +283,6 @@ typedef struct kva__cuda_attn_args {
     int32_t H, Hkv, G, D, Dv, B;
     int32_t layout_hnd, ragged, causal, window_left, chunk, has_alibi; /* chunk: attention_chunk */
     float scale, softcap;
-    int32_t diag;   /* DIAG (call 1 only): decode_mma ablation bits */
-    int64_t *trace; /* DIAG: [grid][8] globaltimer stamps or NULL */
 } kva__cuda_attn_args;
 
 /* decode_mma.cu: 1 if the tensor-core decode kernel covers the shape (D in

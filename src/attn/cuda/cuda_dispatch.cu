@@ -25,7 +25,6 @@ extern "C" {
 #include <string.h>
 
 typedef kva__cuda_attn_args attn_args;
-extern "C" int kva__cuda_decode_diag_bits(void); /* DIAG */
 
 /*
  * The plan's prefills on the tensor-core kernel (prefill_mma.h). cuda_plan_build
@@ -139,9 +138,7 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
     KVA_CUDA_TRY(cudaStreamIsCapturing(stream, &cs));
     const int eager = cs == cudaStreamCaptureStatusNone;
     KVA_TRY(launch_prefill(ctx, plan, &a, cache, eager));
-    int grid = st->num_sms * cp->per_sm;
-    if ((kva__cuda_decode_diag_bits() & 128) && eager && plan->part->num_items < grid)
-        grid = plan->part->num_items; /* DIAG: no idle CTAs */
+    const int grid = st->num_sms * cp->per_sm;
     if (eager && plan->part->num_items == 0) {
         /* no decode or short-prefill item */
     } else if (cp->decode_kernel == KVA__CUDA_K_MLA_DECODE_MMA) {

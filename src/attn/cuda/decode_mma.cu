@@ -32,15 +32,15 @@ static __device__ __forceinline__ int64_t dm_key_row(const kva__cuda_attn_args &
 /* The load policy (decode_mma_kernel.cuh) of 16-bit K and V: Ty
  * kva__mma_bf16 or kva__mma_f16, head size D (= Dv). A stage holds K then V
  * [16, D] (TILE bytes each); Q [16, D] comes first. */
-template <typename Ty, int D_, int NST_ = 0, int MINB_ = 0> struct dm_load16 {
+template <typename Ty, int D_> struct dm_load16 {
     typedef kva__cuda_attn_args Args;
     typedef Ty Out;
     static constexpr int D = D_, BNW = DM_BN, NT = BNW / 8;
-    static constexpr int NST = NST_ ? NST_ : D == 64 ? 4 : 3; /* ring stages per warp */
+    static constexpr int NST = D == 64 ? 4 : 3; /* ring stages per warp */
     static constexpr int TILE = DM_BN * D * 2;  /* bytes of K (or V) of one step */
     static constexpr int STAGE = 2 * TILE, SQ = DM_M * D * 2;
     static constexpr int SMEM = SQ + DM_NW * NST * STAGE;
-    static constexpr int MINB = MINB_ ? MINB_ : D == 64 ? 3 : D == 128 ? 2 : 1;
+    static constexpr int MINB = D == 64 ? 3 : D == 128 ? 2 : 1;
     /* The first copies go out before Q is staged, so an item's first K/V
      * bytes are in flight during the Q loads: one dependent trip less per
      * item, for the single-wave shapes whose time is mostly that chain
@@ -48,6 +48,11 @@ template <typename Ty, int D_, int NST_ = 0, int MINB_ = 0> struct dm_load16 {
      * dependent launch in bench/results/h200_2026-11-27_dec24.txt, alone
      * within noise in h200_2026-11-27_dcp6.txt). */
     static constexpr bool RAGGED = true, ISSUE_FIRST = true;
+    /* The body reads a step's block-table entries (key_row) one step before
+     * it issues the step's copies (issue_row), so a warp never waits for
+     * its block table between two steps (docs/cuda.md, "The fixed cost of
+     * a decode call"). */
+    static constexpr bool ROWS_AHEAD = true;
     struct Item {
     };
 
@@ -56,16 +61,24 @@ template <typename Ty, int D_, int NST_ = 0, int MINB_ = 0> struct dm_load16 {
         return a;
     }
 
-    /* The warp copies K and V of the 16 keys kb.. (zeros past kend) into the
-     * stage at st: lane l computes the row of key l & 15, the others get it
-     * by shuffle; chunk x = lane + 32 i is key x / (D/8), chunk x % (D/8). */
-    static __device__ __forceinline__ void issue(const Args &a, const int32_t *bt_row, int64_t kvs,
-                                                 int32_t kvh, int32_t kb, int32_t kend, uint32_t st,
-                                                 int lane)
+    /* The row of key kb + (lane & 15) (-1 at or past kend): the lane's
+     * block-table read for the step at kb. */
+    static __device__ __forceinline__ int64_t key_row(const Args &a, const int32_t *bt_row,
+                                                      int64_t kvs, int32_t kvh, int32_t kb,
+                                                      int32_t kend, int lane)
+    {
+        const int32_t jl = kb + (lane & 15);
+        return jl < kend ? dm_key_row(a, bt_row, kvs, kvh, jl) : -1;
+    }
+
+    /* The warp copies K and V of the step's 16 keys (mine: the lane's
+     * key_row) into the stage at st (zeros for rows -1): the others get lane
+     * l's row by shuffle; chunk x = lane + 32 i is key x / (D/8), chunk
+     * x % (D/8). */
+    static __device__ __forceinline__ void issue_row(const Args &a, int64_t mine, uint32_t st,
+                                                     int lane)
     {
         constexpr int CH = D / 8;
-        const int32_t jl = kb + (lane & 15);
-        const int64_t mine = jl < kend ? dm_key_row(a, bt_row, kvs, kvh, jl) : -1;
         const char *kp = (const char *)a.k, *vp = (const char *)a.v;
 #pragma unroll
         for (int i = 0; i < DM_BN * CH / 32; i++) {
@@ -76,6 +89,14 @@ template <typename Ty, int D_, int NST_ = 0, int MINB_ = 0> struct dm_load16 {
             kva__cp_async16(st + kva__swz<D>(key, c), kp + boff, ok ? 16 : 0);
             kva__cp_async16(st + TILE + kva__swz<D>(key, c), vp + boff, ok ? 16 : 0);
         }
+    }
+
+    /* The copies of the step at kb (keys past kend zero-filled). */
+    static __device__ __forceinline__ void issue(const Args &a, const int32_t *bt_row, int64_t kvs,
+                                                 int32_t kvh, int32_t kb, int32_t kend, uint32_t st,
+                                                 int lane)
+    {
+        issue_row(a, key_row(a, bt_row, kvs, kvh, kb, kend, lane), st, lane);
     }
 
     /* Q rows into shared memory (zeros past nrows), then a barrier. */
@@ -143,32 +164,19 @@ template <typename Ty, int D_, int NST_ = 0, int MINB_ = 0> struct dm_load16 {
 
 /* ---- host side ---- */
 
-/* DIAG (call 1): ablation bits and the trace buffer, set by the bench. */
-static int dm_diag_bits = 0;
-static int64_t *dm_diag_trace = NULL;
-extern "C" void kva__cuda_decode_diag(int bits, int64_t *trace)
-{
-    dm_diag_bits = bits;
-    dm_diag_trace = trace;
-}
-extern "C" int kva__cuda_decode_diag_bits(void)
-{
-    return dm_diag_bits;
-}
-
 /* cudaFuncSetAttribute(fn, MaxDynamicSharedMemorySize, smem) once per kernel
- * and device: the attribute stays set, and the call costs host time on every
- * run of the run path (the per-call decode time includes it). */
+ * and device (the attribute stays set; every plan build sets it too, through
+ * the occupancy query): the call costs host time on every run, and a
+ * per-call decode time includes the run path's host time. */
 static cudaError_t dm_smem_limit(void (*fn)(kva__cuda_attn_args), int smem)
 {
-    static std::atomic<uint64_t> done[64]; /* bit i: kernel i of dm_all on device */
-    void (*const all[])(kva__cuda_attn_args) = {
-        decode_mma_kernel<dm_load16<kva__mma_bf16, 64>>,
-        decode_mma_kernel<dm_load16<kva__mma_bf16, 128>>,
-        decode_mma_kernel<dm_load16<kva__mma_bf16, 256>>,
-        decode_mma_kernel<dm_load16<kva__mma_f16, 64>>,
-        decode_mma_kernel<dm_load16<kva__mma_f16, 128>>,
-        decode_mma_kernel<dm_load16<kva__mma_f16, 256>>};
+    static std::atomic<uint32_t> done[64]; /* bit i: all[i] on that device */
+    void (*const all[])(kva__cuda_attn_args) = {decode_mma_kernel<dm_load16<kva__mma_bf16, 64>>,
+                                                decode_mma_kernel<dm_load16<kva__mma_bf16, 128>>,
+                                                decode_mma_kernel<dm_load16<kva__mma_bf16, 256>>,
+                                                decode_mma_kernel<dm_load16<kva__mma_f16, 64>>,
+                                                decode_mma_kernel<dm_load16<kva__mma_f16, 128>>,
+                                                decode_mma_kernel<dm_load16<kva__mma_f16, 256>>};
     int dev = 0, i = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess)
@@ -176,11 +184,11 @@ static cudaError_t dm_smem_limit(void (*fn)(kva__cuda_attn_args), int smem)
     while (i < 6 && all[i] != fn)
         i++;
     const bool known = dev >= 0 && dev < 64 && i < 6;
-    if (known && (done[dev].load() >> i & 1u))
+    if (known && ((done[dev].load() >> i) & 1u))
         return cudaSuccess;
     e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e == cudaSuccess && known)
-        done[dev].fetch_or(1ull << i);
+        done[dev].fetch_or(1u << i);
     return e;
 }
 
@@ -232,24 +240,9 @@ extern "C" kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, 
      * occupancy query, set again here for a context on another device. */
     KVA_CUDA_TRY(dm_smem_limit(k.fn, k.smem));
     cudaError_t e = cudaSuccess;
-    int pdl = dm_pdl_ok((cudaStream_t)stream, &e);
+    const int pdl = dm_pdl_ok((cudaStream_t)stream, &e);
     KVA_CUDA_TRY(e);
-    kva__cuda_attn_args ad = *a;
-    ad.diag = dm_diag_bits;
-    ad.trace = dm_diag_trace;
-    if (dm_diag_bits & 64)
-        pdl = 0;
-    if ((dm_diag_bits & 256) && a->D == 128 && dtype == KVA_DTYPE_BF16) {
-        /* DIAG: one CTA per SM with a 6-stage ring per warp (5 steps in flight). */
-        typedef dm_load16<kva__mma_bf16, 128, 6, 1> deep;
-        KVA_CUDA_TRY(cudaFuncSetAttribute(decode_mma_kernel<deep>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, deep::SMEM));
-        KVA_CUDA_TRY(dm_launch_go(decode_mma_kernel<deep>, grid / 2, deep::SMEM,
-                                  (cudaStream_t)stream, ad, pdl));
-        KVA_CUDA_LAUNCHED("decode_mma_kernel deep");
-        return KVA_STATUS_OK;
-    }
-    KVA_CUDA_TRY(dm_launch_go(k.fn, grid, k.smem, (cudaStream_t)stream, ad, pdl));
+    KVA_CUDA_TRY(dm_launch_go(k.fn, grid, k.smem, (cudaStream_t)stream, *a, pdl));
     KVA_CUDA_LAUNCHED("decode_mma_kernel");
     return KVA_STATUS_OK;
 }

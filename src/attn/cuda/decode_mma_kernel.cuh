@@ -105,23 +105,16 @@ static __device__ __forceinline__ void kva__dmma_pv16(float o[D / 8][4], const f
     }
 }
 
-/* DIAG: the global nanosecond timer. */
-static __device__ __forceinline__ uint64_t dm_gtime()
-{
-    uint64_t t;
-    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-    return t;
-}
-
-/* DIAG: *p += 1 at gpu scope with release (this CTA's writes before it, the
- * barrier before the call ordering the other threads') and acquire (the
- * other CTAs' partials visible after it); returns the old count. */
-static __device__ __forceinline__ int dm_count_acq_rel(int *p)
-{
-    int old;
-    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
-    return old;
-}
+/* Whether load policy P splits its copies of a step into the lanes' key
+ * rows (P::key_row, one block-table read per lane) and the copies of those
+ * rows (P::issue_row): then the body reads the block-table entries of a step
+ * one step before it issues its copies (P::ROWS_AHEAD). */
+template <typename P, typename = void> struct dm_rows_ahead {
+    static constexpr bool value = false;
+};
+template <typename P> struct dm_rows_ahead<P, decltype((void)P::ROWS_AHEAD)> {
+    static constexpr bool value = P::ROWS_AHEAD;
+};
 
 /* The decode of load policy P (above). Dynamic shared memory: Q (P::SQ
  * bytes) then the rings [NW][NST] stages; the warps' O [NW][16][D] fp32
@@ -144,17 +137,8 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
     /* Launched as a programmatic dependent (dm_launch_go): nothing of the
      * previous kernel's output (q, the cache, a merge's inputs) is read
      * before it has completed and its writes are visible. */
-    const int diag = a.diag;
-    int64_t *const tr = a.trace ? a.trace + (int64_t)blockIdx.x * 8 : nullptr;
-    if (tr && threadIdx.x == 0)
-        tr[0] = (int64_t)dm_gtime();
     kva__pdl_wait();
-    if (tr && threadIdx.x == 0)
-        tr[1] = (int64_t)dm_gtime();
     const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
-    if (diag & 1)
-        return;
-    bool first_item = true;
     const int32_t tree_on = a.meta.hdr[KVA_CUDA_HDR_TREE]; /* tree_mask.cuh */
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
     const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
@@ -174,15 +158,32 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         const int32_t kend = w.k1;
         const int32_t kb0 = w.k0 + warp * BNW;
         constexpr int32_t STEP = DM_NW * BNW;
+        constexpr bool AHEAD = dm_rows_ahead<P>::value;
+        /* A split item's partial block and its task's split count, read now
+         * and used at the end (no dependent read in the epilogue). */
+        float *pblk = nullptr;
+        int32_t nsplit = 0;
+        if (w.task >= 0) {
+            pblk = a.ws + a.meta.tasks[w.task].ws_off + (int64_t)w.split * nrows * (D + 1);
+            nsplit = a.meta.tasks[w.task].num_splits;
+        }
 
-        /* The first NST - 1 steps of the warp's ring. */
+        /* The first NST - 1 steps of the warp's ring; with AHEAD also the
+         * lane's key row of step NST - 1 (nxt), issued in the first
+         * iteration, so no step waits for its block-table read. */
+        int64_t nxt = -1;
         auto prologue = [&]() {
 #pragma unroll
             for (int st = 0; st < NST - 1; st++) {
                 const int32_t kb = kb0 + st * STEP;
-                if (kb < kend && !(diag & 2))
+                if (kb < kend)
                     P::issue(q, bt_row, kvs, w.kv_head, kb, kend, ring + st * STAGE, lane);
                 kva__cp_async_commit();
+            }
+            if constexpr (AHEAD) {
+                const int32_t kn = kb0 + (NST - 1) * STEP;
+                if (kn < kend)
+                    nxt = P::key_row(q, bt_row, kvs, w.kv_head, kn, kend, lane);
             }
         };
         typename P::Item qit;
@@ -216,16 +217,21 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
             {
                 const int ahead = stage == 0 ? NST - 1 : stage - 1;
                 const int32_t kn = kb + (NST - 1) * STEP;
-                if (kn < kend && !(diag & 2))
-                    P::issue(q, bt_row, kvs, w.kv_head, kn, kend, ring + ahead * STAGE, lane);
-                kva__cp_async_commit();
+                if constexpr (AHEAD) {
+                    /* nxt was read an iteration ago; read the next step's now. */
+                    if (kn < kend)
+                        P::issue_row(q, nxt, ring + ahead * STAGE, lane);
+                    kva__cp_async_commit();
+                    if (kn + STEP < kend)
+                        nxt = P::key_row(q, bt_row, kvs, w.kv_head, kn + STEP, kend, lane);
+                } else {
+                    if (kn < kend)
+                        P::issue(q, bt_row, kvs, w.kv_head, kn, kend, ring + ahead * STAGE, lane);
+                    kva__cp_async_commit();
+                }
             }
             kva__cp_async_wait<NST - 1>();
             __syncwarp(); /* the other lanes' copies of this step have landed */
-            if (tr && first_item && threadIdx.x == 0) {
-                tr[2] = (int64_t)dm_gtime();
-                first_item = false;
-            }
 
             /* S [16, BNW]: sc[nt] is keys nt*8 .. +8. Element e: row
              * g4 + (e >> 1) * 8, key kb + nt * 8 + 2 * t4 + (e & 1). */
@@ -249,8 +255,6 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         /* Row sums over the 4 lanes of a row; the warps' states to shared memory. */
         kva__dmma_row_sums(l_run);
         __syncthreads(); /* every warp is done with its ring */
-        if (tr && threadIdx.x == 0)
-            tr[3] = (int64_t)dm_gtime();
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
             const int r = g4 + hf * 8;
@@ -268,33 +272,9 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
             float M, mu, L, O;
             kva__dmma_merge<DM_NW, DM_M, D>(s_m, s_l, s_acc, r, d, M, mu, L, O);
             O = P::value(q, w, d, L, O);
-            kva__dmma_write<D, typename P::Out>(a, w, nrows, qs, r, d, M, mu, L, O);
+            kva__dmma_write<D, typename P::Out>(a, w, nrows, qs, r, d, M, mu, L, O, pblk);
         }
-        if (tr && threadIdx.x == 0)
-            tr[4] = (int64_t)dm_gtime();
-        if (w.task >= 0 && !(diag & 8) && (diag & 32)) {
-            /* DIAG 32: one release/acquire count by thread 0 after the barrier. */
-            __syncthreads();
-            int *done = const_cast<int *>(&a.meta.tasks[w.task].done);
-            if (threadIdx.x == 0)
-                s_last = dm_count_acq_rel(done) == a.meta.tasks[w.task].num_splits - 1;
-            __syncthreads();
-            if (tr && threadIdx.x == 0)
-                tr[5] = (int64_t)dm_gtime();
-            if (s_last) {
-                if (diag & 16)
-                    kva__merge_split_task_cta(a.meta, a.meta.tasks[w.task], a.ws, a.sinks,
-                                              (typename P::Out::elem *)a.out, a.lse, a.H, a.G, D);
-                else if (!(diag & 4))
-                    kva__merge_split_task<D / 32>(a.meta, a.meta.tasks[w.task], a.ws, a.sinks,
-                                                  (typename P::Out::elem *)a.out, a.lse, a.H, a.G,
-                                                  D);
-                if (threadIdx.x == 0)
-                    atomicExch(done, 0);
-                if (tr && threadIdx.x == 0)
-                    tr[6] = (int64_t)dm_gtime();
-            }
-        } else if (w.task >= 0 && !(diag & 8)) {
+        if (w.task >= 0) {
             /* Publish the partial, then count it; the CTA that counts the
              * task's last split merges the task, every partial visible to it
              * after the writers' fences. It sets the count back to 0 for the
@@ -303,29 +283,18 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
             __syncthreads();
             int *done = const_cast<int *>(&a.meta.tasks[w.task].done);
             if (threadIdx.x == 0)
-                s_last = atomicAdd(done, 1) == a.meta.tasks[w.task].num_splits - 1;
+                s_last = atomicAdd(done, 1) == nsplit - 1;
             __syncthreads();
-            if (tr && threadIdx.x == 0)
-                tr[5] = (int64_t)dm_gtime();
             if (s_last) {
                 __threadfence();
-                if (diag & 16)
-                    kva__merge_split_task_cta(a.meta, a.meta.tasks[w.task], a.ws, a.sinks,
-                                              (typename P::Out::elem *)a.out, a.lse, a.H, a.G, D);
-                else if (!(diag & 4))
-                    kva__merge_split_task<D / 32>(a.meta, a.meta.tasks[w.task], a.ws, a.sinks,
-                                                  (typename P::Out::elem *)a.out, a.lse, a.H, a.G,
-                                                  D);
+                kva__merge_split_cta(pblk - (int64_t)w.split * nrows * (D + 1), nsplit, w, qs,
+                                     a.sinks, (typename P::Out::elem *)a.out, a.lse, a.H, a.G, D);
                 if (threadIdx.x == 0)
                     atomicExch(done, 0);
-                if (tr && threadIdx.x == 0)
-                    tr[6] = (int64_t)dm_gtime();
             }
         }
         __syncthreads(); /* Q, s_acc and the rings are rewritten by the next item */
     }
-    if (tr && threadIdx.x == 0)
-        tr[7] = (int64_t)dm_gtime();
 }
 
 /* Launches fn (a decode_mma_kernel) on stream s with grid CTAs of DM_NW

@@ -154,10 +154,9 @@ kva__merge_split_task(const kva__cuda_meta &meta, const kva__cuda_task &t, const
  * NaN lse makes the row NaN, all -inf (and no sink) gives 0 and -inf.
  */
 template <int VW, int CH>
-static __device__ __forceinline__ void kva__merge_unit(const float *base, int64_t blk,
-                                                       int32_t nrows, int32_t Dv, int32_t r,
-                                                       int32_t d, int32_t P, float sink,
-                                                       float o[VW], float &lv)
+static __device__ __forceinline__ void
+kva__merge_unit(const float *base, int64_t blk, int32_t nrows, int32_t Dv, int32_t r, int32_t d,
+                int32_t P, float sink, float o[VW], float &lv)
 {
     typedef typename std::conditional<VW == 4, float4, float>::type vec;
     float m = -INFINITY, L = 0.f, acc[VW];
@@ -215,39 +214,43 @@ static __device__ __forceinline__ void kva__merge_unit(const float *base, int64_
 }
 
 /*
- * kva__merge_split_task for one CTA that is the only reader of the task (the
- * tensor-core decode's last-CTA merge): every thread takes units of VW
- * channels of one row (4 when the partial blocks are 16-byte aligned, else
- * 1) and merges all parts of its unit itself, with CH parts' loads in flight
- * (kva__merge_unit), so a task of 4 rows x Dv 128 is one unit per thread of
- * a 128-thread CTA and 32 parts are two rounds of L2 loads.
+ * The merge of one split task by one CTA, the only reader of its partials
+ * (the tensor-core decode's last-CTA merge): the task of item w (its rows:
+ * w.nq query tokens from w.i0 of the request whose first token is qs, x
+ * w.nh heads from w.h0 of kv head w.kv_head), nsplit partial blocks at base
+ * ([nrows, Dv] outputs then [nrows] lse each), into out [T, H, Dv] (T: float,
+ * __half or __nv_bfloat16) and lse [T, H] (or NULL), with sinks [H] (or
+ * NULL). Every thread takes units of VW channels of one row (4 when the
+ * blocks are 16-byte aligned, else 1) and merges all parts of its unit
+ * itself, 16 parts' loads in flight (kva__merge_unit), so 4 rows x Dv 128
+ * are one unit per thread of a 128-thread CTA and 32 splits are two rounds
+ * of L2 loads; the item gives what the task would (no dependent reads).
  */
 template <typename T>
 static __device__ __forceinline__ void
-kva__merge_split_task_cta(const kva__cuda_meta &meta, const kva__cuda_task &t, const float *ws,
-                          const float *sinks, T *out, float *lse, int32_t H, int32_t G, int32_t Dv)
+kva__merge_split_cta(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_t qs,
+                     const float *sinks, T *out, float *lse, int32_t H, int32_t G, int32_t Dv)
 {
     constexpr int CH = 16;
-    const int32_t nrows = t.nq * t.nh, qs = meta.qsl[t.req];
+    const int32_t nrows = w.nq * w.nh;
     const int64_t blk = (int64_t)nrows * (Dv + 1);
-    const float *base = ws + t.ws_off;
     const bool v4 = Dv % 4 == 0 && blk % 4 == 0 && ((uintptr_t)base & 15) == 0;
     const int32_t C = v4 ? Dv / 4 : Dv; /* units per row */
     for (int32_t x = threadIdx.x; x < nrows * C; x += blockDim.x) {
         const int32_t r = x / C, c = x - r * C;
-        const int32_t qi = r / t.nh, head = t.kv_head * G + t.h0 + (r - qi * t.nh);
-        const int64_t row = (int64_t)(qs + t.i0 + qi) * H + head;
+        const int32_t qi = r / w.nh, head = w.kv_head * G + w.h0 + (r - qi * w.nh);
+        const int64_t row = (int64_t)(qs + w.i0 + qi) * H + head;
         const float sink = sinks ? sinks[head] : -INFINITY;
         float lv;
         if (v4) {
             float o[4];
-            kva__merge_unit<4, CH>(base, blk, nrows, Dv, r, 4 * c, t.num_splits, sink, o, lv);
+            kva__merge_unit<4, CH>(base, blk, nrows, Dv, r, 4 * c, nsplit, sink, o, lv);
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 store_f(out, row * Dv + 4 * c + i, o[i]);
         } else {
             float o[1];
-            kva__merge_unit<1, CH>(base, blk, nrows, Dv, r, c, t.num_splits, sink, o, lv);
+            kva__merge_unit<1, CH>(base, blk, nrows, Dv, r, c, nsplit, sink, o, lv);
             store_f(out, row * Dv + c, o[0]);
         }
         if (lse && c == 0)
