@@ -51,13 +51,16 @@ typedef struct kva__cuda_item {
 } kva__cuda_item;
 
 /* One split task (from kva__split_task); partials at ws + ws_off floats:
- * num_splits blocks of [nq*nh, Dv] outputs then [nq*nh] lse. done: the
- * task's partials written so far in this run, counted by the tensor-core
- * decode, whose CTA that writes the last one merges the task
- * (decode_mma_kernel.cuh); uploaded 0 and set back to 0 by that CTA, so every
- * run and graph replay starts from 0. */
+ * num_splits blocks of [nq*nh, Dv] outputs then [nq*nh] lse; keys [k0, k1)
+ * in chunks of `chunk`. done: the task's partials written so far in this
+ * run, counted by the tensor-core decode, whose CTA that writes the last one
+ * merges the task (decode_mma_kernel.cuh); grab: the key units of the task
+ * that decode's warps have taken so far (its balanced schedule). Both are
+ * uploaded 0 and set back to 0 by the merging CTA, so every run and graph
+ * replay starts from 0. */
 typedef struct kva__cuda_task {
     int32_t req, kv_head, h0, nh, i0, nq, num_splits, done;
+    int32_t k0, k1, chunk, grab;
     int64_t ws_off;
 } kva__cuda_task;
 
@@ -160,6 +163,8 @@ typedef struct kva__cuda_state {
     int force_splits;          /* 0, the chunks every partition unit of this context's plans
                                   is cut into, or -1: the former split choice (benchmarks;
                                   kva__partition_grid) */
+    int fixed_chunks;          /* 1: split items of the tensor-core decode read only their own
+                                  chunk (benchmarks; kva__cuda_context_fixed_chunks) */
     int deferred_write_status; /* kva_cuda_context_set_deferred_write_status */
     void *meta_dev;            /* device metadata buffer */
     void *meta_host;           /* pinned staging: ring_slots slots of meta_bytes */
@@ -340,6 +345,12 @@ kva_status kva__cuda_qprefill_run(kva_context *ctx, const kva_plan *plan, const 
  * would not pick; -1 makes the former choice (four candidates by makespan
  * alone), 0 restores the default. */
 kva_status kva__cuda_context_force_splits(kva_context *ctx, int splits);
+
+/* Benchmarks: with on = 1, plans created on ctx from now on run each split
+ * item of the tensor-core decode over its own key chunk only (the fixed
+ * schedule) instead of the balanced one (decode_mma_kernel.cuh, dm_steps),
+ * to time one against the other; 0 restores the default. */
+kva_status kva__cuda_context_fixed_chunks(kva_context *ctx, int on);
 
 /* Tests: plans created on ctx from now on decompress the cached context of
  * kva_mla_run's compute-friendly requests in chunks of `keys` keys per

@@ -107,6 +107,17 @@ extern "C" kva_status kva__cuda_context_force_splits(kva_context *ctx, int split
     return KVA_STATUS_OK;
 }
 
+extern "C" kva_status kva__cuda_context_fixed_chunks(kva_context *ctx, int on)
+{
+    kva__clear_error();
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
+    if (on != 0 && on != 1)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_context_fixed_chunks: on = %d, must be 0 or 1", on);
+    state_of(ctx)->fixed_chunks = on;
+    return KVA_STATUS_OK;
+}
+
 /* Resident CTAs per SM of the decode-family kernel (KVA__CUDA_K_DECODE_*) for
  * the shape (0: the kernel cannot be resident), from the context's cache: the
  * occupancy query (with the shared-memory attribute it sets first) is a

@@ -116,6 +116,67 @@ template <typename P> struct dm_rows_ahead<P, decltype((void)P::ROWS_AHEAD)> {
     static constexpr bool value = P::ROWS_AHEAD;
 };
 
+#define DM_UNIT 64        /* keys of a unit of the balanced schedule (split_align) */
+#define DM_END 0x7fffffff /* no more steps */
+
+/*
+ * The key steps of one warp in one item, in order, then DM_END. A plain item
+ * (and a split item the balanced schedule does not cover): the warp's steps
+ * kb, kb + step, ... below uend (every DM_NW-th step of the item). A split
+ * item on the balanced schedule: the task's keys [tk0, tk1), cut into
+ * chunks of `chunk` keys (one per split item), are read in units of DM_UNIT
+ * keys, each by one warp, BNW keys a step. Unit w of its item's chunk is
+ * warp w's first (no wait); the others (units DM_NW.. of every chunk, dpc
+ * per chunk) go to whichever warp of the task's items asks first, through
+ * the task's grab count: a warp asks for its next unit when it starts one
+ * (lane 0's atomic, whose result it reads at its next unit), so no warp
+ * waits for the count, and every CTA of a single-wave grid stops within a
+ * unit of the others whatever bandwidth its SM gets. A split item's partial
+ * is the softmax state over the keys its warps took, whichever they were.
+ */
+template <int BNW> struct dm_steps {
+    int32_t kb, uend, step;
+    bool dyn, out;
+    int32_t tk0, tk1, chunk, dpc;
+    int *grab;
+    int graw; /* lane 0: the unit taken for the warp's next refill */
+
+    __device__ __forceinline__ int32_t next(int lane)
+    {
+        if (!dyn) {
+            if (kb >= uend)
+                return DM_END;
+            const int32_t k = kb;
+            kb += step;
+            return k;
+        }
+        while (!out && kb >= uend)
+            refill(lane);
+        if (out)
+            return DM_END;
+        const int32_t k = kb;
+        kb += BNW;
+        return k;
+    }
+
+    /* The warp's next unit: the one its last ask got (d-th of the shared
+     * units), asking for the one after if it lies inside the task. */
+    __device__ __forceinline__ void refill(int lane)
+    {
+        const int32_t d = __shfl_sync(0xffffffffu, graw, 0);
+        const int32_t c = dpc > 0 ? d / dpc : 0, j = DM_NW + (dpc > 0 ? d - c * dpc : 0);
+        const int32_t key = tk0 + c * chunk + j * DM_UNIT;
+        if (dpc <= 0 || key >= tk1) {
+            out = true;
+            return;
+        }
+        if (lane == 0)
+            graw = atomicAdd(grab, 1);
+        kb = key;
+        uend = key + DM_UNIT < tk1 ? key + DM_UNIT : tk1;
+    }
+};
+
 /* The decode of load policy P (above). Dynamic shared memory: Q (P::SQ
  * bytes) then the rings [NW][NST] stages; the warps' O [NW][16][D] fp32
  * reuse the rings' space for the final merge. */
@@ -155,35 +216,60 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         const kva__cuda_tree tree = kva__cuda_tree_at(a.meta.tree, tree_on, qs, s, q_len);
         const int32_t *bt_row = ragged ? nullptr : a.meta.block_table + (int64_t)w.req * bt_stride;
         const int64_t kvs = ragged ? a.meta.kv_start[w.req] : 0;
-        const int32_t kend = w.k1;
-        const int32_t kb0 = w.k0 + warp * BNW;
         constexpr int32_t STEP = DM_NW * BNW;
         constexpr bool AHEAD = dm_rows_ahead<P>::value;
-        /* A split item's partial block and its task's split count, read now
-         * and used at the end (no dependent read in the epilogue). */
+        static_assert(DM_UNIT % BNW == 0, "a unit is whole steps");
+        /* A split item's partial block and its task (split count, keys),
+         * read now (the epilogue has no dependent read); the balanced
+         * schedule (dm_steps) where the task's chunks are whole units. */
         float *pblk = nullptr;
         int32_t nsplit = 0;
+        dm_steps<BNW> g;
+        g.dyn = false;
+        g.out = false;
+        g.kb = w.k0 + warp * BNW;
+        g.uend = w.k1;
+        g.step = STEP;
+        kva__cuda_item wk = w; /* the keys the item's rows may read */
         if (w.task >= 0) {
-            pblk = a.ws + a.meta.tasks[w.task].ws_off + (int64_t)w.split * nrows * (D + 1);
-            nsplit = a.meta.tasks[w.task].num_splits;
+            const kva__cuda_task &t = a.meta.tasks[w.task];
+            pblk = a.ws + t.ws_off + (int64_t)w.split * nrows * (D + 1);
+            nsplit = t.num_splits;
+            const int32_t tk0 = t.k0, tk1 = t.k1, chunk = t.chunk;
+            if (chunk % DM_UNIT == 0 && chunk >= DM_NW * DM_UNIT && tk0 + w.split * chunk == w.k0) {
+                g.dyn = true;
+                g.tk0 = tk0;
+                g.tk1 = tk1;
+                g.chunk = chunk;
+                g.dpc = chunk / DM_UNIT - DM_NW;
+                g.grab = const_cast<int *>(&t.grab);
+                g.graw = lane == 0 ? atomicAdd(g.grab, 1) : 0;
+                g.kb = w.k0 + warp * DM_UNIT;
+                g.uend = g.kb + DM_UNIT < w.k1 ? g.kb + DM_UNIT : w.k1;
+                wk.k0 = tk0;
+                wk.k1 = tk1;
+            }
         }
+        const int32_t kend = wk.k1;
 
-        /* The first NST - 1 steps of the warp's ring; with AHEAD also the
-         * lane's key row of step NST - 1 (nxt), issued in the first
+        /* The first NST - 1 steps of the warp's ring (pend: the steps issued
+         * and not yet computed, in order); with AHEAD also the lane's key
+         * row (nxt) of the step after them (knext), issued in the first
          * iteration, so no step waits for its block-table read. */
+        int32_t pend[NST - 1], knext = DM_END;
         int64_t nxt = -1;
         auto prologue = [&]() {
 #pragma unroll
             for (int st = 0; st < NST - 1; st++) {
-                const int32_t kb = kb0 + st * STEP;
-                if (kb < kend)
-                    P::issue(q, bt_row, kvs, w.kv_head, kb, kend, ring + st * STAGE, lane);
+                pend[st] = g.next(lane);
+                if (pend[st] != DM_END)
+                    P::issue(q, bt_row, kvs, w.kv_head, pend[st], kend, ring + st * STAGE, lane);
                 kva__cp_async_commit();
             }
             if constexpr (AHEAD) {
-                const int32_t kn = kb0 + (NST - 1) * STEP;
-                if (kn < kend)
-                    nxt = P::key_row(q, bt_row, kvs, w.kv_head, kn, kend, lane);
+                knext = g.next(lane);
+                if (knext != DM_END)
+                    nxt = P::key_row(q, bt_row, kvs, w.kv_head, knext, kend, lane);
             }
         };
         typename P::Item qit;
@@ -194,10 +280,10 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
             /* The copies' latency hides behind the staging of Q (its barrier inside). */
             prologue();
             P::stage_q(q, w, nrows, qs, dm_smem_buf, qit, g4);
-            kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
+            kva__dmma_rows(a, wk, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
         } else {
             P::stage_q(q, w, nrows, qs, dm_smem_buf, qit, g4);
-            kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
+            kva__dmma_rows(a, wk, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
             __syncthreads(); /* Q visible to every warp */
             prologue();
         }
@@ -211,24 +297,32 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
         int stage = 0;
-        for (int32_t kb = kb0; kb < kend; kb += STEP) {
+        while (pend[0] != DM_END) {
+            const int32_t kb = pend[0];
             /* Refill the stage the previous step used (every lane is past it). */
             __syncwarp();
             {
                 const int ahead = stage == 0 ? NST - 1 : stage - 1;
-                const int32_t kn = kb + (NST - 1) * STEP;
+                int32_t kn;
                 if constexpr (AHEAD) {
                     /* nxt was read an iteration ago; read the next step's now. */
-                    if (kn < kend)
+                    kn = knext;
+                    if (kn != DM_END)
                         P::issue_row(q, nxt, ring + ahead * STAGE, lane);
                     kva__cp_async_commit();
-                    if (kn + STEP < kend)
-                        nxt = P::key_row(q, bt_row, kvs, w.kv_head, kn + STEP, kend, lane);
+                    knext = g.next(lane);
+                    if (knext != DM_END)
+                        nxt = P::key_row(q, bt_row, kvs, w.kv_head, knext, kend, lane);
                 } else {
-                    if (kn < kend)
+                    kn = g.next(lane);
+                    if (kn != DM_END)
                         P::issue(q, bt_row, kvs, w.kv_head, kn, kend, ring + ahead * STAGE, lane);
                     kva__cp_async_commit();
                 }
+#pragma unroll
+                for (int i = 0; i + 1 < NST - 1; i++)
+                    pend[i] = pend[i + 1];
+                pend[NST - 2] = kn;
             }
             kva__cp_async_wait<NST - 1>();
             __syncwarp(); /* the other lanes' copies of this step have landed */
@@ -289,8 +383,10 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
                 __threadfence();
                 kva__merge_split_cta(pblk - (int64_t)w.split * nrows * (D + 1), nsplit, w, qs,
                                      a.sinks, (typename P::Out::elem *)a.out, a.lse, a.H, a.G, D);
-                if (threadIdx.x == 0)
+                if (threadIdx.x == 0) {
                     atomicExch(done, 0);
+                    atomicExch(const_cast<int *>(&a.meta.tasks[w.task].grab), 0);
+                }
             }
         }
         __syncthreads(); /* Q, s_acc and the rings are rewritten by the next item */
