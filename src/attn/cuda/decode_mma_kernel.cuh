@@ -17,12 +17,15 @@
  * the item are read once for every row.
  *
  *   - The item's keys are cut into steps of P::BNW (16 or 32); warp w takes
- *     steps w, w + 4, ... and keeps its own online-softmax state (m, l and
- *     O [16, D] in mma accumulators). Each warp copies its steps (K and V
- *     [BNW, D], gathered through the block table: NHD or HND, any block size,
- *     ragged as NHD with B = 1 where the policy allows) with cp.async into a
- *     private ring of P::NST stages in shared memory (NST - 1 steps in flight
- *     per warp), so warps never wait for each other inside the key loop. With
+ *     steps w, w + 4, ... (a split item on the balanced schedule: whole
+ *     units of its task's keys as they come, dm_steps below) and keeps its
+ *     own online-softmax state (m, l and O [16, D] in mma accumulators).
+ *     Each warp copies its steps (K and V [BNW, D], gathered through the
+ *     block table: NHD or HND, any block size, ragged as NHD with B = 1 where
+ *     the policy allows) with cp.async into a private ring of P::NST stages
+ *     in shared memory (NST - 1 steps in flight per warp), so warps never
+ *     wait for each other inside the key loop; with P::ROWS_AHEAD the
+ *     block-table entries of a step are read one step before its copies. With
  *     P::ISSUE_FIRST the first NST - 1 steps are issued before Q is staged
  *     (the rings are free: the previous item ended with a barrier after its
  *     merge), else after.
@@ -37,9 +40,11 @@
  *   - At the end the warps merge through shared memory (the ring's space) and
  *     the CTA writes out/lse, or a split partial. The CTA that writes the
  *     last partial of a split task (a count per task: the task's done word)
- *     merges the task's partials into out/lse (kva__merge_split_task,
- *     lse_merge.cuh), so no merge kernel runs after this one; the sink enters
- *     there or here, once.
+ *     merges the task's partials into out/lse (kva__merge_split_cta,
+ *     lse_merge.cuh: every thread one row's 4 channels over all partials),
+ *     so no merge kernel runs after this one; the sink enters there or here,
+ *     once. The task's record (partial block, split count, keys) is read
+ *     when the item starts, so the epilogue has no dependent read.
  * Keys at or past the item's end are zero-filled (cp.async with source size
  * 0) and their block-table entries never read, so NaN in unused cache slots
  * cannot reach P V.
@@ -59,6 +64,10 @@
  *   Item                what a thread keeps of the item's staged Q
  *   issue(q, bt_row, kvs, kvh, kb, kend, stage, lane): the warp's copies of
  *                       the step at kb into the stage at shared address stage
+ *   ROWS_AHEAD (optional, default false), key_row(q, bt_row, kvs, kvh, kb,
+ *                       kend, lane) and issue_row(q, row, stage, lane): issue
+ *                       split into the lane's block-table read and the copies
+ *                       (the body reads a step's rows one step ahead)
  *   stage_q(q, w, nrows, qs, smem, it, g4): Q of item w into smem (with
  *                       ISSUE_FIRST: then a barrier and it filled; else the
  *                       body's barrier follows)
