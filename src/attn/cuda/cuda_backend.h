@@ -200,6 +200,8 @@ typedef struct kva__cuda_plan {
     kva__cuda_prefill_kernel prefill_kernel; /* the prefill tiles' kernel
                                                 (KVA__CUDA_PREFILL_AUTO: the dispatcher's) */
     int has_alibi;
+    int balanced;         /* the tensor-core decode runs the balanced schedule of split items: some
+                             task has at least KVA__CUDA_BALANCED_SPLITS splits (cuda_plan.cu) */
     int mma;              /* the shape runs prefills on prefill_mma (paged plans, D in
                              {64, 128, 256}, Dv == D, f16/bf16): under graph capture
                              the kernel is launched whenever the context has
@@ -296,9 +298,11 @@ int kva__cuda_decode_mma_supported(int32_t head_dim, int32_t head_dim_v, kva_dty
 /* Resident CTAs per SM of the tensor-core decode kernel for the shape (raises
  * its dynamic shared-memory limit); 0 if it cannot run. */
 int kva__cuda_decode_mma_ctas_per_sm(kva_dtype dtype, int32_t head_dim);
-/* Launches the tensor-core decode kernel with `grid` persistent CTAs on stream. */
+/* Launches the tensor-core decode kernel with `grid` persistent CTAs on
+ * stream; balanced: the instantiation with the balanced schedule of split
+ * items (kva__cuda_plan.balanced). */
 kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int grid,
-                                       void *stream);
+                                       int balanced, void *stream);
 /* mla_decode_mma.cu: 1 if the absorbed MLA decode covers the shape (D = 576,
  * Dv = 512, f16/bf16); the attention rows of its items for H heads and the
  * plan's longest q_len (16, 32 or 64: H * q_len rounded up to a multiple of 16,

@@ -171,19 +171,27 @@ template <typename Ty, int D_> struct dm_load16 {
 static cudaError_t dm_smem_limit(void (*fn)(kva__cuda_attn_args), int smem)
 {
     static std::atomic<uint32_t> done[64]; /* bit i: all[i] on that device */
-    void (*const all[])(kva__cuda_attn_args) = {decode_mma_kernel<dm_load16<kva__mma_bf16, 64>>,
-                                                decode_mma_kernel<dm_load16<kva__mma_bf16, 128>>,
-                                                decode_mma_kernel<dm_load16<kva__mma_bf16, 256>>,
-                                                decode_mma_kernel<dm_load16<kva__mma_f16, 64>>,
-                                                decode_mma_kernel<dm_load16<kva__mma_f16, 128>>,
-                                                decode_mma_kernel<dm_load16<kva__mma_f16, 256>>};
+    void (*const all[])(kva__cuda_attn_args) = {
+        decode_mma_kernel<dm_load16<kva__mma_bf16, 64>>,
+        decode_mma_kernel<dm_load16<kva__mma_bf16, 128>>,
+        decode_mma_kernel<dm_load16<kva__mma_bf16, 256>>,
+        decode_mma_kernel<dm_load16<kva__mma_f16, 64>>,
+        decode_mma_kernel<dm_load16<kva__mma_f16, 128>>,
+        decode_mma_kernel<dm_load16<kva__mma_f16, 256>>,
+        decode_mma_kernel<dm_load16<kva__mma_bf16, 64>, true>,
+        decode_mma_kernel<dm_load16<kva__mma_bf16, 128>, true>,
+        decode_mma_kernel<dm_load16<kva__mma_bf16, 256>, true>,
+        decode_mma_kernel<dm_load16<kva__mma_f16, 64>, true>,
+        decode_mma_kernel<dm_load16<kva__mma_f16, 128>, true>,
+        decode_mma_kernel<dm_load16<kva__mma_f16, 256>, true>};
+    constexpr int N = (int)(sizeof all / sizeof all[0]);
     int dev = 0, i = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess)
         return e;
-    while (i < 6 && all[i] != fn)
+    while (i < N && all[i] != fn)
         i++;
-    const bool known = dev >= 0 && dev < 64 && i < 6;
+    const bool known = dev >= 0 && dev < 64 && i < N;
     if (known && ((done[dev].load() >> i) & 1u))
         return cudaSuccess;
     e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -195,12 +203,14 @@ static cudaError_t dm_smem_limit(void (*fn)(kva__cuda_attn_args), int smem)
 template <int D> using dm_load_bf16 = dm_load16<kva__mma_bf16, D>;
 template <int D> using dm_load_f16 = dm_load16<kva__mma_f16, D>;
 
-static dm_launch<kva__cuda_attn_args> dm_pick(kva_dtype dt, int32_t D)
+/* The kernel for dtype and D, with the balanced schedule of split items or
+ * without (the plan's choice, kva__cuda_plan.balanced). */
+static dm_launch<kva__cuda_attn_args> dm_pick(kva_dtype dt, int32_t D, int balanced)
 {
     if (dt == KVA_DTYPE_BF16)
-        return dm_pick_d<dm_load_bf16>(D);
+        return balanced ? dm_pick_d<dm_load_bf16, true>(D) : dm_pick_d<dm_load_bf16>(D);
     if (dt == KVA_DTYPE_F16)
-        return dm_pick_d<dm_load_f16>(D);
+        return balanced ? dm_pick_d<dm_load_f16, true>(D) : dm_pick_d<dm_load_f16>(D);
     return dm_launch<kva__cuda_attn_args>{NULL, 0};
 }
 
@@ -212,7 +222,7 @@ extern "C" int kva__cuda_decode_mma_supported(int32_t head_dim, int32_t head_dim
 
 extern "C" int kva__cuda_decode_mma_ctas_per_sm(kva_dtype dtype, int32_t head_dim)
 {
-    const dm_launch<kva__cuda_attn_args> k = dm_pick(dtype, head_dim);
+    const dm_launch<kva__cuda_attn_args> k = dm_pick(dtype, head_dim, 0);
     if (!k.fn)
         return 0;
     int n = 0;
@@ -227,9 +237,9 @@ extern "C" int kva__cuda_decode_mma_ctas_per_sm(kva_dtype dtype, int32_t head_di
 }
 
 extern "C" kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
-                                                  int grid, void *stream)
+                                                  int grid, int balanced, void *stream)
 {
-    const dm_launch<kva__cuda_attn_args> k = dm_pick(dtype, a->D);
+    const dm_launch<kva__cuda_attn_args> k = dm_pick(dtype, a->D, balanced);
     if (!k.fn || a->Dv != a->D)
         return kva__fail(
             KVA_STATUS_UNSUPPORTED,

@@ -189,7 +189,7 @@ template <int BNW> struct dm_steps {
 /* The decode of load policy P (above). Dynamic shared memory: Q (P::SQ
  * bytes) then the rings [NW][NST] stages; the warps' O [NW][16][D] fp32
  * reuse the rings' space for the final merge. */
-template <typename P>
+template <typename P, bool BAL = false>
 __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const typename P::Args q)
 {
     constexpr int D = P::D, NST = P::NST, STAGE = P::STAGE, BNW = P::BNW, NT = P::NT;
@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         const int32_t *bt_row = ragged ? nullptr : a.meta.block_table + (int64_t)w.req * bt_stride;
         const int64_t kvs = ragged ? a.meta.kv_start[w.req] : 0;
         constexpr int32_t STEP = DM_NW * BNW;
-        constexpr bool AHEAD = dm_rows_ahead<P>::value;
+        constexpr bool AHEAD = BAL && dm_rows_ahead<P>::value;
         static_assert(DM_UNIT % BNW == 0, "a unit is whole steps");
         /* A split item's partial block and its task (split count, keys),
          * read now (the epilogue has no dependent read); the balanced
@@ -245,7 +245,8 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
             pblk = a.ws + t.ws_off + (int64_t)w.split * nrows * (D + 1);
             nsplit = t.num_splits;
             const int32_t tk0 = t.k0, tk1 = t.k1, chunk = t.chunk;
-            if (chunk % DM_UNIT == 0 && chunk >= DM_NW * DM_UNIT && tk0 + w.split * chunk == w.k0) {
+            if (BAL && chunk % DM_UNIT == 0 && chunk >= DM_NW * DM_UNIT &&
+                tk0 + w.split * chunk == w.k0) {
                 g.dyn = true;
                 g.tk0 = tk0;
                 g.tk1 = tk1;
@@ -260,6 +261,7 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
             }
         }
         const int32_t kend = wk.k1;
+        const int32_t kb0 = w.k0 + warp * BNW;
 
         /* The first NST - 1 steps of the warp's ring (pend: the steps issued
          * and not yet computed, in order); with AHEAD also the lane's key
@@ -270,9 +272,16 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         auto prologue = [&]() {
 #pragma unroll
             for (int st = 0; st < NST - 1; st++) {
-                pend[st] = g.next(lane);
-                if (pend[st] != DM_END)
-                    P::issue(q, bt_row, kvs, w.kv_head, pend[st], kend, ring + st * STAGE, lane);
+                if constexpr (BAL) {
+                    pend[st] = g.next(lane);
+                    if (pend[st] != DM_END)
+                        P::issue(q, bt_row, kvs, w.kv_head, pend[st], kend, ring + st * STAGE,
+                                 lane);
+                } else {
+                    const int32_t kb = kb0 + st * STEP;
+                    if (kb < kend)
+                        P::issue(q, bt_row, kvs, w.kv_head, kb, kend, ring + st * STAGE, lane);
+                }
                 kva__cp_async_commit();
             }
             if constexpr (AHEAD) {
@@ -306,33 +315,8 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
         int stage = 0;
-        while (pend[0] != DM_END) {
-            const int32_t kb = pend[0];
-            /* Refill the stage the previous step used (every lane is past it). */
-            __syncwarp();
-            {
-                const int ahead = stage == 0 ? NST - 1 : stage - 1;
-                int32_t kn;
-                if constexpr (AHEAD) {
-                    /* nxt was read an iteration ago; read the next step's now. */
-                    kn = knext;
-                    if (kn != DM_END)
-                        P::issue_row(q, nxt, ring + ahead * STAGE, lane);
-                    kva__cp_async_commit();
-                    knext = g.next(lane);
-                    if (knext != DM_END)
-                        nxt = P::key_row(q, bt_row, kvs, w.kv_head, knext, kend, lane);
-                } else {
-                    kn = g.next(lane);
-                    if (kn != DM_END)
-                        P::issue(q, bt_row, kvs, w.kv_head, kn, kend, ring + ahead * STAGE, lane);
-                    kva__cp_async_commit();
-                }
-#pragma unroll
-                for (int i = 0; i + 1 < NST - 1; i++)
-                    pend[i] = pend[i + 1];
-                pend[NST - 2] = kn;
-            }
+        /* One step at kb: wait for its copies, S, the softmax, P V. */
+        auto step = [&](int32_t kb) {
             kva__cp_async_wait<NST - 1>();
             __syncwarp(); /* the other lanes' copies of this step have landed */
 
@@ -352,6 +336,51 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
             kva__dmma_softmax<NO, NT>(sc, m_run, l_run, o);
             P::pv(o, sc, ring_p + stage * STAGE, ring + stage * STAGE, lane);
             stage = stage == NST - 1 ? 0 : stage + 1;
+        };
+        if constexpr (BAL) {
+            while (pend[0] != DM_END) {
+                const int32_t kb = pend[0];
+                /* Refill the stage the previous step used (every lane is past it). */
+                __syncwarp();
+                {
+                    const int ahead = stage == 0 ? NST - 1 : stage - 1;
+                    int32_t kn;
+                    if constexpr (AHEAD) {
+                        /* nxt was read an iteration ago; read the next step's now. */
+                        kn = knext;
+                        if (kn != DM_END)
+                            P::issue_row(q, nxt, ring + ahead * STAGE, lane);
+                        kva__cp_async_commit();
+                        knext = g.next(lane);
+                        if (knext != DM_END)
+                            nxt = P::key_row(q, bt_row, kvs, w.kv_head, knext, kend, lane);
+                    } else {
+                        kn = g.next(lane);
+                        if (kn != DM_END)
+                            P::issue(q, bt_row, kvs, w.kv_head, kn, kend, ring + ahead * STAGE,
+                                     lane);
+                        kva__cp_async_commit();
+                    }
+#pragma unroll
+                    for (int i = 0; i + 1 < NST - 1; i++)
+                        pend[i] = pend[i + 1];
+                    pend[NST - 2] = kn;
+                }
+                step(kb);
+            }
+        } else {
+            for (int32_t kb = kb0; kb < kend; kb += STEP) {
+                /* Refill the stage the previous step used (every lane is past it). */
+                __syncwarp();
+                {
+                    const int ahead = stage == 0 ? NST - 1 : stage - 1;
+                    const int32_t kn = kb + (NST - 1) * STEP;
+                    if (kn < kend)
+                        P::issue(q, bt_row, kvs, w.kv_head, kn, kend, ring + ahead * STAGE, lane);
+                    kva__cp_async_commit();
+                }
+                step(kb);
+            }
         }
         kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
 
@@ -457,16 +486,18 @@ template <typename Args> struct dm_launch {
 };
 
 /* The kernel of policy family Pol (Pol<D>) for head size D (64, 128 or 256;
- * fn NULL otherwise). */
-template <template <int> class Pol> static dm_launch<typename Pol<64>::Args> dm_pick_d(int32_t D)
+ * fn NULL otherwise), with the balanced schedule of split items (BAL) or
+ * without. */
+template <template <int> class Pol, bool BAL = false>
+static dm_launch<typename Pol<64>::Args> dm_pick_d(int32_t D)
 {
     dm_launch<typename Pol<64>::Args> k = {NULL, 0};
     if (D == 64)
-        k = {decode_mma_kernel<Pol<64>>, Pol<64>::SMEM};
+        k = {decode_mma_kernel<Pol<64>, BAL>, Pol<64>::SMEM};
     else if (D == 128)
-        k = {decode_mma_kernel<Pol<128>>, Pol<128>::SMEM};
+        k = {decode_mma_kernel<Pol<128>, BAL>, Pol<128>::SMEM};
     else if (D == 256)
-        k = {decode_mma_kernel<Pol<256>>, Pol<256>::SMEM};
+        k = {decode_mma_kernel<Pol<256>, BAL>, Pol<256>::SMEM};
     return k;
 }
 

@@ -222,16 +222,16 @@ kva__merge_unit(const float *base, int64_t blk, int32_t nrows, int32_t Dv, int32
  * __half or __nv_bfloat16) and lse [T, H] (or NULL), with sinks [H] (or
  * NULL). Every thread takes units of VW channels of one row (4 when the
  * blocks are 16-byte aligned, else 1) and merges all parts of its unit
- * itself, 16 parts' loads in flight (kva__merge_unit), so 4 rows x Dv 128
+ * itself, CH parts' loads in flight (kva__merge_unit), so 4 rows x Dv 128
  * are one unit per thread of a 128-thread CTA and 32 splits are two rounds
- * of L2 loads; the item gives what the task would (no dependent reads).
+ * of L2 loads at CH 16; the item gives what the task would (no dependent
+ * reads).
  */
-template <typename T>
+template <int CH, typename T>
 static __device__ __forceinline__ void
-kva__merge_split_cta(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_t qs,
-                     const float *sinks, T *out, float *lse, int32_t H, int32_t G, int32_t Dv)
+kva__merge_split_cta_ch(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_t qs,
+                        const float *sinks, T *out, float *lse, int32_t H, int32_t G, int32_t Dv)
 {
-    constexpr int CH = 16;
     const int32_t nrows = w.nq * w.nh;
     const int64_t blk = (int64_t)nrows * (Dv + 1);
     const bool v4 = Dv % 4 == 0 && blk % 4 == 0 && ((uintptr_t)base & 15) == 0;
@@ -256,6 +256,21 @@ kva__merge_split_cta(const float *base, int32_t nsplit, const kva__cuda_item &w,
         if (lse && c == 0)
             lse[row] = lv;
     }
+}
+
+/* kva__merge_split_cta_ch with as many parts in flight as the task has, up
+ * to 16 (no loads of parts past nsplit for 2-8 splits). */
+template <typename T>
+static __device__ __forceinline__ void
+kva__merge_split_cta(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_t qs,
+                     const float *sinks, T *out, float *lse, int32_t H, int32_t G, int32_t Dv)
+{
+    if (nsplit <= 4)
+        kva__merge_split_cta_ch<4>(base, nsplit, w, qs, sinks, out, lse, H, G, Dv);
+    else if (nsplit <= 8)
+        kva__merge_split_cta_ch<8>(base, nsplit, w, qs, sinks, out, lse, H, G, Dv);
+    else
+        kva__merge_split_cta_ch<16>(base, nsplit, w, qs, sinks, out, lse, H, G, Dv);
 }
 
 #endif /* KVA_CUDA_LSE_MERGE_CUH */
