@@ -163,8 +163,9 @@ typedef struct kva__cuda_state {
     int force_splits;          /* 0, the chunks every partition unit of this context's plans
                                   is cut into, or -1: the former split choice (benchmarks;
                                   kva__partition_grid) */
-    int fixed_chunks;          /* 1: split items of the tensor-core decode read only their own
-                                  chunk (benchmarks; kva__cuda_context_fixed_chunks) */
+    int balanced;              /* 1: the tensor-core decode's balanced schedule of split items
+                                  (kva__cuda_context_balanced; 0, the default, keeps runs
+                                  bitwise reproducible) */
     int deferred_write_status; /* kva_cuda_context_set_deferred_write_status */
     void *meta_dev;            /* device metadata buffer */
     void *meta_host;           /* pinned staging: ring_slots slots of meta_bytes */
@@ -200,8 +201,9 @@ typedef struct kva__cuda_plan {
     kva__cuda_prefill_kernel prefill_kernel; /* the prefill tiles' kernel
                                                 (KVA__CUDA_PREFILL_AUTO: the dispatcher's) */
     int has_alibi;
-    int balanced;         /* the tensor-core decode runs the balanced schedule of split items: some
-                             task has at least KVA__CUDA_BALANCED_SPLITS splits (cuda_plan.cu) */
+    int balanced;         /* the tensor-core decode runs the balanced schedule of split items:
+                             the context asked for it (kva__cuda_context_balanced) and some
+                             task has at least KVA__CUDA_BALANCED_SPLITS splits */
     int mma;              /* the shape runs prefills on prefill_mma (paged plans, D in
                              {64, 128, 256}, Dv == D, f16/bf16): under graph capture
                              the kernel is launched whenever the context has
@@ -350,11 +352,13 @@ kva_status kva__cuda_qprefill_run(kva_context *ctx, const kva_plan *plan, const 
  * alone), 0 restores the default. */
 kva_status kva__cuda_context_force_splits(kva_context *ctx, int splits);
 
-/* Benchmarks: with on = 1, plans created on ctx from now on run each split
- * item of the tensor-core decode over its own key chunk only (the fixed
- * schedule) instead of the balanced one (decode_mma_kernel.cuh, dm_steps),
- * to time one against the other; 0 restores the default. */
-kva_status kva__cuda_context_fixed_chunks(kva_context *ctx, int on);
+/* Benchmarks and tests: with on = 1, plans created on ctx from now on whose
+ * split tasks have at least KVA__CUDA_BALANCED_SPLITS splits run the
+ * tensor-core decode's balanced schedule (decode_mma_kernel.cuh, dm_steps:
+ * the warps of a task's items take its key units as they come, so which keys
+ * each partial holds, and the output's last bits, change from run to run);
+ * 0, the default, keeps every split item on its own chunk. */
+kva_status kva__cuda_context_balanced(kva_context *ctx, int on);
 
 /* Tests: plans created on ctx from now on decompress the cached context of
  * kva_mla_run's compute-friendly requests in chunks of `keys` keys per
