@@ -6,6 +6,7 @@
  *              [--block-size B]
  *              [--dtype bf16|f16|f32] [--layout nhd|hnd] [--iters N]
  *              [--graph-layers L] [--kernel NAME]... [--plan-iters N] [--splits N]
+ *              [--balanced 0|1]
  *              [--quant none|int8|int8-token|int8-token-v16|fp8] [--context-min M]
  *
  * decode: R requests of q_len Q (1 = decode, >1 = speculative) after S cached
@@ -35,7 +36,10 @@
  * (kva__cuda_context_force_splits; 0, the default, keeps the plan's choice;
  * -1 makes the former choice: four candidates by makespan alone),
  * to time split counts the plan does not pick; the line reports the split
- * tasks and the plan's candidate (partition.h pick).
+ * tasks and the plan's candidate (partition.h pick). --balanced 1 runs the
+ * split tasks of the tensor-core decode on its balanced schedule
+ * (kva__cuda_context_balanced; 0, the default: each split item on its own
+ * key chunk).
  * --plan-iters N times N kva_plan_create + kva_plan_destroy of the batch on
  * the host (median, microseconds) and one uncached occupancy query.
  * The last line is one JSON object for bench/peer_cuda.py.
@@ -108,7 +112,7 @@ int main(int argc, char **argv)
 {
     const char *mode = "decode", *dts = "bf16", *lays = "nhd", *quants = "none";
     int32_t R = 64, S = 4096, Q = -1, H = 32, Hkv = 8, D = 128, Dv = -1, B = 16, iters = 30,
-            layers = 0, plan_iters = 0, splits = 0, smin = -1;
+            layers = 0, plan_iters = 0, splits = 0, smin = -1, balanced = 0;
     const char *kernels[2] = {NULL, NULL};
     int nkern = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -143,6 +147,8 @@ int main(int argc, char **argv)
             smin = atoi(v);
         else if (!strcmp(f, "--splits"))
             splits = atoi(v);
+        else if (!strcmp(f, "--balanced"))
+            balanced = atoi(v);
         else if (!strcmp(f, "--kernel") && nkern < 2)
             kernels[nkern++] = v;
         else if (!strcmp(f, "--quant"))
@@ -194,6 +200,7 @@ int main(int argc, char **argv)
     for (int k = 0; k < nkern; k++)
         KV(kva__context_force_kernel(gpu, kernels[k]));
     KV(kva__cuda_context_force_splits(gpu, splits));
+    KV(kva__cuda_context_balanced(gpu, balanced));
     const kva_dtype cdt = quant == KVA_QUANT_NONE || quant == KVA_QUANT_INT8_TOKEN_K_V16 ? dt
                           : quant == KVA_QUANT_FP8_E4M3 ? KVA_DTYPE_FP8_E4M3
                                                         : KVA_DTYPE_I8;

@@ -74,7 +74,8 @@ static inline int kva_test_quick(void)
     return getenv("KVA_TEST_QUICK") != NULL;
 }
 
-/* RUN(case): runs one test case and counts it passed or failed. With the
+/* RUN(case): runs one test case (if selected: KVA_TEST_ONLY below) and counts it passed or
+ * failed. With the
  * environment variable KVA_TEST_TIMES set, each case's wall time and the
  * process's CPU time (all threads) go to stderr (to find what makes a test
  * slow, e.g. under the sanitizers; CPU seconds stay comparable on a loaded
@@ -85,8 +86,28 @@ static inline double kva_test_now_(void)
     timespec_get(&ts, TIME_UTC); /* C11 */
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+/* Whether case `name` runs: all cases, or with KVA_TEST_ONLY set to a comma-separated list
+ * of case names, those (so one test binary's cases can run in several processes at once,
+ * e.g. under a sanitizer on a machine with many cores). */
+static inline int kva_test_selected_(const char *name)
+{
+    const char *only = getenv("KVA_TEST_ONLY");
+    if (!only || !*only)
+        return 1;
+    const size_t n = strlen(name);
+    for (const char *p = only; *p;) {
+        const char *e = strchr(p, ',');
+        const size_t m = e ? (size_t)(e - p) : strlen(p);
+        if (m == n && !strncmp(p, name, n))
+            return 1;
+        p += m + (e ? 1 : 0);
+    }
+    return 0;
+}
 #define RUN(fn)                                                                                    \
     do {                                                                                           \
+        if (!kva_test_selected_(#fn))                                                              \
+            break;                                                                                 \
         int before_ = kva_test_checks_failed_;                                                     \
         const double t0_ = kva_test_now_();                                                        \
         const clock_t c0_ = clock();                                                               \

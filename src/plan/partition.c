@@ -261,6 +261,9 @@ int kva__part_emit_unit(kva__part_builder *b, const kva_plan *plan, const kva__p
     t.i0 = u->i0;
     t.nq = u->nq;
     t.num_splits = nsplit;
+    t.k0 = u->k0;
+    t.k1 = u->k1;
+    t.chunk = chunk;
     t.ws_off = *partial_floats;
     int64_t rows = (int64_t)u->nq * u->nh;
     *partial_floats += (int64_t)nsplit * rows * (plan->d.head_dim_v + 1);

@@ -43,6 +43,9 @@ typedef struct kva__work_item {
 typedef struct kva__split_task {
     int32_t req, kv_head, h0, nh, i0, nq;
     int32_t num_splits;
+    /* The task's keys [k0, k1), cut into chunks of `chunk` keys (the last
+     * one shorter): split c's item reads [k0 + c * chunk, ...). */
+    int32_t k0, k1, chunk;
     /* Float offset in the workspace of the partials: num_splits blocks, each
      * [nq*nh, Dv] fp32 outputs followed by [nq*nh] fp32 lse. */
     int64_t ws_off;

@@ -33,6 +33,7 @@ typedef struct cfg {
     const char *pkernel; /* prefill-family kernel forced (NULL: the dispatcher's choice) */
     int keep_tail;       /* 1: leave the cache's unreadable slots random (default: NaN) */
     int want_mma;        /* 1: the plan must route at least one prefill to prefill_mma */
+    int balanced;        /* 1: the balanced schedule of split items (kva__cuda_context_balanced) */
 } cfg;
 
 /* Writes NaN (0xff bytes) into every K/V slot of the host cache that no
@@ -150,6 +151,7 @@ static int run_batch(const cfg *c, const kva_test_batch *given)
     CHECK_OK(kva__context_force_kernel(gpu, NULL));
     if (c->dkernel)
         CHECK_OK(kva__context_force_kernel(gpu, c->dkernel));
+    CHECK_OK(kva__cuda_context_balanced(gpu, c->balanced));
     if (c->pkernel)
         CHECK_OK(kva__context_force_kernel(gpu, c->pkernel));
     CHECK_OK(kva_plan_create(gpu, &pd, &pg));
@@ -292,7 +294,9 @@ static void make_batch(kva_test_batch *b, uint64_t seed, int32_t R, const int32_
 }
 
 /* Long contexts with few items force split-KV and the second-pass merge;
- * the decode benchmark's shape (GQA 32/8, D 128, B 16) with q_len 1..4. */
+ * the decode benchmark's shape (GQA 32/8, D 128, B 16) with q_len 1..4. The
+ * tensor-core decode runs it with fixed chunks (the default) and on the
+ * balanced schedule (its warps take the tasks' key units as they go). */
 static void test_split_kv(void)
 {
     static const int32_t q[] = {1, 4, 1, 2}, s[] = {9000, 5000, 300, 4100};
@@ -316,6 +320,8 @@ static void test_split_kv(void)
         c.dkernel = "decode_simt";
         run_batch(&c, &b);
         c.dkernel = "decode_mma_sm80";
+        run_batch(&c, &b);
+        c.balanced = 1; /* the balanced schedule of split items, on the same batch */
         run_batch(&c, &b);
         kva_test_batch_free(&b);
     }

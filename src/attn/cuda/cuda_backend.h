@@ -51,13 +51,16 @@ typedef struct kva__cuda_item {
 } kva__cuda_item;
 
 /* One split task (from kva__split_task); partials at ws + ws_off floats:
- * num_splits blocks of [nq*nh, Dv] outputs then [nq*nh] lse. done: the
- * task's partials written so far in this run, counted by the tensor-core
- * decode, whose CTA that writes the last one merges the task
- * (decode_mma_kernel.cuh); uploaded 0 and set back to 0 by that CTA, so every
- * run and graph replay starts from 0. */
+ * num_splits blocks of [nq*nh, Dv] outputs then [nq*nh] lse; keys [k0, k1)
+ * in chunks of `chunk`. done: the task's partials written so far in this
+ * run, counted by the tensor-core decode, whose CTA that writes the last one
+ * merges the task (decode_mma_kernel.cuh); grab: the key units of the task
+ * that decode's warps have taken so far (its balanced schedule). Both are
+ * uploaded 0 and set back to 0 by the merging CTA, so every run and graph
+ * replay starts from 0. */
 typedef struct kva__cuda_task {
     int32_t req, kv_head, h0, nh, i0, nq, num_splits, done;
+    int32_t k0, k1, chunk, grab;
     int64_t ws_off;
 } kva__cuda_task;
 
@@ -160,6 +163,9 @@ typedef struct kva__cuda_state {
     int force_splits;          /* 0, the chunks every partition unit of this context's plans
                                   is cut into, or -1: the former split choice (benchmarks;
                                   kva__partition_grid) */
+    int balanced;              /* 1: the tensor-core decode's balanced schedule of split items
+                                  (kva__cuda_context_balanced; 0, the default, keeps runs
+                                  bitwise reproducible) */
     int deferred_write_status; /* kva_cuda_context_set_deferred_write_status */
     void *meta_dev;            /* device metadata buffer */
     void *meta_host;           /* pinned staging: ring_slots slots of meta_bytes */
@@ -195,6 +201,9 @@ typedef struct kva__cuda_plan {
     kva__cuda_prefill_kernel prefill_kernel; /* the prefill tiles' kernel
                                                 (KVA__CUDA_PREFILL_AUTO: the dispatcher's) */
     int has_alibi;
+    int balanced;         /* the tensor-core decode runs the balanced schedule of split items:
+                             the context asked for it (kva__cuda_context_balanced) and some
+                             task has at least KVA__CUDA_BALANCED_SPLITS splits */
     int mma;              /* the shape runs prefills on prefill_mma (paged plans, D in
                              {64, 128, 256}, Dv == D, f16/bf16): under graph capture
                              the kernel is launched whenever the context has
@@ -291,9 +300,11 @@ int kva__cuda_decode_mma_supported(int32_t head_dim, int32_t head_dim_v, kva_dty
 /* Resident CTAs per SM of the tensor-core decode kernel for the shape (raises
  * its dynamic shared-memory limit); 0 if it cannot run. */
 int kva__cuda_decode_mma_ctas_per_sm(kva_dtype dtype, int32_t head_dim);
-/* Launches the tensor-core decode kernel with `grid` persistent CTAs on stream. */
+/* Launches the tensor-core decode kernel with `grid` persistent CTAs on
+ * stream; balanced: the instantiation with the balanced schedule of split
+ * items (kva__cuda_plan.balanced). */
 kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int grid,
-                                       void *stream);
+                                       int balanced, void *stream);
 /* mla_decode_mma.cu: 1 if the absorbed MLA decode covers the shape (D = 576,
  * Dv = 512, f16/bf16); the attention rows of its items for H heads and the
  * plan's longest q_len (16, 32 or 64: H * q_len rounded up to a multiple of 16,
@@ -340,6 +351,14 @@ kva_status kva__cuda_qprefill_run(kva_context *ctx, const kva_plan *plan, const 
  * would not pick; -1 makes the former choice (four candidates by makespan
  * alone), 0 restores the default. */
 kva_status kva__cuda_context_force_splits(kva_context *ctx, int splits);
+
+/* Benchmarks and tests: with on = 1, plans created on ctx from now on whose
+ * split tasks have at least KVA__CUDA_BALANCED_SPLITS splits run the
+ * tensor-core decode's balanced schedule (decode_mma_kernel.cuh, dm_steps:
+ * the warps of a task's items take its key units as they come, so which keys
+ * each partial holds, and the output's last bits, change from run to run);
+ * 0, the default, keeps every split item on its own chunk. */
+kva_status kva__cuda_context_balanced(kva_context *ctx, int on);
 
 /* Tests: plans created on ctx from now on decompress the cached context of
  * kva_mla_run's compute-friendly requests in chunks of `keys` keys per

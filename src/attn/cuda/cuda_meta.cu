@@ -348,8 +348,8 @@ kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
     kva__cuda_task *tk = (kva__cuda_task *)(h + off[2]);
     for (int32_t i = 0; i < part->num_tasks; i++) {
         const kva__split_task *t = &part->tasks[i];
-        kva__cuda_task x = {t->req, t->kv_head,    t->h0, t->nh,    t->i0,
-                            t->nq,  t->num_splits, 0,     t->ws_off};
+        kva__cuda_task x = {t->req, t->kv_head, t->h0, t->nh,    t->i0, t->nq,    t->num_splits,
+                            0,      t->k0,      t->k1, t->chunk, 0,     t->ws_off};
         tk[i] = x;
     }
     memcpy(h + off[3], plan->query_start_loc, ((size_t)R + 1) * sizeof(int32_t));

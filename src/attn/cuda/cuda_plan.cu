@@ -68,6 +68,13 @@ static void gpu_params(const kva__cuda_state *st, int rows, int ctas_per_sm,
  * choices on 7 decode batches: none slower than the former choice, 16 x 4k
  * 1.16x faster and its pick (2 chunks) the fastest of 1, 2, 3, 4, 8, 16.
  */
+/* On a context that asked for it (kva__cuda_context_balanced), split tasks
+ * of at least this many splits run on the tensor-core decode's balanced
+ * schedule (decode_mma_kernel.cuh, dm_steps): its gain is the spread of the
+ * loop ends of many single-wave CTAs of one task; with a few splits per task
+ * the plain key loop was faster (H200, bench/results/h200_2026-11-27_dec25.txt). */
+#define KVA__CUDA_BALANCED_SPLITS 8
+
 #define KVA_CUDA_GRID_ALPHA_PCT 176
 #define KVA_CUDA_GRID_ITEM_OVERHEAD 600
 #define KVA_CUDA_GRID_SPLIT_OVERHEAD 1100
@@ -104,6 +111,17 @@ extern "C" kva_status kva__cuda_context_force_splits(kva_context *ctx, int split
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva__cuda_context_force_splits: splits = %d (-1..1024)", splits);
     state_of(ctx)->force_splits = splits;
+    return KVA_STATUS_OK;
+}
+
+extern "C" kva_status kva__cuda_context_balanced(kva_context *ctx, int on)
+{
+    kva__clear_error();
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
+    if (on != 0 && on != 1)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_context_balanced: on = %d, must be 0 or 1", on);
+    state_of(ctx)->balanced = on;
     return KVA_STATUS_OK;
 }
 
@@ -387,6 +405,8 @@ static kva_status attention_plan_build(kva_context *ctx, kva_plan *plan, kva__pa
     cp->per_sm = per_sm;
     cp->prefill_kernel = pkernel;
     cp->has_alibi = plan->alibi_slopes != NULL;
+    for (int32_t t = 0; st->balanced && t < part->num_tasks && !cp->balanced; t++)
+        cp->balanced = part->tasks[t].num_splits >= KVA__CUDA_BALANCED_SPLITS;
     plan->info.num_work_items = part->num_items + (int32_t)ptiles;
     plan->workspace_bytes = cp->mla ? cp->mla->base + cp->mla->bytes : ws;
     return KVA_STATUS_OK;

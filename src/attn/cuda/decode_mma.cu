@@ -48,6 +48,11 @@ template <typename Ty, int D_> struct dm_load16 {
      * dependent launch in bench/results/h200_2026-11-27_dec24.txt, alone
      * within noise in h200_2026-11-27_dcp6.txt). */
     static constexpr bool RAGGED = true, ISSUE_FIRST = true;
+    /* The body reads a step's block-table entries (key_row) one step before
+     * it issues the step's copies (issue_row), so a warp never waits for
+     * its block table between two steps (docs/cuda.md, "The fixed cost of
+     * a decode call"). */
+    static constexpr bool ROWS_AHEAD = true;
     struct Item {
     };
 
@@ -56,16 +61,24 @@ template <typename Ty, int D_> struct dm_load16 {
         return a;
     }
 
-    /* The warp copies K and V of the 16 keys kb.. (zeros past kend) into the
-     * stage at st: lane l computes the row of key l & 15, the others get it
-     * by shuffle; chunk x = lane + 32 i is key x / (D/8), chunk x % (D/8). */
-    static __device__ __forceinline__ void issue(const Args &a, const int32_t *bt_row, int64_t kvs,
-                                                 int32_t kvh, int32_t kb, int32_t kend, uint32_t st,
-                                                 int lane)
+    /* The row of key kb + (lane & 15) (-1 at or past kend): the lane's
+     * block-table read for the step at kb. */
+    static __device__ __forceinline__ int64_t key_row(const Args &a, const int32_t *bt_row,
+                                                      int64_t kvs, int32_t kvh, int32_t kb,
+                                                      int32_t kend, int lane)
+    {
+        const int32_t jl = kb + (lane & 15);
+        return jl < kend ? dm_key_row(a, bt_row, kvs, kvh, jl) : -1;
+    }
+
+    /* The warp copies K and V of the step's 16 keys (mine: the lane's
+     * key_row) into the stage at st (zeros for rows -1): the others get lane
+     * l's row by shuffle; chunk x = lane + 32 i is key x / (D/8), chunk
+     * x % (D/8). */
+    static __device__ __forceinline__ void issue_row(const Args &a, int64_t mine, uint32_t st,
+                                                     int lane)
     {
         constexpr int CH = D / 8;
-        const int32_t jl = kb + (lane & 15);
-        const int64_t mine = jl < kend ? dm_key_row(a, bt_row, kvs, kvh, jl) : -1;
         const char *kp = (const char *)a.k, *vp = (const char *)a.v;
 #pragma unroll
         for (int i = 0; i < DM_BN * CH / 32; i++) {
@@ -76,6 +89,14 @@ template <typename Ty, int D_> struct dm_load16 {
             kva__cp_async16(st + kva__swz<D>(key, c), kp + boff, ok ? 16 : 0);
             kva__cp_async16(st + TILE + kva__swz<D>(key, c), vp + boff, ok ? 16 : 0);
         }
+    }
+
+    /* The copies of the step at kb (keys past kend zero-filled). */
+    static __device__ __forceinline__ void issue(const Args &a, const int32_t *bt_row, int64_t kvs,
+                                                 int32_t kvh, int32_t kb, int32_t kend, uint32_t st,
+                                                 int lane)
+    {
+        issue_row(a, key_row(a, bt_row, kvs, kvh, kb, kend, lane), st, lane);
     }
 
     /* Q rows into shared memory (zeros past nrows), then a barrier. */
@@ -143,15 +164,53 @@ template <typename Ty, int D_> struct dm_load16 {
 
 /* ---- host side ---- */
 
+/* cudaFuncSetAttribute(fn, MaxDynamicSharedMemorySize, smem) once per kernel
+ * and device (the attribute stays set; every plan build sets it too, through
+ * the occupancy query): the call costs host time on every run, and a
+ * per-call decode time includes the run path's host time. */
+static cudaError_t dm_smem_limit(void (*fn)(kva__cuda_attn_args), int smem)
+{
+    static std::atomic<uint32_t> done[64]; /* bit i: all[i] on that device */
+    void (*const all[])(kva__cuda_attn_args) = {
+        decode_mma_kernel<dm_load16<kva__mma_bf16, 64>>,
+        decode_mma_kernel<dm_load16<kva__mma_bf16, 128>>,
+        decode_mma_kernel<dm_load16<kva__mma_bf16, 256>>,
+        decode_mma_kernel<dm_load16<kva__mma_f16, 64>>,
+        decode_mma_kernel<dm_load16<kva__mma_f16, 128>>,
+        decode_mma_kernel<dm_load16<kva__mma_f16, 256>>,
+        decode_mma_kernel<dm_load16<kva__mma_bf16, 64>, true>,
+        decode_mma_kernel<dm_load16<kva__mma_bf16, 128>, true>,
+        decode_mma_kernel<dm_load16<kva__mma_bf16, 256>, true>,
+        decode_mma_kernel<dm_load16<kva__mma_f16, 64>, true>,
+        decode_mma_kernel<dm_load16<kva__mma_f16, 128>, true>,
+        decode_mma_kernel<dm_load16<kva__mma_f16, 256>, true>};
+    constexpr int N = (int)(sizeof all / sizeof all[0]);
+    int dev = 0, i = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return e;
+    while (i < N && all[i] != fn)
+        i++;
+    const bool known = dev >= 0 && dev < 64 && i < N;
+    if (known && ((done[dev].load() >> i) & 1u))
+        return cudaSuccess;
+    e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e == cudaSuccess && known)
+        done[dev].fetch_or(1u << i);
+    return e;
+}
+
 template <int D> using dm_load_bf16 = dm_load16<kva__mma_bf16, D>;
 template <int D> using dm_load_f16 = dm_load16<kva__mma_f16, D>;
 
-static dm_launch<kva__cuda_attn_args> dm_pick(kva_dtype dt, int32_t D)
+/* The kernel for dtype and D, with the balanced schedule of split items or
+ * without (the plan's choice, kva__cuda_plan.balanced). */
+static dm_launch<kva__cuda_attn_args> dm_pick(kva_dtype dt, int32_t D, int balanced)
 {
     if (dt == KVA_DTYPE_BF16)
-        return dm_pick_d<dm_load_bf16>(D);
+        return balanced ? dm_pick_d<dm_load_bf16, true>(D) : dm_pick_d<dm_load_bf16>(D);
     if (dt == KVA_DTYPE_F16)
-        return dm_pick_d<dm_load_f16>(D);
+        return balanced ? dm_pick_d<dm_load_f16, true>(D) : dm_pick_d<dm_load_f16>(D);
     return dm_launch<kva__cuda_attn_args>{NULL, 0};
 }
 
@@ -163,7 +222,7 @@ extern "C" int kva__cuda_decode_mma_supported(int32_t head_dim, int32_t head_dim
 
 extern "C" int kva__cuda_decode_mma_ctas_per_sm(kva_dtype dtype, int32_t head_dim)
 {
-    const dm_launch<kva__cuda_attn_args> k = dm_pick(dtype, head_dim);
+    const dm_launch<kva__cuda_attn_args> k = dm_pick(dtype, head_dim, 0);
     if (!k.fn)
         return 0;
     int n = 0;
@@ -178,9 +237,9 @@ extern "C" int kva__cuda_decode_mma_ctas_per_sm(kva_dtype dtype, int32_t head_di
 }
 
 extern "C" kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
-                                                  int grid, void *stream)
+                                                  int grid, int balanced, void *stream)
 {
-    const dm_launch<kva__cuda_attn_args> k = dm_pick(dtype, a->D);
+    const dm_launch<kva__cuda_attn_args> k = dm_pick(dtype, a->D, balanced);
     if (!k.fn || a->Dv != a->D)
         return kva__fail(
             KVA_STATUS_UNSUPPORTED,
@@ -189,7 +248,7 @@ extern "C" kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, 
             (int)a->D, (int)a->Dv, kva_dtype_name(dtype));
     /* The limit is per function and device; plan_build raised it through the
      * occupancy query, set again here for a context on another device. */
-    KVA_CUDA_TRY(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+    KVA_CUDA_TRY(dm_smem_limit(k.fn, k.smem));
     cudaError_t e = cudaSuccess;
     const int pdl = dm_pdl_ok((cudaStream_t)stream, &e);
     KVA_CUDA_TRY(e);

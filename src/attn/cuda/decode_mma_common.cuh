@@ -218,19 +218,19 @@ kva__dmma_merge(const float (*s_m)[M_], const float (*s_l)[M_], const float *s_a
 }
 
 /* Writes element (r, d) of item w: the split partial (out over the chunk's
- * keys, lse without the sink) or out (St::store, St::elem) and lse, the sink
+ * keys, lse without the sink) into blk, the item's block of its task's
+ * partials ([nrows, D] then [nrows] lse; split items only: the caller reads
+ * the task once per item), or out (St::store, St::elem) and lse, the sink
  * entering here. */
 template <int D, typename St>
 static __device__ __forceinline__ void
 kva__dmma_write(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, int32_t qs,
-                int32_t r, int32_t d, float M, float mu, float L, float O)
+                int32_t r, int32_t d, float M, float mu, float L, float O, float *blk)
 {
     const int32_t qi = r / w.nh, hh = r - qi * w.nh;
     const int32_t head = w.kv_head * a.G + w.h0 + hh;
     const int64_t tok = qs + w.i0 + qi;
     if (w.task >= 0) {
-        const kva__cuda_task t = a.meta.tasks[w.task];
-        float *blk = a.ws + t.ws_off + (int64_t)w.split * nrows * (D + 1);
         blk[(int64_t)r * D + d] = L > 0.f ? O / L : 0.f;
         if (d == 0)
             blk[(int64_t)nrows * D + r] =

@@ -17,12 +17,15 @@
  * the item are read once for every row.
  *
  *   - The item's keys are cut into steps of P::BNW (16 or 32); warp w takes
- *     steps w, w + 4, ... and keeps its own online-softmax state (m, l and
- *     O [16, D] in mma accumulators). Each warp copies its steps (K and V
- *     [BNW, D], gathered through the block table: NHD or HND, any block size,
- *     ragged as NHD with B = 1 where the policy allows) with cp.async into a
- *     private ring of P::NST stages in shared memory (NST - 1 steps in flight
- *     per warp), so warps never wait for each other inside the key loop. With
+ *     steps w, w + 4, ... (a split item on the balanced schedule: whole
+ *     units of its task's keys as they come, dm_steps below) and keeps its
+ *     own online-softmax state (m, l and O [16, D] in mma accumulators).
+ *     Each warp copies its steps (K and V [BNW, D], gathered through the
+ *     block table: NHD or HND, any block size, ragged as NHD with B = 1 where
+ *     the policy allows) with cp.async into a private ring of P::NST stages
+ *     in shared memory (NST - 1 steps in flight per warp), so warps never
+ *     wait for each other inside the key loop; with P::ROWS_AHEAD the
+ *     block-table entries of a step are read one step before its copies. With
  *     P::ISSUE_FIRST the first NST - 1 steps are issued before Q is staged
  *     (the rings are free: the previous item ended with a barrier after its
  *     merge), else after.
@@ -37,9 +40,11 @@
  *   - At the end the warps merge through shared memory (the ring's space) and
  *     the CTA writes out/lse, or a split partial. The CTA that writes the
  *     last partial of a split task (a count per task: the task's done word)
- *     merges the task's partials into out/lse (kva__merge_split_task,
- *     lse_merge.cuh), so no merge kernel runs after this one; the sink enters
- *     there or here, once.
+ *     merges the task's partials into out/lse (kva__merge_split_cta,
+ *     lse_merge.cuh: every thread one row's 4 channels over all partials),
+ *     so no merge kernel runs after this one; the sink enters there or here,
+ *     once. The task's record (partial block, split count, keys) is read
+ *     when the item starts, so the epilogue has no dependent read.
  * Keys at or past the item's end are zero-filled (cp.async with source size
  * 0) and their block-table entries never read, so NaN in unused cache slots
  * cannot reach P V.
@@ -59,6 +64,10 @@
  *   Item                what a thread keeps of the item's staged Q
  *   issue(q, bt_row, kvs, kvh, kb, kend, stage, lane): the warp's copies of
  *                       the step at kb into the stage at shared address stage
+ *   ROWS_AHEAD (optional, default false), key_row(q, bt_row, kvs, kvh, kb,
+ *                       kend, lane) and issue_row(q, row, stage, lane): issue
+ *                       split into the lane's block-table read and the copies
+ *                       (the body reads a step's rows one step ahead)
  *   stage_q(q, w, nrows, qs, smem, it, g4): Q of item w into smem (with
  *                       ISSUE_FIRST: then a barrier and it filled; else the
  *                       body's barrier follows)
@@ -105,10 +114,82 @@ static __device__ __forceinline__ void kva__dmma_pv16(float o[D / 8][4], const f
     }
 }
 
+/* Whether load policy P splits its copies of a step into the lanes' key
+ * rows (P::key_row, one block-table read per lane) and the copies of those
+ * rows (P::issue_row): then the body reads the block-table entries of a step
+ * one step before it issues its copies (P::ROWS_AHEAD). */
+template <typename P, typename = void> struct dm_rows_ahead {
+    static constexpr bool value = false;
+};
+template <typename P> struct dm_rows_ahead<P, decltype((void)P::ROWS_AHEAD)> {
+    static constexpr bool value = P::ROWS_AHEAD;
+};
+
+#define DM_UNIT 64        /* keys of a unit of the balanced schedule (split_align) */
+#define DM_END 0x7fffffff /* no more steps */
+
+/*
+ * The key steps of one warp in one item, in order, then DM_END. A plain item
+ * (and a split item the balanced schedule does not cover): the warp's steps
+ * kb, kb + step, ... below uend (every DM_NW-th step of the item). A split
+ * item on the balanced schedule: the task's keys [tk0, tk1), cut into
+ * chunks of `chunk` keys (one per split item), are read in units of DM_UNIT
+ * keys, each by one warp, BNW keys a step. Unit w of its item's chunk is
+ * warp w's first (no wait); the others (units DM_NW.. of every chunk, dpc
+ * per chunk) go to whichever warp of the task's items asks first, through
+ * the task's grab count: a warp asks for its next unit when it starts one
+ * (lane 0's atomic, whose result it reads at its next unit), so no warp
+ * waits for the count, and every CTA of a single-wave grid stops within a
+ * unit of the others whatever bandwidth its SM gets. A split item's partial
+ * is the softmax state over the keys its warps took, whichever they were.
+ */
+template <int BNW> struct dm_steps {
+    int32_t kb, uend, step;
+    bool dyn, out;
+    int32_t tk0, tk1, chunk, dpc;
+    int *grab;
+    int graw; /* lane 0: the unit taken for the warp's next refill */
+
+    __device__ __forceinline__ int32_t next(int lane)
+    {
+        if (!dyn) {
+            if (kb >= uend)
+                return DM_END;
+            const int32_t k = kb;
+            kb += step;
+            return k;
+        }
+        while (!out && kb >= uend)
+            refill(lane);
+        if (out)
+            return DM_END;
+        const int32_t k = kb;
+        kb += BNW;
+        return k;
+    }
+
+    /* The warp's next unit: the one its last ask got (d-th of the shared
+     * units), asking for the one after if it lies inside the task. */
+    __device__ __forceinline__ void refill(int lane)
+    {
+        const int32_t d = __shfl_sync(0xffffffffu, graw, 0);
+        const int32_t c = dpc > 0 ? d / dpc : 0, j = DM_NW + (dpc > 0 ? d - c * dpc : 0);
+        const int32_t key = tk0 + c * chunk + j * DM_UNIT;
+        if (dpc <= 0 || key >= tk1) {
+            out = true;
+            return;
+        }
+        if (lane == 0)
+            graw = atomicAdd(grab, 1);
+        kb = key;
+        uend = key + DM_UNIT < tk1 ? key + DM_UNIT : tk1;
+    }
+};
+
 /* The decode of load policy P (above). Dynamic shared memory: Q (P::SQ
  * bytes) then the rings [NW][NST] stages; the warps' O [NW][16][D] fp32
  * reuse the rings' space for the final merge. */
-template <typename P>
+template <typename P, bool BAL = false>
 __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const typename P::Args q)
 {
     constexpr int D = P::D, NST = P::NST, STAGE = P::STAGE, BNW = P::BNW, NT = P::NT;
@@ -144,18 +225,69 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         const kva__cuda_tree tree = kva__cuda_tree_at(a.meta.tree, tree_on, qs, s, q_len);
         const int32_t *bt_row = ragged ? nullptr : a.meta.block_table + (int64_t)w.req * bt_stride;
         const int64_t kvs = ragged ? a.meta.kv_start[w.req] : 0;
-        const int32_t kend = w.k1;
-        const int32_t kb0 = w.k0 + warp * BNW;
         constexpr int32_t STEP = DM_NW * BNW;
+        constexpr bool AHEAD = BAL && dm_rows_ahead<P>::value;
+        static_assert(DM_UNIT % BNW == 0, "a unit is whole steps");
+        /* A split item's partial block and its task (split count, keys),
+         * read now (the epilogue has no dependent read); the balanced
+         * schedule (dm_steps) where the task's chunks are whole units. */
+        float *pblk = nullptr;
+        int32_t nsplit = 0;
+        dm_steps<BNW> g;
+        g.dyn = false;
+        g.out = false;
+        g.kb = w.k0 + warp * BNW;
+        g.uend = w.k1;
+        g.step = STEP;
+        kva__cuda_item wk = w; /* the keys the item's rows may read */
+        if (w.task >= 0) {
+            const kva__cuda_task &t = a.meta.tasks[w.task];
+            pblk = a.ws + t.ws_off + (int64_t)w.split * nrows * (D + 1);
+            nsplit = t.num_splits;
+            const int32_t tk0 = t.k0, tk1 = t.k1, chunk = t.chunk;
+            if (BAL && chunk % DM_UNIT == 0 && chunk >= DM_NW * DM_UNIT &&
+                tk0 + w.split * chunk == w.k0) {
+                g.dyn = true;
+                g.tk0 = tk0;
+                g.tk1 = tk1;
+                g.chunk = chunk;
+                g.dpc = chunk / DM_UNIT - DM_NW;
+                g.grab = const_cast<int *>(&t.grab);
+                g.graw = lane == 0 ? atomicAdd(g.grab, 1) : 0;
+                g.kb = w.k0 + warp * DM_UNIT;
+                g.uend = g.kb + DM_UNIT < w.k1 ? g.kb + DM_UNIT : w.k1;
+                wk.k0 = tk0;
+                wk.k1 = tk1;
+            }
+        }
+        const int32_t kend = wk.k1;
+        const int32_t kb0 = w.k0 + warp * BNW;
 
-        /* The first NST - 1 steps of the warp's ring. */
+        /* The first NST - 1 steps of the warp's ring (pend: the steps issued
+         * and not yet computed, in order); with AHEAD also the lane's key
+         * row (nxt) of the step after them (knext), issued in the first
+         * iteration, so no step waits for its block-table read. */
+        int32_t pend[NST - 1], knext = DM_END;
+        int64_t nxt = -1;
         auto prologue = [&]() {
 #pragma unroll
             for (int st = 0; st < NST - 1; st++) {
-                const int32_t kb = kb0 + st * STEP;
-                if (kb < kend)
-                    P::issue(q, bt_row, kvs, w.kv_head, kb, kend, ring + st * STAGE, lane);
+                if constexpr (BAL) {
+                    pend[st] = g.next(lane);
+                    if (pend[st] != DM_END)
+                        P::issue(q, bt_row, kvs, w.kv_head, pend[st], kend, ring + st * STAGE,
+                                 lane);
+                } else {
+                    const int32_t kb = kb0 + st * STEP;
+                    if (kb < kend)
+                        P::issue(q, bt_row, kvs, w.kv_head, kb, kend, ring + st * STAGE, lane);
+                }
                 kva__cp_async_commit();
+            }
+            if constexpr (AHEAD) {
+                knext = g.next(lane);
+                if (knext != DM_END)
+                    nxt = P::key_row(q, bt_row, kvs, w.kv_head, knext, kend, lane);
             }
         };
         typename P::Item qit;
@@ -166,10 +298,10 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
             /* The copies' latency hides behind the staging of Q (its barrier inside). */
             prologue();
             P::stage_q(q, w, nrows, qs, dm_smem_buf, qit, g4);
-            kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
+            kva__dmma_rows(a, wk, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
         } else {
             P::stage_q(q, w, nrows, qs, dm_smem_buf, qit, g4);
-            kva__dmma_rows(a, w, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
+            kva__dmma_rows(a, wk, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
             __syncthreads(); /* Q visible to every warp */
             prologue();
         }
@@ -183,16 +315,8 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
         int stage = 0;
-        for (int32_t kb = kb0; kb < kend; kb += STEP) {
-            /* Refill the stage the previous step used (every lane is past it). */
-            __syncwarp();
-            {
-                const int ahead = stage == 0 ? NST - 1 : stage - 1;
-                const int32_t kn = kb + (NST - 1) * STEP;
-                if (kn < kend)
-                    P::issue(q, bt_row, kvs, w.kv_head, kn, kend, ring + ahead * STAGE, lane);
-                kva__cp_async_commit();
-            }
+        /* One step at kb: wait for its copies, S, the softmax, P V. */
+        auto step = [&](int32_t kb) {
             kva__cp_async_wait<NST - 1>();
             __syncwarp(); /* the other lanes' copies of this step have landed */
 
@@ -212,6 +336,51 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
             kva__dmma_softmax<NO, NT>(sc, m_run, l_run, o);
             P::pv(o, sc, ring_p + stage * STAGE, ring + stage * STAGE, lane);
             stage = stage == NST - 1 ? 0 : stage + 1;
+        };
+        if constexpr (BAL) {
+            while (pend[0] != DM_END) {
+                const int32_t kb = pend[0];
+                /* Refill the stage the previous step used (every lane is past it). */
+                __syncwarp();
+                {
+                    const int ahead = stage == 0 ? NST - 1 : stage - 1;
+                    int32_t kn;
+                    if constexpr (AHEAD) {
+                        /* nxt was read an iteration ago; read the next step's now. */
+                        kn = knext;
+                        if (kn != DM_END)
+                            P::issue_row(q, nxt, ring + ahead * STAGE, lane);
+                        kva__cp_async_commit();
+                        knext = g.next(lane);
+                        if (knext != DM_END)
+                            nxt = P::key_row(q, bt_row, kvs, w.kv_head, knext, kend, lane);
+                    } else {
+                        kn = g.next(lane);
+                        if (kn != DM_END)
+                            P::issue(q, bt_row, kvs, w.kv_head, kn, kend, ring + ahead * STAGE,
+                                     lane);
+                        kva__cp_async_commit();
+                    }
+#pragma unroll
+                    for (int i = 0; i + 1 < NST - 1; i++)
+                        pend[i] = pend[i + 1];
+                    pend[NST - 2] = kn;
+                }
+                step(kb);
+            }
+        } else {
+            for (int32_t kb = kb0; kb < kend; kb += STEP) {
+                /* Refill the stage the previous step used (every lane is past it). */
+                __syncwarp();
+                {
+                    const int ahead = stage == 0 ? NST - 1 : stage - 1;
+                    const int32_t kn = kb + (NST - 1) * STEP;
+                    if (kn < kend)
+                        P::issue(q, bt_row, kvs, w.kv_head, kn, kend, ring + ahead * STAGE, lane);
+                    kva__cp_async_commit();
+                }
+                step(kb);
+            }
         }
         kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
 
@@ -235,7 +404,7 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
             float M, mu, L, O;
             kva__dmma_merge<DM_NW, DM_M, D>(s_m, s_l, s_acc, r, d, M, mu, L, O);
             O = P::value(q, w, d, L, O);
-            kva__dmma_write<D, typename P::Out>(a, w, nrows, qs, r, d, M, mu, L, O);
+            kva__dmma_write<D, typename P::Out>(a, w, nrows, qs, r, d, M, mu, L, O, pblk);
         }
         if (w.task >= 0) {
             /* Publish the partial, then count it; the CTA that counts the
@@ -246,14 +415,16 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
             __syncthreads();
             int *done = const_cast<int *>(&a.meta.tasks[w.task].done);
             if (threadIdx.x == 0)
-                s_last = atomicAdd(done, 1) == a.meta.tasks[w.task].num_splits - 1;
+                s_last = atomicAdd(done, 1) == nsplit - 1;
             __syncthreads();
             if (s_last) {
                 __threadfence();
-                kva__merge_split_task<D / 32>(a.meta, a.meta.tasks[w.task], a.ws, a.sinks,
-                                              (typename P::Out::elem *)a.out, a.lse, a.H, a.G, D);
-                if (threadIdx.x == 0)
+                kva__merge_split_cta(pblk - (int64_t)w.split * nrows * (D + 1), nsplit, w, qs,
+                                     a.sinks, (typename P::Out::elem *)a.out, a.lse, a.H, a.G, D);
+                if (threadIdx.x == 0) {
                     atomicExch(done, 0);
+                    atomicExch(const_cast<int *>(&a.meta.tasks[w.task].grab), 0);
+                }
             }
         }
         __syncthreads(); /* Q, s_acc and the rings are rewritten by the next item */
@@ -315,16 +486,18 @@ template <typename Args> struct dm_launch {
 };
 
 /* The kernel of policy family Pol (Pol<D>) for head size D (64, 128 or 256;
- * fn NULL otherwise). */
-template <template <int> class Pol> static dm_launch<typename Pol<64>::Args> dm_pick_d(int32_t D)
+ * fn NULL otherwise), with the balanced schedule of split items (BAL) or
+ * without. */
+template <template <int> class Pol, bool BAL = false>
+static dm_launch<typename Pol<64>::Args> dm_pick_d(int32_t D)
 {
     dm_launch<typename Pol<64>::Args> k = {NULL, 0};
     if (D == 64)
-        k = {decode_mma_kernel<Pol<64>>, Pol<64>::SMEM};
+        k = {decode_mma_kernel<Pol<64>, BAL>, Pol<64>::SMEM};
     else if (D == 128)
-        k = {decode_mma_kernel<Pol<128>>, Pol<128>::SMEM};
+        k = {decode_mma_kernel<Pol<128>, BAL>, Pol<128>::SMEM};
     else if (D == 256)
-        k = {decode_mma_kernel<Pol<256>>, Pol<256>::SMEM};
+        k = {decode_mma_kernel<Pol<256>, BAL>, Pol<256>::SMEM};
     return k;
 }
 

@@ -16,6 +16,8 @@ extern "C" {
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
+#include <type_traits>
 
 /*
  * The LSE-weighted mean of one row's parts, computed by the 32 lanes of a
@@ -139,6 +141,136 @@ kva__merge_split_task(const kva__cuda_meta &meta, const kva__cuda_task &t, const
                 lse[row] = lv;
         }
     }
+}
+
+/*
+ * One unit of kva__merge_split_task_cta: channels [d, d + VW) of row r of a
+ * split task whose P partial blocks start at base, blk floats apart ([nrows,
+ * Dv] outputs then [nrows] lse each). An online merge over chunks of CH
+ * parts: every part's lse and values of a chunk are loaded together (one
+ * round of L2 loads per chunk instead of an lse pass, then the values), the
+ * running max, sum and accumulators rescaled per chunk. Same results as
+ * kva__lse_merge: a part of weight 0 adds nothing (its values may be NaN), a
+ * NaN lse makes the row NaN, all -inf (and no sink) gives 0 and -inf.
+ */
+template <int VW, int CH>
+static __device__ __forceinline__ void
+kva__merge_unit(const float *base, int64_t blk, int32_t nrows, int32_t Dv, int32_t r, int32_t d,
+                int32_t P, float sink, float o[VW], float &lv)
+{
+    typedef typename std::conditional<VW == 4, float4, float>::type vec;
+    float m = -INFINITY, L = 0.f, acc[VW];
+    bool nan = false;
+#pragma unroll
+    for (int i = 0; i < VW; i++)
+        acc[i] = 0.f;
+    for (int32_t p0 = 0; p0 < P; p0 += CH) {
+        float l[CH], x[CH][VW];
+#pragma unroll
+        for (int j = 0; j < CH; j++) {
+            const int32_t p = p0 + j < P ? p0 + j : P - 1; /* a valid part; weight 0 past P */
+            const float *pb = base + p * blk;
+            l[j] = p0 + j < P ? __ldcg(pb + (int64_t)nrows * Dv + r) : -INFINITY;
+            const vec v = __ldcg(reinterpret_cast<const vec *>(pb + (int64_t)r * Dv + d));
+            memcpy(x[j], &v, sizeof v);
+        }
+        float mc = m;
+#pragma unroll
+        for (int j = 0; j < CH; j++) {
+            nan |= l[j] != l[j];
+            mc = fmaxf(mc, l[j]);
+        }
+        if (mc == -INFINITY)
+            continue;
+        const float sc = expf(m - mc); /* 0 while m = -inf */
+        L *= sc;
+#pragma unroll
+        for (int i = 0; i < VW; i++)
+            acc[i] *= sc;
+#pragma unroll
+        for (int j = 0; j < CH; j++) {
+            const float c = expf(l[j] - mc);
+            L += c;
+#pragma unroll
+            for (int i = 0; i < VW; i++)
+                acc[i] += c > 0.f ? c * x[j][i] : 0.f;
+        }
+        m = mc;
+    }
+    const float M = fmaxf(m, sink);
+    if (nan || M == -INFINITY) {
+#pragma unroll
+        for (int i = 0; i < VW; i++)
+            o[i] = nan ? NAN : 0.f;
+        lv = nan ? NAN : -INFINITY;
+        return;
+    }
+    const float sc = expf(m - M);
+    L = L * sc + expf(sink - M);
+#pragma unroll
+    for (int i = 0; i < VW; i++)
+        o[i] = acc[i] * sc / L;
+    lv = M + logf(L);
+}
+
+/*
+ * The merge of one split task by one CTA, the only reader of its partials
+ * (the tensor-core decode's last-CTA merge): the task of item w (its rows:
+ * w.nq query tokens from w.i0 of the request whose first token is qs, x
+ * w.nh heads from w.h0 of kv head w.kv_head), nsplit partial blocks at base
+ * ([nrows, Dv] outputs then [nrows] lse each), into out [T, H, Dv] (T: float,
+ * __half or __nv_bfloat16) and lse [T, H] (or NULL), with sinks [H] (or
+ * NULL). Every thread takes units of VW channels of one row (4 when the
+ * blocks are 16-byte aligned, else 1) and merges all parts of its unit
+ * itself, CH parts' loads in flight (kva__merge_unit), so 4 rows x Dv 128
+ * are one unit per thread of a 128-thread CTA and 32 splits are two rounds
+ * of L2 loads at CH 16; the item gives what the task would (no dependent
+ * reads).
+ */
+template <int CH, typename T>
+static __device__ __forceinline__ void
+kva__merge_split_cta_ch(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_t qs,
+                        const float *sinks, T *out, float *lse, int32_t H, int32_t G, int32_t Dv)
+{
+    const int32_t nrows = w.nq * w.nh;
+    const int64_t blk = (int64_t)nrows * (Dv + 1);
+    const bool v4 = Dv % 4 == 0 && blk % 4 == 0 && ((uintptr_t)base & 15) == 0;
+    const int32_t C = v4 ? Dv / 4 : Dv; /* units per row */
+    for (int32_t x = threadIdx.x; x < nrows * C; x += blockDim.x) {
+        const int32_t r = x / C, c = x - r * C;
+        const int32_t qi = r / w.nh, head = w.kv_head * G + w.h0 + (r - qi * w.nh);
+        const int64_t row = (int64_t)(qs + w.i0 + qi) * H + head;
+        const float sink = sinks ? sinks[head] : -INFINITY;
+        float lv;
+        if (v4) {
+            float o[4];
+            kva__merge_unit<4, CH>(base, blk, nrows, Dv, r, 4 * c, nsplit, sink, o, lv);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                store_f(out, row * Dv + 4 * c + i, o[i]);
+        } else {
+            float o[1];
+            kva__merge_unit<1, CH>(base, blk, nrows, Dv, r, c, nsplit, sink, o, lv);
+            store_f(out, row * Dv + c, o[0]);
+        }
+        if (lse && c == 0)
+            lse[row] = lv;
+    }
+}
+
+/* kva__merge_split_cta_ch with as many parts in flight as the task has, up
+ * to 16 (no loads of parts past nsplit for 2-8 splits). */
+template <typename T>
+static __device__ __forceinline__ void
+kva__merge_split_cta(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_t qs,
+                     const float *sinks, T *out, float *lse, int32_t H, int32_t G, int32_t Dv)
+{
+    if (nsplit <= 4)
+        kva__merge_split_cta_ch<4>(base, nsplit, w, qs, sinks, out, lse, H, G, Dv);
+    else if (nsplit <= 8)
+        kva__merge_split_cta_ch<8>(base, nsplit, w, qs, sinks, out, lse, H, G, Dv);
+    else
+        kva__merge_split_cta_ch<16>(base, nsplit, w, qs, sinks, out, lse, H, G, Dv);
 }
 
 #endif /* KVA_CUDA_LSE_MERGE_CUH */
