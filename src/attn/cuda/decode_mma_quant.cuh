@@ -118,7 +118,9 @@ static __device__ __forceinline__ int64_t qm_key_row(const kva__cuda_quant_mma_a
                                                      int64_t *tsi)
 {
     const kva__cuda_attn_args &a = q.a;
-    const int32_t blk = j / a.B, off = j - blk * a.B;
+    /* A power-of-two block size (the usual case) takes a shift, not a division. */
+    const bool pow2 = (a.B & (a.B - 1)) == 0;
+    const int32_t blk = pow2 ? j >> (__ffs(a.B) - 1) : j / a.B, off = j - blk * a.B;
     const int64_t block = __ldg(bt_row + blk);
     *tsi = (block * a.Hkv + kvh) * a.B + off;
     return a.layout_hnd ? *tsi : (block * a.B + off) * a.Hkv + kvh;
@@ -192,7 +194,9 @@ static __device__ __forceinline__ int qm_row_exp(float mx)
 
 /* Q'[r, c] = q[r, c] * ks[kvh, c] times 2^k_r (qm_row_exp) as two f16,
  * hi + lo (zeros past nrows), s_up[r] = 2^-k_r and qo[r] = sum_c Q'[r, c] o_c
- * (INT8_CHANNEL offsets), in chunks of 8 channels per thread (16-byte loads
+ * (INT8_CHANNEL offsets). packed (nrows <= 8, hi and lo both used): lo of row
+ * r goes to row r + 8 of sQ, so that one m16 pass of the scores gives both
+ * (qm_load::scores); else hi to sQ, lo to sQl. In chunks of 8 channels per thread (16-byte loads
  * of q when q16, two float4 of the scales and offsets); the
  * D / 8 chunks of a row lie in consecutive lanes of one warp, which take the
  * row max and sum qo by shuffles. One barrier at the end (Q', s_qo and s_up
@@ -200,7 +204,7 @@ static __device__ __forceinline__ int qm_row_exp(float mx)
 template <int FMT, typename OT, int D>
 static __device__ __forceinline__ void
 qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t nrows, int32_t qs,
-           bool ktok, __half *sQ, __half *sQl, float *s_qo, float *s_up)
+           bool ktok, bool packed, __half *sQ, __half *sQl, float *s_qo, float *s_up)
 {
     const kva__cuda_attn_args &a = q.a;
     constexpr int QSTR = D + 8, C8 = D / 8, NI = DM_M * C8 / (DM_NW * 32);
@@ -258,8 +262,13 @@ qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t n
             hi[j] = __float2half_rn(v[j]);
             lo[j] = __float2half_rn(v[j] - __half2float(hi[j]));
         }
-        *(uint4 *)(sQ + r * QSTR + c) = *(const uint4 *)hi;
-        *(uint4 *)(sQl + r * QSTR + c) = *(const uint4 *)lo;
+        if (!packed) {
+            *(uint4 *)(sQ + r * QSTR + c) = *(const uint4 *)hi;
+            *(uint4 *)(sQl + r * QSTR + c) = *(const uint4 *)lo;
+        } else if (r < DM_M / 2) {
+            *(uint4 *)(sQ + r * QSTR + c) = *(const uint4 *)hi;
+            *(uint4 *)(sQ + (r + DM_M / 2) * QSTR + c) = *(const uint4 *)lo;
+        }
         if (FMT == QM_I8 && !ktok) {
             const float4 *ko = (const float4 *)(q.ko + (int64_t)w.kv_head * D + c);
             const float4 o0 = __ldg(ko), o1 = __ldg(ko + 1);
@@ -311,9 +320,12 @@ template <int FMT, typename OT, int D_> struct qm_load {
     static constexpr bool RAGGED = false, ISSUE_FIRST = true;
     static_assert(DM_NW * DM_M * D * 4 <= DM_NW * NST * STAGE, "merge space");
     static_assert(STAGE % 16 == 0, "stage alignment");
-    /* Of rows g4 and g4 + 8: 2^-k (qm_row_exp), sum_c Q'_c o_c (INT8_CHANNEL). */
+    /* Of rows g4 and g4 + 8: 2^-k (qm_row_exp), sum_c Q'_c o_c (INT8_CHANNEL);
+     * packed: rows 8-15 of Q' hold the lo parts of rows 0-7 (qm_stage_q);
+     * hi8: rows 8-15 of Q' are not all zero (more than 8 rows, or packed). */
     struct Item {
         float qup[2], qo[2];
+        bool packed, hi8;
     };
     /* QM_V16: P V in the q dtype (V's), as the 16-bit policy. */
     typedef typename qm_ty<OT>::type TyV;
@@ -338,7 +350,10 @@ template <int FMT, typename OT, int D_> struct qm_load {
     {
         __shared__ float s_qo[DM_M], s_up[DM_M];
         __half *sQ = (__half *)smem;
-        qm_stage_q<FMT, OT, D>(q, w, nrows, qs, q.kts != nullptr, sQ, sQ + DM_M * QSTR, s_qo, s_up);
+        const bool ktok = q.kts != nullptr;
+        it.packed = !ktok && nrows <= DM_M / 2;
+        it.hi8 = it.packed || nrows > DM_M / 2;
+        qm_stage_q<FMT, OT, D>(q, w, nrows, qs, ktok, it.packed, sQ, sQ + DM_M * QSTR, s_qo, s_up);
         it.qup[0] = s_up[g4];
         it.qup[1] = s_up[g4 + 8];
         it.qo[0] = 0.f;
@@ -354,29 +369,36 @@ template <int FMT, typename OT, int D_> struct qm_load {
      * of rows g4, g4 + 8 of Q' and of its key rows. Codes are exact in f16
      * and so are their products with Q' hi and lo: S is Q' K^T to about
      * 2^-22 (the lo pass is skipped for per-token keys, where Q' = 2^k q is
-     * exact in f16 down to 2^-31 of the row's max). The Q' fragments of a
-     * 64-channel slice serve every sub-tile; the sub-tiles' accumulator
-     * chains interleave. Then the per-token key scales or the offset term,
-     * and 2^-k. */
+     * exact in f16 down to 2^-31 of the row's max). Packed items (at most 8
+     * rows: every GQA <= 8 decode) carry lo in rows 8-15, so one pass of
+     * mma gives hi (rows g4) and lo (rows g4 + 8) and their sum is S; the
+     * second pass runs only for items of more than 8 rows. Rows 8-15 of an
+     * item of at most 8 rows that is not packed are zeros: not loaded. The
+     * Q' fragments of a 64-channel slice serve every sub-tile; the
+     * sub-tiles' accumulator chains interleave. Then the per-token key
+     * scales or the offset term, and 2^-k. */
     static __device__ __forceinline__ void scores(float sc[NT][4], const Args &q,
                                                   const unsigned char *smem,
                                                   const unsigned char *sk, uint32_t, const Item &it,
                                                   int lane)
     {
         const int g4 = lane >> 2, t4 = lane & 3;
-        const bool ktok = q.kts != nullptr;
+        const bool ktok = q.kts != nullptr, lo_pass = !ktok && !it.packed;
         const __half *sQ = (const __half *)smem, *sQl = sQ + DM_M * QSTR;
 #pragma unroll
         for (int kk = 0; kk < D / 64; kk++) {
             uint32_t qr[2][8], qs8[2][8];
 #pragma unroll
             for (int pass = 0; pass < 2; pass++) {
-                if (pass == 1 && ktok)
+                if (pass == 1 && !lo_pass)
                     break;
                 const __half *q0 = (pass ? sQl : sQ) + g4 * QSTR + kk * 64 + 16 * t4;
                 const uint4 qa0 = *(const uint4 *)q0, qa1 = *(const uint4 *)(q0 + 8);
-                const uint4 qb0 = *(const uint4 *)(q0 + 8 * QSTR),
-                            qb1 = *(const uint4 *)(q0 + 8 * QSTR + 8);
+                uint4 qb0 = make_uint4(0u, 0u, 0u, 0u), qb1 = qb0;
+                if (it.hi8) {
+                    qb0 = *(const uint4 *)(q0 + 8 * QSTR);
+                    qb1 = *(const uint4 *)(q0 + 8 * QSTR + 8);
+                }
                 qr[pass][0] = qa0.x, qr[pass][1] = qa0.y, qr[pass][2] = qa0.z;
                 qr[pass][3] = qa0.w, qr[pass][4] = qa1.x, qr[pass][5] = qa1.y;
                 qr[pass][6] = qa1.z, qr[pass][7] = qa1.w;
@@ -398,7 +420,7 @@ template <int FMT, typename OT, int D_> struct qm_load {
                 }
 #pragma unroll
                 for (int pass = 0; pass < 2; pass++) {
-                    if (pass == 1 && ktok)
+                    if (pass == 1 && !lo_pass)
                         break;
 #pragma unroll
                     for (int st = 0; st < 4; st++) {
@@ -411,6 +433,16 @@ template <int FMT, typename OT, int D_> struct qm_load {
             }
         }
         /* Element e: row g4 + (e >> 1) * 8, key kb + nt * 8 + 2 * t4 + (e & 1). */
+        if (it.packed) {
+            /* Row g4's S is its hi part plus its lo part (row g4 + 8). */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                sc[nt][0] += sc[nt][2];
+                sc[nt][1] += sc[nt][3];
+                sc[nt][2] = 0.f;
+                sc[nt][3] = 0.f;
+            }
+        }
         if (ktok) {
             const float *ts = (const float *)(sk + TSOFF);
 #pragma unroll
