@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""sass_stats.py OBJ...: per prefill kernel (mma.sync or wgmma) in the objects' device code (compile
+"""sass_stats.py OBJ...: per prefill kernel (mma.sync or wgmma) and tensor-core decode kernel
+(decode_mma_kernel) in the objects' device code (compile
 them for one architecture, e.g. sm_90a): a key from its template arguments (the same for
 main's per-kernel templates and the one body's policies, so two listings can be compared
 line by line), SASS instruction count (NOPs left out), registers, stack, shared memory,
@@ -22,6 +23,11 @@ def key(d):
     m = re.match(r'void prefill_mma(?:_quant)?_kernel<(?:qp_policy<)?(\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\w+), (\w+)>', d)
     if m: return f'quant fmt{m[6]} D{m[1]} BN{m[2]} NW{m[3]} LO={m[7]} {m[8]}'
     # wgmma: prefill_wgmma_ws_kernel<true, true, kva__mma_bf16, 128, 128>(...)
+    # decode: decode_mma_kernel<qm_load<0, __nv_bfloat16, 128> >(...), dm_load16<kva__mma_bf16, 128>
+    m = re.match(r'void decode_mma_kernel<qm_load<(?:\(int\))?(\d+), (\w+), (?:\(int\))?(\d+)>', d)
+    if m: return f'decode quant fmt{m[1]} D{m[3]} q {m[2]}'
+    m = re.match(r'void decode_mma_kernel<dm_load16<(\w+), (?:\(int\))?(\d+)>', d)
+    if m: return f'decode 16bit D{m[2]} {m[1]}'
     m = re.match(r'void prefill_wgmma_ws_kernel<(?:\(bool\))?(\w+), (?:\(bool\))?(\w+), (\w+), (?:\(int\))?(\d+), (?:\(int\))?(\d+)>', d)
     if m: return f'wgmma {"TMA" if m[2] in ("true", "1") else "cp.async"} {m[4]}/{m[5]} {m[3]}'
     return d[:80]
@@ -43,7 +49,7 @@ for obj in sys.argv[1:]:
         if m and cur: stats[cur]['ins'].append(re.sub(r'0x[0-9a-f]+', 'X', m[1]))
 for f, s in sorted(stats.items(), key=lambda kv: key(demangle(kv[0]))):
     d = demangle(f)
-    if 'prefill_mma' not in d and 'prefill_wgmma' not in d: continue
+    if not any(k in d for k in ('prefill_mma', 'prefill_wgmma', 'decode_mma_kernel')): continue
     ins = [i for i in s.get('ins', []) if not i.startswith('NOP')]
     h = hashlib.sha1('\n'.join(ins).encode()).hexdigest()[:10]
     r = s.get('res', (0, 0, 0))
