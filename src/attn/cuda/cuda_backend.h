@@ -202,6 +202,8 @@ typedef struct kva__cuda_plan {
                              prefill, so captured graphs replay batches with
                              prefills); eager runs skip it when num_ptiles == 0 */
     int32_t num_ptiles;   /* prefill tiles of this plan */
+    int prefill_narrow;   /* the prefill tiles run the wgmma kernels' narrow tile shape
+                             (kva__cuda_prefill_args.narrow): every prefill is short */
     int32_t num_prefills; /* requests routed to prefill_mma */
     int dcp_global;       /* sharded, and some row does not see every local key: masks on
                              global positions (dcp_pos.cuh), no prefill tiles */

@@ -38,6 +38,14 @@ extern "C" {
 /* Packed rows (q_len * H / Hkv) from which a request above the decode
  * threshold goes to prefill_mma (fewer leave most of its 128-row tile empty). */
 #define KVA_CUDA_MMA_MIN_ROWS 64
+/* The longest prefill (q_len) for which the wgmma kernels run their narrow
+ * tile shape (64 rows and 64 keys per CTA tile, two CTAs per SM;
+ * prefill_wgmma.cuh wg_dims): a batch of short prompts has one or two key
+ * tiles per CTA tile, where the wide shape's fixed cost per tile and its
+ * causal waste dominate (docs/cuda-prefill.md). */
+#ifndef KVA_CUDA_PREFILL_NARROW_MAX_Q
+#define KVA_CUDA_PREFILL_NARROW_MAX_Q 256
+#endif
 
 /* Partition parameters for the GPU: items of at most `rows` attention rows;
  * keys are split only when there are too few items to fill the SMs. */
@@ -300,7 +308,7 @@ static kva_status attention_plan_build(kva_context *ctx, kva_plan *plan, kva__pa
     /* Requests for the prefill tile kernels (mma_req[r] = 1), when the shape has them. */
     uint8_t *mma_req = NULL;
     int32_t num_prefills = 0;
-    int64_t ptiles = 0;
+    int64_t ptiles = 0, max_prefill_q = 0;
     if (mma) {
         mma_req = (uint8_t *)calloc((size_t)(R > 0 ? R : 1), 1);
         if (!mma_req)
@@ -310,6 +318,8 @@ static kva_status attention_plan_build(kva_context *ctx, kva_plan *plan, kva__pa
             mma_req[r] =
                 q_len > plan->d.decode_threshold && q_len * G >= KVA_CUDA_MMA_MIN_ROWS ? 1 : 0;
             num_prefills += mma_req[r];
+            if (mma_req[r] && q_len > max_prefill_q)
+                max_prefill_q = q_len;
         }
         ptiles = kva__cuda_prefill_tiles_count_subset(R, plan->query_start_loc, mma_req,
                                                       plan->d.num_heads, plan->d.num_kv_heads);
@@ -357,6 +367,7 @@ static kva_status attention_plan_build(kva_context *ctx, kva_plan *plan, kva__pa
     cp->dcp_global = dcp_global;
     cp->num_prefills = num_prefills;
     cp->num_ptiles = (int32_t)ptiles;
+    cp->prefill_narrow = ptiles > 0 && max_prefill_q <= KVA_CUDA_PREFILL_NARROW_MAX_Q;
     kva__cuda_caps need;
     need.items = part->num_items;
     need.tasks = part->num_tasks;
