@@ -22,8 +22,9 @@ def key(d):
     m = re.match(r'void prefill_mma(?:_quant)?_kernel<(?:qp_policy<)?(\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\w+), (\w+)>', d)
     if m: return f'quant fmt{m[6]} D{m[1]} BN{m[2]} NW{m[3]} LO={m[7]} {m[8]}'
     # wgmma: prefill_wgmma_ws_kernel<true, true, kva__mma_bf16, 128, 128>(...)
-    m = re.match(r'void prefill_wgmma_ws_kernel<(?:\(bool\))?(\w+), (?:\(bool\))?(\w+), (\w+), (?:\(int\))?(\d+), (?:\(int\))?(\d+)>', d)
-    if m: return f'wgmma {"TMA" if m[2] in ("true", "1") else "cp.async"} {m[4]}/{m[5]} {m[3]}'
+    # (tile shape NCW, BN after the head sizes since branch pf7: "narrow" for 1, 64; none = wide)
+    m = re.match(r'void prefill_wgmma_ws_kernel<(?:\(bool\))?(\w+), (?:\(bool\))?(\w+), (\w+), (?:\(int\))?(\d+), (?:\(int\))?(\d+)(?:, (?:\(int\))?(\d+), (?:\(int\))?(\d+))?>', d)
+    if m: return f'wgmma {"TMA" if m[2] in ("true", "1") else "cp.async"} {m[4]}/{m[5]}{" narrow" if m[6] == "1" else ""} {m[3]}'
     return d[:80]
 stats = {}
 for obj in sys.argv[1:]:

@@ -44,14 +44,14 @@
 template <int DK, int DV, int NCW = 2, int BN = 128> struct wg_dims {
     static_assert(DK % 64 == 0 && DV % 64 == 0 && DK <= 192 && DV <= 128, "wgmma head sizes");
     static_assert((NCW == 2 && BN == 128) || (NCW == 1 && BN == 64), "wgmma tile shapes");
-    static constexpr int M = 64 * NCW;      /* rows per CTA tile */
-    static constexpr int SPLIT = WG_M / M;  /* CTA tiles per tile of the plan's list */
-    static constexpr int CTAS = 3 - NCW;    /* CTAs per SM */
+    static constexpr int M = 64 * NCW;     /* rows per CTA tile */
+    static constexpr int SPLIT = WG_M / M; /* CTA tiles per tile of the plan's list */
+    static constexpr int CTAS = 3 - NCW;   /* CTAs per SM */
     static constexpr int NST = NCW == 1 ? 2 : DK == 64 ? 4 : DK == 128 ? 3 : 2;
     static constexpr uint32_t QB = WG_TILE_BYTES(M, DK), KB = WG_TILE_BYTES(BN, DK),
                               VB = WG_TILE_BYTES(BN, DV);
-    static constexpr int NO = DV / 2; /* O accumulators per consumer thread */
-    static constexpr int NS = BN / 2; /* S accumulators per consumer thread */
+    static constexpr int NO = DV / 2;  /* O accumulators per consumer thread */
+    static constexpr int NS = BN / 2;  /* S accumulators per consumer thread */
     static constexpr int KS = BN / 16; /* k-steps of O += P V */
     /* setmaxnreg of the producer and the consumers: their sum over the
      * CTA's warpgroups is what the launch bound gives (65,536 registers per
@@ -474,8 +474,7 @@ wg_gather_rows(const wg_kv &g, const char *src, const char *src2, int64_t blk_b,
             /* Chunk lch + TPR st: column block (lch + TPR st) / 8; within the
              * block the chunk is swizzled by the row (wg_swz; RP and TPR are
              * multiples of 8). */
-            const uint32_t so =
-                swz + (uint32_t)((sp::TPR * st >> 3) * BN * 128 + k * sp::RP * 128);
+            const uint32_t so = swz + (uint32_t)((sp::TPR * st >> 3) * BN * 128 + k * sp::RP * 128);
             kva__cp_async16(dst + so, src + off + sp::TPR * st * 16, in ? 16 : 0);
             if (PAIR)
                 kva__cp_async16(dst2 + so, src2 + off + sp::TPR * st * 16, in ? 16 : 0);
@@ -490,15 +489,19 @@ static __device__ __forceinline__ void wg_gather_ids(const wg_kv &g, int t, int 
 {
     if constexpr (DK == DV) {
         if (g.b_shift >= 0)
-            wg_gather_rows<DK / 8, true, true, BN>(g, g.k, g.v, g.k_blk, g.k_row, t, n0, sk, sv, sids);
+            wg_gather_rows<DK / 8, true, true, BN>(g, g.k, g.v, g.k_blk, g.k_row, t, n0, sk, sv,
+                                                   sids);
         else
-            wg_gather_rows<DK / 8, true, false, BN>(g, g.k, g.v, g.k_blk, g.k_row, t, n0, sk, sv, sids);
+            wg_gather_rows<DK / 8, true, false, BN>(g, g.k, g.v, g.k_blk, g.k_row, t, n0, sk, sv,
+                                                    sids);
     } else if (g.b_shift >= 0) {
         wg_gather_rows<DK / 8, false, true, BN>(g, g.k, g.k, g.k_blk, g.k_row, t, n0, sk, sk, sids);
         wg_gather_rows<DV / 8, false, true, BN>(g, g.v, g.v, g.v_blk, g.v_row, t, n0, sv, sv, sids);
     } else {
-        wg_gather_rows<DK / 8, false, false, BN>(g, g.k, g.k, g.k_blk, g.k_row, t, n0, sk, sk, sids);
-        wg_gather_rows<DV / 8, false, false, BN>(g, g.v, g.v, g.v_blk, g.v_row, t, n0, sv, sv, sids);
+        wg_gather_rows<DK / 8, false, false, BN>(g, g.k, g.k, g.k_blk, g.k_row, t, n0, sk, sk,
+                                                 sids);
+        wg_gather_rows<DV / 8, false, false, BN>(g, g.v, g.v, g.v_blk, g.v_row, t, n0, sv, sv,
+                                                 sids);
     }
 }
 

@@ -164,13 +164,14 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
              * mbarriers), so the copy path has no dependent global load
              * (threads tid >= BN stage ids nobody reads). */
             const uint32_t sids = empty + 8 * NST;
-            int nxt = ntiles > 0 && tid < BN ? wg_blk_of(g, n_last * BN + tid) : 0;
+            const bool stager = BN >= 128 || tid < BN; /* the producer has 128 threads */
+            int nxt = ntiles > 0 && stager ? wg_blk_of(g, n_last * BN + tid) : 0;
             for (int it = 0; it < ntiles; it++) {
                 const uint32_t gk = gi + (uint32_t)it;
                 const int st = (int)(gk % NST), n0 = (n_last - it) * BN;
                 {
                     const int cur = nxt;
-                    if (it + 1 < ntiles && tid < BN)
+                    if (it + 1 < ntiles && stager)
                         nxt = wg_blk_of(g, n0 - BN + tid);
                     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sids + (gk & 1) * 512 + 4 * tid),
                                  "r"(cur)
@@ -231,7 +232,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                     continue;
                 }
                 wg_gather_ids<DK, DV, BN>(g, tid, n0, sK + st * KB, sV + st * VB,
-                                      sids + (gk & 1) * 512);
+                                          sids + (gk & 1) * 512);
                 kva__cp_async_commit();
                 /* Wait for this tile, then publish it. */
                 kva__cp_async_wait<0>();
@@ -350,9 +351,8 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                         for (int e = 0; e < NS; e++)
                             kva__reg_fence(s[e]);
                         uint32_t pn[KS][4];
-                        resc_prev =
-                            wg_softmax<Ty, true>(s, o, pn, m_run, l_run, c, a.softcap,
-                                                 a.alibi_slopes, (n_last - it) * BN, alpha);
+                        resc_prev = wg_softmax<Ty, true>(s, o, pn, m_run, l_run, c, a.softcap,
+                                                         a.alibi_slopes, (n_last - it) * BN, alpha);
                         kva__wgmma_wait<0>(); /* P V of tile it - 1 */
 #pragma unroll
                         for (int e = 0; e < NO; e++)

@@ -3,7 +3,8 @@
  * (wgmma.mma_async) used by prefill_wgmma.cu: shared-memory matrix
  * descriptors (128-byte swizzle), fences, commit / wait, and the
  * m64n128k16 and m64n64k16 forms with fp32 accumulation (A from shared memory, A from
- * registers), m64n128k32 e4m3 from shared memory (the indexer). Only compiled where the sm_90a feature set is present
+ * registers), m64n128k32 e4m3 from shared memory (the indexer). Only compiled where the sm_90a
+ * feature set is present
  * (__CUDA_ARCH_FEAT_SM90_ALL); the including file guards its use.
  *
  * Accumulator fragment of m64nNk16 (fp32), per thread of the warpgroup
@@ -83,7 +84,7 @@ static __device__ __forceinline__ void kva__reg_fence(float &r)
     {                                                                                              \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #S ", 0;\n"                              \
                      "wgmma.mma_async.sync.aligned.m64n" #N "k" #K ".f32." #ty "." #ty " " RL      \
-                     ", %" #A ", %" #B ", p, 1, 1" TR ";\n}\n"                                      \
+                     ", %" #A ", %" #B ", p, 1, 1" TR ";\n}\n"                                     \
                      : DL("+f")                                                                    \
                      : "l"(da), "l"(db), "r"(scale_d));                                            \
     }
@@ -102,7 +103,7 @@ KVA__WGMMA_SS(f16, 64, 16, ", 0, 0", KVA__WG_R32 "}", KVA__WG_D32, 32, 33, 34)
     {                                                                                              \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"                                    \
                      "wgmma.mma_async.sync.aligned.m64n" #N "k" #K ".f32." #ty "." #ty " " RL      \
-                     ", %" #A ", %" #B ", p, 1, 1" TR ";\n}\n"                                      \
+                     ", %" #A ", %" #B ", p, 1, 1" TR ";\n}\n"                                     \
                      : DL("=f")                                                                    \
                      : "l"(da), "l"(db));                                                          \
     }
