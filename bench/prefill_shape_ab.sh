@@ -8,7 +8,9 @@
 #   nar  = --kernel prefill_wgmma_tma_narrow_sm90 (the narrow shape forced),
 # then the SDPA peers (bench/prefill_sdpa_peer.py short) on the same shapes. Logs under $OUT.
 # Usage (repository root on the GPU machine): bash bench/prefill_shape_ab.sh
-# Environment: ROUNDS (2), TESTS, NAR_SHAPES (shapes that also run "nar", default all), SDPA=0.
+# Environment: ROUNDS (2), TESTS, AB_SHAPES ("R Q C;R Q C": batch, q_len and cached keys of the
+# shapes to time instead of the five), NAR_SHAPES (shapes that also run "nar", e.g. "32x256
+# 8x1024"; default all), SDPA=0, MEMCHECK=0.
 set -u -o pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT/l"; t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/l/gpu.txt"
@@ -23,12 +25,14 @@ for t in $T; do
     ( KVA_TEST_QUICK=1 timeout 150 "bn/$t" > "$OUT/l/$t.log" 2>&1
       echo "$t rc=$? $(grep -E 'passed|FAILED|CHECK' "$OUT/l/$t.log" | tail -1 | cut -c1-110)" ) &
 done
+[ "${MEMCHECK:-1}" = 1 ] &&
 ( KVA_TEST_QUICK=1 timeout 170 compute-sanitizer --tool memcheck bn/test_cuda_prefill_mma \
     > "$OUT/l/memcheck.log" 2>&1
   echo "memcheck test_cuda_prefill_mma rc=$? $(grep 'ERROR SUMMARY' "$OUT/l/memcheck.log" | tail -1)" ) &
 wait
 echo "== tests done at $(el) s"
 SHAPES=("1 4096 0" "2 2048 0" "8 1024 0" "32 256 0" "4 1024 3072")
+[ -n "${AB_SHAPES:-}" ] && IFS=';' read -ra SHAPES <<< "$AB_SHAPES"
 NAR=${NAR_SHAPES:-all}
 for r in $(seq 1 "${ROUNDS:-2}"); do
     for shp in "${SHAPES[@]}"; do
