@@ -20,7 +20,8 @@
  * one CUDA graph and the median replay time per layer is reported too.
  * --kernel NAME (once per kernel family) forces a kernel of the CUDA
  * backend's registry (src/attn/cuda/cuda_kernels.cu: decode_mma_sm80,
- * decode_simt, prefill_wgmma_tma_sm90, prefill_wgmma_sm90, prefill_mma_sm80,
+ * decode_simt, prefill_wgmma_tma_sm90, prefill_wgmma_sm90, prefill_wgmma_tma_narrow_sm90,
+ * prefill_wgmma_narrow_sm90, prefill_mma_sm80,
  * prefill_items) through kva__context_force_kernel, so one build compares
  * the kernels on the public path; without it the dispatcher chooses.
  * --mode copy times a 1 GiB device-to-device copy (the bandwidth ceiling, in

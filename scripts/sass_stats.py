@@ -28,8 +28,9 @@ def key(d):
     if m: return f'decode quant fmt{m[1]} D{m[3]} q {m[2]}'
     m = re.match(r'void decode_mma_kernel<dm_load16<(\w+), (?:\(int\))?(\d+)>', d)
     if m: return f'decode 16bit D{m[2]} {m[1]}'
-    m = re.match(r'void prefill_wgmma_ws_kernel<(?:\(bool\))?(\w+), (?:\(bool\))?(\w+), (\w+), (?:\(int\))?(\d+), (?:\(int\))?(\d+)>', d)
-    if m: return f'wgmma {"TMA" if m[2] in ("true", "1") else "cp.async"} {m[4]}/{m[5]} {m[3]}'
+    # (tile shape NCW, BN after the head sizes since branch pf7: "narrow" for 1, 64; none = wide)
+    m = re.match(r'void prefill_wgmma_ws_kernel<(?:\(bool\))?(\w+), (?:\(bool\))?(\w+), (\w+), (?:\(int\))?(\d+), (?:\(int\))?(\d+)(?:, (?:\(int\))?(\d+), (?:\(int\))?(\d+))?>', d)
+    if m: return f'wgmma {"TMA" if m[2] in ("true", "1") else "cp.async"} {m[4]}/{m[5]}{" narrow" if m[6] == "1" else ""} {m[3]}'
     return d[:80]
 stats = {}
 for obj in sys.argv[1:]:

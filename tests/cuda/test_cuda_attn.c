@@ -465,8 +465,8 @@ static void test_mma_mixed(void)
         run_batch(&c, &b);
         /* At D 64 and 128 every prefill tile kernel this machine has, forced. */
         static const char *const pk[] = {"prefill_wgmma_tma_sm90", "prefill_wgmma_sm90",
-                                         "prefill_mma_sm80"};
-        for (int k = 0; k < 3 && c.D != 256; k++)
+                                         "prefill_wgmma_tma_narrow_sm90", "prefill_mma_sm80"};
+        for (int k = 0; k < 4 && c.D != 256; k++)
             if (kernel_usable(pk[k])) {
                 c.pkernel = pk[k];
                 run_batch(&c, &b);

@@ -219,13 +219,19 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
     const double atol = kva_test_atol(c->dt) + u * 1.7320508; /* max|v| of the uniform fill */
     /* Kernel 0 is the dispatcher's choice (kva__cuda_prefill_launch's path).
      * KVA_TEST_KERNELS="a,b,..." (kva__cuda_prefill_kernel values) runs only
-     * those (sanitizer runs of one kernel; every kernel by default). */
+     * those (sanitizer runs of one kernel; every kernel by default). The
+     * wgmma kernels at D = Dv 128 run in both tile shapes (args.narrow). */
     const char *only = getenv("KVA_TEST_KERNELS");
-    for (int var = KVA__CUDA_PREFILL_AUTO; var <= KVA__CUDA_PREFILL_WGMMA_TMA; var++) {
+    const int shapes = D == 128 && Dv == 128 ? 2 : 1;
+    for (int vs = 0; vs < (KVA__CUDA_PREFILL_WGMMA_TMA + 1) * shapes; vs++) {
+        const int var = vs % (KVA__CUDA_PREFILL_WGMMA_TMA + 1);
+        a.narrow = vs > KVA__CUDA_PREFILL_WGMMA_TMA;
         if (var > 0 && !kva__cuda_prefill_kernel_exists(D, Dv, (kva__cuda_prefill_kernel)var))
             continue;
         if (only && !kernel_listed(only, var))
             continue;
+        if (a.narrow && var == KVA__CUDA_PREFILL_MMA)
+            continue; /* mma.sync has one shape */
         CUDA_OK(cudaMemset(d_out, 0xff, no * esz));
         CUDA_OK(cudaMemset(d_lse, 0xff, nl * 4));
         CHECK_OK(kva__cuda_prefill_launch_kernel(&a, NULL, (kva__cuda_prefill_kernel)var));
@@ -239,7 +245,7 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
         else /* lse NULL: the poisoned buffer must stay untouched (all 0xff) */
             for (size_t i = 0; i < nl; i++)
                 bad += ((const uint32_t *)(const void *)lse)[i] != 0xffffffffu;
-        CHECK_MSG(bad == 0, "%zu mismatches (kernel %d)", bad, var);
+        CHECK_MSG(bad == 0, "%zu mismatches (kernel %d, narrow %d)", bad, var, (int)a.narrow);
         if (bad) {
             print_cfg(c, b);
             break;

@@ -282,8 +282,13 @@ static void test_float(void)
     static const int32_t heads[][2] = {{32, 8}, {8, 8}, {16, 1}};
     static const int32_t dims[] = {128, 64, 96};
     static const char *const dk[] = {NULL, "decode_simt", "decode_mma_sm80"};
-    static const char *const pk[] = {NULL, "prefill_wgmma_tma_sm90", "prefill_wgmma_sm90",
-                                     "prefill_mma_sm80", "prefill_items"};
+    static const char *const pk[] = {NULL,
+                                     "prefill_wgmma_tma_sm90",
+                                     "prefill_wgmma_sm90",
+                                     "prefill_wgmma_tma_narrow_sm90",
+                                     "prefill_wgmma_narrow_sm90",
+                                     "prefill_mma_sm80",
+                                     "prefill_items"};
     const int n = quick() ? 3 : 9;
     for (int i = 0; i < n; i++) {
         tcfg c;
@@ -302,7 +307,7 @@ static void test_float(void)
         make_batch(&b, 5200 + (uint64_t)i, c.B, quick() && i > 0);
         ref_memo memo = {0, NULL, NULL};
         for (int d = 0; d < 3; d++)
-            for (int k = 0; k < 5; k++) {
+            for (int k = 0; k < (int)(sizeof pk / sizeof pk[0]); k++) {
                 if ((d > 0 && k > 0) || (dk[d] && !kernel_usable(dk[d])) ||
                     (pk[k] && !kernel_usable(pk[k])))
                     continue;

@@ -108,12 +108,14 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
      * from the items'. A forced wgmma prefill has no quantized K/V path. */
     if (a.ptiles && cp->prefill_kernel != KVA__CUDA_PREFILL_AUTO &&
         cp->prefill_kernel != KVA__CUDA_PREFILL_MMA)
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva_attention_run: the forced prefill kernel %s does not read %s caches",
-                         kva__cuda_kernels[KVA__CUDA_K_PREFILL_WGMMA_TMA +
-                                           (cp->prefill_kernel == KVA__CUDA_PREFILL_WGMMA)]
-                             .name,
-                         kva_quant_name(cd->quant));
+        return kva__fail(
+            KVA_STATUS_UNSUPPORTED,
+            "kva_attention_run: the forced prefill kernel %s does not read %s caches",
+            kva__cuda_kernels[(cp->prefill_narrow ? KVA__CUDA_K_PREFILL_WGMMA_TMA_NARROW
+                                                  : KVA__CUDA_K_PREFILL_WGMMA_TMA) +
+                              (cp->prefill_kernel == KVA__CUDA_PREFILL_WGMMA)]
+                .name,
+            kva_quant_name(cd->quant));
     if (a.ptiles && kva__cuda_qprefill_usable(ctx, plan, q, cache)) {
         KVA_TRY(kva__cuda_qprefill_run(ctx, plan, q, cache, sinks, out, lse));
         a.ptiles = NULL;

@@ -120,9 +120,14 @@ typedef enum kva__cuda_kernel {
     /* Prefill family: the plan's prefill tiles (prefill_mma.h). */
     KVA__CUDA_K_PREFILL_WGMMA_TMA, /* "prefill_wgmma_tma_sm90" */
     KVA__CUDA_K_PREFILL_WGMMA,     /* "prefill_wgmma_sm90" */
-    KVA__CUDA_K_PREFILL_MMA,       /* "prefill_mma_sm80" (float and quantized caches) */
-    KVA__CUDA_K_PREFILL_ITEMS,     /* "prefill_items": no tiles, prefills as work items of
-                                      the plan's decode-family kernel */
+    /* The same two in the narrow tile shape (prefill_wgmma.cuh wg_dims; D 128,
+     * the wide shape at other head sizes); the two above force the wide one,
+     * the plan picks by q_len when none is forced. */
+    KVA__CUDA_K_PREFILL_WGMMA_TMA_NARROW, /* "prefill_wgmma_tma_narrow_sm90" */
+    KVA__CUDA_K_PREFILL_WGMMA_NARROW,     /* "prefill_wgmma_narrow_sm90" */
+    KVA__CUDA_K_PREFILL_MMA,              /* "prefill_mma_sm80" (float and quantized caches) */
+    KVA__CUDA_K_PREFILL_ITEMS,            /* "prefill_items": no tiles, prefills as work items of
+                                             the plan's decode-family kernel */
     /* MLA family: every work item of a latent-cache plan (KVA_ATTN_MLA). */
     KVA__CUDA_K_MLA_DECODE_MMA,   /* "mla_decode_mma_sm80": absorbed MLA on mma.sync,
                                      items of 16, 32 or 64 rows (mla_decode_mma.cu) */
@@ -211,6 +216,8 @@ typedef struct kva__cuda_plan {
                              prefill, so captured graphs replay batches with
                              prefills); eager runs skip it when num_ptiles == 0 */
     int32_t num_ptiles;   /* prefill tiles of this plan */
+    int prefill_narrow;   /* the prefill tiles run the wgmma kernels' narrow tile shape
+                             (kva__cuda_prefill_args.narrow): every prefill is short */
     int32_t num_prefills; /* requests routed to prefill_mma */
     int dcp_global;       /* sharded, and some row does not see every local key: masks on
                              global positions (dcp_pos.cuh), no prefill tiles */

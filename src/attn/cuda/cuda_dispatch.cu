@@ -79,6 +79,7 @@ static kva_status launch_prefill(kva_context *ctx, const kva_plan *plan, const a
     pa.attention_chunk = d->attention_chunk;
     pa.softcap = d->softcap;
     pa.host_cache = &st->prefill_host;
+    pa.narrow = cp->prefill_narrow;
     return kva__cuda_prefill_launch_kernel(&pa, st->stream, cp->prefill_kernel);
 }
 

@@ -38,6 +38,14 @@ extern "C" {
 /* Packed rows (q_len * H / Hkv) from which a request above the decode
  * threshold goes to prefill_mma (fewer leave most of its 128-row tile empty). */
 #define KVA_CUDA_MMA_MIN_ROWS 64
+/* The longest prefill (q_len) for which the wgmma kernels run their narrow
+ * tile shape (64 rows and 64 keys per CTA tile, two CTAs per SM;
+ * prefill_wgmma.cuh wg_dims): a batch of short prompts has one or two key
+ * tiles per CTA tile, where the wide shape's fixed cost per tile and its
+ * causal waste dominate (docs/cuda-prefill.md). */
+#ifndef KVA_CUDA_PREFILL_NARROW_MAX_Q
+#define KVA_CUDA_PREFILL_NARROW_MAX_Q 256
+#endif
 
 /* Partition parameters for the GPU: items of at most `rows` attention rows;
  * keys are split only when there are too few items to fill the SMs. */
@@ -155,8 +163,9 @@ static int ctas_per_sm_cached(kva__cuda_state *st, kva_dtype dt, int32_t dmax, i
  * and the prefill tiles' (KVA__CUDA_PREFILL_AUTO unless one is forced; *tiles
  * = 0 when "prefill_items" is forced: the prefills become work items). */
 static void plan_kernels(const kva_context *ctx, const kva_plan *plan, int *decode,
-                         kva__cuda_prefill_kernel *prefill, int *tiles)
+                         kva__cuda_prefill_kernel *prefill, int *tiles, int *narrow)
 {
+    *narrow = -1; /* the wgmma tile shape: -1 by q_len, else forced (0 wide, 1 narrow) */
     if (plan->d.kind == KVA_ATTN_MLA) {
         /* An MLA kernel runs every item of a latent plan: wgmma where the
          * items fill its 64 rows (H * max q_len > 32) on sm_90a, else mma.sync;
@@ -179,10 +188,16 @@ static void plan_kernels(const kva_context *ctx, const kva_plan *plan, int *deco
         kva__cuda_decode_mma_supported(plan->d.head_dim, plan->d.head_dim_v, plan->d.q_dtype);
     *decode =
         mma && fd != KVA__CUDA_K_DECODE_SIMT ? KVA__CUDA_K_DECODE_MMA : KVA__CUDA_K_DECODE_SIMT;
-    *prefill = fp == KVA__CUDA_K_PREFILL_WGMMA_TMA ? KVA__CUDA_PREFILL_WGMMA_TMA
-               : fp == KVA__CUDA_K_PREFILL_WGMMA   ? KVA__CUDA_PREFILL_WGMMA
-               : fp == KVA__CUDA_K_PREFILL_MMA     ? KVA__CUDA_PREFILL_MMA
-                                                   : KVA__CUDA_PREFILL_AUTO;
+    const int tma =
+        fp == KVA__CUDA_K_PREFILL_WGMMA_TMA || fp == KVA__CUDA_K_PREFILL_WGMMA_TMA_NARROW;
+    const int gather = fp == KVA__CUDA_K_PREFILL_WGMMA || fp == KVA__CUDA_K_PREFILL_WGMMA_NARROW;
+    *prefill = tma                             ? KVA__CUDA_PREFILL_WGMMA_TMA
+               : gather                        ? KVA__CUDA_PREFILL_WGMMA
+               : fp == KVA__CUDA_K_PREFILL_MMA ? KVA__CUDA_PREFILL_MMA
+                                               : KVA__CUDA_PREFILL_AUTO;
+    if (tma || gather)
+        *narrow =
+            fp == KVA__CUDA_K_PREFILL_WGMMA_TMA_NARROW || fp == KVA__CUDA_K_PREFILL_WGMMA_NARROW;
     *tiles = fp != KVA__CUDA_K_PREFILL_ITEMS && plan->block_table != NULL &&
              kva__cuda_prefill_supported(plan->d.head_dim, plan->d.head_dim_v, plan->d.q_dtype);
 }
@@ -276,7 +291,8 @@ static kva_status attention_plan_build(kva_context *ctx, kva_plan *plan, kva__pa
         plan->d.head_dim > plan->d.head_dim_v ? plan->d.head_dim : plan->d.head_dim_v;
     int kernel = 0, mma = 0;
     kva__cuda_prefill_kernel pkernel = KVA__CUDA_PREFILL_AUTO;
-    plan_kernels(ctx, plan, &kernel, &pkernel, &mma);
+    int narrow = -1;
+    plan_kernels(ctx, plan, &kernel, &pkernel, &mma, &narrow);
     mma = mma && !dcp_global; /* the prefill tiles take masks from local lengths */
     const int mla = kernel == KVA__CUDA_K_MLA_DECODE_MMA || kernel == KVA__CUDA_K_MLA_DECODE_WGMMA;
     if (plan->d.kind == KVA_ATTN_MLA && plan->d.dcp_size > 1)
@@ -320,7 +336,7 @@ static kva_status attention_plan_build(kva_context *ctx, kva_plan *plan, kva__pa
      * threshold); a decode step allocates and counts nothing. */
     uint8_t *mma_req = NULL;
     int32_t num_prefills = 0;
-    int64_t ptiles = 0;
+    int64_t ptiles = 0, max_prefill_q = 0;
     if (mma && plan->info.num_prefills > 0) {
         mma_req = (uint8_t *)calloc((size_t)(R > 0 ? R : 1), 1);
         if (!mma_req)
@@ -330,6 +346,8 @@ static kva_status attention_plan_build(kva_context *ctx, kva_plan *plan, kva__pa
             mma_req[r] =
                 q_len > plan->d.decode_threshold && q_len * G >= KVA_CUDA_MMA_MIN_ROWS ? 1 : 0;
             num_prefills += mma_req[r];
+            if (mma_req[r] && q_len > max_prefill_q)
+                max_prefill_q = q_len;
         }
         ptiles = kva__cuda_prefill_tiles_count_subset(R, plan->query_start_loc, mma_req,
                                                       plan->d.num_heads, plan->d.num_kv_heads);
@@ -377,6 +395,8 @@ static kva_status attention_plan_build(kva_context *ctx, kva_plan *plan, kva__pa
     cp->dcp_global = dcp_global;
     cp->num_prefills = num_prefills;
     cp->num_ptiles = (int32_t)ptiles;
+    cp->prefill_narrow =
+        narrow >= 0 ? narrow : ptiles > 0 && max_prefill_q <= KVA_CUDA_PREFILL_NARROW_MAX_Q;
     kva__cuda_caps need;
     need.items = part->num_items;
     need.tasks = part->num_tasks;

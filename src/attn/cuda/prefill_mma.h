@@ -61,10 +61,10 @@ typedef struct kva__cuda_prefill_host_cache {
                         of head-size pair i (prefill_wgmma.cu), TMA t, set ([0] f16, [1] bf16) */
     /* The last K/V tensor maps encoded (prefill_wgmma.cu wg_tmaps, as bytes)
      * and what they describe: reused while k, v, NB, B, Hkv, layout, dtype,
-     * D, Dv are the same. */
+     * D, Dv and the keys per K/V tile (the box rows) are the same. */
     int tm_valid;
     const void *tm_k, *tm_v;
-    int32_t tm_nb, tm_b, tm_hkv, tm_layout, tm_dtype, tm_dk, tm_dv;
+    int32_t tm_nb, tm_b, tm_hkv, tm_layout, tm_dtype, tm_dk, tm_dv, tm_bn;
     uint64_t tmaps[48];
 } kva__cuda_prefill_host_cache;
 
@@ -108,6 +108,10 @@ typedef struct kva__cuda_prefill_args {
     int32_t window_left;     /* < 0 or >= KVA_MAX_SEQ_LEN: no window */
     int32_t attention_chunk; /* > 0: local attention chunk C (kva__first_key); else none */
     float softcap;           /* > 0: s = cap * tanh(s / cap); else none */
+    int32_t narrow;          /* 1: the wgmma kernels' narrow tile shape (64 rows and 64 keys
+                                per CTA tile, two CTAs per SM: prefill_wgmma.cuh wg_dims) at
+                                D = Dv 128, for batches of short requests (the plan's
+                                choice); 0, and every other kernel and head size: the wide one */
     kva__cuda_prefill_host_cache *host_cache; /* host memory, or NULL: ask at every launch */
 } kva__cuda_prefill_args;
 

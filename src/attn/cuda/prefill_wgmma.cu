@@ -24,11 +24,12 @@ extern "C" int kva__cuda_prefill_wgmma_ready(void)
 #endif
 }
 
-/* Fills tm for the TMA kernel (wg_tmaps); tm->ok = 0 where the cache cannot
- * be described or the driver refuses (the kernel then uses cp.async only).
- * With a host cache (a->host_cache) the encoder is looked up once and the
- * maps are reused while they describe the same tensors. */
-void kva__wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm)
+/* Fills tm for the TMA kernel (wg_tmaps) of bn keys per K/V tile (boxes of
+ * min(B, bn) rows); tm->ok = 0 where the cache cannot be described or the
+ * driver refuses (the kernel then uses cp.async only). With a host cache
+ * (a->host_cache) the encoder is looked up once and the maps are reused while
+ * they describe the same tensors with the same boxes. */
+void kva__wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm, int bn)
 {
     const int32_t DK = a->head_dim, DV = a->head_dim_v;
     static_assert(sizeof(wg_tmaps) <= sizeof(((kva__cuda_prefill_host_cache *)0)->tmaps),
@@ -40,7 +41,8 @@ void kva__wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm)
         return;
     if (hc && hc->tm_valid && hc->tm_k == a->k && hc->tm_v == a->v && hc->tm_nb == a->num_blocks &&
         hc->tm_b == B && hc->tm_hkv == a->num_kv_heads && hc->tm_layout == (int32_t)a->layout &&
-        hc->tm_dtype == (int32_t)a->dtype && hc->tm_dk == DK && hc->tm_dv == DV) {
+        hc->tm_dtype == (int32_t)a->dtype && hc->tm_dk == DK && hc->tm_dv == DV &&
+        hc->tm_bn == bn) {
         memcpy(tm, hc->tmaps, sizeof *tm);
         return;
     }
@@ -57,7 +59,7 @@ void kva__wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm)
             hc->tmap_encode = fn;
     }
     PFN_cuTensorMapEncodeTiled_v12000 encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    const int nhd = a->layout == KVA_LAYOUT_NHD, R = B < 128 ? B : 128;
+    const int nhd = a->layout == KVA_LAYOUT_NHD, R = B < bn ? B : bn;
     const cuuint64_t Hkv = (cuuint64_t)a->num_kv_heads;
     const cuuint32_t box[4] = {64, nhd ? 1u : (cuuint32_t)R, nhd ? (cuuint32_t)R : 1u, 1};
     const cuuint32_t estr[4] = {1, 1, 1, 1};
@@ -91,6 +93,7 @@ void kva__wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm)
         hc->tm_dtype = (int32_t)a->dtype;
         hc->tm_dk = DK;
         hc->tm_dv = DV;
+        hc->tm_bn = bn;
         hc->tm_valid = 1;
     }
 }
@@ -108,7 +111,7 @@ extern "C" kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_arg
 {
     cudaStream_t st = (cudaStream_t)stream;
     if (a->head_dim == 128 && a->head_dim_v == 128)
-        return kva__wg_launch_d128(a, st, tma);
+        return a->narrow ? kva__wg_launch_d128n(a, st, tma) : kva__wg_launch_d128(a, st, tma);
     if (a->head_dim == 64 && a->head_dim_v == 64)
         return kva__wg_launch_d64(a, st, tma);
     if (a->head_dim == 192 && a->head_dim_v == 128)

@@ -17,27 +17,46 @@
 #define KVA_WGMMA_BODY 1
 #endif
 
-#define WG_M KVA__CUDA_PREFILL_TILE_M /* rows per CTA (128) */
-#define WG_BN 128                     /* keys per K/V tile */
+#define WG_M KVA__CUDA_PREFILL_TILE_M /* rows per tile of the plan's list (128) */
 #define WG_LOG2E 1.4426950408889634f
 #define WG_LN2 0.6931471805599453f
 /* Bytes of one [rows, d] operand in the swizzled layout. */
 #define WG_TILE_BYTES(rows, d) ((rows) * (d)*2)
 
 /*
- * Head sizes are the kernel's traits: DK (Q and K rows, the k extent of
+ * The kernel's traits. Head sizes: DK (Q and K rows, the k extent of
  * S = Q K^T) and DV (V rows, the n extent of O = P V). Served: (64, 64),
  * (128, 128) and (192, 128) (MLA's prefill with the rope part in K).
+ * Tile shape (the plan's choice: kva__cuda_prefill_args.narrow): NCW
+ * consumer warpgroups of 64 rows (M = 64 NCW rows per CTA tile) and BN keys
+ * per K/V tile:
+ *   - wide (NCW 2, BN 128): one CTA per SM; a CTA tile is one tile of the
+ *     plan's list and its two consumers ping-pong (long requests);
+ *   - narrow (NCW 1, BN 64): each tile of the plan's list is two CTA tiles of
+ *     64 rows, and two CTAs of one producer and one consumer warpgroup share
+ *     an SM, so one CTA's tile start and epilogue run beside the other's
+ *     products, and a causal tile wastes at most 63 keys past the diagonal
+ *     instead of 127 (short requests: a CTA tile has one or two key tiles).
  * wg_dims gives the K/V ring depth that fits the shared memory next to Q
- * [128, DK]: 4 stages at DK 64, 3 at 128, 2 at 192 (a stage is K [128, DK]
- * and V [128, DV]).
+ * [M, DK]: wide 4 stages at DK 64, 3 at 128, 2 at 192 (a stage is K [BN, DK]
+ * and V [BN, DV]); narrow 2 (two CTAs in 227 KB).
  */
-template <int DK, int DV> struct wg_dims {
+template <int DK, int DV, int NCW = 2, int BN = 128> struct wg_dims {
     static_assert(DK % 64 == 0 && DV % 64 == 0 && DK <= 192 && DV <= 128, "wgmma head sizes");
-    static constexpr int NST = DK == 64 ? 4 : DK == 128 ? 3 : 2;
-    static constexpr uint32_t QB = WG_TILE_BYTES(WG_M, DK), KB = WG_TILE_BYTES(WG_BN, DK),
-                              VB = WG_TILE_BYTES(WG_BN, DV);
-    static constexpr int NO = DV / 2; /* O accumulators per consumer thread */
+    static_assert((NCW == 2 && BN == 128) || (NCW == 1 && BN == 64), "wgmma tile shapes");
+    static constexpr int M = 64 * NCW;     /* rows per CTA tile */
+    static constexpr int SPLIT = WG_M / M; /* CTA tiles per tile of the plan's list */
+    static constexpr int CTAS = 3 - NCW;   /* CTAs per SM */
+    static constexpr int NST = NCW == 1 ? 2 : DK == 64 ? 4 : DK == 128 ? 3 : 2;
+    static constexpr uint32_t QB = WG_TILE_BYTES(M, DK), KB = WG_TILE_BYTES(BN, DK),
+                              VB = WG_TILE_BYTES(BN, DV);
+    static constexpr int NO = DV / 2;  /* O accumulators per consumer thread */
+    static constexpr int NS = BN / 2;  /* S accumulators per consumer thread */
+    static constexpr int KS = BN / 16; /* k-steps of O += P V */
+    /* setmaxnreg of the producer and the consumers: their sum over the
+     * CTA's warpgroups is what the launch bound gives (65,536 registers per
+     * SM over CTAS * (NCW + 1) * 128 threads). */
+    static constexpr int REG_P = 40, REG_C = NCW == 2 ? 232 : 216;
 };
 
 /* How 128 threads copy rows of C 16-byte chunks (C = D / 8): TPR threads per
@@ -70,6 +89,13 @@ template <typename Ty> struct wg_ops;
                 kva__wgmma_ss_m64n128_##ty(d, a, b, 1);                                            \
             else                                                                                   \
                 kva__wgmma_ss0_m64n128_##ty(d, a, b);                                              \
+        }                                                                                          \
+        static __device__ __forceinline__ void ss64(float d[32], uint64_t a, uint64_t b, int sc)   \
+        {                                                                                          \
+            if (sc)                                                                                \
+                kva__wgmma_ss_m64n64_##ty(d, a, b, 1);                                             \
+            else                                                                                   \
+                kva__wgmma_ss0_m64n64_##ty(d, a, b);                                               \
         }                                                                                          \
         static __device__ __forceinline__ void rs(float d[64], const uint32_t a[4], uint64_t b)    \
         {                                                                                          \
@@ -128,11 +154,24 @@ static __device__ __forceinline__ wg_rec wg_rec_load(const kva__cuda_prefill_arg
     rc.kvh = __ldg(tile + 2);
     return rc;
 }
+/* The record of CTA tile ti when each tile of the plan's list is SPLIT CTA
+ * tiles of M rows (wg_dims): list tile ti / SPLIT, rows from M (ti % SPLIT). */
+template <int SPLIT, int M>
+static __device__ __forceinline__ wg_rec wg_rec_of(const kva__cuda_prefill_args &a, int ti)
+{
+    wg_rec rc = wg_rec_load(a, SPLIT == 1 ? ti : ti / SPLIT);
+    if (SPLIT > 1)
+        rc.m0 += (ti % SPLIT) * M;
+    return rc;
+}
 
 /* Tile header: request, rows, visible key range. */
 struct wg_tile {
     int r, m0, kvh, q_start, q_len, seq_len, rows, G, m_last, pos_min, pos_max, kv_lo, kv_hi;
 };
+/* The header of a CTA tile of M rows from m0 (a CTA tile past the request's
+ * rows, the second half of a short request's list tile, sees no key). */
+template <int M>
 static __device__ __forceinline__ void wg_tile_init(wg_tile &t, const kva__cuda_prefill_args &a,
                                                     const wg_rec &rc, const wg_div &gd)
 {
@@ -144,12 +183,14 @@ static __device__ __forceinline__ void wg_tile_init(wg_tile &t, const kva__cuda_
     t.q_len = __ldg(a.query_start_loc + t.r + 1) - t.q_start;
     t.seq_len = __ldg(a.seq_lens + t.r);
     t.rows = t.q_len * t.G;
-    t.m_last = min(t.m0 + WG_M, t.rows) - 1;
+    t.m_last = min(t.m0 + M, t.rows) - 1;
     t.pos_min = t.seq_len - t.q_len + wg_div_q(gd, t.m0);
     t.pos_max = t.seq_len - t.q_len + wg_div_q(gd, t.m_last);
     const int window = a.window_left < KVA_MAX_SEQ_LEN ? a.window_left : -1;
     t.kv_lo = kva__first_key(t.pos_min, window, a.attention_chunk);
     t.kv_hi = a.causal ? min(t.seq_len, t.pos_max + 1) : t.seq_len;
+    if (M < WG_M && t.m0 >= t.rows)
+        t.kv_hi = t.kv_lo;
 }
 
 /*
@@ -215,23 +256,24 @@ static __device__ __forceinline__ void wg_ctx_init(wg_ctx &c, const kva__cuda_pr
  * only) never fetches their code (docs/cuda-prefill.md: the kernel's code
  * size).
  */
-static __device__ __forceinline__ void wg_transform(float (&s)[64], const wg_ctx &c, float softcap,
+template <int NS>
+static __device__ __forceinline__ void wg_transform(float (&s)[NS], const wg_ctx &c, float softcap,
                                                     const float *alibi, int n0)
 {
     if (softcap > 0.0f) {
         const float score_mul = c.scale_log2 * WG_LN2 / softcap, cap_mul = softcap * WG_LOG2E;
 #pragma unroll
-        for (int e = 0; e < 64; e++)
+        for (int e = 0; e < NS; e++)
             s[e] = cap_mul * tanhf(s[e] * score_mul);
     } else {
 #pragma unroll
-        for (int e = 0; e < 64; e++)
+        for (int e = 0; e < NS; e++)
             s[e] *= c.scale_log2;
     }
     if (alibi) {
         const float sl[2] = {alibi[c.head[0]] * WG_LOG2E, alibi[c.head[1]] * WG_LOG2E};
 #pragma unroll
-        for (int e = 0; e < 64; e++) {
+        for (int e = 0; e < NS; e++) {
             const int hf = (e >> 1) & 1, j = n0 + (e >> 2) * 8 + (e & 1) + 2 * c.t4;
             s[e] += sl[hf] * (float)(j - c.pos[hf]);
         }
@@ -246,20 +288,22 @@ static __device__ __forceinline__ void wg_transform(float (&s)[64], const wg_ctx
  * t0 + 63; rows are the request's query tokens, tree positions t0 .. t0 +
  * q_len - 1) are read only on tiles reaching t0, 0 off the tree.
  */
-static __device__ __forceinline__ void wg_mask(float (&s)[64], const wg_ctx &c, int n0)
+template <int NS>
+static __device__ __forceinline__ void wg_mask(float (&s)[NS], const wg_ctx &c, int n0)
 {
-    uint32_t vis[2][WG_BN / 32];
+    constexpr int BN = 2 * NS;
+    uint32_t vis[2][BN / 32];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         uint64_t tw = 0ull;
-        if (n0 + WG_BN > c.t0 && (uint32_t)(c.pos[hf] - c.t0) < (uint32_t)c.tn)
+        if (n0 + BN > c.t0 && (uint32_t)(c.pos[hf] - c.t0) < (uint32_t)c.tn)
             tw = __ldg(c.tw + (c.pos[hf] - c.t0));
 #pragma unroll
-        for (int q = 0; q < WG_BN / 32; q++)
+        for (int q = 0; q < BN / 32; q++)
             vis[hf][q] = kva__cuda_vis_word(n0 + 2 * c.t4 + 32 * q, c.lo[hf], c.hi[hf], c.t0, tw);
     }
 #pragma unroll
-    for (int e = 0; e < 64; e++) {
+    for (int e = 0; e < NS; e++) {
         const int hf = (e >> 1) & 1, i = (e >> 2) * 8 + (e & 1);
         s[e] = (vis[hf][i >> 5] >> (i & 31)) & 1u ? s[e] : -INFINITY;
     }
@@ -277,24 +321,25 @@ static __device__ __forceinline__ void wg_mask(float (&s)[64], const wg_ctx &c, 
  * the k-steps (keys 16 kk .. + 15) of O += P V ({0, 1}: keys 0..7 of rows g,
  * g + 8; {2, 3}: keys 8..15).
  */
-template <typename Ty, bool DEFER, int NO>
-static __device__ __forceinline__ bool wg_softmax(float (&s)[64], float (&o)[NO],
-                                                  uint32_t (&pa)[8][4], float (&m_run)[2],
+template <typename Ty, bool DEFER, int NO, int NS>
+static __device__ __forceinline__ bool wg_softmax(float (&s)[NS], float (&o)[NO],
+                                                  uint32_t (&pa)[NS / 8][4], float (&m_run)[2],
                                                   float (&l_run)[2], const wg_ctx &c, float softcap,
                                                   const float *alibi, int n0, float (&alpha_out)[2])
 {
+    constexpr int BN = 2 * NS;
     const int transform = softcap > 0.0f || alibi != NULL;
     const float mul = transform ? 1.0f : c.scale_log2;
     if (transform)
         wg_transform(s, c, softcap, alibi, n0);
-    if (n0 + WG_BN > c.hi_min || n0 < c.lo_max || n0 + WG_BN > c.t0)
+    if (n0 + BN > c.hi_min || n0 < c.lo_max || n0 + BN > c.t0)
         wg_mask(s, c, n0);
     float m_new[2];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         float mx = -INFINITY;
 #pragma unroll
-        for (int nb = 0; nb < WG_BN / 8; nb++)
+        for (int nb = 0; nb < BN / 8; nb++)
             mx = fmaxf(mx, fmaxf(s[4 * nb + 2 * hf], s[4 * nb + 2 * hf + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -324,7 +369,7 @@ static __device__ __forceinline__ bool wg_softmax(float (&s)[64], float (&o)[NO]
         const float m_use = m_run[hf] == -INFINITY ? 0.0f : m_run[hf];
         float sum = 0.0f;
 #pragma unroll
-        for (int nb = 0; nb < WG_BN / 8; nb++) {
+        for (int nb = 0; nb < BN / 8; nb++) {
             const float p0 = kva__ex2(fmaf(s[4 * nb + 2 * hf], mul, -m_use));
             const float p1 = kva__ex2(fmaf(s[4 * nb + 2 * hf + 1], mul, -m_use));
             sum += p0 + p1;
@@ -380,7 +425,7 @@ static __device__ __forceinline__ void wg_epilogue(const kva__cuda_prefill_args 
 }
 
 /*
- * Paged K/V gather of key rows n0 .. n0 + 127 into a stage (K at sk, V at sv)
+ * Paged K/V gather of key rows n0 .. n0 + BN - 1 into a stage (K at sk, V at sv)
  * by cp.async (wg_gather_ids). Rows outside [kv_lo, kv_hi) are zero-filled
  * without reading the cache (a partly filled block's unused slots may hold
  * NaN; no row's P V product meets them).
@@ -407,7 +452,7 @@ static __device__ __forceinline__ int wg_blk_of(const wg_kv &g, int j)
  * also the second operand (src2 into dst2) at the same offsets (K and V when
  * DK = DV). POW2: B is a power of two (a mask instead of a division; two
  * instantiations, so the common path carries no division code). */
-template <int C, bool PAIR, bool POW2>
+template <int C, bool PAIR, bool POW2, int BN>
 static __device__ __forceinline__ void
 wg_gather_rows(const wg_kv &g, const char *src, const char *src2, int64_t blk_b, int row_b, int t,
                int n0, uint32_t dst, uint32_t dst2, uint32_t sids)
@@ -415,9 +460,9 @@ wg_gather_rows(const wg_kv &g, const char *src, const char *src2, int64_t blk_b,
     typedef wg_split<C> sp;
     const int lrow = t >> (sp::TPR == 16 ? 4 : 3), lch = t & (sp::TPR - 1);
     const uint32_t swz =
-        (uint32_t)((lch >> 3) * WG_BN * 128 + lrow * 128 + (((lch & 7) ^ (lrow & 7)) << 4));
+        (uint32_t)((lch >> 3) * BN * 128 + lrow * 128 + (((lch & 7) ^ (lrow & 7)) << 4));
 #pragma unroll
-    for (int k = 0; k < WG_BN / sp::RP; k++) {
+    for (int k = 0; k < BN / sp::RP; k++) {
         const int row = lrow + sp::RP * k, j = n0 + row;
         const int o = POW2 ? j & (g.B - 1) : j % g.B;
         const bool in = j >= g.kv_lo && j < g.kv_hi;
@@ -429,31 +474,34 @@ wg_gather_rows(const wg_kv &g, const char *src, const char *src2, int64_t blk_b,
             /* Chunk lch + TPR st: column block (lch + TPR st) / 8; within the
              * block the chunk is swizzled by the row (wg_swz; RP and TPR are
              * multiples of 8). */
-            const uint32_t so =
-                swz + (uint32_t)((sp::TPR * st >> 3) * WG_BN * 128 + k * sp::RP * 128);
+            const uint32_t so = swz + (uint32_t)((sp::TPR * st >> 3) * BN * 128 + k * sp::RP * 128);
             kva__cp_async16(dst + so, src + off + sp::TPR * st * 16, in ? 16 : 0);
             if (PAIR)
                 kva__cp_async16(dst2 + so, src2 + off + sp::TPR * st * 16, in ? 16 : 0);
         }
     }
 }
-/* Gathers keys n0 .. n0 + 127 of K [128, DK] into sk and V [128, DV] into sv
- * (one pass over the rows when DK = DV). */
-template <int DK, int DV>
+/* Gathers keys n0 .. n0 + BN - 1 of K [BN, DK] into sk and V [BN, DV] into
+ * sv (one pass over the rows when DK = DV). */
+template <int DK, int DV, int BN>
 static __device__ __forceinline__ void wg_gather_ids(const wg_kv &g, int t, int n0, uint32_t sk,
                                                      uint32_t sv, uint32_t sids)
 {
     if constexpr (DK == DV) {
         if (g.b_shift >= 0)
-            wg_gather_rows<DK / 8, true, true>(g, g.k, g.v, g.k_blk, g.k_row, t, n0, sk, sv, sids);
+            wg_gather_rows<DK / 8, true, true, BN>(g, g.k, g.v, g.k_blk, g.k_row, t, n0, sk, sv,
+                                                   sids);
         else
-            wg_gather_rows<DK / 8, true, false>(g, g.k, g.v, g.k_blk, g.k_row, t, n0, sk, sv, sids);
+            wg_gather_rows<DK / 8, true, false, BN>(g, g.k, g.v, g.k_blk, g.k_row, t, n0, sk, sv,
+                                                    sids);
     } else if (g.b_shift >= 0) {
-        wg_gather_rows<DK / 8, false, true>(g, g.k, g.k, g.k_blk, g.k_row, t, n0, sk, sk, sids);
-        wg_gather_rows<DV / 8, false, true>(g, g.v, g.v, g.v_blk, g.v_row, t, n0, sv, sv, sids);
+        wg_gather_rows<DK / 8, false, true, BN>(g, g.k, g.k, g.k_blk, g.k_row, t, n0, sk, sk, sids);
+        wg_gather_rows<DV / 8, false, true, BN>(g, g.v, g.v, g.v_blk, g.v_row, t, n0, sv, sv, sids);
     } else {
-        wg_gather_rows<DK / 8, false, false>(g, g.k, g.k, g.k_blk, g.k_row, t, n0, sk, sk, sids);
-        wg_gather_rows<DV / 8, false, false>(g, g.v, g.v, g.v_blk, g.v_row, t, n0, sv, sv, sids);
+        wg_gather_rows<DK / 8, false, false, BN>(g, g.k, g.k, g.k_blk, g.k_row, t, n0, sk, sk,
+                                                 sids);
+        wg_gather_rows<DV / 8, false, false, BN>(g, g.v, g.v, g.v_blk, g.v_row, t, n0, sv, sv,
+                                                 sids);
     }
 }
 
@@ -483,13 +531,13 @@ static __device__ __forceinline__ void wg_kv_init(wg_kv &g, const kva__cuda_pref
     g.kv_hi = t.kv_hi;
 }
 /* Q rows m0 + r0 .. m0 + r0 + nrows - 1 of the tile (zeros past the request)
- * into the swizzled [128, DK] Q operand at sq, by NT threads (index t).
+ * into the swizzled [M, DK] Q operand at sq, by NT threads (index t).
  * Where C (16-byte chunks per row) divides NT, a thread copies chunk t % C of
  * rows r0 + t / C + RPI k (RPI = NT / C, a multiple of 8 dividing nrows): its
  * shared-memory address steps by RPI rows (the swizzle depends on the row
  * mod 8 only) and its (token, head) by RPI packed rows, di tokens and dg
  * heads with a carry past G, so only the first row takes a division. */
-template <int NT, int DK>
+template <int NT, int DK, int M>
 static __device__ __forceinline__ void wg_load_q(const kva__cuda_prefill_args &a, const wg_tile &tl,
                                                  uint32_t sq, int r0, int nrows, int t,
                                                  const wg_div &gd)
@@ -504,7 +552,7 @@ static __device__ __forceinline__ void wg_load_q(const kva__cuda_prefill_args &a
         int pm = tl.m0 + row0, i = wg_div_q(gd, pm), g = pm - i * tl.G;
         const int di = wg_div_q(gd, RPI), dg = RPI - di * tl.G;
         const elem *base = q + (size_t)tl.kvh * tl.G * DK + ch * 8;
-        const uint32_t dst = sq + wg_swz(row0, ch, WG_M);
+        const uint32_t dst = sq + wg_swz(row0, ch, M);
         for (int k = 0; k * RPI < nrows; k++) {
             const bool in = pm < tl.rows;
             const elem *src =
@@ -530,28 +578,35 @@ static __device__ __forceinline__ void wg_load_q(const kva__cuda_prefill_args &a
                       ch * 8;
                 bytes = 16;
             }
-            kva__cp_async16(sq + wg_swz(row, ch, WG_M), src, bytes);
+            kva__cp_async16(sq + wg_swz(row, ch, M), src, bytes);
         }
     }
 }
-/* S = Q K^T [64, 128] for one warpgroup: DK / 16 k-steps over D (4 per
- * 64-element column block of Q and K). */
-template <typename Ty, int DK>
-static __device__ __forceinline__ void wg_qk(float (&s)[64], uint64_t dq, uint64_t dk)
+/* S = Q K^T [64, BN] for one warpgroup: DK / 16 k-steps over D (4 per
+ * 64-element column block of Q [M, DK] and K [BN, DK]); m64n128k16 or
+ * m64n64k16 (BN = 2 NS). */
+template <typename Ty, int DK, int M, int NS>
+static __device__ __forceinline__ void wg_qk(float (&s)[NS], uint64_t dq, uint64_t dk)
 {
+    constexpr int BN = 2 * NS;
 #pragma unroll
-    for (int kk = 0; kk < DK / 16; kk++)
-        wg_ops<Ty>::ss(s, dq + (uint64_t)(((kk >> 2) * WG_M * 128 + (kk & 3) * 32) >> 4),
-                       dk + (uint64_t)(((kk >> 2) * WG_BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
+    for (int kk = 0; kk < DK / 16; kk++) {
+        const uint64_t qa = dq + (uint64_t)(((kk >> 2) * M * 128 + (kk & 3) * 32) >> 4);
+        const uint64_t kb = dk + (uint64_t)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4);
+        if constexpr (BN == 64)
+            wg_ops<Ty>::ss64(s, qa, kb, kk > 0);
+        else
+            wg_ops<Ty>::ss(s, qa, kb, kk > 0);
+    }
 }
-/* O [64, DV] += P V for one warpgroup: 8 k-steps over the tile's keys
- * (m64n128k16, or m64n64k16 at DV 64). */
-template <typename Ty, int DV>
-static __device__ __forceinline__ void wg_pv(float (&o)[DV / 2], const uint32_t (&pa)[8][4],
+/* O [64, DV] += P V for one warpgroup: KS = BN / 16 k-steps over the tile's
+ * keys (m64n128k16, or m64n64k16 at DV 64). */
+template <typename Ty, int DV, int KS>
+static __device__ __forceinline__ void wg_pv(float (&o)[DV / 2], const uint32_t (&pa)[KS][4],
                                              uint64_t dv)
 {
 #pragma unroll
-    for (int kk = 0; kk < WG_BN / 16; kk++) {
+    for (int kk = 0; kk < KS; kk++) {
         if constexpr (DV == 64)
             wg_ops<Ty>::rs64(o, pa[kk], dv + (uint64_t)((kk * 16 * 128) >> 4));
         else
@@ -564,7 +619,7 @@ static __device__ __forceinline__ void wg_pv(float (&o)[DV / 2], const uint32_t 
  * TMA (KVA__CUDA_PREFILL_WGMMA_TMA). Two tensor maps over the paged cache, K and V, each
  * rank 4 with the dimensions in increasing stride: NHD [NB, B, Hkv, D] as
  * (D, Hkv, B, NB), HND [NB, Hkv, B, D] as (D, B, Hkv, NB) (D: DK for K, DV
- * for V); box 64 elements of D by box_rows = min(B, 128) key rows of one head of one block,
+ * for V); box 64 elements of D by box_rows = min(B, BN) key rows of one head of one block,
  * 128-byte swizzle, so a box lands as box_rows rows of 128 bytes in exactly the swizzled [rows][64]
  * column-block layout of wg_swz (the box's shared-memory address is 1024-byte aligned because
  * box_rows is a multiple of 8). Built on the host per launch (wg_tmaps_encode); ok = 0 when the

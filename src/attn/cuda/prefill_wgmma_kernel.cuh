@@ -69,11 +69,12 @@ extern "C" {
 
 /* prefill_wgmma.cu: fills tm for the TMA kernel (wg_tmaps); tm->ok = 0 where
  * the cache cannot be described or the driver refuses. */
-void kva__wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm);
+void kva__wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm, int bn);
 /* prefill_wgmma_d{64,128,192}.cu: launch the kernel of one head-size pair
- * (tma: the TMA form). */
+ * (tma: the TMA form); prefill_wgmma_d128n.cu: D 128's narrow tile shape. */
 kva_status kva__wg_launch_d64(const kva__cuda_prefill_args *a, cudaStream_t st, int tma);
 kva_status kva__wg_launch_d128(const kva__cuda_prefill_args *a, cudaStream_t st, int tma);
+kva_status kva__wg_launch_d128n(const kva__cuda_prefill_args *a, cudaStream_t st, int tma);
 kva_status kva__wg_launch_d192(const kva__cuda_prefill_args *a, cudaStream_t st, int tma);
 
 /*
@@ -96,19 +97,24 @@ kva_status kva__wg_launch_d192(const kva__cuda_prefill_args *a, cudaStream_t st,
  * CTA tiles (counter gi), consumers release the last stage of a tile too, and
  * the ping-pong starts afresh per tile (consumer 1 arrives first on consumer
  * 0's barrier).
- * Dynamic shared memory (from a 1024-byte aligned base): Q [128, DK], K
- * [NST][128, DK], V [NST][128, DV] (all swizzled, wg_swz), the 2 * NST
+ * Tile shape (wg_dims: NCW consumer warpgroups, BN keys per K/V tile): the
+ * narrow shape (NCW 1) splits each tile of the plan's list into SPLIT = 2
+ * CTA tiles of 64 rows (CTA tile ti: list tile ti / 2, rows 64 (ti % 2) on),
+ * has no ping-pong (one consumer) and runs two CTAs per SM.
+ * Dynamic shared memory (from a 1024-byte aligned base): Q [M, DK], K
+ * [NST][BN, DK], V [NST][BN, DV] (all swizzled, wg_swz), the 2 * NST
  * mbarriers (8 bytes each), then the staged block ids [2][128] int32.
  */
-template <bool INTRA, bool TMA, typename Ty, int DK, int DV>
-__global__ void __launch_bounds__(3 * 128, 1)
+template <bool INTRA, bool TMA, typename Ty, int DK, int DV, int NCW, int BN>
+__global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
     prefill_wgmma_ws_kernel(const kva__cuda_prefill_args a, const __grid_constant__ wg_tmaps tm)
 {
 #ifdef KVA_WGMMA_BODY
-    typedef wg_dims<DK, DV> dims;
-    constexpr int NST = dims::NST, NO = dims::NO;
+    typedef wg_dims<DK, DV, NCW, BN> dims;
+    constexpr int NST = dims::NST, NO = dims::NO, NS = dims::NS, KS = dims::KS, M = dims::M;
+    constexpr int SPLIT = dims::SPLIT;
     constexpr uint32_t QB = dims::QB, KB = dims::KB, VB = dims::VB;
-    const int n_tiles = *a.num_tiles;
+    const int n_tiles = *a.num_tiles * SPLIT;
     if ((int)blockIdx.x >= n_tiles)
         return;
     /* CTA tile of round k: k * gridDim.x + blockIdx.x, the CTA order reversed
@@ -132,7 +138,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
     if (tid == 0) {
         for (int i = 0; i < NST; i++) {
             kva__mbar_init(full + 8 * i, 128);
-            kva__mbar_init(empty + 8 * i, 256);
+            kva__mbar_init(empty + 8 * i, 128 * NCW);
         }
     }
     __syncthreads();
@@ -141,30 +147,32 @@ __global__ void __launch_bounds__(3 * 128, 1)
     uint32_t gi = 0;
 
     if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(dims::REG_P) : "memory");
         for (int k = 0;; k++) {
             const int ti = tile_of(k);
             if (ti >= n_tiles)
                 break;
             wg_tile tl;
-            wg_tile_init(tl, a, wg_rec_load(a, ti), gd);
-            const int n_first = tl.kv_lo / WG_BN;
-            const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
+            wg_tile_init<M>(tl, a, wg_rec_of<SPLIT, M>(a, ti), gd);
+            const int n_first = tl.kv_lo / BN;
+            const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
             wg_kv g;
             wg_kv_init<DK, DV>(g, a, tl, tid);
             /* The block id of key n0 + tid of the next tile is loaded one tile
              * ahead and staged in shared memory ([2][128] int32 after the
-             * mbarriers), so the copy path has no dependent global load. */
+             * mbarriers), so the copy path has no dependent global load
+             * (threads tid >= BN stage ids nobody reads). */
             const uint32_t sids = empty + 8 * NST;
-            int nxt = ntiles > 0 ? wg_blk_of(g, n_last * WG_BN + tid) : 0;
+            const bool stager = BN >= 128 || tid < BN; /* the producer has 128 threads */
+            int nxt = ntiles > 0 && stager ? wg_blk_of(g, n_last * BN + tid) : 0;
             for (int it = 0; it < ntiles; it++) {
                 const uint32_t gk = gi + (uint32_t)it;
-                const int st = (int)(gk % NST), n0 = (n_last - it) * WG_BN;
+                const int st = (int)(gk % NST), n0 = (n_last - it) * BN;
                 {
                     const int cur = nxt;
-                    if (it + 1 < ntiles)
-                        nxt = wg_blk_of(g, n0 - WG_BN + tid);
+                    if (it + 1 < ntiles && stager)
+                        nxt = wg_blk_of(g, n0 - BN + tid);
                     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sids + (gk & 1) * 512 + 4 * tid),
                                  "r"(cur)
                                  : "memory");
@@ -173,7 +181,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 }
                 if (gk >= NST)
                     kva__mbar_wait(empty + 8 * st, ((gk / NST) - 1) & 1);
-                if (TMA && tm.ok && n0 >= tl.kv_lo && n0 + WG_BN <= tl.kv_hi) {
+                if (TMA && tm.ok && n0 >= tl.kv_lo && n0 + BN <= tl.kv_hi) {
                     /* A TMA copy is a warp-uniform instruction (the compiler
                      * issues a warp's lanes' boxes one after the other), so the
                      * four warps issue a quarter each (op o by lane o / 4 of
@@ -195,7 +203,7 @@ __global__ void __launch_bounds__(3 * 128, 1)
                         static_assert(DK != DV || KCB <= 2, "DK = DV: 64 or 128");
                         const int R = tm.box_rows, nhd = a.layout == KVA_LAYOUT_NHD;
                         const int o0 = (tid & 31) * 4 + (tid >> 5);
-                        for (int o = o0; o < OPB * (WG_BN / R); o += 32 * NW) {
+                        for (int o = o0; o < OPB * (BN / R); o += 32 * NW) {
                             /* DK = DV: OPB = 2 KCB (4 at 128, 2 at 64), shifts. */
                             constexpr int SH = KCB == 2 ? 2 : 1;
                             const int j = (unsigned)o % OPB;
@@ -209,11 +217,10 @@ __global__ void __launch_bounds__(3 * 128, 1)
                             const int off = (n0 + row) & (a.block_size - 1);
                             uint32_t dst;
                             if constexpr (DK == DV)
-                                dst =
-                                    (isv ? sV : sK) + st * KB + (uint32_t)(cb * WG_BN + row) * 128u;
+                                dst = (isv ? sV : sK) + st * KB + (uint32_t)(cb * BN + row) * 128u;
                             else
                                 dst = (isv ? sV + st * VB : sK + st * KB) +
-                                      (uint32_t)(cb * WG_BN + row) * 128u;
+                                      (uint32_t)(cb * BN + row) * 128u;
                             kva__tma_load4(dst, isv ? &tm.v : &tm.k, cb * 64, nhd ? tl.kvh : off,
                                            nhd ? off : tl.kvh, blk, full + 8 * st);
                         }
@@ -224,8 +231,8 @@ __global__ void __launch_bounds__(3 * 128, 1)
                     }
                     continue;
                 }
-                wg_gather_ids<DK, DV>(g, tid, n0, sK + st * KB, sV + st * VB,
-                                      sids + (gk & 1) * 512);
+                wg_gather_ids<DK, DV, BN>(g, tid, n0, sK + st * KB, sV + st * VB,
+                                          sids + (gk & 1) * 512);
                 kva__cp_async_commit();
                 /* Wait for this tile, then publish it. */
                 kva__cp_async_wait<0>();
@@ -235,19 +242,19 @@ __global__ void __launch_bounds__(3 * 128, 1)
             gi += (uint32_t)ntiles;
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(dims::REG_C) : "memory");
         const int cw = wg - 1, ct = tid - 128, wq = (ct >> 5) & 3;
         const uint64_t dq = kva__wgmma_desc(sQ + (uint32_t)cw * 64 * 128, 16, 1024);
         const uint64_t dk0 = kva__wgmma_desc(sK, 16, 1024);
-        const uint64_t dv0 = kva__wgmma_desc(sV, WG_BN * 128, 1024);
+        const uint64_t dv0 = kva__wgmma_desc(sV, BN * 128, 1024);
         const int tree_on = a.tree_on ? *a.tree_on : 0;
         int k = 0;
         /* tl: the header of the CTA tile about to start, built when its Q rows
          * are loaded (under the previous tile's epilogue); the key loop and the
          * epilogue need only c and the key-tile range. */
         wg_tile tl;
-        wg_tile_init(tl, a, wg_rec_load(a, (int)blockIdx.x), gd);
-        wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
+        wg_tile_init<M>(tl, a, wg_rec_of<SPLIT, M>(a, (int)blockIdx.x), gd);
+        wg_load_q<128, DK, M>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
         kva__cp_async_commit();
         for (;;) {
             kva__cp_async_wait<0>();
@@ -255,55 +262,66 @@ __global__ void __launch_bounds__(3 * 128, 1)
             kva__named_bar(true, 3 + cw, 128);
             wg_ctx c;
             wg_ctx_init<DK>(c, a, tl, cw * 64 + wq * 16, gd, tree_on);
-            const int n_first = tl.kv_lo / WG_BN;
-            const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / WG_BN : n_first - 1;
+            const int n_first = tl.kv_lo / BN;
+            const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
-            float o[NO], s[64];
+            float o[NO], s[NS];
             float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 #pragma unroll
-            for (int e = 0; e < 64; e++)
+            for (int e = 0; e < NS; e++)
                 s[e] = 0.0f;
 #pragma unroll
             for (int e = 0; e < NO; e++)
                 o[e] = 0.0f;
-            uint32_t pa[8][4];
+            uint32_t pa[KS][4];
+            /* The ping-pong of two consumers (wide shape): a consumer waits on
+             * its barrier before issuing its GEMMs and arrives on the other's
+             * after; one consumer (narrow) has nobody to wait for. */
             const int my_bar = 1 + cw, other_bar = 2 - cw;
+            auto pp_wait = [&]() {
+                if (NCW == 2)
+                    kva__named_bar(true, my_bar, 256);
+            };
+            auto pp_pass = [&]() {
+                if (NCW == 2)
+                    kva__named_bar(false, other_bar, 256);
+            };
             /* The next CTA tile's record (nxt.r < 0: none), loaded before the
              * last P V so that its latency hides under it and the next Q load
              * under the epilogue does not wait for it. */
             const int tn = tile_of(k + 1);
             wg_rec nxt = {-1, 0, 0};
             if (ntiles > 0) {
-                if (cw == 1)
+                if (NCW == 2 && cw == 1)
                     kva__named_bar(false, 1, 256); /* consumer 0 issues first */
                 /* Tile 0: S only. */
                 const int st0 = (int)(gi % NST);
                 kva__mbar_wait(full + 8 * st0, (gi / NST) & 1);
-                kva__named_bar(true, my_bar, 256);
+                pp_wait();
                 kva__wgmma_fence();
-                wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st0 * KB) >> 4));
+                wg_qk<Ty, DK, M>(s, dq, dk0 + ((uint64_t)(st0 * KB) >> 4));
                 kva__wgmma_commit();
-                kva__named_bar(false, other_bar, 256);
+                pp_pass();
                 kva__wgmma_wait<0>();
 #pragma unroll
-                for (int e = 0; e < 64; e++)
+                for (int e = 0; e < NS; e++)
                     kva__reg_fence(s[e]);
                 float alpha[2] = {1.0f, 1.0f};
                 wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, a.softcap, a.alibi_slopes,
-                                      n_last * WG_BN, alpha);
+                                      n_last * BN, alpha);
                 bool resc_prev = false; /* INTRA: o is still zero after tile 0 */
                 for (int it = 1; it < ntiles; it++) {
                     const uint32_t gk = gi + (uint32_t)it;
                     const int st = (int)(gk % NST), sp = (int)((gk - 1) % NST);
                     kva__mbar_wait(full + 8 * st, (gk / NST) & 1);
-                    kva__named_bar(true, my_bar, 256);
+                    pp_wait();
                     kva__wgmma_fence();
                     if (!INTRA) {
                         wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
                         kva__wgmma_commit();
-                        wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
+                        wg_qk<Ty, DK, M>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
                         kva__wgmma_commit();
-                        kva__named_bar(false, other_bar, 256);
+                        pp_pass();
                         kva__wgmma_wait<1>(); /* P V of tile it - 1 */
 #pragma unroll
                         for (int e = 0; e < NO; e++)
@@ -311,37 +329,36 @@ __global__ void __launch_bounds__(3 * 128, 1)
                         kva__mbar_arrive(empty + 8 * sp);
                         kva__wgmma_wait<0>();
 #pragma unroll
-                        for (int e = 0; e < 64; e++)
+                        for (int e = 0; e < NS; e++)
                             kva__reg_fence(s[e]);
                         wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, a.softcap, a.alibi_slopes,
-                                              (n_last - it) * WG_BN, alpha);
+                                              (n_last - it) * BN, alpha);
                     } else {
                         /* S of tile it first, then P V of tile it - 1, which runs
                          * under this tile's softmax. o is rescaled for tile it - 1
                          * between the two issues (as FlashAttention-3 does; a
                          * rescale after the wait makes ptxas serialize wgmma). */
-                        wg_qk<Ty, DK>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
+                        wg_qk<Ty, DK, M>(s, dq, dk0 + ((uint64_t)(st * KB) >> 4));
                         kva__wgmma_commit();
                         if (resc_prev)
                             wg_rescale_o(o, alpha);
                         kva__wgmma_fence();
                         wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sp * VB) >> 4));
                         kva__wgmma_commit();
-                        kva__named_bar(false, other_bar, 256);
+                        pp_pass();
                         kva__wgmma_wait<1>(); /* S of tile it */
 #pragma unroll
-                        for (int e = 0; e < 64; e++)
+                        for (int e = 0; e < NS; e++)
                             kva__reg_fence(s[e]);
-                        uint32_t pn[8][4];
-                        resc_prev =
-                            wg_softmax<Ty, true>(s, o, pn, m_run, l_run, c, a.softcap,
-                                                 a.alibi_slopes, (n_last - it) * WG_BN, alpha);
+                        uint32_t pn[KS][4];
+                        resc_prev = wg_softmax<Ty, true>(s, o, pn, m_run, l_run, c, a.softcap,
+                                                         a.alibi_slopes, (n_last - it) * BN, alpha);
                         kva__wgmma_wait<0>(); /* P V of tile it - 1 */
 #pragma unroll
                         for (int e = 0; e < NO; e++)
                             kva__reg_fence(o[e]);
 #pragma unroll
-                        for (int k = 0; k < 8; k++)
+                        for (int k = 0; k < KS; k++)
 #pragma unroll
                             for (int i = 0; i < 4; i++) {
                                 asm volatile("" : "+r"(pa[k][i])::"memory"); /* live until here */
@@ -351,9 +368,9 @@ __global__ void __launch_bounds__(3 * 128, 1)
                     }
                 }
                 if (tn < n_tiles)
-                    nxt = wg_rec_load(a, tn);
+                    nxt = wg_rec_of<SPLIT, M>(a, tn);
                 /* P V of the last tile. */
-                kva__named_bar(true, my_bar, 256);
+                pp_wait();
                 if (INTRA && resc_prev)
                     wg_rescale_o(o, alpha);
                 const int sl = (int)((gi + (uint32_t)ntiles - 1) % NST);
@@ -361,21 +378,21 @@ __global__ void __launch_bounds__(3 * 128, 1)
                 wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sl * VB) >> 4));
                 kva__wgmma_commit();
                 if (cw == 0)
-                    kva__named_bar(false, other_bar, 256);
+                    pp_pass();
                 kva__wgmma_wait<0>();
 #pragma unroll
                 for (int e = 0; e < NO; e++)
                     kva__reg_fence(o[e]);
                 kva__mbar_arrive(empty + 8 * sl); /* the ring goes on with the next CTA tile */
             } else if (tn < n_tiles) {
-                nxt = wg_rec_load(a, tn);
+                nxt = wg_rec_of<SPLIT, M>(a, tn);
             }
             gi += (uint32_t)ntiles;
             /* The next CTA tile's Q rows of this warpgroup are loaded under the
              * epilogue (S of this tile is done with them). */
             if (nxt.r >= 0) {
-                wg_tile_init(tl, a, nxt, gd);
-                wg_load_q<128, DK>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
+                wg_tile_init<M>(tl, a, nxt, gd);
+                wg_load_q<128, DK, M>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
                 kva__cp_async_commit();
             }
             wg_epilogue<Ty, DV>(a, c, o, m_run, l_run);
@@ -387,25 +404,29 @@ __global__ void __launch_bounds__(3 * 128, 1)
 #endif /* KVA_WGMMA_BODY */
 }
 
-/* Launches the kernel on a persistent grid of min(grid_tiles, SMs) CTAs.
- * DIX: the head-size pair's index (bits of the host cache's attribute mask). */
-template <bool INTRA, bool TMA, typename Ty, int DK, int DV, int DIX>
+/* Launches the kernel on a persistent grid of min(SPLIT grid_tiles, CTAS
+ * SMs) CTAs (wg_dims). DIX: the kernel's index among the head-size pairs and
+ * shapes (bits of the host cache's attribute mask). */
+template <bool INTRA, bool TMA, typename Ty, int DK, int DV, int NCW, int BN, int DIX>
 static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream)
 {
-    typedef wg_dims<DK, DV> dims;
+    typedef wg_dims<DK, DV, NCW, BN> dims;
     const size_t smem =
         1024 + (size_t)dims::QB + dims::NST * (size_t)(dims::KB + dims::VB) + 16 * dims::NST + 1024;
-    static_assert(1024 + dims::QB + dims::NST * (dims::KB + dims::VB) + 16 * dims::NST + 1024 <=
-                      227 * 1024,
+    /* CTAS CTAs per SM, each with 1 KB of shared memory reserved by the
+     * system, in the SM's 228 KB. */
+    static_assert(dims::CTAS * (1024 + dims::QB + dims::NST * (dims::KB + dims::VB) +
+                                16 * dims::NST + 1024 + 1024) <=
+                      228 * 1024,
                   "shared memory of the wgmma prefill");
     wg_tmaps tm;
     if (TMA)
-        kva__wg_tmaps_encode(a, &tm);
+        kva__wg_tmaps_encode(a, &tm, BN);
     else
         memset(&tm, 0, sizeof tm);
     kva__cuda_prefill_host_cache *hc = a->host_cache;
-    int grid = a->grid_tiles;
-    int nsm = hc ? hc->num_sms : 0; /* one CTA per SM (224 KB of shared memory each) */
+    int grid = a->grid_tiles * dims::SPLIT;
+    int nsm = hc ? hc->num_sms : 0;
     if (nsm <= 0) {
         int dev = 0;
         cudaError_t e = cudaGetDevice(&dev);
@@ -418,13 +439,18 @@ static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream
         if (hc)
             hc->num_sms = nsm;
     }
-    grid = nsm > 0 && nsm < grid ? nsm : grid;
+    grid = nsm > 0 && nsm * dims::CTAS < grid ? nsm * dims::CTAS : grid;
     const int bf = a->dtype == KVA_DTYPE_BF16;
     const int bit = 2 * DIX + (TMA ? 1 : 0);
-    auto fn = prefill_wgmma_ws_kernel<INTRA, TMA, Ty, DK, DV>;
+    auto fn = prefill_wgmma_ws_kernel<INTRA, TMA, Ty, DK, DV, NCW, BN>;
     if (!hc || !((hc->attr_set[bf] >> bit) & 1)) {
         cudaError_t e =
             cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        /* All of the SM's unified memory as shared memory, so that CTAS CTAs
+         * fit (the driver's default carveout may hold fewer). */
+        if (e == cudaSuccess && dims::CTAS > 1)
+            e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     (int)cudaSharedmemCarveoutMaxShared);
         if (e != cudaSuccess)
             return kva__fail(KVA_STATUS_DEVICE_ERROR,
                              "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
@@ -433,7 +459,7 @@ static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream
         if (hc)
             hc->attr_set[bf] |= (uint64_t)1 << bit;
     }
-    fn<<<grid, 3 * 128, smem, stream>>>(*a, tm);
+    fn<<<grid, (NCW + 1) * 128, smem, stream>>>(*a, tm);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
@@ -442,18 +468,19 @@ static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream
     return KVA_STATUS_OK;
 }
 
-/* The kernels of one head-size pair: TMA or cp.async, bf16 or f16. The TMA
- * kernel also issues P V under the consumer's own softmax (INTRA); the
- * cp.async kernel does not (measured faster without, docs/cuda-prefill.md). */
-template <int DK, int DV, int DIX>
+/* The kernels of one head-size pair and tile shape (NCW, BN: wg_dims): TMA
+ * or cp.async, bf16 or f16. The TMA kernel also issues P V under the
+ * consumer's own softmax (INTRA); the cp.async kernel does not (measured
+ * faster without, docs/cuda-prefill.md). */
+template <int DK, int DV, int DIX, int NCW = 2, int BN = 128>
 static kva_status launch_dims(const kva__cuda_prefill_args *a, cudaStream_t st, int tma)
 {
     const int bf = a->dtype == KVA_DTYPE_BF16;
     if (tma)
-        return bf ? launch_ws<true, true, kva__mma_bf16, DK, DV, DIX>(a, st)
-                  : launch_ws<true, true, kva__mma_f16, DK, DV, DIX>(a, st);
-    return bf ? launch_ws<false, false, kva__mma_bf16, DK, DV, DIX>(a, st)
-              : launch_ws<false, false, kva__mma_f16, DK, DV, DIX>(a, st);
+        return bf ? launch_ws<true, true, kva__mma_bf16, DK, DV, NCW, BN, DIX>(a, st)
+                  : launch_ws<true, true, kva__mma_f16, DK, DV, NCW, BN, DIX>(a, st);
+    return bf ? launch_ws<false, false, kva__mma_bf16, DK, DV, NCW, BN, DIX>(a, st)
+              : launch_ws<false, false, kva__mma_f16, DK, DV, NCW, BN, DIX>(a, st);
 }
 
 #endif /* KVA_CUDA_PREFILL_WGMMA_KERNEL_CUH */

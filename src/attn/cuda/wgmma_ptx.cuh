@@ -2,9 +2,9 @@
  * wgmma_ptx.cuh - PTX wrappers of the sm_90a warpgroup matrix instructions
  * (wgmma.mma_async) used by prefill_wgmma.cu: shared-memory matrix
  * descriptors (128-byte swizzle), fences, commit / wait, and the
- * m64n128k16 forms with fp32 accumulation (A from shared memory, A from
- * registers), m64n128k32 e4m3 from shared memory (the indexer), plus m64n64k16 with A from
- * registers. Only compiled where the sm_90a feature set is present
+ * m64n128k16 and m64n64k16 forms with fp32 accumulation (A from shared memory, A from
+ * registers), m64n128k32 e4m3 from shared memory (the indexer). Only compiled where the sm_90a
+ * feature set is present
  * (__CUDA_ARCH_FEAT_SM90_ALL); the including file guards its use.
  *
  * Accumulator fragment of m64nNk16 (fp32), per thread of the warpgroup
@@ -75,37 +75,43 @@ static __device__ __forceinline__ void kva__reg_fence(float &r)
 /* S-type products, A and B from shared memory, both K-major:
  * D [64, N] (+)= A [64, K] B [K, N] with K = 16 (bf16, f16) or 32 (e4m3,
  * which takes no transpose operands: TR is empty); scale_d 0 overwrites D.
- * kva__wgmma_ss_m64n128_{bf16,f16,e4m3}(d, da, db, scale_d). */
-#define KVA__WGMMA_SS_N128(ty, K, TR)                                                              \
-    static __device__ __forceinline__ void kva__wgmma_ss_m64n128_##ty(float d[64], uint64_t da,    \
-                                                                      uint64_t db, int scale_d)    \
+ * kva__wgmma_ss_m64n{128,64}_{bf16,f16}(d, da, db, scale_d) (and n128 e4m3),
+ * d[N / 2]; RL / DL: d's PTX register list and operands, A, B, S: the operand
+ * numbers of da, db and scale_d (they follow d's N / 2). */
+#define KVA__WGMMA_SS(ty, N, K, TR, RL, DL, A, B, S)                                               \
+    static __device__ __forceinline__ void kva__wgmma_ss_m64n##N##_##ty(                           \
+        float d[N / 2], uint64_t da, uint64_t db, int scale_d)                                     \
     {                                                                                              \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                  \
-                     "wgmma.mma_async.sync.aligned.m64n128k" #K ".f32." #ty "." #ty                \
-                     " " KVA__WG_R64 ", %64, %65, p, 1, 1" TR ";\n}\n"                             \
-                     : KVA__WG_D64("+f")                                                           \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #S ", 0;\n"                              \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k" #K ".f32." #ty "." #ty " " RL      \
+                     ", %" #A ", %" #B ", p, 1, 1" TR ";\n}\n"                                     \
+                     : DL("+f")                                                                    \
                      : "l"(da), "l"(db), "r"(scale_d));                                            \
     }
-KVA__WGMMA_SS_N128(bf16, 16, ", 0, 0")
-KVA__WGMMA_SS_N128(f16, 16, ", 0, 0")
-KVA__WGMMA_SS_N128(e4m3, 32, "")
+KVA__WGMMA_SS(bf16, 128, 16, ", 0, 0", KVA__WG_R64, KVA__WG_D64, 64, 65, 66)
+KVA__WGMMA_SS(f16, 128, 16, ", 0, 0", KVA__WG_R64, KVA__WG_D64, 64, 65, 66)
+KVA__WGMMA_SS(e4m3, 128, 32, "", KVA__WG_R64, KVA__WG_D64, 64, 65, 66)
+KVA__WGMMA_SS(bf16, 64, 16, ", 0, 0", KVA__WG_R32 "}", KVA__WG_D32, 32, 33, 34)
+KVA__WGMMA_SS(f16, 64, 16, ", 0, 0", KVA__WG_R32 "}", KVA__WG_D32, 32, 33, 34)
 
 /* The same with D overwritten (scale-d false): D is an output only, so the
  * registers it lands in carry no dependency on earlier values.
- * kva__wgmma_ss0_m64n128_{bf16,f16}(d, da, db). */
-#define KVA__WGMMA_SS0_N128(ty, K, TR)                                                             \
-    static __device__ __forceinline__ void kva__wgmma_ss0_m64n128_##ty(float d[64], uint64_t da,   \
-                                                                       uint64_t db)                \
+ * kva__wgmma_ss0_m64n{128,64}_{bf16,f16}(d, da, db) (and n128 e4m3). */
+#define KVA__WGMMA_SS0(ty, N, K, TR, RL, DL, A, B)                                                 \
+    static __device__ __forceinline__ void kva__wgmma_ss0_m64n##N##_##ty(float d[N / 2],           \
+                                                                         uint64_t da, uint64_t db) \
     {                                                                                              \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"                                    \
-                     "wgmma.mma_async.sync.aligned.m64n128k" #K ".f32." #ty "." #ty                \
-                     " " KVA__WG_R64 ", %64, %65, p, 1, 1" TR ";\n}\n"                             \
-                     : KVA__WG_D64("=f")                                                           \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k" #K ".f32." #ty "." #ty " " RL      \
+                     ", %" #A ", %" #B ", p, 1, 1" TR ";\n}\n"                                     \
+                     : DL("=f")                                                                    \
                      : "l"(da), "l"(db));                                                          \
     }
-KVA__WGMMA_SS0_N128(bf16, 16, ", 0, 0")
-KVA__WGMMA_SS0_N128(f16, 16, ", 0, 0")
-KVA__WGMMA_SS0_N128(e4m3, 32, "")
+KVA__WGMMA_SS0(bf16, 128, 16, ", 0, 0", KVA__WG_R64, KVA__WG_D64, 64, 65)
+KVA__WGMMA_SS0(f16, 128, 16, ", 0, 0", KVA__WG_R64, KVA__WG_D64, 64, 65)
+KVA__WGMMA_SS0(e4m3, 128, 32, "", KVA__WG_R64, KVA__WG_D64, 64, 65)
+KVA__WGMMA_SS0(bf16, 64, 16, ", 0, 0", KVA__WG_R32 "}", KVA__WG_D32, 32, 33)
+KVA__WGMMA_SS0(f16, 64, 16, ", 0, 0", KVA__WG_R32 "}", KVA__WG_D32, 32, 33)
 
 /* A from registers, B from shared memory MN-major (imm-trans-b = 1):
  * kva__wgmma_rs_m64n{N}_{bf16,f16}_tb(d, a, db, scale_d), d[N / 2]; RL: the
