@@ -12,6 +12,19 @@
  */
 #include "cache_util.h"
 
+/* The pools below use a hash this build has (prefix caching needs one;
+ * kvattn_pool.h: a build without it refuses, checked in test_limits). */
+#if defined(KVA_HAVE_OPENSSL)
+#define CT_HASH KVA_POOL_HASH_SHA256
+#define CT_PREFIX 1
+#elif defined(KVA_HAVE_XXHASH)
+#define CT_HASH KVA_POOL_HASH_XXH3_128
+#define CT_PREFIX 1
+#else
+#define CT_HASH KVA_POOL_HASH_SHA256
+#define CT_PREFIX 0
+#endif
+
 static const kva_backend kBk[2] = {KVA_BACKEND_REF, KVA_BACKEND_CPU};
 
 /* A plan descriptor over one request (q_len ql, seq_len sl) with f32 q. */
@@ -121,7 +134,13 @@ static void test_limits(void)
     CHECK_ERROR_MENTIONS("KVA_WITH_CJSON=OFF");
 #endif
     kva_pool *pool = NULL;
-    kva_pool_desc pdsc = {(1 << 30) + 1, 16, KVA_POOL_HASH_SHA256, 1};
+#ifndef KVA_HAVE_OPENSSL
+    /* A build without libcrypto refuses SHA-256 prefix caching (kvattn_pool.h). */
+    CHECK_STATUS(kva_pool_create(&(kva_pool_desc){8, 4, KVA_POOL_HASH_SHA256, 1}, &pool),
+                 KVA_STATUS_UNSUPPORTED);
+    CHECK(pool == NULL);
+#endif
+    kva_pool_desc pdsc = {(1 << 30) + 1, 16, CT_HASH, CT_PREFIX};
     CHECK_STATUS(kva_pool_create(&pdsc, &pool), KVA_STATUS_INVALID_ARGUMENT);
     pdsc.num_blocks = 8;
     pdsc.block_size = 65537;
@@ -195,7 +214,7 @@ static void test_zero_sizes(void)
     }
     /* Pool: counts of 0 are fine, a prompt of 0 tokens is the exception. */
     kva_pool *pool = NULL;
-    kva_pool_desc pdsc = {8, 4, KVA_POOL_HASH_SHA256, 1};
+    kva_pool_desc pdsc = {8, 4, CT_HASH, CT_PREFIX};
     CHECK_OK(kva_pool_create(&pdsc, &pool));
     const int32_t prompt[3] = {5, 6, 7};
     int32_t id = -1;
@@ -206,9 +225,9 @@ static void test_zero_sizes(void)
     CHECK_OK(kva_pool_request_append_tokens(pool, id, NULL, 0));
     CHECK_OK(kva_pool_request_slots(pool, id, 0, 0, NULL));
     CHECK_OK(kva_pool_request_block_table(pool, id, NULL, 0, NULL));
-    CHECK_STATUS(kva_pool_create(&(kva_pool_desc){0, 4, KVA_POOL_HASH_SHA256, 1}, &(kva_pool *){0}),
+    CHECK_STATUS(kva_pool_create(&(kva_pool_desc){0, 4, CT_HASH, CT_PREFIX}, &(kva_pool *){0}),
                  KVA_STATUS_INVALID_ARGUMENT);
-    CHECK_STATUS(kva_pool_create(&(kva_pool_desc){8, 0, KVA_POOL_HASH_SHA256, 1}, &(kva_pool *){0}),
+    CHECK_STATUS(kva_pool_create(&(kva_pool_desc){8, 0, CT_HASH, CT_PREFIX}, &(kva_pool *){0}),
                  KVA_STATUS_INVALID_ARGUMENT);
     CHECK_OK(kva_pool_check(pool));
     kva_pool_destroy(pool);
