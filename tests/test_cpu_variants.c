@@ -94,7 +94,12 @@ static void test_dispatch(void)
     const kva__cpu_isa level = kva__cpu_isa_level();
     kva_test_kernel k[KVA_TEST_MAX_KERNELS];
     const int32_t n = kva_test_cpu_kernels(k);
-#if defined(__x86_64__)
+#if defined(KVA_NO_SIMD)
+    /* A KVA_CPU_SIMD=OFF build registers the portable kernel of each family. */
+    CHECK(n == 3 && same(k[0].name, "decode_portable") && same(k[1].name, "prefill_portable") &&
+          same(k[2].name, "mla_portable") && k[0].runs && k[1].runs && k[2].runs);
+    CHECK(level == KVA__ISA_PORTABLE);
+#elif defined(__x86_64__)
     /* The registry: kind x ISA, each family in increasing ISA order. */
     static const char *const names[] = {"decode_portable",   "decode_avx2",       "decode_avx512",
                                         "decode_avx512bf16", "prefill_portable",  "prefill_avx2",
