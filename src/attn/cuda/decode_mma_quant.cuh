@@ -110,77 +110,60 @@ template <int D> static __device__ __forceinline__ uint32_t qm_voff(int r, int c
     return (uint32_t)(r * D + ((c ^ x) << 4));
 }
 
+/* Row (in rows of D bytes) and token-scale index of key j of kv head kvh:
+ * NHD (block * B + off) * Hkv + kvh, HND (block * Hkv + kvh) * B + off;
+ * scales [NB, Hkv, B]: (block * Hkv + kvh) * B + off. */
+static __device__ __forceinline__ int64_t qm_key_row(const kva__cuda_quant_mma_args &q,
+                                                     const int32_t *bt_row, int32_t kvh, int32_t j,
+                                                     int64_t *tsi)
+{
+    const kva__cuda_attn_args &a = q.a;
+    /* A power-of-two block size (the usual case) takes a shift, not a division. */
+    const bool pow2 = (a.B & (a.B - 1)) == 0;
+    const int32_t blk = pow2 ? j >> (__ffs(a.B) - 1) : j / a.B, off = j - blk * a.B;
+    const int64_t block = __ldg(bt_row + blk);
+    *tsi = (block * a.Hkv + kvh) * a.B + off;
+    return a.layout_hnd ? *tsi : (block * a.B + off) * a.Hkv + kvh;
+}
+
 /* The warp copies K and V of keys kb .. kb + BNW - 1 (zeros past kend; BNW
  * 16 or 32; VB bytes per V element) and their token scales into the stage at
- * st. Lanes 2k and 2k + 1 take key k + 16 m (m < BNW / 16) and compute its
- * row themselves (no shuffles); per copy instruction they move 32 bytes of
- * it (chunks c0 + 2p, c0 = lane & 1), p rotated by the key so that the 16
- * keys of one instruction cover every bank of the stage's swizzled rows. */
+ * st: lane l computes the row of key l % BNW, the others get it by shuffle. */
 template <int D, int BNW, int VB>
 static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &q,
                                                 const int32_t *bt_row, int32_t kvh, int32_t kb,
                                                 int32_t kend, uint32_t st, int lane)
 {
-    constexpr int CH = D / 16, KM = BNW / 16; /* 16-byte chunks of a K row; keys per lane */
-    static_assert(CH % 2 == 0 && (CH & (CH - 1)) == 0, "chunk pairs");
+    constexpr int CH = D / 16;
+    const int32_t jl = kb + (lane & (BNW - 1));
+    int64_t tsi = 0;
+    const int64_t mine = jl < kend ? qm_key_row(q, bt_row, kvh, jl, &tsi) : -1;
     const char *kp = (const char *)q.a.k, *vp = (const char *)q.a.v;
-    const int kl = lane >> 1, c0 = lane & 1;
-    const kva__cuda_attn_args &a = q.a;
-    /* Block and offset of the lane's keys (a power-of-two block size, the
-     * usual case, by shift), then the block-table loads together, then the
-     * rows: NHD (block * B + off) * Hkv + kvh, HND (block * Hkv + kvh) * B +
-     * off; token scales [NB, Hkv, B] at (block * Hkv + kvh) * B + off. */
-    int32_t blk[KM], off[KM];
-    bool ok[KM];
-    if ((a.B & (a.B - 1)) == 0) {
-        const int sh = __ffs(a.B) - 1;
 #pragma unroll
-        for (int m = 0; m < KM; m++) {
-            const int32_t j = kb + kl + 16 * m;
-            blk[m] = j >> sh;
-            off[m] = j & (a.B - 1);
-        }
-    } else {
+    for (int i = 0; i < BNW * CH / 32; i++) {
+        const int x = lane + 32 * i, key = x / CH, c = x % CH;
+        const int64_t row = __shfl_sync(0xffffffffu, mine, key);
+        const bool ok = row >= 0;
+        const int64_t boff = ok ? row * (int64_t)D + c * 16 : 0;
+        kva__cp_async16(st + qm_koff<D>(key, c), kp + boff, ok ? 16 : 0);
+        if (VB == 1)
+            kva__cp_async16(st + BNW * D + qm_voff<D>(key, c), vp + boff, ok ? 16 : 0);
+    }
+    if (VB == 2) {
+        /* 16-bit V rows: D / 8 chunks, the bf16 kernel's swizzle (ldmatrix.trans). */
+        constexpr int CV = D / 8;
 #pragma unroll
-        for (int m = 0; m < KM; m++) {
-            const int32_t j = kb + kl + 16 * m;
-            blk[m] = j / a.B;
-            off[m] = j - blk[m] * a.B;
+        for (int i = 0; i < BNW * CV / 32; i++) {
+            const int x = lane + 32 * i, key = x / CV, c = x % CV;
+            const int64_t row = __shfl_sync(0xffffffffu, mine, key);
+            const bool ok = row >= 0;
+            const int64_t boff = ok ? row * (int64_t)(2 * D) + c * 16 : 0;
+            kva__cp_async16(st + BNW * D + kva__swz<D>(key, c), vp + boff, ok ? 16 : 0);
         }
     }
-    int64_t row[KM], tsi[KM];
-#pragma unroll
-    for (int m = 0; m < KM; m++) {
-        ok[m] = kb + kl + 16 * m < kend;
-        row[m] = ok[m] ? __ldg(bt_row + blk[m]) : 0; /* the block, for now */
-    }
-#pragma unroll
-    for (int m = 0; m < KM; m++) {
-        tsi[m] = (row[m] * a.Hkv + kvh) * a.B + off[m];
-        row[m] = !ok[m] ? 0 : a.layout_hnd ? tsi[m] : (row[m] * a.B + off[m]) * a.Hkv + kvh;
-    }
-#pragma unroll
-    for (int m = 0; m < KM; m++) {
-        const int key = kl + 16 * m, sz = ok[m] ? 16 : 0;
-        const char *kr = kp + row[m] * D, *vr = vp + row[m] * (int64_t)(D * VB);
-#pragma unroll
-        for (int p = 0; p < CH / 2; p++) {
-            const int c = c0 + 2 * ((p + kl) & (CH / 2 - 1));
-            kva__cp_async16(st + qm_koff<D>(key, c), kr + c * 16, sz);
-            if (VB == 1)
-                kva__cp_async16(st + BNW * D + qm_voff<D>(key, c), vr + c * 16, sz);
-        }
-        if (VB == 2) {
-            /* 16-bit V rows: D / 8 chunks, the bf16 kernel's swizzle (ldmatrix.trans). */
-#pragma unroll
-            for (int p = 0; p < CH; p++) {
-                const int c = c0 + 2 * ((p + kl) & (CH - 1));
-                kva__cp_async16(st + BNW * D + kva__swz<D>(key, c), vr + c * 16, sz);
-            }
-        }
-        if (q.kts && c0 == 0)
-            kva__cp_async4(st + BNW * D * (1 + VB) + key * 4, ok[m] ? q.kts + tsi[m] : q.kts,
-                           ok[m] ? 4 : 0);
+    if (q.kts && lane < BNW) {
+        const bool ok = mine >= 0;
+        kva__cp_async4(st + BNW * D * (1 + VB) + lane * 4, ok ? q.kts + tsi : q.kts, ok ? 4 : 0);
     }
 }
 
@@ -188,21 +171,6 @@ static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &
 static __device__ __forceinline__ float qm_exp2i(int k)
 {
     return __int_as_float((k + 127) << 23);
-}
-
-/* Q' [16, D] f16 of one score pass lies in shared memory fragment-major, so
- * that one 16-byte load is the A operand of one mma (no register moves to
- * assemble it): uint4 number (kk * 4 + st) * 32 + lane holds, for lane
- * (g4, t4), the channel pairs 2st and 2st + 1 of the lane's 16 channels
- * kk * 64 + 16 t4 .. of rows g4 and g4 + 8, in the order of the A fragment
- * (row g4 pair 2st, row g4 + 8 pair 2st, row g4 pair 2st + 1, row g4 + 8
- * pair 2st + 1). Returns the 32-bit word of channels ch, ch + 1 (ch even)
- * of row r. */
-template <int D> static __device__ __forceinline__ int qm_qword(int r, int ch)
-{
-    const int kk = ch >> 6, t4 = (ch >> 4) & 3, w = (ch >> 1) & 7;
-    const int lane = (r & 7) * 4 + t4;
-    return (((kk * 4 + (w >> 1)) * 32 + lane) << 2) + ((w & 1) << 1) + (r >> 3);
 }
 
 /* Q' range: f16 holds |x| < 65504 and is exact only above 2^-14 (6.1e-5);
@@ -225,11 +193,10 @@ static __device__ __forceinline__ int qm_row_exp(float mx)
 }
 
 /* Q'[r, c] = q[r, c] * ks[kvh, c] times 2^k_r (qm_row_exp) as two f16,
- * hi + lo (zeros past nrows; fragment-major, qm_qword), s_up[r] = 2^-k_r and
- * qo[r] = sum_c Q'[r, c] o_c (INT8_CHANNEL offsets). packed (nrows <= 8, hi
- * and lo both used): lo of row r goes to row r + 8 of sQ, so that one m16
- * pass of the scores gives both (qm_load::scores); else hi to sQ, lo to
- * sQl. In chunks of 8 channels per thread (16-byte loads
+ * hi + lo (zeros past nrows), s_up[r] = 2^-k_r and qo[r] = sum_c Q'[r, c] o_c
+ * (INT8_CHANNEL offsets). packed (nrows <= 8, hi and lo both used): lo of row
+ * r goes to row r + 8 of sQ, so that one m16 pass of the scores gives both
+ * (qm_load::scores); else hi to sQ, lo to sQl. In chunks of 8 channels per thread (16-byte loads
  * of q when q16, two float4 of the scales and offsets); the
  * D / 8 chunks of a row lie in consecutive lanes of one warp, which take the
  * row max and sum qo by shuffles. One barrier at the end (Q', s_qo and s_up
@@ -237,10 +204,10 @@ static __device__ __forceinline__ int qm_row_exp(float mx)
 template <int FMT, typename OT, int D>
 static __device__ __forceinline__ void
 qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t nrows, int32_t qs,
-           bool ktok, bool packed, uint32_t *sQ, uint32_t *sQl, float *s_qo, float *s_up)
+           bool ktok, bool packed, __half *sQ, __half *sQl, float *s_qo, float *s_up)
 {
     const kva__cuda_attn_args &a = q.a;
-    constexpr int C8 = D / 8, NI = DM_M * C8 / (DM_NW * 32);
+    constexpr int QSTR = D + 8, C8 = D / 8, NI = DM_M * C8 / (DM_NW * 32);
     static_assert((DM_NW * 32) % C8 == 0 && C8 <= 32, "a row's chunks in one warp");
     static_assert((DM_M * C8) % (DM_NW * 32) == 0, "whole chunk rounds");
     float vv[NI][8];
@@ -295,17 +262,12 @@ qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t n
             hi[j] = __float2half_rn(v[j]);
             lo[j] = __float2half_rn(v[j] - __half2float(hi[j]));
         }
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const uint32_t h2 = ((const uint32_t *)hi)[j], l2 = ((const uint32_t *)lo)[j];
-            const int wq = qm_qword<D>(r, c + 2 * j);
-            if (!packed) {
-                sQ[wq] = h2;
-                sQl[wq] = l2;
-            } else if (r < DM_M / 2) {
-                sQ[wq] = h2;
-                sQ[qm_qword<D>(r + DM_M / 2, c + 2 * j)] = l2;
-            }
+        if (!packed) {
+            *(uint4 *)(sQ + r * QSTR + c) = *(const uint4 *)hi;
+            *(uint4 *)(sQl + r * QSTR + c) = *(const uint4 *)lo;
+        } else if (r < DM_M / 2) {
+            *(uint4 *)(sQ + r * QSTR + c) = *(const uint4 *)hi;
+            *(uint4 *)(sQ + (r + DM_M / 2) * QSTR + c) = *(const uint4 *)lo;
         }
         if (FMT == QM_I8 && !ktok) {
             const float4 *ko = (const float4 *)(q.ko + (int64_t)w.kv_head * D + c);
@@ -348,8 +310,8 @@ template <int FMT, typename OT, int D_> struct qm_load {
                                          : (D == 64    ? 8
                                             : D == 128 ? 6
                                                        : 5);
-    static constexpr int QU4 = 2 * D;                 /* uint4 of Q' [16, D] f16 */
-    static constexpr int SQ = 2 * QU4 * 16;           /* Q' hi, lo (qm_qword) */
+    static constexpr int QSTR = D + 8;                /* Q' row stride (halves) */
+    static constexpr int SQ = 2 * DM_M * QSTR * 2;    /* Q' hi, lo [16, D] f16 */
     static constexpr int VOFF = BNW * D;              /* V in the stage (bytes) */
     static constexpr int TSOFF = VOFF + BNW * D * VB; /* key scales in the stage */
     static constexpr int STAGE = TSOFF + 4 * BNW;
@@ -359,10 +321,11 @@ template <int FMT, typename OT, int D_> struct qm_load {
     static_assert(DM_NW * DM_M * D * 4 <= DM_NW * NST * STAGE, "merge space");
     static_assert(STAGE % 16 == 0, "stage alignment");
     /* Of rows g4 and g4 + 8: 2^-k (qm_row_exp), sum_c Q'_c o_c (INT8_CHANNEL);
-     * packed: rows 8-15 of Q' hold the lo parts of rows 0-7 (qm_stage_q). */
+     * packed: rows 8-15 of Q' hold the lo parts of rows 0-7 (qm_stage_q);
+     * hi8: rows 8-15 of Q' are not all zero (more than 8 rows, or packed). */
     struct Item {
         float qup[2], qo[2];
-        bool packed;
+        bool packed, hi8;
     };
     /* QM_V16: P V in the q dtype (V's), as the 16-bit policy. */
     typedef typename qm_ty<OT>::type TyV;
@@ -386,10 +349,11 @@ template <int FMT, typename OT, int D_> struct qm_load {
                                                    Item &it, int g4)
     {
         __shared__ float s_qo[DM_M], s_up[DM_M];
-        uint32_t *sQ = (uint32_t *)smem;
+        __half *sQ = (__half *)smem;
         const bool ktok = q.kts != nullptr;
         it.packed = !ktok && nrows <= DM_M / 2;
-        qm_stage_q<FMT, OT, D>(q, w, nrows, qs, ktok, it.packed, sQ, sQ + 4 * QU4, s_qo, s_up);
+        it.hi8 = it.packed || nrows > DM_M / 2;
+        qm_stage_q<FMT, OT, D>(q, w, nrows, qs, ktok, it.packed, sQ, sQ + DM_M * QSTR, s_qo, s_up);
         it.qup[0] = s_up[g4];
         it.qup[1] = s_up[g4 + 8];
         it.qo[0] = 0.f;
@@ -408,10 +372,11 @@ template <int FMT, typename OT, int D_> struct qm_load {
      * exact in f16 down to 2^-31 of the row's max). Packed items (at most 8
      * rows: every GQA <= 8 decode) carry lo in rows 8-15, so one pass of
      * mma gives hi (rows g4) and lo (rows g4 + 8) and their sum is S; the
-     * second pass runs only for items of more than 8 rows. The Q' fragments
-     * of a 64-channel slice (one 16-byte load each, qm_qword) serve every
-     * sub-tile; the sub-tiles' accumulator chains interleave. Then the
-     * per-token key scales or the offset term, and 2^-k. */
+     * second pass runs only for items of more than 8 rows. Rows 8-15 of an
+     * item of at most 8 rows that is not packed are zeros: not loaded. The
+     * Q' fragments of a 64-channel slice serve every sub-tile; the
+     * sub-tiles' accumulator chains interleave. Then the per-token key
+     * scales or the offset term, and 2^-k. */
     static __device__ __forceinline__ void scores(float sc[NT][4], const Args &q,
                                                   const unsigned char *smem,
                                                   const unsigned char *sk, uint32_t, const Item &it,
@@ -419,17 +384,27 @@ template <int FMT, typename OT, int D_> struct qm_load {
     {
         const int g4 = lane >> 2, t4 = lane & 3;
         const bool ktok = q.kts != nullptr, lo_pass = !ktok && !it.packed;
-        const uint4 *sQ = (const uint4 *)smem + lane;
+        const __half *sQ = (const __half *)smem, *sQl = sQ + DM_M * QSTR;
 #pragma unroll
         for (int kk = 0; kk < D / 64; kk++) {
-            uint4 qf[2][4];
+            uint32_t qr[2][8], qs8[2][8];
 #pragma unroll
             for (int pass = 0; pass < 2; pass++) {
                 if (pass == 1 && !lo_pass)
                     break;
-#pragma unroll
-                for (int st = 0; st < 4; st++)
-                    qf[pass][st] = sQ[pass * QU4 + (kk * 4 + st) * 32];
+                const __half *q0 = (pass ? sQl : sQ) + g4 * QSTR + kk * 64 + 16 * t4;
+                const uint4 qa0 = *(const uint4 *)q0, qa1 = *(const uint4 *)(q0 + 8);
+                uint4 qb0 = make_uint4(0u, 0u, 0u, 0u), qb1 = qb0;
+                if (it.hi8) {
+                    qb0 = *(const uint4 *)(q0 + 8 * QSTR);
+                    qb1 = *(const uint4 *)(q0 + 8 * QSTR + 8);
+                }
+                qr[pass][0] = qa0.x, qr[pass][1] = qa0.y, qr[pass][2] = qa0.z;
+                qr[pass][3] = qa0.w, qr[pass][4] = qa1.x, qr[pass][5] = qa1.y;
+                qr[pass][6] = qa1.z, qr[pass][7] = qa1.w;
+                qs8[pass][0] = qb0.x, qs8[pass][1] = qb0.y, qs8[pass][2] = qb0.z;
+                qs8[pass][3] = qb0.w, qs8[pass][4] = qb1.x, qs8[pass][5] = qb1.y;
+                qs8[pass][6] = qb1.z, qs8[pass][7] = qb1.w;
             }
 #pragma unroll
             for (int kt = 0; kt < KT; kt++) {
@@ -449,8 +424,8 @@ template <int FMT, typename OT, int D_> struct qm_load {
                         break;
 #pragma unroll
                     for (int st = 0; st < 4; st++) {
-                        const uint4 f = qf[pass][st];
-                        const uint32_t af[4] = {f.x, f.y, f.z, f.w};
+                        const uint32_t af[4] = {qr[pass][2 * st], qs8[pass][2 * st],
+                                                qr[pass][2 * st + 1], qs8[pass][2 * st + 1]};
                         kva__mma_f16::mma(sc[2 * kt], af, kb_[0][st][0], kb_[0][st][1]);
                         kva__mma_f16::mma(sc[2 * kt + 1], af, kb_[1][st][0], kb_[1][st][1]);
                     }

@@ -16,21 +16,12 @@ template <bool FP8>
 static __device__ __forceinline__ void kva__cvt4_f16(uint32_t w, uint32_t &lo, uint32_t &hi)
 {
     if (FP8) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-        /* One cvt per pair, reading the 16-bit halves of w in place (no shift
-         * for the upper pair). */
-        asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\t"
-            "cvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
-            : "=r"(lo), "=r"(hi)
-            : "r"(w));
-#else
         const __half2_raw a =
             __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
         const __half2_raw b =
             __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
         lo = (uint32_t)a.x | ((uint32_t)a.y << 16);
         hi = (uint32_t)b.x | ((uint32_t)b.y << 16);
-#endif
     } else {
         /* 0x64 | (c ^ 0x80) is the f16 1024 + 128 + c; minus 1152. */
         const uint32_t x = w ^ 0x80808080u;
