@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # test.sh - build and run every test: the Release build, a smoke run of the CLI,
 # the packages, a smoke run of the libFuzzer harnesses, then the whole suite
-# again under -fsanitize=address,undefined. The sanitizer build with its test run after it,
-# and the fuzz harnesses' build, run in the background from the start at the
+# again under -fsanitize=address,undefined. The sanitizer build with its test
+# run after it, and the fuzz harnesses' build, run in the background from the start at the
 # lowest CPU priority (nice 19): they take only the CPU time the stages before
 # them leave idle (the ends of the Release build and test run, the
 # single-threaded CLI, package, Python and model stages) and are waited for
@@ -35,8 +35,8 @@ stage() {
 # Background builds: each in its own process group, so that an early exit of
 # this script stops them (the EXIT trap) instead of leaving them running. The
 # group comes from job control (set -m around the launch), not setsid: with
-# the kernel's autogroup scheduling (Linux's default on desktops and many
-# VMs, /proc/sys/kernel/sched_autogroup_enabled) a new session is a new
+# the kernel's autogroup scheduling (on in many distributions' kernels, this
+# VM's too: /proc/sys/kernel/sched_autogroup_enabled) a new session is a new
 # scheduling group whose tasks' nice values count only inside it, so a
 # setsid'ed nice-19 build took as much CPU as the foreground stages (the CI
 # run of 6e8197c: the sanitizer build 389 CPU s in 400 s beside a 570 s
