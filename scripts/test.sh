@@ -2,11 +2,11 @@
 # test.sh - build and run every test: the Release build, a smoke run of the CLI,
 # the packages, a smoke run of the libFuzzer harnesses, then the whole suite
 # again under -fsanitize=address,undefined. The sanitizer build with its test
-# run after it, and the fuzz harnesses' build, run in the background from the start at the
-# lowest CPU priority (nice 19): they take only the CPU time the stages before
-# them leave idle (the ends of the Release build and test run, the
-# single-threaded CLI, package, Python and model stages) and are waited for
-# at their stages, whose logs they print then.
+# run after it, and the fuzz harnesses' build, run in the background from the
+# start at the lowest CPU priority (nice 19): they take only the CPU time the
+# stages before them leave idle (the ends of the Release build and test run,
+# the single-threaded CLI, package, Python, model and fuzz stages) and are
+# waited for at their stages, whose logs they print then.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
