@@ -38,9 +38,8 @@ stage() {
 # the kernel's autogroup scheduling (on in many distributions' kernels, this
 # VM's too: /proc/sys/kernel/sched_autogroup_enabled) a new session is a new
 # scheduling group whose tasks' nice values count only inside it, so a
-# setsid'ed nice-19 build took as much CPU as the foreground stages (the CI
-# run of 6e8197c: the sanitizer build 389 CPU s in 400 s beside a 570 s
-# Release build; bench/results/vm_2026-11-27_ci18.txt). In the script's own
+# setsid'ed nice-19 build took as much CPU as the foreground stages
+# (measured in bench/results/vm_2026-11-27_ci18.txt). In the script's own
 # session nice 19 holds: the background takes what the foreground leaves.
 bg_pids=()
 bg_stop() {
