@@ -65,10 +65,11 @@ kva__dmma_rows(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nr
 }
 
 /* Logits of the tile of BN keys kb.. (BN / 8 n8 tiles: 16 for the bf16
- * kernel, 16 or 32 for the quantized one) in log2 units: soft-cap or scale,
- * then ALiBi and the mask (with the draft tree, if tree is given), the mask
- * only where some row may not see some key of the tile. */
-template <int BN>
+ * kernel, 16 or 32 for the quantized one) in log2 units: soft-cap or scale
+ * (PRE: sc is already scaled unless there is a soft-cap), then ALiBi and the
+ * mask (with the draft tree, if tree is given), the mask only where some row
+ * may not see some key of the tile. */
+template <int BN, bool PRE = false>
 static __device__ __forceinline__ void
 kva__dmma_logits(float sc[][4], const kva__cuda_attn_args &a, float scale_log2, int32_t kb, int t4,
                  int32_t lo_all, int32_t hi_all, const int32_t lo[2], const int32_t hi[2],
@@ -81,7 +82,7 @@ kva__dmma_logits(float sc[][4], const kva__cuda_attn_args &a, float scale_log2, 
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 sc[nt][e] = a.softcap * tanhf(sc[nt][e] * a.scale / a.softcap) * KVA__DMMA_LOG2E;
-    } else {
+    } else if (!PRE) {
 #pragma unroll
         for (int nt = 0; nt < BN / 8; nt++)
 #pragma unroll
@@ -128,12 +129,50 @@ kva__dmma_logits(float sc[][4], const kva__cuda_attn_args &a, float scale_log2, 
 }
 
 /* Online softmax of rows g4 and g4 + 8 (4 lanes share a row) over NT n8
- * tiles of keys: m_run, l_run and O [16, D] (NO = D / 8 n8 tiles) rescaled,
- * sc replaced by P. */
+ * tiles of keys: m_run, l_run and O [16, D] (NO n8 tiles: D / 8 and any the
+ * caller keeps beside them) rescaled, sc replaced by P. rows8 false (a
+ * warp-uniform value: the item has at most 8 rows): rows 8-15 are no
+ * attention rows; their P is 0 and their state is left as it is. */
 template <int NO, int NT = 2>
 static __device__ __forceinline__ void kva__dmma_softmax(float sc[][4], float m_run[2],
-                                                         float l_run[2], float o[NO][4])
+                                                         float l_run[2], float o[NO][4],
+                                                         bool rows8 = true)
 {
+    if (!rows8) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            sc[nt][2] = 0.f;
+            sc[nt][3] = 0.f;
+        }
+        float mx = fmaxf(sc[0][0], sc[0][1]);
+#pragma unroll
+        for (int nt = 1; nt < NT; nt++)
+            mx = fmaxf(mx, fmaxf(sc[nt][0], sc[nt][1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_run[0], mx);
+        if (__any_sync(0xffffffffu, m_new != m_run[0])) {
+            const float mu = m_new == -INFINITY ? 0.f : m_new;
+            const float alpha = kva__ex2(m_run[0] - mu); /* 0 while m_run = -inf */
+            m_run[0] = m_new;
+            l_run[0] *= alpha;
+#pragma unroll
+            for (int n = 0; n < NO; n++) {
+                o[n][0] *= alpha;
+                o[n][1] *= alpha;
+            }
+        }
+        const float mu = m_run[0] == -INFINITY ? 0.f : m_run[0];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float p = kva__ex2(sc[nt][e] - mu);
+                sc[nt][e] = p;
+                l_run[0] += p;
+            }
+        return;
+    }
     float m_new[2];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {

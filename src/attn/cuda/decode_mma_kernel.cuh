@@ -75,6 +75,10 @@
  *   pv(o, sc, stage_p, stage, lane): O += P V of the step
  *   store_acc(dst, o, hf, t4): the thread's O row half hf into dst [D] fp32
  *   value(q, w, d, L, O): O of channel d in value units
+ *   NX, PRESCALED (optional): extra accumulator tiles beside O, scores
+ *                       already in log2 units (dm_nx, dm_prescaled below)
+ * Items of at most 8 rows leave rows 8-15 of the m16 tile out of the
+ * softmax (their P is 0).
  */
 #ifndef KVA_CUDA_DECODE_MMA_KERNEL_CUH
 #define KVA_CUDA_DECODE_MMA_KERNEL_CUH
@@ -123,6 +127,25 @@ template <typename P, typename = void> struct dm_rows_ahead {
 };
 template <typename P> struct dm_rows_ahead<P, decltype((void)P::ROWS_AHEAD)> {
     static constexpr bool value = P::ROWS_AHEAD;
+};
+
+/* Optional policy traits (default in brackets): P::NX [0] accumulator n8
+ * tiles kept after O's D / 8 (rescaled with O by the online softmax, passed
+ * to P::pv and P::store_acc: the quantized policy's sum of its f16 P times
+ * the code bias); P::PRESCALED [false]: P::scores returns logits already
+ * times scale * log2 e when there is no soft-cap (the policy folds the
+ * softmax scale into its per-row factors). */
+template <typename P, typename = void> struct dm_nx {
+    static constexpr int value = 0;
+};
+template <typename P> struct dm_nx<P, decltype((void)P::NX)> {
+    static constexpr int value = P::NX;
+};
+template <typename P, typename = void> struct dm_prescaled {
+    static constexpr bool value = false;
+};
+template <typename P> struct dm_prescaled<P, decltype((void)P::PRESCALED)> {
+    static constexpr bool value = P::PRESCALED;
 };
 
 #define DM_UNIT 64        /* keys of a unit of the balanced schedule (split_align) */
@@ -193,7 +216,9 @@ template <typename P, bool BAL = false>
 __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const typename P::Args q)
 {
     constexpr int D = P::D, NST = P::NST, STAGE = P::STAGE, BNW = P::BNW, NT = P::NT;
-    constexpr int NO = D / 8; /* n8 tiles of O */
+    constexpr int NO = D / 8;              /* n8 tiles of O */
+    constexpr int NX = dm_nx<P>::value;    /* the policy's extra accumulator tiles */
+    constexpr bool PRE = dm_prescaled<P>::value;
     const kva__cuda_attn_args &a = P::attn(q);
     extern __shared__ __align__(128) unsigned char dm_smem_buf[];
     __shared__ float s_m[DM_NW][DM_M], s_l[DM_NW][DM_M];
@@ -306,14 +331,17 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
             prologue();
         }
 
-        float o[NO][4];
+        float o[NO + NX][4];
 #pragma unroll
-        for (int n = 0; n < NO; n++)
+        for (int n = 0; n < NO + NX; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 o[n][e] = 0.f;
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
+        /* Rows 8-15 of the m16 tile hold attention rows only for items of
+         * more than 8 rows: else the softmax leaves them out (P 0). */
+        const bool rows8 = nrows > DM_M / 2;
         int stage = 0;
         /* One step at kb: wait for its copies, S, the softmax, P V. */
         auto step = [&](int32_t kb) {
@@ -331,9 +359,9 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
             P::scores(sc, q, dm_smem_buf, ring_p + stage * STAGE, ring + stage * STAGE, qit, lane);
             /* Logits in log2 units; the mask only where some row may not see
              * some key of the step. */
-            kva__dmma_logits<BNW>(sc, a, scale_log2, kb, t4, lo_all, hi_all, lo, hi, pos, slope,
-                                  &tree);
-            kva__dmma_softmax<NO, NT>(sc, m_run, l_run, o);
+            kva__dmma_logits<BNW, PRE>(sc, a, scale_log2, kb, t4, lo_all, hi_all, lo, hi, pos,
+                                       slope, &tree);
+            kva__dmma_softmax<NO + NX, NT>(sc, m_run, l_run, o, rows8);
             P::pv(o, sc, ring_p + stage * STAGE, ring + stage * STAGE, lane);
             stage = stage == NST - 1 ? 0 : stage + 1;
         };

@@ -126,14 +126,82 @@ static __device__ __forceinline__ int64_t qm_key_row(const kva__cuda_quant_mma_a
     return a.layout_hnd ? *tsi : (block * a.B + off) * a.Hkv + kvh;
 }
 
+/* The copies of a step whose keys kb .. kb + BNW - 1 all lie before kend,
+ * with kb and the block size multiples of 16 (the usual case: every step
+ * but an item's last): each 16 keys lie in one block, so the warp reads one
+ * block-table entry per 16 keys (the same address in every lane) and a
+ * key's row is that block's first row plus a multiple of the rows per key
+ * (Hkv for NHD, 1 for HND) that is a constant of the unrolled copy loop:
+ * no shuffles, no zero-fill selects. Returns false (nothing issued) where
+ * the step does not qualify. */
+template <int D, int BNW, int VB>
+static __device__ __forceinline__ bool qm_issue_pages(const kva__cuda_quant_mma_args &q,
+                                                      const int32_t *bt_row, int32_t kvh,
+                                                      int32_t kb, int32_t kend, uint32_t st,
+                                                      int lane)
+{
+    const kva__cuda_attn_args &a = q.a;
+    if (((a.B | kb) & 15) != 0 || kb + BNW > kend)
+        return false;
+    constexpr int NG = BNW / 16; /* 16-key groups of the step */
+    const bool pow2 = (a.B & (a.B - 1)) == 0;
+    const int32_t rs = a.layout_hnd ? 1 : a.Hkv; /* rows per key */
+    int64_t rb[NG], tb[NG]; /* the groups' first rows and token-scale indices */
+#pragma unroll
+    for (int gi = 0; gi < NG; gi++) {
+        const int32_t j0 = kb + 16 * gi;
+        const int32_t blk = pow2 ? j0 >> (__ffs(a.B) - 1) : j0 / a.B, off = j0 - blk * a.B;
+        const int64_t block = __ldg(bt_row + blk);
+        tb[gi] = (block * a.Hkv + kvh) * a.B + off;
+        rb[gi] = a.layout_hnd ? tb[gi] : (block * a.B + off) * a.Hkv + kvh;
+    }
+    /* Chunk x = lane + 32 i of the step's [BNW, D / 16] 16-byte chunks is key
+     * x / CH = lane / CH + i * 32 / CH, chunk lane % CH: its 16-key group
+     * and the key's place in it are constants of i. */
+    constexpr int CH = D / 16, KPI = 32 / CH;
+    static_assert(KPI <= 16 && 16 % KPI == 0, "a chunk round inside one group");
+    const int64_t lo = (int64_t)(lane / CH) * rs * D + (lane % CH) * 16; /* the lane's chunk */
+    const char *kp = (const char *)q.a.k + lo, *vp = (const char *)q.a.v;
+#pragma unroll
+    for (int i = 0; i < BNW * CH / 32; i++) {
+        const int key = lane / CH + i * KPI, c = lane % CH;
+        const int gi = (i * KPI) / 16, m = (i * KPI) % 16;
+        const int64_t boff = (rb[gi] + (int64_t)m * rs) * D;
+        kva__cp_async16(st + qm_koff<D>(key, c), kp + boff, 16);
+        if (VB == 1)
+            kva__cp_async16(st + BNW * D + qm_voff<D>(key, c), vp + lo + boff, 16);
+    }
+    if (VB == 2) {
+        /* 16-bit V rows: D / 8 chunks, the bf16 kernel's swizzle (ldmatrix.trans). */
+        constexpr int CV = D / 8, KPV = 32 / CV;
+        static_assert(KPV <= 16 && 16 % KPV == 0, "a chunk round inside one group");
+        const char *vl = vp + ((int64_t)(lane / CV) * rs * (2 * D) + (lane % CV) * 16);
+#pragma unroll
+        for (int i = 0; i < BNW * CV / 32; i++) {
+            const int key = lane / CV + i * KPV, c = lane % CV;
+            const int gi = (i * KPV) / 16, m = (i * KPV) % 16;
+            const int64_t boff = (rb[gi] + (int64_t)m * rs) * (2 * D);
+            kva__cp_async16(st + BNW * D + kva__swz<D>(key, c), vl + boff, 16);
+        }
+    }
+    if (q.kts && lane < BNW) {
+        const int64_t t0 = NG == 1 || lane < 16 ? tb[0] : tb[NG - 1];
+        kva__cp_async4(st + BNW * D * (1 + VB) + lane * 4, q.kts + t0 + (lane & 15), 4);
+    }
+    return true;
+}
+
 /* The warp copies K and V of keys kb .. kb + BNW - 1 (zeros past kend; BNW
  * 16 or 32; VB bytes per V element) and their token scales into the stage at
- * st: lane l computes the row of key l % BNW, the others get it by shuffle. */
+ * st: qm_issue_pages where the step qualifies, else lane l computes the row
+ * of key l % BNW and the others get it by shuffle. */
 template <int D, int BNW, int VB>
 static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &q,
                                                 const int32_t *bt_row, int32_t kvh, int32_t kb,
                                                 int32_t kend, uint32_t st, int lane)
 {
+    if (qm_issue_pages<D, BNW, VB>(q, bt_row, kvh, kb, kend, st, lane))
+        return;
     constexpr int CH = D / 16;
     const int32_t jl = kb + (lane & (BNW - 1));
     int64_t tsi = 0;
@@ -193,8 +261,10 @@ static __device__ __forceinline__ int qm_row_exp(float mx)
 }
 
 /* Q'[r, c] = q[r, c] * ks[kvh, c] times 2^k_r (qm_row_exp) as two f16,
- * hi + lo (zeros past nrows), s_up[r] = 2^-k_r and qo[r] = sum_c Q'[r, c] o_c
- * (INT8_CHANNEL offsets). packed (nrows <= 8, hi and lo both used): lo of row
+ * hi + lo (zeros past nrows), s_up[r] = 2^-k_r and s_qo[r] = sum_c Q'[r, c]
+ * (o_c + 1152) (INT8_CHANNEL offsets plus the bias of the int8 codes in f16,
+ * kva__cvt4_f16_b1152; INT8_TOKEN_K and _V16: 1152 sum_c Q'[r, c], Q' = hi;
+ * FP8: 0). packed (nrows <= 8, hi and lo both used): lo of row
  * r goes to row r + 8 of sQ, so that one m16 pass of the scores gives both
  * (qm_load::scores); else hi to sQ, lo to sQl. In chunks of 8 channels per thread (16-byte loads
  * of q when q16, two float4 of the scales and offsets); the
@@ -269,14 +339,21 @@ qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t n
             *(uint4 *)(sQ + r * QSTR + c) = *(const uint4 *)hi;
             *(uint4 *)(sQ + (r + DM_M / 2) * QSTR + c) = *(const uint4 *)lo;
         }
-        if (FMT == QM_I8 && !ktok) {
-            const float4 *ko = (const float4 *)(q.ko + (int64_t)w.kv_head * D + c);
-            const float4 o0 = __ldg(ko), o1 = __ldg(ko + 1);
-            const float ov[8] = {o0.x, o0.y, o0.z, o0.w, o1.x, o1.y, o1.z, o1.w};
+        if (FMT != QM_FP8) {
+            float ov[8];
+            if (!ktok) {
+                const float4 *ko = (const float4 *)(q.ko + (int64_t)w.kv_head * D + c);
+                const float4 o0 = __ldg(ko), o1 = __ldg(ko + 1);
+                ov[0] = o0.x, ov[1] = o0.y, ov[2] = o0.z, ov[3] = o0.w;
+                ov[4] = o1.x, ov[5] = o1.y, ov[6] = o1.z, ov[7] = o1.w;
+            }
             float acc = 0.f;
 #pragma unroll
             for (int j = 0; j < 8; j++)
-                acc = fmaf(__half2float(hi[j]) + __half2float(lo[j]), ov[j], acc);
+                acc = ktok ? acc + __half2float(hi[j])
+                           : fmaf(__half2float(hi[j]) + __half2float(lo[j]), ov[j] + 1152.f, acc);
+            if (ktok)
+                acc *= 1152.f;
 #pragma unroll
             for (int o = C8 / 2; o >= 1; o >>= 1)
                 acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -285,6 +362,17 @@ qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t n
         }
     }
     __syncthreads();
+}
+
+/* Four codes of w as f16 pairs: int8 with the bias 1152 (I8B), else as
+ * kva__cvt4_f16 (fp8 exact; int8 exact, the bias taken off per element). */
+template <bool I8B>
+static __device__ __forceinline__ void qm_cvt4(uint32_t w, uint32_t &lo, uint32_t &hi)
+{
+    if (I8B)
+        kva__cvt4_f16_b1152(w, lo, hi);
+    else
+        kva__cvt4_f16<true>(w, lo, hi);
 }
 
 /* The load policy (decode_mma_kernel.cuh) of format FMT (QM_I8, QM_FP8 or
@@ -318,14 +406,23 @@ template <int FMT, typename OT, int D_> struct qm_load {
     static constexpr int SMEM = SQ + DM_NW * NST * STAGE;
     static constexpr int MINB = D == 64 ? 3 : D == 128 ? 2 : 1;
     static constexpr bool RAGGED = false, ISSUE_FIRST = true;
+    /* Scores come out in log2 units (the softmax scale in it.f) without a
+     * soft-cap; int8 V keeps one accumulator tile more: 1152 sum_k P (the
+     * bias of its codes in f16, kva__cvt4_f16_b1152), taken off O at the end. */
+    static constexpr bool PRESCALED = true;
+    static constexpr int NX = FMT == QM_I8 ? 1 : 0;
     static_assert(DM_NW * DM_M * D * 4 <= DM_NW * NST * STAGE, "merge space");
     static_assert(STAGE % 16 == 0, "stage alignment");
-    /* Of rows g4 and g4 + 8: 2^-k (qm_row_exp), sum_c Q'_c o_c (INT8_CHANNEL);
-     * packed: rows 8-15 of Q' hold the lo parts of rows 0-7 (qm_stage_q);
-     * hi8: rows 8-15 of Q' are not all zero (more than 8 rows, or packed). */
+    /* Of rows g4 and g4 + 8: f = 2^-k (qm_row_exp) times scale log2 e (no
+     * soft-cap; times 1 with one), qo = s_qo (qm_stage_q) and nf = -qo f;
+     * two: f alone would leave the normal range, so f is 2^-k and sl2 (the
+     * scale) follows as a second factor; packed: rows 8-15 of Q' hold the
+     * lo parts of rows 0-7 (qm_stage_q); hi8: rows 8-15 of Q' are not all
+     * zero (more than 8 rows, or packed); rows8: rows 8-15 are attention rows
+     * (more than 8 rows). */
     struct Item {
-        float qup[2], qo[2];
-        bool packed, hi8;
+        float f[2], qo[2], nf[2], sl2;
+        bool packed, hi8, rows8, two;
     };
     /* QM_V16: P V in the q dtype (V's), as the 16-bit policy. */
     typedef typename qm_ty<OT>::type TyV;
@@ -352,15 +449,26 @@ template <int FMT, typename OT, int D_> struct qm_load {
         __half *sQ = (__half *)smem;
         const bool ktok = q.kts != nullptr;
         it.packed = !ktok && nrows <= DM_M / 2;
-        it.hi8 = it.packed || nrows > DM_M / 2;
+        it.rows8 = nrows > DM_M / 2;
+        it.hi8 = it.packed || it.rows8;
         qm_stage_q<FMT, OT, D>(q, w, nrows, qs, ktok, it.packed, sQ, sQ + DM_M * QSTR, s_qo, s_up);
-        it.qup[0] = s_up[g4];
-        it.qup[1] = s_up[g4 + 8];
-        it.qo[0] = 0.f;
-        it.qo[1] = 0.f;
-        if (FMT == QM_I8 && q.kts == nullptr) {
-            it.qo[0] = s_qo[g4];
-            it.qo[1] = s_qo[g4 + 8];
+        /* The body multiplies by scale log2 e only under a soft-cap (PRESCALED). */
+        const float sl2 = q.a.softcap > 0.f ? 1.f : q.a.scale * KVA__DMMA_LOG2E;
+        it.sl2 = sl2;
+        it.two = false;
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const float up = s_up[g4 + 8 * hf], f = up * sl2;
+            const bool ok = fabsf(f) >= 1.17549435e-38f && fabsf(f) <= 3.4028235e38f;
+            it.two = it.two || !ok;
+            it.f[hf] = f;
+            it.qo[hf] = FMT != QM_FP8 ? s_qo[g4 + 8 * hf] : 0.f;
+        }
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            if (it.two)
+                it.f[hf] = s_up[g4 + 8 * hf];
+            it.nf[hf] = -it.qo[hf] * it.f[hf];
         }
     }
 
@@ -375,8 +483,11 @@ template <int FMT, typename OT, int D_> struct qm_load {
      * second pass runs only for items of more than 8 rows. Rows 8-15 of an
      * item of at most 8 rows that is not packed are zeros: not loaded. The
      * Q' fragments of a 64-channel slice serve every sub-tile; the
-     * sub-tiles' accumulator chains interleave. Then the per-token key
-     * scales or the offset term, and 2^-k. */
+     * sub-tiles' accumulator chains interleave. int8 codes enter as
+     * c + 1152 (kva__cvt4_f16_b1152, no subtraction per element), so the
+     * mma sums are S + 1152 sum_c Q'_c, taken off with the offset term (qo).
+     * Then the per-token key scales, 2^-k and the softmax scale (one factor,
+     * it.f); rows 8-15 only where they are attention rows (it.rows8). */
     static __device__ __forceinline__ void scores(float sc[NT][4], const Args &q,
                                                   const unsigned char *smem,
                                                   const unsigned char *sk, uint32_t, const Item &it,
@@ -413,10 +524,10 @@ template <int FMT, typename OT, int D_> struct qm_load {
                 for (int nt = 0; nt < 2; nt++) {
                     const uint4 kw =
                         *(const uint4 *)(sk + qm_koff<D>(16 * kt + g4 + 8 * nt, kk * 4 + t4));
-                    kva__cvt4_f16<FMT == QM_FP8>(kw.x, kb_[nt][0][0], kb_[nt][0][1]);
-                    kva__cvt4_f16<FMT == QM_FP8>(kw.y, kb_[nt][1][0], kb_[nt][1][1]);
-                    kva__cvt4_f16<FMT == QM_FP8>(kw.z, kb_[nt][2][0], kb_[nt][2][1]);
-                    kva__cvt4_f16<FMT == QM_FP8>(kw.w, kb_[nt][3][0], kb_[nt][3][1]);
+                    qm_cvt4<FMT != QM_FP8>(kw.x, kb_[nt][0][0], kb_[nt][0][1]);
+                    qm_cvt4<FMT != QM_FP8>(kw.y, kb_[nt][1][0], kb_[nt][1][1]);
+                    qm_cvt4<FMT != QM_FP8>(kw.z, kb_[nt][2][0], kb_[nt][2][1]);
+                    qm_cvt4<FMT != QM_FP8>(kw.w, kb_[nt][3][0], kb_[nt][3][1]);
                 }
 #pragma unroll
                 for (int pass = 0; pass < 2; pass++) {
@@ -432,46 +543,52 @@ template <int FMT, typename OT, int D_> struct qm_load {
                 }
             }
         }
-        /* Element e: row g4 + (e >> 1) * 8, key kb + nt * 8 + 2 * t4 + (e & 1). */
+        /* Element e: row g4 + (e >> 1) * 8, key kb + nt * 8 + 2 * t4 + (e & 1).
+         * Rows 8-15 of an item of at most 8 rows are left as they are (the
+         * softmax gives them P 0). */
         if (it.packed) {
             /* Row g4's S is its hi part plus its lo part (row g4 + 8). */
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 sc[nt][0] += sc[nt][2];
                 sc[nt][1] += sc[nt][3];
-                sc[nt][2] = 0.f;
-                sc[nt][3] = 0.f;
             }
         }
         if (ktok) {
+            /* (S - qo) ts_j f: the bias term before the key's scale. */
             const float *ts = (const float *)(sk + TSOFF);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const float2 t2 = *(const float2 *)(ts + nt * 8 + 2 * t4);
-                sc[nt][0] *= t2.x;
-                sc[nt][1] *= t2.y;
-                sc[nt][2] *= t2.x;
-                sc[nt][3] *= t2.y;
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (e < 2 || it.rows8)
+                        sc[nt][e] = (sc[nt][e] - it.qo[e >> 1]) *
+                                    ((e & 1 ? t2.y : t2.x) * it.f[e >> 1]);
             }
-        } else if (FMT == QM_I8) {
+        } else {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    sc[nt][e] -= it.qo[e >> 1];
+                    if (e < 2 || it.rows8)
+                        sc[nt][e] = fmaf(sc[nt][e], it.f[e >> 1], it.nf[e >> 1]);
         }
-        /* Q' was stored times 2^k per row (qm_row_exp). */
+        if (it.two) {
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                sc[nt][e] *= it.qup[e >> 1];
+                for (int e = 0; e < 4; e++)
+                    sc[nt][e] *= it.sl2;
+        }
     }
 
     /* O += P V of the step: QM_V16 as the 16-bit policy (P in V's dtype, V
      * by ldmatrix.trans); else O += P C_V with P [16, 16] of each sub-tile in
-     * f16 as the A operand (k = key). */
-    static __device__ __forceinline__ void pv(float o[D / 8][4], const float sc[NT][4],
+     * f16 as the A operand (k = key); int8 codes as c + 1152, and
+     * o[D / 8] += 1152 P (every column: 1152 times the row's sum of P as f16,
+     * exact), which store_acc takes off. */
+    static __device__ __forceinline__ void pv(float o[D / 8 + NX][4], const float sc[NT][4],
                                               const unsigned char *stp, uint32_t st, int lane)
     {
         const int g4 = lane >> 2, t4 = lane & 3;
@@ -496,28 +613,36 @@ template <int FMT, typename OT, int D_> struct qm_load {
                     const uint32_t r8 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 8, c) + b);
                     const uint32_t r9 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 9, c) + b);
                     uint32_t b0[4], b1[4];
-                    kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r0, r1, 0x5140), b0[0], b0[1]);
-                    kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r0, r1, 0x7362), b0[2], b0[3]);
-                    kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r8, r9, 0x5140), b1[0], b1[1]);
-                    kva__cvt4_f16<FMT == QM_FP8>(__byte_perm(r8, r9, 0x7362), b1[2], b1[3]);
+                    qm_cvt4<FMT == QM_I8>(__byte_perm(r0, r1, 0x5140), b0[0], b0[1]);
+                    qm_cvt4<FMT == QM_I8>(__byte_perm(r0, r1, 0x7362), b0[2], b0[3]);
+                    qm_cvt4<FMT == QM_I8>(__byte_perm(r8, r9, 0x5140), b1[0], b1[1]);
+                    qm_cvt4<FMT == QM_I8>(__byte_perm(r8, r9, 0x7362), b1[2], b1[3]);
 #pragma unroll
                     for (int j = 0; j < 4; j++)
                         kva__mma_f16::mma(o[4 * g + j], pa[kt], b0[j], b1[j]);
                 }
             }
+            if constexpr (NX == 1) {
+                /* 1152 in f16 (0x6480) as every element of B. */
+#pragma unroll
+                for (int kt = 0; kt < KT; kt++)
+                    kva__mma_f16::mma(o[D / 8], pa[kt], 0x64806480u, 0x64806480u);
+            }
         }
     }
 
     /* Row half hf of O: tile 4g + j, column n = 2 t4 (+1) is channel
-     * 32 g + 4 n + j; QM_V16: the standard layout, channels 8 n + 2 t4 (+1). */
-    static __device__ __forceinline__ void store_acc(float *dst, const float o[D / 8][4], int hf,
-                                                     int t4)
+     * 32 g + 4 n + j; QM_V16: the standard layout, channels 8 n + 2 t4 (+1).
+     * int8: less the bias sum (o[D / 8], pv). */
+    static __device__ __forceinline__ void store_acc(float *dst, const float o[D / 8 + NX][4],
+                                                     int hf, int t4)
     {
+        const float bias = NX == 1 ? o[D / 8 + NX - 1][2 * hf] : 0.f;
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
             const int ch = FMT == QM_V16 ? 8 * n + 2 * t4 : 32 * (n >> 2) + 8 * t4 + (n & 3);
-            dst[ch] = o[n][2 * hf];
-            dst[ch + (FMT == QM_V16 ? 1 : 4)] = o[n][2 * hf + 1];
+            dst[ch] = o[n][2 * hf] - bias;
+            dst[ch + (FMT == QM_V16 ? 1 : 4)] = o[n][2 * hf + 1] - bias;
         }
     }
 

@@ -34,4 +34,16 @@ static __device__ __forceinline__ void kva__cvt4_f16(uint32_t w, uint32_t &lo, u
     }
 }
 
+/* Four int8 codes (b0, b1, b2, b3) of w as f16 pairs {b0, b1} (lo) and
+ * {b2, b3} (hi) plus the bias 1152, exact: 0x64 | (c ^ 0x80) is the f16
+ * 1024 + 128 + c (one xor per word, one byte_perm per pair). For sums of
+ * products whose caller subtracts the bias term once (1152 times the sum of
+ * the other operand), not per element. */
+static __device__ __forceinline__ void kva__cvt4_f16_b1152(uint32_t w, uint32_t &lo, uint32_t &hi)
+{
+    const uint32_t x = w ^ 0x80808080u;
+    lo = __byte_perm(x, 0x64646464u, 0x4140);
+    hi = __byte_perm(x, 0x64646464u, 0x4342);
+}
+
 #endif /* KVA_CUDA_QUANT_CVT_CUH */
