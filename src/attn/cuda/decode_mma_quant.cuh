@@ -23,7 +23,8 @@
  * The mma runs in f16 (m16n8k16, fp32 accumulation); the codes are turned
  * into f16 exactly in registers:
  *   int8: 0x6400 | (c ^ 0x80) is the f16 1024 + 128 + c (one byte_perm per
- *         two codes), minus 1152 (one hsub2);
+ *         two codes); K codes minus 1152 (one hsub2 per two, exact scores),
+ *         V codes keep the bias, taken off O once at the end (pv);
  *   fp8:  cvt e4m3x2 -> f16x2 (exact; NaN kept).
  * The scales never enter the key loop:
  *   S = Q' K^T with Q'_c = q_c s_c (K scale folded, rounded to f16 once per
@@ -261,10 +262,8 @@ static __device__ __forceinline__ int qm_row_exp(float mx)
 }
 
 /* Q'[r, c] = q[r, c] * ks[kvh, c] times 2^k_r (qm_row_exp) as two f16,
- * hi + lo (zeros past nrows), s_up[r] = 2^-k_r and s_qo[r] = sum_c Q'[r, c]
- * (o_c + 1152) (INT8_CHANNEL offsets plus the bias of the int8 codes in f16,
- * kva__cvt4_f16_b1152; INT8_TOKEN_K and _V16: 1152 sum_c Q'[r, c], Q' = hi;
- * FP8: 0). packed (nrows <= 8, hi and lo both used): lo of row
+ * hi + lo (zeros past nrows), s_up[r] = 2^-k_r and qo[r] = sum_c Q'[r, c] o_c
+ * (INT8_CHANNEL offsets). packed (nrows <= 8, hi and lo both used): lo of row
  * r goes to row r + 8 of sQ, so that one m16 pass of the scores gives both
  * (qm_load::scores); else hi to sQ, lo to sQl. In chunks of 8 channels per thread (16-byte loads
  * of q when q16, two float4 of the scales and offsets); the
@@ -339,21 +338,14 @@ qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t n
             *(uint4 *)(sQ + r * QSTR + c) = *(const uint4 *)hi;
             *(uint4 *)(sQ + (r + DM_M / 2) * QSTR + c) = *(const uint4 *)lo;
         }
-        if (FMT != QM_FP8) {
-            float ov[8];
-            if (!ktok) {
-                const float4 *ko = (const float4 *)(q.ko + (int64_t)w.kv_head * D + c);
-                const float4 o0 = __ldg(ko), o1 = __ldg(ko + 1);
-                ov[0] = o0.x, ov[1] = o0.y, ov[2] = o0.z, ov[3] = o0.w;
-                ov[4] = o1.x, ov[5] = o1.y, ov[6] = o1.z, ov[7] = o1.w;
-            }
+        if (FMT == QM_I8 && !ktok) {
+            const float4 *ko = (const float4 *)(q.ko + (int64_t)w.kv_head * D + c);
+            const float4 o0 = __ldg(ko), o1 = __ldg(ko + 1);
+            const float ov[8] = {o0.x, o0.y, o0.z, o0.w, o1.x, o1.y, o1.z, o1.w};
             float acc = 0.f;
 #pragma unroll
             for (int j = 0; j < 8; j++)
-                acc = ktok ? acc + __half2float(hi[j])
-                           : fmaf(__half2float(hi[j]) + __half2float(lo[j]), ov[j] + 1152.f, acc);
-            if (ktok)
-                acc *= 1152.f;
+                acc = fmaf(__half2float(hi[j]) + __half2float(lo[j]), ov[j], acc);
 #pragma unroll
             for (int o = C8 / 2; o >= 1; o >>= 1)
                 acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -414,7 +406,8 @@ template <int FMT, typename OT, int D_> struct qm_load {
     static_assert(DM_NW * DM_M * D * 4 <= DM_NW * NST * STAGE, "merge space");
     static_assert(STAGE % 16 == 0, "stage alignment");
     /* Of rows g4 and g4 + 8: f = 2^-k (qm_row_exp) times scale log2 e (no
-     * soft-cap; times 1 with one), qo = s_qo (qm_stage_q) and nf = -qo f;
+     * soft-cap; times 1 with one), qo = sum_c Q'_c o_c (INT8_CHANNEL) and
+     * nf = -qo f;
      * two: f alone would leave the normal range, so f is 2^-k and sl2 (the
      * scale) follows as a second factor; packed: rows 8-15 of Q' hold the
      * lo parts of rows 0-7 (qm_stage_q); hi8: rows 8-15 of Q' are not all
@@ -462,7 +455,7 @@ template <int FMT, typename OT, int D_> struct qm_load {
             const bool ok = fabsf(f) >= 1.17549435e-38f && fabsf(f) <= 3.4028235e38f;
             it.two = it.two || !ok;
             it.f[hf] = f;
-            it.qo[hf] = FMT != QM_FP8 ? s_qo[g4 + 8 * hf] : 0.f;
+            it.qo[hf] = FMT == QM_I8 && !ktok ? s_qo[g4 + 8 * hf] : 0.f;
         }
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
@@ -483,10 +476,8 @@ template <int FMT, typename OT, int D_> struct qm_load {
      * second pass runs only for items of more than 8 rows. Rows 8-15 of an
      * item of at most 8 rows that is not packed are zeros: not loaded. The
      * Q' fragments of a 64-channel slice serve every sub-tile; the
-     * sub-tiles' accumulator chains interleave. int8 codes enter as
-     * c + 1152 (kva__cvt4_f16_b1152, no subtraction per element), so the
-     * mma sums are S + 1152 sum_c Q'_c, taken off with the offset term (qo).
-     * Then the per-token key scales, 2^-k and the softmax scale (one factor,
+     * sub-tiles' accumulator chains interleave. Then the offset term or
+     * the per-token key scales, 2^-k and the softmax scale (one factor,
      * it.f); rows 8-15 only where they are attention rows (it.rows8). */
     static __device__ __forceinline__ void scores(float sc[NT][4], const Args &q,
                                                   const unsigned char *smem,
@@ -524,10 +515,10 @@ template <int FMT, typename OT, int D_> struct qm_load {
                 for (int nt = 0; nt < 2; nt++) {
                     const uint4 kw =
                         *(const uint4 *)(sk + qm_koff<D>(16 * kt + g4 + 8 * nt, kk * 4 + t4));
-                    qm_cvt4<FMT != QM_FP8>(kw.x, kb_[nt][0][0], kb_[nt][0][1]);
-                    qm_cvt4<FMT != QM_FP8>(kw.y, kb_[nt][1][0], kb_[nt][1][1]);
-                    qm_cvt4<FMT != QM_FP8>(kw.z, kb_[nt][2][0], kb_[nt][2][1]);
-                    qm_cvt4<FMT != QM_FP8>(kw.w, kb_[nt][3][0], kb_[nt][3][1]);
+                    kva__cvt4_f16<FMT == QM_FP8>(kw.x, kb_[nt][0][0], kb_[nt][0][1]);
+                    kva__cvt4_f16<FMT == QM_FP8>(kw.y, kb_[nt][1][0], kb_[nt][1][1]);
+                    kva__cvt4_f16<FMT == QM_FP8>(kw.z, kb_[nt][2][0], kb_[nt][2][1]);
+                    kva__cvt4_f16<FMT == QM_FP8>(kw.w, kb_[nt][3][0], kb_[nt][3][1]);
                 }
 #pragma unroll
                 for (int pass = 0; pass < 2; pass++) {
@@ -555,7 +546,7 @@ template <int FMT, typename OT, int D_> struct qm_load {
             }
         }
         if (ktok) {
-            /* (S - qo) ts_j f: the bias term before the key's scale. */
+            /* S ts_j f. */
             const float *ts = (const float *)(sk + TSOFF);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -563,8 +554,7 @@ template <int FMT, typename OT, int D_> struct qm_load {
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     if (e < 2 || it.rows8)
-                        sc[nt][e] = (sc[nt][e] - it.qo[e >> 1]) *
-                                    ((e & 1 ? t2.y : t2.x) * it.f[e >> 1]);
+                        sc[nt][e] *= (e & 1 ? t2.y : t2.x) * it.f[e >> 1];
             }
         } else {
 #pragma unroll
