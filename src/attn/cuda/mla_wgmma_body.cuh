@@ -68,6 +68,17 @@
 #define MW_PB (MW_M * MW_BN * 2)
 #define MW_SMEM (MW_QB + MW_NST * MW_KB + MW_PB + 1024)
 #define MW_KS (ML_D / 16 / 2) /* k-steps of S per warpgroup */
+/* Experiment switches (mla9): S split by columns (1) or by keys (0); the
+ * accumulator chains of the column split; N of the P V wgmma. */
+#ifndef MW_S_COLS
+#define MW_S_COLS 1
+#endif
+#ifndef MW_S_CHAINS
+#define MW_S_CHAINS 1
+#endif
+#ifndef MW_PV_N
+#define MW_PV_N 256
+#endif
 /* Headroom of the lazily moved softmax reference max (log2 units): any
  * reference gives the same out and lse, this one moves only when a row's max
  * grows past it by more than MW_LAZY (or was -inf). */
@@ -116,6 +127,32 @@ MW_SS_N64(f16)
     }
 MW_SS_N256_TB(bf16)
 MW_SS_N256_TB(f16)
+#define MW_D16(c) MW_D4(c, 0), MW_D4(c, 1), MW_D4(c, 2), MW_D4(c, 3)
+#define MW_D64(c) MW_D8(c, 0), MW_D8(c, 8)
+#define MW_SS_N32(ty)                                                                              \
+    static __device__ __forceinline__ void mw_ss_n32_##ty(float(&d)[4][4], uint64_t da,            \
+                                                          uint64_t db, int scale_d)                \
+    {                                                                                              \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                  \
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." #ty "." #ty " "                 \
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"       \
+                     ", %16, %17, p, 1, 1, 0, 0;\n}\n"                                             \
+                     : MW_D16("+f")                                                                \
+                     : "l"(da), "l"(db), "r"(scale_d));                                            \
+    }
+MW_SS_N32(bf16)
+MW_SS_N32(f16)
+#define MW_SS_N128_TB(ty)                                                                          \
+    static __device__ __forceinline__ void mw_ss_n128_tb_##ty(float(&d)[16][4], uint64_t da,       \
+                                                              uint64_t db)                         \
+    {                                                                                              \
+        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." #ty "." #ty " " KVA__WG_R64    \
+                     ", %64, %65, 1, 1, 1, 0, 1;\n"                                                \
+                     : MW_D64("+f")                                                                \
+                     : "l"(da), "l"(db));                                                          \
+    }
+MW_SS_N128_TB(bf16)
+MW_SS_N128_TB(f16)
 
 template <typename Ty> struct mw_ops;
 template <> struct mw_ops<kva__mma_bf16> {
@@ -127,6 +164,14 @@ template <> struct mw_ops<kva__mma_bf16> {
     {
         mw_ss_n256_tb_bf16(d, a, b);
     }
+    static __device__ __forceinline__ void s32(float (&d)[4][4], uint64_t a, uint64_t b, int sc)
+    {
+        mw_ss_n32_bf16(d, a, b, sc);
+    }
+    static __device__ __forceinline__ void o128(float (&d)[16][4], uint64_t a, uint64_t b)
+    {
+        mw_ss_n128_tb_bf16(d, a, b);
+    }
 };
 template <> struct mw_ops<kva__mma_f16> {
     static __device__ __forceinline__ void s(float (&d)[8][4], uint64_t a, uint64_t b, int sc)
@@ -137,6 +182,14 @@ template <> struct mw_ops<kva__mma_f16> {
     {
         mw_ss_n256_tb_f16(d, a, b);
     }
+    static __device__ __forceinline__ void s32(float (&d)[4][4], uint64_t a, uint64_t b, int sc)
+    {
+        mw_ss_n32_f16(d, a, b, sc);
+    }
+    static __device__ __forceinline__ void o128(float (&d)[16][4], uint64_t a, uint64_t b)
+    {
+        mw_ss_n128_tb_f16(d, a, b);
+    }
 };
 #endif
 
@@ -145,15 +198,34 @@ template <> struct mw_ops<kva__mma_f16> {
  * over warpgroup WG's half of the 576 columns (k-steps 18 WG .. 18 WG + 17),
  * m64n64k16 in one accumulator chain; issued and committed. */
 template <typename Ty, int WG>
-static __device__ __forceinline__ void mw_s(float (&sp)[8][4], uint64_t dq, uint64_t dk)
+static __device__ __forceinline__ void mw_s(float (&sp)[8][4], float (&sp2)[8][4], uint64_t dq,
+                                            uint64_t dk)
 {
     kva__wgmma_fence();
 #pragma unroll
     for (int i = 0; i < MW_KS; i++) {
         const int kk = WG * MW_KS + i;
-        mw_ops<Ty>::s(sp, dq + (uint64_t)(((kk >> 2) * MW_M * 128 + (kk & 3) * 32) >> 4),
-                      dk + (uint64_t)(((kk >> 2) * MW_BN * 128 + (kk & 3) * 32) >> 4), i > 0);
+        mw_ops<Ty>::s(MW_S_CHAINS == 2 && (i & 1) ? sp2 : sp,
+                      dq + (uint64_t)(((kk >> 2) * MW_M * 128 + (kk & 3) * 32) >> 4),
+                      dk + (uint64_t)(((kk >> 2) * MW_BN * 128 + (kk & 3) * 32) >> 4),
+                      i >= MW_S_CHAINS);
     }
+    kva__wgmma_commit();
+}
+
+/* (experiment) S = Q K^T for keys 32 WG .. 32 WG + 31 over all 576 columns,
+ * two chains (main's schedule). */
+template <typename Ty, int WG>
+static __device__ __forceinline__ void mw_s_keys(float (&sc)[4][4], float (&sc2)[4][4],
+                                                 uint64_t dq, uint64_t dk)
+{
+    kva__wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < ML_D / 16; kk++)
+        mw_ops<Ty>::s32(
+            kk & 1 ? sc2 : sc, dq + (uint64_t)(((kk >> 2) * MW_M * 128 + (kk & 3) * 32) >> 4),
+            dk + (uint64_t)(((kk >> 2) * MW_BN * 128 + WG * 32 * 128 + (kk & 3) * 32) >> 4),
+            kk > 1);
     kva__wgmma_commit();
 }
 
@@ -165,9 +237,18 @@ static __device__ __forceinline__ void mw_pv(float (&o)[32][4], uint64_t dp, uin
 {
     kva__wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < MW_BN / 16; kk++)
+    for (int kk = 0; kk < MW_BN / 16; kk++) {
+#if MW_PV_N == 256
         mw_ops<Ty>::o(o, dp + (uint64_t)((kk * 32) >> 4),
                       dv + (uint64_t)(((4 * WG) * MW_BN * 128 + kk * 16 * 128) >> 4));
+#else
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            mw_ops<Ty>::o128(*reinterpret_cast<float(*)[16][4]>(&o[16 * h]),
+                             dp + (uint64_t)((kk * 32) >> 4),
+                             dv + (uint64_t)(((4 * WG + 2 * h) * MW_BN * 128 + kk * 16 * 128) >> 4));
+#endif
+    }
     kva__wgmma_commit();
 }
 
@@ -352,23 +433,48 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
              * the 576 columns (18 k-steps of m64n64k16). Warpgroup-uniform
              * branches: each side's descriptors are then constant offsets
              * from uniform bases. */
-            float sp[8][4], sc[4][4];
+            float sc[4][4];
+#if MW_S_COLS
+            float sp[8][4], sp2[8][4];
             if (wg == 0)
-                mw_s<Ty, 0>(sp, dq, dk + (st_off >> 4));
+                mw_s<Ty, 0>(sp, sp2, dq, dk + (st_off >> 4));
             else
-                mw_s<Ty, 1>(sp, dq, dk + (st_off >> 4));
+                mw_s<Ty, 1>(sp, sp2, dq, dk + (st_off >> 4));
+#else
+            float sc2[4][4];
+            if (wg == 0)
+                mw_s_keys<Ty, 0>(sc, sc2, dq, dk + (st_off >> 4));
+            else
+                mw_s_keys<Ty, 1>(sc, sc2, dq, dk + (st_off >> 4));
+#endif
             /* The next tile's copies go out while the tensor cores run S. */
             wi.next(a, kb + MW_BN, sK + (stage ^ 1) * MW_KB, stage ^ 1);
             kva__cp_async_commit();
             kva__wgmma_wait<0>();
+#if MW_S_COLS
 #pragma unroll
             for (int j = 0; j < 8; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
+                for (int e = 0; e < 4; e++) {
                     kva__reg_fence(sp[j][e]);
+                    if (MW_S_CHAINS == 2) {
+                        kva__reg_fence(sp2[j][e]);
+                        sp[j][e] += sp2[j][e];
+                    }
+                }
             /* S of the thread's keys kb + 32 wg + 8 j + 2 t4 + e: its partial
              * plus the other warpgroup's. */
             mw_s_sum(sp, sc, sP, wg, tid & 127);
+#else
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    kva__reg_fence(sc[j][e]);
+                    kva__reg_fence(sc2[j][e]);
+                    sc[j][e] += sc2[j][e];
+                }
+#endif
             wi.logits(sc, a, scale_log2, kb, wg, t4, stage);
 
             /* 3. The thread's row maxima over its keys and 4 lanes; a row
@@ -389,7 +495,9 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
                 move |= mx > m_run[hf] + MW_LAZY; /* -inf + MW_LAZY is -inf */
                 mu[hf] = m_run[hf] == -INFINITY ? 0.f : m_run[hf];
             }
+#if MW_S_COLS
             mw_p_ready(wg);
+#endif
             mw_store_p<Ty>(sc, mu, sP, wg, r0, t4, psum);
             kva__fence_proxy_async(); /* P stores -> the wgmma operand reads */
             /* 4. Every thread's vote; the barrier also publishes s_max and P. */
