@@ -15,16 +15,8 @@
  * wgmma K-major layout (128-byte swizzle, 9 column blocks). Key tiles of 64
  * latent rows land in a 2-stage ring in the same layout (every row read once
  * from global memory, for S and for P V). Per tile:
- *   - S: warpgroup g computes the partial Q K^T of all 64 keys over its half
- *     of the columns, 288 g .. 288 g + 287 (18 wgmma m64n64k16, A = Q and
- *     B = K from shared memory), and the two halves are summed through the
- *     P tile, which is free at that point: each thread keeps the sums of
- *     keys 32 g .. 32 g + 31 and sends the other 16 partials to its twin in
- *     the other warpgroup (same rows and columns), behind named barriers
- *     between the pair of warpgroups. Against S split by keys (each
- *     warpgroup m64n32k16 over all 576 columns, so both read all of Q), this
- *     reads 144 KB of shared memory per tile for S instead of 216 KB, plus
- *     the 16 KB of the exchange;
+ *   - S: warpgroup g computes Q K^T for keys 32 g .. 32 g + 31 of the tile
+ *     (36 wgmma m64n32k16, A = Q and B = K from shared memory);
  *   - P is written to shared memory ([64, 64] in the input dtype, K-major,
  *     swizzled) against the running reference max, which moves lazily (only
  *     when a row's max grows past it by MW_LAZY, so P stays below 2^MW_LAZY
@@ -33,14 +25,13 @@
  *     through shared memory, both warpgroups move the reference the same
  *     way, rescale, rewrite P and meet at a second barrier;
  *   - O: warpgroup g owns value columns 256 g .. 256 g + 255 (O [64, 256] in
- *     128 registers per thread) and adds P [64, 64] V (4 wgmma m64n256k16,
+ *     128 registers per thread) and adds P [64, 64] V (8 wgmma m64n128k16,
  *     A = P and B = the tile's value columns, MN-major, from shared memory).
  * The S and P V issue sequences are instantiated per warpgroup and picked by
  * a warpgroup-uniform branch, so that their descriptors are constant offsets
  * from uniform registers (with the warpgroup index in a per-thread register,
  * every wgmma needed its descriptor converted).
- * Shared memory: Q 72 KB + 2 x 72 KB ring + P 8 KB (also the S exchange)
- * (+ 1 KB alignment).
+ * Shared memory: Q 72 KB + 2 x 72 KB ring + P 8 KB (+ 1 KB alignment).
  * Everything that issues sm_90a instructions is compiled only for sm_90a
  * (__CUDA_ARCH_FEAT_SM90_ALL); other device passes get an empty kernel that the
  * host never launches (the registry entry is usable only with sm_90a code and
@@ -49,7 +40,6 @@
 #ifndef KVA_CUDA_MLA_WGMMA_BODY_CUH
 #define KVA_CUDA_MLA_WGMMA_BODY_CUH
 
-#include "async_ptx.cuh"
 #include "mla_decode_common.cuh"
 #include "wgmma_ptx.cuh"
 
@@ -67,81 +57,36 @@
 #define MW_KB (MW_BN * ML_D * 2)
 #define MW_PB (MW_M * MW_BN * 2)
 #define MW_SMEM (MW_QB + MW_NST * MW_KB + MW_PB + 1024)
-#define MW_KS (ML_D / 16 / 2) /* k-steps of S per warpgroup */
-/* Experiment switches (mla9): S split by columns (1) or by keys (0); the
- * accumulator chains of the column split; N of the P V wgmma. */
-#ifndef MW_S_COLS
-#define MW_S_COLS 1
-#endif
-#ifndef MW_S_CHAINS
-#define MW_S_CHAINS 1
-#endif
-#ifndef MW_PV_N
-#define MW_PV_N 256
-#endif
 /* Headroom of the lazily moved softmax reference max (log2 units): any
  * reference gives the same out and lse, this one moves only when a row's max
  * grows past it by more than MW_LAZY (or was -inf). */
 #define MW_LAZY 8.f
 
 #ifdef KVA_MLA_WGMMA_BODY
-/* Accumulator lists of the two wgmma shapes below: S [64, 64] is d[8][4]
+/* Accumulator lists of the two wgmma shapes below: S [64, 32] is d[4][4]
  * (n8 tile j, element e: row 16 w + g + 8 (e / 2), column 8 j + 2 t + e % 2,
- * the mma.sync C layout, see wgmma_ptx.cuh), O [64, 256] is d[32][4]. */
+ * the mma.sync C layout, see wgmma_ptx.cuh), O [64, 128] is d[16][4]. */
 #define MW_D4(c, j) c(d[j][0]), c(d[j][1]), c(d[j][2]), c(d[j][3])
-#define MW_D8(c, b)                                                                                \
-    MW_D4(c, b), MW_D4(c, b + 1), MW_D4(c, b + 2), MW_D4(c, b + 3), MW_D4(c, b + 4),               \
-        MW_D4(c, b + 5), MW_D4(c, b + 6), MW_D4(c, b + 7)
-#define MW_D128(c) MW_D8(c, 0), MW_D8(c, 8), MW_D8(c, 16), MW_D8(c, 24)
-/* "%0, ..., %127": the register list of d[32][4]. */
-#define MW_R8(a)                                                                                   \
-    "%" #a "0, %" #a "1, %" #a "2, %" #a "3, %" #a "4, %" #a "5, %" #a "6, %" #a "7, %" #a       \
-    "8, %" #a "9"
-#define MW_R128                                                                                    \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, " MW_R8(1) ", " MW_R8(2) ", " MW_R8(3) ", " MW_R8(4) \
-    ", " MW_R8(5) ", " MW_R8(6) ", " MW_R8(7) ", " MW_R8(8) ", " MW_R8(9) ", " MW_R8(10) ", " \
-    MW_R8(11) ", %120, %121, %122, %123, %124, %125, %126, %127}"
-
-/* S (+)= A [64, 16] B [16, 64], A and B K-major in shared memory. */
-#define MW_SS_N64(ty)                                                                              \
-    static __device__ __forceinline__ void mw_ss_n64_##ty(float(&d)[8][4], uint64_t da,            \
-                                                          uint64_t db, int scale_d)                \
-    {                                                                                              \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                  \
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." #ty "." #ty " " KVA__WG_R32    \
-                     "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                            \
-                     : MW_D8("+f", 0)                                                              \
-                     : "l"(da), "l"(db), "r"(scale_d));                                            \
-    }
-MW_SS_N64(bf16)
-MW_SS_N64(f16)
-/* O += A [64, 16] B [16, 256], A K-major, B MN-major (imm-trans-b = 1). */
-#define MW_SS_N256_TB(ty)                                                                          \
-    static __device__ __forceinline__ void mw_ss_n256_tb_##ty(float(&d)[32][4], uint64_t da,       \
-                                                              uint64_t db)                         \
-    {                                                                                              \
-        asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32." #ty "." #ty " " MW_R128       \
-                     ", %128, %129, 1, 1, 1, 0, 1;\n"                                               \
-                     : MW_D128("+f")                                                               \
-                     : "l"(da), "l"(db));                                                          \
-    }
-MW_SS_N256_TB(bf16)
-MW_SS_N256_TB(f16)
 #define MW_D16(c) MW_D4(c, 0), MW_D4(c, 1), MW_D4(c, 2), MW_D4(c, 3)
-#define MW_D64(c) MW_D8(c, 0), MW_D8(c, 8)
+#define MW_D64(c)                                                                                  \
+    MW_D16(c), MW_D4(c, 4), MW_D4(c, 5), MW_D4(c, 6), MW_D4(c, 7), MW_D4(c, 8), MW_D4(c, 9),       \
+        MW_D4(c, 10), MW_D4(c, 11), MW_D4(c, 12), MW_D4(c, 13), MW_D4(c, 14), MW_D4(c, 15)
+#define MW_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+
+/* S (+)= A [64, 16] B [16, 32], A and B K-major in shared memory. */
 #define MW_SS_N32(ty)                                                                              \
     static __device__ __forceinline__ void mw_ss_n32_##ty(float(&d)[4][4], uint64_t da,            \
                                                           uint64_t db, int scale_d)                \
     {                                                                                              \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                  \
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." #ty "." #ty " "                 \
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"       \
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." #ty "." #ty " " MW_R16          \
                      ", %16, %17, p, 1, 1, 0, 0;\n}\n"                                             \
                      : MW_D16("+f")                                                                \
                      : "l"(da), "l"(db), "r"(scale_d));                                            \
     }
 MW_SS_N32(bf16)
 MW_SS_N32(f16)
+/* O += A [64, 16] B [16, 128], A K-major, B MN-major (imm-trans-b = 1). */
 #define MW_SS_N128_TB(ty)                                                                          \
     static __device__ __forceinline__ void mw_ss_n128_tb_##ty(float(&d)[16][4], uint64_t da,       \
                                                               uint64_t db)                         \
@@ -156,37 +101,21 @@ MW_SS_N128_TB(f16)
 
 template <typename Ty> struct mw_ops;
 template <> struct mw_ops<kva__mma_bf16> {
-    static __device__ __forceinline__ void s(float (&d)[8][4], uint64_t a, uint64_t b, int sc)
-    {
-        mw_ss_n64_bf16(d, a, b, sc);
-    }
-    static __device__ __forceinline__ void o(float (&d)[32][4], uint64_t a, uint64_t b)
-    {
-        mw_ss_n256_tb_bf16(d, a, b);
-    }
-    static __device__ __forceinline__ void s32(float (&d)[4][4], uint64_t a, uint64_t b, int sc)
+    static __device__ __forceinline__ void s(float (&d)[4][4], uint64_t a, uint64_t b, int sc)
     {
         mw_ss_n32_bf16(d, a, b, sc);
     }
-    static __device__ __forceinline__ void o128(float (&d)[16][4], uint64_t a, uint64_t b)
+    static __device__ __forceinline__ void o(float (&d)[16][4], uint64_t a, uint64_t b)
     {
         mw_ss_n128_tb_bf16(d, a, b);
     }
 };
 template <> struct mw_ops<kva__mma_f16> {
-    static __device__ __forceinline__ void s(float (&d)[8][4], uint64_t a, uint64_t b, int sc)
-    {
-        mw_ss_n64_f16(d, a, b, sc);
-    }
-    static __device__ __forceinline__ void o(float (&d)[32][4], uint64_t a, uint64_t b)
-    {
-        mw_ss_n256_tb_f16(d, a, b);
-    }
-    static __device__ __forceinline__ void s32(float (&d)[4][4], uint64_t a, uint64_t b, int sc)
+    static __device__ __forceinline__ void s(float (&d)[4][4], uint64_t a, uint64_t b, int sc)
     {
         mw_ss_n32_f16(d, a, b, sc);
     }
-    static __device__ __forceinline__ void o128(float (&d)[16][4], uint64_t a, uint64_t b)
+    static __device__ __forceinline__ void o(float (&d)[16][4], uint64_t a, uint64_t b)
     {
         mw_ss_n128_tb_f16(d, a, b);
     }
@@ -194,126 +123,38 @@ template <> struct mw_ops<kva__mma_f16> {
 #endif
 
 #ifdef KVA_MLA_WGMMA_BODY
-/* The partial S = Q K^T of all 64 keys of the tile whose descriptor is dk
- * over warpgroup WG's half of the 576 columns (k-steps 18 WG .. 18 WG + 17),
- * m64n64k16 in one accumulator chain; issued and committed. */
+/* S = Q K^T for keys 32 WG .. 32 WG + 31 of the tile whose descriptor is dk:
+ * 36 k-steps over 576 in two accumulator chains (even and odd k-steps, summed
+ * by the caller); issued and committed. */
 template <typename Ty, int WG>
-static __device__ __forceinline__ void mw_s(float (&sp)[8][4], float (&sp2)[8][4], uint64_t dq,
+static __device__ __forceinline__ void mw_s(float (&sc)[4][4], float (&sc2)[4][4], uint64_t dq,
                                             uint64_t dk)
 {
     kva__wgmma_fence();
 #pragma unroll
-    for (int i = 0; i < MW_KS; i++) {
-        const int kk = WG * MW_KS + i;
-        mw_ops<Ty>::s(MW_S_CHAINS == 2 && (i & 1) ? sp2 : sp,
-                      dq + (uint64_t)(((kk >> 2) * MW_M * 128 + (kk & 3) * 32) >> 4),
-                      dk + (uint64_t)(((kk >> 2) * MW_BN * 128 + (kk & 3) * 32) >> 4),
-                      i >= MW_S_CHAINS);
-    }
-    kva__wgmma_commit();
-}
-
-/* (experiment) S = Q K^T for keys 32 WG .. 32 WG + 31 over all 576 columns,
- * two chains (main's schedule). */
-template <typename Ty, int WG>
-static __device__ __forceinline__ void mw_s_keys(float (&sc)[4][4], float (&sc2)[4][4],
-                                                 uint64_t dq, uint64_t dk)
-{
-    kva__wgmma_fence();
-#pragma unroll
     for (int kk = 0; kk < ML_D / 16; kk++)
-        mw_ops<Ty>::s32(
+        mw_ops<Ty>::s(
             kk & 1 ? sc2 : sc, dq + (uint64_t)(((kk >> 2) * MW_M * 128 + (kk & 3) * 32) >> 4),
             dk + (uint64_t)(((kk >> 2) * MW_BN * 128 + WG * 32 * 128 + (kk & 3) * 32) >> 4),
             kk > 1);
     kva__wgmma_commit();
 }
 
-/* O += P V over the tile's 64 keys (4 k-steps of m64n256k16) for value
- * columns 256 WG .. 256 WG + 255 (column blocks 4 WG .. 4 WG + 3) of the tile
- * whose value descriptor is dv; issued and committed. */
+/* O += P V over the tile's 64 keys (4 k-steps) for value columns
+ * 256 WG + 128 h .. + 127 (column blocks 4 WG + 2 h and + 1) of the tile whose
+ * value descriptor is dv; issued and committed. */
 template <typename Ty, int WG>
 static __device__ __forceinline__ void mw_pv(float (&o)[32][4], uint64_t dp, uint64_t dv)
 {
     kva__wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < MW_BN / 16; kk++) {
-#if MW_PV_N == 256
-        mw_ops<Ty>::o(o, dp + (uint64_t)((kk * 32) >> 4),
-                      dv + (uint64_t)(((4 * WG) * MW_BN * 128 + kk * 16 * 128) >> 4));
-#else
+    for (int kk = 0; kk < MW_BN / 16; kk++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            mw_ops<Ty>::o128(*reinterpret_cast<float(*)[16][4]>(&o[16 * h]),
-                             dp + (uint64_t)((kk * 32) >> 4),
-                             dv + (uint64_t)(((4 * WG + 2 * h) * MW_BN * 128 + kk * 16 * 128) >> 4));
-#endif
-    }
+            mw_ops<Ty>::o(*reinterpret_cast<float(*)[16][4]>(&o[16 * h]),
+                          dp + (uint64_t)((kk * 32) >> 4),
+                          dv + (uint64_t)(((4 * WG + 2 * h) * MW_BN * 128 + kk * 16 * 128) >> 4));
     kva__wgmma_commit();
-}
-
-/* The two warpgroups' partial S (mw_s) summed into the thread's own keys
- * 32 wg + 8 j + 2 t4 + e (sc[j][e], rows r0 and r0 + 8), through the P tile
- * at sP, which is free until P is written: thread t of warpgroup 0 and thread
- * t of warpgroup 1 hold the same rows and columns, so each sends the other's
- * 16 partial sums through one 64-byte slot (four 16-byte pieces, 2 KB apart,
- * so that a warp's stores hit distinct banks). Warpgroup 0 writes first
- * (named barrier 1), warpgroup 1 reads, adds and writes its own back into
- * the same slot (barrier 2), warpgroup 0 reads and adds; barrier 3 then
- * holds warpgroup 1's P stores until warpgroup 0 has read (mw_p_ready). */
-static __device__ __forceinline__ void mw_s_sum(const float (&sp)[8][4], float (&sc)[4][4],
-                                                uint32_t sP, int wg, int t)
-{
-    const uint32_t slot = sP + (uint32_t)t * 16;
-    float x[4][4];
-    if (wg == 0) {
-#pragma unroll
-        for (int v = 0; v < 4; v++)
-            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(slot + v * 2048),
-                         "f"(sp[4 + v][0]), "f"(sp[4 + v][1]), "f"(sp[4 + v][2]), "f"(sp[4 + v][3])
-                         : "memory");
-        kva__named_bar(false, 1, 2 * 128);
-        kva__named_bar(true, 2, 2 * 128);
-#pragma unroll
-        for (int v = 0; v < 4; v++)
-            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=f"(x[v][0]), "=f"(x[v][1]), "=f"(x[v][2]), "=f"(x[v][3])
-                         : "r"(slot + v * 2048)
-                         : "memory");
-        kva__named_bar(false, 3, 2 * 128);
-#pragma unroll
-        for (int v = 0; v < 4; v++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                sc[v][e] = sp[v][e] + x[v][e];
-    } else {
-        kva__named_bar(true, 1, 2 * 128);
-#pragma unroll
-        for (int v = 0; v < 4; v++)
-            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=f"(x[v][0]), "=f"(x[v][1]), "=f"(x[v][2]), "=f"(x[v][3])
-                         : "r"(slot + v * 2048)
-                         : "memory");
-#pragma unroll
-        for (int v = 0; v < 4; v++)
-            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(slot + v * 2048),
-                         "f"(sp[v][0]), "f"(sp[v][1]), "f"(sp[v][2]), "f"(sp[v][3])
-                         : "memory");
-        kva__named_bar(false, 2, 2 * 128);
-#pragma unroll
-        for (int v = 0; v < 4; v++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                sc[v][e] = x[v][e] + sp[4 + v][e];
-    }
-}
-
-/* Warpgroup 1 may write P into the tile once warpgroup 0 has read its slot
- * (mw_s_sum's barrier 3). */
-static __device__ __forceinline__ void mw_p_ready(int wg)
-{
-    if (wg == 1)
-        kva__named_bar(true, 3, 2 * 128);
 }
 #endif
 
@@ -375,9 +216,8 @@ static __device__ __forceinline__ void mw_store_p(const float (&sc)[4][4], const
  *   2. issue S, then the copy of the next tile into the other stage (S first:
  *      the copy issued ahead of S, or in whole 128-byte lines per warp
  *      instruction, ran slower);
- *   3. S done: the partial sums exchanged (mw_s_sum), logits, the thread's
- *      row maxima into s_max, and P written against the current reference
- *      max m_run (the lazy max rarely moves);
+ *   3. S done: logits, the thread's row maxima into s_max, and P written
+ *      against the current reference max m_run (the lazy max rarely moves);
  *   4. one barrier with a vote: when no row's max grew past m_run + MW_LAZY
  *      (the usual case) P is final; otherwise (the item's first tile, a
  *      jump) every thread takes its rows' maxima from s_max, moves the
@@ -396,7 +236,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
     unsigned char *q_gen = mw_smem_raw + (sQ - raw);
 
     const int tid = threadIdx.x, lane = tid & 31, g4 = lane >> 2, t4 = lane & 3;
-    const int wg = tid >> 7; /* warpgroup: column half of S's sum, key slice of P, of O */
+    const int wg = tid >> 7;                   /* warpgroup: key slice of S, column half of O */
     const int r0 = ((tid >> 5) & 3) * 16 + g4; /* the thread's rows r0 and r0 + 8 */
     const int32_t n_items = W::items(a);
     const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
@@ -411,8 +251,8 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
             continue;
         const int32_t kend = wi.kend;
 
-        /* O [64, 256] of this warpgroup: n8 tile n is columns 256 wg + 8 n +
-         * ... (one m64n256 accumulator). */
+        /* O [64, 256] of this warpgroup: n8 tiles 16 h + n are columns
+         * 256 wg + 128 h + 8 n + ... (two m64n128 accumulators). */
         float o[32][4];
 #pragma unroll
         for (int n = 0; n < 32; n++)
@@ -429,43 +269,19 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
             __syncthreads();          /* 1. tile kb landed; the other stage and P are free */
             const uint32_t st_off = (uint32_t)stage * MW_KB;
 
-            /* 2. The partial S of all 64 keys over this warpgroup's 288 of
-             * the 576 columns (18 k-steps of m64n64k16). Warpgroup-uniform
-             * branches: each side's descriptors are then constant offsets
-             * from uniform bases. */
-            float sc[4][4];
-#if MW_S_COLS
-            float sp[8][4], sp2[8][4];
+            /* 2. S = Q K^T for keys kb + 32 wg .. + 31: 36 k-steps over 576, in
+             * two accumulator chains (even and odd k-steps) summed afterwards.
+             * Warpgroup-uniform branches: each side's descriptors are then
+             * constant offsets from uniform bases. */
+            float sc[4][4], sc2[4][4];
             if (wg == 0)
-                mw_s<Ty, 0>(sp, sp2, dq, dk + (st_off >> 4));
+                mw_s<Ty, 0>(sc, sc2, dq, dk + (st_off >> 4));
             else
-                mw_s<Ty, 1>(sp, sp2, dq, dk + (st_off >> 4));
-#else
-            float sc2[4][4];
-            if (wg == 0)
-                mw_s_keys<Ty, 0>(sc, sc2, dq, dk + (st_off >> 4));
-            else
-                mw_s_keys<Ty, 1>(sc, sc2, dq, dk + (st_off >> 4));
-#endif
+                mw_s<Ty, 1>(sc, sc2, dq, dk + (st_off >> 4));
             /* The next tile's copies go out while the tensor cores run S. */
             wi.next(a, kb + MW_BN, sK + (stage ^ 1) * MW_KB, stage ^ 1);
             kva__cp_async_commit();
             kva__wgmma_wait<0>();
-#if MW_S_COLS
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    kva__reg_fence(sp[j][e]);
-                    if (MW_S_CHAINS == 2) {
-                        kva__reg_fence(sp2[j][e]);
-                        sp[j][e] += sp2[j][e];
-                    }
-                }
-            /* S of the thread's keys kb + 32 wg + 8 j + 2 t4 + e: its partial
-             * plus the other warpgroup's. */
-            mw_s_sum(sp, sc, sP, wg, tid & 127);
-#else
 #pragma unroll
             for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -474,7 +290,6 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
                     kva__reg_fence(sc2[j][e]);
                     sc[j][e] += sc2[j][e];
                 }
-#endif
             wi.logits(sc, a, scale_log2, kb, wg, t4, stage);
 
             /* 3. The thread's row maxima over its keys and 4 lanes; a row
@@ -495,9 +310,6 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
                 move |= mx > m_run[hf] + MW_LAZY; /* -inf + MW_LAZY is -inf */
                 mu[hf] = m_run[hf] == -INFINITY ? 0.f : m_run[hf];
             }
-#if MW_S_COLS
-            mw_p_ready(wg);
-#endif
             mw_store_p<Ty>(sc, mu, sP, wg, r0, t4, psum);
             kva__fence_proxy_async(); /* P stores -> the wgmma operand reads */
             /* 4. Every thread's vote; the barrier also publishes s_max and P. */
@@ -528,7 +340,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
             l_run[1] += psum[1];
 
             /* 5. O += P V over the tile's 64 keys (4 k-steps) for value columns
-             * 256 wg .. + 255: column blocks 4 wg .. 4 wg + 3. */
+             * 256 wg + 128 h .. + 127: column blocks 4 wg + 2 h and + 1. */
             if (wg == 0)
                 mw_pv<Ty, 0>(o, dp, dv + (st_off >> 4));
             else
