@@ -64,6 +64,8 @@
  *   Item                what a thread keeps of the item's staged Q
  *   issue(q, bt_row, kvs, kvh, kb, kend, stage, lane): the warp's copies of
  *                       the step at kb into the stage at shared address stage
+ *   OVERLAP (optional, default false): the next item's first copies go out
+ *                       before the current item's epilogue (OVL in the body)
  *   ROWS_AHEAD (optional, default false), key_row(q, bt_row, kvs, kvh, kb,
  *                       kend, lane) and issue_row(q, row, stage, lane): issue
  *                       split into the lane's block-table read and the copies
@@ -123,6 +125,15 @@ template <typename P, typename = void> struct dm_rows_ahead {
 };
 template <typename P> struct dm_rows_ahead<P, decltype((void)P::ROWS_AHEAD)> {
     static constexpr bool value = P::ROWS_AHEAD;
+};
+
+/* Whether load policy P asks for the next item's first copies during the
+ * current item's epilogue (P::OVERLAP; OVL in the body). */
+template <typename P, typename = void> struct dm_overlap {
+    static constexpr bool value = false;
+};
+template <typename P> struct dm_overlap<P, decltype((void)P::OVERLAP)> {
+    static constexpr bool value = P::OVERLAP;
 };
 
 #define DM_UNIT 64        /* keys of a unit of the balanced schedule (split_align) */
@@ -198,14 +209,15 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
     extern __shared__ __align__(128) unsigned char dm_smem_buf[];
     __shared__ float s_m[DM_NW][DM_M], s_l[DM_NW][DM_M];
     __shared__ int s_last; /* this CTA wrote the last partial of its item's split task */
-    /* OVL: the warps' O [16, D] fp32 for the final merge go to the last stage
-     * of each warp's own ring (it holds them), and the CTA's next item's
+    /* OVL (the policy's OVERLAP): the warps' O [16, D] fp32 for the final
+     * merge go to the last stage of each warp's own ring, and the CTA's next item's
      * first NST - 1 steps are issued into the other stages before the
      * epilogue (the warps' merge, the writes, the count and a last-CTA
      * merge), so its first bytes land during it. Else (the balanced
      * schedule, or a stage smaller than O) O goes to [NW][16][D] over the
      * rings after a barrier, and an item's copies start with the item. */
-    constexpr bool OVL = !BAL && P::ISSUE_FIRST && P::STAGE >= DM_M * D * (int)sizeof(float);
+    constexpr bool OVL = !BAL && dm_overlap<P>::value && P::ISSUE_FIRST &&
+                         P::STAGE >= DM_M * D * (int)sizeof(float);
     constexpr int WS = OVL ? NST * STAGE / (int)sizeof(float) : DM_M * D; /* floats per warp */
     float *s_acc = (float *)(dm_smem_buf + P::SQ) + (OVL ? (NST - 1) * STAGE / sizeof(float) : 0);
 
