@@ -341,8 +341,8 @@ static void test_many_items(void)
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         sms = 1;
     enum { RMAX = 160 };
-    const int32_t R = sms * 3 * 5 / 2 / 8 < RMAX ? (sms * 3 * 5 / 2 / 8 > 4 ? sms * 3 * 5 / 2 / 8 : 4)
-                                                 : RMAX;
+    const int32_t R =
+        sms * 3 * 5 / 2 / 8 < RMAX ? (sms * 3 * 5 / 2 / 8 > 4 ? sms * 3 * 5 / 2 / 8 : 4) : RMAX;
     int32_t q[RMAX], s[RMAX];
     kva_rng rng = {7373};
     for (int32_t r = 0; r < R; r++) {

@@ -216,8 +216,8 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
      * merge), so its first bytes land during it. Else (the balanced
      * schedule, or a stage smaller than O) O goes to [NW][16][D] over the
      * rings after a barrier, and an item's copies start with the item. */
-    constexpr bool OVL = !BAL && dm_overlap<P>::value && P::ISSUE_FIRST &&
-                         P::STAGE >= DM_M * D * (int)sizeof(float);
+    constexpr bool OVL =
+        !BAL && dm_overlap<P>::value && P::ISSUE_FIRST && P::STAGE >= DM_M * D * (int)sizeof(float);
     constexpr int WS = OVL ? NST * STAGE / (int)sizeof(float) : DM_M * D; /* floats per warp */
     float *s_acc = (float *)(dm_smem_buf + P::SQ) + (OVL ? (NST - 1) * STAGE / sizeof(float) : 0);
 
@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         const bool more = it + (int32_t)gridDim.x < n_items; /* the CTA has a next item */
         if (!more)
             kva__pdl_launch_dependents(); /* this CTA's last item: the next kernel may launch */
-        const kva__cuda_item w = wn; /* items[it], read before this iteration */
+        const kva__cuda_item w = wn;      /* items[it], read before this iteration */
         if (more)
             wn = a.meta.items[it + gridDim.x]; /* the next one, in flight during this one */
         const int32_t nrows = w.nq * w.nh;
