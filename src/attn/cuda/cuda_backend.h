@@ -312,8 +312,8 @@ int kva__cuda_decode_mma_ctas_per_sm(kva_dtype dtype, int32_t head_dim);
 /* The grid of an eager tensor-core decode launch (plain and quantized): the
  * plan's items when it has fewer than the full persistent grid (SMs x
  * resident CTAs). A grid of n_items CTAs puts them on as many SMs, where the
- * full grid's first n_items CTAs can share SMs two by two while other SMs
- * idle (a batch of 16 decodes x 8 kv heads: 128 unsplit items on 132 SMs;
+ * full grid's first n_items CTAs appear (from timings) to share SMs two by two
+ * while other SMs idle (a batch of 16 decodes x 8 kv heads: 128 unsplit items on 132 SMs;
  * bench/results/h200_2026-11-27_dec25.txt, "grid = items"). Under graph
  * capture (eager 0) the grid stays full, so the graph replays any later plan. */
 static inline int kva__cuda_decode_grid(int full, int32_t n_items, int eager)
