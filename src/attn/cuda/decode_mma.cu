@@ -54,8 +54,8 @@ template <typename Ty, int D_> struct dm_load16 {
      * a decode call"). */
     static constexpr bool ROWS_AHEAD = true;
     /* The CTA's next item's first copies go out before this item's epilogue
-     * (the quantized policy does without: in the same H200 call it gained
-     * nothing there and fp8 lost; bench/results/h200_2026-11-27_dec26.txt). */
+     * (the quantized policy does without: it gained nothing there;
+     * bench/results/h200_2026-11-27_dec26.txt). */
     static constexpr bool OVERLAP = true;
     struct Item {
     };
