@@ -103,14 +103,16 @@ kva_status kva__wg_launch_d192(const kva__cuda_prefill_args *a, cudaStream_t st,
  * has no ping-pong (one consumer) and runs two CTAs per SM.
  * Dynamic shared memory (from a 1024-byte aligned base): Q [M, DK], K
  * [NST][BN, DK], V [NST][BN, DV] (all swizzled, wg_swz), the 2 * NST
- * mbarriers (8 bytes each), then the staged block ids [2][128] int32.
+ * mbarriers (8 bytes each), then the staged block ids [2][BN] int32; a
+ * layout without the alignment pad (wg_dims::PAD) whose base is not aligned
+ * runs NST - 1 stages (wg_ring).
  */
-template <bool INTRA, bool TMA, typename Ty, int DK, int DV, int NCW, int BN>
+template <bool INTRA, bool TMA, typename Ty, int DK, int DV, int NCW, int BN, int RING = 0>
 __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
     prefill_wgmma_ws_kernel(const kva__cuda_prefill_args a, const __grid_constant__ wg_tmaps tm)
 {
 #ifdef KVA_WGMMA_BODY
-    typedef wg_dims<DK, DV, NCW, BN> dims;
+    typedef wg_dims<DK, DV, NCW, BN, RING> dims;
     constexpr int NST = dims::NST, NO = dims::NO, NS = dims::NS, KS = dims::KS, M = dims::M;
     constexpr int SPLIT = dims::SPLIT;
     constexpr uint32_t QB = dims::QB, KB = dims::KB, VB = dims::VB;
@@ -127,16 +129,19 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
     };
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const uint32_t sQ = (kva__smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t sbase = kva__smem_u32(smem_raw);
+    const uint32_t sQ = (sbase + 1023u) & ~1023u;
+    const wg_ring<NST> ring = {dims::PAD || sQ == sbase ? (uint32_t)NST : (uint32_t)NST - 1u};
     const uint32_t sK = sQ + QB;
-    const uint32_t sV = sK + NST * KB;
-    const uint32_t full = sV + NST * VB, empty = full + 8 * NST; /* mbarriers [NST] each */
+    const uint32_t sV = sK + ring.n * KB;
+    const uint32_t full = sV + ring.n * VB, empty = full + 8 * ring.n; /* mbarriers [n] each */
+    const uint32_t sids = empty + 8 * ring.n; /* block ids [2][BN] */
 
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
     const wg_div gd = wg_div_make((uint32_t)(a.num_heads / a.num_kv_heads)); /* G */
     if (tid == 0) {
-        for (int i = 0; i < NST; i++) {
+        for (int i = 0; i < (int)ring.n; i++) {
             kva__mbar_init(full + 8 * i, 128);
             kva__mbar_init(empty + 8 * i, 128 * NCW);
         }
@@ -160,27 +165,26 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
             wg_kv g;
             wg_kv_init<DK, DV>(g, a, tl, tid);
             /* The block id of key n0 + tid of the next tile is loaded one tile
-             * ahead and staged in shared memory ([2][128] int32 after the
+             * ahead and staged in shared memory ([2][BN] int32 after the
              * mbarriers), so the copy path has no dependent global load
              * (threads tid >= BN stage ids nobody reads). */
-            const uint32_t sids = empty + 8 * NST;
             const bool stager = BN >= 128 || tid < BN; /* the producer has 128 threads */
             int nxt = ntiles > 0 && stager ? wg_blk_of(g, n_last * BN + tid) : 0;
             for (int it = 0; it < ntiles; it++) {
                 const uint32_t gk = gi + (uint32_t)it;
-                const int st = (int)(gk % NST), n0 = (n_last - it) * BN;
+                const int st = ring.st(gk), n0 = (n_last - it) * BN;
                 {
                     const int cur = nxt;
                     if (it + 1 < ntiles && stager)
                         nxt = wg_blk_of(g, n0 - BN + tid);
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sids + (gk & 1) * 512 + 4 * tid),
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sids + (gk & 1) * (BN * 4) + 4 * tid),
                                  "r"(cur)
                                  : "memory");
                     kva__named_bar(true, 5,
                                    128); /* ids visible; buffer (gk - 1) & 1 no longer read */
                 }
-                if (gk >= NST)
-                    kva__mbar_wait(empty + 8 * st, ((gk / NST) - 1) & 1);
+                if (gk >= ring.n)
+                    kva__mbar_wait(empty + 8 * st, ring.ph(gk) ^ 1u);
                 if (TMA && tm.ok && n0 >= tl.kv_lo && n0 + BN <= tl.kv_hi) {
                     /* A TMA copy is a warp-uniform instruction (the compiler
                      * issues a warp's lanes' boxes one after the other), so the
@@ -213,7 +217,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                             int blk;
                             asm volatile("ld.shared.b32 %0, [%1];\n"
                                          : "=r"(blk)
-                                         : "r"(sids + (gk & 1) * 512 + 4u * (uint32_t)row));
+                                         : "r"(sids + (gk & 1) * (BN * 4) + 4u * (uint32_t)row));
                             const int off = (n0 + row) & (a.block_size - 1);
                             uint32_t dst;
                             if constexpr (DK == DV)
@@ -232,7 +236,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                     continue;
                 }
                 wg_gather_ids<DK, DV, BN>(g, tid, n0, sK + st * KB, sV + st * VB,
-                                          sids + (gk & 1) * 512);
+                                          sids + (gk & 1) * (BN * 4));
                 kva__cp_async_commit();
                 /* Wait for this tile, then publish it. */
                 kva__cp_async_wait<0>();
@@ -295,8 +299,8 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 if (NCW == 2 && cw == 1)
                     kva__named_bar(false, 1, 256); /* consumer 0 issues first */
                 /* Tile 0: S only. */
-                const int st0 = (int)(gi % NST);
-                kva__mbar_wait(full + 8 * st0, (gi / NST) & 1);
+                const int st0 = ring.st(gi);
+                kva__mbar_wait(full + 8 * st0, ring.ph(gi));
                 pp_wait();
                 kva__wgmma_fence();
                 wg_qk<Ty, DK, M>(s, dq, dk0 + ((uint64_t)(st0 * KB) >> 4));
@@ -312,8 +316,8 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 bool resc_prev = false; /* INTRA: o is still zero after tile 0 */
                 for (int it = 1; it < ntiles; it++) {
                     const uint32_t gk = gi + (uint32_t)it;
-                    const int st = (int)(gk % NST), sp = (int)((gk - 1) % NST);
-                    kva__mbar_wait(full + 8 * st, (gk / NST) & 1);
+                    const int st = ring.st(gk), sp = ring.st(gk - 1);
+                    kva__mbar_wait(full + 8 * st, ring.ph(gk));
                     pp_wait();
                     kva__wgmma_fence();
                     if (!INTRA) {
@@ -373,7 +377,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 pp_wait();
                 if (INTRA && resc_prev)
                     wg_rescale_o(o, alpha);
-                const int sl = (int)((gi + (uint32_t)ntiles - 1) % NST);
+                const int sl = ring.st(gi + (uint32_t)ntiles - 1);
                 kva__wgmma_fence();
                 wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sl * VB) >> 4));
                 kva__wgmma_commit();
@@ -407,18 +411,13 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
 /* Launches the kernel on a persistent grid of min(SPLIT grid_tiles, CTAS
  * SMs) CTAs (wg_dims). DIX: the kernel's index among the head-size pairs and
  * shapes (bits of the host cache's attribute mask). */
-template <bool INTRA, bool TMA, typename Ty, int DK, int DV, int NCW, int BN, int DIX>
+template <bool INTRA, bool TMA, typename Ty, int DK, int DV, int NCW, int BN, int DIX, int RING = 0>
 static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream)
 {
-    typedef wg_dims<DK, DV, NCW, BN> dims;
-    const size_t smem =
-        1024 + (size_t)dims::QB + dims::NST * (size_t)(dims::KB + dims::VB) + 16 * dims::NST + 1024;
+    typedef wg_dims<DK, DV, NCW, BN, RING> dims;
     /* CTAS CTAs per SM, each with 1 KB of shared memory reserved by the
-     * system, in the SM's 228 KB. */
-    static_assert(dims::CTAS * (1024 + dims::QB + dims::NST * (dims::KB + dims::VB) +
-                                16 * dims::NST + 1024 + 1024) <=
-                      228 * 1024,
-                  "shared memory of the wgmma prefill");
+     * system, in the SM's 228 KB (wg_dims::SMEM checks it). */
+    const size_t smem = dims::SMEM;
     wg_tmaps tm;
     if (TMA)
         kva__wg_tmaps_encode(a, &tm, BN);
@@ -442,7 +441,7 @@ static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream
     grid = nsm > 0 && nsm * dims::CTAS < grid ? nsm * dims::CTAS : grid;
     const int bf = a->dtype == KVA_DTYPE_BF16;
     const int bit = 2 * DIX + (TMA ? 1 : 0);
-    auto fn = prefill_wgmma_ws_kernel<INTRA, TMA, Ty, DK, DV, NCW, BN>;
+    auto fn = prefill_wgmma_ws_kernel<INTRA, TMA, Ty, DK, DV, NCW, BN, RING>;
     if (!hc || !((hc->attr_set[bf] >> bit) & 1)) {
         cudaError_t e =
             cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
