@@ -135,7 +135,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
     const uint32_t sK = sQ + QB;
     const uint32_t sV = sK + ring.n * KB;
     const uint32_t full = sV + ring.n * VB, empty = full + 8 * ring.n; /* mbarriers [n] each */
-    const uint32_t sids = empty + 8 * ring.n; /* block ids [2][BN] */
+    const uint32_t sids = empty + 8 * ring.n;                          /* block ids [2][BN] */
 
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
             /* The block id of key n0 + tid of the next tile is loaded one tile
              * ahead and staged in shared memory ([2][BN] int32 after the
              * mbarriers), so the copy path has no dependent global load
-             * (threads tid >= BN stage ids nobody reads). */
+             * (threads tid >= BN stage nothing). */
             const bool stager = BN >= 128 || tid < BN; /* the producer has 128 threads */
             int nxt = ntiles > 0 && stager ? wg_blk_of(g, n_last * BN + tid) : 0;
             for (int it = 0; it < ntiles; it++) {
@@ -177,9 +177,11 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                     const int cur = nxt;
                     if (it + 1 < ntiles && stager)
                         nxt = wg_blk_of(g, n0 - BN + tid);
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sids + (gk & 1) * (BN * 4) + 4 * tid),
-                                 "r"(cur)
-                                 : "memory");
+                    if (stager) /* the buffers hold BN ids each */
+                        asm volatile(
+                            "st.shared.b32 [%0], %1;\n" ::"r"(sids + (gk & 1) * (BN * 4) + 4 * tid),
+                            "r"(cur)
+                            : "memory");
                     kva__named_bar(true, 5,
                                    128); /* ids visible; buffer (gk - 1) & 1 no longer read */
                 }
