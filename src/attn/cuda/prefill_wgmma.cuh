@@ -40,15 +40,15 @@
  * wg_dims gives the K/V ring depth that fits the shared memory next to Q
  * [M, DK]: wide 4 stages at DK 64, 3 at 128, 2 at 192 (a stage is K [BN, DK]
  * and V [BN, DV]); narrow 3 (two CTAs in 228 KB, without the 1 KB alignment
- * pad: PAD below). RING (an experiment's override) sets the depth.
+ * pad: PAD below).
  */
-template <int DK, int DV, int NCW = 2, int BN = 128, int RING = 0> struct wg_dims {
+template <int DK, int DV, int NCW = 2, int BN = 128> struct wg_dims {
     static_assert(DK % 64 == 0 && DV % 64 == 0 && DK <= 192 && DV <= 128, "wgmma head sizes");
     static_assert((NCW == 2 && BN == 128) || (NCW == 1 && BN == 64), "wgmma tile shapes");
     static constexpr int M = 64 * NCW;     /* rows per CTA tile */
     static constexpr int SPLIT = WG_M / M; /* CTA tiles per tile of the plan's list */
     static constexpr int CTAS = 3 - NCW;   /* CTAs per SM */
-    static constexpr int NST = RING ? RING : NCW == 1 ? 3 : DK == 64 ? 4 : DK == 128 ? 3 : 2;
+    static constexpr int NST = NCW == 1 ? 3 : DK == 64 ? 4 : DK == 128 ? 3 : 2;
     static constexpr uint32_t QB = WG_TILE_BYTES(M, DK), KB = WG_TILE_BYTES(BN, DK),
                               VB = WG_TILE_BYTES(BN, DV);
     static constexpr uint32_t IDB = 2 * BN * 4; /* staged block ids [2][BN] int32 */

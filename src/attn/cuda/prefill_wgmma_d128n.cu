@@ -7,19 +7,7 @@
  */
 #include "prefill_wgmma_kernel.cuh"
 
-#include <stdlib.h>
-
-/* EXPERIMENT (pf8): prefill_wgmma_d128x.cu's variants, by KVA_PF8_EXP. */
-kva_status kva__wg_launch_d128x(const kva__cuda_prefill_args *a, cudaStream_t st, int v);
-
 kva_status kva__wg_launch_d128n(const kva__cuda_prefill_args *a, cudaStream_t st, int tma)
 {
-    static int exp_v = -1;
-    if (exp_v < 0) {
-        const char *e = getenv("KVA_PF8_EXP");
-        exp_v = e ? atoi(e) : 0;
-    }
-    if (exp_v > 0 && tma && a->dtype == KVA_DTYPE_BF16)
-        return kva__wg_launch_d128x(a, st, exp_v);
     return launch_dims<128, 128, 3, 1, 64>(a, st, tma);
 }

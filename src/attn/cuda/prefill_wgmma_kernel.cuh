@@ -107,12 +107,12 @@ kva_status kva__wg_launch_d192(const kva__cuda_prefill_args *a, cudaStream_t st,
  * layout without the alignment pad (wg_dims::PAD) whose base is not aligned
  * runs NST - 1 stages (wg_ring).
  */
-template <bool INTRA, bool TMA, typename Ty, int DK, int DV, int NCW, int BN, int RING = 0>
+template <bool INTRA, bool TMA, typename Ty, int DK, int DV, int NCW, int BN>
 __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
     prefill_wgmma_ws_kernel(const kva__cuda_prefill_args a, const __grid_constant__ wg_tmaps tm)
 {
 #ifdef KVA_WGMMA_BODY
-    typedef wg_dims<DK, DV, NCW, BN, RING> dims;
+    typedef wg_dims<DK, DV, NCW, BN> dims;
     constexpr int NST = dims::NST, NO = dims::NO, NS = dims::NS, KS = dims::KS, M = dims::M;
     constexpr int SPLIT = dims::SPLIT;
     constexpr uint32_t QB = dims::QB, KB = dims::KB, VB = dims::VB;
@@ -413,10 +413,10 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
 /* Launches the kernel on a persistent grid of min(SPLIT grid_tiles, CTAS
  * SMs) CTAs (wg_dims). DIX: the kernel's index among the head-size pairs and
  * shapes (bits of the host cache's attribute mask). */
-template <bool INTRA, bool TMA, typename Ty, int DK, int DV, int NCW, int BN, int DIX, int RING = 0>
+template <bool INTRA, bool TMA, typename Ty, int DK, int DV, int NCW, int BN, int DIX>
 static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream)
 {
-    typedef wg_dims<DK, DV, NCW, BN, RING> dims;
+    typedef wg_dims<DK, DV, NCW, BN> dims;
     /* CTAS CTAs per SM, each with 1 KB of shared memory reserved by the
      * system, in the SM's 228 KB (wg_dims::SMEM checks it). */
     const size_t smem = dims::SMEM;
@@ -443,7 +443,7 @@ static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream
     grid = nsm > 0 && nsm * dims::CTAS < grid ? nsm * dims::CTAS : grid;
     const int bf = a->dtype == KVA_DTYPE_BF16;
     const int bit = 2 * DIX + (TMA ? 1 : 0);
-    auto fn = prefill_wgmma_ws_kernel<INTRA, TMA, Ty, DK, DV, NCW, BN, RING>;
+    auto fn = prefill_wgmma_ws_kernel<INTRA, TMA, Ty, DK, DV, NCW, BN>;
     if (!hc || !((hc->attr_set[bf] >> bit) & 1)) {
         cudaError_t e =
             cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
