@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# pf8_ring_ab.sh - issue 23 experiment (branch pf8): the narrow wgmma prefill's K/V ring depth
+# pf8_ring_ab.sh - issue 23 experiment (branch pf8; ran at 307b12c, whose KVA_PF8_EXP variants lived
+# in src/attn/cuda/prefill_wgmma_d128x.cu, removed after the calls): the narrow wgmma prefill's K/V ring depth
 # and P V placement, against main, in one device call. Run from the folder holding base/ (main)
 # and new/ (pf8): builds both (bench_cuda; new also the tests), runs new's tests (quick) and
 # memcheck of test_cuda_prefill_mma (quick), then times per shape, alternated, ROUNDS rounds:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# pf8_ring_ab2.sh - issue 23 experiment (branch pf8), second call: pf8_ring_ab.sh without the
+# pf8_ring_ab2.sh - issue 23 experiment (branch pf8), second call (ran at 8dc79fd; the KVA_PF8_EXP
+# variants were removed after it): pf8_ring_ab.sh without the
 # base tree (main's narrow kernel is the KVA_PF8_EXP=1 instantiation of the same binary: ring 2,
 # INTRA) and without the SDPA peers, to fit the call into what is left of the device share.
 # Run from the folder holding new/. Forms: new (plan's choice: narrow ring 3 INTRA at 32x256),

@@ -76,17 +76,19 @@ template <int DK, int DV, int NCW = 2, int BN = 128> struct wg_dims {
 };
 
 /* Stage and phase of the gk-th K/V tile of a CTA's ring: n = NST stages, or
- * NST - 1 where an unpadded layout (wg_dims::PAD) found its base unaligned.
- * With the pad n is the constant NST and the other branch folds away. */
+ * NF = NST - 1 where an unpadded layout (wg_dims::PAD) found its base
+ * unaligned. With the pad n is the constant NST and the other branch folds
+ * away. */
 template <int NST> struct wg_ring {
+    static constexpr uint32_t NF = NST > 2 ? NST - 1 : NST;
     uint32_t n;
     __device__ __forceinline__ int st(uint32_t gk) const
     {
-        return (int)(n == NST || NST < 3 ? gk % NST : gk % (NST - 1 > 0 ? NST - 1 : 1));
+        return (int)(n == NST ? gk % NST : gk % NF);
     }
     __device__ __forceinline__ uint32_t ph(uint32_t gk) const
     {
-        return (n == NST || NST < 3 ? gk / NST : gk / (NST - 1 > 0 ? NST - 1 : 1)) & 1u;
+        return (n == NST ? gk / NST : gk / NF) & 1u;
     }
 };
 
