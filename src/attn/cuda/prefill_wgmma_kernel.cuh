@@ -67,6 +67,16 @@ extern "C" {
 
 #include "prefill_wgmma.cuh"
 
+/* A diagnostic hook: dev/pf_trace/pf_trace.cu defines KVA_WG_TRACE(ev, ti,
+ * nkt) to record the time of event ev of CTA tile ti (nkt key tiles) from
+ * one thread per warpgroup (producer 0-2: header built, first free stage,
+ * tile issued; consumer 3-8: tile start, Q in, first K/V in, first S done,
+ * last P V done, epilogue done). The library leaves it empty (its
+ * arguments are not evaluated), so its code does not change. */
+#ifndef KVA_WG_TRACE
+#define KVA_WG_TRACE(ev, ti, nkt) ((void)0)
+#endif
+
 /* prefill_wgmma.cu: fills tm for the TMA kernel (wg_tmaps); tm->ok = 0 where
  * the cache cannot be described or the driver refuses. */
 void kva__wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm, int bn);
@@ -162,6 +172,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
             const int n_first = tl.kv_lo / BN;
             const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
+            KVA_WG_TRACE(0, ti, ntiles);
             wg_kv g;
             wg_kv_init<DK, DV>(g, a, tl, tid);
             /* The block id of key n0 + tid of the next tile is loaded one tile
@@ -187,6 +198,8 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 }
                 if (gk >= ring.n)
                     kva__mbar_wait(empty + 8 * st, ring.ph(gk) ^ 1u);
+                if (it == 0)
+                    KVA_WG_TRACE(1, ti, ntiles);
                 if (TMA && tm.ok && n0 >= tl.kv_lo && n0 + BN <= tl.kv_hi) {
                     /* A TMA copy is a warp-uniform instruction (the compiler
                      * issues a warp's lanes' boxes one after the other), so the
@@ -246,6 +259,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 kva__mbar_arrive(full + 8 * st);
             }
             gi += (uint32_t)ntiles;
+            KVA_WG_TRACE(2, ti, ntiles);
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(dims::REG_C) : "memory");
@@ -263,6 +277,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
         wg_load_q<128, DK, M>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
         kva__cp_async_commit();
         for (;;) {
+            KVA_WG_TRACE(3, tile_of(k), -1);
             kva__cp_async_wait<0>();
             kva__fence_proxy_async();
             kva__named_bar(true, 3 + cw, 128);
@@ -271,6 +286,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
             const int n_first = tl.kv_lo / BN;
             const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
+            KVA_WG_TRACE(4, tile_of(k), ntiles);
             float o[NO], s[NS];
             float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -303,6 +319,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 /* Tile 0: S only. */
                 const int st0 = ring.st(gi);
                 kva__mbar_wait(full + 8 * st0, ring.ph(gi));
+                KVA_WG_TRACE(5, tile_of(k), ntiles);
                 pp_wait();
                 kva__wgmma_fence();
                 wg_qk<Ty, DK, M>(s, dq, dk0 + ((uint64_t)(st0 * KB) >> 4));
@@ -312,6 +329,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
 #pragma unroll
                 for (int e = 0; e < NS; e++)
                     kva__reg_fence(s[e]);
+                KVA_WG_TRACE(6, tile_of(k), ntiles);
                 float alpha[2] = {1.0f, 1.0f};
                 wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, a.softcap, a.alibi_slopes,
                                       n_last * BN, alpha);
@@ -389,6 +407,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
 #pragma unroll
                 for (int e = 0; e < NO; e++)
                     kva__reg_fence(o[e]);
+                KVA_WG_TRACE(7, tile_of(k), ntiles);
                 kva__mbar_arrive(empty + 8 * sl); /* the ring goes on with the next CTA tile */
             } else if (tn < n_tiles) {
                 nxt = wg_rec_of<SPLIT, M>(a, tn);
@@ -402,6 +421,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 kva__cp_async_commit();
             }
             wg_epilogue<Ty, DV>(a, c, o, m_run, l_run);
+            KVA_WG_TRACE(8, tile_of(k), ntiles);
             if (nxt.r < 0)
                 break;
             k++;
