@@ -8,6 +8,7 @@
  *              [--graph-layers L] [--kernel NAME]... [--plan-iters N] [--splits N]
  *              [--balanced 0|1]
  *              [--quant none|int8|int8-token|int8-token-v16|fp8] [--context-min M]
+ *              [--copy-bytes N]
  *
  * decode: R requests of q_len Q (1 = decode, >1 = speculative) after S cached
  * tokens; prefill: R causal prompts of Q tokens after S cached tokens. Block
@@ -25,7 +26,9 @@
  * prefill_items) through kva__context_force_kernel, so one build compares
  * the kernels on the public path; without it the dispatcher chooses.
  * --mode copy times a 1 GiB device-to-device copy (the bandwidth ceiling, in
- * the same run). --quant reads a quantized cache instead (int8: INT8_CHANNEL
+ * the same run); --copy-bytes N copies N bytes instead (one call of a small
+ * shape's traffic carries the same launch and ramp-up cost as a decode of it:
+ * the per-call ceiling of that shape), per call and back to back. --quant reads a quantized cache instead (int8: INT8_CHANNEL
  * with per-channel scales and offsets; int8-token: INT8_TOKEN_K; int8-token-
  * v16: INT8_TOKEN_K_V16 with V in the q dtype; fp8: FP8_E4M3 with per-head
  * scales): random codes (no fp8 NaN codes) and per-token scales are filled on
@@ -79,30 +82,35 @@ static void fill_big(void *p, kva_dtype dt, size_t n, kva_rng *rng)
     }
 }
 
-/* --mode copy: the ceiling in the same run as the attention lines: a 1 GiB
- * device-to-device cudaMemcpy, bytes read + written per second (as
- * bench/peer_cuda.py's torch copy). */
-static int copy_bench(int iters)
+/* --mode copy: the ceiling in the same run as the attention lines: a
+ * device-to-device cudaMemcpy of n bytes (1 GiB by default), bytes read +
+ * written per second (as bench/peer_cuda.py's torch copy), per call (each
+ * between its own events) and back to back (iters copies between one pair). */
+static int copy_bench(int iters, size_t n)
 {
     if (kva__backend_device_count(KVA_BACKEND_CUDA) == 0) {
         printf("{\"skipped\": \"no CUDA device\"}\n");
         return 0;
     }
-    const size_t n = (size_t)1 << 30;
     void *x = NULL, *y = NULL;
     CU(cudaMalloc(&x, n));
     CU(cudaMalloc(&y, n));
     CU(cudaMemset(x, 0x5a, n));
-    float *ms = malloc(sizeof(float) * (size_t)iters), warm[3];
+    float *ms = malloc(sizeof(float) * (size_t)iters), warm[3], all;
     BENCH_TIME_EVENTS(warm, 3, 0, CU(cudaMemcpyAsync(y, x, n, cudaMemcpyDeviceToDevice, 0)));
     BENCH_TIME_EVENTS(ms, iters, 0, CU(cudaMemcpyAsync(y, x, n, cudaMemcpyDeviceToDevice, 0)));
-    const float med = bench_median(ms, iters);
+    BENCH_TIME_EVENTS(&all, 1, 0, for (int i = 0; i < iters; i++)
+        CU(cudaMemcpyAsync(y, x, n, cudaMemcpyDeviceToDevice, 0)));
+    const float med = bench_median(ms, iters), b2b = all / (float)iters;
     const double tbs = 2.0 * (double)n / (med * 1e-3) * 1e-12;
     fprintf(stderr,
-            "bench_cuda: copy 1 GiB device to device: median %.4f ms, %.3f TB/s (read + "
-            "write)\n",
-            (double)med, tbs);
-    printf("{\"mode\": \"copy\", \"ms\": %.5f, \"copy_tbs\": %.4f}\n", (double)med, tbs);
+            "bench_cuda: copy %.1f MiB device to device: median %.4f ms, %.3f TB/s (read + "
+            "write); back to back %.4f ms = %.3f TB/s\n",
+            (double)n / (1 << 20), (double)med, tbs, (double)b2b,
+            2.0 * (double)n / (b2b * 1e-3) * 1e-12);
+    printf("{\"mode\": \"copy\", \"bytes\": %zu, \"ms\": %.5f, \"copy_tbs\": %.4f, "
+           "\"b2b_ms\": %.5f}\n",
+           n, (double)med, tbs, (double)b2b);
     free(ms);
     cudaFree(x);
     cudaFree(y);
@@ -114,6 +122,7 @@ int main(int argc, char **argv)
     const char *mode = "decode", *dts = "bf16", *lays = "nhd", *quants = "none";
     int32_t R = 64, S = 4096, Q = -1, H = 32, Hkv = 8, D = 128, Dv = -1, B = 16, iters = 30,
             layers = 0, plan_iters = 0, splits = 0, smin = -1, balanced = 0;
+    long long copy_bytes = 1LL << 30;
     const char *kernels[2] = {NULL, NULL};
     int nkern = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -156,11 +165,16 @@ int main(int argc, char **argv)
             quants = v;
         else if (!strcmp(f, "--plan-iters"))
             plan_iters = atoi(v);
+        else if (!strcmp(f, "--copy-bytes"))
+            copy_bytes = atoll(v);
         else
             DIE("unknown flag %s", f);
     }
-    if (!strcmp(mode, "copy"))
-        return copy_bench(iters);
+    if (!strcmp(mode, "copy")) {
+        if (copy_bytes < 1)
+            DIE("--copy-bytes %lld must be positive", copy_bytes);
+        return copy_bench(iters, (size_t)copy_bytes);
+    }
     const int prefill = !strcmp(mode, "prefill");
     if (Q < 0)
         Q = prefill ? 4096 : 1;

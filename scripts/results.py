@@ -174,7 +174,9 @@ def cuda(a):
                     continue
                 mode, shape, ms, tbs, _, tf, rest = m.groups()
                 if mode == "copy":
-                    copy = float(tbs)
+                    # the 1 GiB copy is the ceiling; smaller ones (--copy-bytes) are per-shape
+                    if shape.startswith("1024.0 MiB") or shape.startswith("1 GiB"):
+                        copy = float(tbs)
                     continue
                 b2b = re.search(r"back to back ([0-9.]+) ms = ([0-9.]+) TFLOP/s", rest)
                 chk = "ok" if "check ok" in rest else "FAILED" if "check" in rest else "–"

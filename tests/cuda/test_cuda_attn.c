@@ -327,6 +327,50 @@ static void test_split_kv(void)
     }
 }
 
+/* More items than the tensor-core decode's persistent grid, so every CTA runs
+ * several in turn (its next item's first copies go out during the current
+ * item's epilogue): about 2.5 items per resident CTA of the device, ragged
+ * short contexts, two long ones (split tasks, merged by a last CTA that has
+ * further items), a 3-token draft; bf16 D 128 NHD with sinks, f16 D 64 HND
+ * with a window (3 CTAs per SM). The same batch with fewer requests than the
+ * grid runs a grid of its items. */
+static void test_many_items(void)
+{
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        sms = 1;
+    enum { RMAX = 160 };
+    const int32_t R =
+        sms * 3 * 5 / 2 / 8 < RMAX ? (sms * 3 * 5 / 2 / 8 > 4 ? sms * 3 * 5 / 2 / 8 : 4) : RMAX;
+    int32_t q[RMAX], s[RMAX];
+    kva_rng rng = {7373};
+    for (int32_t r = 0; r < R; r++) {
+        q[r] = r == 2 ? 3 : 1;
+        s[r] = r == 0 ? 9000 : r == 5 ? 5000 : kva_rng_int(&rng, 20, 700);
+    }
+    for (int i = 0; i < 3; i++) {
+        kva_test_batch b;
+        make_batch(&b, 61 + (uint64_t)i, i == 2 ? 5 : R, q, s, 16);
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.seed = 23 + (uint64_t)i;
+        c.H = 32;
+        c.Hkv = 8;
+        c.D = c.Dv = i == 1 ? 64 : 128;
+        c.B = 16;
+        c.dt = i == 1 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+        c.causal = 1;
+        c.window = i == 1 ? 300 : -1;
+        c.sinks = i != 1;
+        c.lse = 1;
+        c.layout = i == 1 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+        c.dkernel = "decode_mma_sm80";
+        run_batch(&c, &b);
+        kva_test_batch_free(&b);
+    }
+}
+
 /* The tensor-core decode kernel on decode-shaped batches: GQA
  * groups 1, 4, 8, 16 and 32 (more than one 16-row item per token), q_len 1..8
  * (speculative decodes: the causal mask inside the draft tokens), D 64/128/256,
@@ -668,6 +712,7 @@ int main(void)
     RUN(test_stale_plan);
     RUN(test_empty_rows);
     RUN(test_split_kv);
+    RUN(test_many_items);
     RUN(test_decode_mma);
     RUN(test_force_kernel);
     RUN(test_mma_mixed);

@@ -105,6 +105,8 @@ typedef struct kva__cuda_meta {
     const int32_t *dcp_seq_lens; /* [caps.reqs] global seq_lens (sharded plans, dcp_pos.cuh) */
     const uint64_t *tree;        /* [caps.tree] tree words of the query tokens (kva_plan.tree_bits,
                                     read while the header's KVA_CUDA_HDR_TREE is set) */
+    int32_t items_cap;           /* caps.items: a CTA may read its first item's record before
+                                    it knows the header's item count (decode_mma_kernel.cuh) */
 } kva__cuda_meta;
 
 /* The CUDA backend's kernels, as indices into its registry (kva__cuda_kernels,
@@ -307,6 +309,17 @@ int kva__cuda_decode_mma_supported(int32_t head_dim, int32_t head_dim_v, kva_dty
 /* Resident CTAs per SM of the tensor-core decode kernel for the shape (raises
  * its dynamic shared-memory limit); 0 if it cannot run. */
 int kva__cuda_decode_mma_ctas_per_sm(kva_dtype dtype, int32_t head_dim);
+/* The grid of an eager tensor-core decode launch (plain and quantized): the
+ * plan's items when it has fewer than the full persistent grid (SMs x
+ * resident CTAs). A grid of n_items CTAs puts them on as many SMs, where the
+ * full grid's first n_items CTAs appear (from timings) to share SMs two by two
+ * while other SMs idle (a batch of 16 decodes x 8 kv heads: 128 unsplit items on 132 SMs;
+ * bench/results/h200_2026-11-27_dec25.txt, "grid = items"). Under graph
+ * capture (eager 0) the grid stays full, so the graph replays any later plan. */
+static inline int kva__cuda_decode_grid(int full, int32_t n_items, int eager)
+{
+    return eager && n_items > 0 && n_items < full ? (int)n_items : full;
+}
 /* Launches the tensor-core decode kernel with `grid` persistent CTAs on
  * stream; balanced: the instantiation with the balanced schedule of split
  * items (kva__cuda_plan.balanced). */

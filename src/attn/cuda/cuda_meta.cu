@@ -161,6 +161,7 @@ kva_status kva__cuda_reserve_meta(kva__cuda_state *st, const kva__cuda_caps *nee
     st->meta.ptiles = c.ptiles > 0 ? (const int32_t *)(b + off[8]) : NULL;
     st->meta.dcp_seq_lens = (const int32_t *)(b + off[9]);
     st->meta.tree = (const uint64_t *)(b + off[10]);
+    st->meta.items_cap = (int32_t)(c.items < INT32_MAX ? c.items : INT32_MAX);
     /* The header is read by every kernel (the prefill kernel's tile count
      * too) before the first upload could fill it. */
     KVA_CUDA_TRY(cudaMemsetAsync(dev, 0, KVA_CUDA_HDR_WORDS * sizeof(int32_t), STREAM(st)));

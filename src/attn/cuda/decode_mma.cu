@@ -53,6 +53,10 @@ template <typename Ty, int D_> struct dm_load16 {
      * its block table between two steps (docs/cuda.md, "The fixed cost of
      * a decode call"). */
     static constexpr bool ROWS_AHEAD = true;
+    /* The CTA's next item's first copies go out before this item's epilogue
+     * (the quantized policy does without: it gained nothing there;
+     * bench/results/h200_2026-11-27_dec26.txt). */
+    static constexpr bool OVERLAP = true;
     struct Item {
     };
 

@@ -234,9 +234,10 @@ static __device__ __forceinline__ void kva__dmma_row_sums(float l_run[2])
 }
 
 /* Merge of the NW warps' states of row r, channel d: s_m, s_l [NW][M],
- * s_acc [NW][M][D] fp32. M: the row max over the warps, mu: M or 0 when
- * -inf, L and O: sum and O[r, d] relative to mu. */
-template <int NW, int M_, int D>
+ * s_acc [NW][M][D] fp32, warp w's [M][D] at s_acc + w * WS. M: the row max
+ * over the warps, mu: M or 0 when -inf, L and O: sum and O[r, d] relative to
+ * mu. */
+template <int NW, int M_, int D, int WS = M_ * D>
 static __device__ __forceinline__ void
 kva__dmma_merge(const float (*s_m)[M_], const float (*s_l)[M_], const float *s_acc, int32_t r,
                 int32_t d, float &M, float &mu, float &L, float &O)
@@ -252,7 +253,7 @@ kva__dmma_merge(const float (*s_m)[M_], const float (*s_l)[M_], const float *s_a
     for (int ww = 0; ww < NW; ww++) {
         const float c = kva__ex2(s_m[ww][r] - mu);
         L += s_l[ww][r] * c;
-        O += s_acc[((size_t)ww * M_ + r) * D + d] * c;
+        O += s_acc[(size_t)ww * WS + r * D + d] * c;
     }
 }
 

@@ -64,6 +64,8 @@
  *   Item                what a thread keeps of the item's staged Q
  *   issue(q, bt_row, kvs, kvh, kb, kend, stage, lane): the warp's copies of
  *                       the step at kb into the stage at shared address stage
+ *   OVERLAP (optional, default false): the next item's first copies go out
+ *                       before the current item's epilogue (OVL in the body)
  *   ROWS_AHEAD (optional, default false), key_row(q, bt_row, kvs, kvh, kb,
  *                       kend, lane) and issue_row(q, row, stage, lane): issue
  *                       split into the lane's block-table read and the copies
@@ -148,6 +150,15 @@ template <typename P> struct dm_prescaled<P, decltype((void)P::PRESCALED)> {
     static constexpr bool value = P::PRESCALED;
 };
 
+/* Whether load policy P asks for the next item's first copies during the
+ * current item's epilogue (P::OVERLAP; OVL in the body). */
+template <typename P, typename = void> struct dm_overlap {
+    static constexpr bool value = false;
+};
+template <typename P> struct dm_overlap<P, decltype((void)P::OVERLAP)> {
+    static constexpr bool value = P::OVERLAP;
+};
+
 #define DM_UNIT 64        /* keys of a unit of the balanced schedule (split_align) */
 #define DM_END 0x7fffffff /* no more steps */
 
@@ -223,7 +234,17 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
     extern __shared__ __align__(128) unsigned char dm_smem_buf[];
     __shared__ float s_m[DM_NW][DM_M], s_l[DM_NW][DM_M];
     __shared__ int s_last; /* this CTA wrote the last partial of its item's split task */
-    float *s_acc = (float *)(dm_smem_buf + P::SQ); /* [NW][16][D] after the loop */
+    /* OVL (the policy's OVERLAP): the warps' O [16, D] fp32 for the final
+     * merge go to the last stage of each warp's own ring, and the CTA's next item's
+     * first NST - 1 steps are issued into the other stages before the
+     * epilogue (the warps' merge, the writes, the count and a last-CTA
+     * merge), so its first bytes land during it. Else (the balanced
+     * schedule, or a stage smaller than O) O goes to [NW][16][D] over the
+     * rings after a barrier, and an item's copies start with the item. */
+    constexpr bool OVL =
+        !BAL && dm_overlap<P>::value && P::ISSUE_FIRST && P::STAGE >= DM_M * D * (int)sizeof(float);
+    constexpr int WS = OVL ? NST * STAGE / (int)sizeof(float) : DM_M * D; /* floats per warp */
+    float *s_acc = (float *)(dm_smem_buf + P::SQ) + (OVL ? (NST - 1) * STAGE / sizeof(float) : 0);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g4 = lane >> 2, t4 = lane & 3;
@@ -233,16 +254,41 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
      * previous kernel's output (q, the cache, a merge's inputs) is read
      * before it has completed and its writes are visible. */
     kva__pdl_wait();
+    /* The CTA's first item record is read with the header, not after it: the
+     * chain to the first K/V copies is then header || item, block table,
+     * copies (one dependent global read less per call). A CTA past the
+     * item count reads a record it never uses (clamped to the section). */
+    const int32_t cap = a.meta.items_cap;
+    kva__cuda_item wn = a.meta.items[(int32_t)blockIdx.x < cap ? (int32_t)blockIdx.x : cap - 1];
     const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
     const int32_t tree_on = a.meta.hdr[KVA_CUDA_HDR_TREE]; /* tree_mask.cuh */
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
     const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
     const bool ragged = P::RAGGED && a.ragged;
 
+    constexpr int32_t STEP = DM_NW * BNW;
+    /* The warp's copies of the first NST - 1 steps of item x (not on the
+     * balanced schedule), into ring stages 0 .. NST - 2. */
+    auto first_steps = [&](const kva__cuda_item &x) {
+        const int32_t *btr = ragged ? nullptr : a.meta.block_table + (int64_t)x.req * bt_stride;
+        const int64_t kv0 = ragged ? a.meta.kv_start[x.req] : 0;
+#pragma unroll
+        for (int st = 0; st < NST - 1; st++) {
+            const int32_t kb = x.k0 + warp * BNW + st * STEP;
+            if (kb < x.k1)
+                P::issue(q, btr, kv0, x.kv_head, kb, x.k1, ring + st * STAGE, lane);
+            kva__cp_async_commit();
+        }
+    };
+    bool pre = false; /* OVL: the item's first steps went out in the previous epilogue */
+
     for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
-        if (it + (int32_t)gridDim.x >= n_items)
+        const bool more = it + (int32_t)gridDim.x < n_items; /* the CTA has a next item */
+        if (!more)
             kva__pdl_launch_dependents(); /* this CTA's last item: the next kernel may launch */
-        const kva__cuda_item w = a.meta.items[it];
+        const kva__cuda_item w = wn;      /* items[it], read before this iteration */
+        if (more)
+            wn = a.meta.items[it + gridDim.x]; /* the next one, in flight during this one */
         const int32_t nrows = w.nq * w.nh;
         const int32_t qs = a.meta.qsl[w.req];
         const int32_t q_len = a.meta.qsl[w.req + 1] - qs;
@@ -250,7 +296,6 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         const kva__cuda_tree tree = kva__cuda_tree_at(a.meta.tree, tree_on, qs, s, q_len);
         const int32_t *bt_row = ragged ? nullptr : a.meta.block_table + (int64_t)w.req * bt_stride;
         const int64_t kvs = ragged ? a.meta.kv_start[w.req] : 0;
-        constexpr int32_t STEP = DM_NW * BNW;
         constexpr bool AHEAD = BAL && dm_rows_ahead<P>::value;
         static_assert(DM_UNIT % BNW == 0, "a unit is whole steps");
         /* A split item's partial block and its task (split count, keys),
@@ -302,12 +347,12 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
                     if (pend[st] != DM_END)
                         P::issue(q, bt_row, kvs, w.kv_head, pend[st], kend, ring + st * STAGE,
                                  lane);
-                } else {
-                    const int32_t kb = kb0 + st * STEP;
-                    if (kb < kend)
-                        P::issue(q, bt_row, kvs, w.kv_head, kb, kend, ring + st * STAGE, lane);
+                    kva__cp_async_commit();
                 }
-                kva__cp_async_commit();
+            }
+            if constexpr (!BAL) {
+                if (!pre)
+                    first_steps(w);
             }
             if constexpr (AHEAD) {
                 knext = g.next(lane);
@@ -414,15 +459,25 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
 
         /* Row sums over the 4 lanes of a row; the warps' states to shared memory. */
         kva__dmma_row_sums(l_run);
-        __syncthreads(); /* every warp is done with its ring */
+        if constexpr (OVL)
+            __syncwarp(); /* the warp is done with its own ring (O goes to its last stage) */
+        else
+            __syncthreads(); /* every warp is done with its ring (O goes over all of them) */
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
             const int r = g4 + hf * 8;
-            P::store_acc(s_acc + ((size_t)warp * DM_M + r) * D, o, hf, t4);
+            P::store_acc(s_acc + (size_t)warp * WS + r * D, o, hf, t4);
             if (t4 == 0) {
                 s_m[warp][r] = m_run[hf];
                 s_l[warp][r] = l_run[hf];
             }
+        }
+        if constexpr (OVL) {
+            /* The next item's first copies, into stages 0 .. NST - 2 (no
+             * thread reads them before the next item's key loop). */
+            pre = more;
+            if (more)
+                first_steps(wn);
         }
         __syncthreads();
 
@@ -430,7 +485,7 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         for (int32_t x = threadIdx.x; x < nrows * D; x += DM_NW * 32) {
             const int32_t r = x / D, d = x - r * D;
             float M, mu, L, O;
-            kva__dmma_merge<DM_NW, DM_M, D>(s_m, s_l, s_acc, r, d, M, mu, L, O);
+            kva__dmma_merge<DM_NW, DM_M, D, WS>(s_m, s_l, s_acc, r, d, M, mu, L, O);
             O = P::value(q, w, d, L, O);
             kva__dmma_write<D, typename P::Out>(a, w, nrows, qs, r, d, M, mu, L, O, pblk);
         }
@@ -455,7 +510,7 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
                 }
             }
         }
-        __syncthreads(); /* Q, s_acc and the rings are rewritten by the next item */
+        __syncthreads(); /* Q, s_acc (and without OVL the rings) are rewritten by the next item */
     }
 }
 
@@ -487,8 +542,8 @@ static cudaError_t dm_launch_go(void (*fn)(Args), int grid, int smem, cudaStream
  * not capturing a graph (graphs keep plain edges) and the current device has
  * compute capability 9.0 or later (asked once per device and process: the
  * run path's host time is part of every per-call decode time); *err gets a
- * runtime error of the queries. */
-static inline int dm_pdl_ok(cudaStream_t s, cudaError_t *err)
+ * runtime error of the queries, *eager (if given) whether s is not capturing. */
+static inline int dm_pdl_ok(cudaStream_t s, cudaError_t *err, int *eager = nullptr)
 {
     static std::atomic<int> major_of[64]; /* compute capability major + 1; 0: not asked */
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
@@ -504,6 +559,8 @@ static inline int dm_pdl_ok(cudaStream_t s, cudaError_t *err)
             major_of[dev].store(major + 1);
     }
     *err = e;
+    if (eager)
+        *eager = e == cudaSuccess && cs == cudaStreamCaptureStatusNone;
     return e == cudaSuccess && cs == cudaStreamCaptureStatusNone && major >= 9;
 }
 

@@ -5,6 +5,9 @@
  * which kernel serves a format, q dtype and head size, and its launch.
  */
 #include "decode_mma_quant.cuh"
+extern "C" {
+#include "partition.h"
+}
 
 /* The kernel for the format, q dtype, cache dtype (V's for
  * INT8_TOKEN_K_V16, which must be the q dtype) and D; fn NULL if none. */
@@ -74,10 +77,11 @@ extern "C" kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva
                          "resident on device %d",
                          (int)a.D, (int)st->device);
     cudaError_t e = cudaSuccess;
-    const int pdl = dm_pdl_ok((cudaStream_t)st->stream, &e);
+    int eager = 0;
+    const int pdl = dm_pdl_ok((cudaStream_t)st->stream, &e, &eager);
     KVA_CUDA_TRY(e);
-    KVA_CUDA_TRY(
-        dm_launch_go(k.fn, st->num_sms * per_sm, k.smem, (cudaStream_t)st->stream, qa, pdl));
+    const int grid = kva__cuda_decode_grid(st->num_sms * per_sm, plan->part->num_items, eager);
+    KVA_CUDA_TRY(dm_launch_go(k.fn, grid, k.smem, (cudaStream_t)st->stream, qa, pdl));
     KVA_CUDA_LAUNCHED("decode_mma_kernel (quantized)");
     return KVA_STATUS_OK;
 }

@@ -39,7 +39,8 @@
  *     instead of 127 (short requests: a CTA tile has one or two key tiles).
  * wg_dims gives the K/V ring depth that fits the shared memory next to Q
  * [M, DK]: wide 4 stages at DK 64, 3 at 128, 2 at 192 (a stage is K [BN, DK]
- * and V [BN, DV]); narrow 2 (two CTAs in 227 KB).
+ * and V [BN, DV]); narrow 3 (two CTAs in 228 KB, without the 1 KB alignment
+ * pad: PAD below).
  */
 template <int DK, int DV, int NCW = 2, int BN = 128> struct wg_dims {
     static_assert(DK % 64 == 0 && DV % 64 == 0 && DK <= 192 && DV <= 128, "wgmma head sizes");
@@ -47,9 +48,24 @@ template <int DK, int DV, int NCW = 2, int BN = 128> struct wg_dims {
     static constexpr int M = 64 * NCW;     /* rows per CTA tile */
     static constexpr int SPLIT = WG_M / M; /* CTA tiles per tile of the plan's list */
     static constexpr int CTAS = 3 - NCW;   /* CTAs per SM */
-    static constexpr int NST = NCW == 1 ? 2 : DK == 64 ? 4 : DK == 128 ? 3 : 2;
+    static constexpr int NST = NCW == 1 ? 3 : DK == 64 ? 4 : DK == 128 ? 3 : 2;
     static constexpr uint32_t QB = WG_TILE_BYTES(M, DK), KB = WG_TILE_BYTES(BN, DK),
                               VB = WG_TILE_BYTES(BN, DV);
+    static constexpr uint32_t IDB = 2 * BN * 4; /* staged block ids [2][BN] int32 */
+    /* Shared memory past the 1024-byte aligned base: Q, the ring, its 2 NST
+     * mbarriers and the block ids. */
+    static constexpr uint32_t BODY = QB + NST * (KB + VB) + 16 * NST + IDB;
+    /* PAD: the launch asks for 1 KB more than BODY, so the kernel can align
+     * its base itself. Where CTAS CTAs cannot have it (the narrow shape's
+     * three stages: 2 x (BODY + 1 KB reserved by the system) fill the SM's
+     * 228 KB with 0.9 KB left), the launch asks for BODY and the kernel
+     * relies on the dynamic shared memory starting 1024-byte aligned (it
+     * does without static shared memory); if it ever does not, the kernel
+     * runs a ring of NST - 1 stages from the aligned address, which fits. */
+    static constexpr bool PAD = CTAS * (BODY + 2048) <= 228 * 1024;
+    static constexpr uint32_t SMEM = BODY + (PAD ? 1024 : 0);
+    static_assert(CTAS * (SMEM + 1024) <= 228 * 1024, "shared memory of the wgmma prefill");
+    static_assert(PAD || NST > 2, "the unpadded layout falls back to NST - 1 stages");
     static constexpr int NO = DV / 2;  /* O accumulators per consumer thread */
     static constexpr int NS = BN / 2;  /* S accumulators per consumer thread */
     static constexpr int KS = BN / 16; /* k-steps of O += P V */
@@ -57,6 +73,23 @@ template <int DK, int DV, int NCW = 2, int BN = 128> struct wg_dims {
      * CTA's warpgroups is what the launch bound gives (65,536 registers per
      * SM over CTAS * (NCW + 1) * 128 threads). */
     static constexpr int REG_P = 40, REG_C = NCW == 2 ? 232 : 216;
+};
+
+/* Stage and phase of the gk-th K/V tile of a CTA's ring: n = NST stages, or
+ * NF = NST - 1 where an unpadded layout (wg_dims::PAD) found its base
+ * unaligned. With the pad n is the constant NST and the other branch folds
+ * away. */
+template <int NST> struct wg_ring {
+    static constexpr uint32_t NF = NST > 2 ? NST - 1 : NST;
+    uint32_t n;
+    __device__ __forceinline__ int st(uint32_t gk) const
+    {
+        return (int)(n == NST ? gk % NST : gk % NF);
+    }
+    __device__ __forceinline__ uint32_t ph(uint32_t gk) const
+    {
+        return (n == NST ? gk / NST : gk / NF) & 1u;
+    }
 };
 
 /* How 128 threads copy rows of C 16-byte chunks (C = D / 8): TPR threads per

@@ -67,6 +67,16 @@ extern "C" {
 
 #include "prefill_wgmma.cuh"
 
+/* A diagnostic hook: dev/pf_trace/pf_trace.cu defines KVA_WG_TRACE(ev, ti,
+ * nkt) to record the time of event ev of CTA tile ti (nkt key tiles) from
+ * one thread per warpgroup (producer 0-2: header built, first free stage,
+ * tile issued; consumer 3-8: tile start, Q in, first K/V in, first S done,
+ * last P V done, epilogue done). The library leaves it empty (its
+ * arguments are not evaluated), so its code does not change. */
+#ifndef KVA_WG_TRACE
+#define KVA_WG_TRACE(ev, ti, nkt) ((void)0)
+#endif
+
 /* prefill_wgmma.cu: fills tm for the TMA kernel (wg_tmaps); tm->ok = 0 where
  * the cache cannot be described or the driver refuses. */
 void kva__wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm, int bn);
@@ -103,7 +113,9 @@ kva_status kva__wg_launch_d192(const kva__cuda_prefill_args *a, cudaStream_t st,
  * has no ping-pong (one consumer) and runs two CTAs per SM.
  * Dynamic shared memory (from a 1024-byte aligned base): Q [M, DK], K
  * [NST][BN, DK], V [NST][BN, DV] (all swizzled, wg_swz), the 2 * NST
- * mbarriers (8 bytes each), then the staged block ids [2][128] int32.
+ * mbarriers (8 bytes each), then the staged block ids [2][BN] int32; a
+ * layout without the alignment pad (wg_dims::PAD) whose base is not aligned
+ * runs NST - 1 stages (wg_ring).
  */
 template <bool INTRA, bool TMA, typename Ty, int DK, int DV, int NCW, int BN>
 __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
@@ -127,16 +139,19 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
     };
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const uint32_t sQ = (kva__smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t sbase = kva__smem_u32(smem_raw);
+    const uint32_t sQ = (sbase + 1023u) & ~1023u;
+    const wg_ring<NST> ring = {dims::PAD || sQ == sbase ? (uint32_t)NST : (uint32_t)NST - 1u};
     const uint32_t sK = sQ + QB;
-    const uint32_t sV = sK + NST * KB;
-    const uint32_t full = sV + NST * VB, empty = full + 8 * NST; /* mbarriers [NST] each */
+    const uint32_t sV = sK + ring.n * KB;
+    const uint32_t full = sV + ring.n * VB, empty = full + 8 * ring.n; /* mbarriers [n] each */
+    const uint32_t sids = empty + 8 * ring.n;                          /* block ids [2][BN] */
 
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
     const wg_div gd = wg_div_make((uint32_t)(a.num_heads / a.num_kv_heads)); /* G */
     if (tid == 0) {
-        for (int i = 0; i < NST; i++) {
+        for (int i = 0; i < (int)ring.n; i++) {
             kva__mbar_init(full + 8 * i, 128);
             kva__mbar_init(empty + 8 * i, 128 * NCW);
         }
@@ -157,30 +172,34 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
             const int n_first = tl.kv_lo / BN;
             const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
+            KVA_WG_TRACE(0, ti, ntiles);
             wg_kv g;
             wg_kv_init<DK, DV>(g, a, tl, tid);
             /* The block id of key n0 + tid of the next tile is loaded one tile
-             * ahead and staged in shared memory ([2][128] int32 after the
+             * ahead and staged in shared memory ([2][BN] int32 after the
              * mbarriers), so the copy path has no dependent global load
-             * (threads tid >= BN stage ids nobody reads). */
-            const uint32_t sids = empty + 8 * NST;
+             * (threads tid >= BN stage nothing). */
             const bool stager = BN >= 128 || tid < BN; /* the producer has 128 threads */
             int nxt = ntiles > 0 && stager ? wg_blk_of(g, n_last * BN + tid) : 0;
             for (int it = 0; it < ntiles; it++) {
                 const uint32_t gk = gi + (uint32_t)it;
-                const int st = (int)(gk % NST), n0 = (n_last - it) * BN;
+                const int st = ring.st(gk), n0 = (n_last - it) * BN;
                 {
                     const int cur = nxt;
                     if (it + 1 < ntiles && stager)
                         nxt = wg_blk_of(g, n0 - BN + tid);
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sids + (gk & 1) * 512 + 4 * tid),
-                                 "r"(cur)
-                                 : "memory");
+                    if (stager) /* the buffers hold BN ids each */
+                        asm volatile(
+                            "st.shared.b32 [%0], %1;\n" ::"r"(sids + (gk & 1) * (BN * 4) + 4 * tid),
+                            "r"(cur)
+                            : "memory");
                     kva__named_bar(true, 5,
                                    128); /* ids visible; buffer (gk - 1) & 1 no longer read */
                 }
-                if (gk >= NST)
-                    kva__mbar_wait(empty + 8 * st, ((gk / NST) - 1) & 1);
+                if (gk >= ring.n)
+                    kva__mbar_wait(empty + 8 * st, ring.ph(gk) ^ 1u);
+                if (it == 0)
+                    KVA_WG_TRACE(1, ti, ntiles);
                 if (TMA && tm.ok && n0 >= tl.kv_lo && n0 + BN <= tl.kv_hi) {
                     /* A TMA copy is a warp-uniform instruction (the compiler
                      * issues a warp's lanes' boxes one after the other), so the
@@ -213,7 +232,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                             int blk;
                             asm volatile("ld.shared.b32 %0, [%1];\n"
                                          : "=r"(blk)
-                                         : "r"(sids + (gk & 1) * 512 + 4u * (uint32_t)row));
+                                         : "r"(sids + (gk & 1) * (BN * 4) + 4u * (uint32_t)row));
                             const int off = (n0 + row) & (a.block_size - 1);
                             uint32_t dst;
                             if constexpr (DK == DV)
@@ -232,7 +251,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                     continue;
                 }
                 wg_gather_ids<DK, DV, BN>(g, tid, n0, sK + st * KB, sV + st * VB,
-                                          sids + (gk & 1) * 512);
+                                          sids + (gk & 1) * (BN * 4));
                 kva__cp_async_commit();
                 /* Wait for this tile, then publish it. */
                 kva__cp_async_wait<0>();
@@ -240,6 +259,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 kva__mbar_arrive(full + 8 * st);
             }
             gi += (uint32_t)ntiles;
+            KVA_WG_TRACE(2, ti, ntiles);
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(dims::REG_C) : "memory");
@@ -257,6 +277,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
         wg_load_q<128, DK, M>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
         kva__cp_async_commit();
         for (;;) {
+            KVA_WG_TRACE(3, tile_of(k), -1);
             kva__cp_async_wait<0>();
             kva__fence_proxy_async();
             kva__named_bar(true, 3 + cw, 128);
@@ -265,6 +286,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
             const int n_first = tl.kv_lo / BN;
             const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
+            KVA_WG_TRACE(4, tile_of(k), ntiles);
             float o[NO], s[NS];
             float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -295,8 +317,9 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 if (NCW == 2 && cw == 1)
                     kva__named_bar(false, 1, 256); /* consumer 0 issues first */
                 /* Tile 0: S only. */
-                const int st0 = (int)(gi % NST);
-                kva__mbar_wait(full + 8 * st0, (gi / NST) & 1);
+                const int st0 = ring.st(gi);
+                kva__mbar_wait(full + 8 * st0, ring.ph(gi));
+                KVA_WG_TRACE(5, tile_of(k), ntiles);
                 pp_wait();
                 kva__wgmma_fence();
                 wg_qk<Ty, DK, M>(s, dq, dk0 + ((uint64_t)(st0 * KB) >> 4));
@@ -306,14 +329,15 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
 #pragma unroll
                 for (int e = 0; e < NS; e++)
                     kva__reg_fence(s[e]);
+                KVA_WG_TRACE(6, tile_of(k), ntiles);
                 float alpha[2] = {1.0f, 1.0f};
                 wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, a.softcap, a.alibi_slopes,
                                       n_last * BN, alpha);
                 bool resc_prev = false; /* INTRA: o is still zero after tile 0 */
                 for (int it = 1; it < ntiles; it++) {
                     const uint32_t gk = gi + (uint32_t)it;
-                    const int st = (int)(gk % NST), sp = (int)((gk - 1) % NST);
-                    kva__mbar_wait(full + 8 * st, (gk / NST) & 1);
+                    const int st = ring.st(gk), sp = ring.st(gk - 1);
+                    kva__mbar_wait(full + 8 * st, ring.ph(gk));
                     pp_wait();
                     kva__wgmma_fence();
                     if (!INTRA) {
@@ -373,7 +397,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 pp_wait();
                 if (INTRA && resc_prev)
                     wg_rescale_o(o, alpha);
-                const int sl = (int)((gi + (uint32_t)ntiles - 1) % NST);
+                const int sl = ring.st(gi + (uint32_t)ntiles - 1);
                 kva__wgmma_fence();
                 wg_pv<Ty, DV>(o, pa, dv0 + ((uint64_t)(sl * VB) >> 4));
                 kva__wgmma_commit();
@@ -383,6 +407,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
 #pragma unroll
                 for (int e = 0; e < NO; e++)
                     kva__reg_fence(o[e]);
+                KVA_WG_TRACE(7, tile_of(k), ntiles);
                 kva__mbar_arrive(empty + 8 * sl); /* the ring goes on with the next CTA tile */
             } else if (tn < n_tiles) {
                 nxt = wg_rec_of<SPLIT, M>(a, tn);
@@ -396,6 +421,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 kva__cp_async_commit();
             }
             wg_epilogue<Ty, DV>(a, c, o, m_run, l_run);
+            KVA_WG_TRACE(8, tile_of(k), ntiles);
             if (nxt.r < 0)
                 break;
             k++;
@@ -411,14 +437,9 @@ template <bool INTRA, bool TMA, typename Ty, int DK, int DV, int NCW, int BN, in
 static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream)
 {
     typedef wg_dims<DK, DV, NCW, BN> dims;
-    const size_t smem =
-        1024 + (size_t)dims::QB + dims::NST * (size_t)(dims::KB + dims::VB) + 16 * dims::NST + 1024;
     /* CTAS CTAs per SM, each with 1 KB of shared memory reserved by the
-     * system, in the SM's 228 KB. */
-    static_assert(dims::CTAS * (1024 + dims::QB + dims::NST * (dims::KB + dims::VB) +
-                                16 * dims::NST + 1024 + 1024) <=
-                      228 * 1024,
-                  "shared memory of the wgmma prefill");
+     * system, in the SM's 228 KB (wg_dims::SMEM checks it). */
+    const size_t smem = dims::SMEM;
     wg_tmaps tm;
     if (TMA)
         kva__wg_tmaps_encode(a, &tm, BN);
