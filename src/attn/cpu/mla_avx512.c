@@ -2,7 +2,9 @@
  * mla_avx512.c - the layer-level MLA items (mla_items.inc) compiled for
  * AVX-512 (CMakeLists.txt gives *_avx512.c its flags), with the absorbed
  * path's score product written in intrinsics: the compiler does not keep a
- * tile of accumulators in registers on its own. Called only after run-time
+ * tile of accumulators in registers on its own. Also the registry's
+ * mla_avx512bf16 (kva__cpu_mla_item_avx512bf16): the same items with the
+ * absorbed path's latent rows taken by vdpbf16ps (mla_bf16dot.inc). Called only after run-time
  * detection (mla_cpu.c); elsewhere it compiles to nothing.
  */
 #include "mla_cpu.h"
@@ -127,5 +129,21 @@ static void mla_pv(const float *restrict PT, int32_t ldp, const float *restrict 
 #define MLA_HAVE_PV 1
 
 #define KVA_MLA_ITEM kva__cpu_mla_item_avx512
+#if defined(__AVX512BF16__)
+/* mla_avx512bf16: the same items, the absorbed path's step 2 by bf16 dot
+ * products (mla_bf16dot.inc) for a bf16 latent cache. */
+#define KVA_MLA_ITEM_BF16DOT kva__cpu_mla_item_avx512bf16
+#endif
 #include "mla_items.inc"
+#if defined(__AVX512BF16__)
+#include "mla_bf16dot.inc"
+#else
+/* Without a compiler that knows AVX512_BF16, mla_avx512bf16 runs the fp32
+ * items. */
+void kva__cpu_mla_item_avx512bf16(const kva__cpu_mla *m, const kva__cpu_mla_item *it,
+                                  float *scratch)
+{
+    kva__cpu_mla_item_avx512(m, it, scratch);
+}
+#endif
 #endif

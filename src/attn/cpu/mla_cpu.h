@@ -9,7 +9,8 @@
  * bodies (mla_items.inc) are compiled once per ISA: mla_portable.c (plain
  * C), mla_avx2.c and mla_avx512.c (the same C, auto-vectorized for AVX2 /
  * AVX-512), the kernel registry's "mla_portable", "mla_avx2" and
- * "mla_avx512" (cpu_ops.c). Sparse MLA runs the same items
+ * "mla_avx512" (cpu_ops.c), and "mla_avx512bf16", whose absorbed items take
+ * a bf16 cache's latent rows by vdpbf16ps (mla_bf16dot.inc). Sparse MLA runs the same items
  * (mla_sparse_cpu.c).
  */
 #ifndef KVA_MLA_CPU_H
@@ -132,6 +133,11 @@ kva_status kva__cpu_mla_sparse(kva_context *ctx, const kva_plan *plan, const voi
 void kva__cpu_mla_item_portable(const kva__cpu_mla *m, const kva__cpu_mla_item *it, float *scratch);
 void kva__cpu_mla_item_avx2(const kva__cpu_mla *m, const kva__cpu_mla_item *it, float *scratch);
 void kva__cpu_mla_item_avx512(const kva__cpu_mla *m, const kva__cpu_mla_item *it, float *scratch);
+/* The AVX-512 items with the absorbed path's step 2 by AVX512_BF16 dot
+ * products over a bf16 latent cache (mla_bf16dot.inc; other caches and
+ * paths as kva__cpu_mla_item_avx512). */
+void kva__cpu_mla_item_avx512bf16(const kva__cpu_mla *m, const kva__cpu_mla_item *it,
+                                  float *scratch);
 /* The item entry of the plan's MLA kernel (registry family KVA__KERNEL_MLA,
  * chosen when the plan was built; cpu_ops.c). */
 kva__cpu_mla_item_fn kva__cpu_plan_mla_item(const kva_plan *plan);
