@@ -28,6 +28,9 @@
  * this many pieces. */
 #define KVA_MLA_SPLIT_MIN 512
 #define KVA_MLA_MAX_SPLITS 32
+/* Staged weights need an area per absorbed item: at most this many bytes of
+ * them (larger steps absorb and project item by item). */
+#define KVA_MLA_STAGED_BYTES ((size_t)64 << 20)
 
 /* Everything an item needs. Shapes: q [T, H, Dn + Dr], w_uk [H, Dn, Dc],
  * w_uv [H, Dc, Dv] (q_dtype), out [T, H, Dv] (q_dtype), lse [T, H] or NULL. */
@@ -49,6 +52,11 @@ typedef struct kva__cpu_mla {
     const int32_t *topk_len;
     const float *sinks;
     const uint16_t *gather;
+    /* Staged weights (mla_cpu.c; NULL otherwise): the absorbed items' areas,
+     * area_floats apart, each its absorbed queries (area_qa_floats) then its
+     * partial (latent output, row maxima, sums). */
+    float *areas;
+    size_t area_floats, area_qa_floats;
 } kva__cpu_mla;
 
 /* One work item: request r, heads h0 .. h0 + nh - 1; absorbed = 1 for the
@@ -59,8 +67,14 @@ typedef struct kva__cpu_mla {
  * output o [Mp, Dc], row maxima mx [Mp] and sums l [Mp] in partial + p *
  * piece_floats; piece == split merges the pieces by their LSE and projects
  * and stores the rows. */
+/* Staged weights (staged = 1; a step of more items than threads, mla_cpu.c):
+ * piece -2 of head h0 absorbs that head's rows of every absorbed request into
+ * their items' areas (W_UK[h0] read once per step), piece 0 of an absorbed
+ * item (split 1) attends from its area's queries and leaves its partial there,
+ * piece -3 of head h0 projects that head's rows by W_UV[h0] and stores them. */
 typedef struct kva__cpu_mla_item {
     int32_t r, h0, nh, absorbed;
+    int32_t staged;
     int32_t t; /* sparse items: the query token */
     int32_t split, piece;
     int64_t k0, k1;
