@@ -157,8 +157,8 @@ mla_rows_block(float *restrict y, const float *restrict coef, const uint16_t *w,
  * bf16 rows and n a multiple of 16, blocks of 256, 128 or 16 columns summed
  * in registers over all k rows, each row's bf16 block widened in registers
  * (one read of w, no fp32 copy); other dtypes row by row through wrow. */
-static void mla_rows_fma(float *restrict y, const float *restrict coef, const void *w,
-                         kva_dtype dt, int32_t k, int32_t n, float *restrict wrow)
+static void mla_rows_fma(float *restrict y, const float *restrict coef, const void *w, kva_dtype dt,
+                         int32_t k, int32_t n, float *restrict wrow)
 {
     if (dt != KVA_DTYPE_BF16 || n % 16 != 0) {
         const size_t es = kva_dtype_size(dt);

@@ -303,8 +303,7 @@ kva_status kva__cpu_mla_run(kva_context *ctx, const kva_plan *plan, const void *
             if ((split > 1 || staged) && it.absorbed) {
                 split_piece(plan, &sp, partials, H, p, &it);
                 it.staged = staged;
-            }
-            else if (p != 0)
+            } else if (p != 0)
                 continue; /* unsplit items run once */
             item_fn(&m, &it, scratch);
         }
