@@ -104,14 +104,16 @@ static void test_dispatch(void)
     static const char *const names[] = {"decode_portable",   "decode_avx2",       "decode_avx512",
                                         "decode_avx512bf16", "prefill_portable",  "prefill_avx2",
                                         "prefill_avx512",    "prefill_avx512bf16"};
-    CHECK(n == 11);
+    CHECK(n == 12);
     /* Then the MLA items (tests/test_mla.c, tests/test_mla_sparse.c force them). */
-    CHECK(n == 11 && same(k[8].name, "mla_portable") && k[8].family == KVA__KERNEL_MLA &&
+    CHECK(n == 12 && same(k[8].name, "mla_portable") && k[8].family == KVA__KERNEL_MLA &&
           k[8].runs);
-    CHECK(n == 11 && same(k[9].name, "mla_avx2") && k[9].family == KVA__KERNEL_MLA &&
+    CHECK(n == 12 && same(k[9].name, "mla_avx2") && k[9].family == KVA__KERNEL_MLA &&
           k[9].runs == (level >= KVA__ISA_AVX2));
-    CHECK(n == 11 && same(k[10].name, "mla_avx512") && k[10].family == KVA__KERNEL_MLA &&
+    CHECK(n == 12 && same(k[10].name, "mla_avx512") && k[10].family == KVA__KERNEL_MLA &&
           k[10].runs == (level >= KVA__ISA_AVX512));
+    CHECK(n == 12 && same(k[11].name, "mla_avx512bf16") && k[11].family == KVA__KERNEL_MLA &&
+          k[11].runs == (level >= KVA__ISA_AVX512BF16));
     for (int32_t i = 0; i < n && i < 8; i++) {
         CHECK_MSG(same(k[i].name, names[i]) &&
                       k[i].family == (i < 4 ? KVA__KERNEL_DECODE : KVA__KERNEL_PREFILL) &&

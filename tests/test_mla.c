@@ -23,7 +23,9 @@
  * Tolerances (CPU fp32 accumulation against fp64 on identical inputs): out
  * f32 atol 5e-5 / rtol 5e-5; f16 8e-4 / 2e-3; bf16 8e-4 / 2/128 (the issue's)
  * with cosine distance <= 5e-6 in every dtype; LSE atol 5e-5 + rtol 1e-5 (the
- * issue's 1e-6 is below what fp32 sums of 576-term dot products keep).
+ * issue's 1e-6 is below what fp32 sums of 576-term dot products keep). They
+ * hold for mla_avx512bf16 too: its bf16 dot products take the absorbed
+ * queries and P as two bf16 parts each (mla_bf16dot.inc).
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "cpu_kernels.h"
@@ -353,6 +355,99 @@ static void test_kernels(void)
     CHECK(found >= 1);
 }
 
+static int same_name(const char *a, const char *b)
+{
+    return a && b && strcmp(a, b) == 0;
+}
+
+/* out [n] of case c's kva_mla_run on a 2-thread CPU context with the
+ * registry kernel `kernel` forced (NULL if it could not run). */
+static void *run_forced(const mla_case *c, const mla_data *m, const char *kernel, size_t n_out)
+{
+    kva_context *cpu = NULL;
+    kva_context_desc cd = {KVA_BACKEND_CPU, 2, 0};
+    void *out = malloc(n_out * mla_es(c->dt) + 4);
+    float *lse = malloc((size_t)m->T * c->H * 4 + 4);
+    CHECK_OK(kva_context_create(&cd, &cpu));
+    const int ok = cpu && kva__context_force_kernel(cpu, kernel) == KVA_STATUS_OK;
+    if (ok)
+        run_on(cpu, c, m, 1, m->q, out, lse, n_out);
+    kva_context_destroy(cpu);
+    free(lse);
+    if (!ok)
+        free(out);
+    return ok ? out : NULL;
+}
+
+/* mla_avx512bf16 (a bf16 cache's latent rows by vdpbf16ps, mla_bf16dot.inc)
+ * forced, unsplit and split, against the reference on DeepSeek's head sizes:
+ * H 16 (16-row items; q_len 2: 32 rows), H 32 (32 rows) and H 128 (64-row
+ * items), q_len 1-3 (causal rows inside the last chunk), chunks ending at
+ * odd key counts, block sizes 64, 1 and 16. The dispatcher picks it exactly
+ * where it runs and bf16 dot products are fast. Its output must differ from
+ * mla_avx512's (its sums run in another order, over bf16 parts): equal
+ * outputs would mean that the fp32 loop ran. Skipped where the CPU lacks AVX512_BF16. */
+static void test_bf16dot(void)
+{
+    kva_test_kernel k[KVA_TEST_MAX_KERNELS];
+    const int32_t nk = kva_test_cpu_kernels(k);
+    int runs = 0;
+    for (int32_t i = 0; i < nk; i++)
+        runs |= same_name(k[i].name, "mla_avx512bf16") && k[i].runs;
+    kva__cpu_features f;
+    kva__cpu_features_get(&f);
+    {
+        kva_context *cpu = NULL;
+        kva_context_desc cd = {KVA_BACKEND_CPU, 2, 0};
+        CHECK_OK(kva_context_create(&cd, &cpu));
+        const int32_t ql[1] = {1}, sl[1] = {70};
+        mla_case c = mla_case_of(16, 64, 16, 32, 24, 16, KVA_DTYPE_BF16, 1, 1, 1, ql, sl, 60);
+        mla_data m;
+        if (cpu && mla_data_make(cpu, &c, &m)) {
+            kva_plan_desc pd = mla_plan_desc(&c, &m, 1);
+            kva_plan *plan = NULL;
+            CHECK_OK(kva_plan_create(cpu, &pd, &plan));
+            const char *kn = plan ? kva__cpu_plan_kernel(plan, KVA__KERNEL_MLA) : NULL;
+            CHECK_MSG(same_name(kn, "mla_avx512bf16") == (runs && f.bf16dot_fast),
+                      "dispatcher's MLA kernel %s (bf16 dot products run %d, fast %d)",
+                      kn ? kn : "none", runs, f.bf16dot_fast);
+            kva_plan_destroy(plan);
+            mla_data_free(&m);
+        }
+        kva_context_destroy(cpu);
+    }
+    if (!runs) {
+        printf("  mla_avx512bf16 does not run here: skipped\n");
+        return;
+    }
+    const int q = getenv("KVA_TEST_QUICK") != NULL;
+    const int32_t ql[3] = {1, 2, 3}, sl16[3] = {q ? 301 : 1101, 131, 77}, sl128[2] = {70, 41};
+    mla_case c = mla_case_of(16, 512, 64, 128, 128, 64, KVA_DTYPE_BF16, 1, 4, 3, ql, sl16, 61);
+    /* 3 items: unsplit on 2 threads; on 4 threads split into 3 pieces (2 short). */
+    check_cpu(&c, 3,
+              (const cpu_run[]){{2, "mla_avx512bf16", 0, 1},
+                                {4, "mla_avx512bf16", 0, q ? 1 : 3},
+                                {2, "mla_avx512", 0, 1}});
+    kva_context *ref = NULL;
+    kva_context_desc rd = {KVA_BACKEND_REF, 1, 0};
+    CHECK_OK(kva_context_create(&rd, &ref));
+    mla_data m;
+    if (ref && mla_data_make(ref, &c, &m)) {
+        const size_t n_out = (size_t)m.T * c.H * c.Dv;
+        void *a = run_forced(&c, &m, "mla_avx512bf16", n_out);
+        void *b = run_forced(&c, &m, "mla_avx512", n_out);
+        CHECK(a && b && memcmp(a, b, n_out * mla_es(c.dt)) != 0);
+        free(a);
+        free(b);
+        mla_data_free(&m);
+    }
+    kva_context_destroy(ref);
+    c = mla_case_of(32, 512, 64, 128, 128, 1, KVA_DTYPE_BF16, 1, 4, 2, ql, sl16 + 1, 62);
+    check_cpu(&c, 1, (const cpu_run[]){{2, "mla_avx512bf16", 0, 1}});
+    c = mla_case_of(128, 512, 64, 128, 128, 16, KVA_DTYPE_BF16, 1, 4, 2, ql, sl128, 63);
+    check_cpu(&c, 1, (const cpu_run[]){{2, "mla_avx512bf16", 0, 1}});
+}
+
 int main(void)
 {
     RUN(test_grid);
@@ -362,5 +457,6 @@ int main(void)
     RUN(test_long);
     RUN(test_split);
     RUN(test_kernels);
+    RUN(test_bf16dot);
     return kva_test_finish();
 }

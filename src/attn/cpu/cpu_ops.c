@@ -50,6 +50,7 @@ static const kva__kernel_info kernels[] = {
 #if KVA_X86_SIMD
     {"mla_avx2",           KVA__KERNEL_MLA,     usable_avx2},
     {"mla_avx512",         KVA__KERNEL_MLA,     usable_avx512},
+    {"mla_avx512bf16",     KVA__KERNEL_MLA,     usable_avx512bf16},
 #endif
 };
 static const cpu_kernel impls[] = {
@@ -70,6 +71,7 @@ static const cpu_kernel impls[] = {
 #if KVA_X86_SIMD
     {NULL,                           NULL,                           KVA__ISA_AVX2},
     {NULL,                           NULL,                           KVA__ISA_AVX512},
+    {NULL,                           NULL,                           KVA__ISA_AVX512BF16},
 #endif
 };
 /* clang-format on */
@@ -94,12 +96,13 @@ static int usable_avx512bf16(const kva_context *ctx)
 }
 
 /* 1 for registry entries whose only gain over the entry before them is the
- * vdpbf16ps scores: prefill_avx512bf16 (decode_avx512bf16 also has the
- * VNNI int8 path). */
+ * vdpbf16ps scores: prefill_avx512bf16 and mla_avx512bf16 (decode_avx512bf16
+ * also has the VNNI int8 path). */
 static int bf16dot_only(int32_t i)
 {
 #if KVA_X86_SIMD
-    return impls[i].fn == kva__cpu_prefill_avx512bf16;
+    return impls[i].fn == kva__cpu_prefill_avx512bf16 ||
+           (kernels[i].family == KVA__KERNEL_MLA && impls[i].isa == KVA__ISA_AVX512BF16);
 #else
     (void)i;
     return 0;
@@ -140,6 +143,8 @@ kva__cpu_mla_item_fn kva__cpu_plan_mla_item(const kva_plan *plan)
 {
 #if KVA_X86_SIMD
     const int32_t v = plan->part->variant_mla;
+    if (v >= 1 && v <= NUM_KERNELS && impls[v - 1].isa >= KVA__ISA_AVX512BF16)
+        return kva__cpu_mla_item_avx512bf16;
     if (v >= 1 && v <= NUM_KERNELS && impls[v - 1].isa >= KVA__ISA_AVX512)
         return kva__cpu_mla_item_avx512;
     if (v >= 1 && v <= NUM_KERNELS && impls[v - 1].isa >= KVA__ISA_AVX2)

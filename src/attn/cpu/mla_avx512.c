@@ -2,7 +2,9 @@
  * mla_avx512.c - the layer-level MLA items (mla_items.inc) compiled for
  * AVX-512 (CMakeLists.txt gives *_avx512.c its flags), with the absorbed
  * path's score product written in intrinsics: the compiler does not keep a
- * tile of accumulators in registers on its own. Called only after run-time
+ * tile of accumulators in registers on its own. Also the registry's
+ * mla_avx512bf16 (kva__cpu_mla_item_avx512bf16): the same items with the
+ * absorbed path's latent rows taken by vdpbf16ps (mla_bf16dot.inc). Called only after run-time
  * detection (mla_cpu.c); elsewhere it compiles to nothing.
  */
 #include "mla_cpu.h"
@@ -126,6 +128,73 @@ static void mla_pv(const float *restrict PT, int32_t ldp, const float *restrict 
 }
 #define MLA_HAVE_PV 1
 
+/* mla_items.inc's row loader (defined there, after this file's tiles). */
+static void mla_load(float *restrict dst, const void *src, kva_dtype dt, int64_t n);
+
+/* y [c0, c0 + 16 NV) += sum over i < k of coef[i] . w[i, c0 ..) (bf16 rows
+ * of n), summed in NV registers across the rows. */
+static inline __attribute__((always_inline)) void
+mla_rows_block(float *restrict y, const float *restrict coef, const uint16_t *w, int32_t k,
+               int32_t n, int32_t c0, const int NV)
+{
+    __m512 acc[16];
+    for (int v = 0; v < NV; v++)
+        acc[v] = _mm512_loadu_ps(y + c0 + 16 * v);
+    for (int32_t i = 0; i < k; i++) {
+        const __m512 a = _mm512_set1_ps(coef[i]);
+        const uint16_t *r = w + (size_t)i * n + c0;
+        for (int v = 0; v < NV; v++) {
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(r + 16 * v));
+            const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+            acc[v] = _mm512_fmadd_ps(a, x, acc[v]);
+        }
+    }
+    for (int v = 0; v < NV; v++)
+        _mm512_storeu_ps(y + c0 + 16 * v, acc[v]);
+}
+
+/* y [n] += sum over i < k of coef[i] . w[i, 0 .. n) (w [k, n] in dt): for
+ * bf16 rows and n a multiple of 16, blocks of 256, 128 or 16 columns summed
+ * in registers over all k rows, each row's bf16 block widened in registers
+ * (one read of w, no fp32 copy); other dtypes row by row through wrow. */
+static void mla_rows_fma(float *restrict y, const float *restrict coef, const void *w, kva_dtype dt,
+                         int32_t k, int32_t n, float *restrict wrow)
+{
+    if (dt != KVA_DTYPE_BF16 || n % 16 != 0) {
+        const size_t es = kva_dtype_size(dt);
+        for (int32_t i = 0; i < k; i++) {
+            mla_load(wrow, (const char *)w + (size_t)i * n * es, dt, n);
+            for (int32_t e = 0; e < n; e++)
+                y[e] += coef[i] * wrow[e];
+        }
+        return;
+    }
+    int32_t c0 = 0;
+    for (; c0 + 256 <= n; c0 += 256)
+        mla_rows_block(y, coef, w, k, n, c0, 16);
+    for (; c0 + 128 <= n; c0 += 128)
+        mla_rows_block(y, coef, w, k, n, c0, 8);
+    for (; c0 < n; c0 += 16)
+        mla_rows_block(y, coef, w, k, n, c0, 1);
+}
+#define MLA_HAVE_ROWS_FMA 1
+
 #define KVA_MLA_ITEM kva__cpu_mla_item_avx512
+#if defined(__AVX512BF16__)
+/* mla_avx512bf16: the same items, the absorbed path's step 2 by bf16 dot
+ * products (mla_bf16dot.inc) for a bf16 latent cache. */
+#define KVA_MLA_ITEM_BF16DOT kva__cpu_mla_item_avx512bf16
+#endif
 #include "mla_items.inc"
+#if defined(__AVX512BF16__)
+#include "mla_bf16dot.inc"
+#else
+/* Without a compiler that knows AVX512_BF16, mla_avx512bf16 runs the fp32
+ * items. */
+void kva__cpu_mla_item_avx512bf16(const kva__cpu_mla *m, const kva__cpu_mla_item *it,
+                                  float *scratch)
+{
+    kva__cpu_mla_item_avx512(m, it, scratch);
+}
+#endif
 #endif

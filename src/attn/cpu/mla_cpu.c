@@ -21,6 +21,16 @@
  * them; one merge per split item folds its pieces by their LSE, projects
  * the rows by W_UV and stores them. Absorption and projection run once per
  * row whatever the split.
+ *
+ * Staged weights: an unsplit step with two or more absorbed items (a decode
+ * batch) would read every head's W_UK and W_UV once per request, from memory
+ * or the last-level cache (H 128: 32 MB of bf16 weights per request). It
+ * runs the same three phases over areas like the split items' (one piece
+ * each): phase 1 absorbs per head, each thread taking heads and reading a
+ * head's W_UK once for the rows of every absorbed request; phase 2 runs
+ * every item, an absorbed one leaving its partial in its area; phase 3
+ * projects per head by W_UV likewise. Steps whose areas would pass
+ * KVA_MLA_STAGED_BYTES absorb and project item by item.
  */
 #include "mla_cpu.h"
 
@@ -96,10 +106,20 @@ static size_t item_floats(const kva__cpu_mla_split *s)
     return s->qa_floats + (size_t)s->split * s->piece_floats;
 }
 
-/* Bytes of the split items' areas of s (0 without split-KV). */
+/* Whether a step of split s stages its weights: unsplit (at least as many
+ * items as threads), two or more absorbed items, their areas within
+ * KVA_MLA_STAGED_BYTES. */
+static int staged_of(const kva__cpu_mla_split *s)
+{
+    return s->split == 1 && s->num_absorbed >= 2 &&
+           (size_t)s->num_absorbed * item_floats(s) * sizeof(float) <= KVA_MLA_STAGED_BYTES;
+}
+
+/* Bytes of the absorbed items' areas of s (0 without split-KV or staged
+ * weights). */
 static size_t partial_bytes(const kva__cpu_mla_split *s)
 {
-    if (s->split <= 1)
+    if (s->split <= 1 && !staged_of(s))
         return 0;
     return (size_t)s->num_absorbed * item_floats(s) * sizeof(float);
 }
@@ -184,6 +204,25 @@ static void split_pass(const kva__cpu_mla *m, kva__cpu_mla_item_fn item_fn,
     }
 }
 
+/* Staged weights: piece -2 (absorption) or -3 (projection) of every head
+ * on the calling team (an orphaned worksharing loop, like split_pass). */
+static void head_pass(const kva__cpu_mla *m, kva__cpu_mla_item_fn item_fn, int32_t piece,
+                      float *scratch)
+{
+#pragma omp for schedule(dynamic, 1)
+    for (int32_t h = 0; h < m->H; h++) {
+        kva__cpu_mla_item it;
+        memset(&it, 0, sizeof it);
+        it.h0 = h;
+        it.nh = 1;
+        it.absorbed = 1;
+        it.staged = 1;
+        it.split = 1;
+        it.piece = piece;
+        item_fn(m, &it, scratch);
+    }
+}
+
 void kva__cpu_mla_init(kva__cpu_mla *m, const kva_plan *plan, const kva_cache *cache, const void *q,
                        void *out, float *lse)
 {
@@ -226,6 +265,8 @@ kva_status kva__cpu_mla_run(kva_context *ctx, const kva_plan *plan, const void *
     kva__cpu_mla_split_of(ctx, plan, nt, &sp);
     if (ctx->workspace_bytes < (size_t)nt * stride + partial_bytes(&sp))
         sp.split = 1;
+    const int staged =
+        staged_of(&sp) && ctx->workspace_bytes >= (size_t)nt * stride + partial_bytes(&sp);
     if ((size_t)nt > ctx->workspace_bytes / stride)
         nt = (int)(ctx->workspace_bytes / stride);
     if (nt < 1)
@@ -234,6 +275,11 @@ kva_status kva__cpu_mla_run(kva_context *ctx, const kva_plan *plan, const void *
     const int64_t n_idx = (int64_t)d->num_requests * H;
     unsigned char *base = ctx->workspace;
     float *partials = (float *)(base + (size_t)nt * stride);
+    if (staged) {
+        m.areas = partials;
+        m.area_floats = item_floats(&sp);
+        m.area_qa_floats = sp.qa_floats;
+    }
 #pragma omp parallel num_threads(nt)
     {
 #ifdef _OPENMP
@@ -242,9 +288,11 @@ kva_status kva__cpu_mla_run(kva_context *ctx, const kva_plan *plan, const void *
         const int tid = 0;
 #endif
         float *scratch = (float *)(base + (size_t)tid * stride);
-        /* Phase 1: each split item's absorption. */
+        /* Phase 1: each split item's absorption, or staged: each head's. */
         if (split > 1)
             split_pass(&m, item_fn, &sp, partials, n_idx, -1, scratch);
+        if (staged)
+            head_pass(&m, item_fn, -2, scratch);
             /* Phase 2: every item, or every piece of a split absorbed item. */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t x = 0; x < n_idx * split; x++) {
@@ -252,15 +300,18 @@ kva_status kva__cpu_mla_run(kva_context *ctx, const kva_plan *plan, const void *
             if (!item_at(plan, x / split, H, &it))
                 continue;
             const int32_t p = (int32_t)(x % split);
-            if (split > 1 && it.absorbed)
+            if ((split > 1 || staged) && it.absorbed) {
                 split_piece(plan, &sp, partials, H, p, &it);
-            else if (p != 0)
+                it.staged = staged;
+            } else if (p != 0)
                 continue; /* unsplit items run once */
             item_fn(&m, &it, scratch);
         }
-        /* Phase 3: merge each split item. */
+        /* Phase 3: merge each split item, or staged: each head's projection. */
         if (split > 1)
             split_pass(&m, item_fn, &sp, partials, n_idx, split, scratch);
+        if (staged)
+            head_pass(&m, item_fn, -3, scratch);
     }
     return KVA_STATUS_OK;
 }

@@ -9,7 +9,8 @@
  * bodies (mla_items.inc) are compiled once per ISA: mla_portable.c (plain
  * C), mla_avx2.c and mla_avx512.c (the same C, auto-vectorized for AVX2 /
  * AVX-512), the kernel registry's "mla_portable", "mla_avx2" and
- * "mla_avx512" (cpu_ops.c). Sparse MLA runs the same items
+ * "mla_avx512" (cpu_ops.c), and "mla_avx512bf16", whose absorbed items take
+ * a bf16 cache's latent rows by vdpbf16ps (mla_bf16dot.inc). Sparse MLA runs the same items
  * (mla_sparse_cpu.c).
  */
 #ifndef KVA_MLA_CPU_H
@@ -27,6 +28,9 @@
  * this many pieces. */
 #define KVA_MLA_SPLIT_MIN 512
 #define KVA_MLA_MAX_SPLITS 32
+/* Staged weights need an area per absorbed item: at most this many bytes of
+ * them (larger steps absorb and project item by item). */
+#define KVA_MLA_STAGED_BYTES ((size_t)64 << 20)
 
 /* Everything an item needs. Shapes: q [T, H, Dn + Dr], w_uk [H, Dn, Dc],
  * w_uv [H, Dc, Dv] (q_dtype), out [T, H, Dv] (q_dtype), lse [T, H] or NULL. */
@@ -48,6 +52,11 @@ typedef struct kva__cpu_mla {
     const int32_t *topk_len;
     const float *sinks;
     const uint16_t *gather;
+    /* Staged weights (mla_cpu.c; NULL otherwise): the absorbed items' areas,
+     * area_floats apart, each its absorbed queries (area_qa_floats) then its
+     * partial (latent output, row maxima, sums). */
+    float *areas;
+    size_t area_floats, area_qa_floats;
 } kva__cpu_mla;
 
 /* One work item: request r, heads h0 .. h0 + nh - 1; absorbed = 1 for the
@@ -58,8 +67,14 @@ typedef struct kva__cpu_mla {
  * output o [Mp, Dc], row maxima mx [Mp] and sums l [Mp] in partial + p *
  * piece_floats; piece == split merges the pieces by their LSE and projects
  * and stores the rows. */
+/* Staged weights (staged = 1; a step of more items than threads, mla_cpu.c):
+ * piece -2 of head h0 absorbs that head's rows of every absorbed request into
+ * their items' areas (W_UK[h0] read once per step), piece 0 of an absorbed
+ * item (split 1) attends from its area's queries and leaves its partial there,
+ * piece -3 of head h0 projects that head's rows by W_UV[h0] and stores them. */
 typedef struct kva__cpu_mla_item {
     int32_t r, h0, nh, absorbed;
+    int32_t staged;
     int32_t t; /* sparse items: the query token */
     int32_t split, piece;
     int64_t k0, k1;
@@ -132,6 +147,11 @@ kva_status kva__cpu_mla_sparse(kva_context *ctx, const kva_plan *plan, const voi
 void kva__cpu_mla_item_portable(const kva__cpu_mla *m, const kva__cpu_mla_item *it, float *scratch);
 void kva__cpu_mla_item_avx2(const kva__cpu_mla *m, const kva__cpu_mla_item *it, float *scratch);
 void kva__cpu_mla_item_avx512(const kva__cpu_mla *m, const kva__cpu_mla_item *it, float *scratch);
+/* The AVX-512 items with the absorbed path's step 2 by AVX512_BF16 dot
+ * products over a bf16 latent cache (mla_bf16dot.inc; other caches and
+ * paths as kva__cpu_mla_item_avx512). */
+void kva__cpu_mla_item_avx512bf16(const kva__cpu_mla *m, const kva__cpu_mla_item *it,
+                                  float *scratch);
 /* The item entry of the plan's MLA kernel (registry family KVA__KERNEL_MLA,
  * chosen when the plan was built; cpu_ops.c). */
 kva__cpu_mla_item_fn kva__cpu_plan_mla_item(const kva_plan *plan);
