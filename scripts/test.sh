@@ -11,6 +11,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 jobs=$(nproc)
+# OpenMP threads wait for work asleep instead of spinning, in every stage
+# (and the background jobs, started below with this environment): the tests
+# run their 2- and 3-thread contexts two at a time (ctest -j2) beside the
+# background builds on the machine's cores, where libgomp's default
+# spin-wait between parallel regions took more than half of a test's CPU
+# time and the spinning threads held back the others' work
+# (bench/results/vm_2026-11-27_ci19.txt). The runs are the same; only idle
+# threads sleep.
+export OMP_WAIT_POLICY=passive
 
 # Stage timer: `stage NAME` starts a stage; at the next one and at the end the
 # wall and CPU seconds (this script's finished children, /proc/$$/stat) of

@@ -39,18 +39,26 @@ int kva__head_dim_ok(int32_t d)
     return d >= 8 && d <= KVA_MAX_HEAD_DIM && d % 8 == 0;
 }
 
+/* The bits of a float and back through a union (C11 6.5.2.3), not memcpy:
+ * the same machine code in an optimized build, and no addressable local,
+ * which under AddressSanitizer gave each call of the per-element conversions
+ * below a redzoned stack frame (29% of the sanitizer run of
+ * test_cpu_prefill: bench/results/vm_2026-11-27_ci19.txt). */
+typedef union {
+    float f;
+    uint32_t u;
+} f32_pun;
+
 static uint32_t f32_bits(float x)
 {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
+    const f32_pun v = {.f = x};
+    return v.u;
 }
 
 static float bits_f32(uint32_t u)
 {
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
+    const f32_pun v = {.u = u};
+    return v.f;
 }
 
 /* IEEE binary32 -> binary16 with round-to-nearest-even, including subnormals. */
