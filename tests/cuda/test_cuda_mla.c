@@ -512,6 +512,8 @@ static void test_fp8_cache(void)
         /* A source dtype the write does not take: refused, nothing written. */
         CHECK_STATUS(kva_cache_write(gpu, dc, T, d_k, ks, d_v, vs, KVA_DTYPE_FP8_E4M3, d_slots),
                      KVA_STATUS_UNSUPPORTED);
+        to_host(got, dk, cbytes);
+        CHECK_MSG(memcmp(got, hkc, cbytes) == 0, "a refused write changed the cache");
         if (sd == 0) {
             /* kva_cache_read (f32: code * scale) against the host's read. */
             const int32_t n = T;
