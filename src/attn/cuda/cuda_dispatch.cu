@@ -121,6 +121,7 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
     a.has_alibi = cp->has_alibi;
     a.scale = d->scale;
     a.softcap = d->softcap;
+    a.kv_fp8 = mla_fp8;
     a.kv_scale = mla_fp8 ? cache->k_scale[0] : 1.f;
 
     /* 16-byte loads need 16-byte aligned rows: q rows are D elements apart,
@@ -148,9 +149,9 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
     if (eager && plan->part->num_items == 0) {
         /* no decode or short-prefill item */
     } else if (cp->decode_kernel == KVA__CUDA_K_MLA_DECODE_MMA) {
-        KVA_TRY(kva__cuda_mla_decode_launch(&a, d->q_dtype, mla_fp8, cp->rows, grid, stream));
+        KVA_TRY(kva__cuda_mla_decode_launch(&a, d->q_dtype, cp->rows, grid, stream));
     } else if (cp->decode_kernel == KVA__CUDA_K_MLA_DECODE_WGMMA) {
-        KVA_TRY(kva__cuda_mla_wgmma_launch(&a, d->q_dtype, mla_fp8, grid, stream));
+        KVA_TRY(kva__cuda_mla_wgmma_launch(&a, d->q_dtype, grid, stream));
     } else if (cp->decode_kernel == KVA__CUDA_K_DECODE_MMA) {
         KVA_TRY(kva__cuda_decode_mma_launch(
             &a, d->q_dtype, kva__cuda_decode_grid(grid, plan->part->num_items, eager), cp->balanced,

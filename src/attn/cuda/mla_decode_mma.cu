@@ -72,9 +72,9 @@ extern "C" int kva__cuda_mla_decode_ctas_per_sm(kva_dtype dtype, int rows)
 }
 
 extern "C" kva_status kva__cuda_mla_decode_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
-                                                  int fp8, int rows, int grid, void *stream)
+                                                  int rows, int grid, void *stream)
 {
-    const ml_pick_t k = ml_pick(dtype, rows, fp8);
+    const ml_pick_t k = ml_pick(dtype, rows, a->kv_fp8);
     if (!k.fn || !kva__cuda_mla_decode_supported(a->D, a->Dv, dtype) || a->Hkv != 1 || a->ragged)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_attention_run: the MLA decode covers D = 576, Dv = 512, Hkv = 1, a "

@@ -159,9 +159,9 @@ extern "C" int kva__cuda_mla_wgmma_ctas_per_sm(kva_dtype dtype)
 }
 
 extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
-                                                 int fp8, int grid, void *stream)
+                                                 int grid, void *stream)
 {
-    const ml_kernel_fn fn = mw_pick(dtype, fp8);
+    const ml_kernel_fn fn = mw_pick(dtype, a->kv_fp8);
     if (!fn || !kva__cuda_mla_decode_supported(a->D, a->Dv, dtype) || a->Hkv != 1 || a->ragged ||
         !kva__cuda_prefill_wgmma_ready())
         return kva__fail(KVA_STATUS_UNSUPPORTED,

@@ -504,14 +504,14 @@ static kva_status run_absorbed(kva_context *ctx, const kva_plan *plan, const voi
     a.window_left = -1;
     a.scale = e.d->scale;
     const int fp8 = cache->desc.quant == KVA_QUANT_FP8_E4M3;
+    a.kv_fp8 = fp8;
     a.kv_scale = fp8 ? cache->k_scale[0] : 1.f;
     const int grid = e.st->num_sms * e.cp->per_sm;
     if (plan->part->num_items > 0) {
         if (e.cp->decode_kernel == KVA__CUDA_K_MLA_DECODE_WGMMA)
-            KVA_TRY(kva__cuda_mla_wgmma_launch(&a, e.d->q_dtype, fp8, grid, e.stream));
+            KVA_TRY(kva__cuda_mla_wgmma_launch(&a, e.d->q_dtype, grid, e.stream));
         else
-            KVA_TRY(
-                kva__cuda_mla_decode_launch(&a, e.d->q_dtype, fp8, e.cp->rows, grid, e.stream));
+            KVA_TRY(kva__cuda_mla_decode_launch(&a, e.d->q_dtype, e.cp->rows, grid, e.stream));
     }
     if (plan->part->num_tasks > 0)
         KVA_TRY(kva__cuda_split_merge_launch(&a.meta, a.ws, NULL, olat, lsed, e.H, e.H, e.Dc,
