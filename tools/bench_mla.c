@@ -364,6 +364,7 @@ int kva_cli_bench_mla(int argc, char **argv)
     memset(&ct, 0, sizeof ct);
     if (o.cuda) {
         bench_mla_io io = {.cache = cache,
+                           .kv_scale = fp8_scale,
                            .plan_desc = &pd,
                            .q = q,
                            .w_uk = wuk,

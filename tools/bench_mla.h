@@ -12,6 +12,7 @@
 /* Host inputs and outputs of one timed MLA layer. */
 typedef struct bench_mla_io {
     const kva_cache *cache;         /* host latent cache (copied to the device) */
+    float kv_scale;                 /* its k_scale when it is FP8 E4M3 (the device cache's) */
     const kva_plan_desc *plan_desc; /* the plan to create on the device */
     const void *q, *w_uk, *w_uv;    /* host tensors */
     size_t q_bytes, w_uk_bytes, w_uv_bytes;

@@ -59,8 +59,12 @@ int bench_mla_cuda(const bench_mla_io *io, bench_mla_times *tm)
     int rc = KVA_EXIT_OK;
     cudaError_t e = cudaSuccess;
     void *hk = NULL, *dk = NULL;
-    if ((st = kva_cache_create(ctx, &io->cache->desc, &dc)) != KVA_STATUS_OK) {
-        rc = kva_cli_lib_error("kva_cache_create (cuda)", st);
+    /* The host cache's bytes go over as they are: an FP8 cache keeps its scale. */
+    const kva_quant_params qp = {.k_scale = &io->kv_scale, .k_scale_len = 1};
+    const int fp8 = io->cache->desc.quant == KVA_QUANT_FP8_E4M3;
+    if ((st = kva_cache_create_quant(ctx, &io->cache->desc, fp8 ? &qp : NULL, &dc)) !=
+        KVA_STATUS_OK) {
+        rc = kva_cli_lib_error("kva_cache_create_quant (cuda)", st);
         goto done;
     }
     kva_cache_data(io->cache, &hk, NULL);

@@ -27,6 +27,20 @@
  * than 576 / 512, an MLA cache under an MHA plan, an MHA plan of D 576 on
  * CUDA: a status, a message, out untouched. KVA_TEST_QUICK=1 runs the first
  * cases (compute-sanitizer). Exits 77 without a GPU.
+ *
+ * FP8 E4M3 latent caches (one k_scale, not a power of two): the grid's fp8
+ * cases write the same 16-bit c_kv / k_pe into the device cache and into a
+ * reference-backend host cache, require the two caches byte-identical
+ * (poison bytes of unwritten slots included), and take the fp64 reference
+ * from the host cache's codes times the scale (the values the reference
+ * backend reads); H 1, 16, 32, 64, 128, q_len 1-2, B 1 / 16 / 64, contexts 0,
+ * 1 and block edges, split plans, both kernels. The same tolerances hold:
+ * the kernels convert the codes exactly and apply the scale in fp32.
+ * test_fp8_cache checks the write byte for byte against the host's from f32,
+ * f16 and bf16 sources with saturating values, NaN, infinities, signed zeros
+ * and fp8 subnormals (padding slots skipped), kva_cache_read against the
+ * host's read, copy_blocks and swap_blocks, and the rejections that remain
+ * (v_scale on an MLA cache, f32 q).
  */
 #include "cuda_util.h"
 #include "../../src/plan/partition.h"
@@ -46,15 +60,19 @@ typedef struct mcase {
     const int32_t *s_fixed; /* [R] seq_lens (NULL: uniform in [s_min, s_max] + q) */
     int graph;              /* 1: also capture the run in a CUDA graph and replay it */
     int spikes;             /* 1: three keys per request with growing logits (below) */
+    int fp8;                /* 1: an FP8 E4M3 latent cache (k_scale FP8_SCALE) */
 } mcase;
+
+#define FP8_SCALE 0.0137f
 
 static double to_d(const uint16_t *p, kva_dtype dt, size_t i)
 {
     return dt == KVA_DTYPE_F16 ? kva_f16_to_f32(p[i]) : kva_bf16_to_f32(p[i]);
 }
 
-/* fp64 reference of rows of request r: out [q_len, H, 512], lse [q_len, H]. */
-static void reference(const uint16_t *q, const uint16_t *lat, kva_dtype dt, int32_t H, int32_t qs,
+/* fp64 reference of rows of request r: out [q_len, H, 512], lse [q_len, H];
+ * lat: the latent rows [L, 576] as the cache holds them, in double. */
+static void reference(const uint16_t *q, const double *lat, kva_dtype dt, int32_t H, int32_t qs,
                       int32_t q_len, int32_t s, int64_t lat0, int causal, double scale, double *out,
                       double *lse)
 {
@@ -67,7 +85,7 @@ static void reference(const uint16_t *q, const uint16_t *lat, kva_dtype dt, int3
             for (int32_t j = 0; j < hi; j++) {
                 double acc = 0;
                 for (int c = 0; c < DL; c++)
-                    acc += to_d(q, dt, qrow + c) * to_d(lat, dt, (size_t)(lat0 + j) * DL + c);
+                    acc += to_d(q, dt, qrow + c) * lat[(size_t)(lat0 + j) * DL + c];
                 sc[j] = acc * scale;
                 m = sc[j] > m ? sc[j] : m;
             }
@@ -79,7 +97,7 @@ static void reference(const uint16_t *q, const uint16_t *lat, kva_dtype dt, int3
                 const double p = exp(sc[j] - m);
                 l += p;
                 for (int c = 0; c < DC; c++)
-                    o[c] += p * to_d(lat, dt, (size_t)(lat0 + j) * DL + c);
+                    o[c] += p * lat[(size_t)(lat0 + j) * DL + c];
             }
             for (int c = 0; c < DC; c++)
                 o[c] = l > 0 ? o[c] / l : 0;
@@ -163,16 +181,62 @@ static int run_case(const mcase *c, int quick_print)
     CHECK_OK(kva_context_create(&gd, &gpu));
     if (c->splits)
         CHECK_OK(kva__cuda_context_force_splits(gpu, c->splits));
-    kva_cache_desc cd = {NB, B, 1, DL, DC, dt, KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_ATTN_MLA};
+    const int fp8 = c->fp8;
+    const size_t ces = fp8 ? 1 : 2; /* bytes per cache element */
+    kva_cache_desc cd = {NB,
+                         B,
+                         1,
+                         DL,
+                         DC,
+                         fp8 ? KVA_DTYPE_FP8_E4M3 : dt,
+                         KVA_LAYOUT_NHD,
+                         fp8 ? KVA_QUANT_FP8_E4M3 : KVA_QUANT_NONE,
+                         KVA_ATTN_MLA};
+    const float ksc = FP8_SCALE;
+    const kva_quant_params qp = {.k_scale = &ksc, .k_scale_len = 1};
     kva_cache *cache = NULL;
-    CHECK_OK(kva_cache_create(gpu, &cd, &cache));
+    CHECK_OK(kva_cache_create_quant(gpu, &cd, fp8 ? &qp : NULL, &cache));
     void *ck = NULL;
     kva_cache_data(cache, &ck, NULL);
-    dev_fill(ck, 0xff, (size_t)NB * B * DL * 2);
+    const size_t cbytes = (size_t)NB * B * DL * ces;
+    dev_fill(ck, 0xff, cbytes);
     void *d_ckv = dev_from(ckv, (size_t)L * DC * 2), *d_kpe = dev_from(kpe, (size_t)L * DR * 2);
     void *d_slots = dev_from(slots, sizeof(int64_t) * (size_t)L);
     if (L > 0)
         CHECK_OK(kva_cache_write(gpu, cache, (int32_t)L, d_ckv, 0, d_kpe, 0, dt, d_slots));
+    /* The latent rows as the kernels must see them, in double: the 16-bit
+     * values, or (fp8) the codes of the reference backend's write of the
+     * same input times the scale, after checking that the device write
+     * produced the same bytes. */
+    double *latd = malloc(sizeof(double) * ((size_t)L * DL + 1));
+    if (!fp8) {
+        for (size_t i = 0; i < (size_t)L * DL; i++)
+            latd[i] = to_d(lat, dt, i);
+    } else {
+        kva_context_desc rd = {KVA_BACKEND_REF, 1, 0};
+        kva_context *ref = NULL;
+        kva_cache *hc = NULL;
+        CHECK_OK(kva_context_create(&rd, &ref));
+        CHECK_OK(kva_cache_create_quant(ref, &cd, &qp, &hc));
+        void *hk = NULL;
+        kva_cache_data(hc, &hk, NULL);
+        memset(hk, 0xff, cbytes);
+        if (L > 0)
+            CHECK_OK(kva_cache_write(ref, hc, (int32_t)L, ckv, 0, kpe, 0, dt, slots));
+        uint8_t *dev_bytes = malloc(cbytes);
+        to_host(dev_bytes, ck, cbytes);
+        CHECK_MSG(memcmp(dev_bytes, hk, cbytes) == 0,
+                  "seed %llu: the device FP8 latent write differs from the reference backend's",
+                  (unsigned long long)c->seed);
+        const uint8_t *codes = (const uint8_t *)hk;
+        for (int64_t j = 0; j < L; j++)
+            for (int e = 0; e < DL; e++)
+                latd[(size_t)j * DL + e] =
+                    (double)kva_fp8_e4m3_to_f32(codes[(size_t)slots[j] * DL + e]) * (double)ksc;
+        free(dev_bytes);
+        kva_cache_destroy(hc);
+        kva_context_destroy(ref);
+    }
 
     kva_plan_desc pd =
         kva_test_mla_desc(R, qsl, sl, bt, stride, B, H, DL, DC, dt, scale, c->causal);
@@ -181,8 +245,8 @@ static int run_case(const mcase *c, int quick_print)
     void *d_out = dev_poisoned(no * 2), *d_lse = dev_poisoned(sizeof(float) * (size_t)T * H);
     double *ro = malloc(sizeof(double) * (no + 1)), *rl = malloc(sizeof(double) * (T * H + 1));
     for (int32_t r = 0; r < R; r++)
-        reference(q, lat, dt, H, qsl[r], qsl[r + 1] - qsl[r], sl[r], lat0[r], c->causal, scale, ro,
-                  rl);
+        reference(q, latd, dt, H, qsl[r], qsl[r + 1] - qsl[r], sl[r], lat0[r], c->causal, scale,
+                  ro, rl);
     /* The default kernel, then mla_decode_mma_sm80 forced when the default was
      * the wgmma one (items of 64 rows on sm_90a). */
     int ok = 1;
@@ -229,11 +293,11 @@ static int run_case(const mcase *c, int quick_print)
         const int pass_ok = bad == 0 && bad_lse == 0 && cosd <= 5e-6 && cosd == cosd;
         if (!pass_ok || quick_print)
             fprintf(stderr,
-                    "  case seed=%llu H=%d R=%d q=%d..%d T=%d B=%d %s causal=%d splits=%d %s "
+                    "  case seed=%llu H=%d R=%d q=%d..%d T=%d B=%d %s%s causal=%d splits=%d %s "
                     "items=%d tasks=%d rows=%d: out bad %zu (max err %.3g), cos dist %.3g, lse "
                     "bad %zu (max %.3g)\n",
                     (unsigned long long)c->seed, H, R, c->q_min, c->q_max, T, B, kva_dtype_name(dt),
-                    c->causal, c->splits, kva__cuda_kernels[kernel].name, plan->part->num_items,
+                    fp8 ? " fp8-cache" : "", c->causal, c->splits, kva__cuda_kernels[kernel].name, plan->part->num_items,
                     plan->part->num_tasks, cp->rows, bad, max_err, cosd, bad_lse, max_lse);
         CHECK(pass_ok);
         ok &= pass_ok;
@@ -273,7 +337,7 @@ static int run_case(const mcase *c, int quick_print)
             break;
         CHECK_OK(kva__context_force_kernel(gpu, "mla_decode_mma_sm80"));
     }
-    free(ro), free(rl);
+    free(ro), free(rl), free(latd);
     kva_cache_destroy(cache);
     kva_context_destroy(gpu);
     cudaFree(d_q), cudaFree(d_out), cudaFree(d_lse), cudaFree(d_ckv), cudaFree(d_kpe),
@@ -290,34 +354,49 @@ static const int32_t S_LONG[] = {32768};
 
 static void test_grid(void)
 {
-    /* seed, H, R, q_min, q_max, s_min, s_max, B, dtype, causal, splits, s_fixed, graph, spikes */
+    /* seed, H, R, q_min, q_max, s_min, s_max, B, dtype, causal, splits, s_fixed, graph, spikes,
+     * fp8 */
     const mcase cases[] = {
-        {1, 16, 6, 1, 1, 0, 0, 16, KVA_DTYPE_BF16, 1, 0, S_EDGES16, 0, 0},
-        {2, 128, 2, 1, 2, 100, 700, 64, KVA_DTYPE_BF16, 1, 0, NULL, 1, 0},
-        {3, 3, 4, 1, 4, 0, 200, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0},
-        {4, 64, 5, 1, 1, 0, 0, 64, KVA_DTYPE_BF16, 1, 0, S_EDGES64, 0, 0},
-        {5, 16, 3, 1, 3, 0, 150, 16, KVA_DTYPE_F16, 1, 0, NULL, 0, 0},
-        {6, 1, 3, 1, 4, 0, 100, 16, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0},
-        {7, 16, 2, 2, 2, 4000, 5000, 64, KVA_DTYPE_BF16, 1, 0, NULL, 1, 0},
-        {8, 16, 2, 1, 1, 900, 1100, 16, KVA_DTYPE_BF16, 1, 3, NULL, 0, 0},
-        {9, 16, 4, 1, 2, 0, 0, 16, KVA_DTYPE_BF16, 0, 0, S_NOKEY, 0, 0},
-        {10, 128, 1, 4, 4, 200, 300, 16, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0},
-        {11, 63, 3, 1, 1, 1, 400, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0},
-        {12, 9, 5, 1, 3, 1, 300, 1, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0},
-        {13, 16, 4, 4, 4, 1, 500, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0},
-        {14, 32, 3, 1, 1, 1, 800, 16, KVA_DTYPE_BF16, 1, 5, NULL, 0, 0},
-        {15, 16, 150, 1, 1, 1, 300, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0},
-        {16, 16, 1, 1, 1, 0, 0, 64, KVA_DTYPE_BF16, 1, 0, S_LONG, 0, 0},
-        {17, 8, 3, 1, 2, 1000, 3000, 64, KVA_DTYPE_F16, 1, 0, NULL, 0, 0},
-        {18, 128, 2, 2, 2, 1000, 2000, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0},
-        {19, 128, 3, 1, 2, 300, 900, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0, 1},
-        {20, 64, 2, 1, 1, 1500, 2500, 16, KVA_DTYPE_F16, 1, 3, NULL, 0, 1},
+        {1, 16, 6, 1, 1, 0, 0, 16, KVA_DTYPE_BF16, 1, 0, S_EDGES16, 0, 0, 0},
+        {2, 128, 2, 1, 2, 100, 700, 64, KVA_DTYPE_BF16, 1, 0, NULL, 1, 0, 0},
+        {3, 3, 4, 1, 4, 0, 200, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0, 0},
+        {4, 64, 5, 1, 1, 0, 0, 64, KVA_DTYPE_BF16, 1, 0, S_EDGES64, 0, 0, 0},
+        {5, 16, 3, 1, 3, 0, 150, 16, KVA_DTYPE_F16, 1, 0, NULL, 0, 0, 0},
+        {6, 1, 3, 1, 4, 0, 100, 16, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0, 0},
+        {7, 16, 2, 2, 2, 4000, 5000, 64, KVA_DTYPE_BF16, 1, 0, NULL, 1, 0, 0},
+        {8, 16, 2, 1, 1, 900, 1100, 16, KVA_DTYPE_BF16, 1, 3, NULL, 0, 0, 0},
+        {9, 16, 4, 1, 2, 0, 0, 16, KVA_DTYPE_BF16, 0, 0, S_NOKEY, 0, 0, 0},
+        {10, 128, 1, 4, 4, 200, 300, 16, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0, 0},
+        {11, 63, 3, 1, 1, 1, 400, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0, 0},
+        {12, 9, 5, 1, 3, 1, 300, 1, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0, 0},
+        {13, 16, 4, 4, 4, 1, 500, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0, 0},
+        {14, 32, 3, 1, 1, 1, 800, 16, KVA_DTYPE_BF16, 1, 5, NULL, 0, 0, 0},
+        {15, 16, 150, 1, 1, 1, 300, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0, 0},
+        {16, 16, 1, 1, 1, 0, 0, 64, KVA_DTYPE_BF16, 1, 0, S_LONG, 0, 0, 0},
+        {17, 8, 3, 1, 2, 1000, 3000, 64, KVA_DTYPE_F16, 1, 0, NULL, 0, 0, 0},
+        {18, 128, 2, 2, 2, 1000, 2000, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0, 0},
+        {19, 128, 3, 1, 2, 300, 900, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0, 1, 0},
+        {20, 64, 2, 1, 1, 1500, 2500, 16, KVA_DTYPE_F16, 1, 3, NULL, 0, 1, 0},
+        /* FP8 E4M3 latent caches (the last field); the first four also run
+         * under KVA_TEST_QUICK. */
+        {21, 16, 6, 1, 1, 0, 0, 16, KVA_DTYPE_BF16, 1, 0, S_EDGES16, 0, 0, 1},
+        {22, 128, 2, 1, 2, 100, 700, 64, KVA_DTYPE_BF16, 1, 0, NULL, 1, 0, 1},
+        {23, 1, 3, 1, 2, 0, 100, 1, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0, 1},
+        {24, 16, 4, 1, 2, 0, 0, 16, KVA_DTYPE_F16, 0, 0, S_NOKEY, 0, 0, 1},
+        {25, 128, 5, 1, 1, 0, 0, 64, KVA_DTYPE_F16, 1, 0, S_EDGES64, 0, 0, 1},
+        {26, 16, 2, 1, 1, 900, 1100, 16, KVA_DTYPE_BF16, 1, 3, NULL, 0, 0, 1},
+        {27, 64, 2, 1, 1, 1500, 2500, 16, KVA_DTYPE_BF16, 1, 3, NULL, 0, 1, 1},
+        {28, 32, 3, 1, 1, 1, 800, 16, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0, 1},
+        {29, 16, 2, 2, 2, 3000, 4000, 64, KVA_DTYPE_BF16, 1, 0, NULL, 0, 0, 1},
     };
     const int n = (int)(sizeof cases / sizeof cases[0]);
     const int quick = getenv("KVA_TEST_QUICK") != NULL;
-    const int run = quick ? 5 : n;
-    int failed = 0;
-    for (int i = 0; i < run; i++) {
+    int failed = 0, run = 0, fp8_run = 0;
+    for (int i = 0; i < n; i++) {
+        if (quick && !(i < 5 || (cases[i].fp8 && fp8_run < 4)))
+            continue;
+        fp8_run += cases[i].fp8;
+        run++;
         mcase c = cases[i];
         if (c.s_fixed == S_EDGES16)
             c.R = 6;
@@ -330,6 +409,179 @@ static void test_grid(void)
         failed += !run_case(&c, 1);
     }
     CHECK_MSG(failed == 0, "%d of %d MLA cases failed", failed, run);
+}
+
+/* A 16-bit value of x in dt (f32: x itself), stored at element i of p. */
+static void put(void *p, kva_dtype dt, size_t i, float x)
+{
+    if (dt == KVA_DTYPE_F32)
+        ((float *)p)[i] = x;
+    else if (dt == KVA_DTYPE_F16)
+        ((uint16_t *)p)[i] = kva_f32_to_f16(x);
+    else
+        ((uint16_t *)p)[i] = kva_f32_to_bf16(x);
+}
+
+/* Two floats equal as the caches read them: the same bits, or both NaN. */
+static int same_f32(float a, float b)
+{
+    return (a != a && b != b) || memcmp(&a, &b, sizeof a) == 0;
+}
+
+/* The FP8 E4M3 latent cache's write, read, copy and swap on the device
+ * against the reference backend's, byte for byte. */
+static void test_fp8_cache(void)
+{
+    kva_rng rng = {77};
+    kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0}, rd = {KVA_BACKEND_REF, 1, 0};
+    kva_context *gpu = NULL, *ref = NULL;
+    CHECK_OK(kva_context_create(&gd, &gpu));
+    CHECK_OK(kva_context_create(&rd, &ref));
+    enum { NB = 6, BS = 16, T = 70 };
+    const float ksc = 0.37f; /* 448 * 0.37 = 165.76: larger values saturate */
+    const kva_quant_params qp = {.k_scale = &ksc, .k_scale_len = 1};
+    const kva_cache_desc cd = {NB, BS, 1, DL, DC, KVA_DTYPE_FP8_E4M3, KVA_LAYOUT_NHD,
+                               KVA_QUANT_FP8_E4M3, KVA_ATTN_MLA};
+    const size_t cbytes = (size_t)NB * BS * DL;
+    /* Slots: a shuffled subset of the cache's, every 9th token padding (-1). */
+    int64_t slots[T];
+    int32_t perm[NB * BS];
+    for (int32_t i = 0; i < NB * BS; i++)
+        perm[i] = i;
+    for (int32_t i = NB * BS - 1; i > 0; i--) {
+        const int32_t j = kva_rng_int(&rng, 0, i), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int t = 0; t < T; t++)
+        slots[t] = t % 9 == 4 ? -1 : perm[t];
+    /* Values: normal * 60, every 7th element one of the edge values. */
+    const float edge[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e9f, -1e9f,
+                          0.37f * 0x1p-9f, 0.37f * 0x1p-10f, 0.37f * 0x1.8p-9f, 165.76f, 171.f,
+                          0.37f * 17.f, 0.37f * 19.f};
+    const int ne = (int)(sizeof edge / sizeof edge[0]);
+    float *x = malloc(sizeof(float) * T * DL);
+    for (size_t i = 0; i < (size_t)T * DL; i++)
+        x[i] = i % 7 == 3 ? edge[(i / 7) % ne] : (float)(kva_rng_normal(&rng) * 60.0);
+    const kva_dtype src_dts[3] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
+    void *d_slots = dev_from(slots, sizeof slots);
+    for (int sd = 0; sd < 3; sd++) {
+        const kva_dtype st = src_dts[sd];
+        const size_t es = kva_dtype_size(st);
+        /* c_kv [T, DC] and k_pe [T, DR] of the same values, token strides
+         * DC + 8 and DR + 8 (non-default). */
+        const int64_t ks = DC + 8, vs = DR + 8;
+        void *hk = malloc(es * T * ks), *hv = malloc(es * T * vs);
+        memset(hk, 0, es * T * ks);
+        memset(hv, 0, es * T * vs);
+        for (int t = 0; t < T; t++)
+            for (int e = 0; e < DL; e++) {
+                if (e < DC)
+                    put(hk, st, (size_t)t * ks + e, x[(size_t)t * DL + e]);
+                else
+                    put(hv, st, (size_t)t * vs + e - DC, x[(size_t)t * DL + e]);
+            }
+        kva_cache *dc = NULL, *hc = NULL;
+        CHECK_OK(kva_cache_create_quant(gpu, &cd, &qp, &dc));
+        CHECK_OK(kva_cache_create_quant(ref, &cd, &qp, &hc));
+        if (!dc || !hc) {
+            kva_cache_destroy(dc);
+            kva_cache_destroy(hc);
+            free(hk), free(hv);
+            continue;
+        }
+        void *dk = NULL, *hkc = NULL, *dv = NULL;
+        kva_cache_data(dc, &dk, &dv);
+        kva_cache_data(hc, &hkc, NULL);
+        CHECK(dv == dk);
+        CHECK(kva_cache_block_bytes_k(dc) == (size_t)BS * DL && kva_cache_block_bytes_v(dc) == 0);
+        dev_fill(dk, 0xa5, cbytes);
+        memset(hkc, 0xa5, cbytes);
+        void *d_k = dev_from(hk, es * T * ks), *d_v = dev_from(hv, es * T * vs);
+        CHECK_OK(kva_cache_write(gpu, dc, T, d_k, ks, d_v, vs, st, d_slots));
+        CHECK_OK(kva_cache_write(ref, hc, T, hk, ks, hv, vs, st, slots));
+        uint8_t *got = malloc(cbytes);
+        to_host(got, dk, cbytes);
+        size_t bad = 0;
+        for (size_t i = 0; i < cbytes; i++)
+            if (got[i] != ((const uint8_t *)hkc)[i] && bad++ < 5)
+                fprintf(stderr, "  %s source: byte %zu (slot %zu, channel %zu): device 0x%02x, "
+                        "host 0x%02x\n", kva_dtype_name(st), i, i / DL, i % DL, got[i],
+                        ((const uint8_t *)hkc)[i]);
+        CHECK_MSG(bad == 0, "%s source: %zu FP8 latent bytes differ from the host write",
+                  kva_dtype_name(st), bad);
+        /* A source dtype the write does not take: refused, nothing written. */
+        CHECK_STATUS(kva_cache_write(gpu, dc, T, d_k, ks, d_v, vs, KVA_DTYPE_FP8_E4M3, d_slots),
+                     KVA_STATUS_UNSUPPORTED);
+        to_host(got, dk, cbytes);
+        CHECK_MSG(memcmp(got, hkc, cbytes) == 0, "a refused write changed the cache");
+        if (sd == 0) {
+            /* kva_cache_read (f32: code * scale) against the host's read. */
+            const int32_t n = T;
+            float *rk = malloc(sizeof(float) * n * DC), *rv = malloc(sizeof(float) * n * DR);
+            float *gk = malloc(sizeof(float) * n * DC), *gv = malloc(sizeof(float) * n * DR);
+            int64_t rs[T];
+            for (int t = 0; t < T; t++)
+                rs[t] = slots[t] < 0 ? perm[t] : slots[t]; /* padding: an unwritten slot */
+            void *d_rs = dev_from(rs, sizeof rs);
+            float *d_rk = dev_poisoned(sizeof(float) * n * DC);
+            float *d_rv = dev_poisoned(sizeof(float) * n * DR);
+            CHECK_OK(kva_cache_read(gpu, dc, n, d_rs, d_rk, 0, d_rv, 0, KVA_DTYPE_F32));
+            CHECK_OK(kva_cache_read(ref, hc, n, rs, rk, 0, rv, 0, KVA_DTYPE_F32));
+            to_host(gk, d_rk, sizeof(float) * n * DC);
+            to_host(gv, d_rv, sizeof(float) * n * DR);
+            size_t rbad = 0;
+            for (size_t i = 0; i < (size_t)n * DC; i++)
+                rbad += !same_f32(gk[i], rk[i]);
+            for (size_t i = 0; i < (size_t)n * DR; i++)
+                rbad += !same_f32(gv[i], rv[i]);
+            CHECK_MSG(rbad == 0, "kva_cache_read: %zu values differ from the host's read", rbad);
+            cudaFree(d_rs), cudaFree(d_rk), cudaFree(d_rv);
+            free(rk), free(rv), free(gk), free(gv);
+            /* copy_blocks inside the cache, then swap out to a host cache and
+             * back in, as on the host. */
+            const int32_t pairs[] = {0, 5, 2, 3, 1, 1};
+            CHECK_OK(kva_cache_copy_blocks(gpu, dc, pairs, 3));
+            CHECK_OK(kva_cache_copy_blocks(ref, hc, pairs, 3));
+            to_host(got, dk, cbytes);
+            CHECK_MSG(memcmp(got, hkc, cbytes) == 0, "copy_blocks differs from the host's");
+            kva_cache *host = NULL;
+            CHECK_OK(kva_cache_create_quant(ref, &cd, &qp, &host));
+            if (host) {
+                void *hh = NULL;
+                kva_cache_data(host, &hh, NULL);
+                memset(hh, 0x11, cbytes);
+                const int32_t out_pairs[] = {5, 0, 3, 4}, in_pairs[] = {0, 1};
+                CHECK_OK(kva_cache_swap_blocks(gpu, dc, host, out_pairs, 2));
+                CHECK(memcmp((uint8_t *)hh, (uint8_t *)hkc + 5 * BS * DL, BS * DL) == 0);
+                CHECK(memcmp((uint8_t *)hh + 4 * BS * DL, (uint8_t *)hkc + 3 * BS * DL,
+                             BS * DL) == 0);
+                CHECK(((uint8_t *)hh)[2 * BS * DL] == 0x11);
+                CHECK_OK(kva_cache_swap_blocks(gpu, host, dc, in_pairs, 1));
+                to_host(got, dk, cbytes);
+                CHECK(memcmp(got + BS * DL, hh, BS * DL) == 0);
+                kva_cache_destroy(host);
+            }
+        }
+        free(got);
+        cudaFree(d_k), cudaFree(d_v);
+        free(hk), free(hv);
+        kva_cache_destroy(dc);
+        kva_cache_destroy(hc);
+    }
+    /* An MLA cache's values are its keys' columns: a v_scale is refused, and
+     * so is a k_scale of 2 values (FP8 scales are per tensor or kv head). */
+    const float two[2] = {0.5f, 0.5f};
+    kva_quant_params bad = {.k_scale = &ksc, .k_scale_len = 1, .v_scale = &ksc, .v_scale_len = 1};
+    kva_cache *fc = NULL;
+    CHECK_STATUS(kva_cache_create_quant(gpu, &cd, &bad, &fc), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK(fc == NULL);
+    bad = (kva_quant_params){.k_scale = two, .k_scale_len = 2};
+    CHECK_STATUS(kva_cache_create_quant(gpu, &cd, &bad, &fc), KVA_STATUS_SHAPE_MISMATCH);
+    CHECK(fc == NULL);
+    cudaFree(d_slots);
+    free(x);
+    kva_context_destroy(ref);
+    kva_context_destroy(gpu);
 }
 
 /* Bad input: a status, a message naming the problem, out untouched. */
@@ -386,6 +638,7 @@ int main(void)
         return skip;
 #ifdef KVA_HAVE_CUDA
     RUN(test_bad_input);
+    RUN(test_fp8_cache);
     RUN(test_grid);
 #endif
     return kva_test_finish();

@@ -25,10 +25,16 @@
  * bf16 <= 2e-5, f16 <= 1e-6; LSE within 2e-2 (bf16) / 3e-3 (f16) absolute.
  * A wrong head, row, chunk or merge moves elements by O(1).
  *
+ * FP8 E4M3 latent caches (k_scale 0.02; the device cache holds the
+ * reference cache's bytes): mixed batches at H 1, 16, 128, block sizes 1,
+ * 16, 64, bf16 and f16 q, thresholds 1 and 4, with the same tolerances (the
+ * decompressed K and V and the absorbed path's roundings are those of a
+ * 16-bit cache; the codes convert exactly).
+ *
  * Bad input: a misaligned q, the kernel-level call on a layer plan with
- * compute-friendly requests (a status, a message, out unchanged); head sizes
- * the prefill kernel does not take, f32 q, an FP8 latent cache (refused at
- * plan or cache creation).
+ * compute-friendly requests, on a 16-bit and on an FP8 cache (a status, a
+ * message, out unchanged); head sizes the prefill kernel does not take and
+ * f32 q (refused at plan creation).
  * KVA_TEST_QUICK=1 runs the first cases and the errors (compute-sanitizer).
  * Exits 77 without a GPU.
  */
@@ -200,9 +206,10 @@ static void run_case_g(const mla_case *c, int32_t chunk, int graph)
             }
             const double cd = cos_dist(got, want, c->dt, n_out);
             const double cd_max = c->dt == KVA_DTYPE_BF16 ? 2e-5 : 1e-6;
-            printf("  H %3d Dn %3d B %2d %s thr %d causal %d chunk %4d T %4d: max |dout| %.3g, "
+            printf("  H %3d Dn %3d B %2d %s%s thr %d causal %d chunk %4d T %4d: max |dout| %.3g, "
                    "max |dlse| %.3g, cos dist %.3g\n",
-                   (int)c->H, (int)c->Dn, (int)c->B, kva_dtype_name(c->dt), (int)c->thr,
+                   (int)c->H, (int)c->Dn, (int)c->B, kva_dtype_name(c->dt),
+                   c->fp8 ? " fp8-cache" : "", (int)c->thr,
                    (int)c->causal, (int)chunk, (int)m.T, emax, lmax, cd);
             CHECK_MSG(bad == 0 && bad_lse == 0 && cd <= cd_max,
                       "H %d B %d %s thr %d: %zu out and %zu lse mismatches, cos dist %.3g",
@@ -248,6 +255,19 @@ static void test_grid(void)
             c.seq_len[5] = B + 20;
         }
         run_case_g(&c, i % 3 == 0 ? 64 : i % 3 == 1 ? 0 : 128, i == 0);
+    }
+    /* FP8 E4M3 latent caches (the first two also under KVA_TEST_QUICK; the
+     * first is also replayed from a CUDA graph). */
+    const int32_t Hf[4] = {16, 128, 1, 16}, Bf[4] = {16, 64, 1, 64};
+    for (int i = 0; i < (quick ? 2 : 4); i++) {
+        const kva_dtype dt = i == 2 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+        mla_case c = mixed(Hf[i], 128, Bf[i], dt, i % 2 ? 4 : 1, 300 + (uint64_t)i);
+        c.fp8 = 1;
+        if (Hf[i] == 128) {
+            c.seq_len[6] = 90;
+            c.seq_len[5] = Bf[i] + 20;
+        }
+        run_case_g(&c, i == 3 ? 64 : 0, i == 0);
     }
 }
 
@@ -308,19 +328,27 @@ static void test_errors(void)
         gpu_free(&g);
     }
     mla_data_free(&m);
-    /* The CUDA backend's MLA caches are f16 / bf16 (FP8: refused at creation),
-     * and its MLA plans f16 / bf16. */
+    /* The same on an FP8 latent cache: the kernel-level call on the layer
+     * plan is refused, nothing written. */
+    c.fp8 = 1;
+    if (mla_data_make(ref, &c, &m) && gpu_make(&c, &m, &g)) {
+        kva_plan_desc pd = mla_plan_desc(&c, &m, 1);
+        kva_plan *plan = NULL;
+        CHECK_OK(kva_plan_create(g.ctx, &pd, &plan));
+        CHECK_STATUS(kva_attention_run(g.ctx, plan, g.q, g.cache, NULL, g.out, g.lse),
+                     KVA_STATUS_UNSUPPORTED);
+        CHECK_ERROR_MENTIONS("kva_mla_run");
+        CHECK(dev_untouched(g.out));
+        CHECK(dev_untouched(g.lse));
+        kva_plan_destroy(plan);
+        gpu_free(&g);
+    }
+    mla_data_free(&m);
+    c.fp8 = 0;
+    /* The CUDA backend's MLA plans are f16 / bf16 (whatever the cache). */
     kva_context *gpu = NULL;
     kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
     CHECK_OK(kva_context_create(&gd, &gpu));
-    c.fp8 = 1;
-    kva_cache_desc cd = mla_cache_desc(&c, 8);
-    const float fp8_scale = 0.02f;
-    kva_quant_params qp = {.k_scale = &fp8_scale, .k_scale_len = 1};
-    kva_cache *fc = NULL;
-    CHECK_STATUS(kva_cache_create_quant(gpu, &cd, &qp, &fc), KVA_STATUS_UNSUPPORTED);
-    CHECK(fc == NULL);
-    c.fp8 = 0;
     c.dt = KVA_DTYPE_F32;
     const int32_t qsl[3] = {0, 1, 21}, bt[6] = {0, 1, 2, 3, 4, 5};
     kva_plan_desc pd = {.num_requests = 2,

@@ -7,7 +7,9 @@
  *     bf16, byte-identical to the host writer (the conversions of
  *     quant_exact.cuh, IEEE division);
  *   cache_read_kernel: kva_cache_read of a device cache (MLA caches of every
- *     device format, MHA caches of the unquantized ones), slot by slot; the
+ *     device format: f32 / f16 / bf16, fp8_e4m3 as code * k_scale (one f32
+ *     multiply, as the host reads it), fp8_ds_mla; MHA caches of the
+ *     unquantized formats), slot by slot; the
  *     same kernel gathers a request's rows 0 .. s - 1 through its block-table
  *     row into dense [s, Dc + Dr] rows (the sparse MLA's separate mode,
  *     mla_sparse.cu).
@@ -105,7 +107,7 @@ extern "C" kva_status kva__cuda_ds_mla_write(kva_context *ctx, kva_cache *cache,
 /* ---- read-back ---- */
 
 /* Source formats of the read kernel. */
-enum { RD_F32 = 0, RD_F16, RD_BF16, RD_DS_MLA };
+enum { RD_F32 = 0, RD_F16, RD_BF16, RD_DS_MLA, RD_FP8 };
 
 /* What one read covers: rows of the cache, where they go. */
 typedef struct read_args {
@@ -119,6 +121,7 @@ typedef struct read_args {
     int32_t T, Hkv, kw, vw; /* elements per token: MHA Hkv * D / Hkv * Dv; MLA Dc / Dr */
     int32_t D, Dv, B, hnd, mla, fmt;
     int64_t row_bytes; /* fp8_ds_mla row bytes */
+    float scale;       /* fp8_e4m3 MLA caches: the per-tensor k_scale */
 } read_args;
 
 /* Value of element x of token's K (is_v 0) or V row set, as float (exact). */
@@ -144,6 +147,10 @@ static __device__ __forceinline__ float rd_value(const read_args &a, int64_t slo
             a.hnd ? (block * a.Hkv + h) * a.B + off : (block * a.B + off) * a.Hkv + h;
         e = row * dim + c;
         base = is_v ? a.vcache : a.cache;
+    }
+    if (a.fmt == RD_FP8) { /* MLA fp8_e4m3: code * k_scale, one f32 multiply */
+        const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)base[e], __NV_E4M3);
+        return __half2float(__half(h)) * a.scale;
     }
     if (a.fmt == RD_F32)
         return ((const float *)base)[e];
@@ -201,11 +208,13 @@ static read_args read_setup(const kva_cache *c)
     a.kw = a.mla ? d->head_dim_v : d->num_kv_heads * d->head_dim;
     a.vw = a.mla ? d->head_dim - d->head_dim_v : d->num_kv_heads * d->head_dim_v;
     a.fmt = d->quant == KVA_QUANT_FP8_DS_MLA ? RD_DS_MLA
+            : d->quant == KVA_QUANT_FP8_E4M3 ? RD_FP8
             : d->dtype == KVA_DTYPE_F32      ? RD_F32
             : d->dtype == KVA_DTYPE_F16      ? RD_F16
                                              : RD_BF16;
     a.row_bytes =
         d->quant == KVA_QUANT_FP8_DS_MLA ? kva__ds_mla_row_bytes(d->head_dim, d->head_dim_v) : 0;
+    a.scale = d->quant == KVA_QUANT_FP8_E4M3 && c->k_scale ? c->k_scale[0] : 1.f;
     return a;
 }
 
@@ -228,7 +237,8 @@ extern "C" kva_status kva__cuda_cache_read(kva_context *ctx, const kva_cache *ca
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_cache_read: cache lives on device %d but the context uses %d",
                          (int)cache->device_id, (int)ctx->device_id);
-    if (d->quant != KVA_QUANT_NONE && d->quant != KVA_QUANT_FP8_DS_MLA)
+    if (d->quant != KVA_QUANT_NONE && d->quant != KVA_QUANT_FP8_DS_MLA &&
+        !(d->kind == KVA_ATTN_MLA && d->quant == KVA_QUANT_FP8_E4M3))
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_cache_read: the CUDA backend reads back MLA caches and unquantized "
                          "MHA caches; this cache's format is %s (read it on a host copy: "

@@ -115,10 +115,11 @@ extern "C" kva_status kva__cuda_cache_alloc(kva_context *ctx, kva_cache *c)
                          "kva_cache_create: head_dim = %d, head_dim_v = %d: the CUDA backend's "
                          "attention kernels take head sizes up to 256 (576 / 512 for MLA caches)",
                          (int)d->head_dim, (int)d->head_dim_v);
-    if (mla && d->quant != KVA_QUANT_NONE && d->quant != KVA_QUANT_FP8_DS_MLA)
+    if (mla && d->quant != KVA_QUANT_NONE && d->quant != KVA_QUANT_FP8_DS_MLA &&
+        d->quant != KVA_QUANT_FP8_E4M3)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_cache_create: quant = %s: the CUDA backend's MLA caches are "
-                         "unquantized (f32, f16, bf16) or fp8_ds_mla",
+                         "unquantized (f32, f16, bf16), fp8_e4m3 or fp8_ds_mla",
                          kva_quant_name(d->quant));
     const size_t nb = (size_t)d->num_blocks;
     void *p = NULL;
@@ -130,7 +131,9 @@ extern "C" kva_status kva__cuda_cache_alloc(kva_context *ctx, kva_cache *c)
             : nb * (size_t)c->k_block_elems * c->elem_size;
     KVA_TRY(kva__cuda_alloc(ctx, kbytes, &p));
     c->k = p;
-    if (mla) { /* the values are the first Dc columns of the latent rows */
+    if (mla) { /* the values are the first Dc columns of the latent rows; an
+                  fp8_e4m3 cache's one scale stays on the host (c->k_scale[0],
+                  passed to the kernels by value) */
         c->v = c->k;
         return KVA_STATUS_OK;
     }

@@ -30,6 +30,10 @@
  * the first rejected write not yet reported, unless that one is already set;
  * kva_cuda_cache_write_status() reports and clears it. FP8 caches store NaN
  * and need neither kernel nor wait.
+ *
+ * FP8_E4M3 MLA (latent) caches: mla_fp8_write_kernel quantizes each token's
+ * row [c_kv | k_pe] as a whole with the cache's one k_scale, fp8(x / s) as
+ * the host's write_latent (src/cache/cache_write.c) does.
  */
 extern "C" {
 #include "cuda_backend.h"
@@ -217,6 +221,43 @@ __global__ void __launch_bounds__(KVA_QW_THREADS)
     }
 }
 
+/*
+ * FP8_E4M3 latent rows: one CTA per token (grid-stride), threads over the D =
+ * Dc + Dr channels of its row [c_kv (k [T, ks]) | k_pe (v [T, vs])], slot =
+ * the row (Hkv = 1); rows [NB * B, D] of 1-byte codes at dst, s the k_scale.
+ */
+template <typename TS>
+__global__ void __launch_bounds__(KVA_QW_THREADS)
+    mla_fp8_write_kernel(uint8_t *dst, const TS *ckv, const TS *kpe, const int64_t *slots,
+                         int32_t T, int64_t ks, int64_t vs, int32_t D, int32_t Dc,
+                         int64_t num_slots, float s)
+{
+    for (int32_t t = blockIdx.x; t < T; t += gridDim.x) {
+        const int64_t slot = slots[t];
+        if (slot < 0 || slot >= num_slots)
+            continue;
+        uint8_t *row = dst + slot * D;
+        for (int32_t c = threadIdx.x; c < D; c += blockDim.x) {
+            const float x = c < Dc ? ld(ckv, (int64_t)t * ks + c) : ld(kpe, (int64_t)t * vs + c - Dc);
+            /* NaN / s is the canonical NaN on the GPU; the host keeps the sign. */
+            row[c] = to_fp8(x != x ? x : __fdiv_rn(x, s));
+        }
+    }
+}
+
+template <typename TS>
+static kva_status launch_mla(cudaStream_t s, const kva_cache *c, int32_t n, const void *k,
+                             int64_t ks, const void *v, int64_t vs, const int64_t *slots)
+{
+    const kva_cache_desc *d = &c->desc;
+    const int grid = n < 65535 ? n : 65535;
+    mla_fp8_write_kernel<TS><<<grid, KVA_QW_THREADS, 0, s>>>(
+        (uint8_t *)c->k, (const TS *)k, (const TS *)v, slots, n, ks, vs, d->head_dim,
+        d->head_dim_v, (int64_t)d->num_blocks * d->block_size, c->k_scale[0]);
+    KVA_CUDA_LAUNCHED("mla_fp8_write_kernel");
+    return KVA_STATUS_OK;
+}
+
 template <typename TS>
 static kva_status launch(cudaStream_t s, const qwrite_args &a, const void *k, const void *v)
 {
@@ -268,6 +309,13 @@ extern "C" kva_status kva__cuda_cache_write_quant(kva_context *ctx, kva_cache *c
 {
     const kva_cache_desc *d = &cache->desc;
     cudaStream_t s = stream_of(ctx);
+    if (d->kind == KVA_ATTN_MLA) { /* FP8_E4M3 latent rows (cache_ops.cu allows no other) */
+        if (src_dtype == KVA_DTYPE_F32)
+            return launch_mla<float>(s, cache, num_tokens, k, ks, v, vs, slot_mapping);
+        if (src_dtype == KVA_DTYPE_F16)
+            return launch_mla<__half>(s, cache, num_tokens, k, ks, v, vs, slot_mapping);
+        return launch_mla<__nv_bfloat16>(s, cache, num_tokens, k, ks, v, vs, slot_mapping);
+    }
     qwrite_args a;
     memset(&a, 0, sizeof a);
     a.k = (int8_t *)cache->k;

@@ -301,6 +301,13 @@ typedef struct kva__cuda_attn_args {
     int32_t H, Hkv, G, D, Dv, B;
     int32_t layout_hnd, ragged, causal, window_left, chunk, has_alibi; /* chunk: attention_chunk */
     float scale, softcap;
+    /* Appended last, so that objects built against the fields above still
+     * agree on them (bench/mla_ab_cuda.sh links a base tree's MLA files):
+     * kv_fp8 1: the MLA decode reads an FP8_E4M3 latent cache, whose k_scale
+     * kv_scale the FP8 instantiations fold into the logits' scale and the
+     * output; 0: a latent cache of the q dtype. */
+    int32_t kv_fp8;
+    float kv_scale;
 } kva__cuda_attn_args;
 
 /* decode_mma.cu: 1 if the tensor-core decode kernel covers the shape (D in
@@ -330,7 +337,10 @@ kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, kva_dtype d
  * plan's longest q_len (16, 32 or 64: H * q_len rounded up to a multiple of 16,
  * at most 64); resident CTAs per SM (raises the dynamic shared-memory limit;
  * 0 if it cannot run); the launch over every item of the uploaded plan with
- * `grid` persistent CTAs (split partials as decode_mma.cu's). */
+ * `grid` persistent CTAs (split partials as decode_mma.cu's); a->kv_fp8: the
+ * cache is FP8_E4M3 with its k_scale in a->kv_scale (else of the q dtype).
+ * The FP8 kernels need no more shared memory than the 16-bit ones, so the
+ * plan's occupancy (16-bit kernels) holds for both. */
 int kva__cuda_mla_decode_supported(int32_t head_dim, int32_t head_dim_v, kva_dtype dtype);
 int kva__cuda_mla_decode_rows(int32_t num_heads, int32_t max_q_len);
 int kva__cuda_mla_decode_ctas_per_sm(kva_dtype dtype, int rows);

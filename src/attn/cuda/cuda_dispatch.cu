@@ -87,7 +87,11 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
                                           const kva_cache *cache, const void *k, const void *v,
                                           const float *sinks, void *out, float *lse)
 {
-    if (cache && cache->desc.quant != KVA_QUANT_NONE) /* attn_quant.cu: all items and tiles */
+    /* attn_quant.cu: all items and tiles of quantized MHA caches (an FP8
+     * latent cache runs the MLA decode below, which reads its codes). */
+    const int mla_fp8 = cache && cache->desc.kind == KVA_ATTN_MLA &&
+                        cache->desc.quant == KVA_QUANT_FP8_E4M3;
+    if (cache && cache->desc.quant != KVA_QUANT_NONE && !mla_fp8)
         return kva__cuda_attention_quant(ctx, plan, q, cache, sinks, out, lse);
     const kva__cuda_state *st = (const kva__cuda_state *)ctx->state;
     const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
@@ -117,6 +121,8 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
     a.has_alibi = cp->has_alibi;
     a.scale = d->scale;
     a.softcap = d->softcap;
+    a.kv_fp8 = mla_fp8;
+    a.kv_scale = mla_fp8 ? cache->k_scale[0] : 1.f;
 
     /* 16-byte loads need 16-byte aligned rows: q rows are D elements apart,
      * cache rows D (or Dv) elements; D is a multiple of 8, so for f16/bf16

@@ -3,10 +3,18 @@
  * (mla_decode_mma.cu on mma.sync, mla_decode_wgmma.cu on sm_90a wgmma) share:
  * the latent-row geometry, the two shared-memory layouts of a [rows, 576]
  * tile, the paged gather of key tiles by cp.async, the staging of Q, and the
- * end-of-item row sums and stores (decode_mma_common.cuh's epilogue).
+ * end-of-item row sums and stores (decode_mma_common.cuh's epilogue), and
+ * the FP8 E4M3 latent rows' loads and conversion.
  *
  * A latent row is D = 576 elements (c_kv 512 | k_pe 64) = 72 chunks of 16
  * bytes; the values are its first 512 columns (chunks 0 .. 63).
+ *
+ * FP8_E4M3 latent caches (one per-tensor k_scale s for the whole row): the
+ * kernels convert the codes exactly into the 16-bit tile (e4m3 -> f16 is
+ * exact, and so is f16 -> f32 -> bf16) and fold s out of the tile: the
+ * logits are (q . code) * (scale * s) and the latent output (P . code) * s,
+ * applied once per row in ml_finish. So the 16-bit body runs unchanged on
+ * the codes, and no element is multiplied by s.
  */
 #ifndef KVA_CUDA_MLA_DECODE_COMMON_CUH
 #define KVA_CUDA_MLA_DECODE_COMMON_CUH
@@ -14,6 +22,7 @@
 #include "cuda_check.h"
 #include "decode_mma_common.cuh"
 #include "mma_ptx.cuh"
+#include "quant_cvt.cuh"
 
 #include <stdint.h>
 
@@ -129,6 +138,44 @@ static __device__ __forceinline__ void ml_issue(const kva__cuda_attn_args &a, co
     ml_issue_row<BN, ROWS, NT>(a, ml_row<BN, NT>(a, bt_row, kb, kend, t), stage, t);
 }
 
+/* FP8 latent rows [576 bytes] of the tile at kb into a raw stage [BN, 576]
+ * (row r at r * 576, no swizzle) by cp.async: thread t (of NT) takes key t /
+ * TPK (its row from ml_row; zeros where it is -1) and 16-byte chunks
+ * t % TPK + TPK i of its 36. */
+template <int BN, int NT = ML_NT>
+static __device__ __forceinline__ void ml_issue_fp8(const kva__cuda_attn_args &a,
+                                                    const int32_t *bt_row, int32_t kb,
+                                                    int32_t kend, uint32_t stage,
+                                                    int t = threadIdx.x)
+{
+    constexpr int TPK = NT / BN;
+    const int64_t row = ml_row<BN, NT>(a, bt_row, kb, kend, t);
+    const int key = t / TPK, c0 = t % TPK;
+    const bool ok = row >= 0;
+    const char *src = (const char *)a.k + (ok ? row * (int64_t)ML_D : 0);
+#pragma unroll
+    for (int i = 0; i < (ML_D / 16 + TPK - 1) / TPK; i++) {
+        const int c = c0 + TPK * i;
+        if (c < ML_D / 16)
+            kva__cp_async16(stage + (uint32_t)(key * ML_D + c * 16), src + (ok ? c * 16 : 0),
+                            ok ? 16 : 0);
+    }
+}
+
+/* A landed raw stage [BN, 576] of FP8 codes -> the 16-bit tile [BN, 576] in
+ * layout ml_off<0> (exact values; keys past the item's end are zero codes,
+ * hence zeros), by the whole CTA; the caller synchronizes around it. */
+template <int BN, typename Ty>
+static __device__ __forceinline__ void ml_fp8_tile(const unsigned char *raw, unsigned char *tile)
+{
+#pragma unroll 2
+    for (int x = threadIdx.x; x < BN * ML_CH; x += ML_NT) {
+        const int r = x / ML_CH, c = x - r * ML_CH;
+        const uint2 codes = *reinterpret_cast<const uint2 *>(raw + r * ML_D + c * 8);
+        *reinterpret_cast<uint4 *>(tile + ml_off<0>(r, c)) = kva__fp8x8_as<Ty>(codes);
+    }
+}
+
 /* Q rows of item w ([M, 576], zeros past nrows) into shared memory at sq in
  * layout ROWS, by plain 16-byte stores. Row r is token i0 + r / nh, head
  * h0 + r % nh of the request starting at token qs (Hkv = 1, so the heads
@@ -180,13 +227,14 @@ static __device__ __forceinline__ float ml_row_sum(const float (*s_sum)[64], int
  * max m_run in log2 units. The values of kva__dmma_write (split partial and
  * its lse, or out with the sink and lse), but the per-row factors are
  * computed once and out is stored in pairs: written per element, this code
- * was over 12,000 instructions per kernel, fetched cold once per item. Ends
- * with every thread past s_sum. */
+ * was over 12,000 instructions per kernel, fetched cold once per item. vsc
+ * multiplies the values (an FP8 cache's k_scale, folded into the per-row
+ * factors; 1 for 16-bit caches). Ends with every thread past s_sum. */
 template <int NB, int NS, typename Ty>
 static __device__ __forceinline__ void
 ml_finish(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, int32_t qs,
           float (*s_sum)[64], int slice, int r0, int col0, int t4, float l_run[2],
-          const float m_run[2], const float (*o)[4])
+          const float m_run[2], const float (*o)[4], float vsc)
 {
     typedef typename Ty::elem elem;
     ml_publish_sums(s_sum, slice, r0, t4, l_run);
@@ -205,7 +253,7 @@ ml_finish(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, 
             const kva__cuda_task t = a.meta.tasks[w.task];
             float *blk = a.ws + t.ws_off + (int64_t)w.split * nrows * (ML_DV + 1);
             float *dst = blk + (int64_t)r * ML_DV + col0 + 2 * t4;
-            const float inv = L > 0.f ? 1.f / L : 0.f;
+            const float inv = L > 0.f ? vsc / L : 0.f;
 #pragma unroll
             for (int n = 0; n < NB; n++) {
                 dst[n * 8] = o[n][2 * hf] * inv;
@@ -226,7 +274,7 @@ ml_finish(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, 
         const float Lt = L * cf + (a.sinks ? exp2f(sink2 - mt) : 0.f);
         /* out = O cf / Lt; a row without weight gives 0 (Lt = 0) or Lt (NaN). */
         const bool pos = Lt > 0.f;
-        const float f = pos ? cf / Lt : 0.f, f0 = pos || Lt == 0.f ? 0.f : Lt;
+        const float f = pos ? cf / Lt * vsc : 0.f, f0 = pos || Lt == 0.f ? 0.f : Lt;
         elem *dst = (elem *)a.out + (tok * a.H + head) * ML_DV + col0 + 2 * t4;
         if (((uintptr_t)a.out & 3) == 0) {
 #pragma unroll

@@ -9,6 +9,14 @@
  * of the uploaded plan, key tiles of the request's contiguous positions
  * gathered by cp.async through the block table, the plan's masks, and the
  * split partials or outputs of ml_finish.
+ *
+ * The policy's FP8 parameter: an FP8 E4M3 latent cache (one k_scale,
+ * mla_decode_common.cuh). Its rows are loaded by the CTA (thread t: 144
+ * bytes of key t / 4) and converted exactly into the 16-bit tile, as the
+ * sparse policy does with fp8_ds_mla rows: the first tile in the item's
+ * setup, tile kb + 64 during tile kb's P V (land), after the rows of the
+ * tile after it were prefetched into L2 during tile kb's S (next); the
+ * scale multiplies the logits' scale and the output rows.
  */
 extern "C" {
 #include "cuda_backend.h"
@@ -22,20 +30,56 @@ extern "C" {
 #include <stdint.h>
 
 #ifdef KVA_MLA_WGMMA_BODY
-/* The dense work policy of mla_wgmma_kernel (interface: mla_wgmma_body.cuh). */
-template <typename Ty> struct mw_dense {
+/* The dense work policy of mla_wgmma_kernel (interface: mla_wgmma_body.cuh);
+ * FP8: the cache holds FP8 E4M3 codes (above). */
+template <typename Ty, bool FP8> struct mw_dense {
     typedef kva__cuda_attn_args args;
     ml_item mi;
     bool skip;
     int32_t k0, kend;
     int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
     float slope[2];
+    int64_t row1, row2; /* FP8: the thread's key row in the next tile and the one after */
 
     static __device__ __forceinline__ int32_t items(const args &a)
     {
         return a.meta.hdr[KVA_CUDA_HDR_ITEMS];
     }
-    /* Item it: its first tile's copies (committed), Q, the mask bounds. */
+    /* FP8: `row` (zeros for -1) as key tid / 4 of the tile at stage, bytes
+     * 144 c .. 144 c + 143 (c = tid % 4: 16-bit chunks 18 c .. 18 c + 17). */
+    __device__ __forceinline__ void land_row(const args &a, int64_t row, uint32_t stage) const
+    {
+        const int key = threadIdx.x >> 2, c = threadIdx.x & 3;
+        uint4 raw[9];
+        if (row >= 0) {
+            const uint4 *src =
+                reinterpret_cast<const uint4 *>((const unsigned char *)a.k + row * ML_D + 144 * c);
+#pragma unroll
+            for (int i = 0; i < 9; i++)
+                raw[i] = __ldg(src + i);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 9; i++)
+                raw[i] = make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int i = 0; i < 9; i++) {
+            const int ch = 18 * c + 2 * i;
+            mw_st16(stage + ml_off<MW_BN>(key, ch), kva__fp8x8_as<Ty>(make_uint2(raw[i].x, raw[i].y)));
+            mw_st16(stage + ml_off<MW_BN>(key, ch + 1),
+                    kva__fp8x8_as<Ty>(make_uint2(raw[i].z, raw[i].w)));
+        }
+    }
+    /* FP8: the rows of the thread's key in the tile at kb into L2. */
+    __device__ __forceinline__ int64_t prefetch(const args &a, int32_t kb) const
+    {
+        const int64_t row = ml_row<MW_BN>(a, mi.bt_row, kb, kend);
+        if (row >= 0 && (threadIdx.x & 3) == 0)
+            mw_prefetch_l2((const unsigned char *)a.k + row * ML_D, ML_D);
+        return row;
+    }
+    /* Item it: its first tile's copies (committed) or (FP8) converted tile,
+     * Q, the mask bounds. */
     __device__ __forceinline__ mw_dense(const args &a, int32_t it, uint32_t sK,
                                         unsigned char *q_gen, int r0)
     {
@@ -43,63 +87,87 @@ template <typename Ty> struct mw_dense {
         skip = false;
         k0 = mi.w.k0;
         kend = mi.w.k1;
-        if (k0 < kend)
-            ml_issue<MW_BN, MW_BN>(a, mi.bt_row, k0, kend, sK);
+        if constexpr (FP8) {
+            row1 = prefetch(a, k0 + MW_BN);
+            row2 = -1;
+            if (k0 < kend)
+                land_row(a, ml_row<MW_BN>(a, mi.bt_row, k0, kend), sK);
+        } else {
+            if (k0 < kend)
+                ml_issue<MW_BN, MW_BN>(a, mi.bt_row, k0, kend, sK);
+        }
         kva__cp_async_commit();
         ml_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi.w, mi.nrows, mi.qs, q_gen);
         kva__dmma_rows(a, mi.w, mi.nrows, mi.s, mi.q_len, r0, lo, hi, pos, slope, lo_all, hi_all);
     }
     __device__ __forceinline__ void next(const args &a, int32_t kb, uint32_t stage, int)
     {
-        if (kb < kend)
-            ml_issue<MW_BN, MW_BN>(a, mi.bt_row, kb, kend, stage);
+        if constexpr (FP8) { /* the tile after kb into L2 (kb itself lands during P V) */
+            if (kb < kend)
+                row2 = prefetch(a, kb + MW_BN);
+        } else {
+            if (kb < kend)
+                ml_issue<MW_BN, MW_BN>(a, mi.bt_row, kb, kend, stage);
+        }
     }
-    __device__ __forceinline__ void land(const args &, int32_t, uint32_t, int) {}
+    __device__ __forceinline__ void land(const args &a, int32_t kb, uint32_t stage, int)
+    {
+        if constexpr (FP8) {
+            if (kb < kend) {
+                land_row(a, row1, stage);
+                row1 = row2;
+            }
+        }
+    }
     __device__ __forceinline__ void logits(float (&sc)[4][4], const args &a, float scale_log2,
                                            int32_t kb, int wg, int t4, int)
     {
-        kva__dmma_logits<32>(sc, a, scale_log2, kb + wg * 32, t4, lo_all, hi_all, lo, hi, pos,
-                             slope);
+        kva__dmma_logits<32>(sc, a, FP8 ? scale_log2 * a.kv_scale : scale_log2, kb + wg * 32, t4,
+                             lo_all, hi_all, lo, hi, pos, slope);
     }
     __device__ __forceinline__ void finish(const args &a, float (*s_sum)[64], int wg, int r0,
                                            int t4, float l_run[2], const float m_run[2],
                                            const float (*o)[4])
     {
         ml_finish<32, 2, Ty>(a, mi.w, mi.nrows, mi.qs, s_sum, wg, r0, wg * 256, t4, l_run, m_run,
-                             o);
+                             o, FP8 ? a.kv_scale : 1.f);
     }
 };
 #else
-template <typename Ty> struct mw_dense { /* host and non-sm_90a passes: the kernel is empty */
+template <typename Ty, bool FP8> struct mw_dense { /* host and non-sm_90a passes: empty kernel */
     typedef kva__cuda_attn_args args;
 };
 #endif
 
 /* ---- host side ---- */
 
-static ml_kernel_fn mw_pick(kva_dtype dt)
+/* The kernel for q dtype dt over a 16-bit or (fp8) an FP8 E4M3 latent cache. */
+static ml_kernel_fn mw_pick(kva_dtype dt, int fp8)
 {
     if (dt == KVA_DTYPE_BF16)
-        return mla_wgmma_kernel<kva__mma_bf16, mw_dense<kva__mma_bf16>>;
+        return fp8 ? mla_wgmma_kernel<kva__mma_bf16, mw_dense<kva__mma_bf16, true>>
+                   : mla_wgmma_kernel<kva__mma_bf16, mw_dense<kva__mma_bf16, false>>;
     if (dt == KVA_DTYPE_F16)
-        return mla_wgmma_kernel<kva__mma_f16, mw_dense<kva__mma_f16>>;
+        return fp8 ? mla_wgmma_kernel<kva__mma_f16, mw_dense<kva__mma_f16, true>>
+                   : mla_wgmma_kernel<kva__mma_f16, mw_dense<kva__mma_f16, false>>;
     return NULL;
 }
 
 extern "C" int kva__cuda_mla_wgmma_ctas_per_sm(kva_dtype dtype)
 {
-    return kva__cuda_prefill_wgmma_ready() ? ml_ctas_per_sm(mw_pick(dtype), MW_SMEM) : 0;
+    return kva__cuda_prefill_wgmma_ready() ? ml_ctas_per_sm(mw_pick(dtype, 0), MW_SMEM) : 0;
 }
 
 extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
                                                  int grid, void *stream)
 {
-    const ml_kernel_fn fn = mw_pick(dtype);
+    const ml_kernel_fn fn = mw_pick(dtype, a->kv_fp8);
     if (!fn || !kva__cuda_mla_decode_supported(a->D, a->Dv, dtype) || a->Hkv != 1 || a->ragged ||
         !kva__cuda_prefill_wgmma_ready())
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_attention_run: mla_decode_wgmma_sm90 needs an sm_90a build and "
-                         "device, D = 576, Dv = 512, Hkv = 1, a paged f16/bf16 latent cache (got "
+                         "device, D = 576, Dv = 512, Hkv = 1, a paged f16/bf16 or fp8_e4m3 latent "
+                         "cache with f16/bf16 q (got "
                          "D = %d, Dv = %d, Hkv = %d, dtype = %s)",
                          (int)a->D, (int)a->Dv, (int)a->Hkv, kva_dtype_name(dtype));
     return ml_launch(fn, MW_SMEM, a, grid, stream);

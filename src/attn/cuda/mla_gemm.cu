@@ -19,12 +19,19 @@
  * three CTAs per SM). Requirements (checked by the launcher):
  * K, N, the leading dimensions and head strides multiples of 8 elements,
  * A and B 16-byte aligned, C 4-byte aligned.
+ * An FP8 E4M3 latent cache enters as the A-format template parameter: its
+ * rows are loaded 8 codes at a time and stored as their exact 16-bit values
+ * in the same A tile (plain loads, not cp.async), and the cache's scale
+ * multiplies the fp32 result before its one rounding. Dequantizing the chunk
+ * into the workspace first would need a [keys, 576] buffer the plan cannot
+ * size (it does not know the cache's format) and a second pass over the rows.
  */
 extern "C" {
 #include "mla_run.h"
 }
 #include "cuda_check.h"
 #include "mma_ptx.cuh"
+#include "quant_cvt.cuh"
 
 #include <cuda_runtime.h>
 
@@ -42,8 +49,9 @@ constexpr int SMEM_BYTES = 2 * (A_STAGE + B_STAGE) * 2;
 /* The kernel reads the launcher's arguments as they are (a, b as bytes). */
 typedef kva__cuda_mla_gemm_args gemm_p;
 
-/* Loads the k-step starting at k0 of the CTA's A and B tiles into stage s. */
-template <bool KN>
+/* Loads the k-step starting at k0 of the CTA's A and B tiles into stage s
+ * (AF8: A's FP8 codes converted to TR's 16-bit values by plain stores). */
+template <typename TR, bool KN, bool AF8>
 __device__ __forceinline__ void load_stage(const gemm_p &p, uint16_t *As, uint16_t *Bs, int m0,
                                            int n0, int k0, int h)
 {
@@ -56,9 +64,16 @@ __device__ __forceinline__ void load_stage(const gemm_p &p, uint16_t *As, uint16
         if (m < p.M)
             row = p.a_rows ? p.a_rows[m] : m;
         const bool ok = row >= 0 && k < p.K;
-        const char *src = ok ? (const char *)p.a + 2 * (row * p.lda + (int64_t)h * p.a_head + k)
-                              : (const char *)p.a;
-        kva__cp_async16(kva__smem_u32(As + r * A_LD + ch * 8), src, ok ? 16 : 0);
+        const int64_t e = row * p.lda + (int64_t)h * p.a_head + k; /* element of A */
+        if constexpr (AF8) {
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (ok)
+                v = kva__fp8x8_as<TR>(*reinterpret_cast<const uint2 *>((const char *)p.a + e));
+            *reinterpret_cast<uint4 *>(As + r * A_LD + ch * 8) = v;
+        } else {
+            const char *src = ok ? (const char *)p.a + 2 * e : (const char *)p.a;
+            kva__cp_async16(kva__smem_u32(As + r * A_LD + ch * 8), src, ok ? 16 : 0);
+        }
     }
     if (KN) {
         /* B [K, N]: BK rows x BN / 8 chunks. */
@@ -85,7 +100,8 @@ __device__ __forceinline__ void load_stage(const gemm_p &p, uint16_t *As, uint16
     }
 }
 
-template <typename TR, bool KN> __global__ void __launch_bounds__(THREADS) gemm_kernel(gemm_p p)
+template <typename TR, bool KN, bool AF8>
+__global__ void __launch_bounds__(THREADS) gemm_kernel(gemm_p p)
 {
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *As[2] = {smem, smem + A_STAGE};
@@ -103,12 +119,12 @@ template <typename TR, bool KN> __global__ void __launch_bounds__(THREADS) gemm_
                 acc[i][j][e] = 0.f;
 
     const int ksteps = (p.K + BK - 1) / BK;
-    load_stage<KN>(p, As[0], Bs[0], m0, n0, 0, h);
+    load_stage<TR, KN, AF8>(p, As[0], Bs[0], m0, n0, 0, h);
     kva__cp_async_commit();
     for (int ks = 0; ks < ksteps; ks++) {
         const int s = ks & 1;
         if (ks + 1 < ksteps)
-            load_stage<KN>(p, As[s ^ 1], Bs[s ^ 1], m0, n0, (ks + 1) * BK, h);
+            load_stage<TR, KN, AF8>(p, As[s ^ 1], Bs[s ^ 1], m0, n0, (ks + 1) * BK, h);
         kva__cp_async_commit();
         kva__cp_async_wait<1>();
         __syncthreads();
@@ -158,12 +174,13 @@ template <typename TR, bool KN> __global__ void __launch_bounds__(THREADS) gemm_
             if (row < 0)
                 continue;
             char *crow = (char *)p.c + 2 * (row * p.ldc + (int64_t)h * p.c_head);
+            const float cs = AF8 ? p.c_scale : 1.f;
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int n = n0 + wn + j * 8 + t2;
                 if (n < p.N)
                     *(uint32_t *)(crow + 2 * n) =
-                        TR::pack(acc[i][j][half * 2], acc[i][j][half * 2 + 1]);
+                        TR::pack(acc[i][j][half * 2] * cs, acc[i][j][half * 2 + 1] * cs);
             }
         }
 }
@@ -191,6 +208,39 @@ __global__ void copy_kernel(kva__cuda_mla_copy p)
     }
 }
 
+/* copy_kernel over FP8 E4M3 source rows: 8 codes (8 bytes) per chunk, each
+ * stored as code * src_scale rounded once to TR. */
+template <typename TR> __global__ void copy_fp8_kernel(kva__cuda_mla_copy p)
+{
+    const int chunks = p.width / 8;
+    const int64_t total = (int64_t)p.M * p.heads * chunks;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int ch = (int)(i % chunks);
+        const int h = (int)((i / chunks) % p.heads);
+        const int m = (int)(i / ((int64_t)chunks * p.heads));
+        const int64_t dr = p.dst_rows ? p.dst_rows[m] : m;
+        if (dr < 0)
+            continue;
+        const int64_t sr = p.src_rows ? p.src_rows[m] : m;
+        uint32_t w[4] = {0, 0, 0, 0};
+        if (sr >= 0) {
+            const uint2 c = *(const uint2 *)((const char *)p.src + sr * p.lds +
+                                             (int64_t)h * p.src_head + ch * 8);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const uint32_t pair = ((q < 2 ? c.x : c.y) >> (16 * (q & 1))) & 0xffffu;
+                const __half2_raw hr =
+                    __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)pair, __NV_E4M3);
+                const float2 f = __half22float2(__half2(hr));
+                w[q] = TR::pack(f.x * p.src_scale, f.y * p.src_scale);
+            }
+        }
+        *(uint4 *)((char *)p.dst + 2 * (dr * p.ldd + (int64_t)h * p.dst_head + ch * 8)) =
+            make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
 } // namespace
 
 extern "C" kva_status kva__cuda_mla_gemm(const kva__cuda_mla_gemm_args *g, void *stream)
@@ -199,7 +249,7 @@ extern "C" kva_status kva__cuda_mla_gemm(const kva__cuda_mla_gemm_args *g, void 
         return KVA_STATUS_OK;
     if (g->K <= 0 || g->K % 8 || g->N % 8 || g->lda % 8 || g->ldb % 8 || g->ldc % 8 ||
         g->a_head % 8 || g->b_head % 8 || g->c_head % 8 ||
-        ((uintptr_t)g->a | (uintptr_t)g->b) % 16 || (uintptr_t)g->c % 4 ||
+        (uintptr_t)g->a % (g->a_fp8 ? 8 : 16) || (uintptr_t)g->b % 16 || (uintptr_t)g->c % 4 ||
         (g->dtype != KVA_DTYPE_F16 && g->dtype != KVA_DTYPE_BF16))
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_mla_run: GEMM operands M %d, N %d, K %d (%s) are not multiples of 8 "
@@ -211,8 +261,15 @@ extern "C" kva_status kva__cuda_mla_gemm(const kva__cuda_mla_gemm_args *g, void 
     cudaStream_t s = (cudaStream_t)stream;
     const bool bf = g->dtype == KVA_DTYPE_BF16;
     void (*k)(gemm_p) =
-        bf ? (g->b_kn ? gemm_kernel<kva__mma_bf16, true> : gemm_kernel<kva__mma_bf16, false>)
-           : (g->b_kn ? gemm_kernel<kva__mma_f16, true> : gemm_kernel<kva__mma_f16, false>);
+        g->a_fp8
+            ? (bf ? (g->b_kn ? gemm_kernel<kva__mma_bf16, true, true>
+                             : gemm_kernel<kva__mma_bf16, false, true>)
+                  : (g->b_kn ? gemm_kernel<kva__mma_f16, true, true>
+                             : gemm_kernel<kva__mma_f16, false, true>))
+            : (bf ? (g->b_kn ? gemm_kernel<kva__mma_bf16, true, false>
+                             : gemm_kernel<kva__mma_bf16, false, false>)
+                  : (g->b_kn ? gemm_kernel<kva__mma_f16, true, false>
+                             : gemm_kernel<kva__mma_f16, false, false>));
     /* Above the 48 KiB default: a host-side attribute, cheap to set again. */
     KVA_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
     k<<<grid, THREADS, SMEM_BYTES, s>>>(p);
@@ -226,7 +283,12 @@ extern "C" kva_status kva__cuda_mla_copy_rows(const kva__cuda_mla_copy *c, void 
         return KVA_STATUS_OK;
     const int64_t total = (int64_t)c->M * c->heads * (c->width / 8);
     const int blocks = (int)(total / 256 + 1 < 4096 ? total / 256 + 1 : 4096);
-    copy_kernel<<<blocks, 256, 0, (cudaStream_t)stream>>>(*c);
+    if (c->src_fp8 && c->dtype == KVA_DTYPE_BF16)
+        copy_fp8_kernel<kva__mma_bf16><<<blocks, 256, 0, (cudaStream_t)stream>>>(*c);
+    else if (c->src_fp8)
+        copy_fp8_kernel<kva__mma_f16><<<blocks, 256, 0, (cudaStream_t)stream>>>(*c);
+    else
+        copy_kernel<<<blocks, 256, 0, (cudaStream_t)stream>>>(*c);
     KVA_CUDA_TRY(cudaGetLastError());
     return KVA_STATUS_OK;
 }

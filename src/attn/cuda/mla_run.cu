@@ -23,6 +23,12 @@
  *   each round's out and LSE are merged into an fp32 accumulator by LSE, and
  *   the last step writes out (a batch whose requests have no cached context
  *   has one round, written straight into out).
+ * An FP8 E4M3 latent cache (one k_scale s): the absorbed requests run the
+ * decode kernel's FP8 instantiation (s folded into the logits and the latent
+ * output); the compute-friendly rounds decompress with the GEMM's FP8 A
+ * format (codes converted exactly in shared memory, s applied to the fp32
+ * result before its rounding) and copy k_pe as code * s, so K and V hold the
+ * dequantized values rounded once, as from a 16-bit cache.
  * Everything is launched on the context's stream without a host sync; the
  * metadata (packed query_start_loc, token maps, per-round lengths, block
  * tables, tiles, latent row lists) was uploaded into the workspace by
@@ -497,6 +503,9 @@ static kva_status run_absorbed(kva_context *ctx, const kva_plan *plan, const voi
     a.causal = e.d->causal;
     a.window_left = -1;
     a.scale = e.d->scale;
+    const int fp8 = cache->desc.quant == KVA_QUANT_FP8_E4M3;
+    a.kv_fp8 = fp8;
+    a.kv_scale = fp8 ? cache->k_scale[0] : 1.f;
     const int grid = e.st->num_sms * e.cp->per_sm;
     if (plan->part->num_items > 0) {
         if (e.cp->decode_kernel == KVA__CUDA_K_MLA_DECODE_WGMMA)
@@ -531,6 +540,10 @@ static kva_status run_compute(kva_context *ctx, const kva_plan *plan, const void
     const mla_env e = env_of(ctx, plan);
     void *kws = e.ws + e.mp->off_kws, *vws = e.ws + e.mp->off_vws;
     const int multi = e.mp->rounds > 1;
+    /* An FP8 cache: 1-byte rows, dequantized by the GEMM and the copy. */
+    const int fp8 = cache->desc.quant == KVA_QUANT_FP8_E4M3;
+    const float ks = fp8 ? cache->k_scale[0] : 1.f;
+    const size_t ce = fp8 ? 1 : 2; /* bytes per cache element */
     for (int32_t k = 0; k < e.mp->rounds; k++) {
         const kva__cuda_mla_round *rd = &e.mp->round[k];
         const int32_t *src = (const int32_t *)(e.ws + rd->off_src);
@@ -540,15 +553,17 @@ static kva_status run_compute(kva_context *ctx, const kva_plan *plan, const void
         g.b = w_uk, g.ldb = e.Dc, g.b_head = (int64_t)e.Dn * e.Dc, g.b_kn = 0;
         g.c = kws, g.ldc = (int64_t)e.H * e.Dq, g.c_head = e.Dq;
         g.M = rd->keys, g.N = e.Dn, g.K = e.Dc, g.heads = e.H, g.dtype = e.d->q_dtype;
+        g.a_fp8 = fp8, g.c_scale = ks;
         KVA_TRY(kva__cuda_mla_gemm(&g, e.stream));
         g.b = w_uv, g.ldb = e.Dv, g.b_head = (int64_t)e.Dc * e.Dv, g.b_kn = 1;
         g.c = vws, g.ldc = (int64_t)e.H * e.Dv, g.c_head = e.Dv, g.N = e.Dv;
         KVA_TRY(kva__cuda_mla_gemm(&g, e.stream));
         kva__cuda_mla_copy c;
         memset(&c, 0, sizeof c);
-        c.src = (const char *)cache->k + 2 * (size_t)e.Dc, c.src_rows = src, c.lds = e.Dl;
+        c.src = (const char *)cache->k + ce * (size_t)e.Dc, c.src_rows = src, c.lds = e.Dl;
         c.dst = (char *)kws + 2 * (size_t)e.Dn, c.ldd = (int64_t)e.H * e.Dq, c.dst_head = e.Dq;
         c.M = rd->keys, c.heads = e.H, c.width = e.Dr;
+        c.src_fp8 = fp8, c.src_scale = ks, c.dtype = e.d->q_dtype;
         KVA_TRY(kva__cuda_mla_copy_rows(&c, e.stream));
         KVA_TRY(mark(tm, KVA__CUDA_MLA_PHASE_DECOMPRESS, e.stream));
 
@@ -600,11 +615,11 @@ static kva_status run(kva_context *ctx, const kva_plan *plan, const void *q, con
     if (!mp)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_mla_run: the plan has no layer-level MLA part");
-    if (cache->desc.quant != KVA_QUANT_NONE)
+    if (cache->desc.quant != KVA_QUANT_NONE && cache->desc.quant != KVA_QUANT_FP8_E4M3)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_mla_run: the CUDA backend's layer-level MLA reads f16 / bf16 latent "
-                         "caches (the dtype of q); this cache is quantized (%s): use the "
-                         "kernel-level kva_attention_run, or the reference / CPU backend",
+                         "caches (the dtype of q) and fp8_e4m3 ones; this cache is %s: use the "
+                         "reference / CPU backend",
                          kva_quant_name(cache->desc.quant));
     if (((uintptr_t)q | (uintptr_t)w_uk | (uintptr_t)w_uv | (uintptr_t)out) % 16 != 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,

@@ -24,7 +24,10 @@
  *     b[h * b_head + n * ldb + k] (b_kn = 0);
  *   C (m, n) at c[c_row(m) * ldc + h * c_head + n] (negative c_row: skipped).
  * K, N, ld*, *_head multiples of 8; a, b 16-byte aligned, c 4-byte aligned.
- * Row maps are device arrays [M]. Never synchronizes. */
+ * Row maps are device arrays [M]. a_fp8: A holds FP8 E4M3 codes (1-byte
+ * elements, converted exactly to the dtype in shared memory) and
+ * C = c_scale * A B (in fp32, rounded once); otherwise c_scale is unused.
+ * Never synchronizes. */
 typedef struct kva__cuda_mla_gemm_args {
     const void *a;
     const int32_t *a_rows;
@@ -37,14 +40,18 @@ typedef struct kva__cuda_mla_gemm_args {
     int64_t ldc, c_head;
     int32_t M, N, K, heads;
     kva_dtype dtype;
+    int a_fp8;
+    float c_scale;
 } kva__cuda_mla_gemm_args;
 kva_status kva__cuda_mla_gemm(const kva__cuda_mla_gemm_args *g, void *stream);
 
 /* Row copy of 2-byte elements: dst[d_row(m) * ldd + h * dst_head + e] =
  * src[s_row(m) * lds + h * src_head + e] for m < M, h < heads, e < width
  * (width, strides and heads' offsets multiples of 8, pointers 16-byte
- * aligned); a negative source row writes zeros, a negative destination row
- * nothing; NULL maps are the identity. */
+ * aligned; src_fp8: 8-byte aligned); a negative source row writes zeros, a
+ * negative destination row nothing; NULL maps are the identity. src_fp8:
+ * the source holds FP8 E4M3 codes (1-byte elements), stored as
+ * code * src_scale rounded once to dtype. */
 typedef struct kva__cuda_mla_copy {
     const void *src;
     const int32_t *src_rows;
@@ -53,6 +60,9 @@ typedef struct kva__cuda_mla_copy {
     const int32_t *dst_rows;
     int64_t ldd, dst_head;
     int32_t M, heads, width;
+    int src_fp8;
+    float src_scale;
+    kva_dtype dtype; /* the destination's (src_fp8 only) */
 } kva__cuda_mla_copy;
 kva_status kva__cuda_mla_copy_rows(const kva__cuda_mla_copy *c, void *stream);
 

@@ -39,19 +39,6 @@ extern "C" {
 #include <stdint.h>
 
 #ifdef KVA_MLA_WGMMA_BODY
-/* 16-byte store to shared address dst. */
-static __device__ __forceinline__ void ms_st16(uint32_t dst, uint4 v)
-{
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y),
-                 "r"(v.z), "r"(v.w)
-                 : "memory");
-}
-/* Prefetch of bytes (a multiple of 16, 16-byte aligned) at p into L2. */
-static __device__ __forceinline__ void ms_prefetch_l2(const void *p, uint32_t bytes)
-{
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-}
-
 /* Flags of the keys of the two ring stages: 1 used, 0 unused (masked). */
 static __device__ __forceinline__ int (*ms_ok())[MW_BN]
 {
@@ -123,7 +110,7 @@ template <typename Ty, bool FP8> struct ms_sparse {
                 w[i] = Ty::pack(f.x * scl, f.y * scl);
             }
             const int ch = 16 * c + k;
-            ms_st16(base + (uint32_t)((ch >> 3) * MW_BN * 128 + (((ch & 7) ^ (key & 7)) << 4)),
+            mw_st16(base + (uint32_t)((ch >> 3) * MW_BN * 128 + (((ch & 7) ^ (key & 7)) << 4)),
                     make_uint4(w[0], w[1], w[2], w[3]));
         }
         /* k_pe values 16 c .. 16 c + 15: chunks 64 + 2 c + i, column block 8. */
@@ -135,7 +122,7 @@ template <typename Ty, bool FP8> struct ms_sparse {
             for (int e = 0; e < 4; e++)
                 w[e] = Ty::pack(__uint_as_float(bw[e] << 16), __uint_as_float(bw[e] & 0xffff0000u));
             const int ch = 2 * c + i;
-            ms_st16(base + (uint32_t)(8 * MW_BN * 128 + ((ch ^ (key & 7)) << 4)),
+            mw_st16(base + (uint32_t)(8 * MW_BN * 128 + ((ch ^ (key & 7)) << 4)),
                     make_uint4(w[0], w[1], w[2], w[3]));
         }
     }
@@ -155,7 +142,7 @@ template <typename Ty, bool FP8> struct ms_sparse {
         if (FP8) {
             row1 = ms_row(a, mi.bt_row, pos(k0 + MW_BN + key), mi.s);
             if (row1 >= 0 && (threadIdx.x & 3) == 0)
-                ms_prefetch_l2(a.rows + row1 * sp_ds_mla::ROW, sp_ds_mla::ROW);
+                mw_prefetch_l2(a.rows + row1 * sp_ds_mla::ROW, sp_ds_mla::ROW);
             if (k0 < kend)
                 land_row(a, first, sK, 0);
         } else {
@@ -192,7 +179,7 @@ template <typename Ty, bool FP8> struct ms_sparse {
         if (FP8) { /* the tile after kb into L2 (its rows are loaded during kb - 64's P V) */
             row2 = ms_row(a, mi.bt_row, pnext, mi.s);
             if (row2 >= 0 && (threadIdx.x & 3) == 0)
-                ms_prefetch_l2(a.rows + row2 * sp_ds_mla::ROW, sp_ds_mla::ROW);
+                mw_prefetch_l2(a.rows + row2 * sp_ds_mla::ROW, sp_ds_mla::ROW);
         } else {
             issue_row(a, row1, stage, st);
             row1 = ms_row(a, mi.bt_row, pnext, mi.s);

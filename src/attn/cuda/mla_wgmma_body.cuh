@@ -7,8 +7,9 @@
  * against the rows its index list names). What differs enters as the work
  * policy W of mla_wgmma_kernel<Ty, W> (see "The work policy" below): which
  * item a CTA runs, where its key rows come from and how they reach the
- * shared tile (cp.async of 16-bit rows, or fp8_ds_mla rows loaded and
- * dequantized by the CTA), the logit mask and the end-of-item stores.
+ * shared tile (cp.async of 16-bit rows, or FP8 rows, fp8_ds_mla or dense
+ * e4m3, loaded and converted by the CTA), the logit mask and the
+ * end-of-item stores.
  *
  * One CTA = two warpgroups (256 threads) runs one item at a time
  * (persistent grid). Per item Q [64, 576] is staged in shared memory in the
@@ -123,6 +124,20 @@ template <> struct mw_ops<kva__mma_f16> {
 #endif
 
 #ifdef KVA_MLA_WGMMA_BODY
+/* 16-byte store to shared address dst (policies that convert rows into the
+ * ring: the sparse fp8_ds_mla and the dense FP8 E4M3 ones). */
+static __device__ __forceinline__ void mw_st16(uint32_t dst, uint4 v)
+{
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+/* Prefetch of bytes (a multiple of 16, 16-byte aligned) at p into L2. */
+static __device__ __forceinline__ void mw_prefetch_l2(const void *p, uint32_t bytes)
+{
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+
 /* S = Q K^T for keys 32 WG .. 32 WG + 31 of the tile whose descriptor is dk:
  * 36 k-steps over 576 in two accumulator chains (even and odd k-steps, summed
  * by the caller); issued and committed. */

@@ -1,10 +1,13 @@
 /*
- * quant_cvt.cuh - device conversion of 1-byte cache codes to f16, shared by
- * the tensor-core kernels over quantized caches (decode_mma_quant.cu,
- * prefill_mma_quant.cuh).
+ * quant_cvt.cuh - device conversion of 1-byte cache codes to f16 (or, for
+ * FP8 e4m3, to either 16-bit mma type), shared by the tensor-core kernels
+ * over quantized caches (decode_mma_quant.cu, prefill_mma_quant.cuh, the MLA
+ * decode and GEMM over FP8 latent caches).
  */
 #ifndef KVA_CUDA_QUANT_CVT_CUH
 #define KVA_CUDA_QUANT_CVT_CUH
+
+#include "mma_ptx.cuh"
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -44,6 +47,27 @@ static __device__ __forceinline__ void kva__cvt4_f16_b1152(uint32_t w, uint32_t 
     const uint32_t x = w ^ 0x80808080u;
     lo = __byte_perm(x, 0x64646464u, 0x4140);
     hi = __byte_perm(x, 0x64646464u, 0x4342);
+}
+
+/* Two FP8 e4m3 codes (low byte first) as their exact values, packed in the
+ * mma type's 16-bit element (e4m3 -> f16 by cvt is exact, and so is f16 ->
+ * f32 -> bf16; NaN stays NaN). */
+static __device__ __forceinline__ uint32_t kva__fp8x2_as(kva__mma_f16, uint32_t pair)
+{
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)pair, __NV_E4M3);
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
+static __device__ __forceinline__ uint32_t kva__fp8x2_as(kva__mma_bf16, uint32_t pair)
+{
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)pair, __NV_E4M3);
+    const float2 f = __half22float2(__half2(h));
+    return kva__mma_bf16::pack(f.x, f.y);
+}
+/* Eight codes (c.x bytes 0 .. 3, then c.y) as one 16-byte chunk of Ty values. */
+template <typename Ty> static __device__ __forceinline__ uint4 kva__fp8x8_as(uint2 c)
+{
+    return make_uint4(kva__fp8x2_as(Ty(), c.x & 0xffffu), kva__fp8x2_as(Ty(), c.x >> 16),
+                      kva__fp8x2_as(Ty(), c.y & 0xffffu), kva__fp8x2_as(Ty(), c.y >> 16));
 }
 
 #endif /* KVA_CUDA_QUANT_CVT_CUH */
