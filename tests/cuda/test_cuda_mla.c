@@ -411,17 +411,6 @@ static void test_grid(void)
     CHECK_MSG(failed == 0, "%d of %d MLA cases failed", failed, run);
 }
 
-/* A 16-bit value of x in dt (f32: x itself), stored at element i of p. */
-static void put(void *p, kva_dtype dt, size_t i, float x)
-{
-    if (dt == KVA_DTYPE_F32)
-        ((float *)p)[i] = x;
-    else if (dt == KVA_DTYPE_F16)
-        ((uint16_t *)p)[i] = kva_f32_to_f16(x);
-    else
-        ((uint16_t *)p)[i] = kva_f32_to_bf16(x);
-}
-
 /* Two floats equal as the caches read them: the same bits, or both NaN. */
 static int same_f32(float a, float b)
 {
@@ -476,9 +465,9 @@ static void test_fp8_cache(void)
         for (int t = 0; t < T; t++)
             for (int e = 0; e < DL; e++) {
                 if (e < DC)
-                    put(hk, st, (size_t)t * ks + e, x[(size_t)t * DL + e]);
+                    kva__store_f(hk, st, (size_t)t * ks + e, x[(size_t)t * DL + e]);
                 else
-                    put(hv, st, (size_t)t * vs + e - DC, x[(size_t)t * DL + e]);
+                    kva__store_f(hv, st, (size_t)t * vs + e - DC, x[(size_t)t * DL + e]);
             }
         kva_cache *dc = NULL, *hc = NULL;
         CHECK_OK(kva_cache_create_quant(gpu, &cd, &qp, &dc));
