@@ -62,7 +62,8 @@ static double med(std::vector<double> v)
 int main()
 {
     const int N = 2000;
-    const size_t BYTES = 17 * 1024; /* serve-sim decode step: header, requests, block table, items */
+    const size_t BYTES =
+        17 * 1024; /* serve-sim decode step: header, requests, block table, items */
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("rt_cost: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
@@ -86,18 +87,39 @@ int main()
     const int smem = 100 * 1024;
     CK(cudaFuncSetAttribute(big_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 
-    enum { FILL, MEMCPY_PIN, MEMCPY_PIN_1K, MEMCPY_PAGEABLE, MEMCPY_WC, EV_RECORD, EV_SYNC,
-           IS_CAPTURING, GET_DEVICE, LAUNCH_EMPTY, LAUNCH_PULL, LAUNCH_EX_PDL, ATTR_OCC, OCC_ONLY,
-           PLAN_SEQ, NOPS };
-    const char *names[NOPS] = {
-        "fill 17 KB staging (memcpy)",        "cudaMemcpyAsync 17 KB pinned H2D",
-        "cudaMemcpyAsync 1 KB pinned H2D",    "cudaMemcpyAsync 17 KB pageable H2D",
-        "cudaMemcpyAsync 17 KB write-comb.",  "cudaEventRecord",
-        "cudaEventSynchronize (done)",        "cudaStreamIsCapturing",
-        "cudaGetDevice",                      "launch empty kernel <<<>>>",
-        "launch pull kernel (17 KB mapped)",  "cudaLaunchKernelEx PDL attr",
-        "FuncSetAttribute + occupancy query", "occupancy query alone",
-        "plan sequence (main, per plan)"};
+    enum {
+        FILL,
+        MEMCPY_PIN,
+        MEMCPY_PIN_1K,
+        MEMCPY_PAGEABLE,
+        MEMCPY_WC,
+        EV_RECORD,
+        EV_SYNC,
+        IS_CAPTURING,
+        GET_DEVICE,
+        LAUNCH_EMPTY,
+        LAUNCH_PULL,
+        LAUNCH_EX_PDL,
+        ATTR_OCC,
+        OCC_ONLY,
+        PLAN_SEQ,
+        NOPS
+    };
+    const char *names[NOPS] = {"fill 17 KB staging (memcpy)",
+                               "cudaMemcpyAsync 17 KB pinned H2D",
+                               "cudaMemcpyAsync 1 KB pinned H2D",
+                               "cudaMemcpyAsync 17 KB pageable H2D",
+                               "cudaMemcpyAsync 17 KB write-comb.",
+                               "cudaEventRecord",
+                               "cudaEventSynchronize (done)",
+                               "cudaStreamIsCapturing",
+                               "cudaGetDevice",
+                               "launch empty kernel <<<>>>",
+                               "launch pull kernel (17 KB mapped)",
+                               "cudaLaunchKernelEx PDL attr",
+                               "FuncSetAttribute + occupancy query",
+                               "occupancy query alone",
+                               "plan sequence (main, per plan)"};
     std::vector<double> t[NOPS];
     int sink = 0;
     for (int it = 0; it < N + 50; it++) {
@@ -164,8 +186,8 @@ int main()
             }
             case ATTR_OCC: {
                 int n = 0;
-                CK(cudaFuncSetAttribute(big_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        smem));
+                CK(cudaFuncSetAttribute(big_smem_kernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
                 CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, big_smem_kernel, 128, smem));
                 sink += n;
                 break;
@@ -219,8 +241,9 @@ int main()
         CK(cudaEventElapsedTime(&ms, g0, g1));
         gk.push_back(ms * 1e3);
     }
-    printf("device time of a 17 KB upload, median of 500 (us): copy engine %.2f | pull kernel %.2f\n",
-           med(gd), med(gk));
+    printf(
+        "device time of a 17 KB upload, median of 500 (us): copy engine %.2f | pull kernel %.2f\n",
+        med(gd), med(gk));
     printf("(sink %d)\n", sink & 1);
     return 0;
 }

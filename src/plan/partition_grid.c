@@ -519,8 +519,8 @@ static kva_status build_grid(const kva_plan *plan, const kva__partition_params *
         best_pick = 0;
         best_nruns = nruns;
         cur = 1 - cur;
-        if (slots > 1 && no_split_wins(grid, s, ng, total, slots, sum, best_items, best_e, &best,
-                                       &best_pick))
+        if (slots > 1 &&
+            no_split_wins(grid, s, ng, total, slots, sum, best_items, best_e, &best, &best_pick))
             goto build;
     }
     for (int32_t i = 1; i <= 10; i++) {

@@ -193,8 +193,9 @@ static void test_update_pipelined(void)
         pipe_step *p = &st[c];
         /* Step 0: 32 long decodes, run RUNS0 times (the same output), so the
          * device is busy while the host plans the next steps. */
-        kva_test_batch_random(&p->b, &rng, c == 0 ? 32 : kva_rng_int(&rng, 1, 24), BS,
-                              c == 0 ? 4000 : c < 9 ? 1500 : 300, c % 2 ? 15u : 1u, 0);
+        const int32_t max_len = c == 0 ? 4000 : c < 9 ? 1500 : 300;
+        kva_test_batch_random(&p->b, &rng, c == 0 ? 32 : kva_rng_int(&rng, 1, 24), BS, max_len,
+                              c % 2 ? 15u : 1u, 0);
         p->pd = kva_test_batch_plan_desc(&p->b, H, HKV, D, D, DT);
         kva_cache_desc desc;
         memset(&desc, 0, sizeof desc);

@@ -154,10 +154,10 @@ typedef struct kva__cuda_occ {
  * that half (its copies) and the upload moves to the other half, first
  * waiting for that half's own event. */
 typedef struct kva__cuda_ring {
-    void *events[2];  /* cudaEvent_t per half */
-    int pending[2];   /* the half's event has been recorded and not yet waited for */
-    uint64_t pos;     /* where the next upload is staged: a byte offset into the ring */
-    int half;         /* the half that pos lies in (pos may be its end) */
+    void *events[2]; /* cudaEvent_t per half */
+    int pending[2];  /* the half's event has been recorded and not yet waited for */
+    uint64_t pos;    /* where the next upload is staged: a byte offset into the ring */
+    int half;        /* the half that pos lies in (pos may be its end) */
 } kva__cuda_ring;
 
 typedef struct kva__cuda_state {

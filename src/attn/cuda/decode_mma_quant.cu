@@ -34,9 +34,9 @@ static qm_launch qm_pick(kva_quant quant, kva_dtype dt, kva_dtype cache_dt, int3
 static int qm_family_of(kva_quant quant)
 {
     return quant == KVA_QUANT_INT8_CHANNEL || quant == KVA_QUANT_INT8_TOKEN_K ? 0
-           : quant == KVA_QUANT_FP8_E4M3                                       ? 1
-           : quant == KVA_QUANT_INT8_TOKEN_K_V16                               ? 2
-                                                                               : -1;
+           : quant == KVA_QUANT_FP8_E4M3                                      ? 1
+           : quant == KVA_QUANT_INT8_TOKEN_K_V16                              ? 2
+                                                                              : -1;
 }
 
 /*
@@ -48,8 +48,7 @@ static int qm_family_of(kva_quant quant)
  * decode time includes the run path's host time. *per_sm = 0 with
  * cudaSuccess: the kernel cannot be resident. Failures are not kept.
  */
-static cudaError_t qm_ctas_per_sm(int fam, kva_dtype dt, int32_t D, const qm_launch &k,
-                                  int *per_sm)
+static cudaError_t qm_ctas_per_sm(int fam, kva_dtype dt, int32_t D, const qm_launch &k, int *per_sm)
 {
     static std::atomic<int> known[64][3 * 2 * 3]; /* resident CTAs + 1; 0: not asked */
     const int di = D == 64 ? 0 : D == 128 ? 1 : D == 256 ? 2 : -1;
