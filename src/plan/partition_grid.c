@@ -387,6 +387,48 @@ static int64_t groups_bound(const kva__partition_grid *g, const kva_plan *plan,
     return grid_estimate(g, slots, big, sum, items, any_split);
 }
 
+/*
+ * Whether no candidate that splits a unit can beat the unsplit one (of grid
+ * estimate e0, items0 items of total cost sum0), decided in O(ng) without
+ * asking the groups once per candidate: a candidate that splits has more
+ * items, at least the same total cost (a unit cut into n chunks costs its
+ * own cost plus n - 1 item overheads) and pays the split overhead, so its
+ * lower bound (groups_bound) is at least grid_estimate(0, sum0, items0,
+ * split); when e0 lies strictly below that, the bound loop would skip every
+ * splitting candidate. Most decode steps of a serving batch are such (the
+ * total spread over the grid exceeds any one item). Then *rule and *pick
+ * get the first candidate (1..8, build_grid's order) that splits nothing,
+ * which the loop would have picked (its partition is candidate 0's), or
+ * stay as they are when every candidate splits. Candidate c asks a group
+ * with a cap of at least 2 chunks for more than one when its cost exceeds
+ * the target t (rounded up, 1..4) or is at least 2 t (rounded down, 5..8),
+ * as ask_groups does, so the largest such cost decides. Needs slots > 1
+ * (every target is then total / (slots * k), at least 1).
+ */
+static int no_split_wins(const kva__partition_grid *g, const struct kva__partition_scratch *s,
+                         int32_t ng, int64_t total, int64_t slots, int64_t sum0, int64_t items0,
+                         int64_t e0, kva__split_rule *rule, int32_t *pick)
+{
+    if (e0 >= grid_estimate(g, slots, 0, sum0, items0, 1))
+        return 0;
+    int64_t maxc = -1; /* the largest cost of a group that may be cut */
+    for (int32_t k = 0; k < ng; k++)
+        if (s->groups[k].cap >= 2 && s->groups[k].cost > maxc)
+            maxc = s->groups[k].cost;
+    for (int32_t c = 1; c <= 8; c++) {
+        const int32_t k = c <= 4 ? c : c - 4;
+        int64_t t = total / (slots * k);
+        t = t < 1 ? 1 : t;
+        if (c <= 4 ? maxc > t : maxc >= 2 * t)
+            continue; /* splits a unit */
+        const kva__split_rule sr = {t, c > 4, 0};
+        *rule = sr;
+        *pick = c;
+        break;
+    }
+    return 1;
+}
+
 int64_t kva__partition_makespan(const kva__partition *part, int64_t slots)
 {
     int64_t worst = 0;
@@ -477,6 +519,9 @@ static kva_status build_grid(const kva_plan *plan, const kva__partition_params *
         best_pick = 0;
         best_nruns = nruns;
         cur = 1 - cur;
+        if (slots > 1 &&
+            no_split_wins(grid, s, ng, total, slots, sum, best_items, best_e, &best, &best_pick))
+            goto build;
     }
     for (int32_t i = 1; i <= 10; i++) {
         const int32_t c = i == 10 ? 0 : i; /* 1..9, then 0 */
@@ -543,6 +588,7 @@ static kva_status build_grid(const kva_plan *plan, const kva__partition_params *
             cur = 1 - cur;
         }
     }
+build:
     pp.num_threads = (int32_t)(slots < INT32_MAX ? slots : INT32_MAX);
     kva_status st =
         build_placed(plan, &pp, s, &best, s->runs[1 - cur], best_nruns, best_items, part, out);

@@ -15,9 +15,9 @@
  * block id, a context of another backend) changes nothing: the plan still
  * runs and gives the same output. Pipelined: updates and runs enqueued with
  * no host synchronization behind a long first run, so the later uploads
- * queue on the stream while the host fills the staging ring again (an upload
- * whose staging were overwritten before its copy ran would give a wrong
- * output). Exits 77 without a GPU.
+ * queue on the stream while the host fills the staging ring again, through
+ * several changes of its half (an upload whose staging were overwritten
+ * before its copy ran would give a wrong output). Exits 77 without a GPU.
  */
 #include "batchgen.h"
 #include "cuda_util.h"
@@ -176,7 +176,12 @@ typedef struct pipe_step {
 
 static void test_update_pipelined(void)
 {
-    enum { STEPS = 9 };
+    /* Enough steps that their uploads (tens of KB each, the staged block
+     * table capacity included) change the staging ring's 512 KiB half
+     * several times (the later ones short, to keep the test quick); step 0
+     * runs often enough to keep the device busy while the host plans the
+     * rest. */
+    enum { STEPS = 48, RUNS0 = 64 };
     kva_context *ctx = NULL, *fresh_ctx = NULL, *ref = NULL;
     kva_context_desc cd = {KVA_BACKEND_CUDA, 0, 0}, rd = {KVA_BACKEND_REF, 1, 0};
     CHECK_OK(kva_context_create(&cd, &ctx));
@@ -186,10 +191,11 @@ static void test_update_pipelined(void)
     pipe_step st[STEPS];
     for (int c = 0; c < STEPS && ctx && ref; c++) { /* all set up before the first run */
         pipe_step *p = &st[c];
-        /* Step 0: 32 long decodes, run 8 times (the same output), so the
+        /* Step 0: 32 long decodes, run RUNS0 times (the same output), so the
          * device is busy while the host plans the next steps. */
-        kva_test_batch_random(&p->b, &rng, c == 0 ? 32 : kva_rng_int(&rng, 1, 24), BS,
-                              c == 0 ? 4000 : 1500, c % 2 ? 15u : 1u, 0);
+        const int32_t max_len = c == 0 ? 4000 : c < 9 ? 1500 : 300;
+        kva_test_batch_random(&p->b, &rng, c == 0 ? 32 : kva_rng_int(&rng, 1, 24), BS, max_len,
+                              c % 2 ? 15u : 1u, 0);
         p->pd = kva_test_batch_plan_desc(&p->b, H, HKV, D, D, DT);
         kva_cache_desc desc;
         memset(&desc, 0, sizeof desc);
@@ -220,7 +226,7 @@ static void test_update_pipelined(void)
             CHECK_OK(kva_plan_create(ctx, &p->pd, &plan));
         else
             CHECK_OK(kva_plan_update(ctx, plan, &p->pd));
-        for (int i = 0; plan && p->b.T > 0 && i < (c == 0 ? 8 : 1); i++)
+        for (int i = 0; plan && p->b.T > 0 && i < (c == 0 ? RUNS0 : 1); i++)
             CHECK_OK(kva_attention_run(ctx, plan, p->dq, p->dc, NULL, p->dout, NULL));
     }
     for (int c = 0; c < STEPS; c++) {

@@ -120,15 +120,28 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
         KVA_TRY(kva__cuda_qprefill_run(ctx, plan, q, cache, sinks, out, lse));
         a.ptiles = NULL;
     }
-    int per_sm = 0;
-    KVA_CUDA_TRY(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kl.fn, KVA_SIMT_NW * 32, 0));
-    if (per_sm < 1)
-        return kva__fail(KVA_STATUS_DEVICE_ERROR,
-                         "kva_attention_run: the quantized attention kernel (%s, D/Dv %d/%d) "
-                         "cannot be resident on device %d",
-                         kva_quant_name(cd->quant), (int)a.D, (int)a.Dv, (int)st->device);
+    /* A launch for the prefill tiles alone is left out of an eager run (the
+     * stream is not capturing) of a plan without tiles: a context that
+     * reserved tile capacity (kva_cuda_context_reserve) would otherwise launch
+     * an empty kernel in every quantized decode step. Under capture it is
+     * launched, so the graph replays later plans that have tiles. */
+    if (a.isub == 0 && a.ptiles && cp->num_ptiles == 0) {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        KVA_CUDA_TRY(cudaStreamIsCapturing(stream, &cs));
+        if (cs == cudaStreamCaptureStatusNone)
+            a.ptiles = NULL;
+    }
     if (a.isub > 0 || a.ptiles) {
+        /* Asked only when this kernel runs (its occupancy query is a runtime
+         * call; a quantized decode on the tensor-core kernel never needs it). */
+        int per_sm = 0;
+        KVA_CUDA_TRY(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kl.fn, KVA_SIMT_NW * 32, 0));
+        if (per_sm < 1)
+            return kva__fail(KVA_STATUS_DEVICE_ERROR,
+                             "kva_attention_run: the quantized attention kernel (%s, D/Dv %d/%d) "
+                             "cannot be resident on device %d",
+                             kva_quant_name(cd->quant), (int)a.D, (int)a.Dv, (int)st->device);
         kl.fn<<<st->num_sms * per_sm, KVA_SIMT_NW * 32, 0, stream>>>(a);
         KVA_CUDA_LAUNCHED("qa_kernel");
     }

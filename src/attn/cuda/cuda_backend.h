@@ -147,18 +147,17 @@ typedef struct kva__cuda_occ {
 } kva__cuda_occ;
 #define KVA__CUDA_OCC_CACHE 16
 
-/* Uploads per staging-ring event, and the slots of the ring (two groups). */
-#define KVA__CUDA_STAGING_GROUP 2
-#define KVA__CUDA_STAGING_SLOTS (2 * KVA__CUDA_STAGING_GROUP)
-
 /* The staging ring of a context's plan uploads (cuda_meta.cu,
- * staging_acquire): uploads go in groups of KVA__CUDA_STAGING_GROUP into
- * alternate halves of the staging slots; after a group, an event on the
- * stream marks its half free again. */
+ * staging_acquire): pinned memory in two halves, each at least one metadata
+ * buffer long; uploads are staged one after another in a half, and when the
+ * next one does not fit in what is left of it, an event on the stream marks
+ * that half (its copies) and the upload moves to the other half, first
+ * waiting for that half's own event. */
 typedef struct kva__cuda_ring {
-    void *events[2];  /* cudaEvent_t per half */
-    int pending[2];   /* the half's event has been recorded and not yet waited for */
-    uint64_t uploads; /* uploads since the staging was allocated */
+    void *events[2]; /* cudaEvent_t per half */
+    int pending[2];  /* the half's event has been recorded and not yet waited for */
+    uint64_t pos;    /* where the next upload is staged: a byte offset into the ring */
+    int half;        /* the half that pos lies in (pos may be its end) */
 } kva__cuda_ring;
 
 typedef struct kva__cuda_state {
@@ -175,10 +174,10 @@ typedef struct kva__cuda_state {
                                   bitwise reproducible) */
     int deferred_write_status; /* kva_cuda_context_set_deferred_write_status */
     void *meta_dev;            /* device metadata buffer */
-    void *meta_host;           /* pinned staging: ring_slots slots of meta_bytes */
-    size_t meta_bytes;         /* size of the device buffer and of one staging slot */
+    void *meta_host;           /* pinned staging ring: two halves (kva__cuda_ring) */
+    size_t meta_bytes;         /* size of the device buffer */
     kva__cuda_ring *ring;      /* the staging ring's events and counters */
-    int ring_slots;            /* KVA__CUDA_STAGING_SLOTS once meta_host is allocated */
+    int ring_slots;            /* 2 (the staging halves) once meta_host is allocated */
     kva__cuda_meta meta;
     /* Resident CTAs per SM of the attention kernels for the shapes planned so
      * far (cuda_ctx.cu, ctas_per_sm_cached): fixed per kernel and device, so

@@ -34,6 +34,10 @@ static size_t align256(size_t x)
  * the gaps between them: the extra bytes cost the copy engine little, a
  * second cudaMemcpyAsync costs the host a runtime call. */
 #define KVA_CUDA_UPLOAD_SPAN ((size_t)128 << 10)
+/* Smallest half of the staging ring: a decode step's upload stages a few tens
+ * of KB, so a half holds many and the event record and wait that come with
+ * each change of half are rare. */
+#define KVA_CUDA_STAGING_HALF_MIN ((size_t)512 << 10)
 
 /*
  * The sections in buffer order: the header and the per-request arrays
@@ -69,6 +73,13 @@ static size_t layout_sections(const kva__cuda_caps *c, size_t off[KVA_CUDA_SECTI
         o = align256(o + bytes[i]);
     }
     return o;
+}
+
+/* Bytes of one half of the staging ring of a metadata buffer of meta_bytes:
+ * at least the whole buffer, so any upload fits in an empty half. */
+static size_t staging_half(size_t meta_bytes)
+{
+    return meta_bytes > KVA_CUDA_STAGING_HALF_MIN ? meta_bytes : KVA_CUDA_STAGING_HALF_MIN;
 }
 
 static int64_t max64(int64_t a, int64_t b)
@@ -129,7 +140,7 @@ kva_status kva__cuda_reserve_meta(kva__cuda_state *st, const kva__cuda_caps *nee
     void *dev = NULL, *host = NULL;
     cudaError_t e = cudaMalloc(&dev, bytes);
     if (e == cudaSuccess)
-        e = cudaMallocHost(&host, bytes * KVA__CUDA_STAGING_SLOTS);
+        e = cudaMallocHost(&host, 2 * staging_half(bytes));
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         cudaFree(dev);
@@ -142,8 +153,9 @@ kva_status kva__cuda_reserve_meta(kva__cuda_state *st, const kva__cuda_caps *nee
     cudaFree(st->meta_dev);
     cudaFreeHost(st->meta_host);
     st->ring->pending[0] = st->ring->pending[1] = 0; /* the stream ran every upload */
-    st->ring->uploads = 0;
-    st->ring_slots = KVA__CUDA_STAGING_SLOTS;
+    st->ring->pos = 0;
+    st->ring->half = 0;
+    st->ring_slots = 2;
     st->meta_dev = dev;
     st->meta_host = host;
     st->meta_bytes = bytes;
@@ -255,64 +267,66 @@ extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_
 }
 
 /*
- * The staging ring. An upload fills a staging slot on the host and copies it
- * to the device buffer on the stream, so the slot stays in use until the
- * stream has run the copy. Uploads go in groups of KVA__CUDA_STAGING_GROUP
- * into alternate halves of KVA__CUDA_STAGING_SLOTS slots, and only the last
- * upload of a group records an event (ring->events[half]); the first upload
- * of a group waits, on the host, for the event of the group two before (the
- * same half), which the stream has normally run long ago. So a host event
- * record and wait (runtime calls, as the copy is) come once per group instead
- * of once per upload.
+ * The staging ring. An upload fills its bytes of the pinned staging on the
+ * host and copies them to the device buffer on the stream, so they stay in
+ * use until the stream has run the copy. Uploads are staged one after
+ * another in one half of the ring; only when the next one does not fit in
+ * what is left of the half does the upload record an event for that half
+ * (after all of its copies) and move to the other half, waiting on the host
+ * for that half's event, recorded when the ring last left it (a whole half
+ * of uploads ago, which the stream has normally run long ago). So the event
+ * record and host wait, runtime calls as the copy is, come once per half of
+ * uploads (dozens of decode steps) instead of once per upload.
  */
-static kva_status staging_acquire(kva__cuda_state *st, char **slot)
+static kva_status staging_acquire(kva__cuda_state *st, size_t need, char **slot)
 {
-    const uint64_t n = st->ring->uploads;
-    const int half = (int)((n / KVA__CUDA_STAGING_GROUP) & 1u);
-    if (n % KVA__CUDA_STAGING_GROUP == 0 && st->ring->pending[half]) {
-        const cudaError_t e = cudaEventSynchronize((cudaEvent_t)st->ring->events[half]);
+    kva__cuda_ring *r = st->ring;
+    const size_t half = staging_half(st->meta_bytes);
+    size_t pos = (size_t)r->pos;
+    int h = r->half;
+    if (pos + need > (size_t)(h + 1) * half) { /* the rest of this half is too short */
+        cudaError_t e = cudaEventRecord((cudaEvent_t)r->events[h], STREAM(st));
         if (e != cudaSuccess)
             return kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_plan_create: %s", cudaGetErrorString(e));
-        st->ring->pending[half] = 0;
+        r->pending[h] = 1;
+        h = 1 - h;
+        pos = (size_t)h * half;
+        if (r->pending[h]) {
+            e = cudaEventSynchronize((cudaEvent_t)r->events[h]);
+            if (e != cudaSuccess)
+                return kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_plan_create: %s",
+                                 cudaGetErrorString(e));
+            r->pending[h] = 0;
+        }
     }
-    *slot = (char *)st->meta_host +
-            (size_t)(half * KVA__CUDA_STAGING_GROUP + (int)(n % KVA__CUDA_STAGING_GROUP)) *
-                st->meta_bytes;
-    return KVA_STATUS_OK;
-}
-
-/* Marks the slot of staging_acquire as in flight (its copies enqueued);
- * records the group's event after its last upload. */
-static kva_status staging_release(kva__cuda_state *st)
-{
-    const uint64_t n = st->ring->uploads;
-    const int half = (int)((n / KVA__CUDA_STAGING_GROUP) & 1u);
-    if (n % KVA__CUDA_STAGING_GROUP == KVA__CUDA_STAGING_GROUP - 1) {
-        KVA_CUDA_TRY(cudaEventRecord((cudaEvent_t)st->ring->events[half], STREAM(st)));
-        st->ring->pending[half] = 1;
-    }
-    st->ring->uploads = n + 1;
+    *slot = (char *)st->meta_host + pos;
+    r->half = h;
+    r->pos = pos + align256(need); /* at most the half's end: the next upload moves on */
     return KVA_STATUS_OK;
 }
 
 extern "C" kva_status kva__cuda_upload_drain(kva__cuda_state *st)
 {
-    const uint64_t n = st->ring->uploads;
-    if (n % KVA__CUDA_STAGING_GROUP != 0) { /* close the open group */
-        const int half = (int)((n / KVA__CUDA_STAGING_GROUP) & 1u);
-        KVA_CUDA_TRY(cudaEventRecord((cudaEvent_t)st->ring->events[half], STREAM(st)));
-        st->ring->pending[half] = 1;
-        st->ring->uploads = (n / KVA__CUDA_STAGING_GROUP + 1) * KVA__CUDA_STAGING_GROUP;
+    kva__cuda_ring *r = st->ring;
+    if (st->meta_host) {
+        const size_t half = staging_half(st->meta_bytes);
+        const int h = r->half;
+        if ((size_t)r->pos != (size_t)h * half) { /* the current half has uploads */
+            KVA_CUDA_TRY(cudaEventRecord((cudaEvent_t)r->events[h], STREAM(st)));
+            r->pending[h] = 1;
+        }
     }
     for (int h = 0; h < 2; h++)
-        if (st->ring->pending[h]) {
-            KVA_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)st->ring->events[h]));
-            st->ring->pending[h] = 0;
+        if (r->pending[h]) {
+            KVA_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)r->events[h]));
+            r->pending[h] = 0;
         }
+    r->pos = 0; /* the stream ran every upload */
+    r->half = 0;
     return KVA_STATUS_OK;
 }
 
-/* Copies bytes of the staging slot h at off to the device buffer on the stream. */
+/* Copies bytes of the staged buffer image h at off to the device buffer on the stream. */
 static kva_status upload(kva__cuda_state *st, const char *h, size_t off, size_t bytes)
 {
     if (bytes == 0)
@@ -322,16 +336,38 @@ static kva_status upload(kva__cuda_state *st, const char *h, size_t off, size_t 
     return KVA_STATUS_OK;
 }
 
-/* Fills a staging slot with the plan's metadata and enqueues the copies. */
+/* Fills the plan's metadata into the staging ring and enqueues the copies. */
 kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
                                  const kva__partition *part, const uint8_t *mma_req)
 {
     size_t off[KVA_CUDA_SECTIONS];
     layout_sections(&st->caps, off);
-    char *h = NULL;
-    KVA_TRY(staging_acquire(st, &h));
     const int32_t R = plan->d.num_requests;
     const int64_t bt = plan->block_table ? (int64_t)R * plan->d.block_table_stride : 0;
+    const int dcp_global = ((const kva__cuda_plan *)plan->device)->dcp_global;
+    const int32_t T = R > 0 ? plan->query_start_loc[R] : 0;
+    /* The used part of every section; the prefill tiles' count is known once
+     * they are built, so their whole capacity is staged for. */
+    size_t len[KVA_CUDA_SECTIONS];
+    len[0] = KVA_CUDA_HDR_WORDS * sizeof(int32_t);
+    len[1] = (size_t)part->num_items * sizeof(kva__cuda_item);
+    len[2] = (size_t)part->num_tasks * sizeof(kva__cuda_task);
+    len[3] = ((size_t)R + 1) * sizeof(int32_t);
+    len[4] = (size_t)R * sizeof(int32_t);
+    len[5] = ((size_t)R + 1) * sizeof(int64_t);
+    len[6] = (size_t)bt * sizeof(int32_t);
+    len[7] = plan->alibi_slopes ? (size_t)plan->d.num_heads * sizeof(float) : 0;
+    len[8] = mma_req ? (size_t)st->caps.ptiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t) : 0;
+    len[9] = dcp_global ? (size_t)R * sizeof(int32_t) : 0;
+    len[10] = plan->tree_bits ? (size_t)T * sizeof(uint64_t) : 0;
+    /* The staged bytes mirror the device buffer from its start (the header,
+     * always uploaded, is its first section) to the end of the last used one. */
+    size_t need = 0;
+    for (int i = 0; i < KVA_CUDA_SECTIONS; i++)
+        if (len[i] > 0 && off[i] + len[i] > need)
+            need = off[i] + len[i];
+    char *h = NULL;
+    KVA_TRY(staging_acquire(st, need, &h));
 
     int32_t *hdr = (int32_t *)(h + off[0]);
     memset(hdr, 0, KVA_CUDA_HDR_WORDS * sizeof(int32_t));
@@ -370,32 +406,18 @@ kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
                                          (int64_t)kva_dtype_size(plan->d.q_dtype)),
             (int32_t *)(h + off[8]), (int32_t)st->caps.ptiles, &ntiles));
     hdr[KVA_CUDA_HDR_PTILES] = ntiles;
-    const int dcp_global = ((const kva__cuda_plan *)plan->device)->dcp_global;
+    len[8] = (size_t)ntiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t);
     if (dcp_global) { /* masks on global positions (dcp_pos.cuh) */
         hdr[KVA_CUDA_HDR_DCP_N] = plan->d.dcp_size;
         hdr[KVA_CUDA_HDR_DCP_RANK] = plan->d.dcp_rank;
         hdr[KVA_CUDA_HDR_DCP_I] = plan->d.dcp_interleave;
         memcpy(h + off[9], plan->seq_lens, (size_t)R * sizeof(int32_t));
     }
-    const int32_t T = R > 0 ? plan->query_start_loc[R] : 0;
     if (plan->tree_bits) { /* draft-tree words (tree_mask.cuh) */
         hdr[KVA_CUDA_HDR_TREE] = 1;
         memcpy(h + off[10], plan->tree_bits, (size_t)T * sizeof(uint64_t));
     }
 
-    /* The used part of every section. */
-    size_t len[KVA_CUDA_SECTIONS];
-    len[0] = KVA_CUDA_HDR_WORDS * sizeof(int32_t);
-    len[1] = (size_t)part->num_items * sizeof(kva__cuda_item);
-    len[2] = (size_t)part->num_tasks * sizeof(kva__cuda_task);
-    len[3] = ((size_t)R + 1) * sizeof(int32_t);
-    len[4] = (size_t)R * sizeof(int32_t);
-    len[5] = ((size_t)R + 1) * sizeof(int64_t);
-    len[6] = (size_t)bt * sizeof(int32_t);
-    len[7] = plan->alibi_slopes ? (size_t)plan->d.num_heads * sizeof(float) : 0;
-    len[8] = (size_t)ntiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t);
-    len[9] = dcp_global ? (size_t)R * sizeof(int32_t) : 0;
-    len[10] = plan->tree_bits ? (size_t)T * sizeof(uint64_t) : 0;
     /* Sections closer than KVA_CUDA_UPLOAD_GAP bytes, or all of them when
      * they lie within KVA_CUDA_UPLOAD_SPAN bytes, go in one copy (the gaps'
      * stale bytes with them): a cudaMemcpyAsync costs a few microseconds of
@@ -424,5 +446,5 @@ kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
     }
     if (open)
         KVA_TRY(upload(st, h, lo, hi - lo));
-    return staging_release(st);
+    return KVA_STATUS_OK;
 }

@@ -8,9 +8,10 @@
  *
  * kva_plan_create partitions the work on the host (src/plan/partition.c),
  * grows the buffers if the plan does not fit (after a stream synchronize;
- * refused during capture), fills a slot of the pinned staging ring (waiting
- * for an older upload to leave it where needed) and enqueues its used
- * sections in as few cudaMemcpyAsync as possible (one for a decode step).
+ * refused during capture), stages the metadata in the pinned staging ring
+ * (waiting for older uploads to leave a half of it where needed) and
+ * enqueues its used sections in as few cudaMemcpyAsync as possible (one for
+ * a decode step).
  * The run path then only launches kernels.
  *
  * Prefills on tensor cores: for paged plans whose shape a prefill tile kernel

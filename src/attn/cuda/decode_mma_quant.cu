@@ -29,6 +29,51 @@ static qm_launch qm_pick(kva_quant quant, kva_dtype dt, kva_dtype cache_dt, int3
     return qm_launch{NULL, 0};
 }
 
+/* The kernel family of a format (qm_pick's switch): 0 int8 codes, 1 FP8, 2
+ * int8 K with 16-bit V; -1 none. */
+static int qm_family_of(kva_quant quant)
+{
+    return quant == KVA_QUANT_INT8_CHANNEL || quant == KVA_QUANT_INT8_TOKEN_K ? 0
+           : quant == KVA_QUANT_FP8_E4M3                                      ? 1
+           : quant == KVA_QUANT_INT8_TOKEN_K_V16                              ? 2
+                                                                              : -1;
+}
+
+/*
+ * Resident CTAs per SM of kernel k (family fam, q dtype dt, head size D) on
+ * the current device, raising its dynamic shared-memory limit first; asked
+ * once per kernel and device and kept (as the 16-bit decode's dm_smem_limit
+ * keeps its attribute): the attribute call and the occupancy query are
+ * runtime calls whose answer is fixed per kernel and device, and a per-call
+ * decode time includes the run path's host time. *per_sm = 0 with
+ * cudaSuccess: the kernel cannot be resident. Failures are not kept.
+ */
+static cudaError_t qm_ctas_per_sm(int fam, kva_dtype dt, int32_t D, const qm_launch &k, int *per_sm)
+{
+    static std::atomic<int> known[64][3 * 2 * 3]; /* resident CTAs + 1; 0: not asked */
+    const int di = D == 64 ? 0 : D == 128 ? 1 : D == 256 ? 2 : -1;
+    const int slot = fam >= 0 && di >= 0 ? (fam * 2 + (dt == KVA_DTYPE_F16)) * 3 + di : -1;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return e;
+    const bool keep = slot >= 0 && dev >= 0 && dev < 64;
+    if (keep && known[dev][slot].load() > 0) {
+        *per_sm = known[dev][slot].load() - 1;
+        return cudaSuccess;
+    }
+    e = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
+    int n = 0;
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.fn, DM_NW * 32, (size_t)k.smem);
+    if (e != cudaSuccess)
+        return e;
+    if (keep)
+        known[dev][slot].store(n + 1);
+    *per_sm = n;
+    return cudaSuccess;
+}
+
 extern "C" int kva__cuda_decode_mma_quant_supported(kva_quant quant, kva_dtype cache_dtype,
                                                     int32_t head_dim, int32_t head_dim_v,
                                                     kva_dtype q_dtype)
@@ -67,10 +112,8 @@ extern "C" kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva
             "kva_attention_run: the quantized tensor-core decode needs 16-byte aligned "
             "k (%p) and v (%p)",
             a.k, a.v);
-    KVA_CUDA_TRY(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
     int per_sm = 0;
-    KVA_CUDA_TRY(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, DM_NW * 32, (size_t)k.smem));
+    KVA_CUDA_TRY(qm_ctas_per_sm(qm_family_of(cd->quant), d->q_dtype, a.D, k, &per_sm));
     if (per_sm < 1)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
                          "kva_attention_run: the quantized tensor-core decode (D %d) cannot be "
