@@ -280,6 +280,15 @@ kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan *plan, con
                                      const kva_cache *cache, const float *sinks, void *out,
                                      float *lse);
 
+/* The prefill-tile kernels' arguments (prefill_mma.h) of a run of plan on
+ * ctx over the paged cache (k, v: its K and V; for a quantized cache the
+ * codes) from the plan, the context's metadata (tiles, block table, header)
+ * and the cache; every other field 0 (cuda_dispatch.cu). */
+void kva__cuda_prefill_args_init(kva__cuda_prefill_args *pa, const kva_context *ctx,
+                                 const kva_plan *plan, const kva_cache *cache, const void *q,
+                                 const void *k, const void *v, const float *sinks, void *out,
+                                 float *lse);
+
 /* Attention rows (query rows x heads) one CTA of the attention kernel holds,
  * chosen from the GQA group size only (so it is a property of the shape). */
 int kva__cuda_rows_for_group(int32_t group);

@@ -26,6 +26,47 @@ extern "C" {
 
 typedef kva__cuda_attn_args attn_args;
 
+extern "C" void kva__cuda_prefill_args_init(kva__cuda_prefill_args *pa, const kva_context *ctx,
+                                            const kva_plan *plan, const kva_cache *cache,
+                                            const void *q, const void *k, const void *v,
+                                            const float *sinks, void *out, float *lse)
+{
+    const kva__cuda_state *st = (const kva__cuda_state *)ctx->state;
+    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
+    const kva_plan_desc *d = &plan->d;
+    memset(pa, 0, sizeof *pa);
+    pa->q = q;
+    pa->k = k;
+    pa->v = v;
+    pa->out = out;
+    pa->lse = lse;
+    pa->sinks = sinks;
+    pa->alibi_slopes = cp->has_alibi ? st->meta.alibi : NULL;
+    pa->query_start_loc = st->meta.qsl;
+    pa->seq_lens = st->meta.seq_lens;
+    pa->block_table = st->meta.block_table;
+    pa->tiles = st->meta.ptiles;
+    pa->num_tiles = st->meta.hdr + KVA_CUDA_HDR_PTILES;
+    pa->grid_tiles = (int32_t)st->caps.ptiles;
+    /* Per-plan values come from the device header (graph replay). */
+    pa->block_table_stride_dev = st->meta.hdr + KVA_CUDA_HDR_BT_STRIDE;
+    pa->tree = st->meta.tree;
+    pa->tree_on = st->meta.hdr + KVA_CUDA_HDR_TREE;
+    pa->block_size = cache->desc.block_size;
+    pa->num_blocks = cache->desc.num_blocks;
+    pa->num_heads = d->num_heads;
+    pa->num_kv_heads = d->num_kv_heads;
+    pa->head_dim = d->head_dim;
+    pa->head_dim_v = d->head_dim_v;
+    pa->dtype = d->q_dtype;
+    pa->layout = cache->desc.layout;
+    pa->scale = d->scale;
+    pa->causal = d->causal;
+    pa->window_left = d->window_left;
+    pa->attention_chunk = d->attention_chunk;
+    pa->softcap = d->softcap;
+}
+
 /*
  * The plan's prefills on the tensor-core kernel (prefill_mma.h). cuda_plan_build
  * left them out of the work items and uploaded their tile list into the
@@ -45,39 +86,8 @@ static kva_status launch_prefill(kva_context *ctx, const kva_plan *plan, const a
     const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
     if (!cp->mma || !cache || st->caps.ptiles <= 0 || (eager && cp->num_ptiles == 0))
         return KVA_STATUS_OK;
-    const kva_plan_desc *d = &plan->d;
     kva__cuda_prefill_args pa;
-    memset(&pa, 0, sizeof pa);
-    pa.q = a->q;
-    pa.k = a->k;
-    pa.v = a->v;
-    pa.out = a->out;
-    pa.lse = a->lse;
-    pa.sinks = a->sinks;
-    pa.alibi_slopes = cp->has_alibi ? st->meta.alibi : NULL;
-    pa.query_start_loc = st->meta.qsl;
-    pa.seq_lens = st->meta.seq_lens;
-    pa.block_table = st->meta.block_table;
-    pa.tiles = st->meta.ptiles;
-    pa.num_tiles = st->meta.hdr + KVA_CUDA_HDR_PTILES;
-    pa.grid_tiles = (int32_t)st->caps.ptiles;
-    /* Per-plan values come from the device header (graph replay). */
-    pa.block_table_stride_dev = st->meta.hdr + KVA_CUDA_HDR_BT_STRIDE;
-    pa.tree = st->meta.tree;
-    pa.tree_on = st->meta.hdr + KVA_CUDA_HDR_TREE;
-    pa.block_size = cache->desc.block_size;
-    pa.num_blocks = cache->desc.num_blocks;
-    pa.num_heads = d->num_heads;
-    pa.num_kv_heads = d->num_kv_heads;
-    pa.head_dim = d->head_dim;
-    pa.head_dim_v = d->head_dim_v;
-    pa.dtype = d->q_dtype;
-    pa.layout = cache->desc.layout;
-    pa.scale = d->scale;
-    pa.causal = d->causal;
-    pa.window_left = d->window_left;
-    pa.attention_chunk = d->attention_chunk;
-    pa.softcap = d->softcap;
+    kva__cuda_prefill_args_init(&pa, ctx, plan, cache, a->q, a->k, a->v, a->sinks, a->out, a->lse);
     pa.host_cache = &st->prefill_host;
     pa.narrow = cp->prefill_narrow;
     return kva__cuda_prefill_launch_kernel(&pa, st->stream, cp->prefill_kernel);

@@ -31,7 +31,7 @@
  *       item as hi + lo; each row scaled first by the power of two that
  *       brings its max |Q'| into [2^14, 2^15), undone on the scores, so
  *       Q' neither overflows f16 nor falls into its subnormals whatever
- *       the magnitude of q and s: qm_row_exp), minus
+ *       the magnitude of q and s: kva__q_row_exp), minus
  *       qo = sum_c Q'_c o_c per row (INT8_CHANNEL offsets), or
  *       times the per-token key scale of each score column (INT8_TOKEN_K);
  *   O = P C_V (codes), and at the end out_c = s_c (O_c - o_c l) / l;
@@ -236,32 +236,7 @@ static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &
     }
 }
 
-/* 2^k as a float, k in [-126, 127]. */
-static __device__ __forceinline__ float qm_exp2i(int k)
-{
-    return __int_as_float((k + 127) << 23);
-}
-
-/* Q' range: f16 holds |x| < 65504 and is exact only above 2^-14 (6.1e-5);
- * q * s can be far larger (bf16 q) or smaller (small q times key scales of
- * ~0.01: issue #22). Returns k such that a row whose largest |Q'| is mx has
- * mx * 2^k in [2^14, 2^15); Q' is stored times 2^k (exact) and the scores
- * times 2^-k after the offset or token-scale step (exact, before the softmax
- * scale), so the result does not depend on how the scale is split between
- * q, the key scales and the softmax scale. k = 0 for a zero row and for a
- * non-finite max (inf in q), which then propagates as in the reference. */
-static __device__ __forceinline__ int qm_row_exp(float mx)
-{
-    int k = 0;
-    if (mx > 0.f && mx <= 3.4028235e38f) {
-        int ex;
-        frexpf(mx, &ex); /* mx in [2^(ex-1), 2^ex) */
-        k = min(max(15 - ex, -120), 120);
-    }
-    return k;
-}
-
-/* Q'[r, c] = q[r, c] * ks[kvh, c] times 2^k_r (qm_row_exp) as two f16,
+/* Q'[r, c] = q[r, c] * ks[kvh, c] times 2^k_r (kva__q_row_exp) as two f16,
  * hi + lo (zeros past nrows), s_up[r] = 2^-k_r and qo[r] = sum_c Q'[r, c] o_c
  * (INT8_CHANNEL offsets). packed (nrows <= 8, hi and lo both used): lo of row
  * r goes to row r + 8 of sQ, so that one m16 pass of the scores gives both
@@ -300,9 +275,8 @@ qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t n
                 for (int j = 0; j < 8; j++)
                     qv[j] = qp[j];
             }
-            const float4 *ks = (const float4 *)(q.ks + (int64_t)w.kv_head * D + c);
-            const float4 s0 = __ldg(ks), s1 = __ldg(ks + 1);
-            const float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+            float sv[8];
+            kva__ldg_f8(q.ks + (int64_t)w.kv_head * D + c, sv);
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 v[j] = (float)qv[j] * sv[j];
@@ -312,25 +286,10 @@ qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t n
     for (int i = 0; i < NI; i++) {
         const int x = threadIdx.x + i * DM_NW * 32;
         const int r = x / C8, c = (x % C8) * 8;
-        float *v = vv[i];
-        float mx = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            mx = fmaxf(mx, fabsf(v[j]));
-#pragma unroll
-        for (int o = C8 / 2; o >= 1; o >>= 1)
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const int k = qm_row_exp(mx);
-        const float down = qm_exp2i(k);
-        if (x % C8 == 0)
-            s_up[r] = qm_exp2i(-k);
         __half hi[8], lo[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            v[j] *= down;
-            hi[j] = __float2half_rn(v[j]);
-            lo[j] = __float2half_rn(v[j] - __half2float(hi[j]));
-        }
+        const int k = kva__q_hilo<C8>(vv[i], hi, lo);
+        if (x % C8 == 0)
+            s_up[r] = kva__exp2i(-k);
         if (!packed) {
             *(uint4 *)(sQ + r * QSTR + c) = *(const uint4 *)hi;
             *(uint4 *)(sQl + r * QSTR + c) = *(const uint4 *)lo;
@@ -339,16 +298,8 @@ qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t n
             *(uint4 *)(sQ + (r + DM_M / 2) * QSTR + c) = *(const uint4 *)lo;
         }
         if (FMT == QM_I8 && !ktok) {
-            const float4 *ko = (const float4 *)(q.ko + (int64_t)w.kv_head * D + c);
-            const float4 o0 = __ldg(ko), o1 = __ldg(ko + 1);
-            const float ov[8] = {o0.x, o0.y, o0.z, o0.w, o1.x, o1.y, o1.z, o1.w};
-            float acc = 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                acc = fmaf(__half2float(hi[j]) + __half2float(lo[j]), ov[j], acc);
-#pragma unroll
-            for (int o = C8 / 2; o >= 1; o >>= 1)
-                acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            const float acc =
+                kva__q_offset_dot<C8, true>(hi, lo, q.ko + (int64_t)w.kv_head * D + c);
             if (x % C8 == 0)
                 s_qo[r] = acc;
         }
@@ -405,7 +356,7 @@ template <int FMT, typename OT, int D_> struct qm_load {
     static constexpr int NX = FMT == QM_I8 ? 1 : 0;
     static_assert(DM_NW * DM_M * D * 4 <= DM_NW * NST * STAGE, "merge space");
     static_assert(STAGE % 16 == 0, "stage alignment");
-    /* Of rows g4 and g4 + 8: f = 2^-k (qm_row_exp) times scale log2 e (no
+    /* Of rows g4 and g4 + 8: f = 2^-k (kva__q_row_exp) times scale log2 e (no
      * soft-cap; times 1 with one), qo = sum_c Q'_c o_c (INT8_CHANNEL) and
      * nf = -qo f;
      * two: f alone would leave the normal range, so f is 2^-k and sl2 (the

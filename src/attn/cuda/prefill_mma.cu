@@ -441,6 +441,35 @@ extern "C" kva__cuda_prefill_kernel kva__cuda_prefill_kernel_default(int32_t hea
     return KVA__CUDA_PREFILL_MMA;
 }
 
+extern "C" kva_status kva__cuda_prefill_check(const kva__cuda_prefill_args *a, const char *fn)
+{
+    if (a->grid_tiles < 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: grid_tiles = %d", fn,
+                         (int)a->grid_tiles);
+    if (a->grid_tiles == 0)
+        return KVA_STATUS_OK;
+    KVA_CHECK_PTR(a->q);
+    KVA_CHECK_PTR(a->k);
+    KVA_CHECK_PTR(a->v);
+    KVA_CHECK_PTR(a->out);
+    KVA_CHECK_PTR(a->query_start_loc);
+    KVA_CHECK_PTR(a->seq_lens);
+    KVA_CHECK_PTR(a->block_table);
+    KVA_CHECK_PTR(a->tiles);
+    KVA_CHECK_PTR(a->num_tiles);
+    if (a->num_kv_heads <= 0 || a->num_heads <= 0 || a->num_heads % a->num_kv_heads ||
+        a->block_size <= 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: H = %d, Hkv = %d, B = %d", fn,
+                         (int)a->num_heads, (int)a->num_kv_heads, (int)a->block_size);
+    if (a->layout != KVA_LAYOUT_NHD && a->layout != KVA_LAYOUT_HND)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: layout = %d", fn, (int)a->layout);
+    KVA_CHECK_ALIGNED(a->q, 16);
+    KVA_CHECK_ALIGNED(a->k, 16);
+    KVA_CHECK_ALIGNED(a->v, 16);
+    KVA_CHECK_ALIGNED(a->out, 4);
+    return KVA_STATUS_OK;
+}
+
 extern "C" kva_status kva__cuda_prefill_launch_kernel(const kva__cuda_prefill_args *a, void *stream,
                                                       kva__cuda_prefill_kernel kernel)
 {
@@ -450,15 +479,9 @@ extern "C" kva_status kva__cuda_prefill_launch_kernel(const kva__cuda_prefill_ar
                          "kva__cuda_prefill_launch: D = %d, Dv = %d, dtype = %s not supported "
                          "(D = Dv in {64, 128, 256}, or D 192 / Dv 128 on sm_90a; f16 or bf16)",
                          (int)a->head_dim, (int)a->head_dim_v, kva_dtype_name(a->dtype));
-    if (a->grid_tiles < 0)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva__cuda_prefill_launch: grid_tiles = %d",
-                         (int)a->grid_tiles);
+    KVA_TRY(kva__cuda_prefill_check(a, "kva__cuda_prefill_launch"));
     if (a->grid_tiles == 0)
         return KVA_STATUS_OK;
-    KVA__CUDA_PREFILL_CHECK_PTRS(a);
-    /* cp.async copies 16-byte chunks: q, k and v must be 16-byte aligned (row
-     * strides are multiples of D * 2 >= 128 bytes). */
-    KVA__CUDA_PREFILL_CHECK_SHAPE(a, "kva__cuda_prefill_launch");
     if (kernel == KVA__CUDA_PREFILL_AUTO)
         kernel = kva__cuda_prefill_kernel_default(a->head_dim, a->head_dim_v, a->block_size,
                                                   a->num_blocks);

@@ -115,38 +115,12 @@ typedef struct kva__cuda_prefill_args {
     kva__cuda_prefill_host_cache *host_cache; /* host memory, or NULL: ask at every launch */
 } kva__cuda_prefill_args;
 
-/* Argument checks the prefill launchers share (kva__cuda_prefill_launch_kernel,
- * kva__cuda_qprefill_launch), on a = const kva__cuda_prefill_args * with
- * grid_tiles > 0: they return the failure from the calling function (whose
- * name KVA_CHECK_PTR reports); fn is the name the other messages give.
- * CHECK_PTRS: the tensors and metadata arrays; CHECK_SHAPE: heads, block
+/* The argument checks the prefill launchers share (kva__cuda_prefill_launch_kernel,
+ * kva__cuda_qprefill_launch; fn: the caller's name for messages): grid_tiles
+ * >= 0 and, when it is > 0, the tensors and metadata arrays, heads, block
  * size, layout, and the alignment of q, k, v (16 bytes: cp.async and 16-byte
- * loads of rows) and out (4 bytes). */
-#define KVA__CUDA_PREFILL_CHECK_PTRS(a)                                                            \
-    do {                                                                                           \
-        KVA_CHECK_PTR(a->q);                                                                       \
-        KVA_CHECK_PTR(a->k);                                                                       \
-        KVA_CHECK_PTR(a->v);                                                                       \
-        KVA_CHECK_PTR(a->out);                                                                     \
-        KVA_CHECK_PTR(a->query_start_loc);                                                         \
-        KVA_CHECK_PTR(a->seq_lens);                                                                \
-        KVA_CHECK_PTR(a->block_table);                                                             \
-        KVA_CHECK_PTR(a->tiles);                                                                   \
-        KVA_CHECK_PTR(a->num_tiles);                                                               \
-    } while (0)
-#define KVA__CUDA_PREFILL_CHECK_SHAPE(a, fn)                                                       \
-    do {                                                                                           \
-        if (a->num_kv_heads <= 0 || a->num_heads <= 0 || a->num_heads % a->num_kv_heads ||         \
-            a->block_size <= 0)                                                                    \
-            return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: H = %d, Hkv = %d, B = %d", fn,      \
-                             (int)a->num_heads, (int)a->num_kv_heads, (int)a->block_size);         \
-        if (a->layout != KVA_LAYOUT_NHD && a->layout != KVA_LAYOUT_HND)                            \
-            return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: layout = %d", fn, (int)a->layout);  \
-        KVA_CHECK_ALIGNED(a->q, 16);                                                               \
-        KVA_CHECK_ALIGNED(a->k, 16);                                                               \
-        KVA_CHECK_ALIGNED(a->v, 16);                                                               \
-        KVA_CHECK_ALIGNED(a->out, 4);                                                              \
-    } while (0)
+ * loads of rows) and out (4 bytes). KVA_STATUS_INVALID_ARGUMENT or OK. */
+kva_status kva__cuda_prefill_check(const kva__cuda_prefill_args *a, const char *fn);
 
 /* 1 if some prefill kernel supports head sizes (D, Dv) with dtype: D = Dv in
  * {64, 128, 256}, or D 192 / Dv 128 where the wgmma kernel runs

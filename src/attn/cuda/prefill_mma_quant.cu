@@ -9,6 +9,7 @@ extern "C" {
 #include "cuda_backend.h"
 }
 #include "prefill_mma_quant.cuh"
+#include "quant_args.cuh"
 
 #include <string.h>
 
@@ -41,12 +42,9 @@ extern "C" kva_status kva__cuda_qprefill_launch(const kva__cuda_qprefill_args *q
                          "kva__cuda_qprefill_launch: %s, D = %d, Dv = %d, q dtype %s not supported",
                          kva_quant_name(qa->quant), (int)a->head_dim, (int)a->head_dim_v,
                          kva_dtype_name(a->dtype));
-    if (a->grid_tiles < 0)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva__cuda_qprefill_launch: grid_tiles = %d",
-                         (int)a->grid_tiles);
+    KVA_TRY(kva__cuda_prefill_check(a, "kva__cuda_qprefill_launch"));
     if (a->grid_tiles == 0)
         return KVA_STATUS_OK;
-    KVA__CUDA_PREFILL_CHECK_PTRS(a);
     KVA_CHECK_PTR(qa->ks);
     KVA_CHECK_PTR(qa->ko);
     KVA_CHECK_PTR(qa->vs);
@@ -56,8 +54,6 @@ extern "C" kva_status kva__cuda_qprefill_launch(const kva__cuda_qprefill_args *q
     if (qa->quant == KVA_QUANT_FP8_E4M3 && !qa->k_uniform)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva__cuda_qprefill_launch: FP8_E4M3 with per-channel key scales");
-    /* 16-byte loads of q rows, 16-byte cp.async of K/V rows (D >= 64). */
-    KVA__CUDA_PREFILL_CHECK_SHAPE(a, "kva__cuda_qprefill_launch");
     cudaStream_t st = (cudaStream_t)stream;
     switch (qa->quant) {
     case KVA_QUANT_INT8_CHANNEL:
@@ -103,48 +99,11 @@ extern "C" kva_status kva__cuda_qprefill_run(kva_context *ctx, const kva_plan *p
                                              float *lse)
 {
     const kva__cuda_state *st = (const kva__cuda_state *)ctx->state;
-    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
-    const kva_plan_desc *d = &plan->d;
-    const kva_cache_desc *cd = &cache->desc;
     kva__cuda_qprefill_args qa;
     memset(&qa, 0, sizeof qa);
-    kva__cuda_prefill_args *pa = &qa.p;
-    pa->q = q;
-    pa->k = cache->k;
-    pa->v = cache->v;
-    pa->out = out;
-    pa->lse = lse;
-    pa->sinks = sinks;
-    pa->alibi_slopes = cp->has_alibi ? st->meta.alibi : NULL;
-    pa->query_start_loc = st->meta.qsl;
-    pa->seq_lens = st->meta.seq_lens;
-    pa->block_table = st->meta.block_table;
-    pa->tiles = st->meta.ptiles;
-    pa->num_tiles = st->meta.hdr + KVA_CUDA_HDR_PTILES;
-    pa->grid_tiles = (int32_t)st->caps.ptiles;
-    /* Per-plan values come from the device header (graph replay). */
-    pa->block_table_stride_dev = st->meta.hdr + KVA_CUDA_HDR_BT_STRIDE;
-    pa->tree = st->meta.tree;
-    pa->tree_on = st->meta.hdr + KVA_CUDA_HDR_TREE;
-    pa->block_size = cd->block_size;
-    pa->num_heads = d->num_heads;
-    pa->num_kv_heads = d->num_kv_heads;
-    pa->head_dim = d->head_dim;
-    pa->head_dim_v = d->head_dim_v;
-    pa->dtype = d->q_dtype;
-    pa->layout = cd->layout;
-    pa->scale = d->scale;
-    pa->causal = d->causal;
-    pa->window_left = d->window_left;
-    pa->attention_chunk = d->attention_chunk;
-    pa->softcap = d->softcap;
-    qa.quant = cd->quant;
-    qa.kts = cache->k_token_scale;
-    const int64_t hkv = cd->num_kv_heads;
-    qa.ks = cache->dev_scales;
-    qa.ko = qa.ks + hkv * cd->head_dim;
-    qa.vs = qa.ko + hkv * cd->head_dim;
-    qa.vo = qa.vs + hkv * cd->head_dim_v;
+    kva__cuda_prefill_args_init(&qa.p, ctx, plan, cache, q, cache->k, cache->v, sinks, out, lse);
+    qa.quant = cache->desc.quant;
+    kva__quant_args_scales(qa, cache);
     qa.k_uniform = k_scale_uniform(cache);
     return kva__cuda_qprefill_launch(&qa, st->stream);
 }

@@ -81,12 +81,6 @@ template <int D, int BN, int FMT, bool LO> struct qp_cfg {
     static_assert(STAGE % 16 == 0, "stage alignment");
 };
 
-/* 2^e as a float, e in [-126, 127]. */
-static __device__ __forceinline__ float qp_exp2i(int e)
-{
-    return __int_as_float((e + 127) << 23);
-}
-
 /*
  * The quantized load policy (prefill_mma_kernel.cuh). D head size (= Dv), BN
  * keys per tile, NW warps, WM m16 tiles per warp (NW * WM * 16 == TILE_M),
@@ -264,54 +258,24 @@ struct qp_policy {
                 for (int j = 0; j < 8; j++)
                     v[j] = (float)e8[j];
                 if (LO) {
-                    const float4 *ks = (const float4 *)(qa.ks + (size_t)t.kvh * D + c0);
-                    const float4 s0 = __ldg(ks), s1 = __ldg(ks + 1);
-                    const float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+                    float sv[8];
+                    kva__ldg_f8(qa.ks + (size_t)t.kvh * D + c0, sv);
 #pragma unroll
                     for (int j = 0; j < 8; j++)
                         v[j] *= sv[j];
                 }
             }
-            float mx = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                mx = fmaxf(mx, fabsf(v[j]));
-#pragma unroll
-            for (int o = CPR / 2; o >= 1; o >>= 1)
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            /* e: max |Q''| in [2^14, 2^15); 0 for a zero or non-finite row
-             * (NaN and inf propagate as in the reference). */
-            int e = 0;
-            if (mx > 0.0f && mx <= 3.4e38f) {
-                int ex;
-                frexpf(mx, &ex); /* mx in [2^(ex-1), 2^ex) */
-                e = min(max(15 - ex, -120), 120);
-            }
-            const float up = qp_exp2i(e);
+            /* e: max |Q''| in [2^14, 2^15) (kva__q_row_exp). */
             __half hi[8], lo[8];
+            const int e = kva__q_hilo<CPR>(v, hi, lo);
             float qo = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const float x = v[j] * up;
-                hi[j] = __float2half_rn(x);
-                lo[j] = __float2half_rn(x - __half2float(hi[j]));
-            }
-            if (FMT == QP_I8) {
-                const float4 *ko = (const float4 *)(qa.ko + (size_t)t.kvh * D + c0);
-                const float4 o0 = __ldg(ko), o1 = __ldg(ko + 1);
-                const float ov[8] = {o0.x, o0.y, o0.z, o0.w, o1.x, o1.y, o1.z, o1.w};
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    qo = fmaf(__half2float(hi[j]) + (LO ? __half2float(lo[j]) : 0.0f), ov[j], qo);
-#pragma unroll
-                for (int o = CPR / 2; o >= 1; o >>= 1)
-                    qo += __shfl_xor_sync(0xffffffffu, qo, o);
-            }
+            if (FMT == QP_I8)
+                qo = kva__q_offset_dot<CPR, LO>(hi, lo, qa.ko + (size_t)t.kvh * D + c0);
             *(uint4 *)(smem + kva__swz<D>(row, vch)) = *(const uint4 *)hi;
             if (LO)
                 *(uint4 *)(smem + cfg::SQ + kva__swz<D>(row, vch)) = *(const uint4 *)lo;
             if (vch == 0) {
-                s_rmul[row] = qp_exp2i(-e) * ku;
+                s_rmul[row] = kva__exp2i(-e) * ku;
                 if (FMT == QP_I8)
                     s_qo[row] = qo;
             }

@@ -1,7 +1,8 @@
 /*
  * quant_cvt.cuh - device conversion of 1-byte cache codes to f16 (or, for
- * FP8 e4m3, to either 16-bit mma type), shared by the tensor-core kernels
- * over quantized caches (decode_mma_quant.cu, prefill_mma_quant.cuh, the MLA
+ * FP8 e4m3, to either 16-bit mma type), and the f16 staging of a query
+ * scaled by the key scales (Q'), shared by the tensor-core kernels over
+ * quantized caches (decode_mma_quant.cuh, prefill_mma_quant.cuh, the MLA
  * decode and GEMM over FP8 latent caches).
  */
 #ifndef KVA_CUDA_QUANT_CVT_CUH
@@ -11,6 +12,7 @@
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <math.h>
 #include <stdint.h>
 
 /* Four codes (b0, b1, b2, b3) of w as f16 pairs {b0, b1} (lo) and {b2, b3}
@@ -68,6 +70,82 @@ template <typename Ty> static __device__ __forceinline__ uint4 kva__fp8x8_as(uin
 {
     return make_uint4(kva__fp8x2_as(Ty(), c.x & 0xffffu), kva__fp8x2_as(Ty(), c.x >> 16),
                       kva__fp8x2_as(Ty(), c.y & 0xffffu), kva__fp8x2_as(Ty(), c.y >> 16));
+}
+
+/* 2^k as a float, k in [-126, 127]. */
+static __device__ __forceinline__ float kva__exp2i(int k)
+{
+    return __int_as_float((k + 127) << 23);
+}
+
+/* Q' range: f16 holds |x| < 65504 and is exact only above 2^-14 (6.1e-5);
+ * q * s can be far larger (bf16 q) or smaller (small q times key scales of
+ * ~0.01: issue #22). Returns k such that a row whose largest |Q'| is mx has
+ * mx * 2^k in [2^14, 2^15); Q' is stored times 2^k (exact) and the scores
+ * times 2^-k after the offset or token-scale step (exact, before the softmax
+ * scale), so the result does not depend on how the scale is split between
+ * q, the key scales and the softmax scale. k = 0 for a zero row and for a
+ * non-finite max (inf in q), which then propagates as in the reference. */
+static __device__ __forceinline__ int kva__q_row_exp(float mx)
+{
+    int k = 0;
+    if (mx > 0.f && mx <= 3.4028235e38f) {
+        int ex;
+        frexpf(mx, &ex); /* mx in [2^(ex-1), 2^ex) */
+        k = min(max(15 - ex, -120), 120);
+    }
+    return k;
+}
+
+/* p[0 .. 7] (16-byte aligned, read-only) into v. */
+static __device__ __forceinline__ void kva__ldg_f8(const float *p, float v[8])
+{
+    const float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+/* One chunk of 8 channels of a Q' row, v (q, times the key scales where
+ * they are folded), whose row's C8 chunks lie in consecutive lanes of one
+ * warp: k = kva__q_row_exp of the row's largest |v| (by shuffles), and
+ * v 2^k as two f16, hi + lo (lo = rn(v 2^k - hi)). Returns k. */
+template <int C8>
+static __device__ __forceinline__ int kva__q_hilo(const float v[8], __half hi[8], __half lo[8])
+{
+    float mx = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        mx = fmaxf(mx, fabsf(v[j]));
+#pragma unroll
+    for (int o = C8 / 2; o >= 1; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const int k = kva__q_row_exp(mx);
+    const float up = kva__exp2i(k);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const float x = v[j] * up;
+        hi[j] = __float2half_rn(x);
+        lo[j] = __float2half_rn(x - __half2float(hi[j]));
+    }
+    return k;
+}
+
+/* The row's sum_c Q'_c o_c (INT8_CHANNEL key offsets; Q' = hi, plus lo
+ * with LO) from this lane's chunk (o: its 8 offsets, 16-byte aligned), by
+ * shuffles over the row's C8 lanes (kva__q_hilo). */
+template <int C8, bool LO>
+static __device__ __forceinline__ float kva__q_offset_dot(const __half hi[8], const __half lo[8],
+                                                          const float *o)
+{
+    float ov[8], acc = 0.f;
+    kva__ldg_f8(o, ov);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        acc = fmaf(__half2float(hi[j]) + (LO ? __half2float(lo[j]) : 0.0f), ov[j], acc);
+#pragma unroll
+    for (int o = C8 / 2; o >= 1; o >>= 1)
+        acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    return acc;
 }
 
 #endif /* KVA_CUDA_QUANT_CVT_CUH */
