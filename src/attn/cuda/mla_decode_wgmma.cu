@@ -40,17 +40,17 @@ template <typename Ty, bool FP8> struct mw_dense {
     int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
     float slope[2];
     int64_t row1, row2; /* FP8: the thread's key row in the next tile and the one after */
+    uint4 raw[9];       /* FP8: the thread's codes of its key in the next tile (load_row) */
 
     static __device__ __forceinline__ int32_t items(const args &a)
     {
         return a.meta.hdr[KVA_CUDA_HDR_ITEMS];
     }
-    /* FP8: `row` (zeros for -1) as key tid / 4 of the tile at stage, bytes
-     * 144 c .. 144 c + 143 (c = tid % 4: 16-bit chunks 18 c .. 18 c + 17). */
-    __device__ __forceinline__ void land_row(const args &a, int64_t row, uint32_t stage) const
+    /* FP8: the thread's bytes 144 c .. 144 c + 143 of `row` (zeros for -1)
+     * into raw (c = tid % 4: 16-bit chunks 18 c .. 18 c + 17 of its key). */
+    __device__ __forceinline__ void load_row(const args &a, int64_t row)
     {
-        const int key = threadIdx.x >> 2, c = threadIdx.x & 3;
-        uint4 raw[9];
+        const int c = threadIdx.x & 3;
         if (row >= 0) {
             const uint4 *src =
                 reinterpret_cast<const uint4 *>((const unsigned char *)a.k + row * ML_D + 144 * c);
@@ -62,10 +62,16 @@ template <typename Ty, bool FP8> struct mw_dense {
             for (int i = 0; i < 9; i++)
                 raw[i] = make_uint4(0, 0, 0, 0);
         }
+    }
+    /* FP8: raw converted into key tid / 4 of the tile at stage. */
+    __device__ __forceinline__ void store_row(uint32_t stage) const
+    {
+        const int key = threadIdx.x >> 2, c = threadIdx.x & 3;
 #pragma unroll
         for (int i = 0; i < 9; i++) {
             const int ch = 18 * c + 2 * i;
-            mw_st16(stage + ml_off<MW_BN>(key, ch), kva__fp8x8_as<Ty>(make_uint2(raw[i].x, raw[i].y)));
+            mw_st16(stage + ml_off<MW_BN>(key, ch),
+                    kva__fp8x8_as<Ty>(make_uint2(raw[i].x, raw[i].y)));
             mw_st16(stage + ml_off<MW_BN>(key, ch + 1),
                     kva__fp8x8_as<Ty>(make_uint2(raw[i].z, raw[i].w)));
         }
@@ -90,8 +96,10 @@ template <typename Ty, bool FP8> struct mw_dense {
         if constexpr (FP8) {
             row1 = prefetch(a, k0 + MW_BN);
             row2 = -1;
-            if (k0 < kend)
-                land_row(a, ml_row<MW_BN>(a, mi.bt_row, k0, kend), sK);
+            if (k0 < kend) {
+                load_row(a, ml_row<MW_BN>(a, mi.bt_row, k0, kend));
+                store_row(sK);
+            }
         } else {
             if (k0 < kend)
                 ml_issue<MW_BN, MW_BN>(a, mi.bt_row, k0, kend, sK);
@@ -102,9 +110,13 @@ template <typename Ty, bool FP8> struct mw_dense {
     }
     __device__ __forceinline__ void next(const args &a, int32_t kb, uint32_t stage, int)
     {
-        if constexpr (FP8) { /* the tile after kb into L2 (kb itself lands during P V) */
-            if (kb < kend)
+        if constexpr (FP8) { /* tile kb's codes into registers (they are converted
+                                into the stage during P V, in land), the tile after
+                                it into L2 */
+            if (kb < kend) {
+                load_row(a, row1);
                 row2 = prefetch(a, kb + MW_BN);
+            }
         } else {
             if (kb < kend)
                 ml_issue<MW_BN, MW_BN>(a, mi.bt_row, kb, kend, stage);
@@ -114,7 +126,7 @@ template <typename Ty, bool FP8> struct mw_dense {
     {
         if constexpr (FP8) {
             if (kb < kend) {
-                land_row(a, row1, stage);
+                store_row(stage);
                 row1 = row2;
             }
         }
@@ -129,8 +141,8 @@ template <typename Ty, bool FP8> struct mw_dense {
                                            int t4, float l_run[2], const float m_run[2],
                                            const float (*o)[4])
     {
-        ml_finish<32, 2, Ty>(a, mi.w, mi.nrows, mi.qs, s_sum, wg, r0, wg * 256, t4, l_run, m_run,
-                             o, FP8 ? a.kv_scale : 1.f);
+        ml_finish<32, 2, Ty>(a, mi.w, mi.nrows, mi.qs, s_sum, wg, r0, wg * 256, t4, l_run, m_run, o,
+                             FP8 ? a.kv_scale : 1.f);
     }
 };
 #else
