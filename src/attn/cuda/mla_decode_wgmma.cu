@@ -14,9 +14,11 @@
  * mla_decode_common.cuh). Its rows are loaded by the CTA (thread t: 144
  * bytes of key t / 4) and converted exactly into the 16-bit tile, as the
  * sparse policy does with fp8_ds_mla rows: the first tile in the item's
- * setup, tile kb + 64 during tile kb's P V (land), after the rows of the
- * tile after it were prefetched into L2 during tile kb's S (next); the
- * scale multiplies the logits' scale and the output rows.
+ * setup; for tile kb + 64 the codes go to registers while the tensor cores
+ * run tile kb's S (next, which also prefetches the tile after it into L2)
+ * and are converted into the free ring stage while they run tile kb's P V
+ * (land), so neither the load's latency nor the conversion waits between
+ * the two; the scale multiplies the logits' scale and the output rows.
  */
 extern "C" {
 #include "cuda_backend.h"
