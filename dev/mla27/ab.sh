@@ -4,12 +4,12 @@
 #   1. builds BASE (90a, Release, the MLA tests and bench_cuda_mla only, no optional deps),
 #      keeps its binaries, copies NEW's differing files over the same build tree and rebuilds
 #      (only what changed recompiles; NEW must add or remove no source file);
-#   2. runs test_cuda_mla, test_cuda_mla_run, test_cuda_mla_sparse of NEW (full sets), then
-#      compute-sanitizer memcheck and racecheck of test_cuda_mla (KVA_TEST_QUICK=1);
+#   2. runs test_cuda_mla, test_cuda_mla_run, test_cuda_mla_sparse of NEW (full sets);
 #   3. bench_cuda_mla, base and new alternated twice (base, new, base, new): bf16 and fp8
 #      latent caches at H 16 (R 128 x 4k, 16k, 64k) and H 128 (q 1 x 4k, q 2 x 8k; R 128 and 16),
-#      page 64; prints a table of medians (ms) last;
-#   4. (if ncu exists, KVA_AB_NCU=1) one ncu warp-state report of NEW's FP8 kernels.
+#      page 64; prints a table of medians (ms);
+#   4. compute-sanitizer memcheck and racecheck of NEW's test_cuda_mla (KVA_TEST_QUICK=1);
+#   5. (if ncu exists, KVA_AB_NCU=1) one ncu warp-state report of NEW's FP8 kernels.
 # OUT: log folder (default ./ab_out).
 set -uo pipefail
 base=$(cd "$1" && pwd); new=$(cd "$2" && pwd)
@@ -40,15 +40,6 @@ for t in test_cuda_mla test_cuda_mla_run test_cuda_mla_sparse; do
   rc=$?; [ $rc = 0 ] || status=1
   echo "test $t (new): rc=$rc, $(grep -ciE 'FAIL' "$out/test_$t.log") FAIL lines; $(tail -1 "$out/test_$t.log")"
 done
-for tool in memcheck racecheck; do
-  KVA_TEST_QUICK=1 timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$B/new/test_cuda_mla" \
-    >"$out/san_$tool.log" 2>&1 &
-done
-wait
-for tool in memcheck racecheck; do
-  echo "$tool test_cuda_mla quick (new): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/san_$tool.log" | tail -1)"
-done
-
 shapes=(
   "--heads 16 --context 4096"
   "--heads 16 --context 16384"
@@ -71,15 +62,6 @@ for round in 1 2; do
     done
   done
 done
-if [ "${KVA_AB_NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
-  timeout 120 ncu --section WarpStateStats --section SchedulerStats --section SpeedOfLight \
-    -k regex:mla_ --launch-skip 3 --launch-count 1 "$B/new/bench_cuda_mla" --heads 16 --context 16384 \
-    --block-size 64 --kv-quant fp8 --iters 5 --check 0 >"$out/ncu_h16_fp8.txt" 2>&1
-  timeout 120 ncu --section WarpStateStats --section SchedulerStats --section SpeedOfLight \
-    -k regex:mla_ --launch-skip 3 --launch-count 1 "$B/new/bench_cuda_mla" --heads 128 --context 4096 \
-    --block-size 64 --kv-quant fp8 --iters 5 --check 0 >"$out/ncu_h128_fp8.txt" 2>&1
-  echo "ncu: $(grep -c 'Stall\|Warp Cycles' "$out/ncu_h16_fp8.txt" "$out/ncu_h128_fp8.txt" | tr '\n' ' ')"
-fi
 # The table: per shape and format, base r1 / new r1 / base r2 / new r2 medians (ms), new/base
 # (mean of the two rounds' ratios), and fp8/bf16 of each tree (mean of the rounds).
 python3 - "$out/bench_ms.txt" <<'EOF' | tee "$out/table.txt"
@@ -104,4 +86,22 @@ for i in range(len(names)):
         except (KeyError, ZeroDivisionError): pass
 print("checks:", dict(ck))
 EOF
+for tool in memcheck racecheck; do
+  KVA_TEST_QUICK=1 timeout 110 compute-sanitizer --tool $tool --error-exitcode 9 "$B/new/test_cuda_mla" \
+    >"$out/san_$tool.log" 2>&1 &
+done
+wait
+for tool in memcheck racecheck; do
+  echo "$tool test_cuda_mla quick (new): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/san_$tool.log" | tail -1)"
+done
+
+if [ "${KVA_AB_NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
+  timeout 50 ncu --section WarpStateStats --section SchedulerStats --section SpeedOfLight \
+    -k regex:mla_ --launch-skip 3 --launch-count 1 "$B/new/bench_cuda_mla" --heads 16 --context 16384 \
+    --block-size 64 --kv-quant fp8 --iters 5 --check 0 >"$out/ncu_h16_fp8.txt" 2>&1
+  timeout 50 ncu --section WarpStateStats --section SchedulerStats --section SpeedOfLight \
+    -k regex:mla_ --launch-skip 3 --launch-count 1 "$B/new/bench_cuda_mla" --heads 128 --context 4096 \
+    --block-size 64 --kv-quant fp8 --iters 5 --check 0 >"$out/ncu_h128_fp8.txt" 2>&1
+  echo "ncu: $(grep -c 'Stall\|Warp Cycles' "$out/ncu_h16_fp8.txt" "$out/ncu_h128_fp8.txt" | tr '\n' ' ')"
+fi
 exit $status
