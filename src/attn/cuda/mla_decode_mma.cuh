@@ -44,9 +44,6 @@
  * Keys at or past the item's end are zero-filled by cp.async and their block
  * table entries never read.
  *
- * Each thread reads the block-table entry of its key row in a tile one tile
- * before it issues that tile's copies, so the copies never wait for it.
- *
  * The latent cache's format is the kernel's FP8 parameter: 16-bit rows land
  * straight in the ring of 16-bit tiles; FP8 E4M3 rows (mla_decode_common.cuh)
  * land by cp.async in a ring of raw stages of half the size (four with QR:
@@ -125,16 +122,17 @@ static __device__ __forceinline__ void ml_qk_reg(const uint32_t (*qf)[4], uint32
     }
 }
 
-/* The copies of a tile's rows into a ring stage: thread t's cache row `row`
- * (ml_row; -1: zeros), 16-bit rows (layout ml_off<0>) or FP8 rows (raw). */
+/* The copies of the tile at kb into a ring stage: 16-bit rows (layout
+ * ml_off<0>) or FP8 rows (raw). */
 template <int BN, bool FP8>
-static __device__ __forceinline__ void ml_issue_any(const kva__cuda_attn_args &a, int64_t row,
+static __device__ __forceinline__ void ml_issue_any(const kva__cuda_attn_args &a,
+                                                    const int32_t *bt_row, int32_t kb, int32_t kend,
                                                     uint32_t stage)
 {
     if constexpr (FP8)
-        ml_issue_fp8_row<BN>(a, row, stage);
+        ml_issue_fp8<BN>(a, bt_row, kb, kend, stage);
     else
-        ml_issue_row<BN, 0>(a, row, stage);
+        ml_issue<BN, 0>(a, bt_row, kb, kend, stage);
 }
 
 /*
@@ -179,13 +177,9 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
         for (int st = 0; st < NST - 1; st++) {
             const int32_t kb = w.k0 + st * BN;
             if (kb < kend)
-                ml_issue_any<BN, FP8>(a, ml_row<BN>(a, bt_row, kb, kend), ring + st * STAGE);
+                ml_issue_any<BN, FP8>(a, bt_row, kb, kend, ring + st * STAGE);
             kva__cp_async_commit();
         }
-        /* The thread's cache row in the tile the loop issues first; in the loop,
-         * each tile's row is read one tile before its copies are issued, so
-         * that the copies do not wait for the block-table read. */
-        int64_t row_ahead = ml_row<BN>(a, bt_row, w.k0 + (NST - 1) * BN, kend);
         ml_stage_q<M, 0, elem>(a, w, nrows, qs, ml_smem + C::OFF_Q);
         /* QR: the A fragments of the 36 k-steps from the staged copy, which the
          * first tile's copies overwrite only after the loop's first barrier. */
@@ -220,11 +214,9 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
                 const int32_t kn = kb + (NST - 1) * BN;
                 const int ahead = stage == 0 ? NST - 1 : stage - 1;
                 if (kn < kend)
-                    ml_issue_any<BN, FP8>(a, row_ahead, ring + ahead * STAGE);
+                    ml_issue_any<BN, FP8>(a, bt_row, kn, kend, ring + ahead * STAGE);
                 kva__cp_async_commit();
-                row_ahead = ml_row<BN>(a, bt_row, kn + BN, kend);
             }
-            const int key0 = kg * KW; /* the first key of this warp's S slice */
             uint32_t sk = sRing + stage * C::TILE;
             if constexpr (FP8) {
                 /* The landed raw stage into the 16-bit tile: each of the MT warps
@@ -234,7 +226,7 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
                  * conversions before it. */
                 sk = sRing;
                 ml_fp8_rows<KW / MT, Ty>(ml_smem + C::OFF_RAW + stage * C::RAW,
-                                         ml_smem + C::OFF_RING, key0 + rt * (KW / MT), lane);
+                                         ml_smem + C::OFF_RING, kg * KW + rt * (KW / MT), lane);
                 if constexpr (MT == 1)
                     __syncwarp();
                 else
@@ -243,6 +235,7 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
 
             /* S = Q K^T for row tile rt and keys kb + kg * KW .. + KW - 1, in two
              * accumulator sets (even and odd k-steps) for independent mma chains. */
+            const int key0 = kg * KW;
             float sc[NBS][4], sc2[NBS][4];
 #pragma unroll
             for (int nt = 0; nt < NBS; nt++)

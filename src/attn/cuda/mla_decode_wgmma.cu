@@ -12,13 +12,12 @@
  *
  * The policy's FP8 parameter: an FP8 E4M3 latent cache (one k_scale,
  * mla_decode_common.cuh). Its rows are loaded by the CTA (thread t: 144
- * bytes of key t / 4) and converted exactly into the 16-bit tile, as the
- * sparse policy does with fp8_ds_mla rows: the first tile in the item's
- * setup; for tile kb + 64 the codes go to registers while the tensor cores
- * run tile kb's S (next, which also prefetches the tile after it into L2)
- * and are converted into the free ring stage while they run tile kb's P V
- * (land), so neither the load's latency nor the conversion waits between
- * the two; the scale multiplies the logits' scale and the output rows.
+ * bytes of key t / 4) and converted exactly into the 16-bit tile
+ * (ml_fp8x16_as: integer moves, not the conversion unit), as the sparse
+ * policy does with fp8_ds_mla rows: the first tile in the item's
+ * setup, tile kb + 64 during tile kb's P V (land), after the rows of the
+ * tile after it were prefetched into L2 during tile kb's S (next); the
+ * scale multiplies the logits' scale and the output rows.
  */
 extern "C" {
 #include "cuda_backend.h"
@@ -42,17 +41,17 @@ template <typename Ty, bool FP8> struct mw_dense {
     int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
     float slope[2];
     int64_t row1, row2; /* FP8: the thread's key row in the next tile and the one after */
-    uint4 raw[9];       /* FP8: the thread's codes of its key in the next tile (load_row) */
 
     static __device__ __forceinline__ int32_t items(const args &a)
     {
         return a.meta.hdr[KVA_CUDA_HDR_ITEMS];
     }
-    /* FP8: the thread's bytes 144 c .. 144 c + 143 of `row` (zeros for -1)
-     * into raw (c = tid % 4: 16-bit chunks 18 c .. 18 c + 17 of its key). */
-    __device__ __forceinline__ void load_row(const args &a, int64_t row)
+    /* FP8: `row` (zeros for -1) as key tid / 4 of the tile at stage, bytes
+     * 144 c .. 144 c + 143 (c = tid % 4: 16-bit chunks 18 c .. 18 c + 17). */
+    __device__ __forceinline__ void land_row(const args &a, int64_t row, uint32_t stage) const
     {
-        const int c = threadIdx.x & 3;
+        const int key = threadIdx.x >> 2, c = threadIdx.x & 3;
+        uint4 raw[9];
         if (row >= 0) {
             const uint4 *src =
                 reinterpret_cast<const uint4 *>((const unsigned char *)a.k + row * ML_D + 144 * c);
@@ -64,18 +63,13 @@ template <typename Ty, bool FP8> struct mw_dense {
             for (int i = 0; i < 9; i++)
                 raw[i] = make_uint4(0, 0, 0, 0);
         }
-    }
-    /* FP8: raw converted into key tid / 4 of the tile at stage. */
-    __device__ __forceinline__ void store_row(uint32_t stage) const
-    {
-        const int key = threadIdx.x >> 2, c = threadIdx.x & 3;
 #pragma unroll
         for (int i = 0; i < 9; i++) {
             const int ch = 18 * c + 2 * i;
-            mw_st16(stage + ml_off<MW_BN>(key, ch),
-                    kva__fp8x8_as<Ty>(make_uint2(raw[i].x, raw[i].y)));
-            mw_st16(stage + ml_off<MW_BN>(key, ch + 1),
-                    kva__fp8x8_as<Ty>(make_uint2(raw[i].z, raw[i].w)));
+            uint4 lo, hi;
+            ml_fp8x16_as<Ty>(raw[i], lo, hi);
+            mw_st16(stage + ml_off<MW_BN>(key, ch), lo);
+            mw_st16(stage + ml_off<MW_BN>(key, ch + 1), hi);
         }
     }
     /* FP8: the rows of the thread's key in the tile at kb into L2. */
@@ -98,10 +92,8 @@ template <typename Ty, bool FP8> struct mw_dense {
         if constexpr (FP8) {
             row1 = prefetch(a, k0 + MW_BN);
             row2 = -1;
-            if (k0 < kend) {
-                load_row(a, ml_row<MW_BN>(a, mi.bt_row, k0, kend));
-                store_row(sK);
-            }
+            if (k0 < kend)
+                land_row(a, ml_row<MW_BN>(a, mi.bt_row, k0, kend), sK);
         } else {
             if (k0 < kend)
                 ml_issue<MW_BN, MW_BN>(a, mi.bt_row, k0, kend, sK);
@@ -112,13 +104,9 @@ template <typename Ty, bool FP8> struct mw_dense {
     }
     __device__ __forceinline__ void next(const args &a, int32_t kb, uint32_t stage, int)
     {
-        if constexpr (FP8) { /* tile kb's codes into registers (they are converted
-                                into the stage during P V, in land), the tile after
-                                it into L2 */
-            if (kb < kend) {
-                load_row(a, row1);
+        if constexpr (FP8) { /* the tile after kb into L2 (kb itself lands during P V) */
+            if (kb < kend)
                 row2 = prefetch(a, kb + MW_BN);
-            }
         } else {
             if (kb < kend)
                 ml_issue<MW_BN, MW_BN>(a, mi.bt_row, kb, kend, stage);
@@ -128,7 +116,7 @@ template <typename Ty, bool FP8> struct mw_dense {
     {
         if constexpr (FP8) {
             if (kb < kend) {
-                store_row(stage);
+                land_row(a, row1, stage);
                 row1 = row2;
             }
         }
