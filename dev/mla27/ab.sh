@@ -10,7 +10,8 @@
 #      page 64; prints a table of medians (ms);
 #   4. compute-sanitizer memcheck and racecheck of NEW's test_cuda_mla (KVA_TEST_QUICK=1);
 #   5. (if ncu exists, KVA_AB_NCU=1) one ncu warp-state report of NEW's FP8 kernels.
-# OUT: log folder (default ./ab_out).
+# OUT: log folder (default ./ab_out; at most 8 files). KVA_AB_SHORT=1: the shorter call (no R 16
+# q 2 row, round 2 without the reference check, memcheck only, no ncu).
 set -uo pipefail
 base=$(cd "$1" && pwd); new=$(cd "$2" && pwd)
 out=${OUT:-ab_out}; mkdir -p "$out"
@@ -21,24 +22,25 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=c
 s=$(date +%s)
 cmake -S "$W" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90a -DKVA_WITH_OPENSSL=OFF -DKVA_WITH_XXHASH=OFF \
-  -DKVA_WITH_CJSON=OFF -DKVA_WITH_MPI=OFF -DKVA_WITH_NCCL=OFF >"$out/cmake.log" 2>&1 ||
-  { tail -20 "$out/cmake.log"; exit 1; }
-ninja -C "$W/build" -j16 $T >"$out/build_base.log" 2>&1 || { tail -40 "$out/build_base.log"; exit 1; }
+  -DKVA_WITH_CJSON=OFF -DKVA_WITH_MPI=OFF -DKVA_WITH_NCCL=OFF >/tmp/mla27_cmake.log 2>&1 ||
+  { tail -20 /tmp/mla27_cmake.log; exit 1; }
+ninja -C "$W/build" -j16 $T >/tmp/mla27_build_base.log 2>&1 || { tail -40 /tmp/mla27_build_base.log; exit 1; }
 for t in $T; do cp "$W/build/$t" "$B/base/"; done
 echo "build base: $(( $(date +%s) - s )) s"
 s=$(date +%s)
 (cd "$new" && find . -type f ! -path './build*') | while read -r f; do
   cmp -s "$new/$f" "$W/$f" || { mkdir -p "$(dirname "$W/$f")"; cp "$new/$f" "$W/$f"; echo "$f"; }
 done >"$out/changed.txt"
-ninja -C "$W/build" -j16 $T >"$out/build_new.log" 2>&1 || { tail -40 "$out/build_new.log"; exit 1; }
+ninja -C "$W/build" -j16 $T >/tmp/mla27_build_new.log 2>&1 || { tail -40 /tmp/mla27_build_new.log; exit 1; }
 for t in $T; do cp "$W/build/$t" "$B/new/"; done
 echo "build new: $(( $(date +%s) - s )) s ($(wc -l <"$out/changed.txt") files differ: $(tr '\n' ' ' <"$out/changed.txt"))"
 
 status=0
 for t in test_cuda_mla test_cuda_mla_run test_cuda_mla_sparse; do
-  timeout 200 "$B/new/$t" >"$out/test_$t.log" 2>&1
+  timeout 200 "$B/new/$t" >/tmp/mla27_test.log 2>&1
   rc=$?; [ $rc = 0 ] || status=1
-  echo "test $t (new): rc=$rc, $(grep -ciE 'FAIL' "$out/test_$t.log") FAIL lines; $(tail -1 "$out/test_$t.log")"
+  { echo "== $t"; cat /tmp/mla27_test.log; } >>"$out/tests.log"
+  echo "test $t (new): rc=$rc; $(tail -1 /tmp/mla27_test.log)"
 done
 shapes=(
   "--heads 16 --context 4096"
@@ -49,11 +51,14 @@ shapes=(
   "--heads 128 --context 4096 --batch 16"
   "--heads 128 --context 8192 --q-len 2 --batch 16"
 )
+short=${KVA_AB_SHORT:-0}
+[ "$short" = 1 ] && unset 'shapes[6]' 
 for round in 1 2; do
   for t in base new; do
     for i in "${!shapes[@]}"; do
       for kq in none fp8; do
-        line=$("$B/$t/bench_cuda_mla" ${shapes[$i]} --block-size 64 --kv-quant $kq 2>&1 | grep "^bench_cuda_mla:" | head -1)
+        chk=1; [ "$short" = 1 ] && [ $round = 2 ] && chk=0
+        line=$("$B/$t/bench_cuda_mla" ${shapes[$i]} --block-size 64 --kv-quant $kq --check $chk 2>&1 | grep "^bench_cuda_mla:" | head -1)
         echo "$t r$round s$i $kq $line" >>"$out/bench_raw.log"
         ms=$(echo "$line" | grep -oE 'median [0-9.]+' | awk '{print $2}')
         ck=$(echo "$line" | grep -oE 'check [a-zA-Z]+' | awk '{print $2}')
@@ -64,7 +69,7 @@ for round in 1 2; do
 done
 # The table: per shape and format, base r1 / new r1 / base r2 / new r2 medians (ms), new/base
 # (mean of the two rounds' ratios), and fp8/bf16 of each tree (mean of the rounds).
-python3 - "$out/bench_ms.txt" <<'EOF' | tee "$out/table.txt"
+python3 - "$out/bench_ms.txt" <<'EOF' 
 import sys, collections
 names = ["H16 R128 4k", "H16 R128 16k", "H16 R128 64k", "H128 R128 q1 4k", "H128 R128 q2 8k",
          "H128 R16 q1 4k", "H128 R16 q2 8k"]
@@ -86,22 +91,24 @@ for i in range(len(names)):
         except (KeyError, ZeroDivisionError): pass
 print("checks:", dict(ck))
 EOF
-for tool in memcheck racecheck; do
+tools="memcheck racecheck"; [ "$short" = 1 ] && tools=memcheck
+for tool in $tools; do
   KVA_TEST_QUICK=1 timeout 110 compute-sanitizer --tool $tool --error-exitcode 9 "$B/new/test_cuda_mla" \
-    >"$out/san_$tool.log" 2>&1 &
+    >/tmp/mla27_san_$tool.log 2>&1 &
 done
 wait
-for tool in memcheck racecheck; do
-  echo "$tool test_cuda_mla quick (new): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/san_$tool.log" | tail -1)"
+for tool in $tools; do
+  cat /tmp/mla27_san_$tool.log >>"$out/san.log"
+  echo "$tool test_cuda_mla quick (new): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/mla27_san_$tool.log | tail -1)"
 done
 
-if [ "${KVA_AB_NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
+if [ "$short" != 1 ] && [ "${KVA_AB_NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
   timeout 50 ncu --section WarpStateStats --section SchedulerStats --section SpeedOfLight \
     -k regex:mla_ --launch-skip 3 --launch-count 1 "$B/new/bench_cuda_mla" --heads 16 --context 16384 \
-    --block-size 64 --kv-quant fp8 --iters 5 --check 0 >"$out/ncu_h16_fp8.txt" 2>&1
+    --block-size 64 --kv-quant fp8 --iters 5 --check 0 >"$out/ncu.txt" 2>&1
   timeout 50 ncu --section WarpStateStats --section SchedulerStats --section SpeedOfLight \
     -k regex:mla_ --launch-skip 3 --launch-count 1 "$B/new/bench_cuda_mla" --heads 128 --context 4096 \
-    --block-size 64 --kv-quant fp8 --iters 5 --check 0 >"$out/ncu_h128_fp8.txt" 2>&1
-  echo "ncu: $(grep -c 'Stall\|Warp Cycles' "$out/ncu_h16_fp8.txt" "$out/ncu_h128_fp8.txt" | tr '\n' ' ')"
+    --block-size 64 --kv-quant fp8 --iters 5 --check 0 >>"$out/ncu.txt" 2>&1
+  echo "ncu: $(grep -c 'Warp Cycles' "$out/ncu.txt") lines"
 fi
 exit $status
