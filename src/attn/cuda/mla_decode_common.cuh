@@ -10,8 +10,8 @@
  * bytes; the values are its first 512 columns (chunks 0 .. 63).
  *
  * FP8_E4M3 latent caches (one per-tensor k_scale s for the whole row): the
- * kernels convert the codes exactly into the 16-bit tile (ml_fp8x16_as) and
- * fold s out of the tile: the
+ * kernels convert the codes exactly into the 16-bit tile (e4m3 -> f16 is
+ * exact, and so is f16 -> f32 -> bf16) and fold s out of the tile: the
  * logits are (q . code) * (scale * s) and the latent output (P . code) * s,
  * applied once per row in ml_finish. So the 16-bit body runs unchanged on
  * the codes, and no element is multiplied by s.
@@ -138,17 +138,15 @@ static __device__ __forceinline__ void ml_issue(const kva__cuda_attn_args &a, co
     ml_issue_row<BN, ROWS, NT>(a, ml_row<BN, NT>(a, bt_row, kb, kend, t), stage, t);
 }
 
-/* FP8 latent rows [576 bytes] of the tile at kb into a raw stage [BN, 576]
- * (row r at r * 576, no swizzle) by cp.async: thread t (of NT) takes key t /
- * TPK (its row from ml_row; zeros where it is -1) and 16-byte chunks
- * t % TPK + TPK i of its 36. */
+/* FP8 latent rows [576 bytes] of a tile into a raw stage [BN, 576] (row r
+ * at r * 576, no swizzle) by cp.async: thread t (of NT) takes key t / TPK
+ * (cache row `row`, e.g. from ml_row; zeros where it is -1) and 16-byte
+ * chunks t % TPK + TPK i of its 36. */
 template <int BN, int NT = ML_NT>
-static __device__ __forceinline__ void ml_issue_fp8(const kva__cuda_attn_args &a,
-                                                    const int32_t *bt_row, int32_t kb, int32_t kend,
-                                                    uint32_t stage, int t = threadIdx.x)
+static __device__ __forceinline__ void ml_issue_fp8_row(const kva__cuda_attn_args &a, int64_t row,
+                                                        uint32_t stage, int t = threadIdx.x)
 {
     constexpr int TPK = NT / BN;
-    const int64_t row = ml_row<BN, NT>(a, bt_row, kb, kend, t);
     const int key = t / TPK, c0 = t % TPK;
     const bool ok = row >= 0;
     const char *src = (const char *)a.k + (ok ? row * (int64_t)ML_D : 0);
@@ -158,58 +156,6 @@ static __device__ __forceinline__ void ml_issue_fp8(const kva__cuda_attn_args &a
         if (c < ML_D / 16)
             kva__cp_async16(stage + (uint32_t)(key * ML_D + c * 16), src + (ok ? c * 16 : 0),
                             ok ? 16 : 0);
-    }
-}
-
-/* Whether Ty is the bf16 mma type (ml_fp8x16_as). */
-template <typename Ty> struct ml_is_bf16 {
-    static constexpr bool value = false;
-};
-template <> struct ml_is_bf16<kva__mma_bf16> {
-    static constexpr bool value = true;
-};
-
-/* 16 FP8 E4M3 codes c (byte k = code k) as their exact values in Ty: codes
- * 0-7 in lo, 8-15 in hi (two 16-byte chunks of a 16-bit tile), by integer
- * moves and one fma per pair instead of the conversion unit's cvt (16
- * results per clock per SM on sm_80 and sm_90: the FP8 decode's bound).
- * A code's sign and its 7 exponent-mantissa bits, placed as the sign and
- * the top exponent and mantissa bits of a Ty element, read as the code's
- * value times 2^-120 (bf16) or 2^-8 (f16), normal and subnormal codes
- * alike (e4m3's subnormals have the same form as theirs); the fma by 2^120
- * or 2^8 plus -0 is exact. NaN codes (0x7f, 0xff) would come out finite:
- * a chunk holding one takes kva__fp8x8_as (cvt) instead. */
-template <typename Ty>
-static __device__ __forceinline__ void ml_fp8x16_as(uint4 c, uint4 &lo, uint4 &hi)
-{
-    constexpr bool BF = ml_is_bf16<Ty>::value;
-    constexpr uint32_t SH = BF ? 16u : 128u;                 /* the code's bits to bit 4 or 7 */
-    constexpr uint32_t MUL = BF ? 0x7b807b80u : 0x5c005c00u; /* 2^120 or 2^8, twice */
-    const uint32_t w[4] = {c.x, c.y, c.z, c.w};
-    uint32_t o[8], nan = 0;
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const uint32_t e = w[q] & 0x7f7f7f7fu, s = w[q] & 0x80808080u;
-        nan |= e + 0x01010101u; /* bit 7 of a byte set: that code is NaN */
-        o[2 * q] = __byte_perm(e, 0, 0x4140) * SH + __byte_perm(s, 0, 0x1404);
-        o[2 * q + 1] = __byte_perm(e, 0, 0x4342) * SH + __byte_perm(s, 0, 0x3424);
-    }
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        if constexpr (BF)
-            asm("fma.rn.bf16x2 %0, %1, %2, %3;\n"
-                : "=r"(o[i])
-                : "r"(o[i]), "r"(MUL), "r"(0x80008000u));
-        else
-            asm("fma.rn.f16x2 %0, %1, %2, %3;\n"
-                : "=r"(o[i])
-                : "r"(o[i]), "r"(MUL), "r"(0x80008000u));
-    }
-    lo = make_uint4(o[0], o[1], o[2], o[3]);
-    hi = make_uint4(o[4], o[5], o[6], o[7]);
-    if (nan & 0x80808080u) {
-        lo = kva__fp8x8_as<Ty>(make_uint2(c.x, c.y));
-        hi = kva__fp8x8_as<Ty>(make_uint2(c.z, c.w));
     }
 }
 
@@ -229,10 +175,11 @@ static __device__ __forceinline__ void ml_fp8_rows(const unsigned char *raw, uns
 #pragma unroll 3
     for (int x = lane; x < N; x += 32) {
         const int r = row0 + x / (ML_D / 16), c = x % (ML_D / 16);
-        uint4 lo, hi;
-        ml_fp8x16_as<Ty>(*reinterpret_cast<const uint4 *>(raw + r * ML_D + c * 16), lo, hi);
-        *reinterpret_cast<uint4 *>(tile + ml_off<0>(r, 2 * c)) = lo;
-        *reinterpret_cast<uint4 *>(tile + ml_off<0>(r, 2 * c + 1)) = hi;
+        const uint4 codes = *reinterpret_cast<const uint4 *>(raw + r * ML_D + c * 16);
+        *reinterpret_cast<uint4 *>(tile + ml_off<0>(r, 2 * c)) =
+            kva__fp8x8_as<Ty>(make_uint2(codes.x, codes.y));
+        *reinterpret_cast<uint4 *>(tile + ml_off<0>(r, 2 * c + 1)) =
+            kva__fp8x8_as<Ty>(make_uint2(codes.z, codes.w));
     }
 }
 

@@ -47,7 +47,8 @@
  * The latent cache's format is the kernel's FP8 parameter: 16-bit rows land
  * straight in the ring of 16-bit tiles; FP8 E4M3 rows (mla_decode_common.cuh)
  * land by cp.async in a ring of raw stages of half the size (four with QR:
- * three tiles in flight), and after a stage lands each warp converts the
+ * three tiles in flight; each thread's block-table entry read a tile before
+ * its copies), and after a stage lands each warp converts the
  * rows of its own S slice into the one 16-bit tile that S and P V read;
  * only the warps that share a slice meet before S (none with MT = 1), and
  * the barriers of the row max and of P order every warp's rows before P V.
@@ -130,7 +131,7 @@ static __device__ __forceinline__ void ml_issue_any(const kva__cuda_attn_args &a
                                                     uint32_t stage)
 {
     if constexpr (FP8)
-        ml_issue_fp8<BN>(a, bt_row, kb, kend, stage);
+        ml_issue_fp8_row<BN>(a, ml_row<BN>(a, bt_row, kb, kend), stage);
     else
         ml_issue<BN, 0>(a, bt_row, kb, kend, stage);
 }
@@ -180,6 +181,12 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
                 ml_issue_any<BN, FP8>(a, bt_row, kb, kend, ring + st * STAGE);
             kva__cp_async_commit();
         }
+        /* FP8: the thread's cache row in the tile the loop issues first; in the
+         * loop each tile's row is read one tile before its copies are issued,
+         * so that they do not wait for the block-table read (the 16-bit
+         * kernels read it just before the copies: read ahead, they ran
+         * slower). */
+        int64_t row_ahead = FP8 ? ml_row<BN>(a, bt_row, w.k0 + (NST - 1) * BN, kend) : -1;
         ml_stage_q<M, 0, elem>(a, w, nrows, qs, ml_smem + C::OFF_Q);
         /* QR: the A fragments of the 36 k-steps from the staged copy, which the
          * first tile's copies overwrite only after the loop's first barrier. */
@@ -213,9 +220,16 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
             {
                 const int32_t kn = kb + (NST - 1) * BN;
                 const int ahead = stage == 0 ? NST - 1 : stage - 1;
-                if (kn < kend)
-                    ml_issue_any<BN, FP8>(a, bt_row, kn, kend, ring + ahead * STAGE);
-                kva__cp_async_commit();
+                if constexpr (FP8) {
+                    if (kn < kend)
+                        ml_issue_fp8_row<BN>(a, row_ahead, ring + ahead * STAGE);
+                    kva__cp_async_commit();
+                    row_ahead = ml_row<BN>(a, bt_row, kn + BN, kend);
+                } else {
+                    if (kn < kend)
+                        ml_issue_any<BN, FP8>(a, bt_row, kn, kend, ring + ahead * STAGE);
+                    kva__cp_async_commit();
+                }
             }
             uint32_t sk = sRing + stage * C::TILE;
             if constexpr (FP8) {

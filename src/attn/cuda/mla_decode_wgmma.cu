@@ -12,9 +12,8 @@
  *
  * The policy's FP8 parameter: an FP8 E4M3 latent cache (one k_scale,
  * mla_decode_common.cuh). Its rows are loaded by the CTA (thread t: 144
- * bytes of key t / 4) and converted exactly into the 16-bit tile
- * (ml_fp8x16_as: integer moves, not the conversion unit), as the sparse
- * policy does with fp8_ds_mla rows: the first tile in the item's
+ * bytes of key t / 4) and converted exactly into the 16-bit tile, as the
+ * sparse policy does with fp8_ds_mla rows: the first tile in the item's
  * setup, tile kb + 64 during tile kb's P V (land), after the rows of the
  * tile after it were prefetched into L2 during tile kb's S (next); the
  * scale multiplies the logits' scale and the output rows.
@@ -66,10 +65,9 @@ template <typename Ty, bool FP8> struct mw_dense {
 #pragma unroll
         for (int i = 0; i < 9; i++) {
             const int ch = 18 * c + 2 * i;
-            uint4 lo, hi;
-            ml_fp8x16_as<Ty>(raw[i], lo, hi);
-            mw_st16(stage + ml_off<MW_BN>(key, ch), lo);
-            mw_st16(stage + ml_off<MW_BN>(key, ch + 1), hi);
+            mw_st16(stage + ml_off<MW_BN>(key, ch), kva__fp8x8_as<Ty>(make_uint2(raw[i].x, raw[i].y)));
+            mw_st16(stage + ml_off<MW_BN>(key, ch + 1),
+                    kva__fp8x8_as<Ty>(make_uint2(raw[i].z, raw[i].w)));
         }
     }
     /* FP8: the rows of the thread's key in the tile at kb into L2. */
@@ -131,8 +129,8 @@ template <typename Ty, bool FP8> struct mw_dense {
                                            int t4, float l_run[2], const float m_run[2],
                                            const float (*o)[4])
     {
-        ml_finish<32, 2, Ty>(a, mi.w, mi.nrows, mi.qs, s_sum, wg, r0, wg * 256, t4, l_run, m_run, o,
-                             FP8 ? a.kv_scale : 1.f);
+        ml_finish<32, 2, Ty>(a, mi.w, mi.nrows, mi.qs, s_sum, wg, r0, wg * 256, t4, l_run, m_run,
+                             o, FP8 ? a.kv_scale : 1.f);
     }
 };
 #else
