@@ -245,8 +245,8 @@ static int run_case(const mcase *c, int quick_print)
     void *d_out = dev_poisoned(no * 2), *d_lse = dev_poisoned(sizeof(float) * (size_t)T * H);
     double *ro = malloc(sizeof(double) * (no + 1)), *rl = malloc(sizeof(double) * (T * H + 1));
     for (int32_t r = 0; r < R; r++)
-        reference(q, latd, dt, H, qsl[r], qsl[r + 1] - qsl[r], sl[r], lat0[r], c->causal, scale,
-                  ro, rl);
+        reference(q, latd, dt, H, qsl[r], qsl[r + 1] - qsl[r], sl[r], lat0[r], c->causal, scale, ro,
+                  rl);
     /* The default kernel, then mla_decode_mma_sm80 forced when the default was
      * the wgmma one (items of 64 rows on sm_90a). */
     int ok = 1;
@@ -297,8 +297,9 @@ static int run_case(const mcase *c, int quick_print)
                     "items=%d tasks=%d rows=%d: out bad %zu (max err %.3g), cos dist %.3g, lse "
                     "bad %zu (max %.3g)\n",
                     (unsigned long long)c->seed, H, R, c->q_min, c->q_max, T, B, kva_dtype_name(dt),
-                    fp8 ? " fp8-cache" : "", c->causal, c->splits, kva__cuda_kernels[kernel].name, plan->part->num_items,
-                    plan->part->num_tasks, cp->rows, bad, max_err, cosd, bad_lse, max_lse);
+                    fp8 ? " fp8-cache" : "", c->causal, c->splits, kva__cuda_kernels[kernel].name,
+                    plan->part->num_items, plan->part->num_tasks, cp->rows, bad, max_err, cosd,
+                    bad_lse, max_lse);
         CHECK(pass_ok);
         ok &= pass_ok;
         if (c->graph && pass == 0) {
@@ -429,8 +430,8 @@ static void test_fp8_cache(void)
     enum { NB = 6, BS = 16, T = 70 };
     const float ksc = 0.37f; /* 448 * 0.37 = 165.76: larger values saturate */
     const kva_quant_params qp = {.k_scale = &ksc, .k_scale_len = 1};
-    const kva_cache_desc cd = {NB, BS, 1, DL, DC, KVA_DTYPE_FP8_E4M3, KVA_LAYOUT_NHD,
-                               KVA_QUANT_FP8_E4M3, KVA_ATTN_MLA};
+    const kva_cache_desc cd = {
+        NB, BS, 1, DL, DC, KVA_DTYPE_FP8_E4M3, KVA_LAYOUT_NHD, KVA_QUANT_FP8_E4M3, KVA_ATTN_MLA};
     const size_t cbytes = (size_t)NB * BS * DL;
     /* Slots: a shuffled subset of the cache's, every 9th token padding (-1). */
     int64_t slots[T];
@@ -444,9 +445,21 @@ static void test_fp8_cache(void)
     for (int t = 0; t < T; t++)
         slots[t] = t % 9 == 4 ? -1 : perm[t];
     /* Values: normal * 60, every 7th element one of the edge values. */
-    const float edge[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e9f, -1e9f,
-                          0.37f * 0x1p-9f, 0.37f * 0x1p-10f, 0.37f * 0x1.8p-9f, 165.76f, 171.f,
-                          0.37f * 17.f, 0.37f * 19.f};
+    const float edge[] = {NAN,
+                          -NAN,
+                          INFINITY,
+                          -INFINITY,
+                          0.0f,
+                          -0.0f,
+                          1e9f,
+                          -1e9f,
+                          0.37f * 0x1p-9f,
+                          0.37f * 0x1p-10f,
+                          0.37f * 0x1.8p-9f,
+                          165.76f,
+                          171.f,
+                          0.37f * 17.f,
+                          0.37f * 19.f};
     const int ne = (int)(sizeof edge / sizeof edge[0]);
     float *x = malloc(sizeof(float) * T * DL);
     for (size_t i = 0; i < (size_t)T * DL; i++)
@@ -493,9 +506,10 @@ static void test_fp8_cache(void)
         size_t bad = 0;
         for (size_t i = 0; i < cbytes; i++)
             if (got[i] != ((const uint8_t *)hkc)[i] && bad++ < 5)
-                fprintf(stderr, "  %s source: byte %zu (slot %zu, channel %zu): device 0x%02x, "
-                        "host 0x%02x\n", kva_dtype_name(st), i, i / DL, i % DL, got[i],
-                        ((const uint8_t *)hkc)[i]);
+                fprintf(stderr,
+                        "  %s source: byte %zu (slot %zu, channel %zu): device 0x%02x, "
+                        "host 0x%02x\n",
+                        kva_dtype_name(st), i, i / DL, i % DL, got[i], ((const uint8_t *)hkc)[i]);
         CHECK_MSG(bad == 0, "%s source: %zu FP8 latent bytes differ from the host write",
                   kva_dtype_name(st), bad);
         /* A source dtype the write does not take: refused, nothing written. */
@@ -542,8 +556,8 @@ static void test_fp8_cache(void)
                 const int32_t out_pairs[] = {5, 0, 3, 4}, in_pairs[] = {0, 1};
                 CHECK_OK(kva_cache_swap_blocks(gpu, dc, host, out_pairs, 2));
                 CHECK(memcmp((uint8_t *)hh, (uint8_t *)hkc + 5 * BS * DL, BS * DL) == 0);
-                CHECK(memcmp((uint8_t *)hh + 4 * BS * DL, (uint8_t *)hkc + 3 * BS * DL,
-                             BS * DL) == 0);
+                CHECK(memcmp((uint8_t *)hh + 4 * BS * DL, (uint8_t *)hkc + 3 * BS * DL, BS * DL) ==
+                      0);
                 CHECK(((uint8_t *)hh)[2 * BS * DL] == 0x11);
                 CHECK_OK(kva_cache_swap_blocks(gpu, host, dc, in_pairs, 1));
                 to_host(got, dk, cbytes);
@@ -571,6 +585,92 @@ static void test_fp8_cache(void)
     free(x);
     kva_context_destroy(ref);
     kva_context_destroy(gpu);
+}
+
+/* Every FP8 E4M3 code through the decode kernels' conversion, exactly: two
+ * requests of one cached key each (q_len 1), so P is 1 and out is the key's
+ * first 512 values times k_scale (a power of two: exact in bf16 and f16).
+ * Request 0's row holds all 254 non-NaN codes (subnormals, zeros and 448
+ * included, each at least twice); request 1's row is the same with NaN
+ * codes (0x7f, 0xff) in it, so its logit and every output are NaN. H 16,
+ * 32, 64 and 128 reach the 16-row kernel with Q in registers, the 32- and
+ * 64-row mma kernels and the wgmma one (then mma forced), bf16 and f16. */
+static void test_fp8_codes(void)
+{
+    const int32_t Hs[] = {16, 32, 64, 128}, B = 16, NB = 2;
+    const float ksc = 0.0625f;
+    const kva_quant_params qp = {.k_scale = &ksc, .k_scale_len = 1};
+    uint8_t rows[NB * B * DL];
+    memset(rows, 0, sizeof rows);
+    for (int e = 0, k = 0; e < DL; e++, k = (k + 1) % 254) {
+        const uint8_t code = (uint8_t)(k < 127 ? k : k + 1); /* 0x00-0x7e, 0x80-0xfe */
+        rows[e] = code;
+        rows[(size_t)B * DL + e] = code; /* request 1's row: slot B */
+    }
+    rows[(size_t)B * DL + 3] = 0x7f;
+    rows[(size_t)B * DL + 300] = 0xff;
+    for (int hi = 0; hi < 4; hi++)
+        for (int di = 0; di < 2; di++) {
+            const int32_t H = Hs[hi];
+            const kva_dtype dt = di ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
+            if (dt == KVA_DTYPE_F16 && (H == 32 || H == 128))
+                continue;
+            kva_context_desc gd = {KVA_BACKEND_CUDA, 0, 0};
+            kva_context *gpu = NULL;
+            CHECK_OK(kva_context_create(&gd, &gpu));
+            const kva_cache_desc cd = {
+                NB,          B, 1, DL, DC, KVA_DTYPE_FP8_E4M3, KVA_LAYOUT_NHD, KVA_QUANT_FP8_E4M3,
+                KVA_ATTN_MLA};
+            kva_cache *cache = NULL;
+            CHECK_OK(kva_cache_create_quant(gpu, &cd, &qp, &cache));
+            if (!cache) {
+                kva_context_destroy(gpu);
+                continue;
+            }
+            void *ck = NULL;
+            kva_cache_data(cache, &ck, NULL);
+            CHECK(cudaMemcpy(ck, rows, sizeof rows, cudaMemcpyHostToDevice) == cudaSuccess);
+            const int32_t qsl[3] = {0, 1, 2}, sl[2] = {1, 1}, bt[2] = {0, 1};
+            kva_plan_desc pd =
+                kva_test_mla_desc(2, qsl, sl, bt, 1, B, H, DL, DC, dt, 1.0 / sqrt(192.0), 1);
+            kva_rng rng = {77 + H};
+            uint16_t *q = malloc(sizeof(uint16_t) * 2 * H * DL);
+            kva_test_fill(q, dt, (size_t)2 * H * DL, &rng, 1.0);
+            const size_t no = (size_t)2 * H * DC;
+            void *d_q = dev_from(q, sizeof(uint16_t) * 2 * H * DL), *d_out = dev_poisoned(no * 2);
+            uint16_t *out = malloc(no * 2);
+            for (int pass = 0; pass < 2; pass++) {
+                kva_plan *plan = NULL;
+                CHECK_OK(kva_plan_create(gpu, &pd, &plan));
+                if (!plan)
+                    break;
+                const int kernel = ((const kva__cuda_plan *)plan->device)->decode_kernel;
+                dev_fill(d_out, 0xff, no * 2);
+                CHECK_OK(kva_attention_run(gpu, plan, d_q, cache, NULL, d_out, NULL));
+                to_host(out, d_out, no * 2);
+                size_t bad = 0;
+                for (size_t i = 0; i < no; i++) {
+                    const size_t tok = i / ((size_t)H * DC), c = i % DC;
+                    const double a = to_d(out, dt, i);
+                    const double want = (double)(kva_fp8_e4m3_to_f32(rows[c]) * ksc);
+                    const int ok = tok == 0 ? a == want : a != a;
+                    if (!ok && bad++ < 5)
+                        fprintf(stderr, "  H %d %s %s: out[tok %zu, col %zu] = %.9g, want %.9g\n",
+                                (int)H, kva_dtype_name(dt), kva__cuda_kernels[kernel].name, tok, c,
+                                a, tok == 0 ? want : NAN);
+                }
+                CHECK_MSG(bad == 0, "FP8 codes: H %d %s %s: %zu outputs differ", (int)H,
+                          kva_dtype_name(dt), kva__cuda_kernels[kernel].name, bad);
+                kva_plan_destroy(plan);
+                if (kernel != KVA__CUDA_K_MLA_DECODE_WGMMA)
+                    break;
+                CHECK_OK(kva__context_force_kernel(gpu, "mla_decode_mma_sm80"));
+            }
+            free(q), free(out);
+            cudaFree(d_q), cudaFree(d_out);
+            kva_cache_destroy(cache);
+            kva_context_destroy(gpu);
+        }
 }
 
 /* Bad input: a status, a message naming the problem, out untouched. */
@@ -628,6 +728,7 @@ int main(void)
 #ifdef KVA_HAVE_CUDA
     RUN(test_bad_input);
     RUN(test_fp8_cache);
+    RUN(test_fp8_codes);
     RUN(test_grid);
 #endif
     return kva_test_finish();

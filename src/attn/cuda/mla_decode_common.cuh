@@ -138,18 +138,15 @@ static __device__ __forceinline__ void ml_issue(const kva__cuda_attn_args &a, co
     ml_issue_row<BN, ROWS, NT>(a, ml_row<BN, NT>(a, bt_row, kb, kend, t), stage, t);
 }
 
-/* FP8 latent rows [576 bytes] of the tile at kb into a raw stage [BN, 576]
- * (row r at r * 576, no swizzle) by cp.async: thread t (of NT) takes key t /
- * TPK (its row from ml_row; zeros where it is -1) and 16-byte chunks
- * t % TPK + TPK i of its 36. */
+/* FP8 latent rows [576 bytes] of a tile into a raw stage [BN, 576] (row r
+ * at r * 576, no swizzle) by cp.async: thread t (of NT) takes key t / TPK
+ * (cache row `row`, e.g. from ml_row; zeros where it is -1) and 16-byte
+ * chunks t % TPK + TPK i of its 36. */
 template <int BN, int NT = ML_NT>
-static __device__ __forceinline__ void ml_issue_fp8(const kva__cuda_attn_args &a,
-                                                    const int32_t *bt_row, int32_t kb,
-                                                    int32_t kend, uint32_t stage,
-                                                    int t = threadIdx.x)
+static __device__ __forceinline__ void ml_issue_fp8_row(const kva__cuda_attn_args &a, int64_t row,
+                                                        uint32_t stage, int t = threadIdx.x)
 {
     constexpr int TPK = NT / BN;
-    const int64_t row = ml_row<BN, NT>(a, bt_row, kb, kend, t);
     const int key = t / TPK, c0 = t % TPK;
     const bool ok = row >= 0;
     const char *src = (const char *)a.k + (ok ? row * (int64_t)ML_D : 0);
@@ -162,17 +159,27 @@ static __device__ __forceinline__ void ml_issue_fp8(const kva__cuda_attn_args &a
     }
 }
 
-/* A landed raw stage [BN, 576] of FP8 codes -> the 16-bit tile [BN, 576] in
- * layout ml_off<0> (exact values; keys past the item's end are zero codes,
- * hence zeros), by the whole CTA; the caller synchronizes around it. */
-template <int BN, typename Ty>
-static __device__ __forceinline__ void ml_fp8_tile(const unsigned char *raw, unsigned char *tile)
+/* Rows row0 .. row0 + R - 1 of a landed raw stage [BN, 576] of FP8 codes
+ * -> the same rows of the 16-bit tile [BN, 576] in layout ml_off<0> (exact
+ * values; keys past the item's end are zero codes, hence zeros), by the 32
+ * lanes of one warp: each 16-byte chunk of codes becomes two 16-byte chunks
+ * of the tile (lane l takes chunks l, l + 32, ... of the R x 36; the 8 lanes
+ * of a shared-memory phase hit distinct banks on both sides). The mma
+ * kernel's warps convert the rows of their own S slice, so only the warps
+ * that share a slice meet before S; the caller orders the rest. */
+template <int R, typename Ty>
+static __device__ __forceinline__ void ml_fp8_rows(const unsigned char *raw, unsigned char *tile,
+                                                   int row0, int lane)
 {
-#pragma unroll 2
-    for (int x = threadIdx.x; x < BN * ML_CH; x += ML_NT) {
-        const int r = x / ML_CH, c = x - r * ML_CH;
-        const uint2 codes = *reinterpret_cast<const uint2 *>(raw + r * ML_D + c * 8);
-        *reinterpret_cast<uint4 *>(tile + ml_off<0>(r, c)) = kva__fp8x8_as<Ty>(codes);
+    constexpr int N = R * (ML_D / 16);
+#pragma unroll 3
+    for (int x = lane; x < N; x += 32) {
+        const int r = row0 + x / (ML_D / 16), c = x % (ML_D / 16);
+        const uint4 codes = *reinterpret_cast<const uint4 *>(raw + r * ML_D + c * 16);
+        *reinterpret_cast<uint4 *>(tile + ml_off<0>(r, 2 * c)) =
+            kva__fp8x8_as<Ty>(make_uint2(codes.x, codes.y));
+        *reinterpret_cast<uint4 *>(tile + ml_off<0>(r, 2 * c + 1)) =
+            kva__fp8x8_as<Ty>(make_uint2(codes.z, codes.w));
     }
 }
 

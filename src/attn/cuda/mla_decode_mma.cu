@@ -11,8 +11,8 @@ extern "C" {
 /* ---- host side ---- */
 
 /* Whether the current device gives a CTA the shared memory of the 16-row
- * kernel with Q in registers and three stages (sm_90: 227 KB; sm_80: 163 KB,
- * which keeps the two-stage kernel). */
+ * kernel with Q in registers and three stages, or (FP8) four raw stages
+ * (sm_90: 227 KB; sm_80: 163 KB, which keeps the two-stage kernel). */
 static bool ml_qr_fits(void)
 {
     int dev = 0, optin = 0;
@@ -22,7 +22,7 @@ static bool ml_qr_fits(void)
         (void)cudaGetLastError();
         return false;
     }
-    return optin >= ml_cfg<1, true>::SMEM;
+    return optin >= ml_cfg<1, true>::SMEM && optin >= ml_cfg<1, true, true>::SMEM;
 }
 
 template <typename Ty> static ml_pick_t ml_pick_mt(int rows)

@@ -46,9 +46,13 @@
  *
  * The latent cache's format is the kernel's FP8 parameter: 16-bit rows land
  * straight in the ring of 16-bit tiles; FP8 E4M3 rows (mla_decode_common.cuh)
- * land by cp.async in a ring of raw stages of half the size, and after each
- * stage lands the CTA converts it into the one 16-bit tile that S and P V
- * read (one more barrier per tile); the tile loop is otherwise the same.
+ * land by cp.async in a ring of raw stages of half the size (four with QR:
+ * three tiles in flight; each thread's block-table entry read a tile before
+ * its copies), and after a stage lands each warp converts the
+ * rows of its own S slice into the one 16-bit tile that S and P V read;
+ * only the warps that share a slice meet before S (none with MT = 1), and
+ * the barriers of the row max and of P order every warp's rows before P V.
+ * The tile loop is otherwise the same.
  * The 16-bit instantiations are in mla_decode_mma.cu (with the host side),
  * the FP8 ones in mla_decode_mma_fp8.cu.
  */
@@ -73,7 +77,8 @@ extern "C" {
  * bytes: Q [M, 576] (not with QR: its registers are loaded from a staging
  * copy in the last ring stage, or with FP8 in the 16-bit tile, free until
  * the first tile's copies or conversion), the ring [NST][BN, 576] of 16-bit
- * tiles (FP8: one 16-bit tile, then the ring [NST][BN, 576] of raw bytes),
+ * tiles (FP8: one 16-bit tile, then the ring [NST][BN, 576] of raw bytes,
+ * NST = 4 with QR: the raw stages are half a tile, and the fourth fits),
  * P [M, BN] (rows padded by 16 bytes against bank conflicts), the row maxima
  * and sums [8][64] fp32. No FP8 configuration needs more than its 16-bit one.
  * QR exists for the memory-bound 16-row items (H <= 16 decodes): without the
@@ -82,7 +87,7 @@ extern "C" {
 template <int MT, bool QR = false, bool FP8 = false> struct ml_cfg {
     static constexpr int M = 16 * MT;
     static constexpr int BN = MT == 4 ? 32 : 64;
-    static constexpr int NST = MT == 4 || QR ? 3 : 2;
+    static constexpr int NST = FP8 && QR ? 4 : MT == 4 || QR ? 3 : 2;
     static constexpr int KW = BN * MT / ML_NW;
     static constexpr int NBS = KW / 8;
     static constexpr int CW = ML_DV * MT / ML_NW;
@@ -98,6 +103,7 @@ template <int MT, bool QR = false, bool FP8 = false> struct ml_cfg {
     static constexpr int SMEM = OFF_RED + 2 * ML_NW * 64 * 4;
     static_assert(NBS >= 1 && KW % 8 == 0, "key slice of a warp");
     static_assert(!QR || (MT == 1 && NBS == 1), "Q in registers: one row tile, 8 keys a warp");
+    static_assert(!FP8 || KW % MT == 0, "FP8: the warps of a key slice convert its rows");
     static_assert(SMEM <= 227 * 1024, "shared memory of one CTA");
 };
 
@@ -121,11 +127,11 @@ static __device__ __forceinline__ void ml_qk_reg(const uint32_t (*qf)[4], uint32
  * ml_off<0>) or FP8 rows (raw). */
 template <int BN, bool FP8>
 static __device__ __forceinline__ void ml_issue_any(const kva__cuda_attn_args &a,
-                                                    const int32_t *bt_row, int32_t kb,
-                                                    int32_t kend, uint32_t stage)
+                                                    const int32_t *bt_row, int32_t kb, int32_t kend,
+                                                    uint32_t stage)
 {
     if constexpr (FP8)
-        ml_issue_fp8<BN>(a, bt_row, kb, kend, stage);
+        ml_issue_fp8_row<BN>(a, ml_row<BN>(a, bt_row, kb, kend), stage);
     else
         ml_issue<BN, 0>(a, bt_row, kb, kend, stage);
 }
@@ -175,6 +181,12 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
                 ml_issue_any<BN, FP8>(a, bt_row, kb, kend, ring + st * STAGE);
             kva__cp_async_commit();
         }
+        /* FP8: the thread's cache row in the tile the loop issues first; in the
+         * loop each tile's row is read one tile before its copies are issued,
+         * so that they do not wait for the block-table read (the 16-bit
+         * kernels read it just before the copies: read ahead, they ran
+         * slower). */
+        int64_t row_ahead = FP8 ? ml_row<BN>(a, bt_row, w.k0 + (NST - 1) * BN, kend) : -1;
         ml_stage_q<M, 0, elem>(a, w, nrows, qs, ml_smem + C::OFF_Q);
         /* QR: the A fragments of the 36 k-steps from the staged copy, which the
          * first tile's copies overwrite only after the loop's first barrier. */
@@ -208,15 +220,31 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const kva
             {
                 const int32_t kn = kb + (NST - 1) * BN;
                 const int ahead = stage == 0 ? NST - 1 : stage - 1;
-                if (kn < kend)
-                    ml_issue_any<BN, FP8>(a, bt_row, kn, kend, ring + ahead * STAGE);
-                kva__cp_async_commit();
+                if constexpr (FP8) {
+                    if (kn < kend)
+                        ml_issue_fp8_row<BN>(a, row_ahead, ring + ahead * STAGE);
+                    kva__cp_async_commit();
+                    row_ahead = ml_row<BN>(a, bt_row, kn + BN, kend);
+                } else {
+                    if (kn < kend)
+                        ml_issue_any<BN, FP8>(a, bt_row, kn, kend, ring + ahead * STAGE);
+                    kva__cp_async_commit();
+                }
             }
             uint32_t sk = sRing + stage * C::TILE;
-            if constexpr (FP8) { /* the landed raw stage into the 16-bit tile */
+            if constexpr (FP8) {
+                /* The landed raw stage into the 16-bit tile: each of the MT warps
+                 * of key slice kg converts KW / MT of its rows; those warps meet
+                 * before S reads them. P V reads every row only after the
+                 * barriers of ml_tile_max and P, which order all the warps'
+                 * conversions before it. */
                 sk = sRing;
-                ml_fp8_tile<BN, Ty>(ml_smem + C::OFF_RAW + stage * C::RAW, ml_smem + C::OFF_RING);
-                __syncthreads(); /* the tile, for every warp */
+                ml_fp8_rows<KW / MT, Ty>(ml_smem + C::OFF_RAW + stage * C::RAW,
+                                         ml_smem + C::OFF_RING, kg * KW + rt * (KW / MT), lane);
+                if constexpr (MT == 1)
+                    __syncwarp();
+                else
+                    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + kg), "r"(MT * 32) : "memory");
             }
 
             /* S = Q K^T for row tile rt and keys kb + kg * KW .. + KW - 1, in two

@@ -185,32 +185,41 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(gemm_p p)
         }
 }
 
-/* Row copy: dst[drow(m)][h][0:w] = src[srow(m)][h][0:w] in 16-byte chunks
- * (a negative source row writes zeros, a negative destination row nothing). */
-__global__ void copy_kernel(kva__cuda_mla_copy p)
-{
-    const int chunks = p.width / 8;
-    const int64_t total = (int64_t)p.M * p.heads * chunks;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int ch = (int)(i % chunks);
-        const int h = (int)((i / chunks) % p.heads);
-        const int m = (int)(i / ((int64_t)chunks * p.heads));
-        const int64_t dr = p.dst_rows ? p.dst_rows[m] : m;
-        if (dr < 0)
-            continue;
-        const int64_t sr = p.src_rows ? p.src_rows[m] : m;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (sr >= 0)
-            v = *(const uint4 *)((const char *)p.src +
-                                 2 * (sr * p.lds + (int64_t)h * p.src_head + ch * 8));
-        *(uint4 *)((char *)p.dst + 2 * (dr * p.ldd + (int64_t)h * p.dst_head + ch * 8)) = v;
+/* The load policies of copy_kernel: chunk `ch` (8 elements) of head h of
+ * source row sr as one 16-byte chunk of the destination dtype. copy_load16:
+ * 16-bit source rows, copied as they are; copy_load_fp8<TR>: FP8 E4M3 source
+ * rows (8 codes, 8 bytes), each code * src_scale rounded once to TR. */
+struct copy_load16 {
+    static __device__ __forceinline__ uint4 load(const kva__cuda_mla_copy &p, int64_t sr, int h,
+                                                 int ch)
+    {
+        return *(const uint4 *)((const char *)p.src +
+                                2 * (sr * p.lds + (int64_t)h * p.src_head + ch * 8));
     }
-}
+};
+template <typename TR> struct copy_load_fp8 {
+    static __device__ __forceinline__ uint4 load(const kva__cuda_mla_copy &p, int64_t sr, int h,
+                                                 int ch)
+    {
+        const uint2 c =
+            *(const uint2 *)((const char *)p.src + sr * p.lds + (int64_t)h * p.src_head + ch * 8);
+        uint32_t w[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const uint32_t pair = ((q < 2 ? c.x : c.y) >> (16 * (q & 1))) & 0xffffu;
+            const __half2_raw hr =
+                __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)pair, __NV_E4M3);
+            const float2 f = __half22float2(__half2(hr));
+            w[q] = TR::pack(f.x * p.src_scale, f.y * p.src_scale);
+        }
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    }
+};
 
-/* copy_kernel over FP8 E4M3 source rows: 8 codes (8 bytes) per chunk, each
- * stored as code * src_scale rounded once to TR. */
-template <typename TR> __global__ void copy_fp8_kernel(kva__cuda_mla_copy p)
+/* Row copy: dst[drow(m)][h][0:w] = src[srow(m)][h][0:w] in chunks of 8
+ * elements (16 destination bytes), each loaded by the policy L (a negative
+ * source row writes zeros, a negative destination row nothing). */
+template <typename L> __global__ void copy_kernel(kva__cuda_mla_copy p)
 {
     const int chunks = p.width / 8;
     const int64_t total = (int64_t)p.M * p.heads * chunks;
@@ -223,21 +232,8 @@ template <typename TR> __global__ void copy_fp8_kernel(kva__cuda_mla_copy p)
         if (dr < 0)
             continue;
         const int64_t sr = p.src_rows ? p.src_rows[m] : m;
-        uint32_t w[4] = {0, 0, 0, 0};
-        if (sr >= 0) {
-            const uint2 c = *(const uint2 *)((const char *)p.src + sr * p.lds +
-                                             (int64_t)h * p.src_head + ch * 8);
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const uint32_t pair = ((q < 2 ? c.x : c.y) >> (16 * (q & 1))) & 0xffffu;
-                const __half2_raw hr =
-                    __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)pair, __NV_E4M3);
-                const float2 f = __half22float2(__half2(hr));
-                w[q] = TR::pack(f.x * p.src_scale, f.y * p.src_scale);
-            }
-        }
-        *(uint4 *)((char *)p.dst + 2 * (dr * p.ldd + (int64_t)h * p.dst_head + ch * 8)) =
-            make_uint4(w[0], w[1], w[2], w[3]);
+        const uint4 v = sr >= 0 ? L::load(p, sr, h, ch) : make_uint4(0, 0, 0, 0);
+        *(uint4 *)((char *)p.dst + 2 * (dr * p.ldd + (int64_t)h * p.dst_head + ch * 8)) = v;
     }
 }
 
@@ -248,8 +244,8 @@ extern "C" kva_status kva__cuda_mla_gemm(const kva__cuda_mla_gemm_args *g, void 
     if (g->M <= 0 || g->N <= 0 || g->heads <= 0)
         return KVA_STATUS_OK;
     if (g->K <= 0 || g->K % 8 || g->N % 8 || g->lda % 8 || g->ldb % 8 || g->ldc % 8 ||
-        g->a_head % 8 || g->b_head % 8 || g->c_head % 8 ||
-        (uintptr_t)g->a % (g->a_fp8 ? 8 : 16) || (uintptr_t)g->b % 16 || (uintptr_t)g->c % 4 ||
+        g->a_head % 8 || g->b_head % 8 || g->c_head % 8 || (uintptr_t)g->a % (g->a_fp8 ? 8 : 16) ||
+        (uintptr_t)g->b % 16 || (uintptr_t)g->c % 4 ||
         (g->dtype != KVA_DTYPE_F16 && g->dtype != KVA_DTYPE_BF16))
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_mla_run: GEMM operands M %d, N %d, K %d (%s) are not multiples of 8 "
@@ -260,16 +256,14 @@ extern "C" kva_status kva__cuda_mla_gemm(const kva__cuda_mla_gemm_args *g, void 
                     (unsigned)g->heads);
     cudaStream_t s = (cudaStream_t)stream;
     const bool bf = g->dtype == KVA_DTYPE_BF16;
-    void (*k)(gemm_p) =
-        g->a_fp8
-            ? (bf ? (g->b_kn ? gemm_kernel<kva__mma_bf16, true, true>
-                             : gemm_kernel<kva__mma_bf16, false, true>)
-                  : (g->b_kn ? gemm_kernel<kva__mma_f16, true, true>
-                             : gemm_kernel<kva__mma_f16, false, true>))
-            : (bf ? (g->b_kn ? gemm_kernel<kva__mma_bf16, true, false>
-                             : gemm_kernel<kva__mma_bf16, false, false>)
-                  : (g->b_kn ? gemm_kernel<kva__mma_f16, true, false>
-                             : gemm_kernel<kva__mma_f16, false, false>));
+    void (*k)(gemm_p) = g->a_fp8 ? (bf ? (g->b_kn ? gemm_kernel<kva__mma_bf16, true, true>
+                                                  : gemm_kernel<kva__mma_bf16, false, true>)
+                                       : (g->b_kn ? gemm_kernel<kva__mma_f16, true, true>
+                                                  : gemm_kernel<kva__mma_f16, false, true>))
+                                 : (bf ? (g->b_kn ? gemm_kernel<kva__mma_bf16, true, false>
+                                                  : gemm_kernel<kva__mma_bf16, false, false>)
+                                       : (g->b_kn ? gemm_kernel<kva__mma_f16, true, false>
+                                                  : gemm_kernel<kva__mma_f16, false, false>));
     /* Above the 48 KiB default: a host-side attribute, cheap to set again. */
     KVA_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
     k<<<grid, THREADS, SMEM_BYTES, s>>>(p);
@@ -284,11 +278,11 @@ extern "C" kva_status kva__cuda_mla_copy_rows(const kva__cuda_mla_copy *c, void 
     const int64_t total = (int64_t)c->M * c->heads * (c->width / 8);
     const int blocks = (int)(total / 256 + 1 < 4096 ? total / 256 + 1 : 4096);
     if (c->src_fp8 && c->dtype == KVA_DTYPE_BF16)
-        copy_fp8_kernel<kva__mma_bf16><<<blocks, 256, 0, (cudaStream_t)stream>>>(*c);
+        copy_kernel<copy_load_fp8<kva__mma_bf16>><<<blocks, 256, 0, (cudaStream_t)stream>>>(*c);
     else if (c->src_fp8)
-        copy_fp8_kernel<kva__mma_f16><<<blocks, 256, 0, (cudaStream_t)stream>>>(*c);
+        copy_kernel<copy_load_fp8<kva__mma_f16>><<<blocks, 256, 0, (cudaStream_t)stream>>>(*c);
     else
-        copy_kernel<<<blocks, 256, 0, (cudaStream_t)stream>>>(*c);
+        copy_kernel<copy_load16><<<blocks, 256, 0, (cudaStream_t)stream>>>(*c);
     KVA_CUDA_TRY(cudaGetLastError());
     return KVA_STATUS_OK;
 }
