@@ -16,6 +16,15 @@
  * the plan picks the smallest that holds H * q_len up to 64), never to 64 or
  * 128, so H 8 or 16 decodes do not pay the tensor work of 64 rows.
  *
+ * The body serves the sparse MLA too (mla_sparse.cu): what differs enters
+ * as the key-source policy W of mla_decode_mma_kernel<Ty, MT, QR, W> (see
+ * "The key-source policy" below), as on the wgmma side (mla_wgmma_body.cuh):
+ * which item a CTA runs, where each key tile's rows come from (the
+ * request's contiguous positions through its block table here, ml_dense;
+ * a token's index list there) and their row format (16-bit rows, FP8 E4M3
+ * rows, fp8_ds_mla rows with per-tile scales), the logit mask and the
+ * end-of-item stores.
+ *
  *   - Q [M, 576] is staged in shared memory per item (XOR-swizzled 16-byte
  *     chunks, ldmatrix). The 16-row items of sm_90 (QR, ml_cfg) keep it in
  *     registers instead (the A fragments of all 36 k-steps, loaded once per
@@ -78,7 +87,7 @@ template <bool FP8> struct ml_dense_rows {
     static constexpr int RAW_ROW = FP8 ? ML_D : 0;
     static constexpr int NP = 1;
     static constexpr bool FLAGS = false;
-    static constexpr int nst(int mt, bool qr) { return mt == 4 || qr ? 3 : 2; }
+    template <int MT, bool QR> static constexpr int NST = MT == 4 || QR ? 3 : 2;
 };
 
 /* Tile shape per MT (row tiles of 16), QR (Q in registers, MT = 1 only) and
@@ -89,7 +98,7 @@ template <bool FP8> struct ml_dense_rows {
  * copies or conversion), the ring [NST][BN, 576] of 16-bit tiles (raw rows:
  * one 16-bit tile, then the ring [NST][BN, RAW_ROW] of raw bytes), NP
  * copies of P [M, BN] (rows padded by 16 bytes against bank conflicts), the
- * row maxima and sums [8][64] fp32, (FLAGS) the key flags [NST][BN]. No FP8
+ * row maxima and sums [8][64] fp32, (FLAGS) the key flags [NST][BN]. No dense FP8
  * configuration needs more than its 16-bit one. QR exists for the
  * memory-bound 16-row items (H <= 16 decodes): without the 18 KB of Q a
  * third 72 KB stage fits (227 KB on sm_90), so two tiles are in flight
@@ -97,7 +106,7 @@ template <bool FP8> struct ml_dense_rows {
 template <int MT, bool QR, typename R> struct ml_tiles {
     static constexpr int M = 16 * MT;
     static constexpr int BN = MT == 4 ? 32 : 64;
-    static constexpr int NST = R::nst(MT, QR);
+    static constexpr int NST = R::template NST<MT, QR>;
     static constexpr int NS = ML_NW / MT; /* key slices of S (warps per row tile) */
     static constexpr int KW = BN * MT / ML_NW;
     static constexpr int NBS = KW / 8;
@@ -116,7 +125,8 @@ template <int MT, bool QR, typename R> struct ml_tiles {
     static constexpr int OFF_OK = OFF_RED + 2 * ML_NW * 64 * 4;
     static constexpr int SMEM = OFF_OK + (R::FLAGS ? NST * BN * 4 : 0);
     static_assert(NBS >= 1 && KW % 8 == 0, "key slice of a warp");
-    static_assert(!QR || (MT == 1 && NBS == 1 && NP == 1), "Q in registers: one row tile, 8 keys a warp");
+    static_assert(!QR || (MT == 1 && NBS == 1 && NP == 1),
+                  "Q in registers: one row tile, 8 keys a warp");
     static_assert(NP == 1 || NP == ML_DV / 128, "P copies: none, or one per c_kv tile of 128");
     static_assert(SMEM <= 227 * 1024, "shared memory of one CTA");
 };
@@ -140,54 +150,27 @@ static __device__ __forceinline__ void ml_qk_reg(const uint32_t (*qf)[4], uint32
     }
 }
 
-/* The copies of the tile at kb into a ring stage: 16-bit rows (layout
- * ml_off<0>) or FP8 rows (raw). */
-template <int BN, bool FP8>
-static __device__ __forceinline__ void ml_issue_any(const kva__cuda_attn_args &a,
-                                                    const int32_t *bt_row, int32_t kb,
-                                                    int32_t kend, uint32_t stage)
-{
-    if constexpr (FP8)
-        ml_issue_fp8<BN>(a, bt_row, kb, kend, stage);
-    else
-        ml_issue<BN, 0>(a, bt_row, kb, kend, stage);
-}
-
 /*
- * The key-source policy W of mla_decode_mma_kernel<Ty, MT, QR, W>: a class,
- * one object per CTA (C: the kernel's ml_tiles).
- *   typedef args, rows         the kernel's argument struct; the row format
- *                              (ml_tiles' constants);
- *   W(a)                       what stays fixed over the launch;
- *   static items(a)            work items of the launch (CTAs loop over them);
- *   static scale_log2(a)       the logits' factor (log2 units);
- *   load<C>(a, it)             loads item it; false: the CTA skips it
- *                              (CTA-uniform); sets k0, kend: its keys
- *                              k0 .. kend - 1, in tiles of C::BN;
- *   issue<C>(a, kb, stage, ok) the copies of tile kb (< kend; tiles in
- *                              order) into ring stage `stage` (the caller
- *                              commits them); ok: that stage's key flags
- *                              (FLAGS);
- *   stage_q<C, elem>(a, dst)   Q [M, 576] of the item (zeros past its rows)
- *                              at dst, layout ml_off<0>;
- *   masks(a, r0)               what logits needs for the thread's rows r0,
- *                              r0 + 8;
- *   convert<C>(raw, tile)      (RAW_ROW > 0) a landed raw stage into the
- *                              16-bit tile (by the whole CTA; the caller
- *                              synchronizes around it);
- *   key_scales<C>(raw, key0, t4, ksc)  (NP > 1) the 4 c_kv tile scales of
- *                              the thread's keys key0 + 8 nt + 2 t4 + e;
- *   logits<C>(sc, a, scale_log2, kb, key0, t4, ok)  S of the thread's keys
- *                              kb + key0 + 8 nt + 2 t4 + e into log2-unit
- *                              logits, masked keys -inf;
- *   finish<C>(a, s_sum, slice, r0, col0, t4, l_run, m_run, o)  the
- *                              item's stores; ends with every thread past
- *                              s_sum.
- * The dense policy is ml_dense below, the sparse one sp_mma (mla_sparse.cu).
- *
- * Ty: kva__mma_bf16 or kva__mma_f16 (the q dtype; the 16-bit rows' too);
- * MT: row tiles of 16 per item; QR: Q in registers (ml_tiles). Dynamic
- * shared memory as ml_tiles<MT, QR, W::rows>.
+ * The key-source policy W of mla_decode_mma_kernel<Ty, MT, QR, W>, one object
+ * per CTA (C: the kernel's ml_tiles): typedefs args (the kernel argument) and
+ * rows (the row format, ml_tiles' constants); W(a): what stays fixed over the
+ * launch; static items(a): the launch's work items, static scale_log2(a): the
+ * logits' factor; load<C>(a, it): item it (false: the CTA skips it, uniformly),
+ * its keys k0 .. kend - 1; issue<C>(a, kb, stage, ok): the copies of tile kb
+ * (< kend, tiles in order) into a ring stage, the caller commits them (ok:
+ * the stage's key flags, FLAGS); stage_q<C, elem>(a, dst): Q [M, 576] (zeros
+ * past the item's rows) in layout ml_off<0>; masks(a, r0): what logits needs
+ * for the thread's rows r0, r0 + 8; static convert<C>(raw, tile) (RAW_ROW >
+ * 0): a landed raw stage into the 16-bit tile, by the whole CTA; static
+ * key_scales<C>(raw, key0, t4, ksc) (NP > 1): the 4 c_kv tile scales of the
+ * thread's keys key0 + 8 nt + 2 t4 + e; logits<C>(sc, a, scale_log2, kb,
+ * key0, t4, ok): S of keys kb + key0 + 8 nt + 2 t4 + e into log2-unit logits,
+ * masked keys -inf; finish<C>(a, s_sum, slice, r0, col0, t4, l_run, m_run,
+ * o): the item's stores, ending with every thread past s_sum. The dense
+ * policy is ml_dense below, the sparse one sp_mma (mla_sparse.cu).
+ * Ty: kva__mma_bf16 or kva__mma_f16 (the q dtype; the 16-bit rows' too); MT:
+ * row tiles of 16 per item; QR: Q in registers. Dynamic shared memory as
+ * ml_tiles<MT, QR, W::rows>.
  */
 template <typename Ty, int MT, bool QR, typename W>
 __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typename W::args a)
@@ -240,12 +223,7 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typ
         }
         wi.masks(a, row0 + g4);
 
-        float o[NBO][4];
-#pragma unroll
-        for (int n = 0; n < NBO; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[n][e] = 0.f;
+        float o[NBO][4] = {};
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
         int stage = 0;
@@ -270,25 +248,15 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typ
 
             /* S = Q K^T for row tile rt and keys kb + kg * KW .. + KW - 1. */
             const int key0 = kg * KW;
-            float sc[NBS][4];
+            float sc[NBS][4] = {};
             float ksc[C::NP > 1 ? NBS : 1][2][4]; /* the keys' c_kv tile scales (NP > 1) */
             if constexpr (C::NP > 1) {
                 /* Per part (the 4 c_kv tiles of 8 k-steps, then k_pe's 4),
                  * each c_kv part times its key's tile scale. */
                 W::template key_scales<C>(ml_smem + C::OFF_RAW + stage * C::RAW, key0, t4, ksc);
 #pragma unroll
-                for (int nt = 0; nt < NBS; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        sc[nt][e] = 0.f;
-#pragma unroll
                 for (int part = 0; part < 5; part++) {
-                    float ta[NBS][4], tb[NBS][4];
-#pragma unroll
-                    for (int nt = 0; nt < NBS; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            ta[nt][e] = 0.f, tb[nt][e] = 0.f;
+                    float ta[NBS][4] = {}, tb[NBS][4] = {};
                     if (part < 4)
                         ml_qk<Ty, NBS, 8>(sQ, sk, row0, key0, part * 8, lane, ta, tb);
                     else
@@ -305,12 +273,7 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typ
             } else {
                 /* Over all 36 k-steps, in two accumulator sets (even and odd
                  * k-steps) for independent mma chains. */
-                float sc2[NBS][4];
-#pragma unroll
-                for (int nt = 0; nt < NBS; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        sc[nt][e] = 0.f, sc2[nt][e] = 0.f;
+                float sc2[NBS][4] = {};
                 if constexpr (QR)
                     ml_qk_reg<Ty>(qf, sk, key0, lane, sc, sc2);
                 else
@@ -388,10 +351,14 @@ template <typename Ty, bool FP8> struct ml_dense {
         kend = mi.w.k1;
         return true;
     }
+    /* The copies of tile kb: 16-bit rows (layout ml_off<0>) or FP8 rows (raw). */
     template <typename C>
     __device__ __forceinline__ void issue(const args &a, int32_t kb, uint32_t stage, int *) const
     {
-        ml_issue_any<C::BN, FP8>(a, mi.bt_row, kb, kend, stage);
+        if constexpr (FP8)
+            ml_issue_fp8<C::BN>(a, mi.bt_row, kb, kend, stage);
+        else
+            ml_issue<C::BN, 0>(a, mi.bt_row, kb, kend, stage);
     }
     template <typename C, typename elem>
     __device__ __forceinline__ void stage_q(const args &a, unsigned char *dst) const
