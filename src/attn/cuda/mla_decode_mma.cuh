@@ -160,8 +160,10 @@ static __device__ __forceinline__ void ml_qk_reg(const uint32_t (*qf)[4], uint32
  * (< kend, tiles in order) into a ring stage, the caller commits them (ok:
  * the stage's key flags, FLAGS); stage_q<C, elem>(a, dst): Q [M, 576] (zeros
  * past the item's rows) in layout ml_off<0>; masks(a, r0): what logits needs
- * for the thread's rows r0, r0 + 8; static convert<C>(raw, tile) (RAW_ROW >
- * 0): a landed raw stage into the 16-bit tile, by the whole CTA; static
+ * for the thread's rows r0, r0 + 8; static convert<C>(raw, tile, key0, rt,
+ * kg, lane) (RAW_ROW > 0): a landed raw stage into the 16-bit tile, ordered
+ * before this warp's S (every row before P V: the barriers of the row max
+ * and of P); static
  * key_scales<C>(raw, key0, t4, ksc) (NP > 1): the 4 c_kv tile scales of the
  * thread's keys key0 + 8 nt + 2 t4 + e; logits<C>(sc, a, scale_log2, kb,
  * key0, t4, ok): S of keys kb + key0 + 8 nt + 2 t4 + e into log2-unit logits,
@@ -238,16 +240,15 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typ
                     wi.template issue<C>(a, kn, ring + ahead * STAGE, s_ok + ahead * BN);
                 kva__cp_async_commit();
             }
+            const int key0 = kg * KW; /* the first key of this warp's S slice */
             uint32_t sk = sRing + stage * C::TILE;
             if constexpr (C::RAW > 0) { /* the landed raw stage into the 16-bit tile */
                 sk = sRing;
                 W::template convert<C>(ml_smem + C::OFF_RAW + stage * C::RAW,
-                                       ml_smem + C::OFF_RING);
-                __syncthreads(); /* the tile, for every warp */
+                                       ml_smem + C::OFF_RING, key0, rt, kg, lane);
             }
 
             /* S = Q K^T for row tile rt and keys kb + kg * KW .. + KW - 1. */
-            const int key0 = kg * KW;
             float sc[NBS][4] = {};
             float ksc[C::NP > 1 ? NBS : 1][2][4]; /* the keys' c_kv tile scales (NP > 1) */
             if constexpr (C::NP > 1) {
@@ -377,10 +378,13 @@ template <typename Ty, bool FP8> struct ml_dense {
             lo[i] = l[i], hi[i] = h[i], pos[i] = p[i], slope[i] = sl[i];
         lo_all = la, hi_all = ha;
     }
+    /* By the whole CTA, then a barrier. */
     template <typename C>
-    static __device__ __forceinline__ void convert(const unsigned char *raw, unsigned char *tile)
+    static __device__ __forceinline__ void convert(const unsigned char *raw, unsigned char *tile,
+                                                   int, int, int, int)
     {
         ml_fp8_tile<C::BN, Ty>(raw, tile);
+        __syncthreads(); /* the tile, for every warp */
     }
     template <typename C>
     __device__ __forceinline__ void logits(float (*sc)[4], const args &a, float scale_log2,

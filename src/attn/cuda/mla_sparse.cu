@@ -108,11 +108,13 @@ template <typename Ty, typename SRC> struct sp_mma {
         sp_stage_q<C::M, 0, elem>(a, mi, dst);
     }
     __device__ __forceinline__ void masks(const args &, int) {}
-    /* fp8_ds_mla raw rows [BN, 656] -> the 16-bit tile [BN, 576]: c_kv chunk c
-     * (8 codes) as their exact 16-bit values (the scales enter in fp32 in the
-     * kernel), k_pe (bf16) in the q dtype (f16: exact in its normal range). */
+    /* fp8_ds_mla raw rows [BN, 656] -> the 16-bit tile [BN, 576] by the whole
+     * CTA, then a barrier: c_kv chunk c (8 codes) as their exact 16-bit values
+     * (the scales enter in fp32 in the kernel), k_pe (bf16) in the q dtype
+     * (f16: exact in its normal range). */
     template <typename C>
-    static __device__ __forceinline__ void convert(const unsigned char *raw, unsigned char *tile)
+    static __device__ __forceinline__ void convert(const unsigned char *raw, unsigned char *tile,
+                                                   int, int, int, int)
     {
         for (int x = threadIdx.x; x < C::BN * ML_CH; x += ML_NT) {
             const int r = x / ML_CH, c = x - r * ML_CH;
@@ -133,6 +135,7 @@ template <typename Ty, typename SRC> struct sp_mma {
             }
             *reinterpret_cast<uint4 *>(tile + ml_off<0>(r, c)) = v;
         }
+        __syncthreads(); /* the tile, for every warp */
     }
     /* fp8_ds_mla: the 4 fp32 tile scales of the thread's keys key0 + 8 nt + 2 t4 + e. */
     template <typename C>
