@@ -12,12 +12,9 @@
 
 #include <stdint.h>
 
-/* Row sources. ROW: bytes per row in global memory; CH: its 16-byte chunks.
- * The rest is the row format of the mma.sync body (ml_tiles,
- * mla_decode_mma.cuh): RAW_ROW bytes per row of its raw ring (0: the rows
- * land straight in the 16-bit tiles), NP copies of P (one per c_kv tile
- * scale), FLAGS: per-stage key flags (unused index entries), and the ring
- * stages per shape (what fits 227 KB). */
+/* Row sources. ROW: bytes per row in global memory; CH: its 16-byte chunks;
+ * the rest: the row format of the mma.sync body (ml_dense_rows,
+ * mla_decode_mma.cuh; stages: what fits 227 KB). */
 struct sp_rows16 { /* latent rows in the q dtype: [c_kv 512 | k_pe 64] */
     static constexpr bool FP8 = false;
     static constexpr int ROW = ML_D * 2;
