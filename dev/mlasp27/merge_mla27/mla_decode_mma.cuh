@@ -16,14 +16,10 @@
  * the plan picks the smallest that holds H * q_len up to 64), never to 64 or
  * 128, so H 8 or 16 decodes do not pay the tensor work of 64 rows.
  *
- * The body serves the sparse MLA too (mla_sparse.cu): what differs enters
- * as the key-source policy W of mla_decode_mma_kernel<Ty, MT, QR, W> (see
- * "The key-source policy" below), as on the wgmma side (mla_wgmma_body.cuh):
- * which item a CTA runs, where each key tile's rows come from (the
- * request's contiguous positions through its block table here, ml_dense;
- * a token's index list there) and their row format (16-bit rows, FP8 E4M3
- * rows, fp8_ds_mla rows with per-tile scales), the logit mask and the
- * end-of-item stores.
+ * The body serves the sparse MLA too (mla_sparse.cu), as the wgmma one does
+ * (mla_wgmma_body.cuh): the item, where its key rows come from and their
+ * format, the logit mask and the stores are the key-source policy W of
+ * mla_decode_mma_kernel<Ty, MT, QR, W> (below; the dense one is ml_dense).
  *
  *   - Q [M, 576] is staged in shared memory per item (XOR-swizzled 16-byte
  *     chunks, ldmatrix). The 16-row items of sm_90 (QR, ml_cfg) keep it in
@@ -82,13 +78,10 @@ extern "C" {
 
 #define ML_NW (ML_NT / 32) /* warps per CTA */
 
-/* The dense policy's row format (ml_tiles reads these constants from the
- * policy's `rows` type; the sparse formats are sp_rows16 / sp_ds_mla,
- * mla_sparse_common.cuh): RAW_ROW bytes of a cache row in the raw ring (0:
- * 16-bit rows land straight in the ring of 16-bit tiles; FP8 E4M3: 576),
- * NP copies of P (1: no per-key value scales), FLAGS (per-stage key flags
- * in shared memory: none, the mask is positional), and the ring stages of
- * each shape. */
+/* The dense policy's row format (the sparse ones: sp_rows16, sp_ds_mla):
+ * RAW_ROW bytes per row of a raw ring (0: 16-bit rows land in the 16-bit
+ * tiles), NP copies of P (one per value scale), FLAGS: per-stage key flags
+ * in shared memory (none: the mask is positional), NST: ring stages. */
 template <bool FP8> struct ml_dense_rows {
     static constexpr int RAW_ROW = FP8 ? ML_D : 0;
     static constexpr int NP = 1;
@@ -159,28 +152,24 @@ static __device__ __forceinline__ void ml_qk_reg(const uint32_t (*qf)[4], uint32
 }
 
 /*
- * The key-source policy W of mla_decode_mma_kernel<Ty, MT, QR, W>, one object
- * per CTA (C: the kernel's ml_tiles): typedefs args (the kernel argument) and
- * rows (the row format, ml_tiles' constants); W(a): what stays fixed over the
- * launch; static items(a): the launch's work items, static scale_log2(a): the
- * logits' factor; load<C>(a, it): item it (false: the CTA skips it, uniformly),
- * its keys k0 .. kend - 1; issue<C>(a, kb, stage, ok): the copies of tile kb
- * (< kend, tiles in order) into a ring stage, the caller commits them (ok:
- * the stage's key flags, FLAGS); stage_q<C, elem>(a, dst): Q [M, 576] (zeros
- * past the item's rows) in layout ml_off<0>; masks(a, r0): what logits needs
- * for the thread's rows r0, r0 + 8; static convert<C>(raw, tile, key0, rt,
- * kg, lane) (RAW_ROW > 0): a landed raw stage into the 16-bit tile, ordered
- * before this warp's S (every row before P V: the barriers of the row max
- * and of P); static
- * key_scales<C>(raw, key0, t4, ksc) (NP > 1): the 4 c_kv tile scales of the
- * thread's keys key0 + 8 nt + 2 t4 + e; logits<C>(sc, a, scale_log2, kb,
- * key0, t4, ok): S of keys kb + key0 + 8 nt + 2 t4 + e into log2-unit logits,
- * masked keys -inf; finish<C>(a, s_sum, slice, r0, col0, t4, l_run, m_run,
- * o): the item's stores, ending with every thread past s_sum. The dense
- * policy is ml_dense below, the sparse one sp_mma (mla_sparse.cu).
+ * The key-source policy W of mla_decode_mma_kernel<Ty, MT, QR, W>: one object
+ * per CTA, built from the launch's arguments (typedef args); typedef rows:
+ * its row format; static items(a), scale_log2(a): the work items, the logits'
+ * factor. Per item (C: the kernel's ml_tiles): load<C>(a, it) (false: the CTA
+ * skips it) sets keys k0 .. kend - 1; issue<C>(a, kb, stage, ok) copies tile
+ * kb (< kend, in order; ok: the stage's key flags) and the caller commits;
+ * stage_q<C, elem>(a, dst) writes Q [M, 576] (zeros past the item's rows);
+ * masks(a, r0) prepares logits for the thread's rows r0, r0 + 8; static
+ * convert<C>(raw, tile, key0, rt, kg, lane) (RAW_ROW > 0) turns a landed raw
+ * stage into the 16-bit tile, ordered before this warp's S (before P V: the
+ * row max's and P's barriers); static key_scales<C>(raw, key0, t4, ksc) (NP >
+ * 1) reads the 4 c_kv tile scales of keys key0 + 8 nt + 2 t4 + e;
+ * logits<C>(sc, a, scale_log2, kb, key0, t4, ok) makes S of keys kb + key0 +
+ * 8 nt + 2 t4 + e log2-unit logits (masked: -inf); finish<C>(a, s_sum, slice,
+ * r0, col0, t4, l_run, m_run, o) stores, every thread past s_sum at its end.
  * Ty: kva__mma_bf16 or kva__mma_f16 (the q dtype; the 16-bit rows' too); MT:
- * row tiles of 16 per item; QR: Q in registers. Dynamic shared memory as
- * ml_tiles<MT, QR, W::rows>.
+ * row tiles of 16 per item; QR: Q in registers. Dynamic shared memory:
+ * ml_tiles<MT, QR, W::rows>::SMEM.
  */
 template <typename Ty, int MT, bool QR, typename W>
 __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typename W::args a)
