@@ -19,8 +19,14 @@
 # KVA_GC_ROUNDS: bench rounds (default 2); KVA_GC_DENSE=0 leaves the dense rows out.
 # Expected on an H100 (estimate, not measured): base build ~150 s, new ~60 s, tests ~15 s,
 # memcheck ~60 s, bench ~40 s per tree and round (half without the dense rows).
-# Run on the device from the folder holding base/ and new/:
-#   OUT=$OUT bash new/dev/mlasp27/gpu_check.sh base new
+# NEW's files that differ from BASE's replace them, so NEW must contain BASE's other changes:
+# with main ahead of the branch, stage NEW as the merge of main and mlasp27 (on the VM):
+#   d=/work/main/.dev/mlasp27; rm -rf $d && mkdir -p $d
+#   git -C /work/main archive --prefix=base/ main | tar -x -C $d
+#   T=$(git -C /work/main merge-tree --write-tree main mlasp27 | head -1)
+#   git -C /work/main archive --prefix=new/ $T | tar -x -C $d
+# and run on the device (carry .dev/mlasp27, timeout 420):
+#   cd .dev/mlasp27 && OUT=$OUT bash new/dev/mlasp27/gpu_check.sh base new
 set -uo pipefail
 base=$(cd "$1" && pwd); new=$(cd "$2" && pwd)
 out=${OUT:-gpu_check_out}; mkdir -p "$out"
