@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""sass_stats.py OBJ...: per prefill kernel (mma.sync or wgmma) and tensor-core decode kernel
-(decode_mma_kernel) in the objects' device code (compile
+"""sass_stats.py OBJ...: per prefill kernel (mma.sync or wgmma), tensor-core decode kernel
+(decode_mma_kernel) and MLA mma.sync / wgmma kernel (dense and sparse) in the objects' device code (compile
 them for one architecture, e.g. sm_90a): a key from its template arguments (the same for
 main's per-kernel templates and the one body's policies, so two listings can be compared
 line by line), SASS instruction count (NOPs left out), registers, stack, shared memory,
@@ -31,6 +31,16 @@ def key(d):
     # (tile shape NCW, BN after the head sizes since branch pf7: "narrow" for 1, 64; none = wide)
     m = re.match(r'void prefill_wgmma_ws_kernel<(?:\(bool\))?(\w+), (?:\(bool\))?(\w+), (\w+), (?:\(int\))?(\d+), (?:\(int\))?(\d+)(?:, (?:\(int\))?(\d+), (?:\(int\))?(\d+))?>', d)
     if m: return f'wgmma {"TMA" if m[2] in ("true", "1") else "cp.async"} {m[4]}/{m[5]}{" narrow" if m[6] == "1" else ""} {m[3]}'
+    # MLA mma.sync: old mla_decode_mma_kernel<kva__mma_bf16, 1, true, false> (dense, FP8 last) and
+    # mla_sparse_kernel<kva__mma_bf16, 2, sp_ds_mla>; new (one body, since mlasp27):
+    # mla_decode_mma_kernel<kva__mma_bf16, 1, true, ml_dense<kva__mma_bf16, false> > and
+    # mla_decode_mma_kernel<kva__mma_bf16, 2, false, sp_mma<kva__mma_bf16, sp_ds_mla> >
+    m = re.match(r'void mla_decode_mma_kernel<(\w+), (?:\(int\))?(\d), (?:\(bool\))?(\w+), (?:\(bool\))?(true|false|1|0)>', d) or \
+        re.match(r'void mla_decode_mma_kernel<(\w+), (?:\(int\))?(\d), (?:\(bool\))?(\w+), ml_dense<\w+, (?:\(bool\))?(\w+)> *>', d)
+    if m: return f'mla mma dense {"fp8" if m[4] in ("true", "1") else "16bit"} MT{m[2]} QR={m[3]} {m[1]}'
+    m = re.match(r'void mla_sparse_kernel<(\w+), (?:\(int\))?(\d), (\w+)>', d) or \
+        re.match(r'void mla_decode_mma_kernel<(\w+), (?:\(int\))?(\d), (?:\(bool\))?\w+, sp_mma<\w+, (\w+)> *>', d)
+    if m: return f'mla mma sparse {m[3]} MT{m[2]} {m[1]}'
     return d[:80]
 stats = {}
 for obj in sys.argv[1:]:
@@ -50,7 +60,7 @@ for obj in sys.argv[1:]:
         if m and cur: stats[cur]['ins'].append(re.sub(r'0x[0-9a-f]+', 'X', m[1]))
 for f, s in sorted(stats.items(), key=lambda kv: key(demangle(kv[0]))):
     d = demangle(f)
-    if not any(k in d for k in ('prefill_mma', 'prefill_wgmma', 'decode_mma_kernel')): continue
+    if not any(k in d for k in ('prefill_mma', 'prefill_wgmma', 'decode_mma_kernel', 'mla_')): continue
     ins = [i for i in s.get('ins', []) if not i.startswith('NOP')]
     h = hashlib.sha1('\n'.join(ins).encode()).hexdigest()[:10]
     r = s.get('res', (0, 0, 0))

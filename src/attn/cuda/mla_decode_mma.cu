@@ -29,13 +29,13 @@ template <typename Ty> static ml_pick_t ml_pick_mt(int rows)
 {
     ml_pick_t k = {NULL, 0};
     if (rows == 16 && ml_qr_fits())
-        k = {mla_decode_mma_kernel<Ty, 1, true, false>, ml_cfg<1, true>::SMEM};
+        k = {mla_decode_mma_kernel<Ty, 1, true, ml_dense<Ty, false>>, ml_cfg<1, true>::SMEM};
     else if (rows == 16)
-        k = {mla_decode_mma_kernel<Ty, 1, false, false>, ml_cfg<1>::SMEM};
+        k = {mla_decode_mma_kernel<Ty, 1, false, ml_dense<Ty, false>>, ml_cfg<1>::SMEM};
     else if (rows == 32)
-        k = {mla_decode_mma_kernel<Ty, 2, false, false>, ml_cfg<2>::SMEM};
+        k = {mla_decode_mma_kernel<Ty, 2, false, ml_dense<Ty, false>>, ml_cfg<2>::SMEM};
     else if (rows == 64)
-        k = {mla_decode_mma_kernel<Ty, 4, false, false>, ml_cfg<4>::SMEM};
+        k = {mla_decode_mma_kernel<Ty, 4, false, ml_dense<Ty, false>>, ml_cfg<4>::SMEM};
     return k;
 }
 

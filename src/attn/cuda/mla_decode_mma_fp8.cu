@@ -12,13 +12,13 @@ template <typename Ty> static ml_pick_t pick_fp8(int rows, bool qr)
 {
     ml_pick_t k = {NULL, 0};
     if (rows == 16 && qr)
-        k = {mla_decode_mma_kernel<Ty, 1, true, true>, ml_cfg<1, true, true>::SMEM};
+        k = {mla_decode_mma_kernel<Ty, 1, true, ml_dense<Ty, true>>, ml_cfg<1, true, true>::SMEM};
     else if (rows == 16)
-        k = {mla_decode_mma_kernel<Ty, 1, false, true>, ml_cfg<1, false, true>::SMEM};
+        k = {mla_decode_mma_kernel<Ty, 1, false, ml_dense<Ty, true>>, ml_cfg<1, false, true>::SMEM};
     else if (rows == 32)
-        k = {mla_decode_mma_kernel<Ty, 2, false, true>, ml_cfg<2, false, true>::SMEM};
+        k = {mla_decode_mma_kernel<Ty, 2, false, ml_dense<Ty, true>>, ml_cfg<2, false, true>::SMEM};
     else if (rows == 64)
-        k = {mla_decode_mma_kernel<Ty, 4, false, true>, ml_cfg<4, false, true>::SMEM};
+        k = {mla_decode_mma_kernel<Ty, 4, false, ml_dense<Ty, true>>, ml_cfg<4, false, true>::SMEM};
     return k;
 }
 

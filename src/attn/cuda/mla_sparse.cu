@@ -6,43 +6,38 @@
  * choice, launches, splits, workspace, merge): every query token attends only the
  * latent rows its own index list names, gathered from the paged cache (or
  * from a request's dense rows in the separate mode), on mma.sync m16n8k16
- * with fp32 accumulation. The body is the absorbed MLA decode's
- * (mla_decode_mma.cu, mla_decode_common.cuh) with two traits:
- *   the row source SRC: 16-bit latent rows of 1152 bytes (a bf16/f16 cache,
- *     or the dense rows the separate mode gathered), or fp8_ds_mla rows of
- *     656 bytes (codes, 4 tile scales, bf16 k_pe). fp8 rows are converted
- *     per tile into a 16-bit tile of the CODES (e4m3 values are exact in
- *     bf16 and f16); the scales enter in fp32: S = sum over the 4 c_kv
- *     tiles of s_tile(key) * (q_tile . codes_tile) + q_pe . k_pe, and P V
- *     uses P_tile = P * s_tile(key) for the value columns of each tile. So
- *     the keys and values are the cache's exact dequantized values (only P
- *     is rounded to 16 bits, as for every cache), not FlashMLA's bf16
- *     rounding of code * scale;
+ * with fp32 accumulation. The kernel is the absorbed MLA decode's body
+ * (mla_decode_mma_kernel, mla_decode_mma.cuh) with the key-source policy
+ * sp_mma<Ty, SRC> below:
+ *   the row format SRC (mla_sparse_common.cuh): 16-bit latent rows of 1152
+ *     bytes (a bf16/f16 cache, or the separate mode's gathered rows), or
+ *     fp8_ds_mla rows of 656 bytes (codes, 4 tile scales, bf16 k_pe), which
+ *     land in a raw ring and become a 16-bit tile of the CODES (e4m3 values
+ *     are exact in bf16 and f16); the scales enter in fp32: S = sum over the
+ *     4 c_kv tiles of s_tile(key) * (q_tile . codes_tile) + q_pe . k_pe, and
+ *     P V uses P_tile = P * s_tile(key) for each tile's value columns. So the
+ *     keys and values are the cache's exact dequantized values (only P is
+ *     rounded to 16 bits, as for every cache), not FlashMLA's bf16 rounding
+ *     of code * scale;
  *   the addressing (runtime): position p of the token's request through its
- *     block-table row, or dense row p of the request's gathered rows.
+ *     block-table row, or dense row p of the request's gathered rows;
+ *   the mask: per-stage key flags (entries past topk_length, -1 and
+ *     positions outside 0 .. seq_len - 1 are unused: zero rows, logits
+ *     -inf); the stores: sp_finish (LSE includes the sink).
  *
- * Work: item = (query token t, head tile of M = 16 MT rows, key split). The
- * M rows are heads h0 .. h0 + M - 1 of ONE token (each token has its own
- * index list, so tokens never share a key tile): MT = 1, 2 or 4, the smallest
- * that holds H up to 64 (H 16 runs 16-row tiles, not 64), H > 64 in 64-row
- * tiles. A token's K index entries are cut into nsplit chunks when the items
- * are too few to fill the GPU; chunks are merged by sp_merge_kernel.
- *
- * Per key tile of BN entries: each thread reads the position of its key
- * (one iteration ahead, so the load overlaps the previous tile's math), turns
- * it into a row (entries past topk_length, -1 and positions outside
- * 0 .. seq_len - 1 are unused: zero-filled, their logits -inf) and copies
- * its 16-byte chunks of the row with cp.async into a ring of NST stages
- * (coalesced 16-byte loads of scattered rows; one row is TPK threads'
- * consecutive chunks). Then S = Q K^T over 576, the online softmax (in log2
- * units), P in shared memory, O += P V over the first 512 columns of the same
- * tile, as mla_decode_mma.cu. LSE includes the sink.
+ * Work: item = (query token t, head tile of M = 16 MT rows, key split), one
+ * per CTA. The M rows are heads h0 .. h0 + M - 1 of ONE token (each token
+ * has its own index list, so tokens never share a key tile): MT = 1, 2 or 4,
+ * the smallest that holds H up to 64, H > 64 in 64-row tiles. A token's K
+ * index entries are cut into nsplit chunks when the items are too few to
+ * fill the GPU; chunks are merged by sp_merge_kernel.
  */
 extern "C" {
 #include "cuda_backend.h"
 #include "mla_sparse.h"
 }
 #include "cuda_check.h"
+#include "mla_decode_mma.cuh"
 #include "mla_sparse_common.cuh"
 
 #include <cuda_bf16.h>
@@ -52,244 +47,133 @@ extern "C" {
 #include <stdint.h>
 #include <string.h>
 
-/* Tile shape per (MT, SRC) as ml_cfg in mla_decode_mma.cu, plus (fp8) the
- * raw ring and the per-stage key validity words. */
-template <int MT, bool FP8> struct sp_cfg {
-    static constexpr int M = 16 * MT;
-    static constexpr int BN = MT == 4 ? 32 : 64;
-    static constexpr int NST = MT == 4 || (MT == 1 && FP8) ? 3 : 2; /* what fits 227 KB */
-    static constexpr int KW = BN * MT / SP_NW;
-    static constexpr int NBS = KW / 8;
-    static constexpr int CW = ML_DV * MT / SP_NW;
-    static constexpr int NBO = CW / 8;
-    static constexpr int TILE = BN * ML_D * 2;
-    static constexpr int RAW = FP8 ? BN * sp_ds_mla::ROW : 0; /* one raw stage */
-    static constexpr int P_STRIDE = BN * 2 + 16;
-    static constexpr int NP = FP8 ? 4 : 1; /* P copies: one per c_kv tile (its scales) */
-    static constexpr int P_BYTES = 16 * MT * P_STRIDE;
-    static constexpr int OFF_TILE = M * ML_D * 2;                     /* 16-bit tiles */
-    static constexpr int OFF_RAW = OFF_TILE + (FP8 ? 1 : NST) * TILE; /* fp8 raw ring */
-    static constexpr int OFF_P = OFF_RAW + NST * RAW;
-    static constexpr int OFF_RED = OFF_P + NP * P_BYTES;
-    static constexpr int OFF_OK = OFF_RED + 2 * SP_NW * 64 * 4;
-    static constexpr int SMEM = OFF_OK + NST * BN * 4;
-    static_assert(NBS >= 1 && KW % 8 == 0, "key slice of a warp");
-    static_assert(SMEM <= 227 * 1024, "shared memory of one CTA");
-};
+/* The sparse key-source policy of mla_decode_mma_kernel (interface:
+ * mla_decode_mma.cuh). Item = (token, head tile of C::M rows, key split),
+ * one per CTA (the grid is the item count); its keys are the token's index
+ * entries kbeg .. kend - 1. Thread tid copies key tid / TPK of every tile:
+ * the position of its entry is read two tiles ahead and its cache row (the
+ * block-table entry) one tile ahead of the copies, so the copies never wait
+ * for either; unused entries are zeros with flag 0 (logits -inf). SRC:
+ * sp_rows16 or sp_ds_mla. */
+template <typename Ty, typename SRC> struct sp_mma {
+    typedef sp_args args;
+    typedef SRC rows;
+    sp_item mi;
+    int32_t k0, kend;
+    sp_key k_next;  /* the thread's key in the next tile to issue */
+    int32_t p_next; /* the position of its entry in the tile after that */
 
-/* Copies key k's row (zeros when unused) as key `key` of a tile at `dst`:
- * thread chunk c0, c0 + TPK, ...; records its validity in ok[key] (chunk
- * 0's thread). */
-template <int BN, typename SRC>
-static __device__ __forceinline__ void sp_issue(const sp_args &a, const sp_key &k, uint32_t dst,
-                                                int *ok)
-{
-    constexpr int TPK = ML_NT / BN;
-    const int key = threadIdx.x / TPK, c0 = threadIdx.x % TPK;
-    const unsigned char *src = a.rows;
-    if (k.ok)
-        src += ((int64_t)k.blk * a.B + k.off) * SRC::ROW;
-    if (c0 == 0)
-        ok[key] = k.ok;
-    for (int c = c0; c < SRC::CH; c += TPK) {
-        const uint32_t d = SRC::FP8 ? (uint32_t)(key * SRC::ROW + c * 16) : ml_off<0>(key, c);
-        kva__cp_async16(dst + d, src + (k.ok ? c * 16 : 0), k.ok ? 16 : 0);
+    __device__ __forceinline__ explicit sp_mma(const args &) {}
+    static __device__ __forceinline__ int32_t items(const args &a)
+    {
+        return a.nt * a.tiles * a.nsplit;
     }
-}
-
-/* fp8_ds_mla raw rows [BN, 656] -> the 16-bit tile [BN, 576] (layout
- * ml_off<0>): c_kv chunk c (8 codes) as their exact 16-bit values (the
- * scales are applied in fp32 by the caller), k_pe copied. */
-template <int BN, typename Ty>
-static __device__ __forceinline__ void sp_codes(const unsigned char *raw, unsigned char *tile)
-{
-    for (int x = threadIdx.x; x < BN * ML_CH; x += ML_NT) {
-        const int r = x / ML_CH, c = x - r * ML_CH;
-        const unsigned char *row = raw + r * sp_ds_mla::ROW;
-        uint4 v;
-        if (c < ML_DV / 8) {
-            const uint2 codes = *reinterpret_cast<const uint2 *>(row + c * 8);
-            uint32_t w[4];
+    static __device__ __forceinline__ float scale_log2(const args &a)
+    {
+        return a.scale * KVA__DMMA_LOG2E;
+    }
+    template <typename C> __device__ __forceinline__ bool load(const args &a, int32_t it)
+    {
+        mi = sp_item_load<C::M>(a, it); /* tokens of the other side of the launch: skipped */
+        if (mi.skip)
+            return false;
+        k0 = mi.kbeg;
+        kend = mi.kend;
+        const int key = threadIdx.x / (ML_NT / C::BN);
+        k_next = sp_locate(a, mi.bt_row, sp_pos(mi.idx_row, k0 + key, kend), mi.s);
+        p_next = sp_pos(mi.idx_row, k0 + C::BN + key, kend);
+        return true;
+    }
+    /* The copies of k_next's row (zeros when unused) as key tid / TPK of tile
+     * kb (chunks tid % TPK + TPK i) and its flag; then the next keys ahead. */
+    template <typename C>
+    __device__ __forceinline__ void issue(const args &a, int32_t kb, uint32_t stage, int *ok)
+    {
+        constexpr int TPK = ML_NT / C::BN;
+        const int key = threadIdx.x / TPK, c0 = threadIdx.x % TPK;
+        const unsigned char *src =
+            a.rows + (k_next.ok ? ((int64_t)k_next.blk * a.B + k_next.off) * SRC::ROW : 0);
+        if (c0 == 0)
+            ok[key] = k_next.ok;
+        for (int c = c0; c < SRC::CH; c += TPK) {
+            const uint32_t d = SRC::FP8 ? (uint32_t)(key * SRC::ROW + c * 16) : ml_off<0>(key, c);
+            kva__cp_async16(stage + d, src + (k_next.ok ? c * 16 : 0), k_next.ok ? 16 : 0);
+        }
+        k_next = sp_locate(a, mi.bt_row, p_next, mi.s);
+        p_next = sp_pos(mi.idx_row, kb + 2 * C::BN + key, kend);
+    }
+    template <typename C, typename elem>
+    __device__ __forceinline__ void stage_q(const args &a, unsigned char *dst) const
+    {
+        sp_stage_q<C::M, 0, elem>(a, mi, dst);
+    }
+    __device__ __forceinline__ void masks(const args &, int) {}
+    /* fp8_ds_mla raw rows [BN, 656] -> the 16-bit tile [BN, 576] by the whole
+     * CTA, then a barrier: c_kv chunk c (8 codes) as their exact 16-bit values
+     * (the scales enter in fp32 in the kernel), k_pe (bf16) in the q dtype
+     * (f16: exact in its normal range). */
+    template <typename C>
+    static __device__ __forceinline__ void convert(const unsigned char *raw, unsigned char *tile,
+                                                   int, int, int, int)
+    {
+        for (int x = threadIdx.x; x < C::BN * ML_CH; x += ML_NT) {
+            const int r = x / ML_CH, c = x - r * ML_CH;
+            const unsigned char *row = raw + r * sp_ds_mla::ROW;
+            uint4 v;
+            if (c < ML_DV / 8) {
+                v = kva__fp8x8_as<Ty>(*reinterpret_cast<const uint2 *>(row + c * 8));
+            } else {
+                const uint4 b =
+                    *reinterpret_cast<const uint4 *>(row + ML_DV + 16 + (c - ML_DV / 8) * 16);
+                const uint32_t bw[4] = {b.x, b.y, b.z, b.w};
+                uint32_t w[4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const uint32_t word = i < 2 ? codes.x : codes.y;
-                const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-                    (__nv_fp8x2_storage_t)((word >> (16 * (i & 1))) & 0xffffu), __NV_E4M3);
-                const float2 f = __half22float2(__half2(h));
-                w[i] = Ty::pack(f.x, f.y);
+                for (int i = 0; i < 4; i++)
+                    w[i] = Ty::pack(__uint_as_float(bw[i] << 16),
+                                    __uint_as_float(bw[i] & 0xffff0000u));
+                v = make_uint4(w[0], w[1], w[2], w[3]);
             }
-            v = make_uint4(w[0], w[1], w[2], w[3]);
-        } else { /* k_pe: bf16, as the q dtype (f16: exact in f16's normal range) */
-            const uint4 b =
-                *reinterpret_cast<const uint4 *>(row + ML_DV + 16 + (c - ML_DV / 8) * 16);
-            const uint32_t bw[4] = {b.x, b.y, b.z, b.w};
-            uint32_t w[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                w[i] = Ty::pack(__uint_as_float(bw[i] << 16), __uint_as_float(bw[i] & 0xffff0000u));
-            v = make_uint4(w[0], w[1], w[2], w[3]);
+            *reinterpret_cast<uint4 *>(tile + ml_off<0>(r, c)) = v;
         }
-        *reinterpret_cast<uint4 *>(tile + ml_off<0>(r, c)) = v;
+        __syncthreads(); /* the tile, for every warp */
     }
-}
-
-/*
- * Ty: kva__mma_bf16 or kva__mma_f16 (the q dtype, and the 16-bit rows'); MT:
- * row tiles of 16 per item; SRC: sp_rows16 or sp_ds_mla. One item per CTA.
- */
-template <typename Ty, int MT, typename SRC>
-__global__ void __launch_bounds__(ML_NT, 1) mla_sparse_kernel(const sp_args a)
-{
-    typedef sp_cfg<MT, SRC::FP8> C;
-    typedef typename Ty::elem elem;
-    constexpr int M = C::M, BN = C::BN, NST = C::NST, KW = C::KW, NBS = C::NBS, NBO = C::NBO;
-    extern __shared__ __align__(128) unsigned char sp_smem[];
-    const uint32_t sQ = kva__smem_u32(sp_smem);
-    const uint32_t sTile = sQ + C::OFF_TILE, sRaw = sQ + C::OFF_RAW, sP = sQ + C::OFF_P;
-    float(*s_max)[64] = (float(*)[64])(sp_smem + C::OFF_RED);
-    float(*s_sum)[64] = (float(*)[64])(sp_smem + C::OFF_RED + SP_NW * 64 * 4);
-    int *s_ok = (int *)(sp_smem + C::OFF_OK); /* [NST][BN] */
-
-    /* The item: token, head tile, split; tokens of the other side exit. */
-    const sp_item mi = sp_item_load<M>(a, blockIdx.x);
-    if (mi.skip)
-        return;
-    const int32_t t = mi.t, split = mi.split, s = mi.s, kbeg = mi.kbeg, kend = mi.kend;
-    const int32_t h0 = mi.h0, nrows = mi.nrows;
-    const int32_t *bt_row = mi.bt_row, *idx_row = mi.idx_row;
-
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g4 = lane >> 2, t4 = lane & 3;
-    const int rt = warp % MT, kg = warp / MT, row0 = rt * 16;
-    const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
-    constexpr int TPK = ML_NT / BN;
-    const int my_key = threadIdx.x / TPK;
-    const uint32_t stage_bytes = SRC::FP8 ? C::RAW : C::TILE;
-    const uint32_t ring = SRC::FP8 ? sRaw : sTile;
-
-    /* The first NST - 1 tiles, the row of the next one and the position of
-     * the one after, then Q. */
+    /* fp8_ds_mla: the 4 fp32 tile scales of the thread's keys key0 + 8 nt + 2 t4 + e. */
+    template <typename C>
+    static __device__ __forceinline__ void key_scales(const unsigned char *raw, int key0, int t4,
+                                                      float (*ksc)[2][4])
+    {
 #pragma unroll
-    for (int st = 0; st < NST - 1; st++) {
-        const int32_t kb = kbeg + st * BN;
-        if (kb < kend)
-            sp_issue<BN, SRC>(a, sp_locate(a, bt_row, sp_pos(idx_row, kb + my_key, kend), s),
-                              ring + st * stage_bytes, s_ok + st * BN);
-        kva__cp_async_commit();
-    }
-    sp_key k_next = sp_locate(a, bt_row, sp_pos(idx_row, kbeg + (NST - 1) * BN + my_key, kend), s);
-    int32_t p_next = sp_pos(idx_row, kbeg + NST * BN + my_key, kend);
-    sp_stage_q<M, 0, elem>(a, mi, sp_smem);
-
-    float o[NBO][4];
+        for (int nt = 0; nt < C::NBS; nt++)
 #pragma unroll
-    for (int n = 0; n < NBO; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            o[n][e] = 0.f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-
-    int stage = 0;
-    for (int32_t kb = kbeg; kb < kend; kb += BN) {
-        kva__cp_async_wait<NST - 2>();
-        __syncthreads(); /* tile kb landed; the previous tile's stage, P and maxima are free */
-        {
-            const int32_t kn = kb + (NST - 1) * BN;
-            const int ahead = stage == 0 ? NST - 1 : stage - 1;
-            if (kn < kend) {
-                sp_issue<BN, SRC>(a, k_next, ring + ahead * stage_bytes, s_ok + ahead * BN);
-                k_next = sp_locate(a, bt_row, p_next, s);
-                p_next = sp_pos(idx_row, kn + 2 * BN + my_key, kend);
+            for (int e = 0; e < 2; e++) {
+                const float4 v = *reinterpret_cast<const float4 *>(
+                    raw + (key0 + nt * 8 + 2 * t4 + e) * sp_ds_mla::ROW + ML_DV);
+                ksc[nt][e][0] = v.x, ksc[nt][e][1] = v.y, ksc[nt][e][2] = v.z, ksc[nt][e][3] = v.w;
             }
-            kva__cp_async_commit();
-        }
-        uint32_t sk = sTile + stage * C::TILE;
-        if (SRC::FP8) {
-            sk = sTile;
-            sp_codes<BN, Ty>(sp_smem + C::OFF_RAW + stage * C::RAW, sp_smem + C::OFF_TILE);
-            __syncthreads(); /* the 16-bit tile */
-        }
-
-        /* The tile scales of the thread's keys key0 + 8 nt + 2 t4 + e (fp8). */
-        const int key0 = kg * KW;
-        float ksc[NBS][2][4];
-        if (SRC::FP8) {
-            const unsigned char *raw = sp_smem + C::OFF_RAW + stage * C::RAW;
+    }
+    /* Logits in log2 units; unused keys -inf. */
+    template <typename C>
+    __device__ __forceinline__ void logits(float (*sc)[4], const args &, float scale_log2,
+                                           int32_t, int key0, int t4, const int *ok) const
+    {
 #pragma unroll
-            for (int nt = 0; nt < NBS; nt++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const float4 v = *reinterpret_cast<const float4 *>(
-                        raw + (key0 + nt * 8 + 2 * t4 + e) * sp_ds_mla::ROW + ML_DV);
-                    ksc[nt][e][0] = v.x, ksc[nt][e][1] = v.y, ksc[nt][e][2] = v.z,
-                    ksc[nt][e][3] = v.w;
-                }
-        }
-        /* S = Q K^T for row tile rt and the warp's KW keys: per part (the 4
-         * c_kv tiles of 8 k-steps, then k_pe's 4), each part times its key's
-         * scale (fp8) into sc. */
-        float sc[NBS][4];
-#pragma unroll
-        for (int nt = 0; nt < NBS; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                sc[nt][e] = 0.f;
-#pragma unroll
-        for (int part = 0; part < 5; part++) {
-            float ta[NBS][4], tb[NBS][4];
-#pragma unroll
-            for (int nt = 0; nt < NBS; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    ta[nt][e] = 0.f, tb[nt][e] = 0.f;
-            if (part < 4)
-                ml_qk<Ty, NBS, 8>(sQ, sk, row0, key0, part * 8, lane, ta, tb);
-            else
-                ml_qk<Ty, NBS, 4>(sQ, sk, row0, key0, 32, lane, ta, tb);
-#pragma unroll
-            for (int nt = 0; nt < NBS; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float x = ta[nt][e] + tb[nt][e];
-                    sc[nt][e] = SRC::FP8 && part < 4 ? fmaf(x, ksc[nt][e & 1][part & 3], sc[nt][e])
-                                                     : sc[nt][e] + x;
-                }
-        }
-        /* Logits in log2 units; unused keys -inf. */
-        const int *ok = s_ok + stage * BN;
-#pragma unroll
-        for (int nt = 0; nt < NBS; nt++)
+        for (int nt = 0; nt < C::NBS; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int kt = key0 + nt * 8 + 2 * t4 + (e & 1);
                 sc[nt][e] = ok[kt] ? sc[nt][e] * scale_log2 : -INFINITY;
             }
-        float alpha[2], mu[2];
-        const bool resc =
-            ml_tile_max<NBS, SP_NW / MT>(sc, s_max, kg, row0 + g4, t4, m_run, l_run, alpha, mu);
-        /* P (fp8: one copy per value tile, times the keys' scales of that tile). */
-        ml_store_p<Ty, NBS, C::NP, C::P_STRIDE, C::P_BYTES>(sc, mu, sP, row0 + g4, key0, t4, l_run,
-                                                            ksc);
-        if (resc)
-            ml_rescale<NBO>(o, alpha);
-        __syncthreads(); /* P of every slice */
-
-        /* O += P V over the warp's CW value columns of the tile (fp8: per value
-         * tile of 128 columns, with that tile's P). */
-        const int cc0 = kg * (C::CW / 8);
-        constexpr int NBT = SRC::FP8 && NBO > 16 ? 16 : NBO; /* n8 tiles per P copy */
-#pragma unroll
-        for (int pt = 0; pt < NBO / NBT; pt++) {
-            const int tp = SRC::FP8 ? (cc0 + pt * NBT) >> 4 : 0;
-            ml_pv<Ty, BN, NBT, C::P_STRIDE>(sP + tp * C::P_BYTES, sk, row0, cc0 + pt * NBT, lane,
-                                            o + pt * NBT);
-        }
-        stage = stage == NST - 1 ? 0 : stage + 1;
     }
-    kva__cp_async_wait<0>();
-    sp_finish<NBO, SP_NW / MT, Ty>(a, t, h0, nrows, split, s_sum, kg, row0 + g4, kg * C::CW, t4,
-                                   l_run, m_run, o);
-}
+    template <typename C>
+    __device__ __forceinline__ void finish(const args &a, float (*s_sum)[64], int slice, int r0,
+                                           int col0, int t4, float l_run[2], const float m_run[2],
+                                           const float (*o)[4]) const
+    {
+        sp_finish<C::NBO, C::NS, Ty>(a, mi.t, mi.h0, mi.nrows, mi.split, s_sum, slice, r0, col0,
+                                     t4, l_run, m_run, o);
+        __syncthreads(); /* s_sum, Q, the ring and the flags are rewritten by a next item */
+    }
+};
 
 /* The split partials of tokens t0 .. t0 + nt - 1 merged with the sink: one
  * warp per (token, head), lanes over 16 columns each. */
@@ -350,20 +234,18 @@ typedef struct sp_pick {
     int smem, bn;
 } sp_pick;
 
+template <typename Ty, typename SRC, int MT> static sp_pick sp_pick_at(void)
+{
+    typedef ml_tiles<MT, false, SRC> C;
+    const sp_pick k = {mla_decode_mma_kernel<Ty, MT, false, sp_mma<Ty, SRC>>, sp_merge_kernel<Ty>,
+                       C::SMEM, C::BN};
+    return k;
+}
 template <typename Ty, typename SRC> static sp_pick sp_pick_mt(int mt)
 {
-    sp_pick k;
-    k.merge = sp_merge_kernel<Ty>;
-    if (mt == 1)
-        k.fn = mla_sparse_kernel<Ty, 1, SRC>, k.smem = sp_cfg<1, SRC::FP8>::SMEM,
-        k.bn = sp_cfg<1, SRC::FP8>::BN;
-    else if (mt == 2)
-        k.fn = mla_sparse_kernel<Ty, 2, SRC>, k.smem = sp_cfg<2, SRC::FP8>::SMEM,
-        k.bn = sp_cfg<2, SRC::FP8>::BN;
-    else
-        k.fn = mla_sparse_kernel<Ty, 4, SRC>, k.smem = sp_cfg<4, SRC::FP8>::SMEM,
-        k.bn = sp_cfg<4, SRC::FP8>::BN;
-    return k;
+    return mt == 1   ? sp_pick_at<Ty, SRC, 1>()
+           : mt == 2 ? sp_pick_at<Ty, SRC, 2>()
+                     : sp_pick_at<Ty, SRC, 4>();
 }
 
 static sp_pick sp_choose(kva_dtype q_dtype, int fp8, int mt)
@@ -583,7 +465,7 @@ extern "C" kva_status kva__cuda_mla_sparse(kva_context *ctx, const kva_plan *pla
             KVA_CUDA_TRY(
                 cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
             k.fn<<<(unsigned)grid, ML_NT, (size_t)k.smem, stream>>>(b);
-            KVA_CUDA_LAUNCHED("mla_sparse_kernel");
+            KVA_CUDA_LAUNCHED("mla_decode_mma_kernel (sparse)");
         }
         if (l.nsplit > 1) {
             const int64_t rows = (int64_t)l.nt * a.H;

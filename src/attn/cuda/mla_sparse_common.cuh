@@ -11,18 +11,27 @@
 #include "mla_decode_common.cuh"
 
 #include <stdint.h>
-#define SP_NW (ML_NT / 32) /* warps per CTA */
 
-/* Row sources. ROW: bytes per row in global memory; CH: its 16-byte chunks. */
+/* Row sources. ROW: bytes per row in global memory; CH: its 16-byte chunks;
+ * the rest: the row format of the mma.sync body (ml_dense_rows,
+ * mla_decode_mma.cuh; stages: what fits 227 KB). */
 struct sp_rows16 { /* latent rows in the q dtype: [c_kv 512 | k_pe 64] */
     static constexpr bool FP8 = false;
     static constexpr int ROW = ML_D * 2;
     static constexpr int CH = ML_CH;
+    static constexpr int RAW_ROW = 0;
+    static constexpr int NP = 1;
+    static constexpr bool FLAGS = true;
+    template <int MT, bool> static constexpr int NST = MT == 4 ? 3 : 2;
 };
 struct sp_ds_mla { /* 512 e4m3 codes, 4 float32 tile scales, 64 bf16 k_pe */
     static constexpr bool FP8 = true;
     static constexpr int ROW = 656;
     static constexpr int CH = 41;
+    static constexpr int RAW_ROW = ROW;
+    static constexpr int NP = ML_DV / 128;
+    static constexpr bool FLAGS = true;
+    template <int MT, bool> static constexpr int NST = MT == 4 || MT == 1 ? 3 : 2;
 };
 
 /* Everything one launch reads (fixed per launch, so graph-capturable). */
