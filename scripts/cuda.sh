@@ -10,8 +10,8 @@
 #                   apache-tvm-ffi), installed offline into /tmp/kva_site
 #   OUT             folder for logs and results (default build-cuda/out)
 #   KVA_STEPS       steps to run (default "test sanitize bench prefill serve peers"; "bench" times
-#                   the copy ceiling, then kvattn's decode kernels and shapes and the
-#                   quantized caches (--quant), "prefill" its
+#                   the copy ceiling, then kvattn's decode kernels and shapes, the
+#                   quantized caches (--quant) and `kvattn bench --dcp` at 128k, "prefill" its
 #                   prefills through the public API, "peers" the table against peers, printed
 #                   last; "quicktest" runs the quick test sets without ctest; "serve" runs the
 #                   main job `kvattn serve-sim --backend cuda`: the default, --verify (also over
@@ -98,6 +98,11 @@ if has bench; then
   $b --mode decode --batch 64 --context 4092 --q-len 4 --quant int8 2>&1 | head -1
   $b --mode prefill --batch 4 --context 3072 --q-len 1024 --quant int8 --iters 5 2>&1 | head -1
   } | tee "$out/bench_quant.log"
+  echo "== decode context parallelism emulated on this GPU (128k, R 1 and 8; results.py reads the blocks)"
+  for nr in "4 1" "2 1" "4 8" "2 8"; do
+    set -- $nr
+    build-cuda/kvattn bench --dcp $1 --backend cuda --seq-len 131072 --batch $2 --iters 30 2>&1
+  done | tee "$out/bench_dcp.log"
 fi
 
 if has prefill; then

@@ -11,7 +11,7 @@ bench/results/.
       Reads the logs scripts/cuda.sh wrote to DIR (bench_*.log lines of
       bench_cuda, serve_*.json, peer_results.json) on the GPU machine.
   results.py cuda --raw bench/results/FILE.txt [--tag TAG] [--machine h100]
-      Reads the bench_cuda lines of one dated raw log of a GPU run (with
+      Reads the bench_cuda lines (and `kvattn bench --dcp` blocks) of one dated raw log of a GPU run (with
       --tag, only the lines that start with TAG, e.g. the "after" build of a
       before/after run); its "# gpu: ..." line names the GPU. No new raw log
       is written: the page names that file.
@@ -153,6 +153,42 @@ def cpu(a):
 
 BENCH_RE = re.compile(r"bench_cuda: (\w+) (.*?): median ([0-9.]+) ms, ([0-9.]+) (TB/s KV|TB/s)"
                       r"(?:, ([0-9.]+) TFLOP/s)?(.*)")
+# `kvattn bench --dcp N --backend cuda` (tools/bench_dcp.c): N ranks emulated on one GPU. Its block:
+# a "dcp: N .., I .., R .. x L .., ..." line, "unsharded X ms", "rank K X ms" per rank, "slowest rank /
+# unsharded RATIO"; a GPU script may put a tag before every line (the text before "dcp:" / the
+# indent is the tag).
+DCP_EMU_HEAD = re.compile(r"^(.*?)dcp: N (\d+), I (\d+), R (\d+) x L (\d+), .*?, (cuda|cpu)")
+DCP_EMU_FULL = re.compile(r"^(.*?)\s+unsharded\s+([0-9.]+) ms")
+DCP_EMU_RANK = re.compile(r"^(.*?)\s+rank (\d+)\s+([0-9.]+) ms")
+DCP_EMU_RATIO = re.compile(r"^(.*?)\s+slowest rank / unsharded\s+([0-9.]+)")
+
+
+def dcp_emulated(lines):
+    """The emulated DCP blocks of a log's lines: dicts tag, N, I, R, L, unsharded_ms, rank_ms
+    [per rank], ratio (slowest rank over unsharded), in log order."""
+    out, cur = [], {}
+    for line in lines:
+        m = DCP_EMU_HEAD.search(line)
+        if m:
+            cur[m.group(1).strip()] = {"tag": m.group(1).strip(), "N": int(m.group(2)),
+                                       "I": int(m.group(3)), "R": int(m.group(4)),
+                                       "L": int(m.group(5)), "backend": m.group(6),
+                                       "unsharded_ms": None, "rank_ms": []}
+            continue
+        for rx in (DCP_EMU_FULL, DCP_EMU_RANK, DCP_EMU_RATIO):
+            m = rx.search(line)
+            if not m or m.group(1).strip() not in cur:
+                continue
+            b = cur[m.group(1).strip()]
+            if rx is DCP_EMU_FULL:
+                b["unsharded_ms"] = float(m.group(2))
+            elif rx is DCP_EMU_RANK:
+                b["rank_ms"].append(float(m.group(3)))
+            else:
+                b["ratio"] = float(m.group(2))
+                out.append(cur.pop(b["tag"]))
+            break
+    return out
 
 
 def cuda(a):
@@ -162,7 +198,11 @@ def cuda(a):
     else:
         paths = sorted(glob.glob(os.path.join(a.logs, "bench_*.log")))
     gpu = ""
+    dcps = []
     for path in paths:
+        with open(path) as f:
+            text = f.read().splitlines()
+        dcps += dcp_emulated([l for l in text if not a.tag or l.startswith(a.tag)])
         with open(path) as f:
             for line in f:
                 if line.startswith("# gpu: "):
@@ -234,6 +274,19 @@ def cuda(a):
             lines.append(f"| {r[1]} {r[2]} | {r[3]:.4f} | {r[4]:.3f} | {pct} | {same_traffic(r)} | "
                          f"{fmt(r[5], 1)} | {r[6] or '–'} | {r[7]} |")
         lines.append("")
+    if dcps:
+        lines += ["## Decode context parallelism, emulated on one GPU (`kvattn bench --dcp N --backend "
+                  "cuda`)", "",
+                  "Each rank's decode over its own shard of the cache and the unsharded decode, per "
+                  "call, medians; the ratio is the slowest rank over the unsharded time (issue 19's "
+                  "targets: <= 0.3 at N = 4, <= 0.55 at N = 2).", "",
+                  "| run | N | R x tokens | unsharded ms | ranks ms | slowest rank / unsharded |",
+                  "|---|---|---|---|---|---|"]
+        for b in dcps:
+            lines.append(f"| {b['tag'] or '–'} | {b['N']} | {b['R']} x {b['L']} | "
+                         f"{fmt(b['unsharded_ms'], 3)} | "
+                         f"{', '.join(f'{x:.3f}' for x in b['rank_ms'])} | {b['ratio']:.3f} |")
+        lines.append("")
     serves = {}
     for path in sorted(glob.glob(os.path.join(a.logs, "serve_*.json"))) if a.logs else []:
         with open(path) as f:
@@ -265,7 +318,8 @@ def cuda(a):
             lines.append(f"| {r['case']} | {r['name']} | {r['ms']:.4f} | {fmt(tbs)} | {fmt(tf, 1)} | "
                          f"{fmt(b2b, 1)} |")
         lines.append("")
-    write(a, machine, lines, {"bench": rows, "serve": serves, "gpu": gpu, "copy_tbs": copy, "peers": peers}, date,
+    write(a, machine, lines, {"bench": rows, "serve": serves, "gpu": gpu, "copy_tbs": copy, "peers": peers,
+                              "dcp_emulated": dcps}, date,
           raw_log=not a.raw)
 
 

@@ -84,14 +84,15 @@ template <typename Ty, int D_> struct dm_load16 {
     {
         constexpr int CH = D / 8;
         const char *kp = (const char *)a.k, *vp = (const char *)a.v;
+        const uint64_t pol = kva__l2_evict_first(); /* K/V are read once per call */
 #pragma unroll
         for (int i = 0; i < DM_BN * CH / 32; i++) {
             const int x = lane + 32 * i, key = x / CH, c = x % CH;
             const int64_t row = __shfl_sync(0xffffffffu, mine, key);
             const bool ok = row >= 0;
             const int64_t boff = ok ? row * (int64_t)(D * 2) + c * 16 : 0;
-            kva__cp_async16(st + kva__swz<D>(key, c), kp + boff, ok ? 16 : 0);
-            kva__cp_async16(st + TILE + kva__swz<D>(key, c), vp + boff, ok ? 16 : 0);
+            kva__cp_async16_pol(st + kva__swz<D>(key, c), kp + boff, ok ? 16 : 0, pol);
+            kva__cp_async16_pol(st + TILE + kva__swz<D>(key, c), vp + boff, ok ? 16 : 0, pol);
         }
     }
 

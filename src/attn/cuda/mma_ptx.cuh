@@ -25,6 +25,25 @@ static __device__ __forceinline__ void kva__cp_async16(uint32_t dst, const void 
                  "r"(src_bytes)
                  : "memory");
 }
+/* An L2 cache policy for data a kernel reads once (a decode's K/V stream):
+ * the lines it brings into L2 are the first evicted, so the small metadata
+ * every call reads first (header, items, block table) and the split
+ * partials stay in L2 from one call to the next instead of being pushed out
+ * by a stream larger than L2. */
+static __device__ __forceinline__ uint64_t kva__l2_evict_first()
+{
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    return pol;
+}
+/* kva__cp_async16 under L2 cache policy pol (kva__l2_evict_first). */
+static __device__ __forceinline__ void kva__cp_async16_pol(uint32_t dst, const void *src,
+                                                           int src_bytes, uint64_t pol)
+{
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+                 "l"(src), "r"(src_bytes), "l"(pol)
+                 : "memory");
+}
 /* 4-byte global -> shared copy (zero-fill when src_bytes = 0). */
 static __device__ __forceinline__ void kva__cp_async4(uint32_t dst, const void *src, int src_bytes)
 {
