@@ -3,7 +3,8 @@
 # base (main) against a tree, both built here, then a per-CTA trace of both (dev/dyn27/trace.patch).
 # From a folder holding the two source trees: OUT=DIR bash new/dev/dyn27/ab.sh base new
 #   1) build both in parallel (90a; new also the decode tests);
-#   2) device copies of 1 GiB, 128 MiB (a 4-way shard of 1 x 128k) and 512 MiB (1 x 128k): the ceilings;
+#   2) device copies of 1 GiB, and of 64 / 128 / 256 MiB (read + write = 128 / 256 / 512 MiB: the KV bytes
+#      of a 4-way and a 2-way shard of 1 x 128k and of the unsharded 1 x 128k): the ceilings per call;
 #   3) rows alternated twice (base, new, base, new): R 1 at 32k / 64k / 128k (per call, back to back,
 #      graph replay of 8 layers), 16 x 1k, 16 x 4k, 64 x 4k bf16, 64 x 4k with 8 draft tokens at GQA 8
 #      (four items per kv head read the same K/V), int8 and fp8 64 x 4k, and
@@ -11,7 +12,8 @@
 #   4) tests of the new tree (quick) + memcheck of test_cuda_attn's decode cases;
 #   5) the trace: trace.patch applied to both trees, bench_cuda rebuilt, R 1 at 32k and 128k: per CTA
 #      %globaltimer at entry, after griddepcontrol.wait, first step landed, loop ends, written, counted,
-#      end (one call on an idle GPU, twice, and the 4th of 4 back to back).
+#      the merger's fence and merge, end (one call on an idle GPU, twice, and the 4th of 4 back to
+#      back), and the host time of the run path's runtime calls beside an empty kernel's launch.
 # Every bench_cuda line goes to $OUT/l/all.txt tagged "rN-base|rN-new LABEL", the dcp blocks tagged
 # "rN-base|rN-new dcpN", so `scripts/results.py cuda --raw FILE --tag r1-new` reads them.
 set -u -o pipefail
@@ -35,7 +37,7 @@ r() { # bin label args: one bench_cuda line, tagged; the graph time from its JSO
   grep -a "^bench_cuda:" $OUT/l/e.txt | sed "s/^/$lab /; s/\$/${g:+; graph $g ms per layer}/" >> $OUT/l/all.txt
 }
 copies() { r $BN/bench_cuda "$1-copy" --mode copy --iters 20
-  for b in 134217728 536870912; do r $BN/bench_cuda "$1-copy$((b >> 20))" --mode copy --copy-bytes $b --iters 50; done; }
+  for b in 67108864 134217728 268435456; do r $BN/bench_cuda "$1-copy$((b >> 20))" --mode copy --copy-bytes $b --iters 50; done; }
 copies r1
 S=("1 32767 8" "1 65535 8" "1 131071 8" "16 1023 0" "16 4095 0" "64 4095 0")
 for rd in 1 2; do for t in base new; do d=$BB; [ $t = new ] && d=$BN
@@ -65,7 +67,7 @@ echo "== trace built at $(el) s"
 for t in base new; do d=$BB; [ $t = new ] && d=$BN
   for s in 32767 131071; do
     timeout 60 $d/bench_cuda --mode decode --batch 1 --context $s --iters 20 > $OUT/l/tr.txt 2>&1
-    grep -a "dm_trace" $OUT/l/tr.txt | sed "s/^/$t 1x$((s+1)) /" | tee -a $OUT/l/trace.txt | grep -v "merge cta"
+    grep -a "dm_" $OUT/l/tr.txt | sed "s/^/$t 1x$((s+1)) /" | tee -a $OUT/l/trace.txt | grep -v "merge cta"
   done; done
 echo "== trace done at $(el) s"
 cp $OUT/l/all.txt $OUT/all.txt; cp $OUT/l/trace.txt $OUT/trace.txt 2>/dev/null; cp $OUT/l/sum.txt $OUT/sum.txt

@@ -233,14 +233,16 @@ static __device__ __forceinline__ void kva__dmma_row_sums(float l_run[2])
     }
 }
 
-/* Merge of the NW warps' states of row r, channel d: s_m, s_l [NW][M],
- * s_acc [NW][M][D] fp32, warp w's [M][D] at s_acc + w * WS. M: the row max
- * over the warps, mu: M or 0 when -inf, L and O: sum and O[r, d] relative to
- * mu. */
-template <int NW, int M_, int D, int WS = M_ * D>
+/* Merge of the NW warps' states of row r, channels d .. d + CW - 1: s_m,
+ * s_l [NW][M], s_acc [NW][M][D] fp32, warp w's [M][D] at s_acc + w * WS. M:
+ * the row max over the warps, mu: M or 0 when -inf, L and O[i]: sum and
+ * O[r, d + i] relative to mu. The row's weights are computed once for its CW
+ * channels, whose loads and sums are independent (one thread's epilogue is a
+ * latency-bound chain: a CTA has one warp per scheduler). */
+template <int NW, int M_, int D, int WS, int CW>
 static __device__ __forceinline__ void
 kva__dmma_merge(const float (*s_m)[M_], const float (*s_l)[M_], const float *s_acc, int32_t r,
-                int32_t d, float &M, float &mu, float &L, float &O)
+                int32_t d, float &M, float &mu, float &L, float O[CW])
 {
     M = -INFINITY;
 #pragma unroll
@@ -248,30 +250,47 @@ kva__dmma_merge(const float (*s_m)[M_], const float (*s_l)[M_], const float *s_a
         M = fmaxf(M, s_m[ww][r]);
     mu = M == -INFINITY ? 0.f : M;
     L = 0.f;
-    O = 0.f;
+#pragma unroll
+    for (int i = 0; i < CW; i++)
+        O[i] = 0.f;
 #pragma unroll
     for (int ww = 0; ww < NW; ww++) {
         const float c = kva__ex2(s_m[ww][r] - mu);
         L += s_l[ww][r] * c;
-        O += s_acc[(size_t)ww * WS + r * D + d] * c;
+        const float *src = s_acc + (size_t)ww * WS + r * D + d;
+        float x[CW];
+        if constexpr (CW == 4) {
+            const float4 v = *reinterpret_cast<const float4 *>(src);
+            x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < CW; i++)
+                x[i] = src[i];
+        }
+#pragma unroll
+        for (int i = 0; i < CW; i++)
+            O[i] += x[i] * c;
     }
 }
 
-/* Writes element (r, d) of item w: the split partial (out over the chunk's
- * keys, lse without the sink) into blk, the item's block of its task's
- * partials ([nrows, D] then [nrows] lse; split items only: the caller reads
- * the task once per item), or out (St::store, St::elem) and lse, the sink
- * entering here. */
-template <int D, typename St>
+/* Writes elements (r, d .. d + CW - 1) of item w: the split partial (out
+ * over the chunk's keys, lse without the sink) into blk, the item's block of
+ * its task's partials ([nrows, D] then [nrows] lse; split items only: the
+ * caller reads the task once per item), or out (St::store, St::elem) and
+ * lse, the sink entering here. The row's values (head, token, its lse) once
+ * for its CW channels; each channel's arithmetic as for one. */
+template <int D, typename St, int CW>
 static __device__ __forceinline__ void
 kva__dmma_write(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, int32_t qs,
-                int32_t r, int32_t d, float M, float mu, float L, float O, float *blk)
+                int32_t r, int32_t d, float M, float mu, float L, const float O[CW], float *blk)
 {
     const int32_t qi = r / w.nh, hh = r - qi * w.nh;
     const int32_t head = w.kv_head * a.G + w.h0 + hh;
     const int64_t tok = qs + w.i0 + qi;
     if (w.task >= 0) {
-        blk[(int64_t)r * D + d] = L > 0.f ? O / L : 0.f;
+#pragma unroll
+        for (int i = 0; i < CW; i++)
+            blk[(int64_t)r * D + d + i] = L > 0.f ? O[i] / L : 0.f;
         if (d == 0)
             blk[(int64_t)nrows * D + r] =
                 L > 0.f ? (mu + log2f(L)) * KVA__DMMA_LN2 : (L == 0.f ? -INFINITY : L);
@@ -284,8 +303,10 @@ kva__dmma_write(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t n
         const float mt = Mt == -INFINITY ? 0.f : Mt;
         const float cf = exp2f(mu - mt);
         const float Lt = L * cf + (a.sinks ? exp2f(sink2 - mt) : 0.f);
-        const float ov = Lt > 0.f ? O * cf / Lt : (Lt == 0.f ? 0.f : Lt);
-        St::store((typename St::elem *)a.out + (tok * a.H + head) * D + d, ov);
+        typename St::elem *dst = (typename St::elem *)a.out + (tok * a.H + head) * D + d;
+#pragma unroll
+        for (int i = 0; i < CW; i++)
+            St::store(dst + i, Lt > 0.f ? O[i] * cf / Lt : (Lt == 0.f ? 0.f : Lt));
         if (a.lse && d == 0)
             a.lse[tok * a.H + head] =
                 Lt > 0.f ? (mt + log2f(Lt)) * KVA__DMMA_LN2 : (Lt == 0.f ? -INFINITY : Lt);

@@ -100,6 +100,7 @@ extern "C" {
 #define DM_NW 4  /* warps per CTA */
 #define DM_BN 16 /* keys per tile */
 #define DM_M KVA__CUDA_MMA_DECODE_ROWS
+#define DM_CW 4 /* channels per thread in the epilogue's merge of the warps */
 
 /* O += P V of a 16-key step with 16-bit V (Ty kva__mma_bf16 or kva__mma_f16):
  * P [16, 16] (sc, rounded to V's dtype) as the A operand, V [16, D] at shared
@@ -481,13 +482,17 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         }
         __syncthreads();
 
-        /* Combine the warps and write: element (r, d) per thread. */
-        for (int32_t x = threadIdx.x; x < nrows * D; x += DM_NW * 32) {
-            const int32_t r = x / D, d = x - r * D;
-            float M, mu, L, O;
-            kva__dmma_merge<DM_NW, DM_M, D, WS>(s_m, s_l, s_acc, r, d, M, mu, L, O);
-            O = P::value(q, w, d, L, O);
-            kva__dmma_write<D, typename P::Out>(a, w, nrows, qs, r, d, M, mu, L, O, pblk);
+        /* Combine the warps and write: DM_CW consecutive channels of one row
+         * per thread (4 rows x D 128: one pass of the CTA). */
+        constexpr int CW = DM_CW, NC = D / DM_CW;
+        for (int32_t x = threadIdx.x; x < nrows * NC; x += DM_NW * 32) {
+            const int32_t r = x / NC, d = (x - r * NC) * CW;
+            float M, mu, L, O[CW];
+            kva__dmma_merge<DM_NW, DM_M, D, WS, CW>(s_m, s_l, s_acc, r, d, M, mu, L, O);
+#pragma unroll
+            for (int i = 0; i < CW; i++)
+                O[i] = P::value(q, w, d + i, L, O[i]);
+            kva__dmma_write<D, typename P::Out, CW>(a, w, nrows, qs, r, d, M, mu, L, O, pblk);
         }
         if (w.task >= 0) {
             /* Publish the partial, then count it; the CTA that counts the
