@@ -9,7 +9,7 @@
 #      graph replay of 8 layers), 16 x 1k, 16 x 4k, 64 x 4k bf16, 64 x 4k with 8 draft tokens at GQA 8
 #      (four items per kv head read the same K/V), int8 and fp8 64 x 4k, and
 #      `kvattn bench --dcp 4|2 --backend cuda` at 128k R 1 (every line of it kept, tagged);
-#   4) tests of the new tree (quick) + memcheck of test_cuda_attn's decode cases;
+#   4) tests of the new tree (quick) + memcheck of test_cuda_attn's decode cases and test_cuda_quant_attn;
 #   5) the trace: trace.patch applied to both trees, bench_cuda rebuilt, R 1 at 32k and 128k: per CTA
 #      %globaltimer at entry, after griddepcontrol.wait, first step landed, loop ends, written, counted,
 #      the merger's fence and merge, end (one call on an idle GPU, twice, and the 4th of 4 back to
@@ -56,6 +56,7 @@ for i in 0 1 2; do
   ( s=$(date +%s); KVA_TEST_ONLY=${G[$i]} KVA_TEST_QUICK=1 timeout 150 $BN/test_cuda_attn > $OUT/l/attn_$i.log 2>&1; echo "test_cuda_attn[$i] rc=$? $(( $(date +%s) - s )) s: $(grep -aE 'passed|FAILED|CHECK failed' $OUT/l/attn_$i.log | tail -1 | cut -c1-100)" ) &
 done
 ( s=$(date +%s); KVA_TEST_ONLY=test_split_kv,test_many_items,test_decode_mma KVA_TEST_QUICK=1 timeout 160 compute-sanitizer --tool memcheck --error-exitcode 9 $BN/test_cuda_attn > $OUT/l/mc_attn.log 2>&1; echo "memcheck test_cuda_attn (decode cases) rc=$? $(( $(date +%s) - s )) s: $(grep -aE 'ERROR SUMMARY' $OUT/l/mc_attn.log | tail -1) $(grep -aE '[0-9]+ passed' $OUT/l/mc_attn.log | tail -1)" ) &
+( s=$(date +%s); KVA_TEST_QUICK=1 timeout 160 compute-sanitizer --tool memcheck --error-exitcode 9 $BN/test_cuda_quant_attn > $OUT/l/mc_qattn.log 2>&1; echo "memcheck test_cuda_quant_attn rc=$? $(( $(date +%s) - s )) s: $(grep -aE 'ERROR SUMMARY' $OUT/l/mc_qattn.log | tail -1)" ) &
 for t in ${T#test_cuda_attn }; do ( s=$(date +%s); KVA_TEST_QUICK=1 timeout 150 $BN/$t > $OUT/l/$t.log 2>&1; echo "$t rc=$? $(( $(date +%s) - s )) s: $(grep -aE 'passed|FAILED|CHECK failed' $OUT/l/$t.log | tail -1 | cut -c1-100)" ) & done
 wait
 echo "== tests done at $(el) s"
