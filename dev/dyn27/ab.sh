@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # dev/dyn27/ab.sh - the 16-bit decode's fixed cost per call (issues 23, 19, 20) on one GPU, in one call:
-# base (main) against a tree, both built here, then a per-CTA trace of both (dev/dyn27/trace.patch).
+# base (main) against a tree, both built here, then a per-CTA trace of both (dev/dyn27/trace.py).
 # From a folder holding the two source trees: OUT=DIR bash new/dev/dyn27/ab.sh base new
 #   1) build both in parallel (90a; new also the decode tests);
 #   2) device copies of 1 GiB, and of 64 / 128 / 256 MiB (read + write = 128 / 256 / 512 MiB: the KV bytes
@@ -10,7 +10,7 @@
 #      (four items per kv head read the same K/V), int8 and fp8 64 x 4k, and
 #      `kvattn bench --dcp 4|2 --backend cuda` at 128k R 1 (every line of it kept, tagged);
 #   4) tests of the new tree (quick) + memcheck of test_cuda_attn's decode cases and test_cuda_quant_attn;
-#   5) the trace: trace.patch applied to both trees, bench_cuda rebuilt, R 1 at 32k and 128k: per CTA
+#   5) the trace: dev/dyn27/trace.py run on both trees, bench_cuda rebuilt, R 1 at 32k and 128k: per CTA
 #      %globaltimer at entry, after griddepcontrol.wait, first step landed, loop ends, written, counted,
 #      the merger's fence and merge, end (one call on an idle GPU, twice, and the 4th of 4 back to
 #      back), and the host time of the run path's runtime calls beside an empty kernel's launch.
@@ -62,7 +62,7 @@ wait
 echo "== tests done at $(el) s"
 # The trace (dev only): patch both trees, rebuild bench_cuda (the decode objects and bench_cuda.c).
 for t in base new; do d=$B; [ $t = new ] && d=$N
-  ( cd $d && patch -p1 -s < $N/dev/dyn27/trace.patch && timeout 200 ninja -C $([ $t = new ] && echo $BN || echo $BB) -j8 bench_cuda > $OUT/l/tbuild_$t.log 2>&1; echo "trace build $t rc=$?" ) &
+  ( cd $d && python3 $N/dev/dyn27/trace.py . && timeout 200 ninja -C $([ $t = new ] && echo $BN || echo $BB) -j8 bench_cuda > $OUT/l/tbuild_$t.log 2>&1; echo "trace build $t rc=$?" ) &
 done; wait
 echo "== trace built at $(el) s"
 for t in base new; do d=$BB; [ $t = new ] && d=$BN

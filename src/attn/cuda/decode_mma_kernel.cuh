@@ -221,6 +221,34 @@ template <int BNW> struct dm_steps {
     }
 };
 
+/* The last-CTA merge of a split task (kva__merge_split_cta) from a copy in
+ * shared memory: the CTA copies the task's nsplit partial blocks (contiguous
+ * in the workspace: nsplit x nrows x (D + 1) floats from base) into smem
+ * (bytes of free shared memory) with cp.async, every copy in flight at once,
+ * and merges from there: one round trip to L2 instead of one per CH parts.
+ * Returns false, having done nothing, where they do not fit or base is not
+ * 16-byte aligned (the caller then merges from L2). */
+template <typename T>
+static __device__ __forceinline__ bool
+dm_merge_smem(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_t qs,
+              const float *sinks, T *out, float *lse, int32_t H, int32_t G, int32_t D,
+              unsigned char *smem, int32_t bytes)
+{
+    const int64_t n = (int64_t)nsplit * w.nq * w.nh * (D + 1); /* floats */
+    if (n * (int64_t)sizeof(float) > bytes || ((uintptr_t)base & 15) != 0)
+        return false;
+    const uint32_t s0 = kva__smem_u32(smem);
+    for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x)
+        kva__cp_async16(s0 + 16 * (uint32_t)i, base + 4 * i, 16);
+    for (int64_t i = n / 4 * 4 + threadIdx.x; i < n; i += blockDim.x)
+        kva__cp_async4(s0 + 4 * (uint32_t)i, base + i, 4);
+    kva__cp_async_commit();
+    kva__cp_async_wait<0>();
+    __syncthreads(); /* every thread's copies landed */
+    kva__merge_split_cta<T, true>((const float *)smem, nsplit, w, qs, sinks, out, lse, H, G, D);
+    return true;
+}
+
 /* The decode of load policy P (above). Dynamic shared memory: Q (P::SQ
  * bytes) then the rings [NW][NST] stages; the warps' O [NW][16][D] fp32
  * reuse the rings' space for the final merge. */
@@ -507,8 +535,16 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
             __syncthreads();
             if (s_last) {
                 __threadfence();
-                kva__merge_split_cta(pblk - (int64_t)w.split * nrows * (D + 1), nsplit, w, qs,
-                                     a.sinks, (typename P::Out::elem *)a.out, a.lse, a.H, a.G, D);
+                /* From shared memory where the rings are free: every warp
+                 * is past its key loop and the warps' O were read (the
+                 * barrier after the count), and no next item's copies are
+                 * in flight (OVL issues them before the epilogue). */
+                const float *tb = pblk - (int64_t)w.split * nrows * (D + 1);
+                typename P::Out::elem *o16 = (typename P::Out::elem *)a.out;
+                if ((OVL && more) ||
+                    !dm_merge_smem(tb, nsplit, w, qs, a.sinks, o16, a.lse, a.H, a.G, D,
+                                   dm_smem_buf + P::SQ, DM_NW * NST * STAGE))
+                    kva__merge_split_cta(tb, nsplit, w, qs, a.sinks, o16, a.lse, a.H, a.G, D);
                 if (threadIdx.x == 0) {
                     atomicExch(done, 0);
                     atomicExch(const_cast<int *>(&a.meta.tasks[w.task].grab), 0);

@@ -152,8 +152,9 @@ kva__merge_split_task(const kva__cuda_meta &meta, const kva__cuda_task &t, const
  * running max, sum and accumulators rescaled per chunk. Same results as
  * kva__lse_merge: a part of weight 0 adds nothing (its values may be NaN), a
  * NaN lse makes the row NaN, all -inf (and no sink) gives 0 and -inf.
+ * SH: the blocks are a copy in shared memory (plain loads; else L2 loads).
  */
-template <int VW, int CH>
+template <int VW, int CH, bool SH = false>
 static __device__ __forceinline__ void
 kva__merge_unit(const float *base, int64_t blk, int32_t nrows, int32_t Dv, int32_t r, int32_t d,
                 int32_t P, float sink, float o[VW], float &lv)
@@ -170,8 +171,10 @@ kva__merge_unit(const float *base, int64_t blk, int32_t nrows, int32_t Dv, int32
         for (int j = 0; j < CH; j++) {
             const int32_t p = p0 + j < P ? p0 + j : P - 1; /* a valid part; weight 0 past P */
             const float *pb = base + p * blk;
-            l[j] = p0 + j < P ? __ldcg(pb + (int64_t)nrows * Dv + r) : -INFINITY;
-            const vec v = __ldcg(reinterpret_cast<const vec *>(pb + (int64_t)r * Dv + d));
+            const float *pl = pb + (int64_t)nrows * Dv + r;
+            const vec *pv = reinterpret_cast<const vec *>(pb + (int64_t)r * Dv + d);
+            l[j] = p0 + j < P ? (SH ? *pl : __ldcg(pl)) : -INFINITY;
+            const vec v = SH ? *pv : __ldcg(pv);
             memcpy(x[j], &v, sizeof v);
         }
         float mc = m;
@@ -227,7 +230,7 @@ kva__merge_unit(const float *base, int64_t blk, int32_t nrows, int32_t Dv, int32
  * of L2 loads at CH 16; the item gives what the task would (no dependent
  * reads).
  */
-template <int CH, typename T>
+template <int CH, bool SH, typename T>
 static __device__ __forceinline__ void
 kva__merge_split_cta_ch(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_t qs,
                         const float *sinks, T *out, float *lse, int32_t H, int32_t G, int32_t Dv)
@@ -244,13 +247,13 @@ kva__merge_split_cta_ch(const float *base, int32_t nsplit, const kva__cuda_item 
         float lv;
         if (v4) {
             float o[4];
-            kva__merge_unit<4, CH>(base, blk, nrows, Dv, r, 4 * c, nsplit, sink, o, lv);
+            kva__merge_unit<4, CH, SH>(base, blk, nrows, Dv, r, 4 * c, nsplit, sink, o, lv);
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 store_f(out, row * Dv + 4 * c + i, o[i]);
         } else {
             float o[1];
-            kva__merge_unit<1, CH>(base, blk, nrows, Dv, r, c, nsplit, sink, o, lv);
+            kva__merge_unit<1, CH, SH>(base, blk, nrows, Dv, r, c, nsplit, sink, o, lv);
             store_f(out, row * Dv + c, o[0]);
         }
         if (lse && c == 0)
@@ -259,18 +262,19 @@ kva__merge_split_cta_ch(const float *base, int32_t nsplit, const kva__cuda_item 
 }
 
 /* kva__merge_split_cta_ch with as many parts in flight as the task has, up
- * to 16 (no loads of parts past nsplit for 2-8 splits). */
-template <typename T>
+ * to 16 (no loads of parts past nsplit for 2-8 splits); SH: the blocks at
+ * base are a copy in shared memory. */
+template <typename T, bool SH = false>
 static __device__ __forceinline__ void
 kva__merge_split_cta(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_t qs,
                      const float *sinks, T *out, float *lse, int32_t H, int32_t G, int32_t Dv)
 {
     if (nsplit <= 4)
-        kva__merge_split_cta_ch<4>(base, nsplit, w, qs, sinks, out, lse, H, G, Dv);
+        kva__merge_split_cta_ch<4, SH>(base, nsplit, w, qs, sinks, out, lse, H, G, Dv);
     else if (nsplit <= 8)
-        kva__merge_split_cta_ch<8>(base, nsplit, w, qs, sinks, out, lse, H, G, Dv);
+        kva__merge_split_cta_ch<8, SH>(base, nsplit, w, qs, sinks, out, lse, H, G, Dv);
     else
-        kva__merge_split_cta_ch<16>(base, nsplit, w, qs, sinks, out, lse, H, G, Dv);
+        kva__merge_split_cta_ch<16, SH>(base, nsplit, w, qs, sinks, out, lse, H, G, Dv);
 }
 
 #endif /* KVA_CUDA_LSE_MERGE_CUH */
