@@ -41,8 +41,9 @@
  *     the CTA writes out/lse, or a split partial. The CTA that writes the
  *     last partial of a split task (a count per task: the task's done word)
  *     merges the task's partials into out/lse (kva__merge_split_cta,
- *     lse_merge.cuh: every thread one row's 4 channels over all partials),
- *     so no merge kernel runs after this one; the sink enters there or here,
+ *     lse_merge.cuh: every thread one row's 4 channels over all partials;
+ *     from a copy of the partials in the free rings, dm_merge_smem, where
+ *     they fit), so no merge kernel runs after this one; the sink enters there or here,
  *     once. The task's record (partial block, split count, keys) is read
  *     when the item starts, so the epilogue has no dependent read.
  * Keys at or past the item's end are zero-filled (cp.async with source size
