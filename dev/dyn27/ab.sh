@@ -14,13 +14,13 @@
 #      %globaltimer at entry, after griddepcontrol.wait, first step landed, loop ends, written, counted,
 #      the merger's fence and merge, end (one call on an idle GPU, twice, and the 4th of 4 back to
 #      back), and the host time of the run path's runtime calls beside an empty kernel's launch.
-# Every bench_cuda line goes to $OUT/l/all.txt tagged "rN-base|rN-new LABEL", the dcp blocks tagged
+# Every bench_cuda line goes to $OUT/all.txt tagged "rN-base|rN-new LABEL", the dcp blocks tagged
 # "rN-base|rN-new dcpN", so `scripts/results.py cuda --raw FILE --tag r1-new` reads them.
 set -u -o pipefail
 B=$(cd "$1" && pwd); N=$(cd "$2" && pwd)
 OUT=${OUT:-out}; mkdir -p $OUT/l; t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | tee $OUT/l/gpu.txt
-echo "# gpu: $(cat $OUT/l/gpu.txt)" > $OUT/l/all.txt
+echo "# gpu: $(cat $OUT/l/gpu.txt)" > $OUT/all.txt
 T="test_cuda_attn test_cuda_quant_attn test_cuda_dcp test_cuda_plan_update"
 F="-G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DKVA_BUILD_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DKVA_WITH_OPENSSL=OFF -DKVA_WITH_XXHASH=OFF -DKVA_WITH_CJSON=OFF -DKVA_WITH_MPI=OFF -DKVA_WITH_NCCL=OFF"
 BB=/tmp/dyn27b; BN=/tmp/dyn27n
@@ -33,8 +33,8 @@ r() { # bin label args: one bench_cuda line, tagged; the graph time from its JSO
   local bin=$1 lab=$2; shift 2
   timeout 60 $bin "$@" 2> $OUT/l/e.txt > $OUT/l/o.txt
   local g=$(grep -ao '"graph_ms_per_layer": [0-9.]*' $OUT/l/o.txt | grep -o '[0-9.]*$')
-  echo "$lab: $(grep -ao 'median [0-9.]* ms, [0-9.]* TB/s\|back to back [0-9.]* ms\|check [a-zA-Z]*' $OUT/l/e.txt | tr '\n' ' ')${g:+graph $g ms}" | tee -a $OUT/l/sum.txt
-  grep -a "^bench_cuda:" $OUT/l/e.txt | sed "s/^/$lab /; s/\$/${g:+; graph $g ms per layer}/" >> $OUT/l/all.txt
+  echo "$lab: $(grep -ao 'median [0-9.]* ms, [0-9.]* TB/s\|back to back [0-9.]* ms\|check [a-zA-Z]*' $OUT/l/e.txt | tr '\n' ' ')${g:+graph $g ms}" | tee -a $OUT/sum.txt
+  grep -a "^bench_cuda:" $OUT/l/e.txt | sed "s/^/$lab /; s/\$/${g:+; graph $g ms per layer}/" >> $OUT/all.txt
 }
 copies() { r $BN/bench_cuda "$1-copy" --mode copy --iters 20
   for b in 67108864 134217728 268435456; do r $BN/bench_cuda "$1-copy$((b >> 20))" --mode copy --copy-bytes $b --iters 50; done; }
@@ -46,8 +46,8 @@ for rd in 1 2; do for t in base new; do d=$BB; [ $t = new ] && d=$BN
   r $d/bench_cuda "r$rd-$t 64x4096 q8 G8" --mode decode --batch 64 --context 4088 --q-len 8 --heads 64 --kv-heads 8 --iters 50
   for qf in int8 fp8; do r $d/bench_cuda "r$rd-$t 64x4096 $qf" --mode decode --batch 64 --context 4095 --iters 50 --quant $qf; done
   for n in 4 2; do timeout 60 $d/kvattn bench --dcp $n --backend cuda --seq-len 131072 --batch 1 --iters 30 > $OUT/l/dcp.txt 2>&1
-    echo "r$rd-$t dcp$n rc=$?: $(grep -aE 'unsharded|rank [0-9]' $OUT/l/dcp.txt | tr -s ' ' | tr '\n' ';')" | tee -a $OUT/l/sum.txt
-    sed "s/^/r$rd-$t dcp$n /" $OUT/l/dcp.txt >> $OUT/l/all.txt; done
+    echo "r$rd-$t dcp$n rc=$?: $(grep -aE 'unsharded|rank [0-9]' $OUT/l/dcp.txt | tr -s ' ' | tr '\n' ';')" | tee -a $OUT/sum.txt
+    sed "s/^/r$rd-$t dcp$n /" $OUT/l/dcp.txt >> $OUT/all.txt; done
 done; echo "== round $rd at $(el) s"; done
 copies r2
 echo "== tests at $(el) s"
@@ -68,10 +68,9 @@ echo "== trace built at $(el) s"
 for t in base new; do d=$BB; [ $t = new ] && d=$BN
   for s in 32767 131071; do
     timeout 60 $d/bench_cuda --mode decode --batch 1 --context $s --iters 20 > $OUT/l/tr.txt 2>&1
-    grep -a "dm_" $OUT/l/tr.txt | sed "s/^/$t 1x$((s+1)) /" | tee -a $OUT/l/trace.txt | grep -v "merge cta"
+    grep -a "dm_" $OUT/l/tr.txt | sed "s/^/$t 1x$((s+1)) /" | tee -a $OUT/trace.txt | grep -v "merge cta"
   done; done
 echo "== trace done at $(el) s"
-cp $OUT/l/all.txt $OUT/all.txt; cp $OUT/l/trace.txt $OUT/trace.txt 2>/dev/null; cp $OUT/l/sum.txt $OUT/sum.txt
 tar -czf $OUT/logs.tgz -C $OUT l
-echo "== summary"; sed 's/ median / /; s/ back to back / b2b /' $OUT/l/sum.txt | cut -c1-200
+echo "== summary"; sed 's/ median / /; s/ back to back / b2b /' $OUT/sum.txt | cut -c1-200
 echo "== end at $(el) s"
