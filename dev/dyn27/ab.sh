@@ -42,10 +42,10 @@ copies r1
 S=("1 32767 8" "1 65535 8" "1 131071 8" "16 1023 0" "16 4095 0" "64 4095 0")
 for rd in 1 2; do for t in base new; do d=$BB; [ $t = new ] && d=$BN
   for s in "${S[@]}"; do set -- $s; g=(); [ $3 -gt 0 ] && g=(--graph-layers $3)
-    r $d/bench_cuda "r$rd-$t ${1}x$(($2+1))" --mode decode --batch $1 --context $2 --iters 50 "${g[@]}"; done
-  r $d/bench_cuda "r$rd-$t 64x4096 q8 G8" --mode decode --batch 64 --context 4088 --q-len 8 --heads 64 --kv-heads 8 --iters 50
-  for qf in int8 fp8; do r $d/bench_cuda "r$rd-$t 64x4096 $qf" --mode decode --batch 64 --context 4095 --iters 50 --quant $qf; done
-  for n in 4 2; do timeout 60 $d/kvattn bench --dcp $n --backend cuda --seq-len 131072 --batch 1 --iters 30 > $OUT/l/dcp.txt 2>&1
+    r $d/bench_cuda "r$rd-$t ${1}x$(($2+1))" --mode decode --batch $1 --context $2 --iters 30 "${g[@]}"; done
+  r $d/bench_cuda "r$rd-$t 64x4096 q8 G8" --mode decode --batch 64 --context 4088 --q-len 8 --heads 64 --kv-heads 8 --iters 30
+  for qf in int8 fp8; do r $d/bench_cuda "r$rd-$t 64x4096 $qf" --mode decode --batch 64 --context 4095 --iters 30 --quant $qf; done
+  for n in 4 2; do timeout 60 $d/kvattn bench --dcp $n --backend cuda --seq-len 131072 --batch 1 --iters 20 > $OUT/l/dcp.txt 2>&1
     echo "r$rd-$t dcp$n rc=$?: $(grep -aE 'unsharded|rank [0-9]' $OUT/l/dcp.txt | tr -s ' ' | tr '\n' ';')" | tee -a $OUT/sum.txt
     sed "s/^/r$rd-$t dcp$n /" $OUT/l/dcp.txt >> $OUT/all.txt; done
 done; echo "== round $rd at $(el) s"; done
@@ -61,11 +61,11 @@ for t in ${T#test_cuda_attn }; do ( s=$(date +%s); KVA_TEST_QUICK=1 timeout 150 
 wait
 echo "== tests done at $(el) s"
 # The trace (dev only): patch both trees, rebuild bench_cuda (the decode objects and bench_cuda.c).
-for t in base new; do d=$B; [ $t = new ] && d=$N
+for t in ${KVA_TRACE_TREES:-base new}; do d=$B; [ $t = new ] && d=$N
   ( cd $d && python3 $N/dev/dyn27/trace.py . && timeout 200 ninja -C $([ $t = new ] && echo $BN || echo $BB) -j8 bench_cuda > $OUT/l/tbuild_$t.log 2>&1; echo "trace build $t rc=$?" ) &
 done; wait
 echo "== trace built at $(el) s"
-for t in base new; do d=$BB; [ $t = new ] && d=$BN
+for t in ${KVA_TRACE_TREES:-base new}; do d=$BB; [ $t = new ] && d=$BN
   for s in 32767 131071; do
     timeout 60 $d/bench_cuda --mode decode --batch 1 --context $s --iters 20 > $OUT/l/tr.txt 2>&1
     grep -a "dm_" $OUT/l/tr.txt | sed "s/^/$t 1x$((s+1)) /" | tee -a $OUT/trace.txt | grep -v "merge cta"
