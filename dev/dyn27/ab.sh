@@ -40,7 +40,7 @@ copies() { r $BN/bench_cuda "$1-copy" --mode copy --iters 20
   for b in 67108864 134217728 268435456; do r $BN/bench_cuda "$1-copy$((b >> 20))" --mode copy --copy-bytes $b --iters 50; done; }
 copies r1
 S=("1 32767 8" "1 65535 8" "1 131071 8" "16 1023 0" "16 4095 0" "64 4095 0")
-for rd in 1 2; do for t in base new; do d=$BB; [ $t = new ] && d=$BN
+for rd in $(seq 1 ${KVA_ROUNDS:-2}); do for t in base new; do d=$BB; [ $t = new ] && d=$BN
   for s in "${S[@]}"; do set -- $s; g=(); [ $3 -gt 0 ] && g=(--graph-layers $3)
     r $d/bench_cuda "r$rd-$t ${1}x$(($2+1))" --mode decode --batch $1 --context $2 --iters 30 "${g[@]}"; done
   r $d/bench_cuda "r$rd-$t 64x4096 q8 G8" --mode decode --batch 64 --context 4088 --q-len 8 --heads 64 --kv-heads 8 --iters 30
