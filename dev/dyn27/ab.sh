@@ -15,7 +15,9 @@
 #      the merger's fence and merge, end (one call on an idle GPU, twice, and the 4th of 4 back to
 #      back), and the host time of the run path's runtime calls beside an empty kernel's launch.
 # Every bench_cuda line goes to $OUT/all.txt tagged "rN-base|rN-new LABEL", the dcp blocks tagged
-# "rN-base|rN-new dcpN", so `scripts/results.py cuda --raw FILE --tag r1-new` reads them.
+# "rN-base|rN-new dcpN", so `scripts/results.py cuda --raw FILE --tag r1-new` reads them; the test lines go to
+# $OUT/tests.txt, the trace to $OUT/trace.txt, as they come. KVA_ROUNDS (default 2) alternated rounds,
+# KVA_TRACE_TREES (default "base new") the traced trees. On an H200: ~235 s wall with two rounds and both traces.
 set -u -o pipefail
 B=$(cd "$1" && pwd); N=$(cd "$2" && pwd)
 OUT=${OUT:-out}; mkdir -p $OUT/l; t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
@@ -51,6 +53,7 @@ for rd in $(seq 1 ${KVA_ROUNDS:-2}); do for t in base new; do d=$BB; [ $t = new 
 done; echo "== round $rd at $(el) s"; done
 copies r2
 echo "== tests at $(el) s"
+run_tests() {
 G=("test_grid,test_decode_mma" "test_split_kv,test_many_items,test_mma_mixed" "test_dcp_plans,test_chunk,test_stale_plan,test_empty_rows,test_force_kernel,test_ragged_refuses_paged_prefill")
 for i in 0 1 2; do
   ( s=$(date +%s); KVA_TEST_ONLY=${G[$i]} KVA_TEST_QUICK=1 timeout 150 $BN/test_cuda_attn > $OUT/l/attn_$i.log 2>&1; echo "test_cuda_attn[$i] rc=$? $(( $(date +%s) - s )) s: $(grep -aE 'passed|FAILED|CHECK failed' $OUT/l/attn_$i.log | tail -1 | cut -c1-100)" ) &
@@ -59,10 +62,12 @@ done
 ( s=$(date +%s); KVA_TEST_QUICK=1 timeout 160 compute-sanitizer --tool memcheck --error-exitcode 9 $BN/test_cuda_quant_attn > $OUT/l/mc_qattn.log 2>&1; echo "memcheck test_cuda_quant_attn rc=$? $(( $(date +%s) - s )) s: $(grep -aE 'ERROR SUMMARY' $OUT/l/mc_qattn.log | tail -1)" ) &
 for t in ${T#test_cuda_attn }; do ( s=$(date +%s); KVA_TEST_QUICK=1 timeout 150 $BN/$t > $OUT/l/$t.log 2>&1; echo "$t rc=$? $(( $(date +%s) - s )) s: $(grep -aE 'passed|FAILED|CHECK failed' $OUT/l/$t.log | tail -1 | cut -c1-100)" ) & done
 wait
+}
+run_tests 2>&1 | tee $OUT/tests.txt
 echo "== tests done at $(el) s"
-# The trace (dev only): patch both trees, rebuild bench_cuda (the decode objects and bench_cuda.c).
+# The trace (dev only): instrument the trees (trace.py), rebuild bench_cuda (the decode objects and bench_cuda.c).
 for t in ${KVA_TRACE_TREES:-base new}; do d=$B; [ $t = new ] && d=$N
-  ( cd $d && python3 $N/dev/dyn27/trace.py . && timeout 200 ninja -C $([ $t = new ] && echo $BN || echo $BB) -j8 bench_cuda > $OUT/l/tbuild_$t.log 2>&1; echo "trace build $t rc=$?" ) &
+  ( cd $d && python3 $N/dev/dyn27/trace.py . && timeout 200 ninja -C $([ $t = new ] && echo $BN || echo $BB) -j16 bench_cuda > $OUT/l/tbuild_$t.log 2>&1; echo "trace build $t rc=$?" ) &
 done; wait
 echo "== trace built at $(el) s"
 for t in ${KVA_TRACE_TREES:-base new}; do d=$BB; [ $t = new ] && d=$BN
