@@ -122,6 +122,15 @@ static inline double kva_test_rtol(kva_dtype dt)
     return dt == KVA_DTYPE_F32 ? 2e-5 : dt == KVA_DTYPE_F16 ? 1.2e-3 : 9e-3;
 }
 
+/* Bounds of MLA over a bf16 latent cache on a kernel that rounds the
+ * absorbed queries and the softmax weights P to bf16 (the CPU's
+ * mla_avx512bf16; the CUDA kernels have their own, looser ones) against the
+ * fp64 reference, for unit-variance data: out atol (with the bf16 rtol),
+ * LSE atol, cosine distance. tests/test_mla.c derives them. */
+#define KVA_TEST_MLA_BF16DOT_ATOL 6.3e-3
+#define KVA_TEST_MLA_BF16DOT_LSE_ATOL 7e-3
+#define KVA_TEST_MLA_BF16DOT_COS 2e-5
+
 /* Tolerances of a cascade run against the reference's plain one: the two
  * passes' outputs are rounded to the output dtype before the merge rounds
  * again, an error of up to one rounding of the partials however small the
