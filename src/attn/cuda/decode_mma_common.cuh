@@ -128,6 +128,19 @@ kva__dmma_logits(float sc[][4], const kva__cuda_attn_args &a, float scale_log2, 
     }
 }
 
+/* The max of row g4 + 8 hf over NT n8 tiles of logits (the thread's keys,
+ * then its 4 lanes): every tensor-core decode's and MLA kernel's tile max. */
+template <int NT>
+static __device__ __forceinline__ float kva__dmma_row_max(const float (*sc)[4], int hf)
+{
+    float mx = fmaxf(sc[0][2 * hf], sc[0][2 * hf + 1]);
+#pragma unroll
+    for (int nt = 1; nt < NT; nt++)
+        mx = fmaxf(mx, fmaxf(sc[nt][2 * hf], sc[nt][2 * hf + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+}
+
 /* Online softmax of rows g4 and g4 + 8 (4 lanes share a row) over NT n8
  * tiles of keys: m_run, l_run and O [16, D] (NO n8 tiles: D / 8 and any the
  * caller keeps beside them) rescaled, sc replaced by P. rows8 false (a
@@ -144,13 +157,7 @@ static __device__ __forceinline__ void kva__dmma_softmax(float sc[][4], float m_
             sc[nt][2] = 0.f;
             sc[nt][3] = 0.f;
         }
-        float mx = fmaxf(sc[0][0], sc[0][1]);
-#pragma unroll
-        for (int nt = 1; nt < NT; nt++)
-            mx = fmaxf(mx, fmaxf(sc[nt][0], sc[nt][1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_run[0], mx);
+        const float m_new = fmaxf(m_run[0], kva__dmma_row_max<NT>(sc, 0));
         if (__any_sync(0xffffffffu, m_new != m_run[0])) {
             const float mu = m_new == -INFINITY ? 0.f : m_new;
             const float alpha = kva__ex2(m_run[0] - mu); /* 0 while m_run = -inf */
@@ -175,15 +182,8 @@ static __device__ __forceinline__ void kva__dmma_softmax(float sc[][4], float m_
     }
     float m_new[2];
 #pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        float mx = fmaxf(sc[0][2 * hf], sc[0][2 * hf + 1]);
-#pragma unroll
-        for (int nt = 1; nt < NT; nt++)
-            mx = fmaxf(mx, fmaxf(sc[nt][2 * hf], sc[nt][2 * hf + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        m_new[hf] = fmaxf(m_run[hf], mx);
-    }
+    for (int hf = 0; hf < 2; hf++)
+        m_new[hf] = fmaxf(m_run[hf], kva__dmma_row_max<NT>(sc, hf));
     if (__any_sync(0xffffffffu, m_new[0] != m_run[0] || m_new[1] != m_run[1])) {
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {

@@ -227,21 +227,66 @@ static __device__ __forceinline__ float ml_row_sum(const float (*s_sum)[64], int
     return L;
 }
 
-/* End of an item: l_run of the thread's rows r0 and r0 + 8 summed over its 4
- * lanes and over the NS key slices of the CTA (through s_sum [NS][64], slice
- * `slice`), then the thread's accumulators written: o[n][e] is row
- * r0 + 8 (e / 2), value column col0 + 8 n + 2 t4 + e % 2 (NB n8 tiles), running
- * max m_run in log2 units. The values of kva__dmma_write (split partial and
+/* Where ml_finish puts row r of an item: a split partial's row [512] at
+ * base + row and its lse at base[lse]; or the token and query head of its
+ * out row [512] and lse (row tok * H + head; the head also picks the sink). */
+struct ml_part {
+    float *base;
+    int64_t row, lse;
+};
+struct ml_out {
+    int64_t tok;
+    int32_t head;
+};
+
+/* The destination policy of the dense decode's items (item w of the uploaded
+ * plan, request starting at token qs): split partials in the item's block of
+ * its task's workspace ([nrows, 512] then [nrows] lse in natural-log units;
+ * the block may start at any float offset, so rows are stored per float), or
+ * out [T, H, 512] and lse [T, H] of query head kv_head G + h0 + r % nh, token
+ * qs + i0 + r / nh. vsc multiplies the values (an FP8 cache's k_scale; 1 for
+ * 16-bit caches). */
+struct ml_dst {
+    static constexpr bool PAIRS = false;             /* partial rows 8-byte aligned */
+    static constexpr float LSE_UNIT = KVA__DMMA_LN2; /* partial lse = (mu + log2 L) LSE_UNIT */
+    const kva__cuda_attn_args &a;
+    const kva__cuda_item &w;
+    int32_t nrows, qs;
+    float vsc;
+    __device__ __forceinline__ bool partials() const
+    {
+        return w.task >= 0;
+    }
+    __device__ __forceinline__ ml_part part(int32_t r) const
+    {
+        const kva__cuda_task t = a.meta.tasks[w.task];
+        float *blk = a.ws + t.ws_off + (int64_t)w.split * nrows * (ML_DV + 1);
+        return {blk, (int64_t)r * ML_DV, (int64_t)nrows * ML_DV + r};
+    }
+    __device__ __forceinline__ ml_out out(int32_t r) const
+    {
+        const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+        const int32_t head = w.kv_head * a.G + w.h0 + hh;
+        return {qs + w.i0 + qi, head};
+    }
+};
+
+/* End of an item (every MLA kernel, dense and sparse; destinations from the
+ * policy Dst: ml_dst or sp_dst, mla_sparse_common.cuh): l_run of the thread's
+ * rows r0 and r0 + 8 summed over its 4 lanes and over the NS key slices of
+ * the CTA (through s_sum [NS][64], slice `slice`), then the thread's
+ * accumulators written: o[n][e] is row r0 + 8 (e / 2), value column
+ * col0 + 8 n + 2 t4 + e % 2 (NB n8 tiles), running max m_run in log2 units.
+ * The values of kva__dmma_write (split partial relative to its own sum and
  * its lse, or out with the sink and lse), but the per-row factors are
  * computed once and out is stored in pairs: written per element, this code
- * was over 12,000 instructions per kernel, fetched cold once per item. vsc
- * multiplies the values (an FP8 cache's k_scale, folded into the per-row
- * factors; 1 for 16-bit caches). Ends with every thread past s_sum. */
-template <int NB, int NS, typename Ty>
-static __device__ __forceinline__ void
-ml_finish(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, int32_t qs,
-          float (*s_sum)[64], int slice, int r0, int col0, int t4, float l_run[2],
-          const float m_run[2], const float (*o)[4], float vsc)
+ * was over 12,000 instructions per kernel, fetched cold once per item. A row
+ * without weight (m_run -inf) gives out 0 and lse -inf (or the sink's); a NaN
+ * sum gives NaN. Ends with every thread past s_sum. */
+template <int NB, int NS, typename Ty, typename Dst>
+static __device__ __forceinline__ void ml_finish(const Dst &d, float (*s_sum)[64], int slice,
+                                                 int r0, int col0, int t4, float l_run[2],
+                                                 const float m_run[2], const float (*o)[4])
 {
     typedef typename Ty::elem elem;
     ml_publish_sums(s_sum, slice, r0, t4, l_run);
@@ -249,41 +294,43 @@ ml_finish(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, 
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int32_t r = r0 + 8 * hf;
-        if (r >= nrows)
+        if (r >= d.nrows)
             continue;
         const float L = ml_row_sum<NS>(s_sum, r);
         const float Mx = m_run[hf], mu = Mx == -INFINITY ? 0.f : Mx;
-        const int32_t qi = r / w.nh, hh = r - qi * w.nh;
-        const int32_t head = w.kv_head * a.G + w.h0 + hh;
-        const int64_t tok = qs + w.i0 + qi;
-        if (w.task >= 0) { /* split partial [nrows, 512] relative to its own L, then lse */
-            const kva__cuda_task t = a.meta.tasks[w.task];
-            float *blk = a.ws + t.ws_off + (int64_t)w.split * nrows * (ML_DV + 1);
-            float *dst = blk + (int64_t)r * ML_DV + col0 + 2 * t4;
-            const float inv = L > 0.f ? vsc / L : 0.f;
+        const ml_out q = d.out(r);
+        if (d.partials()) { /* split partial relative to its own L, then lse */
+            const ml_part p = d.part(r);
+            float *dst = p.base + p.row + col0 + 2 * t4;
+            const float inv = L > 0.f ? d.vsc / L : 0.f;
 #pragma unroll
             for (int n = 0; n < NB; n++) {
-                dst[n * 8] = o[n][2 * hf] * inv;
-                dst[n * 8 + 1] = o[n][2 * hf + 1] * inv;
+                if constexpr (Dst::PAIRS) {
+                    *reinterpret_cast<float2 *>(dst + n * 8) =
+                        make_float2(o[n][2 * hf] * inv, o[n][2 * hf + 1] * inv);
+                } else {
+                    dst[n * 8] = o[n][2 * hf] * inv;
+                    dst[n * 8 + 1] = o[n][2 * hf + 1] * inv;
+                }
             }
             if (lead)
-                blk[(int64_t)nrows * ML_DV + r] =
-                    L > 0.f ? (mu + log2f(L)) * KVA__DMMA_LN2 : (L == 0.f ? -INFINITY : L);
+                p.base[p.lse] =
+                    L > 0.f ? (mu + log2f(L)) * Dst::LSE_UNIT : (L == 0.f ? -INFINITY : L);
             continue;
         }
         float Mt = Mx, sink2 = -INFINITY;
-        if (a.sinks) {
-            sink2 = a.sinks[head] * KVA__DMMA_LOG2E;
+        if (d.a.sinks) {
+            sink2 = d.a.sinks[q.head] * KVA__DMMA_LOG2E;
             Mt = fmaxf(Mx, sink2);
         }
         const float mt = Mt == -INFINITY ? 0.f : Mt;
-        const float cf = exp2f(mu - mt);
-        const float Lt = L * cf + (a.sinks ? exp2f(sink2 - mt) : 0.f);
+        const float cf = exp2f(Mx - mt); /* 0 without weight, even beside a very low sink */
+        const float Lt = L * cf + (d.a.sinks ? exp2f(sink2 - mt) : 0.f);
         /* out = O cf / Lt; a row without weight gives 0 (Lt = 0) or Lt (NaN). */
         const bool pos = Lt > 0.f;
-        const float f = pos ? cf / Lt * vsc : 0.f, f0 = pos || Lt == 0.f ? 0.f : Lt;
-        elem *dst = (elem *)a.out + (tok * a.H + head) * ML_DV + col0 + 2 * t4;
-        if (((uintptr_t)a.out & 3) == 0) {
+        const float f = pos ? cf / Lt * d.vsc : 0.f, f0 = pos || Lt == 0.f ? 0.f : Lt;
+        elem *dst = (elem *)d.a.out + (q.tok * d.a.H + q.head) * ML_DV + col0 + 2 * t4;
+        if (((uintptr_t)d.a.out & 3) == 0) {
 #pragma unroll
             for (int n = 0; n < NB; n++)
                 *reinterpret_cast<uint32_t *>(dst + n * 8) =
@@ -295,8 +342,8 @@ ml_finish(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, 
                 Ty::store(dst + n * 8 + 1, o[n][2 * hf + 1] * f + f0);
             }
         }
-        if (a.lse && lead)
-            a.lse[tok * a.H + head] =
+        if (d.a.lse && lead)
+            d.a.lse[q.tok * d.a.H + q.head] =
                 pos ? (mt + log2f(Lt)) * KVA__DMMA_LN2 : (Lt == 0.f ? -INFINITY : Lt);
     }
     __syncthreads(); /* s_sum, Q and the ring are rewritten by the next item */
@@ -417,12 +464,7 @@ static __device__ __forceinline__ bool ml_tile_max(const float (*sc)[4], float (
 {
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
-        float mx = fmaxf(sc[0][2 * hf], sc[0][2 * hf + 1]);
-#pragma unroll
-        for (int nt = 1; nt < NB; nt++)
-            mx = fmaxf(mx, fmaxf(sc[nt][2 * hf], sc[nt][2 * hf + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mx = kva__dmma_row_max<NB>(sc, hf);
         if (t4 == 0)
             s_max[slice][r0 + 8 * hf] = mx;
     }

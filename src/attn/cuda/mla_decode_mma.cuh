@@ -407,8 +407,8 @@ template <typename Ty, bool FP8> struct ml_dense {
                                            int col0, int t4, float l_run[2], const float m_run[2],
                                            const float (*o)[4]) const
     {
-        ml_finish<C::NBO, C::NS, Ty>(a, mi.w, mi.nrows, mi.qs, s_sum, slice, r0, col0, t4, l_run,
-                                     m_run, o, FP8 ? a.kv_scale : 1.f);
+        ml_finish<C::NBO, C::NS, Ty>(ml_dst{a, mi.w, mi.nrows, mi.qs, FP8 ? a.kv_scale : 1.f},
+                                     s_sum, slice, r0, col0, t4, l_run, m_run, o);
     }
 };
 

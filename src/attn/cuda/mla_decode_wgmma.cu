@@ -129,8 +129,8 @@ template <typename Ty, bool FP8> struct mw_dense {
                                            int t4, float l_run[2], const float m_run[2],
                                            const float (*o)[4])
     {
-        ml_finish<32, 2, Ty>(a, mi.w, mi.nrows, mi.qs, s_sum, wg, r0, wg * 256, t4, l_run, m_run,
-                             o, FP8 ? a.kv_scale : 1.f);
+        ml_finish<32, 2, Ty>(ml_dst{a, mi.w, mi.nrows, mi.qs, FP8 ? a.kv_scale : 1.f}, s_sum, wg,
+                             r0, wg * 256, t4, l_run, m_run, o);
     }
 };
 #else

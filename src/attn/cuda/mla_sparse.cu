@@ -23,7 +23,7 @@
  *     block-table row, or dense row p of the request's gathered rows;
  *   the mask: per-stage key flags (entries past topk_length, -1 and
  *     positions outside 0 .. seq_len - 1 are unused: zero rows, logits
- *     -inf); the stores: sp_finish (LSE includes the sink).
+ *     -inf); the stores: ml_finish with sp_dst (LSE includes the sink).
  *
  * Work: item = (query token t, head tile of M = 16 MT rows, key split), one
  * per CTA. The M rows are heads h0 .. h0 + M - 1 of ONE token (each token
@@ -169,9 +169,9 @@ template <typename Ty, typename SRC> struct sp_mma {
                                            int col0, int t4, float l_run[2], const float m_run[2],
                                            const float (*o)[4]) const
     {
-        sp_finish<C::NBO, C::NS, Ty>(a, mi.t, mi.h0, mi.nrows, mi.split, s_sum, slice, r0, col0,
-                                     t4, l_run, m_run, o);
-        __syncthreads(); /* s_sum, Q, the ring and the flags are rewritten by a next item */
+        /* Ends with a barrier: s_sum, Q, the ring and the flags are rewritten by a next item. */
+        ml_finish<C::NBO, C::NS, Ty>(sp_dst{a, mi.t, mi.h0, mi.nrows, mi.split}, s_sum, slice, r0,
+                                     col0, t4, l_run, m_run, o);
     }
 };
 

@@ -1,9 +1,10 @@
 /*
  * mla_sparse_common.cuh - what the two sparse MLA kernels share: the row
  * formats, the launch arguments, the token -> request search, the index
- * entry -> cache row lookup and the end-of-item stores. The kernels are
- * mla_sparse.cu (mma.sync, any H in 16/32/64-row head tiles, sm_80 and up)
- * and mla_sparse_wgmma.cu (the sm_90a wgmma MLA body, 64-row head tiles).
+ * entry -> cache row lookup and the destinations of the end-of-item stores
+ * (sp_dst, for ml_finish). The kernels are mla_sparse.cu (mma.sync, any H
+ * in 16/32/64-row head tiles, sm_80 and up) and mla_sparse_wgmma.cu (the
+ * sm_90a wgmma MLA body, 64-row head tiles).
  */
 #ifndef KVA_CUDA_MLA_SPARSE_COMMON_CUH
 #define KVA_CUDA_MLA_SPARSE_COMMON_CUH
@@ -142,55 +143,31 @@ static __device__ __forceinline__ void sp_stage_q(const sp_args &a, const sp_ite
     ml_stage_q<M, ROWS, elem>(qa, w, m.nrows, m.t, dst);
 }
 
-/* End of an item: rows r0, r0 + 8 of the head tile (heads h0 + r), value
- * columns col0 + 8 n + 2 t4 + e: the row sums over the NS slices, then out
- * and lse (sink included), or the split partial. */
-template <int NBO, int NS, typename Ty>
-static __device__ __forceinline__ void
-sp_finish(const sp_args &a, int32_t t, int32_t h0, int32_t nrows, int32_t split, float (*s_sum)[64],
-          int slice, int r0, int col0, int t4, float l_run[2], const float m_run[2],
-          const float (*o)[4])
-{
-    ml_publish_sums(s_sum, slice, r0, t4, l_run);
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const int32_t r = r0 + 8 * hf, h = h0 + r;
-        if (r >= nrows)
-            continue;
-        const float L = ml_row_sum<NS>(s_sum, r);
-        const float mu = m_run[hf] == -INFINITY ? 0.f : m_run[hf];
-        if (a.nsplit > 1) { /* partial relative to its own sum, lse in log2 units */
-            const int64_t prow = ((int64_t)(t - a.t0) * a.H + h) * a.nsplit + split;
-            float *po = a.ws + prow * ML_DV;
-            const float inv = L > 0.f ? 1.f / L : 0.f;
-#pragma unroll
-            for (int n = 0; n < NBO; n++)
-                *reinterpret_cast<float2 *>(po + col0 + n * 8 + 2 * t4) =
-                    make_float2(o[n][2 * hf] * inv, o[n][2 * hf + 1] * inv);
-            if (t4 == 0 && col0 == 0)
-                a.ws[(int64_t)a.nt * a.H * a.nsplit * ML_DV + prow] =
-                    L > 0.f ? mu + log2f(L) : -INFINITY;
-            continue;
-        }
-        float Mt = mu, sink2 = -INFINITY;
-        if (a.sinks) {
-            sink2 = a.sinks[h] * KVA__DMMA_LOG2E;
-            Mt = fmaxf(L > 0.f ? mu : -INFINITY, sink2);
-        }
-        const float mt = Mt == -INFINITY ? 0.f : Mt;
-        const float cf = L > 0.f ? exp2f(mu - mt) : 0.f;
-        const float Lt = L * cf + (a.sinks ? exp2f(sink2 - mt) : 0.f);
-        const float f = Lt > 0.f ? cf / Lt : 0.f;
-        typename Ty::elem *dst = (typename Ty::elem *)a.out + ((int64_t)t * a.H + h) * ML_DV;
-#pragma unroll
-        for (int n = 0; n < NBO; n++)
-#pragma unroll
-            for (int e = 0; e < 2; e++)
-                Ty::store(dst + col0 + n * 8 + 2 * t4 + e, o[n][2 * hf + e] * f);
-        if (a.lse && t4 == 0 && col0 == 0)
-            a.lse[(int64_t)t * a.H + h] = Lt > 0.f ? (mt + log2f(Lt)) * KVA__DMMA_LN2 : -INFINITY;
+/* The destination policy of ml_finish (mla_decode_common.cuh) for the sparse
+ * items (token t, heads h0 + r, key split `split`): split partials at
+ * ws + ((t - t0) H + h) nsplit + split rows of 512 (8-byte aligned, stored in
+ * pairs), their lse after all rows in log2 units (sp_merge_kernel's), or out
+ * [T, H, 512] and lse [T, H] of head h0 + r. */
+struct sp_dst {
+    static constexpr bool PAIRS = true;
+    static constexpr float LSE_UNIT = 1.f;
+    static constexpr float vsc = 1.f;
+    const sp_args &a;
+    int32_t t, h0, nrows, split;
+    __device__ __forceinline__ bool partials() const
+    {
+        return a.nsplit > 1;
     }
-}
+    __device__ __forceinline__ ml_part part(int32_t r) const
+    {
+        const int64_t prow = ((int64_t)(t - a.t0) * a.H + h0 + r) * a.nsplit + split;
+        return {a.ws, prow * ML_DV, (int64_t)a.nt * a.H * a.nsplit * ML_DV + prow};
+    }
+    __device__ __forceinline__ ml_out out(int32_t r) const
+    {
+        return {t, h0 + r};
+    }
+};
 
 /* The sparse MLA on the sm_90a wgmma MLA body (mla_sparse_wgmma.cu): a
  * launch of `grid` persistent CTAs over the a->nt * a->tiles * a->nsplit

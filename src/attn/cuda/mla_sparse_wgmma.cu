@@ -21,7 +21,7 @@
  *     ring as q-dtype values code * scale (fp32 product, rounded once), as
  *     FlashMLA's sparse kernels and this backend's separate mode read them.
  *     Each row is converted once per head tile (H 128: twice per token).
- * Split partials and their merge are mla_sparse.cu's (sp_finish,
+ * Split partials and their merge are mla_sparse.cu's (ml_finish with sp_dst,
  * sp_merge_kernel), so the launch geometry is the mma.sync kernel's with
  * 64-row head tiles.
  */
@@ -208,9 +208,10 @@ template <typename Ty, bool FP8> struct ms_sparse {
                                            int t4, float l_run[2], const float m_run[2],
                                            const float (*o)[4]) const
     {
-        sp_finish<32, 2, Ty>(a, mi.t, mi.h0, mi.nrows, mi.split, s_sum, wg, r0, wg * 256, t4, l_run,
-                             m_run, o);
-        __syncthreads(); /* s_sum, Q, the ring and the flags are rewritten by the next item */
+        /* Ends with a barrier: s_sum, Q, the ring and the flags are rewritten by the
+         * next item. */
+        ml_finish<32, 2, Ty>(sp_dst{a, mi.t, mi.h0, mi.nrows, mi.split}, s_sum, wg, r0, wg * 256,
+                             t4, l_run, m_run, o);
     }
 };
 #else

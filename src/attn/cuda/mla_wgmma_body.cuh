@@ -314,12 +314,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
             float mu[2], psum[2];
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
-                float mx = fmaxf(sc[0][2 * hf], sc[0][2 * hf + 1]);
-#pragma unroll
-                for (int j = 1; j < 4; j++)
-                    mx = fmaxf(mx, fmaxf(sc[j][2 * hf], sc[j][2 * hf + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mx = kva__dmma_row_max<4>(sc, hf);
                 if (t4 == 0)
                     s_max[wg][r0 + 8 * hf] = mx;
                 move |= mx > m_run[hf] + MW_LAZY; /* -inf + MW_LAZY is -inf */
