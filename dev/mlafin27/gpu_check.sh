@@ -9,14 +9,18 @@
 #          (only what changed recompiles; NEW must add or remove no source file);
 #   test   the four tests of NEW, then of BASE, with KVA_TEST_QUICK=1: one line per test;
 #   res    per kernel of the MLA and tensor-core decode objects, base vs new: registers,
-#          stack, shared memory, SASS instruction counts (scripts/sass_stats.py) and whether
-#          the PTX is the same (dev/mlafin27/ptx_cmp.py: identical, or where the first
-#          difference stands relative to the last mma);
+#          stack, shared memory, spills, SASS instruction counts (scripts/sass_stats.py,
+#          res_table.py), PTX lines changed before / inside / after the key loop
+#          (ptx_cmp.py) and the SASS key loop (sass_loop.py); the VM's numbers for the same
+#          objects are in bench/results/vm_2026-11-27_mlafin27.txt (nvcc 13.0 there: a
+#          different nvcc on the device gives other absolute counts);
 #   sanitize (not by default) compute-sanitizer memcheck of NEW's test_cuda_mla_sparse and
 #          test_cuda_mla (quick).
 # OUT: log folder (default ./gpu_check_out). KVA_GC_STEPS: default "build test res".
 # Expected on 16 cores (estimate, not measured): base build ~100 s, new ~50 s (about ten
-# objects), tests a few seconds to tens of seconds each, res ~10 s.
+# objects), tests a few seconds to tens of seconds each, res ~30 s. Pass: the four tests
+# rc=0 on new (and as on base), the res table's dense and decode rows with equal registers,
+# stack and spills. KVA_GC_STEPS="build test" skips res if time is short.
 # Stage on the VM (NEW = main merged with mlafin27, so main's newer files are kept):
 #   d=/work/main/.dev/mlafin27; rm -rf $d && mkdir -p $d
 #   git -C /work/main archive --prefix=base/ main | tar -x -C $d
@@ -68,17 +72,19 @@ if has test; then
 fi
 if has res; then
   CUOBJDUMP=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump); export CUOBJDUMP
-  : >"$out/res_base.txt"; : >"$out/res_new.txt"; : >"$out/ptx_cmp.txt"
+  : >"$out/res_base.txt"; : >"$out/res_new.txt"; : >"$out/ptx_cmp.txt"; : >"$out/sass_loop.txt"
   for o in $OBJS; do
+    [ -f "$B/base/$o.cu.o" ] && [ -f "$B/new/$o.cu.o" ] || { echo "res: $o.cu.o missing"; continue; }
     for tree in base new; do
-      [ -f "$B/$tree/$o.cu.o" ] && python3 "$new/scripts/sass_stats.py" "$B/$tree/$o.cu.o" | sed "s|^|$o: |" >>"$out/res_$tree.txt"
+      python3 "$new/scripts/sass_stats.py" "$B/$tree/$o.cu.o" | sed "s|^|$o: |" >>"$out/res_$tree.txt"
     done
-    [ -f "$B/base/$o.cu.o" ] && python3 "$new/dev/mlafin27/ptx_cmp.py" "$B/base/$o.cu.o" "$B/new/$o.cu.o" | sed "s|^|$o: |" >>"$out/ptx_cmp.txt"
+    python3 "$new/dev/mlafin27/ptx_cmp.py" "$B/base/$o.cu.o" "$B/new/$o.cu.o" | sed "s|^|$o: |" >>"$out/ptx_cmp.txt"
+    python3 "$new/dev/mlafin27/sass_loop.py" "$B/base/$o.cu.o" "$B/new/$o.cu.o" | sed "s|^|$o: |" >>"$out/sass_loop.txt"
   done
-  echo "res: $(diff "$out/res_base.txt" "$out/res_new.txt" | grep -c '^>') of $(wc -l <"$out/res_new.txt") kernels differ in SASS hash, registers or counts (res_base.txt / res_new.txt):"
-  diff "$out/res_base.txt" "$out/res_new.txt" | grep '^[<>]' | cut -c1-200
-  echo "ptx: $(grep -c ': identical' "$out/ptx_cmp.txt") identical, $(grep -c 'after the last mma' "$out/ptx_cmp.txt") differ only after the last mma, $(grep -c 'before mma' "$out/ptx_cmp.txt") differ earlier"
-  grep 'before mma\|only ' "$out/ptx_cmp.txt" | cut -c1-200
+  python3 "$new/dev/mlafin27/res_table.py" "$out/res_base.txt" "$out/res_new.txt" | tee "$out/res_table.txt" | cut -c1-150
+  echo "ptx (ptx_cmp.txt): $(grep -c ': identical' "$out/ptx_cmp.txt") kernels identical, $(grep -c ': differs' "$out/ptx_cmp.txt") differ; key loop (first..last mma) changed in:"
+  grep ': differs' "$out/ptx_cmp.txt" | grep -v ', 0 between' | cut -c1-170
+  echo "sass key loop (sass_loop.txt): $(grep -c ' same ' "$out/sass_loop.txt") same stream, $(grep -c 'DIFFERS' "$out/sass_loop.txt") differ (counts: first..last HMMA/HGMMA)"
 fi
 if has sanitize; then
   for t in test_cuda_mla_sparse test_cuda_mla; do
