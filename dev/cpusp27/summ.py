@@ -11,7 +11,7 @@ for line in open(sys.argv[1]):
     g = re.search(r"-> ([\d.]+) GB/s", rest)
     p = re.search(r"paired read: ([\d.]+)%", rest)
     c = re.search(r"ceilings: read ([\d.]+) GB/s", rest)
-    k = re.search(r"kernel (\S+)", rest)
+    k = re.search(r"kernel (\w+)", rest)
     ok = "check vs ref (request 0): ok" in rest
     d = rows.setdefault((cache, t, label), {"ms": [], "gbs": [], "pr": [], "ceil": [], "ok": [], "k": ""})
     if m: d["ms"].append(float(m.group(1)))
