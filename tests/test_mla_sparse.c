@@ -11,10 +11,11 @@
  *     abs 1e-6 (MIXED; SEPARATE reads bf16 rows, so its LSE is held to the
  *     bf16 gather's error instead, except over bf16 caches, where the
  *     gather is exact).
- *   - mla_avx512bf16 (where this machine runs it) rounds the queries and the
- *     probabilities to bf16 for its dot products, as the dense decode does
- *     (mla_bf16dot.inc), and, over an fp8_ds_mla cache, each dequantized
- *     c_kv value too: bounds derived from that rounding (bf16dot_bounds).
+ *   - mla_avx512bf16 (where this machine runs it), given bf16 queries, rounds
+ *     the probabilities to bf16 for its dot products, as the dense decode
+ *     does (mla_bf16dot.inc), and, over an fp8_ds_mla cache, each
+ *     dequantized c_kv value too: bounds derived from those roundings
+ *     (bf16dot_bounds); f32 / f16 queries run in fp32 (FlashMLA's bounds).
  *   - H in {1, 3, 16, 64, 128}; bf16/f16/f32, fp8_e4m3 and fp8_ds_mla caches;
  *     decodes (q_len 1..4) and prefills in one plan; unused (-1) and
  *     repeated entries; topk_length (0, K, and between); all-invalid lists
@@ -118,32 +119,32 @@ typedef struct sp_bounds {
  * beyond 1). */
 static const sp_bounds flashmla_bounds = {1e-3, 5e-6, 1e-6, 0.0};
 
-/* The bounds of a run by bf16 dot products (mla_avx512bf16 over rows it
- * reads as bf16), derived as tests/test_mla.c's header derives the dense
- * ones. Each rounding is a relative error <= u = 2^-9, standard deviation
- * s = u / sqrt 3 = 1.13e-3. Rounding the queries (exact when q is bf16)
- * moves a score scale . q . k by s . scale . sqrt(sum_d (q_d k_d)^2) =
- * s . f, f = scale . sqrt(D) for this data's unit-variance q and rows
- * (sparse_util.h: scale 1 / sqrt(128 + Dr), so f = 1 at Dc 128, Dr 32 and
- * sqrt 3 at DeepSeek's 512, 64); over an fp8_ds_mla cache the dequantized
- * c_kv values are rounded too (k_pe is stored in bf16), adding s . f .
- * sqrt(Dc / D) independently: score sd sig = s f sqrt(q + ds Dc / D). The
- * LSE moves by at most one score's error: atol 5e-5 + 6 sig (the row sums
- * take P before its rounding). An output element moves by sqrt 2 sig
- * through the scores, s through P's rounding and, over fp8_ds_mla, s
- * through the values' rounding: e = sqrt 2 sig + (1 + ds) s for unit
- * values where a key or two carry the softmax; rows whose keys cancel and
- * values beyond 1 make the tails of the error heavier, so the element
- * bound is 8e-4 + 5 e (observed: up to 3 e, the largest of 10^5 - 10^6
- * elements), and the cosine distance 5e-6 (FlashMLA's, the output's own
- * rounding) + (2.3 e)^2 / 2 (test_mla's relative rms error). bench/data.h
- * computes them (kva_test_sparse_bf16dot_bounds, shared with `kvattn bench
+/* The bounds of a run by bf16 dot products (mla_avx512bf16 with bf16
+ * queries over rows it reads as bf16), derived as tests/test_mla.c's header
+ * derives the dense ones. Each rounding is a relative error <= u = 2^-9,
+ * standard deviation s = u / sqrt 3 = 1.13e-3. The queries are bf16
+ * already (exact). Over an fp8_ds_mla cache the dequantized c_kv values
+ * are rounded (k_pe is stored in bf16): a score scale . q . k moves by
+ * s . scale . sqrt(sum_{d < Dc} (q_d k_d)^2) = s f sqrt(Dc / D), f =
+ * scale . sqrt(D) for this data's unit-variance q and rows (sparse_util.h:
+ * scale 1 / sqrt(128 + Dr), so f = 1 at Dc 128, Dr 32 and sqrt 3 at
+ * DeepSeek's 512, 64): score sd sig = ds s f sqrt(Dc / D). The LSE moves by
+ * at most one score's error: atol 5e-5 + 6 sig (the row sums take P before
+ * its rounding). An output element moves by sqrt 2 sig through the scores,
+ * s through P's rounding and, over fp8_ds_mla, s through the values'
+ * rounding: e = sqrt 2 sig + (1 + ds) s for unit values where a key or two
+ * carry the softmax; rows whose keys cancel, and values beyond 1, make the
+ * tails heavier, so the element bound is 8e-4 + 5 e (observed: up to 3 e,
+ * the largest of 10^5 - 10^6 elements), and the cosine distance 5e-6
+ * (FlashMLA's, the output's own rounding) + (2.3 e)^2 / 2 (test_mla's
+ * relative rms error). bench/data.h computes them
+ * (kva_test_sparse_bf16dot_bounds, shared with `kvattn bench
  * --mla-sparse`). */
 static sp_bounds bf16dot_bounds(const sp_case *c)
 {
     sp_bounds b = {0.0, 0.0, 0.0, 0.0};
-    kva_test_sparse_bf16dot_bounds(c->Dc, c->Dr, c->quant == KVA_QUANT_FP8_DS_MLA,
-                                   c->dt == KVA_DTYPE_BF16, &b.atol, &b.lse_atol, &b.cos);
+    kva_test_sparse_bf16dot_bounds(c->Dc, c->Dr, c->quant == KVA_QUANT_FP8_DS_MLA, &b.atol,
+                                   &b.lse_atol, &b.cos);
     return b;
 }
 
@@ -231,9 +232,10 @@ static void check(const sp_case *c)
         if (run(ref, c, &m, mode, got, lse))
             compare(mode ? "ref separate" : "ref mixed", c, got, want, rows, lse, lse_want,
                     flashmla_bounds, 0);
-    /* mla_avx512bf16 reads by bf16 dot products the rows of a bf16 or an
-     * fp8_ds_mla cache (MIXED; SEPARATE's decode tokens) and the gathered
-     * bf16 rows (SEPARATE's prefills); other caches' rows in fp32. */
+    /* mla_avx512bf16 with bf16 queries reads by bf16 dot products the rows
+     * of a bf16 or an fp8_ds_mla cache (MIXED; SEPARATE's decode tokens) and
+     * the gathered bf16 rows (SEPARATE's prefills); other caches' rows, and
+     * every row for f32 / f16 queries, in fp32. */
     static const char *const kernels[] = {"mla_portable", "mla_avx2", "mla_avx512",
                                           "mla_avx512bf16"};
     const int dot_rows = c->quant == KVA_QUANT_FP8_DS_MLA ||
@@ -241,7 +243,7 @@ static void check(const sp_case *c)
     for (int k = 0; k < 4; k++) {
         if (kva__context_force_kernel(cpu, kernels[k]) != KVA_STATUS_OK)
             continue; /* not in this build or not on this machine */
-        const int dot = k == 3;
+        const int dot = k == 3 && c->dt == KVA_DTYPE_BF16;
         const sp_bounds bb = dot ? bf16dot_bounds(c) : flashmla_bounds;
         char label[64];
         snprintf(label, sizeof label, "cpu %s mixed", kernels[k]);

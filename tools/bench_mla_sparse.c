@@ -289,15 +289,15 @@ static kva_plan_desc plan_desc(const sp_opts *o, const sp_batch *b, int32_t R)
  * a one-request plan over the prefill's rows): the worst element error
  * beyond FlashMLA's tolerance (abs 1e-3 or rel 2/128), 0 when within. The
  * separate mode's prefill reads bf16 rows: its tokens get abs 0.05 (what
- * test_mla_sparse allows between the modes). bf16dot: the run rounded q and
- * P (and fp8_ds_mla's dequantized values) to bf16 (mla_avx512bf16): the
- * output bound of test_mla_sparse for rows it reads as bf16 (bf16 and
- * fp8_ds_mla caches, the separate mode's prefill). */
+ * test_mla_sparse allows between the modes). bf16dot: the run took bf16
+ * queries by bf16 dot products (mla_avx512bf16), rounding P (and
+ * fp8_ds_mla's dequantized values) to bf16: the output bound of
+ * test_mla_sparse for rows it reads as bf16 (bf16 and fp8_ds_mla caches;
+ * the separate mode's prefill has 0.05 anyway). */
 static double check(const sp_opts *o, sp_batch *b, const void *out, int bf16dot)
 {
     double dot_atol = 1e-3, lse_atol, cos_max;
-    kva_test_sparse_bf16dot_bounds(o->Dc, o->Dr, o->cache == 0, o->dt == KVA_DTYPE_BF16, &dot_atol,
-                                   &lse_atol, &cos_max);
+    kva_test_sparse_bf16dot_bounds(o->Dc, o->Dr, o->cache == 0, &dot_atol, &lse_atol, &cos_max);
     kva_context *ref = NULL;
     kva_context_desc rd = {KVA_BACKEND_REF, 1, 0};
     if (kva_context_create(&rd, &ref) != KVA_STATUS_OK)
@@ -327,7 +327,7 @@ static double check(const sp_opts *o, sp_batch *b, const void *out, int bf16dot)
             const double w = kva__load_f(want, o->dt, i);
             const double g = kva__load_f(out, o->dt, (size_t)t0 * H * Dc + i);
             const double e = fabs(g - w);
-            const int dot_rows = o->cache == 0 || o->cache == 2; /* ds_mla, bf16 */
+            const int dot_rows = o->dt == KVA_DTYPE_BF16 && (o->cache == 0 || o->cache == 2);
             const double atol = part == 1 && o->mode == KVA_SPARSE_SEPARATE ? 0.05
                                 : bf16dot && dot_rows                       ? dot_atol
                                                                             : 1e-3;
