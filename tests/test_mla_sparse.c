@@ -238,8 +238,8 @@ static void check(const sp_case *c)
      * every row for f32 / f16 queries, in fp32. */
     static const char *const kernels[] = {"mla_portable", "mla_avx2", "mla_avx512",
                                           "mla_avx512bf16"};
-    const int dot_rows = c->quant == KVA_QUANT_FP8_DS_MLA ||
-                         (c->quant == KVA_QUANT_NONE && c->dt == KVA_DTYPE_BF16);
+    const int dot_rows =
+        c->quant == KVA_QUANT_FP8_DS_MLA || (c->quant == KVA_QUANT_NONE && c->dt == KVA_DTYPE_BF16);
     for (int k = 0; k < 4; k++) {
         if (kva__context_force_kernel(cpu, kernels[k]) != KVA_STATUS_OK)
             continue; /* not in this build or not on this machine */
@@ -264,10 +264,9 @@ static void check(const sp_case *c)
         const int exact = (c->quant == KVA_QUANT_NONE && c->dt == KVA_DTYPE_BF16) ||
                           (dot && c->quant == KVA_QUANT_FP8_DS_MLA);
         const double cos_max = dot && !dot_rows ? fmax(2e-5, bb.cos) : 2e-5;
-        CHECK_MSG(exact ? cos_dist <= 5e-6 && worst <= 2.0 / 128.0
-                        : cos_dist <= cos_max && worst <= 0.05,
-                  "%s: separate vs mixed: worst %.3g, cosine distance %.3g", label, worst,
-                  cos_dist);
+        CHECK_MSG(
+            exact ? cos_dist <= 5e-6 && worst <= 2.0 / 128.0 : cos_dist <= cos_max && worst <= 0.05,
+            "%s: separate vs mixed: worst %.3g, cosine distance %.3g", label, worst, cos_dist);
     }
     free(want);
     free(lse_want);
