@@ -131,6 +131,23 @@ static inline double kva_test_rtol(kva_dtype dt)
 #define KVA_TEST_MLA_BF16DOT_LSE_ATOL 7e-3
 #define KVA_TEST_MLA_BF16DOT_COS 2e-5
 
+/* The same for sparse MLA by bf16 dot products (mla_avx512bf16 with bf16
+ * queries, exact in bf16, over rows it reads as bf16: a bf16 cache,
+ * fp8_ds_mla rows dequantized to bf16 (ds 1), gathered rows), for
+ * unit-variance q and rows and the scale 1 / sqrt(128 + Dr) of
+ * tests/sparse_util.h and `bench --mla-sparse`: out atol (with the bf16
+ * rtol), LSE atol, cosine distance. tests/test_mla_sparse.c derives them. */
+static inline void kva_test_sparse_bf16dot_bounds(int32_t Dc, int32_t Dr, int ds, double *atol,
+                                                  double *lse_atol, double *cos_max)
+{
+    const double s = 0x1p-9 / sqrt(3.0), D = Dc + Dr;
+    const double sig = ds ? s * sqrt(D / (128.0 + Dr)) * sqrt(Dc / D) : 0.0;
+    const double e = sqrt(2.0) * sig + (ds ? 2.0 : 1.0) * s;
+    *atol = 8e-4 + 5.0 * e;
+    *lse_atol = 5e-5 + 6.0 * sig;
+    *cos_max = 5e-6 + 2.3 * e * 2.3 * e / 2.0;
+}
+
 /* Tolerances of a cascade run against the reference's plain one: the two
  * passes' outputs are rounded to the output dtype before the merge rounds
  * again, an error of up to one rounding of the partials however small the

@@ -23,6 +23,7 @@
 #include "bench_mla_sparse.h"
 #include "cli.h"
 #include "internal.h"                 /* kva__context_force_kernel */
+#include "../bench/data.h"            /* kva_test_sparse_bf16dot_bounds */
 #include "../src/attn/cpu/cpu_attn.h" /* kva__cpu_plan_kernel */
 
 #include <math.h>
@@ -63,7 +64,8 @@ static void usage(void)
            "                       --batch x --q-len tokens or one --prefill (bf16 q, cache\n"
            "                       ds_mla or bf16; --context is the seq_len)\n"
            "  --threads N          0 = all cores [0]\n"
-           "  --variant NAME       force a registry kernel (mla_portable, mla_avx2, mla_avx512)\n"
+           "  --variant NAME       force a registry kernel (mla_portable, mla_avx2, mla_avx512,\n"
+           "                       mla_avx512bf16)\n"
            "  --paired             a read pass after every timed run: the fraction of the\n"
            "                       read bandwidth the gathered rows reach, run by run\n"
            "  --iters N, --warmup N  [10, 2]\n"
@@ -287,9 +289,15 @@ static kva_plan_desc plan_desc(const sp_opts *o, const sp_batch *b, int32_t R)
  * a one-request plan over the prefill's rows): the worst element error
  * beyond FlashMLA's tolerance (abs 1e-3 or rel 2/128), 0 when within. The
  * separate mode's prefill reads bf16 rows: its tokens get abs 0.05 (what
- * test_mla_sparse allows between the modes). */
-static double check(const sp_opts *o, sp_batch *b, const void *out)
+ * test_mla_sparse allows between the modes). bf16dot: the run took bf16
+ * queries by bf16 dot products (mla_avx512bf16), rounding P (and
+ * fp8_ds_mla's dequantized values) to bf16: the output bound of
+ * test_mla_sparse for rows it reads as bf16 (bf16 and fp8_ds_mla caches;
+ * the separate mode's prefill has 0.05 anyway). */
+static double check(const sp_opts *o, sp_batch *b, const void *out, int bf16dot)
 {
+    double dot_atol = 1e-3, lse_atol, cos_max;
+    kva_test_sparse_bf16dot_bounds(o->Dc, o->Dr, o->cache == 0, &dot_atol, &lse_atol, &cos_max);
     kva_context *ref = NULL;
     kva_context_desc rd = {KVA_BACKEND_REF, 1, 0};
     if (kva_context_create(&rd, &ref) != KVA_STATUS_OK)
@@ -319,7 +327,10 @@ static double check(const sp_opts *o, sp_batch *b, const void *out)
             const double w = kva__load_f(want, o->dt, i);
             const double g = kva__load_f(out, o->dt, (size_t)t0 * H * Dc + i);
             const double e = fabs(g - w);
-            const double atol = part == 1 && o->mode == KVA_SPARSE_SEPARATE ? 0.05 : 1e-3;
+            const int dot_rows = o->dt == KVA_DTYPE_BF16 && (o->cache == 0 || o->cache == 2);
+            const double atol = part == 1 && o->mode == KVA_SPARSE_SEPARATE ? 0.05
+                                : bf16dot && dot_rows                       ? dot_atol
+                                                                            : 1e-3;
             if (!(e <= atol || e <= 2.0 / 128.0 * fabs(w)))
                 worst = e > worst ? e : worst;
         }
@@ -420,7 +431,8 @@ int kva_cli_bench_mla_sparse(int argc, char **argv)
     }
     rc = KVA_EXIT_OK;
     if (!o.no_check) {
-        const double e = check(&o, &b, out);
+        const char *kn = o.backend == 1 ? kva__cpu_plan_kernel(plan, KVA__KERNEL_MLA) : NULL;
+        const double e = check(&o, &b, out, kn && !strcmp(kn, "mla_avx512bf16"));
         printf("  check vs ref (request 0%s): %s\n", o.prefill ? ", 2 prefill tokens" : "",
                e == 0 ? "ok" : "FAILED");
         rc = e == 0 ? KVA_EXIT_OK : KVA_EXIT_LIBRARY;

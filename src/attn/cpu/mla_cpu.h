@@ -11,7 +11,9 @@
  * AVX-512), the kernel registry's "mla_portable", "mla_avx2" and
  * "mla_avx512" (cpu_ops.c), and "mla_avx512bf16", whose absorbed items take
  * a bf16 cache's latent rows by vdpbf16ps (mla_bf16dot.inc). Sparse MLA runs the same items
- * (mla_sparse_cpu.c).
+ * (mla_sparse_cpu.c); under mla_avx512bf16 its items with bf16 queries take
+ * bf16, gathered and fp8_ds_mla rows (dequantized to bf16) by the same
+ * vdpbf16ps chunk body.
  */
 #ifndef KVA_MLA_CPU_H
 #define KVA_MLA_CPU_H
