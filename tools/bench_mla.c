@@ -429,7 +429,7 @@ int kva_cli_bench_mla(int argc, char **argv)
     }
     const double *tm = tms + (size_t)(passes - 1) * o.iters;
     const double med = tm[o.iters / 2], best = tm[0];
-    kva__cpu_mla_split sp = {1, 0, 0};
+    kva__cpu_mla_split sp = {1, 0, 0, 0};
     if (!o.kernel && !o.cuda)
         kva__cpu_mla_split_of(ctx, plan, kva_context_num_threads(ctx), &sp);
 
