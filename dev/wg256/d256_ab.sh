@@ -38,17 +38,19 @@ awk '!/^#/ && $4 ~ /prefill_wgmma.*\.cu\.o$/ {printf "  new %7.1f s  %s\n", ($2-
   "$bd/new/.ninja_log" | tee -a "$log"
 # Tests (NEW), in parallel.
 N=$bd/new
-( timeout 200 "$N/test_cuda_prefill_mma" >"$bd.t_prefill.log" 2>&1; echo "rc=$?" >>"$bd.t_prefill.log" ) &
-( KVA_TEST_QUICK=1 timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
+TT=${KVA_WG_TEST_TIMEOUT:-200}
+( KVA_TEST_TIMES=1 timeout $TT "$N/test_cuda_prefill_mma" >"$bd.t_prefill.log" 2>&1
+  echo "rc=$?" >>"$bd.t_prefill.log" ) &
+( KVA_TEST_QUICK=1 timeout $TT compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$N/test_cuda_prefill_mma" >"$bd.memcheck.log" 2>&1; echo "rc=$?" >>"$bd.memcheck.log" ) &
-( KVA_TEST_TIMES=1 KVA_TEST_ONLY=test_chunk,test_force_kernel,test_mma_mixed timeout 200 \
+( KVA_TEST_TIMES=1 KVA_TEST_ONLY=test_chunk,test_force_kernel,test_mma_mixed timeout $TT \
     "$N/test_cuda_attn" >"$bd.t_attn.log" 2>&1; echo "rc=$?" >>"$bd.t_attn.log" ) &
 wait
 cat "$bd.t_prefill.log" "$bd.t_attn.log" >"$out/tests.log"
 cp "$bd.memcheck.log" "$out/memcheck_prefill_quick.log"
 say "tests done at $(el) s"
-say "test_cuda_prefill_mma (full): $(grep -E 'passed|cases' "$bd.t_prefill.log" | tr '\n' ' ')"
-say "test_cuda_attn (test_chunk, test_force_kernel, test_mma_mixed): $(grep -E 'passed|rc=' "$bd.t_attn.log" | tr '\n' ' ')"
+say "test_cuda_prefill_mma (full): $(grep -iE 'passed|cases|wall|rc=|check failed|mismatch' "$bd.t_prefill.log" | head -20 | tr '\n' ' ')"
+say "test_cuda_attn (test_chunk, test_force_kernel, test_mma_mixed): $(grep -iE 'passed|wall|rc=|check failed|mismatch' "$bd.t_attn.log" | head -20 | tr '\n' ' ')"
 say "memcheck test_cuda_prefill_mma quick: $(grep -E 'ERROR SUMMARY|passed|rc=' "$bd.memcheck.log" | tr '\n' ' ')"
 # Benchmarks: base, new, base, new.
 P="--mode prefill --context 0 --iters 20"

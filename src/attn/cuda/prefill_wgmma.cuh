@@ -81,6 +81,13 @@ template <int DK, int DV, int NCW = 2, int BN = 128> struct wg_dims {
      * CTA's warpgroups is what the launch bound gives (65,536 registers per
      * SM over CTAS * (NCW + 1) * 128 threads). */
     static constexpr int REG_P = 40, REG_C = NCW == 2 ? 232 : 216;
+    /* Whether the TMA form issues P V of key tile it - 1 under the softmax
+     * of tile it (INTRA): a consumer then holds two stages at once, which at
+     * Dv 256 is the whole 2-stage ring, so the producer could not fill a
+     * stage until both consumers' P V of tile it - 1 were done (late in
+     * iteration it). There P V goes out with the next S, as in the cp.async
+     * form, and releases its stage at the start of the iteration. */
+    static constexpr bool TMA_INTRA = DV <= 128;
 };
 
 /* Stage and phase of the gk-th K/V tile of a CTA's ring: n = NST stages, or

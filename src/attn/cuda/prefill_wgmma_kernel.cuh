@@ -494,15 +494,16 @@ static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream
 
 /* The kernels of one head-size pair and tile shape (NCW, BN: wg_dims): TMA
  * or cp.async, bf16 or f16. The TMA kernel also issues P V under the
- * consumer's own softmax (INTRA); the cp.async kernel does not (measured
- * faster without, docs/cuda-prefill.md). */
+ * consumer's own softmax (INTRA) where wg_dims::TMA_INTRA says so; the
+ * cp.async kernel does not (measured faster without, docs/cuda-prefill.md). */
 template <int DK, int DV, int DIX, int NCW = 2, int BN = 128>
 static kva_status launch_dims(const kva__cuda_prefill_args *a, cudaStream_t st, int tma)
 {
+    constexpr bool IN = wg_dims<DK, DV, NCW, BN>::TMA_INTRA;
     const int bf = a->dtype == KVA_DTYPE_BF16;
     if (tma)
-        return bf ? launch_ws<true, true, kva__mma_bf16, DK, DV, NCW, BN, DIX>(a, st)
-                  : launch_ws<true, true, kva__mma_f16, DK, DV, NCW, BN, DIX>(a, st);
+        return bf ? launch_ws<IN, true, kva__mma_bf16, DK, DV, NCW, BN, DIX>(a, st)
+                  : launch_ws<IN, true, kva__mma_f16, DK, DV, NCW, BN, DIX>(a, st);
     return bf ? launch_ws<false, false, kva__mma_bf16, DK, DV, NCW, BN, DIX>(a, st)
               : launch_ws<false, false, kva__mma_f16, DK, DV, NCW, BN, DIX>(a, st);
 }
