@@ -3,12 +3,12 @@
 # source trees BASE and NEW (sm_90a only; bench_cuda in both, the two CUDA tests
 # in NEW), runs the tests that cover the wgmma prefill in NEW (in parallel:
 # test_cuda_prefill_mma full, compute-sanitizer memcheck of it in quick mode,
-# and test_cuda_attn's test_chunk, test_force_kernel and test_mma_mixed), then
+# test_cuda_attn's test_chunk, test_force_kernel and test_mma_mixed, and its
+# quick test_grid; each under KVA_WG_TEST_TIMEOUT seconds, default 200), then
 # bench_cuda on the prefill shapes, alternated base, new, base, new, then
-# torch SDPA (flash, cuDNN) on the same machine (bench/prefill_sdpa_peer.py),
-# then, while the call has time left (KVA_WG_BUDGET seconds, default 400),
-# test_cuda_attn's quick set. Prints a table last.
-# Usage: OUT=dir [KVA_DEBS=dir] bash dev/wg256/d256_ab.sh BASE NEW
+# torch SDPA (flash, cuDNN) on the same machine (bench/prefill_sdpa_peer.py).
+# Prints a table last.
+# Usage: OUT=dir [KVA_DEBS=dir] [KVA_WG_TEST_TIMEOUT=s] bash dev/wg256/d256_ab.sh BASE NEW
 set -uo pipefail
 t_start=$(date +%s)
 el() { echo $(( $(date +%s) - t_start )); }
@@ -36,22 +36,29 @@ for t in base new; do
 done
 awk '!/^#/ && $4 ~ /prefill_wgmma.*\.cu\.o$/ {printf "  new %7.1f s  %s\n", ($2-$1)/1000, $4}' \
   "$bd/new/.ninja_log" | tee -a "$log"
-# Tests (NEW), in parallel.
+# Tests (NEW), in parallel (the CPU reference is single-threaded): the full
+# test_cuda_prefill_mma split by test function over three processes, its quick
+# set under memcheck, and test_cuda_attn's tests that this branch changed.
 N=$bd/new
 TT=${KVA_WG_TEST_TIMEOUT:-200}
-( KVA_TEST_TIMES=1 timeout $TT "$N/test_cuda_prefill_mma" >"$bd.t_prefill.log" 2>&1
-  echo "rc=$?" >>"$bd.t_prefill.log" ) &
-( KVA_TEST_QUICK=1 timeout $TT compute-sanitizer --tool memcheck --error-exitcode 9 \
-    "$N/test_cuda_prefill_mma" >"$bd.memcheck.log" 2>&1; echo "rc=$?" >>"$bd.memcheck.log" ) &
-( KVA_TEST_TIMES=1 KVA_TEST_ONLY=test_chunk,test_force_kernel,test_mma_mixed timeout $TT \
-    "$N/test_cuda_attn" >"$bd.t_attn.log" 2>&1; echo "rc=$?" >>"$bd.t_attn.log" ) &
+tp() { # name, env..., binary
+  local n=$1; shift
+  ( env KVA_TEST_TIMES=1 "$@" >"$bd.t_$n.log" 2>&1; echo "rc=$?" >>"$bd.t_$n.log" ) &
+}
+tp pf_a KVA_TEST_ONLY=test_host,test_edges,test_wgmma_tma,test_long timeout $TT "$N/test_cuda_prefill_mma"
+tp pf_b KVA_TEST_ONLY=test_wgmma timeout $TT "$N/test_cuda_prefill_mma"
+tp pf_c KVA_TEST_ONLY=test_grid timeout $TT "$N/test_cuda_prefill_mma"
+tp memcheck KVA_TEST_QUICK=1 timeout $TT compute-sanitizer --tool memcheck --error-exitcode 9 \
+  "$N/test_cuda_prefill_mma"
+tp at_a KVA_TEST_ONLY=test_force_kernel,test_mma_mixed timeout $TT "$N/test_cuda_attn"
+tp at_b KVA_TEST_ONLY=test_chunk timeout $TT "$N/test_cuda_attn"
+tp at_c KVA_TEST_QUICK=1 KVA_TEST_ONLY=test_grid timeout $TT "$N/test_cuda_attn"
 wait
-cat "$bd.t_prefill.log" "$bd.t_attn.log" >"$out/tests.log"
-cp "$bd.memcheck.log" "$out/memcheck_prefill_quick.log"
+for n in pf_a pf_b pf_c at_a at_b at_c memcheck; do echo "== $n"; cat "$bd.t_$n.log"; done >"$out/tests.log"
 say "tests done at $(el) s"
-say "test_cuda_prefill_mma (full): $(grep -iE 'passed|cases|wall|rc=|check failed|mismatch' "$bd.t_prefill.log" | head -20 | tr '\n' ' ')"
-say "test_cuda_attn (test_chunk, test_force_kernel, test_mma_mixed): $(grep -iE 'passed|wall|rc=|check failed|mismatch' "$bd.t_attn.log" | head -20 | tr '\n' ' ')"
-say "memcheck test_cuda_prefill_mma quick: $(grep -E 'ERROR SUMMARY|passed|rc=' "$bd.memcheck.log" | tr '\n' ' ')"
+for n in pf_a pf_b pf_c at_a at_b at_c memcheck; do
+  say "$n: $(grep -iE 'passed|cases|wall|rc=|check failed|mismatch|ERROR SUMMARY' "$bd.t_$n.log" | head -12 | tr '\n' ' ')"
+done
 # Benchmarks: base, new, base, new.
 P="--mode prefill --context 0 --iters 20"
 shapes=(
@@ -75,14 +82,6 @@ done
 say "bench done at $(el) s"
 ( cd "$new" && timeout 120 python3 bench/prefill_sdpa_peer.py ) >"$out/sdpa_peer.log" 2>&1
 say "sdpa peer (rc $?) at $(el) s:"; tee -a "$log" <"$out/sdpa_peer.log" | tail -12
-if [ $(el) -lt $(( ${KVA_WG_BUDGET:-400} - 170 )) ]; then
-  KVA_TEST_QUICK=1 KVA_TEST_TIMES=1 timeout 160 "$N/test_cuda_attn" >"$bd.t_attnq.log" 2>&1
-  rc=$?
-  cat "$bd.t_attnq.log" >>"$out/tests.log"
-  say "test_cuda_attn quick (rc $rc) at $(el) s: $(grep -E 'passed' "$bd.t_attnq.log" | tr '\n' ' ')"
-else
-  say "test_cuda_attn quick: skipped (no time left in the call)"
-fi
 # Table: medians of the two rounds per shape.
 say "== table (median ms of r1, r2; TFLOP/s of the faster)"
 for i in "${!shapes[@]}"; do

@@ -722,7 +722,8 @@ int main(int argc, char **argv)
         RUN(test_long);
     fprintf(stderr, "  %d cases, %d rows, %d multi-tile requests\n", cases_run, rows_checked,
             multi_tile);
-    CHECK(cases_run >= (small_mode ? 12 : 115));
+    if (!getenv("KVA_TEST_ONLY")) /* a subset of the tests runs fewer cases */
+        CHECK(cases_run >= (small_mode ? 12 : 115));
     return kva_test_finish();
 }
 #endif
