@@ -422,9 +422,10 @@ static void test_decode_mma(void)
 }
 
 /* kva__context_force_kernel on the CUDA backend: an unknown name fails and
- * lists the registry; a forced kernel steers the plan; a forced prefill
- * kernel that does not exist for the shape (wgmma at D 256) fails the run with
- * a status and leaves out untouched. */
+ * lists the registry; a forced kernel steers the plan; the forced wgmma
+ * prefill runs at D 256 (sm_90a); a forced prefill kernel that does not exist
+ * for the shape (mma.sync at D 192 / Dv 128) fails the run with a status and
+ * leaves out untouched. */
 static void test_force_kernel(void)
 {
     static const int32_t q[] = {40, 1}, s[] = {100, 60};
@@ -455,16 +456,37 @@ static void test_force_kernel(void)
     void *dq = dev_poisoned((size_t)b.T * 8 * 256 * 2);
     void *dout = dev_poisoned((size_t)b.T * 8 * 256 * 2);
     const kva_status fs = kva__context_force_kernel(gpu, "prefill_wgmma_sm90");
-    if (fs == KVA_STATUS_OK) { /* an sm_90a build on an H100 */
+    if (fs == KVA_STATUS_OK) { /* an sm_90a build on an H100: D 256 runs on wgmma */
         CHECK_OK(kva_plan_create(gpu, &pd, &p));
         if (p) {
-            CHECK_STATUS(kva_attention_run(gpu, p, dq, dc, NULL, dout, NULL),
-                         KVA_STATUS_INVALID_ARGUMENT);
-            CHECK_ERROR_MENTIONS("D = 256");
+            CHECK(((const kva__cuda_plan *)p->device)->prefill_kernel == KVA__CUDA_PREFILL_WGMMA);
+            CHECK_OK(kva_attention_run(gpu, p, dq, dc, NULL, dout, NULL));
+            CHECK(!dev_untouched(dout));
         }
     } else {
         CHECK_STATUS(fs, KVA_STATUS_UNSUPPORTED);
         CHECK_ERROR_MENTIONS("prefill_wgmma_sm90");
+        CHECK(dev_untouched(dout));
+    }
+    kva_plan_destroy(p);
+    p = NULL;
+    cudaFree(dq);
+    cudaFree(dout);
+    kva_cache_destroy(dc);
+    dc = NULL;
+    /* mma.sync has no D 192 / Dv 128 kernel: forced there, the run fails. */
+    kva_cache_desc cd2 = {b.num_blocks,   16,          2, 192, 128, KVA_DTYPE_BF16, KVA_LAYOUT_NHD,
+                          KVA_QUANT_NONE, KVA_ATTN_MHA};
+    CHECK_OK(kva_cache_create(gpu, &cd2, &dc));
+    kva_plan_desc pd2 = kva_test_batch_plan_desc(&b, 8, 2, 192, 128, KVA_DTYPE_BF16);
+    dq = dev_poisoned((size_t)b.T * 8 * 192 * 2);
+    dout = dev_poisoned((size_t)b.T * 8 * 128 * 2);
+    CHECK_OK(kva__context_force_kernel(gpu, "prefill_mma_sm80"));
+    CHECK_OK(kva_plan_create(gpu, &pd2, &p));
+    if (p && dc) {
+        CHECK_STATUS(kva_attention_run(gpu, p, dq, dc, NULL, dout, NULL),
+                     KVA_STATUS_INVALID_ARGUMENT);
+        CHECK_ERROR_MENTIONS("D = 192");
     }
     CHECK(dev_untouched(dout));
     kva_plan_destroy(p);
@@ -507,11 +529,15 @@ static void test_mma_mixed(void)
         kva_test_batch b;
         make_batch(&b, 600 + (uint64_t)i, 8, q, s, c.B);
         run_batch(&c, &b);
-        /* At D 64 and 128 every prefill tile kernel this machine has, forced. */
+        /* Every prefill tile kernel this machine has, forced (the narrow
+         * shape exists at D 128 only; at D 256, whose default is the TMA
+         * form at B 16 and 64, the cp.async form only: test_cuda_prefill_mma
+         * runs every kernel at every head size, and the reference's cost
+         * grows with D). */
         static const char *const pk[] = {"prefill_wgmma_tma_sm90", "prefill_wgmma_sm90",
                                          "prefill_wgmma_tma_narrow_sm90", "prefill_mma_sm80"};
-        for (int k = 0; k < 4 && c.D != 256; k++)
-            if (kernel_usable(pk[k])) {
+        for (int k = 0; k < 4; k++)
+            if (kernel_usable(pk[k]) && (k != 2 || c.D == 128) && (k == 1 || c.D != 256)) {
                 c.pkernel = pk[k];
                 run_batch(&c, &b);
             }
@@ -523,8 +549,10 @@ static void test_mma_mixed(void)
  * current chunk hold NaN, so a kernel that reads them fails. Batches with
  * chunk boundaries inside prefills, query spans over 3 and more chunks,
  * decodes on a chunk's first key, max seq_len below C, and page 16 with C
- * 8192 past the first chunk; every decode and prefill kernel that runs here,
- * f16/bf16/f32, with a window, soft-cap, ALiBi and sinks rotated in. */
+ * 8192 past the first chunk; D 64, 128 and 256 (chunks of 16 keys, inside
+ * the 64-key tiles of the D 256 wgmma kernel, with a window); every decode
+ * and prefill kernel that runs here, f16/bf16/f32, with a window, soft-cap,
+ * ALiBi and sinks rotated in. */
 static void test_chunk(void)
 {
     static const int32_t q[] = {1, 300, 1, 77, 4, 130, 1, 17};
@@ -538,10 +566,10 @@ static void test_chunk(void)
         cfg c;
         memset(&c, 0, sizeof c);
         c.seed = 900 + (uint64_t)i;
-        c.D = c.Dv = i % 2 ? 64 : 128;
+        c.D = c.Dv = i % 2 ? 64 : i == 2 ? 256 : 128;
         c.dt = i % 3 == 2 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16;
-        c.H = 32;
-        c.Hkv = 8;
+        c.H = c.D == 256 ? 8 : 32; /* the reference's cost */
+        c.Hkv = c.D == 256 ? 2 : 8;
         c.B = i % 4 == 1 ? 5 : 16;
         c.layout = i % 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
         c.causal = 1;

@@ -24,13 +24,14 @@ extern "C" const kva__kernel_info kva__cuda_kernels[KVA__CUDA_KERNELS] = {
     /* Work items on CUDA cores: every dtype, head size and cache format. */
     {"decode_simt", KVA__KERNEL_DECODE, NULL},
     /* Prefill tiles on wgmma with TMA loads of in-range K/V tiles (D/Dv 64/64, 128/128,
-     * 192/128). */
+     * 192/128, 256/256). */
     {"prefill_wgmma_tma_sm90", KVA__KERNEL_PREFILL, wgmma_usable},
     /* The same kernel with every K/V tile gathered by cp.async. */
     {"prefill_wgmma_sm90", KVA__KERNEL_PREFILL, wgmma_usable},
     /* The two above in the narrow tile shape (64 rows and 64 keys per CTA tile,
      * two CTAs per SM) at D 128, which the plan picks when every prefill is
-     * short; forcing one of the two above runs the wide shape. */
+     * short; forcing one of the two above runs the wide shape (the other head
+     * sizes have one shape, which all four names run). */
     {"prefill_wgmma_tma_narrow_sm90", KVA__KERNEL_PREFILL, wgmma_usable},
     {"prefill_wgmma_narrow_sm90", KVA__KERNEL_PREFILL, wgmma_usable},
     /* Prefill tiles on mma.sync, D in {64, 128, 256}, float and quantized caches. */

@@ -44,7 +44,8 @@ extern "C" {
 typedef enum kva__cuda_prefill_kernel {
     KVA__CUDA_PREFILL_AUTO = 0,  /* the dispatcher's choice (kva__cuda_prefill_kernel_default) */
     KVA__CUDA_PREFILL_MMA = 1,   /* mma.sync, sm_80+, D = Dv 64/128/256 (prefill_mma.cu) */
-    KVA__CUDA_PREFILL_WGMMA = 2, /* sm_90a wgmma, D/Dv 64/64, 128/128, 192/128; cp.async K/V */
+    KVA__CUDA_PREFILL_WGMMA = 2, /* sm_90a wgmma, D/Dv 64/64, 128/128, 192/128, 256/256;
+                                    cp.async K/V */
     KVA__CUDA_PREFILL_WGMMA_TMA = 3, /* the same with in-range K/V tiles loaded by TMA */
 } kva__cuda_prefill_kernel;
 
@@ -209,7 +210,7 @@ kva__cuda_prefill_kernel kva__cuda_prefill_kernel_default(int32_t head_dim, int3
  * capability 9.0; else 0 (also without a device). */
 int kva__cuda_prefill_wgmma_ready(void);
 /* prefill_wgmma.cu: 1 if the wgmma kernel is written for head sizes (D, Dv):
- * (64, 64), (128, 128), (192, 128). */
+ * (64, 64), (128, 128), (192, 128), (256, 256). */
 int kva__cuda_prefill_wgmma_dims(int32_t head_dim, int32_t head_dim_v);
 /* Launches the wgmma kernel (arguments already checked by
  * kva__cuda_prefill_launch_kernel; head sizes kva__cuda_prefill_wgmma_dims,

@@ -1,7 +1,7 @@
 /*
  * prefill_wgmma.cu - host side of the sm_90a wgmma prefill kernel
  * (prefill_wgmma_kernel.cuh: the kernel and how it works; its
- * instantiations per head-size pair: prefill_wgmma_d{64,128,192}.cu):
+ * instantiations per head-size pair: prefill_wgmma_d{64,128,192,256}.cu):
  * whether the build and device can run it, the TMA tensor maps over the
  * paged cache, and the dispatch on (D, Dv).
  */
@@ -101,7 +101,7 @@ void kva__wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm, int bn)
 extern "C" int kva__cuda_prefill_wgmma_dims(int32_t head_dim, int32_t head_dim_v)
 {
     return (head_dim == 128 && head_dim_v == 128) || (head_dim == 64 && head_dim_v == 64) ||
-           (head_dim == 192 && head_dim_v == 128);
+           (head_dim == 192 && head_dim_v == 128) || (head_dim == 256 && head_dim_v == 256);
 }
 
 /* Called by kva__cuda_prefill_launch_kernel after its argument checks (head
@@ -116,6 +116,8 @@ extern "C" kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_arg
         return kva__wg_launch_d64(a, st, tma);
     if (a->head_dim == 192 && a->head_dim_v == 128)
         return kva__wg_launch_d192(a, st, tma);
+    if (a->head_dim == 256 && a->head_dim_v == 256)
+        return kva__wg_launch_d256(a, st, tma); /* one tile shape: a->narrow is not read */
     return kva__fail(KVA_STATUS_UNSUPPORTED,
                      "kva__cuda_prefill_launch: the wgmma prefill does not serve D = %d, Dv = %d",
                      (int)a->head_dim, (int)a->head_dim_v);

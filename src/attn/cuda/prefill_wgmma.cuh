@@ -26,25 +26,33 @@
 /*
  * The kernel's traits. Head sizes: DK (Q and K rows, the k extent of
  * S = Q K^T) and DV (V rows, the n extent of O = P V). Served: (64, 64),
- * (128, 128) and (192, 128) (MLA's prefill with the rope part in K).
- * Tile shape (the plan's choice: kva__cuda_prefill_args.narrow): NCW
- * consumer warpgroups of 64 rows (M = 64 NCW rows per CTA tile) and BN keys
- * per K/V tile:
+ * (128, 128), (192, 128) (MLA's prefill with the rope part in K) and
+ * (256, 256).
+ * Tile shape (wg_dims: NCW consumer warpgroups of 64 rows, M = 64 NCW rows
+ * per CTA tile, and BN keys per K/V tile):
  *   - wide (NCW 2, BN 128): one CTA per SM; a CTA tile is one tile of the
  *     plan's list and its two consumers ping-pong (long requests);
- *   - narrow (NCW 1, BN 64): each tile of the plan's list is two CTA tiles of
- *     64 rows, and two CTAs of one producer and one consumer warpgroup share
- *     an SM, so one CTA's tile start and epilogue run beside the other's
- *     products, and a causal tile wastes at most 63 keys past the diagonal
- *     instead of 127 (short requests: a CTA tile has one or two key tiles).
+ *   - narrow (NCW 1, BN 64; the plan's choice at D 128:
+ *     kva__cuda_prefill_args.narrow): each tile of the plan's list is two CTA
+ *     tiles of 64 rows, and two CTAs of one producer and one consumer
+ *     warpgroup share an SM, so one CTA's tile start and epilogue run beside
+ *     the other's products, and a causal tile wastes at most 63 keys past the
+ *     diagonal instead of 127 (short requests: a CTA tile has one or two key
+ *     tiles);
+ *   - wide with 64-key tiles (NCW 2, BN 64): D 256, the only shape there. A
+ *     consumer's O [64, 256] is 128 fp32 registers per thread, which leaves
+ *     room for S [64, 64] (32) but not S [64, 128]; Q [128, 256] is 64 KB
+ *     and a K/V stage 64 KB, so two stages fit.
  * wg_dims gives the K/V ring depth that fits the shared memory next to Q
- * [M, DK]: wide 4 stages at DK 64, 3 at 128, 2 at 192 (a stage is K [BN, DK]
- * and V [BN, DV]); narrow 3 (two CTAs in 228 KB, without the 1 KB alignment
- * pad: PAD below).
+ * [M, DK]: wide 4 stages at DK 64, 3 at 128, 2 at 192 and 256 (a stage is
+ * K [BN, DK] and V [BN, DV]); narrow 3 (two CTAs in 228 KB, without the 1 KB
+ * alignment pad: PAD below).
  */
 template <int DK, int DV, int NCW = 2, int BN = 128> struct wg_dims {
-    static_assert(DK % 64 == 0 && DV % 64 == 0 && DK <= 192 && DV <= 128, "wgmma head sizes");
-    static_assert((NCW == 2 && BN == 128) || (NCW == 1 && BN == 64), "wgmma tile shapes");
+    static_assert(DK % 64 == 0 && DV % 64 == 0 && DK <= 256 && DV <= 256, "wgmma head sizes");
+    static_assert((NCW == 2 && (BN == 128 || BN == 64)) || (NCW == 1 && BN == 64),
+                  "wgmma tile shapes");
+    static_assert(DV <= 128 || (NCW == 2 && BN == 64), "Dv 256: the 64-key wide shape only");
     static constexpr int M = 64 * NCW;     /* rows per CTA tile */
     static constexpr int SPLIT = WG_M / M; /* CTA tiles per tile of the plan's list */
     static constexpr int CTAS = 3 - NCW;   /* CTAs per SM */
@@ -73,6 +81,13 @@ template <int DK, int DV, int NCW = 2, int BN = 128> struct wg_dims {
      * CTA's warpgroups is what the launch bound gives (65,536 registers per
      * SM over CTAS * (NCW + 1) * 128 threads). */
     static constexpr int REG_P = 40, REG_C = NCW == 2 ? 232 : 216;
+    /* Whether the TMA form issues P V of key tile it - 1 under the softmax
+     * of tile it (INTRA): a consumer then holds two stages at once, which at
+     * Dv 256 is the whole 2-stage ring, so the producer could not fill a
+     * stage until both consumers' P V of tile it - 1 were done (late in
+     * iteration it). There P V goes out with the next S, as in the cp.async
+     * form, and releases its stage at the start of the iteration. */
+    static constexpr bool TMA_INTRA = DV <= 128;
 };
 
 /* Stage and phase of the gk-th K/V tile of a CTA's ring: n = NST stages, or
@@ -94,8 +109,9 @@ template <int NST> struct wg_ring {
 
 /* How 128 threads copy rows of C 16-byte chunks (C = D / 8): TPR threads per
  * row, each with chunks lch, lch + TPR, ... (SETS of them), RP rows per
- * pass. C 16: 16 threads per row, 8 rows per pass; C 8 and 24: 8 threads per
- * row, 16 rows per pass (24: three chunks per thread). */
+ * pass. C 16 and 32: 16 threads per row, 8 rows per pass (32: two chunks per
+ * thread); C 8 and 24: 8 threads per row, 16 rows per pass (24: three chunks
+ * per thread). */
 template <int C> struct wg_split {
     static constexpr int TPR = C % 16 == 0 ? 16 : 8;
     static constexpr int SETS = C / TPR;
@@ -565,11 +581,13 @@ static __device__ __forceinline__ void wg_kv_init(wg_kv &g, const kva__cuda_pref
 }
 /* Q rows m0 + r0 .. m0 + r0 + nrows - 1 of the tile (zeros past the request)
  * into the swizzled [M, DK] Q operand at sq, by NT threads (index t).
- * Where C (16-byte chunks per row) divides NT, a thread copies chunk t % C of
- * rows r0 + t / C + RPI k (RPI = NT / C, a multiple of 8 dividing nrows): its
+ * Where C (16-byte chunks per row) divides NT into RPI = NT / C, a multiple
+ * of 8 dividing nrows (DK 64 and 128), a thread copies chunk t % C of
+ * rows r0 + t / C + RPI k: its
  * shared-memory address steps by RPI rows (the swizzle depends on the row
  * mod 8 only) and its (token, head) by RPI packed rows, di tokens and dg
- * heads with a carry past G, so only the first row takes a division. */
+ * heads with a carry past G, so only the first row takes a division. Other
+ * DK (192, 256) take a division per chunk. */
 template <int NT, int DK, int M>
 static __device__ __forceinline__ void wg_load_q(const kva__cuda_prefill_args &a, const wg_tile &tl,
                                                  uint32_t sq, int r0, int nrows, int t,
@@ -578,7 +596,7 @@ static __device__ __forceinline__ void wg_load_q(const kva__cuda_prefill_args &a
     typedef uint16_t elem;
     constexpr int C = DK / 8; /* 16-byte chunks per row */
     const elem *q = (const elem *)a.q;
-    if constexpr (NT % C == 0) {
+    if constexpr (NT % C == 0 && (NT / C) % 8 == 0) {
         constexpr int RPI = NT / C;
         static_assert(RPI % 8 == 0, "Q rows per step: a multiple of the swizzle period");
         const int ch = t % C, row0 = r0 + t / C;
@@ -633,17 +651,26 @@ static __device__ __forceinline__ void wg_qk(float (&s)[NS], uint64_t dq, uint64
     }
 }
 /* O [64, DV] += P V for one warpgroup: KS = BN / 16 k-steps over the tile's
- * keys (m64n128k16, or m64n64k16 at DV 64). */
+ * keys (m64n128k16, m64n64k16 at DV 64, two m64n128k16 at DV 256: columns
+ * 0..127 into o[0..63] and 128..255, V's column blocks 2 and 3 at 2 BN 128
+ * bytes on, into o[64..127], which is the accumulator layout of one
+ * m64n256k16). */
 template <typename Ty, int DV, int KS>
 static __device__ __forceinline__ void wg_pv(float (&o)[DV / 2], const uint32_t (&pa)[KS][4],
                                              uint64_t dv)
 {
 #pragma unroll
     for (int kk = 0; kk < KS; kk++) {
-        if constexpr (DV == 64)
-            wg_ops<Ty>::rs64(o, pa[kk], dv + (uint64_t)((kk * 16 * 128) >> 4));
-        else
-            wg_ops<Ty>::rs(o, pa[kk], dv + (uint64_t)((kk * 16 * 128) >> 4));
+        const uint64_t vb = dv + (uint64_t)((kk * 16 * 128) >> 4);
+        if constexpr (DV == 64) {
+            wg_ops<Ty>::rs64(o, pa[kk], vb);
+        } else if constexpr (DV == 256) {
+            constexpr int BN = KS * 16;
+            wg_ops<Ty>::rs(o, pa[kk], vb);
+            wg_ops<Ty>::rs(o + 64, pa[kk], vb + (uint64_t)((2 * BN * 128) >> 4));
+        } else {
+            wg_ops<Ty>::rs(o, pa[kk], vb);
+        }
     }
 }
 #endif /* KVA_WGMMA_BODY */

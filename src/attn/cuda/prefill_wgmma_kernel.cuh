@@ -8,7 +8,7 @@
  * cache, any B; causal, window, soft-cap, ALiBi, sinks, LSE), f16/bf16, with
  * the head sizes (DK, DV) as template traits (prefill_wgmma.cuh, wg_dims).
  * The body is written once here and instantiated per head-size pair in
- * prefill_wgmma_d{64,128,192}.cu (so the build compiles them in parallel);
+ * prefill_wgmma_d{64,128,192,256}.cu (so the build compiles them in parallel);
  * prefill_wgmma.cu is the host side (device check, tensor maps, dispatch).
  * Structure (FlashAttention-3 style), at DK = DV = 128:
  *   - CTA = 3 warpgroups (384 threads): warpgroup 0 is the producer (40
@@ -80,12 +80,13 @@ extern "C" {
 /* prefill_wgmma.cu: fills tm for the TMA kernel (wg_tmaps); tm->ok = 0 where
  * the cache cannot be described or the driver refuses. */
 void kva__wg_tmaps_encode(const kva__cuda_prefill_args *a, wg_tmaps *tm, int bn);
-/* prefill_wgmma_d{64,128,192}.cu: launch the kernel of one head-size pair
+/* prefill_wgmma_d{64,128,192,256}.cu: launch the kernel of one head-size pair
  * (tma: the TMA form); prefill_wgmma_d128n.cu: D 128's narrow tile shape. */
 kva_status kva__wg_launch_d64(const kva__cuda_prefill_args *a, cudaStream_t st, int tma);
 kva_status kva__wg_launch_d128(const kva__cuda_prefill_args *a, cudaStream_t st, int tma);
 kva_status kva__wg_launch_d128n(const kva__cuda_prefill_args *a, cudaStream_t st, int tma);
 kva_status kva__wg_launch_d192(const kva__cuda_prefill_args *a, cudaStream_t st, int tma);
+kva_status kva__wg_launch_d256(const kva__cuda_prefill_args *a, cudaStream_t st, int tma);
 
 /*
  * The kernel (header comment above). The producer waits for its cp.async
@@ -219,12 +220,14 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                          * j / 2 of K (j even) or V; else K's column blocks
                          * 0 .. DK / 64 - 1, then V's. */
                         constexpr int KCB = DK / 64, OPB = KCB + DV / 64;
-                        static_assert(DK != DV || KCB <= 2, "DK = DV: 64 or 128");
+                        static_assert(DK != DV || KCB == 1 || KCB == 2 || KCB == 4,
+                                      "DK = DV: 64, 128 or 256");
                         const int R = tm.box_rows, nhd = a.layout == KVA_LAYOUT_NHD;
                         const int o0 = (tid & 31) * 4 + (tid >> 5);
                         for (int o = o0; o < OPB * (BN / R); o += 32 * NW) {
-                            /* DK = DV: OPB = 2 KCB (4 at 128, 2 at 64), shifts. */
-                            constexpr int SH = KCB == 2 ? 2 : 1;
+                            /* DK = DV: OPB = 2 KCB (8 at 256, 4 at 128, 2 at 64),
+                             * shifts. */
+                            constexpr int SH = KCB == 4 ? 3 : KCB == 2 ? 2 : 1;
                             const int j = (unsigned)o % OPB;
                             const int row = DK == DV ? (o >> SH) * R : (int)((unsigned)o / OPB) * R;
                             const bool isv = DK == DV ? (o & 1) != 0 : j >= KCB;
@@ -491,15 +494,16 @@ static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream
 
 /* The kernels of one head-size pair and tile shape (NCW, BN: wg_dims): TMA
  * or cp.async, bf16 or f16. The TMA kernel also issues P V under the
- * consumer's own softmax (INTRA); the cp.async kernel does not (measured
- * faster without, docs/cuda-prefill.md). */
+ * consumer's own softmax (INTRA) where wg_dims::TMA_INTRA says so; the
+ * cp.async kernel does not (measured faster without, docs/cuda-prefill.md). */
 template <int DK, int DV, int DIX, int NCW = 2, int BN = 128>
 static kva_status launch_dims(const kva__cuda_prefill_args *a, cudaStream_t st, int tma)
 {
+    constexpr bool IN = wg_dims<DK, DV, NCW, BN>::TMA_INTRA;
     const int bf = a->dtype == KVA_DTYPE_BF16;
     if (tma)
-        return bf ? launch_ws<true, true, kva__mma_bf16, DK, DV, NCW, BN, DIX>(a, st)
-                  : launch_ws<true, true, kva__mma_f16, DK, DV, NCW, BN, DIX>(a, st);
+        return bf ? launch_ws<IN, true, kva__mma_bf16, DK, DV, NCW, BN, DIX>(a, st)
+                  : launch_ws<IN, true, kva__mma_f16, DK, DV, NCW, BN, DIX>(a, st);
     return bf ? launch_ws<false, false, kva__mma_bf16, DK, DV, NCW, BN, DIX>(a, st)
               : launch_ws<false, false, kva__mma_f16, DK, DV, NCW, BN, DIX>(a, st);
 }
