@@ -15,9 +15,10 @@
  * As for 16-bit caches: persistent CTAs of 4 warps, one item at a time; warp
  * w takes the steps of BNW keys w, w + 4, ... of the item (BNW = 32 for
  * 1-byte V at D <= 128, else 16) and copies K and V [BNW, D] (and the BNW
- * per-token key scales) with cp.async into a private ring of NST stages; its
- * own online softmax; the warps merge through shared memory at the end;
- * split partials as the 16-bit policy's. The configuration is described at
+ * per-token key scales) with cp.async into a private ring of NST stages
+ * (the block-table entry of the warp's next step prefetched to L1 with each
+ * step); its own online softmax; the warps merge through shared memory at the
+ * end; split partials as the 16-bit policy's. The configuration is described at
  * qm_load (its measurements: bench/results/2026-11-22_performance-journal.md).
  *
  * The mma runs in f16 (m16n8k16, fp32 accumulation); the codes are turned
@@ -40,7 +41,9 @@
  * Fragments from bytes (no ldmatrix for 8-bit elements on sm_90): the sum
  * over channels of S does not depend on which mma k index holds which
  * channel, so lane (g4, t4) takes channels 16 t4 .. +15 of each 64 (one
- * 16-byte load of a K row gives 4 k-steps) and Q' is laid out to match. For
+ * 16-byte load of a K row gives 4 k-steps) and Q' is laid out to match, in
+ * the order of the A fragments (qm_qword: one 16-byte load per fragment,
+ * no register moves to assemble it). For
  * P V the k index is the key: lane (g4, t4) loads 4 channels of the keys
  * 2t4, 2t4+1, 2t4+8, 2t4+9 (4-byte loads) and byte_perm regroups them into
  * the B fragments of 4 n-tiles whose column g4 is channel 4 g4 + j of each
@@ -111,6 +114,12 @@ template <int D> static __device__ __forceinline__ uint32_t qm_voff(int r, int c
     return (uint32_t)(r * D + ((c ^ x) << 4));
 }
 
+/* Prefetch of the line at p into L1 (no register written, no fault). */
+static __device__ __forceinline__ void qm_prefetch_l1(const void *p)
+{
+    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
+}
+
 /* Row (in rows of D bytes) and token-scale index of key j of kv head kvh:
  * NHD (block * B + off) * Hkv + kvh, HND (block * Hkv + kvh) * B + off;
  * scales [NB, Hkv, B]: (block * Hkv + kvh) * B + off. */
@@ -156,6 +165,12 @@ static __device__ __forceinline__ bool qm_issue_pages(const kva__cuda_quant_mma_
         tb[gi] = (block * a.Hkv + kvh) * a.B + off;
         rb[gi] = a.layout_hnd ? tb[gi] : (block * a.B + off) * a.Hkv + kvh;
     }
+    /* The block-table entry of the warp's next step (the body's steps are
+     * DM_NW * BNW keys apart) to L1 now: its copies then find it there
+     * instead of waiting for an L2 trip. */
+    const int32_t jn = kb + DM_NW * BNW;
+    if (jn < kend)
+        qm_prefetch_l1(bt_row + (pow2 ? jn >> (__ffs(a.B) - 1) : jn / a.B));
     /* Chunk x = lane + 32 i of the step's [BNW, D / 16] 16-byte chunks is key
      * x / CH = lane / CH + i * 32 / CH, chunk lane % CH: its 16-key group
      * and the key's place in it are constants of i. */
@@ -236,11 +251,28 @@ static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &
     }
 }
 
+/* The 32-bit word of Q' [16, D] f16 (in the order of the mma A fragments,
+ * qm_load::scores) that holds row r's channels c and c + 1 (c even). Per
+ * 64-channel slice kk, row pair g = r % 8 (rows g and g + 8) and lane column
+ * t4 (channels 16 t4 .. + 15 of the slice, qm_load::scores): 16 words, one
+ * 16-byte chunk per mma k-step st (channels 16 t4 + 4 st .. + 3) holding
+ * the A fragment {row g: 4 st, 4 st + 1; row g + 8: same; row g: 4 st + 2,
+ * 4 st + 3; row g + 8: same}, so that one 16-byte load gives a fragment
+ * (no register moves); the chunks of a 64-byte group are rotated by
+ * t4 / 2 + 2 (g % 2), so that each quarter warp's loads hit distinct banks. */
+static __device__ __forceinline__ int qm_qword(int r, int c)
+{
+    const int kk = c >> 6, t4 = (c >> 4) & 3, st = (c >> 2) & 3, u = (c >> 1) & 1;
+    const int g = r & 7, h = r >> 3, sw = (t4 >> 1) | ((g & 1) << 1);
+    return (((kk * 8 + g) * 4 + t4) << 4) + ((st ^ sw) << 2) + 2 * u + h;
+}
+
 /* Q'[r, c] = q[r, c] * ks[kvh, c] times 2^k_r (kva__q_row_exp) as two f16,
  * hi + lo (zeros past nrows), s_up[r] = 2^-k_r and qo[r] = sum_c Q'[r, c] o_c
- * (INT8_CHANNEL offsets). packed (nrows <= 8, hi and lo both used): lo of row
- * r goes to row r + 8 of sQ, so that one m16 pass of the scores gives both
- * (qm_load::scores); else hi to sQ, lo to sQl. In chunks of 8 channels per thread (16-byte loads
+ * (INT8_CHANNEL offsets); Q' in fragment order (qm_qword), hi to sQ, lo to
+ * sQl ([16 D / 2] words each). packed (nrows <= 8, hi and lo both used): lo
+ * of row r goes to row r + 8 of sQ, so that one m16 pass of the scores gives
+ * both (qm_load::scores). In chunks of 8 channels per thread (16-byte loads
  * of q when q16, two float4 of the scales and offsets); the
  * D / 8 chunks of a row lie in consecutive lanes of one warp, which take the
  * row max and sum qo by shuffles. One barrier at the end (Q', s_qo and s_up
@@ -248,10 +280,10 @@ static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &
 template <int FMT, typename OT, int D>
 static __device__ __forceinline__ void
 qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t nrows, int32_t qs,
-           bool ktok, bool packed, __half *sQ, __half *sQl, float *s_qo, float *s_up)
+           bool ktok, bool packed, uint32_t *sQ, uint32_t *sQl, float *s_qo, float *s_up)
 {
     const kva__cuda_attn_args &a = q.a;
-    constexpr int QSTR = D + 8, C8 = D / 8, NI = DM_M * C8 / (DM_NW * 32);
+    constexpr int C8 = D / 8, NI = DM_M * C8 / (DM_NW * 32);
     static_assert((DM_NW * 32) % C8 == 0 && C8 <= 32, "a row's chunks in one warp");
     static_assert((DM_M * C8) % (DM_NW * 32) == 0, "whole chunk rounds");
     float vv[NI][8];
@@ -290,12 +322,16 @@ qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t n
         const int k = kva__q_hilo<C8>(vv[i], hi, lo);
         if (x % C8 == 0)
             s_up[r] = kva__exp2i(-k);
-        if (!packed) {
-            *(uint4 *)(sQ + r * QSTR + c) = *(const uint4 *)hi;
-            *(uint4 *)(sQl + r * QSTR + c) = *(const uint4 *)lo;
-        } else if (r < DM_M / 2) {
-            *(uint4 *)(sQ + r * QSTR + c) = *(const uint4 *)hi;
-            *(uint4 *)(sQ + (r + DM_M / 2) * QSTR + c) = *(const uint4 *)lo;
+        const uint32_t *hw = (const uint32_t *)hi, *lw = (const uint32_t *)lo;
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            if (!packed) {
+                sQ[qm_qword(r, c + 2 * p)] = hw[p];
+                sQl[qm_qword(r, c + 2 * p)] = lw[p];
+            } else if (r < DM_M / 2) {
+                sQ[qm_qword(r, c + 2 * p)] = hw[p];
+                sQ[qm_qword(r + DM_M / 2, c + 2 * p)] = lw[p];
+            }
         }
         if (FMT == QM_I8 && !ktok) {
             const float acc =
@@ -341,8 +377,8 @@ template <int FMT, typename OT, int D_> struct qm_load {
                                          : (D == 64    ? 8
                                             : D == 128 ? 6
                                                        : 5);
-    static constexpr int QSTR = D + 8;                /* Q' row stride (halves) */
-    static constexpr int SQ = 2 * DM_M * QSTR * 2;    /* Q' hi, lo [16, D] f16 */
+    static constexpr int QW = DM_M * D / 2;           /* words of Q' hi (or lo) */
+    static constexpr int SQ = 2 * QW * 4;             /* Q' hi, lo [16, D] f16 (qm_qword) */
     static constexpr int VOFF = BNW * D;              /* V in the stage (bytes) */
     static constexpr int TSOFF = VOFF + BNW * D * VB; /* key scales in the stage */
     static constexpr int STAGE = TSOFF + 4 * BNW;
@@ -361,12 +397,11 @@ template <int FMT, typename OT, int D_> struct qm_load {
      * nf = -qo f;
      * two: f alone would leave the normal range, so f is 2^-k and sl2 (the
      * scale) follows as a second factor; packed: rows 8-15 of Q' hold the
-     * lo parts of rows 0-7 (qm_stage_q); hi8: rows 8-15 of Q' are not all
-     * zero (more than 8 rows, or packed); rows8: rows 8-15 are attention rows
-     * (more than 8 rows). */
+     * lo parts of rows 0-7 (qm_stage_q); rows8: rows 8-15 are attention
+     * rows (more than 8 rows). */
     struct Item {
         float f[2], qo[2], nf[2], sl2;
-        bool packed, hi8, rows8, two;
+        bool packed, rows8, two;
     };
     /* QM_V16: P V in the q dtype (V's), as the 16-bit policy. */
     typedef typename qm_ty<OT>::type TyV;
@@ -390,12 +425,11 @@ template <int FMT, typename OT, int D_> struct qm_load {
                                                    Item &it, int g4)
     {
         __shared__ float s_qo[DM_M], s_up[DM_M];
-        __half *sQ = (__half *)smem;
+        uint32_t *sQ = (uint32_t *)smem;
         const bool ktok = q.kts != nullptr;
         it.packed = !ktok && nrows <= DM_M / 2;
         it.rows8 = nrows > DM_M / 2;
-        it.hi8 = it.packed || it.rows8;
-        qm_stage_q<FMT, OT, D>(q, w, nrows, qs, ktok, it.packed, sQ, sQ + DM_M * QSTR, s_qo, s_up);
+        qm_stage_q<FMT, OT, D>(q, w, nrows, qs, ktok, it.packed, sQ, sQ + QW, s_qo, s_up);
         /* The body multiplies by scale log2 e only under a soft-cap (PRESCALED). */
         const float sl2 = q.a.softcap > 0.f ? 1.f : q.a.scale * KVA__DMMA_LOG2E;
         it.sl2 = sl2;
@@ -437,27 +471,22 @@ template <int FMT, typename OT, int D_> struct qm_load {
     {
         const int g4 = lane >> 2, t4 = lane & 3;
         const bool ktok = q.kts != nullptr, lo_pass = !ktok && !it.packed;
-        const __half *sQ = (const __half *)smem, *sQl = sQ + DM_M * QSTR;
+        const uint32_t *sQ = (const uint32_t *)smem;
+        const int sw = (t4 >> 1) | ((g4 & 1) << 1); /* qm_qword's rotation */
 #pragma unroll
         for (int kk = 0; kk < D / 64; kk++) {
-            uint32_t qr[2][8], qs8[2][8];
+            /* The A fragments of the slice's 4 k-steps, one 16-byte load each
+             * (qm_qword); rows 8-15 of an item of at most 8 rows that is not
+             * packed are zeros there. */
+            uint4 af[2][4];
 #pragma unroll
             for (int pass = 0; pass < 2; pass++) {
                 if (pass == 1 && !lo_pass)
                     break;
-                const __half *q0 = (pass ? sQl : sQ) + g4 * QSTR + kk * 64 + 16 * t4;
-                const uint4 qa0 = *(const uint4 *)q0, qa1 = *(const uint4 *)(q0 + 8);
-                uint4 qb0 = make_uint4(0u, 0u, 0u, 0u), qb1 = qb0;
-                if (it.hi8) {
-                    qb0 = *(const uint4 *)(q0 + 8 * QSTR);
-                    qb1 = *(const uint4 *)(q0 + 8 * QSTR + 8);
-                }
-                qr[pass][0] = qa0.x, qr[pass][1] = qa0.y, qr[pass][2] = qa0.z;
-                qr[pass][3] = qa0.w, qr[pass][4] = qa1.x, qr[pass][5] = qa1.y;
-                qr[pass][6] = qa1.z, qr[pass][7] = qa1.w;
-                qs8[pass][0] = qb0.x, qs8[pass][1] = qb0.y, qs8[pass][2] = qb0.z;
-                qs8[pass][3] = qb0.w, qs8[pass][4] = qb1.x, qs8[pass][5] = qb1.y;
-                qs8[pass][6] = qb1.z, qs8[pass][7] = qb1.w;
+                const uint32_t *q0 = sQ + pass * QW + (((kk * 8 + g4) * 4 + t4) << 4);
+#pragma unroll
+                for (int st = 0; st < 4; st++)
+                    af[pass][st] = *(const uint4 *)(q0 + ((st ^ sw) << 2));
             }
 #pragma unroll
             for (int kt = 0; kt < KT; kt++) {
@@ -477,10 +506,9 @@ template <int FMT, typename OT, int D_> struct qm_load {
                         break;
 #pragma unroll
                     for (int st = 0; st < 4; st++) {
-                        const uint32_t af[4] = {qr[pass][2 * st], qs8[pass][2 * st],
-                                                qr[pass][2 * st + 1], qs8[pass][2 * st + 1]};
-                        kva__mma_f16::mma(sc[2 * kt], af, kb_[0][st][0], kb_[0][st][1]);
-                        kva__mma_f16::mma(sc[2 * kt + 1], af, kb_[1][st][0], kb_[1][st][1]);
+                        const uint32_t *a4 = (const uint32_t *)&af[pass][st];
+                        kva__mma_f16::mma(sc[2 * kt], a4, kb_[0][st][0], kb_[0][st][1]);
+                        kva__mma_f16::mma(sc[2 * kt + 1], a4, kb_[1][st][0], kb_[1][st][1]);
                     }
                 }
             }
