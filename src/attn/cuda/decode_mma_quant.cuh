@@ -16,9 +16,10 @@
  * w takes the steps of BNW keys w, w + 4, ... of the item (BNW = 32 for
  * 1-byte V at D <= 128, else 16) and copies K and V [BNW, D] (and the BNW
  * per-token key scales) with cp.async into a private ring of NST stages
- * (the block-table entry of the warp's next step prefetched to L1 with each
- * step); its own online softmax; the warps merge through shared memory at the
- * end; split partials as the 16-bit policy's. The configuration is described at
+ * (1-byte K and V at D <= 128 under the L2 evict-first policy, and the block-
+ * table entry of the warp's next step prefetched to L1 with each step); its
+ * own online softmax; the warps merge through shared memory at the end;
+ * split partials as the 16-bit policy's. The configuration is described at
  * qm_load (its measurements: bench/results/2026-11-22_performance-journal.md).
  *
  * The mma runs in f16 (m16n8k16, fp32 accumulation); the codes are turned
@@ -178,14 +179,31 @@ static __device__ __forceinline__ bool qm_issue_pages(const kva__cuda_quant_mma_
     static_assert(KPI <= 16 && 16 % KPI == 0, "a chunk round inside one group");
     const int64_t lo = (int64_t)(lane / CH) * rs * D + (lane % CH) * 16; /* the lane's chunk */
     const char *kp = (const char *)q.a.k + lo, *vp = (const char *)q.a.v;
+    if constexpr (VB == 1 && D <= 128) {
+        /* K and V codes under the L2 evict-first policy: they are read once
+         * per call, and the next call's metadata and the split partials stay.
+         * Only on this path (measured): a build with the policy on every copy
+         * path (the shuffled one, 16-bit V, D 256) failed a D 256 16-bit-V
+         * case with an illegal instruction on the H200 (cause not found). */
+        const uint64_t pol = kva__l2_evict_first();
 #pragma unroll
-    for (int i = 0; i < BNW * CH / 32; i++) {
-        const int key = lane / CH + i * KPI, c = lane % CH;
-        const int gi = (i * KPI) / 16, m = (i * KPI) % 16;
-        const int64_t boff = (rb[gi] + (int64_t)m * rs) * D;
-        kva__cp_async16(st + qm_koff<D>(key, c), kp + boff, 16);
-        if (VB == 1)
-            kva__cp_async16(st + BNW * D + qm_voff<D>(key, c), vp + lo + boff, 16);
+        for (int i = 0; i < BNW * CH / 32; i++) {
+            const int key = lane / CH + i * KPI, c = lane % CH;
+            const int gi = (i * KPI) / 16, m = (i * KPI) % 16;
+            const int64_t boff = (rb[gi] + (int64_t)m * rs) * D;
+            kva__cp_async16_pol(st + qm_koff<D>(key, c), kp + boff, 16, pol);
+            kva__cp_async16_pol(st + BNW * D + qm_voff<D>(key, c), vp + lo + boff, 16, pol);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < BNW * CH / 32; i++) {
+            const int key = lane / CH + i * KPI, c = lane % CH;
+            const int gi = (i * KPI) / 16, m = (i * KPI) % 16;
+            const int64_t boff = (rb[gi] + (int64_t)m * rs) * D;
+            kva__cp_async16(st + qm_koff<D>(key, c), kp + boff, 16);
+            if (VB == 1)
+                kva__cp_async16(st + BNW * D + qm_voff<D>(key, c), vp + lo + boff, 16);
+        }
     }
     if (VB == 2) {
         /* 16-bit V rows: D / 8 chunks, the bf16 kernel's swizzle (ldmatrix.trans). */
