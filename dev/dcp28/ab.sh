@@ -44,9 +44,9 @@ for rd in $(seq 1 ${KVA_ROUNDS:-2}); do for t in base new; do d=$BB; [ $t = new 
   for s in "${S[@]}"; do set -- $s; g=(); [ $3 -gt 0 ] && g=(--graph-layers $3)
     r $d/bench_cuda "r$rd-$t ${1}x$(($2+1))" --mode decode --batch $1 --context $2 --iters 30 "${g[@]}"; done
   r $d/bench_cuda "r$rd-$t 64x4096 int8" --mode decode --batch 64 --context 4095 --iters 30 --quant int8
-  [ $rd = 1 ] && dcp r$rd-$t $d 4 8
+  [ $rd = 1 ] && [ "${KVA_R8:-1}" = 1 ] && dcp r$rd-$t $d 4 8
 done; echo "== round $rd at $(el) s"; done
-copies r2
+[ "${KVA_COPIES2:-1}" = 1 ] && copies r2
 echo "== tests at $(el) s"
 run_tests() {
 G=("test_grid,test_decode_mma" "test_split_kv,test_many_items,test_mma_mixed" "test_dcp_plans,test_chunk,test_stale_plan,test_empty_rows,test_force_kernel,test_ragged_refuses_paged_prefill")
