@@ -10,7 +10,8 @@
 #   4) tests of the new tree (quick) and compute-sanitizer memcheck of test_cuda_attn's decode cases;
 #   5) dev/dcp28/trace.py on both trees, bench_cuda rebuilt, R 1 at 32k and 128k: per CTA %globaltimer stamps.
 # Lines: $OUT/all.txt (every bench_cuda / dcp line, tagged rN-base|rN-new), $OUT/sum.txt, $OUT/tests.txt,
-# $OUT/trace.txt, as they come. KVA_ROUNDS (default 2).
+# $OUT/trace.txt, as they come. KVA_ROUNDS (default 2); KVA_S (rows "R S-1 graph-layers" comma-separated),
+# KVA_DCP_NS (default "4 2"), KVA_INT8=0, KVA_R8=0, KVA_COPIES2=0, KVA_TRACE=0 leave parts out.
 set -u -o pipefail
 B=$(cd "$1" && pwd); N=$(cd "$2" && pwd)
 OUT=${OUT:-out}; mkdir -p $OUT/l; t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
@@ -39,11 +40,12 @@ dcp() { # tree dir n R
   sed "s/^/$1 dcp$3 R$4 /" $OUT/l/dcp.txt >> $OUT/all.txt; }
 copies r1
 S=("1 32767 8" "1 131071 8" "16 1023 0" "16 4095 0" "64 4095 0")
+[ -n "${KVA_S:-}" ] && IFS=, read -r -a S <<< "$KVA_S"
 for rd in $(seq 1 ${KVA_ROUNDS:-2}); do for t in base new; do d=$BB; [ $t = new ] && d=$BN
-  for n in 4 2; do dcp r$rd-$t $d $n 1; done
+  for n in ${KVA_DCP_NS:-4 2}; do dcp r$rd-$t $d $n 1; done
   for s in "${S[@]}"; do set -- $s; g=(); [ $3 -gt 0 ] && g=(--graph-layers $3)
     r $d/bench_cuda "r$rd-$t ${1}x$(($2+1))" --mode decode --batch $1 --context $2 --iters 30 "${g[@]}"; done
-  r $d/bench_cuda "r$rd-$t 64x4096 int8" --mode decode --batch 64 --context 4095 --iters 30 --quant int8
+  [ "${KVA_INT8:-1}" = 1 ] && r $d/bench_cuda "r$rd-$t 64x4096 int8" --mode decode --batch 64 --context 4095 --iters 30 --quant int8
   [ $rd = 1 ] && [ "${KVA_R8:-1}" = 1 ] && dcp r$rd-$t $d 4 8
 done; echo "== round $rd at $(el) s"; done
 [ "${KVA_COPIES2:-1}" = 1 ] && copies r2
@@ -57,15 +59,16 @@ done
 for t in ${T#test_cuda_attn }; do ( s=$(date +%s); KVA_TEST_QUICK=1 timeout 150 $BN/$t > $OUT/l/$t.log 2>&1; echo "$t rc=$? $(( $(date +%s) - s )) s: $(grep -aE 'passed|FAILED|CHECK failed' $OUT/l/$t.log | tail -1 | cut -c1-100)" ) & done
 wait
 }
+KT=${KVA_TRACE:-1}
 # The trace trees are instrumented copies built beside the tests (CPU), so the tests' binaries stay as built.
-for t in base new; do d=$B; [ $t = new ] && d=$N
+for t in ${KVA_TRACE_TREES:-base new}; do [ $KT = 1 ] || break; d=$B; [ $t = new ] && d=$N
   ( rm -rf /tmp/dcp28tr_$t && cp -r $d /tmp/dcp28tr_$t && python3 $N/dev/dcp28/trace.py /tmp/dcp28tr_$t > /dev/null && cmake -S /tmp/dcp28tr_$t -B /tmp/dcp28trb_$t $F > /dev/null 2>&1 && timeout 240 ninja -C /tmp/dcp28trb_$t -j6 bench_cuda > $OUT/l/tbuild_$t.log 2>&1; echo "trace build $t rc=$?" > $OUT/l/tb_$t.txt ) &
 done
 run_tests 2>&1 | tee $OUT/tests.txt
 echo "== tests done at $(el) s"
-wait; cat $OUT/l/tb_*.txt
+wait; cat $OUT/l/tb_*.txt 2>/dev/null
 echo "== trace built at $(el) s"
-for t in base new; do d=/tmp/dcp28trb_$t
+for t in ${KVA_TRACE_TREES:-base new}; do [ $KT = 1 ] || break; d=/tmp/dcp28trb_$t
   for s in 32767 131071; do
     timeout 60 $d/bench_cuda --mode decode --batch 1 --context $s --iters 20 > $OUT/l/tr.txt 2>&1
     grep -a "dm_" $OUT/l/tr.txt | sed "s/^/$t 1x$((s+1)) /" | tee -a $OUT/trace.txt | grep -v "merge cta"
