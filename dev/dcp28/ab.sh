@@ -52,7 +52,7 @@ done; echo "== round $rd at $(el) s"; done
 echo "== tests at $(el) s"
 run_tests() {
 G=("test_grid,test_decode_mma" "test_split_kv,test_many_items,test_mma_mixed" "test_dcp_plans,test_chunk,test_stale_plan,test_empty_rows,test_force_kernel,test_ragged_refuses_paged_prefill")
-for i in 0 1 2; do
+for i in ${KVA_TEST_GROUPS:-0 1 2}; do
   ( s=$(date +%s); KVA_TEST_ONLY=${G[$i]} KVA_TEST_QUICK=1 timeout 150 $BN/test_cuda_attn > $OUT/l/attn_$i.log 2>&1; echo "test_cuda_attn[$i] rc=$? $(( $(date +%s) - s )) s: $(grep -aE 'passed|FAILED|CHECK failed' $OUT/l/attn_$i.log | tail -1 | cut -c1-100)" ) &
 done
 ( s=$(date +%s); KVA_TEST_ONLY=test_split_kv,test_many_items,test_decode_mma KVA_TEST_QUICK=1 timeout 160 compute-sanitizer --tool memcheck --error-exitcode 9 $BN/test_cuda_attn > $OUT/l/mc_attn.log 2>&1; echo "memcheck test_cuda_attn (decode cases) rc=$? $(( $(date +%s) - s )) s: $(grep -aE 'ERROR SUMMARY' $OUT/l/mc_attn.log | tail -1) $(grep -aE '[0-9]+ passed' $OUT/l/mc_attn.log | tail -1)" ) &
