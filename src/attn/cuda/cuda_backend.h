@@ -336,10 +336,11 @@ static inline int kva__cuda_decode_grid(int full, int32_t n_items, int eager)
     return eager && n_items > 0 && n_items < full ? (int)n_items : full;
 }
 /* Launches the tensor-core decode kernel with `grid` persistent CTAs on
- * stream; balanced: the instantiation with the balanced schedule of split
- * items (kva__cuda_plan.balanced). */
+ * stream (of device `device`; eager: the stream is not capturing a graph);
+ * balanced: the instantiation with the balanced schedule of split items
+ * (kva__cuda_plan.balanced). */
 kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, kva_dtype dtype, int grid,
-                                       int balanced, void *stream);
+                                       int balanced, int eager, int device, void *stream);
 /* mla_decode_mma.cu: 1 if the absorbed MLA decode covers the shape (D = 576,
  * Dv = 512, f16/bf16); the attention rows of its items for H heads and the
  * plan's longest q_len (16, 32 or 64: H * q_len rounded up to a multiple of 16,

@@ -165,7 +165,7 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
     } else if (cp->decode_kernel == KVA__CUDA_K_DECODE_MMA) {
         KVA_TRY(kva__cuda_decode_mma_launch(
             &a, d->q_dtype, kva__cuda_decode_grid(grid, plan->part->num_items, eager), cp->balanced,
-            stream));
+            eager, st->device, stream));
     } else {
         KVA_TRY(kva__cuda_simt_launch(&a, d->q_dtype, cp->rows, grid, stream));
     }

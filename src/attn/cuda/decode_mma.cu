@@ -173,7 +173,7 @@ template <typename Ty, int D_> struct dm_load16 {
  * and device (the attribute stays set; every plan build sets it too, through
  * the occupancy query): the call costs host time on every run, and a
  * per-call decode time includes the run path's host time. */
-static cudaError_t dm_smem_limit(void (*fn)(kva__cuda_attn_args), int smem)
+static cudaError_t dm_smem_limit(void (*fn)(kva__cuda_attn_args), int smem, int dev)
 {
     static std::atomic<uint32_t> done[64]; /* bit i: all[i] on that device */
     void (*const all[])(kva__cuda_attn_args) = {
@@ -190,10 +190,8 @@ static cudaError_t dm_smem_limit(void (*fn)(kva__cuda_attn_args), int smem)
         decode_mma_kernel<dm_load16<kva__mma_f16, 128>, true>,
         decode_mma_kernel<dm_load16<kva__mma_f16, 256>, true>};
     constexpr int N = (int)(sizeof all / sizeof all[0]);
-    int dev = 0, i = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess)
-        return e;
+    int i = 0;
+    cudaError_t e = cudaSuccess;
     while (i < N && all[i] != fn)
         i++;
     const bool known = dev >= 0 && dev < 64 && i < N;
@@ -242,7 +240,8 @@ extern "C" int kva__cuda_decode_mma_ctas_per_sm(kva_dtype dtype, int32_t head_di
 }
 
 extern "C" kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, kva_dtype dtype,
-                                                  int grid, int balanced, void *stream)
+                                                  int grid, int balanced, int eager, int device,
+                                                  void *stream)
 {
     const dm_launch<kva__cuda_attn_args> k = dm_pick(dtype, a->D, balanced);
     if (!k.fn || a->Dv != a->D)
@@ -252,10 +251,13 @@ extern "C" kva_status kva__cuda_decode_mma_launch(const kva__cuda_attn_args *a, 
             "dtype = %s (D in {64, 128, 256}, Dv == D, f16 or bf16)",
             (int)a->D, (int)a->Dv, kva_dtype_name(dtype));
     /* The limit is per function and device; plan_build raised it through the
-     * occupancy query, set again here for a context on another device. */
-    KVA_CUDA_TRY(dm_smem_limit(k.fn, k.smem));
+     * occupancy query, set again here for a context on another device. The
+     * caller knows the device and whether the stream captures, so the run
+     * path asks the runtime for neither (its host time is part of every
+     * per-call decode time). */
+    KVA_CUDA_TRY(dm_smem_limit(k.fn, k.smem, device));
     cudaError_t e = cudaSuccess;
-    const int pdl = dm_pdl_ok((cudaStream_t)stream, &e);
+    const int pdl = eager && dm_cc_major(device, &e) >= 9;
     KVA_CUDA_TRY(e);
     KVA_CUDA_TRY(dm_launch_go(k.fn, grid, k.smem, (cudaStream_t)stream, *a, pdl));
     KVA_CUDA_LAUNCHED("decode_mma_kernel");

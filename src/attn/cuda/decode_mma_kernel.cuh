@@ -222,6 +222,16 @@ template <int BNW> struct dm_steps {
     }
 };
 
+/* atomicAdd(p, 1) at device scope with acquire and release semantics (the
+ * old value): one thread publishes the stores its CTA made before a barrier
+ * (cumulativity) and sees every write that the earlier counts published. */
+static __device__ __forceinline__ int dm_count_acq_rel(int *p)
+{
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(p) : "memory");
+    return old;
+}
+
 /* The last-CTA merge of a split task (kva__merge_split_cta) from a copy in
  * shared memory: the CTA copies the task's nsplit partial blocks (contiguous
  * in the workspace: nsplit x nrows x (D + 1) floats from base) into smem
@@ -525,17 +535,18 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         }
         if (w.task >= 0) {
             /* Publish the partial, then count it; the CTA that counts the
-             * task's last split merges the task, every partial visible to it
-             * after the writers' fences. It sets the count back to 0 for the
-             * next run (or graph replay) of the plan. */
-            __threadfence();
+             * task's last split merges the task. The count is one thread's
+             * acquire-release atomic after the barrier (the CTA's partial
+             * stores are ordered before it through the barrier, and the
+             * merger's reads after it through the next one), so no thread
+             * waits on a fence of its own. The merger sets the count back
+             * to 0 for the next run (or graph replay) of the plan. */
             __syncthreads();
             int *done = const_cast<int *>(&a.meta.tasks[w.task].done);
             if (threadIdx.x == 0)
-                s_last = atomicAdd(done, 1) == nsplit - 1;
+                s_last = dm_count_acq_rel(done) == nsplit - 1;
             __syncthreads();
             if (s_last) {
-                __threadfence();
                 /* From shared memory where the rings are free: every warp
                  * is past its key loop and the warps' O were read (the
                  * barrier after the count), and no next item's copies are
@@ -580,26 +591,37 @@ static cudaError_t dm_launch_go(void (*fn)(Args), int grid, int smem, cudaStream
     return cudaLaunchKernelEx(&cfg, fn, a);
 }
 
-/* Whether launches on stream s may be programmatic dependents: the stream is
- * not capturing a graph (graphs keep plain edges) and the current device has
- * compute capability 9.0 or later (asked once per device and process: the
- * run path's host time is part of every per-call decode time); *err gets a
- * runtime error of the queries, *eager (if given) whether s is not capturing. */
-static inline int dm_pdl_ok(cudaStream_t s, cudaError_t *err, int *eager = nullptr)
+/* The compute capability major of device dev, asked once per device and
+ * process (the run path's host time is part of every per-call decode time);
+ * *err gets a runtime error of the query (then 0). */
+static inline int dm_cc_major(int dev, cudaError_t *err)
 {
     static std::atomic<int> major_of[64]; /* compute capability major + 1; 0: not asked */
+    int major = 0;
+    *err = cudaSuccess;
+    if (dev >= 0 && dev < 64 && major_of[dev].load() > 0)
+        return major_of[dev].load() - 1;
+    *err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (*err != cudaSuccess)
+        return 0;
+    if (dev >= 0 && dev < 64)
+        major_of[dev].store(major + 1);
+    return major;
+}
+
+/* Whether launches on stream s may be programmatic dependents: the stream is
+ * not capturing a graph (graphs keep plain edges) and the current device has
+ * compute capability 9.0 or later; *err gets a runtime error of the queries,
+ * *eager (if given) whether s is not capturing. */
+static inline int dm_pdl_ok(cudaStream_t s, cudaError_t *err, int *eager = nullptr)
+{
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     int dev = 0, major = 0;
     cudaError_t e = cudaStreamIsCapturing(s, &cs);
     if (e == cudaSuccess)
         e = cudaGetDevice(&dev);
-    if (e == cudaSuccess && dev >= 0 && dev < 64 && major_of[dev].load() > 0) {
-        major = major_of[dev].load() - 1;
-    } else if (e == cudaSuccess) {
-        e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        if (e == cudaSuccess && dev >= 0 && dev < 64)
-            major_of[dev].store(major + 1);
-    }
+    if (e == cudaSuccess)
+        major = dm_cc_major(dev, &e);
     *err = e;
     if (eager)
         *eager = e == cudaSuccess && cs == cudaStreamCaptureStatusNone;
