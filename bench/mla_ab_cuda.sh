@@ -57,7 +57,10 @@ done
 echo "== base linked $(el) s"
 # A hang shows here in seconds.
 timeout 20 b/bench_cuda_mla --batch 8 --context 1000 --heads 128 --iters 2 >"$o/l/smoke.log" 2>&1
-echo "smoke mine rc=$?: $(tail -1 "$o/l/smoke.log" | grep -oE '"ms": [0-9.]+|"check_bad": [-0-9]+' | tr '\n' ' ')"
+rc=$?
+echo "smoke mine rc=$rc: $(tail -1 "$o/l/smoke.log" | grep -oE '"ms": [0-9.]+|"check_bad": [-0-9]+' | tr '\n' ' ')"
+# A hanging or failing kernel would eat every later step's timeout: stop here.
+[ $rc = 0 ] || { tail -5 "$o/l/smoke.log"; tar -czf "$o/logs.tgz" -C "$o" l; exit 1; }
 timeout 20 b/bench_cuda_mla_base --batch 8 --context 1000 --heads 128 --iters 2 >"$o/l/smoke_base.log" 2>&1
 echo "smoke base rc=$?: $(tail -1 "$o/l/smoke_base.log" | grep -oE '"ms": [0-9.]+|"check_bad": [-0-9]+' | tr '\n' ' ')"
 if has test; then
