@@ -115,6 +115,15 @@ template <> struct mw_ops<kva__mma_bf16> {
     {
         mw_ss_n128_tb_bf16(d, a, b);
     }
+    /* O += A [64, 16] (registers) B [16, 128] (MN-major in shared memory). */
+    static __device__ __forceinline__ void orr(float (&d)[16][4], const uint32_t a[4], uint64_t b)
+    {
+        kva__wgmma_rs_m64n128_bf16_tb(&d[0][0], a, b, 1);
+    }
+    static __device__ __forceinline__ float2 unpack(uint32_t w)
+    {
+        return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+    }
 };
 template <> struct mw_ops<kva__mma_f16> {
     static __device__ __forceinline__ void s(float (&d)[8][4], uint64_t a, uint64_t b, int sc)
@@ -124,6 +133,17 @@ template <> struct mw_ops<kva__mma_f16> {
     static __device__ __forceinline__ void o(float (&d)[16][4], uint64_t a, uint64_t b)
     {
         mw_ss_n128_tb_f16(d, a, b);
+    }
+    static __device__ __forceinline__ void orr(float (&d)[16][4], const uint32_t a[4], uint64_t b)
+    {
+        kva__wgmma_rs_m64n128_f16_tb(&d[0][0], a, b, 1);
+    }
+    static __device__ __forceinline__ float2 unpack(uint32_t w)
+    {
+        __half2_raw h;
+        h.x = (unsigned short)(w & 0xffffu);
+        h.y = (unsigned short)(w >> 16);
+        return __half22float2(__half2(h));
     }
 };
 #endif
@@ -246,32 +266,75 @@ static __device__ __forceinline__ void mw_move(float (&o)[32][4], float m_run[2]
     }
 }
 
-/* P = 2^(sc - mu) of rows r0, r0 + 8 (only rows hf with wr[hf]) and keys
- * 8 j + 2 t4 + e into the [64, 64] P tile at sP (K-major, 128-byte swizzle,
- * the input dtype); psum gets the thread's row sums. */
+/* P = 2^(sc - mu) of rows r0, r0 + 8 as the A fragments of the local P V
+ * (pa[kk]: k-step kk, keys 16 kk .. + 15: rows r0 / r0 + 8 x keys 16 kk +
+ * 2 t4 (+ 1) and + 8, in the input dtype); psum gets the thread's row sums
+ * of the fp32 values. */
 template <typename Ty>
-static __device__ __forceinline__ void mw_store_p(const float (&sc)[8][4], const float mu[2],
-                                                  uint32_t sP, int r0, int t4, float psum[2],
-                                                  const bool wr[2])
+static __device__ __forceinline__ void mw_pack_p(const float (&sc)[8][4], const float mu[2],
+                                                 uint32_t (&pa)[4][4], float psum[2])
 {
+    psum[0] = psum[1] = 0.f;
 #pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const int r = r0 + 8 * hf;
-        float sum = 0.f;
+    for (int j = 0; j < 8; j++)
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
+        for (int hf = 0; hf < 2; hf++) {
             const float p0 = kva__ex2(sc[j][2 * hf] - mu[hf]);
             const float p1 = kva__ex2(sc[j][2 * hf + 1] - mu[hf]);
-            sum += p0 + p1;
-            const int key = j * 8 + 2 * t4;
+            psum[hf] += p0 + p1;
+            pa[j >> 1][2 * (j & 1) + hf] = Ty::pack(p0, p1);
+        }
+}
+/* Row hf of the P fragments times alpha (its reference moved). */
+template <typename Ty>
+static __device__ __forceinline__ void mw_scale_p(uint32_t (&pa)[4][4], int hf, float alpha)
+{
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float2 f = mw_ops<Ty>::unpack(pa[kk][2 * i + hf]);
+            pa[kk][2 * i + hf] = Ty::pack(f.x * alpha, f.y * alpha);
+        }
+}
+/* The P fragments into the [64, 64] P tile at sP (K-major, 128-byte swizzle)
+ * for the other warpgroup's remote P V. */
+static __device__ __forceinline__ void mw_put_p(const uint32_t (&pa)[4][4], uint32_t sP, int r0,
+                                                int t4)
+{
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = r0 + 8 * (i & 1), key = 16 * kk + 8 * (i >> 1) + 2 * t4;
             const uint32_t addr =
                 sP + (uint32_t)(r * 128 + ((((key >> 3) ^ (r & 7))) << 4) + (key & 7) * 2);
-            if (wr[hf])
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(Ty::pack(p0, p1))
-                             : "memory");
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pa[kk][i]) : "memory");
         }
-        psum[hf] = sum;
-    }
+}
+/* O += P V from the P fragments (local P V: this warpgroup's own tile, its
+ * value columns 256 WG ..); issued and committed. The fragments must stay
+ * untouched until the wgmma is waited for (mw_a_fence after the wait). */
+template <typename Ty, int WG>
+static __device__ __forceinline__ void mw_pv_rs(float (&o)[32][4], const uint32_t (&pa)[4][4],
+                                                uint64_t dv)
+{
+    kva__wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < MW_BN / 16; kk++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            mw_ops<Ty>::orr(*reinterpret_cast<float(*)[16][4]>(&o[16 * h]), pa[kk],
+                            dv + (uint64_t)(((4 * WG + 2 * h) * MW_BN * 128 + kk * 16 * 128) >> 4));
+    kva__wgmma_commit();
+}
+static __device__ __forceinline__ void mw_a_fence(uint32_t (&pa)[4][4])
+{
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            asm volatile("" : "+r"(pa[kk][i])::"memory");
 }
 #endif
 
@@ -316,10 +379,8 @@ static __device__ __forceinline__ void mw_loop(W &wi, const typename W::args &a,
     const uint64_t dk = kva__wgmma_desc(mine, 16, 1024);
     const uint64_t dv_mine = kva__wgmma_desc(mine, MW_BN * 128, 1024);
     const uint64_t dv_other = kva__wgmma_desc(other, MW_BN * 128, 1024);
-    const uint64_t dp_mine = kva__wgmma_desc(mine + MW_PO, 16, 1024);
     const uint64_t dp_other = kva__wgmma_desc(other + MW_PO, 16, 1024);
     const int32_t k0 = wi.k0, kend = wi.kend;
-    const bool all[2] = {true, true};
 
     for (int32_t kb = k0; kb < kend; kb += 2 * MW_BN) {
         const int32_t kt = kb + WG * MW_BN; /* this warpgroup's tile */
@@ -374,33 +435,30 @@ static __device__ __forceinline__ void mw_loop(W &wi, const typename W::args &a,
             }
         }
         kva__named_bar(false, WG == 0 ? MW_BAR_SC0 : MW_BAR_SC1, ML_NT);
+        uint32_t pa[4][4];
         if (have) {
-            mw_store_p<Ty>(sc, mu, mine + MW_PO, r0, t4, psum, all);
+            mw_pack_p<Ty>(sc, mu, pa, psum);
             l_run[0] += psum[0];
             l_run[1] += psum[1];
-            kva__fence_proxy_async(); /* P stores -> the wgmma operand reads */
-            kva__named_bar(true, MW_BAR_WG0 + WG, MW_WT);
-            mw_pv<Ty, WG>(o, dp_mine, dv_mine); /* local P V */
+            mw_pv_rs<Ty, WG>(o, pa, dv_mine); /* local P V, P from registers */
         }
         if constexpr (WG == 0) {
-            /* Warpgroup 1's reference: rows it moved get O rescaled and P
-             * rewritten (after the local P V read the old P). */
+            /* Warpgroup 1's reference: rows it moved get O and P rescaled
+             * (after the local P V read the old P), then P goes to stage 0. */
             kva__named_bar(true, MW_BAR_SC1, ML_NT);
             kva__wgmma_wait<0>();
             mw_o_fence(o);
-            bool wr[2];
+            mw_a_fence(pa);
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const float m1 = s_ref[r0 + 8 * hf];
-                wr[hf] = m1 != m_run[hf];
-                if (wr[hf]) {
+                if (m1 != m_run[hf]) {
+                    mw_scale_p<Ty>(pa, hf, kva__ex2(m_run[hf] - m1)); /* 0 from -inf */
                     mw_move(o, m_run, l_run, hf, m1);
-                    mu[hf] = m1;
                 }
             }
-            if (wr[0] || wr[1])
-                mw_store_p<Ty>(sc, mu, mine + MW_PO, r0, t4, psum, wr);
-            kva__fence_proxy_async();
+            mw_put_p(pa, mine + MW_PO, r0, t4);
+            kva__fence_proxy_async(); /* P stores -> the other warpgroup's wgmma reads */
             kva__named_bar(false, MW_BAR_P0, ML_NT);
             /* Our value half of stage 0 is free: part 0 of the next tile. */
             if (kn < kend)
@@ -414,10 +472,15 @@ static __device__ __forceinline__ void mw_loop(W &wi, const typename W::args &a,
             kva__named_bar(false, MW_BAR_FREE1, ML_NT);
             kva__named_bar(true, MW_BAR_FREE0, ML_NT);
         } else {
+            if (have) {
+                mw_put_p(pa, mine + MW_PO, r0, t4);
+                kva__fence_proxy_async();
+            }
             kva__named_bar(false, MW_BAR_P1, ML_NT);
             kva__named_bar(true, MW_BAR_P0, ML_NT);
             mw_pv<Ty, WG>(o, dp_other, dv_other); /* remote P V */
             kva__wgmma_wait<1>();                 /* the local one */
+            mw_a_fence(pa);
             if (kn < kend)
                 wi.template fill<WG, 0>(a, kn, mine, WG);
             kva__cp_async_commit();
