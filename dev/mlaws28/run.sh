@@ -16,3 +16,20 @@ if [ -x new/b/test_cuda_mla ] && [ "${KVA_MEMCHECK:-1}" = 1 ]; then
   echo "memcheck test_cuda_mla quick rc=$?: $(grep -E 'ERROR SUMMARY' "$o/memcheck.txt" | tail -1)" |
     tee -a "$o/ab.txt"
 fi
+# SASS spill count of the wgmma objects, then Nsight Compute of one launch of
+# the H 128 q 1 4k bf16 row on each side (KVA_NCU=0 skips it).
+for f in mla_decode_wgmma mla_sparse_wgmma; do
+  obj=$(find new/bd -name "$f.cu.o" | head -1)
+  [ -n "$obj" ] && echo "sass $f: $(cuobjdump -sass "$obj" | grep -c HGMMA) HGMMA, $(cuobjdump -sass "$obj" | grep -cE 'STL|LDL') LDL/STL" | tee -a "$o/ab.txt"
+done
+if [ "${KVA_NCU:-1}" = 1 ]; then
+  for v in base mine; do
+    s=""; [ $v = base ] && s=_base
+    timeout 100 ncu --section SpeedOfLight --section SchedulerStats --section WarpStateStats \
+      --section MemoryWorkloadAnalysis -k regex:mla_wgmma --launch-skip 2 --launch-count 1 \
+      new/b/bench_cuda_mla$s --batch 128 --context 4096 --heads 128 --iters 3 --check 0 \
+      >"$o/ncu_$v.txt" 2>&1
+    echo "== ncu $v rc=$?" | tee -a "$o/ab.txt"
+    grep -E "Duration|Compute \(SM\) Thr|Memory Thr|Issued Warp|No Eligible|Eligible Warps|Active Warps Per|Warp Cycles Per Issued|L2 Hit|Mem Busy|Max Bandwidth|Stall" "$o/ncu_$v.txt" | tr -s ' ' | head -24 | tee -a "$o/ab.txt"
+  done
+fi

@@ -66,16 +66,13 @@ template <typename Ty, bool FP8> struct mw_dense {
     }
     /* Part PART of tile kb: 16-bit rows by cp.async; FP8 rows loaded and
      * converted exactly (thread half c: codes 64 b + 32 c .. + 31 of each
-     * block b), the row of the warpgroup's next tile prefetched into L2. */
+     * block b); after part 1 the rows of the warpgroup's next tile are
+     * looked up and prefetched into L2 (a pair of tiles ahead). */
     template <int WG, int PART>
     __device__ __forceinline__ void fill(const args &a, int32_t kb, uint32_t stage, int)
     {
-        if (PART == 0) {
+        if (PART == 0)
             row = rown;
-            rown = key_row(a, kb + 2 * MW_BN);
-            if (FP8 && rown >= 0 && mw_fhalf() == 0)
-                mw_prefetch_l2((const unsigned char *)a.k + rown * ML_D, ML_D);
-        }
         if constexpr (!FP8) {
             mw_copy16<WG, PART>(a.k, row, stage);
         } else {
@@ -97,6 +94,12 @@ template <typename Ty, bool FP8> struct mw_dense {
                             kva__fp8x8_as<Ty>(make_uint2(raw[h].z, raw[h].w)));
                 }
             }
+        }
+        if (PART == 1) { /* the rows of the warpgroup's next tile into L2 */
+            rown = key_row(a, kb + 2 * MW_BN);
+            if (rown >= 0 && mw_fhalf() == 0)
+                mw_prefetch_l2((const unsigned char *)a.k + rown * (FP8 ? ML_D : 2 * ML_D),
+                               FP8 ? ML_D : 2 * ML_D);
         }
     }
     __device__ __forceinline__ void logits(float (&sc)[8][4], const args &a, float scale_log2,

@@ -104,16 +104,13 @@ template <typename Ty, bool FP8> struct ms_sparse {
     /* Part PART of tile kb (flags of its keys with part 0): 16-bit rows by
      * cp.async; fp8_ds_mla rows loaded and converted (thread half c: codes
      * 64 b + 32 c .. + 31 of block b < 8 times their tile's scale, k_pe
-     * values 32 c .. 32 c + 31 for block 8), the rows of the warpgroup's
-     * next tile prefetched into L2. */
+     * values 32 c .. 32 c + 31 for block 8); after part 1 the rows of the
+     * warpgroup's next tile are looked up and prefetched into L2. */
     template <int WG, int PART>
     __device__ __forceinline__ void fill(const args &a, int32_t kb, uint32_t stage, int st)
     {
         if (PART == 0) {
             row = rown;
-            rown = key_row(a, kb + 2 * MW_BN);
-            if (FP8 && rown >= 0 && mw_fhalf() == 0)
-                mw_prefetch_l2(a.rows + rown * sp_ds_mla::ROW, sp_ds_mla::ROW);
             if (mw_fhalf() == 0)
                 ms_ok()[st][mw_fkey()] = row >= 0;
         }
@@ -159,6 +156,12 @@ template <typename Ty, bool FP8> struct ms_sparse {
                     }
                 }
             }
+        }
+        if (PART == 1) { /* the rows of the warpgroup's next tile into L2 */
+            rown = key_row(a, kb + 2 * MW_BN);
+            if (rown >= 0 && mw_fhalf() == 0)
+                mw_prefetch_l2(a.rows + rown * (FP8 ? sp_ds_mla::ROW : 2 * ML_D),
+                               FP8 ? sp_ds_mla::ROW : 2 * ML_D);
         }
     }
     __device__ __forceinline__ void logits(float (&sc)[8][4], const args &, float scale_log2,

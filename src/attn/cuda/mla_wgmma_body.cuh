@@ -224,6 +224,20 @@ static __device__ __forceinline__ void mw_s(float (&sc)[8][4], uint64_t dq, uint
     }
 }
 
+/* S part 0 (the warpgroup's own value half: column blocks 4 WG .. + 3) of
+ * the tile at dk once its copies landed (cp.async groups: PEND may still be
+ * pending, part 1's), issued and committed as a group of its own. */
+template <typename Ty, int WG, int PEND>
+static __device__ __forceinline__ void mw_s_part0(float (&sc)[8][4], uint64_t dq, uint64_t dk)
+{
+    kva__cp_async_wait<PEND>();
+    kva__fence_proxy_async();
+    kva__named_bar(true, MW_BAR_WG0 + WG, MW_WT);
+    kva__wgmma_fence();
+    mw_s<Ty, WG, 0, 4>(sc, dq, dk);
+    kva__wgmma_commit();
+}
+
 /* O += P V over a tile's 64 keys (4 k-steps) for value columns
  * 256 WG + 128 h .. + 127 (column blocks 4 WG + 2 h and + 1) of the tile whose
  * P descriptor is dp and value descriptor dv; issued and committed. */
@@ -381,35 +395,34 @@ static __device__ __forceinline__ void mw_loop(W &wi, const typename W::args &a,
     const uint64_t dv_other = kva__wgmma_desc(other, MW_BN * 128, 1024);
     const uint64_t dp_other = kva__wgmma_desc(other + MW_PO, 16, 1024);
     const int32_t k0 = wi.k0, kend = wi.kend;
+    float sc[8][4];
 
+    /* S part 0 of the first tile (both parts' copies are committed). The
+     * S steps are issued even where the warpgroup has no tile (their result
+     * is not used): on a path of its own, ptxas serializes every wgmma. */
+    mw_s_part0<Ty, WG, 1>(sc, dq, dk);
     for (int32_t kb = k0; kb < kend; kb += 2 * MW_BN) {
         const int32_t kt = kb + WG * MW_BN; /* this warpgroup's tile */
         const bool have = kt < kend, have1 = kb + MW_BN < kend; /* CTA-uniform */
         const int32_t kn = kt + 2 * MW_BN;                       /* its next tile */
-        float sc[8][4];
         float mu[2] = {0.f, 0.f}, psum[2] = {0.f, 0.f};
 
-        /* S of the own tile, each fill part waited for just before its
-         * blocks (part 1 may still land while part 0's k-steps run). */
-        if (have) {
-            kva__cp_async_wait<1>();
-            kva__fence_proxy_async();
-            kva__named_bar(true, MW_BAR_WG0 + WG, MW_WT);
-            kva__wgmma_fence();
-            mw_s<Ty, WG, 0, 4>(sc, dq, dk);
-            kva__cp_async_wait<0>();
-            kva__fence_proxy_async();
-            kva__named_bar(true, MW_BAR_WG0 + WG, MW_WT);
-            mw_s<Ty, WG, 4, 9>(sc, dq, dk);
-            kva__wgmma_commit();
-            kva__wgmma_wait<0>();
+        /* The rest of S of the own tile (part 0's k-steps were issued with
+         * the previous pair's remote P V) once part 1 landed. */
+        kva__cp_async_wait<0>();
+        kva__fence_proxy_async();
+        kva__named_bar(true, MW_BAR_WG0 + WG, MW_WT);
+        kva__wgmma_fence();
+        mw_s<Ty, WG, 4, 9>(sc, dq, dk);
+        kva__wgmma_commit();
+        kva__wgmma_wait<0>();
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+        for (int j = 0; j < 8; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    kva__reg_fence(sc[j][e]);
+            for (int e = 0; e < 4; e++)
+                kva__reg_fence(sc[j][e]);
+        if (have)
             wi.logits(sc, a, scale_log2, kt, t4, WG);
-        }
         if constexpr (WG == 1) {
             /* Adopt warpgroup 0's reference for this pair. */
             kva__named_bar(true, MW_BAR_SC0, ML_NT);
@@ -467,10 +480,6 @@ static __device__ __forceinline__ void mw_loop(W &wi, const typename W::args &a,
             kva__named_bar(true, MW_BAR_P1, ML_NT);
             if (have1)
                 mw_pv<Ty, WG>(o, dp_other, dv_other); /* remote P V */
-            kva__wgmma_wait<0>();
-            mw_o_fence(o);
-            kva__named_bar(false, MW_BAR_FREE1, ML_NT);
-            kva__named_bar(true, MW_BAR_FREE0, ML_NT);
         } else {
             if (have) {
                 mw_put_p(pa, mine + MW_PO, r0, t4);
@@ -484,15 +493,20 @@ static __device__ __forceinline__ void mw_loop(W &wi, const typename W::args &a,
             if (kn < kend)
                 wi.template fill<WG, 0>(a, kn, mine, WG);
             kva__cp_async_commit();
-            kva__wgmma_wait<0>();
-            mw_o_fence(o);
-            kva__named_bar(false, MW_BAR_FREE0, ML_NT);
-            kva__named_bar(true, MW_BAR_FREE1, ML_NT);
         }
+        /* S part 0 of the next tile queues behind the remote P V; then the
+         * remote P V is waited for, the other warpgroup told, and part 1 of
+         * the next tile goes into what it read. */
+        mw_s_part0<Ty, WG, 0>(sc, dq, dk);
+        kva__wgmma_wait<1>();
+        mw_o_fence(o);
+        kva__named_bar(false, WG == 0 ? MW_BAR_FREE1 : MW_BAR_FREE0, ML_NT);
+        kva__named_bar(true, WG == 0 ? MW_BAR_FREE0 : MW_BAR_FREE1, ML_NT);
         if (kn < kend)
             wi.template fill<WG, 1>(a, kn, mine, WG);
         kva__cp_async_commit();
     }
+    kva__wgmma_wait<0>(); /* the unused S part 0 past the item's last tile */
 }
 
 /* The first tile of warpgroup WG in its stage (both parts, committed). */
