@@ -11,12 +11,12 @@
  * split partials or outputs of ml_finish.
  *
  * The policy's FP8 parameter: an FP8 E4M3 latent cache (one k_scale,
- * mla_decode_common.cuh). Its rows are loaded by the filling warpgroup (2
- * threads per key) and converted exactly into the 16-bit tile, as the
- * sparse policy does with fp8_ds_mla rows: each warpgroup converts the
- * rows of its own tiles in the body's two fill parts, the rows of its next
- * tile prefetched into L2 one tile ahead; the scale multiplies the logits'
- * scale and the output rows.
+ * mla_decode_common.cuh). Its rows are loaded by the CTA (thread t: 144
+ * bytes of key t / 4) and converted exactly into the 16-bit tile, as the
+ * sparse policy does with fp8_ds_mla rows: the first tile in the item's
+ * setup, tile kb + 64 during tile kb's P V (land), after the rows of the
+ * tile after it were prefetched into L2 during tile kb's S (next); the
+ * scale multiplies the logits' scale and the output rows.
  */
 extern "C" {
 #include "cuda_backend.h"
@@ -39,74 +39,91 @@ template <typename Ty, bool FP8> struct mw_dense {
     int32_t k0, kend;
     int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
     float slope[2];
-    int64_t row, rown; /* the fill thread's key row in the tile being filled and in the next one */
+    int64_t row1, row2; /* FP8: the thread's key row in the next tile and the one after */
 
     static __device__ __forceinline__ int32_t items(const args &a)
     {
         return a.meta.hdr[KVA_CUDA_HDR_ITEMS];
     }
-    /* The fill thread's cache row in tile kb (-1 past kend). */
-    __device__ __forceinline__ int64_t key_row(const args &a, int32_t kb) const
+    /* FP8: `row` (zeros for -1) as key tid / 4 of the tile at stage, bytes
+     * 144 c .. 144 c + 143 (c = tid % 4: 16-bit chunks 18 c .. 18 c + 17). */
+    __device__ __forceinline__ void land_row(const args &a, int64_t row, uint32_t stage) const
     {
-        return ml_row<MW_BN, MW_WT>(a, mi.bt_row, kb, kend, threadIdx.x & (MW_WT - 1));
+        const int key = threadIdx.x >> 2, c = threadIdx.x & 3;
+        uint4 raw[9];
+        if (row >= 0) {
+            const uint4 *src =
+                reinterpret_cast<const uint4 *>((const unsigned char *)a.k + row * ML_D + 144 * c);
+#pragma unroll
+            for (int i = 0; i < 9; i++)
+                raw[i] = __ldg(src + i);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 9; i++)
+                raw[i] = make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int i = 0; i < 9; i++) {
+            const int ch = 18 * c + 2 * i;
+            mw_st16(stage + ml_off<MW_BN>(key, ch), kva__fp8x8_as<Ty>(make_uint2(raw[i].x, raw[i].y)));
+            mw_st16(stage + ml_off<MW_BN>(key, ch + 1),
+                    kva__fp8x8_as<Ty>(make_uint2(raw[i].z, raw[i].w)));
+        }
     }
-    /* Item it, its mask bounds, the row of the warpgroup's first tile. */
-    __device__ __forceinline__ mw_dense(const args &a, int32_t it, int r0)
+    /* FP8: the rows of the thread's key in the tile at kb into L2. */
+    __device__ __forceinline__ int64_t prefetch(const args &a, int32_t kb) const
+    {
+        const int64_t row = ml_row<MW_BN>(a, mi.bt_row, kb, kend);
+        if (row >= 0 && (threadIdx.x & 3) == 0)
+            mw_prefetch_l2((const unsigned char *)a.k + row * ML_D, ML_D);
+        return row;
+    }
+    /* Item it: its first tile's copies (committed) or (FP8) converted tile,
+     * Q, the mask bounds. */
+    __device__ __forceinline__ mw_dense(const args &a, int32_t it, uint32_t sK,
+                                        unsigned char *q_gen, int r0)
     {
         mi = ml_item_load(a, it, a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE]);
         skip = false;
         k0 = mi.w.k0;
         kend = mi.w.k1;
-        rown = key_row(a, k0 + (threadIdx.x >= MW_WT ? MW_BN : 0));
+        if constexpr (FP8) {
+            row1 = prefetch(a, k0 + MW_BN);
+            row2 = -1;
+            if (k0 < kend)
+                land_row(a, ml_row<MW_BN>(a, mi.bt_row, k0, kend), sK);
+        } else {
+            if (k0 < kend)
+                ml_issue<MW_BN, MW_BN>(a, mi.bt_row, k0, kend, sK);
+        }
+        kva__cp_async_commit();
+        ml_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi.w, mi.nrows, mi.qs, q_gen);
         kva__dmma_rows(a, mi.w, mi.nrows, mi.s, mi.q_len, r0, lo, hi, pos, slope, lo_all, hi_all);
     }
-    __device__ __forceinline__ void stage_q(const args &a, unsigned char *q_gen) const
+    __device__ __forceinline__ void next(const args &a, int32_t kb, uint32_t stage, int)
     {
-        ml_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi.w, mi.nrows, mi.qs, q_gen);
-    }
-    /* Part PART of tile kb: 16-bit rows by cp.async; FP8 rows loaded and
-     * converted exactly (thread half c: codes 64 b + 32 c .. + 31 of each
-     * block b); after part 1 the rows of the warpgroup's next tile are
-     * looked up and prefetched into L2 (a pair of tiles ahead). */
-    template <int WG, int PART>
-    __device__ __forceinline__ void fill(const args &a, int32_t kb, uint32_t stage, int)
-    {
-        if (PART == 0)
-            row = rown;
-        if constexpr (!FP8) {
-            mw_copy16<WG, PART>(a.k, row, stage);
+        if constexpr (FP8) { /* the tile after kb into L2 (kb itself lands during P V) */
+            if (kb < kend)
+                row2 = prefetch(a, kb + MW_BN);
         } else {
-            const uint4 *src = reinterpret_cast<const uint4 *>((const unsigned char *)a.k +
-                                                               (row >= 0 ? row : 0) * ML_D) +
-                               2 * mw_fhalf();
-#pragma unroll
-            for (int i = 0; i < MW_FNB(PART); i++) {
-                const int b = mw_fblk<WG, PART>(i);
-                uint4 raw[2];
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    raw[h] = row >= 0 ? __ldg(src + 4 * b + h) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    mw_st16(mw_fill_at(stage, b, 2 * h),
-                            kva__fp8x8_as<Ty>(make_uint2(raw[h].x, raw[h].y)));
-                    mw_st16(mw_fill_at(stage, b, 2 * h + 1),
-                            kva__fp8x8_as<Ty>(make_uint2(raw[h].z, raw[h].w)));
-                }
+            if (kb < kend)
+                ml_issue<MW_BN, MW_BN>(a, mi.bt_row, kb, kend, stage);
+        }
+    }
+    __device__ __forceinline__ void land(const args &a, int32_t kb, uint32_t stage, int)
+    {
+        if constexpr (FP8) {
+            if (kb < kend) {
+                land_row(a, row1, stage);
+                row1 = row2;
             }
         }
-        if (PART == 1) { /* the rows of the warpgroup's next tile into L2 */
-            rown = key_row(a, kb + 2 * MW_BN);
-            if (rown >= 0 && mw_fhalf() == 0)
-                mw_prefetch_l2((const unsigned char *)a.k + rown * (FP8 ? ML_D : 2 * ML_D),
-                               FP8 ? ML_D : 2 * ML_D);
-        }
     }
-    __device__ __forceinline__ void logits(float (&sc)[8][4], const args &a, float scale_log2,
-                                           int32_t kb, int t4, int)
+    __device__ __forceinline__ void logits(float (&sc)[4][4], const args &a, float scale_log2,
+                                           int32_t kb, int wg, int t4, int)
     {
-        kva__dmma_logits<64>(sc, a, FP8 ? scale_log2 * a.kv_scale : scale_log2, kb, t4, lo_all,
-                             hi_all, lo, hi, pos, slope);
+        kva__dmma_logits<32>(sc, a, FP8 ? scale_log2 * a.kv_scale : scale_log2, kb + wg * 32, t4,
+                             lo_all, hi_all, lo, hi, pos, slope);
     }
     __device__ __forceinline__ void finish(const args &a, float (*s_sum)[64], int wg, int r0,
                                            int t4, float l_run[2], const float m_run[2],
