@@ -12,7 +12,8 @@
 # and optionally Nsight Compute on one shape of each side. A table last.
 #   BASE              base tree (default base: a copy of main's src/ and include/)
 #   KVA_BASE_FILES    default "mla_decode_mma mla_decode_wgmma mla_sparse mla_sparse_wgmma"
-#   KVA_STEPS         default "test bench"; also "ncu", "memcheck", "graph"
+#   KVA_STEPS         default "test bench"; also "ncu", "memcheck", "graph", "suite"
+#                     (the whole `kvattn bench --mla-sparse` suite, base then mine, once)
 #   KVA_ROUNDS        default 2
 #   KVA_NCU_ARGS      bench_cuda_mla arguments of the ncu shape (default H 16, 16k)
 #   OUT               logs (default /tmp/out); l/ holds the raw logs, tarred at the end
@@ -56,7 +57,10 @@ done
 echo "== base linked $(el) s"
 # A hang shows here in seconds.
 timeout 20 b/bench_cuda_mla --batch 8 --context 1000 --heads 128 --iters 2 >"$o/l/smoke.log" 2>&1
-echo "smoke mine rc=$?: $(tail -1 "$o/l/smoke.log" | grep -oE '"ms": [0-9.]+|"check_bad": [-0-9]+' | tr '\n' ' ')"
+rc=$?
+echo "smoke mine rc=$rc: $(tail -1 "$o/l/smoke.log" | grep -oE '"ms": [0-9.]+|"check_bad": [-0-9]+' | tr '\n' ' ')"
+# A hanging or failing kernel would eat every later step's timeout: stop here.
+[ $rc = 0 ] || { tail -5 "$o/l/smoke.log"; tar -czf "$o/logs.tgz" -C "$o" l; exit 1; }
 timeout 20 b/bench_cuda_mla_base --batch 8 --context 1000 --heads 128 --iters 2 >"$o/l/smoke_base.log" 2>&1
 echo "smoke base rc=$?: $(tail -1 "$o/l/smoke_base.log" | grep -oE '"ms": [0-9.]+|"check_bad": [-0-9]+' | tr '\n' ' ')"
 if has test; then
@@ -88,7 +92,9 @@ SHAPES=("H16 4k|--batch 128 --context 4096 --heads 16"
   "H16 16k|--batch 128 --context 16384 --heads 16"
   "H16 32k|--batch 64 --context 32768 --heads 16"
   "H128 q1 4k|--batch 128 --context 4096 --heads 128"
-  "H128 q2 8k|--batch 128 --context 8192 --heads 128 --q-len 2")
+  "H128 q2 8k|--batch 128 --context 8192 --heads 128 --q-len 2"
+  "H128 q1 4k fp8|--batch 128 --context 4096 --heads 128 --kv-quant fp8"
+  "H128 q2 8k fp8|--batch 128 --context 8192 --heads 128 --q-len 2 --kv-quant fp8")
 SPARSE="--batch 128 --q-len 2 --context 8192 --heads 128 --topk 2048"
 if has bench; then
   c0=$(copy_tbs)
@@ -107,6 +113,14 @@ if has bench; then
   c1=$(copy_tbs)
   echo "copy ceiling after $c1 TB/s"
   echo "== bench $(el) s"
+fi
+if has suite; then
+  for v in base mine; do
+    s=""; [ $v = base ] && s=_base
+    timeout 120 b/kvattn$s bench --mla-sparse --backend cuda --iters 20 >"$o/l/suite_$v.log" 2>&1
+    echo "== sparse suite $v rc=$?"
+    grep -E "ms" "$o/l/suite_$v.log" | tr -s ' ' | head -20
+  done
 fi
 if has ncu; then
   na=${KVA_NCU_ARGS:---batch 128 --context 16384 --heads 16}
