@@ -2,7 +2,7 @@
  * bench_plan.c - host cost of the CUDA backend's plan partition, on any
  * machine (no GPU needed: the partition is host code).
  *
- *   bench_plan [--iters N] [--sms S] [--per-sm C] [--serve P]
+ *   bench_plan [--iters N] [--sms S] [--per-sm C] [--serve P] [--upload-min BYTES]
  *
  * For each batch (64 decodes x 4k, 32 decodes x 600, 16 decodes x 4k, a mixed
  * 32-request batch of 28 ragged decodes and 4 chunked prefills of 256, 64
@@ -22,7 +22,9 @@
  * H100). Requests the CUDA plan sends to the tensor-core prefill kernel (q_len
  * above the decode threshold and q_len x G >= 64) are left out of the
  * partition, as there. Prints the chosen partitions' items, tasks and
- * estimated makespan.
+ * estimated makespan. --upload-min (CUDA builds) makes the CUDA plan's one
+ * metadata copy at least BYTES long (kva__cuda_context_upload_min), to time
+ * the copy's host cost by size.
  */
 #include "batches.h"
 #include "internal.h"
@@ -32,6 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef KVA_HAVE_CUDA
+#include "cuda_backend.h" /* kva__cuda_context_upload_min */
+#endif
 
 /* kva__partition_build_grid; an older tree's (-DBENCH_PLAN_NO_UPDATE) takes no reuse. */
 #ifdef BENCH_PLAN_NO_UPDATE
@@ -215,6 +220,7 @@ static void serve_sequence(kva_context *ctx, kva_context *cu, int64_t slots, int
 int main(int argc, char **argv)
 {
     int iters = 201, sms = 132, per_sm = 2, serve = 0;
+    long long upload_min = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--iters"))
             iters = atoi(argv[i + 1]);
@@ -224,6 +230,8 @@ int main(int argc, char **argv)
             per_sm = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--serve"))
             serve = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--upload-min"))
+            upload_min = atoll(argv[i + 1]);
         else {
             fprintf(stderr, "bench_plan: unknown option %s\n", argv[i]);
             return 2;
@@ -325,6 +333,14 @@ int main(int argc, char **argv)
     kva_context_desc cud = {KVA_BACKEND_CUDA, 1, 0};
     if (kva_context_create(&cud, &cu) != KVA_STATUS_OK)
         cu = NULL;
+#ifdef KVA_HAVE_CUDA
+    if (cu && upload_min > 0 && kva__cuda_context_upload_min(cu, upload_min) != KVA_STATUS_OK) {
+        fprintf(stderr, "bench_plan: %s\n", kva_last_error());
+        return 1;
+    }
+    if (cu && upload_min > 0)
+        printf("  (cuda: every plan's metadata copy at least %lld bytes)\n", upload_min);
+#endif
     serve_sequence(ctx, cu, slots, iters / 20 + 1);
     kva_context_destroy(cu);
     kva_context_destroy(ctx);
