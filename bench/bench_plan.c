@@ -341,6 +341,9 @@ int main(int argc, char **argv)
     if (cu && upload_min > 0)
         printf("  (cuda: every plan's metadata copy at least %lld bytes)\n", upload_min);
 #endif
+#ifndef KVA_HAVE_CUDA
+    (void)upload_min;
+#endif
     serve_sequence(ctx, cu, slots, iters / 20 + 1);
     kva_context_destroy(cu);
     kva_context_destroy(ctx);
