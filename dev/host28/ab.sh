@@ -5,9 +5,9 @@
 # tests (while BASE still builds), then alternates base, new, base, new over
 #   - kvattn serve-sim --backend cuda (default workload): host plan share of
 #     the step, of decode-only steps, mean step; new also with the plan's one
-#     metadata copy padded to 64K / 128K / 256K (--cuda-upload-min);
+#     metadata copy padded to 64K / 256K (--cuda-upload-min);
 #   - bench_plan: the serve-sim decode sequence, "cuda update" per plan (new
-#     also with --upload-min 64K / 128K / 256K);
+#     also with --upload-min 64K / 256K);
 #   - bench_cuda decode per call, bf16 16 x 1k and 64 x 4k (median per call,
 #     back to back, host enqueue).
 # Usage (from a folder holding both trees):
@@ -63,7 +63,7 @@ for r in $(seq 1 ${ROUNDS:-2}); do
     bc $t-r$r $t --mode decode --batch 16 --context 1023
     bc $t-r$r $t --mode decode --batch 64 --context 4095
   done
-  for p in 65536 131072 262144; do
+  for p in 65536 262144; do
     serve new-r$r-pad$p new --cuda-upload-min $p
     say "new-r$r-pad$p $($B/new/bench_plan --iters 101 --upload-min $p 2>&1 | grep 'serve-sim default')"
   done
