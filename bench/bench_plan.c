@@ -23,8 +23,9 @@
  * above the decode threshold and q_len x G >= 64) are left out of the
  * partition, as there. Prints the chosen partitions' items, tasks and
  * estimated makespan. --upload-min (CUDA builds) makes the CUDA plan's one
- * metadata copy at least BYTES long (kva__cuda_context_upload_min), to time
- * the copy's host cost by size.
+ * metadata copy at least BYTES long (kva__cuda_context_upload_min; 0: the
+ * used bytes only; the default is KVA__CUDA_UPLOAD_MIN), to time the copy's
+ * host cost by size.
  */
 #include "batches.h"
 #include "internal.h"
@@ -220,7 +221,7 @@ static void serve_sequence(kva_context *ctx, kva_context *cu, int64_t slots, int
 int main(int argc, char **argv)
 {
     int iters = 201, sms = 132, per_sm = 2, serve = 0;
-    long long upload_min = 0;
+    long long upload_min = -1; /* -1: the context's default */
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--iters"))
             iters = atoi(argv[i + 1]);
@@ -334,11 +335,11 @@ int main(int argc, char **argv)
     if (kva_context_create(&cud, &cu) != KVA_STATUS_OK)
         cu = NULL;
 #ifdef KVA_HAVE_CUDA
-    if (cu && upload_min > 0 && kva__cuda_context_upload_min(cu, upload_min) != KVA_STATUS_OK) {
+    if (cu && upload_min >= 0 && kva__cuda_context_upload_min(cu, upload_min) != KVA_STATUS_OK) {
         fprintf(stderr, "bench_plan: %s\n", kva_last_error());
         return 1;
     }
-    if (cu && upload_min > 0)
+    if (cu && upload_min >= 0)
         printf("  (cuda: every plan's metadata copy at least %lld bytes)\n", upload_min);
 #endif
 #ifndef KVA_HAVE_CUDA

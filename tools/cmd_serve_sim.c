@@ -79,7 +79,7 @@ void kva_cli_usage_serve_sim(void)
            "                           updating one plan (kva_plan_update), to compare\n"
            "  --cuda-upload-min SIZE   benchmarks: every CUDA plan's metadata copy spans\n"
            "                           at least SIZE bytes of the buffer, 0 = its used\n"
-           "                           bytes (the copy's host cost by size)  [0]\n"
+           "                           bytes (the copy's host cost by size)  [32K]\n"
            "  --json FILE              also write the results as JSON (vllm's field names)\n"
            "  --progress, --no-progress  progress bar on stderr [on when stderr is a tty]\n"
            "\n"

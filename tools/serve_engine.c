@@ -228,7 +228,7 @@ kva_status serve_engine_create(const serve_opts *o, serve_engine **out)
     if ((st = kva_context_create(&cd, &e->ctx)) != KVA_STATUS_OK)
         goto fail;
 #ifdef KVA_HAVE_CUDA
-    if (e->dev && o->cuda_upload_min > 0 &&
+    if (e->dev && o->cuda_upload_min >= 0 &&
         (st = kva__cuda_context_upload_min(e->ctx, o->cuda_upload_min)) != KVA_STATUS_OK)
         goto fail;
 #endif

@@ -3,11 +3,12 @@
 # builds both trees in parallel (sm_90a; the targets below only), runs the
 # copy-size sweep (copy_sweep.cu) on the idle GPU, NEW's CUDA plan/attention
 # tests (while BASE still builds), then alternates base, new, base, new over
-#   - kvattn serve-sim --backend cuda (default workload): host plan share of
-#     the step, of decode-only steps, mean step; new also with the plan's one
-#     metadata copy padded to 64K / 256K (--cuda-upload-min);
+#   - kvattn serve-sim --backend cuda (default workload, SERVE_REPS runs):
+#     host plan share of the step, of decode-only steps, mean step; new also
+#     with the plan's one metadata copy unpadded / padded to 64K
+#     (--cuda-upload-min; PADS, default "0 65536"; new's default is 32K);
 #   - bench_plan: the serve-sim decode sequence, "cuda update" per plan (new
-#     also with --upload-min 64K / 256K);
+#     also with --upload-min for each of PADS);
 #   - bench_cuda decode per call, bf16 16 x 1k and 64 x 4k (median per call,
 #     back to back, host enqueue).
 # Usage (from a folder holding both trees):
@@ -49,10 +50,13 @@ wait
 cat "$L/tests.txt" | tee -a "$LOG"
 T tests
 wait $bpid 2>/dev/null; [ -x $B/base/kvattn ] || { tail -20 "$L/build_base.log" | tee -a "$LOG"; pack; exit 1; }
-serve() { # tag tree [--cuda-upload-min X]
+serve() { # tag tree [--cuda-upload-min X]; SERVE_REPS runs (default 3): one serve-sim
+  # default run is 79 steps (~15 ms), too short for a 1 us change on a noisy host
   local tag=$1 t=$2; shift 2
-  $B/$t/kvattn serve-sim --backend cuda --no-progress "$@" >"$L/serve_$tag.log" 2>&1
-  say "$tag serve rc=$? $(grep -E 'plan share|of decode-only step|Mean step' "$L/serve_$tag.log" | tr -s ' ' | tr '\n' ';')"
+  for k in $(seq 1 ${SERVE_REPS:-3}); do
+    $B/$t/kvattn serve-sim --backend cuda --no-progress "$@" >"$L/serve_$tag.$k.log" 2>&1
+    say "$tag.$k serve rc=$? $(grep -E 'plan share|of decode-only step|Mean step' "$L/serve_$tag.$k.log" | tr -s ' ' | tr '\n' ';')"
+  done
 }
 bc() { local tag=$1 t=$2; shift 2; say "$tag $("$B/$t/bench_cuda" "$@" 2>&1 >/dev/null | grep -m1 '^bench_cuda:' |
   grep -oE 'R=[0-9]+ S=[0-9]+|kv [a-z0-9_]+|median [0-9.]+ ms|check [a-z]+|host enqueue median [0-9.]+ us|back to back [0-9.]+ ms' | tr '\n' ' ')"; }
@@ -63,7 +67,7 @@ for r in $(seq 1 ${ROUNDS:-2}); do
     bc $t-r$r $t --mode decode --batch 16 --context 1023
     bc $t-r$r $t --mode decode --batch 64 --context 4095
   done
-  for p in 65536 262144; do
+  for p in ${PADS-0 65536}; do # the copy's minimum span (new's default: 32K)
     serve new-r$r-pad$p new --cuda-upload-min $p
     say "new-r$r-pad$p $($B/new/bench_plan --iters 101 --upload-min $p 2>&1 | grep 'serve-sim default')"
   done

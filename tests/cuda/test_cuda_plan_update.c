@@ -18,9 +18,11 @@
  * queue on the stream while the host fills the staging ring again, through
  * several changes of its half (an upload whose staging were overwritten
  * before its copy ran would give a wrong output). The sequence and the
- * pipelined steps run once more with every upload of the updated plan's
- * context padded to 256 KiB (kva__cuda_context_upload_min: the copy carries
- * stale staging bytes past the plan's sections). Exits 77 without a GPU.
+ * pipelined steps run with the default minimum copy (KVA__CUDA_UPLOAD_MIN),
+ * then once more with the updated plan's uploads unpadded (only their used
+ * bytes) and once padded to 256 KiB (kva__cuda_context_upload_min: the copy
+ * carries stale staging bytes past the plan's sections). Exits 77 without a
+ * GPU.
  */
 #include "batchgen.h"
 #include "cuda_util.h"
@@ -78,8 +80,9 @@ static void check_ref(kva_context *ref, const kva_plan_desc *pd, const kva_cache
     kva_plan_destroy(pr);
 }
 
-/* Padded uploads: 256 KiB, more than the unreserved contexts' buffer (the
- * copy then spans all of it). */
+/* The updated plan's context's minimum copy (pad): -1 the default, 0 none,
+ * or 256 KiB, more than the unreserved contexts' buffer (the copy then spans
+ * all of it). */
 #define PAD_BYTES (256 << 10)
 
 static void update_sequence(int reserved, int pad)
@@ -89,15 +92,15 @@ static void update_sequence(int reserved, int pad)
     CHECK_OK(kva_context_create(&cd, &ctx));
     CHECK_OK(kva_context_create(&cd, &fresh_ctx));
     CHECK_OK(kva_context_create(&rd, &ref));
-    if (pad && ctx) {
+    if (pad >= 0 && ctx) {
         CHECK(kva__cuda_context_upload_min(ctx, -1) == KVA_STATUS_INVALID_ARGUMENT);
-        CHECK_OK(kva__cuda_context_upload_min(ctx, PAD_BYTES));
+        CHECK_OK(kva__cuda_context_upload_min(ctx, pad));
     }
     if (reserved && ctx) {
         const kva_cuda_capacity cap = {256, 16384, 256 * 512, H, HKV, D};
         CHECK_OK(kva_cuda_context_reserve(ctx, &cap));
     }
-    kva_rng rng = {271828u + (uint64_t)reserved + 2u * (uint64_t)pad};
+    kva_rng rng = {271828u + (uint64_t)reserved + 2u * (uint64_t)(pad + 1)};
     kva_plan *plan = NULL;
     const int steps = kva_test_quick() ? (reserved ? 6 : 12) : 40;
     for (int c = 0; c < steps && ctx && fresh_ctx; c++) {
@@ -199,9 +202,9 @@ static void update_pipelined(int pad)
     CHECK_OK(kva_context_create(&cd, &ctx));
     CHECK_OK(kva_context_create(&cd, &fresh_ctx));
     CHECK_OK(kva_context_create(&rd, &ref));
-    if (pad && ctx)
-        CHECK_OK(kva__cuda_context_upload_min(ctx, PAD_BYTES));
-    kva_rng rng = {314159u + (uint64_t)pad};
+    if (pad >= 0 && ctx)
+        CHECK_OK(kva__cuda_context_upload_min(ctx, pad));
+    kva_rng rng = {314159u + (uint64_t)(pad + 1)};
     pipe_step st[STEPS];
     for (int c = 0; c < STEPS && ctx && ref; c++) { /* all set up before the first run */
         pipe_step *p = &st[c];
@@ -270,24 +273,27 @@ static void update_pipelined(int pad)
 
 static void test_update_sequence(void)
 {
-    update_sequence(0, 0);
+    update_sequence(0, -1);
 }
 
 static void test_update_sequence_reserved(void)
 {
-    update_sequence(1, 0);
+    update_sequence(1, -1);
 }
 
 static void test_update_pipelined(void)
 {
-    update_pipelined(0);
+    update_pipelined(-1);
 }
 
-static void test_update_padded(void)
+static void test_update_padding(void)
 {
-    update_sequence(0, 1);
-    update_sequence(1, 1);
-    update_pipelined(1);
+    update_sequence(0, 0);
+    update_sequence(1, 0);
+    update_pipelined(0);
+    update_sequence(0, PAD_BYTES);
+    update_sequence(1, PAD_BYTES);
+    update_pipelined(PAD_BYTES);
 }
 
 int main(void)
@@ -298,7 +304,7 @@ int main(void)
     RUN(test_update_sequence);
     RUN(test_update_sequence_reserved);
     RUN(test_update_pipelined);
-    RUN(test_update_padded);
+    RUN(test_update_padding);
     return kva_test_finish();
 }
 

@@ -366,7 +366,7 @@ kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
     for (int i = 0; i < KVA_CUDA_SECTIONS; i++)
         if (len[i] > 0 && off[i] + len[i] > need)
             need = off[i] + len[i];
-    /* A benchmark's minimum copy (kva__cuda_context_upload_min), within the buffer. */
+    /* The copy's minimum span (KVA__CUDA_UPLOAD_MIN), within the buffer. */
     const size_t pad = st->upload_min < st->meta_bytes ? st->upload_min : st->meta_bytes;
     if (need < pad)
         need = pad;
@@ -449,7 +449,7 @@ kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
         hi = off[i] + len[i];
     }
     if (open && lo == 0 && hi < pad)
-        hi = pad; /* one copy from the buffer's start: padded */
+        hi = pad; /* one copy from the buffer's start: padded (a multi-copy upload is not) */
     if (open)
         KVA_TRY(upload(st, h, lo, hi - lo));
     return KVA_STATUS_OK;
