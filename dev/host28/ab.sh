@@ -8,7 +8,9 @@
 #     with the plan's one metadata copy unpadded / padded to 64K
 #     (--cuda-upload-min; PADS, default "0 65536"; new's default is 32K);
 #   - bench_plan: the serve-sim decode sequence, "cuda update" per plan (new
-#     also with --upload-min for each of PADS);
+#     also with --upload-min for each of PADS, and with --between 20: the
+#     update after a step's device work and synchronize, with and without a
+#     cudaStreamQuery before it);
 #   - bench_cuda decode per call, bf16 16 x 1k and 64 x 4k (median per call,
 #     back to back, host enqueue).
 # Usage (from a folder holding both trees):
@@ -67,6 +69,8 @@ for r in $(seq 1 ${ROUNDS:-2}); do
     bc $t-r$r $t --mode decode --batch 16 --context 1023
     bc $t-r$r $t --mode decode --batch 64 --context 4095
   done
+  # The plan after a step's device work (20 small kernels + synchronize) vs back to back.
+  say "new-r$r-between $($B/new/bench_plan --iters 101 --between 20 2>&1 | grep 'serve-sim default')"
   for p in ${PADS-0 65536}; do # the copy's minimum span (new's default: 32K)
     serve new-r$r-pad$p new --cuda-upload-min $p
     say "new-r$r-pad$p $($B/new/bench_plan --iters 101 --upload-min $p 2>&1 | grep 'serve-sim default')"
