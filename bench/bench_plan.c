@@ -2,7 +2,8 @@
  * bench_plan.c - host cost of the CUDA backend's plan partition, on any
  * machine (no GPU needed: the partition is host code).
  *
- *   bench_plan [--iters N] [--sms S] [--per-sm C] [--serve P]
+ *   bench_plan [--iters N] [--sms S] [--per-sm C] [--serve P] [--upload-min BYTES]
+ *              [--between L]
  *
  * For each batch (64 decodes x 4k, 32 decodes x 600, 16 decodes x 4k, a mixed
  * 32-request batch of 28 ragged decodes and 4 chunked prefills of 256, 64
@@ -22,7 +23,15 @@
  * H100). Requests the CUDA plan sends to the tensor-core prefill kernel (q_len
  * above the decode threshold and q_len x G >= 64) are left out of the
  * partition, as there. Prints the chosen partitions' items, tasks and
- * estimated makespan.
+ * estimated makespan. --upload-min (CUDA builds) makes the CUDA plan's one
+ * metadata copy at least BYTES long (kva__cuda_context_upload_min; 0: the
+ * used bytes only; the default is KVA__CUDA_UPLOAD_MIN), to time the copy's
+ * host cost by size. --between L (CUDA builds) puts a serving step's device
+ * work before each CUDA update (L small kernels on the stream, then a
+ * synchronize) and times the updates after it alone and, every second step,
+ * after a cudaStreamQuery (timed too): whether the first runtime call after
+ * a step pays for the driver's handling of that step's work, which a plan
+ * timed back to back does not see.
  */
 #include "batches.h"
 #include "internal.h"
@@ -32,6 +41,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef KVA_HAVE_CUDA
+#include "cuda_backend.h" /* kva__cuda_context_upload_min */
+#include <cuda_runtime.h>
+#endif
 
 /* kva__partition_build_grid; an older tree's (-DBENCH_PLAN_NO_UPDATE) takes no reuse. */
 #ifdef BENCH_PLAN_NO_UPDATE
@@ -104,6 +117,21 @@ static kva__partition *four_builds(const kva_plan *plan, int64_t slots, const ui
     return best;
 }
 
+#ifdef KVA_HAVE_CUDA
+/* --between N: a serving step's device work before the next plan, N small
+ * memsets (each a kernel) on cu's stream and a synchronize, as serve-sim's
+ * step ends; *stream gets the stream. */
+static void step_work(kva_context *cu, void *buf, int n, cudaStream_t *stream)
+{
+    void *sp = NULL;
+    (void)kva_cuda_context_get_stream(cu, &sp);
+    *stream = (cudaStream_t)sp;
+    for (int i = 0; i < n; i++)
+        (void)cudaMemsetAsync(buf, i, 4096, *stream);
+    (void)cudaStreamSynchronize(*stream);
+}
+#endif
+
 /*
  * The decode phase of serve-sim's default workload, as a sequence of plans:
  * 32 requests sharing a 256-token prefix (16 blocks), 448..656 keys at the
@@ -117,7 +145,8 @@ static kva__partition *four_builds(const kva_plan *plan, int64_t slots, const ui
  * a machine with a GPU) it also times kva_plan_update there: the whole CUDA
  * plan, whose part beyond the ref update and the grid is the metadata upload.
  */
-static void serve_sequence(kva_context *ctx, kva_context *cu, int64_t slots, int passes)
+static void serve_sequence(kva_context *ctx, kva_context *cu, int64_t slots, int passes,
+                           int between)
 {
     enum { R0 = 32, STEPS = 80, STRIDE = 48 };
     int32_t base[R0], out[R0], qsl[R0 + 1], seq[R0], bt[R0 * STRIDE];
@@ -129,7 +158,15 @@ static void serve_sequence(kva_context *ctx, kva_context *cu, int64_t slots, int
             bt[r * STRIDE + j] = j < 16 ? j : 16 + r * STRIDE + j;
     }
     const int n = STEPS * passes;
-    double *t = malloc(sizeof(double) * (size_t)n * 5);
+    double *t = malloc(sizeof(double) * (size_t)n * 8);
+    int mp = 0, mq = 0; /* --between: plans timed without, with a stream query before them */
+#ifdef KVA_HAVE_CUDA
+    void *wbuf = NULL;
+    if (cu && between > 0 && cudaMalloc(&wbuf, 4096) != cudaSuccess)
+        between = 0;
+#else
+    (void)between;
+#endif
     int m = 0;
     kva_plan *up = NULL, *cup = NULL;
     kva__partition *reuse = NULL;
@@ -187,12 +224,29 @@ static void serve_sequence(kva_context *ctx, kva_context *cu, int64_t slots, int
             t[m] = (t1 - t0) + (now_us() - t5);
             t[n + m] = t2 - t1;
             if (cu) {
+                int probe = -1; /* -1: back to back; 0: after step work; 1: after it and a query */
+#ifdef KVA_HAVE_CUDA
+                if (between > 0 && cup) {
+                    cudaStream_t stream;
+                    step_work(cu, wbuf, between, &stream);
+                    probe = m & 1;
+                    if (probe) { /* the first runtime call after the step's synchronize */
+                        const double q0 = now_us();
+                        (void)cudaStreamQuery(stream);
+                        t[7 * n + mq] = now_us() - q0;
+                    }
+                }
+#endif
                 const double t6 = now_us();
                 if (!cup ? kva_plan_create(cu, &pd, &cup) : kva_plan_update(cu, cup, &pd)) {
                     fprintf(stderr, "bench_plan: cuda: %s\n", kva_last_error());
                     exit(1);
                 }
                 t[4 * n + m] = now_us() - t6;
+                if (probe == 0)
+                    t[5 * n + mp++] = t[4 * n + m];
+                else if (probe == 1)
+                    t[6 * n + mq++] = t[4 * n + m];
             }
             m++;
         }
@@ -203,9 +257,17 @@ static void serve_sequence(kva_context *ctx, kva_context *cu, int64_t slots, int
     printf(" | update %6.2f us | grid rebuilt in place %6.2f us", median(t + 2 * n, m),
            median(t + 3 * n, m));
 #endif
-    if (cu)
+    if (cu && mp > 0 && mq > 0)
+        printf(" | cuda update after %d launches + sync %6.2f us, after them and a stream query "
+               "%6.2f us (the query %6.2f us)",
+               between, median(t + 5 * n, mp), median(t + 6 * n, mq), median(t + 7 * n, mq));
+    else if (cu)
         printf(" | cuda update %6.2f us", median(t + 4 * n, m));
     printf("\n");
+#ifdef KVA_HAVE_CUDA
+    if (wbuf)
+        (void)cudaFree(wbuf);
+#endif
     kva_plan_destroy(cup);
     kva_plan_destroy(up);
     kva__partition_free(reuse);
@@ -215,6 +277,8 @@ static void serve_sequence(kva_context *ctx, kva_context *cu, int64_t slots, int
 int main(int argc, char **argv)
 {
     int iters = 201, sms = 132, per_sm = 2, serve = 0;
+    long long upload_min = -1; /* -1: the context's default */
+    int between = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--iters"))
             iters = atoi(argv[i + 1]);
@@ -224,6 +288,10 @@ int main(int argc, char **argv)
             per_sm = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--serve"))
             serve = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--upload-min"))
+            upload_min = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--between"))
+            between = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "bench_plan: unknown option %s\n", argv[i]);
             return 2;
@@ -243,7 +311,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (serve > 0) {
-        serve_sequence(ctx, NULL, slots, serve);
+        serve_sequence(ctx, NULL, slots, serve, 0);
         kva_context_destroy(ctx);
         return 0;
     }
@@ -325,7 +393,18 @@ int main(int argc, char **argv)
     kva_context_desc cud = {KVA_BACKEND_CUDA, 1, 0};
     if (kva_context_create(&cud, &cu) != KVA_STATUS_OK)
         cu = NULL;
-    serve_sequence(ctx, cu, slots, iters / 20 + 1);
+#ifdef KVA_HAVE_CUDA
+    if (cu && upload_min >= 0 && kva__cuda_context_upload_min(cu, upload_min) != KVA_STATUS_OK) {
+        fprintf(stderr, "bench_plan: %s\n", kva_last_error());
+        return 1;
+    }
+    if (cu && upload_min >= 0)
+        printf("  (cuda: every plan's metadata copy at least %lld bytes)\n", upload_min);
+#endif
+#ifndef KVA_HAVE_CUDA
+    (void)upload_min;
+#endif
+    serve_sequence(ctx, cu, slots, iters / 20 + 1, between);
     kva_context_destroy(cu);
     kva_context_destroy(ctx);
     return 0;

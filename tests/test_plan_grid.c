@@ -19,7 +19,8 @@
  *   - a forced split count cuts no unit into more chunks than asked;
  *   - the candidates skipped by their lower bound change nothing: the build
  *     equals the one that evaluates every candidate (makespan and time
- *     model).
+ *     model), also where decode steps take the decode path (items written
+ *     in cost order without the general choice), which must be taken.
  * KVA_TEST_QUICK=1 (the sanitizer run) runs the first 84 of the 240 batches.
  */
 #include "batchgen.h"
@@ -313,6 +314,79 @@ static void test_grid_random(void)
               "kept a former candidate %d times, a new one %d", kept_old, kept_new);
 }
 
+/*
+ * Decode steps as a serving engine plans them (one query row per request,
+ * 1..96 requests of 1..6000 keys, GQA 1/4/8, sliding windows, requests of
+ * the batch skipped, grids of 132..528 workers) under the CUDA backend's
+ * time model: the grid build takes its decode path (build_decodes) where no
+ * split can win, and its partition, pick, makespan and estimate equal the
+ * exhaustive build's item for item (check_exhaustive). Both outcomes must
+ * occur: the decode path taken, and declined for batches that split.
+ */
+static void test_grid_decodes(void)
+{
+    kva_rng rng = {20261127};
+    const int64_t slot_set[3] = {132, 264, 528};
+    const int ncase = kva_test_quick() ? 60 : 160;
+    int fast = 0, general = 0;
+    for (int c = 0; c < ncase; c++) {
+        const int32_t R = kva_rng_int(&rng, 1, c % 4 == 0 ? 8 : 96);
+        int32_t q[96], sl[96];
+        for (int32_t r = 0; r < R; r++)
+            q[r] = 1, sl[r] = kva_rng_int(&rng, 1, c % 3 == 0 ? 6000 : 900);
+        kva_test_batch b;
+        kva_test_batch_init(&b, &rng, R, q, sl, 16, 2, 0);
+        const int32_t gqa[3] = {1, 4, 8};
+        const int32_t G = gqa[c % 3], Hkv = kva_rng_int(&rng, 1, 8);
+        kva_plan_desc pd = kva_test_batch_plan_desc(&b, G * Hkv, Hkv, 128, 128, KVA_DTYPE_BF16);
+        if (c % 5 == 1)
+            pd.window_left = kva_rng_int(&rng, 0, 700);
+        kva_context *ctx = NULL;
+        kva_context_desc cd = {KVA_BACKEND_REF, 1, 0};
+        kva_plan *plan = NULL;
+        CHECK_OK(kva_context_create(&cd, &ctx));
+        CHECK_OK(kva_plan_create(ctx, &pd, &plan));
+        uint8_t *skip = NULL;
+        if (c % 6 == 5) {
+            skip = calloc((size_t)R, 1);
+            for (int32_t r = 0; r < R; r++)
+                skip[r] = kva_rng_int(&rng, 0, 3) == 0;
+        }
+        const int64_t slots = slot_set[c % 3];
+        kva__partition_params pp = params_for(16, slots);
+        kva__partition_grid gm = {slots, 0, 176, 600, 1100};
+        kva__partition *pm = NULL;
+        if (plan)
+            CHECK_OK(kva__partition_build_grid(plan, &pp, &gm, skip, NULL, &pm));
+        if (pm) {
+            check_exhaustive(plan, &pp, &gm, skip, pm, c);
+            check_partition(plan, pm, skip);
+            CHECK(pm->makespan == simulate(pm, slots));
+            /* The path taken: the decode path builds unsplit items only. */
+            CHECK(!pm->decode_path || pm->num_tasks == 0);
+            fast += pm->decode_path;
+            general += !pm->decode_path;
+            /* A rebuild in the same partition (kva_plan_update's reuse) gives the same. */
+            kva__partition *again = NULL;
+            const int32_t n = pm->num_items;
+            kva__work_item *keep = malloc(sizeof *keep * (size_t)(n > 0 ? n : 1));
+            memcpy(keep, pm->items, sizeof *keep * (size_t)n);
+            CHECK_OK(kva__partition_build_grid(plan, &pp, &gm, skip, pm, &again));
+            pm = again;
+            if (pm)
+                CHECK(pm->num_items == n && !memcmp(pm->items, keep, sizeof *keep * (size_t)n));
+            free(keep);
+        }
+        kva__partition_free(pm);
+        free(skip);
+        kva_plan_destroy(plan);
+        kva_context_destroy(ctx);
+        kva_test_batch_free(&b);
+    }
+    CHECK_MSG(fast > ncase / 4 && general > ncase / 20,
+              "decode path taken %d times, general path %d (of %d)", fast, general, ncase);
+}
+
 /* The cases the new candidates are for: equal decodes that the rounded-up
  * targets cut into one chunk too many (16 x 4k on 264 workers: 8 chunks of
  * 512 in four rounds before, 2 chunks of 2048 in one round now), and a batch
@@ -356,5 +430,6 @@ int main(void)
 {
     RUN(test_grid_random);
     RUN(test_grid_uniform);
+    RUN(test_grid_decodes);
     return kva_test_finish();
 }

@@ -77,6 +77,9 @@ void kva_cli_usage_serve_sim(void)
            "                           a mismatch\n"
            "  --plan-create            kva_plan_create + destroy every step instead of\n"
            "                           updating one plan (kva_plan_update), to compare\n"
+           "  --cuda-upload-min SIZE   benchmarks: every CUDA plan's metadata copy spans\n"
+           "                           at least SIZE bytes of the buffer, 0 = its used\n"
+           "                           bytes (the copy's host cost by size)  [32K]\n"
            "  --json FILE              also write the results as JSON (vllm's field names)\n"
            "  --progress, --no-progress  progress bar on stderr [on when stderr is a tty]\n"
            "\n"
@@ -153,6 +156,7 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
                                               "--kv-quant",
                                               "--num-blocks",
                                               "--kv-cache-mem",
+                                              "--cuda-upload-min",
                                               "--backend",
                                               "--threads",
                                               "--json",
@@ -283,7 +287,14 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
             ok = kva_cli_parse_i32(f, val, 0, 1 << 30, &o->num_blocks);
         else if (!strcmp(f, "--kv-cache-mem"))
             ok = parse_size(f, val, &o->kv_cache_mem);
-        else if (!strcmp(f, "--backend")) {
+        else if (!strcmp(f, "--cuda-upload-min")) {
+            o->cuda_upload_min = 0;
+            ok = !strcmp(val, "0") || parse_size(f, val, &o->cuda_upload_min);
+            if (ok && o->cuda_upload_min > ((int64_t)1 << 30)) {
+                fprintf(stderr, "kvattn: --cuda-upload-min: at most 1G\n");
+                ok = 0;
+            }
+        } else if (!strcmp(f, "--backend")) {
             ok = kva_cli_parse_choice(f, val, backends, 3, &k);
             o->backend = (kva_backend)k;
         } else if (!strcmp(f, "--threads")) {

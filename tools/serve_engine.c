@@ -34,6 +34,10 @@
  * checks run.
  */
 #include "kvattn_cuda.h"
+#ifdef KVA_HAVE_CUDA
+/* src/attn/cuda/cuda_backend.h: --cuda-upload-min (a benchmark hook). */
+kva_status kva__cuda_context_upload_min(kva_context *ctx, int64_t bytes);
+#endif
 #include "serve_engine.h"
 
 #include <math.h>
@@ -223,6 +227,11 @@ kva_status serve_engine_create(const serve_opts *o, serve_engine **out)
     kva_context_desc cd = {o->backend, o->threads, 0};
     if ((st = kva_context_create(&cd, &e->ctx)) != KVA_STATUS_OK)
         goto fail;
+#ifdef KVA_HAVE_CUDA
+    if (e->dev && o->cuda_upload_min >= 0 &&
+        (st = kva__cuda_context_upload_min(e->ctx, o->cuda_upload_min)) != KVA_STATUS_OK)
+        goto fail;
+#endif
     if (o->verify && !o->dcp) {
         kva_context_desc rd = {KVA_BACKEND_REF, 1, 0};
         if ((st = kva_context_create(&rd, &e->ref)) != KVA_STATUS_OK)

@@ -32,6 +32,7 @@ double serve_now(void)
 void serve_opts_init(serve_opts *o)
 {
     memset(o, 0, sizeof *o);
+    o->cuda_upload_min = -1;
     /* Model: 4 layers of Llama-3-8B's attention (H 32, Hkv 8, D 128), bf16. */
     o->backend = KVA_BACKEND_CPU;
     o->threads = 0;

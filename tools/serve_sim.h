@@ -80,10 +80,13 @@ typedef struct serve_opts {
     int32_t max_concurrency; /* most requests in flight; 0 = no limit */
     uint64_t seed;
     /* Checks and output. */
-    int verify;      /* compare sampled steps with the reference backend */
-    int plan_create; /* --plan-create: a new plan each step (no kva_plan_update) */
-    int check_pool;  /* kva_pool_check after every step */
-    int progress;    /* progress bar on stderr */
+    int verify;              /* compare sampled steps with the reference backend */
+    int plan_create;         /* --plan-create: a new plan each step (no kva_plan_update) */
+    int64_t cuda_upload_min; /* --cuda-upload-min: a CUDA plan's metadata copy spans at
+                                least this many bytes (kva__cuda_context_upload_min);
+                                -1: the library's default */
+    int check_pool;          /* kva_pool_check after every step */
+    int progress;            /* progress bar on stderr */
     /* Tests only (no flag): a fault injected into every checked layer, which
      * --verify must report. SERVE_FAULT_OUTPUT adds 1 to the first output
      * element before the comparison (every backend); SERVE_FAULT_SLOT

@@ -287,6 +287,18 @@ int kva__part_emit_unit(kva__part_builder *b, const kva_plan *plan, const kva__p
     return 1;
 }
 
+/* Doubles a's capacity (64 at first); 0 when out of memory. */
+static int grow_units(kva__unit_list *a)
+{
+    const int32_t cap = a->cap ? a->cap * 2 : 64;
+    kva__unit *p = realloc(a->units, (size_t)cap * sizeof *p);
+    if (!p)
+        return 0;
+    a->units = p;
+    a->cap = cap;
+    return 1;
+}
+
 int32_t kva__part_list_units(kva__unit_list *a, const kva_plan *plan,
                              const kva__partition_params *pp, const uint8_t *skip_req)
 {
@@ -300,18 +312,33 @@ int32_t kva__part_list_units(kva__unit_list *a, const kva_plan *plan,
         const int32_t s = plan->seq_lens[r];
         if (q_len <= 0 || (skip_req && skip_req[r]))
             continue;
+        if (q_len == 1) {
+            /* A decode (most units of a serving step): one row, so one key
+             * range and one tile per head slice, without the tile and
+             * visible-key arithmetic below (the same units). */
+            int32_t lo, hi;
+            kva__row_keys(d, s, 1, 0, &lo, &hi);
+            const int64_t vis = hi > lo ? hi - lo : 0;
+            const int32_t by_len = (hi - lo) / pp->min_split_keys;
+            for (int32_t h0 = 0; h0 < G; h0 += nh_base) {
+                if (a->n == a->cap && !grow_units(a))
+                    return -1;
+                kva__unit *u = &a->units[a->n++];
+                const int32_t nh = G - h0 < nh_base ? G - h0 : nh_base;
+                u->req = r, u->kv_head = 0, u->h0 = h0, u->nh = nh, u->i0 = 0, u->nq = 1;
+                u->k0 = lo, u->k1 = hi;
+                u->cost = (int64_t)nh * vis + (hi - lo) + KVA__ITEM_OVERHEAD;
+                u->cap = by_len < pp->max_splits ? by_len : pp->max_splits;
+                u->memo_ns = 0;
+            }
+            continue;
+        }
         for (int32_t h0 = 0; h0 < G; h0 += nh_base) {
             const int32_t nh = G - h0 < nh_base ? G - h0 : nh_base;
             const int32_t nq_tile = tile_rows(plan, pp, q_len, nh);
             for (int32_t i0 = 0; i0 < q_len; i0 += nq_tile) {
-                if (a->n == a->cap) {
-                    const int32_t cap = a->cap ? a->cap * 2 : 64;
-                    kva__unit *p = realloc(a->units, (size_t)cap * sizeof *p);
-                    if (!p)
-                        return -1;
-                    a->units = p;
-                    a->cap = cap;
-                }
+                if (a->n == a->cap && !grow_units(a))
+                    return -1;
                 kva__unit *u = &a->units[a->n++];
                 u->req = r;
                 u->kv_head = 0;

@@ -86,8 +86,10 @@ struct kva__partition {
      * chunk counts rounded up for k = 1..4 items per worker, 5..8: rounded
      * down, 9: forced, 0: unsplit), its makespan and estimate. */
     int32_t pick;
-    int64_t makespan; /* worker 0's load: the sum of its items' costs */
-    int64_t estimate; /* the grid's time the choice was made on (kva__partition_grid) */
+    int32_t decode_path; /* 1: built by the grid's decode path (partition_grid.c,
+                            build_decodes; tests check that it ran) */
+    int64_t makespan;    /* worker 0's load: the sum of its items' costs */
+    int64_t estimate;    /* the grid's time the choice was made on (kva__partition_grid) */
     /* Memory kept for a rebuild (kva__partition_build_grid's reuse): the
      * capacities of items and tasks, and the grid builder's scratch (its
      * units and cost runs; NULL until a grid build made it). */

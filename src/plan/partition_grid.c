@@ -402,19 +402,16 @@ static int64_t groups_bound(const kva__partition_grid *g, const kva_plan *plan,
  * stay as they are when every candidate splits. Candidate c asks a group
  * with a cap of at least 2 chunks for more than one when its cost exceeds
  * the target t (rounded up, 1..4) or is at least 2 t (rounded down, 5..8),
- * as ask_groups does, so the largest such cost decides. Needs slots > 1
- * (every target is then total / (slots * k), at least 1).
+ * as ask_groups does, so the largest such cost decides (maxc: the
+ * largest cost of a group whose cap is at least 2, -1 for none). Needs
+ * slots > 1 (every target is then total / (slots * k), at least 1).
  */
-static int no_split_wins(const kva__partition_grid *g, const struct kva__partition_scratch *s,
-                         int32_t ng, int64_t total, int64_t slots, int64_t sum0, int64_t items0,
-                         int64_t e0, kva__split_rule *rule, int32_t *pick)
+static int no_split_wins(const kva__partition_grid *g, int64_t maxc, int64_t total, int64_t slots,
+                         int64_t sum0, int64_t items0, int64_t e0, kva__split_rule *rule,
+                         int32_t *pick)
 {
     if (e0 >= grid_estimate(g, slots, 0, sum0, items0, 1))
         return 0;
-    int64_t maxc = -1; /* the largest cost of a group that may be cut */
-    for (int32_t k = 0; k < ng; k++)
-        if (s->groups[k].cap >= 2 && s->groups[k].cost > maxc)
-            maxc = s->groups[k].cost;
     for (int32_t c = 1; c <= 8; c++) {
         const int32_t k = c <= 4 ? c : c - 4;
         int64_t t = total / (slots * k);
@@ -425,6 +422,87 @@ static int no_split_wins(const kva__partition_grid *g, const struct kva__partiti
         *rule = sr;
         *pick = c;
         break;
+    }
+    return 1;
+}
+
+/*
+ * The decode path of build_grid's bounded choice: when every unit is one
+ * query row of its own request (decode steps: one head slice per kv head),
+ * the groups, the runs and the placement by cost buckets reduce to the units
+ * sorted by cost (largest first; ties in request order), each expanded into
+ * its kv heads. The unsplit candidate's makespan and estimate are read off
+ * that order as groups_makespan reads them off the runs (a run of equal
+ * costs counts the same split into its units), and when no_split_wins holds
+ * the items are written straight in their final order: the partition, pick,
+ * makespan and estimate equal the general path's (test_plan_grid compares
+ * them with the exhaustive build). Returns 0, having built nothing, when the
+ * batch is not such a batch or a split may win (the general path decides);
+ * 1 with *st the build's status otherwise.
+ */
+static int build_decodes(const kva_plan *plan, const kva__partition_params *pp,
+                         const kva__partition_grid *grid, int64_t slots, kva__partition *part,
+                         kva__partition **out, kva_status *st)
+{
+    struct kva__partition_scratch *s = part->scratch;
+    const kva__unit *u = s->a.units;
+    const int32_t n = s->a.n, hkv = plan->d.num_kv_heads;
+    int64_t cost = 0, maxc = -1;
+    for (int32_t i = 0; i < n; i++) {
+        if (u[i].nq != 1 || (i > 0 && u[i].req == u[i - 1].req))
+            return 0; /* a query tile or a second head slice */
+        cost += u[i].cost;
+        if (u[i].cap >= 2 && u[i].cost > maxc)
+            maxc = u[i].cost;
+    }
+    if (n < 1 || (int64_t)n * hkv >= INT32_MAX ||
+        !grow((void **)&s->runs[0], &s->cap_runs[0], 2 * (int64_t)n, sizeof(cost_run)))
+        return 0;
+    cost_run *r = s->runs[0]; /* {cost, unit}: sorted by cost, stable */
+    for (int32_t i = 0; i < n; i++)
+        r[i].cost = u[i].cost, r[i].count = i;
+    sort_runs(r, r + n, n);
+    int64_t next0 = 0, t = 0; /* worker 0's load, as groups_makespan */
+    for (int32_t i = 0; i < n; i++) {
+        const int64_t end = (int64_t)(i + 1) * hkv;
+        if (next0 < end) {
+            const int64_t span = end - 1 - next0;
+            const int64_t hits = 1 + (span < slots ? 0 : span / slots);
+            t += hits * r[i].cost;
+            next0 += hits * slots;
+        }
+    }
+    const int64_t items = (int64_t)n * hkv, sum = cost * hkv;
+    const int64_t e = grid_estimate(grid, slots, t, sum, items, 0);
+    kva__split_rule rule = {0, 0, 0};
+    int32_t pick = 0;
+    if (!no_split_wins(grid, maxc, sum, slots, sum, items, e, &rule, &pick))
+        return 0;
+    kva__part_builder b;
+    memset(&b, 0, sizeof b);
+    b.items = part->items;
+    b.cap_items = part->cap_items;
+    b.tasks = part->tasks;
+    b.cap_tasks = part->cap_tasks;
+    part->items = NULL;
+    part->tasks = NULL;
+    const int ok = grow((void **)&b.items, &b.cap_items, items + 1, sizeof *b.items);
+    for (int32_t i = 0; ok && i < n; i++) {
+        const kva__unit *x = &u[r[i].count];
+        kva__work_item w = {x->req, 0, x->h0, x->nh, x->i0, x->nq, x->k0, x->k1, -1, 0, x->cost};
+        kva__work_item *it = b.items + (int64_t)i * hkv;
+        for (int32_t k = 0; k < hkv; k++, w.kv_head++)
+            it[k] = w;
+    }
+    b.num_items = ok ? (int32_t)items : 0;
+    kva__partition_params pq = *pp;
+    pq.num_threads = (int32_t)(slots < INT32_MAX ? slots : INT32_MAX);
+    *st = kva__part_finish(plan, &pq, part, &b, 0, ok, out);
+    if (*st == KVA_STATUS_OK) {
+        (*out)->pick = pick;
+        (*out)->decode_path = 1;
+        (*out)->makespan = t;
+        (*out)->estimate = e;
     }
     return 1;
 }
@@ -477,6 +555,10 @@ static kva_status build_grid(const kva_plan *plan, const kva__partition_params *
     s->a.n = 0;
     if (kva__part_list_units(&s->a, plan, &pp, skip_req) < 0)
         goto oom;
+    const int bound = grid->force_splits == 0 && !exhaustive;
+    kva_status dst = KVA_STATUS_OK;
+    if (bound && slots > 1 && build_decodes(plan, &pp, grid, slots, part, out, &dst))
+        return dst; /* decodes that no split can speed up */
     const int32_t ng = list_groups(plan, s);
     if (ng < 0 || !grow((void **)&s->asked, &s->cap_asked, (int64_t)NUM_CANDIDATES * ng + 1,
                         sizeof *s->asked))
@@ -506,7 +588,6 @@ static kva_status build_grid(const kva_plan *plan, const kva__partition_params *
      * every candidate in order (exhaustive); a decode step mostly lists one
      * candidate instead of two or more.
      */
-    const int bound = !former && grid->force_splits == 0 && !exhaustive;
     if (bound) {
         int32_t nruns = 0;
         int64_t sum = 0;
@@ -519,8 +600,12 @@ static kva_status build_grid(const kva_plan *plan, const kva__partition_params *
         best_pick = 0;
         best_nruns = nruns;
         cur = 1 - cur;
+        int64_t maxc = -1;
+        for (int32_t k = 0; k < ng; k++)
+            if (s->groups[k].cap >= 2 && s->groups[k].cost > maxc)
+                maxc = s->groups[k].cost;
         if (slots > 1 &&
-            no_split_wins(grid, s, ng, total, slots, sum, best_items, best_e, &best, &best_pick))
+            no_split_wins(grid, maxc, total, slots, sum, best_items, best_e, &best, &best_pick))
             goto build;
     }
     for (int32_t i = 1; i <= 10; i++) {

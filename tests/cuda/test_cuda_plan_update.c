@@ -17,11 +17,17 @@
  * no host synchronization behind a long first run, so the later uploads
  * queue on the stream while the host fills the staging ring again, through
  * several changes of its half (an upload whose staging were overwritten
- * before its copy ran would give a wrong output). Exits 77 without a GPU.
+ * before its copy ran would give a wrong output). The sequence and the
+ * pipelined steps run with the default minimum copy (KVA__CUDA_UPLOAD_MIN),
+ * then once more with the updated plan's uploads unpadded (only their used
+ * bytes) and once padded to 256 KiB (kva__cuda_context_upload_min: the copy
+ * carries stale staging bytes past the plan's sections). Exits 77 without a
+ * GPU.
  */
 #include "batchgen.h"
 #include "cuda_util.h"
 #include "../../src/plan/partition.h"
+#include "cuda_backend.h" /* kva__cuda_context_upload_min */
 
 #ifdef KVA_HAVE_CUDA
 
@@ -74,18 +80,27 @@ static void check_ref(kva_context *ref, const kva_plan_desc *pd, const kva_cache
     kva_plan_destroy(pr);
 }
 
-static void update_sequence(int reserved)
+/* The updated plan's context's minimum copy (pad): -1 the default, 0 none,
+ * or 256 KiB, more than the unreserved contexts' buffer (the copy then spans
+ * all of it). */
+#define PAD_BYTES (256 << 10)
+
+static void update_sequence(int reserved, int pad)
 {
     kva_context *ctx = NULL, *fresh_ctx = NULL, *ref = NULL;
     kva_context_desc cd = {KVA_BACKEND_CUDA, 0, 0}, rd = {KVA_BACKEND_REF, 1, 0};
     CHECK_OK(kva_context_create(&cd, &ctx));
     CHECK_OK(kva_context_create(&cd, &fresh_ctx));
     CHECK_OK(kva_context_create(&rd, &ref));
+    if (pad >= 0 && ctx) {
+        CHECK(kva__cuda_context_upload_min(ctx, -1) == KVA_STATUS_INVALID_ARGUMENT);
+        CHECK_OK(kva__cuda_context_upload_min(ctx, pad));
+    }
     if (reserved && ctx) {
         const kva_cuda_capacity cap = {256, 16384, 256 * 512, H, HKV, D};
         CHECK_OK(kva_cuda_context_reserve(ctx, &cap));
     }
-    kva_rng rng = {271828u + (uint64_t)reserved};
+    kva_rng rng = {271828u + (uint64_t)reserved + 2u * (uint64_t)(pad + 1)};
     kva_plan *plan = NULL;
     const int steps = kva_test_quick() ? (reserved ? 6 : 12) : 40;
     for (int c = 0; c < steps && ctx && fresh_ctx; c++) {
@@ -174,7 +189,7 @@ typedef struct pipe_step {
     void *dq, *dout;
 } pipe_step;
 
-static void test_update_pipelined(void)
+static void update_pipelined(int pad)
 {
     /* Enough steps that their uploads (tens of KB each, the staged block
      * table capacity included) change the staging ring's 512 KiB half
@@ -187,7 +202,9 @@ static void test_update_pipelined(void)
     CHECK_OK(kva_context_create(&cd, &ctx));
     CHECK_OK(kva_context_create(&cd, &fresh_ctx));
     CHECK_OK(kva_context_create(&rd, &ref));
-    kva_rng rng = {314159};
+    if (pad >= 0 && ctx)
+        CHECK_OK(kva__cuda_context_upload_min(ctx, pad));
+    kva_rng rng = {314159u + (uint64_t)(pad + 1)};
     pipe_step st[STEPS];
     for (int c = 0; c < STEPS && ctx && ref; c++) { /* all set up before the first run */
         pipe_step *p = &st[c];
@@ -256,12 +273,27 @@ static void test_update_pipelined(void)
 
 static void test_update_sequence(void)
 {
-    update_sequence(0);
+    update_sequence(0, -1);
 }
 
 static void test_update_sequence_reserved(void)
 {
-    update_sequence(1);
+    update_sequence(1, -1);
+}
+
+static void test_update_pipelined(void)
+{
+    update_pipelined(-1);
+}
+
+static void test_update_padding(void)
+{
+    update_sequence(0, 0);
+    update_sequence(1, 0);
+    update_pipelined(0);
+    update_sequence(0, PAD_BYTES);
+    update_sequence(1, PAD_BYTES);
+    update_pipelined(PAD_BYTES);
 }
 
 int main(void)
@@ -272,6 +304,7 @@ int main(void)
     RUN(test_update_sequence);
     RUN(test_update_sequence_reserved);
     RUN(test_update_pipelined);
+    RUN(test_update_padding);
     return kva_test_finish();
 }
 

@@ -173,6 +173,9 @@ typedef struct kva__cuda_state {
                                   (kva__cuda_context_balanced; 0, the default, keeps runs
                                   bitwise reproducible) */
     int deferred_write_status; /* kva_cuda_context_set_deferred_write_status */
+    size_t upload_min;         /* a plan's one copy spans at least this many bytes of the
+                                  buffer (KVA__CUDA_UPLOAD_MIN unless a benchmark set it,
+                                  kva__cuda_context_upload_min; 0: its used bytes) */
     void *meta_dev;            /* device metadata buffer */
     void *meta_host;           /* pinned staging ring: two halves (kva__cuda_ring) */
     size_t meta_bytes;         /* size of the device buffer */
@@ -398,6 +401,21 @@ kva_status kva__cuda_context_force_splits(kva_context *ctx, int splits);
  * each partial holds, and the output's last bits, change from run to run);
  * 0, the default, keeps every split item on its own chunk. */
 kva_status kva__cuda_context_balanced(kva_context *ctx, int on);
+
+/* A plan's metadata upload in one copy spans at least this many bytes of the
+ * buffer from its start (at most the whole buffer; the bytes past the plan's
+ * sections are stale staging, as the gaps between sections already are): the
+ * driver takes a shorter host-to-device copy through its own staging on the
+ * host, at a host cost that grows with its size, and a copy of this size or
+ * more by DMA straight from the pinned staging, at a flat and lower one
+ * (dev/host28/copy_sweep.cu measures both; the results logs have the
+ * numbers). The copy engine's time hardly changes at these sizes. */
+#define KVA__CUDA_UPLOAD_MIN ((size_t)32 << 10)
+
+/* Benchmarks: plans uploaded on ctx from now on copy at least `bytes` of the
+ * metadata buffer from its start (as KVA__CUDA_UPLOAD_MIN, the default), to
+ * time the copy's host cost by size; 0 copies the used span only. */
+kva_status kva__cuda_context_upload_min(kva_context *ctx, int64_t bytes);
 
 /* Tests: plans created on ctx from now on decompress the cached context of
  * kva_mla_run's compute-friendly requests in chunks of `keys` keys per

@@ -28,6 +28,7 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx)
     if (!st)
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_context_create: out of memory");
     st->device = ctx->device_id;
+    st->upload_min = KVA__CUDA_UPLOAD_MIN;
     cudaError_t e =
         cudaDeviceGetAttribute(&st->num_sms, cudaDevAttrMultiProcessorCount, st->device);
     st->ring = (kva__cuda_ring *)calloc(1, sizeof *st->ring);

@@ -366,6 +366,10 @@ kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
     for (int i = 0; i < KVA_CUDA_SECTIONS; i++)
         if (len[i] > 0 && off[i] + len[i] > need)
             need = off[i] + len[i];
+    /* The copy's minimum span (KVA__CUDA_UPLOAD_MIN), within the buffer. */
+    const size_t pad = st->upload_min < st->meta_bytes ? st->upload_min : st->meta_bytes;
+    if (need < pad)
+        need = pad;
     char *h = NULL;
     KVA_TRY(staging_acquire(st, need, &h));
 
@@ -444,6 +448,8 @@ kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
             lo = off[i], open = 1;
         hi = off[i] + len[i];
     }
+    if (open && lo == 0 && hi < pad)
+        hi = pad; /* one copy from the buffer's start: padded (a multi-copy upload is not) */
     if (open)
         KVA_TRY(upload(st, h, lo, hi - lo));
     return KVA_STATUS_OK;

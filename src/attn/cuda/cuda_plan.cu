@@ -134,6 +134,17 @@ extern "C" kva_status kva__cuda_context_balanced(kva_context *ctx, int on)
     return KVA_STATUS_OK;
 }
 
+extern "C" kva_status kva__cuda_context_upload_min(kva_context *ctx, int64_t bytes)
+{
+    kva__clear_error();
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
+    if (bytes < 0 || bytes > ((int64_t)1 << 30))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_context_upload_min: bytes = %lld (0..2^30)", (long long)bytes);
+    state_of(ctx)->upload_min = (size_t)bytes;
+    return KVA_STATUS_OK;
+}
+
 /* Resident CTAs per SM of the decode-family kernel (KVA__CUDA_K_DECODE_*) for
  * the shape (0: the kernel cannot be resident), from the context's cache: the
  * occupancy query (with the shared-memory attribute it sets first) is a
