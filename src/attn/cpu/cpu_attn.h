@@ -92,11 +92,6 @@ typedef struct kva__cpu_scratch {
     float *qk;
     int32_t *qc;
     int32_t *kt; /* [KVA_MAX_HEAD_DIM / 4, 16] 16 keys' int8 rows transposed by dwords */
-    /* The chunk's probabilities for the int8-value P.V by VNNI (pv_vq_prepare
-     * in decode_avx512_step.inc): pq [max_rows, 2, KEY_CHUNK] two 15-bit digits
-     * in the keys' visiting order, pw [max_rows, 2] their step and step x sum. */
-    int16_t *pq;
-    float *pw;
     /* KVA_CPU_GROUP_MAX member states of a decode group, each
      * [GROUP_ROWS, D] q, [GROUP_ROWS, Dv] acc, mx, sum, lo, hi [GROUP_ROWS],
      * and qi, qk, qc of GROUP_ROWS rows (kva__cpu_scratch_member). */
@@ -138,7 +133,7 @@ void kva__cpu_scratch_map(void *area, int32_t D, int32_t Dv, kva__cpu_scratch *s
  * per-item state (q, acc, mx, sum, lo, hi, qi, qk, qc; at most
  * KVA_CPU_GROUP_ROWS rows)
  * moved into the member's part of s->group; the arrays that live only
- * during one chunk step (pm, pq, pw, alpha, live, vs, kp, vp, kbuf, vbuf) stay
+ * during one chunk step (pm, alpha, live, vs, kp, vp, kbuf, vbuf) stay
  * shared, since the members' chunk steps never overlap. */
 void kva__cpu_scratch_member(const kva__cpu_scratch *s, int32_t i, int32_t D, int32_t Dv,
                              kva__cpu_scratch *member);

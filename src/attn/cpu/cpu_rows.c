@@ -120,8 +120,6 @@ static size_t scratch_layout(unsigned char *base, int32_t D, int32_t Dv, kva__cp
     ARRAY(s, qk, float, R * 2);
     ARRAY(s, qc, int32_t, R * 4);
     ARRAY(s, kt, int32_t, (size_t)KVA_MAX_HEAD_DIM / 4 * 16);
-    ARRAY(s, pq, int16_t, R * 2 * C);
-    ARRAY(s, pw, float, R * 2);
     if (base)
         s->tile = base + off;
     off += tile_layout(NULL, D, Dv, NULL);

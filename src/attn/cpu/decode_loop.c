@@ -173,8 +173,6 @@ static void item_open(const kva__cpu_run *run, const kva__cpu_decode_isa *isa,
     const int kf = ir->fi.kf;
     if (isa->kq && run->vnni && D % 4 == 0 && (kf == FMT_I8 || kf == FMT_I8S || kf == FMT_I8T))
         ir->fi.kq = kq_prepare(run, &ir->s, ir->g.M, &ir->fi);
-    ir->fi.vq =
-        isa->kq && run->vnni && Dv % 64 == 0 && (ir->fi.vf == FMT_I8 || ir->fi.vf == FMT_I8S);
     /* Strided rows (NHD, Hkv > 1) read in place: key_at's order. */
     ir->fi.ko = isa->key_order && run->cache && run->cache->desc.layout == KVA_LAYOUT_NHD &&
                 run->cache->desc.num_kv_heads > 1 && rows_in_place(run);

@@ -32,7 +32,6 @@ typedef struct fold_info {
     size_t pf_kbytes, pf_vbytes;
     size_t kesz; /* bytes of a K element as stored (key_at's L1 prefetch) */
     int kq;      /* int8 keys scored by VNNI dot products against s->qi */
-    int vq;      /* int8 values (Dv a multiple of 64) summed by VNNI dot products */
     /* Key order of the loops (key_at): 1 where a kv head's rows are strided
      * inside a block (NHD cache with Hkv > 1, rows read in place). */
     int ko;
@@ -126,7 +125,7 @@ typedef struct kva__cpu_decode_isa {
     const kva__cpu_steps *const *pairs; /* [PAIR_COUNT] (cpu_fold.h) */
     const kva__cpu_steps *bf16dot;      /* vdpbf16ps steps for bf16 q and K, or NULL */
     int key_order;                      /* the NHD key order (key_at) is in the steps */
-    int kq; /* int8 keys (scores) and values (P.V) by VNNI where the CPU has AVX512_VNNI */
+    int kq;                             /* int8 keys by VNNI where the CPU has AVX512_VNNI */
     /* Whether the n K rows (kbytes each) or V rows (vbytes) of a chunk of an
      * fp8 cache hold a NaN code (0x7f, 0xff). */
     int (*fp8_nan)(const kva__cpu_chunk_rows *cr, int32_t n, size_t kbytes, size_t vbytes);
