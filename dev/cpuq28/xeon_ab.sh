@@ -5,7 +5,9 @@
 # GQA 1 and 4, BATCH x 16k, D 128, Hkv 8, NHD, --paired).
 # Usage: [ROUNDS=3 THREADS=16 BATCH=16 DEBS=dir FP32=1] bash dev/cpuq28/xeon_ab.sh tag=path/kvattn ...
 # FP32=1 adds per round and binary the int8 GQA 4 row on decode_avx512 (fp32
-# key scores instead of decode_avx512bf16's VNNI dot products).
+# key scores instead of decode_avx512bf16's VNNI dot products). VNNI_PORTS=1
+# first compiles and runs dev/cpuq28/vnni_ports.c (one core: 512-bit VNNI
+# and FMA throughput alone and mixed; needs gcc), under a second.
 # Binaries built elsewhere (Release, -DKVA_CUDA=OFF) may need the optional
 # libraries of the dev VM: .deb files in DEBS are unpacked and put on
 # LD_LIBRARY_PATH when a binary lacks one.
@@ -19,6 +21,9 @@ if [ -n "${DEBS:-}" ] && [ -d "$DEBS" ]; then
 fi
 echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc); flags:" \
   "$(grep -m1 -o -w -e avx512_vnni -e avx512_bf16 -e amx_int8 /proc/cpuinfo | sort -u | tr '\n' ' ')"
+if [ "${VNNI_PORTS:-0}" = 1 ]; then
+  gcc -O2 -mavx512f -mavx512vnni -o /tmp/vnni_ports dev/cpuq28/vnni_ports.c && taskset -c 0 /tmp/vnni_ports
+fi
 for a in "$@"; do
   echo "binary ${a%%=*}: ${a#*=} $(ldd "${a#*=}" | grep -c 'not found') libraries not found"
 done
