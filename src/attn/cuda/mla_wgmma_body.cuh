@@ -64,8 +64,8 @@
  * by the other warpgroup's remote P V); S walks the column blocks in the
  * same order and waits for each part just before it. MW_SCHED_ALT_EARLY
  * also issues the next tile's S over part 0 right behind the remote P V
- * (the sparse fp8_ds_mla rows gain from it; the dense FP8 rows, whose
- * conversion is cheaper, lost a little to the spills it costs).
+ * (measured faster for the sparse fp8_ds_mla rows, slower for the dense
+ * FP8 ones, which then spill more).
  *
  * The S and P V issue sequences are instantiated per warpgroup and picked by
  * a warpgroup-uniform branch, so that their descriptors are constant offsets
