@@ -50,7 +50,7 @@ if [ "${KVA_MEMCHECK:-1}" = 1 ]; then
     >"$o/memcheck.log" 2>&1
   say "memcheck test_cuda_mla quick rc=$?: $(grep -E 'ERROR SUMMARY' "$o/memcheck.log" | tail -1)"
 fi
-say "## table (ms, medians of the rounds; check_bad of new r1 above must be 0)"
+say "## table: ms per round, base then new (check_bad of new r1 above must be 0; sparse rows \"check ok\")"
 for m in "${ROWS[@]}" "sparse fp8_ds_mla decode q2 topk 2048|"; do
   n=${m%%|*}
   b=$(grep -E "^r[0-9]+ base $n:" "$log" | grep -oE '"ms": [0-9.]+|[0-9.]+ ms' | grep -oE '[0-9.]+' | head -9 | tr '\n' ' ')
