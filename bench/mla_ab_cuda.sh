@@ -15,6 +15,8 @@
 #   KVA_STEPS         default "test bench"; also "ncu", "memcheck", "graph", "suite"
 #                     (the whole `kvattn bench --mla-sparse` suite, base then mine, once)
 #   KVA_ROUNDS        default 2
+#   KVA_SHAPES        bash regex of the dense rows' names to run (default all;
+#                     e.g. "H128" skips the H 16 rows, which run mma.sync)
 #   KVA_NCU_ARGS      bench_cuda_mla arguments of the ncu shape (default H 16, 16k)
 #   OUT               logs (default /tmp/out); l/ holds the raw logs, tarred at the end
 set -u
@@ -104,6 +106,7 @@ if has bench; then
       s=""; [ $v = base ] && s=_base
       chk=0; [ "$r" = 1 ] && [ $v = mine ] && chk=1
       for m in "${SHAPES[@]}"; do
+        [[ "${m%%|*}" =~ ${KVA_SHAPES:-.} ]] || continue
         j=$(timeout 60 b/bench_cuda_mla$s ${m#*|} --iters 30 --check $chk 2>>"$o/l/bench_$v.err" | tail -1)
         echo "r$r $v ${m%%|*}: $(echo "$j" | grep -oE '"ms": [0-9.]+|"check_bad": [-0-9]+|"items": [0-9]+|"tasks": [0-9]+' | tr '\n' ' ')"
       done

@@ -11,12 +11,14 @@
  * split partials or outputs of ml_finish.
  *
  * The policy's FP8 parameter: an FP8 E4M3 latent cache (one k_scale,
- * mla_decode_common.cuh). Its rows are loaded by the CTA (thread t: 144
- * bytes of key t / 4) and converted exactly into the 16-bit tile, as the
- * sparse policy does with fp8_ds_mla rows: the first tile in the item's
- * setup, tile kb + 64 during tile kb's P V (land), after the rows of the
- * tile after it were prefetched into L2 during tile kb's S (next); the
- * scale multiplies the logits' scale and the output rows.
+ * mla_decode_common.cuh). Its rows are loaded by the filling warpgroup of
+ * the body's alternating-tile schedule (MW_SCHED_ALT; 2 threads per key)
+ * and converted exactly into the 16-bit tile, as the sparse policy does
+ * with fp8_ds_mla rows: each warpgroup converts the rows of its own tiles
+ * in the body's two fill parts, the rows of its next tile prefetched into
+ * L2 a pair of tiles ahead; the scale multiplies the logits' scale and the
+ * output rows. 16-bit caches keep the split-key schedule (MW_SCHED_SPLIT,
+ * cp.async copies).
  */
 extern "C" {
 #include "cuda_backend.h"
@@ -34,52 +36,25 @@ extern "C" {
  * FP8: the cache holds FP8 E4M3 codes (above). */
 template <typename Ty, bool FP8> struct mw_dense {
     typedef kva__cuda_attn_args args;
+    static constexpr int SCHED = FP8 ? MW_SCHED_ALT : MW_SCHED_SPLIT;
     ml_item mi;
     bool skip;
     int32_t k0, kend;
     int32_t lo[2], hi[2], pos[2], lo_all, hi_all;
     float slope[2];
-    int64_t row1, row2; /* FP8: the thread's key row in the next tile and the one after */
+    int64_t row, rown; /* FP8: the fill thread's key row in the tile being filled, in the next */
 
     static __device__ __forceinline__ int32_t items(const args &a)
     {
         return a.meta.hdr[KVA_CUDA_HDR_ITEMS];
     }
-    /* FP8: `row` (zeros for -1) as key tid / 4 of the tile at stage, bytes
-     * 144 c .. 144 c + 143 (c = tid % 4: 16-bit chunks 18 c .. 18 c + 17). */
-    __device__ __forceinline__ void land_row(const args &a, int64_t row, uint32_t stage) const
+    /* FP8: the fill thread's cache row in tile kb (-1 past kend). */
+    __device__ __forceinline__ int64_t key_row(const args &a, int32_t kb) const
     {
-        const int key = threadIdx.x >> 2, c = threadIdx.x & 3;
-        uint4 raw[9];
-        if (row >= 0) {
-            const uint4 *src =
-                reinterpret_cast<const uint4 *>((const unsigned char *)a.k + row * ML_D + 144 * c);
-#pragma unroll
-            for (int i = 0; i < 9; i++)
-                raw[i] = __ldg(src + i);
-        } else {
-#pragma unroll
-            for (int i = 0; i < 9; i++)
-                raw[i] = make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int i = 0; i < 9; i++) {
-            const int ch = 18 * c + 2 * i;
-            mw_st16(stage + ml_off<MW_BN>(key, ch), kva__fp8x8_as<Ty>(make_uint2(raw[i].x, raw[i].y)));
-            mw_st16(stage + ml_off<MW_BN>(key, ch + 1),
-                    kva__fp8x8_as<Ty>(make_uint2(raw[i].z, raw[i].w)));
-        }
+        return ml_row<MW_BN, MW_WT>(a, mi.bt_row, kb, kend, threadIdx.x & (MW_WT - 1));
     }
-    /* FP8: the rows of the thread's key in the tile at kb into L2. */
-    __device__ __forceinline__ int64_t prefetch(const args &a, int32_t kb) const
-    {
-        const int64_t row = ml_row<MW_BN>(a, mi.bt_row, kb, kend);
-        if (row >= 0 && (threadIdx.x & 3) == 0)
-            mw_prefetch_l2((const unsigned char *)a.k + row * ML_D, ML_D);
-        return row;
-    }
-    /* Item it: its first tile's copies (committed) or (FP8) converted tile,
-     * Q, the mask bounds. */
+    /* Item it: 16-bit: its first tile's copies (committed) and Q; FP8: the
+     * row of the fill thread's first tile; the mask bounds. */
     __device__ __forceinline__ mw_dense(const args &a, int32_t it, uint32_t sK,
                                         unsigned char *q_gen, int r0)
     {
@@ -88,42 +63,69 @@ template <typename Ty, bool FP8> struct mw_dense {
         k0 = mi.w.k0;
         kend = mi.w.k1;
         if constexpr (FP8) {
-            row1 = prefetch(a, k0 + MW_BN);
-            row2 = -1;
-            if (k0 < kend)
-                land_row(a, ml_row<MW_BN>(a, mi.bt_row, k0, kend), sK);
+            rown = key_row(a, k0 + (threadIdx.x >= MW_WT ? MW_BN : 0));
         } else {
             if (k0 < kend)
                 ml_issue<MW_BN, MW_BN>(a, mi.bt_row, k0, kend, sK);
+            kva__cp_async_commit();
+            ml_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi.w, mi.nrows, mi.qs, q_gen);
         }
-        kva__cp_async_commit();
-        ml_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi.w, mi.nrows, mi.qs, q_gen);
         kva__dmma_rows(a, mi.w, mi.nrows, mi.s, mi.q_len, r0, lo, hi, pos, slope, lo_all, hi_all);
     }
+    /* 16-bit (MW_SCHED_SPLIT): the copies of tile kb; nothing lands later. */
     __device__ __forceinline__ void next(const args &a, int32_t kb, uint32_t stage, int)
     {
-        if constexpr (FP8) { /* the tile after kb into L2 (kb itself lands during P V) */
-            if (kb < kend)
-                row2 = prefetch(a, kb + MW_BN);
-        } else {
-            if (kb < kend)
-                ml_issue<MW_BN, MW_BN>(a, mi.bt_row, kb, kend, stage);
-        }
+        if (kb < kend)
+            ml_issue<MW_BN, MW_BN>(a, mi.bt_row, kb, kend, stage);
     }
-    __device__ __forceinline__ void land(const args &a, int32_t kb, uint32_t stage, int)
-    {
-        if constexpr (FP8) {
-            if (kb < kend) {
-                land_row(a, row1, stage);
-                row1 = row2;
-            }
-        }
-    }
+    __device__ __forceinline__ void land(const args &, int32_t, uint32_t, int) {}
     __device__ __forceinline__ void logits(float (&sc)[4][4], const args &a, float scale_log2,
                                            int32_t kb, int wg, int t4, int)
     {
-        kva__dmma_logits<32>(sc, a, FP8 ? scale_log2 * a.kv_scale : scale_log2, kb + wg * 32, t4,
-                             lo_all, hi_all, lo, hi, pos, slope);
+        kva__dmma_logits<32>(sc, a, scale_log2, kb + wg * 32, t4, lo_all, hi_all, lo, hi, pos,
+                             slope);
+    }
+    /* FP8 (MW_SCHED_ALT): Q, then part PART of tile kb loaded and converted
+     * exactly (thread half c: codes 64 b + 32 c .. + 31 of each block b);
+     * with part 0 the row of the warpgroup's next tile is looked up and
+     * prefetched into L2 (a pair of tiles ahead). */
+    __device__ __forceinline__ void stage_q(const args &a, unsigned char *q_gen) const
+    {
+        ml_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi.w, mi.nrows, mi.qs, q_gen);
+    }
+    template <int WG, int PART>
+    __device__ __forceinline__ void fill(const args &a, int32_t kb, uint32_t stage, int)
+    {
+        if (PART == 0) {
+            row = rown;
+            rown = key_row(a, kb + 2 * MW_BN);
+            if (rown >= 0 && mw_fhalf() == 0)
+                mw_prefetch_l2((const unsigned char *)a.k + rown * ML_D, ML_D);
+        }
+        const uint4 *src = reinterpret_cast<const uint4 *>((const unsigned char *)a.k +
+                                                           (row >= 0 ? row : 0) * ML_D) +
+                           2 * mw_fhalf();
+#pragma unroll
+        for (int i = 0; i < MW_FNB(PART); i++) {
+            const int b = mw_fblk<WG, PART>(i);
+            uint4 raw[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                raw[h] = row >= 0 ? __ldg(src + 4 * b + h) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                mw_st16(mw_fill_at(stage, b, 2 * h),
+                        kva__fp8x8_as<Ty>(make_uint2(raw[h].x, raw[h].y)));
+                mw_st16(mw_fill_at(stage, b, 2 * h + 1),
+                        kva__fp8x8_as<Ty>(make_uint2(raw[h].z, raw[h].w)));
+            }
+        }
+    }
+    __device__ __forceinline__ void logits(float (&sc)[8][4], const args &a, float scale_log2,
+                                           int32_t kb, int t4, int)
+    {
+        kva__dmma_logits<64>(sc, a, scale_log2 * a.kv_scale, kb, t4, lo_all, hi_all, lo, hi, pos,
+                             slope);
     }
     __device__ __forceinline__ void finish(const args &a, float (*s_sum)[64], int wg, int r0,
                                            int t4, float l_run[2], const float m_run[2],
@@ -170,5 +172,5 @@ extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, k
                          "cache with f16/bf16 q (got "
                          "D = %d, Dv = %d, Hkv = %d, dtype = %s)",
                          (int)a->D, (int)a->Dv, (int)a->Hkv, kva_dtype_name(dtype));
-    return ml_launch(fn, MW_SMEM, a, grid, stream);
+    return ml_launch(fn, a->kv_fp8 ? MW_SMEM_ALT : MW_SMEM, a, grid, stream);
 }

@@ -12,15 +12,17 @@
  *
  * Two row formats (the policy's FP8 parameter):
  *   16-bit rows (a latent cache of the q dtype, or the dense rows): copied
- *     by cp.async into the ring like the dense decode's tiles, the row of
- *     each thread's key looked up one tile ahead;
- *   fp8_ds_mla rows (656 bytes): each row is prefetched into L2 two tiles
- *     ahead (one bulk prefetch), then, while the previous tile's P V runs,
- *     loaded by its 4 threads (thread c: c_kv tile c's 128 codes and scale,
- *     k_pe values 16 c .. 16 c + 15) into registers and written into the
- *     ring as q-dtype values code * scale (fp32 product, rounded once), as
- *     FlashMLA's sparse kernels and this backend's separate mode read them.
- *     Each row is converted once per head tile (H 128: twice per token).
+ *     by cp.async into the ring like the dense decode's tiles (the body's
+ *     split-key schedule, MW_SCHED_SPLIT), the row of each thread's key
+ *     looked up one tile ahead;
+ *   fp8_ds_mla rows (656 bytes), on the body's alternating-tile schedule
+ *     with the early S (MW_SCHED_ALT_EARLY): each row is prefetched into L2
+ *     one tile of its warpgroup ahead (one bulk prefetch), then, in the
+ *     body's two fill parts, loaded by its 2 threads into registers and
+ *     written into the ring as q-dtype values code * scale (fp32 product,
+ *     rounded once), as FlashMLA's sparse kernels and this backend's
+ *     separate mode read them. Each row is converted once per head tile
+ *     (H 128: twice per token).
  * Split partials and their merge are mla_sparse.cu's (ml_finish with sp_dst,
  * sp_merge_kernel), so the launch geometry is the mma.sync kernel's with
  * 64-row head tiles.
@@ -55,14 +57,17 @@ static __device__ __forceinline__ int64_t ms_row(const sp_args &a, const int32_t
 }
 
 /* The sparse work policy of mla_wgmma_kernel (interface: mla_wgmma_body.cuh).
- * Thread tid copies or converts key tid / 4 of every tile (part tid % 4). */
+ * 16-bit rows: thread tid copies key tid / 4 of every tile (part tid % 4);
+ * fp8_ds_mla: the fill thread (2 per key) converts its half of its key. */
 template <typename Ty, bool FP8> struct ms_sparse {
     typedef sp_args args;
+    static constexpr int SCHED = FP8 ? MW_SCHED_ALT_EARLY : MW_SCHED_SPLIT;
     sp_item mi;
     bool skip;
     int32_t k0, kend;
-    int64_t row1, row2; /* the thread's key row in the next tile and (fp8) the one after */
-    int32_t pnext;      /* its entry's position in the tile after those */
+    int64_t row1;      /* 16-bit: the thread's key row in the next tile */
+    int32_t pnext;     /* its entry's position in the tile after that */
+    int64_t row, rown; /* fp8: the fill thread's key row in the tile being filled, in the next */
 
     static __device__ __forceinline__ int32_t items(const args &a)
     {
@@ -72,61 +77,29 @@ template <typename Ty, bool FP8> struct ms_sparse {
     {
         return j < kend ? __ldg(mi.idx_row + j) : -1;
     }
-    /* fp8_ds_mla: row (or zeros for -1) as key `key` of the tile at stage,
-     * part c = tid % 4, in the q dtype. */
-    __device__ __forceinline__ void convert(const args &a, int64_t row, uint32_t stage) const
+    /* fp8_ds_mla: the fill thread's cache row in tile kb (-1: unused entry
+     * or past kend). */
+    __device__ __forceinline__ int64_t key_row(const args &a, int32_t kb) const
     {
-        const int key = threadIdx.x >> 2, c = threadIdx.x & 3;
-        uint4 cw[8], pe[2];
-        float scl = 0.f;
-        if (row >= 0) {
-            const unsigned char *src = a.rows + row * sp_ds_mla::ROW;
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                cw[i] = __ldg(reinterpret_cast<const uint4 *>(src + 128 * c) + i);
-            scl = __ldg(reinterpret_cast<const float *>(src + ML_DV) + c);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-                pe[i] = __ldg(reinterpret_cast<const uint4 *>(src + ML_DV + 16 + 32 * c) + i);
-        } else {
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                cw[i] = make_uint4(0, 0, 0, 0);
-            pe[0] = pe[1] = make_uint4(0, 0, 0, 0);
-        }
-        const uint32_t base = stage + (uint32_t)(key * 128);
-        /* c_kv tile c: chunks 16 c + k (8 codes each) in column blocks 2 c, 2 c + 1. */
-#pragma unroll
-        for (int k = 0; k < 16; k++) {
-            const uint32_t lo = k & 1 ? cw[k >> 1].z : cw[k >> 1].x;
-            const uint32_t hi = k & 1 ? cw[k >> 1].w : cw[k >> 1].y;
-            uint32_t w[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const uint32_t word = i < 2 ? lo : hi;
-                const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-                    (__nv_fp8x2_storage_t)((word >> (16 * (i & 1))) & 0xffffu), __NV_E4M3);
-                const float2 f = __half22float2(__half2(h));
-                w[i] = Ty::pack(f.x * scl, f.y * scl);
-            }
-            const int ch = 16 * c + k;
-            mw_st16(base + (uint32_t)((ch >> 3) * MW_BN * 128 + (((ch & 7) ^ (key & 7)) << 4)),
-                    make_uint4(w[0], w[1], w[2], w[3]));
-        }
-        /* k_pe values 16 c .. 16 c + 15: chunks 64 + 2 c + i, column block 8. */
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const uint32_t bw[4] = {pe[i].x, pe[i].y, pe[i].z, pe[i].w};
-            uint32_t w[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                w[e] = Ty::pack(__uint_as_float(bw[e] << 16), __uint_as_float(bw[e] & 0xffff0000u));
-            const int ch = 2 * c + i;
-            mw_st16(base + (uint32_t)(8 * MW_BN * 128 + ((ch ^ (key & 7)) << 4)),
-                    make_uint4(w[0], w[1], w[2], w[3]));
-        }
+        const int32_t j = kb + mw_fkey();
+        return ms_row(a, mi.bt_row, j < kend ? __ldg(mi.idx_row + j) : -1, mi.s);
     }
-    /* Item it: token, head tile, split; the first tile in stage 0, Q. */
+    /* fp8_ds_mla: 8 codes (c) times the tile scale scl, in the q dtype. */
+    static __device__ __forceinline__ uint4 cvt8(uint2 c, float scl)
+    {
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t word = i < 2 ? c.x : c.y;
+            const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+                (__nv_fp8x2_storage_t)((word >> (16 * (i & 1))) & 0xffffu), __NV_E4M3);
+            const float2 f = __half22float2(__half2(h));
+            w[i] = Ty::pack(f.x * scl, f.y * scl);
+        }
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    /* Item it: token, head tile, split; 16-bit: the first tile in stage 0,
+     * Q; fp8_ds_mla: the row of the fill thread's first tile. */
     __device__ __forceinline__ ms_sparse(const args &a, int32_t it, uint32_t sK,
                                          unsigned char *q_gen, int)
     {
@@ -136,24 +109,18 @@ template <typename Ty, bool FP8> struct ms_sparse {
             return;
         k0 = mi.kbeg;
         kend = mi.kend;
-
-        const int key = threadIdx.x >> 2;
-        const int64_t first = ms_row(a, mi.bt_row, pos(k0 + key), mi.s);
-        if (FP8) {
-            row1 = ms_row(a, mi.bt_row, pos(k0 + MW_BN + key), mi.s);
-            if (row1 >= 0 && (threadIdx.x & 3) == 0)
-                mw_prefetch_l2(a.rows + row1 * sp_ds_mla::ROW, sp_ds_mla::ROW);
-            if (k0 < kend)
-                land_row(a, first, sK, 0);
+        if constexpr (FP8) {
+            rown = key_row(a, k0 + (threadIdx.x >= MW_WT ? MW_BN : 0));
         } else {
+            const int key = threadIdx.x >> 2;
+            const int64_t first = ms_row(a, mi.bt_row, pos(k0 + key), mi.s);
             if (k0 < kend)
                 issue_row(a, first, sK, 0);
             row1 = ms_row(a, mi.bt_row, pos(k0 + MW_BN + key), mi.s);
+            pnext = pos(k0 + 2 * MW_BN + key);
+            kva__cp_async_commit();
+            sp_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi, q_gen);
         }
-        row2 = -1;
-        pnext = pos(k0 + 2 * MW_BN + key);
-        kva__cp_async_commit();
-        sp_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi, q_gen);
     }
     /* 16-bit rows: the copies of `row` as the thread's key (cp.async). */
     __device__ __forceinline__ void issue_row(const args &a, int64_t row, uint32_t stage,
@@ -163,36 +130,17 @@ template <typename Ty, bool FP8> struct ms_sparse {
         if ((threadIdx.x & 3) == 0)
             ms_ok()[st][threadIdx.x >> 2] = row >= 0;
     }
-    /* fp8_ds_mla: `row` converted into the thread's part of its key. */
-    __device__ __forceinline__ void land_row(const args &a, int64_t row, uint32_t stage,
-                                             int st) const
-    {
-        convert(a, row, stage);
-        if ((threadIdx.x & 3) == 0)
-            ms_ok()[st][threadIdx.x >> 2] = row >= 0;
-    }
+    /* 16-bit (MW_SCHED_SPLIT): the copies of tile kb; nothing lands later. */
     __device__ __forceinline__ void next(const args &a, int32_t kb, uint32_t stage, int st)
     {
         if (kb >= kend)
             return;
         const int key = threadIdx.x >> 2;
-        if (FP8) { /* the tile after kb into L2 (its rows are loaded during kb - 64's P V) */
-            row2 = ms_row(a, mi.bt_row, pnext, mi.s);
-            if (row2 >= 0 && (threadIdx.x & 3) == 0)
-                mw_prefetch_l2(a.rows + row2 * sp_ds_mla::ROW, sp_ds_mla::ROW);
-        } else {
-            issue_row(a, row1, stage, st);
-            row1 = ms_row(a, mi.bt_row, pnext, mi.s);
-        }
+        issue_row(a, row1, stage, st);
+        row1 = ms_row(a, mi.bt_row, pnext, mi.s);
         pnext = pos(kb + 2 * MW_BN + key);
     }
-    __device__ __forceinline__ void land(const args &a, int32_t kb, uint32_t stage, int st)
-    {
-        if (!FP8 || kb >= kend)
-            return;
-        land_row(a, row1, stage, st);
-        row1 = row2;
-    }
+    __device__ __forceinline__ void land(const args &, int32_t, uint32_t, int) {}
     __device__ __forceinline__ void logits(float (&sc)[4][4], const args &, float scale_log2,
                                            int32_t, int wg, int t4, int st) const
     {
@@ -203,6 +151,78 @@ template <typename Ty, bool FP8> struct ms_sparse {
             for (int e = 0; e < 4; e++)
                 sc[j][e] =
                     ok[wg * 32 + j * 8 + 2 * t4 + (e & 1)] ? sc[j][e] * scale_log2 : -INFINITY;
+    }
+    /* fp8_ds_mla (MW_SCHED_ALT_EARLY): Q, then part PART of tile kb (flags
+     * of its keys with part 0): rows loaded and converted (thread half c:
+     * codes 64 b + 32 c .. + 31 of block b < 8 times their tile's scale, k_pe
+     * values 32 c .. 32 c + 31 for block 8); after part 1 the rows of the
+     * warpgroup's next tile are looked up and prefetched into L2. */
+    __device__ __forceinline__ void stage_q(const args &a, unsigned char *q_gen) const
+    {
+        sp_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi, q_gen);
+    }
+    template <int WG, int PART>
+    __device__ __forceinline__ void fill(const args &a, int32_t kb, uint32_t stage, int st)
+    {
+        if (PART == 0) {
+            row = rown;
+            if (mw_fhalf() == 0)
+                ms_ok()[st][mw_fkey()] = row >= 0;
+        }
+        const unsigned char *src = a.rows + (row >= 0 ? row : 0) * sp_ds_mla::ROW;
+        const int c = mw_fhalf();
+#pragma unroll
+        for (int i = 0; i < MW_FNB(PART); i++) {
+            const int b = mw_fblk<WG, PART>(i);
+            if (b < 8) {
+                uint4 raw[2];
+                float scl = 0.f;
+                if (row >= 0) {
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        raw[h] = __ldg(reinterpret_cast<const uint4 *>(src + 64 * b + 32 * c) + h);
+                    scl = __ldg(reinterpret_cast<const float *>(src + ML_DV) + (b >> 1));
+                } else {
+                    raw[0] = raw[1] = make_uint4(0, 0, 0, 0);
+                }
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    mw_st16(mw_fill_at(stage, b, 2 * h), cvt8(make_uint2(raw[h].x, raw[h].y), scl));
+                    mw_st16(mw_fill_at(stage, b, 2 * h + 1),
+                            cvt8(make_uint2(raw[h].z, raw[h].w), scl));
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const uint4 pe =
+                        row >= 0
+                            ? __ldg(reinterpret_cast<const uint4 *>(src + ML_DV + 16) + 4 * c + k)
+                            : make_uint4(0, 0, 0, 0);
+                    const uint32_t bw[4] = {pe.x, pe.y, pe.z, pe.w};
+                    uint32_t w[4];
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        w[e] = Ty::pack(__uint_as_float(bw[e] << 16),
+                                        __uint_as_float(bw[e] & 0xffff0000u));
+                    mw_st16(mw_fill_at(stage, b, k), make_uint4(w[0], w[1], w[2], w[3]));
+                }
+            }
+        }
+        if (PART == 1) { /* the rows of the warpgroup's next tile into L2 */
+            rown = key_row(a, kb + 2 * MW_BN);
+            if (rown >= 0 && mw_fhalf() == 0)
+                mw_prefetch_l2(a.rows + rown * sp_ds_mla::ROW, sp_ds_mla::ROW);
+        }
+    }
+    __device__ __forceinline__ void logits(float (&sc)[8][4], const args &, float scale_log2,
+                                           int32_t, int t4, int st) const
+    {
+        const int *ok = ms_ok()[st];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                sc[j][e] = ok[j * 8 + 2 * t4 + (e & 1)] ? sc[j][e] * scale_log2 : -INFINITY;
     }
     __device__ __forceinline__ void finish(const args &a, float (*s_sum)[64], int wg, int r0,
                                            int t4, float l_run[2], const float m_run[2],
@@ -242,8 +262,9 @@ kva_status kva__cuda_sparse_wgmma_launch(const sp_args *a, kva_dtype q_dtype, in
                          "kva_mla_sparse_run: mla_decode_wgmma_sm90 needs an sm_90a build and "
                          "device and f16/bf16 q (got %s)",
                          kva_dtype_name(q_dtype));
-    KVA_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, MW_SMEM));
-    fn<<<grid, ML_NT, (size_t)MW_SMEM, (cudaStream_t)stream>>>(*a);
+    const int smem = fp8 ? MW_SMEM_ALT : MW_SMEM;
+    KVA_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    fn<<<grid, ML_NT, (size_t)smem, (cudaStream_t)stream>>>(*a);
     KVA_CUDA_LAUNCHED("mla_sparse wgmma kernel");
     return KVA_STATUS_OK;
 }
