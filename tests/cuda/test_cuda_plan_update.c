@@ -27,9 +27,9 @@
 #include "batchgen.h"
 #include "cuda_util.h"
 #include "../../src/plan/partition.h"
-#include "cuda_backend.h" /* kva__cuda_context_upload_min */
 
 #ifdef KVA_HAVE_CUDA
+#include "cuda_backend.h" /* kva__cuda_context_upload_min (CUDA builds only) */
 
 enum { H = 16, HKV = 4, D = 128, BS = 16 };
 #define DT KVA_DTYPE_BF16
