@@ -10,49 +10,16 @@
  * so the build compiles them in parallel.
  *
  * One CTA (4 warps) runs one item at a time (persistent grid: CTA b runs items
- * b, b + gridDim.x, ... of the count in the device header). An item holds up
- * to 16 attention rows (nq query tokens x nh heads of one kv head), packed
- * into the M dimension of one m16 tile: a decode of a GQA-4 model fills 4 of
- * the 16 rows, a speculative decode of 4 tokens all 16, so the K/V rows of
- * the item are read once for every row.
- *
- *   - The item's keys are cut into steps of P::BNW (16 or 32); warp w takes
- *     steps w, w + 4, ... (a split item on the balanced schedule: whole
- *     units of its task's keys as they come, dm_steps below) and keeps its
- *     own online-softmax state (m, l and O [16, D] in mma accumulators).
- *     Each warp copies its steps (K and V [BNW, D], gathered through the
- *     block table: NHD or HND, any block size, ragged as NHD with B = 1 where
- *     the policy allows) with cp.async into a private ring of P::NST stages
- *     in shared memory (NST - 1 steps in flight per warp), so warps never
- *     wait for each other inside the key loop; with P::ROWS_AHEAD the
- *     block-table entries of a step are read one step before its copies. With
- *     P::ISSUE_FIRST the first NST - 1 steps are issued before Q is staged
- *     (the rings are free: the previous item ended with a barrier after its
- *     merge), else after.
- *   - Q [16, D] (rows past the item's zero) is staged in shared memory once
- *     per item by the policy (16-bit: as it is; quantized: Q' = q times the
- *     key scales).
- *   - S = Q K^T [16, BNW] per step (the policy's mma loop); scores in log2
- *     units (scale * log2 e), soft-cap and ALiBi on CTA-uniform branches, the
- *     mask per element only on steps not fully visible to every row (causal
- *     inside the speculative tokens, window, chunk edges, draft trees).
- *   - P stays in registers as the A operand of O += P V (the policy's).
- *   - At the end the warps merge through shared memory (the ring's space) and
- *     the CTA writes out/lse, or a split partial. The CTA that writes the
- *     last partial of a split task (a count per task: the task's done word)
- *     merges the task's partials into out/lse (kva__merge_split_cta,
- *     lse_merge.cuh: every thread one row's 4 channels over all partials;
- *     from a copy of the partials in the free rings, dm_merge_smem, where
- *     they fit), so no merge kernel runs after this one; the sink enters there or here,
- *     once. The task's record (partial block, split count, keys) is read
- *     when the item starts, so the epilogue has no dependent read.
- * Keys at or past the item's end are zero-filled (cp.async with source size
- * 0) and their block-table entries never read, so NaN in unused cache slots
- * cannot reach P V.
- * Eager launches on sm_90 are programmatic dependent launches
- * (dm_launch_go): the CTAs wait for the previous kernel at the top of the
- * body, and each CTA lets the next kernel launch when it starts its last
- * item, so back-to-back launches overlap their start with the tail.
+ * b, b + gridDim.x, ... of the device header's count). An item's up to 16
+ * attention rows (nq query tokens x nh heads of one kv head) fill the M rows
+ * of one m16 tile, so its K/V rows are read once for all of them. Warp w takes
+ * key steps w, w + 4, ... of P::BNW keys (the balanced schedule: units of the
+ * task's keys as they come, dm_steps), each warp with its own online softmax
+ * and its own cp.async ring of P::NST stages; the warps merge at the end and
+ * the CTA that writes a split task's last partial merges the task. Keys past
+ * the item's end are zero-filled and their block-table entries never read.
+ * The design (rings, masks, merge, programmatic dependent launch) is
+ * docs/cuda.md, "The decode kernels".
  *
  * A load policy P (a struct of static members) gives:
  *   Args                the kernel's argument struct; attn(q) its attention

@@ -12,43 +12,17 @@
  * in decode_mma_quant_{i8,fp8,v16}.cu (f16 and bf16 q, D 64 / 128 / 256) so
  * the build compiles them in parallel; decode_mma_quant.cu is the host side.
  *
- * As for 16-bit caches: persistent CTAs of 4 warps, one item at a time; warp
- * w takes the steps of BNW keys w, w + 4, ... of the item (BNW = 32 for
- * 1-byte V at D <= 128, else 16) and copies K and V [BNW, D] (and the BNW
- * per-token key scales) with cp.async into a private ring of NST stages
- * (1-byte K and V at D <= 128 under the L2 evict-first policy, and the block-
- * table entry of the warp's next step prefetched to L1 with each step); its
- * own online softmax; the warps merge through shared memory at the end;
- * split partials as the 16-bit policy's. The configuration is described at
- * qm_load (its measurements: bench/results/2026-11-22_performance-journal.md).
- *
- * The mma runs in f16 (m16n8k16, fp32 accumulation); the codes are turned
- * into f16 exactly in registers:
- *   int8: 0x6400 | (c ^ 0x80) is the f16 1024 + 128 + c (one byte_perm per
- *         two codes); K codes minus 1152 (one hsub2 per two, exact scores),
- *         V codes keep the bias, taken off O once at the end (pv);
- *   fp8:  cvt e4m3x2 -> f16x2 (exact; NaN kept).
- * The scales never enter the key loop:
- *   S = Q' K^T with Q'_c = q_c s_c (K scale folded, rounded to f16 once per
- *       item as hi + lo; each row scaled first by the power of two that
- *       brings its max |Q'| into [2^14, 2^15), undone on the scores, so
- *       Q' neither overflows f16 nor falls into its subnormals whatever
- *       the magnitude of q and s: kva__q_row_exp), minus
- *       qo = sum_c Q'_c o_c per row (INT8_CHANNEL offsets), or
- *       times the per-token key scale of each score column (INT8_TOKEN_K);
- *   O = P C_V (codes), and at the end out_c = s_c (O_c - o_c l) / l;
- *   INT8_TOKEN_K_V16: O = P V with P in V's dtype and V by ldmatrix.trans,
- *   as decode_mma.cu (no V scales).
- * Fragments from bytes (no ldmatrix for 8-bit elements on sm_90): the sum
- * over channels of S does not depend on which mma k index holds which
- * channel, so lane (g4, t4) takes channels 16 t4 .. +15 of each 64 (one
- * 16-byte load of a K row gives 4 k-steps) and Q' is laid out to match, in
- * the order of the A fragments (qm_qword: one 16-byte load per fragment,
- * no register moves to assemble it). For
- * P V the k index is the key: lane (g4, t4) loads 4 channels of the keys
- * 2t4, 2t4+1, 2t4+8, 2t4+9 (4-byte loads) and byte_perm regroups them into
- * the B fragments of 4 n-tiles whose column g4 is channel 4 g4 + j of each
- * 32: output channel (tile 4g + j, column n) is 32 g + 4 n + j.
+ * The design is docs/cuda.md, "Quantized caches": steps of BNW keys (32 for
+ * 1-byte V at D <= 128, else 16) with their per-token key scales in a ring of
+ * NST stages (configuration at qm_load); codes turned into f16 exactly in
+ * registers (int8: 0x6400 | (c ^ 0x80) = 1024 + 128 + c, K codes minus 1152,
+ * V's bias taken off O once in pv; fp8: cvt e4m3x2 -> f16x2); the scales
+ * never enter the key loop (S = Q' K^T with Q'_c = q_c s_c as f16 hi + lo,
+ * row exponent kva__q_row_exp; out_c = s_c (O_c - o_c l) / l). Fragments are
+ * built from bytes (no ldmatrix for 8-bit elements): lane (g4, t4) takes
+ * channels 16 t4 .. +15 of each 64 for S (Q' laid out to match, qm_qword),
+ * and 4 channels of keys 2t4, 2t4+1, 2t4+8, 2t4+9 for P V, regrouped by
+ * byte_perm so that output channel (tile 4g + j, column n) is 32 g + 4 n + j.
  */
 #ifndef KVA_CUDA_DECODE_MMA_QUANT_CUH
 #define KVA_CUDA_DECODE_MMA_QUANT_CUH

@@ -8,30 +8,12 @@
  * prefill_mma_quant_{i8,i8t,fp8,v16}.cu so the build compiles them in
  * parallel.
  *
- * FlashAttention-2 structure:
- *   - one CTA = one tile of TILE_M = 128 packed rows (token i, group head g;
- *     row m = i * G + g) of one (request, kv head); see prefill_mma.h;
- *   - Q [128, D] is staged in shared memory once (by the policy: 16-bit q as
- *     it is; quantized: Q'' = q times the key scales and a power of two per
- *     row); K and V tiles [BN, D] are gathered from the paged cache through
- *     the block table with cp.async (16-byte chunks, rows may come from
- *     different blocks, any B >= 1), two stages deep, so the copy of tile
- *     n - 1 overlaps the math of tile n (the quantized policy stages codes
- *     and converts them to f16 tiles);
- *   - shared memory rows are XOR-swizzled in 16-byte chunks (chunk c of row r
- *     lives at c ^ (r & 7)), so ldmatrix reads and cp.async writes are free of
- *     bank conflicts;
- *   - S = Q K^T and O += P V on mma.sync; P goes from the S accumulators to
- *     A fragments in registers without shared memory;
- *   - online softmax in registers in log2 units, lazy rescaling, masks per
- *     element only on key tiles crossing the diagonal, the window edge or
- *     seq_len (prefill_mma_common.cuh); key tiles no row of the CTA can see
- *     are never loaded.
- * Key rows outside [kv_lo, kv_hi) -- past seq_len (a partly filled block's
- * unused slots, which may hold any bit pattern, NaN included), past the
- * causal diagonal of the tile's last row, or before the window of its first
- * row -- are zero-filled and their block-table entries never read, so no
- * row's P V product meets them (0 * NaN).
+ * FlashAttention-2 structure (docs/cuda-prefill.md, "Design"): one CTA = one
+ * tile of TILE_M = 128 packed rows (row m = i * G + g) of one (request, kv
+ * head), see prefill_mma.h; Q staged once, K/V tiles gathered by cp.async two
+ * stages deep into XOR-swizzled shared memory, S and O on mma.sync, online
+ * softmax in log2 units. Key rows outside [kv_lo, kv_hi) are zero-filled and
+ * their block-table entries never read, so no P V product meets a NaN there.
  *
  * A load policy P gives (static members unless said otherwise):
  *   Args            the kernel's argument struct; attn(q) its prefill

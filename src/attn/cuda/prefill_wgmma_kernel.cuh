@@ -10,36 +10,13 @@
  * The body is written once here and instantiated per head-size pair in
  * prefill_wgmma_d{64,128,192,256}.cu (so the build compiles them in parallel);
  * prefill_wgmma.cu is the host side (device check, tensor maps, dispatch).
- * Structure (FlashAttention-3 style), at DK = DV = 128:
- *   - CTA = 3 warpgroups (384 threads): warpgroup 0 is the producer (40
- *     registers via setmaxnreg), warpgroups 1 and 2 the consumers (232
- *     registers; rows 0..63 and 64..127 of the CTA tile, each loading its own
- *     Q rows);
- *   - Q [128, 128] and the K, V tiles [BN = 128 keys, 128] live in shared
- *     memory in the 128-byte-swizzle layout of wgmma: two column blocks of 64
- *     elements, each [rows][64] with 16-byte chunk c of row r at c ^ (r & 7);
- *   - the producer fills a ring of NST = 3 K/V stages guarded by "full" and
- *     "empty" mbarriers: it loads the block ids of the next key tile one tile
- *     ahead into shared memory, then gathers K/V rows by cp.async (any B) or,
- *     in the TMA kernel, loads a tile whose keys all lie in the visible range
- *     by TMA boxes (one per block, column block and K or V; B a power of two
- *     >= 8 and NB known) that its four warps issue;
- *   - S [64, 128] per consumer = 8 wgmma m64n128k16 (A = Q, B = K, both from
- *     shared memory, K-major); online softmax on the fp32 accumulators in log2
- *     units (lazy rescaling as prefill_mma); P is packed to f16/bf16 in
- *     registers and is the register A operand of O += P V, 8 wgmma
- *     m64n128k16 with B = V from shared memory in its natural [key][dim]
- *     layout (MN-major, imm-trans-b = 1);
- *   - the consumers ping-pong through named barriers: one issues its GEMMs
- *     while the other runs its softmax; INTRA (the TMA kernel) also issues
- *     each consumer's P V of tile it - 1 after S of tile it, so it runs under
- *     the consumer's own softmax;
- *   - the grid is persistent: min(tiles, SMs) CTAs walk the heaviest-first
- *     tile list in snake order (odd rounds in reverse CTA order, which evens
- *     out the CTAs' loads); the K/V ring runs on across CTA tiles, and each
- *     consumer loads its next Q rows under its epilogue;
- *   - key tiles are visited from the diagonal down; only tiles crossing the
- *     diagonal, the window edge or seq_len are masked per element.
+ * Structure (FlashAttention-3 style; docs/cuda-prefill.md, "The sm_90a wgmma
+ * kernel"): a producer warpgroup fills a ring of K/V stages guarded by full /
+ * empty mbarriers (cp.async gather, or TMA boxes for tiles inside the visible
+ * range); two consumer warpgroups own rows 0..63 and 64..127, ping-pong their
+ * GEMMs through named barriers and keep P in registers as the A operand of
+ * O += P V; the grid is persistent over the heaviest-first tile list in snake
+ * order, the K/V ring running on across CTA tiles.
  * The kernel body exists only in sm_90a device code (__CUDA_ARCH_FEAT_SM90_ALL);
  * other targets get an empty kernel that the host never launches
  * (kva__cuda_prefill_wgmma_ready() checks the build and the device).

@@ -9,25 +9,14 @@
  * instantiated per format family in attn_quant*.cu), so the build compiles
  * them in parallel.
  *
- * Layout of the work inside a CTA of 4 warps:
- *   - a key row is read by a lane group of LK lanes; lane li of a group holds
- *     P::KE key channels and P::NCV chunks of P::VV value channels
- *     ((li + c*LK)*VV + e), so the group's loads of one row are contiguous;
- *   - a warp holds 32/LK groups, each on its own key, and every group keeps
- *     its own online-softmax state (m, l, acc) for all ROWS attention rows;
- *   - warps take interleaved steps of P::U*32/LK keys; the next step's loads
- *     are in flight during the current one (registers, or with P::RING a
- *     cp.async ring of KVA_SIMT_STAGES steps per lane in shared memory, and
- *     the transposing reduction of attn_xpose.cuh where U*ROWS >= LK);
- *   - at the end the groups merge by shuffles, the warps through shared
- *     memory (simt_merge.cuh), and the CTA writes out/lse, or the split
- *     partial that split_merge.cu combines.
- * Scores are computed in fp32 in base 2 (scale * log2 e folded in), the
- * soft-cap and ALiBi in natural units first.
- *
- * The grid is persistent and independent of the plan (SMs x resident CTAs):
- * CTA b runs units b, b + gridDim.x, ... of the counts in the device header,
- * so a captured graph replays with any later plan's metadata.
+ * Inside a CTA of 4 warps (docs/cuda.md, "The decode kernels"): a key row is
+ * read by a lane group of LK lanes (lane li holds P::KE key channels and
+ * P::NCV chunks of P::VV value channels ((li + c*LK)*VV + e)); every group
+ * keeps its own online softmax for all ROWS rows; warps take interleaved
+ * steps of P::U*32/LK keys with the next step's loads in flight; groups and
+ * warps merge at the end (simt_merge.cuh). Scores are in fp32, base 2. The
+ * grid is persistent (CTA b runs units b, b + gridDim.x, ... of the device
+ * header's counts), so a captured graph replays with any later plan.
  *
  * A load policy P (a struct of static members) gives:
  *   Args               the kernel's argument struct (meta, q, k, v, sinks, out,
