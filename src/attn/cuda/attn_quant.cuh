@@ -5,31 +5,16 @@
  * (attn_quant_i8.cu, attn_quant_fp8.cu, attn_quant_v16.cu) so the build
  * compiles them in parallel; attn_quant.cu holds the host side.
  *
- * The cache is never converted to a float copy: each lane reads 1-byte K and
- * V codes (2-byte V for INT8_TOKEN_K_V16) with 16-byte loads (8-byte loads
- * for the ROWS = 8 instantiation, which keeps the per-lane registers of q and
- * the accumulators at 64 floats each, and for head sizes that are not a
- * multiple of 16) and dequantizes them in registers (attn_quant_ld.cuh):
- *   int8: code c as the float 2^23 + (c ^ 0x80) built with one byte_perm,
- *         minus 2^23 + 128 (exact);
- *   fp8:  cvt e4m3x2 -> f16x2 (exact, NaN kept), then f16 -> f32.
- * The scales never enter the inner loops:
- *   K static (INT8_CHANNEL, FP8):  q'_d = q_d * s_d once per unit, and the
- *       offsets as one constant per row, qo = sum_d q'_d o_d:
- *       score = sum_d q'_d c_d - qo = sum_d q_d (c_d - o_d) s_d;
- *   K per token (INT8_TOKEN_K*):    score = s_t * sum_d q_d c_d, one multiply
- *       per key and row;
- *   V static (INT8, FP8):           acc_d = sum_j p_j c_jd, and at the end
- *       out_d = s_d (acc_d - o_d l) / l (P.V, the split partials and their
- *       merge are linear in V; sinks only change the denominator).
- * Loads go through registers (a cp.async ring measured slower on an H100:
- * the kernel is issue-bound rather than latency-bound).
- *
- * Units of work: the plan's items (at most ROWS rows, a key range, maybe a
- * split) and, when the plan has prefill tiles, each tile's 128 packed rows
- * (token-major: m = i * G + g, prefill_mma.h) cut into 128 / ROWS units over
- * the request's whole key range. Each unit loops only over the keys some of
- * its rows can see (NARROW).
+ * The design is docs/cuda.md, "decode_simt over quantized caches": each lane
+ * reads 1-byte K and V codes (2-byte V for INT8_TOKEN_K_V16) with 16-byte
+ * loads (8-byte for the ROWS = 8 instantiation and head sizes not a multiple
+ * of 16) and dequantizes them in registers (attn_quant_ld.cuh); static key
+ * scales are folded into q once per unit (offsets as one constant per row,
+ * qo), per-token key scales multiply each score, V scales and offsets the
+ * output at the end (out_d = s_d (acc_d - o_d l) / l). Units of work: the
+ * plan's items and, with prefill tiles, each tile's 128 packed rows cut into
+ * 128 / ROWS units over the request's keys (NARROW: only the keys some row of
+ * the unit sees).
  */
 #ifndef KVA_CUDA_ATTN_QUANT_CUH
 #define KVA_CUDA_ATTN_QUANT_CUH

@@ -5,31 +5,15 @@
  *
  * The write is bit-identical to the host path (src/cache/quant.c): the same
  * float32 arithmetic with IEEE division and addition (__fdiv_rn, __fadd_rn:
- * never contracted), clamp then round-to-nearest-even for int8, the integer
- * f32 -> fp8 e4m3 conversion of src/core/dtype.c (saturating, NaN kept with
- * its sign), and the host's f16/bf16 rounding for the 16-bit V of
- * INT8_TOKEN_K_V16 (NaN payloads included). tests/cuda/test_cuda_quant.c
- * compares the device cache with a CPU-written one byte for byte.
+ * never contracted); tests/cuda/test_cuda_quant.c compares the device cache
+ * with a CPU-written one byte for byte.
  *
- * NaN policy (int8 storage cannot hold NaN; per-token key rows cannot hold
- * +-inf): every write into a cache with int8 rows runs two kernels on the
- * context's stream after resetting the cache's reject word:
- *   quant_check_kernel  scans the rows of every token with a valid slot and
- *                       atomicMin's the first bad element's key (token, K/V,
- *                       head, channel in the host's scan order) into the word;
- *   quant_write_kernel  returns at once when the word is set, else quantizes.
- * So a rejected write leaves the device cache byte-identical without the host
- * reading anything. The status: by default, outside stream capture, the
- * call then waits for the stream (one cudaStreamSynchronize per write of an
- * int8 cache, the cost of the synchronous status) and returns
- * KVA_STATUS_INVALID_ARGUMENT naming the token, head and channel as the host
- * backends do. During capture nothing may synchronize, and in deferred mode
- * (kva_cuda_context_set_deferred_write_status) nothing waits: the call returns
- * OK, the write (or its graph replay) still drops a bad write entirely, and
- * the write kernel copies the write's record into the cache's second word,
- * the first rejected write not yet reported, unless that one is already set;
- * kva_cuda_cache_write_status() reports and clears it. FP8 caches store NaN
- * and need neither kernel nor wait.
+ * NaN policy (docs/cuda.md, "Quantized caches"): a write into a cache with
+ * int8 rows runs quant_check_kernel (atomicMin of the first bad element's key
+ * into the cache's reject word) then quant_write_kernel (returns at once when
+ * the word is set), so a rejected write leaves the cache unchanged; the
+ * status is waited for outside capture, else deferred to
+ * kva_cuda_cache_write_status(). FP8 caches store NaN and need neither.
  *
  * FP8_E4M3 MLA (latent) caches: mla_fp8_write_kernel quantizes each token's
  * row [c_kv | k_pe] as a whole with the cache's one k_scale, fp8(x / s) as

@@ -4,40 +4,15 @@
  * the per-format instantiation files prefill_mma_quant_*.cu (one
  * translation unit per format, so the instantiations compile in parallel).
  *
- * The body's FlashAttention-2 kernel (128 packed (token, head) rows per CTA,
- * key tiles from the diagonal down, online softmax in log2 units, lazy
- * rescaling, masks per element only on boundary tiles) with these loads:
- *   - K and V codes (1 byte; 2-byte V for INT8_TOKEN_K_V16) and the BN
- *     per-token key scales are gathered with cp.async into a two-stage
- *     staging area (half the bytes of a bf16 tile), then converted once per
- *     CTA into f16 tiles [BN, D] laid out as prefill_mma.cu's (swizzled, read
- *     with ldmatrix): int8 c -> the f16 1152 + c minus 1152 (byte_perm +
- *     hsub2, exact), e4m3 -> f16 by cvt (exact). The 16-bit V of
- *     INT8_TOKEN_K_V16 is copied already swizzled and read in place;
- *   - S = Q'' K^T in f16 (fp32 accumulation) with Q'' = q * s_k * 2^e_r:
- *     e_r a power of two per packed row r that puts max_c |q_c s_c| of the
- *     row in [2^14, 2^15), so Q'' never overflows f16 (65504) nor loses bits
- *     to f16 subnormals (q in bf16 has 8 exponent bits). Per-head scales
- *     (FP8, the per-token formats' unit scales, INT8_CHANNEL with per-head
- *     or per-tensor scales) are not folded: Q'' = q * 2^e_r, exact (f16 and
- *     bf16 q values are f16 values times a power of two); per-channel
- *     scales (INT8_CHANNEL) are folded as an f16 pair Q'' = hi + lo
- *     (lo = rn(Q'' - hi)), two mma passes, as decode_mma_quant.cu;
- *   - scores: s = 2^-e_r * s_k * (S - qo_r) with qo_r = sum_c Q''_c o_c (the
- *     INT8_CHANNEL offsets, from the rounded Q'', in fp32), or
- *     s = 2^-e_r * t_j * S (per-token key scale t_j); then soft-cap, ALiBi
- *     and masks as prefill_mma.cu;
- *   - O += P C_V with P rounded to f16 (INT8_TOKEN_K_V16: P in V's dtype,
- *     O += P V), l summed from P in fp32 (so lse carries no rounding of P),
- *     and in the epilogue
- *     out_c = s_c (O_c - o_c l) / l (o_c = 0 for FP8; no V scale for
- *     INT8_TOKEN_K_V16); sinks only change the denominator.
- * Error bound against attention over the dequantized cache: scores are
- * exact up to fp32 accumulation for per-head K scales; with per-channel
- * scales |ds| <= 2^-22 * scale * sum_c |q_c s_c (c_c - o_c)| (+ fp32
- * accumulation); lse carries no other error; the output carries P's
- * rounding, |dout| <= u_P * max_j |v_j| with u_P = 2^-11 (f16 P) or 2^-8
- * (bf16 P of INT8_TOKEN_K_V16 with bf16 V), plus the output dtype's rounding.
+ * The design and its error bound are docs/cuda.md, "Prefill over quantized
+ * caches on tensor cores": K/V codes (and the BN per-token key scales)
+ * gathered by cp.async into a two-stage staging area and converted once per
+ * CTA into f16 tiles laid out as prefill_mma.cu's (exact); S = Q'' K^T in f16
+ * with Q'' = q * s_k * 2^e_r (e_r per packed row puts max |q_c s_c| in
+ * [2^14, 2^15); per-head scales not folded, per-channel ones as hi + lo, two
+ * mma passes); s = 2^-e_r * s_k * (S - qo_r) or 2^-e_r * t_j * S; O += P C_V
+ * with P rounded to f16 (V16: P V in V's dtype), l summed from the fp32 P,
+ * out_c = s_c (O_c - o_c l) / l.
  */
 #ifndef KVA_CUDA_PREFILL_MMA_QUANT_CUH
 #define KVA_CUDA_PREFILL_MMA_QUANT_CUH
