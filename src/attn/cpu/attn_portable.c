@@ -2,39 +2,12 @@
  * attn_portable.c - CPU attention kernel decode_portable and prefill_portable (one
  * function, the fallback of both families): GQA-packed online softmax.
  *
- * One call computes one work item: nq query rows x nh heads of one GQA group
- * (M = nq * nh attention rows) against keys [k0, k1) of one request and one
- * kv head.
- *
- *   1. The M query rows are loaded into an fp32 tile [M, D] with the softmax
- *      scale folded in.
- *   2. Keys are walked in chunks of KEY_CHUNK. For each chunk the key and
- *      value rows are located once (block id resolved once per block, then
- *      the rows of the block are consecutive in the cache) and, for f16/bf16,
- *      converted to fp32 once for the whole group.
- *   3. Each row only touches the part of the chunk it can see (causal and
- *      window ranges are contiguous per row), so masks cost nothing inside
- *      the range: scores = <q, k> (8-lane fp32 partial sums), soft-cap,
- *      ALiBi, then the online softmax update (running max, running sum,
- *      rescale of the accumulators) and acc += p * v four keys at a time.
- *   4. Unsplit items normalize (adding the sink to the denominator) and store
- *      out/lse; split items store a partial (out normalized over the chunk,
- *      lse without the sink) for the merge pass. A row is empty exactly when
- *      its sum is 0 (no key, or only -inf scores); a NaN score makes the
- *      sum NaN, which the partial's lse and the merge carry to the output,
- *      so NaN rows do not depend on the split.
- *
- * Written in portable C for the auto-vectorizer (restrict pointers, inner
- * loops over D, fp32 accumulators in small arrays); no ISA-specific code, so
- * the default x86-64 build runs SSE2 (no FMA). The rows of the next chunk are
- * prefetched while the current one computes.
- *
- * Soft-cap and ALiBi run as separate passes over a row's chunk of scores
- * (no per-key branches, 1/cap precomputed); f16/bf16 rows load through the
- * inline kva__cpu_load_row. Chunk location, prefetch, the query tile and the
- * final store live in cpu_item.c, shared with the AVX2 and AVX-512 kernels,
- * for which this file is the portable fallback. Measurements and what was
- * tried: bench/results/2026-11-22_performance-journal.md ("CPU backend v1").
+ * One call computes one work item (nq query rows x nh heads of one GQA group
+ * against keys [k0, k1) of one request and kv head) in chunks of KEY_CHUNK
+ * keys, in portable C for the auto-vectorizer; the steps are
+ * docs/architecture.md, "The portable kernel". Chunk location, prefetch, the
+ * query tile and the final store live in cpu_item.c, shared with the AVX2
+ * and AVX-512 kernels.
  */
 #include "cpu_attn.h"
 

@@ -148,26 +148,10 @@ typedef void (*kva__cpu_attn_fn)(const kva__cpu_run *run, const kva__work_item *
 typedef void (*kva__cpu_group_fn)(const kva__cpu_run *run, const kva__work_item *items, int32_t n,
                                   kva__cpu_scratch *s);
 
-/*
- * The kernels, named by kind x ISA as in the backend's registry (cpu_ops.c,
- * kva__kernel_info in src/core/internal.h). Every kernel computes any work
- * item exactly like the reference (any nq, nh, masks, soft-cap, ALiBi,
- * sinks, split partials, non-finite semantics, quantized caches); they
- * differ in the ISA they need and the shapes they are fast for, and the
- * dispatcher runs each on the items of its family only. Files named
- * *_avx2*.c / *_avx512*.c are compiled with their ISA flags and only called
- * after run-time detection (ctx->cpu_features, kva__cpu_isa_of).
- *   decode_*: chunks of KVA_CPU_KEY_CHUNK keys row by row, GQA heads packed;
- *     AVX2 and AVX-512 read K/V rows in place in their storage format (one
- *     item loop for both, decode_loop.c; one chunk-step body per ISA,
- *     decode_<isa>_step.inc, instantiated per K/V format pair);
- *     decode_avx512bf16 adds vdpbf16ps scores for bf16 q and cache and, on
- *     CPUs with AVX512_VNNI, int8 key scores by vpdpbusd.
- *   prefill_*: tiles of KVA_CPU_TILE_KEYS keys as register-blocked GEMMs (K x
- *     Q^T, V^T x P^T; one body, prefill_tiled.inc, per vector width);
- *     prefill_avx512bf16 scores bf16 q and K by vdpbf16ps.
- *   The portable kernel (attn_portable.c, plain C) is both families' fallback.
- */
+/* The kernels, named by kind x ISA as in the backend's registry (cpu_ops.c;
+ * docs/architecture.md, "The CPU backend"): each computes any work item
+ * exactly like the reference; *_avx2*.c / *_avx512*.c files are compiled
+ * with their ISA flags and called only after run-time detection. */
 void kva__cpu_attn_portable(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
 void kva__cpu_decode_avx2(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
 void kva__cpu_decode_avx512(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
@@ -185,26 +169,13 @@ void kva__cpu_prefill_avx512(const kva__cpu_run *run, const kva__work_item *it,
 void kva__cpu_prefill_avx512bf16(const kva__cpu_run *run, const kva__work_item *it,
                                  kva__cpu_scratch *s);
 
-/*
- * Dispatch seam. A plan carries two kernels of the registry (cpu_ops.c),
- * chosen once at plan build from the context: part->variant_decode and
- * part->variant_prefill (registry index + 1). Per family it is the kernel
- * forced on the context (kva__context_force_kernel, the one hook tests and
- * `kvattn bench --variant NAME` use) if the ISA level allows it, else the
- * last registry entry of the family the level allows (the registry lists
- * them in increasing ISA order, each beating the earlier ones where it can
- * run; prefill_avx512bf16 only where vdpbf16ps beats fp32 FMAs,
- * kva__cpu_features.bf16dot_fast). The ISA level is the context's detected one (ctx->cpu_features),
- * lowered by the environment variable KVA_CPU_ISA (src/core/cpu_features.c):
- * the ISA knob tests and benchmarks use to run the AVX2 or portable kernels
- * on an AVX-512 machine; it names an ISA, never a kernel.
- *
- * run_items then picks per item by shape (kva__cpu_item_prefill): an item of
- * nq query rows x nh heads is prefill-shaped when nq > KVA_CPU_DECODE_MAX_NQ,
- * or nq >= 2 and nq * nh >= KVA_CPU_TILED_MIN_ROWS (a speculative decode
- * over a wide GQA group already fills the tiled kernel's vectors); every other
- * item (plain decodes, tails of few rows) runs the decode kernel.
- */
+/* Dispatch seam (docs/architecture.md, "Registry and dispatch"): a plan
+ * carries the decode and the prefill kernel chosen at plan build
+ * (part->variant_decode / variant_prefill, registry index + 1); run_items
+ * picks per item by shape: an item of nq query rows x nh heads is
+ * prefill-shaped when nq > KVA_CPU_DECODE_MAX_NQ, or nq >= 2 and nq * nh >=
+ * KVA_CPU_TILED_MIN_ROWS (a speculative decode over a wide GQA group already
+ * fills the tiled kernel's vectors); every other item runs the decode kernel. */
 #define KVA_CPU_DECODE_MAX_NQ 4
 #define KVA_CPU_TILED_MIN_ROWS 16
 static inline int kva__cpu_item_prefill(int32_t nq, int32_t nh)
@@ -216,24 +187,11 @@ static inline int kva__cpu_item_prefill(int32_t nq, int32_t nh)
 const char *kva__cpu_plan_kernel(const kva_plan *plan, kva__kernel_family family);
 int kva__cpu_kernel_groups(const char *name);
 
-/*
- * Groups. A decode reads a few rows of every block per kv head: the rows of
- * one kv head are Hkv rows apart (NHD), so one item at a time leaves most of
- * each block's bytes to later items and the hardware prefetchers see no
- * stream; the core then keeps only as many misses in flight as its software
- * prefetches (the L1 miss buffers) allow. At plan build the CPU backend
- * orders the items so that the decode items of one request, query rows and
- * key range over different kv heads are adjacent, and cuts them into groups
- * of up to KVA_CPU_GROUP_MAX items (part->group_start); the run schedules
- * groups, and a decode kernel with a group entry runs a group's items
- * interleaved chunk by chunk (all kv heads of a block read together), others
- * one after the other; a plan whose decode kernel has no group entry (the
- * portable one) keeps one item per
- * group. kva__cpu_groupable says which items may join a group. A decode-only
- * plan of a grouping kernel asks the partition for min(Hkv, GROUP_MAX) times
- * as many items per thread, so that there are as many groups as there were
- * items.
- */
+/* Groups (docs/architecture.md, "The CPU backend"): the decode items of one
+ * request, query rows and key range over different kv heads, adjacent in the
+ * plan and cut into groups of up to KVA_CPU_GROUP_MAX items
+ * (part->group_start), run interleaved chunk by chunk by a decode kernel's
+ * group entry. kva__cpu_groupable says which items may join a group. */
 static inline int kva__cpu_groupable(const kva__work_item *it)
 {
     return !kva__cpu_item_prefill(it->nq, it->nh) && it->nq * it->nh <= KVA_CPU_GROUP_ROWS;

@@ -4,60 +4,12 @@
  * decode_avx512bf16 adds AVX512_BF16 scores for bf16 q and cache, and on CPUs with
  * AVX512_VNNI int8 dot-product scores for int8 keys.
  *
- * Same work item and semantics as decode_portable (attn_portable.c); what
- * changes:
- *   - The item loop (decode_loop.c, shared with decode_avx2) reads the K
- *     and V rows in place, in their storage format, and prefetches the
- *     chunk two ahead key by key from the compute loops of this file's steps.
- *   - Quantized rows are converted in registers like f16/bf16 (ld16: int8
- *     vpmovsxbd + vcvtdq2ps; fp8 e4m3 rebuilt as f16 bits + vcvtph2ps) and
- *     the scales are folded out of the inner loops: per-channel key scales
- *     into the query tile once per item (score = sum_d (q_d s_d)(k_d - o_d),
- *     one vsubps per vector, none for symmetric int8), per-token key scales
- *     as one multiply per score, per-channel value scales into the
- *     accumulators once at the end of the item (acc += p (v - o), then
- *     acc *= s: P.V, the partials and their merge are linear in V).
- *   - Scores: keys are the outer loop; each K row is converted once into
- *     registers (ld16: bf16 widen + shift, f16 vcvtph2ps) and serves up to 4
- *     heads, whose q stays in registers (64-dim parts of the head for up to
- *     4 heads; at D = 128 one pass with q of 2 heads in registers and of 2
- *     as FMA memory operands, scores_nb_d128); the per-(head,
- *     key) 16-lane partial sums are reduced 16 keys at a time by one 16x16
- *     transpose-and-add (hsum16).
- *   - decode_avx512bf16, bf16 q and cache: vdpbf16ps multiplies bf16 pairs exactly
- *     and adds in fp32 (half the instructions, no conversion of K); the
- *     softmax scale multiplies the scores instead of q, which stays in
- *     registers as bf16 for the chunk.
- *   - The softmax update runs on vectors of 16 scores: lanes outside the
- *     row's visible keys are -inf, exp16 (degree-7 polynomial + vscalefps);
- *     no expf for the rescale when the running max did not change.
- *   - P.V is register-blocked: 4 heads x 64 output dims (or 8 heads x 32) in
- *     16 zmm accumulators while the V rows stream through, converted in
- *     registers once per head block; bf16 rows without a shuffle (even and
- *     odd dims of one 64-byte load, accumulators un-paired once per item).
- *   - Loops specialized for D = Dv = 64, 128, 256 and each row format;
- *     other shapes take a runtime-D copy.
- *   - decode_avx512bf16 over int8 keys (INT8_CHANNEL, INT8_TOKEN_K, symmetric or
- *     not) on a CPU with AVX512_VNNI: q' held as a 23-bit integer in 3
- *     signed byte digits, 16 keys transposed by dwords into lanes, vpdpbusd
- *     against the codes biased to unsigned bytes (scores_rows_i8dot in
- *     decode_avx512_step.inc: no conversion of K, no 16x16 reductions; exact up to
- *     q's 2^-23 rounding and a few fp32 roundings).
- *   - Over an NHD cache with Hkv > 1 (a kv head's rows Hkv * D elements
- *     apart) the loops visit each group of 4 keys as 0, 2, 1, 3 and
- *     prefetch the row two steps ahead into L1 (key_at in decode_loop.h):
- *     read in order, the constant stride makes the core's stride prefetcher
- *     run past each block's end into other blocks' lines. Separate step
- *     functions (*_ko), so the loops of the other layouts stay as they were
- *     (measured in bench/results/2026-11-22_performance-journal.md, "NHD key order").
- *
- * Non-finite semantics are decode_portable's: NaN scores do not enter the max and make
- * the row's sum NaN; an all -inf chunk leaves a row untouched (it takes no
- * part in the chunk's P.V, so 0 * inf in V cannot reach it); p = 0 keys
- * inside the visible range are accumulated as decode_portable does.
- *
- * Measurements and what was tried: bench/results/2026-11-22_performance-journal.md
- * ("CPU decode loops rework", "Notes moved out of the CPU kernel sources").
+ * Same work item and semantics as decode_portable (attn_portable.c); the
+ * loop structure (scores with keys outer and up to 4 heads' q in registers,
+ * hsum16 reductions, vdpbf16ps and VNNI int8 scores, register-blocked P.V,
+ * the NHD key order 0, 2, 1, 3 of key_at) and the non-finite rules are
+ * docs/architecture.md, "The AVX-512 decode step"; measurements and what was
+ * tried: bench/results/2026-11-22_performance-journal.md.
  */
 #include "cpu_attn.h"
 
