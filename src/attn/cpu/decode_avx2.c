@@ -2,21 +2,11 @@
  * decode_avx2.c - CPU attention kernel decode_avx2: AVX2 + FMA + F16C,
  * GQA-packed online softmax for decode-shaped items.
  *
- * The 8-lane twin of decode_avx512 (decode_avx512.c explains the scheme) for
- * x86-64 machines without AVX-512, on the same item loop (decode_loop.c).
- * Rows are read in place from the cache (prefetched two chunks ahead, key by
- * key from the compute loops) and converted in registers (bf16: widen + shift, or in P.V the
- * even/odd split of a 32-byte load; f16: vcvtph2ps; int8: vpmovsxbd + vcvtdq2ps; fp8 e4m3 rebuilt
- * as f16 bits), with the quantization scales folded out of the loops as in decode_avx512
- * (cpu_fold.h: row formats, kva__cpu_fold_begin / _end). Scores are computed keys-outer (each K row
- * converted once, 16 dims at a time, for up to 4 heads of the GQA group) as 8-lane partial dot
- * products reduced 8 keys at a time by an 8x8 transpose-and-add (hsum8), the softmax update runs on
- * score vectors with a polynomial exp (exp8), and P.V keeps 4 heads x 16 output dims in registers
- * while the keys stream through. Non-finite semantics are decode_portable's
- * (attn_portable.c).
- *
- * What this layout gained over converting chunks to fp32 in scratch, and
- * over one head at a time, is measured in bench/results/2026-11-22_performance-journal.md.
+ * The 8-lane twin of decode_avx512 on the same item loop (decode_loop.c) for
+ * x86-64 machines without AVX-512: the scheme of docs/architecture.md, "The
+ * AVX-512 decode step", with 8-lane partial dot products reduced 8 keys at a
+ * time (hsum8), exp8, and P.V over 4 heads x 16 output dims in registers.
+ * Measurements: bench/results/2026-11-22_performance-journal.md.
  */
 #include "cpu_attn.h"
 

@@ -6,18 +6,14 @@
  * vector work is all in the chunk steps.
  *
  * Per item: the query tile with the static key scales folded in (cpu_fold.h),
- * then chunk by chunk of KVA_CPU_KEY_CHUNK keys: the rows of the chunk are
- * read in place from the cache in their storage format (f32, f16, bf16 and
- * the 1-byte rows of a quantized cache; load_chunk only points s->kp/vp at
- * them, scans fp8 rows for NaN codes, and converts any other storage dtype
- * to fp32 through kva__cpu_load_row), and the step of the chunk's format
- * pair, head size and key order computes it while its loops prefetch the
- * chunk PF_DIST ahead key by key (spread over the compute the misses stay in
- * flight; a burst of a whole chunk fills the miss buffers).
- * Decode groups (cpu_attn.h, "Groups"): the items of one request and key
- * range over several kv heads run interleaved chunk by chunk, so that a
- * block's rows of all those kv heads are read together; each item keeps its
- * state in its own part of the scratch.
+ * then chunk by chunk of KVA_CPU_KEY_CHUNK keys: load_chunk points s->kp/vp
+ * at the chunk's rows in the cache in their storage format (scanning fp8 rows
+ * for NaN codes; other storage dtypes converted to fp32 through
+ * kva__cpu_load_row), and the step of the chunk's format pair, head size and
+ * key order computes it while its loops prefetch the chunk PF_DIST ahead key
+ * by key (spread over the compute the misses stay in flight; a burst of a
+ * whole chunk fills the miss buffers). Decode groups (cpu_attn.h) run their items interleaved chunk by
+ * chunk, each item's state in its own part of the scratch.
  */
 #include "cpu_attn.h"
 
