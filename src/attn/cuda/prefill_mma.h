@@ -8,18 +8,12 @@
  * given: paged cache (NHD or HND, any block size B >= 1), causal (bottom-right
  * aligned), window_left, soft-cap, ALiBi, sinks, LSE, GQA/MQA.
  *
- * Work decomposition. One CTA computes one tile: KVA__CUDA_PREFILL_TILE_M rows
- * of one (request r, kv head) pair. A request's rows are its q_len tokens times
- * the group's G = H / Hkv query heads, packed token-major: packed row
- * m = i * G + g is token i (0 <= i < q_len) of query head kvh * G + g. So a
- * tile shares its K/V tiles across the whole GQA group, and decode-like
- * requests (q_len 1..4) still fill a tile when G is large. The tiles live in a
- * device array [capacity][4] int32 {r, m0, kvh, 0} that
- * kva__cuda_prefill_tiles_build() fills on the host (heaviest tiles first);
- * the caller uploads it together with the tile count into device memory. The
- * grid has args->grid_tiles CTAs; CTAs whose index is >= *num_tiles (read
- * from device memory) exit at once, so one fixed-capacity launch can be
- * captured in a CUDA graph and replayed with new tiles.
+ * One CTA computes one tile of KVA__CUDA_PREFILL_TILE_M packed rows (row
+ * m = i * G + g: token i, query head kvh * G + g) of one (request r, kv head);
+ * the tile list [capacity][4] int32 {r, m0, kvh, 0} is built on the host
+ * (kva__cuda_prefill_tiles_build, heaviest first) and uploaded with its count;
+ * CTAs past *num_tiles exit, so a captured launch replays with new tiles
+ * (docs/cuda-prefill.md, "Tiles and CUDA graphs").
  *
  * Supported shapes: kva__cuda_prefill_supported(). Everything the kernel
  * reads or writes is device memory; the launch never synchronizes.
