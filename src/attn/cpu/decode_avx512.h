@@ -1,6 +1,6 @@
 /*
  * decode_avx512.h - the vector pieces of the AVX-512 decode kernel
- * (decode_avx512.c describes the scheme): exp16, the 16x16
+ * (docs/architecture.md, "The AVX-512 decode step"): exp16, the 16x16
  * transpose-and-add, the in-register conversion of the row formats (ld16),
  * and the chunk-step tables the format instantiations export (the fold
  * info, key order and prefetch helpers they share with AVX2: decode_loop.h).
