@@ -28,24 +28,13 @@
  * S = Q K^T) and DV (V rows, the n extent of O = P V). Served: (64, 64),
  * (128, 128), (192, 128) (MLA's prefill with the rope part in K) and
  * (256, 256).
- * Tile shape (wg_dims: NCW consumer warpgroups of 64 rows, M = 64 NCW rows
- * per CTA tile, and BN keys per K/V tile):
- *   - wide (NCW 2, BN 128): one CTA per SM; a CTA tile is one tile of the
- *     plan's list and its two consumers ping-pong (long requests);
- *   - narrow (NCW 1, BN 64; the plan's choice at D 128:
- *     kva__cuda_prefill_args.narrow): each tile of the plan's list is two CTA
- *     tiles of 64 rows, and two CTAs of one producer and one consumer
- *     warpgroup share an SM, so one CTA's tile start and epilogue run beside
- *     the other's products, and a causal tile wastes at most 63 keys past the
- *     diagonal instead of 127 (short requests: a CTA tile has one or two key
- *     tiles);
- *   - wide with 64-key tiles (NCW 2, BN 64): D 256, the only shape there. A
- *     consumer's O [64, 256] is 128 fp32 registers per thread, which leaves
- *     room for S [64, 64] (32) but not S [64, 128]; Q [128, 256] is 64 KB
- *     and a K/V stage 64 KB, so two stages fit.
- * wg_dims gives the K/V ring depth that fits the shared memory next to Q
- * [M, DK]: wide 4 stages at DK 64, 3 at 128, 2 at 192 and 256 (a stage is
- * K [BN, DK] and V [BN, DV]); narrow 3 (two CTAs in 228 KB, without the 1 KB
+ * Tile shape (NCW consumer warpgroups of 64 rows, M = 64 NCW rows per CTA
+ * tile, BN keys per K/V tile; docs/cuda-prefill.md has the table): wide (NCW
+ * 2, BN 128), narrow (NCW 1, BN 64; D 128 when the plan picks it:
+ * kva__cuda_prefill_args.narrow), and wide with 64-key tiles (NCW 2, BN 64;
+ * D 256, whose O [64, 256] leaves room for S [64, 64] only). wg_dims gives
+ * the K/V ring depth that fits next to Q [M, DK]: wide 4 stages at DK 64, 3
+ * at 128, 2 at 192 and 256; narrow 3 (two CTAs in 228 KB without the 1 KB
  * alignment pad: PAD below).
  */
 template <int DK, int DV, int NCW = 2, int BN = 128> struct wg_dims {

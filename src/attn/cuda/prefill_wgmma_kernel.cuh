@@ -66,29 +66,17 @@ kva_status kva__wg_launch_d192(const kva__cuda_prefill_args *a, cudaStream_t st,
 kva_status kva__wg_launch_d256(const kva__cuda_prefill_args *a, cudaStream_t st, int tma);
 
 /*
- * The kernel (header comment above). The producer waits for its cp.async
- * copies of a stage, fence.proxy.async, then arrives on the stage's "full"
- * mbarrier; a consumer releases a stage on its "empty" mbarrier once the P V
- * product that read it is done.
- * TMA: a K/V tile whose 128 keys all lie in the visible range [kv_lo, kv_hi)
- * is loaded by TMA (tm, wg_tmaps) instead of cp.async: the producer's four
- * warps issue a quarter of the boxes each on the stage's "full" mbarrier,
- * thread 0 having armed it with the tile's byte count (arrive.expect_tx), and
- * nobody waits: the producer goes on to the next stage at once. Tiles that
- * cross the edge of the range (rows there must be zero-filled, not loaded:
- * unused slots of a block may hold NaN) and every tile when tm.ok = 0 take
- * the cp.async path.
- * Persistent grid: CTA b computes the CTA tiles of rounds k = 0, 1, ...: tile
- * k * gridDim.x + b, with the CTA order reversed in odd rounds (snake: 1 x
- * 4096 causal, 1024 tiles on 132 SMs, max CTA load at the mean instead of 12 %
- * over it for round robin); the K/V ring and its mbarrier phases run on across
- * CTA tiles (counter gi), consumers release the last stage of a tile too, and
- * the ping-pong starts afresh per tile (consumer 1 arrives first on consumer
- * 0's barrier).
- * Tile shape (wg_dims: NCW consumer warpgroups, BN keys per K/V tile): the
- * narrow shape (NCW 1) splits each tile of the plan's list into SPLIT = 2
- * CTA tiles of 64 rows (CTA tile ti: list tile ti / 2, rows 64 (ti % 2) on),
- * has no ping-pong (one consumer) and runs two CTAs per SM.
+ * The kernel (header comment above; TMA, snake order and tile shapes:
+ * docs/cuda-prefill.md, "The sm_90a wgmma kernel"). The producer waits for
+ * its cp.async copies of a stage, fence.proxy.async, then arrives on the
+ * stage's "full" mbarrier (TMA tiles: armed by thread 0 with the byte count,
+ * the four warps issue a quarter of the boxes each, nobody waits); a consumer
+ * releases a stage on its "empty" mbarrier once the P V that read it is done.
+ * The K/V ring and its phases run on across CTA tiles (counter gi), consumers
+ * release a tile's last stage too, and the ping-pong starts afresh per tile
+ * (consumer 1 arrives first on consumer 0's barrier). The narrow shape
+ * (NCW 1) splits each tile of the plan's list into SPLIT = 2 CTA tiles of 64
+ * rows (CTA tile ti: list tile ti / 2, rows 64 (ti % 2) on).
  * Dynamic shared memory (from a 1024-byte aligned base): Q [M, DK], K
  * [NST][BN, DK], V [NST][BN, DV] (all swizzled, wg_swz), the 2 * NST
  * mbarriers (8 bytes each), then the staged block ids [2][BN] int32; a
