@@ -1,0 +1,1106 @@
+/*
+ * test_api_blackbox.c - a black-box audit of the public headers' promises on
+ * the reference and CPU backends (session 35, task api35): shapes, masks and
+ * bad inputs that the other tests do not try.
+ *   - attention: block sizes 1 and 3, head sizes not a power of two, Dv != D,
+ *     GQA ratios 1..6, NHD and HND, f32/f16/bf16, q_len 0 requests, causal
+ *     chunked prefill with window + soft-cap + ALiBi + sinks, local chunks,
+ *     non-causal q_len > seq_len and seq_len 0 (zero rows, lse -inf or the
+ *     sink): the CPU backend against the reference on random data, outputs
+ *     poisoned before each run;
+ *   - plan reuse after the cache changes, a plan run on another backend's
+ *     context, destroy(NULL), the name functions for values outside their
+ *     enums, thread count 0;
+ *   - bad inputs (H not a multiple of Hkv, bad window / soft-cap / scale /
+ *     threshold values, bad strides, bad pool / DCP / reorder arguments, and
+ *     more): a status, a message, and cache, out, lse and plan untouched
+ *     (checksums before and after).
+ */
+#include "cache_util.h"
+
+static const kva_backend kBk[2] = {KVA_BACKEND_REF, KVA_BACKEND_CPU};
+
+/* A failing call: the status, a message, and nothing else. */
+#define BAD(expr, st)                                                                              \
+    do {                                                                                           \
+        CHECK_STATUS(expr, st);                                                                    \
+        CHECK_MSG(kva_last_error()[0] != '\0', "%s: no message", #expr);                           \
+    } while (0)
+
+/* FNV-1a of a byte range: checksums of buffers that a failing call must not change. */
+static uint64_t bb_sum(const void *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    const unsigned char *b = (const unsigned char *)p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Cases that ran as a cascade (test_exotic checks that its shared prefixes did). */
+static int bb_cascades;
+
+/* One attention case: requests, shapes, masks. */
+typedef struct bb_case {
+    int32_t R;
+    int32_t ql[4], sl[4];
+    int32_t H, Hkv, D, Dv, B;
+    kva_layout layout;
+    kva_dtype dt;
+    int32_t causal, window, chunk;
+    float softcap;
+    int alibi, sinks;
+    /* Optional: decode_threshold, cascade mode, CPU threads (0: 2), leading
+     * blocks every request shares with request 0 (a shared prefix). */
+    int32_t thr, cascade, threads, share;
+} bb_case;
+
+/* Builds the plan descriptor of a case; qsl [R+1], bt [R*stride] filled here. */
+static kva_plan_desc bb_desc(const bb_case *c, int32_t *qsl, int32_t *bt, int32_t stride,
+                             const float *slopes)
+{
+    kva_plan_desc d;
+    memset(&d, 0, sizeof d);
+    qsl[0] = 0;
+    for (int32_t r = 0; r < c->R; r++)
+        qsl[r + 1] = qsl[r] + c->ql[r];
+    d.num_requests = c->R;
+    d.query_start_loc = qsl;
+    d.seq_lens = c->sl;
+    d.block_table = bt;
+    d.block_table_stride = stride;
+    d.block_size = c->B;
+    d.num_heads = c->H;
+    d.num_kv_heads = c->Hkv;
+    d.head_dim = c->D;
+    d.head_dim_v = c->Dv;
+    d.q_dtype = c->dt;
+    d.causal = c->causal;
+    d.window_left = c->window;
+    d.attention_chunk = c->chunk;
+    d.softcap = c->softcap;
+    d.alibi_slopes = c->alibi ? slopes : NULL;
+    d.decode_threshold = c->thr;
+    d.cascade = c->cascade;
+    return d;
+}
+
+/* Runs one case on the reference and the CPU backend with the same data and
+ * compares; also checks rows that see no key (out 0, lse -inf or the sink).
+ * Returns the number of mismatches. */
+static size_t bb_run_case(const bb_case *c, uint64_t seed)
+{
+    kva_rng rng = {seed};
+    const int32_t Dv = c->Dv ? c->Dv : c->D;
+    int32_t stride = 1, nb = 1, T = 0;
+    for (int32_t r = 0; r < c->R; r++) {
+        int32_t n = (c->sl[r] + c->B - 1) / c->B;
+        stride = n > stride ? n : stride;
+        nb += n;
+        T += c->ql[r];
+    }
+    int32_t qsl[5], *bt = malloc(sizeof(int32_t) * (size_t)(c->R * stride + 1));
+    /* Blocks in a shuffled order, padding -1. */
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)nb);
+    for (int32_t i = 0; i < nb; i++)
+        perm[i] = i;
+    for (int32_t i = nb - 1; i > 0; i--) {
+        int32_t j = kva_rng_int(&rng, 0, i), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    int32_t used = 0, tokens = 0;
+    for (int32_t r = 0; r < c->R; r++) {
+        int32_t n = (c->sl[r] + c->B - 1) / c->B;
+        for (int32_t k = 0; k < stride; k++)
+            bt[r * stride + k] = k >= n ? -1 : r > 0 && k < c->share ? bt[k] : perm[used + k];
+        used += n;
+        tokens += c->sl[r];
+    }
+    static float slopes[KVA_MAX_HEADS], sinks[KVA_MAX_HEADS];
+    for (int32_t h = 0; h < c->H; h++) {
+        slopes[h] = (float)(0.05 + 0.3 * kva_rng_unit(&rng));
+        sinks[h] = (float)(2.0 * kva_rng_unit(&rng) - 1.0);
+    }
+    kva_plan_desc pd = bb_desc(c, qsl, bt, stride, slopes);
+    /* Keys and values of every position, f32, written through kva_cache_write. */
+    const size_t kr = (size_t)c->Hkv * c->D, vr = (size_t)c->Hkv * Dv;
+    float *k = malloc(sizeof(float) * (kr * (size_t)tokens + 1));
+    float *v = malloc(sizeof(float) * (vr * (size_t)tokens + 1));
+    int64_t *slots = malloc(sizeof(int64_t) * ((size_t)tokens + 1));
+    kva_test_fill(k, KVA_DTYPE_F32, kr * (size_t)tokens, &rng, 1.0);
+    kva_test_fill(v, KVA_DTYPE_F32, vr * (size_t)tokens, &rng, 1.0);
+    for (int32_t r = 0, t = 0; r < c->R; r++)
+        for (int32_t j = 0; j < c->sl[r]; j++, t++) {
+            slots[t] = (int64_t)bt[r * stride + j / c->B] * c->B + j % c->B;
+            if (r > 0 && j < c->share * c->B) {
+                /* A shared position: request 0's key and value, written once. */
+                memcpy(k + (size_t)t * kr, k + (size_t)j * kr, sizeof(float) * kr);
+                memcpy(v + (size_t)t * vr, v + (size_t)j * vr, sizeof(float) * vr);
+                slots[t] = -1;
+            }
+        }
+    const size_t es = kva_dtype_size(c->dt);
+    const size_t qn = (size_t)T * c->H * c->D, on = (size_t)T * c->H * Dv, ln = (size_t)T * c->H;
+    void *q = malloc(es * qn + 1);
+    kva_test_fill(q, c->dt, qn, &rng, 1.0);
+    void *out[2];
+    float *lse[2];
+    size_t bad = 0;
+    for (int bi = 0; bi < 2; bi++) {
+        out[bi] = malloc(es * on + 1);
+        lse[bi] = malloc(sizeof(float) * ln + 1);
+        kva_test_poison(out[bi], c->dt, on);
+        kva_test_poison(lse[bi], KVA_DTYPE_F32, ln);
+        kva_context *ctx = new_ctx(kBk[bi], bi ? (c->threads ? c->threads : 2) : 1);
+        kva_cache_desc cd = make_desc(nb, c->B, c->Hkv, c->D, c->Dv, c->dt, c->layout);
+        kva_cache *cache = NULL;
+        kva_plan *plan = NULL;
+        CHECK_OK(kva_cache_create(ctx, &cd, &cache));
+        CHECK_OK(kva_cache_write(ctx, cache, tokens, k, 0, v, 0, KVA_DTYPE_F32, slots));
+        CHECK_OK(kva_plan_create(ctx, &pd, &plan));
+        CHECK_OK(kva_attention_run(ctx, plan, q, cache, c->sinks ? sinks : NULL, out[bi], lse[bi]));
+        /* The same keys packed per request (kva_attention_run_ragged) give the same rows. */
+        void *kq = malloc(es * kr * (size_t)tokens + 1), *vq = malloc(es * vr * (size_t)tokens + 1);
+        void *ro = malloc(es * on + 1);
+        float *rl = malloc(sizeof(float) * ln + 1);
+        CHECK_OK(kva_convert(k, KVA_DTYPE_F32, kq, c->dt, kr * (size_t)tokens));
+        CHECK_OK(kva_convert(v, KVA_DTYPE_F32, vq, c->dt, vr * (size_t)tokens));
+        kva_test_poison(ro, c->dt, on);
+        kva_test_poison(rl, KVA_DTYPE_F32, ln);
+        kva_plan_info info;
+        CHECK_OK(kva_plan_get_info(plan, &info));
+        bb_cascades += info.num_cascade_groups > 0;
+        if (info.num_cascade_groups > 0) {
+            /* A cascade plan reads shared blocks of a paged cache: refused, nothing written. */
+            const uint64_t so = bb_sum(ro, es * on), sl = bb_sum(rl, sizeof(float) * ln);
+            BAD(kva_attention_run_ragged(ctx, plan, q, kq, vq, NULL, ro, rl),
+                KVA_STATUS_INVALID_ARGUMENT);
+            CHECK(bb_sum(ro, es * on) == so && bb_sum(rl, sizeof(float) * ln) == sl);
+        } else {
+            CHECK_OK(
+                kva_attention_run_ragged(ctx, plan, q, kq, vq, c->sinks ? sinks : NULL, ro, rl));
+            bad += kva_test_compare("ragged vs paged", ro, out[bi], c->dt, on, kva_test_atol(c->dt),
+                                    kva_test_rtol(c->dt));
+            bad += kva_test_compare_f32("ragged vs paged lse", rl, lse[bi], ln, 1e-4, 1e-5);
+        }
+        free(kq);
+        free(vq);
+        free(ro);
+        free(rl);
+        kva_plan_destroy(plan);
+        kva_cache_destroy(cache);
+        kva_context_destroy(ctx);
+    }
+    bad += kva_test_compare("out cpu vs ref", out[1], out[0], c->dt, on, kva_test_atol(c->dt),
+                            kva_test_rtol(c->dt));
+    bad += kva_test_compare_f32("lse cpu vs ref", lse[1], lse[0], ln, 1e-4, 1e-5);
+    /* Rows of a non-causal request beyond what its keys cover: none when
+     * seq_len is 0 (out 0, lse -inf or the sink); the reference checked alone. */
+    for (int32_t r = 0; r < c->R; r++) {
+        if (c->sl[r] != 0)
+            continue;
+        for (int32_t t = qsl[r]; t < qsl[r + 1]; t++)
+            for (int32_t h = 0; h < c->H; h++) {
+                for (int bi = 0; bi < 2; bi++) {
+                    float l = lse[bi][(size_t)t * c->H + h];
+                    int ok = c->sinks ? l == sinks[h] : (isinf(l) && l < 0);
+                    for (int32_t e = 0; e < Dv; e++)
+                        ok &= kva_test_get(out[bi], c->dt, ((size_t)t * c->H + h) * Dv + e) == 0.0;
+                    if (!ok) {
+                        fprintf(stderr, "  %s: empty row t %d h %d: lse %g\n",
+                                kva_backend_name(kBk[bi]), t, h, l);
+                        bad++;
+                    }
+                }
+            }
+    }
+    for (int bi = 0; bi < 2; bi++) {
+        free(out[bi]);
+        free(lse[bi]);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(slots);
+    free(bt);
+    free(perm);
+    return bad;
+}
+
+#define BB_CHECK_CASE(c, seed)                                                                     \
+    do {                                                                                           \
+        size_t bad_ = bb_run_case(&(c), (seed));                                                   \
+        CHECK_MSG(bad_ == 0, "case at line %d: %zu mismatches", __LINE__, bad_);                   \
+    } while (0)
+
+/* Shapes: block sizes 1 and 3, head sizes 24 / 40 / 72 and Dv != D, GQA ratios, layouts. */
+static void test_shapes(void)
+{
+    const kva_dtype dts[3] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
+    const int32_t Bs[3] = {1, 3, 5};
+    const int32_t Ds[4][2] = {{8, 0}, {24, 40}, {72, 16}, {40, 0}};
+    const int32_t Hs[4][2] = {{6, 1}, {6, 3}, {5, 5}, {6, 2}};
+    int n = 0;
+    for (int di = 0; di < 4; di++)
+        for (int hi = 0; hi < 4; hi++, n++) {
+            bb_case c = {3,          {1, 4, 2}, {7, 9, 2},
+                         Hs[hi][0],  Hs[hi][1], Ds[di][0],
+                         Ds[di][1],  Bs[n % 3], (kva_layout)(n % 2),
+                         dts[n % 3], 1,         -1,
+                         0,          0.0f,      0,
+                         0,          0,         0,
+                         0,          0};
+            BB_CHECK_CASE(c, 100 + (uint64_t)n);
+        }
+}
+
+/* Masks combined: causal chunked prefill with window, soft-cap, ALiBi and sinks; local chunks;
+ * q_len 0 requests in between. */
+static void test_masks(void)
+{
+    for (int m = 0; m < 16; m++) {
+        bb_case c = {4,
+                     {3, 0, 1, 6},
+                     {11, 5, 13, 6},
+                     4,
+                     2,
+                     16,
+                     0,
+                     3,
+                     (kva_layout)(m % 2),
+                     (kva_dtype)(m % 3),
+                     1,
+                     -1,
+                     0,
+                     0.0f,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0,
+                     0};
+        c.window = (m & 1) ? 4 : -1;
+        c.softcap = (m & 2) ? 3.0f : 0.0f;
+        c.alibi = (m & 4) != 0;
+        c.sinks = (m & 8) != 0;
+        if (m == 5 || m == 10)
+            c.chunk = 4, c.alibi = 0;
+        if (m == 15)
+            c.window = 0; /* each row sees its own key only */
+        BB_CHECK_CASE(c, 200 + (uint64_t)m);
+    }
+}
+
+/* Wide GQA groups, the largest head sizes, big blocks, long contexts split
+ * over threads, speculative decodes with windows and chunks, shared prefixes
+ * run as cascades (sinks and soft-cap must count once), all heads. */
+static void test_exotic(void)
+{
+    const kva_layout N = KVA_LAYOUT_NHD, Hd = KVA_LAYOUT_HND;
+    const kva_dtype F32 = KVA_DTYPE_F32, F16 = KVA_DTYPE_F16, BF = KVA_DTYPE_BF16;
+    bb_case cs[] = {
+        /* R  q_lens         seq_lens             H   Hkv D    Dv   B    layout dt  causal win chunk
+           cap alibi sinks thr casc thr share */
+        {3, {1, 1, 1}, {300, 1, 77}, 48, 1, 128, 0, 16, N, F16, 1, -1, 0, 0, 0, 1, 0, 0, 4, 0},
+        {2, {5, 1}, {9, 3}, 2, 1, 576, 512, 2, Hd, BF, 1, -1, 0, 0, 0, 0, 0, 0, 0, 0},
+        {2, {5, 2}, {5, 300}, 4, 2, 64, 0, 256, N, F32, 1, 7, 0, 0, 0, 0, 0, 0, 0, 0},
+        {2, {1, 3}, {2500, 1700}, 8, 2, 64, 0, 16, Hd, F32, 1, 1000, 0, 5.0f, 0, 1, 4, 0, 7, 0},
+        {2, {4, 3}, {70, 33}, 4, 1, 32, 0, 16, N, BF, 1, -1, 16, 0, 0, 1, 4, 0, 3, 0},
+        {4,
+         {1, 1, 2, 1},
+         {40, 45, 50, 33},
+         4,
+         2,
+         32,
+         0,
+         8,
+         N,
+         F16,
+         1,
+         -1,
+         0,
+         2.0f,
+         0,
+         1,
+         2,
+         KVA_CASCADE_ON,
+         3,
+         4},
+        {4,
+         {3, 3, 3, 3},
+         {40, 45, 50, 33},
+         4,
+         2,
+         32,
+         0,
+         8,
+         Hd,
+         F32,
+         1,
+         -1,
+         0,
+         0,
+         0,
+         1,
+         0,
+         KVA_CASCADE_ON,
+         2,
+         4},
+        {3, {1, 0, 1}, {600, 610, 620},  8, 1, 64, 0, 16, N, F32, 1, -1, 0, 0, 0,
+         1, 0,         KVA_CASCADE_AUTO, 4, 37},
+        {1, {6}, {3}, 4, 4, 16, 0, 2, N, F32, 0, -1, 0, 0, 1, 1, 0, 0, 0, 0},
+        {1, {1}, {2}, KVA_MAX_HEADS, 64, 8, 0, 1, Hd, F32, 1, KVA_MAX_SEQ_LEN, 0, 0, 0, 1, 0,
+         0, 0,   0},
+    };
+    const int cascades0 = bb_cascades;
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        size_t bad = bb_run_case(&cs[i], 800 + i);
+        CHECK_MSG(bad == 0, "exotic case %zu: %zu mismatches", i, bad);
+    }
+    CHECK_MSG(bb_cascades - cascades0 >= 4, "only %d runs were cascades", bb_cascades - cascades0);
+}
+
+/* Non-causal: q_len > seq_len, seq_len 0 (rows of zeros, lse -inf or the sink). */
+static void test_noncausal_empty(void)
+{
+    for (int m = 0; m < 6; m++) {
+        bb_case c = {3,
+                     {5, 3, 2},
+                     {2, 0, 9},
+                     4,
+                     1,
+                     16,
+                     24,
+                     4,
+                     (kva_layout)(m % 2),
+                     (kva_dtype)(m % 3),
+                     0,
+                     -1,
+                     0,
+                     0.0f,
+                     0,
+                     m >= 3,
+                     0,
+                     0,
+                     0,
+                     0};
+        if (m == 2 || m == 5)
+            c.window = 1; /* a window on non-causal rows: rows with pos < 0 may see no key */
+        BB_CHECK_CASE(c, 300 + (uint64_t)m);
+    }
+    /* All requests empty of keys. */
+    bb_case e = {2, {2, 1}, {0, 0}, 2, 2, 8, 0, 1, KVA_LAYOUT_NHD, KVA_DTYPE_F32, 0, -1,
+                 0, 0.0f,   0,      1, 0, 0, 0, 0};
+    BB_CHECK_CASE(e, 399);
+}
+
+/* A plan keeps no copy of the cache: after the cache changes, the same plan
+ * computes over the new contents (both backends agree with a fresh plan). */
+static void test_plan_reuse_after_cache_change(void)
+{
+    for (int bi = 0; bi < 2; bi++) {
+        kva_rng rng = {400 + (uint64_t)bi};
+        kva_context *ctx = new_ctx(kBk[bi], 2);
+        kva_cache_desc cd = make_desc(6, 3, 2, 16, 0, KVA_DTYPE_F32, KVA_LAYOUT_HND);
+        kva_cache *c = NULL;
+        CHECK_OK(kva_cache_create(ctx, &cd, &c));
+        if (!c)
+            continue;
+        fill_cache(c, &rng);
+        const int32_t qsl[3] = {0, 1, 3}, sl[2] = {7, 5}, bt[6] = {5, 1, 3, 0, 2, -1};
+        kva_plan_desc pd;
+        memset(&pd, 0, sizeof pd);
+        pd = (kva_plan_desc){.num_requests = 2,
+                             .query_start_loc = qsl,
+                             .seq_lens = sl,
+                             .block_table = bt,
+                             .block_table_stride = 3,
+                             .block_size = 3,
+                             .num_heads = 4,
+                             .num_kv_heads = 2,
+                             .head_dim = 16,
+                             .q_dtype = KVA_DTYPE_F32,
+                             .causal = 1,
+                             .window_left = -1};
+        kva_plan *p = NULL, *p2 = NULL;
+        CHECK_OK(kva_plan_create(ctx, &pd, &p));
+        float q[3 * 4 * 16], o1[3 * 4 * 16], o2[3 * 4 * 16], l1[12], l2[12];
+        kva_test_fill(q, KVA_DTYPE_F32, 3 * 4 * 16, &rng, 1.0);
+        CHECK_OK(kva_attention_run(ctx, p, q, c, NULL, o1, l1));
+        fill_cache(c, &rng); /* new contents */
+        kva_test_poison(o1, KVA_DTYPE_F32, 3 * 4 * 16);
+        kva_test_poison(l1, KVA_DTYPE_F32, 12);
+        CHECK_OK(kva_attention_run(ctx, p, q, c, NULL, o1, l1));
+        CHECK_OK(kva_plan_create(ctx, &pd, &p2));
+        kva_test_poison(o2, KVA_DTYPE_F32, 3 * 4 * 16);
+        CHECK_OK(kva_attention_run(ctx, p2, q, c, NULL, o2, l2));
+        CHECK(kva_test_compare("reused plan", o1, o2, KVA_DTYPE_F32, 3 * 4 * 16, 0, 0) == 0);
+        CHECK(kva_test_compare_f32("reused plan lse", l1, l2, 12, 0, 0) == 0);
+        kva_plan_destroy(p);
+        kva_plan_destroy(p2);
+        kva_cache_destroy(c);
+        kva_context_destroy(ctx);
+    }
+}
+
+/* Names of every status, dtype, backend, quant, state; values outside the enums. */
+static void test_names(void)
+{
+    for (int s = 0; s < KVA_STATUS_COUNT_; s++) {
+        const char *n = kva_status_name((kva_status)s), *d = kva_status_string((kva_status)s);
+        CHECK(n && strncmp(n, "KVA_STATUS_", 11) == 0 && strcmp(n, "KVA_STATUS_UNKNOWN") != 0);
+        CHECK(d && d[0] != '\0');
+        for (int t = 0; t < s; t++)
+            CHECK(strcmp(n, kva_status_name((kva_status)t)) != 0);
+    }
+    CHECK(strcmp(kva_status_name(KVA_STATUS_COUNT_), "KVA_STATUS_UNKNOWN") == 0);
+    CHECK(strcmp(kva_status_name((kva_status)-1), "KVA_STATUS_UNKNOWN") == 0);
+    CHECK(kva_status_string((kva_status)-1) != NULL);
+    CHECK(kva_status_string((kva_status)KVA_STATUS_COUNT_) != NULL);
+    CHECK(strcmp(kva_status_name(KVA_STATUS_OK), "KVA_STATUS_OK") == 0);
+    CHECK(strcmp(kva_status_name(KVA_STATUS_INTERNAL), "KVA_STATUS_INTERNAL") == 0);
+    CHECK(strcmp(kva_dtype_name((kva_dtype)-1), "invalid") == 0);
+    CHECK(strcmp(kva_dtype_name(KVA_DTYPE_COUNT_), "invalid") == 0);
+    CHECK(kva_dtype_size((kva_dtype)-1) == 0 && kva_dtype_size(KVA_DTYPE_COUNT_) == 0);
+    CHECK(kva_dtype_size(KVA_DTYPE_U8) == 1 && kva_dtype_size(KVA_DTYPE_BF16) == 2);
+    CHECK(strcmp(kva_backend_name((kva_backend)-1), "invalid") == 0);
+    CHECK(strcmp(kva_backend_name(KVA_BACKEND_COUNT_), "invalid") == 0);
+    CHECK(kva_backend_available((kva_backend)-1) == 0);
+    CHECK(kva_backend_available(KVA_BACKEND_COUNT_) == 0);
+    CHECK(kva_backend_available(KVA_BACKEND_REF) == 1);
+    CHECK(strcmp(kva_quant_name((kva_quant)-1), "invalid") == 0);
+    CHECK(strcmp(kva_quant_name(KVA_QUANT_COUNT_), "invalid") == 0);
+    CHECK(strcmp(kva_quant_name(KVA_QUANT_FP8_TOKEN), "fp8_token") == 0);
+    const char *st = kva_attn_state_name((kva_attn_state)99);
+    CHECK(st != NULL);
+    CHECK(strcmp(kva_attn_state_name(KVA_STATE_PREFILL_NO_CACHE), "prefill_no_cache") == 0);
+    CHECK(kva_version() && kva_version()[0] >= '0' && kva_version()[0] <= '9');
+}
+
+/* destroy(NULL) of every handle; thread count 0 means all cores; out NULL. */
+static void test_handles(void)
+{
+    kva_context_destroy(NULL);
+    kva_cache_destroy(NULL);
+    kva_plan_destroy(NULL);
+    kva_pool_destroy(NULL);
+    kva_c8_scales_free(NULL);
+    kva_context *ctx = NULL;
+    CHECK_OK(kva_context_create(&(kva_context_desc){KVA_BACKEND_CPU, 0, 0}, &ctx));
+    CHECK(ctx && kva_context_num_threads(ctx) >= 1);
+    CHECK(kva_context_backend(ctx) == KVA_BACKEND_CPU);
+    kva_context *ctx2 = (kva_context *)&ctx; /* must be overwritten or left alone, not read */
+    CHECK_OK(kva_context_create(NULL, &ctx2));
+    CHECK(ctx2 && ctx2 != ctx && kva_context_backend(ctx2) == KVA_BACKEND_CPU);
+    kva_context_destroy(ctx2);
+    kva_context *r = NULL;
+    CHECK_OK(kva_context_create(&(kva_context_desc){KVA_BACKEND_REF, 7, 0}, &r));
+    CHECK(kva_context_num_threads(r) == 1);
+    kva_context_destroy(r);
+    CHECK_STATUS(kva_context_create(NULL, NULL), KVA_STATUS_NULL_POINTER);
+    CHECK(kva_last_error()[0] != '\0');
+    kva_context *bad = NULL;
+    CHECK_STATUS(kva_context_create(&(kva_context_desc){KVA_BACKEND_CPU, -1, 0}, &bad),
+                 KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("num_threads");
+    CHECK(bad == NULL);
+    CHECK_STATUS(kva_context_create(&(kva_context_desc){(kva_backend)7, 1, 0}, &bad),
+                 KVA_STATUS_INVALID_ARGUMENT);
+    CHECK(bad == NULL);
+    /* Queries of a cache / plan with NULL out-pointers. */
+    kva_cache_desc cd = make_desc(2, 4, 1, 8, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+    kva_cache *c = NULL;
+    CHECK_OK(kva_cache_create(ctx, &cd, &c));
+    CHECK_STATUS(kva_cache_get_desc(c, NULL), KVA_STATUS_NULL_POINTER);
+    CHECK_STATUS(kva_cache_get_desc(NULL, &cd), KVA_STATUS_NULL_POINTER);
+    CHECK_STATUS(kva_cache_data(NULL, NULL, NULL), KVA_STATUS_NULL_POINTER);
+    float *sc = (float *)&cd;
+    CHECK_OK(kva_cache_token_scales(c, &sc));
+    CHECK(sc == NULL);
+    CHECK(kva_cache_block_bytes_k(c) == 4 * 8 * 4 && kva_cache_block_bytes_v(c) == 4 * 8 * 4);
+    CHECK(kva_cache_block_bytes_scales(c) == 0 && kva_cache_static_scale_bytes(c) == 0);
+    CHECK(kva_cache_block_bytes_k(NULL) == 0 && kva_cache_block_bytes_v(NULL) == 0);
+    CHECK_STATUS(kva_plan_get_info(NULL, &(kva_plan_info){0}), KVA_STATUS_NULL_POINTER);
+    kva_cache_destroy(c);
+    kva_context_destroy(ctx);
+}
+
+/* The fixture of the bad-input cases: a cache, a plan, q, out, lse. */
+typedef struct bb_fix {
+    kva_context *ctx;
+    kva_cache *cache;
+    kva_plan *plan;
+    kva_plan_desc pd;
+    int32_t qsl[3], sl[2], bt[6];
+    float q[4 * 4 * 16], out[4 * 4 * 16], lse[16];
+    uint64_t sum_cache, sum_out, sum_lse;
+    kva_plan_info info;
+} bb_fix;
+
+static uint64_t bb_cache_sum(const kva_cache *c)
+{
+    kva_cache_desc d;
+    void *k = NULL, *v = NULL;
+    if (kva_cache_get_desc(c, &d) != KVA_STATUS_OK || kva_cache_data(c, &k, &v) != KVA_STATUS_OK)
+        return 0;
+    return bb_sum(k, store_bytes(&d, d.head_dim)) ^ (bb_sum(v, store_bytes(&d, d.head_dim_v)) << 1);
+}
+
+static void bb_fix_init(bb_fix *f, kva_backend b, uint64_t seed)
+{
+    kva_rng rng = {seed};
+    memset(f, 0, sizeof *f);
+    f->ctx = new_ctx(b, 2);
+    kva_cache_desc cd = make_desc(6, 3, 2, 16, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+    CHECK_OK(kva_cache_create(f->ctx, &cd, &f->cache));
+    fill_cache(f->cache, &rng);
+    const int32_t qsl[3] = {0, 1, 4}, sl[2] = {7, 5}, bt[6] = {5, 1, 3, 0, 2, -1};
+    memcpy(f->qsl, qsl, sizeof qsl);
+    memcpy(f->sl, sl, sizeof sl);
+    memcpy(f->bt, bt, sizeof bt);
+    f->pd = (kva_plan_desc){.num_requests = 2,
+                            .query_start_loc = f->qsl,
+                            .seq_lens = f->sl,
+                            .block_table = f->bt,
+                            .block_table_stride = 3,
+                            .block_size = 3,
+                            .num_heads = 4,
+                            .num_kv_heads = 2,
+                            .head_dim = 16,
+                            .q_dtype = KVA_DTYPE_F32,
+                            .causal = 1,
+                            .window_left = -1};
+    CHECK_OK(kva_plan_create(f->ctx, &f->pd, &f->plan));
+    CHECK_OK(kva_plan_get_info(f->plan, &f->info));
+    kva_test_fill(f->q, KVA_DTYPE_F32, 4 * 4 * 16, &rng, 1.0);
+    kva_test_poison(f->out, KVA_DTYPE_F32, 4 * 4 * 16);
+    kva_test_poison(f->lse, KVA_DTYPE_F32, 16);
+    f->sum_cache = bb_cache_sum(f->cache);
+    f->sum_out = bb_sum(f->out, sizeof f->out);
+    f->sum_lse = bb_sum(f->lse, sizeof f->lse);
+}
+
+/* Cache, out, lse and the plan's info as they were. */
+static int bb_untouched(const bb_fix *f)
+{
+    kva_plan_info info;
+    memset(&info, 0xab, sizeof info);
+    return bb_cache_sum(f->cache) == f->sum_cache && bb_sum(f->out, sizeof f->out) == f->sum_out &&
+           bb_sum(f->lse, sizeof f->lse) == f->sum_lse &&
+           kva_plan_get_info(f->plan, &info) == KVA_STATUS_OK &&
+           memcmp(&info, &f->info, sizeof info) == 0;
+}
+
+static void bb_fix_free(bb_fix *f)
+{
+    kva_plan_destroy(f->plan);
+    kva_cache_destroy(f->cache);
+    kva_context_destroy(f->ctx);
+}
+
+/* A cascade plan runs on the context that created it only (kvattn.h), even
+ * where another context reserved the same workspace; nothing is written. */
+static void test_cascade_context(void)
+{
+    for (int bi = 0; bi < 2; bi++) {
+        bb_fix f;
+        bb_fix_init(&f, kBk[bi], 950 + (uint64_t)bi);
+        const int32_t qsl[3] = {0, 1, 2}, sl[2] = {7, 8}, bt[6] = {5, 1, 3, 5, 1, 2};
+        kva_plan_desc pd = f.pd;
+        pd.query_start_loc = qsl, pd.seq_lens = sl, pd.block_table = bt;
+        pd.cascade = KVA_CASCADE_ON;
+        kva_plan *pa = NULL, *pb = NULL;
+        kva_context *b = new_ctx(kBk[bi], 2);
+        CHECK_OK(kva_plan_create(f.ctx, &pd, &pa));
+        CHECK_OK(kva_plan_create(b, &pd, &pb));
+        kva_plan_info info;
+        CHECK_OK(kva_plan_get_info(pa, &info));
+        CHECK(info.num_cascade_groups == 1);
+        BAD(kva_attention_run(b, pa, f.q, f.cache, NULL, f.out, f.lse),
+            KVA_STATUS_INVALID_ARGUMENT);
+        CHECK(bb_untouched(&f));
+        /* With the cascade off the same plan is shared as the header's rule says. */
+        pd.cascade = KVA_CASCADE_OFF;
+        CHECK_OK(kva_plan_update(f.ctx, pa, &pd));
+        CHECK_OK(kva_plan_update(b, pb, &pd));
+        CHECK_OK(kva_attention_run(b, pa, f.q, f.cache, NULL, f.out, f.lse));
+        kva_plan_destroy(pa);
+        kva_plan_destroy(pb);
+        kva_context_destroy(b);
+        bb_fix_free(&f);
+    }
+}
+
+/* Bad plan descriptors: status, message, *out left alone, and plan_update of a
+ * live plan with the same descriptor fails alike and leaves the plan running. */
+static void test_bad_plans(void)
+{
+    for (int bi = 0; bi < 2; bi++) {
+        bb_fix f;
+        bb_fix_init(&f, kBk[bi], 500 + (uint64_t)bi);
+        const float nan_slopes[4] = {0.1f, NAN, 0.1f, 0.1f};
+        const int32_t qsl_bad0[3] = {1, 2, 4}, qsl_dec[3] = {0, 2, 1}, qsl_long[3] = {0, 1, 9};
+        const int32_t parents[4] = {-1, -1, 0, 5};
+        struct {
+            kva_plan_desc d;
+            kva_status st;
+            const char *what;
+        } cases[32];
+        int n = 0;
+#define BB_PLAN(field_assign, status, text)                                                        \
+    do {                                                                                           \
+        kva_plan_desc d_ = f.pd;                                                                   \
+        field_assign;                                                                              \
+        cases[n].d = d_, cases[n].st = (status), cases[n].what = (text), n++;                      \
+    } while (0)
+        BB_PLAN(d_.num_heads = 7, KVA_STATUS_INVALID_ARGUMENT, "not a multiple");
+        BB_PLAN(d_.num_heads = 3, KVA_STATUS_INVALID_ARGUMENT, "not a multiple");
+        BB_PLAN(d_.head_dim = 12, KVA_STATUS_UNSUPPORTED, "head_dim = 12");
+        BB_PLAN(d_.head_dim_v = 4, KVA_STATUS_UNSUPPORTED, "head_dim_v = 4");
+        BB_PLAN(d_.head_dim = 0, KVA_STATUS_INVALID_ARGUMENT, "head_dim = 0");
+        BB_PLAN(d_.window_left = -2, KVA_STATUS_INVALID_ARGUMENT, "window_left = -2");
+        BB_PLAN(d_.softcap = -1.0f, KVA_STATUS_INVALID_ARGUMENT, "softcap");
+        BB_PLAN(d_.softcap = NAN, KVA_STATUS_INVALID_ARGUMENT, "softcap");
+        BB_PLAN(d_.scale = -0.5f, KVA_STATUS_INVALID_ARGUMENT, "scale");
+        BB_PLAN(d_.scale = INFINITY, KVA_STATUS_INVALID_ARGUMENT, "scale");
+        BB_PLAN(d_.decode_threshold = -1, KVA_STATUS_INVALID_ARGUMENT, "decode_threshold");
+        BB_PLAN(d_.attention_chunk = -4, KVA_STATUS_INVALID_ARGUMENT, "attention_chunk");
+        BB_PLAN((d_.attention_chunk = 4, d_.causal = 0), KVA_STATUS_UNSUPPORTED, "attention_chunk");
+        BB_PLAN(d_.alibi_slopes = nan_slopes, KVA_STATUS_INVALID_ARGUMENT, "alibi_slopes[1]");
+        BB_PLAN(d_.query_start_loc = qsl_bad0, KVA_STATUS_INVALID_ARGUMENT, "query_start_loc[0]");
+        BB_PLAN(d_.query_start_loc = qsl_dec, KVA_STATUS_INVALID_ARGUMENT, "decreases");
+        BB_PLAN(d_.query_start_loc = qsl_long, KVA_STATUS_OUT_OF_RANGE, "q_len");
+        BB_PLAN(d_.kind = (kva_attn_kind)9, KVA_STATUS_INVALID_ARGUMENT, "kind = 9");
+        BB_PLAN(d_.q_dtype = KVA_DTYPE_I8, KVA_STATUS_UNSUPPORTED, "q_dtype");
+        BB_PLAN(d_.block_size = 0, KVA_STATUS_INVALID_ARGUMENT, "block_size = 0");
+        BB_PLAN(d_.block_table_stride = 2, KVA_STATUS_OUT_OF_RANGE, "block_table_stride");
+        BB_PLAN(d_.num_requests = -1, KVA_STATUS_INVALID_ARGUMENT, "num_requests = -1");
+        BB_PLAN(d_.seq_lens = NULL, KVA_STATUS_NULL_POINTER, "seq_lens");
+        BB_PLAN((d_.tree_parents = parents, d_.window_left = 3), KVA_STATUS_UNSUPPORTED, "window");
+        BB_PLAN(d_.dcp_size = KVA_MAX_DCP + 1, KVA_STATUS_INVALID_ARGUMENT, "dcp_size");
+        BB_PLAN((d_.dcp_size = 2, d_.dcp_rank = 2), KVA_STATUS_INVALID_ARGUMENT, "dcp_rank");
+        BB_PLAN(d_.sparse_mode = 1, KVA_STATUS_INVALID_ARGUMENT, "sparse_mode");
+        BB_PLAN(d_.cascade = 7, KVA_STATUS_INVALID_ARGUMENT, "cascade");
+#undef BB_PLAN
+        for (int i = 0; i < n; i++) {
+            kva_plan *sentinel = (kva_plan *)&f, *p = sentinel;
+            kva_status s = kva_plan_create(f.ctx, &cases[i].d, &p);
+            CHECK_MSG(s == cases[i].st, "case %d (%s): %s, want %s: %s", i, cases[i].what,
+                      kva_status_name(s), kva_status_name(cases[i].st), kva_last_error());
+            CHECK_MSG(strstr(kva_last_error(), cases[i].what) != NULL, "case %d: '%s' lacks '%s'",
+                      i, kva_last_error(), cases[i].what);
+            CHECK_MSG(p == sentinel, "case %d: *out changed on failure", i);
+            if (s == KVA_STATUS_OK && p != sentinel)
+                kva_plan_destroy(p);
+            s = kva_plan_update(f.ctx, f.plan, &cases[i].d);
+            CHECK_MSG(s == cases[i].st, "update case %d (%s): %s", i, cases[i].what,
+                      kva_status_name(s));
+            CHECK_MSG(bb_untouched(&f), "update case %d changed something", i);
+        }
+        /* The plan still runs after the failed updates, as created. */
+        CHECK_OK(kva_attention_run(f.ctx, f.plan, f.q, f.cache, NULL, f.out, f.lse));
+        CHECK(!isnan(f.out[0]) && !isnan(f.lse[15]));
+        bb_fix_free(&f);
+    }
+}
+
+/* Bad run calls: the plan of another backend's context, a cache of another
+ * shape or block size, NULL tensors. Nothing written. */
+static void test_bad_runs(void)
+{
+    bb_fix a, b;
+    bb_fix_init(&a, KVA_BACKEND_REF, 600);
+    bb_fix_init(&b, KVA_BACKEND_CPU, 601);
+    BAD(kva_attention_run(b.ctx, a.plan, b.q, b.cache, NULL, b.out, b.lse),
+        KVA_STATUS_INVALID_ARGUMENT);
+    CHECK(bb_untouched(&b));
+    BAD(kva_attention_run(a.ctx, b.plan, a.q, a.cache, NULL, a.out, a.lse),
+        KVA_STATUS_INVALID_ARGUMENT);
+    CHECK(bb_untouched(&a));
+    BAD(kva_plan_update(a.ctx, b.plan, &b.pd), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK(bb_untouched(&b));
+    /* The cache of another context of the same backend is fine (both host memory). */
+    kva_context *c2 = new_ctx(KVA_BACKEND_CPU, 2);
+    kva_cache_desc cd = make_desc(6, 4, 2, 16, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD); /* B 4 */
+    kva_cache *wrong = NULL;
+    CHECK_OK(kva_cache_create(c2, &cd, &wrong));
+    BAD(kva_attention_run(b.ctx, b.plan, b.q, wrong, NULL, b.out, b.lse),
+        KVA_STATUS_SHAPE_MISMATCH);
+    kva_cache_destroy(wrong);
+    cd = make_desc(6, 3, 2, 16, 24, KVA_DTYPE_F32, KVA_LAYOUT_NHD); /* Dv 24 */
+    CHECK_OK(kva_cache_create(c2, &cd, &wrong));
+    BAD(kva_attention_run(b.ctx, b.plan, b.q, wrong, NULL, b.out, b.lse),
+        KVA_STATUS_SHAPE_MISMATCH);
+    kva_cache_destroy(wrong);
+    cd = make_desc(5, 3, 2, 16, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD); /* block 5 is the last */
+    CHECK_OK(kva_cache_create(c2, &cd, &wrong));
+    BAD(kva_attention_run(b.ctx, b.plan, b.q, wrong, NULL, b.out, b.lse), KVA_STATUS_OUT_OF_RANGE);
+    kva_cache_destroy(wrong);
+    cd = make_desc(6, 3, 2, 16, 0, KVA_DTYPE_BF16, KVA_LAYOUT_NHD);
+    CHECK_OK(kva_cache_create(c2, &cd, &wrong));
+    BAD(kva_attention_run(b.ctx, b.plan, b.q, wrong, NULL, b.out, b.lse),
+        KVA_STATUS_DTYPE_MISMATCH);
+    kva_cache_destroy(wrong);
+    BAD(kva_attention_run(b.ctx, b.plan, NULL, b.cache, NULL, b.out, b.lse),
+        KVA_STATUS_NULL_POINTER);
+    BAD(kva_attention_run(b.ctx, b.plan, b.q, b.cache, NULL, NULL, b.lse), KVA_STATUS_NULL_POINTER);
+    BAD(kva_attention_run(b.ctx, NULL, b.q, b.cache, NULL, b.out, b.lse), KVA_STATUS_NULL_POINTER);
+    BAD(kva_attention_run(b.ctx, b.plan, b.q, NULL, NULL, b.out, b.lse), KVA_STATUS_NULL_POINTER);
+    BAD(kva_attention_run(NULL, b.plan, b.q, b.cache, NULL, b.out, b.lse), KVA_STATUS_NULL_POINTER);
+    BAD(kva_attention_run_ragged(b.ctx, b.plan, b.q, NULL, b.q, NULL, b.out, b.lse),
+        KVA_STATUS_NULL_POINTER);
+    CHECK(bb_untouched(&b));
+    /* Another CPU context that reserved the plan's workspace (a plan from the
+     * same descriptor, same thread count) runs it. */
+    kva_plan *p2 = NULL;
+    CHECK_OK(kva_plan_create(c2, &b.pd, &p2));
+    CHECK_OK(kva_attention_run(c2, b.plan, b.q, b.cache, NULL, b.out, b.lse));
+    kva_plan_destroy(p2);
+    kva_context_destroy(c2);
+    bb_fix_free(&a);
+    bb_fix_free(&b);
+}
+
+/* Bad cache descriptors, including sizes whose byte count overflows. */
+static void test_bad_caches(void)
+{
+    for (int bi = 0; bi < 2; bi++) {
+        kva_context *ctx = new_ctx(kBk[bi], 1);
+        struct {
+            kva_cache_desc d;
+            kva_status st;
+        } cases[] = {
+            {make_desc(0, 4, 1, 8, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD), KVA_STATUS_INVALID_ARGUMENT},
+            {make_desc(2, 0, 1, 8, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD), KVA_STATUS_INVALID_ARGUMENT},
+            {make_desc(2, 4, 0, 8, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD), KVA_STATUS_INVALID_ARGUMENT},
+            {make_desc(2, 4, 1, 12, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD), KVA_STATUS_UNSUPPORTED},
+            {make_desc(2, 4, 1, 8, 4, KVA_DTYPE_F32, KVA_LAYOUT_NHD), KVA_STATUS_UNSUPPORTED},
+            {make_desc(2, 4, 1, 8, -8, KVA_DTYPE_F32, KVA_LAYOUT_NHD), KVA_STATUS_INVALID_ARGUMENT},
+            {make_desc(2, 4, 1, 8, 0, (kva_dtype)17, KVA_LAYOUT_NHD), KVA_STATUS_INVALID_ARGUMENT},
+            {make_desc(2, 4, 1, 8, 0, KVA_DTYPE_F32, (kva_layout)2), KVA_STATUS_INVALID_ARGUMENT},
+            {make_desc(2, 4, 1, 8, 0, KVA_DTYPE_I8, KVA_LAYOUT_NHD), KVA_STATUS_UNSUPPORTED},
+            /* 2^31 blocks of 2^31 tokens of 4096 heads of 576 floats: 2^85 bytes. */
+            {make_desc(INT32_MAX, INT32_MAX, KVA_MAX_HEADS, 576, 0, KVA_DTYPE_F32, KVA_LAYOUT_HND),
+             KVA_STATUS_OUT_OF_MEMORY},
+        };
+        const int n = (int)(sizeof cases / sizeof cases[0]);
+        cases[n - 1].st = KVA_STATUS_OUT_OF_MEMORY;
+        for (int i = 0; i < n; i++) {
+            kva_cache *sentinel = (kva_cache *)&cases[i], *c = sentinel;
+            kva_status s = kva_cache_create(ctx, &cases[i].d, &c);
+            /* The last case may be refused as out of range or out of memory. */
+            int ok =
+                s == cases[i].st ||
+                (i == n - 1 && (s == KVA_STATUS_INVALID_ARGUMENT || s == KVA_STATUS_OUT_OF_RANGE));
+            CHECK_MSG(ok, "cache case %d: %s (%s)", i, kva_status_name(s), kva_last_error());
+            CHECK_MSG(kva_last_error()[0] != '\0', "cache case %d: no message", i);
+            CHECK_MSG(c == sentinel, "cache case %d: *out changed on failure", i);
+            if (s == KVA_STATUS_OK && c != sentinel)
+                kva_cache_destroy(c);
+            /* Wrapped storage of the same shape: refused alike, without reading it. */
+            float buf[16];
+            c = sentinel;
+            s = kva_cache_create_from(ctx, &cases[i].d, buf, buf, &c);
+            CHECK_MSG(s != KVA_STATUS_OK, "create_from case %d accepted", i);
+            CHECK_MSG(c == sentinel, "create_from case %d: *out changed on failure", i);
+        }
+        /* Quant values outside the enum and kinds outside theirs. */
+        kva_cache_desc d = make_desc(2, 4, 1, 8, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+        kva_cache *c = NULL;
+        d.quant = (kva_quant)42;
+        BAD(kva_cache_create(ctx, &d, &c), KVA_STATUS_INVALID_ARGUMENT);
+        d.quant = KVA_QUANT_NONE;
+        d.kind = (kva_attn_kind)42;
+        BAD(kva_cache_create(ctx, &d, &c), KVA_STATUS_INVALID_ARGUMENT);
+        CHECK(c == NULL);
+        kva_context_destroy(ctx);
+    }
+}
+
+/* Bad writes, reads and block copies: nothing written. */
+static void test_bad_cache_calls(void)
+{
+    for (int bi = 0; bi < 2; bi++) {
+        bb_fix f;
+        bb_fix_init(&f, kBk[bi], 700 + (uint64_t)bi);
+        float k[4 * 2 * 16], v[4 * 2 * 16];
+        kva_rng rng = {9};
+        kva_test_fill(k, KVA_DTYPE_F32, 4 * 2 * 16, &rng, 1.0);
+        kva_test_fill(v, KVA_DTYPE_F32, 4 * 2 * 16, &rng, 1.0);
+        const int64_t slots_over[2] = {0, 18}, slots_ok[2] = {0, 17}, slots_neg[2] = {-5, -1};
+        BAD(kva_cache_write(f.ctx, f.cache, 2, k, 0, v, 0, KVA_DTYPE_F32, slots_over),
+            KVA_STATUS_OUT_OF_RANGE);
+        BAD(kva_cache_write(f.ctx, f.cache, 2, k, 31, v, 0, KVA_DTYPE_F32, slots_ok),
+            KVA_STATUS_INVALID_ARGUMENT);
+        BAD(kva_cache_write(f.ctx, f.cache, 2, k, -32, v, 0, KVA_DTYPE_F32, slots_ok),
+            KVA_STATUS_INVALID_ARGUMENT);
+        BAD(kva_cache_write(f.ctx, f.cache, 2, k, 0, v, 0, KVA_DTYPE_I8, slots_ok),
+            KVA_STATUS_UNSUPPORTED);
+        BAD(kva_cache_write(f.ctx, f.cache, -1, k, 0, v, 0, KVA_DTYPE_F32, slots_ok),
+            KVA_STATUS_INVALID_ARGUMENT);
+        BAD(kva_cache_write(f.ctx, f.cache, 2, k, 0, NULL, 0, KVA_DTYPE_F32, slots_ok),
+            KVA_STATUS_NULL_POINTER);
+        BAD(kva_cache_write(f.ctx, f.cache, 2, k, 0, v, 0, KVA_DTYPE_F32, NULL),
+            KVA_STATUS_NULL_POINTER);
+        /* Stride so large that the last row's byte offset overflows. */
+        BAD(kva_cache_write(f.ctx, f.cache, 2, k, INT64_MAX / 2, v, 0, KVA_DTYPE_F32, slots_ok),
+            KVA_STATUS_INVALID_ARGUMENT);
+        CHECK(bb_untouched(&f));
+        /* Negative slots only: OK, nothing written, rows never read (NULL-free garbage). */
+        CHECK_OK(kva_cache_write(f.ctx, f.cache, 2, k, 0, v, 0, KVA_DTYPE_F32, slots_neg));
+        CHECK(bb_untouched(&f));
+        /* Reads: both halves NULL, a slot out of range, rows untouched. */
+        uint64_t sk = bb_sum(k, sizeof k);
+        BAD(kva_cache_read(f.ctx, f.cache, 2, slots_ok, NULL, 0, NULL, 0, KVA_DTYPE_F32),
+            KVA_STATUS_NULL_POINTER);
+        BAD(kva_cache_read(f.ctx, f.cache, 2, slots_over, k, 0, v, 0, KVA_DTYPE_F32),
+            KVA_STATUS_OUT_OF_RANGE);
+        BAD(kva_cache_read(f.ctx, f.cache, 2, slots_ok, k, 0, v, 0, KVA_DTYPE_FP8_E4M3),
+            KVA_STATUS_UNSUPPORTED);
+        CHECK(bb_sum(k, sizeof k) == sk);
+        /* Block copies: ids out of range, a duplicate dst, negative count. */
+        const int32_t p_over[4] = {0, 1, 6, 2}, p_neg[2] = {-1, 2}, p_dup[4] = {0, 1, 2, 1};
+        BAD(kva_cache_copy_blocks(f.ctx, f.cache, p_over, 2), KVA_STATUS_OUT_OF_RANGE);
+        BAD(kva_cache_copy_blocks(f.ctx, f.cache, p_neg, 1), KVA_STATUS_OUT_OF_RANGE);
+        BAD(kva_cache_copy_blocks(f.ctx, f.cache, p_dup, 2), KVA_STATUS_INVALID_ARGUMENT);
+        BAD(kva_cache_copy_blocks(f.ctx, f.cache, p_dup, -1), KVA_STATUS_INVALID_ARGUMENT);
+        BAD(kva_cache_copy_blocks(f.ctx, f.cache, NULL, 1), KVA_STATUS_NULL_POINTER);
+        /* Swap into a cache of another shape (Hkv 1). */
+        kva_cache_desc cd = make_desc(6, 3, 1, 16, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+        kva_cache *other = NULL;
+        CHECK_OK(kva_cache_create(f.ctx, &cd, &other));
+        const int32_t p1[2] = {0, 1};
+        BAD(kva_cache_swap_blocks(f.ctx, other, f.cache, p1, 1), KVA_STATUS_SHAPE_MISMATCH);
+        kva_cache_destroy(other);
+        cd = make_desc(6, 3, 2, 16, 0, KVA_DTYPE_F32, KVA_LAYOUT_HND); /* layout differs */
+        CHECK_OK(kva_cache_create(f.ctx, &cd, &other));
+        kva_status s = kva_cache_swap_blocks(f.ctx, other, f.cache, p1, 1);
+        CHECK_MSG(s != KVA_STATUS_OK, "swap between NHD and HND caches accepted");
+        kva_cache_destroy(other);
+        CHECK(bb_untouched(&f));
+        bb_fix_free(&f);
+    }
+}
+
+/* Conversions, merges, reorder, DCP helpers and the pool: bad arguments
+ * change nothing; a few valid edge cases. */
+static void test_bad_misc(void)
+{
+    /* kva_convert: in place with different dtypes (the header forbids
+     * overlap) is refused; equal dtypes in place are a no-op. */
+    float fb[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    uint64_t s0 = bb_sum(fb, sizeof fb);
+    BAD(kva_convert(fb, KVA_DTYPE_F16, fb, KVA_DTYPE_F32, 4), KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_convert(fb, KVA_DTYPE_F32, (char *)fb + 2, KVA_DTYPE_BF16, 4),
+        KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_convert(fb, KVA_DTYPE_I8, fb + 4, KVA_DTYPE_F32, 1), KVA_STATUS_UNSUPPORTED);
+    BAD(kva_convert(NULL, KVA_DTYPE_F32, fb, KVA_DTYPE_F16, 1), KVA_STATUS_NULL_POINTER);
+    CHECK(bb_sum(fb, sizeof fb) == s0);
+    CHECK_OK(kva_convert(fb, KVA_DTYPE_F32, fb, KVA_DTYPE_F32, 8));
+    CHECK_OK(kva_convert(NULL, KVA_DTYPE_F32, NULL, KVA_DTYPE_F16, 0));
+    CHECK(bb_sum(fb, sizeof fb) == s0);
+    /* Adjacent, not overlapping: fine. */
+    CHECK_OK(kva_convert(fb, KVA_DTYPE_F32, fb + 4, KVA_DTYPE_BF16, 4));
+
+    /* Merges. */
+    kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 1);
+    float oa[2 * 8], ob[2 * 8], la[2], lb[2], o[2 * 8], l[2];
+    kva_rng rng = {11};
+    kva_test_fill(oa, KVA_DTYPE_F32, 16, &rng, 1.0);
+    kva_test_fill(ob, KVA_DTYPE_F32, 16, &rng, 1.0);
+    la[0] = 0.5f, la[1] = -INFINITY, lb[0] = -INFINITY, lb[1] = -INFINITY;
+    kva_test_poison(o, KVA_DTYPE_F32, 16);
+    kva_test_poison(l, KVA_DTYPE_F32, 2);
+    uint64_t so = bb_sum(o, sizeof o), sl = bb_sum(l, sizeof l);
+    BAD(kva_merge_states(ctx, -1, 1, 8, KVA_DTYPE_F32, oa, la, ob, lb, o, l),
+        KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_merge_states(ctx, 2, 1, 12, KVA_DTYPE_F32, oa, la, ob, lb, o, l),
+        KVA_STATUS_UNSUPPORTED);
+    BAD(kva_merge_states(ctx, 2, 1, 8, KVA_DTYPE_I8, oa, la, ob, lb, o, l), KVA_STATUS_UNSUPPORTED);
+    BAD(kva_merge_states(ctx, 2, 0, 8, KVA_DTYPE_F32, oa, la, ob, lb, o, l),
+        KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_merge_states(ctx, 2, 1, 8, KVA_DTYPE_F32, oa, NULL, ob, lb, o, l),
+        KVA_STATUS_NULL_POINTER);
+    BAD(kva_merge_states_n(ctx, 0, 2, 1, 8, KVA_DTYPE_F32, oa, 0, la, 0, o, l),
+        KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_merge_states_n(ctx, KVA_MAX_DCP + 1, 2, 1, 8, KVA_DTYPE_F32, oa, 0, la, 0, o, l),
+        KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_merge_states_n(ctx, 2, 2, 1, 8, KVA_DTYPE_F32, oa, 15, la, 0, o, l),
+        KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_merge_states_n(ctx, 1, 2, 1, 8, KVA_DTYPE_F32, oa, 0, la, 0, oa + 8, l),
+        KVA_STATUS_INVALID_ARGUMENT);
+    CHECK(bb_sum(o, sizeof o) == so && bb_sum(l, sizeof l) == sl);
+    /* Valid: a side of -inf contributes nothing, both -inf gives 0 and -inf; in place. */
+    CHECK_OK(kva_merge_states(ctx, 2, 1, 8, KVA_DTYPE_F32, oa, la, ob, lb, o, l));
+    CHECK(l[0] == 0.5f && isinf(l[1]) && l[1] < 0);
+    CHECK(kva_test_compare("merge one side", o, oa, KVA_DTYPE_F32, 8, 0, 0) == 0);
+    for (int e = 8; e < 16; e++)
+        CHECK(o[e] == 0.0f);
+    CHECK_OK(kva_merge_states(ctx, 2, 1, 8, KVA_DTYPE_F32, oa, la, ob, lb, oa, la));
+    CHECK(kva_test_compare("merge in place", oa, o, KVA_DTYPE_F32, 16, 0, 0) == 0);
+    kva_context_destroy(ctx);
+
+    /* Reorder. */
+    int32_t perm[4] = {9, 9, 9, 9}, nd = 77;
+    const int32_t ql[4] = {3, 1, 0, 2}, ql_bad[4] = {3, -1, 0, 2};
+    BAD(kva_batch_reorder_decode_first(4, ql_bad, 1, perm, &nd), KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_batch_reorder_decode_first(-1, ql, 1, perm, &nd), KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_batch_reorder_decode_first(4, ql, -2, perm, &nd), KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_batch_reorder_decode_first(4, ql, 1, NULL, &nd), KVA_STATUS_NULL_POINTER);
+    CHECK(perm[0] == 9 && perm[3] == 9 && nd == 77);
+    CHECK_OK(kva_batch_reorder_decode_first(4, ql, 2, perm, &nd));
+    CHECK(nd == 3 && perm[0] == 1 && perm[1] == 2 && perm[2] == 3 && perm[3] == 0);
+    CHECK_OK(kva_batch_reorder_decode_first(0, NULL, 0, NULL, NULL));
+
+    /* DCP helpers. */
+    const int32_t sls[3] = {0, 5, 17};
+    int32_t loc[3] = {-7, -7, -7};
+    BAD(kva_dcp_local_lens(3, sls, 2, 2, 1, loc), KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_dcp_local_lens(3, sls, -1, 0, 1, loc), KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_dcp_local_lens(3, sls, 2, 0, -1, loc), KVA_STATUS_INVALID_ARGUMENT);
+    CHECK(loc[0] == -7 && loc[2] == -7);
+    CHECK_OK(kva_dcp_local_lens(3, sls, 3, 1, 2, loc));
+    /* positions with (i / 2) % 3 == 1: 2,3 | 8,9 | 14,15 -> 0, 2, 6 */
+    CHECK(loc[0] == 0 && loc[1] == 2 && loc[2] == 6);
+    int64_t slots[8];
+    for (int i = 0; i < 8; i++)
+        slots[i] = 123;
+    const int32_t row[2] = {4, 7};
+    /* rank 1 of 2, I 1: positions 0..7, local tokens 1,3,5,7 -> k 0..3; B 2: row needs 2 entries */
+    BAD(kva_dcp_slots(2, 1, 1, 2, row, 1, 0, 8, slots), KVA_STATUS_OUT_OF_RANGE);
+    BAD(kva_dcp_slots(2, 1, 1, 0, row, 2, 0, 8, slots), KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_dcp_slots(2, 1, 1, 2, row, 2, -1, 8, slots), KVA_STATUS_INVALID_ARGUMENT);
+    for (int i = 0; i < 8; i++)
+        CHECK(slots[i] == 123);
+    CHECK_OK(kva_dcp_slots(2, 1, 1, 2, row, 2, 0, 8, slots));
+    CHECK(slots[0] == -1 && slots[1] == 8 && slots[3] == 9 && slots[5] == 14 && slots[7] == 15);
+
+    /* Pool (no prefix caching: every build has it). */
+    kva_pool *pool = NULL;
+    BAD(kva_pool_create(&(kva_pool_desc){1, 4, KVA_POOL_HASH_SHA256, 0}, &pool),
+        KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_pool_create(&(kva_pool_desc){4, 0, KVA_POOL_HASH_SHA256, 0}, &pool),
+        KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_pool_create(&(kva_pool_desc){4, 4, (kva_pool_hash)5, 1}, &pool),
+        KVA_STATUS_INVALID_ARGUMENT);
+    CHECK(pool == NULL);
+    CHECK_OK(kva_pool_create(&(kva_pool_desc){4, 4, KVA_POOL_HASH_SHA256, 0}, &pool));
+    const int32_t prompt[6] = {1, 2, 3, 4, 5, 6};
+    int32_t id = -1, cached = -1;
+    BAD(kva_pool_request_add(pool, prompt, 0, NULL, 0, &id, &cached), KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_pool_request_add(pool, NULL, 6, NULL, 0, &id, &cached), KVA_STATUS_NULL_POINTER);
+    CHECK(id == -1 && cached == -1);
+    CHECK_OK(kva_pool_request_add(pool, prompt, 6, NULL, 0, &id, &cached));
+    CHECK(cached == 0);
+    BAD(kva_pool_request_allocate(pool, id, 13, 0), KVA_STATUS_POOL_EXHAUSTED);
+    BAD(kva_pool_request_allocate(pool, id + 1, 1, 0), KVA_STATUS_OUT_OF_RANGE);
+    BAD(kva_pool_request_allocate(pool, -1, 1, 0), KVA_STATUS_OUT_OF_RANGE);
+    BAD(kva_pool_request_allocate(pool, id, -1, 0), KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_pool_request_allocate(pool, id, INT32_MAX, INT32_MAX), KVA_STATUS_OUT_OF_RANGE);
+    kva_pool_stats st;
+    CHECK_OK(kva_pool_get_stats(pool, &st));
+    CHECK(st.num_used_blocks == 0 && st.num_free_blocks == 3 && st.num_blocks == 3);
+    CHECK_OK(kva_pool_request_allocate(pool, id, 6, 1));
+    int64_t ps[4] = {5, 5, 5, 5};
+    BAD(kva_pool_request_slots(pool, id, 6, 4, ps), KVA_STATUS_OUT_OF_RANGE);
+    BAD(kva_pool_request_slots(pool, id, INT32_MAX, 4, ps), KVA_STATUS_OUT_OF_RANGE);
+    CHECK(ps[0] == 5 && ps[3] == 5);
+    int32_t brow[3] = {9, 9, 9}, nblk = -1;
+    BAD(kva_pool_request_block_table(pool, id, brow, 1, &nblk), KVA_STATUS_OUT_OF_RANGE);
+    CHECK(brow[0] == 9 && nblk == -1);
+    CHECK_OK(kva_pool_request_block_table(pool, id, brow, 3, &nblk));
+    CHECK(nblk == 2 && brow[0] > 0 && brow[1] > 0 && brow[2] == 0);
+    BAD(kva_pool_request_append_tokens(pool, id, prompt, -1), KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_pool_request_drop_window(pool, id, -1), KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_pool_request_drop_chunk(pool, id, 0), KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_pool_request_free(pool, id + 5), KVA_STATUS_OUT_OF_RANGE);
+    CHECK_OK(kva_pool_check(pool));
+    CHECK_OK(kva_pool_request_free(pool, id));
+    BAD(kva_pool_request_free(pool, id), KVA_STATUS_OUT_OF_RANGE); /* double free */
+    CHECK_OK(kva_pool_check(pool));
+    kva_pool_destroy(pool);
+}
+
+/* The zero-size rule (kvattn.h): a count of 0 validates the other arguments,
+ * returns OK, touches nothing and takes NULL arrays, at every entry point the
+ * other tests do not cover; a shape dimension of 0 is still refused. */
+static void test_zero_counts(void)
+{
+    for (int bi = 0; bi < 2; bi++) {
+        bb_fix f;
+        bb_fix_init(&f, kBk[bi], 900 + (uint64_t)bi);
+        CHECK_OK(kva_cache_read(f.ctx, f.cache, 0, NULL, NULL, 0, NULL, 0, KVA_DTYPE_F32));
+        CHECK_OK(kva_cache_write(f.ctx, f.cache, 0, NULL, 0, NULL, 0, KVA_DTYPE_F32, NULL));
+        CHECK_OK(kva_cache_copy_blocks(f.ctx, f.cache, NULL, 0));
+        /* Same cache twice is an argument error even with no pairs. */
+        BAD(kva_cache_swap_blocks(f.ctx, f.cache, f.cache, NULL, 0), KVA_STATUS_INVALID_ARGUMENT);
+        BAD(kva_cache_read(f.ctx, f.cache, 0, NULL, NULL, 0, NULL, 0, (kva_dtype)17),
+            KVA_STATUS_INVALID_ARGUMENT);
+        CHECK_OK(
+            kva_merge_states_n(f.ctx, 3, 0, 2, 8, KVA_DTYPE_BF16, NULL, 0, NULL, 0, NULL, NULL));
+        BAD(kva_merge_states_n(f.ctx, 3, 0, 0, 8, KVA_DTYPE_BF16, NULL, 0, NULL, 0, NULL, NULL),
+            KVA_STATUS_INVALID_ARGUMENT);
+        /* Other arguments are still validated with a zero count. */
+        BAD(kva_cache_write(f.ctx, f.cache, 0, NULL, 0, NULL, 0, KVA_DTYPE_I8, NULL),
+            KVA_STATUS_UNSUPPORTED);
+        BAD(kva_cache_write(f.ctx, f.cache, 0, NULL, -1, NULL, 0, KVA_DTYPE_F32, NULL),
+            KVA_STATUS_INVALID_ARGUMENT);
+        BAD(kva_cache_read(f.ctx, f.cache, 0, NULL, NULL, 0, NULL, 0, KVA_DTYPE_I8),
+            KVA_STATUS_UNSUPPORTED);
+        BAD(kva_cache_copy_blocks(f.ctx, NULL, NULL, 0), KVA_STATUS_NULL_POINTER);
+        CHECK(bb_untouched(&f));
+        /* A plan whose requests all have q_len 0 (state EMPTY) runs with NULL tensors. */
+        const int32_t qsl0[3] = {0, 0, 0};
+        kva_plan_desc pd = f.pd;
+        pd.query_start_loc = qsl0;
+        kva_plan *p = NULL;
+        CHECK_OK(kva_plan_create(f.ctx, &pd, &p));
+        kva_plan_info info;
+        CHECK_OK(kva_plan_get_info(p, &info));
+        CHECK(info.num_tokens == 0 && info.state == KVA_STATE_EMPTY);
+        CHECK_OK(kva_attention_run(f.ctx, p, NULL, f.cache, NULL, NULL, NULL));
+        CHECK_OK(kva_attention_run_ragged(f.ctx, p, NULL, NULL, NULL, NULL, NULL, NULL));
+        /* ... but not with a cache of the wrong shape. */
+        kva_cache_desc cd = make_desc(6, 3, 1, 16, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+        kva_cache *wrong = NULL;
+        CHECK_OK(kva_cache_create(f.ctx, &cd, &wrong));
+        BAD(kva_attention_run(f.ctx, p, NULL, wrong, NULL, NULL, NULL), KVA_STATUS_SHAPE_MISMATCH);
+        kva_cache_destroy(wrong);
+        kva_plan_destroy(p);
+        bb_fix_free(&f);
+    }
+    CHECK_OK(kva_dcp_local_lens(0, NULL, 2, 1, 1, NULL));
+    CHECK_OK(kva_dcp_slots(2, 1, 1, 4, NULL, 0, 5, 0, NULL));
+    BAD(kva_dcp_slots(2, 1, 1, 0, NULL, 0, 5, 0, NULL), KVA_STATUS_INVALID_ARGUMENT);
+    kva_pool *pool = NULL;
+    CHECK_OK(kva_pool_create(&(kva_pool_desc){4, 4, KVA_POOL_HASH_SHA256, 0}, &pool));
+    const int32_t prompt[2] = {7, 8};
+    int32_t id = -1, nb = -1;
+    CHECK_OK(kva_pool_request_add(pool, prompt, 2, NULL, 0, &id, NULL));
+    CHECK_OK(kva_pool_request_allocate(pool, id, 0, 0));
+    CHECK_OK(kva_pool_request_append_tokens(pool, id, NULL, 0));
+    CHECK_OK(kva_pool_request_slots(pool, id, 0, 0, NULL));
+    CHECK_OK(kva_pool_request_block_table(pool, id, NULL, 0, &nb));
+    CHECK(nb == 0);
+    CHECK_OK(kva_pool_check(pool));
+    kva_pool_destroy(pool);
+}
+
+int main(void)
+{
+    RUN(test_shapes);
+    RUN(test_masks);
+    RUN(test_noncausal_empty);
+    RUN(test_exotic);
+    RUN(test_cascade_context);
+    RUN(test_plan_reuse_after_cache_change);
+    RUN(test_names);
+    RUN(test_handles);
+    RUN(test_bad_plans);
+    RUN(test_bad_runs);
+    RUN(test_bad_caches);
+    RUN(test_bad_cache_calls);
+    RUN(test_bad_misc);
+    RUN(test_zero_counts);
+    return kva_test_finish();
+}
