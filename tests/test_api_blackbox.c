@@ -18,6 +18,10 @@
  */
 #include "cache_util.h"
 
+/* The case tables below list the leading fields of bb_case and leave its
+ * trailing optional ones (threads, prefix sharing, cache format) zero. */
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
 static const kva_backend kBk[2] = {KVA_BACKEND_REF, KVA_BACKEND_CPU};
 
 /* A failing call: the status, a message, and nothing else. */
@@ -53,7 +57,27 @@ typedef struct bb_case {
     /* Optional: decode_threshold, cascade mode, CPU threads (0: 2), leading
      * blocks every request shares with request 0 (a shared prefix). */
     int32_t thr, cascade, threads, share;
+    /* Optional: the cache format (cache_util.h's random static scales of
+     * granularity gran) and, for INT8_TOKEN_K_V16, V's dtype (else q's). */
+    kva_quant quant;
+    int gran;
 } bb_case;
+
+/* The storage dtype of a case's cache. */
+static kva_dtype bb_cache_dtype(const bb_case *c)
+{
+    switch (c->quant) {
+    case KVA_QUANT_INT8_CHANNEL:
+    case KVA_QUANT_INT8_TOKEN_K:
+        return KVA_DTYPE_I8;
+    case KVA_QUANT_FP8_E4M3:
+        return KVA_DTYPE_FP8_E4M3;
+    case KVA_QUANT_INT8_TOKEN_K_V16:
+        return c->dt == KVA_DTYPE_F32 ? KVA_DTYPE_F16 : c->dt;
+    default:
+        return c->dt;
+    }
+}
 
 /* Builds the plan descriptor of a case; qsl [R+1], bt [R*stride] filled here. */
 static kva_plan_desc bb_desc(const bb_case *c, int32_t *qsl, int32_t *bt, int32_t stride,
@@ -146,17 +170,53 @@ static size_t bb_run_case(const bb_case *c, uint64_t seed)
     void *out[2];
     float *lse[2];
     size_t bad = 0;
+    uint64_t store_sum = 0;
     for (int bi = 0; bi < 2; bi++) {
         out[bi] = malloc(es * on + 1);
         lse[bi] = malloc(sizeof(float) * ln + 1);
         kva_test_poison(out[bi], c->dt, on);
         kva_test_poison(lse[bi], KVA_DTYPE_F32, ln);
         kva_context *ctx = new_ctx(kBk[bi], bi ? (c->threads ? c->threads : 2) : 1);
-        kva_cache_desc cd = make_desc(nb, c->B, c->Hkv, c->D, c->Dv, c->dt, c->layout);
+        kva_cache_desc cd = make_desc(nb, c->B, c->Hkv, c->D, c->Dv, bb_cache_dtype(c), c->layout);
+        cd.quant = c->quant;
         kva_cache *cache = NULL;
         kva_plan *plan = NULL;
-        CHECK_OK(kva_cache_create(ctx, &cd, &cache));
+        kva_rng prng = {seed * 7 + 1}; /* the same scales on both backends */
+        float *pbuf = malloc(sizeof(float) * 2 * (size_t)c->Hkv * (size_t)(c->D + Dv));
+        kva_quant_params qp;
+        make_params(c->quant, c->Hkv, c->D, Dv, c->gran, &prng, pbuf, &qp);
+        CHECK_OK(kva_cache_create_quant(ctx, &cd, c->quant ? &qp : NULL, &cache));
+        free(pbuf);
+        if (!cache) {
+            kva_context_destroy(ctx);
+            bad++;
+            continue;
+        }
+        /* The cache is poisoned first: only written slots may be read. */
+        {
+            void *ck, *cv;
+            kva_cache_data(cache, &ck, &cv);
+            memset(ck, 0x7f, kva_cache_block_bytes_k(cache) * (size_t)nb);
+            memset(cv, 0x7f, kva_cache_block_bytes_v(cache) * (size_t)nb);
+        }
         CHECK_OK(kva_cache_write(ctx, cache, tokens, k, 0, v, 0, KVA_DTYPE_F32, slots));
+        /* Both backends store the same bytes (quantization included). */
+        {
+            void *ck, *cv;
+            float *ts = NULL;
+            kva_cache_data(cache, &ck, &cv);
+            kva_cache_token_scales(cache, &ts);
+            const size_t kb = kva_cache_block_bytes_k(cache) * (size_t)nb;
+            const size_t vb = kva_cache_block_bytes_v(cache) * (size_t)nb;
+            const size_t tb = kva_cache_block_bytes_scales(cache) * (size_t)nb;
+            uint64_t h = bb_sum(ck, kb) ^ (bb_sum(cv, vb) << 1) ^ (ts ? bb_sum(ts, tb) << 2 : 0);
+            if (bi == 0)
+                store_sum = h;
+            else if (h != store_sum) {
+                fprintf(stderr, "  cache bytes differ between ref and cpu\n");
+                bad++;
+            }
+        }
         CHECK_OK(kva_plan_create(ctx, &pd, &plan));
         CHECK_OK(kva_attention_run(ctx, plan, q, cache, c->sinks ? sinks : NULL, out[bi], lse[bi]));
         /* The same keys packed per request (kva_attention_run_ragged) give the same rows. */
@@ -176,7 +236,7 @@ static size_t bb_run_case(const bb_case *c, uint64_t seed)
             BAD(kva_attention_run_ragged(ctx, plan, q, kq, vq, NULL, ro, rl),
                 KVA_STATUS_INVALID_ARGUMENT);
             CHECK(bb_sum(ro, es * on) == so && bb_sum(rl, sizeof(float) * ln) == sl);
-        } else {
+        } else if (c->quant == KVA_QUANT_NONE) {
             CHECK_OK(
                 kva_attention_run_ragged(ctx, plan, q, kq, vq, c->sinks ? sinks : NULL, ro, rl));
             bad += kva_test_compare("ragged vs paged", ro, out[bi], c->dt, on, kva_test_atol(c->dt),
@@ -358,6 +418,48 @@ static void test_exotic(void)
         CHECK_MSG(bad == 0, "exotic case %zu: %zu mismatches", i, bad);
     }
     CHECK_MSG(bb_cascades - cascades0 >= 4, "only %d runs were cascades", bb_cascades - cascades0);
+}
+
+/* Quantized caches on odd shapes: block sizes 1 and 3, D 24 / Dv 40, GQA,
+ * both layouts, every scale granularity; both backends store the same bytes
+ * and agree on the result. */
+static void test_quant_shapes(void)
+{
+    const kva_quant qs[4] = {KVA_QUANT_INT8_CHANNEL, KVA_QUANT_INT8_TOKEN_K,
+                             KVA_QUANT_INT8_TOKEN_K_V16, KVA_QUANT_FP8_E4M3};
+    int n = 0;
+    for (int qi = 0; qi < 4; qi++)
+        for (int g = 0; g < 3; g++, n++) {
+            bb_case c = {3,
+                         {1, 4, 2},
+                         {7, 9, 2},
+                         6,
+                         3,
+                         24,
+                         40,
+                         n % 2 ? 3 : 1,
+                         (kva_layout)(n % 2),
+                         (kva_dtype)(n % 3),
+                         1,
+                         -1,
+                         0,
+                         0.0f,
+                         0,
+                         n % 4 == 1,
+                         0,
+                         0,
+                         0,
+                         0,
+                         qs[qi],
+                         g};
+            if (qs[qi] == KVA_QUANT_FP8_E4M3 && g == 0)
+                c.gran = 1; /* fp8 scales are per tensor or per kv head */
+            if (n % 5 == 2)
+                c.window = 3, c.softcap = 4.0f;
+            size_t bad = bb_run_case(&c, 1000 + (uint64_t)n);
+            CHECK_MSG(bad == 0, "quant case %s gran %d: %zu mismatches", kva_quant_name(qs[qi]), g,
+                      bad);
+        }
 }
 
 /* Non-causal: q_len > seq_len, seq_len 0 (rows of zeros, lse -inf or the sink). */
@@ -1093,6 +1195,7 @@ int main(void)
     RUN(test_noncausal_empty);
     RUN(test_exotic);
     RUN(test_cascade_context);
+    RUN(test_quant_shapes);
     RUN(test_plan_reuse_after_cache_change);
     RUN(test_names);
     RUN(test_handles);
