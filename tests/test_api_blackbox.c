@@ -462,6 +462,85 @@ static void test_quant_shapes(void)
         }
 }
 
+/* MLA on small odd shapes (Dc 24, Dr 8, Dn 16, Dv 40, H 3, B 3, both q
+ * dtypes f32/f16, causal and not, a q_len 0 request, decode and prefill paths
+ * in one plan): the absorbed kva_attention_run and the layer-level kva_mla_run,
+ * CPU against the reference, outputs poisoned. */
+static void test_mla_shapes(void)
+{
+    enum { Dc = 24, Dr = 8, Dn = 16, Dv2 = 40, H = 3, B = 3, R = 3 };
+    /* Non-causal plans also get a request with no keys and one with q_len > seq_len. */
+    const int32_t qsl[R + 1] = {0, 1, 1, 7}, slc[R] = {5, 4, 10}, sln[R] = {0, 4, 3};
+    const int32_t bt[R * 4] = {6, 2, -1, -1, 0, 1, -1, -1, 3, 7, 4, 5};
+    const int32_t T = 7, NB = 8;
+    for (int m = 0; m < 4; m++) {
+        const kva_dtype dt = m % 2 ? KVA_DTYPE_F16 : KVA_DTYPE_F32;
+        const int causal = m < 2;
+        const int32_t *sl = causal ? slc : sln;
+        kva_rng rng = {1100 + (uint64_t)m};
+        const size_t es = kva_dtype_size(dt);
+        float ckv[NB * B * Dc], kpe[NB * B * Dr];
+        int64_t slots[NB * B];
+        kva_test_fill(ckv, KVA_DTYPE_F32, NB * B * Dc, &rng, 1.0);
+        kva_test_fill(kpe, KVA_DTYPE_F32, NB * B * Dr, &rng, 1.0);
+        for (int i = 0; i < NB * B; i++)
+            slots[i] = i;
+        void *qa = malloc(es * T * H * (Dc + Dr)), *ql = malloc(es * T * H * (Dn + Dr));
+        void *wuk = malloc(es * H * Dn * Dc), *wuv = malloc(es * H * Dc * Dv2);
+        kva_test_fill(qa, dt, (size_t)T * H * (Dc + Dr), &rng, 1.0);
+        kva_test_fill(ql, dt, (size_t)T * H * (Dn + Dr), &rng, 1.0);
+        kva_test_fill(wuk, dt, (size_t)H * Dn * Dc, &rng, 0.25);
+        kva_test_fill(wuv, dt, (size_t)H * Dc * Dv2, &rng, 0.25);
+        void *oa[2], *ol[2];
+        float la[2][T * H], ll[2][T * H];
+        for (int bi = 0; bi < 2; bi++) {
+            kva_context *ctx = new_ctx(kBk[bi], 3);
+            kva_cache_desc cd = {NB,          B, 1, Dc + Dr, Dc, dt, KVA_LAYOUT_NHD, KVA_QUANT_NONE,
+                                 KVA_ATTN_MLA};
+            kva_cache *c = NULL;
+            CHECK_OK(kva_cache_create(ctx, &cd, &c));
+            CHECK_OK(kva_cache_write(ctx, c, NB * B, ckv, 0, kpe, 0, KVA_DTYPE_F32, slots));
+            kva_plan_desc pd =
+                kva_test_mla_desc(R, qsl, sl, bt, 4, B, H, Dc + Dr, Dc, dt, 0.2, causal);
+            pd.mla_qk_nope_head_dim = Dn;
+            pd.mla_v_head_dim = Dv2;
+            kva_plan *p = NULL;
+            CHECK_OK(kva_plan_create(ctx, &pd, &p));
+            oa[bi] = malloc(es * T * H * Dc);
+            ol[bi] = malloc(es * T * H * Dv2);
+            kva_test_poison(oa[bi], dt, (size_t)T * H * Dc);
+            kva_test_poison(ol[bi], dt, (size_t)T * H * Dv2);
+            kva_test_poison(la[bi], KVA_DTYPE_F32, T * H);
+            kva_test_poison(ll[bi], KVA_DTYPE_F32, T * H);
+            CHECK_OK(kva_attention_run(ctx, p, qa, c, NULL, oa[bi], la[bi]));
+            CHECK_OK(kva_mla_run(ctx, p, ql, wuk, wuv, c, ol[bi], ll[bi]));
+            kva_plan_destroy(p);
+            kva_cache_destroy(c);
+            kva_context_destroy(ctx);
+        }
+        const double at = dt == KVA_DTYPE_F32 ? 5e-5 : 8e-4, rt = dt == KVA_DTYPE_F32 ? 5e-5 : 2e-3;
+        CHECK(kva_test_compare("mla absorbed", oa[1], oa[0], dt, (size_t)T * H * Dc, at, rt) == 0);
+        CHECK(kva_test_compare_f32("mla absorbed lse", la[1], la[0], T * H, 5e-5, 1e-5) == 0);
+        CHECK(kva_test_compare("mla layer", ol[1], ol[0], dt, (size_t)T * H * Dv2, at, rt) == 0);
+        CHECK(kva_test_compare_f32("mla layer lse", ll[1], ll[0], T * H, 5e-5, 1e-5) == 0);
+        if (!causal) /* token 0 sees no key: zeros and -inf on both backends and both calls */
+            for (int bi = 0; bi < 2; bi++)
+                for (int h = 0; h < H; h++) {
+                    CHECK(isinf(la[bi][h]) && la[bi][h] < 0 && isinf(ll[bi][h]) && ll[bi][h] < 0);
+                    CHECK(kva_test_get(oa[bi], dt, (size_t)h * Dc) == 0.0);
+                    CHECK(kva_test_get(ol[bi], dt, (size_t)h * Dv2 + Dv2 - 1) == 0.0);
+                }
+        for (int bi = 0; bi < 2; bi++) {
+            free(oa[bi]);
+            free(ol[bi]);
+        }
+        free(qa);
+        free(ql);
+        free(wuk);
+        free(wuv);
+    }
+}
+
 /* Non-causal: q_len > seq_len, seq_len 0 (rows of zeros, lse -inf or the sink). */
 static void test_noncausal_empty(void)
 {
@@ -1196,6 +1275,7 @@ int main(void)
     RUN(test_exotic);
     RUN(test_cascade_context);
     RUN(test_quant_shapes);
+    RUN(test_mla_shapes);
     RUN(test_plan_reuse_after_cache_change);
     RUN(test_names);
     RUN(test_handles);
