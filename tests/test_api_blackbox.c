@@ -541,6 +541,100 @@ static void test_mla_shapes(void)
     }
 }
 
+/* Sparse MLA (duplicate entries, -1 anywhere, topk_length, sinks, both modes,
+ * a token that lists nothing) and the indexer (K above pos + 1: rows padded
+ * with -1) on odd shapes, CPU against the reference. */
+static void test_sparse_shapes(void)
+{
+    enum { Dc = 16, Dr = 8, H = 3, B = 3, NB = 6, K = 5, T = 3, Di = 24 };
+    const int32_t qsl[3] = {0, 2, 3}, sl[2] = {2, 9}, bt[2 * 3] = {4, -1, -1, 0, 5, 2};
+    const int32_t idx[T * K] = {1,  -1, 1,  0,  -1, /* token 0 (pos 0): 1 is its own request's */
+                                -1, -1, -1, -1, -1, /* token 1 lists nothing */
+                                8,  8,  -1, 0,  4};
+    const int32_t idx_fix[T * K] = {0, -1, 0, 1, -1, -1, -1, -1, -1, -1, 8, 8, -1, 0, 4};
+    const int32_t tlen[T] = {4, 0, 5};
+    (void)idx;
+    float ckv[NB * B * Dc], kpe[NB * B * Dr], keys[NB * B * Di], q[T * H * (Dc + Dr)];
+    float qi[T * H * Di], w[T * H], sinks[H];
+    int64_t slots[NB * B];
+    kva_rng rng = {1200};
+    kva_test_fill(ckv, KVA_DTYPE_F32, NB * B * Dc, &rng, 1.0);
+    kva_test_fill(kpe, KVA_DTYPE_F32, NB * B * Dr, &rng, 1.0);
+    kva_test_fill(keys, KVA_DTYPE_F32, NB * B * Di, &rng, 1.0);
+    kva_test_fill(q, KVA_DTYPE_F32, T * H * (Dc + Dr), &rng, 1.0);
+    kva_test_fill(qi, KVA_DTYPE_F32, T * H * Di, &rng, 1.0);
+    kva_test_fill(w, KVA_DTYPE_F32, T * H, &rng, 1.0);
+    kva_test_fill(sinks, KVA_DTYPE_F32, H, &rng, 1.0);
+    for (int i = 0; i < NB * B; i++)
+        slots[i] = i;
+    for (int mode = 0; mode < 2; mode++) {
+        float out[2][T * H * Dc], lse[2][T * H];
+        int32_t ind[2][T * K], len[2][T];
+        for (int bi = 0; bi < 2; bi++) {
+            kva_context *ctx = new_ctx(kBk[bi], 2);
+            kva_cache_desc cd = {
+                NB, B, 1, Dc + Dr, Dc, KVA_DTYPE_F32, KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_ATTN_MLA};
+            kva_cache_desc ci = {
+                NB, B, 1, Di, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_ATTN_INDEX};
+            kva_cache *c = NULL, *cx = NULL;
+            CHECK_OK(kva_cache_create(ctx, &cd, &c));
+            CHECK_OK(kva_cache_create(ctx, &ci, &cx));
+            CHECK_OK(kva_cache_write(ctx, c, NB * B, ckv, 0, kpe, 0, KVA_DTYPE_F32, slots));
+            CHECK_OK(kva_cache_write(ctx, cx, NB * B, keys, 0, NULL, 0, KVA_DTYPE_F32, slots));
+            kva_plan_desc pd =
+                kva_test_mla_desc(2, qsl, sl, bt, 3, B, H, Dc + Dr, Dc, KVA_DTYPE_F32, 0.3, 1);
+            pd.sparse_topk = K;
+            pd.sparse_mode = mode;
+            pd.decode_threshold = 1;
+            kva_plan *p = NULL, *pi = NULL;
+            CHECK_OK(kva_plan_create(ctx, &pd, &p));
+            kva_plan_desc pdi = pd;
+            pdi.kind = KVA_ATTN_INDEX;
+            pdi.sparse_mode = 0;
+            pdi.num_heads = H;
+            pdi.head_dim = Di;
+            pdi.head_dim_v = 0;
+            pdi.scale = 0;
+            CHECK_OK(kva_plan_create(ctx, &pdi, &pi));
+            kva_test_poison(out[bi], KVA_DTYPE_F32, T * H * Dc);
+            kva_test_poison(lse[bi], KVA_DTYPE_F32, T * H);
+            CHECK_OK(kva_mla_sparse_run(ctx, p, q, c, idx_fix, 0, mode ? tlen : NULL, sinks,
+                                        out[bi], lse[bi]));
+            for (int i = 0; i < T * K; i++)
+                ind[bi][i] = 12345;
+            for (int i = 0; i < T; i++)
+                len[bi][i] = 12345;
+            CHECK_OK(kva_indexer_run(ctx, pi, qi, w, cx, ind[bi], 0, len[bi]));
+            kva_plan_destroy(p);
+            kva_plan_destroy(pi);
+            kva_cache_destroy(c);
+            kva_cache_destroy(cx);
+            kva_context_destroy(ctx);
+        }
+        /* SEPARATE: the CPU reads a prefill's rows back as bf16 (kvattn.h, kva_sparse_mode),
+         * so its scores carry bf16 rounding of the keys; MIXED reads them exactly. */
+        const double at = mode ? 2e-2 : 5e-5, rt = mode ? 9e-3 : 5e-5;
+        CHECK_MSG(
+            kva_test_compare("sparse out", out[1], out[0], KVA_DTYPE_F32, T * H * Dc, at, rt) == 0,
+            "mode %d", mode);
+        CHECK_MSG(kva_test_compare_f32("sparse lse", lse[1], lse[0], T * H, mode ? 2e-2 : 5e-5,
+                                       1e-5) == 0,
+                  "mode %d", mode);
+        /* Token 1 lists nothing: zeros and the sink. */
+        for (int bi = 0; bi < 2; bi++)
+            for (int h = 0; h < H; h++) {
+                CHECK(lse[bi][H + h] == sinks[h]);
+                CHECK(out[bi][(H + h) * Dc] == 0.0f && out[bi][(H + h) * Dc + Dc - 1] == 0.0f);
+            }
+        CHECK(memcmp(ind[0], ind[1], sizeof ind[0]) == 0);
+        CHECK(memcmp(len[0], len[1], sizeof len[0]) == 0);
+        /* pos 0, 1 of request 0 and pos 8 of request 1: min(K, pos + 1) keys, then -1. */
+        CHECK(len[0][0] == 1 && len[0][1] == 2 && len[0][2] == K);
+        CHECK(ind[0][0] == 0 && ind[0][1] == -1 && ind[0][K - 1] == -1);
+        CHECK(ind[0][K + 2] == -1 && ind[0][2 * K + K - 1] >= 0);
+    }
+}
+
 /* Non-causal: q_len > seq_len, seq_len 0 (rows of zeros, lse -inf or the sink). */
 static void test_noncausal_empty(void)
 {
@@ -1276,6 +1370,7 @@ int main(void)
     RUN(test_cascade_context);
     RUN(test_quant_shapes);
     RUN(test_mla_shapes);
+    RUN(test_sparse_shapes);
     RUN(test_plan_reuse_after_cache_change);
     RUN(test_names);
     RUN(test_handles);
