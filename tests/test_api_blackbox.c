@@ -41,6 +41,79 @@ static uint64_t bb_sum(const void *p, size_t n)
     return h;
 }
 
+/* The fixture of the bad-input cases: a cache, a plan, q, out, lse. */
+typedef struct bb_fix {
+    kva_context *ctx;
+    kva_cache *cache;
+    kva_plan *plan;
+    kva_plan_desc pd;
+    int32_t qsl[3], sl[2], bt[6];
+    float q[4 * 4 * 16], out[4 * 4 * 16], lse[16];
+    uint64_t sum_cache, sum_out, sum_lse;
+    kva_plan_info info;
+} bb_fix;
+
+static uint64_t bb_cache_sum(const kva_cache *c)
+{
+    kva_cache_desc d;
+    void *k = NULL, *v = NULL;
+    if (kva_cache_get_desc(c, &d) != KVA_STATUS_OK || kva_cache_data(c, &k, &v) != KVA_STATUS_OK)
+        return 0;
+    return bb_sum(k, store_bytes(&d, d.head_dim)) ^ (bb_sum(v, store_bytes(&d, d.head_dim_v)) << 1);
+}
+
+static void bb_fix_init(bb_fix *f, kva_backend b, uint64_t seed)
+{
+    kva_rng rng = {seed};
+    memset(f, 0, sizeof *f);
+    f->ctx = new_ctx(b, 2);
+    kva_cache_desc cd = make_desc(6, 3, 2, 16, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+    CHECK_OK(kva_cache_create(f->ctx, &cd, &f->cache));
+    fill_cache(f->cache, &rng);
+    const int32_t qsl[3] = {0, 1, 4}, sl[2] = {7, 5}, bt[6] = {5, 1, 3, 0, 2, -1};
+    memcpy(f->qsl, qsl, sizeof qsl);
+    memcpy(f->sl, sl, sizeof sl);
+    memcpy(f->bt, bt, sizeof bt);
+    f->pd = (kva_plan_desc){.num_requests = 2,
+                            .query_start_loc = f->qsl,
+                            .seq_lens = f->sl,
+                            .block_table = f->bt,
+                            .block_table_stride = 3,
+                            .block_size = 3,
+                            .num_heads = 4,
+                            .num_kv_heads = 2,
+                            .head_dim = 16,
+                            .q_dtype = KVA_DTYPE_F32,
+                            .causal = 1,
+                            .window_left = -1};
+    CHECK_OK(kva_plan_create(f->ctx, &f->pd, &f->plan));
+    CHECK_OK(kva_plan_get_info(f->plan, &f->info));
+    kva_test_fill(f->q, KVA_DTYPE_F32, 4 * 4 * 16, &rng, 1.0);
+    kva_test_poison(f->out, KVA_DTYPE_F32, 4 * 4 * 16);
+    kva_test_poison(f->lse, KVA_DTYPE_F32, 16);
+    f->sum_cache = bb_cache_sum(f->cache);
+    f->sum_out = bb_sum(f->out, sizeof f->out);
+    f->sum_lse = bb_sum(f->lse, sizeof f->lse);
+}
+
+/* Cache, out, lse and the plan's info as they were. */
+static int bb_untouched(const bb_fix *f)
+{
+    kva_plan_info info;
+    memset(&info, 0xab, sizeof info);
+    return bb_cache_sum(f->cache) == f->sum_cache && bb_sum(f->out, sizeof f->out) == f->sum_out &&
+           bb_sum(f->lse, sizeof f->lse) == f->sum_lse &&
+           kva_plan_get_info(f->plan, &info) == KVA_STATUS_OK &&
+           memcmp(&info, &f->info, sizeof info) == 0;
+}
+
+static void bb_fix_free(bb_fix *f)
+{
+    kva_plan_destroy(f->plan);
+    kva_cache_destroy(f->cache);
+    kva_context_destroy(f->ctx);
+}
+
 /* Cases that ran as a cascade (test_exotic checks that its shared prefixes did). */
 static int bb_cascades;
 
@@ -635,6 +708,124 @@ static void test_sparse_shapes(void)
     }
 }
 
+/* Merges: a part whose lse is -inf contributes nothing, so NaN in its rows must
+ * not reach the result (kvattn_merge.h: "its out rows are not read" for _n);
+ * all -inf gives 0 and -inf; a NaN lse makes the row NaN (_n); every dtype,
+ * both backends, out poisoned. */
+static void test_merge_edges(void)
+{
+    enum { T = 3, H = 2, Dv = 16, P = 3 };
+    const kva_dtype dts[3] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
+    for (int bi = 0; bi < 2; bi++)
+        for (int di = 0; di < 3; di++) {
+            const kva_dtype dt = dts[di];
+            const size_t es = kva_dtype_size(dt), part = (size_t)T * H * Dv;
+            kva_context *ctx = new_ctx(kBk[bi], 2);
+            kva_rng rng = {1300 + (uint64_t)(bi * 3 + di)};
+            void *outs = malloc(es * part * P), *out = malloc(es * part);
+            float lses[P * T * H], lse[T * H];
+            kva_test_fill(outs, dt, part * P, &rng, 1.0);
+            kva_test_fill(lses, KVA_DTYPE_F32, P * T * H, &rng, 1.0);
+            /* Row 0 (t 0, h 0): part 1 is -inf with NaN values. Row 1: all parts -inf.
+             * Row 2: part 2's lse is NaN. */
+            lses[1 * T * H + 0] = -INFINITY;
+            kva_test_poison((char *)outs + es * (part + 0), dt, Dv);
+            for (int p = 0; p < P; p++)
+                lses[p * T * H + 1] = -INFINITY;
+            lses[2 * T * H + 2] = NAN;
+            kva_test_poison(out, dt, part);
+            kva_test_poison(lse, KVA_DTYPE_F32, T * H);
+            CHECK_OK(kva_merge_states_n(ctx, P, T, H, Dv, dt, outs, 0, lses, 0, out, lse));
+            int ok0 = 1, ok1 = isinf(lse[1]) && lse[1] < 0, ok2 = isnan(lse[2]);
+            for (int e = 0; e < Dv; e++) {
+                ok0 &= !isnan(kva_test_get(out, dt, (size_t)e));
+                ok1 &= kva_test_get(out, dt, (size_t)Dv + e) == 0.0;
+                ok2 &= isnan(kva_test_get(out, dt, 2 * (size_t)Dv + e));
+            }
+            CHECK_MSG(ok0 && !isnan(lse[0]), "%s %s: a -inf part's NaN rows leaked",
+                      kva_backend_name(kBk[bi]), kva_dtype_name(dt));
+            CHECK_MSG(ok1, "%s %s: all -inf", kva_backend_name(kBk[bi]), kva_dtype_name(dt));
+            CHECK_MSG(ok2, "%s %s: NaN lse", kva_backend_name(kBk[bi]), kva_dtype_name(dt));
+            /* The two-way merge: side b -inf with NaN values contributes nothing. */
+            void *oa = outs, *ob = (char *)outs + es * part;
+            kva_test_poison(out, dt, part);
+            CHECK_OK(kva_merge_states(ctx, T, H, Dv, dt, oa, lses, ob, lses + T * H, out, lse));
+            int okm = isfinite(lse[0]);
+            for (int e = 0; e < Dv; e++)
+                okm &= kva_test_get(out, dt, (size_t)e) == kva_test_get(oa, dt, (size_t)e);
+            CHECK_MSG(okm, "%s %s: merge_states leaked a -inf side's NaN",
+                      kva_backend_name(kBk[bi]), kva_dtype_name(dt));
+            free(outs);
+            free(out);
+            kva_context_destroy(ctx);
+        }
+}
+
+/* Every call that returns a kva_status clears kva_last_error on entry
+ * (kvattn.h): after a failure, each of these succeeds and leaves "". */
+#define BB_CLEARS(ok_call)                                                                         \
+    do {                                                                                           \
+        kva_context *bad_ = NULL;                                                                  \
+        (void)kva_context_create(&(kva_context_desc){KVA_BACKEND_CPU, -5, 0}, &bad_);              \
+        CHECK(kva_last_error()[0] != '\0');                                                        \
+        CHECK_OK(ok_call);                                                                         \
+        CHECK_MSG(kva_last_error()[0] == '\0', "%s left \"%s\"", #ok_call, kva_last_error());      \
+    } while (0)
+
+static void test_error_cleared(void)
+{
+    bb_fix f;
+    bb_fix_init(&f, KVA_BACKEND_CPU, 1400);
+    float kv[2 * 2 * 16];
+    const int64_t slots[2] = {0, 4};
+    const int32_t pairs[2] = {0, 1};
+    BB_CLEARS(kva_cache_read(f.ctx, f.cache, 2, slots, kv, 0, NULL, 0, KVA_DTYPE_F32));
+    kva_cache *c2 = NULL, *c3 = NULL;
+    kva_cache_desc cd;
+    BB_CLEARS(kva_cache_get_desc(f.cache, &cd));
+    BB_CLEARS(kva_cache_create_quant(f.ctx, &cd, NULL, &c2));
+    BB_CLEARS(kva_cache_swap_blocks(f.ctx, f.cache, c2, pairs, 1));
+    float *ts = NULL;
+    BB_CLEARS(kva_cache_token_scales(c2, &ts));
+    void *kd = NULL, *vd = NULL;
+    CHECK_OK(kva_cache_data(c2, &kd, &vd));
+    BB_CLEARS(kva_cache_create_from(f.ctx, &cd, kd, vd, &c3));
+    kva_cache_destroy(c3);
+    c3 = NULL;
+    cd.num_blocks = 3;
+    BB_CLEARS(kva_cache_create_from_interleaved(f.ctx, &cd, kd, &c3));
+    kva_cache_destroy(c3);
+    kva_cache_destroy(c2);
+    BB_CLEARS(kva_plan_update(f.ctx, f.plan, &f.pd));
+    BB_CLEARS(kva_attention_run_ragged(f.ctx, f.plan, f.q, f.q, f.q, NULL, f.out, f.lse));
+    BB_CLEARS(kva_merge_states_n(f.ctx, 1, 1, 1, 8, KVA_DTYPE_F32, f.q, 0, f.lse, 0, f.out, NULL));
+    int32_t loc[2];
+    int64_t sl[4];
+    const int32_t row[2] = {1, 2};
+    BB_CLEARS(kva_dcp_local_lens(2, f.sl, 2, 0, 1, loc));
+    BB_CLEARS(kva_dcp_slots(2, 0, 1, 4, row, 2, 0, 4, sl));
+    kva_pool *pool = NULL;
+    BB_CLEARS(kva_pool_create(&(kva_pool_desc){8, 2, KVA_POOL_HASH_SHA256, 0}, &pool));
+    const int32_t prompt[3] = {1, 2, 3};
+    int32_t id = -1, id2 = -1, copy[2], brow[4];
+    kva_pool_request_info ri;
+    BB_CLEARS(kva_pool_request_add(pool, prompt, 3, NULL, 0, &id, NULL));
+    BB_CLEARS(kva_pool_request_allocate(pool, id, 3, 0));
+    BB_CLEARS(kva_pool_request_append_tokens(pool, id, prompt, 3));
+    BB_CLEARS(kva_pool_request_fork(pool, id, &id2, copy));
+    BB_CLEARS(kva_pool_request_block_table(pool, id, brow, 4, NULL));
+    BB_CLEARS(kva_pool_request_slots(pool, id, 0, 3, sl));
+    BB_CLEARS(kva_pool_request_get_info(pool, id, &ri));
+    BB_CLEARS(kva_pool_request_drop_window(pool, id, 1));
+    BB_CLEARS(kva_pool_request_drop_chunk(pool, id2, 2));
+    BB_CLEARS(kva_pool_check(pool));
+    BB_CLEARS(kva_pool_request_free(pool, id));
+    BB_CLEARS(kva_pool_request_free(pool, id2));
+    BB_CLEARS(kva_pool_reset_prefix_cache(pool));
+    kva_pool_destroy(pool);
+    bb_fix_free(&f);
+}
+
 /* Non-causal: q_len > seq_len, seq_len 0 (rows of zeros, lse -inf or the sink). */
 static void test_noncausal_empty(void)
 {
@@ -798,79 +989,6 @@ static void test_handles(void)
     CHECK_STATUS(kva_plan_get_info(NULL, &(kva_plan_info){0}), KVA_STATUS_NULL_POINTER);
     kva_cache_destroy(c);
     kva_context_destroy(ctx);
-}
-
-/* The fixture of the bad-input cases: a cache, a plan, q, out, lse. */
-typedef struct bb_fix {
-    kva_context *ctx;
-    kva_cache *cache;
-    kva_plan *plan;
-    kva_plan_desc pd;
-    int32_t qsl[3], sl[2], bt[6];
-    float q[4 * 4 * 16], out[4 * 4 * 16], lse[16];
-    uint64_t sum_cache, sum_out, sum_lse;
-    kva_plan_info info;
-} bb_fix;
-
-static uint64_t bb_cache_sum(const kva_cache *c)
-{
-    kva_cache_desc d;
-    void *k = NULL, *v = NULL;
-    if (kva_cache_get_desc(c, &d) != KVA_STATUS_OK || kva_cache_data(c, &k, &v) != KVA_STATUS_OK)
-        return 0;
-    return bb_sum(k, store_bytes(&d, d.head_dim)) ^ (bb_sum(v, store_bytes(&d, d.head_dim_v)) << 1);
-}
-
-static void bb_fix_init(bb_fix *f, kva_backend b, uint64_t seed)
-{
-    kva_rng rng = {seed};
-    memset(f, 0, sizeof *f);
-    f->ctx = new_ctx(b, 2);
-    kva_cache_desc cd = make_desc(6, 3, 2, 16, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
-    CHECK_OK(kva_cache_create(f->ctx, &cd, &f->cache));
-    fill_cache(f->cache, &rng);
-    const int32_t qsl[3] = {0, 1, 4}, sl[2] = {7, 5}, bt[6] = {5, 1, 3, 0, 2, -1};
-    memcpy(f->qsl, qsl, sizeof qsl);
-    memcpy(f->sl, sl, sizeof sl);
-    memcpy(f->bt, bt, sizeof bt);
-    f->pd = (kva_plan_desc){.num_requests = 2,
-                            .query_start_loc = f->qsl,
-                            .seq_lens = f->sl,
-                            .block_table = f->bt,
-                            .block_table_stride = 3,
-                            .block_size = 3,
-                            .num_heads = 4,
-                            .num_kv_heads = 2,
-                            .head_dim = 16,
-                            .q_dtype = KVA_DTYPE_F32,
-                            .causal = 1,
-                            .window_left = -1};
-    CHECK_OK(kva_plan_create(f->ctx, &f->pd, &f->plan));
-    CHECK_OK(kva_plan_get_info(f->plan, &f->info));
-    kva_test_fill(f->q, KVA_DTYPE_F32, 4 * 4 * 16, &rng, 1.0);
-    kva_test_poison(f->out, KVA_DTYPE_F32, 4 * 4 * 16);
-    kva_test_poison(f->lse, KVA_DTYPE_F32, 16);
-    f->sum_cache = bb_cache_sum(f->cache);
-    f->sum_out = bb_sum(f->out, sizeof f->out);
-    f->sum_lse = bb_sum(f->lse, sizeof f->lse);
-}
-
-/* Cache, out, lse and the plan's info as they were. */
-static int bb_untouched(const bb_fix *f)
-{
-    kva_plan_info info;
-    memset(&info, 0xab, sizeof info);
-    return bb_cache_sum(f->cache) == f->sum_cache && bb_sum(f->out, sizeof f->out) == f->sum_out &&
-           bb_sum(f->lse, sizeof f->lse) == f->sum_lse &&
-           kva_plan_get_info(f->plan, &info) == KVA_STATUS_OK &&
-           memcmp(&info, &f->info, sizeof info) == 0;
-}
-
-static void bb_fix_free(bb_fix *f)
-{
-    kva_plan_destroy(f->plan);
-    kva_cache_destroy(f->cache);
-    kva_context_destroy(f->ctx);
 }
 
 /* A cascade plan runs on the context that created it only (kvattn.h), even
@@ -1371,6 +1489,8 @@ int main(void)
     RUN(test_quant_shapes);
     RUN(test_mla_shapes);
     RUN(test_sparse_shapes);
+    RUN(test_merge_edges);
+    RUN(test_error_cleared);
     RUN(test_plan_reuse_after_cache_change);
     RUN(test_names);
     RUN(test_handles);
