@@ -450,6 +450,14 @@ static void test_bad_misc(void)
     int32_t id = -1, cached = -1;
     BAD(kva_pool_request_add(pool, prompt, 0, NULL, 0, &id, &cached), KVA_STATUS_INVALID_ARGUMENT);
     BAD(kva_pool_request_add(pool, NULL, 6, NULL, 0, &id, &cached), KVA_STATUS_NULL_POINTER);
+    BAD(kva_pool_request_add(pool, prompt, 6, NULL, 4, &id, &cached), KVA_STATUS_NULL_POINTER);
+    /* The extra key: at most 65536 bytes (kvattn_pool.h). */
+    static const unsigned char big[65537];
+    BAD(kva_pool_request_add(pool, prompt, 6, big, sizeof big, &id, &cached),
+        KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_OK(kva_pool_request_add(pool, prompt, 6, big, sizeof big - 1, &id, &cached));
+    CHECK_OK(kva_pool_request_free(pool, id));
+    id = -1, cached = -1;
     CHECK(id == -1 && cached == -1);
     CHECK_OK(kva_pool_request_add(pool, prompt, 6, NULL, 0, &id, &cached));
     CHECK(cached == 0);
