@@ -501,9 +501,10 @@ typedef struct kva_plan_desc {
     const int32_t *seq_lens;        /* [R] context + new tokens of each request (kv length);
                                        >= q_len when causal */
     const int32_t *block_table;     /* [R, block_table_stride] int32 block ids; NULL for
-                                       plans used only with kva_attention_run_ragged. Only
-                                       the first ceil(seq_len / B) entries of a row with
-                                       q_len > 0 are read and must be >= 0; the rest
+                                       plans used only with kva_attention_run_ragged. The
+                                       whole R * stride array is copied into the plan, but
+                                       only the first ceil(seq_len / B) entries of a row
+                                       with q_len > 0 are used and must be >= 0; the rest
                                        (padding, e.g. -1) and rows with q_len 0 may hold
                                        any value */
     int32_t block_table_stride;     /* max blocks per request (row length of block_table) */
