@@ -89,6 +89,26 @@ static void test_handles(void)
     CHECK(kva_cache_block_bytes_k(NULL) == 0 && kva_cache_block_bytes_v(NULL) == 0);
     CHECK_STATUS(kva_plan_get_info(NULL, &(kva_plan_info){0}), KVA_STATUS_NULL_POINTER);
     kva_cache_destroy(c);
+    /* Caches without V storage (kvattn.h): an index-key cache's v_data is NULL and
+     * its head_dim_v reads back as D; an MLA cache's v_data points at K. */
+    kva_cache_desc xd = {
+        4, 3, 1, 24, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_ATTN_INDEX};
+    c = NULL;
+    CHECK_OK(kva_cache_create(ctx, &xd, &c));
+    void *kd = NULL, *vd = (void *)&xd;
+    CHECK_OK(kva_cache_data(c, &kd, &vd));
+    CHECK(kd != NULL && vd == NULL);
+    CHECK(kva_cache_block_bytes_v(c) == 0 && kva_cache_block_bytes_k(c) == 3 * 24 * 4);
+    CHECK_OK(kva_cache_get_desc(c, &xd));
+    CHECK(xd.head_dim_v == 24);
+    kva_cache_destroy(c);
+    c = NULL;
+    xd = (kva_cache_desc){4,           3, 1, 32, 24, KVA_DTYPE_F32, KVA_LAYOUT_HND, KVA_QUANT_NONE,
+                          KVA_ATTN_MLA};
+    CHECK_OK(kva_cache_create(ctx, &xd, &c));
+    CHECK_OK(kva_cache_data(c, &kd, &vd));
+    CHECK(kd != NULL && vd == kd && kva_cache_block_bytes_v(c) == 0);
+    kva_cache_destroy(c);
     kva_context_destroy(ctx);
 }
 
