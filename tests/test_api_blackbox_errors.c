@@ -408,6 +408,15 @@ static void test_bad_misc(void)
         KVA_STATUS_INVALID_ARGUMENT);
     BAD(kva_merge_states_n(ctx, 2, 2, 1, 8, KVA_DTYPE_F32, oa, 15, la, 0, o, l),
         KVA_STATUS_INVALID_ARGUMENT);
+    /* Strides whose last part lies beyond the address space (the span wrapped). */
+    BAD(kva_merge_states_n(ctx, 3, 2, 1, 8, KVA_DTYPE_F32, oa, INT64_MAX / 2, la, 0, o, l),
+        KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("overflows");
+    BAD(kva_merge_states_n(ctx, 3, 2, 1, 8, KVA_DTYPE_F32, oa, 0, la, INT64_MAX / 3, o, l),
+        KVA_STATUS_INVALID_ARGUMENT);
+    BAD(kva_merge_states_n(ctx, 3, 0, 1, 8, KVA_DTYPE_F32, NULL, INT64_MAX / 2, NULL, 0, NULL,
+                           NULL),
+        KVA_STATUS_INVALID_ARGUMENT);
     BAD(kva_merge_states_n(ctx, 1, 2, 1, 8, KVA_DTYPE_F32, oa, 0, la, 0, oa + 8, l),
         KVA_STATUS_INVALID_ARGUMENT);
     CHECK(bb_sum(o, sizeof o) == so && bb_sum(l, sizeof l) == sl);
