@@ -52,9 +52,13 @@
  * a plan from the same descriptor with the same number of threads (CPU: the
  * workspace holds per-thread scratch areas and split partials whose count
  * depends on the thread count; a context of fewer threads whose reservation
- * is too small refuses the plan with KVA_STATUS_INVALID_ARGUMENT). As with
- * FlashInfer's plan/run, the simplest rule is one plan per context. Writing a
- * cache while another thread reads it is a race.
+ * is too small refuses the plan with KVA_STATUS_INVALID_ARGUMENT). A plan that
+ * runs as a cascade (kva_plan_info.num_cascade_groups > 0, which the default
+ * KVA_CASCADE_AUTO may choose) is the exception: it runs only on the context
+ * that created it (else KVA_STATUS_INVALID_ARGUMENT); set cascade =
+ * KVA_CASCADE_OFF for a plan shared between contexts. As with FlashInfer's
+ * plan/run, the simplest rule is one plan per context. Writing a cache while
+ * another thread reads it is a race.
  */
 #ifndef KVATTN_H
 #define KVATTN_H
@@ -497,9 +501,10 @@ typedef struct kva_plan_desc {
     const int32_t *seq_lens;        /* [R] context + new tokens of each request (kv length);
                                        >= q_len when causal */
     const int32_t *block_table;     /* [R, block_table_stride] int32 block ids; NULL for
-                                       plans used only with kva_attention_run_ragged. Only
-                                       the first ceil(seq_len / B) entries of a row with
-                                       q_len > 0 are read and must be >= 0; the rest
+                                       plans used only with kva_attention_run_ragged. The
+                                       whole R * stride array is copied into the plan, but
+                                       only the first ceil(seq_len / B) entries of a row
+                                       with q_len > 0 are used and must be >= 0; the rest
                                        (padding, e.g. -1) and rows with q_len 0 may hold
                                        any value */
     int32_t block_table_stride;     /* max blocks per request (row length of block_table) */
@@ -590,7 +595,11 @@ typedef struct kva_plan_desc {
      * block table is refused (KVA_STATUS_INVALID_ARGUMENT or OUT_OF_RANGE).
      * Plans with ALiBi, a sliding window, a local chunk, a draft tree, DCP
      * sharding or kind KVA_ATTN_MLA, and backends without cascade kernels,
-     * decline it (KVA_CASCADE_ON: KVA_STATUS_UNSUPPORTED). */
+     * decline it (KVA_CASCADE_ON: KVA_STATUS_UNSUPPORTED). A plan that runs
+     * as a cascade (kva_plan_info.num_cascade_groups > 0) runs on the context
+     * that created it only, and kva_attention_run_ragged refuses it
+     * (KVA_STATUS_INVALID_ARGUMENT): a plan for ragged runs has no block
+     * table, or cascade = KVA_CASCADE_OFF. */
     int32_t cascade;                   /* kva_cascade_mode */
     int32_t num_cascade_groups;        /* G of a given grouping; 0 without one */
     const int32_t *cascade_group;      /* [R] group of each request or -1; NULL: find them */
@@ -779,7 +788,9 @@ KVA_API kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, con
  * are rows kv_start[r] .. kv_start[r] + seq_lens[r] of k and v, where kv_start
  * is the exclusive prefix sum of the plan's seq_lens.
  *   k: [sum(seq_lens), Hkv, D], v: [sum(seq_lens), Hkv, Dv] in q_dtype.
- * Masks and the other arguments are as in kva_attention_run.
+ * Masks and the other arguments are as in kva_attention_run. A plan that
+ * runs as a cascade (kva_plan_desc.cascade) reads shared blocks of a paged
+ * cache and is refused with KVA_STATUS_INVALID_ARGUMENT.
  */
 KVA_API kva_status kva_attention_run_ragged(kva_context *ctx, const kva_plan *plan, const void *q,
                                             const void *k, const void *v, const float *sinks,

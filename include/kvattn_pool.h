@@ -83,8 +83,9 @@ KVA_API void kva_pool_destroy(kva_pool *pool);
 
 /*
  * Adds a request with prompt_tokens [n] (n >= 1) and an optional extra key
- * (extra_len bytes, e.g. an adapter id or a per-tenant cache salt; NULL when
- * extra_len is 0) that separates its cache entries from other keys'. Looks up
+ * (extra_len bytes, at most 65536, e.g. an adapter id or a per-tenant cache
+ * salt; NULL when extra_len is 0) that separates its cache entries from other
+ * keys'. Looks up
  * the prefix cache block by block and takes the hit blocks; the hit is capped
  * so that at least one prompt token is recomputed. *out_num_cached_tokens
  * (may be NULL) receives the hit in tokens, a multiple of B, which is also the

@@ -406,6 +406,8 @@ class Cache:
         first Dc columns of the latent rows (a strided view of k_array)."""
         if self.kind == "mla":
             return self.k_array()[..., : self.head_dim_v]
+        if self.kind == "index":
+            raise InvalidArgumentError("v_array: an index-key cache has no values")
         return self._host_view("v")
 
     def close(self):

@@ -375,6 +375,16 @@ kva_status kva_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_t
                          "be 0 or at least one part (%lld / %lld)",
                          (long long)out_stride, (long long)lse_stride, (long long)part,
                          (long long)rows);
+    /* The last part ends at (P-1)*stride + part elements; its byte offset must
+     * fit a signed 64-bit integer (as kva_cache_write's token strides). */
+    const int64_t es64 = (int64_t)kva_dtype_size(dtype);
+    if (num_parts > 1 &&
+        (out_stride > (PTRDIFF_MAX / es64 - part) / (num_parts - 1) ||
+         lse_stride > ((int64_t)(PTRDIFF_MAX / sizeof(float)) - rows) / (num_parts - 1)))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_merge_states_n: out_stride = %lld / lse_stride = %lld elements with "
+                         "num_parts = %d overflows the address space",
+                         (long long)out_stride, (long long)lse_stride, (int)num_parts);
     if (num_tokens == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(outs);

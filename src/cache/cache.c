@@ -444,8 +444,11 @@ kva_status kva_cache_data(const kva_cache *cache, void **k_data, void **v_data)
     KVA_CHECK_PTR(cache);
     if (k_data)
         *k_data = cache->k;
+    /* An index-key cache has no V storage: v_data is NULL (kvattn.h), though
+     * cache->v points at K inside the library (as an MLA cache's does, whose
+     * values are the first Dc columns of its K rows). */
     if (v_data)
-        *v_data = cache->v;
+        *v_data = cache->desc.kind == KVA_ATTN_INDEX ? NULL : cache->v;
     return KVA_STATUS_OK;
 }
 

@@ -131,9 +131,6 @@ kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_cache_read: dst_dtype = %s is not supported (f32, f16 or bf16)",
                          kva_dtype_name(dst_dtype));
-    if (!k && !v)
-        return kva__fail(KVA_STATUS_NULL_POINTER,
-                         "kva_cache_read: k and v are both NULL (pass at least one)");
     const kva_cache_desc *d = &cache->desc;
     KVA_TRY(kva__cache_check_space("kva_cache_read", ctx, cache));
     /* Destination row widths, as kva_cache_write's sources. */
@@ -147,8 +144,13 @@ kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_
                                       num_tokens, es, &ks));
     KVA_TRY(kva__resolve_token_stride("kva_cache_read", "v_token_stride", v_token_stride, v_row,
                                       num_tokens, es, &vs));
+    /* The zero-size rule (kvattn.h): with no tokens, k and v are empty arrays and may
+     * both be NULL. */
     if (num_tokens == 0)
         return KVA_STATUS_OK;
+    if (!k && !v)
+        return kva__fail(KVA_STATUS_NULL_POINTER,
+                         "kva_cache_read: k and v are both NULL (pass at least one)");
     KVA_CHECK_PTR(slot_mapping);
     KVA_CHECK_ALIGNED(slot_mapping, sizeof(int64_t));
     KVA_CHECK_ALIGNED(k, es);

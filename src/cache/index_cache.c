@@ -168,10 +168,15 @@ kva_status kva__index_cache_read(kva_context *ctx, const kva_cache *cache, int32
     if (num_tokens < 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: num_tokens = %d is negative", fn,
                          (int)num_tokens);
-    if ((unsigned)dst_dtype >= (unsigned)KVA_DTYPE_COUNT_ || !kva__dtype_is_float(dst_dtype))
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "%s: dst_dtype = %d is not a read-back dtype (f32, f16 or bf16)", fn,
+    /* As the other kinds' read (cache_read.c): a value outside the enum is an
+     * invalid argument, a dtype the read does not produce is unsupported. */
+    if ((unsigned)dst_dtype >= (unsigned)KVA_DTYPE_COUNT_)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: dst_dtype = %d is not a kva_dtype", fn,
                          (int)dst_dtype);
+    if (!kva__dtype_is_float(dst_dtype))
+        return kva__fail(KVA_STATUS_UNSUPPORTED,
+                         "%s: dst_dtype = %s is not a read-back dtype (f32, f16 or bf16)", fn,
+                         kva_dtype_name(dst_dtype));
     if (v)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: v = %p, but an index-key cache has no values: pass NULL", fn, v);

@@ -144,6 +144,21 @@ kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst, kva_dtyp
             memmove(dst, src, n * kva_dtype_size(src_dtype));
         return KVA_STATUS_OK;
     }
+    /* Different dtypes: the element loops below read and write at different
+     * strides (and the bf16 loops promise restrict), so overlapping buffers
+     * would be garbled part way; the header forbids it, and it is refused
+     * before anything is written. */
+    const uintptr_t s0 = (uintptr_t)src, d0 = (uintptr_t)dst;
+    const size_t sb = kva_dtype_size(src_dtype), db = kva_dtype_size(dst_dtype);
+    if (n > SIZE_MAX / 4)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_convert: n = %zu elements overflows the address space", n);
+    if (s0 < d0 + n * db && d0 < s0 + n * sb)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_convert: src %p (%zu bytes of %s) and dst %p (%zu bytes of %s) "
+                         "overlap; only src == dst with equal dtypes may",
+                         src, n * sb, kva_dtype_name(src_dtype), dst, n * db,
+                         kva_dtype_name(dst_dtype));
     /* bf16 <-> f32 (the DCP combines' conversions) in loops that vectorize. */
     if (src_dtype == KVA_DTYPE_BF16 && dst_dtype == KVA_DTYPE_F32) {
         const uint16_t *restrict s = src;
