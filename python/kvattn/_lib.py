@@ -6,6 +6,7 @@ check the sizes against the C layout through kva_* calls that read them).
 """
 
 import ctypes
+import operator
 import os
 import sys
 from ctypes import POINTER, Structure, c_char_p, c_double, c_float, c_int, c_int32, c_int64
@@ -35,6 +36,63 @@ def _find_library():
 lib = ctypes.CDLL(_find_library())
 LIBRARY_PATH = lib._name
 
+# C integer types a Python value must fit: ctypes would wrap it silently
+# (2**32 + 3 -> 3), so _fit refuses it before the call. c_int is c_int32 here.
+_INT_RANGES = {
+    c_int32: (-(2**31), 2**31 - 1),
+    c_int64: (-(2**63), 2**63 - 1),
+    c_size_t: (0, 2 ** (8 * ctypes.sizeof(c_size_t)) - 1),
+}
+
+
+def _fit(value, ctype, what):
+    """value as a Python int for a C integer of ctype (other ctypes: value
+    unchanged); InvalidArgumentError for a non-integer or a value outside
+    the type's range."""
+    rng = _INT_RANGES.get(ctype)
+    if rng is None:
+        return value
+    try:
+        i = operator.index(value)
+    except TypeError:
+        i = None
+    if i is None or not rng[0] <= i <= rng[1]:
+        from ._errors import InvalidArgumentError  # _errors imports this module
+
+        raise InvalidArgumentError("%s: %r is not an integer in [%d, %d]"
+                                   % (what, value, rng[0], rng[1]))
+    return i
+
+
+class _Struct(Structure):
+    """A C struct whose integer fields refuse values they cannot hold."""
+
+    _types = None
+
+    @classmethod
+    def _field_types(cls):
+        t = cls.__dict__.get("_types")
+        if t is None:
+            t = {n: ty for n, ty in cls._fields_ if ty in _INT_RANGES}
+            cls._types = t
+        return t
+
+    def __init__(self, *args, **kw):
+        f = self._fields_
+        name = type(self).__name__
+        args = [_fit(a, f[i][1], "%s.%s" % (name, f[i][0])) if i < len(f) else a
+                for i, a in enumerate(args)]
+        ty = dict(f)
+        kw = {k: _fit(v, ty.get(k), "%s.%s" % (name, k)) for k, v in kw.items()}
+        super().__init__(*args, **kw)
+
+    def __setattr__(self, name, value):
+        ty = self._field_types().get(name)
+        if ty is not None:
+            value = _fit(value, ty, "%s.%s" % (type(self).__name__, name))
+        super().__setattr__(name, value)
+
+
 # Enum values (kvattn.h).
 BACKENDS = {"ref": 0, "cpu": 1, "cuda": 2}
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "i8": 3, "fp8_e4m3": 4, "u8": 5}
@@ -56,11 +114,11 @@ STATES = {
 }
 
 
-class ContextDesc(Structure):
+class ContextDesc(_Struct):
     _fields_ = [("backend", c_int), ("num_threads", c_int32), ("device_id", c_int32)]
 
 
-class CacheDesc(Structure):
+class CacheDesc(_Struct):
     _fields_ = [
         ("num_blocks", c_int32),
         ("block_size", c_int32),
@@ -74,7 +132,7 @@ class CacheDesc(Structure):
     ]
 
 
-class QuantParams(Structure):
+class QuantParams(_Struct):
     _fields_ = [
         ("k_scale", c_void_p),
         ("k_scale_len", c_int64),
@@ -87,7 +145,7 @@ class QuantParams(Structure):
     ]
 
 
-class PlanDesc(Structure):
+class PlanDesc(_Struct):
     _fields_ = [
         ("num_requests", c_int32),
         ("query_start_loc", c_void_p),
@@ -129,7 +187,7 @@ class PlanDesc(Structure):
     ]
 
 
-class PlanInfo(Structure):
+class PlanInfo(_Struct):
     _fields_ = [
         ("state", c_int),
         ("num_tokens", c_int32),
@@ -147,7 +205,7 @@ class PlanInfo(Structure):
     ]
 
 
-class PoolDesc(Structure):
+class PoolDesc(_Struct):
     _fields_ = [
         ("num_blocks", c_int32),
         ("block_size", c_int32),
@@ -156,7 +214,7 @@ class PoolDesc(Structure):
     ]
 
 
-class PoolStats(Structure):
+class PoolStats(_Struct):
     _fields_ = [
         ("num_blocks", c_int32),
         ("num_used_blocks", c_int32),
@@ -171,11 +229,11 @@ class PoolStats(Structure):
     ]
 
 
-class PoolRequestInfo(Structure):
+class PoolRequestInfo(_Struct):
     _fields_ = [("num_tokens", c_int32), ("num_blocks", c_int32), ("num_cached_tokens", c_int32)]
 
 
-class C8Scales(Structure):
+class C8Scales(_Struct):
     _fields_ = [
         ("num_kv_heads", c_int32),
         ("head_dim", c_int32),
@@ -194,7 +252,19 @@ def _proto(name, restype, *argtypes):
         return None
     f.restype = restype
     f.argtypes = list(argtypes)
-    return f
+    ints = [(i, t) for i, t in enumerate(argtypes) if t in _INT_RANGES]
+    if not ints:
+        return f
+
+    def call(*args):
+        a = list(args)
+        for i, t in ints:
+            if i < len(a):
+                a[i] = _fit(a[i], t, "%s: argument %d" % (name, i + 1))
+        return f(*a)
+
+    call.__name__ = name
+    return call
 
 
 kva_version = _proto("kva_version", c_char_p)

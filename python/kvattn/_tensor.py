@@ -203,8 +203,17 @@ def host_array(x, dtype, name):
         x = np.from_dlpack(x)
     try:
         a = np.ascontiguousarray(x, dtype=dtype)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise _errors.InvalidArgumentError("%s: not convertible to %s: %s" % (name, dtype, e))
+    if a.dtype.kind in "iu" and a is not x:
+        # The cast wraps out-of-range values and truncates fractions silently
+        # (2**32 + 3 -> 3, 2.7 -> 2): the values must survive it unchanged.
+        src = x if isinstance(x, np.ndarray) else np.asarray(x)
+        if src.dtype != a.dtype and src.size == a.size and \
+                not np.array_equal(src.reshape(-1), a.reshape(-1)):
+            raise _errors.InvalidArgumentError(
+                "%s: values that are not %s integers (out of range or fractional)"
+                % (name, np.dtype(dtype).name))
     return a
 
 

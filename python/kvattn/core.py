@@ -66,10 +66,13 @@ def dtype_code(dtype):
     return code
 
 
-def _tensor(x, name, ctx, shape=None, dtype=None, contiguous=True):
+def _tensor(x, name, ctx, shape=None, dtype=None, contiguous=True, writable=False):
     """View of tensor argument x, checked against the expected shape, dtype
-    and the context's device."""
+    and the context's device; writable: an output (a read-only numpy array
+    is refused rather than written through its pointer)."""
     v = T.view(x, name)
+    if writable and isinstance(x, np.ndarray) and not x.flags.writeable:
+        raise InvalidArgumentError("%s: the array is read-only" % name)
     if v.device != ctx.device or (v.device_id != ctx.device_id and ctx.device != T.CPU):
         raise InvalidArgumentError(
             "%s: tensor on %s:%d, but the context's backend %s computes on %s:%d"
@@ -570,12 +573,12 @@ class Plan:
         out_shape = out_shape or self._out_shape
         if out is None:
             out = T.empty_like_device(q, out_shape, self.q_dtype, qv.device, qv.device_id)
-        ov = _tensor(out, "out", ctx, out_shape, self.q_dtype)
+        ov = _tensor(out, "out", ctx, out_shape, self.q_dtype, writable=True)
         lv = None
         if lse is None and return_lse:
             lse = T.empty_like_device(q, self._lse_shape, T.F32, qv.device, qv.device_id)
         if lse is not None:
-            lv = _tensor(lse, "lse", ctx, self._lse_shape, T.F32)
+            lv = _tensor(lse, "lse", ctx, self._lse_shape, T.F32, writable=True)
         return out, ov, lse, lv
 
     def _check_cache(self, cache):
@@ -614,7 +617,7 @@ class Plan:
         """View of an index-list tensor [T, >= K] int32 whose rows may be
         strided (row stride in elements, 0 for one row); its pointer and stride."""
         t, k = self.num_tokens, self.sparse_topk
-        v = _tensor(a, name, ctx, dtype=T.I32, contiguous=False)
+        v = _tensor(a, name, ctx, dtype=T.I32, contiguous=False, writable=writable)
         if len(v.shape) != 2 or v.shape[0] != t or v.shape[1] < k or (k > 1 and v.strides[1] != 1):
             raise ShapeMismatchError("%s: shape %s (strides %s), expected (%d, >= %d) int32 with "
                                      "contiguous rows" % (name, tuple(v.shape), v.strides, t, k))
@@ -665,12 +668,12 @@ class Plan:
         self._check_cache(cache)
         if indices is None:
             indices = T.empty_like_device(q, (t, k), T.I32, qv.device, qv.device_id)
-        iv, istride = self._index_rows(indices, "indices", ctx)
+        iv, istride = self._index_rows(indices, "indices", ctx, writable=True)
         if topk_length is None and return_lengths:
             topk_length = T.empty_like_device(q, (t,), T.I32, qv.device, qv.device_id)
         tv = None
         if topk_length is not None:
-            tv = _tensor(topk_length, "topk_length", ctx, (t,), T.I32)
+            tv = _tensor(topk_length, "topk_length", ctx, (t,), T.I32, writable=True)
         _check(L.kva_indexer_run(ctx._h, self._h, qv.ptr, wv.ptr, cache._h, iv.ptr, istride,
                                  tv.ptr if tv else None))
         return (indices, topk_length) if tv else indices
@@ -742,8 +745,8 @@ def merge_states(out_a, lse_a, out_b, lse_b, *, out=None, lse=None, ctx=None):
         out = T.empty_like_device(out_a, shape, dt, av.device, av.device_id)
     if lse is None:
         lse = T.empty_like_device(out_a, shape[:2], T.F32, av.device, av.device_id)
-    ov = _tensor(out, "out", ctx, shape, dt)
-    lv = _tensor(lse, "lse", ctx, shape[:2], T.F32)
+    ov = _tensor(out, "out", ctx, shape, dt, writable=True)
+    lv = _tensor(lse, "lse", ctx, shape[:2], T.F32, writable=True)
     _check(L.kva_merge_states(ctx._h, shape[0], shape[1], shape[2], dt, av.ptr, la.ptr, bv.ptr,
                               lb.ptr, ov.ptr, lv.ptr))
     return out, lse
@@ -752,6 +755,8 @@ def merge_states(out_a, lse_a, out_b, lse_b, *, out=None, lse=None, ctx=None):
 def reorder_decode_first(q_lens, decode_threshold=0):
     """kva_batch_reorder_decode_first: (perm [R] int32, num_decodes)."""
     ql = T.host_array(q_lens, np.int32, "q_lens")
+    if ql.ndim != 1:
+        raise ShapeMismatchError("q_lens: shape %s, expected [R]" % (ql.shape,))
     perm = np.empty(ql.shape[0], np.int32)
     nd = ctypes.c_int32()
     _check(L.kva_batch_reorder_decode_first(ql.shape[0], _array_ptr(ql), decode_threshold,

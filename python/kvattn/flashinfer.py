@@ -397,6 +397,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         p = self._plan
         if p is None:
             raise InvalidArgumentError("run() before plan()")
+        T.view(k, "k"), T.view(v, "v")  # tensors, or a clear error
         if self._kv_first:
             k, v = k[self._kv_first:], v[self._kv_first:]
         n = p.kv_len_total
