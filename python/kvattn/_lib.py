@@ -65,32 +65,18 @@ def _fit(value, ctype, what):
 
 
 class _Struct(Structure):
-    """A C struct whose integer fields refuse values they cannot hold."""
-
-    _types = None
-
-    @classmethod
-    def _field_types(cls):
-        t = cls.__dict__.get("_types")
-        if t is None:
-            t = {n: ty for n, ty in cls._fields_ if ty in _INT_RANGES}
-            cls._types = t
-        return t
+    """A C struct whose constructor refuses integer field values the field
+    cannot hold (fields assigned later are the caller's to check, with _fit)."""
 
     def __init__(self, *args, **kw):
         f = self._fields_
         name = type(self).__name__
         args = [_fit(a, f[i][1], "%s.%s" % (name, f[i][0])) if i < len(f) else a
                 for i, a in enumerate(args)]
-        ty = dict(f)
-        kw = {k: _fit(v, ty.get(k), "%s.%s" % (name, k)) for k, v in kw.items()}
+        if kw:
+            ty = dict(f)
+            kw = {k: _fit(v, ty.get(k), "%s.%s" % (name, k)) for k, v in kw.items()}
         super().__init__(*args, **kw)
-
-    def __setattr__(self, name, value):
-        ty = self._field_types().get(name)
-        if ty is not None:
-            value = _fit(value, ty, "%s.%s" % (type(self).__name__, name))
-        super().__setattr__(name, value)
 
 
 # Enum values (kvattn.h).
@@ -246,14 +232,20 @@ _P = c_void_p  # every handle and tensor pointer crosses as an address
 _I32, _I64 = c_int32, c_int64
 
 
+_CALLER_INTS = ("kva_c8_scales_load", "kva_batch_reorder_decode_first")
+
+
 def _proto(name, restype, *argtypes):
     f = getattr(lib, name, None)
     if f is None:
         return None
     f.restype = restype
     f.argtypes = list(argtypes)
+    # Entry points whose integers come from the caller as they are (the pool's
+    # request ids and counts, the loader's layer and ranks) check them; the
+    # others get shapes, strides and enum codes the package computed.
     ints = [(i, t) for i, t in enumerate(argtypes) if t in _INT_RANGES]
-    if not ints:
+    if not ints or not (name.startswith("kva_pool_") or name in _CALLER_INTS):
         return f
 
     def call(*args):

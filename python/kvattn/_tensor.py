@@ -205,16 +205,30 @@ def host_array(x, dtype, name):
         a = np.ascontiguousarray(x, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as e:
         raise _errors.InvalidArgumentError("%s: not convertible to %s: %s" % (name, dtype, e))
-    if a.dtype.kind in "iu" and a is not x:
-        # The cast wraps out-of-range values and truncates fractions silently
-        # (2**32 + 3 -> 3, 2.7 -> 2): the values must survive it unchanged.
-        src = x if isinstance(x, np.ndarray) else np.asarray(x)
-        if src.dtype != a.dtype and src.size == a.size and \
-                not np.array_equal(src.reshape(-1), a.reshape(-1)):
-            raise _errors.InvalidArgumentError(
-                "%s: values that are not %s integers (out of range or fractional)"
-                % (name, np.dtype(dtype).name))
+    # The cast wraps out-of-range values and truncates fractions silently
+    # (2**32 + 3 -> 3, 2.7 -> 2): the values must survive it unchanged.
+    if a.dtype.kind in "iu" and a is not x and a.size and not _same_values(x, a):
+        raise _errors.InvalidArgumentError(
+            "%s: values that are not %s integers (out of range or fractional)"
+            % (name, np.dtype(dtype).name))
     return a
+
+
+def _same_values(x, a):
+    """True if integer array a, cast from x, holds x's values."""
+    if isinstance(x, np.ndarray):
+        k = x.dtype.kind
+        if k == "b" or (k in "iu" and np.can_cast(x.dtype, a.dtype)):
+            return True
+        if a.size <= 256 and a.tolist() == x.tolist():  # cheaper than numpy for few values
+            return True
+    elif isinstance(x, list) and a.size <= 256 and a.tolist() == x:
+        return True
+    try:
+        src = np.asarray(x).reshape(-1)
+    except (TypeError, ValueError):
+        return False
+    return src.size == a.size and bool(np.array_equal(src, a.reshape(-1)))
 
 
 def empty_like_device(ref, shape, dtype, device, device_id):

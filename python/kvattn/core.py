@@ -488,9 +488,10 @@ class Plan:
                            num_kv_heads, head_dim, head_dim_v, qdt, scale or 0.0,
                            1 if causal else 0, -1 if window_left is None else window_left,
                            softcap or 0.0, None, kc)
-            d.mla_qk_nope_head_dim = mla_qk_nope_head_dim
-            d.mla_v_head_dim = mla_v_head_dim
-            d.sparse_topk = sparse_topk
+            i32 = L.c_int32
+            d.mla_qk_nope_head_dim = L._fit(mla_qk_nope_head_dim, i32, "mla_qk_nope_head_dim")
+            d.mla_v_head_dim = L._fit(mla_v_head_dim, i32, "mla_v_head_dim")
+            d.sparse_topk = L._fit(sparse_topk, i32, "sparse_topk")
             d.sparse_mode = _enum(L.SPARSE_MODES, sparse_mode, "sparse_mode")
             d.index_q_quant = _enum(L.QUANTS, index_q_quant, "index_q_quant")
             if len(ctx._plan_descs) >= 64:
