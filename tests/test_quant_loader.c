@@ -599,6 +599,54 @@ static void test_hostile_headers(void)
     }
 }
 
+/* Values the loader does not judge: NaN, +-inf, 0 and negative scales, NaN
+ * offsets (F32, and inf through F16) load as stored, bit for bit where they
+ * are exact (the header lists no value check); kva_cache_create_quant then refuses them with INVALID_ARGUMENT
+ * naming the array, and leaves *out untouched. */
+static void test_nonfinite_values(void)
+{
+    const float bad[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.5f};
+    const char *names[] = {"k_scale", "v_offset"};
+    kva_context *ctx = NULL;
+    CHECK_OK(kva_context_create(NULL, &ctx));
+    for (int which = 0; which < 2; which++)
+        for (int b = 0; b < 5; b++) {
+            if (which == 1 && b >= 3) /* offsets may be 0 or negative */
+                continue;
+            float k2[N], o2[N];
+            memcpy(k2, ks, sizeof k2);
+            memcpy(o2, vo, sizeof o2);
+            float *dst = which == 0 ? k2 : o2;
+            dst[N - 3] = bad[b];
+            new_dir();
+            write_text("quant_model_description.json", C8_DESC);
+            tensor t[] = {
+                {"model.layers.0.self_attn.k_cache_scale", b == 1 ? "F16" : "F32", 1, {N, 0},
+                 k2, 0},
+                {"model.layers.0.self_attn.v_cache_scale", "F32", 1, {N, 0}, vs, 0},
+                {"model.layers.0.self_attn.v_cache_offset", "F32", 1, {N, 0}, o2, 0},
+            };
+            write_safetensors("m.safetensors", t, 3, 0, 0, NULL);
+            kva_c8_scales *s = NULL;
+            CHECK_OK(load(0, 0, 1, &s));
+            if (!s)
+                continue;
+            const float got =
+                which == 0 ? s->params.k_scale[N - 3] : s->params.v_offset[N - 3];
+            CHECK_MSG(isnan(bad[b]) ? isnan(got) : got == bad[b], "%s[%d] = %g, stored %g",
+                      names[which], N - 3, (double)got, (double)bad[b]);
+            kva_cache_desc cd = {4, 16, HKV, D, D, KVA_DTYPE_I8, KVA_LAYOUT_NHD,
+                                 KVA_QUANT_INT8_CHANNEL, KVA_ATTN_MHA};
+            kva_cache *c = (kva_cache *)(uintptr_t)0x5678;
+            CHECK_STATUS(kva_cache_create_quant(ctx, &cd, &s->params, &c),
+                         KVA_STATUS_INVALID_ARGUMENT);
+            CHECK_ERROR_MENTIONS(names[which]);
+            CHECK(c == (kva_cache *)(uintptr_t)0x5678);
+            kva_c8_scales_free(s);
+        }
+    kva_context_destroy(ctx);
+}
+
 int main(void)
 {
     init_vals();
@@ -606,6 +654,7 @@ int main(void)
     RUN(test_index_shards);
     RUN(test_errors);
     RUN(test_hostile_headers);
+    RUN(test_nonfinite_values);
     if (tmpdir[0]) {
         char cmd[600];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
