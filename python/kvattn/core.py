@@ -331,8 +331,8 @@ class Cache:
         an index-key cache's write)."""
         ctx = self.ctx
         if ctx.device == T.CPU and not isinstance(slot_mapping, np.ndarray) and \
-                not T.is_torch(slot_mapping):
-            slot_mapping = np.asarray(slot_mapping, dtype=np.int64)
+                not T.is_torch(slot_mapping):  # a list: checked, not truncated ([2.7] -> 2)
+            slot_mapping = T.host_array(slot_mapping, np.int64, "slot_mapping")
         sv = _tensor(slot_mapping, "slot_mapping", ctx, (n,), T.I64)
         _check(L.kva_cache_write(ctx._h, self._h, n, kv.ptr, kv.strides[0] if n > 1 else 0,
                                  vv.ptr if vv else None, vv.strides[0] if vv and n > 1 else 0,
@@ -368,7 +368,7 @@ class Cache:
     def copy_blocks(self, pairs):
         """Copies whole blocks inside this cache: pairs [n, 2] of (src, dst) ids
         (host array or list on every backend)."""
-        p = T.host_array(pairs, np.int32, "pairs").reshape(-1, 2)
+        p = _pairs(pairs)
         _check(L.kva_cache_copy_blocks(self.ctx._h, self._h, _array_ptr(p), p.shape[0]))
 
     def swap_blocks(self, dst, pairs, ctx=None):
@@ -377,7 +377,7 @@ class Cache:
         the CUDA one of the two, else this cache's)."""
         if ctx is None:
             ctx = dst.ctx if dst.ctx.backend == "cuda" else self.ctx
-        p = T.host_array(pairs, np.int32, "pairs").reshape(-1, 2)
+        p = _pairs(pairs)
         _check(L.kva_cache_swap_blocks(ctx._h, self._h, dst._h, _array_ptr(p), p.shape[0]))
 
     def _host_view(self, which):
@@ -425,6 +425,14 @@ class Cache:
                 "head_dim_v=%d, dtype=%r, layout=%r, quant=%r, kind=%r)"
                 % (self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim,
                    self.head_dim_v, self.dtype, self.layout, self.quant, self.kind))
+
+
+def _pairs(pairs):
+    """(src, dst) block pairs as a host int32 array [n, 2]."""
+    p = T.host_array(pairs, np.int32, "pairs")
+    if p.size % 2:
+        raise ShapeMismatchError("pairs: %d values, expected (src, dst) pairs" % p.size)
+    return p.reshape(-1, 2)
 
 
 class PlanInfo:

@@ -29,8 +29,17 @@ class Pool:
         self.num_blocks, self.block_size = num_blocks, block_size
 
     def add_request(self, prompt_tokens, extra_key=b""):
-        """Adds a request; returns (request_id, num_cached_tokens)."""
+        """Adds a request; returns (request_id, num_cached_tokens). extra_key
+        (bytes, or str as UTF-8) separates its cache entries from other keys'."""
         t = T.host_array(prompt_tokens, np.int32, "prompt_tokens").reshape(-1)
+        if extra_key is None:
+            extra_key = b""
+        elif isinstance(extra_key, str):
+            extra_key = extra_key.encode()
+        if not isinstance(extra_key, (bytes, bytearray, memoryview)):
+            # bytes(5) would be five zero bytes: a silent, colliding key
+            raise _errors.InvalidArgumentError("extra_key: bytes or str, got %s"
+                                               % type(extra_key).__name__)
         ek = bytes(extra_key)
         rid, cached = ctypes.c_int32(), ctypes.c_int32()
         _check(L.kva_pool_request_add(self._h, _ptr(t), t.shape[0], ek or None, len(ek),

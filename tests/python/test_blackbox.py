@@ -289,6 +289,32 @@ def test_pool_bad_counts_raise_and_change_nothing():
     p.check()
 
 
+def test_lists_are_checked_not_truncated():
+    """A slot_mapping list [2.7] wrote slot 2; extra_key=5 became five zero
+    bytes (colliding with b"\\0" * 5); odd pair lists hit numpy's reshape."""
+    ctx = kvattn.Context("cpu")
+    c = kvattn.Cache(ctx, 4, 4, 1, 8, dtype="f32")
+    c.k_array()[...] = np.nan
+    k = np.ones((1, 1, 8), np.float32)
+    for sm in ([2.7], [2**64]):
+        with pytest.raises(kvattn.InvalidArgumentError, match="slot_mapping"):
+            c.write(k, k, sm)
+    assert np.isnan(c.k_array()).all()
+    c.write(k, k, [2])  # an integer list still works
+    assert (c.k_array()[0, 2] == 1).all()
+    with pytest.raises(kvattn.ShapeMismatchError, match="pairs"):
+        c.copy_blocks([1, 2, 3])
+    p = kvattn.Pool(8, 4)
+    with pytest.raises(kvattn.InvalidArgumentError, match="extra_key"):
+        p.add_request([1, 2, 3, 4, 5], extra_key=5)
+    assert p.stats()["num_requests"] == 0
+    a, _ = p.add_request([1, 2, 3, 4, 5], extra_key="tenant")
+    p.allocate(a, 5)
+    p.append_tokens(a, [1, 2, 3, 4, 5])
+    assert p.add_request([1, 2, 3, 4, 5], extra_key=b"tenant")[1] == 4  # str is its UTF-8
+    assert p.add_request([1, 2, 3, 4, 5], extra_key=None)[1] == 0
+
+
 def _safetensors(path, tensors):
     """tensors: name -> float32 array, written as safetensors (F32)."""
     header, off, blobs = {}, 0, []
