@@ -600,9 +600,9 @@ static void test_hostile_headers(void)
 }
 
 /* Values the loader does not judge: NaN, +-inf, 0 and negative scales, NaN
- * offsets (F32, and inf through F16) load as stored, bit for bit where they
- * are exact (the header lists no value check); kva_cache_create_quant then refuses them with INVALID_ARGUMENT
- * naming the array, and leaves *out untouched. */
+ * and +-inf offsets (F32; the inf scale also through F16) load as stored (the
+ * header lists no value check); kva_cache_create_quant then refuses them with
+ * INVALID_ARGUMENT naming the array, and leaves *out untouched. */
 static void test_nonfinite_values(void)
 {
     const float bad[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.5f};
@@ -621,8 +621,12 @@ static void test_nonfinite_values(void)
             new_dir();
             write_text("quant_model_description.json", C8_DESC);
             tensor t[] = {
-                {"model.layers.0.self_attn.k_cache_scale", b == 1 ? "F16" : "F32", 1, {N, 0},
-                 k2, 0},
+                {"model.layers.0.self_attn.k_cache_scale",
+                 b == 1 ? "F16" : "F32",
+                 1,
+                 {N, 0},
+                 k2,
+                 0},
                 {"model.layers.0.self_attn.v_cache_scale", "F32", 1, {N, 0}, vs, 0},
                 {"model.layers.0.self_attn.v_cache_offset", "F32", 1, {N, 0}, o2, 0},
             };
@@ -631,12 +635,12 @@ static void test_nonfinite_values(void)
             CHECK_OK(load(0, 0, 1, &s));
             if (!s)
                 continue;
-            const float got =
-                which == 0 ? s->params.k_scale[N - 3] : s->params.v_offset[N - 3];
+            const float got = which == 0 ? s->params.k_scale[N - 3] : s->params.v_offset[N - 3];
             CHECK_MSG(isnan(bad[b]) ? isnan(got) : got == bad[b], "%s[%d] = %g, stored %g",
                       names[which], N - 3, (double)got, (double)bad[b]);
-            kva_cache_desc cd = {4, 16, HKV, D, D, KVA_DTYPE_I8, KVA_LAYOUT_NHD,
-                                 KVA_QUANT_INT8_CHANNEL, KVA_ATTN_MHA};
+            kva_cache_desc cd = {
+                4,           16, HKV, D, D, KVA_DTYPE_I8, KVA_LAYOUT_NHD, KVA_QUANT_INT8_CHANNEL,
+                KVA_ATTN_MHA};
             kva_cache *c = (kva_cache *)(uintptr_t)0x5678;
             CHECK_STATUS(kva_cache_create_quant(ctx, &cd, &s->params, &c),
                          KVA_STATUS_INVALID_ARGUMENT);
