@@ -218,8 +218,8 @@ class Cache:
         """Wraps a caller-owned latent cache kv [NB, B, Dc + Dr] (rows
         [c_kv | k_pe], contiguous, f32/f16/bf16; Dc = kv_lora_rank) as an MLA
         cache, without copying (kva_cache_create_from); the cache keeps kv
-        alive."""
-        v = _tensor(kv, "kv", ctx)
+        alive. A read-only array is refused (the cache writes into it)."""
+        v = _tensor(kv, "kv", ctx, writable=True)
         if len(v.shape) != 3:
             raise ShapeMismatchError("kv: expected [NB, B, Dc + Dr] (3-D), got %s" % (v.shape,))
         nb, bs, d = v.shape
@@ -231,8 +231,9 @@ class Cache:
         """Wraps caller-owned storage (kva_cache_create_from): k [NB, B, Hkv, D]
         and v [NB, B, Hkv, Dv] for NHD ([NB, Hkv, B, D] for HND), contiguous,
         f32/f16/bf16, on the context's device. The tensors are kept alive by
-        the cache; writes through the cache are visible in them."""
-        kv, vv = _tensor(k, "k", ctx), _tensor(v, "v", ctx)
+        the cache; writes through the cache are visible in them (a read-only
+        array is refused)."""
+        kv, vv = _tensor(k, "k", ctx, writable=True), _tensor(v, "v", ctx, writable=True)
         if len(kv.shape) != 4 or len(vv.shape) != 4:
             raise ShapeMismatchError("k, v: expected 4-D tensors, got %s and %s"
                                      % (kv.shape, vv.shape))
@@ -252,8 +253,8 @@ class Cache:
         """Wraps FlashInfer's 5-D paged cache (kva_cache_create_from_interleaved):
         kv [NP, 2, B, Hkv, D] (NHD) or [NP, 2, Hkv, B, D] (HND), contiguous. The
         cache has 2*NP - 1 blocks; page p is block 2p (block tables and slots
-        name 2p)."""
-        v = _tensor(kv, "kv", ctx)
+        name 2p). A read-only array is refused (the cache writes into it)."""
+        v = _tensor(kv, "kv", ctx, writable=True)
         if len(v.shape) != 5 or v.shape[1] != 2:
             raise ShapeMismatchError("kv: expected [NP, 2, ...] (5-D), got %s" % (v.shape,))
         lay = _enum(L.LAYOUTS, layout, "layout")

@@ -61,6 +61,10 @@ def _dtype(x):
 def get_alibi_slopes(num_heads):
     """ALiBi slopes of num_heads heads (the geometric series of the ALiBi
     paper, with the interleaved extension for a count that is not a power of 2)."""
+    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
+        raise InvalidArgumentError("get_alibi_slopes: num_heads = %r is not a positive integer"
+                                   % (num_heads,))
+    num_heads = int(num_heads)
     n = 2 ** math.floor(math.log2(num_heads))
     m0 = 2.0 ** (-8.0 / n)
     slopes = [m0 ** (i + 1) for i in range(n)]

@@ -235,6 +235,35 @@ def test_outputs_read_only_or_wrong_are_refused():
         r.run(q, k[:2], k[:2])
 
 
+def test_read_only_cache_storage_and_bad_alibi_count_are_refused():
+    """A cache wrapped around caller storage is written by Cache.write: a
+    read-only array is refused when wrapped (it was wrapped and written
+    through); get_alibi_slopes of a count below 1 or not an integer raises a
+    kvattn error (it raised math / type errors)."""
+    ctx = kvattn.Context("cpu")
+    k = np.zeros((2, 4, 2, 8), np.float32)
+    v = np.zeros((2, 4, 2, 8), np.float32)
+    k.flags.writeable = False
+    with pytest.raises(kvattn.InvalidArgumentError, match="read-only"):
+        kvattn.Cache.from_tensors(ctx, k, v)
+    kv = np.zeros((2, 2, 4, 2, 8), np.float32)
+    kv.flags.writeable = False
+    with pytest.raises(kvattn.InvalidArgumentError, match="read-only"):
+        kvattn.Cache.from_interleaved(ctx, kv)
+    lat = np.zeros((2, 4, 576), np.float32)
+    lat.flags.writeable = False
+    with pytest.raises(kvattn.InvalidArgumentError, match="read-only"):
+        kvattn.Cache.from_latent(ctx, lat)
+    k.flags.writeable = True
+    c = kvattn.Cache.from_tensors(ctx, k, v)  # writable storage still wraps
+    c.write(np.ones((1, 2, 8), np.float32), np.ones((1, 2, 8), np.float32), [5])
+    assert k[1, 1].sum() == 16 and v[1, 1].sum() == 16 and k.sum() == 16
+    for bad in (0, -3, 2.0, True, "8"):
+        with pytest.raises(kvattn.InvalidArgumentError, match="num_heads"):
+            fi.get_alibi_slopes(bad)
+    assert np.allclose(fi.get_alibi_slopes(np.int64(8)), 2.0 ** (-np.arange(1, 9)))
+
+
 class _OnCuda:
     """A host array that says, through DLPack, that it lives on CUDA device 0."""
 
