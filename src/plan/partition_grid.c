@@ -272,6 +272,21 @@ static int place_whole(kva__part_builder *b, const kva__partition_params *pp,
     return 1;
 }
 
+/* A builder over part's item and task arrays (part gives them up, so a
+ * rebuild in place reuses their capacity). */
+static kva__part_builder take_arrays(kva__partition *part)
+{
+    kva__part_builder b;
+    memset(&b, 0, sizeof b);
+    b.items = part->items;
+    b.cap_items = part->cap_items;
+    b.tasks = part->tasks;
+    b.cap_tasks = part->cap_tasks;
+    part->items = NULL;
+    part->tasks = NULL;
+    return b;
+}
+
 /*
  * Builds the partition of rule sr whose item costs groups_makespan listed in
  * runs [nruns] (sorted, largest first; num_items items) into part (its
@@ -286,14 +301,7 @@ static kva_status build_placed(const kva_plan *plan, const kva__partition_params
                                const cost_run *runs, int32_t nruns, int64_t num_items,
                                kva__partition *part, kva__partition **out)
 {
-    kva__part_builder b;
-    memset(&b, 0, sizeof b);
-    b.items = part->items;
-    b.cap_items = part->cap_items;
-    b.tasks = part->tasks;
-    b.cap_tasks = part->cap_tasks;
-    part->items = NULL;
-    part->tasks = NULL;
+    kva__part_builder b = take_arrays(part);
     int ok = num_items < INT32_MAX &&
              grow((void **)&s->dcost, &s->cap_dcost, 2 * ((int64_t)nruns + 1), sizeof(int64_t)) &&
              grow((void **)&b.items, &b.cap_items, num_items + 1, sizeof *b.items);
@@ -478,14 +486,7 @@ static int build_decodes(const kva_plan *plan, const kva__partition_params *pp,
     int32_t pick = 0;
     if (!no_split_wins(grid, maxc, sum, slots, sum, items, e, &rule, &pick))
         return 0;
-    kva__part_builder b;
-    memset(&b, 0, sizeof b);
-    b.items = part->items;
-    b.cap_items = part->cap_items;
-    b.tasks = part->tasks;
-    b.cap_tasks = part->cap_tasks;
-    part->items = NULL;
-    part->tasks = NULL;
+    kva__part_builder b = take_arrays(part);
     const int ok = grow((void **)&b.items, &b.cap_items, items + 1, sizeof *b.items);
     for (int32_t i = 0; ok && i < n; i++) {
         const kva__unit *x = &u[r[i].count];
