@@ -68,7 +68,7 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
     a.k = (const uint8_t *)cache->k;
     a.v = (const uint8_t *)cache->v;
     kva__quant_args_scales(a, cache);
-    kva__quant_args_common(a, ctx, plan, cache, sinks, out, lse);
+    kva__attn_args_common(a, ctx, plan, cache, sinks, out, lse);
     a.layout_hnd = cd->layout == KVA_LAYOUT_HND;
     a.qdt = (int)d->q_dtype;
     if ((uintptr_t)q % kva_dtype_size(d->q_dtype) != 0)

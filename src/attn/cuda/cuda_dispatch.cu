@@ -19,6 +19,7 @@ extern "C" {
 #include "prefill_mma.h"
 }
 #include "cuda_check.h"
+#include "quant_args.cuh"
 
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -113,24 +114,9 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
     a.q = q;
     a.k = cache ? cache->k : k;
     a.v = cache ? cache->v : v;
-    a.sinks = sinks;
-    a.out = out;
-    a.lse = lse;
-    a.ws = (float *)ctx->workspace;
-    a.H = d->num_heads;
-    a.Hkv = d->num_kv_heads;
-    a.G = d->num_heads / d->num_kv_heads;
-    a.D = d->head_dim;
-    a.Dv = d->head_dim_v;
-    a.B = cache ? cache->desc.block_size : 1;
+    kva__attn_args_common(a, ctx, plan, cache, sinks, out, lse);
     a.layout_hnd = cache && cache->desc.layout == KVA_LAYOUT_HND;
     a.ragged = cache == NULL;
-    a.causal = d->causal;
-    a.window_left = d->window_left;
-    a.chunk = d->attention_chunk;
-    a.has_alibi = cp->has_alibi;
-    a.scale = d->scale;
-    a.softcap = d->softcap;
     a.kv_fp8 = mla_fp8;
     a.kv_scale = mla_fp8 ? cache->k_scale[0] : 1.f;
 

@@ -96,7 +96,7 @@ extern "C" kva_status kva__cuda_decode_mma_quant_run(kva_context *ctx, const kva
     a.k = cache->k;
     a.v = cache->v;
     a.layout_hnd = cd->layout == KVA_LAYOUT_HND;
-    kva__quant_args_common(a, ctx, plan, cache, sinks, out, lse);
+    kva__attn_args_common(a, ctx, plan, cache, sinks, out, lse);
     kva__quant_args_scales(qa, cache);
     qa.q16 = (uintptr_t)q % 16 == 0;
     const qm_launch k = qm_pick(cd->quant, d->q_dtype, cd->dtype, a.D);
