@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Lead's final call, session 36: base (main at session start, 32addbd) vs new (merged main), one GPU.
+# Trees in ./base and ./new, .deb build deps in ./debs. Log: $OUT/final.txt (written as it goes).
+# Knobs: SAN="test_a test_b" (memcheck quick), MLA=1 (MLA rows), SPARSE=1 (sparse suite),
+#        PEER=1 (SDPA short shapes), R2=1 (second round), DCP=1 (emulated DCP rows).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd); cd "$here"
+out=${OUT:-$here/out}; mkdir -p "$out"; LOG=$out/final.txt
+export KVA_DEBS=$here/debs; . new/scripts/device_deps.sh; kx=(${KVA_DEP_ARGS[@]+"${KVA_DEP_ARGS[@]}"})
+echo "# gpu: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader)" >>"$LOG"
+B=/tmp/fb; t0=$(date +%s); T() { echo "## $1: $(( $(date +%s) - t0 )) s" >>"$LOG"; }
+el() { echo $(( $(date +%s) - t0 )); }
+for t in base new; do
+  cmake -S $t -B $B/$t -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+    "${kx[@]}" >$out/cmake_$t.log 2>&1 || { tail -20 $out/cmake_$t.log; exit 1; }
+done
+ninja -C $B/base -j5 bench_cuda bench_cuda_mla kvattn >$out/build_base.log 2>&1 &
+ninja -C $B/new -j11 >$out/build_new.log 2>&1 || { grep -m20 error $out/build_new.log; tail -3 $out/build_new.log; exit 1; }
+wait || { tail -20 $out/build_base.log; exit 1; }
+T build
+( for x in ${SAN:-}; do
+    KVA_TEST_QUICK=1 timeout 170 compute-sanitizer --tool memcheck --error-exitcode 9 $B/new/$x >$out/san_$x.log 2>&1
+    echo "memcheck $x quick: rc=$? $(grep -E 'ERROR SUMMARY' $out/san_$x.log | tail -1)" >>"$LOG"; done ) &
+KVA_TEST_QUICK=1 ctest --test-dir $B/new -L cuda -j3 --timeout 240 --output-on-failure >$out/ctest.log 2>&1; echo "ctest -L cuda (quick) rc=$?" >>"$LOG"
+grep -E "tests passed|Failed|\*\*\*|Not Run" $out/ctest.log | tail -14 >>"$LOG"
+T tests
+wait; T san
+bc() { local tag=$1; shift; echo "$tag $("$B/${tag%%-*}/bench_cuda" "$@" 2>&1 >/dev/null | grep -m1 '^bench_cuda:')" >>"$LOG"; }
+D="--mode decode"; P="--mode prefill --context 0 --iters 20"
+bench_round() { local r=$1; for t in base new; do
+  for s in "16 1023" "16 4095" "64 4095" "1 131071"; do set -- $s; bc $t-r$r $D --batch $1 --context $2; done
+  for q in int8 int8-token fp8; do bc $t-r$r $D --batch 64 --context 4095 --quant $q; done
+  bc $t-r$r $P --batch 32 --q-len 256; bc $t-r$r $P --batch 8 --q-len 1024; bc $t-r$r $P --batch 2 --q-len 2048
+  bc $t-r$r $P --batch 1 --q-len 4096
+  bc $t-r$r --mode prefill --context 3072 --iters 20 --batch 4 --q-len 1024
+  bc $t-r$r $P --batch 1 --q-len 4096 --heads 16 --kv-heads 4 --head-dim 256
+  bc $t-r$r $P --batch 1 --q-len 4096 --head-dim 64
+  if [ "${MLA:-1}" = 1 ]; then
+  for s in "128 16384 16 1 none" "128 4096 128 1 none" "128 8192 128 2 none" "128 4096 128 1 fp8"; do set -- $s
+    echo "$t-r$r mla $5 $($B/$t/bench_cuda_mla --batch $1 --context $2 --heads $3 --q-len $4 --block-size 64 --kv-quant $5 2>&1 >/dev/null | grep -m1 '^bench_cuda_mla:')" >>"$LOG"
+  done; fi
+  if [ "${DCP:-1}" = 1 ]; then for n in 4 2; do
+    $B/$t/kvattn bench --backend cuda --dcp $n --batch 1 --seq-len 131072 >$out/dcp_${t}_$n.log 2>&1
+    echo "$t-r$r dcp N$n R1 rc=$?" >>"$LOG"; grep -E "dcp:|unsharded|rank|slowest" $out/dcp_${t}_$n.log | sed "s/^/$t-r$r /" >>"$LOG"
+  done; fi
+done; T "bench r$r"; }
+bench_round 1
+for b in "" "--copy-bytes 67108864" "--copy-bytes 268435456" "--copy-bytes 536870912"; do bc new-r1 --mode copy $b; done
+for r in 1 2; do for t in base new; do
+  $B/$t/kvattn serve-sim --backend cuda --no-progress >$out/serve_$t.log 2>&1
+  echo "$t serve r$r rc=$? $(grep -E 'plan share|Mean step' $out/serve_$t.log | tr -s ' ' | tr '\n' ';')" >>"$LOG"
+done; done
+T serve
+if [ "${SPARSE:-0}" = 1 ]; then for t in base new; do
+  timeout 80 $B/$t/kvattn bench --mla-sparse --backend cuda --iters 20 >$out/sparse_$t.log 2>&1
+  echo "$t sparse rc=$?" >>"$LOG"; grep -E "TFLOP/s" $out/sparse_$t.log | sed "s/^/$t sparse: /" | cut -c1-170 >>"$LOG"
+done; T sparse; fi
+if [ "${PEER:-1}" = 1 ]; then
+( cd new && timeout 90 python3 bench/prefill_sdpa_peer.py short ) >$out/sdpa_peer.log 2>&1; echo "sdpa peer rc=$?" >>"$LOG"
+grep -iE 'cudnn|flash|matmul' $out/sdpa_peer.log | cut -c1-150 >>"$LOG"; T peer; fi
+[ "${R2:-1}" = 1 ] && [ "$(el)" -lt "${R2_BEFORE:-380}" ] && bench_round 2
+T end
+grep -E "^(base|new)|## |rc=|memcheck" "$LOG" | grep -vE "rank [0-9]+ +[0-9.]+ ms|unsharded +[0-9.]+ ms|dcp: N" | sed -E 's/bench_cuda(_mla)?: //; s/, [0-9]+ items.*check/ check/' | cut -c1-140 | tail -80
