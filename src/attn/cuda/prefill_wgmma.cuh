@@ -77,10 +77,6 @@ template <int DK, int DV, int NCW = 2, int BN = 128> struct wg_dims {
      * iteration it). There P V goes out with the next S, as in the cp.async
      * form, and releases its stage at the start of the iteration. */
     static constexpr bool TMA_INTRA = DV <= 128;
-    /* The producer pulls the Q rows of the CTA tile QPF tiles after the one
-     * it is copying into L2 (wg_prefetch_q; 0: off), so that the consumers'
-     * Q load under the epilogue before that tile reads L2, not HBM. */
-    static constexpr int QPF = 2;
 };
 
 /* Stage and phase of the gk-th K/V tile of a CTA's ring: n = NST stages, or
@@ -624,29 +620,6 @@ static __device__ __forceinline__ void wg_load_q(const kva__cuda_prefill_args &a
             }
             kva__cp_async16(sq + wg_swz(row, ch, M), src, bytes);
         }
-    }
-}
-/* Pulls the Q rows of CTA tile rc (M packed rows from rc.m0; qs, qe: its
- * request's query_start_loc entries) into L2 by 128 threads (index t):
- * thread t takes the G heads of this kv head of the tile's token i0 + t
- * (+ 128 k), G DK contiguous elements of q [T, H, DK]
- * (cp.async.bulk.prefetch.L2: no register or shared-memory destination,
- * nothing waits for it). */
-template <int DK, int M>
-static __device__ __forceinline__ void wg_prefetch_q(const kva__cuda_prefill_args &a,
-                                                     const wg_rec &rc, int qs, int qe,
-                                                     const wg_div &gd, int t)
-{
-    const int rows = (qe - qs) * (int)gd.d;
-    if (rc.m0 >= rows)
-        return;
-    const int i0 = wg_div_q(gd, rc.m0), i1 = wg_div_q(gd, min(rc.m0 + M, rows) - 1);
-    const uint32_t bytes = gd.d * DK * 2;
-    for (int i = i0 + t; i <= i1; i += 128) {
-        const uint16_t *p = (const uint16_t *)a.q +
-                            ((size_t)(qs + i) * a.num_heads + (size_t)rc.kvh * gd.d) * DK;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes)
-                     : "memory");
     }
 }
 /* S = Q K^T [64, BN] for one warpgroup: DK / 16 k-steps over D (4 per

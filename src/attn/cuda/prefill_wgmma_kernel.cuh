@@ -139,12 +139,6 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
             const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
             KVA_WG_TRACE(0, ti, ntiles);
-            /* The record of the CTA tile whose Q rows go to L2 after this
-             * tile's copies (wg_dims::QPF; pq.r < 0: none): loaded here, its
-             * latency hides under the copies. */
-            wg_rec pq = {-1, 0, 0};
-            if (dims::QPF > 0 && tile_of(k + dims::QPF) < n_tiles)
-                pq = wg_rec_of<SPLIT, M>(a, tile_of(k + dims::QPF));
             wg_kv g;
             wg_kv_init<DK, DV>(g, a, tl, tid);
             /* The block id of key n0 + tid of the next tile is loaded one tile
@@ -234,9 +228,6 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
             }
             gi += (uint32_t)ntiles;
             KVA_WG_TRACE(2, ti, ntiles);
-            if (dims::QPF > 0 && pq.r >= 0)
-                wg_prefetch_q<DK, M>(a, pq, __ldg(a.query_start_loc + pq.r),
-                                     __ldg(a.query_start_loc + pq.r + 1), gd, tid);
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(dims::REG_C) : "memory");
