@@ -6,7 +6,8 @@
  * with the library's instantiations) with its KVA_WG_TRACE hook defined: one thread per
  * warpgroup records %globaltimer and clock64 at the phase boundaries of every CTA tile
  * (producer: 0 header built, 1 first free stage, 2 tile's copies issued; consumer: 3 tile
- * start, 4 Q in, 5 first K/V tile in, 6 first S done, 7 last P V done, 8 epilogue done) into
+ * start, 4 Q in, 5 first K/V tile in, 6 first S done, 7 last P V done, 8 epilogue done, 9 next
+ * Q issued, before the epilogue) into
  * a slot fixed by (tile, warpgroup, event), so recording takes no atomics. Runs it on a
  * synthetic causal batch (R prompts of Q tokens after C cached ones, H 32 / Hkv 8, D 128, bf16,
  * paged NHD B 16 with shuffled blocks, tiles in the plan's L2-section order), after the
@@ -34,7 +35,7 @@ struct pf_rec {
     unsigned long long gt, clk; /* %globaltimer (ns), clock64 (SM cycles); gt 0: not recorded */
     int cta, sm, nkt, pad;      /* nkt: key tiles of the CTA tile (-1 before it is known) */
 };
-#define PF_EV 9    /* events per warpgroup */
+#define PF_EV 10   /* events per warpgroup */
 #define PF_WG 3    /* warpgroups per CTA at most */
 __device__ pf_rec *pf_buf; /* [tiles][PF_WG][PF_EV] */
 
@@ -223,7 +224,7 @@ int main(int argc, char **argv)
     /* Every CTA tile's consumer phases (cycles), by key-tile count. */
     const int ntl = nt * split, ncw = narrow ? 1 : 2;
     unsigned long long g0 = ~0ull, g1 = 0;
-    std::map<int, std::vector<double>> ph[6];
+    std::map<int, std::vector<double>> ph[7];
     std::map<int, std::vector<double>> cta_first, cta_last, cta_tiles;
     std::vector<double> p_wait, p_issue;
     double ns_per_clk_sum = 0.0;
@@ -245,6 +246,8 @@ int main(int argc, char **argv)
                 ph[3][nk].push_back((double)(e[7].clk - e[6].clk)); /* softmaxes, rest, last P V */
             }
             ph[4][nk].push_back((double)(e[8].clk - (nk > 0 ? e[7].clk : e[4].clk))); /* epilogue */
+            if (e[9].gt) /* of which: next header and Q load issue */
+                ph[6][nk].push_back((double)(e[9].clk - (nk > 0 ? e[7].clk : e[4].clk)));
             ph[5][nk].push_back((double)(e[8].clk - e[3].clk));                      /* all */
             if (e[8].clk > e[3].clk) {
                 ns_per_clk_sum += (double)(e[8].gt - e[3].gt) / (double)(e[8].clk - e[3].clk);
@@ -266,12 +269,12 @@ int main(int argc, char **argv)
            ntl, missing, cta_tiles.size(), (double)(g1 - g0) / 1e3,
            ns_per_clk_n ? ns_per_clk_sum / ns_per_clk_n : 0.0);
     printf("  consumer phases, median cycles per CTA tile (n: CTA tiles of that many key tiles)\n");
-    printf("  keys  n      Q+ctx  KV0wait  S0      rest    epilog  total\n");
+    printf("  keys  n      Q+ctx  KV0wait  S0      rest    epilog  (nextQ) total\n");
     for (auto &kv : ph[5]) {
         const int nk = kv.first;
-        printf("  %-5d %-6zu %-6.0f %-8.0f %-7.0f %-7.0f %-7.0f %-7.0f\n", nk, kv.second.size(),
-               median(ph[0][nk]), median(ph[1][nk]), median(ph[2][nk]), median(ph[3][nk]),
-               median(ph[4][nk]), median(kv.second));
+        printf("  %-5d %-6zu %-6.0f %-8.0f %-7.0f %-7.0f %-7.0f %-7.0f %-7.0f\n", nk,
+               kv.second.size(), median(ph[0][nk]), median(ph[1][nk]), median(ph[2][nk]),
+               median(ph[3][nk]), median(ph[4][nk]), median(ph[6][nk]), median(kv.second));
     }
     printf("  producer: median cycles from header to first free stage %.0f, then to the tile's "
            "last copy issued %.0f\n",

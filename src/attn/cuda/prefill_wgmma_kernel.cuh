@@ -47,8 +47,8 @@ extern "C" {
 /* A diagnostic hook: dev/pf_trace/pf_trace.cu defines KVA_WG_TRACE(ev, ti,
  * nkt) to record the time of event ev of CTA tile ti (nkt key tiles) from
  * one thread per warpgroup (producer 0-2: header built, first free stage,
- * tile issued; consumer 3-8: tile start, Q in, first K/V in, first S done,
- * last P V done, epilogue done). The library leaves it empty (its
+ * tile issued; consumer 3-9: tile start, Q in, first K/V in, first S done,
+ * last P V done, epilogue done, next Q issued (before the epilogue)). The library leaves it empty (its
  * arguments are not evaluated), so its code does not change. */
 #ifndef KVA_WG_TRACE
 #define KVA_WG_TRACE(ev, ti, nkt) ((void)0)
@@ -388,6 +388,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 wg_load_q<128, DK, M>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
                 kva__cp_async_commit();
             }
+            KVA_WG_TRACE(9, tile_of(k), ntiles);
             wg_epilogue<Ty, DV>(a, c, o, m_run, l_run);
             KVA_WG_TRACE(8, tile_of(k), ntiles);
             if (nxt.r < 0)
