@@ -16,7 +16,9 @@
  * key (out 0, lse -inf or the sink), q_len > seq_len, and a long prefill crossing many key tiles;
  * batches at each head size of the sm_90a wgmma kernels (test_wgmma, test_wgmma_tma; D 192 / Dv 128
  * runs there only). A fixed-capacity grid (more CTAs than tiles) is used every time, so CTAs past
- * num_tiles must exit without writing. Host-side checks: the tile builder's order and errors, and
+ * num_tiles must exit without writing; every other case's out starts 4 bytes past a 16-byte
+ * boundary (the kernels' 4-byte store paths) and the bytes around out must stay poisoned.
+ * Host-side checks: the tile builder's order and errors, and
  * the launcher's rejections.
  *
  * Tolerance: the kernel rounds the softmax weights P to the input dtype for the
@@ -168,7 +170,13 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
             }
     }
     void *d_q = dev_copy(q, nq * esz), *d_k = dev_copy(k_h, k_bytes), *d_v = dev_copy(v_h, v_bytes);
-    void *d_out = dev_copy(NULL, no * esz);
+    /* Every other case writes out 4 bytes past a 16-byte boundary (the
+     * wgmma epilogue's 4-byte store path; 16-byte stores need an aligned
+     * out), the others at the boundary; the 16 spare bytes around out must
+     * stay poisoned. */
+    const size_t out_off = (cases_run & 1) ? 4 : 0;
+    char *d_out_buf = dev_copy(NULL, no * esz + 16);
+    void *d_out = d_out_buf + out_off;
     float *d_lse = dev_copy(NULL, nl * 4);
     float *d_sinks = dev_copy(sinks, sizeof(float) * (size_t)H);
     float *d_slopes = dev_copy(slopes, sizeof(float) * (size_t)H);
@@ -232,13 +240,19 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
             continue;
         if (a.narrow && var == KVA__CUDA_PREFILL_MMA)
             continue; /* mma.sync has one shape */
-        CUDA_OK(cudaMemset(d_out, 0xff, no * esz));
+        CUDA_OK(cudaMemset(d_out_buf, 0xff, no * esz + 16));
         CUDA_OK(cudaMemset(d_lse, 0xff, nl * 4));
         CHECK_OK(kva__cuda_prefill_launch_kernel(&a, NULL, (kva__cuda_prefill_kernel)var));
         CUDA_OK(cudaDeviceSynchronize());
         CUDA_OK(cudaMemcpy(out, d_out, no * esz, cudaMemcpyDeviceToHost));
         CUDA_OK(cudaMemcpy(lse, d_lse, nl * 4, cudaMemcpyDeviceToHost));
         size_t bad = kva_test_compare("out", out, out_ref, c->dt, no, atol, kva_test_rtol(c->dt));
+        unsigned char guard[16];
+        CUDA_OK(cudaMemcpy(guard, d_out_buf, out_off, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(guard + out_off, d_out_buf + out_off + no * esz, 16 - out_off,
+                           cudaMemcpyDeviceToHost));
+        for (int i = 0; i < 16; i++)
+            bad += guard[i] != 0xff; /* written outside out */
         if (c->lse)
             bad += kva_test_compare_f32("lse", lse, lse_ref, nl, kva_test_atol(KVA_DTYPE_F32),
                                         kva_test_rtol(KVA_DTYPE_F32));
@@ -259,7 +273,7 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
     CUDA_OK(cudaFree(d_q));
     CUDA_OK(cudaFree(d_k));
     CUDA_OK(cudaFree(d_v));
-    CUDA_OK(cudaFree(d_out));
+    CUDA_OK(cudaFree(d_out_buf));
     CUDA_OK(cudaFree(d_lse));
     CUDA_OK(cudaFree(d_sinks));
     CUDA_OK(cudaFree(d_slopes));
