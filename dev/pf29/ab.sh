@@ -70,6 +70,9 @@ if has tests; then
         "$new/b/test_cuda_prefill_mma" > "$OUT/memcheck_prefill.log" 2>&1
       echo "memcheck test_cuda_prefill_mma quick: exit $? $(grep 'ERROR SUMMARY' "$OUT/memcheck_prefill.log" | tail -1)" ) &
     wait
-    tail -3 "$OUT/test_prefill.log" "$OUT/test_attn.log"
+    for f in "$OUT/test_prefill.log" "$OUT/test_attn.log"; do tail -n 3 "$f"; done
 fi
+# At most ~8 files come back from a device call: the build and test logs go into one archive.
+(cd "$OUT" && tar czf logs.tgz build_*.log test_*.log memcheck_*.log 2>/dev/null &&
+    rm -f build_*.log test_*.log memcheck_*.log)
 echo "total $SECONDS s"
