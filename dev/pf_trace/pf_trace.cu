@@ -35,8 +35,8 @@ struct pf_rec {
     unsigned long long gt, clk; /* %globaltimer (ns), clock64 (SM cycles); gt 0: not recorded */
     int cta, sm, nkt, pad;      /* nkt: key tiles of the CTA tile (-1 before it is known) */
 };
-#define PF_EV 10   /* events per warpgroup */
-#define PF_WG 3    /* warpgroups per CTA at most */
+#define PF_EV 10           /* events per warpgroup */
+#define PF_WG 3            /* warpgroups per CTA at most */
 __device__ pf_rec *pf_buf; /* [tiles][PF_WG][PF_EV] */
 
 static __device__ __forceinline__ void pf_record(int ev, int ti, int nkt)
@@ -248,7 +248,7 @@ int main(int argc, char **argv)
             ph[4][nk].push_back((double)(e[8].clk - (nk > 0 ? e[7].clk : e[4].clk))); /* epilogue */
             if (e[9].gt) /* of which: next header and Q load issue */
                 ph[6][nk].push_back((double)(e[9].clk - (nk > 0 ? e[7].clk : e[4].clk)));
-            ph[5][nk].push_back((double)(e[8].clk - e[3].clk));                      /* all */
+            ph[5][nk].push_back((double)(e[8].clk - e[3].clk)); /* all */
             if (e[8].clk > e[3].clk) {
                 ns_per_clk_sum += (double)(e[8].gt - e[3].gt) / (double)(e[8].clk - e[3].clk);
                 ns_per_clk_n++;
@@ -293,8 +293,8 @@ int main(int argc, char **argv)
     if (!life.empty())
         printf("  per CTA: tiles min/median/max %.0f/%.0f/%.0f; lifetime us min/median/max "
                "%.1f/%.1f/%.1f; first tile starts after us median/max %.1f/%.1f\n",
-               ntile.front(), median(ntile), ntile.back(), life.front(), median(life),
-               life.back(), median(start), start.back());
+               ntile.front(), median(ntile), ntile.back(), life.front(), median(life), life.back(),
+               median(start), start.back());
     if (argc > 5) {
         FILE *f = fopen(argv[5], "w");
         if (f) {

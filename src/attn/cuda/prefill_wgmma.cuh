@@ -491,8 +491,7 @@ static __device__ __forceinline__ void wg_epilogue(const kva__cuda_prefill_args 
         } else if (c.tok[hf] >= 0) {
 #pragma unroll
             for (int nb = 0; nb < DV / 8; nb++) {
-                const uint32_t v =
-                    Ty::pack(o[4 * nb + 2 * hf] * inv, o[4 * nb + 2 * hf + 1] * inv);
+                const uint32_t v = Ty::pack(o[4 * nb + 2 * hf] * inv, o[4 * nb + 2 * hf + 1] * inv);
                 *(uint32_t *)(dst + nb * 8 + 2 * c.t4) = v;
             }
         }

@@ -48,8 +48,8 @@ extern "C" {
  * nkt) to record the time of event ev of CTA tile ti (nkt key tiles) from
  * one thread per warpgroup (producer 0-2: header built, first free stage,
  * tile issued; consumer 3-9: tile start, Q in, first K/V in, first S done,
- * last P V done, epilogue done, next Q issued (before the epilogue)). The library leaves it empty (its
- * arguments are not evaluated), so its code does not change. */
+ * last P V done, epilogue done, next Q issued (before the epilogue)). The library leaves it empty
+ * (its arguments are not evaluated), so its code does not change. */
 #ifndef KVA_WG_TRACE
 #define KVA_WG_TRACE(ev, ti, nkt) ((void)0)
 #endif
