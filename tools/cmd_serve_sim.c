@@ -80,6 +80,10 @@ void kva_cli_usage_serve_sim(void)
            "  --cuda-upload-min SIZE   benchmarks: every CUDA plan's metadata copy spans\n"
            "                           at least SIZE bytes of the buffer, 0 = its used\n"
            "                           bytes (the copy's host cost by size)  [32K]\n"
+           "  --plan-probe MODE        benchmarks (cuda): split each decode-only step's\n"
+           "                           plan time into its phases (medians printed); 2: a\n"
+           "                           stream query before the plan, 3: the plan again\n"
+           "                           right after (warm caches)  [0]\n"
            "  --json FILE              also write the results as JSON (vllm's field names)\n"
            "  --progress, --no-progress  progress bar on stderr [on when stderr is a tty]\n"
            "\n"
@@ -294,6 +298,8 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
                 fprintf(stderr, "kvattn: --cuda-upload-min: at most 1G\n");
                 ok = 0;
             }
+        } else if (!strcmp(f, "--plan-probe")) {
+            ok = kva_cli_parse_i32(f, val, 0, 3, &o->plan_probe);
         } else if (!strcmp(f, "--backend")) {
             ok = kva_cli_parse_choice(f, val, backends, 3, &k);
             o->backend = (kva_backend)k;

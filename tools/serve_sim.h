@@ -85,6 +85,9 @@ typedef struct serve_opts {
     int64_t cuda_upload_min; /* --cuda-upload-min: a CUDA plan's metadata copy spans at
                                 least this many bytes (kva__cuda_context_upload_min);
                                 -1: the library's default */
+    int32_t plan_probe;      /* --plan-probe MODE (CUDA, benchmarks): 1 the plan's time split
+                                into its phases per decode-only step; 2 also a stream query
+                                (timed) before the plan; 3 also the same plan again (warm) */
     int check_pool;          /* kva_pool_check after every step */
     int progress;            /* progress bar on stderr */
     /* Tests only (no flag): a fault injected into every checked layer, which
@@ -395,6 +398,8 @@ kva_status serve_dev_download(serve_dev *d, void *dst, const void *src, size_t n
 kva_status serve_dev_memset(serve_dev *d, void *p, int value, size_t n);
 kva_status serve_dev_record(serve_dev *d, int32_t event);
 kva_status serve_dev_sync(serve_dev *d);
+/* cudaStreamQuery on the stream: 1 if it has run everything, else 0. */
+int serve_dev_query(serve_dev *d);
 /* Seconds between two recorded (and completed) events. */
 kva_status serve_dev_elapsed(serve_dev *d, int32_t a, int32_t b, double *sec);
 

@@ -176,6 +176,8 @@ typedef struct kva__cuda_state {
     size_t upload_min;         /* a plan's one copy spans at least this many bytes of the
                                   buffer (KVA__CUDA_UPLOAD_MIN unless a benchmark set it,
                                   kva__cuda_context_upload_min; 0: its used bytes) */
+    double *probe;             /* benchmarks (kva__cuda_context_plan_probe): clock stamps of the
+                                  plan build's phases, or NULL */
     void *meta_dev;            /* device metadata buffer */
     void *meta_host;           /* pinned staging ring: two halves (kva__cuda_ring) */
     size_t meta_bytes;         /* size of the device buffer */
@@ -416,6 +418,25 @@ kva_status kva__cuda_context_balanced(kva_context *ctx, int on);
  * metadata buffer from its start (as KVA__CUDA_UPLOAD_MIN, the default), to
  * time the copy's host cost by size; 0 copies the used span only. */
 kva_status kva__cuda_context_upload_min(kva_context *ctx, int64_t bytes);
+
+/* Benchmarks: every attention plan built on ctx from now on writes the
+ * CLOCK_MONOTONIC time (us) at the ends of its phases into
+ * stamps[KVA__CUDA_PROBE_*] (NULL stops it), so a caller that times the
+ * whole kva_plan_create / kva_plan_update can split it: the generic checks
+ * and copies (until ENTRY), the current-device and capture queries, the
+ * partition, the capacity checks, the staging slot, its fill, the copy. */
+enum {
+    KVA__CUDA_PROBE_ENTRY,   /* the CUDA build starts (generic plan done) */
+    KVA__CUDA_PROBE_DEVICE,  /* cudaGetDevice */
+    KVA__CUDA_PROBE_CAPTURE, /* cudaStreamIsCapturing */
+    KVA__CUDA_PROBE_PART,    /* the grid partition */
+    KVA__CUDA_PROBE_RESERVE, /* buffer and workspace capacity checks */
+    KVA__CUDA_PROBE_SLOT,    /* the staging slot acquired */
+    KVA__CUDA_PROBE_FILL,    /* the metadata staged */
+    KVA__CUDA_PROBE_COPY,    /* the copies enqueued */
+    KVA__CUDA_PROBE_N
+};
+kva_status kva__cuda_context_plan_probe(kva_context *ctx, double *stamps);
 
 /* Tests: plans created on ctx from now on decompress the cached context of
  * kva_mla_run's compute-friendly requests in chunks of `keys` keys per

@@ -372,6 +372,7 @@ kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
         need = pad;
     char *h = NULL;
     KVA_TRY(staging_acquire(st, need, &h));
+    kva__cuda_probe(st, KVA__CUDA_PROBE_SLOT);
 
     int32_t *hdr = (int32_t *)(h + off[0]);
     memset(hdr, 0, KVA_CUDA_HDR_WORDS * sizeof(int32_t));
@@ -426,6 +427,7 @@ kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
      * they lie within KVA_CUDA_UPLOAD_SPAN bytes, go in one copy (the gaps'
      * stale bytes with them): a cudaMemcpyAsync costs a few microseconds of
      * host time, more than copying a few KB over PCIe. */
+    kva__cuda_probe(st, KVA__CUDA_PROBE_FILL);
     size_t first = 0, last = 0;
     for (int k = KVA_CUDA_SECTIONS - 1; k >= 0; k--) {
         const int i = kva_cuda_section_order[k];
@@ -452,5 +454,6 @@ kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
         hi = pad; /* one copy from the buffer's start: padded (a multi-copy upload is not) */
     if (open)
         KVA_TRY(upload(st, h, lo, hi - lo));
+    kva__cuda_probe(st, KVA__CUDA_PROBE_COPY);
     return KVA_STATUS_OK;
 }
