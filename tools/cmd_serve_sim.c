@@ -161,6 +161,7 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
                                               "--num-blocks",
                                               "--kv-cache-mem",
                                               "--cuda-upload-min",
+                                              "--plan-probe",
                                               "--backend",
                                               "--threads",
                                               "--json",
