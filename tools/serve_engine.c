@@ -443,9 +443,9 @@ static int cmp_double(const void *a, const void *b)
 /* --plan-probe: the medians of the rows' columns, on stdout. */
 static void probe_print(const serve_engine *e)
 {
-    static const char *const names[SERVE_PROBE_PLAN] = {
-        "total", "generic", "device", "capture", "partition", "reserve", "slot", "fill", "copy",
-        "tail"};
+    static const char *const names[SERVE_PROBE_PLAN] = {"total",     "generic", "device", "capture",
+                                                        "partition", "reserve", "slot",   "fill",
+                                                        "copy",      "tail"};
     const int32_t n = e->probe_rows;
     double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
     if (!v || n == 0) {
@@ -461,8 +461,8 @@ static void probe_print(const serve_engine *e)
     }
     free(v);
     for (int k = 0; k < (e->o.plan_probe == 3 ? 2 : 1); k++) {
-        printf("plan probe %s (mode %d, %d decode-only steps, median us):",
-               k ? "again" : "first", (int)e->o.plan_probe, (int)n);
+        printf("plan probe %s (mode %d, %d decode-only steps, median us):", k ? "again" : "first",
+               (int)e->o.plan_probe, (int)n);
         for (int c = 0; c < SERVE_PROBE_PLAN; c++)
             printf(" %s %.2f", names[c], med[k * (SERVE_PROBE_PLAN + 1) + c]);
         if (k == 0 && e->o.plan_probe == 2)

@@ -21,8 +21,10 @@
  * pipelined steps run with the default minimum copy (KVA__CUDA_UPLOAD_MIN),
  * then once more with the updated plan's uploads unpadded (only their used
  * bytes) and once padded to 256 KiB (kva__cuda_context_upload_min: the copy
- * carries stale staging bytes past the plan's sections). Exits 77 without a
- * GPU.
+ * carries stale staging bytes past the plan's sections). The pipelined steps
+ * run once more with every third upload padded past the hot staging ring's
+ * half (KVA__CUDA_STAGING_HOT), so uploads of both staging rings interleave
+ * on the busy stream. Exits 77 without a GPU.
  */
 #include "batchgen.h"
 #include "cuda_util.h"
@@ -189,6 +191,11 @@ typedef struct pipe_step {
     void *dq, *dout;
 } pipe_step;
 
+/* pad: the updated plan's minimum copy (-1: the default); MIXED_PAD: every
+ * third step's upload padded past the hot staging ring's half, the others
+ * the default. */
+#define MIXED_PAD (-2)
+
 static void update_pipelined(int pad)
 {
     /* Enough steps that their uploads (tens of KB each, the staged block
@@ -204,6 +211,11 @@ static void update_pipelined(int pad)
     CHECK_OK(kva_context_create(&rd, &ref));
     if (pad >= 0 && ctx)
         CHECK_OK(kva__cuda_context_upload_min(ctx, pad));
+    if (pad == MIXED_PAD &&
+        ctx) { /* a buffer larger than the hot half, so padding reaches past it */
+        const kva_cuda_capacity cap = {64, 4096, 64 * 256, H, HKV, D};
+        CHECK_OK(kva_cuda_context_reserve(ctx, &cap));
+    }
     kva_rng rng = {314159u + (uint64_t)(pad + 1)};
     pipe_step st[STEPS];
     for (int c = 0; c < STEPS && ctx && ref; c++) { /* all set up before the first run */
@@ -239,6 +251,10 @@ static void update_pipelined(int pad)
     kva_plan *plan = NULL;
     for (int c = 0; c < STEPS; c++) { /* no host synchronization in this loop */
         pipe_step *p = &st[c];
+        if (pad == MIXED_PAD)
+            CHECK_OK(kva__cuda_context_upload_min(ctx, c % 3 == 2
+                                                           ? (int64_t)KVA__CUDA_STAGING_HOT + 4096
+                                                           : (int64_t)KVA__CUDA_UPLOAD_MIN));
         if (!plan)
             CHECK_OK(kva_plan_create(ctx, &p->pd, &plan));
         else
@@ -294,6 +310,7 @@ static void test_update_padding(void)
     update_sequence(0, PAD_BYTES);
     update_sequence(1, PAD_BYTES);
     update_pipelined(PAD_BYTES);
+    update_pipelined(MIXED_PAD);
 }
 
 int main(void)

@@ -147,12 +147,16 @@ typedef struct kva__cuda_occ {
 } kva__cuda_occ;
 #define KVA__CUDA_OCC_CACHE 16
 
-/* The staging ring of a context's plan uploads (cuda_meta.cu,
- * staging_acquire): pinned memory in two halves, each at least one metadata
- * buffer long; uploads are staged one after another in a half, and when the
- * next one does not fit in what is left of it, an event on the stream marks
- * that half (its copies) and the upload moves to the other half, first
- * waiting for that half's own event. */
+/* The staging rings of a context's plan uploads (cuda_meta.cu,
+ * staging_acquire): pinned memory in two halves per ring; uploads are staged
+ * one after another in a half, and when the next one does not fit in what is
+ * left of it, an event on the stream marks that half (its copies) and the
+ * upload moves to the other half, first waiting for that half's own event.
+ * Ring 0 (hot) takes the uploads of up to KVA__CUDA_STAGING_HOT bytes in
+ * halves of that size, small enough to stay in the host's L2 cache between
+ * steps; ring 1 the larger ones, in halves of at least one metadata buffer. */
+#define KVA__CUDA_RINGS 2
+#define KVA__CUDA_STAGING_HOT ((size_t)128 << 10)
 typedef struct kva__cuda_ring {
     void *events[2]; /* cudaEvent_t per half */
     int pending[2];  /* the half's event has been recorded and not yet waited for */
@@ -179,9 +183,10 @@ typedef struct kva__cuda_state {
     double *probe;             /* benchmarks (kva__cuda_context_plan_probe): clock stamps of the
                                   plan build's phases, or NULL */
     void *meta_dev;            /* device metadata buffer */
-    void *meta_host;           /* pinned staging ring: two halves (kva__cuda_ring) */
+    void *meta_host;           /* pinned staging: the hot ring's two halves, then the other
+                                  ring's (kva__cuda_ring) */
     size_t meta_bytes;         /* size of the device buffer */
-    kva__cuda_ring *ring;      /* the staging ring's events and counters */
+    kva__cuda_ring *ring;      /* [KVA__CUDA_RINGS] the staging rings' events and counters */
     int ring_slots;            /* 2 (the staging halves) once meta_host is allocated */
     kva__cuda_meta meta;
     /* Resident CTAs per SM of the attention kernels for the shapes planned so
