@@ -153,7 +153,7 @@ typedef struct kva__cuda_occ {
  * left of it, an event on the stream marks that half (its copies) and the
  * upload moves to the other half, first waiting for that half's own event.
  * Ring 0 (hot) takes the uploads of up to KVA__CUDA_STAGING_HOT bytes in
- * halves of that size, small enough to stay in the host's L2 cache between
+ * halves of that size, small enough to stay in the host's caches between
  * steps; ring 1 the larger ones, in halves of at least one metadata buffer. */
 #define KVA__CUDA_RINGS 2
 #define KVA__CUDA_STAGING_HOT ((size_t)128 << 10)

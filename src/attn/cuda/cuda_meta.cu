@@ -289,8 +289,8 @@ extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_
  * record and host wait, runtime calls as the copy is, come once per half of
  * uploads instead of once per upload. An upload of up to
  * KVA__CUDA_STAGING_HOT bytes (a decode step's) goes to the hot ring, whose
- * two halves of that size stay in the host's L2 cache from step to step, so
- * filling it writes cached lines; a ring of buffer-sized halves (megabytes
+ * two halves of that size are small enough to stay in the host's caches from
+ * step to step; a ring of buffer-sized halves (megabytes
  * after kva_cuda_context_reserve) would have the fill write lines that left
  * the caches since the ring last passed them. Larger uploads go to ring 1.
  */
