@@ -38,6 +38,7 @@
 /* src/attn/cuda/cuda_backend.h: --cuda-upload-min (a benchmark hook). */
 kva_status kva__cuda_context_upload_min(kva_context *ctx, int64_t bytes);
 kva_status kva__cuda_context_plan_probe(kva_context *ctx, double *stamps);
+kva_status kva__cuda_context_staging_hot(kva_context *ctx, int64_t bytes);
 #endif
 #include "serve_engine.h"
 
@@ -232,6 +233,9 @@ kva_status serve_engine_create(const serve_opts *o, serve_engine **out)
 #ifdef KVA_HAVE_CUDA
     if (e->dev && o->cuda_upload_min >= 0 &&
         (st = kva__cuda_context_upload_min(e->ctx, o->cuda_upload_min)) != KVA_STATUS_OK)
+        goto fail;
+    if (e->dev && o->cuda_staging_hot >= 0 &&
+        (st = kva__cuda_context_staging_hot(e->ctx, o->cuda_staging_hot)) != KVA_STATUS_OK)
         goto fail;
     if (e->dev && o->plan_probe > 0 &&
         (st = kva__cuda_context_plan_probe(e->ctx, e->probe_st)) != KVA_STATUS_OK)
@@ -452,10 +456,13 @@ static void probe_print(const serve_engine *e)
         free(v);
         return;
     }
-    double med[SERVE_PROBE_COLS];
+    double med[SERVE_PROBE_COLS], mean[SERVE_PROBE_COLS];
     for (int c = 0; c < SERVE_PROBE_COLS; c++) {
-        for (int32_t r = 0; r < n; r++)
+        mean[c] = 0.0;
+        for (int32_t r = 0; r < n; r++) {
             v[r] = e->probe[(size_t)r * SERVE_PROBE_COLS + c];
+            mean[c] += v[r] / n;
+        }
         qsort(v, (size_t)n, sizeof *v, cmp_double);
         med[c] = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
     }
@@ -465,6 +472,10 @@ static void probe_print(const serve_engine *e)
                (int)e->o.plan_probe, (int)n);
         for (int c = 0; c < SERVE_PROBE_PLAN; c++)
             printf(" %s %.2f", names[c], med[k * (SERVE_PROBE_PLAN + 1) + c]);
+        /* The share is a ratio of sums: the means show what the medians
+         * leave out (the staging's event record and wait once per half). */
+        printf(" | means: total %.2f slot %.2f", mean[k * (SERVE_PROBE_PLAN + 1)],
+               mean[k * (SERVE_PROBE_PLAN + 1) + 6]);
         if (k == 0 && e->o.plan_probe == 2)
             printf(" | query before %.2f", med[SERVE_PROBE_PLAN]);
         printf("\n");

@@ -80,16 +80,18 @@ typedef struct serve_opts {
     int32_t max_concurrency; /* most requests in flight; 0 = no limit */
     uint64_t seed;
     /* Checks and output. */
-    int verify;              /* compare sampled steps with the reference backend */
-    int plan_create;         /* --plan-create: a new plan each step (no kva_plan_update) */
-    int64_t cuda_upload_min; /* --cuda-upload-min: a CUDA plan's metadata copy spans at
-                                least this many bytes (kva__cuda_context_upload_min);
-                                -1: the library's default */
-    int32_t plan_probe;      /* --plan-probe MODE (CUDA, benchmarks): 1 the plan's time split
-                                into its phases per decode-only step; 2 also a stream query
-                                (timed) before the plan; 3 also the same plan again (warm) */
-    int check_pool;          /* kva_pool_check after every step */
-    int progress;            /* progress bar on stderr */
+    int verify;               /* compare sampled steps with the reference backend */
+    int plan_create;          /* --plan-create: a new plan each step (no kva_plan_update) */
+    int64_t cuda_upload_min;  /* --cuda-upload-min: a CUDA plan's metadata copy spans at
+                                 least this many bytes (kva__cuda_context_upload_min);
+                                 -1: the library's default */
+    int64_t cuda_staging_hot; /* --cuda-staging-hot: the hot staging ring's half
+                                 (kva__cuda_context_staging_hot); -1: the default */
+    int32_t plan_probe;       /* --plan-probe MODE (CUDA, benchmarks): 1 the plan's time split
+                                 into its phases per decode-only step; 2 also a stream query
+                                 (timed) before the plan; 3 also the same plan again (warm) */
+    int check_pool;           /* kva_pool_check after every step */
+    int progress;             /* progress bar on stderr */
     /* Tests only (no flag): a fault injected into every checked layer, which
      * --verify must report. SERVE_FAULT_OUTPUT adds 1 to the first output
      * element before the comparison (every backend); SERVE_FAULT_SLOT

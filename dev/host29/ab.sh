@@ -5,7 +5,10 @@
 # then alternates base, new, base, new (ROUNDS, default 2) over
 #   - kvattn serve-sim --backend cuda, default workload, SERVE_REPS runs each
 #     (default 4): host plan share of the step and of decode-only steps, mean
-#     step; new also once with --plan-probe 1 (the plan's phases);
+#     step; new also once with --plan-probe 1 (the plan's phases), and with
+#     the hot staging ring's half set to each of HOTS (default "0 524288";
+#     0 = no hot ring, main's staging; new's default is 128K), serve-sim and
+#     the probe: the same binary with and without the change;
 #   - bench_plan: the serve-sim decode sequence, "cuda update" per plan
 #     (back to back, unreserved context);
 #   - bench_cuda decode per call, bf16 16 x 1k and 64 x 4k.
@@ -64,8 +67,24 @@ for r in $(seq 1 ${ROUNDS:-2}); do
   done
   $B/new/kvattn serve-sim --backend cuda --no-progress --plan-probe 1 >"$L/probe_r$r.log" 2>&1
   say "new-r$r probe rc=$? $(grep -E 'plan share|of decode-only step|Mean step|plan probe' "$L/probe_r$r.log" | tr -s ' ' | tr '\n' ';')"
+  for h in ${HOTS-0 524288}; do
+    serve new-r$r-hot$h new --cuda-staging-hot $h
+    $B/new/kvattn serve-sim --backend cuda --no-progress --plan-probe 1 --cuda-staging-hot $h >"$L/probe_r$r-hot$h.log" 2>&1
+    say "new-r$r-hot$h probe rc=$? $(grep -E 'plan probe' "$L/probe_r$r-hot$h.log" | tr -s ' ')"
+    say "new-r$r-hot$h $($B/new/bench_plan --iters 101 --staging-hot $h 2>&1 | grep 'serve-sim default')"
+  done
   T "round $r"
   pack
+done
+# Medians over every serve-sim run of a row (the share moves by 1-2 points
+# between runs of one binary): plan share of the step, of decode-only steps.
+med() { sort -n | awk '{a[NR]=$1} END {if (NR) printf "%s", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+for t in base new $(for h in ${HOTS-0 524288}; do echo hot$h; done); do
+  case $t in hot*) pat="^new-r[0-9]+-$t\.[0-9]+ serve" ;; *) pat="^$t-r[0-9]+\.[0-9]+ serve" ;; esac
+  n=$(grep -Ec "$pat" "$LOG")
+  a=$(grep -E "$pat" "$LOG" | sed -E 's/.*of step time \(%\): ([0-9.]+);.*/\1/' | med)
+  d=$(grep -E "$pat" "$LOG" | sed -E 's/.*decode-only step time \(%\): ([0-9.]+);.*/\1/' | med)
+  say "median $t ($n serve-sim runs): plan share $a % | of decode-only steps $d %"
 done
 if [ -n "${SAN:-}" ]; then
   KVA_TEST_QUICK=1 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $B/new/test_cuda_plan_update \

@@ -152,9 +152,10 @@ typedef struct kva__cuda_occ {
  * one after another in a half, and when the next one does not fit in what is
  * left of it, an event on the stream marks that half (its copies) and the
  * upload moves to the other half, first waiting for that half's own event.
- * Ring 0 (hot) takes the uploads of up to KVA__CUDA_STAGING_HOT bytes in
- * halves of that size, small enough to stay in the host's caches between
- * steps; ring 1 the larger ones, in halves of at least one metadata buffer. */
+ * Ring 0 (hot) takes the uploads of up to kva__cuda_state.staging_hot bytes
+ * (KVA__CUDA_STAGING_HOT unless a benchmark set it) in halves of that size, small enough to stay in
+ * the host's caches between steps; ring 1 the larger ones, in halves of at least one metadata
+ * buffer. */
 #define KVA__CUDA_RINGS 2
 #define KVA__CUDA_STAGING_HOT ((size_t)128 << 10)
 typedef struct kva__cuda_ring {
@@ -180,6 +181,9 @@ typedef struct kva__cuda_state {
     size_t upload_min;         /* a plan's one copy spans at least this many bytes of the
                                   buffer (KVA__CUDA_UPLOAD_MIN unless a benchmark set it,
                                   kva__cuda_context_upload_min; 0: its used bytes) */
+    size_t staging_hot;        /* the hot staging ring's half (KVA__CUDA_STAGING_HOT unless a
+                                  benchmark set it, kva__cuda_context_staging_hot; 0: no hot
+                                  ring) */
     double *probe;             /* benchmarks (kva__cuda_context_plan_probe): clock stamps of the
                                   plan build's phases, or NULL */
     void *meta_dev;            /* device metadata buffer */
@@ -423,6 +427,13 @@ kva_status kva__cuda_context_balanced(kva_context *ctx, int on);
  * metadata buffer from its start (as KVA__CUDA_UPLOAD_MIN, the default), to
  * time the copy's host cost by size; 0 copies the used span only. */
 kva_status kva__cuda_context_upload_min(kva_context *ctx, int64_t bytes);
+
+/* Benchmarks and tests: the half of ctx's hot staging ring (uploads of up to
+ * `bytes` are staged there; 0: none, every upload in the buffer-sized ring,
+ * as before the hot ring), a multiple of 256 up to 64 MiB. Only before the
+ * context has staging (its first plan or kva_cuda_context_reserve), else
+ * KVA_STATUS_INVALID_ARGUMENT. */
+kva_status kva__cuda_context_staging_hot(kva_context *ctx, int64_t bytes);
 
 /* Benchmarks: every attention plan built on ctx from now on writes the
  * CLOCK_MONOTONIC time (us) at the ends of its phases into

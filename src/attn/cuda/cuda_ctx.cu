@@ -29,6 +29,7 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx)
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_context_create: out of memory");
     st->device = ctx->device_id;
     st->upload_min = KVA__CUDA_UPLOAD_MIN;
+    st->staging_hot = KVA__CUDA_STAGING_HOT;
     cudaError_t e =
         cudaDeviceGetAttribute(&st->num_sms, cudaDevAttrMultiProcessorCount, st->device);
     st->ring = (kva__cuda_ring *)calloc(KVA__CUDA_RINGS, sizeof *st->ring);

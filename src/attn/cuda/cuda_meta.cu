@@ -87,8 +87,8 @@ static size_t staging_half(size_t meta_bytes)
  * halves: the hot ring first, then the large one. */
 static void ring_span(const kva__cuda_state *st, int k, size_t *base, size_t *half)
 {
-    *base = k == 0 ? 0 : 2 * KVA__CUDA_STAGING_HOT;
-    *half = k == 0 ? KVA__CUDA_STAGING_HOT : staging_half(st->meta_bytes);
+    *base = k == 0 ? 0 : 2 * st->staging_hot;
+    *half = k == 0 ? st->staging_hot : staging_half(st->meta_bytes);
 }
 
 static int64_t max64(int64_t a, int64_t b)
@@ -149,7 +149,7 @@ kva_status kva__cuda_reserve_meta(kva__cuda_state *st, const kva__cuda_caps *nee
     void *dev = NULL, *host = NULL;
     cudaError_t e = cudaMalloc(&dev, bytes);
     if (e == cudaSuccess)
-        e = cudaMallocHost(&host, 2 * KVA__CUDA_STAGING_HOT + 2 * staging_half(bytes));
+        e = cudaMallocHost(&host, 2 * st->staging_hot + 2 * staging_half(bytes));
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         cudaFree(dev);
@@ -287,8 +287,8 @@ extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_
  * that half's event, recorded when the ring last left it (a whole half of
  * uploads ago, which the stream has normally run long ago). So the event
  * record and host wait, runtime calls as the copy is, come once per half of
- * uploads instead of once per upload. An upload of up to
- * KVA__CUDA_STAGING_HOT bytes (a decode step's) goes to the hot ring, whose
+ * uploads instead of once per upload. An upload of up to st->staging_hot
+ * bytes (KVA__CUDA_STAGING_HOT: a decode step's) goes to the hot ring, whose
  * two halves of that size are small enough to stay in the host's caches from
  * step to step; a ring of buffer-sized halves (megabytes
  * after kva_cuda_context_reserve) would have the fill write lines that left
@@ -296,7 +296,7 @@ extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_
  */
 static kva_status staging_acquire(kva__cuda_state *st, size_t need, char **slot)
 {
-    const int k = need <= KVA__CUDA_STAGING_HOT ? 0 : 1;
+    const int k = need <= st->staging_hot ? 0 : 1;
     kva__cuda_ring *r = &st->ring[k];
     size_t base = 0, half = 0;
     ring_span(st, k, &base, &half);

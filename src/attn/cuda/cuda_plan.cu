@@ -123,6 +123,23 @@ extern "C" kva_status kva__cuda_context_force_splits(kva_context *ctx, int split
     return KVA_STATUS_OK;
 }
 
+extern "C" kva_status kva__cuda_context_staging_hot(kva_context *ctx, int64_t bytes)
+{
+    kva__clear_error();
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
+    if (bytes < 0 || bytes > ((int64_t)64 << 20) || bytes % 256 != 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_context_staging_hot: bytes = %lld (a multiple of 256 in "
+                         "0..64 MiB)",
+                         (long long)bytes);
+    if (state_of(ctx)->meta_host)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_context_staging_hot: the context already has its staging "
+                         "(set it before the first plan or reserve)");
+    state_of(ctx)->staging_hot = (size_t)bytes;
+    return KVA_STATUS_OK;
+}
+
 extern "C" kva_status kva__cuda_context_plan_probe(kva_context *ctx, double *stamps)
 {
     kva__clear_error();
