@@ -3,7 +3,7 @@
  * machine (no GPU needed: the partition is host code).
  *
  *   bench_plan [--iters N] [--sms S] [--per-sm C] [--serve P] [--upload-min BYTES]
- *              [--between L]
+ *              [--between L] [--staging-hot BYTES]
  *
  * For each batch (64 decodes x 4k, 32 decodes x 600, 16 decodes x 4k, a mixed
  * 32-request batch of 28 ragged decodes and 4 chunked prefills of 256, 64
@@ -31,7 +31,9 @@
  * synchronize) and times the updates after it alone and, every second step,
  * after a cudaStreamQuery (timed too): whether the first runtime call after
  * a step pays for the driver's handling of that step's work, which a plan
- * timed back to back does not see.
+ * timed back to back does not see. --staging-hot (CUDA builds) sets the
+ * half of the context's hot staging ring (kva__cuda_context_staging_hot; 0:
+ * none).
  */
 #include "batches.h"
 #include "internal.h"
@@ -279,6 +281,7 @@ int main(int argc, char **argv)
     int iters = 201, sms = 132, per_sm = 2, serve = 0;
     long long upload_min = -1; /* -1: the context's default */
     int between = 0;
+    long long staging_hot = -1; /* -1: the context's default */
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--iters"))
             iters = atoi(argv[i + 1]);
@@ -292,6 +295,8 @@ int main(int argc, char **argv)
             upload_min = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--between"))
             between = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--staging-hot"))
+            staging_hot = atoll(argv[i + 1]);
         else {
             fprintf(stderr, "bench_plan: unknown option %s\n", argv[i]);
             return 2;
@@ -400,9 +405,16 @@ int main(int argc, char **argv)
     }
     if (cu && upload_min >= 0)
         printf("  (cuda: every plan's metadata copy at least %lld bytes)\n", upload_min);
+    if (cu && staging_hot >= 0 && kva__cuda_context_staging_hot(cu, staging_hot) != KVA_STATUS_OK) {
+        fprintf(stderr, "bench_plan: %s\n", kva_last_error());
+        return 1;
+    }
+    if (cu && staging_hot >= 0)
+        printf("  (cuda: hot staging ring half %lld bytes)\n", staging_hot);
 #endif
 #ifndef KVA_HAVE_CUDA
     (void)upload_min;
+    (void)staging_hot;
 #endif
     serve_sequence(ctx, cu, slots, iters / 20 + 1, between);
     kva_context_destroy(cu);

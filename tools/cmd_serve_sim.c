@@ -80,6 +80,13 @@ void kva_cli_usage_serve_sim(void)
            "  --cuda-upload-min SIZE   benchmarks: every CUDA plan's metadata copy spans\n"
            "                           at least SIZE bytes of the buffer, 0 = its used\n"
            "                           bytes (the copy's host cost by size)  [32K]\n"
+           "  --cuda-staging-hot SIZE  benchmarks: the half of the CUDA context's hot\n"
+           "                           staging ring (uploads up to SIZE); 0 = none\n"
+           "                           (every upload in the buffer-sized ring)  [128K]\n"
+           "  --plan-probe MODE        benchmarks (cuda): split each decode-only step's\n"
+           "                           plan time into its phases (medians printed); 2: a\n"
+           "                           stream query before the plan, 3: the plan again\n"
+           "                           right after (warm caches)  [0]\n"
            "  --json FILE              also write the results as JSON (vllm's field names)\n"
            "  --progress, --no-progress  progress bar on stderr [on when stderr is a tty]\n"
            "\n"
@@ -157,6 +164,8 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
                                               "--num-blocks",
                                               "--kv-cache-mem",
                                               "--cuda-upload-min",
+                                              "--plan-probe",
+                                              "--cuda-staging-hot",
                                               "--backend",
                                               "--threads",
                                               "--json",
@@ -294,6 +303,15 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
                 fprintf(stderr, "kvattn: --cuda-upload-min: at most 1G\n");
                 ok = 0;
             }
+        } else if (!strcmp(f, "--cuda-staging-hot")) {
+            o->cuda_staging_hot = 0;
+            ok = !strcmp(val, "0") || parse_size(f, val, &o->cuda_staging_hot);
+            if (ok && (o->cuda_staging_hot > ((int64_t)64 << 20) || o->cuda_staging_hot % 256)) {
+                fprintf(stderr, "kvattn: --cuda-staging-hot: a multiple of 256 up to 64M\n");
+                ok = 0;
+            }
+        } else if (!strcmp(f, "--plan-probe")) {
+            ok = kva_cli_parse_i32(f, val, 0, 3, &o->plan_probe);
         } else if (!strcmp(f, "--backend")) {
             ok = kva_cli_parse_choice(f, val, backends, 3, &k);
             o->backend = (kva_backend)k;

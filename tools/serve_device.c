@@ -158,6 +158,14 @@ kva_status serve_dev_sync(serve_dev *d)
     return e == cudaSuccess ? KVA_STATUS_OK : fail(d, "cudaStreamSynchronize", e);
 }
 
+int serve_dev_query(serve_dev *d)
+{
+    const cudaError_t e = cudaStreamQuery(d->stream);
+    if (e != cudaSuccess)
+        (void)cudaGetLastError(); /* cudaErrorNotReady */
+    return e == cudaSuccess;
+}
+
 kva_status serve_dev_elapsed(serve_dev *d, int32_t a, int32_t b, double *sec)
 {
     float ms = 0.f;
@@ -270,6 +278,12 @@ kva_status serve_dev_record(serve_dev *d, int32_t i)
 kva_status serve_dev_sync(serve_dev *d)
 {
     return unavailable(d);
+}
+
+int serve_dev_query(serve_dev *d)
+{
+    (void)d;
+    return 0;
 }
 
 kva_status serve_dev_elapsed(serve_dev *d, int32_t a, int32_t b, double *sec)

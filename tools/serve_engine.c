@@ -37,6 +37,8 @@
 #ifdef KVA_HAVE_CUDA
 /* src/attn/cuda/cuda_backend.h: --cuda-upload-min (a benchmark hook). */
 kva_status kva__cuda_context_upload_min(kva_context *ctx, int64_t bytes);
+kva_status kva__cuda_context_plan_probe(kva_context *ctx, double *stamps);
+kva_status kva__cuda_context_staging_hot(kva_context *ctx, int64_t bytes);
 #endif
 #include "serve_engine.h"
 
@@ -49,6 +51,7 @@ kva_status kva__cuda_context_upload_min(kva_context *ctx, int64_t bytes);
 #include "../bench/data.h"
 
 static kva_status reserve(serve_engine *e, int32_t R, int32_t stride);
+static void probe_print(const serve_engine *e);
 
 /* Bytes of a cache's K, V and token-scale storage. */
 void serve_cache_sizes(const kva_cache *c, int32_t nb, size_t *k, size_t *v, size_t *ts)
@@ -231,6 +234,12 @@ kva_status serve_engine_create(const serve_opts *o, serve_engine **out)
     if (e->dev && o->cuda_upload_min >= 0 &&
         (st = kva__cuda_context_upload_min(e->ctx, o->cuda_upload_min)) != KVA_STATUS_OK)
         goto fail;
+    if (e->dev && o->cuda_staging_hot >= 0 &&
+        (st = kva__cuda_context_staging_hot(e->ctx, o->cuda_staging_hot)) != KVA_STATUS_OK)
+        goto fail;
+    if (e->dev && o->plan_probe > 0 &&
+        (st = kva__cuda_context_plan_probe(e->ctx, e->probe_st)) != KVA_STATUS_OK)
+        goto fail;
 #endif
     if (o->verify && !o->dcp) {
         kva_context_desc rd = {KVA_BACKEND_REF, 1, 0};
@@ -305,6 +314,8 @@ void serve_engine_destroy(serve_engine *e)
 {
     if (!e)
         return;
+    probe_print(e);
+    free(e->probe);
     if (e->caches)
         for (int32_t l = 0; l < e->o.layers; l++)
             kva_cache_destroy(e->caches[l]);
@@ -415,6 +426,62 @@ static kva_status reserve(serve_engine *e, int32_t R, int32_t stride)
     return KVA_STATUS_OK;
 }
 
+/* --plan-probe: one plan's phases into row[0..SERVE_PROBE_PLAN) from the
+ * library's stamps and the caller's times t0, t1 around it (s). */
+static void probe_plan(const serve_engine *e, double t0, double t1, double *row)
+{
+    const double *s = e->probe_st;
+    row[0] = (t1 - t0) * 1e6;
+    row[1] = s[0] - t0 * 1e6;
+    for (int i = 1; i < SERVE_PROBE_STAMPS; i++)
+        row[1 + i] = s[i] - s[i - 1];
+    row[SERVE_PROBE_PLAN - 1] = t1 * 1e6 - s[SERVE_PROBE_STAMPS - 1];
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* --plan-probe: the medians of the rows' columns, on stdout. */
+static void probe_print(const serve_engine *e)
+{
+    static const char *const names[SERVE_PROBE_PLAN] = {"total",     "generic", "device", "capture",
+                                                        "partition", "reserve", "slot",   "fill",
+                                                        "copy",      "tail"};
+    const int32_t n = e->probe_rows;
+    double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    if (!v || n == 0) {
+        free(v);
+        return;
+    }
+    double med[SERVE_PROBE_COLS], mean[SERVE_PROBE_COLS];
+    for (int c = 0; c < SERVE_PROBE_COLS; c++) {
+        mean[c] = 0.0;
+        for (int32_t r = 0; r < n; r++) {
+            v[r] = e->probe[(size_t)r * SERVE_PROBE_COLS + c];
+            mean[c] += v[r] / n;
+        }
+        qsort(v, (size_t)n, sizeof *v, cmp_double);
+        med[c] = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    }
+    free(v);
+    for (int k = 0; k < (e->o.plan_probe == 3 ? 2 : 1); k++) {
+        printf("plan probe %s (mode %d, %d decode-only steps, median us):", k ? "again" : "first",
+               (int)e->o.plan_probe, (int)n);
+        for (int c = 0; c < SERVE_PROBE_PLAN; c++)
+            printf(" %s %.2f", names[c], med[k * (SERVE_PROBE_PLAN + 1) + c]);
+        /* The share is a ratio of sums: the means show what the medians
+         * leave out (the staging's event record and wait once per half). */
+        printf(" | means: total %.2f slot %.2f", mean[k * (SERVE_PROBE_PLAN + 1)],
+               mean[k * (SERVE_PROBE_PLAN + 1) + 6]);
+        if (k == 0 && e->o.plan_probe == 2)
+            printf(" | query before %.2f", med[SERVE_PROBE_PLAN]);
+        printf("\n");
+    }
+}
+
 /* Plans the step into e->plan: created once, then updated in place
  * (--plan-create: destroyed and created again every step). */
 static kva_status replan(serve_engine *e, const kva_plan_desc *pd)
@@ -478,10 +545,37 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
 
     int local = serve_layer_local(o, 0);
     kva_plan_desc pd = serve_step_desc(o, R, e->qsl, e->seq_lens, e->bt, stride, local);
+    double probe_q = 0.0;
+    if (o->plan_probe == 2 && e->dev) { /* the first runtime call after the last step */
+        const double q0 = serve_now();
+        (void)serve_dev_query(e->d);
+        probe_q = (serve_now() - q0) * 1e6;
+    }
     double t0 = serve_now();
     if ((rc = replan(e, &pd)) != KVA_STATUS_OK)
         return rc;
-    double plan_step = serve_now() - t0; /* this step's plan time */
+    const double t1p = serve_now();
+    double plan_step = t1p - t0; /* this step's plan time */
+    if (o->plan_probe > 0 && e->dev && T == R && e->step > 2) {
+        if (e->probe_rows == e->probe_cap) {
+            const int32_t c = e->probe_cap ? 2 * e->probe_cap : 256;
+            double *p = realloc(e->probe, sizeof(double) * (size_t)c * SERVE_PROBE_COLS);
+            if (!p)
+                return KVA_STATUS_OUT_OF_MEMORY;
+            e->probe = p;
+            e->probe_cap = c;
+        }
+        double *row = e->probe + (size_t)e->probe_rows++ * SERVE_PROBE_COLS;
+        memset(row, 0, sizeof(double) * SERVE_PROBE_COLS);
+        probe_plan(e, t0, t1p, row);
+        row[SERVE_PROBE_PLAN] = probe_q;
+        if (o->plan_probe == 3) { /* the same plan again: warm caches, not counted */
+            const double a0 = serve_now();
+            if ((rc = replan(e, &pd)) != KVA_STATUS_OK)
+                return rc;
+            probe_plan(e, a0, serve_now(), row + SERVE_PROBE_PLAN + 1);
+        }
+    }
     kva_plan *plan = e->plan;
     kva_plan_info info;
     if ((rc = kva_plan_get_info(plan, &info)) != KVA_STATUS_OK)

@@ -12,6 +12,14 @@
  * the random slices start. */
 #define RAND_SHIFTS 64
 
+/* --plan-probe: the CUDA plan's phase stamps (KVA__CUDA_PROBE_N) and the
+ * columns of a step's row: a plan's total, the generic part, the seven CUDA
+ * phases and the tail after the copy; the stream query before it; the same
+ * ten for the plan repeated right after. */
+#define SERVE_PROBE_STAMPS 8
+#define SERVE_PROBE_PLAN 10
+#define SERVE_PROBE_COLS (2 * SERVE_PROBE_PLAN + 1)
+
 struct serve_engine {
     serve_opts o;
     serve_shape sh; /* elements per token of q, the write's sources, out */
@@ -46,6 +54,11 @@ struct serve_engine {
      * (kva_plan_update) by every step and layer-kind change, as an engine
      * keeps one plan; destroyed with the engine. */
     kva_plan *plan;
+    /* --plan-probe: the library's stamps of the latest CUDA plan build, and
+     * per decode-only step a row of SERVE_PROBE_COLS phase times (us). */
+    double probe_st[SERVE_PROBE_STAMPS];
+    double *probe;
+    int32_t probe_rows, probe_cap;
     /* Reference check buffers. */
     int32_t *v_sel, *v_qsl, *v_seq, *v_bt;
     void *v_q, *v_out; /* [tmax, q], [tmax, out] */

@@ -33,6 +33,7 @@ void serve_opts_init(serve_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->cuda_upload_min = -1;
+    o->cuda_staging_hot = -1;
     /* Model: 4 layers of Llama-3-8B's attention (H 32, Hkv 8, D 128), bf16. */
     o->backend = KVA_BACKEND_CPU;
     o->threads = 0;

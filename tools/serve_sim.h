@@ -80,13 +80,18 @@ typedef struct serve_opts {
     int32_t max_concurrency; /* most requests in flight; 0 = no limit */
     uint64_t seed;
     /* Checks and output. */
-    int verify;              /* compare sampled steps with the reference backend */
-    int plan_create;         /* --plan-create: a new plan each step (no kva_plan_update) */
-    int64_t cuda_upload_min; /* --cuda-upload-min: a CUDA plan's metadata copy spans at
-                                least this many bytes (kva__cuda_context_upload_min);
-                                -1: the library's default */
-    int check_pool;          /* kva_pool_check after every step */
-    int progress;            /* progress bar on stderr */
+    int verify;               /* compare sampled steps with the reference backend */
+    int plan_create;          /* --plan-create: a new plan each step (no kva_plan_update) */
+    int64_t cuda_upload_min;  /* --cuda-upload-min: a CUDA plan's metadata copy spans at
+                                 least this many bytes (kva__cuda_context_upload_min);
+                                 -1: the library's default */
+    int64_t cuda_staging_hot; /* --cuda-staging-hot: the hot staging ring's half
+                                 (kva__cuda_context_staging_hot); -1: the default */
+    int32_t plan_probe;       /* --plan-probe MODE (CUDA, benchmarks): 1 the plan's time split
+                                 into its phases per decode-only step; 2 also a stream query
+                                 (timed) before the plan; 3 also the same plan again (warm) */
+    int check_pool;           /* kva_pool_check after every step */
+    int progress;             /* progress bar on stderr */
     /* Tests only (no flag): a fault injected into every checked layer, which
      * --verify must report. SERVE_FAULT_OUTPUT adds 1 to the first output
      * element before the comparison (every backend); SERVE_FAULT_SLOT
@@ -395,6 +400,8 @@ kva_status serve_dev_download(serve_dev *d, void *dst, const void *src, size_t n
 kva_status serve_dev_memset(serve_dev *d, void *p, int value, size_t n);
 kva_status serve_dev_record(serve_dev *d, int32_t event);
 kva_status serve_dev_sync(serve_dev *d);
+/* cudaStreamQuery on the stream: 1 if it has run everything, else 0. */
+int serve_dev_query(serve_dev *d);
 /* Seconds between two recorded (and completed) events. */
 kva_status serve_dev_elapsed(serve_dev *d, int32_t a, int32_t b, double *sec);
 

@@ -21,8 +21,12 @@
  * pipelined steps run with the default minimum copy (KVA__CUDA_UPLOAD_MIN),
  * then once more with the updated plan's uploads unpadded (only their used
  * bytes) and once padded to 256 KiB (kva__cuda_context_upload_min: the copy
- * carries stale staging bytes past the plan's sections). Exits 77 without a
- * GPU.
+ * carries stale staging bytes past the plan's sections). The pipelined steps
+ * run once more with every third upload padded past the hot staging ring's
+ * half (KVA__CUDA_STAGING_HOT), so uploads of both staging rings interleave
+ * on the busy stream, and with the hot ring's half set by its hook (none;
+ * 64 KiB with unpadded uploads: a change of half at nearly every upload).
+ * Exits 77 without a GPU.
  */
 #include "batchgen.h"
 #include "cuda_util.h"
@@ -189,7 +193,12 @@ typedef struct pipe_step {
     void *dq, *dout;
 } pipe_step;
 
-static void update_pipelined(int pad)
+/* pad: the updated plan's minimum copy (-1: the default); MIXED_PAD: every
+ * third step's upload padded past the hot staging ring's half, the others
+ * the default. */
+#define MIXED_PAD (-2)
+
+static void update_pipelined(int pad, int64_t hot)
 {
     /* Enough steps that their uploads (tens of KB each, the staged block
      * table capacity included) change the staging ring's 512 KiB half
@@ -204,7 +213,14 @@ static void update_pipelined(int pad)
     CHECK_OK(kva_context_create(&rd, &ref));
     if (pad >= 0 && ctx)
         CHECK_OK(kva__cuda_context_upload_min(ctx, pad));
-    kva_rng rng = {314159u + (uint64_t)(pad + 1)};
+    if (hot >= 0 && ctx)
+        CHECK_OK(kva__cuda_context_staging_hot(ctx, hot));
+    if (pad == MIXED_PAD &&
+        ctx) { /* a buffer larger than the hot half, so padding reaches past it */
+        const kva_cuda_capacity cap = {64, 4096, 64 * 256, H, HKV, D};
+        CHECK_OK(kva_cuda_context_reserve(ctx, &cap));
+    }
+    kva_rng rng = {314159u + (uint64_t)(pad + 1) + 7u * (uint64_t)(hot + 1)};
     pipe_step st[STEPS];
     for (int c = 0; c < STEPS && ctx && ref; c++) { /* all set up before the first run */
         pipe_step *p = &st[c];
@@ -239,6 +255,10 @@ static void update_pipelined(int pad)
     kva_plan *plan = NULL;
     for (int c = 0; c < STEPS; c++) { /* no host synchronization in this loop */
         pipe_step *p = &st[c];
+        if (pad == MIXED_PAD)
+            CHECK_OK(kva__cuda_context_upload_min(ctx, c % 3 == 2
+                                                           ? (int64_t)KVA__CUDA_STAGING_HOT + 4096
+                                                           : (int64_t)KVA__CUDA_UPLOAD_MIN));
         if (!plan)
             CHECK_OK(kva_plan_create(ctx, &p->pd, &plan));
         else
@@ -283,17 +303,42 @@ static void test_update_sequence_reserved(void)
 
 static void test_update_pipelined(void)
 {
-    update_pipelined(-1);
+    update_pipelined(-1, -1);
+}
+
+/* The hot staging ring's half set by the hook: none (every upload in the
+ * buffer-sized ring), or 64 KiB with unpadded uploads (tens of KB), so nearly
+ * every upload changes half and waits for an event while the stream is
+ * busy. The hook refuses bad sizes, and any size once the context has its
+ * staging, leaving the plan running. */
+static void test_staging_hot(void)
+{
+    update_pipelined(-1, 0);
+    update_pipelined(0, 64 << 10);
+    kva_context *ctx = NULL;
+    kva_context_desc cd = {KVA_BACKEND_CUDA, 0, 0};
+    CHECK_OK(kva_context_create(&cd, &ctx));
+    if (!ctx)
+        return;
+    CHECK(kva__cuda_context_staging_hot(ctx, -1) == KVA_STATUS_INVALID_ARGUMENT);
+    CHECK(kva__cuda_context_staging_hot(ctx, 1000) == KVA_STATUS_INVALID_ARGUMENT);
+    CHECK(kva__cuda_context_staging_hot(ctx, (int64_t)65 << 20) == KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_OK(kva__cuda_context_staging_hot(ctx, 4096));
+    const kva_cuda_capacity cap = {8, 64, 8 * 64, H, HKV, D};
+    CHECK_OK(kva_cuda_context_reserve(ctx, &cap));
+    CHECK(kva__cuda_context_staging_hot(ctx, 0) == KVA_STATUS_INVALID_ARGUMENT);
+    kva_context_destroy(ctx);
 }
 
 static void test_update_padding(void)
 {
     update_sequence(0, 0);
     update_sequence(1, 0);
-    update_pipelined(0);
+    update_pipelined(0, -1);
     update_sequence(0, PAD_BYTES);
     update_sequence(1, PAD_BYTES);
-    update_pipelined(PAD_BYTES);
+    update_pipelined(PAD_BYTES, -1);
+    update_pipelined(MIXED_PAD, -1);
 }
 
 int main(void)
@@ -305,6 +350,7 @@ int main(void)
     RUN(test_update_sequence_reserved);
     RUN(test_update_pipelined);
     RUN(test_update_padding);
+    RUN(test_staging_hot);
     return kva_test_finish();
 }
 

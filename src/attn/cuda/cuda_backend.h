@@ -147,12 +147,17 @@ typedef struct kva__cuda_occ {
 } kva__cuda_occ;
 #define KVA__CUDA_OCC_CACHE 16
 
-/* The staging ring of a context's plan uploads (cuda_meta.cu,
- * staging_acquire): pinned memory in two halves, each at least one metadata
- * buffer long; uploads are staged one after another in a half, and when the
- * next one does not fit in what is left of it, an event on the stream marks
- * that half (its copies) and the upload moves to the other half, first
- * waiting for that half's own event. */
+/* The staging rings of a context's plan uploads (cuda_meta.cu,
+ * staging_acquire): pinned memory in two halves per ring; uploads are staged
+ * one after another in a half, and when the next one does not fit in what is
+ * left of it, an event on the stream marks that half (its copies) and the
+ * upload moves to the other half, first waiting for that half's own event.
+ * Ring 0 (hot) takes the uploads of up to kva__cuda_state.staging_hot bytes
+ * (KVA__CUDA_STAGING_HOT unless a benchmark set it) in halves of that size, small enough to stay in
+ * the host's caches between steps; ring 1 the larger ones, in halves of at least one metadata
+ * buffer. */
+#define KVA__CUDA_RINGS 2
+#define KVA__CUDA_STAGING_HOT ((size_t)128 << 10)
 typedef struct kva__cuda_ring {
     void *events[2]; /* cudaEvent_t per half */
     int pending[2];  /* the half's event has been recorded and not yet waited for */
@@ -176,10 +181,16 @@ typedef struct kva__cuda_state {
     size_t upload_min;         /* a plan's one copy spans at least this many bytes of the
                                   buffer (KVA__CUDA_UPLOAD_MIN unless a benchmark set it,
                                   kva__cuda_context_upload_min; 0: its used bytes) */
+    size_t staging_hot;        /* the hot staging ring's half (KVA__CUDA_STAGING_HOT unless a
+                                  benchmark set it, kva__cuda_context_staging_hot; 0: no hot
+                                  ring) */
+    double *probe;             /* benchmarks (kva__cuda_context_plan_probe): clock stamps of the
+                                  plan build's phases, or NULL */
     void *meta_dev;            /* device metadata buffer */
-    void *meta_host;           /* pinned staging ring: two halves (kva__cuda_ring) */
+    void *meta_host;           /* pinned staging: the hot ring's two halves, then the other
+                                  ring's (kva__cuda_ring) */
     size_t meta_bytes;         /* size of the device buffer */
-    kva__cuda_ring *ring;      /* the staging ring's events and counters */
+    kva__cuda_ring *ring;      /* [KVA__CUDA_RINGS] the staging rings' events and counters */
     int ring_slots;            /* 2 (the staging halves) once meta_host is allocated */
     kva__cuda_meta meta;
     /* Resident CTAs per SM of the attention kernels for the shapes planned so
@@ -416,6 +427,32 @@ kva_status kva__cuda_context_balanced(kva_context *ctx, int on);
  * metadata buffer from its start (as KVA__CUDA_UPLOAD_MIN, the default), to
  * time the copy's host cost by size; 0 copies the used span only. */
 kva_status kva__cuda_context_upload_min(kva_context *ctx, int64_t bytes);
+
+/* Benchmarks and tests: the half of ctx's hot staging ring (uploads of up to
+ * `bytes` are staged there; 0: none, every upload in the buffer-sized ring,
+ * as before the hot ring), a multiple of 256 up to 64 MiB. Only before the
+ * context has staging (its first plan or kva_cuda_context_reserve), else
+ * KVA_STATUS_INVALID_ARGUMENT. */
+kva_status kva__cuda_context_staging_hot(kva_context *ctx, int64_t bytes);
+
+/* Benchmarks: every attention plan built on ctx from now on writes the
+ * CLOCK_MONOTONIC time (us) at the ends of its phases into
+ * stamps[KVA__CUDA_PROBE_*] (NULL stops it), so a caller that times the
+ * whole kva_plan_create / kva_plan_update can split it: the generic checks
+ * and copies (until ENTRY), the current-device and capture queries, the
+ * partition, the capacity checks, the staging slot, its fill, the copy. */
+enum {
+    KVA__CUDA_PROBE_ENTRY,   /* the CUDA build starts (generic plan done) */
+    KVA__CUDA_PROBE_DEVICE,  /* cudaGetDevice */
+    KVA__CUDA_PROBE_CAPTURE, /* cudaStreamIsCapturing */
+    KVA__CUDA_PROBE_PART,    /* the grid partition */
+    KVA__CUDA_PROBE_RESERVE, /* buffer and workspace capacity checks */
+    KVA__CUDA_PROBE_SLOT,    /* the staging slot acquired */
+    KVA__CUDA_PROBE_FILL,    /* the metadata staged */
+    KVA__CUDA_PROBE_COPY,    /* the copies enqueued */
+    KVA__CUDA_PROBE_N
+};
+kva_status kva__cuda_context_plan_probe(kva_context *ctx, double *stamps);
 
 /* Tests: plans created on ctx from now on decompress the cached context of
  * kva_mla_run's compute-friendly requests in chunks of `keys` keys per

@@ -29,26 +29,29 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx)
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_context_create: out of memory");
     st->device = ctx->device_id;
     st->upload_min = KVA__CUDA_UPLOAD_MIN;
+    st->staging_hot = KVA__CUDA_STAGING_HOT;
     cudaError_t e =
         cudaDeviceGetAttribute(&st->num_sms, cudaDevAttrMultiProcessorCount, st->device);
-    st->ring = (kva__cuda_ring *)calloc(1, sizeof *st->ring);
+    st->ring = (kva__cuda_ring *)calloc(KVA__CUDA_RINGS, sizeof *st->ring);
     if (!st->ring) {
         free(st);
         return kva__fail(KVA_STATUS_OUT_OF_MEMORY, "kva_context_create: out of memory");
     }
-    cudaEvent_t ev[2] = {NULL, NULL};
-    for (int i = 0; i < 2 && e == cudaSuccess; i++)
-        e = cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming);
+    cudaEvent_t ev[2 * KVA__CUDA_RINGS] = {NULL};
+    int made = 0;
+    for (; made < 2 * KVA__CUDA_RINGS && e == cudaSuccess; made++)
+        e = cudaEventCreateWithFlags(&ev[made], cudaEventDisableTiming);
     if (e != cudaSuccess) {
-        if (ev[0])
-            cudaEventDestroy(ev[0]);
+        for (int i = 0; i < made; i++)
+            if (ev[i])
+                cudaEventDestroy(ev[i]);
         free(st->ring);
         free(st);
         return kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_context_create: device %d: %s",
                          (int)ctx->device_id, cudaGetErrorString(e));
     }
-    st->ring->events[0] = ev[0];
-    st->ring->events[1] = ev[1];
+    for (int i = 0; i < 2 * KVA__CUDA_RINGS; i++)
+        st->ring[i / 2].events[i % 2] = ev[i];
     ctx->state = st;
     return KVA_STATUS_OK;
 }
@@ -63,8 +66,8 @@ extern "C" void kva__cuda_context_free(kva_context *ctx)
     (void)cudaStreamSynchronize(STREAM(st));
     cudaFree(st->meta_dev);
     cudaFreeHost(st->meta_host);
-    cudaEventDestroy((cudaEvent_t)st->ring->events[0]);
-    cudaEventDestroy((cudaEvent_t)st->ring->events[1]);
+    for (int i = 0; i < 2 * KVA__CUDA_RINGS; i++)
+        cudaEventDestroy((cudaEvent_t)st->ring[i / 2].events[i % 2]);
     free(st->ring);
     free(st);
     ctx->state = NULL;

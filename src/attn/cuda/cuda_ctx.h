@@ -8,11 +8,24 @@
 #ifndef KVA_CUDA_CTX_H
 #define KVA_CUDA_CTX_H
 
+#include <time.h>
+
 #define STREAM(st) ((cudaStream_t)(st)->stream)
 
 static inline kva__cuda_state *state_of(const kva_context *ctx)
 {
     return (kva__cuda_state *)ctx->state;
+}
+
+/* Benchmarks: stamps phase i of a plan build when a probe is set
+ * (kva__cuda_context_plan_probe). */
+static inline void kva__cuda_probe(const kva__cuda_state *st, int i)
+{
+    if (st->probe) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        st->probe[i] = (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+    }
 }
 
 /* Makes the context's device current (cheap when it already is). */

@@ -75,11 +75,20 @@ static size_t layout_sections(const kva__cuda_caps *c, size_t off[KVA_CUDA_SECTI
     return o;
 }
 
-/* Bytes of one half of the staging ring of a metadata buffer of meta_bytes:
- * at least the whole buffer, so any upload fits in an empty half. */
+/* Bytes of one half of the large staging ring (ring 1) of a metadata buffer
+ * of meta_bytes: at least the whole buffer, so any upload fits in an empty
+ * half. */
 static size_t staging_half(size_t meta_bytes)
 {
     return meta_bytes > KVA_CUDA_STAGING_HALF_MIN ? meta_bytes : KVA_CUDA_STAGING_HALF_MIN;
+}
+
+/* Where ring k's staging starts in meta_host and the bytes of each of its
+ * halves: the hot ring first, then the large one. */
+static void ring_span(const kva__cuda_state *st, int k, size_t *base, size_t *half)
+{
+    *base = k == 0 ? 0 : 2 * st->staging_hot;
+    *half = k == 0 ? st->staging_hot : staging_half(st->meta_bytes);
 }
 
 static int64_t max64(int64_t a, int64_t b)
@@ -140,7 +149,7 @@ kva_status kva__cuda_reserve_meta(kva__cuda_state *st, const kva__cuda_caps *nee
     void *dev = NULL, *host = NULL;
     cudaError_t e = cudaMalloc(&dev, bytes);
     if (e == cudaSuccess)
-        e = cudaMallocHost(&host, 2 * staging_half(bytes));
+        e = cudaMallocHost(&host, 2 * st->staging_hot + 2 * staging_half(bytes));
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         cudaFree(dev);
@@ -152,9 +161,11 @@ kva_status kva__cuda_reserve_meta(kva__cuda_state *st, const kva__cuda_caps *nee
     KVA_CUDA_TRY(cudaStreamSynchronize(STREAM(st)));
     cudaFree(st->meta_dev);
     cudaFreeHost(st->meta_host);
-    st->ring->pending[0] = st->ring->pending[1] = 0; /* the stream ran every upload */
-    st->ring->pos = 0;
-    st->ring->half = 0;
+    for (int k = 0; k < KVA__CUDA_RINGS; k++) { /* the stream ran every upload */
+        st->ring[k].pending[0] = st->ring[k].pending[1] = 0;
+        st->ring[k].pos = 0;
+        st->ring[k].half = 0;
+    }
     st->ring_slots = 2;
     st->meta_dev = dev;
     st->meta_host = host;
@@ -267,21 +278,28 @@ extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_
 }
 
 /*
- * The staging ring. An upload fills its bytes of the pinned staging on the
+ * The staging rings. An upload fills its bytes of the pinned staging on the
  * host and copies them to the device buffer on the stream, so they stay in
  * use until the stream has run the copy. Uploads are staged one after
- * another in one half of the ring; only when the next one does not fit in
- * what is left of the half does the upload record an event for that half
- * (after all of its copies) and move to the other half, waiting on the host
- * for that half's event, recorded when the ring last left it (a whole half
- * of uploads ago, which the stream has normally run long ago). So the event
+ * another in one half of a ring; only when the next one does not fit in what
+ * is left of the half does the upload record an event for that half (after
+ * all of its copies) and move to the other half, waiting on the host for
+ * that half's event, recorded when the ring last left it (a whole half of
+ * uploads ago, which the stream has normally run long ago). So the event
  * record and host wait, runtime calls as the copy is, come once per half of
- * uploads (dozens of decode steps) instead of once per upload.
+ * uploads instead of once per upload. An upload of up to st->staging_hot
+ * bytes (KVA__CUDA_STAGING_HOT: a decode step's) goes to the hot ring, whose
+ * two halves of that size are small enough to stay in the host's caches from
+ * step to step; a ring of buffer-sized halves (megabytes
+ * after kva_cuda_context_reserve) would have the fill write lines that left
+ * the caches since the ring last passed them. Larger uploads go to ring 1.
  */
 static kva_status staging_acquire(kva__cuda_state *st, size_t need, char **slot)
 {
-    kva__cuda_ring *r = st->ring;
-    const size_t half = staging_half(st->meta_bytes);
+    const int k = need <= st->staging_hot ? 0 : 1;
+    kva__cuda_ring *r = &st->ring[k];
+    size_t base = 0, half = 0;
+    ring_span(st, k, &base, &half);
     size_t pos = (size_t)r->pos;
     int h = r->half;
     if (pos + need > (size_t)(h + 1) * half) { /* the rest of this half is too short */
@@ -299,7 +317,7 @@ static kva_status staging_acquire(kva__cuda_state *st, size_t need, char **slot)
             r->pending[h] = 0;
         }
     }
-    *slot = (char *)st->meta_host + pos;
+    *slot = (char *)st->meta_host + base + pos;
     r->half = h;
     r->pos = pos + align256(need); /* at most the half's end: the next upload moves on */
     return KVA_STATUS_OK;
@@ -307,22 +325,25 @@ static kva_status staging_acquire(kva__cuda_state *st, size_t need, char **slot)
 
 extern "C" kva_status kva__cuda_upload_drain(kva__cuda_state *st)
 {
-    kva__cuda_ring *r = st->ring;
-    if (st->meta_host) {
-        const size_t half = staging_half(st->meta_bytes);
-        const int h = r->half;
-        if ((size_t)r->pos != (size_t)h * half) { /* the current half has uploads */
-            KVA_CUDA_TRY(cudaEventRecord((cudaEvent_t)r->events[h], STREAM(st)));
-            r->pending[h] = 1;
+    for (int k = 0; k < KVA__CUDA_RINGS; k++) {
+        kva__cuda_ring *r = &st->ring[k];
+        if (st->meta_host) {
+            size_t base = 0, half = 0;
+            ring_span(st, k, &base, &half);
+            const int h = r->half;
+            if ((size_t)r->pos != (size_t)h * half) { /* the current half has uploads */
+                KVA_CUDA_TRY(cudaEventRecord((cudaEvent_t)r->events[h], STREAM(st)));
+                r->pending[h] = 1;
+            }
         }
+        for (int h = 0; h < 2; h++)
+            if (r->pending[h]) {
+                KVA_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)r->events[h]));
+                r->pending[h] = 0;
+            }
+        r->pos = 0; /* the stream ran every upload */
+        r->half = 0;
     }
-    for (int h = 0; h < 2; h++)
-        if (r->pending[h]) {
-            KVA_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)r->events[h]));
-            r->pending[h] = 0;
-        }
-    r->pos = 0; /* the stream ran every upload */
-    r->half = 0;
     return KVA_STATUS_OK;
 }
 
@@ -372,6 +393,7 @@ kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
         need = pad;
     char *h = NULL;
     KVA_TRY(staging_acquire(st, need, &h));
+    kva__cuda_probe(st, KVA__CUDA_PROBE_SLOT);
 
     int32_t *hdr = (int32_t *)(h + off[0]);
     memset(hdr, 0, KVA_CUDA_HDR_WORDS * sizeof(int32_t));
@@ -426,6 +448,7 @@ kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
      * they lie within KVA_CUDA_UPLOAD_SPAN bytes, go in one copy (the gaps'
      * stale bytes with them): a cudaMemcpyAsync costs a few microseconds of
      * host time, more than copying a few KB over PCIe. */
+    kva__cuda_probe(st, KVA__CUDA_PROBE_FILL);
     size_t first = 0, last = 0;
     for (int k = KVA_CUDA_SECTIONS - 1; k >= 0; k--) {
         const int i = kva_cuda_section_order[k];
@@ -452,5 +475,6 @@ kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
         hi = pad; /* one copy from the buffer's start: padded (a multi-copy upload is not) */
     if (open)
         KVA_TRY(upload(st, h, lo, hi - lo));
+    kva__cuda_probe(st, KVA__CUDA_PROBE_COPY);
     return KVA_STATUS_OK;
 }

@@ -123,6 +123,31 @@ extern "C" kva_status kva__cuda_context_force_splits(kva_context *ctx, int split
     return KVA_STATUS_OK;
 }
 
+extern "C" kva_status kva__cuda_context_staging_hot(kva_context *ctx, int64_t bytes)
+{
+    kva__clear_error();
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
+    if (bytes < 0 || bytes > ((int64_t)64 << 20) || bytes % 256 != 0)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_context_staging_hot: bytes = %lld (a multiple of 256 in "
+                         "0..64 MiB)",
+                         (long long)bytes);
+    if (state_of(ctx)->meta_host)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_context_staging_hot: the context already has its staging "
+                         "(set it before the first plan or reserve)");
+    state_of(ctx)->staging_hot = (size_t)bytes;
+    return KVA_STATUS_OK;
+}
+
+extern "C" kva_status kva__cuda_context_plan_probe(kva_context *ctx, double *stamps)
+{
+    kva__clear_error();
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
+    state_of(ctx)->probe = stamps;
+    return KVA_STATUS_OK;
+}
+
 extern "C" kva_status kva__cuda_context_balanced(kva_context *ctx, int on)
 {
     kva__clear_error();
@@ -297,7 +322,9 @@ static kva_status attention_plan_build(kva_context *ctx, kva_plan *plan, kva__pa
     KVA_TRY(dcp_accept(plan, &dcp_global));
     kva__cuda_state *st = state_of(ctx);
     KVA_TRY(use_device(st->device));
+    kva__cuda_probe(st, KVA__CUDA_PROBE_DEVICE);
     KVA_TRY(kva__cuda_check_not_capturing("kva_plan_create", st));
+    kva__cuda_probe(st, KVA__CUDA_PROBE_CAPTURE);
     const int32_t G = plan->d.num_heads / plan->d.num_kv_heads;
     const int32_t dmax =
         plan->d.head_dim > plan->d.head_dim_v ? plan->d.head_dim : plan->d.head_dim_v;
@@ -384,6 +411,7 @@ static kva_status attention_plan_build(kva_context *ctx, kva_plan *plan, kva__pa
     kva__partition *part = NULL;
     kva_status s = best_partition(st, plan, rows, per_sm, mma_req, *reuse, &part);
     *reuse = NULL; /* consumed: part, or freed */
+    kva__cuda_probe(st, KVA__CUDA_PROBE_PART);
     if (mla_layer) {
         free(mma_req);
         mma_req = NULL;
@@ -421,6 +449,7 @@ static kva_status attention_plan_build(kva_context *ctx, kva_plan *plan, kva__pa
     s = kva__cuda_reserve_meta(st, &need, 1);
     if (s == KVA_STATUS_OK)
         s = kva__cuda_workspace_reserve(ctx, ws);
+    kva__cuda_probe(st, KVA__CUDA_PROBE_RESERVE);
     if (s == KVA_STATUS_OK)
         s = kva__cuda_upload_plan(st, plan, part, ptiles > 0 ? mma_req : NULL);
     free(mma_req);
@@ -452,6 +481,7 @@ extern "C" kva_status kva__cuda_plan_build(kva_context *ctx, kva_plan *plan)
     kva__cuda_plan *cp = (kva__cuda_plan *)plan->device;
     plan->part = NULL;
     plan->device = NULL;
+    kva__cuda_probe(state_of(ctx), KVA__CUDA_PROBE_ENTRY);
     kva_status s;
     if (plan->d.kind == KVA_ATTN_INDEX) { /* indexer.cu: no attention partition */
         s = kva__cuda_indexer_plan_build(ctx, plan);
