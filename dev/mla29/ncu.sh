@@ -18,7 +18,9 @@ cmake -S "$src" -B "$bd" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
 timeout 300 ninja -C "$bd" -j"$(nproc)" bench_cuda_mla >>"$o/ncu_build.txt" 2>&1 ||
   { echo "BUILD FAILED" | tee -a "$o/ncu.txt"; grep error "$o/ncu_build.txt" | head; exit 1; }
 M="gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed"
-M="$M,regex:sm__pipe_tensor_op_gmma.*cycles_active.avg.pct_of_peak_sustained_active"
+# The tensor-pipe counter names differ between ncu versions: take what this one has.
+ncu --query-metrics 2>/dev/null | grep -oE "^sm__pipe_tensor[a-z_]*cycles_active" | sort -u >"$o/ncu_tensor_names.txt"
+for t in $(cat "$o/ncu_tensor_names.txt"); do M="$M,$t.avg.pct_of_peak_sustained_active"; done
 M="$M,smsp__issue_active.avg.per_cycle_active,smsp__warps_eligible.avg.per_cycle_active"
 M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 M="$M,smsp__inst_executed.sum,l1tex__t_requests_pipe_lsu_mem_local_op_ld.sum"
