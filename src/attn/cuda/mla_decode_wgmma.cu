@@ -77,14 +77,6 @@ template <typename Ty, bool FP8> struct mw_dense {
     {
         if (kb < kend)
             ml_issue<MW_BN, MW_BN>(a, mi.bt_row, kb, kend, stage);
-#if MW_SPLIT_PF
-        /* The rows of the tile after it into L2 (one thread per key). */
-        if (threadIdx.x < MW_BN && kb + MW_BN < kend) {
-            const int64_t r = ml_row<MW_BN, MW_BN>(a, mi.bt_row, kb + MW_BN, kend, threadIdx.x);
-            if (r >= 0)
-                mw_prefetch_l2((const unsigned char *)a.k + r * (ML_D * 2), ML_D * 2);
-        }
-#endif
     }
     __device__ __forceinline__ void land(const args &, int32_t, uint32_t, int) {}
     __device__ __forceinline__ void logits(float (&sc)[4][4], const args &a, float scale_log2,

@@ -369,46 +369,24 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
             const int32_t k0 = wi.k0;
             for (int32_t kb = k0; kb < kend; kb += MW_BN) {
                 const int stage = ((kb - k0) / MW_BN) & 1;
-                const uint32_t st_off = (uint32_t)stage * MW_KB;
-                /* 1. Tile kb landed (every thread's copies; P V of tile kb - 64
-                 * may still run: it reads the other stage and P). */
                 kva__cp_async_wait<0>();
                 kva__fence_proxy_async(); /* cp.async and Q stores -> the wgmma operand reads */
-                __syncthreads();
+                __syncthreads();          /* 1. tile kb landed; the other stage and P are free */
+                const uint32_t st_off = (uint32_t)stage * MW_KB;
 
                 /* 2. S = Q K^T for keys kb + 32 wg .. + 31: 36 k-steps over 576, in
-                 * two accumulator chains (even and odd k-steps) summed afterwards,
-                 * queued behind the previous tile's P V. Warpgroup-uniform
-                 * branches: each side's descriptors are then constant offsets
-                 * from uniform bases. */
+                 * two accumulator chains (even and odd k-steps) summed afterwards.
+                 * Warpgroup-uniform branches: each side's descriptors are then
+                 * constant offsets from uniform bases. */
                 float sc[4][4], sc2[4][4];
-                if (wg == 0) {
+                if (wg == 0)
                     mw_s<Ty, 0>(sc, sc2, dq, dk + (st_off >> 4));
-#if MW_SPLIT_ORD
-                    kva__named_bar(false, MW_BAR_ORD, ML_NT);
-#endif
-                } else {
-#if MW_SPLIT_ORD
-                    kva__named_bar(true, MW_BAR_ORD, ML_NT);
-#endif
+                else
                     mw_s<Ty, 1>(sc, sc2, dq, dk + (st_off >> 4));
-                }
-#if MW_SPLIT_EARLY
-                /* 3. P V of tile kb - 64 and S done (a wait for the P V alone,
-                 * wait_group 1, makes ptxas serialize every wgmma: C7514); once
-                 * the other warpgroup's are too, the other stage and P are free
-                 * for the next tile's copies. */
-                kva__wgmma_wait<0>();
-                kva__named_bar(true, MW_BAR_FREE, ML_NT);
-                wi.next(a, kb + MW_BN, sK + (stage ^ 1) * MW_KB, stage ^ 1);
-                kva__cp_async_commit();
-#else
-                /* 3. The next tile's copies go out while the tensor cores run S. */
+                /* The next tile's copies go out while the tensor cores run S. */
                 wi.next(a, kb + MW_BN, sK + (stage ^ 1) * MW_KB, stage ^ 1);
                 kva__cp_async_commit();
                 kva__wgmma_wait<0>();
-#endif
-                mw_o_fence(o);
 #pragma unroll
                 for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -419,7 +397,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
                     }
                 wi.logits(sc, a, scale_log2, kb, wg, t4, stage);
 
-                /* 4. The thread's row maxima over its keys and 4 lanes; a row
+                /* 3. The thread's row maxima over its keys and 4 lanes; a row
                  * whose max grew past the lazy headroom (or was -inf and is not
                  * now) votes to move the reference. */
                 bool move = false;
@@ -434,7 +412,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
                 }
                 mw_store_p<Ty>(sc, mu, sP, wg, r0, t4, psum);
                 kva__fence_proxy_async(); /* P stores -> the wgmma operand reads */
-                /* 5. Every thread's vote; the barrier also publishes s_max and P. */
+                /* 4. Every thread's vote; the barrier also publishes s_max and P. */
                 if (__syncthreads_or(move)) {
 #pragma unroll
                     for (int hf = 0; hf < 2; hf++) {
@@ -461,21 +439,20 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
                 l_run[0] += psum[0];
                 l_run[1] += psum[1];
 
-                /* 6. O += P V over the tile's 64 keys (4 k-steps) for value columns
-                 * 256 wg + 128 h .. + 127: column blocks 4 wg + 2 h and + 1; waited
-                 * for under the next tile's S (or after the loop). */
+                /* 5. O += P V over the tile's 64 keys (4 k-steps) for value columns
+                 * 256 wg + 128 h .. + 127: column blocks 4 wg + 2 h and + 1. */
                 if (wg == 0)
                     mw_pv<Ty, 0>(o, dp, dv + (st_off >> 4));
                 else
                     mw_pv<Ty, 1>(o, dp, dv + (st_off >> 4));
                 wi.land(a, kb + MW_BN, sK + (stage ^ 1) * MW_KB, stage ^ 1);
-#if !MW_SPLIT_EARLY
                 kva__wgmma_wait<0>();
-                mw_o_fence(o);
-#endif
+#pragma unroll
+                for (int n = 0; n < 32; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        kva__reg_fence(o[n][e]);
             }
-            kva__wgmma_wait<0>();
-            mw_o_fence(o);
         } else {
             /* s_max[0] holds the alternating loop's shared reference max. */
             constexpr bool early = W::SCHED == MW_SCHED_ALT_EARLY;

@@ -42,19 +42,6 @@
  * 0 / 1 (all 256 threads); WG0 + g: warpgroup g's own copies or P stores
  * are visible. */
 enum { MW_BAR_SC0 = 1, MW_BAR_SC1, MW_BAR_P0, MW_BAR_P1, MW_BAR_FREE0, MW_BAR_FREE1, MW_BAR_WG0 };
-/* Named barriers of the split-key loop (all 256 threads): FREE both
- * warpgroups' P V of the previous tile is done (its stage and P are free),
- * ORD warpgroup 0 issued its S (experiment knob MW_SPLIT_ORD). */
-enum { MW_BAR_FREE = 1, MW_BAR_ORD };
-#ifndef MW_SPLIT_EARLY
-#define MW_SPLIT_EARLY 1
-#endif
-#ifndef MW_SPLIT_ORD
-#define MW_SPLIT_ORD 0
-#endif
-#ifndef MW_SPLIT_PF
-#define MW_SPLIT_PF 0
-#endif
 
 #ifdef KVA_MLA_WGMMA_BODY
 /* Accumulator lists of the two wgmma shapes below: S [64, 32] is d[4][4]
