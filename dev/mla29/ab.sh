@@ -7,6 +7,7 @@
 # the MLA tests quick (+ memcheck of test_cuda_mla quick), then the dense rows
 # base, new, variants alternated KVA_ROUNDS times, the sparse suite once per
 # side (base, new), a table last.
+# new/ must be a tree at commit 9a7ce5c (the early-S loop with its knobs).
 #   usage (device): cd .dev/mla29 && OUT=$OUT bash new/dev/mla29/ab.sh
 set -u
 o=${OUT:-/tmp/out}

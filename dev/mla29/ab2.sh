@@ -5,6 +5,8 @@
 # quick, then H 128 q 1 4k and q 2 8k bf16,
 # base and new alternated KVA_ROUNDS times (new checked in round 1), then
 # memcheck of test_cuda_mla quick.
+# new/ must be a tree at commit ca27a60 (the two-piece copies; the branch head
+# went back to main's loop), e.g. git archive --prefix=new/ ca27a60.
 #   usage (device): cd .dev/mla29 && OUT=$OUT bash new/dev/mla29/ab2.sh
 set -u
 o=${OUT:-/tmp/out}
