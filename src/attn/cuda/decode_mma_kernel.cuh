@@ -56,6 +56,7 @@
 extern "C" {
 #include "cuda_backend.h"
 }
+#include "async_ptx.cuh"
 #include "cuda_check.h"
 #include "decode_mma_common.cuh"
 #include "lse_merge.cuh"
@@ -202,20 +203,41 @@ static __device__ __forceinline__ int dm_count_acq_rel(int *p)
 /* The last-CTA merge of a split task (kva__merge_split_cta) from a copy in
  * shared memory: the CTA copies the task's nsplit partial blocks (contiguous
  * in the workspace: nsplit x nrows x (D + 1) floats from base) into smem
- * (bytes of free shared memory) with cp.async, every copy in flight at once,
- * and merges from there: one round trip to L2 instead of one per CH parts.
- * Returns false, having done nothing, where they do not fit or base is not
- * 16-byte aligned (the caller then merges from L2). */
+ * (bytes of free shared memory) and merges from there: one round trip to L2
+ * instead of one per CH parts. On sm_90 the copy is one bulk copy
+ * (cp.async.bulk) by thread 0 on the CTA's mbarrier at shared address bar,
+ * whose phase parity ph it flips, so the CTA issues one request instead of
+ * a 16-byte copy per thread and step; else every thread's cp.async copies
+ * are in flight at once. Returns false, having done nothing, where they do
+ * not fit or base is not 16-byte aligned (the caller then merges from L2). */
 template <typename T>
 static __device__ __forceinline__ bool
 dm_merge_smem(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_t qs,
               const float *sinks, T *out, float *lse, int32_t H, int32_t G, int32_t D,
-              unsigned char *smem, int32_t bytes)
+              unsigned char *smem, int32_t bytes, uint32_t bar, uint32_t &ph)
 {
     const int64_t n = (int64_t)nsplit * w.nq * w.nh * (D + 1); /* floats */
     if (n * (int64_t)sizeof(float) > bytes || ((uintptr_t)base & 15) != 0)
         return false;
     const uint32_t s0 = kva__smem_u32(smem);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if ((n & 3) == 0 && (s0 & 15) == 0) {
+        /* The rings' earlier generic accesses (cp.async, ldmatrix, the
+         * warps' O) are ordered before the bulk copy's writes (async proxy):
+         * a proxy fence in every thread, then the barrier. */
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            kva__mbar_expect_tx(bar, (uint32_t)(n * (int64_t)sizeof(float)));
+            kva__bulk_load(s0, base, (uint32_t)(n * (int64_t)sizeof(float)), bar);
+        }
+        kva__mbar_wait(bar, ph); /* the copy landed, visible to every thread */
+        ph ^= 1u;
+        kva__merge_split_cta<T, true>((const float *)smem, nsplit, w, qs, sinks, out, lse, H, G,
+                                      D);
+        return true;
+    }
+#endif
     for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x)
         kva__cp_async16(s0 + 16 * (uint32_t)i, base + 4 * i, 16);
     for (int64_t i = n / 4 * 4 + threadIdx.x; i < n; i += blockDim.x)
@@ -241,6 +263,15 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
     extern __shared__ __align__(128) unsigned char dm_smem_buf[];
     __shared__ float s_m[DM_NW][DM_M], s_l[DM_NW][DM_M];
     __shared__ int s_last; /* this CTA wrote the last partial of its item's split task */
+    /* sm_90: the mbarrier of the last-CTA merge's bulk copy (dm_merge_smem)
+     * and its phase parity; initialized before the first item's barriers. */
+    __shared__ __align__(8) uint64_t s_mbar;
+    const uint32_t mbar = kva__smem_u32(&s_mbar);
+    uint32_t mph = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0)
+        kva__mbar_init(mbar, 1);
+#endif
     /* OVL (the policy's OVERLAP): the warps' O [16, D] fp32 for the final
      * merge go to the last stage of each warp's own ring, and the CTA's next item's
      * first NST - 1 steps are issued into the other stages before the
@@ -522,7 +553,7 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
                 typename P::Out::elem *o16 = (typename P::Out::elem *)a.out;
                 if ((OVL && more) ||
                     !dm_merge_smem(tb, nsplit, w, qs, a.sinks, o16, a.lse, a.H, a.G, D,
-                                   dm_smem_buf + P::SQ, DM_NW * NST * STAGE))
+                                   dm_smem_buf + P::SQ, DM_NW * NST * STAGE, mbar, mph))
                     kva__merge_split_cta(tb, nsplit, w, qs, a.sinks, o16, a.lse, a.H, a.G, D);
                 if (threadIdx.x == 0) {
                     atomicExch(done, 0);
