@@ -223,9 +223,11 @@ dm_merge_smem(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if ((n & 3) == 0 && (s0 & 15) == 0) {
         /* The rings' earlier generic accesses (cp.async, ldmatrix, the
-         * warps' O) are ordered before the bulk copy's writes (async proxy):
-         * a proxy fence in every thread, then the barrier. */
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+         * warps' O) are ordered before the bulk copy's writes, and the
+         * other CTAs' partial stores (acquired by the count) before its
+         * reads (async proxy): a proxy fence of both state spaces in every
+         * thread, then the barrier. */
+        asm volatile("fence.proxy.async;\n" ::: "memory");
         __syncthreads();
         if (threadIdx.x == 0) {
             kva__mbar_expect_tx(bar, (uint32_t)(n * (int64_t)sizeof(float)));
