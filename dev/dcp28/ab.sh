@@ -46,7 +46,7 @@ for rd in $(seq 1 ${KVA_ROUNDS:-2}); do for t in base new; do d=$BB; [ $t = new 
   for s in "${S[@]}"; do set -- $s; g=(); [ $3 -gt 0 ] && g=(--graph-layers $3)
     r $d/bench_cuda "r$rd-$t ${1}x$(($2+1))" --mode decode --batch $1 --context $2 --iters 30 "${g[@]}"; done
   [ "${KVA_INT8:-1}" = 1 ] && r $d/bench_cuda "r$rd-$t 64x4096 int8" --mode decode --batch 64 --context 4095 --iters 30 --quant int8
-  [ $rd = 1 ] && [ "${KVA_R8:-1}" = 1 ] && dcp r$rd-$t $d 4 8
+  [ $rd = 1 ] && [ "${KVA_R8:-1}" = 1 ] && for n in ${KVA_R8_NS:-4}; do dcp r$rd-$t $d $n 8; done
 done; echo "== round $rd at $(el) s"; done
 [ "${KVA_COPIES2:-1}" = 1 ] && copies r2
 echo "== tests at $(el) s"
