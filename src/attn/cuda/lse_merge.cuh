@@ -277,4 +277,122 @@ kva__merge_split_cta(const float *base, int32_t nsplit, const kva__cuda_item &w,
         kva__merge_split_cta_ch<16, SH>(base, nsplit, w, qs, sinks, out, lse, H, G, Dv);
 }
 
+/*
+ * Slice s of NSL of the merge of a split task by one CTA (the tensor-core
+ * decode's spread merge, decode_mma_kernel.cuh): channels [s, s + 1) x Dv /
+ * NSL of every row of the task of item w, from its nsplit partial blocks at
+ * base as for kva__merge_split_cta (blocks 16-byte aligned, Dv a multiple
+ * of 4 NSL). Every thread of the CTA calls it. A unit (4 channels of one
+ * row) is merged by TPU consecutive lanes (8, 4, 2 or 1: as many as the
+ * CTA has threads for), lane g over parts g, g + TPU, ... (8 parts' loads in
+ * flight), then their states are combined by shuffles: a slice of 4 rows x
+ * 32 channels keeps 128 threads busy with one round of loads for 32 parts.
+ * The arithmetic depends only on the task's shape and the CTA size, not on
+ * which CTA merges which slice or from where (SH: base is a copy in shared
+ * memory), so the output bits do not depend on the run. Same rules as
+ * kva__merge_unit: a part of weight 0 adds nothing, a NaN lse makes the row
+ * NaN, all -inf (and no sink) gives 0 and -inf.
+ */
+template <int NSL, bool SH, typename T>
+static __device__ __forceinline__ void
+kva__merge_split_slice(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_t qs,
+                       const float *sinks, T *out, float *lse, int32_t H, int32_t G, int32_t Dv,
+                       int s)
+{
+    constexpr int CH = 8; /* parts of one lane in flight */
+    const int32_t nrows = w.nq * w.nh;
+    const int64_t blk = (int64_t)nrows * (Dv + 1);
+    const int32_t CU = Dv / 4 / NSL, U = nrows * CU; /* units of a row, of the slice */
+    const int32_t nt = blockDim.x;
+    const int tpu = U * 8 <= nt ? 8 : U * 4 <= nt ? 4 : U * 2 <= nt ? 2 : 1;
+    const int g = threadIdx.x & (tpu - 1);
+    for (int32_t x0 = 0; x0 < U * tpu; x0 += nt) { /* uniform over the CTA: shuffles below */
+        const int32_t x = x0 + (int32_t)threadIdx.x;
+        const bool on = x < U * tpu;
+        const int32_t u = on ? x / tpu : 0;
+        const int32_t r = u / CU, d = 4 * (s * CU + (u - r * CU));
+        float m = -INFINITY, L = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+        bool nan = false;
+        for (int32_t p0 = g; on && p0 < nsplit; p0 += CH * tpu) {
+            float l[CH], xv[CH][4];
+#pragma unroll
+            for (int j = 0; j < CH; j++) {
+                const int32_t p = p0 + j * tpu;
+                const float *pb = base + (p < nsplit ? p : p0) * blk; /* weight 0 past nsplit */
+                const float *pl = pb + (int64_t)nrows * Dv + r;
+                const float4 *pv = reinterpret_cast<const float4 *>(pb + (int64_t)r * Dv + d);
+                l[j] = p < nsplit ? (SH ? *pl : __ldcg(pl)) : -INFINITY;
+                const float4 v = SH ? *pv : __ldcg(pv);
+                xv[j][0] = v.x, xv[j][1] = v.y, xv[j][2] = v.z, xv[j][3] = v.w;
+            }
+            float mc = m;
+#pragma unroll
+            for (int j = 0; j < CH; j++) {
+                nan |= l[j] != l[j];
+                mc = fmaxf(mc, l[j]);
+            }
+            if (mc == -INFINITY)
+                continue;
+            const float sc = expf(m - mc); /* 0 while m = -inf */
+            L *= sc;
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[i] *= sc;
+#pragma unroll
+            for (int j = 0; j < CH; j++) {
+                const float c = expf(l[j] - mc);
+                L += c;
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    acc[i] += c > 0.f ? c * xv[j][i] : 0.f;
+            }
+            m = mc;
+        }
+        /* The unit's TPU lanes' states, combined (lane g = 0 keeps the result). */
+        for (int off = 1; off < tpu; off <<= 1) {
+            const float om = __shfl_xor_sync(0xffffffffu, m, off);
+            const float oL = __shfl_xor_sync(0xffffffffu, L, off);
+            float oa[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                oa[i] = __shfl_xor_sync(0xffffffffu, acc[i], off);
+            nan |= __shfl_xor_sync(0xffffffffu, (int)nan, off) != 0;
+            const float M = fmaxf(m, om);
+            if (M == -INFINITY)
+                continue;
+            const float ca = expf(m - M), cb = expf(om - M);
+            L = L * ca + oL * cb;
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[i] = acc[i] * ca + oa[i] * cb;
+            m = M;
+        }
+        if (!on || g != 0)
+            continue;
+        const int32_t qi = r / w.nh, head = w.kv_head * G + w.h0 + (r - qi * w.nh);
+        const int64_t row = (int64_t)(qs + w.i0 + qi) * H + head;
+        const float sink = sinks ? sinks[head] : -INFINITY;
+        const float M = fmaxf(m, sink);
+        float o[4], lv;
+        if (nan || M == -INFINITY) {
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                o[i] = nan ? NAN : 0.f;
+            lv = nan ? NAN : -INFINITY;
+        } else {
+            const float sc = expf(m - M);
+            L = L * sc + expf(sink - M);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                o[i] = acc[i] * sc / L;
+            lv = M + logf(L);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            store_f(out, row * Dv + d + i, o[i]);
+        if (lse && d == 0)
+            lse[row] = lv;
+    }
+}
+
 #endif /* KVA_CUDA_LSE_MERGE_CUH */
