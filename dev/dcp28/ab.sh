@@ -11,7 +11,9 @@
 #   5) dev/dcp28/trace.py on both trees, bench_cuda rebuilt, R 1 at 32k and 128k: per CTA %globaltimer stamps.
 # Lines: $OUT/all.txt (every bench_cuda / dcp line, tagged rN-base|rN-new), $OUT/sum.txt, $OUT/tests.txt,
 # $OUT/trace.txt, as they come. KVA_ROUNDS (default 2); KVA_S (rows "R S-1 graph-layers" comma-separated),
-# KVA_DCP_NS (default "4 2"), KVA_INT8=0, KVA_R8=0, KVA_COPIES2=0, KVA_TRACE=0 leave parts out.
+# KVA_DCP_NS (default "4 2"), KVA_INT8=0, KVA_R8=0, KVA_COPIES2=0, KVA_TRACE=0 leave parts out; KVA_R8_NS (default 4):
+# the N of round 1's R 8 rows; KVA_TRACE_TREES (default "base new"; "mid" traces a third tree beside new/, e.g. a
+# branch's earlier commit).
 set -u -o pipefail
 B=$(cd "$1" && pwd); N=$(cd "$2" && pwd)
 OUT=${OUT:-out}; mkdir -p $OUT/l; t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
@@ -61,7 +63,7 @@ wait
 }
 KT=${KVA_TRACE:-1}
 # The trace trees are instrumented copies built beside the tests (CPU), so the tests' binaries stay as built.
-for t in ${KVA_TRACE_TREES:-base new}; do [ $KT = 1 ] || break; d=$B; [ $t = new ] && d=$N
+for t in ${KVA_TRACE_TREES:-base new}; do [ $KT = 1 ] || break; d=$B; [ $t = new ] && d=$N; [ $t = mid ] && d=$(cd $N/../mid && pwd)
   ( rm -rf /tmp/dcp28tr_$t && cp -r $d /tmp/dcp28tr_$t && python3 $N/dev/dcp28/trace.py /tmp/dcp28tr_$t > /dev/null && cmake -S /tmp/dcp28tr_$t -B /tmp/dcp28trb_$t $F > /dev/null 2>&1 && timeout 240 ninja -C /tmp/dcp28trb_$t -j6 bench_cuda > $OUT/l/tbuild_$t.log 2>&1; echo "trace build $t rc=$?" > $OUT/l/tb_$t.txt ) &
 done
 run_tests 2>&1 | tee $OUT/tests.txt
@@ -71,7 +73,7 @@ echo "== trace built at $(el) s"
 for t in ${KVA_TRACE_TREES:-base new}; do [ $KT = 1 ] || break; d=/tmp/dcp28trb_$t
   for s in 32767 131071; do
     timeout 60 $d/bench_cuda --mode decode --batch 1 --context $s --iters 20 > $OUT/l/tr.txt 2>&1
-    grep -a "dm_" $OUT/l/tr.txt | sed "s/^/$t 1x$((s+1)) /" | tee -a $OUT/trace.txt | grep -v "merge cta"
+    grep -a "dm_" $OUT/l/tr.txt | sed "s/^/$t 1x$((s+1)) /" | tee -a $OUT/trace.txt | grep -v "merge cta\|help cta"
   done; done
 echo "== trace done at $(el) s"
 tar -czf $OUT/logs.tgz -C $OUT l
