@@ -8,8 +8,9 @@ OUT=${OUT:-out}; mkdir -p $OUT
 TT="base new"; [ -d mid ] && TT="base mid new"
 KVA_COPIES2=0 KVA_R8_NS="4 2" KVA_TRACE_TREES="$TT" bash new/dev/dcp28/ab.sh base new > $OUT/ab.txt 2>&1
 echo "ab.sh rc=$?"
-tar -czf $OUT/logs.tgz -C $OUT l 2>/dev/null
-grep -a "dm_trace.*\(landed\|cta loop end\|end \)" $OUT/trace.txt | grep -v "merge cta\|help cta" | cut -c1-150
-grep -a "merge cta\|help cta" $OUT/trace.txt | grep "1x32768 dm_trace per call" | head -24 | cut -c1-200
+tar -czf $OUT/logs.tgz -C $OUT l 2>/dev/null && rm -rf $OUT/l
+grep -a "1x32768 dm_trace per call 1: \(event\|landed\|cta loop end\|counted\|end \)" $OUT/trace.txt | cut -c1-150
+for t in base mid new; do grep -a "^$t 1x32768 dm_trace per call 1: merge cta" $OUT/trace.txt | head -8 | cut -c1-200; done
+grep -a "^new 1x32768 dm_trace per call 1: help cta" $OUT/trace.txt | head -12 | cut -c1-200
 cat $OUT/tests.txt
 echo "== summary"; sed 's/ median / /; s/ back to back / b2b /' $OUT/sum.txt | cut -c1-200
