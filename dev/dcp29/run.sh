@@ -6,7 +6,7 @@
 set -u
 OUT=${OUT:-out}; mkdir -p $OUT
 TT="base new"; [ -d mid ] && TT="base mid new"
-KVA_COPIES2=0 KVA_R8_NS="4 2" KVA_TRACE_TREES="$TT" bash new/dev/dcp28/ab.sh base new > $OUT/ab.txt 2>&1
+KVA_COPIES2=0 KVA_R8_NS="${KVA_R8_NS:-4 2}" KVA_TRACE_TREES="$TT" bash new/dev/dcp28/ab.sh base new > $OUT/ab.txt 2>&1
 echo "ab.sh rc=$?"
 # The give-back path of the spread merge: the new tree's tests again with helpers that give their slice back at
 # once unless the last count is already in (DM_SPREAD_NS 0), rebuilt in ab.sh's build of the new tree.
