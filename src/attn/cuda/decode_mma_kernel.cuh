@@ -56,7 +56,6 @@
 extern "C" {
 #include "cuda_backend.h"
 }
-#include "async_ptx.cuh"
 #include "cuda_check.h"
 #include "decode_mma_common.cuh"
 #include "lse_merge.cuh"
@@ -193,105 +192,30 @@ template <int BNW> struct dm_steps {
 /* atomicAdd(p, 1) at device scope with acquire and release semantics (the
  * old value): one thread publishes the stores its CTA made before a barrier
  * (cumulativity) and sees every write that the earlier counts published. */
-static __device__ __forceinline__ unsigned dm_count_acq_rel(int *p, unsigned add = 1u)
+static __device__ __forceinline__ int dm_count_acq_rel(int *p)
 {
-    unsigned old;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n"
-                 : "=r"(old)
-                 : "l"(p), "r"(add)
-                 : "memory");
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(p) : "memory");
     return old;
 }
 
-/*
- * The spread merge of a split task: its merge cut into DM_NSL slices of Dv
- * (kva__merge_split_slice), slice 0 merged by the task's last CTA, slice h +
- * 1 by the h-th CTA that offered help when it counted its partial (h + 1 <
- * DM_NSL), which waits for the last count. The task's count word
- * (kva__cuda_task.done) then holds: bits 0-15 the partials counted, 16-23
- * the offers, bit DMS_A + s slice s given back. A CTA offers only in its
- * last item (nothing of its own waits behind it) and only for DM_SPREAD_NS
- * at most: a helper still waiting then gives its slice back by a CAS that
- * succeeds only before the last count, so the last CTA, whose count returns
- * the word, knows every slice it must merge itself; a helper that misses
- * the last count this way (the grid not all resident, or a long wait) costs
- * nothing but its wait. The last CTA sets the word back to 0 with a release
- * right after its count (the helpers take a count below their own as the
- * signal, as the full count), so no helper touches it afterwards. Which CTA
- * merges a slice does not change its bits (kva__merge_split_slice).
- */
-#define DM_NSL 4
-#define DMS_C 0xffffu
-#define DMS_H 16
-#define DMS_A 24
-#define DM_SPREAD_NS 20000
-
-/* Whether the task's merge is spread: nsplit parts of nrows rows, D
- * channels, blocks from base (the same answer in every CTA of the task). */
-static __device__ __forceinline__ bool dm_spread(int32_t nsplit, int32_t nrows, int32_t D,
-                                                 const float *base)
+/* The last-CTA merge of a split task (kva__merge_split_cta) from a copy in
+ * shared memory: the CTA copies the task's nsplit partial blocks (contiguous
+ * in the workspace: nsplit x nrows x (D + 1) floats from base) into smem
+ * (bytes of free shared memory) with cp.async, every copy in flight at once,
+ * and merges from there: one round trip to L2 instead of one per CH parts.
+ * Returns false, having done nothing, where they do not fit or base is not
+ * 16-byte aligned (the caller then merges from L2). */
+template <typename T>
+static __device__ __forceinline__ bool
+dm_merge_smem(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_t qs,
+              const float *sinks, T *out, float *lse, int32_t H, int32_t G, int32_t D,
+              unsigned char *smem, int32_t bytes)
 {
-    return nsplit > DM_NSL && nsplit < 256 && D % (4 * DM_NSL) == 0 &&
-           (int64_t)nrows * (D + 1) % 4 == 0 && ((uintptr_t)base & 15) == 0;
-}
-
-/* A helper's wait (thread 0) for the last count of its task, whose word at
- * p it counted as the c-th partial: 1 once the count is full or was set
- * back, 0 if it gave slice sl back after DM_SPREAD_NS. */
-static __device__ __forceinline__ int dm_wait_last(int *p, unsigned c, unsigned nsplit, int sl)
-{
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    for (;;) {
-        unsigned v;
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-        if ((v & DMS_C) == nsplit || (v & DMS_C) < c)
-            return 1;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 > DM_SPREAD_NS) {
-            if (atomicCAS((unsigned *)p, v, v | 1u << (DMS_A + sl)) == v)
-                return 0;
-            continue;
-        }
-        __nanosleep(100);
-    }
-}
-
-/* The last-CTA merge's copy of a split task's partials into shared memory:
- * n floats (its nsplit partial blocks, contiguous in the workspace) from
- * base into smem (bytes of free shared memory), every thread calling, so the
- * merge (kva__merge_split_cta or _slice with SH) reads them from there: one
- * round trip to L2 instead of one per CH parts. On sm_90 the copy is one
- * bulk copy (cp.async.bulk) by thread 0 on the CTA's mbarrier at shared
- * address bar, whose phase parity ph it flips, so the CTA issues one request
- * instead of a 16-byte copy per thread and step; else every thread's
- * cp.async copies are in flight at once. Returns false, having done
- * nothing, where they do not fit or base is not 16-byte aligned (the caller
- * then merges from L2). */
-static __device__ __forceinline__ bool dm_stage(const float *base, int64_t n, unsigned char *smem,
-                                                int32_t bytes, uint32_t bar, uint32_t &ph)
-{
+    const int64_t n = (int64_t)nsplit * w.nq * w.nh * (D + 1); /* floats */
     if (n * (int64_t)sizeof(float) > bytes || ((uintptr_t)base & 15) != 0)
         return false;
     const uint32_t s0 = kva__smem_u32(smem);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if ((n & 3) == 0 && (s0 & 15) == 0) {
-        /* The rings' earlier generic accesses (cp.async, ldmatrix, the
-         * warps' O) are ordered before the bulk copy's writes, and the
-         * other CTAs' partial stores (acquired by the count) before its
-         * reads (async proxy): a proxy fence of both state spaces in every
-         * thread, then the barrier. */
-        asm volatile("fence.proxy.async;\n" ::: "memory");
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            kva__mbar_expect_tx(bar, (uint32_t)(n * (int64_t)sizeof(float)));
-            kva__bulk_load(s0, base, (uint32_t)(n * (int64_t)sizeof(float)), bar);
-        }
-        kva__mbar_wait(bar, ph); /* the copy landed, visible to every thread */
-        ph ^= 1u;
-        return true;
-    }
-#endif
     for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x)
         kva__cp_async16(s0 + 16 * (uint32_t)i, base + 4 * i, 16);
     for (int64_t i = n / 4 * 4 + threadIdx.x; i < n; i += blockDim.x)
@@ -299,6 +223,7 @@ static __device__ __forceinline__ bool dm_stage(const float *base, int64_t n, un
     kva__cp_async_commit();
     kva__cp_async_wait<0>();
     __syncthreads(); /* every thread's copies landed */
+    kva__merge_split_cta<T, true>((const float *)smem, nsplit, w, qs, sinks, out, lse, H, G, D);
     return true;
 }
 
@@ -309,24 +234,13 @@ template <typename P, bool BAL = false>
 __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const typename P::Args q)
 {
     constexpr int D = P::D, NST = P::NST, STAGE = P::STAGE, BNW = P::BNW, NT = P::NT;
-    constexpr int NO = D / 8;           /* n8 tiles of O */
-    constexpr int NX = dm_nx<P>::value; /* the policy's extra accumulator tiles */
+    constexpr int NO = D / 8;              /* n8 tiles of O */
+    constexpr int NX = dm_nx<P>::value;    /* the policy's extra accumulator tiles */
     constexpr bool PRE = dm_prescaled<P>::value;
     const kva__cuda_attn_args &a = P::attn(q);
     extern __shared__ __align__(128) unsigned char dm_smem_buf[];
     __shared__ float s_m[DM_NW][DM_M], s_l[DM_NW][DM_M];
-    __shared__ int s_last;      /* this CTA wrote the last partial of its item's split task */
-    __shared__ unsigned s_word; /* the task's count word before this CTA's count */
-    __shared__ int s_go;        /* a helper of a spread merge: the last count came */
-    /* sm_90: the mbarrier of the last-CTA merge's bulk copy (dm_stage)
-     * and its phase parity; initialized before the first item's barriers. */
-    __shared__ __align__(8) uint64_t s_mbar;
-    const uint32_t mbar = kva__smem_u32(&s_mbar);
-    uint32_t mph = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (threadIdx.x == 0)
-        kva__mbar_init(mbar, 1);
-#endif
+    __shared__ int s_last; /* this CTA wrote the last partial of its item's split task */
     /* OVL (the policy's OVERLAP): the warps' O [16, D] fp32 for the final
      * merge go to the last stage of each warp's own ring, and the CTA's next item's
      * first NST - 1 steps are issued into the other stages before the
@@ -588,80 +502,32 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         }
         if (w.task >= 0) {
             /* Publish the partial, then count it; the CTA that counts the
-             * task's last split merges the task (with helpers: dm_spread).
-             * The count is one thread's acquire-release atomic after the
-             * barrier (the CTA's partial stores are ordered before it
-             * through the barrier, and the merger's reads after it through
-             * the next one), so no thread waits on a fence of its own. The
-             * merger sets the count back to 0 for the next run (or graph
-             * replay) of the plan. */
+             * task's last split merges the task. The count is one thread's
+             * acquire-release atomic after the barrier (the CTA's partial
+             * stores are ordered before it through the barrier, and the
+             * merger's reads after it through the next one), so no thread
+             * waits on a fence of its own. The merger sets the count back
+             * to 0 for the next run (or graph replay) of the plan. */
             __syncthreads();
             int *done = const_cast<int *>(&a.meta.tasks[w.task].done);
-            const float *tb = pblk - (int64_t)w.split * nrows * (D + 1);
-            const bool spread = dm_spread(nsplit, nrows, D, tb);
-            if (threadIdx.x == 0) {
-                const unsigned old =
-                    dm_count_acq_rel(done, spread && !more ? 1u + (1u << DMS_H) : 1u);
-                s_last = (int)(spread ? old & DMS_C : old) == nsplit - 1;
-                s_word = old;
-            }
+            if (threadIdx.x == 0)
+                s_last = dm_count_acq_rel(done) == nsplit - 1;
             __syncthreads();
-            typename P::Out::elem *o16 = (typename P::Out::elem *)a.out;
-            const unsigned word = s_word;
             if (s_last) {
-                /* The slices this CTA merges: all, or with helpers slice 0
-                 * and those no helper took or one gave back. */
-                unsigned mine = (1u << DM_NSL) - 1;
-                if (spread) {
-                    const unsigned h = (word >> DMS_H) & 0xffu, back = word >> DMS_A;
-                    for (int sl = 1; sl < DM_NSL; sl++)
-                        if ((unsigned)sl <= h && !((back >> sl) & 1u))
-                            mine &= ~(1u << sl);
-                    if (threadIdx.x == 0) {
-                        unsigned was;
-                        asm volatile("atom.release.gpu.global.exch.b32 %0, [%1], 0;\n"
-                                     : "=r"(was)
-                                     : "l"(done)
-                                     : "memory");
-                    }
-                }
-                /* From shared memory where the rings are free and every
-                 * slice is this CTA's: every warp is past its key loop and
-                 * the warps' O were read (the barrier after the count), and
-                 * no next item's copies are in flight (OVL issues them
-                 * before the epilogue). */
-                const bool sm = !(OVL && more) && mine == (1u << DM_NSL) - 1 &&
-                                dm_stage(tb, (int64_t)nsplit * nrows * (D + 1), dm_smem_buf + P::SQ,
-                                         DM_NW * NST * STAGE, mbar, mph);
-                const float *src = sm ? (const float *)(dm_smem_buf + P::SQ) : tb;
-                if (!spread && sm)
-                    kva__merge_split_cta<typename P::Out::elem, true>(src, nsplit, w, qs, a.sinks,
-                                                                      o16, a.lse, a.H, a.G, D);
-                else if (!spread)
+                /* From shared memory where the rings are free: every warp
+                 * is past its key loop and the warps' O were read (the
+                 * barrier after the count), and no next item's copies are
+                 * in flight (OVL issues them before the epilogue). */
+                const float *tb = pblk - (int64_t)w.split * nrows * (D + 1);
+                typename P::Out::elem *o16 = (typename P::Out::elem *)a.out;
+                if ((OVL && more) ||
+                    !dm_merge_smem(tb, nsplit, w, qs, a.sinks, o16, a.lse, a.H, a.G, D,
+                                   dm_smem_buf + P::SQ, DM_NW * NST * STAGE))
                     kva__merge_split_cta(tb, nsplit, w, qs, a.sinks, o16, a.lse, a.H, a.G, D);
-                for (int sl = 0; spread && sl < DM_NSL; sl++)
-                    if ((mine >> sl) & 1u) {
-                        if (sm)
-                            kva__merge_split_slice<DM_NSL, true>(src, nsplit, w, qs, a.sinks, o16,
-                                                                 a.lse, a.H, a.G, D, sl);
-                        else
-                            kva__merge_split_slice<DM_NSL, false>(src, nsplit, w, qs, a.sinks, o16,
-                                                                  a.lse, a.H, a.G, D, sl);
-                    }
                 if (threadIdx.x == 0) {
-                    if (!spread)
-                        atomicExch(done, 0);
+                    atomicExch(done, 0);
                     atomicExch(const_cast<int *>(&a.meta.tasks[w.task].grab), 0);
                 }
-            } else if (spread && !more && ((word >> DMS_H) & 0xffu) + 1 < DM_NSL) {
-                /* A helper: its slice once the last partial is counted. */
-                const int sl = (int)((word >> DMS_H) & 0xffu) + 1;
-                if (threadIdx.x == 0)
-                    s_go = dm_wait_last(done, (word & DMS_C) + 1, (unsigned)nsplit, sl);
-                __syncthreads();
-                if (s_go)
-                    kva__merge_split_slice<DM_NSL, false>(tb, nsplit, w, qs, a.sinks, o16, a.lse,
-                                                          a.H, a.G, D, sl);
             }
         }
         __syncthreads(); /* Q, s_acc (and without OVL the rings) are rewritten by the next item */
