@@ -46,7 +46,7 @@ bench_round() { local r=$1; for t in base new; do
 done; T "bench r$r"; }
 bench_round 1
 for b in "" "--copy-bytes 67108864" "--copy-bytes 268435456" "--copy-bytes 536870912"; do bc new-r1 --mode copy $b; done
-for r in 1 2; do for t in base new; do
+for r in 1 2 3 4; do for t in base new; do
   $B/$t/kvattn serve-sim --backend cuda --no-progress >$out/serve_$t.log 2>&1
   echo "$t serve r$r rc=$? $(grep -E 'plan share|Mean step' $out/serve_$t.log | tr -s ' ' | tr '\n' ';')" >>"$LOG"
 done; done
