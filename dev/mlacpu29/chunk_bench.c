@@ -24,7 +24,11 @@ int main(int argc, char **argv)
     float qa[16 * 576];
     for (int i = 0; i < 16 * 576; i++) qa[i] = (rand() / (float)RAND_MAX - 0.5f) * 0.2f;
     uint32_t *qw = aligned_alloc(64, 16 * 288 * 4 * 2);
+#ifdef QW_MP
+    for (int r = 0; r < Mp; r++) mla_bf16_qw_row(qa + r * D, r, Mp, D2, qw);
+#else
     for (int r = 0; r < Mp; r++) mla_bf16_qw_row(qa + r * D, r, D2, qw);
+#endif
     float *ST = aligned_alloc(64, (size_t)C * Mp * 4 * 2), *o = aligned_alloc(64, (size_t)Mp * Dc * 4);
     uint32_t *vw = aligned_alloc(64, (size_t)C / 2 * Dc * 4 + 4096);
     float mx[16], l[16];
