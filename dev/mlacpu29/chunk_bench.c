@@ -36,7 +36,12 @@ int main(int argc, char **argv)
     double *pt = malloc(sizeof(double) * 4 * NC);
     const uint32_t *rp[2][C + 8];
     for (int rep = 0; rep < 3; rep++) {
-        double ph[4] = {0}, t0 = now();
+        double ph[4] = {0}, t0 = now(), cpu0;
+        {
+            struct timespec ct;
+            clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ct);
+            cpu0 = ct.tv_sec + 1e-9 * ct.tv_nsec;
+        }
         for (int r = 0; r < R; r++) {
             for (int i = 0; i < 16; i++) mx[i] = -INFINITY, l[i] = 0;
             memset(o, 0, (size_t)Mp * Dc * 4);
@@ -76,6 +81,10 @@ int main(int argc, char **argv)
         printf("R %d N %d: %.3f ms total, ns/key: scores %.2f softmax %.2f interleave %.2f pv %.2f | vdpbf16ps %.2f G/s (scores %.2f, pv %.2f), latent %.1f GB/s, o[0]=%g\n",
                R, N, t * 1e3, ph[0] / keys * 1e9, ph[1] / keys * 1e9, ph[2] / keys * 1e9, ph[3] / keys * 1e9,
                544 * keys / t / 1e9, 288 * keys / ph[0] / 1e9, 256 * keys / ph[3] / 1e9, keys * 1152 / t / 1e9, o[0]);
+        struct timespec ct;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ct);
+        const double cpu = ct.tv_sec + 1e-9 * ct.tv_nsec - cpu0;
+        printf("  thread CPU time %.3f ms = %.2f ns per key\n", cpu * 1e3, cpu / ((double)R * N) * 1e9);
         double md[4];
         for (int p = 0; p < 4; p++) {
             qsort(pt + p * NC, NC, sizeof(double), cmpd);

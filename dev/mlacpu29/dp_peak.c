@@ -1,19 +1,19 @@
 /* dev/mlacpu29/dp_peak.c - one core's vdpbf16ps rate (instructions per ns), 16 independent
  * accumulators: operands in registers; the second operand a dword broadcast from memory by
  * vpbroadcastd (what gcc emits for _mm512_set1_epi32(*p)); the same by the instruction's embedded
- * {1to16} broadcast (inline asm); and the fp32 FMA for comparison.
+ * {1to16} broadcast (inline asm); and the fp32 FMA for comparison. Thread CPU time, five rounds.
  * gcc -O3 -mavx512f -mavx512bf16 dp_peak.c -o /tmp/dp_peak && /tmp/dp_peak */
 #include <immintrin.h>
 #include <stdio.h>
 #include <time.h>
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+static double now(void) { struct timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 #define DPB(acc, q, p) __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(q), "m"(*(p)))
 int main(void)
 {
     const long N = 100000000 / 16;
     static unsigned int mem[64] __attribute__((aligned(64)));
     for (int i = 0; i < 64; i++) mem[i] = 0x3f803f80u;
-    for (int rep = 0; rep < 3; rep++) {
+    for (int rep = 0; rep < 5; rep++) {
         __m512 a[16], f[16];
         __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), y = (__m512bh)_mm512_set1_epi32(0x00010001);
         double t[5];
