@@ -194,6 +194,9 @@ static void mla_rows_fma_n(float *const *y, const float *const *coef, int32_t nr
             mla_rows_fma(y[u], coef[u], w, dt, k, n, wrow);
         return;
     }
+    for (int32_t i = 0; i < k; i++) /* the first column block's lines */
+        for (int b = 0; b < 128; b += 64)
+            _mm_prefetch((const char *)((const uint16_t *)w + (size_t)i * n) + b, _MM_HINT_T0);
     for (int32_t c0 = 0; c0 < n; c0 += 64) {
         __m512 acc[4][4];
         for (int u = 0; u < 4; u++)
@@ -201,6 +204,9 @@ static void mla_rows_fma_n(float *const *y, const float *const *coef, int32_t nr
                 acc[u][v] = _mm512_loadu_ps(y[u] + c0 + 16 * v);
         for (int32_t i = 0; i < k; i++) {
             const uint16_t *r = (const uint16_t *)w + (size_t)i * n + c0;
+            if (c0 + 64 < n) /* the next column block's lines of this row, a block ahead */
+                for (int b = 0; b < 128; b += 64)
+                    _mm_prefetch((const char *)(r + 64) + b, _MM_HINT_T0);
             __m512 x[4];
             for (int v = 0; v < 4; v++)
                 x[v] = _mm512_castsi512_ps(_mm512_slli_epi32(
