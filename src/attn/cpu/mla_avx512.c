@@ -184,8 +184,12 @@ static void mla_rows_fma(float *restrict y, const float *restrict coef, const vo
  * tiles of 4 rows x 64 columns, so that each weight row is read and widened
  * once for the four (the staged head passes run every request's rows of a
  * head against its W_UK / W_UV: read once per row, the 128 KB of a
- * DeepSeek head's weights left L1 for every row). Each output sums in the
- * same order as mla_rows_fma: the results are bitwise the same. */
+ * DeepSeek head's weights left L1 for every row). A tile reads its 64
+ * columns of every weight row (1 KB apart at Dc 512), so the first column
+ * block's lines are prefetched up front and each next block's a block ahead
+ * (without, the strided reads waited on DRAM where the weights do not stay
+ * in cache, as at H 128). Each output sums in the same order as
+ * mla_rows_fma: the results are bitwise the same. */
 static void mla_rows_fma_n(float *const *y, const float *const *coef, int32_t nr, const void *w,
                            kva_dtype dt, int32_t k, int32_t n, float *restrict wrow)
 {
