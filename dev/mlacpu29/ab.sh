@@ -6,7 +6,7 @@
 # Per round: the vdpbf16ps / FMA issue rates of one core (dp_peak.c), then per binary in turn
 # H 16 R 16 x 4096 on 1 and 2 threads with --paired (a read pass after every timed run; the bench's
 # own read and FMA ceilings), CPU time per call on 1 thread (perf task-clock of 22 minus 2 calls,
-# / N: less disturbed by other load than wall time), and H 128 R 4 x 4096 on 1 thread.
+# / N: less disturbed by other load than wall time), and H 128 R 4 x 4096 on 1 thread (wall and CPU time).
 R=${1:-3}; shift
 here=$(cd "$(dirname "$0")" && pwd)
 export OMP_WAIT_POLICY=passive
@@ -27,6 +27,9 @@ for r in $(seq 1 "$R"); do
     echo "CPU H16 R16 t1 $l cpu_ms_per_call $(awk -v a=$a -v b=$b 'BEGIN{printf "%.3f", (a-b)/20}')"
     out=$($bin bench --mla --heads 128 --batch 4 --context 4096 --threads 1 --iters 5 --no-check)
     echo "ROW H128 R4 t1 $l $(echo "$out" | grep -E 'time median|latent bytes|ceilings' | tr -s ' ' | tr '\n' ' ')"
+    args="bench --mla --heads 128 --batch 4 --context 4096 --threads 1 --warmup 1 --no-check --no-ceiling"
+    a=$(tc $bin $args --iters 7); b=$(tc $bin $args --iters 2)
+    echo "CPU H128 R4 t1 $l cpu_ms_per_call $(awk -v a=$a -v b=$b 'BEGIN{printf "%.3f", (a-b)/5}')"
   done
 done
 rm -f /tmp/dp_peak_ab.$$

@@ -1,7 +1,7 @@
 # dev/mlacpu29/summ.py LOG: medians per shape and binary of ab.sh's rows, as ratios to the
 # ceilings measured in the same run: the paired read (per run, the bench's --paired) and, for
 # H 16, the vdpbf16ps issue rate of dp_peak (544 vdpbf16ps per key at 16 rows: 35.65 M per call
-# for R 16 x 4096), for H 128 the bench's fp32 FMA peak.
+# for R 16 x 4096), for H 128 the bench's fp32 FMA peak; CPU-time rows on 1 thread.
 import re, statistics as st, sys
 rows, cpu, peak = {}, {}, []
 for l in open(sys.argv[1]):
@@ -27,6 +27,10 @@ for key, v in rows.items():
         s += ' | paired read %4.1f%% (%s)' % (st.median(x['paired'] for x in v), ' '.join('%.1f' % x['paired'] for x in v))
     c = cpu.get(key)
     if c:
-        cm = st.median(c); t = int(key[2][1:])
-        s += ' | cpu/call %.2f ms (%s): vdpbf16ps at %.0f%% of 1 core\'s rate' % (cm, ' '.join('%.2f' % x for x in c), 100 * 35.65 / cm / pk)
+        cm = st.median(c)
+        s += ' | cpu/call %.2f ms (%s)' % (cm, ' '.join('%.2f' % x for x in c))
+        if key[0] == 'H16':  # 35.65 M vdpbf16ps per call (R 16 x 4096 x 544)
+            s += ': vdpbf16ps at %.0f%% of 1 core\'s rate' % (100 * 35.65 / cm / pk)
+        else:  # the bench's FLOP count of H 128 R 4 x 4096 against the FMA peak
+            s += ': %.0f GFLOP/s = %.0f%% of FMA peak' % (gf * ms / cm, 100 * gf * ms / cm / fma)
     print(s)
