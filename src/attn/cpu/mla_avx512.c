@@ -179,6 +179,55 @@ static void mla_rows_fma(float *restrict y, const float *restrict coef, const vo
 }
 #define MLA_HAVE_ROWS_FMA 1
 
+/* mla_rows_fma for nr rows at once that share w: y[u] [n] += sum over i < k
+ * of coef[u][i] . w[i, 0 .. n). Four bf16 rows (n a multiple of 64) go as
+ * tiles of 4 rows x 64 columns, so that each weight row is read and widened
+ * once for the four (the staged head passes run every request's rows of a
+ * head against its W_UK / W_UV: read once per row, the 128 KB of a
+ * DeepSeek head's weights left L1 for every row). A tile reads its 64
+ * columns of every weight row (1 KB apart at Dc 512), so the first column
+ * block's lines are prefetched up front and each next block's a block ahead
+ * (without, the strided reads waited on DRAM where the weights do not stay
+ * in cache, as at H 128). Each output sums in the same order as
+ * mla_rows_fma: the results are bitwise the same. */
+static void mla_rows_fma_n(float *const *y, const float *const *coef, int32_t nr, const void *w,
+                           kva_dtype dt, int32_t k, int32_t n, float *restrict wrow)
+{
+    if (nr != 4 || dt != KVA_DTYPE_BF16 || n % 64 != 0) {
+        for (int32_t u = 0; u < nr; u++)
+            mla_rows_fma(y[u], coef[u], w, dt, k, n, wrow);
+        return;
+    }
+    for (int32_t i = 0; i < k; i++) /* the first column block's lines */
+        for (int b = 0; b < 128; b += 64)
+            _mm_prefetch((const char *)((const uint16_t *)w + (size_t)i * n) + b, _MM_HINT_T0);
+    for (int32_t c0 = 0; c0 < n; c0 += 64) {
+        __m512 acc[4][4];
+        for (int u = 0; u < 4; u++)
+            for (int v = 0; v < 4; v++)
+                acc[u][v] = _mm512_loadu_ps(y[u] + c0 + 16 * v);
+        for (int32_t i = 0; i < k; i++) {
+            const uint16_t *r = (const uint16_t *)w + (size_t)i * n + c0;
+            if (c0 + 64 < n) /* the next column block's lines of this row, a block ahead */
+                for (int b = 0; b < 128; b += 64)
+                    _mm_prefetch((const char *)(r + 64) + b, _MM_HINT_T0);
+            __m512 x[4];
+            for (int v = 0; v < 4; v++)
+                x[v] = _mm512_castsi512_ps(_mm512_slli_epi32(
+                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r + 16 * v))), 16));
+            for (int u = 0; u < 4; u++) {
+                const __m512 a = _mm512_set1_ps(coef[u][i]);
+                for (int v = 0; v < 4; v++)
+                    acc[u][v] = _mm512_fmadd_ps(a, x[v], acc[u][v]);
+            }
+        }
+        for (int u = 0; u < 4; u++)
+            for (int v = 0; v < 4; v++)
+                _mm512_storeu_ps(y[u] + c0 + 16 * v, acc[u][v]);
+    }
+}
+#define MLA_HAVE_ROWS_FMA_N 1
+
 #define KVA_MLA_ITEM kva__cpu_mla_item_avx512
 #if defined(__AVX512BF16__)
 /* mla_avx512bf16: the same items, the absorbed path's step 2 by bf16 dot
