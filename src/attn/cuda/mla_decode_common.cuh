@@ -86,16 +86,13 @@ static __device__ __forceinline__ int64_t ml_row(const kva__cuda_attn_args &a,
 /* NT threads (thread t of them; the CTA's ML_NT by default) copy latent rows
  * [576] of `rows` (16-bit elements) into a tile at `stage` in layout ROWS:
  * thread t takes key t / TPK (row `row`, e.g. from ml_row; zeros where it
- * is -1) and chunks t % TPK + TPK * i, for i in I0 .. I1 - 1 (default: all
- * of the row; in the wgmma layout i walks the column blocks in order, U =
- * 8 / TPK values of i per block). */
-template <int BN, int ROWS, int NT = ML_NT, int I0 = 0, int I1 = ML_CH / (NT / BN)>
+ * is -1) and chunks t % TPK + TPK * i. */
+template <int BN, int ROWS, int NT = ML_NT>
 static __device__ __forceinline__ void ml_issue_row_at(const void *rows, int64_t row,
                                                        uint32_t stage, int t = threadIdx.x)
 {
     constexpr int TPK = NT / BN;     /* threads per key: 2, 4 or 8 */
     constexpr int CPT = ML_CH / TPK; /* chunks per thread: 36, 18 or 9 */
-    static_assert(0 <= I0 && I0 <= I1 && I1 <= CPT, "chunk range");
     static_assert(ML_CH % TPK == 0 && NT % BN == 0, "tile gather");
     const int key = t / TPK, c0 = t % TPK;
     /* Past kend the copies read nothing (size 0) at the cache's first row. */
@@ -111,12 +108,12 @@ static __device__ __forceinline__ void ml_issue_row_at(const void *rows, int64_t
         for (int u = 0; u < U; u++)
             base[u] = stage + (uint32_t)(key * 128 + (((c0 + TPK * u) ^ (key & 7)) << 4));
 #pragma unroll
-        for (int i = I0; i < I1; i++)
+        for (int i = 0; i < CPT; i++)
             kva__cp_async16(base[i % U] + (uint32_t)((i / U) * ROWS * 128), src + TPK * 16 * i,
                             ok ? 16 : 0);
     } else {
 #pragma unroll
-        for (int i = I0; i < I1; i++) {
+        for (int i = 0; i < CPT; i++) {
             const int c = c0 + TPK * i;
             kva__cp_async16(stage + ml_off<ROWS>(key, c), src + TPK * 16 * i, ok ? 16 : 0);
         }

@@ -37,7 +37,6 @@ extern "C" {
 template <typename Ty, bool FP8> struct mw_dense {
     typedef kva__cuda_attn_args args;
     static constexpr int SCHED = FP8 ? MW_SCHED_ALT : MW_SCHED_SPLIT;
-    static constexpr int PIECES = 2; /* 16-bit: the tile's copies in two cp.async groups */
     ml_item mi;
     bool skip;
     int32_t k0, kend;
@@ -66,29 +65,18 @@ template <typename Ty, bool FP8> struct mw_dense {
         if constexpr (FP8) {
             rown = key_row(a, k0 + (threadIdx.x >= MW_WT ? MW_BN : 0));
         } else {
-            issue(a, k0, sK);
+            if (k0 < kend)
+                ml_issue<MW_BN, MW_BN>(a, mi.bt_row, k0, kend, sK);
             kva__cp_async_commit();
             ml_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi.w, mi.nrows, mi.qs, q_gen);
         }
         kva__dmma_rows(a, mi.w, mi.nrows, mi.s, mi.q_len, r0, lo, hi, pos, slope, lo_all, hi_all);
     }
-    /* 16-bit: the copies of tile kb (if kb < kend) in two cp.async groups,
-     * column blocks 0 .. MW_PIECE_BLK - 1 (committed here) and the rest (the
-     * caller commits them). */
-    __device__ __forceinline__ void issue(const args &a, int32_t kb, uint32_t stage) const
-    {
-        constexpr int IP = MW_PIECE_BLK * 8 / (ML_NT / MW_BN); /* chunks per thread in piece 0 */
-        const int64_t r = kb < kend ? ml_row<MW_BN>(a, mi.bt_row, kb, kend) : -1;
-        if (kb < kend)
-            ml_issue_row_at<MW_BN, MW_BN, ML_NT, 0, IP>(a.k, r, stage);
-        kva__cp_async_commit();
-        if (kb < kend)
-            ml_issue_row_at<MW_BN, MW_BN, ML_NT, IP>(a.k, r, stage);
-    }
     /* 16-bit (MW_SCHED_SPLIT): the copies of tile kb; nothing lands later. */
     __device__ __forceinline__ void next(const args &a, int32_t kb, uint32_t stage, int)
     {
-        issue(a, kb, stage);
+        if (kb < kend)
+            ml_issue<MW_BN, MW_BN>(a, mi.bt_row, kb, kend, stage);
     }
     __device__ __forceinline__ void land(const args &, int32_t, uint32_t, int) {}
     __device__ __forceinline__ void logits(float (&sc)[4][4], const args &a, float scale_log2,

@@ -88,15 +88,6 @@
 
 /* The key-loop schedule of a work policy (W::SCHED; see above). */
 enum { MW_SCHED_SPLIT = 0, MW_SCHED_ALT = 1, MW_SCHED_ALT_EARLY = 2 };
-/* MW_SCHED_SPLIT: how many cp.async groups a policy commits per tile (W::PIECES,
- * 1 where a policy does not say): 2 = column blocks 0 .. MW_PIECE_BLK - 1,
- * then the rest, so that S starts on the first blocks while the others land. */
-template <typename W, typename = void> struct mw_pieces {
-    static constexpr int value = 1;
-};
-template <typename W> struct mw_pieces<W, decltype(void(W::PIECES))> {
-    static constexpr int value = W::PIECES;
-};
 
 /*
  * The work policy W of mla_wgmma_kernel<Ty, W>: a class, one object per item.
@@ -378,37 +369,20 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
             const int32_t k0 = wi.k0;
             for (int32_t kb = k0; kb < kend; kb += MW_BN) {
                 const int stage = ((kb - k0) / MW_BN) & 1;
-                constexpr bool pieces = mw_pieces<W>::value == 2;
-                kva__cp_async_wait < pieces ? 1 : 0 > ();
+                kva__cp_async_wait<0>();
                 kva__fence_proxy_async(); /* cp.async and Q stores -> the wgmma operand reads */
-                __syncthreads();          /* 1. tile kb (its first piece) landed; the other stage and P are free */
+                __syncthreads();          /* 1. tile kb landed; the other stage and P are free */
                 const uint32_t st_off = (uint32_t)stage * MW_KB;
 
                 /* 2. S = Q K^T for keys kb + 32 wg .. + 31: 36 k-steps over 576, in
                  * two accumulator chains (even and odd k-steps) summed afterwards.
                  * Warpgroup-uniform branches: each side's descriptors are then
-                 * constant offsets from uniform bases. Two pieces: the k-steps
-                 * of the second wait for it behind a barrier of their own. */
+                 * constant offsets from uniform bases. */
                 float sc[4][4], sc2[4][4];
-                if constexpr (pieces) {
-                    constexpr int KS = 4 * MW_PIECE_BLK;
-                    if (wg == 0)
-                        mw_s<Ty, 0, 0, KS>(sc, sc2, dq, dk + (st_off >> 4));
-                    else
-                        mw_s<Ty, 1, 0, KS>(sc, sc2, dq, dk + (st_off >> 4));
-                    kva__cp_async_wait<0>();
-                    kva__fence_proxy_async();
-                    __syncthreads();
-                    if (wg == 0)
-                        mw_s<Ty, 0, KS>(sc, sc2, dq, dk + (st_off >> 4));
-                    else
-                        mw_s<Ty, 1, KS>(sc, sc2, dq, dk + (st_off >> 4));
-                } else {
-                    if (wg == 0)
-                        mw_s<Ty, 0>(sc, sc2, dq, dk + (st_off >> 4));
-                    else
-                        mw_s<Ty, 1>(sc, sc2, dq, dk + (st_off >> 4));
-                }
+                if (wg == 0)
+                    mw_s<Ty, 0>(sc, sc2, dq, dk + (st_off >> 4));
+                else
+                    mw_s<Ty, 1>(sc, sc2, dq, dk + (st_off >> 4));
                 /* The next tile's copies go out while the tensor cores run S. */
                 wi.next(a, kb + MW_BN, sK + (stage ^ 1) * MW_KB, stage ^ 1);
                 kva__cp_async_commit();

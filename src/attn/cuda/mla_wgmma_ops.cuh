@@ -28,9 +28,6 @@
 #define MW_KB (MW_BN * ML_D * 2)
 #define MW_PB (MW_M * MW_BN * 2)
 #define MW_PO (8 * MW_BN * 128) /* alternating tiles: a tile's P, its stage's column block 8 */
-#ifndef MW_PIECE_BLK
-#define MW_PIECE_BLK 4 /* split-key loop, two-piece policies: column blocks of the first piece */
-#endif
 /* Dynamic shared memory of the split-key schedule (Q, ring, P) and of the
  * alternating-tile one (Q, ring: P lives in the ring). */
 #define MW_SMEM (MW_QB + MW_NST * MW_KB + MW_PB + 1024)
@@ -152,23 +149,19 @@ static __device__ __forceinline__ void mw_prefetch_l2(const void *p, uint32_t by
 
 /* S = Q K^T for keys 32 WG .. 32 WG + 31 of the tile whose descriptor is dk:
  * 36 k-steps over 576 in two accumulator chains (even and odd k-steps, summed
- * by the caller); issued and committed. K0, K1: only k-steps K0 .. K1 - 1
- * (4 per column block), committed after if K1 is the last (each part is
- * fenced: without its own fence ptxas puts one on the warpgroup-divergent
- * path and serializes every wgmma, C7520). */
-template <typename Ty, int WG, int K0 = 0, int K1 = ML_D / 16>
+ * by the caller); issued and committed. */
+template <typename Ty, int WG>
 static __device__ __forceinline__ void mw_s(float (&sc)[4][4], float (&sc2)[4][4], uint64_t dq,
                                             uint64_t dk)
 {
     kva__wgmma_fence();
 #pragma unroll
-    for (int kk = K0; kk < K1; kk++)
+    for (int kk = 0; kk < ML_D / 16; kk++)
         mw_ops<Ty>::s(
             kk & 1 ? sc2 : sc, dq + (uint64_t)(((kk >> 2) * MW_M * 128 + (kk & 3) * 32) >> 4),
             dk + (uint64_t)(((kk >> 2) * MW_BN * 128 + WG * 32 * 128 + (kk & 3) * 32) >> 4),
             kk > 1);
-    if constexpr (K1 == ML_D / 16)
-        kva__wgmma_commit();
+    kva__wgmma_commit();
 }
 
 /* O += P V over the tile's 64 keys (4 k-steps) for value columns
