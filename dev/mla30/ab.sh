@@ -6,6 +6,9 @@
 # the dense rows H 16 16k, H 128 q 1 4k / q 2 8k in bf16 and FP8 and the sparse
 # decode row, base and new alternated KVA_ROUNDS (2) times, then memcheck of
 # test_cuda_mla quick. Raw logs in $OUT/ab/logs.tgz, the table last.
+# new/ must be a tree at commit 6a44430 (the two-piece copies with this script;
+# the branch head went back to main's loop), e.g.
+#   git archive --prefix=new/ 6a44430 | tar -x -C /work/main/.dev/mla30
 #   usage (device): cd .dev/mla30 && OUT=$OUT bash new/dev/mla30/ab.sh
 set -u
 o=${OUT:-/tmp/out}
