@@ -56,7 +56,7 @@ if [ "${SPARSE:-0}" = 1 ]; then for t in base new; do
   echo "$t sparse rc=$?" >>"$LOG"; grep -E "TFLOP/s" $out/sparse_$t.log | sed "s/^/$t sparse: /" | cut -c1-170 >>"$LOG"
 done; T sparse; fi
 if [ "${PEER:-1}" = 1 ]; then
-( cd new && timeout 90 python3 bench/prefill_sdpa_peer.py short ) >$out/sdpa_peer.log 2>&1; echo "sdpa peer rc=$?" >>"$LOG"
+( cd new && timeout 90 python3 -u -c "import sys; sys.modules['flashinfer'] = None; sys.argv = ['p', 'short']; exec(open('bench/prefill_sdpa_peer.py').read())" ) >$out/sdpa_peer.log 2>&1; echo "sdpa peer rc=$?" >>"$LOG"
 grep -iE 'cudnn|flash|matmul' $out/sdpa_peer.log | cut -c1-150 >>"$LOG"; T peer; fi
 [ "${R2:-1}" = 1 ] && [ "$(el)" -lt "${R2_BEFORE:-380}" ] && bench_round 2
 T end
