@@ -237,9 +237,9 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
         const uint64_t dv0 = kva__wgmma_desc(sV, BN * 128, 1024);
         const int tree_on = a.tree_on ? *a.tree_on : 0;
         int k = 0;
-        /* tl: the header of the CTA tile about to start, built before the
-         * previous tile's last P V and its Q rows issued while that P V runs;
-         * the key loop and the epilogue need only c and the key-tile range. */
+        /* tl: the header of the CTA tile about to start, built when its Q rows
+         * are loaded (under the previous tile's epilogue); the key loop and the
+         * epilogue need only c and the key-tile range. */
         wg_tile tl;
         wg_tile_init<M>(tl, a, wg_rec_of<SPLIT, M>(a, (int)blockIdx.x), gd);
         wg_load_q<128, DK, M>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
@@ -276,22 +276,11 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 if (NCW == 2)
                     kva__named_bar(false, other_bar, 256);
             };
-            /* The next CTA tile's record (nxt.r < 0: none). QE (DK <= 128,
-             * where the Q copy's addresses step without divisions): loaded
-             * when this tile starts, its header built from it before this
-             * tile's last P V (the loads of query_start_loc and seq_lens in
-             * flight while the consumer waits its turn) and its Q rows issued
-             * while that P V runs (S of this tile is done with Q), so neither
-             * the chain of dependent loads nor the Q issue sits between the
-             * last P V and the epilogue. Larger DK (more live registers at
-             * the last P V: ptxas spills) load the record before the last
-             * P V and build the header and issue Q under the epilogue. */
-            constexpr bool QE = DK <= 128;
+            /* The next CTA tile's record (nxt.r < 0: none), loaded before the
+             * last P V so that its latency hides under it and the next Q load
+             * under the epilogue does not wait for it. */
             const int tn = tile_of(k + 1);
             wg_rec nxt = {-1, 0, 0};
-            if (QE && tn < n_tiles)
-                nxt = wg_rec_of<SPLIT, M>(a, tn);
-            bool q_next = false; /* the next tile's Q rows issued */
             if (ntiles > 0) {
                 if (NCW == 2 && cw == 1)
                     kva__named_bar(false, 1, 256); /* consumer 0 issues first */
@@ -370,10 +359,8 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                         kva__mbar_arrive(empty + 8 * sp);
                     }
                 }
-                if (!QE && tn < n_tiles)
+                if (tn < n_tiles)
                     nxt = wg_rec_of<SPLIT, M>(a, tn);
-                if (QE && nxt.r >= 0)
-                    wg_tile_init<M>(tl, a, nxt, gd);
                 /* P V of the last tile. */
                 pp_wait();
                 if (INTRA && resc_prev)
@@ -384,24 +371,19 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 kva__wgmma_commit();
                 if (cw == 0)
                     pp_pass();
-                if (QE && nxt.r >= 0) {
-                    wg_load_q<128, DK, M>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
-                    kva__cp_async_commit();
-                    q_next = true;
-                }
                 kva__wgmma_wait<0>();
 #pragma unroll
                 for (int e = 0; e < NO; e++)
                     kva__reg_fence(o[e]);
                 KVA_WG_TRACE(7, tile_of(k), ntiles);
                 kva__mbar_arrive(empty + 8 * sl); /* the ring goes on with the next CTA tile */
-            } else if (!QE && tn < n_tiles) {
+            } else if (tn < n_tiles) {
                 nxt = wg_rec_of<SPLIT, M>(a, tn);
             }
             gi += (uint32_t)ntiles;
-            /* A tile without keys, or !QE: the next CTA tile's Q rows of
-             * this warpgroup are loaded under the epilogue. */
-            if (nxt.r >= 0 && !q_next) {
+            /* The next CTA tile's Q rows of this warpgroup are loaded under the
+             * epilogue (S of this tile is done with them). */
+            if (nxt.r >= 0) {
                 wg_tile_init<M>(tl, a, nxt, gd);
                 wg_load_q<128, DK, M>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
                 kva__cp_async_commit();
