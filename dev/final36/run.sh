@@ -5,7 +5,8 @@
 #        PEER=1 (SDPA short shapes), R2=1 (second round), DCP=1 (emulated DCP rows).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd); cd "$here"
-out=${OUT:-$here/out}; mkdir -p "$out"; LOG=$out/final.txt
+# $OUT gets final.txt (written as it goes), ctest.log and logs.tgz only: the device tool brings back 8 files.
+res=${OUT:-$here/out}; out=/tmp/final_logs; mkdir -p "$out" "$res"; LOG=$res/final.txt
 export KVA_DEBS=$here/debs; . new/scripts/device_deps.sh; kx=(${KVA_DEP_ARGS[@]+"${KVA_DEP_ARGS[@]}"})
 echo "# gpu: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader)" >>"$LOG"
 B=/tmp/fb; t0=$(date +%s); T() { echo "## $1: $(( $(date +%s) - t0 )) s" >>"$LOG"; }
@@ -23,7 +24,7 @@ T build
     echo "memcheck $x quick: rc=$? $(grep -E 'ERROR SUMMARY' $out/san_$x.log | tail -1)" >>"$LOG"; done ) &
 KVA_TEST_QUICK=1 ctest --test-dir $B/new -L cuda -j3 --timeout 240 --output-on-failure >$out/ctest.log 2>&1; echo "ctest -L cuda (quick) rc=$?" >>"$LOG"
 grep -E "tests passed|Failed|\*\*\*|Not Run" $out/ctest.log | tail -14 >>"$LOG"
-T tests
+cp $out/ctest.log "$res/"; T tests
 wait; T san
 bc() { local tag=$1; shift; echo "$tag $("$B/${tag%%-*}/bench_cuda" "$@" 2>&1 >/dev/null | grep -m1 '^bench_cuda:')" >>"$LOG"; }
 D="--mode decode"; P="--mode prefill --context 0 --iters 20"
@@ -60,4 +61,5 @@ if [ "${PEER:-1}" = 1 ]; then
 grep -iE 'cudnn|flash|matmul' $out/sdpa_peer.log | cut -c1-150 >>"$LOG"; T peer; fi
 [ "${R2:-1}" = 1 ] && [ "$(el)" -lt "${R2_BEFORE:-380}" ] && bench_round 2
 T end
+tar -czf "$res/logs.tgz" -C "$out" .
 grep -E "^(base|new)|## |rc=|memcheck" "$LOG" | grep -vE "rank [0-9]+ +[0-9.]+ ms|unsharded +[0-9.]+ ms|dcp: N" | sed -E 's/bench_cuda(_mla)?: //; s/, [0-9]+ items.*check/ check/' | cut -c1-140 | tail -80
