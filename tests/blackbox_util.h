@@ -49,6 +49,25 @@ static inline uint64_t bb_cache_sum(const kva_cache *c)
     return bb_sum(k, store_bytes(&d, d.head_dim)) ^ (bb_sum(v, store_bytes(&d, d.head_dim_v)) << 1);
 }
 
+/* The small causal f32 plan of the fixture and of other cases over a cache of
+ * 6 blocks of 3 tokens (2 KV heads, D 16): 2 requests, 4 query heads, block
+ * table stride 3. */
+static inline kva_plan_desc bb_small_desc(const int32_t *qsl, const int32_t *sl, const int32_t *bt)
+{
+    return (kva_plan_desc){.num_requests = 2,
+                           .query_start_loc = qsl,
+                           .seq_lens = sl,
+                           .block_table = bt,
+                           .block_table_stride = 3,
+                           .block_size = 3,
+                           .num_heads = 4,
+                           .num_kv_heads = 2,
+                           .head_dim = 16,
+                           .q_dtype = KVA_DTYPE_F32,
+                           .causal = 1,
+                           .window_left = -1};
+}
+
 static inline void bb_fix_init(bb_fix *f, kva_backend b, uint64_t seed)
 {
     kva_rng rng = {seed};
@@ -61,18 +80,7 @@ static inline void bb_fix_init(bb_fix *f, kva_backend b, uint64_t seed)
     memcpy(f->qsl, qsl, sizeof qsl);
     memcpy(f->sl, sl, sizeof sl);
     memcpy(f->bt, bt, sizeof bt);
-    f->pd = (kva_plan_desc){.num_requests = 2,
-                            .query_start_loc = f->qsl,
-                            .seq_lens = f->sl,
-                            .block_table = f->bt,
-                            .block_table_stride = 3,
-                            .block_size = 3,
-                            .num_heads = 4,
-                            .num_kv_heads = 2,
-                            .head_dim = 16,
-                            .q_dtype = KVA_DTYPE_F32,
-                            .causal = 1,
-                            .window_left = -1};
+    f->pd = bb_small_desc(f->qsl, f->sl, f->bt);
     CHECK_OK(kva_plan_create(f->ctx, &f->pd, &f->plan));
     CHECK_OK(kva_plan_get_info(f->plan, &f->info));
     kva_test_fill(f->q, KVA_DTYPE_F32, 4 * 4 * 16, &rng, 1.0);

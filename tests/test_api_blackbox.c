@@ -717,20 +717,7 @@ static void test_plan_reuse_after_cache_change(void)
             continue;
         fill_cache(c, &rng);
         const int32_t qsl[3] = {0, 1, 3}, sl[2] = {7, 5}, bt[6] = {5, 1, 3, 0, 2, -1};
-        kva_plan_desc pd;
-        memset(&pd, 0, sizeof pd);
-        pd = (kva_plan_desc){.num_requests = 2,
-                             .query_start_loc = qsl,
-                             .seq_lens = sl,
-                             .block_table = bt,
-                             .block_table_stride = 3,
-                             .block_size = 3,
-                             .num_heads = 4,
-                             .num_kv_heads = 2,
-                             .head_dim = 16,
-                             .q_dtype = KVA_DTYPE_F32,
-                             .causal = 1,
-                             .window_left = -1};
+        kva_plan_desc pd = bb_small_desc(qsl, sl, bt);
         kva_plan *p = NULL, *p2 = NULL;
         CHECK_OK(kva_plan_create(ctx, &pd, &p));
         float q[3 * 4 * 16], o1[3 * 4 * 16], o2[3 * 4 * 16], l1[12], l2[12];
