@@ -178,39 +178,21 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
         if constexpr (EARLY) {
             /* The rest of S of the own tile (part 0's k-steps were issued
              * with the previous pair's remote P V) once part 1 landed. */
-            kva__cp_async_wait<0>();
-            kva__fence_proxy_async();
-            kva__named_bar(true, MW_BAR_WG0 + WG, MW_WT);
+            mw_landed<WG, 0>();
             kva__wgmma_fence();
             mw_s64<Ty, WG, 4, 9>(sc, dq, dk);
-            kva__wgmma_commit();
-            kva__wgmma_wait<0>();
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    kva__reg_fence(sc[j][e]);
+            mw_s_done(sc);
             if (have)
                 wi.logits(sc, a, scale_log2, kt, t4, WG);
         } else if (have) {
             /* S of the own tile, each fill part waited for just before its
              * blocks (part 1 may still land while part 0's k-steps run). */
-            kva__cp_async_wait<1>();
-            kva__fence_proxy_async();
-            kva__named_bar(true, MW_BAR_WG0 + WG, MW_WT);
+            mw_landed<WG, 1>();
             kva__wgmma_fence();
             mw_s64<Ty, WG, 0, 4>(sc, dq, dk);
-            kva__cp_async_wait<0>();
-            kva__fence_proxy_async();
-            kva__named_bar(true, MW_BAR_WG0 + WG, MW_WT);
+            mw_landed<WG, 0>();
             mw_s64<Ty, WG, 4, 9>(sc, dq, dk);
-            kva__wgmma_commit();
-            kva__wgmma_wait<0>();
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    kva__reg_fence(sc[j][e]);
+            mw_s_done(sc);
             wi.logits(sc, a, scale_log2, kt, t4, WG);
         }
         if constexpr (WG == 1) {
@@ -447,11 +429,7 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
                     mw_pv<Ty, 1>(o, dp, dv + (st_off >> 4));
                 wi.land(a, kb + MW_BN, sK + (stage ^ 1) * MW_KB, stage ^ 1);
                 kva__wgmma_wait<0>();
-#pragma unroll
-                for (int n = 0; n < 32; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        kva__reg_fence(o[n][e]);
+                mw_o_fence(o);
             }
         } else {
             /* s_max[0] holds the alternating loop's shared reference max. */

@@ -257,15 +257,35 @@ static __device__ __forceinline__ void mw_s64(float (&sc)[8][4], uint64_t dq, ui
     }
 }
 
-/* S part 0 (the warpgroup's own value half: column blocks 4 WG .. + 3) of
- * the tile at dk once its copies landed (cp.async groups: PEND may still be
- * pending, part 1's), issued and committed as a group of its own. */
-template <typename Ty, int WG, int PEND>
-static __device__ __forceinline__ void mw_s_part0(float (&sc)[8][4], uint64_t dq, uint64_t dk)
+/* The warpgroup's fill copies landed (cp.async groups: PEND may still be
+ * pending) and are visible to its wgmmas (async proxy, all 128 threads). */
+template <int WG, int PEND> static __device__ __forceinline__ void mw_landed()
 {
     kva__cp_async_wait<PEND>();
     kva__fence_proxy_async();
     kva__named_bar(true, MW_BAR_WG0 + WG, MW_WT);
+}
+
+/* S [64, 64] of the tile: its committed wgmmas waited for and the
+ * accumulators fenced. */
+static __device__ __forceinline__ void mw_s_done(float (&sc)[8][4])
+{
+    kva__wgmma_commit();
+    kva__wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            kva__reg_fence(sc[j][e]);
+}
+
+/* S part 0 (the warpgroup's own value half: column blocks 4 WG .. + 3) of
+ * the tile at dk once its copies landed (part 1's group may still be
+ * pending: PEND), issued and committed as a group of its own. */
+template <typename Ty, int WG, int PEND>
+static __device__ __forceinline__ void mw_s_part0(float (&sc)[8][4], uint64_t dq, uint64_t dk)
+{
+    mw_landed<WG, PEND>();
     kva__wgmma_fence();
     mw_s64<Ty, WG, 0, 4>(sc, dq, dk);
     kva__wgmma_commit();
