@@ -330,6 +330,10 @@ typedef struct kva__cuda_attn_args {
      * output; 0: a latent cache of the q dtype. */
     int32_t kv_fp8;
     float kv_scale;
+    /* Appended after kv_fp8 for the same reason: the paged cache's block
+     * count NB (0 when unknown or ragged), which bounds the TMA tensor map
+     * of the MLA wgmma decode's 16-bit latent rows. */
+    int32_t NB;
 } kva__cuda_attn_args;
 
 /* decode_mma.cu: 1 if the tensor-core decode kernel covers the shape (D in

@@ -119,6 +119,7 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan
     a.ragged = cache == NULL;
     a.kv_fp8 = mla_fp8;
     a.kv_scale = mla_fp8 ? cache->k_scale[0] : 1.f;
+    a.NB = cache ? cache->desc.num_blocks : 0;
 
     /* 16-byte loads need 16-byte aligned rows: q rows are D elements apart,
      * cache rows D (or Dv) elements; D is a multiple of 8, so for f16/bf16

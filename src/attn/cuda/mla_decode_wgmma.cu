@@ -30,13 +30,29 @@ extern "C" {
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <type_traits>
+#include <cudaTypedefs.h>
+
+/* The kernel argument of the TMA policy: the attention arguments and the
+ * tensor map of the 16-bit latent cache as [NB * B, 576] with [64, 64]
+ * boxes (128-byte swizzle: one box is one column block of a ring tile). */
+struct mw_targs : kva__cuda_attn_args {
+    CUtensorMap tm;
+};
 
 #ifdef KVA_MLA_WGMMA_BODY
 /* The dense work policy of mla_wgmma_kernel (interface: mla_wgmma_body.cuh);
- * FP8: the cache holds FP8 E4M3 codes (above). */
-template <typename Ty, bool FP8> struct mw_dense {
-    typedef kva__cuda_attn_args args;
-    static constexpr int SCHED = FP8 ? MW_SCHED_ALT : MW_SCHED_SPLIT;
+ * FP8: the cache holds FP8 E4M3 codes (above); TMA (16-bit caches whose
+ * block size is a multiple of 64, items starting on a tile boundary): the
+ * alternating-tile schedule with each tile's column blocks copied as TMA
+ * boxes (MW_SCHED_ALT_TMA). */
+template <typename Ty, bool FP8, bool TMA = false> struct mw_dense {
+    typedef typename std::conditional<TMA, mw_targs, kva__cuda_attn_args>::type args;
+    static constexpr int SCHED = FP8   ? MW_SCHED_ALT
+                                 : TMA ? MW_SCHED_ALT_TMA
+                                       : MW_SCHED_SPLIT;
     ml_item mi;
     bool skip;
     int32_t k0, kend;
@@ -64,6 +80,7 @@ template <typename Ty, bool FP8> struct mw_dense {
         kend = mi.w.k1;
         if constexpr (FP8) {
             rown = key_row(a, k0 + (threadIdx.x >= MW_WT ? MW_BN : 0));
+        } else if constexpr (TMA) {
         } else {
             if (k0 < kend)
                 ml_issue<MW_BN, MW_BN>(a, mi.bt_row, k0, kend, sK);
@@ -124,8 +141,24 @@ template <typename Ty, bool FP8> struct mw_dense {
     __device__ __forceinline__ void logits(float (&sc)[8][4], const args &a, float scale_log2,
                                            int32_t kb, int t4, int)
     {
-        kva__dmma_logits<64>(sc, a, scale_log2 * a.kv_scale, kb, t4, lo_all, hi_all, lo, hi, pos,
-                             slope);
+        kva__dmma_logits<64>(sc, a, FP8 ? scale_log2 * a.kv_scale : scale_log2, kb, t4, lo_all,
+                             hi_all, lo, hi, pos, slope);
+    }
+    /* TMA (one thread): part PART of tile kb (< kend; a tile lies inside
+     * one cache block) into stage S's ring slot at `stage`, the column
+     * blocks mw_fblk<S, PART> as [64, 64] boxes completing on bar. */
+    template <int S, int PART>
+    __device__ __forceinline__ void tfill(const args &a, int32_t kb, uint32_t stage,
+                                          uint32_t bar) const
+    {
+        const int32_t blk = kb / a.B;
+        const int32_t row = __ldg(mi.bt_row + blk) * a.B + (kb - blk * a.B);
+        kva__mbar_expect_tx(bar, MW_FNB(PART) * MW_BN * 128);
+#pragma unroll
+        for (int i = 0; i < MW_FNB(PART); i++) {
+            const int b = mw_fblk<S, PART>(i);
+            kva__tma_load2(stage + (uint32_t)(b * MW_BN * 128), &a.tm, 64 * b, row, bar);
+        }
     }
     __device__ __forceinline__ void finish(const args &a, float (*s_sum)[64], int wg, int r0,
                                            int t4, float l_run[2], const float m_run[2],
@@ -136,8 +169,9 @@ template <typename Ty, bool FP8> struct mw_dense {
     }
 };
 #else
-template <typename Ty, bool FP8> struct mw_dense { /* host and non-sm_90a passes: empty kernel */
-    typedef kva__cuda_attn_args args;
+template <typename Ty, bool FP8, bool TMA = false>
+struct mw_dense { /* host and non-sm_90a passes: empty kernel */
+    typedef typename std::conditional<TMA, mw_targs, kva__cuda_attn_args>::type args;
 };
 #endif
 
@@ -153,6 +187,96 @@ static ml_kernel_fn mw_pick(kva_dtype dt, int fp8)
         return fp8 ? mla_wgmma_kernel<kva__mma_f16, mw_dense<kva__mma_f16, true>>
                    : mla_wgmma_kernel<kva__mma_f16, mw_dense<kva__mma_f16, false>>;
     return NULL;
+}
+
+/* The alternating-tile TMA kernel (16-bit latent caches). */
+typedef void (*mw_tma_fn)(mw_targs);
+static mw_tma_fn mw_pick_tma(kva_dtype dt)
+{
+    if (dt == KVA_DTYPE_BF16)
+        return mla_wgmma_kernel<kva__mma_bf16, mw_dense<kva__mma_bf16, false, true>>;
+    if (dt == KVA_DTYPE_F16)
+        return mla_wgmma_kernel<kva__mma_f16, mw_dense<kva__mma_f16, false, true>>;
+    return NULL;
+}
+
+/* The tensor map of a's 16-bit latent cache ([NB * B, 576], [64, 64] boxes,
+ * 128-byte swizzle) into t->tm; 0 where the TMA kernel cannot run the plan:
+ * the block size is not a multiple of 64 (a tile would span blocks), a
+ * window or chunked mask may start an item inside a tile, NB is unknown or
+ * the driver refuses. */
+static int mw_tma_args(const kva__cuda_attn_args *a, kva_dtype dt, mw_targs *t)
+{
+    if (a->kv_fp8 || a->B % 64 != 0 || a->NB <= 0 || a->window_left >= 0 || a->chunk > 0 ||
+        (int64_t)a->NB * a->B > INT32_MAX || ((uintptr_t)a->k & 127u) != 0)
+        return 0;
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    memset(t, 0, sizeof *t);
+    memcpy(static_cast<kva__cuda_attn_args *>(t), a, sizeof *a);
+    const cuuint64_t dims[2] = {ML_D, (cuuint64_t)a->NB * (cuuint64_t)a->B};
+    const cuuint64_t strides[1] = {ML_D * 2};
+    const cuuint32_t box[2] = {64, MW_BN}, estr[2] = {1, 1};
+    const CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)fn)(
+        &t->tm,
+        dt == KVA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        2, const_cast<void *>(a->k), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS;
+}
+
+/* CTAs per cluster of the launch: the items of a plan come in request
+ * order, so the CTAs of a cluster (one GPC: the same L2 partition, started
+ * together) take the 64-row items of the same requests and read their key
+ * rows at about the same time (H 128 q 2: four items per request). 1: no
+ * clusters. KVA_MLA_CLUSTER (1, 2, 4 or 8) overrides, for measurements. */
+static int mw_cluster(void)
+{
+    const char *e = getenv("KVA_MLA_CLUSTER");
+    const int n = e ? atoi(e) : 4;
+    return n == 2 || n == 4 || n == 8 ? n : 1;
+}
+
+/* Launches fn over `grid` persistent CTAs in clusters of mw_cluster() (the
+ * grid cut to the clusters that can be resident at once). */
+template <typename A>
+static kva_status mw_launch(void (*fn)(A), int smem, const A &args, int grid, void *stream)
+{
+    KVA_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)grid);
+    cfg.blockDim = dim3(ML_NT);
+    cfg.dynamicSmemBytes = (size_t)smem;
+    cfg.stream = (cudaStream_t)stream;
+    cudaLaunchAttribute at[1] = {};
+    const int cl = mw_cluster();
+    if (cl > 1 && grid >= cl) {
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = (unsigned)cl;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        cfg.gridDim = dim3((unsigned)(grid / cl * cl));
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, fn, &cfg) != cudaSuccess || n < 1) {
+            (void)cudaGetLastError();
+            cfg.numAttrs = 0; /* no clusters */
+            cfg.gridDim = dim3((unsigned)grid);
+        } else if (n < grid / cl) {
+            cfg.gridDim = dim3((unsigned)(n * cl));
+        }
+    }
+    KVA_CUDA_TRY(cudaLaunchKernelEx(&cfg, fn, args));
+    KVA_CUDA_LAUNCHED("mla_decode kernel");
+    return KVA_STATUS_OK;
 }
 
 extern "C" int kva__cuda_mla_wgmma_ctas_per_sm(kva_dtype dtype)
@@ -172,5 +296,10 @@ extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, k
                          "cache with f16/bf16 q (got "
                          "D = %d, Dv = %d, Hkv = %d, dtype = %s)",
                          (int)a->D, (int)a->Dv, (int)a->Hkv, kva_dtype_name(dtype));
-    return ml_launch(fn, a->kv_fp8 ? MW_SMEM_ALT : MW_SMEM, a, grid, stream);
+    mw_targs t;
+    const mw_tma_fn tf = mw_pick_tma(dtype);
+    const char *e = getenv("KVA_MLA_TMA"); /* 0: the split-key kernel, for measurements */
+    if (tf && !(e && e[0] == '0') && mw_tma_args(a, dtype, &t))
+        return mw_launch(tf, MW_SMEM_TMA, t, grid, stream);
+    return mw_launch(fn, a->kv_fp8 ? MW_SMEM_ALT : MW_SMEM, *a, grid, stream);
 }

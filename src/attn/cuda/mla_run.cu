@@ -499,6 +499,7 @@ static kva_status run_absorbed(kva_context *ctx, const kva_plan *plan, const voi
     a.ws = (float *)ctx->workspace;
     a.H = e.H, a.Hkv = 1, a.G = e.H, a.D = e.d->head_dim, a.Dv = e.Dc;
     a.B = cache->desc.block_size;
+    a.NB = cache->desc.num_blocks;
     a.layout_hnd = cache->desc.layout == KVA_LAYOUT_HND;
     a.causal = e.d->causal;
     a.window_left = -1;

@@ -87,7 +87,7 @@
 #include <stdint.h>
 
 /* The key-loop schedule of a work policy (W::SCHED; see above). */
-enum { MW_SCHED_SPLIT = 0, MW_SCHED_ALT = 1, MW_SCHED_ALT_EARLY = 2 };
+enum { MW_SCHED_SPLIT = 0, MW_SCHED_ALT = 1, MW_SCHED_ALT_EARLY = 2, MW_SCHED_ALT_TMA = 3 };
 
 /*
  * The work policy W of mla_wgmma_kernel<Ty, W>: a class, one object per item.
@@ -146,6 +146,25 @@ enum { MW_SCHED_SPLIT = 0, MW_SCHED_ALT = 1, MW_SCHED_ALT_EARLY = 2 };
  */
 
 #ifdef KVA_MLA_WGMMA_BODY
+/* Part 0 of warpgroup WG's next tile kn (if < kend) into its stage, once
+ * its local P V read the stage's part 0: cp.async or stores by the
+ * warpgroup (committed), or (TMA) by its issuing thread `elect` once every
+ * warp of the warpgroup is past the local P V, completing on `bar`. */
+template <int WG, bool TMA, typename W>
+static __device__ __forceinline__ void mw_fill0(W &wi, const typename W::args &a, int32_t kn,
+                                                uint32_t mine, uint32_t bar, bool elect)
+{
+    if constexpr (TMA) {
+        mw_wg_sync<WG>();
+        if (elect && kn < wi.kend)
+            wi.template tfill<WG, 0>(a, kn, mine, bar);
+    } else {
+        if (kn < wi.kend)
+            wi.template fill<WG, 0>(a, kn, mine, WG);
+        kva__cp_async_commit();
+    }
+}
+
 /* The alternating-tile loop of warpgroup WG over the item's pairs of tiles
  * (see the header comment); both warpgroups meet at the same named barriers
  * in each pair, also where a pair has no second tile (kend inside the
@@ -153,11 +172,14 @@ enum { MW_SCHED_SPLIT = 0, MW_SCHED_ALT = 1, MW_SCHED_ALT_EARLY = 2 };
  * tile are issued behind the remote P V, and issued even where the
  * warpgroup has no next tile (their result is then unused): on a path of
  * its own, ptxas serializes every wgmma of the kernel. */
-template <typename Ty, int WG, bool EARLY, typename W>
+template <typename Ty, int WG, int SCHED, typename W>
 static __device__ __forceinline__ void
 mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s_ref, int r0,
-            int t4, float scale_log2, float (&o)[32][4], float m_run[2], float l_run[2])
+            int t4, float scale_log2, float (&o)[32][4], float m_run[2], float l_run[2],
+            uint32_t bars, uint32_t &ph)
 {
+    constexpr bool EARLY = SCHED == MW_SCHED_ALT_EARLY, TMA = SCHED == MW_SCHED_ALT_TMA;
+    const bool elect = (threadIdx.x & (MW_WT - 1)) == 0; /* TMA: the warpgroup's issuing thread */
     const uint32_t mine = sK + WG * MW_KB, other = sK + (1 - WG) * MW_KB;
     const uint64_t dq = kva__wgmma_desc(sQ, 16, 1024);
     const uint64_t dk = kva__wgmma_desc(mine, 16, 1024);
@@ -187,13 +209,27 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
         } else if (have) {
             /* S of the own tile, each fill part waited for just before its
              * blocks (part 1 may still land while part 0's k-steps run). */
-            mw_landed<WG, 1>();
+            if constexpr (TMA)
+                kva__mbar_wait(MW_TBAR(bars, WG, 0), (ph >> WG) & 1u);
+            else
+                mw_landed<WG, 1>();
             kva__wgmma_fence();
             mw_s64<Ty, WG, 0, 4>(sc, dq, dk);
-            mw_landed<WG, 0>();
+            if constexpr (TMA) {
+                /* (the wait loop is a branch: the k-steps before it form a
+                 * group of their own, fenced again after it) */
+                kva__wgmma_commit();
+                kva__mbar_wait(MW_TBAR(bars, WG, 1), (ph >> WG) & 1u);
+                kva__wgmma_fence();
+            } else {
+                mw_landed<WG, 0>();
+            }
             mw_s64<Ty, WG, 4, 9>(sc, dq, dk);
             mw_s_done(sc);
             wi.logits(sc, a, scale_log2, kt, t4, WG);
+            if constexpr (TMA)
+                if (kt + MW_BN > kend) /* rows past the item's keys (warpgroup-uniform) */
+                    mw_zero_rows<WG>(mine, kend - kt);
         }
         if constexpr (WG == 1) {
             /* Adopt warpgroup 0's reference for this pair. */
@@ -246,9 +282,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             kva__fence_proxy_async(); /* P stores -> the other warpgroup's wgmma reads */
             kva__named_bar(false, MW_BAR_P0, ML_NT);
             /* Our value half of stage 0 is free: part 0 of the next tile. */
-            if (kn < kend)
-                wi.template fill<WG, 0>(a, kn, mine, WG);
-            kva__cp_async_commit();
+            mw_fill0<WG, TMA>(wi, a, kn, mine, MW_TBAR(bars, WG, 0), elect);
             kva__named_bar(true, MW_BAR_P1, ML_NT);
             if (have1)
                 mw_pv<Ty, WG>(o, dp_other, dv_other); /* remote P V */
@@ -262,9 +296,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             mw_pv<Ty, WG>(o, dp_other, dv_other); /* remote P V */
             kva__wgmma_wait<1>();                 /* the local one */
             mw_a_fence(pa);
-            if (kn < kend)
-                wi.template fill<WG, 0>(a, kn, mine, WG);
-            kva__cp_async_commit();
+            mw_fill0<WG, TMA>(wi, a, kn, mine, MW_TBAR(bars, WG, 0), elect);
         }
         /* (EARLY: S part 0 of the next tile queues behind the remote P V.)
          * The remote P V is waited for, the other warpgroup told, and part 1
@@ -276,32 +308,53 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             kva__wgmma_wait<0>();
         }
         mw_o_fence(o);
-        kva__named_bar(false, WG == 0 ? MW_BAR_FREE1 : MW_BAR_FREE0, ML_NT);
-        kva__named_bar(true, WG == 0 ? MW_BAR_FREE0 : MW_BAR_FREE1, ML_NT);
-        if (kn < kend)
-            wi.template fill<WG, 1>(a, kn, mine, WG);
-        kva__cp_async_commit();
+        if constexpr (TMA) {
+            /* The reader that finished releases: this warpgroup's remote P V
+             * was the last read of part 1 of the other stage, which now
+             * takes part 1 of the other warpgroup's next tile. */
+            mw_wg_sync<WG>();
+            const int32_t ko = kb + (1 - WG) * MW_BN + 2 * MW_BN;
+            if (elect && ko < kend)
+                wi.template tfill<1 - WG, 1>(a, ko, other, MW_TBAR(bars, 1 - WG, 1));
+            ph ^= have1 ? 3u : 1u; /* the stages whose tile this pair consumed */
+        } else {
+            kva__named_bar(false, WG == 0 ? MW_BAR_FREE1 : MW_BAR_FREE0, ML_NT);
+            kva__named_bar(true, WG == 0 ? MW_BAR_FREE0 : MW_BAR_FREE1, ML_NT);
+            if (kn < kend)
+                wi.template fill<WG, 1>(a, kn, mine, WG);
+            kva__cp_async_commit();
+        }
     }
     if constexpr (EARLY)
         kva__wgmma_wait<0>(); /* the unused S part 0 past the item's last tile */
 }
 
-/* The first tile of warpgroup WG in its stage (both parts, committed). */
+/* The first tile of warpgroup WG in its stage (both parts, committed; TMA:
+ * issued by the warpgroup's first thread on the stage's mbarriers). */
 template <int WG, typename W>
-static __device__ __forceinline__ void mw_first(W &wi, const typename W::args &a, uint32_t sK)
+static __device__ __forceinline__ void mw_first(W &wi, const typename W::args &a, uint32_t sK,
+                                                uint32_t bars)
 {
     const int32_t kt = wi.k0 + WG * MW_BN;
-    if (kt < wi.kend)
-        wi.template fill<WG, 0>(a, kt, sK + WG * MW_KB, WG);
-    kva__cp_async_commit();
-    if (kt < wi.kend)
-        wi.template fill<WG, 1>(a, kt, sK + WG * MW_KB, WG);
-    kva__cp_async_commit();
+    if constexpr (W::SCHED == MW_SCHED_ALT_TMA) {
+        if ((threadIdx.x & (MW_WT - 1)) == 0 && kt < wi.kend) {
+            wi.template tfill<WG, 0>(a, kt, sK + WG * MW_KB, MW_TBAR(bars, WG, 0));
+            wi.template tfill<WG, 1>(a, kt, sK + WG * MW_KB, MW_TBAR(bars, WG, 1));
+        }
+    } else {
+        if (kt < wi.kend)
+            wi.template fill<WG, 0>(a, kt, sK + WG * MW_KB, WG);
+        kva__cp_async_commit();
+        if (kt < wi.kend)
+            wi.template fill<WG, 1>(a, kt, sK + WG * MW_KB, WG);
+        kva__cp_async_commit();
+    }
 }
 #endif
 
 template <typename Ty, typename W>
-__global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::args a)
+__global__ void __launch_bounds__(ML_NT, 1)
+    mla_wgmma_kernel(const __grid_constant__ typename W::args a)
 {
 #ifdef KVA_MLA_WGMMA_BODY
     extern __shared__ __align__(1024) unsigned char mw_smem_raw[];
@@ -320,6 +373,15 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
     const uint64_t dk = kva__wgmma_desc(sK, 16, 1024);
     const uint64_t dv = kva__wgmma_desc(sK, MW_BN * 128, 1024);
     const uint64_t dp = kva__wgmma_desc(sP, 16, 1024);
+    /* MW_SCHED_ALT_TMA: the ring's mbarriers (after the ring) and the parity
+     * of each stage's next fill (bit s), carried across items. */
+    const uint32_t bars = sP;
+    uint32_t ph = 0;
+    if constexpr (W::SCHED == MW_SCHED_ALT_TMA) {
+        if (tid < 4)
+            kva__mbar_init(bars + 8u * (uint32_t)tid, 1);
+        __syncthreads();
+    }
 
     for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
         W wi(a, it, sK, q_gen, r0);
@@ -328,9 +390,9 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
         if constexpr (W::SCHED != MW_SCHED_SPLIT) {
             /* Alternating tiles: each warpgroup's first tile, then Q. */
             if (wg == 0)
-                mw_first<0>(wi, a, sK);
+                mw_first<0>(wi, a, sK, bars);
             else
-                mw_first<1>(wi, a, sK);
+                mw_first<1>(wi, a, sK, bars);
             wi.stage_q(a, q_gen);
             kva__fence_proxy_async(); /* Q stores -> the wgmma operand reads */
             __syncthreads();
@@ -433,13 +495,12 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
             }
         } else {
             /* s_max[0] holds the alternating loop's shared reference max. */
-            constexpr bool early = W::SCHED == MW_SCHED_ALT_EARLY;
             if (wg == 0)
-                mw_alt_loop<Ty, 0, early>(wi, a, sQ, sK, s_max[0], r0, t4, scale_log2, o, m_run,
-                                          l_run);
+                mw_alt_loop<Ty, 0, W::SCHED>(wi, a, sQ, sK, s_max[0], r0, t4, scale_log2, o,
+                                             m_run, l_run, bars, ph);
             else
-                mw_alt_loop<Ty, 1, early>(wi, a, sQ, sK, s_max[0], r0, t4, scale_log2, o, m_run,
-                                          l_run);
+                mw_alt_loop<Ty, 1, W::SCHED>(wi, a, sQ, sK, s_max[0], r0, t4, scale_log2, o,
+                                             m_run, l_run, bars, ph);
         }
         kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
         wi.finish(a, s_sum, wg, r0, t4, l_run, m_run, o);

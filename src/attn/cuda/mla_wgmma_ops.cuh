@@ -32,6 +32,10 @@
  * alternating-tile one (Q, ring: P lives in the ring). */
 #define MW_SMEM (MW_QB + MW_NST * MW_KB + MW_PB + 1024)
 #define MW_SMEM_ALT (MW_QB + MW_NST * MW_KB + 1024)
+/* The alternating-tile schedule over TMA boxes: the ring's four mbarriers
+ * (stage s, fill part p at MW_TBAR(bars, s, p)) follow the ring. */
+#define MW_SMEM_TMA (MW_SMEM_ALT + 64)
+#define MW_TBAR(bars, s, p) ((bars) + 8u * (2u * (uint32_t)(s) + (uint32_t)(p)))
 /* Headroom of the lazily moved softmax reference max (log2 units): any
  * reference gives the same out and lse, this one moves only when a row's max
  * grows past it by more than MW_LAZY (or was -inf). */
@@ -264,6 +268,28 @@ template <int WG, int PEND> static __device__ __forceinline__ void mw_landed()
     kva__cp_async_wait<PEND>();
     kva__fence_proxy_async();
     kva__named_bar(true, MW_BAR_WG0 + WG, MW_WT);
+}
+
+/* Warpgroup WG's 128 threads meet (its own named barrier). */
+template <int WG> static __device__ __forceinline__ void mw_wg_sync()
+{
+    kva__named_bar(true, MW_BAR_WG0 + WG, MW_WT);
+}
+
+/* TMA tiles hold whole cache rows: the rows z0 .. 63 of a tile past its
+ * item's keys (z0 >= 1) are zeroed in value blocks 0 .. 7 by warpgroup WG
+ * (their P is 0, but 0 times a stale NaN would not be), made visible to the
+ * wgmma reads, and the warpgroup meets. */
+template <int WG> static __device__ __forceinline__ void mw_zero_rows(uint32_t stage, int z0)
+{
+    const int t = threadIdx.x & (MW_WT - 1);
+    for (int x = z0 * 8 + t; x < MW_BN * 8 * 8; x += MW_WT) {
+        const int b = x / (MW_BN * 8), rc = x - b * (MW_BN * 8);
+        if (rc >= z0 * 8)
+            mw_st16(stage + (uint32_t)(b * MW_BN * 128 + rc * 16), make_uint4(0, 0, 0, 0));
+    }
+    kva__fence_proxy_async();
+    mw_wg_sync<WG>();
 }
 
 /* S [64, 64] of the tile: its committed wgmmas waited for and the
