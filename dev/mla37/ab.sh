@@ -63,7 +63,7 @@ for vv in "${NV[@]}"; do
 done 2>&1 | tee "$o/ncu.txt"
 echo "== ncu $(el) s" | tee -a "$o/log.txt"
 if [ "${KVA_MEMCHECK:-1}" = 1 ] && [ $smoke_ok = 1 ]; then
-  KVA_TEST_QUICK=1 timeout 150 compute-sanitizer --tool memcheck b/test_cuda_mla >"$o/memcheck.txt" 2>&1
+  KVA_TEST_QUICK=1 timeout 110 compute-sanitizer --tool memcheck b/test_cuda_mla >"$o/memcheck.txt" 2>&1
   echo "memcheck test_cuda_mla quick rc=$?: $(grep -E 'ERROR SUMMARY' "$o/memcheck.txt" | tail -1)" | tee -a "$o/log.txt"
 fi
 echo "== end $(el) s" | tee -a "$o/log.txt"
