@@ -17,8 +17,17 @@
  * with fp8_ds_mla rows: each warpgroup converts the rows of its own tiles
  * in the body's two fill parts, the rows of its next tile prefetched into
  * L2 a pair of tiles ahead; the scale multiplies the logits' scale and the
- * output rows. 16-bit caches keep the split-key schedule (MW_SCHED_SPLIT,
- * cp.async copies).
+ * output rows.
+ *
+ * The policy's TMA parameter: a 16-bit latent cache whose block size is a
+ * multiple of 64 (a 64-key tile then lies in one block) under a plan
+ * without a window or chunked mask (every item starts on a tile boundary):
+ * the body's alternating-tile schedule with TMA copies (MW_SCHED_ALT_TMA).
+ * Each fill part of a tile is 4 or 5 [64 rows, 64 columns] boxes of a 2-D
+ * tensor map over the cache's NB * B rows, issued by one thread and landing
+ * on the part's mbarrier; a tile's rows past the item are whole cache rows
+ * (stale or poison) that the body zeroes. Other 16-bit caches keep the
+ * split-key schedule (MW_SCHED_SPLIT, cp.async gathers of the rows).
  */
 extern "C" {
 #include "cuda_backend.h"
@@ -30,7 +39,6 @@ extern "C" {
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 #include <type_traits>
 #include <cudaTypedefs.h>
@@ -232,20 +240,7 @@ static int mw_tma_args(const kva__cuda_attn_args *a, kva_dtype dt, mw_targs *t)
     return r == CUDA_SUCCESS;
 }
 
-/* CTAs per cluster of the launch: the items of a plan come in request
- * order, so the CTAs of a cluster (one GPC: the same L2 partition, started
- * together) take the 64-row items of the same requests and read their key
- * rows at about the same time (H 128 q 2: four items per request). 1: no
- * clusters. KVA_MLA_CLUSTER (1, 2, 4 or 8) overrides, for measurements. */
-static int mw_cluster(void)
-{
-    const char *e = getenv("KVA_MLA_CLUSTER");
-    const int n = e ? atoi(e) : 4;
-    return n == 2 || n == 4 || n == 8 ? n : 1;
-}
-
-/* Launches fn over `grid` persistent CTAs in clusters of mw_cluster() (the
- * grid cut to the clusters that can be resident at once). */
+/* Launches fn over `grid` persistent CTAs (for both argument types). */
 template <typename A>
 static kva_status mw_launch(void (*fn)(A), int smem, const A &args, int grid, void *stream)
 {
@@ -255,25 +250,6 @@ static kva_status mw_launch(void (*fn)(A), int smem, const A &args, int grid, vo
     cfg.blockDim = dim3(ML_NT);
     cfg.dynamicSmemBytes = (size_t)smem;
     cfg.stream = (cudaStream_t)stream;
-    cudaLaunchAttribute at[1] = {};
-    const int cl = mw_cluster();
-    if (cl > 1 && grid >= cl) {
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = (unsigned)cl;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        cfg.gridDim = dim3((unsigned)(grid / cl * cl));
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, fn, &cfg) != cudaSuccess || n < 1) {
-            (void)cudaGetLastError();
-            cfg.numAttrs = 0; /* no clusters */
-            cfg.gridDim = dim3((unsigned)grid);
-        } else if (n < grid / cl) {
-            cfg.gridDim = dim3((unsigned)(n * cl));
-        }
-    }
     KVA_CUDA_TRY(cudaLaunchKernelEx(&cfg, fn, args));
     KVA_CUDA_LAUNCHED("mla_decode kernel");
     return KVA_STATUS_OK;
@@ -296,10 +272,10 @@ extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, k
                          "cache with f16/bf16 q (got "
                          "D = %d, Dv = %d, Hkv = %d, dtype = %s)",
                          (int)a->D, (int)a->Dv, (int)a->Hkv, kva_dtype_name(dtype));
+    /* 16-bit caches: the TMA kernel where it can run the plan. */
     mw_targs t;
     const mw_tma_fn tf = mw_pick_tma(dtype);
-    const char *e = getenv("KVA_MLA_TMA"); /* 0: the split-key kernel, for measurements */
-    if (tf && !(e && e[0] == '0') && mw_tma_args(a, dtype, &t))
+    if (tf && mw_tma_args(a, dtype, &t))
         return mw_launch(tf, MW_SMEM_TMA, t, grid, stream);
     return mw_launch(fn, a->kv_fp8 ? MW_SMEM_ALT : MW_SMEM, *a, grid, stream);
 }

@@ -21,9 +21,11 @@
  * by MW_LAZY, so P stays below 2^MW_LAZY and O is rarely rescaled).
  *
  * Two key-loop schedules, a compile-time trait of the policy (the rest of
- * the kernel, item setup, O, the finish, is shared):
+ * the kernel, item setup, O, the finish, is shared), the second in three
+ * forms:
  *
- * MW_SCHED_SPLIT (16-bit key rows, copied by cp.async): both warpgroups
+ * MW_SCHED_SPLIT (16-bit key rows gathered by cp.async, where TMA boxes
+ * cannot copy the tiles: MW_SCHED_ALT_TMA below): both warpgroups
  * work on the same tile. Per tile:
  *   - S: warpgroup g computes Q K^T for keys 32 g .. 32 g + 31 of the tile
  *     (36 wgmma m64n32k16, A = Q and B = K from shared memory);
@@ -35,9 +37,9 @@
  *     second barrier;
  *   - O += P V over the tile's 64 keys (8 wgmma m64n128k16, A = P and B =
  *     the tile's value columns, MN-major, from shared memory).
- * With nothing to convert, the copies of the next tile need no threads
- * while the tensor cores run, and this lock-step loop keeps them busier
- * than the alternating one (which adds hand-offs to every pair of tiles).
+ * With cp.async copies this lock-step loop keeps the tensor cores busier
+ * than the alternating one with the same copies (which adds hand-offs and
+ * copy latency to every pair of tiles).
  *
  * MW_SCHED_ALT and MW_SCHED_ALT_EARLY (FP8 key rows, converted by the CTA
  * into the 16-bit tile): whole tiles alternate between the warpgroups
@@ -67,12 +69,27 @@
  * (measured faster for the sparse fp8_ds_mla rows, slower for the dense
  * FP8 ones, which then spill more).
  *
+ * MW_SCHED_ALT_TMA (16-bit key rows of a paged cache whose tiles are whole
+ * TMA boxes): the same alternating tiles, each fill part copied by TMA
+ * (one thread issues the part's [64, 64] boxes, which land on the part's
+ * mbarrier in the ring; S waits on the mbarrier of each part just before
+ * its blocks), and the stage's pieces released by the reader that finished
+ * them: part 0 by its owner after its local P V, part 1 by the other
+ * warpgroup right after its remote P V (no FREE handshake: the copy of the
+ * other warpgroup's next tile starts as soon as its last reader is done).
+ * With nothing to convert and no threads spent on copies, the two
+ * warpgroups' S, softmax and P V overlap across the pair where the
+ * cp.async form of the same loop lost to the split-key one. The rows of an
+ * item's last tile past its keys are zeroed after S (P is 0 there, but the
+ * cache may hold NaN).
+ *
  * The S and P V issue sequences are instantiated per warpgroup and picked by
  * a warpgroup-uniform branch, so that their descriptors are constant offsets
  * from uniform registers (with the warpgroup index in a per-thread register,
  * every wgmma needed its descriptor converted).
- * Shared memory: Q 72 KB + 2 x 72 KB ring (+ P 8 KB for MW_SCHED_SPLIT)
- * (+ 1 KB alignment): MW_SMEM, MW_SMEM_ALT.
+ * Shared memory: Q 72 KB + 2 x 72 KB ring (+ P 8 KB for MW_SCHED_SPLIT,
+ * + 4 mbarriers for MW_SCHED_ALT_TMA) (+ 1 KB alignment): MW_SMEM,
+ * MW_SMEM_ALT, MW_SMEM_TMA.
  * Everything that issues sm_90a instructions is compiled only for sm_90a
  * (__CUDA_ARCH_FEAT_SM90_ALL); other device passes get an empty kernel that the
  * host never launches (the registry entry is usable only with sm_90a code and
@@ -115,7 +132,7 @@ enum { MW_SCHED_SPLIT = 0, MW_SCHED_ALT = 1, MW_SCHED_ALT_EARLY = 2, MW_SCHED_AL
  *   logits(sc[4][4], a, scale_log2, kb, wg, t4, st)  S of the thread's keys
  *                              kb + 32 wg + 8 j + 2 t4 + e (ring slot st) into
  *                              log2-unit logits, masked keys -inf;
- * MW_SCHED_ALT(_EARLY) policies
+ * MW_SCHED_ALT(_EARLY, _TMA) policies
  *   stage_q(a, q_gen)          Q [64, 576] of the item (rows past it zero)
  *                              into shared memory at q_gen, all threads;
  *   fill<WG, PART>(a, kb, stage, st)  by the 128 threads of warpgroup WG:
@@ -126,6 +143,12 @@ enum { MW_SCHED_SPLIT = 0, MW_SCHED_ALT = 1, MW_SCHED_ALT_EARLY = 2, MW_SCHED_AL
  *                              commits each part) or stores; the fills of
  *                              one warpgroup come in tile order, part 0
  *                              then part 1, its tiles kb 128 apart;
+ *   (MW_SCHED_ALT_TMA instead of fill: tfill<S, PART>(a, kb, stage, bar)
+ *                              by one thread: the column blocks
+ *                              mw_fblk<S, PART> of tile kb (< kend) into
+ *                              stage S's slot at `stage`, completing on the
+ *                              mbarrier bar with their byte count; W::args
+ *                              must be usable as a __grid_constant__;)
  *   logits(sc[8][4], a, scale_log2, kb, t4, st)  S of the thread's keys
  *                              kb + 8 j + 2 t4 + e (ring slot st) into
  *                              log2-unit logits, masked keys -inf.
@@ -146,20 +169,21 @@ enum { MW_SCHED_SPLIT = 0, MW_SCHED_ALT = 1, MW_SCHED_ALT_EARLY = 2, MW_SCHED_AL
  */
 
 #ifdef KVA_MLA_WGMMA_BODY
-/* Part 0 of warpgroup WG's next tile kn (if < kend) into its stage, once
+/* Part 0 of warpgroup WG's next tile kn (if < kend, the item's) into its stage, once
  * its local P V read the stage's part 0: cp.async or stores by the
  * warpgroup (committed), or (TMA) by its issuing thread `elect` once every
  * warp of the warpgroup is past the local P V, completing on `bar`. */
 template <int WG, bool TMA, typename W>
 static __device__ __forceinline__ void mw_fill0(W &wi, const typename W::args &a, int32_t kn,
-                                                uint32_t mine, uint32_t bar, bool elect)
+                                                int32_t kend, uint32_t mine, uint32_t bar,
+                                                bool elect)
 {
     if constexpr (TMA) {
         mw_wg_sync<WG>();
-        if (elect && kn < wi.kend)
+        if (elect && kn < wi.kend) /* wi.kend == kend */
             wi.template tfill<WG, 0>(a, kn, mine, bar);
     } else {
-        if (kn < wi.kend)
+        if (kn < kend)
             wi.template fill<WG, 0>(a, kn, mine, WG);
         kva__cp_async_commit();
     }
@@ -282,7 +306,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             kva__fence_proxy_async(); /* P stores -> the other warpgroup's wgmma reads */
             kva__named_bar(false, MW_BAR_P0, ML_NT);
             /* Our value half of stage 0 is free: part 0 of the next tile. */
-            mw_fill0<WG, TMA>(wi, a, kn, mine, MW_TBAR(bars, WG, 0), elect);
+            mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect);
             kva__named_bar(true, MW_BAR_P1, ML_NT);
             if (have1)
                 mw_pv<Ty, WG>(o, dp_other, dv_other); /* remote P V */
@@ -296,7 +320,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             mw_pv<Ty, WG>(o, dp_other, dv_other); /* remote P V */
             kva__wgmma_wait<1>();                 /* the local one */
             mw_a_fence(pa);
-            mw_fill0<WG, TMA>(wi, a, kn, mine, MW_TBAR(bars, WG, 0), elect);
+            mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect);
         }
         /* (EARLY: S part 0 of the next tile queues behind the remote P V.)
          * The remote P V is waited for, the other warpgroup told, and part 1
