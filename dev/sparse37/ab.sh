@@ -5,8 +5,9 @@
 #   1. a sparse smoke run of this tree's crossover shape (H 128 fp8_ds_mla,
 #      checked against the reference; a hang or a failure stops here);
 #   2. test_cuda_mla_sparse (all cases) and test_cuda_mla quick;
-#   3. the issue-17 rows, base and mine alternated KVA_ROUNDS times (first
-#      round checked against the reference backend, later ones --no-check);
+#   3. the issue-17 rows, base and mine alternated KVA_ROUNDS times (each
+#      checked against the reference backend: the CUDA path of the bench
+#      ignores the --no-check the later rounds pass);
 #   4. compute-sanitizer memcheck of test_cuda_mla_sparse quick (includes
 #      the H 96 crossover case);
 # and prints a table last. Run from the parent of the two trees:

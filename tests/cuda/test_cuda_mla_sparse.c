@@ -24,10 +24,9 @@
  *     mla_decode_mma_sm80 and, where usable, mla_decode_wgmma_sm90, whose
  *     64-row head tiles pad H 1 / 3 / 16 / 48 and which reads fp8_ds_mla
  *     rows as code * s rounded to the q dtype (its reference: the rows so
- *     rounded; MIXED and SEPARATE then also equal each other); on it, H 65
- *     .. 128 over fp8_ds_mla runs the two head tiles of a token in a cluster
- *     that converts each row once (H 96 with splits, in the quick set; H
- *     128 bf16 and f16).
+ *     rounded; MIXED and SEPARATE then also equal each other); two head
+ *     tiles per token, the second partly used, over fp8_ds_mla with splits
+ *     (H 96, in the quick set) and H 128 with f16 q.
  * Tolerances (FlashMLA's, plus the rounding of P to the input dtype before
  * P V that every tensor-core kernel here does, as test_cuda_mla.c states):
  * out within 1e-3 + u max|v| + 2.01/128 |ref| (u = 2^-8 bf16, 2^-11 f16),

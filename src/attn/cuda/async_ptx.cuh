@@ -51,57 +51,6 @@ static __device__ __forceinline__ void kva__named_bar(bool sync, int id, int n)
     else
         asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
-/* Thread block clusters (sm_90): the shared::cluster address of shared
- * address a (this CTA's window) in CTA rank `rank`; an arrive on an mbarrier
- * at a shared::cluster address (another CTA's; release at CTA scope, as the
- * consumer releases of cluster pipelines do); a wait for a phase parity with
- * acquire at cluster scope; a cluster-wide barrier (all threads of every
- * CTA) that publishes mbarrier inits; 16 / 4 bytes stored to another CTA's
- * shared memory whose completion counts bytes on that CTA's mbarrier
- * cl_bar (st.async: no fence is needed to order them before the arrive). */
-static __device__ __forceinline__ uint32_t kva__mapa(uint32_t a, uint32_t rank)
-{
-    uint32_t r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
-    return r;
-}
-static __device__ __forceinline__ void kva__mbar_arrive_remote(uint32_t cl_bar)
-{
-    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cl_bar) : "memory");
-}
-static __device__ __forceinline__ void kva__mbar_wait_cl(uint32_t bar, uint32_t parity)
-{
-    uint32_t done = 0;
-    do {
-        asm volatile("{\n.reg .pred p;\n"
-                     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-static __device__ __forceinline__ void kva__cluster_sync()
-{
-    asm volatile("fence.mbarrier_init.release.cluster;\n"
-                 "barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::
-                     : "memory");
-}
-static __device__ __forceinline__ void kva__st_async16(uint32_t cl_a, uint4 v, uint32_t cl_bar)
-{
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, "
-                 "%4}, [%5];\n" ::"r"(cl_a),
-                 "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(cl_bar)
-                 : "memory");
-}
-static __device__ __forceinline__ void kva__st_async4(uint32_t cl_a, uint32_t v, uint32_t cl_bar)
-{
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
-                     cl_a),
-                 "r"(v), "r"(cl_bar)
-                 : "memory");
-}
 /* One TMA box at coordinates (c0, c1[, c2]), innermost first, into shared
  * memory at dst; its bytes complete on bar. */
 static __device__ __forceinline__ void kva__tma_load2(uint32_t dst, const CUtensorMap *m, int c0,

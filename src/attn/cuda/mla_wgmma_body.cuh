@@ -86,13 +86,8 @@
 #include <math.h>
 #include <stdint.h>
 
-/* The key-loop schedule of a work policy (W::SCHED; see above).
- * MW_SCHED_ALT_XOVER is MW_SCHED_ALT_EARLY for the two CTAs of a cluster
- * that run the two head tiles of one token against the same keys: each
- * converts half of every tile's rows into both CTAs' rings, so the fills'
- * landing is the policy's to wait for (landed<WG, PEND> below, in place of
- * the cp.async groups and the warpgroup barrier). */
-enum { MW_SCHED_SPLIT = 0, MW_SCHED_ALT = 1, MW_SCHED_ALT_EARLY = 2, MW_SCHED_ALT_XOVER = 3 };
+/* The key-loop schedule of a work policy (W::SCHED; see above). */
+enum { MW_SCHED_SPLIT = 0, MW_SCHED_ALT = 1, MW_SCHED_ALT_EARLY = 2 };
 
 /*
  * The work policy W of mla_wgmma_kernel<Ty, W>: a class, one object per item.
@@ -133,12 +128,7 @@ enum { MW_SCHED_SPLIT = 0, MW_SCHED_ALT = 1, MW_SCHED_ALT_EARLY = 2, MW_SCHED_AL
  *                              then part 1, its tiles kb 128 apart;
  *   logits(sc[8][4], a, scale_log2, kb, t4, st)  S of the thread's keys
  *                              kb + 8 j + 2 t4 + e (ring slot st) into
- *                              log2-unit logits, masked keys -inf;
- * MW_SCHED_ALT_XOVER policies also
- *   landed<WG, PEND>()         by the warpgroup's 128 threads: its fills so
- *                              far landed and are visible to its wgmmas
- *                              (PEND 1: the last fill's part 1 may still be
- *                              pending; nothing pending: no wait).
+ *                              log2-unit logits, masked keys -inf.
  *
  * The MW_SCHED_SPLIT tile loop, per 64-key tile (stage = its ring slot):
  *   1. wait for this thread's copies of the tile, barrier (the tile landed;
@@ -156,17 +146,6 @@ enum { MW_SCHED_SPLIT = 0, MW_SCHED_ALT = 1, MW_SCHED_ALT_EARLY = 2, MW_SCHED_AL
  */
 
 #ifdef KVA_MLA_WGMMA_BODY
-/* Warpgroup WG's fills landed (PEND: see landed above): the cp.async groups
- * and a warpgroup barrier, or the policy's wait (XOVER). */
-template <int WG, int PEND, bool XOVER, typename W>
-static __device__ __forceinline__ void mw_fill_landed(W &wi)
-{
-    if constexpr (XOVER)
-        wi.template landed<WG, PEND>();
-    else
-        mw_landed<WG, PEND>();
-}
-
 /* The alternating-tile loop of warpgroup WG over the item's pairs of tiles
  * (see the header comment); both warpgroups meet at the same named barriers
  * in each pair, also where a pair has no second tile (kend inside the
@@ -174,7 +153,7 @@ static __device__ __forceinline__ void mw_fill_landed(W &wi)
  * tile are issued behind the remote P V, and issued even where the
  * warpgroup has no next tile (their result is then unused): on a path of
  * its own, ptxas serializes every wgmma of the kernel. */
-template <typename Ty, int WG, bool EARLY, bool XOVER, typename W>
+template <typename Ty, int WG, bool EARLY, typename W>
 static __device__ __forceinline__ void
 mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s_ref, int r0,
             int t4, float scale_log2, float (&o)[32][4], float m_run[2], float l_run[2])
@@ -188,10 +167,8 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
     const int32_t k0 = wi.k0, kend = wi.kend;
     float sc[8][4];
 
-    if constexpr (EARLY) { /* S part 0 of the first tile (both parts are committed) */
-        mw_fill_landed<WG, 1, XOVER>(wi);
-        mw_s_part0<Ty, WG>(sc, dq, dk);
-    }
+    if constexpr (EARLY) /* S part 0 of the first tile (both parts are committed) */
+        mw_s_part0<Ty, WG, 1>(sc, dq, dk);
     for (int32_t kb = k0; kb < kend; kb += 2 * MW_BN) {
         const int32_t kt = kb + WG * MW_BN;                     /* this warpgroup's tile */
         const bool have = kt < kend, have1 = kb + MW_BN < kend; /* CTA-uniform */
@@ -201,7 +178,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
         if constexpr (EARLY) {
             /* The rest of S of the own tile (part 0's k-steps were issued
              * with the previous pair's remote P V) once part 1 landed. */
-            mw_fill_landed<WG, 0, XOVER>(wi);
+            mw_landed<WG, 0>();
             kva__wgmma_fence();
             mw_s64<Ty, WG, 4, 9>(sc, dq, dk);
             mw_s_done(sc);
@@ -210,10 +187,10 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
         } else if (have) {
             /* S of the own tile, each fill part waited for just before its
              * blocks (part 1 may still land while part 0's k-steps run). */
-            mw_fill_landed<WG, 1, XOVER>(wi);
+            mw_landed<WG, 1>();
             kva__wgmma_fence();
             mw_s64<Ty, WG, 0, 4>(sc, dq, dk);
-            mw_fill_landed<WG, 0, XOVER>(wi);
+            mw_landed<WG, 0>();
             mw_s64<Ty, WG, 4, 9>(sc, dq, dk);
             mw_s_done(sc);
             wi.logits(sc, a, scale_log2, kt, t4, WG);
@@ -293,8 +270,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
          * The remote P V is waited for, the other warpgroup told, and part 1
          * of the next tile goes into what it read. */
         if constexpr (EARLY) {
-            mw_fill_landed<WG, 0, XOVER>(wi);
-            mw_s_part0<Ty, WG>(sc, dq, dk);
+            mw_s_part0<Ty, WG, 0>(sc, dq, dk);
             kva__wgmma_wait<1>();
         } else {
             kva__wgmma_wait<0>();
@@ -457,14 +433,13 @@ __global__ void __launch_bounds__(ML_NT, 1) mla_wgmma_kernel(const typename W::a
             }
         } else {
             /* s_max[0] holds the alternating loop's shared reference max. */
-            constexpr bool xover = W::SCHED == MW_SCHED_ALT_XOVER;
-            constexpr bool early = W::SCHED == MW_SCHED_ALT_EARLY || xover;
+            constexpr bool early = W::SCHED == MW_SCHED_ALT_EARLY;
             if (wg == 0)
-                mw_alt_loop<Ty, 0, early, xover>(wi, a, sQ, sK, s_max[0], r0, t4, scale_log2, o,
-                                                 m_run, l_run);
+                mw_alt_loop<Ty, 0, early>(wi, a, sQ, sK, s_max[0], r0, t4, scale_log2, o, m_run,
+                                          l_run);
             else
-                mw_alt_loop<Ty, 1, early, xover>(wi, a, sQ, sK, s_max[0], r0, t4, scale_log2, o,
-                                                 m_run, l_run);
+                mw_alt_loop<Ty, 1, early>(wi, a, sQ, sK, s_max[0], r0, t4, scale_log2, o, m_run,
+                                          l_run);
         }
         kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
         wi.finish(a, s_sum, wg, r0, t4, l_run, m_run, o);

@@ -280,11 +280,12 @@ static __device__ __forceinline__ void mw_s_done(float (&sc)[8][4])
 }
 
 /* S part 0 (the warpgroup's own value half: column blocks 4 WG .. + 3) of
- * the tile at dk, issued and committed as a group of its own (the caller
- * waited for that part of the fill). */
-template <typename Ty, int WG>
+ * the tile at dk once its copies landed (part 1's group may still be
+ * pending: PEND), issued and committed as a group of its own. */
+template <typename Ty, int WG, int PEND>
 static __device__ __forceinline__ void mw_s_part0(float (&sc)[8][4], uint64_t dq, uint64_t dk)
 {
+    mw_landed<WG, PEND>();
     kva__wgmma_fence();
     mw_s64<Ty, WG, 0, 4>(sc, dq, dk);
     kva__wgmma_commit();
