@@ -76,7 +76,7 @@ if has bench; then
                 trees="base new v2"
             for t in $trees; do
                 d=$base; [ $t = new ] && d=$new; [ $t = v2 ] && d=$v2
-                line=$("$d/b/bench_cuda" --mode prefill --batch "$R" --q-len "$Q" --context "$C" \
+                line=$(timeout 60 "$d/b/bench_cuda" --mode prefill --batch "$R" --q-len "$Q" --context "$C" \
                     --head-dim "$D" --iters 30 2>&1 >/dev/null | grep "^bench_cuda:" | head -1)
                 echo "$t $line" >> "$OUT/bench_raw.log"
                 echo "r$round $t ${R}x${Q}+${C} D$D $(echo "$line" | grep -oE 'median [0-9.]+ ms|[0-9.]+ TFLOP/s|check [a-zA-Z]+|back to back [0-9.]+ ms' | tr '\n' ' ')"
@@ -87,8 +87,8 @@ if has bench; then
 fi
 if has trace; then
     for s in "32 256 0 1" "8 1024 0 0"; do
-        echo "== base (static order) $s"; "$base/b/pf_trace" $s 2>&1
-        echo "== new (dynamic schedule) $s"; PF_SCHED=1 "$new/b/pf_trace" $s 2>&1
+        echo "== base (static order) $s"; timeout 60 "$base/b/pf_trace" $s 2>&1
+        echo "== new (dynamic schedule) $s"; PF_SCHED=1 timeout 60 "$new/b/pf_trace" $s 2>&1
     done | tee "$OUT/trace.txt"
 fi
 if has sdpa; then
