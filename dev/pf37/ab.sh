@@ -10,7 +10,8 @@
 #          alternated, ROUNDS rounds
 #   trace  pf_trace 32 x 256 narrow and 8 x 1024 wide: base (static order), new (PF_SCHED=1)
 #   sdpa   torch SDPA flash / cuDNN on the short shapes (bench/prefill_sdpa_peer.py short)
-# Environment: OUT (logs), STEPS (default "build tests bench trace sdpa"), ROUNDS (default 2).
+# Environment: OUT (logs), STEPS (default "build tests bench trace sdpa"), ROUNDS (default 2),
+# V2_ALL=1 (V2 on every shape, not only 32 x 256 and 8 x 1024).
 # At most ~8 files come back from a device call: logs.tgz holds the build and test logs.
 set -u -o pipefail
 OUT=${OUT:-pf37_ab}; mkdir -p "$OUT"
@@ -75,7 +76,8 @@ if has bench; then
         for s in "${shapes[@]}"; do
             read -r R Q C D <<< "$s"
             trees="base new"
-            [ -n "$v2" ] && [ "$C" = 0 ] && [ "$D" = 128 ] && { [ "$Q" = 256 ] || [ "$Q" = 1024 ]; } &&
+            [ -n "$v2" ] && { [ -n "${V2_ALL:-}" ] ||
+                { [ "$C" = 0 ] && [ "$D" = 128 ] && { [ "$Q" = 256 ] || [ "$Q" = 1024 ]; }; }; } &&
                 trees="base new v2"
             for t in $trees; do
                 d=$base; [ $t = new ] && d=$new; [ $t = v2 ] && d=$v2
