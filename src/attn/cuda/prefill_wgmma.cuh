@@ -212,12 +212,12 @@ static __device__ __forceinline__ wg_rec wg_rec_of(const kva__cuda_prefill_args 
  * b takes CTA tile b first; every further tile comes from the launch's
  * counter sched[0] (tile gridDim.x + the value an atomicAdd returns), so a CTA
  * that finishes early takes the next tile of the heaviest-first list instead
- * of the static snake order's share (the CTAs' lifetimes spread by ~10% of a
- * short prefill's time under the static order: docs/cuda-prefill.md). The
- * producer's thread 0 fetches the tile of round k + 1 when round k starts and
- * publishes it after issuing round k's copies through an SR-slot ring in
- * shared memory: slot (k - 1) % SR, a "full" mbarrier (one arrival, that
- * thread's) and an "empty" one that every thread of the CTA arrives on once
+ * of the static snake order's share, whose CTAs' lifetimes spread where the
+ * tiles' costs are not what the order assumes (docs/cuda-prefill.md). The
+ * producer's thread 0 fetches the tile of round k + 1 once it has issued round
+ * k's copies and publishes it through an SR-slot ring in shared memory: slot
+ * (k - 1) % SR, a "full" mbarrier (one arrival, that thread's) and an
+ * "empty" one that every thread of the CTA arrives on once
  * it has read the slot (the producer's threads when they start round k, the
  * consumers' before the last P V of round k - 1). A CTA's fetches stop at the
  * first tile >= n_tiles; then it counts itself in sched[1], and the last CTA
