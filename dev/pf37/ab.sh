@@ -2,13 +2,14 @@
 # dev/pf37/ab.sh BASE NEW [V2] - issue 23 (pf37: the wgmma prefill's dynamic CTA-tile schedule)
 # before/after in one device call, rerunnable by the lead on any GPU:
 #   build  NEW (bench_cuda, test_cuda_prefill_mma, test_cuda_attn, pf_trace) first with every
-#          core, then BASE (bench_cuda, pf_trace) and V2 (bench_cuda) while the tests run
+#          core, then BASE and V2 (bench_cuda, pf_trace) while the tests run
 #   tests  test_cuda_prefill_mma and test_cuda_attn (KVA_TEST_QUICK=1) and compute-sanitizer
 #          memcheck of test_cuda_prefill_mma (quick), in parallel
 #   bench  the prefill shapes of issue 23 (bench_cuda --mode prefill: per call median and back to
 #          back, check against the CPU backend), base / new (/ v2 on the two short shapes)
 #          alternated, ROUNDS rounds
-#   trace  pf_trace 32 x 256 narrow and 8 x 1024 wide: base (static order), new (PF_SCHED=1)
+#   trace  pf_trace 32 x 256 narrow and 8 x 1024 wide: base (static order), new and v2
+#          (PF_SCHED=1)
 #   sdpa   torch SDPA flash / cuDNN on the short shapes (bench/prefill_sdpa_peer.py short)
 # Environment: OUT (logs), STEPS (default "build tests bench trace sdpa"), ROUNDS (default 2),
 # V2_ALL=1 (V2 on every shape, not only 32 x 256 and 8 x 1024).
@@ -59,7 +60,7 @@ if has build; then
     { build "$base" "$hook" 8 bench_cuda > "$OUT/build_base.log" 2>&1 || echo "BUILD FAILED base"; } &
     bpids=$!
     if [ -n "$v2" ]; then
-        { build "$v2" "" 8 bench_cuda > "$OUT/build_v2.log" 2>&1 || echo "BUILD FAILED v2"; } &
+        { build "$v2" "$v2/src/attn/cuda" 8 bench_cuda > "$OUT/build_v2.log" 2>&1 || echo "BUILD FAILED v2"; } &
         bpids="$bpids $!"
     fi
     wait $bpids
@@ -94,6 +95,10 @@ if has trace; then
     for s in "32 256 0 1" "8 1024 0 0"; do
         echo "== base (static order) $s"; timeout 60 "$base/b/pf_trace" $s 2>&1
         echo "== new (dynamic schedule) $s"; PF_SCHED=1 timeout 60 "$new/b/pf_trace" $s 2>&1
+        if [ -n "$v2" ] && [ -x "$v2/b/pf_trace" ]; then
+            echo "== v2 (PF_SCHED=1: its schedule, where it has one) $s"
+            PF_SCHED=1 timeout 60 "$v2/b/pf_trace" $s 2>&1
+        fi
     done | tee "$OUT/trace.txt"
 fi
 if has sdpa; then
