@@ -16,7 +16,8 @@
  * (library, traced), CTAs and tiles per CTA, per key-tile count the median cycles of each
  * consumer phase, the producer's waits, and how the CTAs' lifetimes spread.
  *
- * Usage: pf_trace R Q C NARROW [CSV]   (NARROW 1: the narrow tile shape; CSV: raw records)
+ * Usage: pf_trace R Q C NARROW [CSV]   (NARROW 1: the narrow tile shape; CSV: raw records;
+ * PF_SCHED=1: the dynamic tile schedule, where the tree has it)
  * Build and run on the GPU machine: dev/pf_trace/run.sh (docs in that file).
  */
 #include <stdint.h>
@@ -98,6 +99,14 @@ static double median(std::vector<double> v)
     return v[v.size() / 2];
 }
 
+/* a.sched = p where the tree's kva__cuda_prefill_args has the dynamic tile
+ * schedule's counters (PF_SCHED=1), nothing on older trees. */
+template <typename T> static auto set_sched(T &a, int32_t *p, int) -> decltype(a.sched = p, void())
+{
+    a.sched = p;
+}
+template <typename T> static void set_sched(T &, int32_t *, long) {}
+
 int main(int argc, char **argv)
 {
     if (argc < 5) {
@@ -174,6 +183,13 @@ int main(int argc, char **argv)
     a.causal = 1;
     a.window_left = -1;
     a.narrow = narrow;
+    const char *sch = getenv("PF_SCHED");
+    int32_t *d_sched = NULL;
+    if (sch && atoi(sch)) {
+        CK(cudaMalloc(&d_sched, 2 * sizeof(int32_t)));
+        CK(cudaMemset(d_sched, 0, 2 * sizeof(int32_t)));
+        set_sched(a, d_sched, 0);
+    }
 
     const int split = narrow ? 2 : 1, nslots = nt * split * PF_WG * PF_EV;
     pf_rec *buf;

@@ -15,7 +15,7 @@
  *     outside 0 .. seq_len - 1 treated as -1 as documented for CUDA),
  *     topk_length (NULL, random 0 .. K, 0, and values outside 0 .. K, which
  *     mean K on CUDA), sinks, a row with no entry (out 0, lse -inf or the
- *     sink); H in {1, 3, 16, 64, 128}; decode tokens (q_len 1-4) and prefill
+ *     sink); H in {1, 3, 16, 64, 96, 128}; decode tokens (q_len 1-4) and prefill
  *     tokens in one plan; MIXED and SEPARATE equal to the reference and to
  *     each other; fp8_ds_mla and bf16 / f16 latent caches; split and
  *     unsplit launches; every run also captured in a CUDA graph and
@@ -24,7 +24,9 @@
  *     mla_decode_mma_sm80 and, where usable, mla_decode_wgmma_sm90, whose
  *     64-row head tiles pad H 1 / 3 / 16 / 48 and which reads fp8_ds_mla
  *     rows as code * s rounded to the q dtype (its reference: the rows so
- *     rounded; MIXED and SEPARATE then also equal each other).
+ *     rounded; MIXED and SEPARATE then also equal each other); two head
+ *     tiles per token, the second partly used, over fp8_ds_mla with splits
+ *     (H 96, in the quick set) and H 128 with f16 q.
  * Tolerances (FlashMLA's, plus the rounding of P to the input dtype before
  * P V that every tensor-core kernel here does, as test_cuda_mla.c states):
  * out within 1e-3 + u max|v| + 2.01/128 |ref| (u = 2^-8 bf16, 2^-11 f16),
@@ -475,14 +477,16 @@ static void test_grid(void)
         {2, 1, 3, 1, 2, 1, 9, 50, 400, 16, 64, 1, KVA_DTYPE_BF16, 0, 1},
         {3, 3, 3, 1, 4, 1, 6, 10, 300, 1, 128, 0, KVA_DTYPE_BF16, 1, 0},
         {4, 64, 2, 1, 2, 1, 8, 500, 2000, 64, 512, 1, KVA_DTYPE_BF16, 1, 1},
+        {10, 96, 3, 1, 3, 1, 8, 300, 2000, 64, 512, 1, KVA_DTYPE_BF16, 1, 1},
         {5, 128, 2, 1, 2, 1, 6, 1000, 4000, 64, 2048, 1, KVA_DTYPE_BF16, 0, 1},
         {6, 16, 4, 1, 4, 1, 12, 100, 1000, 16, 256, 1, KVA_DTYPE_F16, 1, 1},
         {7, 128, 3, 2, 2, 0, 0, 200, 900, 64, 256, 0, KVA_DTYPE_BF16, 1, 1},
         {8, 48, 40, 1, 1, 0, 0, 100, 800, 64, 128, 1, KVA_DTYPE_BF16, 1, 0},
         {9, 16, 1, 1, 1, 1, 64, 3000, 6000, 64, 2048, 1, KVA_DTYPE_BF16, 1, 1},
+        {11, 128, 2, 1, 4, 1, 5, 100, 1500, 16, 256, 1, KVA_DTYPE_F16, 0, 1},
     };
     const int n = (int)(sizeof cases / sizeof cases[0]);
-    const int run = getenv("KVA_TEST_QUICK") != NULL ? 4 : n;
+    const int run = getenv("KVA_TEST_QUICK") != NULL ? 5 : n;
     int failed = 0;
     for (int i = 0; i < run; i++)
         failed += !run_case(&cases[i]);

@@ -193,6 +193,12 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
     CHECK(ntiles == count);
     int32_t *d_tiles = dev_copy(tiles, sizeof(int32_t) * 4 * (size_t)capacity);
     int32_t *d_ntiles = dev_copy(&ntiles, sizeof ntiles);
+    /* The wgmma kernels run with the static tile order (sched NULL), then
+     * with the dynamic schedule. Its launches share the counters (zero before
+     * the first), so a launch that left them non-zero would make the next one
+     * skip tiles; they must read 0 after each. */
+    const int32_t sched0[2] = {0, 0};
+    int32_t *d_sched = dev_copy(sched0, sizeof sched0);
 
     kva__cuda_prefill_args a;
     memset(&a, 0, sizeof a);
@@ -228,12 +234,17 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
     /* Kernel 0 is the dispatcher's choice (kva__cuda_prefill_launch's path).
      * KVA_TEST_KERNELS="a,b,..." (kva__cuda_prefill_kernel values) runs only
      * those (sanitizer runs of one kernel; every kernel by default). The
-     * wgmma kernels at D = Dv 128 run in both tile shapes (args.narrow). */
+     * wgmma kernels at D = Dv 128 run in both tile shapes (args.narrow), and
+     * every kernel but mma.sync with both tile schedules (args.sched). */
     const char *only = getenv("KVA_TEST_KERNELS");
-    const int shapes = D == 128 && Dv == 128 ? 2 : 1;
-    for (int vs = 0; vs < (KVA__CUDA_PREFILL_WGMMA_TMA + 1) * shapes; vs++) {
+    const int shapes = D == 128 && Dv == 128 ? 2 : 1,
+              nv = (KVA__CUDA_PREFILL_WGMMA_TMA + 1) * shapes;
+    for (int vs = 0; vs < 2 * nv; vs++) {
         const int var = vs % (KVA__CUDA_PREFILL_WGMMA_TMA + 1);
-        a.narrow = vs > KVA__CUDA_PREFILL_WGMMA_TMA;
+        a.narrow = vs % nv > KVA__CUDA_PREFILL_WGMMA_TMA;
+        a.sched = vs >= nv ? d_sched : NULL;
+        if (a.sched && var == KVA__CUDA_PREFILL_MMA)
+            continue; /* mma.sync has no schedule to choose */
         if (var > 0 && !kva__cuda_prefill_kernel_exists(D, Dv, (kva__cuda_prefill_kernel)var))
             continue;
         if (only && !kernel_listed(only, var))
@@ -247,6 +258,9 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
         CUDA_OK(cudaMemcpy(out, d_out, no * esz, cudaMemcpyDeviceToHost));
         CUDA_OK(cudaMemcpy(lse, d_lse, nl * 4, cudaMemcpyDeviceToHost));
         size_t bad = kva_test_compare("out", out, out_ref, c->dt, no, atol, kva_test_rtol(c->dt));
+        int32_t sched_after[2] = {-1, -1};
+        CUDA_OK(cudaMemcpy(sched_after, d_sched, sizeof sched_after, cudaMemcpyDeviceToHost));
+        bad += sched_after[0] != 0 || sched_after[1] != 0; /* not reset for the next launch */
         unsigned char guard[16];
         CUDA_OK(cudaMemcpy(guard, d_out_buf, out_off, cudaMemcpyDeviceToHost));
         CUDA_OK(cudaMemcpy(guard + out_off, d_out_buf + out_off + no * esz, 16 - out_off,
@@ -259,7 +273,8 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
         else /* lse NULL: the poisoned buffer must stay untouched (all 0xff) */
             for (size_t i = 0; i < nl; i++)
                 bad += ((const uint32_t *)(const void *)lse)[i] != 0xffffffffu;
-        CHECK_MSG(bad == 0, "%zu mismatches (kernel %d, narrow %d)", bad, var, (int)a.narrow);
+        CHECK_MSG(bad == 0, "%zu mismatches (kernel %d, narrow %d, dynamic schedule %d)", bad, var,
+                  (int)a.narrow, a.sched != NULL);
         if (bad) {
             print_cfg(c, b);
             break;
@@ -282,6 +297,7 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
     CUDA_OK(cudaFree(d_bt));
     CUDA_OK(cudaFree(d_tiles));
     CUDA_OK(cudaFree(d_ntiles));
+    CUDA_OK(cudaFree(d_sched));
     free(tiles);
     free(q);
     free(out_ref);

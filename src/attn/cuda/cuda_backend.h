@@ -79,6 +79,11 @@ enum {
     /* 1 when the plan has a draft tree: meta.tree holds a word per query
      * token (tree_mask.cuh); 0 otherwise. */
     KVA_CUDA_HDR_TREE,
+    /* Two counters of the wgmma prefill's dynamic CTA-tile schedule
+     * (kva__cuda_prefill_args.sched): zero between launches (the kernel's
+     * last CTA resets them; every upload writes them 0). */
+    KVA_CUDA_HDR_PSCHED,
+    KVA_CUDA_HDR_PSCHED_DONE,
     KVA_CUDA_HDR_WORDS = 16
 };
 

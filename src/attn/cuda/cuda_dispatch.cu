@@ -91,6 +91,9 @@ static kva_status launch_prefill(kva_context *ctx, const kva_plan *plan, const a
     kva__cuda_prefill_args_init(&pa, ctx, plan, cache, a->q, a->k, a->v, a->sinks, a->out, a->lse);
     pa.host_cache = &st->prefill_host;
     pa.narrow = cp->prefill_narrow;
+    /* The dynamic tile schedule's counters: launches on the context's one
+     * stream run one after the other, so the header's two words serve all. */
+    pa.sched = (int32_t *)(st->meta.hdr + KVA_CUDA_HDR_PSCHED);
     return kva__cuda_prefill_launch_kernel(&pa, st->stream, cp->prefill_kernel);
 }
 

@@ -86,6 +86,12 @@ typedef struct kva__cuda_prefill_args {
     const int32_t *tree_on;                /* [1] or NULL (no tree): the device header's
                                               KVA_CUDA_HDR_TREE, so a captured launch
                                               replays tree and plain plans alike */
+    int32_t *sched; /* [2] int32, zero before the launch, or NULL: the wgmma kernels'
+                       dynamic CTA-tile schedule (prefill_wgmma.cuh wg_sched), whose
+                       counters the launch's last CTA sets back to zero, so launches
+                       on one stream (and graph replays) may share them, concurrent
+                       launches may not; NULL: the static snake order. Other
+                       kernels ignore it. */
     /* Scalars. */
     int32_t grid_tiles; /* CTAs launched (the tile array's capacity); 0 launches nothing */
     int32_t block_table_stride;

@@ -49,9 +49,13 @@ template <int DK, int DV, int NCW = 2, int BN = 128> struct wg_dims {
     static constexpr uint32_t QB = WG_TILE_BYTES(M, DK), KB = WG_TILE_BYTES(BN, DK),
                               VB = WG_TILE_BYTES(BN, DV);
     static constexpr uint32_t IDB = 2 * BN * 4; /* staged block ids [2][BN] int32 */
+    /* The CTA-tile ring of the dynamic schedule (wg_sched): SR slots, each an
+     * int32 and two mbarriers. */
+    static constexpr int SR = 4;
+    static constexpr uint32_t SCB = 20 * SR;
     /* Shared memory past the 1024-byte aligned base: Q, the ring, its 2 NST
-     * mbarriers and the block ids. */
-    static constexpr uint32_t BODY = QB + NST * (KB + VB) + 16 * NST + IDB;
+     * mbarriers, the block ids and the CTA-tile ring. */
+    static constexpr uint32_t BODY = QB + NST * (KB + VB) + 16 * NST + IDB + SCB;
     /* PAD: the launch asks for 1 KB more than BODY, so the kernel can align
      * its base itself. Where CTAS CTAs cannot have it (the narrow shape's
      * three stages: 2 x (BODY + 1 KB reserved by the system) fill the SM's
@@ -202,6 +206,58 @@ static __device__ __forceinline__ wg_rec wg_rec_of(const kva__cuda_prefill_args 
         rc.m0 += (ti % SPLIT) * M;
     return rc;
 }
+
+/*
+ * The dynamic CTA-tile schedule (kva__cuda_prefill_args.sched != NULL). CTA
+ * b takes CTA tile b first; every further tile comes from the launch's
+ * counter sched[0] (tile gridDim.x + the value an atomicAdd returns), so a CTA
+ * that finishes early takes the next tile of the heaviest-first list instead
+ * of the static snake order's share, whose CTAs' lifetimes spread where the
+ * tiles' costs are not what the order assumes (docs/cuda-prefill.md). The
+ * producer's thread 0 fetches the tile of round k + 1 once it has issued round
+ * k's copies and publishes it through an SR-slot ring in shared memory: slot
+ * (k - 1) % SR, a "full" mbarrier (one arrival, that thread's) and an
+ * "empty" one that every thread of the CTA arrives on once it has read the
+ * slot (the producer's threads when they start round k, the consumers'
+ * before the last P V of round k - 1). A CTA's fetches stop at the
+ * first tile >= n_tiles; then it counts itself in sched[1], and the last CTA
+ * of the grid sets both counters back to 0 for the next launch.
+ */
+#ifdef KVA_WGMMA_BODY
+template <int SR> struct wg_sched {
+    uint32_t full, empty, slot; /* mbarriers [SR] (8 bytes each), int32 [SR] */
+    /* The CTA tile of round k >= 1: every thread of the CTA, once per k, in
+     * order. */
+    __device__ __forceinline__ int take(int k) const
+    {
+        const uint32_t s = (uint32_t)(k - 1) % SR, u = (uint32_t)(k - 1) / SR;
+        kva__mbar_wait(full + 8 * s, u & 1u);
+        int ti;
+        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(ti) : "r"(slot + 4 * s) : "memory");
+        kva__mbar_arrive(empty + 8 * s);
+        return ti;
+    }
+    /* Publishes ti as the CTA tile of round k >= 1 (the producer's thread 0). */
+    __device__ __forceinline__ void put(int k, int ti) const
+    {
+        const uint32_t s = (uint32_t)(k - 1) % SR, u = (uint32_t)(k - 1) / SR;
+        if (u >= 1)
+            kva__mbar_wait(empty + 8 * s, (u & 1u) ^ 1u);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(slot + 4 * s), "r"(ti) : "memory");
+        kva__mbar_arrive(full + 8 * s);
+    }
+};
+/* A CTA's fetches are over (its last one returned a tile >= n_tiles, or it
+ * had no tile): the grid's last CTA to get here resets the counters. */
+static __device__ __forceinline__ void wg_sched_done(int32_t *sc)
+{
+    __threadfence();
+    if (atomicAdd(sc + 1, 1) == (int)gridDim.x - 1) {
+        atomicExch(sc, 0);
+        atomicExch(sc + 1, 0);
+    }
+}
+#endif
 
 /* Tile header: request, rows, visible key range. */
 struct wg_tile {

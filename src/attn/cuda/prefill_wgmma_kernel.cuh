@@ -15,8 +15,9 @@
  * empty mbarriers (cp.async gather, or TMA boxes for tiles inside the visible
  * range); two consumer warpgroups own rows 0..63 and 64..127, ping-pong their
  * GEMMs through named barriers and keep P in registers as the A operand of
- * O += P V; the grid is persistent over the heaviest-first tile list in snake
- * order, the K/V ring running on across CTA tiles.
+ * O += P V; the grid is persistent over the heaviest-first tile list (in
+ * snake order, or dealt to the CTAs as they finish their tiles: wg_sched),
+ * the K/V ring running on across CTA tiles.
  * The kernel body exists only in sm_90a device code (__CUDA_ARCH_FEAT_SM90_ALL);
  * other targets get an empty kernel that the host never launches
  * (kva__cuda_prefill_wgmma_ready() checks the build and the device).
@@ -93,12 +94,17 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
     constexpr int SPLIT = dims::SPLIT;
     constexpr uint32_t QB = dims::QB, KB = dims::KB, VB = dims::VB;
     const int n_tiles = *a.num_tiles * SPLIT;
-    if ((int)blockIdx.x >= n_tiles)
+    const bool dyn = a.sched != nullptr; /* the dynamic schedule (wg_sched) */
+    if ((int)blockIdx.x >= n_tiles) {
+        if (dyn && threadIdx.x == 0)
+            wg_sched_done(a.sched);
         return;
-    /* CTA tile of round k: k * gridDim.x + blockIdx.x, the CTA order reversed
-     * in odd rounds (snake: the CTA that took the heaviest tile of one round
-     * takes the lightest of the next). A CTA's rounds end at the first tile
-     * index >= n_tiles (only the last round is partial). */
+    }
+    /* Static schedule (a.sched NULL): CTA tile of round k: k * gridDim.x +
+     * blockIdx.x, the CTA order reversed in odd rounds (snake: the CTA that
+     * took the heaviest tile of one round takes the lightest of the next). A
+     * CTA's rounds end at the first tile index >= n_tiles (only the last
+     * round is partial). Dynamic: round 0 is blockIdx.x, then wg_sched. */
     const int t_step = (int)gridDim.x;
     auto tile_of = [&](int k) {
         return k * t_step + ((k & 1) ? t_step - 1 - (int)blockIdx.x : (int)blockIdx.x);
@@ -112,6 +118,9 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
     const uint32_t sV = sK + ring.n * KB;
     const uint32_t full = sV + ring.n * VB, empty = full + 8 * ring.n; /* mbarriers [n] each */
     const uint32_t sids = empty + 8 * ring.n;                          /* block ids [2][BN] */
+    constexpr int SR = dims::SR;
+    const wg_sched<SR> sc = {sids + dims::IDB, sids + dims::IDB + 8 * SR,
+                             sids + dims::IDB + 16 * SR}; /* CTA-tile ring */
 
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
@@ -121,6 +130,10 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
             kva__mbar_init(full + 8 * i, 128);
             kva__mbar_init(empty + 8 * i, 128 * NCW);
         }
+        for (int i = 0; i < SR; i++) {
+            kva__mbar_init(sc.full + 8 * i, 1);
+            kva__mbar_init(sc.empty + 8 * i, 128 * (NCW + 1));
+        }
     }
     __syncthreads();
     /* K/V tiles of the CTA's earlier CTA tiles: the ring's stage and phase of
@@ -129,8 +142,10 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(dims::REG_P) : "memory");
+        int ti = (int)blockIdx.x;
         for (int k = 0;; k++) {
-            const int ti = tile_of(k);
+            if (k > 0)
+                ti = dyn ? sc.take(k) : tile_of(k);
             if (ti >= n_tiles)
                 break;
             wg_tile tl;
@@ -227,8 +242,15 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 kva__mbar_arrive(full + 8 * st);
             }
             gi += (uint32_t)ntiles;
+            /* Dynamic: round k + 1's tile, fetched once this round's copies
+             * are issued (a register held across the round would spill: the
+             * producer runs on REG_P registers). */
+            if (dyn && tid == 0)
+                sc.put(k + 1, t_step + atomicAdd(a.sched, 1));
             KVA_WG_TRACE(2, ti, ntiles);
         }
+        if (dyn && tid == 0)
+            wg_sched_done(a.sched);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(dims::REG_C) : "memory");
         const int cw = wg - 1, ct = tid - 128, wq = (ct >> 5) & 3;
@@ -236,16 +258,16 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
         const uint64_t dk0 = kva__wgmma_desc(sK, 16, 1024);
         const uint64_t dv0 = kva__wgmma_desc(sV, BN * 128, 1024);
         const int tree_on = a.tree_on ? *a.tree_on : 0;
-        int k = 0;
+        int k = 0, ti = (int)blockIdx.x; /* round k, its CTA tile */
         /* tl: the header of the CTA tile about to start, built when its Q rows
          * are loaded (under the previous tile's epilogue); the key loop and the
          * epilogue need only c and the key-tile range. */
         wg_tile tl;
-        wg_tile_init<M>(tl, a, wg_rec_of<SPLIT, M>(a, (int)blockIdx.x), gd);
+        wg_tile_init<M>(tl, a, wg_rec_of<SPLIT, M>(a, ti), gd);
         wg_load_q<128, DK, M>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
         kva__cp_async_commit();
         for (;;) {
-            KVA_WG_TRACE(3, tile_of(k), -1);
+            KVA_WG_TRACE(3, ti, -1);
             kva__cp_async_wait<0>();
             kva__fence_proxy_async();
             kva__named_bar(true, 3 + cw, 128);
@@ -254,7 +276,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
             const int n_first = tl.kv_lo / BN;
             const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
-            KVA_WG_TRACE(4, tile_of(k), ntiles);
+            KVA_WG_TRACE(4, ti, ntiles);
             float o[NO], s[NS];
             float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -276,10 +298,11 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 if (NCW == 2)
                     kva__named_bar(false, other_bar, 256);
             };
-            /* The next CTA tile's record (nxt.r < 0: none), loaded before the
-             * last P V so that its latency hides under it and the next Q load
-             * under the epilogue does not wait for it. */
-            const int tn = tile_of(k + 1);
+            /* The next CTA tile (tn; dynamic: published by the producer once it
+             * has issued this tile's copies) and its record (nxt.r < 0: none),
+             * loaded before the last P V so that its latency hides under it
+             * and the next Q load under the epilogue does not wait for it. */
+            int tn = n_tiles;
             wg_rec nxt = {-1, 0, 0};
             if (ntiles > 0) {
                 if (NCW == 2 && cw == 1)
@@ -287,7 +310,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 /* Tile 0: S only. */
                 const int st0 = ring.st(gi);
                 kva__mbar_wait(full + 8 * st0, ring.ph(gi));
-                KVA_WG_TRACE(5, tile_of(k), ntiles);
+                KVA_WG_TRACE(5, ti, ntiles);
                 pp_wait();
                 kva__wgmma_fence();
                 wg_qk<Ty, DK, M>(s, dq, dk0 + ((uint64_t)(st0 * KB) >> 4));
@@ -297,7 +320,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
 #pragma unroll
                 for (int e = 0; e < NS; e++)
                     kva__reg_fence(s[e]);
-                KVA_WG_TRACE(6, tile_of(k), ntiles);
+                KVA_WG_TRACE(6, ti, ntiles);
                 float alpha[2] = {1.0f, 1.0f};
                 wg_softmax<Ty, false>(s, o, pa, m_run, l_run, c, a.softcap, a.alibi_slopes,
                                       n_last * BN, alpha);
@@ -359,6 +382,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                         kva__mbar_arrive(empty + 8 * sp);
                     }
                 }
+                tn = dyn ? sc.take(k + 1) : tile_of(k + 1);
                 if (tn < n_tiles)
                     nxt = wg_rec_of<SPLIT, M>(a, tn);
                 /* P V of the last tile. */
@@ -375,10 +399,12 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
 #pragma unroll
                 for (int e = 0; e < NO; e++)
                     kva__reg_fence(o[e]);
-                KVA_WG_TRACE(7, tile_of(k), ntiles);
+                KVA_WG_TRACE(7, ti, ntiles);
                 kva__mbar_arrive(empty + 8 * sl); /* the ring goes on with the next CTA tile */
-            } else if (tn < n_tiles) {
-                nxt = wg_rec_of<SPLIT, M>(a, tn);
+            } else {
+                tn = dyn ? sc.take(k + 1) : tile_of(k + 1);
+                if (tn < n_tiles)
+                    nxt = wg_rec_of<SPLIT, M>(a, tn);
             }
             gi += (uint32_t)ntiles;
             /* The next CTA tile's Q rows of this warpgroup are loaded under the
@@ -388,12 +414,13 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 wg_load_q<128, DK, M>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
                 kva__cp_async_commit();
             }
-            KVA_WG_TRACE(9, tile_of(k), ntiles);
+            KVA_WG_TRACE(9, ti, ntiles);
             wg_epilogue<Ty, DV>(a, c, o, m_run, l_run);
-            KVA_WG_TRACE(8, tile_of(k), ntiles);
+            KVA_WG_TRACE(8, ti, ntiles);
             if (nxt.r < 0)
                 break;
             k++;
+            ti = tn;
         }
     }
 #endif /* KVA_WGMMA_BODY */

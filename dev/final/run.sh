@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lead's final call, session 36: base (main at session start, 32addbd) vs new (merged main), one GPU.
+# Lead's final call of a session: base (main at the session's start) vs new (merged main), one GPU.
 # Trees in ./base and ./new, .deb build deps in ./debs. Log: $OUT/final.txt (written as it goes).
 # Knobs: SAN="test_a test_b" (memcheck quick), MLA=1 (MLA rows), SPARSE=1 (sparse suite),
 #        PEER=1 (SDPA short shapes), R2=1 (second round), DCP=1 (emulated DCP rows).
