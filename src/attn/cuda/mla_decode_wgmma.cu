@@ -58,9 +58,7 @@ struct mw_targs : kva__cuda_attn_args {
  * boxes (MW_SCHED_ALT_TMA). */
 template <typename Ty, bool FP8, bool TMA = false> struct mw_dense {
     typedef typename std::conditional<TMA, mw_targs, kva__cuda_attn_args>::type args;
-    static constexpr int SCHED = FP8   ? MW_SCHED_ALT
-                                 : TMA ? MW_SCHED_ALT_TMA
-                                       : MW_SCHED_SPLIT;
+    static constexpr int SCHED = FP8 ? MW_SCHED_ALT : TMA ? MW_SCHED_ALT_TMA : MW_SCHED_SPLIT;
     ml_item mi;
     bool skip;
     int32_t k0, kend;

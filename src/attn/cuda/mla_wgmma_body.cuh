@@ -520,11 +520,11 @@ __global__ void __launch_bounds__(ML_NT, 1)
         } else {
             /* s_max[0] holds the alternating loop's shared reference max. */
             if (wg == 0)
-                mw_alt_loop<Ty, 0, W::SCHED>(wi, a, sQ, sK, s_max[0], r0, t4, scale_log2, o,
-                                             m_run, l_run, bars, ph);
+                mw_alt_loop<Ty, 0, W::SCHED>(wi, a, sQ, sK, s_max[0], r0, t4, scale_log2, o, m_run,
+                                             l_run, bars, ph);
             else
-                mw_alt_loop<Ty, 1, W::SCHED>(wi, a, sQ, sK, s_max[0], r0, t4, scale_log2, o,
-                                             m_run, l_run, bars, ph);
+                mw_alt_loop<Ty, 1, W::SCHED>(wi, a, sQ, sK, s_max[0], r0, t4, scale_log2, o, m_run,
+                                             l_run, bars, ph);
         }
         kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
         wi.finish(a, s_sum, wg, r0, t4, l_run, m_run, o);
