@@ -100,6 +100,13 @@ static void check_exhaustive(const kva_plan *plan, const kva__partition_params *
     kva__partition_free(x);
 }
 
+/* {ws_off, floats} pairs by ws_off. */
+static int cmp_block(const void *a, const void *b)
+{
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
 /* Structure and coverage of partition p of plan (skip [R] or NULL). */
 static void check_partition(const kva_plan *plan, const kva__partition *p, const uint8_t *skip)
 {
@@ -167,6 +174,7 @@ static void check_partition(const kva_plan *plan, const kva__partition *p, const
         chunk_of[2 * x + 1] = it->k1;
     }
     int64_t ws_sum = 0;
+    int64_t *blocks = malloc(sizeof(int64_t) * 2 * (size_t)nt); /* {ws_off, floats} per task */
     for (int32_t k = 0; k < p->num_tasks; k++) {
         const kva__split_task *t = &p->tasks[k];
         CHECK(t->num_splits >= 2 && t->num_splits <= 32);
@@ -182,10 +190,19 @@ static void check_partition(const kva_plan *plan, const kva__partition *p, const
         const int64_t blk = (int64_t)t->num_splits * t->nq * t->nh * (d->head_dim_v + 1);
         CHECK(t->ws_off >= 0 && t->ws_off + blk <= p->partial_floats);
         ws_sum += blk;
+        blocks[2 * k] = t->ws_off, blocks[2 * k + 1] = blk;
     }
     free(chunk_of);
     free(seen);
-    CHECK(ws_sum == p->partial_floats); /* blocks inside and summing up: disjoint */
+    /* Inside, summing up to partial_floats, and in ws_off order none starts
+     * before the previous one ends: disjoint. */
+    CHECK(ws_sum == p->partial_floats);
+    qsort(blocks, (size_t)p->num_tasks, 2 * sizeof(int64_t), cmp_block);
+    for (int32_t k = 1; k < p->num_tasks; k++)
+        CHECK_MSG(blocks[2 * k] >= blocks[2 * k - 2] + blocks[2 * k - 1],
+                  "partial blocks at %lld and %lld overlap", (long long)blocks[2 * k - 2],
+                  (long long)blocks[2 * k]);
+    free(blocks);
 }
 
 static void test_grid_random(void)
