@@ -309,6 +309,74 @@ static char sentinel_byte;
             kva_plan_destroy(p_);                                                                  \
     } while (0)
 
+/*
+ * The block-table scan (check_batch): max_block_id and the first negative id
+ * of a read row, on the portable loop and on the AVX2 one (plan_scan_avx2.c,
+ * where the CPU has it), for rows of 1..40 ids (the vector loop, its
+ * overlapping last eight, rows shorter than eight) and block sizes that are
+ * and are not powers of two. Ids past a request's need are never read: big
+ * and negative ones are planted there.
+ */
+static void test_block_scan(void)
+{
+    enum { R = 5, STRIDE = 48 };
+    static const int32_t sizes[3] = {16, 5, 1};
+    kva_context *ctx = make_ctx(KVA_BACKEND_REF);
+    const int has_avx2 = ctx->cpu_features.avx2;
+    kva_rng rng = {777u};
+    int32_t qsl[R + 1], seq[R], bt[R * STRIDE];
+    for (int path = 0; path < 1 + has_avx2; path++) {
+        ctx->cpu_features.avx2 = path; /* 0: the portable loop */
+        for (int si = 0; si < 3; si++) {
+            const int32_t B = sizes[si];
+            for (int32_t n = 1; n <= 40; n++) {
+                /* Request 1 reads n blocks, the others 1..STRIDE; request 3 has q_len 0. */
+                int32_t need[R], want = -1;
+                qsl[0] = 0;
+                for (int32_t r = 0; r < R; r++) {
+                    need[r] = r == 1 ? n : kva_rng_int(&rng, 1, STRIDE);
+                    seq[r] = (need[r] - 1) * B + kva_rng_int(&rng, 1, B);
+                    qsl[r + 1] = qsl[r] + (r == 3 ? 0 : 1);
+                    for (int32_t j = 0; j < STRIDE; j++) {
+                        const int32_t id = kva_rng_int(&rng, 0, 1 << 20);
+                        const int read = j < need[r] && r != 3;
+                        bt[r * STRIDE + j] = read ? id : (j & 1 ? -1 - id : (1 << 30) + id);
+                        if (read && id > want)
+                            want = id;
+                    }
+                }
+                test_batch b;
+                const int32_t q1[1] = {1}, s1[1] = {1};
+                make_batch(&b, 1, q1, s1, 0);
+                b.d.num_requests = R;
+                b.d.query_start_loc = qsl;
+                b.d.seq_lens = seq;
+                b.d.block_table = bt;
+                b.d.block_table_stride = STRIDE;
+                b.d.block_size = B;
+                kva_plan *plan = NULL;
+                CHECK_OK(kva_plan_create(ctx, &b.d, &plan));
+                if (plan)
+                    CHECK_MSG(plan->max_block_id == want,
+                              "path %d B %d n %d: max_block_id %d, want %d", path, (int)B, (int)n,
+                              (int)plan->max_block_id, (int)want);
+                kva_plan_destroy(plan);
+                /* A negative id at each read position of request 1 is named. */
+                for (int32_t j = 0; j < n; j++) {
+                    const int32_t keep = bt[STRIDE + j];
+                    bt[STRIDE + j] = -2 - j;
+                    char msg[64];
+                    snprintf(msg, sizeof msg, "entry %d of request 1 is %d", (int)j, (int)(-2 - j));
+                    EXPECT_BAD(ctx, &b.d, KVA_STATUS_OUT_OF_RANGE, msg);
+                    bt[STRIDE + j] = keep;
+                }
+            }
+        }
+    }
+    ctx->cpu_features.avx2 = has_avx2;
+    kva_context_destroy(ctx);
+}
+
 static void test_bad_inputs(void)
 {
     const int32_t q[3] = {1, 4, 1};
@@ -621,6 +689,7 @@ int main(void)
     RUN(test_copies_independent);
     RUN(test_max_block_id);
     RUN(test_bad_inputs);
+    RUN(test_block_scan);
     RUN(test_get_info_errors);
     RUN(test_backend_hooks);
     RUN(test_reorder_random);

@@ -100,6 +100,13 @@ static void check_exhaustive(const kva_plan *plan, const kva__partition_params *
     kva__partition_free(x);
 }
 
+/* {ws_off, floats} pairs by ws_off. */
+static int cmp_block(const void *a, const void *b)
+{
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
 /* Structure and coverage of partition p of plan (skip [R] or NULL). */
 static void check_partition(const kva_plan *plan, const kva__partition *p, const uint8_t *skip)
 {
@@ -167,6 +174,7 @@ static void check_partition(const kva_plan *plan, const kva__partition *p, const
         chunk_of[2 * x + 1] = it->k1;
     }
     int64_t ws_sum = 0;
+    int64_t *blocks = malloc(sizeof(int64_t) * 2 * (size_t)nt); /* {ws_off, floats} per task */
     for (int32_t k = 0; k < p->num_tasks; k++) {
         const kva__split_task *t = &p->tasks[k];
         CHECK(t->num_splits >= 2 && t->num_splits <= 32);
@@ -182,10 +190,19 @@ static void check_partition(const kva_plan *plan, const kva__partition *p, const
         const int64_t blk = (int64_t)t->num_splits * t->nq * t->nh * (d->head_dim_v + 1);
         CHECK(t->ws_off >= 0 && t->ws_off + blk <= p->partial_floats);
         ws_sum += blk;
+        blocks[2 * k] = t->ws_off, blocks[2 * k + 1] = blk;
     }
     free(chunk_of);
     free(seen);
-    CHECK(ws_sum == p->partial_floats); /* blocks inside and summing up: disjoint */
+    /* Inside, summing up to partial_floats, and in ws_off order none starts
+     * before the previous one ends: disjoint. */
+    CHECK(ws_sum == p->partial_floats);
+    qsort(blocks, (size_t)p->num_tasks, 2 * sizeof(int64_t), cmp_block);
+    for (int32_t k = 1; k < p->num_tasks; k++)
+        CHECK_MSG(blocks[2 * k] >= blocks[2 * k - 2] + blocks[2 * k - 1],
+                  "partial blocks at %lld and %lld overlap", (long long)blocks[2 * k - 2],
+                  (long long)blocks[2 * k]);
+    free(blocks);
 }
 
 static void test_grid_random(void)
@@ -387,6 +404,93 @@ static void test_grid_decodes(void)
               "decode path taken %d times, general path %d (of %d)", fast, general, ncase);
 }
 
+/*
+ * A serving engine's decode steps one after another, each partition built in
+ * the previous one (kva_plan_update's reuse), as kva_plan_update does: every
+ * request one key longer per step (the decode path reuses the previous
+ * step's order of the units where it still sorts them), with now and then
+ * two requests' lengths swapped, equal lengths (ties, which go in request
+ * order), a request dropped or a split batch between. Each rebuild must equal
+ * a fresh build item for item, with the same pick, makespan and estimate.
+ */
+static void test_grid_decode_steps(void)
+{
+    kva_rng rng = {20261128};
+    const int ncase = kva_test_quick() ? 12 : 40;
+    int fast = 0;
+    for (int c = 0; c < ncase; c++) {
+        int32_t R = kva_rng_int(&rng, 2, 64);
+        int32_t q[64], sl[64];
+        for (int32_t r = 0; r < R; r++)
+            q[r] = 1, sl[r] = kva_rng_int(&rng, 1, c % 3 == 0 ? 5000 : 700);
+        const int32_t Hkv = kva_rng_int(&rng, 1, 8), G = 1 << kva_rng_int(&rng, 0, 3);
+        const int64_t slots = c % 2 ? 264 : 132;
+        kva__partition_params pp = params_for(16, slots);
+        kva__partition_grid gm = {slots, 0, 176, 600, 1100};
+        kva__partition *carry = NULL;
+        for (int step = 0; step < 24; step++) {
+            const int k = kva_rng_int(&rng, 0, 15);
+            if (k == 0) { /* two requests trade lengths */
+                const int32_t a = kva_rng_int(&rng, 0, R - 1), z = kva_rng_int(&rng, 0, R - 1);
+                const int32_t t = sl[a];
+                sl[a] = sl[z], sl[z] = t;
+            } else if (k == 1 || k == 4) {
+                /* A tie that the previous order breaks the wrong way: the
+                 * longest request comes after the second longest in request
+                 * order and precedes it in the units' order; now equal, the
+                 * earlier request goes first. Else a random tie. */
+                int32_t a = 0, z = -1;
+                for (int32_t r = 1; r < R; r++)
+                    a = sl[r] > sl[a] ? r : a;
+                for (int32_t r = 0; r < R; r++)
+                    z = r != a && (z < 0 || sl[r] > sl[z]) ? r : z;
+                if (z < a && sl[z] < sl[a])
+                    sl[z] = sl[a];
+                else
+                    sl[kva_rng_int(&rng, 0, R - 1)] = sl[kva_rng_int(&rng, 0, R - 1)];
+            } else if (k == 2 && R > 2) { /* the last request finished */
+                R--;
+            } else if (k == 3) { /* one long request: a split may win */
+                sl[kva_rng_int(&rng, 0, R - 1)] += 20000;
+            } else {
+                for (int32_t r = 0; r < R; r++)
+                    sl[r]++;
+            }
+            kva_test_batch b;
+            kva_test_batch_init(&b, &rng, R, q, sl, 16, 2, 0);
+            kva_plan_desc pd = kva_test_batch_plan_desc(&b, G * Hkv, Hkv, 128, 128, KVA_DTYPE_BF16);
+            kva_context *ctx = NULL;
+            kva_context_desc cd = {KVA_BACKEND_REF, 1, 0};
+            kva_plan *plan = NULL;
+            CHECK_OK(kva_context_create(&cd, &ctx));
+            CHECK_OK(kva_plan_create(ctx, &pd, &plan));
+            kva__partition *fresh = NULL, *again = NULL;
+            if (plan) {
+                CHECK_OK(kva__partition_build_grid(plan, &pp, &gm, NULL, NULL, &fresh));
+                CHECK_OK(kva__partition_build_grid(plan, &pp, &gm, NULL, carry, &again));
+                carry = again;
+            }
+            if (fresh && again) {
+                CHECK_MSG(
+                    again->num_items == fresh->num_items && again->num_tasks == fresh->num_tasks &&
+                        !memcmp(again->items, fresh->items,
+                                sizeof *fresh->items * (size_t)fresh->num_items),
+                    "case %d step %d: the rebuilt partition differs from a fresh one", c, step);
+                CHECK(again->pick == fresh->pick && again->makespan == fresh->makespan &&
+                      again->estimate == fresh->estimate &&
+                      again->decode_path == fresh->decode_path);
+                fast += again->decode_path;
+            }
+            kva__partition_free(fresh);
+            kva_plan_destroy(plan);
+            kva_context_destroy(ctx);
+            kva_test_batch_free(&b);
+        }
+        kva__partition_free(carry);
+    }
+    CHECK_MSG(fast > ncase * 3, "decode path taken %d times in %d steps", fast, ncase * 24);
+}
+
 /* The cases the new candidates are for: equal decodes that the rounded-up
  * targets cut into one chunk too many (16 x 4k on 264 workers: 8 chunks of
  * 512 in four rounds before, 2 chunks of 2048 in one round now), and a batch
@@ -431,5 +535,6 @@ int main(void)
     RUN(test_grid_random);
     RUN(test_grid_uniform);
     RUN(test_grid_decodes);
+    RUN(test_grid_decode_steps);
     return kva_test_finish();
 }

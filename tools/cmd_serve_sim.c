@@ -86,7 +86,8 @@ void kva_cli_usage_serve_sim(void)
            "  --plan-probe MODE        benchmarks (cuda): split each decode-only step's\n"
            "                           plan time into its phases (medians printed); 2: a\n"
            "                           stream query before the plan, 3: the plan again\n"
-           "                           right after (warm caches)  [0]\n"
+           "                           right after (warm caches), 4: an event record\n"
+           "                           before the plan  [0]\n"
            "  --json FILE              also write the results as JSON (vllm's field names)\n"
            "  --progress, --no-progress  progress bar on stderr [on when stderr is a tty]\n"
            "\n"
@@ -311,7 +312,7 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
                 ok = 0;
             }
         } else if (!strcmp(f, "--plan-probe")) {
-            ok = kva_cli_parse_i32(f, val, 0, 3, &o->plan_probe);
+            ok = kva_cli_parse_i32(f, val, 0, 4, &o->plan_probe);
         } else if (!strcmp(f, "--backend")) {
             ok = kva_cli_parse_choice(f, val, backends, 3, &k);
             o->backend = (kva_backend)k;

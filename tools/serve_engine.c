@@ -478,6 +478,8 @@ static void probe_print(const serve_engine *e)
                mean[k * (SERVE_PROBE_PLAN + 1) + 6]);
         if (k == 0 && e->o.plan_probe == 2)
             printf(" | query before %.2f", med[SERVE_PROBE_PLAN]);
+        if (k == 0 && e->o.plan_probe == 4)
+            printf(" | event record before %.2f", med[SERVE_PROBE_PLAN]);
         printf("\n");
     }
 }
@@ -546,9 +548,15 @@ kva_status serve_engine_step(serve_engine *e, const serve_batch *b, int verify, 
     int local = serve_layer_local(o, 0);
     kva_plan_desc pd = serve_step_desc(o, R, e->qsl, e->seq_lens, e->bt, stride, local);
     double probe_q = 0.0;
-    if (o->plan_probe == 2 && e->dev) { /* the first runtime call after the last step */
+    if ((o->plan_probe == 2 || o->plan_probe == 4) && e->dev) {
+        /* The first runtime call after the last step: a stream query (2),
+         * or a cheap enqueue, an event record (4; event 0 is recorded again
+         * after the plan, where the step's device times start). */
         const double q0 = serve_now();
-        (void)serve_dev_query(e->d);
+        if (o->plan_probe == 2)
+            (void)serve_dev_query(e->d);
+        else if ((rc = serve_dev_record(e->d, 0)) != KVA_STATUS_OK)
+            return rc;
         probe_q = (serve_now() - q0) * 1e6;
     }
     double t0 = serve_now();

@@ -245,6 +245,14 @@ void serve_print_table(FILE *f, const serve_opts *o, const serve_run *run, const
         if (st->steps_by_state[KVA_STATE_DECODE_ONLY] > 0)
             ROW_F("  of decode-only step time (%):", 100.0 * m->decode_plan_share);
         ROW_F("Host plan time, most in a step (us):", 1e6 * st->plan_max_s);
+        /* Where the plan time goes: its sum and steps per step state (the
+         * first step's plan and the prefill steps' are larger ones). */
+        fprintf(f, "%-40s", "Host plan time by state (us / steps):");
+        for (int k = 0; k <= KVA_STATE_EMPTY; k++)
+            if (st->steps_by_state[k] > 0)
+                fprintf(f, " %s %.1f / %lld;", kva_attn_state_name((kva_attn_state)k),
+                        1e6 * st->plan_s_by_state[k], (long long)st->steps_by_state[k]);
+        fprintf(f, "\n");
     } else {
         ROW_F("Attention share of step time (%):", 100.0 * m->attention_share);
         ROW_F("KV cache write share of step time (%):", 100.0 * m->write_share);

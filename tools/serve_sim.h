@@ -89,7 +89,8 @@ typedef struct serve_opts {
                                  (kva__cuda_context_staging_hot); -1: the default */
     int32_t plan_probe;       /* --plan-probe MODE (CUDA, benchmarks): 1 the plan's time split
                                  into its phases per decode-only step; 2 also a stream query
-                                 (timed) before the plan; 3 also the same plan again (warm) */
+                                 (timed) before the plan; 3 also the same plan again (warm);
+                                 4 also an event record (timed) before the plan */
     int check_pool;           /* kva_pool_check after every step */
     int progress;             /* progress bar on stderr */
     /* Tests only (no flag): a fault injected into every checked layer, which

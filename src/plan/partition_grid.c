@@ -57,6 +57,8 @@ struct kva__partition_scratch {
     int32_t cap_runs[2];
     int64_t *dcost; /* [2 * (cap_dcost + 1)]: build_placed's costs and positions */
     int32_t cap_dcost;
+    int32_t decode_n; /* > 0: runs[0][0..decode_n) holds the order of the units that the
+                         latest build's decode path wrote its items in (build_decodes) */
 };
 
 void kva__partition_scratch_free(struct kva__partition_scratch *s)
@@ -449,8 +451,8 @@ static int no_split_wins(const kva__partition_grid *g, int64_t maxc, int64_t tot
  * 1 with *st the build's status otherwise.
  */
 static int build_decodes(const kva_plan *plan, const kva__partition_params *pp,
-                         const kva__partition_grid *grid, int64_t slots, kva__partition *part,
-                         kva__partition **out, kva_status *st)
+                         const kva__partition_grid *grid, int64_t slots, int32_t prev_n,
+                         kva__partition *part, kva__partition **out, kva_status *st)
 {
     struct kva__partition_scratch *s = part->scratch;
     const kva__unit *u = s->a.units;
@@ -467,9 +469,21 @@ static int build_decodes(const kva_plan *plan, const kva__partition_params *pp,
         !grow((void **)&s->runs[0], &s->cap_runs[0], 2 * (int64_t)n, sizeof(cost_run)))
         return 0;
     cost_run *r = s->runs[0]; /* {cost, unit}: sorted by cost, stable */
-    for (int32_t i = 0; i < n; i++)
-        r[i].cost = u[i].cost, r[i].count = i;
-    sort_runs(r, r + n, n);
+    /* A decode step's units mostly sort as the previous step's did (every
+     * request one key longer): that order is tried first. Largest cost first
+     * with ties in unit order is a strict total order, so an order that
+     * satisfies it is the stable sort's result. */
+    int sorted = prev_n == n;
+    for (int32_t i = 0; sorted && i < n; i++) {
+        r[i].cost = u[r[i].count].cost;
+        sorted = i == 0 || r[i - 1].cost > r[i].cost ||
+                 (r[i - 1].cost == r[i].cost && r[i - 1].count < r[i].count);
+    }
+    if (!sorted) {
+        for (int32_t i = 0; i < n; i++)
+            r[i].cost = u[i].cost, r[i].count = i;
+        sort_runs(r, r + n, n);
+    }
     int64_t next0 = 0, t = 0; /* worker 0's load, as groups_makespan */
     for (int32_t i = 0; i < n; i++) {
         const int64_t end = (int64_t)(i + 1) * hkv;
@@ -496,6 +510,7 @@ static int build_decodes(const kva_plan *plan, const kva__partition_params *pp,
             it[k] = w;
     }
     b.num_items = ok ? (int32_t)items : 0;
+    s->decode_n = n; /* runs[0] keeps this order for the next build */
     kva__partition_params pq = *pp;
     pq.num_threads = (int32_t)(slots < INT32_MAX ? slots : INT32_MAX);
     *st = kva__part_finish(plan, &pq, part, &b, 0, ok, out);
@@ -558,7 +573,9 @@ static kva_status build_grid(const kva_plan *plan, const kva__partition_params *
         goto oom;
     const int bound = grid->force_splits == 0 && !exhaustive;
     kva_status dst = KVA_STATUS_OK;
-    if (bound && slots > 1 && build_decodes(plan, &pp, grid, slots, part, out, &dst))
+    const int32_t prev_n = s->decode_n;
+    s->decode_n = 0; /* set again only where build_decodes writes the items */
+    if (bound && slots > 1 && build_decodes(plan, &pp, grid, slots, prev_n, part, out, &dst))
         return dst; /* decodes that no split can speed up */
     const int32_t ng = list_groups(plan, s);
     if (ng < 0 || !grow((void **)&s->asked, &s->cap_asked, (int64_t)NUM_CANDIDATES * ng + 1,

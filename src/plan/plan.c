@@ -20,6 +20,7 @@
  * output), whose rows see no key.
  */
 #include "internal.h"
+#include "plan_scan.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -314,10 +315,18 @@ static kva_status check_scalars(const kva_plan_desc *d)
  * returns, through *max_block_id, the largest block id any request with
  * queries reads (-1 if none).
  */
-static kva_status check_batch(const kva_plan_desc *d, const kva_plan_desc *dcp,
+static kva_status check_batch(const kva_plan_desc *d, const kva_plan_desc *dcp, int avx2,
                               int32_t *max_block_id)
 {
     const int32_t R = d->num_requests;
+    /* Blocks per request: a shift for the usual power-of-two block sizes
+     * (a 64-bit division per request cost more than its row's scan), else
+     * a 32-bit division (local + B - 1 < 2^32: local <= KVA_MAX_SEQ_LEN). */
+    const uint32_t bs = d->block_table ? (uint32_t)d->block_size : 1u;
+    const int bs_shift = (bs & (bs - 1)) == 0 ? __builtin_ctz(bs) : -1;
+#if !KVA_X86_SIMD
+    (void)avx2;
+#endif
     const int32_t *qsl = d->query_start_loc;
     *max_block_id = -1;
     int32_t max_id = -1;
@@ -365,7 +374,8 @@ static kva_status check_batch(const kva_plan_desc *d, const kva_plan_desc *dcp,
         /* A sharded plan's block table covers the rank's local tokens only
          * (the count's divisions skipped when unsharded: every token is local). */
         const int64_t local = dcp->dcp_size > 1 ? kva__dcp_local_count(dcp, s) : s;
-        int64_t need = (local + d->block_size - 1) / d->block_size;
+        const uint32_t up = (uint32_t)local + (bs - 1);
+        const int64_t need = bs_shift >= 0 ? (int64_t)(up >> bs_shift) : (int64_t)(up / bs);
         if (need > d->block_table_stride)
             return kva__fail(KVA_STATUS_OUT_OF_RANGE,
                              "kva_plan_create: block table too short for seq_len: request %d has "
@@ -377,14 +387,20 @@ static kva_status check_batch(const kva_plan_desc *d, const kva_plan_desc *dcp,
             continue; /* No kernel reads this request's blocks. */
         /* The row's largest id and whether any is negative (the sign bit of
          * their OR) in one branch-free pass (it vectorizes: a 64 x 4k decode
-         * batch has 16k entries to check every step); the negative entry is
-         * looked up only to name it. */
+         * batch has 16k entries to check every step; AVX2 where the CPU has
+         * it, plan_scan_avx2.c); the negative entry is looked up only to
+         * name it. */
         const int32_t *row = d->block_table + (int64_t)r * d->block_table_stride;
         int32_t any = 0, hi = -1;
-        for (int64_t j = 0; j < need; j++) {
-            any |= row[j];
-            hi = row[j] > hi ? row[j] : hi;
-        }
+#if KVA_X86_SIMD
+        if (avx2)
+            kva__plan_scan_row_avx2(row, need, &any, &hi);
+        else
+#endif
+            for (int64_t j = 0; j < need; j++) {
+                any |= row[j];
+                hi = row[j] > hi ? row[j] : hi;
+            }
         if (any < 0)
             for (int64_t j = 0; j < need; j++)
                 if (row[j] < 0)
@@ -532,7 +548,7 @@ static kva_status check_desc(kva_context *ctx, const kva_plan_desc *desc, kva_pl
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_plan_create: kind = KVA_ATTN_INDEX: backend '%s' has no indexer",
                          kva_backend_name(ctx->backend));
-    KVA_TRY(check_batch(dcp, dcp, max_block_id));
+    KVA_TRY(check_batch(dcp, dcp, ctx->cpu_features.avx2, max_block_id));
     return kva__plan_tree_bits(desc, tree_bits);
 }
 

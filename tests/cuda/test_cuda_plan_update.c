@@ -11,7 +11,10 @@
  * its metadata as the batches need (each upload one copy), and reserved for
  * far larger batches (kva_cuda_context_reserve: large item, task and tile
  * capacities, so a step with split tasks or prefill tiles uploads in several
- * copies), against the fresh plans' unreserved context. Bad input (a negative
+ * copies), against the fresh plans' unreserved context, and once more on the
+ * reserved context through a serving engine's decode steps (each request one
+ * key longer per step: the grid partition reuses the previous step's order of
+ * its units where it still sorts them). Bad input (a negative
  * block id, a context of another backend) changes nothing: the plan still
  * runs and gives the same output. Pipelined: updates and runs enqueued with
  * no host synchronization behind a long first run, so the later uploads
@@ -89,7 +92,11 @@ static void check_ref(kva_context *ref, const kva_plan_desc *pd, const kva_cache
  * all of it). */
 #define PAD_BYTES (256 << 10)
 
-static void update_sequence(int reserved, int pad)
+/* decode: the steps are a serving engine's decode steps instead (each
+ * request one key longer per step, now and then a tie of two lengths or the
+ * last request finished), whose grid partition reuses the previous step's
+ * order of its units (partition_grid.c build_decodes). */
+static void update_sequence(int reserved, int pad, int decode)
 {
     kva_context *ctx = NULL, *fresh_ctx = NULL, *ref = NULL;
     kva_context_desc cd = {KVA_BACKEND_CUDA, 0, 0}, rd = {KVA_BACKEND_REF, 1, 0};
@@ -106,18 +113,34 @@ static void update_sequence(int reserved, int pad)
     }
     kva_rng rng = {271828u + (uint64_t)reserved + 2u * (uint64_t)(pad + 1)};
     kva_plan *plan = NULL;
-    const int steps = kva_test_quick() ? (reserved ? 6 : 12) : 40;
+    const int steps = decode ? 8 : kva_test_quick() ? (reserved ? 6 : 12) : 40;
+    /* Decode steps: 96 requests of 600..1200 keys fill a grid of up to 3
+     * CTAs per SM unsplit, so the grid build takes its decode path; 8 steps
+     * (the random cache of each step is ~0.2 GB on the host). */
+    int32_t dR = 96, dql[96], dsl[96], decode_path = 0;
+    for (int32_t r = 0; decode && r < dR; r++) /* the other sequences keep their draws */
+        dql[r] = 1, dsl[r] = kva_rng_int(&rng, 600, 1200);
     for (int c = 0; c < steps && ctx && fresh_ctx; c++) {
         const int32_t R = kva_rng_int(&rng, 1, c % 3 == 0 ? 40 : 10);
         kva_test_batch b;
-        kva_test_batch_random(&b, &rng, R, BS, c % 2 ? 3000 : 400,
-                              c % 4 == 0   ? 1u
-                              : c % 4 == 1 ? 3u
-                                           : 15u,
-                              0);
+        if (decode) {
+            for (int32_t r = 0; r < dR; r++)
+                dsl[r]++;
+            if (c % 4 == 2) /* a tie */
+                dsl[kva_rng_int(&rng, 0, dR - 1)] = dsl[kva_rng_int(&rng, 0, dR - 1)];
+            if (c % 5 == 4)
+                dR--;
+            kva_test_batch_init(&b, &rng, dR, dql, dsl, BS, 2, 0);
+        } else {
+            kva_test_batch_random(&b, &rng, R, BS, c % 2 ? 3000 : 400,
+                                  c % 4 == 0   ? 1u
+                                  : c % 4 == 1 ? 3u
+                                               : 15u,
+                                  0);
+        }
         kva_plan_desc pd = kva_test_batch_plan_desc(&b, H, HKV, D, D, DT);
-        pd.causal = c % 7 != 3;
-        if (c % 5 == 2)
+        pd.causal = decode || c % 7 != 3;
+        if (c % 5 == 2 && !decode)
             pd.window_left = kva_rng_int(&rng, 0, 300);
         kva_plan *fresh = NULL;
         CHECK_OK(kva_plan_create(fresh_ctx, &pd, &fresh));
@@ -126,6 +149,7 @@ static void update_sequence(int reserved, int pad)
         else
             CHECK_OK(kva_plan_update(ctx, plan, &pd));
         if (plan && fresh) {
+            decode_path += plan->part && plan->part->decode_path;
             CHECK(!memcmp(&plan->info, &fresh->info, sizeof plan->info));
             CHECK(plan->workspace_bytes == fresh->workspace_bytes);
             CHECK_MSG(plan->part && fresh->part &&
@@ -178,6 +202,9 @@ static void update_sequence(int reserved, int pad)
         kva_plan_destroy(fresh);
         kva_test_batch_free(&b);
     }
+    if (decode) /* else the order reuse went untested */
+        CHECK_MSG(decode_path == steps, "the decode path built %d of %d decode steps", decode_path,
+                  steps);
     kva_plan_destroy(plan);
     kva_context_destroy(ctx);
     kva_context_destroy(fresh_ctx);
@@ -293,12 +320,18 @@ static void update_pipelined(int pad, int64_t hot)
 
 static void test_update_sequence(void)
 {
-    update_sequence(0, -1);
+    update_sequence(0, -1, 0);
 }
 
 static void test_update_sequence_reserved(void)
 {
-    update_sequence(1, -1);
+    update_sequence(1, -1, 0);
+}
+
+/* Decode steps on a reserved context, as serve-sim plans them. */
+static void test_update_decode_steps(void)
+{
+    update_sequence(1, -1, 1);
 }
 
 static void test_update_pipelined(void)
@@ -332,11 +365,11 @@ static void test_staging_hot(void)
 
 static void test_update_padding(void)
 {
-    update_sequence(0, 0);
-    update_sequence(1, 0);
+    update_sequence(0, 0, 0);
+    update_sequence(1, 0, 0);
     update_pipelined(0, -1);
-    update_sequence(0, PAD_BYTES);
-    update_sequence(1, PAD_BYTES);
+    update_sequence(0, PAD_BYTES, 0);
+    update_sequence(1, PAD_BYTES, 0);
     update_pipelined(PAD_BYTES, -1);
     update_pipelined(MIXED_PAD, -1);
 }
@@ -348,6 +381,7 @@ int main(void)
         return skip;
     RUN(test_update_sequence);
     RUN(test_update_sequence_reserved);
+    RUN(test_update_decode_steps);
     RUN(test_update_pipelined);
     RUN(test_update_padding);
     RUN(test_staging_hot);
