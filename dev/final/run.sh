@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lead's final call of a session: base (main at the session's start) vs new (merged main), one GPU.
 # Trees in ./base and ./new, .deb build deps in ./debs. Log: $OUT/final.txt (written as it goes).
-# Knobs: SAN="test_a test_b" (memcheck quick), MLA=1 (MLA rows), SPARSE=1 (sparse suite),
+# Knobs: CTJ=3 (ctest jobs), SAN="test_a test_b" (memcheck quick), MLA=1 (MLA rows), SPARSE=1 (sparse suite),
 #        PEER=1 (SDPA short shapes), R2=1 (second round), DCP=1 (emulated DCP rows).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd); cd "$here"
@@ -22,7 +22,7 @@ T build
 ( for x in ${SAN:-}; do
     KVA_TEST_QUICK=1 timeout 170 compute-sanitizer --tool memcheck --error-exitcode 9 $B/new/$x >$out/san_$x.log 2>&1
     echo "memcheck $x quick: rc=$? $(grep -E 'ERROR SUMMARY' $out/san_$x.log | tail -1)" >>"$LOG"; done ) &
-KVA_TEST_QUICK=1 ctest --test-dir $B/new -L cuda -j3 --timeout 240 --output-on-failure >$out/ctest.log 2>&1; echo "ctest -L cuda (quick) rc=$?" >>"$LOG"
+KVA_TEST_QUICK=1 ctest --test-dir $B/new -L cuda -j${CTJ:-3} --timeout 240 --output-on-failure >$out/ctest.log 2>&1; echo "ctest -L cuda (quick) rc=$?" >>"$LOG"
 grep -E "tests passed|Failed|\*\*\*|Not Run" $out/ctest.log | tail -14 >>"$LOG"
 cp $out/ctest.log "$res/"; T tests
 wait; T san
