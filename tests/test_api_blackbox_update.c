@@ -1,0 +1,299 @@
+/*
+ * test_api_blackbox_update.c - black-box audit, round three (session 37, task
+ * api37): one plan updated step after step across every kind of plan
+ * (kvattn.h: "a plan of any kind, cascade or not, may be updated to any
+ * other", afterwards equal to kva_plan_create's: same info, same results),
+ * and draft trees and local chunks over quantized caches (every format), CPU
+ * against the reference. Outputs are poisoned before every run.
+ */
+#include "blackbox_util.h"
+#include "tree_util.h"
+
+enum { UP_B = 4, UP_NB = 24, UP_H = 4, UP_D = 16, UP_DC = 16, UP_DR = 8, UP_DN = 8, UP_DV = 24 };
+
+/* The step kinds of the update sequence. */
+enum { UP_MHA, UP_TREE, UP_CASCADE, UP_CHUNK, UP_MLA, UP_SPARSE_MIX, UP_SPARSE_SEP, UP_INDEX };
+
+static const char *const up_names[] = {"mha",   "tree",   "cascade",    "chunk",
+                                       "mla",   "sparse", "sparse sep", "indexer"};
+
+/* Two batches the steps alternate between (small and large), with a shared
+ * leading block for the cascades. */
+typedef struct up_batch {
+    int32_t R, qsl[5], sl[4], bt[4 * 6], par[16];
+} up_batch;
+
+static const up_batch up_batches[2] = {
+    {2, {0, 1, 3}, {9, 6}, {3, 7, 1, -1, -1, -1, 3, 2, -1, -1, -1, -1}, {-1, -1, 0}},
+    {4,
+     {0, 1, 5, 6, 9},
+     {20, 13, 9, 7},
+     {3, 4, 5, 6, 8, -1, 3, 9, 10, 11, -1, -1, 3, 12, 13, -1, -1, -1, 3, 14, -1, -1, -1, -1},
+     {-1, -1, 0, 1, 0, -1, -1, 0, 0}},
+};
+
+/* The descriptor of step kind k over batch b. */
+static kva_plan_desc up_desc(int k, const up_batch *b)
+{
+    kva_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.num_requests = b->R;
+    d.query_start_loc = b->qsl;
+    d.seq_lens = b->sl;
+    d.block_table = b->bt;
+    d.block_table_stride = 6;
+    d.block_size = UP_B;
+    d.num_heads = UP_H;
+    d.num_kv_heads = 2;
+    d.head_dim = UP_D;
+    d.q_dtype = KVA_DTYPE_F32;
+    d.causal = 1;
+    d.window_left = -1;
+    switch (k) {
+    case UP_TREE:
+        d.tree_parents = b->par;
+        d.decode_threshold = 4;
+        break;
+    case UP_CASCADE:
+        d.cascade = KVA_CASCADE_ON;
+        break;
+    case UP_CHUNK:
+        d.attention_chunk = 5;
+        d.window_left = 3;
+        d.cascade = KVA_CASCADE_OFF;
+        break;
+    case UP_MLA:
+    case UP_SPARSE_MIX:
+    case UP_SPARSE_SEP:
+        d.kind = KVA_ATTN_MLA;
+        d.num_kv_heads = 1;
+        d.head_dim = UP_DC + UP_DR;
+        d.head_dim_v = UP_DC;
+        d.scale = 0.3f;
+        d.decode_threshold = 2;
+        if (k == UP_MLA) {
+            d.mla_qk_nope_head_dim = UP_DN;
+            d.mla_v_head_dim = UP_DV;
+        } else {
+            d.sparse_topk = 5;
+            d.sparse_mode = k == UP_SPARSE_SEP ? KVA_SPARSE_SEPARATE : KVA_SPARSE_MIXED;
+        }
+        break;
+    case UP_INDEX:
+        d.kind = KVA_ATTN_INDEX;
+        d.num_kv_heads = 1;
+        d.sparse_topk = 6;
+        break;
+    default:
+        break;
+    }
+    return d;
+}
+
+/* The caches and inputs every step reads. */
+typedef struct up_world {
+    kva_cache *mha, *mla, *idx;
+    float q[16 * UP_H * (UP_DC + UP_DR)], ql[16 * UP_H * (UP_DN + UP_DR)];
+    float wuk[UP_H * UP_DN * UP_DC], wuv[UP_H * UP_DC * UP_DV], w[16 * UP_H];
+    int32_t ind[16 * 5];
+} up_world;
+
+static void up_world_make(kva_context *ctx, up_world *x)
+{
+    kva_rng rng = {3900};
+    kva_cache_desc cm = make_desc(UP_NB, UP_B, 2, UP_D, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+    kva_cache_desc cl = {UP_NB,          UP_B,          1, UP_DC + UP_DR, UP_DC, KVA_DTYPE_F32,
+                         KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_ATTN_MLA};
+    kva_cache_desc ci = {UP_NB,          UP_B,          1, UP_D, 0, KVA_DTYPE_F32,
+                         KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_ATTN_INDEX};
+    CHECK_OK(kva_cache_create(ctx, &cm, &x->mha));
+    CHECK_OK(kva_cache_create(ctx, &cl, &x->mla));
+    CHECK_OK(kva_cache_create(ctx, &ci, &x->idx));
+    fill_cache(x->mha, &rng);
+    kva_rng r2 = {3901};
+    void *k = NULL;
+    CHECK_OK(kva_cache_data(x->mla, &k, NULL));
+    kva_test_fill(k, KVA_DTYPE_F32, (size_t)UP_NB * UP_B * (UP_DC + UP_DR), &r2, 1.0);
+    CHECK_OK(kva_cache_data(x->idx, &k, NULL));
+    kva_test_fill(k, KVA_DTYPE_F32, (size_t)UP_NB * UP_B * UP_D, &r2, 1.0);
+    kva_test_fill(x->q, KVA_DTYPE_F32, sizeof x->q / sizeof(float), &r2, 1.0);
+    kva_test_fill(x->ql, KVA_DTYPE_F32, sizeof x->ql / sizeof(float), &r2, 1.0);
+    kva_test_fill(x->wuk, KVA_DTYPE_F32, sizeof x->wuk / sizeof(float), &r2, 0.25);
+    kva_test_fill(x->wuv, KVA_DTYPE_F32, sizeof x->wuv / sizeof(float), &r2, 0.25);
+    kva_test_fill(x->w, KVA_DTYPE_F32, sizeof x->w / sizeof(float), &r2, 1.0);
+    for (int i = 0; i < 16 * 5; i++) /* positions below every request's seq_len (>= 6) */
+        x->ind[i] = kva_rng_int(&r2, -1, 5);
+}
+
+/* What a step's runs write: out [T, H, <= 24], lse [T, H], indices [T, 6],
+ * topk_length [T]; poisoned first. */
+typedef struct up_out {
+    float out[16 * UP_H * 24], out2[16 * UP_H * 24], lse[16 * UP_H], lse2[16 * UP_H];
+    int32_t ind[16 * 6], len[16];
+} up_out;
+
+/* Runs plan p of step kind k; the outputs go to o. */
+static void up_run(kva_context *ctx, const kva_plan *p, int k, const up_world *x, up_out *o)
+{
+    kva_test_poison(o->out, KVA_DTYPE_F32, sizeof o->out / sizeof(float));
+    kva_test_poison(o->out2, KVA_DTYPE_F32, sizeof o->out2 / sizeof(float));
+    kva_test_poison(o->lse, KVA_DTYPE_F32, sizeof o->lse / sizeof(float));
+    kva_test_poison(o->lse2, KVA_DTYPE_F32, sizeof o->lse2 / sizeof(float));
+    memset(o->ind, 0x5a, sizeof o->ind);
+    memset(o->len, 0x5a, sizeof o->len);
+    switch (k) {
+    case UP_MLA:
+        CHECK_OK(kva_attention_run(ctx, p, x->q, x->mla, NULL, o->out, o->lse));
+        CHECK_OK(kva_mla_run(ctx, p, x->ql, x->wuk, x->wuv, x->mla, o->out2, o->lse2));
+        break;
+    case UP_SPARSE_MIX:
+    case UP_SPARSE_SEP:
+        CHECK_OK(kva_mla_sparse_run(ctx, p, x->q, x->mla, x->ind, 0, NULL, NULL, o->out, o->lse));
+        break;
+    case UP_INDEX:
+        CHECK_OK(kva_indexer_run(ctx, p, x->q, x->w, x->idx, o->ind, 0, o->len));
+        break;
+    default:
+        CHECK_OK(kva_attention_run(ctx, p, x->q, x->mha, NULL, o->out, o->lse));
+        break;
+    }
+}
+
+/* Every kind after every other, alternating the two batches: the updated
+ * plan's info and every output equal a fresh plan's, byte for byte. */
+static void test_update_across_kinds(void)
+{
+    static const int seq[] = {UP_MHA,        UP_TREE,  UP_CASCADE, UP_MLA,        UP_INDEX,
+                              UP_SPARSE_SEP, UP_CHUNK, UP_TREE,    UP_SPARSE_MIX, UP_CASCADE,
+                              UP_INDEX,      UP_MLA,   UP_CHUNK,   UP_SPARSE_SEP, UP_MHA};
+    const int n = (int)(sizeof seq / sizeof seq[0]);
+    for (int bi = 0; bi < 2; bi++) {
+        kva_context *ctx = new_ctx(kBk[bi], 3);
+        up_world *x = calloc(1, sizeof *x);
+        up_out *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+        up_world_make(ctx, x);
+        kva_plan *plan = NULL;
+        for (int s = 0; s < n; s++) {
+            const int k = seq[s];
+            const up_batch *bt = &up_batches[s % 2];
+            const kva_plan_desc d = up_desc(k, bt);
+            kva_plan *fresh = NULL;
+            CHECK_OK(kva_plan_create(ctx, &d, &fresh));
+            if (!fresh)
+                continue;
+            if (!plan) {
+                CHECK_OK(kva_plan_create(ctx, &d, &plan));
+            } else {
+                CHECK_OK(kva_plan_update(ctx, plan, &d));
+            }
+            kva_plan_info fi, ui;
+            CHECK_OK(kva_plan_get_info(fresh, &fi));
+            CHECK_OK(kva_plan_get_info(plan, &ui));
+            CHECK_MSG(memcmp(&fi, &ui, sizeof fi) == 0, "step %d (%s): info differs", s,
+                      up_names[k]);
+            if (k == UP_CASCADE)
+                CHECK_MSG(ui.num_cascade_groups > 0, "step %d: no cascade", s);
+            up_run(ctx, fresh, k, x, a);
+            up_run(ctx, plan, k, x, b);
+            CHECK_MSG(memcmp(a, b, sizeof *a) == 0, "step %d (%s) on %s: outputs differ", s,
+                      up_names[k], kva_backend_name(kBk[bi]));
+            kva_plan_destroy(fresh);
+        }
+        kva_plan_destroy(plan);
+        kva_cache_destroy(x->mha);
+        kva_cache_destroy(x->mla);
+        kva_cache_destroy(x->idx);
+        free(x);
+        free(a);
+        free(b);
+        kva_context_destroy(ctx);
+    }
+}
+
+/* Trees and local chunks (with a window) over every quantized MHA format,
+ * every scale granularity, CPU against the reference on the same keys. */
+static void test_masks_quantized(void)
+{
+    enum { R = 3, B = 3, NB = 16, H = 6, Hkv = 2, D = 16, T = 14 };
+    const int32_t qsl[R + 1] = {0, 9, 10, 14}, sl[R] = {20, 6, 4};
+    const int32_t bt[R * 7] = {1, 4, 2, 9, 11, 7, 13, 3, 0, -1, -1, -1, -1, -1,
+                               5, 6, -1, -1, -1, -1, -1};
+    int32_t par[T];
+    kva_rng tr = {3950};
+    make_tree(TREE_RANDOM, 9, &tr, par);
+    make_tree(TREE_CHAIN, 1, &tr, par + 9);
+    make_tree(TREE_STAR, 4, &tr, par + 10);
+    static const kva_quant qs[] = {KVA_QUANT_INT8_CHANNEL, KVA_QUANT_INT8_TOKEN_K,
+                                   KVA_QUANT_INT8_TOKEN_K_V16, KVA_QUANT_FP8_E4M3};
+    for (size_t qi = 0; qi < sizeof qs / sizeof qs[0]; qi++)
+        for (int g = 0; g < 3; g++)
+            for (int m = 0; m < 2; m++) { /* 0: tree, 1: chunk 4 + window 5 */
+                const kva_dtype qdt = (qi + g) % 2 ? KVA_DTYPE_F16 : KVA_DTYPE_F32;
+                float out[2][T * H * D], lse[2][T * H], keys[NB * B * Hkv * D],
+                    vals[NB * B * Hkv * D], q[T * H * D], pbuf[2 * Hkv * 2 * D];
+                uint16_t out16[2][T * H * D];
+                int64_t slots[NB * B];
+                kva_rng rng = {3960 + qi * 10 + (uint64_t)g};
+                kva_test_fill(keys, KVA_DTYPE_F32, NB * B * Hkv * D, &rng, 1.0);
+                kva_test_fill(vals, KVA_DTYPE_F32, NB * B * Hkv * D, &rng, 1.0);
+                kva_test_fill(q, qdt, T * H * D, &rng, 1.0);
+                for (int i = 0; i < NB * B; i++)
+                    slots[i] = i;
+                kva_quant_params qp;
+                make_params(qs[qi], Hkv, D, D, g, &rng, pbuf, &qp);
+                const kva_dtype cdt = qs[qi] == KVA_QUANT_FP8_E4M3           ? KVA_DTYPE_FP8_E4M3
+                                      : qs[qi] == KVA_QUANT_INT8_TOKEN_K_V16 ? KVA_DTYPE_BF16
+                                                                              : KVA_DTYPE_I8;
+                for (int bi = 0; bi < 2; bi++) {
+                    kva_context *ctx = new_ctx(kBk[bi], 2);
+                    kva_cache_desc cd = {NB, B, Hkv, D, 0, cdt, KVA_LAYOUT_HND, qs[qi],
+                                         KVA_ATTN_MHA};
+                    kva_cache *c = NULL;
+                    CHECK_OK(kva_cache_create_quant(ctx, &cd, &qp, &c));
+                    CHECK_OK(kva_cache_write(ctx, c, NB * B, keys, 0, vals, 0, KVA_DTYPE_F32,
+                                             slots));
+                    kva_plan_desc d;
+                    memset(&d, 0, sizeof d);
+                    d.num_requests = R;
+                    d.query_start_loc = qsl;
+                    d.seq_lens = sl;
+                    d.block_table = bt;
+                    d.block_table_stride = 7;
+                    d.block_size = B;
+                    d.decode_threshold = g == 1 ? 9 : 0;
+                    d.num_heads = H;
+                    d.num_kv_heads = Hkv;
+                    d.head_dim = D;
+                    d.q_dtype = qdt;
+                    d.causal = 1;
+                    d.window_left = m ? 5 : -1;
+                    d.attention_chunk = m ? 4 : 0;
+                    d.tree_parents = m ? NULL : par;
+                    kva_plan *p = NULL;
+                    CHECK_OK(kva_plan_create(ctx, &d, &p));
+                    void *o = qdt == KVA_DTYPE_F32 ? (void *)out[bi] : (void *)out16[bi];
+                    kva_test_poison(o, qdt, T * H * D);
+                    kva_test_poison(lse[bi], KVA_DTYPE_F32, T * H);
+                    if (p)
+                        CHECK_OK(kva_attention_run(ctx, p, q, c, NULL, o, lse[bi]));
+                    kva_plan_destroy(p);
+                    kva_cache_destroy(c);
+                    kva_context_destroy(ctx);
+                }
+                const void *o0 = qdt == KVA_DTYPE_F32 ? (void *)out[0] : (void *)out16[0];
+                const void *o1 = qdt == KVA_DTYPE_F32 ? (void *)out[1] : (void *)out16[1];
+                const size_t bad =
+                    kva_test_compare("quant mask", o1, o0, qdt, T * H * D,
+                                     2 * kva_test_atol(qdt) + 1e-5, 2 * kva_test_rtol(qdt)) +
+                    kva_test_compare_f32("quant mask lse", lse[1], lse[0], T * H, 1e-4, 1e-5);
+                CHECK_MSG(bad == 0, "%s gran %d %s: %zu mismatches", kva_quant_name(qs[qi]), g,
+                          m ? "chunk" : "tree", bad);
+            }
+}
+
+int main(void)
+{
+    RUN(test_update_across_kinds);
+    RUN(test_masks_quantized);
+    return kva_test_finish();
+}
