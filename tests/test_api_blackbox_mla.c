@@ -256,7 +256,7 @@ typedef struct bm_sp {
     int32_t R, ql[4], sl[4];
     int32_t H, Dc, Dr, B, K;
     kva_dtype dt;
-    int ds;        /* 1: an fp8_ds_mla cache (Dc a multiple of 128) */
+    int ds;        /* 1: an fp8_ds_mla cache (Dc a multiple of 128); 2: FP8_E4M3 rows */
     int32_t mode;  /* kva_sparse_mode */
     int32_t thr;   /* decode_threshold */
     int len;       /* 1: topk_length given */
@@ -280,10 +280,13 @@ static void bm_sp_run(const bm_sp *c, kva_backend be, uint64_t seed)
     const int32_t T = qsl[c->R], NS = nb * c->B;
     const size_t es = kva_dtype_size(c->dt);
     kva_context *ctx = new_ctx(be, 3);
+    const kva_quant qf8 = c->ds == 1 ? KVA_QUANT_FP8_DS_MLA : KVA_QUANT_FP8_E4M3;
     kva_cache_desc cd = {nb, c->B, 1, W, Dc, c->ds ? KVA_DTYPE_FP8_E4M3 : c->dt, KVA_LAYOUT_NHD,
-                         c->ds ? KVA_QUANT_FP8_DS_MLA : KVA_QUANT_NONE, KVA_ATTN_MLA};
+                         c->ds ? qf8 : KVA_QUANT_NONE, KVA_ATTN_MLA};
+    const float ks = 0.0123f;
+    kva_quant_params qp = {&ks, 1, NULL, 0, NULL, 0, NULL, 0};
     kva_cache *cache = NULL;
-    CHECK_OK(kva_cache_create(ctx, &cd, &cache));
+    CHECK_OK(kva_cache_create_quant(ctx, &cd, c->ds == 2 ? &qp : NULL, &cache));
     float *lat = malloc(sizeof(float) * (size_t)NS * W);
     int64_t *slots = malloc(sizeof(int64_t) * (size_t)NS);
     kva_test_fill(lat, KVA_DTYPE_F32, (size_t)NS * W, &rng, 1.0);
@@ -376,8 +379,10 @@ static void bm_sp_run(const bm_sp *c, kva_backend be, uint64_t seed)
     if (op)
         CHECK_OK(kva_attention_run(oc, op, qf, ocache, c->sinks ? sinks : NULL, wo, wl));
     /* Reference: one rounding to the output dtype. CPU: fp32 products; its
-     * SEPARATE prefills read rows back as bf16 (kvattn.h, kva_sparse_mode). */
-    const int loose = be == KVA_BACKEND_CPU && c->mode == KVA_SPARSE_SEPARATE;
+     * SEPARATE prefills read rows back as bf16 (kvattn.h, kva_sparse_mode),
+     * and bf16 queries run bf16 dot products (test_mla_sparse.c's bounds). */
+    const int loose = be == KVA_BACKEND_CPU &&
+                      (c->mode == KVA_SPARSE_SEPARATE || c->dt == KVA_DTYPE_BF16);
     const double at = loose ? 2e-2 : be == KVA_BACKEND_REF ? 1e-5 : 1e-3;
     const double rt = loose ? 9e-3 : 1.5 * kva_test_rtol(c->dt) + 1e-5;
     size_t bad = 0;
@@ -422,6 +427,12 @@ static void test_sparse_oracle(void)
         {"sp no keys sep", 3, {2, 3, 1}, {0, 2, 5}, 5, 16, 8, 3, 4, KVA_DTYPE_F32, 0, 1, 1, 1, 1,
          0.25, 1},
         {"sp no keys mixed", 3, {2, 3, 1}, {0, 2, 5}, 5, 16, 8, 3, 4, KVA_DTYPE_F32, 0, 0, 1, 0, 0,
+         0.25, 0},
+        {"sp fp8 rows bf16", 3, {1, 2, 3}, {9, 30, 17}, 4, 24, 8, 3, 13, KVA_DTYPE_BF16, 2, 0, 1,
+         1, 1, 0.25, 0},
+        {"sp fp8 rows sep", 3, {1, 2, 3}, {9, 30, 17}, 4, 24, 8, 3, 13, KVA_DTYPE_F32, 2, 1, 1, 0,
+         1, 0.25, 0},
+        {"sp ds Dc256 Dr8", 2, {2, 1}, {20, 5}, 2, 256, 8, 16, 9, KVA_DTYPE_BF16, 1, 0, 1, 1, 1,
          0.25, 0},
         {"sp all -1", 2, {1, 6}, {7, 20}, 3, 24, 8, 3, 6, KVA_DTYPE_F32, 0, 1, 1, 0, 1, 1.0, 0},
         {"sp all -1 no sink", 2, {1, 6}, {7, 20}, 3, 24, 8, 3, 6, KVA_DTYPE_F16, 0, 0, 1, 1, 0, 1.0,
