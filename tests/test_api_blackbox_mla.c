@@ -34,6 +34,17 @@ static float *bm_rows(kva_context *ctx, const kva_cache *c, int32_t n, int32_t D
     return rows;
 }
 
+/* A checksum of a cache's key storage (MLA and index-key caches hold no
+ * separate V), every byte of every block whatever the format. */
+static uint64_t bm_cache_sum(const kva_cache *c)
+{
+    kva_cache_desc d;
+    void *k = NULL;
+    if (kva_cache_get_desc(c, &d) != KVA_STATUS_OK || kva_cache_data(c, &k, NULL) != KVA_STATUS_OK)
+        return 0;
+    return bb_sum(k, (size_t)d.num_blocks * kva_cache_block_bytes_k(c));
+}
+
 /* A shuffled block table [R, stride] for seq_lens sl (ids from 0 .. nb - 1). */
 static int32_t bm_table(int32_t R, const int32_t *sl, int32_t B, kva_rng *rng, int32_t **bt)
 {
@@ -193,8 +204,13 @@ static void bm_mla_run(const bm_mla *c, kva_backend be, uint64_t seed)
     double *wl = malloc(sizeof(double) * (size_t)(T ? T : 1) * H);
     kva_test_poison(out, c->dt, on);
     kva_test_poison(lse, KVA_DTYPE_F32, (size_t)T * H);
+    const uint64_t sum_in = bb_sum(q, es * (size_t)T * H * (Dn + Dr)) ^
+                            bb_sum(wuk, es * (size_t)H * Dn * Dc) ^
+                            bb_sum(wuv, es * (size_t)H * Dc * Dv) ^ bm_cache_sum(cache);
     if (p)
         CHECK_OK(kva_mla_run(ctx, p, q, wuk, wuv, cache, out, lse));
+    CHECK((bb_sum(q, es * (size_t)T * H * (Dn + Dr)) ^ bb_sum(wuk, es * (size_t)H * Dn * Dc) ^
+           bb_sum(wuv, es * (size_t)H * Dc * Dv) ^ bm_cache_sum(cache)) == sum_in);
     bm_mla_oracle(c, qsl, bt, stride, rows, q, wuk, wuv, scale, wo, wl);
     /* Reference: fp64, one rounding to the output dtype. CPU: bf16 parts of q
      * and P on its bf16 kernels (test_mla.c's bounds), fp32 otherwise. */
@@ -242,6 +258,7 @@ static void test_mla_layer(void)
          2},
         {"mla H17 bf16", 2, {1, 9}, {130, 129}, 17, 32, 16, 8, 16, 16, KVA_DTYPE_BF16, 0, 1, 4},
         {"mla fp8 f16", 3, {3, 1, 7}, {3, 50, 20}, 3, 24, 8, 16, 40, 3, KVA_DTYPE_F16, 1, 1, 1},
+        {"mla long decode", 2, {1, 2}, {3000, 2047}, 3, 16, 8, 8, 16, 16, KVA_DTYPE_F32, 0, 1, 2},
         {"mla noncausal", 4, {3, 2, 6, 1}, {0, 5, 2, 1}, 5, 16, 8, 8, 8, 3, KVA_DTYPE_F32, 0, 0, 2},
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
@@ -332,11 +349,15 @@ static void bm_sp_run(const bm_sp *c, kva_backend be, uint64_t seed)
     float *lse = malloc(sizeof(float) * (size_t)(T ? T : 1) * H);
     kva_test_poison(out, c->dt, on);
     kva_test_poison(lse, KVA_DTYPE_F32, (size_t)T * H);
-    const uint64_t sum_idx = bb_sum(idx, sizeof(int32_t) * (size_t)T * ST);
+    /* The run reads indices, q, the sinks and the cache only. */
+    const uint64_t sum_in = bb_sum(idx, sizeof(int32_t) * (size_t)T * ST) ^
+                            bb_sum(q, es * (size_t)T * H * W) ^ bb_sum(sinks, sizeof sinks) ^
+                            bb_sum(len, sizeof len) ^ bm_cache_sum(cache);
     if (p)
         CHECK_OK(kva_mla_sparse_run(ctx, p, q, cache, idx, ST, c->len ? len : NULL,
                                     c->sinks ? sinks : NULL, out, lse));
-    CHECK(bb_sum(idx, sizeof(int32_t) * (size_t)T * ST) == sum_idx);
+    CHECK((bb_sum(idx, sizeof(int32_t) * (size_t)T * ST) ^ bb_sum(q, es * (size_t)T * H * W) ^
+           bb_sum(sinks, sizeof sinks) ^ bb_sum(len, sizeof len) ^ bm_cache_sum(cache)) == sum_in);
     /* The oracle: token t as a one-token non-causal request over its listed
      * rows (a block-size-1 f32 copy, one block per listed entry). */
     int32_t *oqsl = malloc(sizeof(int32_t) * (size_t)(T + 1)), *osl = malloc(sizeof(int32_t) * T);
@@ -434,6 +455,10 @@ static void test_sparse_oracle(void)
          1, 0.25, 0},
         {"sp ds Dc256 Dr8", 2, {2, 1}, {20, 5}, 2, 256, 8, 16, 9, KVA_DTYPE_BF16, 1, 0, 1, 1, 1,
          0.25, 0},
+        {"sp long", 2, {1, 3}, {3000, 2100}, 3, 16, 8, 64, 700, KVA_DTYPE_F32, 0, 0, 1, 1, 1, 0.1,
+         0},
+        {"sp long sep", 2, {1, 3}, {3000, 2100}, 3, 16, 8, 64, 700, KVA_DTYPE_F32, 0, 1, 1, 1, 0,
+         0.1, 0},
         {"sp all -1", 2, {1, 6}, {7, 20}, 3, 24, 8, 3, 6, KVA_DTYPE_F32, 0, 1, 1, 0, 1, 1.0, 0},
         {"sp all -1 no sink", 2, {1, 6}, {7, 20}, 3, 24, 8, 3, 6, KVA_DTYPE_F16, 0, 0, 1, 1, 0, 1.0,
          0},
@@ -575,8 +600,12 @@ static void bm_ix_run(const bm_ix *c, kva_backend be, uint64_t seed)
         ind[i] = 0x5a5a5a5a;
     for (int32_t t = 0; t < T; t++)
         len[t] = 0x5a5a5a5a;
+    const uint64_t sum_in =
+        bb_sum(q, es * qn) ^ bb_sum(w, sizeof(float) * (size_t)T * Hi) ^ bm_cache_sum(cache);
     if (p)
         CHECK_OK(kva_indexer_run(ctx, p, q, w, cache, ind, ST, c->len ? len : NULL));
+    CHECK((bb_sum(q, es * qn) ^ bb_sum(w, sizeof(float) * (size_t)T * Hi) ^
+           bm_cache_sum(cache)) == sum_in);
     /* The header's logits in double from the stored keys and (FP8 q) the
      * quantized queries. */
     int bad = 0;
@@ -642,6 +671,10 @@ static void test_indexer_oracle(void)
         {"ix same keys", 2, {4, 2}, {10, 20}, 3, 16, 3, 6, KVA_DTYPE_F32, 0, 0, 1, 1, 1},
         {"ix same keys fp8", 2, {4, 2}, {10, 20}, 16, 16, 3, 6, KVA_DTYPE_BF16, 1, 1, 1, 0, 1},
         {"ix zero weights", 2, {3, 1}, {30, 70}, 5, 40, 16, 40, KVA_DTYPE_F16, 0, 0, 2, 0, 1},
+        {"ix long", 2, {2, 1}, {3000, 1500}, 4, 32, 64, 2048, KVA_DTYPE_F32, 0, 0, 0, 0, 1},
+        {"ix long ties", 2, {2, 1}, {3000, 1500}, 4, 32, 64, 100, KVA_DTYPE_F32, 0, 0, 1, 0, 1},
+        {"ix long zero w fp8", 2, {2, 1}, {3000, 1500}, 4, 32, 64, 1000, KVA_DTYPE_BF16, 1, 1, 2,
+         0, 1},
         {"ix NaN key", 2, {3, 2}, {6, 40}, 3, 16, 3, 9, KVA_DTYPE_F32, 0, 0, 3, 0, 1},
         {"ix NaN key fp8", 2, {3, 2}, {6, 40}, 3, 16, 3, 9, KVA_DTYPE_BF16, 1, 0, 3, 0, 1},
     };
