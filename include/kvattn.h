@@ -591,8 +591,10 @@ typedef struct kva_plan_desc {
      * none, and cascade_prefix_len [G] the tokens each group shares, a
      * positive multiple of B that ends at or before every member's first
      * query (seq_len - q_len) and over which every member's block ids equal.
-     * Requests with q_len 0 are ignored. A grouping that does not match the
-     * block table is refused (KVA_STATUS_INVALID_ARGUMENT or OUT_OF_RANGE).
+     * Requests with q_len 0 are ignored (their blocks need not match; their
+     * cascade_group entry must still be -1 or a group). A grouping that does
+     * not match the block table is refused (KVA_STATUS_INVALID_ARGUMENT or
+     * OUT_OF_RANGE).
      * Plans with ALiBi, a sliding window, a local chunk, a draft tree, DCP
      * sharding or kind KVA_ATTN_MLA, and backends without cascade kernels,
      * decline it (KVA_CASCADE_ON: KVA_STATUS_UNSUPPORTED). A plan that runs
