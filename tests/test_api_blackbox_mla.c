@@ -169,9 +169,15 @@ static void bm_mla_run(const bm_mla *c, kva_backend be, uint64_t seed)
     const int32_t T = qsl[c->R], NS = nb * c->B;
     const size_t es = kva_dtype_size(c->dt);
     kva_context *ctx = new_ctx(be, 3);
-    kva_cache_desc cd = {nb, c->B, 1, Dc + Dr, Dc,
-                         c->fp8 ? KVA_DTYPE_FP8_E4M3 : c->dt, KVA_LAYOUT_NHD,
-                         c->fp8 ? KVA_QUANT_FP8_E4M3 : KVA_QUANT_NONE, KVA_ATTN_MLA};
+    kva_cache_desc cd = {nb,
+                         c->B,
+                         1,
+                         Dc + Dr,
+                         Dc,
+                         c->fp8 ? KVA_DTYPE_FP8_E4M3 : c->dt,
+                         KVA_LAYOUT_NHD,
+                         c->fp8 ? KVA_QUANT_FP8_E4M3 : KVA_QUANT_NONE,
+                         KVA_ATTN_MLA};
     const float ks = 0.011f;
     kva_quant_params qp = {&ks, 1, NULL, 0, NULL, 0, NULL, 0};
     kva_cache *cache = NULL;
@@ -190,8 +196,8 @@ static void bm_mla_run(const bm_mla *c, kva_backend be, uint64_t seed)
     kva_test_fill(wuk, c->dt, (size_t)H * Dn * Dc, &rng, 1.0 / sqrt(Dc));
     kva_test_fill(wuv, c->dt, (size_t)H * Dc * Dv, &rng, 1.0 / sqrt(Dc));
     const float scale = (float)(1.0 / sqrt(Dn + Dr));
-    kva_plan_desc pd =
-        kva_test_mla_desc(c->R, qsl, c->sl, bt, stride, c->B, H, Dc + Dr, Dc, c->dt, scale, c->causal);
+    kva_plan_desc pd = kva_test_mla_desc(c->R, qsl, c->sl, bt, stride, c->B, H, Dc + Dr, Dc, c->dt,
+                                         scale, c->causal);
     pd.decode_threshold = c->thr;
     pd.mla_qk_nope_head_dim = Dn;
     pd.mla_v_head_dim = Dv;
@@ -252,6 +258,7 @@ static void bm_mla_run(const bm_mla *c, kva_backend be, uint64_t seed)
  * context, FP8 latent rows, non-causal rows without keys. */
 static void test_mla_layer(void)
 {
+    /* clang-format off */
     static const bm_mla cs[] = {
         {"mla H1 B1", 3, {1, 5, 0}, {9, 12, 4}, 1, 32, 16, 24, 8, 1, KVA_DTYPE_F32, 0, 1, 2},
         {"mla H17 B64", 3, {2, 40, 1}, {64, 700, 65}, 17, 16, 8, 40, 24, 64, KVA_DTYPE_F32, 0, 1,
@@ -261,6 +268,7 @@ static void test_mla_layer(void)
         {"mla long decode", 2, {1, 2}, {3000, 2047}, 3, 16, 8, 8, 16, 16, KVA_DTYPE_F32, 0, 1, 2},
         {"mla noncausal", 4, {3, 2, 6, 1}, {0, 5, 2, 1}, 5, 16, 8, 8, 8, 3, KVA_DTYPE_F32, 0, 0, 2},
     };
+    /* clang-format on */
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
         for (int bi = 0; bi < 2; bi++)
             bm_mla_run(&cs[i], kBk[bi], 3800 + i);
@@ -298,8 +306,15 @@ static void bm_sp_run(const bm_sp *c, kva_backend be, uint64_t seed)
     const size_t es = kva_dtype_size(c->dt);
     kva_context *ctx = new_ctx(be, 3);
     const kva_quant qf8 = c->ds == 1 ? KVA_QUANT_FP8_DS_MLA : KVA_QUANT_FP8_E4M3;
-    kva_cache_desc cd = {nb, c->B, 1, W, Dc, c->ds ? KVA_DTYPE_FP8_E4M3 : c->dt, KVA_LAYOUT_NHD,
-                         c->ds ? qf8 : KVA_QUANT_NONE, KVA_ATTN_MLA};
+    kva_cache_desc cd = {nb,
+                         c->B,
+                         1,
+                         W,
+                         Dc,
+                         c->ds ? KVA_DTYPE_FP8_E4M3 : c->dt,
+                         KVA_LAYOUT_NHD,
+                         c->ds ? qf8 : KVA_QUANT_NONE,
+                         KVA_ATTN_MLA};
     const float ks = 0.0123f;
     kva_quant_params qp = {&ks, 1, NULL, 0, NULL, 0, NULL, 0};
     kva_cache *cache = NULL;
@@ -338,7 +353,8 @@ static void bm_sp_run(const bm_sp *c, kva_backend be, uint64_t seed)
         qf[i] = (float)kva_test_get(q, c->dt, i);
     kva_test_fill(sinks, KVA_DTYPE_F32, 64, &rng, 1.0);
     const float scale = (float)(1.0 / sqrt(128.0 + Dr));
-    kva_plan_desc pd = kva_test_mla_desc(c->R, qsl, c->sl, bt, stride, c->B, H, W, Dc, c->dt, scale, 1);
+    kva_plan_desc pd =
+        kva_test_mla_desc(c->R, qsl, c->sl, bt, stride, c->B, H, W, Dc, c->dt, scale, 1);
     pd.decode_threshold = c->thr;
     pd.sparse_topk = K;
     pd.sparse_mode = c->mode;
@@ -356,6 +372,13 @@ static void bm_sp_run(const bm_sp *c, kva_backend be, uint64_t seed)
     if (p)
         CHECK_OK(kva_mla_sparse_run(ctx, p, q, cache, idx, ST, c->len ? len : NULL,
                                     c->sinks ? sinks : NULL, out, lse));
+    void *out2 = malloc(es * (on ? on : 1)); /* lse NULL: the same out */
+    kva_test_poison(out2, c->dt, on);
+    if (p)
+        CHECK_OK(kva_mla_sparse_run(ctx, p, q, cache, idx, ST, c->len ? len : NULL,
+                                    c->sinks ? sinks : NULL, out2, NULL));
+    CHECK_MSG(memcmp(out, out2, es * on) == 0, "%s: lse NULL changed out", c->name);
+    free(out2);
     CHECK((bb_sum(idx, sizeof(int32_t) * (size_t)T * ST) ^ bb_sum(q, es * (size_t)T * H * W) ^
            bb_sum(sinks, sizeof sinks) ^ bb_sum(len, sizeof len) ^ bm_cache_sum(cache)) == sum_in);
     /* The oracle: token t as a one-token non-causal request over its listed
@@ -382,8 +405,8 @@ static void bm_sp_run(const bm_sp *c, kva_backend be, uint64_t seed)
             oqsl[t + 1] = t + 1;
         }
     kva_context *oc = new_ctx(KVA_BACKEND_REF, 1);
-    kva_cache_desc od = {n_all ? n_all : 1, 1, 1, W, Dc, KVA_DTYPE_F32, KVA_LAYOUT_NHD,
-                         KVA_QUANT_NONE, KVA_ATTN_MLA};
+    kva_cache_desc od = {n_all ? n_all : 1, 1,           1, W, Dc, KVA_DTYPE_F32, KVA_LAYOUT_NHD,
+                         KVA_QUANT_NONE,    KVA_ATTN_MLA};
     kva_cache *ocache = NULL;
     CHECK_OK(kva_cache_create(oc, &od, &ocache));
     int64_t *os = malloc(sizeof(int64_t) * (size_t)(n_all + 1));
@@ -395,15 +418,16 @@ static void bm_sp_run(const bm_sp *c, kva_backend be, uint64_t seed)
         kva_test_mla_desc(T, oqsl, osl, obt, maxn, 1, H, W, Dc, KVA_DTYPE_F32, scale, 0);
     kva_plan *op = NULL;
     CHECK_OK(kva_plan_create(oc, &opd, &op));
-    float *wo = malloc(sizeof(float) * (on ? on : 1)), *wl = malloc(sizeof(float) * (T ? T : 1) * H);
+    float *wo = malloc(sizeof(float) * (on ? on : 1)),
+          *wl = malloc(sizeof(float) * (T ? T : 1) * H);
     kva_test_poison(wo, KVA_DTYPE_F32, on);
     if (op)
         CHECK_OK(kva_attention_run(oc, op, qf, ocache, c->sinks ? sinks : NULL, wo, wl));
     /* Reference: one rounding to the output dtype. CPU: fp32 products; its
      * SEPARATE prefills read rows back as bf16 (kvattn.h, kva_sparse_mode),
      * and bf16 queries run bf16 dot products (test_mla_sparse.c's bounds). */
-    const int loose = be == KVA_BACKEND_CPU &&
-                      (c->mode == KVA_SPARSE_SEPARATE || c->dt == KVA_DTYPE_BF16);
+    const int loose =
+        be == KVA_BACKEND_CPU && (c->mode == KVA_SPARSE_SEPARATE || c->dt == KVA_DTYPE_BF16);
     const double at = loose ? 2e-2 : be == KVA_BACKEND_REF ? 1e-5 : 1e-3;
     const double rt = loose ? 9e-3 : 1.5 * kva_test_rtol(c->dt) + 1e-5;
     size_t bad = 0;
@@ -435,6 +459,7 @@ static void bm_sp_run(const bm_sp *c, kva_backend be, uint64_t seed)
  * 16-bit and fp8_ds_mla caches. */
 static void test_sparse_oracle(void)
 {
+    /* clang-format off */
     static const bm_sp cs[] = {
         {"sp H1 B1", 2, {1, 3}, {4, 9}, 1, 16, 8, 1, 5, KVA_DTYPE_F32, 0, 0, 1, 1, 0, 0.25, 0},
         {"sp H17 B16 sep", 3, {1, 4, 2}, {50, 40, 3}, 17, 32, 16, 16, 37, KVA_DTYPE_F16, 0, 1, 1,
@@ -463,6 +488,7 @@ static void test_sparse_oracle(void)
         {"sp all -1 no sink", 2, {1, 6}, {7, 20}, 3, 24, 8, 3, 6, KVA_DTYPE_F16, 0, 0, 1, 1, 0, 1.0,
          0},
     };
+    /* clang-format on */
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
         for (int bi = 0; bi < 2; bi++)
             bm_sp_run(&cs[i], kBk[bi], 3820 + i);
@@ -520,16 +546,16 @@ static int bm_ix_row(const bm_ix *c, int32_t t, int32_t pos, const int32_t *row,
     for (int32_t j = 0; j <= pos && ok && n > 0; j++)
         if (!seen[j]) {
             const double last = L[row[n - 1]];
-            ok = L[j] != L[j] || (last == last && L[j] <= last + tol &&
-                                  !(L[j] == last && j < row[n - 1]));
+            ok = L[j] != L[j] ||
+                 (last == last && L[j] <= last + tol && !(L[j] == last && j < row[n - 1]));
         }
     free(seen);
-    if (!ok)
-    {
+    if (!ok) {
         fprintf(stderr, "  %s: token %d (pos %d) row wrong (len %d, want %d):", c->name, (int)t,
                 (int)pos, (int)len, (int)n);
         for (int32_t e = 0; e < c->K && e < 12; e++)
-            fprintf(stderr, " %d (%g)", (int)row[e], row[e] >= 0 && row[e] <= pos ? L[row[e]] : 0.0);
+            fprintf(stderr, " %d (%g)", (int)row[e],
+                    row[e] >= 0 && row[e] <= pos ? L[row[e]] : 0.0);
         fputc('\n', stderr);
     }
     return ok;
@@ -548,8 +574,15 @@ static void bm_ix_run(const bm_ix *c, kva_backend be, uint64_t seed)
     }
     const int32_t T = qsl[c->R], NS = nb * c->B;
     kva_context *ctx = new_ctx(be, 3);
-    kva_cache_desc cd = {nb, c->B, 1, D, 0, c->fp8k ? KVA_DTYPE_FP8_E4M3 : c->dt, KVA_LAYOUT_NHD,
-                         c->fp8k ? KVA_QUANT_FP8_TOKEN : KVA_QUANT_NONE, KVA_ATTN_INDEX};
+    kva_cache_desc cd = {nb,
+                         c->B,
+                         1,
+                         D,
+                         0,
+                         c->fp8k ? KVA_DTYPE_FP8_E4M3 : c->dt,
+                         KVA_LAYOUT_NHD,
+                         c->fp8k ? KVA_QUANT_FP8_TOKEN : KVA_QUANT_NONE,
+                         KVA_ATTN_INDEX};
     kva_cache *cache = NULL;
     CHECK_OK(kva_cache_create(ctx, &cd, &cache));
     float *keys = malloc(sizeof(float) * (size_t)NS * D);
@@ -604,8 +637,8 @@ static void bm_ix_run(const bm_ix *c, kva_backend be, uint64_t seed)
         bb_sum(q, es * qn) ^ bb_sum(w, sizeof(float) * (size_t)T * Hi) ^ bm_cache_sum(cache);
     if (p)
         CHECK_OK(kva_indexer_run(ctx, p, q, w, cache, ind, ST, c->len ? len : NULL));
-    CHECK((bb_sum(q, es * qn) ^ bb_sum(w, sizeof(float) * (size_t)T * Hi) ^
-           bm_cache_sum(cache)) == sum_in);
+    CHECK((bb_sum(q, es * qn) ^ bb_sum(w, sizeof(float) * (size_t)T * Hi) ^ bm_cache_sum(cache)) ==
+          sum_in);
     /* The header's logits in double from the stored keys and (FP8 q) the
      * quantized queries. */
     int bad = 0;
@@ -627,7 +660,8 @@ static void bm_ix_run(const bm_ix *c, kva_backend be, uint64_t seed)
                     float s = amax / 448.0f;
                     s = s > FLT_MIN ? s : FLT_MIN;
                     for (int32_t d = 0; d < D; d++)
-                        qv[d] = (double)kva_fp8_e4m3_to_f32(kva_f32_to_fp8_e4m3((float)qv[d] / s)) * s;
+                        qv[d] =
+                            (double)kva_fp8_e4m3_to_f32(kva_f32_to_fp8_e4m3((float)qv[d] / s)) * s;
                 }
                 for (int32_t j = 0; j <= pos; j++) {
                     const float *k = kf + bm_slot(bt, stride, c->B, r, j) * D;
@@ -662,6 +696,7 @@ static void bm_ix_run(const bm_ix *c, kva_backend be, uint64_t seed)
  * NaN keys, wide strides, topk_length NULL. */
 static void test_indexer_oracle(void)
 {
+    /* clang-format off */
     static const bm_ix cs[] = {
         {"ix H1 D8 B1 K1", 2, {3, 1}, {3, 10}, 1, 8, 1, 1, KVA_DTYPE_F32, 0, 0, 0, 0, 1},
         {"ix H3 D24 B3 K7", 3, {5, 0, 2}, {5, 4, 30}, 3, 24, 3, 7, KVA_DTYPE_F16, 0, 0, 0, 2, 1},
@@ -678,6 +713,7 @@ static void test_indexer_oracle(void)
         {"ix NaN key", 2, {3, 2}, {6, 40}, 3, 16, 3, 9, KVA_DTYPE_F32, 0, 0, 3, 0, 1},
         {"ix NaN key fp8", 2, {3, 2}, {6, 40}, 3, 16, 3, 9, KVA_DTYPE_BF16, 1, 0, 3, 0, 1},
     };
+    /* clang-format on */
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
         for (int bi = 0; bi < 2; bi++)
             bm_ix_run(&cs[i], kBk[bi], 3840 + i);

@@ -14,8 +14,8 @@ enum { UP_B = 4, UP_NB = 24, UP_H = 4, UP_D = 16, UP_DC = 16, UP_DR = 8, UP_DN =
 /* The step kinds of the update sequence. */
 enum { UP_MHA, UP_TREE, UP_CASCADE, UP_CHUNK, UP_MLA, UP_SPARSE_MIX, UP_SPARSE_SEP, UP_INDEX };
 
-static const char *const up_names[] = {"mha",   "tree",   "cascade",    "chunk",
-                                       "mla",   "sparse", "sparse sep", "indexer"};
+static const char *const up_names[] = {"mha", "tree",   "cascade",    "chunk",
+                                       "mla", "sparse", "sparse sep", "indexer"};
 
 /* Two batches the steps alternate between (small and large), with a shared
  * leading block for the cascades. */
@@ -102,10 +102,11 @@ static void up_world_make(kva_context *ctx, up_world *x)
 {
     kva_rng rng = {3900};
     kva_cache_desc cm = make_desc(UP_NB, UP_B, 2, UP_D, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
-    kva_cache_desc cl = {UP_NB,          UP_B,          1, UP_DC + UP_DR, UP_DC, KVA_DTYPE_F32,
+    kva_cache_desc cl = {UP_NB,          UP_B,           1,
+                         UP_DC + UP_DR,  UP_DC,          KVA_DTYPE_F32,
                          KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_ATTN_MLA};
-    kva_cache_desc ci = {UP_NB,          UP_B,          1, UP_D, 0, KVA_DTYPE_F32,
-                         KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_ATTN_INDEX};
+    kva_cache_desc ci = {UP_NB,          UP_B,          1, UP_D, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD,
+                         KVA_QUANT_NONE, KVA_ATTN_INDEX};
     CHECK_OK(kva_cache_create(ctx, &cm, &x->mha));
     CHECK_OK(kva_cache_create(ctx, &cl, &x->mla));
     CHECK_OK(kva_cache_create(ctx, &ci, &x->idx));
@@ -225,14 +226,15 @@ static void test_update_across_kinds(void)
     }
 }
 
-/* Trees and local chunks (with a window) over every quantized MHA format,
- * every scale granularity, CPU against the reference on the same keys. */
+/* Trees, local chunks (with a window) and cascades over every quantized MHA
+ * format, every scale granularity, CPU against the reference on the same
+ * keys. */
 static void test_masks_quantized(void)
 {
     enum { R = 3, B = 3, NB = 16, H = 6, Hkv = 2, D = 16, T = 14 };
     const int32_t qsl[R + 1] = {0, 9, 10, 14}, sl[R] = {20, 6, 4};
-    const int32_t bt[R * 7] = {1, 4, 2, 9, 11, 7, 13, 3, 0, -1, -1, -1, -1, -1,
-                               5, 6, -1, -1, -1, -1, -1};
+    const int32_t bt[R * 7] = {1,  4,  2,  9, 11, 7,  13, 3,  0,  -1, -1,
+                               -1, -1, -1, 5, 6,  -1, -1, -1, -1, -1};
     int32_t par[T];
     kva_rng tr = {3950};
     make_tree(TREE_RANDOM, 9, &tr, par);
@@ -242,7 +244,7 @@ static void test_masks_quantized(void)
                                    KVA_QUANT_INT8_TOKEN_K_V16, KVA_QUANT_FP8_E4M3};
     for (size_t qi = 0; qi < sizeof qs / sizeof qs[0]; qi++)
         for (int g = 0; g < 3; g++)
-            for (int m = 0; m < 2; m++) { /* 0: tree, 1: chunk 4 + window 2 */
+            for (int m = 0; m < 3; m++) { /* tree; chunk 4 + window 2; cascade */
                 const kva_dtype qdt = (qi + g) % 2 ? KVA_DTYPE_F16 : KVA_DTYPE_F32;
                 float out[2][T * H * D], lse[2][T * H], keys[NB * B * Hkv * D],
                     vals[NB * B * Hkv * D], q[T * H * D], pbuf[2 * Hkv * 2 * D];
@@ -258,21 +260,26 @@ static void test_masks_quantized(void)
                 make_params(qs[qi], Hkv, D, D, g, &rng, pbuf, &qp);
                 const kva_dtype cdt = qs[qi] == KVA_QUANT_FP8_E4M3           ? KVA_DTYPE_FP8_E4M3
                                       : qs[qi] == KVA_QUANT_INT8_TOKEN_K_V16 ? KVA_DTYPE_BF16
-                                                                              : KVA_DTYPE_I8;
+                                                                             : KVA_DTYPE_I8;
                 for (int bi = 0; bi < 2; bi++) {
                     kva_context *ctx = new_ctx(kBk[bi], 2);
-                    kva_cache_desc cd = {NB, B, Hkv, D, 0, cdt, KVA_LAYOUT_HND, qs[qi],
-                                         KVA_ATTN_MHA};
+                    kva_cache_desc cd = {NB,     B,           Hkv, D, 0, cdt, KVA_LAYOUT_HND,
+                                         qs[qi], KVA_ATTN_MHA};
                     kva_cache *c = NULL;
                     CHECK_OK(kva_cache_create_quant(ctx, &cd, &qp, &c));
-                    CHECK_OK(kva_cache_write(ctx, c, NB * B, keys, 0, vals, 0, KVA_DTYPE_F32,
-                                             slots));
+                    CHECK_OK(
+                        kva_cache_write(ctx, c, NB * B, keys, 0, vals, 0, KVA_DTYPE_F32, slots));
                     kva_plan_desc d;
                     memset(&d, 0, sizeof d);
                     d.num_requests = R;
                     d.query_start_loc = qsl;
                     d.seq_lens = sl;
-                    d.block_table = bt;
+                    /* The cascade: request 1 shares request 0's first block. */
+                    int32_t btc[R * 7];
+                    memcpy(btc, bt, sizeof btc);
+                    btc[7] = bt[0];
+                    d.block_table = m == 2 ? btc : bt;
+                    d.cascade = m == 2 ? KVA_CASCADE_ON : KVA_CASCADE_OFF;
                     d.block_table_stride = 7;
                     d.block_size = B;
                     d.decode_threshold = g == 1 ? 9 : 0;
@@ -281,28 +288,37 @@ static void test_masks_quantized(void)
                     d.head_dim = D;
                     d.q_dtype = qdt;
                     d.causal = 1;
-                    d.window_left = m ? 2 : -1;
-                    d.attention_chunk = m ? 4 : 0;
-                    d.tree_parents = m ? NULL : par;
+                    d.window_left = m == 1 ? 2 : -1;
+                    d.attention_chunk = m == 1 ? 4 : 0;
+                    d.tree_parents = m == 0 ? par : NULL;
                     kva_plan *p = NULL;
                     CHECK_OK(kva_plan_create(ctx, &d, &p));
                     void *o = qdt == KVA_DTYPE_F32 ? (void *)out[bi] : (void *)out16[bi];
                     kva_test_poison(o, qdt, T * H * D);
                     kva_test_poison(lse[bi], KVA_DTYPE_F32, T * H);
-                    if (p)
+                    kva_plan_info in = {0};
+                    if (p) {
                         CHECK_OK(kva_attention_run(ctx, p, q, c, NULL, o, lse[bi]));
+                        CHECK_OK(kva_plan_get_info(p, &in));
+                    }
+                    CHECK((m == 2) == (in.num_cascade_groups > 0));
                     kva_plan_destroy(p);
                     kva_cache_destroy(c);
                     kva_context_destroy(ctx);
                 }
                 const void *o0 = qdt == KVA_DTYPE_F32 ? (void *)out[0] : (void *)out16[0];
                 const void *o1 = qdt == KVA_DTYPE_F32 ? (void *)out[1] : (void *)out16[1];
+                const double at =
+                    m == 2 ? kva_test_cascade_atol(qdt) : 2 * kva_test_atol(qdt) + 1e-5;
+                const double rt = m == 2 ? kva_test_cascade_rtol(qdt) : 2 * kva_test_rtol(qdt);
                 const size_t bad =
-                    kva_test_compare("quant mask", o1, o0, qdt, T * H * D,
-                                     2 * kva_test_atol(qdt) + 1e-5, 2 * kva_test_rtol(qdt)) +
+                    kva_test_compare("quant mask", o1, o0, qdt, T * H * D, at, rt) +
                     kva_test_compare_f32("quant mask lse", lse[1], lse[0], T * H, 1e-4, 1e-5);
                 CHECK_MSG(bad == 0, "%s gran %d %s: %zu mismatches", kva_quant_name(qs[qi]), g,
-                          m ? "chunk" : "tree", bad);
+                          m == 0   ? "tree"
+                          : m == 1 ? "chunk"
+                                   : "cascade",
+                          bad);
             }
 }
 
