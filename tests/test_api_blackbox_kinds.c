@@ -1,10 +1,13 @@
 /*
- * test_api_blackbox_update.c - black-box audit, round three (session 37, task
- * api37): one plan updated step after step across every kind of plan
- * (kvattn.h: "a plan of any kind, cascade or not, may be updated to any
- * other", afterwards equal to kva_plan_create's: same info, same results),
- * and draft trees and local chunks over quantized caches (every format), CPU
- * against the reference. Outputs are poisoned before every run.
+ * test_api_blackbox_kinds.c - black-box audit, round three (session 37, task
+ * api37): plans of every kind together. One plan updated step after step
+ * across every kind of plan (kvattn.h: "a plan of any kind, cascade or not,
+ * may be updated to any other", afterwards equal to kva_plan_create's: same
+ * info, same results), with the plans made on the way kept and rerun at the
+ * end; draft trees, local chunks and cascades over quantized caches (every
+ * format), CPU against the reference; the cache dtype rule of the three runs
+ * of kvattn_mla.h; the plan fields an indexer plan does not use, validated.
+ * Outputs are poisoned before every run.
  */
 #include "blackbox_util.h"
 #include "tree_util.h"
@@ -322,9 +325,145 @@ static void test_masks_quantized(void)
             }
 }
 
+/* An indexer plan validates the plan fields it does not use as every plan
+ * does: a cascade mode outside kva_cascade_mode is refused. */
+static void test_indexer_fields(void)
+{
+    const int32_t qsl[2] = {0, 2}, sl[1] = {5}, bt[2] = {1, 0};
+    for (int bi = 0; bi < 2; bi++) {
+        kva_context *ctx = new_ctx(kBk[bi], 1);
+        kva_plan_desc d;
+        memset(&d, 0, sizeof d);
+        d.num_requests = 1;
+        d.query_start_loc = qsl;
+        d.seq_lens = sl;
+        d.block_table = bt;
+        d.block_table_stride = 2;
+        d.block_size = 4;
+        d.num_heads = 2;
+        d.num_kv_heads = 1;
+        d.head_dim = 16;
+        d.q_dtype = KVA_DTYPE_F32;
+        d.causal = 1;
+        d.window_left = -1;
+        d.kind = KVA_ATTN_INDEX;
+        d.sparse_topk = 3;
+        kva_plan *p = (kva_plan *)&d;
+        d.cascade = 7;
+        BAD(kva_plan_create(ctx, &d, &p), KVA_STATUS_INVALID_ARGUMENT);
+        CHECK(p == (kva_plan *)&d);
+        d.cascade = -1;
+        BAD(kva_plan_create(ctx, &d, &p), KVA_STATUS_INVALID_ARGUMENT);
+        CHECK(p == (kva_plan *)&d);
+        d.cascade = KVA_CASCADE_OFF;
+        p = NULL;
+        CHECK_OK(kva_plan_create(ctx, &d, &p));
+        kva_plan_destroy(p);
+        kva_context_destroy(ctx);
+    }
+}
+
+/* Unquantized latent rows and index keys must be in q_dtype
+ * (KVA_STATUS_DTYPE_MISMATCH, outputs untouched); FP8 rows and keys serve
+ * any q_dtype. All three runs of kvattn_mla.h. */
+static void test_cache_dtype(void)
+{
+    const int32_t qsl[2] = {0, 1}, sl[1] = {5}, bt[2] = {0, 1}, idx[3] = {0, 1, 2};
+    for (int bi = 0; bi < 2; bi++) {
+        kva_context *ctx = new_ctx(kBk[bi], 1);
+        kva_cache *ic = NULL, *ic8 = NULL, *mc = NULL, *mc8 = NULL;
+        kva_cache_desc d1 = {4, 4, 1, 16, 0, KVA_DTYPE_F32, 0, 0, KVA_ATTN_INDEX};
+        kva_cache_desc d2 = {
+            4, 4, 1, 16, 0, KVA_DTYPE_FP8_E4M3, 0, KVA_QUANT_FP8_TOKEN, KVA_ATTN_INDEX};
+        kva_cache_desc d3 = {4, 4, 1, 24, 16, KVA_DTYPE_F32, 0, 0, KVA_ATTN_MLA};
+        kva_cache_desc d4 = {4,           4, 1, 24, 16, KVA_DTYPE_FP8_E4M3, 0, KVA_QUANT_FP8_E4M3,
+                             KVA_ATTN_MLA};
+        CHECK_OK(kva_cache_create(ctx, &d1, &ic));
+        CHECK_OK(kva_cache_create(ctx, &d2, &ic8));
+        CHECK_OK(kva_cache_create(ctx, &d3, &mc));
+        CHECK_OK(kva_cache_create(ctx, &d4, &mc8));
+        kva_rng rng = {3990};
+        uint16_t q[2 * 24], wmat[2 * 8 * 16];
+        float w[2] = {1.0f, -0.5f}, out[2 * 16], lse[2]; /* out holds [1, 2, 16] bf16 */
+        int32_t ind[3], len[1];
+        kva_test_fill(q, KVA_DTYPE_BF16, 2 * 24, &rng, 1.0);
+        kva_test_fill(wmat, KVA_DTYPE_BF16, 2 * 8 * 16, &rng, 0.25);
+        float rows[16 * 24];
+        int64_t slots[16];
+        for (int i = 0; i < 16; i++)
+            slots[i] = i;
+        kva_test_fill(rows, KVA_DTYPE_F32, 16 * 24, &rng, 1.0);
+        CHECK_OK(kva_cache_write(ctx, ic8, 16, rows, 0, NULL, 0, KVA_DTYPE_F32, slots));
+        CHECK_OK(kva_cache_write(ctx, mc8, 16, rows, 24, rows + 16, 24, KVA_DTYPE_F32, slots));
+        void *k = NULL;
+        CHECK_OK(kva_cache_data(ic, &k, NULL));
+        kva_test_fill(k, KVA_DTYPE_F32, 4 * 4 * 16, &rng, 1.0);
+        CHECK_OK(kva_cache_data(mc, &k, NULL));
+        kva_test_fill(k, KVA_DTYPE_F32, 4 * 4 * 24, &rng, 1.0);
+        kva_plan_desc d;
+        memset(&d, 0, sizeof d);
+        d.num_requests = 1;
+        d.query_start_loc = qsl;
+        d.seq_lens = sl;
+        d.block_table = bt;
+        d.block_table_stride = 2;
+        d.block_size = 4;
+        d.num_heads = 2;
+        d.num_kv_heads = 1;
+        d.head_dim = 16;
+        d.q_dtype = KVA_DTYPE_BF16;
+        d.causal = 1;
+        d.window_left = -1;
+        d.kind = KVA_ATTN_INDEX;
+        d.sparse_topk = 3;
+        kva_plan *pi = NULL, *ps = NULL, *pm = NULL;
+        CHECK_OK(kva_plan_create(ctx, &d, &pi));
+        d.kind = KVA_ATTN_MLA;
+        d.head_dim = 24;
+        d.head_dim_v = 16;
+        d.scale = 0.3f;
+        CHECK_OK(kva_plan_create(ctx, &d, &ps));
+        d.sparse_topk = 0;
+        d.mla_qk_nope_head_dim = 8;
+        d.mla_v_head_dim = 8;
+        CHECK_OK(kva_plan_create(ctx, &d, &pm));
+        memset(ind, 0x5a, sizeof ind);
+        memset(len, 0x5a, sizeof len);
+        kva_test_poison(out, KVA_DTYPE_F32, 2 * 16);
+        kva_test_poison(lse, KVA_DTYPE_F32, 2);
+        const uint64_t before = bb_sum(ind, sizeof ind) ^ bb_sum(len, sizeof len) ^
+                                bb_sum(out, sizeof out) ^ bb_sum(lse, sizeof lse);
+        if (pi && ps && pm) {
+            BAD(kva_indexer_run(ctx, pi, q, w, ic, ind, 0, len), KVA_STATUS_DTYPE_MISMATCH);
+            BAD(kva_mla_sparse_run(ctx, ps, q, mc, idx, 0, NULL, NULL, out, lse),
+                KVA_STATUS_DTYPE_MISMATCH);
+            BAD(kva_mla_run(ctx, pm, q, wmat, wmat, mc, out, lse), KVA_STATUS_DTYPE_MISMATCH);
+            CHECK((bb_sum(ind, sizeof ind) ^ bb_sum(len, sizeof len) ^ bb_sum(out, sizeof out) ^
+                   bb_sum(lse, sizeof lse)) == before);
+            CHECK_OK(kva_indexer_run(ctx, pi, q, w, ic8, ind, 0, len));
+            CHECK(len[0] == 3 && ind[0] >= 0 && ind[0] < 5);
+            CHECK_OK(kva_mla_sparse_run(ctx, ps, q, mc8, idx, 0, NULL, NULL, out, lse));
+            CHECK(!isnan(kva_test_get(out, KVA_DTYPE_BF16, 2 * 16 - 1)) && !isnan(lse[1]));
+            kva_test_poison(out, KVA_DTYPE_F32, 2 * 16);
+            CHECK_OK(kva_mla_run(ctx, pm, q, wmat, wmat, mc8, out, lse));
+            CHECK(!isnan(kva_test_get(out, KVA_DTYPE_BF16, 2 * 8 - 1)) && !isnan(lse[1]));
+        }
+        kva_plan_destroy(pi);
+        kva_plan_destroy(ps);
+        kva_plan_destroy(pm);
+        kva_cache_destroy(ic);
+        kva_cache_destroy(ic8);
+        kva_cache_destroy(mc);
+        kva_cache_destroy(mc8);
+        kva_context_destroy(ctx);
+    }
+}
+
 int main(void)
 {
     RUN(test_update_across_kinds);
     RUN(test_masks_quantized);
+    RUN(test_indexer_fields);
+    RUN(test_cache_dtype);
     return kva_test_finish();
 }
