@@ -459,11 +459,116 @@ static void test_cache_dtype(void)
     }
 }
 
+/* A plan built on a one-thread context, run on a three-thread context whose
+ * reservation (from a plan of the same kind over shorter requests) holds the
+ * plan's bytes but not three of its per-thread scratch areas: kvattn.h lets
+ * such a context run it ("a context of fewer threads whose reservation is
+ * too small refuses the plan"; here it is large enough). The run must use
+ * only the threads the reservation holds and give the one-thread result
+ * (the CPU indexer ran three threads past the workspace's end: a heap
+ * overflow under ASan). Attention, kva_mla_run and sparse runs alike. */
+static void test_more_threads_than_plan(void)
+{
+    enum { B = 64, S1 = 20000, S3 = 5000, NB = S1 / B + 1, T = 3 };
+    int32_t *bt = malloc(sizeof(int32_t) * NB);
+    for (int i = 0; i < NB; i++)
+        bt[i] = (i * 37) % NB;
+    const int32_t qsl[2] = {0, T}, sl1[1] = {S1}, sl3[1] = {S3};
+    kva_rng rng = {3995};
+    float *q = malloc(sizeof(float) * T * 4 * 32), w[T * 4],
+          *wm = malloc(sizeof(float) * 4 * 16 * 16);
+    float out1[T * 4 * 16], out3[T * 4 * 16], lse1[T * 4], lse3[T * 4];
+    int32_t idx[T * 16], ind1[T * 16], ind3[T * 16];
+    kva_test_fill(q, KVA_DTYPE_F32, T * 4 * 32, &rng, 1.0);
+    kva_test_fill(w, KVA_DTYPE_F32, T * 4, &rng, 1.0);
+    kva_test_fill(wm, KVA_DTYPE_F32, 4 * 16 * 16, &rng, 0.25);
+    for (int i = 0; i < T * 16; i++)
+        idx[i] = kva_rng_int(&rng, -1, S1 - 1);
+    for (int kind = 0; kind < 4; kind++) { /* indexer, attention, kva_mla_run, sparse */
+        kva_context *c1 = new_ctx(KVA_BACKEND_CPU, 1), *c3 = new_ctx(KVA_BACKEND_CPU, 3);
+        kva_cache_desc cd = {NB, B, 1, 32, 0, KVA_DTYPE_F32, 0, 0, KVA_ATTN_INDEX};
+        kva_plan_desc d;
+        memset(&d, 0, sizeof d);
+        d.num_requests = 1;
+        d.query_start_loc = qsl;
+        d.block_table = bt;
+        d.block_table_stride = NB;
+        d.block_size = B;
+        d.num_heads = 4;
+        d.num_kv_heads = 1;
+        d.head_dim = 32;
+        d.q_dtype = KVA_DTYPE_F32;
+        d.causal = 1;
+        d.window_left = -1;
+        d.kind = KVA_ATTN_INDEX;
+        d.sparse_topk = 16;
+        if (kind > 0) {
+            cd.kind = d.kind = kind == 1 ? KVA_ATTN_MHA : KVA_ATTN_MLA;
+            cd.head_dim_v = d.head_dim_v = 16;
+            d.scale = 0.2f;
+            d.sparse_topk = kind == 3 ? 16 : 0;
+            d.sparse_mode = kind == 3 ? KVA_SPARSE_SEPARATE : 0;
+            d.mla_qk_nope_head_dim = kind == 2 ? 16 : 0;
+            d.mla_v_head_dim = kind == 2 ? 16 : 0;
+            d.cascade = KVA_CASCADE_OFF;
+        }
+        kva_cache *cache = NULL;
+        CHECK_OK(kva_cache_create(c1, &cd, &cache));
+        void *k = NULL, *v = NULL;
+        CHECK_OK(kva_cache_data(cache, &k, &v));
+        kva_test_fill_uniform(k, KVA_DTYPE_F32, (size_t)NB * B * 32, &rng);
+        if (kind == 1)
+            kva_test_fill_uniform(v, KVA_DTYPE_F32, (size_t)NB * B * 16, &rng);
+        kva_plan *p = NULL, *x = NULL;
+        d.seq_lens = sl1;
+        CHECK_OK(kva_plan_create(c1, &d, &p));
+        d.seq_lens = sl3;
+        CHECK_OK(kva_plan_create(c3, &d, &x));
+        kva_status st[2] = {KVA_STATUS_OK, KVA_STATUS_OK};
+        for (int i = 0; i < 2 && p; i++) {
+            kva_context *c = i ? c3 : c1;
+            float *o = i ? out3 : out1, *l = i ? lse3 : lse1;
+            int32_t *ind = i ? ind3 : ind1;
+            kva_test_poison(o, KVA_DTYPE_F32, T * 4 * 16);
+            kva_test_poison(l, KVA_DTYPE_F32, T * 4);
+            memset(ind, 0x5a, sizeof ind1);
+            st[i] = kind == 0   ? kva_indexer_run(c, p, q, w, cache, ind, 0, NULL)
+                    : kind == 1 ? kva_attention_run(c, p, q, cache, NULL, o, l)
+                    : kind == 2 ? kva_mla_run(c, p, q, wm, wm, cache, o, l)
+                                : kva_mla_sparse_run(c, p, q, cache, idx, 0, NULL, NULL, o, l);
+        }
+        CHECK_MSG(st[0] == KVA_STATUS_OK, "kind %d: %s", kind, kva_status_name(st[0]));
+        /* The indexer's reservation here holds the plan's bytes (3 x 40 KiB
+         * of scratch against 99 KiB); the others may refuse, unchanged. */
+        CHECK_MSG(st[1] == KVA_STATUS_OK || (kind > 0 && st[1] == KVA_STATUS_INVALID_ARGUMENT),
+                  "kind %d: %s (%s)", kind, kva_status_name(st[1]), kva_last_error());
+        if (getenv("KVA_TEST_VERBOSE"))
+            fprintf(stderr, "more threads, kind %d: %s\n", kind, kva_status_name(st[1]));
+        if (kind == 0)
+            CHECK(memcmp(ind1, ind3, sizeof ind1) == 0);
+        else if (st[1] != KVA_STATUS_OK) /* refused: nothing written */
+            CHECK(isnan(out3[0]) && isnan(out3[T * 4 * 16 - 1]) && isnan(lse3[T * 4 - 1]));
+        else
+            CHECK(kva_test_compare("more threads", out3, out1, KVA_DTYPE_F32, T * 4 * 16, 1e-5,
+                                   1e-5) == 0 &&
+                  kva_test_compare_f32("more threads lse", lse3, lse1, T * 4, 1e-5, 1e-6) == 0);
+        kva_plan_destroy(p);
+        kva_plan_destroy(x);
+        kva_cache_destroy(cache);
+        kva_context_destroy(c1);
+        kva_context_destroy(c3);
+    }
+    free(bt);
+    free(q);
+    free(wm);
+}
+
 int main(void)
 {
     RUN(test_update_across_kinds);
     RUN(test_masks_quantized);
     RUN(test_indexer_fields);
     RUN(test_cache_dtype);
+    RUN(test_more_threads_than_plan);
     return kva_test_finish();
 }
