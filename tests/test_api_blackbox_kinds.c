@@ -563,6 +563,46 @@ static void test_more_threads_than_plan(void)
     free(wm);
 }
 
+/* A cascade plan runs on the context that created it or last updated it
+ * (kvattn.h): created on A and updated through B, it runs on B (as a plan
+ * created on B would) and A refuses it, writing nothing. */
+static void test_cascade_updated_context(void)
+{
+    const up_batch *b = &up_batches[1];
+    const kva_plan_desc d = up_desc(UP_CASCADE, b);
+    for (int bi = 0; bi < 2; bi++) {
+        kva_context *A = new_ctx(kBk[bi], 1), *B = new_ctx(kBk[bi], 2);
+        up_world *x = calloc(1, sizeof *x);
+        up_out *o1 = calloc(1, sizeof *o1), *o2 = calloc(1, sizeof *o2);
+        up_world_make(A, x);
+        kva_plan *p = NULL, *fresh = NULL;
+        CHECK_OK(kva_plan_create(A, &d, &p));
+        CHECK_OK(kva_plan_create(B, &d, &fresh));
+        if (p && fresh) {
+            CHECK_OK(kva_plan_update(B, p, &d));
+            up_run(B, p, UP_CASCADE, x, o1);
+            up_run(B, fresh, UP_CASCADE, x, o2);
+            CHECK(memcmp(o1, o2, sizeof *o1) == 0);
+            kva_test_poison(o2->out, KVA_DTYPE_F32, sizeof o2->out / sizeof(float));
+            kva_test_poison(o2->lse, KVA_DTYPE_F32, sizeof o2->lse / sizeof(float));
+            const uint64_t before = bb_sum(o2, sizeof *o2);
+            BAD(kva_attention_run(A, p, x->q, x->mha, NULL, o2->out, o2->lse),
+                KVA_STATUS_INVALID_ARGUMENT);
+            CHECK(bb_sum(o2, sizeof *o2) == before);
+        }
+        kva_plan_destroy(p);
+        kva_plan_destroy(fresh);
+        kva_cache_destroy(x->mha);
+        kva_cache_destroy(x->mla);
+        kva_cache_destroy(x->idx);
+        free(x);
+        free(o1);
+        free(o2);
+        kva_context_destroy(A);
+        kva_context_destroy(B);
+    }
+}
+
 int main(void)
 {
     RUN(test_update_across_kinds);
@@ -570,5 +610,6 @@ int main(void)
     RUN(test_indexer_fields);
     RUN(test_cache_dtype);
     RUN(test_more_threads_than_plan);
+    RUN(test_cascade_updated_context);
     return kva_test_finish();
 }
