@@ -51,11 +51,13 @@
  * context has reserved the plan's workspace: it created the plan, or created
  * a plan from the same descriptor with the same number of threads (CPU: the
  * workspace holds per-thread scratch areas and split partials whose count
- * depends on the thread count; a context of fewer threads whose reservation
- * is too small refuses the plan with KVA_STATUS_INVALID_ARGUMENT). A plan that
- * runs as a cascade (kva_plan_info.num_cascade_groups > 0, which the default
- * KVA_CASCADE_AUTO may choose) is the exception: it runs only on the context
- * that created it (else KVA_STATUS_INVALID_ARGUMENT); set cascade =
+ * depends on the thread count; a context whose reservation is smaller than
+ * the plan's refuses it with KVA_STATUS_INVALID_ARGUMENT, and one whose
+ * reservation holds it runs the plan on at most as many of its threads as
+ * the reservation holds scratch areas for). A plan that runs as a cascade
+ * (kva_plan_info.num_cascade_groups > 0, which the default KVA_CASCADE_AUTO
+ * may choose) is the exception: it runs only on the context that created it,
+ * or that last updated it (else KVA_STATUS_INVALID_ARGUMENT); set cascade =
  * KVA_CASCADE_OFF for a plan shared between contexts. As with FlashInfer's
  * plan/run, the simplest rule is one plan per context. Writing a cache while
  * another thread reads it is a race.
@@ -591,13 +593,15 @@ typedef struct kva_plan_desc {
      * none, and cascade_prefix_len [G] the tokens each group shares, a
      * positive multiple of B that ends at or before every member's first
      * query (seq_len - q_len) and over which every member's block ids equal.
-     * Requests with q_len 0 are ignored. A grouping that does not match the
-     * block table is refused (KVA_STATUS_INVALID_ARGUMENT or OUT_OF_RANGE).
+     * Requests with q_len 0 are ignored (their blocks need not match; their
+     * cascade_group entry must still be -1 or a group). A grouping that does
+     * not match the block table is refused (KVA_STATUS_INVALID_ARGUMENT or
+     * OUT_OF_RANGE).
      * Plans with ALiBi, a sliding window, a local chunk, a draft tree, DCP
      * sharding or kind KVA_ATTN_MLA, and backends without cascade kernels,
      * decline it (KVA_CASCADE_ON: KVA_STATUS_UNSUPPORTED). A plan that runs
      * as a cascade (kva_plan_info.num_cascade_groups > 0) runs on the context
-     * that created it only, and kva_attention_run_ragged refuses it
+     * that created (or last updated) it only, and kva_attention_run_ragged refuses it
      * (KVA_STATUS_INVALID_ARGUMENT): a plan for ragged runs has no block
      * table, or cascade = KVA_CASCADE_OFF. */
     int32_t cascade;                   /* kva_cascade_mode */

@@ -28,7 +28,9 @@ extern "C" {
  *          k_nope_h(j) = w_uk[h] . c_kv(j)   (vLLM's W_UK_T).
  *   w_uv:  [H, Dc, Dv] in q_dtype: head h's value up-projection,
  *          v_h(j) = c_kv(j) . w_uv[h]        (vLLM's W_UV).
- *   cache: an MLA cache holding [c_kv | k_pe] for every key the plan covers.
+ *   cache: an MLA cache holding [c_kv | k_pe] for every key the plan covers
+ *          (unquantized rows in q_dtype, else KVA_STATUS_DTYPE_MISMATCH, as
+ *          in kva_attention_run; FP8 rows serve any q_dtype).
  *   out:   [T, H, Dv] in q_dtype; lse: [T, H] float32 or NULL.
  * Semantics: for each head h, ordinary attention (kva_attention_run's masks:
  * causal or not, bottom-right aligned) with key k_h(j) = [k_nope_h(j), k_pe(j)]
@@ -61,7 +63,9 @@ KVA_API kva_status kva_mla_run(kva_context *ctx, const kva_plan *plan, const voi
  * explicit scale); any H from 1 to KVA_MAX_HEADS, no padding of the heads.
  *   q:           [T, H, Dc + Dr] in q_dtype, absorbed (as kva_attention_run's
  *                MLA call).
- *   cache:       an MLA cache (bf16/f16/f32 rows, FP8_E4M3, or FP8_DS_MLA).
+ *   cache:       an MLA cache (bf16/f16/f32 rows, FP8_E4M3, or FP8_DS_MLA;
+ *                unquantized rows in q_dtype, else
+ *                KVA_STATUS_DTYPE_MISMATCH; FP8 rows serve any q_dtype).
  *   indices:     [T, K] int32, row t at indices + t * indices_stride (0
  *                means K): token t's key positions within its own request
  *                (0 .. seq_len - 1), turned into cache slots through the
@@ -105,7 +109,9 @@ KVA_API kva_status kva_mla_sparse_run(kva_context *ctx, const kva_plan *plan, co
  *   q:       [T, Hi, D] in q_dtype: the index queries (RoPE applied).
  *   weights: [T, Hi] float32: each head's weight for this token (DeepSeek
  *            folds the softmax scale and Hi^-1/2 in here).
- *   cache:   a KVA_ATTN_INDEX cache holding every key the plan covers.
+ *   cache:   a KVA_ATTN_INDEX cache holding every key the plan covers
+ *            (unquantized keys in q_dtype, else KVA_STATUS_DTYPE_MISMATCH;
+ *            FP8_TOKEN keys serve any q_dtype).
  *   indices: [T, K] int32 out, row t at indices + t * indices_stride (0
  *            means K); topk_length: [T] int32 out, or NULL.
  * Semantics: token t of request r (q_len q, seq_len s) at pos = s - q + i

@@ -137,6 +137,12 @@ static kva_status check_index(const kva_plan_desc *d)
                          "%s: causal = 0: the indexer scores the keys up to each token's own "
                          "position; an indexer plan needs causal = 1",
                          fn);
+    /* The cascade mode is validated as in every plan (kva__cascade_plan,
+     * which indexer plans skip). */
+    if ((unsigned)d->cascade >= (unsigned)KVA_CASCADE_MODE_COUNT_)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "%s: cascade = %d is not a kva_cascade_mode (0 .. %d)", fn,
+                         (int)d->cascade, (int)KVA_CASCADE_MODE_COUNT_ - 1);
     if (d->window_left >= 0 || d->softcap != 0.0f || d->alibi_slopes || d->attention_chunk != 0 ||
         d->tree_parents || d->tree_mask || d->cascade_group || d->num_cascade_groups != 0 ||
         d->cascade == KVA_CASCADE_ON || d->dcp_size > 1)
@@ -508,9 +514,19 @@ static int grow_array(void **a, int64_t *cap, int64_t n, size_t sz)
  * largest block id read and *tree_bits a tree plan's mask words (or NULL; the
  * caller owns them).
  */
-static kva_status check_desc(kva_context *ctx, const kva_plan_desc *desc, kva_plan_desc *dcp,
+static kva_status check_desc(kva_context *ctx, const kva_plan_desc *given, kva_plan_desc *dcp,
                              int32_t *max_block_id, uint64_t **tree_bits)
 {
+    /* A window_left of KVA_MAX_SEQ_LEN or more excludes nothing: it is no
+     * window (kvattn.h), for the plans that take none (MLA, indexer, tree)
+     * as for the others. */
+    const kva_plan_desc *desc = given;
+    kva_plan_desc wide;
+    if (given->window_left >= KVA_MAX_SEQ_LEN) {
+        wide = *given;
+        wide.window_left = -1;
+        desc = &wide;
+    }
     KVA_TRY(check_scalars(desc));
     KVA_TRY(kva__head_dim_check("kva_plan_create", ctx, "head_dim", desc->head_dim));
     if (desc->head_dim_v != 0)

@@ -200,7 +200,14 @@ kva_status kva__cpu_indexer(kva_context *ctx, const kva_plan *plan, const void *
     (void)isa;
 #endif
     const size_t tb = thread_bytes(plan);
-    const int nt = ctx->num_threads > 0 ? ctx->num_threads : 1;
+    /* Threads: the context's, as far as its workspace holds their scratch
+     * (a plan built on a context of fewer threads reserved fewer areas, and
+     * this context's reservation need only hold the plan's bytes), as the
+     * other CPU runs do. */
+    int nt = ctx->num_threads > 0 ? ctx->num_threads : 1;
+    if ((size_t)nt > ctx->workspace_bytes / tb)
+        nt = (int)(ctx->workspace_bytes / tb);
+    nt = nt < 1 ? 1 : nt;
     (void)nt; /* unused without OpenMP */
 #pragma omp parallel num_threads(nt) if (nt > 1 && T > 1)
     {
