@@ -32,7 +32,12 @@ extern "C" {
 #endif
 
 /* Sets the stream (a cudaStream_t, or NULL for the legacy default stream) of
- * a CUDA context. The caller keeps ownership of the stream. */
+ * a CUDA context. The caller keeps ownership of the stream. Pending plan
+ * uploads are drained first; kernels already enqueued on the old stream are
+ * not: a context's runs share its workspace (split-KV partials, the prefill
+ * tile counters), so they must not overlap in time. Order the old stream's
+ * work before the new stream's (an event, or a synchronize) before running on
+ * the new one; use one context per stream for concurrent streams. */
 KVA_API kva_status kva_cuda_context_set_stream(kva_context *ctx, void *stream);
 /* The context's stream (NULL = legacy default stream). */
 KVA_API kva_status kva_cuda_context_get_stream(const kva_context *ctx, void **out);
