@@ -68,7 +68,7 @@ static void gpu_params(const kva__cuda_state *st, int rows, int ctas_per_sm,
 
 /*
  * The grid's time model (kva__partition_grid), fitted on an H100 to paged bf16
- * decodes (H/Hkv 32/8, D 128, tensor-core decode, 2 CTAs per SM; docs/cuda.md "Split
+ * decodes (H/Hkv 32/8, D 128, tensor-core decode, 2 CTAs per SM; docs/cuda-decode.md "Split
  * choice"): 128 unsplit items of 4k keys on 264 CTAs ran at 2.46 TB/s, i.e.
  * a CTA of a half-empty grid moves ~1.76x its share of a full one (2.88 TB/s);
  * 4 -> 8 chunks per unit of the same batch (2 -> 4 items per CTA) added ~11

@@ -44,13 +44,13 @@ template <typename Ty, int D_> struct dm_load16 {
     /* The first copies go out before Q is staged, so an item's first K/V
      * bytes are in flight during the Q loads: one dependent trip less per
      * item, for the single-wave shapes whose time is mostly that chain
-     * (docs/cuda.md, "The fixed cost of a decode call"; measured with the
+     * (docs/cuda-decode.md, "The fixed cost of a decode call"; measured with the
      * dependent launch in bench/results/h200_2026-11-27_dec24.txt, alone
      * within noise in h200_2026-11-27_dcp6.txt). */
     static constexpr bool RAGGED = true, ISSUE_FIRST = true;
     /* The body reads a step's block-table entries (key_row) one step before
      * it issues the step's copies (issue_row), so a warp never waits for
-     * its block table between two steps (docs/cuda.md, "The fixed cost of
+     * its block table between two steps (docs/cuda-decode.md, "The fixed cost of
      * a decode call"). */
     static constexpr bool ROWS_AHEAD = true;
     /* The CTA's next item's first copies go out before this item's epilogue

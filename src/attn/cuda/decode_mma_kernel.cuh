@@ -19,7 +19,7 @@
  * the CTA that writes a split task's last partial merges the task. Keys past
  * the item's end are zero-filled and their block-table entries never read.
  * The design (rings, masks, merge, programmatic dependent launch) is
- * docs/cuda.md, "The decode kernels".
+ * docs/cuda-decode.md, "The decode kernels".
  *
  * A load policy P (a struct of static members) gives:
  *   Args                the kernel's argument struct; attn(q) its attention

@@ -9,7 +9,7 @@
  * instantiated per format family in attn_quant*.cu), so the build compiles
  * them in parallel.
  *
- * Inside a CTA of 4 warps (docs/cuda.md, "The decode kernels"): a key row is
+ * Inside a CTA of 4 warps (docs/cuda-decode.md, "The decode kernels"): a key row is
  * read by a lane group of LK lanes (lane li holds P::KE key channels and
  * P::NCV chunks of P::VV value channels ((li + c*LK)*VV + e)); every group
  * keeps its own online softmax for all ROWS rows; warps take interleaved
