@@ -27,6 +27,17 @@
  * (CUDA: a swap into pageable host memory completes before it returns).
  * CUDA-only entry points (stream, graph-capture capacity) are in kvattn_cuda.h.
  *
+ * Aliasing: unless a call's comment allows it (kva_convert with src == dst,
+ * kva_merge_states in place, the DCP combines' packed buffers), the outputs
+ * of a call (out, lse, written cache blocks, index lists) must not overlap
+ * its inputs or each other; inputs may overlap one another (they are only
+ * read).
+ *
+ * Lifetimes: a plan belongs to the context that created it (or last updated
+ * it). Destroy a context's plans before the context; kva_plan_destroy of a
+ * plan whose context is gone only frees it, and every other use of such a plan
+ * is undefined. A cache is independent of contexts and plans.
+ *
  * Errors: every fallible call returns a kva_status. On failure, kva_last_error()
  * holds a message naming the argument and the bad value (thread-local), and no
  * output, cache or plan passed to the call has been modified. Every call that
