@@ -45,6 +45,13 @@ int kva__part_push_item(kva__part_builder *b, const kva__work_item *it)
         }
         if (b->dcost[lo] != it->cost || b->dnext[lo] >= b->cap_items)
             return 0; /* cannot happen: the costs were counted by rule_makespan */
+        if (b->log) {
+            if (b->nlog == b->cap_log)
+                return 0; /* cannot happen: sized for every chunk of the request */
+            b->log[2 * b->nlog] = (int32_t)b->dnext[lo];
+            b->log[2 * b->nlog + 1] = lo;
+            b->nlog++;
+        }
         b->items[b->dnext[lo]++] = *it;
         b->num_items++;
         b->dlast = lo;
@@ -73,6 +80,34 @@ static int push_task(kva__part_builder *b, const kva__split_task *t)
         b->cap_tasks = cap;
     }
     b->tasks[b->num_tasks++] = *t;
+    return 1;
+}
+
+int kva__part_copy_kv_heads(kva__part_builder *b, const kva_plan *plan, int32_t task0, int32_t hkv,
+                            int64_t *partial_floats)
+{
+    const int32_t ntask = b->num_tasks - task0, nlog = b->nlog;
+    for (int32_t kvh = 1; kvh < hkv; kvh++) {
+        const int32_t shift = b->num_tasks - task0;
+        for (int32_t t = 0; t < ntask; t++) {
+            kva__split_task x = b->tasks[task0 + t];
+            x.kv_head = kvh;
+            x.ws_off = *partial_floats;
+            *partial_floats += (int64_t)x.num_splits * x.nq * x.nh * (plan->d.head_dim_v + 1);
+            if (!push_task(b, &x))
+                return 0;
+        }
+        for (int32_t k = 0; k < nlog; k++) {
+            kva__work_item it = b->items[b->log[2 * k]];
+            const int32_t d = b->log[2 * k + 1];
+            it.kv_head = kvh;
+            it.task += it.task >= 0 ? shift : 0;
+            if (b->dnext[d] >= b->cap_items)
+                return 0; /* cannot happen: the costs were counted by rule_makespan */
+            b->items[b->dnext[d]++] = it;
+        }
+        b->num_items += nlog;
+    }
     return 1;
 }
 

@@ -57,6 +57,8 @@ struct kva__partition_scratch {
     int32_t cap_runs[2];
     int64_t *dcost; /* [2 * (cap_dcost + 1)]: build_placed's costs and positions */
     int32_t cap_dcost;
+    int32_t *elog; /* [2 * cap_elog]: build_placed's log of one request's kv head 0 items */
+    int32_t cap_elog;
     int32_t decode_n; /* > 0: runs[0][0..decode_n) holds the order of the units that the
                          latest build's decode path wrote its items in (build_decodes) */
 };
@@ -71,6 +73,7 @@ void kva__partition_scratch_free(struct kva__partition_scratch *s)
     free(s->runs[0]);
     free(s->runs[1]);
     free(s->dcost);
+    free(s->elog);
     free(s);
 }
 
@@ -337,9 +340,18 @@ static kva_status build_placed(const kva_plan *plan, const kva__partition_params
             i = j;
             continue;
         }
-        for (int32_t kvh = 0; ok && kvh < plan->d.num_kv_heads; kvh++)
-            for (int32_t u = i; ok && u < j; u++)
-                ok = kva__part_emit_unit(&b, plan, pp, &a->units[u], kvh, sr, &partial_floats);
+        /* A unit of the request is split: kv head 0's items and tasks are
+         * emitted (and logged), the other kv heads' are copies of them. */
+        const int64_t nlog = (int64_t)(j - i) * pp->max_splits;
+        ok = grow((void **)&s->elog, &s->cap_elog, 2 * nlog, sizeof(int32_t));
+        b.log = s->elog;
+        b.nlog = 0;
+        b.cap_log = (int32_t)nlog;
+        const int32_t task0 = b.num_tasks;
+        for (int32_t u = i; ok && u < j; u++)
+            ok = kva__part_emit_unit(&b, plan, pp, &a->units[u], 0, sr, &partial_floats);
+        ok = ok && kva__part_copy_kv_heads(&b, plan, task0, plan->d.num_kv_heads, &partial_floats);
+        b.log = NULL;
         i = j;
     }
     ok = ok && b.num_items == num_items;

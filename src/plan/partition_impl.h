@@ -28,6 +28,10 @@ typedef struct kva__part_builder {
     const int64_t *dcost; /* [ndist] */
     int64_t *dnext;       /* [ndist] */
     int32_t ndist, dlast; /* dlast: bucket of the last placed item */
+    /* Placement only, when set: the position and bucket of each placed item
+     * ([2 * cap_log]; kva__part_copy_kv_heads reads them). */
+    int32_t *log;
+    int32_t nlog, cap_log;
 } kva__part_builder;
 
 /* One (request, query tile, kv head, head slice) before splitting; keys [k0, k1)
@@ -97,6 +101,13 @@ int64_t kva__part_chunk_cost(const kva_plan *plan, const kva__unit *u, int32_t s
 int kva__part_emit_unit(kva__part_builder *b, const kva_plan *plan, const kva__partition_params *pp,
                         kva__unit *u, int32_t kvh, const kva__split_rule *sr,
                         int64_t *partial_floats);
+/* Placement (b->place): the items and split tasks of kv heads 1..hkv-1 of
+ * one request, copies of kv head 0's (the items the builder logged, the
+ * tasks from task0 on), which differ only in the kv head, the task index and
+ * each task's workspace offset; placed in the order kva__part_emit_unit
+ * would emit them (kv head, then unit). Returns 0 when out of memory. */
+int kva__part_copy_kv_heads(kva__part_builder *b, const kva_plan *plan, int32_t task0, int32_t hkv,
+                            int64_t *partial_floats);
 /* Hands the builder's items and tasks to part and stores it in *out (ok), or
  * frees part with them and reports the allocation failure (!ok). */
 kva_status kva__part_finish(const kva_plan *plan, const kva__partition_params *pp,
