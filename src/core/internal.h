@@ -527,6 +527,14 @@ static inline KVA__HOST_DEVICE int32_t kva__first_key(int32_t pos, int32_t windo
     return lo;
 }
 
+/* Everything kva_plan_create and kva_plan_update check of ctx and desc
+ * before they build anything (src/plan/plan_check.c): on success *dcp holds
+ * desc with its DCP fields resolved, *max_block_id the largest block id a
+ * request with queries reads (-1 if none) and *tree_bits a tree plan's mask
+ * words (kva__plan_tree_bits; NULL without a tree; the caller owns them). */
+kva_status kva__plan_check_desc(kva_context *ctx, const kva_plan_desc *given, kva_plan_desc *dcp,
+                                int32_t *max_block_id, uint64_t **tree_bits);
+
 /* Validates a plan descriptor's draft tree (tree_parents or tree_mask, after
  * the batch arrays were checked) and builds its words (kva_plan.tree_bits)
  * into *out, or NULL for a plan without a tree (src/plan/tree.c). */

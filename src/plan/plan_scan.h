@@ -1,5 +1,5 @@
 /*
- * plan_scan.h - the plan check's block-table row scan (internal; plan.c
+ * plan_scan.h - the plan check's block-table row scan (internal; plan_check.c
  * check_batch, plan_scan_avx2.c).
  */
 #ifndef KVA_PLAN_SCAN_H

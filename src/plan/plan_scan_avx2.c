@@ -1,11 +1,11 @@
 /*
- * plan_scan_avx2.c - the plan check's block-table row scan (plan.c
- * check_batch) in AVX2. CMake compiles this file with -mavx2; plan.c calls
+ * plan_scan_avx2.c - the plan check's block-table row scan (plan_check.c
+ * check_batch) in AVX2. CMake compiles this file with -mavx2; check_batch calls
  * it only when the context's CPU has AVX2 (ctx->cpu_features).
  *
  * Every plan checks the ids of the blocks its requests read: a decode step of
  * R requests scans R rows of a few dozen ids each, the largest single piece
- * of the generic plan's host work. The portable loop (plan.c) runs four ids
+ * of the generic plan's host work. The portable loop (plan_check.c) runs four ids
  * per step in SSE2, which has no signed 32-bit max; here eight per step with
  * vpmaxsd, and a row's last ids in one load of its last eight (ids seen
  * twice change neither the OR nor the max) instead of a scalar tail.
