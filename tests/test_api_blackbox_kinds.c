@@ -325,6 +325,30 @@ static void test_masks_quantized(void)
             }
 }
 
+/* The indexer plan of one request over blocks of 4 (block table [1, 2]):
+ * 2 index heads of D 16, top-3, q in qdt. */
+static kva_plan_desc ix_desc(const int32_t *qsl, const int32_t *sl, const int32_t *bt,
+                             kva_dtype qdt)
+{
+    kva_plan_desc d;
+    memset(&d, 0, sizeof d);
+    d.num_requests = 1;
+    d.query_start_loc = qsl;
+    d.seq_lens = sl;
+    d.block_table = bt;
+    d.block_table_stride = 2;
+    d.block_size = 4;
+    d.num_heads = 2;
+    d.num_kv_heads = 1;
+    d.head_dim = 16;
+    d.q_dtype = qdt;
+    d.causal = 1;
+    d.window_left = -1;
+    d.kind = KVA_ATTN_INDEX;
+    d.sparse_topk = 3;
+    return d;
+}
+
 /* An indexer plan validates the plan fields it does not use as every plan
  * does: a cascade mode outside kva_cascade_mode is refused. */
 static void test_indexer_fields(void)
@@ -332,22 +356,7 @@ static void test_indexer_fields(void)
     const int32_t qsl[2] = {0, 2}, sl[1] = {5}, bt[2] = {1, 0};
     for (int bi = 0; bi < 2; bi++) {
         kva_context *ctx = new_ctx(kBk[bi], 1);
-        kva_plan_desc d;
-        memset(&d, 0, sizeof d);
-        d.num_requests = 1;
-        d.query_start_loc = qsl;
-        d.seq_lens = sl;
-        d.block_table = bt;
-        d.block_table_stride = 2;
-        d.block_size = 4;
-        d.num_heads = 2;
-        d.num_kv_heads = 1;
-        d.head_dim = 16;
-        d.q_dtype = KVA_DTYPE_F32;
-        d.causal = 1;
-        d.window_left = -1;
-        d.kind = KVA_ATTN_INDEX;
-        d.sparse_topk = 3;
+        kva_plan_desc d = ix_desc(qsl, sl, bt, KVA_DTYPE_F32);
         kva_plan *p = (kva_plan *)&d;
         d.cascade = 7;
         BAD(kva_plan_create(ctx, &d, &p), KVA_STATUS_INVALID_ARGUMENT);
@@ -400,22 +409,7 @@ static void test_cache_dtype(void)
         kva_test_fill(k, KVA_DTYPE_F32, 4 * 4 * 16, &rng, 1.0);
         CHECK_OK(kva_cache_data(mc, &k, NULL));
         kva_test_fill(k, KVA_DTYPE_F32, 4 * 4 * 24, &rng, 1.0);
-        kva_plan_desc d;
-        memset(&d, 0, sizeof d);
-        d.num_requests = 1;
-        d.query_start_loc = qsl;
-        d.seq_lens = sl;
-        d.block_table = bt;
-        d.block_table_stride = 2;
-        d.block_size = 4;
-        d.num_heads = 2;
-        d.num_kv_heads = 1;
-        d.head_dim = 16;
-        d.q_dtype = KVA_DTYPE_BF16;
-        d.causal = 1;
-        d.window_left = -1;
-        d.kind = KVA_ATTN_INDEX;
-        d.sparse_topk = 3;
+        kva_plan_desc d = ix_desc(qsl, sl, bt, KVA_DTYPE_BF16);
         kva_plan *pi = NULL, *ps = NULL, *pm = NULL;
         CHECK_OK(kva_plan_create(ctx, &d, &pi));
         d.kind = KVA_ATTN_MLA;
@@ -462,9 +456,9 @@ static void test_cache_dtype(void)
 /* A plan built on a one-thread context, run on a three-thread context whose
  * reservation (from a plan of the same kind over shorter requests) holds the
  * plan's bytes but not three of its per-thread scratch areas: kvattn.h lets
- * such a context run it ("a context of fewer threads whose reservation is
- * too small refuses the plan"; here it is large enough). The run must use
- * only the threads the reservation holds and give the one-thread result
+ * such a context run it ("one whose reservation holds it runs the plan on
+ * at most as many of its threads as the reservation holds scratch areas
+ * for"). The run must use only those threads and give the one-thread result
  * (the CPU indexer ran three threads past the workspace's end: a heap
  * overflow under ASan). Attention, kva_mla_run and sparse runs alike. */
 static void test_more_threads_than_plan(void)

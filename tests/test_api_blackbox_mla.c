@@ -45,8 +45,11 @@ static uint64_t bm_cache_sum(const kva_cache *c)
     return bb_sum(k, (size_t)d.num_blocks * kva_cache_block_bytes_k(c));
 }
 
-/* A shuffled block table [R, stride] for seq_lens sl (ids from 0 .. nb - 1). */
-static int32_t bm_table(int32_t R, const int32_t *sl, int32_t B, kva_rng *rng, int32_t **bt)
+/* A batch of R requests (q_lens ql, seq_lens sl, blocks of B): qsl [R + 1]
+ * from ql, a shuffled block table [R, stride] (returned) in *bt, and in *nb
+ * the cache's block count (every id the table holds, and one more). */
+static int32_t bm_table(int32_t R, const int32_t *ql, const int32_t *sl, int32_t B, kva_rng *rng,
+                        int32_t **bt, int32_t *qsl, int32_t *nb_out)
 {
     int32_t stride = 1, nb = 0;
     for (int32_t r = 0; r < R; r++) {
@@ -70,6 +73,10 @@ static int32_t bm_table(int32_t R, const int32_t *sl, int32_t B, kva_rng *rng, i
         used += n;
     }
     free(perm);
+    qsl[0] = 0;
+    for (int32_t r = 0; r < R; r++)
+        qsl[r + 1] = qsl[r] + ql[r];
+    *nb_out = nb + 1;
     return stride;
 }
 
@@ -160,12 +167,8 @@ static void bm_mla_run(const bm_mla *c, kva_backend be, uint64_t seed)
     kva_rng rng = {seed};
     const int32_t H = c->H, Dc = c->Dc, Dr = c->Dr, Dn = c->Dn, Dv = c->Dv;
     int32_t *bt = NULL, qsl[5] = {0};
-    const int32_t stride = bm_table(c->R, c->sl, c->B, &rng, &bt);
-    int32_t nb = 1;
-    for (int32_t r = 0; r < c->R; r++) {
-        nb += (c->sl[r] + c->B - 1) / c->B;
-        qsl[r + 1] = qsl[r] + c->ql[r];
-    }
+    int32_t nb = 0;
+    const int32_t stride = bm_table(c->R, c->ql, c->sl, c->B, &rng, &bt, qsl, &nb);
     const int32_t T = qsl[c->R], NS = nb * c->B;
     const size_t es = kva_dtype_size(c->dt);
     kva_context *ctx = new_ctx(be, 3);
@@ -296,12 +299,8 @@ static void bm_sp_run(const bm_sp *c, kva_backend be, uint64_t seed)
     kva_rng rng = {seed};
     const int32_t H = c->H, Dc = c->Dc, Dr = c->Dr, W = Dc + Dr, K = c->K, ST = K + c->pad;
     int32_t *bt = NULL, qsl[5] = {0};
-    const int32_t stride = bm_table(c->R, c->sl, c->B, &rng, &bt);
-    int32_t nb = 1;
-    for (int32_t r = 0; r < c->R; r++) {
-        nb += (c->sl[r] + c->B - 1) / c->B;
-        qsl[r + 1] = qsl[r] + c->ql[r];
-    }
+    int32_t nb = 0;
+    const int32_t stride = bm_table(c->R, c->ql, c->sl, c->B, &rng, &bt, qsl, &nb);
     const int32_t T = qsl[c->R], NS = nb * c->B;
     const size_t es = kva_dtype_size(c->dt);
     kva_context *ctx = new_ctx(be, 3);
@@ -567,12 +566,8 @@ static void bm_ix_run(const bm_ix *c, kva_backend be, uint64_t seed)
     kva_rng rng = {seed};
     const int32_t Hi = c->Hi, D = c->D, K = c->K, ST = K + c->pad;
     int32_t *bt = NULL, qsl[5] = {0};
-    const int32_t stride = bm_table(c->R, c->sl, c->B, &rng, &bt);
-    int32_t nb = 1;
-    for (int32_t r = 0; r < c->R; r++) {
-        nb += (c->sl[r] + c->B - 1) / c->B;
-        qsl[r + 1] = qsl[r] + c->ql[r];
-    }
+    int32_t nb = 0;
+    const int32_t stride = bm_table(c->R, c->ql, c->sl, c->B, &rng, &bt, qsl, &nb);
     const int32_t T = qsl[c->R], NS = nb * c->B;
     kva_context *ctx = new_ctx(be, 3);
     kva_cache_desc cd = {nb,
