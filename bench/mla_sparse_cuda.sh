@@ -40,7 +40,7 @@ if has bench; then
 fi
 if has ncu; then
   timeout "$tmo" ncu --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
-    -k regex:mla_sparse_kernel -c 1 build-sparse/kvattn bench --mla-sparse --backend cuda \
+    -k regex:"mla_wgmma_kernel|mla_decode_mma_kernel" -c 1 build-sparse/kvattn bench --mla-sparse --backend cuda \
     --iters 1 --batch 128 --q-len 2 --context 8192 --heads 128 --topk 2048 >"$out/ncu.log" 2>&1 || status=1
   grep -E "Duration|Throughput|Stall|Issued|Warp Cycles|L2 Hit|Registers" "$out/ncu.log" | head -30
 fi
