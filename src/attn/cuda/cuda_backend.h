@@ -84,8 +84,14 @@ enum {
      * last CTA resets them; every upload writes them 0). */
     KVA_CUDA_HDR_PSCHED,
     KVA_CUDA_HDR_PSCHED_DONE,
+    KVA_CUDA_HDR_USED, /* words in use: new words go above this line */
     KVA_CUDA_HDR_WORDS = 16
 };
+#ifdef __cplusplus
+static_assert(KVA_CUDA_HDR_USED <= KVA_CUDA_HDR_WORDS, "the plan header's words outgrew it");
+#else
+_Static_assert(KVA_CUDA_HDR_USED <= KVA_CUDA_HDR_WORDS, "the plan header's words outgrew it");
+#endif
 
 /* Capacities (element counts) of the metadata sections. */
 typedef struct kva__cuda_caps {
