@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Lead's final call of a session: base (main at the session's start) vs new (merged main), one GPU.
 # Trees in ./base and ./new, .deb build deps in ./debs. Log: $OUT/final.txt (written as it goes).
-# Knobs: CTJ=3 (ctest jobs), SAN="test_a test_b" (memcheck quick), MLA=1 (MLA rows), SPARSE=1 (sparse suite),
+# Knobs: CTJ=3 (ctest jobs per GPU), SAN="test_a test_b" (memcheck quick), MLA=1 (MLA rows), SPARSE=1 (sparse suite),
 #        PEER=1 (SDPA short shapes), R2=1 (second round), DCP=1 (emulated DCP rows).
+# On a machine with several GPUs the CUDA tests are dealt round-robin to GPUs 1..N-1 and run there while
+# the benchmarks run on GPU 0 (serve-sim, whose host timings the tests' CPU load would disturb, waits for them).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd); cd "$here"
 # $OUT gets final.txt (written as it goes), ctest.log and logs.tgz only: the device tool brings back 8 files.
@@ -17,18 +19,36 @@ for t in base new; do
 done
 # The new tree first with every core, then base's bench binaries beside the tests: a call cut short
 # by its limit still brings back the merged tree's test results.
-ninja -C $B/new -j16 >$out/build_new.log 2>&1 || { grep -m20 error $out/build_new.log; tail -3 $out/build_new.log; exit 1; }
+J=$(nproc); NG=$(nvidia-smi -L | wc -l); echo "# $NG GPU(s), $J cores" >>"$LOG"
+ninja -C $B/new -j$J >$out/build_new.log 2>&1 || { grep -m20 error $out/build_new.log; tail -3 $out/build_new.log; exit 1; }
 T build-new
-ninja -C $B/base -j6 bench_cuda bench_cuda_mla kvattn >$out/build_base.log 2>&1 &
+ninja -C $B/base -j$(( J > 16 ? J / 2 : 6 )) bench_cuda bench_cuda_mla kvattn >$out/build_base.log 2>&1 &
 bpid=$!
 ( for x in ${SAN:-}; do
-    KVA_TEST_QUICK=1 timeout 170 compute-sanitizer --tool memcheck --error-exitcode 9 $B/new/$x >$out/san_$x.log 2>&1
+    CUDA_VISIBLE_DEVICES=$(( NG > 1 ? NG - 1 : 0 )) KVA_TEST_QUICK=1 timeout 170 compute-sanitizer --tool memcheck --error-exitcode 9 $B/new/$x >$out/san_$x.log 2>&1
     echo "memcheck $x quick: rc=$? $(grep -E 'ERROR SUMMARY' $out/san_$x.log | tail -1)" >>"$LOG"; done ) &
-KVA_TEST_QUICK=1 ctest --test-dir $B/new -L cuda -j${CTJ:-3} --timeout 240 --output-on-failure >"$res/ctest.log" 2>&1; echo "ctest -L cuda (quick) rc=$?" >>"$LOG"
-grep -E "tests passed|Failed|\*\*\*|Not Run" "$res/ctest.log" | tail -14 >>"$LOG"
-T tests
+ctests() { # the quick CUDA tests: on GPU 0 alone, or dealt to GPUs 1..NG-1
+  if [ "$NG" -lt 2 ]; then
+    KVA_TEST_QUICK=1 ctest --test-dir $B/new -L cuda -j${CTJ:-3} --timeout 240 --output-on-failure >"$res/ctest.log" 2>&1
+    echo "ctest -L cuda (quick) rc=$?" >>"$LOG"
+  else
+    mapfile -t names < <(ctest --test-dir $B/new -N -L cuda | sed -n 's/^ *Test *#[0-9]*: //p')
+    local g i pids=() rc=0
+    for g in $(seq 1 $((NG - 1))); do
+      local sel=() 
+      for i in "${!names[@]}"; do [ $((i % (NG - 1) + 1)) = $g ] && sel+=("${names[$i]}"); done
+      [ ${#sel[@]} = 0 ] && continue
+      local re="^($(IFS='|'; echo "${sel[*]}"))\$"
+      CUDA_VISIBLE_DEVICES=$g KVA_TEST_QUICK=1 ctest --test-dir $B/new -R "$re" -j${CTJ:-3} --timeout 240 --output-on-failure >"$out/ctest_gpu$g.log" 2>&1 &
+      pids+=($!)
+    done
+    for i in "${pids[@]}"; do wait $i || rc=1; done
+    cat "$out"/ctest_gpu*.log >"$res/ctest.log"; echo "ctest -L cuda (quick, GPUs 1..$((NG - 1))) rc=$rc" >>"$LOG"
+  fi
+  grep -E "tests passed|Failed|\*\*\*|Not Run" "$res/ctest.log" | tail -14 >>"$LOG"; T tests; }
+if [ "$NG" -lt 2 ]; then ctests; else ctests & tpid=$!; export CUDA_VISIBLE_DEVICES=0; fi
 wait $bpid || { tail -20 $out/build_base.log; exit 1; }
-wait; T san
+[ "$NG" -lt 2 ] && { wait; T san; }
 bc() { local tag=$1; shift; echo "$tag $("$B/${tag%%-*}/bench_cuda" "$@" 2>&1 >/dev/null | grep -m1 '^bench_cuda:')" >>"$LOG"; }
 D="--mode decode"; P="--mode prefill --context 0 --iters 20"
 bench_round() { local r=$1; for t in base new; do
@@ -50,6 +70,7 @@ bench_round() { local r=$1; for t in base new; do
 done; T "bench r$r"; }
 bench_round 1
 for b in "" "--copy-bytes 67108864" "--copy-bytes 268435456" "--copy-bytes 536870912"; do bc new-r1 --mode copy $b; done
+[ "$NG" -ge 2 ] && { wait; T "tests and san"; }
 for r in 1 2 3 4; do for t in base new; do
   $B/$t/kvattn serve-sim --backend cuda --no-progress >$out/serve_$t.log 2>&1
   echo "$t serve r$r rc=$? $(grep -E 'plan share|Mean step' $out/serve_$t.log | tr -s ' ' | tr '\n' ';')" >>"$LOG"
