@@ -79,7 +79,7 @@ T serve
 if [ "${DCPG:-1}" = 1 ]; then for t in base new; do for c in 131072 65536 32768; do
   # one request's decode at a 128k context and its 2- and 4-way shares, replayed from a graph of 10 layers
   # (issue 19's emulated per-rank ratio as an engine's decode graph sees it): the json's graph_ms_per_layer
-  echo "$t dcpg ctx $c $("$B/$t/bench_cuda" --mode decode --batch 1 --context $c --heads 32 --kv-heads 8 --head-dim 128 --iters 50 --graph-layers 10 2>/dev/null | grep -o '"median_ms": [0-9.]*\|"graph_ms_per_layer": [0-9.]*\|"items": [0-9]*' | tr '\n' ' ')" >>"$LOG"
+  echo "$t dcpg ctx $c $("$B/$t/bench_cuda" --mode decode --batch 1 --context $c --heads 32 --kv-heads 8 --head-dim 128 --iters 50 --graph-layers 10 2>/dev/null | grep -o '"ms": [0-9.]*\|"graph_ms_per_layer": [0-9.]*\|"items": [0-9]*' | tr '\n' ' ')" >>"$LOG"
 done; done; T dcpg; fi
 if [ "${SPARSE:-0}" = 1 ]; then for t in base new; do
   timeout 80 $B/$t/kvattn bench --mla-sparse --backend cuda --iters 20 >$out/sparse_$t.log 2>&1
