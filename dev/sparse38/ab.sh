@@ -12,8 +12,9 @@
 #   2. test_cuda_mla_sparse (all cases; both kernels forced, both modes);
 #   3. the issue-17 rows over fp8_ds_mla, the three sides alternated twice
 #      (every run checked against the reference backend);
-#   4. Nsight Compute of one decode launch, base then new (stall breakdown),
-#      while the elapsed time allows (KVA_NCU_BY, seconds);
+#   4. Nsight Compute of one decode launch (stall breakdown): base before
+#      the bench rows, new after them, each while the elapsed time allows
+#      (KVA_NCU_BY, seconds, default 150);
 #   5. compute-sanitizer memcheck of test_cuda_mla_sparse quick (KVA_MC_BY);
 # and prints a table last. Run from the parent of the two trees:
 #   OUT=$OUT bash new/dev/sparse38/ab.sh base new
@@ -79,21 +80,9 @@ log "test_cuda_mla_sparse (all) rc=$?: $(grep -E 'passed|FAILED|failed' "$l/test
 grep -hE "FAILED|CHECK failed" "$l/test_sparse.log" | head -10 | tee -a "$o/run.txt"
 log "== tests $(el) s"
 pack
-ROWS=("decode H128 fp8|--batch 128 --q-len 2 --context 8192 --heads 128 --topk 2048"
-  "prefill 4k fp8 mixed|--batch 0 --prefill 4096 --context 8192 --heads 128 --topk 2048")
-for r in 1 2; do
-  order="base new alt"; [ $r = 2 ] && order="alt new base"
-  for v in $order; do
-    s=""; [ $v != new ] && s=_$v
-    for m in "${ROWS[@]}"; do
-      x=$(timeout 60 b/kvattn$s bench --mla-sparse --backend cuda --iters 20 ${m#*|} 2>&1 | grep -E ' ms ' | tail -1 | tr -s ' ')
-      log "r$r $v ${m%%|*}: $x"
-    done
-  done
-  log "== bench round $r $(el) s"
-done
 S="--batch 128 --q-len 2 --context 8192 --heads 128 --topk 2048 --iters 2"
-for v in base new; do
+ncu_run() { # ncu_run SIDE...
+for v in "$@"; do
   [ "$(el)" -lt "${KVA_NCU_BY:-150}" ] || { log "ncu $v skipped (time)"; continue; }
   s=""; [ $v != new ] && s=_$v
   timeout 70 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
@@ -107,6 +96,22 @@ for v in base new; do
   grep -E "issue_stalled" "$l/ncu_$v.txt" | tr -s ' ' | sort -k3 -g -r | head -9 | tee -a "$o/run.txt"
   pack
 done
+}
+ncu_run base
+ROWS=("decode H128 fp8|--batch 128 --q-len 2 --context 8192 --heads 128 --topk 2048"
+  "prefill 4k fp8 mixed|--batch 0 --prefill 4096 --context 8192 --heads 128 --topk 2048")
+for r in 1 2; do
+  order="base new alt"; [ $r = 2 ] && order="alt new base"
+  for v in $order; do
+    s=""; [ $v != new ] && s=_$v
+    for m in "${ROWS[@]}"; do
+      x=$(timeout 60 b/kvattn$s bench --mla-sparse --backend cuda --iters 20 ${m#*|} 2>&1 | grep -E ' ms ' | tail -1 | tr -s ' ')
+      log "r$r $v ${m%%|*}: $x"
+    done
+  done
+  log "== bench round $r $(el) s"
+done
+ncu_run new
 if [ "$(el)" -lt "${KVA_MC_BY:-150}" ]; then
   KVA_TEST_QUICK=1 timeout 60 compute-sanitizer --tool memcheck b/test_cuda_mla_sparse >"$l/memcheck.log" 2>&1
   log "memcheck test_cuda_mla_sparse quick rc=$?: $(grep -E 'ERROR SUMMARY' "$l/memcheck.log" | tail -1)"
