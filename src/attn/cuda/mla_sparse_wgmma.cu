@@ -16,11 +16,10 @@
  *     split-key schedule, MW_SCHED_SPLIT), the row of each thread's key
  *     looked up one tile ahead;
  *   fp8_ds_mla rows (656 bytes), on the body's alternating-tile schedule
- *     with the early S and the fills' lines brought near (MW_SCHED_ALT_NEAR):
- *     each row is prefetched into L2 one tile of its warpgroup ahead (one
- *     bulk prefetch), each fill part's lines into L1 a few steps before the
- *     part's stage is free, then, in the body's two fill parts, loaded by
- *     its 2 threads into registers and written into the ring as q-dtype
+ *     with the early S (MW_SCHED_ALT_EARLY): each row is prefetched into L2
+ *     one tile of its warpgroup ahead (one bulk prefetch), then, in the
+ *     body's two fill parts, loaded by its 2 threads into registers (all
+ *     of a part's loads ahead of its stores) and written into the ring as q-dtype
  *     values code * scale (fp32 product, rounded once), as FlashMLA's
  *     sparse kernels and this backend's separate mode read them. Each row
  *     is converted once per head tile (H 128: twice per token).
@@ -49,12 +48,6 @@ static __device__ __forceinline__ int (*ms_ok())[MW_BN]
     return ok;
 }
 
-/* Prefetch of the 128-byte line holding p into L1. */
-static __device__ __forceinline__ void ms_prefetch_l1(const void *p)
-{
-    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
-}
-
 /* Cache row of entry j of the token's list (-1: unused or past kend). */
 static __device__ __forceinline__ int64_t ms_row(const sp_args &a, const int32_t *bt_row, int32_t p,
                                                  int32_t s)
@@ -68,7 +61,7 @@ static __device__ __forceinline__ int64_t ms_row(const sp_args &a, const int32_t
  * fp8_ds_mla: the fill thread (2 per key) converts its half of its key. */
 template <typename Ty, bool FP8> struct ms_sparse {
     typedef sp_args args;
-    static constexpr int SCHED = FP8 ? MW_SCHED_ALT_NEAR : MW_SCHED_SPLIT;
+    static constexpr int SCHED = FP8 ? MW_SCHED_ALT_EARLY : MW_SCHED_SPLIT;
     sp_item mi;
     bool skip;
     int32_t k0, kend;
@@ -159,35 +152,16 @@ template <typename Ty, bool FP8> struct ms_sparse {
                 sc[j][e] =
                     ok[wg * 32 + j * 8 + 2 * t4 + (e & 1)] ? sc[j][e] * scale_log2 : -INFINITY;
     }
-    /* fp8_ds_mla (MW_SCHED_ALT_NEAR): Q, then part PART of tile kb (flags
+    /* fp8_ds_mla (MW_SCHED_ALT_EARLY): Q, then part PART of tile kb (flags
      * of its keys with part 0) in two steps: fetch loads the thread's codes
      * of the part's 4 value blocks (half c: codes 64 b + 32 c .. + 31 of
      * block b) and their 2 tile scales into registers; put converts them
      * (code * scale) into the stage and, in part 1, adds block 8 (k_pe
      * values 32 c .. 32 c + 31, loaded there first); after part 1 the rows of
-     * the warpgroup's next tile are looked up and prefetched into L2. Ahead
-     * of each part, near prefetches the part's 128-byte lines of the row
-     * into L1 (the two threads of a key split them). */
+     * the warpgroup's next tile are looked up and prefetched into L2. */
     __device__ __forceinline__ void stage_q(const args &a, unsigned char *q_gen) const
     {
         sp_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi, q_gen);
-    }
-    template <int WG, int PART> __device__ __forceinline__ void near(const args &a, int32_t) const
-    {
-        const int64_t r = PART == 0 ? rown : row;
-        if (r < 0)
-            return;
-        const unsigned char *src = a.rows + r * sp_ds_mla::ROW;
-        const unsigned char *v = src + 64 * mw_fblk<WG, PART>(0); /* the part's value half */
-        if (mw_fhalf() == 0) {
-            ms_prefetch_l1(v);
-            ms_prefetch_l1(v + 255);
-            if (PART == 1)
-                ms_prefetch_l1(src + ML_DV);
-        } else {
-            ms_prefetch_l1(v + 128);
-            ms_prefetch_l1(src + ML_DV + (PART == 1 ? sp_ds_mla::ROW - ML_DV - 1 : 0));
-        }
     }
     struct raw {
         uint4 v[8];   /* value block i of the part: v[2 i], v[2 i + 1] */

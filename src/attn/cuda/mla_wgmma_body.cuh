@@ -67,15 +67,9 @@
  * same order and waits for each part just before it. MW_SCHED_ALT_EARLY
  * also issues the next tile's S over part 0 right behind the remote P V
  * (measured faster for the sparse fp8_ds_mla rows, slower for the dense
- * FP8 ones, which then spill more).
- *
- * MW_SCHED_ALT_NEAR is MW_SCHED_ALT_EARLY with each fill part's bytes
- * brought near ahead of its fill (the policy's near<WG, PART>, e.g. an L1
- * prefetch: no registers are held, the kernel has none to spare): part 0
- * of the next tile right behind the local P V, part 1 right behind part 0's
- * fill, so the loads of a fill find their lines closer than L2; and
- * warpgroup 0 issues its remote P V before it fills part 0, as warpgroup 1
- * does, so the tensor cores run it during the conversion.
+ * FP8 ones, which then spill more), and in warpgroup 0 the remote P V
+ * ahead of its part-0 fill, as warpgroup 1 does, so that the tensor cores
+ * run it while the warpgroup converts.
  *
  * MW_SCHED_ALT_TMA (16-bit key rows of a paged cache whose tiles are whole
  * TMA boxes): the same alternating tiles, each fill part copied by TMA
@@ -112,13 +106,7 @@
 #include <stdint.h>
 
 /* The key-loop schedule of a work policy (W::SCHED; see above). */
-enum {
-    MW_SCHED_SPLIT = 0,
-    MW_SCHED_ALT = 1,
-    MW_SCHED_ALT_EARLY = 2,
-    MW_SCHED_ALT_TMA = 3,
-    MW_SCHED_ALT_NEAR = 4
-};
+enum { MW_SCHED_SPLIT = 0, MW_SCHED_ALT = 1, MW_SCHED_ALT_EARLY = 2, MW_SCHED_ALT_TMA = 3 };
 
 /*
  * The work policy W of mla_wgmma_kernel<Ty, W>: a class, one object per item.
@@ -157,9 +145,6 @@ enum {
  *                              commits each part) or stores; the fills of
  *                              one warpgroup come in tile order, part 0
  *                              then part 1, its tiles kb 128 apart;
- *   (MW_SCHED_ALT_NEAR also: near<WG, PART>(a, kb) by the same threads
- *                              ahead of fill<WG, PART>(a, kb, ...), with no
- *                              effect on the results;)
  *   (MW_SCHED_ALT_TMA instead of fill: tfill<S, PART>(a, kb, stage, bar)
  *                              by one thread: the column blocks
  *                              mw_fblk<S, PART> of tile kb (< kend) into
@@ -219,8 +204,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             int t4, float scale_log2, float (&o)[32][4], float m_run[2], float l_run[2],
             uint32_t bars, uint32_t &ph)
 {
-    constexpr bool NEAR = SCHED == MW_SCHED_ALT_NEAR;
-    constexpr bool EARLY = SCHED == MW_SCHED_ALT_EARLY || NEAR, TMA = SCHED == MW_SCHED_ALT_TMA;
+    constexpr bool EARLY = SCHED == MW_SCHED_ALT_EARLY, TMA = SCHED == MW_SCHED_ALT_TMA;
     const bool elect = (threadIdx.x & (MW_WT - 1)) == 0; /* TMA: the warpgroup's issuing thread */
     const uint32_t mine = sK + WG * MW_KB, other = sK + (1 - WG) * MW_KB;
     const uint64_t dq = kva__wgmma_desc(sQ, 16, 1024);
@@ -305,9 +289,6 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             l_run[1] += psum[1];
             mw_pv_rs<Ty, WG>(o, pa, dv_mine); /* local P V, P from registers */
         }
-        if constexpr (NEAR)
-            if (kn < kend)
-                wi.template near<WG, 0>(a, kn);
         if constexpr (WG == 0) {
             /* Warpgroup 1's reference: rows it moved get O and P rescaled
              * (after the local P V read the old P), then P goes to stage 0. */
@@ -326,19 +307,15 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             mw_put_p(pa, mine + MW_PO, r0, t4);
             kva__fence_proxy_async(); /* P stores -> the other warpgroup's wgmma reads */
             kva__named_bar(false, MW_BAR_P0, ML_NT);
-            if constexpr (NEAR) {
-                kva__named_bar(true, MW_BAR_P1, ML_NT);
-                if (have1)
-                    mw_pv<Ty, WG>(o, dp_other, dv_other); /* remote P V */
-                /* Our value half of stage 0 is free: part 0 of the next tile. */
+            /* Our value half of stage 0 is free: part 0 of the next tile
+             * (EARLY: behind the remote P V). */
+            if constexpr (!EARLY)
                 mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect);
-            } else {
-                /* Our value half of stage 0 is free: part 0 of the next tile. */
+            kva__named_bar(true, MW_BAR_P1, ML_NT);
+            if (have1)
+                mw_pv<Ty, WG>(o, dp_other, dv_other); /* remote P V */
+            if constexpr (EARLY)
                 mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect);
-                kva__named_bar(true, MW_BAR_P1, ML_NT);
-                if (have1)
-                    mw_pv<Ty, WG>(o, dp_other, dv_other); /* remote P V */
-            }
         } else {
             if (have) {
                 mw_put_p(pa, mine + MW_PO, r0, t4);
@@ -351,9 +328,6 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             mw_a_fence(pa);
             mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect);
         }
-        if constexpr (NEAR)
-            if (kn < kend)
-                wi.template near<WG, 1>(a, kn);
         /* (EARLY: S part 0 of the next tile queues behind the remote P V.)
          * The remote P V is waited for, the other warpgroup told, and part 1
          * of the next tile goes into what it read. */
