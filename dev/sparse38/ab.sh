@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
 # dev/sparse38/ab.sh - one device call for the sparse MLA fp8_ds_mla decode on
-# the wgmma body (issue 17): main ("base") against this tree ("new",
-# MW_SCHED_ALT_NEAR: the fills' lines prefetched into L1 ahead of each fill
-# part, warpgroup 0's remote P V issued before its part-0 fill) and "alt"
-# (this tree with the policy's near() emptied: the reorder and the
-# restructured fill alone). Builds this tree (kvattn, test_cuda_mla_sparse),
-# compiles base's and alt's mla_sparse_wgmma.cu (the only file whose code
+# the wgmma body (issue 17): main ("base") against this tree ("new") and,
+# optionally, a third tree ("alt", KVA_ALT=DIR: its mla_sparse_wgmma.cu with
+# its own headers). Builds this tree (kvattn, test_cuda_mla_sparse),
+# compiles base's (and alt's) mla_sparse_wgmma.cu (the only file whose code
 # differs: every other kernel's SASS is main's) and relinks kvattn as
-# kvattn_base / kvattn_alt; then
+# kvattn_base (kvattn_alt); then
 #   1. smoke runs (H 128 fp8_ds_mla, checked; a hang or failure stops here);
 #   2. test_cuda_mla_sparse (all cases; both kernels forced, both modes);
-#   3. the issue-17 rows over fp8_ds_mla, the three sides alternated twice
-#      (every run checked against the reference backend);
-#   4. Nsight Compute of one decode launch (stall breakdown): base before
-#      the bench rows, new after them, each while the elapsed time allows
-#      (KVA_NCU_BY, seconds, default 150);
-#   5. compute-sanitizer memcheck of test_cuda_mla_sparse quick (KVA_MC_BY);
-# and prints a table last. Run from the parent of the two trees:
-#   OUT=$OUT bash new/dev/sparse38/ab.sh base new
+#   3. Nsight Compute of one decode launch of base (stall breakdown) while
+#      the elapsed time allows (KVA_NCU_BY, seconds, default 150);
+#   4. the issue-17 rows over fp8_ds_mla, the sides alternated twice (every
+#      run checked against the reference backend);
+#   5. the same ncu of new, then compute-sanitizer memcheck of
+#      test_cuda_mla_sparse quick (KVA_MC_BY), while time allows;
+# and prints a table last. Run from the parent of the trees:
+#   OUT=$OUT bash new/dev/sparse38/ab.sh base new     (KVA_ALT=alt for a third)
+# (Measured 2026-11-28 with alt = the branch's tree before the L1 prefetch
+# was removed, with the prefetch emptied: see branch sparse38-near.)
 set -u
 base=$(cd "$1" && pwd) new=$(cd "$2" && pwd)
 o=${OUT:-/tmp/out}
@@ -33,32 +33,24 @@ cd "$new"
 cmake -S . -B bd -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
   -DKVA_WITH_OPENSSL=OFF -DKVA_WITH_XXHASH=OFF -DKVA_WITH_CJSON=OFF -DKVA_WITH_MPI=OFF \
   -DKVA_WITH_NCCL=OFF >"$l/cfg.log" 2>&1 || { log "CONFIGURE FAILED"; tail "$l/cfg.log"; pack; exit 1; }
-mkdir -p bo/base bo/alt b alt/src/attn/cuda
-cp src/attn/cuda/mla_sparse_wgmma.cu alt/src/attn/cuda/
-# alt: near() does nothing (its first statement returns).
-sed -i 's|^\(    template <int WG, int PART> __device__ __forceinline__ void near(const args &a, int32_t) const\)$|\1\n    { return; }\n    template <int WG, int PART> __device__ __forceinline__ void near_unused(const args \&a, int32_t) const|' \
-  alt/src/attn/cuda/mla_sparse_wgmma.cu
-grep -c near_unused alt/src/attn/cuda/mla_sparse_wgmma.cu | sed 's/^/alt edits: /' | tee -a "$o/run.txt"
-cc() { # cc SRC_TREE OUTDIR
-  nvcc -DKVA_CUDA_SM90A=1 -DKVA_HAVE_CUDA=1 -DKVA_VERSION_STRING=\"0.1.0\" -I"$new/include" \
-    -I"$new/src/core" -I"$new/src/plan" -I"$new/src/attn/cuda" -O3 -DNDEBUG \
+mkdir -p bo/base bo/alt b
+alt=${KVA_ALT:+$(cd "$KVA_ALT" && pwd)}
+sides="base new"; [ -n "$alt" ] && sides="base new alt"
+cc() { # cc TREE OUTDIR: TREE's mla_sparse_wgmma.cu with TREE's headers
+  nvcc -DKVA_CUDA_SM90A=1 -DKVA_HAVE_CUDA=1 -DKVA_VERSION_STRING=\"0.1.0\" -I"$1/include" \
+    -I"$1/src/core" -I"$1/src/plan" -O3 -DNDEBUG \
     --generate-code=arch=compute_90a,code=[compute_90a,sm_90a] -Xcompiler=-fPIC \
     -Xcompiler=-fvisibility=hidden -std=c++17 -x cu -c "$1/src/attn/cuda/mla_sparse_wgmma.cu" \
     -o "$2/mla_sparse_wgmma.cu.o"
 }
-# base: main's file with main's headers (its own tree first on the include path)
-(nvcc -DKVA_CUDA_SM90A=1 -DKVA_HAVE_CUDA=1 -DKVA_VERSION_STRING=\"0.1.0\" -I"$base/include" \
-  -I"$base/src/core" -I"$base/src/plan" -O3 -DNDEBUG \
-  --generate-code=arch=compute_90a,code=[compute_90a,sm_90a] -Xcompiler=-fPIC \
-  -Xcompiler=-fvisibility=hidden -std=c++17 -x cu -c "$base/src/attn/cuda/mla_sparse_wgmma.cu" \
-  -o bo/base/mla_sparse_wgmma.cu.o >"$l/cc_base.log" 2>&1) &
-(cc "$new/alt" bo/alt >"$l/cc_alt.log" 2>&1) &
+(cc "$base" bo/base >"$l/cc_base.log" 2>&1) &
+[ -n "$alt" ] && (cc "$alt" bo/alt >"$l/cc_alt.log" 2>&1) &
 timeout 300 ninja -C bd -j"$(nproc)" kvattn_cli test_cuda_mla_sparse >"$l/build.log" 2>&1 ||
   { log "BUILD FAILED"; grep -E "error" "$l/build.log" | head -20 | tee -a "$o/run.txt"; pack; exit 1; }
 wait
 log "== built $(el) s"
 cp bd/kvattn bd/test_cuda_mla_sparse b/
-for v in base alt; do
+for v in base ${alt:+alt}; do
   cp bd/libkvattn.a bo/$v/libkvattn_$v.a && (cd bo/$v && ar r libkvattn_$v.a mla_sparse_wgmma.cu.o) ||
     log "$v archive failed"
   cmd=$(cd bd && ninja -t commands kvattn_cli | tail -1)
@@ -68,12 +60,15 @@ for v in base alt; do
 done
 ls b | tr '\n' ' ' | tee -a "$o/run.txt"; echo | tee -a "$o/run.txt"
 SM="--iters 2 --batch 8 --q-len 2 --context 3000 --heads 128 --topk 512"
-for v in new alt base; do
+for v in $sides; do
   s=""; [ $v != new ] && s=_$v
   timeout 40 b/kvattn$s bench --mla-sparse --backend cuda $SM >"$l/smoke_$v.log" 2>&1
   rc=$?
   log "smoke $v rc=$rc: $(grep -E ' ms ' "$l/smoke_$v.log" | tail -1 | tr -s ' ')"
-  [ $rc = 0 ] || { tail -5 "$l/smoke_$v.log" | tee -a "$o/run.txt"; [ $v = base ] || { pack; exit 1; }; }
+  [ $rc = 0 ] || { # new fails: stop; alt fails: drop it
+    tail -5 "$l/smoke_$v.log" | tee -a "$o/run.txt"
+    case $v in new) pack; exit 1 ;; alt) sides="base new" ;; esac
+  }
 done
 timeout 120 b/test_cuda_mla_sparse >"$l/test_sparse.log" 2>&1
 log "test_cuda_mla_sparse (all) rc=$?: $(grep -E 'passed|FAILED|failed' "$l/test_sparse.log" | tail -1 | cut -c1-140)"
@@ -101,7 +96,7 @@ ncu_run base
 ROWS=("decode H128 fp8|--batch 128 --q-len 2 --context 8192 --heads 128 --topk 2048"
   "prefill 4k fp8 mixed|--batch 0 --prefill 4096 --context 8192 --heads 128 --topk 2048")
 for r in 1 2; do
-  order="base new alt"; [ $r = 2 ] && order="alt new base"
+  order=$sides; [ $r = 2 ] && order=$(echo $sides | tr " " "\n" | tac | tr "\n" " ")
   for v in $order; do
     s=""; [ $v != new ] && s=_$v
     for m in "${ROWS[@]}"; do
