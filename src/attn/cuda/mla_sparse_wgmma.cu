@@ -18,11 +18,11 @@
  *   fp8_ds_mla rows (656 bytes), on the body's alternating-tile schedule
  *     with the early S (MW_SCHED_ALT_EARLY): each row is prefetched into L2
  *     one tile of its warpgroup ahead (one bulk prefetch), then, in the
- *     body's two fill parts, loaded by its 2 threads into registers and
- *     written into the ring as q-dtype values code * scale (fp32 product,
- *     rounded once), as FlashMLA's sparse kernels and this backend's
- *     separate mode read them. Each row is converted once per head tile
- *     (H 128: twice per token).
+ *     body's two fill parts, loaded by its 2 threads into registers (all
+ *     of a part's loads ahead of its stores) and written into the ring as q-dtype
+ *     values code * scale (fp32 product, rounded once), as FlashMLA's
+ *     sparse kernels and this backend's separate mode read them. Each row
+ *     is converted once per head tile (H 128: twice per token).
  * Split partials and their merge are mla_sparse.cu's (ml_finish with sp_dst,
  * sp_merge_kernel), so the launch geometry is the mma.sync kernel's with
  * 64-row head tiles.
@@ -153,66 +153,89 @@ template <typename Ty, bool FP8> struct ms_sparse {
                     ok[wg * 32 + j * 8 + 2 * t4 + (e & 1)] ? sc[j][e] * scale_log2 : -INFINITY;
     }
     /* fp8_ds_mla (MW_SCHED_ALT_EARLY): Q, then part PART of tile kb (flags
-     * of its keys with part 0): rows loaded and converted (thread half c:
-     * codes 64 b + 32 c .. + 31 of block b < 8 times their tile's scale, k_pe
-     * values 32 c .. 32 c + 31 for block 8); after part 1 the rows of the
-     * warpgroup's next tile are looked up and prefetched into L2. */
+     * of its keys with part 0) in two steps: fetch loads the thread's codes
+     * of the part's 4 value blocks (half c: codes 64 b + 32 c .. + 31 of
+     * block b) and their 2 tile scales into registers; put converts them
+     * (code * scale) into the stage and, in part 1, adds block 8 (k_pe
+     * values 32 c .. 32 c + 31, loaded there first); after part 1 the rows of
+     * the warpgroup's next tile are looked up and prefetched into L2. */
     __device__ __forceinline__ void stage_q(const args &a, unsigned char *q_gen) const
     {
         sp_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi, q_gen);
     }
-    template <int WG, int PART>
-    __device__ __forceinline__ void fill(const args &a, int32_t kb, uint32_t stage, int st)
+    struct raw {
+        uint4 v[8];   /* value block i of the part: v[2 i], v[2 i + 1] */
+        float scl[2]; /* scale of blocks 0, 1 and of blocks 2, 3 of the part */
+    };
+    template <int WG, int PART> __device__ __forceinline__ void fetch(const args &a, raw &r)
     {
-        if (PART == 0) {
+        if (PART == 0)
             row = rown;
-            if (mw_fhalf() == 0)
-                ms_ok()[st][mw_fkey()] = row >= 0;
-        }
         const unsigned char *src = a.rows + (row >= 0 ? row : 0) * sp_ds_mla::ROW;
         const int c = mw_fhalf();
 #pragma unroll
-        for (int i = 0; i < MW_FNB(PART); i++) {
+        for (int i = 0; i < 4; i++) {
             const int b = mw_fblk<WG, PART>(i);
-            if (b < 8) {
-                uint4 raw[2];
-                float scl = 0.f;
-                if (row >= 0) {
 #pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        raw[h] = __ldg(reinterpret_cast<const uint4 *>(src + 64 * b + 32 * c) + h);
-                    scl = __ldg(reinterpret_cast<const float *>(src + ML_DV) + (b >> 1));
-                } else {
-                    raw[0] = raw[1] = make_uint4(0, 0, 0, 0);
-                }
+            for (int h = 0; h < 2; h++)
+                r.v[2 * i + h] =
+                    row >= 0 ? __ldg(reinterpret_cast<const uint4 *>(src + 64 * b + 32 * c) + h)
+                             : make_uint4(0, 0, 0, 0);
+        }
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    mw_st16(mw_fill_at(stage, b, 2 * h), cvt8(make_uint2(raw[h].x, raw[h].y), scl));
-                    mw_st16(mw_fill_at(stage, b, 2 * h + 1),
-                            cvt8(make_uint2(raw[h].z, raw[h].w), scl));
-                }
-            } else {
+        for (int k = 0; k < 2; k++)
+            r.scl[k] = row >= 0 ? __ldg(reinterpret_cast<const float *>(src + ML_DV) +
+                                        (mw_fblk<WG, PART>(2 * k) >> 1))
+                                : 0.f;
+    }
+    template <int WG, int PART>
+    __device__ __forceinline__ void put(const args &a, int32_t kb, const raw &r, uint32_t stage,
+                                        int st)
+    {
+        if (PART == 0 && mw_fhalf() == 0)
+            ms_ok()[st][mw_fkey()] = row >= 0;
+        const unsigned char *src = a.rows + (row >= 0 ? row : 0) * sp_ds_mla::ROW;
+        const int c = mw_fhalf();
+        uint4 pe[4];
+        if (PART == 1)
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const uint4 pe =
-                        row >= 0
+            for (int k = 0; k < 4; k++)
+                pe[k] = row >= 0
                             ? __ldg(reinterpret_cast<const uint4 *>(src + ML_DV + 16) + 4 * c + k)
                             : make_uint4(0, 0, 0, 0);
-                    const uint32_t bw[4] = {pe.x, pe.y, pe.z, pe.w};
-                    uint32_t w[4];
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        w[e] = Ty::pack(__uint_as_float(bw[e] << 16),
-                                        __uint_as_float(bw[e] & 0xffff0000u));
-                    mw_st16(mw_fill_at(stage, b, k), make_uint4(w[0], w[1], w[2], w[3]));
-                }
+        for (int i = 0; i < 4; i++) {
+            const int b = mw_fblk<WG, PART>(i);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint4 w = r.v[2 * i + h];
+                mw_st16(mw_fill_at(stage, b, 2 * h), cvt8(make_uint2(w.x, w.y), r.scl[i >> 1]));
+                mw_st16(mw_fill_at(stage, b, 2 * h + 1), cvt8(make_uint2(w.z, w.w), r.scl[i >> 1]));
             }
         }
-        if (PART == 1) { /* the rows of the warpgroup's next tile into L2 */
+        if (PART == 1) {
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const uint32_t bw[4] = {pe[k].x, pe[k].y, pe[k].z, pe[k].w};
+                uint32_t w[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    w[e] = Ty::pack(__uint_as_float(bw[e] << 16),
+                                    __uint_as_float(bw[e] & 0xffff0000u));
+                mw_st16(mw_fill_at(stage, 8, k), make_uint4(w[0], w[1], w[2], w[3]));
+            }
+            /* the rows of the warpgroup's next tile into L2 */
             rown = key_row(a, kb + 2 * MW_BN);
             if (rown >= 0 && mw_fhalf() == 0)
                 mw_prefetch_l2(a.rows + rown * sp_ds_mla::ROW, sp_ds_mla::ROW);
         }
+    }
+    template <int WG, int PART>
+    __device__ __forceinline__ void fill(const args &a, int32_t kb, uint32_t stage, int st)
+    {
+        raw r;
+        fetch<WG, PART>(a, r);
+        put<WG, PART>(a, kb, r, stage, st);
     }
     __device__ __forceinline__ void logits(float (&sc)[8][4], const args &, float scale_log2,
                                            int32_t, int t4, int st) const

@@ -67,7 +67,9 @@
  * same order and waits for each part just before it. MW_SCHED_ALT_EARLY
  * also issues the next tile's S over part 0 right behind the remote P V
  * (measured faster for the sparse fp8_ds_mla rows, slower for the dense
- * FP8 ones, which then spill more).
+ * FP8 ones, which then spill more), and in warpgroup 0 the remote P V
+ * ahead of its part-0 fill, as warpgroup 1 does, so that the tensor cores
+ * run it while the warpgroup converts.
  *
  * MW_SCHED_ALT_TMA (16-bit key rows of a paged cache whose tiles are whole
  * TMA boxes): the same alternating tiles, each fill part copied by TMA
@@ -305,11 +307,15 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             mw_put_p(pa, mine + MW_PO, r0, t4);
             kva__fence_proxy_async(); /* P stores -> the other warpgroup's wgmma reads */
             kva__named_bar(false, MW_BAR_P0, ML_NT);
-            /* Our value half of stage 0 is free: part 0 of the next tile. */
-            mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect);
+            /* Our value half of stage 0 is free: part 0 of the next tile
+             * (EARLY: behind the remote P V). */
+            if constexpr (!EARLY)
+                mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect);
             kva__named_bar(true, MW_BAR_P1, ML_NT);
             if (have1)
                 mw_pv<Ty, WG>(o, dp_other, dv_other); /* remote P V */
+            if constexpr (EARLY)
+                mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect);
         } else {
             if (have) {
                 mw_put_p(pa, mine + MW_PO, r0, t4);
