@@ -143,11 +143,14 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(dims::REG_P) : "memory");
         int ti = (int)blockIdx.x;
+        int ti_next = 0; /* thread 0, dynamic: round k + 1's tile, fetched when round k starts */
         for (int k = 0;; k++) {
             if (k > 0)
                 ti = dyn ? sc.take(k) : tile_of(k);
             if (ti >= n_tiles)
                 break;
+            if (dyn && tid == 0)
+                ti_next = t_step + atomicAdd(a.sched, 1);
             wg_tile tl;
             wg_tile_init<M>(tl, a, wg_rec_of<SPLIT, M>(a, ti), gd);
             const int n_first = tl.kv_lo / BN;
@@ -242,11 +245,13 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 kva__mbar_arrive(full + 8 * st);
             }
             gi += (uint32_t)ntiles;
-            /* Dynamic: round k + 1's tile, fetched once this round's copies
-             * are issued (a register held across the round would spill: the
-             * producer runs on REG_P registers). */
+            /* Dynamic: round k + 1's tile, published once this round's copies
+             * are issued. Its atomic was issued when the round started, so
+             * its latency (~1 us with every CTA on one counter) hides under
+             * the round instead of delaying the next round's first copy (call
+             * 1 of pf37: fetched here, the next tile's first K/V wait grew). */
             if (dyn && tid == 0)
-                sc.put(k + 1, t_step + atomicAdd(a.sched, 1));
+                sc.put(k + 1, ti_next);
             KVA_WG_TRACE(2, ti, ntiles);
         }
         if (dyn && tid == 0)
