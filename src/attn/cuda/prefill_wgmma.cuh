@@ -214,8 +214,9 @@ static __device__ __forceinline__ wg_rec wg_rec_of(const kva__cuda_prefill_args 
  * that finishes early takes the next tile of the heaviest-first list instead
  * of the static snake order's share, whose CTAs' lifetimes spread where the
  * tiles' costs are not what the order assumes (docs/cuda-prefill.md). The
- * producer's thread 0 fetches the tile of round k + 1 once it has issued round
- * k's copies and publishes it through an SR-slot ring in shared memory: slot
+ * producer's thread 0 fetches the tile of round k + 1 when round k starts and
+ * publishes it once it has issued round k's copies, through an SR-slot ring in
+ * shared memory: slot
  * (k - 1) % SR, a "full" mbarrier (one arrival, that thread's) and an
  * "empty" one that every thread of the CTA arrives on once it has read the
  * slot (the producer's threads when they start round k, the consumers'
