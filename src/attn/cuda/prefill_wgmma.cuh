@@ -216,11 +216,10 @@ static __device__ __forceinline__ wg_rec wg_rec_of(const kva__cuda_prefill_args 
  * tiles' costs are not what the order assumes (docs/cuda-prefill.md). The
  * producer's thread 0 fetches the tile of round k + 1 when round k starts and
  * publishes it once it has issued round k's copies, through an SR-slot ring in
- * shared memory: slot
- * (k - 1) % SR, a "full" mbarrier (one arrival, that thread's) and an
- * "empty" one that every thread of the CTA arrives on once it has read the
- * slot (the producer's threads when they start round k, the consumers'
- * before the last P V of round k - 1). A CTA's fetches stop at the
+ * shared memory: slot (k - 1) % SR, a "full" mbarrier (one arrival, that
+ * thread's) and an "empty" one that every thread of the CTA arrives on once
+ * it has read the slot (the producer's threads when they start round k, the
+ * consumers' before the last P V of round k - 1). A CTA's fetches stop at the
  * first tile >= n_tiles; then it counts itself in sched[1], and the last CTA
  * of the grid sets both counters back to 0 for the next launch.
  */
