@@ -15,7 +15,7 @@
 #   sdpa   torch SDPA flash / cuDNN on the short shapes (bench/prefill_sdpa_peer.py short)
 #   trace  pf_trace 32 x 256 narrow and 8 x 1024 wide, PF_SCHED=1, each tree
 # Environment: OUT (logs; at most ~8 files come back), STEPS (default "build tests bench sdpa
-# trace"), ROUNDS (default 2), MEMCHECK=0 to skip memcheck.
+# trace"), ROUNDS (default 2), MEMCHECK=1 to add memcheck (~2-3x the test's time).
 set -u -o pipefail
 OUT=${OUT:-pf38_ab}; mkdir -p "$OUT"
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -55,12 +55,12 @@ fi
 tests_pid=""
 if has tests; then
     (
-        ( KVA_TEST_QUICK=1 timeout 200 "$NB/test_cuda_prefill_mma" > "$L/test_prefill.log" 2>&1
+        ( KVA_TEST_QUICK=1 timeout 150 "$NB/test_cuda_prefill_mma" > "$L/test_prefill.log" 2>&1
           echo "test_cuda_prefill_mma quick: exit $? at $SECONDS s"; tail -n 3 "$L/test_prefill.log" ) &
-        ( KVA_TEST_QUICK=1 timeout 200 "$NB/test_cuda_graph" > "$L/test_graph.log" 2>&1
+        ( KVA_TEST_QUICK=1 timeout 150 "$NB/test_cuda_graph" > "$L/test_graph.log" 2>&1
           echo "test_cuda_graph quick: exit $? at $SECONDS s"; tail -n 3 "$L/test_graph.log" ) &
-        if [ "${MEMCHECK:-1}" = 1 ]; then
-        ( KVA_TEST_QUICK=1 timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        if [ "${MEMCHECK:-0}" = 1 ]; then
+        ( KVA_TEST_QUICK=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
             "$NB/test_cuda_prefill_mma" > "$L/memcheck_prefill.log" 2>&1
           echo "memcheck test_cuda_prefill_mma quick: exit $? at $SECONDS s $(grep 'ERROR SUMMARY' "$L/memcheck_prefill.log" | tail -1)" ) &
         fi
