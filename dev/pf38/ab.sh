@@ -35,6 +35,7 @@ trace_build() { # tree: pf_trace's object (linked to the tree's archive later)
         -I"$1/src/attn/cuda" -I"$1/include" -I"$1/src/core" -I"$1/src/plan" \
         -c "$here/dev/pf_trace/pf_trace.cu" -o "$1/lib/pf_trace.o"
 }
+bp=() # the background builds
 if has build; then
     cmake -S "$new" -B "$NB" "${CM[@]}" > $L/cmake.log 2>&1 || { tail -20 $L/cmake.log; exit 1; }
     # BASE's and B's prefill objects (and every tree's pf_trace) beside NEW's build.
@@ -45,9 +46,12 @@ if has build; then
             cmd=$(ninja -C "$NB" -t commands "$o" | tail -1 |
                 sed "s#$new/#$t/#g; s# -o $o# -o $t/lib/$f.cu.o#; s# -MD -MT [^ ]* -MF [^ ]*##")
             (cd "$NB" && bash -c "$cmd -Xptxas -v") > "$L/obj_$(basename $t)_$f.log" 2>&1 &
+            bp+=($!)
         done
     done
-    for t in "$base" "$tb" "$new"; do mkdir -p "$t/lib"; trace_build "$t" > "$L/trace_build_$(basename $t).log" 2>&1 & done
+    for t in "$base" "$tb" "$new"; do
+        mkdir -p "$t/lib"; trace_build "$t" > "$L/trace_build_$(basename $t).log" 2>&1 & bp+=($!)
+    done
     ninja -C "$NB" -j16 kvattn_static bench_cuda test_cuda_prefill_mma test_cuda_graph > $L/build_new.log 2>&1 ||
         { grep -m20 -E "error|FAILED" $L/build_new.log; echo "BUILD FAILED new"; exit 1; }
     echo "new built at $SECONDS s"
@@ -69,7 +73,7 @@ if has tests; then
     tests_pid=$!
 fi
 if has build; then
-    wait $(jobs -p | grep -v "^${tests_pid:-x}$") 2>/dev/null
+    wait "${bp[@]}"
     link=$(ninja -C "$NB" -t commands bench_cuda | tail -1)
     for t in "$base" "$tb"; do
         cp "$NB/libkvattn.a" "$t/lib/libkvattn.a"
