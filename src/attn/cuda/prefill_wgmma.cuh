@@ -49,10 +49,10 @@ template <int DK, int DV, int NCW = 2, int BN = 128> struct wg_dims {
     static constexpr uint32_t QB = WG_TILE_BYTES(M, DK), KB = WG_TILE_BYTES(BN, DK),
                               VB = WG_TILE_BYTES(BN, DV);
     static constexpr uint32_t IDB = 2 * BN * 4; /* staged block ids [2][BN] int32 */
-    /* The CTA-tile ring (wg_sched): SR slots, each a tile, its header words
-     * (wg_hdr) and two mbarriers. */
+    /* The CTA-tile ring of the dynamic schedule (wg_sched): SR slots, each an
+     * int32 and two mbarriers. */
     static constexpr int SR = 4;
-    static constexpr uint32_t SCB = 48 * SR; /* 16 bytes of mbarriers, 32 of words */
+    static constexpr uint32_t SCB = 20 * SR;
     /* Shared memory past the 1024-byte aligned base: Q, the ring, its 2 NST
      * mbarriers, the block ids and the CTA-tile ring. */
     static constexpr uint32_t BODY = QB + NST * (KB + VB) + 16 * NST + IDB + SCB;
@@ -180,103 +180,70 @@ static __device__ __forceinline__ int wg_div_q(const wg_div &v, int x)
     return (int)((__umulhi((uint32_t)x, v.m) + (uint32_t)x) >> v.l);
 }
 
-/* What a CTA tile's header is built from (wg_tile_init): its record in the
- * plan's list (request, first packed row, kv head) and the request's
- * query_start_loc and seq_lens words. The producer's thread 0 loads it once
- * per CTA tile and hands it to the CTA through the tile ring (wg_sched), so
- * the consumers build the next tile's header under the epilogue without a
- * global load. */
-struct wg_hdr {
-    int r, m0, kvh, q_start, q_len, seq_len;
+/* A tile's record in the plan's list: request, first packed row, kv head.
+ * The consumers load the next CTA tile's record before the current tile's
+ * last P V, so the header built from it under the epilogue waits only for
+ * the small, L1-resident query_start_loc and seq_lens. */
+struct wg_rec {
+    int r, m0, kvh;
 };
-/* The words of CTA tile ti when each tile of the plan's list is SPLIT CTA
+static __device__ __forceinline__ wg_rec wg_rec_load(const kva__cuda_prefill_args &a, int ti)
+{
+    const int32_t *tile = a.tiles + (size_t)ti * KVA__CUDA_PREFILL_TILE_INTS;
+    wg_rec rc;
+    rc.r = __ldg(tile);
+    rc.m0 = __ldg(tile + 1);
+    rc.kvh = __ldg(tile + 2);
+    return rc;
+}
+/* The record of CTA tile ti when each tile of the plan's list is SPLIT CTA
  * tiles of M rows (wg_dims): list tile ti / SPLIT, rows from M (ti % SPLIT). */
 template <int SPLIT, int M>
-static __device__ __forceinline__ wg_hdr wg_hdr_of(const kva__cuda_prefill_args &a, int ti)
+static __device__ __forceinline__ wg_rec wg_rec_of(const kva__cuda_prefill_args &a, int ti)
 {
-    const int32_t *tile =
-        a.tiles + (size_t)(SPLIT == 1 ? ti : ti / SPLIT) * KVA__CUDA_PREFILL_TILE_INTS;
-    wg_hdr h;
-    h.r = __ldg(tile);
-    h.m0 = __ldg(tile + 1) + (SPLIT > 1 ? (ti % SPLIT) * M : 0);
-    h.kvh = __ldg(tile + 2);
-    h.q_start = __ldg(a.query_start_loc + h.r);
-    h.q_len = __ldg(a.query_start_loc + h.r + 1) - h.q_start;
-    h.seq_len = __ldg(a.seq_lens + h.r);
-    return h;
+    wg_rec rc = wg_rec_load(a, SPLIT == 1 ? ti : ti / SPLIT);
+    if (SPLIT > 1)
+        rc.m0 += (ti % SPLIT) * M;
+    return rc;
 }
 
 /*
- * The CTA-tile ring. Round k of a CTA is its k-th CTA tile. Static schedule
- * (kva__cuda_prefill_args.sched NULL): round k's tile is tile_of(k) (the
- * kernel's snake order). Dynamic schedule: CTA b takes CTA tile b first;
- * every further tile comes from the launch's counter sched[0] (tile
- * gridDim.x + the value an atomicAdd returns), so a CTA that finishes early
- * takes the next tile of the heaviest-first list instead of the static snake
- * order's share, whose CTAs' lifetimes spread where the tiles' costs are not
- * what the order assumes (docs/cuda-prefill.md); the producer's thread 0
- * issues the atomic of round k + 1 when round k starts.
- * In both, the producer's thread 0 publishes round k + 1's tile and its
- * header words (wg_hdr) once it has issued round k's copies, through an
- * SR-slot ring in shared memory: slot (k - 1) % SR, 8 int32 (the tile, the
- * six words, a pad), a "full" mbarrier (one arrival, that thread's) and an
+ * The dynamic CTA-tile schedule (kva__cuda_prefill_args.sched != NULL). CTA
+ * b takes CTA tile b first; every further tile comes from the launch's
+ * counter sched[0] (tile gridDim.x + the value an atomicAdd returns), so a CTA
+ * that finishes early takes the next tile of the heaviest-first list instead
+ * of the static snake order's share, whose CTAs' lifetimes spread where the
+ * tiles' costs are not what the order assumes (docs/cuda-prefill.md). The
+ * producer's thread 0 fetches the tile of round k + 1 once it has issued round
+ * k's copies and publishes it through an SR-slot ring in shared memory: slot
+ * (k - 1) % SR, a "full" mbarrier (one arrival, that thread's) and an
  * "empty" one that every thread of the CTA arrives on once it has read the
- * slot (the producer's threads when they start round k; the consumers read
- * the tile before the last P V of round k - 1 and the words after it). A
- * dynamic CTA's fetches stop at the first tile >= n_tiles; then it counts
- * itself in sched[1], and the last CTA of the grid sets both counters back to
- * 0 for the next launch.
+ * slot (the producer's threads when they start round k, the consumers'
+ * before the last P V of round k - 1). A CTA's fetches stop at the
+ * first tile >= n_tiles; then it counts itself in sched[1], and the last CTA
+ * of the grid sets both counters back to 0 for the next launch.
  */
 #ifdef KVA_WGMMA_BODY
 template <int SR> struct wg_sched {
-    uint32_t full, empty, slot; /* mbarriers [SR] (8 bytes each), int32 [SR][8] */
-    /* The CTA tile of round k >= 1 (waits until it is published): every
-     * thread of the CTA, once per k, in order, then hdr (where the tile is
-     * < n_tiles) and release. */
-    __device__ __forceinline__ int wait(int k) const
+    uint32_t full, empty, slot; /* mbarriers [SR] (8 bytes each), int32 [SR] */
+    /* The CTA tile of round k >= 1: every thread of the CTA, once per k, in
+     * order. */
+    __device__ __forceinline__ int take(int k) const
     {
         const uint32_t s = (uint32_t)(k - 1) % SR, u = (uint32_t)(k - 1) / SR;
         kva__mbar_wait(full + 8 * s, u & 1u);
         int ti;
-        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(ti) : "r"(slot + 32 * s) : "memory");
+        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(ti) : "r"(slot + 4 * s) : "memory");
+        kva__mbar_arrive(empty + 8 * s);
         return ti;
     }
-    /* Round k's header words (after wait(k)). */
-    __device__ __forceinline__ wg_hdr hdr(int k) const
-    {
-        const uint32_t a = slot + 32 * ((uint32_t)(k - 1) % SR);
-        wg_hdr h;
-        int ti, pad;
-        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(ti), "=r"(h.r), "=r"(h.m0), "=r"(h.kvh)
-                     : "r"(a)
-                     : "memory");
-        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4 + 16];\n"
-                     : "=r"(h.q_start), "=r"(h.q_len), "=r"(h.seq_len), "=r"(pad)
-                     : "r"(a)
-                     : "memory");
-        (void)ti;
-        (void)pad;
-        return h;
-    }
-    /* The thread is done with round k's slot. */
-    __device__ __forceinline__ void release(int k) const
-    {
-        kva__mbar_arrive(empty + 8 * ((uint32_t)(k - 1) % SR));
-    }
-    /* Publishes ti and its words h as the CTA tile of round k >= 1 (the
-     * producer's thread 0; h is not read where ti >= n_tiles). */
-    __device__ __forceinline__ void put(int k, int ti, const wg_hdr &h) const
+    /* Publishes ti as the CTA tile of round k >= 1 (the producer's thread 0). */
+    __device__ __forceinline__ void put(int k, int ti) const
     {
         const uint32_t s = (uint32_t)(k - 1) % SR, u = (uint32_t)(k - 1) / SR;
         if (u >= 1)
             kva__mbar_wait(empty + 8 * s, (u & 1u) ^ 1u);
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(slot + 32 * s), "r"(ti),
-                     "r"(h.r), "r"(h.m0), "r"(h.kvh)
-                     : "memory");
-        asm volatile("st.shared.v4.b32 [%0 + 16], {%1, %2, %3, %4};\n" ::"r"(slot + 32 * s),
-                     "r"(h.q_start), "r"(h.q_len), "r"(h.seq_len), "r"(0)
-                     : "memory");
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(slot + 4 * s), "r"(ti) : "memory");
         kva__mbar_arrive(full + 8 * s);
     }
 };
@@ -300,15 +267,15 @@ struct wg_tile {
  * rows, the second half of a short request's list tile, sees no key). */
 template <int M>
 static __device__ __forceinline__ void wg_tile_init(wg_tile &t, const kva__cuda_prefill_args &a,
-                                                    const wg_hdr &h, const wg_div &gd)
+                                                    const wg_rec &rc, const wg_div &gd)
 {
-    t.r = h.r;
-    t.m0 = h.m0;
-    t.kvh = h.kvh;
+    t.r = rc.r;
+    t.m0 = rc.m0;
+    t.kvh = rc.kvh;
     t.G = (int)gd.d;
-    t.q_start = h.q_start;
-    t.q_len = h.q_len;
-    t.seq_len = h.seq_len;
+    t.q_start = __ldg(a.query_start_loc + t.r);
+    t.q_len = __ldg(a.query_start_loc + t.r + 1) - t.q_start;
+    t.seq_len = __ldg(a.seq_lens + t.r);
     t.rows = t.q_len * t.G;
     t.m_last = min(t.m0 + M, t.rows) - 1;
     t.pos_min = t.seq_len - t.q_len + wg_div_q(gd, t.m0);

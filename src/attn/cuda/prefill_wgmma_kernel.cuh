@@ -104,8 +104,7 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
      * blockIdx.x, the CTA order reversed in odd rounds (snake: the CTA that
      * took the heaviest tile of one round takes the lightest of the next). A
      * CTA's rounds end at the first tile index >= n_tiles (only the last
-     * round is partial). Dynamic: round 0 is blockIdx.x, then the counter.
-     * Either way the producer hands rounds >= 1 to the CTA (wg_sched). */
+     * round is partial). Dynamic: round 0 is blockIdx.x, then wg_sched. */
     const int t_step = (int)gridDim.x;
     auto tile_of = [&](int k) {
         return k * t_step + ((k & 1) ? t_step - 1 - (int)blockIdx.x : (int)blockIdx.x);
@@ -144,24 +143,13 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(dims::REG_P) : "memory");
         int ti = (int)blockIdx.x;
-        int ti_next = 0; /* thread 0, dynamic: round k + 1's tile, fetched when round k starts */
         for (int k = 0;; k++) {
-            wg_hdr hd;
-            if (k > 0) {
-                ti = sc.wait(k);
-                const bool end = ti >= n_tiles;
-                if (!end)
-                    hd = sc.hdr(k);
-                sc.release(k);
-                if (end)
-                    break;
-            } else {
-                hd = wg_hdr_of<SPLIT, M>(a, ti); /* blockIdx.x < n_tiles */
-            }
-            if (dyn && tid == 0)
-                ti_next = t_step + atomicAdd(a.sched, 1);
+            if (k > 0)
+                ti = dyn ? sc.take(k) : tile_of(k);
+            if (ti >= n_tiles)
+                break;
             wg_tile tl;
-            wg_tile_init<M>(tl, a, hd, gd);
+            wg_tile_init<M>(tl, a, wg_rec_of<SPLIT, M>(a, ti), gd);
             const int n_first = tl.kv_lo / BN;
             const int n_last = tl.kv_hi > tl.kv_lo ? (tl.kv_hi - 1) / BN : n_first - 1;
             const int ntiles = n_last - n_first + 1; /* may be 0 */
@@ -254,19 +242,11 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 kva__mbar_arrive(full + 8 * st);
             }
             gi += (uint32_t)ntiles;
-            /* Round k + 1's tile and its header words, published once this
-             * round's copies are issued. The dynamic schedule's atomic was
-             * issued when the round started, so its latency (~1 us with every
-             * CTA on one counter) hides under the round instead of delaying
-             * the next round's first copy (call 1 of pf37: fetched here, the
-             * next tile's first K/V wait grew). */
-            if (tid == 0) {
-                const int tn = dyn ? ti_next : tile_of(k + 1);
-                wg_hdr hn = {0, 0, 0, 0, 0, 0};
-                if (tn < n_tiles)
-                    hn = wg_hdr_of<SPLIT, M>(a, tn);
-                sc.put(k + 1, tn, hn);
-            }
+            /* Dynamic: round k + 1's tile, fetched once this round's copies
+             * are issued (a register held across the round would spill: the
+             * producer runs on REG_P registers). */
+            if (dyn && tid == 0)
+                sc.put(k + 1, t_step + atomicAdd(a.sched, 1));
             KVA_WG_TRACE(2, ti, ntiles);
         }
         if (dyn && tid == 0)
@@ -280,11 +260,10 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
         const int tree_on = a.tree_on ? *a.tree_on : 0;
         int k = 0, ti = (int)blockIdx.x; /* round k, its CTA tile */
         /* tl: the header of the CTA tile about to start, built when its Q rows
-         * are loaded (under the previous tile's epilogue, from the words the
-         * producer published in the tile ring); the key loop and the epilogue
-         * need only c and the key-tile range. */
+         * are loaded (under the previous tile's epilogue); the key loop and the
+         * epilogue need only c and the key-tile range. */
         wg_tile tl;
-        wg_tile_init<M>(tl, a, wg_hdr_of<SPLIT, M>(a, ti), gd);
+        wg_tile_init<M>(tl, a, wg_rec_of<SPLIT, M>(a, ti), gd);
         wg_load_q<128, DK, M>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
         kva__cp_async_commit();
         for (;;) {
@@ -319,10 +298,12 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 if (NCW == 2)
                     kva__named_bar(false, other_bar, 256);
             };
-            /* The next CTA tile (tn, published by the producer once it has
-             * issued this tile's copies), read before the last P V; its header
-             * words are read from the ring after it. */
+            /* The next CTA tile (tn; dynamic: published by the producer once it
+             * has issued this tile's copies) and its record (nxt.r < 0: none),
+             * loaded before the last P V so that its latency hides under it
+             * and the next Q load under the epilogue does not wait for it. */
             int tn = n_tiles;
+            wg_rec nxt = {-1, 0, 0};
             if (ntiles > 0) {
                 if (NCW == 2 && cw == 1)
                     kva__named_bar(false, 1, 256); /* consumer 0 issues first */
@@ -401,7 +382,9 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                         kva__mbar_arrive(empty + 8 * sp);
                     }
                 }
-                tn = sc.wait(k + 1);
+                tn = dyn ? sc.take(k + 1) : tile_of(k + 1);
+                if (tn < n_tiles)
+                    nxt = wg_rec_of<SPLIT, M>(a, tn);
                 /* P V of the last tile. */
                 pp_wait();
                 if (INTRA && resc_prev)
@@ -419,21 +402,22 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                 KVA_WG_TRACE(7, ti, ntiles);
                 kva__mbar_arrive(empty + 8 * sl); /* the ring goes on with the next CTA tile */
             } else {
-                tn = sc.wait(k + 1);
+                tn = dyn ? sc.take(k + 1) : tile_of(k + 1);
+                if (tn < n_tiles)
+                    nxt = wg_rec_of<SPLIT, M>(a, tn);
             }
             gi += (uint32_t)ntiles;
             /* The next CTA tile's Q rows of this warpgroup are loaded under the
              * epilogue (S of this tile is done with them). */
-            if (tn < n_tiles) {
-                wg_tile_init<M>(tl, a, sc.hdr(k + 1), gd);
+            if (nxt.r >= 0) {
+                wg_tile_init<M>(tl, a, nxt, gd);
                 wg_load_q<128, DK, M>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
                 kva__cp_async_commit();
             }
-            sc.release(k + 1);
             KVA_WG_TRACE(9, ti, ntiles);
             wg_epilogue<Ty, DV>(a, c, o, m_run, l_run);
             KVA_WG_TRACE(8, ti, ntiles);
-            if (tn >= n_tiles)
+            if (nxt.r < 0)
                 break;
             k++;
             ti = tn;
