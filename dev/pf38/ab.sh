@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# dev/pf38/ab.sh BASE B NEW - issue 23 (pf38): the wgmma prefill's tile ring, three trees in one
-# device call, rerunnable by the lead on any GPU. BASE = main (pf37's dynamic schedule), B = pf37-b
-# (the counter's atomic issued when a round starts), NEW = pf38 (B + the next tile's header words
-# handed to the consumers through the tile ring). The trees must differ only in the wgmma prefill
+# dev/pf38/ab.sh BASE [B] NEW - issue 23 (pf38): wgmma prefill variants, two or three trees in one
+# device call, rerunnable by the lead on any GPU. Call 1 (2026-11-28): BASE = main (pf37's dynamic
+# schedule), B = pf37-b (the counter's atomic issued when a round starts), NEW = pf38 (B + the next
+# tile's header words handed to the consumers through the tile ring); the next run: BASE = main,
+# NEW = pf38-c (the narrow shape's atomic fetched by a consumer thread). The trees must differ only
+# in the wgmma prefill
 # (src/attn/cuda/prefill_wgmma*): NEW is built whole; BASE's and B's prefill_wgmma objects are
 # compiled from their own sources with NEW's compile lines and replace NEW's in a copy of the
 # archive, so the call builds the library once.
@@ -19,7 +21,8 @@
 set -u -o pipefail
 OUT=${OUT:-pf38_ab}; mkdir -p "$OUT"
 here=$(cd "$(dirname "$0")/../.." && pwd)
-base=$(cd "$1" && pwd); tb=$(cd "$2" && pwd); new=$(cd "$3" && pwd)
+base=$(cd "$1" && pwd); new=$(cd "${!#}" && pwd); tb=""; trees="base new"; others=("$base")
+[ $# -ge 3 ] && { tb=$(cd "$2" && pwd); trees="base b new"; others=("$base" "$tb"); }
 steps=" ${STEPS:-build tests bench sdpa trace} "
 has() { [[ "$steps" == *" $1 "* ]]; }
 L=/tmp/pf38_logs; mkdir -p $L
@@ -39,7 +42,7 @@ bp=() # the background builds
 if has build; then
     cmake -S "$new" -B "$NB" "${CM[@]}" > $L/cmake.log 2>&1 || { tail -20 $L/cmake.log; exit 1; }
     # BASE's and B's prefill objects (and every tree's pf_trace) beside NEW's build.
-    for t in "$base" "$tb"; do
+    for t in "${others[@]}"; do
         mkdir -p "$t/lib"
         for f in $objs; do
             o=CMakeFiles/kvattn_obj.dir/src/attn/cuda/$f.cu.o
@@ -49,7 +52,7 @@ if has build; then
             bp+=($!)
         done
     done
-    for t in "$base" "$tb" "$new"; do
+    for t in "${others[@]}" "$new"; do
         mkdir -p "$t/lib"; trace_build "$t" > "$L/trace_build_$(basename $t).log" 2>&1 & bp+=($!)
     done
     ninja -C "$NB" -j16 kvattn_static bench_cuda test_cuda_prefill_mma test_cuda_graph > $L/build_new.log 2>&1 ||
@@ -75,14 +78,14 @@ fi
 if has build; then
     wait "${bp[@]}"
     link=$(ninja -C "$NB" -t commands bench_cuda | tail -1)
-    for t in "$base" "$tb"; do
+    for t in "${others[@]}"; do
         cp "$NB/libkvattn.a" "$t/lib/libkvattn.a"
         ar r "$t/lib/libkvattn.a" $(for f in $objs; do echo "$t/lib/$f.cu.o"; done) || echo "AR FAILED $t"
         (cd "$NB" && bash -c "$(echo "$link" | sed "s# libkvattn.a # $t/lib/libkvattn.a #; s#-o bench_cuda#-o $t/lib/bench_cuda#")") \
             > "$L/link_$(basename $t).log" 2>&1 || echo "LINK FAILED $t"
     done
     cp "$NB/bench_cuda" "$NB/libkvattn.a" "$new/lib/"
-    for t in "$base" "$tb" "$new"; do
+    for t in "${others[@]}" "$new"; do
         nvcc -arch=sm_90a "$t/lib/pf_trace.o" "$t/lib/libkvattn.a" -lgomp -lpthread -lm -o "$t/lib/pf_trace" \
             >> "$L/trace_build_$(basename $t).log" 2>&1 || echo "pf_trace not built for $(basename $t)"
     done
@@ -98,7 +101,7 @@ if has bench; then
     shapes=("32 256 0 128" "8 1024 0 128" "2 2048 0 128" "1 4096 0 128" "4 1024 3072 128"
             "1 4096 0 64" "1 4096 0 256")
     for round in $(seq 1 "${ROUNDS:-2}"); do
-        order="base b new"; [ $((round % 2)) = 0 ] && order="new b base"
+        order=$trees; [ $((round % 2)) = 0 ] && order=$(echo $trees | tr ' ' '\n' | tac | tr '\n' ' ')
         for s in "${shapes[@]}"; do
             read -r R Q C D <<< "$s"
             for t in $order; do
@@ -118,7 +121,7 @@ if has sdpa; then
 fi
 if has trace; then
     for s in "32 256 0 1" "8 1024 0 0"; do
-        for t in base b new; do d=$base; [ $t = b ] && d=$tb; [ $t = new ] && d=$new
+        for t in $trees; do d=$base; [ $t = b ] && d=$tb; [ $t = new ] && d=$new
             [ -x "$d/lib/pf_trace" ] || continue
             echo "== $t (PF_SCHED=1) $s"; PF_SCHED=1 timeout 30 "$d/lib/pf_trace" $s 2>&1
         done
