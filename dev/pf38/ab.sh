@@ -24,6 +24,10 @@ here=$(cd "$(dirname "$0")/../.." && pwd)
 base=$(cd "$1" && pwd); new=$(cd "${!#}" && pwd); tb=""; trees="base new"; others=("$base")
 [ $# -ge 3 ] && { tb=$(cd "$2" && pwd); trees="base b new"; others=("$base" "$tb"); }
 steps=" ${STEPS:-build tests bench sdpa trace} "
+for t in "${others[@]}"; do # the objects of NEW outside prefill_wgmma* are linked into every tree
+    d=$(diff -rq "$t/src" "$new/src" | grep -v "/prefill_wgmma" || true)
+    [ -n "$d" ] && echo "WARNING: $(basename $t) differs from NEW outside prefill_wgmma*: $d"
+done
 has() { [[ "$steps" == *" $1 "* ]]; }
 L=/tmp/pf38_logs; mkdir -p $L
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
