@@ -325,9 +325,193 @@ static void test_seq_len_limit(void)
     free(bt);
 }
 
+/* ---- block ids up to INT32_MAX - 1, many requests ---- */
+
+/* kvattn.h: block ids are int32; a cache of NB = INT32_MAX blocks (B 1, Hkv
+ * 1, D 8 f32: 64 GiB of K reserved, a few pages touched) takes every id
+ * below NB in writes, reads, copies, swaps and runs; a plan that reads id
+ * NB - 1 is refused (OUT_OF_RANGE) by a cache of NB - 1 blocks, which it
+ * leaves as it was. */
+static void test_max_block_id(void)
+{
+    const int32_t NB = INT32_MAX, D = 8;
+    const size_t bytes = (size_t)NB * D * 4;
+    float *kb = sz_map(bytes), *vb = sz_map(bytes);
+    if (!kb || !vb) {
+        fprintf(stderr, "  (skipped: cannot reserve 2 x %zu GiB of address space)\n", bytes >> 30);
+        if (kb)
+            munmap(kb, bytes);
+        return;
+    }
+    const int32_t ids[4] = {NB - 1, NB - 2, 0, (int32_t)1 << 30};
+    kva_rng rng = {3807};
+    float k[4 * D], v[4 * D], kr[4 * D], vr[4 * D], q[2 * 2 * D];
+    kva_test_fill(k, KVA_DTYPE_F32, 4 * D, &rng, 1.0);
+    kva_test_fill(v, KVA_DTYPE_F32, 4 * D, &rng, 1.0);
+    kva_test_fill(q, KVA_DTYPE_F32, 2 * 2 * D, &rng, 1.0);
+    int64_t slots[4];
+    for (int i = 0; i < 4; i++)
+        slots[i] = ids[i];
+    for (int b = 0; b < 2; b++) {
+        kva_context *ctx = new_ctx(kBk[b], 2);
+        kva_cache_desc cd = make_desc(NB, 1, 1, D, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+        kva_cache_desc sd = make_desc(NB - 1, 1, 1, D, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+        kva_cache *c = NULL, *s = NULL;
+        CHECK_OK(kva_cache_create_from(ctx, &cd, kb, vb, &c));
+        CHECK_OK(kva_cache_create_from(ctx, &sd, kb, vb, &s));
+        if (!c || !s) {
+            kva_cache_destroy(c);
+            kva_context_destroy(ctx);
+            continue;
+        }
+        CHECK_OK(kva_cache_write(ctx, c, 4, k, 0, v, 0, KVA_DTYPE_F32, slots));
+        CHECK(memcmp(kb + (size_t)(NB - 1) * D, k, D * 4) == 0 &&
+              memcmp(vb + (size_t)(NB - 2) * D, v + D, D * 4) == 0);
+        kva_test_poison(kr, KVA_DTYPE_F32, 4 * D);
+        CHECK_OK(kva_cache_read(ctx, c, 4, slots, kr, 0, vr, 0, KVA_DTYPE_F32));
+        CHECK(memcmp(kr, k, sizeof k) == 0 && memcmp(vr, v, sizeof v) == 0);
+        /* A slot of NB * B is one too far, on the larger and the smaller cache. */
+        const int64_t far = (int64_t)NB;
+        BAD(kva_cache_write(ctx, c, 1, k, 0, v, 0, KVA_DTYPE_F32, &far), KVA_STATUS_OUT_OF_RANGE);
+        const int64_t far_s = (int64_t)NB - 1;
+        BAD(kva_cache_write(ctx, s, 1, k, 0, v, 0, KVA_DTYPE_F32, &far_s),
+            KVA_STATUS_OUT_OF_RANGE);
+        CHECK(memcmp(kb + (size_t)(NB - 1) * D, k, D * 4) == 0);
+        /* Decode over keys at ids NB - 1, NB - 2, 0, 2^30 (in that order),
+         * and a 1-token prefill over the last two: as the same keys at
+         * a cache's first ids. */
+        const int32_t qsl[3] = {0, 1, 2}, sl[2] = {4, 2};
+        int32_t bt[2 * 4] = {NB - 1, NB - 2, 0, 1 << 30, 0, 1 << 30, -1, -1};
+        kva_plan_desc pd = {.num_requests = 2,
+                            .query_start_loc = qsl,
+                            .seq_lens = sl,
+                            .block_table = bt,
+                            .block_table_stride = 4,
+                            .block_size = 1,
+                            .num_heads = 2,
+                            .num_kv_heads = 1,
+                            .head_dim = D,
+                            .q_dtype = KVA_DTYPE_F32,
+                            .causal = 1,
+                            .window_left = -1};
+        kva_plan *plan = NULL;
+        CHECK_OK(kva_plan_create(ctx, &pd, &plan));
+        float out[2 * 2 * D], lse[2 * 2];
+        kva_test_poison(out, KVA_DTYPE_F32, 2 * 2 * D);
+        kva_test_poison(lse, KVA_DTYPE_F32, 4);
+        CHECK_OK(kva_attention_run(ctx, plan, q, c, NULL, out, lse));
+        sz_sem m = {1.0 / sqrt((double)D), 0.0, 1, -1, 0, NULL, NULL};
+        CHECK(sz_check_run(ctx, c, &pd, &m, q, out, lse, KVA_DTYPE_F32, "max id") == 0);
+        /* The cache one block short refuses the plan and is left alone. */
+        const uint64_t before = bb_sum(out, sizeof out);
+        BAD(kva_attention_run(ctx, plan, q, s, NULL, out, lse), KVA_STATUS_OUT_OF_RANGE);
+        CHECK(bb_sum(out, sizeof out) == before);
+        /* Copies and swaps at the top ids. */
+        const int32_t cp[2] = {NB - 1, NB - 3};
+        CHECK_OK(kva_cache_copy_blocks(ctx, c, cp, 1));
+        CHECK(memcmp(kb + (size_t)(NB - 3) * D, k, D * 4) == 0);
+        const int32_t bad_cp[2] = {NB - 1, NB};
+        BAD(kva_cache_copy_blocks(ctx, c, bad_cp, 1), KVA_STATUS_OUT_OF_RANGE);
+        /* Swaps out of the top ids into a small cache and back. */
+        kva_cache_desc md = make_desc(8, 1, 1, D, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+        kva_cache *sm = NULL;
+        CHECK_OK(kva_cache_create(ctx, &md, &sm));
+        const int32_t sw[2] = {NB - 2, 5}, back[2] = {5, NB - 4};
+        CHECK_OK(kva_cache_swap_blocks(ctx, c, sm, sw, 1));
+        CHECK_OK(kva_cache_swap_blocks(ctx, sm, c, back, 1));
+        CHECK(memcmp(kb + (size_t)(NB - 4) * D, k + D, D * 4) == 0 &&
+              memcmp(vb + (size_t)(NB - 4) * D, v + D, D * 4) == 0);
+        const int32_t bad_sw[2] = {NB, 0}, bad_back[2] = {0, NB};
+        BAD(kva_cache_swap_blocks(ctx, c, sm, bad_sw, 1), KVA_STATUS_OUT_OF_RANGE);
+        BAD(kva_cache_swap_blocks(ctx, sm, c, bad_back, 1), KVA_STATUS_OUT_OF_RANGE);
+        kva_cache_destroy(sm);
+        kva_plan_destroy(plan);
+        kva_cache_destroy(c);
+        kva_cache_destroy(s);
+        kva_context_destroy(ctx);
+        madvise(kb, bytes, MADV_DONTNEED);
+        madvise(vb, bytes, MADV_DONTNEED);
+    }
+    munmap(kb, bytes);
+    munmap(vb, bytes);
+}
+
+/* 2^17 requests (decodes, 2- and 3-token prefills, q_len 0 padding, with
+ * 1 .. 40 keys each, blocks scattered over the cache): CPU equals the
+ * reference, and both equal the formula on a sample of requests. */
+static void test_many_requests(void)
+{
+    const int32_t R = kva_test_quick() ? 1 << 14 : 1 << 17, B = 4, NB = 4096, W = 10, D = 8;
+    int32_t *qsl = malloc(sizeof(int32_t) * (size_t)(R + 1));
+    int32_t *sl = malloc(sizeof(int32_t) * (size_t)R);
+    int32_t *bt = malloc(sizeof(int32_t) * (size_t)R * W);
+    kva_rng rng = {3808};
+    qsl[0] = 0;
+    for (int32_t r = 0; r < R; r++) {
+        const int32_t q = kva_rng_int(&rng, 0, 3);
+        sl[r] = q + kva_rng_int(&rng, 0, 37);
+        qsl[r + 1] = qsl[r] + q;
+        for (int32_t j = 0; j < W; j++)
+            bt[(size_t)r * W + j] = kva_rng_int(&rng, 0, NB - 1);
+    }
+    const int32_t T = qsl[R];
+    kva_plan_desc pd = {.num_requests = R,
+                        .query_start_loc = qsl,
+                        .seq_lens = sl,
+                        .block_table = bt,
+                        .block_table_stride = W,
+                        .block_size = B,
+                        .num_heads = 2,
+                        .num_kv_heads = 1,
+                        .head_dim = D,
+                        .q_dtype = KVA_DTYPE_F32,
+                        .causal = 1,
+                        .window_left = -1};
+    float *q = malloc(sizeof(float) * (size_t)T * 2 * D);
+    float *out[2], *lse[2];
+    kva_test_fill(q, KVA_DTYPE_F32, (size_t)T * 2 * D, &rng, 1.0);
+    kva_cache_desc cd = make_desc(NB, B, 1, D, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+    for (int b = 0; b < 2; b++) {
+        kva_context *ctx = new_ctx(kBk[b], 2);
+        kva_cache *c = NULL;
+        kva_plan *plan = NULL;
+        CHECK_OK(kva_cache_create(ctx, &cd, &c));
+        kva_rng fill = {3809};
+        fill_cache(c, &fill);
+        CHECK_OK(kva_plan_create(ctx, &pd, &plan));
+        out[b] = malloc(sizeof(float) * (size_t)T * 2 * D);
+        lse[b] = malloc(sizeof(float) * (size_t)T * 2);
+        kva_test_poison(out[b], KVA_DTYPE_F32, (size_t)T * 2 * D);
+        kva_test_poison(lse[b], KVA_DTYPE_F32, (size_t)T * 2);
+        CHECK_OK(kva_attention_run(ctx, plan, q, c, NULL, out[b], lse[b]));
+        /* The formula on the first 64 requests (a plan of their own rows). */
+        kva_plan_desc head = pd;
+        head.num_requests = 64;
+        sz_sem m = {1.0 / sqrt((double)D), 0.0, 1, -1, 0, NULL, NULL};
+        CHECK(sz_check_run(ctx, c, &head, &m, q, out[b], lse[b], KVA_DTYPE_F32, "many") == 0);
+        kva_plan_destroy(plan);
+        kva_cache_destroy(c);
+        kva_context_destroy(ctx);
+    }
+    CHECK(kva_test_compare("many requests", out[1], out[0], KVA_DTYPE_F32, (size_t)T * 2 * D,
+                           kva_test_atol(KVA_DTYPE_F32), kva_test_rtol(KVA_DTYPE_F32)) == 0);
+    CHECK(kva_test_compare_f32("many requests lse", lse[1], lse[0], (size_t)T * 2, 1e-5, 1e-5) ==
+          0);
+    for (int b = 0; b < 2; b++) {
+        free(out[b]);
+        free(lse[b]);
+    }
+    free(q);
+    free(qsl);
+    free(sl);
+    free(bt);
+}
+
 int main(void)
 {
     RUN(test_big_cache_offsets);
+    RUN(test_max_block_id);
+    RUN(test_many_requests);
     RUN(test_seq_len_limit);
     return kva_test_finish();
 }
