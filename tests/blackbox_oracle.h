@@ -37,8 +37,8 @@ static inline int sz_visible(const sz_sem *m, int64_t s, int64_t pos, int64_t j)
  * *lse. A row without keys gives 0 and -inf (or the sink).
  */
 static inline void sz_oracle(const sz_sem *m, const double *q, int32_t D, int32_t Dv, int32_t Hkv,
-                      int32_t kvh, int32_t h, int64_t pos, int32_t n, const int64_t *posj,
-                      const float *k, const float *v, double *out, double *lse)
+                             int32_t kvh, int32_t h, int64_t pos, int32_t n, const int64_t *posj,
+                             const float *k, const float *v, double *out, double *lse)
 {
     double mx = -INFINITY;
     double *sc = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
@@ -85,8 +85,8 @@ static inline void sz_oracle(const sz_sem *m, const double *q, int32_t D, int32_
  * number of mismatches.
  */
 static inline size_t sz_check_run(kva_context *ctx, const kva_cache *c, const kva_plan_desc *pd,
-                           const sz_sem *m, const void *q, const void *out, const float *lse,
-                           kva_dtype dt, const char *label)
+                                  const sz_sem *m, const void *q, const void *out, const float *lse,
+                                  kva_dtype dt, const char *label)
 {
     const int32_t H = pd->num_heads, Hkv = pd->num_kv_heads, D = pd->head_dim;
     const int32_t Dv = pd->head_dim_v ? pd->head_dim_v : D, B = pd->block_size;
@@ -108,10 +108,9 @@ static inline size_t sz_check_run(kva_context *ctx, const kva_cache *c, const kv
             for (int64_t j = lo; j < s; j++)
                 if (sz_visible(m, s, pos, j)) {
                     posj[n] = j;
-                    slot[n] = (int64_t)pd->block_table[(int64_t)r * pd->block_table_stride +
-                                                       j / B] *
-                                  B +
-                              j % B;
+                    slot[n] =
+                        (int64_t)pd->block_table[(int64_t)r * pd->block_table_stride + j / B] * B +
+                        j % B;
                     n++;
                 }
             float *k = malloc(sizeof(float) * ((size_t)n * Hkv * D + 1));
@@ -124,8 +123,8 @@ static inline size_t sz_check_run(kva_context *ctx, const kva_cache *c, const kv
                 sz_oracle(m, qd, D, Dv, Hkv, h / (H / Hkv), h, pos, n, posj, k, v, want, &wl);
                 for (int32_t x = 0; x < Dv; x++) {
                     const double a = kva_test_get(out, dt, ((size_t)t * H + h) * Dv + x);
-                    if (!(fabs(a - want[x]) <= 2.0 * (kva_test_atol(dt) +
-                                                      kva_test_rtol(dt) * fabs(want[x])))) {
+                    if (!(fabs(a - want[x]) <=
+                          2.0 * (kva_test_atol(dt) + kva_test_rtol(dt) * fabs(want[x])))) {
                         if (bad++ < 4)
                             fprintf(stderr, "  %s: r %d i %d h %d x %d: got %.8g want %.8g\n",
                                     label, (int)r, (int)i, (int)h, (int)x, a, want[x]);

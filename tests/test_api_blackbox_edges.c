@@ -26,9 +26,8 @@ static const int32_t ed_bt[4 * ED_STRIDE] = {0,  1,  2,  3,  4,  -1, 5,  6,  7, 
 
 /* Positions (request, key) whose K rows are -inf in every channel: with q > 0
  * their scores are -inf. */
-static const int32_t ed_ninf[][2] = {{0, 3}, {0, 7}, {0, 22}, {1, 10}, {1, 26}, {3, 11},
-                                     {2, 0}, {2, 1}, {2, 2},  {2, 3},  {2, 4},  {2, 5},
-                                     {2, 6}, {2, 7}};
+static const int32_t ed_ninf[][2] = {{0, 3}, {0, 7}, {0, 22}, {1, 10}, {1, 26}, {3, 11}, {2, 0},
+                                     {2, 1}, {2, 2}, {2, 3},  {2, 4},  {2, 5},  {2, 6},  {2, 7}};
 
 /* kvattn.h: "a score of -inf carries no weight"; a row whose keys all score
  * -inf sees no key that counts (0 and lse -inf, or the sink). With a soft-cap
@@ -86,27 +85,29 @@ static void test_minus_inf_scores(void)
                                 .softcap = cases[ci].softcap,
                                 .alibi_slopes = cases[ci].alibi ? alibi : NULL};
             const float *sk = cases[ci].sinks ? sinks : NULL;
-            sz_sem m = {1.0 / sqrt((double)ED_D), cases[ci].softcap, 1, cases[ci].window, 0,
-                        pd.alibi_slopes, sk};
+            sz_sem m = {1.0 / sqrt((double)ED_D),
+                        cases[ci].softcap,
+                        1,
+                        cases[ci].window,
+                        0,
+                        pd.alibi_slopes,
+                        sk};
             for (int b = 0; b < 2; b++) {
                 char label[96];
                 snprintf(label, sizeof label, "%s %s softcap %g window %d alibi %d sinks %d",
                          kva_backend_name(kBk[b]), kva_dtype_name(dt), (double)cases[ci].softcap,
                          (int)cases[ci].window, cases[ci].alibi, cases[ci].sinks);
                 kva_context *ctx = new_ctx(kBk[b], 2);
-                kva_cache_desc cd =
-                    make_desc(ED_NB, ED_B, ED_HKV, ED_D, ED_DV, dt, KVA_LAYOUT_NHD);
+                kva_cache_desc cd = make_desc(ED_NB, ED_B, ED_HKV, ED_D, ED_DV, dt, KVA_LAYOUT_NHD);
                 kva_cache *c = NULL;
                 kva_plan *plan = NULL;
                 CHECK_OK(kva_cache_create(ctx, &cd, &c));
-                CHECK_OK(kva_cache_write(ctx, c, ED_NB * ED_B, kf, 0, vf, 0, KVA_DTYPE_F32,
-                                         slots));
+                CHECK_OK(kva_cache_write(ctx, c, ED_NB * ED_B, kf, 0, vf, 0, KVA_DTYPE_F32, slots));
                 CHECK_OK(kva_plan_create(ctx, &pd, &plan));
                 kva_test_poison(out, dt, (size_t)T * ED_H * ED_DV);
                 kva_test_poison(lse, KVA_DTYPE_F32, (size_t)T * ED_H);
                 CHECK_OK(kva_attention_run(ctx, plan, q, c, sk, out, lse));
-                CHECK_MSG(sz_check_run(ctx, c, &pd, &m, q, out, lse, dt, label) == 0, "%s",
-                          label);
+                CHECK_MSG(sz_check_run(ctx, c, &pd, &m, q, out, lse, dt, label) == 0, "%s", label);
                 (void)es;
                 kva_plan_destroy(plan);
                 kva_cache_destroy(c);
@@ -230,8 +231,13 @@ static void test_plan_two_threads(void)
     pthread_t tid[3];
     for (int i = 0; i < 3; i++) {
         /* Threads 0 and 1 share plan 0 (contexts 0 and 1); thread 2 runs plan 2. */
-        jobs[i] = (th_job){ctx[i], plan[i == 1 ? 0 : i], c, q, malloc(TH_RUNS * no * 4),
-                           malloc(TH_RUNS * nl * 4), KVA_STATUS_INTERNAL};
+        jobs[i] = (th_job){ctx[i],
+                           plan[i == 1 ? 0 : i],
+                           c,
+                           q,
+                           malloc(TH_RUNS * no * 4),
+                           malloc(TH_RUNS * nl * 4),
+                           KVA_STATUS_INTERNAL};
         kva_test_poison(jobs[i].out, KVA_DTYPE_F32, TH_RUNS * no);
         kva_test_poison(jobs[i].lse, KVA_DTYPE_F32, TH_RUNS * nl);
     }
@@ -299,8 +305,8 @@ static void test_thread_counts(void)
                 CHECK_MSG(kva_test_compare("threads", out, want, KVA_DTYPE_F32, no,
                                            kva_test_atol(KVA_DTYPE_F32),
                                            kva_test_rtol(KVA_DTYPE_F32)) == 0 &&
-                              kva_test_compare_f32("threads lse", lse, want_lse, nl, 1e-5,
-                                                   1e-5) == 0,
+                              kva_test_compare_f32("threads lse", lse, want_lse, nl, 1e-5, 1e-5) ==
+                                  0,
                           "plan of %d threads on a context of %d", (int)ts[a], (int)u);
             } else {
                 refused++;
@@ -328,10 +334,90 @@ static void test_thread_counts(void)
     free(lse);
 }
 
+/* kvattn.h: "q_len <= decode_threshold counts as a decode; 0 means 1": any
+ * threshold up to INT32_MAX classifies the batch as the header says and runs
+ * (a 300-token prefill on the decode path included) equal to the reference,
+ * NHD and HND, with and without a soft-cap. */
+static void test_decode_threshold_edges(void)
+{
+    enum { NB = 64, B = 16, HKV = 2, H = 8, D = 64, W = 48, T = 305 };
+    static const int32_t thr[] = {0, 1, 64, 300, 100000, INT32_MAX};
+    static const int32_t want_dec[] = {1, 1, 2, 3, 3, 3};
+    const int32_t qsl[4] = {0, 1, 301, 305}, sl[3] = {500, 700, 4};
+    int32_t bt[3 * W];
+    for (int i = 0; i < 3 * W; i++)
+        bt[i] = (i * 7) % NB;
+    uint16_t *q = malloc((size_t)T * H * D * 2), *o[2];
+    float *l[2];
+    kva_rng rng = {3810};
+    kva_test_fill(q, KVA_DTYPE_BF16, (size_t)T * H * D, &rng, 1.0);
+    for (int b = 0; b < 2; b++) {
+        o[b] = malloc((size_t)T * H * D * 2);
+        l[b] = malloc((size_t)T * H * 4);
+    }
+    for (int v = 0; v < 2; v++)
+        for (size_t ti = 0; ti < sizeof thr / sizeof thr[0]; ti++) {
+            kva_plan_desc pd = {.num_requests = 3,
+                                .query_start_loc = qsl,
+                                .seq_lens = sl,
+                                .block_table = bt,
+                                .block_table_stride = W,
+                                .block_size = B,
+                                .num_heads = H,
+                                .num_kv_heads = HKV,
+                                .head_dim = D,
+                                .q_dtype = KVA_DTYPE_BF16,
+                                .causal = 1,
+                                .window_left = -1,
+                                .decode_threshold = thr[ti],
+                                .softcap = v ? 20.0f : 0.0f};
+            for (int b = 0; b < 2; b++) {
+                kva_context *ctx = new_ctx(kBk[b], 2);
+                kva_cache_desc cd = make_desc(NB, B, HKV, D, 0, KVA_DTYPE_BF16,
+                                              v ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD);
+                kva_cache *c = NULL;
+                kva_plan *p = NULL;
+                kva_plan_info info;
+                CHECK_OK(kva_cache_create(ctx, &cd, &c));
+                kva_rng fill = {3811};
+                fill_cache(c, &fill);
+                CHECK_OK(kva_plan_create(ctx, &pd, &p));
+                CHECK_OK(kva_plan_get_info(p, &info));
+                CHECK_MSG(info.num_decodes == want_dec[ti] &&
+                              info.state == (want_dec[ti] == 3 ? KVA_STATE_SPEC_DECODING
+                                                               : KVA_STATE_CHUNKED_PREFILL),
+                          "threshold %d: %d decodes, state %s", (int)thr[ti], (int)info.num_decodes,
+                          kva_attn_state_name(info.state));
+                /* The reference's result does not depend on the threshold: it
+                 * runs once per layout (its 2.4M key visits per run dominate). */
+                if (b == 1 || ti == 0) {
+                    kva_test_poison(o[b], KVA_DTYPE_BF16, (size_t)T * H * D);
+                    kva_test_poison(l[b], KVA_DTYPE_F32, (size_t)T * H);
+                    CHECK_OK(kva_attention_run(ctx, p, q, c, NULL, o[b], l[b]));
+                }
+                kva_plan_destroy(p);
+                kva_cache_destroy(c);
+                kva_context_destroy(ctx);
+            }
+            CHECK_MSG(kva_test_compare("threshold", o[1], o[0], KVA_DTYPE_BF16, (size_t)T * H * D,
+                                       kva_test_atol(KVA_DTYPE_BF16),
+                                       kva_test_rtol(KVA_DTYPE_BF16)) == 0 &&
+                          kva_test_compare_f32("threshold lse", l[1], l[0], (size_t)T * H, 1e-4,
+                                               1e-4) == 0,
+                      "decode_threshold %d, %s", (int)thr[ti], v ? "HND soft-cap" : "NHD");
+        }
+    for (int b = 0; b < 2; b++) {
+        free(o[b]);
+        free(l[b]);
+    }
+    free(q);
+}
+
 int main(void)
 {
     RUN(test_minus_inf_scores);
     RUN(test_scale_range);
+    RUN(test_decode_threshold_edges);
     RUN(test_plan_two_threads);
     RUN(test_thread_counts);
     return kva_test_finish();

@@ -82,8 +82,8 @@ static void test_big_cache_offsets(void)
                 (kel + vel) * 2 >> 30);
         return;
     }
-    const int32_t big_ids[BIG_NBLK] = {BIG_NB - 1, BIG_NB - 2, (3 << 17) + 1, 1 << 18, 5,
-                                       (1 << 18) - 1};
+    const int32_t big_ids[BIG_NBLK] = {BIG_NB - 1, BIG_NB - 2, (3 << 17) + 1,
+                                       1 << 18,    5,          (1 << 18) - 1};
     const int32_t small_ids[BIG_NBLK] = {0, 1, 2, 3, 4, 5};
     kva_rng rng = {3801};
     uint16_t *k = malloc((size_t)BIG_T * BIG_HKV * BIG_D * 2);
@@ -127,10 +127,10 @@ static void test_big_cache_offsets(void)
                                                    (uint64_t)(t % BIG_B), (uint64_t)h, BIG_D);
                     const uint64_t vo = ref_offset(&bd, (uint64_t)big_ids[t / BIG_B],
                                                    (uint64_t)(t % BIG_B), (uint64_t)h, BIG_DV);
-                    misplaced += memcmp(kbig + ko, k + ((size_t)t * BIG_HKV + h) * BIG_D,
-                                        BIG_D * 2) != 0;
-                    misplaced += memcmp(vbig + vo, v + ((size_t)t * BIG_HKV + h) * BIG_DV,
-                                        BIG_DV * 2) != 0;
+                    misplaced +=
+                        memcmp(kbig + ko, k + ((size_t)t * BIG_HKV + h) * BIG_D, BIG_D * 2) != 0;
+                    misplaced +=
+                        memcmp(vbig + vo, v + ((size_t)t * BIG_HKV + h) * BIG_DV, BIG_DV * 2) != 0;
                 }
             CHECK_MSG(misplaced == 0, "%s %s: %zu rows not where the layout puts them",
                       kva_backend_name(kBk[b]), lay ? "HND" : "NHD", misplaced);
@@ -171,8 +171,8 @@ static void test_big_cache_offsets(void)
             CHECK_OK(kva_cache_swap_blocks(ctx, small, big, back, 1));
             CHECK_OK(kva_cache_read(ctx, small, BIG_B, ssmall, kr, 0, vr, 0, KVA_DTYPE_F16));
             CHECK(memcmp(kr, k + krow, krow * 2) == 0 && memcmp(vr, v + vrow, vrow * 2) == 0);
-            CHECK_OK(kva_cache_read(ctx, small, BIG_B, ssmall + 5 * BIG_B, kr, 0, vr, 0,
-                                    KVA_DTYPE_F16));
+            CHECK_OK(
+                kva_cache_read(ctx, small, BIG_B, ssmall + 5 * BIG_B, kr, 0, vr, 0, KVA_DTYPE_F16));
             CHECK(memcmp(kr, k + 2 * krow, krow * 2) == 0 &&
                   memcmp(vr, v + 2 * vrow, vrow * 2) == 0);
             for (int32_t t = 0; t < BIG_B; t++)
@@ -261,7 +261,7 @@ static void test_seq_len_limit(void)
                                 .attention_chunk = cases[ci].chunk};
             const float *sk = cases[ci].alibi_sinks ? sinks : NULL;
             sz_sem m = {1.0 / sqrt((double)LIM_D), cases[ci].softcap, 1, cases[ci].window,
-                        cases[ci].chunk, pd.alibi_slopes, sk};
+                        cases[ci].chunk,           pd.alibi_slopes,   sk};
             char label[96];
             snprintf(label, sizeof label, "%s seq 2^30 window %d chunk %d softcap %g",
                      kva_backend_name(kBk[b]), (int)cases[ci].window, (int)cases[ci].chunk,
@@ -273,8 +273,8 @@ static void test_seq_len_limit(void)
             kva_test_poison(out, KVA_DTYPE_F32, sizeof out / sizeof out[0]);
             kva_test_poison(lse, KVA_DTYPE_F32, sizeof lse / sizeof lse[0]);
             CHECK_OK(kva_attention_run(ctx, plan, q, c, sk, out, lse));
-            CHECK_MSG(sz_check_run(ctx, c, &pd, &m, q, out, lse, KVA_DTYPE_F32, label) == 0,
-                      "%s", label);
+            CHECK_MSG(sz_check_run(ctx, c, &pd, &m, q, out, lse, KVA_DTYPE_F32, label) == 0, "%s",
+                      label);
             kva_plan_destroy(plan);
             if (ci != 0 && ci != 3)
                 continue;
@@ -297,8 +297,8 @@ static void test_seq_len_limit(void)
                 const int32_t q_len = qsl[r + 1] - qsl[r];
                 const int64_t lo = sl[r] - q_len - (cases[ci].window > 0 ? cases[ci].window : 0);
                 for (int64_t j = lo < 0 ? 0 : lo; q_len > 0 && j < sl[r]; j++) {
-                    const int64_t slot = (int64_t)bt[(size_t)r * LIM_STRIDE + j / LIM_B] * LIM_B +
-                                         j % LIM_B;
+                    const int64_t slot =
+                        (int64_t)bt[(size_t)r * LIM_STRIDE + j / LIM_B] * LIM_B + j % LIM_B;
                     CHECK_OK(kva_cache_read(ctx, c, 1, &slot, kr + (kv0 + j) * LIM_HKV * LIM_D, 0,
                                             vr + (kv0 + j) * LIM_HKV * LIM_DV, 0, KVA_DTYPE_F32));
                 }
@@ -309,12 +309,11 @@ static void test_seq_len_limit(void)
             kva_test_poison(rout, KVA_DTYPE_F32, sizeof rout / sizeof rout[0]);
             kva_test_poison(rlse, KVA_DTYPE_F32, sizeof rlse / sizeof rlse[0]);
             CHECK_OK(kva_attention_run_ragged(ctx, plan, q, kr, vr, sk, rout, rlse));
-            CHECK_MSG(kva_test_compare("ragged", rout, out, KVA_DTYPE_F32, sizeof out / 4,
-                                       kva_test_atol(KVA_DTYPE_F32),
-                                       kva_test_rtol(KVA_DTYPE_F32)) == 0 &&
-                          kva_test_compare_f32("ragged lse", rlse, lse, sizeof lse / 4, 1e-5,
-                                               1e-5) == 0,
-                      "%s: ragged run past row 2^31 differs from the paged run", label);
+            CHECK_MSG(
+                kva_test_compare("ragged", rout, out, KVA_DTYPE_F32, sizeof out / 4,
+                                 kva_test_atol(KVA_DTYPE_F32), kva_test_rtol(KVA_DTYPE_F32)) == 0 &&
+                    kva_test_compare_f32("ragged lse", rlse, lse, sizeof lse / 4, 1e-5, 1e-5) == 0,
+                "%s: ragged run past row 2^31 differs from the paged run", label);
             kva_plan_destroy(plan);
             munmap(kr, (size_t)rows * LIM_HKV * LIM_D * 4);
             munmap(vr, (size_t)rows * LIM_HKV * LIM_DV * 4);
@@ -374,8 +373,7 @@ static void test_max_block_id(void)
         const int64_t far = (int64_t)NB;
         BAD(kva_cache_write(ctx, c, 1, k, 0, v, 0, KVA_DTYPE_F32, &far), KVA_STATUS_OUT_OF_RANGE);
         const int64_t far_s = (int64_t)NB - 1;
-        BAD(kva_cache_write(ctx, s, 1, k, 0, v, 0, KVA_DTYPE_F32, &far_s),
-            KVA_STATUS_OUT_OF_RANGE);
+        BAD(kva_cache_write(ctx, s, 1, k, 0, v, 0, KVA_DTYPE_F32, &far_s), KVA_STATUS_OUT_OF_RANGE);
         CHECK(memcmp(kb + (size_t)(NB - 1) * D, k, D * 4) == 0);
         /* Decode over keys at ids NB - 1, NB - 2, 0, 2^30 (in that order),
          * and a 1-token prefill over the last two: as the same keys at
