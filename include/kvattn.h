@@ -531,7 +531,8 @@ typedef struct kva_plan_desc {
     int32_t head_dim;          /* D (range as kva_cache_desc's, per backend) */
     int32_t head_dim_v;        /* Dv; 0 means Dv = D */
     kva_dtype q_dtype;         /* dtype of q and out: F32, F16 or BF16 */
-    float scale;               /* softmax scale; 0 means 1/sqrt(D) */
+    float scale;               /* softmax scale > 0; 0 means 1/sqrt(D) (negative or
+                                  non-finite: KVA_STATUS_INVALID_ARGUMENT) */
     int32_t causal;            /* bottom-right aligned causal mask (see kva_attention_run):
                                   0 for none; any other value means causal (as a C bool) */
     int32_t window_left;       /* key j visible only if pos - j <= window_left; -1 = no window
@@ -779,7 +780,10 @@ KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const in
  * kv head h / (H / Hkv). Requests with q_len 0 produce no rows. Tensor data
  * is not validated (the host never reads it on the run path): a NaN score
  * makes its row's out and lse NaN on every backend and for any key split, a
- * score of -inf carries no weight, and sinks should be finite.
+ * score of -inf carries no weight (a row whose every visible key scores -inf
+ * writes 0 and lse -inf, or the sink, as a row without keys; under a
+ * soft-cap c a key whose scale * <q, k_j> is -inf scores c * tanh(-inf) = -c
+ * and counts), and sinks should be finite.
  *
  * MLA plans and caches (kind KVA_ATTN_MLA): the absorbed call, FlashMLA's
  * flash_mla_with_kvcache: q [T, H, Dc + Dr] (q_nope already multiplied by

@@ -17,7 +17,9 @@ through kva_cache_create_from_interleaved, whose page p is block 2p.
 What kvattn does not do raises UnsupportedError: in-kernel RoPE
 (pos_encoding_mode "ROPE_LLAMA"), custom masks, kv/o dtypes other than the
 query's (quantized caches live in kvattn-owned Cache objects instead), MLA
-latent pages not kept as [c_kv | k_pe] rows of one tensor.
+latent pages not kept as [c_kv | k_pe] rows of one tensor, a softmax scale
+of 0 (sm_scale = 0, or q_scale * k_scale = 0: kvattn's scale 0 means
+1/sqrt(head_dim)).
 Arguments that only tune FlashInfer's own kernels (workspace buffers,
 use_tensor_cores, backend, use_cuda_graph, non_blocking, split options) are
 accepted and ignored: kvattn keeps its own workspace in the context.
@@ -182,6 +184,19 @@ class _KVCacheViews:
         return cache, mult
 
 
+def _sm_scale(sm_scale, head_dim, mul=1.0):
+    """The softmax scale FlashInfer means: sm_scale (1/sqrt(head_dim) when
+    None) times mul (run()'s q_scale * k_scale). A scale of 0 (every logit
+    0) is refused: kvattn reads scale 0 as 1/sqrt(head_dim) and would
+    silently attend with that instead."""
+    s = (1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)) * float(mul)
+    if s == 0.0:
+        raise UnsupportedError("sm_scale %r (times q_scale * k_scale = %r) is 0: kvattn's scale 0 "
+                               "means 1/sqrt(head_dim), so a zero softmax scale cannot be "
+                               "expressed" % (sm_scale, mul))
+    return s
+
+
 def _esize(dt):
     return {T.F32: 4, T.F16: 2, T.BF16: 2}.get(dt, 1)
 
@@ -221,7 +236,7 @@ class _PagedWrapper:
             query_start_loc=qo_indptr, seq_lens=seq_lens, block_table=block_table,
             block_size=page_size, num_heads=num_qo_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim, head_dim_v=head_dim_vo or head_dim, q_dtype=qdt,
-            scale=sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim),
+            scale=_sm_scale(sm_scale, head_dim),
             causal=causal, window_left=-1 if window_left is None else window_left,
             softcap=logits_soft_cap or 0.0,
             alibi_slopes=get_alibi_slopes(num_qo_heads) if pos_encoding_mode == "ALIBI" else None)
@@ -242,7 +257,7 @@ class _PagedWrapper:
                 kw["block_table"] = a["block_table"] * mult
             if window_left is not None:
                 kw["window_left"] = window_left
-            kw["scale"] = a["scale"] * scale_mul
+            kw["scale"] = _sm_scale(a["scale"], a["head_dim"], scale_mul)
             p = Plan(self._ctx, **kw)
             if self._ctx.device == T.CUDA:
                 self._plans.clear()  # a CUDA context's newer plan makes older ones stale
@@ -388,7 +403,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             self._ctx, qo_indptr, np.diff(kv).astype(np.int32), None,
             block_size=1, num_heads=num_qo_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim_qk, head_dim_v=head_dim_vo or head_dim_qk, q_dtype=qdt,
-            scale=sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim_qk),
+            scale=_sm_scale(sm_scale, head_dim_qk),
             causal=causal, window_left=window_left, softcap=logits_soft_cap or 0.0,
             alibi_slopes=get_alibi_slopes(num_qo_heads) if pos_encoding_mode == "ALIBI"
             else None)

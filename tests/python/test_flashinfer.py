@@ -142,6 +142,35 @@ def test_ragged_prefill_wrapper():
     np.testing.assert_allclose(lse, rl * LOG2E, rtol=1e-3, atol=1e-3)
 
 
+def test_zero_sm_scale_raises():
+    """FlashInfer's sm_scale = 0 (or run()'s q_scale * k_scale = 0) makes every
+    logit 0; kvattn's scale 0 means 1/sqrt(D), so the wrappers refuse it
+    rather than attend with 1/sqrt(D). A tiny nonzero scale still runs and
+    gives the uniform weights of the reference."""
+    rng = np.random.default_rng(12)
+    paged, indptr, indices, last, keys, values = random_paged(
+        rng, [30, 50], 8, 2, 64, "NHD", np.float32, False)
+    q = rng.standard_normal((2, 4, 64)).astype(np.float32)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD")
+    with pytest.raises(kvattn.UnsupportedError, match="sm_scale"):
+        w.plan(indptr, indices, last, 4, 2, 64, 8, q_data_type="float32", sm_scale=0.0)
+    p = fi.BatchPrefillWithPagedKVCacheWrapper(None, "NHD")
+    with pytest.raises(kvattn.UnsupportedError, match="sm_scale"):
+        p.plan(np.array([0, 1, 2], np.int32), indptr, indices, last, 4, 2, 64, 8,
+               q_data_type="float32", sm_scale=0.0)
+    r = fi.BatchPrefillWithRaggedKVCacheWrapper(None)
+    with pytest.raises(kvattn.UnsupportedError, match="sm_scale"):
+        r.plan(np.array([0, 1], np.int32), np.array([0, 5], np.int32), 4, 2, 64,
+               q_data_type="float32", sm_scale=0.0)
+    w.plan(indptr, indices, last, 4, 2, 64, 8, q_data_type="float32")
+    for kw in (dict(k_scale=0.0), dict(q_scale=0.0)):
+        with pytest.raises(kvattn.UnsupportedError, match="sm_scale"):
+            w.run(q, paged, **kw)
+    w.plan(indptr, indices, last, 4, 2, 64, 8, q_data_type="float32", sm_scale=1e-30)
+    ro, _ = attention(q, keys, values, [1, 1], causal=True, scale=1e-30)
+    np.testing.assert_allclose(w.run(q, paged), ro, rtol=1e-5, atol=1e-5)
+
+
 def test_merge_state_base2():
     rng = np.random.default_rng(9)
     va = rng.standard_normal((6, 4, 32)).astype(np.float16)
