@@ -21,8 +21,9 @@
  * row exponent kva__q_row_exp; out_c = s_c (O_c - o_c l) / l). Fragments are
  * built from bytes (no ldmatrix for 8-bit elements): lane (g4, t4) takes
  * channels 16 t4 .. +15 of each 64 for S (Q' laid out to match, qm_qword),
- * and 4 channels of keys 2t4, 2t4+1, 2t4+8, 2t4+9 for P V, regrouped by
- * byte_perm so that output channel (tile 4g + j, column n) is 32 g + 4 n + j.
+ * and 8 channels of keys 2t4, 2t4+1, 2t4+8, 2t4+9 for P V (one 8-byte load
+ * per key), regrouped by byte_perm so that output channel (tile 8G + j,
+ * column n) is 64 G + 8 n + j.
  */
 #ifndef KVA_CUDA_DECODE_MMA_QUANT_CUH
 #define KVA_CUDA_DECODE_MMA_QUANT_CUH
@@ -73,9 +74,14 @@ template <> struct qm_ty<__nv_bfloat16> {
     typedef kva__mma_bf16 type;
 };
 
+/* The unit of an int8 K code's f16 (qm_cvt4k): 2^-24. */
+#define QM_KU 5.9604644775390625e-8f
+
 /* Byte offsets in the K and V tiles [16, D] (16-byte chunks, swizzled so
  * that the fragment loads of a warp are free of bank conflicts: K rows r
- * and r + 1 alternate halves of 128 bytes, V rows 2t, 2t + 2, ... rotate). */
+ * and r + 1 alternate halves of 128 bytes, V rows 2t, 2t + 2, ... rotate;
+ * V's 8-byte loads, qm_load::pv, come in two phases of 16 lanes; at D 64
+ * rows 2t and 2t + 4 share banks: 2-way conflicts). */
 template <int D> static __device__ __forceinline__ uint32_t qm_koff(int r, int c)
 {
     constexpr int CH = D / 16;
@@ -325,11 +331,27 @@ qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t n
                 sQ[qm_qword(r + DM_M / 2, c + 2 * p)] = lw[p];
             }
         }
-        if (FMT == QM_I8 && !ktok) {
-            const float acc =
-                kva__q_offset_dot<C8, true>(hi, lo, q.ko + (int64_t)w.kv_head * D + c);
+        if (FMT != QM_FP8) {
+            /* int8 K codes enter the mma as 2^-24 (c + 128) (qm_cvt4k): the
+             * row's term sum_c Q'_c (o_c + 128) (INT8_CHANNEL offsets; per-token
+             * keys: Q' = hi, no offsets) times 2^-24, the scores' unit. */
+            float ov[8];
+            if (!ktok)
+                kva__ldg_f8(q.ko + (int64_t)w.kv_head * D + c, ov);
+            float so = 0.f, ss = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const float qj = __half2float(hi[j]) + (ktok ? 0.f : __half2float(lo[j]));
+                ss += qj;
+                if (!ktok)
+                    so = fmaf(qj, ov[j], so);
+            }
+            float acc = fmaf(ss, 128.f, so);
+#pragma unroll
+            for (int o = C8 / 2; o >= 1; o >>= 1)
+                acc += __shfl_xor_sync(0xffffffffu, acc, o);
             if (x % C8 == 0)
-                s_qo[r] = acc;
+                s_qo[r] = QM_KU * acc;
         }
     }
     __syncthreads();
@@ -344,6 +366,26 @@ static __device__ __forceinline__ void qm_cvt4(uint32_t w, uint32_t &lo, uint32_
         kva__cvt4_f16_b1152(w, lo, hi);
     else
         kva__cvt4_f16<true>(w, lo, hi);
+}
+
+/* Four K codes of w as f16 pairs {b0, b1} (lo) and {b2, b3} (hi): fp8 as
+ * kva__cvt4_f16; int8 c as the f16 subnormal 2^-24 (c + 128) (one xor per
+ * word, one byte_perm per pair, no subtraction): exact, and so are its
+ * products with Q' in the mma; the scores then carry QM_KU (c + 128) sums,
+ * whose bias term 2^-24 128 sum_c Q'_c the policy takes off per row (Item
+ * nf / qk) instead of per element. The bias is 128, not 1152 (the f16
+ * 1024 + 128 + c): the fp32 sums of the mma stay near the size of the
+ * unbiased ones. */
+template <bool FP8>
+static __device__ __forceinline__ void qm_cvt4k(uint32_t w, uint32_t &lo, uint32_t &hi)
+{
+    if (FP8) {
+        kva__cvt4_f16<true>(w, lo, hi);
+    } else {
+        const uint32_t x = w ^ 0x80808080u;
+        lo = __byte_perm(x, 0u, 0x4140);
+        hi = __byte_perm(x, 0u, 0x4342);
+    }
 }
 
 /* The load policy (decode_mma_kernel.cuh) of format FMT (QM_I8, QM_FP8 or
@@ -382,15 +424,19 @@ template <int FMT, typename OT, int D_> struct qm_load {
      * bias of its codes in f16, kva__cvt4_f16_b1152), taken off O at the end. */
     static constexpr bool PRESCALED = true;
     static constexpr int NX = FMT == QM_I8 ? 1 : 0;
+    /* Scores per unit of S: int8 K codes enter the mma in QM_KU units. */
+    static constexpr float KS = FMT == QM_FP8 ? 1.f : 16777216.f;
     static_assert(DM_NW * DM_M * D * 4 <= DM_NW * NST * STAGE, "merge space");
     static_assert(STAGE % 16 == 0, "stage alignment");
     /* Of rows g4 and g4 + 8: f = 2^-k (kva__q_row_exp) times scale log2 e (no
-     * soft-cap; times 1 with one), qo = sum_c Q'_c o_c (INT8_CHANNEL) and
-     * nf = -qo f;
+     * soft-cap; times 1 with one), times 2^24 for int8 K (the scores come
+     * in QM_KU units, qm_cvt4k); qo = the bias term in those units: int8
+     * 2^-24 sum_c Q'_c (o_c + 128) (INT8_CHANNEL; 2^-24 128 sum_c Q'_c for
+     * per-token keys), 0 for fp8; nf = -qo f;
      * two: f alone would leave the normal range, so f is 2^-k and sl2 (the
-     * scale) follows as a second factor; packed: rows 8-15 of Q' hold the
-     * lo parts of rows 0-7 (qm_stage_q); rows8: rows 8-15 are attention
-     * rows (more than 8 rows). */
+     * scale, times 2^24 for int8 K) follows as a second factor; packed:
+     * rows 8-15 of Q' hold the lo parts of rows 0-7 (qm_stage_q); rows8:
+     * rows 8-15 are attention rows (more than 8 rows). */
     struct Item {
         float f[2], qo[2], nf[2], sl2;
         bool packed, rows8, two;
@@ -423,7 +469,7 @@ template <int FMT, typename OT, int D_> struct qm_load {
         it.rows8 = nrows > DM_M / 2;
         qm_stage_q<FMT, OT, D>(q, w, nrows, qs, ktok, it.packed, sQ, sQ + QW, s_qo, s_up);
         /* The body multiplies by scale log2 e only under a soft-cap (PRESCALED). */
-        const float sl2 = q.a.softcap > 0.f ? 1.f : q.a.scale * KVA__DMMA_LOG2E;
+        const float sl2 = (q.a.softcap > 0.f ? 1.f : q.a.scale * KVA__DMMA_LOG2E) * KS;
         it.sl2 = sl2;
         it.two = false;
 #pragma unroll
@@ -432,7 +478,7 @@ template <int FMT, typename OT, int D_> struct qm_load {
             const bool ok = fabsf(f) >= 1.17549435e-38f && fabsf(f) <= 3.4028235e38f;
             it.two = it.two || !ok;
             it.f[hf] = f;
-            it.qo[hf] = FMT == QM_I8 && !ktok ? s_qo[g4 + 8 * hf] : 0.f;
+            it.qo[hf] = FMT != QM_FP8 ? s_qo[g4 + 8 * hf] : 0.f;
         }
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
@@ -445,7 +491,9 @@ template <int FMT, typename OT, int D_> struct qm_load {
     /* S = Q' K^T [16, BNW] (B column g4 is key g4 + 8 nt; sub-tile kt:
      * nt = 2 kt, 2 kt + 1). Per 64 channels: the lane's 16 channels 16 t4 ..
      * of rows g4, g4 + 8 of Q' and of its key rows. Codes are exact in f16
-     * and so are their products with Q' hi and lo: S is Q' K^T to about
+     * (int8: 2^-24 (c + 128), qm_cvt4k, the bias term taken off per row with
+     * the offset term, it.qo) and so are their products with Q' hi and lo:
+     * S is Q' K^T to about
      * 2^-22 (the lo pass is skipped for per-token keys, where Q' = 2^k q is
      * exact in f16 down to 2^-31 of the row's max). Packed items (at most 8
      * rows: every GQA <= 8 decode) carry lo in rows 8-15, so one pass of
@@ -487,10 +535,10 @@ template <int FMT, typename OT, int D_> struct qm_load {
                 for (int nt = 0; nt < 2; nt++) {
                     const uint4 kw =
                         *(const uint4 *)(sk + qm_koff<D>(16 * kt + g4 + 8 * nt, kk * 4 + t4));
-                    kva__cvt4_f16<FMT == QM_FP8>(kw.x, kb_[nt][0][0], kb_[nt][0][1]);
-                    kva__cvt4_f16<FMT == QM_FP8>(kw.y, kb_[nt][1][0], kb_[nt][1][1]);
-                    kva__cvt4_f16<FMT == QM_FP8>(kw.z, kb_[nt][2][0], kb_[nt][2][1]);
-                    kva__cvt4_f16<FMT == QM_FP8>(kw.w, kb_[nt][3][0], kb_[nt][3][1]);
+                    qm_cvt4k<FMT == QM_FP8>(kw.x, kb_[nt][0][0], kb_[nt][0][1]);
+                    qm_cvt4k<FMT == QM_FP8>(kw.y, kb_[nt][1][0], kb_[nt][1][1]);
+                    qm_cvt4k<FMT == QM_FP8>(kw.z, kb_[nt][2][0], kb_[nt][2][1]);
+                    qm_cvt4k<FMT == QM_FP8>(kw.w, kb_[nt][3][0], kb_[nt][3][1]);
                 }
 #pragma unroll
                 for (int pass = 0; pass < 2; pass++) {
@@ -517,7 +565,7 @@ template <int FMT, typename OT, int D_> struct qm_load {
             }
         }
         if (ktok) {
-            /* S ts_j f. */
+            /* (S - qo) ts_j f (qo: the int8 codes' bias term). */
             const float *ts = (const float *)(sk + TSOFF);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -525,7 +573,8 @@ template <int FMT, typename OT, int D_> struct qm_load {
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     if (e < 2 || it.rows8)
-                        sc[nt][e] *= (e & 1 ? t2.y : t2.x) * it.f[e >> 1];
+                        sc[nt][e] = (sc[nt][e] - it.qo[e >> 1]) *
+                                    ((e & 1 ? t2.y : t2.x) * it.f[e >> 1]);
             }
         } else {
 #pragma unroll
@@ -563,24 +612,28 @@ template <int FMT, typename OT, int D_> struct qm_load {
             for (int kt = 0; kt < KT; kt++)
                 kva__dmma_pack_p<kva__mma_f16>(sc + 2 * kt, pa[kt]);
 #pragma unroll
-            for (int g = 0; g < D / 32; g++) {
+            for (int G = 0; G < D / 64; G++) {
 #pragma unroll
                 for (int kt = 0; kt < KT; kt++) {
-                    /* Channels 32 g + 4 g4 .. +3 of keys 16 kt + (2t4, 2t4+1,
-                     * 2t4+8, 2t4+9). */
-                    const int c = 2 * g + (g4 >> 2), b = 4 * (g4 & 3), k0 = 16 * kt + 2 * t4;
-                    const uint32_t r0 = *(const uint32_t *)(sv + qm_voff<D>(k0, c) + b);
-                    const uint32_t r1 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 1, c) + b);
-                    const uint32_t r8 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 8, c) + b);
-                    const uint32_t r9 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 9, c) + b);
-                    uint32_t b0[4], b1[4];
-                    qm_cvt4<FMT == QM_I8>(__byte_perm(r0, r1, 0x5140), b0[0], b0[1]);
-                    qm_cvt4<FMT == QM_I8>(__byte_perm(r0, r1, 0x7362), b0[2], b0[3]);
-                    qm_cvt4<FMT == QM_I8>(__byte_perm(r8, r9, 0x5140), b1[0], b1[1]);
-                    qm_cvt4<FMT == QM_I8>(__byte_perm(r8, r9, 0x7362), b1[2], b1[3]);
+                    /* Channels 64 G + 8 g4 .. +7 of keys 16 kt + (2t4, 2t4+1,
+                     * 2t4+8, 2t4+9): one 8-byte load per key. */
+                    const int c = 4 * G + (g4 >> 1), b = 8 * (g4 & 1), k0 = 16 * kt + 2 * t4;
+                    const uint2 r0 = *(const uint2 *)(sv + qm_voff<D>(k0, c) + b);
+                    const uint2 r1 = *(const uint2 *)(sv + qm_voff<D>(k0 + 1, c) + b);
+                    const uint2 r8 = *(const uint2 *)(sv + qm_voff<D>(k0 + 8, c) + b);
+                    const uint2 r9 = *(const uint2 *)(sv + qm_voff<D>(k0 + 9, c) + b);
+                    uint32_t b0[8], b1[8];
+                    qm_cvt4<FMT == QM_I8>(__byte_perm(r0.x, r1.x, 0x5140), b0[0], b0[1]);
+                    qm_cvt4<FMT == QM_I8>(__byte_perm(r0.x, r1.x, 0x7362), b0[2], b0[3]);
+                    qm_cvt4<FMT == QM_I8>(__byte_perm(r0.y, r1.y, 0x5140), b0[4], b0[5]);
+                    qm_cvt4<FMT == QM_I8>(__byte_perm(r0.y, r1.y, 0x7362), b0[6], b0[7]);
+                    qm_cvt4<FMT == QM_I8>(__byte_perm(r8.x, r9.x, 0x5140), b1[0], b1[1]);
+                    qm_cvt4<FMT == QM_I8>(__byte_perm(r8.x, r9.x, 0x7362), b1[2], b1[3]);
+                    qm_cvt4<FMT == QM_I8>(__byte_perm(r8.y, r9.y, 0x5140), b1[4], b1[5]);
+                    qm_cvt4<FMT == QM_I8>(__byte_perm(r8.y, r9.y, 0x7362), b1[6], b1[7]);
 #pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        kva__mma_f16::mma(o[4 * g + j], pa[kt], b0[j], b1[j]);
+                    for (int j = 0; j < 8; j++)
+                        kva__mma_f16::mma(o[8 * G + j], pa[kt], b0[j], b1[j]);
                 }
             }
             if constexpr (NX == 1) {
@@ -592,8 +645,8 @@ template <int FMT, typename OT, int D_> struct qm_load {
         }
     }
 
-    /* Row half hf of O: tile 4g + j, column n = 2 t4 (+1) is channel
-     * 32 g + 4 n + j; QM_V16: the standard layout, channels 8 n + 2 t4 (+1).
+    /* Row half hf of O: tile 8G + j, column n = 2 t4 (+1) is channel
+     * 64 G + 8 n + j; QM_V16: the standard layout, channels 8 n + 2 t4 (+1).
      * int8: less the bias sum (o[D / 8], pv). */
     static __device__ __forceinline__ void store_acc(float *dst, const float o[D / 8 + NX][4],
                                                      int hf, int t4)
@@ -601,9 +654,9 @@ template <int FMT, typename OT, int D_> struct qm_load {
         const float bias = NX == 1 ? o[D / 8 + NX - 1][2 * hf] : 0.f;
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
-            const int ch = FMT == QM_V16 ? 8 * n + 2 * t4 : 32 * (n >> 2) + 8 * t4 + (n & 3);
+            const int ch = FMT == QM_V16 ? 8 * n + 2 * t4 : 64 * (n >> 3) + 16 * t4 + (n & 7);
             dst[ch] = o[n][2 * hf] - bias;
-            dst[ch + (FMT == QM_V16 ? 1 : 4)] = o[n][2 * hf + 1] - bias;
+            dst[ch + (FMT == QM_V16 ? 1 : 8)] = o[n][2 * hf + 1] - bias;
         }
     }
 
