@@ -389,6 +389,35 @@ static __device__ __forceinline__ void qm_cvt4k(uint32_t w, uint32_t &lo, uint32
     }
 }
 
+/* sc[2 kt + nt] += A K^T over one 64-channel slice: af the A fragments
+ * of its 4 k-steps (Q' hi or lo, qm_qword), kw the lane's K words of key
+ * rows 16 kt + g4 + 8 nt (word st: the codes of k-step st). Per k-step the
+ * codes become f16 (qm_cvt4k) and every sub-tile's two n8 tiles take their
+ * mma: 2 KT accumulator chains interleave, so that no mma waits for the
+ * one before it in its chain. */
+template <int FMT, int KT>
+static __device__ __forceinline__ void qm_scores_pass(float (*sc)[4], const uint4 af[4],
+                                                      const uint4 (*kw)[2])
+{
+#pragma unroll
+    for (int st = 0; st < 4; st++) {
+        uint32_t kb_[KT][2][2];
+#pragma unroll
+        for (int kt = 0; kt < KT; kt++)
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                const uint32_t *k4 = (const uint32_t *)&kw[kt][nt];
+                qm_cvt4k<FMT == QM_FP8>(k4[st], kb_[kt][nt][0], kb_[kt][nt][1]);
+            }
+        const uint32_t *a4 = (const uint32_t *)&af[st];
+#pragma unroll
+        for (int kt = 0; kt < KT; kt++)
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+                kva__mma_f16::mma(sc[2 * kt + nt], a4, kb_[kt][nt][0], kb_[kt][nt][1]);
+    }
+}
+
 /* The load policy (decode_mma_kernel.cuh) of format FMT (QM_I8, QM_FP8 or
  * QM_V16), q and out dtype OT (__half or __nv_bfloat16), head size D = Dv.
  * Ring stages per warp (NST - 1 steps in flight), keys per step and shared
@@ -538,39 +567,28 @@ template <int FMT, typename OT, int D_> struct qm_load {
             /* The A fragments of the slice's 4 k-steps, one 16-byte load each
              * (qm_qword); rows 8-15 of an item of at most 8 rows that is not
              * packed are zeros there. */
-            uint4 af[2][4];
+            uint4 af[4];
+            const uint32_t *q0 = sQ + (((kk * 8 + g4) * 4 + t4) << 4);
 #pragma unroll
-            for (int pass = 0; pass < 2; pass++) {
-                if (pass == 1 && !lo_pass)
-                    break;
-                const uint32_t *q0 = sQ + pass * QW + (((kk * 8 + g4) * 4 + t4) << 4);
+            for (int st = 0; st < 4; st++)
+                af[st] = *(const uint4 *)(q0 + ((st ^ sw) << 2));
+            /* The step's K words of the slice (key rows 16 kt + g4 + 8 nt). */
+            uint4 kw[KT][2];
+#pragma unroll
+            for (int kt = 0; kt < KT; kt++)
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+                    kw[kt][nt] =
+                        *(const uint4 *)(sk + qm_koff<D>(16 * kt + g4 + 8 * nt, kk * 4 + t4));
+            qm_scores_pass<FMT, KT>(sc, af, kw);
+            if (lo_pass) {
+                /* Q' lo (items of more than 8 rows with INT8_CHANNEL or FP8
+                 * keys): the same codes again (a branch, not predicated
+                 * mma: the usual items skip it at no issue cost). */
 #pragma unroll
                 for (int st = 0; st < 4; st++)
-                    af[pass][st] = *(const uint4 *)(q0 + ((st ^ sw) << 2));
-            }
-#pragma unroll
-            for (int kt = 0; kt < KT; kt++) {
-                uint32_t kb_[2][4][2];
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++) {
-                    const uint4 kw =
-                        *(const uint4 *)(sk + qm_koff<D>(16 * kt + g4 + 8 * nt, kk * 4 + t4));
-                    qm_cvt4k<FMT == QM_FP8>(kw.x, kb_[nt][0][0], kb_[nt][0][1]);
-                    qm_cvt4k<FMT == QM_FP8>(kw.y, kb_[nt][1][0], kb_[nt][1][1]);
-                    qm_cvt4k<FMT == QM_FP8>(kw.z, kb_[nt][2][0], kb_[nt][2][1]);
-                    qm_cvt4k<FMT == QM_FP8>(kw.w, kb_[nt][3][0], kb_[nt][3][1]);
-                }
-#pragma unroll
-                for (int pass = 0; pass < 2; pass++) {
-                    if (pass == 1 && !lo_pass)
-                        break;
-#pragma unroll
-                    for (int st = 0; st < 4; st++) {
-                        const uint32_t *a4 = (const uint32_t *)&af[pass][st];
-                        kva__mma_f16::mma(sc[2 * kt], a4, kb_[0][st][0], kb_[0][st][1]);
-                        kva__mma_f16::mma(sc[2 * kt + 1], a4, kb_[1][st][0], kb_[1][st][1]);
-                    }
-                }
+                    af[st] = *(const uint4 *)(q0 + QW + ((st ^ sw) << 2));
+                qm_scores_pass<FMT, KT>(sc, af, kw);
             }
         }
         /* Element e: row g4 + (e >> 1) * 8, key kb + nt * 8 + 2 * t4 + (e & 1).
