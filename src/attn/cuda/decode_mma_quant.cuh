@@ -15,8 +15,9 @@
  * The design is docs/cuda.md, "Quantized caches": steps of BNW keys (32 for
  * 1-byte V at D <= 128, else 16) with their per-token key scales in a ring of
  * NST stages (configuration at qm_load); codes turned into f16 exactly in
- * registers (int8: 0x6400 | (c ^ 0x80) = 1024 + 128 + c, K codes minus 1152,
- * V's bias taken off O once in pv; fp8: cvt e4m3x2 -> f16x2); the scales
+ * registers (int8 V: 0x6400 | (c ^ 0x80) = 1024 + 128 + c, its bias taken
+ * off O once in pv; int8 K: the subnormal 2^-24 (c + 128), its bias taken
+ * off per row with the offset term; fp8: cvt e4m3x2 -> f16x2); the scales
  * never enter the key loop (S = Q' K^T with Q'_c = q_c s_c as f16 hi + lo,
  * row exponent kva__q_row_exp; out_c = s_c (O_c - o_c l) / l). Fragments are
  * built from bytes (no ldmatrix for 8-bit elements): lane (g4, t4) takes
