@@ -18,7 +18,9 @@
 #   bench    bench_cuda of every tree, alternated QD_ROUNDS times (default 2): 64 x 4k bf16,
 #            int8_channel, int8_token_k, fp8_e4m3; 16 x 4k int8; D 64 int8; prints a table of
 #            medians and the quantized / bf16 ratio of the same tree and round
-# QD_STEPS (default "build test bench inst"), OUT: log folder (at most 8 files come back).
+# QD_STEPS (default "build test bench inst"), OUT: log folder (at most 8 files come back);
+# QD_NEED_BASE=1: stop at once unless this machine kept BASE's binaries from an earlier call;
+# QD_SKIP="tree:row ...": bench rows left out.
 set -uo pipefail
 out=${OUT:-qd_out}; mkdir -p "$out"
 steps=" ${QD_STEPS:-build test bench inst} "
@@ -39,6 +41,9 @@ if has build; then
   reuse=0; [ -x "$B/${names[0]}/bench_cuda" ] && [ -d "$W/build" ] && [ "$(cat "$B/base.sum" 2>/dev/null)" = "$sum" ] && reuse=1
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | log
   nproc | sed 's/^/cores: /' | log
+  if [ $reuse = 0 ] && [ -n "${QD_NEED_BASE:-}" ]; then
+    el "no BASE binaries from an earlier call on this machine (QD_NEED_BASE): stop" | log; exit 3
+  fi
   if [ $reuse = 0 ]; then
     rm -rf "$W" "$B"; mkdir -p "$B"; cp -r "${trees[0]}" "$W"
     cmake -S "$W" -B "$W/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
