@@ -20,7 +20,7 @@
 #            medians and the quantized / bf16 ratio of the same tree and round
 # QD_STEPS (default "build test bench inst"), OUT: log folder (at most 8 files come back);
 # QD_NEED_BASE=1: stop at once unless this machine kept BASE's binaries from an earlier call;
-# QD_SKIP="tree:row ...": bench rows left out.
+# QD_SKIP="tree:row ...": bench rows left out; QD_TARGETS: what to build (default bench_cuda and the tests).
 set -uo pipefail
 out=${OUT:-qd_out}; mkdir -p "$out"
 steps=" ${QD_STEPS:-build test bench inst} "
@@ -29,7 +29,7 @@ trees=(); for t in "$@"; do trees+=("$(cd "$t" && pwd)"); done
 names=(); for t in "${trees[@]}"; do names+=("$(basename "$t")"); done
 last=${names[${#names[@]}-1]}
 W=/tmp/qd38_w; B=/tmp/qd38_bin
-T="bench_cuda test_cuda_quant_attn test_cuda_qmag"
+T=${QD_TARGETS:-"bench_cuda test_cuda_quant_attn test_cuda_qmag"}
 t0=$(date +%s)
 el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 log() { tee -a "$out/summary.txt"; }
