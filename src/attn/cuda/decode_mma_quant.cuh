@@ -15,16 +15,14 @@
  * The design is docs/cuda.md, "Quantized caches": steps of BNW keys (32 for
  * 1-byte V at D <= 128, else 16) with their per-token key scales in a ring of
  * NST stages (configuration at qm_load); codes turned into f16 exactly in
- * registers (int8 V: 0x6400 | (c ^ 0x80) = 1024 + 128 + c, its bias taken
- * off O once in pv; int8 K: the subnormal 2^-24 (c + 128), its bias taken
- * off per row with the offset term; fp8: cvt e4m3x2 -> f16x2); the scales
+ * registers (int8: 0x6400 | (c ^ 0x80) = 1024 + 128 + c, K codes minus 1152,
+ * V's bias taken off O once in pv; fp8: cvt e4m3x2 -> f16x2); the scales
  * never enter the key loop (S = Q' K^T with Q'_c = q_c s_c as f16 hi + lo,
  * row exponent kva__q_row_exp; out_c = s_c (O_c - o_c l) / l). Fragments are
  * built from bytes (no ldmatrix for 8-bit elements): lane (g4, t4) takes
  * channels 16 t4 .. +15 of each 64 for S (Q' laid out to match, qm_qword),
- * and 8 channels of keys 2t4, 2t4+1, 2t4+8, 2t4+9 for P V (one 8-byte load
- * per key), regrouped by byte_perm so that output channel (tile 8G + j,
- * column n) is 64 G + 8 n + j.
+ * and 4 channels of keys 2t4, 2t4+1, 2t4+8, 2t4+9 for P V, regrouped by
+ * byte_perm so that output channel (tile 4g + j, column n) is 32 g + 4 n + j.
  */
 #ifndef KVA_CUDA_DECODE_MMA_QUANT_CUH
 #define KVA_CUDA_DECODE_MMA_QUANT_CUH
@@ -75,14 +73,9 @@ template <> struct qm_ty<__nv_bfloat16> {
     typedef kva__mma_bf16 type;
 };
 
-/* The unit of an int8 K code's f16 (qm_cvt4k): 2^-24. */
-#define QM_KU 5.9604644775390625e-8f
-
 /* Byte offsets in the K and V tiles [16, D] (16-byte chunks, swizzled so
  * that the fragment loads of a warp are free of bank conflicts: K rows r
- * and r + 1 alternate halves of 128 bytes, V rows 2t, 2t + 2, ... rotate;
- * V's 8-byte loads, qm_load::pv, come in two phases of 16 lanes; at D 64
- * rows 2t and 2t + 4 share banks: 2-way conflicts). */
+ * and r + 1 alternate halves of 128 bytes, V rows 2t, 2t + 2, ... rotate). */
 template <int D> static __device__ __forceinline__ uint32_t qm_koff(int r, int c)
 {
     constexpr int CH = D / 16;
@@ -96,63 +89,63 @@ template <int D> static __device__ __forceinline__ uint32_t qm_voff(int r, int c
     return (uint32_t)(r * D + ((c ^ x) << 4));
 }
 
-/* Row (in rows of D bytes) and token-scale index of key j of kv head kvh in
- * block `block` (its block-table entry): NHD (block * B + off) * Hkv + kvh,
- * HND (block * Hkv + kvh) * B + off; scales [NB, Hkv, B]: (block * Hkv +
- * kvh) * B + off. */
+/* Prefetch of the line at p into L1 (no register written, no fault). */
+static __device__ __forceinline__ void qm_prefetch_l1(const void *p)
+{
+    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
+}
+
+/* Row (in rows of D bytes) and token-scale index of key j of kv head kvh:
+ * NHD (block * B + off) * Hkv + kvh, HND (block * Hkv + kvh) * B + off;
+ * scales [NB, Hkv, B]: (block * Hkv + kvh) * B + off. */
 static __device__ __forceinline__ int64_t qm_key_row(const kva__cuda_quant_mma_args &q,
-                                                     int64_t block, int32_t kvh, int32_t j,
+                                                     const int32_t *bt_row, int32_t kvh, int32_t j,
                                                      int64_t *tsi)
 {
     const kva__cuda_attn_args &a = q.a;
-    /* A power-of-two block size (the usual case) takes a mask, not a division. */
-    const int32_t off = (a.B & (a.B - 1)) == 0 ? j & (a.B - 1) : j % a.B;
+    /* A power-of-two block size (the usual case) takes a shift, not a division. */
+    const bool pow2 = (a.B & (a.B - 1)) == 0;
+    const int32_t blk = pow2 ? j >> (__ffs(a.B) - 1) : j / a.B, off = j - blk * a.B;
+    const int64_t block = __ldg(bt_row + blk);
     *tsi = (block * a.Hkv + kvh) * a.B + off;
     return a.layout_hnd ? *tsi : (block * a.B + off) * a.Hkv + kvh;
 }
 
-/* The block-table entry of key kb + lane % BNW of the item's keys (-1 at
- * or past kend): the lane's part of the step's block-table read, which the
- * body issues one step before the step's copies (qm_load::key_row). */
-template <int BNW>
-static __device__ __forceinline__ int32_t qm_key_block(const kva__cuda_quant_mma_args &q,
-                                                       const int32_t *bt_row, int32_t kb,
-                                                       int32_t kend, int lane)
-{
-    const int32_t B = q.a.B, j = kb + (lane & (BNW - 1));
-    /* A power-of-two block size (the usual case) takes a shift, not a division. */
-    const bool pow2 = (B & (B - 1)) == 0;
-    return j < kend ? __ldg(bt_row + (pow2 ? j >> (__ffs(B) - 1) : j / B)) : -1;
-}
-
 /* The copies of a step whose keys kb .. kb + BNW - 1 all lie before kend,
  * with kb and the block size multiples of 16 (the usual case: every step
- * but an item's last): each 16 keys lie in one block (lane 16 gi holds its
- * entry, qm_key_block: one shuffle per 16 keys), and a key's row is that
- * block's first row plus a multiple of the rows per key (Hkv for NHD, 1
- * for HND) that is a constant of the unrolled copy loop: no per-key
- * shuffles, no zero-fill selects. Returns false (nothing issued) where
+ * but an item's last): each 16 keys lie in one block, so the warp reads one
+ * block-table entry per 16 keys (the same address in every lane) and a
+ * key's row is that block's first row plus a multiple of the rows per key
+ * (Hkv for NHD, 1 for HND) that is a constant of the unrolled copy loop:
+ * no shuffles, no zero-fill selects. Returns false (nothing issued) where
  * the step does not qualify. */
 template <int D, int BNW, int VB>
 static __device__ __forceinline__ bool qm_issue_pages(const kva__cuda_quant_mma_args &q,
-                                                      int32_t blkv, int32_t kvh, int32_t kb,
-                                                      int32_t kend, uint32_t st, int lane)
+                                                      const int32_t *bt_row, int32_t kvh,
+                                                      int32_t kb, int32_t kend, uint32_t st,
+                                                      int lane)
 {
     const kva__cuda_attn_args &a = q.a;
     if (((a.B | kb) & 15) != 0 || kb + BNW > kend)
         return false;
     constexpr int NG = BNW / 16; /* 16-key groups of the step */
+    const bool pow2 = (a.B & (a.B - 1)) == 0;
     const int32_t rs = a.layout_hnd ? 1 : a.Hkv; /* rows per key */
     int64_t rb[NG], tb[NG]; /* the groups' first rows and token-scale indices */
 #pragma unroll
     for (int gi = 0; gi < NG; gi++) {
-        /* Key kb + 16 gi: its offset in the block (B a multiple of 16). */
         const int32_t j0 = kb + 16 * gi;
-        const int32_t off = (a.B & (a.B - 1)) == 0 ? j0 & (a.B - 1) : j0 % a.B;
-        const int64_t block = __shfl_sync(0xffffffffu, blkv, 16 * gi);
+        const int32_t blk = pow2 ? j0 >> (__ffs(a.B) - 1) : j0 / a.B, off = j0 - blk * a.B;
+        const int64_t block = __ldg(bt_row + blk);
         tb[gi] = (block * a.Hkv + kvh) * a.B + off;
         rb[gi] = a.layout_hnd ? tb[gi] : (block * a.B + off) * a.Hkv + kvh;
     }
+    /* The block-table entry of the warp's next step (the body's steps are
+     * DM_NW * BNW keys apart) to L1 now: its copies then find it there
+     * instead of waiting for an L2 trip. */
+    const int32_t jn = kb + DM_NW * BNW;
+    if (jn < kend)
+        qm_prefetch_l1(bt_row + (pow2 ? jn >> (__ffs(a.B) - 1) : jn / a.B));
     /* Chunk x = lane + 32 i of the step's [BNW, D / 16] 16-byte chunks is key
      * x / CH = lane / CH + i * 32 / CH, chunk lane % CH: its 16-key group
      * and the key's place in it are constants of i. */
@@ -208,20 +201,19 @@ static __device__ __forceinline__ bool qm_issue_pages(const kva__cuda_quant_mma_
 
 /* The warp copies K and V of keys kb .. kb + BNW - 1 (zeros past kend; BNW
  * 16 or 32; VB bytes per V element) and their token scales into the stage at
- * st, blkv: the lane's qm_key_block of the step: qm_issue_pages where the
- * step qualifies, else lane l computes the row of key l % BNW and the others
- * get it by shuffle. */
+ * st: qm_issue_pages where the step qualifies, else lane l computes the row
+ * of key l % BNW and the others get it by shuffle. */
 template <int D, int BNW, int VB>
-static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &q, int32_t blkv,
-                                                int32_t kvh, int32_t kb, int32_t kend,
-                                                uint32_t st, int lane)
+static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &q,
+                                                const int32_t *bt_row, int32_t kvh, int32_t kb,
+                                                int32_t kend, uint32_t st, int lane)
 {
-    if (qm_issue_pages<D, BNW, VB>(q, blkv, kvh, kb, kend, st, lane))
+    if (qm_issue_pages<D, BNW, VB>(q, bt_row, kvh, kb, kend, st, lane))
         return;
     constexpr int CH = D / 16;
     const int32_t jl = kb + (lane & (BNW - 1));
     int64_t tsi = 0;
-    const int64_t mine = jl < kend ? qm_key_row(q, blkv, kvh, jl, &tsi) : -1;
+    const int64_t mine = jl < kend ? qm_key_row(q, bt_row, kvh, jl, &tsi) : -1;
     const char *kp = (const char *)q.a.k, *vp = (const char *)q.a.v;
 #pragma unroll
     for (int i = 0; i < BNW * CH / 32; i++) {
@@ -333,27 +325,11 @@ qm_stage_q(const kva__cuda_quant_mma_args &q, const kva__cuda_item &w, int32_t n
                 sQ[qm_qword(r + DM_M / 2, c + 2 * p)] = lw[p];
             }
         }
-        if (FMT != QM_FP8) {
-            /* int8 K codes enter the mma as 2^-24 (c + 128) (qm_cvt4k): the
-             * row's term sum_c Q'_c (o_c + 128) (INT8_CHANNEL offsets; per-token
-             * keys: Q' = hi, no offsets) times 2^-24, the scores' unit. */
-            float ov[8];
-            if (!ktok)
-                kva__ldg_f8(q.ko + (int64_t)w.kv_head * D + c, ov);
-            float so = 0.f, ss = 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const float qj = __half2float(hi[j]) + (ktok ? 0.f : __half2float(lo[j]));
-                ss += qj;
-                if (!ktok)
-                    so = fmaf(qj, ov[j], so);
-            }
-            float acc = fmaf(ss, 128.f, so);
-#pragma unroll
-            for (int o = C8 / 2; o >= 1; o >>= 1)
-                acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (FMT == QM_I8 && !ktok) {
+            const float acc =
+                kva__q_offset_dot<C8, true>(hi, lo, q.ko + (int64_t)w.kv_head * D + c);
             if (x % C8 == 0)
-                s_qo[r] = QM_KU * acc;
+                s_qo[r] = acc;
         }
     }
     __syncthreads();
@@ -368,55 +344,6 @@ static __device__ __forceinline__ void qm_cvt4(uint32_t w, uint32_t &lo, uint32_
         kva__cvt4_f16_b1152(w, lo, hi);
     else
         kva__cvt4_f16<true>(w, lo, hi);
-}
-
-/* Four K codes of w as f16 pairs {b0, b1} (lo) and {b2, b3} (hi): fp8 as
- * kva__cvt4_f16; int8 c as the f16 subnormal 2^-24 (c + 128) (one xor per
- * word, one byte_perm per pair, no subtraction): exact, and so are its
- * products with Q' in the mma; the scores then carry QM_KU (c + 128) sums,
- * whose bias term 2^-24 128 sum_c Q'_c the policy takes off per row (Item
- * nf / qk) instead of per element. The bias is 128, not 1152 (the f16
- * 1024 + 128 + c): the fp32 sums of the mma stay near the size of the
- * unbiased ones. */
-template <bool FP8>
-static __device__ __forceinline__ void qm_cvt4k(uint32_t w, uint32_t &lo, uint32_t &hi)
-{
-    if (FP8) {
-        kva__cvt4_f16<true>(w, lo, hi);
-    } else {
-        const uint32_t x = w ^ 0x80808080u;
-        lo = __byte_perm(x, 0u, 0x4140);
-        hi = __byte_perm(x, 0u, 0x4342);
-    }
-}
-
-/* sc[2 kt + nt] += A K^T over one 64-channel slice: af the A fragments
- * of its 4 k-steps (Q' hi or lo, qm_qword), kw the lane's K words of key
- * rows 16 kt + g4 + 8 nt (word st: the codes of k-step st). Per k-step the
- * codes become f16 (qm_cvt4k) and every sub-tile's two n8 tiles take their
- * mma: 2 KT accumulator chains interleave, so that no mma waits for the
- * one before it in its chain. */
-template <int FMT, int KT>
-static __device__ __forceinline__ void qm_scores_pass(float (*sc)[4], const uint4 af[4],
-                                                      const uint4 (*kw)[2])
-{
-#pragma unroll
-    for (int st = 0; st < 4; st++) {
-        uint32_t kb_[KT][2][2];
-#pragma unroll
-        for (int kt = 0; kt < KT; kt++)
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                const uint32_t *k4 = (const uint32_t *)&kw[kt][nt];
-                qm_cvt4k<FMT == QM_FP8>(k4[st], kb_[kt][nt][0], kb_[kt][nt][1]);
-            }
-        const uint32_t *a4 = (const uint32_t *)&af[st];
-#pragma unroll
-        for (int kt = 0; kt < KT; kt++)
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++)
-                kva__mma_f16::mma(sc[2 * kt + nt], a4, kb_[kt][nt][0], kb_[kt][nt][1]);
-    }
 }
 
 /* The load policy (decode_mma_kernel.cuh) of format FMT (QM_I8, QM_FP8 or
@@ -455,19 +382,15 @@ template <int FMT, typename OT, int D_> struct qm_load {
      * bias of its codes in f16, kva__cvt4_f16_b1152), taken off O at the end. */
     static constexpr bool PRESCALED = true;
     static constexpr int NX = FMT == QM_I8 ? 1 : 0;
-    /* Scores per unit of S: int8 K codes enter the mma in QM_KU units. */
-    static constexpr float KS = FMT == QM_FP8 ? 1.f : 16777216.f;
     static_assert(DM_NW * DM_M * D * 4 <= DM_NW * NST * STAGE, "merge space");
     static_assert(STAGE % 16 == 0, "stage alignment");
     /* Of rows g4 and g4 + 8: f = 2^-k (kva__q_row_exp) times scale log2 e (no
-     * soft-cap; times 1 with one), times 2^24 for int8 K (the scores come
-     * in QM_KU units, qm_cvt4k); qo = the bias term in those units: int8
-     * 2^-24 sum_c Q'_c (o_c + 128) (INT8_CHANNEL; 2^-24 128 sum_c Q'_c for
-     * per-token keys), 0 for fp8; nf = -qo f;
+     * soft-cap; times 1 with one), qo = sum_c Q'_c o_c (INT8_CHANNEL) and
+     * nf = -qo f;
      * two: f alone would leave the normal range, so f is 2^-k and sl2 (the
-     * scale, times 2^24 for int8 K) follows as a second factor; packed:
-     * rows 8-15 of Q' hold the lo parts of rows 0-7 (qm_stage_q); rows8:
-     * rows 8-15 are attention rows (more than 8 rows). */
+     * scale) follows as a second factor; packed: rows 8-15 of Q' hold the
+     * lo parts of rows 0-7 (qm_stage_q); rows8: rows 8-15 are attention
+     * rows (more than 8 rows). */
     struct Item {
         float f[2], qo[2], nf[2], sl2;
         bool packed, rows8, two;
@@ -480,30 +403,11 @@ template <int FMT, typename OT, int D_> struct qm_load {
         return q.a;
     }
 
-    /* The body reads a step's block-table entries (key_row, one per lane)
-     * one step before it issues the step's copies (issue_row), on either
-     * schedule, so the copies never wait for them. */
-    static constexpr bool ROWS_AHEAD = true, ROWS_AHEAD_PLAIN = true;
-
-    static __device__ __forceinline__ int32_t key_row(const Args &q, const int32_t *bt_row,
-                                                      int64_t, int32_t, int32_t kb, int32_t kend,
-                                                      int lane)
-    {
-        return qm_key_block<BNW>(q, bt_row, kb, kend, lane);
-    }
-
-    static __device__ __forceinline__ void issue_row(const Args &q, int32_t blkv, int32_t kvh,
-                                                     int32_t kb, int32_t kend, uint32_t st,
-                                                     int lane)
-    {
-        qm_issue<D, BNW, VB>(q, blkv, kvh, kb, kend, st, lane);
-    }
-
     static __device__ __forceinline__ void issue(const Args &q, const int32_t *bt_row, int64_t,
                                                  int32_t kvh, int32_t kb, int32_t kend, uint32_t st,
                                                  int lane)
     {
-        issue_row(q, key_row(q, bt_row, 0, kvh, kb, kend, lane), kvh, kb, kend, st, lane);
+        qm_issue<D, BNW, VB>(q, bt_row, kvh, kb, kend, st, lane);
     }
 
     /* Q' of the item (qm_stage_q, with its barrier), then the thread's rows'
@@ -519,7 +423,7 @@ template <int FMT, typename OT, int D_> struct qm_load {
         it.rows8 = nrows > DM_M / 2;
         qm_stage_q<FMT, OT, D>(q, w, nrows, qs, ktok, it.packed, sQ, sQ + QW, s_qo, s_up);
         /* The body multiplies by scale log2 e only under a soft-cap (PRESCALED). */
-        const float sl2 = (q.a.softcap > 0.f ? 1.f : q.a.scale * KVA__DMMA_LOG2E) * KS;
+        const float sl2 = q.a.softcap > 0.f ? 1.f : q.a.scale * KVA__DMMA_LOG2E;
         it.sl2 = sl2;
         it.two = false;
 #pragma unroll
@@ -528,7 +432,7 @@ template <int FMT, typename OT, int D_> struct qm_load {
             const bool ok = fabsf(f) >= 1.17549435e-38f && fabsf(f) <= 3.4028235e38f;
             it.two = it.two || !ok;
             it.f[hf] = f;
-            it.qo[hf] = FMT != QM_FP8 ? s_qo[g4 + 8 * hf] : 0.f;
+            it.qo[hf] = FMT == QM_I8 && !ktok ? s_qo[g4 + 8 * hf] : 0.f;
         }
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
@@ -541,9 +445,7 @@ template <int FMT, typename OT, int D_> struct qm_load {
     /* S = Q' K^T [16, BNW] (B column g4 is key g4 + 8 nt; sub-tile kt:
      * nt = 2 kt, 2 kt + 1). Per 64 channels: the lane's 16 channels 16 t4 ..
      * of rows g4, g4 + 8 of Q' and of its key rows. Codes are exact in f16
-     * (int8: 2^-24 (c + 128), qm_cvt4k, the bias term taken off per row with
-     * the offset term, it.qo) and so are their products with Q' hi and lo:
-     * S is Q' K^T to about
+     * and so are their products with Q' hi and lo: S is Q' K^T to about
      * 2^-22 (the lo pass is skipped for per-token keys, where Q' = 2^k q is
      * exact in f16 down to 2^-31 of the row's max). Packed items (at most 8
      * rows: every GQA <= 8 decode) carry lo in rows 8-15, so one pass of
@@ -568,28 +470,39 @@ template <int FMT, typename OT, int D_> struct qm_load {
             /* The A fragments of the slice's 4 k-steps, one 16-byte load each
              * (qm_qword); rows 8-15 of an item of at most 8 rows that is not
              * packed are zeros there. */
-            uint4 af[4];
-            const uint32_t *q0 = sQ + (((kk * 8 + g4) * 4 + t4) << 4);
+            uint4 af[2][4];
 #pragma unroll
-            for (int st = 0; st < 4; st++)
-                af[st] = *(const uint4 *)(q0 + ((st ^ sw) << 2));
-            /* The step's K words of the slice (key rows 16 kt + g4 + 8 nt). */
-            uint4 kw[KT][2];
-#pragma unroll
-            for (int kt = 0; kt < KT; kt++)
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-                    kw[kt][nt] =
-                        *(const uint4 *)(sk + qm_koff<D>(16 * kt + g4 + 8 * nt, kk * 4 + t4));
-            qm_scores_pass<FMT, KT>(sc, af, kw);
-            if (lo_pass) {
-                /* Q' lo (items of more than 8 rows with INT8_CHANNEL or FP8
-                 * keys): the same codes again (a branch, not predicated
-                 * mma: the usual items skip it at no issue cost). */
+            for (int pass = 0; pass < 2; pass++) {
+                if (pass == 1 && !lo_pass)
+                    break;
+                const uint32_t *q0 = sQ + pass * QW + (((kk * 8 + g4) * 4 + t4) << 4);
 #pragma unroll
                 for (int st = 0; st < 4; st++)
-                    af[st] = *(const uint4 *)(q0 + QW + ((st ^ sw) << 2));
-                qm_scores_pass<FMT, KT>(sc, af, kw);
+                    af[pass][st] = *(const uint4 *)(q0 + ((st ^ sw) << 2));
+            }
+#pragma unroll
+            for (int kt = 0; kt < KT; kt++) {
+                uint32_t kb_[2][4][2];
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    const uint4 kw =
+                        *(const uint4 *)(sk + qm_koff<D>(16 * kt + g4 + 8 * nt, kk * 4 + t4));
+                    kva__cvt4_f16<FMT == QM_FP8>(kw.x, kb_[nt][0][0], kb_[nt][0][1]);
+                    kva__cvt4_f16<FMT == QM_FP8>(kw.y, kb_[nt][1][0], kb_[nt][1][1]);
+                    kva__cvt4_f16<FMT == QM_FP8>(kw.z, kb_[nt][2][0], kb_[nt][2][1]);
+                    kva__cvt4_f16<FMT == QM_FP8>(kw.w, kb_[nt][3][0], kb_[nt][3][1]);
+                }
+#pragma unroll
+                for (int pass = 0; pass < 2; pass++) {
+                    if (pass == 1 && !lo_pass)
+                        break;
+#pragma unroll
+                    for (int st = 0; st < 4; st++) {
+                        const uint32_t *a4 = (const uint32_t *)&af[pass][st];
+                        kva__mma_f16::mma(sc[2 * kt], a4, kb_[0][st][0], kb_[0][st][1]);
+                        kva__mma_f16::mma(sc[2 * kt + 1], a4, kb_[1][st][0], kb_[1][st][1]);
+                    }
+                }
             }
         }
         /* Element e: row g4 + (e >> 1) * 8, key kb + nt * 8 + 2 * t4 + (e & 1).
@@ -604,7 +517,7 @@ template <int FMT, typename OT, int D_> struct qm_load {
             }
         }
         if (ktok) {
-            /* (S - qo) ts_j f (qo: the int8 codes' bias term). */
+            /* S ts_j f. */
             const float *ts = (const float *)(sk + TSOFF);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -612,8 +525,7 @@ template <int FMT, typename OT, int D_> struct qm_load {
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     if (e < 2 || it.rows8)
-                        sc[nt][e] = (sc[nt][e] - it.qo[e >> 1]) *
-                                    ((e & 1 ? t2.y : t2.x) * it.f[e >> 1]);
+                        sc[nt][e] *= (e & 1 ? t2.y : t2.x) * it.f[e >> 1];
             }
         } else {
 #pragma unroll
@@ -651,28 +563,24 @@ template <int FMT, typename OT, int D_> struct qm_load {
             for (int kt = 0; kt < KT; kt++)
                 kva__dmma_pack_p<kva__mma_f16>(sc + 2 * kt, pa[kt]);
 #pragma unroll
-            for (int G = 0; G < D / 64; G++) {
+            for (int g = 0; g < D / 32; g++) {
 #pragma unroll
                 for (int kt = 0; kt < KT; kt++) {
-                    /* Channels 64 G + 8 g4 .. +7 of keys 16 kt + (2t4, 2t4+1,
-                     * 2t4+8, 2t4+9): one 8-byte load per key. */
-                    const int c = 4 * G + (g4 >> 1), b = 8 * (g4 & 1), k0 = 16 * kt + 2 * t4;
-                    const uint2 r0 = *(const uint2 *)(sv + qm_voff<D>(k0, c) + b);
-                    const uint2 r1 = *(const uint2 *)(sv + qm_voff<D>(k0 + 1, c) + b);
-                    const uint2 r8 = *(const uint2 *)(sv + qm_voff<D>(k0 + 8, c) + b);
-                    const uint2 r9 = *(const uint2 *)(sv + qm_voff<D>(k0 + 9, c) + b);
-                    uint32_t b0[8], b1[8];
-                    qm_cvt4<FMT == QM_I8>(__byte_perm(r0.x, r1.x, 0x5140), b0[0], b0[1]);
-                    qm_cvt4<FMT == QM_I8>(__byte_perm(r0.x, r1.x, 0x7362), b0[2], b0[3]);
-                    qm_cvt4<FMT == QM_I8>(__byte_perm(r0.y, r1.y, 0x5140), b0[4], b0[5]);
-                    qm_cvt4<FMT == QM_I8>(__byte_perm(r0.y, r1.y, 0x7362), b0[6], b0[7]);
-                    qm_cvt4<FMT == QM_I8>(__byte_perm(r8.x, r9.x, 0x5140), b1[0], b1[1]);
-                    qm_cvt4<FMT == QM_I8>(__byte_perm(r8.x, r9.x, 0x7362), b1[2], b1[3]);
-                    qm_cvt4<FMT == QM_I8>(__byte_perm(r8.y, r9.y, 0x5140), b1[4], b1[5]);
-                    qm_cvt4<FMT == QM_I8>(__byte_perm(r8.y, r9.y, 0x7362), b1[6], b1[7]);
+                    /* Channels 32 g + 4 g4 .. +3 of keys 16 kt + (2t4, 2t4+1,
+                     * 2t4+8, 2t4+9). */
+                    const int c = 2 * g + (g4 >> 2), b = 4 * (g4 & 3), k0 = 16 * kt + 2 * t4;
+                    const uint32_t r0 = *(const uint32_t *)(sv + qm_voff<D>(k0, c) + b);
+                    const uint32_t r1 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 1, c) + b);
+                    const uint32_t r8 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 8, c) + b);
+                    const uint32_t r9 = *(const uint32_t *)(sv + qm_voff<D>(k0 + 9, c) + b);
+                    uint32_t b0[4], b1[4];
+                    qm_cvt4<FMT == QM_I8>(__byte_perm(r0, r1, 0x5140), b0[0], b0[1]);
+                    qm_cvt4<FMT == QM_I8>(__byte_perm(r0, r1, 0x7362), b0[2], b0[3]);
+                    qm_cvt4<FMT == QM_I8>(__byte_perm(r8, r9, 0x5140), b1[0], b1[1]);
+                    qm_cvt4<FMT == QM_I8>(__byte_perm(r8, r9, 0x7362), b1[2], b1[3]);
 #pragma unroll
-                    for (int j = 0; j < 8; j++)
-                        kva__mma_f16::mma(o[8 * G + j], pa[kt], b0[j], b1[j]);
+                    for (int j = 0; j < 4; j++)
+                        kva__mma_f16::mma(o[4 * g + j], pa[kt], b0[j], b1[j]);
                 }
             }
             if constexpr (NX == 1) {
@@ -684,8 +592,8 @@ template <int FMT, typename OT, int D_> struct qm_load {
         }
     }
 
-    /* Row half hf of O: tile 8G + j, column n = 2 t4 (+1) is channel
-     * 64 G + 8 n + j; QM_V16: the standard layout, channels 8 n + 2 t4 (+1).
+    /* Row half hf of O: tile 4g + j, column n = 2 t4 (+1) is channel
+     * 32 g + 4 n + j; QM_V16: the standard layout, channels 8 n + 2 t4 (+1).
      * int8: less the bias sum (o[D / 8], pv). */
     static __device__ __forceinline__ void store_acc(float *dst, const float o[D / 8 + NX][4],
                                                      int hf, int t4)
@@ -693,9 +601,9 @@ template <int FMT, typename OT, int D_> struct qm_load {
         const float bias = NX == 1 ? o[D / 8 + NX - 1][2 * hf] : 0.f;
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
-            const int ch = FMT == QM_V16 ? 8 * n + 2 * t4 : 64 * (n >> 3) + 16 * t4 + (n & 7);
+            const int ch = FMT == QM_V16 ? 8 * n + 2 * t4 : 32 * (n >> 2) + 8 * t4 + (n & 3);
             dst[ch] = o[n][2 * hf] - bias;
-            dst[ch + (FMT == QM_V16 ? 1 : 8)] = o[n][2 * hf + 1] - bias;
+            dst[ch + (FMT == QM_V16 ? 1 : 4)] = o[n][2 * hf + 1] - bias;
         }
     }
 
