@@ -79,8 +79,8 @@ template <typename Ty, int D_> struct dm_load16 {
      * key_row) into the stage at st (zeros for rows -1): the others get lane
      * l's row by shuffle; chunk x = lane + 32 i is key x / (D/8), chunk
      * x % (D/8). */
-    static __device__ __forceinline__ void issue_row(const Args &a, int64_t mine, uint32_t st,
-                                                     int lane)
+    static __device__ __forceinline__ void issue_row(const Args &a, int64_t mine, int32_t,
+                                                     int32_t, int32_t, uint32_t st, int lane)
     {
         constexpr int CH = D / 8;
         const char *kp = (const char *)a.k, *vp = (const char *)a.v;
@@ -101,7 +101,7 @@ template <typename Ty, int D_> struct dm_load16 {
                                                  int32_t kvh, int32_t kb, int32_t kend, uint32_t st,
                                                  int lane)
     {
-        issue_row(a, key_row(a, bt_row, kvs, kvh, kb, kend, lane), st, lane);
+        issue_row(a, key_row(a, bt_row, kvs, kvh, kb, kend, lane), kvh, kb, kend, st, lane);
     }
 
     /* Q rows into shared memory (zeros past nrows), then a barrier. */

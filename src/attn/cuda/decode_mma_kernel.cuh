@@ -35,9 +35,12 @@
  *   OVERLAP (optional, default false): the next item's first copies go out
  *                       before the current item's epilogue (OVL in the body)
  *   ROWS_AHEAD (optional, default false), key_row(q, bt_row, kvs, kvh, kb,
- *                       kend, lane) and issue_row(q, row, stage, lane): issue
- *                       split into the lane's block-table read and the copies
- *                       (the body reads a step's rows one step ahead)
+ *                       kend, lane) and issue_row(q, row, kvh, kb, kend,
+ *                       stage, lane): issue split into the lane's block-table
+ *                       read (row: key_row's value) and the copies (the body
+ *                       reads a step's rows one step ahead on the balanced
+ *                       schedule; ROWS_AHEAD_PLAIN (optional, default false):
+ *                       on the plain one too)
  *   stage_q(q, w, nrows, qs, smem, it, g4): Q of item w into smem (with
  *                       ISSUE_FIRST: then a barrier and it filled; else the
  *                       body's barrier follows)
@@ -98,6 +101,12 @@ template <typename P, typename = void> struct dm_rows_ahead {
 };
 template <typename P> struct dm_rows_ahead<P, decltype((void)P::ROWS_AHEAD)> {
     static constexpr bool value = P::ROWS_AHEAD;
+};
+template <typename P, typename = void> struct dm_rows_ahead_plain {
+    static constexpr bool value = false;
+};
+template <typename P> struct dm_rows_ahead_plain<P, decltype((void)P::ROWS_AHEAD_PLAIN)> {
+    static constexpr bool value = P::ROWS_AHEAD_PLAIN;
 };
 
 /* Optional policy traits (default in brackets): P::NX [0] accumulator n8
@@ -304,6 +313,7 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         const int32_t *bt_row = ragged ? nullptr : a.meta.block_table + (int64_t)w.req * bt_stride;
         const int64_t kvs = ragged ? a.meta.kv_start[w.req] : 0;
         constexpr bool AHEAD = BAL && dm_rows_ahead<P>::value;
+        constexpr bool AHEADP = !BAL && dm_rows_ahead<P>::value && dm_rows_ahead_plain<P>::value;
         static_assert(DM_UNIT % BNW == 0, "a unit is whole steps");
         /* A split item's partial block and its task (split count, keys),
          * read now (the epilogue has no dependent read); the balanced
@@ -341,11 +351,12 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         const int32_t kb0 = w.k0 + warp * BNW;
 
         /* The first NST - 1 steps of the warp's ring (pend: the steps issued
-         * and not yet computed, in order); with AHEAD also the lane's key
-         * row (nxt) of the step after them (knext), issued in the first
-         * iteration, so no step waits for its block-table read. */
+         * and not yet computed, in order); with AHEAD (AHEADP on the plain
+         * schedule) also the lane's key row (nxt) of the step after them
+         * (knext), issued in the first iteration, so no step waits for its
+         * block-table read. */
         int32_t pend[NST - 1], knext = DM_END;
-        int64_t nxt = -1;
+        decltype(P::key_row(q, bt_row, kvs, 0, 0, 0, 0)) nxt = -1;
         auto prologue = [&]() {
 #pragma unroll
             for (int st = 0; st < NST - 1; st++) {
@@ -360,6 +371,11 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
             if constexpr (!BAL) {
                 if (!pre)
                     first_steps(w);
+            }
+            if constexpr (AHEADP) {
+                const int32_t k = kb0 + (NST - 1) * STEP;
+                if (k < kend)
+                    nxt = P::key_row(q, bt_row, kvs, w.kv_head, k, kend, lane);
             }
             if constexpr (AHEAD) {
                 knext = g.next(lane);
@@ -429,7 +445,8 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
                         /* nxt was read an iteration ago; read the next step's now. */
                         kn = knext;
                         if (kn != DM_END)
-                            P::issue_row(q, nxt, ring + ahead * STAGE, lane);
+                            P::issue_row(q, nxt, w.kv_head, kn, kend, ring + ahead * STAGE,
+                                         lane);
                         kva__cp_async_commit();
                         knext = g.next(lane);
                         if (knext != DM_END)
@@ -455,9 +472,20 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
                 {
                     const int ahead = stage == 0 ? NST - 1 : stage - 1;
                     const int32_t kn = kb + (NST - 1) * STEP;
-                    if (kn < kend)
-                        P::issue(q, bt_row, kvs, w.kv_head, kn, kend, ring + ahead * STAGE, lane);
-                    kva__cp_async_commit();
+                    if constexpr (AHEADP) {
+                        /* nxt was read an iteration ago; read the next step's now. */
+                        if (kn < kend)
+                            P::issue_row(q, nxt, w.kv_head, kn, kend, ring + ahead * STAGE,
+                                         lane);
+                        kva__cp_async_commit();
+                        if (kn + STEP < kend)
+                            nxt = P::key_row(q, bt_row, kvs, w.kv_head, kn + STEP, kend, lane);
+                    } else {
+                        if (kn < kend)
+                            P::issue(q, bt_row, kvs, w.kv_head, kn, kend, ring + ahead * STAGE,
+                                     lane);
+                        kva__cp_async_commit();
+                    }
                 }
                 step(kb);
             }

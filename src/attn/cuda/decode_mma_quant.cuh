@@ -89,63 +89,63 @@ template <int D> static __device__ __forceinline__ uint32_t qm_voff(int r, int c
     return (uint32_t)(r * D + ((c ^ x) << 4));
 }
 
-/* Prefetch of the line at p into L1 (no register written, no fault). */
-static __device__ __forceinline__ void qm_prefetch_l1(const void *p)
-{
-    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
-}
-
-/* Row (in rows of D bytes) and token-scale index of key j of kv head kvh:
- * NHD (block * B + off) * Hkv + kvh, HND (block * Hkv + kvh) * B + off;
- * scales [NB, Hkv, B]: (block * Hkv + kvh) * B + off. */
+/* Row (in rows of D bytes) and token-scale index of key j of kv head kvh in
+ * block `block` (its block-table entry): NHD (block * B + off) * Hkv + kvh,
+ * HND (block * Hkv + kvh) * B + off; scales [NB, Hkv, B]: (block * Hkv +
+ * kvh) * B + off. */
 static __device__ __forceinline__ int64_t qm_key_row(const kva__cuda_quant_mma_args &q,
-                                                     const int32_t *bt_row, int32_t kvh, int32_t j,
+                                                     int64_t block, int32_t kvh, int32_t j,
                                                      int64_t *tsi)
 {
     const kva__cuda_attn_args &a = q.a;
-    /* A power-of-two block size (the usual case) takes a shift, not a division. */
-    const bool pow2 = (a.B & (a.B - 1)) == 0;
-    const int32_t blk = pow2 ? j >> (__ffs(a.B) - 1) : j / a.B, off = j - blk * a.B;
-    const int64_t block = __ldg(bt_row + blk);
+    /* A power-of-two block size (the usual case) takes a mask, not a division. */
+    const int32_t off = (a.B & (a.B - 1)) == 0 ? j & (a.B - 1) : j % a.B;
     *tsi = (block * a.Hkv + kvh) * a.B + off;
     return a.layout_hnd ? *tsi : (block * a.B + off) * a.Hkv + kvh;
 }
 
+/* The block-table entry of key kb + lane % BNW of the item's keys (-1 at
+ * or past kend): the lane's part of the step's block-table read, which the
+ * body issues one step before the step's copies (qm_load::key_row). */
+template <int BNW>
+static __device__ __forceinline__ int32_t qm_key_block(const kva__cuda_quant_mma_args &q,
+                                                       const int32_t *bt_row, int32_t kb,
+                                                       int32_t kend, int lane)
+{
+    const int32_t B = q.a.B, j = kb + (lane & (BNW - 1));
+    /* A power-of-two block size (the usual case) takes a shift, not a division. */
+    const bool pow2 = (B & (B - 1)) == 0;
+    return j < kend ? __ldg(bt_row + (pow2 ? j >> (__ffs(B) - 1) : j / B)) : -1;
+}
+
 /* The copies of a step whose keys kb .. kb + BNW - 1 all lie before kend,
  * with kb and the block size multiples of 16 (the usual case: every step
- * but an item's last): each 16 keys lie in one block, so the warp reads one
- * block-table entry per 16 keys (the same address in every lane) and a
- * key's row is that block's first row plus a multiple of the rows per key
- * (Hkv for NHD, 1 for HND) that is a constant of the unrolled copy loop:
- * no shuffles, no zero-fill selects. Returns false (nothing issued) where
+ * but an item's last): each 16 keys lie in one block (lane 16 gi holds its
+ * entry, qm_key_block: one shuffle per 16 keys), and a key's row is that
+ * block's first row plus a multiple of the rows per key (Hkv for NHD, 1
+ * for HND) that is a constant of the unrolled copy loop: no per-key
+ * shuffles, no zero-fill selects. Returns false (nothing issued) where
  * the step does not qualify. */
 template <int D, int BNW, int VB>
 static __device__ __forceinline__ bool qm_issue_pages(const kva__cuda_quant_mma_args &q,
-                                                      const int32_t *bt_row, int32_t kvh,
-                                                      int32_t kb, int32_t kend, uint32_t st,
-                                                      int lane)
+                                                      int32_t blkv, int32_t kvh, int32_t kb,
+                                                      int32_t kend, uint32_t st, int lane)
 {
     const kva__cuda_attn_args &a = q.a;
     if (((a.B | kb) & 15) != 0 || kb + BNW > kend)
         return false;
     constexpr int NG = BNW / 16; /* 16-key groups of the step */
-    const bool pow2 = (a.B & (a.B - 1)) == 0;
     const int32_t rs = a.layout_hnd ? 1 : a.Hkv; /* rows per key */
     int64_t rb[NG], tb[NG]; /* the groups' first rows and token-scale indices */
 #pragma unroll
     for (int gi = 0; gi < NG; gi++) {
+        /* Key kb + 16 gi: its offset in the block (B a multiple of 16). */
         const int32_t j0 = kb + 16 * gi;
-        const int32_t blk = pow2 ? j0 >> (__ffs(a.B) - 1) : j0 / a.B, off = j0 - blk * a.B;
-        const int64_t block = __ldg(bt_row + blk);
+        const int32_t off = (a.B & (a.B - 1)) == 0 ? j0 & (a.B - 1) : j0 % a.B;
+        const int64_t block = __shfl_sync(0xffffffffu, blkv, 16 * gi);
         tb[gi] = (block * a.Hkv + kvh) * a.B + off;
         rb[gi] = a.layout_hnd ? tb[gi] : (block * a.B + off) * a.Hkv + kvh;
     }
-    /* The block-table entry of the warp's next step (the body's steps are
-     * DM_NW * BNW keys apart) to L1 now: its copies then find it there
-     * instead of waiting for an L2 trip. */
-    const int32_t jn = kb + DM_NW * BNW;
-    if (jn < kend)
-        qm_prefetch_l1(bt_row + (pow2 ? jn >> (__ffs(a.B) - 1) : jn / a.B));
     /* Chunk x = lane + 32 i of the step's [BNW, D / 16] 16-byte chunks is key
      * x / CH = lane / CH + i * 32 / CH, chunk lane % CH: its 16-key group
      * and the key's place in it are constants of i. */
@@ -201,19 +201,20 @@ static __device__ __forceinline__ bool qm_issue_pages(const kva__cuda_quant_mma_
 
 /* The warp copies K and V of keys kb .. kb + BNW - 1 (zeros past kend; BNW
  * 16 or 32; VB bytes per V element) and their token scales into the stage at
- * st: qm_issue_pages where the step qualifies, else lane l computes the row
- * of key l % BNW and the others get it by shuffle. */
+ * st, blkv: the lane's qm_key_block of the step: qm_issue_pages where the
+ * step qualifies, else lane l computes the row of key l % BNW and the others
+ * get it by shuffle. */
 template <int D, int BNW, int VB>
-static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &q,
-                                                const int32_t *bt_row, int32_t kvh, int32_t kb,
-                                                int32_t kend, uint32_t st, int lane)
+static __device__ __forceinline__ void qm_issue(const kva__cuda_quant_mma_args &q, int32_t blkv,
+                                                int32_t kvh, int32_t kb, int32_t kend,
+                                                uint32_t st, int lane)
 {
-    if (qm_issue_pages<D, BNW, VB>(q, bt_row, kvh, kb, kend, st, lane))
+    if (qm_issue_pages<D, BNW, VB>(q, blkv, kvh, kb, kend, st, lane))
         return;
     constexpr int CH = D / 16;
     const int32_t jl = kb + (lane & (BNW - 1));
     int64_t tsi = 0;
-    const int64_t mine = jl < kend ? qm_key_row(q, bt_row, kvh, jl, &tsi) : -1;
+    const int64_t mine = jl < kend ? qm_key_row(q, blkv, kvh, jl, &tsi) : -1;
     const char *kp = (const char *)q.a.k, *vp = (const char *)q.a.v;
 #pragma unroll
     for (int i = 0; i < BNW * CH / 32; i++) {
@@ -403,11 +404,30 @@ template <int FMT, typename OT, int D_> struct qm_load {
         return q.a;
     }
 
+    /* The body reads a step's block-table entries (key_row, one per lane)
+     * one step before it issues the step's copies (issue_row), on either
+     * schedule, so the copies never wait for them. */
+    static constexpr bool ROWS_AHEAD = true, ROWS_AHEAD_PLAIN = true;
+
+    static __device__ __forceinline__ int32_t key_row(const Args &q, const int32_t *bt_row,
+                                                      int64_t, int32_t, int32_t kb, int32_t kend,
+                                                      int lane)
+    {
+        return qm_key_block<BNW>(q, bt_row, kb, kend, lane);
+    }
+
+    static __device__ __forceinline__ void issue_row(const Args &q, int32_t blkv, int32_t kvh,
+                                                     int32_t kb, int32_t kend, uint32_t st,
+                                                     int lane)
+    {
+        qm_issue<D, BNW, VB>(q, blkv, kvh, kb, kend, st, lane);
+    }
+
     static __device__ __forceinline__ void issue(const Args &q, const int32_t *bt_row, int64_t,
                                                  int32_t kvh, int32_t kb, int32_t kend, uint32_t st,
                                                  int lane)
     {
-        qm_issue<D, BNW, VB>(q, bt_row, kvh, kb, kend, st, lane);
+        issue_row(q, key_row(q, bt_row, 0, kvh, kb, kend, lane), kvh, kb, kend, st, lane);
     }
 
     /* Q' of the item (qm_stage_q, with its barrier), then the thread's rows'
