@@ -2,7 +2,9 @@
 # Lead's final call of a session: base (main at the session's start) vs new (merged main), one GPU.
 # Trees in ./base and ./new, .deb build deps in ./debs. Log: $OUT/final.txt (written as it goes).
 # Knobs: CTJ=3 (ctest jobs per GPU), SAN="test_a test_b" (memcheck quick), MLA=1 (MLA rows), SPARSE=1 (sparse suite),
-#        PEER=1 (SDPA short shapes), R2=1 (second round), DCP=1 (emulated DCP rows).
+#        PEER=1 (SDPA short shapes), R2=1 (second round), DCP=1 (emulated DCP rows), DCPG=1 (graph-replayed
+#        one-request decodes at 128k / 64k / 32k), SERVE_R=4 (serve-sim rounds per tree),
+#        SPARSE1=1 (the sparse MLA decode row of issue 17).
 # On a machine with several GPUs the CUDA tests are dealt round-robin to GPUs 1..N-1 and run there while
 # the benchmarks run on GPU 0 (serve-sim, whose host timings the tests' CPU load would disturb, waits for them).
 set -uo pipefail
@@ -70,8 +72,11 @@ bench_round() { local r=$1; for t in base new; do
 done; T "bench r$r"; }
 bench_round 1
 for b in "" "--copy-bytes 67108864" "--copy-bytes 268435456" "--copy-bytes 536870912"; do bc new-r1 --mode copy $b; done
+if [ "${PEER:-1}" = 1 ]; then
+( cd new && timeout 90 python3 -u -c "import sys; sys.modules['flashinfer'] = None; sys.argv = ['p', 'short']; exec(open('bench/prefill_sdpa_peer.py').read())" ) >$out/sdpa_peer.log 2>&1; echo "sdpa peer rc=$?" >>"$LOG"
+grep -iE 'cudnn|flash|matmul' $out/sdpa_peer.log | cut -c1-150 >>"$LOG"; T peer; fi
 [ "$NG" -ge 2 ] && { wait; T "tests and san"; }
-for r in 1 2 3 4; do for t in base new; do
+for r in $(seq 1 ${SERVE_R:-4}); do for t in base new; do
   $B/$t/kvattn serve-sim --backend cuda --no-progress >$out/serve_$t.log 2>&1
   echo "$t serve r$r rc=$? $(grep -E 'plan share|Mean step' $out/serve_$t.log | tr -s ' ' | tr '\n' ';')" >>"$LOG"
 done; done
@@ -81,13 +86,13 @@ if [ "${DCPG:-1}" = 1 ]; then for t in base new; do for c in 131072 65536 32768;
   # (issue 19's emulated per-rank ratio as an engine's decode graph sees it): the json's graph_ms_per_layer
   echo "$t dcpg ctx $c $("$B/$t/bench_cuda" --mode decode --batch 1 --context $c --heads 32 --kv-heads 8 --head-dim 128 --iters 50 --graph-layers 10 2>/dev/null | grep -o '"ms": [0-9.]*\|"graph_ms_per_layer": [0-9.]*\|"items": [0-9]*' | tr '\n' ' ')" >>"$LOG"
 done; done; T dcpg; fi
+if [ "${SPARSE1:-1}" = 1 ]; then for t in base new; do # issue 17's decode row only
+  echo "$t sparse1 $(timeout 60 $B/$t/kvattn bench --mla-sparse --backend cuda --batch 128 --q-len 2 --context 8192 --heads 128 --topk 2048 --iters 5 2>&1 | grep -E ' ms ' | tail -1 | tr -s ' ')" >>"$LOG"
+done; T sparse1; fi
 if [ "${SPARSE:-0}" = 1 ]; then for t in base new; do
   timeout 80 $B/$t/kvattn bench --mla-sparse --backend cuda --iters 20 >$out/sparse_$t.log 2>&1
   echo "$t sparse rc=$?" >>"$LOG"; grep -E "TFLOP/s" $out/sparse_$t.log | sed "s/^/$t sparse: /" | cut -c1-170 >>"$LOG"
 done; T sparse; fi
-if [ "${PEER:-1}" = 1 ]; then
-( cd new && timeout 90 python3 -u -c "import sys; sys.modules['flashinfer'] = None; sys.argv = ['p', 'short']; exec(open('bench/prefill_sdpa_peer.py').read())" ) >$out/sdpa_peer.log 2>&1; echo "sdpa peer rc=$?" >>"$LOG"
-grep -iE 'cudnn|flash|matmul' $out/sdpa_peer.log | cut -c1-150 >>"$LOG"; T peer; fi
 [ "${R2:-1}" = 1 ] && [ "$(el)" -lt "${R2_BEFORE:-380}" ] && bench_round 2
 T end
 tar -czf "$res/logs.tgz" -C "$out" .
