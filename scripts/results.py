@@ -157,10 +157,74 @@ BENCH_RE = re.compile(r"bench_cuda: (\w+) (.*?): median ([0-9.]+) ms, ([0-9.]+) 
 # a "dcp: N .., I .., R .. x L .., ..." line, "unsharded X ms", "rank K X ms" per rank, "slowest rank /
 # unsharded RATIO"; a GPU script may put a tag before every line (the text before "dcp:" / the
 # indent is the tag).
+# dev/final/run.sh's extra rows: a graph-replayed one-request decode per context (DCPG), the
+# serve-sim host plan share per run, the SDPA peer rows (bench/prefill_sdpa_peer.py short).
+DCPG_RE = re.compile(r'^(\S+) dcpg ctx (\d+) "ms": ([0-9.]+) "items": (\d+) "graph_ms_per_layer": ([0-9.]+)')
+SERVE_RE = re.compile(r"^(\S+) serve r(\d+) rc=0 Host plan share of step time \(%\): ([0-9.]+);"
+                      r"Mean step time \(ms\): ([0-9.]+)")
+SDPA_RE = re.compile(r"^(\d+x\d+(?:\+\d+)?) (\S+ D\d+)\s+(sdpa-\w+)\s+([0-9.]+) ms\s+([0-9.]+) TFLOP/s"
+                     r"\s+b2b\s+([0-9.]+) ms")
+MLA_RE = re.compile(r"^(\S+) mla (\S+) bench_cuda_mla: (.*?): median ([0-9.]+) ms, ([0-9.]+) TB/s latent, "
+                    r"([0-9.]+) TFLOP/s.*?kernel (\S+), check (\w+)")
+SPARSE1_RE = re.compile(r"^(\S+) sparse1 one (.*?) ([0-9.]+) ms ([0-9.]+) TFLOP/s .*check (\w+)")
 DCP_EMU_HEAD = re.compile(r"^(.*?)dcp: N (\d+), I (\d+), R (\d+) x L (\d+), .*?, (cuda|cpu)")
 DCP_EMU_FULL = re.compile(r"^(.*?)\s+unsharded\s+([0-9.]+) ms")
 DCP_EMU_RANK = re.compile(r"^(.*?)\s+rank (\d+)\s+([0-9.]+) ms")
 DCP_EMU_RATIO = re.compile(r"^(.*?)\s+slowest rank / unsharded\s+([0-9.]+)")
+
+
+def final_rows(paths):
+    """Tables of dev/final/run.sh's MLA, sparse, DCPG, serve-sim and SDPA peer lines in the raw logs (all
+    trees: they are few and the page says which tree each row is)."""
+    dcpg, serve, sdpa, mla, sp1 = [], [], [], [], []
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                for rx, dst in ((DCPG_RE, dcpg), (SERVE_RE, serve), (SDPA_RE, sdpa), (MLA_RE, mla),
+                                (SPARSE1_RE, sp1)):
+                    m = rx.search(line)
+                    if m:
+                        dst.append(m.groups())
+    out = []
+    if mla or sp1:
+        out += ["## MLA absorbed decode (`bench_cuda_mla`, block 64) and sparse MLA decode "
+                "(`kvattn bench --mla-sparse`)", "",
+                "Every tree and round of the log; latent: the 576-wide rows read once per call.", "",
+                "| run | shape | median ms | TB/s latent | TFLOP/s | kernel | check |",
+                "|---|---|---|---|---|---|---|"]
+        out += [f"| {t} | {q} {sh} | {ms} | {tb} | {tf} | {k} | {c} |" for t, q, sh, ms, tb, tf, k, c in mla]
+        out += [f"| {t} | sparse {sh} | {ms} | – | {tf} | – | {c} |" for t, sh, ms, tf, c in sp1]
+        out.append("")
+    if dcpg:
+        full = {(t, "call"): float(ms) for t, c, ms, _, g in dcpg if c == "131072"}
+        full.update({(t, "graph"): float(g) for t, c, ms, _, g in dcpg if c == "131072"})
+        out += ["## One long request and its shares, per call and replayed from a CUDA graph", "",
+                "One request, bf16, H 32 / Hkv 8, D 128, B 16, at 128k keys and at a 2- and a 4-way "
+                "share of them (the keys one DCP rank holds at I = 1); per call: the median of "
+                "single calls; graph: ten layers captured in one CUDA graph, median replay time per "
+                "layer (`bench_cuda --graph-layers 10`). Ratio: to the 128k time of the same tree and "
+                "timing (issue 19: <= 0.55 at N = 2, <= 0.3 at N = 4).", "",
+                "| tree | keys | items | per call ms | ratio | graph ms per layer | ratio |",
+                "|---|---|---|---|---|---|---|"]
+        for t, c, ms, it, g in dcpg:
+            rc, rg = full.get((t, "call")), full.get((t, "graph"))
+            out.append(f"| {t} | {c} | {it} | {float(ms):.4f} | {fmt(float(ms) / rc, 3) if rc else '–'} | "
+                       f"{float(g):.4f} | {fmt(float(g) / rg, 3) if rg else '–'} |")
+        out.append("")
+    if serve:
+        out += ["## serve-sim --backend cuda: host plan share", "",
+                "`kvattn serve-sim --backend cuda` on its default, the trees alternated (issue 23: "
+                "plan creation <= 5% of the step).", "",
+                "| tree | run | host plan share % | mean step ms |", "|---|---|---|---|"]
+        out += [f"| {t} | {r} | {sh} | {st} |" for t, r, sh, st in serve]
+        out.append("")
+    if sdpa:
+        out += ["## PyTorch SDPA in the same run (bench/prefill_sdpa_peer.py short)", "",
+                "Contiguous q / k / v, bf16, causal; per call and back to back.", "",
+                "| shape | implementation | ms | TFLOP/s | back to back ms |", "|---|---|---|---|---|"]
+        out += [f"| {sh} {hd} | {impl} | {ms} | {tf} | {b2b} |" for sh, hd, impl, ms, tf, b2b in sdpa]
+        out.append("")
+    return out
 
 
 def dcp_emulated(lines):
@@ -287,6 +351,8 @@ def cuda(a):
                          f"{fmt(b['unsharded_ms'], 3)} | "
                          f"{', '.join(f'{x:.3f}' for x in b['rank_ms'])} | {b['ratio']:.3f} |")
         lines.append("")
+    extra = final_rows(paths)
+    lines += extra
     serves = {}
     for path in sorted(glob.glob(os.path.join(a.logs, "serve_*.json"))) if a.logs else []:
         with open(path) as f:
