@@ -14,7 +14,10 @@ bench/results/.
       Reads the bench_cuda lines (and `kvattn bench --dcp` blocks) of one dated raw log of a GPU run (with
       --tag, only the lines that start with TAG, e.g. the "after" build of a
       before/after run); its "# gpu: ..." line names the GPU. No new raw log
-      is written: the page names that file.
+      is written: the page names that file. The rows of dev/final/run.sh
+      (MLA, sparse MLA, graph-replayed one-request decodes, serve-sim host
+      share, SDPA peer) are tabulated for every tree of the log, whatever
+      --tag says (final_rows).
   results.py cascade --logs DIR [--machine h100-cascade]
       Reads the logs bench/cascade_gpu.sh wrote to DIR on a GPU machine (issue
       18's targets in one run: kvattn's cascade and FlashInfer's, the chunked
@@ -167,6 +170,10 @@ SDPA_RE = re.compile(r"^(\d+x\d+(?:\+\d+)?) (\S+ D\d+)\s+(sdpa-\w+)\s+([0-9.]+) 
 MLA_RE = re.compile(r"^(\S+) mla (\S+) bench_cuda_mla: (.*?): median ([0-9.]+) ms, ([0-9.]+) TB/s latent, "
                     r"([0-9.]+) TFLOP/s.*?kernel (\S+), check (\w+)")
 SPARSE1_RE = re.compile(r"^(\S+) sparse1 one (.*?) ([0-9.]+) ms ([0-9.]+) TFLOP/s .*check (\w+)")
+# A line of one of those kinds (whatever follows) that its pattern above does not take: a failed run
+# (serve-sim rc != 0, an empty sparse1 / dcpg / mla line), said on stderr so that no row goes missing
+# from the page unnoticed.
+FINAL_KIND_RE = re.compile(r"^\S+ (dcpg ctx|serve r\d|mla \S+ |sparse1 )|\bsdpa-\w+")
 DCP_EMU_HEAD = re.compile(r"^(.*?)dcp: N (\d+), I (\d+), R (\d+) x L (\d+), .*?, (cuda|cpu)")
 DCP_EMU_FULL = re.compile(r"^(.*?)\s+unsharded\s+([0-9.]+) ms")
 DCP_EMU_RANK = re.compile(r"^(.*?)\s+rank (\d+)\s+([0-9.]+) ms")
@@ -180,11 +187,16 @@ def final_rows(paths):
     for path in paths:
         with open(path) as f:
             for line in f:
+                taken = False
                 for rx, dst in ((DCPG_RE, dcpg), (SERVE_RE, serve), (SDPA_RE, sdpa), (MLA_RE, mla),
                                 (SPARSE1_RE, sp1)):
                     m = rx.search(line)
                     if m:
                         dst.append(m.groups())
+                        taken = True
+                if not taken and FINAL_KIND_RE.search(line):
+                    print(f"results.py: not tabulated ({os.path.basename(path)}): {line.strip()[:160]}",
+                          file=sys.stderr)
     out = []
     if mla or sp1:
         out += ["## MLA absorbed decode (`bench_cuda_mla`, block 64) and sparse MLA decode "
