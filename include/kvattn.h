@@ -31,7 +31,13 @@
  * kva_merge_states in place, the DCP combines' packed buffers), the outputs
  * of a call (out, lse, written cache blocks, index lists) must not overlap
  * its inputs or each other; inputs may overlap one another (they are only
- * read).
+ * read). The run calls (kva_attention_run, kva_attention_run_ragged,
+ * kva_mla_run, kva_mla_sparse_run, kva_indexer_run) and kva_merge_states_n
+ * check it by address ranges (device pointers are compared, never read): out
+ * and lse (the indexer's indices and topk_length) overlapping each other, q,
+ * the ragged k / v, sinks, the MLA weights, the sparse indices, the indexer's
+ * weights or the cache's K / V storage get KVA_STATUS_INVALID_ARGUMENT with a
+ * message naming both, and nothing is written. Adjacent buffers are fine.
  *
  * Lifetimes: a plan belongs to the context that created it (or last updated
  * it). Destroy a context's plans before the context; kva_plan_destroy of a

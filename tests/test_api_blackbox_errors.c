@@ -620,7 +620,12 @@ static void test_error_cleared(void)
     kva_cache_destroy(c3);
     kva_cache_destroy(c2);
     BB_CLEARS(kva_plan_update(f.ctx, f.plan, &f.pd));
-    BB_CLEARS(kva_attention_run_ragged(f.ctx, f.plan, f.q, f.q, f.q, NULL, f.out, f.lse));
+    /* The ragged keys of the fixture's batch: 7 + 5 rows of [Hkv 2, D 16]
+     * (f.q, 4 rows of [4, 16], is too short to serve as k / v, and out follows it). */
+    static float kv_rows[12 * 2 * 16];
+    kva_rng krng = {1401};
+    kva_test_fill(kv_rows, KVA_DTYPE_F32, 12 * 2 * 16, &krng, 1.0);
+    BB_CLEARS(kva_attention_run_ragged(f.ctx, f.plan, f.q, kv_rows, kv_rows, NULL, f.out, f.lse));
     BB_CLEARS(kva_merge_states_n(f.ctx, 1, 1, 1, 8, KVA_DTYPE_F32, f.q, 0, f.lse, 0, f.out, NULL));
     int32_t loc[2];
     int64_t sl[4];

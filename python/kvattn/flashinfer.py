@@ -19,7 +19,14 @@ What kvattn does not do raises UnsupportedError: in-kernel RoPE
 query's (quantized caches live in kvattn-owned Cache objects instead), MLA
 latent pages not kept as [c_kv | k_pe] rows of one tensor, a softmax scale
 of 0 (sm_scale = 0, or q_scale * k_scale = 0: kvattn's scale 0 means
-1/sqrt(head_dim)).
+1/sqrt(head_dim)), and pos_encoding_mode "ALIBI" together with
+logits_soft_cap (FlashInfer adds the ALiBi bias before the soft-cap's tanh,
+kvattn after it: kvattn.h's formula).
+A q (and the ragged wrapper's k / v) with token or head strides, such as a
+slice of a fused qkv projection, is accepted as FlashInfer accepts it: the
+wrapper copies it to a contiguous tensor first (kvattn's kernels read packed
+rows); a strided last dimension is refused, as FlashInfer's kernels need it
+dense.
 Arguments that only tune FlashInfer's own kernels (workspace buffers,
 use_tensor_cores, backend, use_cuda_graph, non_blocking, split options) are
 accepted and ignored: kvattn keeps its own workspace in the context.
@@ -197,6 +204,38 @@ def _sm_scale(sm_scale, head_dim, mul=1.0):
     return s
 
 
+def _alibi_slopes(pos_encoding_mode, logits_soft_cap, num_qo_heads):
+    """The ALiBi slopes of pos_encoding_mode "ALIBI" (None otherwise).
+    FlashInfer adds the bias to the scaled logit before the soft-cap's tanh
+    (cap * tanh((s + bias) / cap)); kvattn adds it after (cap * tanh(s / cap)
+    + bias) and cannot express FlashInfer's order, so the pair is refused
+    rather than computed differently."""
+    if pos_encoding_mode != "ALIBI":
+        return None
+    if logits_soft_cap:
+        raise UnsupportedError("pos_encoding_mode 'ALIBI' with logits_soft_cap %r: FlashInfer "
+                               "adds the ALiBi bias before the soft-cap's tanh, kvattn after it, "
+                               "so the combination cannot be expressed" % (logits_soft_cap,))
+    return get_alibi_slopes(num_qo_heads)
+
+
+def _packed(x):
+    """x, or a contiguous copy of a numpy array / torch tensor whose token and
+    head strides are free but whose last dimension is dense (a q sliced from a
+    fused qkv projection): FlashInfer's kernels read such tensors through
+    their token and head strides, kvattn's runs read packed rows. A strided
+    last dimension, which FlashInfer does not read either, is passed on and
+    refused."""
+    if T.is_torch(x):
+        if x.is_contiguous() or x.dim() == 0 or x.stride(-1) != 1:
+            return x
+        return x.contiguous()
+    if isinstance(x, np.ndarray) and not x.flags.c_contiguous and x.ndim > 0 and \
+            x.strides[-1] == x.itemsize:
+        return np.ascontiguousarray(x)
+    return x
+
+
 def _esize(dt):
     return {T.F32: 4, T.F16: 2, T.BF16: 2}.get(dt, 1)
 
@@ -239,7 +278,7 @@ class _PagedWrapper:
             scale=_sm_scale(sm_scale, head_dim),
             causal=causal, window_left=-1 if window_left is None else window_left,
             softcap=logits_soft_cap or 0.0,
-            alibi_slopes=get_alibi_slopes(num_qo_heads) if pos_encoding_mode == "ALIBI" else None)
+            alibi_slopes=_alibi_slopes(pos_encoding_mode, logits_soft_cap, num_qo_heads))
         self._plans = {}
         # Validates the metadata now, as FlashInfer's plan() does, for the cache
         # form of the last run.
@@ -288,7 +327,7 @@ class _PagedWrapper:
         self._last_mult = mult
         plan = self._plan_for(mult, wl, sm)
         want_lse = return_lse or lse is not None
-        res = plan.run(q, cache, out=out, lse=lse, return_lse=want_lse, sinks=sinks)
+        res = plan.run(_packed(q), cache, out=out, lse=lse, return_lse=want_lse, sinks=sinks)
         o, l = res if want_lse else (res, None)
         if v_scale is not None and float(v_scale) != 1.0:
             o *= float(v_scale)
@@ -405,8 +444,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             head_dim=head_dim_qk, head_dim_v=head_dim_vo or head_dim_qk, q_dtype=qdt,
             scale=_sm_scale(sm_scale, head_dim_qk),
             causal=causal, window_left=window_left, softcap=logits_soft_cap or 0.0,
-            alibi_slopes=get_alibi_slopes(num_qo_heads) if pos_encoding_mode == "ALIBI"
-            else None)
+            alibi_slopes=_alibi_slopes(pos_encoding_mode, logits_soft_cap, num_qo_heads))
 
     begin_forward = plan
 
@@ -423,7 +461,8 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         if k.shape[0] != n or v.shape[0] != n:
             k, v = k[:n], v[:n]
         want_lse = return_lse or lse is not None
-        res = p.run_ragged(q, k, v, out=out, lse=lse, return_lse=want_lse, sinks=sinks)
+        res = p.run_ragged(_packed(q), _packed(k), _packed(v), out=out, lse=lse,
+                           return_lse=want_lse, sinks=sinks)
         if want_lse:
             _scale_lse(res[1])
         return res

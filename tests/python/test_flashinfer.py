@@ -44,7 +44,7 @@ def random_paged(rng, kv_lens, page_size, hkv, d, layout, dtype, five_d, spare=2
 def grid(seed, n):
     rng = np.random.default_rng(seed)
     for _ in range(n):
-        yield rng, dict(
+        c = dict(
             layout=rng.choice(["NHD", "HND"]),
             dtype=rng.choice([np.float16, np.float32]),
             page_size=int(rng.choice([1, 3, 16])),
@@ -56,6 +56,9 @@ def grid(seed, n):
             five_d=bool(rng.integers(2)),
             alibi=bool(rng.integers(4) == 0),
         )
+        if c["alibi"]:  # ALiBi with a soft-cap is refused (test_alibi_with_soft_cap_raises)
+            c["soft_cap"] = None
+        yield rng, c
 
 
 def tol(dtype):
@@ -169,6 +172,82 @@ def test_zero_sm_scale_raises():
     w.plan(indptr, indices, last, 4, 2, 64, 8, q_data_type="float32", sm_scale=1e-30)
     ro, _ = attention(q, keys, values, [1, 1], causal=True, scale=1e-30)
     np.testing.assert_allclose(w.run(q, paged), ro, rtol=1e-5, atol=1e-5)
+
+
+def test_alibi_with_soft_cap_raises():
+    """FlashInfer adds the ALiBi bias to the scaled logit before the soft-cap's
+    tanh (its DefaultAttention variant), kvattn after it (kvattn.h), so the
+    wrappers refuse the pair instead of computing something else; ALiBi alone
+    and the soft-cap alone still plan."""
+    rng = np.random.default_rng(13)
+    paged, indptr, indices, last, keys, values = random_paged(
+        rng, [30, 50], 8, 2, 64, "NHD", np.float32, False)
+    qo, kv = np.array([0, 1, 2], np.int32), np.array([0, 5, 9], np.int32)
+    calls = [
+        lambda **kw: fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD").plan(
+            indptr, indices, last, 4, 2, 64, 8, q_data_type="float32", **kw),
+        lambda **kw: fi.BatchPrefillWithPagedKVCacheWrapper(None, "NHD").plan(
+            qo, indptr, indices, last, 4, 2, 64, 8, q_data_type="float32", **kw),
+        lambda **kw: fi.BatchPrefillWithRaggedKVCacheWrapper(None).plan(
+            qo, kv, 4, 2, 64, q_data_type="float32", **kw),
+    ]
+    for call in calls:
+        with pytest.raises(kvattn.UnsupportedError, match="ALIBI.*logits_soft_cap"):
+            call(pos_encoding_mode="ALIBI", logits_soft_cap=30.0)
+        call(pos_encoding_mode="ALIBI", logits_soft_cap=None)
+        call(pos_encoding_mode="ALIBI", logits_soft_cap=0.0)
+        call(pos_encoding_mode="NONE", logits_soft_cap=30.0)
+
+
+def _strided(rng, shape, dtype):
+    """A random tensor of shape [N, H, D] whose rows are strided, as q sliced
+    from a fused qkv projection: every token's row is followed by 3 more."""
+    n, h, d = shape
+    fused = rng.standard_normal((n, 4 * h * d)).astype(dtype)
+    x = fused[:, h * d: 2 * h * d].reshape(n, h, d)
+    assert not x.flags.c_contiguous and x.base is not None
+    return x
+
+
+def test_strided_q_runs_as_contiguous():
+    """FlashInfer reads q (and the ragged k / v) through their strides; the
+    wrappers copy such tensors and give the bytes of the contiguous call."""
+    rng = np.random.default_rng(14)
+    paged, indptr, indices, last, keys, values = random_paged(
+        rng, [30, 50], 8, 2, 64, "NHD", np.float16, False)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD")
+    w.plan(indptr, indices, last, 4, 2, 64, 8, q_data_type="float16", logits_soft_cap=20.0)
+    q = _strided(rng, (2, 4, 64), np.float16)
+    q_before = q.copy()
+    out, lse = w.run(q, paged, return_lse=True)
+    ref_out, ref_lse = w.run(np.ascontiguousarray(q), paged, return_lse=True)
+    np.testing.assert_array_equal(out, ref_out)
+    np.testing.assert_array_equal(lse, ref_lse)
+    np.testing.assert_array_equal(q, q_before)  # the caller's q is only read
+    assert out.flags.c_contiguous and not np.isnan(out).any()
+    ro, _ = attention(q, keys, values, [1, 1], causal=True, softcap=20.0)
+    np.testing.assert_allclose(out.astype(np.float64), ro, rtol=1e-3, atol=1e-3)
+
+    p = fi.BatchPrefillWithPagedKVCacheWrapper(None, "NHD")
+    qo = np.array([0, 3, 7], np.int32)
+    p.plan(qo, indptr, indices, last, 4, 2, 64, 8, causal=True, q_data_type="float16")
+    q = _strided(rng, (7, 4, 64), np.float16)
+    out = np.full((7, 4, 64), np.nan, np.float16)
+    p.run(q, paged, out=out)
+    np.testing.assert_array_equal(out, p.run(np.ascontiguousarray(q), paged))
+
+    r = fi.BatchPrefillWithRaggedKVCacheWrapper(None)
+    kv = np.array([0, 6, 11], np.int32)
+    r.plan(qo, kv, 4, 2, 32, causal=True, q_data_type="float32")
+    q = _strided(rng, (7, 4, 32), np.float32)
+    k, v = _strided(rng, (11, 2, 32), np.float32), _strided(rng, (11, 2, 32), np.float32)
+    out, lse = r.run(q, k, v, return_lse=True)
+    co, cl = r.run(*(np.ascontiguousarray(x) for x in (q, k, v)), return_lse=True)
+    np.testing.assert_array_equal(out, co)
+    np.testing.assert_array_equal(lse, cl)
+    # A strided last dimension: FlashInfer's kernels need it dense, the wrapper refuses it.
+    with pytest.raises(kvattn.InvalidArgumentError, match="contiguous"):
+        r.run(np.repeat(q, 2, axis=2)[..., ::2], k, v)
 
 
 def test_merge_state_base2():

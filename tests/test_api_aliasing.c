@@ -1,0 +1,337 @@
+/*
+ * test_api_aliasing.c - kvattn.h's aliasing rule, checked by the run calls:
+ * an output (out, lse; the indexer's indices, topk_length) that overlaps an
+ * input (q, the ragged k / v, sinks, the MLA weights, the sparse indices, the
+ * indexer's weights, the cache's K / V storage) or the other output gets
+ * KVA_STATUS_INVALID_ARGUMENT with a message naming both, and nothing is
+ * written; buffers that only touch (one ends where the next begins) run and
+ * give the bytes of a run on separate buffers. Reference and CPU backends.
+ *
+ * Every buffer of a case lives in one arena (poisoned with NaN), so that the
+ * overlaps are real and the "nothing written" check covers every byte a
+ * refused call could have written.
+ */
+#include "blackbox_util.h"
+#include "indexer_util.h"
+#include "sparse_util.h"
+
+/* T, H, D, Dv, Hkv of the fixture of blackbox_util.h and its ragged twin. */
+enum { AT = 4, AH = 4, AD = 16, AHKV = 2, AQ = AT * AH * AD, ALSE = AT * AH, AKV = 12 * AHKV * AD };
+
+/* A refused call: INVALID_ARGUMENT, a message naming output a and b. */
+#define REFUSED(expr, a, b)                                                                        \
+    do {                                                                                           \
+        CHECK_STATUS(expr, KVA_STATUS_INVALID_ARGUMENT);                                           \
+        CHECK_ERROR_MENTIONS("overlaps");                                                          \
+        CHECK_ERROR_MENTIONS(a);                                                                   \
+        CHECK_ERROR_MENTIONS(b);                                                                   \
+    } while (0)
+
+/* The arena of a case: n floats, NaN-poisoned, and its checksum. */
+typedef struct arena {
+    float *p;
+    size_t n;
+    uint64_t sum;
+} arena;
+
+static void arena_init(arena *a, size_t n)
+{
+    a->p = malloc(n * sizeof(float));
+    a->n = n;
+    kva_test_poison(a->p, KVA_DTYPE_F32, n);
+}
+
+static void arena_seal(arena *a)
+{
+    a->sum = bb_sum(a->p, a->n * sizeof(float));
+}
+
+static int arena_same(const arena *a)
+{
+    return bb_sum(a->p, a->n * sizeof(float)) == a->sum;
+}
+
+/* kva_attention_run with q at the arena's offset qo and out / lse at other
+ * offsets (lo < 0: no lse; so < 0: no sinks, else sinks [H] at so). */
+static kva_status paged_at(bb_fix *f, arena *a, size_t qo, size_t oo, long lo, long so)
+{
+    return kva_attention_run(f->ctx, f->plan, a->p + qo, f->cache, so < 0 ? NULL : a->p + so,
+                             a->p + oo, lo < 0 ? NULL : a->p + lo);
+}
+
+static void paged_cases(kva_backend be)
+{
+    bb_fix f;
+    bb_fix_init(&f, be, 11);
+    const float sinks[AH] = {0.5f, -1.0f, 0.25f, 2.0f};
+    /* The run on separate buffers: the bytes every accepted placement must give. */
+    CHECK_OK(kva_attention_run(f.ctx, f.plan, f.q, f.cache, sinks, f.out, f.lse));
+    float want_out[AQ], want_lse[ALSE];
+    memcpy(want_out, f.out, sizeof want_out);
+    memcpy(want_lse, f.lse, sizeof want_lse);
+    kva_test_poison(f.out, KVA_DTYPE_F32, AQ);
+    kva_test_poison(f.lse, KVA_DTYPE_F32, ALSE);
+    f.sum_out = bb_sum(f.out, sizeof f.out);
+    f.sum_lse = bb_sum(f.lse, sizeof f.lse);
+
+    /* Arena layout: [pad AQ + ALSE][q AQ][out-or-q AQ][lse ALSE][sinks AH][pad 64]. */
+    arena a;
+    arena_init(&a, 3 * AQ + 2 * ALSE + AH + 64);
+    const size_t q0 = AQ + ALSE, b0 = q0 + AQ, l0 = b0 + AQ, s0 = l0 + ALSE;
+    memcpy(a.p + q0, f.q, sizeof f.q);
+    memcpy(a.p + s0, sinks, sizeof sinks);
+    arena_seal(&a);
+
+    /* out == q, out over q's last element, out ending on q's first element. */
+    REFUSED(paged_at(&f, &a, q0, q0, (long)l0, (long)s0), "output out", "input q");
+    CHECK(arena_same(&a));
+    REFUSED(paged_at(&f, &a, q0, b0 - 1, (long)l0, (long)s0), "output out", "input q");
+    CHECK(arena_same(&a));
+    REFUSED(paged_at(&f, &a, q0, q0 + 1 - AQ, -1, -1), "output out", "input q");
+    CHECK(arena_same(&a));
+    /* lse over q's tail, over out, over the sinks; out over the sinks. */
+    REFUSED(paged_at(&f, &a, q0, b0, (long)(b0 - 3), (long)s0), "output lse", "input q");
+    CHECK(arena_same(&a));
+    REFUSED(paged_at(&f, &a, q0, b0, (long)(b0 + AQ - 1), (long)s0), "output lse", "output out");
+    CHECK(arena_same(&a));
+    REFUSED(paged_at(&f, &a, q0, b0, (long)(s0 - ALSE + 1), (long)s0), "output lse", "input sinks");
+    CHECK(arena_same(&a));
+    REFUSED(paged_at(&f, &a, q0, s0 + AH - AQ, -1, (long)s0), "output out", "input sinks");
+    CHECK(arena_same(&a));
+    /* out over the cache's K, then its V storage: the cache stays as it was. */
+    void *ck = NULL, *cv = NULL;
+    CHECK_OK(kva_cache_data(f.cache, &ck, &cv));
+    REFUSED(kva_attention_run(f.ctx, f.plan, f.q, f.cache, NULL, (float *)ck + 5, NULL),
+            "output out", "input cache K");
+    REFUSED(kva_attention_run(f.ctx, f.plan, f.q, f.cache, NULL, f.out, (float *)cv), "output lse",
+            "input cache V");
+    CHECK(bb_untouched(&f));
+
+    /* Touching buffers run: q, out, lse, sinks back to back, then out before q. */
+    CHECK_OK(paged_at(&f, &a, q0, b0, (long)l0, (long)s0));
+    CHECK(memcmp(a.p + b0, want_out, sizeof want_out) == 0);
+    CHECK(memcmp(a.p + l0, want_lse, sizeof want_lse) == 0);
+    kva_test_poison(a.p, KVA_DTYPE_F32, a.n);
+    memcpy(a.p + b0, f.q, sizeof f.q); /* q now after out: out at q0, lse before out */
+    memcpy(a.p + s0, sinks, sizeof sinks);
+    CHECK_OK(paged_at(&f, &a, b0, q0, (long)(q0 - ALSE), (long)s0));
+    CHECK(memcmp(a.p + q0, want_out, sizeof want_out) == 0);
+    CHECK(memcmp(a.p + q0 - ALSE, want_lse, sizeof want_lse) == 0);
+    /* Inputs may overlap each other: sinks inside q is allowed. */
+    CHECK_OK(kva_attention_run(f.ctx, f.plan, a.p + b0, f.cache, a.p + b0 + 3, f.out, NULL));
+    free(a.p);
+    bb_fix_free(&f);
+}
+
+/* The ragged run: the fixture's batch without a block table, keys packed. */
+static void ragged_cases(kva_backend be)
+{
+    bb_fix f;
+    bb_fix_init(&f, be, 12);
+    kva_plan_desc d = f.pd;
+    d.block_table = NULL;
+    d.block_table_stride = 0;
+    kva_plan *plan = NULL;
+    CHECK_OK(kva_plan_create(f.ctx, &d, &plan));
+    kva_rng rng = {77};
+    float k[AKV], v[AKV];
+    kva_test_fill(k, KVA_DTYPE_F32, AKV, &rng, 1.0);
+    kva_test_fill(v, KVA_DTYPE_F32, AKV, &rng, 1.0);
+    CHECK_OK(kva_attention_run_ragged(f.ctx, plan, f.q, k, v, NULL, f.out, f.lse));
+    float want_out[AQ], want_lse[ALSE];
+    memcpy(want_out, f.out, sizeof want_out);
+    memcpy(want_lse, f.lse, sizeof want_lse);
+
+    /* Arena: [q AQ][k AKV][v AKV][out AQ][lse ALSE]. */
+    arena a;
+    arena_init(&a, 2 * AQ + 2 * AKV + ALSE);
+    float *q = a.p, *ka = q + AQ, *va = ka + AKV, *out = va + AKV, *lse = out + AQ;
+    memcpy(q, f.q, sizeof f.q);
+    memcpy(ka, k, sizeof k);
+    memcpy(va, v, sizeof v);
+    arena_seal(&a);
+    REFUSED(kva_attention_run_ragged(f.ctx, plan, q, ka, va, NULL, ka, lse), "output out",
+            "input k");
+    CHECK(arena_same(&a));
+    REFUSED(kva_attention_run_ragged(f.ctx, plan, q, ka, va, NULL, out - 1, lse), "output out",
+            "input v");
+    CHECK(arena_same(&a));
+    REFUSED(kva_attention_run_ragged(f.ctx, plan, q, ka, va, NULL, out, va + AKV - 2), "output lse",
+            "input v");
+    CHECK(arena_same(&a));
+    REFUSED(kva_attention_run_ragged(f.ctx, plan, q, ka, va, NULL, q + 7, NULL), "output out",
+            "input q");
+    CHECK(arena_same(&a));
+    /* k and v may be one buffer (inputs overlap freely); out right after v. */
+    CHECK_OK(kva_attention_run_ragged(f.ctx, plan, q, ka, va, NULL, out, lse));
+    CHECK(memcmp(out, want_out, sizeof want_out) == 0);
+    CHECK(memcmp(lse, want_lse, sizeof want_lse) == 0);
+    kva_plan_destroy(plan);
+    free(a.p);
+    bb_fix_free(&f);
+}
+
+/* Sparse MLA: out over q, lse over the index rows, out over topk_length;
+ * out right after the index rows runs. */
+static void sparse_cases(kva_backend be)
+{
+    const sp_case c = {.H = 4,
+                       .Dc = 64,
+                       .Dr = 32,
+                       .B = 8,
+                       .K = 8,
+                       .dt = KVA_DTYPE_F32,
+                       .quant = KVA_QUANT_NONE,
+                       .thr = 1,
+                       .R = 2,
+                       .q_len = {1, 2},
+                       .seq_len = {10, 12},
+                       .use_len = 1,
+                       .seed = 5};
+    kva_context *ctx = new_ctx(be, 2);
+    sp_data m;
+    if (!sp_data_make(ctx, &c, &m)) {
+        CHECK_MSG(0, "setup: %s", kva_last_error());
+        kva_context_destroy(ctx);
+        return;
+    }
+    kva_plan_desc d = sp_plan_desc(&c, &m);
+    kva_plan *plan = NULL;
+    CHECK_OK(kva_plan_create(ctx, &d, &plan));
+    const size_t nq = (size_t)m.T * c.H * (c.Dc + c.Dr), no = (size_t)m.T * c.H * c.Dc;
+    const size_t ni = (size_t)m.T * c.K; /* index rows of stride K (stride_pad 0) */
+    /* Arena: [q nq][indices ni][topk_length T][out no][lse T*H]. */
+    arena a;
+    arena_init(&a, nq + ni + (size_t)m.T + no + (size_t)m.T * c.H);
+    float *q = a.p, *out = q + nq + ni + m.T, *lse = out + no;
+    int32_t *idx = (int32_t *)(q + nq), *len = idx + ni;
+    memcpy(q, m.q, nq * sizeof(float));
+    memcpy(idx, m.idx, ni * sizeof(int32_t));
+    memcpy(len, m.len, (size_t)m.T * sizeof(int32_t));
+    arena_seal(&a);
+    const int64_t st = c.K;
+    REFUSED(kva_mla_sparse_run(ctx, plan, q, m.cache, idx, st, len, NULL, q + 1, lse), "output out",
+            "input q");
+    CHECK(arena_same(&a));
+    REFUSED(kva_mla_sparse_run(ctx, plan, q, m.cache, idx, st, len, NULL, out, (float *)idx),
+            "output lse", "input indices");
+    CHECK(arena_same(&a));
+    REFUSED(kva_mla_sparse_run(ctx, plan, q, m.cache, idx, st, len, NULL, (float *)(len + m.T - 1),
+                               lse),
+            "output out", "input topk_length");
+    CHECK(arena_same(&a));
+    CHECK_OK(kva_mla_sparse_run(ctx, plan, q, m.cache, idx, st, len, NULL, out, lse));
+    CHECK(!isnan(out[0]) && !isnan(lse[m.T * c.H - 1]));
+    kva_plan_destroy(plan);
+    free(a.p);
+    sp_data_free(&m);
+    kva_context_destroy(ctx);
+}
+
+/* Layer-level MLA: out over w_uv, lse over w_uk. */
+static void mla_layer_cases(kva_backend be)
+{
+    const int32_t ql[2] = {1, 2}, sl[2] = {9, 14};
+    const mla_case c = mla_case_of(2, 32, 16, 24, 16, 4, KVA_DTYPE_F32, 1, 1, 2, ql, sl, 9);
+    kva_context *ctx = new_ctx(be, 2);
+    mla_data m;
+    if (!mla_data_make(ctx, &c, &m)) {
+        CHECK_MSG(0, "setup: %s", kva_last_error());
+        kva_context_destroy(ctx);
+        return;
+    }
+    kva_plan_desc d = mla_plan_desc(&c, &m, 1);
+    kva_plan *plan = NULL;
+    CHECK_OK(kva_plan_create(ctx, &d, &plan));
+    const size_t nq = (size_t)m.T * c.H * (c.Dn + c.Dr), nuk = (size_t)c.H * c.Dn * c.Dc,
+                 nuv = (size_t)c.H * c.Dc * c.Dv, no = (size_t)m.T * c.H * c.Dv;
+    arena a;
+    arena_init(&a, nq + nuk + nuv + no + (size_t)m.T * c.H);
+    float *q = a.p, *uk = q + nq, *uv = uk + nuk, *out = uv + nuv, *lse = out + no;
+    memcpy(q, m.q, nq * sizeof(float));
+    memcpy(uk, m.w_uk, nuk * sizeof(float));
+    memcpy(uv, m.w_uv, nuv * sizeof(float));
+    arena_seal(&a);
+    REFUSED(kva_mla_run(ctx, plan, q, uk, uv, m.cache, out - 4, lse), "output out", "input w_uv");
+    CHECK(arena_same(&a));
+    REFUSED(kva_mla_run(ctx, plan, q, uk, uv, m.cache, out, uk + nuk - 1), "output lse",
+            "input w_uk");
+    CHECK(arena_same(&a));
+    CHECK_OK(kva_mla_run(ctx, plan, q, uk, uv, m.cache, out, lse));
+    CHECK(!isnan(out[0]) && !isnan(lse[m.T * c.H - 1]));
+    kva_plan_destroy(plan);
+    free(a.p);
+    mla_data_free(&m);
+    kva_context_destroy(ctx);
+}
+
+/* The indexer: indices over q or the weights, topk_length over the indices;
+ * indices right after the weights run. The cache is never read when the
+ * call is refused, so it is left unwritten. */
+static void indexer_cases(kva_backend be)
+{
+    const int32_t ql[2] = {1, 3}, sl[2] = {9, 6};
+    const idx_case c = idx_case_of(2, 32, 4, 4, KVA_DTYPE_F32, 0, 2, ql, sl, 3);
+    idx_data x;
+    idx_build(&c, &x);
+    kva_context *ctx = new_ctx(be, 2);
+    kva_cache_desc cd = idx_cache_desc(&c, &x);
+    kva_plan_desc pd = idx_plan_desc(&c, &x);
+    kva_cache *cache = NULL;
+    kva_plan *plan = NULL;
+    CHECK_OK(kva_cache_create(ctx, &cd, &cache));
+    CHECK_OK(kva_plan_create(ctx, &pd, &plan));
+    const size_t nq = (size_t)x.T * c.Hi * c.D, nw = (size_t)x.T * c.Hi, ni = (size_t)x.T * c.K;
+    arena a;
+    arena_init(&a, nq + nw + ni + (size_t)x.T);
+    float *q = a.p, *w = q + nq;
+    int32_t *ind = (int32_t *)(w + nw), *len = ind + ni;
+    memcpy(q, x.q, nq * sizeof(float));
+    memcpy(w, x.w, nw * sizeof(float));
+    arena_seal(&a);
+    REFUSED(kva_indexer_run(ctx, plan, q, w, cache, (int32_t *)q + 3, 0, NULL), "output indices",
+            "input q");
+    CHECK(arena_same(&a));
+    REFUSED(kva_indexer_run(ctx, plan, q, w, cache, ind - 1, 0, len), "output indices",
+            "input weights");
+    CHECK(arena_same(&a));
+    REFUSED(kva_indexer_run(ctx, plan, q, w, cache, ind, 0, ind + ni - 2), "output topk_length",
+            "output indices");
+    CHECK(arena_same(&a));
+    CHECK_OK(kva_indexer_run(ctx, plan, q, w, cache, ind, 0, len));
+    CHECK(len[0] == 4 && len[x.T - 1] == 4); /* min(K, pos + 1) keys each */
+    kva_plan_destroy(plan);
+    kva_cache_destroy(cache);
+    kva_context_destroy(ctx);
+    free(a.p);
+    idx_free(&x);
+}
+
+static void test_paged(void)
+{
+    for (int b = 0; b < 2; b++)
+        paged_cases(kBk[b]);
+}
+
+static void test_ragged(void)
+{
+    for (int b = 0; b < 2; b++)
+        ragged_cases(kBk[b]);
+}
+
+static void test_mla(void)
+{
+    for (int b = 0; b < 2; b++) {
+        sparse_cases(kBk[b]);
+        mla_layer_cases(kBk[b]);
+        indexer_cases(kBk[b]);
+    }
+}
+
+int main(void)
+{
+    RUN(test_paged);
+    RUN(test_ragged);
+    RUN(test_mla);
+    return kva_test_finish();
+}
