@@ -38,6 +38,15 @@
  * the ragged k / v, sinks, the MLA weights, the sparse indices, the indexer's
  * weights or the cache's K / V storage get KVA_STATUS_INVALID_ARGUMENT with a
  * message naming both, and nothing is written. Adjacent buffers are fine.
+ * The cache calls check it the same way: kva_cache_write's k / v rows and
+ * slot_mapping against the whole storage of the cache (K, V and the per-token
+ * key scales: which blocks a call writes depends on slot values the host may
+ * not read), kva_cache_read's k / v rows against each other, slot_mapping and
+ * the cache's storage, and the pairs of kva_cache_copy_blocks /
+ * kva_cache_swap_blocks against the destination cache's storage (swap: also
+ * src's storage against dst's). Token-strided rows are compared row by row
+ * when k and v share a stride (k and v interleaved in one fused buffer are
+ * fine), by the ranges they cover otherwise.
  *
  * Lifetimes: a plan belongs to the context that created it (or last updated
  * it). Destroy a context's plans before the context; kva_plan_destroy of a
@@ -454,7 +463,9 @@ KVA_API size_t kva_cache_static_scale_bytes(const kva_cache *cache);
  * (code 0x7f) and saturates the rest to +-448.
  * MLA caches (kind KVA_ATTN_MLA): k is c_kv [T, Dc] and v is k_pe [T, Dr]
  * (vLLM's concat_and_cache_mla); slot t's row becomes [c_kv(t) | k_pe(t)];
- * token strides default to Dc and Dr elements.
+ * token strides default to Dc and Dr elements. A k / v row or slot_mapping
+ * that overlaps the cache's storage (any block, scales included) is refused
+ * with KVA_STATUS_INVALID_ARGUMENT before anything is written (Aliasing).
  */
 KVA_API kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
                                    const void *k, int64_t k_token_stride, const void *v,
@@ -478,6 +489,9 @@ KVA_API kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t n
  * slot_mapping is device memory; the kernel skips such a slot). CUDA reads
  * back MLA caches, index-key caches and unquantized MHA caches; a quantized
  * MHA cache gets KVA_STATUS_UNSUPPORTED (swap its blocks to a host cache).
+ * k and v rows overlapping each other, slot_mapping or the cache's storage
+ * are refused with KVA_STATUS_INVALID_ARGUMENT and nothing is written
+ * (Aliasing); k and v may interleave in one buffer at a common stride.
  */
 KVA_API kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
                                   const int64_t *slot_mapping, void *k, int64_t k_token_stride,
@@ -485,14 +499,17 @@ KVA_API kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int3
 
 /* Copy whole blocks inside one cache: pairs [n, 2] int32 of (src, dst) block
  * ids (vLLM's copy_blocks, used for copy-on-write of shared blocks). All ids are
- * checked before anything is copied; a dst that appears twice is an error. */
+ * checked before anything is copied; a dst that appears twice is an error, and
+ * so is a pairs array inside the cache's storage (Aliasing). */
 KVA_API kva_status kva_cache_copy_blocks(kva_context *ctx, kva_cache *cache, const int32_t *pairs,
                                          int32_t num_pairs);
 
 /* Copy blocks between two caches of the same shape except NB (vLLM's
  * swap_blocks: swap-out to a host cache, swap-in back). pairs: [n, 2] int32 of
  * (src block in src, dst block in dst). The caches may belong to contexts of
- * different backends (device <-> host); ctx is the one that performs the copy. */
+ * different backends (device <-> host); ctx is the one that performs the copy.
+ * Storage of src and dst that overlaps, or pairs inside dst's storage, is
+ * refused with KVA_STATUS_INVALID_ARGUMENT (Aliasing). */
 KVA_API kva_status kva_cache_swap_blocks(kva_context *ctx, const kva_cache *src, kva_cache *dst,
                                          const int32_t *pairs, int32_t num_pairs);
 

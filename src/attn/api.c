@@ -99,92 +99,28 @@ static kva_status check_aligned_tensors(const kva_plan *plan, const void *q, con
     return KVA_STATUS_OK;
 }
 
-/* 1 if the byte ranges [a, a + na) and [b, b + nb) overlap (empty ranges
- * never do). Written without a + na, which may wrap for a saturated size. */
-static int overlaps(const void *a, size_t na, const void *b, size_t nb)
-{
-    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    if (na == 0 || nb == 0)
-        return 0;
-    return x <= y ? y - x < na : x - y < nb;
-}
-
-/* One tensor argument of a run: its name, address and size in bytes (an
- * absent argument has p NULL or bytes 0). */
-typedef struct tensor_span {
-    const char *name;
-    const void *p;
-    size_t bytes;
-} tensor_span;
-
-/* rows * cols elements of es bytes, saturated at SIZE_MAX (a span that large
- * still compares correctly in overlaps). rows, cols >= 0. */
-static size_t span_bytes(int64_t rows, int64_t cols, size_t es)
-{
-    const uint64_t r = (uint64_t)rows, c = (uint64_t)cols;
-    if (c != 0 && r > SIZE_MAX / c)
-        return SIZE_MAX;
-    const uint64_t n = r * c;
-    return es != 0 && n > SIZE_MAX / es ? SIZE_MAX : (size_t)(n * es);
-}
-
-/* The aliasing rule of kvattn.h, checked by address arithmetic only (device
- * pointers are compared, never read): no output overlaps an input or another
- * output. outs[no], ins[ni] with absent entries skipped. */
-static kva_status check_disjoint(const char *fn, const tensor_span *outs, int no,
-                                 const tensor_span *ins, int ni)
-{
-    for (int i = 0; i < no; i++) {
-        const tensor_span *o = &outs[i];
-        if (!o->p || !o->bytes)
-            continue;
-        for (int j = 0; j < ni + i; j++) {
-            const tensor_span *x = j < ni ? &ins[j] : &outs[j - ni];
-            if (!x->p || !overlaps(o->p, o->bytes, x->p, x->bytes))
-                continue;
-            return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                             "%s: output %s (%p, %zu bytes) overlaps %s %s (%p, %zu bytes): "
-                             "outputs must not overlap the inputs or each other (kvattn.h, "
-                             "Aliasing); nothing was written",
-                             fn, o->name, o->p, o->bytes, j < ni ? "input" : "output", x->name,
-                             x->p, x->bytes);
-        }
-    }
-    return KVA_STATUS_OK;
-}
-
-/* The cache's K and V storage as inputs of a run (V absent where it lives in
- * the K rows: MLA and index-key caches). */
-static void cache_spans(const kva_cache *cache, tensor_span *k, tensor_span *v)
-{
-    const int64_t nb = cache->desc.num_blocks;
-    *k = (tensor_span){"cache K", cache->k, span_bytes(nb, cache->k_block_elems, cache->elem_size)};
-    *v = (tensor_span){"cache V", cache->v == cache->k ? NULL : cache->v,
-                       span_bytes(nb, cache->v_block_elems, cache->v_elem)};
-}
-
 /* out [T, H, Dv] and lse [T, H] of an attention run, against its inputs:
  * q [T, H, Dq], sinks [H], extra (the ragged k / v, MLA weights, sparse
  * indices) and the cache's storage when cache is given. */
 static kva_status check_run_aliasing(const char *fn, const kva_plan *plan, const void *q,
                                      int64_t Dq, const kva_cache *cache, const float *sinks,
-                                     const tensor_span *extra, int n_extra, const void *out,
+                                     const kva__span *extra, int n_extra, const void *out,
                                      int64_t Dv, const float *lse)
 {
     const int64_t T = plan->info.num_tokens, H = plan->d.num_heads;
     const size_t es = kva_dtype_size(plan->d.q_dtype);
-    tensor_span ins[8] = {{"q", q, span_bytes(T * H, Dq, es)},
-                          {"sinks", sinks, span_bytes(H, 1, sizeof(float))}};
+    kva__span ins[8] = {{"q", q, kva__span_bytes(T * H, Dq, es), 0, 0},
+                        {"sinks", sinks, kva__span_bytes(H, 1, sizeof(float)), 0, 0}};
     int ni = 2;
     if (cache) {
-        cache_spans(cache, &ins[2], &ins[3]);
-        ni = 4;
+        kva__cache_spans(cache, &ins[2]);
+        ni = 5;
     }
     for (int i = 0; i < n_extra && ni < 8; i++)
         ins[ni++] = extra[i];
-    const tensor_span outs[2] = {{"out", out, span_bytes(T * H, Dv, es)},
-                                 {"lse", lse, span_bytes(T * H, 1, sizeof(float))}};
-    return check_disjoint(fn, outs, 2, ins, ni);
+    const kva__span outs[2] = {{"out", out, kva__span_bytes(T * H, Dv, es), 0, 0},
+                               {"lse", lse, kva__span_bytes(T * H, 1, sizeof(float)), 0, 0}};
+    return kva__check_disjoint(fn, outs, 2, ins, ni);
 }
 
 /* The dense runs (kva_attention_run, kva_mla_run) refuse indexer plans
@@ -275,8 +211,8 @@ kva_status kva_mla_run(kva_context *ctx, const kva_plan *plan, const void *q, co
                   Dr = plan->d.head_dim - plan->d.head_dim_v, Dn = plan->d.mla_qk_nope_head_dim,
                   Dv = plan->d.mla_v_head_dim;
     const size_t es = kva_dtype_size(plan->d.q_dtype);
-    const tensor_span w[2] = {{"w_uk", w_uk, span_bytes(H * Dn, Dc, es)},
-                              {"w_uv", w_uv, span_bytes(H * Dc, Dv, es)}};
+    const kva__span w[2] = {{"w_uk", w_uk, kva__span_bytes(H * Dn, Dc, es), 0, 0},
+                            {"w_uv", w_uv, kva__span_bytes(H * Dc, Dv, es), 0, 0}};
     KVA_TRY(check_run_aliasing(__func__, plan, q, Dn + Dr, cache, NULL, w, 2, out, Dv, lse));
     /* Plans with MLA head sizes were refused at plan time by a backend
      * without the layer-level call. */
@@ -346,9 +282,10 @@ kva_status kva_mla_sparse_run(kva_context *ctx, const kva_plan *plan, const void
     KVA_CHECK_ALIGNED(indices, sizeof(int32_t));
     KVA_CHECK_ALIGNED(topk_length, sizeof(int32_t));
     /* indices [T, K] at row stride indices_stride, topk_length [T]. */
-    const tensor_span ix[2] = {
-        {"indices", indices, span_bytes(1, (int64_t)(T - 1) * indices_stride + K, sizeof(int32_t))},
-        {"topk_length", topk_length, span_bytes(T, 1, sizeof(int32_t))}};
+    const kva__span ix[2] = {
+        {"indices", indices,
+         kva__span_bytes(1, (int64_t)(T - 1) * indices_stride + K, sizeof(int32_t)), 0, 0},
+        {"topk_length", topk_length, kva__span_bytes(T, 1, sizeof(int32_t)), 0, 0}};
     KVA_TRY(check_run_aliasing(__func__, plan, q, plan->d.head_dim, cache, sinks, ix, 2, out,
                                plan->d.head_dim_v, lse));
     /* Device backends cannot read device indices here; their kernels treat
@@ -391,8 +328,8 @@ kva_status kva_attention_run_ragged(kva_context *ctx, const kva_plan *plan, cons
     /* k [N, Hkv, D], v [N, Hkv, Dv], N = the plan's key rows (sum of its kv lengths). */
     const int64_t N = plan->kv_start[plan->d.num_requests], Hkv = plan->d.num_kv_heads;
     const size_t es = kva_dtype_size(plan->d.q_dtype);
-    const tensor_span kv[2] = {{"k", k, span_bytes(N, Hkv * plan->d.head_dim, es)},
-                               {"v", v, span_bytes(N, Hkv * plan->d.head_dim_v, es)}};
+    const kva__span kv[2] = {{"k", k, kva__span_bytes(N, Hkv * plan->d.head_dim, es), 0, 0},
+                             {"v", v, kva__span_bytes(N, Hkv * plan->d.head_dim_v, es), 0, 0}};
     KVA_TRY(check_run_aliasing(__func__, plan, q, plan->d.head_dim, NULL, sinks, kv, 2, out,
                                plan->d.head_dim_v, lse));
     if (!ctx->ops || !ctx->ops->attention_ragged)
@@ -504,12 +441,13 @@ kva_status kva_merge_states_n(kva_context *ctx, int32_t num_parts, int32_t num_t
     const size_t outs_span = ((size_t)(num_parts - 1) * (size_t)out_stride + (size_t)part) * es;
     const size_t lses_span =
         ((size_t)(num_parts - 1) * (size_t)lse_stride + (size_t)rows) * sizeof(float);
-    if (overlaps(out, out_bytes, outs, outs_span) || overlaps(out, out_bytes, lses, lses_span))
+    if (kva__overlaps(out, out_bytes, outs, outs_span) ||
+        kva__overlaps(out, out_bytes, lses, lses_span))
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_merge_states_n: out overlaps the inputs outs or lses");
-    if (lse_out && (overlaps(lse_out, lse_bytes, outs, outs_span) ||
-                    overlaps(lse_out, lse_bytes, lses, lses_span) ||
-                    overlaps(lse_out, lse_bytes, out, out_bytes)))
+    if (lse_out && (kva__overlaps(lse_out, lse_bytes, outs, outs_span) ||
+                    kva__overlaps(lse_out, lse_bytes, lses, lses_span) ||
+                    kva__overlaps(lse_out, lse_bytes, out, out_bytes)))
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_merge_states_n: lse_out overlaps outs, lses or out");
     if (!ctx->ops || !ctx->ops->merge_states_n)
@@ -550,14 +488,15 @@ kva_status kva_indexer_run(kva_context *ctx, const kva_plan *plan, const void *q
     /* q [T, Hi, D], weights [T, Hi] and the cache in; indices [T, K] at row
      * stride indices_stride and topk_length [T] out. */
     const int64_t Hi = plan->d.num_heads;
-    tensor_span ins[4] = {
-        {"q", q, span_bytes(T * Hi, plan->d.head_dim, kva_dtype_size(plan->d.q_dtype))},
-        {"weights", weights, span_bytes(T, Hi, sizeof(float))}};
-    cache_spans(cache, &ins[2], &ins[3]);
-    const tensor_span outs[2] = {
-        {"indices", indices, span_bytes(1, (int64_t)(T - 1) * indices_stride + K, sizeof(int32_t))},
-        {"topk_length", topk_length, span_bytes(T, 1, sizeof(int32_t))}};
-    KVA_TRY(check_disjoint(fn, outs, 2, ins, 4));
+    kva__span ins[5] = {
+        {"q", q, kva__span_bytes(T * Hi, plan->d.head_dim, kva_dtype_size(plan->d.q_dtype)), 0, 0},
+        {"weights", weights, kva__span_bytes(T, Hi, sizeof(float)), 0, 0}};
+    kva__cache_spans(cache, &ins[2]);
+    const kva__span outs[2] = {
+        {"indices", indices,
+         kva__span_bytes(1, (int64_t)(T - 1) * indices_stride + K, sizeof(int32_t)), 0, 0},
+        {"topk_length", topk_length, kva__span_bytes(T, 1, sizeof(int32_t)), 0, 0}};
+    KVA_TRY(kva__check_disjoint(fn, outs, 2, ins, 5));
     /* Indexer plans were refused at plan time by a backend without one. */
     return ctx->ops->indexer(ctx, plan, q, weights, cache, indices, indices_stride, topk_length);
 }

@@ -111,6 +111,18 @@ kva_status kva__host_cache_read(kva_context *ctx, const kva_cache *cache, int32_
     return KVA_STATUS_OK;
 }
 
+kva_status kva__check_read_aliasing(const char *fn, const kva_cache *cache, int32_t num_tokens,
+                                    const int64_t *slot_mapping, const void *k, size_t k_row,
+                                    int64_t k_stride, const void *v, size_t v_row, int64_t v_stride)
+{
+    kva__span ins[4] = {
+        {"slot_mapping", slot_mapping, kva__span_bytes(num_tokens, 1, sizeof(int64_t)), 0, 0}};
+    kva__cache_spans(cache, &ins[1]);
+    const kva__span outs[2] = {{"k", k, k_row, num_tokens, k_stride},
+                               {"v", v, v_row, num_tokens, v_stride}};
+    return kva__check_disjoint(fn, outs, 2, ins, 4);
+}
+
 kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_tokens,
                           const int64_t *slot_mapping, void *k, int64_t k_token_stride, void *v,
                           int64_t v_token_stride, kva_dtype dst_dtype)
@@ -155,6 +167,9 @@ kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int32_t num_
     KVA_CHECK_ALIGNED(slot_mapping, sizeof(int64_t));
     KVA_CHECK_ALIGNED(k, es);
     KVA_CHECK_ALIGNED(v, es);
+    KVA_TRY(kva__check_read_aliasing("kva_cache_read", cache, num_tokens, slot_mapping, k,
+                                     kva__span_bytes(k_row, 1, es), ks * (int64_t)es, v,
+                                     kva__span_bytes(v_row, 1, es), vs * (int64_t)es));
     if (!cache->mem->cache_read)
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_cache_read: the %s memory space cannot read caches back yet",

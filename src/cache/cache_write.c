@@ -160,6 +160,17 @@ kva_status kva_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_token
     KVA_CHECK_ALIGNED(k, src_elem);
     KVA_CHECK_ALIGNED(v, src_elem);
     KVA_CHECK_ALIGNED(slot_mapping, sizeof(int64_t));
+    /* The aliasing rule (kvattn.h): the cache's storage (every byte of it:
+     * which blocks a call writes depends on slot values, which may be device
+     * memory) must not overlap the rows of k and v or slot_mapping. */
+    const kva__span ins[3] = {
+        {"k", k, kva__span_bytes(k_row, 1, src_elem), num_tokens, ks * (int64_t)src_elem},
+        {"v", v, kva__span_bytes(v_row, 1, src_elem), num_tokens, vs * (int64_t)src_elem},
+        {"slot_mapping", slot_mapping, kva__span_bytes(num_tokens, 1, sizeof(int64_t)), 0, 0}};
+    kva__span store[3];
+    kva__cache_spans(cache, store);
+    for (int i = 0; i < 3; i++)
+        KVA_TRY(kva__check_disjoint("kva_cache_write", &store[i], 1, ins, 3));
 
     /* The slot values are read by the memory space: a device slot_mapping
      * cannot be read without a host sync, so the CUDA kernel skips slots

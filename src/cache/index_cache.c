@@ -189,6 +189,10 @@ kva_status kva__index_cache_read(kva_context *ctx, const kva_cache *cache, int32
     KVA_CHECK_PTR(slot_mapping);
     KVA_CHECK_ALIGNED(k, kva_dtype_size(dst_dtype));
     KVA_CHECK_ALIGNED(slot_mapping, sizeof(int64_t));
+    const size_t es = kva_dtype_size(dst_dtype);
+    KVA_TRY(kva__check_read_aliasing(fn, cache, num_tokens, slot_mapping, k,
+                                     kva__span_bytes(cache->desc.head_dim, 1, es),
+                                     k_token_stride * (int64_t)es, NULL, 0, 0));
     if (cache->mem->host)
         return kva__host_index_read(ctx, cache, num_tokens, slot_mapping, k, k_token_stride,
                                     dst_dtype);

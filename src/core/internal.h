@@ -762,6 +762,39 @@ kva_status kva__resolve_token_stride(const char *fn, const char *name, int64_t s
                                      int64_t row_elems, int32_t num_tokens, size_t elem,
                                      int64_t *out);
 
+/* The aliasing rule of kvattn.h, by address ranges (src/core/aliasing.c).
+ * A span is one tensor argument: its name, address and bytes (an absent
+ * argument has p NULL or bytes 0); rows > 1 makes it rows rows of `bytes`
+ * bytes, stride bytes apart (0 or 1: one contiguous range). */
+typedef struct kva__span {
+    const char *name;
+    const void *p;
+    size_t bytes;
+    int64_t rows;
+    int64_t stride;
+} kva__span;
+/* 1 if [a, a + na) and [b, b + nb) overlap (empty ranges never do). */
+int kva__overlaps(const void *a, size_t na, const void *b, size_t nb);
+/* 1 if two spans share a byte (exact row by row for equal strides). */
+int kva__spans_overlap(const kva__span *a, const kva__span *b);
+/* rows * cols * es, saturated at SIZE_MAX. rows, cols >= 0. */
+size_t kva__span_bytes(int64_t rows, int64_t cols, size_t es);
+/* KVA_STATUS_OK if no output outs[i] overlaps an input ins[j] or an earlier
+ * output; else INVALID_ARGUMENT naming fn and both (absent spans skipped). */
+kva_status kva__check_disjoint(const char *fn, const kva__span *outs, int no, const kva__span *ins,
+                               int ni);
+/* The cache's storage: K, V (NULL where V lives in the K rows: MLA and
+ * index-key caches) and the per-token key scales (NULL for other formats). */
+void kva__cache_spans(const kva_cache *cache, kva__span spans[3]);
+
+/* kva_cache_read's aliasing check (src/cache/cache_read.c): the rows of k
+ * and v (k_row / v_row bytes each, num_tokens rows at byte strides; NULL:
+ * absent) must not overlap each other, slot_mapping or the cache's storage. */
+kva_status kva__check_read_aliasing(const char *fn, const kva_cache *cache, int32_t num_tokens,
+                                    const int64_t *slot_mapping, const void *k, size_t k_row,
+                                    int64_t k_stride, const void *v, size_t v_row,
+                                    int64_t v_stride);
+
 /* Host memory space pieces (src/cache/), used by kva__host_memory. */
 kva_status kva__host_cache_write(kva_context *ctx, kva_cache *cache, int32_t num_tokens,
                                  const void *k, int64_t k_stride, const void *v, int64_t v_stride,
