@@ -26,7 +26,8 @@ A q (and the ragged wrapper's k / v) with token or head strides, such as a
 slice of a fused qkv projection, is accepted as FlashInfer accepts it: the
 wrapper copies it to a contiguous tensor first (kvattn's kernels read packed
 rows); a strided last dimension is refused, as FlashInfer's kernels need it
-dense.
+dense. Likewise an out (or lse) with token or head strides: the run writes a
+contiguous temporary, which is copied into it (a second copy of the output).
 Arguments that only tune FlashInfer's own kernels (workspace buffers,
 use_tensor_cores, backend, use_cuda_graph, non_blocking, split options) are
 accepted and ignored: kvattn keeps its own workspace in the context.
@@ -236,12 +237,98 @@ def _packed(x):
     return x
 
 
+def _dense_last(x):
+    """Whether x is a numpy array / torch tensor with token or head strides
+    but a dense last dimension (FlashInfer's kernels read and write such
+    tensors through their strides)."""
+    if T.is_torch(x):
+        return not x.is_contiguous() and x.dim() > 0 and x.stride(-1) == 1
+    return isinstance(x, np.ndarray) and not x.flags.c_contiguous and x.ndim > 0 and \
+        x.strides[-1] == x.itemsize
+
+
+def _bytes_covered(x, name):
+    """(first, last + 1) byte addresses of tensor x, or None if it is empty."""
+    v = T.view(x, name)
+    if any(n == 0 for n in v.shape):
+        return None
+    es = _esize(v.dtype)
+    lo = sum(min(0, (n - 1) * st) for n, st in zip(v.shape, v.strides))
+    hi = sum(max(0, (n - 1) * st) for n, st in zip(v.shape, v.strides))
+    return v.ptr + lo * es, v.ptr + (hi + 1) * es
+
+
+def _staged(x, name, inputs):
+    """(the output to pass to kvattn, the caller's tensor to copy it into).
+    An out / lse with token or head strides and a dense last dimension, which
+    FlashInfer writes through its strides, is replaced by a contiguous
+    temporary of its shape and dtype (kvattn writes packed rows) and copied
+    into after the run; anything else is passed on (and checked there). As
+    kvattn's own check, the staged tensor must not overlap an input (by the
+    bytes they cover)."""
+    if x is None or not _dense_last(x):
+        return x, None
+    if isinstance(x, np.ndarray) and not x.flags.writeable:
+        return x, None  # refused by the run: read-only
+    span = _bytes_covered(x, name)
+    for nm, t in inputs:
+        other = None if t is None else _bytes_covered(t, nm)
+        if span and other and span[0] < other[1] and other[0] < span[1]:
+            raise InvalidArgumentError("%s overlaps the input %s: outputs must not overlap the "
+                                       "inputs (kvattn.h, Aliasing)" % (name, nm))
+    if T.is_torch(x):
+        import torch
+
+        return torch.empty_like(x, memory_format=torch.contiguous_format), x
+    return np.empty(x.shape, x.dtype), x
+
+
+def _unstage(res, dst):
+    """res, or the caller's strided dst holding a copy of res."""
+    if dst is None:
+        return res
+    if T.is_torch(dst):
+        dst.copy_(res)
+    else:
+        np.copyto(dst, res)
+    return dst
+
+
 def _esize(dt):
     return {T.F32: 4, T.F16: 2, T.BF16: 2}.get(dt, 1)
 
 
-def _scale_lse(lse):
-    lse *= LOG2E  # natural log -> base 2, in place (numpy or torch)
+def _scale_lse(lse, shift=None):
+    """Natural log -> base 2, in place (numpy or torch), plus shift [T, H]
+    (base 2: _alibi_lse_shift) when given."""
+    lse *= LOG2E
+    if shift is not None:
+        if T.is_torch(lse):
+            import torch
+
+            lse += torch.as_tensor(shift, device=lse.device)
+        else:
+            lse += shift
+
+
+def _alibi_lse_shift(qo_indptr, kv_lens, slopes):
+    """What FlashInfer's LSE adds to kvattn's under ALiBi: [T, H] float32 in
+    base 2, or None without ALiBi. FlashInfer's bias is slope * (kv_idx -
+    qo_idx), both counted from the request's first key and first query
+    (DefaultAttention's LogitsTransform; its decode kernels pass qo_idx 0);
+    kvattn's is slope * (j - pos) with pos = kv_len - q_len + i, the query's
+    position (kvattn.h). The softmax and the output are the same; every
+    logit of a row, and so its LSE, is larger by slope * (kv_len - q_len) in
+    FlashInfer's."""
+    if slopes is None:
+        return None
+    qo = np.asarray(qo_indptr, np.int64)
+    q_lens = np.diff(qo)
+    gap = np.asarray(kv_lens, np.int64) - q_lens
+    rows = np.zeros(int(qo[-1]) if qo.size else 0, np.float64)
+    rows[int(qo[0]) if qo.size else 0:] = np.repeat(gap, q_lens).astype(np.float64)
+    sl = np.asarray(slopes, np.float64)
+    return (rows[:, None] * sl[None, :] * LOG2E).astype(np.float32)
 
 
 class _PagedWrapper:
@@ -258,6 +345,7 @@ class _PagedWrapper:
         self._plans = {}
         self._args = None
         self._last_mult = 1  # block-id multiplier of the cache form run() saw last
+        self._alibi_lse = None  # _alibi_lse_shift of the plan
 
     def _set_plan(self, qo_indptr, seq_lens, block_table, num_qo_heads, num_kv_heads, head_dim,
                   head_dim_vo, page_size, causal, pos_encoding_mode, window_left,
@@ -279,6 +367,7 @@ class _PagedWrapper:
             causal=causal, window_left=-1 if window_left is None else window_left,
             softcap=logits_soft_cap or 0.0,
             alibi_slopes=_alibi_slopes(pos_encoding_mode, logits_soft_cap, num_qo_heads))
+        self._alibi_lse = _alibi_lse_shift(qo_indptr, seq_lens, self._args["alibi_slopes"])
         self._plans = {}
         # Validates the metadata now, as FlashInfer's plan() does, for the cache
         # form of the last run.
@@ -327,13 +416,17 @@ class _PagedWrapper:
         self._last_mult = mult
         plan = self._plan_for(mult, wl, sm)
         want_lse = return_lse or lse is not None
+        ins = (("q", q), ("sinks", sinks))
+        out, out_dst = _staged(out, "out", ins)
+        lse, lse_dst = _staged(lse, "lse", ins)
         res = plan.run(_packed(q), cache, out=out, lse=lse, return_lse=want_lse, sinks=sinks)
         o, l = res if want_lse else (res, None)
         if v_scale is not None and float(v_scale) != 1.0:
             o *= float(v_scale)
+        o = _unstage(o, out_dst)
         if l is not None:
-            _scale_lse(l)
-            return o, l
+            _scale_lse(l, self._alibi_lse)
+            return o, _unstage(l, lse_dst)
         return o
 
     def run_return_lse(self, q, paged_kv_cache, *args, **kw):
@@ -421,6 +514,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
                                    % (kv_layout,))
         self._ctx = _context_for(float_workspace_buffer, context)
         self._plan = None
+        self._alibi_lse = None
 
     def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk,
              head_dim_vo=None, custom_mask=None, packed_custom_mask=None, causal=False,
@@ -438,13 +532,16 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         if kv.ndim != 1 or kv.shape[0] < 1 or (np.diff(kv) < 0).any():
             raise InvalidArgumentError("kv_indptr must be a non-decreasing [R+1] array")
         self._kv_first = int(kv[0])
+        slopes = _alibi_slopes(pos_encoding_mode, logits_soft_cap, num_qo_heads)
         self._plan = Plan(
             self._ctx, qo_indptr, np.diff(kv).astype(np.int32), None,
             block_size=1, num_heads=num_qo_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim_qk, head_dim_v=head_dim_vo or head_dim_qk, q_dtype=qdt,
             scale=_sm_scale(sm_scale, head_dim_qk),
             causal=causal, window_left=window_left, softcap=logits_soft_cap or 0.0,
-            alibi_slopes=_alibi_slopes(pos_encoding_mode, logits_soft_cap, num_qo_heads))
+            alibi_slopes=slopes)
+        self._alibi_lse = _alibi_lse_shift(T.host_array(qo_indptr, np.int32, "qo_indptr"),
+                                           np.diff(kv), slopes)
 
     begin_forward = plan
 
@@ -461,11 +558,15 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         if k.shape[0] != n or v.shape[0] != n:
             k, v = k[:n], v[:n]
         want_lse = return_lse or lse is not None
+        ins = (("q", q), ("k", k), ("v", v), ("sinks", sinks))
+        out, out_dst = _staged(out, "out", ins)
+        lse, lse_dst = _staged(lse, "lse", ins)
         res = p.run_ragged(_packed(q), _packed(k), _packed(v), out=out, lse=lse,
                            return_lse=want_lse, sinks=sinks)
         if want_lse:
-            _scale_lse(res[1])
-        return res
+            _scale_lse(res[1], self._alibi_lse)
+            return _unstage(res[0], out_dst), _unstage(res[1], lse_dst)
+        return _unstage(res, out_dst)
 
     def run_return_lse(self, q, k, v, *args, **kw):
         kw["return_lse"] = True
@@ -576,12 +677,12 @@ class BatchMLAPagedAttentionWrapper:
             self._caches[key] = cache
         return cache
 
-    def _finish(self, res, want_lse, base_e):
+    def _finish(self, res, want_lse, base_e, out_dst, lse_dst):
         if not want_lse:
-            return res
+            return _unstage(res, out_dst)
         if not base_e:
             _scale_lse(res[1])
-        return res
+        return _unstage(res[0], out_dst), _unstage(res[1], lse_dst)
 
     def _start(self, what, q, ckv_cache, kpe_cache):
         """The plan and the latent cache of a run (and, CUDA, torch's stream)."""
@@ -603,8 +704,11 @@ class BatchMLAPagedAttentionWrapper:
         (FlashInfer's cutlass backend) are ignored."""
         p, cache = self._start("run()", q_nope, ckv_cache, kpe_cache)
         want = return_lse or lse is not None
+        ins = (("q_nope", q_nope), ("q_pe", q_pe))
+        out, out_dst = _staged(out, "out", ins)
+        lse, lse_dst = _staged(lse, "lse", ins)
         res = p.run(_cat_last(q_nope, q_pe), cache, out=out, lse=lse, return_lse=want)
-        return self._finish(res, want, return_lse_base_on_e)
+        return self._finish(res, want, return_lse_base_on_e, out_dst, lse_dst)
 
     def run_layer(self, q, w_uk, w_uv, ckv_cache, kpe_cache, out=None, lse=None,
                   return_lse=False, return_lse_base_on_e=False):
@@ -613,8 +717,11 @@ class BatchMLAPagedAttentionWrapper:
         lse) as run()."""
         p, cache = self._start("run_layer()", q, ckv_cache, kpe_cache)
         want = return_lse or lse is not None
+        ins = (("q", q), ("w_uk", w_uk), ("w_uv", w_uv))
+        out, out_dst = _staged(out, "out", ins)
+        lse, lse_dst = _staged(lse, "lse", ins)
         res = p.run_mla(q, w_uk, w_uv, cache, out=out, lse=lse, return_lse=want)
-        return self._finish(res, want, return_lse_base_on_e)
+        return self._finish(res, want, return_lse_base_on_e, out_dst, lse_dst)
 
 
 def merge_state(v_a, s_a, v_b, s_b):

@@ -61,6 +61,87 @@ def grid(seed, n):
         yield rng, c
 
 
+def alibi_gap(q_lens, kv_lens, alibi):
+    """[T, H]: FlashInfer's ALiBi LSE minus kvattn's (natural log): its bias
+    counts key and query from the request's start, slope * (j - i), kvattn's
+    from the query's position, slope * (j - (kv_len - q_len + i))."""
+    if alibi is None:
+        return 0.0
+    rows = np.repeat(np.asarray(kv_lens) - np.asarray(q_lens), q_lens)
+    return rows[:, None] * np.asarray(alibi, np.float64)[None, :]
+
+
+def flashinfer_alibi_attention(q, keys, values, q_lens, slopes, causal=True, scale=None):
+    """FlashInfer's ALiBi as its DefaultAttention computes it, in float64:
+    logit = scale * q.k + slope * (kv_idx - qo_idx) with kv_idx, qo_idx
+    counted from the request's first key and query (decode: qo_idx 0), the
+    causal mask bottom-right. Returns out and the base-2 LSE FlashInfer
+    returns."""
+    q = np.asarray(q, np.float64)
+    t_all, h, d = q.shape
+    scale = scale or 1.0 / math.sqrt(d)
+    out = np.zeros((t_all, h, values[0].shape[2]))
+    lse2 = np.zeros((t_all, h))
+    t0 = 0
+    for r, ql in enumerate(q_lens):
+        k, v = np.asarray(keys[r], np.float64), np.asarray(values[r], np.float64)
+        s, group = k.shape[0], h // k.shape[1]
+        for qo_idx in range(ql):
+            kv_idx = np.arange(s)
+            vis = kv_idx <= s - ql + qo_idx if causal else np.ones(s, bool)
+            for hh in range(h):
+                logit = scale * (k[:, hh // group] @ q[t0 + qo_idx, hh]) + \
+                    slopes[hh] * (kv_idx - qo_idx)
+                logit = logit[vis]
+                m = logit.max()
+                e = np.exp(logit - m)
+                out[t0 + qo_idx, hh] = (e / e.sum()) @ v[vis, hh // group]
+                lse2[t0 + qo_idx, hh] = (m + np.log(e.sum())) * LOG2E
+        t0 += ql
+    return out, lse2
+
+
+def test_alibi_lse_matches_flashinfer():
+    """With ALiBi the wrappers return FlashInfer's LSE (its bias is larger
+    than kvattn's by slope * (kv_len - q_len) per row), outputs as before."""
+    rng = np.random.default_rng(21)
+    slopes = fi.get_alibi_slopes(4).astype(np.float64)
+    kv_lens = [30, 50, 7]
+    paged, indptr, indices, last, keys, values = random_paged(
+        rng, kv_lens, 8, 2, 32, "NHD", np.float32, False)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD")
+    w.plan(indptr, indices, last, 4, 2, 32, 8, pos_encoding_mode="ALIBI",
+           q_data_type="float32")
+    q = rng.standard_normal((3, 4, 32)).astype(np.float32)
+    out, lse = w.run(q, paged, return_lse=True)
+    fo, fl = flashinfer_alibi_attention(q, keys, values, [1, 1, 1], slopes)
+    np.testing.assert_allclose(out, fo, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse, fl, rtol=1e-5, atol=1e-4)
+    # kvattn's own LSE differs by slope * (kv_len - 1): the check can fail.
+    _, kl = attention(q, keys, values, [1, 1, 1], causal=True, alibi=slopes)
+    assert np.abs(kl * LOG2E - fl).max() > 1.0
+
+    p = fi.BatchPrefillWithPagedKVCacheWrapper(None, "NHD")
+    q_lens = [3, 4, 7]
+    qo = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    p.plan(qo, indptr, indices, last, 4, 2, 32, 8, causal=True, pos_encoding_mode="ALIBI",
+           q_data_type="float32")
+    q = rng.standard_normal((14, 4, 32)).astype(np.float32)
+    out, lse = p.run(q, paged, return_lse=True)
+    fo, fl = flashinfer_alibi_attention(q, keys, values, q_lens, slopes)
+    np.testing.assert_allclose(out, fo, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse, fl, rtol=1e-5, atol=1e-4)
+
+    r = fi.BatchPrefillWithRaggedKVCacheWrapper(None)
+    kv = np.concatenate([[0], np.cumsum(kv_lens)]).astype(np.int32)
+    r.plan(qo, kv, 4, 2, 32, causal=True, pos_encoding_mode="ALIBI", q_data_type="float32")
+    k = np.concatenate(keys).astype(np.float32)
+    v = np.concatenate(values).astype(np.float32)
+    out, lse = r.run(q, k, v, return_lse=True)
+    np.testing.assert_allclose(out, fo, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse, fl, rtol=1e-5, atol=1e-4)
+
+
 def tol(dtype):
     return 1e-3 if dtype == np.float16 else 1e-5
 
@@ -85,6 +166,7 @@ def test_decode_wrapper_grid(seed):
                            scale=c["sm_scale"], alibi=alibi)
         t = tol(c["dtype"])
         np.testing.assert_allclose(out.astype(np.float64), ro, rtol=t, atol=t, err_msg=str(c))
+        rl = rl + alibi_gap([1] * len(kv_lens), kv_lens, alibi)
         np.testing.assert_allclose(lse, rl * LOG2E, rtol=t, atol=t, err_msg=str(c))
         out2 = w.run(q, paged)  # without lse: the same output
         np.testing.assert_array_equal(out2, out)
@@ -114,6 +196,7 @@ def test_prefill_wrapper_grid(seed):
                            scale=c["sm_scale"], alibi=alibi)
         t = tol(c["dtype"])
         np.testing.assert_allclose(out.astype(np.float64), ro, rtol=t, atol=t, err_msg=str(c))
+        rl = rl + alibi_gap(q_lens, kv_lens, alibi)
         np.testing.assert_allclose(lse, rl * LOG2E, rtol=t, atol=t, err_msg=str(c))
 
 
@@ -248,6 +331,76 @@ def test_strided_q_runs_as_contiguous():
     # A strided last dimension: FlashInfer's kernels need it dense, the wrapper refuses it.
     with pytest.raises(kvattn.InvalidArgumentError, match="contiguous"):
         r.run(np.repeat(q, 2, axis=2)[..., ::2], k, v)
+
+
+def _strided_nan(shape, dtype):
+    """A NaN tensor [N, H, D] whose token rows are strided (out as a slice of
+    a wider buffer), and the buffer, to check the bytes around it."""
+    n, h, d = shape
+    buf = np.full((n, 3 * h * d), np.nan, dtype)
+    return buf[:, h * d: 2 * h * d].reshape(n, h, d), buf
+
+
+def test_strided_out_runs_as_contiguous():
+    """FlashInfer writes out (and lse) through their token / head strides; the
+    wrappers run into a contiguous temporary and copy it there: the bytes of
+    the contiguous call, nothing written beside the slice."""
+    rng = np.random.default_rng(15)
+    paged, indptr, indices, last, keys, values = random_paged(
+        rng, [30, 50], 8, 2, 64, "NHD", np.float16, False)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD")
+    w.plan(indptr, indices, last, 4, 2, 64, 8, q_data_type="float16")
+    q = rng.standard_normal((2, 4, 64)).astype(np.float16)
+    ref_out, ref_lse = w.run(q, paged, return_lse=True)
+    out, buf = _strided_nan((2, 4, 64), np.float16)
+    o, l = w.run(q, paged, out=out, return_lse=True, v_scale=0.5)
+    assert o is out
+    np.testing.assert_array_equal(out, (ref_out * np.float16(0.5)).astype(np.float16))
+    np.testing.assert_array_equal(l, ref_lse)
+    assert np.isnan(buf[:, :4 * 64]).all() and np.isnan(buf[:, 8 * 64:]).all()
+    # lse [T, H] with a token stride (a column slice of a wider buffer).
+    lse_buf = np.full((2, 12), np.nan, np.float32)
+    lse = lse_buf[:, 4:8]
+    out2, buf2 = _strided_nan((2, 4, 64), np.float16)
+    o, l = w.run(q, paged, out=out2, lse=lse)
+    assert o is out2 and l is lse
+    np.testing.assert_array_equal(out2, ref_out)
+    np.testing.assert_array_equal(lse, ref_lse)
+    assert np.isnan(lse_buf[:, :4]).all() and np.isnan(lse_buf[:, 8:]).all()
+    # A strided last dimension is still refused, nothing written.
+    bad = np.full((2, 4, 128), np.nan, np.float16)
+    with pytest.raises(kvattn.InvalidArgumentError, match="contiguous"):
+        w.run(q, paged, out=bad[..., ::2])
+    assert np.isnan(bad).all()
+    # A strided out over q is refused as a contiguous one is.
+    fused = rng.standard_normal((2, 3 * 4 * 64)).astype(np.float16)
+    qf = fused[:, :4 * 64].reshape(2, 4, 64)
+    keep = fused.copy()
+    with pytest.raises(kvattn.InvalidArgumentError, match="overlaps"):
+        w.run(qf, paged, out=fused[:, 64: 5 * 64].reshape(2, 4, 64))
+    np.testing.assert_array_equal(fused, keep)
+
+    p = fi.BatchPrefillWithPagedKVCacheWrapper(None, "NHD")
+    qo = np.array([0, 3, 7], np.int32)
+    p.plan(qo, indptr, indices, last, 4, 2, 64, 8, causal=True, q_data_type="float16")
+    q = rng.standard_normal((7, 4, 64)).astype(np.float16)
+    out, buf = _strided_nan((7, 4, 64), np.float16)
+    assert p.run(q, paged, out=out) is out
+    np.testing.assert_array_equal(out, p.run(q, paged))
+
+    r = fi.BatchPrefillWithRaggedKVCacheWrapper(None)
+    kv = np.array([0, 6, 11], np.int32)
+    r.plan(qo, kv, 4, 2, 32, causal=True, q_data_type="float32")
+    q = rng.standard_normal((7, 4, 32)).astype(np.float32)
+    k = rng.standard_normal((11, 2, 32)).astype(np.float32)
+    v = rng.standard_normal((11, 2, 32)).astype(np.float32)
+    co, cl = r.run(q, k, v, return_lse=True)
+    out, buf = _strided_nan((7, 4, 32), np.float32)
+    o, l = r.run(q, k, v, out=out, return_lse=True)
+    assert o is out
+    np.testing.assert_array_equal(out, co)
+    np.testing.assert_array_equal(l, cl)
+    assert np.isnan(buf[:, :4 * 32]).all() and np.isnan(buf[:, 8 * 32:]).all()
 
 
 def test_merge_state_base2():

@@ -173,6 +173,36 @@ def test_flashinfer_mla_wrapper(dt):
     close(out, lay.naive()[0], dt)
 
 
+def test_wrapper_strided_out():
+    """A strided out / lse (slices of wider buffers), as FlashInfer writes
+    them: the bytes of the contiguous call, nothing beside the slices."""
+    rng = np.random.default_rng(12)
+    lay = Layer(rng, dt="f32", **CASES[0])
+    w = fi.BatchMLAPagedAttentionWrapper(np.empty(16, np.uint8))
+    w.plan(lay.qsl, lay.indptr, lay.indices, np.array(lay.seq_lens, np.int32), lay.h, lay.dc,
+           lay.dr, lay.bs, True, lay.scale, "f32", "f32", qk_nope_head_dim=lay.dn,
+           v_head_dim=lay.dv)
+    ckv, kpe = lay.kv[..., : lay.dc], lay.kv[..., lay.dc:]
+    qa = lay.absorbed_q().astype(np.float32)
+    t = qa.shape[0]
+    want, want_lse = w.run(qa[..., : lay.dc], qa[..., lay.dc:], ckv, kpe, return_lse=True)
+    buf = np.full((t, 2 * lay.h * lay.dc), np.nan, np.float32)
+    out = buf[:, lay.h * lay.dc:].reshape(t, lay.h, lay.dc)
+    lbuf = np.full((t, 2 * lay.h), np.nan, np.float32)
+    lse = lbuf[:, : lay.h]
+    o, l = w.run(qa[..., : lay.dc], qa[..., lay.dc:], ckv, kpe, out=out, lse=lse)
+    assert o is out and l is lse
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(lse, want_lse)
+    assert np.isnan(buf[:, : lay.h * lay.dc]).all() and np.isnan(lbuf[:, lay.h:]).all()
+    want = w.run_layer(lay.q, lay.w_uk, lay.w_uv, ckv, kpe)
+    buf = np.full((t, 2 * lay.h * lay.dv), np.nan, np.float32)
+    out = buf[:, : lay.h * lay.dv].reshape(t, lay.h, lay.dv)
+    assert w.run_layer(lay.q, lay.w_uk, lay.w_uv, ckv, kpe, out=out) is out
+    np.testing.assert_array_equal(out, want)
+    assert np.isnan(buf[:, lay.h * lay.dv:]).all()
+
+
 def test_bad_inputs_leave_outputs():
     rng = np.random.default_rng(3)
     lay = Layer(rng, dt="f32", **CASES[0])
