@@ -300,20 +300,34 @@ def _esize(dt):
 
 def _scale_lse(lse, shift=None):
     """Natural log -> base 2, in place (numpy or torch), plus shift [T, H]
-    (base 2: _alibi_lse_shift) when given."""
+    (base 2: _LseShift) when given."""
     lse *= LOG2E
     if shift is not None:
-        if T.is_torch(lse):
+        lse += shift.like(lse)
+
+
+class _LseShift:
+    """A plan's _alibi_lse_shift, as numpy and, once per torch device, as a
+    tensor there (copied at the first run, not on every run: a run inside a
+    CUDA graph capture does no host-to-device copy after the first)."""
+
+    def __init__(self, host):
+        self.host, self.dev = host, {}
+
+    def like(self, lse):
+        if not T.is_torch(lse):
+            return self.host
+        t = self.dev.get(lse.device)
+        if t is None:
             import torch
 
-            lse += torch.as_tensor(shift, device=lse.device)
-        else:
-            lse += shift
+            t = self.dev[lse.device] = torch.as_tensor(self.host, device=lse.device)
+        return t
 
 
 def _alibi_lse_shift(qo_indptr, kv_lens, slopes):
     """What FlashInfer's LSE adds to kvattn's under ALiBi: [T, H] float32 in
-    base 2, or None without ALiBi. FlashInfer's bias is slope * (kv_idx -
+    base 2 (an _LseShift), or None without ALiBi. FlashInfer's bias is slope * (kv_idx -
     qo_idx), both counted from the request's first key and first query
     (DefaultAttention's LogitsTransform; its decode kernels pass qo_idx 0);
     kvattn's is slope * (j - pos) with pos = kv_len - q_len + i, the query's
@@ -322,13 +336,13 @@ def _alibi_lse_shift(qo_indptr, kv_lens, slopes):
     FlashInfer's."""
     if slopes is None:
         return None
-    qo = np.asarray(qo_indptr, np.int64)
+    qo = T.host_array(qo_indptr, np.int64, "qo_indptr")
     q_lens = np.diff(qo)
     gap = np.asarray(kv_lens, np.int64) - q_lens
     rows = np.zeros(int(qo[-1]) if qo.size else 0, np.float64)
     rows[int(qo[0]) if qo.size else 0:] = np.repeat(gap, q_lens).astype(np.float64)
     sl = np.asarray(slopes, np.float64)
-    return (rows[:, None] * sl[None, :] * LOG2E).astype(np.float32)
+    return _LseShift((rows[:, None] * sl[None, :] * LOG2E).astype(np.float32))
 
 
 class _PagedWrapper:
@@ -540,8 +554,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             scale=_sm_scale(sm_scale, head_dim_qk),
             causal=causal, window_left=window_left, softcap=logits_soft_cap or 0.0,
             alibi_slopes=slopes)
-        self._alibi_lse = _alibi_lse_shift(T.host_array(qo_indptr, np.int32, "qo_indptr"),
-                                           np.diff(kv), slopes)
+        self._alibi_lse = _alibi_lse_shift(qo_indptr, np.diff(kv), slopes)
 
     begin_forward = plan
 

@@ -190,6 +190,25 @@ def test_from_tensors_shares_memory(ctx):
     np.testing.assert_array_equal(v[3, 7], kn[2])
 
 
+def test_write_from_the_cache_itself_raises(ctx):
+    """k / v rows inside the cache's own storage (kvattn.h's aliasing rule):
+    InvalidArgumentError naming both, the storage unchanged; rows in the
+    buffer right after the storage are fine."""
+    buf = RNG.standard_normal(2 * 4 * 8 * 2 * 16 + 3 * 2 * 16).astype(np.float16)
+    k = buf[: 4 * 8 * 2 * 16].reshape(4, 8, 2, 16)
+    v = buf[4 * 8 * 2 * 16: 2 * 4 * 8 * 2 * 16].reshape(4, 8, 2, 16)
+    rows = buf[2 * 4 * 8 * 2 * 16:].reshape(3, 2, 16)
+    c = kvattn.Cache.from_tensors(ctx, k, v)
+    keep = buf.copy()
+    with pytest.raises(kvattn.InvalidArgumentError, match="cache K.*overlaps|overlaps.*cache K"):
+        c.write(k[2, :3], rows, [0, 1, 2])
+    with pytest.raises(kvattn.InvalidArgumentError, match="overlaps"):
+        c.write(rows, v[0, 5:8], [0, 1, 2])
+    np.testing.assert_array_equal(buf, keep)
+    c.write(rows, rows, [0, 1, 2])  # touching V's end: runs
+    np.testing.assert_array_equal(k[0, :3], rows)
+
+
 def test_quantized_cache_int8():
     ctx = kvattn.Context("cpu", 1)
     hkv, d = 2, 32
