@@ -36,8 +36,9 @@
  * check it by address ranges (device pointers are compared, never read): out
  * and lse (the indexer's indices and topk_length) overlapping each other, q,
  * the ragged k / v, sinks, the MLA weights, the sparse indices, the indexer's
- * weights or the cache's K / V storage get KVA_STATUS_INVALID_ARGUMENT with a
- * message naming both, and nothing is written. Adjacent buffers are fine.
+ * weights or the cache's storage (K, V, per-token key scales) get
+ * KVA_STATUS_INVALID_ARGUMENT with a message naming both, and nothing is
+ * written. Adjacent buffers are fine.
  * The cache calls check it the same way: kva_cache_write's k / v rows and
  * slot_mapping against the whole storage of the cache (K, V and the per-token
  * key scales: which blocks a call writes depends on slot values the host may
