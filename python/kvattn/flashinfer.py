@@ -33,14 +33,27 @@ use_tensor_cores, backend, use_cuda_graph, non_blocking, split options) are
 accepted and ignored: kvattn keeps its own workspace in the context.
 """
 
-import math
-
 import numpy as np
 
 from . import _lib as L
 from . import _tensor as T
-from .core import Cache, Plan, default_context, dtype_code, merge_states as _merge
+from .core import Cache, Plan, merge_states as _merge
 from ._errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
+from ._fi_common import (  # noqa: F401 (get_alibi_slopes is public here)
+    LN2,
+    _dtype,
+    get_alibi_slopes,
+    _context_for,
+    _paged_metadata,
+    _KVCacheViews,
+    _sm_scale,
+    _alibi_slopes,
+    _packed,
+    _staged,
+    _unstage,
+    _esize,
+    _scale_lse,
+    _alibi_lse_shift)
 
 __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
@@ -52,298 +65,6 @@ __all__ = [
     "merge_states",
     "get_alibi_slopes",
 ]
-
-LOG2E = 1.0 / math.log(2.0)
-LN2 = math.log(2.0)
-
-_DTYPE_ALIASES = {"float16": "f16", "half": "f16", "bfloat16": "bf16", "float32": "f32",
-                  "float": "f32"}
-
-
-def _dtype(x):
-    if x is None:
-        return None
-    if isinstance(x, str):
-        x = _DTYPE_ALIASES.get(x.replace("torch.", ""), x)
-    return dtype_code(x)
-
-
-def get_alibi_slopes(num_heads):
-    """ALiBi slopes of num_heads heads (the geometric series of the ALiBi
-    paper, with the interleaved extension for a count that is not a power of 2)."""
-    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
-        raise InvalidArgumentError("get_alibi_slopes: num_heads = %r is not a positive integer"
-                                   % (num_heads,))
-    num_heads = int(num_heads)
-    n = 2 ** math.floor(math.log2(num_heads))
-    m0 = 2.0 ** (-8.0 / n)
-    slopes = [m0 ** (i + 1) for i in range(n)]
-    if n < num_heads:
-        m1 = 2.0 ** (-4.0 / n)
-        slopes += [m1 ** (2 * i + 1) for i in range(num_heads - n)]
-    return np.asarray(slopes, dtype=np.float32)
-
-
-def _context_for(workspace, context):
-    """The wrapper's context: context if given; for a CUDA workspace a context
-    of its own (a CUDA context's newest plan owns its device metadata, and
-    FlashInfer code plans its decode and prefill wrappers before running
-    either); the shared CPU context otherwise."""
-    if context is not None:
-        return context
-    if workspace is None:
-        return default_context("cpu")
-    v = T.view(workspace, "float_workspace_buffer")
-    if v.device == T.CUDA:
-        from .core import Context
-
-        return Context("cuda", 0, v.device_id)
-    return default_context(v.device, v.device_id)
-
-
-def _paged_metadata(indptr, indices, last_page_len, page_size):
-    """FlashInfer's CSR page table -> (seq_lens [R], block_table [R, max_pages])."""
-    ip = T.host_array(indptr, np.int32, "paged_kv_indptr")
-    ix = T.host_array(indices, np.int32, "paged_kv_indices")
-    lp = T.host_array(last_page_len, np.int32, "paged_kv_last_page_len")
-    if ip.ndim != 1 or ip.shape[0] < 1 or lp.shape != (ip.shape[0] - 1,):
-        raise ShapeMismatchError("paged_kv_indptr %s must be [R+1] and paged_kv_last_page_len %s "
-                                 "[R]" % (ip.shape, lp.shape))
-    r = lp.shape[0]
-    npages = np.diff(ip)
-    if r and (npages.min() < 0 or ip[-1] > ix.shape[0] or ip[0] < 0):
-        raise InvalidArgumentError("paged_kv_indptr must be non-decreasing within "
-                                   "[0, len(paged_kv_indices) = %d]" % ix.shape[0])
-    if r and (lp.min() < 0 or lp.max() > page_size):
-        raise InvalidArgumentError("paged_kv_last_page_len must lie in [0, page_size = %d]"
-                                   % page_size)
-    seq_lens = np.where(npages > 0, (npages - 1) * page_size + lp, 0).astype(np.int32)
-    width = max(int(npages.max()) if r else 0, 1)
-    bt = np.zeros((r, width), np.int32)
-    if r and ip[-1] > ip[0]:
-        rows = np.repeat(np.arange(r), npages)
-        cols = np.arange(ip[-1] - ip[0]) - np.repeat(ip[:-1] - ip[0], npages)
-        bt[rows, cols] = ix[ip[0]:ip[-1]]
-    return seq_lens, bt
-
-
-class _KVCacheViews:
-    """kva caches wrapping the caller's paged K/V tensors, one per (address,
-    shape, form); a cache only describes memory, so one made for an earlier
-    tensor at the same address with the same shape is still right."""
-
-    def __init__(self):
-        self._caches = {}
-
-    def get(self, ctx, paged_kv_cache, layout, page_size, hkv, d, dv, dtype):
-        if isinstance(paged_kv_cache, (tuple, list)):
-            if len(paged_kv_cache) != 2:
-                raise InvalidArgumentError("paged_kv_cache: a (k, v) pair or one 5-D tensor")
-            kv = T.view(paged_kv_cache[0], "paged_kv_cache[0]")
-            vv = T.view(paged_kv_cache[1], "paged_kv_cache[1]")
-            kshape, vshape, kst, vst = kv.shape, vv.shape, kv.strides, vv.strides
-            kptr, vptr, dt, dev, devid = kv.ptr, vv.ptr, kv.dtype, kv.device, kv.device_id
-            if vv.dtype != dt or vv.device != dev:
-                raise InvalidArgumentError("paged_kv_cache: k and v differ in dtype or device")
-        else:
-            c = T.view(paged_kv_cache, "paged_kv_cache")
-            if len(c.shape) != 5 or c.shape[1] != 2:
-                raise ShapeMismatchError("paged_kv_cache: expected [NB, 2, ...] (5-D), got %s"
-                                         % (c.shape,))
-            kshape = vshape = c.shape[:1] + c.shape[2:]
-            kst = vst = c.strides[:1] + c.strides[2:]
-            kptr = c.ptr
-            vptr = c.ptr + c.strides[1] * _esize(c.dtype)
-            dt, dev, devid = c.dtype, c.device, c.device_id
-        if dev != ctx.device or (dev == T.CUDA and devid != ctx.device_id):
-            raise InvalidArgumentError("paged_kv_cache on %s:%d, but the wrapper computes on %s:%d"
-                                       % (dev, devid, ctx.device, ctx.device_id))
-        if dt != dtype:
-            raise UnsupportedError("paged_kv_cache dtype %s differs from q's; kvattn reads "
-                                   "unquantized caches in the query dtype" % dt)
-        inner = (page_size, hkv) if layout == 0 else (hkv, page_size)
-        if tuple(kshape[1:]) != inner + (d,) or tuple(vshape[1:]) != inner + (dv,) or \
-                kshape[0] != vshape[0]:
-            raise ShapeMismatchError(
-                "paged_kv_cache: k %s / v %s do not match the plan ([NB, %d, %d, %d / %d], %s)"
-                % (tuple(kshape), tuple(vshape), inner[0], inner[1], d, dv,
-                   "NHD" if layout == 0 else "HND"))
-        nb = kshape[0]
-        page_k, page_v = page_size * hkv * d, page_size * hkv * dv
-        if kst[1:] != (inner[1] * d, d, 1) or vst[1:] != (inner[1] * dv, dv, 1):
-            raise InvalidArgumentError("paged_kv_cache: pages must be contiguous (strides %s, %s)"
-                                       % (kst, vst))
-        if kst[0] == page_k and vst[0] == page_v:
-            mult = 1
-        elif d == dv and kst[0] == 2 * page_k and vst[0] == 2 * page_k and \
-                vptr - kptr == page_k * _esize(dt):
-            mult = 2  # interleaved K/V pages: kva_cache_create_from_interleaved, block 2p
-        else:
-            raise InvalidArgumentError("paged_kv_cache: page stride %d / %d elements is neither "
-                                       "one page nor a K/V page pair" % (kst[0], vst[0]))
-        key = (kptr, vptr, nb, page_size, hkv, d, dv, dt, layout, ctx.device_id)
-        cache = self._caches.get(key)
-        if cache is None:
-            if len(self._caches) > 64:
-                self._caches.clear()
-            cache = Cache._wrap(ctx, kptr, None if mult == 2 else vptr, nb, page_size, hkv, d,
-                                dv, dt, layout, ())
-            self._caches[key] = cache
-        return cache, mult
-
-
-def _sm_scale(sm_scale, head_dim, mul=1.0):
-    """The softmax scale FlashInfer means: sm_scale (1/sqrt(head_dim) when
-    None) times mul (run()'s q_scale * k_scale). A scale of 0 (every logit
-    0) is refused: kvattn reads scale 0 as 1/sqrt(head_dim) and would
-    silently attend with that instead."""
-    s = (1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)) * float(mul)
-    if s == 0.0:
-        raise UnsupportedError("sm_scale %r (times q_scale * k_scale = %r) is 0: kvattn's scale 0 "
-                               "means 1/sqrt(head_dim), so a zero softmax scale cannot be "
-                               "expressed" % (sm_scale, mul))
-    return s
-
-
-def _alibi_slopes(pos_encoding_mode, logits_soft_cap, num_qo_heads):
-    """The ALiBi slopes of pos_encoding_mode "ALIBI" (None otherwise).
-    FlashInfer adds the bias to the scaled logit before the soft-cap's tanh
-    (cap * tanh((s + bias) / cap)); kvattn adds it after (cap * tanh(s / cap)
-    + bias) and cannot express FlashInfer's order, so the pair is refused
-    rather than computed differently."""
-    if pos_encoding_mode != "ALIBI":
-        return None
-    if logits_soft_cap:
-        raise UnsupportedError("pos_encoding_mode 'ALIBI' with logits_soft_cap %r: FlashInfer "
-                               "adds the ALiBi bias before the soft-cap's tanh, kvattn after it, "
-                               "so the combination cannot be expressed" % (logits_soft_cap,))
-    return get_alibi_slopes(num_qo_heads)
-
-
-def _packed(x):
-    """x, or a contiguous copy of a numpy array / torch tensor whose token and
-    head strides are free but whose last dimension is dense (a q sliced from a
-    fused qkv projection): FlashInfer's kernels read such tensors through
-    their token and head strides, kvattn's runs read packed rows. A strided
-    last dimension, which FlashInfer does not read either, is passed on and
-    refused."""
-    if T.is_torch(x):
-        if x.is_contiguous() or x.dim() == 0 or x.stride(-1) != 1:
-            return x
-        return x.contiguous()
-    if isinstance(x, np.ndarray) and not x.flags.c_contiguous and x.ndim > 0 and \
-            x.strides[-1] == x.itemsize:
-        return np.ascontiguousarray(x)
-    return x
-
-
-def _dense_last(x):
-    """Whether x is a numpy array / torch tensor with token or head strides
-    but a dense last dimension (FlashInfer's kernels read and write such
-    tensors through their strides)."""
-    if T.is_torch(x):
-        return not x.is_contiguous() and x.dim() > 0 and x.stride(-1) == 1
-    return isinstance(x, np.ndarray) and not x.flags.c_contiguous and x.ndim > 0 and \
-        x.strides[-1] == x.itemsize
-
-
-def _bytes_covered(x, name):
-    """(first, last + 1) byte addresses of tensor x, or None if it is empty."""
-    v = T.view(x, name)
-    if any(n == 0 for n in v.shape):
-        return None
-    es = _esize(v.dtype)
-    lo = sum(min(0, (n - 1) * st) for n, st in zip(v.shape, v.strides))
-    hi = sum(max(0, (n - 1) * st) for n, st in zip(v.shape, v.strides))
-    return v.ptr + lo * es, v.ptr + (hi + 1) * es
-
-
-def _staged(x, name, inputs):
-    """(the output to pass to kvattn, the caller's tensor to copy it into).
-    An out / lse with token or head strides and a dense last dimension, which
-    FlashInfer writes through its strides, is replaced by a contiguous
-    temporary of its shape and dtype (kvattn writes packed rows) and copied
-    into after the run; anything else is passed on (and checked there). As
-    kvattn's own check, the staged tensor must not overlap an input (by the
-    bytes they cover)."""
-    if x is None or not _dense_last(x):
-        return x, None
-    if isinstance(x, np.ndarray) and not x.flags.writeable:
-        return x, None  # refused by the run: read-only
-    span = _bytes_covered(x, name)
-    for nm, t in inputs:
-        other = None if t is None else _bytes_covered(t, nm)
-        if span and other and span[0] < other[1] and other[0] < span[1]:
-            raise InvalidArgumentError("%s overlaps the input %s: outputs must not overlap the "
-                                       "inputs (kvattn.h, Aliasing)" % (name, nm))
-    if T.is_torch(x):
-        import torch
-
-        return torch.empty_like(x, memory_format=torch.contiguous_format), x
-    return np.empty(x.shape, x.dtype), x
-
-
-def _unstage(res, dst):
-    """res, or the caller's strided dst holding a copy of res."""
-    if dst is None:
-        return res
-    if T.is_torch(dst):
-        dst.copy_(res)
-    else:
-        np.copyto(dst, res)
-    return dst
-
-
-def _esize(dt):
-    return {T.F32: 4, T.F16: 2, T.BF16: 2}.get(dt, 1)
-
-
-def _scale_lse(lse, shift=None):
-    """Natural log -> base 2, in place (numpy or torch), plus shift [T, H]
-    (base 2: _LseShift) when given."""
-    lse *= LOG2E
-    if shift is not None:
-        lse += shift.like(lse)
-
-
-class _LseShift:
-    """A plan's _alibi_lse_shift, as numpy and, once per torch device, as a
-    tensor there (copied at the first run, not on every run: a run inside a
-    CUDA graph capture does no host-to-device copy after the first)."""
-
-    def __init__(self, host):
-        self.host, self.dev = host, {}
-
-    def like(self, lse):
-        if not T.is_torch(lse):
-            return self.host
-        t = self.dev.get(lse.device)
-        if t is None:
-            import torch
-
-            t = self.dev[lse.device] = torch.as_tensor(self.host, device=lse.device)
-        return t
-
-
-def _alibi_lse_shift(qo_indptr, kv_lens, slopes):
-    """What FlashInfer's LSE adds to kvattn's under ALiBi: [T, H] float32 in
-    base 2 (an _LseShift), or None without ALiBi. FlashInfer's bias is slope * (kv_idx -
-    qo_idx), both counted from the request's first key and first query
-    (DefaultAttention's LogitsTransform; its decode kernels pass qo_idx 0);
-    kvattn's is slope * (j - pos) with pos = kv_len - q_len + i, the query's
-    position (kvattn.h). The softmax and the output are the same; every
-    logit of a row, and so its LSE, is larger by slope * (kv_len - q_len) in
-    FlashInfer's."""
-    if slopes is None:
-        return None
-    qo = T.host_array(qo_indptr, np.int64, "qo_indptr")
-    q_lens = np.diff(qo)
-    gap = np.asarray(kv_lens, np.int64) - q_lens
-    rows = np.zeros(int(qo[-1]) if qo.size else 0, np.float64)
-    rows[int(qo[0]) if qo.size else 0:] = np.repeat(gap, q_lens).astype(np.float64)
-    sl = np.asarray(slopes, np.float64)
-    return _LseShift((rows[:, None] * sl[None, :] * LOG2E).astype(np.float32))
-
 
 class _PagedWrapper:
     """What the paged decode and prefill wrappers share: the kva plans of one
