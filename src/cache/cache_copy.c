@@ -276,12 +276,11 @@ kva_status kva_cache_swap_blocks(kva_context *ctx, const kva_cache *src, kva_cac
     /* Two caches over the same caller memory (kva_cache_create_from) would
      * make the copy order observable; reject them like src == dst (use
      * kva_cache_copy_blocks), and a pairs array inside dst's storage. */
-    KVA_TRY(check_copy_aliasing(fn, src, dst, NULL, 0));
+    KVA_TRY(check_copy_aliasing(fn, src, dst, num_pairs > 0 ? pairs : NULL, num_pairs));
     if (num_pairs == 0)
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(pairs);
     KVA_CHECK_ALIGNED(pairs, sizeof(int32_t));
-    KVA_TRY(check_copy_aliasing(fn, src, dst, pairs, num_pairs));
     KVA_TRY(check_ids(fn, pairs, num_pairs, src->desc.num_blocks, dst->desc.num_blocks));
     KVA_TRY(check_pairs(fn, pairs, num_pairs, dst->pair_flags, 0));
     return do_copy(ctx, src, dst, pairs, num_pairs);
