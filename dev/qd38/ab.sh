@@ -20,6 +20,7 @@
 #            medians and the quantized / bf16 ratio of the same tree and round
 # QD_STEPS (default "build test bench inst"), OUT: log folder (at most 8 files come back);
 # QD_NEED_BASE=1: stop at once unless this machine kept BASE's binaries from an earlier call;
+# QD_NCU_ARGS: extra ncu arguments of the ncu step (e.g. --clock-control none);
 # QD_SKIP="tree:row ...": bench rows left out; QD_TARGETS: what to build (default bench_cuda and the tests).
 set -uo pipefail
 out=${OUT:-qd_out}; mkdir -p "$out"
@@ -157,7 +158,7 @@ if has ncu && command -v ncu >/dev/null; then
   prof() { # tree label args...
     local n=$1 l=$2; shift 2
     local src=""; [ "$l" = int8 ] && src="--section SourceCounters --export /tmp/qd38_ncu/${n}_$l"
-    timeout 90 ncu -k regex:decode_mma --launch-skip 2 --launch-count 1 $sec $src \
+    timeout 90 ncu ${QD_NCU_ARGS:-} -k regex:decode_mma --launch-skip 2 --launch-count 1 $sec $src \
       "$B/$n/bench_cuda" "$@" --iters 3 >/tmp/qd38_ncu/${n}_$l.txt 2>&1
     echo "== $n $l: $*" >>"$out/ncu.txt"; cat /tmp/qd38_ncu/${n}_$l.txt >>"$out/ncu.txt"
     if [ -n "$src" ]; then
