@@ -16,13 +16,14 @@
  *     split-key schedule, MW_SCHED_SPLIT), the row of each thread's key
  *     looked up one tile ahead;
  *   fp8_ds_mla rows (656 bytes), on the body's alternating-tile schedule
- *     with the early S (MW_SCHED_ALT_EARLY): each row is prefetched into L2
- *     one tile of its warpgroup ahead (one bulk prefetch), then, in the
- *     body's two fill parts, loaded by its 2 threads into registers (all
- *     of a part's loads ahead of its stores) and written into the ring as q-dtype
- *     values code * scale (fp32 product, rounded once), as FlashMLA's
- *     sparse kernels and this backend's separate mode read them. Each row
- *     is converted once per head tile (H 128: twice per token).
+ *     with the early S and a producer warpgroup (MW_SCHED_ALT_PROD, 384
+ *     threads): each row is prefetched into L2 one tile of its stage ahead
+ *     (one bulk prefetch), then, in the body's two fill parts, loaded by 2
+ *     producer threads into registers (all of a part's loads before the
+ *     part is free) and written into the ring as q-dtype values code *
+ *     scale (fp32 product, rounded once), as FlashMLA's sparse kernels and
+ *     this backend's separate mode read them. Each row is converted once
+ *     per head tile (H 128: twice per token).
  * Split partials and their merge are mla_sparse.cu's (ml_finish with sp_dst,
  * sp_merge_kernel), so the launch geometry is the mma.sync kernel's with
  * 64-row head tiles.
@@ -65,8 +66,8 @@ template <typename Ty, bool FP8> struct ms_sparse {
     sp_item mi;
     bool skip;
     int32_t k0, kend;
-    int64_t row1;      /* 16-bit: the thread's key row in the next tile */
-    int32_t pnext;     /* its entry's position in the tile after that */
+    int64_t row1;            /* 16-bit: the thread's key row in the next tile */
+    int32_t pnext;           /* its entry's position in the tile after that */
     int64_t row[2], rown[2]; /* fp8, producer: the fill thread's key row in stage s's tile being
                                 filled, in its next */
 

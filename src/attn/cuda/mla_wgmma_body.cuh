@@ -71,6 +71,17 @@
  * ahead of its part-0 fill, as warpgroup 1 does, so that the tensor cores
  * run it while the warpgroup converts.
  *
+ * MW_SCHED_ALT_PROD (FP8 key rows, a producer warpgroup): 384 threads; the
+ * two consumer warpgroups run MW_SCHED_ALT_EARLY's loop, but a third
+ * warpgroup (threads 256 .. 383, its own loop over the same items) does
+ * every fill, on a "full" and an "empty" mbarrier per stage part
+ * (MW_PBAR): a consumer waits on "full" where it waited for its own copies,
+ * and arrives on "empty" where it would have filled: its local P V frees
+ * part 0 of its stage, its remote P V part 1 of the other stage (no FREE
+ * handshake). The producer issues a part's loads before its "empty" wait,
+ * so the gather runs while the consumers compute; setmaxnreg splits the
+ * registers (MW_REG_C, MW_REG_P).
+ *
  * MW_SCHED_ALT_TMA (16-bit key rows of a paged cache whose tiles are whole
  * TMA boxes): the same alternating tiles, each fill part copied by TMA
  * (one thread issues the part's [64, 64] boxes, which land on the part's
@@ -170,6 +181,14 @@ template <typename W> struct mw_nt<W, decltype((void)W::SCHED)> {
  *   logits(sc[8][4], a, scale_log2, kb, t4, st)  S of the thread's keys
  *                              kb + 8 j + 2 t4 + e (ring slot st) into
  *                              log2-unit logits, masked keys -inf.
+ *   (MW_SCHED_ALT_PROD instead of fill, by the producer's 128 threads, thread
+ *   t taking key t / 2 at mw_fill_at: type raw, the registers of one part;
+ *   fetch<S, PART>(a, kt, r) its loads of part PART of tile kt (stage S),
+ *   before the stage part is free; put<S, PART>(a, kt, r, stage, st) its
+ *   stores into the stage; the fills of one stage come in tile order, part
+ *   0 then part 1, its tiles kt 128 apart. The constructor runs in all 384
+ *   threads; finish must hold exactly two CTA barriers, which the producer
+ *   joins: ml_finish's.)
  *
  * The MW_SCHED_SPLIT tile loop, per 64-key tile (stage = its ring slot):
  *   1. wait for this thread's copies of the tile, barrier (the tile landed;
