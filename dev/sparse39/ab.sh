@@ -16,8 +16,12 @@
 #   4. Nsight Compute of one decode launch of new (stall breakdown) and
 #      compute-sanitizer memcheck of test_cuda_mla_sparse quick, while the
 #      elapsed time allows (KVA_NCU_BY, KVA_MC_BY, seconds);
-# and prints a table last. Run from the parent of the trees:
+# and prints a table last (about 150-210 s on 16 cores, ~50 of them the
+# build). Run from the parent of the trees:
 #   KVA_ALT=coal OUT=$OUT bash new/dev/sparse39/ab.sh base new
+# (or as dev/x4/multi.sh's "sp" experiment, trees in .dev/x4m/sp, with
+#  SP_CMD='KVA_ALT=coal bash new/dev/sparse39/ab.sh base new'; the GPU named
+#  is the first of CUDA_VISIBLE_DEVICES).
 set -u
 base=$(cd "$1" && pwd) new=$(cd "$2" && pwd)
 o=${OUT:-/tmp/out}
@@ -27,7 +31,8 @@ t0=$(date +%s)
 el() { echo $(($(date +%s) - t0)); }
 log() { echo "$*" | tee -a "$o/run.txt"; }
 pack() { tar -czf "$o/logs.tgz" -C "$l" . 2>/dev/null; }
-gpu=$(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | head -1)
+gpu=$(nvidia-smi ${CUDA_VISIBLE_DEVICES:+-i ${CUDA_VISIBLE_DEVICES%%,*}} \
+  --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | head -1)
 log "== GPU: $gpu"
 cd "$new"
 cmake -S . -B bd -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
