@@ -2,8 +2,8 @@
 # dev/sparse39/ab.sh - one device call for the sparse MLA fp8_ds_mla decode on
 # the wgmma body (issue 17): main ("base") against this tree ("new": the
 # producer warpgroup, MW_SCHED_ALT_PROD) and, optionally, a third tree ("alt",
-# KVA_ALT=DIR, e.g. branch sparse38-coal: its mla_sparse_wgmma.cu with its own
-# headers). dev/sparse38/ab.sh with the new kernel's hang guards and base's
+# KVA_ALT=DIR: its mla_sparse_wgmma.cu with its own headers; sparse38-coal
+# was measured on its own meanwhile and lost, so none is needed). dev/sparse38/ab.sh with the new kernel's hang guards and base's
 # ncu left out. Builds this tree (kvattn, test_cuda_mla_sparse), compiles
 # base's (and alt's) mla_sparse_wgmma.cu (the only file whose code differs:
 # every other kernel's SASS is main's; checked on the VM) and relinks kvattn
@@ -16,12 +16,12 @@
 #   4. Nsight Compute of one decode launch of new (stall breakdown) and
 #      compute-sanitizer memcheck of test_cuda_mla_sparse quick, while the
 #      elapsed time allows (KVA_NCU_BY, KVA_MC_BY, seconds);
-# and prints a table last (about 150-210 s on 16 cores, ~50 of them the
-# build). Run from the parent of the trees:
-#   KVA_ALT=coal OUT=$OUT bash new/dev/sparse39/ab.sh base new
+# and prints a table last (about 120-160 s on 16 cores, ~50-60 of them the
+# build; a third tree adds ~30 s). Run from the parent of the trees:
+#   OUT=$OUT bash new/dev/sparse39/ab.sh base new
 # (or as dev/x4/multi.sh's "sp" experiment, trees in .dev/x4m/sp, with
-#  SP_CMD='KVA_ALT=coal bash new/dev/sparse39/ab.sh base new'; the GPU named
-#  is the first of CUDA_VISIBLE_DEVICES).
+#  SP_CMD='bash new/dev/sparse39/ab.sh base new'; the GPU named is the first
+#  of CUDA_VISIBLE_DEVICES).
 set -u
 base=$(cd "$1" && pwd) new=$(cd "$2" && pwd)
 o=${OUT:-/tmp/out}
