@@ -127,11 +127,11 @@ class Sim:
                 have1 = kb + 64 < kend
                 yield from s.pfill(0, 0, kb, ph)
                 if have1: yield from s.pfill(1, 0, kb + 64, ph)
+                if kb == k0:
+                    yield from s.bar0(2)
                 yield from s.pfill(0, 1, kb, ph)
                 if have1: yield from s.pfill(1, 1, kb + 64, ph)
                 ph ^= 3 if have1 else 1
-                if kb == k0:
-                    yield from s.bar0(2)
             if k0 >= kend:
                 yield from s.bar0(2)
             yield from s.bar0(2)

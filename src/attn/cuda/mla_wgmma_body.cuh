@@ -264,9 +264,10 @@ static __device__ __forceinline__ void mw_pfill(W &wi, const typename W::args &a
 /* MW_SCHED_ALT_PROD: the producer's fills of an item, pair by pair in the
  * order the consumers free the parts (part 0 of both stages after the local
  * P Vs, then part 1 after the remote ones); tile kb + 64 s goes to stage s.
- * The first pair is filled before the item's first CTA barrier (the
- * consumers stage Q meanwhile; the ring is free once the previous item's
- * consumers arrived), which the producer then joins. */
+ * Part 0 of the first pair is filled before the item's first CTA barrier
+ * (the consumers stage Q meanwhile, then issue S over it at once; the ring
+ * is free once the previous item's consumers arrived), which the producer
+ * then joins. */
 template <typename W>
 static __device__ __forceinline__ void mw_produce(W &wi, const typename W::args &a, uint32_t sK,
                                                   uint32_t bars, uint32_t &ph)
@@ -277,12 +278,12 @@ static __device__ __forceinline__ void mw_produce(W &wi, const typename W::args 
         mw_pfill<0, 0>(wi, a, kb, sK, bars, ph);
         if (have1)
             mw_pfill<1, 0>(wi, a, kb + MW_BN, sK, bars, ph);
+        if (kb == k0)
+            __syncthreads(); /* the item's first barrier (Q staged) */
         mw_pfill<0, 1>(wi, a, kb, sK, bars, ph);
         if (have1)
             mw_pfill<1, 1>(wi, a, kb + MW_BN, sK, bars, ph);
         ph ^= have1 ? 3u : 1u;
-        if (kb == k0)
-            __syncthreads(); /* the item's first barrier (Q staged) */
     }
     if (k0 >= kend)
         __syncthreads();
