@@ -16,7 +16,7 @@
 #   4. Nsight Compute of one decode launch of new (stall breakdown) and
 #      compute-sanitizer memcheck of test_cuda_mla_sparse quick, while the
 #      elapsed time allows (KVA_NCU_BY, KVA_MC_BY, seconds);
-# and prints a table last (about 120-160 s on 16 cores, ~50-60 of them the
+# and prints a table last (about 150 s on 16 cores, ~50-60 of them the
 # build; a third tree adds ~30 s). Run from the parent of the trees:
 #   OUT=$OUT bash new/dev/sparse39/ab.sh base new
 # (or as dev/x4/multi.sh's "sp" experiment, trees in .dev/x4m/sp, with
