@@ -16,13 +16,14 @@
  *     split-key schedule, MW_SCHED_SPLIT), the row of each thread's key
  *     looked up one tile ahead;
  *   fp8_ds_mla rows (656 bytes), on the body's alternating-tile schedule
- *     with the early S (MW_SCHED_ALT_EARLY): each row is prefetched into L2
- *     one tile of its warpgroup ahead (one bulk prefetch), then, in the
- *     body's two fill parts, loaded by its 2 threads into registers (all
- *     of a part's loads ahead of its stores) and written into the ring as q-dtype
- *     values code * scale (fp32 product, rounded once), as FlashMLA's
- *     sparse kernels and this backend's separate mode read them. Each row
- *     is converted once per head tile (H 128: twice per token).
+ *     with the early S and a producer warpgroup (MW_SCHED_ALT_PROD, 384
+ *     threads): each row is prefetched into L2 one tile of its stage ahead
+ *     (one bulk prefetch), then, in the body's two fill parts, loaded by 2
+ *     producer threads into registers (all of a part's loads before the
+ *     part is free) and written into the ring as q-dtype values code *
+ *     scale (fp32 product, rounded once), as FlashMLA's sparse kernels and
+ *     this backend's separate mode read them. Each row is converted once
+ *     per head tile (H 128: twice per token).
  * Split partials and their merge are mla_sparse.cu's (ml_finish with sp_dst,
  * sp_merge_kernel), so the launch geometry is the mma.sync kernel's with
  * 64-row head tiles.
@@ -61,13 +62,14 @@ static __device__ __forceinline__ int64_t ms_row(const sp_args &a, const int32_t
  * fp8_ds_mla: the fill thread (2 per key) converts its half of its key. */
 template <typename Ty, bool FP8> struct ms_sparse {
     typedef sp_args args;
-    static constexpr int SCHED = FP8 ? MW_SCHED_ALT_EARLY : MW_SCHED_SPLIT;
+    static constexpr int SCHED = FP8 ? MW_SCHED_ALT_PROD : MW_SCHED_SPLIT;
     sp_item mi;
     bool skip;
     int32_t k0, kend;
-    int64_t row1;      /* 16-bit: the thread's key row in the next tile */
-    int32_t pnext;     /* its entry's position in the tile after that */
-    int64_t row, rown; /* fp8: the fill thread's key row in the tile being filled, in the next */
+    int64_t row1;            /* 16-bit: the thread's key row in the next tile */
+    int32_t pnext;           /* its entry's position in the tile after that */
+    int64_t row[2], rown[2]; /* fp8, producer: the fill thread's key row in stage s's tile being
+                                filled, in its next */
 
     static __device__ __forceinline__ int32_t items(const args &a)
     {
@@ -110,7 +112,10 @@ template <typename Ty, bool FP8> struct ms_sparse {
         k0 = mi.kbeg;
         kend = mi.kend;
         if constexpr (FP8) {
-            rown = key_row(a, k0 + (threadIdx.x >= MW_WT ? MW_BN : 0));
+            if (threadIdx.x >= 2 * MW_WT) { /* the producer warpgroup */
+                rown[0] = key_row(a, k0);
+                rown[1] = key_row(a, k0 + MW_BN);
+            }
         } else {
             const int key = threadIdx.x >> 2;
             const int64_t first = ms_row(a, mi.bt_row, pos(k0 + key), mi.s);
@@ -152,60 +157,64 @@ template <typename Ty, bool FP8> struct ms_sparse {
                 sc[j][e] =
                     ok[wg * 32 + j * 8 + 2 * t4 + (e & 1)] ? sc[j][e] * scale_log2 : -INFINITY;
     }
-    /* fp8_ds_mla (MW_SCHED_ALT_EARLY): Q, then part PART of tile kb (flags
-     * of its keys with part 0) in two steps: fetch loads the thread's codes
-     * of the part's 4 value blocks (half c: codes 64 b + 32 c .. + 31 of
-     * block b) and their 2 tile scales into registers; put converts them
-     * (code * scale) into the stage and, in part 1, adds block 8 (k_pe
-     * values 32 c .. 32 c + 31, loaded there first); after part 1 the rows of
-     * the warpgroup's next tile are looked up and prefetched into L2. */
+    /* fp8_ds_mla (MW_SCHED_ALT_PROD): Q by the consumers; part PART of tile
+     * kt into stage S (flags of its keys with part 0) by the producer
+     * warpgroup (mla_wgmma_body.cuh, mw_pfill) in two steps: fetch loads the
+     * thread's codes of the part's 4 value blocks (half c: codes 64 b + 32 c
+     * .. + 31 of block b), their 2 tile scales and, in part 1, block 8 (k_pe
+     * values 32 c .. 32 c + 31) into registers, before the stage part is
+     * free; in part 0 it then looks up the row of the stage's next tile (kt
+     * + 128). put converts the codes (code * scale) into the stage once it
+     * is free, and in part 1 prefetches the next tile's rows into L2. */
     __device__ __forceinline__ void stage_q(const args &a, unsigned char *q_gen) const
     {
         sp_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi, q_gen);
     }
     struct raw {
         uint4 v[8];   /* value block i of the part: v[2 i], v[2 i + 1] */
+        uint4 pe[4];  /* part 1: the thread's k_pe chunks */
         float scl[2]; /* scale of blocks 0, 1 and of blocks 2, 3 of the part */
     };
-    template <int WG, int PART> __device__ __forceinline__ void fetch(const args &a, raw &r)
+    template <int S, int PART>
+    __device__ __forceinline__ void fetch(const args &a, int32_t kt, raw &r)
     {
         if (PART == 0)
-            row = rown;
-        const unsigned char *src = a.rows + (row >= 0 ? row : 0) * sp_ds_mla::ROW;
+            row[S] = rown[S];
+        const int64_t rw = row[S];
+        const unsigned char *src = a.rows + (rw >= 0 ? rw : 0) * sp_ds_mla::ROW;
         const int c = mw_fhalf();
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int b = mw_fblk<WG, PART>(i);
+            const int b = mw_fblk<S, PART>(i);
 #pragma unroll
             for (int h = 0; h < 2; h++)
                 r.v[2 * i + h] =
-                    row >= 0 ? __ldg(reinterpret_cast<const uint4 *>(src + 64 * b + 32 * c) + h)
-                             : make_uint4(0, 0, 0, 0);
+                    rw >= 0 ? __ldg(reinterpret_cast<const uint4 *>(src + 64 * b + 32 * c) + h)
+                            : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int k = 0; k < 2; k++)
-            r.scl[k] = row >= 0 ? __ldg(reinterpret_cast<const float *>(src + ML_DV) +
-                                        (mw_fblk<WG, PART>(2 * k) >> 1))
-                                : 0.f;
-    }
-    template <int WG, int PART>
-    __device__ __forceinline__ void put(const args &a, int32_t kb, const raw &r, uint32_t stage,
-                                        int st)
-    {
-        if (PART == 0 && mw_fhalf() == 0)
-            ms_ok()[st][mw_fkey()] = row >= 0;
-        const unsigned char *src = a.rows + (row >= 0 ? row : 0) * sp_ds_mla::ROW;
-        const int c = mw_fhalf();
-        uint4 pe[4];
+            r.scl[k] = rw >= 0 ? __ldg(reinterpret_cast<const float *>(src + ML_DV) +
+                                       (mw_fblk<S, PART>(2 * k) >> 1))
+                               : 0.f;
         if (PART == 1)
 #pragma unroll
             for (int k = 0; k < 4; k++)
-                pe[k] = row >= 0
-                            ? __ldg(reinterpret_cast<const uint4 *>(src + ML_DV + 16) + 4 * c + k)
-                            : make_uint4(0, 0, 0, 0);
+                r.pe[k] = rw >= 0
+                              ? __ldg(reinterpret_cast<const uint4 *>(src + ML_DV + 16) + 4 * c + k)
+                              : make_uint4(0, 0, 0, 0);
+        if (PART == 0)
+            rown[S] = key_row(a, kt + 2 * MW_BN);
+    }
+    template <int S, int PART>
+    __device__ __forceinline__ void put(const args &a, int32_t, const raw &r, uint32_t stage,
+                                        int st)
+    {
+        if (PART == 0 && mw_fhalf() == 0)
+            ms_ok()[st][mw_fkey()] = row[S] >= 0;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int b = mw_fblk<WG, PART>(i);
+            const int b = mw_fblk<S, PART>(i);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const uint4 w = r.v[2 * i + h];
@@ -216,7 +225,7 @@ template <typename Ty, bool FP8> struct ms_sparse {
         if (PART == 1) {
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const uint32_t bw[4] = {pe[k].x, pe[k].y, pe[k].z, pe[k].w};
+                const uint32_t bw[4] = {r.pe[k].x, r.pe[k].y, r.pe[k].z, r.pe[k].w};
                 uint32_t w[4];
 #pragma unroll
                 for (int e = 0; e < 4; e++)
@@ -224,18 +233,10 @@ template <typename Ty, bool FP8> struct ms_sparse {
                                     __uint_as_float(bw[e] & 0xffff0000u));
                 mw_st16(mw_fill_at(stage, 8, k), make_uint4(w[0], w[1], w[2], w[3]));
             }
-            /* the rows of the warpgroup's next tile into L2 */
-            rown = key_row(a, kb + 2 * MW_BN);
-            if (rown >= 0 && mw_fhalf() == 0)
-                mw_prefetch_l2(a.rows + rown * sp_ds_mla::ROW, sp_ds_mla::ROW);
+            /* the rows of the stage's next tile into L2 */
+            if (rown[S] >= 0 && mw_fhalf() == 0)
+                mw_prefetch_l2(a.rows + rown[S] * sp_ds_mla::ROW, sp_ds_mla::ROW);
         }
-    }
-    template <int WG, int PART>
-    __device__ __forceinline__ void fill(const args &a, int32_t kb, uint32_t stage, int st)
-    {
-        raw r;
-        fetch<WG, PART>(a, r);
-        put<WG, PART>(a, kb, r, stage, st);
     }
     __device__ __forceinline__ void logits(float (&sc)[8][4], const args &, float scale_log2,
                                            int32_t, int t4, int st) const
@@ -260,6 +261,7 @@ template <typename Ty, bool FP8> struct ms_sparse {
 #else
 template <typename Ty, bool FP8> struct ms_sparse { /* other passes: the kernel is empty */
     typedef sp_args args;
+    static constexpr int SCHED = FP8 ? MW_SCHED_ALT_PROD : MW_SCHED_SPLIT; /* its launch bound */
 };
 #endif
 
@@ -285,9 +287,9 @@ kva_status kva__cuda_sparse_wgmma_launch(const sp_args *a, kva_dtype q_dtype, in
                          "kva_mla_sparse_run: mla_decode_wgmma_sm90 needs an sm_90a build and "
                          "device and f16/bf16 q (got %s)",
                          kva_dtype_name(q_dtype));
-    const int smem = fp8 ? MW_SMEM_ALT : MW_SMEM;
+    const int smem = fp8 ? MW_SMEM_PROD : MW_SMEM;
     KVA_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    fn<<<grid, ML_NT, (size_t)smem, (cudaStream_t)stream>>>(*a);
+    fn<<<grid, fp8 ? MW_NT_PROD : ML_NT, (size_t)smem, (cudaStream_t)stream>>>(*a);
     KVA_CUDA_LAUNCHED("mla_sparse wgmma kernel");
     return KVA_STATUS_OK;
 }

@@ -71,6 +71,17 @@
  * ahead of its part-0 fill, as warpgroup 1 does, so that the tensor cores
  * run it while the warpgroup converts.
  *
+ * MW_SCHED_ALT_PROD (FP8 key rows, a producer warpgroup): 384 threads; the
+ * two consumer warpgroups run MW_SCHED_ALT_EARLY's loop, but a third
+ * warpgroup (threads 256 .. 383, its own loop over the same items) does
+ * every fill, on a "full" and an "empty" mbarrier per stage part
+ * (MW_PBAR): a consumer waits on "full" where it waited for its own copies,
+ * and arrives on "empty" where it would have filled: its local P V frees
+ * part 0 of its stage, its remote P V part 1 of the other stage (no FREE
+ * handshake). The producer issues a part's loads before its "empty" wait,
+ * so the gather runs while the consumers compute; setmaxnreg splits the
+ * registers (MW_REG_C, MW_REG_P).
+ *
  * MW_SCHED_ALT_TMA (16-bit key rows of a paged cache whose tiles are whole
  * TMA boxes): the same alternating tiles, each fill part copied by TMA
  * (one thread issues the part's [64, 64] boxes, which land on the part's
@@ -106,7 +117,23 @@
 #include <stdint.h>
 
 /* The key-loop schedule of a work policy (W::SCHED; see above). */
-enum { MW_SCHED_SPLIT = 0, MW_SCHED_ALT = 1, MW_SCHED_ALT_EARLY = 2, MW_SCHED_ALT_TMA = 3 };
+enum {
+    MW_SCHED_SPLIT = 0,
+    MW_SCHED_ALT = 1,
+    MW_SCHED_ALT_EARLY = 2,
+    MW_SCHED_ALT_TMA = 3,
+    MW_SCHED_ALT_PROD = 4
+};
+/* Threads per CTA of policy W (the launch bound): the producer schedule adds
+ * its producer warpgroup to the two consumer warpgroups; ML_NT also for the
+ * empty stand-in policies of the device passes without sm_90a code (no
+ * SCHED). */
+template <typename W, typename = void> struct mw_nt {
+    static constexpr int NT = ML_NT;
+};
+template <typename W> struct mw_nt<W, decltype((void)W::SCHED)> {
+    static constexpr int NT = W::SCHED == MW_SCHED_ALT_PROD ? MW_NT_PROD : ML_NT;
+};
 
 /*
  * The work policy W of mla_wgmma_kernel<Ty, W>: a class, one object per item.
@@ -154,6 +181,14 @@ enum { MW_SCHED_SPLIT = 0, MW_SCHED_ALT = 1, MW_SCHED_ALT_EARLY = 2, MW_SCHED_AL
  *   logits(sc[8][4], a, scale_log2, kb, t4, st)  S of the thread's keys
  *                              kb + 8 j + 2 t4 + e (ring slot st) into
  *                              log2-unit logits, masked keys -inf.
+ *   (MW_SCHED_ALT_PROD instead of fill, by the producer's 128 threads, thread
+ *   t taking key t / 2 at mw_fill_at: type raw, the registers of one part;
+ *   fetch<S, PART>(a, kt, r) its loads of part PART of tile kt (stage S),
+ *   before the stage part is free; put<S, PART>(a, kt, r, stage, st) its
+ *   stores into the stage; the fills of one stage come in tile order, part
+ *   0 then part 1, its tiles kt 128 apart. The constructor runs in all 384
+ *   threads; finish must hold exactly two CTA barriers, which the producer
+ *   joins: ml_finish's.)
  *
  * The MW_SCHED_SPLIT tile loop, per 64-key tile (stage = its ring slot):
  *   1. wait for this thread's copies of the tile, barrier (the tile landed;
@@ -191,6 +226,69 @@ static __device__ __forceinline__ void mw_fill0(W &wi, const typename W::args &a
     }
 }
 
+/* MW_SCHED_ALT_PROD: S part 0 of warpgroup WG's tile at dk, issued and
+ * committed as a group of its own once the producer filled it (the "full"
+ * phase of parity ph of its stage's part 0), or at once where the warpgroup
+ * has no such tile (`fill` false: the result is unused; a wgmma on a path of
+ * its own would serialize every wgmma of the kernel). */
+template <typename Ty, int WG>
+static __device__ __forceinline__ void mw_s_part0_full(float (&sc)[8][4], uint64_t dq, uint64_t dk,
+                                                       uint32_t bars, bool fill, uint32_t ph)
+{
+    if (fill)
+        kva__mbar_wait(MW_PBAR(bars, 0, WG, 0), ph & 1u);
+    kva__wgmma_fence();
+    mw_s64<Ty, WG, 0, 4>(sc, dq, dk);
+    kva__wgmma_commit();
+}
+
+/* MW_SCHED_ALT_PROD, by the producer warpgroup: part PART of tile kt into
+ * ring stage S. Its global loads go out first (W::fetch, into registers),
+ * then the part's "empty" phase of the stage's previous fill is waited for
+ * (parity bit S of ph: the stage's next fill; a fresh mbarrier passes parity
+ * 1 at once), the codes are converted into the stage (W::put), made visible
+ * to the consumers' wgmmas, and the part's "full" mbarrier gets the
+ * producer's 128 arrivals. */
+template <int S, int PART, typename W>
+static __device__ __forceinline__ void mw_pfill(W &wi, const typename W::args &a, int32_t kt,
+                                                uint32_t sK, uint32_t bars, uint32_t ph)
+{
+    typename W::raw r;
+    wi.template fetch<S, PART>(a, kt, r);
+    kva__mbar_wait(MW_PBAR(bars, 1, S, PART), ((ph >> S) & 1u) ^ 1u);
+    wi.template put<S, PART>(a, kt, r, sK + S * MW_KB, S);
+    kva__fence_proxy_async(); /* the stores -> the consumers' wgmma reads */
+    kva__mbar_arrive(MW_PBAR(bars, 0, S, PART));
+}
+
+/* MW_SCHED_ALT_PROD: the producer's fills of an item, pair by pair in the
+ * order the consumers free the parts (part 0 of both stages after the local
+ * P Vs, then part 1 after the remote ones); tile kb + 64 s goes to stage s.
+ * Part 0 of the first pair is filled before the item's first CTA barrier
+ * (the consumers stage Q meanwhile, then issue S over it at once; the ring
+ * is free once the previous item's consumers arrived), which the producer
+ * then joins. */
+template <typename W>
+static __device__ __forceinline__ void mw_produce(W &wi, const typename W::args &a, uint32_t sK,
+                                                  uint32_t bars, uint32_t &ph)
+{
+    const int32_t k0 = wi.k0, kend = wi.kend;
+    for (int32_t kb = k0; kb < kend; kb += 2 * MW_BN) {
+        const bool have1 = kb + MW_BN < kend; /* CTA-uniform */
+        mw_pfill<0, 0>(wi, a, kb, sK, bars, ph);
+        if (have1)
+            mw_pfill<1, 0>(wi, a, kb + MW_BN, sK, bars, ph);
+        if (kb == k0)
+            __syncthreads(); /* the item's first barrier (Q staged) */
+        mw_pfill<0, 1>(wi, a, kb, sK, bars, ph);
+        if (have1)
+            mw_pfill<1, 1>(wi, a, kb + MW_BN, sK, bars, ph);
+        ph ^= have1 ? 3u : 1u;
+    }
+    if (k0 >= kend)
+        __syncthreads();
+}
+
 /* The alternating-tile loop of warpgroup WG over the item's pairs of tiles
  * (see the header comment); both warpgroups meet at the same named barriers
  * in each pair, also where a pair has no second tile (kend inside the
@@ -204,7 +302,8 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             int t4, float scale_log2, float (&o)[32][4], float m_run[2], float l_run[2],
             uint32_t bars, uint32_t &ph)
 {
-    constexpr bool EARLY = SCHED == MW_SCHED_ALT_EARLY, TMA = SCHED == MW_SCHED_ALT_TMA;
+    constexpr bool PROD = SCHED == MW_SCHED_ALT_PROD;
+    constexpr bool EARLY = SCHED == MW_SCHED_ALT_EARLY || PROD, TMA = SCHED == MW_SCHED_ALT_TMA;
     const bool elect = (threadIdx.x & (MW_WT - 1)) == 0; /* TMA: the warpgroup's issuing thread */
     const uint32_t mine = sK + WG * MW_KB, other = sK + (1 - WG) * MW_KB;
     const uint64_t dq = kva__wgmma_desc(sQ, 16, 1024);
@@ -215,7 +314,9 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
     const int32_t k0 = wi.k0, kend = wi.kend;
     float sc[8][4];
 
-    if constexpr (EARLY) /* S part 0 of the first tile (both parts are committed) */
+    if constexpr (PROD) /* S part 0 of the first tile once the producer filled it */
+        mw_s_part0_full<Ty, WG>(sc, dq, dk, bars, k0 + WG * MW_BN < kend, ph);
+    else if constexpr (EARLY) /* S part 0 of the first tile (both parts are committed) */
         mw_s_part0<Ty, WG, 1>(sc, dq, dk);
     for (int32_t kb = k0; kb < kend; kb += 2 * MW_BN) {
         const int32_t kt = kb + WG * MW_BN;                     /* this warpgroup's tile */
@@ -225,8 +326,15 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
 
         if constexpr (EARLY) {
             /* The rest of S of the own tile (part 0's k-steps were issued
-             * with the previous pair's remote P V) once part 1 landed. */
-            mw_landed<WG, 0>();
+             * with the previous pair's remote P V) once part 1 landed (PROD:
+             * its "full" mbarrier; a warpgroup without a tile waits for
+             * nothing and its S is unused). */
+            if constexpr (PROD) {
+                if (have)
+                    kva__mbar_wait(MW_PBAR(bars, 0, WG, 1), ph & 1u);
+            } else {
+                mw_landed<WG, 0>();
+            }
             kva__wgmma_fence();
             mw_s64<Ty, WG, 4, 9>(sc, dq, dk);
             mw_s_done(sc);
@@ -296,6 +404,8 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             kva__wgmma_wait<0>();
             mw_o_fence(o);
             mw_a_fence(pa);
+            if constexpr (PROD) /* the local P V read part 0 of stage 0 last */
+                kva__mbar_arrive(MW_PBAR(bars, 1, 0, 0));
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const float m1 = s_ref[r0 + 8 * hf];
@@ -314,7 +424,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             kva__named_bar(true, MW_BAR_P1, ML_NT);
             if (have1)
                 mw_pv<Ty, WG>(o, dp_other, dv_other); /* remote P V */
-            if constexpr (EARLY)
+            if constexpr (EARLY && !PROD)
                 mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect);
         } else {
             if (have) {
@@ -326,12 +436,22 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             mw_pv<Ty, WG>(o, dp_other, dv_other); /* remote P V */
             kva__wgmma_wait<1>();                 /* the local one */
             mw_a_fence(pa);
-            mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect);
+            if constexpr (PROD) {
+                if (have) /* the local P V read part 0 of stage 1 last */
+                    kva__mbar_arrive(MW_PBAR(bars, 1, 1, 0));
+            } else {
+                mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect);
+            }
         }
         /* (EARLY: S part 0 of the next tile queues behind the remote P V.)
          * The remote P V is waited for, the other warpgroup told, and part 1
          * of the next tile goes into what it read. */
-        if constexpr (EARLY) {
+        if constexpr (PROD) {
+            if (have)
+                ph ^= 1u; /* the parity of the stage's next fill */
+            mw_s_part0_full<Ty, WG>(sc, dq, dk, bars, kn < kend, ph);
+            kva__wgmma_wait<1>();
+        } else if constexpr (EARLY) {
             mw_s_part0<Ty, WG, 0>(sc, dq, dk);
             kva__wgmma_wait<1>();
         } else {
@@ -347,6 +467,11 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             if (elect && ko < kend)
                 wi.template tfill<1 - WG, 1>(a, ko, other, MW_TBAR(bars, 1 - WG, 1));
             ph ^= have1 ? 3u : 1u; /* the stages whose tile this pair consumed */
+        } else if constexpr (PROD) {
+            /* The remote P V was the last read of part 1 of the other stage
+             * (warpgroup 0 reads stage 1 only where it had a tile). */
+            if (WG == 1 || have1)
+                kva__mbar_arrive(MW_PBAR(bars, 1, 1 - WG, 1));
         } else {
             kva__named_bar(false, WG == 0 ? MW_BAR_FREE1 : MW_BAR_FREE0, ML_NT);
             kva__named_bar(true, WG == 0 ? MW_BAR_FREE0 : MW_BAR_FREE1, ML_NT);
@@ -383,7 +508,7 @@ static __device__ __forceinline__ void mw_first(W &wi, const typename W::args &a
 #endif
 
 template <typename Ty, typename W>
-__global__ void __launch_bounds__(ML_NT, 1)
+__global__ void __launch_bounds__(mw_nt<W>::NT, 1)
     mla_wgmma_kernel(const __grid_constant__ typename W::args a)
 {
 #ifdef KVA_MLA_WGMMA_BODY
@@ -412,17 +537,43 @@ __global__ void __launch_bounds__(ML_NT, 1)
             kva__mbar_init(bars + 8u * (uint32_t)tid, 1);
         __syncthreads();
     }
+    /* MW_SCHED_ALT_PROD: the ring's full / empty mbarriers; warpgroup 2 is
+     * the producer (its own item loop, the same items; it joins the
+     * consumers' CTA barriers: the item's first, after Q, and ml_finish's
+     * two), the others compute as in MW_SCHED_ALT_EARLY. ph: the parity of
+     * each stage's next fill (producer: bit s; consumer: its own stage). */
+    if constexpr (W::SCHED == MW_SCHED_ALT_PROD) {
+        if (tid < 8)
+            kva__mbar_init(bars + 8u * (uint32_t)tid, MW_WT);
+        __syncthreads();
+        if (wg == 2) {
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(MW_REG_P) : "memory");
+            for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
+                W wi(a, it, sK, q_gen, r0);
+                if (wi.skip)
+                    continue;
+                mw_produce(wi, a, sK, bars, ph);
+                __syncthreads(); /* ml_finish: the row sums */
+                __syncthreads(); /* ml_finish: its end */
+            }
+            return;
+        }
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(MW_REG_C) : "memory");
+    }
 
     for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
         W wi(a, it, sK, q_gen, r0);
         if (wi.skip)
             continue;
         if constexpr (W::SCHED != MW_SCHED_SPLIT) {
-            /* Alternating tiles: each warpgroup's first tile, then Q. */
-            if (wg == 0)
-                mw_first<0>(wi, a, sK, bars);
-            else
-                mw_first<1>(wi, a, sK, bars);
+            /* Alternating tiles: each warpgroup's first tile (PROD: the
+             * producer's), then Q. */
+            if constexpr (W::SCHED != MW_SCHED_ALT_PROD) {
+                if (wg == 0)
+                    mw_first<0>(wi, a, sK, bars);
+                else
+                    mw_first<1>(wi, a, sK, bars);
+            }
             wi.stage_q(a, q_gen);
             kva__fence_proxy_async(); /* Q stores -> the wgmma operand reads */
             __syncthreads();

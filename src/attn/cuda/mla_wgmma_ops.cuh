@@ -36,6 +36,22 @@
  * (stage s, fill part p at MW_TBAR(bars, s, p)) follow the ring. */
 #define MW_SMEM_TMA (MW_SMEM_ALT + 64)
 #define MW_TBAR(bars, s, p) ((bars) + 8u * (2u * (uint32_t)(s) + (uint32_t)(p)))
+/* The alternating-tile schedule with a producer warpgroup (MW_SCHED_ALT_PROD,
+ * mla_wgmma_body.cuh): 384 threads, the two consumer warpgroups and the
+ * producer (threads 256 .. 383); the ring's eight mbarriers follow it:
+ * MW_PBAR(bars, 0, s, p) "full" (stage s, fill part p landed; the producer's
+ * 128 threads arrive), MW_PBAR(bars, 1, s, p) "empty" (its last reader is
+ * done; the 128 threads of the reading warpgroup arrive). setmaxnreg moves
+ * registers inside the launch bound's 168 x 384 only: consumers MW_REG_C,
+ * producer MW_REG_P, 2 x 128 MW_REG_C + 128 MW_REG_P = 64,512. The
+ * consumers need 208 for ptxas to keep their wgmmas asynchronous (C7512 at
+ * 200); the producer holds a part's codes across its wait. */
+#define MW_NT_PROD (3 * MW_WT)
+#define MW_SMEM_PROD (MW_SMEM_ALT + 64)
+#define MW_PBAR(bars, e, s, p)                                                                     \
+    ((bars) + 8u * (4u * (uint32_t)(e) + 2u * (uint32_t)(s) + (uint32_t)(p)))
+#define MW_REG_C 208
+#define MW_REG_P 88
 /* Headroom of the lazily moved softmax reference max (log2 units): any
  * reference gives the same out and lse, this one moves only when a row's max
  * grows past it by more than MW_LAZY (or was -inf). */
