@@ -20,6 +20,7 @@
 #            medians and the quantized / bf16 ratio of the same tree and round
 # QD_STEPS (default "build test bench inst"), OUT: log folder (at most 8 files come back);
 # QD_NEED_BASE=1: stop at once unless this machine kept BASE's binaries from an earlier call;
+# QD_TMP: the folder of the work tree and binaries (default /tmp; two runs at once need two);
 # QD_NCU_ARGS: extra ncu arguments of the ncu step (e.g. --clock-control none);
 # QD_SKIP="tree:row ...": bench rows left out; QD_TARGETS: what to build (default bench_cuda and the tests).
 set -uo pipefail
@@ -29,7 +30,8 @@ has() { [[ "$steps" == *" $1 "* ]]; }
 trees=(); for t in "$@"; do trees+=("$(cd "$t" && pwd)"); done
 names=(); for t in "${trees[@]}"; do names+=("$(basename "$t")"); done
 last=${names[${#names[@]}-1]}
-W=/tmp/qd38_w; B=/tmp/qd38_bin
+W=${QD_TMP:-/tmp}/qd38_w; B=${QD_TMP:-/tmp}/qd38_bin
+mkdir -p "${QD_TMP:-/tmp}"
 T=${QD_TARGETS:-"bench_cuda test_cuda_quant_attn test_cuda_qmag"}
 t0=$(date +%s)
 el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }

@@ -22,7 +22,7 @@ for n in $names; do
   case $n in
     pf) cmd="OUT=$l bash new/dev/pf38/ab.sh base new" ;;
     qd) cmd="OUT=$l QD_STEPS='build bench' QD_TARGETS=bench_cuda bash $root/dev/qd38/ab.sh ${QD_TREES:-base konly vonly btonly nobt}" ;;
-    qn) cmd="OUT=$l QD_STEPS='build ncu' QD_TARGETS=bench_cuda bash $root/dev/qd38/ab.sh base" ;;
+    qn) cmd="OUT=$l QD_TMP=/tmp/qn QD_STEPS='build ncu' QD_TARGETS=bench_cuda bash $root/dev/qd38/ab.sh base" ;;
     ct) cmd="OUT=$l bash $root/dev/x4/ct.sh main" ;;
     sp) cmd="OUT=$l ${SP_CMD:?SP_CMD is not set}" ;;
     *) echo "unknown experiment $n"; continue ;;
