@@ -71,7 +71,7 @@ bench_round() { local r=$1; for t in base new; do
   done; fi
 done; T "bench r$r"; }
 bench_round 1
-for b in "" "--copy-bytes 67108864" "--copy-bytes 268435456" "--copy-bytes 536870912"; do bc new-r1 --mode copy $b; done
+for b in "" "--copy-bytes 33554432" "--copy-bytes 67108864" "--copy-bytes 134217728" "--copy-bytes 268435456" "--copy-bytes 536870912"; do bc new-r1 --mode copy $b; done
 if [ "${PEER:-1}" = 1 ]; then
 ( cd new && timeout 90 python3 -u -c "import sys; sys.modules['flashinfer'] = None; sys.argv = ['p', 'short']; exec(open('bench/prefill_sdpa_peer.py').read())" ) >$out/sdpa_peer.log 2>&1; echo "sdpa peer rc=$?" >>"$LOG"
 grep -iE 'cudnn|flash|matmul' $out/sdpa_peer.log | cut -c1-150 >>"$LOG"; T peer; fi
@@ -86,9 +86,9 @@ if [ "${DCPG:-1}" = 1 ]; then for t in base new; do for c in 131072 65536 32768;
   # (issue 19's emulated per-rank ratio as an engine's decode graph sees it): the json's graph_ms_per_layer
   echo "$t dcpg ctx $c $("$B/$t/bench_cuda" --mode decode --batch 1 --context $c --heads 32 --kv-heads 8 --head-dim 128 --iters 50 --graph-layers 10 2>/dev/null | grep -o '"ms": [0-9.]*\|"graph_ms_per_layer": [0-9.]*\|"items": [0-9]*' | tr '\n' ' ')" >>"$LOG"
 done; done; T dcpg; fi
-if [ "${SPARSE1:-1}" = 1 ]; then for t in base new; do # issue 17's decode row only
-  echo "$t sparse1 $(timeout 60 $B/$t/kvattn bench --mla-sparse --backend cuda --batch 128 --q-len 2 --context 8192 --heads 128 --topk 2048 --iters 5 2>&1 | grep -E ' ms ' | tail -1 | tr -s ' ')" >>"$LOG"
-done; T sparse1; fi
+if [ "${SPARSE1:-1}" = 1 ]; then for r in 1 2; do for t in base new; do # issue 17's decode row, alternated twice
+  echo "$t-r$r sparse1 $(timeout 60 $B/$t/kvattn bench --mla-sparse --backend cuda --batch 128 --q-len 2 --context 8192 --heads 128 --topk 2048 --iters 5 2>&1 | grep -E ' ms ' | tail -1 | tr -s ' ')" >>"$LOG"
+done; done; T sparse1; fi
 if [ "${SPARSE:-0}" = 1 ]; then for t in base new; do
   timeout 80 $B/$t/kvattn bench --mla-sparse --backend cuda --iters 20 >$out/sparse_$t.log 2>&1
   echo "$t sparse rc=$?" >>"$LOG"; grep -E "TFLOP/s" $out/sparse_$t.log | sed "s/^/$t sparse: /" | cut -c1-170 >>"$LOG"
