@@ -179,6 +179,34 @@ def _alibi_slopes(pos_encoding_mode, logits_soft_cap, num_qo_heads):
     return get_alibi_slopes(num_qo_heads)
 
 
+def _refuse_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
+                       max_item_len_ptr):
+    """FlashInfer's multi-item scoring (prefill plan()'s prefix_len_ptr,
+    token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr) masks
+    keys between the items of a prompt; kvattn has no such mask, so giving
+    any of them raises instead of attending over every item."""
+    given = [n for n, x in (("prefix_len_ptr", prefix_len_ptr),
+                            ("token_pos_in_items_ptr", token_pos_in_items_ptr),
+                            ("max_item_len_ptr", max_item_len_ptr)) if x is not None]
+    if token_pos_in_items_len:
+        given.append("token_pos_in_items_len")
+    if given:
+        raise UnsupportedError("%s: FlashInfer's multi-item scoring mask is not supported by "
+                               "kvattn" % ", ".join(given))
+
+
+def _refuse_run_options(kv_cache_sf, skip_softmax_threshold_scale_factor):
+    """run() options of FlashInfer's that kvattn cannot honour: NVFP4 cache
+    scale factors, and skip-softmax sparsity (an approximation that drops
+    keys); None is accepted."""
+    if kv_cache_sf is not None:
+        raise UnsupportedError("kv_cache_sf: kvattn's wrapped caches are 16-bit, not NVFP4")
+    if skip_softmax_threshold_scale_factor is not None:
+        raise UnsupportedError("skip_softmax_threshold_scale_factor %r: kvattn computes the "
+                               "exact softmax over every visible key"
+                               % (skip_softmax_threshold_scale_factor,))
+
+
 def _packed(x):
     """x, or a contiguous copy of a numpy array / torch tensor whose token and
     head strides are free but whose last dimension is dense (a q sliced from a
