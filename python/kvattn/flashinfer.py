@@ -21,7 +21,10 @@ latent pages not kept as [c_kv | k_pe] rows of one tensor, a softmax scale
 of 0 (sm_scale = 0, or q_scale * k_scale = 0: kvattn's scale 0 means
 1/sqrt(head_dim)), and pos_encoding_mode "ALIBI" together with
 logits_soft_cap (FlashInfer adds the ALiBi bias before the soft-cap's tanh,
-kvattn after it: kvattn.h's formula).
+kvattn after it: kvattn.h's formula), and FlashInfer keywords that would
+change the result (multi-item scoring, window_right, NVFP4 scale factors,
+skip-softmax, the ragged wrapper's fp8 calibration scales); an unknown
+keyword raises TypeError, as in FlashInfer.
 A q (and the ragged wrapper's k / v) with token or head strides, such as a
 slice of a fused qkv projection, is accepted as FlashInfer accepts it: the
 wrapper copies it to a contiguous tensor first (kvattn's kernels read packed
