@@ -311,3 +311,38 @@ def test_multi_level_cascade_torch(device):
             q_data_type=torch.float32)
     got = wt.run(_t(q, device), _t(paged, device))
     np.testing.assert_array_equal(_np(got), want)
+
+
+def test_negative_bit_refused():
+    """A torch tensor with the negative bit set (a lazily negated view, e.g.
+    z.conj().imag) holds -x in memory: read or written through its pointer
+    it would give silently negated results, so every tensor argument refuses
+    it (as torch's DLPack export does), nothing written."""
+    g = torch.Generator().manual_seed(10)
+    ctx = kvattn.Context("cpu")
+    cache = kvattn.Cache(ctx, 4, 4, 2, 16, dtype=torch.float32)
+    k, v = torch.randn(7, 2, 16, generator=g), torch.randn(7, 2, 16, generator=g)
+    cache.write(k, v, torch.arange(7))
+    before = cache.k_array().copy()
+    with pytest.raises(kvattn.InvalidArgumentError, match="negative bit"):
+        cache.write(torch._neg_view(k), v, torch.arange(7))
+    np.testing.assert_array_equal(cache.k_array(), before)
+    plan = kvattn.Plan(ctx, [0, 2], [7], [[0, 1]], block_size=4, num_heads=4, num_kv_heads=2,
+                       head_dim=16, q_dtype="f32")
+    q = torch.randn(2, 4, 16, generator=g)
+    want = plan.run(q, cache)
+    with pytest.raises(kvattn.InvalidArgumentError, match="q: .*negative bit"):
+        plan.run(torch._neg_view(-q), cache)  # logically q, stored as -q
+    out = torch._neg_view(torch.zeros(2, 4, 16))
+    with pytest.raises(kvattn.InvalidArgumentError, match="out: .*negative bit"):
+        plan.run(q, cache, out=out)
+    assert not out.resolve_neg().any()
+    assert torch.equal(plan.run(torch._neg_view(-q).resolve_neg(), cache), want)
+    ws = torch.empty(16, dtype=torch.uint8)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    w.plan([0, 1], [0], [4], 4, 2, 16, 4, q_data_type=torch.float32)
+    kv = torch.randn(1, 2, 4, 2, 16, generator=g)
+    with pytest.raises(kvattn.InvalidArgumentError, match="negative bit"):
+        w.run(torch._neg_view(q[:1]), kv)
+    with pytest.raises(kvattn.InvalidArgumentError, match="negative bit"):
+        w.run(q[:1], torch._neg_view(kv))
