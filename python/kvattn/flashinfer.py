@@ -138,7 +138,9 @@ class _PagedWrapper:
             q_len_per_req=None, skip_softmax_threshold_scale_factor=None, kv_cache_sf=None,
             use_fp16_softmax=None, uses_spcompress=None):
         """Attention for the planned batch: q [T, H, D] -> out [T, H, Dv], or
-        (out, lse) with lse [T, H] float32 in base 2 when return_lse is set.
+        (out, lse) with lse [T, H] float32 in base 2 when return_lse is set
+        (a given lse is written either way; only return_lse decides what is
+        returned, as in FlashInfer).
         q_scale and k_scale (floats) multiply sm_scale, v_scale the output.
         q_len_per_req (FlashInfer's deprecated run-time copy of plan()'s)
         only checks q's rows; use_fp16_softmax and uses_spcompress pick
@@ -179,10 +181,10 @@ class _PagedWrapper:
         if v_scale is not None and float(v_scale) != 1.0:
             o *= float(v_scale)
         o = _unstage(o, out_dst)
-        if l is not None:
+        if l is not None:  # a given lse is written even without return_lse, as FlashInfer's
             _scale_lse(l, self._alibi_lse)
-            return o, _unstage(l, lse_dst)
-        return o
+            l = _unstage(l, lse_dst)
+        return (o, l) if return_lse else o
 
     def run_return_lse(self, q, paged_kv_cache, *args, **kw):
         kw["return_lse"] = True
@@ -361,10 +363,11 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         lse, lse_dst = _staged(lse, "lse", ins)
         res = p.run_ragged(_packed(q), _packed(k), _packed(v), out=out, lse=lse,
                            return_lse=want_lse, sinks=sinks)
-        if want_lse:
-            _scale_lse(res[1], self._alibi_lse)
-            return _unstage(res[0], out_dst), _unstage(res[1], lse_dst)
-        return _unstage(res, out_dst)
+        if not want_lse:
+            return _unstage(res, out_dst)
+        _scale_lse(res[1], self._alibi_lse)
+        o, l = _unstage(res[0], out_dst), _unstage(res[1], lse_dst)
+        return (o, l) if return_lse else o  # a given lse is written either way
 
     def run_return_lse(self, q, k, v, *args, **kw):
         kw["return_lse"] = True
@@ -532,12 +535,15 @@ class BatchMLAPagedAttentionWrapper:
             self._caches[key] = cache
         return cache
 
-    def _finish(self, res, want_lse, base_e, out_dst, lse_dst):
+    def _finish(self, res, want_lse, return_lse, base_e, out_dst, lse_dst):
+        """out, or (out, lse) when return_lse: as FlashInfer's run(), a given
+        lse is written without return_lse too, and only out returned."""
         if not want_lse:
             return _unstage(res, out_dst)
         if not base_e:
             _scale_lse(res[1])
-        return _unstage(res[0], out_dst), _unstage(res[1], lse_dst)
+        o, l = _unstage(res[0], out_dst), _unstage(res[1], lse_dst)
+        return (o, l) if return_lse else o
 
     def _start(self, what, q, ckv_cache, kpe_cache):
         """The plan and the latent cache of a run (and, CUDA, torch's stream)."""
@@ -572,7 +578,7 @@ class BatchMLAPagedAttentionWrapper:
         out, out_dst = _staged(out, "out", ins)
         lse, lse_dst = _staged(lse, "lse", ins)
         res = p.run(_cat_last(q_nope, q_pe), cache, out=out, lse=lse, return_lse=want)
-        return self._finish(res, want, return_lse_base_on_e, out_dst, lse_dst)
+        return self._finish(res, want, return_lse, return_lse_base_on_e, out_dst, lse_dst)
 
     def run_layer(self, q, w_uk, w_uv, ckv_cache, kpe_cache, out=None, lse=None,
                   return_lse=False, return_lse_base_on_e=False):
@@ -585,7 +591,7 @@ class BatchMLAPagedAttentionWrapper:
         out, out_dst = _staged(out, "out", ins)
         lse, lse_dst = _staged(lse, "lse", ins)
         res = p.run_mla(q, w_uk, w_uv, cache, out=out, lse=lse, return_lse=want)
-        return self._finish(res, want, return_lse_base_on_e, out_dst, lse_dst)
+        return self._finish(res, want, return_lse, return_lse_base_on_e, out_dst, lse_dst)
 
 
 def _f32(s):

@@ -259,3 +259,43 @@ def test_multi_level_cascade_wrapper(layout, five_d):
         w.plan(lv["qo"][:1], lv["indptr"], lv["indices"], lv["last"], 4, 2, 32, 4)
     with pytest.raises(kvattn.InvalidArgumentError, match="num_levels"):
         fi.MultiLevelCascadeAttentionWrapper(0, None)
+
+
+def test_given_lse_is_written_and_out_returned():
+    """FlashInfer's run() returns (out, lse) only with return_lse; an lse
+    passed without it is still written (its kernels take the buffer) and
+    run() returns out alone. Before, the wrappers returned a tuple."""
+    rng, paged, indptr, indices, last, keys, values = _decode_setup(39)
+    q = rng.standard_normal((2, 4, 64)).astype(np.float32)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD")
+    w.plan(indptr, indices, last, 4, 2, 64, 8, q_data_type="float32")
+    want, want_lse = w.run(q, paged, return_lse=True)
+    lse = np.full((2, 4), np.nan, np.float32)
+    res = w.run(q, paged, lse=lse)
+    assert isinstance(res, np.ndarray)
+    np.testing.assert_array_equal(res, want)
+    np.testing.assert_array_equal(lse, want_lse)
+    qo, kv = np.array([0, 3, 7], np.int32), np.array([0, 6, 11], np.int32)
+    r = fi.BatchPrefillWithRaggedKVCacheWrapper(None)
+    r.plan(qo, kv, 4, 2, 32, causal=True, q_data_type="float32")
+    qr = rng.standard_normal((7, 4, 32)).astype(np.float32)
+    k = rng.standard_normal((11, 2, 32)).astype(np.float32)
+    v = rng.standard_normal((11, 2, 32)).astype(np.float32)
+    want, want_lse = r.run(qr, k, v, return_lse=True)
+    lse = np.full((7, 4), np.nan, np.float32)
+    res = r.run(qr, k, v, lse=lse)
+    assert isinstance(res, np.ndarray)
+    np.testing.assert_array_equal(res, want)
+    np.testing.assert_array_equal(lse, want_lse)
+    m = fi.BatchMLAPagedAttentionWrapper(None)
+    m.plan(np.array([0, 1]), np.array([0, 1]), np.array([0]), np.array([5]), 4, 64, 16, 8,
+           False, 0.1, "float32", "float32")
+    kvl = rng.standard_normal((1, 8, 80)).astype(np.float32)
+    qn = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    qp = rng.standard_normal((1, 4, 16)).astype(np.float32)
+    want, want_lse = m.run(qn, qp, kvl[..., :64], kvl[..., 64:], return_lse=True)
+    lse = np.full((1, 4), np.nan, np.float32)
+    res = m.run(qn, qp, kvl[..., :64], kvl[..., 64:], lse=lse)
+    assert isinstance(res, np.ndarray)
+    np.testing.assert_array_equal(res, want)
+    np.testing.assert_array_equal(lse, want_lse)

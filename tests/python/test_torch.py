@@ -137,7 +137,7 @@ def test_wrappers_strided_q_out_lse_torch(device, dtype):
     ref_out, ref_lse = w.run(q.contiguous(), tp, return_lse=True)
     out, buf = _strided_nan(2, 4, 64, dtype, device)
     lbuf = torch.full((2, 12), float("nan"), device=device)
-    o, l = w.run(q, tp, out=out, lse=lbuf[:, 4:8], v_scale=0.5)
+    o, l = w.run(q, tp, out=out, lse=lbuf[:, 4:8], v_scale=0.5, return_lse=True)
     assert o is out and l.data_ptr() == lbuf[:, 4:8].data_ptr()
     assert torch.equal(out, ref_out * 0.5) and torch.equal(lbuf[:, 4:8], ref_lse)
     assert torch.isnan(buf[:, :256]).all() and torch.isnan(buf[:, 512:]).all()
@@ -207,8 +207,8 @@ def test_wrappers_alibi_lse_torch(device):
     p.plan(qo, indptr, indices, last, 4, 2, 64, 8, causal=True, pos_encoding_mode="ALIBI",
            q_data_type=torch.float32)
     lse = torch.full((14, 4), float("nan"), device=device)
-    out, l2 = p.run(q, tp, lse=lse)
-    assert l2 is lse
+    out = p.run(q, tp, lse=lse)  # FlashInfer: lse written, out returned
+    assert not isinstance(out, tuple)
     np.testing.assert_allclose(_np(out), fo, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(_np(lse), fl, rtol=1e-5, atol=1e-4)
     r = fi.BatchPrefillWithRaggedKVCacheWrapper(ws)
@@ -281,7 +281,7 @@ def test_mla_wrapper_torch(device):
     out, buf = _strided_nan(3, h, dc, torch.float32, device, lo=1, width=2)
     lbuf = torch.full((3, 2 * h), float("nan"), device=device)
     o, l = wt.run(tq[..., :dc], tq[..., dc:], tkv[..., :dc], tkv[..., dc:], out=out,
-                  lse=lbuf[:, h:])
+                  lse=lbuf[:, h:], return_lse=True)
     assert o is out
     np.testing.assert_array_equal(_np(out), want)
     np.testing.assert_array_equal(_np(lbuf[:, h:]), want_lse)
