@@ -32,7 +32,8 @@
  * of a call (out, lse, written cache blocks, index lists) must not overlap
  * its inputs or each other; inputs may overlap one another (they are only
  * read). The run calls (kva_attention_run, kva_attention_run_ragged,
- * kva_mla_run, kva_mla_sparse_run, kva_indexer_run) and kva_merge_states_n
+ * kva_mla_run, kva_mla_sparse_run, kva_indexer_run), kva_merge_states_n and
+ * kva_merge_states (whose in-place outputs are its inputs' own pointers)
  * check it by address ranges (device pointers are compared, never read): out
  * and lse (the indexer's indices and topk_length) overlapping each other, q,
  * the ragged k / v, sinks, the MLA weights, the sparse indices, the indexer's

@@ -4,7 +4,8 @@
  * input (q, the ragged k / v, sinks, the MLA weights, the sparse indices, the
  * indexer's weights, the cache's K / V storage) or the other output gets
  * KVA_STATUS_INVALID_ARGUMENT with a message naming both, and nothing is
- * written; buffers that only touch (one ends where the next begins) run and
+ * written (kva_merge_states too, whose out / lse_out may only be its inputs
+ * themselves: in place); buffers that only touch (one ends where the next begins) run and
  * give the bytes of a run on separate buffers. Reference and CPU backends.
  *
  * Every buffer of a case lives in one arena (poisoned with NaN), so that the
@@ -307,6 +308,78 @@ static void indexer_cases(kva_backend be)
     idx_free(&x);
 }
 
+/* kva_merge_states at arena offsets: out_a, lse_a, out_b, lse_b, out, lse. */
+static kva_status merge_at(kva_context *ctx, arena *a, size_t oa, size_t la, size_t ob, size_t lb,
+                           size_t o, size_t l)
+{
+    return kva_merge_states(ctx, AT, AH, AD, KVA_DTYPE_F32, a->p + oa, a->p + la, a->p + ob,
+                            a->p + lb, a->p + o, a->p + l);
+}
+
+/* kva_merge_states: out may be out_a or out_b and lse_out lse_a or lse_b
+ * (in place, kvattn.h), any other overlap of an output with an input or the
+ * other output is refused with nothing written; the in-place merges give the
+ * bytes of the merge into separate buffers. */
+static void merge_cases(kva_backend be)
+{
+    kva_rng rng = {12};
+    kva_context *ctx = new_ctx(be, 2);
+    float ia[AQ], ib[AQ], ila[ALSE], ilb[ALSE], want_out[AQ], want_lse[ALSE];
+    kva_test_fill(ia, KVA_DTYPE_F32, AQ, &rng, 1.0);
+    kva_test_fill(ib, KVA_DTYPE_F32, AQ, &rng, 1.0);
+    kva_test_fill(ila, KVA_DTYPE_F32, ALSE, &rng, 2.0);
+    kva_test_fill(ilb, KVA_DTYPE_F32, ALSE, &rng, 2.0);
+    CHECK_OK(
+        kva_merge_states(ctx, AT, AH, AD, KVA_DTYPE_F32, ia, ila, ib, ilb, want_out, want_lse));
+    /* Arena: [a AQ][b AQ][la ALSE][lb ALSE][out AQ][lse ALSE][pad 64]. */
+    arena a;
+    arena_init(&a, 3 * AQ + 3 * ALSE + 64);
+    const size_t a0 = 0, b0 = AQ, la0 = 2 * AQ, lb0 = la0 + ALSE, o0 = lb0 + ALSE, l0 = o0 + AQ;
+    memcpy(a.p + a0, ia, sizeof ia);
+    memcpy(a.p + b0, ib, sizeof ib);
+    memcpy(a.p + la0, ila, sizeof ila);
+    memcpy(a.p + lb0, ilb, sizeof ilb);
+    arena_seal(&a);
+    /* out shifted into out_a by one head row, out across out_a's end and
+     * out_b's start, out over lse_a, lse_out one element into lse_a, lse_out
+     * inside out, lse_out over out_b's tail; out == out_a with lse_out inside
+     * out_b (in place on one side, an overlap on the other). */
+    REFUSED(merge_at(ctx, &a, a0, la0, b0, lb0, a0 + AD, l0), "output out", "input out_a");
+    CHECK(arena_same(&a));
+    REFUSED(merge_at(ctx, &a, a0, la0, b0, lb0, AQ / 2, l0), "output out", "input out_a");
+    CHECK(arena_same(&a));
+    REFUSED(merge_at(ctx, &a, a0, la0, b0, lb0, la0 + ALSE - 1, l0), "output out", "input lse_a");
+    CHECK(arena_same(&a));
+    REFUSED(merge_at(ctx, &a, a0, la0, b0, lb0, o0, la0 + 1), "output lse_out", "input lse_a");
+    CHECK(arena_same(&a));
+    REFUSED(merge_at(ctx, &a, a0, la0, b0, lb0, o0, o0 + 5), "output lse_out", "output out");
+    CHECK(arena_same(&a));
+    REFUSED(merge_at(ctx, &a, a0, la0, b0, lb0, o0, b0 + AQ - 1), "output lse_out", "input out_b");
+    CHECK(arena_same(&a));
+    REFUSED(merge_at(ctx, &a, a0, la0, b0, lb0, a0, b0 + 7), "output lse_out", "input out_b");
+    CHECK(arena_same(&a));
+    /* Separate, touching buffers; then in place into A, into B, and mixed. */
+    CHECK_OK(merge_at(ctx, &a, a0, la0, b0, lb0, o0, l0));
+    CHECK(memcmp(a.p + o0, want_out, sizeof want_out) == 0);
+    CHECK(memcmp(a.p + l0, want_lse, sizeof want_lse) == 0);
+    for (int place = 0; place < 3; place++) {
+        memcpy(a.p + a0, ia, sizeof ia);
+        memcpy(a.p + b0, ib, sizeof ib);
+        memcpy(a.p + la0, ila, sizeof ila);
+        memcpy(a.p + lb0, ilb, sizeof ilb);
+        const size_t o = place == 1 ? b0 : a0, l = place == 0 ? la0 : lb0;
+        CHECK_OK(merge_at(ctx, &a, a0, la0, b0, lb0, o, l));
+        CHECK_MSG(memcmp(a.p + o, want_out, sizeof want_out) == 0, "in place %d: out", place);
+        CHECK_MSG(memcmp(a.p + l, want_lse, sizeof want_lse) == 0, "in place %d: lse", place);
+    }
+    /* Inputs may overlap each other: A merged with itself, in place. */
+    memcpy(a.p + a0, ia, sizeof ia);
+    memcpy(a.p + la0, ila, sizeof ila);
+    CHECK_OK(merge_at(ctx, &a, a0, la0, a0, la0, a0, la0));
+    kva_context_destroy(ctx);
+    free(a.p);
+}
+
 static void test_paged(void)
 {
     for (int b = 0; b < 2; b++)
@@ -328,10 +401,17 @@ static void test_mla(void)
     }
 }
 
+static void test_merge(void)
+{
+    for (int b = 0; b < 2; b++)
+        merge_cases(kBk[b]);
+}
+
 int main(void)
 {
     RUN(test_paged);
     RUN(test_ragged);
     RUN(test_mla);
+    RUN(test_merge);
     return kva_test_finish();
 }

@@ -105,8 +105,7 @@ static void test_call_enums(void)
             REFUSED(kva_convert(k, KVA_DTYPE_F32, o, dt, (size_t)n), NULL, what);
             snprintf(what, sizeof what, "merge_states dtype %d, T %d", (int)dt, (int)n / 2);
             REFUSED(kva_merge_states(ctx, n / 2, 1, 16, dt, k, l, v, l + 1, o, l + 2), NULL, what);
-            REFUSED(kva_merge_states_n(ctx, 1, n / 2, 1, 16, dt, k, 0, l, 0, o, l + 2), NULL,
-                    what);
+            REFUSED(kva_merge_states_n(ctx, 1, n / 2, 1, 16, dt, k, 0, l, 0, o, l + 2), NULL, what);
         }
     }
     CHECK(bb_cache_sum(c) == sum_cache);

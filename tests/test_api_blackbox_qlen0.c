@@ -19,8 +19,7 @@ enum { NB = 16, B = 4, HKV = 2, H = 4, D = 16, STRIDE = 4, MAXT = 8 };
  * cascade group). */
 static const int32_t kQslWith[4] = {0, 2, 2, 5}, kQslWithout[3] = {0, 2, 5};
 static const int32_t kSlWith[3] = {9, 15, 7}, kSlWithout[2] = {9, 7};
-static const int32_t kBtWith[3 * STRIDE] = {3, 5, 7, -1, -7, INT32_MAX, 999, NB,
-                                            3, 6, -1, -1};
+static const int32_t kBtWith[3 * STRIDE] = {3, 5, 7, -1, -7, INT32_MAX, 999, NB, 3, 6, -1, -1};
 static const int32_t kBtWithout[2 * STRIDE] = {3, 5, 7, -1, 3, 6, -1, -1};
 
 typedef struct variant {
@@ -85,8 +84,8 @@ static kva_plan_desc mha_desc(const variant *v, int with, int32_t *groups, int32
 
 /* out / lse of one run of the MHA batch (with or without the q_len 0
  * request); 0 if the plan or run failed. */
-static int run_mha(kva_context *ctx, const kva_cache *c, const variant *v, int with,
-                   const float *q, const float *sinks, float *out, float *lse)
+static int run_mha(kva_context *ctx, const kva_cache *c, const variant *v, int with, const float *q,
+                   const float *sinks, float *out, float *lse)
 {
     int32_t groups[3], prefix[1], parents[5];
     const float slopes[H] = {0.5f, 0.25f, 0.125f, 0.0625f};
@@ -113,14 +112,13 @@ static int run_mha(kva_context *ctx, const kva_cache *c, const variant *v, int w
 }
 
 /* The same rows with and without the q_len 0 request, every output written. */
-static void compare(const char *what, const char *backend, const float *a, const float *b,
-                    size_t n)
+static void compare(const char *what, const char *backend, const float *a, const float *b, size_t n)
 {
     size_t bad = 0;
     for (size_t i = 0; i < n; i++)
         bad += !(fabsf(a[i] - b[i]) <= 1e-6f * (1.0f + fabsf(b[i])));
-    CHECK_MSG(bad == 0, "%s (%s): %zu of %zu values differ with a q_len 0 request", what,
-              backend, bad, n);
+    CHECK_MSG(bad == 0, "%s (%s): %zu of %zu values differ with a q_len 0 request", what, backend,
+              bad, n);
 }
 
 static void test_mha_kinds(void)
@@ -200,8 +198,8 @@ static kva_plan_desc latent_desc(int with, kva_attn_kind kind, int32_t topk, int
  * topk_length as int32 bit patterns). */
 static int run_latent(kva_context *ctx, const kva_cache *mla, const kva_cache *idx, int which,
                       int with, const float *q, const float *w_uk, const float *w_uv,
-                      const int32_t *indices, const float *sinks, const float *weights,
-                      float *out, float *lse)
+                      const int32_t *indices, const float *sinks, const float *weights, float *out,
+                      float *lse)
 {
     kva_attn_kind kind = which == 4 ? KVA_ATTN_INDEX : KVA_ATTN_MLA;
     int32_t topk = which >= 2 ? TOPK : 0;
@@ -221,8 +219,7 @@ static int run_latent(kva_context *ctx, const kva_cache *mla, const kva_cache *i
     else if (which <= 3)
         st = kva_mla_sparse_run(ctx, p, q, mla, indices, 0, NULL, sinks, out, lse);
     else
-        st = kva_indexer_run(ctx, p, q, weights, idx, (int32_t *)out, 0,
-                             (int32_t *)out + 5 * TOPK);
+        st = kva_indexer_run(ctx, p, q, weights, idx, (int32_t *)out, 0, (int32_t *)out + 5 * TOPK);
     CHECK_MSG(st == KVA_STATUS_OK, "latent %d (%s): run: %s", which, with ? "with" : "without",
               kva_last_error());
     kva_plan_destroy(p);
@@ -265,8 +262,8 @@ static void test_latent_kinds(void)
         kva_test_fill(sinks, KVA_DTYPE_F32, H, &rng, 1.0);
         kva_test_fill(weights, KVA_DTYPE_F32, 5 * HI, &rng, 1.0);
         /* Request-local key positions of the 5 rows (keys 9 and 7), one -1. */
-        const int32_t indices[5 * TOPK] = {0, 8, 3, -1, 7, 2, 2, 5, 6, 0, 1, -1,
-                                           4, 3, 0, 6, 1, 2, 5, 4};
+        const int32_t indices[5 * TOPK] = {0, 8,  3, -1, 7, 2, 2, 5, 6, 0,
+                                           1, -1, 4, 3,  0, 6, 1, 2, 5, 4};
         for (int which = 0; which < 5; which++) {
             if (!run_latent(ctx, mla, idx, which, 1, q, w_uk, w_uv, indices, sinks, weights, o1,
                             l1) ||
