@@ -32,9 +32,10 @@
  * of a call (out, lse, written cache blocks, index lists) must not overlap
  * its inputs or each other; inputs may overlap one another (they are only
  * read). The run calls (kva_attention_run, kva_attention_run_ragged,
- * kva_mla_run, kva_mla_sparse_run, kva_indexer_run), kva_merge_states_n and
- * kva_merge_states (whose in-place outputs are its inputs' own pointers)
- * check it by address ranges (device pointers are compared, never read): out
+ * kva_mla_run, kva_mla_sparse_run, kva_indexer_run), kva_merge_states_n,
+ * kva_merge_states (whose in-place outputs are its inputs' own pointers) and
+ * the host helpers kva_batch_reorder_decode_first, kva_dcp_local_lens (in
+ * place allowed) and kva_dcp_slots check it by address ranges (device pointers are compared, never read): out
  * and lse (the indexer's indices and topk_length) overlapping each other, q,
  * the ragged k / v, sinks, the MLA weights, the sparse indices, the indexer's
  * weights or the cache's storage (K, V, per-token key scales) get
@@ -768,7 +769,8 @@ KVA_API kva_status kva_plan_get_info(const kva_plan *plan, kva_plan_info *out);
  * first). Given q_lens [R], writes a stable permutation perm [R] such that
  * requests perm[0..] are all decodes (q_len <= decode_threshold, 0 means 1),
  * then all prefills, each group in its original order. *num_decodes receives
- * the number of decodes (may be NULL).
+ * the number of decodes (may be NULL). perm and num_decodes must not overlap
+ * q_lens or each other (KVA_STATUS_INVALID_ARGUMENT, nothing written).
  */
 KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const int32_t *q_lens,
                                                   int32_t decode_threshold, int32_t *perm,

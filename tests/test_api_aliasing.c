@@ -5,8 +5,9 @@
  * indexer's weights, the cache's K / V storage) or the other output gets
  * KVA_STATUS_INVALID_ARGUMENT with a message naming both, and nothing is
  * written (kva_merge_states too, whose out / lse_out may only be its inputs
- * themselves: in place); buffers that only touch (one ends where the next begins) run and
- * give the bytes of a run on separate buffers. Reference and CPU backends.
+ * themselves: in place, and the host helpers kva_batch_reorder_decode_first,
+ * kva_dcp_local_lens and kva_dcp_slots); buffers that only touch (one ends where the next begins)
+ * run and give the bytes of a run on separate buffers. Reference and CPU backends.
  *
  * Every buffer of a case lives in one arena (poisoned with NaN), so that the
  * overlaps are real and the "nothing written" check covers every byte a
@@ -380,6 +381,52 @@ static void merge_cases(kva_backend be)
     free(a.p);
 }
 
+/* The host helpers: kva_batch_reorder_decode_first (perm and num_decodes
+ * vs q_lens and each other), kva_dcp_local_lens (local_lens may be seq_lens
+ * itself, no other overlap), kva_dcp_slots (slots vs the block-table row). */
+static void test_host_helpers(void)
+{
+    int32_t m[16];
+    const int32_t ql[6] = {5, 1, 3, 1, 1, 7};
+    int32_t want[6], nd = -1;
+    CHECK_OK(kva_batch_reorder_decode_first(6, ql, 1, want, &nd));
+    memcpy(m, ql, sizeof ql);
+    memset(m + 6, 0x7f, sizeof(int32_t) * 10);
+    const uint64_t sum = bb_sum(m, sizeof m);
+    REFUSED(kva_batch_reorder_decode_first(6, m, 1, m, NULL), "output perm", "input q_lens");
+    REFUSED(kva_batch_reorder_decode_first(6, m, 1, m + 5, NULL), "output perm", "input q_lens");
+    REFUSED(kva_batch_reorder_decode_first(6, m, 1, m + 6, m + 3), "output num_decodes",
+            "input q_lens");
+    REFUSED(kva_batch_reorder_decode_first(6, m, 1, m + 6, m + 11), "output num_decodes",
+            "output perm");
+    CHECK(bb_sum(m, sizeof m) == sum);
+    CHECK_OK(kva_batch_reorder_decode_first(6, m, 1, m + 6, m + 12)); /* touching */
+    CHECK(memcmp(m + 6, want, sizeof want) == 0 && m[12] == nd);
+
+    const int32_t lens[4] = {10, 21, 30, 41};
+    int32_t local[4];
+    CHECK_OK(kva_dcp_local_lens(4, lens, 3, 1, 2, local));
+    memcpy(m, lens, sizeof lens);
+    memset(m + 4, 0x7f, sizeof(int32_t) * 12);
+    const uint64_t sum2 = bb_sum(m, sizeof m);
+    REFUSED(kva_dcp_local_lens(4, m, 3, 1, 2, m + 1), "output local_lens", "input seq_lens");
+    CHECK(bb_sum(m, sizeof m) == sum2);
+    CHECK_OK(kva_dcp_local_lens(4, m, 3, 1, 2, m)); /* in place */
+    CHECK(memcmp(m, local, sizeof local) == 0);
+
+    int64_t sl[12];
+    int32_t *row = (int32_t *)sl;
+    for (int i = 0; i < 4; i++)
+        row[i] = 3 + i;
+    memset(sl + 2, 0x7f, sizeof(int64_t) * 10);
+    const uint64_t sum3 = bb_sum(sl, sizeof sl);
+    REFUSED(kva_dcp_slots(2, 0, 1, 4, row, 4, 0, 8, sl + 1), "output slots",
+            "input block_table_row");
+    CHECK(bb_sum(sl, sizeof sl) == sum3);
+    CHECK_OK(kva_dcp_slots(2, 0, 1, 4, row, 4, 0, 8, sl + 2)); /* touching */
+    CHECK(sl[2] == 12 && sl[3] == -1 && sl[4] == 13);
+}
+
 static void test_paged(void)
 {
     for (int b = 0; b < 2; b++)
@@ -413,5 +460,6 @@ int main(void)
     RUN(test_ragged);
     RUN(test_mla);
     RUN(test_merge);
+    RUN(test_host_helpers);
     return kva_test_finish();
 }
