@@ -28,19 +28,20 @@
  * CUDA-only entry points (stream, graph-capture capacity) are in kvattn_cuda.h.
  *
  * Aliasing: unless a call's comment allows it (kva_convert with src == dst,
- * kva_merge_states in place, the DCP combines' packed buffers), the outputs
- * of a call (out, lse, written cache blocks, index lists) must not overlap
- * its inputs or each other; inputs may overlap one another (they are only
- * read). The run calls (kva_attention_run, kva_attention_run_ragged,
- * kva_mla_run, kva_mla_sparse_run, kva_indexer_run), kva_merge_states_n,
- * kva_merge_states (whose in-place outputs are its inputs' own pointers) and
- * the host helpers kva_batch_reorder_decode_first, kva_dcp_local_lens (in
- * place allowed) and kva_dcp_slots check it by address ranges (device pointers are compared, never read): out
- * and lse (the indexer's indices and topk_length) overlapping each other, q,
- * the ragged k / v, sinks, the MLA weights, the sparse indices, the indexer's
- * weights or the cache's storage (K, V, per-token key scales) get
- * KVA_STATUS_INVALID_ARGUMENT with a message naming both, and nothing is
- * written. Adjacent buffers are fine.
+ * kva_merge_states in place, kva_dcp_local_lens in place, the DCP combines'
+ * packed buffers), the outputs of a call (out, lse, written cache blocks,
+ * index lists) must not overlap its inputs or each other; inputs may overlap
+ * one another (they are only read). The run calls (kva_attention_run,
+ * kva_attention_run_ragged, kva_mla_run, kva_mla_sparse_run,
+ * kva_indexer_run), kva_merge_states_n, kva_merge_states (whose in-place
+ * outputs are its inputs' own pointers) and the host helpers
+ * kva_batch_reorder_decode_first, kva_dcp_local_lens (in place allowed) and
+ * kva_dcp_slots check it by address ranges (device pointers are compared,
+ * never read): out and lse (the indexer's indices and topk_length)
+ * overlapping each other, q, the ragged k / v, sinks, the MLA weights, the
+ * sparse indices, the indexer's weights or the cache's storage (K, V,
+ * per-token key scales) get KVA_STATUS_INVALID_ARGUMENT with a message naming
+ * both, and nothing is written. Adjacent buffers are fine.
  * The cache calls check it the same way: kva_cache_write's k / v rows and
  * slot_mapping against the whole storage of the cache (K, V and the per-token
  * key scales: which blocks a call writes depends on slot values the host may
