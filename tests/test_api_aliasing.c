@@ -5,9 +5,10 @@
  * indexer's weights, the cache's K / V storage) or the other output gets
  * KVA_STATUS_INVALID_ARGUMENT with a message naming both, and nothing is
  * written (kva_merge_states too, whose out / lse_out may only be its inputs
- * themselves: in place, and the host helpers kva_batch_reorder_decode_first,
- * kva_dcp_local_lens and kva_dcp_slots); buffers that only touch (one ends where the next begins)
- * run and give the bytes of a run on separate buffers. Reference and CPU backends.
+ * themselves: in place, the host helpers kva_batch_reorder_decode_first,
+ * kva_dcp_local_lens and kva_dcp_slots, and the pool's outputs); buffers that only touch (one ends
+ * where the next begins) run and give the bytes of a run on separate buffers. Reference and CPU
+ * backends.
  *
  * Every buffer of a case lives in one arena (poisoned with NaN), so that the
  * overlaps are real and the "nothing written" check covers every byte a
@@ -425,6 +426,44 @@ static void test_host_helpers(void)
     CHECK(bb_sum(sl, sizeof sl) == sum3);
     CHECK_OK(kva_dcp_slots(2, 0, 1, 4, row, 4, 0, 8, sl + 2)); /* touching */
     CHECK(sl[2] == 12 && sl[3] == -1 && sl[4] == 13);
+
+    /* The pool's outputs: request ids, cached-token counts, the fork's copy
+     * pair and block-table rows must not overlap each other or the prompt. */
+    kva_pool_desc pd = {16, 4, KVA_POOL_HASH_SHA256, 0};
+    kva_pool *pool = NULL;
+    CHECK_OK(kva_pool_create(&pd, &pool));
+    if (!pool)
+        return;
+    int32_t t[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, -1, -1, -1}, rid = -1;
+    const uint64_t sum4 = bb_sum(t, sizeof t);
+    REFUSED(kva_pool_request_add(pool, t, 9, NULL, 0, t + 9, t + 9), "output out_num_cached_tokens",
+            "output out_request_id");
+    REFUSED(kva_pool_request_add(pool, t, 9, NULL, 0, t + 8, NULL), "output out_request_id",
+            "input prompt_tokens");
+    REFUSED(kva_pool_request_add(pool, t, 9, t + 9, 8, t + 10, t + 11), "output out_request_id",
+            "input extra_key");
+    CHECK(bb_sum(t, sizeof t) == sum4);
+    kva_pool_stats st;
+    CHECK_OK(kva_pool_get_stats(pool, &st));
+    CHECK(st.num_requests == 0);                                        /* nothing was added */
+    CHECK_OK(kva_pool_request_add(pool, t, 9, NULL, 0, t + 9, t + 10)); /* touching */
+    rid = t[9];
+    CHECK(t[10] == 0 && rid >= 0);
+    CHECK_OK(kva_pool_request_allocate(pool, rid, 9, 0));
+    CHECK_OK(kva_pool_request_append_tokens(pool, rid, t, 9));
+    int32_t f[3] = {-5, -5, -5};
+    REFUSED(kva_pool_request_fork(pool, rid, f + 1, f), "output out_request_id", "output out_copy");
+    CHECK(f[0] == -5 && f[1] == -5 && f[2] == -5);
+    CHECK_OK(kva_pool_get_stats(pool, &st));
+    CHECK(st.num_requests == 1 && st.num_used_blocks == 3); /* no fork, no copy block taken */
+    int32_t bt[5] = {-5, -5, -5, -5, -5};
+    REFUSED(kva_pool_request_block_table(pool, rid, bt, 4, bt + 3), "output out_num_blocks",
+            "output row");
+    CHECK(bt[0] == -5 && bt[3] == -5 && bt[4] == -5);
+    CHECK_OK(kva_pool_request_block_table(pool, rid, bt, 4, bt + 4)); /* touching */
+    CHECK(bt[4] == 3 && bt[3] == 0);
+    CHECK_OK(kva_pool_check(pool));
+    kva_pool_destroy(pool);
 }
 
 static void test_paged(void)
