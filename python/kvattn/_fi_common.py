@@ -179,6 +179,24 @@ def _alibi_slopes(pos_encoding_mode, logits_soft_cap, num_qo_heads):
     return get_alibi_slopes(num_qo_heads)
 
 
+def _causal_for(causal, qo_indptr, kv_lens):
+    """The causal flag to plan with. FlashInfer's causal mask lets query i of
+    a request with q queries and s keys see keys j <= s - q + i, so a row
+    with none (s = 0) writes 0 and LSE -inf; kvattn's causal plans need
+    q_len <= kv_len. When every request has at most one query, the causal
+    mask excludes no key (j < s anyway), so a batch with kv_len-0 requests
+    (padding) is planned without it, giving FlashInfer's zeros and -inf."""
+    if not causal:
+        return False
+    qo = T.host_array(qo_indptr, np.int64, "qo_indptr")
+    kl = np.asarray(kv_lens, np.int64)
+    q_lens = np.diff(qo)
+    if q_lens.size and q_lens.max() <= 1 and kl.size == q_lens.size and \
+            (kl < q_lens).any():
+        return False
+    return True
+
+
 def _refuse_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
                        max_item_len_ptr):
     """FlashInfer's multi-item scoring (prefill plan()'s prefix_len_ptr,

@@ -54,6 +54,7 @@ from ._fi_common import (  # noqa: F401 (get_alibi_slopes is public here)
     _packed,
     _refuse_multi_item,
     _refuse_run_options,
+    _causal_for,
     _staged,
     _unstage,
     _esize,
@@ -105,7 +106,8 @@ class _PagedWrapper:
             block_size=page_size, num_heads=num_qo_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim, head_dim_v=head_dim_vo or head_dim, q_dtype=qdt,
             scale=_sm_scale(sm_scale, head_dim),
-            causal=causal, window_left=-1 if window_left is None else window_left,
+            causal=_causal_for(causal, qo_indptr, seq_lens),
+            window_left=-1 if window_left is None else window_left,
             softcap=logits_soft_cap or 0.0,
             alibi_slopes=_alibi_slopes(pos_encoding_mode, logits_soft_cap, num_qo_heads))
         self._alibi_lse = _alibi_lse_shift(qo_indptr, seq_lens, self._args["alibi_slopes"])
@@ -324,7 +326,8 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             block_size=1, num_heads=num_qo_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim_qk, head_dim_v=head_dim_vo or head_dim_qk, q_dtype=qdt,
             scale=_sm_scale(sm_scale, head_dim_qk),
-            causal=causal, window_left=window_left, softcap=logits_soft_cap or 0.0,
+            causal=_causal_for(causal, qo_indptr, np.diff(kv)), window_left=window_left,
+            softcap=logits_soft_cap or 0.0,
             alibi_slopes=slopes)
         self._alibi_lse = _alibi_lse_shift(qo_indptr, np.diff(kv), slopes)
 
@@ -498,7 +501,8 @@ class BatchMLAPagedAttentionWrapper:
         self._plan = Plan(self._ctx, qo, kl, bt, block_size=page_size, num_heads=num_heads,
                           num_kv_heads=1, head_dim=head_dim_ckv + head_dim_kpe,
                           head_dim_v=head_dim_ckv, q_dtype=qdt, scale=sm_scale,
-                          causal=causal, decode_threshold=decode_threshold, kind="mla",
+                          causal=_causal_for(causal, qo, kl), decode_threshold=decode_threshold,
+                          kind="mla",
                           mla_qk_nope_head_dim=qk_nope_head_dim, mla_v_head_dim=v_head_dim)
 
     begin_forward = plan

@@ -299,3 +299,45 @@ def test_given_lse_is_written_and_out_returned():
     assert isinstance(res, np.ndarray)
     np.testing.assert_array_equal(res, want)
     np.testing.assert_array_equal(lse, want_lse)
+
+
+def test_causal_batch_with_empty_requests():
+    """A causal batch of single-query requests where some have no keys
+    (padding): FlashInfer's causal mask leaves such a row nothing to see, out
+    0 and LSE -inf; the wrappers plan it (kvattn's causal plans need q_len <=
+    kv_len, so they plan without the mask, which single queries do not
+    need). Paged prefill, ragged and MLA; q_len > kv_len with more queries
+    is still refused."""
+    rng, paged, indptr, indices, last, keys, values = _decode_setup(40, (0, 30, 50))
+    q = rng.standard_normal((3, 4, 64)).astype(np.float32)
+    qo = np.arange(4, dtype=np.int32)
+    p = fi.BatchPrefillWithPagedKVCacheWrapper(None, "NHD")
+    p.plan(qo, np.array([0, 0, 4, 11], np.int32), indices[1:], np.array([0, 6, 2], np.int32),
+           4, 2, 64, 8, causal=True, q_data_type="float32")
+    out, lse = p.run(q, paged, return_lse=True)
+    ro, rl = attention(q, keys, values, [1, 1, 1], causal=True)
+    np.testing.assert_allclose(out, ro, rtol=1e-5, atol=1e-5)
+    assert (out[0] == 0).all() and np.isneginf(lse[0]).all()
+    np.testing.assert_allclose(lse[1:], rl[1:] * LOG2E, rtol=1e-5, atol=1e-5)
+    r = fi.BatchPrefillWithRaggedKVCacheWrapper(None)
+    r.plan(qo, np.array([0, 0, 30, 80], np.int32), 4, 2, 64, causal=True,
+           q_data_type="float32")
+    out, lse = r.run(q, np.concatenate(keys).astype(np.float32),
+                     np.concatenate(values).astype(np.float32), return_lse=True)
+    np.testing.assert_allclose(out, ro, rtol=1e-5, atol=1e-5)
+    assert (out[0] == 0).all() and np.isneginf(lse[0]).all()
+    m = fi.BatchMLAPagedAttentionWrapper(None)
+    m.plan(np.array([0, 1, 2]), np.array([0, 0, 1]), np.array([0]), np.array([0, 5]), 4, 64,
+           16, 8, True, 0.1, "float32", "float32")
+    kv = rng.standard_normal((1, 8, 80)).astype(np.float32)
+    qm = rng.standard_normal((2, 4, 80)).astype(np.float32)
+    out, lse = m.run(qm[..., :64], qm[..., 64:], kv[..., :64], kv[..., 64:], return_lse=True)
+    assert (out[0] == 0).all() and np.isneginf(lse[0]).all()
+    lat = kv[0, :5, None, :]  # request 1's 5 latent rows as [5, 1, 80] keys
+    ro, rl = attention(qm[1:], [lat], [lat[..., :64]], [1], causal=True, scale=0.1)
+    np.testing.assert_allclose(out[1:], ro, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse[1:], rl * LOG2E, rtol=1e-5, atol=1e-5)
+    with pytest.raises(kvattn.OutOfRangeError):  # 2 queries, no key: still refused
+        p.plan(np.array([0, 2, 3, 4], np.int32), np.array([0, 0, 4, 11], np.int32),
+               indices[1:], np.array([0, 6, 2], np.int32), 4, 2, 64, 8, causal=True,
+               q_data_type="float32")
