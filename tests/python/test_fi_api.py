@@ -341,3 +341,20 @@ def test_causal_batch_with_empty_requests():
         p.plan(np.array([0, 2, 3, 4], np.int32), np.array([0, 0, 4, 11], np.int32),
                indices[1:], np.array([0, 6, 2], np.int32), 4, 2, 64, 8, causal=True,
                q_data_type="float32")
+
+
+def test_dtype_mismatch_is_a_value_error():
+    """FlashInfer raises ValueError for a q or out dtype that does not match
+    the plan (_check_cached_qkv_data_type, check_shape_dtype_device); the
+    wrappers' DtypeMismatchError is a ValueError too (and still a TypeError)."""
+    rng, paged, indptr, indices, last, keys, values = _decode_setup(41)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD")
+    w.plan(indptr, indices, last, 4, 2, 64, 8, q_data_type="float32")
+    q = rng.standard_normal((2, 4, 64))
+    with pytest.raises(ValueError):
+        w.run(q.astype(np.float16), paged)
+    out = np.full((2, 4, 64), np.nan, np.float16)
+    with pytest.raises(ValueError):
+        w.run(q.astype(np.float32), paged, out=out)
+    assert np.isnan(out).all()
+    assert issubclass(kvattn.DtypeMismatchError, TypeError)
