@@ -179,6 +179,20 @@ def _alibi_slopes(pos_encoding_mode, logits_soft_cap, num_qo_heads):
     return get_alibi_slopes(num_qo_heads)
 
 
+class UnknownNameError(InvalidArgumentError, KeyError):
+    """An unknown kv_layout or pos_encoding_mode name: FlashInfer raises
+    KeyError for those (_check_kv_layout, _check_pos_encoding_mode); this is
+    both that KeyError and kvattn's InvalidArgumentError (a ValueError)."""
+
+    __str__ = Exception.__str__  # KeyError's would quote the message
+
+
+def _check_name(what, value, known):
+    """Raises UnknownNameError unless value is one of FlashInfer's names."""
+    if value not in known:
+        raise UnknownNameError("%s %r is not one of %s" % (what, value, ", ".join(known)))
+
+
 def _causal_for(causal, qo_indptr, kv_lens):
     """The causal flag to plan with. FlashInfer's causal mask lets query i of
     a request with q queries and s keys see keys j <= s - q + i, so a row

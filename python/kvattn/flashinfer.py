@@ -55,6 +55,7 @@ from ._fi_common import (  # noqa: F401 (get_alibi_slopes is public here)
     _refuse_multi_item,
     _refuse_run_options,
     _causal_for,
+    _check_name,
     _staged,
     _unstage,
     _esize,
@@ -79,8 +80,7 @@ class _PagedWrapper:
     cache views and run()."""
 
     def __init__(self, float_workspace_buffer, kv_layout, context):
-        if kv_layout not in ("NHD", "HND"):
-            raise InvalidArgumentError("kv_layout: %r is not 'NHD' or 'HND'" % (kv_layout,))
+        _check_name("kv_layout", kv_layout, ("NHD", "HND"))
         self._layout = 0 if kv_layout == "NHD" else 1
         self._ctx = _context_for(float_workspace_buffer, context)
         self._views = _KVCacheViews()
@@ -93,6 +93,7 @@ class _PagedWrapper:
                   head_dim_vo, page_size, causal, pos_encoding_mode, window_left,
                   logits_soft_cap, sm_scale, q_data_type, kv_data_type, o_data_type,
                   rope_scale=None, rope_theta=None):
+        _check_name("pos_encoding_mode", pos_encoding_mode, ("NONE", "ROPE_LLAMA", "ALIBI"))
         if pos_encoding_mode not in ("NONE", "ALIBI"):
             raise UnsupportedError("pos_encoding_mode %r: kvattn applies no RoPE inside attention"
                                    " (apply it to q and k before the call)" % (pos_encoding_mode,))
@@ -289,6 +290,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
     def __init__(self, float_workspace_buffer=None, kv_layout="NHD", use_cuda_graph=False,
                  qo_indptr_buf=None, kv_indptr_buf=None, custom_mask_buf=None,
                  mask_indptr_buf=None, backend="auto", jit_args=None, *, context=None):
+        _check_name("kv_layout", kv_layout, ("NHD", "HND"))
         if kv_layout != "NHD":
             raise UnsupportedError("kv_layout %r: ragged K/V are [tokens, Hkv, D] (NHD)"
                                    % (kv_layout,))
@@ -307,6 +309,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
              v_indptr=None, o_indptr=None):
         if custom_mask is not None or packed_custom_mask is not None:
             raise UnsupportedError("custom_mask is not supported by kvattn")
+        _check_name("pos_encoding_mode", pos_encoding_mode, ("NONE", "ROPE_LLAMA", "ALIBI"))
         if pos_encoding_mode not in ("NONE", "ALIBI"):
             raise UnsupportedError("pos_encoding_mode %r is not supported" % (pos_encoding_mode,))
         _refuse_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,

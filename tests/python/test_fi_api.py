@@ -358,3 +358,30 @@ def test_dtype_mismatch_is_a_value_error():
         w.run(q.astype(np.float32), paged, out=out)
     assert np.isnan(out).all()
     assert issubclass(kvattn.DtypeMismatchError, TypeError)
+
+
+def test_unknown_names_raise_key_error():
+    """FlashInfer raises KeyError for an unknown kv_layout or
+    pos_encoding_mode; the wrappers' error is a KeyError too (and kvattn's
+    InvalidArgumentError); ROPE_LLAMA, a name FlashInfer knows, stays
+    UnsupportedError."""
+    for make in (lambda: fi.BatchDecodeWithPagedKVCacheWrapper(None, "NDH"),
+                 lambda: fi.BatchPrefillWithPagedKVCacheWrapper(None, "nhd"),
+                 lambda: fi.BatchPrefillWithRaggedKVCacheWrapper(None, "XYZ"),
+                 lambda: fi.MultiLevelCascadeAttentionWrapper(2, None, "HDN")):
+        with pytest.raises(KeyError, match="kv_layout"):
+            make()
+        with pytest.raises(kvattn.InvalidArgumentError):
+            make()
+    rng, paged, indptr, indices, last, keys, values = _decode_setup(42)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD")
+    r = fi.BatchPrefillWithRaggedKVCacheWrapper(None)
+    plans = (lambda **kw: w.plan(indptr, indices, last, 4, 2, 64, 8, **kw),
+             lambda **kw: r.plan(np.array([0, 1]), np.array([0, 3]), 4, 2, 64, **kw))
+    for plan in plans:
+        with pytest.raises(KeyError, match="pos_encoding_mode"):
+            plan(pos_encoding_mode="ALiBi")
+        with pytest.raises(kvattn.UnsupportedError):
+            plan(pos_encoding_mode="ROPE_LLAMA")
+    with pytest.raises(kvattn.UnsupportedError, match="NHD"):  # a known name kvattn lacks
+        fi.BatchPrefillWithRaggedKVCacheWrapper(None, "HND")
