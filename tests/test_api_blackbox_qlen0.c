@@ -1,11 +1,10 @@
 /*
  * test_api_blackbox_qlen0.c - black-box: requests with q_len 0 inside mixed
  * batches, on every plan kind. kvattn.h: "Requests with q_len 0 produce no
- * rows", and their block-table rows "may hold any value" (and their
- * seq_lens need no keys in the cache). A batch with such a request between
- * two others, its row holding garbage block ids (negative, past the cache,
- * INT32_MAX) and a seq_len past the cache, must compute what the batch
- * without it computes: plain, cascade (found and given groupings), draft
+ * rows", and their block-table rows "may hold any value". A batch with
+ * such a request between two others, its seq_len 15 (4 blocks) and its row
+ * holding garbage block ids (negative, INT32_MAX, past the cache, NB), must
+ * compute what the batch without it computes: plain, cascade (found and given groupings), draft
  * tree, DCP, windows / ALiBi / soft-cap / sinks, local chunks, the absorbed
  * and layer-level MLA calls, sparse MLA and the indexer, on the reference
  * and CPU backends (CPU: 1 and 3 threads). Outputs are poisoned first.
