@@ -28,17 +28,20 @@
  * CUDA-only entry points (stream, graph-capture capacity) are in kvattn_cuda.h.
  *
  * Aliasing: unless a call's comment allows it (kva_convert with src == dst,
- * kva_merge_states in place, the DCP combines' packed buffers), the outputs
- * of a call (out, lse, written cache blocks, index lists) must not overlap
- * its inputs or each other; inputs may overlap one another (they are only
- * read). The run calls (kva_attention_run, kva_attention_run_ragged,
- * kva_mla_run, kva_mla_sparse_run, kva_indexer_run) and kva_merge_states_n
- * check it by address ranges (device pointers are compared, never read): out
- * and lse (the indexer's indices and topk_length) overlapping each other, q,
- * the ragged k / v, sinks, the MLA weights, the sparse indices, the indexer's
- * weights or the cache's storage (K, V, per-token key scales) get
- * KVA_STATUS_INVALID_ARGUMENT with a message naming both, and nothing is
- * written. Adjacent buffers are fine.
+ * kva_merge_states in place, kva_dcp_local_lens in place, the DCP combines'
+ * packed buffers), the outputs of a call (out, lse, written cache blocks,
+ * index lists) must not overlap its inputs or each other; inputs may overlap
+ * one another (they are only read). The run calls (kva_attention_run,
+ * kva_attention_run_ragged, kva_mla_run, kva_mla_sparse_run,
+ * kva_indexer_run), kva_merge_states_n, kva_merge_states (whose in-place
+ * outputs are its inputs' own pointers) and the host helpers
+ * kva_batch_reorder_decode_first, kva_dcp_local_lens (in place allowed) and
+ * kva_dcp_slots check it by address ranges (device pointers are compared,
+ * never read): out and lse (the indexer's indices and topk_length)
+ * overlapping each other, q, the ragged k / v, sinks, the MLA weights, the
+ * sparse indices, the indexer's weights or the cache's storage (K, V,
+ * per-token key scales) get KVA_STATUS_INVALID_ARGUMENT with a message naming
+ * both, and nothing is written. Adjacent buffers are fine.
  * The cache calls check it the same way: kva_cache_write's k / v rows and
  * slot_mapping against the whole storage of the cache (K, V and the per-token
  * key scales: which blocks a call writes depends on slot values the host may
@@ -767,7 +770,8 @@ KVA_API kva_status kva_plan_get_info(const kva_plan *plan, kva_plan_info *out);
  * first). Given q_lens [R], writes a stable permutation perm [R] such that
  * requests perm[0..] are all decodes (q_len <= decode_threshold, 0 means 1),
  * then all prefills, each group in its original order. *num_decodes receives
- * the number of decodes (may be NULL).
+ * the number of decodes (may be NULL). perm and num_decodes must not overlap
+ * q_lens or each other (KVA_STATUS_INVALID_ARGUMENT, nothing written).
  */
 KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const int32_t *q_lens,
                                                   int32_t decode_threshold, int32_t *perm,

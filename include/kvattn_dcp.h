@@ -56,7 +56,8 @@ typedef enum kva_dcp_combine {
  * ceil(seq_len / (N * I)) * I). Local token k of the rank is global position
  * ((k / I) * N + rank) * I + k % I, and it lives at local slot
  * block_table_row[k / B] * B + k % B of the rank's cache. dcp_size 0 or 1 and
- * dcp_interleave 0 mean 1, as in kva_plan_desc.
+ * dcp_interleave 0 mean 1, as in kva_plan_desc. local_lens may be seq_lens
+ * itself (in place); any other overlap is refused (KVA_STATUS_INVALID_ARGUMENT).
  */
 KVA_API kva_status kva_dcp_local_lens(int32_t num_requests, const int32_t *seq_lens,
                                       int32_t dcp_size, int32_t dcp_rank, int32_t dcp_interleave,
@@ -69,7 +70,8 @@ KVA_API kva_status kva_dcp_local_lens(int32_t num_requests, const int32_t *seq_l
  * (through the rank's block-table row [row_len], block size B) and -1 for the
  * others, which kva_cache_write skips. Every rank is given the same K/V rows
  * and keeps its own. The row must cover every local token named
- * (KVA_STATUS_OUT_OF_RANGE otherwise, nothing written).
+ * (KVA_STATUS_OUT_OF_RANGE otherwise, nothing written); slots must not
+ * overlap the row (KVA_STATUS_INVALID_ARGUMENT).
  */
 KVA_API kva_status kva_dcp_slots(int32_t dcp_size, int32_t dcp_rank, int32_t dcp_interleave,
                                  int32_t block_size, const int32_t *block_table_row,

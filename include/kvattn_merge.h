@@ -20,7 +20,10 @@ extern "C" {
  *   out_a, out_b, out: [T, H, Dv] in dtype (F32, F16 or BF16); lse_*: [T, H] float32.
  *   T = num_tokens may be 0 (nothing to merge, tensors may be NULL); H =
  *   num_heads is 1..KVA_MAX_HEADS and Dv = head_dim_v a valid head size even then.
- * out may alias out_a or out_b, lse_out may alias lse_a or lse_b (in-place).
+ * out may alias out_a or out_b, lse_out may alias lse_a or lse_b (in-place:
+ * the same pointer). Any other overlap of out or lse_out with an input or
+ * with each other is refused with KVA_STATUS_INVALID_ARGUMENT naming both,
+ * nothing written (kvattn.h, Aliasing).
  */
 KVA_API kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_heads,
                                     int32_t head_dim_v, kva_dtype dtype, const void *out_a,

@@ -33,7 +33,12 @@ extern "C" {
  *
  * Request ids are small non-negative integers; the id of a freed request may
  * be reused by a later kva_pool_request_add or kva_pool_request_fork.
- * A pool may be used from one thread at a time.
+ * A pool may be used from one thread at a time. Outputs follow kvattn.h's
+ * Aliasing rule: kva_pool_request_add's out_request_id and
+ * out_num_cached_tokens, kva_pool_request_fork's out_request_id and
+ * out_copy, and kva_pool_request_block_table's row and out_num_blocks
+ * overlapping each other (or add's outputs overlapping prompt_tokens or
+ * extra_key) get KVA_STATUS_INVALID_ARGUMENT, and the pool is unchanged.
  */
 
 /* Each hash needs its library at build time (CMake KVA_WITH_OPENSSL,

@@ -8,15 +8,19 @@
 #                         instead of compiling the library (scripts/test.sh
 #                         passes the Release build's; CMake option
 #                         KVA_PYTHON_PREBUILT)
+#   KVA_PY_VENV=DIR       use this venv instead of build/py-venv (made if
+#                         absent), e.g. one with torch installed, so that
+#                         tests/python/test_torch.py runs instead of skipping
 # Extra arguments go to pytest (e.g. -k decode).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=build/py-venv
+venv=${KVA_PY_VENV:-build/py-venv}
 src=build/py-src
 mkdir -p build
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
+py="$(cd "$venv" && pwd)/bin/python" # absolute, symlink kept (it marks the venv)
 # Build backend and test tools, installed once into the venv (the wheel is
 # then built without an isolated environment, so no download per run).
 "$venv/bin/python" -c "import numpy, pytest, scikit_build_core" 2>/dev/null ||
@@ -41,8 +45,8 @@ fi
   -C cmake.define.KVA_PYTHON_PREBUILT="$prebuilt"
 if [ -n "${KVA_PY_PREBUILT:-}" ]; then
   # The installed package must load the library it was given.
-  lib=$(cd tests/python && ../../"$venv"/bin/python -c "import kvattn; print(kvattn.LIBRARY_PATH)")
+  lib=$(cd tests/python && "$py" -c "import kvattn; print(kvattn.LIBRARY_PATH)")
   echo "kvattn package over $lib"
   cmp "$KVA_PY_PREBUILT" "$lib"
 fi
-(cd tests/python && ../../"$venv"/bin/python -m pytest -q -p no:cacheprovider "$@" .)
+(cd tests/python && "$py" -m pytest -q -p no:cacheprovider "$@" .)

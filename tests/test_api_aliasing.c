@@ -4,8 +4,11 @@
  * input (q, the ragged k / v, sinks, the MLA weights, the sparse indices, the
  * indexer's weights, the cache's K / V storage) or the other output gets
  * KVA_STATUS_INVALID_ARGUMENT with a message naming both, and nothing is
- * written; buffers that only touch (one ends where the next begins) run and
- * give the bytes of a run on separate buffers. Reference and CPU backends.
+ * written (kva_merge_states too, whose out / lse_out may only be its inputs
+ * themselves: in place, the host helpers kva_batch_reorder_decode_first,
+ * kva_dcp_local_lens and kva_dcp_slots, and the pool's outputs); buffers that only touch (one ends
+ * where the next begins) run and give the bytes of a run on separate buffers. Reference and CPU
+ * backends.
  *
  * Every buffer of a case lives in one arena (poisoned with NaN), so that the
  * overlaps are real and the "nothing written" check covers every byte a
@@ -307,6 +310,162 @@ static void indexer_cases(kva_backend be)
     idx_free(&x);
 }
 
+/* kva_merge_states at arena offsets: out_a, lse_a, out_b, lse_b, out, lse. */
+static kva_status merge_at(kva_context *ctx, arena *a, size_t oa, size_t la, size_t ob, size_t lb,
+                           size_t o, size_t l)
+{
+    return kva_merge_states(ctx, AT, AH, AD, KVA_DTYPE_F32, a->p + oa, a->p + la, a->p + ob,
+                            a->p + lb, a->p + o, a->p + l);
+}
+
+/* kva_merge_states: out may be out_a or out_b and lse_out lse_a or lse_b
+ * (in place, kvattn.h), any other overlap of an output with an input or the
+ * other output is refused with nothing written; the in-place merges give the
+ * bytes of the merge into separate buffers. */
+static void merge_cases(kva_backend be)
+{
+    kva_rng rng = {12};
+    kva_context *ctx = new_ctx(be, 2);
+    float ia[AQ], ib[AQ], ila[ALSE], ilb[ALSE], want_out[AQ], want_lse[ALSE];
+    kva_test_fill(ia, KVA_DTYPE_F32, AQ, &rng, 1.0);
+    kva_test_fill(ib, KVA_DTYPE_F32, AQ, &rng, 1.0);
+    kva_test_fill(ila, KVA_DTYPE_F32, ALSE, &rng, 2.0);
+    kva_test_fill(ilb, KVA_DTYPE_F32, ALSE, &rng, 2.0);
+    CHECK_OK(
+        kva_merge_states(ctx, AT, AH, AD, KVA_DTYPE_F32, ia, ila, ib, ilb, want_out, want_lse));
+    /* Arena: [a AQ][b AQ][la ALSE][lb ALSE][out AQ][lse ALSE][pad 64]. */
+    arena a;
+    arena_init(&a, 3 * AQ + 3 * ALSE + 64);
+    const size_t a0 = 0, b0 = AQ, la0 = 2 * AQ, lb0 = la0 + ALSE, o0 = lb0 + ALSE, l0 = o0 + AQ;
+    memcpy(a.p + a0, ia, sizeof ia);
+    memcpy(a.p + b0, ib, sizeof ib);
+    memcpy(a.p + la0, ila, sizeof ila);
+    memcpy(a.p + lb0, ilb, sizeof ilb);
+    arena_seal(&a);
+    /* out shifted into out_a by one head row, out across out_a's end and
+     * out_b's start, out over lse_a, lse_out one element into lse_a, lse_out
+     * inside out, lse_out over out_b's tail; out == out_a with lse_out inside
+     * out_b (in place on one side, an overlap on the other). */
+    REFUSED(merge_at(ctx, &a, a0, la0, b0, lb0, a0 + AD, l0), "output out", "input out_a");
+    CHECK(arena_same(&a));
+    REFUSED(merge_at(ctx, &a, a0, la0, b0, lb0, AQ / 2, l0), "output out", "input out_a");
+    CHECK(arena_same(&a));
+    REFUSED(merge_at(ctx, &a, a0, la0, b0, lb0, la0 + ALSE - 1, l0), "output out", "input lse_a");
+    CHECK(arena_same(&a));
+    REFUSED(merge_at(ctx, &a, a0, la0, b0, lb0, o0, la0 + 1), "output lse_out", "input lse_a");
+    CHECK(arena_same(&a));
+    REFUSED(merge_at(ctx, &a, a0, la0, b0, lb0, o0, o0 + 5), "output lse_out", "output out");
+    CHECK(arena_same(&a));
+    REFUSED(merge_at(ctx, &a, a0, la0, b0, lb0, o0, b0 + AQ - 1), "output lse_out", "input out_b");
+    CHECK(arena_same(&a));
+    REFUSED(merge_at(ctx, &a, a0, la0, b0, lb0, a0, b0 + 7), "output lse_out", "input out_b");
+    CHECK(arena_same(&a));
+    /* Separate, touching buffers; then in place into A, into B, and mixed. */
+    CHECK_OK(merge_at(ctx, &a, a0, la0, b0, lb0, o0, l0));
+    CHECK(memcmp(a.p + o0, want_out, sizeof want_out) == 0);
+    CHECK(memcmp(a.p + l0, want_lse, sizeof want_lse) == 0);
+    for (int place = 0; place < 3; place++) {
+        memcpy(a.p + a0, ia, sizeof ia);
+        memcpy(a.p + b0, ib, sizeof ib);
+        memcpy(a.p + la0, ila, sizeof ila);
+        memcpy(a.p + lb0, ilb, sizeof ilb);
+        const size_t o = place == 1 ? b0 : a0, l = place == 0 ? la0 : lb0;
+        CHECK_OK(merge_at(ctx, &a, a0, la0, b0, lb0, o, l));
+        CHECK_MSG(memcmp(a.p + o, want_out, sizeof want_out) == 0, "in place %d: out", place);
+        CHECK_MSG(memcmp(a.p + l, want_lse, sizeof want_lse) == 0, "in place %d: lse", place);
+    }
+    /* Inputs may overlap each other: A merged with itself, in place. */
+    memcpy(a.p + a0, ia, sizeof ia);
+    memcpy(a.p + la0, ila, sizeof ila);
+    CHECK_OK(merge_at(ctx, &a, a0, la0, a0, la0, a0, la0));
+    kva_context_destroy(ctx);
+    free(a.p);
+}
+
+/* The host helpers: kva_batch_reorder_decode_first (perm and num_decodes
+ * vs q_lens and each other), kva_dcp_local_lens (local_lens may be seq_lens
+ * itself, no other overlap), kva_dcp_slots (slots vs the block-table row). */
+static void test_host_helpers(void)
+{
+    int32_t m[16];
+    const int32_t ql[6] = {5, 1, 3, 1, 1, 7};
+    int32_t want[6], nd = -1;
+    CHECK_OK(kva_batch_reorder_decode_first(6, ql, 1, want, &nd));
+    memcpy(m, ql, sizeof ql);
+    memset(m + 6, 0x7f, sizeof(int32_t) * 10);
+    const uint64_t sum = bb_sum(m, sizeof m);
+    REFUSED(kva_batch_reorder_decode_first(6, m, 1, m, NULL), "output perm", "input q_lens");
+    REFUSED(kva_batch_reorder_decode_first(6, m, 1, m + 5, NULL), "output perm", "input q_lens");
+    REFUSED(kva_batch_reorder_decode_first(6, m, 1, m + 6, m + 3), "output num_decodes",
+            "input q_lens");
+    REFUSED(kva_batch_reorder_decode_first(6, m, 1, m + 6, m + 11), "output num_decodes",
+            "output perm");
+    CHECK(bb_sum(m, sizeof m) == sum);
+    CHECK_OK(kva_batch_reorder_decode_first(6, m, 1, m + 6, m + 12)); /* touching */
+    CHECK(memcmp(m + 6, want, sizeof want) == 0 && m[12] == nd);
+
+    const int32_t lens[4] = {10, 21, 30, 41};
+    int32_t local[4];
+    CHECK_OK(kva_dcp_local_lens(4, lens, 3, 1, 2, local));
+    memcpy(m, lens, sizeof lens);
+    memset(m + 4, 0x7f, sizeof(int32_t) * 12);
+    const uint64_t sum2 = bb_sum(m, sizeof m);
+    REFUSED(kva_dcp_local_lens(4, m, 3, 1, 2, m + 1), "output local_lens", "input seq_lens");
+    CHECK(bb_sum(m, sizeof m) == sum2);
+    CHECK_OK(kva_dcp_local_lens(4, m, 3, 1, 2, m)); /* in place */
+    CHECK(memcmp(m, local, sizeof local) == 0);
+
+    int64_t sl[12];
+    int32_t *row = (int32_t *)sl;
+    for (int i = 0; i < 4; i++)
+        row[i] = 3 + i;
+    memset(sl + 2, 0x7f, sizeof(int64_t) * 10);
+    const uint64_t sum3 = bb_sum(sl, sizeof sl);
+    REFUSED(kva_dcp_slots(2, 0, 1, 4, row, 4, 0, 8, sl + 1), "output slots",
+            "input block_table_row");
+    CHECK(bb_sum(sl, sizeof sl) == sum3);
+    CHECK_OK(kva_dcp_slots(2, 0, 1, 4, row, 4, 0, 8, sl + 2)); /* touching */
+    CHECK(sl[2] == 12 && sl[3] == -1 && sl[4] == 13);
+
+    /* The pool's outputs: request ids, cached-token counts, the fork's copy
+     * pair and block-table rows must not overlap each other or the prompt. */
+    kva_pool_desc pd = {16, 4, KVA_POOL_HASH_SHA256, 0};
+    kva_pool *pool = NULL;
+    CHECK_OK(kva_pool_create(&pd, &pool));
+    if (!pool)
+        return;
+    int32_t t[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, -1, -1, -1}, rid = -1;
+    const uint64_t sum4 = bb_sum(t, sizeof t);
+    REFUSED(kva_pool_request_add(pool, t, 9, NULL, 0, t + 9, t + 9), "output out_num_cached_tokens",
+            "output out_request_id");
+    REFUSED(kva_pool_request_add(pool, t, 9, NULL, 0, t + 8, NULL), "output out_request_id",
+            "input prompt_tokens");
+    REFUSED(kva_pool_request_add(pool, t, 9, t + 9, 8, t + 10, t + 11), "output out_request_id",
+            "input extra_key");
+    CHECK(bb_sum(t, sizeof t) == sum4);
+    kva_pool_stats st;
+    CHECK_OK(kva_pool_get_stats(pool, &st));
+    CHECK(st.num_requests == 0);                                        /* nothing was added */
+    CHECK_OK(kva_pool_request_add(pool, t, 9, NULL, 0, t + 9, t + 10)); /* touching */
+    rid = t[9];
+    CHECK(t[10] == 0 && rid >= 0);
+    CHECK_OK(kva_pool_request_allocate(pool, rid, 9, 0));
+    CHECK_OK(kva_pool_request_append_tokens(pool, rid, t, 9));
+    int32_t f[3] = {-5, -5, -5};
+    REFUSED(kva_pool_request_fork(pool, rid, f + 1, f), "output out_request_id", "output out_copy");
+    CHECK(f[0] == -5 && f[1] == -5 && f[2] == -5);
+    CHECK_OK(kva_pool_get_stats(pool, &st));
+    CHECK(st.num_requests == 1 && st.num_used_blocks == 3); /* no fork, no copy block taken */
+    int32_t bt[5] = {-5, -5, -5, -5, -5};
+    REFUSED(kva_pool_request_block_table(pool, rid, bt, 4, bt + 3), "output out_num_blocks",
+            "output row");
+    CHECK(bt[0] == -5 && bt[3] == -5 && bt[4] == -5);
+    CHECK_OK(kva_pool_request_block_table(pool, rid, bt, 4, bt + 4)); /* touching */
+    CHECK(bt[4] == 3 && bt[3] == 0);
+    CHECK_OK(kva_pool_check(pool));
+    kva_pool_destroy(pool);
+}
+
 static void test_paged(void)
 {
     for (int b = 0; b < 2; b++)
@@ -328,10 +487,18 @@ static void test_mla(void)
     }
 }
 
+static void test_merge(void)
+{
+    for (int b = 0; b < 2; b++)
+        merge_cases(kBk[b]);
+}
+
 int main(void)
 {
     RUN(test_paged);
     RUN(test_ragged);
     RUN(test_mla);
+    RUN(test_merge);
+    RUN(test_host_helpers);
     return kva_test_finish();
 }

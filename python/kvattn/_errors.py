@@ -34,7 +34,10 @@ class OutOfRangeError(KvaError, IndexError):
     status = 4
 
 
-class DtypeMismatchError(KvaError, TypeError):
+class DtypeMismatchError(KvaError, TypeError, ValueError):
+    """Also a ValueError: FlashInfer's wrappers raise ValueError for a dtype
+    that does not match the plan, and code written for them catches that."""
+
     status = 5
 
 

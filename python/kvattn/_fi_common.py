@@ -179,6 +179,66 @@ def _alibi_slopes(pos_encoding_mode, logits_soft_cap, num_qo_heads):
     return get_alibi_slopes(num_qo_heads)
 
 
+class UnknownNameError(InvalidArgumentError, KeyError):
+    """An unknown kv_layout or pos_encoding_mode name: FlashInfer raises
+    KeyError for those (_check_kv_layout, _check_pos_encoding_mode); this is
+    both that KeyError and kvattn's InvalidArgumentError (a ValueError)."""
+
+    __str__ = Exception.__str__  # KeyError's would quote the message
+
+
+def _check_name(what, value, known):
+    """Raises UnknownNameError unless value is one of FlashInfer's names."""
+    if value not in known:
+        raise UnknownNameError("%s %r is not one of %s" % (what, value, ", ".join(known)))
+
+
+def _causal_for(causal, qo_indptr, kv_lens):
+    """The causal flag to plan with. FlashInfer's causal mask lets query i of
+    a request with q queries and s keys see keys j <= s - q + i, so a row
+    with none (s = 0) writes 0 and LSE -inf; kvattn's causal plans need
+    q_len <= kv_len. When every request has at most one query, the causal
+    mask excludes no key (j < s anyway), so a batch with kv_len-0 requests
+    (padding) is planned without it, giving FlashInfer's zeros and -inf."""
+    if not causal:
+        return False
+    qo = T.host_array(qo_indptr, np.int64, "qo_indptr")
+    kl = np.asarray(kv_lens, np.int64)
+    q_lens = np.diff(qo)
+    if q_lens.size and q_lens.max() <= 1 and kl.size == q_lens.size and \
+            (kl < q_lens).any():
+        return False
+    return True
+
+
+def _refuse_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
+                       max_item_len_ptr):
+    """FlashInfer's multi-item scoring (prefill plan()'s prefix_len_ptr,
+    token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr) masks
+    keys between the items of a prompt; kvattn has no such mask, so giving
+    any of them raises instead of attending over every item."""
+    given = [n for n, x in (("prefix_len_ptr", prefix_len_ptr),
+                            ("token_pos_in_items_ptr", token_pos_in_items_ptr),
+                            ("max_item_len_ptr", max_item_len_ptr)) if x is not None]
+    if token_pos_in_items_len:
+        given.append("token_pos_in_items_len")
+    if given:
+        raise UnsupportedError("%s: FlashInfer's multi-item scoring mask is not supported by "
+                               "kvattn" % ", ".join(given))
+
+
+def _refuse_run_options(kv_cache_sf, skip_softmax_threshold_scale_factor):
+    """run() options of FlashInfer's that kvattn cannot honour: NVFP4 cache
+    scale factors, and skip-softmax sparsity (an approximation that drops
+    keys); None is accepted."""
+    if kv_cache_sf is not None:
+        raise UnsupportedError("kv_cache_sf: kvattn's wrapped caches are 16-bit, not NVFP4")
+    if skip_softmax_threshold_scale_factor is not None:
+        raise UnsupportedError("skip_softmax_threshold_scale_factor %r: kvattn computes the "
+                               "exact softmax over every visible key"
+                               % (skip_softmax_threshold_scale_factor,))
+
+
 def _packed(x):
     """x, or a contiguous copy of a numpy array / torch tensor whose token and
     head strides are free but whose last dimension is dense (a q sliced from a

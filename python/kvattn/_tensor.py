@@ -176,6 +176,13 @@ def view(x, name):
         return _np_view(x)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
+        if x.is_neg():
+            # A lazily negated view (torch's neg bit, e.g. from z.conj().imag):
+            # its memory holds -x, which kvattn would read or write as x.
+            # torch's own DLPack export refuses such tensors too.
+            raise _errors.InvalidArgumentError(
+                "%s: a tensor with torch's negative bit set (its memory holds the negated "
+                "values): pass %s.resolve_neg()" % (name, name))
         return _torch_view(x, torch)
     if isinstance(x, np.ndarray):
         return _np_view(x)

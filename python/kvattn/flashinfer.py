@@ -21,7 +21,10 @@ latent pages not kept as [c_kv | k_pe] rows of one tensor, a softmax scale
 of 0 (sm_scale = 0, or q_scale * k_scale = 0: kvattn's scale 0 means
 1/sqrt(head_dim)), and pos_encoding_mode "ALIBI" together with
 logits_soft_cap (FlashInfer adds the ALiBi bias before the soft-cap's tanh,
-kvattn after it: kvattn.h's formula).
+kvattn after it: kvattn.h's formula), and FlashInfer keywords that would
+change the result (multi-item scoring, window_right, NVFP4 scale factors,
+skip-softmax, the ragged wrapper's fp8 calibration scales); an unknown
+keyword raises TypeError, as in FlashInfer.
 A q (and the ragged wrapper's k / v) with token or head strides, such as a
 slice of a fused qkv projection, is accepted as FlashInfer accepts it: the
 wrapper copies it to a contiguous tensor first (kvattn's kernels read packed
@@ -37,7 +40,7 @@ import numpy as np
 
 from . import _lib as L
 from . import _tensor as T
-from .core import Cache, Plan, merge_states as _merge
+from .core import Cache, Context, Plan, merge_states as _merge
 from ._errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
 from ._fi_common import (  # noqa: F401 (get_alibi_slopes is public here)
     LN2,
@@ -49,6 +52,10 @@ from ._fi_common import (  # noqa: F401 (get_alibi_slopes is public here)
     _sm_scale,
     _alibi_slopes,
     _packed,
+    _refuse_multi_item,
+    _refuse_run_options,
+    _causal_for,
+    _check_name,
     _staged,
     _unstage,
     _esize,
@@ -60,6 +67,7 @@ __all__ = [
     "BatchMLAPagedAttentionWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
+    "MultiLevelCascadeAttentionWrapper",
     "merge_state",
     "merge_state_in_place",
     "merge_states",
@@ -72,8 +80,7 @@ class _PagedWrapper:
     cache views and run()."""
 
     def __init__(self, float_workspace_buffer, kv_layout, context):
-        if kv_layout not in ("NHD", "HND"):
-            raise InvalidArgumentError("kv_layout: %r is not 'NHD' or 'HND'" % (kv_layout,))
+        _check_name("kv_layout", kv_layout, ("NHD", "HND"))
         self._layout = 0 if kv_layout == "NHD" else 1
         self._ctx = _context_for(float_workspace_buffer, context)
         self._views = _KVCacheViews()
@@ -86,6 +93,7 @@ class _PagedWrapper:
                   head_dim_vo, page_size, causal, pos_encoding_mode, window_left,
                   logits_soft_cap, sm_scale, q_data_type, kv_data_type, o_data_type,
                   rope_scale=None, rope_theta=None):
+        _check_name("pos_encoding_mode", pos_encoding_mode, ("NONE", "ROPE_LLAMA", "ALIBI"))
         if pos_encoding_mode not in ("NONE", "ALIBI"):
             raise UnsupportedError("pos_encoding_mode %r: kvattn applies no RoPE inside attention"
                                    " (apply it to q and k before the call)" % (pos_encoding_mode,))
@@ -99,7 +107,8 @@ class _PagedWrapper:
             block_size=page_size, num_heads=num_qo_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim, head_dim_v=head_dim_vo or head_dim, q_dtype=qdt,
             scale=_sm_scale(sm_scale, head_dim),
-            causal=causal, window_left=-1 if window_left is None else window_left,
+            causal=_causal_for(causal, qo_indptr, seq_lens),
+            window_left=-1 if window_left is None else window_left,
             softcap=logits_soft_cap or 0.0,
             alibi_slopes=_alibi_slopes(pos_encoding_mode, logits_soft_cap, num_qo_heads))
         self._alibi_lse = _alibi_lse_shift(qo_indptr, seq_lens, self._args["alibi_slopes"])
@@ -128,15 +137,31 @@ class _PagedWrapper:
         return p
 
     def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
-            lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None):
+            lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None,
+            q_len_per_req=None, skip_softmax_threshold_scale_factor=None, kv_cache_sf=None,
+            use_fp16_softmax=None, uses_spcompress=None):
         """Attention for the planned batch: q [T, H, D] -> out [T, H, Dv], or
-        (out, lse) with lse [T, H] float32 in base 2 when return_lse is set.
-        q_scale and k_scale (floats) multiply sm_scale, v_scale the output."""
+        (out, lse) with lse [T, H] float32 in base 2 when return_lse is set
+        (a given lse is written either way; only return_lse decides what is
+        returned, as in FlashInfer).
+        q_scale and k_scale (floats) multiply sm_scale, v_scale the output.
+        q_len_per_req (FlashInfer's deprecated run-time copy of plan()'s)
+        only checks q's rows; use_fp16_softmax and uses_spcompress pick
+        FlashInfer's trtllm-gen kernels and are ignored; kv_cache_sf (NVFP4
+        caches) and skip_softmax_threshold_scale_factor (an approximation)
+        raise UnsupportedError."""
         if args:
             raise InvalidArgumentError("run(): unexpected positional arguments %r" % (args,))
         a = self._args
         if a is None:
             raise InvalidArgumentError("run() before plan()")
+        _refuse_run_options(kv_cache_sf, skip_softmax_threshold_scale_factor)
+        if q_len_per_req is not None:
+            r = len(a["seq_lens"])
+            if T.view(q, "q").shape[0] != r * int(q_len_per_req):
+                raise InvalidArgumentError(
+                    "q has %d rows, but q_len_per_req %r x %d requests = %d"
+                    % (T.view(q, "q").shape[0], q_len_per_req, r, r * int(q_len_per_req)))
         ctx = self._ctx
         if ctx.device == T.CUDA and T.is_torch(q):
             import torch
@@ -159,10 +184,10 @@ class _PagedWrapper:
         if v_scale is not None and float(v_scale) != 1.0:
             o *= float(v_scale)
         o = _unstage(o, out_dst)
-        if l is not None:
+        if l is not None:  # a given lse is written even without return_lse, as FlashInfer's
             _scale_lse(l, self._alibi_lse)
-            return o, _unstage(l, lse_dst)
-        return o
+            l = _unstage(l, lse_dst)
+        return (o, l) if return_lse else o
 
     def run_return_lse(self, q, paged_kv_cache, *args, **kw):
         kw["return_lse"] = True
@@ -189,17 +214,33 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
              page_size, pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None,
-             q_data_type="float16", kv_data_type=None, data_type=None, sm_scale=None,
-             rope_scale=None, rope_theta=None, non_blocking=True, block_tables=None,
-             seq_lens=None, fixed_split_size=None, disable_split_kv=False):
+             q_data_type="float16", kv_data_type=None, o_data_type=None, data_type=None,
+             sm_scale=None, rope_scale=None, rope_theta=None, non_blocking=True,
+             block_tables=None, seq_lens=None, fixed_split_size=None, disable_split_kv=False,
+             q_len_per_req=1, *, window_right=0):
+        """FlashInfer's decode plan (its current argument order, o_data_type
+        before data_type). q_len_per_req > 1: each request has that many query
+        rows (speculative decoding), causal among themselves, and needs as
+        many keys; window_right must be 0 (FlashInfer's default: no key right
+        of the query)."""
         if data_type is not None:  # FlashInfer's older name for q/kv dtype
             q_data_type = kv_data_type = data_type
+        if window_right != 0:
+            raise UnsupportedError("window_right %r: kvattn's masks keep no key right of the "
+                                   "query (FlashInfer's default 0)" % (window_right,))
+        n = q_len_per_req
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise InvalidArgumentError("q_len_per_req = %r is not an integer >= 1" % (n,))
         sl, bt = _paged_metadata(indptr, indices, last_page_len, page_size)
         r = sl.shape[0]
-        self._set_plan(np.arange(r + 1, dtype=np.int32), sl, bt, num_qo_heads, num_kv_heads,
-                       head_dim, None, page_size, bool(r == 0 or sl.min() >= 1),
-                       pos_encoding_mode, window_left, logits_soft_cap, sm_scale, q_data_type,
-                       kv_data_type, None)
+        if n > 1 and r and sl.min() < n:
+            raise InvalidArgumentError("q_len_per_req = %d needs kv_len >= %d for every request "
+                                       "(the verified tokens are in the cache), but a request "
+                                       "has kv_len %d" % (n, n, sl.min()))
+        self._set_plan(np.arange(r + 1, dtype=np.int32) * int(n), sl, bt, num_qo_heads,
+                       num_kv_heads, head_dim, None, page_size,
+                       bool(r == 0 or sl.min() >= 1), pos_encoding_mode, window_left,
+                       logits_soft_cap, sm_scale, q_data_type, kv_data_type, o_data_type)
 
     begin_forward = plan
 
@@ -220,10 +261,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
              custom_mask=None, packed_custom_mask=None, causal=False, pos_encoding_mode="NONE",
              use_fp16_qk_reduction=False, sm_scale=None, window_left=-1, logits_soft_cap=None,
              rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None,
-             o_data_type=None, non_blocking=True, *args, **kwargs):
+             o_data_type=None, non_blocking=True, prefix_len_ptr=None,
+             token_pos_in_items_ptr=None, token_pos_in_items_len=0, max_item_len_ptr=None,
+             seq_lens=None, seq_lens_q=None, block_tables=None, max_token_per_sequence=None,
+             max_sequence_kv=None, fixed_split_size=None, disable_split_kv=False):
         if custom_mask is not None or packed_custom_mask is not None:
             raise UnsupportedError("custom_mask: kvattn has causal, window, soft-cap and ALiBi "
                                    "masks, no custom masks")
+        _refuse_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
+                           max_item_len_ptr)
         sl, bt = _paged_metadata(paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
                                  page_size)
         qo = T.host_array(qo_indptr, np.int32, "qo_indptr")
@@ -244,6 +290,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
     def __init__(self, float_workspace_buffer=None, kv_layout="NHD", use_cuda_graph=False,
                  qo_indptr_buf=None, kv_indptr_buf=None, custom_mask_buf=None,
                  mask_indptr_buf=None, backend="auto", jit_args=None, *, context=None):
+        _check_name("kv_layout", kv_layout, ("NHD", "HND"))
         if kv_layout != "NHD":
             raise UnsupportedError("kv_layout %r: ragged K/V are [tokens, Hkv, D] (NHD)"
                                    % (kv_layout,))
@@ -255,14 +302,23 @@ class BatchPrefillWithRaggedKVCacheWrapper:
              head_dim_vo=None, custom_mask=None, packed_custom_mask=None, causal=False,
              pos_encoding_mode="NONE", use_fp16_qk_reduction=False, window_left=-1,
              logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None,
-             q_data_type="float16", kv_data_type=None, *args, **kwargs):
+             q_data_type="float16", kv_data_type=None, o_data_type=None, non_blocking=True,
+             prefix_len_ptr=None, token_pos_in_items_ptr=None, token_pos_in_items_len=0,
+             max_item_len_ptr=None, fixed_split_size=None, disable_split_kv=False,
+             seq_lens=None, seq_lens_q=None, max_token_per_sequence=None, max_sequence_kv=None,
+             v_indptr=None, o_indptr=None):
         if custom_mask is not None or packed_custom_mask is not None:
             raise UnsupportedError("custom_mask is not supported by kvattn")
+        _check_name("pos_encoding_mode", pos_encoding_mode, ("NONE", "ROPE_LLAMA", "ALIBI"))
         if pos_encoding_mode not in ("NONE", "ALIBI"):
             raise UnsupportedError("pos_encoding_mode %r is not supported" % (pos_encoding_mode,))
+        _refuse_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
+                           max_item_len_ptr)
         qdt = _dtype(q_data_type)
-        if kv_data_type is not None and _dtype(kv_data_type) != qdt:
-            raise UnsupportedError("kv_data_type must equal q_data_type")
+        for name, x in (("kv_data_type", kv_data_type), ("o_data_type", o_data_type)):
+            if x is not None and _dtype(x) != qdt:
+                raise UnsupportedError("%s %s differs from q_data_type: kvattn's ragged k / v "
+                                       "and outputs use the query dtype" % (name, x))
         kv = T.host_array(kv_indptr, np.int64, "kv_indptr")
         if kv.ndim != 1 or kv.shape[0] < 1 or (np.diff(kv) < 0).any():
             raise InvalidArgumentError("kv_indptr must be a non-decreasing [R+1] array")
@@ -273,18 +329,34 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             block_size=1, num_heads=num_qo_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim_qk, head_dim_v=head_dim_vo or head_dim_qk, q_dtype=qdt,
             scale=_sm_scale(sm_scale, head_dim_qk),
-            causal=causal, window_left=window_left, softcap=logits_soft_cap or 0.0,
+            causal=_causal_for(causal, qo_indptr, np.diff(kv)), window_left=window_left,
+            softcap=logits_soft_cap or 0.0,
             alibi_slopes=slopes)
         self._alibi_lse = _alibi_lse_shift(qo_indptr, np.diff(kv), slopes)
 
     begin_forward = plan
 
-    def run(self, q, k, v, *args, out=None, lse=None, return_lse=False, enable_pdl=None,
-            sinks=None, **kwargs):
-        """q [T, H, D], k [kv_indptr[-1], Hkv, D], v [.., Hkv, Dv] -> out (, lse base 2)."""
+    def run(self, q, k, v, *args, q_scale=None, k_scale=None, v_scale=None, o_scale=None,
+            out=None, lse=None, return_lse=False, enable_pdl=None, kv_cache_sf=None,
+            sinks=None):
+        """q [T, H, D], k [kv_indptr[-1], Hkv, D], v [.., Hkv, Dv] -> out (, lse base 2).
+        q_scale / k_scale / v_scale / o_scale (FlashInfer: calibration scales
+        of fp8 inputs, which its fa2 kernels ignore for 16-bit ones and its
+        cutlass kernels apply) must be None or 1; kv_cache_sf (NVFP4) raises
+        UnsupportedError."""
+        if args:
+            raise InvalidArgumentError("run(): unexpected positional arguments %r" % (args,))
         p = self._plan
         if p is None:
             raise InvalidArgumentError("run() before plan()")
+        _refuse_run_options(kv_cache_sf, None)
+        for name, x in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale),
+                        ("o_scale", o_scale)):
+            if x is not None and float(x) != 1.0:
+                raise UnsupportedError("%s %r: the ragged wrapper's inputs are 16-bit, for which "
+                                       "FlashInfer's backends disagree on calibration scales "
+                                       "(fa2 ignores them, cutlass applies them); fold it into "
+                                       "sm_scale / the output instead" % (name, x))
         T.view(k, "k"), T.view(v, "v")  # tensors, or a clear error
         if self._kv_first:
             k, v = k[self._kv_first:], v[self._kv_first:]
@@ -297,10 +369,11 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         lse, lse_dst = _staged(lse, "lse", ins)
         res = p.run_ragged(_packed(q), _packed(k), _packed(v), out=out, lse=lse,
                            return_lse=want_lse, sinks=sinks)
-        if want_lse:
-            _scale_lse(res[1], self._alibi_lse)
-            return _unstage(res[0], out_dst), _unstage(res[1], lse_dst)
-        return _unstage(res, out_dst)
+        if not want_lse:
+            return _unstage(res, out_dst)
+        _scale_lse(res[1], self._alibi_lse)
+        o, l = _unstage(res[0], out_dst), _unstage(res[1], lse_dst)
+        return (o, l) if return_lse else o  # a given lse is written either way
 
     def run_return_lse(self, q, k, v, *args, **kw):
         kw["return_lse"] = True
@@ -308,6 +381,63 @@ class BatchPrefillWithRaggedKVCacheWrapper:
 
     forward = run
     forward_return_lse = run_return_lse
+
+
+class MultiLevelCascadeAttentionWrapper:
+    """FlashInfer's multi-level cascade wrapper (flashinfer.cascade): level l
+    attends the queries of qo_indptr_arr[l] to the pages of level l (e.g. one
+    prompt prefix shared by every request, then each request's own pages),
+    all in one paged cache; run() merges the levels' results by their LSE.
+    Each level is a paged prefill wrapper; only the last level is causal.
+    Masks, ALiBi and windows count positions within each level, as
+    FlashInfer's. On CUDA each level has its own context (a CUDA context
+    keeps only its newest plan's device metadata)."""
+
+    def __init__(self, num_levels, float_workspace_buffer=None, kv_layout="NHD",
+                 use_cuda_graph=False, qo_indptr_buf_arr=None, paged_kv_indptr_buf_arr=None,
+                 paged_kv_indices_buf_arr=None, paged_kv_last_page_len_buf_arr=None, *,
+                 context=None):
+        if isinstance(num_levels, bool) or not isinstance(num_levels, (int, np.integer)) or \
+                num_levels < 1:
+            raise InvalidArgumentError("num_levels = %r is not a positive integer"
+                                       % (num_levels,))
+        cuda_ctx = context is not None and context.device == T.CUDA
+        self._levels = [
+            BatchPrefillWithPagedKVCacheWrapper(
+                float_workspace_buffer, kv_layout,
+                context=Context("cuda", 0, context.device_id) if cuda_ctx and i else context)
+            for i in range(int(num_levels))]
+
+    def plan(self, qo_indptr_arr, paged_kv_indptr_arr, paged_kv_indices_arr,
+             paged_kv_last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+             causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False, sm_scale=None,
+             window_left=-1, logits_soft_cap=None, rope_scale=None, rope_theta=None,
+             q_data_type="float16", kv_data_type=None):
+        """One list entry per level (FlashInfer's arrays of indptr / indices /
+        last_page_len tensors); every level's qo_indptr ends at the same T."""
+        n = len(self._levels)
+        arrs = (qo_indptr_arr, paged_kv_indptr_arr, paged_kv_indices_arr, paged_kv_last_page_len)
+        if any(len(a) != n for a in arrs):
+            raise InvalidArgumentError("plan(): %d levels, but %s entries"
+                                       % (n, "/".join(str(len(a)) for a in arrs)))
+        for i, (w, qo, ip, ix, lp) in enumerate(zip(self._levels, *arrs)):
+            w.plan(qo, ip, ix, lp, num_qo_heads, num_kv_heads, head_dim, page_size,
+                   causal=bool(causal) and i == n - 1, pos_encoding_mode=pos_encoding_mode,
+                   sm_scale=sm_scale, window_left=window_left, logits_soft_cap=logits_soft_cap,
+                   q_data_type=q_data_type, kv_data_type=kv_data_type)
+
+    begin_forward = plan
+
+    def run(self, q, paged_kv_cache):
+        """q [T, H, D] -> out [T, H, D]: the last level's result merged with
+        every other level's, as FlashInfer's run() (no LSE returned)."""
+        out, lse = self._levels[-1].run(q, paged_kv_cache, return_lse=True)
+        for w in self._levels[:-1]:
+            o, s = w.run(q, paged_kv_cache, return_lse=True)
+            merge_state_in_place(out, lse, o, s)
+        return out
+
+    forward = run
 
 
 def _cat_last(a, b):
@@ -374,7 +504,8 @@ class BatchMLAPagedAttentionWrapper:
         self._plan = Plan(self._ctx, qo, kl, bt, block_size=page_size, num_heads=num_heads,
                           num_kv_heads=1, head_dim=head_dim_ckv + head_dim_kpe,
                           head_dim_v=head_dim_ckv, q_dtype=qdt, scale=sm_scale,
-                          causal=causal, decode_threshold=decode_threshold, kind="mla",
+                          causal=_causal_for(causal, qo, kl), decode_threshold=decode_threshold,
+                          kind="mla",
                           mla_qk_nope_head_dim=qk_nope_head_dim, mla_v_head_dim=v_head_dim)
 
     begin_forward = plan
@@ -411,12 +542,15 @@ class BatchMLAPagedAttentionWrapper:
             self._caches[key] = cache
         return cache
 
-    def _finish(self, res, want_lse, base_e, out_dst, lse_dst):
+    def _finish(self, res, want_lse, return_lse, base_e, out_dst, lse_dst):
+        """out, or (out, lse) when return_lse: as FlashInfer's run(), a given
+        lse is written without return_lse too, and only out returned."""
         if not want_lse:
             return _unstage(res, out_dst)
         if not base_e:
             _scale_lse(res[1])
-        return _unstage(res[0], out_dst), _unstage(res[1], lse_dst)
+        o, l = _unstage(res[0], out_dst), _unstage(res[1], lse_dst)
+        return (o, l) if return_lse else o
 
     def _start(self, what, q, ckv_cache, kpe_cache):
         """The plan and the latent cache of a run (and, CUDA, torch's stream)."""
@@ -430,19 +564,28 @@ class BatchMLAPagedAttentionWrapper:
         return p, self._cache(ckv_cache, kpe_cache)
 
     def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse=False,
-            profiler_buffer=None, kv_len=None, page_table=None, return_lse_base_on_e=False):
+            profiler_buffer=None, kv_len=None, page_table=None, return_lse_base_on_e=False,
+            o_scale=None, *, ckv_scale=None, ckv_scale_arr=None, kpe_scale=None):
         """The absorbed call: q_nope [T, H, Dc], q_pe [T, H, Dr] -> out
         [T, H, Dc], or (out, lse [T, H] float32, base 2 unless
         return_lse_base_on_e). q_nope and q_pe are concatenated into one
         [T, H, Dc + Dr] query (a copy). profiler_buffer, kv_len and page_table
-        (FlashInfer's cutlass backend) are ignored."""
+        (FlashInfer's cutlass backend) are ignored; o_scale (an fp8 out),
+        ckv_scale, ckv_scale_arr and kpe_scale (fp8 latent pages, which the
+        wrapper does not wrap) raise UnsupportedError."""
+        for name, x in (("o_scale", o_scale), ("ckv_scale", ckv_scale),
+                        ("ckv_scale_arr", ckv_scale_arr), ("kpe_scale", kpe_scale)):
+            if x is not None:
+                raise UnsupportedError("%s: kvattn's MLA wrapper reads 16-bit latent pages and "
+                                       "writes a 16-bit out (fp8 latent caches are kvattn-owned "
+                                       "Cache.mla(..., dtype='fp8_e4m3') objects)" % name)
         p, cache = self._start("run()", q_nope, ckv_cache, kpe_cache)
         want = return_lse or lse is not None
         ins = (("q_nope", q_nope), ("q_pe", q_pe))
         out, out_dst = _staged(out, "out", ins)
         lse, lse_dst = _staged(lse, "lse", ins)
         res = p.run(_cat_last(q_nope, q_pe), cache, out=out, lse=lse, return_lse=want)
-        return self._finish(res, want, return_lse_base_on_e, out_dst, lse_dst)
+        return self._finish(res, want, return_lse, return_lse_base_on_e, out_dst, lse_dst)
 
     def run_layer(self, q, w_uk, w_uv, ckv_cache, kpe_cache, out=None, lse=None,
                   return_lse=False, return_lse_base_on_e=False):
@@ -455,13 +598,24 @@ class BatchMLAPagedAttentionWrapper:
         out, out_dst = _staged(out, "out", ins)
         lse, lse_dst = _staged(lse, "lse", ins)
         res = p.run_mla(q, w_uk, w_uv, cache, out=out, lse=lse, return_lse=want)
-        return self._finish(res, want, return_lse_base_on_e, out_dst, lse_dst)
+        return self._finish(res, want, return_lse, return_lse_base_on_e, out_dst, lse_dst)
+
+
+def _f32(s):
+    """s as float32, as FlashInfer's merge functions convert their LSEs
+    (a numpy array or torch tensor of another float dtype is copied)."""
+    if T.is_torch(s):
+        import torch
+
+        return s.to(torch.float32)
+    return np.asarray(s, np.float32)
 
 
 def merge_state(v_a, s_a, v_b, s_b):
-    """FlashInfer's merge_state: v_* [T, H, D], s_* [T, H] float32 base-2
-    LSE -> (v, s) of the union of the two key sets (s in base 2)."""
-    v, s = _merge(v_a, s_a * LN2, v_b, s_b * LN2)
+    """FlashInfer's merge_state: v_* [T, H, D], s_* [T, H] base-2 LSE
+    (converted to float32, as FlashInfer does) -> (v, s) of the union of the
+    two key sets (s float32, base 2)."""
+    v, s = _merge(v_a, _f32(s_a) * LN2, v_b, _f32(s_b) * LN2)
     _scale_lse(s)
     return v, s
 
@@ -496,6 +650,7 @@ def merge_states(v, s):
                                  % (tuple(v.shape), tuple(s.shape)))
     if v.shape[1] == 0:
         raise InvalidArgumentError("merge_states: no states (N = 0)")
+    s = _f32(s)
     acc_v = _copy(v[:, 0])  # merged into in place: never a view of v
     acc_s = _contiguous(s[:, 0]) * LN2
     for i in range(1, v.shape[1]):

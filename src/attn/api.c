@@ -387,6 +387,19 @@ kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_t num_he
     KVA_CHECK_ALIGNED(lse_a, sizeof(float));
     KVA_CHECK_ALIGNED(lse_b, sizeof(float));
     KVA_CHECK_ALIGNED(lse_out, sizeof(float));
+    /* In place means the same pointer: out may be out_a or out_b, lse_out
+     * lse_a or lse_b (kvattn_merge.h); an input it equals leaves the check
+     * (its range is the output's, checked against the rest), every other
+     * overlap is refused. */
+    const size_t out_bytes = (size_t)num_tokens * (size_t)num_heads * (size_t)head_dim_v * es;
+    const size_t lse_bytes = (size_t)num_tokens * (size_t)num_heads * sizeof(float);
+    const kva__span outs[2] = {{"out", out, out_bytes, 0, 0},
+                               {"lse_out", lse_out, lse_bytes, 0, 0}};
+    const kva__span ins[4] = {{"out_a", out_a == out ? NULL : out_a, out_bytes, 0, 0},
+                              {"out_b", out_b == out ? NULL : out_b, out_bytes, 0, 0},
+                              {"lse_a", lse_a == lse_out ? NULL : lse_a, lse_bytes, 0, 0},
+                              {"lse_b", lse_b == lse_out ? NULL : lse_b, lse_bytes, 0, 0}};
+    KVA_TRY(kva__check_disjoint("kva_merge_states", outs, 2, ins, 4));
     if (!ctx->ops || !ctx->ops->merge_states)
         return not_implemented(__func__, "merge_states", ctx);
     return ctx->ops->merge_states(ctx, num_tokens, num_heads, head_dim_v, dtype, out_a, lse_a,

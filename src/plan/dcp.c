@@ -47,6 +47,12 @@ kva_status kva_dcp_local_lens(int32_t num_requests, const int32_t *seq_lens, int
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(seq_lens);
     KVA_CHECK_PTR(local_lens);
+    /* In place (local_lens == seq_lens) is fine: entry r is read, then
+     * written; any other overlap would read entries already written. */
+    const size_t rb = (size_t)num_requests * sizeof(int32_t);
+    const kva__span out = {"local_lens", local_lens, rb, 0, 0};
+    const kva__span in = {"seq_lens", seq_lens == local_lens ? NULL : seq_lens, rb, 0, 0};
+    KVA_TRY(kva__check_disjoint(__func__, &out, 1, &in, 1));
     for (int32_t r = 0; r < num_requests; r++)
         if (seq_lens[r] < 0 || seq_lens[r] > KVA_MAX_SEQ_LEN)
             return kva__fail(KVA_STATUS_OUT_OF_RANGE, "%s: seq_lens[%d] = %d is outside [0, %d]",
@@ -85,6 +91,10 @@ kva_status kva_dcp_slots(int32_t dcp_size, int32_t dcp_rank, int32_t dcp_interle
     KVA_CHECK_PTR(slots);
     if (row_len > 0)
         KVA_CHECK_PTR(block_table_row);
+    const kva__span out = {"slots", slots, (size_t)count * sizeof(int64_t), 0, 0};
+    const kva__span in = {"block_table_row", block_table_row, (size_t)row_len * sizeof(int32_t), 0,
+                          0};
+    KVA_TRY(kva__check_disjoint(__func__, &out, 1, &in, 1));
     /* Check every block the rank's tokens need before writing anything. */
     for (int64_t i = first_pos; i < (int64_t)first_pos + count; i++) {
         if (owner(&d, i) != d.dcp_rank)

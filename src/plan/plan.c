@@ -352,6 +352,13 @@ kva_status kva_batch_reorder_decode_first(int32_t num_requests, const int32_t *q
         KVA_CHECK_PTR(q_lens);
         KVA_CHECK_PTR(perm);
     }
+    /* Two passes read q_lens while perm fills: no output may overlap it
+     * (kvattn.h, Aliasing). */
+    const size_t rb = (size_t)num_requests * sizeof(int32_t);
+    const kva__span outs[2] = {{"perm", perm, rb, 0, 0},
+                               {"num_decodes", num_decodes, sizeof(int32_t), 0, 0}};
+    const kva__span ins[1] = {{"q_lens", q_lens, rb, 0, 0}};
+    KVA_TRY(kva__check_disjoint("kva_batch_reorder_decode_first", outs, 2, ins, 1));
     for (int32_t r = 0; r < num_requests; r++)
         if (q_lens[r] < 0)
             return kva__fail(KVA_STATUS_INVALID_ARGUMENT,

@@ -119,6 +119,12 @@ kva_status kva_pool_request_add(kva_pool *pool, const int32_t *prompt_tokens, in
     if (extra_len > KVA_POOL_MAX_EXTRA)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "%s: extra_len %zu exceeds %zu", __func__,
                          extra_len, KVA_POOL_MAX_EXTRA);
+    const kva__span outs[2] = {
+        {"out_request_id", out_request_id, sizeof(int32_t), 0, 0},
+        {"out_num_cached_tokens", out_num_cached_tokens, sizeof(int32_t), 0, 0}};
+    const kva__span ins[2] = {{"prompt_tokens", prompt_tokens, (size_t)n * sizeof(int32_t), 0, 0},
+                              {"extra_key", extra_key, extra_len, 0, 0}};
+    KVA_TRY(kva__check_disjoint(__func__, outs, 2, ins, 2));
     KVA_TRY(reserve_id(pool, __func__));
 
     int32_t bs = pool->desc.block_size, caching = pool->desc.enable_prefix_caching;
@@ -258,6 +264,9 @@ kva_status kva_pool_request_fork(kva_pool *pool, int32_t src_request_id, int32_t
     KVA_CHECK_PTR(pool);
     KVA_CHECK_PTR(out_request_id);
     KVA_CHECK_PTR(out_copy);
+    const kva__span outs[2] = {{"out_copy", out_copy, 2 * sizeof(int32_t), 0, 0},
+                               {"out_request_id", out_request_id, sizeof(int32_t), 0, 0}};
+    KVA_TRY(kva__check_disjoint(__func__, outs, 2, NULL, 0));
     kva__pool_request *s = kva__pool_find_request(pool, src_request_id, __func__);
     if (s == NULL)
         return KVA_STATUS_OUT_OF_RANGE;
@@ -372,6 +381,9 @@ kva_status kva_pool_request_block_table(const kva_pool *pool, int32_t request_id
                          (int)row_len);
     if (row_len > 0) {
         KVA_CHECK_PTR(row);
+        const kva__span outs[2] = {{"row", row, (size_t)row_len * sizeof(int32_t), 0, 0},
+                                   {"out_num_blocks", out_num_blocks, sizeof(int32_t), 0, 0}};
+        KVA_TRY(kva__check_disjoint(__func__, outs, 2, NULL, 0));
         if (row_len < r->num_blocks)
             return kva__fail(KVA_STATUS_OUT_OF_RANGE,
                              "%s: row_len %d is shorter than request %d's %d blocks", __func__,

@@ -157,6 +157,26 @@ def test_merge_states_formula(ctx):
     np.testing.assert_allclose(lse, np.log(wa + wb), rtol=1e-5, atol=1e-6)
 
 
+def test_merge_states_overlap_raises(ctx):
+    """merge_states in place (out / lse the inputs themselves) runs; an out
+    overlapping an input any other way raises, nothing written."""
+    buf = RNG.standard_normal((3, 5, 3, 16)).astype(np.float32)
+    a, b = buf[0], buf[1]
+    la = RNG.standard_normal((5, 3)).astype(np.float32)
+    lb = RNG.standard_normal((5, 3)).astype(np.float32)
+    want, want_lse = kvattn.merge_states(a, la, b, lb, ctx=ctx)
+    keep = buf.copy()
+    flat = buf.reshape(-1)
+    shifted = flat[16: 16 + 5 * 3 * 16].reshape(5, 3, 16)  # out_a one head row on
+    with pytest.raises(kvattn.InvalidArgumentError, match="out_a"):
+        kvattn.merge_states(a, la, b, lb, out=shifted, ctx=ctx)
+    np.testing.assert_array_equal(buf, keep)
+    out, lse = kvattn.merge_states(a, la, b, lb, out=a, lse=la, ctx=ctx)
+    assert out is a and lse is la
+    np.testing.assert_array_equal(a, want)
+    np.testing.assert_array_equal(la, want_lse)
+
+
 def test_copy_and_swap_blocks(ctx):
     c = kvattn.Cache(ctx, 6, 4, 2, 16, dtype="f32")
     k = RNG.standard_normal((24, 2, 16), np.float32)

@@ -362,7 +362,7 @@ def test_strided_out_runs_as_contiguous():
     lse_buf = np.full((2, 12), np.nan, np.float32)
     lse = lse_buf[:, 4:8]
     out2, buf2 = _strided_nan((2, 4, 64), np.float16)
-    o, l = w.run(q, paged, out=out2, lse=lse)
+    o, l = w.run(q, paged, out=out2, lse=lse, return_lse=True)
     assert o is out2 and l is lse
     np.testing.assert_array_equal(out2, ref_out)
     np.testing.assert_array_equal(lse, ref_lse)

@@ -190,7 +190,8 @@ def test_wrapper_strided_out():
     out = buf[:, lay.h * lay.dc:].reshape(t, lay.h, lay.dc)
     lbuf = np.full((t, 2 * lay.h), np.nan, np.float32)
     lse = lbuf[:, : lay.h]
-    o, l = w.run(qa[..., : lay.dc], qa[..., lay.dc:], ckv, kpe, out=out, lse=lse)
+    o, l = w.run(qa[..., : lay.dc], qa[..., lay.dc:], ckv, kpe, out=out, lse=lse,
+                 return_lse=True)
     assert o is out and l is lse
     np.testing.assert_array_equal(out, want)
     np.testing.assert_array_equal(lse, want_lse)
