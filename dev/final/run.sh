@@ -4,7 +4,7 @@
 # Knobs: CTJ=3 (ctest jobs per GPU), SAN="test_a test_b" (memcheck quick), MLA=1 (MLA rows), SPARSE=1 (sparse suite),
 #        PEER=1 (SDPA short shapes), R2=1 (second round), DCP=1 (emulated DCP rows), DCPG=1 (graph-replayed
 #        one-request decodes at 128k / 64k / 32k), SERVE_R=4 (serve-sim rounds per tree),
-#        SPARSE1=1 (the sparse MLA decode row of issue 17).
+#        SPARSE1=1 (the sparse MLA decode row of issue 17), PY=1 (tests/python with the machine's torch after the CUDA tests).
 # On a machine with several GPUs the CUDA tests are dealt round-robin to GPUs 1..N-1 and run there while
 # the benchmarks run on GPU 0 (serve-sim, whose host timings the tests' CPU load would disturb, waits for them).
 set -uo pipefail
@@ -47,7 +47,12 @@ ctests() { # the quick CUDA tests: on GPU 0 alone, or dealt to GPUs 1..NG-1
     for i in "${pids[@]}"; do wait $i || rc=1; done
     cat "$out"/ctest_gpu*.log >"$res/ctest.log"; echo "ctest -L cuda (quick, GPUs 1..$((NG - 1))) rc=$rc" >>"$LOG"
   fi
-  grep -E "tests passed|Failed|\*\*\*|Not Run" "$res/ctest.log" | tail -14 >>"$LOG"; T tests; }
+  grep -E "tests passed|Failed|\*\*\*|Not Run" "$res/ctest.log" | tail -14 >>"$LOG"; T tests
+  if [ "${PY:-1}" = 1 ]; then # tests/python with the machine's torch, on the CUDA build's libkvattn.so
+    (cd new/tests/python && KVATTN_LIBRARY=$B/new/libkvattn.so PYTHONPATH=$here/new/python timeout 240 \
+      python3 -m pytest -q -p no:cacheprovider . >$out/pytest.log 2>&1); local prc=$?
+    echo "pytest tests/python (CUDA build, torch $(python3 -c 'import torch; print(torch.__version__)' 2>&1)) rc=$prc: $(tail -1 $out/pytest.log)" >>"$LOG"
+    grep -E "^FAILED|Error" $out/pytest.log | head -10 >>"$LOG"; T py; fi; }
 if [ "$NG" -lt 2 ]; then ctests; else ctests & tpid=$!; export CUDA_VISIBLE_DEVICES=0; fi
 wait $bpid || { tail -20 $out/build_base.log; exit 1; }
 [ "$NG" -lt 2 ] && { wait; T san; }
