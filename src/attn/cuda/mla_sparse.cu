@@ -153,20 +153,23 @@ template <typename Ty, typename SRC> struct sp_mma {
         static_assert(C::KW % MT == 0 && R % 4 == 0, "fp8_ds_mla: 4 k_pe rows per warp pass");
         const int r0 = key0 + rt * R;
         const unsigned char *src = raw + r0 * ROW;
+        /* R a multiple of 8: r0 is too (key0 is), so row r0 + k has the
+         * swizzle of row k and every store offset past dst is a constant. */
+        constexpr bool AL = R % 8 == 0;
+        unsigned char *dst = tile + (AL ? r0 * ML_D * 2 : 0);
+        const int rb = AL ? 0 : r0;
         constexpr int UNROLL = MT == 4 ? 2 : 2 * R; /* MT = 4: no registers to spare */
 #pragma unroll UNROLL
         for (int i = 0; i < 2 * R; i++) {
-            const int r = r0 + i / 2, c = lane + 32 * (i % 2);
-            const uint2 codes =
-                *reinterpret_cast<const uint2 *>(src + (i / 2) * ROW + (lane + 32 * (i % 2)) * 8);
-            *reinterpret_cast<uint4 *>(tile + ml_off<0>(r, c)) = kva__fp8x8_as<Ty>(codes);
+            const int c = lane + 32 * (i % 2);
+            const uint2 codes = *reinterpret_cast<const uint2 *>(src + (i / 2) * ROW + c * 8);
+            *reinterpret_cast<uint4 *>(dst + ml_off<0>(rb + i / 2, c)) = kva__fp8x8_as<Ty>(codes);
         }
 #pragma unroll
         for (int j = 0; j < R / 4; j++) {
-            const int r = r0 + (lane >> 3) + 4 * j, c = lane & 7;
-            const uint4 b = *reinterpret_cast<const uint4 *>(src + ((lane >> 3) + 4 * j) * ROW +
-                                                             ML_DV + 16 + c * 16);
-            *reinterpret_cast<uint4 *>(tile + ml_off<0>(r, ML_DV / 8 + c)) = sp_pe8(Ty(), b);
+            const int r = (lane >> 3) + 4 * j, c = lane & 7;
+            const uint4 b = *reinterpret_cast<const uint4 *>(src + r * ROW + ML_DV + 16 + c * 16);
+            *reinterpret_cast<uint4 *>(dst + ml_off<0>(rb + r, ML_DV / 8 + c)) = sp_pe8(Ty(), b);
         }
         if constexpr (MT == 1)
             __syncwarp();
