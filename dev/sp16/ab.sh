@@ -13,13 +13,15 @@
 #      checked against the reference backend): H 16 and H 32 (mma.sync),
 #      H 64 = H 16 padded and H 128 (wgmma, controls), H 16 at 16 requests;
 #   4. compute-sanitizer memcheck of test_cuda_mla_sparse quick on new, and
-#      Nsight Compute of one H 16 launch of base and new (stall breakdown),
-#      while the elapsed time allows (KVA_MC_BY, KVA_NCU_BY, seconds);
+#      Nsight Compute of one H 16 launch of new (KVA_NCU_SIDES="new base"
+#      for both; stall breakdown), while the elapsed time allows (KVA_MC_BY,
+#      KVA_NCU_BY, seconds);
 # and prints a table last. Run from the parent of the trees:
 #   OUT=$OUT bash new/dev/sp16/ab.sh base new          (KVA_ALT=alt for a third)
 # The GPU named is the first of CUDA_VISIBLE_DEVICES (or GPU 0).
 set -u
 base=$(cd "$1" && pwd) new=$(cd "$2" && pwd)
+alt=${KVA_ALT:+$(cd "$KVA_ALT" && pwd)}
 o=${OUT:-/tmp/out}
 l=/tmp/sp16l
 mkdir -p "$o" "$l"
@@ -35,7 +37,6 @@ cmake -S . -B bd -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DCMAKE_CUDA_
   -DKVA_WITH_OPENSSL=OFF -DKVA_WITH_XXHASH=OFF -DKVA_WITH_CJSON=OFF -DKVA_WITH_MPI=OFF \
   -DKVA_WITH_NCCL=OFF >"$l/cfg.log" 2>&1 || { log "CONFIGURE FAILED"; tail "$l/cfg.log"; pack; exit 1; }
 mkdir -p bo/base bo/alt b
-alt=${KVA_ALT:+$(cd "$KVA_ALT" && pwd)}
 sides="base new"; [ -n "$alt" ] && sides="base new alt"
 cc() { # cc TREE OUTDIR: TREE's mla_sparse.cu with TREE's headers
   nvcc -DKVA_CUDA_SM90A=1 -DKVA_HAVE_CUDA=1 -DKVA_VERSION_STRING=\"0.1.0\" -I"$1/include" \
@@ -109,17 +110,17 @@ for r in 1 2; do
   log "== bench round $r $(el) s"
 done
 newok=0; case " $sides " in *" new "*) newok=1 ;; esac
-if [ $newok = 1 ] && [ "$(el)" -lt "${KVA_MC_BY:-150}" ]; then
+if [ $newok = 1 ] && [ "$(el)" -lt "${KVA_MC_BY:-135}" ]; then
   KVA_TEST_QUICK=1 timeout 60 compute-sanitizer --tool memcheck b/test_cuda_mla_sparse >"$l/memcheck.log" 2>&1
   log "memcheck test_cuda_mla_sparse quick rc=$?: $(grep -E 'ERROR SUMMARY' "$l/memcheck.log" | tail -1)"
 else
   log "memcheck skipped (time)"
 fi
 pack
-for v in new base; do
-  [ "$(el)" -lt "${KVA_NCU_BY:-175}" ] || { log "ncu $v skipped (time)"; continue; }
+for v in ${KVA_NCU_SIDES:-new}; do
+  [ "$(el)" -lt "${KVA_NCU_BY:-160}" ] || { log "ncu $v skipped (time)"; continue; }
   s=""; [ $v != new ] && s=_$v
-  timeout 45 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
+  timeout 30 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
     --section Occupancy \
     --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum' \
     -k regex:mla_decode_mma_kernel --launch-skip 2 --launch-count 1 \
