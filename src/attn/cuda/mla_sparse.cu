@@ -337,16 +337,22 @@ extern "C" int kva__cuda_sparse_kernel(const kva_context *ctx, const kva_plan *p
 
 /* Key splits of a launch of `items` unsplit items over K entries of BN-key
  * tiles on num_sms SMs (one resident CTA each): none when the items fill two
- * waves, else enough to do so, each split at least 4 tiles. */
+ * waves; else the n (each split at least 4 tiles) with the fewest tile steps
+ * on the busiest SM, ceil(items n / num_sms) CTAs of ceil(K / n / BN) tiles
+ * plus one for the CTA's start (Q and the first tiles in flight), the fewest
+ * splits on a tie (no partials, no merge). */
 static int32_t sp_splits(int64_t items, int32_t K, int bn, int num_sms, int32_t *split_keys)
 {
-    const int64_t want = 2 * (int64_t)(num_sms > 0 ? num_sms : 1);
-    int64_t n = items >= want || items == 0 ? 1 : (want + items - 1) / items;
+    const int64_t sms = num_sms > 0 ? num_sms : 1;
     const int64_t most = ((int64_t)K + 4 * bn - 1) / (4 * bn);
-    n = n < most ? n : most;
-    n = n < 1 ? 1 : n;
-    int64_t keys = ((int64_t)K + n - 1) / n;
-    keys = (keys + bn - 1) / bn * bn;
+    int64_t keys = ((int64_t)K + bn - 1) / bn * bn, best = -1;
+    for (int64_t n = 1; items > 0 && items < 2 * sms && n <= most; n++) {
+        const int64_t kn = ((int64_t)K + n - 1) / n;
+        const int64_t tiles = (kn + bn - 1) / bn, m = ((int64_t)K + tiles * bn - 1) / (tiles * bn);
+        const int64_t cost = (items * m + sms - 1) / sms * (tiles + 1);
+        if (best < 0 || cost < best)
+            best = cost, keys = tiles * bn;
+    }
     *split_keys = (int32_t)keys;
     return (int32_t)(((int64_t)K + keys - 1) / keys);
 }
