@@ -65,7 +65,8 @@ static void usage(void)
            "                       ds_mla or bf16; --context is the seq_len)\n"
            "  --threads N          0 = all cores [0]\n"
            "  --variant NAME       force a registry kernel (mla_portable, mla_avx2, mla_avx512,\n"
-           "                       mla_avx512bf16)\n"
+           "                       mla_avx512bf16; cuda: mla_decode_mma_sm80,\n"
+           "                       mla_decode_wgmma_sm90)\n"
            "  --paired             a read pass after every timed run: the fraction of the\n"
            "                       read bandwidth the gathered rows reach, run by run\n"
            "  --iters N, --warmup N  [10, 2]\n"
@@ -356,7 +357,7 @@ int kva_cli_bench_mla_sparse(int argc, char **argv)
                                     o.topk,
                                     o.cache == 0,
                                     o.mode == 1,
-                                    NULL};
+                                    o.variant};
         return bench_mla_sparse_cuda(o.shape_set ? &one : NULL, o.iters);
     }
     kva_context *ctx = NULL;

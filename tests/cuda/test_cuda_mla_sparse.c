@@ -15,7 +15,8 @@
  *     outside 0 .. seq_len - 1 treated as -1 as documented for CUDA),
  *     topk_length (NULL, random 0 .. K, 0, and values outside 0 .. K, which
  *     mean K on CUDA), sinks, a row with no entry (out 0, lse -inf or the
- *     sink); H in {1, 3, 16, 64, 96, 128}; decode tokens (q_len 1-4) and prefill
+ *     sink); H in {1, 3, 16, 24, 48, 64, 96, 128} (mma.sync: 16-, 32- and
+ *     64-row head tiles); decode tokens (q_len 1-4) and prefill
  *     tokens in one plan; MIXED and SEPARATE equal to the reference and to
  *     each other; fp8_ds_mla and bf16 / f16 latent caches; split and
  *     unsplit launches; every run also captured in a CUDA graph and
@@ -484,6 +485,7 @@ static void test_grid(void)
         {8, 48, 40, 1, 1, 0, 0, 100, 800, 64, 128, 1, KVA_DTYPE_BF16, 1, 0},
         {9, 16, 1, 1, 1, 1, 64, 3000, 6000, 64, 2048, 1, KVA_DTYPE_BF16, 1, 1},
         {11, 128, 2, 1, 4, 1, 5, 100, 1500, 16, 256, 1, KVA_DTYPE_F16, 0, 1},
+        {12, 24, 3, 1, 3, 1, 7, 200, 1500, 64, 512, 1, KVA_DTYPE_BF16, 1, 1},
     };
     const int n = (int)(sizeof cases / sizeof cases[0]);
     const int run = getenv("KVA_TEST_QUICK") != NULL ? 5 : n;

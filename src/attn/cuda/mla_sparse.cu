@@ -47,6 +47,24 @@ extern "C" {
 #include <stdint.h>
 #include <string.h>
 
+/* Eight bf16 k_pe values (one 16-byte chunk of an fp8_ds_mla row) as the
+ * q dtype's 16-bit values: bf16 as stored, f16 rounded once (exact in f16's
+ * normal range). */
+static __device__ __forceinline__ uint4 sp_pe8(kva__mma_bf16, uint4 b)
+{
+    return b;
+}
+static __device__ __forceinline__ uint4 sp_pe8(kva__mma_f16, uint4 b)
+{
+    const uint32_t bw[4] = {b.x, b.y, b.z, b.w};
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        w[i] =
+            kva__mma_f16::pack(__uint_as_float(bw[i] << 16), __uint_as_float(bw[i] & 0xffff0000u));
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 /* The sparse key-source policy of mla_decode_mma_kernel (interface:
  * mla_decode_mma.cuh). Item = (token, head tile of C::M rows, key split),
  * one per CTA (the grid is the item count); its keys are the token's index
@@ -95,9 +113,17 @@ template <typename Ty, typename SRC> struct sp_mma {
             a.rows + (k_next.ok ? ((int64_t)k_next.blk * a.B + k_next.off) * SRC::ROW : 0);
         if (c0 == 0)
             ok[key] = k_next.ok;
-        for (int c = c0; c < SRC::CH; c += TPK) {
-            const uint32_t d = SRC::FP8 ? (uint32_t)(key * SRC::ROW + c * 16) : ml_off<0>(key, c);
-            kva__cp_async16(stage + d, src + (k_next.ok ? c * 16 : 0), k_next.ok ? 16 : 0);
+        if constexpr (SRC::FP8) { /* unrolled: every offset but the thread's is a constant */
+            const uint32_t d = stage + (uint32_t)(key * SRC::ROW + c0 * 16);
+            const int n = k_next.ok ? 16 : 0;
+#pragma unroll
+            for (int i = 0; i < (SRC::CH + TPK - 1) / TPK; i++)
+                if (SRC::CH % TPK == 0 || c0 + TPK * i < SRC::CH)
+                    kva__cp_async16(d + TPK * 16 * i, src + (n ? (c0 + TPK * i) * 16 : 0), n);
+        } else {
+            for (int c = c0; c < SRC::CH; c += TPK)
+                kva__cp_async16(stage + ml_off<0>(key, c), src + (k_next.ok ? c * 16 : 0),
+                                k_next.ok ? 16 : 0);
         }
         k_next = sp_locate(a, mi.bt_row, p_next, mi.s);
         p_next = sp_pos(mi.idx_row, kb + 2 * C::BN + key, kend);
@@ -108,34 +134,47 @@ template <typename Ty, typename SRC> struct sp_mma {
         sp_stage_q<C::M, 0, elem>(a, mi, dst);
     }
     __device__ __forceinline__ void masks(const args &, int) {}
-    /* fp8_ds_mla raw rows [BN, 656] -> the 16-bit tile [BN, 576] by the whole
-     * CTA, then a barrier: c_kv chunk c (8 codes) as their exact 16-bit values
-     * (the scales enter in fp32 in the kernel), k_pe (bf16) in the q dtype
-     * (f16: exact in its normal range). */
+    /* fp8_ds_mla raw rows [BN, 656] -> the 16-bit tile [BN, 576], by the
+     * warps that read them in S: the rows of this warp's S slice (keys key0 ..
+     * key0 + KW - 1; each of the MT warps sharing the slice takes KW / MT of
+     * them), c_kv chunk c (8 codes) as their exact 16-bit values (the scales
+     * enter in fp32 in the kernel), k_pe (bf16) in the q dtype (f16: exact in
+     * its normal range); then only the warps of the slice meet (MT = 1: the
+     * warp alone). P V reads every row of the tile after P's barrier, and the
+     * next tile's conversion starts after the loop's first barrier. Lane l
+     * takes c_kv chunks l and l + 32 of each row (a warp reads 256 contiguous
+     * bytes and stores one 512-byte row) and k_pe chunk l % 8 of rows l / 8 +
+     * 4 j; every offset but the lane's is a constant. */
     template <typename C>
     static __device__ __forceinline__ void convert(const unsigned char *raw, unsigned char *tile,
-                                                   int, int, int, int)
+                                                   int key0, int rt, int kg, int lane)
     {
-        for (int x = threadIdx.x; x < C::BN * ML_CH; x += ML_NT) {
-            const int r = x / ML_CH, c = x - r * ML_CH;
-            const unsigned char *row = raw + r * sp_ds_mla::ROW;
-            uint4 v;
-            if (c < ML_DV / 8) {
-                v = kva__fp8x8_as<Ty>(*reinterpret_cast<const uint2 *>(row + c * 8));
-            } else {
-                const uint4 b =
-                    *reinterpret_cast<const uint4 *>(row + ML_DV + 16 + (c - ML_DV / 8) * 16);
-                const uint32_t bw[4] = {b.x, b.y, b.z, b.w};
-                uint32_t w[4];
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    w[i] = Ty::pack(__uint_as_float(bw[i] << 16),
-                                    __uint_as_float(bw[i] & 0xffff0000u));
-                v = make_uint4(w[0], w[1], w[2], w[3]);
-            }
-            *reinterpret_cast<uint4 *>(tile + ml_off<0>(r, c)) = v;
+        constexpr int MT = C::M / 16, R = C::KW / MT, ROW = sp_ds_mla::ROW;
+        static_assert(C::KW % MT == 0 && R % 4 == 0, "fp8_ds_mla: 4 k_pe rows per warp pass");
+        const int r0 = key0 + rt * R;
+        const unsigned char *src = raw + r0 * ROW;
+        /* R a multiple of 8: r0 is too (key0 is), so row r0 + k has the
+         * swizzle of row k and every store offset past dst is a constant. */
+        constexpr bool AL = R % 8 == 0;
+        unsigned char *dst = tile + (AL ? r0 * ML_D * 2 : 0);
+        const int rb = AL ? 0 : r0;
+        constexpr int UNROLL = MT == 4 ? 2 : 2 * R; /* MT = 4: no registers to spare */
+#pragma unroll UNROLL
+        for (int i = 0; i < 2 * R; i++) {
+            const int c = lane + 32 * (i % 2);
+            const uint2 codes = *reinterpret_cast<const uint2 *>(src + (i / 2) * ROW + c * 8);
+            *reinterpret_cast<uint4 *>(dst + ml_off<0>(rb + i / 2, c)) = kva__fp8x8_as<Ty>(codes);
         }
-        __syncthreads(); /* the tile, for every warp */
+#pragma unroll
+        for (int j = 0; j < R / 4; j++) {
+            const int r = (lane >> 3) + 4 * j, c = lane & 7;
+            const uint4 b = *reinterpret_cast<const uint4 *>(src + r * ROW + ML_DV + 16 + c * 16);
+            *reinterpret_cast<uint4 *>(dst + ml_off<0>(rb + r, ML_DV / 8 + c)) = sp_pe8(Ty(), b);
+        }
+        if constexpr (MT == 1)
+            __syncwarp();
+        else
+            asm volatile("bar.sync %0, %1;\n" ::"r"(1 + kg), "r"(MT * 32) : "memory");
     }
     /* fp8_ds_mla: the 4 fp32 tile scales of the thread's keys key0 + 8 nt + 2 t4 + e. */
     template <typename C>
@@ -298,16 +337,22 @@ extern "C" int kva__cuda_sparse_kernel(const kva_context *ctx, const kva_plan *p
 
 /* Key splits of a launch of `items` unsplit items over K entries of BN-key
  * tiles on num_sms SMs (one resident CTA each): none when the items fill two
- * waves, else enough to do so, each split at least 4 tiles. */
+ * waves; else the n (each split at least 4 tiles) with the fewest tile steps
+ * on the busiest SM, ceil(items n / num_sms) CTAs of ceil(K / n / BN) tiles
+ * plus one for the CTA's start (Q and the first tiles in flight), the fewest
+ * splits on a tie (no partials, no merge). */
 static int32_t sp_splits(int64_t items, int32_t K, int bn, int num_sms, int32_t *split_keys)
 {
-    const int64_t want = 2 * (int64_t)(num_sms > 0 ? num_sms : 1);
-    int64_t n = items >= want || items == 0 ? 1 : (want + items - 1) / items;
+    const int64_t sms = num_sms > 0 ? num_sms : 1;
     const int64_t most = ((int64_t)K + 4 * bn - 1) / (4 * bn);
-    n = n < most ? n : most;
-    n = n < 1 ? 1 : n;
-    int64_t keys = ((int64_t)K + n - 1) / n;
-    keys = (keys + bn - 1) / bn * bn;
+    int64_t keys = ((int64_t)K + bn - 1) / bn * bn, best = -1;
+    for (int64_t n = 1; items > 0 && items < 2 * sms && n <= most; n++) {
+        const int64_t kn = ((int64_t)K + n - 1) / n;
+        const int64_t tiles = (kn + bn - 1) / bn, m = ((int64_t)K + tiles * bn - 1) / (tiles * bn);
+        const int64_t cost = (items * m + sms - 1) / sms * (tiles + 1);
+        if (best < 0 || cost < best)
+            best = cost, keys = tiles * bn;
+    }
     *split_keys = (int32_t)keys;
     return (int32_t)(((int64_t)K + keys - 1) / keys);
 }
