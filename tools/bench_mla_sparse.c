@@ -157,6 +157,12 @@ static int parse(int argc, char **argv, sp_opts *o)
                         "Dc 512, Dr 64, block size 64\n");
         return KVA_EXIT_USAGE;
     }
+    if (o->backend == 2 && !o->shape_set && o->variant) {
+        fprintf(stderr, "kvattn: bench --mla-sparse: --variant with --backend cuda needs a shape "
+                        "option (--batch, --heads, ...: it forces the one shape's kernel; the "
+                        "suite forces its own)\n");
+        return KVA_EXIT_USAGE;
+    }
     return -1;
 }
 
