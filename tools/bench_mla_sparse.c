@@ -65,8 +65,8 @@ static void usage(void)
            "                       ds_mla or bf16; --context is the seq_len)\n"
            "  --threads N          0 = all cores [0]\n"
            "  --variant NAME       force a registry kernel (mla_portable, mla_avx2, mla_avx512,\n"
-           "                       mla_avx512bf16; cuda: mla_decode_mma_sm80,\n"
-           "                       mla_decode_wgmma_sm90)\n"
+           "                       mla_avx512bf16; cuda, with a shape option:\n"
+           "                       mla_decode_mma_sm80, mla_decode_wgmma_sm90)\n"
            "  --paired             a read pass after every timed run: the fraction of the\n"
            "                       read bandwidth the gathered rows reach, run by run\n"
            "  --iters N, --warmup N  [10, 2]\n"
@@ -155,6 +155,12 @@ static int parse(int argc, char **argv, sp_opts *o)
         fprintf(stderr, "kvattn: bench --mla-sparse: --backend cuda times either --batch R "
                         "decodes or one --prefill P (--batch 0), bf16 q, --cache ds_mla or bf16, "
                         "Dc 512, Dr 64, block size 64\n");
+        return KVA_EXIT_USAGE;
+    }
+    if (o->backend == 2 && !o->shape_set && o->variant) {
+        fprintf(stderr, "kvattn: bench --mla-sparse: --variant with --backend cuda needs a shape "
+                        "option (--batch, --heads, ...: it forces the one shape's kernel; the "
+                        "suite forces its own)\n");
         return KVA_EXIT_USAGE;
     }
     return -1;

@@ -49,7 +49,9 @@ ctests() { # the quick CUDA tests: on GPU 0 alone, or dealt to GPUs 1..NG-1
   fi
   grep -E "tests passed|Failed|\*\*\*|Not Run" "$res/ctest.log" | tail -14 >>"$LOG"; T tests
   if [ "${PY:-1}" = 1 ]; then # tests/python with the machine's torch, on the CUDA build's libkvattn.so
-    (cd new/tests/python && KVATTN_LIBRARY=$B/new/libkvattn.so PYTHONPATH=$here/new/python timeout 240 \
+    # (several GPUs: on the last one, as memcheck, not on GPU 0 under the benchmarks)
+    (cd new/tests/python && CUDA_VISIBLE_DEVICES=$(( NG > 1 ? NG - 1 : 0 )) KVATTN_LIBRARY=$B/new/libkvattn.so \
+      PYTHONPATH=$here/new/python timeout 240 \
       python3 -m pytest -q -p no:cacheprovider . >$out/pytest.log 2>&1); local prc=$?
     echo "pytest tests/python (CUDA build, torch $(python3 -c 'import torch; print(torch.__version__)' 2>&1)) rc=$prc: $(tail -1 $out/pytest.log)" >>"$LOG"
     grep -E "^FAILED|Error" $out/pytest.log | head -10 >>"$LOG"; T py; fi; }

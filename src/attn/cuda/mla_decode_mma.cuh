@@ -149,6 +149,18 @@ static __device__ __forceinline__ void ml_qk_reg(const uint32_t (*qf)[4], uint32
     }
 }
 
+/* The MT warps of key slice kg meet after converting their rows of the
+ * slice (convert<C>'s end, before S reads them): MT = 1 the warp alone,
+ * else named barrier 1 + kg of MT * 32 threads (barrier 0 is the kernel's
+ * __syncthreads; the kernel uses no other named barrier). */
+template <int MT> static __device__ __forceinline__ void ml_slice_sync(int kg)
+{
+    if constexpr (MT == 1)
+        __syncwarp();
+    else
+        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + kg), "r"(MT * 32) : "memory");
+}
+
 /*
  * The key-source policy W of mla_decode_mma_kernel<Ty, MT, QR, W>: one object
  * per CTA, built from the launch's arguments (typedef args); typedef rows:
@@ -390,10 +402,7 @@ template <typename Ty, bool FP8> struct ml_dense {
         constexpr int MT = C::M / 16;
         static_assert(C::KW % MT == 0, "FP8: the warps of a key slice convert its rows");
         ml_fp8_rows<C::KW / MT, Ty>(raw, tile, key0 + rt * (C::KW / MT), lane);
-        if constexpr (MT == 1)
-            __syncwarp();
-        else
-            asm volatile("bar.sync %0, %1;\n" ::"r"(1 + kg), "r"(MT * 32) : "memory");
+        ml_slice_sync<MT>(kg);
     }
     template <typename C>
     __device__ __forceinline__ void logits(float (*sc)[4], const args &a, float scale_log2,

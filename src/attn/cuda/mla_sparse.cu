@@ -171,10 +171,7 @@ template <typename Ty, typename SRC> struct sp_mma {
             const uint4 b = *reinterpret_cast<const uint4 *>(src + r * ROW + ML_DV + 16 + c * 16);
             *reinterpret_cast<uint4 *>(dst + ml_off<0>(rb + r, ML_DV / 8 + c)) = sp_pe8(Ty(), b);
         }
-        if constexpr (MT == 1)
-            __syncwarp();
-        else
-            asm volatile("bar.sync %0, %1;\n" ::"r"(1 + kg), "r"(MT * 32) : "memory");
+        ml_slice_sync<MT>(kg);
     }
     /* fp8_ds_mla: the 4 fp32 tile scales of the thread's keys key0 + 8 nt + 2 t4 + e. */
     template <typename C>

@@ -11,17 +11,18 @@
  * e4m3, loaded and converted by the CTA), the logit mask, the end-of-item
  * stores, and the schedule of the key loop (W::SCHED, below).
  *
- * One CTA = two warpgroups (256 threads) runs one item at a time
- * (persistent grid). Per item Q [64, 576] is staged in shared memory in the
- * wgmma K-major layout (128-byte swizzle, 9 column blocks). Key tiles of 64
- * latent rows land in a 2-stage ring in the same layout (every row read once
- * from global memory, for S and for P V). Warpgroup g owns value columns
+ * One CTA = two warpgroups (256 threads; MW_SCHED_ALT_PROD adds a third,
+ * producer warpgroup: 384) runs one item at a time (persistent grid). Per
+ * item Q [64, 576] is staged in shared memory in the wgmma K-major layout
+ * (128-byte swizzle, 9 column blocks). Key tiles of 64 latent rows land in
+ * a 2-stage ring in the same layout (every row read once from global
+ * memory, for S and for P V). Warpgroup g owns value columns
  * 256 g .. 256 g + 255 (O [64, 256] in 128 registers per thread). The
  * softmax reference max moves lazily (only when a row's max grows past it
  * by MW_LAZY, so P stays below 2^MW_LAZY and O is rarely rescaled).
  *
  * Two key-loop schedules, a compile-time trait of the policy (the rest of
- * the kernel, item setup, O, the finish, is shared), the second in three
+ * the kernel, item setup, O, the finish, is shared), the second in four
  * forms:
  *
  * MW_SCHED_SPLIT (16-bit key rows gathered by cp.async, where TMA boxes
@@ -101,8 +102,8 @@
  * from uniform registers (with the warpgroup index in a per-thread register,
  * every wgmma needed its descriptor converted).
  * Shared memory: Q 72 KB + 2 x 72 KB ring (+ P 8 KB for MW_SCHED_SPLIT,
- * + 4 mbarriers for MW_SCHED_ALT_TMA) (+ 1 KB alignment): MW_SMEM,
- * MW_SMEM_ALT, MW_SMEM_TMA.
+ * + 4 mbarriers for MW_SCHED_ALT_TMA, + 8 for MW_SCHED_ALT_PROD) (+ 1 KB
+ * alignment): MW_SMEM, MW_SMEM_ALT, MW_SMEM_TMA, MW_SMEM_PROD.
  * Everything that issues sm_90a instructions is compiled only for sm_90a
  * (__CUDA_ARCH_FEAT_SM90_ALL); other device passes get an empty kernel that the
  * host never launches (the registry entry is usable only with sm_90a code and
@@ -125,9 +126,10 @@ enum {
     MW_SCHED_ALT_PROD = 4
 };
 /* Threads per CTA of policy W (the launch bound): the producer schedule adds
- * its producer warpgroup to the two consumer warpgroups; ML_NT also for the
- * empty stand-in policies of the device passes without sm_90a code (no
- * SCHED). */
+ * its producer warpgroup to the two consumer warpgroups; ML_NT also for a
+ * policy without SCHED (the dense decode's empty stand-in in the device
+ * passes without sm_90a code; the sparse stand-in keeps its SCHED, so its
+ * bound is the launch's). */
 template <typename W, typename = void> struct mw_nt {
     static constexpr int NT = ML_NT;
 };
@@ -163,7 +165,8 @@ template <typename W> struct mw_nt<W, decltype((void)W::SCHED)> {
  *                              log2-unit logits, masked keys -inf;
  * MW_SCHED_ALT(_EARLY, _TMA) policies
  *   stage_q(a, q_gen)          Q [64, 576] of the item (rows past it zero)
- *                              into shared memory at q_gen, all threads;
+ *                              into shared memory at q_gen, all threads
+ *                              (MW_SCHED_ALT_PROD: the consumers' 256);
  *   fill<WG, PART>(a, kb, stage, st)  by the 128 threads of warpgroup WG:
  *                              column blocks mw_fblk<WG, PART> of the tile
  *                              kb (< kend; keys past kend zeros) into its
