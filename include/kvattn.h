@@ -597,7 +597,9 @@ typedef struct kva_plan_desc {
      * C > 0 limits the query at position pos to keys j with j / C == pos / C
      * (integer division), on top of the causal rule and any window: every
      * request attends within its current chunk only, and a long request costs
-     * what that chunk costs. 0 = off. Positions are global under DCP. */
+     * what that chunk costs. 0 = off. Needs causal = 1 (a non-causal plan
+     * with a chunk gets KVA_STATUS_UNSUPPORTED). Positions are global under
+     * DCP. */
     int32_t attention_chunk;
 
     /* Tree verification (speculative decoding with a draft tree, docs/masks.md):
