@@ -30,7 +30,7 @@ static void usage(void)
            "  --context N          cached tokens before the new ones   [cpu 4096; cuda 28672]\n"
            "  --q-len n            new tokens per request              [cpu 16; cuda 4096]\n"
            "  --heads Hi           index heads                         [64]\n"
-           "  --head-dim D         index head size                     [128]\n"
+           "  --head-dim D         index head size, multiple of 8, <= 576 [128]\n"
            "  --topk K             keys per token                      [2048]\n"
            "  --block-size B       tokens per cache block              [64]\n"
            "  --dtype f16|bf16     q dtype (and the cache's if unquantized) [bf16]\n"
@@ -96,6 +96,14 @@ static int parse(int argc, char **argv, bench_index_opts *o)
                 "--topk",  "--block-size", "--threads", "--iters", "--warmup"};
             int32_t *dst[] = {&o->batch, &o->context, &o->q_len,   &o->heads, &o->head_dim,
                               &o->topk,  &o->B,       &o->threads, &o->iters, &o->warmup};
+            /* Each flag's range, so that a bad value is a usage error (exit 2)
+             * and never reaches the library or the batch arithmetic (a block
+             * size of 0 divided by zero). */
+            static const int32_t lo[] = {1, 0, 1, 1, 8, 1, 1, 0, 1, 0};
+            static const int32_t hi[] = {KVA_MAX_SEQ_LEN, KVA_MAX_SEQ_LEN, KVA_MAX_SEQ_LEN,
+                                         KVA_MAX_HEADS,   KVA_MAX_HEAD_DIM, KVA_MAX_TOPK,
+                                         65536,           KVA_MAX_THREADS,  KVA_MAX_SEQ_LEN,
+                                         KVA_MAX_SEQ_LEN};
             int k = 0;
             while (k < 10 && strcmp(a, flags[k]))
                 k++;
@@ -103,7 +111,12 @@ static int parse(int argc, char **argv, bench_index_opts *o)
                 fprintf(stderr, "kvattn: bench --indexer: unknown option '%s'\n", a);
                 return KVA_EXIT_USAGE;
             }
-            ok = kva_cli_parse_i32(a, v, 0, KVA_MAX_SEQ_LEN, dst[k]);
+            ok = kva_cli_parse_i32(a, v, lo[k], hi[k], dst[k]);
+            if (ok && dst[k] == &o->head_dim && o->head_dim % 8 != 0) {
+                fprintf(stderr, "kvattn: --head-dim: %d is not a multiple of 8\n",
+                        (int)o->head_dim);
+                ok = 0;
+            }
         }
         if (!ok)
             return KVA_EXIT_USAGE;

@@ -1,0 +1,83 @@
+#!/bin/sh
+# cli_usage.sh KVATTN - docs/cli.md's exit statuses of the `kvattn` CLI: a bad
+# value of any command's flag is a usage error (exit 2) with a "kvattn:"
+# message on stderr, never a crash, a library error (exit 1) or a run; small
+# valid edge values run (exit 0). ctest runs it (label cpu).
+K=${1:?usage: cli_usage.sh path/to/kvattn}
+fails=0
+n=0
+tmp=${TMPDIR:-/tmp}/kva_cli_usage.$$
+# expect RC ARGS...: runs kvattn ARGS, checks the exit status (and, for 2,
+# that stderr names the problem).
+expect() {
+    want=$1
+    shift
+    n=$((n + 1))
+    "$K" "$@" >"$tmp.out" 2>"$tmp.err"
+    rc=$?
+    if [ "$rc" != "$want" ]; then
+        echo "FAIL: kvattn $*: exit $rc, expected $want: $(head -c 300 "$tmp.err")"
+        fails=$((fails + 1))
+    elif [ "$want" = 2 ] && ! grep -q "kvattn" "$tmp.err"; then
+        echo "FAIL: kvattn $*: exit 2 without a message on stderr"
+        fails=$((fails + 1))
+    fi
+}
+IX="bench --indexer --threads 1 --iters 1 --warmup 0 --batch 1 --context 64 --q-len 2 --heads 2 --head-dim 16 --topk 8 --block-size 16"
+for flag in --batch --q-len --heads --head-dim --topk --block-size --iters; do
+    expect 2 $IX $flag 0
+done
+for flag in --batch --context --q-len --heads --head-dim --topk --block-size --threads --iters --warmup; do
+    expect 2 $IX $flag -1
+    expect 2 $IX $flag 1x
+    expect 2 $IX $flag ""
+    expect 2 $IX $flag 2147483648
+done
+expect 2 $IX --head-dim 12
+expect 2 $IX --head-dim 584
+expect 2 $IX --heads 4097
+expect 2 $IX --topk 65537
+expect 2 $IX --block-size 65537
+expect 2 $IX --threads 1025
+expect 2 $IX --dtype f32
+expect 2 $IX --kv-quant int8
+expect 2 $IX --no-such-flag
+expect 0 $IX
+expect 0 $IX --context 0
+expect 0 $IX --block-size 1 --context 5
+expect 0 $IX --head-dim 8 --topk 1
+
+B="bench --threads 1 --iters 1 --warmup 0 --no-ceiling --batch 1 --context 8 --heads 2 --kv-heads 1 --head-dim 8 --block-size 4"
+for flag in --batch --q-len --heads --kv-heads --head-dim --block-size; do
+    expect 2 $B $flag 0
+done
+expect 2 $B --head-dim 12
+expect 2 $B --causal 2
+expect 2 $B --window -2
+expect 2 $B --attention-chunk -1
+expect 2 $B --dtype f64
+expect 2 $B --tree x
+expect 2 $B --heads 3 --kv-heads 2
+expect 0 $B --window 0
+expect 0 $B --attention-chunk 1
+expect 0 $B --window 0 --attention-chunk 1
+expect 0 $B --tree chain --q-len 3
+expect 0 $B --tree random --q-len 1
+
+S="serve-sim --threads 1 --num-prompts 2 --input-len 8 --output-len 2 --prefix-len 4 --layers 1 --num-heads 2 --num-kv-heads 1 --head-dim 8 --block-size 4 --num-blocks 64 --dtype f32"
+for flag in --num-prompts --output-len --layers --num-heads --num-kv-heads --block-size --max-num-seqs --max-num-batched-tokens; do
+    expect 2 $S $flag 0
+done
+expect 2 $S --range-ratio 1
+expect 2 $S --request-rate 0
+expect 2 $S --hash md5
+expect 2 $S --cascade maybe
+expect 2 $S --num-blocks 3
+expect 0 $S --verify --attention-chunk 1
+expect 0 $S --verify --num-blocks 8 --max-num-seqs 1
+
+expect 2 no-such-command
+expect 0 --version
+rm -f "$tmp.out" "$tmp.err"
+echo "$((n - fails)) passed, $fails failed"
+[ "$fails" = 0 ]
