@@ -651,6 +651,41 @@ static void test_nonfinite_values(void)
     kva_context_destroy(ctx);
 }
 
+/* Directories where a file is expected (an index entry "", "." or "..", a
+ * folder named like a shard, the description or the index a folder): each is
+ * refused as not a regular file, not sized as a huge file. */
+static void test_not_regular_files(void)
+{
+    init_vals();
+    const tensor good[2] = {{"model.layers.0.self_attn.k_cache_scale", "F32", 1, {N, 0}, ks, 0},
+                            {"model.layers.0.self_attn.v_cache_scale", "F32", 1, {N, 0}, vs, 0}};
+    static const char *const entries[] = {"", ".", ".."};
+    for (int i = 0; i < 3; i++) {
+        new_dir();
+        write_text("quant_model_description.json", C8_DESC);
+        write_safetensors("m.safetensors", good, 2, 0, 0, NULL);
+        char idx[256];
+        snprintf(idx, sizeof idx,
+                 "{\"weight_map\":{\"model.layers.0.self_attn.k_cache_scale\":\"%s\","
+                 "\"model.layers.0.self_attn.v_cache_scale\":\"m.safetensors\"}}",
+                 entries[i]);
+        write_text("model.safetensors.index.json", idx);
+        expect_fail(0, KVA_STATUS_IO_ERROR, "not a regular file");
+    }
+    static const char *const dirs[] = {"zz.safetensors", "model.safetensors.index.json",
+                                       "quant_model_description.json"};
+    for (int i = 0; i < 3; i++) {
+        new_dir();
+        if (i != 2)
+            write_text("quant_model_description.json", C8_DESC);
+        write_safetensors("m.safetensors", good, 2, 0, 0, NULL);
+        char p[512];
+        path_of(p, sizeof p, dirs[i]);
+        CHECK(mkdir(p, 0700) == 0);
+        expect_fail(0, KVA_STATUS_IO_ERROR, "not a regular file");
+    }
+}
+
 int main(void)
 {
     init_vals();
@@ -659,6 +694,7 @@ int main(void)
     RUN(test_errors);
     RUN(test_hostile_headers);
     RUN(test_nonfinite_values);
+    RUN(test_not_regular_files);
     if (tmpdir[0]) {
         char cmd[600];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char fn[] = "kva_c8_scales_load";
 
@@ -52,6 +53,11 @@ static char *path_join(const char *dir, const char *name)
 /* Size of an open file (fseeko/ftello: 64-bit offsets). */
 static kva_status file_size(FILE *f, const char *path, uint64_t *out)
 {
+    /* fopen succeeds on a directory (a shard or index entry named "..", a
+     * folder called x.safetensors), whose "size" would be nonsense. */
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode))
+        return kva__fail(KVA_STATUS_IO_ERROR, "%s: '%s' is not a regular file", fn, path);
     if (fseeko(f, 0, SEEK_END) != 0)
         return kva__fail(KVA_STATUS_IO_ERROR, "%s: cannot seek in '%s'", fn, path);
     off_t n = ftello(f);
