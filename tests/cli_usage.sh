@@ -76,6 +76,30 @@ expect 2 $S --num-blocks 3
 expect 0 $S --verify --attention-chunk 1
 expect 0 $S --verify --num-blocks 8 --max-num-seqs 1
 
+DC="bench --dcp 2 --seq-len 64 --heads 2 --kv-heads 1 --head-dim 8 --block-size 4 --threads 1 --iters 1"
+expect 2 $DC --head-dim 12
+expect 2 $DC --dcp 0
+expect 2 $DC --heads 3 --kv-heads 2
+expect 2 $DC --block-size 0
+expect 2 $DC --interleave 0
+expect 0 $DC --dcp 1
+expect 0 $DC --seq-len 1
+
+M="bench --mla --threads 1 --iters 1 --warmup 0 --batch 1 --context 16 --heads 2"
+expect 2 $M --kv-lora-rank 12
+expect 2 $M --kv-lora-rank 520
+expect 2 $M --rope-dim 12
+expect 2 $M --v-dim 12
+expect 2 $M --heads 4097
+expect 2 $M --threads 1025
+expect 0 $M
+MS="bench --mla-sparse --threads 1 --iters 1 --warmup 0 --batch 1 --context 64 --topk 8 --heads 2"
+expect 2 $MS --kv-lora-rank 12
+expect 2 $MS --heads 4097
+expect 2 $MS --topk 65537
+expect 2 $MS --threads 1025
+expect 0 $MS
+
 expect 2 no-such-command
 expect 0 --version
 rm -f "$tmp.out" "$tmp.err"

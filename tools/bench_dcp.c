@@ -104,6 +104,11 @@ static int parse(int argc, char **argv, dcp_opts *o)
                 (int)o->heads, (int)o->kv_heads);
         return 2;
     }
+    if (o->head_dim % 8 != 0) {
+        fprintf(stderr, "kvattn bench --dcp: --head-dim %d is not a multiple of 8\n",
+                (int)o->head_dim);
+        return 2;
+    }
     return -1;
 }
 

@@ -150,6 +150,19 @@ static int parse(int argc, char **argv, mla_opts *o)
         if (!ok)
             return KVA_EXIT_USAGE;
     }
+    /* Limits of the library (kvattn.h) checked here, so that a value out of
+     * range is a usage error (exit 2), not a failing library call (exit 1). */
+    if (o->heads > KVA_MAX_HEADS || o->threads > KVA_MAX_THREADS || o->Dc % 8 || o->Dr % 8 ||
+        o->Dn % 8 || o->Dv % 8 || (int64_t)o->Dc + o->Dr > KVA_MAX_HEAD_DIM ||
+        o->Dn > KVA_MAX_HEAD_DIM || o->Dv > KVA_MAX_HEAD_DIM) {
+        fprintf(stderr,
+                "kvattn: bench --mla: --heads %d (at most %d), --threads %d (at most %d), "
+                "--kv-lora-rank %d + --rope-dim %d (at most %d), --nope-dim %d, --v-dim %d (at "
+                "most %d): head sizes are multiples of 8\n",
+                (int)o->heads, KVA_MAX_HEADS, (int)o->threads, KVA_MAX_THREADS, (int)o->Dc,
+                (int)o->Dr, KVA_MAX_HEAD_DIM, (int)o->Dn, (int)o->Dv, KVA_MAX_HEAD_DIM);
+        return KVA_EXIT_USAGE;
+    }
     static const int32_t defaults[3][3] = {{16, 4096, 1}, {1, 0, 1024}, {8, 2048, 256}};
     if (o->batch < 0)
         o->batch = defaults[o->mode][0];

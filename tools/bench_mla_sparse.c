@@ -144,6 +144,18 @@ static int parse(int argc, char **argv, sp_opts *o)
             return KVA_EXIT_USAGE;
     }
     o->iters = o->iters < 1 ? 1 : o->iters;
+    /* Limits of the library (kvattn.h) checked here: a usage error (exit 2),
+     * not a failing library call (exit 1). */
+    if (o->heads > KVA_MAX_HEADS || o->topk > KVA_MAX_TOPK || o->threads > KVA_MAX_THREADS ||
+        o->Dc % 8 || o->Dr % 8 || (int64_t)o->Dc + o->Dr > KVA_MAX_HEAD_DIM) {
+        fprintf(stderr,
+                "kvattn: bench --mla-sparse: --heads %d (at most %d), --topk %d (at most %d), "
+                "--threads %d (at most %d), --kv-lora-rank %d + --rope-dim %d (multiples of 8, "
+                "at most %d)\n",
+                (int)o->heads, KVA_MAX_HEADS, (int)o->topk, KVA_MAX_TOPK, (int)o->threads,
+                KVA_MAX_THREADS, (int)o->Dc, (int)o->Dr, KVA_MAX_HEAD_DIM);
+        return KVA_EXIT_USAGE;
+    }
     if (o->batch + (o->prefill > 0) == 0 || o->q_len > o->context || o->prefill > o->context) {
         fprintf(stderr, "kvattn: bench --mla-sparse: need requests, and q_len and prefill <= "
                         "context\n");
