@@ -64,8 +64,10 @@
  * success: read it right after the failing call (as errno).
  *
  * Limits: the KVA_MAX_* limits below and the head-size rule (multiples of 8
- * from 8 to 256) hold for every entry point that takes such a value (cache,
- * plan, merge, checkpoint scales, context); values outside are rejected.
+ * from 8 to KVA_MAX_HEAD_DIM = 576; the CUDA backend's caches and plans stop
+ * at 256 except MLA's 576, see kva_cache_desc) hold for every entry point
+ * that takes such a value (cache, plan, merge, checkpoint scales, context);
+ * values outside are rejected.
  *
  * Zero sizes: a count (tokens, requests, block pairs, elements, prompt or
  * slot counts of the pool) may be 0: the call validates its other arguments
