@@ -25,14 +25,27 @@ typedef struct {
 } fix;
 
 /* Request r: q_lens {1, 3, 0, 6}, seq_lens {9, 14, 5, 6}; scattered blocks. */
-static void fix_init(fix *f, kva_backend b, uint64_t seed)
+static void rewrite_cache(fix *f);
+
+/* quant: KVA_QUANT_NONE (f32 cache), INT8_TOKEN_K or FP8_E4M3 (a scale of 0.5). */
+static void fix_init_q(fix *f, kva_backend b, uint64_t seed, kva_quant quant)
 {
     memset(f, 0, sizeof *f);
     f->rng.s = seed;
     f->ctx = new_ctx(b, 2);
     kva_cache_desc cd = make_desc(NB, BS, HKV, DH, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
-    CHECK_OK(kva_cache_create(f->ctx, &cd, &f->cache));
-    fill_cache(f->cache, &f->rng);
+    if (quant == KVA_QUANT_NONE) {
+        CHECK_OK(kva_cache_create(f->ctx, &cd, &f->cache));
+        fill_cache(f->cache, &f->rng);
+    } else {
+        static const float half = 0.5f, v8 = 1.0f / 64;
+        const kva_quant_params qp = quant == KVA_QUANT_FP8_E4M3
+                                        ? (kva_quant_params){&half, 1, NULL, 0, &half, 1, NULL, 0}
+                                        : (kva_quant_params){NULL, 0, NULL, 0, &v8, 1, NULL, 0};
+        cd.quant = quant;
+        cd.dtype = quant == KVA_QUANT_FP8_E4M3 ? KVA_DTYPE_FP8_E4M3 : KVA_DTYPE_I8;
+        CHECK_OK(kva_cache_create_quant(f->ctx, &cd, &qp, &f->cache));
+    }
     const int32_t ql[R] = {1, 3, 0, 6}, sl[R] = {9, 14, 5, 6};
     int32_t perm[NB - 1];
     for (int i = 0; i < NB - 1; i++)
@@ -49,6 +62,13 @@ static void fix_init(fix *f, kva_backend b, uint64_t seed)
         f->sl[r] = sl[r];
     }
     kva_test_fill(f->q, KVA_DTYPE_F32, MAXT * H * DH, &f->rng, 1.0);
+    if (quant != KVA_QUANT_NONE)
+        rewrite_cache(f);
+}
+
+static void fix_init(fix *f, kva_backend b, uint64_t seed)
+{
+    fix_init_q(f, b, seed, KVA_QUANT_NONE);
 }
 
 static void fix_free(fix *f)
@@ -107,10 +127,11 @@ static void rewrite_cache(fix *f)
 
 /* A mask case: plan, run twice, oracle, rewrite the cache, run, oracle, and
  * the output must have changed. */
-static void mask_case(kva_backend b, int32_t causal, int32_t window, int32_t chunk, const char *label)
+static void mask_case_q(kva_backend b, kva_quant quant, int32_t causal, int32_t window,
+                        int32_t chunk, const char *label)
 {
     fix f;
-    fix_init(&f, b, 100 + (uint64_t)window * 7 + (uint64_t)chunk);
+    fix_init_q(&f, b, 100 + (uint64_t)window * 7 + (uint64_t)chunk, quant);
     if (!causal) /* non-causal: request 3 gets more queries than keys */
         f.sl[3] = 4;
     kva_plan_desc pd = fix_desc(&f);
@@ -122,13 +143,14 @@ static void mask_case(kva_backend b, int32_t causal, int32_t window, int32_t chu
     sz_sem m = {1.0 / sqrt((double)DH), 0.0, causal, window >= 100000 ? -1 : window, chunk, NULL, NULL};
     static float out[MAXT * H * DH], lse[MAXT * H], before[MAXT * H * DH];
     char l[96];
-    snprintf(l, sizeof l, "%s %s", kva_backend_name(b), label);
+    snprintf(l, sizeof l, "%s %s %s", kva_backend_name(b), kva_quant_name(quant), label);
     run_twice(&f, p, out, lse);
     CHECK_MSG(sz_check_run(f.ctx, f.cache, &pd, &m, f.q, out, lse, KVA_DTYPE_F32, l) == 0, "%s", l);
     memcpy(before, out, sizeof out);
     rewrite_cache(&f);
     run_twice(&f, p, out, lse);
-    snprintf(l, sizeof l, "%s %s after kva_cache_write", kva_backend_name(b), label);
+    snprintf(l, sizeof l, "%s %s %s after kva_cache_write", kva_backend_name(b),
+             kva_quant_name(quant), label);
     CHECK_MSG(sz_check_run(f.ctx, f.cache, &pd, &m, f.q, out, lse, KVA_DTYPE_F32, l) == 0, "%s", l);
     CHECK_MSG(memcmp(before, out, sizeof(float) * (size_t)f.qsl[R] * H * DH) != 0,
               "%s: the output did not change", l);
@@ -136,8 +158,20 @@ static void mask_case(kva_backend b, int32_t causal, int32_t window, int32_t chu
     fix_free(&f);
 }
 
+static void mask_case(kva_backend b, int32_t causal, int32_t window, int32_t chunk, const char *label)
+{
+    mask_case_q(b, KVA_QUANT_NONE, causal, window, chunk, label);
+}
+
 static void test_degenerate_masks(void)
 {
+    /* Quantized caches: a plan sees what kva_cache_write quantized last. */
+    for (int bi = 0; bi < 2; bi++)
+        for (int qi = 0; qi < 2; qi++) {
+            const kva_quant q = qi ? KVA_QUANT_FP8_E4M3 : KVA_QUANT_INT8_TOKEN_K;
+            mask_case_q(kBk[bi], q, 1, 0, 1, "causal window 0 chunk 1");
+            mask_case_q(kBk[bi], q, 1, -1, 0, "causal");
+        }
     for (int bi = 0; bi < 2; bi++) {
         mask_case(kBk[bi], 1, 0, 0, "causal window 0");
         mask_case(kBk[bi], 1, -1, 1, "causal chunk 1");
