@@ -254,7 +254,10 @@ def test_merge_state_torch(device):
     np.testing.assert_allclose(sm.cpu().numpy(), nsm, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("device", list(devices()))
+# CPU only: these small f32 head sizes are the CPU backend's; the CUDA MLA
+# kernels take D 576 / Dv 512 with f16 / bf16 q (kva_plan_create refuses the
+# rest with UNSUPPORTED; tests/cuda/test_cuda_mla*.c test them).
+@pytest.mark.parametrize("device", ["cpu"])
 def test_mla_wrapper_torch(device):
     """The MLA wrapper on torch tensors: run() (q_nope / q_pe concatenated,
     strided out and lse) equals the numpy path; run_layer() too."""
@@ -310,7 +313,10 @@ def test_multi_level_cascade_torch(device):
     wt.plan(tl["qo"], tl["indptr"], tl["indices"], tl["last"], 4, 2, 32, 4, causal=True,
             q_data_type=torch.float32)
     got = wt.run(_t(q, device), _t(paged, device))
-    np.testing.assert_array_equal(_np(got), want)
+    if device == "cpu":  # the same backend as the numpy path: the same bits
+        np.testing.assert_array_equal(_np(got), want)
+    else:  # the CUDA kernels sum in another order than the CPU backend
+        np.testing.assert_allclose(_np(got), want, rtol=1e-5, atol=1e-5)
 
 
 def test_negative_bit_refused():
