@@ -323,7 +323,10 @@ def cuda(a):
     if copy:
         lines += [f"Device copy ceiling (read + write) in the same run: {copy:.3f} TB/s.", ""]
     def same_traffic(r):
-        """% of the per-call copy moving the row's KV bytes (within 10 %), or '–'."""
+        """% of the per-call copy moving the row's KV bytes (within 10 %), or '–'; decode rows
+        only (a prefill is not bound by its KV bytes)."""
+        if r[1] != "decode":
+            return "–"
         kv = r[4] * 1e12 * r[3] * 1e-3
         near = [b for b in small if abs(b - kv) <= 0.1 * kv]
         return f"{100 * r[4] / small[near[0]]:.1f}" if near else "–"
