@@ -63,6 +63,20 @@ expect 0 $B --attention-chunk 1
 expect 0 $B --window 0 --attention-chunk 1
 expect 0 $B --tree chain --q-len 3
 expect 0 $B --tree random --q-len 1
+# kvattn.h's mask rules as usage errors (before any library call): a draft
+# tree needs the causal mask, takes no window, chunk, ALiBi or sweep, and at
+# most KVA_MAX_TREE_TOKENS tokens; a chunk needs the causal mask.
+expect 2 $B --tree chain --q-len 3 --window 0
+expect 2 $B --tree star --q-len 3 --window 5
+expect 2 $B --tree chain --q-len 3 --attention-chunk 4
+expect 2 $B --tree random --q-len 3 --alibi
+expect 2 $B --tree chain --q-len 3 --causal 0
+expect 2 $B --tree chain --q-len 65
+expect 2 $B --tree chain --sweep decode
+expect 2 $B --tree chain --mode mixed
+expect 2 $B --attention-chunk 4 --causal 0
+expect 0 $B --tree chain --q-len 64 --window -1 --attention-chunk 0 --sinks --softcap 5
+expect 0 $B --window 2 --causal 0
 
 S="serve-sim --threads 1 --num-prompts 2 --input-len 8 --output-len 2 --prefix-len 4 --layers 1 --num-heads 2 --num-kv-heads 1 --head-dim 8 --block-size 4 --num-blocks 64 --dtype f32"
 for flag in --num-prompts --output-len --layers --num-heads --num-kv-heads --block-size --max-num-seqs --max-num-batched-tokens; do
@@ -74,6 +88,16 @@ expect 2 $S --hash md5
 expect 2 $S --cascade maybe
 expect 2 $S --num-blocks 3
 expect 0 $S --verify --attention-chunk 1
+# --chunk-global-every without a chunk would be ignored: refused; a preset's
+# N with --attention-chunk 0 (every layer global) runs.
+expect 2 $S --chunk-global-every 2
+expect 2 $S --chunk-global-every 2 --attention-chunk 0
+expect 2 $S --model deepseek-v2-lite --chunk-global-every 2
+expect 0 $S --chunk-global-every 0
+expect 0 $S --verify --attention-chunk 4 --chunk-global-every 1
+SC="serve-sim --threads 1 --num-prompts 1 --input-len 8 --output-len 1 --prefix-len 0 --num-heads 8 --num-kv-heads 8 --head-dim 8 --block-size 4 --num-blocks 32 --dtype f32"
+expect 0 $SC --model llama4-scout-slice --attention-chunk 0
+expect 0 $SC --model llama4-scout-slice --chunk-global-every 2
 expect 0 $S --verify --num-blocks 8 --max-num-seqs 1
 
 DC="bench --dcp 2 --seq-len 64 --heads 2 --kv-heads 1 --head-dim 8 --block-size 4 --threads 1 --iters 1"
@@ -99,6 +123,42 @@ expect 2 $MS --heads 4097
 expect 2 $MS --topk 65537
 expect 2 $MS --threads 1025
 expect 0 $MS
+
+# A number is an optional '-' and decimal digits (integers) or a decimal
+# fraction with an optional exponent (rates, ratios, soft-cap, sizes):
+# docs/cli.md. A space, '+', hex, octal-looking prefixes, inf or nan is a
+# usage error in every command's numeric flags (one parser, tools/cli_args.c).
+for v in " 1" "1 " "+1" 0x1 "1.0" 1e0 -; do
+    expect 2 $B --batch "$v"
+    expect 2 $S --num-prompts "$v"
+    expect 2 $IX --batch "$v"
+    expect 2 $DC --seq-len "$v"
+    expect 2 $M --batch "$v"
+    expect 2 $MS --batch "$v"
+done
+for v in " 1" "+1" 0x1 "1 " +0 " 0" 0x0; do
+    expect 2 $B --seed "$v"
+    expect 2 $S --seed "$v"
+done
+for v in " 1" "+1" 0x1p0 "1 " "1e" "." "-.e1" nan infinity " inf" +inf; do
+    expect 2 $B --softcap "$v"
+    expect 2 $S --request-rate "$v"
+done
+expect 2 $B --softcap inf
+expect 0 $S --request-rate inf
+for v in " 0.5" "+0.5" 0x0.8p0; do
+    expect 2 $S --range-ratio "$v"
+done
+for v in " 512M" "+512M" 0x20M "512 M" inf; do
+    expect 2 $S --kv-cache-mem "$v"
+done
+expect 0 $B --seed 010
+expect 0 $B --softcap 2.5e1
+expect 0 $B --softcap .5
+expect 0 $B --softcap 5.
+expect 0 $B --batch 01
+expect 0 $S --range-ratio .5 --request-rate 1e3 --kv-cache-mem 1.5M --num-blocks 0
+expect 0 $S --seed 18446744073709551615
 
 expect 2 no-such-command
 expect 0 --version

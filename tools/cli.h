@@ -31,8 +31,14 @@ void kva_cli_usage_serve_sim(void);           /* cmd_serve_sim.c: the serve-sim 
 
 /* ---- argument parsing (cli_args.c) ---- */
 
-/* Each parser converts the whole string or prints "kvattn: <flag>: ..." to
- * stderr and returns 0; on success it stores the value and returns 1. */
+/* A number on the command line (docs/cli.md) is an optional '-' and decimal
+ * digits; where frac is set, also a fraction (".5", "2.", "2.5") and an
+ * exponent ("1e-3"). Nothing else: no space, '+', hex, octal, inf or nan.
+ * Returns the length of the longest number at the start of s, 0 if none. */
+size_t kva_cli_number_len(const char *s, int frac);
+/* Each parser converts the whole string (a number as above) or prints
+ * "kvattn: <flag>: ..." to stderr and returns 0; on success it stores the
+ * value and returns 1. kva_cli_parse_u64 takes no '-'. */
 int kva_cli_parse_i32(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out);
 int kva_cli_parse_u64(const char *flag, const char *s, uint64_t *out);
 int kva_cli_parse_float(const char *flag, const char *s, float lo, float hi, float *out);

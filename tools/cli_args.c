@@ -27,12 +27,41 @@ const char *kva_cli_flag_value(int argc, char **argv, int *i, const char *flag)
     return argv[*i];
 }
 
+static size_t digits(const char *s)
+{
+    size_t n = 0;
+    while (s[n] >= '0' && s[n] <= '9')
+        n++;
+    return n;
+}
+
+size_t kva_cli_number_len(const char *s, int frac)
+{
+    size_t n = s[0] == '-';
+    size_t whole = digits(s + n), part = 0;
+    n += whole;
+    if (frac && s[n] == '.') {
+        part = digits(s + n + 1);
+        if (whole + part > 0)
+            n += 1 + part;
+    }
+    if (whole + part == 0)
+        return 0;
+    if (frac && (s[n] == 'e' || s[n] == 'E')) {
+        size_t e = n + 1 + (s[n + 1] == '+' || s[n + 1] == '-');
+        size_t ed = digits(s + e);
+        if (ed > 0)
+            n = e + ed;
+    }
+    return n;
+}
+
 int kva_cli_parse_i32(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out)
 {
     char *end = NULL;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (*s == '\0' || *end != '\0' || errno == ERANGE) {
+    if (!*s || kva_cli_number_len(s, 0) != strlen(s) || *end != '\0' || errno == ERANGE) {
         fprintf(stderr, "kvattn: %s: '%s' is not an integer\n", flag, s);
         return 0;
     }
@@ -49,11 +78,11 @@ int kva_cli_parse_u64(const char *flag, const char *s, uint64_t *out)
 {
     char *end = NULL;
     errno = 0;
-    if (*s == '-' || *s == '\0') {
+    if (*s == '-' || *s == '\0' || kva_cli_number_len(s, 0) != strlen(s)) {
         fprintf(stderr, "kvattn: %s: '%s' is not a non-negative integer\n", flag, s);
         return 0;
     }
-    unsigned long long v = strtoull(s, &end, 0);
+    unsigned long long v = strtoull(s, &end, 10);
     if (*end != '\0' || errno == ERANGE) {
         fprintf(stderr, "kvattn: %s: '%s' is not a non-negative integer\n", flag, s);
         return 0;
@@ -67,7 +96,8 @@ int kva_cli_parse_double(const char *flag, const char *s, double lo, double hi, 
     char *end = NULL;
     errno = 0;
     double v = strtod(s, &end);
-    if (*s == '\0' || *end != '\0' || errno == ERANGE || !isfinite(v)) {
+    if (!*s || kva_cli_number_len(s, 1) != strlen(s) || *end != '\0' || errno == ERANGE ||
+        !isfinite(v)) {
         fprintf(stderr, "kvattn: %s: '%s' is not a finite number\n", flag, s);
         return 0;
     }

@@ -58,8 +58,9 @@ void kva_cli_usage_bench(void)
            "  --window N           sliding window (window_left), -1 = none [-1]\n"
            "  --attention-chunk C  local attention: keys of the query's chunk of C only\n"
            "                       (attention_chunk, Llama 4), 0 = none [0]\n"
-           "  --tree chain|star|random  each request's --q-len tokens are a draft tree\n"
-           "                       (tree verification) [none]\n"
+           "  --tree chain|star|random  each request's --q-len tokens (<= 64) are a\n"
+           "                       draft tree (tree verification); --causal 1, no\n"
+           "                       --window, --attention-chunk, --alibi, --sweep [none]\n"
            "  --softcap c          logits soft-cap, 0 = none     [0]\n"
            "  --alibi              ALiBi slopes 2^(-8(h+1)/H)\n"
            "  --sinks              per-head sink logits (random, unit variance)\n"
@@ -244,6 +245,25 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
     if (o->heads % o->kv_heads != 0) {
         fprintf(stderr, "kvattn: --heads %d is not a multiple of --kv-heads %d\n", (int)o->heads,
                 (int)o->kv_heads);
+        return KVA_EXIT_USAGE;
+    }
+    /* kvattn.h's mask rules, refused here as usage errors rather than by
+     * kva_plan_create (exit 1): a chunk needs the causal mask; a draft tree
+     * needs it too, takes no window, chunk or ALiBi, and at most
+     * KVA_MAX_TREE_TOKENS tokens per request (--sweep's shapes have more). */
+    if (o->chunk > 0 && !o->causal) {
+        fprintf(stderr, "kvattn: --attention-chunk %d needs --causal 1\n", (int)o->chunk);
+        return KVA_EXIT_USAGE;
+    }
+    if (o->tree != BENCH_TREE_NONE &&
+        (!o->causal || o->window >= 0 || o->chunk > 0 || o->alibi || o->sweep)) {
+        fprintf(stderr, "kvattn: --tree needs --causal 1 and takes no --window, "
+                        "--attention-chunk, --alibi or --sweep\n");
+        return KVA_EXIT_USAGE;
+    }
+    if (o->tree != BENCH_TREE_NONE && o->q_len > KVA_MAX_TREE_TOKENS) {
+        fprintf(stderr, "kvattn: --tree: --q-len %d is over %d tokens (KVA_MAX_TREE_TOKENS)\n",
+                (int)o->q_len, KVA_MAX_TREE_TOKENS);
         return KVA_EXIT_USAGE;
     }
     if (o->variant && o->backend != KVA_BACKEND_CPU) {

@@ -102,6 +102,8 @@ static int parse_size(const char *flag, const char *s, int64_t *out)
     errno = 0;
     double v = strtod(s, &end);
     double mul = 1.0;
+    if (end != s + kva_cli_number_len(s, 1))
+        end = (char *)s; /* " 5M", "+5M", "0x5M": not a number (docs/cli.md) */
     if (end != s && *end) {
         switch (*end) {
         case 'k':
@@ -176,7 +178,7 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
                                               "--chunk-global-every",
                                               "--dcp-interleave"};
     const int32_t BIG = 1 << 24;
-    int threads_set = 0, mha_shape_set = 0;
+    int threads_set = 0, mha_shape_set = 0, global_every_set = 0;
     serve_opts_init(o);
     o->progress = isatty(STDERR_FILENO);
     *json = NULL;
@@ -267,7 +269,7 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
         } else if (!strcmp(f, "--attention-chunk"))
             ok = kva_cli_parse_i32(f, val, 0, KVA_MAX_SEQ_LEN, &o->attention_chunk);
         else if (!strcmp(f, "--chunk-global-every"))
-            ok = kva_cli_parse_i32(f, val, 0, 1024, &o->chunk_global_every);
+            ok = global_every_set = kva_cli_parse_i32(f, val, 0, 1024, &o->chunk_global_every);
         else if (!strcmp(f, "--hash")) {
             ok = kva_cli_parse_choice(f, val, hashes, 2, &k);
             o->hash = k == 0 ? KVA_POOL_HASH_SHA256 : KVA_POOL_HASH_XXH3_128;
@@ -347,6 +349,15 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
         }
     } else if (o->head_dim % 8 != 0) {
         fprintf(stderr, "kvattn: --head-dim %d: must be a multiple of 8\n", (int)o->head_dim);
+        return KVA_EXIT_USAGE;
+    }
+    /* A preset's N stays with --attention-chunk 0 (every layer global); a
+     * given N without a chunk would be ignored, so it is refused. */
+    if (global_every_set && o->chunk_global_every > 0 && o->attention_chunk == 0) {
+        fprintf(stderr,
+                "kvattn: --chunk-global-every %d needs --attention-chunk (or a preset "
+                "with local layers)\n",
+                (int)o->chunk_global_every);
         return KVA_EXIT_USAGE;
     }
     if (o->kind != KVA_ATTN_MLA && o->heads % o->kv_heads != 0) {
