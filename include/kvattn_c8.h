@@ -46,7 +46,10 @@ typedef struct kva_c8_scales {
  * r / (tp_size / Hkv_total), as vLLM replicates kv heads. Errors: IO_ERROR for
  * a missing or unreadable file, malformed JSON or safetensors header,
  * truncated data or a missing tensor; DTYPE_MISMATCH / SHAPE_MISMATCH for a
- * tensor of the wrong dtype or shape; INVALID_ARGUMENT for bad arguments;
+ * tensor of the wrong dtype or shape; INVALID_ARGUMENT for bad arguments or a
+ * value kva_cache_create_quant would refuse (a NaN, infinite, zero or negative
+ * scale, a NaN or infinite offset, anywhere in the tensor, not only in this
+ * rank's heads; the message names the tensor and the element's index);
  * UNSUPPORTED in a build without cJSON (CMake KVA_WITH_CJSON=OFF).
  */
 KVA_API kva_status kva_c8_scales_load(const char *checkpoint_dir, int32_t layer,

@@ -599,55 +599,107 @@ static void test_hostile_headers(void)
     }
 }
 
-/* Values the loader does not judge: NaN, +-inf, 0 and negative scales, NaN
- * and +-inf offsets (F32; the inf scale also through F16) load as stored (the
- * header lists no value check); kva_cache_create_quant then refuses them with
- * INVALID_ARGUMENT naming the array, and leaves *out untouched. */
+/* Values no cache can use: NaN, +-inf, 0 and negative scales, NaN and +-inf
+ * offsets (F32; the inf scale through F16, the NaN through BF16, and a scalar
+ * tensor) are refused by the loader with INVALID_ARGUMENT naming the tensor
+ * and the element's index in it, *out untouched. A bad value in another
+ * rank's heads fails every rank alike (the whole tensor is checked). The same
+ * arrays given to kva_cache_create_quant directly are refused there too. */
 static void test_nonfinite_values(void)
 {
-    const float bad[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.5f};
-    const char *names[] = {"k_scale", "v_offset"};
+    const float bad[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.5f, -0.0f};
+    const char *const dts[] = {"BF16", "F16", "F32", "F32", "F32", "F32"};
+    const char *names[] = {"k_cache_scale", "v_cache_offset"};
+    const char *pnames[] = {"k_scale", "v_offset"};
     kva_context *ctx = NULL;
     CHECK_OK(kva_context_create(NULL, &ctx));
     for (int which = 0; which < 2; which++)
-        for (int b = 0; b < 5; b++) {
-            if (which == 1 && b >= 3) /* offsets may be 0 or negative */
-                continue;
-            float k2[N], o2[N];
-            memcpy(k2, ks, sizeof k2);
-            memcpy(o2, vo, sizeof o2);
-            float *dst = which == 0 ? k2 : o2;
-            dst[N - 3] = bad[b];
-            new_dir();
-            write_text("quant_model_description.json", C8_DESC);
-            tensor t[] = {
-                {"model.layers.0.self_attn.k_cache_scale",
-                 b == 1 ? "F16" : "F32",
-                 1,
-                 {N, 0},
-                 k2,
-                 0},
-                {"model.layers.0.self_attn.v_cache_scale", "F32", 1, {N, 0}, vs, 0},
-                {"model.layers.0.self_attn.v_cache_offset", "F32", 1, {N, 0}, o2, 0},
-            };
-            write_safetensors("m.safetensors", t, 3, 0, 0, NULL);
-            kva_c8_scales *s = NULL;
-            CHECK_OK(load(0, 0, 1, &s));
-            if (!s)
-                continue;
-            const float got = which == 0 ? s->params.k_scale[N - 3] : s->params.v_offset[N - 3];
-            CHECK_MSG(isnan(bad[b]) ? isnan(got) : got == bad[b], "%s[%d] = %g, stored %g",
-                      names[which], N - 3, (double)got, (double)bad[b]);
-            kva_cache_desc cd = {
-                4,           16, HKV, D, D, KVA_DTYPE_I8, KVA_LAYOUT_NHD, KVA_QUANT_INT8_CHANNEL,
-                KVA_ATTN_MHA};
-            kva_cache *c = (kva_cache *)(uintptr_t)0x5678;
-            CHECK_STATUS(kva_cache_create_quant(ctx, &cd, &s->params, &c),
-                         KVA_STATUS_INVALID_ARGUMENT);
-            CHECK_ERROR_MENTIONS(names[which]);
-            CHECK(c == (kva_cache *)(uintptr_t)0x5678);
-            kva_c8_scales_free(s);
-        }
+        for (int b = 0; b < 6; b++)
+            for (int scalar = 0; scalar < 2; scalar++) {
+                if (which == 1 && b >= 3) /* offsets may be 0 or negative */
+                    continue;
+                float k2[N], o2[N];
+                memcpy(k2, ks, sizeof k2);
+                memcpy(o2, vo, sizeof o2);
+                float *dst = which == 0 ? k2 : o2;
+                const int at = scalar ? 0 : N - 3; /* N - 3: head 3, rank 1 of tp 2 */
+                dst[at] = bad[b];
+                new_dir();
+                write_text("quant_model_description.json", C8_DESC);
+                const int64_t n = scalar ? 1 : N;
+                tensor t[] = {
+                    {"model.layers.0.self_attn.k_cache_scale",
+                     which == 0 ? dts[b] : "F32",
+                     1,
+                     {which == 0 ? n : N, 0},
+                     k2,
+                     0},
+                    {"model.layers.0.self_attn.v_cache_scale", "F32", 1, {N, 0}, vs, 0},
+                    {"model.layers.0.self_attn.v_cache_offset",
+                     "F32",
+                     1,
+                     {which == 1 ? n : N, 0},
+                     o2,
+                     0},
+                };
+                write_safetensors("m.safetensors", t, 3, 0, 0, NULL);
+                char want[128];
+                snprintf(want, sizeof want, "'model.layers.0.self_attn.%s'[%d]", names[which], at);
+                for (int32_t rank = 0; rank < 2; rank++) {
+                    kva_c8_scales *s = NULL;
+                    const kva_status st = load(0, rank, 2, &s);
+                    CHECK_STATUS(st, KVA_STATUS_INVALID_ARGUMENT);
+                    CHECK_ERROR_MENTIONS(want);
+                    if (st == KVA_STATUS_OK)
+                        kva_c8_scales_free(s);
+                }
+                /* kva_cache_create_quant refuses the same arrays. */
+                kva_quant_params qp = {0};
+                qp.k_scale = k2;
+                qp.k_scale_len = which == 0 ? n : N;
+                qp.v_scale = vs;
+                qp.v_scale_len = N;
+                qp.v_offset = o2;
+                qp.v_offset_len = which == 1 ? n : N;
+                kva_cache_desc cd = {4,
+                                     16,
+                                     HKV,
+                                     D,
+                                     D,
+                                     KVA_DTYPE_I8,
+                                     KVA_LAYOUT_NHD,
+                                     KVA_QUANT_INT8_CHANNEL,
+                                     KVA_ATTN_MHA};
+                kva_cache *c = (kva_cache *)(uintptr_t)0x5678;
+                CHECK_STATUS(kva_cache_create_quant(ctx, &cd, &qp, &c),
+                             KVA_STATUS_INVALID_ARGUMENT);
+                CHECK_ERROR_MENTIONS(pnames[which]);
+                CHECK(c == (kva_cache *)(uintptr_t)0x5678);
+            }
+    /* Edge values that are fine load as stored: the smallest F16 subnormal
+     * scale, huge finite scales, negative and zero offsets. */
+    float k2[N], o2[N];
+    memcpy(k2, ks, sizeof k2);
+    memcpy(o2, vo, sizeof o2);
+    k2[1] = 5.9604645e-08f; /* 2^-24, F16's smallest subnormal */
+    k2[2] = 65504.0f;
+    o2[0] = -0.0f;
+    o2[1] = -1000.0f;
+    new_dir();
+    write_text("quant_model_description.json", C8_DESC);
+    tensor t[] = {
+        {"model.layers.0.self_attn.k_cache_scale", "F16", 1, {N, 0}, k2, 0},
+        {"model.layers.0.self_attn.v_cache_scale", "F32", 1, {N, 0}, vs, 0},
+        {"model.layers.0.self_attn.v_cache_offset", "F32", 1, {N, 0}, o2, 0},
+    };
+    write_safetensors("m.safetensors", t, 3, 0, 0, NULL);
+    kva_c8_scales *s = NULL;
+    CHECK_OK(load(0, 0, 1, &s));
+    if (s) {
+        CHECK(s->params.k_scale[1] == k2[1] && s->params.k_scale[2] == k2[2]);
+        CHECK(s->params.v_offset[1] == o2[1] && s->params.v_offset[0] == 0.0f);
+        kva_c8_scales_free(s);
+    }
     kva_context_destroy(ctx);
 }
 

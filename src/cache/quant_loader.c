@@ -27,6 +27,7 @@
 #ifdef KVA_HAVE_CJSON
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -567,6 +568,17 @@ static kva_status load_one(const ckpt *c, int32_t layer, const char *kv, const c
                              "[num_kv_heads_total * head_dim] = [%d * %d]",
                              fn, name, (long long)n, (int)rank, (int)hkv_total, (int)D);
         }
+        /* Every element of the tensor (all ranks' heads, so every rank fails
+         * alike) must be a value kva_cache_create_quant takes. */
+        const int scale = !strcmp(what, "scale");
+        for (int64_t e = 0; e < n; e++)
+            if (!isfinite(vals[e]) || (scale && !(vals[e] > 0.0f))) {
+                const double x = vals[e];
+                free(vals);
+                return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                                 "%s: tensor '%s'[%lld] = %g: a %s must be %s", fn, name,
+                                 (long long)e, x, what, scale ? "finite and > 0" : "finite");
+            }
         if (n == 1) {
             *out = vals;
             *len = 1;

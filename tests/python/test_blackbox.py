@@ -387,15 +387,18 @@ def test_c8_loader_shards_and_bad_scales(tmp_path):
         kvattn.load_c8_scales(tmp_path, 3, hkv, d)
     with pytest.raises(kvattn.ShapeMismatchError):
         kvattn.load_c8_scales(tmp_path, 2, 2, d)  # [32] scales for Hkv 2 * D 8
-    # The loader passes NaN / negative scales through; the cache refuses them.
-    for v in (np.nan, -0.5, 0.0):
+    # NaN / infinite / zero / negative scales are refused by the loader (naming
+    # the tensor and the element), as the cache would refuse them.
+    for v in (np.nan, np.inf, -0.5, 0.0):
         ks2 = ks.copy()
         ks2[5] = v
         _safetensors(tmp_path / "m.safetensors", {pre + "k_cache_scale": ks2,
                                                   pre + "v_cache_scale": vs})
-        s = kvattn.load_c8_scales(tmp_path, 2, hkv, d)
+        with pytest.raises(kvattn.InvalidArgumentError, match=r"k_cache_scale'\[5\]"):
+            kvattn.load_c8_scales(tmp_path, 2, hkv, d)
         with pytest.raises(kvattn.InvalidArgumentError):
-            kvattn.Cache(ctx, 2, 4, hkv, d, dtype="i8", quant="int8_channel", **s)
+            kvattn.Cache(ctx, 2, 4, hkv, d, dtype="i8", quant="int8_channel", k_scale=ks2,
+                         v_scale=vs)
     # A truncated file.
     raw = (tmp_path / "m.safetensors").read_bytes()
     (tmp_path / "m.safetensors").write_bytes(raw[:-7])
