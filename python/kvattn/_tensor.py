@@ -176,7 +176,8 @@ def view(x, name):
         return _np_view(x)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
-        if x.is_neg():
+        is_neg = getattr(x, "is_neg", None)  # torch >= 1.10; older ones have no neg bit
+        if is_neg is not None and is_neg():
             # A lazily negated view (torch's neg bit, e.g. from z.conj().imag):
             # its memory holds -x, which kvattn would read or write as x.
             # torch's own DLPack export refuses such tensors too.

@@ -157,11 +157,12 @@ class _PagedWrapper:
             raise InvalidArgumentError("run() before plan()")
         _refuse_run_options(kv_cache_sf, skip_softmax_threshold_scale_factor)
         if q_len_per_req is not None:
+            n = _q_len_per_req(q_len_per_req)
             r = len(a["seq_lens"])
-            if T.view(q, "q").shape[0] != r * int(q_len_per_req):
+            if T.view(q, "q").shape[0] != r * n:
                 raise InvalidArgumentError(
-                    "q has %d rows, but q_len_per_req %r x %d requests = %d"
-                    % (T.view(q, "q").shape[0], q_len_per_req, r, r * int(q_len_per_req)))
+                    "q has %d rows, but q_len_per_req %d x %d requests = %d"
+                    % (T.view(q, "q").shape[0], n, r, r * n))
         ctx = self._ctx
         if ctx.device == T.CUDA and T.is_torch(q):
             import torch
@@ -228,9 +229,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
         if window_right != 0:
             raise UnsupportedError("window_right %r: kvattn's masks keep no key right of the "
                                    "query (FlashInfer's default 0)" % (window_right,))
-        n = q_len_per_req
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise InvalidArgumentError("q_len_per_req = %r is not an integer >= 1" % (n,))
+        n = _q_len_per_req(q_len_per_req)
         sl, bt = _paged_metadata(indptr, indices, last_page_len, page_size)
         r = sl.shape[0]
         if n > 1 and r and sl.min() < n:
@@ -438,6 +437,14 @@ class MultiLevelCascadeAttentionWrapper:
         return out
 
     forward = run
+
+
+def _q_len_per_req(n):
+    """The decode wrapper's q_len_per_req (plan() and run()): an integer >= 1,
+    never truncated (1.5 or "3" raise rather than becoming 1 or 3)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise InvalidArgumentError("q_len_per_req = %r is not an integer >= 1" % (n,))
+    return int(n)
 
 
 def _cat_last(a, b):

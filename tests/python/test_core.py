@@ -350,3 +350,31 @@ def test_version_and_backends():
     assert kvattn.__version__.count(".") == 2
     assert kvattn.backend_available("ref") and kvattn.backend_available("cpu")
     assert kvattn.reorder_decode_first([3, 1, 1, 4]) [1] == 2
+
+
+def test_torch_without_neg_bit(monkeypatch):
+    """A torch older than 1.10 has no Tensor.is_neg (nor a negative bit): a
+    tensor is viewed as usual instead of failing with AttributeError."""
+    import sys
+    import types
+
+    from kvattn import _tensor
+
+    fake = types.ModuleType("torch")
+
+    class Tensor:  # torch < 1.10: no is_neg
+        pass
+
+    fake.Tensor = Tensor
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    seen = []
+    monkeypatch.setattr(_tensor, "_torch_view", lambda x, torch: seen.append(x) or "view")
+    t = Tensor()
+    assert _tensor.view(t, "q") == "view" and seen == [t]
+
+    class NegTensor(Tensor):  # torch >= 1.10 with the bit set
+        def is_neg(self):
+            return True
+
+    with pytest.raises(kvattn.InvalidArgumentError, match="negative bit"):
+        _tensor.view(NegTensor(), "q")

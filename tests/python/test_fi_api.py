@@ -71,6 +71,13 @@ def test_decode_q_len_per_req(alibi):
     with pytest.raises(kvattn.InvalidArgumentError, match="q_len_per_req"):
         w.run(q, paged, q_len_per_req=2, out=keep)
     assert np.isnan(keep).all()
+    # run()'s copy takes what plan()'s does: an integer >= 1, never truncated
+    # (3.5 and "3" would pass the row check as 3).
+    for bad in (3.5, 3.0, "3", np.float64(3), 0, -1, True):
+        with pytest.raises(kvattn.InvalidArgumentError, match="q_len_per_req"):
+            w.run(q, paged, q_len_per_req=bad, out=keep)
+        assert np.isnan(keep).all()
+    np.testing.assert_array_equal(w.run(q, paged, q_len_per_req=np.int64(n)), out)
     with pytest.raises(kvattn.InvalidArgumentError, match="q_len_per_req"):
         w.plan(indptr, indices, last, 4, 2, 64, 8, q_data_type="float32", q_len_per_req=8)
     for bad in (0, -1, 1.5, True):
