@@ -108,6 +108,19 @@ expect 2 $DC --block-size 0
 expect 2 $DC --interleave 0
 expect 0 $DC --dcp 1
 expect 0 $DC --seq-len 1
+# --flag=value (docs/cli.md): the value after '=', never the next argument.
+expect 0 bench --dcp=2 --seq-len=64 --heads=2 --kv-heads=1 --head-dim=8 --block-size=4 --threads=1 --iters=1
+expect 2 $DC --dcp= 2
+expect 2 $DC --seq-len= 64
+expect 2 $DC --seq-len
+expect 0 bench --mla --threads=1 --iters=1 --warmup=0 --batch=1 --context=16 --heads=2
+expect 0 bench --mla-sparse --threads=1 --iters=1 --warmup=0 --batch=1 --context=64 --topk=8 --heads=2
+expect 0 bench --indexer --threads=1 --iters=1 --warmup=0 --batch=1 --context=64 --q-len=2 --heads=2 --head-dim=16 --topk=8 --block-size=16
+expect 0 bench --cascade --threads=1 --iters=1 --warmup=0 --batch=2 --shared-prefix=16 --suffix=4 --heads=2 --kv-heads=1 --head-dim=8 --block-size=4 --no-ceiling
+for mode in --mla --mla-sparse --indexer --cascade; do
+    expect 2 bench $mode --threads= 1
+    expect 2 bench $mode --iters
+done
 
 M="bench --mla --threads 1 --iters 1 --warmup 0 --batch 1 --context 16 --heads 2"
 expect 2 $M --kv-lora-rank 12

@@ -80,7 +80,9 @@ static int parse(int argc, char **argv, cas_opts *o)
             o->paired = 1;
             continue;
         }
-        const char *v = kva_cli_flag_value(argc, argv, &i, a);
+        char name[40]; /* "--flag v" or "--flag=v" */
+        const char *v = kva_cli_flag_split(argc, argv, &i, name, sizeof name);
+        a = name;
         if (!v)
             return KVA_EXIT_USAGE;
         if (strcmp(a, "--batch") == 0)

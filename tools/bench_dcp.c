@@ -56,16 +56,15 @@ static int parse(int argc, char **argv, dcp_opts *o)
     static const char *const dts[] = {"f32", "f16", "bf16"};
     static const char *const backends[] = {"cpu", "cuda"};
     for (int i = 1; i < argc; i++) { /* argv[0] is "bench" */
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int ok = 1, dt = 0;
-        if (kva_cli_flag_is(a, "--help") || kva_cli_flag_is(a, "-h")) {
+        if (kva_cli_flag_is(argv[i], "--help") || kva_cli_flag_is(argv[i], "-h")) {
             usage();
             return 0;
         }
-        if (!v) {
-            fprintf(stderr, "kvattn bench: %s needs a value\n", a);
+        char a[40]; /* the flag; v: its value, "--flag v" or "--flag=v" */
+        const char *v = kva_cli_flag_split(argc, argv, &i, a, sizeof a);
+        if (!v)
             return 2;
-        }
         if (kva_cli_flag_is(a, "--dcp"))
             ok = kva_cli_parse_i32(a, v, 1, KVA_MAX_DCP, &o->ranks);
         else if (kva_cli_flag_is(a, "--interleave"))
@@ -97,7 +96,6 @@ static int parse(int argc, char **argv, dcp_opts *o)
         }
         if (!ok)
             return 2;
-        i++;
     }
     if (o->heads % o->kv_heads != 0) {
         fprintf(stderr, "kvattn bench --dcp: --heads %d is not a multiple of --kv-heads %d\n",

@@ -79,7 +79,11 @@ static int parse(int argc, char **argv, bench_index_opts *o)
                                           : &o->no_ws) = 1;
             continue;
         }
-        const char *v = i + 1 < argc ? argv[++i] : "";
+        char name[40]; /* "--flag v" or "--flag=v" */
+        const char *v = kva_cli_flag_split(argc, argv, &i, name, sizeof name);
+        if (!v)
+            return KVA_EXIT_USAGE;
+        a = name;
         int ok = 1, c = 0;
         if (!strcmp(a, "--backend"))
             ok = kva_cli_parse_choice(a, v, backends, 2, &o->cuda);

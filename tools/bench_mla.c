@@ -115,7 +115,11 @@ static int parse(int argc, char **argv, mla_opts *o)
                 o->no_ceiling = 1;
             continue;
         }
-        const char *v = i + 1 < argc ? argv[++i] : "";
+        char name[40]; /* "--flag v" or "--flag=v" */
+        const char *v = kva_cli_flag_split(argc, argv, &i, name, sizeof name);
+        if (!v)
+            return KVA_EXIT_USAGE;
+        a = name;
         int ok = 1, c = 0;
         if (!strcmp(a, "--mode"))
             ok = kva_cli_parse_choice(a, v, modes, 3, &o->mode);

@@ -105,7 +105,11 @@ static int parse(int argc, char **argv, sp_opts *o)
                                            : &o->paired) = 1;
             continue;
         }
-        const char *v = i + 1 < argc ? argv[++i] : "";
+        char name[40]; /* "--flag v" or "--flag=v" */
+        const char *v = kva_cli_flag_split(argc, argv, &i, name, sizeof name);
+        if (!v)
+            return KVA_EXIT_USAGE;
+        a = name;
         int ok = 1, c = 0;
         static const char *const shape_opts[] = {"--batch",   "--q-len", "--prefill",
                                                  "--context", "--topk",  "--heads",

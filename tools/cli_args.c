@@ -56,6 +56,13 @@ size_t kva_cli_number_len(const char *s, int frac)
     return n;
 }
 
+const char *kva_cli_flag_split(int argc, char **argv, int *i, char *name, size_t cap)
+{
+    const size_t n = strcspn(argv[*i], "=");
+    snprintf(name, cap, "%.*s", (int)(n < cap ? n : cap - 1), argv[*i]);
+    return kva_cli_flag_value(argc, argv, i, name);
+}
+
 int kva_cli_parse_i32(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out)
 {
     char *end = NULL;
