@@ -92,7 +92,9 @@ expect 0 $S --verify --attention-chunk 1
 # N with --attention-chunk 0 (every layer global) runs.
 expect 2 $S --chunk-global-every 2
 expect 2 $S --chunk-global-every 2 --attention-chunk 0
-expect 2 $S --model deepseek-v2-lite --chunk-global-every 2
+MD="serve-sim --threads 1 --num-prompts 1 --input-len 8 --output-len 1 --prefix-len 0 --model deepseek-v2-lite --layers 1 --num-heads 2 --block-size 4 --num-blocks 16 --dtype f32"
+expect 0 $MD
+expect 2 $MD --chunk-global-every 2
 expect 0 $S --chunk-global-every 0
 expect 0 $S --verify --attention-chunk 4 --chunk-global-every 1
 SC="serve-sim --threads 1 --num-prompts 1 --input-len 8 --output-len 1 --prefix-len 0 --num-heads 8 --num-kv-heads 8 --head-dim 8 --block-size 4 --num-blocks 32 --dtype f32"
