@@ -192,7 +192,7 @@ class Cache:
             params = _byref(L.QuantParams(*fields))
         h = ctypes.c_void_p()
         _check(L.kva_cache_create_quant(ctx._h, _byref(d), params, _byref(h)))
-        self._h, self._owners = h.value, ()
+        self._h, self._mem = h.value, _CacheMemory(h.value, ())
         self._load_desc()
 
     @classmethod
@@ -276,7 +276,7 @@ class Cache:
             _check(L.kva_cache_create_from_interleaved(ctx._h, _byref(desc), kptr, _byref(h)))
         else:
             _check(L.kva_cache_create_from(ctx._h, _byref(desc), kptr, vptr, _byref(h)))
-        self._h, self._owners = h.value, owners
+        self._h, self._mem = h.value, _CacheMemory(h.value, owners)
         self._load_desc()
         return self
 
@@ -396,13 +396,13 @@ class Cache:
         buf = (ctypes.c_uint8 * nbytes).from_address(kp.value if which == "k" else vp.value)
         raw_dt = {0: np.float32, 1: np.float16, 2: np.uint16, 3: np.int8, 4: np.uint8,
                   5: np.uint8}[dt]
-        buf._kva_cache = self  # the view's base keeps the cache (and its memory) alive
+        buf._kva_cache = self._mem  # the view's base keeps the storage alive, even past close()
         return np.frombuffer(buf, dtype=raw_dt).reshape(shape)
 
     def k_array(self):
         """Host caches: a numpy view of the K storage ([NB, B, Hkv, D] for NHD,
-        [NB, Hkv, B, D] for HND; bf16 as uint16, fp8 as uint8 codes). Valid
-        while the cache lives."""
+        [NB, Hkv, B, D] for HND; bf16 as uint16, fp8 as uint8 codes). The
+        view keeps the storage alive (close() frees it when the last view goes)."""
         return np.asarray(self._host_view("k"))
 
     def v_array(self):
@@ -415,9 +415,11 @@ class Cache:
         return self._host_view("v")
 
     def close(self):
+        """Frees the cache now, or, while k_array() / v_array() views of its
+        storage live, when the last of them goes; the Cache is unusable after."""
         if getattr(self, "_h", None):
-            L.kva_cache_destroy(self._h)
             self._h = None
+            self._mem = None  # the last reference unless a view holds it
 
     __del__ = close
 
@@ -428,11 +430,30 @@ class Cache:
                    self.head_dim_v, self.dtype, self.layout, self.quant, self.kind))
 
 
+class _CacheMemory:
+    """A kva_cache handle and the tensors it wraps, destroyed with the last
+    reference to it: its Cache's (dropped by close()) or a k_array() /
+    v_array() view's, which reads the storage."""
+
+    __slots__ = ("h", "owners")
+
+    def __init__(self, h, owners):
+        self.h, self.owners = h, owners
+
+    def __del__(self):
+        if self.h:
+            L.kva_cache_destroy(self.h)
+            self.h = None
+
+
 def _pairs(pairs):
     """(src, dst) block pairs as a host int32 array [n, 2]."""
     p = T.host_array(pairs, np.int32, "pairs")
-    if p.size % 2:
-        raise ShapeMismatchError("pairs: %d values, expected (src, dst) pairs" % p.size)
+    # [n, 2], or one flat list of pairs; any other shape ([2, 3] reshaped to
+    # three pairs) would copy blocks the caller did not name.
+    if (p.ndim == 2 and p.shape[1] != 2) or p.ndim > 2 or p.size % 2:
+        raise ShapeMismatchError("pairs: shape %s, expected [n, 2] (src, dst) pairs"
+                                 % (p.shape,))
     return p.reshape(-1, 2)
 
 
@@ -489,7 +510,10 @@ class Plan:
         key = (block_size, num_heads, num_kv_heads, head_dim, head_dim_v, q_dtype, scale,
                causal, window_left, softcap, decode_threshold, kind, mla_qk_nope_head_dim,
                mla_v_head_dim, sparse_topk, sparse_mode, index_q_quant)
-        tmpl = ctx._plan_descs.get(key)
+        try:
+            tmpl = ctx._plan_descs.get(key)
+        except TypeError:  # an unhashable argument (q_dtype=["f16"]): no template,
+            key, tmpl = None, None  # the checks below raise for it
         if tmpl is None:
             qdt = dtype_code(q_dtype)
             kc = _enum(L.KINDS, kind, "kind")
@@ -505,8 +529,9 @@ class Plan:
             d.index_q_quant = _enum(L.QUANTS, index_q_quant, "index_q_quant")
             if len(ctx._plan_descs) >= 64:
                 ctx._plan_descs.clear()
-            tmpl = ctx._plan_descs[key] = (d, qdt, (block_size, num_kv_heads, head_dim,
-                                                     head_dim_v or head_dim, kc))
+            tmpl = (d, qdt, (block_size, num_kv_heads, head_dim, head_dim_v or head_dim, kc))
+            if key is not None:
+                ctx._plan_descs[key] = tmpl
         d, qdt, self._cache_sig = tmpl
         self._desc, self._alibi = d, al
         self.ctx, self.q_dtype = ctx, qdt

@@ -79,12 +79,14 @@ class Pool:
         if row_len is None:
             _check(L.kva_pool_request_block_table(self._h, request_id, None, 0, _byref(n)))
             row_len = n.value
+        row_len = L._fit(row_len, L.c_int32, "row_len")  # before np.empty(2.5), np.empty(2**40)
         row = np.empty(max(row_len, 0), np.int32)  # row_len < 0: the C call refuses it
         _check(L.kva_pool_request_block_table(self._h, request_id, _ptr(row), row_len, _byref(n)))
         return row
 
     def slots(self, request_id, first_pos, count):
         """Slots int64 [count] of positions first_pos .. first_pos + count - 1."""
+        count = L._fit(count, L.c_int32, "count")  # before np.empty(2.5), np.empty(2**40)
         s = np.empty(max(count, 0), np.int64)  # count < 0: the C call refuses it
         _check(L.kva_pool_request_slots(self._h, request_id, first_pos, count, _ptr(s)))
         return s

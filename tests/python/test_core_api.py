@@ -1,0 +1,139 @@
+"""The core Python API used as a user would (round eight of the black-box
+tests): argument forms docs/python.md promises to refuse, and object
+lifetimes. Each case failed on main before its fix."""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import kvattn
+
+RNG = np.random.default_rng(44)
+
+
+@pytest.fixture(scope="module", params=["ref", "cpu"])
+def ctx(request):
+    c = kvattn.Context(request.param, num_threads=2)
+    yield c
+    c.close()
+
+
+def _filled_cache(ctx, nb=6):
+    c = kvattn.Cache(ctx, nb, 4, 2, 16, dtype="f32")
+    k = RNG.standard_normal((nb * 4, 2, 16), np.float32)
+    c.write(k, -k, np.arange(nb * 4))
+    return c
+
+
+@pytest.mark.parametrize("pairs", [
+    [[0, 1, 2], [3, 4, 5]],          # [2, 3]: not (src, dst) rows
+    [[[0, 1]], [[2, 3]]],            # 3-D
+    np.zeros((2, 4), np.int32),
+    [[0], [1]],                      # [2, 1]
+])
+def test_block_pairs_of_another_shape_raise_and_copy_nothing(ctx, pairs):
+    # docs/python.md: pairs [n, 2]. A [2, 3] list used to be reshaped to
+    # three pairs (0, 1), (2, 3), (4, 5) and copied.
+    c = _filled_cache(ctx)
+    dst = _filled_cache(ctx, 6)
+    k0, v0 = c.k_array().copy(), c.v_array().copy()
+    dk0 = dst.k_array().copy()
+    with pytest.raises(kvattn.ShapeMismatchError, match="pairs"):
+        c.copy_blocks(pairs)
+    with pytest.raises(kvattn.ShapeMismatchError, match="pairs"):
+        c.swap_blocks(dst, pairs)
+    np.testing.assert_array_equal(c.k_array(), k0)
+    np.testing.assert_array_equal(c.v_array(), v0)
+    np.testing.assert_array_equal(dst.k_array(), dk0)
+
+
+def test_block_pairs_forms_still_accepted(ctx):
+    c = _filled_cache(ctx)
+    for pairs in ([[1, 5]], np.array([[2, 4]], np.int64), [1, 3], np.zeros((0, 2), np.int32)):
+        c.copy_blocks(pairs)
+    np.testing.assert_array_equal(c.k_array()[5], c.k_array()[1])
+    np.testing.assert_array_equal(c.k_array()[4], c.k_array()[2])
+    np.testing.assert_array_equal(c.k_array()[3], c.k_array()[1])
+
+
+@pytest.mark.parametrize("bad", [2.5, 2.0, "2", None, np.float64(2)])
+def test_pool_counts_not_integers_raise_invalid_argument(bad):
+    # docs/python.md: an integer argument that is fractional (or not an
+    # integer) raises InvalidArgumentError; slots() and block_table() used
+    # to raise numpy's TypeError from np.empty(2.5) (or build a row from
+    # None) before the C call's check.
+    p = kvattn.Pool(16, 4)
+    rid, _ = p.add_request(list(range(9)))
+    p.allocate(rid, 9)
+    with pytest.raises(kvattn.InvalidArgumentError):
+        p.slots(rid, 0, bad)
+    if bad is not None:  # row_len=None means "the request's own length"
+        with pytest.raises(kvattn.InvalidArgumentError):
+            p.block_table(rid, bad)
+    np.testing.assert_array_equal(p.slots(rid, 0, np.int64(3)), p.slots(rid, 0, 3))
+    assert p.block_table(rid, np.int32(4)).shape == (4,)
+
+
+@pytest.mark.parametrize("big", [2**31, 2**40])
+def test_pool_huge_counts_refused_before_allocating(big):
+    # 2**40 used to reach np.empty first (a numpy MemoryError, not the
+    # documented InvalidArgumentError for a value C's int32 cannot hold).
+    p = kvattn.Pool(16, 4)
+    rid, _ = p.add_request([1, 2, 3])
+    p.allocate(rid, 3)
+    with pytest.raises(kvattn.InvalidArgumentError):
+        p.slots(rid, 0, big)
+    with pytest.raises(kvattn.InvalidArgumentError):
+        p.block_table(rid, big)
+
+
+@pytest.mark.parametrize("q_dtype", [["f16"], {"f16": 1}, bytearray(b"f16")])
+def test_plan_unhashable_dtype_raises_invalid_argument(ctx, q_dtype):
+    # The plan-descriptor template cache hashed q_dtype first: TypeError
+    # "unhashable type" instead of the dtype check's InvalidArgumentError.
+    with pytest.raises(kvattn.InvalidArgumentError, match="dtype"):
+        kvattn.Plan(ctx, [0, 1], [4], [[0]], block_size=4, num_heads=2, num_kv_heads=2,
+                    head_dim=16, q_dtype=q_dtype)
+
+
+_AFTER_CLOSE = textwrap.dedent("""
+    import numpy as np, kvattn
+    ctx = kvattn.Context(%r)
+    # 4 MiB of K: large enough that the allocator returns it to the system
+    c = kvattn.Cache(ctx, 1024, 16, 4, 64, dtype="f32")
+    k = np.arange(1024 * 16 * 4 * 64, dtype=np.float32).reshape(-1, 4, 64)
+    c.write(k, k, np.arange(k.shape[0]))
+    a, b = c.k_array(), c.v_array()
+    c.close()
+    c.close()
+    ctx.close()
+    print(float(a.sum(dtype=np.float64)) == float(k.sum(dtype=np.float64)),
+          bool((b[3, 5] == k[3 * 16 + 5]).all()))
+    try:
+        c.k_array()
+    except kvattn.KvaError as e:
+        print(type(e).__name__)
+""")
+
+
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+def test_k_array_view_outlives_close(backend):
+    # k_array() / v_array() are views of the cache's storage. close() used to
+    # free it under live views (reading one afterwards read freed memory: a
+    # crash for a large cache); now the storage goes when the last view does,
+    # and the closed cache itself refuses further use.
+    r = subprocess.run([sys.executable, "-c", _AFTER_CLOSE % backend], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.split() == ["True", "True", "NullPointerError"], r.stdout
+
+
+def test_close_without_views_frees_at_once(ctx):
+    c = _filled_cache(ctx)
+    c.close()
+    assert c._h is None
+    with pytest.raises(kvattn.NullPointerError):
+        c.write(np.zeros((1, 2, 16), np.float32), np.zeros((1, 2, 16), np.float32), [0])
