@@ -580,7 +580,10 @@ class Plan:
         self._q_shape = (t, self.num_heads, self.head_dim)
         self._out_shape = (t, self.num_heads, self.head_dim_v)
         self._lse_shape = (t, self.num_heads)
-        self._seq_lens = sl if bt is None else None
+        # run_ragged checks k / v against these lengths: a copy, since sl may be
+        # the caller's own array (host_array copies only where needed), which
+        # the caller may change while the C plan keeps the planned lengths.
+        self._seq_lens = sl.copy() if bt is None else None
 
     def update(self, query_start_loc, seq_lens, block_table=None, *, ctx=None):
         """kva_plan_update: re-plans this plan in place for a new step's batch

@@ -137,3 +137,27 @@ def test_close_without_views_frees_at_once(ctx):
     assert c._h is None
     with pytest.raises(kvattn.NullPointerError):
         c.write(np.zeros((1, 2, 16), np.float32), np.zeros((1, 2, 16), np.float32), [0])
+
+
+def test_ragged_plan_ignores_later_changes_to_callers_seq_lens(ctx):
+    # A contiguous int32 seq_lens was kept by reference: run_ragged's row check
+    # (kv_len_total) followed the caller's later edits while the C plan kept
+    # the planned lengths, so a k / v of 1 row passed the check and C read 40
+    # rows (past the end of k and v).
+    from reference import attention
+
+    qsl, sl = np.array([0, 2], np.int32), np.array([40], np.int32)
+    plan = kvattn.Plan(ctx, qsl, sl, None, block_size=1, num_heads=4, num_kv_heads=2,
+                       head_dim=16, q_dtype="f32", causal=True)
+    sl[0], qsl[1] = 1, 1
+    assert plan.kv_len_total == 40 and plan.num_tokens == 2
+    q = RNG.standard_normal((2, 4, 16), np.float32)
+    k = RNG.standard_normal((40, 2, 16), np.float32)
+    v = RNG.standard_normal((40, 2, 16), np.float32)
+    out = np.full((2, 4, 16), np.nan, np.float32)
+    with pytest.raises(kvattn.ShapeMismatchError, match="k: shape"):
+        plan.run_ragged(q, k[:1].copy(), v[:1].copy(), out=out)
+    assert np.isnan(out).all()
+    plan.run_ragged(q, k, v, out=out)
+    ro, _ = attention(q, [k], [v], [2], causal=True)
+    np.testing.assert_allclose(out, ro, rtol=1e-5, atol=1e-5)
