@@ -142,10 +142,11 @@ _default_contexts = {}
 
 def default_context(device="cpu", device_id=0):
     """A process-wide context per device: the CPU backend for "cpu", the CUDA
-    backend on device_id for "cuda" (created on first use)."""
+    backend on device_id for "cuda" (created on first use, and again after a
+    caller closed it)."""
     key = (device, device_id if device == "cuda" else 0)
     ctx = _default_contexts.get(key)
-    if ctx is None:
+    if ctx is None or not ctx._h:  # closed by a caller (`with default_context() as c:`)
         ctx = Context("cuda" if device == "cuda" else "cpu", 0, key[1])
         _default_contexts[key] = ctx
     return ctx

@@ -161,3 +161,19 @@ def test_ragged_plan_ignores_later_changes_to_callers_seq_lens(ctx):
     plan.run_ragged(q, k, v, out=out)
     ro, _ = attention(q, [k], [v], [2], causal=True)
     np.testing.assert_allclose(out, ro, rtol=1e-5, atol=1e-5)
+
+
+def test_default_context_after_a_caller_closed_it():
+    # default_context() handed out the closed context again: merge_states
+    # without ctx= (and the FlashInfer wrappers on the host) raised
+    # NullPointerError "argument 'ctx' is NULL" for the rest of the process.
+    with kvattn.default_context() as c:
+        assert c.backend == "cpu"
+    assert c._h is None
+    d = kvattn.default_context()
+    assert d is not c and d._h and d is kvattn.default_context()
+    a = RNG.standard_normal((2, 3, 8), np.float32)
+    la = RNG.standard_normal((2, 3), np.float32)
+    out, lse = kvattn.merge_states(a, la, a, la)
+    np.testing.assert_allclose(out, a, rtol=1e-6)
+    np.testing.assert_allclose(lse, la + np.log(2), rtol=1e-5)
