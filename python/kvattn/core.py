@@ -89,6 +89,16 @@ def _tensor(x, name, ctx, shape=None, dtype=None, contiguous=True, writable=Fals
     return v
 
 
+def _kva_dtype(v, x, name):
+    """Refuses a tensor whose dtype is no kva_dtype (float64, int32, a
+    non-native byte order): DtypeMismatchError naming it, where C would see
+    an invalid code (or Python fail on it)."""
+    if v.dtype not in L.DTYPE_NAMES:
+        raise DtypeMismatchError("%s: dtype %s is not a kvattn dtype (%s)"
+                                 % (name, getattr(x, "dtype", "?"), ", ".join(L.DTYPES)))
+    return v
+
+
 def _dtype_name(code):
     return {T.I32: "int32", T.I64: "int64"}.get(code, L.DTYPE_NAMES.get(code, "unsupported"))
 
@@ -220,7 +230,7 @@ class Cache:
         [c_kv | k_pe], contiguous, f32/f16/bf16; Dc = kv_lora_rank) as an MLA
         cache, without copying (kva_cache_create_from); the cache keeps kv
         alive. A read-only array is refused (the cache writes into it)."""
-        v = _tensor(kv, "kv", ctx, writable=True)
+        v = _kva_dtype(_tensor(kv, "kv", ctx, writable=True), kv, "kv")
         if len(v.shape) != 3:
             raise ShapeMismatchError("kv: expected [NB, B, Dc + Dr] (3-D), got %s" % (v.shape,))
         nb, bs, d = v.shape
@@ -234,7 +244,8 @@ class Cache:
         f32/f16/bf16, on the context's device. The tensors are kept alive by
         the cache; writes through the cache are visible in them (a read-only
         array is refused)."""
-        kv, vv = _tensor(k, "k", ctx, writable=True), _tensor(v, "v", ctx, writable=True)
+        kv = _kva_dtype(_tensor(k, "k", ctx, writable=True), k, "k")
+        vv = _kva_dtype(_tensor(v, "v", ctx, writable=True), v, "v")
         if len(kv.shape) != 4 or len(vv.shape) != 4:
             raise ShapeMismatchError("k, v: expected 4-D tensors, got %s and %s"
                                      % (kv.shape, vv.shape))
@@ -255,7 +266,7 @@ class Cache:
         kv [NP, 2, B, Hkv, D] (NHD) or [NP, 2, Hkv, B, D] (HND), contiguous. The
         cache has 2*NP - 1 blocks; page p is block 2p (block tables and slots
         name 2p). A read-only array is refused (the cache writes into it)."""
-        v = _tensor(kv, "kv", ctx, writable=True)
+        v = _kva_dtype(_tensor(kv, "kv", ctx, writable=True), kv, "kv")
         if len(v.shape) != 5 or v.shape[1] != 2:
             raise ShapeMismatchError("kv: expected [NP, 2, ...] (5-D), got %s" % (v.shape,))
         lay = _enum(L.LAYOUTS, layout, "layout")
@@ -301,10 +312,10 @@ class Cache:
         [T, Dc], v = k_pe [T, Dr] (or [T, 1, Dc], [T, 1, Dr]). Index-key
         caches: k = keys [T, D] (or [T, 1, D]), v = None."""
         ctx = self.ctx
-        kv = _tensor(k, "k", ctx, contiguous=False)
+        kv = _kva_dtype(_tensor(k, "k", ctx, contiguous=False), k, "k")
         if self.kind == "index":
             return self._write_index(kv, v, slot_mapping)
-        vv = _tensor(v, "v", ctx, contiguous=False)
+        vv = _kva_dtype(_tensor(v, "v", ctx, contiguous=False), v, "v")
         if self.kind == "mla":
             return self._write_latent(kv, vv, slot_mapping)
         if len(kv.shape) != 3 or len(vv.shape) != 3:
@@ -775,6 +786,7 @@ def merge_states(out_a, lse_a, out_b, lse_b, *, out=None, lse=None, ctx=None):
         ctx = default_context(av.device, av.device_id)
     if len(av.shape) != 3:
         raise ShapeMismatchError("out_a: expected [T, H, Dv], got %s" % (av.shape,))
+    _kva_dtype(av, out_a, "out_a")
     shape, dt = tuple(av.shape), av.dtype
     av = _tensor(out_a, "out_a", ctx, shape, dt)
     bv = _tensor(out_b, "out_b", ctx, shape, dt)

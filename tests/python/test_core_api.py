@@ -177,3 +177,43 @@ def test_default_context_after_a_caller_closed_it():
     out, lse = kvattn.merge_states(a, la, a, la)
     np.testing.assert_allclose(out, a, rtol=1e-6)
     np.testing.assert_allclose(lse, la + np.log(2), rtol=1e-5)
+
+
+_NOT_KVA = [np.dtype(">f4"), np.dtype(">f2"), np.dtype(np.float64), np.dtype(np.int32)]
+
+
+@pytest.mark.parametrize("dt", _NOT_KVA, ids=str)
+def test_tensors_of_no_kvattn_dtype_raise_dtype_mismatch(ctx, dt):
+    # Big-endian, float64 or int32 data: Cache.write and the from_* wrappers
+    # passed the code -1 (or the index code 100) to C, which answered
+    # InvalidArgumentError "src_dtype = -1 is not a kva_dtype"; merge_states
+    # raised a bare KeyError(-1). Now DtypeMismatchError naming the dtype,
+    # before any call, and nothing written.
+    c = _filled_cache(ctx)
+    k0 = c.k_array().copy()
+    x = np.ones((2, 2, 16), dt)
+    with pytest.raises(kvattn.DtypeMismatchError, match="k: dtype"):
+        c.write(x, x, np.arange(2))
+    with pytest.raises(kvattn.DtypeMismatchError, match="v: dtype"):
+        c.write(np.ones((2, 2, 16), np.float32), x, np.arange(2))
+    np.testing.assert_array_equal(c.k_array(), k0)
+    ic = kvattn.Cache.index(ctx, 2, 4, 16, fp8=False, dtype="f32")
+    with pytest.raises(kvattn.DtypeMismatchError):
+        ic.write(np.ones((2, 16), dt), None, np.arange(2))
+    mc = kvattn.Cache.mla(ctx, 2, 4, 64, 16, dtype="f32")
+    with pytest.raises(kvattn.DtypeMismatchError):
+        mc.write(np.ones((2, 64), dt), np.ones((2, 16), dt), np.arange(2))
+    kk = np.zeros((2, 4, 2, 16), dt)
+    with pytest.raises(kvattn.DtypeMismatchError):
+        kvattn.Cache.from_tensors(ctx, kk, kk.copy())
+    with pytest.raises(kvattn.DtypeMismatchError):
+        kvattn.Cache.from_interleaved(ctx, np.zeros((2, 2, 4, 2, 16), dt))
+    with pytest.raises(kvattn.DtypeMismatchError):
+        kvattn.Cache.from_latent(ctx, np.zeros((2, 4, 80), dt), kv_lora_rank=64)
+    a, la = np.ones((1, 2, 8), dt), np.zeros((1, 2), np.float32)
+    with pytest.raises(kvattn.DtypeMismatchError, match="out_a: dtype"):
+        kvattn.merge_states(a, la, a, la, ctx=ctx)
+    out = np.full((1, 2, 8), 7, dt)
+    with pytest.raises(kvattn.DtypeMismatchError):
+        kvattn.merge_states(a, la, a, la, out=out, ctx=ctx)
+    assert (out == 7).all()
