@@ -217,3 +217,31 @@ def test_tensors_of_no_kvattn_dtype_raise_dtype_mismatch(ctx, dt):
     with pytest.raises(kvattn.DtypeMismatchError):
         kvattn.merge_states(a, la, a, la, out=out, ctx=ctx)
     assert (out == 7).all()
+
+
+def test_closed_objects_raise_and_close_twice_is_harmless():
+    # Lifetimes as docs/python.md states them (passes on main: a guard).
+    ctx = kvattn.Context("cpu")
+    c = _filled_cache(ctx)
+    plan = kvattn.Plan(ctx, [0, 1], [5], [[0, 1]], block_size=4, num_heads=2, num_kv_heads=2,
+                       head_dim=16, q_dtype="f32")
+    q = RNG.standard_normal((1, 2, 16), np.float32)
+    ref = plan.run(q, c)
+    ctx.close()
+    ctx.close()
+    out = np.full_like(ref, np.nan)
+    with pytest.raises(kvattn.NullPointerError, match="ctx"):
+        plan.run(q, c, out=out)
+    assert np.isnan(out).all()
+    assert c.k_array().shape == (6, 4, 2, 16)  # the cache outlives its context
+    plan.close()
+    plan.close()
+    with pytest.raises(kvattn.NullPointerError, match="plan"):
+        plan.info
+    c.close()
+    c.close()
+    p = kvattn.Pool(8, 4)
+    p.close()
+    p.close()
+    with pytest.raises(kvattn.NullPointerError, match="pool"):
+        p.stats()
