@@ -8,6 +8,7 @@ with kva_last_error()'s message.
 """
 
 import ctypes
+import os
 import sys
 
 import numpy as np
@@ -819,8 +820,13 @@ def load_c8_scales(checkpoint_dir, layer, num_kv_heads_total, head_dim, tp_rank=
     """kva_c8_scales_load: the layer's C8 scales as a dict of float32 numpy
     arrays (k_scale, k_offset, v_scale, v_offset; offsets may be None), ready
     for Cache(..., quant="int8_channel", **scales)."""
+    try:  # str (undecodable bytes as surrogates), bytes or os.PathLike, as open() takes
+        path = os.fsencode(checkpoint_dir)
+    except TypeError:
+        raise InvalidArgumentError("checkpoint_dir: a path (str, bytes or os.PathLike), got %s"
+                                   % type(checkpoint_dir).__name__)
     p = ctypes.POINTER(L.C8Scales)()
-    _check(L.kva_c8_scales_load(str(checkpoint_dir).encode(), layer, num_kv_heads_total,
+    _check(L.kva_c8_scales_load(path, layer, num_kv_heads_total,
                                 head_dim, tp_rank, tp_size, _byref(p)))
     try:
         prm = p.contents.params

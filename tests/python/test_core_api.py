@@ -2,6 +2,7 @@
 tests): argument forms docs/python.md promises to refuse, and object
 lifetimes. Each case failed on main before its fix."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -245,3 +246,25 @@ def test_closed_objects_raise_and_close_twice_is_harmless():
     p.close()
     with pytest.raises(kvattn.NullPointerError, match="pool"):
         p.stats()
+
+
+@pytest.mark.parametrize("form", ["bytes", "non-ascii str", "undecodable name"])
+def test_c8_loader_path_forms(tmp_path, form):
+    # load_c8_scales passed str(checkpoint_dir) to C: a bytes path became
+    # "b'/tmp/...'" (IOError_ for a directory that exists), a name that is not
+    # UTF-8 (os.fsdecode(b"\xff") = "\udcff") raised UnicodeEncodeError, and
+    # an int was taken as a path. Now os.fsencode, as open() does.
+    from test_blackbox import _safetensors
+
+    d = {"bytes": tmp_path, "non-ascii str": tmp_path / "ckpt \u00e9",
+         "undecodable name": tmp_path / os.fsdecode(b"ckpt\xff")}[form]
+    d.mkdir(exist_ok=True)
+    ks = np.full(2 * 8, 0.5, np.float32)
+    (d / "quant_model_description.json").write_text('{"kv_cache_type": "C8"}')
+    _safetensors(d / "m.safetensors", {"model.layers.0.self_attn.k_cache_scale": ks,
+                                       "model.layers.0.self_attn.v_cache_scale": ks})
+    arg = bytes(d) if form == "bytes" else str(d)
+    s = kvattn.load_c8_scales(arg, 0, 2, 8)
+    np.testing.assert_array_equal(s["k_scale"], ks)
+    with pytest.raises(kvattn.InvalidArgumentError):
+        kvattn.load_c8_scales(12, 0, 2, 8)  # neither str, bytes nor os.PathLike
