@@ -85,7 +85,9 @@ def address(x):
 def _np_view(x):
     dt = _NP_DTYPES.get(x.dtype)
     if dt is None:
-        dt = _NP_NAMES.get(x.dtype.name, -1)
+        # ml_dtypes' bfloat16 keeps its name in the other byte order, which
+        # kvattn would read swapped: only the native one is bf16 / fp8.
+        dt = _NP_NAMES.get(x.dtype.name, -1) if x.dtype.isnative else -1
     return View(address(x) if x.flags.c_contiguous else x.__array_interface__["data"][0], dt,
                 x.shape, CPU, 0, x)
 

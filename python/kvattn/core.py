@@ -61,7 +61,9 @@ def dtype_code(dtype):
             nd = np.dtype(dtype)
         except TypeError:
             nd = None
-        code = -1 if nd is None else T._NP_DTYPES.get(nd, T._NP_NAMES.get(nd.name, -1))
+        code = -1  # a non-native byte order ('>f2', big-endian bfloat16) is none
+        if nd is not None and nd.isnative:
+            code = T._NP_DTYPES.get(nd, T._NP_NAMES.get(nd.name, -1))
     if code not in L.DTYPE_NAMES:
         raise InvalidArgumentError("dtype %r is not a kvattn dtype (%s)" % (dtype, list(L.DTYPES)))
     return code

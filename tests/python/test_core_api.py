@@ -268,3 +268,33 @@ def test_c8_loader_path_forms(tmp_path, form):
     np.testing.assert_array_equal(s["k_scale"], ks)
     with pytest.raises(kvattn.InvalidArgumentError):
         kvattn.load_c8_scales(12, 0, 2, 8)  # neither str, bytes nor os.PathLike
+
+
+def test_big_endian_bfloat16_raises_dtype_mismatch(ctx):
+    # ml_dtypes' bfloat16 keeps its name in either byte order, and the view
+    # mapped dtypes by name without checking the order: a big-endian bf16 q
+    # or k / v was read byte-swapped (wrong results, no error) and a
+    # big-endian out written in little-endian order. Needs ml_dtypes
+    # (skipped without it, as numpy has no bfloat16).
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf = np.dtype(ml_dtypes.bfloat16)
+    be = bf.newbyteorder(">")
+    c = kvattn.Cache(ctx, 4, 4, 2, 16, dtype="bf16")
+    k = RNG.standard_normal((8, 2, 16)).astype(bf)
+    c.write(k, -k, np.arange(8))
+    k0 = c.k_array().copy()
+    plan = kvattn.Plan(ctx, [0, 1], [8], [[0, 1]], block_size=4, num_heads=2, num_kv_heads=2,
+                       head_dim=16, q_dtype="bf16")
+    q = RNG.standard_normal((1, 2, 16)).astype(bf)
+    with pytest.raises(kvattn.DtypeMismatchError, match="q: dtype"):
+        plan.run(q.astype(be), c)
+    out = np.full((1, 2, 16), 3, be)
+    with pytest.raises(kvattn.DtypeMismatchError, match="out: dtype"):
+        plan.run(q, c, out=out)
+    assert (out.astype(np.float32) == 3).all()
+    with pytest.raises(kvattn.DtypeMismatchError, match="k: dtype"):
+        c.write(k.astype(be), (-k).astype(be), np.arange(8))
+    np.testing.assert_array_equal(c.k_array(), k0)
+    with pytest.raises(kvattn.InvalidArgumentError, match="not a kvattn dtype"):
+        kvattn.Cache(ctx, 4, 4, 2, 16, dtype=be)
+    assert plan.run(q, c).dtype == bf  # the native one still runs
