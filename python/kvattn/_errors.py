@@ -17,6 +17,11 @@ class KvaError(Exception):
         self.name = _lib.kva_status_name(self.status).decode() if self.status >= 0 else "?"
         super().__init__("%s: %s" % (self.name, message))
 
+    def __reduce__(self):
+        # pickle (multiprocessing, concurrent.futures) rebuilds the exception
+        # from (message, status), not from the formatted text in args.
+        return (type(self), (self.message, self.status), self.__dict__)
+
 
 class InvalidArgumentError(KvaError, ValueError):
     status = 1

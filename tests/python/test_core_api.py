@@ -298,3 +298,20 @@ def test_big_endian_bfloat16_raises_dtype_mismatch(ctx):
     with pytest.raises(kvattn.InvalidArgumentError, match="not a kvattn dtype"):
         kvattn.Cache(ctx, 4, 4, 2, 16, dtype=be)
     assert plan.run(q, c).dtype == bf  # the native one still runs
+
+
+def test_errors_survive_pickling():
+    # Exceptions cross process boundaries by pickle (multiprocessing,
+    # concurrent.futures). KvaError's constructor takes (message, status) but
+    # pickle re-called it with the formatted text: str() came back as
+    # "KVA_STATUS_X: KVA_STATUS_X: ..." and a KvaError of an unknown status
+    # lost its name ("?: ...").
+    import pickle
+
+    with pytest.raises(kvattn.InvalidArgumentError) as ei:
+        kvattn.Context("gpu")
+    for e in (ei.value, kvattn.KvaError("boom", 42), kvattn.PoolExhaustedError("full")):
+        e2 = pickle.loads(pickle.dumps(e))
+        assert type(e2) is type(e)
+        assert (str(e2), e2.message, e2.status, e2.name) == (str(e), e.message, e.status, e.name)
+    assert str(ei.value).count("KVA_STATUS_INVALID_ARGUMENT") == 1
