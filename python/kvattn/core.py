@@ -346,6 +346,11 @@ class Cache:
         """kva_cache_write of n tokens from the checked views kv, vv (None:
         an index-key cache's write)."""
         ctx = self.ctx
+        for t, name in ((kv, "k"), (vv, "v")):
+            if t is not None and n > 1 and t.strides[0] == 0:
+                raise InvalidArgumentError(
+                    "%s: token stride 0 (a broadcast view), which kva_cache_write reads as "
+                    "contiguous: pass a copy" % name)
         if ctx.device == T.CPU and not isinstance(slot_mapping, np.ndarray) and \
                 not T.is_torch(slot_mapping):  # a list: checked, not truncated ([2.7] -> 2)
             slot_mapping = T.host_array(slot_mapping, np.int64, "slot_mapping")
@@ -674,6 +679,9 @@ class Plan:
         if len(v.shape) != 2 or v.shape[0] != t or v.shape[1] < k or (k > 1 and v.strides[1] != 1):
             raise ShapeMismatchError("%s: shape %s (strides %s), expected (%d, >= %d) int32 with "
                                      "contiguous rows" % (name, tuple(v.shape), v.strides, t, k))
+        if t > 1 and v.strides[0] == 0:
+            raise InvalidArgumentError("%s: row stride 0 (a broadcast view), which kvattn reads "
+                                       "as contiguous rows: pass a copy" % name)
         return v, v.strides[0] if t > 1 else k
 
     def run_mla_sparse(self, q, cache, indices, *, topk_length=None, sinks=None, out=None,

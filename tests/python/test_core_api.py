@@ -315,3 +315,35 @@ def test_errors_survive_pickling():
         assert type(e2) is type(e)
         assert (str(e2), e2.message, e2.status, e2.name) == (str(e), e.message, e.status, e.name)
     assert str(ei.value).count("KVA_STATUS_INVALID_ARGUMENT") == 1
+
+
+def test_broadcast_token_dimension_refused(ctx):
+    # A token dimension of stride 0 (np.broadcast_to, as_strided) passed the
+    # Python checks and reached C as stride 0, which kvattn.h defines as
+    # "contiguous": Cache.write read T consecutive rows from a buffer of one
+    # (past its end; here the test's buffer has the rows, so main wrote the
+    # wrong values), and run_indexer wrote T rows into one. Now refused
+    # before the call, nothing written.
+    from numpy.lib.stride_tricks import as_strided
+
+    c = _filled_cache(ctx)
+    k0 = c.k_array().copy()
+    rows = RNG.standard_normal((3, 2, 16)).astype(np.float32)
+    one = as_strided(rows, shape=(3, 2, 16), strides=(0,) + rows.strides[1:])
+    with pytest.raises(kvattn.InvalidArgumentError, match="k: token stride 0"):
+        c.write(one, rows, np.arange(3))
+    with pytest.raises(kvattn.InvalidArgumentError, match="v: token stride 0"):
+        c.write(rows, np.broadcast_to(rows[:1], (3, 2, 16)), np.arange(3))
+    np.testing.assert_array_equal(c.k_array(), k0)
+    ic = kvattn.Cache.index(ctx, 4, 4, 16, fp8=False, dtype="f32")
+    ic.write(RNG.standard_normal((16, 16)).astype(np.float32), None, np.arange(16))
+    plan = kvattn.Plan(ctx, [0, 3], [16], [[0, 1, 2, 3]], block_size=4, num_heads=2,
+                       num_kv_heads=1, head_dim=16, q_dtype="f32", kind="index", sparse_topk=4)
+    q = RNG.standard_normal((3, 2, 16)).astype(np.float32)
+    w = RNG.standard_normal((3, 2)).astype(np.float32)
+    buf = np.full(12, -5, np.int32)
+    ind = as_strided(buf, shape=(3, 4), strides=(0, 4))
+    with pytest.raises(kvattn.InvalidArgumentError, match="indices: row stride 0"):
+        plan.run_indexer(q, w, ic, indices=ind)
+    assert (buf == -5).all()
+    assert plan.run_indexer(q[:1].repeat(3, 0), w, ic).shape == (3, 4)  # copies still run
