@@ -21,10 +21,11 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 py="$(cd "$venv" && pwd)/bin/python" # absolute, symlink kept (it marks the venv)
-# Build backend and test tools, installed once into the venv (the wheel is
+# Build backend and test tools (ml_dtypes: the numpy bfloat16 / fp8 cases of
+# tests/python, which skip without it), installed once into the venv (the wheel is
 # then built without an isolated environment, so no download per run).
-"$venv/bin/python" -c "import numpy, pytest, scikit_build_core" 2>/dev/null ||
-  "$venv/bin/pip" install -q numpy pytest "scikit-build-core>=0.10"
+"$venv/bin/python" -c "import numpy, pytest, scikit_build_core, ml_dtypes" 2>/dev/null ||
+  "$venv/bin/pip" install -q numpy pytest "scikit-build-core>=0.10" ml_dtypes
 
 rm -rf "$src"
 mkdir -p "$src"

@@ -352,3 +352,51 @@ def test_negative_bit_refused():
         w.run(torch._neg_view(q[:1]), kv)
     with pytest.raises(kvattn.InvalidArgumentError, match="negative bit"):
         w.run(q[:1], torch._neg_view(kv))
+
+
+@pytest.mark.parametrize("device", list(devices()))
+def test_mla_wrapper_torch_576(device):
+    """DeepSeek's MLA shapes (Dc 512, Dr 64, Dn 128, Dv 128) in bf16 through
+    the MLA wrapper on torch tensors: the kernel-level run() (the shape the
+    CUDA kernels serve) and run_layer() against the naive float64 MLA of
+    tests/python/test_mla.py on the same bf16-rounded inputs."""
+    from test_mla import Layer
+
+    rng = np.random.default_rng(13)
+    lay = Layer(rng, h=16, dc=512, dr=64, dn=128, dv=128, bs=64, q_lens=[1, 2, 1, 5],
+                seq_lens=[1, 130, 513, 64], dt="f32")
+
+    def bf(x):  # bf16 on the device, and its exact values back in float32
+        t = _t(x, device, torch.bfloat16)
+        return t, t.float().cpu().numpy()
+
+    tkv, lay.kv = bf(lay.kv)
+    tq, lay.q = bf(lay.q)
+    tuk, lay.w_uk = bf(lay.w_uk)
+    tuv, lay.w_uv = bf(lay.w_uv)
+    tqa, qa = bf(lay.absorbed_q())
+    ws = torch.empty(16, dtype=torch.uint8, device=device)
+    w = fi.BatchMLAPagedAttentionWrapper(ws)
+    w.plan(_t(lay.qsl, device), _t(lay.indptr, device), _t(lay.indices, device),
+           _t(np.array(lay.seq_lens, np.int32), device), lay.h, lay.dc, lay.dr, lay.bs, True,
+           lay.scale, torch.bfloat16, torch.bfloat16, qk_nope_head_dim=lay.dn,
+           v_head_dim=lay.dv)
+    ckv, kpe = tkv[..., : lay.dc], tkv[..., lay.dc:]
+    t = qa.shape[0]
+    out = torch.full((t, lay.h, lay.dc), float("nan"), dtype=torch.bfloat16, device=device)
+    o, lse = w.run(tqa[..., : lay.dc], tqa[..., lay.dc:], ckv, kpe, out=out, return_lse=True,
+                   return_lse_base_on_e=True)
+    assert o is out and o.device.type == device and lse.dtype == torch.float32
+
+    def rel(got, want):  # relative Frobenius error (a bf16 out: ~2^-9 per value)
+        return np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want)
+
+    want, want_lse = lay.naive_latent(qa)
+    assert rel(_np(o), want) < 5e-3  # the CPU backend: 7e-4
+    np.testing.assert_allclose(_np(o), want, atol=1e-2, rtol=1e-2)
+    np.testing.assert_allclose(_np(lse), want_lse, atol=2e-3, rtol=1e-4)
+    got = w.run_layer(tq, tuk, tuv, ckv, kpe)
+    assert got.shape == (t, lay.h, lay.dv) and got.dtype == torch.bfloat16
+    want_layer = lay.naive()[0]
+    assert rel(_np(got), want_layer) < 1e-2  # the CPU backend: 1.7e-3 (ql rounded to bf16)
+    np.testing.assert_allclose(_np(got), want_layer, atol=2e-2, rtol=2e-2)
