@@ -376,11 +376,19 @@ def test_mla_wrapper_torch_576(device):
     tuv, lay.w_uv = bf(lay.w_uv)
     tqa, qa = bf(lay.absorbed_q())
     ws = torch.empty(16, dtype=torch.uint8, device=device)
-    w = fi.BatchMLAPagedAttentionWrapper(ws)
-    w.plan(_t(lay.qsl, device), _t(lay.indptr, device), _t(lay.indices, device),
-           _t(np.array(lay.seq_lens, np.int32), device), lay.h, lay.dc, lay.dr, lay.bs, True,
-           lay.scale, torch.bfloat16, torch.bfloat16, qk_nope_head_dim=lay.dn,
-           v_head_dim=lay.dv)
+
+    def wrapper(**mla):  # mla: the layer's head sizes, for run_layer()
+        w = fi.BatchMLAPagedAttentionWrapper(ws)
+        w.plan(_t(lay.qsl, device), _t(lay.indptr, device), _t(lay.indices, device),
+               _t(np.array(lay.seq_lens, np.int32), device), lay.h, lay.dc, lay.dr, lay.bs,
+               True, lay.scale, torch.bfloat16, torch.bfloat16, **mla)
+        return w
+
+    # FlashInfer's plan (no layer head sizes): every request absorbed, the
+    # 5-token one too; with the head sizes, requests above decode_threshold 1
+    # take the compute-friendly path in run_layer() (which the CUDA backend
+    # runs only there: kva_attention_run refuses such a plan, as documented).
+    w = wrapper()
     ckv, kpe = tkv[..., : lay.dc], tkv[..., lay.dc:]
     t = qa.shape[0]
     out = torch.full((t, lay.h, lay.dc), float("nan"), dtype=torch.bfloat16, device=device)
@@ -395,7 +403,7 @@ def test_mla_wrapper_torch_576(device):
     assert rel(_np(o), want) < 5e-3  # the CPU backend: 7e-4
     np.testing.assert_allclose(_np(o), want, atol=1e-2, rtol=1e-2)
     np.testing.assert_allclose(_np(lse), want_lse, atol=2e-3, rtol=1e-4)
-    got = w.run_layer(tq, tuk, tuv, ckv, kpe)
+    got = wrapper(qk_nope_head_dim=lay.dn, v_head_dim=lay.dv).run_layer(tq, tuk, tuv, ckv, kpe)
     assert got.shape == (t, lay.h, lay.dv) and got.dtype == torch.bfloat16
     want_layer = lay.naive()[0]
     assert rel(_np(got), want_layer) < 1e-2  # the CPU backend: 1.7e-3 (ql rounded to bf16)
