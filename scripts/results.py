@@ -161,11 +161,11 @@ BENCH_RE = re.compile(r"bench_cuda: (\w+) (.*?): median ([0-9.]+) ms, ([0-9.]+) 
 # unsharded RATIO"; a GPU script may put a tag before every line (the text before "dcp:" / the
 # indent is the tag).
 # dev/final/run.sh's extra rows: a graph-replayed one-request decode per context (DCPG), the
-# serve-sim host plan share per run, the SDPA peer rows (bench/prefill_sdpa_peer.py short).
+# serve-sim host plan share per run, the SDPA and FlashInfer peer rows (bench/prefill_sdpa_peer.py short).
 DCPG_RE = re.compile(r'^(\S+) dcpg ctx (\d+) "ms": ([0-9.]+) "items": (\d+) "graph_ms_per_layer": ([0-9.]+)')
 SERVE_RE = re.compile(r"^(\S+) serve r(\d+) rc=0 Host plan share of step time \(%\): ([0-9.]+);"
                       r"Mean step time \(ms\): ([0-9.]+)")
-SDPA_RE = re.compile(r"^(\d+x\d+(?:\+\d+)?) (\S+ D\d+)\s+(sdpa-\w+)\s+([0-9.]+) ms\s+([0-9.]+) TFLOP/s"
+SDPA_RE = re.compile(r"^(\d+x\d+(?:\+\d+)?) (\S+ D\d+)\s+(sdpa-\w+|flashinfer)\s+([0-9.]+) ms\s+([0-9.]+) TFLOP/s"
                      r"\s+b2b\s+([0-9.]+) ms")
 MLA_RE = re.compile(r"^(\S+) mla (\S+) bench_cuda_mla: (.*?): median ([0-9.]+) ms, ([0-9.]+) TB/s latent, "
                     r"([0-9.]+) TFLOP/s.*?kernel (\S+), check (\w+)")
@@ -173,7 +173,7 @@ SPARSE1_RE = re.compile(r"^(\S+) sparse1 one (.*?) ([0-9.]+) ms ([0-9.]+) TFLOP/
 # A line of one of those kinds (whatever follows) that its pattern above does not take: a failed run
 # (serve-sim rc != 0, an empty sparse1 / dcpg / mla line), said on stderr so that no row goes missing
 # from the page unnoticed.
-FINAL_KIND_RE = re.compile(r"^\S+ (dcpg ctx|serve r\d|mla \S+ |sparse1 )|\bsdpa-\w+")
+FINAL_KIND_RE = re.compile(r"^\S+ (dcpg ctx|serve r\d|mla \S+ |sparse1 )|\bsdpa-\w+|^\S+ \S+ D\d+\s+flashinfer")
 DCP_EMU_HEAD = re.compile(r"^(.*?)dcp: N (\d+), I (\d+), R (\d+) x L (\d+), .*?, (cuda|cpu)")
 DCP_EMU_FULL = re.compile(r"^(.*?)\s+unsharded\s+([0-9.]+) ms")
 DCP_EMU_RANK = re.compile(r"^(.*?)\s+rank (\d+)\s+([0-9.]+) ms")
@@ -231,8 +231,10 @@ def final_rows(paths):
         out += [f"| {t} | {r} | {sh} | {st} |" for t, r, sh, st in serve]
         out.append("")
     if sdpa:
-        out += ["## PyTorch SDPA in the same run (bench/prefill_sdpa_peer.py short)", "",
-                "Contiguous q / k / v, bf16, causal; per call and back to back.", "",
+        out += ["## PyTorch SDPA and FlashInfer in the same run (bench/prefill_sdpa_peer.py short)", "",
+                "SDPA: contiguous q / k / v; FlashInfer (when the run had its prebuilt module): "
+                "BatchPrefillWithPagedKVCacheWrapper over a paged NHD cache, page 16. bf16, causal; "
+                "per call and back to back.", "",
                 "| shape | implementation | ms | TFLOP/s | back to back ms |", "|---|---|---|---|---|"]
         out += [f"| {sh} {hd} | {impl} | {ms} | {tf} | {b2b} |" for sh, hd, impl, ms, tf, b2b in sdpa]
         out.append("")

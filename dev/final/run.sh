@@ -5,6 +5,8 @@
 #        PEER=1 (SDPA short shapes), R2=1 (second round), DCP=1 (emulated DCP rows), DCPG=1 (graph-replayed
 #        one-request decodes at 128k / 64k / 32k), SERVE_R=4 (serve-sim rounds per tree),
 #        SPARSE1=1 (the sparse MLA decode row of issue 17), PY=1 (tests/python with the machine's torch after the CUDA tests).
+# A folder ./fi (fi-slim.tgz, fi-jit.tgz from bench/flashinfer_prebuild.sh, whl/apache_tvm_ffi-*-cpXY-*.whl) adds
+# FlashInfer's paged prefill rows to the peer call.
 # On a machine with several GPUs the CUDA tests are dealt round-robin to GPUs 1..N-1 and run there while
 # the benchmarks run on GPU 0 (serve-sim, whose host timings the tests' CPU load would disturb, waits for them).
 set -uo pipefail
@@ -80,7 +82,14 @@ done; T "bench r$r"; }
 bench_round 1
 for b in "" "--copy-bytes 33554432" "--copy-bytes 67108864" "--copy-bytes 134217728" "--copy-bytes 268435456" "--copy-bytes 536870912"; do bc new-r1 --mode copy $b; done
 if [ "${PEER:-1}" = 1 ]; then
-( cd new && timeout 90 python3 -u -c "import sys; sys.modules['flashinfer'] = None; sys.argv = ['p', 'short']; exec(open('bench/prefill_sdpa_peer.py').read())" ) >$out/sdpa_peer.log 2>&1; echo "sdpa peer rc=$?" >>"$LOG"
+if [ -d fi ]; then # FlashInfer's rows from the JIT module bench/flashinfer_prebuild.sh compiled on the dev VM
+  fs=/tmp/fi_site; fj=/tmp/fi_jit; mkdir -p $fs $fj; pyv=$(python3 -c 'import sys; print("%d%d" % sys.version_info[:2])')
+  pip install -q --no-deps --target $fs fi/whl/apache_tvm_ffi-*-cp$pyv-*.whl >$out/fi_pip.log 2>&1
+  tar -xzf fi/fi-slim.tgz -C $fs && tar -xzf fi/fi-jit.tgz -C $fj
+  ( cd new && PYTHONPATH=$fs KVA_FI_PREBUILT=$fj timeout 150 python3 -u bench/prefill_sdpa_peer.py short ) >$out/sdpa_peer.log 2>&1
+else
+( cd new && timeout 90 python3 -u -c "import sys; sys.modules['flashinfer'] = None; sys.argv = ['p', 'short']; exec(open('bench/prefill_sdpa_peer.py').read())" ) >$out/sdpa_peer.log 2>&1
+fi; echo "sdpa peer rc=$?" >>"$LOG"
 grep -iE 'cudnn|flash|matmul' $out/sdpa_peer.log | cut -c1-150 >>"$LOG"; T peer; fi
 [ "$NG" -ge 2 ] && { wait; T "tests and san"; }
 for r in $(seq 1 ${SERVE_R:-4}); do for t in base new; do
