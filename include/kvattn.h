@@ -282,13 +282,18 @@ typedef enum kva_layout {
  * float32 scale, e.g. powers of two), then the Dr values of k_pe as bf16,
  * unquantized. c_kv = code * s of its tile. Rows are contiguous, token after
  * token, B rows per block (layouts NHD and HND coincide). No static scales.
+ * Non-finite c_kv, tile by tile as FP8_TOKEN rows below: a NaN is left out
+ * of amax and stored as NaN; +-inf makes the tile's s infinite, and the
+ * whole tile reads back as NaN.
  *
  * FP8_TOKEN (the DeepSeek V3.2 indexer's key cache, as vLLM lays it out):
  * kind KVA_ATTN_INDEX; each block holds its B rows of D e4m3 codes, token
  * after token, then B float32 scales, one per token, s = max(amax / 448,
  * FLT_MIN) on write (any positive scale on read): D + 4 bytes per token.
  * A NaN element is left out of amax and stored as NaN (0x7f); an infinite
- * one makes s infinite (the row reads back as NaN and zeros).
+ * one makes s infinite, and then the whole row reads back as NaN (its own
+ * code is NaN, every other code is 0 and 0 * inf is NaN), so the indexer
+ * gives that key a NaN logit.
  */
 typedef enum kva_quant {
     KVA_QUANT_NONE = 0,             /* K/V stored in the cache dtype (f32, f16 or bf16) */

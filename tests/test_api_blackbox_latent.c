@@ -1,0 +1,177 @@
+/*
+ * test_api_blackbox_latent.c - black-box audit, round nine (session 40, task
+ * api45): promises of kvattn.h and kvattn_mla.h about the latent and
+ * index-key caches that no other test pins down, on the reference and CPU
+ * backends, against values computed here from the header's formulas:
+ *   - non-finite rows: an FP8_TOKEN key row holding +-inf gets an infinite
+ *     scale and reads back as NaN in every element (0 * inf); a NaN element
+ *     stays NaN alone, the scale from the finite rest; an FP8_DS_MLA tile
+ *     likewise, tile by tile, k_pe as stored; the indexer lists a key that
+ *     reads back NaN after every finite one (a NaN logit sorts last).
+ * Outputs are poisoned before every run.
+ */
+#include "blackbox_util.h"
+
+#include <float.h>
+
+/* The FP8_TOKEN scale of kvattn.h: max(amax / 448, FLT_MIN), NaN left out. */
+static float lt_scale(const float *x, int n)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax)
+            amax = fabsf(x[i]);
+    const float s = amax / 448.0f;
+    return s > FLT_MIN ? s : FLT_MIN;
+}
+
+/* Writes rows with +inf / NaN through FP8_TOKEN and FP8_DS_MLA caches and
+ * reads them back; then the indexer over a key that holds +inf. */
+static void test_nonfinite_rows(void)
+{
+    enum { D = 32, Dc = 256, Dr = 16, B = 4 };
+    for (int bi = 0; bi < 2; bi++) {
+        kva_context *ctx = new_ctx(kBk[bi], 2);
+        kva_rng rng = {4501};
+        /* FP8_TOKEN: row 0 finite, row 1 with +inf at 3, row 2 with NaN at 5. */
+        kva_cache_desc xd = {2, B, 1, D, 0, KVA_DTYPE_FP8_E4M3, KVA_LAYOUT_NHD,
+                             KVA_QUANT_FP8_TOKEN, KVA_ATTN_INDEX};
+        kva_cache *xc = NULL;
+        CHECK_OK(kva_cache_create(ctx, &xd, &xc));
+        float keys[3][D], back[3][D];
+        kva_test_fill(keys, KVA_DTYPE_F32, 3 * D, &rng, 1.0);
+        keys[1][3] = INFINITY;
+        keys[2][5] = NAN;
+        const int64_t slots[3] = {6, 1, 4};
+        CHECK_OK(kva_cache_write(ctx, xc, 3, keys, 0, NULL, 0, KVA_DTYPE_F32, slots));
+        kva_test_poison(back, KVA_DTYPE_F32, 3 * D);
+        CHECK_OK(kva_cache_read(ctx, xc, 3, slots, back, 0, NULL, 0, KVA_DTYPE_F32));
+        int inf_row_nan = 1, nan_row_ok = 1, finite_ok = 1;
+        const float s0 = lt_scale(keys[0], D), s2 = lt_scale(keys[2], D);
+        for (int i = 0; i < D; i++) {
+            inf_row_nan &= isnan(back[1][i]);
+            const float w0 = kva_fp8_e4m3_to_f32(kva_f32_to_fp8_e4m3(keys[0][i] / s0)) * s0;
+            finite_ok &= back[0][i] == w0;
+            if (i == 5)
+                nan_row_ok &= isnan(back[2][i]);
+            else
+                nan_row_ok &=
+                    back[2][i] == kva_fp8_e4m3_to_f32(kva_f32_to_fp8_e4m3(keys[2][i] / s2)) * s2;
+        }
+        CHECK_MSG(finite_ok, "%s: fp8_token finite row", kva_backend_name(kBk[bi]));
+        CHECK_MSG(inf_row_nan, "%s: fp8_token row with +inf: element 0 reads %g, not NaN",
+                  kva_backend_name(kBk[bi]), back[1][0]);
+        CHECK_MSG(nan_row_ok, "%s: fp8_token row with NaN", kva_backend_name(kBk[bi]));
+
+        /* FP8_DS_MLA, two tiles of 128: row 0's tile 0 holds +inf, row 1's
+         * tile 1 a NaN; k_pe comes back as its bf16 rounding. */
+        kva_cache_desc dd = {2, B, 1, Dc + Dr, Dc, KVA_DTYPE_FP8_E4M3, KVA_LAYOUT_NHD,
+                             KVA_QUANT_FP8_DS_MLA, KVA_ATTN_MLA};
+        kva_cache *dc = NULL;
+        CHECK_OK(kva_cache_create(ctx, &dd, &dc));
+        static float ckv[2][Dc], kpe[2][Dr], rc[2][Dc], rp[2][Dr];
+        kva_test_fill(ckv, KVA_DTYPE_F32, 2 * Dc, &rng, 1.0);
+        kva_test_fill(kpe, KVA_DTYPE_F32, 2 * Dr, &rng, 1.0);
+        ckv[0][17] = INFINITY;
+        ckv[1][200] = NAN;
+        const int64_t ds[2] = {5, 2};
+        CHECK_OK(kva_cache_write(ctx, dc, 2, ckv, 0, kpe, 0, KVA_DTYPE_F32, ds));
+        kva_test_poison(rc, KVA_DTYPE_F32, 2 * Dc);
+        kva_test_poison(rp, KVA_DTYPE_F32, 2 * Dr);
+        CHECK_OK(kva_cache_read(ctx, dc, 2, ds, rc, 0, rp, 0, KVA_DTYPE_F32));
+        int tile_nan = 1, other_ok = 1, pe_ok = 1;
+        for (int r = 0; r < 2; r++)
+            for (int t0 = 0; t0 < Dc; t0 += 128) {
+                const float s = lt_scale(&ckv[r][t0], 128);
+                for (int i = t0; i < t0 + 128; i++) {
+                    if (r == 0 && t0 == 0)
+                        tile_nan &= isnan(rc[r][i]);
+                    else if (r == 1 && i == 200)
+                        other_ok &= isnan(rc[r][i]) != 0;
+                    else
+                        other_ok &=
+                            rc[r][i] == kva_fp8_e4m3_to_f32(kva_f32_to_fp8_e4m3(ckv[r][i] / s)) * s;
+                }
+            }
+        for (int r = 0; r < 2; r++)
+            for (int i = 0; i < Dr; i++)
+                pe_ok &= rp[r][i] == kva_bf16_to_f32(kva_f32_to_bf16(kpe[r][i]));
+        CHECK_MSG(tile_nan, "%s: fp8_ds_mla tile with +inf", kva_backend_name(kBk[bi]));
+        CHECK_MSG(other_ok, "%s: fp8_ds_mla other tiles / NaN element", kva_backend_name(kBk[bi]));
+        CHECK_MSG(pe_ok, "%s: fp8_ds_mla k_pe", kva_backend_name(kBk[bi]));
+
+        /* The indexer over 7 keys (slots 0..6 of block table {0, 1}): key 1
+         * is the +inf row (NaN on read-back), the others finite. */
+        float all[8][D];
+        int64_t s8[8];
+        for (int j = 0; j < 8; j++)
+            s8[j] = j;
+        kva_test_fill(all, KVA_DTYPE_F32, 8 * D, &rng, 1.0);
+        all[1][3] = INFINITY;
+        CHECK_OK(kva_cache_write(ctx, xc, 8, all, 0, NULL, 0, KVA_DTYPE_F32, s8));
+        float rb[8][D];
+        CHECK_OK(kva_cache_read(ctx, xc, 8, s8, rb, 0, NULL, 0, KVA_DTYPE_F32));
+        enum { Hi = 2, K = 8, S = 7 };
+        const int32_t qsl[2] = {0, 1}, sl[1] = {S}, bt[2] = {0, 1};
+        kva_plan_desc pd = {.num_requests = 1,
+                            .query_start_loc = qsl,
+                            .seq_lens = sl,
+                            .block_table = bt,
+                            .block_table_stride = 2,
+                            .block_size = B,
+                            .num_heads = Hi,
+                            .num_kv_heads = 1,
+                            .head_dim = D,
+                            .q_dtype = KVA_DTYPE_F32,
+                            .causal = 1,
+                            .window_left = -1,
+                            .kind = KVA_ATTN_INDEX,
+                            .sparse_topk = K};
+        kva_plan *p = NULL;
+        CHECK_OK(kva_plan_create(ctx, &pd, &p));
+        float q[Hi * D], w[Hi] = {0.75f, 0.5f};
+        kva_test_fill(q, KVA_DTYPE_F32, Hi * D, &rng, 1.0);
+        int32_t ind[K], len = -7;
+        memset(ind, 0x5a, sizeof ind);
+        CHECK_OK(kva_indexer_run(ctx, p, q, w, xc, ind, 0, &len));
+        /* The header's order of the finite keys (by logit, descending). */
+        double L[S];
+        int32_t want[K];
+        int n = 0;
+        for (int j = 0; j < S; j++) {
+            L[j] = 0.0;
+            for (int h = 0; h < Hi; h++) {
+                double dot = 0.0;
+                for (int i = 0; i < D; i++)
+                    dot += (double)q[h * D + i] * rb[j][i];
+                L[j] += w[h] * (dot > 0.0 ? dot : 0.0);
+            }
+            if (j != 1)
+                want[n++] = j;
+        }
+        for (int a = 1; a < n; a++)
+            for (int b = a; b > 0 && L[want[b]] > L[want[b - 1]]; b--) {
+                const int32_t t = want[b];
+                want[b] = want[b - 1];
+                want[b - 1] = t;
+            }
+        want[n++] = 1; /* the NaN key last */
+        want[n++] = -1;
+        CHECK_MSG(len == S, "%s: topk_length %d", kva_backend_name(kBk[bi]), len);
+        CHECK_MSG(memcmp(ind, want, sizeof want) == 0,
+                  "%s: indexer row %d %d %d %d %d %d %d %d, want %d %d %d %d %d %d %d %d",
+                  kva_backend_name(kBk[bi]), ind[0], ind[1], ind[2], ind[3], ind[4], ind[5],
+                  ind[6], ind[7], want[0], want[1], want[2], want[3], want[4], want[5], want[6],
+                  want[7]);
+        kva_plan_destroy(p);
+        kva_cache_destroy(xc);
+        kva_cache_destroy(dc);
+        kva_context_destroy(ctx);
+    }
+}
+
+int main(void)
+{
+    RUN(test_nonfinite_rows);
+    return kva_test_finish();
+}
