@@ -57,8 +57,9 @@ class Cache:
     def mla(cls, ctx, num_blocks, block_size, kv_lora_rank=512, qk_rope_head_dim=64,
             dtype="bf16", quant="none", k_scale=None):
         """A latent (MLA) cache of rows [c_kv | k_pe]: [NB, B, Dc + Dr] with
-        Dc = kv_lora_rank, Dr = qk_rope_head_dim; quant "none" or "fp8_e4m3"
-        (one per-tensor k_scale)."""
+        Dc = kv_lora_rank, Dr = qk_rope_head_dim; quant "none", "fp8_e4m3"
+        (one per-tensor k_scale) or, with dtype="fp8_e4m3", "fp8_ds_mla"
+        (FlashMLA's packed rows, which sparse MLA plans read)."""
         return cls(ctx, num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim,
                    kv_lora_rank, dtype=dtype, quant=quant, k_scale=k_scale, kind="mla")
 
