@@ -844,6 +844,9 @@ KVA_API kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, con
  * are rows kv_start[r] .. kv_start[r] + seq_lens[r] of k and v, where kv_start
  * is the exclusive prefix sum of the plan's seq_lens.
  *   k: [sum(seq_lens), Hkv, D], v: [sum(seq_lens), Hkv, Dv] in q_dtype.
+ * A sharded (DCP) plan reads the rank's own keys only: request r's rows are
+ * its local_lens[r] keys (kva_dcp_local_lens) in position order, kv_start
+ * the prefix sum of those lengths; masks stay global (docs/dcp.md).
  * Masks and the other arguments are as in kva_attention_run. A plan that
  * runs as a cascade (kva_plan_desc.cascade) reads shared blocks of a paged
  * cache and is refused with KVA_STATUS_INVALID_ARGUMENT.
