@@ -733,10 +733,15 @@ typedef enum kva_cascade_mode {
 
 typedef struct kva_plan kva_plan;
 
+/* The step as kva_plan_create classified it. Requests with q_len 0 produce no
+ * rows and are ignored by every field but num_tokens: they count in neither
+ * num_decodes nor num_prefills (kva_batch_reorder_decode_first, by contrast,
+ * sorts them with the decodes), and leave state, decode_first, max_q_len and
+ * max_seq_len as the batch without them would have them. */
 typedef struct kva_plan_info {
     kva_attn_state state;
     int32_t num_tokens;  /* T */
-    int32_t num_decodes; /* requests with q_len <= decode_threshold */
+    int32_t num_decodes; /* requests with 1 <= q_len <= decode_threshold */
     int32_t num_decode_tokens;
     int32_t num_prefills; /* the other requests */
     int32_t num_prefill_tokens;
@@ -777,8 +782,9 @@ KVA_API kva_status kva_plan_get_info(const kva_plan *plan, kva_plan_info *out);
 /*
  * Decode-first reordering helper (vLLM reorders each batch so that decodes come
  * first). Given q_lens [R], writes a stable permutation perm [R] such that
- * requests perm[0..] are all decodes (q_len <= decode_threshold, 0 means 1),
- * then all prefills, each group in its original order. *num_decodes receives
+ * requests perm[0..] are all decodes (q_len <= decode_threshold, 0 means 1;
+ * q_len 0 included), then all prefills, each group in its original order.
+ * *num_decodes receives
  * the number of decodes (may be NULL). perm and num_decodes must not overlap
  * q_lens or each other (KVA_STATUS_INVALID_ARGUMENT, nothing written).
  */
