@@ -784,9 +784,9 @@ KVA_API kva_status kva_plan_get_info(const kva_plan *plan, kva_plan_info *out);
  * first). Given q_lens [R], writes a stable permutation perm [R] such that
  * requests perm[0..] are all decodes (q_len <= decode_threshold, 0 means 1;
  * q_len 0 included), then all prefills, each group in its original order.
- * *num_decodes receives
- * the number of decodes (may be NULL). perm and num_decodes must not overlap
- * q_lens or each other (KVA_STATUS_INVALID_ARGUMENT, nothing written).
+ * *num_decodes receives the number of decodes (may be NULL). perm and
+ * num_decodes must not overlap q_lens or each other
+ * (KVA_STATUS_INVALID_ARGUMENT, nothing written).
  */
 KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const int32_t *q_lens,
                                                   int32_t decode_threshold, int32_t *perm,
