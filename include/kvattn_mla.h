@@ -37,7 +37,9 @@ extern "C" {
  * (Dn + Dr), value v_h(j) (Dv) and score_j = scale * <q_h, k_h(j)>, the plan's
  * scale being the model's (DeepSeek: 1/sqrt(Dn + Dr), times its YaRN mscale^2).
  * lse is that softmax's natural-log sum-exp. Rows that see no key write 0 and
- * lse = -inf.
+ * lse = -inf; a NaN score (a NaN in q, a weight or a latent row the row
+ * sees) makes the row's out and lse NaN, on both paths and every backend,
+ * as in kva_attention_run.
  * Paths (the result is the same up to rounding): requests with q_len <=
  * decode_threshold take the absorbed path (q_nope . w_uk -> [Dc], attention
  * over the latent rows with D = Dc + Dr, Dv = Dc, then . w_uv -> [Dv]); the

@@ -7,10 +7,20 @@
  *     scale and reads back as NaN in every element (0 * inf); a NaN element
  *     stays NaN alone, the scale from the finite rest; an FP8_DS_MLA tile
  *     likewise, tile by tile, k_pe as stored; the indexer lists a key that
- *     reads back NaN after every finite one (a NaN logit sorts last).
+ *     reads back NaN after every finite one (a NaN logit sorts last);
+ *   - a NaN latent value (in c_kv or in k_pe) of a key a row sees makes that
+ *     row's out and lse NaN in kva_mla_run as in kva_attention_run (kvattn.h:
+ *     "a NaN score makes its row's out and lse NaN on every backend and for
+ *     any key split"; kva_mla_run is that attention per head), on both of
+ *     its paths (absorbed decodes, split-KV or not; compute-friendly
+ *     prefills), 16-bit and FP8 latent caches; rows without such a key stay
+ *     finite. The reference wrote 0 and lse -inf (an empty row), the CPU
+ *     backend NaN out with a finite or -inf lse, or (its bf16 decode path)
+ *     dropped the key silently.
  * Outputs are poisoned before every run.
  */
 #include "blackbox_util.h"
+#include "mla_util.h"
 
 #include <float.h>
 
@@ -170,8 +180,93 @@ static void test_nonfinite_rows(void)
     }
 }
 
+/* Rows of request r of a case: all NaN (out and lse) or all finite. */
+static void lt_expect_rows(const char *label, int32_t r, int want_nan, const int32_t *qsl, int32_t H,
+                           int32_t Dv, kva_dtype dt, const void *out, const float *lse)
+{
+    int nan_out = 0, nan_lse = 0, fin = 0;
+    const int64_t rows = (int64_t)(qsl[r + 1] - qsl[r]) * H;
+    for (int64_t i = 0; i < rows; i++) {
+        const int64_t row = (int64_t)qsl[r] * H + i;
+        nan_lse += isnan(lse[row]) != 0;
+        fin += isfinite(lse[row]) != 0;
+        for (int32_t e = 0; e < Dv; e++) {
+            const double x = kva_test_get(out, dt, (size_t)(row * Dv + e));
+            nan_out += isnan(x) != 0;
+            fin += isfinite(x) != 0;
+        }
+    }
+    if (want_nan)
+        CHECK_MSG(nan_out == rows * Dv && nan_lse == rows,
+                  "%s: request %d sees a NaN key: %d of %lld out and %d of %lld lse are NaN",
+                  label, (int)r, nan_out, (long long)(rows * Dv), nan_lse, (long long)rows);
+    else
+        CHECK_MSG(fin == rows * (Dv + 1), "%s: request %d: %lld values not finite", label, (int)r,
+                  (long long)(rows * (Dv + 1) - fin));
+}
+
+/* Requests: two decodes (the second long enough for the CPU's split-KV at
+ * three threads), a prefill and a clean decode; NaN in c_kv of key 3 of
+ * request 0 and 2, in k_pe of key 3 of request 1. */
+static void test_nan_latent(void)
+{
+    const int32_t ql[4] = {1, 1, 20, 1}, sl[4] = {300, 5000, 400, 77};
+    for (int bi = 0; bi < 2; bi++)
+        for (int fp8 = 0; fp8 < 2; fp8++)
+            for (int thr = 1; thr <= 3; thr += 2) {
+                kva_context *ctx = new_ctx(kBk[bi], thr);
+                mla_case c = mla_case_of(4, 64, 16, 32, 24, 16, KVA_DTYPE_BF16, 1, 1, 4, ql, sl,
+                                         4502 + (uint64_t)fp8);
+                c.fp8 = fp8;
+                mla_data m;
+                CHECK(mla_data_make(ctx, &c, &m));
+                for (int32_t r = 0; r < 3; r++) {
+                    float ckv[64], kpe[16];
+                    for (int i = 0; i < 64; i++)
+                        ckv[i] = 0.25f;
+                    for (int i = 0; i < 16; i++)
+                        kpe[i] = -0.25f;
+                    if (r == 1)
+                        kpe[5] = NAN;
+                    else
+                        ckv[9] = NAN;
+                    const int64_t slot = (int64_t)m.bt[(size_t)r * m.stride] * c.B + 3;
+                    CHECK_OK(kva_cache_write(ctx, m.cache, 1, ckv, 0, kpe, 0, KVA_DTYPE_F32, &slot));
+                }
+                kva_plan_desc pd = mla_plan_desc(&c, &m, 1);
+                kva_plan *p = NULL;
+                CHECK_OK(kva_plan_create(ctx, &pd, &p));
+                const size_t T = (size_t)m.T, H = (size_t)c.H;
+                uint16_t *ol = malloc(T * H * c.Dv * 2), *oa = malloc(T * H * c.Dc * 2);
+                float *ll = malloc(T * H * 4), *la = malloc(T * H * 4);
+                void *qa = malloc(T * H * (c.Dc + c.Dr) * 2);
+                kva_rng rng = {77};
+                kva_test_fill_uniform(qa, KVA_DTYPE_BF16, T * H * (c.Dc + c.Dr), &rng);
+                kva_test_poison(ol, KVA_DTYPE_BF16, T * H * c.Dv);
+                kva_test_poison(oa, KVA_DTYPE_BF16, T * H * c.Dc);
+                kva_test_poison(ll, KVA_DTYPE_F32, T * H);
+                kva_test_poison(la, KVA_DTYPE_F32, T * H);
+                CHECK_OK(kva_mla_run(ctx, p, m.q, m.w_uk, m.w_uv, m.cache, ol, ll));
+                CHECK_OK(kva_attention_run(ctx, p, qa, m.cache, NULL, oa, la));
+                char label[96];
+                for (int32_t r = 0; r < 4; r++) {
+                    snprintf(label, sizeof label, "%s fp8 %d threads %d kva_mla_run",
+                             kva_backend_name(kBk[bi]), fp8, thr);
+                    lt_expect_rows(label, r, r < 3, m.qsl, c.H, c.Dv, KVA_DTYPE_BF16, ol, ll);
+                    snprintf(label, sizeof label, "%s fp8 %d threads %d kva_attention_run",
+                             kva_backend_name(kBk[bi]), fp8, thr);
+                    lt_expect_rows(label, r, r < 3, m.qsl, c.H, c.Dc, KVA_DTYPE_BF16, oa, la);
+                }
+                kva_plan_destroy(p);
+                free(ol), free(oa), free(ll), free(la), free(qa);
+                mla_data_free(&m);
+                kva_context_destroy(ctx);
+            }
+}
+
 int main(void)
 {
     RUN(test_nonfinite_rows);
+    RUN(test_nan_latent);
     return kva_test_finish();
 }
