@@ -84,7 +84,9 @@ KVA_API kva_status kva_mla_run(kva_context *ctx, const kva_plan *plan, const voi
  * score_p = scale * <q, latent(p)>, out = sum softmax_p * c_kv(p), lse the
  * natural-log sum-exp including the sink. No other mask applies (causal,
  * window: the index list is the mask). A token with no listed entry writes
- * out 0 and lse -inf (the sink logit with a sink).
+ * out 0 and lse -inf (the sink logit with a sink). A NaN score (a NaN in q
+ * or in a listed latent row, an fp8_ds_mla NaN code included) makes the
+ * token's out and lse NaN, as in kva_attention_run.
  * Index values: an entry < -1 or >= the request's seq_len is an error.
  * The reference and CPU backends check every row first (indices and
  * topk_length are host memory there): KVA_STATUS_OUT_OF_RANGE naming the

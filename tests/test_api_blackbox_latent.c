@@ -16,11 +16,14 @@
  *     prefills), 16-bit and FP8 latent caches; rows without such a key stay
  *     finite. The reference wrote 0 and lse -inf (an empty row), the CPU
  *     backend NaN out with a finite or -inf lse, or (its bf16 decode path)
- *     dropped the key silently.
+ *     dropped the key silently;
+ *   - the same in kva_mla_sparse_run for a listed key (16-bit, FP8 and
+ *     fp8_ds_mla caches, whose NaN code the CPU backend read as 480 s; both
+ *     modes, decodes and a prefill), unlisted NaN keys change nothing.
  * Outputs are poisoned before every run.
  */
 #include "blackbox_util.h"
-#include "mla_util.h"
+#include "sparse_util.h"
 
 #include <float.h>
 
@@ -44,8 +47,8 @@ static void test_nonfinite_rows(void)
         kva_context *ctx = new_ctx(kBk[bi], 2);
         kva_rng rng = {4501};
         /* FP8_TOKEN: row 0 finite, row 1 with +inf at 3, row 2 with NaN at 5. */
-        kva_cache_desc xd = {2, B, 1, D, 0, KVA_DTYPE_FP8_E4M3, KVA_LAYOUT_NHD,
-                             KVA_QUANT_FP8_TOKEN, KVA_ATTN_INDEX};
+        kva_cache_desc xd = {
+            2, B, 1, D, 0, KVA_DTYPE_FP8_E4M3, KVA_LAYOUT_NHD, KVA_QUANT_FP8_TOKEN, KVA_ATTN_INDEX};
         kva_cache *xc = NULL;
         CHECK_OK(kva_cache_create(ctx, &xd, &xc));
         float keys[3][D], back[3][D];
@@ -75,8 +78,15 @@ static void test_nonfinite_rows(void)
 
         /* FP8_DS_MLA, two tiles of 128: row 0's tile 0 holds +inf, row 1's
          * tile 1 a NaN; k_pe comes back as its bf16 rounding. */
-        kva_cache_desc dd = {2, B, 1, Dc + Dr, Dc, KVA_DTYPE_FP8_E4M3, KVA_LAYOUT_NHD,
-                             KVA_QUANT_FP8_DS_MLA, KVA_ATTN_MLA};
+        kva_cache_desc dd = {2,
+                             B,
+                             1,
+                             Dc + Dr,
+                             Dc,
+                             KVA_DTYPE_FP8_E4M3,
+                             KVA_LAYOUT_NHD,
+                             KVA_QUANT_FP8_DS_MLA,
+                             KVA_ATTN_MLA};
         kva_cache *dc = NULL;
         CHECK_OK(kva_cache_create(ctx, &dd, &dc));
         static float ckv[2][Dc], kpe[2][Dr], rc[2][Dc], rp[2][Dr];
@@ -170,9 +180,8 @@ static void test_nonfinite_rows(void)
         CHECK_MSG(len == S, "%s: topk_length %d", kva_backend_name(kBk[bi]), len);
         CHECK_MSG(memcmp(ind, want, sizeof want) == 0,
                   "%s: indexer row %d %d %d %d %d %d %d %d, want %d %d %d %d %d %d %d %d",
-                  kva_backend_name(kBk[bi]), ind[0], ind[1], ind[2], ind[3], ind[4], ind[5],
-                  ind[6], ind[7], want[0], want[1], want[2], want[3], want[4], want[5], want[6],
-                  want[7]);
+                  kva_backend_name(kBk[bi]), ind[0], ind[1], ind[2], ind[3], ind[4], ind[5], ind[6],
+                  ind[7], want[0], want[1], want[2], want[3], want[4], want[5], want[6], want[7]);
         kva_plan_destroy(p);
         kva_cache_destroy(xc);
         kva_cache_destroy(dc);
@@ -181,8 +190,8 @@ static void test_nonfinite_rows(void)
 }
 
 /* Rows of request r of a case: all NaN (out and lse) or all finite. */
-static void lt_expect_rows(const char *label, int32_t r, int want_nan, const int32_t *qsl, int32_t H,
-                           int32_t Dv, kva_dtype dt, const void *out, const float *lse)
+static void lt_expect_rows(const char *label, int32_t r, int want_nan, const int32_t *qsl,
+                           int32_t H, int32_t Dv, kva_dtype dt, const void *out, const float *lse)
 {
     int nan_out = 0, nan_lse = 0, fin = 0;
     const int64_t rows = (int64_t)(qsl[r + 1] - qsl[r]) * H;
@@ -198,8 +207,8 @@ static void lt_expect_rows(const char *label, int32_t r, int want_nan, const int
     }
     if (want_nan)
         CHECK_MSG(nan_out == rows * Dv && nan_lse == rows,
-                  "%s: request %d sees a NaN key: %d of %lld out and %d of %lld lse are NaN",
-                  label, (int)r, nan_out, (long long)(rows * Dv), nan_lse, (long long)rows);
+                  "%s: request %d sees a NaN key: %d of %lld out and %d of %lld lse are NaN", label,
+                  (int)r, nan_out, (long long)(rows * Dv), nan_lse, (long long)rows);
     else
         CHECK_MSG(fin == rows * (Dv + 1), "%s: request %d: %lld values not finite", label, (int)r,
                   (long long)(rows * (Dv + 1) - fin));
@@ -231,7 +240,8 @@ static void test_nan_latent(void)
                     else
                         ckv[9] = NAN;
                     const int64_t slot = (int64_t)m.bt[(size_t)r * m.stride] * c.B + 3;
-                    CHECK_OK(kva_cache_write(ctx, m.cache, 1, ckv, 0, kpe, 0, KVA_DTYPE_F32, &slot));
+                    CHECK_OK(
+                        kva_cache_write(ctx, m.cache, 1, ckv, 0, kpe, 0, KVA_DTYPE_F32, &slot));
                 }
                 kva_plan_desc pd = mla_plan_desc(&c, &m, 1);
                 kva_plan *p = NULL;
@@ -264,9 +274,86 @@ static void test_nan_latent(void)
             }
 }
 
+/* Sparse MLA: request 0's key 3 holds NaN in c_kv, request 1's in k_pe;
+ * tokens of request 0 and 1 list key 3 except token 2 (of request 1), which
+ * lists only the clean keys 4 ..; request 2 is clean. */
+static void test_nan_sparse(void)
+{
+    for (int bi = 0; bi < 2; bi++)
+        for (int quant = 0; quant < 3; quant++)
+            for (int mode = 0; mode < 2; mode++) {
+                kva_context *ctx = new_ctx(kBk[bi], 3);
+                const kva_quant qs[3] = {KVA_QUANT_NONE, KVA_QUANT_FP8_E4M3, KVA_QUANT_FP8_DS_MLA};
+                sp_case c = {.H = 20,
+                             .Dc = 128,
+                             .Dr = 64,
+                             .B = 8,
+                             .K = 16,
+                             .dt = KVA_DTYPE_BF16,
+                             .quant = qs[quant],
+                             .mode = mode,
+                             .thr = 1,
+                             .R = 3,
+                             .q_len = {1, 5, 1},
+                             .seq_len = {100, 60, 30},
+                             .seed = 4503};
+                sp_data m;
+                if (!sp_data_make(ctx, &c, &m)) {
+                    CHECK_MSG(0, "setup: %s", kva_last_error());
+                    kva_context_destroy(ctx);
+                    continue;
+                }
+                for (int32_t r = 0; r < 2; r++) {
+                    float ckv[128], kpe[64];
+                    for (int i = 0; i < 128; i++)
+                        ckv[i] = 0.125f;
+                    for (int i = 0; i < 64; i++)
+                        kpe[i] = -0.125f;
+                    if (r == 1)
+                        kpe[2] = NAN;
+                    else
+                        ckv[2] = NAN;
+                    const int64_t slot = (int64_t)m.bt[(size_t)r * m.stride] * c.B + 3;
+                    CHECK_OK(
+                        kva_cache_write(ctx, m.cache, 1, ckv, 0, kpe, 0, KVA_DTYPE_F32, &slot));
+                }
+                for (int32_t t = 0; t < m.T; t++) {
+                    for (int32_t k = 0; k < c.K; k++)
+                        m.idx[(size_t)t * c.K + k] = t == 2 ? 4 + k : k;
+                    if (m.len)
+                        m.len[t] = c.K;
+                }
+                kva_plan_desc pd = sp_plan_desc(&c, &m);
+                kva_plan *p = NULL;
+                CHECK_OK(kva_plan_create(ctx, &pd, &p));
+                const size_t rows = (size_t)m.T * c.H;
+                uint16_t *out = malloc(rows * c.Dc * 2);
+                float *lse = malloc(rows * 4);
+                kva_test_poison(out, KVA_DTYPE_BF16, rows * c.Dc);
+                kva_test_poison(lse, KVA_DTYPE_F32, rows);
+                CHECK_OK(
+                    kva_mla_sparse_run(ctx, p, m.q, m.cache, m.idx, 0, m.len, m.sinks, out, lse));
+                for (int32_t t = 0; t < m.T; t++) {
+                    /* Tokens 0 (request 0) and 1, 3 .. 5 (request 1) list the NaN key. */
+                    const int want_nan = t != 2 && t < 6;
+                    const int32_t tq[2] = {t, t + 1};
+                    char label[96];
+                    snprintf(label, sizeof label, "%s %s %s sparse token %d",
+                             kva_backend_name(kBk[bi]), kva_quant_name(qs[quant]),
+                             mode ? "separate" : "mixed", (int)t);
+                    lt_expect_rows(label, 0, want_nan, tq, c.H, c.Dc, KVA_DTYPE_BF16, out, lse);
+                }
+                kva_plan_destroy(p);
+                free(out), free(lse);
+                sp_data_free(&m);
+                kva_context_destroy(ctx);
+            }
+}
+
 int main(void)
 {
     RUN(test_nonfinite_rows);
     RUN(test_nan_latent);
+    RUN(test_nan_sparse);
     return kva_test_finish();
 }

@@ -113,18 +113,17 @@ static void sh_case(kva_backend be, kva_dtype dt, const sh_mask *mk)
             }
             kva_test_poison(got, dt, on);
             kva_test_poison(got_lse, KVA_DTYPE_F32, (size_t)T * SH_H);
-            CHECK_OK(kva_merge_states_n(ctx, N, T, SH_H, SH_DV, dt, parts, 0, lses, 0, got,
-                                        got_lse));
+            CHECK_OK(
+                kva_merge_states_n(ctx, N, T, SH_H, SH_DV, dt, parts, 0, lses, 0, got, got_lse));
             char label[160];
             snprintf(label, sizeof label, "%s %s %s N=%d I=%d", kva_backend_name(be),
                      kva_dtype_name(dt), mk->name, (int)N, (int)I);
             /* Partials are rounded to dt once more than the unsharded run. */
             const double tol = dt == KVA_DTYPE_F32 ? 2e-5 : 2e-2;
-            CHECK_MSG(kva_test_compare(label, got, want, dt, on, tol, tol) == 0, "%s: out",
-                      label);
-            CHECK_MSG(kva_test_compare_f32(label, got_lse, want_lse, (size_t)T * SH_H, 1e-4,
-                                           1e-5) == 0,
-                      "%s: lse", label);
+            CHECK_MSG(kva_test_compare(label, got, want, dt, on, tol, tol) == 0, "%s: out", label);
+            CHECK_MSG(
+                kva_test_compare_f32(label, got_lse, want_lse, (size_t)T * SH_H, 1e-4, 1e-5) == 0,
+                "%s: lse", label);
         }
     free(q), free(k), free(v), free(lk), free(lv), free(want), free(got), free(parts);
     free(want_lse), free(got_lse), free(lses);
