@@ -214,64 +214,71 @@ static void lt_expect_rows(const char *label, int32_t r, int want_nan, const int
                   (long long)(rows * (Dv + 1) - fin));
 }
 
-/* Requests: two decodes (the second long enough for the CPU's split-KV at
- * three threads), a prefill and a clean decode; NaN in c_kv of key 3 of
- * request 0 and 2, in k_pe of key 3 of request 1. */
+/* Requests: two decodes, a prefill and a clean decode; NaN in c_kv of key 3
+ * of request 0 and 2, in k_pe of key 3 of request 1. Then one long decode
+ * alone (fewer items than threads: the CPU backend splits its keys), NaN in
+ * c_kv of key 3. */
 static void test_nan_latent(void)
 {
     const int32_t ql[4] = {1, 1, 20, 1}, sl[4] = {300, 5000, 400, 77};
+    const int32_t ql1[1] = {1}, sl1[1] = {6000};
     for (int bi = 0; bi < 2; bi++)
         for (int fp8 = 0; fp8 < 2; fp8++)
-            for (int thr = 1; thr <= 3; thr += 2) {
-                kva_context *ctx = new_ctx(kBk[bi], thr);
-                mla_case c = mla_case_of(4, 64, 16, 32, 24, 16, KVA_DTYPE_BF16, 1, 1, 4, ql, sl,
-                                         4502 + (uint64_t)fp8);
-                c.fp8 = fp8;
-                mla_data m;
-                CHECK(mla_data_make(ctx, &c, &m));
-                for (int32_t r = 0; r < 3; r++) {
-                    float ckv[64], kpe[16];
-                    for (int i = 0; i < 64; i++)
-                        ckv[i] = 0.25f;
-                    for (int i = 0; i < 16; i++)
-                        kpe[i] = -0.25f;
-                    if (r == 1)
-                        kpe[5] = NAN;
-                    else
-                        ckv[9] = NAN;
-                    const int64_t slot = (int64_t)m.bt[(size_t)r * m.stride] * c.B + 3;
-                    CHECK_OK(
-                        kva_cache_write(ctx, m.cache, 1, ckv, 0, kpe, 0, KVA_DTYPE_F32, &slot));
+            for (int thr = 1; thr <= 3; thr += 2)
+                for (int solo = 0; solo < 2; solo++) {
+                    kva_context *ctx = new_ctx(kBk[bi], thr);
+                    const int32_t R = solo ? 1 : 4, nan_reqs = solo ? 1 : 3;
+                    mla_case c =
+                        mla_case_of(4, 64, 16, 32, 24, 16, KVA_DTYPE_BF16, 1, 1, R, solo ? ql1 : ql,
+                                    solo ? sl1 : sl, 4502 + (uint64_t)fp8);
+                    c.fp8 = fp8;
+                    mla_data m;
+                    CHECK(mla_data_make(ctx, &c, &m));
+                    for (int32_t r = 0; r < nan_reqs; r++) {
+                        float ckv[64], kpe[16];
+                        for (int i = 0; i < 64; i++)
+                            ckv[i] = 0.25f;
+                        for (int i = 0; i < 16; i++)
+                            kpe[i] = -0.25f;
+                        if (r == 1)
+                            kpe[5] = NAN;
+                        else
+                            ckv[9] = NAN;
+                        const int64_t slot = (int64_t)m.bt[(size_t)r * m.stride] * c.B + 3;
+                        CHECK_OK(
+                            kva_cache_write(ctx, m.cache, 1, ckv, 0, kpe, 0, KVA_DTYPE_F32, &slot));
+                    }
+                    kva_plan_desc pd = mla_plan_desc(&c, &m, 1);
+                    kva_plan *p = NULL;
+                    CHECK_OK(kva_plan_create(ctx, &pd, &p));
+                    const size_t T = (size_t)m.T, H = (size_t)c.H;
+                    uint16_t *ol = malloc(T * H * c.Dv * 2), *oa = malloc(T * H * c.Dc * 2);
+                    float *ll = malloc(T * H * 4), *la = malloc(T * H * 4);
+                    void *qa = malloc(T * H * (c.Dc + c.Dr) * 2);
+                    kva_rng rng = {77};
+                    kva_test_fill_uniform(qa, KVA_DTYPE_BF16, T * H * (c.Dc + c.Dr), &rng);
+                    kva_test_poison(ol, KVA_DTYPE_BF16, T * H * c.Dv);
+                    kva_test_poison(oa, KVA_DTYPE_BF16, T * H * c.Dc);
+                    kva_test_poison(ll, KVA_DTYPE_F32, T * H);
+                    kva_test_poison(la, KVA_DTYPE_F32, T * H);
+                    CHECK_OK(kva_mla_run(ctx, p, m.q, m.w_uk, m.w_uv, m.cache, ol, ll));
+                    CHECK_OK(kva_attention_run(ctx, p, qa, m.cache, NULL, oa, la));
+                    char label[112];
+                    for (int32_t r = 0; r < R; r++) {
+                        snprintf(label, sizeof label, "%s fp8 %d threads %d%s kva_mla_run",
+                                 kva_backend_name(kBk[bi]), fp8, thr, solo ? " solo" : "");
+                        lt_expect_rows(label, r, r < nan_reqs, m.qsl, c.H, c.Dv, KVA_DTYPE_BF16, ol,
+                                       ll);
+                        snprintf(label, sizeof label, "%s fp8 %d threads %d%s kva_attention_run",
+                                 kva_backend_name(kBk[bi]), fp8, thr, solo ? " solo" : "");
+                        lt_expect_rows(label, r, r < nan_reqs, m.qsl, c.H, c.Dc, KVA_DTYPE_BF16, oa,
+                                       la);
+                    }
+                    kva_plan_destroy(p);
+                    free(ol), free(oa), free(ll), free(la), free(qa);
+                    mla_data_free(&m);
+                    kva_context_destroy(ctx);
                 }
-                kva_plan_desc pd = mla_plan_desc(&c, &m, 1);
-                kva_plan *p = NULL;
-                CHECK_OK(kva_plan_create(ctx, &pd, &p));
-                const size_t T = (size_t)m.T, H = (size_t)c.H;
-                uint16_t *ol = malloc(T * H * c.Dv * 2), *oa = malloc(T * H * c.Dc * 2);
-                float *ll = malloc(T * H * 4), *la = malloc(T * H * 4);
-                void *qa = malloc(T * H * (c.Dc + c.Dr) * 2);
-                kva_rng rng = {77};
-                kva_test_fill_uniform(qa, KVA_DTYPE_BF16, T * H * (c.Dc + c.Dr), &rng);
-                kva_test_poison(ol, KVA_DTYPE_BF16, T * H * c.Dv);
-                kva_test_poison(oa, KVA_DTYPE_BF16, T * H * c.Dc);
-                kva_test_poison(ll, KVA_DTYPE_F32, T * H);
-                kva_test_poison(la, KVA_DTYPE_F32, T * H);
-                CHECK_OK(kva_mla_run(ctx, p, m.q, m.w_uk, m.w_uv, m.cache, ol, ll));
-                CHECK_OK(kva_attention_run(ctx, p, qa, m.cache, NULL, oa, la));
-                char label[96];
-                for (int32_t r = 0; r < 4; r++) {
-                    snprintf(label, sizeof label, "%s fp8 %d threads %d kva_mla_run",
-                             kva_backend_name(kBk[bi]), fp8, thr);
-                    lt_expect_rows(label, r, r < 3, m.qsl, c.H, c.Dv, KVA_DTYPE_BF16, ol, ll);
-                    snprintf(label, sizeof label, "%s fp8 %d threads %d kva_attention_run",
-                             kva_backend_name(kBk[bi]), fp8, thr);
-                    lt_expect_rows(label, r, r < 3, m.qsl, c.H, c.Dc, KVA_DTYPE_BF16, oa, la);
-                }
-                kva_plan_destroy(p);
-                free(ol), free(oa), free(ll), free(la), free(qa);
-                mla_data_free(&m);
-                kva_context_destroy(ctx);
-            }
 }
 
 /* Sparse MLA: request 0's key 3 holds NaN in c_kv, request 1's in k_pe;
