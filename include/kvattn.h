@@ -444,7 +444,9 @@ KVA_API kva_status kva_cache_data(const kva_cache *cache, void **k_data, void **
  * without them. */
 KVA_API kva_status kva_cache_token_scales(const kva_cache *cache, float **scales);
 /* Bytes of K and of V storage for one block (all kv heads), quantized
- * elements only. */
+ * elements only (the INT8_TOKEN_K key scales are kva_cache_block_bytes_scales).
+ * The packed formats keep their scales inside the block and count them:
+ * FP8_DS_MLA B rows of Dc + 4 Dc / 128 + 2 Dr bytes, FP8_TOKEN B (D + 4). */
 KVA_API size_t kva_cache_block_bytes_k(const kva_cache *cache);
 KVA_API size_t kva_cache_block_bytes_v(const kva_cache *cache);
 /* Bytes of per-token scale storage for one block (B * Hkv float32 key scales

@@ -51,6 +51,8 @@ static void test_nonfinite_rows(void)
             2, B, 1, D, 0, KVA_DTYPE_FP8_E4M3, KVA_LAYOUT_NHD, KVA_QUANT_FP8_TOKEN, KVA_ATTN_INDEX};
         kva_cache *xc = NULL;
         CHECK_OK(kva_cache_create(ctx, &xd, &xc));
+        CHECK(kva_cache_block_bytes_k(xc) == (size_t)B * (D + 4) &&
+              kva_cache_block_bytes_v(xc) == 0 && kva_cache_block_bytes_scales(xc) == 0);
         float keys[3][D], back[3][D];
         kva_test_fill(keys, KVA_DTYPE_F32, 3 * D, &rng, 1.0);
         keys[1][3] = INFINITY;
@@ -89,6 +91,8 @@ static void test_nonfinite_rows(void)
                              KVA_ATTN_MLA};
         kva_cache *dc = NULL;
         CHECK_OK(kva_cache_create(ctx, &dd, &dc));
+        CHECK(kva_cache_block_bytes_k(dc) == (size_t)B * (Dc + 4 * Dc / 128 + 2 * Dr) &&
+              kva_cache_block_bytes_v(dc) == 0 && kva_cache_block_bytes_scales(dc) == 0);
         static float ckv[2][Dc], kpe[2][Dr], rc[2][Dc], rp[2][Dr];
         kva_test_fill(ckv, KVA_DTYPE_F32, 2 * Dc, &rng, 1.0);
         kva_test_fill(kpe, KVA_DTYPE_F32, 2 * Dr, &rng, 1.0);
