@@ -37,7 +37,7 @@ extern "C" {
  * (Dn + Dr), value v_h(j) (Dv) and score_j = scale * <q_h, k_h(j)>, the plan's
  * scale being the model's (DeepSeek: 1/sqrt(Dn + Dr), times its YaRN mscale^2).
  * lse is that softmax's natural-log sum-exp. Rows that see no key write 0 and
- * lse = -inf; a NaN score (a NaN in q, a weight or a latent row the row
+ * lse = -inf; a NaN score (a NaN in q, in w_uk or in a latent row the row
  * sees) makes the row's out and lse NaN on both paths, as in
  * kva_attention_run (reference and CPU backends; the CUDA backend's
  * kva_mla_run has no such test yet).

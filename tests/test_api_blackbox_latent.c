@@ -17,6 +17,10 @@
  *     finite. The reference wrote 0 and lse -inf (an empty row), the CPU
  *     backend NaN out with a finite or -inf lse, or (its bf16 decode path)
  *     dropped the key silently;
+ *   - a NaN in q or in w_uk: the rows whose scores it reaches are NaN, also
+ *     when the CPU splits a long decode's keys (whose merge skipped pieces
+ *     with max -inf and so wrote 0 and lse -inf for an all-NaN row);
+ *   - the block bytes of the packed formats (in-block scales counted);
  *   - the same in kva_mla_sparse_run for a listed key (16-bit, FP8 and
  *     fp8_ds_mla caches, whose NaN code the CPU backend read as 480 s; both
  *     modes, decodes and a prefill), unlisted NaN keys change nothing.
@@ -211,8 +215,8 @@ static void lt_expect_rows(const char *label, int32_t r, int want_nan, const int
     }
     if (want_nan)
         CHECK_MSG(nan_out == rows * Dv && nan_lse == rows,
-                  "%s: request %d sees a NaN key: %d of %lld out and %d of %lld lse are NaN", label,
-                  (int)r, nan_out, (long long)(rows * Dv), nan_lse, (long long)rows);
+                  "%s: request %d has a NaN score: %d of %lld out and %d of %lld lse are NaN",
+                  label, (int)r, nan_out, (long long)(rows * Dv), nan_lse, (long long)rows);
     else
         CHECK_MSG(fin == rows * (Dv + 1), "%s: request %d: %lld values not finite", label, (int)r,
                   (long long)(rows * (Dv + 1) - fin));
@@ -283,6 +287,64 @@ static void test_nan_latent(void)
                     mla_data_free(&m);
                     kva_context_destroy(ctx);
                 }
+}
+
+/* NaN in the query of token 0, head 0 and in w_uk of head 2 (every row of
+ * head 2 scores NaN): kva_mla_run's rows (0, 0) and (t, 2) are NaN, the
+ * others finite; the absorbed call with a NaN in q of token 0, head 0 alike.
+ * A long decode alone at three threads splits its keys on the CPU: every
+ * piece of a NaN row then has max -inf and l NaN (the merge wrote 0 and
+ * lse -inf); and a batch of decodes and a prefill. */
+static void test_nan_query(void)
+{
+    const int32_t ql1[1] = {1}, sl1[1] = {6000}, ql3[3] = {1, 20, 1}, sl3[3] = {300, 400, 77};
+    for (int bi = 0; bi < 2; bi++)
+        for (int fp8 = 0; fp8 < 2; fp8++)
+            for (int solo = 0; solo < 2; solo++) {
+                kva_context *ctx = new_ctx(kBk[bi], 3);
+                mla_case c = mla_case_of(4, 64, 16, 32, 24, 16, KVA_DTYPE_BF16, 1, 1, solo ? 1 : 3,
+                                         solo ? ql1 : ql3, solo ? sl1 : sl3, 4504 + (uint64_t)fp8);
+                c.fp8 = fp8;
+                mla_data m;
+                CHECK(mla_data_make(ctx, &c, &m));
+                ((uint16_t *)m.q)[3] = kva_f32_to_bf16(NAN);
+                ((uint16_t *)m.w_uk)[(size_t)2 * c.Dn * c.Dc + 5] = kva_f32_to_bf16(NAN);
+                kva_plan_desc pd = mla_plan_desc(&c, &m, 1);
+                kva_plan *p = NULL;
+                CHECK_OK(kva_plan_create(ctx, &pd, &p));
+                const size_t T = (size_t)m.T, H = (size_t)c.H;
+                uint16_t *ol = malloc(T * H * c.Dv * 2), *oa = malloc(T * H * c.Dc * 2);
+                float *ll = malloc(T * H * 4), *la = malloc(T * H * 4);
+                uint16_t *qa = malloc(T * H * (c.Dc + c.Dr) * 2);
+                kva_rng rng = {78};
+                kva_test_fill_uniform(qa, KVA_DTYPE_BF16, T * H * (c.Dc + c.Dr), &rng);
+                qa[7] = kva_f32_to_bf16(NAN);
+                kva_test_poison(ol, KVA_DTYPE_BF16, T * H * c.Dv);
+                kva_test_poison(oa, KVA_DTYPE_BF16, T * H * c.Dc);
+                kva_test_poison(ll, KVA_DTYPE_F32, T * H);
+                kva_test_poison(la, KVA_DTYPE_F32, T * H);
+                CHECK_OK(kva_mla_run(ctx, p, m.q, m.w_uk, m.w_uv, m.cache, ol, ll));
+                CHECK_OK(kva_attention_run(ctx, p, qa, m.cache, NULL, oa, la));
+                for (size_t t = 0; t < T; t++)
+                    for (size_t h = 0; h < H; h++) {
+                        const int32_t one[2] = {(int32_t)(t * H + h), (int32_t)(t * H + h + 1)};
+                        char label[112];
+                        snprintf(label, sizeof label, "%s fp8 %d%s kva_mla_run row (%zu, %zu)",
+                                 kva_backend_name(kBk[bi]), fp8, solo ? " solo" : "", t, h);
+                        /* lt_expect_rows over one "request" of one row and H = 1. */
+                        lt_expect_rows(label, 0, (t == 0 && h == 0) || h == 2, one, 1, c.Dv,
+                                       KVA_DTYPE_BF16, ol, ll);
+                        snprintf(label, sizeof label,
+                                 "%s fp8 %d%s kva_attention_run row (%zu, %zu)",
+                                 kva_backend_name(kBk[bi]), fp8, solo ? " solo" : "", t, h);
+                        lt_expect_rows(label, 0, t == 0 && h == 0, one, 1, c.Dc, KVA_DTYPE_BF16, oa,
+                                       la);
+                    }
+                kva_plan_destroy(p);
+                free(ol), free(oa), free(ll), free(la), free(qa);
+                mla_data_free(&m);
+                kva_context_destroy(ctx);
+            }
 }
 
 /* Sparse MLA: request 0's key 3 holds NaN in c_kv, request 1's in k_pe;
@@ -365,6 +427,7 @@ int main(void)
 {
     RUN(test_nonfinite_rows);
     RUN(test_nan_latent);
+    RUN(test_nan_query);
     RUN(test_nan_sparse);
     return kva_test_finish();
 }
