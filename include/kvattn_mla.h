@@ -127,7 +127,8 @@ KVA_API kva_status kva_mla_sparse_run(kva_context *ctx, const kva_plan *plan, co
  * (in float32: the index keys dequantized, products accumulated in fp32;
  * the reference in fp64). A plan with index_q_quant = KVA_QUANT_FP8_TOKEN
  * (kvattn.h) first quantizes each row q[t, h] to e4m3 codes and a scale s,
- * and scores with code * s in place of q (DeepSeek V3.2's FP8 indexer). Row t lists the min(K, pos + 1) keys of the
+ * and scores with code * s in place of q (DeepSeek V3.2's FP8 indexer).
+ * Row t lists the min(K, pos + 1) keys of the
  * largest logits, ordered by logit, descending, ties broken by the lower
  * position first, then -1 up to K; topk_length[t] = min(K, pos + 1). A
  * NaN logit sorts below every other (it is listed last, if at all); ReLU
