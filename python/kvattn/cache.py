@@ -273,8 +273,9 @@ class Cache:
                   5: np.uint8}[dt]
         buf._kva_cache = self._mem  # the view's base keeps the storage alive, even past close()
         a = np.frombuffer(buf, dtype=raw_dt)
-        if packed == "fp8_token":
-            return np.lib.stride_tricks.as_strided(a, (nb, b, h, d), (block, d, d, 1))
+        if packed == "fp8_token":  # Hkv = 1: NHD and HND differ in the axis order only
+            shape = (nb, b, h, d) if self.layout == "NHD" else (nb, h, b, d)
+            return np.lib.stride_tricks.as_strided(a, shape, (block, d, d, 1))
         return a.reshape((nb, b, h, d) if self.layout == "NHD" else (nb, h, b, d))
 
     def k_array(self):
