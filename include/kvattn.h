@@ -282,13 +282,18 @@ typedef enum kva_layout {
  * float32 scale, e.g. powers of two), then the Dr values of k_pe as bf16,
  * unquantized. c_kv = code * s of its tile. Rows are contiguous, token after
  * token, B rows per block (layouts NHD and HND coincide). No static scales.
+ * Non-finite c_kv, tile by tile as FP8_TOKEN rows below: a NaN is left out
+ * of amax and stored as NaN; +-inf makes the tile's s infinite, and the
+ * whole tile reads back as NaN.
  *
  * FP8_TOKEN (the DeepSeek V3.2 indexer's key cache, as vLLM lays it out):
  * kind KVA_ATTN_INDEX; each block holds its B rows of D e4m3 codes, token
  * after token, then B float32 scales, one per token, s = max(amax / 448,
  * FLT_MIN) on write (any positive scale on read): D + 4 bytes per token.
  * A NaN element is left out of amax and stored as NaN (0x7f); an infinite
- * one makes s infinite (the row reads back as NaN and zeros).
+ * one makes s infinite, and then the whole row reads back as NaN (its own
+ * code is NaN, every other code is 0 and 0 * inf is NaN), so the indexer
+ * gives that key a NaN logit.
  */
 typedef enum kva_quant {
     KVA_QUANT_NONE = 0,             /* K/V stored in the cache dtype (f32, f16 or bf16) */
@@ -439,7 +444,9 @@ KVA_API kva_status kva_cache_data(const kva_cache *cache, void **k_data, void **
  * without them. */
 KVA_API kva_status kva_cache_token_scales(const kva_cache *cache, float **scales);
 /* Bytes of K and of V storage for one block (all kv heads), quantized
- * elements only. */
+ * elements only (the INT8_TOKEN_K key scales are kva_cache_block_bytes_scales).
+ * The packed formats keep their scales inside the block and count them:
+ * FP8_DS_MLA B rows of Dc + 4 Dc / 128 + 2 Dr bytes, FP8_TOKEN B (D + 4). */
 KVA_API size_t kva_cache_block_bytes_k(const kva_cache *cache);
 KVA_API size_t kva_cache_block_bytes_v(const kva_cache *cache);
 /* Bytes of per-token scale storage for one block (B * Hkv float32 key scales
@@ -728,10 +735,15 @@ typedef enum kva_cascade_mode {
 
 typedef struct kva_plan kva_plan;
 
+/* The step as kva_plan_create classified it. Requests with q_len 0 produce no
+ * rows and are ignored by every field but num_tokens: they count in neither
+ * num_decodes nor num_prefills (kva_batch_reorder_decode_first, by contrast,
+ * sorts them with the decodes), and leave state, decode_first, max_q_len and
+ * max_seq_len as the batch without them would have them. */
 typedef struct kva_plan_info {
     kva_attn_state state;
     int32_t num_tokens;  /* T */
-    int32_t num_decodes; /* requests with q_len <= decode_threshold */
+    int32_t num_decodes; /* requests with 1 <= q_len <= decode_threshold */
     int32_t num_decode_tokens;
     int32_t num_prefills; /* the other requests */
     int32_t num_prefill_tokens;
@@ -772,10 +784,11 @@ KVA_API kva_status kva_plan_get_info(const kva_plan *plan, kva_plan_info *out);
 /*
  * Decode-first reordering helper (vLLM reorders each batch so that decodes come
  * first). Given q_lens [R], writes a stable permutation perm [R] such that
- * requests perm[0..] are all decodes (q_len <= decode_threshold, 0 means 1),
- * then all prefills, each group in its original order. *num_decodes receives
- * the number of decodes (may be NULL). perm and num_decodes must not overlap
- * q_lens or each other (KVA_STATUS_INVALID_ARGUMENT, nothing written).
+ * requests perm[0..] are all decodes (q_len <= decode_threshold, 0 means 1;
+ * q_len 0 included), then all prefills, each group in its original order.
+ * *num_decodes receives the number of decodes (may be NULL). perm and
+ * num_decodes must not overlap q_lens or each other
+ * (KVA_STATUS_INVALID_ARGUMENT, nothing written).
  */
 KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const int32_t *q_lens,
                                                   int32_t decode_threshold, int32_t *perm,
@@ -839,6 +852,9 @@ KVA_API kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, con
  * are rows kv_start[r] .. kv_start[r] + seq_lens[r] of k and v, where kv_start
  * is the exclusive prefix sum of the plan's seq_lens.
  *   k: [sum(seq_lens), Hkv, D], v: [sum(seq_lens), Hkv, Dv] in q_dtype.
+ * A sharded (DCP) plan reads the rank's own keys only: request r's rows are
+ * its local_lens[r] keys (kva_dcp_local_lens) in position order, kv_start
+ * the prefix sum of those lengths; masks stay global (docs/dcp.md).
  * Masks and the other arguments are as in kva_attention_run. A plan that
  * runs as a cascade (kva_plan_desc.cascade) reads shared blocks of a paged
  * cache and is refused with KVA_STATUS_INVALID_ARGUMENT.

@@ -37,7 +37,10 @@ extern "C" {
  * (Dn + Dr), value v_h(j) (Dv) and score_j = scale * <q_h, k_h(j)>, the plan's
  * scale being the model's (DeepSeek: 1/sqrt(Dn + Dr), times its YaRN mscale^2).
  * lse is that softmax's natural-log sum-exp. Rows that see no key write 0 and
- * lse = -inf.
+ * lse = -inf; a NaN score (a NaN in q, in w_uk or in a latent row the row
+ * sees) makes the row's out and lse NaN on both paths, as in
+ * kva_attention_run (reference and CPU backends; the CUDA backend's
+ * kva_mla_run has no such test yet).
  * Paths (the result is the same up to rounding): requests with q_len <=
  * decode_threshold take the absorbed path (q_nope . w_uk -> [Dc], attention
  * over the latent rows with D = Dc + Dr, Dv = Dc, then . w_uv -> [Dv]); the
@@ -82,7 +85,10 @@ KVA_API kva_status kva_mla_run(kva_context *ctx, const kva_plan *plan, const voi
  * score_p = scale * <q, latent(p)>, out = sum softmax_p * c_kv(p), lse the
  * natural-log sum-exp including the sink. No other mask applies (causal,
  * window: the index list is the mask). A token with no listed entry writes
- * out 0 and lse -inf (the sink logit with a sink).
+ * out 0 and lse -inf (the sink logit with a sink). A NaN score (a NaN in q
+ * or in a listed latent row, an fp8_ds_mla NaN code included) makes the
+ * token's out and lse NaN, as in kva_attention_run (reference and CPU
+ * backends; the CUDA kernels have no such test yet).
  * Index values: an entry < -1 or >= the request's seq_len is an error.
  * The reference and CPU backends check every row first (indices and
  * topk_length are host memory there): KVA_STATUS_OUT_OF_RANGE naming the
@@ -121,7 +127,8 @@ KVA_API kva_status kva_mla_sparse_run(kva_context *ctx, const kva_plan *plan, co
  * (in float32: the index keys dequantized, products accumulated in fp32;
  * the reference in fp64). A plan with index_q_quant = KVA_QUANT_FP8_TOKEN
  * (kvattn.h) first quantizes each row q[t, h] to e4m3 codes and a scale s,
- * and scores with code * s in place of q (DeepSeek V3.2's FP8 indexer). Row t lists the min(K, pos + 1) keys of the
+ * and scores with code * s in place of q (DeepSeek V3.2's FP8 indexer).
+ * Row t lists the min(K, pos + 1) keys of the
  * largest logits, ordered by logit, descending, ties broken by the lower
  * position first, then -1 up to K; topk_length[t] = min(K, pos + 1). A
  * NaN logit sorts below every other (it is listed last, if at all); ReLU

@@ -7,8 +7,10 @@
  * (kva_merge_states_n), before the caller applies W_UV. For N in {2, 3, 4}
  * and I in {1, B}, bf16 and fp8 latent caches, a causal mixed batch (decodes,
  * a spec decode, prefill chunks, requests shorter than N * I) and a
- * non-causal one, the combine must equal the unsharded absorbed run. A
- * layer-level (kva_mla_run) sharded plan is refused at plan time.
+ * non-causal one, with and without per-head sinks (given to every rank's
+ * run: kvattn.h adds them on rank 0 only, so they count once), the combine
+ * must equal the unsharded absorbed run. A layer-level (kva_mla_run)
+ * sharded plan is refused at plan time.
  */
 #include "mla_util.h"
 
@@ -77,7 +79,7 @@ static size_t compare(const char *label, kva_dtype dt, const void *got, const vo
     return bad;
 }
 
-static void run_case(kva_backend be, const mla_case *c)
+static void run_case(kva_backend be, const mla_case *c, int use_sinks)
 {
     kva_context_desc cdesc = {be, 2, 0};
     kva_context *ctx = NULL;
@@ -92,11 +94,18 @@ static void run_case(kva_backend be, const mla_case *c)
     kva_rng rng = {c->seed + 7};
     void *q = malloc((size_t)m.T * c->H * (c->Dc + c->Dr) * es);
     kva_test_fill_uniform(q, c->dt, (size_t)m.T * c->H * (c->Dc + c->Dr), &rng);
+    /* Sink logits of the order of the rows' own (unit scores). */
+    float *sinks = NULL;
+    if (use_sinks) {
+        sinks = malloc(sizeof(float) * c->H);
+        for (int32_t h = 0; h < c->H; h++)
+            sinks[h] = (float)(1.5 * kva_rng_unit(&rng) - 0.25);
+    }
     kva_plan_desc pd = mla_plan_desc(c, &m, 0);
     kva_plan *plan = NULL;
     CHECK_OK(kva_plan_create(ctx, &pd, &plan));
     kva_test_poison(want, c->dt, on);
-    CHECK_OK(kva_attention_run(ctx, plan, q, m.cache, NULL, want, want_lse));
+    CHECK_OK(kva_attention_run(ctx, plan, q, m.cache, sinks, want, want_lse));
     kva_plan_destroy(plan);
     for (int32_t N = 2; N <= 4; N++)
         for (int32_t I = 1; I <= c->B; I += c->B - 1) {
@@ -112,7 +121,7 @@ static void run_case(kva_backend be, const mla_case *c)
                 CHECK_OK(kva_plan_create(ctx, &sd, &plan));
                 void *part = (char *)parts + (size_t)rank * on * es;
                 kva_test_poison(part, c->dt, on);
-                CHECK_OK(kva_attention_run(ctx, plan, q, sc, NULL, part,
+                CHECK_OK(kva_attention_run(ctx, plan, q, sc, sinks, part,
                                            lses + (size_t)rank * m.T * c->H));
                 kva_plan_destroy(plan);
                 kva_cache_destroy(sc);
@@ -122,13 +131,14 @@ static void run_case(kva_backend be, const mla_case *c)
             CHECK_OK(
                 kva_merge_states_n(ctx, N, m.T, c->H, c->Dc, c->dt, parts, 0, lses, 0, got, NULL));
             char label[128];
-            snprintf(label, sizeof label, "%s %s%s %s N=%d I=%d", kva_backend_name(be),
+            snprintf(label, sizeof label, "%s %s%s %s%s N=%d I=%d", kva_backend_name(be),
                      kva_dtype_name(c->dt), c->fp8 ? " fp8 cache" : "",
-                     c->causal ? "causal" : "non-causal", (int)N, (int)I);
+                     c->causal ? "causal" : "non-causal", use_sinks ? " sinks" : "", (int)N,
+                     (int)I);
             const size_t bad = compare(label, c->dt, got, want, parts, N, on);
             CHECK_MSG(bad == 0, "%s: %zu elements differ", label, bad);
         }
-    free(q), free(want), free(got), free(parts), free(want_lse), free(lses);
+    free(q), free(want), free(got), free(parts), free(want_lse), free(lses), free(sinks);
     mla_data_free(&m);
     kva_context_destroy(ctx);
 }
@@ -143,7 +153,8 @@ static void test_sharded_absorbed(void)
                 mla_case c = mla_case_of(8, 64, 16, 32, 24, 16, KVA_DTYPE_BF16, causal, 3, 6, ql,
                                          sl, 41 + (uint64_t)fp8);
                 c.fp8 = fp8;
-                run_case(be ? KVA_BACKEND_CPU : KVA_BACKEND_REF, &c);
+                for (int sinks = 0; sinks < 2; sinks++)
+                    run_case(be ? KVA_BACKEND_CPU : KVA_BACKEND_REF, &c, sinks);
             }
 }
 

@@ -57,8 +57,9 @@ class Cache:
     def mla(cls, ctx, num_blocks, block_size, kv_lora_rank=512, qk_rope_head_dim=64,
             dtype="bf16", quant="none", k_scale=None):
         """A latent (MLA) cache of rows [c_kv | k_pe]: [NB, B, Dc + Dr] with
-        Dc = kv_lora_rank, Dr = qk_rope_head_dim; quant "none" or "fp8_e4m3"
-        (one per-tensor k_scale)."""
+        Dc = kv_lora_rank, Dr = qk_rope_head_dim; quant "none", "fp8_e4m3"
+        (one per-tensor k_scale) or, with dtype="fp8_e4m3", "fp8_ds_mla"
+        (FlashMLA's packed rows, which sparse MLA plans read)."""
         return cls(ctx, num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim,
                    kv_lora_rank, dtype=dtype, quant=quant, k_scale=k_scale, kind="mla")
 
@@ -255,17 +256,33 @@ class Cache:
         if self.quant in ("int8_token_k", "int8_token_k_v16") and which == "k":
             dt = L.DTYPES["i8"]
         nb, b, h = self.num_blocks, self.block_size, self.num_kv_heads
-        shape = (nb, b, h, d) if self.layout == "NHD" else (nb, h, b, d)
+        # The packed formats (kvattn.h): an fp8_ds_mla row is Dc codes, Dc / 128
+        # float32 tile scales and Dr bf16 k_pe, token after token, so the view
+        # is [NB, B, 1, row bytes]; an FP8_TOKEN block is its B rows of D codes
+        # then B float32 scales, so the view is the codes at a block stride of
+        # B * (D + 4) bytes. kva_cache_block_bytes_k is the whole block.
+        packed = self.quant if which == "k" else None
+        block = L.kva_cache_block_bytes_k(self._h)
+        if packed == "fp8_ds_mla":
+            d = block // b
         nbytes = nb * b * h * d * L.DTYPE_SIZES[dt]
+        if packed == "fp8_token":
+            nbytes = nb * block
         buf = (ctypes.c_uint8 * nbytes).from_address(kp.value if which == "k" else vp.value)
         raw_dt = {0: np.float32, 1: np.float16, 2: np.uint16, 3: np.int8, 4: np.uint8,
                   5: np.uint8}[dt]
         buf._kva_cache = self._mem  # the view's base keeps the storage alive, even past close()
-        return np.frombuffer(buf, dtype=raw_dt).reshape(shape)
+        a = np.frombuffer(buf, dtype=raw_dt)
+        if packed == "fp8_token":  # Hkv = 1: NHD and HND differ in the axis order only
+            shape = (nb, b, h, d) if self.layout == "NHD" else (nb, h, b, d)
+            return np.lib.stride_tricks.as_strided(a, shape, (block, d, d, 1))
+        return a.reshape((nb, b, h, d) if self.layout == "NHD" else (nb, h, b, d))
 
     def k_array(self):
         """Host caches: a numpy view of the K storage ([NB, B, Hkv, D] for NHD,
-        [NB, Hkv, B, D] for HND; bf16 as uint16, fp8 as uint8 codes). The
+        [NB, Hkv, B, D] for HND; bf16 as uint16, fp8 as uint8 codes;
+        fp8_ds_mla: the packed rows [NB, B, 1, row bytes]; FP8_TOKEN: the
+        codes [NB, B, 1, D], each block's scales outside the view). The
         view keeps the storage alive (close() frees it when the last view goes)."""
         return np.asarray(self._host_view("k"))
 

@@ -165,14 +165,15 @@ kva_status kva_attention_run(kva_context *ctx, const kva_plan *plan, const void 
     KVA_TRY(check_aligned_tensors(plan, q, NULL, NULL, sinks, out, lse));
     KVA_TRY(check_run_aliasing(__func__, plan, q, plan->d.head_dim, cache, sinks, NULL, 0, out,
                                plan->d.head_dim_v, lse));
+    /* A sharded plan's partials are combined: the sink joins on rank 0 only
+     * (MHA and MLA plans alike). */
+    if (plan->d.dcp_rank != 0)
+        sinks = NULL;
     /* MLA plans were refused at plan time by a backend without MLA kernels. */
     if (plan->d.kind == KVA_ATTN_MLA)
         return ctx->ops->mla_attention_paged(ctx, plan, q, cache, sinks, out, lse);
     if (!ctx->ops || !ctx->ops->attention_paged)
         return not_implemented(__func__, "attention_paged", ctx);
-    /* A sharded plan's partials are combined: the sink joins on rank 0 only. */
-    if (plan->d.dcp_rank != 0)
-        sinks = NULL;
     if (plan->cascade)
         return kva__cascade_run(ctx, plan, q, cache, sinks, out, lse);
     return ctx->ops->attention_paged(ctx, plan, q, cache, sinks, out, lse);

@@ -331,3 +331,56 @@ def test_run_indexer_bad_input():
     with pytest.raises(kvattn.ShapeMismatchError):
         plan.run_indexer(q, w, mla, indices=ind)
     assert np.all(ind == 0x5A5A5A5A)
+
+
+# ---- host views of the fp8_ds_mla and FP8_TOKEN storage ----------------------
+
+def e4m3_decode(codes):
+    """float64 values of e4m3 codes (uint8; no NaN among them here)."""
+    return E4M3[codes & 0x7F] * np.where(codes & 0x80, -1.0, 1.0)
+
+
+def test_k_array_views_of_packed_formats():
+    """k_array() is a view of the storage (docs/python.md): an fp8_ds_mla row
+    is Dc codes, Dc / 128 float32 tile scales and Dr bf16 k_pe (kvattn.h:
+    656 bytes for DeepSeek), token after token: the view is [NB, B, 1, row
+    bytes] and v_array() its first Dc columns (the codes of c_kv). An
+    FP8_TOKEN block holds its B rows of D codes, then its B float32 scales:
+    k_array() is the codes [NB, B, 1, D] at a block stride of B (D + 4)
+    bytes. Both views showed D-byte rows at the wrong offsets."""
+    rng = np.random.default_rng(45)
+    ctx = kvattn.Context("cpu", num_threads=1)
+    nb, bs, dc, dr = 3, 4, 256, 64
+    cache = kvattn.Cache.mla(ctx, nb, bs, dc, dr, dtype="fp8_e4m3", quant="fp8_ds_mla")
+    slots = np.array([0, 5, 11, 6], np.int64)
+    ckv = rng.uniform(-3, 3, (4, dc)).astype(np.float32)
+    kpe = rng.uniform(-3, 3, (4, dr)).astype(np.float32)
+    cache.write(ckv, kpe, slots)
+    nt = dc // 128
+    row = dc + 4 * nt + 2 * dr
+    ka = cache.k_array()
+    assert ka.dtype == np.uint8 and ka.shape == (nb, bs, 1, row)
+    for i, s in enumerate(slots):
+        r = ka[s // bs, s % bs, 0]
+        tiles = ckv[i].reshape(nt, 128)
+        scale = np.maximum(np.abs(tiles).max(axis=1) / np.float32(448), FLT_MIN)
+        assert np.array_equal(r[dc: dc + 4 * nt].copy().view(np.float32), scale), i
+        want = e4m3_round((tiles / scale[:, None]).astype(np.float32)).reshape(-1)
+        assert np.array_equal(e4m3_decode(r[:dc]), want), i
+        pe = r[dc + 4 * nt:].copy().view(np.uint16).astype(np.uint32) << 16
+        assert np.array_equal(pe.view(np.float32), bf16_round(kpe[i]).astype(np.float32)), i
+    va = cache.v_array()
+    assert va.shape == (nb, bs, 1, dc) and np.shares_memory(va, ka)
+    assert np.array_equal(va, ka[..., :dc])
+
+    d = 32
+    icache = kvattn.Cache.index(ctx, nb, bs, head_dim=d, fp8=True)
+    keys = rng.uniform(-2, 2, (4, d)).astype(np.float32)
+    icache.write(keys, None, slots)
+    ia = icache.k_array()
+    assert ia.dtype == np.uint8 and ia.shape == (nb, bs, 1, d)
+    assert ia.strides[0] == bs * (d + 4)
+    for i, s in enumerate(slots):
+        scale = np.maximum(np.abs(keys[i]).max() / np.float32(448), FLT_MIN)
+        want = e4m3_round((keys[i] / scale).astype(np.float32))
+        assert np.array_equal(e4m3_decode(ia[s // bs, s % bs, 0]), want), i

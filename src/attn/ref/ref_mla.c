@@ -111,11 +111,15 @@ kva_status kva__ref_mla_run(kva_context *ctx, const kva_plan *plan, const void *
                             acc[e] += p * vh[j * Dv + e];
                     }
                 }
+                /* A NaN score made m and denom NaN: the row is NaN (out
+                 * and lse), as kva_attention_run's; denom 0 is a row
+                 * without keys. */
+                const int weigh = denom > 0.0 || isnan(denom);
                 for (int64_t e = 0; e < Dv; e++)
                     kva__store_f(out, dt, (size_t)(row * Dv + e),
-                                 denom > 0.0 ? (float)(acc[e] / denom) : 0.0f);
+                                 weigh ? (float)(acc[e] / denom) : 0.0f);
                 if (lse)
-                    lse[row] = denom > 0.0 ? (float)(m + log(denom)) : -INFINITY;
+                    lse[row] = weigh ? (float)(m + log(denom)) : -INFINITY;
             }
         }
     }
