@@ -49,7 +49,7 @@ extern "C" {
  * nkt) to record the time of event ev of CTA tile ti (nkt key tiles) from
  * one thread per warpgroup (producer 0-2: header built, first free stage,
  * tile issued; consumer 3-9: tile start, Q in, first K/V in, first S done,
- * last P V done, epilogue done, next Q issued (before the epilogue)). The library leaves it empty
+ * last P V done, epilogue done, next header issued (before the epilogue)). The library leaves it empty
  * (its arguments are not evaluated), so its code does not change. */
 #ifndef KVA_WG_TRACE
 #define KVA_WG_TRACE(ev, ti, nkt) ((void)0)
@@ -407,15 +407,23 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                     nxt = wg_rec_of<SPLIT, M>(a, tn);
             }
             gi += (uint32_t)ntiles;
-            /* The next CTA tile's Q rows of this warpgroup are loaded under the
-             * epilogue (S of this tile is done with them). */
-            if (nxt.r >= 0) {
+            /* The next CTA tile's header loads go out before the epilogue (its
+             * arithmetic runs under their latency; wg_dims::HDR_EARLY); its Q
+             * rows of this warpgroup are loaded once the epilogue has read O
+             * back from this warpgroup's Q rows (wg_epilogue stages O there:
+             * S of this tile is done with them), before O's global stores. */
+            if (dims::HDR_EARLY && nxt.r >= 0)
                 wg_tile_init<M>(tl, a, nxt, gd);
-                wg_load_q<128, DK, M>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
-                kva__cp_async_commit();
-            }
             KVA_WG_TRACE(9, ti, ntiles);
-            wg_epilogue<Ty, DV>(a, c, o, m_run, l_run);
+            wg_epilogue<Ty, DV, M>(a, c, o, m_run, l_run, sQ, cw * 64 + wq * 16, [&]() {
+                if (nxt.r >= 0) {
+                    kva__named_bar(true, 3 + cw, 128); /* the warpgroup's O is read back */
+                    if (!dims::HDR_EARLY)
+                        wg_tile_init<M>(tl, a, nxt, gd);
+                    wg_load_q<128, DK, M>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
+                    kva__cp_async_commit();
+                }
+            });
             KVA_WG_TRACE(8, ti, ntiles);
             if (nxt.r < 0)
                 break;
