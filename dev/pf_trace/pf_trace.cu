@@ -7,8 +7,7 @@
  * warpgroup records %globaltimer and clock64 at the phase boundaries of every CTA tile
  * (producer: 0 header built, 1 first free stage, 2 tile's copies issued; consumer: 3 tile
  * start, 4 Q in, 5 first K/V tile in, 6 first S done, 7 last P V done, 8 epilogue done, 9 next
- * Q issued, before the epilogue; since pf40 the next header's loads issued, before the epilogue,
- * whose read-back of O is followed by the next Q load) into
+ * Q issued, before the epilogue) into
  * a slot fixed by (tile, warpgroup, event), so recording takes no atomics. Runs it on a
  * synthetic causal batch (R prompts of Q tokens after C cached ones, H 32 / Hkv 8, D 128, bf16,
  * paged NHD B 16 with shuffled blocks, tiles in the plan's L2-section order), after the

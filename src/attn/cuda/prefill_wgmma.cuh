@@ -1,9 +1,8 @@
 /*
  * prefill_wgmma.cuh - device helpers of the sm_90a wgmma prefill kernels
  * (prefill_wgmma.cu): tile header and paged K/V gather, the swizzled
- * shared-memory layout, the S = Q K^T and O += P V wgmma sequences and the
- * online softmax (the epilogue, which stages O through shared memory, is in
- * prefill_wgmma_kernel.cuh; mbarriers, named barriers and TMA boxes: the
+ * shared-memory layout, the S = Q K^T and O += P V wgmma sequences, the online
+ * softmax and the epilogue (mbarriers, named barriers and TMA boxes: the
  * wrappers of async_ptx.cuh). Included by
  * prefill_wgmma.cu only (after prefill_mma.h, mma_ptx.cuh, wgmma_ptx.cuh);
  * everything that issues sm_90a instructions is compiled only where
@@ -82,11 +81,6 @@ template <int DK, int DV, int NCW = 2, int BN = 128> struct wg_dims {
      * iteration it). There P V goes out with the next S, as in the cp.async
      * form, and releases its stage at the start of the iteration. */
     static constexpr bool TMA_INTRA = DV <= 128;
-    /* Whether the consumers build the next CTA tile's header before the
-     * epilogue (its loads' latency under the epilogue's arithmetic) or only
-     * when its Q rows are loaded: at Dv 256 the header's registers beside O's
-     * 128 accumulators spill (ptxas). */
-    static constexpr bool HDR_EARLY = DV <= 128;
 };
 
 /* Stage and phase of the gk-th K/V tile of a CTA's ring: n = NST stages, or
@@ -491,6 +485,74 @@ static __device__ __forceinline__ void wg_rescale_o(float (&o)[NO], const float 
         o[4 * nb + 1] *= alpha[0];
         o[4 * nb + 2] *= alpha[1];
         o[4 * nb + 3] *= alpha[1];
+    }
+}
+
+/* Sink, normalization, out and lse of the thread's rows (as prefill_mma; the
+ * output rows come from c, no tile header is read). A row's 8-column blocks
+ * are spread over its quad (lane t4 holds columns 2 t4, 2 t4 + 1 of each);
+ * where out is 16-byte aligned, two shuffle rounds transpose each group of
+ * four blocks across the quad, so lane t4 holds block 4 g + t4 whole and
+ * writes it with one 16-byte store: a quarter of the store instructions, each
+ * writing 64 contiguous bytes of a row instead of 16 (the epilogue's stores
+ * were the largest fixed cost of a short CTA tile; docs/cuda-prefill.md).
+ * Otherwise (out only 4-byte aligned) every lane stores its 4-byte pairs. */
+template <typename Ty, int DV>
+static __device__ __forceinline__ void wg_epilogue(const kva__cuda_prefill_args &a, const wg_ctx &c,
+                                                   const float (&o)[DV / 2],
+                                                   const float (&m_run)[2], const float (&l_run)[2])
+{
+    typedef typename Ty::elem elem;
+    elem *out = (elem *)a.out;
+    const bool v16 = ((uintptr_t)a.out & 15u) == 0; /* launch-uniform */
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float l = l_run[hf];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        float inv, lse;
+        kva__pf_row_norm(l, m_run[hf], a.sinks, c.head[hf], inv, lse);
+        const size_t orow = (size_t)(c.tok[hf] < 0 ? 0 : c.tok[hf]) * a.num_heads + c.head[hf];
+        elem *dst = out + orow * DV;
+        if (v16) {
+            /* Every lane shuffles (the quad shares the row, tok < 0 or not). */
+#pragma unroll
+            for (int g = 0; g < DV / 32; g++) {
+                uint32_t x[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    x[j] = Ty::pack(o[4 * (4 * g + j) + 2 * hf] * inv,
+                                    o[4 * (4 * g + j) + 2 * hf + 1] * inv);
+                /* x[j] of lane t: columns 2 t, 2 t + 1 of block 4 g + j. Round
+                 * 1 swaps x[1] of even lanes with x[0] of odd ones (and x[3]
+                 * with x[2]), round 2 x[2..3] of lanes t4 < 2 with x[0..1] of
+                 * lanes t4 >= 2: then x[j] of lane t is columns 2 j, 2 j + 1
+                 * of block 4 g + t. */
+                const bool odd = (c.t4 & 1) != 0, hi = (c.t4 & 2) != 0;
+#pragma unroll
+                for (int p = 0; p < 4; p += 2) {
+                    const uint32_t r = __shfl_xor_sync(0xffffffffu, odd ? x[p] : x[p + 1], 1);
+                    x[p] = odd ? r : x[p];
+                    x[p + 1] = odd ? x[p + 1] : r;
+                }
+#pragma unroll
+                for (int p = 0; p < 2; p++) {
+                    const uint32_t r = __shfl_xor_sync(0xffffffffu, hi ? x[p] : x[p + 2], 2);
+                    x[p] = hi ? r : x[p];
+                    x[p + 2] = hi ? x[p + 2] : r;
+                }
+                if (c.tok[hf] >= 0)
+                    *(uint4 *)(dst + (4 * g + c.t4) * 8) = make_uint4(x[0], x[1], x[2], x[3]);
+            }
+        } else if (c.tok[hf] >= 0) {
+#pragma unroll
+            for (int nb = 0; nb < DV / 8; nb++) {
+                const uint32_t v = Ty::pack(o[4 * nb + 2 * hf] * inv, o[4 * nb + 2 * hf + 1] * inv);
+                *(uint32_t *)(dst + nb * 8 + 2 * c.t4) = v;
+            }
+        }
+        if (a.lse && c.t4 == 0 && c.tok[hf] >= 0)
+            a.lse[orow] = lse;
     }
 }
 

@@ -7,12 +7,12 @@
  * packed (token, group head) rows of one (request, kv head); paged NHD/HND
  * cache, any B; causal, window, soft-cap, ALiBi, sinks, LSE), f16/bf16, with
  * the head sizes (DK, DV) as template traits (prefill_wgmma.cuh, wg_dims).
- * The body (with its epilogue) is written once here and instantiated per
- * head-size pair in prefill_wgmma_d{64,128,192,256}.cu (so the build compiles
- * them in parallel); prefill_wgmma.cu is the host side (device check, tensor
- * maps, dispatch). Structure (FlashAttention-3 style; docs/cuda-prefill.md,
- * "The sm_90a wgmma kernel"): a producer warpgroup fills a ring of K/V stages
- * guarded by full / empty mbarriers (cp.async gather, or TMA boxes for tiles inside the visible
+ * The body is written once here and instantiated per head-size pair in
+ * prefill_wgmma_d{64,128,192,256}.cu (so the build compiles them in parallel);
+ * prefill_wgmma.cu is the host side (device check, tensor maps, dispatch).
+ * Structure (FlashAttention-3 style; docs/cuda-prefill.md, "The sm_90a wgmma
+ * kernel"): a producer warpgroup fills a ring of K/V stages guarded by full /
+ * empty mbarriers (cp.async gather, or TMA boxes for tiles inside the visible
  * range); two consumer warpgroups own rows 0..63 and 64..127, ping-pong their
  * GEMMs through named barriers and keep P in registers as the A operand of
  * O += P V; the grid is persistent over the heaviest-first tile list (in
@@ -49,9 +49,8 @@ extern "C" {
  * nkt) to record the time of event ev of CTA tile ti (nkt key tiles) from
  * one thread per warpgroup (producer 0-2: header built, first free stage,
  * tile issued; consumer 3-9: tile start, Q in, first K/V in, first S done,
- * last P V done, epilogue done, next header issued (before the epilogue)).
- * The library leaves it empty (its arguments are not evaluated), so its code
- * does not change. */
+ * last P V done, epilogue done, next Q issued (before the epilogue)). The library leaves it empty
+ * (its arguments are not evaluated), so its code does not change. */
 #ifndef KVA_WG_TRACE
 #define KVA_WG_TRACE(ev, ti, nkt) ((void)0)
 #endif
@@ -66,122 +65,6 @@ kva_status kva__wg_launch_d128(const kva__cuda_prefill_args *a, cudaStream_t st,
 kva_status kva__wg_launch_d128n(const kva__cuda_prefill_args *a, cudaStream_t st, int tma);
 kva_status kva__wg_launch_d192(const kva__cuda_prefill_args *a, cudaStream_t st, int tma);
 kva_status kva__wg_launch_d256(const kva__cuda_prefill_args *a, cudaStream_t st, int tma);
-
-#ifdef KVA_WGMMA_BODY
-/* Four 8x8 b16 matrices to shared memory (stmatrix, sm_90): r[i] is lane
- * (g, t4)'s pair (row g, columns 2 t4, 2 t4 + 1) of matrix i, whose rows go to
- * the addresses of lanes 8 i .. 8 i + 7. */
-static __device__ __forceinline__ void wg_stsm_x4(uint32_t addr, const uint32_t (&r)[4])
-{
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr),
-                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
-                 : "memory");
-}
-
-/*
- * Sink, normalization, out and lse of the thread's rows (as prefill_mma; the
- * output rows come from c, no tile header is read). Where out is 16-byte
- * aligned, O goes through shared memory: the warp's 16 rows of the CTA
- * tile's own Q operand (sq, rows wrow .. wrow + 15 of the swizzled [M, DK]
- * layout; DV <= DK columns, free once the tile's last S is done), written as
- * bf16 / f16 by stmatrix (one 16-byte row chunk per lane and matrix, no bank
- * conflict under the swizzle), read back by whole rows (lane l: chunk
- * l % (DV / 8) of rows l / (DV / 8) + (32 / (DV / 8)) j) and stored with
- * 16-byte stores of which one instruction covers whole rows (DV 128: two
- * rows of 256 bytes) instead of the quads' 64-byte pieces of eight rows.
- * q_next() runs once the warp has read its rows back: the kernel's next Q
- * load, which may overwrite the buffer only after every warp of its
- * warpgroup has read its rows (q_next syncs the warpgroup first), runs
- * before the global stores, so it is not queued behind them. Otherwise (out
- * only 4-byte aligned) every lane stores its 4-byte pairs from registers,
- * then q_next() runs. docs/cuda-prefill.md, "The epilogue".
- */
-template <typename Ty, int DV, int M, typename QNext>
-static __device__ __forceinline__ void
-wg_epilogue(const kva__cuda_prefill_args &a, const wg_ctx &c, const float (&o)[DV / 2],
-            const float (&m_run)[2], const float (&l_run)[2], uint32_t sq, int wrow, QNext &&q_next)
-{
-    static_assert(DV == 64 || DV == 128 || DV == 256, "whole rows per warp instruction");
-    typedef typename Ty::elem elem;
-    elem *out = (elem *)a.out;
-    const bool v16 = ((uintptr_t)a.out & 15u) == 0; /* launch-uniform */
-    float inv[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        float l = l_run[hf];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        float lse;
-        kva__pf_row_norm(l, m_run[hf], a.sinks, c.head[hf], inv[hf], lse);
-        if (a.lse && c.t4 == 0 && c.tok[hf] >= 0)
-            a.lse[(size_t)c.tok[hf] * a.num_heads + c.head[hf]] = lse;
-    }
-    if (!v16) {
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            if (c.tok[hf] < 0)
-                continue;
-            elem *dst = out + ((size_t)c.tok[hf] * a.num_heads + c.head[hf]) * DV;
-#pragma unroll
-            for (int nb = 0; nb < DV / 8; nb++)
-                *(uint32_t *)(dst + nb * 8 + 2 * c.t4) =
-                    Ty::pack(o[4 * nb + 2 * hf] * inv[hf], o[4 * nb + 2 * hf + 1] * inv[hf]);
-        }
-        q_next();
-        return;
-    }
-    const int lane = threadIdx.x & 31;
-    /* Matrices (nb, hf 0), (nb, 1), (nb + 1, 0), (nb + 1, 1): lane l gives row
-     * 8 ((l >> 3) & 1) + l % 8 of chunk nb + (l >> 4). */
-    const int srow = wrow + ((lane >> 3) & 1) * 8 + (lane & 7), sch = lane >> 4;
-#pragma unroll
-    for (int nb = 0; nb < DV / 8; nb += 2) {
-        uint32_t x[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int b = nb + (i >> 1), hf = i & 1;
-            x[i] = Ty::pack(o[4 * b + 2 * hf] * inv[hf], o[4 * b + 2 * hf + 1] * inv[hf]);
-        }
-        wg_stsm_x4(sq + wg_swz(srow, nb + sch, M), x);
-    }
-    __syncwarp();
-    constexpr int CPR = DV / 8, RPW = 32 / CPR, NJ = 16 / RPW; /* RPW divides 8 */
-    const int ch = lane % CPR, r0 = lane / CPR;
-    uint32_t v[NJ][4];
-    int tok[NJ], head[NJ];
-    /* Row r0 + RPW j of the warp: its chunk from shared memory, and its output
-     * row from the lanes that hold it, 4 ((r0 + RPW j) % 8) + t4 (row half hf
-     * (RPW j) / 8, as r0 < RPW). */
-    auto load = [&](int j) {
-        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(v[j][0]), "=r"(v[j][1]), "=r"(v[j][2]), "=r"(v[j][3])
-                     : "r"(sq + wg_swz(wrow + r0 + RPW * j, ch, M))
-                     : "memory");
-        const int hf = (RPW * j) >> 3, src = 4 * ((r0 + RPW * j) & 7);
-        tok[j] = __shfl_sync(0xffffffffu, hf ? c.tok[1] : c.tok[0], src);
-        head[j] = __shfl_sync(0xffffffffu, hf ? c.head[1] : c.head[0], src);
-    };
-    auto store =
-        [&](int j) { /* predicated: no branch around it */
-                     const elem *dst =
-                         out + ((size_t)(tok[j] < 0 ? 0 : tok[j]) * a.num_heads + head[j]) * DV +
-                         ch * 8;
-                     asm volatile("{\n .reg .pred p;\n setp.ge.s32 p, %5, 0;\n"
-                                  " @p st.global.v4.b32 [%0], {%1,%2,%3,%4};\n}\n" ::"l"(dst),
-                                  "r"(v[j][0]), "r"(v[j][1]), "r"(v[j][2]), "r"(v[j][3]),
-                                  "r"(tok[j])
-                                  : "memory");
-        };
-#pragma unroll
-    for (int j = 0; j < NJ; j++)
-        load(j);
-    q_next();
-#pragma unroll
-    for (int j = 0; j < NJ; j++)
-        store(j);
-}
-
-#endif
 
 /*
  * The kernel (header comment above; TMA, snake order and tile shapes:
@@ -524,23 +407,15 @@ __global__ void __launch_bounds__((NCW + 1) * 128, 3 - NCW)
                     nxt = wg_rec_of<SPLIT, M>(a, tn);
             }
             gi += (uint32_t)ntiles;
-            /* The next CTA tile's header loads go out before the epilogue (its
-             * arithmetic runs under their latency; wg_dims::HDR_EARLY); its Q
-             * rows of this warpgroup are loaded once the epilogue has read O
-             * back from this warpgroup's Q rows (wg_epilogue stages O there:
-             * S of this tile is done with them), before O's global stores. */
-            if (dims::HDR_EARLY && nxt.r >= 0)
+            /* The next CTA tile's Q rows of this warpgroup are loaded under the
+             * epilogue (S of this tile is done with them). */
+            if (nxt.r >= 0) {
                 wg_tile_init<M>(tl, a, nxt, gd);
+                wg_load_q<128, DK, M>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
+                kva__cp_async_commit();
+            }
             KVA_WG_TRACE(9, ti, ntiles);
-            wg_epilogue<Ty, DV, M>(a, c, o, m_run, l_run, sQ, cw * 64 + wq * 16, [&]() {
-                if (nxt.r >= 0) {
-                    kva__named_bar(true, 3 + cw, 128); /* the warpgroup's O is read back */
-                    if (!dims::HDR_EARLY)
-                        wg_tile_init<M>(tl, a, nxt, gd);
-                    wg_load_q<128, DK, M>(a, tl, sQ, cw * 64, 64, ct & 127, gd);
-                    kva__cp_async_commit();
-                }
-            });
+            wg_epilogue<Ty, DV>(a, c, o, m_run, l_run);
             KVA_WG_TRACE(8, ti, ntiles);
             if (nxt.r < 0)
                 break;
