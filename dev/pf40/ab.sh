@@ -4,7 +4,8 @@
 # 16-byte stores of whole rows; the next Q load after the read-back), two or three trees in one
 # device call, rerunnable by the lead on any GPU. Call 1 (2026-11-28): BASE = main, B = NEW with
 # wg_dims::HDR_EARLY false at every head size (the next tile's header built after the read-back,
-# not before the epilogue), NEW = pf40.
+# not before the epilogue), NEW = branch pf40-staged (the measured kernel; branch pf40's kernel is
+# main's again, since the staged epilogue lost: bench/results/h200_2026-11-28_pf40.txt).
 # The trees must differ only in the wgmma prefill (src/attn/cuda/prefill_wgmma*): NEW is built
 # whole; BASE's and B's prefill_wgmma objects are compiled from their own sources with NEW's
 # compile lines and replace NEW's in a copy of the archive, so the call builds the library once
