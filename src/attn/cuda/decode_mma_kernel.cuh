@@ -208,21 +208,27 @@ static __device__ __forceinline__ int dm_count_acq_rel(int *p)
     return old;
 }
 
-/* The last-CTA merge of a split task (kva__merge_split_cta) from a copy in
- * shared memory: the CTA copies the task's nsplit partial blocks (contiguous
- * in the workspace: nsplit x nrows x (D + 1) floats from base) into smem
- * (bytes of free shared memory) with cp.async, every copy in flight at once,
- * and merges from there: one round trip to L2 instead of one per CH parts.
- * Returns false, having done nothing, where they do not fit or base is not
- * 16-byte aligned (the caller then merges from L2). */
+/* The last-CTA merge of a split task from a copy in shared memory: the CTA
+ * copies the task's nsplit partial blocks (contiguous in the workspace:
+ * nsplit x nrows x (D + 1) floats from base) into smem (bytes of free shared
+ * memory) with cp.async, every copy in flight at once; while they land, the
+ * warps compute the merge's weights once per row and part from the parts'
+ * lses in L2 (kva__merge_weights, into smem after the copy), and then every
+ * thread sums weight times value over the parts of its channels from the
+ * copy (kva__merge_split_cta_w): one round trip to L2, and no exponential or
+ * rescale per part in the per-channel loop. Returns false, having done
+ * nothing, where the copy and the weights do not fit or base is not 16-byte
+ * aligned (the caller then merges from L2). */
 template <typename T>
 static __device__ __forceinline__ bool
 dm_merge_smem(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_t qs,
               const float *sinks, T *out, float *lse, int32_t H, int32_t G, int32_t D,
               unsigned char *smem, int32_t bytes)
 {
-    const int64_t n = (int64_t)nsplit * w.nq * w.nh * (D + 1); /* floats */
-    if (n * (int64_t)sizeof(float) > bytes || ((uintptr_t)base & 15) != 0)
+    const int32_t nrows = w.nq * w.nh;
+    const int64_t n = (int64_t)nsplit * nrows * (D + 1); /* floats */
+    const int64_t nw = (int64_t)nsplit * nrows + 2 * nrows; /* weights, 1 / L and lse per row */
+    if ((n + nw) * (int64_t)sizeof(float) > bytes || ((uintptr_t)base & 15) != 0)
         return false;
     const uint32_t s0 = kva__smem_u32(smem);
     for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x)
@@ -230,9 +236,11 @@ dm_merge_smem(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_
     for (int64_t i = n / 4 * 4 + threadIdx.x; i < n; i += blockDim.x)
         kva__cp_async4(s0 + 4 * (uint32_t)i, base + i, 4);
     kva__cp_async_commit();
+    float *wt = (float *)smem + n, *fin = wt + (int64_t)nsplit * nrows;
+    kva__merge_weights(base, (int64_t)nrows * (D + 1), nrows, D, nsplit, w, G, sinks, wt, fin);
     kva__cp_async_wait<0>();
-    __syncthreads(); /* every thread's copies landed */
-    kva__merge_split_cta<T, true>((const float *)smem, nsplit, w, qs, sinks, out, lse, H, G, D);
+    __syncthreads(); /* every thread's copies landed, the weights written */
+    kva__merge_split_cta_w<T>((const float *)smem, wt, fin, nsplit, w, qs, out, lse, H, G, D);
     return true;
 }
 
