@@ -3,21 +3,24 @@
 # GPU, one call: BASE and NEW are source trees (e.g. `git archive` of main and of the branch) in one folder.
 #   build   NEW first (libkvattn, bench_cuda, the kvattn CLI, the decode tests), its binaries kept; then
 #           BASE's differing files copied over the same build tree and only bench_cuda + kvattn rebuilt
-#           (NEW's tests run on the GPU meanwhile; no file may be added to or removed from src/)
-#   test    NEW, quick sets, in parallel: test_cuda_attn's decode cases, test_cuda_quant_attn,
-#           test_cuda_dcp, test_cuda_graph, test_cuda_plan_update; memcheck of test_split_kv and
-#           test_many_items (test_cuda_attn, quick)
+#           (no file may be added to or removed from src/)
+#   test    (after the bench, so nothing shares the GPU or the cores with it) NEW, quick sets, in
+#           parallel: test_cuda_attn's decode cases, test_cuda_quant_attn, test_cuda_dcp, test_cuda_graph,
+#           test_cuda_plan_update (its quick set takes 60-130 s: DEC_TEST_TIMEOUT, default 170); memcheck
+#           of test_split_kv and test_many_items (test_cuda_attn, quick)
 #   bench   rounds (DEC_ROUNDS, default 2) of base, new alternated: bf16 H 32 / Hkv 8 / D 128 / B 16 decodes
 #           16 x 1k, 16 x 4k, 64 x 4k, 1 x 128k, 1 x 32k (the 4-way shard of 1 x 128k: its bytes),
 #           int8 (C8, INT8_CHANNEL) and fp8 64 x 4k, then `kvattn bench --dcp 4|2 --backend cuda` at
 #           1 x 131072; device copies of each row's bytes (read + write = the KV bytes) before and after
 #   ncu     NEW's decode kernel at 16 x 4k and 1 x 32k (--clock-control none): duration against the
 #           event-timed call, grid, waves, occupancy, DRAM throughput, PmSampling (over time) if present
-# DEC_STEPS (default "build test bench ncu"); OUT: log folder (summary.txt is written as it goes, at most 8
+# DEC_STEPS (default "build bench test ncu"); OUT: log folder (summary.txt is written as it goes, at most 8
 # files come back); DEC_NCU_MAX (default 150): the ncu step is skipped past this many seconds.
+# Wall time on an H200 (2026-11-28): build 84 s (new 49, base 35), a bench round (base + new) ~30 s, the tests up
+# to ~130 s (test_cuda_plan_update); DEC_STEPS="build bench" takes ~150 s.
 set -uo pipefail
 out=${OUT:-dec_out}; mkdir -p "$out"
-steps=" ${DEC_STEPS:-build test bench ncu} "
+steps=" ${DEC_STEPS:-build bench test ncu} "
 has() { [[ "$steps" == *" $1 "* ]]; }
 BT=$(cd "$1" && pwd); NT=$(cd "$2" && pwd)
 W=/tmp/dec40_w; BIN=/tmp/dec40_bin; L=/tmp/dec40_l; mkdir -p $BIN/base $BIN/new $L
@@ -30,15 +33,15 @@ BENCH="bench_cuda kvattn_cli"
 run_tests() {
   local pids=()
   ( KVA_TEST_ONLY=test_grid,test_split_kv,test_many_items,test_decode_mma,test_mma_mixed,test_dcp_plans,test_empty_rows,test_stale_plan,test_force_kernel \
-      KVA_TEST_QUICK=1 timeout 90 $BIN/new/test_cuda_attn >$L/t_attn.log 2>&1
+      KVA_TEST_QUICK=1 timeout ${DEC_TEST_TIMEOUT:-170} $BIN/new/test_cuda_attn >$L/t_attn.log 2>&1
     echo "test_cuda_attn (decode cases, quick) rc=$?: $(grep -aE 'passed|FAILED|CHECK failed' $L/t_attn.log | tail -1 | cut -c1-120)" ) &
   pids+=($!)
   for t in test_cuda_quant_attn test_cuda_dcp test_cuda_graph test_cuda_plan_update; do
-    ( KVA_TEST_QUICK=1 timeout 90 $BIN/new/$t >$L/t_$t.log 2>&1
+    ( KVA_TEST_QUICK=1 timeout ${DEC_TEST_TIMEOUT:-170} $BIN/new/$t >$L/t_$t.log 2>&1
       echo "$t (quick) rc=$?: $(grep -aE 'passed|FAILED|CHECK failed' $L/t_$t.log | tail -1 | cut -c1-120)" ) &
     pids+=($!)
   done
-  ( KVA_TEST_ONLY=test_split_kv,test_many_items KVA_TEST_QUICK=1 timeout 90 compute-sanitizer --tool memcheck \
+  ( KVA_TEST_ONLY=test_split_kv,test_many_items KVA_TEST_QUICK=1 timeout ${DEC_TEST_TIMEOUT:-170} compute-sanitizer --tool memcheck \
       --error-exitcode 9 $BIN/new/test_cuda_attn >$L/mc.log 2>&1
     echo "memcheck test_cuda_attn test_split_kv,test_many_items (quick) rc=$?: $(grep -a 'ERROR SUMMARY' $L/mc.log | tail -1)" ) &
   pids+=($!)
@@ -52,14 +55,12 @@ if has build; then
   ninja -C $W/build -j16 $BENCH $TESTS >$L/build_new.log 2>&1 || { grep -a -m20 -A3 error $L/build_new.log | log; exit 1; }
   cp $W/build/bench_cuda $W/build/kvattn $BIN/new/; for t in $TESTS; do cp $W/build/$t $BIN/new/; done
   el "build new" | log
-  has test && { run_tests >$L/tests.txt 2>&1 & tpid=$!; }
   (cd "$BT" && find . -type f ! -path './build*' ! -path './.git/*') | while read -r f; do
     cmp -s "$BT/$f" "$W/$f" || { mkdir -p "$(dirname "$W/$f")"; cp "$BT/$f" "$W/$f"; echo "$f"; }
   done >$L/changed.txt
   ninja -C $W/build -j16 $BENCH >$L/build_base.log 2>&1 || { grep -a -m20 -A3 error $L/build_base.log | log; exit 1; }
   cp $W/build/bench_cuda $W/build/kvattn $BIN/base/
   el "build base (over new's tree: $(tr '\n' ' ' <$L/changed.txt | cut -c1-300))" | log
-  if has test; then wait $tpid; cat $L/tests.txt | log; el "tests done" | log; fi
 fi
 D="--mode decode --heads 32 --kv-heads 8 --head-dim 128 --iters 20"
 S=("16x1k|--batch 16 --context 1023" "16x4k|--batch 16 --context 4095" "64x4k|--batch 64 --context 4095"
@@ -108,6 +109,7 @@ for lab in labs:
         print(f'{lab:11} {t:5} {s}')
 EOF
 fi
+if has test; then run_tests 2>&1 | log; el "tests done" | log; fi
 if has ncu && command -v ncu >/dev/null && [ $(( $(date +%s) - t0 )) -lt ${DEC_NCU_MAX:-150} ]; then
   sec="--section SpeedOfLight --section LaunchStats --section Occupancy"
   ncu --list-sections 2>/dev/null | grep -q PmSampling && sec="$sec --section PmSampling"
