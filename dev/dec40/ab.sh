@@ -67,10 +67,10 @@ S=("16x1k|--batch 16 --context 1023" "16x4k|--batch 16 --context 4095" "64x4k|--
    "1x128k|--batch 1 --context 131071" "1x32k|--batch 1 --context 32767"
    "64x4k-int8|--batch 64 --context 4095 --quant int8" "64x4k-fp8|--batch 64 --context 4095 --quant fp8")
 copies() { # the same-bytes copies (read + write = the rows' KV bytes), MiB
-  for m in 64 128 256 512 1024; do
+  for m in 32 64 128 256 512; do # copy-bytes: the KV bytes of 16 x 1k, 1 x 32k, 16 x 4k, 1 x 128k, 64 x 4k
     l=$($BIN/base/bench_cuda --mode copy --copy-bytes $((m << 20)) --iters 30 2>&1 | grep -a "^bench_cuda" | head -1)
     echo "copy$1 ${m}MiB $l" >>$out/raw.txt
-    echo "copy$1 ${m}MiB $(echo "$l" | grep -oE 'median [0-9.]+ ms, [0-9.]+ TB/s|back to back [0-9.]+ ms' | tr '\n' ' ')" | log
+    echo "copy$1 ${m}MiB (KV $((2 * m)) MiB) $(echo "$l" | grep -oE 'median [0-9.]+ ms, [0-9.]+ TB/s|back to back [0-9.]+ ms' | tr '\n' ' ')" | log
   done
 }
 if has bench; then
