@@ -74,6 +74,7 @@ copies() { # the same-bytes copies (read + write = the rows' KV bytes), MiB
   done
 }
 if has bench; then
+  rm -f $L/ms.txt
   copies 1
   for r in $(seq 1 ${DEC_ROUNDS:-2}); do for t in base new; do
     for s in "${S[@]}"; do
@@ -86,7 +87,7 @@ if has bench; then
     for n in 4 2; do
       timeout 60 $BIN/$t/kvattn bench --backend cuda --dcp $n --batch 1 --seq-len 131072 --iters 20 >$L/dcp.txt 2>&1
       echo "r$r-$t dcp$n rc=$?" >>$out/raw.txt; sed "s/^/r$r-$t dcp$n /" $L/dcp.txt >>$out/raw.txt
-      echo "r$r $t dcp$n $(grep -a 'slowest rank' $L/dcp.txt | awk '{print $NF}') $(grep -a unsharded $L/dcp.txt | awk '{print $2}')" >>$L/ms.txt
+      echo "r$r $t dcp$n $(grep -a 'slowest rank' $L/dcp.txt | awk '{print $NF}') $(grep -aE '^ *unsharded ' $L/dcp.txt | awk '{print $2}')" >>$L/ms.txt
     done
   done; el "bench round $r" | log; done
   copies 2
