@@ -231,7 +231,7 @@ dm_merge_smem(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_
 {
     if constexpr (WT) {
         const int32_t nrows = w.nq * w.nh;
-        const int64_t n = (int64_t)nsplit * nrows * (D + 1); /* floats */
+        const int64_t n = (int64_t)nsplit * nrows * (D + 1);    /* floats */
         const int64_t nw = (int64_t)nsplit * nrows + 2 * nrows; /* weights, 1 / L and lse per row */
         if ((n + nw) * (int64_t)sizeof(float) > bytes || ((uintptr_t)base & 15) != 0)
             return false;
@@ -258,8 +258,7 @@ dm_merge_smem(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_
         kva__cp_async_commit();
         kva__cp_async_wait<0>();
         __syncthreads(); /* every thread's copies landed */
-        kva__merge_split_cta<T, true>((const float *)smem, nsplit, w, qs, sinks, out, lse, H, G,
-                                      D);
+        kva__merge_split_cta<T, true>((const float *)smem, nsplit, w, qs, sinks, out, lse, H, G, D);
     }
     return true;
 }

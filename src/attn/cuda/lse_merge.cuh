@@ -298,8 +298,7 @@ kva__merge_split_cta(const float *base, int32_t nsplit, const kva__cuda_item &w,
 static __device__ __forceinline__ void kva__merge_weights(const float *base, int64_t blk,
                                                           int32_t nrows, int32_t Dv, int32_t P,
                                                           const kva__cuda_item &w, int32_t G,
-                                                          const float *sinks, float *wt,
-                                                          float *fin)
+                                                          const float *sinks, float *wt, float *fin)
 {
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int32_t r = threadIdx.x >> 5; r < nrows; r += warps) {
