@@ -4,7 +4,9 @@
  * split_merge_kernel and the tensor-core decode's last-CTA merge,
  * decode_mma_kernel.cuh), kva_merge_states, kva_merge_states_n, the cascade
  * merge (split_merge.cu's merge_rows_kernel) and the NCCL LSA combine
- * (src/comm/dcp_nccl_lsa.cu, whose parts are the peers' windows).
+ * (src/comm/dcp_nccl_lsa.cu, whose parts are the peers' windows); and the
+ * tensor-core decode's last-CTA merge from shared memory, whose weights are
+ * computed once per row and part (kva__merge_weights, kva__merge_split_cta_w).
  */
 #ifndef KVA_CUDA_LSE_MERGE_CUH
 #define KVA_CUDA_LSE_MERGE_CUH
@@ -275,6 +277,147 @@ kva__merge_split_cta(const float *base, int32_t nsplit, const kva__cuda_item &w,
         kva__merge_split_cta_ch<8, SH>(base, nsplit, w, qs, sinks, out, lse, H, G, Dv);
     else
         kva__merge_split_cta_ch<16, SH>(base, nsplit, w, qs, sinks, out, lse, H, G, Dv);
+}
+
+/*
+ * The weights of a split task's merge, once per row and part (the
+ * tensor-core decode's last-CTA merge from shared memory, with
+ * kva__merge_split_cta_w): where kva__merge_unit has every thread of a row
+ * take every part's exponential and rescale its sums online, the row's
+ * warp computes them once. Warp w takes rows w, w + warps, ... of the task
+ * of item w (P partial blocks at base, blk floats apart: [nrows, Dv] outputs
+ * then [nrows] lse, natural log), its lanes the row's parts (lane l: parts
+ * l, l + 32, ...), reading their lses through L2 (the caller's copy of the
+ * blocks may still be in flight). wt [nrows][P] (shared memory) gets part
+ * p's weight exp(lse_p - M), with M the largest of the parts' lses and the
+ * sink (0 for a part of lse -inf), fin [2][nrows] each row's 1 / L (L the
+ * weights' sum plus exp(sink - M)) and its lse M + log L. As kva__lse_merge:
+ * a NaN lse makes the row NaN (1 / L and lse NaN), all -inf and no sink gives
+ * 1 / L = 0 (so the row's out is 0) and lse -inf.
+ */
+static __device__ __forceinline__ void kva__merge_weights(const float *base, int64_t blk,
+                                                          int32_t nrows, int32_t Dv, int32_t P,
+                                                          const kva__cuda_item &w, int32_t G,
+                                                          const float *sinks, float *wt, float *fin)
+{
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int32_t r = threadIdx.x >> 5; r < nrows; r += warps) {
+        const int32_t qi = r / w.nh, head = w.kv_head * G + w.h0 + (r - qi * w.nh);
+        const float sink = sinks ? sinks[head] : -INFINITY;
+        float *wr = wt + (int64_t)r * P;
+        float M = sink;
+        bool nan = false;
+        for (int32_t p = lane; p < P; p += 32) {
+            const float l = __ldcg(base + p * blk + (int64_t)nrows * Dv + r);
+            nan |= l != l;
+            M = fmaxf(M, l);
+            wr[p] = l; /* the lane's own slot: rewritten with its weight below */
+        }
+#pragma unroll
+        for (int x = 16; x > 0; x >>= 1)
+            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, x));
+        nan = __any_sync(0xffffffffu, nan);
+        const bool zero = nan || M == -INFINITY;
+        float L = 0.f;
+        for (int32_t p = lane; p < P; p += 32) {
+            const float c = zero ? 0.f : expf(wr[p] - M);
+            wr[p] = c;
+            L += c;
+        }
+#pragma unroll
+        for (int x = 16; x > 0; x >>= 1)
+            L += __shfl_xor_sync(0xffffffffu, L, x);
+        if (lane == 0) {
+            L += zero ? 0.f : expf(sink - M);
+            fin[r] = nan ? NAN : zero ? 0.f : 1.f / L;
+            fin[nrows + r] = nan ? NAN : zero ? -INFINITY : M + logf(L);
+        }
+    }
+}
+
+/* Channels [d, d + VW) of row r: the sum over the P parts (blocks at base in
+ * shared memory) of weight times value, a part of weight 0 adding nothing
+ * (its values may be NaN), in two interleaved sums for two parts' loads and
+ * products at a time. */
+template <int VW>
+static __device__ __forceinline__ void kva__merge_wsum(const float *base, int64_t blk,
+                                                       const float *wr, int32_t Dv, int32_t r,
+                                                       int32_t d, int32_t P, float o[VW])
+{
+    typedef typename std::conditional<VW == 4, float4, float>::type vec;
+    float a0[VW], a1[VW];
+#pragma unroll
+    for (int i = 0; i < VW; i++)
+        a0[i] = a1[i] = 0.f;
+    const float *pr = base + (int64_t)r * Dv + d;
+    int32_t p = 0;
+#pragma unroll 4
+    for (; p + 1 < P; p += 2) {
+        const float c0 = wr[p], c1 = wr[p + 1];
+        const vec v0 = *reinterpret_cast<const vec *>(pr + p * blk);
+        const vec v1 = *reinterpret_cast<const vec *>(pr + (p + 1) * blk);
+        float x0[VW], x1[VW];
+        memcpy(x0, &v0, sizeof v0);
+        memcpy(x1, &v1, sizeof v1);
+#pragma unroll
+        for (int i = 0; i < VW; i++) {
+            a0[i] += c0 > 0.f ? c0 * x0[i] : 0.f;
+            a1[i] += c1 > 0.f ? c1 * x1[i] : 0.f;
+        }
+    }
+    if (p < P) {
+        const float c0 = wr[p];
+        const vec v0 = *reinterpret_cast<const vec *>(pr + p * blk);
+        float x0[VW];
+        memcpy(x0, &v0, sizeof v0);
+#pragma unroll
+        for (int i = 0; i < VW; i++)
+            a0[i] += c0 > 0.f ? c0 * x0[i] : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < VW; i++)
+        o[i] = a0[i] + a1[i];
+}
+
+/*
+ * The merge of a split task by one CTA from a copy of its nsplit partial
+ * blocks in shared memory (base), with the weights of kva__merge_weights
+ * (wt, fin) already there: every thread takes units of VW channels of one
+ * row (4 where the blocks allow 16-byte loads, else 1) and sums weight times
+ * value over the parts, then scales by the row's 1 / L; no exponential, max
+ * or rescale per part and thread. Out [T, H, Dv] (T: float, __half or
+ * __nv_bfloat16) and lse [T, H] (or NULL), rows as kva__merge_split_cta.
+ */
+template <typename T>
+static __device__ __forceinline__ void
+kva__merge_split_cta_w(const float *base, const float *wt, const float *fin, int32_t nsplit,
+                       const kva__cuda_item &w, int32_t qs, T *out, float *lse, int32_t H,
+                       int32_t G, int32_t Dv)
+{
+    const int32_t nrows = w.nq * w.nh;
+    const int64_t blk = (int64_t)nrows * (Dv + 1);
+    const bool v4 = Dv % 4 == 0 && blk % 4 == 0 && ((uintptr_t)base & 15) == 0;
+    const int32_t C = v4 ? Dv / 4 : Dv; /* units per row */
+    for (int32_t x = threadIdx.x; x < nrows * C; x += blockDim.x) {
+        const int32_t r = x / C, c = x - r * C;
+        const int32_t qi = r / w.nh, head = w.kv_head * G + w.h0 + (r - qi * w.nh);
+        const int64_t row = (int64_t)(qs + w.i0 + qi) * H + head;
+        const float s = fin[r];
+        const float *wr = wt + (int64_t)r * nsplit;
+        if (v4) {
+            float o[4];
+            kva__merge_wsum<4>(base, blk, wr, Dv, r, 4 * c, nsplit, o);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                store_f(out, row * Dv + 4 * c + i, o[i] * s);
+        } else {
+            float o[1];
+            kva__merge_wsum<1>(base, blk, wr, Dv, r, c, nsplit, o);
+            store_f(out, row * Dv + c, o[0] * s);
+        }
+        if (lse && c == 0)
+            lse[row] = fin[nrows + r];
+    }
 }
 
 #endif /* KVA_CUDA_LSE_MERGE_CUH */
