@@ -390,6 +390,15 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
                 if (kt + MW_BN > kend) /* rows past the item's keys (warpgroup-uniform) */
                     mw_zero_rows<WG>(mine, kend - kt);
         }
+        /* LEAN: the thread's tile maxima (EMAX: in warpgroup 1 before it
+         * waits for warpgroup 0's reference, which they do not need). */
+        float mx[2] = {-INFINITY, -INFINITY};
+        if constexpr (LEAN && KVA_MW_EMAX && WG == 1) {
+            if (have)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++)
+                    mx[hf] = mw_tmax(sc, hf) * mul;
+        }
         if constexpr (WG == 1) {
             /* Adopt warpgroup 0's reference for this pair. */
             kva__named_bar(true, MW_BAR_SC0, ML_NT);
@@ -408,11 +417,11 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
              * VOTE: the quads' shuffles only where some thread's own maxima
              * would move a row of the warp (rare), the same moves. */
             if constexpr (LEAN) {
-                float mx[2];
                 bool mv = false;
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
-                    mx[hf] = mw_tmax(sc, hf) * mul;
+                    if (!(KVA_MW_EMAX && WG == 1))
+                        mx[hf] = mw_tmax(sc, hf) * mul;
                     mv |= mx[hf] > m_run[hf] + MW_LAZY; /* -inf + MW_LAZY is -inf */
                 }
                 if (!KVA_MW_VOTE || __any_sync(0xffffffffu, mv)) {

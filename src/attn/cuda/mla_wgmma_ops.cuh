@@ -66,7 +66,9 @@
  *                thread's own maxima);
  *   KVA_MW_STSM  P into its stage by stmatrix (4 instead of 16 stores);
  *   KVA_MW_TROW  (TMA) the block-table rows of the pair's two fills looked
- *                up by the issuing thread at the top of the pair.
+ *                up by the issuing thread at the top of the pair;
+ *   KVA_MW_EMAX  warpgroup 1 takes its thread's tile maxima before it waits
+ *                for warpgroup 0's reference (MW_BAR_SC0).
  * MW_SCHED_ALT_PROD keeps the earlier forms (LEAN false in mw_alt_loop): its
  * consumers are compiled within 168 registers, where the new forms' live
  * values spill more (the sparse fp8_ds_mla kernel, not measured with them). */
@@ -81,6 +83,9 @@
 #endif
 #ifndef KVA_MW_TROW
 #define KVA_MW_TROW 1
+#endif
+#ifndef KVA_MW_EMAX
+#define KVA_MW_EMAX 1
 #endif
 /* Named barriers of the alternating-tile loop (0 is __syncthreads): SC0 /
  * SC1 the reference of warpgroup 0's / 1's tile is in s_ref, P0 / P1 its P
