@@ -4,7 +4,8 @@
 # base/ (main) and new/ (this branch), builds new/ (every switch of
 # mla_wgmma_ops.cuh on: KVA_MW_FOLD, _VOTE, _STSM, _TROW, _EMAX), compiles
 # main's mla_decode_wgmma.cu ("base") and new's with one switch off each
-# ("noF", "noV", "noS", "noT", "noE"), and links bench_cuda_mla / test_cuda_mla beside
+# ("noF", "noV", "noS", "noT", "noE") and with the default-off KVA_MW_PEXP
+# on ("pexp"), and links bench_cuda_mla / test_cuda_mla beside
 # new's with them (the other objects are new's; the sparse kernel's SASS
 # equals main's up to two swapped registers). Then the tests (new:
 # test_cuda_mla whole, test_cuda_mla_run and test_cuda_mla_sparse quick; the
@@ -18,7 +19,7 @@
 # memcheck of new's test_cuda_mla quick. Raw logs in $OUT/logs.tgz, the
 # table last.
 #   usage (device): cd .dev/X && OUT=$OUT bash new/dev/mla40/ab.sh
-#   KVA_VARS   the one-switch-off sides (default "noF noV noS noT noE")
+#   KVA_VARS   the variant sides (default "noF noV noS noT noE pexp")
 #   KVA_ROUNDS rounds (default 2); KVA_NCU=0 skips Nsight Compute
 set -u
 o=${OUT:-/tmp/out}
@@ -27,9 +28,10 @@ cd "$(dirname "$0")/../.."   # new/
 base=../base
 t0=$(date +%s)
 el() { echo $(($(date +%s) - t0)); }
-VARS=${KVA_VARS:-noF noV noS noT noE}
+VARS=${KVA_VARS:-noF noV noS noT noE pexp}
 knobs() { case $1 in noF) echo "-DKVA_MW_FOLD=0" ;; noV) echo "-DKVA_MW_VOTE=0" ;;
-  noS) echo "-DKVA_MW_STSM=0" ;; noT) echo "-DKVA_MW_TROW=0" ;; noE) echo "-DKVA_MW_EMAX=0" ;; esac; }
+  noS) echo "-DKVA_MW_STSM=0" ;; noT) echo "-DKVA_MW_TROW=0" ;; noE) echo "-DKVA_MW_EMAX=0" ;;
+  pexp) echo "-DKVA_MW_PEXP=1" ;; esac; }
 gpu=$(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | head -1)
 echo "gpu: $gpu; nvcc $(nvcc --version | grep -oE 'V[0-9.]+'); nproc $(nproc)" | tee "$o/log.txt"
 cmake -S . -B bd -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \

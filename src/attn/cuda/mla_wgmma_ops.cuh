@@ -68,7 +68,10 @@
  *   KVA_MW_TROW  (TMA) the block-table rows of the pair's two fills looked
  *                up by the issuing thread at the top of the pair;
  *   KVA_MW_EMAX  warpgroup 1 takes its thread's tile maxima before it waits
- *                for warpgroup 0's reference (MW_BAR_SC0).
+ *                for warpgroup 0's reference (MW_BAR_SC0);
+ *   KVA_MW_PEXP  (default off) 8 of the thread's 32 exponentials of a tile
+ *                by a polynomial on the FMA pipe (mw_ex2p), the others by
+ *                MUFU, whose throughput (16 per SM and clock) bounds P.
  * MW_SCHED_ALT_PROD keeps the earlier forms (LEAN false in mw_alt_loop): its
  * consumers are compiled within 168 registers, where the new forms' live
  * values spill more (the sparse fp8_ds_mla kernel, not measured with them). */
@@ -86,6 +89,9 @@
 #endif
 #ifndef KVA_MW_EMAX
 #define KVA_MW_EMAX 1
+#endif
+#ifndef KVA_MW_PEXP
+#define KVA_MW_PEXP 0
 #endif
 /* Named barriers of the alternating-tile loop (0 is __syncthreads): SC0 /
  * SC1 the reference of warpgroup 0's / 1's tile is in s_ref, P0 / P1 its P
@@ -407,6 +413,23 @@ static __device__ __forceinline__ float mw_quad_max(float x)
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
+/* 2^x on the FMA pipe for x <= 2^7 (KVA_MW_PEXP): x = j + f with j = rint(x)
+ * (the 1.5 * 2^23 shift), 2^f on [-0.5, 0.5] by a degree-4 polynomial
+ * (relative error below 3e-6, against ex2.approx's 2^-22; fitted for
+ * relative error), j added to the exponent bits. x below -127 (-inf too)
+ * is clamped to -127, which gives exactly +0 (f = 0, the bits wrap to 0). */
+static __device__ __forceinline__ float mw_ex2p(float x)
+{
+    x = fmaxf(x, -127.f);
+    const float t = x + 12582912.f;
+    const float f = x - (t - 12582912.f);
+    float p = fmaf(0x1.3a02ccp-7f, f, 0x1.c9fc46p-5f);
+    p = fmaf(p, f, 0x1.ec0378p-3f);
+    p = fmaf(p, f, 0x1.62e12cp-1f);
+    p = fmaf(p, f, 1.f);
+    return __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));
+}
+
 /* P = 2^(mul sc - mu) of rows r0, r0 + 8 as the A fragments of the local P V
  * (pa[kk]: k-step kk, keys 16 kk .. + 15: rows r0 / r0 + 8 x keys 16 kk +
  * 2 t4 (+ 1) and + 8, in the input dtype); psum gets the thread's row sums
@@ -423,8 +446,11 @@ static __device__ __forceinline__ void mw_pack_p(const float (&sc)[8][4], const 
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
-                const float p0 = kva__ex2(fmaf(sc[j][2 * hf], mul, -mu[hf]));
-                const float p1 = kva__ex2(fmaf(sc[j][2 * hf + 1], mul, -mu[hf]));
+                const float x0 = fmaf(sc[j][2 * hf], mul, -mu[hf]);
+                const float x1 = fmaf(sc[j][2 * hf + 1], mul, -mu[hf]);
+                const bool poly = KVA_MW_PEXP && (j & 3) == 3; /* n8 tiles 3 and 7 */
+                const float p0 = poly ? mw_ex2p(x0) : kva__ex2(x0);
+                const float p1 = poly ? mw_ex2p(x1) : kva__ex2(x1);
                 s2[j][hf] = p0 + p1;
                 pa[j >> 1][2 * (j & 1) + hf] = Ty::pack(p0, p1);
             }
