@@ -448,6 +448,15 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             }
         }
         kva__named_bar(false, WG == 0 ? MW_BAR_SC0 : MW_BAR_SC1, ML_NT);
+        if constexpr (LEAN && WG == 0) {
+            /* P's work after the arrive that warpgroup 1 waits for: ptxas
+             * otherwise sinks the arrive below P's FMAs and MUFUs. A load
+             * stays after the barrier, and mu depends on it: s_ref[64] holds
+             * -inf (the kernel's), and mu is never NaN. */
+            const float z = s_ref[MW_M];
+            mu[0] = fmaxf(mu[0], z);
+            mu[1] = fmaxf(mu[1], z);
+        }
         uint32_t pa[4][4];
         if (have) {
             mw_pack_p<Ty, LEAN>(sc, mu, mul, pa, psum);
@@ -597,6 +606,12 @@ __global__ void __launch_bounds__(mw_nt<W>::NT, 1)
             kva__mbar_init(bars + 8u * (uint32_t)tid, 1);
         __syncthreads();
     }
+    /* Alternating tiles (LEAN, see mw_alt_loop): s_max[1][0] is -inf
+     * (mw_alt_loop's s_ref[MW_M]), visible after the item's first CTA
+     * barrier. */
+    if constexpr (W::SCHED != MW_SCHED_SPLIT && W::SCHED != MW_SCHED_ALT_PROD)
+        if (tid == 0)
+            s_max[1][0] = -INFINITY;
     /* MW_SCHED_ALT_PROD: the ring's full / empty mbarriers; warpgroup 2 is
      * the producer (its own item loop, the same items; it joins the
      * consumers' CTA barriers: the item's first, after Q, and ml_finish's
