@@ -48,14 +48,12 @@ for v in $VARS; do
   nvcc $NV -Iinclude -Isrc/core -Isrc/plan $(knobs $v) -c src/attn/cuda/mla_decode_wgmma.cu \
     -o bo/$v/mla_decode_wgmma.cu.o >"$o/l/ptxas_$v.log" 2>&1 &
 done
-nvcc $NV -Iinclude -Isrc/core -Isrc/plan -c src/attn/cuda/mla_decode_wgmma.cu -o bo/new.o \
-  >"$o/l/ptxas_new.log" 2>&1 &
 T="bench_cuda_mla test_cuda_mla test_cuda_mla_run test_cuda_mla_sparse"
 timeout 300 ninja -C bd -j"$(nproc)" $T >"$o/l/build.log" 2>&1 ||
   { echo "BUILD FAILED"; grep -E "error" "$o/l/build.log" | head -20; tar -czf "$o/logs.tgz" -C "$o" l; exit 1; }
 wait
 echo "== built $(el) s" | tee -a "$o/log.txt"
-for v in base $VARS new; do
+for v in base $VARS; do
   echo "ptxas $v (bf16 TMA): $(grep -A3 'Compiling entry.*bf16.*mw_denseI.*Lb0ELb1E' "$o/l/ptxas_$v.log" | grep -oE 'Used [0-9]+ registers|[0-9]+ bytes spill stores' | tr '\n' ' ') C75xx: $(grep -c C75 "$o/l/ptxas_$v.log")" | tee -a "$o/log.txt"
 done
 cp bd/bench_cuda_mla bd/test_cuda_mla bd/test_cuda_mla_run bd/test_cuda_mla_sparse b/
@@ -72,10 +70,14 @@ echo "== linked $(el) s" | tee -a "$o/log.txt"
 sfx() { [ $1 = new ] && echo "" || echo "_$1"; }
 OK=""
 for v in base $VARS new; do
-  timeout 20 b/bench_cuda_mla$(sfx $v) --batch 8 --context 1000 --heads 128 --iters 2 >"$o/l/smoke_$v.log" 2>&1
-  rc=$?
+  (timeout 20 b/bench_cuda_mla$(sfx $v) --batch 8 --context 1000 --heads 128 --iters 2 >"$o/l/smoke_$v.log" 2>&1
+    echo $? >"$o/l/smoke_$v.rc") &
+done
+wait
+for v in base $VARS new; do
+  rc=$(cat "$o/l/smoke_$v.rc")
   echo "smoke $v rc=$rc: $(tail -1 "$o/l/smoke_$v.log" | grep -oE '"ms": [0-9.]+|"check_bad": [-0-9]+' | tr '\n' ' ')" | tee -a "$o/log.txt"
-  [ $rc = 0 ] && OK="$OK $v"
+  [ "$rc" = 0 ] && OK="$OK $v"
 done
 (if [[ " $OK " == *" new "* ]]; then
   # new: test_cuda_mla whole (its spike cases move the lazy reference: the
@@ -129,8 +131,8 @@ ncu1() { # side
   echo "== ncu q2 8k $1 rc=$?"
   grep -E "__" "$o/l/ncu_$1.raw" | awk '{print $1, $(NF-1), $NF}'
 }
-if [ "${KVA_NCU:-1}" = 1 ] && [ "$(el)" -lt 130 ]; then ncu1 new; ncu1 base; fi 2>&1 | tee "$o/ncu.txt"
-if [ "${KVA_NCU:-1}" = 1 ] && [ "$(el)" -lt 140 ]; then
+if [ "${KVA_NCU:-1}" = 1 ] && [ "$(el)" -lt 120 ]; then ncu1 new; ncu1 base; fi 2>&1 | tee "$o/ncu.txt"
+if [ "${KVA_NCU:-1}" = 1 ] && [ "$(el)" -lt 128 ]; then
   timeout 40 ncu --clock-control none --section SourceCounters --section WarpStateStats \
     --import-source yes -k regex:mla_wgmma --launch-skip 1 --launch-count 1 -o /tmp/src_new \
     b/bench_cuda_mla $Q2 >"$o/l/ncu_src_new.log" 2>&1
@@ -140,7 +142,7 @@ if [ "${KVA_NCU:-1}" = 1 ] && [ "$(el)" -lt 140 ]; then
   gzip -f "$o/l/src_new_sass.csv"
 fi
 echo "== ncu $(el) s" | tee -a "$o/log.txt"
-if [ "$(el)" -lt 150 ]; then
+if [ "$(el)" -lt 138 ]; then
   KVA_TEST_QUICK=1 timeout 45 compute-sanitizer --tool memcheck b/test_cuda_mla >"$o/l/memcheck.log" 2>&1
   echo "memcheck test_cuda_mla quick (new) rc=$?: $(grep -E 'ERROR SUMMARY' "$o/l/memcheck.log" | tail -1)" | tee -a "$o/log.txt"
 else
