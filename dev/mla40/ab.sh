@@ -148,7 +148,7 @@ if [ "$(el)" -lt 138 ]; then
 else
   echo "memcheck skipped at $(el) s" | tee -a "$o/log.txt"
 fi
-tar -czf "$o/logs.tgz" -C "$o" l
+tar -czf "$o/logs.tgz" -C "$o" l && rm -rf "$o/l"
 echo "== end $(el) s" | tee -a "$o/log.txt"
 echo "== table (ms; $gpu)"
 grep -E "ptxas|test_cuda|smoke|memcheck|==" "$o/log.txt"
