@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
 # dev/mla40/ab.sh - one device call for issue 16 (branch mla40): the MLA
 # wgmma decode's CUDA-core work between the wgmmas. From a folder holding
-# base/ (main) and new/ (this branch), builds new/ (every switch of
-# mla_wgmma_ops.cuh on: KVA_MW_FOLD, _VOTE, _STSM, _TROW, _EMAX), compiles
-# main's mla_decode_wgmma.cu ("base") and new's with one switch off each
-# ("noF", "noV", "noS", "noT", "noE") and with the default-off KVA_MW_PEXP
-# on ("pexp"), and links bench_cuda_mla / test_cuda_mla beside
+# base/ (main) and new/ (this branch), builds new/, compiles main's
+# mla_decode_wgmma.cu ("base") and, for each side in KVA_VARS, new's with
+# that side's -D switches, and links bench_cuda_mla / test_cuda_mla beside
 # new's with them (the other objects are new's; the sparse kernel's SASS
 # equals main's up to two swapped registers). Then the tests (new:
 # test_cuda_mla whole, test_cuda_mla_run and test_cuda_mla_sparse quick; the
-# variants: test_cuda_mla quick), the rows alternated side by side KVA_ROUNDS (2) times:
-# bf16 H 128 q 2 8k (the issue's row) for every side; bf16 q 1 4k, FP8 q 1
-# 4k and bf16 q 1 64k (B 32) for base and new (odd rounds base first, even
-# rounds new first); round 1 checks request 0 of every non-base side against
-# the reference (not at 64k: the host reference would take seconds). While time is left: Nsight
-# Compute (real clocks) metrics of one q 2 8k launch of new and base, the
-# source-level stall samples of new (dev/mla39/ncu_src.py reads them), and
-# memcheck of new's test_cuda_mla quick. Raw logs in $OUT/logs.tgz, the
-# table last.
+# variants: test_cuda_mla quick), the rows alternated side by side
+# KVA_ROUNDS (2) times: bf16 H 128 q 2 8k (the issue's row) for every side;
+# bf16 q 1 4k, FP8 q 1 4k and bf16 q 1 64k (B 32) for base and new (odd
+# rounds base first, even rounds new first); round 1 checks request 0 of
+# every non-base side against the reference (not at 64k: the host reference
+# would take seconds). While time is left: Nsight Compute (real clocks)
+# metrics of one q 2 8k launch of new and base, the source-level stall
+# samples of new (dev/mla39/ncu_src.py reads them), and memcheck of new's
+# test_cuda_mla quick. Raw logs in $OUT/logs.tgz, the table last.
 #   usage (device): cd .dev/X && OUT=$OUT bash new/dev/mla40/ab.sh
-#   KVA_VARS   the variant sides (default "noF noV noS noT noE pexp")
+#   KVA_VARS   variant sides (default none: base against new). The measured
+#              call (bench/results/h200_2026-11-28_mla40.txt) ran branch
+#              mla40-variants, whose src still has the switches, with
+#              KVA_VARS="noF noV noS noT noE pexp" (its default there): new
+#              with KVA_MW_FOLD / _VOTE / _STSM / _TROW / _EMAX = 0, or with
+#              KVA_MW_PEXP = 1; on this branch those switches are gone.
 #   KVA_ROUNDS rounds (default 2); KVA_NCU=0 skips Nsight Compute
 set -u
 o=${OUT:-/tmp/out}
@@ -28,7 +31,7 @@ cd "$(dirname "$0")/../.."   # new/
 base=../base
 t0=$(date +%s)
 el() { echo $(($(date +%s) - t0)); }
-VARS=${KVA_VARS:-noF noV noS noT noE pexp}
+VARS=${KVA_VARS-}
 knobs() { case $1 in noF) echo "-DKVA_MW_FOLD=0" ;; noV) echo "-DKVA_MW_VOTE=0" ;;
   noS) echo "-DKVA_MW_STSM=0" ;; noT) echo "-DKVA_MW_TROW=0" ;; noE) echo "-DKVA_MW_EMAX=0" ;;
   pexp) echo "-DKVA_MW_PEXP=1" ;; esac; }

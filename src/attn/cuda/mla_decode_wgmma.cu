@@ -146,27 +146,21 @@ template <typename Ty, bool FP8, bool TMA = false> struct mw_dense {
     }
     /* The alternating tiles' logits: a tile every row sees whole, without
      * ALiBi or soft-cap, stays unscaled (the body applies the returned
-     * factor, KVA_MW_FOLD); otherwise scaled and masked here (factor 1). */
+     * factor); otherwise scaled and masked here (factor 1). */
     __device__ __forceinline__ float logits(float (&sc)[8][4], const args &a, float scale_log2,
                                             int32_t kb, int t4, int)
     {
         const float s2 = FP8 ? scale_log2 * a.kv_scale : scale_log2;
-#if KVA_MW_FOLD
         if (!(a.softcap > 0.f) && !a.has_alibi && kb >= lo_all && kb + MW_BN <= hi_all && s2 > 0.f)
             return s2;
-#endif
         kva__dmma_logits<64>(sc, a, s2, kb, t4, lo_all, hi_all, lo, hi, pos, slope);
         return 1.f;
     }
     /* TMA (one thread): the cache row of tile kb (< kend; a tile lies
-     * inside one cache block; TROW: a shift for power-of-two blocks). */
+     * inside one cache block; a shift for power-of-two blocks). */
     __device__ __forceinline__ int32_t trow(const args &a, int32_t kb) const
     {
-#if KVA_MW_TROW
         const int32_t blk = (a.B & (a.B - 1)) ? kb / a.B : kb >> (__ffs(a.B) - 1);
-#else
-        const int32_t blk = kb / a.B;
-#endif
         return __ldg(mi.bt_row + blk) * a.B + (kb - blk * a.B);
     }
     /* TMA (one thread): part PART of the tile at cache row `row` into stage

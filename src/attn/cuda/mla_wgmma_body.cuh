@@ -218,8 +218,8 @@ template <typename W> struct mw_nt<W, decltype((void)W::SCHED)> {
 /* Part 0 of warpgroup WG's next tile kn (if < kend, the item's) into its stage, once
  * its local P V read the stage's part 0: cp.async or stores by the
  * warpgroup (committed), or (TMA) by its issuing thread `elect` once every
- * warp of the warpgroup is past the local P V, completing on `bar` (TROW:
- * the tile's cache row is row, W::trow's). */
+ * warp of the warpgroup is past the local P V, completing on `bar` (the
+ * tile's cache row is row, W::trow's, looked up at the top of the pair). */
 template <int WG, bool TMA, typename W>
 static __device__ __forceinline__ void mw_fill0(W &wi, const typename W::args &a, int32_t kn,
                                                 int32_t kend, uint32_t mine, uint32_t bar,
@@ -228,7 +228,7 @@ static __device__ __forceinline__ void mw_fill0(W &wi, const typename W::args &a
     if constexpr (TMA) {
         mw_wg_sync<WG>();
         if (elect && kn < wi.kend) /* wi.kend == kend */
-            wi.template tfill<WG, 0>(a, KVA_MW_TROW ? row : wi.trow(a, kn), mine, bar);
+            wi.template tfill<WG, 0>(a, row, mine, bar);
     } else {
         if (kn < kend)
             wi.template fill<WG, 0>(a, kn, mine, WG);
@@ -314,7 +314,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
 {
     constexpr bool PROD = SCHED == MW_SCHED_ALT_PROD;
     constexpr bool EARLY = SCHED == MW_SCHED_ALT_EARLY || PROD, TMA = SCHED == MW_SCHED_ALT_TMA;
-    constexpr bool LEAN = !PROD; /* KVA_MW_VOTE, _FOLD's sums, _STSM (mla_wgmma_ops.cuh) */
+    constexpr bool LEAN = !PROD;                         /* the lean softmax (mla_wgmma_ops.cuh) */
     const bool elect = (threadIdx.x & (MW_WT - 1)) == 0; /* TMA: the warpgroup's issuing thread */
     const uint32_t mine = sK + WG * MW_KB, other = sK + (1 - WG) * MW_KB;
     const uint64_t dq = kva__wgmma_desc(sQ, 16, 1024);
@@ -339,7 +339,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
          * (its next tile's part 0, then part 1 of the other warpgroup's next
          * tile), looked up now so that the loads land during S. */
         int32_t row_n = 0, row_o = 0;
-        if constexpr (TMA && KVA_MW_TROW) {
+        if constexpr (TMA) {
             if (elect) {
                 const int32_t ko = kb + (1 - WG) * MW_BN + 2 * MW_BN;
                 if (kn < kend)
@@ -390,10 +390,10 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
                 if (kt + MW_BN > kend) /* rows past the item's keys (warpgroup-uniform) */
                     mw_zero_rows<WG>(mine, kend - kt);
         }
-        /* LEAN: the thread's tile maxima (EMAX: in warpgroup 1 before it
-         * waits for warpgroup 0's reference, which they do not need). */
+        /* LEAN: the thread's tile maxima (in warpgroup 1 before it waits
+         * for warpgroup 0's reference, which they do not need). */
         float mx[2] = {-INFINITY, -INFINITY};
-        if constexpr (LEAN && KVA_MW_EMAX && WG == 1) {
+        if constexpr (LEAN && WG == 1) {
             if (have)
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++)
@@ -414,17 +414,17 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             /* The tile's row maxima (the factor mul > 0 applied to the max
              * of the unscaled logits); a row whose max grew past the lazy
              * headroom (or was -inf and is not now) moves the reference.
-             * VOTE: the quads' shuffles only where some thread's own maxima
+             * LEAN: the quads' shuffles only where some thread's own maxima
              * would move a row of the warp (rare), the same moves. */
             if constexpr (LEAN) {
                 bool mv = false;
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
-                    if (!(KVA_MW_EMAX && WG == 1))
+                    if constexpr (WG == 0)
                         mx[hf] = mw_tmax(sc, hf) * mul;
                     mv |= mx[hf] > m_run[hf] + MW_LAZY; /* -inf + MW_LAZY is -inf */
                 }
-                if (!KVA_MW_VOTE || __any_sync(0xffffffffu, mv)) {
+                if (__any_sync(0xffffffffu, mv)) {
 #pragma unroll
                     for (int hf = 0; hf < 2; hf++) {
                         mx[hf] = mw_quad_max(mx[hf]);
@@ -532,8 +532,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             mw_wg_sync<WG>();
             const int32_t ko = kb + (1 - WG) * MW_BN + 2 * MW_BN;
             if (elect && ko < kend)
-                wi.template tfill<1 - WG, 1>(a, KVA_MW_TROW ? row_o : wi.trow(a, ko), other,
-                                             MW_TBAR(bars, 1 - WG, 1));
+                wi.template tfill<1 - WG, 1>(a, row_o, other, MW_TBAR(bars, 1 - WG, 1));
             ph ^= have1 ? 3u : 1u; /* the stages whose tile this pair consumed */
         } else if constexpr (PROD) {
             /* The remote P V was the last read of part 1 of the other stage

@@ -56,43 +56,16 @@
  * reference gives the same out and lse, this one moves only when a row's max
  * grows past it by more than MW_LAZY (or was -inf). */
 #define MW_LAZY 8.f
-/* Switches of the alternating-tile loop's softmax steps, compile-time (1 = on;
- * dev/mla40/ab.sh builds the kernel with each one off to measure it):
- *   KVA_MW_FOLD  the policy may leave the logits unscaled and return the
- *                factor, which P's exponent then takes in one FMA (the row
- *                maxima are scaled once per row);
- *   KVA_MW_VOTE  the quad shuffles of the row maxima only when some row of
- *                the warp may move its reference (a warp vote on the
- *                thread's own maxima);
- *   KVA_MW_STSM  P into its stage by stmatrix (4 instead of 16 stores);
- *   KVA_MW_TROW  (TMA) the block-table rows of the pair's two fills looked
- *                up by the issuing thread at the top of the pair;
- *   KVA_MW_EMAX  warpgroup 1 takes its thread's tile maxima before it waits
- *                for warpgroup 0's reference (MW_BAR_SC0);
- *   KVA_MW_PEXP  (default off) 8 of the thread's 32 exponentials of a tile
- *                by a polynomial on the FMA pipe (mw_ex2p), the others by
- *                MUFU, whose throughput (16 per SM and clock) bounds P.
- * MW_SCHED_ALT_PROD keeps the earlier forms (LEAN false in mw_alt_loop): its
- * consumers are compiled within 168 registers, where the new forms' live
+/* The alternating-tile loop's softmax (mw_alt_loop, mla_wgmma_body.cuh) in
+ * its lean form (LEAN, every schedule but MW_SCHED_ALT_PROD): the policy may
+ * leave a tile's logits unscaled and return the factor, which the row
+ * maxima take once per row and P's exponent in one FMA (mw_pack_p); the
+ * quads' shuffles of the row maxima only where a warp vote on the threads'
+ * own maxima says a row may move its reference; P into its stage by
+ * stmatrix (mw_put_p); warpgroup 1's tile maxima before it waits for
+ * warpgroup 0's reference. MW_SCHED_ALT_PROD keeps the earlier forms: its
+ * consumers are compiled within 168 registers, where the lean forms' live
  * values spill more (the sparse fp8_ds_mla kernel, not measured with them). */
-#ifndef KVA_MW_FOLD
-#define KVA_MW_FOLD 1
-#endif
-#ifndef KVA_MW_VOTE
-#define KVA_MW_VOTE 1
-#endif
-#ifndef KVA_MW_STSM
-#define KVA_MW_STSM 1
-#endif
-#ifndef KVA_MW_TROW
-#define KVA_MW_TROW 1
-#endif
-#ifndef KVA_MW_EMAX
-#define KVA_MW_EMAX 1
-#endif
-#ifndef KVA_MW_PEXP
-#define KVA_MW_PEXP 0
-#endif
 /* Named barriers of the alternating-tile loop (0 is __syncthreads): SC0 /
  * SC1 the reference of warpgroup 0's / 1's tile is in s_ref, P0 / P1 its P
  * is in its stage, FREE0 / FREE1 the other warpgroup is done reading stage
@@ -413,23 +386,6 @@ static __device__ __forceinline__ float mw_quad_max(float x)
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
-/* 2^x on the FMA pipe for x <= 2^7 (KVA_MW_PEXP): x = j + f with j = rint(x)
- * (the 1.5 * 2^23 shift), 2^f on [-0.5, 0.5] by a degree-4 polynomial
- * (relative error below 3e-6, against ex2.approx's 2^-22; fitted for
- * relative error), j added to the exponent bits. x below -127 (-inf too)
- * is clamped to -127, which gives exactly +0 (f = 0, the bits wrap to 0). */
-static __device__ __forceinline__ float mw_ex2p(float x)
-{
-    x = fmaxf(x, -127.f);
-    const float t = x + 12582912.f;
-    const float f = x - (t - 12582912.f);
-    float p = fmaf(0x1.3a02ccp-7f, f, 0x1.c9fc46p-5f);
-    p = fmaf(p, f, 0x1.ec0378p-3f);
-    p = fmaf(p, f, 0x1.62e12cp-1f);
-    p = fmaf(p, f, 1.f);
-    return __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));
-}
-
 /* P = 2^(mul sc - mu) of rows r0, r0 + 8 as the A fragments of the local P V
  * (pa[kk]: k-step kk, keys 16 kk .. + 15: rows r0 / r0 + 8 x keys 16 kk +
  * 2 t4 (+ 1) and + 8, in the input dtype); psum gets the thread's row sums
@@ -439,7 +395,7 @@ template <typename Ty, bool LEAN>
 static __device__ __forceinline__ void mw_pack_p(const float (&sc)[8][4], const float mu[2],
                                                  float mul, uint32_t (&pa)[4][4], float psum[2])
 {
-    if constexpr (LEAN && KVA_MW_FOLD) {
+    if constexpr (LEAN) {
         /* (the row sums as a tree: 3 dependent adds after the pairs, not 8) */
         float s2[8][2];
 #pragma unroll
@@ -448,9 +404,7 @@ static __device__ __forceinline__ void mw_pack_p(const float (&sc)[8][4], const 
             for (int hf = 0; hf < 2; hf++) {
                 const float x0 = fmaf(sc[j][2 * hf], mul, -mu[hf]);
                 const float x1 = fmaf(sc[j][2 * hf + 1], mul, -mu[hf]);
-                const bool poly = KVA_MW_PEXP && (j & 3) == 3; /* n8 tiles 3 and 7 */
-                const float p0 = poly ? mw_ex2p(x0) : kva__ex2(x0);
-                const float p1 = poly ? mw_ex2p(x1) : kva__ex2(x1);
+                const float p0 = kva__ex2(x0), p1 = kva__ex2(x1);
                 s2[j][hf] = p0 + p1;
                 pa[j >> 1][2 * (j & 1) + hf] = Ty::pack(p0, p1);
             }
@@ -493,7 +447,7 @@ template <bool LEAN>
 static __device__ __forceinline__ void mw_put_p(const uint32_t (&pa)[4][4], uint32_t sP, int r0,
                                                 int t4)
 {
-    if constexpr (LEAN && KVA_MW_STSM) {
+    if constexpr (LEAN) {
         (void)r0;
         (void)t4;
         const int l = threadIdx.x & 31;
