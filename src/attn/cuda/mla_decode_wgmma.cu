@@ -144,21 +144,32 @@ template <typename Ty, bool FP8, bool TMA = false> struct mw_dense {
             }
         }
     }
-    __device__ __forceinline__ void logits(float (&sc)[8][4], const args &a, float scale_log2,
-                                           int32_t kb, int t4, int)
+    /* The alternating tiles' logits: a tile every row sees whole, without
+     * ALiBi or soft-cap, stays unscaled (the body applies the returned
+     * factor); otherwise scaled and masked here (factor 1). */
+    __device__ __forceinline__ float logits(float (&sc)[8][4], const args &a, float scale_log2,
+                                            int32_t kb, int t4, int)
     {
-        kva__dmma_logits<64>(sc, a, FP8 ? scale_log2 * a.kv_scale : scale_log2, kb, t4, lo_all,
-                             hi_all, lo, hi, pos, slope);
+        const float s2 = FP8 ? scale_log2 * a.kv_scale : scale_log2;
+        if (!(a.softcap > 0.f) && !a.has_alibi && kb >= lo_all && kb + MW_BN <= hi_all && s2 > 0.f)
+            return s2;
+        kva__dmma_logits<64>(sc, a, s2, kb, t4, lo_all, hi_all, lo, hi, pos, slope);
+        return 1.f;
     }
-    /* TMA (one thread): part PART of tile kb (< kend; a tile lies inside
-     * one cache block) into stage S's ring slot at `stage`, the column
-     * blocks mw_fblk<S, PART> as [64, 64] boxes completing on bar. */
+    /* TMA (one thread): the cache row of tile kb (< kend; a tile lies
+     * inside one cache block; a shift for power-of-two blocks). */
+    __device__ __forceinline__ int32_t trow(const args &a, int32_t kb) const
+    {
+        const int32_t blk = (a.B & (a.B - 1)) ? kb / a.B : kb >> (__ffs(a.B) - 1);
+        return __ldg(mi.bt_row + blk) * a.B + (kb - blk * a.B);
+    }
+    /* TMA (one thread): part PART of the tile at cache row `row` into stage
+     * S's ring slot at `stage`, the column blocks mw_fblk<S, PART> as
+     * [64, 64] boxes completing on bar. */
     template <int S, int PART>
-    __device__ __forceinline__ void tfill(const args &a, int32_t kb, uint32_t stage,
+    __device__ __forceinline__ void tfill(const args &a, int32_t row, uint32_t stage,
                                           uint32_t bar) const
     {
-        const int32_t blk = kb / a.B;
-        const int32_t row = __ldg(mi.bt_row + blk) * a.B + (kb - blk * a.B);
         kva__mbar_expect_tx(bar, MW_FNB(PART) * MW_BN * 128);
 #pragma unroll
         for (int i = 0; i < MW_FNB(PART); i++) {

@@ -238,8 +238,9 @@ template <typename Ty, bool FP8> struct ms_sparse {
                 mw_prefetch_l2(a.rows + rown[S] * sp_ds_mla::ROW, sp_ds_mla::ROW);
         }
     }
-    __device__ __forceinline__ void logits(float (&sc)[8][4], const args &, float scale_log2,
-                                           int32_t, int t4, int st) const
+    /* (scaled here: the factor left to the body is 1) */
+    __device__ __forceinline__ float logits(float (&sc)[8][4], const args &, float scale_log2,
+                                            int32_t, int t4, int st) const
     {
         const int *ok = ms_ok()[st];
 #pragma unroll
@@ -247,6 +248,7 @@ template <typename Ty, bool FP8> struct ms_sparse {
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 sc[j][e] = ok[j * 8 + 2 * t4 + (e & 1)] ? sc[j][e] * scale_log2 : -INFINITY;
+        return 1.f;
     }
     __device__ __forceinline__ void finish(const args &a, float (*s_sum)[64], int wg, int r0,
                                            int t4, float l_run[2], const float m_run[2],

@@ -175,15 +175,21 @@ template <typename W> struct mw_nt<W, decltype((void)W::SCHED)> {
  *                              commits each part) or stores; the fills of
  *                              one warpgroup come in tile order, part 0
  *                              then part 1, its tiles kb 128 apart;
- *   (MW_SCHED_ALT_TMA instead of fill: tfill<S, PART>(a, kb, stage, bar)
- *                              by one thread: the column blocks
- *                              mw_fblk<S, PART> of tile kb (< kend) into
- *                              stage S's slot at `stage`, completing on the
+ *   (MW_SCHED_ALT_TMA instead of fill: trow(a, kb) the cache row of
+ *                              tile kb (< kend; a load, by one thread);
+ *                              tfill<S, PART>(a, row, stage, bar) by one
+ *                              thread: the column blocks mw_fblk<S, PART>
+ *                              of the tile at cache row `row` into stage
+ *                              S's slot at `stage`, completing on the
  *                              mbarrier bar with their byte count; W::args
  *                              must be usable as a __grid_constant__;)
- *   logits(sc[8][4], a, scale_log2, kb, t4, st)  S of the thread's keys
- *                              kb + 8 j + 2 t4 + e (ring slot st) into
- *                              log2-unit logits, masked keys -inf.
+ *   mul = logits(sc[8][4], a, scale_log2, kb, t4, st)  S of the thread's
+ *                              keys kb + 8 j + 2 t4 + e (ring slot st) into
+ *                              log2-unit logits, masked keys -inf, or (a
+ *                              tile without masked keys, ALiBi or soft-cap)
+ *                              left as they are: mul > 0 the factor that
+ *                              takes them to log2 units (1 where applied),
+ *                              which the row maxima and P's exponent apply.
  *   (MW_SCHED_ALT_PROD instead of fill, by the producer's 128 threads, thread
  *   t taking key t / 2 at mw_fill_at: type raw, the registers of one part;
  *   fetch<S, PART>(a, kt, r) its loads of part PART of tile kt (stage S),
@@ -212,16 +218,17 @@ template <typename W> struct mw_nt<W, decltype((void)W::SCHED)> {
 /* Part 0 of warpgroup WG's next tile kn (if < kend, the item's) into its stage, once
  * its local P V read the stage's part 0: cp.async or stores by the
  * warpgroup (committed), or (TMA) by its issuing thread `elect` once every
- * warp of the warpgroup is past the local P V, completing on `bar`. */
+ * warp of the warpgroup is past the local P V, completing on `bar` (the
+ * tile's cache row is row, W::trow's, looked up at the top of the pair). */
 template <int WG, bool TMA, typename W>
 static __device__ __forceinline__ void mw_fill0(W &wi, const typename W::args &a, int32_t kn,
                                                 int32_t kend, uint32_t mine, uint32_t bar,
-                                                bool elect)
+                                                bool elect, int32_t row)
 {
     if constexpr (TMA) {
         mw_wg_sync<WG>();
         if (elect && kn < wi.kend) /* wi.kend == kend */
-            wi.template tfill<WG, 0>(a, kn, mine, bar);
+            wi.template tfill<WG, 0>(a, row, mine, bar);
     } else {
         if (kn < kend)
             wi.template fill<WG, 0>(a, kn, mine, WG);
@@ -307,6 +314,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
 {
     constexpr bool PROD = SCHED == MW_SCHED_ALT_PROD;
     constexpr bool EARLY = SCHED == MW_SCHED_ALT_EARLY || PROD, TMA = SCHED == MW_SCHED_ALT_TMA;
+    constexpr bool LEAN = !PROD;                         /* the lean softmax (mla_wgmma_ops.cuh) */
     const bool elect = (threadIdx.x & (MW_WT - 1)) == 0; /* TMA: the warpgroup's issuing thread */
     const uint32_t mine = sK + WG * MW_KB, other = sK + (1 - WG) * MW_KB;
     const uint64_t dq = kva__wgmma_desc(sQ, 16, 1024);
@@ -326,6 +334,20 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
         const bool have = kt < kend, have1 = kb + MW_BN < kend; /* CTA-uniform */
         const int32_t kn = kt + 2 * MW_BN;                      /* its next tile */
         float mu[2] = {0.f, 0.f}, psum[2] = {0.f, 0.f};
+        float mul = 1.f; /* the logits' factor left to P (W::logits) */
+        /* TMA: the cache rows of the pair's two fills by the issuing thread
+         * (its next tile's part 0, then part 1 of the other warpgroup's next
+         * tile), looked up now so that the loads land during S. */
+        int32_t row_n = 0, row_o = 0;
+        if constexpr (TMA) {
+            if (elect) {
+                const int32_t ko = kb + (1 - WG) * MW_BN + 2 * MW_BN;
+                if (kn < kend)
+                    row_n = wi.trow(a, kn);
+                if (ko < kend)
+                    row_o = wi.trow(a, ko);
+            }
+        }
 
         if constexpr (EARLY) {
             /* The rest of S of the own tile (part 0's k-steps were issued
@@ -342,7 +364,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             mw_s64<Ty, WG, 4, 9>(sc, dq, dk);
             mw_s_done(sc);
             if (have)
-                wi.logits(sc, a, scale_log2, kt, t4, WG);
+                mul = wi.logits(sc, a, scale_log2, kt, t4, WG);
         } else if (have) {
             /* S of the own tile, each fill part waited for just before its
              * blocks (part 1 may still land while part 0's k-steps run). */
@@ -363,10 +385,19 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             }
             mw_s64<Ty, WG, 4, 9>(sc, dq, dk);
             mw_s_done(sc);
-            wi.logits(sc, a, scale_log2, kt, t4, WG);
+            mul = wi.logits(sc, a, scale_log2, kt, t4, WG);
             if constexpr (TMA)
                 if (kt + MW_BN > kend) /* rows past the item's keys (warpgroup-uniform) */
                     mw_zero_rows<WG>(mine, kend - kt);
+        }
+        /* LEAN: the thread's tile maxima (in warpgroup 1 before it waits
+         * for warpgroup 0's reference, which they do not need). */
+        float mx[2] = {-INFINITY, -INFINITY};
+        if constexpr (LEAN && WG == 1) {
+            if (have)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++)
+                    mx[hf] = mw_tmax(sc, hf) * mul;
         }
         if constexpr (WG == 1) {
             /* Adopt warpgroup 0's reference for this pair. */
@@ -380,22 +411,55 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             __syncwarp(); /* the quad's reads before its lane 0 writes below */
         }
         if (have) {
-            /* The tile's row maxima; a row whose max grew past the lazy
-             * headroom (or was -inf and is not now) moves the reference. */
+            /* The tile's row maxima (the factor mul > 0 applied to the max
+             * of the unscaled logits); a row whose max grew past the lazy
+             * headroom (or was -inf and is not now) moves the reference.
+             * LEAN: the quads' shuffles only where some thread's own maxima
+             * would move a row of the warp (rare), the same moves. */
+            if constexpr (LEAN) {
+                bool mv = false;
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    if constexpr (WG == 0)
+                        mx[hf] = mw_tmax(sc, hf) * mul;
+                    mv |= mx[hf] > m_run[hf] + MW_LAZY; /* -inf + MW_LAZY is -inf */
+                }
+                if (__any_sync(0xffffffffu, mv)) {
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        mx[hf] = mw_quad_max(mx[hf]);
+                        if (mx[hf] > m_run[hf] + MW_LAZY)
+                            mw_move(o, m_run, l_run, hf, mx[hf]);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const float mx = kva__dmma_row_max<8>(sc, hf) * mul;
+                    if (mx > m_run[hf] + MW_LAZY)
+                        mw_move(o, m_run, l_run, hf, mx);
+                }
+            }
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
-                const float mx = kva__dmma_row_max<8>(sc, hf);
-                if (mx > m_run[hf] + MW_LAZY) /* -inf + MW_LAZY is -inf */
-                    mw_move(o, m_run, l_run, hf, mx);
                 mu[hf] = m_run[hf] == -INFINITY ? 0.f : m_run[hf];
                 if (t4 == 0)
                     s_ref[r0 + 8 * hf] = m_run[hf];
             }
         }
         kva__named_bar(false, WG == 0 ? MW_BAR_SC0 : MW_BAR_SC1, ML_NT);
+        if constexpr (LEAN && WG == 0) {
+            /* P's work after the arrive that warpgroup 1 waits for: ptxas
+             * otherwise sinks the arrive below P's FMAs and MUFUs. A load
+             * stays after the barrier, and mu depends on it: s_ref[64] holds
+             * -inf (the kernel's), and mu is never NaN. */
+            const float z = s_ref[MW_M];
+            mu[0] = fmaxf(mu[0], z);
+            mu[1] = fmaxf(mu[1], z);
+        }
         uint32_t pa[4][4];
         if (have) {
-            mw_pack_p<Ty>(sc, mu, pa, psum);
+            mw_pack_p<Ty, LEAN>(sc, mu, mul, pa, psum);
             l_run[0] += psum[0];
             l_run[1] += psum[1];
             mw_pv_rs<Ty, WG>(o, pa, dv_mine); /* local P V, P from registers */
@@ -417,21 +481,21 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
                     mw_move(o, m_run, l_run, hf, m1);
                 }
             }
-            mw_put_p(pa, mine + MW_PO, r0, t4);
+            mw_put_p<LEAN>(pa, mine + MW_PO, r0, t4);
             kva__fence_proxy_async(); /* P stores -> the other warpgroup's wgmma reads */
             kva__named_bar(false, MW_BAR_P0, ML_NT);
             /* Our value half of stage 0 is free: part 0 of the next tile
              * (EARLY: behind the remote P V). */
             if constexpr (!EARLY)
-                mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect);
+                mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect, row_n);
             kva__named_bar(true, MW_BAR_P1, ML_NT);
             if (have1)
                 mw_pv<Ty, WG>(o, dp_other, dv_other); /* remote P V */
             if constexpr (EARLY && !PROD)
-                mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect);
+                mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect, row_n);
         } else {
             if (have) {
-                mw_put_p(pa, mine + MW_PO, r0, t4);
+                mw_put_p<LEAN>(pa, mine + MW_PO, r0, t4);
                 kva__fence_proxy_async();
             }
             kva__named_bar(false, MW_BAR_P1, ML_NT);
@@ -443,7 +507,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
                 if (have) /* the local P V read part 0 of stage 1 last */
                     kva__mbar_arrive(MW_PBAR(bars, 1, 1, 0));
             } else {
-                mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect);
+                mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect, row_n);
             }
         }
         /* (EARLY: S part 0 of the next tile queues behind the remote P V.)
@@ -468,7 +532,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             mw_wg_sync<WG>();
             const int32_t ko = kb + (1 - WG) * MW_BN + 2 * MW_BN;
             if (elect && ko < kend)
-                wi.template tfill<1 - WG, 1>(a, ko, other, MW_TBAR(bars, 1 - WG, 1));
+                wi.template tfill<1 - WG, 1>(a, row_o, other, MW_TBAR(bars, 1 - WG, 1));
             ph ^= have1 ? 3u : 1u; /* the stages whose tile this pair consumed */
         } else if constexpr (PROD) {
             /* The remote P V was the last read of part 1 of the other stage
@@ -496,8 +560,9 @@ static __device__ __forceinline__ void mw_first(W &wi, const typename W::args &a
     const int32_t kt = wi.k0 + WG * MW_BN;
     if constexpr (W::SCHED == MW_SCHED_ALT_TMA) {
         if ((threadIdx.x & (MW_WT - 1)) == 0 && kt < wi.kend) {
-            wi.template tfill<WG, 0>(a, kt, sK + WG * MW_KB, MW_TBAR(bars, WG, 0));
-            wi.template tfill<WG, 1>(a, kt, sK + WG * MW_KB, MW_TBAR(bars, WG, 1));
+            const int32_t row = wi.trow(a, kt);
+            wi.template tfill<WG, 0>(a, row, sK + WG * MW_KB, MW_TBAR(bars, WG, 0));
+            wi.template tfill<WG, 1>(a, row, sK + WG * MW_KB, MW_TBAR(bars, WG, 1));
         }
     } else {
         if (kt < wi.kend)
@@ -540,6 +605,12 @@ __global__ void __launch_bounds__(mw_nt<W>::NT, 1)
             kva__mbar_init(bars + 8u * (uint32_t)tid, 1);
         __syncthreads();
     }
+    /* Alternating tiles (LEAN, see mw_alt_loop): s_max[1][0] is -inf
+     * (mw_alt_loop's s_ref[MW_M]), visible after the item's first CTA
+     * barrier. */
+    if constexpr (W::SCHED != MW_SCHED_SPLIT && W::SCHED != MW_SCHED_ALT_PROD)
+        if (tid == 0)
+            s_max[1][0] = -INFINITY;
     /* MW_SCHED_ALT_PROD: the ring's full / empty mbarriers; warpgroup 2 is
      * the producer (its own item loop, the same items; it joins the
      * consumers' CTA barriers: the item's first, after Q, and ml_finish's

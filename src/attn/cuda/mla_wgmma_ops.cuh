@@ -56,6 +56,16 @@
  * reference gives the same out and lse, this one moves only when a row's max
  * grows past it by more than MW_LAZY (or was -inf). */
 #define MW_LAZY 8.f
+/* The alternating-tile loop's softmax (mw_alt_loop, mla_wgmma_body.cuh) in
+ * its lean form (LEAN, every schedule but MW_SCHED_ALT_PROD): the policy may
+ * leave a tile's logits unscaled and return the factor, which the row
+ * maxima take once per row and P's exponent in one FMA (mw_pack_p); the
+ * quads' shuffles of the row maxima only where a warp vote on the threads'
+ * own maxima says a row may move its reference; P into its stage by
+ * stmatrix (mw_put_p); warpgroup 1's tile maxima before it waits for
+ * warpgroup 0's reference. MW_SCHED_ALT_PROD keeps the earlier forms: its
+ * consumers are compiled within 168 registers, where the lean forms' live
+ * values spill more (the sparse fp8_ds_mla kernel, not measured with them). */
 /* Named barriers of the alternating-tile loop (0 is __syncthreads): SC0 /
  * SC1 the reference of warpgroup 0's / 1's tile is in s_ref, P0 / P1 its P
  * is in its stage, FREE0 / FREE1 the other warpgroup is done reading stage
@@ -358,24 +368,62 @@ static __device__ __forceinline__ void mw_move(float (&o)[32][4], float m_run[2]
     }
 }
 
-/* P = 2^(sc - mu) of rows r0, r0 + 8 as the A fragments of the local P V
+/* The max of row r0 + 8 hf over the thread's 16 logits of the tile (its
+ * quad's other lanes not included: mw_quad_max). */
+static __device__ __forceinline__ float mw_tmax(const float (&sc)[8][4], int hf)
+{
+    float m[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        m[j] = fmaxf(fmaxf(sc[2 * j][2 * hf], sc[2 * j][2 * hf + 1]),
+                     fmaxf(sc[2 * j + 1][2 * hf], sc[2 * j + 1][2 * hf + 1]));
+    return fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
+}
+/* The max of x over the 4 lanes of the thread's quad (the lanes of a row). */
+static __device__ __forceinline__ float mw_quad_max(float x)
+{
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+/* P = 2^(mul sc - mu) of rows r0, r0 + 8 as the A fragments of the local P V
  * (pa[kk]: k-step kk, keys 16 kk .. + 15: rows r0 / r0 + 8 x keys 16 kk +
  * 2 t4 (+ 1) and + 8, in the input dtype); psum gets the thread's row sums
- * of the fp32 values. */
-template <typename Ty>
+ * of the fp32 values. mul: the logits' factor the policy left to P (1 where
+ * sc is already in log2 units). */
+template <typename Ty, bool LEAN>
 static __device__ __forceinline__ void mw_pack_p(const float (&sc)[8][4], const float mu[2],
-                                                 uint32_t (&pa)[4][4], float psum[2])
+                                                 float mul, uint32_t (&pa)[4][4], float psum[2])
 {
-    psum[0] = psum[1] = 0.f;
+    if constexpr (LEAN) {
+        /* (the row sums as a tree: 3 dependent adds after the pairs, not 8) */
+        float s2[8][2];
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+        for (int j = 0; j < 8; j++)
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const float p0 = kva__ex2(sc[j][2 * hf] - mu[hf]);
-            const float p1 = kva__ex2(sc[j][2 * hf + 1] - mu[hf]);
-            psum[hf] += p0 + p1;
-            pa[j >> 1][2 * (j & 1) + hf] = Ty::pack(p0, p1);
-        }
+            for (int hf = 0; hf < 2; hf++) {
+                const float x0 = fmaf(sc[j][2 * hf], mul, -mu[hf]);
+                const float x1 = fmaf(sc[j][2 * hf + 1], mul, -mu[hf]);
+                const float p0 = kva__ex2(x0), p1 = kva__ex2(x1);
+                s2[j][hf] = p0 + p1;
+                pa[j >> 1][2 * (j & 1) + hf] = Ty::pack(p0, p1);
+            }
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+            psum[hf] = ((s2[0][hf] + s2[1][hf]) + (s2[2][hf] + s2[3][hf])) +
+                       ((s2[4][hf] + s2[5][hf]) + (s2[6][hf] + s2[7][hf]));
+    } else { /* (mul is 1 here: the policies of these kernels scale) */
+        psum[0] = psum[1] = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const float p0 = kva__ex2(sc[j][2 * hf] * mul - mu[hf]);
+                const float p1 = kva__ex2(sc[j][2 * hf + 1] * mul - mu[hf]);
+                psum[hf] += p0 + p1;
+                pa[j >> 1][2 * (j & 1) + hf] = Ty::pack(p0, p1);
+            }
+    }
 }
 /* Row hf of the P fragments times alpha (its reference moved). */
 template <typename Ty>
@@ -389,20 +437,39 @@ static __device__ __forceinline__ void mw_scale_p(uint32_t (&pa)[4][4], int hf, 
             pa[kk][2 * i + hf] = Ty::pack(f.x * alpha, f.y * alpha);
         }
 }
-/* The P fragments into the [64, 64] P tile at sP (K-major, 128-byte swizzle)
- * for the other warpgroup's remote P V. */
+/* The P fragments into the [64, 64] P tile at sP (K-major, 128-byte swizzle;
+ * sP 1024-byte aligned) for the other warpgroup's remote P V. stmatrix: per
+ * k-step kk one x4 store of the four 8 x 8 matrices pa[kk][i] (rows 16 w +
+ * 8 (i & 1) + 0..7 of the thread's warp w, key chunk 2 kk + (i >> 1)); lane l
+ * gives the address of row l & 7 of matrix l >> 3. In a 1024-byte aligned
+ * tile that chunk's swizzled address differs from k-step 0's by kk << 5. */
+template <bool LEAN>
 static __device__ __forceinline__ void mw_put_p(const uint32_t (&pa)[4][4], uint32_t sP, int r0,
                                                 int t4)
 {
+    if constexpr (LEAN) {
+        (void)r0;
+        (void)t4;
+        const int l = threadIdx.x & 31;
+        const int r = 16 * ((threadIdx.x >> 5) & 3) + 8 * ((l >> 3) & 1) + (l & 7);
+        const uint32_t a0 = sP + (uint32_t)(r * 128 + (((l >> 4) ^ (l & 7)) << 4));
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++)
+        for (int kk = 0; kk < 4; kk++)
+            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                             a0 ^ (uint32_t)(kk << 5)),
+                         "r"(pa[kk][0]), "r"(pa[kk][1]), "r"(pa[kk][2]), "r"(pa[kk][3])
+                         : "memory");
+    } else {
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = r0 + 8 * (i & 1), key = 16 * kk + 8 * (i >> 1) + 2 * t4;
-            const uint32_t addr =
-                sP + (uint32_t)(r * 128 + ((((key >> 3) ^ (r & 7))) << 4) + (key & 7) * 2);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pa[kk][i]) : "memory");
-        }
+        for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = r0 + 8 * (i & 1), key = 16 * kk + 8 * (i >> 1) + 2 * t4;
+                const uint32_t addr =
+                    sP + (uint32_t)(r * 128 + ((((key >> 3) ^ (r & 7))) << 4) + (key & 7) * 2);
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pa[kk][i]) : "memory");
+            }
+    }
 }
 /* O += P V from the P fragments (local P V: this warpgroup's own tile, its
  * value columns 256 WG ..); issued and committed. The fragments must stay
