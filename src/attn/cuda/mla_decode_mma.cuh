@@ -39,7 +39,9 @@
  *     BN * MT / 8 keys (36 k-steps over 576). The row max goes through shared
  *     memory (every warp of a row tile gets the same max, so the running max,
  *     the rescale and P agree between warps); P is written to shared memory in
- *     the input dtype.
+ *     the input dtype. The sparse fp8_ds_mla 16-row items (the row format's
+ *     ST) compute S transposed instead, S^T = K Q^T with Q^T in registers
+ *     (ml_st_tile), and write P transposed, so P V below is unchanged.
  *   - O += P V: warp w owns row tile w % MT and the 64 * MT value columns
  *     (w / MT) * 64 * MT .. + 64 * MT - 1: O [16, 64 * MT] stays in its
  *     registers for the whole item, so no merge of O between warps; only the

@@ -24,6 +24,10 @@
  *   the mask: per-stage key flags (entries past topk_length, -1 and
  *     positions outside 0 .. seq_len - 1 are unused: zero rows, logits
  *     -inf); the stores: ml_finish with sp_dst (LSE includes the sink).
+ * With fp8_ds_mla rows and 16-row head tiles (H <= 16) the body computes
+ * S transposed (sp_ds_mla::ST, ml_st_tile in mla_decode_mma.cuh): Q^T
+ * stays in registers, split over two column halves of warps, and each warp
+ * converts the columns it reads of its 16 keys (convert below).
  *
  * Work: item = (query token t, head tile of M = 16 MT rows, key split), one
  * per CTA. The M rows are heads h0 .. h0 + M - 1 of ONE token (each token
