@@ -88,9 +88,11 @@ for v in new base ${alt:+alt}; do
     }
   done
 done
-timeout 120 b/test_cuda_mla_sparse >"$l/test_sparse.log" 2>&1
+# KVA_QUICK=1: the quick test set, and only the H 16 rows (a short second call).
+env ${KVA_QUICK:+KVA_TEST_QUICK=1} timeout 120 b/test_cuda_mla_sparse >"$l/test_sparse.log" 2>&1
 trc=$?
-log "test_cuda_mla_sparse new (all) rc=$trc: $(grep -E 'passed|FAILED|failed' "$l/test_sparse.log" | tail -1 | cut -c1-140)"
+tset=all; [ -n "${KVA_QUICK:-}" ] && tset=quick
+log "test_cuda_mla_sparse new ($tset) rc=$trc: $(grep -E 'passed|FAILED|failed' "$l/test_sparse.log" | tail -1 | cut -c1-140)"
 [ $trc = 124 ] && { log "test_cuda_mla_sparse timed out (a hang?): new left out of the bench"; sides=${sides/new/}; }
 grep -hE "FAILED|CHECK failed|bad" "$l/test_sparse.log" | head -10 | tee -a "$o/run.txt"
 case " $sides " in *" alt "*)
@@ -103,6 +105,7 @@ D="--batch 128 --q-len 2 --context 8192 --topk 2048"
 ROWS=("decode H16|$D --heads 16" "decode H64 (H16 padded)|$D --heads 64"
   "decode H32|$D --heads 32" "decode H128|$D --heads 128"
   "decode H16 R16|--batch 16 --q-len 2 --context 8192 --topk 2048 --heads 16")
+[ -n "${KVA_QUICK:-}" ] && ROWS=("${ROWS[0]}" "${ROWS[4]}")
 for r in 1 2; do
   order=$sides; [ $r = 2 ] && order=$(echo $sides | tr " " "\n" | tac | tr "\n" " ")
   for v in $order; do
