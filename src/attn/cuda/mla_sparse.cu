@@ -161,10 +161,19 @@ template <typename Ty, typename SRC> struct sp_mma {
             const unsigned char *src = raw + key0 * ROW;
             unsigned char *dst = tile + key0 * ML_D * 2; /* key0 % 16 = 0: row k's swizzle */
             const int c = 32 * rt + lane, cp = 4 * rt + (lane & 3);
+            /* Loads of 8 rows, then their conversions and stores: the raw
+             * stage and the tile are both shared memory, so the compiler
+             * cannot move a load above the previous row's store itself. */
 #pragma unroll
-            for (int r = 0; r < 16; r++) {
-                const uint2 codes = *reinterpret_cast<const uint2 *>(src + r * ROW + c * 8);
-                *reinterpret_cast<uint4 *>(dst + ml_off<0>(r, c)) = kva__fp8x8_as<Ty>(codes);
+            for (int r0 = 0; r0 < 16; r0 += 8) {
+                uint2 codes[8];
+#pragma unroll
+                for (int r = 0; r < 8; r++)
+                    codes[r] = *reinterpret_cast<const uint2 *>(src + (r0 + r) * ROW + c * 8);
+#pragma unroll
+                for (int r = 0; r < 8; r++)
+                    *reinterpret_cast<uint4 *>(dst + ml_off<0>(r0 + r, c)) =
+                        kva__fp8x8_as<Ty>(codes[r]);
             }
 #pragma unroll
             for (int j = 0; j < 2; j++) {
