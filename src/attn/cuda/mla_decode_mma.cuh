@@ -39,7 +39,9 @@
  *     BN * MT / 8 keys (36 k-steps over 576). The row max goes through shared
  *     memory (every warp of a row tile gets the same max, so the running max,
  *     the rescale and P agree between warps); P is written to shared memory in
- *     the input dtype.
+ *     the input dtype. The sparse fp8_ds_mla 16-row items (the row format's
+ *     ST) compute S transposed instead, S^T = K Q^T with Q^T in registers
+ *     (ml_st_tile), and write P transposed, so P V below is unchanged.
  *   - O += P V: warp w owns row tile w % MT and the 64 * MT value columns
  *     (w / MT) * 64 * MT .. + 64 * MT - 1: O [16, 64 * MT] stays in its
  *     registers for the whole item, so no merge of O between warps; only the
@@ -86,22 +88,26 @@ template <bool FP8> struct ml_dense_rows {
     static constexpr bool FLAGS = false;
     template <int MT, bool QR>
     static constexpr int NST = RAW_ROW && QR ? 4 : MT == 4 || QR ? 3 : 2;
+    template <int MT> static constexpr bool ST = false;
 };
 
 /* Tile shape per MT (row tiles of 16), QR (Q in registers, MT = 1 only) and
  * row format R (above): keys per tile, ring stages, keys of one warp's S
  * slice, value columns of one warp; shared memory in bytes: Q [M, 576] (not
- * with QR: its registers are loaded from a staging copy in the last ring
+ * with QR or ST: its registers are loaded from a staging copy in the last ring
  * stage, or with raw rows in the 16-bit tile, free until the first tile's
  * copies or conversion), the ring [NST][BN, 576] of 16-bit tiles (raw rows:
  * one 16-bit tile, then the ring [NST][BN, RAW_ROW] of raw bytes; dense FP8
  * with QR: NST = 4, the raw stages are half a tile, and the fourth fits), NP
  * copies of P [M, BN] (rows padded by 16 bytes against bank conflicts), the
- * row maxima and sums [8][64] fp32, (FLAGS) the key flags [NST][BN]. No dense FP8
+ * row maxima and sums [8][64] fp32, (FLAGS) the key flags [NST][BN], (ST)
+ * the exchange of S halves [8 warps][32 lanes][4] fp32. No dense FP8
  * configuration needs more than its 16-bit one. QR exists for the
  * memory-bound 16-row items (H <= 16 decodes): without the 18 KB of Q a
  * third 72 KB stage fits (227 KB on sm_90), so two tiles are in flight
- * while one is computed, and the ring never drains between tiles. */
+ * while one is computed, and the ring never drains between tiles.
+ * ST (the row format's ST<MT>; MT = 1, NP = 4, FLAGS, not QR): the
+ * transposed S of ml_st_tile (below), Q^T in registers. */
 template <int MT, bool QR, typename R> struct ml_tiles {
     static constexpr int M = 16 * MT;
     static constexpr int BN = MT == 4 ? 32 : 64;
@@ -114,18 +120,25 @@ template <int MT, bool QR, typename R> struct ml_tiles {
     static constexpr int TILE = BN * ML_D * 2;
     static constexpr int RAW = BN * R::RAW_ROW; /* one raw stage (0: none) */
     static constexpr int NP = R::NP;
+    static constexpr bool ST = R::template ST<MT>; /* the transposed S */
+    static constexpr bool QREG = QR || ST;         /* Q lives in registers */
     static constexpr int P_STRIDE = BN * 2 + 16;
     static constexpr int P_BYTES = M * P_STRIDE;
-    static constexpr int OFF_RING = QR ? 0 : M * ML_D * 2; /* the 16-bit tile(s) */
+    static constexpr int OFF_RING = QREG ? 0 : M * ML_D * 2; /* the 16-bit tile(s) */
     static constexpr int OFF_RAW = OFF_RING + (RAW ? 1 : NST) * TILE;
-    static constexpr int OFF_Q = !QR ? 0 : RAW ? OFF_RING : (NST - 1) * TILE;
+    static constexpr int OFF_Q = !QREG ? 0 : RAW ? OFF_RING : (NST - 1) * TILE;
     static constexpr int OFF_P = OFF_RAW + NST * RAW;
     static constexpr int OFF_RED = OFF_P + NP * P_BYTES;
     static constexpr int OFF_OK = OFF_RED + 2 * ML_NW * 64 * 4;
-    static constexpr int SMEM = OFF_OK + (R::FLAGS ? NST * BN * 4 : 0);
+    static constexpr int OFF_X = OFF_OK + (R::FLAGS ? NST * BN * 4 : 0);
+    static constexpr int SMEM = OFF_X + (ST ? ML_NW * 32 * 16 : 0);
     static_assert(NBS >= 1 && KW % 8 == 0, "key slice of a warp");
     static_assert(!QR || (MT == 1 && NBS == 1 && NP == 1),
                   "Q in registers: one row tile, 8 keys a warp");
+    static_assert(!ST ||
+                      (MT == 1 && !QR && NP == 4 && BN == 64 && ML_NW == 8 && R::FLAGS && RAW > 0),
+                  "transposed S: 16 heads, 4 key groups of 16 x 2 column halves, raw rows "
+                  "with 4 tile scales, the mask in key flags");
     static_assert(NP == 1 || NP == ML_DV / 128, "P copies: none, or one per c_kv tile of 128");
     static_assert(SMEM <= 227 * 1024, "shared memory of one CTA");
 };
@@ -159,6 +172,217 @@ template <int MT> static __device__ __forceinline__ void ml_slice_sync(int kg)
         __syncwarp();
     else
         asm volatile("bar.sync %0, %1;\n" ::"r"(1 + kg), "r"(MT * 32) : "memory");
+}
+
+/*
+ * The transposed S (C::ST: 16-row items over raw rows with 4 c_kv tile
+ * scales, the sparse fp8_ds_mla rows): S^T = K Q^T with the keys as
+ * mma.sync's M and the 16 heads as N (two n8 tiles), so Q is never read from
+ * shared memory in the tile loop. Warp w takes key group kq = w % 4 (keys
+ * 16 kq .. + 15 of the tile) and column half hh = w / 4 of the 36 k-steps:
+ * ml_st_ks(hh, j), j < 18, the c_kv tiles 2 hh and 2 hh + 1 (k-steps
+ * 16 hh .. + 15) and two k-steps of k_pe (32 + 2 hh, + 1). Q^T's B fragments
+ * of those 18 k-steps stay in registers for the item (ml_st_load_q). The
+ * pair of warps of a key group adds its halves through shared memory: each
+ * warp keeps n8 tile hh (heads 8 hh .. + 7) and finishes the softmax there.
+ * Fragment of a thread (g4 = lane / 4, t4 = lane % 4): sc[e] is key
+ * 16 kq + g4 + 8 (e / 2), head 8 hh + 2 t4 + e % 2. P goes to shared memory
+ * transposed (P [16 heads, BN keys], stmatrix.trans on sm_90), so P V is the
+ * kernel's; its O rows are heads g4 and g4 + 8, whose running max m_run the
+ * thread keeps beside m_st, the max of its own S heads (both from the same
+ * maxima, so they agree); l_st sums P of its S heads and keys, turned into
+ * ml_finish's l_run by ml_st_sums at the item's end.
+ */
+static __device__ __forceinline__ int ml_st_ks(int hh, int j)
+{
+    return j < 16 ? 16 * hh + j : 32 + 2 * hh + (j - 16);
+}
+/* Q^T's B fragments of half hh from Q [16, 576] at sQ: qf[j] = {b0, b1} of
+ * heads 0-7, then of heads 8-15, at k-step ml_st_ks(hh, j). */
+static __device__ __forceinline__ void ml_st_load_q(uint32_t sQ, int hh, int lane,
+                                                    uint32_t (*qf)[4])
+{
+    const int b_r = (lane & 7) + (lane >> 4) * 8, b_c = (lane >> 3) & 1;
+#pragma unroll
+    for (int j = 0; j < ML_D / 32; j++)
+        kva__ldsm_x4(sQ + ml_off<0>(b_r, 2 * ml_st_ks(hh, j) + b_c), qf[j]);
+}
+/* Four 8x8 b16 matrices stored transposed: r[i] is row g4, columns 2 t4 and
+ * 2 t4 + 1 of matrix i, whose column j goes to the row address of lane
+ * 8 i + j. (Before sm_90: per element, the same bytes.) */
+template <typename Ty>
+static __device__ __forceinline__ void ml_stsm_x4_trans(uint32_t addr, const float (*v)[2],
+                                                        int lane, uint32_t base, int pitch)
+{
+#if __CUDA_ARCH__ >= 900
+    (void)base, (void)pitch;
+    uint32_t r[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        r[i] = Ty::pack(v[i][0], v[i][1]);
+    asm volatile(
+        "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr),
+        "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+        : "memory");
+#else
+    (void)addr;
+    /* base: the address of matrix i's row j = base(i) + j pitch, given per i
+     * by the lanes 8 i (shuffled); element (g4, c) goes to row c at g4. */
+    const int g4 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t b = __shfl_sync(0xffffffffu, base, 8 * i);
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const uint32_t h = Ty::pack(v[i][c], 0.f) & 0xffffu;
+            asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(b + (2 * t4 + c) * pitch + g4 * 2),
+                         "h"((unsigned short)h)
+                         : "memory");
+        }
+    }
+#endif
+}
+/* One key tile of the transposed S: S^T halves over the tile at sk (16-bit
+ * [BN, 576]) with the raw stage's tile scales (W::key_scale4), summed with
+ * the pair warp's half through s_x [8][32] float4 (named barrier 1 + kq of
+ * 64 threads), logits (scale_log2; keys with flag 0: -inf), the running max
+ * through s_max [4][16] (one CTA barrier), P^T's NP copies into sP; returns
+ * whether any O row's max changed, and alpha, the rescale of O rows g4 and
+ * g4 + 8. */
+template <typename Ty, typename C, typename W>
+static __device__ __forceinline__ bool
+ml_st_tile(const uint32_t (*qf)[4], uint32_t sk, const unsigned char *raw, const int *ok,
+           float scale_log2, float4 *s_x, float (*s_max)[64], uint32_t sP, int kq, int hh, int lane,
+           float m_run[2], float m_st[2], float l_st[2], float alpha[2])
+{
+    const int g4 = lane >> 2, t4 = lane & 3, key0 = 16 * kq;
+    float4 ks[2]; /* the 4 tile scales of keys key0 + g4 and key0 + g4 + 8 */
+    ks[0] = W::key_scale4(raw, key0 + g4);
+    ks[1] = W::key_scale4(raw, key0 + g4 + 8);
+    float sh[2][2]; /* the scales of this half's c_kv tiles 2 hh, 2 hh + 1 */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        sh[i][0] = hh ? ks[i].z : ks[i].x;
+        sh[i][1] = hh ? ks[i].w : ks[i].y;
+    }
+    /* S^T half: per part (c_kv tile 2 hh + part, then k_pe's two k-steps),
+     * even and odd k-steps in two chains per n8 tile. */
+    const int a_r = key0 + (lane & 15), a_c = lane >> 4;
+    float s[2][4] = {};
+#pragma unroll
+    for (int part = 0; part < 3; part++) {
+        float ta[2][4] = {}, tb[2][4] = {};
+#pragma unroll
+        for (int j = 0; j < (part < 2 ? 8 : 2); j += 2) {
+            const int jj = part * 8 + j, kk = ml_st_ks(hh, jj);
+            uint32_t ka[4], kb[4];
+            kva__ldsm_x4(sk + ml_off<0>(a_r, 2 * kk + a_c), ka);
+            kva__ldsm_x4(sk + ml_off<0>(a_r, 2 * kk + 2 + a_c), kb);
+            Ty::mma(ta[0], ka, qf[jj][0], qf[jj][1]);
+            Ty::mma(ta[1], ka, qf[jj][2], qf[jj][3]);
+            Ty::mma(tb[0], kb, qf[jj + 1][0], qf[jj + 1][1]);
+            Ty::mma(tb[1], kb, qf[jj + 1][2], qf[jj + 1][3]);
+        }
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float x = ta[n][e] + tb[n][e];
+                s[n][e] = part < 2 ? fmaf(x, sh[e >> 1][part], s[n][e]) : s[n][e] + x;
+            }
+    }
+    /* The pair's halves: keep n8 tile hh, hand over the other. */
+    const int warp = threadIdx.x >> 5;
+    float sc[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        sc[e] = hh ? s[0][e] : s[1][e];
+    s_x[warp * 32 + lane] = make_float4(sc[0], sc[1], sc[2], sc[3]);
+    asm volatile("bar.sync %0, 64;\n" ::"r"(1 + kq) : "memory");
+    const float4 y = s_x[(warp ^ 4) * 32 + lane];
+    const float yv[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float x = (hh ? s[1][e] : s[0][e]) + yv[e];
+        sc[e] = ok[key0 + g4 + 8 * (e >> 1)] ? x * scale_log2 : -INFINITY;
+    }
+    /* The max of heads 8 hh + 2 t4 + c over the tile: 2 keys, 8 lanes, 4 groups. */
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        float mx = fmaxf(sc[c], sc[c + 2]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        if (g4 == 0)
+            s_max[kq][8 * hh + 2 * t4 + c] = mx;
+    }
+    __syncthreads(); /* every group's maxima */
+    bool resc = false;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) { /* O rows: heads g4, g4 + 8 */
+        float mx = m_run[hf];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            mx = fmaxf(mx, s_max[k][g4 + 8 * hf]);
+        alpha[hf] = kva__ex2(m_run[hf] - (mx == -INFINITY ? 0.f : mx));
+        resc |= mx != m_run[hf];
+        m_run[hf] = mx;
+    }
+    float mu[2];
+#pragma unroll
+    for (int c = 0; c < 2; c++) { /* S heads: 8 hh + 2 t4 + c */
+        float mx = m_st[c];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            mx = fmaxf(mx, s_max[k][8 * hh + 2 * t4 + c]);
+        mu[c] = mx == -INFINITY ? 0.f : mx;
+        l_st[c] *= kva__ex2(m_st[c] - mu[c]);
+        m_st[c] = mx;
+    }
+    float p[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        p[e] = kva__ex2(sc[e] - mu[e & 1]);
+        l_st[e & 1] += p[e];
+    }
+    /* P^T: matrix i of store q is copy 2 q + i / 2 (times the keys' scale of
+     * c_kv tile 2 q + i / 2), keys key0 + 8 (i % 2) .. + 7, heads 8 hh .. + 7. */
+    const float kv[2][4] = {{ks[0].x, ks[0].y, ks[0].z, ks[0].w},
+                            {ks[1].x, ks[1].y, ks[1].z, ks[1].w}};
+    const int mi = lane >> 3, mj = lane & 7;
+#pragma unroll
+    for (int q = 0; q < C::NP / 2; q++) {
+        float v[4][2];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int tp = 2 * q + (i >> 1), kh = i & 1;
+            v[i][0] = p[2 * kh] * kv[kh][tp];
+            v[i][1] = p[2 * kh + 1] * kv[kh][tp];
+        }
+        const uint32_t row = sP + (uint32_t)((2 * q + (mi >> 1)) * C::P_BYTES +
+                                             (key0 + 8 * (mi & 1)) * 2 + 8 * hh * C::P_STRIDE);
+        ml_stsm_x4_trans<Ty>(row + mj * C::P_STRIDE, v, lane, row, C::P_STRIDE);
+    }
+    return __any_sync(0xffffffffu, resc);
+}
+/* At the item's end: l_st of the thread's S heads summed over the warp's 16
+ * keys, as ml_finish's l_run of O rows g4, g4 + 8 (this warp's partial on
+ * the t4 = 0 lane of its own n8 tile, zero elsewhere: ml_finish adds the
+ * lanes and the warps). */
+static __device__ __forceinline__ void ml_st_sums(float l_st[2], int hh, int lane, float l_run[2])
+{
+    const int g4 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        l_st[c] += __shfl_xor_sync(0xffffffffu, l_st[c], 4);
+        l_st[c] += __shfl_xor_sync(0xffffffffu, l_st[c], 8);
+        l_st[c] += __shfl_xor_sync(0xffffffffu, l_st[c], 16);
+    }
+    const float v0 = __shfl_sync(0xffffffffu, l_st[0], g4 >> 1);
+    const float v1 = __shfl_sync(0xffffffffu, l_st[1], g4 >> 1);
+    const float v = t4 == 0 ? (g4 & 1 ? v1 : v0) : 0.f;
+    l_run[0] = hh == 0 ? v : 0.f;
+    l_run[1] = hh == 1 ? v : 0.f;
 }
 
 /*
@@ -199,6 +423,9 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typ
     const int rt = warp % MT; /* row tile of this warp */
     const int kg = warp / MT; /* key slice (S) and column slice (O) of this warp */
     const int row0 = rt * 16; /* first row of the row tile */
+    constexpr bool ST = C::ST;
+    const int kq = warp & 3, hh = warp >> 2;      /* ST: key group and column half */
+    float4 *s_x = (float4 *)(ml_smem + C::OFF_X); /* ST: [8][32] S halves */
     const int32_t n_items = W::items(a);
     W wi(a);
     const float scale_log2 = W::scale_log2(a);
@@ -222,18 +449,22 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typ
         wi.template stage_q<C, elem>(a, ml_smem + C::OFF_Q);
         /* QR: the A fragments of the 36 k-steps from the staged copy, which the
          * first tile's copies overwrite only after the loop's first barrier. */
-        uint32_t qf[QR ? ML_D / 16 : 1][4];
+        uint32_t qf[QR ? ML_D / 16 : ST ? ML_D / 32 : 1][4];
         if constexpr (QR) {
             __syncthreads();
             const int q_r = (lane & 7) + ((lane >> 3) & 1) * 8, q_c = lane >> 4;
 #pragma unroll
             for (int kk = 0; kk < ML_D / 16; kk++)
                 kva__ldsm_x4(sQ + ml_off<0>(q_r, kk * 2 + q_c), qf[kk]);
+        } else if constexpr (ST) { /* ST: Q^T of this warp's half */
+            __syncthreads();
+            ml_st_load_q(sQ, hh, lane, qf);
         }
         wi.masks(a, row0 + g4);
 
         float o[NBO][4] = {};
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+        float m_st[2] = {-INFINITY, -INFINITY}, l_st[2] = {0.f, 0.f}; /* ST: S heads */
 
         int stage = 0;
         for (int32_t kb = wi.k0; kb < kend; kb += BN) {
@@ -247,63 +478,71 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typ
                     wi.template issue<C>(a, kn, ring + ahead * STAGE, s_ok + ahead * BN);
                 kva__cp_async_commit();
             }
-            const int key0 = kg * KW; /* the first key of this warp's S slice */
+            /* The first key of this warp's S slice (ST: of its key group). */
+            const int key0 = ST ? 16 * kq : kg * KW;
             uint32_t sk = sRing + stage * C::TILE;
             if constexpr (C::RAW > 0) { /* the landed raw stage into the 16-bit tile */
                 sk = sRing;
-                W::template convert<C>(ml_smem + C::OFF_RAW + stage * C::RAW,
-                                       ml_smem + C::OFF_RING, key0, rt, kg, lane);
+                W::template convert<C>(ml_smem + C::OFF_RAW + stage * C::RAW, ml_smem + C::OFF_RING,
+                                       key0, ST ? hh : rt, kg, lane);
             }
-
-            /* S = Q K^T for row tile rt and keys kb + kg * KW .. + KW - 1. */
-            float sc[NBS][4] = {};
-            float ksc[C::NP > 1 ? NBS : 1][2][4]; /* the keys' c_kv tile scales (NP > 1) */
-            if constexpr (C::NP > 1) {
-                /* Per part (the 4 c_kv tiles of 8 k-steps, then k_pe's 4),
-                 * each c_kv part times its key's tile scale. */
-                W::template key_scales<C>(ml_smem + C::OFF_RAW + stage * C::RAW, key0, t4, ksc);
+            if constexpr (ST) {
+                float alpha[2];
+                if (ml_st_tile<Ty, C, W>(qf, sk, ml_smem + C::OFF_RAW + stage * C::RAW,
+                                         s_ok + stage * BN, scale_log2, s_x, s_max, sP, kq, hh,
+                                         lane, m_run, m_st, l_st, alpha))
+                    ml_rescale<NBO>(o, alpha);
+            } else {
+                /* S = Q K^T for row tile rt and keys kb + kg * KW .. + KW - 1. */
+                float sc[NBS][4] = {};
+                float ksc[C::NP > 1 ? NBS : 1][2][4]; /* the keys' c_kv tile scales (NP > 1) */
+                if constexpr (C::NP > 1) {
+                    /* Per part (the 4 c_kv tiles of 8 k-steps, then k_pe's 4),
+                     * each c_kv part times its key's tile scale. */
+                    W::template key_scales<C>(ml_smem + C::OFF_RAW + stage * C::RAW, key0, t4, ksc);
 #pragma unroll
-                for (int part = 0; part < 5; part++) {
-                    float ta[NBS][4] = {}, tb[NBS][4] = {};
-                    if (part < 4)
-                        ml_qk<Ty, NBS, 8>(sQ, sk, row0, key0, part * 8, lane, ta, tb);
+                    for (int part = 0; part < 5; part++) {
+                        float ta[NBS][4] = {}, tb[NBS][4] = {};
+                        if (part < 4)
+                            ml_qk<Ty, NBS, 8>(sQ, sk, row0, key0, part * 8, lane, ta, tb);
+                        else
+                            ml_qk<Ty, NBS, 4>(sQ, sk, row0, key0, 32, lane, ta, tb);
+#pragma unroll
+                        for (int nt = 0; nt < NBS; nt++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                const float x = ta[nt][e] + tb[nt][e];
+                                sc[nt][e] = part < 4 ? fmaf(x, ksc[nt][e & 1][part & 3], sc[nt][e])
+                                                     : sc[nt][e] + x;
+                            }
+                    }
+                } else {
+                    /* Over all 36 k-steps, in two accumulator sets (even and odd
+                     * k-steps) for independent mma chains. */
+                    float sc2[NBS][4] = {};
+                    if constexpr (QR)
+                        ml_qk_reg<Ty>(qf, sk, key0, lane, sc, sc2);
                     else
-                        ml_qk<Ty, NBS, 4>(sQ, sk, row0, key0, 32, lane, ta, tb);
+                        ml_qk<Ty, NBS, ML_D / 16>(sQ, sk, row0, key0, 0, lane, sc, sc2);
 #pragma unroll
                     for (int nt = 0; nt < NBS; nt++)
 #pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const float x = ta[nt][e] + tb[nt][e];
-                            sc[nt][e] = part < 4 ? fmaf(x, ksc[nt][e & 1][part & 3], sc[nt][e])
-                                                 : sc[nt][e] + x;
-                        }
+                        for (int e = 0; e < 4; e++)
+                            sc[nt][e] += sc2[nt][e];
                 }
-            } else {
-                /* Over all 36 k-steps, in two accumulator sets (even and odd
-                 * k-steps) for independent mma chains. */
-                float sc2[NBS][4] = {};
-                if constexpr (QR)
-                    ml_qk_reg<Ty>(qf, sk, key0, lane, sc, sc2);
-                else
-                    ml_qk<Ty, NBS, ML_D / 16>(sQ, sk, row0, key0, 0, lane, sc, sc2);
-#pragma unroll
-                for (int nt = 0; nt < NBS; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        sc[nt][e] += sc2[nt][e];
+                /* Logits (log2 units) and the mask where some row may not see a key. */
+                wi.template logits<C>(sc, a, scale_log2, kb, key0, t4, s_ok + stage * BN);
+                /* The running max over every key slice of the row tile. */
+                float alpha[2], mu[2];
+                const bool resc =
+                    ml_tile_max<NBS, C::NS>(sc, s_max, kg, row0 + g4, t4, m_run, l_run, alpha, mu);
+                /* P of the warp's keys, in the input dtype, into the shared P tile
+                 * (NP > 1: one copy per value tile, times the keys' scales of that tile). */
+                ml_store_p<Ty, NBS, C::NP, C::P_STRIDE, C::P_BYTES>(sc, mu, sP, row0 + g4, key0, t4,
+                                                                    l_run, C::NP > 1 ? ksc : NULL);
+                if (resc)
+                    ml_rescale<NBO>(o, alpha);
             }
-            /* Logits (log2 units) and the mask where some row may not see a key. */
-            wi.template logits<C>(sc, a, scale_log2, kb, key0, t4, s_ok + stage * BN);
-            /* The running max over every key slice of the row tile. */
-            float alpha[2], mu[2];
-            const bool resc =
-                ml_tile_max<NBS, C::NS>(sc, s_max, kg, row0 + g4, t4, m_run, l_run, alpha, mu);
-            /* P of the warp's keys, in the input dtype, into the shared P tile
-             * (NP > 1: one copy per value tile, times the keys' scales of that tile). */
-            ml_store_p<Ty, NBS, C::NP, C::P_STRIDE, C::P_BYTES>(sc, mu, sP, row0 + g4, key0, t4,
-                                                                l_run, C::NP > 1 ? ksc : NULL);
-            if (resc)
-                ml_rescale<NBO>(o, alpha);
             __syncthreads(); /* P of every slice */
 
             /* O += P V: P [16, BN] of the row tile, V = the tile's columns
@@ -320,6 +559,8 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typ
             stage = stage == NST - 1 ? 0 : stage + 1;
         }
         kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
+        if constexpr (ST)
+            ml_st_sums(l_st, hh, lane, l_run);
 
         wi.template finish<C>(a, s_sum, kg, row0 + g4, kg * C::CW, t4, l_run, m_run, o);
     }

@@ -24,6 +24,10 @@
  *   the mask: per-stage key flags (entries past topk_length, -1 and
  *     positions outside 0 .. seq_len - 1 are unused: zero rows, logits
  *     -inf); the stores: ml_finish with sp_dst (LSE includes the sink).
+ * With fp8_ds_mla rows and 16-row head tiles (H <= 16) the body computes
+ * S transposed (sp_ds_mla::ST, ml_st_tile in mla_decode_mma.cuh): Q^T
+ * stays in registers, split over two column halves of warps, and each warp
+ * converts the columns it reads of its 16 keys (convert below).
  *
  * Work: item = (query token t, head tile of M = 16 MT rows, key split), one
  * per CTA. The M rows are heads h0 .. h0 + M - 1 of ONE token (each token
@@ -144,12 +148,43 @@ template <typename Ty, typename SRC> struct sp_mma {
      * next tile's conversion starts after the loop's first barrier. Lane l
      * takes c_kv chunks l and l + 32 of each row (a warp reads 256 contiguous
      * bytes and stores one 512-byte row) and k_pe chunk l % 8 of rows l / 8 +
-     * 4 j; every offset but the lane's is a constant. */
+     * 4 j; every offset but the lane's is a constant. The transposed S
+     * (C::ST; rt: the warp's column half hh): the warp converts the columns
+     * it reads, c_kv chunks 32 hh + l and k_pe chunks 4 hh + l % 4 of rows
+     * l / 4 + 8 j, of the 16 keys of its group, and meets no other warp. */
     template <typename C>
     static __device__ __forceinline__ void convert(const unsigned char *raw, unsigned char *tile,
                                                    int key0, int rt, int kg, int lane)
     {
         constexpr int MT = C::M / 16, R = C::KW / MT, ROW = sp_ds_mla::ROW;
+        if constexpr (C::ST) {
+            const unsigned char *src = raw + key0 * ROW;
+            unsigned char *dst = tile + key0 * ML_D * 2; /* key0 % 16 = 0: row k's swizzle */
+            const int c = 32 * rt + lane, cp = 4 * rt + (lane & 3);
+            /* Loads of 8 rows, then their conversions and stores: the raw
+             * stage and the tile are both shared memory, so the compiler
+             * cannot move a load above the previous row's store itself. */
+#pragma unroll
+            for (int r0 = 0; r0 < 16; r0 += 8) {
+                uint2 codes[8];
+#pragma unroll
+                for (int r = 0; r < 8; r++)
+                    codes[r] = *reinterpret_cast<const uint2 *>(src + (r0 + r) * ROW + c * 8);
+#pragma unroll
+                for (int r = 0; r < 8; r++)
+                    *reinterpret_cast<uint4 *>(dst + ml_off<0>(r0 + r, c)) =
+                        kva__fp8x8_as<Ty>(codes[r]);
+            }
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int r = (lane >> 2) + 8 * j;
+                const uint4 b =
+                    *reinterpret_cast<const uint4 *>(src + r * ROW + ML_DV + 16 + cp * 16);
+                *reinterpret_cast<uint4 *>(dst + ml_off<0>(r, ML_DV / 8 + cp)) = sp_pe8(Ty(), b);
+            }
+            __syncwarp();
+            return;
+        }
         static_assert(C::KW % MT == 0 && R % 4 == 0, "fp8_ds_mla: 4 k_pe rows per warp pass");
         const int r0 = key0 + rt * R;
         const unsigned char *src = raw + r0 * ROW;
@@ -186,6 +221,11 @@ template <typename Ty, typename SRC> struct sp_mma {
                     raw + (key0 + nt * 8 + 2 * t4 + e) * sp_ds_mla::ROW + ML_DV);
                 ksc[nt][e][0] = v.x, ksc[nt][e][1] = v.y, ksc[nt][e][2] = v.z, ksc[nt][e][3] = v.w;
             }
+    }
+    /* fp8_ds_mla: the 4 fp32 tile scales of key `key` of a raw stage. */
+    static __device__ __forceinline__ float4 key_scale4(const unsigned char *raw, int key)
+    {
+        return *reinterpret_cast<const float4 *>(raw + key * sp_ds_mla::ROW + ML_DV);
     }
     /* Logits in log2 units; unused keys -inf. */
     template <typename C>

@@ -24,6 +24,7 @@ struct sp_rows16 { /* latent rows in the q dtype: [c_kv 512 | k_pe 64] */
     static constexpr int NP = 1;
     static constexpr bool FLAGS = true;
     template <int MT, bool> static constexpr int NST = MT == 4 ? 3 : 2;
+    template <int MT> static constexpr bool ST = false;
 };
 struct sp_ds_mla { /* 512 e4m3 codes, 4 float32 tile scales, 64 bf16 k_pe */
     static constexpr bool FP8 = true;
@@ -33,6 +34,8 @@ struct sp_ds_mla { /* 512 e4m3 codes, 4 float32 tile scales, 64 bf16 k_pe */
     static constexpr int NP = ML_DV / 128;
     static constexpr bool FLAGS = true;
     template <int MT, bool> static constexpr int NST = MT == 4 || MT == 1 ? 3 : 2;
+    /* 16-row items: the transposed S (ml_st_tile, mla_decode_mma.cuh). */
+    template <int MT> static constexpr bool ST = MT == 1;
 };
 
 /* Everything one launch reads (fixed per launch, so graph-capturable). */
