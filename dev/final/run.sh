@@ -4,7 +4,7 @@
 # Knobs: CTJ=3 (ctest jobs per GPU), SAN="test_a test_b" (memcheck quick), MLA=1 (MLA rows), SPARSE=1 (sparse suite),
 #        PEER=1 (SDPA short shapes), R2=1 (second round), DCP=1 (emulated DCP rows), DCPG=1 (graph-replayed
 #        one-request decodes at 128k / 64k / 32k), SERVE_R=4 (serve-sim rounds per tree),
-#        SPARSE1=1 (the sparse MLA decode row of issue 17), PY=1 (tests/python with the machine's torch after the CUDA tests).
+#        SPARSE1=1 (the sparse MLA decode rows of issue 17, heads SPARSE1_H="128 16 64"), PY=1 (tests/python with the machine's torch after the CUDA tests).
 # A folder ./fi (fi-slim.tgz, fi-jit.tgz from bench/flashinfer_prebuild.sh, whl/apache_tvm_ffi-*-cpXY-*.whl) adds
 # FlashInfer's paged prefill rows to the peer call.
 # On a machine with several GPUs the CUDA tests are dealt round-robin to GPUs 1..N-1 and run there while
@@ -102,9 +102,10 @@ if [ "${DCPG:-1}" = 1 ]; then for t in base new; do for c in 131072 65536 32768;
   # (issue 19's emulated per-rank ratio as an engine's decode graph sees it): the json's graph_ms_per_layer
   echo "$t dcpg ctx $c $("$B/$t/bench_cuda" --mode decode --batch 1 --context $c --heads 32 --kv-heads 8 --head-dim 128 --iters 50 --graph-layers 10 2>/dev/null | grep -o '"ms": [0-9.]*\|"graph_ms_per_layer": [0-9.]*\|"items": [0-9]*' | tr '\n' ' ')" >>"$LOG"
 done; done; T dcpg; fi
-if [ "${SPARSE1:-1}" = 1 ]; then for r in 1 2; do for t in base new; do # issue 17's decode row, alternated twice
-  echo "$t-r$r sparse1 $(timeout 60 $B/$t/kvattn bench --mla-sparse --backend cuda --batch 128 --q-len 2 --context 8192 --heads 128 --topk 2048 --iters 5 2>&1 | grep -E ' ms ' | tail -1 | tr -s ' ')" >>"$LOG"
-done; done; T sparse1; fi
+if [ "${SPARSE1:-1}" = 1 ]; then for r in 1 2; do for t in base new; do # issue 17's decode rows, alternated twice:
+  for h in ${SPARSE1_H:-128 16 64}; do # H 128, and H 16 against the same call padded to 64 heads
+  echo "$t-r$r sparse1 $(timeout 60 $B/$t/kvattn bench --mla-sparse --backend cuda --batch 128 --q-len 2 --context 8192 --heads $h --topk 2048 --iters 5 2>&1 | grep -E ' ms ' | tail -1 | tr -s ' ')" >>"$LOG"
+done; done; done; T sparse1; fi
 if [ "${SPARSE:-0}" = 1 ]; then for t in base new; do
   timeout 80 $B/$t/kvattn bench --mla-sparse --backend cuda --iters 20 >$out/sparse_$t.log 2>&1
   echo "$t sparse rc=$?" >>"$LOG"; grep -E "TFLOP/s" $out/sparse_$t.log | sed "s/^/$t sparse: /" | cut -c1-170 >>"$LOG"
