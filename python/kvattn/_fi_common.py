@@ -247,12 +247,13 @@ def _refuse_run_options(kv_cache_sf, skip_softmax_threshold_scale_factor):
                                % (skip_softmax_threshold_scale_factor,))
 
 
-def _refuse_custom_variant(jit_args, jit_kwargs=None, variant_owns_mask=False):
+def _refuse_custom_variant(jit_args, variant_owns_mask=False):
     """The wrappers' constructor arguments that build a custom FlashInfer
-    attention variant (a JIT module of the caller's own logits / mask
-    code): kvattn cannot run that code, so they raise rather than being
-    ignored (the result would be the default variant's)."""
-    given = [n for n, x in (("jit_args", jit_args), ("jit_kwargs", jit_kwargs)) if x is not None]
+    attention variant (jit_args: a JIT module of the caller's own logits /
+    mask code; variant_owns_mask, which needs one): kvattn cannot run that
+    code, so they raise rather than being ignored (the result would be the
+    default variant's). jit_kwargs only matters with jit_args."""
+    given = ["jit_args"] if jit_args is not None else []
     if variant_owns_mask:
         given.append("variant_owns_mask")
     if given:

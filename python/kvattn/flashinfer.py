@@ -307,7 +307,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
                  paged_kv_last_page_len_buf=None, custom_mask_buf=None, mask_indptr_buf=None,
                  backend="auto", jit_args=None, jit_kwargs=None, variant_owns_mask=False, *,
                  context=None):
-        _refuse_custom_variant(jit_args, jit_kwargs, variant_owns_mask)
+        _refuse_custom_variant(jit_args, variant_owns_mask)
         super().__init__(float_workspace_buffer, kv_layout, context)
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
@@ -382,7 +382,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
                  qo_indptr_buf=None, kv_indptr_buf=None, custom_mask_buf=None,
                  mask_indptr_buf=None, backend="auto", jit_args=None, jit_kwargs=None,
                  variant_owns_mask=False, *, context=None):
-        _refuse_custom_variant(jit_args, jit_kwargs, variant_owns_mask)
+        _refuse_custom_variant(jit_args, variant_owns_mask)
         _check_name("kv_layout", kv_layout, ("NHD", "HND"))
         if kv_layout != "NHD":
             raise UnsupportedError("kv_layout %r: ragged K/V are [tokens, Hkv, D] (NHD)"
