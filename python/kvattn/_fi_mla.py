@@ -10,7 +10,7 @@ from . import _tensor as T
 from .core import Cache, Plan
 from ._errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
 from ._fi_common import _dtype, _context_for, _paged_metadata, _causal_for, _staged, _unstage, \
-    _esize, _scale_lse
+    _esize, _scale_lse, _check_name, _packed
 
 
 def _cat_last(a, b):
@@ -44,18 +44,93 @@ class BatchMLAPagedAttentionWrapper:
         self._plan = None
         self._caches = {}
 
-    def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv,
-             head_dim_kpe, page_size, causal, sm_scale, q_data_type, kv_data_type,
-             use_profiler=False, *, qk_nope_head_dim=0, v_head_dim=0, decode_threshold=1):
-        """kv_indptr [R+1] / kv_indices: each request's pages (CSR); kv_len_arr
-        [R]: its keys. qk_nope_head_dim (Dn), v_head_dim (Dv) and
-        decode_threshold are kvattn's, for run_layer()."""
+    def plan(self, qo_indptr=None, kv_indptr=None, kv_indices=None, kv_len_arr=None,
+             num_heads=None, head_dim_ckv=None, head_dim_kpe=None, page_size=None, causal=None,
+             sm_scale=None, q_data_type=None, kv_data_type=None, use_profiler=False, *,
+             metadata=None, cum_seq_lens_q=None, block_tables=None, seq_lens=None,
+             max_q_len=None, query_layout=None, kv_cache_layout=None, lse_mode="none",
+             output_dtype=None, output_scale="none", scale_mode="default", skip_softmax=False,
+             enable_pdl=None, use_sinks=False, qk_nope_head_dim=0, v_head_dim=0,
+             decode_threshold=1):
+        """FlashInfer 0.7's MLA plan. The batch comes as CSR pages
+        (qo_indptr [R+1], kv_indptr [R+1] / kv_indices: each request's pages,
+        kv_len_arr [R]: its keys), as dense pages (cum_seq_lens_q [R+1],
+        block_tables [R, max_pages], seq_lens [R]), or as metadata, an object
+        with those attributes (FlashInfer's MLAPlanMetadata; a dual one is
+        read as CSR). query_layout / kv_cache_layout, lse_mode, max_q_len and
+        enable_pdl only declare what run() gets and are not needed; an
+        output_dtype other than q's, output_scale, a scale_mode other than
+        "default", skip_softmax and use_sinks raise UnsupportedError.
+        qk_nope_head_dim (Dn), v_head_dim (Dv) and decode_threshold are
+        kvattn's, for run_layer()."""
         if use_profiler:
             raise UnsupportedError("use_profiler: kvattn has no intra-kernel profiler")
+        for name, x, ok in (("output_scale", output_scale, "none"),
+                            ("scale_mode", scale_mode, "default"),
+                            ("skip_softmax", skip_softmax, False), ("use_sinks", use_sinks, False)):
+            if x != ok:
+                raise UnsupportedError("%s %r: kvattn's MLA wrapper reads 16-bit latent pages with "
+                                       "the exact softmax and no sinks" % (name, x))
+        _check_name("lse_mode", lse_mode, ("none", "base2", "basee"))
+        for name, x in (("query_layout", query_layout), ("kv_cache_layout", kv_cache_layout)):
+            if x is not None:
+                _check_name(name, x, ("packed", "split"))
+        for name, x in (("num_heads", num_heads), ("head_dim_ckv", head_dim_ckv),
+                        ("head_dim_kpe", head_dim_kpe), ("page_size", page_size),
+                        ("q_data_type", q_data_type)):
+            if x is None:
+                raise InvalidArgumentError("plan(): %s is required" % name)
         qdt = _dtype(q_data_type)
-        if kv_data_type is not None and _dtype(kv_data_type) != qdt:
-            raise UnsupportedError("kv_data_type %s differs from q_data_type: kvattn's wrapped "
-                                   "latent caches use the query dtype" % (kv_data_type,))
+        for name, x in (("kv_data_type", kv_data_type), ("output_dtype", output_dtype)):
+            if x is not None and _dtype(x) != qdt:
+                raise UnsupportedError("%s %s differs from q_data_type: kvattn's wrapped latent "
+                                       "caches and outputs use the query dtype" % (name, x))
+        csr = (qo_indptr, kv_indptr, kv_indices, kv_len_arr)
+        dense = (cum_seq_lens_q, block_tables, seq_lens)
+        if metadata is not None:
+            if any(x is not None for x in csr + dense):
+                raise InvalidArgumentError("plan(): metadata and the flat metadata arguments "
+                                           "together")
+            csr = tuple(getattr(metadata, n, None) for n in
+                        ("qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr"))
+            dense = tuple(getattr(metadata, n, None) for n in
+                          ("cum_seq_lens_q", "block_tables", "seq_lens"))
+        if all(x is not None for x in csr):
+            qo, kl, bt = self._csr(*csr, page_size)
+        elif all(x is not None for x in dense):
+            qo, kl, bt = self._dense(*dense, page_size)
+        else:
+            raise InvalidArgumentError("plan(): needs qo_indptr, kv_indptr, kv_indices and "
+                                       "kv_len_arr, or cum_seq_lens_q, block_tables and seq_lens")
+        self._dims = (num_heads, head_dim_ckv, head_dim_kpe, qk_nope_head_dim, v_head_dim)
+        self._page_size = page_size
+        self._plan = Plan(self._ctx, qo, kl, bt, block_size=page_size, num_heads=num_heads,
+                          num_kv_heads=1, head_dim=head_dim_ckv + head_dim_kpe,
+                          head_dim_v=head_dim_ckv, q_dtype=qdt, scale=sm_scale,
+                          causal=_causal_for(bool(causal), qo, kl),
+                          decode_threshold=decode_threshold, kind="mla",
+                          mla_qk_nope_head_dim=qk_nope_head_dim, mla_v_head_dim=v_head_dim)
+
+    begin_forward = plan
+
+    @staticmethod
+    def _dense(cum_seq_lens_q, block_tables, seq_lens, page_size):
+        """(qo_indptr, kv_lens, block_table) of FlashInfer's dense metadata."""
+        qo = T.host_array(cum_seq_lens_q, np.int32, "cum_seq_lens_q")
+        kl = T.host_array(seq_lens, np.int32, "seq_lens")
+        bt = T.host_array(block_tables, np.int32, "block_tables")
+        if kl.ndim != 1 or qo.shape != (kl.shape[0] + 1,) or bt.ndim != 2 or \
+                bt.shape[0] != kl.shape[0]:
+            raise ShapeMismatchError("cum_seq_lens_q %s, block_tables %s, seq_lens %s: expected "
+                                     "[R+1], [R, max_pages], [R]" % (qo.shape, bt.shape, kl.shape))
+        if kl.size and (kl.min() < 0 or kl.max() > bt.shape[1] * page_size):
+            raise InvalidArgumentError("seq_lens must lie in [0, block_tables' width * page_size "
+                                       "= %d]" % (bt.shape[1] * page_size))
+        return qo, kl, np.ascontiguousarray(bt)
+
+    @staticmethod
+    def _csr(qo_indptr, kv_indptr, kv_indices, kv_len_arr, page_size):
+        """(qo_indptr, kv_lens, block_table) of FlashInfer's CSR metadata."""
         ip = T.host_array(kv_indptr, np.int32, "kv_indptr")
         kl = T.host_array(kv_len_arr, np.int32, "kv_len_arr")
         if ip.ndim != 1 or ip.shape[0] < 1 or kl.shape != (ip.shape[0] - 1,):
@@ -72,16 +147,7 @@ class BatchMLAPagedAttentionWrapper:
         if qo.shape != (kl.shape[0] + 1,):
             raise ShapeMismatchError("qo_indptr: shape %s, expected (%d,)"
                                      % (qo.shape, kl.shape[0] + 1))
-        self._dims = (num_heads, head_dim_ckv, head_dim_kpe, qk_nope_head_dim, v_head_dim)
-        self._page_size = page_size
-        self._plan = Plan(self._ctx, qo, kl, bt, block_size=page_size, num_heads=num_heads,
-                          num_kv_heads=1, head_dim=head_dim_ckv + head_dim_kpe,
-                          head_dim_v=head_dim_ckv, q_dtype=qdt, scale=sm_scale,
-                          causal=_causal_for(causal, qo, kl), decode_threshold=decode_threshold,
-                          kind="mla",
-                          mla_qk_nope_head_dim=qk_nope_head_dim, mla_v_head_dim=v_head_dim)
-
-    begin_forward = plan
+        return qo, kl, bt
 
     def _cache(self, ckv_cache, kpe_cache):
         """The latent cache over the caller's [c_kv | k_pe] pages."""
@@ -136,29 +202,76 @@ class BatchMLAPagedAttentionWrapper:
             self._ctx.set_stream(torch.cuda.current_stream(q.device).cuda_stream)
         return p, self._cache(ckv_cache, kpe_cache)
 
-    def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse=False,
-            profiler_buffer=None, kv_len=None, page_table=None, return_lse_base_on_e=False,
-            o_scale=None, *, ckv_scale=None, ckv_scale_arr=None, kpe_scale=None):
+    def run(self, q_nope=None, q_pe=None, ckv_cache=None, kpe_cache=None, out=None, lse=None,
+            return_lse=False, profiler_buffer=None, kv_len=None, page_table=None,
+            return_lse_base_on_e=False, o_scale=None, *, query=None, kv_cache=None,
+            ckv_scale=None, ckv_scale_arr=None, kpe_scale=None, sinks=None,
+            skip_softmax_threshold_scale_factor=None, bmm1_scale=None, bmm2_scale=None):
         """The absorbed call: q_nope [T, H, Dc], q_pe [T, H, Dr] -> out
         [T, H, Dc], or (out, lse [T, H] float32, base 2 unless
-        return_lse_base_on_e). q_nope and q_pe are concatenated into one
-        [T, H, Dc + Dr] query (a copy). profiler_buffer, kv_len and page_table
-        (FlashInfer's cutlass backend) are ignored; o_scale (an fp8 out),
-        ckv_scale, ckv_scale_arr and kpe_scale (fp8 latent pages, which the
-        wrapper does not wrap) raise UnsupportedError."""
+        return_lse_base_on_e). FlashInfer 0.7's query= (a packed
+        [T, H, Dc + Dr] tensor or a (q_nope, q_pe) pair) and kv_cache= (a
+        packed [NP, B, Dc + Dr] tensor or a (ckv_cache, kpe_cache) pair) may
+        replace them; a split query is concatenated into one [T, H, Dc + Dr]
+        query (a copy). profiler_buffer, kv_len and page_table (FlashInfer's
+        cutlass backend) are ignored; o_scale (an fp8 out), ckv_scale,
+        ckv_scale_arr and kpe_scale (fp8 latent pages, which the wrapper does
+        not wrap), sinks, skip_softmax_threshold_scale_factor, bmm1_scale and
+        bmm2_scale raise UnsupportedError."""
         for name, x in (("o_scale", o_scale), ("ckv_scale", ckv_scale),
-                        ("ckv_scale_arr", ckv_scale_arr), ("kpe_scale", kpe_scale)):
+                        ("ckv_scale_arr", ckv_scale_arr), ("kpe_scale", kpe_scale),
+                        ("sinks", sinks), ("bmm1_scale", bmm1_scale), ("bmm2_scale", bmm2_scale),
+                        ("skip_softmax_threshold_scale_factor",
+                         skip_softmax_threshold_scale_factor)):
             if x is not None:
                 raise UnsupportedError("%s: kvattn's MLA wrapper reads 16-bit latent pages and "
-                                       "writes a 16-bit out (fp8 latent caches are kvattn-owned "
+                                       "writes a 16-bit out with the exact softmax, no sinks "
+                                       "(fp8 latent caches are kvattn-owned "
                                        "Cache.mla(..., dtype='fp8_e4m3') objects)" % name)
-        p, cache = self._start("run()", q_nope, ckv_cache, kpe_cache)
+        q, q_pe, ins = self._query(q_nope, q_pe, query)
+        ckv_cache, kpe_cache = self._kv(ckv_cache, kpe_cache, kv_cache)
+        p, cache = self._start("run()", q, ckv_cache, kpe_cache)
         want = return_lse or lse is not None
-        ins = (("q_nope", q_nope), ("q_pe", q_pe))
         out, out_dst = _staged(out, "out", ins)
         lse, lse_dst = _staged(lse, "lse", ins)
-        res = p.run(_cat_last(q_nope, q_pe), cache, out=out, lse=lse, return_lse=want)
+        res = p.run(_packed(q) if q_pe is None else _cat_last(q, q_pe), cache, out=out, lse=lse,
+                    return_lse=want)
         return self._finish(res, want, return_lse, return_lse_base_on_e, out_dst, lse_dst)
+
+    @staticmethod
+    def _query(q_nope, q_pe, query):
+        """(q_nope or the packed query, q_pe or None, the inputs to check
+        outputs against) of run()'s query arguments."""
+        if query is not None:
+            if q_nope is not None or q_pe is not None:
+                raise InvalidArgumentError("run(): query= together with q_nope / q_pe")
+            if isinstance(query, (tuple, list)):
+                if len(query) != 2:
+                    raise InvalidArgumentError("query: a packed tensor or a (q_nope, q_pe) pair")
+                q_nope, q_pe = query
+            else:
+                return query, None, (("query", query),)
+        if q_nope is None or q_pe is None:
+            raise InvalidArgumentError("run(): needs q_nope and q_pe, or query=")
+        return q_nope, q_pe, (("q_nope", q_nope), ("q_pe", q_pe))
+
+    def _kv(self, ckv_cache, kpe_cache, kv_cache):
+        """(ckv_cache, kpe_cache) of run()'s cache arguments; a packed
+        [NP, B, Dc + Dr] kv_cache is split into its two column slices."""
+        if kv_cache is None:
+            if ckv_cache is None or kpe_cache is None:
+                raise InvalidArgumentError("run(): needs ckv_cache and kpe_cache, or kv_cache=")
+            return ckv_cache, kpe_cache
+        if ckv_cache is not None or kpe_cache is not None:
+            raise InvalidArgumentError("run(): kv_cache= together with ckv_cache / kpe_cache")
+        if isinstance(kv_cache, (tuple, list)):
+            if len(kv_cache) != 2:
+                raise InvalidArgumentError("kv_cache: a packed tensor or a (ckv, kpe) pair")
+            return kv_cache[0], kv_cache[1]
+        if self._plan is None:
+            raise InvalidArgumentError("run() before plan()")
+        dc = self._dims[1]
+        return kv_cache[..., :dc], kv_cache[..., dc:]
 
     def run_layer(self, q, w_uk, w_uv, ckv_cache, kpe_cache, out=None, lse=None,
                   return_lse=False, return_lse_base_on_e=False):

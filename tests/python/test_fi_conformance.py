@@ -210,3 +210,65 @@ def test_get_alibi_slopes_arguments():
     t = fi.get_alibi_slopes(12, device="cpu")
     assert isinstance(t, torch.Tensor) and t.dtype == torch.float32
     np.testing.assert_array_equal(t.numpy(), fi.get_alibi_slopes(12))
+
+
+class _Metadata:
+    """Duck-typed FlashInfer MLAPlanMetadata (its dataclass fields)."""
+
+    def __init__(self, **kw):
+        for n in ("qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr", "cum_seq_lens_q",
+                  "block_tables", "seq_lens", "max_q_len"):
+            setattr(self, n, kw.get(n))
+
+
+def test_mla_plan_and_run_forms_of_flashinfer_07():
+    """FlashInfer 0.7's MLA plan(): keyword metadata (CSR, dense page table or
+    a metadata object) and the run contract keywords; run(query=, kv_cache=)
+    with packed or split tensors. Each form gives the CSR / split result;
+    keywords that would change the result raise with nothing written."""
+    from test_mla import CASES, Layer, NP_DT, close
+
+    rng = np.random.default_rng(48)
+    lay = Layer(rng, dt="f32", **CASES[0])
+    kl = np.array(lay.seq_lens, np.int32)
+    qa = lay.absorbed_q().astype(NP_DT["f32"])
+    want, want_lse = lay.naive_latent(qa)
+    ckv, kpe = lay.kv[..., : lay.dc], lay.kv[..., lay.dc:]
+    dims = dict(num_heads=lay.h, head_dim_ckv=lay.dc, head_dim_kpe=lay.dr, page_size=lay.bs,
+                causal=True, sm_scale=lay.scale, q_data_type="float32")
+    csr = dict(qo_indptr=lay.qsl, kv_indptr=lay.indptr, kv_indices=lay.indices, kv_len_arr=kl)
+    dense = dict(cum_seq_lens_q=lay.qsl, block_tables=lay.block_table, seq_lens=kl)
+    w = fi.BatchMLAPagedAttentionWrapper(None)
+    for meta in (csr, dense, dict(metadata=_Metadata(**csr)), dict(metadata=_Metadata(**dense)),
+                 dict(metadata=_Metadata(**csr, **dense))):
+        w.plan(**meta, **dims, query_layout="split", kv_cache_layout="packed",
+               lse_mode="base2", output_dtype="float32", enable_pdl=True, max_q_len=4)
+        for q_kw in (dict(query=qa), dict(query=(qa[..., : lay.dc], qa[..., lay.dc:]))):
+            for kv_kw in (dict(kv_cache=lay.kv), dict(kv_cache=(ckv, kpe))):
+                out, lse = w.run(**q_kw, **kv_kw, return_lse=True)
+                close(out, want, "f32")
+                np.testing.assert_allclose(lse, want_lse * LOG2E, atol=1e-4, rtol=1e-5)
+    out = np.full(want.shape, np.nan, np.float32)
+    for kw in (dict(sinks=np.zeros(lay.h, np.float32)), dict(bmm1_scale=1.0),
+               dict(bmm2_scale=1.0), dict(skip_softmax_threshold_scale_factor=0.1)):
+        with pytest.raises(kvattn.UnsupportedError):
+            w.run(query=qa, kv_cache=lay.kv, out=out, **kw)
+        assert np.isnan(out).all()
+    for kw, what in ((dict(query=qa, q_nope=qa, kv_cache=lay.kv), "together"),
+                     (dict(query=qa), "ckv_cache"), (dict(kv_cache=lay.kv), "q_nope")):
+        with pytest.raises(kvattn.InvalidArgumentError, match=what):
+            w.run(**kw, out=out)
+        assert np.isnan(out).all()
+    for kw in (dict(output_scale="per-tensor"), dict(scale_mode="kv-per-tensor"),
+               dict(skip_softmax=True), dict(use_sinks=True), dict(output_dtype="float16")):
+        with pytest.raises(kvattn.UnsupportedError):
+            w.plan(**csr, **dims, **kw)
+    for kw in (dict(lse_mode="base10"), dict(query_layout="interleaved")):
+        with pytest.raises(ValueError):
+            w.plan(**csr, **dims, **kw)
+    with pytest.raises(kvattn.InvalidArgumentError, match="metadata"):
+        w.plan(**dims, metadata=_Metadata(**csr), qo_indptr=lay.qsl)
+    with pytest.raises(kvattn.InvalidArgumentError, match="needs"):
+        w.plan(**dims, cum_seq_lens_q=lay.qsl)
+    with pytest.raises(kvattn.InvalidArgumentError, match="num_heads"):
+        w.plan(**csr, **dict(dims, num_heads=None))
