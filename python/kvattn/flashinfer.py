@@ -36,6 +36,8 @@ use_tensor_cores, backend, use_cuda_graph, non_blocking, split options) are
 accepted and ignored: kvattn keeps its own workspace in the context.
 """
 
+import functools
+
 import numpy as np
 
 from . import _lib as L
@@ -203,10 +205,6 @@ class _PagedWrapper:
             return o
         return o, _finish_lse(l, lse_base, lse_layout, lse_hn)
 
-    def run_return_lse(self, q, paged_kv_cache, *args, **kw):
-        kw["return_lse"] = True
-        return self.run(q, paged_kv_cache, *args, **kw)
-
     def end_forward(self):
         """Kept for old FlashInfer code; nothing to release."""
 
@@ -276,6 +274,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
         return self._run(q, paged_kv_cache, args, q_scale, k_scale, v_scale, out, lse,
                          return_lse, window_left, sinks, q_len_per_req,
                          skip_softmax_threshold_scale_factor, kv_cache_sf)
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)  # as FlashInfer's
 
     def forward(self, q, paged_kv_cache, pos_encoding_mode="NONE", q_scale=None, k_scale=None,
                 v_scale=None, window_left=-1, logits_soft_cap=None, sm_scale=None,
@@ -352,6 +352,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
         return self._run(q, paged_kv_cache, args, q_scale, k_scale, v_scale, out, lse,
                          return_lse, window_left, sinks, None,
                          skip_softmax_threshold_scale_factor, kv_cache_sf, lse_base, lse_layout)
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)  # as FlashInfer's
 
     def forward(self, q, paged_kv_cache, causal=False, pos_encoding_mode="NONE",
                 use_fp16_qk_reduction=False, k_scale=None, v_scale=None, window_left=-1,
@@ -484,9 +486,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             return o  # a given lse is written either way
         return o, _finish_lse(l, lse_base, lse_layout, lse_hn)
 
-    def run_return_lse(self, q, k, v, *args, **kw):
-        kw["return_lse"] = True
-        return self.run(q, k, v, *args, **kw)
+    run_return_lse = functools.partialmethod(run, return_lse=True)  # as FlashInfer's
 
     def _forward(self, q, k, v, return_lse, **mask):
         """FlashInfer's deprecated forward(): its mask and scale arguments,
