@@ -34,8 +34,8 @@ def get_alibi_slopes(n_heads, device=None):
     float32 torch tensor on device when device is given (FlashInfer's
     argument; it always returns a tensor)."""
     if isinstance(n_heads, bool) or not isinstance(n_heads, (int, np.integer)) or n_heads < 1:
-        raise InvalidArgumentError("get_alibi_slopes: n_heads = %r is not a positive integer"
-                                   % (n_heads,))
+        raise InvalidArgumentError("get_alibi_slopes: n_heads = %r (num_heads) is not a positive "
+                                   "integer" % (n_heads,))
     n_heads = int(n_heads)
     n = 2 ** math.floor(math.log2(n_heads))
     m0 = 2.0 ** (-8.0 / n)

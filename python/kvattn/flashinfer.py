@@ -23,8 +23,12 @@ of 0 (sm_scale = 0, or q_scale * k_scale = 0: kvattn's scale 0 means
 logits_soft_cap (FlashInfer adds the ALiBi bias before the soft-cap's tanh,
 kvattn after it: kvattn.h's formula), and FlashInfer keywords that would
 change the result (multi-item scoring, window_right, NVFP4 scale factors,
-skip-softmax, the ragged wrapper's fp8 calibration scales); an unknown
-keyword raises TypeError, as in FlashInfer.
+skip-softmax, the ragged wrapper's fp8 calibration scales, custom JIT
+attention variants: jit_args, variant_owns_mask); an unknown keyword raises
+TypeError, as in FlashInfer. The deprecated forward() / forward_return_lse()
+take FlashInfer's positional arguments, which (defaults included) replace
+the plan's mask and scale, as FlashInfer's forward() does. Signatures follow
+FlashInfer 0.7.2 (tests/python/test_fi_signatures.py).
 A q (and the ragged wrapper's k / v) with token or head strides, such as a
 slice of a fused qkv projection, is accepted as FlashInfer accepts it: the
 wrapper copies it to a contiguous tensor first (kvattn's kernels read packed
@@ -32,8 +36,8 @@ rows); a strided last dimension is refused, as FlashInfer's kernels need it
 dense. Likewise an out (or lse) with token or head strides: the run writes a
 contiguous temporary, which is copied into it (a second copy of the output).
 Arguments that only tune FlashInfer's own kernels (workspace buffers,
-use_tensor_cores, backend, use_cuda_graph, non_blocking, split options) are
-accepted and ignored: kvattn keeps its own workspace in the context.
+use_tensor_cores, backend, use_cuda_graph, non_blocking, split options,
+uniform_q_len, enable_pdl) are accepted and ignored: kvattn keeps its own workspace in the context.
 """
 
 import functools

@@ -272,3 +272,24 @@ def test_mla_plan_and_run_forms_of_flashinfer_07():
         w.plan(**dims, cum_seq_lens_q=lay.qsl)
     with pytest.raises(kvattn.InvalidArgumentError, match="num_heads"):
         w.plan(**csr, **dict(dims, num_heads=None))
+
+
+def test_torch_lse_layout_and_forward():
+    """The same with torch CPU tensors: an "HN" / "ln" LSE is a contiguous
+    torch tensor, a given one is written in place; forward() on tensors."""
+    torch = pytest.importorskip("torch")
+    qo, kv, q, k, v, keys, values = _ragged(49)
+    r = fi.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(16, dtype=torch.uint8))
+    r.plan(torch.from_numpy(qo), torch.from_numpy(kv), 4, 2, 32, causal=True,
+           q_data_type=torch.float32)
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+    ro, rl = attention(q, keys, values, [4, 5], causal=True)
+    given = torch.full((4, 9), float("nan"))
+    out, lse = r.run(tq, tk, tv, return_lse=True, lse_base="ln", lse_layout="HN", lse=given)
+    assert lse is given and lse.is_contiguous()
+    np.testing.assert_allclose(given.numpy(), rl.T, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(out.numpy(), ro, rtol=1e-5, atol=1e-5)
+    out, lse = r.forward_return_lse(tq, tk, tv, True, sm_scale=0.3)
+    ro, rl = attention(q, keys, values, [4, 5], causal=True, scale=0.3)
+    np.testing.assert_allclose(out.numpy(), ro, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse.numpy(), rl * LOG2E, rtol=1e-5, atol=1e-4)
