@@ -138,7 +138,8 @@ class _PagedWrapper:
         state before calling run()."""
         if self._args is None:
             raise InvalidArgumentError("forward() before plan()")
-        self._set_plan(**dict(self._given, **mask))
+        if any(self._given[k] != x for k, x in mask.items()):  # else the plan stands
+            self._set_plan(**dict(self._given, **mask))
         return self._run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                          return_lse=return_lse)
 
@@ -497,7 +498,8 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         defaults included, replace plan()'s (for later run() calls too)."""
         if self._given is None:
             raise InvalidArgumentError("forward() before plan()")
-        self._set_plan(**dict(self._given, **mask))
+        if any(self._given[k] != x for k, x in mask.items()):  # else the plan stands
+            self._set_plan(**dict(self._given, **mask))
         return self.run(q, k, v, return_lse=return_lse)
 
     def forward(self, q, k, v, causal=False, pos_encoding_mode="NONE",

@@ -293,3 +293,18 @@ def test_torch_lse_layout_and_forward():
     ro, rl = attention(q, keys, values, [4, 5], causal=True, scale=0.3)
     np.testing.assert_allclose(out.numpy(), ro, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(lse.numpy(), rl * LOG2E, rtol=1e-5, atol=1e-4)
+
+
+def test_forward_with_the_plans_values_keeps_the_plan():
+    """forward() whose arguments equal the current ones runs the standing
+    plan (no replan per layer); a changed one replans."""
+    rng, paged, indptr, indices, last, keys, values = _paged(50)
+    q = rng.standard_normal((2, 4, D)).astype(np.float32)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD")
+    w.plan(indptr, indices, last, 4, 2, D, 8, q_data_type="float32")
+    first = w.forward(q, paged)
+    plans = dict(w._plans)
+    np.testing.assert_array_equal(w.forward(q, paged), first)
+    assert w._plans == plans
+    w.forward(q, paged, sm_scale=0.2)
+    assert w._plans != plans
