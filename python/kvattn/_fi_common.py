@@ -27,20 +27,28 @@ def _dtype(x):
     return dtype_code(x)
 
 
-def get_alibi_slopes(num_heads):
-    """ALiBi slopes of num_heads heads (the geometric series of the ALiBi
-    paper, with the interleaved extension for a count that is not a power of 2)."""
-    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
-        raise InvalidArgumentError("get_alibi_slopes: num_heads = %r is not a positive integer"
-                                   % (num_heads,))
-    num_heads = int(num_heads)
-    n = 2 ** math.floor(math.log2(num_heads))
+def get_alibi_slopes(n_heads, device=None):
+    """ALiBi slopes of n_heads heads (the geometric series of the ALiBi
+    paper, with the interleaved extension for a count that is not a power of
+    2), as flashinfer.utils.get_alibi_slopes: a float32 numpy array, or a
+    float32 torch tensor on device when device is given (FlashInfer's
+    argument; it always returns a tensor)."""
+    if isinstance(n_heads, bool) or not isinstance(n_heads, (int, np.integer)) or n_heads < 1:
+        raise InvalidArgumentError("get_alibi_slopes: n_heads = %r (num_heads) is not a positive "
+                                   "integer" % (n_heads,))
+    n_heads = int(n_heads)
+    n = 2 ** math.floor(math.log2(n_heads))
     m0 = 2.0 ** (-8.0 / n)
     slopes = [m0 ** (i + 1) for i in range(n)]
-    if n < num_heads:
+    if n < n_heads:
         m1 = 2.0 ** (-4.0 / n)
-        slopes += [m1 ** (2 * i + 1) for i in range(num_heads - n)]
-    return np.asarray(slopes, dtype=np.float32)
+        slopes += [m1 ** (2 * i + 1) for i in range(n_heads - n)]
+    out = np.asarray(slopes, dtype=np.float32)
+    if device is None:
+        return out
+    import torch
+
+    return torch.as_tensor(out, device=device)
 
 
 def _context_for(workspace, context):
@@ -237,6 +245,74 @@ def _refuse_run_options(kv_cache_sf, skip_softmax_threshold_scale_factor):
         raise UnsupportedError("skip_softmax_threshold_scale_factor %r: kvattn computes the "
                                "exact softmax over every visible key"
                                % (skip_softmax_threshold_scale_factor,))
+
+
+def _refuse_custom_variant(jit_args, variant_owns_mask=False):
+    """The wrappers' constructor arguments that build a custom FlashInfer
+    attention variant (jit_args: a JIT module of the caller's own logits /
+    mask code; variant_owns_mask, which needs one): kvattn cannot run that
+    code, so they raise rather than being ignored (the result would be the
+    default variant's). jit_kwargs only matters with jit_args."""
+    given = ["jit_args"] if jit_args is not None else []
+    if variant_owns_mask:
+        given.append("variant_owns_mask")
+    if given:
+        raise UnsupportedError("%s: FlashInfer's custom JIT attention variants are not supported "
+                               "by kvattn" % ", ".join(given))
+
+
+LSE_BASES = ("log2", "ln")
+LSE_LAYOUTS = ("NH", "HN")
+
+
+def _lse_form(lse, lse_base, lse_layout, return_lse, q):
+    """Checks the prefill run()'s lse_base / lse_layout (FlashInfer 0.7's) and
+    returns (the lse to run with, the caller's [H, T] lse or None). Only a
+    returned LSE takes them, as in FlashInfer: with return_lse False a given
+    lse is written [T, H] in base 2. For "HN" the run writes a [T, H]
+    temporary, and _finish_lse transposes it into the caller's lse, which
+    must be a contiguous float32 [H, T] tensor (checked here, before the run)."""
+    _check_name("lse_base", lse_base, LSE_BASES)
+    _check_name("lse_layout", lse_layout, LSE_LAYOUTS)
+    if not return_lse or lse_layout != "HN":
+        return lse, None
+    if lse is not None:
+        qv, lv = T.view(q, "q"), T.view(lse, "lse")
+        want = (qv.shape[1], qv.shape[0]) if len(qv.shape) == 3 else None
+        if want is None or tuple(lv.shape) != want or lv.dtype != T.F32:
+            raise ShapeMismatchError("lse for lse_layout 'HN': %s %s, expected float32 %s"
+                                     % (tuple(lv.shape), lv.dtype, want))
+        if not _is_contiguous(lse):
+            raise InvalidArgumentError("lse for lse_layout 'HN' must be contiguous")
+    return None, lse
+
+
+def _finish_lse(lse, lse_base, lse_layout, dst):
+    """The run's [T, H] base-2 LSE in FlashInfer's requested base and layout:
+    "ln" multiplies by ln 2 (in place for "NH"); "HN" writes the transpose
+    into dst (or a new contiguous [H, T] tensor)."""
+    mul = LN2 if lse_base == "ln" else 1.0
+    if lse_layout == "NH":
+        if mul != 1.0:
+            lse *= mul
+        return lse
+    if T.is_torch(lse):
+        import torch
+
+        if dst is None:
+            dst = torch.empty((lse.shape[1], lse.shape[0]), dtype=lse.dtype, device=lse.device)
+        torch.mul(lse.t(), mul, out=dst)
+        return dst
+    if dst is None:
+        dst = np.empty((lse.shape[1], lse.shape[0]), np.float32)
+    np.multiply(np.asarray(lse).T, np.float32(mul), out=dst)
+    return dst
+
+
+def _is_contiguous(x):
+    if T.is_torch(x):
+        return x.is_contiguous()
+    return not isinstance(x, np.ndarray) or x.flags.c_contiguous
 
 
 def _packed(x):

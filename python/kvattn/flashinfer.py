@@ -23,8 +23,12 @@ of 0 (sm_scale = 0, or q_scale * k_scale = 0: kvattn's scale 0 means
 logits_soft_cap (FlashInfer adds the ALiBi bias before the soft-cap's tanh,
 kvattn after it: kvattn.h's formula), and FlashInfer keywords that would
 change the result (multi-item scoring, window_right, NVFP4 scale factors,
-skip-softmax, the ragged wrapper's fp8 calibration scales); an unknown
-keyword raises TypeError, as in FlashInfer.
+skip-softmax, the ragged wrapper's fp8 calibration scales, custom JIT
+attention variants: jit_args, variant_owns_mask); an unknown keyword raises
+TypeError, as in FlashInfer. The deprecated forward() / forward_return_lse()
+take FlashInfer's positional arguments, which (defaults included) replace
+the plan's mask and scale, as FlashInfer's forward() does. Signatures follow
+FlashInfer 0.7.2 (tests/python/test_fi_signatures.py).
 A q (and the ragged wrapper's k / v) with token or head strides, such as a
 slice of a fused qkv projection, is accepted as FlashInfer accepts it: the
 wrapper copies it to a contiguous tensor first (kvattn's kernels read packed
@@ -32,9 +36,11 @@ rows); a strided last dimension is refused, as FlashInfer's kernels need it
 dense. Likewise an out (or lse) with token or head strides: the run writes a
 contiguous temporary, which is copied into it (a second copy of the output).
 Arguments that only tune FlashInfer's own kernels (workspace buffers,
-use_tensor_cores, backend, use_cuda_graph, non_blocking, split options) are
-accepted and ignored: kvattn keeps its own workspace in the context.
+use_tensor_cores, backend, use_cuda_graph, non_blocking, split options,
+uniform_q_len, enable_pdl) are accepted and ignored: kvattn keeps its own workspace in the context.
 """
+
+import functools
 
 import numpy as np
 
@@ -42,6 +48,7 @@ from . import _lib as L
 from . import _tensor as T
 from .core import Cache, Context, Plan, merge_states as _merge
 from ._errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
+from ._fi_mla import BatchMLAPagedAttentionWrapper  # noqa: F401 (public here)
 from ._fi_common import (  # noqa: F401 (get_alibi_slopes is public here)
     LN2,
     _dtype,
@@ -52,8 +59,11 @@ from ._fi_common import (  # noqa: F401 (get_alibi_slopes is public here)
     _sm_scale,
     _alibi_slopes,
     _packed,
+    _refuse_custom_variant,
     _refuse_multi_item,
     _refuse_run_options,
+    _lse_form,
+    _finish_lse,
     _causal_for,
     _check_name,
     _staged,
@@ -93,6 +103,9 @@ class _PagedWrapper:
                   head_dim_vo, page_size, causal, pos_encoding_mode, window_left,
                   logits_soft_cap, sm_scale, q_data_type, kv_data_type, o_data_type,
                   rope_scale=None, rope_theta=None):
+        # What plan() was given, for forward() to replan with its overrides.
+        given = dict(locals())
+        del given["self"]
         _check_name("pos_encoding_mode", pos_encoding_mode, ("NONE", "ROPE_LLAMA", "ALIBI"))
         if pos_encoding_mode not in ("NONE", "ALIBI"):
             raise UnsupportedError("pos_encoding_mode %r: kvattn applies no RoPE inside attention"
@@ -116,6 +129,19 @@ class _PagedWrapper:
         # Validates the metadata now, as FlashInfer's plan() does, for the cache
         # form of the last run.
         self._plan_for(self._last_mult, None, 1.0)
+        self._given = given
+
+    def _forward(self, q, paged_kv_cache, return_lse, q_scale, k_scale, v_scale, **mask):
+        """FlashInfer's deprecated forward() / forward_return_lse(): their
+        mask and scale arguments (defaults included) replace plan()'s, for
+        later run() calls too, as FlashInfer's forward() sets the wrapper's
+        state before calling run()."""
+        if self._args is None:
+            raise InvalidArgumentError("forward() before plan()")
+        if any(self._given[k] != x for k, x in mask.items()):  # else the plan stands
+            self._set_plan(**dict(self._given, **mask))
+        return self._run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                         return_lse=return_lse)
 
     def _plan_for(self, mult, window_left, scale_mul):
         a = self._args
@@ -136,22 +162,14 @@ class _PagedWrapper:
             self._plans[key] = p
         return p
 
-    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
-            lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None,
-            q_len_per_req=None, skip_softmax_threshold_scale_factor=None, kv_cache_sf=None,
-            use_fp16_softmax=None, uses_spcompress=None):
-        """Attention for the planned batch: q [T, H, D] -> out [T, H, Dv], or
-        (out, lse) with lse [T, H] float32 in base 2 when return_lse is set
-        (a given lse is written either way; only return_lse decides what is
-        returned, as in FlashInfer).
-        q_scale and k_scale (floats) multiply sm_scale, v_scale the output.
-        q_len_per_req (FlashInfer's deprecated run-time copy of plan()'s)
-        only checks q's rows; use_fp16_softmax and uses_spcompress pick
-        FlashInfer's trtllm-gen kernels and are ignored; kv_cache_sf (NVFP4
-        caches) and skip_softmax_threshold_scale_factor (an approximation)
-        raise UnsupportedError."""
+    def _run(self, q, paged_kv_cache, args=(), q_scale=None, k_scale=None, v_scale=None,
+             out=None, lse=None, return_lse=False, window_left=None, sinks=None,
+             q_len_per_req=None, skip_softmax_threshold_scale_factor=None, kv_cache_sf=None,
+             lse_base="log2", lse_layout="NH"):
+        """The run() of both paged wrappers (see theirs)."""
         if args:
             raise InvalidArgumentError("run(): unexpected positional arguments %r" % (args,))
+        lse, lse_hn = _lse_form(lse, lse_base, lse_layout, return_lse, q)
         a = self._args
         if a is None:
             raise InvalidArgumentError("run() before plan()")
@@ -188,14 +206,9 @@ class _PagedWrapper:
         if l is not None:  # a given lse is written even without return_lse, as FlashInfer's
             _scale_lse(l, self._alibi_lse)
             l = _unstage(l, lse_dst)
-        return (o, l) if return_lse else o
-
-    def run_return_lse(self, q, paged_kv_cache, *args, **kw):
-        kw["return_lse"] = True
-        return self.run(q, paged_kv_cache, *args, **kw)
-
-    forward = run
-    forward_return_lse = run_return_lse
+        if not return_lse:
+            return o
+        return o, _finish_lse(l, lse_base, lse_layout, lse_hn)
 
     def end_forward(self):
         """Kept for old FlashInfer code; nothing to release."""
@@ -211,6 +224,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
                  use_tensor_cores=False, paged_kv_indptr_buffer=None,
                  paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
                  backend="auto", jit_args=None, *, context=None):
+        _refuse_custom_variant(jit_args)
         super().__init__(float_workspace_buffer, kv_layout, context)
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
@@ -218,18 +232,23 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
              q_data_type="float16", kv_data_type=None, o_data_type=None, data_type=None,
              sm_scale=None, rope_scale=None, rope_theta=None, non_blocking=True,
              block_tables=None, seq_lens=None, fixed_split_size=None, disable_split_kv=False,
-             q_len_per_req=1, *, window_right=0):
+             q_len_per_req=1, *, window_right=0, is_causal=None):
         """FlashInfer's decode plan (its current argument order, o_data_type
         before data_type). q_len_per_req > 1: each request has that many query
         rows (speculative decoding), causal among themselves, and needs as
         many keys; window_right must be 0 (FlashInfer's default: no key right
-        of the query)."""
+        of the query); is_causal, as FlashInfer's, may only restate that
+        (None or q_len_per_req > 1)."""
         if data_type is not None:  # FlashInfer's older name for q/kv dtype
             q_data_type = kv_data_type = data_type
         if window_right != 0:
             raise UnsupportedError("window_right %r: kvattn's masks keep no key right of the "
                                    "query (FlashInfer's default 0)" % (window_right,))
         n = _q_len_per_req(q_len_per_req)
+        if is_causal is not None and bool(is_causal) != (n > 1):
+            raise UnsupportedError("is_causal %r with q_len_per_req %d: the decode mask is causal "
+                                   "exactly when q_len_per_req > 1 (FlashInfer's rule too)"
+                                   % (is_causal, n))
         sl, bt = _paged_metadata(indptr, indices, last_page_len, page_size)
         r = sl.shape[0]
         if n > 1 and r and sl.min() < n:
@@ -243,6 +262,45 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
 
     begin_forward = plan
 
+    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
+            lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None,
+            q_len_per_req=None, skip_softmax_threshold_scale_factor=None, kv_cache_sf=None,
+            use_fp16_softmax=None, uses_spcompress=None):
+        """Attention for the planned batch: q [T, H, D] -> out [T, H, Dv], or
+        (out, lse) with lse [T, H] float32 in base 2 when return_lse is set
+        (a given lse is written either way; only return_lse decides what is
+        returned, as in FlashInfer).
+        q_scale and k_scale (floats) multiply sm_scale, v_scale the output.
+        q_len_per_req (FlashInfer's deprecated run-time copy of plan()'s)
+        only checks q's rows; use_fp16_softmax and uses_spcompress pick
+        FlashInfer's trtllm-gen kernels and are ignored; kv_cache_sf (NVFP4
+        caches) and skip_softmax_threshold_scale_factor (an approximation)
+        raise UnsupportedError."""
+        return self._run(q, paged_kv_cache, args, q_scale, k_scale, v_scale, out, lse,
+                         return_lse, window_left, sinks, q_len_per_req,
+                         skip_softmax_threshold_scale_factor, kv_cache_sf)
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)  # as FlashInfer's
+
+    def forward(self, q, paged_kv_cache, pos_encoding_mode="NONE", q_scale=None, k_scale=None,
+                v_scale=None, window_left=-1, logits_soft_cap=None, sm_scale=None,
+                rope_scale=None, rope_theta=None):
+        """FlashInfer's deprecated forward(): these arguments, defaults
+        included, replace plan()'s (for later run() calls too), then run()."""
+        return self._forward(q, paged_kv_cache, False, q_scale, k_scale, v_scale,
+                             pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                             logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+                             rope_scale=rope_scale, rope_theta=rope_theta)
+
+    def forward_return_lse(self, q, paged_kv_cache, pos_encoding_mode="NONE", q_scale=None,
+                           k_scale=None, v_scale=None, window_left=-1, logits_soft_cap=None,
+                           sm_scale=None, rope_scale=None, rope_theta=None):
+        """forward() returning (out, lse), as FlashInfer's."""
+        return self._forward(q, paged_kv_cache, True, q_scale, k_scale, v_scale,
+                             pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                             logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+                             rope_scale=rope_scale, rope_theta=rope_theta)
+
 
 class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
     """FlashInfer's prefill / append wrapper: qo_indptr [R+1] query rows per
@@ -252,7 +310,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
     def __init__(self, float_workspace_buffer=None, kv_layout="NHD", use_cuda_graph=False,
                  qo_indptr_buf=None, paged_kv_indptr_buf=None, paged_kv_indices_buf=None,
                  paged_kv_last_page_len_buf=None, custom_mask_buf=None, mask_indptr_buf=None,
-                 backend="auto", jit_args=None, *, context=None):
+                 backend="auto", jit_args=None, jit_kwargs=None, variant_owns_mask=False, *,
+                 context=None):
+        _refuse_custom_variant(jit_args, variant_owns_mask)
         super().__init__(float_workspace_buffer, kv_layout, context)
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
@@ -263,7 +323,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
              o_data_type=None, non_blocking=True, prefix_len_ptr=None,
              token_pos_in_items_ptr=None, token_pos_in_items_len=0, max_item_len_ptr=None,
              seq_lens=None, seq_lens_q=None, block_tables=None, max_token_per_sequence=None,
-             max_sequence_kv=None, fixed_split_size=None, disable_split_kv=False):
+             max_sequence_kv=None, fixed_split_size=None, disable_split_kv=False,
+             uniform_q_len=None):
+        """FlashInfer's prefill plan; uniform_q_len (a CUDA-graph scheduling
+        hint of FlashInfer's, dropped there too when the batch is not
+        uniform) is ignored."""
         if custom_mask is not None or packed_custom_mask is not None:
             raise UnsupportedError("custom_mask: kvattn has causal, window, soft-cap and ALiBi "
                                    "masks, no custom masks")
@@ -281,6 +345,41 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
 
     begin_forward = plan
 
+    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
+            lse=None, return_lse=False, lse_base="log2", lse_layout="NH", enable_pdl=None,
+            window_left=None, sinks=None, kv_cache_sf=None,
+            skip_softmax_threshold_scale_factor=None, use_fp16_softmax=None,
+            uses_spcompress=None):
+        """As the decode wrapper's run(); the returned lse (return_lse) is in
+        lse_base "log2" (default) or "ln", and lse_layout "NH" ([T, H],
+        default) or "HN" (a contiguous [H, T]; a given lse must be that),
+        as FlashInfer's."""
+        return self._run(q, paged_kv_cache, args, q_scale, k_scale, v_scale, out, lse,
+                         return_lse, window_left, sinks, None,
+                         skip_softmax_threshold_scale_factor, kv_cache_sf, lse_base, lse_layout)
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)  # as FlashInfer's
+
+    def forward(self, q, paged_kv_cache, causal=False, pos_encoding_mode="NONE",
+                use_fp16_qk_reduction=False, k_scale=None, v_scale=None, window_left=-1,
+                logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None):
+        """FlashInfer's deprecated forward(): these arguments, defaults
+        included, replace plan()'s (for later run() calls too), then run()."""
+        return self._forward(q, paged_kv_cache, False, None, k_scale, v_scale, causal=causal,
+                             pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                             logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+                             rope_scale=rope_scale, rope_theta=rope_theta)
+
+    def forward_return_lse(self, q, paged_kv_cache, causal=False, pos_encoding_mode="NONE",
+                           use_fp16_qk_reduction=False, k_scale=None, v_scale=None,
+                           window_left=-1, logits_soft_cap=None, sm_scale=None, rope_scale=None,
+                           rope_theta=None):
+        """forward() returning (out, lse), as FlashInfer's."""
+        return self._forward(q, paged_kv_cache, True, None, k_scale, v_scale, causal=causal,
+                             pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                             logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+                             rope_scale=rope_scale, rope_theta=rope_theta)
+
 
 class BatchPrefillWithRaggedKVCacheWrapper:
     """FlashInfer's ragged prefill wrapper: new K/V packed per request
@@ -288,7 +387,9 @@ class BatchPrefillWithRaggedKVCacheWrapper:
 
     def __init__(self, float_workspace_buffer=None, kv_layout="NHD", use_cuda_graph=False,
                  qo_indptr_buf=None, kv_indptr_buf=None, custom_mask_buf=None,
-                 mask_indptr_buf=None, backend="auto", jit_args=None, *, context=None):
+                 mask_indptr_buf=None, backend="auto", jit_args=None, jit_kwargs=None,
+                 variant_owns_mask=False, *, context=None):
+        _refuse_custom_variant(jit_args, variant_owns_mask)
         _check_name("kv_layout", kv_layout, ("NHD", "HND"))
         if kv_layout != "NHD":
             raise UnsupportedError("kv_layout %r: ragged K/V are [tokens, Hkv, D] (NHD)"
@@ -296,6 +397,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         self._ctx = _context_for(float_workspace_buffer, context)
         self._plan = None
         self._alibi_lse = None
+        self._given = None
 
     def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk,
              head_dim_vo=None, custom_mask=None, packed_custom_mask=None, causal=False,
@@ -305,12 +407,11 @@ class BatchPrefillWithRaggedKVCacheWrapper:
              prefix_len_ptr=None, token_pos_in_items_ptr=None, token_pos_in_items_len=0,
              max_item_len_ptr=None, fixed_split_size=None, disable_split_kv=False,
              seq_lens=None, seq_lens_q=None, max_token_per_sequence=None, max_sequence_kv=None,
-             v_indptr=None, o_indptr=None):
+             v_indptr=None, o_indptr=None, uniform_q_len=None):
+        """FlashInfer's ragged plan; uniform_q_len (a CUDA-graph scheduling
+        hint) is ignored."""
         if custom_mask is not None or packed_custom_mask is not None:
             raise UnsupportedError("custom_mask is not supported by kvattn")
-        _check_name("pos_encoding_mode", pos_encoding_mode, ("NONE", "ROPE_LLAMA", "ALIBI"))
-        if pos_encoding_mode not in ("NONE", "ALIBI"):
-            raise UnsupportedError("pos_encoding_mode %r is not supported" % (pos_encoding_mode,))
         _refuse_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
                            max_item_len_ptr)
         qdt = _dtype(q_data_type)
@@ -321,6 +422,19 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         kv = T.host_array(kv_indptr, np.int64, "kv_indptr")
         if kv.ndim != 1 or kv.shape[0] < 1 or (np.diff(kv) < 0).any():
             raise InvalidArgumentError("kv_indptr must be a non-decreasing [R+1] array")
+        self._set_plan(qo_indptr, kv, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, qdt,
+                       causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale)
+
+    begin_forward = plan
+
+    def _set_plan(self, qo_indptr, kv, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, qdt,
+                  causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale):
+        """The plan for the mask and scale arguments (plan()'s or forward()'s)."""
+        given = dict(locals())
+        del given["self"]
+        _check_name("pos_encoding_mode", pos_encoding_mode, ("NONE", "ROPE_LLAMA", "ALIBI"))
+        if pos_encoding_mode not in ("NONE", "ALIBI"):
+            raise UnsupportedError("pos_encoding_mode %r is not supported" % (pos_encoding_mode,))
         self._kv_first = int(kv[0])
         slopes = _alibi_slopes(pos_encoding_mode, logits_soft_cap, num_qo_heads)
         self._plan = Plan(
@@ -332,19 +446,20 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             softcap=logits_soft_cap or 0.0,
             alibi_slopes=slopes)
         self._alibi_lse = _alibi_lse_shift(qo_indptr, np.diff(kv), slopes)
-
-    begin_forward = plan
+        self._given = given
 
     def run(self, q, k, v, *args, q_scale=None, k_scale=None, v_scale=None, o_scale=None,
-            out=None, lse=None, return_lse=False, enable_pdl=None, kv_cache_sf=None,
-            sinks=None):
-        """q [T, H, D], k [kv_indptr[-1], Hkv, D], v [.., Hkv, Dv] -> out (, lse base 2).
+            out=None, lse=None, return_lse=False, lse_base="log2", lse_layout="NH",
+            enable_pdl=None, kv_cache_sf=None, sinks=None):
+        """q [T, H, D], k [kv_indptr[-1], Hkv, D], v [.., Hkv, Dv] -> out (, lse).
         q_scale / k_scale / v_scale / o_scale (FlashInfer: calibration scales
         of fp8 inputs, which its fa2 kernels ignore for 16-bit ones and its
         cutlass kernels apply) must be None or 1; kv_cache_sf (NVFP4) raises
-        UnsupportedError."""
+        UnsupportedError; lse_base and lse_layout as the paged prefill
+        wrapper's run()."""
         if args:
             raise InvalidArgumentError("run(): unexpected positional arguments %r" % (args,))
+        lse, lse_hn = _lse_form(lse, lse_base, lse_layout, return_lse, q)
         p = self._plan
         if p is None:
             raise InvalidArgumentError("run() before plan()")
@@ -372,14 +487,37 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             return _unstage(res, out_dst)
         _scale_lse(res[1], self._alibi_lse)
         o, l = _unstage(res[0], out_dst), _unstage(res[1], lse_dst)
-        return (o, l) if return_lse else o  # a given lse is written either way
+        if not return_lse:
+            return o  # a given lse is written either way
+        return o, _finish_lse(l, lse_base, lse_layout, lse_hn)
 
-    def run_return_lse(self, q, k, v, *args, **kw):
-        kw["return_lse"] = True
-        return self.run(q, k, v, *args, **kw)
+    run_return_lse = functools.partialmethod(run, return_lse=True)  # as FlashInfer's
 
-    forward = run
-    forward_return_lse = run_return_lse
+    def _forward(self, q, k, v, return_lse, **mask):
+        """FlashInfer's deprecated forward(): its mask and scale arguments,
+        defaults included, replace plan()'s (for later run() calls too)."""
+        if self._given is None:
+            raise InvalidArgumentError("forward() before plan()")
+        if any(self._given[k] != x for k, x in mask.items()):  # else the plan stands
+            self._set_plan(**dict(self._given, **mask))
+        return self.run(q, k, v, return_lse=return_lse)
+
+    def forward(self, q, k, v, causal=False, pos_encoding_mode="NONE",
+                use_fp16_qk_reduction=False, window_left=-1, logits_soft_cap=None, sm_scale=None,
+                rope_scale=None, rope_theta=None):
+        """FlashInfer's deprecated forward(): these arguments, defaults
+        included, replace plan()'s, then run()."""
+        return self._forward(q, k, v, False, causal=causal, pos_encoding_mode=pos_encoding_mode,
+                             window_left=window_left, logits_soft_cap=logits_soft_cap,
+                             sm_scale=sm_scale)
+
+    def forward_return_lse(self, q, k, v, causal=False, pos_encoding_mode="NONE",
+                           use_fp16_qk_reduction=False, window_left=-1, logits_soft_cap=None,
+                           sm_scale=None, rope_scale=None, rope_theta=None):
+        """forward() returning (out, lse), as FlashInfer's."""
+        return self._forward(q, k, v, True, causal=causal, pos_encoding_mode=pos_encoding_mode,
+                             window_left=window_left, logits_soft_cap=logits_soft_cap,
+                             sm_scale=sm_scale)
 
 
 class MultiLevelCascadeAttentionWrapper:
@@ -445,167 +583,6 @@ def _q_len_per_req(n):
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise InvalidArgumentError("q_len_per_req = %r is not an integer >= 1" % (n,))
     return int(n)
-
-
-def _cat_last(a, b):
-    """[.., x] and [.., y] -> [.., x + y], numpy or torch as a."""
-    if T.is_torch(a):
-        import torch
-
-        return torch.cat([a, b], dim=-1).contiguous()
-    return np.ascontiguousarray(np.concatenate([np.asarray(a), np.asarray(b)], axis=-1))
-
-
-class BatchMLAPagedAttentionWrapper:
-    """FlashInfer's MLA wrapper (flashinfer.mla): attention over a paged
-    latent cache. run() is the absorbed kernel-level call (FlashMLA's
-    flash_mla_with_kvcache): q_nope [T, H, Dc] (already multiplied by W_UK)
-    and q_pe [T, H, Dr] -> out [T, H, Dc] (the caller applies W_UV).
-    run_layer() (a kvattn extension) is the layer-level kva_mla_run: the
-    un-absorbed q [T, H, Dn + Dr] and the layer's W_UK / W_UV -> out
-    [T, H, Dv], each request on the absorbed or the compute-friendly path
-    (docs/mla.md); plan() then needs qk_nope_head_dim and v_head_dim.
-
-    ckv_cache [NP, B, Dc] and kpe_cache [NP, B, Dr] must be the two column
-    slices of one [NP, B, Dc + Dr] tensor (kv[..., :Dc], kv[..., Dc:], as
-    vLLM and SGLang keep them): kvattn's latent cache stores each token's
-    [c_kv | k_pe] as one row. Pages are used in place."""
-
-    def __init__(self, float_workspace_buffer=None, use_cuda_graph=False, qo_indptr=None,
-                 kv_indptr=None, kv_indices=None, kv_len_arr=None, backend="auto", *,
-                 context=None):
-        self._ctx = _context_for(float_workspace_buffer, context)
-        self._plan = None
-        self._caches = {}
-
-    def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv,
-             head_dim_kpe, page_size, causal, sm_scale, q_data_type, kv_data_type,
-             use_profiler=False, *, qk_nope_head_dim=0, v_head_dim=0, decode_threshold=1):
-        """kv_indptr [R+1] / kv_indices: each request's pages (CSR); kv_len_arr
-        [R]: its keys. qk_nope_head_dim (Dn), v_head_dim (Dv) and
-        decode_threshold are kvattn's, for run_layer()."""
-        if use_profiler:
-            raise UnsupportedError("use_profiler: kvattn has no intra-kernel profiler")
-        qdt = _dtype(q_data_type)
-        if kv_data_type is not None and _dtype(kv_data_type) != qdt:
-            raise UnsupportedError("kv_data_type %s differs from q_data_type: kvattn's wrapped "
-                                   "latent caches use the query dtype" % (kv_data_type,))
-        ip = T.host_array(kv_indptr, np.int32, "kv_indptr")
-        kl = T.host_array(kv_len_arr, np.int32, "kv_len_arr")
-        if ip.ndim != 1 or ip.shape[0] < 1 or kl.shape != (ip.shape[0] - 1,):
-            raise ShapeMismatchError("kv_indptr %s must be [R+1] and kv_len_arr %s [R]"
-                                     % (ip.shape, kl.shape))
-        npages = np.diff(ip)
-        if kl.size and (kl.min() < 0 or (kl > np.maximum(npages, 0) * page_size).any()):
-            raise InvalidArgumentError("kv_len_arr[r] must lie in [0, pages of request r * "
-                                       "page_size = %d * pages]" % page_size)
-        # The page table only needs each request's page count; its keys are kv_len_arr.
-        last = np.where(npages > 0, kl - (npages - 1) * page_size, 0).clip(0, page_size)
-        _, bt = _paged_metadata(ip, kv_indices, last.astype(np.int32), page_size)
-        qo = T.host_array(qo_indptr, np.int32, "qo_indptr")
-        if qo.shape != (kl.shape[0] + 1,):
-            raise ShapeMismatchError("qo_indptr: shape %s, expected (%d,)"
-                                     % (qo.shape, kl.shape[0] + 1))
-        self._dims = (num_heads, head_dim_ckv, head_dim_kpe, qk_nope_head_dim, v_head_dim)
-        self._page_size = page_size
-        self._plan = Plan(self._ctx, qo, kl, bt, block_size=page_size, num_heads=num_heads,
-                          num_kv_heads=1, head_dim=head_dim_ckv + head_dim_kpe,
-                          head_dim_v=head_dim_ckv, q_dtype=qdt, scale=sm_scale,
-                          causal=_causal_for(causal, qo, kl), decode_threshold=decode_threshold,
-                          kind="mla",
-                          mla_qk_nope_head_dim=qk_nope_head_dim, mla_v_head_dim=v_head_dim)
-
-    begin_forward = plan
-
-    def _cache(self, ckv_cache, kpe_cache):
-        """The latent cache over the caller's [c_kv | k_pe] pages."""
-        ctx = self._ctx
-        _, dc, dr, _, _ = self._dims
-        c = T.view(ckv_cache, "ckv_cache")
-        p = T.view(kpe_cache, "kpe_cache")
-        if len(c.shape) != 3 or len(p.shape) != 3 or c.shape[2] != dc or p.shape[2] != dr or \
-                tuple(p.shape[:2]) != tuple(c.shape[:2]) or c.shape[1] != self._page_size:
-            raise ShapeMismatchError("ckv_cache %s, kpe_cache %s: expected [NP, %d, %d] and "
-                                     "[NP, %d, %d]" % (c.shape, p.shape, self._page_size, dc,
-                                                       self._page_size, dr))
-        nb, b, row = c.shape[0], c.shape[1], dc + dr
-        one = (c.dtype == p.dtype and p.ptr == c.ptr + dc * _esize(c.dtype) and
-               tuple(c.strides) == (b * row, row, 1) and tuple(p.strides) == (b * row, row, 1))
-        if not one:
-            raise UnsupportedError(
-                "ckv_cache / kpe_cache: kvattn's latent cache keeps each token's [c_kv | k_pe] "
-                "in one row; pass kv[..., :%d] and kv[..., %d:] of one contiguous "
-                "[NP, B, %d] tensor" % (dc, dc, row))
-        key = (c.ptr, nb, b, c.dtype, c.device_id)
-        cache = self._caches.get(key)
-        if cache is None:
-            if c.device != ctx.device:
-                raise InvalidArgumentError("ckv_cache: on %s, the wrapper's backend computes on %s"
-                                           % (c.device, ctx.device))
-            if len(self._caches) > 64:
-                self._caches.clear()
-            cache = Cache._wrap(ctx, c.ptr, None, nb, b, 1, row, dc, c.dtype, 0, (),
-                                kind=L.KINDS["mla"])
-            self._caches[key] = cache
-        return cache
-
-    def _finish(self, res, want_lse, return_lse, base_e, out_dst, lse_dst):
-        """out, or (out, lse) when return_lse: as FlashInfer's run(), a given
-        lse is written without return_lse too, and only out returned."""
-        if not want_lse:
-            return _unstage(res, out_dst)
-        if not base_e:
-            _scale_lse(res[1])
-        o, l = _unstage(res[0], out_dst), _unstage(res[1], lse_dst)
-        return (o, l) if return_lse else o
-
-    def _start(self, what, q, ckv_cache, kpe_cache):
-        """The plan and the latent cache of a run (and, CUDA, torch's stream)."""
-        p = self._plan
-        if p is None:
-            raise InvalidArgumentError("%s before plan()" % what)
-        if self._ctx.device == T.CUDA and T.is_torch(q):
-            import torch
-
-            self._ctx.set_stream(torch.cuda.current_stream(q.device).cuda_stream)
-        return p, self._cache(ckv_cache, kpe_cache)
-
-    def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse=False,
-            profiler_buffer=None, kv_len=None, page_table=None, return_lse_base_on_e=False,
-            o_scale=None, *, ckv_scale=None, ckv_scale_arr=None, kpe_scale=None):
-        """The absorbed call: q_nope [T, H, Dc], q_pe [T, H, Dr] -> out
-        [T, H, Dc], or (out, lse [T, H] float32, base 2 unless
-        return_lse_base_on_e). q_nope and q_pe are concatenated into one
-        [T, H, Dc + Dr] query (a copy). profiler_buffer, kv_len and page_table
-        (FlashInfer's cutlass backend) are ignored; o_scale (an fp8 out),
-        ckv_scale, ckv_scale_arr and kpe_scale (fp8 latent pages, which the
-        wrapper does not wrap) raise UnsupportedError."""
-        for name, x in (("o_scale", o_scale), ("ckv_scale", ckv_scale),
-                        ("ckv_scale_arr", ckv_scale_arr), ("kpe_scale", kpe_scale)):
-            if x is not None:
-                raise UnsupportedError("%s: kvattn's MLA wrapper reads 16-bit latent pages and "
-                                       "writes a 16-bit out (fp8 latent caches are kvattn-owned "
-                                       "Cache.mla(..., dtype='fp8_e4m3') objects)" % name)
-        p, cache = self._start("run()", q_nope, ckv_cache, kpe_cache)
-        want = return_lse or lse is not None
-        ins = (("q_nope", q_nope), ("q_pe", q_pe))
-        out, out_dst = _staged(out, "out", ins)
-        lse, lse_dst = _staged(lse, "lse", ins)
-        res = p.run(_cat_last(q_nope, q_pe), cache, out=out, lse=lse, return_lse=want)
-        return self._finish(res, want, return_lse, return_lse_base_on_e, out_dst, lse_dst)
-
-    def run_layer(self, q, w_uk, w_uv, ckv_cache, kpe_cache, out=None, lse=None,
-                  return_lse=False, return_lse_base_on_e=False):
-        """kvattn's layer-level call (kva_mla_run): q [T, H, Dn + Dr] (q_nope,
-        q_pe), w_uk [H, Dn, Dc], w_uv [H, Dc, Dv] -> out [T, H, Dv], or (out,
-        lse) as run()."""
-        p, cache = self._start("run_layer()", q, ckv_cache, kpe_cache)
-        want = return_lse or lse is not None
-        ins = (("q", q), ("w_uk", w_uk), ("w_uv", w_uv))
-        out, out_dst = _staged(out, "out", ins)
-        lse, lse_dst = _staged(lse, "lse", ins)
-        res = p.run_mla(q, w_uk, w_uv, cache, out=out, lse=lse, return_lse=want)
-        return self._finish(res, want, return_lse, return_lse_base_on_e, out_dst, lse_dst)
 
 
 def _f32(s):
