@@ -586,10 +586,9 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
                  * in flight (OVL issues them before the epilogue). */
                 const float *tb = pblk - (int64_t)w.split * nrows * (D + 1);
                 typename P::Out::elem *o16 = (typename P::Out::elem *)a.out;
-                if ((OVL && more) ||
-                    !dm_merge_smem<dm_merge_wt<P>::value>(tb, nsplit, w, qs, a.sinks, o16,
-                                                          a.lse, a.H, a.G, D, dm_smem_buf + P::SQ,
-                                                          DM_NW * NST * STAGE))
+                if ((OVL && more) || !dm_merge_smem<dm_merge_wt<P>::value>(
+                                         tb, nsplit, w, qs, a.sinks, o16, a.lse, a.H, a.G, D,
+                                         dm_smem_buf + P::SQ, DM_NW * NST * STAGE))
                     kva__merge_split_cta(tb, nsplit, w, qs, a.sinks, o16, a.lse, a.H, a.G, D);
                 if (threadIdx.x == 0) {
                     atomicExch(done, 0);
