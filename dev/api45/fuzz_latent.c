@@ -166,8 +166,15 @@ static int case_dense(int cs)
     int H = pick((const int[]){1, 2, 3, 16, 17}, 5);
     int Dc = pick((const int[]){16, 32, 64, 128}, 4), Dr = pick((const int[]){8, 16, 64}, 3);
     int Dn = pick((const int[]){8, 16, 32}, 3), Dv = pick((const int[]){8, 16, 24}, 3);
-    kva_cache_desc cd = {b.nb, b.B, 1, Dc + Dr, Dc, fp8 ? KVA_DTYPE_FP8_E4M3 : dt,
-                         KVA_LAYOUT_NHD, fp8 ? KVA_QUANT_FP8_E4M3 : KVA_QUANT_NONE, KVA_ATTN_MLA};
+    kva_cache_desc cd = {b.nb,
+                         b.B,
+                         1,
+                         Dc + Dr,
+                         Dc,
+                         fp8 ? KVA_DTYPE_FP8_E4M3 : dt,
+                         KVA_LAYOUT_NHD,
+                         fp8 ? KVA_QUANT_FP8_E4M3 : KVA_QUANT_NONE,
+                         KVA_ATTN_MLA};
     float ks = 0.01f;
     kva_quant_params qp = {.k_scale = &ks, .k_scale_len = 1};
     kva_cache *c = NULL;
@@ -187,7 +194,8 @@ static int case_dense(int cs)
     fill(kpe, src, (size_t)nslots * Dr, 1.0f);
     kva_cache_write(cx[1], c, nslots, ckv, 0, kpe, 0, src, slots);
     int Tq = b.T > 0 ? b.T : 1;
-    void *q = malloc((size_t)Tq * H * (Dc + Dr) * es), *ql = malloc((size_t)Tq * H * (Dn + Dr) * es);
+    void *q = malloc((size_t)Tq * H * (Dc + Dr) * es),
+         *ql = malloc((size_t)Tq * H * (Dn + Dr) * es);
     void *wuk = malloc((size_t)H * Dn * Dc * es), *wuv = malloc((size_t)H * Dc * Dv * es);
     fill(q, dt, (size_t)b.T * H * (Dc + Dr), 1.0f);
     fill(ql, dt, (size_t)b.T * H * (Dn + Dr), 1.0f);
@@ -271,7 +279,8 @@ static int case_dense(int cs)
             bad |= cmp("attn lse", cs, e, lse[0], lse[e], KVA_DTYPE_F32, (size_t)b.T * H, tl);
             if (s1 == KVA_STATUS_OK) {
                 bad |= cmp("layer out", cs, e, lout[0], lout[e], dt, (size_t)b.T * H * Dv, tl * 2);
-                bad |= cmp("layer lse", cs, e, llse[0], llse[e], KVA_DTYPE_F32, (size_t)b.T * H, tl);
+                bad |=
+                    cmp("layer lse", cs, e, llse[0], llse[e], KVA_DTYPE_F32, (size_t)b.T * H, tl);
             }
         }
     if (bad)
@@ -304,8 +313,16 @@ static int case_sparse(int cs)
     int Dc = fmt == 2 ? pick((const int[]){128, 256}, 2) : pick((const int[]){16, 32, 64, 128}, 4);
     int Dr = pick((const int[]){8, 16, 64}, 3);
     int K = 1 + ri(ri(2) ? 8 : 70), spad = ri(3) ? 0 : ri(5);
-    kva_cache_desc cd = {b.nb, b.B, 1, Dc + Dr, Dc, fmt ? KVA_DTYPE_FP8_E4M3 : dt, KVA_LAYOUT_NHD,
-                         fmt == 0 ? KVA_QUANT_NONE : fmt == 1 ? KVA_QUANT_FP8_E4M3 : KVA_QUANT_FP8_DS_MLA,
+    kva_cache_desc cd = {b.nb,
+                         b.B,
+                         1,
+                         Dc + Dr,
+                         Dc,
+                         fmt ? KVA_DTYPE_FP8_E4M3 : dt,
+                         KVA_LAYOUT_NHD,
+                         fmt == 0   ? KVA_QUANT_NONE
+                         : fmt == 1 ? KVA_QUANT_FP8_E4M3
+                                    : KVA_QUANT_FP8_DS_MLA,
                          KVA_ATTN_MLA};
     float ks = 0.01f;
     kva_quant_params qp = {.k_scale = &ks, .k_scale_len = 1};
@@ -428,8 +445,15 @@ static int case_index(int cs)
     make_batch(&b, 1, ri(3) ? 3 : 9, ri(3) ? 40 : 300);
     int Hi = pick((const int[]){1, 3, 8, 16}, 4), D = pick((const int[]){16, 32, 64, 128}, 4);
     int K = 1 + ri(ri(2) ? 8 : 70), spad = ri(3) ? 0 : ri(5), stride = K + spad;
-    kva_cache_desc cd = {b.nb, b.B, 1, D, 0, fp8 ? KVA_DTYPE_FP8_E4M3 : dt, KVA_LAYOUT_NHD,
-                         fp8 ? KVA_QUANT_FP8_TOKEN : KVA_QUANT_NONE, KVA_ATTN_INDEX};
+    kva_cache_desc cd = {b.nb,
+                         b.B,
+                         1,
+                         D,
+                         0,
+                         fp8 ? KVA_DTYPE_FP8_E4M3 : dt,
+                         KVA_LAYOUT_NHD,
+                         fp8 ? KVA_QUANT_FP8_TOKEN : KVA_QUANT_NONE,
+                         KVA_ATTN_INDEX};
     kva_cache *c = NULL;
     if (kva_cache_create(cx[1], &cd, &c) != KVA_STATUS_OK) {
         printf("case %d cache: %s\n", cs, kva_last_error());
@@ -494,13 +518,15 @@ static int case_index(int cs)
                 int want = pos + 1 < K ? pos + 1 : K;
                 for (int e = 0; e < 3; e++) {
                     if (len[e][t] != want) {
-                        printf("case %d %s t %d topk_length %d want %d\n", cs, cxn[e], t,
-                               len[e][t], want);
+                        printf("case %d %s t %d topk_length %d want %d\n", cs, cxn[e], t, len[e][t],
+                               want);
                         bad = 1;
                     }
                     for (int k = 0; k < stride; k++) {
                         int v = ind[e][(size_t)t * stride + k];
-                        int ok = k >= K ? v == 0x7b7b7b7b : k >= want ? v == -1 : v >= 0 && v <= pos;
+                        int ok = k >= K      ? v == 0x7b7b7b7b
+                                 : k >= want ? v == -1
+                                             : v >= 0 && v <= pos;
                         if (!ok) {
                             printf("case %d %s t %d entry %d = %d (want %d, pos %d)\n", cs, cxn[e],
                                    t, k, v, want, pos);
@@ -535,8 +561,8 @@ static int case_index(int cs)
                     compared++;
                     for (int e = 1; e < 3; e++)
                         if (fabs(L[e] - L[0]) > tl) {
-                            printf("case %d %s t %d rank %d logit %g ref %g (tol %g)\n", cs,
-                                   cxn[e], t, k, L[e], L[0], tl);
+                            printf("case %d %s t %d rank %d logit %g ref %g (tol %g)\n", cs, cxn[e],
+                                   t, k, L[e], L[0], tl);
                             bad = 1;
                         }
                 }

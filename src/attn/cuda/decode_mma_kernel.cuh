@@ -210,13 +210,24 @@ static __device__ __forceinline__ int dm_count_acq_rel(int *p)
     return old;
 }
 
+/* The copy of dm_merge_smem: n floats from base (16-byte aligned) into shared
+ * memory at s0 with cp.async, every copy in flight at once, committed. */
+static __device__ __forceinline__ void dm_copy_parts(const float *base, int64_t n, uint32_t s0)
+{
+    for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x)
+        kva__cp_async16(s0 + 16 * (uint32_t)i, base + 4 * i, 16);
+    for (int64_t i = n / 4 * 4 + threadIdx.x; i < n; i += blockDim.x)
+        kva__cp_async4(s0 + 4 * (uint32_t)i, base + i, 4);
+    kva__cp_async_commit();
+}
+
 /* The last-CTA merge of a split task from a copy in shared memory: the CTA
  * copies the task's nsplit partial blocks (contiguous in the workspace:
  * nsplit x nrows x (D + 1) floats from base) into smem (bytes of free shared
- * memory) with cp.async, every copy in flight at once, and merges from
- * there: one round trip to L2 instead of one per CH parts. With WT (the
- * 16-bit policy, dm_merge_wt), while the copy lands the warps compute the
- * merge's weights once per row and part from the parts' lses in L2
+ * memory) with cp.async, every copy in flight at once (dm_copy_parts), and
+ * merges from there: one round trip to L2 instead of one per CH parts. With
+ * WT (the 16-bit policy, dm_merge_wt), while the copy lands the warps compute
+ * the merge's weights once per row and part from the parts' lses in L2
  * (kva__merge_weights, into smem after the copy), and every thread then sums
  * weight times value over the parts of its channels (kva__merge_split_cta_w):
  * no exponential or rescale per part and thread. Without it every thread
@@ -235,12 +246,7 @@ dm_merge_smem(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_
         const int64_t nw = (int64_t)nsplit * nrows + 2 * nrows; /* weights, 1 / L and lse per row */
         if ((n + nw) * (int64_t)sizeof(float) > bytes || ((uintptr_t)base & 15) != 0)
             return false;
-        const uint32_t s0 = kva__smem_u32(smem);
-        for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x)
-            kva__cp_async16(s0 + 16 * (uint32_t)i, base + 4 * i, 16);
-        for (int64_t i = n / 4 * 4 + threadIdx.x; i < n; i += blockDim.x)
-            kva__cp_async4(s0 + 4 * (uint32_t)i, base + i, 4);
-        kva__cp_async_commit();
+        dm_copy_parts(base, n, kva__smem_u32(smem));
         float *wt = (float *)smem + n, *fin = wt + (int64_t)nsplit * nrows;
         kva__merge_weights(base, (int64_t)nrows * (D + 1), nrows, D, nsplit, w, G, sinks, wt, fin);
         kva__cp_async_wait<0>();
@@ -250,12 +256,7 @@ dm_merge_smem(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_
         const int64_t n = (int64_t)nsplit * w.nq * w.nh * (D + 1); /* floats */
         if (n * (int64_t)sizeof(float) > bytes || ((uintptr_t)base & 15) != 0)
             return false;
-        const uint32_t s0 = kva__smem_u32(smem);
-        for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x)
-            kva__cp_async16(s0 + 16 * (uint32_t)i, base + 4 * i, 16);
-        for (int64_t i = n / 4 * 4 + threadIdx.x; i < n; i += blockDim.x)
-            kva__cp_async4(s0 + 4 * (uint32_t)i, base + i, 4);
-        kva__cp_async_commit();
+        dm_copy_parts(base, n, kva__smem_u32(smem));
         kva__cp_async_wait<0>();
         __syncthreads(); /* every thread's copies landed */
         kva__merge_split_cta<T, true>((const float *)smem, nsplit, w, qs, sinks, out, lse, H, G, D);
@@ -586,10 +587,9 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
                  * in flight (OVL issues them before the epilogue). */
                 const float *tb = pblk - (int64_t)w.split * nrows * (D + 1);
                 typename P::Out::elem *o16 = (typename P::Out::elem *)a.out;
-                if ((OVL && more) ||
-                    !dm_merge_smem<dm_merge_wt<P>::value>(tb, nsplit, w, qs, a.sinks, o16,
-                                                          a.lse, a.H, a.G, D, dm_smem_buf + P::SQ,
-                                                          DM_NW * NST * STAGE))
+                if ((OVL && more) || !dm_merge_smem<dm_merge_wt<P>::value>(
+                                         tb, nsplit, w, qs, a.sinks, o16, a.lse, a.H, a.G, D,
+                                         dm_smem_buf + P::SQ, DM_NW * NST * STAGE))
                     kva__merge_split_cta(tb, nsplit, w, qs, a.sinks, o16, a.lse, a.H, a.G, D);
                 if (threadIdx.x == 0) {
                     atomicExch(done, 0);

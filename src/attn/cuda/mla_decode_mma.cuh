@@ -165,7 +165,8 @@ static __device__ __forceinline__ void ml_qk_reg(const uint32_t (*qf)[4], uint32
 /* The MT warps of key slice kg meet after converting their rows of the
  * slice (convert<C>'s end, before S reads them): MT = 1 the warp alone,
  * else named barrier 1 + kg of MT * 32 threads (barrier 0 is the kernel's
- * __syncthreads; the kernel uses no other named barrier). */
+ * __syncthreads; the only other named barriers, ml_st_tile's 1 + kq of 64
+ * threads, come with ST, which is MT = 1 only). */
 template <int MT> static __device__ __forceinline__ void ml_slice_sync(int kg)
 {
     if constexpr (MT == 1)
