@@ -10,6 +10,7 @@
 #   3. the rows, base and new alternated twice (every run checked against
 #      the reference backend): H 16 R 128, H 16 R 16, H 64 = H 16 padded
 #      (wgmma), H 128 (wgmma, control);
+#   (KVA_TEST=0 skips 1-2, KVA_BENCH=0 skips 3: an ncu-only call)
 #   4. Nsight Compute SourceCounters of one H 16 launch per side in
 #      KVA_NCU_SIDES (default "base new"): the SASS source page as CSV
 #      and the CUDA source page (-lineinfo) as CSV (gzipped to $OUT) and the
@@ -50,7 +51,7 @@ cp bd/libkvattn.a bo/base/libkvattn_base.a && (cd bo/base && ar r libkvattn_base
   (cd bd && eval "$cmd") >"$l/link_base.log" 2>&1 || { log "base link failed"; head -c 600 "$l/link_base.log"; }
 ls b | tr '\n' ' ' | tee -a "$o/run.txt"; echo | tee -a "$o/run.txt"
 sides="base new"
-for v in new base; do
+[ "${KVA_TEST:-1}" = 0 ] || for v in new base; do
   s=""; [ $v != new ] && s=_$v
   timeout 30 b/kvattn$s bench --mla-sparse --backend cuda --iters 2 --batch 8 --q-len 2 \
     --context 3000 --heads 16 --topk 512 >"$l/smoke_$v.log" 2>&1
@@ -58,7 +59,7 @@ for v in new base; do
   log "smoke $v rc=$rc: $(grep -E ' ms ' "$l/smoke_$v.log" | tail -1 | tr -s ' ')"
   [ $rc = 0 ] && grep -q "check ok" "$l/smoke_$v.log" || { tail -5 "$l/smoke_$v.log" | tee -a "$o/run.txt"; [ $v = new ] && sides=base; }
 done
-case " $sides " in *" new "*)
+case "${KVA_TEST:-1} $sides " in 1*" new "*)
   timeout 60 b/test_cuda_mla_sparse >"$l/test_sparse.log" 2>&1
   log "test_cuda_mla_sparse new (all) rc=$?: $(grep -E 'passed|FAILED|failed' "$l/test_sparse.log" | tail -1 | cut -c1-140)"
   grep -hE "FAILED|CHECK failed|bad" "$l/test_sparse.log" | head -10 | tee -a "$o/run.txt" ;;
@@ -68,6 +69,7 @@ pack
 D="--batch 128 --q-len 2 --context 8192 --topk 2048"
 ROWS=("decode H16|$D --heads 16" "decode H16 R16|--batch 16 --q-len 2 --context 8192 --topk 2048 --heads 16"
   "decode H64 (H16 padded)|$D --heads 64" "decode H128|$D --heads 128")
+[ "${KVA_BENCH:-1}" = 0 ] && ROWS=()
 for r in 1 2; do
   order=$sides; [ $r = 2 ] && order=$(echo $sides | tr " " "\n" | tac | tr "\n" " ")
   for v in $order; do
