@@ -57,10 +57,6 @@ template <typename Ty, int D_> struct dm_load16 {
      * (the quantized policy does without: it gained nothing there;
      * bench/results/h200_2026-11-27_dec26.txt). */
     static constexpr bool OVERLAP = true;
-    /* The last-CTA merge takes its weights once per row and part
-     * (dm_merge_smem; the quantized policy keeps the online merge:
-     * bench/results/h200_2026-11-28_dec40.txt). */
-    static constexpr bool MERGE_WT = true;
     struct Item {
     };
 

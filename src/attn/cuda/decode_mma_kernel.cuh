@@ -34,8 +34,6 @@
  *                       the step at kb into the stage at shared address stage
  *   OVERLAP (optional, default false): the next item's first copies go out
  *                       before the current item's epilogue (OVL in the body)
- *   MERGE_WT (optional, default false): the last-CTA merge from shared memory
- *                       takes its weights once per row and part (dm_merge_smem)
  *   ROWS_AHEAD (optional, default false), key_row(q, bt_row, kvs, kvh, kb,
  *                       kend, lane) and issue_row(q, row, kvh, kb, kend,
  *                       stage, lane): issue split into the lane's block-table
@@ -210,70 +208,33 @@ static __device__ __forceinline__ int dm_count_acq_rel(int *p)
     return old;
 }
 
-/* The copy of dm_merge_smem: n floats from base (16-byte aligned) into shared
- * memory at s0 with cp.async, every copy in flight at once, committed. */
-static __device__ __forceinline__ void dm_copy_parts(const float *base, int64_t n, uint32_t s0)
-{
-    for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x)
-        kva__cp_async16(s0 + 16 * (uint32_t)i, base + 4 * i, 16);
-    for (int64_t i = n / 4 * 4 + threadIdx.x; i < n; i += blockDim.x)
-        kva__cp_async4(s0 + 4 * (uint32_t)i, base + i, 4);
-    kva__cp_async_commit();
-}
-
-/* The last-CTA merge of a split task from a copy in shared memory: the CTA
- * copies the task's nsplit partial blocks (contiguous in the workspace:
- * nsplit x nrows x (D + 1) floats from base) into smem (bytes of free shared
- * memory) with cp.async, every copy in flight at once (dm_copy_parts), and
- * merges from there: one round trip to L2 instead of one per CH parts. With
- * WT (the 16-bit policy, dm_merge_wt), while the copy lands the warps compute
- * the merge's weights once per row and part from the parts' lses in L2
- * (kva__merge_weights, into smem after the copy), and every thread then sums
- * weight times value over the parts of its channels (kva__merge_split_cta_w):
- * no exponential or rescale per part and thread. Without it every thread
- * merges its channels' parts online (kva__merge_split_cta). Returns false,
- * having done nothing, where the copy (and the weights) do not fit or base is
- * not 16-byte aligned (the caller then merges from L2). */
-template <bool WT, typename T>
+/* The last-CTA merge of a split task (kva__merge_split_cta) from a copy in
+ * shared memory: the CTA copies the task's nsplit partial blocks (contiguous
+ * in the workspace: nsplit x nrows x (D + 1) floats from base) into smem
+ * (bytes of free shared memory) with cp.async, every copy in flight at once,
+ * and merges from there: one round trip to L2 instead of one per CH parts.
+ * Returns false, having done nothing, where they do not fit or base is not
+ * 16-byte aligned (the caller then merges from L2). */
+template <typename T>
 static __device__ __forceinline__ bool
 dm_merge_smem(const float *base, int32_t nsplit, const kva__cuda_item &w, int32_t qs,
               const float *sinks, T *out, float *lse, int32_t H, int32_t G, int32_t D,
               unsigned char *smem, int32_t bytes)
 {
-    if constexpr (WT) {
-        const int32_t nrows = w.nq * w.nh;
-        const int64_t n = (int64_t)nsplit * nrows * (D + 1);    /* floats */
-        const int64_t nw = (int64_t)nsplit * nrows + 2 * nrows; /* weights, 1 / L and lse per row */
-        if ((n + nw) * (int64_t)sizeof(float) > bytes || ((uintptr_t)base & 15) != 0)
-            return false;
-        dm_copy_parts(base, n, kva__smem_u32(smem));
-        float *wt = (float *)smem + n, *fin = wt + (int64_t)nsplit * nrows;
-        kva__merge_weights(base, (int64_t)nrows * (D + 1), nrows, D, nsplit, w, G, sinks, wt, fin);
-        kva__cp_async_wait<0>();
-        __syncthreads(); /* every thread's copies landed, the weights written */
-        kva__merge_split_cta_w<T>((const float *)smem, wt, fin, nsplit, w, qs, out, lse, H, G, D);
-    } else {
-        const int64_t n = (int64_t)nsplit * w.nq * w.nh * (D + 1); /* floats */
-        if (n * (int64_t)sizeof(float) > bytes || ((uintptr_t)base & 15) != 0)
-            return false;
-        dm_copy_parts(base, n, kva__smem_u32(smem));
-        kva__cp_async_wait<0>();
-        __syncthreads(); /* every thread's copies landed */
-        kva__merge_split_cta<T, true>((const float *)smem, nsplit, w, qs, sinks, out, lse, H, G, D);
-    }
+    const int64_t n = (int64_t)nsplit * w.nq * w.nh * (D + 1); /* floats */
+    if (n * (int64_t)sizeof(float) > bytes || ((uintptr_t)base & 15) != 0)
+        return false;
+    const uint32_t s0 = kva__smem_u32(smem);
+    for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x)
+        kva__cp_async16(s0 + 16 * (uint32_t)i, base + 4 * i, 16);
+    for (int64_t i = n / 4 * 4 + threadIdx.x; i < n; i += blockDim.x)
+        kva__cp_async4(s0 + 4 * (uint32_t)i, base + i, 4);
+    kva__cp_async_commit();
+    kva__cp_async_wait<0>();
+    __syncthreads(); /* every thread's copies landed */
+    kva__merge_split_cta<T, true>((const float *)smem, nsplit, w, qs, sinks, out, lse, H, G, D);
     return true;
 }
-
-/* Whether load policy P's last-CTA merge from shared memory takes its weights
- * once per row and part (P::MERGE_WT, default false; dm_merge_smem): the
- * 16-bit policy's; the quantized policy (254 registers) keeps the online
- * merge, whose kernel the other merge's code changed throughout. */
-template <typename P, typename = void> struct dm_merge_wt {
-    static constexpr bool value = false;
-};
-template <typename P> struct dm_merge_wt<P, decltype((void)P::MERGE_WT)> {
-    static constexpr bool value = P::MERGE_WT;
-};
 
 /* The decode of load policy P (above). Dynamic shared memory: Q (P::SQ
  * bytes) then the rings [NW][NST] stages; the warps' O [NW][16][D] fp32
@@ -587,9 +548,9 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
                  * in flight (OVL issues them before the epilogue). */
                 const float *tb = pblk - (int64_t)w.split * nrows * (D + 1);
                 typename P::Out::elem *o16 = (typename P::Out::elem *)a.out;
-                if ((OVL && more) || !dm_merge_smem<dm_merge_wt<P>::value>(
-                                         tb, nsplit, w, qs, a.sinks, o16, a.lse, a.H, a.G, D,
-                                         dm_smem_buf + P::SQ, DM_NW * NST * STAGE))
+                if ((OVL && more) ||
+                    !dm_merge_smem(tb, nsplit, w, qs, a.sinks, o16, a.lse, a.H, a.G, D,
+                                   dm_smem_buf + P::SQ, DM_NW * NST * STAGE))
                     kva__merge_split_cta(tb, nsplit, w, qs, a.sinks, o16, a.lse, a.H, a.G, D);
                 if (threadIdx.x == 0) {
                     atomicExch(done, 0);
