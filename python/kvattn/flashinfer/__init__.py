@@ -44,12 +44,12 @@ import functools
 
 import numpy as np
 
-from . import _lib as L
-from . import _tensor as T
-from .core import Cache, Context, Plan, merge_states as _merge
-from ._errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
-from ._fi_mla import BatchMLAPagedAttentionWrapper  # noqa: F401 (public here)
-from ._fi_common import (  # noqa: F401 (get_alibi_slopes is public here)
+from .. import _lib as L
+from .. import _tensor as T
+from ..core import Cache, Context, Plan, merge_states as _merge
+from .._errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
+from .._fi_mla import BatchMLAPagedAttentionWrapper  # noqa: F401 (public here)
+from .._fi_common import (  # noqa: F401 (get_alibi_slopes is public here)
     LN2,
     _dtype,
     get_alibi_slopes,
@@ -82,6 +82,8 @@ __all__ = [
     "merge_state_in_place",
     "merge_states",
     "get_alibi_slopes",
+    "fast_decode_plan",
+    "get_seq_lens",
 ]
 
 class _PagedWrapper:
@@ -642,3 +644,11 @@ def merge_states(v, s):
                out=acc_v, lse=acc_s)
     _scale_lse(acc_s)
     return acc_v, acc_s
+
+
+# FlashInfer's submodules (flashinfer.decode, .prefill, .cascade, .mla, .page,
+# .utils) with the names engines import from them; imported here, as
+# FlashInfer's __init__ does, so that attribute access works after
+# `from kvattn import flashinfer`.
+from ._functions import fast_decode_plan, get_seq_lens  # noqa: E402
+from . import cascade, decode, mla, page, prefill, utils  # noqa: E402,F401
