@@ -258,3 +258,29 @@ def test_trtllm_decode_bad_inputs():
     with pytest.raises(kvattn.KvaError):
         f(q, paged, None, bt, sl, 50, out=out, kv_layout="NDH")
     assert (out == 7.0).all()
+
+
+def test_torch_fast_decode_plan_reads_the_host_indptr_and_trtllm_scalars():
+    """torch: with a device indptr (here a "meta" tensor, which has no data
+    to read), fast_decode_plan plans from global_override_indptr_cpu, as
+    FlashInfer's; trtllm_batch_decode_with_kv_cache takes uint32 seq_lens
+    and one-element tensor scales (FlashInfer's forms) and returns a tensor."""
+    torch = pytest.importorskip("torch")
+    rng, paged, indptr, indices, last, keys, values, q = _decode_case(58, layout="HND")
+    tq = torch.from_numpy(q)
+    tkv = tuple(torch.from_numpy(x) for x in paged)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16, dtype=torch.uint8), "HND")
+    meta = torch.empty(4, dtype=torch.int32, device="meta")
+    fi.decode.fast_decode_plan(w, meta, torch.from_numpy(indices), torch.from_numpy(last), 4,
+                               2, 64, 8, data_type=torch.float32,
+                               global_override_indptr_cpu=torch.from_numpy(indptr))
+    ref, _ = attention(q, keys, values, [1, 1, 1], causal=True)
+    np.testing.assert_allclose(w.run(tq, tkv).numpy(), ref, **TOL)
+    bt = torch.from_numpy(_dense(indptr, indices, rng))
+    sl = torch.tensor([30, 50, 9], dtype=torch.uint32)
+    got = fi.decode.trtllm_batch_decode_with_kv_cache(
+        tq, tkv, torch.empty(16, dtype=torch.uint8), bt, sl, 50,
+        bmm1_scale=torch.tensor([0.07]), bmm2_scale=torch.tensor(2.0))
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float32
+    ref, _ = attention(q, keys, values, [1, 1, 1], causal=True, scale=0.07)
+    np.testing.assert_allclose(got.numpy(), 2.0 * ref, **TOL)
