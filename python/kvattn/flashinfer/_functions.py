@@ -193,6 +193,9 @@ def trtllm_batch_decode_with_kv_cache(
     if b and (sl.min() < 0 or sl.max() > int(max_seq_len)):
         raise InvalidArgumentError("seq_lens must lie in [0, max_seq_len = %d]" % max_seq_len)
     if sinks is not None:
+        if not hasattr(sinks, "reshape"):
+            raise InvalidArgumentError("sinks: a float32 tensor of H (or [Hkv, H/Hkv]) sink "
+                                       "logits, got %s" % type(sinks).__name__)
         sinks = sinks.reshape(-1)
     w = _decode_wrapper(workspace_buffer, kv_layout, context)
     w._set_plan(np.arange(b + 1, dtype=np.int32), sl.astype(np.int32), bt, h, hkv, d,
