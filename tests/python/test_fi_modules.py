@@ -50,7 +50,8 @@ def test_module_check_can_fail():
     """The frozen module lists name real kvattn objects: a module lacking a
     name, or holding another object, is seen."""
     assert "BatchDecodeWithPagedKVCacheWrapper" in MODULES["cascade"]
-    assert fi.cascade.BatchDecodeWithPagedKVCacheWrapper is fi.decode.BatchDecodeWithPagedKVCacheWrapper
+    cls = fi.decode.BatchDecodeWithPagedKVCacheWrapper
+    assert fi.cascade.BatchDecodeWithPagedKVCacheWrapper is cls
     assert not hasattr(fi.page, "BatchDecodeWithPagedKVCacheWrapper")
     assert fi.decode.get_seq_lens is fi.page.get_seq_lens is fi.get_seq_lens
     assert fi.decode.fast_decode_plan is not fi.BatchDecodeWithPagedKVCacheWrapper.plan
@@ -284,3 +285,28 @@ def test_torch_fast_decode_plan_reads_the_host_indptr_and_trtllm_scalars():
     assert isinstance(got, torch.Tensor) and got.dtype == torch.float32
     ref, _ = attention(q, keys, values, [1, 1, 1], causal=True, scale=0.07)
     np.testing.assert_allclose(got.numpy(), 2.0 * ref, **TOL)
+
+
+def test_torch_trtllm_decode_refuses_cuda_graph_capture(monkeypatch):
+    """During CUDA graph capture the call raises (it plans on the host per
+    call, so a captured metadata upload would replay stale) and writes
+    nothing. The VM has no GPU: the capture test (_capturing, a CUDA query
+    with torch.cuda.is_current_stream_capturing()) is stubbed."""
+    torch = pytest.importorskip("torch")
+    rng, paged, indptr, indices, last, keys, values, q = _decode_case(59, layout="HND")
+    tq, tkv = torch.from_numpy(q), tuple(torch.from_numpy(x) for x in paged)
+    bt = torch.from_numpy(_dense(indptr, indices, rng))
+    out = torch.full((3, 4, 64), 7.0)
+    from kvattn.flashinfer import _functions
+
+    assert not _functions._capturing(tq)  # a CPU tensor
+    monkeypatch.setattr(_functions, "_capturing", lambda query: True)
+    with pytest.raises(kvattn.UnsupportedError, match="capture"):
+        fi.decode.trtllm_batch_decode_with_kv_cache(tq, tkv, None, bt,
+                                                    torch.tensor([30, 50, 9]), 50, out=out)
+    assert (out == 7.0).all()
+    monkeypatch.undo()
+    fi.decode.trtllm_batch_decode_with_kv_cache(tq, tkv, None, bt, torch.tensor([30, 50, 9]), 50,
+                                                out=out, bmm1_scale=0.125)
+    ref, _ = attention(q, keys, values, [1, 1, 1], causal=True)
+    np.testing.assert_allclose(out.numpy(), ref, **TOL)

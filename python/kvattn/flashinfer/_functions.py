@@ -95,6 +95,15 @@ def _decode_wrapper(workspace_buffer, kv_layout, context):
     return w
 
 
+def _capturing(query):
+    """Whether query is a CUDA tensor and its stream is capturing a graph."""
+    if not (T.is_torch(query) and query.device.type == "cuda"):
+        return False
+    import torch
+
+    return torch.cuda.is_current_stream_capturing()
+
+
 def _unsupported_if(cond, what):
     if cond:
         raise UnsupportedError("trtllm_batch_decode_with_kv_cache: " + what)
@@ -113,10 +122,11 @@ def trtllm_batch_decode_with_kv_cache(
     """flashinfer.decode.trtllm_batch_decode_with_kv_cache, one query token
     per request: query [B, H, D]; kv_cache a (k, v) pair of [P, Hkv, page, D]
     (kv_layout "HND", FlashInfer's default here) or [P, page, Hkv, D] ("NHD")
-    tensors, or one [P, 2, ...] tensor of both; block_tables [B, max_pages] (entries past a request's pages
-    are not read), seq_lens [B] (any integer dtype; at most max_seq_len);
-    bmm1_scale the whole softmax scale (FlashInfer's q_scale * k_scale *
-    sm_scale: no 1/sqrt(D) is added), bmm2_scale a factor on the output;
+    tensors, or one [P, 2, ...] tensor of both; block_tables [B, max_pages]
+    (entries past a request's pages are not read), seq_lens [B] (any
+    integer dtype; at most max_seq_len); bmm1_scale the whole softmax scale
+    (FlashInfer's q_scale * k_scale * sm_scale: no 1/sqrt(D) is added),
+    bmm2_scale a factor on the output;
     window_left as the wrappers'; sinks the [H] (or xqa's [Hkv, H/Hkv])
     float32 sink logits. Returns out [B, H, Dv] in query's dtype (out= is
     written and returned). workspace_buffer picks the device as the
@@ -134,7 +144,8 @@ def trtllm_batch_decode_with_kv_cache(
     context parallelism (cp_world, cp_rank, causal_seqlens_kv_global),
     bmm1_scale_log2, request_order(_plan), a bmm1_scale of 0, and a
     [P, 1, ...] kv_cache (K and V the same rows, which kvattn's caches
-    cannot alias)."""
+    cannot alias). Each call plans on the host, so it cannot run inside CUDA
+    graph capture (UnsupportedError there), unlike FlashInfer's."""
     _check_name("backend", backend, ("auto", "xqa", "trtllm-gen"))
     _check_name("kv_layout", kv_layout, ("NHD", "HND"))
     _refuse_run_options(kv_cache_sf, skip_softmax_threshold_scale_factor)
@@ -159,6 +170,10 @@ def trtllm_batch_decode_with_kv_cache(
     _unsupported_if(bmm1_scale_log2 is not None, "bmm1_scale_log2: pass bmm1_scale")
     _unsupported_if(request_order is not None or request_order_plan is not None,
                     "request_order / request_order_plan (a Cake FMHA launch order)")
+    _unsupported_if(_capturing(query),
+                    "called during CUDA graph capture: kvattn plans each call on the host (its "
+                    "metadata upload would be replayed stale); capture the decode wrapper's "
+                    "run() and plan outside the graph, as FlashInfer's wrappers do")
     qv = T.view(query, "query")
     if len(qv.shape) != 3:
         raise InvalidArgumentError("query must be [B, H, D], got %s" % (qv.shape,))
