@@ -37,6 +37,8 @@ CANDIDATES = CLASSES + ["merge_state", "merge_state_in_place", "merge_states", "
                         "get_batch_indices_positions"]
 FUNCTIONS = {"decode.fast_decode_plan": fdec.fast_decode_plan,
              "decode.trtllm_batch_decode_with_kv_cache": fdec.trtllm_batch_decode_with_kv_cache,
+             "mla.trtllm_batch_decode_with_kv_cache_mla":
+                 fdec.trtllm_batch_decode_with_kv_cache_mla,
              "page.get_seq_lens": fpage.get_seq_lens}
 
 

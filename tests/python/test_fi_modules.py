@@ -19,8 +19,7 @@ from reference import attention
 from test_flashinfer import random_paged
 
 # FlashInfer 0.7.2 names kvattn deliberately does not provide (docs/python.md says why).
-LEFT_OUT = {"trtllm_batch_decode_with_kv_cache_mla", "append_paged_kv_cache",
-            "get_batch_indices_positions"}
+LEFT_OUT = {"append_paged_kv_cache", "get_batch_indices_positions"}
 # kvattn.flashinfer's own top-level extra (FlashInfer keeps it in .utils / .decode / .prefill).
 TOP_EXTRA = {"get_alibi_slopes"}
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -310,3 +309,96 @@ def test_torch_trtllm_decode_refuses_cuda_graph_capture(monkeypatch):
                                                 out=out, bmm1_scale=0.125)
     ref, _ = attention(q, keys, values, [1, 1, 1], causal=True)
     np.testing.assert_allclose(out.numpy(), ref, **TOL)
+
+
+def _mla_case(seed, kv_lens=(40, 17, 0, 9), page=16, h=4, dc=64, dr=16, four_d=False):
+    """A latent cache [P, page, Dc + Dr] (or [P, 1, page, ...]) with a dense
+    block table padded with -5, absorbed queries [B, 1, H, Dc + Dr] and
+    each request's latent rows [s, 1, Dc + Dr]."""
+    rng = np.random.default_rng(seed)
+    npages = [max(1, -(-s // page)) for s in kv_lens]
+    nb = sum(npages) + 2
+    kv = rng.standard_normal((nb, page, dc + dr)).astype(np.float32)
+    perm = rng.permutation(nb).astype(np.int32)
+    bt = np.full((len(kv_lens), max(npages) + 1), -5, np.int32)
+    rows, at = [], 0
+    for r, (s, n) in enumerate(zip(kv_lens, npages)):
+        bt[r, :n] = perm[at:at + n]
+        rows.append(kv[perm[at:at + n]].reshape(-1, 1, dc + dr)[:s])
+        at += n
+    q = rng.standard_normal((len(kv_lens), 1, h, dc + dr)).astype(np.float32)
+    cache = kv[:, None] if four_d else kv
+    return cache, bt, np.array(kv_lens, np.int32), q, rows
+
+
+@pytest.mark.parametrize("four_d", [False, True])
+def test_trtllm_mla_decode_matches_reference(four_d):
+    """MLA decode: query [B, 1, H, Dc + Dr] over latent rows, values c_kv;
+    bmm1_scale the softmax scale, bmm2_scale a factor on the output; out [B,
+    1, H, Dc] written in place; an lse in the base return_lse_base names; a
+    request without keys gives zeros."""
+    cache, bt, sl, q, rows = _mla_case(61, four_d=four_d)
+    f = fi.mla.trtllm_batch_decode_with_kv_cache_mla
+    out = np.full((4, 1, 4, 64), np.nan, np.float32)
+    got = f(q, cache, None, 32, 64, 16, bt, sl, 40, out=out, bmm1_scale=0.06, bmm2_scale=0.5)
+    assert got is out
+    ref, rl = attention(q[:, 0], rows, [r[..., :64] for r in rows], [1] * 4, causal=False,
+                        scale=0.06)
+    np.testing.assert_allclose(out[:, 0], 0.5 * ref, **TOL)
+    assert not out[2].any()
+    got, lse = f(q, cache, None, 32, 64, 16, bt, sl, 40, bmm1_scale=0.06, return_lse=True,
+                 return_lse_base="basee")
+    assert got.shape == (4, 1, 4, 64)
+    np.testing.assert_allclose(got[:, 0], ref, **TOL)
+    np.testing.assert_allclose(lse[[0, 1, 3]], rl[[0, 1, 3]], rtol=1e-5, atol=1e-4)
+    given = np.full((4, 4), np.nan, np.float32)
+    got = f(q, cache, None, 32, 64, 16, bt, sl, 40, bmm1_scale=0.06, lse=given,
+            return_lse_base="base2")  # a given lse is written without return_lse
+    assert got.shape == (4, 1, 4, 64)
+    np.testing.assert_allclose(given[[0, 1, 3]], rl[[0, 1, 3]] / math.log(2), rtol=1e-5,
+                               atol=1e-4)
+
+
+_MLA_REFUSED = [
+    dict(sparse_mla_top_k=8), dict(sparse_mla_top_k_lens=np.ones(4, np.int32)),
+    dict(backend="sparse"), dict(backend="cake"), dict(cum_seq_lens_q=np.arange(5), max_q_len=1),
+    dict(return_lse=True), dict(lse=np.zeros((4, 4), np.float32)),
+    dict(sinks=np.zeros(4, np.float32)), dict(skip_softmax_threshold_scale_factor=1.0),
+    dict(use_fp16_softmax=True), dict(uses_shared_paged_kv_idx=False), dict(enable_dcp=True),
+    dict(cp_world=2), dict(bmm1_scale=0.0)]
+
+
+@pytest.mark.parametrize("kw", _MLA_REFUSED, ids=lambda kw: ",".join(kw))
+def test_trtllm_mla_decode_refuses_what_it_cannot_match(kw):
+    """UnsupportedError for each argument kvattn cannot honour, nothing
+    written; without it the same call runs."""
+    cache, bt, sl, q, rows = _mla_case(62)
+    out = np.full((4, 1, 4, 64), 7.0, np.float32)
+    f = fi.decode.trtllm_batch_decode_with_kv_cache_mla
+    with pytest.raises(kvattn.UnsupportedError):
+        f(q, cache, None, 32, 64, 16, bt, sl, 40, out=out, **kw)
+    assert (out == 7.0).all()
+    f(q, cache, None, 32, 64, 16, bt, sl, 40, out=out, bmm1_scale=0.1)
+    ref, _ = attention(q[:, 0], rows, [r[..., :64] for r in rows], [1] * 4, causal=False,
+                       scale=0.1)
+    np.testing.assert_allclose(out[:, 0], ref, **TOL)
+
+
+def test_trtllm_mla_decode_bad_inputs():
+    """Two query rows per request (speculative decoding) are refused; a
+    query / kv_cache width other than kv_lora_rank + qk_rope_head_dim,
+    seq_lens past max_seq_len and an unknown return_lse_base raise; nothing
+    is written."""
+    cache, bt, sl, q, rows = _mla_case(63)
+    out = np.full((4, 1, 4, 64), 7.0, np.float32)
+    f = fi.mla.trtllm_batch_decode_with_kv_cache_mla
+    with pytest.raises(kvattn.UnsupportedError, match="q_len_per_request 2"):
+        f(np.concatenate([q, q], 1), cache, None, 32, 64, 16, bt, sl, 40)
+    with pytest.raises(kvattn.InvalidArgumentError, match="kv_lora_rank"):
+        f(q, cache, None, 32, 48, 16, bt, sl, 40, out=out)
+    with pytest.raises(kvattn.InvalidArgumentError, match="max_seq_len"):
+        f(q, cache, None, 32, 64, 16, bt, sl, 39, out=out)
+    with pytest.raises(kvattn.KvaError):
+        f(q, cache, None, 32, 64, 16, bt, sl, 40, out=out, return_lse=True,
+          return_lse_base="base10")
+    assert (out == 7.0).all()

@@ -8,8 +8,8 @@ import numpy as np
 from .. import _lib as L
 from .. import _tensor as T
 from .._errors import InvalidArgumentError, UnsupportedError
-from .._fi_common import _check_name, _context_for, _dtype, _refuse_run_options
-from . import BatchDecodeWithPagedKVCacheWrapper
+from .._fi_common import _check_name, _context_for, _dtype, _refuse_run_options, _sm_scale
+from . import BatchDecodeWithPagedKVCacheWrapper, BatchMLAPagedAttentionWrapper
 
 
 def get_seq_lens(kv_indptr, kv_last_page_len, page_size):
@@ -217,3 +217,118 @@ def trtllm_batch_decode_with_kv_cache(
                 vshape[-1], page, bool(b == 0 or sl.min() >= 1), "NONE", window_left, None,
                 float(bmm1_scale), qv.dtype, None, None)
     return w._run(query, (kc, vc), v_scale=float(bmm2_scale), out=out, sinks=sinks)
+
+
+_MLA_WRAPPERS = {}  # one MLA wrapper per (context, device) for the function below
+
+
+def _mla_wrapper(workspace_buffer, context):
+    if context is not None:
+        key = (id(context),)
+    elif workspace_buffer is None:
+        key = ("cpu", 0)
+    else:
+        v = T.view(workspace_buffer, "workspace_buffer")
+        key = (v.device, v.device_id)
+    w = _MLA_WRAPPERS.get(key)
+    if w is None or (context is not None and w._ctx is not context):
+        if len(_MLA_WRAPPERS) > 16:
+            _MLA_WRAPPERS.clear()
+        w = BatchMLAPagedAttentionWrapper(None, context=_context_for(workspace_buffer, context))
+        _MLA_WRAPPERS[key] = w
+    return w
+
+
+def trtllm_batch_decode_with_kv_cache_mla(
+        query, kv_cache, workspace_buffer, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim,
+        block_tables, seq_lens, max_seq_len, sparse_mla_top_k=0, out=None, bmm1_scale=1.0,
+        bmm2_scale=1.0, sinks=None, skip_softmax_threshold_scale_factor=None, enable_pdl=None,
+        backend="auto", is_var_seq=True, uses_shared_paged_kv_idx=True, lse=None,
+        return_lse=False, cute_dsl_impl="auto", kv_scale_format="auto", cum_seq_lens_q=None,
+        max_q_len=None, multi_ctas_kv_counter_buffer=None, sparse_mla_top_k_lens=None,
+        enable_dcp=False, cp_world=1, cp_rank=0, causal_seqlens_kv_global=None,
+        use_fp16_softmax=None, return_lse_base=None, *, context=None):
+    """flashinfer.mla.trtllm_batch_decode_with_kv_cache_mla (also in
+    flashinfer.decode), dense MLA decode with one query token per request:
+    query [B, 1, H, kv_lora_rank + qk_rope_head_dim] (q_nope already
+    multiplied by W_UK, then q_pe), kv_cache [P, page, Dc + Dr] or
+    [P, 1, page, Dc + Dr] latent rows [c_kv | k_pe] (used in place),
+    block_tables [B, max_pages] (entries past a request's pages are not
+    read), seq_lens [B] (at most max_seq_len); bmm1_scale the whole softmax
+    scale (FlashInfer's fused BMM1 scale), bmm2_scale a factor on the output.
+    Returns out [B, 1, H, Dc] in query's dtype (out= is written and
+    returned), or (out, lse [B, H] float32) with return_lse (a given lse is
+    written either way), in the base return_lse_base names ("base2" or
+    "basee"). qk_nope_head_dim is not used (FlashInfer's absorbed kernels
+    ignore it too); is_var_seq, backend ("auto", "trtllm-gen", "cute-dsl",
+    "xqa"), cute_dsl_impl, kv_scale_format, enable_pdl and
+    multi_ctas_kv_counter_buffer choose kernels and are ignored.
+    UnsupportedError: q_len_per_request > 1, cum_seq_lens_q / max_q_len (the
+    speculative-decoding mask is the backends' own), lse / return_lse
+    without return_lse_base (FlashInfer's backends differ in the base),
+    sparse MLA (sparse_mla_top_k, sparse_mla_top_k_lens, backend "sparse";
+    kvattn's is Plan.run_mla_sparse), backend "cake", sinks,
+    skip-softmax, use_fp16_softmax, separate K/V page tables, decode context
+    parallelism (enable_dcp, cp_world, cp_rank, causal_seqlens_kv_global), an
+    out dtype other than the query's, a bmm1_scale of 0, and CUDA graph
+    capture (each call plans on the host). FlashInfer 0.7.2 runs this
+    function on Blackwell GPUs only (its Hopper choice, xqa, needs SM120)."""
+    what = "trtllm_batch_decode_with_kv_cache_mla: "
+    _check_name("backend", backend, ("auto", "trtllm-gen", "cute-dsl", "xqa", "sparse", "cake"))
+    _refuse_run_options(None, skip_softmax_threshold_scale_factor)
+    _unsupported_if(_capturing(query), "called during CUDA graph capture: kvattn plans each "
+                    "call on the host; capture BatchMLAPagedAttentionWrapper.run() instead")
+    _unsupported_if(sparse_mla_top_k != 0 or sparse_mla_top_k_lens is not None or
+                    backend in ("sparse", "cake"),
+                    "sparse MLA / backend %r: use kvattn's Plan.run_mla_sparse" % (backend,))
+    _unsupported_if(cum_seq_lens_q is not None or max_q_len is not None,
+                    "cum_seq_lens_q / max_q_len (variable query lengths)")
+    _unsupported_if((lse is not None or return_lse) and return_lse_base is None,
+                    "lse / return_lse without return_lse_base: FlashInfer's MLA backends "
+                    "differ in the LSE's base (trtllm-gen base 2, cute-dsl natural)")
+    if return_lse_base is not None:
+        _check_name("return_lse_base", return_lse_base, ("basee", "base2"))
+    _unsupported_if(sinks is not None, "sinks: kvattn's MLA wrapper takes no sinks")
+    _unsupported_if(bool(use_fp16_softmax), "use_fp16_softmax: kvattn's softmax is float32")
+    _unsupported_if(not uses_shared_paged_kv_idx, "uses_shared_paged_kv_idx=False")
+    _unsupported_if(enable_dcp or cp_world != 1 or cp_rank != 0 or
+                    causal_seqlens_kv_global is not None, "decode context parallelism")
+    qv = T.view(query, "query")
+    if len(qv.shape) != 4:
+        raise InvalidArgumentError(what + "query must be [B, q_len, H, Dc + Dr], got %s"
+                                   % (qv.shape,))
+    b, n, h, dqk = qv.shape
+    _unsupported_if(n != 1, "q_len_per_request %d: the speculative-decoding mask is the "
+                    "backends' own; use BatchMLAPagedAttentionWrapper (causal)" % n)
+    dc, dr = int(kv_lora_rank), int(qk_rope_head_dim)
+    if dqk != dc + dr:
+        raise InvalidArgumentError(what + "query's last dimension %d is not kv_lora_rank + "
+                                   "qk_rope_head_dim = %d" % (dqk, dc + dr))
+    kvv = T.view(kv_cache, "kv_cache")
+    if len(kvv.shape) == 4 and kvv.shape[1] == 1:
+        kv_cache = kv_cache[:, 0]
+        kvv = T.view(kv_cache, "kv_cache")
+    if len(kvv.shape) != 3 or kvv.shape[2] != dc + dr:
+        raise InvalidArgumentError(what + "kv_cache must be [P, page, %d] or [P, 1, page, %d], "
+                                   "got %s" % (dc + dr, dc + dr, kvv.shape))
+    if out is not None and T.view(out, "out").dtype != qv.dtype:
+        raise UnsupportedError(what + "out dtype differs from query's: kvattn writes the query "
+                               "dtype")
+    sl = T.host_array(seq_lens, np.int64, "seq_lens")
+    if sl.shape != (b,):
+        raise InvalidArgumentError(what + "seq_lens %s must be [B = %d]" % (sl.shape, b))
+    if b and (sl.min() < 0 or sl.max() > int(max_seq_len)):
+        raise InvalidArgumentError(what + "seq_lens must lie in [0, max_seq_len = %d]"
+                                   % max_seq_len)
+    w = _mla_wrapper(workspace_buffer, context)
+    w.plan(num_heads=h, head_dim_ckv=dc, head_dim_kpe=dr, page_size=kvv.shape[1],
+           causal=False, sm_scale=_sm_scale(float(bmm1_scale), dqk), q_data_type=qv.dtype,
+           cum_seq_lens_q=np.arange(b + 1, dtype=np.int32), block_tables=block_tables,
+           seq_lens=sl.astype(np.int32))
+    o = w.run(query=query[:, 0], kv_cache=kv_cache, out=None if out is None else out[:, 0],
+              lse=lse, return_lse=return_lse, return_lse_base_on_e=return_lse_base == "basee")
+    o, l = o if return_lse else (o, None)
+    if float(bmm2_scale) != 1.0:
+        o *= float(bmm2_scale)
+    res = o.reshape(b, 1, h, dc) if out is None else out
+    return (res, l) if return_lse else res
