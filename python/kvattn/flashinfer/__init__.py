@@ -11,8 +11,8 @@ The names, constructor, plan() and run() arguments follow FlashInfer's
 (flashinfer.decode / flashinfer.prefill / flashinfer.cascade), and so do the
 submodules kvattn.flashinfer.decode, .prefill, .cascade, .mla, .page and
 .utils, which hold the names FlashInfer 0.7.2 puts there (the same objects;
-decode adds fast_decode_plan, get_seq_lens and
-trtllm_batch_decode_with_kv_cache, in _functions.py); the returned
+fast_decode_plan, get_seq_lens, trtllm_batch_decode_with_kv_cache and
+trtllm_batch_decode_with_kv_cache_mla are in _functions.py); the returned
 LSE is base 2, as FlashInfer's. The caller's cache tensors are used in place:
 the (k, v) tuple through kva_cache_create_from, the 5-D [NB, 2, B, Hkv, D]
 (NHD) / [NB, 2, Hkv, B, D] (HND) tensor (or a tuple of its two halves)
