@@ -197,6 +197,41 @@ def test_trtllm_decode_matches_reference(layout, form):
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("five_d,hkv", [(False, 2), (True, 2), (True, 1), (False, 1)])
+def test_trtllm_decode_transposed_pages(five_d, hkv):
+    """vLLM permutes its NHD cache [P, 2, page, Hkv, D] to HND shape
+    [P, 2, Hkv, page, D] (a strided view) and passes kv_layout "HND": the
+    pages are read in place in their own layout, giving the reference (with
+    one kv head too, whose dimension's stride addresses nothing)."""
+    rng = np.random.default_rng(60)
+    paged, indptr, indices, last, keys, values = random_paged(
+        rng, [30, 50, 9], 8, hkv, 64, "NHD", np.float32, five_d)
+    q = rng.standard_normal((3, 4, 64)).astype(np.float32)
+    view = paged.transpose(0, 1, 3, 2, 4) if five_d else \
+        tuple(x.transpose(0, 2, 1, 3) for x in paged)
+    bt = _dense(indptr, indices, rng)
+    got = fi.decode.trtllm_batch_decode_with_kv_cache(q, view, None, bt, np.array([30, 50, 9]),
+                                                      50, bmm1_scale=0.1)
+    ref, _ = attention(q, keys, values, [1, 1, 1], causal=True, scale=0.1)
+    np.testing.assert_allclose(got, ref, **TOL)
+
+
+def test_wrapper_reads_one_kv_head_pages_through_a_transpose():
+    """With one kv head, NHD pages [P, page, 1, D] transposed to HND shape
+    [P, 1, page, D] are dense HND pages (the size-1 dimension's stride
+    addresses nothing): the decode wrapper planned "HND" reads them in place."""
+    rng = np.random.default_rng(64)
+    paged, indptr, indices, last, keys, values = random_paged(
+        rng, [30, 50, 9], 8, 1, 64, "NHD", np.float32, True)
+    view = paged.transpose(0, 1, 3, 2, 4)
+    assert view.strides[2] != 8 * 64 * 4  # not the strides of a contiguous HND tensor
+    q = rng.standard_normal((3, 4, 64)).astype(np.float32)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None, "HND")
+    w.plan(indptr, indices, last, 4, 1, 64, 8, q_data_type="float32")
+    ref, _ = attention(q, keys, values, [1, 1, 1], causal=True)
+    np.testing.assert_allclose(w.run(q, view), ref, **TOL)
+
+
 def test_trtllm_decode_shared_kv_rows_refused():
     """A [P, 1, ...] kv_cache (K and V the same rows, read twice by
     FlashInfer) raises UnsupportedError: a kvattn cache cannot alias K and V.

@@ -8,7 +8,8 @@ import numpy as np
 from .. import _lib as L
 from .. import _tensor as T
 from .._errors import InvalidArgumentError, UnsupportedError
-from .._fi_common import _check_name, _context_for, _dtype, _refuse_run_options, _sm_scale
+from .._fi_common import _check_name, _context_for, _dense_strides, _dtype, _refuse_run_options, \
+    _sm_scale
 from . import BatchDecodeWithPagedKVCacheWrapper, BatchMLAPagedAttentionWrapper
 
 
@@ -104,6 +105,25 @@ def _capturing(query):
     return torch.cuda.is_current_stream_capturing()
 
 
+def _other_layout(v):
+    """Whether the 4-D page view v [P, a, b, D] is dense [P, b, a, D] pages
+    transposed, and not dense [P, a, b, D] pages (dimensions of size 1
+    address nothing and are not compared)."""
+    if len(v.shape) != 4:
+        return False
+    _, a, b, d = v.shape
+    st = v.strides[1:]
+    return _dense_strides(st, v.shape[1:], (d, a * d, 1)) and \
+        not _dense_strides(st, v.shape[1:], (b * d, d, 1))
+
+
+def _swap_mid(x):
+    """x [P, a, b, D] as [P, b, a, D] (a view)."""
+    if T.is_torch(x):
+        return x.transpose(1, 2)
+    return np.swapaxes(x, 1, 2)
+
+
 def _unsupported_if(cond, what):
     if cond:
         raise UnsupportedError("trtllm_batch_decode_with_kv_cache: " + what)
@@ -122,7 +142,9 @@ def trtllm_batch_decode_with_kv_cache(
     """flashinfer.decode.trtllm_batch_decode_with_kv_cache, one query token
     per request: query [B, H, D]; kv_cache a (k, v) pair of [P, Hkv, page, D]
     (kv_layout "HND", FlashInfer's default here) or [P, page, Hkv, D] ("NHD")
-    tensors, or one [P, 2, ...] tensor of both; block_tables [B, max_pages]
+    tensors, or one [P, 2, ...] tensor of both (pages of the other layout
+    seen through a transpose, as vLLM passes its NHD cache permuted to HND
+    shape, are read in place as that layout); block_tables [B, max_pages]
     (entries past a request's pages are not read), seq_lens [B] (any
     integer dtype; at most max_seq_len); bmm1_scale the whole softmax scale
     (FlashInfer's q_scale * k_scale * sm_scale: no 1/sqrt(D) is added),
@@ -195,9 +217,16 @@ def trtllm_batch_decode_with_kv_cache(
         _unsupported_if(kvv.shape[1] == 1, "kv_cache [P, 1, ...] (K and V the same rows): "
                         "a kvattn cache keeps K and V in separate memory")
         kc, vc = kv_cache[:, 0], kv_cache[:, 1]
-    kshape, vshape = T.view(kc, "k_cache").shape, T.view(vc, "v_cache").shape
+    kview, vview = T.view(kc, "k_cache"), T.view(vc, "v_cache")
+    kshape, vshape = kview.shape, vview.shape
     if len(kshape) != 4 or len(vshape) != 4:
         raise InvalidArgumentError("kv_cache: k %s / v %s must be 4-D pages" % (kshape, vshape))
+    if all(_other_layout(x) for x in (kview, vview)):
+        # The other layout's pages seen through a transpose (vLLM permutes its
+        # NHD cache to HND shape for this call): the same memory, read in its own layout.
+        kc, vc = _swap_mid(kc), _swap_mid(vc)
+        kshape, vshape = T.view(kc, "k_cache").shape, T.view(vc, "v_cache").shape
+        kv_layout = "NHD" if kv_layout == "HND" else "HND"
     hkv, page = (kshape[1], kshape[2]) if kv_layout == "HND" else (kshape[2], kshape[1])
     b, h, d = qv.shape
     sl = T.host_array(seq_lens, np.int64, "seq_lens")
