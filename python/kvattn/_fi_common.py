@@ -94,6 +94,13 @@ def _paged_metadata(indptr, indices, last_page_len, page_size):
     return seq_lens, bt
 
 
+def _dense_strides(strides, sizes, want):
+    """Whether strides are want on every dimension of size > 1 (the stride of
+    a size-1 dimension addresses nothing: a [NB, 1, B, D] view of NHD pages
+    with one kv head, transposed to HND shape, is dense HND)."""
+    return all(s == w or n == 1 for s, w, n in zip(strides, want, sizes))
+
+
 class _KVCacheViews:
     """kva caches wrapping the caller's paged K/V tensors, one per (address,
     shape, form); a cache only describes memory, so one made for an earlier
@@ -137,7 +144,8 @@ class _KVCacheViews:
                    "NHD" if layout == 0 else "HND"))
         nb = kshape[0]
         page_k, page_v = page_size * hkv * d, page_size * hkv * dv
-        if kst[1:] != (inner[1] * d, d, 1) or vst[1:] != (inner[1] * dv, dv, 1):
+        if not (_dense_strides(kst[1:], kshape[1:], (inner[1] * d, d, 1)) and
+                _dense_strides(vst[1:], vshape[1:], (inner[1] * dv, dv, 1))):
             raise InvalidArgumentError("paged_kv_cache: pages must be contiguous (strides %s, %s)"
                                        % (kst, vst))
         if kst[0] == page_k and vst[0] == page_v:

@@ -8,7 +8,11 @@ A FlashInfer user switches by changing the import:
     out = w.run(q, (k_cache, v_cache))
 
 The names, constructor, plan() and run() arguments follow FlashInfer's
-(flashinfer.decode / flashinfer.prefill / flashinfer.cascade); the returned
+(flashinfer.decode / flashinfer.prefill / flashinfer.cascade), and so do the
+submodules kvattn.flashinfer.decode, .prefill, .cascade, .mla, .page and
+.utils, which hold the names FlashInfer 0.7.2 puts there (the same objects;
+fast_decode_plan, get_seq_lens, trtllm_batch_decode_with_kv_cache and
+trtllm_batch_decode_with_kv_cache_mla are in _functions.py); the returned
 LSE is base 2, as FlashInfer's. The caller's cache tensors are used in place:
 the (k, v) tuple through kva_cache_create_from, the 5-D [NB, 2, B, Hkv, D]
 (NHD) / [NB, 2, Hkv, B, D] (HND) tensor (or a tuple of its two halves)
@@ -44,12 +48,12 @@ import functools
 
 import numpy as np
 
-from . import _lib as L
-from . import _tensor as T
-from .core import Cache, Context, Plan, merge_states as _merge
-from ._errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
-from ._fi_mla import BatchMLAPagedAttentionWrapper  # noqa: F401 (public here)
-from ._fi_common import (  # noqa: F401 (get_alibi_slopes is public here)
+from .. import _lib as L
+from .. import _tensor as T
+from ..core import Cache, Context, Plan, merge_states as _merge
+from .._errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
+from .._fi_mla import BatchMLAPagedAttentionWrapper  # noqa: F401 (public here)
+from .._fi_common import (  # noqa: F401 (get_alibi_slopes is public here)
     LN2,
     _dtype,
     get_alibi_slopes,
@@ -82,6 +86,8 @@ __all__ = [
     "merge_state_in_place",
     "merge_states",
     "get_alibi_slopes",
+    "fast_decode_plan",
+    "get_seq_lens",
 ]
 
 class _PagedWrapper:
@@ -642,3 +648,11 @@ def merge_states(v, s):
                out=acc_v, lse=acc_s)
     _scale_lse(acc_s)
     return acc_v, acc_s
+
+
+# FlashInfer's submodules (flashinfer.decode, .prefill, .cascade, .mla, .page,
+# .utils) with the names engines import from them; imported here, as
+# FlashInfer's __init__ does, so that attribute access works after
+# `from kvattn import flashinfer`.
+from ._functions import fast_decode_plan, get_seq_lens  # noqa: E402
+from . import cascade, decode, mla, page, prefill, utils  # noqa: E402,F401
