@@ -13,7 +13,8 @@
 # tar -xzf fi-slim.tgz -C SITE; tar -xzf fi-jit.tgz -C JIT;
 # PYTHONPATH=SITE KVA_FI_PREBUILT=JIT python3 bench/prefill_sdpa_peer.py short
 # Usage: bench/flashinfer_prebuild.sh FLASHINFER_WHEEL OUTDIR [VENV]
-# (compiling takes ~75 min of one core here: ten nvcc jobs; MAX_JOBS sets how many run at once)
+# (compiling took ~6 min with MAX_JOBS=2 on the 2-core dev VM on 2026-11-28, FlashInfer 0.7.2.post1;
+# MAX_JOBS sets how many nvcc jobs run at once). dev/final/run.sh takes the outputs in its ./fi folder.
 set -euo pipefail
 whl=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); out=$(mkdir -p "$2" && cd "$2" && pwd)
 venv=${3:-$out/venv}
