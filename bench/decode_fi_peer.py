@@ -2,8 +2,8 @@
 """decode_fi_peer.py - FlashInfer's BatchDecodeWithPagedKVCacheWrapper on the
 decode shapes of dev/final/run.sh's `bench_cuda --mode decode` rows (issue 23):
 R requests of one query token after S cached tokens (S + 1 keys each), bf16 q /
-o, H 32 / Hkv 8, D 128, paged NHD cache of page 16, R * ceil((S + 1) / 16) pages
-(the page count bench_cuda allocates) in a shuffled order, random data:
+o, H 32 / Hkv 8, D 128, paged NHD cache of page 16: R * ceil((S + 1) / 16) pages
+in use in a shuffled order and one spare (bench_cuda's count, batches.h), random data:
 16 x 1023, 16 x 4095, 64 x 4095, 1 x 131071 with a bf16 cache, and
 64 x 4095 with an fp8 e4m3 cache (k_scale / v_scale 1; bench_cuda's fp8 row has
 per-head scales). Both of FlashInfer's paths: "cuda-cores" (the default
@@ -36,6 +36,7 @@ import torch
 SHAPES = [(16, 1023, "bf16"), (16, 4095, "bf16"), (64, 4095, "bf16"), (1, 131071, "bf16"),
           (64, 4095, "fp8")]
 H, HKV, D, PAGE = 32, 8, 128, 16
+DEV = "cuda"  # dev/fidec41/test_decode_fi_peer.py runs case() on the CPU against a stand-in wrapper
 TOL = {"bf16": 2e-2, "fp8": 6e-2}
 
 
@@ -97,25 +98,26 @@ def case(fi, R, S, kv, tensor_cores):
     reference output (float32) and the KV bytes one call reads."""
     keys = S + 1
     per = (keys + PAGE - 1) // PAGE
-    g = torch.Generator(device="cuda")
+    g = torch.Generator(device=DEV)
     g.manual_seed(R * 1000003 + S)
-    cache = torch.randn(R * per, 2, PAGE, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    cache = torch.randn(R * per + 1, 2, PAGE, HKV, D, device=DEV, dtype=torch.bfloat16, generator=g)
     kvt = torch.bfloat16
     if kv == "fp8":
         kvt = torch.float8_e4m3fn
         cache = cache.to(kvt)
-    idx = torch.randperm(R * per, device="cuda", generator=g).int()
-    indptr = torch.arange(0, R + 1, dtype=torch.int32, device="cuda") * per
-    last = torch.full((R,), keys - (per - 1) * PAGE, dtype=torch.int32, device="cuda")
-    q = torch.randn(R, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    ws = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
+    idx = torch.randperm(R * per + 1, device=DEV, generator=g)[:R * per].int()
+    indptr = torch.arange(0, R + 1, dtype=torch.int32, device=DEV) * per
+    last = torch.full((R,), keys - (per - 1) * PAGE, dtype=torch.int32, device=DEV)
+    q = torch.randn(R, H, D, device=DEV, dtype=torch.bfloat16, generator=g)
+    ws = torch.zeros(256 << 20, dtype=torch.uint8, device=DEV)
     w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tensor_cores,
                                               backend="fa2")
     w.plan(indptr, idx, last, H, HKV, D, PAGE, q_data_type=torch.bfloat16, kv_data_type=kvt)
     kw = {"k_scale": 1.0, "v_scale": 1.0} if kv == "fp8" else {}
     call = lambda: w.run(q, cache, **kw)
-    # request 0: its pages in table order, the first `keys` rows
-    pages = cache[idx[:per].long()].float()  # per, 2, PAGE, HKV, D
+    # request 0: its pages in table order, the first `keys` rows (gathered as bytes: fp8 needs no
+    # indexing kernel of its own)
+    pages = cache.view(torch.uint8)[idx[:per].long()].view(kvt).float()  # per, 2, PAGE, HKV, D
     k = pages[:, 0].reshape(per * PAGE, HKV, D)[:keys]
     v = pages[:, 1].reshape(per * PAGE, HKV, D)[:keys]
     k = k.repeat_interleave(H // HKV, dim=1)
