@@ -16,8 +16,9 @@ bench/results/.
       before/after run); its "# gpu: ..." line names the GPU. No new raw log
       is written: the page names that file. The rows of dev/final/run.sh
       (MLA, sparse MLA, graph-replayed one-request decodes, serve-sim host
-      share, SDPA peer) are tabulated for every tree of the log, whatever
-      --tag says (final_rows).
+      share, SDPA peer, FlashInfer's paged decode from bench/decode_fi_peer.py
+      beside the same shapes' bench_cuda rows) are tabulated for every tree of
+      the log, whatever --tag says (final_rows).
   results.py cascade --logs DIR [--machine h100-cascade]
       Reads the logs bench/cascade_gpu.sh wrote to DIR on a GPU machine (issue
       18's targets in one run: kvattn's cascade and FlashInfer's, the chunked
