@@ -6,8 +6,8 @@
 #   fi-slim.tgz  the flashinfer package without its data/ (sources, headers);
 #                the peer script generates nothing, so it needs none of them
 #   fi-jit.tgz   <uri>/<uri>.so for every module built (bf16 q / o, int32 indices, D 128, no RoPE /
-#                window / soft-cap): KVA_FI_MODULES (default "prefill decode decode-tc decode-fp8";
-#                also "decode-tc-fp8") picks them: prefill: the fa3 paged prefill of
+#                window / soft-cap): KVA_FI_MODULES (default all five: "prefill decode decode-tc
+#                decode-fp8 decode-tc-fp8") picks them: prefill: the fa3 paged prefill of
 #                bench/prefill_sdpa_peer.py short; decode / decode-fp8: BatchDecodeWithPagedKVCacheWrapper
 #                on CUDA cores, bf16 / fp8 e4m3 cache; decode-tc(-fp8): its use_tensor_cores=True path
 #                (the fa2 prefill module), for bench/decode_fi_peer.py
@@ -17,8 +17,9 @@
 # tar -xzf fi-slim.tgz -C SITE; tar -xzf fi-jit.tgz -C JIT;
 # PYTHONPATH=SITE KVA_FI_PREBUILT=JIT python3 bench/prefill_sdpa_peer.py short (and bench/decode_fi_peer.py)
 # Usage: bench/flashinfer_prebuild.sh FLASHINFER_WHEEL OUTDIR [VENV]
-# (compiling took ~6 min with MAX_JOBS=2 on the 2-core dev VM on 2026-11-28, FlashInfer 0.7.2.post1;
-# MAX_JOBS sets how many nvcc jobs run at once). dev/final/run.sh takes the outputs in its ./fi folder.
+# (compiling took ~6 min with MAX_JOBS=2 on the 2-core dev VM on 2026-11-28, FlashInfer 0.7.2.post1, for the
+# prefill module, ~6 min more for the four decode modules; MAX_JOBS sets how many nvcc jobs run at once; built
+# modules are not compiled again). dev/final/run.sh takes the outputs in its ./fi folder.
 set -euo pipefail
 whl=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); out=$(mkdir -p "$2" && cd "$2" && pwd)
 venv=${3:-$out/venv}
@@ -26,7 +27,7 @@ venv=${3:-$out/venv}
 "$venv/bin/pip" install -q "$whl" torch
 ws=$out/ws; mkdir -p "$ws"
 FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE=$ws MAX_JOBS=${MAX_JOBS:-1} \
-  CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} KVA_FI_MODULES=${KVA_FI_MODULES:-prefill decode decode-tc decode-fp8} \
+  CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} KVA_FI_MODULES=${KVA_FI_MODULES:-prefill decode decode-tc decode-fp8 decode-tc-fp8} \
   "$venv/bin/python" - <<'PY'
 import os, torch
 from flashinfer.jit.attention.modules import (gen_batch_prefill_module, gen_batch_decode_module,
