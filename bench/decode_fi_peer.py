@@ -120,10 +120,9 @@ def case(fi, R, S, kv, tensor_cores):
     pages = cache.view(torch.uint8)[idx[:per].long()].view(kvt).float()  # per, 2, PAGE, HKV, D
     k = pages[:, 0].reshape(per * PAGE, HKV, D)[:keys]
     v = pages[:, 1].reshape(per * PAGE, HKV, D)[:keys]
-    k = k.repeat_interleave(H // HKV, dim=1)
-    v = v.repeat_interleave(H // HKV, dim=1)
-    s = torch.einsum("hd,khd->hk", q[0].float(), k) / D ** 0.5
-    ref = torch.einsum("hk,khd->hd", torch.softmax(s, dim=-1), v)
+    q0 = q[0].float().view(HKV, H // HKV, D)  # query head h reads kv head h // (H / Hkv)
+    s = torch.einsum("kgd,nkd->kgn", q0, k) / D ** 0.5
+    ref = torch.einsum("kgn,nkd->kgd", torch.softmax(s, dim=-1), v).reshape(H, D)
     nbytes = R * keys * HKV * D * 2 * (1 if kv == "fp8" else 2)
     return call, ref, nbytes
 

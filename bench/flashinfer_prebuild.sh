@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# flashinfer_prebuild.sh - compile FlashInfer's paged-prefill JIT module on a
+# flashinfer_prebuild.sh - compile FlashInfer's paged-prefill and paged-decode JIT modules on a
 # machine WITHOUT a GPU (the dev VM: nvcc 13, PyPI), so the GPU machine runs
-# the FlashInfer peer rows of bench/prefill_sdpa_peer.py without spending its
+# the FlashInfer peer rows of bench/prefill_sdpa_peer.py and bench/decode_fi_peer.py without spending its
 # time on FlashInfer's JIT (~400 s there). Writes to OUTDIR:
 #   fi-slim.tgz  the flashinfer package without its data/ (sources, headers);
 #                the peer script generates nothing, so it needs none of them

@@ -3,7 +3,8 @@
 case() against a stand-in BatchDecodeWithPagedKVCacheWrapper that computes paged decode its own way
 (per request: the table's pages, the last page cut to last_page_len, torch SDPA with GQA), so that its
 reference and its check are exercised: the check passes on the right output and fails on outputs that
-drop the last page's rows, read pages in the wrong order or skip the fp8 codes' rounding.
+read the last page's stale rows, read pages in the wrong order, read the fp8 codes as integers or map
+query heads to kv heads another way.
 Run with a Python that has torch (e.g. /work/fi40/venv/bin/python): exit status 0 when all pass."""
 import os
 import sys
@@ -42,6 +43,8 @@ class StandIn:
             n = (len(pages) - 1) * page + (last[r] if StandIn.fault != "last" else page)
             k = kv[:, 0].reshape(-1, Hkv, D)[:n].transpose(0, 1)
             v = kv[:, 1].reshape(-1, Hkv, D)[:n].transpose(0, 1)
+            if StandIn.fault == "gqa":  # query head h on kv head h % Hkv instead of h // (H / Hkv)
+                k, v = k.repeat(H // Hkv, 1, 1), v.repeat(H // Hkv, 1, 1)
             o = F.scaled_dot_product_attention(q[r].float()[:, None], k, v, enable_gqa=True)
             out[r] = o[:, 0].to(torch.bfloat16)
         return out
@@ -68,6 +71,7 @@ def main():
         expect(kv, 3, 70, "order", False)   # the pages in reverse order: the padding rows move in
         expect(kv, 1, 4095, None, True)     # full last page
     expect("fp8", 2, 100, "fp8-raw", False)  # reads the codes as integers
+    expect("bf16", 2, 100, "gqa", False)     # another query-head to kv-head map
     print("all passed" if not fails else f"{fails} failed")
     return 1 if fails else 0
 
