@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# flashinfer_prebuild.sh - compile FlashInfer's paged-prefill JIT module on a
+# flashinfer_prebuild.sh - compile FlashInfer's paged-prefill and paged-decode JIT modules on a
 # machine WITHOUT a GPU (the dev VM: nvcc 13, PyPI), so the GPU machine runs
-# the FlashInfer peer rows of bench/prefill_sdpa_peer.py without spending its
+# the FlashInfer peer rows of bench/prefill_sdpa_peer.py and bench/decode_fi_peer.py without spending its
 # time on FlashInfer's JIT (~400 s there). Writes to OUTDIR:
 #   fi-slim.tgz  the flashinfer package without its data/ (sources, headers);
 #                the peer script generates nothing, so it needs none of them
-#   fi-jit.tgz   <uri>/<uri>.so for the module the peer rows load (fa3 backend,
-#                bf16 q/kv/o, int32 indices, D 128, no RoPE / window / soft-cap)
+#   fi-jit.tgz   <uri>/<uri>.so for every module built (bf16 q / o, int32 indices, D 128, no RoPE /
+#                window / soft-cap): KVA_FI_MODULES (default all five: "prefill decode decode-tc
+#                decode-fp8 decode-tc-fp8") picks them: prefill: the fa3 paged prefill of
+#                bench/prefill_sdpa_peer.py short; decode / decode-fp8: BatchDecodeWithPagedKVCacheWrapper
+#                on CUDA cores, bf16 / fp8 e4m3 cache; decode-tc(-fp8): its use_tensor_cores=True path
+#                (the fa2 prefill module), for bench/decode_fi_peer.py
 #   the apache-tvm-ffi wheel for the GPU machine's Python is not made here:
 #   carry it beside (e.g. .whl/apache_tvm_ffi-*-cp312-*.whl).
 # On the GPU machine: pip install --no-deps --target SITE <tvm-ffi wheel>;
 # tar -xzf fi-slim.tgz -C SITE; tar -xzf fi-jit.tgz -C JIT;
-# PYTHONPATH=SITE KVA_FI_PREBUILT=JIT python3 bench/prefill_sdpa_peer.py short
+# PYTHONPATH=SITE KVA_FI_PREBUILT=JIT python3 bench/prefill_sdpa_peer.py short (and bench/decode_fi_peer.py)
 # Usage: bench/flashinfer_prebuild.sh FLASHINFER_WHEEL OUTDIR [VENV]
-# (compiling took ~6 min with MAX_JOBS=2 on the 2-core dev VM on 2026-11-28, FlashInfer 0.7.2.post1;
-# MAX_JOBS sets how many nvcc jobs run at once). dev/final/run.sh takes the outputs in its ./fi folder.
+# (compiling took ~6 min with MAX_JOBS=2 on the 2-core dev VM on 2026-11-28, FlashInfer 0.7.2.post1, for the
+# prefill module, ~6 min more for the four decode modules; MAX_JOBS sets how many nvcc jobs run at once; built
+# modules are not compiled again). dev/final/run.sh takes the outputs in its ./fi folder.
 set -euo pipefail
 whl=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); out=$(mkdir -p "$2" && cd "$2" && pwd)
 venv=${3:-$out/venv}
@@ -22,13 +27,29 @@ venv=${3:-$out/venv}
 "$venv/bin/pip" install -q "$whl" torch
 ws=$out/ws; mkdir -p "$ws"
 FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE=$ws MAX_JOBS=${MAX_JOBS:-1} \
-  CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} "$venv/bin/python" - <<'PY'
-import torch
-from flashinfer.jit.attention.modules import gen_batch_prefill_module
-spec = gen_batch_prefill_module("fa3", torch.bfloat16, torch.bfloat16, torch.bfloat16,
-                                torch.int32, 128, 128, 0, False, False, False)
-spec.build()
-print("built", spec.get_library_path())
+  CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} KVA_FI_MODULES=${KVA_FI_MODULES:-prefill decode decode-tc decode-fp8 decode-tc-fp8} \
+  "$venv/bin/python" - <<'PY'
+import os, torch
+from flashinfer.jit.attention.modules import (gen_batch_prefill_module, gen_batch_decode_module,
+                                              _gen_batch_prefill_primary_module)
+bf, e4, i32 = torch.bfloat16, torch.float8_e4m3fn, torch.int32
+# The modules FlashInfer 0.7.2's wrappers load for bf16 q / o, int32 indices, D 128, no RoPE / window /
+# soft-cap: the paged prefill on fa3 (prefill.py get_batch_prefill_module: gen_batch_prefill_module);
+# BatchDecodeWithPagedKVCacheWrapper on CUDA cores (decode.py get_batch_decode_module:
+# gen_batch_decode_module) and with use_tensor_cores=True on fa2 (its plan's backend for a bf16 cache;
+# bench/decode_fi_peer.py pins it): get_batch_prefill_module("fa2") loads _gen_batch_prefill_primary_module
+# (uri suffix _kv_stride_equal, enough while K and V have equal strides, as one paged tensor's halves do).
+specs = {"prefill": lambda: gen_batch_prefill_module("fa3", bf, bf, bf, i32, 128, 128, 0, False, False, False),
+         "decode": lambda: gen_batch_decode_module(bf, bf, bf, i32, 128, 128, 0, False, False),
+         "decode-tc": lambda: _gen_batch_prefill_primary_module("fa2", bf, bf, bf, i32, 128, 128, 0, False,
+                                                                False, False),
+         "decode-fp8": lambda: gen_batch_decode_module(bf, e4, bf, i32, 128, 128, 0, False, False),
+         "decode-tc-fp8": lambda: _gen_batch_prefill_primary_module("fa2", bf, e4, bf, i32, 128, 128, 0, False,
+                                                                    False, False)}
+for name in os.environ["KVA_FI_MODULES"].split():
+    spec = specs[name]()
+    spec.build()
+    print("built", name, spec.get_library_path(), flush=True)
 PY
 site=$("$venv/bin/python" -c "import flashinfer, os; print(os.path.dirname(os.path.dirname(flashinfer.__file__)))")
 tar --exclude='flashinfer/data' --exclude='__pycache__' -czf "$out/fi-slim.tgz" -C "$site" flashinfer \

@@ -58,16 +58,9 @@ if len(sys.argv) > 1 and sys.argv[1] == "short":
         pre = os.environ.get("KVA_FI_PREBUILT")
         if pre:
             # The module is loaded from PRE/<uri>/<uri>.so (compiled elsewhere);
-            # nothing is generated or compiled here.
-            import tvm_ffi
-            import flashinfer.prefill as fpre
-            class Prebuilt:
-                def __init__(self, uri):
-                    self.path = os.path.join(pre, uri, uri + ".so")
-                def build_and_load(self):
-                    return tvm_ffi.load_module(self.path)
-            fpre.gen_batch_prefill_module = lambda backend, *a: Prebuilt(
-                fpre.get_batch_prefill_uri(backend, *a))
+            # nothing is generated or compiled here (bench/decode_fi_peer.py's patch).
+            from decode_fi_peer import use_prebuilt
+            use_prebuilt(pre)
     except Exception as e:
         print(f"flashinfer: not run ({str(e)[:100]})")
         fi = None

@@ -16,8 +16,9 @@ bench/results/.
       before/after run); its "# gpu: ..." line names the GPU. No new raw log
       is written: the page names that file. The rows of dev/final/run.sh
       (MLA, sparse MLA, graph-replayed one-request decodes, serve-sim host
-      share, SDPA peer) are tabulated for every tree of the log, whatever
-      --tag says (final_rows).
+      share, SDPA peer, FlashInfer's paged decode from bench/decode_fi_peer.py
+      beside the same shapes' bench_cuda rows) are tabulated for every tree of
+      the log, whatever --tag says (final_rows).
   results.py cascade --logs DIR [--machine h100-cascade]
       Reads the logs bench/cascade_gpu.sh wrote to DIR on a GPU machine (issue
       18's targets in one run: kvattn's cascade and FlashInfer's, the chunked
@@ -161,19 +162,28 @@ BENCH_RE = re.compile(r"bench_cuda: (\w+) (.*?): median ([0-9.]+) ms, ([0-9.]+) 
 # unsharded RATIO"; a GPU script may put a tag before every line (the text before "dcp:" / the
 # indent is the tag).
 # dev/final/run.sh's extra rows: a graph-replayed one-request decode per context (DCPG), the
-# serve-sim host plan share per run, the SDPA and FlashInfer peer rows (bench/prefill_sdpa_peer.py short).
+# serve-sim host plan share per run, the SDPA and FlashInfer peer rows (bench/prefill_sdpa_peer.py short),
+# FlashInfer's paged decode rows (bench/decode_fi_peer.py; joined to the bench_cuda decode rows of the same
+# shape and cache type in the same log).
 DCPG_RE = re.compile(r'^(\S+) dcpg ctx (\d+) "ms": ([0-9.]+) "items": (\d+) "graph_ms_per_layer": ([0-9.]+)')
 SERVE_RE = re.compile(r"^(\S+) serve r(\d+) rc=0 Host plan share of step time \(%\): ([0-9.]+);"
                       r"Mean step time \(ms\): ([0-9.]+)")
 SDPA_RE = re.compile(r"^(\d+x\d+(?:\+\d+)?) (\S+ D\d+)\s+(sdpa-\w+|flashinfer)\s+([0-9.]+) ms\s+([0-9.]+) TFLOP/s"
                      r"\s+b2b\s+([0-9.]+) ms")
+FI_DECODE_RE = re.compile(r"^fi-decode R=(\d+) S=(\d+) H=(\d+) Hkv=(\d+) D=(\d+) B=(\d+) kv (\S+) (\S+): "
+                          r"([0-9.]+) ms ([0-9.]+) TB/s KV\s+b2b ([0-9.]+) ms ([0-9.]+) TB/s KV\s+check (\w+)")
+FI_DECODE_FAIL_RE = re.compile(r"^fi-decode R=(\d+) S=(\d+) H=(\d+) Hkv=(\d+) D=(\d+) B=(\d+) kv (\S+) (\S+): "
+                               r"(failed: .*)")
+# bench_cuda's --quant names as they appear after "kv" in its decode line, by decode_fi_peer.py's kv name
+FI_KV = {"bf16": "none", "fp8": "fp8_e4m3"}
 MLA_RE = re.compile(r"^(\S+) mla (\S+) bench_cuda_mla: (.*?): median ([0-9.]+) ms, ([0-9.]+) TB/s latent, "
                     r"([0-9.]+) TFLOP/s.*?kernel (\S+), check (\w+)")
 SPARSE1_RE = re.compile(r"^(\S+) sparse1 one (.*?) ([0-9.]+) ms ([0-9.]+) TFLOP/s .*check (\w+)")
 # A line of one of those kinds (whatever follows) that its pattern above does not take: a failed run
 # (serve-sim rc != 0, an empty sparse1 / dcpg / mla line), said on stderr so that no row goes missing
 # from the page unnoticed.
-FINAL_KIND_RE = re.compile(r"^\S+ (dcpg ctx|serve r\d|mla \S+ |sparse1 )|\bsdpa-\w+|^\S+ \S+ D\d+\s+flashinfer")
+FINAL_KIND_RE = re.compile(r"^\S+ (dcpg ctx|serve r\d|mla \S+ |sparse1 )|\bsdpa-\w+|^\S+ \S+ D\d+\s+flashinfer"
+                           r"|^fi-decode R=")
 DCP_EMU_HEAD = re.compile(r"^(.*?)dcp: N (\d+), I (\d+), R (\d+) x L (\d+), .*?, (cuda|cpu)")
 DCP_EMU_FULL = re.compile(r"^(.*?)\s+unsharded\s+([0-9.]+) ms")
 DCP_EMU_RANK = re.compile(r"^(.*?)\s+rank (\d+)\s+([0-9.]+) ms")
@@ -183,17 +193,30 @@ DCP_EMU_RATIO = re.compile(r"^(.*?)\s+slowest rank / unsharded\s+([0-9.]+)")
 def final_rows(paths):
     """Tables of dev/final/run.sh's MLA, sparse, DCPG, serve-sim and SDPA peer lines in the raw logs (all
     trees: they are few and the page says which tree each row is)."""
-    dcpg, serve, sdpa, mla, sp1 = [], [], [], [], []
+    dcpg, serve, sdpa, mla, sp1, fid = [], [], [], [], [], []
+    ours = {}  # (tree, R, S, H, Hkv, D, B, kv) -> bench_cuda decode per call ms, in log order
     for path in paths:
         with open(path) as f:
             for line in f:
+                b = BENCH_RE.search(line)
+                sh = re.match(r"R=(\d+) S=(\d+) Q=1 H=(\d+) Hkv=(\d+) D=(\d+) Dv=\d+ B=(\d+) bf16 kv (\S+)",
+                              b.group(2)) if b and b.group(1) == "decode" else None
+                if sh:
+                    tree = line.split()[0].split("-")[0] if not line.startswith("bench_cuda") else ""
+                    bb = re.search(r"back to back ([0-9.]+) ms", b.group(7))
+                    ours.setdefault((tree,) + sh.groups(), []).append(
+                        (float(b.group(3)), float(bb.group(1)) if bb else None))
                 taken = False
                 for rx, dst in ((DCPG_RE, dcpg), (SERVE_RE, serve), (SDPA_RE, sdpa), (MLA_RE, mla),
-                                (SPARSE1_RE, sp1)):
+                                (SPARSE1_RE, sp1), (FI_DECODE_RE, fid)):
                     m = rx.search(line)
                     if m:
                         dst.append(m.groups())
                         taken = True
+                m = FI_DECODE_FAIL_RE.search(line)
+                if m:  # a FlashInfer row that did not run: its row says why
+                    fid.append(m.groups()[:8] + ("–", "–", "–", "–", m.group(9).replace("|", "/")[:100]))
+                    taken = True
                 if not taken and FINAL_KIND_RE.search(line):
                     print(f"results.py: not tabulated ({os.path.basename(path)}): {line.strip()[:160]}",
                           file=sys.stderr)
@@ -237,6 +260,28 @@ def final_rows(paths):
                 "per call and back to back.", "",
                 "| shape | implementation | ms | TFLOP/s | back to back ms |", "|---|---|---|---|---|"]
         out += [f"| {sh} {hd} | {impl} | {ms} | {tf} | {b2b} |" for sh, hd, impl, ms, tf, b2b in sdpa]
+        out.append("")
+    if fid:
+        trees = [t for t in ("new", "base", "") if any(k[0] == t for k in ours)][:1]
+        tree = trees[0] if trees else None
+        out += ["## FlashInfer's paged decode in the same run (bench/decode_fi_peer.py)", "",
+                "BatchDecodeWithPagedKVCacheWrapper, paged NHD cache of page 16, bf16 q / o, one query "
+                "token after S cached ones, random data; cuda-cores: its default decode kernel, "
+                "tensor-cores: use_tensor_cores=True (fa2). Per call: median of CUDA-event-timed calls; "
+                "b2b: calls back to back. kvattn: bench_cuda's per call median and back to back time of "
+                "the same shape and cache type in the same log (tree " + (repr(tree) if tree else "–") +
+                ", the median over its rounds); ratio: FlashInfer ms / kvattn ms, per call and back to back "
+                "(issue 23: >= 1 at every shape).", "",
+                "| R x S | kv | FlashInfer path | ms | TB/s KV | b2b ms | check | kvattn ms | kvattn b2b ms "
+                "| ratio | b2b ratio |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for R, S, h, hk, d, bs, kv, path, ms, tb, b2b, _, chk in fid:
+            mine = ours.get((tree, R, S, h, hk, d, bs, FI_KV.get(kv, kv)), []) if tree is not None else []
+            k = statistics.median([x for x, _ in mine]) if mine else None
+            kb = [y for _, y in mine if y is not None]
+            kb = statistics.median(kb) if kb else None
+            f, fb = (float(ms), float(b2b)) if ms != "–" else (None, None)
+            out.append(f"| {R} x {S} | {kv} | {path} | {ms} | {tb} | {b2b} | {chk} | {fmt(k, 4)} | {fmt(kb, 4)} | "
+                       f"{fmt(f / k, 2) if f and k else '–'} | {fmt(fb / kb, 2) if fb and kb else '–'} |")
         out.append("")
     return out
 

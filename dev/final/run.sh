@@ -6,7 +6,8 @@
 #        one-request decodes at 128k / 64k / 32k), SERVE_R=4 (serve-sim rounds per tree),
 #        SPARSE1=1 (the sparse MLA decode rows of issue 17, heads SPARSE1_H="128 16 64"), PY=1 (tests/python with the machine's torch after the CUDA tests).
 # A folder ./fi (fi-slim.tgz, fi-jit.tgz from bench/flashinfer_prebuild.sh, whl/apache_tvm_ffi-*-cpXY-*.whl) adds
-# FlashInfer's paged prefill rows to the peer call.
+# FlashInfer's paged prefill rows to the peer call, and its paged decode rows (bench/decode_fi_peer.py, beside
+# bench_cuda's decode rows) when fi-jit.tgz holds the decode modules.
 # On a machine with several GPUs the CUDA tests are dealt round-robin to GPUs 1..N-1 and run there while
 # the benchmarks run on GPU 0 (serve-sim, whose host timings the tests' CPU load would disturb, waits for them).
 set -uo pipefail
@@ -87,6 +88,11 @@ if [ -d fi ]; then # FlashInfer's rows from the JIT module bench/flashinfer_preb
   pip install -q --no-deps --target $fs fi/whl/apache_tvm_ffi-*-cp$pyv-*.whl >$out/fi_pip.log 2>&1
   tar -xzf fi/fi-slim.tgz -C $fs && tar -xzf fi/fi-jit.tgz -C $fj
   ( cd new && PYTHONPATH=$fs KVA_FI_PREBUILT=$fj timeout 150 python3 -u bench/prefill_sdpa_peer.py short ) >$out/sdpa_peer.log 2>&1
+  prc=$?
+  if ls $fj | grep -q '^batch_decode_with_kv_cache'; then # its paged decode on bench_cuda's decode shapes
+    ( cd new && PYTHONPATH=$fs KVA_FI_PREBUILT=$fj timeout 90 python3 -u bench/decode_fi_peer.py ) >$out/fi_decode.log 2>&1
+    echo "fi decode peer rc=$?" >>"$LOG"; grep -E '^#? ?fi-decode' $out/fi_decode.log | cut -c1-200 >>"$LOG"
+  fi; (exit $prc)
 else
 ( cd new && timeout 90 python3 -u -c "import sys; sys.modules['flashinfer'] = None; sys.argv = ['p', 'short']; exec(open('bench/prefill_sdpa_peer.py').read())" ) >$out/sdpa_peer.log 2>&1
 fi; echo "sdpa peer rc=$?" >>"$LOG"
@@ -113,4 +119,4 @@ done; T sparse; fi
 [ "${R2:-1}" = 1 ] && [ "$(el)" -lt "${R2_BEFORE:-380}" ] && bench_round 2
 T end
 tar -czf "$res/logs.tgz" -C "$out" .
-grep -E "^(base|new)|## |rc=|memcheck" "$LOG" | grep -vE "rank [0-9]+ +[0-9.]+ ms|unsharded +[0-9.]+ ms|dcp: N" | sed -E 's/bench_cuda(_mla)?: //; s/, [0-9]+ items.*check/ check/' | cut -c1-140 | tail -80
+grep -E "^(base|new|fi-decode)|## |rc=|memcheck" "$LOG" | grep -vE "rank [0-9]+ +[0-9.]+ ms|unsharded +[0-9.]+ ms|dcp: N" | sed -E 's/bench_cuda(_mla)?: //; s/, [0-9]+ items.*check/ check/' | cut -c1-140 | tail -80
