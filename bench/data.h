@@ -127,6 +127,17 @@ static inline int kva_test_poisoned(const void *p, kva_dtype dt, size_t i)
     return ((const uint16_t *)p)[i] == KVA_TEST_POISON16;
 }
 
+/* Number of the n elements of p that still hold the poison: never written.
+ * Tests that compare two runs' bytes check this as well, since an element
+ * that neither run writes is equal in both. */
+static inline size_t kva_test_count_poisoned(const void *p, kva_dtype dt, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += (size_t)kva_test_poisoned(p, dt, i);
+    return k;
+}
+
 /* Whether element i of p holds a NaN that was written (not the poison). */
 static inline int kva_test_nan_written(const void *p, kva_dtype dt, size_t i)
 {

@@ -30,4 +30,6 @@ errnan test_ds_mla_cache
 errnan test_indexer
 errsparse test_api_blackbox_kinds
 errsparse test_mla_sparse_errors
+lastrow test_api_blackbox_degenerate test_dcp_one_rank
+lastrow test_api_blackbox_edges test_plan_two_threads
 LIST
