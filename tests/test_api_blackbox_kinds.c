@@ -161,6 +161,19 @@ static void up_run(kva_context *ctx, const kva_plan *p, int k, const up_world *x
         CHECK_OK(kva_attention_run(ctx, p, x->q, x->mha, NULL, o->out, o->lse));
         break;
     }
+    /* The steps compare two runs' bytes: every output element must have been
+     * written (one that neither run writes holds the same poison in both). */
+    kva_plan_info in;
+    if (k != UP_INDEX && kva_plan_get_info(p, &in) == KVA_STATUS_OK) {
+        const size_t rows = (size_t)in.num_tokens * UP_H;
+        const int32_t dv = k == UP_MLA || k == UP_SPARSE_MIX || k == UP_SPARSE_SEP ? UP_DC : UP_D;
+        size_t left = kva_test_count_poisoned(o->out, KVA_DTYPE_F32, rows * (size_t)dv) +
+                      kva_test_count_poisoned(o->lse, KVA_DTYPE_F32, rows);
+        if (k == UP_MLA)
+            left += kva_test_count_poisoned(o->out2, KVA_DTYPE_F32, rows * UP_DV) +
+                    kva_test_count_poisoned(o->lse2, KVA_DTYPE_F32, rows);
+        CHECK_MSG(left == 0, "%s: %zu output elements unwritten", up_names[k], left);
+    }
 }
 
 /* Every kind after every other, alternating the two batches: the updated

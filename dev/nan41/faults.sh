@@ -32,4 +32,6 @@ errsparse test_api_blackbox_kinds
 errsparse test_mla_sparse_errors
 lastrow test_api_blackbox_degenerate test_dcp_one_rank
 lastrow test_api_blackbox_edges test_plan_two_threads
+lastrow test_api_blackbox_kinds test_update_across_kinds
+lastrow test_api_blackbox_kinds test_cascade_updated_context
 LIST
