@@ -34,4 +34,7 @@ lastrow test_api_blackbox_degenerate test_dcp_one_rank
 lastrow test_api_blackbox_edges test_plan_two_threads
 lastrow test_api_blackbox_kinds test_update_across_kinds
 lastrow test_api_blackbox_kinds test_cascade_updated_context
+lastrow test_plan_update test_update_backends
+lastrow test_plan_update test_update_bad_input
+lastrow test_api_aliasing test_paged
 LIST
