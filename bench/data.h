@@ -96,15 +96,52 @@ static inline double kva_test_get(const void *p, kva_dtype dt, size_t i)
     return kva_bf16_to_f32(((const uint16_t *)p)[i]);
 }
 
-/* Fills n elements with NaN so that any element a kernel fails to write is caught. */
+/* The poison of outputs: a NaN whose payload no arithmetic produces (a
+ * computed NaN carries an input's payload or the default quiet one, 0x7fc00000
+ * / 0x7e00 / 0x7fc0), so that an element a kernel fails to write is caught
+ * also where the written value must be NaN: kva_test_nan_written tells the
+ * two apart, and "left untouched" checks compare the exact bits
+ * (kva_test_poisoned). Inputs the tests want NaN hold NAN, never this. */
+#define KVA_TEST_POISON32 0x7fd5d5d5u
+#define KVA_TEST_POISON16 0x7fd5u
+
+/* Fills n elements with the poison NaN so that any element a kernel fails to write is caught. */
 static inline void kva_test_poison(void *p, kva_dtype dt, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         if (dt == KVA_DTYPE_F32)
-            ((float *)p)[i] = NAN;
+            memcpy((char *)p + 4 * i, &(uint32_t){KVA_TEST_POISON32}, 4);
         else
-            ((uint16_t *)p)[i] = dt == KVA_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
+            ((uint16_t *)p)[i] = KVA_TEST_POISON16;
     }
+}
+
+/* Whether element i of p (a float dtype) still holds kva_test_poison's bits. */
+static inline int kva_test_poisoned(const void *p, kva_dtype dt, size_t i)
+{
+    if (dt == KVA_DTYPE_F32) {
+        uint32_t u;
+        memcpy(&u, (const char *)p + 4 * i, 4);
+        return u == KVA_TEST_POISON32;
+    }
+    return ((const uint16_t *)p)[i] == KVA_TEST_POISON16;
+}
+
+/* Number of the n elements of p that still hold the poison: never written.
+ * Tests that compare two runs' bytes check this as well, since an element
+ * that neither run writes is equal in both. */
+static inline size_t kva_test_count_poisoned(const void *p, kva_dtype dt, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += (size_t)kva_test_poisoned(p, dt, i);
+    return k;
+}
+
+/* Whether element i of p holds a NaN that was written (not the poison). */
+static inline int kva_test_nan_written(const void *p, kva_dtype dt, size_t i)
+{
+    return isnan(kva_test_get(p, dt, i)) && !kva_test_poisoned(p, dt, i);
 }
 
 /* Tolerances per dtype of the compared outputs: |a - b| <= atol + rtol * |b|.

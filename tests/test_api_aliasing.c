@@ -69,6 +69,10 @@ static void paged_cases(kva_backend be)
     const float sinks[AH] = {0.5f, -1.0f, 0.25f, 2.0f};
     /* The run on separate buffers: the bytes every accepted placement must give. */
     CHECK_OK(kva_attention_run(f.ctx, f.plan, f.q, f.cache, sinks, f.out, f.lse));
+    /* Written everywhere: the placements are compared with these bytes only,
+     * in buffers that hold the same poison. */
+    CHECK(kva_test_count_poisoned(f.out, KVA_DTYPE_F32, AQ) == 0 &&
+          kva_test_count_poisoned(f.lse, KVA_DTYPE_F32, ALSE) == 0);
     float want_out[AQ], want_lse[ALSE];
     memcpy(want_out, f.out, sizeof want_out);
     memcpy(want_lse, f.lse, sizeof want_lse);

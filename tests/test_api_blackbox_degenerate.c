@@ -93,7 +93,8 @@ static kva_plan_desc fix_desc(const fix *f)
                            .window_left = -1};
 }
 
-/* Runs plan pd into poisoned out/lse twice; checks identical bytes. */
+/* Runs plan pd into poisoned out/lse twice; checks identical bytes, and that
+ * every element was written (both runs leaving one unwritten compare equal). */
 static void run_twice(fix *f, const kva_plan *p, float *out, float *lse)
 {
     static float out2[MAXT * H * DH], lse2[MAXT * H];
@@ -101,6 +102,9 @@ static void run_twice(fix *f, const kva_plan *p, float *out, float *lse)
     kva_test_poison(out, KVA_DTYPE_F32, (size_t)T * H * DH);
     kva_test_poison(lse, KVA_DTYPE_F32, (size_t)T * H);
     CHECK_OK(kva_attention_run(f->ctx, p, f->q, f->cache, NULL, out, lse));
+    CHECK_MSG(kva_test_count_poisoned(out, KVA_DTYPE_F32, (size_t)T * H * DH) == 0 &&
+                  kva_test_count_poisoned(lse, KVA_DTYPE_F32, (size_t)T * H) == 0,
+              "a plan's run left out or lse elements unwritten");
     kva_test_poison(out2, KVA_DTYPE_F32, (size_t)T * H * DH);
     kva_test_poison(lse2, KVA_DTYPE_F32, (size_t)T * H);
     CHECK_OK(kva_attention_run(f->ctx, p, f->q, f->cache, NULL, out2, lse2));

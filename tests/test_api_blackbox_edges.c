@@ -225,6 +225,9 @@ static void test_plan_two_threads(void)
     kva_test_poison(alone, KVA_DTYPE_F32, no);
     kva_test_poison(alone_lse, KVA_DTYPE_F32, nl);
     CHECK_OK(kva_attention_run(ctx[0], plan[0], q, c, NULL, alone, alone_lse));
+    /* The runs are compared with this one's bytes: it must write everything. */
+    CHECK(kva_test_count_poisoned(alone, KVA_DTYPE_F32, no) == 0 &&
+          kva_test_count_poisoned(alone_lse, KVA_DTYPE_F32, nl) == 0);
     th_job jobs[3];
     pthread_t tid[3];
     for (int i = 0; i < 3; i++) {

@@ -25,7 +25,7 @@
  *     fp8_ds_mla caches, whose NaN code the CPU backend read as 480 s; both
  *     modes, decodes and a prefill), unlisted NaN keys change nothing.
  * Outputs are poisoned before every run, with a NaN of a payload no
- * computed NaN has (lt_poison), so that an expected NaN must be written.
+ * computed NaN has (kva_test_poison), so that an expected NaN must be written.
  */
 #include "blackbox_util.h"
 #include "sparse_util.h"
@@ -41,32 +41,6 @@ static float lt_scale(const float *x, int n)
             amax = fabsf(x[i]);
     const float s = amax / 448.0f;
     return s > FLT_MIN ? s : FLT_MIN;
-}
-
-/* The poison of these tests' outputs: a NaN whose payload no arithmetic NaN
- * has (those carry an input's canonical payload or the default one), so that
- * a row expected NaN but never written is told from a written NaN
- * (kva_test_poison's NaN is the canonical one: a check for NaN could not fail
- * on an unwritten row). out: f32 or 16-bit. */
-#define LT_POISON16 0x7fd5u
-#define LT_POISON32 0x7fd5d5d5u
-static void lt_poison(void *p, kva_dtype dt, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (dt == KVA_DTYPE_F32)
-            ((uint32_t *)p)[i] = LT_POISON32;
-        else
-            ((uint16_t *)p)[i] = LT_POISON16;
-}
-/* Whether element i of p (dtype dt) still holds lt_poison's bits. */
-static int lt_poisoned(const void *p, kva_dtype dt, size_t i)
-{
-    if (dt == KVA_DTYPE_F32) {
-        uint32_t u;
-        memcpy(&u, (const char *)p + 4 * i, 4);
-        return u == LT_POISON32;
-    }
-    return ((const uint16_t *)p)[i] == LT_POISON16;
 }
 
 /* Writes rows with +inf / NaN through FP8_TOKEN and FP8_DS_MLA caches and
@@ -90,16 +64,18 @@ static void test_nonfinite_rows(void)
         keys[2][5] = NAN;
         const int64_t slots[3] = {6, 1, 4};
         CHECK_OK(kva_cache_write(ctx, xc, 3, keys, 0, NULL, 0, KVA_DTYPE_F32, slots));
-        lt_poison(back, KVA_DTYPE_F32, 3 * D);
+        kva_test_poison(back, KVA_DTYPE_F32, 3 * D);
         CHECK_OK(kva_cache_read(ctx, xc, 3, slots, back, 0, NULL, 0, KVA_DTYPE_F32));
         int inf_row_nan = 1, nan_row_ok = 1, finite_ok = 1;
         const float s0 = lt_scale(keys[0], D), s2 = lt_scale(keys[2], D);
         for (int i = 0; i < D; i++) {
-            inf_row_nan &= isnan(back[1][i]) && !lt_poisoned(back[1], KVA_DTYPE_F32, (size_t)i);
+            inf_row_nan &=
+                isnan(back[1][i]) && !kva_test_poisoned(back[1], KVA_DTYPE_F32, (size_t)i);
             const float w0 = kva_fp8_e4m3_to_f32(kva_f32_to_fp8_e4m3(keys[0][i] / s0)) * s0;
             finite_ok &= back[0][i] == w0;
             if (i == 5)
-                nan_row_ok &= isnan(back[2][i]) && !lt_poisoned(back[2], KVA_DTYPE_F32, (size_t)i);
+                nan_row_ok &=
+                    isnan(back[2][i]) && !kva_test_poisoned(back[2], KVA_DTYPE_F32, (size_t)i);
             else
                 nan_row_ok &=
                     back[2][i] == kva_fp8_e4m3_to_f32(kva_f32_to_fp8_e4m3(keys[2][i] / s2)) * s2;
@@ -131,8 +107,8 @@ static void test_nonfinite_rows(void)
         ckv[1][200] = NAN;
         const int64_t ds[2] = {5, 2};
         CHECK_OK(kva_cache_write(ctx, dc, 2, ckv, 0, kpe, 0, KVA_DTYPE_F32, ds));
-        lt_poison(rc, KVA_DTYPE_F32, 2 * Dc);
-        lt_poison(rp, KVA_DTYPE_F32, 2 * Dr);
+        kva_test_poison(rc, KVA_DTYPE_F32, 2 * Dc);
+        kva_test_poison(rp, KVA_DTYPE_F32, 2 * Dr);
         CHECK_OK(kva_cache_read(ctx, dc, 2, ds, rc, 0, rp, 0, KVA_DTYPE_F32));
         int tile_nan = 1, other_ok = 1, pe_ok = 1;
         for (int r = 0; r < 2; r++)
@@ -141,10 +117,10 @@ static void test_nonfinite_rows(void)
                 for (int i = t0; i < t0 + 128; i++) {
                     if (r == 0 && t0 == 0)
                         tile_nan &=
-                            isnan(rc[r][i]) && !lt_poisoned(rc[r], KVA_DTYPE_F32, (size_t)i);
+                            isnan(rc[r][i]) && !kva_test_poisoned(rc[r], KVA_DTYPE_F32, (size_t)i);
                     else if (r == 1 && i == 200)
                         other_ok &=
-                            isnan(rc[r][i]) && !lt_poisoned(rc[r], KVA_DTYPE_F32, (size_t)i);
+                            isnan(rc[r][i]) && !kva_test_poisoned(rc[r], KVA_DTYPE_F32, (size_t)i);
                     else
                         other_ok &=
                             rc[r][i] == kva_fp8_e4m3_to_f32(kva_f32_to_fp8_e4m3(ckv[r][i] / s)) * s;
@@ -235,12 +211,12 @@ static void lt_expect_rows(const char *label, int32_t r, int want_nan, const int
     const int64_t rows = (int64_t)(qsl[r + 1] - qsl[r]) * H;
     for (int64_t i = 0; i < rows; i++) {
         const int64_t row = (int64_t)qsl[r] * H + i;
-        nan_lse += isnan(lse[row]) && !lt_poisoned(lse, KVA_DTYPE_F32, (size_t)row);
+        nan_lse += isnan(lse[row]) && !kva_test_poisoned(lse, KVA_DTYPE_F32, (size_t)row);
         fin += isfinite(lse[row]) != 0;
         for (int32_t e = 0; e < Dv; e++) {
             const size_t at = (size_t)(row * Dv + e);
             const double x = kva_test_get(out, dt, at);
-            nan_out += isnan(x) && !lt_poisoned(out, dt, at);
+            nan_out += isnan(x) && !kva_test_poisoned(out, dt, at);
             fin += isfinite(x) != 0;
         }
     }
@@ -296,10 +272,10 @@ static void test_nan_latent(void)
                     void *qa = malloc(T * H * (c.Dc + c.Dr) * 2);
                     kva_rng rng = {77};
                     kva_test_fill_uniform(qa, KVA_DTYPE_BF16, T * H * (c.Dc + c.Dr), &rng);
-                    lt_poison(ol, KVA_DTYPE_BF16, T * H * c.Dv);
-                    lt_poison(oa, KVA_DTYPE_BF16, T * H * c.Dc);
-                    lt_poison(ll, KVA_DTYPE_F32, T * H);
-                    lt_poison(la, KVA_DTYPE_F32, T * H);
+                    kva_test_poison(ol, KVA_DTYPE_BF16, T * H * c.Dv);
+                    kva_test_poison(oa, KVA_DTYPE_BF16, T * H * c.Dc);
+                    kva_test_poison(ll, KVA_DTYPE_F32, T * H);
+                    kva_test_poison(la, KVA_DTYPE_F32, T * H);
                     CHECK_OK(kva_mla_run(ctx, p, m.q, m.w_uk, m.w_uv, m.cache, ol, ll));
                     CHECK_OK(kva_attention_run(ctx, p, qa, m.cache, NULL, oa, la));
                     char label[112];
@@ -350,10 +326,10 @@ static void test_nan_query(void)
                 kva_rng rng = {78};
                 kva_test_fill_uniform(qa, KVA_DTYPE_BF16, T * H * (c.Dc + c.Dr), &rng);
                 qa[7] = kva_f32_to_bf16(NAN);
-                lt_poison(ol, KVA_DTYPE_BF16, T * H * c.Dv);
-                lt_poison(oa, KVA_DTYPE_BF16, T * H * c.Dc);
-                lt_poison(ll, KVA_DTYPE_F32, T * H);
-                lt_poison(la, KVA_DTYPE_F32, T * H);
+                kva_test_poison(ol, KVA_DTYPE_BF16, T * H * c.Dv);
+                kva_test_poison(oa, KVA_DTYPE_BF16, T * H * c.Dc);
+                kva_test_poison(ll, KVA_DTYPE_F32, T * H);
+                kva_test_poison(la, KVA_DTYPE_F32, T * H);
                 CHECK_OK(kva_mla_run(ctx, p, m.q, m.w_uk, m.w_uv, m.cache, ol, ll));
                 CHECK_OK(kva_attention_run(ctx, p, qa, m.cache, NULL, oa, la));
                 for (size_t t = 0; t < T; t++)
@@ -433,8 +409,8 @@ static void test_nan_sparse(void)
                 const size_t rows = (size_t)m.T * c.H;
                 uint16_t *out = malloc(rows * c.Dc * 2);
                 float *lse = malloc(rows * 4);
-                lt_poison(out, KVA_DTYPE_BF16, rows * c.Dc);
-                lt_poison(lse, KVA_DTYPE_F32, rows);
+                kva_test_poison(out, KVA_DTYPE_BF16, rows * c.Dc);
+                kva_test_poison(lse, KVA_DTYPE_F32, rows);
                 CHECK_OK(
                     kva_mla_sparse_run(ctx, p, m.q, m.cache, m.idx, 0, m.len, m.sinks, out, lse));
                 for (int32_t t = 0; t < m.T; t++) {

@@ -324,7 +324,8 @@ static void test_workspace_rule(void)
     } else {
         CHECK_STATUS(s, KVA_STATUS_INVALID_ARGUMENT);
         CHECK_ERROR_MENTIONS("same thread count");
-        CHECK(isnan(got[0]) && isnan(got[2 * Hk * Dk - 1]));
+        CHECK(kva_test_poisoned(got, KVA_DTYPE_F32, 0) &&
+              kva_test_poisoned(got, KVA_DTYPE_F32, 2 * Hk * Dk - 1));
     }
     kva_plan_destroy(pa);
     kva_plan_destroy(pb);

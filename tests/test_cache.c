@@ -164,7 +164,7 @@ static void test_write_known_position(void)
         CHECK(vd[base1 + 3] == -12.0f);
         int written = 0;
         for (int i = 0; i < 3 * 4 * 2 * 8; i++)
-            written += !isnan(kd[i]);
+            written += !kva_test_poisoned(kd, KVA_DTYPE_F32, (size_t)i);
         CHECK(written == 16);
         kva_cache_destroy(c);
     }

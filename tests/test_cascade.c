@@ -217,7 +217,7 @@ static void test_bad_runs(void)
     CHECK_ERROR_MENTIONS("cascade plan");
     size_t written = 0;
     for (size_t i = 0; i < n; i++)
-        written += !isnan(o[i]);
+        written += !kva_test_poisoned(o, KVA_DTYPE_F32, i);
     CHECK(written == 0);
     kva_plan_destroy(p);
     kva_plan_destroy(q2);

@@ -35,15 +35,18 @@
 static const char *g_kernels[KVA_TEST_MAX_KERNELS];
 static int g_nkernels;
 
-/* |a - b| <= atol + rtol |b|, or both NaN, or the same infinity. */
+/* |a - b| <= atol + rtol |b|, or both NaN, or the same infinity. Both were
+ * poisoned (kva_test_poison): a NaN must have been written on both sides, so
+ * an element the kernel (or the reference) left unwritten fails. */
 static size_t compare_nf(const char *label, const float *got, const float *want, size_t n)
 {
     const double tol = kva_test_atol(KVA_DTYPE_F32);
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) {
         const double a = got[i], b = want[i];
-        int ok =
-            (isnan(a) && isnan(b)) || (isinf(b) && a == b) || fabs(a - b) <= tol + tol * fabs(b);
+        int ok = (kva_test_nan_written(got, KVA_DTYPE_F32, i) &&
+                  kva_test_nan_written(want, KVA_DTYPE_F32, i)) ||
+                 (isinf(b) && a == b) || fabs(a - b) <= tol + tol * fabs(b);
         if (!ok) {
             if (bad < 5)
                 fprintf(stderr, "  %s: element %zu: got %.8g, want %.8g\n", label, i, a, b);
@@ -176,19 +179,21 @@ static int run_problem(const char *label, problem *p, int use_sinks)
     return least;
 }
 
-/* Number of (token, head) rows of [T, H] lse whose value is NaN. */
+/* Number of (token, head) rows of [T, H] lse whose value is a written NaN. */
 static int count_nan_rows(const problem *p, int use_sinks)
 {
     const size_t no = (size_t)p->b.T * P_H * P_D, nl = (size_t)p->b.T * P_H;
     float *out = malloc(no * sizeof(float)), *lse = malloc(nl * sizeof(float));
     kva_plan *plan = NULL;
     int n = 0;
+    kva_test_poison(out, KVA_DTYPE_F32, no);
+    kva_test_poison(lse, KVA_DTYPE_F32, nl);
     CHECK_OK(kva_plan_create(p->ref, &p->pd, &plan));
     if (plan)
         CHECK_OK(
             kva_attention_run(p->ref, plan, p->q, p->cache, use_sinks ? p->sinks : NULL, out, lse));
     for (size_t i = 0; i < nl; i++)
-        n += isnan(lse[i]) != 0;
+        n += kva_test_nan_written(lse, KVA_DTYPE_F32, i);
     kva_plan_destroy(plan);
     free(out);
     free(lse);

@@ -200,9 +200,9 @@ static void check_runs(kva_backend be)
 
     int untouched = 1;
     for (size_t i = 0; i < n + 8; i++)
-        untouched &= isnan(kva_bf16_to_f32(out[i]));
+        untouched &= kva_test_poisoned(out, KVA_DTYPE_BF16, i);
     for (size_t i = 0; i < rows + 4; i++)
-        untouched &= isnan(lse[i]);
+        untouched &= kva_test_poisoned(lse, KVA_DTYPE_F32, i);
     CHECK_MSG(untouched, "a failing call wrote out or lse");
     CHECK(memcmp(kdata, before, cb) == 0);
     free(before);

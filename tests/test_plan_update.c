@@ -107,6 +107,11 @@ static void run_plan(kva_context *ctx, const kva_plan *plan, const float *q, con
     kva_test_poison(lse, KVA_DTYPE_F32, (size_t)T * H);
     if (T > 0)
         CHECK_OK(kva_attention_run(ctx, plan, q, cache, NULL, out, lse));
+    /* The updated and the fresh plan's runs are compared with each other
+     * only: each must write every element (the same poison left in both
+     * would compare equal). */
+    CHECK(kva_test_count_poisoned(out, KVA_DTYPE_F32, (size_t)T * H * D) == 0 &&
+          kva_test_count_poisoned(lse, KVA_DTYPE_F32, (size_t)T * H) == 0);
 }
 
 static void test_update_sequence(kva_backend be)

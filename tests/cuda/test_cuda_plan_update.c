@@ -41,7 +41,11 @@
 enum { H = 16, HKV = 4, D = 128, BS = 16 };
 #define DT KVA_DTYPE_BF16
 
-/* Runs plan on ctx into a poisoned device output; returns it on the host. */
+/* Runs plan on ctx into a poisoned device output (0xff bytes); returns it on
+ * the host. Every element must have been written (no 0xffff left: the data
+ * are finite, so is every output): the long steps compare the updated and the
+ * fresh plan's outputs only with each other, where an element neither run
+ * wrote would hold the same poison. */
 static uint16_t *run_out(kva_context *ctx, const kva_plan *plan, const void *dq,
                          const kva_cache *cache, int32_t T)
 {
@@ -53,6 +57,10 @@ static uint16_t *run_out(kva_context *ctx, const kva_plan *plan, const void *dq,
     CUDA_OK(cudaDeviceSynchronize());
     to_host(out, dout, n);
     CUDA_OK(cudaFree(dout));
+    size_t unwritten = 0;
+    for (size_t i = 0; i < (size_t)T * H * D; i++)
+        unwritten += out[i] == 0xffffu;
+    CHECK_MSG(unwritten == 0, "%zu output elements unwritten", unwritten);
     return out;
 }
 

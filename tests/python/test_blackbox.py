@@ -15,6 +15,7 @@ import pytest
 
 import kvattn
 from kvattn import flashinfer as fi
+from poison import fill, poisoned, untouched
 from reference import attention
 
 LOG2E = 1.0 / math.log(2.0)
@@ -198,10 +199,10 @@ def test_outputs_read_only_or_wrong_are_refused():
     assert (ro == 0).all()  # was written through its pointer before
     lse_ro = np.zeros((1, 2), np.float32)
     lse_ro.flags.writeable = False
-    out = np.full((1, 2, 8), np.nan, np.float32)
+    out = poisoned((1, 2, 8))
     with pytest.raises(kvattn.InvalidArgumentError, match="read-only"):
         plan.run(q, cache, out=out, lse=lse_ro)
-    assert np.isnan(out).all() and (lse_ro == 0).all()
+    assert untouched(out) and (lse_ro == 0).all()
     a = np.zeros((1, 2, 8), np.float32)
     la = np.zeros((1, 2), np.float32)
     with pytest.raises(kvattn.InvalidArgumentError, match="read-only"):
@@ -219,13 +220,13 @@ def test_outputs_read_only_or_wrong_are_refused():
         (dict(lse=np.zeros((1, 2), np.float64)), kvattn.DtypeMismatchError),
     ]
     for kw, exc in bad:
-        out = np.full((1, 2, 8), np.nan, np.float32)
+        out = poisoned((1, 2, 8))
         a = dict(q=q, out=out)
         a.update(kw)
         qq = a.pop("q")
         with pytest.raises(exc):
             w.run(qq, kv, **a)
-        assert np.isnan(out).all()
+        assert untouched(out)
     r = fi.BatchPrefillWithRaggedKVCacheWrapper(None)
     r.plan([0, 1], [0, 3], 2, 2, 8, q_data_type="float32")
     k = np.ones((3, 2, 8), np.float32)
@@ -286,13 +287,13 @@ def test_tensor_on_another_device_raises():
     ctx = kvattn.Context("cpu")
     cache = kvattn.Cache(ctx, 4, 4, 2, 8, dtype="f32")
     plan = _plan(ctx)
-    out = np.full((1, 2, 8), np.nan, np.float32)
+    out = poisoned((1, 2, 8))
     with pytest.raises(kvattn.InvalidArgumentError, match="q: tensor on cuda"):
         plan.run(_OnCuda(np.ones((1, 2, 8), np.float32)), cache, out=out)
     with pytest.raises(kvattn.InvalidArgumentError, match="out: tensor on cuda"):
         plan.run(np.ones((1, 2, 8), np.float32), cache,
                  out=_OnCuda(np.zeros((1, 2, 8), np.float32)))
-    assert np.isnan(out).all()
+    assert untouched(out)
 
 
 def test_pool_bad_counts_raise_and_change_nothing():
@@ -323,12 +324,12 @@ def test_lists_are_checked_not_truncated():
     bytes (colliding with b"\\0" * 5); odd pair lists hit numpy's reshape."""
     ctx = kvattn.Context("cpu")
     c = kvattn.Cache(ctx, 4, 4, 1, 8, dtype="f32")
-    c.k_array()[...] = np.nan
+    fill(c.k_array())
     k = np.ones((1, 1, 8), np.float32)
     for sm in ([2.7], [2**64]):
         with pytest.raises(kvattn.InvalidArgumentError, match="slot_mapping"):
             c.write(k, k, sm)
-    assert np.isnan(c.k_array()).all()
+    assert untouched(c.k_array())
     c.write(k, k, [2])  # an integer list still works
     assert (c.k_array()[0, 2] == 1).all()
     with pytest.raises(kvattn.ShapeMismatchError, match="pairs"):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import kvattn
+from poison import poisoned, untouched
 
 RNG = np.random.default_rng(44)
 
@@ -155,10 +156,10 @@ def test_ragged_plan_ignores_later_changes_to_callers_seq_lens(ctx):
     q = RNG.standard_normal((2, 4, 16), np.float32)
     k = RNG.standard_normal((40, 2, 16), np.float32)
     v = RNG.standard_normal((40, 2, 16), np.float32)
-    out = np.full((2, 4, 16), np.nan, np.float32)
+    out = poisoned((2, 4, 16))
     with pytest.raises(kvattn.ShapeMismatchError, match="k: shape"):
         plan.run_ragged(q, k[:1].copy(), v[:1].copy(), out=out)
-    assert np.isnan(out).all()
+    assert untouched(out)
     plan.run_ragged(q, k, v, out=out)
     ro, _ = attention(q, [k], [v], [2], causal=True)
     np.testing.assert_allclose(out, ro, rtol=1e-5, atol=1e-5)
@@ -230,10 +231,10 @@ def test_closed_objects_raise_and_close_twice_is_harmless():
     ref = plan.run(q, c)
     ctx.close()
     ctx.close()
-    out = np.full_like(ref, np.nan)
+    out = poisoned(ref.shape, ref.dtype)
     with pytest.raises(kvattn.NullPointerError, match="ctx"):
         plan.run(q, c, out=out)
-    assert np.isnan(out).all()
+    assert untouched(out)
     assert c.k_array().shape == (6, 4, 2, 16)  # the cache outlives its context
     plan.close()
     plan.close()
