@@ -10,6 +10,7 @@ import pytest
 
 import kvattn
 from kvattn import flashinfer as fi
+import poison
 from reference import attention
 from test_flashinfer import flashinfer_alibi_attention, random_paged
 
@@ -67,16 +68,16 @@ def test_decode_q_len_per_req(alibi):
     np.testing.assert_allclose(out, ro, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(lse, rl2, rtol=1e-5, atol=1e-4)
     np.testing.assert_array_equal(w.run(q, paged, q_len_per_req=n), out)
-    keep = np.full((3 * n, 4, 64), np.nan, np.float32)
+    keep = poison.poisoned((3 * n, 4, 64), np.float32)
     with pytest.raises(kvattn.InvalidArgumentError, match="q_len_per_req"):
         w.run(q, paged, q_len_per_req=2, out=keep)
-    assert np.isnan(keep).all()
+    assert poison.untouched(keep)
     # run()'s copy takes what plan()'s does: an integer >= 1, never truncated
     # (3.5 and "3" would pass the row check as 3).
     for bad in (3.5, 3.0, "3", np.float64(3), 0, -1, True):
         with pytest.raises(kvattn.InvalidArgumentError, match="q_len_per_req"):
             w.run(q, paged, q_len_per_req=bad, out=keep)
-        assert np.isnan(keep).all()
+        assert poison.untouched(keep)
     np.testing.assert_array_equal(w.run(q, paged, q_len_per_req=np.int64(n)), out)
     with pytest.raises(kvattn.InvalidArgumentError, match="q_len_per_req"):
         w.plan(indptr, indices, last, 4, 2, 64, 8, q_data_type="float32", q_len_per_req=8)
@@ -99,10 +100,10 @@ def test_run_keywords_of_flashinfer():
         np.testing.assert_array_equal(w.run(q, paged, **kw), ref)
     for kw, what in ((dict(kv_cache_sf=(paged[0], paged[1])), "kv_cache_sf"),
                      (dict(skip_softmax_threshold_scale_factor=0.1), "skip_softmax")):
-        out = np.full((2, 4, 64), np.nan, np.float32)
+        out = poison.poisoned((2, 4, 64), np.float32)
         with pytest.raises(kvattn.UnsupportedError, match=what):
             w.run(q, paged, out=out, **kw)
-        assert np.isnan(out).all()
+        assert poison.untouched(out)
     with pytest.raises(TypeError):
         w.run(q, paged, no_such_keyword=1)
 
@@ -149,10 +150,10 @@ def test_ragged_plan_dtypes_and_run_scales():
     np.testing.assert_array_equal(r.run(q, k, v, q_scale=1.0, k_scale=None, v_scale=1,
                                         o_scale=1.0, kv_cache_sf=None), ref)
     for kw in (dict(k_scale=0.5), dict(q_scale=2.0), dict(v_scale=2.0), dict(o_scale=0.5)):
-        out = np.full((7, 4, 32), np.nan, np.float16)
+        out = poison.poisoned((7, 4, 32), np.float16)
         with pytest.raises(kvattn.UnsupportedError, match="scale"):
             r.run(q, k, v, out=out, **kw)
-        assert np.isnan(out).all()
+        assert poison.untouched(out)
     with pytest.raises(kvattn.InvalidArgumentError, match="positional"):
         r.run(q, k, v, 0.5)
 
@@ -360,10 +361,10 @@ def test_dtype_mismatch_is_a_value_error():
     q = rng.standard_normal((2, 4, 64))
     with pytest.raises(ValueError):
         w.run(q.astype(np.float16), paged)
-    out = np.full((2, 4, 64), np.nan, np.float16)
+    out = poison.poisoned((2, 4, 64), np.float16)
     with pytest.raises(ValueError):
         w.run(q.astype(np.float32), paged, out=out)
-    assert np.isnan(out).all()
+    assert poison.untouched(out)
     assert issubclass(kvattn.DtypeMismatchError, TypeError)
 
 

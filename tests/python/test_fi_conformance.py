@@ -13,6 +13,7 @@ import pytest
 
 import kvattn
 from kvattn import flashinfer as fi
+import poison
 from reference import attention
 from test_flashinfer import random_paged
 
@@ -146,7 +147,7 @@ def test_prefill_lse_base_and_layout(which):
     out = run(lse=given, lse_base="ln", lse_layout="HN")  # not returned: [T, H], base 2
     np.testing.assert_allclose(out, ro, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(given, rl * LOG2E, rtol=1e-5, atol=1e-4)
-    out = np.full(ro.shape, np.nan, np.float32)
+    out = poison.poisoned(ro.shape, np.float32)
     for kw, err in ((dict(lse_base="e"), ValueError), (dict(lse_layout="TH"), ValueError),
                     (dict(lse_layout="HN", lse=np.zeros((t, h), np.float32)),
                      kvattn.ShapeMismatchError),
@@ -154,7 +155,7 @@ def test_prefill_lse_base_and_layout(which):
                      kvattn.InvalidArgumentError)):
         with pytest.raises(err):
             run(return_lse=True, out=out, **kw)
-        assert np.isnan(out).all()
+        assert poison.untouched(out)
 
 
 def test_custom_variant_arguments_raise():
@@ -248,17 +249,17 @@ def test_mla_plan_and_run_forms_of_flashinfer_07():
                 out, lse = w.run(**q_kw, **kv_kw, return_lse=True)
                 close(out, want, "f32")
                 np.testing.assert_allclose(lse, want_lse * LOG2E, atol=1e-4, rtol=1e-5)
-    out = np.full(want.shape, np.nan, np.float32)
+    out = poison.poisoned(want.shape, np.float32)
     for kw in (dict(sinks=np.zeros(lay.h, np.float32)), dict(bmm1_scale=1.0),
                dict(bmm2_scale=1.0), dict(skip_softmax_threshold_scale_factor=0.1)):
         with pytest.raises(kvattn.UnsupportedError):
             w.run(query=qa, kv_cache=lay.kv, out=out, **kw)
-        assert np.isnan(out).all()
+        assert poison.untouched(out)
     for kw, what in ((dict(query=qa, q_nope=qa, kv_cache=lay.kv), "together"),
                      (dict(query=qa), "ckv_cache"), (dict(kv_cache=lay.kv), "q_nope")):
         with pytest.raises(kvattn.InvalidArgumentError, match=what):
             w.run(**kw, out=out)
-        assert np.isnan(out).all()
+        assert poison.untouched(out)
     for kw in (dict(output_scale="per-tensor"), dict(scale_mode="kv-per-tensor"),
                dict(skip_softmax=True), dict(use_sinks=True), dict(output_dtype="float16")):
         with pytest.raises(kvattn.UnsupportedError):

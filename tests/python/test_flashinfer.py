@@ -9,6 +9,7 @@ import pytest
 
 import kvattn
 from kvattn import flashinfer as fi
+import poison
 from reference import attention
 
 LOG2E = 1.0 / math.log(2.0)
@@ -315,7 +316,7 @@ def test_strided_q_runs_as_contiguous():
     qo = np.array([0, 3, 7], np.int32)
     p.plan(qo, indptr, indices, last, 4, 2, 64, 8, causal=True, q_data_type="float16")
     q = _strided(rng, (7, 4, 64), np.float16)
-    out = np.full((7, 4, 64), np.nan, np.float16)
+    out = poison.poisoned((7, 4, 64), np.float16)
     p.run(q, paged, out=out)
     np.testing.assert_array_equal(out, p.run(np.ascontiguousarray(q), paged))
 
@@ -337,7 +338,7 @@ def _strided_nan(shape, dtype):
     """A NaN tensor [N, H, D] whose token rows are strided (out as a slice of
     a wider buffer), and the buffer, to check the bytes around it."""
     n, h, d = shape
-    buf = np.full((n, 3 * h * d), np.nan, dtype)
+    buf = poison.poisoned((n, 3 * h * d), dtype)
     return buf[:, h * d: 2 * h * d].reshape(n, h, d), buf
 
 
@@ -357,21 +358,21 @@ def test_strided_out_runs_as_contiguous():
     assert o is out
     np.testing.assert_array_equal(out, (ref_out * np.float16(0.5)).astype(np.float16))
     np.testing.assert_array_equal(l, ref_lse)
-    assert np.isnan(buf[:, :4 * 64]).all() and np.isnan(buf[:, 8 * 64:]).all()
+    assert poison.untouched(buf[:, :4 * 64]) and poison.untouched(buf[:, 8 * 64:])
     # lse [T, H] with a token stride (a column slice of a wider buffer).
-    lse_buf = np.full((2, 12), np.nan, np.float32)
+    lse_buf = poison.poisoned((2, 12), np.float32)
     lse = lse_buf[:, 4:8]
     out2, buf2 = _strided_nan((2, 4, 64), np.float16)
     o, l = w.run(q, paged, out=out2, lse=lse, return_lse=True)
     assert o is out2 and l is lse
     np.testing.assert_array_equal(out2, ref_out)
     np.testing.assert_array_equal(lse, ref_lse)
-    assert np.isnan(lse_buf[:, :4]).all() and np.isnan(lse_buf[:, 8:]).all()
+    assert poison.untouched(lse_buf[:, :4]) and poison.untouched(lse_buf[:, 8:])
     # A strided last dimension is still refused, nothing written.
-    bad = np.full((2, 4, 128), np.nan, np.float16)
+    bad = poison.poisoned((2, 4, 128), np.float16)
     with pytest.raises(kvattn.InvalidArgumentError, match="contiguous"):
         w.run(q, paged, out=bad[..., ::2])
-    assert np.isnan(bad).all()
+    assert poison.untouched(bad)
     # A strided out over q is refused as a contiguous one is.
     fused = rng.standard_normal((2, 3 * 4 * 64)).astype(np.float16)
     qf = fused[:, :4 * 64].reshape(2, 4, 64)
@@ -400,7 +401,7 @@ def test_strided_out_runs_as_contiguous():
     assert o is out
     np.testing.assert_array_equal(out, co)
     np.testing.assert_array_equal(l, cl)
-    assert np.isnan(buf[:, :4 * 32]).all() and np.isnan(buf[:, 8 * 32:]).all()
+    assert poison.untouched(buf[:, :4 * 32]) and poison.untouched(buf[:, 8 * 32:])
 
 
 def test_merge_state_base2():
@@ -451,7 +452,7 @@ def _planned_decode():
 def test_bad_inputs_raise():
     w, paged, rng = _planned_decode()
     q = rng.standard_normal((2, 4, 32)).astype(np.float16)
-    out = np.full((2, 4, 32), np.nan, np.float16)
+    out = poison.poisoned((2, 4, 32), np.float16)
     bad = [
         (dict(q=q[:1]), kvattn.ShapeMismatchError),  # plan/run shape mismatch
         (dict(q=rng.standard_normal((2, 4, 64)).astype(np.float16)), kvattn.ShapeMismatchError),
@@ -469,7 +470,7 @@ def test_bad_inputs_raise():
         a.update(kw)
         with pytest.raises(exc):
             w.run(a["q"], a["paged"], out=kw.get("out", out))
-        assert np.isnan(out).all()
+        assert poison.untouched(out)
     with pytest.raises(kvattn.InvalidArgumentError):
         fi.BatchDecodeWithPagedKVCacheWrapper(None).run(q, paged)  # run before plan
     with pytest.raises(kvattn.KvaError):  # page id beyond the cache: caught by kvattn
