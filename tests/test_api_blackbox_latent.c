@@ -202,6 +202,23 @@ static void test_nonfinite_rows(void)
     }
 }
 
+/* Writes one latent row at slot: c_kv (dc values) all v, k_pe (dr) all -v,
+ * and NaN in column col of the row [c_kv | k_pe]. */
+static void lt_nan_row(kva_context *ctx, kva_cache *cache, int64_t slot, int dc, int dr, float v,
+                       int col)
+{
+    float ckv[128], kpe[64];
+    for (int i = 0; i < dc; i++)
+        ckv[i] = v;
+    for (int i = 0; i < dr; i++)
+        kpe[i] = -v;
+    if (col < dc)
+        ckv[col] = NAN;
+    else
+        kpe[col - dc] = NAN;
+    CHECK_OK(kva_cache_write(ctx, cache, 1, ckv, 0, kpe, 0, KVA_DTYPE_F32, &slot));
+}
+
 /* Rows of request r of a case: all NaN (out and lse, written: not the
  * poison) or all finite. */
 static void lt_expect_rows(const char *label, int32_t r, int want_nan, const int32_t *qsl,
@@ -249,20 +266,9 @@ static void test_nan_latent(void)
                     c.fp8 = fp8;
                     mla_data m;
                     CHECK(mla_data_make(ctx, &c, &m));
-                    for (int32_t r = 0; r < nan_reqs; r++) {
-                        float ckv[64], kpe[16];
-                        for (int i = 0; i < 64; i++)
-                            ckv[i] = 0.25f;
-                        for (int i = 0; i < 16; i++)
-                            kpe[i] = -0.25f;
-                        if (r == 1)
-                            kpe[5] = NAN;
-                        else
-                            ckv[9] = NAN;
-                        const int64_t slot = (int64_t)m.bt[(size_t)r * m.stride] * c.B + 3;
-                        CHECK_OK(
-                            kva_cache_write(ctx, m.cache, 1, ckv, 0, kpe, 0, KVA_DTYPE_F32, &slot));
-                    }
+                    for (int32_t r = 0; r < nan_reqs; r++)
+                        lt_nan_row(ctx, m.cache, (int64_t)m.bt[(size_t)r * m.stride] * c.B + 3, 64,
+                                   16, 0.25f, r == 1 ? 64 + 5 : 9);
                     kva_plan_desc pd = mla_plan_desc(&c, &m, 1);
                     kva_plan *p = NULL;
                     CHECK_OK(kva_plan_create(ctx, &pd, &p));
@@ -383,20 +389,9 @@ static void test_nan_sparse(void)
                     kva_context_destroy(ctx);
                     continue;
                 }
-                for (int32_t r = 0; r < 2; r++) {
-                    float ckv[128], kpe[64];
-                    for (int i = 0; i < 128; i++)
-                        ckv[i] = 0.125f;
-                    for (int i = 0; i < 64; i++)
-                        kpe[i] = -0.125f;
-                    if (r == 1)
-                        kpe[2] = NAN;
-                    else
-                        ckv[2] = NAN;
-                    const int64_t slot = (int64_t)m.bt[(size_t)r * m.stride] * c.B + 3;
-                    CHECK_OK(
-                        kva_cache_write(ctx, m.cache, 1, ckv, 0, kpe, 0, KVA_DTYPE_F32, &slot));
-                }
+                for (int32_t r = 0; r < 2; r++)
+                    lt_nan_row(ctx, m.cache, (int64_t)m.bt[(size_t)r * m.stride] * c.B + 3, 128, 64,
+                               0.125f, r == 1 ? 128 + 2 : 2);
                 for (int32_t t = 0; t < m.T; t++) {
                     for (int32_t k = 0; k < c.K; k++)
                         m.idx[(size_t)t * c.K + k] = t == 2 ? 4 + k : k;
