@@ -33,11 +33,18 @@ extern "C" {
 
 /* Sets the stream (a cudaStream_t, or NULL for the legacy default stream) of
  * a CUDA context. The caller keeps ownership of the stream. Pending plan
- * uploads are drained first; kernels already enqueued on the old stream are
- * not: a context's runs share its workspace (split-KV partials, the prefill
- * tile counters), so they must not overlap in time. Order the old stream's
- * work before the new stream's (an event, or a synchronize) before running on
- * the new one; use one context per stream for concurrent streams. */
+ * uploads are drained first (a host wait for their copies); when the new
+ * stream is capturing a graph, where a host wait would end the capture, that
+ * wait is left to the context's next plan upload or stream change outside
+ * capture, which then synchronizes the device once. So a graph can be
+ * captured on a stream of its own over a context planned on another. Kernels
+ * already enqueued on the old stream are not drained: a context's runs share
+ * its workspace (split-KV partials, the prefill tile counters), so they must
+ * not overlap in time. Order the old stream's work before the new stream's
+ * (an event, or a synchronize) before running on the new one; use one
+ * context per stream for concurrent streams. Plan on the stream the runs (or
+ * the graph's replays) are issued on: a plan's upload is ordered before them
+ * by that stream only. */
 KVA_API kva_status kva_cuda_context_set_stream(kva_context *ctx, void *stream);
 /* The context's stream (NULL = legacy default stream). */
 KVA_API kva_status kva_cuda_context_get_stream(const kva_context *ctx, void **out);

@@ -338,4 +338,12 @@ kva_pool_check = _proto("kva_pool_check", c_int, _P)
 # with a status on other backends), looked up defensively all the same.
 kva_cuda_context_set_stream = _proto("kva_cuda_context_set_stream", c_int, _P, _P)
 
+
+class CudaCapacity(_Struct):
+    _fields_ = [("max_requests", c_int32), ("max_tokens", c_int32), ("max_block_table", c_int64),
+                ("num_heads", c_int32), ("num_kv_heads", c_int32), ("head_dim_v", c_int32)]
+
+
+kva_cuda_context_reserve = _proto("kva_cuda_context_reserve", c_int, _P, POINTER(CudaCapacity))
+
 __all__ = ["lib", "c_uint8"]

@@ -133,6 +133,21 @@ class Context:
             _check(L.kva_cuda_context_set_stream(self._h, addr))
             self._stream = addr
 
+    def reserve(self, max_requests, max_tokens, max_block_table, num_heads, num_kv_heads,
+                head_dim_v):
+        """CUDA: kva_cuda_context_reserve - grows the context's device metadata
+        and workspace to hold any plan of at most max_requests requests,
+        max_tokens query tokens and max_block_table page-table entries
+        (requests x the plan's block_table width) of this attention shape, so
+        that later plans within it keep the buffers (and a CUDA graph captured
+        over run() stays valid). Synchronizes the stream; refused during
+        capture. Other backends keep no device metadata: nothing to do."""
+        if self.device != T.CUDA:
+            return
+        cap = L.CudaCapacity(max_requests, max_tokens, max_block_table, num_heads,
+                             num_kv_heads, head_dim_v)
+        _check(L.kva_cuda_context_reserve(self._h, _byref(cap)))
+
     def close(self):
         if getattr(self, "_h", None):
             L.kva_context_destroy(self._h)

@@ -9,6 +9,7 @@
  * tensor-core prefill kernel (its launch is in the graph with 0 tiles for A);
  * then A is planned again and the graph replayed a third time.
  * Every layer's output of every replay is compared with the reference.
+ * Then a capture on a stream other than the one the context planned on.
  * Exits 77 without a GPU.
  */
 #include "batchgen.h"
@@ -28,8 +29,8 @@ typedef struct layer {
 } layer;
 
 /* Compares every layer's device output with the reference for batch b. */
-static void compare_layers(kva_context *ref, layer *ly, const kva_test_batch *b, const char *label,
-                           int mma)
+static void compare_layers(kva_context *ref, layer *ly, int nl, const kva_test_batch *b,
+                           const char *label, int mma)
 {
     /* Rows from prefill_mma or the tensor-core decode (the default for this
      * shape): P rounded to bf16 for P V, + 2^-8 * max|v|. */
@@ -40,12 +41,12 @@ static void compare_layers(kva_context *ref, layer *ly, const kva_test_batch *b,
     const size_t n = (size_t)b->T * H * D, es = 2;
     void *want = malloc(n * es), *got = malloc(n * es);
     size_t bad = 0;
-    for (int l = 0; l < L; l++) {
+    for (int l = 0; l < nl; l++) {
         CHECK_OK(kva_attention_run(ref, pr, ly[l].q, ly[l].hc, NULL, want, NULL));
         to_host(got, ly[l].dout, n * es);
         bad += kva_test_compare(label, got, want, DT, n, atol, kva_test_rtol(DT));
     }
-    CHECK_MSG(bad == 0, "%s: %zu mismatches over %d layers", label, bad, L);
+    CHECK_MSG(bad == 0, "%s: %zu mismatches over %d layers", label, bad, nl);
     free(want);
     free(got);
     kva_plan_destroy(pr);
@@ -115,7 +116,7 @@ static void test_graph_replay(void)
     const int mma_dec =
         plan_a && ((const kva__cuda_plan *)plan_a->device)->decode_kernel == KVA__CUDA_K_DECODE_MMA;
     CHECK(mma_dec);
-    compare_layers(ref, ly, &ba, "replay A", mma_dec);
+    compare_layers(ref, ly, L, &ba, "replay A", mma_dec);
 
     /* New plan, same shape: the same graph now computes step B. */
     kva_plan_destroy(plan_a);
@@ -130,7 +131,7 @@ static void test_graph_replay(void)
         CUDA_OK(cudaMemsetAsync(ly[l].dout, 0xff, nq * 2, stream));
     CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
-    compare_layers(ref, ly, &bb, "replay B", 1);
+    compare_layers(ref, ly, L, &bb, "replay B", 1);
 
     /* Back to decodes only: the prefill kernel's tile count returns to 0. */
     kva_plan_destroy(plan_b);
@@ -140,7 +141,7 @@ static void test_graph_replay(void)
         CUDA_OK(cudaMemsetAsync(ly[l].dout, 0xff, nq * 2, stream));
     CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
-    compare_layers(ref, ly, &ba, "replay A again", mma_dec);
+    compare_layers(ref, ly, L, &ba, "replay A again", mma_dec);
 
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
@@ -159,6 +160,91 @@ static void test_graph_replay(void)
     kva_test_batch_free(&bb);
 }
 
+/* A graph captured on a stream of its own over a context planned on another
+ * (what torch.cuda.graph does: it captures on a side stream): moving the
+ * context onto the capturing stream must not wait on the host (that would end
+ * the capture), and the planning stream's uploads stay safe: the drain runs at
+ * the next plan. Then plan B on the planning stream, replay there. */
+static void test_capture_on_other_stream(void)
+{
+    enum { NL = 2 };
+    kva_rng rng = {321};
+    const int32_t qa[4] = {1, 1, 1, 1}, sa[4] = {40, 300, 1000, 5};
+    const int32_t qb[4] = {1, 1, 1, 1}, sb[4] = {700, 2, 90, 2500};
+    kva_test_batch ba, bb;
+    kva_test_batch_init(&ba, &rng, 4, qa, sa, BS, 2, 0);
+    kva_test_batch_init(&bb, &rng, 4, qb, sb, BS, 2, 1);
+    const int32_t NB = ba.num_blocks > bb.num_blocks ? ba.num_blocks : bb.num_blocks;
+    kva_context_desc rd = {KVA_BACKEND_REF, 0, 0}, gd = {KVA_BACKEND_CUDA, 0, 0};
+    kva_context *ref = NULL, *gpu = NULL;
+    CHECK_OK(kva_context_create(&rd, &ref));
+    CHECK_OK(kva_context_create(&gd, &gpu));
+    cudaStream_t main_s = NULL, cap_s = NULL;
+    CUDA_OK(cudaStreamCreateWithFlags(&main_s, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreateWithFlags(&cap_s, cudaStreamNonBlocking));
+    CHECK_OK(kva_cuda_context_set_stream(gpu, main_s));
+    kva_cuda_capacity cap = {4, 4, 4 * 512, H, HKV, D};
+    CHECK_OK(kva_cuda_context_reserve(gpu, &cap));
+    layer ly[NL];
+    kva_cache_desc cd = {NB, BS, HKV, D, D, DT, KVA_LAYOUT_NHD, KVA_QUANT_NONE, KVA_ATTN_MHA};
+    const size_t nq = (size_t)4 * H * D;
+    for (int l = 0; l < NL; l++) {
+        CHECK_OK(kva_cache_create(ref, &cd, &ly[l].hc));
+        CHECK_OK(kva_cache_create(gpu, &cd, &ly[l].dc));
+        void *k, *v;
+        kva_cache_data(ly[l].hc, &k, &v);
+        size_t rows = (size_t)NB * BS * HKV;
+        kva_test_fill_uniform(k, DT, rows * D, &rng);
+        kva_test_fill_uniform(v, DT, rows * D, &rng);
+        cache_upload(ly[l].dc, ly[l].hc);
+        ly[l].q = malloc(nq * 2);
+        kva_test_fill_uniform(ly[l].q, DT, nq, &rng);
+        ly[l].dq = dev_from(ly[l].q, nq * 2);
+        ly[l].dout = dev_poisoned(nq * 2);
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    kva_plan_desc pa = kva_test_batch_plan_desc(&ba, H, HKV, D, D, DT);
+    kva_plan *plan = NULL;
+    CHECK_OK(kva_plan_create(gpu, &pa, &plan)); /* its upload is pending on main_s */
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    CUDA_OK(cudaStreamBeginCapture(cap_s, cudaStreamCaptureModeGlobal));
+    CHECK_OK(kva_cuda_context_set_stream(gpu, cap_s));
+    for (int l = 0; l < NL; l++)
+        CHECK_OK(kva_attention_run(gpu, plan, ly[l].dq, ly[l].dc, NULL, ly[l].dout, NULL));
+    CUDA_OK(cudaStreamEndCapture(cap_s, &graph)); /* fails if the capture was invalidated */
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK_OK(kva_cuda_context_set_stream(gpu, main_s)); /* the deferred drain */
+    CUDA_OK(cudaGraphLaunch(exec, main_s));
+    CUDA_OK(cudaStreamSynchronize(main_s));
+    compare_layers(ref, ly, NL, &ba, "other-stream capture, A", 1);
+    kva_plan_destroy(plan);
+    plan = NULL;
+    kva_plan_desc pb = kva_test_batch_plan_desc(&bb, H, HKV, D, D, DT);
+    CHECK_OK(kva_plan_create(gpu, &pb, &plan));
+    for (int l = 0; l < NL; l++)
+        CUDA_OK(cudaMemsetAsync(ly[l].dout, 0xff, nq * 2, main_s));
+    CUDA_OK(cudaGraphLaunch(exec, main_s));
+    CUDA_OK(cudaStreamSynchronize(main_s));
+    compare_layers(ref, ly, NL, &bb, "other-stream capture, B", 1);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    kva_plan_destroy(plan);
+    for (int l = 0; l < NL; l++) {
+        kva_cache_destroy(ly[l].hc);
+        kva_cache_destroy(ly[l].dc);
+        free(ly[l].q);
+        cudaFree(ly[l].dq);
+        cudaFree(ly[l].dout);
+    }
+    kva_context_destroy(gpu);
+    kva_context_destroy(ref);
+    cudaStreamDestroy(main_s);
+    cudaStreamDestroy(cap_s);
+    kva_test_batch_free(&ba);
+    kva_test_batch_free(&bb);
+}
+
 #endif /* KVA_HAVE_CUDA */
 
 int main(void)
@@ -168,6 +254,7 @@ int main(void)
         return skip;
 #ifdef KVA_HAVE_CUDA
     RUN(test_graph_replay);
+    RUN(test_capture_on_other_stream);
 #endif
     return kva_test_finish();
 }

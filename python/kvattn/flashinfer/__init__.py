@@ -53,6 +53,7 @@ from .. import _tensor as T
 from ..core import Cache, Context, Plan, merge_states as _merge
 from .._errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
 from .._fi_mla import BatchMLAPagedAttentionWrapper  # noqa: F401 (public here)
+from .. import _fi_graph as G
 from .._fi_common import (  # noqa: F401 (get_alibi_slopes is public here)
     LN2,
     _dtype,
@@ -95,8 +96,9 @@ class _PagedWrapper:
     FlashInfer plan() (one per cache form and run-time window/scale), the
     cache views and run()."""
 
-    def __init__(self, float_workspace_buffer, kv_layout, context):
+    def __init__(self, float_workspace_buffer, kv_layout, context, graph=None):
         _check_name("kv_layout", kv_layout, ("NHD", "HND"))
+        self._graph = graph  # _fi_graph.GraphMode in FlashInfer's CUDA-graph mode
         self._layout = 0 if kv_layout == "NHD" else 1
         self._ctx = _context_for(float_workspace_buffer, context)
         self._views = _KVCacheViews()
@@ -117,6 +119,7 @@ class _PagedWrapper:
             raise UnsupportedError("pos_encoding_mode %r: kvattn applies no RoPE inside attention"
                                    " (apply it to q and k before the call)" % (pos_encoding_mode,))
         qdt = _dtype(q_data_type)
+        old = (self._args, self._alibi_lse, self._plans)
         for name, x in (("kv_data_type", kv_data_type), ("o_data_type", o_data_type)):
             if x is not None and _dtype(x) != qdt:
                 raise UnsupportedError("%s %s differs from q_data_type: kvattn's wrapped caches "
@@ -133,8 +136,12 @@ class _PagedWrapper:
         self._alibi_lse = _alibi_lse_shift(qo_indptr, seq_lens, self._args["alibi_slopes"])
         self._plans = {}
         # Validates the metadata now, as FlashInfer's plan() does, for the cache
-        # form of the last run.
-        self._plan_for(self._last_mult, None, 1.0)
+        # form of the last run; a refused plan leaves the wrapper as it was.
+        try:
+            self._plan_for(self._last_mult, None, 1.0)
+        except BaseException:
+            self._args, self._alibi_lse, self._plans = old
+            raise
         self._given = given
 
     def _forward(self, q, paged_kv_cache, return_lse, q_scale, k_scale, v_scale, **mask):
@@ -162,6 +169,10 @@ class _PagedWrapper:
             if window_left is not None:
                 kw["window_left"] = window_left
             kw["scale"] = _sm_scale(a["scale"], a["head_dim"], scale_mul)
+            if self._ctx.device == T.CUDA:
+                G.on_current_stream(self._ctx)
+            if self._graph is not None:
+                self._graph.reserve(self._ctx, kw)
             p = Plan(self._ctx, **kw)
             if self._ctx.device == T.CUDA:
                 self._plans.clear()  # a CUDA context's newer plan makes older ones stale
@@ -198,6 +209,8 @@ class _PagedWrapper:
         sm = float(q_scale if q_scale is not None else 1.0) * \
             float(k_scale if k_scale is not None else 1.0)
         wl = None if window_left is None or window_left == a["window_left"] else window_left
+        if G.capturing(ctx, q):
+            G.refuse_uncaptured(self._graph, (mult, wl, sm) in self._plans)
         self._last_mult = mult
         plan = self._plan_for(mult, wl, sm)
         want_lse = return_lse or lse is not None
@@ -231,7 +244,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
                  paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
                  backend="auto", jit_args=None, *, context=None):
         _refuse_custom_variant(jit_args)
-        super().__init__(float_workspace_buffer, kv_layout, context)
+        graph = G.GraphMode.decode(paged_kv_indptr_buffer, paged_kv_indices_buffer,
+                                   paged_kv_last_page_len_buffer) if use_cuda_graph else None
+        super().__init__(float_workspace_buffer, kv_layout, context, graph)
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
              page_size, pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None,
@@ -257,6 +272,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
                                    % (is_causal, n))
         sl, bt = _paged_metadata(indptr, indices, last_page_len, page_size)
         r = sl.shape[0]
+        if self._graph is not None:
+            self._graph.check_plan(r, T.view(indices, "indices").shape[0], r * n, n)
         if n > 1 and r and sl.min() < n:
             raise InvalidArgumentError("q_len_per_req = %d needs kv_len >= %d for every request "
                                        "(the verified tokens are in the cache), but a request "
@@ -265,6 +282,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
                        num_kv_heads, head_dim, None, page_size,
                        bool(r == 0 or sl.min() >= 1), pos_encoding_mode, window_left,
                        logits_soft_cap, sm_scale, q_data_type, kv_data_type, o_data_type)
+        if self._graph is not None:
+            self._graph.planned(r * n, n)
 
     begin_forward = plan
 
@@ -319,7 +338,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
                  backend="auto", jit_args=None, jit_kwargs=None, variant_owns_mask=False, *,
                  context=None):
         _refuse_custom_variant(jit_args, variant_owns_mask)
-        super().__init__(float_workspace_buffer, kv_layout, context)
+        graph = G.GraphMode.prefill(qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf,
+                                    paged_kv_last_page_len_buf) if use_cuda_graph else None
+        super().__init__(float_workspace_buffer, kv_layout, context, graph)
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
              num_qo_heads, num_kv_heads, head_dim_qk, page_size, head_dim_vo=None,
@@ -345,9 +366,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
         if qo.shape != (sl.shape[0] + 1,):
             raise ShapeMismatchError("qo_indptr: shape %s, expected (%d,)"
                                      % (qo.shape, sl.shape[0] + 1))
+        rows = int(qo[-1] - qo[0])
+        if self._graph is not None:
+            self._graph.check_plan(sl.shape[0], T.view(paged_kv_indices, "paged_kv_indices")
+                                   .shape[0], rows)
         self._set_plan(qo, sl, bt, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
                        page_size, causal, pos_encoding_mode, window_left, logits_soft_cap,
                        sm_scale, q_data_type, kv_data_type, o_data_type)
+        if self._graph is not None:
+            self._graph.planned(rows)
 
     begin_forward = plan
 
@@ -545,9 +572,15 @@ class MultiLevelCascadeAttentionWrapper:
             raise InvalidArgumentError("num_levels = %r is not a positive integer"
                                        % (num_levels,))
         cuda_ctx = context is not None and context.device == T.CUDA
+
+        def buf(arr, i):  # level i's CUDA-graph buffer, FlashInfer's per-level lists
+            return arr[i] if use_cuda_graph and arr is not None else None
+
         self._levels = [
             BatchPrefillWithPagedKVCacheWrapper(
-                float_workspace_buffer, kv_layout,
+                float_workspace_buffer, kv_layout, use_cuda_graph,
+                buf(qo_indptr_buf_arr, i), buf(paged_kv_indptr_buf_arr, i),
+                buf(paged_kv_indices_buf_arr, i), buf(paged_kv_last_page_len_buf_arr, i),
                 context=Context("cuda", 0, context.device_id) if cuda_ctx and i else context)
             for i in range(int(num_levels))]
 

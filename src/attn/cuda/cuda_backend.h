@@ -189,6 +189,10 @@ typedef struct kva__cuda_state {
                                   (kva__cuda_context_balanced; 0, the default, keeps runs
                                   bitwise reproducible) */
     int deferred_write_status; /* kva_cuda_context_set_deferred_write_status */
+    int drain_deferred;        /* kva_cuda_context_set_stream moved onto a capturing stream
+                                  without draining the staging rings (no host wait may run
+                                  during capture): the next drain or upload synchronizes the
+                                  device and restarts the rings */
     size_t upload_min;         /* a plan's one copy spans at least this many bytes of the
                                   buffer (KVA__CUDA_UPLOAD_MIN unless a benchmark set it,
                                   kva__cuda_context_upload_min; 0: its used bytes) */

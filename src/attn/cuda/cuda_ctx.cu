@@ -127,8 +127,17 @@ extern "C" kva_status kva_cuda_context_set_stream(kva_context *ctx, void *stream
     kva__clear_error();
     KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
     kva__cuda_state *st = state_of(ctx);
-    /* A later upload must not overwrite staging an earlier stream still reads. */
-    KVA_TRY(kva__cuda_upload_drain(st));
+    /* A later upload must not overwrite staging an earlier stream still reads:
+     * drain the rings now, or, when the new stream is capturing a graph (a
+     * host wait or an event on the old stream would end the capture), at the
+     * next drain or upload. The legacy stream cannot capture. */
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (stream)
+        KVA_CUDA_TRY(cudaStreamIsCapturing((cudaStream_t)stream, &cs));
+    if (cs == cudaStreamCaptureStatusActive)
+        st->drain_deferred = 1;
+    else
+        KVA_TRY(kva__cuda_upload_drain(st));
     st->stream = stream;
     return KVA_STATUS_OK;
 }

@@ -157,7 +157,10 @@ kva_status kva__cuda_reserve_meta(kva__cuda_state *st, const kva__cuda_caps *nee
                          "kva_plan_create: cannot allocate %zu bytes of device metadata: %s", bytes,
                          cudaGetErrorString(e));
     }
-    /* Kernels queued earlier may still read the old buffers. */
+    /* Kernels queued earlier may still read the old buffers (and copies on
+     * a stream the context left for a capture, the old staging). */
+    if (st->drain_deferred)
+        KVA_TRY(kva__cuda_upload_drain(st));
     KVA_CUDA_TRY(cudaStreamSynchronize(STREAM(st)));
     cudaFree(st->meta_dev);
     cudaFreeHost(st->meta_host);
@@ -296,6 +299,8 @@ extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_
  */
 static kva_status staging_acquire(kva__cuda_state *st, size_t need, char **slot)
 {
+    if (st->drain_deferred)
+        KVA_TRY(kva__cuda_upload_drain(st));
     const int k = need <= st->staging_hot ? 0 : 1;
     kva__cuda_ring *r = &st->ring[k];
     size_t base = 0, half = 0;
@@ -325,6 +330,19 @@ static kva_status staging_acquire(kva__cuda_state *st, size_t need, char **slot)
 
 extern "C" kva_status kva__cuda_upload_drain(kva__cuda_state *st)
 {
+    if (st->drain_deferred) {
+        /* The stream the rings' uploads went to may be any stream the context
+         * ran on before the capture: wait for all of them. */
+        KVA_CUDA_TRY(cudaDeviceSynchronize());
+        st->drain_deferred = 0;
+        for (int k = 0; k < KVA__CUDA_RINGS; k++) {
+            kva__cuda_ring *r = &st->ring[k];
+            r->pending[0] = r->pending[1] = 0;
+            r->pos = 0;
+            r->half = 0;
+        }
+        return KVA_STATUS_OK;
+    }
     for (int k = 0; k < KVA__CUDA_RINGS; k++) {
         kva__cuda_ring *r = &st->ring[k];
         if (st->meta_host) {

@@ -1,0 +1,145 @@
+"""FlashInfer's CUDA-graph mode of the paged wrappers (use_cuda_graph=True).
+
+FlashInfer fixes a graph-mode wrapper's batch size and page count by the
+buffers given at construction, and copies each plan() into them, so a graph
+captured over run() reads the newest plan when replayed. kvattn's CUDA
+context keeps its plans in device buffers of its own that also keep their
+addresses (kvattn_cuda.h), as long as no plan needs more than they hold: a
+plan that grows them frees the old ones, which a captured graph would go on
+reading. So in graph mode the wrapper reserves the context's buffers for the
+largest plan the FlashInfer buffers allow before the first capture, and
+refuses, after a capture, a plan that would not fit instead of growing them.
+kvattn's page table is dense ([requests, the longest request's pages]), so
+the page-table reservation is the larger of the indices buffer's length and
+twice the first plan's table; a later table larger than that is fine before a
+capture (the reservation grows) and refused after one.
+Outside graph mode, run() under capture is refused: a later plan could grow
+the buffers under the graph (FlashInfer's own wrappers need graph mode for
+capture as well, their plan() allocating new buffers otherwise)."""
+
+import sys
+
+from . import _tensor as T
+from ._errors import InvalidArgumentError, UnsupportedError
+
+
+def _length(x, name):
+    if x is None:
+        raise InvalidArgumentError("%s must be a tensor in CUDA-graph mode (use_cuda_graph=True)"
+                                   % name)
+    return int(T.view(x, name).shape[0])
+
+
+class GraphMode:
+    """The graph-mode state of one paged wrapper."""
+
+    def __init__(self, batch_size, num_indices):
+        self.batch_size = batch_size
+        self.num_indices = num_indices
+        self.max_rows = None  # query rows: fixed by the first plan (FlashInfer's rule)
+        self.q_len_per_req = None  # decode: fixed by the first plan (FlashInfer's rule)
+        self.reserved = None  # (R, T, page-table entries, H, Hkv, Dv) reserved on the context
+        self.captured = False  # run() was captured into a graph
+
+    @classmethod
+    def decode(cls, indptr_buf, indices_buf, last_page_len_buf):
+        """FlashInfer's decode wrapper: batch size = len(paged_kv_last_page_len_buffer)."""
+        n_indptr = _length(indptr_buf, "paged_kv_indptr_buffer")
+        n_indices = _length(indices_buf, "paged_kv_indices_buffer")
+        bs = _length(last_page_len_buf, "paged_kv_last_page_len_buffer")
+        if n_indptr != bs + 1:
+            raise InvalidArgumentError("paged_kv_indptr_buffer must hold batch_size + 1 = %d "
+                                       "entries in CUDA-graph mode" % (bs + 1))
+        return cls(bs, n_indices)
+
+    @classmethod
+    def prefill(cls, qo_indptr_buf, indptr_buf, indices_buf, last_page_len_buf):
+        """FlashInfer's paged prefill wrapper: batch size = len(qo_indptr_buf) - 1."""
+        bs = _length(qo_indptr_buf, "qo_indptr_buf") - 1
+        if _length(indptr_buf, "paged_kv_indptr_buf") != bs + 1:
+            raise InvalidArgumentError("paged_kv_indptr_buf must hold batch_size + 1 = %d "
+                                       "entries in CUDA-graph mode" % (bs + 1))
+        if _length(last_page_len_buf, "paged_kv_last_page_len_buf") != bs:
+            raise InvalidArgumentError("paged_kv_last_page_len_buf must hold batch_size = %d "
+                                       "entries in CUDA-graph mode" % bs)
+        return cls(bs, _length(indices_buf, "paged_kv_indices_buf"))
+
+    def check_plan(self, batch_size, num_indices, rows, q_len_per_req=None):
+        """FlashInfer's graph-mode checks of plan(), before anything changes."""
+        if batch_size != self.batch_size:
+            raise InvalidArgumentError("CUDA-graph mode: the batch size %d differs from the %d "
+                                       "fixed by the buffers given at construction"
+                                       % (batch_size, self.batch_size))
+        if num_indices > self.num_indices:
+            raise InvalidArgumentError("CUDA-graph mode: %d page indices exceed the indices "
+                                       "buffer's %d" % (num_indices, self.num_indices))
+        if (q_len_per_req is not None and self.q_len_per_req is not None
+                and q_len_per_req != self.q_len_per_req):
+            raise InvalidArgumentError("CUDA-graph mode: q_len_per_req %d differs from the "
+                                       "first plan's %d (use one wrapper per q_len_per_req)"
+                                       % (q_len_per_req, self.q_len_per_req))
+        if self.max_rows is not None and rows > self.max_rows:
+            raise InvalidArgumentError("CUDA-graph mode: %d query rows exceed the %d of the "
+                                       "first plan" % (rows, self.max_rows))
+
+    def planned(self, rows, q_len_per_req=None):
+        if self.max_rows is None:
+            self.max_rows = rows
+        if self.q_len_per_req is None:
+            self.q_len_per_req = q_len_per_req
+
+    def reserve(self, ctx, kw):
+        """Before a plan on ctx (a CUDA context): keeps the device buffers the
+        graph reads, or refuses the plan after a capture."""
+        bt = kw["block_table"]
+        r, width = (bt.shape[0], bt.shape[1]) if bt.ndim == 2 else (bt.shape[0], 0)
+        rows = int(kw["query_start_loc"][-1]) if r else 0
+        shape = (kw["num_heads"], kw["num_kv_heads"], kw["head_dim_v"] or kw["head_dim"])
+        need = (r, rows, r * width)
+        have = self.reserved
+        if have is not None and have[3:] == shape and all(n <= h for n, h in zip(need, have)):
+            return
+        if self.captured:
+            raise InvalidArgumentError(
+                "CUDA-graph mode: this plan needs %d requests, %d query rows and a page table of "
+                "%d x %d = %d entries (kvattn's table is dense: requests x the longest request's "
+                "pages); the buffers reserved before the graph was captured hold %s, and growing "
+                "them would leave the captured graph reading freed memory"
+                % (r, rows, r, width, need[2], have and "%d, %d and %d" % have[:3]))
+        bt_cap = max(self.num_indices, 2 * need[2], have[2] if have and have[3:] == shape else 0)
+        cap = (self.batch_size, max(self.max_rows or 0, rows), bt_cap) + shape
+        ctx.reserve(*cap)
+        self.reserved = cap
+
+
+def capturing(ctx, q):
+    """True when q is a torch CUDA tensor and its device's current stream is
+    capturing a CUDA graph (only checked once torch is loaded)."""
+    torch = sys.modules.get("torch")
+    if torch is None or ctx.device != T.CUDA or not T.is_torch(q):
+        return False
+    return bool(torch.cuda.is_current_stream_capturing())
+
+
+def on_current_stream(ctx):
+    """Puts a CUDA context on torch's current stream of its device (when torch
+    is loaded), so that a plan's upload is ordered before the runs and graph
+    replays issued on that stream, as FlashInfer's plan() copies on it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and ctx.device == T.CUDA and torch.cuda.is_available():
+        ctx.set_stream(torch.cuda.current_stream(ctx.device_id).cuda_stream)
+
+
+def refuse_uncaptured(graph, prepared):
+    """run() under capture: needs graph mode and a plan prepared by plan()
+    (a plan made during capture would upload inside the graph)."""
+    if graph is None:
+        raise UnsupportedError(
+            "run() under CUDA graph capture needs a wrapper made with use_cuda_graph=True and its "
+            "buffers (FlashInfer's CUDA-graph mode): without them a later plan() may grow the "
+            "context's device buffers, which the captured graph would go on reading")
+    if not prepared:
+        raise UnsupportedError(
+            "run() under CUDA graph capture with a cache form, window_left or q/k scale that "
+            "plan() did not prepare: run once with these arguments before capturing")
+    graph.captured = True

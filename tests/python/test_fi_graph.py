@@ -1,0 +1,239 @@
+"""FlashInfer's CUDA-graph mode of kvattn.flashinfer's paged wrappers
+(use_cuda_graph=True, python/kvattn/_fi_graph.py): the buffers fix the batch
+size and page count as in FlashInfer, a graph-mode wrapper keeps the device
+buffers a captured graph reads (and refuses, after a capture, a plan that
+would grow them), and run() under capture is refused outside graph mode. On
+a GPU: SGLang's decode pattern (capture run() once on a side stream, then
+fast_decode_plan on the main stream and replay, step after step, with
+growing contexts and new pages), every replay checked against the numpy
+reference. Without a GPU the capture query is stubbed."""
+
+import functools
+
+import numpy as np
+import pytest
+
+import kvattn
+from kvattn import _fi_graph
+from kvattn import flashinfer as fi
+from poison import poisoned, untouched
+from reference import attention
+from test_flashinfer import random_paged
+
+H, HKV, D, PAGE = 4, 2, 64, 8
+
+
+def _bufs(bs, n):
+    return dict(paged_kv_indptr_buffer=np.zeros(bs + 1, np.int32),
+                paged_kv_indices_buffer=np.zeros(n, np.int32),
+                paged_kv_last_page_len_buffer=np.zeros(bs, np.int32))
+
+
+def _case(seed, kv_lens, spare=2):
+    rng = np.random.default_rng(seed)
+    paged, indptr, indices, last, keys, values = random_paged(
+        rng, list(kv_lens), PAGE, HKV, D, "NHD", np.float32, False, spare)
+    q = rng.standard_normal((len(kv_lens), H, D)).astype(np.float32)
+    return paged, indptr, indices, last, keys, values, q
+
+
+def _plan(w, indptr, indices, last, **kw):
+    w.plan(indptr, indices, last, H, HKV, D, PAGE, q_data_type="float32", **kw)
+
+
+def test_graph_mode_needs_its_buffers():
+    """use_cuda_graph=True without the buffers, or with an indptr buffer not
+    batch_size + 1 long, is refused (ValueError, as FlashInfer's)."""
+    with pytest.raises(ValueError, match="paged_kv_indptr_buffer"):
+        fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD", use_cuda_graph=True)
+    b = _bufs(3, 10)
+    b["paged_kv_indptr_buffer"] = np.zeros(3, np.int32)
+    with pytest.raises(kvattn.InvalidArgumentError, match="batch_size"):
+        fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD", use_cuda_graph=True, **b)
+    with pytest.raises(ValueError, match="qo_indptr_buf"):
+        fi.BatchPrefillWithPagedKVCacheWrapper(None, "NHD", use_cuda_graph=True)
+    with pytest.raises(kvattn.InvalidArgumentError, match="paged_kv_last_page_len_buf"):
+        fi.BatchPrefillWithPagedKVCacheWrapper(
+            None, "NHD", use_cuda_graph=True, qo_indptr_buf=np.zeros(4, np.int32),
+            paged_kv_indptr_buf=np.zeros(4, np.int32), paged_kv_indices_buf=np.zeros(9, np.int32),
+            paged_kv_last_page_len_buf=np.zeros(2, np.int32))
+
+
+def test_graph_mode_plan_rules():
+    """A graph-mode decode plan with another batch size, more page indices
+    than the buffer or another q_len_per_req is refused and the previous plan
+    stands; the prefill wrapper refuses more query rows than its first plan."""
+    paged, indptr, indices, last, keys, values, q = _case(1, (30, 50, 9))
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD", use_cuda_graph=True,
+                                              **_bufs(3, len(indices)))
+    _plan(w, indptr, indices, last)
+    ref, _ = attention(q, keys, values, [1, 1, 1], causal=True)
+    np.testing.assert_allclose(w.run(q, paged), ref, rtol=1e-5, atol=1e-5)
+    p2, ip2, ix2, l2, *_ = _case(2, (30, 50))
+    with pytest.raises(kvattn.InvalidArgumentError, match="batch size 2"):
+        _plan(w, ip2, ix2, l2)
+    ix3 = np.concatenate([indices, indices[:1]])
+    with pytest.raises(kvattn.InvalidArgumentError, match="page indices"):
+        _plan(w, indptr, ix3, last)
+    with pytest.raises(kvattn.InvalidArgumentError, match="q_len_per_req"):
+        _plan(w, indptr, indices, last, q_len_per_req=2)
+    np.testing.assert_allclose(w.run(q, paged), ref, rtol=1e-5, atol=1e-5)
+
+    qo = np.array([0, 4, 6, 7], np.int32)
+    pw = fi.BatchPrefillWithPagedKVCacheWrapper(
+        None, "NHD", use_cuda_graph=True, qo_indptr_buf=np.zeros(4, np.int32),
+        paged_kv_indptr_buf=np.zeros(4, np.int32), paged_kv_indices_buf=indices.copy(),
+        paged_kv_last_page_len_buf=np.zeros(3, np.int32))
+    pw.plan(qo, indptr, indices, last, H, HKV, D, PAGE, causal=True, q_data_type="float32")
+    with pytest.raises(kvattn.InvalidArgumentError, match="query rows"):
+        pw.plan(np.array([0, 4, 7, 8], np.int32), indptr, indices, last, H, HKV, D, PAGE,
+                causal=True, q_data_type="float32")
+
+
+def test_capture_outside_graph_mode_is_refused(monkeypatch):
+    """run() under capture (stubbed: the VM has no GPU) is refused outside
+    graph mode and writes nothing; in graph mode it runs."""
+    torch = pytest.importorskip("torch")
+    paged, indptr, indices, last, keys, values, q = _case(3, (30, 50, 9))
+    tq, tkv = torch.from_numpy(q), tuple(torch.from_numpy(x) for x in paged)
+    assert not _fi_graph.capturing(kvattn.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(8, dtype=torch.uint8), "NHD")._ctx, tq)  # CPU tensors never capture
+    monkeypatch.setattr(_fi_graph, "capturing", lambda ctx, q: True)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8, dtype=torch.uint8), "NHD")
+    _plan(w, indptr, indices, last)
+    out = torch.from_numpy(poisoned((3, H, D)))
+    with pytest.raises(kvattn.UnsupportedError, match="use_cuda_graph"):
+        w.run(tq, tkv, out=out)
+    assert untouched(out.numpy())
+    g = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8, dtype=torch.uint8), "NHD",
+                                              use_cuda_graph=True, **_bufs(3, len(indices)))
+    _plan(g, indptr, indices, last)
+    with pytest.raises(kvattn.UnsupportedError, match="did not prepare"):
+        g.run(tq, tkv, out=out, window_left=3)  # a window plan() did not make
+    assert untouched(out.numpy())
+    g.run(tq, tkv, out=out)
+    ref, _ = attention(q, keys, values, [1, 1, 1], causal=True)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_growth_after_capture_is_refused(monkeypatch):
+    """After a (stubbed) capture, a plan whose dense page table exceeds what
+    graph mode reserved is refused and the previous plan stands; before a
+    capture the same plan is accepted (the reservation grows)."""
+    torch = pytest.importorskip("torch")
+    lens0 = (9, 9, 9)  # 2 pages each: the reservation is max(indices buffer 40, 2 x 3 x 2)
+    paged, indptr, indices, last, keys, values, q = _case(4, lens0, spare=40)
+    big = (9, 9, 200)  # 25 pages in one request: a table of 3 x 25 = 75 > 40
+    _, bip, bix, bl, *_ = _case(5, big)
+    tkv = tuple(torch.from_numpy(x) for x in paged)
+    bix = bix % paged[0].shape[0]
+    nidx = 40
+    for captured in (False, True):
+        w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8, dtype=torch.uint8), "NHD",
+                                                  use_cuda_graph=True, **_bufs(3, nidx))
+        _plan(w, indptr, indices, last)
+        if captured:
+            monkeypatch.setattr(_fi_graph, "capturing", lambda ctx, q: True)
+            w.run(torch.from_numpy(q), tkv)
+            monkeypatch.undo()
+            with pytest.raises(kvattn.InvalidArgumentError, match="freed memory"):
+                _plan(w, bip, bix[:nidx], bl)
+            ref, _ = attention(q, keys, values, [1, 1, 1], causal=True)
+            np.testing.assert_allclose(w.run(torch.from_numpy(q), tkv).numpy(), ref,
+                                       rtol=1e-5, atol=1e-5)
+        else:
+            _plan(w, bip, bix[:nidx], bl)  # no capture yet: the reservation grows
+
+
+def _torch_case(torch, rng, kv_lens, pool, dev):
+    """New pages (a random subset of the pool) for kv_lens, q, and the
+    reference over the pool's contents."""
+    npages = [-(-s // PAGE) for s in kv_lens]
+    ix = rng.permutation(pool[0].shape[0])[: sum(npages)].astype(np.int32)
+    ip = np.concatenate([[0], np.cumsum(npages)]).astype(np.int32)
+    last = np.array([s - (n - 1) * PAGE for s, n in zip(kv_lens, npages)], np.int32)
+    keys = [pool[0][ix[ip[r]:ip[r + 1]]].reshape(-1, HKV, D)[:s] for r, s in enumerate(kv_lens)]
+    vals = [pool[1][ix[ip[r]:ip[r + 1]]].reshape(-1, HKV, D)[:s] for r, s in enumerate(kv_lens)]
+    q = rng.standard_normal((len(kv_lens), H, D)).astype(np.float32)
+    ref, _ = attention(q, keys, vals, [1] * len(kv_lens), causal=True)
+    return (torch.from_numpy(ip).to(dev), torch.from_numpy(ix).to(dev),
+            torch.from_numpy(last).to(dev), q, ref)
+
+
+def test_cuda_sglang_graph_decode_pattern():
+    """SGLang's decode under CUDA graphs on the GPU: plan, warm up and capture
+    run() on a side stream, then per step fast_decode_plan (installed as
+    w.plan) on the main stream with new context lengths and pages, q copied
+    into the captured input, replay; every replay equals the reference. A
+    plan beyond the reservation after the capture is refused and the last
+    plan still replays right."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    dev = torch.device("cuda")
+    rng = np.random.default_rng(6)
+    bs, nidx, nblocks = 4, 4 * 64, 400
+    dt = torch.bfloat16
+    kc = rng.standard_normal((nblocks, PAGE, HKV, D)).astype(np.float32)
+    vc = rng.standard_normal((nblocks, PAGE, HKV, D)).astype(np.float32)
+    # the reference reads the values the bf16 cache holds
+    kc = torch.from_numpy(kc).to(dt).float().numpy()
+    vc = torch.from_numpy(vc).to(dt).float().numpy()
+    kv = (torch.from_numpy(kc).to(dev, dt), torch.from_numpy(vc).to(dev, dt))
+    bufs = dict(paged_kv_indptr_buffer=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
+                paged_kv_indices_buffer=torch.zeros(nidx, dtype=torch.int32, device=dev),
+                paged_kv_last_page_len_buffer=torch.zeros(bs, dtype=torch.int32, device=dev))
+    ws = torch.empty(1 << 20, dtype=torch.uint8, device=dev)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=True, **bufs)
+    w.plan = functools.partial(fi.decode.fast_decode_plan, w)
+    pool = (kc, vc)
+
+    def plan(ip, ix, last):
+        w.plan(ip, ix, last, H, HKV, D, PAGE, data_type=dt)
+
+    ip, ix, last, q, ref = _torch_case(torch, rng, [5, 17, 33, 2], pool, dev)
+    plan(ip, ix, last)
+    q_static = torch.from_numpy(q).to(dev, dt)
+    for _ in range(2):  # warm-up on the main stream: the capture then moves the context
+        w.run(q_static, kv)  # onto the side stream while it captures (a deferred drain)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=side):
+        out = w.run(q_static, kv)
+    g.replay()
+    torch.cuda.synchronize()
+    tol = dict(rtol=2e-2, atol=2e-2)
+    q_ref = q_static.float().cpu().numpy()
+    ref0, _ = attention(q_ref, *_kv_of(ip, ix, last, pool), [1] * bs, causal=True)
+    np.testing.assert_allclose(out.float().cpu().numpy(), ref0, **tol)
+    for step, lens in enumerate([[9, 40, 100, 3], [200, 1, 64, 130], [500, 300, 8, 2],
+                                 [512, 511, 510, 509], [1, 1, 1, 1]]):
+        ip, ix, last, q, ref = _torch_case(torch, rng, lens, pool, dev)
+        plan(ip, ix, last)
+        q_static.copy_(torch.from_numpy(q).to(dev, dt))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        q_ref = q_static.float().cpu().numpy()
+        ref, _ = attention(q_ref, *_kv_of(ip, ix, last, pool), [1] * bs, causal=True)
+        np.testing.assert_allclose(out.float().cpu().numpy(), ref, err_msg="step %d" % step,
+                                   **tol)
+    # 4 requests x 100 pages = 400 table entries > the reservation (max(256, 2 x 4 x 5))
+    ip2, ix2, last2, *_ = _torch_case(torch, rng, [800, 8, 8, 8], pool, dev)
+    with pytest.raises(kvattn.InvalidArgumentError, match="freed memory"):
+        plan(ip2, ix2, last2)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(out.float().cpu().numpy(), ref, **tol)
+
+
+def _kv_of(ip, ix, last, pool):
+    ip, ix, last = ip.cpu().numpy(), ix.cpu().numpy(), last.cpu().numpy()
+    keys, vals = [], []
+    for r in range(len(last)):
+        s = (ip[r + 1] - ip[r] - 1) * PAGE + last[r]
+        keys.append(pool[0][ix[ip[r]:ip[r + 1]]].reshape(-1, HKV, D)[:s])
+        vals.append(pool[1][ix[ip[r]:ip[r + 1]]].reshape(-1, HKV, D)[:s])
+    return keys, vals
