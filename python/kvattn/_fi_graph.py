@@ -64,13 +64,21 @@ class GraphMode:
                                        "entries in CUDA-graph mode" % bs)
         return cls(bs, _length(indices_buf, "paged_kv_indices_buf"))
 
+    @classmethod
+    def mla(cls, qo_indptr, kv_indices):
+        """FlashInfer's MLA wrapper: its CSR buffers, where given, fix the batch
+        size (len(qo_indptr) - 1) and the page count; without them (a dense
+        page table) nothing is fixed but the first plan's query rows."""
+        bs = _length(qo_indptr, "qo_indptr") - 1 if qo_indptr is not None else None
+        return cls(bs, _length(kv_indices, "kv_indices") if kv_indices is not None else 0)
+
     def check_plan(self, batch_size, num_indices, rows, q_len_per_req=None):
         """FlashInfer's graph-mode checks of plan(), before anything changes."""
-        if batch_size != self.batch_size:
+        if self.batch_size is not None and batch_size != self.batch_size:
             raise InvalidArgumentError("CUDA-graph mode: the batch size %d differs from the %d "
                                        "fixed by the buffers given at construction"
                                        % (batch_size, self.batch_size))
-        if num_indices > self.num_indices:
+        if self.num_indices and num_indices > self.num_indices:
             raise InvalidArgumentError("CUDA-graph mode: %d page indices exceed the indices "
                                        "buffer's %d" % (num_indices, self.num_indices))
         if (q_len_per_req is not None and self.q_len_per_req is not None
@@ -107,7 +115,8 @@ class GraphMode:
                 "them would leave the captured graph reading freed memory"
                 % (r, rows, r, width, need[2], have and "%d, %d and %d" % have[:3]))
         bt_cap = max(self.num_indices, 2 * need[2], have[2] if have and have[3:] == shape else 0)
-        cap = (self.batch_size, max(self.max_rows or 0, rows), bt_cap) + shape
+        reqs = self.batch_size if self.batch_size is not None else max(r, have[0] if have else 0)
+        cap = (reqs, max(self.max_rows or 0, rows), bt_cap) + shape
         ctx.reserve(*cap)
         self.reserved = cap
 

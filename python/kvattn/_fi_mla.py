@@ -7,6 +7,7 @@ import numpy as np
 
 from . import _lib as L
 from . import _tensor as T
+from . import _fi_graph as G
 from .core import Cache, Plan
 from ._errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
 from ._fi_common import _dtype, _context_for, _paged_metadata, _causal_for, _staged, _unstage, \
@@ -43,6 +44,7 @@ class BatchMLAPagedAttentionWrapper:
         self._ctx = _context_for(float_workspace_buffer, context)
         self._plan = None
         self._caches = {}
+        self._graph = G.GraphMode.mla(qo_indptr, kv_indices) if use_cuda_graph else None
 
     def plan(self, qo_indptr=None, kv_indptr=None, kv_indices=None, kv_len_arr=None,
              num_heads=None, head_dim_ckv=None, head_dim_kpe=None, page_size=None, causal=None,
@@ -102,14 +104,27 @@ class BatchMLAPagedAttentionWrapper:
         else:
             raise InvalidArgumentError("plan(): needs qo_indptr, kv_indptr, kv_indices and "
                                        "kv_len_arr, or cum_seq_lens_q, block_tables and seq_lens")
+        rows = int(qo[-1] - qo[0]) if len(qo) else 0
+        if self._graph is not None:
+            self._graph.check_plan(len(kl), len(csr[2]) if csr[2] is not None else 0, rows)
+        if self._ctx.device == T.CUDA:
+            G.on_current_stream(self._ctx)
+        if self._graph is not None:
+            self._graph.reserve(self._ctx, dict(block_table=bt, query_start_loc=qo,
+                                                num_heads=num_heads, num_kv_heads=1,
+                                                head_dim_v=head_dim_ckv, head_dim=None))
+        plan = Plan(self._ctx, qo, kl, bt, block_size=page_size, num_heads=num_heads,
+                    num_kv_heads=1, head_dim=head_dim_ckv + head_dim_kpe,
+                    head_dim_v=head_dim_ckv, q_dtype=qdt, scale=sm_scale,
+                    causal=_causal_for(bool(causal), qo, kl),
+                    decode_threshold=decode_threshold, kind="mla",
+                    mla_qk_nope_head_dim=qk_nope_head_dim, mla_v_head_dim=v_head_dim)
+        # Only a plan that was made changes the wrapper (a refused one leaves it as it was).
+        self._plan = plan
         self._dims = (num_heads, head_dim_ckv, head_dim_kpe, qk_nope_head_dim, v_head_dim)
         self._page_size = page_size
-        self._plan = Plan(self._ctx, qo, kl, bt, block_size=page_size, num_heads=num_heads,
-                          num_kv_heads=1, head_dim=head_dim_ckv + head_dim_kpe,
-                          head_dim_v=head_dim_ckv, q_dtype=qdt, scale=sm_scale,
-                          causal=_causal_for(bool(causal), qo, kl),
-                          decode_threshold=decode_threshold, kind="mla",
-                          mla_qk_nope_head_dim=qk_nope_head_dim, mla_v_head_dim=v_head_dim)
+        if self._graph is not None:
+            self._graph.planned(rows)
 
     begin_forward = plan
 
@@ -196,6 +211,8 @@ class BatchMLAPagedAttentionWrapper:
         p = self._plan
         if p is None:
             raise InvalidArgumentError("%s before plan()" % what)
+        if G.capturing(self._ctx, q):
+            G.refuse_uncaptured(self._graph, True)
         if self._ctx.device == T.CUDA and T.is_torch(q):
             import torch
 

@@ -237,3 +237,49 @@ def _kv_of(ip, ix, last, pool):
         keys.append(pool[0][ix[ip[r]:ip[r + 1]]].reshape(-1, HKV, D)[:s])
         vals.append(pool[1][ix[ip[r]:ip[r + 1]]].reshape(-1, HKV, D)[:s])
     return keys, vals
+
+
+def test_mla_graph_mode(monkeypatch):
+    """The MLA wrapper: a graph-mode plan with another batch size is refused
+    and the previous plan stands; run() under (stubbed) capture is refused
+    outside graph mode, writing nothing; in graph mode it runs, and a later
+    plan whose page table exceeds the reservation is refused."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    kv = rng.standard_normal((40, 8, 80)).astype(np.float16)
+    qn = torch.from_numpy(rng.standard_normal((2, 4, 64)).astype(np.float16))
+    qp = torch.from_numpy(rng.standard_normal((2, 4, 16)).astype(np.float16))
+    ckv, kpe = torch.from_numpy(kv[..., :64]), torch.from_numpy(kv[..., 64:])
+    ws = torch.empty(8, dtype=torch.uint8)
+    args = (4, 64, 16, 8, False, 0.1, "float16", "float16")
+
+    def plan(m, lens, pages):
+        ip = np.concatenate([[0], np.cumsum([-(-s // 8) for s in lens])]).astype(np.int32)
+        m.plan(np.arange(len(lens) + 1, dtype=np.int32), ip, pages[: ip[-1]],
+               np.array(lens, np.int32), *args)
+
+    pages = rng.permutation(40).astype(np.int32)
+    g = fi.BatchMLAPagedAttentionWrapper(ws, use_cuda_graph=True,
+                                         qo_indptr=np.zeros(3, np.int32),
+                                         kv_indptr=np.zeros(3, np.int32),
+                                         kv_indices=np.zeros(8, np.int32),
+                                         kv_len_arr=np.zeros(2, np.int32))
+    plan(g, [5, 12], pages)
+    ref = g.run(qn, qp, ckv, kpe).numpy()
+    with pytest.raises(kvattn.InvalidArgumentError, match="batch size 3"):
+        plan(g, [5, 12, 3], pages)
+    np.testing.assert_array_equal(g.run(qn, qp, ckv, kpe).numpy(), ref)
+    m = fi.BatchMLAPagedAttentionWrapper(ws)
+    plan(m, [5, 12], pages)
+    monkeypatch.setattr(_fi_graph, "capturing", lambda ctx, q: True)
+    out = torch.from_numpy(poisoned((2, 4, 64), np.float16))
+    with pytest.raises(kvattn.UnsupportedError, match="use_cuda_graph"):
+        m.run(qn, qp, ckv, kpe, out=out)
+    assert untouched(out.numpy())
+    g.run(qn, qp, ckv, kpe, out=out)
+    np.testing.assert_array_equal(out.numpy(), ref)
+    # 8 pages, but a table of 2 requests x 7 pages = 14 > the reservation max(8, 2 x 2 x 2)
+    with pytest.raises(kvattn.InvalidArgumentError, match="freed memory"):
+        plan(g, [56, 1], pages)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(g.run(qn, qp, ckv, kpe).numpy(), ref)
