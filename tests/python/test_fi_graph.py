@@ -9,6 +9,7 @@ growing contexts and new pages), every replay checked against the numpy
 reference. Without a GPU the capture query is stubbed."""
 
 import functools
+import math
 
 import numpy as np
 import pytest
@@ -283,3 +284,61 @@ def test_mla_graph_mode(monkeypatch):
         plan(g, [56, 1], pages)
     monkeypatch.undo()
     np.testing.assert_array_equal(g.run(qn, qp, ckv, kpe).numpy(), ref)
+
+
+def test_cuda_mla_graph_decode_pattern():
+    """The MLA wrapper under CUDA graphs on the GPU (SGLang's FlashInfer-MLA
+    decode): plan, warm up, capture run() on a side stream, then per step a
+    new plan on the main stream and replay; every replay equals the
+    reference (MQA over the latent rows, D 576, values the first 512)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    rng = np.random.default_rng(8)
+    bs, h, dc, dr, page, nblocks = 3, 16, 512, 64, 16, 200
+    lat = torch.from_numpy(rng.standard_normal((nblocks, page, dc + dr)).astype(np.float32))
+    lat = lat.to(dt)
+    lat_ref = lat.float().numpy()
+    kv = lat.to(dev)
+    ws = torch.empty(1 << 20, dtype=torch.uint8, device=dev)
+    g = fi.BatchMLAPagedAttentionWrapper(
+        ws, use_cuda_graph=True, qo_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
+        kv_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
+        kv_indices=torch.zeros(nblocks, dtype=torch.int32, device=dev),
+        kv_len_arr=torch.zeros(bs, dtype=torch.int32, device=dev))
+    scale = 1 / math.sqrt(192)
+    qn = torch.zeros((bs, h, dc), dtype=dt, device=dev)
+    qp = torch.zeros((bs, h, dr), dtype=dt, device=dev)
+
+    def step(lens):
+        npg = [-(-s // page) for s in lens]
+        ix = rng.permutation(nblocks)[: sum(npg)].astype(np.int32)
+        ip = np.concatenate([[0], np.cumsum(npg)]).astype(np.int32)
+        g.plan(torch.arange(bs + 1, dtype=torch.int32, device=dev),
+               torch.from_numpy(ip).to(dev), torch.from_numpy(ix).to(dev),
+               torch.tensor(lens, dtype=torch.int32, device=dev), h, dc, dr, page, False,
+               scale, dt, dt)
+        qn.copy_(torch.from_numpy(rng.standard_normal((bs, h, dc)).astype(np.float32)))
+        qp.copy_(torch.from_numpy(rng.standard_normal((bs, h, dr)).astype(np.float32)))
+        rows = [lat_ref[ix[ip[r]:ip[r + 1]]].reshape(-1, 1, dc + dr)[:s]
+                for r, s in enumerate(lens)]
+        q = torch.cat([qn, qp], -1).float().cpu().numpy()
+        ref, _ = attention(q, rows, [x[..., :dc] for x in rows], [1] * bs, causal=True,
+                           scale=scale)
+        return ref
+
+    ref = step([7, 100, 33])
+    for _ in range(2):
+        g.run(qn, qp, kv[..., :dc], kv[..., dc:])
+    torch.cuda.synchronize()
+    side, graph = torch.cuda.Stream(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        out = g.run(qn, qp, kv[..., :dc], kv[..., dc:])
+    for lens in ([7, 100, 33], [300, 1, 900], [1000, 999, 16]):
+        ref = step(lens)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        np.testing.assert_allclose(out.float().cpu().numpy(), ref, rtol=2e-2, atol=2e-2,
+                                   err_msg=str(lens))
