@@ -71,16 +71,20 @@ def _context_for(workspace, context):
 def _paged_metadata(indptr, indices, last_page_len, page_size):
     """FlashInfer's CSR page table -> (seq_lens [R], block_table [R, max_pages])."""
     ip = T.host_array(indptr, np.int32, "paged_kv_indptr")
-    ix = T.host_array(indices, np.int32, "paged_kv_indices")
     lp = T.host_array(last_page_len, np.int32, "paged_kv_last_page_len")
     if ip.ndim != 1 or ip.shape[0] < 1 or lp.shape != (ip.shape[0] - 1,):
         raise ShapeMismatchError("paged_kv_indptr %s must be [R+1] and paged_kv_last_page_len %s "
                                  "[R]" % (ip.shape, lp.shape))
     r = lp.shape[0]
     npages = np.diff(ip)
-    if r and (npages.min() < 0 or ip[-1] > ix.shape[0] or ip[0] < 0):
+    n_ix = int(indices.shape[0]) if hasattr(indices, "shape") else len(indices)
+    if r and (npages.min() < 0 or ip[-1] > n_ix or ip[0] < 0):
         raise InvalidArgumentError("paged_kv_indptr must be non-decreasing within "
-                                   "[0, len(paged_kv_indices) = %d]" % ix.shape[0])
+                                   "[0, len(paged_kv_indices) = %d]" % n_ix)
+    # Only the pages indptr covers come to the host: a CUDA-graph engine passes
+    # its whole (batch x context) indices buffer.
+    ix = T.host_array(indices[: int(ip[-1])] if r else indices[:0], np.int32,
+                      "paged_kv_indices")
     if r and (lp.min() < 0 or lp.max() > page_size):
         raise InvalidArgumentError("paged_kv_last_page_len must lie in [0, page_size = %d]"
                                    % page_size)
