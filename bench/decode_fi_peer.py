@@ -11,7 +11,7 @@ decode kernel) and "tensor-cores" (use_tensor_cores=True: the fa2 prefill
 kernel; backend="fa2" pinned, which its backend="auto" resolves to for a bf16
 cache on SM90). Per call: the median of 30 CUDA-event-timed calls after 5
 warm-ups; b2b: the mean of 30 calls enqueued back to back between one pair of
-events (as bench/prefill_sdpa_peer.py). TB/s KV counts every key's K and V once
+events (bench/peer_timing.py, shared with bench/prefill_sdpa_peer.py). TB/s KV counts every key's K and V once
 per kv head (bench_cuda's count; fp8: the 1-byte codes only). check: request
 0's output against a float32 softmax over its keys (max |err| <= 2e-2 bf16,
 6e-2 fp8; "FAIL" otherwise).
@@ -28,39 +28,17 @@ Usage: decode_fi_peer.py [--quick | --modules]
   argument tuples FlashInfer's plan passes for them) and print "module NAME
   loaded|failed ..." per module; exit status 1 if one failed."""
 import os
-import statistics
 import sys
 
 import torch
+
+from peer_timing import timed  # bench/peer_timing.py: per call and b2b, as prefill_sdpa_peer.py
 
 SHAPES = [(16, 1023, "bf16"), (16, 4095, "bf16"), (64, 4095, "bf16"), (1, 131071, "bf16"),
           (64, 4095, "fp8")]
 H, HKV, D, PAGE = 32, 8, 128, 16
 DEV = "cuda"  # dev/fidec41/test_decode_fi_peer.py runs case() on the CPU against a stand-in wrapper
 TOL = {"bf16": 2e-2, "fp8": 6e-2}
-
-
-def timed(fn, reps=30):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    ms = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ms.append(a.elapsed_time(b))
-    a = torch.cuda.Event(enable_timing=True)
-    b = torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    b.synchronize()
-    return statistics.median(ms), a.elapsed_time(b) / reps
 
 
 def use_prebuilt(pre):

@@ -1,8 +1,8 @@
 # kvattn_install.cmake - install rules of kvattn (issue #21).
 #
 # `cmake --install build --prefix P` puts under P:
-#   include/kvattn.h, kvattn_merge.h, kvattn_mla.h, kvattn_pool.h, kvattn_dcp.h, kvattn_c8.h,
-#   kvattn_cuda.h
+#   include/kvattn.h, kvattn_cache.h, kvattn_merge.h, kvattn_mla.h, kvattn_pool.h, kvattn_dcp.h,
+#   kvattn_c8.h, kvattn_cuda.h
 #   lib/libkvattn.so (+ versioned names), lib/libkvattn.a
 #   lib/pkgconfig/kvattn.pc                       (pkg-config kvattn)
 #   lib/cmake/kvattn/kvattnConfig*.cmake, targets (find_package(kvattn) ->
@@ -33,8 +33,9 @@ install(TARGETS kvattn kvattn_static EXPORT kvattnTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(FILES include/kvattn.h include/kvattn_merge.h include/kvattn_mla.h include/kvattn_pool.h include/kvattn_dcp.h
-              include/kvattn_c8.h include/kvattn_cuda.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES include/kvattn.h include/kvattn_cache.h include/kvattn_merge.h include/kvattn_mla.h
+              include/kvattn_pool.h include/kvattn_dcp.h include/kvattn_c8.h include/kvattn_cuda.h
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
 set(KVA_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/kvattn)
 install(EXPORT kvattnTargets NAMESPACE kvattn:: DESTINATION ${KVA_CMAKE_DIR})

@@ -34,7 +34,7 @@ consume() {
 
 echo "-- install $bdir, consume via find_package and pkg-config"
 cmake --install "$bdir" --prefix "$tmp/full" >/dev/null
-for f in include/kvattn.h include/kvattn_merge.h include/kvattn_mla.h include/kvattn_pool.h include/kvattn_dcp.h include/kvattn_c8.h include/kvattn_cuda.h lib/cmake/kvattn/kvattnConfig.cmake; do
+for f in include/kvattn.h include/kvattn_cache.h include/kvattn_merge.h include/kvattn_mla.h include/kvattn_pool.h include/kvattn_dcp.h include/kvattn_c8.h include/kvattn_cuda.h lib/cmake/kvattn/kvattnConfig.cmake; do
   [ -f "$tmp/full/$f" ] || { echo "install: $f missing" >&2; exit 1; }
 done
 consume "$tmp/full" full

@@ -496,7 +496,11 @@ static void test_bad_descs(void)
         kva_plan *plan = NULL;
         CHECK_OK(kva_plan_create(ctx, &ok, &plan));
         kva_test_poison(out0, KVA_DTYPE_F32, 4 * H * D);
+        kva_test_poison(lse0, KVA_DTYPE_F32, 4 * H);
         CHECK_OK(kva_attention_run(ctx, plan, q, cache, NULL, out0, lse0));
+        /* The runs below are compared with these bytes: all written. */
+        CHECK(kva_test_count_poisoned(out0, KVA_DTYPE_F32, 4 * H * D) == 0 &&
+              kva_test_count_poisoned(lse0, KVA_DTYPE_F32, 4 * H) == 0);
 
         /* Given groupings: valid edges first (a prefix ending exactly at
          * request 1's first query, 10 - 2 = 8; one member; nested groups). */
@@ -528,6 +532,7 @@ static void test_bad_descs(void)
         CHECK_OK(kva_plan_create(ctx, &d, &p2));
         if (p2) {
             kva_test_poison(out1, KVA_DTYPE_F32, 4 * H * D);
+            kva_test_poison(lse1, KVA_DTYPE_F32, 4 * H);
             CHECK_OK(kva_attention_run(ctx, p2, q, cache, NULL, out1, lse1));
             CHECK(kva_test_compare("nested", out1, out0, KVA_DTYPE_F32, 4 * H * D, 1e-4, 1e-4) ==
                   0);
@@ -654,6 +659,7 @@ static void test_bad_descs(void)
 
         /* The plan still runs as before every failed update. */
         kva_test_poison(out1, KVA_DTYPE_F32, 4 * H * D);
+        kva_test_poison(lse1, KVA_DTYPE_F32, 4 * H);
         CHECK_OK(kva_attention_run(ctx, plan, q, cache, NULL, out1, lse1));
         CHECK(memcmp(out0, out1, sizeof out0) == 0 && memcmp(lse0, lse1, sizeof lse0) == 0);
         kva_plan_destroy(plan);

@@ -94,7 +94,7 @@ if [ -d fi ]; then # FlashInfer's rows from the JIT module bench/flashinfer_preb
     echo "fi decode peer rc=$?" >>"$LOG"; grep -E '^#? ?fi-decode' $out/fi_decode.log | cut -c1-200 >>"$LOG"
   fi; (exit $prc)
 else
-( cd new && timeout 90 python3 -u -c "import sys; sys.modules['flashinfer'] = None; sys.argv = ['p', 'short']; exec(open('bench/prefill_sdpa_peer.py').read())" ) >$out/sdpa_peer.log 2>&1
+( cd new && timeout 90 python3 -u -c "import sys; sys.path.insert(0, 'bench'); sys.modules['flashinfer'] = None; sys.argv = ['p', 'short']; exec(open('bench/prefill_sdpa_peer.py').read())" ) >$out/sdpa_peer.log 2>&1
 fi; echo "sdpa peer rc=$?" >>"$LOG"
 grep -iE 'cudnn|flash|matmul' $out/sdpa_peer.log | cut -c1-150 >>"$LOG"; T peer; fi
 [ "$NG" -ge 2 ] && { wait; T "tests and san"; }

@@ -119,7 +119,7 @@ if has bench; then
 fi
 if has sdpa; then
     # as dev/final/run.sh: flashinfer kept out (no JIT on a bare machine)
-    (cd "$here" && PYTHONUNBUFFERED=1 timeout 90 python3 -u -c "import sys; sys.modules['flashinfer'] = None; sys.argv = ['p', 'short']; exec(open('bench/prefill_sdpa_peer.py').read())") 2>&1 |
+    (cd "$here" && PYTHONUNBUFFERED=1 timeout 90 python3 -u -c "import sys; sys.path.insert(0, 'bench'); sys.modules['flashinfer'] = None; sys.argv = ['p', 'short']; exec(open('bench/prefill_sdpa_peer.py').read())") 2>&1 |
         grep -E "cudnn|ceiling" | tee "$OUT/sdpa.txt"
     echo "sdpa done at $SECONDS s"
 fi

@@ -11,6 +11,7 @@ import pytest
 
 import kvattn
 from kvattn import flashinfer as fi
+import poison
 from reference import attention
 
 LOG2E = 1.0 / math.log(2.0)
@@ -186,22 +187,22 @@ def test_wrapper_strided_out():
     qa = lay.absorbed_q().astype(np.float32)
     t = qa.shape[0]
     want, want_lse = w.run(qa[..., : lay.dc], qa[..., lay.dc:], ckv, kpe, return_lse=True)
-    buf = np.full((t, 2 * lay.h * lay.dc), np.nan, np.float32)
+    buf = poison.poisoned((t, 2 * lay.h * lay.dc))
     out = buf[:, lay.h * lay.dc:].reshape(t, lay.h, lay.dc)
-    lbuf = np.full((t, 2 * lay.h), np.nan, np.float32)
+    lbuf = poison.poisoned((t, 2 * lay.h))
     lse = lbuf[:, : lay.h]
     o, l = w.run(qa[..., : lay.dc], qa[..., lay.dc:], ckv, kpe, out=out, lse=lse,
                  return_lse=True)
     assert o is out and l is lse
     np.testing.assert_array_equal(out, want)
     np.testing.assert_array_equal(lse, want_lse)
-    assert np.isnan(buf[:, : lay.h * lay.dc]).all() and np.isnan(lbuf[:, lay.h:]).all()
+    assert poison.untouched(buf[:, : lay.h * lay.dc]) and poison.untouched(lbuf[:, lay.h:])
     want = w.run_layer(lay.q, lay.w_uk, lay.w_uv, ckv, kpe)
-    buf = np.full((t, 2 * lay.h * lay.dv), np.nan, np.float32)
+    buf = poison.poisoned((t, 2 * lay.h * lay.dv))
     out = buf[:, : lay.h * lay.dv].reshape(t, lay.h, lay.dv)
     assert w.run_layer(lay.q, lay.w_uk, lay.w_uv, ckv, kpe, out=out) is out
     np.testing.assert_array_equal(out, want)
-    assert np.isnan(buf[:, lay.h * lay.dv:]).all()
+    assert poison.untouched(buf[:, lay.h * lay.dv:])
 
 
 def test_bad_inputs_leave_outputs():

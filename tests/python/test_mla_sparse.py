@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import kvattn
+import poison
 
 FLT_MIN = np.float32(1.1754943508222875e-38)
 
@@ -191,17 +192,17 @@ def test_run_mla_sparse_bad_input():
     batch, ctx, cache, lat, plan, scale = sparse_setup(rng, False, "mixed")
     q = rng.uniform(-1, 1, (batch.T, H, DC + DR)).astype(np.float32)
     idx = random_lists(rng, batch)
-    out = np.full((batch.T, H, DC), np.nan, np.float32)
+    out = poison.poisoned((batch.T, H, DC))
     bad = idx.copy()
     bad[2, 5] = batch.seq_lens[batch.request_of(2)]  # past the request's seq_len
     with pytest.raises(kvattn.OutOfRangeError):
         plan.run_mla_sparse(q, cache, bad, out=out)
-    assert np.all(np.isnan(out))
+    assert poison.untouched(out)
     with pytest.raises(kvattn.ShapeMismatchError):
         plan.run_mla_sparse(q, cache, idx[:, : K - 1], out=out)
     with pytest.raises(kvattn.DtypeMismatchError):
         plan.run_mla_sparse(q, cache, idx.astype(np.int64), out=out)
-    assert np.all(np.isnan(out))
+    assert poison.untouched(out)
     dense = kvattn.Plan(ctx, batch.qsl, batch.seq_lens, batch.block_table, block_size=batch.bs,
                         num_heads=H, num_kv_heads=1, head_dim=DC + DR, head_dim_v=DC,
                         q_dtype="f32", scale=scale, kind="mla")

@@ -10,6 +10,7 @@ import pytest
 
 import kvattn
 from kvattn import flashinfer as fi
+import poison
 from reference import attention
 
 torch = pytest.importorskip("torch")
@@ -110,10 +111,10 @@ def _paged_torch(rng, device, dtype, kv_lens=(30, 50), five_d=False):
     return tp, indptr, indices, last, keys, values
 
 
-def _strided_nan(n, h, d, dtype, device, lo=1, width=3):
-    """A NaN [n, h, d] view with token stride width*h*d (column block lo of a
-    wider buffer), and the buffer."""
-    buf = torch.full((n, width * h * d), float("nan"), dtype=dtype, device=device)
+def _strided_poisoned(n, h, d, dtype, device, lo=1, width=3):
+    """A poisoned (tests/python/poison.py) [n, h, d] view with token stride
+    width*h*d (column block lo of a wider buffer), and the buffer."""
+    buf = poison.torch_poisoned((n, width * h * d), dtype, device)
     return buf[:, lo * h * d:(lo + 1) * h * d].view(n, h, d), buf
 
 
@@ -135,22 +136,22 @@ def test_wrappers_strided_q_out_lse_torch(device, dtype):
     assert not q.is_contiguous()
     fused_before = fused.clone()
     ref_out, ref_lse = w.run(q.contiguous(), tp, return_lse=True)
-    out, buf = _strided_nan(2, 4, 64, dtype, device)
-    lbuf = torch.full((2, 12), float("nan"), device=device)
+    out, buf = _strided_poisoned(2, 4, 64, dtype, device)
+    lbuf = poison.torch_poisoned((2, 12), torch.float32, device)
     o, l = w.run(q, tp, out=out, lse=lbuf[:, 4:8], v_scale=0.5, return_lse=True)
     assert o is out and l.data_ptr() == lbuf[:, 4:8].data_ptr()
     assert torch.equal(out, ref_out * 0.5) and torch.equal(lbuf[:, 4:8], ref_lse)
-    assert torch.isnan(buf[:, :256]).all() and torch.isnan(buf[:, 512:]).all()
-    assert torch.isnan(lbuf[:, :4]).all() and torch.isnan(lbuf[:, 8:]).all()
+    assert poison.torch_untouched(buf[:, :256]) and poison.torch_untouched(buf[:, 512:])
+    assert poison.torch_untouched(lbuf[:, :4]) and poison.torch_untouched(lbuf[:, 8:])
     assert torch.equal(fused, fused_before)
     ro, rl = attention(_np(q), keys, values, [1, 1], causal=True, softcap=20.0)
     tol = 1e-3 if dtype == torch.float16 else 1e-2
     np.testing.assert_allclose(_np(ref_out), ro, rtol=tol, atol=tol)
     np.testing.assert_allclose(_np(ref_lse), rl * LOG2E, rtol=1e-3, atol=1e-3)
-    bad = torch.full((2, 4, 128), float("nan"), dtype=dtype, device=device)
+    bad = poison.torch_poisoned((2, 4, 128), dtype, device)
     with pytest.raises(kvattn.InvalidArgumentError, match="contiguous"):
         w.run(q, tp, out=bad[..., ::2])
-    assert torch.isnan(bad).all()
+    assert poison.torch_untouched(bad)
     with pytest.raises(kvattn.InvalidArgumentError, match="overlaps"):
         w.run(fused[:, :256].view(2, 4, 64), tp, out=fused[:, 64:320].view(2, 4, 64))
     assert torch.equal(fused, fused_before)
@@ -161,21 +162,21 @@ def test_wrappers_strided_q_out_lse_torch(device, dtype):
            4, 2, 64, 8, causal=True, q_data_type=dtype)
     qf = torch.randn(7, 3 * 4 * 64, generator=g).to(dtype).to(device)
     q = qf[:, 512:].view(7, 4, 64)
-    out, buf = _strided_nan(7, 4, 64, dtype, device, lo=0, width=2)
+    out, buf = _strided_poisoned(7, 4, 64, dtype, device, lo=0, width=2)
     assert p.run(q, tp, out=out) is out
     assert torch.equal(out, p.run(q.contiguous(), tp))
-    assert torch.isnan(buf[:, 256:]).all()
+    assert poison.torch_untouched(buf[:, 256:])
 
     r = fi.BatchPrefillWithRaggedKVCacheWrapper(ws)
     r.plan(qo, torch.tensor([0, 6, 11], dtype=torch.int32), 4, 2, 64, causal=True,
            q_data_type=dtype)
     kf = torch.randn(11, 3 * 2 * 64, generator=g).to(dtype).to(device)
     k, v = kf[:, :128].view(11, 2, 64), kf[:, 128:256].view(11, 2, 64)
-    out, buf = _strided_nan(7, 4, 64, dtype, device)
+    out, buf = _strided_poisoned(7, 4, 64, dtype, device)
     o, l = r.run(q, k, v, out=out, return_lse=True)
     co, cl = r.run(q.contiguous(), k.contiguous(), v.contiguous(), return_lse=True)
     assert o is out and torch.equal(out, co) and torch.equal(l, cl)
-    assert torch.isnan(buf[:, :256]).all() and torch.isnan(buf[:, 512:]).all()
+    assert poison.torch_untouched(buf[:, :256]) and poison.torch_untouched(buf[:, 512:])
 
 
 @pytest.mark.parametrize("device", list(devices()))
@@ -281,14 +282,14 @@ def test_mla_wrapper_torch(device):
     wt.plan(*(torch.from_numpy(a).int() for a in args[:4]), *args[4:], torch.float32,
             torch.float32, qk_nope_head_dim=dn, v_head_dim=dv)
     tkv, tq = _t(kv, device), _t(q, device)
-    out, buf = _strided_nan(3, h, dc, torch.float32, device, lo=1, width=2)
-    lbuf = torch.full((3, 2 * h), float("nan"), device=device)
+    out, buf = _strided_poisoned(3, h, dc, torch.float32, device, lo=1, width=2)
+    lbuf = poison.torch_poisoned((3, 2 * h), torch.float32, device)
     o, l = wt.run(tq[..., :dc], tq[..., dc:], tkv[..., :dc], tkv[..., dc:], out=out,
                   lse=lbuf[:, h:], return_lse=True)
     assert o is out
     np.testing.assert_array_equal(_np(out), want)
     np.testing.assert_array_equal(_np(lbuf[:, h:]), want_lse)
-    assert torch.isnan(buf[:, :h * dc]).all() and torch.isnan(lbuf[:, :h]).all()
+    assert poison.torch_untouched(buf[:, :h * dc]) and poison.torch_untouched(lbuf[:, :h])
     got = wt.run_layer(_t(ql, device), _t(w_uk, device), _t(w_uv, device), tkv[..., :dc],
                        tkv[..., dc:])
     np.testing.assert_array_equal(_np(got), want_layer)

@@ -144,7 +144,7 @@ kva__merge_split_task(const kva__cuda_meta &meta, const kva__cuda_task &t, const
 }
 
 /*
- * One unit of kva__merge_split_task_cta: channels [d, d + VW) of row r of a
+ * One unit of kva__merge_split_cta_ch: channels [d, d + VW) of row r of a
  * split task whose P partial blocks start at base, blk floats apart ([nrows,
  * Dv] outputs then [nrows] lse each). An online merge over chunks of CH
  * parts: every part's lse and values of a chunk are loaded together (one

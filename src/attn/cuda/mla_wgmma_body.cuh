@@ -125,6 +125,20 @@ enum {
     MW_SCHED_ALT_TMA = 3,
     MW_SCHED_ALT_PROD = 4
 };
+/* Whether schedule SCHED runs the alternating loop's lean softmax (LEAN in
+ * mw_alt_loop, mla_wgmma_ops.cuh): every alternating schedule but
+ * MW_SCHED_ALT_PROD. The kernel writes the -inf that LEAN reads at
+ * s_ref[MW_REF_NEG_INF] for exactly these schedules. */
+static __host__ __device__ constexpr bool mw_lean(int sched)
+{
+    return sched != MW_SCHED_SPLIT && sched != MW_SCHED_ALT_PROD;
+}
+/* s_ref (the kernel's s_max[0], MW_M reference maxima of the alternating
+ * loop) is followed by one float that holds -inf for the whole kernel: LEAN
+ * warpgroup 0 reads it after the SC0 barrier (see mw_alt_loop). It is
+ * s_max[1][0], which only the MW_SCHED_SPLIT tile loop writes, and that
+ * schedule never runs the alternating loop (the kernel's static_asserts). */
+#define MW_REF_NEG_INF MW_M
 /* Threads per CTA of policy W (the launch bound): the producer schedule adds
  * its producer warpgroup to the two consumer warpgroups; ML_NT also for a
  * policy without SCHED (the dense decode's empty stand-in in the device
@@ -312,9 +326,10 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             int t4, float scale_log2, float (&o)[32][4], float m_run[2], float l_run[2],
             uint32_t bars, uint32_t &ph)
 {
+    static_assert(SCHED != MW_SCHED_SPLIT, "the split schedule writes s_max[1]: no s_ref -inf");
     constexpr bool PROD = SCHED == MW_SCHED_ALT_PROD;
     constexpr bool EARLY = SCHED == MW_SCHED_ALT_EARLY || PROD, TMA = SCHED == MW_SCHED_ALT_TMA;
-    constexpr bool LEAN = !PROD;                         /* the lean softmax (mla_wgmma_ops.cuh) */
+    constexpr bool LEAN = mw_lean(SCHED);                /* the lean softmax (mla_wgmma_ops.cuh) */
     const bool elect = (threadIdx.x & (MW_WT - 1)) == 0; /* TMA: the warpgroup's issuing thread */
     const uint32_t mine = sK + WG * MW_KB, other = sK + (1 - WG) * MW_KB;
     const uint64_t dq = kva__wgmma_desc(sQ, 16, 1024);
@@ -451,9 +466,10 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
         if constexpr (LEAN && WG == 0) {
             /* P's work after the arrive that warpgroup 1 waits for: ptxas
              * otherwise sinks the arrive below P's FMAs and MUFUs. A load
-             * stays after the barrier, and mu depends on it: s_ref[64] holds
-             * -inf (the kernel's), and mu is never NaN. */
-            const float z = s_ref[MW_M];
+             * stays after the barrier, and mu depends on it:
+             * s_ref[MW_REF_NEG_INF] holds -inf (the kernel's), and mu is never
+             * NaN. */
+            const float z = s_ref[MW_REF_NEG_INF];
             mu[0] = fmaxf(mu[0], z);
             mu[1] = fmaxf(mu[1], z);
         }
@@ -605,12 +621,16 @@ __global__ void __launch_bounds__(mw_nt<W>::NT, 1)
             kva__mbar_init(bars + 8u * (uint32_t)tid, 1);
         __syncthreads();
     }
-    /* Alternating tiles (LEAN, see mw_alt_loop): s_max[1][0] is -inf
-     * (mw_alt_loop's s_ref[MW_M]), visible after the item's first CTA
-     * barrier. */
-    if constexpr (W::SCHED != MW_SCHED_SPLIT && W::SCHED != MW_SCHED_ALT_PROD)
+    /* Alternating tiles (LEAN, see mw_alt_loop): the float after s_ref =
+     * s_max[0] (s_ref[MW_REF_NEG_INF], i.e. s_max[1][0]) is -inf, visible
+     * after the item's first CTA barrier; s_max[1] is otherwise written only
+     * by the MW_SCHED_SPLIT tile loop below, which does not run it. */
+    static_assert(sizeof(s_max[0]) == MW_REF_NEG_INF * sizeof(float),
+                  "s_ref[MW_REF_NEG_INF] must be the first float after s_max[0]");
+    float *const s_ref = s_max[0];
+    if constexpr (mw_lean(W::SCHED))
         if (tid == 0)
-            s_max[1][0] = -INFINITY;
+            s_ref[MW_REF_NEG_INF] = -INFINITY;
     /* MW_SCHED_ALT_PROD: the ring's full / empty mbarriers; warpgroup 2 is
      * the producer (its own item loop, the same items; it joins the
      * consumers' CTA barriers: the item's first, after Q, and ml_finish's
@@ -704,7 +724,7 @@ __global__ void __launch_bounds__(mw_nt<W>::NT, 1)
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
                     const float mx = kva__dmma_row_max<4>(sc, hf);
-                    if (t4 == 0)
+                    if (t4 == 0) /* MW_SCHED_SPLIT only: s_max[1][0] is LEAN's -inf */
                         s_max[wg][r0 + 8 * hf] = mx;
                     move |= mx > m_run[hf] + MW_LAZY; /* -inf + MW_LAZY is -inf */
                     mu[hf] = m_run[hf] == -INFINITY ? 0.f : m_run[hf];
@@ -749,12 +769,12 @@ __global__ void __launch_bounds__(mw_nt<W>::NT, 1)
                 mw_o_fence(o);
             }
         } else {
-            /* s_max[0] holds the alternating loop's shared reference max. */
+            /* s_ref (s_max[0]) holds the alternating loop's shared reference max. */
             if (wg == 0)
-                mw_alt_loop<Ty, 0, W::SCHED>(wi, a, sQ, sK, s_max[0], r0, t4, scale_log2, o, m_run,
+                mw_alt_loop<Ty, 0, W::SCHED>(wi, a, sQ, sK, s_ref, r0, t4, scale_log2, o, m_run,
                                              l_run, bars, ph);
             else
-                mw_alt_loop<Ty, 1, W::SCHED>(wi, a, sQ, sK, s_max[0], r0, t4, scale_log2, o, m_run,
+                mw_alt_loop<Ty, 1, W::SCHED>(wi, a, sQ, sK, s_ref, r0, t4, scale_log2, o, m_run,
                                              l_run, bars, ph);
         }
         kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
