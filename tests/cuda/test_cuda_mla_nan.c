@@ -36,7 +36,10 @@
  *     fp8_ds_mla caches, MIXED and SEPARATE, K 512 over a few tokens (the
  *     launches split: checked): tokens listing the NaN key are NaN, tokens
  *     of the same request that do not list it are not. Its split merge
- *     (sp_merge_kernel) wrote lse -inf for a NaN row.
+ *     (sp_merge_kernel) wrote lse -inf for a NaN row;
+ *   - test_hidden_nan_value: a NaN in c_kv (a value) of a key the causal
+ *     mask hides from earlier rows of the same key tile (a q_len 2 decode,
+ *     a prefill); those rows must stay finite (0 * NaN in P V would not).
  * Tolerances of the finite rows: test_cuda_mla_run.c's for kva_mla_run,
  * test_cuda_mla.c's and test_cuda_mla_sparse.c's for the absorbed kernels;
  * where the CUDA sparse kernels round code * s to the q dtype (fp8_ds_mla
@@ -352,7 +355,7 @@ static void test_layer_decode(void)
  * its query 0, head 1; r2 and r3 (6 after 144): on the bf16 cache k_pe
  * +inf in column 11 with q_pe -1 there, so that every score of r2's new
  * keys and of r3's context keys is -inf; r2 with NaN in c_kv of context
- * key 10 (all its rows NaN), r3 in c_kv of new key 146 (queries 2 .. 5);
+ * key 10 (all its rows NaN), r3 in k_pe of new key 146 (queries 2 .. 5);
  * r4 an absorbed decode; NaN in w_uk of head 2. */
 static void test_layer_prefill(void)
 {
@@ -389,7 +392,7 @@ static void test_layer_prefill(void)
             plant(m.cache, slot_of(m.bt, m.stride, c.B, 2, 10), 40, NAN, 1);
             for (int32_t i = 0; i < ql[2]; i++)
                 mark_token(nan_row, H, m.qsl[2] + i);
-            plant(m.cache, slot_of(m.bt, m.stride, c.B, 3, 146), 41, NAN, 0);
+            plant(m.cache, slot_of(m.bt, m.stride, c.B, 3, 146), 512 + 20, NAN, 0);
             for (int32_t i = 2; i < ql[3]; i++)
                 mark_token(nan_row, H, m.qsl[3] + i);
             layer_case("layer prefill", &c, &m, nan_row, cfg, kva_test_quick() ? 1 : 2, 0, 6);
@@ -497,6 +500,76 @@ static void test_kernel_decode(void)
             mla_data_free(&m);
             kva_context_destroy(ref);
         }
+}
+
+/* A NaN in c_kv (so in the value too) of a key that the causal mask hides
+ * from some rows of the same key tile: r0, a decode of q_len 2 whose key
+ * 299 only its second query sees, r1 a prefill of 9 new tokens whose key
+ * 195 only queries 4 .. 8 see. The rows that do not see the key must stay
+ * finite (out = the sum over visible keys); a kernel that multiplies a
+ * hidden key's P = 0 by its NaN value (0 * NaN in P V) makes them NaN.
+ * kva_mla_run (both paths) and the kernel-level call, bf16 cache. */
+static void test_hidden_nan_value(void)
+{
+    const int32_t ql[2] = {2, 9}, sl[2] = {300, 200};
+    const layer_cfg cfg[1] = {{0, 0}};
+    kva_context *ref = NULL;
+    kva_context_desc rd = {KVA_BACKEND_REF, 1, 0};
+    CHECK_OK(kva_context_create(&rd, &ref));
+    mla_case c = mla_case_of(3, 512, 64, 128, 128, 16, KVA_DTYPE_BF16, 1, 2, 2, ql, sl, 4241);
+    mla_data m;
+    if (mla_data_make(ref, &c, &m)) {
+        const int32_t H = c.H, DL = 576, DC = 512;
+        const size_t rows = (size_t)m.T * H, n_out = rows * DC;
+        uint8_t *nan_row = calloc(rows, 1);
+        plant(m.cache, slot_of(m.bt, m.stride, c.B, 0, 299), 30, NAN, 0);
+        plant(m.cache, slot_of(m.bt, m.stride, c.B, 1, 195), 31, NAN, 1);
+        mark_token(nan_row, H, 1);
+        for (int32_t i = 4; i < 9; i++)
+            mark_token(nan_row, H, 2 + i);
+        layer_case("hidden NaN value, layer", &c, &m, nan_row, cfg, 1, 0, 0);
+        /* The kernel-level call over the same cache (every request absorbed). */
+        uint16_t *qa = malloc(rows * DL * 2), *want = malloc(n_out * 2), *got = malloc(n_out * 2);
+        float *lse_want = malloc(rows * 4), *lse = malloc(rows * 4);
+        kva_rng rng = {97};
+        kva_test_fill_uniform(qa, KVA_DTYPE_BF16, rows * DL, &rng);
+        kva_plan_desc pd = mla_plan_desc(&c, &m, 0);
+        pd.decode_threshold = 16;
+        kva_plan *plan = NULL;
+        CHECK_OK(kva_plan_create(ref, &pd, &plan));
+        kva_test_poison(want, KVA_DTYPE_BF16, n_out);
+        kva_test_poison(lse_want, KVA_DTYPE_F32, rows);
+        CHECK_OK(kva_attention_run(ref, plan, qa, m.cache, NULL, want, lse_want));
+        kva_plan_destroy(plan);
+        kva_context *ctx = run_ctx();
+        kva_cache *cache = cache_clone(ctx, m.cache);
+        plan = NULL;
+        if (cache)
+            CHECK_OK(kva_plan_create(ctx, &pd, &plan));
+        if (plan) {
+            void *d_q = buf_from(qa, rows * DL * 2);
+            kva_test_poison(got, KVA_DTYPE_BF16, n_out);
+            kva_test_poison(lse, KVA_DTYPE_F32, rows);
+            void *d_out = buf_from(got, n_out * 2);
+            float *d_lse = buf_from(lse, rows * 4);
+            CHECK_OK(kva_attention_run(ctx, plan, d_q, cache, NULL, d_out, d_lse));
+            buf_get(got, d_out, n_out * 2);
+            buf_get(lse, d_lse, rows * 4);
+            check_rows("hidden NaN value, kernel-level", rows, DC, KVA_DTYPE_BF16, nan_row, got,
+                       lse, want, lse_want, tol_of(8e-4 + 0x1p-8 * 1.7320508, 2.01 / 128, 2e-5));
+            buf_free(d_q);
+            buf_free(d_out);
+            buf_free(d_lse);
+            kva_plan_destroy(plan);
+        }
+        kva_cache_destroy(cache);
+        kva_context_destroy(ctx);
+        free(nan_row), free(qa), free(want), free(got), free(lse_want), free(lse);
+    } else {
+        CHECK_MSG(0, "setup: %s", kva_last_error());
+    }
+    mla_data_free(&m);
+    kva_context_destroy(ref);
 }
 
 /* ---- kva_mla_sparse_run ---- */
@@ -633,6 +706,7 @@ int main(void)
     RUN(test_layer_prefill);
     RUN(test_kernel_decode);
     RUN(test_sparse);
+    RUN(test_hidden_nan_value);
     return kva_test_finish();
 #else
     return cuda_test_skip();
