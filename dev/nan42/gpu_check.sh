@@ -15,8 +15,10 @@ set -u
 root=$(pwd)
 b=${1:-build-nan42}
 arch=${2:-90a}
+mkdir -p "$b"
 cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$arch" > "$b.configure.log" 2>&1 || { tail -20 "$b.configure.log"; exit 1; }
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" > "$b/nan42_configure.log" 2>&1 ||
+    { tail -20 "$b/nan42_configure.log"; exit 1; }
 ninja -C "$b" test_cuda_mla_nan test_cuda_mla test_cuda_mla_run test_cuda_mla_sparse 2>&1 | tail -3
 cd "$b" || exit 1
 rc=0
