@@ -83,8 +83,10 @@ template <> __device__ __forceinline__ void st_f(__half *p, float x)
 
 /* One warp per (compact prefill row c, head h): mode 0 copies round 0's
  * part / plse into acc / lacc; mode 1 merges a context round's part into
- * them where the row's request has keys in the round (seq[preq[c]] > 0);
- * mode 2 stores acc to out and lacc to lse (if not NULL). */
+ * them where the row's request has keys in the round (seq[preq[c]] > 0): a
+ * NaN lse in either makes the row NaN (out and lse), both -inf give 0 and
+ * -inf, as kva__lse_merge (lse_merge.cuh); mode 2 stores acc to out and
+ * lacc to lse (if not NULL). */
 template <typename T>
 __global__ void merge_kernel(int mode, int32_t Tp, int32_t H, int32_t Dv, const int32_t *ptok,
                              const int32_t *preq, const int32_t *seq, const T *part,
@@ -107,16 +109,19 @@ __global__ void merge_kernel(int mode, int32_t Tp, int32_t H, int32_t Dv, const 
         if (seq[preq[c]] <= 0)
             return;
         const float l1 = lacc[(int64_t)c * H + h], l2 = plse[t * H + h];
+        /* fmaxf drops a NaN: a NaN lse (a NaN score in either part) beside
+         * a part of lse -inf would give m = -inf, out 0 and lse -inf. */
+        const bool nan = l1 != l1 || l2 != l2;
         const float m = fmaxf(l1, l2);
-        float w1 = 0.f, w2 = 0.f, l = -INFINITY;
-        if (m != -INFINITY) {
+        float w1 = 0.f, w2 = 0.f, l = nan ? NAN : -INFINITY;
+        if (!nan && m != -INFINITY) {
             w1 = expf(l1 - m), w2 = expf(l2 - m);
             l = m + logf(w1 + w2);
             const float inv = 1.f / (w1 + w2);
             w1 *= inv, w2 *= inv;
         }
         for (int e = lane; e < Dv; e += 32)
-            a[e] = m == -INFINITY ? 0.f : a[e] * w1 + ld_f(pp + e) * w2;
+            a[e] = nan ? NAN : m == -INFINITY ? 0.f : a[e] * w1 + ld_f(pp + e) * w2;
         __syncwarp();
         if (lane == 0)
             lacc[(int64_t)c * H + h] = l;

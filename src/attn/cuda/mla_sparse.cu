@@ -290,7 +290,8 @@ template <typename Ty> __global__ void __launch_bounds__(128) sp_merge_kernel(co
             acc[4 * i + 3] += w * v.w;
         }
     }
-    const float f = L > 0.f ? 1.f / L : 0.f;
+    /* A NaN L (a part's NaN lse: a NaN score) makes out and lse NaN. */
+    const float f = L > 0.f ? 1.f / L : (L == 0.f ? 0.f : L);
     typename Ty::elem *dst = (typename Ty::elem *)a.out + ((int64_t)t * a.H + h) * ML_DV;
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -298,7 +299,8 @@ template <typename Ty> __global__ void __launch_bounds__(128) sp_merge_kernel(co
         for (int e = 0; e < 4; e++)
             Ty::store(dst + 4 * (lane + 32 * i) + e, acc[4 * i + e] * f);
     if (a.lse && lane == 0)
-        a.lse[(int64_t)t * a.H + h] = L > 0.f ? (mt + log2f(L)) * KVA__DMMA_LN2 : -INFINITY;
+        a.lse[(int64_t)t * a.H + h] =
+            L > 0.f ? (mt + log2f(L)) * KVA__DMMA_LN2 : (L == 0.f ? -INFINITY : L);
 }
 
 /* ---- host side ---- */
