@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import kvattn
+from kvattn import flashinfer as fi
 from poison import fill, untouched
 
 
@@ -82,3 +83,91 @@ def test_pool_block_table_short_row():
     rid2, _ = p.add_request([1])
     assert p.block_table(rid2, 0).shape == (0,)
     assert p.block_table(rid2).shape == (0,)
+
+
+def _decode_setup(rng, layout="NHD"):
+    page, hkv, h, d, nb = 4, 1, 2, 8, 6
+    shape = (nb, page, hkv, d) if layout == "NHD" else (nb, hkv, page, d)
+    k = rng.standard_normal(shape).astype(np.float32)
+    v = rng.standard_normal(shape).astype(np.float32)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None, layout)
+    w.plan(np.array([0, 2, 4], np.int32), np.array([0, 1, 2, 3], np.int32),
+           np.array([3, 4], np.int32), h, hkv, d, page, q_data_type="float32")
+    q = rng.standard_normal((2, h, d)).astype(np.float32)
+    return w, q, k, v
+
+
+@pytest.mark.parametrize("form", ["pair", "5d"])
+def test_fi_strided_out_inside_cache_refused(form):
+    """A strided out (token / head strides, dense rows: FlashInfer writes it
+    through its strides, kvattn stages it) inside the paged cache's storage
+    is refused as a contiguous one is (kvattn.h, Aliasing), and the cache is
+    unchanged: main staged it, ran, and copied the result over the cache's
+    pages."""
+    rng = np.random.default_rng(21)
+    w, q, k, v = _decode_setup(rng)
+    kv = (k, v) if form == "pair" else np.stack([k, v], axis=1)
+    kk = kv[0] if form == "pair" else kv[:, 0]
+    before = np.array(kv[0] if form == "pair" else kv, copy=True)
+    for out in (kk[4:6].reshape(2, 2, 16)[:, :, :8],    # strided, in K's last blocks
+                kk[4].reshape(-1)[:32].reshape(2, 2, 8)):  # contiguous (C's own check)
+        with pytest.raises(kvattn.InvalidArgumentError, match="overlaps"):
+            w.run(q, kv, out=out)
+        np.testing.assert_array_equal(kv[0] if form == "pair" else kv, before)
+
+
+@pytest.mark.parametrize("staged", ["out", "lse", "both"])
+def test_fi_out_lse_overlap_refused(staged):
+    """out and lse overlapping each other are refused when either is staged
+    (strided): kvattn then sees temporaries and the copies back would write
+    one over the other. Nothing is written to the shared buffer."""
+    rng = np.random.default_rng(22)
+    w, q, k, v = _decode_setup(rng)
+    buf = np.empty(256, np.float32)
+    fill(buf)
+    if staged in ("out", "both"):
+        out = buf[:64].reshape(2, 2, 16)[:, :, :8]
+    else:
+        out = buf[:32].reshape(2, 2, 8)
+    lse = buf[4:12].reshape(2, 4)[:, :2] if staged in ("lse", "both") else buf[4:8].reshape(2, 2)
+    with pytest.raises(kvattn.InvalidArgumentError, match="overlap"):
+        w.run(q, (k, v), out=out, lse=lse, return_lse=True)
+    assert untouched(buf)
+
+
+def test_fi_strided_outputs_beside_inputs_run():
+    """The allowed form: strided out and lse that overlap nothing are written
+    through their strides with the values of a plain run (a check that the
+    new refusals above refuse only overlaps)."""
+    rng = np.random.default_rng(23)
+    w, q, k, v = _decode_setup(rng)
+    ro, rl = w.run(q, (k, v), return_lse=True)
+    buf = np.empty(256, np.float32)
+    fill(buf)
+    out = buf[:64].reshape(2, 2, 16)[:, :, :8]
+    lse = buf[64:72].reshape(2, 4)[:, :2]
+    o, l = w.run(q, (k, v), out=out, lse=lse, return_lse=True)
+    np.testing.assert_array_equal(out, ro)
+    np.testing.assert_array_equal(lse, rl)
+    assert untouched(buf[:64].reshape(2, 2, 16)[:, :, 8:]) and untouched(buf[72:])
+
+
+def test_fi_mla_strided_out_inside_latent_cache_refused():
+    """The MLA wrapper: a strided out inside the latent cache (the ckv_cache /
+    kpe_cache views of one [NP, B, Dc + Dr] tensor) is refused and the cache
+    unchanged."""
+    rng = np.random.default_rng(24)
+    h, dc, dr, page = 2, 16, 8, 4
+    kv = rng.standard_normal((4, page, dc + dr)).astype(np.float32)
+    ckv, kpe = kv[..., :dc], kv[..., dc:]
+    w = fi.BatchMLAPagedAttentionWrapper(None)
+    w.plan(np.array([0, 1], np.int32), np.array([0, 2], np.int32),
+           np.array([0, 1], np.int32), np.array([6], np.int32), h, dc, dr, page, False,
+           1.0 / np.sqrt(dc + dr), np.float32, np.float32)
+    q_nope = rng.standard_normal((1, h, dc)).astype(np.float32)
+    q_pe = rng.standard_normal((1, h, dr)).astype(np.float32)
+    before = kv.copy()
+    out = kv[3].reshape(-1)[:64].reshape(1, h, 32)[:, :, :dc]  # head stride 32
+    with pytest.raises(kvattn.InvalidArgumentError, match="overlaps"):
+        w.run(q_nope, q_pe, ckv, kpe, out=out)
+    np.testing.assert_array_equal(kv, before)
