@@ -406,6 +406,18 @@ def _staged_outputs(out, lse, inputs):
     other: they must not overlap (kvattn.h, Aliasing)."""
     o, o_dst = _staged(out, "out", inputs)
     l, l_dst = _staged(lse, "lse", inputs)
+    # An input that _packed copies (strided, dense rows) is one kvattn never
+    # sees either: a contiguous output over it is checked here too.
+    packed = [(nm, t) for nm, t in _flat_inputs(inputs) if _dense_last(t)]
+    for x, dst, nm in ((out, o_dst, "out"), (lse, l_dst, "lse")):
+        if packed and x is not None and dst is None:
+            span = _bytes_covered(x, nm)
+            for pn, t in packed:
+                other = _bytes_covered(t, pn)
+                if span and other and span[0] < other[1] and other[0] < span[1]:
+                    raise InvalidArgumentError("%s overlaps the input %s: outputs must not "
+                                               "overlap the inputs (kvattn.h, Aliasing)"
+                                               % (nm, pn))
     if (o_dst is not None or l_dst is not None) and out is not None and lse is not None:
         a, b = _bytes_covered(out, "out"), _bytes_covered(lse, "lse")
         if a and b and a[0] < b[1] and b[0] < a[1]:

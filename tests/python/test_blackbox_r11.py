@@ -171,3 +171,21 @@ def test_fi_mla_strided_out_inside_latent_cache_refused():
     with pytest.raises(kvattn.InvalidArgumentError, match="overlaps"):
         w.run(q_nope, q_pe, ckv, kpe, out=out)
     np.testing.assert_array_equal(kv, before)
+
+
+def test_fi_contiguous_out_over_strided_q_refused():
+    """A strided q (a slice of a fused qkv row, which the wrapper packs into a
+    copy) and a contiguous out that covers its bytes: refused, as for a
+    contiguous q (kvattn's own check sees only the copy); q unchanged."""
+    rng = np.random.default_rng(25)
+    w, q, k, v = _decode_setup(rng)
+    qkv = np.zeros((2, 2, 16), np.float32)
+    qkv[:, :, :8] = q
+    qs = qkv[:, :, :8]
+    before = qkv.copy()
+    with pytest.raises(kvattn.InvalidArgumentError, match="overlaps the input q"):
+        w.run(qs, (k, v), out=qkv.reshape(-1)[8:40].reshape(2, 2, 8))
+    np.testing.assert_array_equal(qkv, before)
+    # Beside it: runs, the plain run's values.
+    out = np.empty((2, 2, 8), np.float32)
+    np.testing.assert_array_equal(w.run(qs, (k, v), out=out), w.run(q, (k, v)))
