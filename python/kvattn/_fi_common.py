@@ -404,11 +404,19 @@ def _staged_outputs(out, lse, inputs):
     staged, kvattn sees a temporary in its place and cannot compare the
     caller's two tensors, which the copies back would then write over each
     other: they must not overlap (kvattn.h, Aliasing)."""
+    if out is None and lse is None:  # the run allocates both: nothing to check (hot path)
+        return None, None, None, None
     o, o_dst = _staged(out, "out", inputs)
     l, l_dst = _staged(lse, "lse", inputs)
     # An input that _packed copies (strided, dense rows) is one kvattn never
     # sees either: a contiguous output over it is checked here too.
-    packed = [(nm, t) for nm, t in _flat_inputs(inputs) if _dense_last(t)]
+    packed = []
+    for nm, t in inputs:
+        for i, e in enumerate(t if isinstance(t, (tuple, list)) else (t,)):
+            if e is None or (type(e) is np.ndarray and e.flags.c_contiguous):
+                continue  # the usual case, cheaply
+            if _dense_last(e):
+                packed.append(("%s[%d]" % (nm, i) if e is not t else nm, e))
     for x, dst, nm in ((out, o_dst, "out"), (lse, l_dst, "lse")):
         if packed and x is not None and dst is None:
             span = _bytes_covered(x, nm)
