@@ -101,6 +101,22 @@ SC="serve-sim --threads 1 --num-prompts 1 --input-len 8 --output-len 1 --prefix-
 expect 0 $SC --model llama4-scout-slice --attention-chunk 0
 expect 0 $SC --model llama4-scout-slice --chunk-global-every 2
 expect 0 $S --verify --num-blocks 8 --max-num-seqs 1
+# --cascade on with layers kvattn.h keeps from a cascade (MLA, a local
+# chunk: kva_plan_create's KVA_STATUS_UNSUPPORTED) is a usage error before
+# the run, not a failed model step (exit 1); auto runs them plainly.
+expect 2 $MD --cascade on
+expect 2 $S --cascade on --attention-chunk 4
+expect 2 $S --cascade on --attention-chunk 4 --chunk-global-every 2
+expect 2 $SC --model llama4-scout-slice --cascade on
+expect 0 $SC --model llama4-scout-slice --cascade on --attention-chunk 0
+expect 0 $MD --cascade auto
+expect 0 $S --cascade on
+# A decimal below DBL_MIN is a number (strtod's underflow ERANGE): in range
+# it runs, out of range it says so; above DBL_MAX it is refused.
+expect 0 $S --range-ratio 1e-320
+expect 0 $S --range-ratio 1e-400
+expect 2 $S --request-rate 1e-320
+expect 2 $S --request-rate 1e400
 
 DC="bench --dcp 2 --seq-len 64 --heads 2 --kv-heads 1 --head-dim 8 --block-size 4 --threads 1 --iters 1"
 expect 2 $DC --head-dim 12

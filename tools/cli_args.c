@@ -103,8 +103,10 @@ int kva_cli_parse_double(const char *flag, const char *s, double lo, double hi, 
     char *end = NULL;
     errno = 0;
     double v = strtod(s, &end);
-    if (!*s || kva_cli_number_len(s, 1) != strlen(s) || *end != '\0' || errno == ERANGE ||
-        !isfinite(v)) {
+    /* ERANGE on underflow (|v| below DBL_MIN: 1e-320, 1e-400) is a value
+     * rounded towards 0, not an error; on overflow v is +-HUGE_VAL. */
+    if (!*s || kva_cli_number_len(s, 1) != strlen(s) || *end != '\0' ||
+        (errno == ERANGE && fabs(v) > 1.0) || !isfinite(v)) {
         fprintf(stderr, "kvattn: %s: '%s' is not a finite number\n", flag, s);
         return 0;
     }

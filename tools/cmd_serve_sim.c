@@ -351,6 +351,16 @@ static int parse_serve(int argc, char **argv, serve_opts *o, const char **json)
         fprintf(stderr, "kvattn: --head-dim %d: must be a multiple of 8\n", (int)o->head_dim);
         return KVA_EXIT_USAGE;
     }
+    /* kvattn.h: MLA plans and plans with a local chunk decline a cascade, and
+     * KVA_CASCADE_ON makes kva_plan_create fail on them (UNSUPPORTED): a
+     * combination of options that kvattn.h refuses is a usage error, found
+     * before the run (the local layers of a --chunk-global-every model too). */
+    if (o->cascade == KVA_CASCADE_ON && (o->kind == KVA_ATTN_MLA || o->attention_chunk > 0)) {
+        fprintf(stderr, "kvattn: --cascade on: %s take no cascade (kvattn.h); use auto or off\n",
+                o->kind == KVA_ATTN_MLA ? "an MLA model's layers"
+                                        : "layers with a local chunk (--attention-chunk)");
+        return KVA_EXIT_USAGE;
+    }
     /* A preset's N stays with --attention-chunk 0 (every layer global); a
      * given N without a chunk would be ignored, so it is refused. */
     if (global_every_set && o->chunk_global_every > 0 && o->attention_chunk == 0) {

@@ -372,14 +372,15 @@ def _staged(x, name, inputs):
     temporary of its shape and dtype (kvattn writes packed rows) and copied
     into after the run; anything else is passed on (and checked there). As
     kvattn's own check, the staged tensor must not overlap an input (by the
-    bytes they cover)."""
+    bytes they cover). inputs: (name, tensor) pairs; a tensor may be a tuple
+    or list of tensors (a paged cache's (k, v)) or None."""
     if x is None or not _dense_last(x):
         return x, None
     if isinstance(x, np.ndarray) and not x.flags.writeable:
         return x, None  # refused by the run: read-only
     span = _bytes_covered(x, name)
-    for nm, t in inputs:
-        other = None if t is None else _bytes_covered(t, nm)
+    for nm, t in _flat_inputs(inputs):
+        other = _bytes_covered(t, nm)
         if span and other and span[0] < other[1] and other[0] < span[1]:
             raise InvalidArgumentError("%s overlaps the input %s: outputs must not overlap the "
                                        "inputs (kvattn.h, Aliasing)" % (name, nm))
@@ -388,6 +389,53 @@ def _staged(x, name, inputs):
 
         return torch.empty_like(x, memory_format=torch.contiguous_format), x
     return np.empty(x.shape, x.dtype), x
+
+
+def _flat_inputs(inputs):
+    """inputs' (name, tensor) pairs with tuples / lists spread (name[i]) and
+    None left out."""
+    for nm, t in inputs:
+        if isinstance(t, (tuple, list)):
+            for i, e in enumerate(t):
+                if e is not None:
+                    yield "%s[%d]" % (nm, i), e
+        elif t is not None:
+            yield nm, t
+
+
+def _staged_outputs(out, lse, inputs):
+    """_staged of out and lse: (out, out_dst, lse, lse_dst). Where either is
+    staged, kvattn sees a temporary in its place and cannot compare the
+    caller's two tensors, which the copies back would then write over each
+    other: they must not overlap (kvattn.h, Aliasing)."""
+    if out is None and lse is None:  # the run allocates both: nothing to check (hot path)
+        return None, None, None, None
+    o, o_dst = _staged(out, "out", inputs)
+    l, l_dst = _staged(lse, "lse", inputs)
+    # An input that _packed copies (strided, dense rows) is one kvattn never
+    # sees either: a contiguous output over it is checked here too.
+    packed = []
+    for nm, t in inputs:
+        for i, e in enumerate(t if isinstance(t, (tuple, list)) else (t,)):
+            if e is None or (type(e) is np.ndarray and e.flags.c_contiguous):
+                continue  # the usual case, cheaply
+            if _dense_last(e):
+                packed.append(("%s[%d]" % (nm, i) if e is not t else nm, e))
+    for x, dst, nm in ((out, o_dst, "out"), (lse, l_dst, "lse")):
+        if packed and x is not None and dst is None:
+            span = _bytes_covered(x, nm)
+            for pn, t in packed:
+                other = _bytes_covered(t, pn)
+                if span and other and span[0] < other[1] and other[0] < span[1]:
+                    raise InvalidArgumentError("%s overlaps the input %s: outputs must not "
+                                               "overlap the inputs (kvattn.h, Aliasing)"
+                                               % (nm, pn))
+    if (o_dst is not None or l_dst is not None) and out is not None and lse is not None:
+        a, b = _bytes_covered(out, "out"), _bytes_covered(lse, "lse")
+        if a and b and a[0] < b[1] and b[0] < a[1]:
+            raise InvalidArgumentError("out overlaps lse: outputs must not overlap each other "
+                                       "(kvattn.h, Aliasing)")
+    return o, o_dst, l, l_dst
 
 
 def _unstage(res, dst):

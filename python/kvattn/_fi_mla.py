@@ -10,8 +10,8 @@ from . import _tensor as T
 from . import _fi_graph as G
 from .core import Cache, Plan
 from ._errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
-from ._fi_common import _dtype, _context_for, _paged_metadata, _causal_for, _staged, _unstage, \
-    _esize, _scale_lse, _check_name, _packed
+from ._fi_common import _dtype, _context_for, _paged_metadata, _causal_for, _staged_outputs, \
+    _unstage, _esize, _scale_lse, _check_name, _packed
 
 
 def _cat_last(a, b):
@@ -249,8 +249,8 @@ class BatchMLAPagedAttentionWrapper:
         ckv_cache, kpe_cache = self._kv(ckv_cache, kpe_cache, kv_cache)
         p, cache = self._start("run()", q, ckv_cache, kpe_cache)
         want = return_lse or lse is not None
-        out, out_dst = _staged(out, "out", ins)
-        lse, lse_dst = _staged(lse, "lse", ins)
+        ins = tuple(ins) + (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache))
+        out, out_dst, lse, lse_dst = _staged_outputs(out, lse, ins)
         res = p.run(_packed(q) if q_pe is None else _cat_last(q, q_pe), cache, out=out, lse=lse,
                     return_lse=want)
         return self._finish(res, want, return_lse, return_lse_base_on_e, out_dst, lse_dst)
@@ -297,8 +297,8 @@ class BatchMLAPagedAttentionWrapper:
         lse) as run()."""
         p, cache = self._start("run_layer()", q, ckv_cache, kpe_cache)
         want = return_lse or lse is not None
-        ins = (("q", q), ("w_uk", w_uk), ("w_uv", w_uv))
-        out, out_dst = _staged(out, "out", ins)
-        lse, lse_dst = _staged(lse, "lse", ins)
+        ins = (("q", q), ("w_uk", w_uk), ("w_uv", w_uv), ("ckv_cache", ckv_cache),
+               ("kpe_cache", kpe_cache))
+        out, out_dst, lse, lse_dst = _staged_outputs(out, lse, ins)
         res = p.run_mla(q, w_uk, w_uv, cache, out=out, lse=lse, return_lse=want)
         return self._finish(res, want, return_lse, return_lse_base_on_e, out_dst, lse_dst)

@@ -179,8 +179,10 @@ class Cache:
         if kv.dtype != vv.dtype:
             raise DtypeMismatchError("k, v: dtypes %s and %s differ"
                                      % (_dtype_name(kv.dtype), _dtype_name(vv.dtype)))
+        # Every token's row, a single token's too: kva_cache_write reads the
+        # Hkv * D elements of a row contiguously whatever the token count.
         for t, name in ((kv, "k"), (vv, "v")):
-            if n > 1 and t.shape[1] * t.shape[2] > 1 and (
+            if t.shape[1] * t.shape[2] > 1 and (
                     t.strides[2] != 1 or t.strides[1] != t.shape[2] and t.shape[1] > 1):
                 raise InvalidArgumentError(
                     "%s: heads and channels of a token must be contiguous (strides %s)"

@@ -82,6 +82,10 @@ class Pool:
         row_len = L._fit(row_len, L.c_int32, "row_len")  # before np.empty(2.5), np.empty(2**40)
         row = np.empty(max(row_len, 0), np.int32)  # row_len < 0: the C call refuses it
         _check(L.kva_pool_request_block_table(self._h, request_id, _ptr(row), row_len, _byref(n)))
+        if n.value > row_len:  # row_len 0 is C's query of the count: no row was written
+            raise _errors.OutOfRangeError(
+                "kva_pool_request_block_table: row_len %d is shorter than request %d's %d blocks"
+                % (row_len, request_id, n.value))
         return row
 
     def slots(self, request_id, first_pos, count):

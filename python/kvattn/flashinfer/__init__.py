@@ -71,7 +71,7 @@ from .._fi_common import (  # noqa: F401 (get_alibi_slopes is public here)
     _finish_lse,
     _causal_for,
     _check_name,
-    _staged,
+    _staged_outputs,
     _unstage,
     _esize,
     _scale_lse,
@@ -214,9 +214,8 @@ class _PagedWrapper:
         self._last_mult = mult
         plan = self._plan_for(mult, wl, sm)
         want_lse = return_lse or lse is not None
-        ins = (("q", q), ("sinks", sinks))
-        out, out_dst = _staged(out, "out", ins)
-        lse, lse_dst = _staged(lse, "lse", ins)
+        ins = (("q", q), ("sinks", sinks), ("paged_kv_cache", paged_kv_cache))
+        out, out_dst, lse, lse_dst = _staged_outputs(out, lse, ins)
         res = plan.run(_packed(q), cache, out=out, lse=lse, return_lse=want_lse, sinks=sinks)
         o, l = res if want_lse else (res, None)
         if v_scale is not None and float(v_scale) != 1.0:
@@ -512,8 +511,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             k, v = k[:n], v[:n]
         want_lse = return_lse or lse is not None
         ins = (("q", q), ("k", k), ("v", v), ("sinks", sinks))
-        out, out_dst = _staged(out, "out", ins)
-        lse, lse_dst = _staged(lse, "lse", ins)
+        out, out_dst, lse, lse_dst = _staged_outputs(out, lse, ins)
         res = p.run_ragged(_packed(q), _packed(k), _packed(v), out=out, lse=lse,
                            return_lse=want_lse, sinks=sinks)
         if not want_lse:
