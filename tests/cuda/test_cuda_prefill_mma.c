@@ -189,9 +189,9 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
     const int32_t capacity = (int32_t)count + 3; /* a fixed-capacity grid with spare CTAs */
     int32_t *tiles = malloc(sizeof(int32_t) * KVA__CUDA_PREFILL_TILE_INTS * (size_t)capacity);
     int32_t ntiles = -1;
-    CHECK_OK(kva__cuda_prefill_tiles_build_subset(b->R, b->query_start_loc, b->seq_lens, NULL, H,
-                                                  Hkv, c->causal, c->window, 0, tiles, capacity,
-                                                  &ntiles));
+    CHECK_OK(kva__cuda_prefill_tiles_build_sections(b->R, b->query_start_loc, b->seq_lens, NULL, H,
+                                                    Hkv, c->causal, c->window, 0, 0, tiles,
+                                                    capacity, &ntiles));
     CHECK(ntiles == count);
     int32_t *d_tiles = dev_copy(tiles, sizeof(int32_t) * 4 * (size_t)capacity);
     int32_t *d_ntiles = dev_copy(&ntiles, sizeof ntiles);
@@ -615,8 +615,8 @@ static void test_sections(void)
     int32_t plain[CAP * 4], sec[CAP * 4], n0 = -1, n1 = -1;
     const int64_t count = kva__cuda_prefill_tiles_count_subset(6, qsl, use, H, HKV);
     CHECK(count > 0 && count <= CAP);
-    CHECK_OK(
-        kva__cuda_prefill_tiles_build_subset(6, qsl, sl, use, H, HKV, 1, -1, 0, plain, CAP, &n0));
+    CHECK_OK(kva__cuda_prefill_tiles_build_sections(6, qsl, sl, use, H, HKV, 1, -1, 0, 0, plain,
+                                                    CAP, &n0));
     const int64_t budget = 2000; /* keys of one section */
     CHECK_OK(kva__cuda_prefill_tiles_build_sections(6, qsl, sl, use, H, HKV, 1, -1, 0, budget, sec,
                                                     CAP, &n1));
@@ -676,7 +676,8 @@ static void test_host(void)
     /* H = 8, Hkv = 2 (G = 4): request 1 has 1200 rows -> 10 tiles per kv head. */
     const int64_t count = kva__cuda_prefill_tiles_count_subset(4, qsl, NULL, 8, 2);
     CHECK(count == (1 + 10 + 0 + 8) * 2);
-    CHECK_OK(kva__cuda_prefill_tiles_build_subset(4, qsl, sl, NULL, 8, 2, 1, -1, 0, tiles, 64, &n));
+    CHECK_OK(
+        kva__cuda_prefill_tiles_build_sections(4, qsl, sl, NULL, 8, 2, 1, -1, 0, 0, tiles, 64, &n));
     CHECK(n == count);
     /* Heaviest first: request 3's last tile (chunked prefill, sees ~1000 keys). */
     CHECK(tiles[0] == 3 && tiles[1] == 7 * 128);
@@ -692,12 +693,12 @@ static void test_host(void)
     memcpy(before, tiles, sizeof tiles);
     n = -5;
     CHECK_STATUS(
-        kva__cuda_prefill_tiles_build_subset(4, qsl, sl, NULL, 8, 2, 1, -1, 0, tiles, 10, &n),
+        kva__cuda_prefill_tiles_build_sections(4, qsl, sl, NULL, 8, 2, 1, -1, 0, 0, tiles, 10, &n),
         KVA_STATUS_OUT_OF_RANGE);
     CHECK_ERROR_MENTIONS("capacity");
     CHECK(n == -5 && memcmp(before, tiles, sizeof tiles) == 0);
     CHECK_STATUS(
-        kva__cuda_prefill_tiles_build_subset(4, qsl, sl, NULL, 8, 3, 1, -1, 0, tiles, 64, &n),
+        kva__cuda_prefill_tiles_build_sections(4, qsl, sl, NULL, 8, 3, 1, -1, 0, 0, tiles, 64, &n),
         KVA_STATUS_INVALID_ARGUMENT);
     test_sections();
     CHECK(kva__cuda_prefill_supported(128, 128, KVA_DTYPE_BF16));

@@ -361,18 +361,6 @@ extern "C" kva_status kva__cuda_prefill_tiles_build_sections(
     return KVA_STATUS_OK;
 }
 
-extern "C" kva_status
-kva__cuda_prefill_tiles_build_subset(int32_t num_requests, const int32_t *query_start_loc,
-                                     const int32_t *seq_lens, const uint8_t *use_req,
-                                     int32_t num_heads, int32_t num_kv_heads, int32_t causal,
-                                     int32_t window_left, int32_t attention_chunk, int32_t *tiles,
-                                     int32_t capacity, int32_t *num_tiles)
-{
-    return kva__cuda_prefill_tiles_build_sections(num_requests, query_start_loc, seq_lens, use_req,
-                                                  num_heads, num_kv_heads, causal, window_left,
-                                                  attention_chunk, 0, tiles, capacity, num_tiles);
-}
-
 template <typename Ty>
 static kva_status launch_dtype(const kva__cuda_prefill_args *a, cudaStream_t st)
 {

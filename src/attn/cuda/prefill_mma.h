@@ -75,7 +75,7 @@ typedef struct kva__cuda_prefill_args {
     const int32_t *query_start_loc;        /* [R + 1] */
     const int32_t *seq_lens;               /* [R] */
     const int32_t *block_table;            /* [R, block_table_stride] */
-    const int32_t *tiles;                  /* [grid_tiles, 4] (kva__cuda_prefill_tiles_build_*) */
+    const int32_t *tiles;                  /* [grid_tiles, 4] from the tile builder (below) */
     const int32_t *num_tiles;              /* [1] tiles in use (<= grid_tiles) */
     const int32_t *block_table_stride_dev; /* [1] or NULL: when set, the block-table
                                               stride is read from device memory (so a
@@ -144,24 +144,16 @@ int64_t kva__cuda_prefill_tiles_count_subset(int32_t num_requests, const int32_t
  * requests, heaviest first (estimated by the number of keys the tile's rows
  * can see under the causal mask, the window and attention_chunk (0 = none),
  * which moves a tile's first key like the window: kva__first_key), and
- * *num_tiles with their count. Host arrays: query_start_loc [R + 1],
- * seq_lens [R]. Returns KVA_STATUS_OUT_OF_RANGE (nothing written) when
- * capacity is too small, KVA_STATUS_INVALID_ARGUMENT for bad metadata,
- * KVA_STATUS_OUT_OF_MEMORY if the sort's scratch cannot be allocated.
+ * *num_tiles with their count. section_keys > 0 lists the tiles section after
+ * section, each section a run of (request, kv head) groups (requests longest
+ * first) that together read at most section_keys keys, heaviest first within
+ * a section, so that a section's K/V stays in the L2 cache while its query
+ * tiles reread it; section_keys <= 0: one section. Host arrays:
+ * query_start_loc [R + 1], seq_lens [R]. Returns KVA_STATUS_OUT_OF_RANGE
+ * (nothing written) when capacity is too small, KVA_STATUS_INVALID_ARGUMENT
+ * for bad metadata, KVA_STATUS_OUT_OF_MEMORY if the sort's scratch cannot be
+ * allocated.
  */
-kva_status kva__cuda_prefill_tiles_build_subset(int32_t num_requests,
-                                                const int32_t *query_start_loc,
-                                                const int32_t *seq_lens, const uint8_t *use_req,
-                                                int32_t num_heads, int32_t num_kv_heads,
-                                                int32_t causal, int32_t window_left,
-                                                int32_t attention_chunk, int32_t *tiles,
-                                                int32_t capacity, int32_t *num_tiles);
-/* The subset builder with L2 sections: section_keys > 0 lists the tiles
- * section after section, each section a run of (request, kv head) groups
- * (requests longest first) that together read at most section_keys keys,
- * heaviest first within a section, so that a section's K/V stays in the L2
- * cache while its query tiles reread it; section_keys <= 0 is the subset
- * builder's order. */
 kva_status kva__cuda_prefill_tiles_build_sections(
     int32_t num_requests, const int32_t *query_start_loc, const int32_t *seq_lens,
     const uint8_t *use_req, int32_t num_heads, int32_t num_kv_heads, int32_t causal,
