@@ -104,10 +104,10 @@ static int bench_shape(const shape *s, kva_rng *rng, int only_var)
         qsl[r] = r * S;
     for (int32_t r = 0; r < R; r++)
         sl[r] = S;
-    const int64_t count = kva__cuda_prefill_tiles_count(R, qsl, H, Hkv);
+    const int64_t count = kva__cuda_prefill_tiles_count_subset(R, qsl, NULL, H, Hkv);
     int32_t *tiles = malloc(sizeof(int32_t) * 4 * (size_t)count), ntiles = 0;
-    if (kva__cuda_prefill_tiles_build(R, qsl, sl, H, Hkv, 1, -1, tiles, (int32_t)count, &ntiles) !=
-        KVA_STATUS_OK) {
+    if (kva__cuda_prefill_tiles_build_sections(R, qsl, sl, NULL, H, Hkv, 1, -1, 0, 0, tiles,
+                                               (int32_t)count, &ntiles) != KVA_STATUS_OK) {
         fprintf(stderr, "tiles_build: %s\n", kva_last_error());
         return 1;
     }

@@ -130,7 +130,7 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < bt.size(); i++)
         bt[i] = perm[i];
-    const int64_t count = kva__cuda_prefill_tiles_count(R, qsl.data(), H, Hkv);
+    const int64_t count = kva__cuda_prefill_tiles_count_subset(R, qsl.data(), NULL, H, Hkv);
     std::vector<int32_t> tiles((size_t)count * KVA__CUDA_PREFILL_TILE_INTS);
     std::vector<uint8_t> use(R, 1);
     int32_t nt = 0;

@@ -8,8 +8,8 @@
 #endif
 
 /* The backend list: one line per backend, in kva_backend order. A backend
- * not compiled in has a table whose entries report it unavailable
- * (src/attn/cuda/no_cuda.c). */
+ * not compiled in has a table that sees no device, so that
+ * kva_backend_available says 0 (src/attn/cuda/no_cuda.c). */
 static const kva__backend_ops *const kva__backends[KVA_BACKEND_COUNT_] = {
     [KVA_BACKEND_REF] = &kva__ref_ops,
     [KVA_BACKEND_CPU] = &kva__cpu_ops,

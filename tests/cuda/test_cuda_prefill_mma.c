@@ -183,13 +183,15 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
     int32_t *d_qsl = dev_copy(b->query_start_loc, sizeof(int32_t) * (size_t)(b->R + 1));
     int32_t *d_sl = dev_copy(b->seq_lens, sizeof(int32_t) * (size_t)(b->R > 0 ? b->R : 1));
     int32_t *d_bt = dev_copy(b->block_table, sizeof(int32_t) * (size_t)b->R * (size_t)b->stride);
-    const int64_t count = kva__cuda_prefill_tiles_count(b->R, b->query_start_loc, H, Hkv);
+    const int64_t count =
+        kva__cuda_prefill_tiles_count_subset(b->R, b->query_start_loc, NULL, H, Hkv);
     CHECK(count >= 0);
     const int32_t capacity = (int32_t)count + 3; /* a fixed-capacity grid with spare CTAs */
     int32_t *tiles = malloc(sizeof(int32_t) * KVA__CUDA_PREFILL_TILE_INTS * (size_t)capacity);
     int32_t ntiles = -1;
-    CHECK_OK(kva__cuda_prefill_tiles_build(b->R, b->query_start_loc, b->seq_lens, H, Hkv, c->causal,
-                                           c->window, tiles, capacity, &ntiles));
+    CHECK_OK(kva__cuda_prefill_tiles_build_sections(b->R, b->query_start_loc, b->seq_lens, NULL, H,
+                                                    Hkv, c->causal, c->window, 0, 0, tiles,
+                                                    capacity, &ntiles));
     CHECK(ntiles == count);
     int32_t *d_tiles = dev_copy(tiles, sizeof(int32_t) * 4 * (size_t)capacity);
     int32_t *d_ntiles = dev_copy(&ntiles, sizeof ntiles);
@@ -231,7 +233,7 @@ static void run_batch(const cfg *c, const kva_test_batch *b)
 
     const double u = c->dt == KVA_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
     const double atol = kva_test_atol(c->dt) + u * 1.7320508; /* max|v| of the uniform fill */
-    /* Kernel 0 is the dispatcher's choice (kva__cuda_prefill_launch's path).
+    /* Kernel 0 is the dispatcher's choice (KVA__CUDA_PREFILL_AUTO).
      * KVA_TEST_KERNELS="a,b,..." (kva__cuda_prefill_kernel values) runs only
      * those (sanitizer runs of one kernel; every kernel by default). The
      * wgmma kernels at D = Dv 128 run in both tile shapes (args.narrow), and
@@ -613,8 +615,8 @@ static void test_sections(void)
     int32_t plain[CAP * 4], sec[CAP * 4], n0 = -1, n1 = -1;
     const int64_t count = kva__cuda_prefill_tiles_count_subset(6, qsl, use, H, HKV);
     CHECK(count > 0 && count <= CAP);
-    CHECK_OK(
-        kva__cuda_prefill_tiles_build_subset(6, qsl, sl, use, H, HKV, 1, -1, 0, plain, CAP, &n0));
+    CHECK_OK(kva__cuda_prefill_tiles_build_sections(6, qsl, sl, use, H, HKV, 1, -1, 0, 0, plain,
+                                                    CAP, &n0));
     const int64_t budget = 2000; /* keys of one section */
     CHECK_OK(kva__cuda_prefill_tiles_build_sections(6, qsl, sl, use, H, HKV, 1, -1, 0, budget, sec,
                                                     CAP, &n1));
@@ -672,9 +674,10 @@ static void test_host(void)
     static const int32_t qsl[] = {0, 1, 301, 301, 557}, sl[] = {90, 300, 0, 1000};
     int32_t tiles[64 * 4], n = -1;
     /* H = 8, Hkv = 2 (G = 4): request 1 has 1200 rows -> 10 tiles per kv head. */
-    const int64_t count = kva__cuda_prefill_tiles_count(4, qsl, 8, 2);
+    const int64_t count = kva__cuda_prefill_tiles_count_subset(4, qsl, NULL, 8, 2);
     CHECK(count == (1 + 10 + 0 + 8) * 2);
-    CHECK_OK(kva__cuda_prefill_tiles_build(4, qsl, sl, 8, 2, 1, -1, tiles, 64, &n));
+    CHECK_OK(
+        kva__cuda_prefill_tiles_build_sections(4, qsl, sl, NULL, 8, 2, 1, -1, 0, 0, tiles, 64, &n));
     CHECK(n == count);
     /* Heaviest first: request 3's last tile (chunked prefill, sees ~1000 keys). */
     CHECK(tiles[0] == 3 && tiles[1] == 7 * 128);
@@ -689,12 +692,14 @@ static void test_host(void)
     int32_t before[64 * 4];
     memcpy(before, tiles, sizeof tiles);
     n = -5;
-    CHECK_STATUS(kva__cuda_prefill_tiles_build(4, qsl, sl, 8, 2, 1, -1, tiles, 10, &n),
-                 KVA_STATUS_OUT_OF_RANGE);
+    CHECK_STATUS(
+        kva__cuda_prefill_tiles_build_sections(4, qsl, sl, NULL, 8, 2, 1, -1, 0, 0, tiles, 10, &n),
+        KVA_STATUS_OUT_OF_RANGE);
     CHECK_ERROR_MENTIONS("capacity");
     CHECK(n == -5 && memcmp(before, tiles, sizeof tiles) == 0);
-    CHECK_STATUS(kva__cuda_prefill_tiles_build(4, qsl, sl, 8, 3, 1, -1, tiles, 64, &n),
-                 KVA_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(
+        kva__cuda_prefill_tiles_build_sections(4, qsl, sl, NULL, 8, 3, 1, -1, 0, 0, tiles, 64, &n),
+        KVA_STATUS_INVALID_ARGUMENT);
     test_sections();
     CHECK(kva__cuda_prefill_supported(128, 128, KVA_DTYPE_BF16));
     CHECK(kva__cuda_prefill_supported(64, 64, KVA_DTYPE_F16));
@@ -729,10 +734,12 @@ static void test_host(void)
     a.head_dim = a.head_dim_v = 96;
     a.dtype = KVA_DTYPE_BF16;
     a.grid_tiles = 1;
-    CHECK_STATUS(kva__cuda_prefill_launch(&a, NULL), KVA_STATUS_UNSUPPORTED);
+    CHECK_STATUS(kva__cuda_prefill_launch_kernel(&a, NULL, KVA__CUDA_PREFILL_AUTO),
+                 KVA_STATUS_UNSUPPORTED);
     CHECK_ERROR_MENTIONS("D = 96");
     a.head_dim = a.head_dim_v = 128;
-    CHECK_STATUS(kva__cuda_prefill_launch(&a, NULL), KVA_STATUS_NULL_POINTER);
+    CHECK_STATUS(kva__cuda_prefill_launch_kernel(&a, NULL, KVA__CUDA_PREFILL_AUTO),
+                 KVA_STATUS_NULL_POINTER);
 }
 
 int main(int argc, char **argv)

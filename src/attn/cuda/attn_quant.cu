@@ -16,12 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* 1: items of plans partitioned for the tensor-core decode over quantized K/V run on the
- * tensor-core kernel of decode_mma_quant.cu; 0: everything on the CUDA-core kernel. */
-#ifndef KVA__CUDA_QUANT_MMA
-#define KVA__CUDA_QUANT_MMA 1
-#endif
-
 /*
  * The instantiation for a cache and the plan's rows per item: ROWS = 4 with
  * 16-byte chunks when items hold at most 4 rows and the rows are 16-byte
@@ -96,8 +90,7 @@ extern "C" kva_status kva__cuda_attention_quant(kva_context *ctx, const kva_plan
      * any) stay here; both write disjoint rows (or split partials) and the
      * merge below covers both. */
     const int mma =
-        KVA__CUDA_QUANT_MMA && cp->decode_kernel == KVA__CUDA_K_DECODE_MMA &&
-        cp->rows == KVA__CUDA_MMA_DECODE_ROWS &&
+        cp->decode_kernel == KVA__CUDA_K_DECODE_MMA && cp->rows == KVA__CUDA_MMA_DECODE_ROWS &&
         kva__cuda_decode_mma_quant_supported(cd->quant, cd->dtype, a.D, a.Dv, d->q_dtype);
     if (mma) {
         KVA_TRY(kva__cuda_decode_mma_quant_run(ctx, plan, q, cache, sinks, out, lse));

@@ -1,15 +1,15 @@
 /*
  * cuda_dispatch.cu - the CUDA backend's run path: kva_attention_run and
- * kva_attention_run_ragged on a plan that cuda_plan_build (cuda_ctx.cu)
+ * kva_attention_run_ragged on a plan that kva__cuda_plan_build (cuda_plan.cu)
  * partitioned and uploaded. Per run it launches, on the context's stream:
- *   1. the prefill tiles' kernel (prefill_mma.h: wgmma on sm_90a at D 128,
+ *   1. the prefill tiles' kernel (prefill_mma.h: wgmma on sm_90a at its head sizes,
  *      else mma.sync; quantized caches: attn_quant.cu takes the whole run);
  *   2. the work items' kernel the plan chose (cp->decode_kernel): the
  *      tensor-core decode (decode_mma.cu) or the CUDA-core kernel
  *      (attn_simt.cu);
  *   3. the split merge (split_merge.cu), unless the items' kernel merged its
  *      split tasks itself (the tensor-core decode: last-CTA merge).
- * Which kernel runs is decided per plan (cuda_plan_build: the shape, or a
+ * Which kernel runs is decided per plan (kva__cuda_plan_build: the shape, or a
  * kernel forced through kva__context_force_kernel) and, for the prefill
  * tiles, per run (the cache's block size decides TMA).
  */
@@ -69,7 +69,7 @@ extern "C" void kva__cuda_prefill_args_init(kva__cuda_prefill_args *pa, const kv
 }
 
 /*
- * The plan's prefills on the tensor-core kernel (prefill_mma.h). cuda_plan_build
+ * The plan's prefills on the tensor-core kernel (prefill_mma.h). kva__cuda_plan_build
  * left them out of the work items and uploaded their tile list into the
  * metadata's prefill-tile section, its count into the header. The grid is the
  * section's capacity (CTAs past the count exit), so a graph captured here

@@ -374,9 +374,9 @@ extern "C" kva_status kva__cuda_mla_plan_build(kva_context *ctx, const kva_plan 
                 w0 += (int32_t)((j1 - j0 + WB - 1) / WB * WB);
             }
             int32_t n = 0;
-            s = kva__cuda_prefill_tiles_build_subset(R, qsl, seq, use, H, H, rd->causal, -1, 0,
-                                                     (int32_t *)(img + rd->off_tiles), rd->ntiles,
-                                                     &n);
+            s = kva__cuda_prefill_tiles_build_sections(R, qsl, seq, use, H, H, rd->causal, -1, 0, 0,
+                                                       (int32_t *)(img + rd->off_tiles), rd->ntiles,
+                                                       &n);
             *(int32_t *)(img + rd->off_ntiles) = n;
         }
     }

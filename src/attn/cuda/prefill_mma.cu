@@ -188,14 +188,6 @@ extern "C" int64_t kva__cuda_prefill_tiles_count_subset(int32_t num_requests,
     return n;
 }
 
-extern "C" int64_t kva__cuda_prefill_tiles_count(int32_t num_requests,
-                                                 const int32_t *query_start_loc, int32_t num_heads,
-                                                 int32_t num_kv_heads)
-{
-    return kva__cuda_prefill_tiles_count_subset(num_requests, query_start_loc, NULL, num_heads,
-                                                num_kv_heads);
-}
-
 /* A (request, m0) entry and its estimated cost, for the heaviest-first sort. */
 typedef struct tile_cost {
     int64_t cost;
@@ -369,34 +361,10 @@ extern "C" kva_status kva__cuda_prefill_tiles_build_sections(
     return KVA_STATUS_OK;
 }
 
-extern "C" kva_status
-kva__cuda_prefill_tiles_build_subset(int32_t num_requests, const int32_t *query_start_loc,
-                                     const int32_t *seq_lens, const uint8_t *use_req,
-                                     int32_t num_heads, int32_t num_kv_heads, int32_t causal,
-                                     int32_t window_left, int32_t attention_chunk, int32_t *tiles,
-                                     int32_t capacity, int32_t *num_tiles)
-{
-    return kva__cuda_prefill_tiles_build_sections(num_requests, query_start_loc, seq_lens, use_req,
-                                                  num_heads, num_kv_heads, causal, window_left,
-                                                  attention_chunk, 0, tiles, capacity, num_tiles);
-}
-
-extern "C" kva_status kva__cuda_prefill_tiles_build(int32_t num_requests,
-                                                    const int32_t *query_start_loc,
-                                                    const int32_t *seq_lens, int32_t num_heads,
-                                                    int32_t num_kv_heads, int32_t causal,
-                                                    int32_t window_left, int32_t *tiles,
-                                                    int32_t capacity, int32_t *num_tiles)
-{
-    return kva__cuda_prefill_tiles_build_subset(num_requests, query_start_loc, seq_lens, NULL,
-                                                num_heads, num_kv_heads, causal, window_left, 0,
-                                                tiles, capacity, num_tiles);
-}
-
 template <typename Ty>
 static kva_status launch_dtype(const kva__cuda_prefill_args *a, cudaStream_t st)
 {
-    const char *who = "kva__cuda_prefill_launch";
+    const char *who = "kva__cuda_prefill_launch_kernel";
     switch (a->head_dim) {
     case 64:
         return kva__pf_launch<pf16_policy<64, Ty>>(*a, a->grid_tiles, st, who);
@@ -475,29 +443,26 @@ extern "C" kva_status kva__cuda_prefill_launch_kernel(const kva__cuda_prefill_ar
 {
     KVA_CHECK_PTR(a);
     if (!kva__cuda_prefill_supported(a->head_dim, a->head_dim_v, a->dtype))
-        return kva__fail(KVA_STATUS_UNSUPPORTED,
-                         "kva__cuda_prefill_launch: D = %d, Dv = %d, dtype = %s not supported "
-                         "(D = Dv in {64, 128, 256}, or D 192 / Dv 128 on sm_90a; f16 or bf16)",
-                         (int)a->head_dim, (int)a->head_dim_v, kva_dtype_name(a->dtype));
-    KVA_TRY(kva__cuda_prefill_check(a, "kva__cuda_prefill_launch"));
+        return kva__fail(
+            KVA_STATUS_UNSUPPORTED,
+            "kva__cuda_prefill_launch_kernel: D = %d, Dv = %d, dtype = %s not supported "
+            "(D = Dv in {64, 128, 256}, or D 192 / Dv 128 on sm_90a; f16 or bf16)",
+            (int)a->head_dim, (int)a->head_dim_v, kva_dtype_name(a->dtype));
+    KVA_TRY(kva__cuda_prefill_check(a, "kva__cuda_prefill_launch_kernel"));
     if (a->grid_tiles == 0)
         return KVA_STATUS_OK;
     if (kernel == KVA__CUDA_PREFILL_AUTO)
         kernel = kva__cuda_prefill_kernel_default(a->head_dim, a->head_dim_v, a->block_size,
                                                   a->num_blocks);
     if (!kva__cuda_prefill_kernel_exists(a->head_dim, a->head_dim_v, kernel))
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva__cuda_prefill_launch: prefill kernel %d does not exist for D = %d, "
-                         "Dv = %d on this build and device",
-                         (int)kernel, (int)a->head_dim, (int)a->head_dim_v);
+        return kva__fail(
+            KVA_STATUS_INVALID_ARGUMENT,
+            "kva__cuda_prefill_launch_kernel: prefill kernel %d does not exist for D = %d, "
+            "Dv = %d on this build and device",
+            (int)kernel, (int)a->head_dim, (int)a->head_dim_v);
     if (kernel != KVA__CUDA_PREFILL_MMA)
         return kva__cuda_prefill_wgmma_launch(a, stream, kernel == KVA__CUDA_PREFILL_WGMMA_TMA);
     cudaStream_t st = (cudaStream_t)stream;
     return a->dtype == KVA_DTYPE_BF16 ? launch_dtype<kva__mma_bf16>(a, st)
                                       : launch_dtype<kva__mma_f16>(a, st);
-}
-
-extern "C" kva_status kva__cuda_prefill_launch(const kva__cuda_prefill_args *a, void *stream)
-{
-    return kva__cuda_prefill_launch_kernel(a, stream, KVA__CUDA_PREFILL_AUTO);
 }

@@ -11,7 +11,7 @@
  * One CTA computes one tile of KVA__CUDA_PREFILL_TILE_M packed rows (row
  * m = i * G + g: token i, query head kvh * G + g) of one (request r, kv head);
  * the tile list [capacity][4] int32 {r, m0, kvh, 0} is built on the host
- * (kva__cuda_prefill_tiles_build, heaviest first) and uploaded with its count;
+ * (kva__cuda_prefill_tiles_build_sections, heaviest first) and uploaded with its count;
  * CTAs past *num_tiles exit, so a captured launch replays with new tiles
  * (docs/cuda-prefill.md, "Tiles and CUDA graphs").
  *
@@ -34,7 +34,7 @@ extern "C" {
 /* int32 entries per tile in the tile array: {r, m0, kvh, 0}. */
 #define KVA__CUDA_PREFILL_TILE_INTS 4
 /* The prefill kernels (kva__cuda_prefill_launch_kernel); the CUDA backend's
- * registry (cuda_kernels.c) names them. */
+ * registry (cuda_kernels.cu) names them. */
 typedef enum kva__cuda_prefill_kernel {
     KVA__CUDA_PREFILL_AUTO = 0,  /* the dispatcher's choice (kva__cuda_prefill_kernel_default) */
     KVA__CUDA_PREFILL_MMA = 1,   /* mma.sync, sm_80+, D = Dv 64/128/256 (prefill_mma.cu) */
@@ -75,7 +75,7 @@ typedef struct kva__cuda_prefill_args {
     const int32_t *query_start_loc;        /* [R + 1] */
     const int32_t *seq_lens;               /* [R] */
     const int32_t *block_table;            /* [R, block_table_stride] */
-    const int32_t *tiles;                  /* [grid_tiles, 4] from kva__cuda_prefill_tiles_build */
+    const int32_t *tiles;                  /* [grid_tiles, 4] from the tile builder (below) */
     const int32_t *num_tiles;              /* [1] tiles in use (<= grid_tiles) */
     const int32_t *block_table_stride_dev; /* [1] or NULL: when set, the block-table
                                               stride is read from device memory (so a
@@ -129,48 +129,31 @@ kva_status kva__cuda_prefill_check(const kva__cuda_prefill_args *a, const char *
 int kva__cuda_prefill_supported(int32_t head_dim, int32_t head_dim_v, kva_dtype dtype);
 
 /*
- * Number of tiles the batch needs: sum over requests of
- * ceil(q_len * (H / Hkv) / TILE_M) * Hkv. Reads host arrays
+ * Number of tiles the requests r with use_req[r] != 0 (host array [R]; NULL =
+ * all; the CUDA backend's run path sends only its prefills here) need: sum
+ * over them of ceil(q_len * (H / Hkv) / TILE_M) * Hkv. Reads host arrays
  * query_start_loc [R + 1]; returns -1 if a q_len is negative or the count
  * overflows int32.
  */
-int64_t kva__cuda_prefill_tiles_count(int32_t num_requests, const int32_t *query_start_loc,
-                                      int32_t num_heads, int32_t num_kv_heads);
-
-/*
- * Fills the host buffer tiles [capacity, 4] int32 with the batch's tiles,
- * heaviest first (estimated by the number of keys the tile's rows can see
- * under the causal mask and window), and *num_tiles with their count.
- * Host arrays: query_start_loc [R + 1], seq_lens [R]. Returns
- * KVA_STATUS_OUT_OF_RANGE (nothing written) when capacity is too small,
- * KVA_STATUS_INVALID_ARGUMENT for bad metadata, KVA_STATUS_OUT_OF_MEMORY if
- * the sort's scratch cannot be allocated.
- */
-kva_status kva__cuda_prefill_tiles_build(int32_t num_requests, const int32_t *query_start_loc,
-                                         const int32_t *seq_lens, int32_t num_heads,
-                                         int32_t num_kv_heads, int32_t causal, int32_t window_left,
-                                         int32_t *tiles, int32_t capacity, int32_t *num_tiles);
-
-/* The same two for the subset of requests r with use_req[r] != 0 (host array
- * [R]; NULL = all): the CUDA backend's run path sends only its prefills here.
- * The subset builder also takes the plan's attention_chunk (0 = none), which
- * moves a tile's first key like the window (kva__first_key). */
 int64_t kva__cuda_prefill_tiles_count_subset(int32_t num_requests, const int32_t *query_start_loc,
                                              const uint8_t *use_req, int32_t num_heads,
                                              int32_t num_kv_heads);
-kva_status kva__cuda_prefill_tiles_build_subset(int32_t num_requests,
-                                                const int32_t *query_start_loc,
-                                                const int32_t *seq_lens, const uint8_t *use_req,
-                                                int32_t num_heads, int32_t num_kv_heads,
-                                                int32_t causal, int32_t window_left,
-                                                int32_t attention_chunk, int32_t *tiles,
-                                                int32_t capacity, int32_t *num_tiles);
-/* The subset builder with L2 sections: section_keys > 0 lists the tiles
- * section after section, each section a run of (request, kv head) groups
- * (requests longest first) that together read at most section_keys keys,
- * heaviest first within a section, so that a section's K/V stays in the L2
- * cache while its query tiles reread it; section_keys <= 0 is the subset
- * builder's order. */
+
+/*
+ * Fills the host buffer tiles [capacity, 4] int32 with the tiles of the same
+ * requests, heaviest first (estimated by the number of keys the tile's rows
+ * can see under the causal mask, the window and attention_chunk (0 = none),
+ * which moves a tile's first key like the window: kva__first_key), and
+ * *num_tiles with their count. section_keys > 0 lists the tiles section after
+ * section, each section a run of (request, kv head) groups (requests longest
+ * first) that together read at most section_keys keys, heaviest first within
+ * a section, so that a section's K/V stays in the L2 cache while its query
+ * tiles reread it; section_keys <= 0: one section. Host arrays:
+ * query_start_loc [R + 1], seq_lens [R]. Returns KVA_STATUS_OUT_OF_RANGE
+ * (nothing written) when capacity is too small, KVA_STATUS_INVALID_ARGUMENT
+ * for bad metadata, KVA_STATUS_OUT_OF_MEMORY if the sort's scratch cannot be
+ * allocated.
+ */
 kva_status kva__cuda_prefill_tiles_build_sections(
     int32_t num_requests, const int32_t *query_start_loc, const int32_t *seq_lens,
     const uint8_t *use_req, int32_t num_heads, int32_t num_kv_heads, int32_t causal,
@@ -178,19 +161,15 @@ kva_status kva__cuda_prefill_tiles_build_sections(
     int32_t capacity, int32_t *num_tiles);
 
 /*
- * Launches the kernel on stream (a cudaStream_t, may be NULL). Checks the
- * arguments it can check without reading device memory, sets the kernel's
- * shared-memory limit, launches, and checks cudaGetLastError(). Never
- * synchronizes. KVA_STATUS_UNSUPPORTED for shapes kva__cuda_prefill_supported
- * rejects, KVA_STATUS_DEVICE_ERROR (with the CUDA error string) on a launch
- * failure.
+ * Launches kernel (KVA__CUDA_PREFILL_AUTO: the dispatcher's choice; the run
+ * path passes the plan's, tests and benchmarks each kernel) on stream (a
+ * cudaStream_t, may be NULL). Checks the arguments it can check without
+ * reading device memory, sets the kernel's shared-memory limit, launches, and
+ * checks cudaGetLastError(). Never synchronizes. KVA_STATUS_UNSUPPORTED for
+ * shapes kva__cuda_prefill_supported rejects, KVA_STATUS_INVALID_ARGUMENT for
+ * a kernel that does not exist for D on this build and device,
+ * KVA_STATUS_DEVICE_ERROR (with the CUDA error string) on a launch failure.
  */
-kva_status kva__cuda_prefill_launch(const kva__cuda_prefill_args *args, void *stream);
-
-/* The same with a given kernel (KVA__CUDA_PREFILL_AUTO: the dispatcher's
- * choice), for the run path and for tests and benchmarks that cover every
- * kernel. A kernel that does not exist for D on this build and device is
- * KVA_STATUS_INVALID_ARGUMENT. */
 kva_status kva__cuda_prefill_launch_kernel(const kva__cuda_prefill_args *args, void *stream,
                                            kva__cuda_prefill_kernel kernel);
 

@@ -40,7 +40,7 @@ int kva__cuda_qprefill_supported(kva_quant quant, kva_dtype cache_dtype, int32_t
                                  int32_t head_dim_v, kva_dtype q_dtype);
 
 /* Launches the kernel over the tiles, in the configuration of the format and
- * head size (prefill_mma_quant.cuh, qp_launch_d), as kva__cuda_prefill_launch
+ * head size (prefill_mma_quant.cuh, qp_launch_d), as kva__cuda_prefill_launch_kernel
  * does: never synchronizes, CTAs past *num_tiles exit.
  * KVA_STATUS_UNSUPPORTED for shapes _supported rejects,
  * KVA_STATUS_INVALID_ARGUMENT for bad arguments (q, k, v not 16-byte

@@ -118,7 +118,8 @@ extern "C" kva_status kva__cuda_prefill_wgmma_launch(const kva__cuda_prefill_arg
         return kva__wg_launch_d192(a, st, tma);
     if (a->head_dim == 256 && a->head_dim_v == 256)
         return kva__wg_launch_d256(a, st, tma); /* one tile shape: a->narrow is not read */
-    return kva__fail(KVA_STATUS_UNSUPPORTED,
-                     "kva__cuda_prefill_launch: the wgmma prefill does not serve D = %d, Dv = %d",
-                     (int)a->head_dim, (int)a->head_dim_v);
+    return kva__fail(
+        KVA_STATUS_UNSUPPORTED,
+        "kva__cuda_prefill_launch_kernel: the wgmma prefill does not serve D = %d, Dv = %d",
+        (int)a->head_dim, (int)a->head_dim_v);
 }

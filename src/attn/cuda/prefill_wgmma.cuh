@@ -765,8 +765,8 @@ static __device__ __forceinline__ void wg_pv(float (&o)[DV / 2], const uint32_t 
  * for V); box 64 elements of D by box_rows = min(B, BN) key rows of one head of one block,
  * 128-byte swizzle, so a box lands as box_rows rows of 128 bytes in exactly the swizzled [rows][64]
  * column-block layout of wg_swz (the box's shared-memory address is 1024-byte aligned because
- * box_rows is a multiple of 8). Built on the host per launch (wg_tmaps_encode); ok = 0 when the
- * cache cannot be described (B not a power of two >= 8, NB unknown, encode failure): the kernel
+ * box_rows is a multiple of 8). Built on the host per launch (kva__wg_tmaps_encode); ok = 0 when
+ * the cache cannot be described (B not a power of two >= 8, NB unknown, encode failure): the kernel
  * then gathers every tile by cp.async.
  */
 struct wg_tmaps {

@@ -450,9 +450,10 @@ static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream
         if (e == cudaSuccess)
             e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
         if (e != cudaSuccess)
-            return kva__fail(KVA_STATUS_DEVICE_ERROR,
-                             "kva__cuda_prefill_launch: SM count (persistent wgmma kernel): %s",
-                             cudaGetErrorString(e));
+            return kva__fail(
+                KVA_STATUS_DEVICE_ERROR,
+                "kva__cuda_prefill_launch_kernel: SM count (persistent wgmma kernel): %s",
+                cudaGetErrorString(e));
         if (hc)
             hc->num_sms = nsm;
     }
@@ -469,10 +470,11 @@ static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream
             e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
                                      (int)cudaSharedmemCarveoutMaxShared);
         if (e != cudaSuccess)
-            return kva__fail(KVA_STATUS_DEVICE_ERROR,
-                             "kva__cuda_prefill_launch: cudaFuncSetAttribute(%zu bytes of shared "
-                             "memory, wgmma kernel): %s",
-                             smem, cudaGetErrorString(e));
+            return kva__fail(
+                KVA_STATUS_DEVICE_ERROR,
+                "kva__cuda_prefill_launch_kernel: cudaFuncSetAttribute(%zu bytes of shared "
+                "memory, wgmma kernel): %s",
+                smem, cudaGetErrorString(e));
         if (hc)
             hc->attr_set[bf] |= (uint64_t)1 << bit;
     }
@@ -480,7 +482,7 @@ static kva_status launch_ws(const kva__cuda_prefill_args *a, cudaStream_t stream
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return kva__fail(KVA_STATUS_DEVICE_ERROR,
-                         "kva__cuda_prefill_launch: launch of %d tiles (wgmma kernel): %s",
+                         "kva__cuda_prefill_launch_kernel: launch of %d tiles (wgmma kernel): %s",
                          (int)a->grid_tiles, cudaGetErrorString(e));
     return KVA_STATUS_OK;
 }
