@@ -25,4 +25,5 @@ run test_cuda_plan_update
 run test_cuda_mla
 run test_cuda_mla_run
 run test_cuda_mla_sparse
+run test_cuda_prefill_mma
 cat "$L"
