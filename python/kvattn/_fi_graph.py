@@ -12,12 +12,24 @@ refuses, after a capture, a plan that would not fit instead of growing them.
 kvattn's page table is dense ([requests, the longest request's pages]), so
 the page-table reservation is the larger of the indices buffer's length and
 twice the first plan's table; a later table larger than that is fine before a
-capture (the reservation grows) and refused after one.
+capture (the reservation grows) and refused after one. The prefill wrapper
+reserves more query rows than requests, so that the context has prefill-tile
+capacity (and a captured run launches the prefill kernel) even when its
+first plan has one row per request.
+A captured run also keeps what the plan of its capture fixed in its kernels'
+arguments and choice (kvattn_cuda.h): the causal flag and window (which also
+shape the plan's work list), ALiBi on/off, and for the MLA wrapper the
+kernel's rows per item (H x the longest q_len, in 16 / 32 / 64). After a
+capture a plan that differs in them is refused (the causal flag only where
+the plan has a request of more than one query row: for q_len 1 it masks
+nothing). The scale and soft-cap stay the captured ones, as in FlashInfer.
 Outside graph mode, run() under capture is refused: a later plan could grow
 the buffers under the graph (FlashInfer's own wrappers need graph mode for
 capture as well, their plan() allocating new buffers otherwise)."""
 
 import sys
+
+import numpy as np
 
 from . import _tensor as T
 from ._errors import InvalidArgumentError, UnsupportedError
@@ -33,13 +45,16 @@ def _length(x, name):
 class GraphMode:
     """The graph-mode state of one paged wrapper."""
 
-    def __init__(self, batch_size, num_indices):
+    def __init__(self, batch_size, num_indices, prefill=False):
         self.batch_size = batch_size
         self.num_indices = num_indices
+        self.prefill = prefill  # plans may hold requests of several rows (prefill tiles)
         self.max_rows = None  # query rows: fixed by the first plan (FlashInfer's rule)
         self.q_len_per_req = None  # decode: fixed by the first plan (FlashInfer's rule)
         self.reserved = None  # (R, T, page-table entries, H, Hkv, Dv) reserved on the context
         self.captured = False  # run() was captured into a graph
+        self.key = None  # fixed_key of the newest plan made (made())
+        self.captured_key = None  # fixed_key of the plan the graphs were captured over
 
     @classmethod
     def decode(cls, indptr_buf, indices_buf, last_page_len_buf):
@@ -62,7 +77,7 @@ class GraphMode:
         if _length(last_page_len_buf, "paged_kv_last_page_len_buf") != bs:
             raise InvalidArgumentError("paged_kv_last_page_len_buf must hold batch_size = %d "
                                        "entries in CUDA-graph mode" % bs)
-        return cls(bs, _length(indices_buf, "paged_kv_indices_buf"))
+        return cls(bs, _length(indices_buf, "paged_kv_indices_buf"), prefill=True)
 
     @classmethod
     def mla(cls, qo_indptr, kv_indices):
@@ -96,9 +111,17 @@ class GraphMode:
         if self.q_len_per_req is None:
             self.q_len_per_req = q_len_per_req
 
-    def reserve(self, ctx, kw):
+    def reserve(self, ctx, kw, mla_rows=None):
         """Before a plan on ctx (a CUDA context): keeps the device buffers the
-        graph reads, or refuses the plan after a capture."""
+        graph reads, or refuses the plan after a capture (also one that
+        differs from the captured plan in what the graph's kernels keep).
+        Returns the plan's fixed_key, for made() once the plan exists."""
+        key = fixed_key(kw, mla_rows)
+        if self.captured and not compatible(key, self.captured_key):
+            raise InvalidArgumentError(
+                "CUDA-graph mode: this plan differs from the one the graph was captured over in "
+                "what the captured kernels keep (%s); replaying it would compute the captured "
+                "plan's masks or kernel shape" % _diff(key, self.captured_key))
         bt = kw["block_table"]
         r, width = (bt.shape[0], bt.shape[1]) if bt.ndim == 2 else (bt.shape[0], 0)
         rows = int(kw["query_start_loc"][-1]) if r else 0
@@ -106,7 +129,7 @@ class GraphMode:
         need = (r, rows, r * width)
         have = self.reserved
         if have is not None and have[3:] == shape and all(n <= h for n, h in zip(need, have)):
-            return
+            return key
         if self.captured:
             raise InvalidArgumentError(
                 "CUDA-graph mode: this plan needs %d requests, %d query rows and a page table of "
@@ -116,9 +139,77 @@ class GraphMode:
                 % (r, rows, r, width, need[2], have and "%d, %d and %d" % have[:3]))
         bt_cap = max(self.num_indices, 2 * need[2], have[2] if have and have[3:] == shape else 0)
         reqs = self.batch_size if self.batch_size is not None else max(r, have[0] if have else 0)
-        cap = (reqs, max(self.max_rows or 0, rows), bt_cap) + shape
+        tokens = max(self.max_rows or 0, rows)
+        if self.prefill:  # kva_cuda_context_reserve reserves prefill tiles only for T > R
+            tokens = max(tokens, reqs + 1)
+        cap = (reqs, tokens, bt_cap) + shape
         ctx.reserve(*cap)
         self.reserved = cap
+        return key
+
+    def made(self, key):
+        """The plan of key (reserve()'s) was made: the one a capture now records."""
+        self.key = key
+
+    def capture(self):
+        """run() is being captured over the newest plan. A later capture's
+        plan is compatible with the first's (reserve() refused any other),
+        so later plans are held to the first capture's key."""
+        if self.captured_key is None:
+            self.captured_key = self.key
+        self.captured = True
+
+
+# The scale and soft-cap are kernel arguments only (the graph keeps the
+# captured ones, as FlashInfer's graphs do); these also shape the plan's
+# work list or the kernel's choice.
+_KEY_FIELDS = ("causal", "window_left", "block_size", "q_dtype", "head_dim", "head_dim_v",
+               "num_heads", "num_kv_heads", "mla_layer")
+
+
+def fixed_key(kw, mla_rows=None):
+    """What a captured run keeps of the plan it was captured over (kernel
+    arguments, kernel choice): a dict of kw's mask and shape fields, ALiBi
+    on/off, the MLA kernel's rows per item, and the longest q_len (for
+    compatible())."""
+    key = {f: kw.get(f) for f in _KEY_FIELDS}
+    key["alibi"] = kw.get("alibi_slopes") is not None
+    key["mla_rows"] = mla_rows
+    qo = np.asarray(kw["query_start_loc"], np.int64)
+    key["max_q_len"] = int(np.diff(qo).max()) if qo.size > 1 else 0
+    return key
+
+
+def compatible(key, captured):
+    """Whether a plan of key replays right in a graph captured over a plan of
+    captured: the same fields, except that the causal flag may differ where
+    the plan has no request of more than one query row (causal masks nothing
+    then: a row at the last position sees every key)."""
+    if captured is None:
+        return True
+    for f in key:
+        if f == "max_q_len" or key[f] == captured[f]:
+            continue
+        if f == "causal" and key["max_q_len"] <= 1:
+            continue
+        return False
+    return True
+
+
+def _diff(key, captured):
+    return ", ".join("%s %r, captured %r" % (f, key[f], captured[f]) for f in key
+                     if f != "max_q_len" and key[f] != captured[f])
+
+
+def mla_rows(num_heads, query_start_loc):
+    """The CUDA MLA decode's rows per item for a kernel-level MLA plan
+    (kva__cuda_mla_decode_rows over the plan's longest q_len): 16, 32 or 64.
+    (A layer-level plan's absorbed part counts its decodes only; such plans
+    are not captured, and mla_layer tells them apart.)"""
+    qo = np.asarray(query_start_loc, np.int64)
+    mq = max(int(np.diff(qo).max()) if qo.size > 1 else 1, 1)
+    r = int(num_heads) * mq
+    return 16 if r <= 16 else 32 if r <= 32 else 64
 
 
 def capturing(ctx, q):
@@ -151,4 +242,4 @@ def refuse_uncaptured(graph, prepared):
         raise UnsupportedError(
             "run() under CUDA graph capture with a cache form, window_left or q/k scale that "
             "plan() did not prepare: run once with these arguments before capturing")
-    graph.captured = True
+    graph.capture()

@@ -109,18 +109,25 @@ class BatchMLAPagedAttentionWrapper:
             self._graph.check_plan(len(kl), len(csr[2]) if csr[2] is not None else 0, rows)
         if self._ctx.device == T.CUDA:
             G.on_current_stream(self._ctx)
+        causal = _causal_for(bool(causal), qo, kl)
+        gkey = None
         if self._graph is not None:
-            self._graph.reserve(self._ctx, dict(block_table=bt, query_start_loc=qo,
-                                                num_heads=num_heads, num_kv_heads=1,
-                                                head_dim_v=head_dim_ckv, head_dim=None))
+            gkey = self._graph.reserve(
+                self._ctx, dict(block_table=bt, query_start_loc=qo, num_heads=num_heads,
+                                num_kv_heads=1, head_dim_v=head_dim_ckv,
+                                head_dim=head_dim_ckv + head_dim_kpe, causal=causal,
+                                block_size=page_size, q_dtype=qdt,
+                                mla_layer=bool(qk_nope_head_dim)),
+                mla_rows=G.mla_rows(num_heads, qo))
         plan = Plan(self._ctx, qo, kl, bt, block_size=page_size, num_heads=num_heads,
                     num_kv_heads=1, head_dim=head_dim_ckv + head_dim_kpe,
                     head_dim_v=head_dim_ckv, q_dtype=qdt, scale=sm_scale,
-                    causal=_causal_for(bool(causal), qo, kl),
-                    decode_threshold=decode_threshold, kind="mla",
+                    causal=causal, decode_threshold=decode_threshold, kind="mla",
                     mla_qk_nope_head_dim=qk_nope_head_dim, mla_v_head_dim=v_head_dim)
         # Only a plan that was made changes the wrapper (a refused one leaves it as it was).
         self._plan = plan
+        if self._graph is not None:
+            self._graph.made(gkey)
         self._dims = (num_heads, head_dim_ckv, head_dim_kpe, qk_nope_head_dim, v_head_dim)
         self._page_size = page_size
         if self._graph is not None:
@@ -212,6 +219,13 @@ class BatchMLAPagedAttentionWrapper:
         if p is None:
             raise InvalidArgumentError("%s before plan()" % what)
         if G.capturing(self._ctx, q):
+            if self._dims[3]:
+                # kva_mla_run's plan: its rounds, token maps and workspace
+                # (beyond what Context.reserve holds) are the plan's own.
+                raise UnsupportedError(
+                    "run() / run_layer() under CUDA graph capture over a layer-level plan "
+                    "(qk_nope_head_dim %d): kva_mla_run's rounds and workspace are per plan, so "
+                    "a later plan() could change or grow what the graph reads" % self._dims[3])
             G.refuse_uncaptured(self._graph, True)
         if self._ctx.device == T.CUDA and T.is_torch(q):
             import torch

@@ -342,3 +342,177 @@ def test_cuda_mla_graph_decode_pattern():
         torch.cuda.synchronize()
         np.testing.assert_allclose(out.float().cpu().numpy(), ref, rtol=2e-2, atol=2e-2,
                                    err_msg=str(lens))
+
+
+def _prefill_graph(n_indices, bs=3):
+    return fi.BatchPrefillWithPagedKVCacheWrapper(
+        None, "NHD", use_cuda_graph=True, qo_indptr_buf=np.zeros(bs + 1, np.int32),
+        paged_kv_indptr_buf=np.zeros(bs + 1, np.int32),
+        paged_kv_indices_buf=np.zeros(n_indices, np.int32),
+        paged_kv_last_page_len_buf=np.zeros(bs, np.int32))
+
+
+def test_prefill_graph_reserves_prefill_tiles(monkeypatch):
+    """The prefill wrapper's reservation asks for more query rows than
+    requests even when its first plan has one row per request:
+    kva_cuda_context_reserve reserves the prefill kernel's tiles only for
+    T > R, and without them a later plan of the same rows with a request of
+    several rows (the others empty) grows the buffers under the graph, whose
+    capture left the prefill kernel out. (Context.reserve is recorded here:
+    on the CPU it has nothing to do.)"""
+    paged, indptr, indices, last, keys, values, q = _case(9, (30, 50, 9))
+    w = _prefill_graph(len(indices))
+    got = []
+    monkeypatch.setattr(w._ctx, "reserve", lambda *cap: got.append(cap))
+    w.plan(np.arange(4, dtype=np.int32), indptr, indices, last, H, HKV, D, PAGE, causal=True,
+           q_data_type="float32")
+    assert len(got) == 1
+    r, t = got[0][:2]
+    assert r == 3 and t > r, got
+
+
+def test_graph_plan_semantics_fixed_after_capture(monkeypatch):
+    """After a (stubbed) capture, a plan the captured kernels would run with
+    other masks is refused and the previous plan stands: the prefill
+    wrapper's first plan (one row per request, one of them empty) is made
+    without the causal mask (_causal_for), so a later causal plan with a
+    request of two rows is refused; one of single rows is not (causal masks
+    nothing there). Before a capture both are accepted. A decode plan with
+    another window after a capture is refused too."""
+    torch = pytest.importorskip("torch")
+    paged, indptr, indices, last, keys, values, q = _case(10, (0, 50, 9), spare=8)
+    tkv = tuple(torch.from_numpy(x) for x in paged)
+    _, ip2, ix2, l2, k2, v2, _ = _case(11, (30, 50, 9))
+    ix2 = ix2 % paged[0].shape[0]
+    two = np.array([0, 2, 3, 3], np.int32)  # rows 3: request 0 has two, request 2 none
+    for captured in (False, True):
+        w = _prefill_graph(len(indices) + 8)
+        w.plan(np.arange(4, dtype=np.int32), indptr, indices, last, H, HKV, D, PAGE,
+               causal=True, q_data_type="float32")
+        if captured:
+            monkeypatch.setattr(_fi_graph, "capturing", lambda ctx, q: True)
+            w.run(torch.from_numpy(q), tkv)
+            monkeypatch.undo()
+            with pytest.raises(kvattn.InvalidArgumentError, match="causal"):
+                w.plan(two, ip2, ix2, l2, H, HKV, D, PAGE, causal=True, q_data_type="float32")
+            ref, _ = attention(q, keys, values, [1, 1, 1], causal=False)
+            np.testing.assert_allclose(w.run(torch.from_numpy(q), tkv).numpy(), ref,
+                                       rtol=1e-5, atol=1e-5)
+        else:
+            w.plan(two, ip2, ix2, l2, H, HKV, D, PAGE, causal=True, q_data_type="float32")
+        # single rows, every request with keys: planned causal, masks nothing
+        w.plan(np.arange(4, dtype=np.int32), ip2, ix2, l2, H, HKV, D, PAGE, causal=True,
+               q_data_type="float32")
+
+    paged, indptr, indices, last, keys, values, q = _case(12, (30, 50, 9))
+    tkv = tuple(torch.from_numpy(x) for x in paged)
+    d = fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD", use_cuda_graph=True,
+                                              **_bufs(3, len(indices)))
+    _plan(d, indptr, indices, last)
+    monkeypatch.setattr(_fi_graph, "capturing", lambda ctx, q: True)
+    d.run(torch.from_numpy(q), tkv)
+    monkeypatch.undo()
+    with pytest.raises(kvattn.InvalidArgumentError, match="window_left"):
+        _plan(d, indptr, indices, last, window_left=7)
+    ref, _ = attention(q, keys, values, [1, 1, 1], causal=True)
+    np.testing.assert_allclose(d.run(torch.from_numpy(q), tkv).numpy(), ref, rtol=1e-5,
+                               atol=1e-5)
+    _plan(d, indptr, indices, last, sm_scale=0.5)  # the scale is a kernel argument only
+
+
+def test_alibi_lse_under_capture_is_refused(monkeypatch):
+    """ALiBi with an LSE under (stubbed) capture is refused and writes
+    nothing (FlashInfer's LSE shift is per plan: a graph would keep the
+    captured plan's); without an LSE it runs."""
+    torch = pytest.importorskip("torch")
+    paged, indptr, indices, last, keys, values, q = _case(13, (30, 50, 9))
+    tkv = tuple(torch.from_numpy(x) for x in paged)
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD", use_cuda_graph=True,
+                                              **_bufs(3, len(indices)))
+    _plan(w, indptr, indices, last, pos_encoding_mode="ALIBI")
+    want = w.run(torch.from_numpy(q), tkv).numpy()
+    monkeypatch.setattr(_fi_graph, "capturing", lambda ctx, q: True)
+    out = torch.from_numpy(poisoned((3, H, D)))
+    lse = torch.from_numpy(poisoned((3, H)))
+    with pytest.raises(kvattn.UnsupportedError, match="ALiBi"):
+        w.run(torch.from_numpy(q), tkv, out=out, lse=lse)
+    assert untouched(out.numpy()) and untouched(lse.numpy())
+    w.run(torch.from_numpy(q), tkv, out=out)
+    np.testing.assert_array_equal(out.numpy(), want)
+
+
+def _mla_graph(bs, n_indices):
+    return fi.BatchMLAPagedAttentionWrapper(
+        None, use_cuda_graph=True, qo_indptr=np.zeros(bs + 1, np.int32),
+        kv_indptr=np.zeros(bs + 1, np.int32), kv_indices=np.zeros(n_indices, np.int32),
+        kv_len_arr=np.zeros(bs, np.int32))
+
+
+def test_mla_graph_kernel_rows_fixed_after_capture(monkeypatch):
+    """The MLA wrapper: the CUDA kernel's rows per item follow H x the
+    plan's longest q_len (16 / 32 / 64) and a captured run keeps them, so
+    after a (stubbed) capture over q_len-1 plans at H 16 a plan with a
+    request of two rows (32 rows per item) is refused and the previous plan
+    stands; before a capture it is accepted. A layer-level plan
+    (qk_nope_head_dim) is refused under capture, its rounds and workspace
+    being the plan's own."""
+    torch = pytest.importorskip("torch")
+    h, dc, dr, page = 16, 32, 16, 8
+    rng = np.random.default_rng(14)
+    kv = rng.standard_normal((12, page, dc + dr)).astype(np.float16)
+    ckv, kpe = torch.from_numpy(kv[..., :dc]), torch.from_numpy(kv[..., dc:])
+    pages = rng.permutation(12).astype(np.int32)
+    q1 = torch.from_numpy(rng.standard_normal((2, h, dc + dr)).astype(np.float16))
+
+    def plan(m, qo, lens, **kw):
+        ip = np.concatenate([[0], np.cumsum([-(-s // page) for s in lens])]).astype(np.int32)
+        m.plan(np.array(qo, np.int32), ip, pages[: ip[-1]], np.array(lens, np.int32), h, dc,
+               dr, page, False, 0.1, "float16", "float16", **kw)
+
+    for captured in (False, True):
+        g = _mla_graph(2, 12)
+        plan(g, [0, 1, 2], [20, 9])
+        want = g.run(query=q1, kv_cache=torch.from_numpy(kv)).numpy()
+        if captured:
+            monkeypatch.setattr(_fi_graph, "capturing", lambda ctx, q: True)
+            g.run(query=q1, kv_cache=torch.from_numpy(kv))
+            monkeypatch.undo()
+            with pytest.raises(kvattn.InvalidArgumentError, match="mla_rows"):
+                plan(g, [0, 2, 2], [20, 9])
+            np.testing.assert_array_equal(
+                g.run(query=q1, kv_cache=torch.from_numpy(kv)).numpy(), want)
+        else:
+            plan(g, [0, 2, 2], [20, 9])
+        plan(g, [0, 1, 2], [30, 2])  # q_len 1 again: 16 rows per item
+
+    g = _mla_graph(2, 12)
+    plan(g, [0, 1, 2], [20, 9], qk_nope_head_dim=16, v_head_dim=16)
+    w_uk = torch.from_numpy(rng.standard_normal((h, 16, dc)).astype(np.float16))
+    w_uv = torch.from_numpy(rng.standard_normal((h, dc, 16)).astype(np.float16))
+    ql = torch.from_numpy(rng.standard_normal((2, h, 16 + dr)).astype(np.float16))
+    g.run_layer(ql, w_uk, w_uv, ckv, kpe)  # eager: runs
+    monkeypatch.setattr(_fi_graph, "capturing", lambda ctx, q: True)
+    out = torch.from_numpy(poisoned((2, h, 16), np.float16))
+    with pytest.raises(kvattn.UnsupportedError, match="layer-level"):
+        g.run_layer(ql, w_uk, w_uv, ckv, kpe, out=out)
+    assert untouched(out.numpy())
+
+
+def test_merges_run_on_the_current_stream(monkeypatch):
+    """FlashInfer's merge functions (the cascade wrapper's merge among them)
+    put their context on torch's current stream, as the wrappers' runs do,
+    so that a merge issued on a side stream, or captured into a graph, runs
+    there (recorded here: on the CPU there is no stream)."""
+    torch = pytest.importorskip("torch")
+    seen = []
+    real = _fi_graph.on_current_stream
+    monkeypatch.setattr(_fi_graph, "on_current_stream", lambda ctx: (seen.append(ctx), real(ctx)))
+    rng = np.random.default_rng(15)
+    va, vb = (torch.from_numpy(rng.standard_normal((3, H, D)).astype(np.float32))
+              for _ in range(2))
+    sa, sb = (torch.from_numpy(rng.standard_normal((3, H)).astype(np.float32))
+              for _ in range(2))
+    fi.merge_state(va, sa, vb, sb)
+    fi.merge_state_in_place(va.clone(), sa.clone(), vb, sb)
+    fi.merge_states(torch.stack([va, vb], 1), torch.stack([sa, sb], 1))
+    assert len(seen) == 3 and all(c is kvattn.default_context("cpu") for c in seen), seen

@@ -50,7 +50,7 @@ import numpy as np
 
 from .. import _lib as L
 from .. import _tensor as T
-from ..core import Cache, Context, Plan, merge_states as _merge
+from ..core import Cache, Context, Plan, default_context, merge_states as _merge
 from .._errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
 from .._fi_mla import BatchMLAPagedAttentionWrapper  # noqa: F401 (public here)
 from .. import _fi_graph as G
@@ -171,9 +171,10 @@ class _PagedWrapper:
             kw["scale"] = _sm_scale(a["scale"], a["head_dim"], scale_mul)
             if self._ctx.device == T.CUDA:
                 G.on_current_stream(self._ctx)
-            if self._graph is not None:
-                self._graph.reserve(self._ctx, kw)
+            gkey = self._graph.reserve(self._ctx, kw) if self._graph is not None else None
             p = Plan(self._ctx, **kw)
+            if self._graph is not None:
+                self._graph.made(gkey)
             if self._ctx.device == T.CUDA:
                 self._plans.clear()  # a CUDA context's newer plan makes older ones stale
             self._plans[key] = p
@@ -209,11 +210,16 @@ class _PagedWrapper:
         sm = float(q_scale if q_scale is not None else 1.0) * \
             float(k_scale if k_scale is not None else 1.0)
         wl = None if window_left is None or window_left == a["window_left"] else window_left
+        want_lse = return_lse or lse is not None
         if G.capturing(ctx, q):
+            if want_lse and self._alibi_lse is not None:
+                # The LSE shift is the plan's (_LseShift): a graph would keep
+                # the captured plan's after the next plan().
+                raise UnsupportedError("run() under CUDA graph capture with ALiBi and an LSE: "
+                                       "FlashInfer's ALiBi LSE shift is per plan")
             G.refuse_uncaptured(self._graph, (mult, wl, sm) in self._plans)
         self._last_mult = mult
         plan = self._plan_for(mult, wl, sm)
-        want_lse = return_lse or lse is not None
         ins = (("q", q), ("sinks", sinks), ("paged_kv_cache", paged_kv_cache))
         out, out_dst, lse, lse_dst = _staged_outputs(out, lse, ins)
         res = plan.run(_packed(q), cache, out=out, lse=lse, return_lse=want_lse, sinks=sinks)
@@ -632,11 +638,21 @@ def _f32(s):
     return np.asarray(s, np.float32)
 
 
+def _merge_ctx(v):
+    """The default context of v's device, on torch's current stream there
+    for a CUDA tensor (as the wrappers' runs: a merge under CUDA graph
+    capture, the cascade wrapper's, is then captured with them)."""
+    x = T.view(v, "v")
+    ctx = default_context(x.device, x.device_id)
+    G.on_current_stream(ctx)
+    return ctx
+
+
 def merge_state(v_a, s_a, v_b, s_b):
     """FlashInfer's merge_state: v_* [T, H, D], s_* [T, H] base-2 LSE
     (converted to float32, as FlashInfer does) -> (v, s) of the union of the
     two key sets (s float32, base 2)."""
-    v, s = _merge(v_a, _f32(s_a) * LN2, v_b, _f32(s_b) * LN2)
+    v, s = _merge(v_a, _f32(s_a) * LN2, v_b, _f32(s_b) * LN2, ctx=_merge_ctx(v_a))
     _scale_lse(s)
     return v, s
 
@@ -646,7 +662,7 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None):
     only the rows where it is true."""
     if mask is None:
         sn = s * LN2
-        _merge(v, sn, v_other, s_other * LN2, out=v, lse=sn)
+        _merge(v, sn, v_other, s_other * LN2, out=v, lse=sn, ctx=_merge_ctx(v))
         _scale_lse(sn)
         s[...] = sn
         return
@@ -674,9 +690,10 @@ def merge_states(v, s):
     s = _f32(s)
     acc_v = _copy(v[:, 0])  # merged into in place: never a view of v
     acc_s = _contiguous(s[:, 0]) * LN2
+    ctx = _merge_ctx(acc_v)
     for i in range(1, v.shape[1]):
         _merge(acc_v, acc_s, _contiguous(v[:, i]), _contiguous(s[:, i]) * LN2,
-               out=acc_v, lse=acc_s)
+               out=acc_v, lse=acc_s, ctx=ctx)
     _scale_lse(acc_s)
     return acc_v, acc_s
 
