@@ -516,3 +516,113 @@ def test_merges_run_on_the_current_stream(monkeypatch):
     fi.merge_state_in_place(va.clone(), sa.clone(), vb, sb)
     fi.merge_states(torch.stack([va, vb], 1), torch.stack([sa, sb], 1))
     assert len(seen) == 3 and all(c is kvattn.default_context("cpu") for c in seen), seen
+
+
+def _cuda_or_skip():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return torch
+
+
+def test_cuda_prefill_graph_replays_prefill_rows():
+    """The prefill wrapper on the GPU: the first plan (captured) has one row
+    per request (T = R = 16), a later plan the same 16 rows in one request
+    of 16 rows (G 4: 64 rows, a prefill tile) and 15 empty ones. The
+    reservation's T > R gave the context prefill-tile capacity before the
+    capture, so the captured run launches the prefill kernel and the replay
+    computes the new plan (main reserved T = R: no tiles, the plan grew the
+    buffers under the graph, and the replay left the prefill rows
+    unwritten)."""
+    torch = _cuda_or_skip()
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    bs, h, hkv, d, page, nblocks = 16, 16, 4, 128, 16, 64
+    rng = np.random.default_rng(16)
+    kc = torch.from_numpy(rng.standard_normal((nblocks, page, hkv, d)).astype(np.float32)).to(dt)
+    vc = torch.from_numpy(rng.standard_normal((nblocks, page, hkv, d)).astype(np.float32)).to(dt)
+    pool = (kc.float().numpy(), vc.float().numpy())
+    kv = (kc.to(dev), vc.to(dev))
+    i32 = dict(dtype=torch.int32, device=dev)
+    w = fi.BatchPrefillWithPagedKVCacheWrapper(
+        torch.empty(1 << 20, dtype=torch.uint8, device=dev), "NHD", use_cuda_graph=True,
+        qo_indptr_buf=torch.zeros(bs + 1, **i32), paged_kv_indptr_buf=torch.zeros(bs + 1, **i32),
+        paged_kv_indices_buf=torch.zeros(nblocks, **i32),
+        paged_kv_last_page_len_buf=torch.zeros(bs, **i32))
+    q_static = torch.zeros((bs, h, d), dtype=dt, device=dev)
+
+    def step(q_lens, kv_lens):
+        npg = [max(1, -(-s // page)) for s in kv_lens]
+        ix = rng.permutation(nblocks)[: sum(npg)].astype(np.int32)
+        ip = np.concatenate([[0], np.cumsum(npg)]).astype(np.int32)
+        last = np.array([s - (n - 1) * page for s, n in zip(kv_lens, npg)], np.int32)
+        qo = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+        w.plan(torch.from_numpy(qo).to(dev), torch.from_numpy(ip).to(dev),
+               torch.from_numpy(ix).to(dev), torch.from_numpy(last).to(dev), h, hkv, d, page,
+               causal=True, q_data_type=dt)
+        q_static.copy_(torch.from_numpy(rng.standard_normal((bs, h, d)).astype(np.float32)))
+        keys = [pool[0][ix[ip[r]:ip[r + 1]]].reshape(-1, hkv, d)[:s] for r, s in enumerate(kv_lens)]
+        vals = [pool[1][ix[ip[r]:ip[r + 1]]].reshape(-1, hkv, d)[:s] for r, s in enumerate(kv_lens)]
+        ref, _ = attention(q_static.float().cpu().numpy(), keys, vals, q_lens, causal=True)
+        return ref
+
+    ref = step([1] * bs, [20 + 3 * r for r in range(bs)])
+    for _ in range(2):
+        w.run(q_static, kv)
+    torch.cuda.synchronize()
+    side, graph = torch.cuda.Stream(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        out = w.run(q_static, kv)
+    for q_lens, kv_lens in (([1] * bs, [40] * bs), ([bs] + [0] * (bs - 1), [300] + [5] * (bs - 1)),
+                            ([1] * bs, [7 + r for r in range(bs)])):
+        ref = step(q_lens, kv_lens)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        np.testing.assert_allclose(out.float().cpu().numpy(), ref, rtol=2e-2, atol=2e-2,
+                                   err_msg=str(q_lens))
+
+
+def test_cuda_cascade_graph_merges_in_the_graph():
+    """The cascade wrapper in graph mode on the GPU (per-level buffers): run()
+    captured on a side stream, then a new plan and a replay; the levels'
+    merge (merge_state_in_place) must be part of the graph, i.e. run on the
+    capturing stream (main's ran it on the default context's legacy stream:
+    outside the graph, the replay returned the last level alone)."""
+    torch = _cuda_or_skip()
+    from test_fi_api import _cascade_case
+
+    dev, dt = torch.device("cuda"), torch.float16
+    rng = np.random.default_rng(17)
+    paged, lv, keys, values = _cascade_case(rng, "NHD", False, np.float16, 64)
+    kv = tuple(torch.from_numpy(x).to(dev) for x in paged)
+    i32 = dict(dtype=torch.int32, device=dev)
+    w = fi.MultiLevelCascadeAttentionWrapper(
+        2, torch.empty(1 << 20, dtype=torch.uint8, device=dev), "NHD", use_cuda_graph=True,
+        qo_indptr_buf_arr=[torch.zeros(2, **i32), torch.zeros(4, **i32)],
+        paged_kv_indptr_buf_arr=[torch.zeros(2, **i32), torch.zeros(4, **i32)],
+        paged_kv_indices_buf_arr=[torch.zeros(8, **i32), torch.zeros(16, **i32)],
+        paged_kv_last_page_len_buf_arr=[torch.zeros(1, **i32), torch.zeros(3, **i32)])
+
+    def plan():
+        w.plan([torch.from_numpy(x).to(dev) for x in lv["qo"]],
+               [torch.from_numpy(x).to(dev) for x in lv["indptr"]],
+               [torch.from_numpy(x).to(dev) for x in lv["indices"]],
+               [torch.from_numpy(x).to(dev) for x in lv["last"]], 4, 2, 64, 4, causal=True,
+               q_data_type=dt)
+
+    plan()
+    q_static = torch.from_numpy(rng.standard_normal((3, 4, 64)).astype(np.float16)).to(dev)
+    for _ in range(2):
+        w.run(q_static, kv)
+    torch.cuda.synchronize()
+    side, graph = torch.cuda.Stream(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        out = w.run(q_static, kv)
+    for _ in range(2):
+        plan()
+        q_static.copy_(torch.from_numpy(rng.standard_normal((3, 4, 64)).astype(np.float16)))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = attention(q_static.float().cpu().numpy(), keys, values, [1, 1, 1], causal=True)
+        np.testing.assert_allclose(out.float().cpu().numpy(), ref, rtol=1e-2, atol=1e-2)
