@@ -37,7 +37,9 @@ extern "C" {
  * stream is capturing a graph, where a host wait would end the capture, that
  * wait is left to the context's next plan upload or stream change outside
  * capture, which then synchronizes the device once. So a graph can be
- * captured on a stream of its own over a context planned on another. Kernels
+ * captured on a stream of its own over a context planned on another. The
+ * auxiliary context of the context's cascade plans (their prefix pass)
+ * moves with it. Kernels
  * already enqueued on the old stream are not drained: a context's runs share
  * its workspace (split-KV partials, the prefill tile counters), so they must
  * not overlap in time. Order the old stream's work before the new stream's

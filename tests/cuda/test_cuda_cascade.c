@@ -5,7 +5,8 @@
  * of one, prefill rows in the step, sinks and soft-cap), a group large enough
  * for the tensor-core prefill tiles with its prefix cut into key chunks,
  * every cache format the decode reads, forced on/off, nested groups (two
- * and three levels), and cascade runs captured in a CUDA graph and replayed. Outputs are poisoned
+ * and three levels), and cascade runs captured in a CUDA graph and replayed (also on a
+ * stream the context moved onto during the capture). Outputs are poisoned
  * before every run. Exits 77 without the CUDA build or a device.
  */
 #include "cascade_util.h"
@@ -13,8 +14,12 @@
 
 #ifdef KVA_HAVE_CUDA
 
-/* Runs case c on the CUDA backend (graph: captured on a stream and replayed)
- * and compares it with the reference's plain run; returns the plan's info. */
+/* Runs case c on the CUDA backend (graph 1: planned on a stream, captured
+ * there and replayed; graph 2: planned on the legacy stream, the context
+ * moved onto a non-blocking stream only once that stream captures, as
+ * torch.cuda.graph's side stream: the prefix pass on the auxiliary context
+ * must follow it into the graph) and compares it with the reference's plain
+ * run; returns the plan's info. */
 static kva_plan_info run_case(const cas_case *c, int graph)
 {
     cas_data x;
@@ -30,9 +35,11 @@ static kva_plan_info run_case(const cas_case *c, int graph)
     void *dq = dev_from(x.q, nq * es), *dout = dev_poisoned(nq * es);
     float *dlse = dev_poisoned(nl * 4);
     cudaStream_t stream = NULL;
-    if (graph) {
+    if (graph == 1) {
         CUDA_OK(cudaStreamCreate(&stream));
         CHECK_OK(kva_cuda_context_set_stream(ctx, stream));
+    } else if (graph == 2) {
+        CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     }
     kva_plan *plan = NULL;
     kva_plan_desc d = cas_desc(c, &x.b, c->mode, c->given);
@@ -45,7 +52,11 @@ static kva_plan_info run_case(const cas_case *c, int graph)
     if (graph) {
         cudaGraph_t g = NULL;
         cudaGraphExec_t exec = NULL;
+        if (graph == 2) /* the legacy stream's plan uploads, before the capture */
+            CUDA_OK(cudaDeviceSynchronize());
         CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        if (graph == 2) /* no host wait: the staging drain is left to the next plan */
+            CHECK_OK(kva_cuda_context_set_stream(ctx, stream));
         CHECK_OK(kva_attention_run(ctx, plan, dq, dc, dsinks, dout, dlse));
         CUDA_OK(cudaStreamEndCapture(stream, &g));
         CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
@@ -151,6 +162,8 @@ static void test_nested(void)
     CHECK_MSG(info.cascade_chunks > 1, "cascade_chunks = %d", (int)info.cascade_chunks);
     c.name = "32 decodes in 2 levels, in a graph";
     run_case(&c, 1);
+    c.name = "32 decodes in 2 levels, in a graph captured on another stream";
+    run_case(&c, 2);
 }
 
 static void test_formats(void)

@@ -62,8 +62,13 @@ extern "C" void kva__cuda_context_free(kva_context *ctx)
     if (!st)
         return;
     (void)use_device(st->device);
-    /* Work still queued may read these buffers. */
-    (void)cudaStreamSynchronize(STREAM(st));
+    /* Work still queued may read these buffers; after a move onto a capturing
+     * stream (drain_deferred), copies on the streams before it may still read
+     * the pinned staging. */
+    if (st->drain_deferred)
+        (void)cudaDeviceSynchronize();
+    else
+        (void)cudaStreamSynchronize(STREAM(st));
     cudaFree(st->meta_dev);
     cudaFreeHost(st->meta_host);
     for (int i = 0; i < 2 * KVA__CUDA_RINGS; i++)
@@ -139,6 +144,11 @@ extern "C" kva_status kva_cuda_context_set_stream(kva_context *ctx, void *stream
     else
         KVA_TRY(kva__cuda_upload_drain(st));
     st->stream = stream;
+    /* A cascade plan's prefix pass runs on the auxiliary context (plan/cascade.c,
+     * which moves it only when it plans): it follows, or a run after this call
+     * (a capture on the new stream among them) would launch it on the old one. */
+    if (ctx->aux)
+        return kva_cuda_context_set_stream(ctx->aux, stream);
     return KVA_STATUS_OK;
 }
 
