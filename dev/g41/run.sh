@@ -14,6 +14,7 @@ run() { local t=$1; [ -x bin/$t ] || { echo "$t: missing" >>"$L"; return; }
   T "$t rc=$rc: $(grep -E -i 'passed|failed|error' $out/$t.log | tail -3 | tr '\n' ' ' | cut -c1-300)"
   [ $rc = 127 ] && ldd bin/$t >>"$L" 2>&1; }
 run test_cuda_graph
+run test_cuda_cascade
 run test_cuda_mla_nan
 run test_cuda_mla_nan_old
 ( cd "$here/py/tests/python" && KVATTN_LIBRARY=$here/bin/libkvattn.so PYTHONPATH=$here/py/python \
