@@ -1,7 +1,8 @@
 """kvattn: attention backends for LLM serving (a thin layer over the C library).
 
 Core API (mirrors include/kvattn.h): Context, Cache, Plan (run / run_ragged /
-run_mla), run, merge_states, Pool; kvattn.flashinfer holds
+run_mla), run, merge_states, Pool; decode context parallelism's
+dcp_local_lens, dcp_slots and merge_states_n; kvattn.flashinfer holds
 FlashInfer-compatible wrappers (decode, prefill, ragged prefill, MLA). Failures raise KvaError subclasses carrying kva_last_error().
 """
 
@@ -35,6 +36,7 @@ from .core import (  # noqa: F401
     run,
     version,
 )
+from .dcp import dcp_local_lens, dcp_slots, merge_states_n  # noqa: F401
 from .pool import Pool  # noqa: F401
 
 __version__ = version()

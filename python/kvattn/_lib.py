@@ -89,6 +89,9 @@ QUANTS = {"none": 0, "int8_channel": 1, "int8_token_k": 2, "int8_token_k_v16": 3
           "fp8_ds_mla": 5, "fp8_token": 6}
 KINDS = {"mha": 0, "mla": 1, "index": 2}  # kva_attn_kind
 SPARSE_MODES = {"mixed": 0, "separate": 1}  # kva_sparse_mode
+CASCADE_MODES = {"auto": 0, "off": 1, "on": 2}  # kva_cascade_mode
+MAX_TREE_TOKENS = 64  # KVA_MAX_TREE_TOKENS
+MAX_DCP = 256  # KVA_MAX_DCP (kvattn_merge.h)
 POOL_HASHES = {"sha256": 0, "xxh3_128": 1}
 STATES = {
     0: "prefill_no_cache",
@@ -232,7 +235,8 @@ _P = c_void_p  # every handle and tensor pointer crosses as an address
 _I32, _I64 = c_int32, c_int64
 
 
-_CALLER_INTS = ("kva_c8_scales_load", "kva_batch_reorder_decode_first")
+_CALLER_INTS = ("kva_c8_scales_load", "kva_batch_reorder_decode_first", "kva_dcp_local_lens",
+                 "kva_dcp_slots")
 
 
 def _proto(name, restype, *argtypes):
@@ -307,6 +311,11 @@ kva_attention_run_ragged = _proto("kva_attention_run_ragged", c_int, _P, _P, _P,
 kva_merge_states = _proto(
     "kva_merge_states", c_int, _P, _I32, _I32, _I32, c_int, _P, _P, _P, _P, _P, _P
 )
+kva_merge_states_n = _proto(
+    "kva_merge_states_n", c_int, _P, _I32, _I32, _I32, _I32, c_int, _P, _I64, _P, _I64, _P, _P
+)
+kva_dcp_local_lens = _proto("kva_dcp_local_lens", c_int, _I32, _P, _I32, _I32, _I32, _P)
+kva_dcp_slots = _proto("kva_dcp_slots", c_int, _I32, _I32, _I32, _I32, _P, _I32, _I32, _I32, _P)
 
 kva_c8_scales_load = _proto(
     "kva_c8_scales_load", c_int, c_char_p, _I32, _I32, _I32, _I32, _I32, POINTER(POINTER(C8Scales))
@@ -323,6 +332,7 @@ kva_pool_request_append_tokens = _proto("kva_pool_request_append_tokens", c_int,
 kva_pool_request_fork = _proto("kva_pool_request_fork", c_int, _P, _I32, POINTER(_I32), _P)
 kva_pool_request_free = _proto("kva_pool_request_free", c_int, _P, _I32)
 kva_pool_request_drop_window = _proto("kva_pool_request_drop_window", c_int, _P, _I32, _I32)
+kva_pool_request_drop_chunk = _proto("kva_pool_request_drop_chunk", c_int, _P, _I32, _I32)
 kva_pool_request_block_table = _proto(
     "kva_pool_request_block_table", c_int, _P, _I32, _P, _I32, POINTER(_I32)
 )

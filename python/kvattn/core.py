@@ -217,14 +217,34 @@ class Plan:
     index-key cache: run_indexer() (kva_indexer_run, docs/indexer.md);
     index_q_quant="fp8_token" quantizes q per token and head to e4m3 first
     (s = max(amax / 448, FLT_MIN), as the FP8_TOKEN key rows) and scores
-    with code * s, as DeepSeek's inference code does."""
+    with code * s, as DeepSeek's inference code does.
+
+    attention_chunk=C > 0: chunked local attention (key j visible only if
+    j // C == pos // C; causal plans). The step's draft trees (tree
+    verification, causal plans): tree = each query token's parent within its
+    request (-1 for a root), flat [T] or one list per request, or tree_mask =
+    FlashInfer's packed per-request q x q bits (uint8). cascade = "auto" |
+    "off" | "on" (True / False: "on" / "off") runs shared prefixes once per
+    group; cascade_group [R] (-1 = none), cascade_prefix_len [G] and
+    cascade_parent [G] give the grouping instead of the block table's.
+    dcp_size / dcp_rank / dcp_interleave: the plan of one rank of a sharded
+    cache (decode context parallelism, docs/dcp.md; kvattn.dcp_local_lens,
+    dcp_slots, merge_states_n). The tree and the grouping are per step: pass
+    them again to update()."""
 
     def __init__(self, ctx, query_start_loc, seq_lens, block_table=None, *, block_size,
                  num_heads, num_kv_heads, head_dim, head_dim_v=0, q_dtype="f16", scale=0.0,
                  causal=True, window_left=-1, softcap=0.0, alibi_slopes=None,
                  decode_threshold=0, kind="mha", mla_qk_nope_head_dim=0, mla_v_head_dim=0,
-                 sparse_topk=0, sparse_mode="mixed", index_q_quant="none"):
+                 sparse_topk=0, sparse_mode="mixed", index_q_quant="none", attention_chunk=0,
+                 tree=None, tree_mask=None, cascade="auto", cascade_group=None,
+                 cascade_prefix_len=None, cascade_parent=None, dcp_size=0, dcp_rank=0,
+                 dcp_interleave=0):
         qsl, sl, bt, stride = self._batch(query_start_loc, seq_lens, block_table)
+        step = _step_arrays(qsl, tree, tree_mask, cascade_group, cascade_prefix_len,
+                            cascade_parent)
+        if cascade is True or cascade is False:
+            cascade = "on" if cascade else "off"
         al = None
         if alibi_slopes is not None:
             al = T.host_array(alibi_slopes, np.float32, "alibi_slopes")
@@ -236,7 +256,8 @@ class Plan:
         # are used from one thread at a time, so the template is too).
         key = (block_size, num_heads, num_kv_heads, head_dim, head_dim_v, q_dtype, scale,
                causal, window_left, softcap, decode_threshold, kind, mla_qk_nope_head_dim,
-               mla_v_head_dim, sparse_topk, sparse_mode, index_q_quant)
+               mla_v_head_dim, sparse_topk, sparse_mode, index_q_quant, attention_chunk, cascade,
+               dcp_size, dcp_rank, dcp_interleave)
         try:
             tmpl = ctx._plan_descs.get(key)
         except TypeError:  # an unhashable argument (q_dtype=["f16"]): no template,
@@ -254,6 +275,11 @@ class Plan:
             d.sparse_topk = L._fit(sparse_topk, i32, "sparse_topk")
             d.sparse_mode = _enum(L.SPARSE_MODES, sparse_mode, "sparse_mode")
             d.index_q_quant = _enum(L.QUANTS, index_q_quant, "index_q_quant")
+            d.attention_chunk = L._fit(attention_chunk, i32, "attention_chunk")
+            d.cascade = _enum(L.CASCADE_MODES, cascade, "cascade")
+            d.dcp_size = L._fit(dcp_size, i32, "dcp_size")
+            d.dcp_rank = L._fit(dcp_rank, i32, "dcp_rank")
+            d.dcp_interleave = L._fit(dcp_interleave, i32, "dcp_interleave")
             if len(ctx._plan_descs) >= 64:
                 ctx._plan_descs.clear()
             tmpl = (d, qdt, (block_size, num_kv_heads, head_dim, head_dim_v or head_dim, kc))
@@ -266,8 +292,10 @@ class Plan:
         self.head_dim, self.head_dim_v = head_dim, head_dim_v or head_dim
         self._mla = (mla_qk_nope_head_dim, mla_v_head_dim) if mla_v_head_dim else None
         self.kind, self.sparse_topk = kind, sparse_topk
+        self.attention_chunk = attention_chunk
+        self.dcp_size, self.dcp_rank, self.dcp_interleave = dcp_size, dcp_rank, dcp_interleave
         self._h = None
-        self._plan(qsl, sl, bt, stride, None)
+        self._plan(qsl, sl, bt, stride, None, step)
 
     @staticmethod
     def _batch(query_start_loc, seq_lens, block_table):
@@ -286,8 +314,9 @@ class Plan:
             stride = bt.shape[1]
         return qsl, sl, bt, stride
 
-    def _plan(self, qsl, sl, bt, stride, ctx):
-        """kva_plan_create (ctx None) or kva_plan_update on ctx with the batch arrays."""
+    def _plan(self, qsl, sl, bt, stride, ctx, step):
+        """kva_plan_create (ctx None) or kva_plan_update on ctx with the batch
+        arrays and the step's tree and cascade grouping (_step_arrays)."""
         d, r = self._desc, sl.shape[0]
         d.num_requests = r
         d.query_start_loc = T.address(qsl)
@@ -295,6 +324,13 @@ class Plan:
         d.block_table = None if bt is None else T.address(bt)
         d.block_table_stride = stride
         d.alibi_slopes = None if self._alibi is None else T.address(self._alibi)
+        # Every pointer of the shared template is set on every call: a field
+        # left from another plan's step would be read as this one's.
+        tp, tm, cg, cpl, cpar = step
+        d.tree_parents, d.tree_mask = _array_ptr(tp), _array_ptr(tm)
+        d.cascade_group, d.cascade_prefix_len = _array_ptr(cg), _array_ptr(cpl)
+        d.cascade_parent = _array_ptr(cpar)
+        d.num_cascade_groups = 0 if cpl is None else cpl.shape[0]
         if ctx is None:
             h = ctypes.c_void_p()
             _check(L.kva_plan_create(self.ctx._h, _byref(d), _byref(h)))
@@ -310,21 +346,32 @@ class Plan:
         # run_ragged checks k / v against these lengths: a copy, since sl may be
         # the caller's own array (host_array copies only where needed), which
         # the caller may change while the C plan keeps the planned lengths.
-        self._seq_lens = sl.copy() if bt is None else None
+        # A sharded plan's ragged rows are the rank's own keys (kvattn_dcp.h).
+        self._seq_lens = None
+        if bt is None:
+            self._seq_lens = sl.copy()
+            if self.dcp_size > 1:
+                _check(L.kva_dcp_local_lens(r, _array_ptr(sl), self.dcp_size, self.dcp_rank,
+                                            self.dcp_interleave, _array_ptr(self._seq_lens)))
 
-    def update(self, query_start_loc, seq_lens, block_table=None, *, ctx=None):
+    def update(self, query_start_loc, seq_lens, block_table=None, *, tree=None, tree_mask=None,
+               cascade_group=None, cascade_prefix_len=None, cascade_parent=None, ctx=None):
         """kva_plan_update: re-plans this plan in place for a new step's batch
         (same attention shape and options), reusing its memory; afterwards it
         is what Plan(ctx, query_start_loc, seq_lens, block_table, ...) with
-        this plan's options would be. On an error the plan is unchanged.
+        this plan's options and this step's tree / cascade grouping (none
+        when not given) would be. On an error the plan is unchanged.
         ctx defaults to the plan's context."""
         qsl, sl, bt, stride = self._batch(query_start_loc, seq_lens, block_table)
-        self._plan(qsl, sl, bt, stride, ctx or self.ctx)
+        step = _step_arrays(qsl, tree, tree_mask, cascade_group, cascade_prefix_len,
+                            cascade_parent)
+        self._plan(qsl, sl, bt, stride, ctx or self.ctx, step)
         return self
 
     @property
     def kv_len_total(self):
-        """Rows of k/v run_ragged expects (sum of seq_lens); None for paged plans."""
+        """Rows of k/v run_ragged expects (sum of seq_lens; of a sharded
+        plan's local lengths); None for paged plans."""
         sl = self._seq_lens
         return None if sl is None else int(sl.sum(dtype=np.int64))
 
@@ -488,6 +535,74 @@ class Plan:
             self._h = None
 
     __del__ = close
+
+
+def _is_seq(x):
+    return isinstance(x, (list, tuple)) or getattr(x, "ndim", 0) > 0
+
+
+def _step_arrays(qsl, tree, tree_mask, cascade_group, cascade_prefix_len, cascade_parent):
+    """The step's tree and cascade arrays as host int32 / uint8 arrays of the
+    sizes kva_plan_create reads (it reads them through bare pointers: a
+    short array would be read past its end); (tree_parents, tree_mask,
+    cascade_group, cascade_prefix_len, cascade_parent), None where not given.
+    Sizes that depend on query_start_loc are checked only when it is valid
+    ([0] == 0, non-decreasing): C refuses it otherwise before reading them."""
+    r = qsl.shape[0] - 1
+    q = np.diff(qsl.astype(np.int64))
+    valid = r >= 0 and qsl[0] == 0 and bool((q >= 0).all())
+    tp = tm = None
+    if tree is not None:
+        if isinstance(tree, (list, tuple)) and any(_is_seq(x) for x in tree):
+            if len(tree) != r:
+                raise ShapeMismatchError("tree: %d per-request parent lists for %d requests"
+                                         % (len(tree), r))
+            parts = []
+            for i, p in enumerate(tree):
+                a = T.host_array(p, np.int32, "tree[%d]" % i)
+                if a.ndim != 1 or (valid and a.shape[0] != q[i]):
+                    raise ShapeMismatchError("tree[%d]: shape %s, expected (%d,) (request %d's "
+                                             "q_len)" % (i, a.shape, q[i] if valid else -1, i))
+                parts.append(a)
+            tp = np.concatenate(parts) if parts else np.empty(0, np.int32)
+        else:
+            tp = T.host_array(tree, np.int32, "tree")
+            if tp.ndim != 1 or (valid and tp.shape[0] != qsl[r]):
+                raise ShapeMismatchError("tree: shape %s, expected (%d,): one parent per query "
+                                         "token" % (tp.shape, qsl[r] if valid else -1))
+    if tree_mask is not None:
+        if "bool" in str(getattr(tree_mask, "dtype", "")):
+            raise InvalidArgumentError(
+                "tree_mask: packed bits (uint8) expected, got a boolean array: pack each "
+                "request's q x q rows with np.packbits(m.reshape(-1), bitorder='little')")
+        if isinstance(tree_mask, (bytes, bytearray, memoryview)):
+            tm = np.frombuffer(bytes(tree_mask), np.uint8)
+        else:
+            tm = T.host_array(tree_mask, np.uint8, "tree_mask")
+        n = int(((q * q + 7) // 8).sum()) if valid else -1
+        if tm.ndim != 1 or (valid and tm.shape[0] != n):
+            raise ShapeMismatchError("tree_mask: shape %s, expected (%d,): ceil(q_len^2 / 8) "
+                                     "bytes per request" % (tm.shape, n))
+    cg = cpl = cpar = None
+    if cascade_group is None:
+        if cascade_prefix_len is not None or cascade_parent is not None:
+            raise InvalidArgumentError("cascade_prefix_len / cascade_parent need cascade_group")
+    else:
+        cg = T.host_array(cascade_group, np.int32, "cascade_group")
+        if cg.shape != (r,):
+            raise ShapeMismatchError("cascade_group: shape %s, expected (%d,)" % (cg.shape, r))
+        if cascade_prefix_len is not None:
+            cpl = T.host_array(cascade_prefix_len, np.int32, "cascade_prefix_len")
+            if cpl.ndim != 1:
+                raise ShapeMismatchError("cascade_prefix_len: shape %s, expected [G]"
+                                         % (cpl.shape,))
+        g = 0 if cpl is None else cpl.shape[0]
+        if cascade_parent is not None:
+            cpar = T.host_array(cascade_parent, np.int32, "cascade_parent")
+            if cpar.shape != (g,):
+                raise ShapeMismatchError("cascade_parent: shape %s, expected (%d,) as "
+                                         "cascade_prefix_len" % (cpar.shape, g))
+    return tp, tm, cg, cpl, cpar
 
 
 def run(plan, q, cache, **kw):

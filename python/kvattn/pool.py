@@ -72,6 +72,12 @@ class Pool:
         """Releases blocks wholly before num_tokens - window_tokens."""
         _check(L.kva_pool_request_drop_window(self._h, request_id, window_tokens))
 
+    def drop_chunk(self, request_id, chunk_tokens):
+        """Chunked local attention (Plan(attention_chunk=C)): releases the
+        blocks wholly before the chunk start of the next token, num_tokens -
+        num_tokens % chunk_tokens, putting the null block 0 in their place."""
+        _check(L.kva_pool_request_drop_chunk(self._h, request_id, chunk_tokens))
+
     def block_table(self, request_id, row_len=None):
         """The request's block-table row as int32 [row_len] (0-padded); its own
         length when row_len is None."""

@@ -1,15 +1,32 @@
 """Numpy reference of kvattn's attention semantics (float64), independent of
 the library: per request, scores over the visible keys, softmax, weighted V.
 Semantics as include/kvattn.h states them (bottom-right causal, window,
-soft-cap, ALiBi, sinks)."""
+soft-cap, ALiBi, sinks, local chunks, draft trees, and one rank's partial of
+a sharded (DCP) cache)."""
 
 import numpy as np
 
 
+def ancestors(parents, i):
+    """Tree token i and its ancestors (parents[k] is k's parent, -1 a root)."""
+    seen = set()
+    while i >= 0:
+        seen.add(i)
+        i = parents[i]
+    return seen
+
+
 def attention(q, keys, values, q_lens, *, causal, window_left=-1, softcap=0.0, scale=None,
-              alibi=None, sinks=None):
+              alibi=None, sinks=None, chunk=0, trees=None, dcp=None):
     """q [T, H, D]; keys[r] [s_r, Hkv, D], values[r] [s_r, Hkv, Dv] per request;
-    q_lens [R]. Returns out [T, H, Dv] and natural-log lse [T, H] (float64)."""
+    q_lens [R]. chunk C > 0: key j visible only if j // C == pos // C.
+    trees[r]: request r's parents (q_r ints, -1 a root): query i sees keys
+    before s - q and tree key s - q + k only if k is i or an ancestor of i.
+    dcp (N, rank, I): the partial result of rank `rank` of N, which holds the
+    keys at global positions j with (j // I) % N == rank (masks stay global;
+    sinks count on rank 0 only). Returns out [T, H, Dv] and natural-log lse
+    [T, H] (float64); a row without keys (or a rank without any of the row's)
+    is 0 with lse -inf (the sink's logit with a sink)."""
     q = np.asarray(q, np.float64)
     t_all, h, d = q.shape
     dv = values[0].shape[2] if len(values) else d
@@ -31,6 +48,13 @@ def attention(q, keys, values, q_lens, *, causal, window_left=-1, softcap=0.0, s
                 vis &= j <= pos
             if window_left is not None and window_left >= 0:
                 vis &= pos - j <= window_left
+            if chunk:
+                vis &= j // chunk == pos // chunk
+            if trees is not None:
+                seen = ancestors(trees[r], i)
+                vis &= (j < s - ql) | np.isin(j - (s - ql), list(seen))
+            if dcp is not None:
+                vis &= (j // dcp[2]) % dcp[0] == dcp[1]
             for hh in range(h):
                 kh = hh // group
                 sc = (k[:, kh, :] @ q[t0 + i, hh]) * scale if s else np.zeros(0)
@@ -39,7 +63,7 @@ def attention(q, keys, values, q_lens, *, causal, window_left=-1, softcap=0.0, s
                 if alibi is not None:
                     sc = sc + alibi[hh] * (j - pos)
                 sc = sc[vis]
-                extra = [] if sinks is None else [float(sinks[hh])]
+                extra = [] if sinks is None or (dcp and dcp[1]) else [float(sinks[hh])]
                 allsc = np.concatenate([sc, extra])
                 if allsc.size == 0:
                     continue
