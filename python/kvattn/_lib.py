@@ -1,8 +1,9 @@
 """ctypes view of include/kvattn.h: the shared library, its structs and prototypes.
 
 The C header is the one source of truth; this file only restates its types
-for ctypes. Every struct here must match kvattn.h field for field (tests
-check the sizes against the C layout through kva_* calls that read them).
+for ctypes. Every struct here must match kvattn.h field for field
+(tests/python/test_plan_features.py compares each with the C struct: the
+member names in the headers, the offsets and sizes a C compiler gives).
 """
 
 import ctypes

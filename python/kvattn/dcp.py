@@ -23,7 +23,8 @@ def _host_out(out, shape, dtype, name):
     if out is None:
         return np.empty(shape, dtype)
     if not isinstance(out, np.ndarray):
-        raise InvalidArgumentError("%s: a numpy array expected, got %s" % (name, type(out).__name__))
+        raise InvalidArgumentError("%s: a numpy array expected, got %s"
+                                   % (name, type(out).__name__))
     if not out.flags.writeable:
         raise InvalidArgumentError("%s: the array is read-only" % name)
     if out.dtype != dtype or out.shape != shape or not out.flags.c_contiguous:
