@@ -98,6 +98,19 @@ static inline int hc_cases(hc_case *cs)
             hc_hide(c, 0, 19 + 1);
             hc_blocks(c);
         }
+        { /* a tree of 12 as a prefill item: parents -1 0 1 .. with two branches */
+            const int32_t ql[1] = {12}, sl[1] = {40};
+            snprintf(nm, sizeof nm, "tree prefill %s", kHcFormats[f].name);
+            c = &cs[n++];
+            hc_init(c, nm, 1, ql, sl, 16, 1, 8, 32, 32, dt, lay, q, KVA_ATTN_MHA);
+            const int32_t par[12] = {-1, 0, 1, 2, 3, 4, 0, 6, 7, 8, 9, 10};
+            memcpy(c->tree, par, sizeof par);
+            c->pd.tree_parents = c->tree;
+            c->pd.decode_threshold = 1;
+            hc_hide(c, 0, 28 + 2); /* first branch, seen by rows 2..5 */
+            hc_hide(c, 0, 28 + 4);
+            hc_blocks(c);
+        }
         { /* non-causal rows (encoder / cross-attention), q_len > seq_len too */
             const int32_t ql[2] = {6, 9}, sl[2] = {21, 5};
             snprintf(nm, sizeof nm, "noncausal %s", kHcFormats[f].name);
