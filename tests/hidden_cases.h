@@ -35,7 +35,9 @@ static const struct {
 };
 enum { HC_NFMT = (int)(sizeof kHcFormats / sizeof kHcFormats[0]) };
 
-static inline int hc_cases(hc_case *cs)
+/* cuda: the MLA cases at the CUDA backend's shapes (Dc 512, Dr 64, H 16,
+ * Dn = Dv = 128; no f32 latent rows). */
+static inline int hc_cases(hc_case *cs, int cuda)
 {
     int n = 0;
     char nm[96];
@@ -156,7 +158,9 @@ static inline int hc_cases(hc_case *cs)
                     c->bt[r * HC_MAXBT + k] = c->bt[k];
         }
     }
-    /* MLA: Dc 128, Dr 16, H 4; decodes q 1 and 2, a prefill of 9. */
+    /* MLA: Dc 128, Dr 16, H 4 (CUDA: Dc 512, Dr 64, H 16); decodes q 1 and
+     * 2, a prefill of 9. */
+    const int32_t Dc = cuda ? 512 : 128, Dr = cuda ? 64 : 16, Hm = cuda ? 16 : 4;
     static const struct {
         kva_dtype dt;
         kva_quant q;
@@ -167,7 +171,7 @@ static inline int hc_cases(hc_case *cs)
                  {KVA_DTYPE_FP8_E4M3, KVA_QUANT_FP8_DS_MLA, "fp8_ds_mla"}};
     for (int f = 0; f < 4; f++)
         for (int api = 0; api < 3; api++) {
-            if (f == 3 && api != HC_SPARSE)
+            if ((f == 3 && api != HC_SPARSE) || (cuda && f == 0))
                 continue; /* fp8_ds_mla rows serve sparse plans only */
             const int32_t ql[3] = {1, 2, 9}, sl[3] = {21, 35, 25};
             const kva_dtype qdt = kMla[f].q == KVA_QUANT_NONE ? kMla[f].dt : KVA_DTYPE_BF16;
@@ -176,14 +180,15 @@ static inline int hc_cases(hc_case *cs)
                          api == HC_ATTN ? "mla kernel" : api == HC_MLA_RUN ? "mla_run" : "sparse",
                          kMla[f].name, api == HC_SPARSE ? (mode ? " separate" : " mixed") : "");
                 hc_case *c = &cs[n++];
-                hc_init(c, nm, 3, ql, sl, 16, 1, 4, 144, 128, kMla[f].dt, KVA_LAYOUT_NHD,
+                hc_init(c, nm, 3, ql, sl, 16, 1, Hm, Dc + Dr, Dc, kMla[f].dt, KVA_LAYOUT_NHD,
                         kMla[f].q, KVA_ATTN_MLA);
                 c->api = api;
                 c->pd.q_dtype = qdt;
                 c->pd.scale = 0.08f;
                 c->pd.decode_threshold = 2;
                 if (api == HC_MLA_RUN)
-                    c->pd.mla_qk_nope_head_dim = 16, c->pd.mla_v_head_dim = 16;
+                    c->pd.mla_qk_nope_head_dim = cuda ? 128 : 16,
+                    c->pd.mla_v_head_dim = cuda ? 128 : 16;
                 if (api == HC_SPARSE) {
                     /* K 8: token t lists 8 distinct positions of its request,
                      * never the hidden ones (0 and s - 1) and, for the last

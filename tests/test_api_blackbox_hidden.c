@@ -80,7 +80,7 @@ static void run_case(const hc_case *c, int ci, const hc_variant *vs, int nv)
                  vs[vi].isa ? " isa " : "", vs[vi].isa ? vs[vi].isa : "");
         hc_host_run(ctx, c, -1, &in, out_c, lse_c);
         for (int pat = 0; pat < HC_PATTERNS; pat++) {
-            hc_host_run(ctx, c, getenv("HC_SELF") ? -1 : pat, &in, out_g, lse_g);
+            hc_host_run(ctx, c, pat, &in, out_g, lse_g);
             const int bad = hc_compare(c, who, pat, out_g, lse_g, out_c, lse_c);
             if (bad) {
                 g_bad_runs[ci]++;
@@ -102,7 +102,7 @@ static void run_case(const hc_case *c, int ci, const hc_variant *vs, int nv)
 static void run_class(const char *prefix)
 {
     static hc_case cs[HC_MAX_CASES];
-    const int n = hc_cases(cs);
+    const int n = hc_cases(cs, 0);
     hc_variant vs[8 + KVA_TEST_MAX_KERNELS];
     const int nv = hc_variants(vs);
     for (int i = 0; i < n; i++) {
