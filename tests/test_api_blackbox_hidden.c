@@ -16,7 +16,7 @@
  * registry kernel that runs here forced (kva__context_force_kernel), and
  * with KVA_CPU_ISA lowered to each level (the dequantizers and merges follow
  * it). KVA_TEST_QUICK: the reference, the CPU default and the portable level.
- * The leaks this found and what became of them: docs/cache.md.
+ * The leaks this found and what became of them: docs/masks.md.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "hidden_cases.h"
