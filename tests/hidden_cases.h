@@ -100,6 +100,18 @@ static inline int hc_cases(hc_case *cs, int cuda)
             hc_hide(c, 0, 19 + 1);
             hc_blocks(c);
         }
+        { /* a tree of 4 (parents -1 0 0 1) as a decode item (one head per kv head) */
+            const int32_t ql[2] = {4, 1}, sl[2] = {37, 20};
+            snprintf(nm, sizeof nm, "tree decode %s", kHcFormats[f].name);
+            c = &cs[n++];
+            hc_init(c, nm, 2, ql, sl, 16, 2, 2, 32, 32, dt, lay, q, KVA_ATTN_MHA);
+            const int32_t par[5] = {-1, 0, 0, 1, -1};
+            memcpy(c->tree, par, sizeof par);
+            c->pd.tree_parents = c->tree;
+            c->pd.decode_threshold = 4;
+            hc_hide(c, 0, 33 + 1); /* seen by rows 1 and 3 */
+            hc_blocks(c);
+        }
         { /* a tree of 12 as a prefill item: parents -1 0 1 .. with two branches */
             const int32_t ql[1] = {12}, sl[1] = {40};
             snprintf(nm, sizeof nm, "tree prefill %s", kHcFormats[f].name);
