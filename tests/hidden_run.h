@@ -48,10 +48,15 @@ static inline int64_t hc_slot(const hc_case *c, int r, int32_t p)
     return (int64_t)c->bt[r * HC_MAXBT + p / B] * B + p % B;
 }
 
+/* Which hidden keys a run overwrites: every one (1), or only those no row
+ * of the request sees (0: the CUDA test's default, kvattn.h asking that
+ * backend for finite values where other rows see the key). */
+static int hc_all_hidden = 1;
+
 /* Writes every key of the requests with q_len > 0 (values by slot, so that
  * shared blocks get the same rows from every request), then, when pat >= 0,
- * overwrites the hidden keys with hc_hidden_value rows and their per-token
- * key scales (if any: ts, host) with the pattern. */
+ * overwrites the hidden keys (hc_all_hidden) with hc_hidden_value rows and
+ * their per-token key scales (if any: ts, host) with the pattern. */
 static inline void hc_write(kva_context *ctx, const hc_case *c, kva_cache *cache, int pat,
                             float *ts)
 {
@@ -87,7 +92,7 @@ static inline void hc_write(kva_context *ctx, const hc_case *c, kva_cache *cache
         for (int r = 0; r < c->pd.num_requests; r++)
             for (int h = 0; h < c->nhid[r]; h++) {
                 const int64_t s = hc_slot(c, r, c->hid[r][h]);
-                if (s < 0)
+                if (s < 0 || (!hc_all_hidden && hc_seen(c, r, c->hid[r][h])))
                     continue;
                 map[s] = s;
                 if (ts) { /* [NB, Hkv, B] */

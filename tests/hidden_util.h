@@ -145,6 +145,15 @@ static inline int hc_visible(const hc_case *c, int r, int32_t i, int32_t j)
     return 1;
 }
 
+/* Whether some query row of request r sees key j. */
+static inline int hc_seen(const hc_case *c, int r, int32_t j)
+{
+    for (int32_t i = 0; i < c->qsl[r + 1] - c->qsl[r]; i++)
+        if (hc_visible(c, r, i, j))
+            return 1;
+    return 0;
+}
+
 /* Whether a row of token t (of request r, row i) sees no overwritten key. */
 static inline int hc_row_checked(const hc_case *c, int r, int32_t i)
 {
