@@ -189,7 +189,9 @@ static inline int hc_cases(hc_case *cs, int cuda)
             const kva_dtype qdt = kMla[f].q == KVA_QUANT_NONE ? kMla[f].dt : KVA_DTYPE_BF16;
             for (int mode = 0; mode < (api == HC_SPARSE ? 2 : 1); mode++) {
                 snprintf(nm, sizeof nm, "%s %s%s",
-                         api == HC_ATTN ? "mla kernel" : api == HC_MLA_RUN ? "mla_run" : "sparse",
+                         api == HC_ATTN      ? "mla kernel"
+                         : api == HC_MLA_RUN ? "mla_run"
+                                             : "sparse",
                          kMla[f].name, api == HC_SPARSE ? (mode ? " separate" : " mixed") : "");
                 hc_case *c = &cs[n++];
                 hc_init(c, nm, 3, ql, sl, 16, 1, Hm, Dc + Dr, Dc, kMla[f].dt, KVA_LAYOUT_NHD,

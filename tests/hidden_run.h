@@ -99,7 +99,9 @@ static inline void hc_write(kva_context *ctx, const hc_case *c, kva_cache *cache
                     const int64_t b = s / d->block_size, o = s % d->block_size;
                     for (int32_t kh = 0; kh < d->num_kv_heads; kh++)
                         hc_fill32(&ts[(b * d->num_kv_heads + kh) * d->block_size + o], 4,
-                                  pat == HC_NAN ? NAN : pat == HC_PINF ? INFINITY : -INFINITY);
+                                  pat == HC_NAN    ? NAN
+                                  : pat == HC_PINF ? INFINITY
+                                                   : -INFINITY);
                 }
             }
         CHECK_OK(kva_cache_write(ctx, cache, (int32_t)nslots, k, 0, v, 0, KVA_DTYPE_F32, map));
@@ -123,8 +125,9 @@ static inline void hc_inputs_make(const hc_case *c, hc_inputs *in)
     const size_t es = kva_dtype_size(p->q_dtype);
     kva_rng rng = {99};
     const int32_t Dr = p->head_dim - p->head_dim_v;
-    const size_t nq = (size_t)c->T * p->num_heads *
-                      (c->api == HC_MLA_RUN ? (size_t)(p->mla_qk_nope_head_dim + Dr) : (size_t)p->head_dim);
+    const size_t nq =
+        (size_t)c->T * p->num_heads *
+        (c->api == HC_MLA_RUN ? (size_t)(p->mla_qk_nope_head_dim + Dr) : (size_t)p->head_dim);
     in->q = malloc(nq * es);
     kva_test_fill(in->q, p->q_dtype, nq, &rng, 1.0);
     in->w_uk = in->w_uv = NULL;
@@ -149,8 +152,7 @@ static inline void hc_inputs_free(hc_inputs *in)
 /* Runs the case's entry point on a plan and cache of ctx into out / lse
  * (poisoned first). */
 static inline kva_status hc_call(kva_context *ctx, const hc_case *c, const kva_plan *plan,
-                                 const hc_inputs *in, const kva_cache *cache, void *out,
-                                 float *lse)
+                                 const hc_inputs *in, const kva_cache *cache, void *out, float *lse)
 {
     const int32_t *idx = in->idx ? in->idx : c->idx;
     if (c->api == HC_MLA_RUN)
@@ -169,8 +171,8 @@ static inline kva_cache *hc_host_cache(kva_context *ctx, const hc_case *c, int p
     kva_quant_params qp;
     hc_params(&c->cd, buf, &qp);
     kva_cache *cache = NULL;
-    CHECK_OK(kva_cache_create_quant(ctx, &c->cd, c->cd.quant == KVA_QUANT_NONE ? NULL : &qp,
-                                    &cache));
+    CHECK_OK(
+        kva_cache_create_quant(ctx, &c->cd, c->cd.quant == KVA_QUANT_NONE ? NULL : &qp, &cache));
     if (!cache)
         return NULL;
     void *k = NULL, *v = NULL;
@@ -219,8 +221,8 @@ static inline int hc_compare(const hc_case *c, const char *who, int pat, const v
                 int fin = isfinite(wlse[t * H + h]) || wlse[t * H + h] == -INFINITY;
                 for (int32_t e = 0; e < dv; e++)
                     fin &= isfinite(kva_test_get(want, dt, o + e));
-                CHECK_MSG(fin, "%s: %s, clean run: token %d head %d not finite", c->name, who,
-                          t, h);
+                CHECK_MSG(fin, "%s: %s, clean run: token %d head %d not finite", c->name, who, t,
+                          h);
                 checked++;
                 /* Equal up to rounding: keys hidden from the row may still
                  * take part in a tile's running max (a different, equally
@@ -228,7 +230,8 @@ static inline int hc_compare(const hc_case *c, const char *who, int pat, const v
                  * or far off. */
                 int ok = 1;
                 for (int32_t e = 0; e < dv && ok; e++) {
-                    const double g = kva_test_get(got, dt, o + e), w = kva_test_get(want, dt, o + e);
+                    const double g = kva_test_get(got, dt, o + e),
+                                 w = kva_test_get(want, dt, o + e);
                     ok = fabs(g - w) <= 2 * (kva_test_atol(dt) + kva_test_rtol(dt) * fabs(w));
                 }
                 const double gl = glse[t * H + h], wl = wlse[t * H + h];
@@ -239,7 +242,10 @@ static inline int hc_compare(const hc_case *c, const char *who, int pat, const v
                     fprintf(stderr,
                             "  %s: %s, garbage %s: token %d (request %d) head %d: out[0] %g "
                             "(clean %g), lse %g (clean %g)\n",
-                            c->name, who, pat == HC_NAN ? "NaN" : pat == HC_PINF ? "+inf" : "-inf",
+                            c->name, who,
+                            pat == HC_NAN    ? "NaN"
+                            : pat == HC_PINF ? "+inf"
+                                             : "-inf",
                             t, r, h, kva_test_get(got, dt, o), kva_test_get(want, dt, o),
                             glse[t * H + h], wlse[t * H + h]);
                 bad++;

@@ -83,7 +83,7 @@ static inline void hc_init(hc_case *c, const char *name, int R, const int32_t *q
     c->pd.num_kv_heads = Hkv;
     c->pd.head_dim = D;
     c->pd.head_dim_v = Dv;
-    c->pd.q_dtype = quant == KVA_QUANT_NONE ? dt
+    c->pd.q_dtype = quant == KVA_QUANT_NONE               ? dt
                     : quant == KVA_QUANT_INT8_TOKEN_K_V16 ? dt
                                                           : KVA_DTYPE_BF16;
     c->pd.causal = 1;
@@ -181,15 +181,21 @@ static inline void hc_garbage(void *p, size_t bytes, kva_dtype dt, int pat)
 {
     const float f = pat == HC_NAN ? NAN : pat == HC_PINF ? INFINITY : -INFINITY;
     switch (dt) {
-    case KVA_DTYPE_F32: hc_fill32(p, bytes, f); break;
+    case KVA_DTYPE_F32:
+        hc_fill32(p, bytes, f);
+        break;
     case KVA_DTYPE_F16:
         hc_fill16(p, bytes, pat == HC_NAN ? 0x7e00 : pat == HC_PINF ? 0x7c00 : 0xfc00);
         break;
     case KVA_DTYPE_BF16:
         hc_fill16(p, bytes, pat == HC_NAN ? 0x7fc0 : pat == HC_PINF ? 0x7f80 : 0xff80);
         break;
-    case KVA_DTYPE_FP8_E4M3: memset(p, pat == HC_NAN ? 0x7f : pat == HC_PINF ? 0x7e : 0xfe, bytes); break;
-    default: memset(p, pat == HC_NINF ? 0x80 : 0x7f, bytes); break; /* int8: largest codes */
+    case KVA_DTYPE_FP8_E4M3:
+        memset(p, pat == HC_NAN ? 0x7f : pat == HC_PINF ? 0x7e : 0xfe, bytes);
+        break;
+    default:
+        memset(p, pat == HC_NINF ? 0x80 : 0x7f, bytes);
+        break; /* int8: largest codes */
     }
 }
 

@@ -163,17 +163,18 @@ static void run_case(const hc_case *c, const char **kern, int nk)
     hc_inputs_make(c, &in);
     const kva_plan_desc *p = &c->pd;
     const int32_t Dr = p->head_dim - p->head_dim_v;
-    const size_t nq = (size_t)c->T * p->num_heads *
-                      (c->api == HC_MLA_RUN ? (size_t)(p->mla_qk_nope_head_dim + Dr)
-                                            : (size_t)p->head_dim);
+    const size_t nq =
+        (size_t)c->T * p->num_heads *
+        (c->api == HC_MLA_RUN ? (size_t)(p->mla_qk_nope_head_dim + Dr) : (size_t)p->head_dim);
     din.q = buf_from(in.q, nq * es);
-    din.w_uk = c->api == HC_MLA_RUN ? buf_from(in.w_uk, (size_t)p->num_heads *
-                                                            p->mla_qk_nope_head_dim *
-                                                            p->head_dim_v * es)
-                                    : NULL;
-    din.w_uv = c->api == HC_MLA_RUN
-                   ? buf_from(in.w_uv, (size_t)p->num_heads * p->head_dim_v * p->mla_v_head_dim * es)
-                   : NULL;
+    din.w_uk =
+        c->api == HC_MLA_RUN
+            ? buf_from(in.w_uk, (size_t)p->num_heads * p->mla_qk_nope_head_dim * p->head_dim_v * es)
+            : NULL;
+    din.w_uv =
+        c->api == HC_MLA_RUN
+            ? buf_from(in.w_uv, (size_t)p->num_heads * p->head_dim_v * p->mla_v_head_dim * es)
+            : NULL;
     din.idx = c->api == HC_SPARSE
                   ? buf_from(c->idx, (size_t)c->T * p->sparse_topk * sizeof(int32_t))
                   : NULL;
@@ -202,14 +203,13 @@ static void run_case(const hc_case *c, const char **kern, int nk)
             const int bad = hc_compare(c, who, pat, out_g, lse_g, out_c, lse_c);
             if (bad) {
                 bad_runs++;
-                fprintf(stderr, "  -> %s: %s %s: %d rows differ\n", c->name,
-                        g_cpu ? "cpu" : "cuda", who, bad);
+                fprintf(stderr, "  -> %s: %s %s: %d rows differ\n", c->name, g_cpu ? "cpu" : "cuda",
+                        who, bad);
             }
         }
         kva_context_destroy(gpu);
     }
-    CHECK_MSG(bad_runs == 0, "%s: %d runs (kernel x pattern) leak hidden slots", c->name,
-              bad_runs);
+    CHECK_MSG(bad_runs == 0, "%s: %d runs (kernel x pattern) leak hidden slots", c->name, bad_runs);
     kva_context_destroy(host);
     buf_free(din.q);
     if (din.w_uk)
@@ -236,17 +236,50 @@ static void run_class(const char *prefix)
             run_case(&cs[i], kern, nk);
 }
 
-static void test_mixed(void) { run_class("mixed"); }
-static void test_window(void) { run_class("window"); }
-static void test_chunk(void) { run_class("chunk"); }
-static void test_tree(void) { run_class("tree"); }
-static void test_noncausal(void) { run_class("noncausal"); }
-static void test_qlen0(void) { run_class("qlen0"); }
-static void test_dcp(void) { run_class("dcp"); }
-static void test_cascade(void) { run_class("cascade"); }
-static void test_mla_kernel(void) { run_class("mla kernel"); }
-static void test_mla_run(void) { run_class("mla_run"); }
-static void test_sparse(void) { run_class("sparse"); }
+static void test_mixed(void)
+{
+    run_class("mixed");
+}
+static void test_window(void)
+{
+    run_class("window");
+}
+static void test_chunk(void)
+{
+    run_class("chunk");
+}
+static void test_tree(void)
+{
+    run_class("tree");
+}
+static void test_noncausal(void)
+{
+    run_class("noncausal");
+}
+static void test_qlen0(void)
+{
+    run_class("qlen0");
+}
+static void test_dcp(void)
+{
+    run_class("dcp");
+}
+static void test_cascade(void)
+{
+    run_class("cascade");
+}
+static void test_mla_kernel(void)
+{
+    run_class("mla kernel");
+}
+static void test_mla_run(void)
+{
+    run_class("mla_run");
+}
+static void test_sparse(void)
+{
+    run_class("sparse");
+}
 
 #endif /* KVA_HAVE_CUDA */
 
@@ -273,8 +306,8 @@ int main(void)
     RUN(test_mla_kernel);
     RUN(test_mla_run);
     RUN(test_sparse);
-    printf("cases run on the %s: %d, not taken by its backend: %d\n", g_cpu ? "CPU" : "GPU",
-           g_ran, g_skipped);
+    printf("cases run on the %s: %d, not taken by its backend: %d\n", g_cpu ? "CPU" : "GPU", g_ran,
+           g_skipped);
     CHECK_MSG(g_ran > 0, "no case ran");
 #endif
     return kva_test_finish();

@@ -90,8 +90,7 @@ static void mla_scores(const float *restrict kb, int32_t ldk, const float *restr
  * limits grow with the row); a column tail under 64 in 16-wide steps (W is a
  * multiple of 8: the last step masked). */
 static void mla_pv(const float *restrict PT, int32_t ldp, const float *restrict kb, int32_t ldk,
-                   int32_t n, int32_t M, int32_t W, float *restrict o,
-                   const kva__cpu_mla_vis *vis)
+                   int32_t n, int32_t M, int32_t W, float *restrict o, const kva__cpu_mla_vis *vis)
 {
     for (int32_t m0 = 0; m0 < M; m0 += 4) {
         int32_t lim[4];
