@@ -185,8 +185,13 @@ void kva__cpu_attn_portable(const kva__cpu_run *run, const kva__work_item *it, k
                 continue;
             const int32_t pos = g.seq - g.q_len + it->i0 + ii;
             const uint32_t tree = kva__tree_lanes(plan, r, it->i0 + ii, c0);
+            const float *saved[KVA_CPU_KEY_CHUNK];
+            if (tree != 0xffffffffu)
+                kva__cpu_tree_hide_v(s->vp, tree, a - c0, e - c0, saved);
             for (int32_t hh = 0; hh < nh; hh++)
                 update_row(run, s, ii * nh + hh, g.hbase + hh, pos, c0, a, e, tree);
+            if (tree != 0xffffffffu)
+                kva__cpu_tree_restore_v(s->vp, a - c0, e - c0, saved);
         }
     }
     kva__cpu_item_finish(run, it, s, &g);

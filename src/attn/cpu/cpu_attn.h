@@ -152,6 +152,32 @@ typedef void (*kva__cpu_group_fn)(const kva__cpu_run *run, const kva__work_item 
  * docs/architecture.md, "The CPU backend"): each computes any work item
  * exactly like the reference; *_avx2*.c / *_avx512*.c files are compiled
  * with their ISA flags and called only after run-time detection. */
+/* A value row of zeros (any row format: every format reads zero bytes as 0,
+ * or as a finite -offset for int8 rows, which weight 0 makes 0). */
+extern const float kva__cpu_zero_v[KVA_MAX_HEAD_DIM];
+
+/* Tree plans (kva__tree_lanes): P . V of a query row runs over its chunk
+ * keys [ta, te) with weight 0 for the tree keys it does not see, and
+ * 0 * v is NaN for a NaN or infinite v. So the decode kernels point those
+ * keys' value rows vp [KEY_CHUNK] at kva__cpu_zero_v for that query row
+ * (saving them in saved [KEY_CHUNK]) and restore them after its P . V;
+ * rows without a tree (all lanes set) skip both. */
+static inline void kva__cpu_tree_hide_v(const float **vp, uint32_t tree, int32_t ta, int32_t te,
+                                        const float **saved)
+{
+    for (int32_t t = ta; t < te; t++) {
+        saved[t] = vp[t];
+        if (!((tree >> t) & 1u))
+            vp[t] = kva__cpu_zero_v;
+    }
+}
+static inline void kva__cpu_tree_restore_v(const float **vp, int32_t ta, int32_t te,
+                                           const float *const *saved)
+{
+    for (int32_t t = ta; t < te; t++)
+        vp[t] = saved[t];
+}
+
 void kva__cpu_attn_portable(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
 void kva__cpu_decode_avx2(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);
 void kva__cpu_decode_avx512(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s);

@@ -10,6 +10,9 @@
 
 #include <math.h>
 
+/* 64-byte aligned: the SIMD decodes load whole vectors of it. */
+_Alignas(64) const float kva__cpu_zero_v[KVA_MAX_HEAD_DIM];
+
 void kva__cpu_locate_rows(const kva__cpu_run *run, int32_t r, int32_t kvh, int32_t c0, int32_t n,
                           const unsigned char **kr, const unsigned char **vr, const float **ks)
 {

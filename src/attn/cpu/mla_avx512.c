@@ -83,21 +83,26 @@ static void mla_scores(const float *restrict kb, int32_t ldk, const float *restr
 #define MLA_HAVE_SCORES 1
 
 /* o [M, W] (row stride W) += PT [n, M]^T (row stride ldp) . kb [n, W] (row
- * stride ldk), M a multiple of 4: tiles of 4 rows x 64 columns in 16
- * accumulators, keys innermost (4 value vectors loaded, 4 weights broadcast
- * per key); a column tail under 64 in 16-wide steps (W is a multiple of 8:
- * the last step masked). */
+ * stride ldk), row m over the keys before its limit (kva__cpu_mla_lim of
+ * vis), M a multiple of 4: tiles of 4 rows x 64 columns in 16 accumulators,
+ * keys innermost (4 value vectors loaded, 4 weights broadcast per key) up to
+ * the limit of the tile's first row, then each row alone up to its own (the
+ * limits grow with the row); a column tail under 64 in 16-wide steps (W is a
+ * multiple of 8: the last step masked). */
 static void mla_pv(const float *restrict PT, int32_t ldp, const float *restrict kb, int32_t ldk,
-                   int32_t n, int32_t M, int32_t W, float *restrict o)
+                   int32_t n, int32_t M, int32_t W, float *restrict o, const kva__cpu_mla_vis *vis)
 {
     for (int32_t m0 = 0; m0 < M; m0 += 4) {
+        int32_t lim[4];
+        for (int u = 0; u < 4; u++)
+            lim[u] = kva__cpu_mla_lim(vis, m0 + u, n);
         int32_t c0 = 0;
         for (; c0 + 64 <= W; c0 += 64) {
             __m512 a[4][4];
             for (int u = 0; u < 4; u++)
                 for (int v = 0; v < 4; v++)
                     a[u][v] = _mm512_loadu_ps(o + (size_t)(m0 + u) * W + c0 + 16 * v);
-            for (int32_t j = 0; j < n; j++) {
+            for (int32_t j = 0; j < lim[0]; j++) {
                 const float *vr = kb + (size_t)j * ldk + c0;
                 const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16);
                 const __m512 v2 = _mm512_loadu_ps(vr + 32), v3 = _mm512_loadu_ps(vr + 48);
@@ -109,6 +114,13 @@ static void mla_pv(const float *restrict PT, int32_t ldp, const float *restrict 
                     a[u][3] = _mm512_fmadd_ps(p, v3, a[u][3]);
                 }
             }
+            for (int u = 1; u < 4; u++)
+                for (int32_t j = lim[0]; j < lim[u]; j++) {
+                    const float *vr = kb + (size_t)j * ldk + c0;
+                    const __m512 p = _mm512_set1_ps(PT[(size_t)j * ldp + m0 + u]);
+                    for (int v = 0; v < 4; v++)
+                        a[u][v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * v), a[u][v]);
+                }
             for (int u = 0; u < 4; u++)
                 for (int v = 0; v < 4; v++)
                     _mm512_storeu_ps(o + (size_t)(m0 + u) * W + c0 + 16 * v, a[u][v]);
@@ -118,7 +130,7 @@ static void mla_pv(const float *restrict PT, int32_t ldp, const float *restrict 
             for (int u = 0; u < 4; u++) {
                 float *orow = o + (size_t)(m0 + u) * W + c0;
                 __m512 a = _mm512_maskz_loadu_ps(k, orow);
-                for (int32_t j = 0; j < n; j++)
+                for (int32_t j = 0; j < lim[u]; j++)
                     a = _mm512_fmadd_ps(_mm512_set1_ps(PT[(size_t)j * ldp + m0 + u]),
                                         _mm512_maskz_loadu_ps(k, kb + (size_t)j * ldk + c0), a);
                 _mm512_mask_storeu_ps(orow, k, a);

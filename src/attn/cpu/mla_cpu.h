@@ -103,6 +103,24 @@ typedef struct kva__cpu_mla_split {
 void kva__cpu_mla_split_of(const kva_context *ctx, const kva_plan *plan, int32_t nt,
                            kva__cpu_mla_split *s);
 
+/* Which keys of a chunk the rows of mla_pv see (mla_items.inc): row m sits
+ * at position base + m / div relative to the chunk's first key and, when
+ * causal, sees the keys before its limit min(n, max(0, base + m / div + 1));
+ * otherwise all n. P . V stops at each row's limit, so that a key a row does
+ * not see never enters its sum, not even as 0 * v (a NaN or infinite value
+ * of such a key would make the row NaN). */
+typedef struct kva__cpu_mla_vis {
+    int64_t base;
+    int32_t div;
+    int32_t causal;
+} kva__cpu_mla_vis;
+
+static inline int32_t kva__cpu_mla_lim(const kva__cpu_mla_vis *v, int32_t m, int32_t n)
+{
+    const int64_t x = v->base + m / v->div + 1;
+    return !v->causal || x >= n ? n : x < 0 ? 0 : (int32_t)x;
+}
+
 /* Floats of one thread's scratch, per path (mla_items.inc carves them in
  * this order). Absorbed, for M = q_len * heads rows padded to Mp, a multiple
  * of 16 (the score tile): qa [Mp, D], o [Mp, Dc], ST [C, Mp], mx [Mp],
