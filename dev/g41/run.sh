@@ -27,4 +27,5 @@ run test_cuda_mla
 run test_cuda_mla_run
 run test_cuda_mla_sparse
 run test_cuda_prefill_mma
+run test_cuda_hidden
 cat "$L"
