@@ -17,6 +17,7 @@ run test_cuda_graph
 run test_cuda_cascade
 run test_cuda_mla_nan
 run test_cuda_mla_nan_old
+run test_cuda_nan
 ( cd "$here/py/tests/python" && KVATTN_LIBRARY=$here/bin/libkvattn.so PYTHONPATH=$here/py/python \
   timeout ${PT:-120} python3 -m pytest -q -p no:cacheprovider ${PYTESTS:-test_fi_graph.py test_fi_modules.py} >$out/pytest.log 2>&1
   echo "rc=$?" >>$out/pytest.log )

@@ -18,7 +18,7 @@ cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
   -DKVA_WITH_CJSON=OFF -DKVA_WITH_MPI=OFF -DKVA_WITH_NCCL=OFF \
   -DCMAKE_EXE_LINKER_FLAGS="-static-libgcc -static-libstdc++" \
   -DCMAKE_SHARED_LINKER_FLAGS="-static-libgcc -static-libstdc++" >/dev/null
-tests="test_cuda_graph test_cuda_cascade test_cuda_plan_update test_cuda_mla_nan test_cuda_mla test_cuda_mla_run test_cuda_mla_sparse test_cuda_prefill_mma test_cuda_hidden"
+tests="test_cuda_graph test_cuda_cascade test_cuda_plan_update test_cuda_mla_nan test_cuda_nan test_cuda_mla test_cuda_mla_run test_cuda_mla_sparse test_cuda_prefill_mma test_cuda_hidden"
 nice ninja -C "$b" -j2 libkvattn.so $tests
 # test_cuda_mla_nan against main's old merges (dev/nan42/old_merges.patch): the planted fault
 ( cd "$b" && rm -rf "$old" && mkdir -p "$old/src/attn/cuda" &&
