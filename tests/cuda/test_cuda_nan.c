@@ -169,13 +169,14 @@ static int plant(kva_cache *c, const kva_test_batch *b, int v, int32_t r, int32_
 {
     const kva_cache_desc *d = &c->desc;
     const int32_t blk = b->block_table[(size_t)r * b->stride + j / d->block_size];
-    const int64_t i = kva__cache_row(d, blk, j % d->block_size, kvh, v ? d->head_dim_v : d->head_dim) + e;
+    const int64_t i =
+        kva__cache_row(d, blk, j % d->block_size, kvh, v ? d->head_dim_v : d->head_dim) + e;
     const size_t es = v ? (size_t)c->v_elem : (size_t)c->elem_size;
     char *base = v ? (char *)c->v : (char *)c->k;
     const kva_dtype dt = d->quant == KVA_QUANT_INT8_TOKEN_K_V16 && v ? d->dtype
-                         : d->quant == KVA_QUANT_FP8_E4M3           ? KVA_DTYPE_FP8_E4M3
-                         : d->quant != KVA_QUANT_NONE               ? KVA_DTYPE_I8
-                                                                    : d->dtype;
+                         : d->quant == KVA_QUANT_FP8_E4M3            ? KVA_DTYPE_FP8_E4M3
+                         : d->quant != KVA_QUANT_NONE                ? KVA_DTYPE_I8
+                                                                     : d->dtype;
     unsigned char *p = (unsigned char *)base + (size_t)i * es;
     if (dt == KVA_DTYPE_FP8_E4M3) {
         *p = pos ? 0x38 : neg ? 0xff : 0x7f; /* 0x38: 1.0 */
@@ -316,16 +317,19 @@ static void check_rows(const char *label, const expect *x, size_t rows, kva_dtyp
         }
         if (!ok && bad[0] + bad[1] + bad[2] + bad[3] < 6) {
             static const char *names[4] = {"finite", "NaN", "-inf", "NaN element"};
-            fprintf(stderr, "  %s: row %zu (%s expected): lse %.7g (want %.7g), out[0] %.7g (want %.7g)\n",
+            fprintf(stderr,
+                    "  %s: row %zu (%s expected): lse %.7g (want %.7g), out[0] %.7g (want %.7g)\n",
                     label, i, names[k], (double)lse[i], (double)lse_want[i],
                     kva_test_get(got, dt, i * Dv), kva_test_get(want, dt, i * Dv));
         }
         bad[k] += !ok;
         bad_ref += !ref;
     }
-    printf("  %s: rows finite %zu (%zu wrong), NaN %zu (%zu), -inf %zu (%zu), NaN element %zu (%zu)\n",
-           label, n[0], bad[0], n[1], bad[1], n[2], bad[2], n[3], bad[3]);
-    CHECK_MSG(n[ROW_FIN] > 0 && n[ROW_NAN] > 0, "%s: %zu finite and %zu NaN rows", label, n[0], n[1]);
+    printf(
+        "  %s: rows finite %zu (%zu wrong), NaN %zu (%zu), -inf %zu (%zu), NaN element %zu (%zu)\n",
+        label, n[0], bad[0], n[1], bad[1], n[2], bad[2], n[3], bad[3]);
+    CHECK_MSG(n[ROW_FIN] > 0 && n[ROW_NAN] > 0, "%s: %zu finite and %zu NaN rows", label, n[0],
+              n[1]);
     CHECK_MSG(bad_ref == 0, "%s: the reference disagrees with the expectation in %zu rows", label,
               bad_ref);
     CHECK_MSG(bad[0] + bad[1] + bad[2] + bad[3] == 0,
@@ -367,8 +371,8 @@ static void run_case(const ncfg *c, uint64_t seed)
                         16, 2, 0);
     const int32_t H = c->H, Hkv = c->Hkv, D = c->D, T = b.T;
     const kva_quant quant = c->f < 0 ? KVA_QUANT_NONE : fmts[c->f];
-    kva_cache_desc cd = {b.num_blocks, 16, Hkv, D, D, c->f < 0 ? c->dt : fmt_dtype(c->f),
-                         c->layout, quant, KVA_ATTN_MHA};
+    kva_cache_desc cd = {b.num_blocks, 16,    Hkv,         D, D, c->f < 0 ? c->dt : fmt_dtype(c->f),
+                         c->layout,    quant, KVA_ATTN_MHA};
     float *pbuf = malloc(sizeof(float) * 4 * Hkv * D);
     kva_quant_params qp;
     make_params(quant, Hkv, D, D, 1, &rng, pbuf, &qp);
@@ -490,8 +494,7 @@ static void test_prefill(void)
 static void test_quant(void)
 {
     for (int f = 0; f < NFMT; f++) {
-        const kva_dtype qdt =
-            fmts[f] == KVA_QUANT_INT8_TOKEN_K_V16 ? fmt_dtype(f) : KVA_DTYPE_BF16;
+        const kva_dtype qdt = fmts[f] == KVA_QUANT_INT8_TOKEN_K_V16 ? fmt_dtype(f) : KVA_DTYPE_BF16;
         const kva_layout lay = f % 2 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
         const ncfg cs[4] = {
             {f, qdt, lay, 8, 2, 128, 0, 0, NULL, 4},
@@ -515,7 +518,8 @@ static void test_int8_refuse(void)
         const int32_t Hkv = 2, D = 64, NB = 4, n = 3;
         kva_context *ctx = run_ctx();
         kva_rng rng = {5400 + (uint64_t)f};
-        kva_cache_desc cd = {NB, 16, Hkv, D, D, fmt_dtype(f), KVA_LAYOUT_NHD, fmts[f], KVA_ATTN_MHA};
+        kva_cache_desc cd = {NB,      16,          Hkv, D, D, fmt_dtype(f), KVA_LAYOUT_NHD,
+                             fmts[f], KVA_ATTN_MHA};
         float pbuf[4 * 2 * 64];
         kva_quant_params qp;
         make_params(fmts[f], Hkv, D, D, 1, &rng, pbuf, &qp);
