@@ -23,6 +23,18 @@ expect() {
         fails=$((fails + 1))
     fi
 }
+# expect_msg RC TEXT ARGS...: expect RC ARGS..., and stderr says TEXT.
+expect_msg() {
+    want=$1
+    text=$2
+    shift 2
+    f0=$fails
+    expect "$want" "$@"
+    if [ "$fails" = "$f0" ] && ! grep -qF -- "$text" "$tmp.err"; then
+        echo "FAIL: kvattn $*: stderr does not say \"$text\": $(head -c 300 "$tmp.err")"
+        fails=$((fails + 1))
+    fi
+}
 IX="bench --indexer --threads 1 --iters 1 --warmup 0 --batch 1 --context 64 --q-len 2 --heads 2 --head-dim 16 --topk 8 --block-size 16"
 for flag in --batch --q-len --heads --head-dim --topk --block-size --iters; do
     expect 2 $IX $flag 0
@@ -138,6 +150,25 @@ expect 0 bench --cascade --threads=1 --iters=1 --warmup=0 --batch=2 --shared-pre
 for mode in --mla --mla-sparse --indexer --cascade; do
     expect 2 bench $mode --threads= 1
     expect 2 bench $mode --iters
+done
+# An unknown flag is "unknown option" wherever it stands, last on the line
+# too (where it has no value to read), in every bench mode as in bench and
+# serve-sim; a known flag last on the line still "needs a value".
+for mode in --mla --mla-sparse --indexer --cascade "--dcp 2"; do
+    expect_msg 2 "unknown option '--sinks'" bench $mode --threads 1 --sinks
+    expect_msg 2 "unknown option '--no-such" bench $mode --no-such=1 --threads 1
+    expect_msg 2 "--iters needs a value" bench $mode --threads 1 --iters
+done
+expect_msg 2 "unknown option '--no-such'" bench --threads 1 --no-such
+expect_msg 2 "unknown option '--no-such'" serve-sim --threads 1 --no-such
+# int8-token-v16 keeps V in the cache dtype, f16 or bf16 (kvattn_cache.h):
+# --dtype f32 is a usage error in bench as in serve-sim; f16 / bf16 run.
+expect_msg 2 "int8-token-v16" $B --kv-quant int8-token-v16 --dtype f32
+expect_msg 2 "int8-token-v16" $S --kv-quant int8-token-v16 --dtype f32
+for dt in f16 bf16; do
+    expect 0 $B --kv-quant int8-token-v16 --dtype $dt
+    S16=$(echo "$S" | sed "s/--dtype f32/--dtype $dt/")
+    expect 0 $S16 --kv-quant int8-token-v16
 done
 
 M="bench --mla --threads 1 --iters 1 --warmup 0 --batch 1 --context 16 --heads 2"

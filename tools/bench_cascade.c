@@ -61,6 +61,10 @@ static int parse(int argc, char **argv, cas_opts *o)
     static const char *const dts[] = {"f32", "f16", "bf16"};
     static const kva_dtype dtv[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
     static const char *const bes[] = {"cpu", "cuda"};
+    static const char *const value_flags[] = {
+        "--batch",    "--shared-prefix", "--suffix",     "--groups",  "--heads",
+        "--kv-heads", "--head-dim",      "--block-size", "--threads", "--iters",
+        "--warmup",   "--dtype",         "--backend"};
     *o = (cas_opts){64, 8192, 256, 1, 32, 8, 128, 16, 0, 20, 3, KVA_DTYPE_BF16, KVA_BACKEND_CPU,
                     0,  0};
     for (int i = 1; i < argc; i++) {
@@ -81,7 +85,8 @@ static int parse(int argc, char **argv, cas_opts *o)
             continue;
         }
         char name[40]; /* "--flag v" or "--flag=v" */
-        const char *v = kva_cli_flag_split(argc, argv, &i, name, sizeof name);
+        const char *v = kva_cli_flag_split(argc, argv, &i, name, sizeof name, "bench --cascade",
+                                           value_flags, sizeof value_flags / sizeof value_flags[0]);
         a = name;
         if (!v)
             return KVA_EXIT_USAGE;

@@ -55,6 +55,9 @@ static int parse(int argc, char **argv, dcp_opts *o)
     *o = (dcp_opts){1, 1, 131072, 1, 32, 8, 128, 16, 0, 7, KVA_DTYPE_BF16, 0};
     static const char *const dts[] = {"f32", "f16", "bf16"};
     static const char *const backends[] = {"cpu", "cuda"};
+    static const char *const value_flags[] = {
+        "--dcp",      "--interleave", "--seq-len", "--batch", "--heads", "--kv-heads",
+        "--head-dim", "--block-size", "--threads", "--iters", "--dtype", "--backend"};
     for (int i = 1; i < argc; i++) { /* argv[0] is "bench" */
         int ok = 1, dt = 0;
         if (kva_cli_flag_is(argv[i], "--help") || kva_cli_flag_is(argv[i], "-h")) {
@@ -62,7 +65,8 @@ static int parse(int argc, char **argv, dcp_opts *o)
             return 0;
         }
         char a[40]; /* the flag; v: its value, "--flag v" or "--flag=v" */
-        const char *v = kva_cli_flag_split(argc, argv, &i, a, sizeof a);
+        const char *v = kva_cli_flag_split(argc, argv, &i, a, sizeof a, "bench --dcp", value_flags,
+                                           sizeof value_flags / sizeof value_flags[0]);
         if (!v)
             return 2;
         if (kva_cli_flag_is(a, "--dcp"))

@@ -63,6 +63,10 @@ static int parse(int argc, char **argv, bench_index_opts *o)
     static const char *const backends[] = {"cpu", "cuda"};
     static const char *const dts[] = {"f16", "bf16"};
     static const char *const quants[] = {"none", "fp8"};
+    static const char *const value_flags[] = {
+        "--backend",    "--dtype",   "--kv-quant", "--q-quant",  "--batch",
+        "--context",    "--q-len",   "--heads",    "--head-dim", "--topk",
+        "--block-size", "--threads", "--iters",    "--warmup"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--indexer"))
@@ -80,7 +84,8 @@ static int parse(int argc, char **argv, bench_index_opts *o)
             continue;
         }
         char name[40]; /* "--flag v" or "--flag=v" */
-        const char *v = kva_cli_flag_split(argc, argv, &i, name, sizeof name);
+        const char *v = kva_cli_flag_split(argc, argv, &i, name, sizeof name, "bench --indexer",
+                                           value_flags, sizeof value_flags / sizeof value_flags[0]);
         if (!v)
             return KVA_EXIT_USAGE;
         a = name;

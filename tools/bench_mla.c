@@ -93,6 +93,10 @@ static int parse(int argc, char **argv, mla_opts *o)
     static const char *const dts[] = {"f32", "f16", "bf16"};
     static const char *const quants[] = {"none", "fp8"};
     static const char *const backends[] = {"cpu", "cuda"};
+    static const char *const value_flags[] = {
+        "--mode",     "--dtype",   "--kv-quant",   "--variant", "--max-splits",   "--backend",
+        "--batch",    "--context", "--q-len",      "--heads",   "--kv-lora-rank", "--rope-dim",
+        "--nope-dim", "--v-dim",   "--block-size", "--threads", "--iters",        "--warmup"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--mla"))
@@ -116,7 +120,8 @@ static int parse(int argc, char **argv, mla_opts *o)
             continue;
         }
         char name[40]; /* "--flag v" or "--flag=v" */
-        const char *v = kva_cli_flag_split(argc, argv, &i, name, sizeof name);
+        const char *v = kva_cli_flag_split(argc, argv, &i, name, sizeof name, "bench --mla",
+                                           value_flags, sizeof value_flags / sizeof value_flags[0]);
         if (!v)
             return KVA_EXIT_USAGE;
         a = name;

@@ -91,6 +91,10 @@ static int parse(int argc, char **argv, sp_opts *o)
     static const char *const dts[] = {"f32", "f16", "bf16"};
     static const char *const modes[] = {"mixed", "separate"};
     static const char *const backends[] = {"ref", "cpu", "cuda"};
+    static const char *const value_flags[] = {
+        "--dtype",    "--cache",      "--mode",    "--backend", "--variant", "--batch",
+        "--context",  "--q-len",      "--prefill", "--heads",   "--topk",    "--kv-lora-rank",
+        "--rope-dim", "--block-size", "--threads", "--iters",   "--warmup"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--mla-sparse"))
@@ -106,7 +110,8 @@ static int parse(int argc, char **argv, sp_opts *o)
             continue;
         }
         char name[40]; /* "--flag v" or "--flag=v" */
-        const char *v = kva_cli_flag_split(argc, argv, &i, name, sizeof name);
+        const char *v = kva_cli_flag_split(argc, argv, &i, name, sizeof name, "bench --mla-sparse",
+                                           value_flags, sizeof value_flags / sizeof value_flags[0]);
         if (!v)
             return KVA_EXIT_USAGE;
         a = name;

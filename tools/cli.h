@@ -51,9 +51,13 @@ int kva_cli_parse_choice(const char *flag, const char *s, const char *const *nam
  * the value is the part after '=' and *i is not advanced. */
 const char *kva_cli_flag_value(int argc, char **argv, int *i, const char *flag);
 /* For a flag that needs a value: copies argv[*i] up to any '=' into name
- * [cap] and returns kva_cli_flag_value(argc, argv, i, name) (NULL with a
- * message when the value is missing). The sub-benchmarks' parsers use it. */
-const char *kva_cli_flag_split(int argc, char **argv, int *i, char *name, size_t cap);
+ * [cap]; a name not in flags[0..nflags) (cmd's value flags) is "kvattn: cmd:
+ * unknown option" and NULL, checked before the value, so that an unknown
+ * flag last on the line is not "needs a value". Otherwise returns
+ * kva_cli_flag_value(argc, argv, i, name) (NULL with a message when the value
+ * is missing). The sub-benchmarks' parsers use it. */
+const char *kva_cli_flag_split(int argc, char **argv, int *i, char *name, size_t cap,
+                               const char *cmd, const char *const *flags, size_t nflags);
 /* 1 if argv[i] is flag or starts with "flag=". */
 int kva_cli_flag_is(const char *arg, const char *flag);
 

@@ -56,10 +56,18 @@ size_t kva_cli_number_len(const char *s, int frac)
     return n;
 }
 
-const char *kva_cli_flag_split(int argc, char **argv, int *i, char *name, size_t cap)
+const char *kva_cli_flag_split(int argc, char **argv, int *i, char *name, size_t cap,
+                               const char *cmd, const char *const *flags, size_t nflags)
 {
     const size_t n = strcspn(argv[*i], "=");
     snprintf(name, cap, "%.*s", (int)(n < cap ? n : cap - 1), argv[*i]);
+    size_t k = 0;
+    while (k < nflags && strcmp(name, flags[k]) != 0)
+        k++;
+    if (k == nflags || n >= cap) { /* checked before the value: "--x" last is unknown */
+        fprintf(stderr, "kvattn: %s: unknown option '%s'\n", cmd, argv[*i]);
+        return NULL;
+    }
     return kva_cli_flag_value(argc, argv, i, name);
 }
 

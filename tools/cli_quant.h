@@ -2,7 +2,7 @@
  * cli_quant.h - the static scales and storage dtype `kvattn bench` and
  * `kvattn serve-sim` give a quantized cache of their random data (uniform,
  * |x| < 1.74): scalar int8 scales 1.75/127 (K and V, or V only for per-token
- * keys), fp8 scales 1.75/448, 16-bit V for INT8_TOKEN_K_V16. Header-only:
+ * keys), fp8 scales 1.75/448, V in the 16-bit dtype for INT8_TOKEN_K_V16. Header-only:
  * the serve-sim test compiles tools/serve_*.c without the rest of the CLI.
  */
 #ifndef KVA_CLI_QUANT_H
@@ -33,8 +33,7 @@ static inline const kva_quant_params *kva_cli_quant_setup(kva_quant q, kva_dtype
     switch (q) {
     case KVA_QUANT_NONE:
         return NULL;
-    case KVA_QUANT_INT8_TOKEN_K_V16:
-        *cache_dtype = dtype == KVA_DTYPE_F32 ? KVA_DTYPE_F16 : dtype;
+    case KVA_QUANT_INT8_TOKEN_K_V16: /* V in dtype: f16 or bf16 (both commands refuse f32) */
         return NULL;
     case KVA_QUANT_INT8_TOKEN_K:
         s->qp.k_scale = NULL;

@@ -238,6 +238,13 @@ static int parse_bench(int argc, char **argv, bench_opts *o)
                 (int)o->head_dim, (int)o->head_dim_v);
         return KVA_EXIT_USAGE;
     }
+    /* kvattn_cache.h: INT8_TOKEN_K_V16 stores V in the cache dtype, F16 or
+     * BF16, and --dtype is the cache dtype too (as in serve-sim). */
+    if (o->kv_quant == KVA_QUANT_INT8_TOKEN_K_V16 && o->dtype == KVA_DTYPE_F32) {
+        fprintf(stderr, "kvattn: --kv-quant int8-token-v16 keeps V in the 16-bit --dtype: use "
+                        "--dtype f16 or bf16, not f32\n");
+        return KVA_EXIT_USAGE;
+    }
     if (o->ragged && o->kv_quant != KVA_QUANT_NONE) {
         fprintf(stderr, "kvattn: --kv-quant applies to the paged cache, not to --ragged\n");
         return KVA_EXIT_USAGE;
