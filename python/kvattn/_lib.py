@@ -53,8 +53,8 @@ def _fit(value, ctype, what):
     rng = _INT_RANGES.get(ctype)
     if rng is None:
         return value
-    try:
-        i = operator.index(value)
+    try:  # a bool is no count, id or size (request_id=True is a mistake)
+        i = None if _is_bool(value) else operator.index(value)
     except TypeError:
         i = None
     if i is None or not rng[0] <= i <= rng[1]:
@@ -63,6 +63,27 @@ def _fit(value, ctype, what):
         raise InvalidArgumentError("%s: %r is not an integer in [%d, %d]"
                                    % (what, value, rng[0], rng[1]))
     return i
+
+
+def _is_bool(value):
+    """True for a bool: Python's, numpy's, or a 0-d numpy / torch bool array."""
+    np = sys.modules.get("numpy")
+    if isinstance(value, bool) or (np is not None and isinstance(value, np.bool_)):
+        return True
+    dt = getattr(value, "dtype", None)
+    return (dt is not None and "bool" in str(dt) and getattr(value, "ndim", -1) == 0
+            and type(value).__module__.split(".")[0] in ("numpy", "torch"))
+
+
+def _flag(value, what):
+    """value as a Python bool for an argument documented as a bool: a bool,
+    numpy bool or 0-d numpy / torch bool array; anything else (a string such
+    as "no", an int, None) is InvalidArgumentError rather than its truth."""
+    if not _is_bool(value):
+        from ._errors import InvalidArgumentError  # _errors imports this module
+
+        raise InvalidArgumentError("%s: a bool expected, got %r" % (what, value))
+    return bool(value)
 
 
 class _Struct(Structure):

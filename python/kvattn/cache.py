@@ -68,6 +68,7 @@ class Cache:
         """An index-key cache (kind "index") of [NB, B] rows of head_dim:
         FP8_TOKEN (e4m3 codes, one float32 scale per token, vLLM's indexer
         k cache) when fp8, else unquantized in dtype (f32/f16/bf16)."""
+        fp8 = L._flag(fp8, "fp8")
         return cls(ctx, num_blocks, block_size, 1, head_dim, head_dim,
                    dtype="fp8_e4m3" if fp8 else dtype, quant="fp8_token" if fp8 else "none",
                    kind="index")

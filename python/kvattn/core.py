@@ -37,6 +37,8 @@ def backend_available(backend):
 
 
 def _enum(table, value, name):
+    if L._is_bool(value):  # True == 1: a bool is no enum value
+        raise InvalidArgumentError("%s: %r is not one of %s" % (name, value, sorted(table)))
     if isinstance(value, int) and value in table.values():
         return value
     try:
@@ -47,7 +49,7 @@ def _enum(table, value, name):
 
 def dtype_code(dtype):
     """kva_dtype of a name ("f16"), a numpy dtype or a torch dtype."""
-    if isinstance(dtype, int) and dtype in L.DTYPE_NAMES:
+    if isinstance(dtype, int) and not isinstance(dtype, bool) and dtype in L.DTYPE_NAMES:
         return dtype
     if isinstance(dtype, str) and dtype in L.DTYPES:
         return L.DTYPES[dtype]
@@ -243,8 +245,9 @@ class Plan:
         qsl, sl, bt, stride = self._batch(query_start_loc, seq_lens, block_table)
         step = _step_arrays(qsl, tree, tree_mask, cascade_group, cascade_prefix_len,
                             cascade_parent)
-        if cascade is True or cascade is False:
+        if L._is_bool(cascade):
             cascade = "on" if cascade else "off"
+        causal = L._flag(causal, "causal")
         al = None
         if alibi_slopes is not None:
             al = T.host_array(alibi_slopes, np.float32, "alibi_slopes")
@@ -387,7 +390,7 @@ class Plan:
             out = T.empty_like_device(q, out_shape, self.q_dtype, qv.device, qv.device_id)
         ov = _tensor(out, "out", ctx, out_shape, self.q_dtype, writable=True)
         lv = None
-        if lse is None and return_lse:
+        if lse is None and L._flag(return_lse, "return_lse"):
             lse = T.empty_like_device(q, self._lse_shape, T.F32, qv.device, qv.device_id)
         if lse is not None:
             lv = _tensor(lse, "lse", ctx, self._lse_shape, T.F32, writable=True)
@@ -484,7 +487,7 @@ class Plan:
         if indices is None:
             indices = T.empty_like_device(q, (t, k), T.I32, qv.device, qv.device_id)
         iv, istride = self._index_rows(indices, "indices", ctx, writable=True)
-        if topk_length is None and return_lengths:
+        if topk_length is None and L._flag(return_lengths, "return_lengths"):
             topk_length = T.empty_like_device(q, (t,), T.I32, qv.device, qv.device_id)
         tv = None
         if topk_length is not None:

@@ -22,7 +22,8 @@ class Pool:
     block. Request ids are small ints. Use from one thread at a time."""
 
     def __init__(self, num_blocks, block_size, hash="sha256", enable_prefix_caching=True):
-        d = L.PoolDesc(num_blocks, block_size, _hash_code(hash), 1 if enable_prefix_caching else 0)
+        pc = L._flag(enable_prefix_caching, "enable_prefix_caching")
+        d = L.PoolDesc(num_blocks, block_size, _hash_code(hash), 1 if pc else 0)
         h = ctypes.c_void_p()
         _check(L.kva_pool_create(_byref(d), _byref(h)))
         self._h = h.value
@@ -129,6 +130,8 @@ class Pool:
 
 
 def _hash_code(h):
+    if L._is_bool(h):  # True == 1 would pick xxh3_128
+        raise _errors.InvalidArgumentError("hash: %r is not one of %s" % (h, list(L.POOL_HASHES)))
     if h in L.POOL_HASHES.values():
         return h
     if h not in L.POOL_HASHES:
