@@ -122,7 +122,7 @@ def test_tree_verify_f16_and_empty_request():
     np.testing.assert_allclose(out.astype(np.float64), ro, rtol=1e-3, atol=1e-3)
 
 
-def refused_cases(rng):
+def refused_cases():
     """(name, q_lens, ctx_lens, mask edit, exception, match): masks kvattn
     cannot express, and masks of the wrong size."""
     def non_tree(ms):  # row 2 sees token 0 but not its parent 1 (a DAG, not a chain)
@@ -152,7 +152,7 @@ def refused_cases(rng):
 @pytest.mark.parametrize("form", ["custom_mask", "packed_custom_mask"])
 def test_refused_masks_leave_previous_plan(form):
     rng = np.random.default_rng(11)
-    for name, q_lens, ctx_lens, edit, exc, match in refused_cases(rng):
+    for name, q_lens, ctx_lens, edit, exc, match in refused_cases():
         b0 = batch(rng, [2, 3], [7, 1], "NHD")  # the plan that must stand
         m0 = [tree_mask(rng, ql, s) for ql, s in zip([2, 3], b0["kv_lens"])]
         w = fi.BatchPrefillWithPagedKVCacheWrapper(None, "NHD")
