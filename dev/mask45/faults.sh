@@ -32,4 +32,8 @@ fault "parent = the first earlier token seen, not the last" $m \
 fault "decoded tree not planned" $w 'self._args["tree"] = tree' 'pass'
 fault "causal=False given with a mask kept" $w 'causal=tree is not None or _causal_for(' \
   'causal=_causal_for('
+fault "a refused mask replaces the plan (planned unmasked before decoding)" $w \
+  '        tree = tree_from_mask(' \
+  '        self._set_plan(qo, sl, bt, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, page_size, causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, q_data_type, kv_data_type, o_data_type)
+        tree = tree_from_mask('
 exit $bad

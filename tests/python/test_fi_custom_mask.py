@@ -200,6 +200,8 @@ def test_refused_sizes_and_options():
             paged_kv_last_page_len_buf=np.zeros(2, np.int32))
         plan(g, b, custom_mask=flat)
     np.testing.assert_array_equal(w.run(b["q"], b["paged"]), want)
+    # FlashInfer's forward() replans with its causal (ignored under the mask).
+    np.testing.assert_array_equal(w.forward(b["q"], b["paged"], causal=False), want)
     # packed_custom_mask wins over custom_mask, as in FlashInfer.
     plan(w, b, custom_mask=~flat, packed_custom_mask=packed)
     np.testing.assert_array_equal(w.run(b["q"], b["paged"]), want)
