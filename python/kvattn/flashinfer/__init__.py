@@ -369,8 +369,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
         mask); any other raises UnsupportedError."""
         masked = custom_mask is not None or packed_custom_mask is not None
         if masked and self._graph is not None:
-            raise UnsupportedError("custom_mask in CUDA-graph mode: kvattn's graph mode does not "
-                                   "keep a tree mask across replays (plan without "
+            raise UnsupportedError("custom_mask in CUDA-graph mode: kvattn's graph mode is not "
+                                   "yet checked with draft-tree plans (plan without "
                                    "use_cuda_graph)")
         _refuse_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
                            max_item_len_ptr)
