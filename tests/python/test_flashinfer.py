@@ -483,8 +483,8 @@ def test_bad_inputs_raise():
         w.plan([0, 1], [0], [5], 4, 2, 32, 4)  # last_page_len > page_size
     with pytest.raises(kvattn.UnsupportedError):
         w.plan([0, 1], [0], [1], 4, 2, 32, 4, pos_encoding_mode="ROPE_LLAMA")
-    with pytest.raises(kvattn.UnsupportedError):
+    with pytest.raises(kvattn.UnsupportedError):  # a custom mask that is no draft tree
         fi.BatchPrefillWithPagedKVCacheWrapper(None).plan(
-            [0, 1], [0, 1], [0], [1], 4, 2, 32, 4, custom_mask=np.ones(1, bool))
+            [0, 1], [0, 1], [0], [1], 4, 2, 32, 4, custom_mask=np.zeros(1, bool))
     with pytest.raises(kvattn.KvaError):
         w.plan([0, 1], [0], [1], 3, 2, 32, 4)  # H not a multiple of Hkv

@@ -54,6 +54,7 @@ from ..core import Cache, Context, Plan, default_context, merge_states as _merge
 from .._errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
 from .._fi_mla import BatchMLAPagedAttentionWrapper  # noqa: F401 (public here)
 from .. import _fi_graph as G
+from .._fi_mask import tree_from_mask
 from .._fi_common import (  # noqa: F401 (get_alibi_slopes is public here)
     LN2,
     _dtype,
@@ -110,8 +111,9 @@ class _PagedWrapper:
     def _set_plan(self, qo_indptr, seq_lens, block_table, num_qo_heads, num_kv_heads, head_dim,
                   head_dim_vo, page_size, causal, pos_encoding_mode, window_left,
                   logits_soft_cap, sm_scale, q_data_type, kv_data_type, o_data_type,
-                  rope_scale=None, rope_theta=None):
-        # What plan() was given, for forward() to replan with its overrides.
+                  rope_scale=None, rope_theta=None, tree=None):
+        # What plan() was given, for forward() to replan with its overrides;
+        # tree: the flat parents of a custom mask (_fi_mask.py), or None.
         given = dict(locals())
         del given["self"]
         _check_name("pos_encoding_mode", pos_encoding_mode, ("NONE", "ROPE_LLAMA", "ALIBI"))
@@ -129,10 +131,12 @@ class _PagedWrapper:
             block_size=page_size, num_heads=num_qo_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim, head_dim_v=head_dim_vo or head_dim, q_dtype=qdt,
             scale=_sm_scale(sm_scale, head_dim),
-            causal=_causal_for(causal, qo_indptr, seq_lens),
+            causal=tree is not None or _causal_for(causal, qo_indptr, seq_lens),
             window_left=-1 if window_left is None else window_left,
             softcap=logits_soft_cap or 0.0,
             alibi_slopes=_alibi_slopes(pos_encoding_mode, logits_soft_cap, num_qo_heads))
+        if tree is not None:
+            self._args["tree"] = tree
         self._alibi_lse = _alibi_lse_shift(qo_indptr, seq_lens, self._args["alibi_slopes"])
         self._plans = {}
         # Validates the metadata now, as FlashInfer's plan() does, for the cache
@@ -359,10 +363,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
              uniform_q_len=None):
         """FlashInfer's prefill plan; uniform_q_len (a CUDA-graph scheduling
         hint of FlashInfer's, dropped there too when the batch is not
-        uniform) is ignored."""
-        if custom_mask is not None or packed_custom_mask is not None:
-            raise UnsupportedError("custom_mask: kvattn has causal, window, soft-cap and ALiBi "
-                                   "masks, no custom masks")
+        uniform) is ignored. A custom_mask / packed_custom_mask must be a
+        draft-tree verification mask (_fi_mask.py), planned as kvattn's tree
+        (causal is then ignored, as FlashInfer ignores it under a custom
+        mask); any other raises UnsupportedError."""
+        masked = custom_mask is not None or packed_custom_mask is not None
+        if masked and self._graph is not None:
+            raise UnsupportedError("custom_mask in CUDA-graph mode: kvattn's graph mode is not "
+                                   "yet checked with draft-tree plans (plan without "
+                                   "use_cuda_graph)")
         _refuse_multi_item(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len,
                            max_item_len_ptr)
         sl, bt = _paged_metadata(paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
@@ -372,12 +381,13 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
             raise ShapeMismatchError("qo_indptr: shape %s, expected (%d,)"
                                      % (qo.shape, sl.shape[0] + 1))
         rows = int(qo[-1] - qo[0])
+        tree = tree_from_mask(custom_mask, packed_custom_mask, qo, sl) if masked else None
         if self._graph is not None:
             self._graph.check_plan(sl.shape[0], T.view(paged_kv_indices, "paged_kv_indices")
                                    .shape[0], rows)
         self._set_plan(qo, sl, bt, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
                        page_size, causal, pos_encoding_mode, window_left, logits_soft_cap,
-                       sm_scale, q_data_type, kv_data_type, o_data_type)
+                       sm_scale, q_data_type, kv_data_type, o_data_type, tree=tree)
         if self._graph is not None:
             self._graph.planned(rows)
 
