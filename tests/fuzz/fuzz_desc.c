@@ -263,8 +263,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (chk(kva_cache_create_quant(ctx, &cd, with_params ? &qp : NULL, &c)) == KVA_STATUS_OK) {
             void *k, *v;
             kva_cache_data(c, &k, &v);
-            memset(k, 0, (size_t)cd.num_blocks * kva_cache_block_bytes_k(c));
-            memset(v, 0, (size_t)cd.num_blocks * kva_cache_block_bytes_v(c));
+            /* An MLA cache has no V storage (v NULL, 0 bytes): memset(NULL, 0, 0)
+             * is still undefined. */
+            if (k)
+                memset(k, 0, (size_t)cd.num_blocks * kva_cache_block_bytes_k(c));
+            if (v)
+                memset(v, 0, (size_t)cd.num_blocks * kva_cache_block_bytes_v(c));
             float *ts = NULL;
             kva_cache_token_scales(c, &ts);
             if (ts)
