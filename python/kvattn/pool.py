@@ -16,6 +16,17 @@ def _ptr(a):
     return T.address(a)
 
 
+def _tokens(x, name):
+    """Token ids as a 1-D int32 host array; a 0-D or 2-D one is refused (a
+    flattened [B, T] batch would be taken for one request's B*T tokens)."""
+    t = T.host_array(x, np.int32, name)
+    # (host_array makes a 0-D input 1-D: its own ndim decides)
+    if (x.ndim if hasattr(x, "ndim") else np.ndim(x)) != 1:
+        raise _errors.ShapeMismatchError("%s: a 1-D sequence of token ids, got shape %s"
+                                         % (name, np.shape(x)))
+    return t
+
+
 class Pool:
     """Hands out the blocks of a paged cache to requests and caches full
     blocks by content (vLLM's automatic prefix caching). Block 0 is the null
@@ -30,9 +41,10 @@ class Pool:
         self.num_blocks, self.block_size = num_blocks, block_size
 
     def add_request(self, prompt_tokens, extra_key=b""):
-        """Adds a request; returns (request_id, num_cached_tokens). extra_key
-        (bytes, or str as UTF-8) separates its cache entries from other keys'."""
-        t = T.host_array(prompt_tokens, np.int32, "prompt_tokens").reshape(-1)
+        """Adds a request; returns (request_id, num_cached_tokens). prompt_tokens:
+        a 1-D sequence of token ids. extra_key (bytes, or str as UTF-8)
+        separates its cache entries from other keys'."""
+        t = _tokens(prompt_tokens, "prompt_tokens")
         if extra_key is None:
             extra_key = b""
         elif isinstance(extra_key, str):
@@ -55,7 +67,7 @@ class Pool:
 
     def append_tokens(self, request_id, tokens):
         """Records tokens as computed (their KV is written); caches full blocks."""
-        t = T.host_array(tokens, np.int32, "tokens").reshape(-1)
+        t = _tokens(tokens, "tokens")
         _check(L.kva_pool_request_append_tokens(self._h, request_id, _ptr(t), t.shape[0]))
 
     def fork(self, request_id):

@@ -626,3 +626,33 @@ def test_cuda_cascade_graph_merges_in_the_graph():
         torch.cuda.synchronize()
         ref, _ = attention(q_static.float().cpu().numpy(), keys, values, [1, 1, 1], causal=True)
         np.testing.assert_allclose(out.float().cpu().numpy(), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_ragged_run_under_capture_is_refused(monkeypatch):
+    """The ragged wrapper has no graph mode: its run() under capture (stubbed)
+    raises UnsupportedError and writes nothing, with or without
+    use_cuda_graph (a later plan() could grow the buffers a graph reads);
+    outside capture it runs as before."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(46)
+    qo = np.array([0, 4, 9], np.int32)
+    kv = np.array([0, 6, 11], np.int32)
+    q = torch.from_numpy(rng.standard_normal((9, H, D)).astype(np.float32))
+    k = torch.from_numpy(rng.standard_normal((11, HKV, D)).astype(np.float32))
+    v = torch.from_numpy(rng.standard_normal((11, HKV, D)).astype(np.float32))
+    ws = torch.empty(8, dtype=torch.uint8)
+    for kw in ({}, dict(use_cuda_graph=True, qo_indptr_buf=torch.zeros(3, dtype=torch.int32),
+                        kv_indptr_buf=torch.zeros(3, dtype=torch.int32))):
+        w = fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", **kw)
+        w.plan(qo, kv, H, HKV, D, causal=True, q_data_type="float32")
+        out = torch.from_numpy(poisoned((9, H, D)))
+        lse = torch.from_numpy(poisoned((9, H)))
+        monkeypatch.setattr(_fi_graph, "capturing", lambda ctx, q: True)
+        with pytest.raises(kvattn.UnsupportedError, match="no CUDA-graph mode"):
+            w.run(q, k, v, out=out, lse=lse)
+        assert untouched(out.numpy()) and untouched(lse.numpy())
+        monkeypatch.undo()
+        w.run(q, k, v, out=out)
+        ref, _ = attention(q.numpy(), [k.numpy()[:6], k.numpy()[6:]],
+                           [v.numpy()[:6], v.numpy()[6:]], [4, 5], causal=True)
+        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)

@@ -40,8 +40,11 @@ rows); a strided last dimension is refused, as FlashInfer's kernels need it
 dense. Likewise an out (or lse) with token or head strides: the run writes a
 contiguous temporary, which is copied into it (a second copy of the output).
 Arguments that only tune FlashInfer's own kernels (workspace buffers,
-use_tensor_cores, backend, use_cuda_graph, non_blocking, split options,
-uniform_q_len, enable_pdl) are accepted and ignored: kvattn keeps its own workspace in the context.
+use_tensor_cores, backend, non_blocking, split options, uniform_q_len,
+enable_pdl) are accepted and ignored: kvattn keeps its own workspace in the
+context. use_cuda_graph is FlashInfer's CUDA-graph mode in the paged, cascade
+and MLA wrappers (_fi_graph.py); the ragged wrapper has none and refuses
+run() under capture.
 """
 
 import functools
@@ -431,7 +434,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
 
 class BatchPrefillWithRaggedKVCacheWrapper:
     """FlashInfer's ragged prefill wrapper: new K/V packed per request
-    (kv_indptr [R+1]) instead of a paged cache (kva_attention_run_ragged)."""
+    (kv_indptr [R+1]) instead of a paged cache (kva_attention_run_ragged).
+    It has no CUDA-graph mode: use_cuda_graph and its buffers are accepted,
+    and run() under graph capture raises UnsupportedError."""
 
     def __init__(self, float_workspace_buffer=None, kv_layout="NHD", use_cuda_graph=False,
                  qo_indptr_buf=None, kv_indptr_buf=None, custom_mask_buf=None,
@@ -520,6 +525,11 @@ class BatchPrefillWithRaggedKVCacheWrapper:
                                        "(fa2 ignores them, cutlass applies them); fold it into "
                                        "sm_scale / the output instead" % (name, x))
         T.view(k, "k"), T.view(v, "v")  # tensors, or a clear error
+        if G.capturing(self._ctx, q):
+            raise UnsupportedError(
+                "BatchPrefillWithRaggedKVCacheWrapper.run() under CUDA graph capture: kvattn's "
+                "ragged wrapper has no CUDA-graph mode yet (a later plan() may grow the context's "
+                "device buffers, which the captured graph would go on reading); run it eagerly")
         if self._kv_first:
             k, v = k[self._kv_first:], v[self._kv_first:]
         n = p.kv_len_total
