@@ -24,7 +24,7 @@
  * with the CPU backend in place of the GPU (host buffers, its registry's
  * kernels): how the test itself was exercised on a machine without one.
  */
-#include "cuda_util.h"
+#include "cuda_standin.h"
 #include "hidden_cases.h"
 #include "hidden_run.h"
 
@@ -32,45 +32,9 @@
 
 enum { HC_MAX_GPU_KERNELS = 32 };
 
-/* KVA_TEST_HIDDEN_CPU: the CPU backend and host buffers stand in for the GPU. */
-static int g_cpu;
-static kva_backend dev_backend(void)
-{
-    return g_cpu ? KVA_BACKEND_CPU : KVA_BACKEND_CUDA;
-}
-static void *buf_from(const void *src, size_t n)
-{
-    if (!g_cpu)
-        return dev_from(src, n);
-    void *d = malloc(n ? n : 1);
-    memcpy(d, src, n);
-    return d;
-}
-static void *buf_poisoned(size_t n)
-{
-    if (!g_cpu)
-        return dev_poisoned(n);
-    void *d = malloc(n ? n : 1);
-    memset(d, 0xff, n);
-    return d;
-}
-static void buf_to_host(void *dst, const void *src, size_t n)
-{
-    if (g_cpu)
-        memcpy(dst, src, n);
-    else
-        to_host(dst, src, n);
-}
-static void buf_free(void *p)
-{
-    if (g_cpu)
-        free(p);
-    else
-        cudaFree(p);
-}
 static void cache_copy(kva_cache *dst, const kva_cache *src)
 {
-    if (!g_cpu) {
+    if (g_gpu) {
         cache_upload(dst, src);
         return;
     }
@@ -95,7 +59,7 @@ static int gpu_kernels(const char **v)
     v[n++] = NULL;
     if (kva_test_quick())
         return n;
-    kva_context_desc gd = {dev_backend(), 1, 0};
+    kva_context_desc gd = {standin_backend(), 1, 0};
     kva_context *gpu = NULL;
     if (kva_context_create(&gd, &gpu) != KVA_STATUS_OK)
         return n;
@@ -140,8 +104,8 @@ static int gpu_run(kva_context *gpu, kva_context *host, const hc_case *c, int pa
         void *dout = buf_poisoned(outb);
         float *dlse = buf_poisoned(lseb);
         CHECK_OK(hc_call(gpu, c, plan, din, dc, dout, dlse));
-        buf_to_host(out, dout, outb);
-        buf_to_host(lse, dlse, lseb);
+        buf_get(out, dout, outb);
+        buf_get(lse, dlse, lseb);
         buf_free(dout);
         buf_free(dlse);
         ran = 1;
@@ -181,7 +145,7 @@ static void run_case(const hc_case *c, const char **kern, int nk)
     kva_context *host = new_ctx(KVA_BACKEND_REF, 1);
     int bad_runs = 0;
     for (int ki = 0; ki < nk; ki++) {
-        kva_context_desc gd = {dev_backend(), 2, 0};
+        kva_context_desc gd = {standin_backend(), 2, 0};
         kva_context *gpu = NULL;
         CHECK_OK(kva_context_create(&gd, &gpu));
         if (!gpu)
@@ -203,7 +167,7 @@ static void run_case(const hc_case *c, const char **kern, int nk)
             const int bad = hc_compare(c, who, pat, out_g, lse_g, out_c, lse_c);
             if (bad) {
                 bad_runs++;
-                fprintf(stderr, "  -> %s: %s %s: %d rows differ\n", c->name, g_cpu ? "cpu" : "cuda",
+                fprintf(stderr, "  -> %s: %s %s: %d rows differ\n", c->name, g_gpu ? "cuda" : "cpu",
                         who, bad);
             }
         }
@@ -286,9 +250,8 @@ static void test_sparse(void)
 int main(void)
 {
 #ifdef KVA_HAVE_CUDA
-    g_cpu = getenv("KVA_TEST_HIDDEN_CPU") != NULL;
     hc_all_hidden = getenv("KVA_TEST_HIDDEN_STRICT") != NULL;
-    int skip = g_cpu ? 0 : cuda_test_skip();
+    int skip = standin_start("KVA_TEST_HIDDEN_CPU");
 #else
     int skip = cuda_test_skip();
 #endif
@@ -306,7 +269,7 @@ int main(void)
     RUN(test_mla_kernel);
     RUN(test_mla_run);
     RUN(test_sparse);
-    printf("cases run on the %s: %d, not taken by its backend: %d\n", g_cpu ? "CPU" : "GPU", g_ran,
+    printf("cases run on the %s: %d, not taken by its backend: %d\n", g_gpu ? "GPU" : "CPU", g_ran,
            g_skipped);
     CHECK_MSG(g_ran > 0, "no case ran");
 #endif

@@ -56,45 +56,13 @@
  * buffers, no kernel hooks): how the expectations were checked without one.
  */
 #include "cuda_quant_util.h"
+#include "cuda_standin.h"
 #include "../../src/plan/partition.h"
 #include "../../src/attn/cuda/cuda_backend.h"
 
 #ifdef KVA_HAVE_CUDA
 
-static int g_gpu = 1; /* 0: the CPU backend stands in (KVA_TEST_NAN_CPU=1) */
-
-/* ---- buffers and caches of the run's backend ---- */
-
-static void *buf_from(const void *src, size_t n)
-{
-    if (g_gpu)
-        return dev_from(src, n);
-    void *p = malloc(n ? n : 1);
-    memcpy(p, src, n);
-    return p;
-}
-static void buf_get(void *dst, const void *src, size_t n)
-{
-    if (g_gpu)
-        to_host(dst, src, n);
-    else
-        memcpy(dst, src, n);
-}
-static void buf_free(void *p)
-{
-    if (g_gpu)
-        cudaFree(p);
-    else
-        free(p);
-}
-
-static kva_context *run_ctx(void)
-{
-    kva_context_desc d = {g_gpu ? KVA_BACKEND_CUDA : KVA_BACKEND_CPU, g_gpu ? 0 : 3, 0};
-    kva_context *ctx = NULL;
-    CHECK_OK(kva_context_create(&d, &ctx));
-    return ctx;
-}
+/* ---- caches of the run's backend (buffers: cuda_standin.h) ---- */
 
 /* K, V and token-scale bytes of cache c (either backend) into host memory
  * (three malloc'ed buffers, the last NULL without token scales). */
@@ -586,15 +554,9 @@ static void test_int8_refuse(void)
 int main(void)
 {
 #ifdef KVA_HAVE_CUDA
-    const char *cpu = getenv("KVA_TEST_NAN_CPU");
-    g_gpu = !(cpu && *cpu && strcmp(cpu, "0") != 0);
-    if (g_gpu) {
-        const int skip = cuda_test_skip();
-        if (skip)
-            return skip;
-    } else {
-        printf("KVA_TEST_NAN_CPU: the CPU backend stands in for the GPU\n");
-    }
+    const int skip = standin_start("KVA_TEST_NAN_CPU");
+    if (skip)
+        return skip;
     RUN(test_decode);
     RUN(test_prefill);
     RUN(test_quant);
