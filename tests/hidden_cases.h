@@ -14,6 +14,29 @@
 
 enum { HC_MAX_CASES = 80 };
 
+/* The case classes (the prefixes of hc_case names), one test function each
+ * in both hidden-slot tests: HC_CLASSES(HC_CLASS_TEST) defines test_<fn>
+ * calling the including file's run_class(prefix), HC_CLASSES(HC_CLASS_RUN)
+ * runs them in main(). */
+#define HC_CLASSES(X)                                                                              \
+    X(mixed, "mixed")                                                                              \
+    X(window, "window")                                                                            \
+    X(chunk, "chunk")                                                                              \
+    X(tree, "tree")                                                                                \
+    X(noncausal, "noncausal")                                                                      \
+    X(qlen0, "qlen0")                                                                              \
+    X(dcp, "dcp")                                                                                  \
+    X(cascade, "cascade")                                                                          \
+    X(mla_kernel, "mla kernel")                                                                    \
+    X(mla_run, "mla_run")                                                                          \
+    X(sparse, "sparse")
+#define HC_CLASS_TEST(fn, prefix)                                                                  \
+    static void test_##fn(void)                                                                    \
+    {                                                                                              \
+        run_class(prefix);                                                                         \
+    }
+#define HC_CLASS_RUN(fn, prefix) RUN(test_##fn);
+
 static inline void hc_hide(hc_case *c, int r, int32_t pos)
 {
     c->hid[r][c->nhid[r]++] = pos;

@@ -114,63 +114,10 @@ static void run_class(const char *prefix)
     }
 }
 
-static void test_mixed(void)
-{
-    run_class("mixed");
-}
-static void test_window(void)
-{
-    run_class("window");
-}
-static void test_chunk(void)
-{
-    run_class("chunk");
-}
-static void test_tree(void)
-{
-    run_class("tree");
-}
-static void test_noncausal(void)
-{
-    run_class("noncausal");
-}
-static void test_qlen0(void)
-{
-    run_class("qlen0");
-}
-static void test_dcp(void)
-{
-    run_class("dcp");
-}
-static void test_cascade(void)
-{
-    run_class("cascade");
-}
-static void test_mla_kernel(void)
-{
-    run_class("mla kernel");
-}
-static void test_mla_run(void)
-{
-    run_class("mla_run");
-}
-static void test_sparse(void)
-{
-    run_class("sparse");
-}
+HC_CLASSES(HC_CLASS_TEST)
 
 int main(void)
 {
-    RUN(test_mixed);
-    RUN(test_window);
-    RUN(test_chunk);
-    RUN(test_tree);
-    RUN(test_noncausal);
-    RUN(test_qlen0);
-    RUN(test_dcp);
-    RUN(test_cascade);
-    RUN(test_mla_kernel);
-    RUN(test_mla_run);
-    RUN(test_sparse);
+    HC_CLASSES(HC_CLASS_RUN)
     return kva_test_finish();
 }
