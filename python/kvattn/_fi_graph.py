@@ -223,8 +223,9 @@ def capturing(ctx, q):
 
 def on_current_stream(ctx):
     """Puts a CUDA context on torch's current stream of its device (when torch
-    is loaded), so that a plan's upload is ordered before the runs and graph
-    replays issued on that stream, as FlashInfer's plan() copies on it."""
+    is loaded; other backends: nothing): runs are issued there, and a plan's
+    upload is ordered before the runs and graph replays on that stream, as
+    FlashInfer's plan() copies on it."""
     torch = sys.modules.get("torch")
     if torch is not None and ctx.device == T.CUDA and torch.cuda.is_available():
         ctx.set_stream(torch.cuda.current_stream(ctx.device_id).cuda_stream)

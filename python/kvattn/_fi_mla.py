@@ -107,8 +107,7 @@ class BatchMLAPagedAttentionWrapper:
         rows = int(qo[-1] - qo[0]) if len(qo) else 0
         if self._graph is not None:
             self._graph.check_plan(len(kl), len(csr[2]) if csr[2] is not None else 0, rows)
-        if self._ctx.device == T.CUDA:
-            G.on_current_stream(self._ctx)
+        G.on_current_stream(self._ctx)
         causal = _causal_for(bool(causal), qo, kl)
         gkey = None
         if self._graph is not None:
@@ -227,10 +226,8 @@ class BatchMLAPagedAttentionWrapper:
                     "(qk_nope_head_dim %d): kva_mla_run's rounds and workspace are per plan, so "
                     "a later plan() could change or grow what the graph reads" % self._dims[3])
             G.refuse_uncaptured(self._graph, True)
-        if self._ctx.device == T.CUDA and T.is_torch(q):
-            import torch
-
-            self._ctx.set_stream(torch.cuda.current_stream(q.device).cuda_stream)
+        if T.is_torch(q):
+            G.on_current_stream(self._ctx)
         return p, self._cache(ckv_cache, kpe_cache)
 
     def run(self, q_nope=None, q_pe=None, ckv_cache=None, kpe_cache=None, out=None, lse=None,

@@ -176,8 +176,7 @@ class _PagedWrapper:
             if window_left is not None:
                 kw["window_left"] = window_left
             kw["scale"] = _sm_scale(a["scale"], a["head_dim"], scale_mul)
-            if self._ctx.device == T.CUDA:
-                G.on_current_stream(self._ctx)
+            G.on_current_stream(self._ctx)
             gkey = self._graph.reserve(self._ctx, kw) if self._graph is not None else None
             p = Plan(self._ctx, **kw)
             if self._graph is not None:
@@ -207,10 +206,8 @@ class _PagedWrapper:
                     "q has %d rows, but q_len_per_req %d x %d requests = %d"
                     % (T.view(q, "q").shape[0], n, r, r * n))
         ctx = self._ctx
-        if ctx.device == T.CUDA and T.is_torch(q):
-            import torch
-
-            ctx.set_stream(torch.cuda.current_stream(q.device).cuda_stream)
+        if T.is_torch(q):
+            G.on_current_stream(ctx)
         cache, mult = self._views.get(ctx, paged_kv_cache, self._layout, a["block_size"],
                                       a["num_kv_heads"], a["head_dim"], a["head_dim_v"],
                                       a["q_dtype"])
