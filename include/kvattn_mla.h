@@ -38,9 +38,8 @@ extern "C" {
  * scale being the model's (DeepSeek: 1/sqrt(Dn + Dr), times its YaRN mscale^2).
  * lse is that softmax's natural-log sum-exp. Rows that see no key write 0 and
  * lse = -inf; a NaN score (a NaN in q, in w_uk or in a latent row the row
- * sees) makes the row's out and lse NaN on both paths, as in
- * kva_attention_run (reference and CPU backends; the CUDA backend's
- * kva_mla_run has no such test yet).
+ * sees) makes the row's out and lse NaN on both paths and every backend,
+ * as in kva_attention_run.
  * Paths (the result is the same up to rounding): requests with q_len <=
  * decode_threshold take the absorbed path (q_nope . w_uk -> [Dc], attention
  * over the latent rows with D = Dc + Dr, Dv = Dc, then . w_uv -> [Dv]); the
@@ -87,8 +86,7 @@ KVA_API kva_status kva_mla_run(kva_context *ctx, const kva_plan *plan, const voi
  * window: the index list is the mask). A token with no listed entry writes
  * out 0 and lse -inf (the sink logit with a sink). A NaN score (a NaN in q
  * or in a listed latent row, an fp8_ds_mla NaN code included) makes the
- * token's out and lse NaN, as in kva_attention_run (reference and CPU
- * backends; the CUDA kernels have no such test yet).
+ * token's out and lse NaN on every backend, as in kva_attention_run.
  * Index values: an entry < -1 or >= the request's seq_len is an error.
  * The reference and CPU backends check every row first (indices and
  * topk_length are host memory there): KVA_STATUS_OUT_OF_RANGE naming the
