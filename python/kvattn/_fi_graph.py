@@ -12,7 +12,15 @@ refuses, after a capture, a plan that would not fit instead of growing them.
 kvattn's page table is dense ([requests, the longest request's pages]), so
 the page-table reservation is the larger of the indices buffer's length and
 twice the first plan's table; a later table larger than that is fine before a
-capture (the reservation grows) and refused after one. The prefill wrapper
+capture (the reservation grows) and refused after one. With an indices
+buffer of batch_size x P entries, as SGLang (max batch x context pages) and
+vLLM (max_num_seqs x pages per request) size theirs, every request may hold
+up to P pages after a capture; what kvattn refuses and FlashInfer accepts is
+a skew beyond that: one request holding more than indices buffer /
+batch_size pages. Reserving for the worst skew the buffer allows (batch_size
+x the whole buffer) would cost batch_size times the buffer, per wrapper
+(docs/python.md has the numbers); a page table the kernels read through
+indptr (CSR, as FlashInfer's) would remove the bound. The prefill wrapper
 reserves more query rows than requests, so that the context has prefill-tile
 capacity (and a captured run launches the prefill kernel) even when its
 first plan has one row per request.
@@ -131,12 +139,16 @@ class GraphMode:
         if have is not None and have[3:] == shape and all(n <= h for n, h in zip(need, have)):
             return key
         if self.captured:
+            per_req = "" if not have or not r else (
+                "; with %d requests a request may hold at most %d pages (size the indices buffer "
+                "as batch_size x the longest request's pages, as SGLang and vLLM do)"
+                % (r, have[2] // r))
             raise InvalidArgumentError(
                 "CUDA-graph mode: this plan needs %d requests, %d query rows and a page table of "
                 "%d x %d = %d entries (kvattn's table is dense: requests x the longest request's "
-                "pages); the buffers reserved before the graph was captured hold %s, and growing "
-                "them would leave the captured graph reading freed memory"
-                % (r, rows, r, width, need[2], have and "%d, %d and %d" % have[:3]))
+                "pages); the buffers reserved before the graph was captured hold %s%s, and "
+                "growing them would leave the captured graph reading freed memory"
+                % (r, rows, r, width, need[2], have and "%d, %d and %d" % have[:3], per_req))
         bt_cap = max(self.num_indices, 2 * need[2], have[2] if have and have[3:] == shape else 0)
         reqs = self.batch_size if self.batch_size is not None else max(r, have[0] if have else 0)
         tokens = max(self.max_rows or 0, rows)

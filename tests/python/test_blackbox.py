@@ -15,6 +15,7 @@ import pytest
 
 import kvattn
 from kvattn import flashinfer as fi
+from features import need_c8_loader, need_hash
 from poison import fill, poisoned, untouched
 from reference import attention
 
@@ -161,6 +162,7 @@ def test_integers_c_cannot_hold_raise():
         kvattn.Context("cpu", 2**32 + 1)
     with pytest.raises(kvattn.InvalidArgumentError, match="num_blocks"):
         kvattn.Pool(2**32 + 8, 4)
+    need_hash()  # the checks above ran; the rest needs a Pool with prefix caching
     p = kvattn.Pool(16, 4)
     rid, _ = p.add_request([1, 2, 3, 4, 5])
     before = (p.stats(), p.request_info(rid))
@@ -297,6 +299,7 @@ def test_tensor_on_another_device_raises():
 
 
 def test_pool_bad_counts_raise_and_change_nothing():
+    need_hash()
     p = kvattn.Pool(6, 2)
     rid, _ = p.add_request([1, 2, 3])
     p.allocate(rid, 3)
@@ -334,6 +337,7 @@ def test_lists_are_checked_not_truncated():
     assert (c.k_array()[0, 2] == 1).all()
     with pytest.raises(kvattn.ShapeMismatchError, match="pairs"):
         c.copy_blocks([1, 2, 3])
+    need_hash()  # the checks above ran; the rest needs a Pool with prefix caching
     p = kvattn.Pool(8, 4)
     with pytest.raises(kvattn.InvalidArgumentError, match="extra_key"):
         p.add_request([1, 2, 3, 4, 5], extra_key=5)
@@ -358,6 +362,7 @@ def _safetensors(path, tensors):
 
 
 def test_c8_loader_shards_and_bad_scales(tmp_path):
+    need_c8_loader()
     hkv, d = 4, 8
     rng = np.random.default_rng(3)
     ks = rng.uniform(0.01, 1, hkv * d).astype(np.float32)

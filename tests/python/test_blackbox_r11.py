@@ -10,6 +10,7 @@ import pytest
 
 import kvattn
 from kvattn import flashinfer as fi
+from features import need_hash
 from poison import fill, untouched
 
 
@@ -66,6 +67,7 @@ def test_pool_block_table_short_row():
     """A row shorter than the request's blocks raises OutOfRangeError for every
     given length, 0 included (the C call takes row_len 0 as a query of the
     count only); a long row is 0-padded; the default is the request's own."""
+    need_hash()
     p = kvattn.Pool(16, 4)
     rid, _ = p.add_request(list(range(1, 10)))
     p.allocate(rid, 9)

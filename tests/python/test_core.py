@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import kvattn
+from features import need_hash
 from poison import poisoned, untouched
 from reference import attention
 
@@ -313,6 +314,7 @@ def test_cache_write_bad_inputs(ctx):
 
 
 def test_pool_flow():
+    need_hash()
     pool = kvattn.Pool(16, 4)
     prompt = np.arange(10, dtype=np.int32)
     rid, cached = pool.add_request(prompt)

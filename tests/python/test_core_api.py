@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import kvattn
+from features import need_c8_loader, need_hash
 from poison import poisoned, untouched
 
 RNG = np.random.default_rng(44)
@@ -67,6 +68,7 @@ def test_pool_counts_not_integers_raise_invalid_argument(bad):
     # integer) raises InvalidArgumentError; slots() and block_table() used
     # to raise numpy's TypeError from np.empty(2.5) (or build a row from
     # None) before the C call's check.
+    need_hash()
     p = kvattn.Pool(16, 4)
     rid, _ = p.add_request(list(range(9)))
     p.allocate(rid, 9)
@@ -83,6 +85,7 @@ def test_pool_counts_not_integers_raise_invalid_argument(bad):
 def test_pool_huge_counts_refused_before_allocating(big):
     # 2**40 used to reach np.empty first (a numpy MemoryError, not the
     # documented InvalidArgumentError for a value C's int32 cannot hold).
+    need_hash()
     p = kvattn.Pool(16, 4)
     rid, _ = p.add_request([1, 2, 3])
     p.allocate(rid, 3)
@@ -242,6 +245,7 @@ def test_closed_objects_raise_and_close_twice_is_harmless():
         plan.info
     c.close()
     c.close()
+    need_hash()  # the checks above ran; the rest needs a Pool with prefix caching
     p = kvattn.Pool(8, 4)
     p.close()
     p.close()
@@ -255,6 +259,7 @@ def test_c8_loader_path_forms(tmp_path, form):
     # "b'/tmp/...'" (IOError_ for a directory that exists), a name that is not
     # UTF-8 (os.fsdecode(b"\xff") = "\udcff") raised UnicodeEncodeError, and
     # an int was taken as a path. Now os.fsencode, as open() does.
+    need_c8_loader()
     from test_blackbox import _safetensors
 
     d = {"bytes": tmp_path, "non-ascii str": tmp_path / "ckpt \u00e9",

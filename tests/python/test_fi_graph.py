@@ -122,13 +122,15 @@ def test_growth_after_capture_is_refused(monkeypatch):
     graph mode reserved is refused and the previous plan stands; before a
     capture the same plan is accepted (the reservation grows)."""
     torch = pytest.importorskip("torch")
-    lens0 = (9, 9, 9)  # 2 pages each: the reservation is max(indices buffer 40, 2 x 3 x 2)
+    lens0 = (9, 9, 9)  # 2 pages each: the reservation is max(indices buffer 39, 2 x 3 x 2)
     paged, indptr, indices, last, keys, values, q = _case(4, lens0, spare=40)
-    big = (9, 9, 200)  # 25 pages in one request: a table of 3 x 25 = 75 > 40
+    big = (9, 9, 200)  # 25 pages in one request: a table of 3 x 25 = 75 > 39
     _, bip, bix, bl, *_ = _case(5, big)
+    # The promise's edge: up to 39 // 3 = 13 pages per request after a capture
+    edge = _case(6, (9, 9, 13 * PAGE), spare=40)  # 3 x 13 = 39 entries: accepted
+    over = _case(7, (9, 9, 13 * PAGE + 1))  # 3 x 14 = 42 > 39: refused
     tkv = tuple(torch.from_numpy(x) for x in paged)
-    bix = bix % paged[0].shape[0]
-    nidx = 40
+    nidx = 39
     for captured in (False, True):
         w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(8, dtype=torch.uint8), "NHD",
                                                   use_cuda_graph=True, **_bufs(3, nidx))
@@ -137,11 +139,17 @@ def test_growth_after_capture_is_refused(monkeypatch):
             monkeypatch.setattr(_fi_graph, "capturing", lambda ctx, q: True)
             w.run(torch.from_numpy(q), tkv)
             monkeypatch.undo()
-            with pytest.raises(kvattn.InvalidArgumentError, match="freed memory"):
-                _plan(w, bip, bix[:nidx], bl)
+            for ip, ix, lp in ((bip, bix, bl), over[1:4]):
+                with pytest.raises(kvattn.InvalidArgumentError,
+                                   match="at most 13 pages.*freed memory"):
+                    _plan(w, ip, ix % paged[0].shape[0], lp)
             ref, _ = attention(q, keys, values, [1, 1, 1], causal=True)
             np.testing.assert_allclose(w.run(torch.from_numpy(q), tkv).numpy(), ref,
                                        rtol=1e-5, atol=1e-5)
+            ekv, eip, eix, elp, ek, ev, eq = edge
+            _plan(w, eip, eix, elp)
+            ref, _ = attention(eq, ek, ev, [1, 1, 1], causal=True)
+            np.testing.assert_allclose(w.run(eq, ekv), ref, rtol=1e-5, atol=1e-5)
         else:
             _plan(w, bip, bix[:nidx], bl)  # no capture yet: the reservation grows
 
@@ -533,7 +541,10 @@ def test_cuda_prefill_graph_replays_prefill_rows():
     capture, so the captured run launches the prefill kernel and the replay
     computes the new plan (main reserved T = R: no tiles, the plan grew the
     buffers under the graph, and the replay left the prefill rows
-    unwritten)."""
+    unwritten). The indices buffer holds bs x 20 pages, as SGLang and vLLM
+    size theirs (max batch x a request's most pages), so that the 19-page
+    request of the second plan fits the dense page table graph mode reserves
+    (docs/python.md: up to indices buffer / batch size pages per request)."""
     torch = _cuda_or_skip()
     dev, dt = torch.device("cuda"), torch.bfloat16
     bs, h, hkv, d, page, nblocks = 16, 16, 4, 128, 16, 64
@@ -546,7 +557,7 @@ def test_cuda_prefill_graph_replays_prefill_rows():
     w = fi.BatchPrefillWithPagedKVCacheWrapper(
         torch.empty(1 << 20, dtype=torch.uint8, device=dev), "NHD", use_cuda_graph=True,
         qo_indptr_buf=torch.zeros(bs + 1, **i32), paged_kv_indptr_buf=torch.zeros(bs + 1, **i32),
-        paged_kv_indices_buf=torch.zeros(nblocks, **i32),
+        paged_kv_indices_buf=torch.zeros(bs * 20, **i32),
         paged_kv_last_page_len_buf=torch.zeros(bs, **i32))
     q_static = torch.zeros((bs, h, d), dtype=dt, device=dev)
 

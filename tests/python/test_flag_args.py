@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import kvattn
+from features import need_hash
 from poison import fill, poisoned, untouched
 
 try:
@@ -49,6 +50,8 @@ def test_pool_enable_prefix_caching_not_bool(bad):
 def test_pool_enable_prefix_caching_bools(flag):
     """A bool of any kind is taken at its value: a prompt added twice hits
     the cache only with prefix caching on."""
+    if flag:
+        need_hash()
     p = kvattn.Pool(16, 4, enable_prefix_caching=flag)
     r, _ = p.add_request(list(range(9)))
     p.allocate(r, 9)
@@ -65,11 +68,13 @@ def test_pool_hash_bool_refused(bad):
 
 @pytest.mark.parametrize("h", ["sha256", "xxh3_128", 0, 1])
 def test_pool_hash_names_and_codes(h):
+    need_hash(h)
     kvattn.Pool(16, 4, hash=h).check()
 
 
 @pytest.mark.parametrize("bad", [True, np.True_])
 def test_pool_request_id_bool_refused(bad):
+    need_hash()
     p = kvattn.Pool(16, 4)
     rs = [p.add_request([1, 2, 3])[0] for _ in range(2)]
     assert 1 in rs  # so that True == 1 would name a live request

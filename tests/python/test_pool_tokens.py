@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import kvattn
+from features import need_hash
 
 
 def test_pool_tokens_must_be_1d():
@@ -11,6 +12,7 @@ def test_pool_tokens_must_be_1d():
     2-D [B, T] batch (or a 0-D scalar) is refused with ShapeMismatchError and
     changes nothing, instead of being flattened into one request's B*T
     tokens."""
+    need_hash()
     p = kvattn.Pool(num_blocks=16, block_size=4)
     with pytest.raises(kvattn.ShapeMismatchError, match="1-D"):
         p.add_request([[1, 2, 3, 4], [5, 6, 7, 8]])
