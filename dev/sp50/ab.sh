@@ -33,7 +33,7 @@ log "== GPU: $gpu; full tree $FULL; vars ${KVA_VARS:-none}"
 # warm machine's build folder rebuilds what changed.
 bs=$root/build-sp50
 sync_tree() { # src dst
-  (cd "$1" && find src include tools bench tests CMakeLists.txt cmake -type f 2>/dev/null) |
+  (cd "$1" && find . -path ./dev -prune -o -path ./bench/results -prune -o -type f -print) |
     while read -r f; do
       cmp -s "$1/$f" "$2/$f" || { mkdir -p "$2/$(dirname "$f")"; cp "$1/$f" "$2/$f"; }
     done
