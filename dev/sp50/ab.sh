@@ -58,7 +58,7 @@ for v in ${KVA_VARS:-}; do
   rm -rf "$vd" && mkdir -p "$vd/tree"
   cp -r "$top/$tree/src" "$top/$tree/include" "$vd/tree/"
   if [ -n "${patch:-}" ]; then
-    (cd "$vd/tree" && git apply "$top/$FULL/dev/sp50/$patch") >"$l/patch_$name.log" 2>&1 ||
+    (cd "$vd/tree" && git --git-dir=/dev/null apply "$top/$FULL/dev/sp50/$patch") >"$l/patch_$name.log" 2>&1 ||
       { log "patch $name failed"; cat "$l/patch_$name.log"; }
   fi
   objs=""
@@ -112,9 +112,7 @@ prof) ROWS=("H16 8k|$D --batch 128 --context 8192 --heads 16|all"
   "H64 (H16 padded)|$D --batch 128 --context 8192 --heads 64|$FULL") ;;
 *) ROWS=("H16 8k|$D --batch 128 --context 8192 --heads 16|all"
   "H16 R16 8k|$D --batch 16 --context 8192 --heads 16|all"
-  "H16 2k|$D --batch 128 --context 2048 --heads 16|all"
-  "H64 (H16 padded)|$D --batch 128 --context 8192 --heads 64|all"
-  "H128|$D --batch 128 --context 8192 --heads 128|all") ;;
+  "H64 (H16 padded)|$D --batch 128 --context 8192 --heads 64|all") ;;
 esac
 for r in $(seq 1 "${KVA_ROUNDS:-2}"); do
   order=$SIDES
