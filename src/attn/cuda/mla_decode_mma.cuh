@@ -59,6 +59,10 @@
  * rows of its own S slice into the one 16-bit tile that S and P V read;
  * only the warps that share a slice meet before S (none with MT = 1), and
  * the barriers of the row max and of P order every warp's rows before P V.
+ * Raw rows of a row format with BULK (the sparse fp8_ds_mla rows of 16-row
+ * items) land by one bulk copy per row instead (cp.async.bulk, sm_90), each
+ * stage completing on its mbarrier, which the tile loop waits on instead of
+ * a cp.async group.
  * The tile loop is otherwise the same.
  * The 16-bit instantiations are in mla_decode_mma.cu (with the host side),
  * the FP8 ones in mla_decode_mma_fp8.cu.

@@ -27,7 +27,8 @@
  * With fp8_ds_mla rows and 16-row head tiles (H <= 16) the body computes
  * S transposed (sp_ds_mla::ST, ml_st_tile in mla_decode_mma.cuh): Q^T
  * stays in registers, split over two column halves of warps, and each warp
- * converts the columns it reads of its 16 keys (convert below).
+ * converts the columns it reads of its 16 keys (convert below); on sm_90
+ * those rows land by one bulk copy each (sp_ds_mla::BULK, issue below).
  *
  * Work: item = (query token t, head tile of M = 16 MT rows, key split), one
  * per CTA. The M rows are heads h0 .. h0 + M - 1 of ONE token (each token
@@ -75,7 +76,8 @@ static __device__ __forceinline__ uint4 sp_pe8(kva__mma_f16, uint4 b)
  * entries kbeg .. kend - 1. Thread tid copies key tid / TPK of every tile:
  * the position of its entry is read two tiles ahead and its cache row (the
  * block-table entry) one tile ahead of the copies, so the copies never wait
- * for either; unused entries are zeros with flag 0 (logits -inf). SRC:
+ * for either; unused entries are zeros with flag 0 (logits -inf); with
+ * C::BULK the key's first thread copies the whole row (one bulk copy). SRC:
  * sp_rows16 or sp_ds_mla. */
 template <typename Ty, typename SRC> struct sp_mma {
     typedef sp_args args;
