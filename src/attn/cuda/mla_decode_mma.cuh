@@ -59,6 +59,10 @@
  * rows of its own S slice into the one 16-bit tile that S and P V read;
  * only the warps that share a slice meet before S (none with MT = 1), and
  * the barriers of the row max and of P order every warp's rows before P V.
+ * Raw rows of a row format with BULK (the sparse fp8_ds_mla rows of 16-row
+ * items) land by one bulk copy per row instead (cp.async.bulk, sm_90), each
+ * stage completing on its mbarrier, which the tile loop waits on instead of
+ * a cp.async group.
  * The tile loop is otherwise the same.
  * The 16-bit instantiations are in mla_decode_mma.cu (with the host side),
  * the FP8 ones in mla_decode_mma_fp8.cu.
@@ -68,6 +72,7 @@
 extern "C" {
 #include "cuda_backend.h"
 }
+#include "async_ptx.cuh"
 #include "cuda_check.h"
 #include "mla_decode_common.cuh"
 
@@ -77,15 +82,44 @@ extern "C" {
 #include <stdint.h>
 
 #define ML_NW (ML_NT / 32) /* warps per CTA */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define ML_BULK_ARCH 0 /* no cp.async.bulk before sm_90 */
+#else
+#define ML_BULK_ARCH 1
+#endif
+
+/* The mbarrier of a stage of bulk row copies (ml_tiles::BULK; sm_90 device
+ * passes only, elsewhere nothing): set up with `count` arrivals per phase;
+ * wait for the phase of the given parity. */
+static __device__ __forceinline__ void ml_bulk_init(uint32_t bar, int count)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    kva__mbar_init(bar, count);
+#else
+    (void)bar, (void)count;
+#endif
+}
+static __device__ __forceinline__ void ml_bulk_wait(uint32_t bar, uint32_t parity)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    kva__mbar_wait(bar, parity);
+#else
+    (void)bar, (void)parity;
+#endif
+}
 
 /* The dense policy's row format (the sparse ones: sp_rows16, sp_ds_mla):
  * RAW_ROW bytes per row of a raw ring (0: 16-bit rows land in the 16-bit
  * tiles), NP copies of P (one per value scale), FLAGS: per-stage key flags
- * in shared memory (none: the mask is positional), NST: ring stages. */
+ * in shared memory (none: the mask is positional), BULK: raw rows land by
+ * one bulk copy per row (sm_90's cp.async.bulk, the copy engine's, not the
+ * threads' 16-byte cp.async) completing on an mbarrier per stage, NST: ring
+ * stages. */
 template <bool FP8> struct ml_dense_rows {
     static constexpr int RAW_ROW = FP8 ? ML_D : 0;
     static constexpr int NP = 1;
     static constexpr bool FLAGS = false;
+    template <int MT> static constexpr bool BULK = false;
     template <int MT, bool QR>
     static constexpr int NST = RAW_ROW && QR ? 4 : MT == 4 || QR ? 3 : 2;
     template <int MT> static constexpr bool ST = false;
@@ -101,7 +135,8 @@ template <bool FP8> struct ml_dense_rows {
  * with QR: NST = 4, the raw stages are half a tile, and the fourth fits), NP
  * copies of P [M, BN] (rows padded by 16 bytes against bank conflicts), the
  * row maxima and sums [8][64] fp32, (FLAGS) the key flags [NST][BN], (ST)
- * the exchange of S halves [8 warps][32 lanes][4] fp32. No dense FP8
+ * the exchange of S halves [8 warps][32 lanes][4] fp32, (BULK) the
+ * stages' mbarriers [NST] (8 bytes each). No dense FP8
  * configuration needs more than its 16-bit one. QR exists for the
  * memory-bound 16-row items (H <= 16 decodes): without the 18 KB of Q a
  * third 72 KB stage fits (227 KB on sm_90), so two tiles are in flight
@@ -122,6 +157,9 @@ template <int MT, bool QR, typename R> struct ml_tiles {
     static constexpr int NP = R::NP;
     static constexpr bool ST = R::template ST<MT>; /* the transposed S */
     static constexpr bool QREG = QR || ST;         /* Q lives in registers */
+    /* Rows by bulk copies (the row format's BULK; sm_90 device passes and the
+     * host's shared-memory size; earlier device passes copy with cp.async). */
+    static constexpr bool BULK = R::template BULK<MT> && ML_BULK_ARCH;
     static constexpr int P_STRIDE = BN * 2 + 16;
     static constexpr int P_BYTES = M * P_STRIDE;
     static constexpr int OFF_RING = QREG ? 0 : M * ML_D * 2; /* the 16-bit tile(s) */
@@ -131,7 +169,8 @@ template <int MT, bool QR, typename R> struct ml_tiles {
     static constexpr int OFF_RED = OFF_P + NP * P_BYTES;
     static constexpr int OFF_OK = OFF_RED + 2 * ML_NW * 64 * 4;
     static constexpr int OFF_X = OFF_OK + (R::FLAGS ? NST * BN * 4 : 0);
-    static constexpr int SMEM = OFF_X + (ST ? ML_NW * 32 * 16 : 0);
+    static constexpr int OFF_MB = OFF_X + (ST ? ML_NW * 32 * 16 : 0);
+    static constexpr int SMEM = OFF_MB + (BULK ? NST * 8 : 0);
     static_assert(NBS >= 1 && KW % 8 == 0, "key slice of a warp");
     static_assert(!QR || (MT == 1 && NBS == 1 && NP == 1),
                   "Q in registers: one row tile, 8 keys a warp");
@@ -140,6 +179,7 @@ template <int MT, bool QR, typename R> struct ml_tiles {
                   "transposed S: 16 heads, 4 key groups of 16 x 2 column halves, raw rows "
                   "with 4 tile scales, the mask in key flags");
     static_assert(NP == 1 || NP == ML_DV / 128, "P copies: none, or one per c_kv tile of 128");
+    static_assert(!BULK || (RAW > 0 && R::FLAGS), "bulk copies: raw rows, the mask in key flags");
     static_assert(SMEM <= 227 * 1024, "shared memory of one CTA");
 };
 /* The dense decode's shapes (host side: shared memory per kernel). */
@@ -392,7 +432,8 @@ static __device__ __forceinline__ void ml_st_sums(float l_st[2], int hh, int lan
  * its row format; static items(a), scale_log2(a): the work items, the logits'
  * factor. Per item (C: the kernel's ml_tiles): load<C>(a, it) (false: the CTA
  * skips it) sets keys k0 .. kend - 1; issue<C>(a, kb, stage, ok) copies tile
- * kb (< kend, in order; ok: the stage's key flags) and the caller commits;
+ * kb (< kend, in order; ok: the stage's key flags; bar: the stage's mbarrier
+ * with C::BULK, which every key's copier arrives on once) and the caller commits;
  * stage_q<C, elem>(a, dst) writes Q [M, 576] (zeros past the item's rows);
  * masks(a, r0) prepares logits for the thread's rows r0, r0 + 8; static
  * convert<C>(raw, tile, key0, rt, kg, lane) (RAW_ROW > 0) turns a landed raw
@@ -433,6 +474,15 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typ
     /* The ring the copies fill: 16-bit tiles, or raw stages. */
     const uint32_t ring = C::RAW ? s0 + C::OFF_RAW : sRing;
     constexpr uint32_t STAGE = C::RAW ? C::RAW : C::TILE;
+    /* BULK: stage st's mbarrier at sMB + 8 st, one arrival per key of a tile
+     * (W::issue); bit st of ph: the parity of the stage's next phase. */
+    const uint32_t sMB = s0 + C::OFF_MB;
+    uint32_t ph = 0;
+    if constexpr (C::BULK) {
+        if (threadIdx.x < NST)
+            ml_bulk_init(sMB + 8 * threadIdx.x, BN);
+        __syncthreads();
+    }
 
     for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
         if (!wi.template load<C>(a, it))
@@ -444,7 +494,7 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typ
         for (int st = 0; st < NST - 1; st++) {
             const int32_t kb = wi.k0 + st * BN;
             if (kb < kend)
-                wi.template issue<C>(a, kb, ring + st * STAGE, s_ok + st * BN);
+                wi.template issue<C>(a, kb, ring + st * STAGE, s_ok + st * BN, sMB + 8 * st);
             kva__cp_async_commit();
         }
         wi.template stage_q<C, elem>(a, ml_smem + C::OFF_Q);
@@ -469,14 +519,20 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typ
 
         int stage = 0;
         for (int32_t kb = wi.k0; kb < kend; kb += BN) {
-            kva__cp_async_wait<NST - 2>();
+            if constexpr (C::BULK) { /* the stage's rows (the flags: the barrier below) */
+                ml_bulk_wait(sMB + 8 * stage, (ph >> stage) & 1u);
+                ph ^= 1u << stage;
+            } else {
+                kva__cp_async_wait<NST - 2>();
+            }
             __syncthreads(); /* tile kb (and Q) landed for every thread; the previous
                                 tile's stage, P and maxima are free */
             {
                 const int32_t kn = kb + (NST - 1) * BN;
                 const int ahead = stage == 0 ? NST - 1 : stage - 1;
                 if (kn < kend)
-                    wi.template issue<C>(a, kn, ring + ahead * STAGE, s_ok + ahead * BN);
+                    wi.template issue<C>(a, kn, ring + ahead * STAGE, s_ok + ahead * BN,
+                                         sMB + 8 * ahead);
                 kva__cp_async_commit();
             }
             /* The first key of this warp's S slice (ST: of its key group). */
@@ -609,7 +665,8 @@ template <typename Ty, bool FP8> struct ml_dense {
      * rows (raw; then the next tile's entry is read, so that its copies do
      * not wait for it). */
     template <typename C>
-    __device__ __forceinline__ void issue(const args &a, int32_t kb, uint32_t stage, int *)
+    __device__ __forceinline__ void issue(const args &a, int32_t kb, uint32_t stage, int *,
+                                          uint32_t)
     {
         if constexpr (FP8) {
             ml_issue_fp8_row<C::BN>(a, row_next, stage);

@@ -27,7 +27,8 @@
  * With fp8_ds_mla rows and 16-row head tiles (H <= 16) the body computes
  * S transposed (sp_ds_mla::ST, ml_st_tile in mla_decode_mma.cuh): Q^T
  * stays in registers, split over two column halves of warps, and each warp
- * converts the columns it reads of its 16 keys (convert below).
+ * converts the columns it reads of its 16 keys (convert below); on sm_90
+ * those rows land by one bulk copy each (sp_ds_mla::BULK, issue below).
  *
  * Work: item = (query token t, head tile of M = 16 MT rows, key split), one
  * per CTA. The M rows are heads h0 .. h0 + M - 1 of ONE token (each token
@@ -75,7 +76,8 @@ static __device__ __forceinline__ uint4 sp_pe8(kva__mma_f16, uint4 b)
  * entries kbeg .. kend - 1. Thread tid copies key tid / TPK of every tile:
  * the position of its entry is read two tiles ahead and its cache row (the
  * block-table entry) one tile ahead of the copies, so the copies never wait
- * for either; unused entries are zeros with flag 0 (logits -inf). SRC:
+ * for either; unused entries are zeros with flag 0 (logits -inf); with
+ * C::BULK the key's first thread copies the whole row (one bulk copy). SRC:
  * sp_rows16 or sp_ds_mla. */
 template <typename Ty, typename SRC> struct sp_mma {
     typedef sp_args args;
@@ -107,9 +109,13 @@ template <typename Ty, typename SRC> struct sp_mma {
         return true;
     }
     /* The copies of k_next's row (zeros when unused) as key tid / TPK of tile
-     * kb (chunks tid % TPK + TPK i) and its flag; then the next keys ahead. */
+     * kb (chunks tid % TPK + TPK i) and its flag; then the next keys ahead.
+     * C::BULK: the key's first thread copies the whole row with one bulk
+     * copy completing on bar (its arrival with the row's bytes), or, unused,
+     * the key's TPK threads store the zeros and the first arrives alone. */
     template <typename C>
-    __device__ __forceinline__ void issue(const args &a, int32_t kb, uint32_t stage, int *ok)
+    __device__ __forceinline__ void issue(const args &a, int32_t kb, uint32_t stage, int *ok,
+                                          uint32_t bar)
     {
         constexpr int TPK = ML_NT / C::BN;
         const int key = threadIdx.x / TPK, c0 = threadIdx.x % TPK;
@@ -117,7 +123,24 @@ template <typename Ty, typename SRC> struct sp_mma {
             a.rows + (k_next.ok ? ((int64_t)k_next.blk * a.B + k_next.off) * SRC::ROW : 0);
         if (c0 == 0)
             ok[key] = k_next.ok;
-        if constexpr (SRC::FP8) { /* unrolled: every offset but the thread's is a constant */
+        if constexpr (C::BULK) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            const uint32_t d = stage + (uint32_t)(key * SRC::ROW);
+            if (k_next.ok) {
+                if (c0 == 0) {
+                    kva__mbar_expect_tx(bar, SRC::ROW);
+                    kva__bulk_load(d, src, SRC::ROW, bar);
+                }
+            } else {
+                for (int c = c0; c < SRC::CH; c += TPK)
+                    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(d + 16 * c),
+                                 "r"(0)
+                                 : "memory");
+                if (c0 == 0)
+                    kva__mbar_arrive(bar);
+            }
+#endif
+        } else if constexpr (SRC::FP8) { /* unrolled: every offset but the thread's is a constant */
             const uint32_t d = stage + (uint32_t)(key * SRC::ROW + c0 * 16);
             const int n = k_next.ok ? 16 : 0;
 #pragma unroll

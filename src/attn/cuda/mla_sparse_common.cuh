@@ -23,6 +23,7 @@ struct sp_rows16 { /* latent rows in the q dtype: [c_kv 512 | k_pe 64] */
     static constexpr int RAW_ROW = 0;
     static constexpr int NP = 1;
     static constexpr bool FLAGS = true;
+    template <int MT> static constexpr bool BULK = false;
     template <int MT, bool> static constexpr int NST = MT == 4 ? 3 : 2;
     template <int MT> static constexpr bool ST = false;
 };
@@ -33,6 +34,11 @@ struct sp_ds_mla { /* 512 e4m3 codes, 4 float32 tile scales, 64 bf16 k_pe */
     static constexpr int RAW_ROW = ROW;
     static constexpr int NP = ML_DV / 128;
     static constexpr bool FLAGS = true;
+    /* 16-row items: one bulk copy per row (656 bytes, 16-byte aligned)
+     * instead of 41 16-byte cp.async of 4 threads, which queue behind each
+     * other in the load/store unit (MT 2 and 4 keep cp.async: no registers
+     * to spare for the mbarrier's phases). */
+    template <int MT> static constexpr bool BULK = MT == 1;
     template <int MT, bool> static constexpr int NST = MT == 4 || MT == 1 ? 3 : 2;
     /* 16-row items: the transposed S (ml_st_tile, mla_decode_mma.cuh). */
     template <int MT> static constexpr bool ST = MT == 1;
