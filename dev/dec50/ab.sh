@@ -3,10 +3,11 @@
 # GPU, one call (issues 20, 23). BASE and NEW are source trees (`git archive` of main and of the branch).
 #   build  both trees in parallel (-j8 each): BASE bench_cuda + the kvattn CLI, NEW those and the decode tests
 #   bench  DEC_ROUNDS (default 2) rounds of base, new alternated: bf16 H 32 / Hkv 8 / D 128 / B 16 decodes
-#          1 x 32k, 1 x 64k, 1 x 128k (per call, back to back, graph replay of 8 layers), the same at
-#          forced splits (--splits 64 / 48: twice / 1.5x the items of the plan's 32), 16 x 4k, 64 x 4k,
-#          int8 and fp8 64 x 4k, `kvattn bench --dcp 4|2` at 1 x 131072; device copies of each row's bytes
-#   nsys   (if present) the kernel timeline of 1 x 32k, both trees: kernel durations and gaps
+#          1 x 32k, 1 x 64k, 1 x 128k (per call, back to back, graph replay of 8 layers), 1 x 32k and
+#          1 x 128k at forced splits (--splits 64: twice the items of the plan's 32), 16 x 4k, 64 x 4k,
+#          fp8 64 x 4k (DEC_DCP="4 2": also `kvattn bench --dcp N` at 1 x 131072); device copies of each
+#          row's bytes before and after
+#   nsys   (if present, first) the kernel timeline of 1 x 32k: kernel durations and the gaps between them
 #   test   NEW, quick sets, in parallel: test_cuda_attn's decode cases, test_cuda_quant_attn,
 #          test_cuda_graph, test_cuda_dcp, test_cuda_plan_update; memcheck of test_many_items + test_split_kv
 #   fault  NEW with the claim counter's reset removed: test_many_items must fail (it passes on main's kernel)
@@ -29,10 +30,8 @@ el "built" | log
 D="--mode decode --heads 32 --kv-heads 8 --head-dim 128 --iters 20"
 S=("1x32k|--batch 1 --context 32767 --graph-layers 8" "1x64k|--batch 1 --context 65535 --graph-layers 8"
    "1x128k|--batch 1 --context 131071 --graph-layers 8"
-   "1x32k-s64|--batch 1 --context 32767 --splits 64" "1x32k-s48|--batch 1 --context 32767 --splits 48"
-   "1x128k-s64|--batch 1 --context 131071 --splits 64"
-   "16x4k|--batch 16 --context 4095" "64x4k|--batch 64 --context 4095"
-   "64x4k-int8|--batch 64 --context 4095 --quant int8" "64x4k-fp8|--batch 64 --context 4095 --quant fp8")
+   "1x32k-s64|--batch 1 --context 32767 --splits 64" "1x128k-s64|--batch 1 --context 131071 --splits 64"
+   "16x4k|--batch 16 --context 4095" "64x4k|--batch 64 --context 4095" "64x4k-fp8|--batch 64 --context 4095 --quant fp8")
 copies() {
   for m in 64 128 256 512; do
     l=$($BB/bench_cuda --mode copy --copy-bytes $((m << 20)) --iters 30 2>&1 | grep -a "^bench_cuda" | head -1)
@@ -40,6 +39,25 @@ copies() {
     echo "copy$1 ${m}MiB (KV $((2 * m)) MiB) $(echo "$l" | grep -oE 'median [0-9.]+ ms|back to back [0-9.]+ ms' | tr '\n' ' ')" | log
   done
 }
+if command -v nsys >/dev/null && [ $(( $(date +%s) - t0 )) -lt ${DEC_NSYS_MAX:-140} ]; then
+  for t in ${DEC_NSYS_TREES:-new}; do d=$BB; [ $t = new ] && d=$BN
+    timeout 60 nsys profile -t cuda -o $L/ns_$t -f true $d/bench_cuda $D --batch 1 --context 32767 --iters 20 >$L/ns_$t.log 2>&1
+    timeout 40 nsys stats -r cuda_gpu_trace -f csv -o $L/tr_$t $L/ns_$t.nsys-rep >/dev/null 2>&1
+    f=$(ls $L/tr_${t}*.csv 2>/dev/null | head -1)
+    [ -n "$f" ] && python3 - "$f" $t <<'PY' | log
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+ks = [r for r in rows if 'decode_mma' in r.get('Name', '')]
+st = [int(r['Start (ns)']) for r in ks]; du = [int(r['Duration (ns)']) for r in ks]
+if ks:
+    du_s = sorted(du[-20:]); gaps = sorted(st[i] - st[i - 1] - du[i - 1] for i in range(len(ks) - 19, len(ks)))
+    print(f'nsys {sys.argv[2]} 1x32k decode_mma_kernel: {len(ks)} launches, last 20 durations us median {du_s[len(du_s)//2]/1e3:.1f} '
+          f'min {du_s[0]/1e3:.1f} max {du_s[-1]/1e3:.1f}; gaps before them us median {gaps[len(gaps)//2]/1e3:.1f}')
+    print('  grid ' + str(ks[-1].get('GrdX', '?')) + ' block ' + str(ks[-1].get('BlkX', '?')) + ' regs ' + str(ks[-1].get('Reg/Trd', '?')))
+PY
+  done
+  el "nsys" | log
+fi
 rm -f $L/ms.txt
 copies 1
 for r in $(seq 1 ${DEC_ROUNDS:-2}); do for t in base new; do d=$BB; [ $t = new ] && d=$BN
@@ -52,7 +70,7 @@ for r in $(seq 1 ${DEC_ROUNDS:-2}); do for t in base new; do d=$BB; [ $t = new ]
     ms=$(echo "$l" | grep -oE 'median [0-9.]+ ms' | awk '{print $2}'); bb=$(echo "$l" | grep -oE 'back to back [0-9.]+' | awk '{print $4}')
     echo "r$r $t $lab ${ms:-NA} ${bb:-NA} ${g:--} $(echo "$l" | grep -oE 'check [a-z]+' | awk '{print $2}')" >>$L/ms.txt
   done
-  for n in 4 2; do
+  for n in ${DEC_DCP:-}; do
     timeout 60 $d/kvattn bench --backend cuda --dcp $n --batch 1 --seq-len 131072 --iters 20 >$L/dcp.txt 2>&1
     echo "r$r-$t dcp$n rc=$?" >>$out/raw.txt; sed "s/^/r$r-$t dcp$n /" $L/dcp.txt >>$out/raw.txt
     echo "r$r $t dcp$n $(grep -a 'slowest rank' $L/dcp.txt | awk '{print $NF}') $(grep -aE '^ *unsharded ' $L/dcp.txt | awk '{print $2}') -" >>$L/ms.txt
@@ -73,40 +91,21 @@ for lab in labs:
         s = '  '.join((f'{x[0]} ({x[1]})' + (f' [{x[2]}]' if len(x) > 2 and x[2] != '-' else '') + (f' {x[3]}' if len(x) > 3 else '')) if x else '-' for x in v)
         print(f'{lab:11} {t:5} {s}')
 PY
-if command -v nsys >/dev/null && [ $(( $(date +%s) - t0 )) -lt ${DEC_NSYS_MAX:-170} ]; then
-  for t in base new; do d=$BB; [ $t = new ] && d=$BN
-    timeout 60 nsys profile -t cuda -o $L/ns_$t -f true $d/bench_cuda $D --batch 1 --context 32767 --iters 20 >$L/ns_$t.log 2>&1
-    timeout 40 nsys stats -r cuda_gpu_trace -f csv -o $L/tr_$t $L/ns_$t.nsys-rep >/dev/null 2>&1
-    f=$(ls $L/tr_${t}*.csv 2>/dev/null | head -1)
-    [ -n "$f" ] && python3 - "$f" $t <<'PY' | log
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-ks = [r for r in rows if 'decode_mma' in r.get('Name', '')]
-st = [int(r['Start (ns)']) for r in ks]; du = [int(r['Duration (ns)']) for r in ks]
-if ks:
-    du_s = sorted(du[-20:]); gaps = sorted(st[i] - st[i - 1] - du[i - 1] for i in range(len(ks) - 19, len(ks)))
-    print(f'nsys {sys.argv[2]} 1x32k decode_mma_kernel: {len(ks)} launches, last 20 durations us median {du_s[len(du_s)//2]/1e3:.1f} '
-          f'min {du_s[0]/1e3:.1f} max {du_s[-1]/1e3:.1f}; gaps before them us median {gaps[len(gaps)//2]/1e3:.1f}')
-    print('  grid ' + str(ks[-1].get('GrdX', '?')) + ' block ' + str(ks[-1].get('BlkX', '?')) + ' regs ' + str(ks[-1].get('Reg/Trd', '?')))
-PY
-  done
-  el "nsys" | log
-fi
 run_tests() {
   ( KVA_TEST_ONLY=test_grid,test_split_kv,test_many_items,test_decode_mma,test_mma_mixed,test_dcp_plans,test_empty_rows,test_stale_plan,test_force_kernel \
-      KVA_TEST_QUICK=1 timeout ${DEC_TEST_TIMEOUT:-90} $BN/test_cuda_attn >$L/t_attn.log 2>&1
+      KVA_TEST_QUICK=1 timeout ${DEC_TEST_TIMEOUT:-60} $BN/test_cuda_attn >$L/t_attn.log 2>&1
     echo "test_cuda_attn (decode cases, quick) rc=$?: $(grep -aE 'passed|FAILED|CHECK failed' $L/t_attn.log | tail -1 | cut -c1-120)" ) &
   for t in test_cuda_quant_attn test_cuda_dcp test_cuda_graph test_cuda_plan_update; do
-    ( KVA_TEST_QUICK=1 timeout ${DEC_TEST_TIMEOUT:-90} $BN/$t >$L/t_$t.log 2>&1
+    ( KVA_TEST_QUICK=1 timeout ${DEC_TEST_TIMEOUT:-60} $BN/$t >$L/t_$t.log 2>&1
       echo "$t (quick) rc=$?: $(grep -aE 'passed|FAILED|CHECK failed' $L/t_$t.log | tail -1 | cut -c1-120)" ) &
   done
-  ( KVA_TEST_ONLY=test_split_kv,test_many_items KVA_TEST_QUICK=1 timeout ${DEC_TEST_TIMEOUT:-90} compute-sanitizer --tool memcheck \
+  ( KVA_TEST_ONLY=test_split_kv,test_many_items KVA_TEST_QUICK=1 timeout ${DEC_TEST_TIMEOUT:-60} compute-sanitizer --tool memcheck \
       --error-exitcode 9 $BN/test_cuda_attn >$L/mc.log 2>&1
     echo "memcheck test_cuda_attn test_split_kv,test_many_items (quick) rc=$?: $(grep -a 'ERROR SUMMARY' $L/mc.log | tail -1)" ) &
   wait
 }
 run_tests 2>&1 | log; el "tests done" | log
-if [ $(( $(date +%s) - t0 )) -lt ${DEC_FAULT_MAX:-230} ]; then
+if [ $(( $(date +%s) - t0 )) -lt ${DEC_FAULT_MAX:-250} ]; then
   # planted fault: the claim counter is never reset, so a second run of a plan skips the items past the grid
   sed -i 's/^\( *\)atomicExch(claim, 0);/\1(void)0; \/* planted fault *\//' $NT/src/attn/cuda/decode_mma_kernel.cuh
   grep -c "planted fault" $NT/src/attn/cuda/decode_mma_kernel.cuh | sed 's/^/fault lines: /' | log
