@@ -84,10 +84,6 @@ enum {
      * last CTA resets them; every upload writes them 0). */
     KVA_CUDA_HDR_PSCHED,
     KVA_CUDA_HDR_PSCHED_DONE,
-    /* The tensor-core decode's claim counter of its dynamic item schedule
-     * (decode_mma_kernel.cuh, dm_claim): zero between launches (the CTA
-     * that makes the launch's last claim resets it; every upload writes it 0). */
-    KVA_CUDA_HDR_DCLAIM,
     KVA_CUDA_HDR_USED, /* words in use: new words go above this line */
     KVA_CUDA_HDR_WORDS = 16
 };

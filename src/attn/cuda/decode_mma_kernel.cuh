@@ -250,7 +250,6 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
     extern __shared__ __align__(128) unsigned char dm_smem_buf[];
     __shared__ float s_m[DM_NW][DM_M], s_l[DM_NW][DM_M];
     __shared__ int s_last; /* this CTA wrote the last partial of its item's split task */
-    __shared__ int s_next; /* the CTA's next item (dm_claim; n_items or more: none) */
     /* OVL (the policy's OVERLAP): the warps' O [16, D] fp32 for the final
      * merge go to the last stage of each warp's own ring, and the CTA's next item's
      * first NST - 1 steps are issued into the other stages before the
@@ -278,15 +277,6 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
     const int32_t cap = a.meta.items_cap;
     kva__cuda_item wn = a.meta.items[(int32_t)blockIdx.x < cap ? (int32_t)blockIdx.x : cap - 1];
     const int32_t n_items = a.meta.hdr[KVA_CUDA_HDR_ITEMS];
-    /* The dynamic item schedule: CTA b runs item b first, then the items
-     * past the grid in order as its claims get them (dm_claim), so a CTA
-     * whose SM streams faster runs more of them. Thread 0 claims the CTA's
-     * next item at the start of the current one and publishes it at the
-     * start of the next, so no thread waits for the claim. */
-    int *const claim = const_cast<int *>(a.meta.hdr + KVA_CUDA_HDR_DCLAIM);
-    const int32_t nclaims = (n_items > (int32_t)gridDim.x ? n_items - (int32_t)gridDim.x : 0) +
-                            (int32_t)gridDim.x;
-    int cl = threadIdx.x == 0 ? atomicAdd(claim, 1) : 0; /* thread 0: the claim in flight */
     const int32_t tree_on = a.meta.hdr[KVA_CUDA_HDR_TREE]; /* tree_mask.cuh */
     const int32_t bt_stride = a.meta.hdr[KVA_CUDA_HDR_BT_STRIDE];
     const float scale_log2 = a.scale * KVA__DMMA_LOG2E;
@@ -308,20 +298,13 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
     };
     bool pre = false; /* OVL: the item's first steps went out in the previous epilogue */
 
-    /* Thread 0 publishes its claim (s_next, read after the next barrier)
-     * and the launch's last claim sets the counter back to 0 for the next
-     * launch (or graph replay) of the plan: every claim before it is made. */
-    auto publish = [&]() {
-        if (threadIdx.x == 0) {
-            s_next = (int32_t)gridDim.x + cl;
-            if (cl == nclaims - 1)
-                atomicExch(claim, 0);
-        }
-    };
-    if ((int32_t)blockIdx.x >= n_items)
-        publish();
-    for (int32_t it = blockIdx.x; it < n_items;) {
-        const kva__cuda_item w = wn; /* items[it], read before this iteration */
+    for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
+        const bool more = it + (int32_t)gridDim.x < n_items; /* the CTA has a next item */
+        if (!more)
+            kva__pdl_launch_dependents(); /* this CTA's last item: the next kernel may launch */
+        const kva__cuda_item w = wn;      /* items[it], read before this iteration */
+        if (more)
+            wn = a.meta.items[it + gridDim.x]; /* the next one, in flight during this one */
         const int32_t nrows = w.nq * w.nh;
         const int32_t qs = a.meta.qsl[w.req];
         const int32_t q_len = a.meta.qsl[w.req + 1] - qs;
@@ -407,25 +390,13 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
         if constexpr (P::ISSUE_FIRST) {
             /* The copies' latency hides behind the staging of Q (its barrier inside). */
             prologue();
-            publish();
             P::stage_q(q, w, nrows, qs, dm_smem_buf, qit, g4);
             kva__dmma_rows(a, wk, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
         } else {
-            publish();
             P::stage_q(q, w, nrows, qs, dm_smem_buf, qit, g4);
             kva__dmma_rows(a, wk, nrows, s, q_len, g4, lo, hi, pos, slope, lo_all, hi_all, &tree);
             __syncthreads(); /* Q visible to every warp */
             prologue();
-        }
-        /* The CTA's next item (published before the barrier above). */
-        const int32_t it_next = s_next;
-        const bool more = it_next < n_items; /* the CTA has a next item */
-        if (!more)
-            kva__pdl_launch_dependents(); /* this CTA's last item: the next kernel may launch */
-        if (more) {
-            wn = a.meta.items[it_next]; /* the next one, in flight during this one */
-            if (threadIdx.x == 0)
-                cl = atomicAdd(claim, 1); /* the one after it, published there */
         }
 
         float o[NO + NX][4];
@@ -588,7 +559,6 @@ __global__ void __launch_bounds__(DM_NW * 32, P::MINB) decode_mma_kernel(const t
             }
         }
         __syncthreads(); /* Q, s_acc (and without OVL the rings) are rewritten by the next item */
-        it = it_next;
     }
 }
 
