@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# dev/dec50/ab.sh BASE NEW - the tensor-core decode's dynamic item schedule (dec50) against main, one
-# GPU, one call (issues 20, 23). BASE and NEW are source trees (`git archive` of main and of the branch).
+# dev/dec50/ab.sh BASE NEW - a change to the tensor-core decode against main on the one-request rows of
+# issue 20 and the batch rows of issue 23, one GPU, one call. BASE and NEW are source trees (`git archive` of main and of the branch).
 #   build  both trees in parallel (-j8 each): BASE bench_cuda + the kvattn CLI, NEW those and the decode tests
 #   bench  DEC_ROUNDS (default 2) rounds of base, new alternated: bf16 H 32 / Hkv 8 / D 128 / B 16 decodes
 #          1 x 32k, 1 x 64k, 1 x 128k (per call, back to back, graph replay of 8 layers), 1 x 32k and
@@ -8,9 +8,14 @@
 #          fp8 64 x 4k (DEC_DCP="4 2": also `kvattn bench --dcp N` at 1 x 131072); device copies of each
 #          row's bytes before and after
 #   nsys   (if present, first) the kernel timeline of 1 x 32k: kernel durations and the gaps between them
+#          (the H200 machine of 2026-11-28 had no nsys: the step was skipped; dev/dec50/trace.sh gives the
+#          per-CTA timeline instead)
+# Session 42's run (dec50's dynamic item schedule, since taken out) had a fourth step, a planted fault
+# (the claim counter never reset) that test_many_items' three-run check caught; the results file has it.
+# ~210 s wall on an H200 (build 82 s, two bench rounds 27 s, tests 60 s: test_cuda_plan_update's quick
+# set does not finish in DEC_TEST_TIMEOUT's default 60 s).
 #   test   NEW, quick sets, in parallel: test_cuda_attn's decode cases, test_cuda_quant_attn,
 #          test_cuda_graph, test_cuda_dcp, test_cuda_plan_update; memcheck of test_many_items + test_split_kv
-#   fault  NEW with the claim counter's reset removed: test_many_items must fail (it passes on main's kernel)
 # OUT: log folder (summary.txt as it goes; raw.txt every bench line).
 set -uo pipefail
 out=${OUT:-dec_out}; mkdir -p "$out"
@@ -105,14 +110,5 @@ run_tests() {
   wait
 }
 run_tests 2>&1 | log; el "tests done" | log
-if [ $(( $(date +%s) - t0 )) -lt ${DEC_FAULT_MAX:-250} ]; then
-  # planted fault: the claim counter is never reset, so a second run of a plan skips the items past the grid
-  sed -i 's/^\( *\)atomicExch(claim, 0);/\1(void)0; \/* planted fault *\//' $NT/src/attn/cuda/decode_mma_kernel.cuh
-  grep -c "planted fault" $NT/src/attn/cuda/decode_mma_kernel.cuh | sed 's/^/fault lines: /' | log
-  ninja -C $BN -j16 test_cuda_attn >$L/build_f.log 2>&1; echo "fault build rc=$?" | log
-  KVA_TEST_ONLY=test_many_items KVA_TEST_QUICK=1 timeout 60 $BN/test_cuda_attn >$L/t_fault.log 2>&1
-  echo "planted fault (no counter reset): test_many_items rc=$? (must fail): $(grep -aE 'passed|FAILED|CHECK failed|mismatches' $L/t_fault.log | head -3 | cut -c1-160 | tr '\n' ' ')" | log
-  el "fault done" | log
-fi
 tar -czf $out/logs.tgz -C $L $(cd $L && ls *.log *.txt 2>/dev/null)
 el "end" | log
