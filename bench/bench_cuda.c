@@ -36,7 +36,8 @@
  * the 1-byte codes (2-byte V for int8-token-v16) and the per-token scales.
  * --context-min M draws every request's cached tokens uniformly from [M, S]
  * (fixed seed; default M = S: all equal), for ragged batches.
- * --splits N cuts every partition unit into N key chunks
+ * --splits N cuts every partition unit into N key chunks (at most one per
+ * 256 keys; counts above the plan's own cap of 32 too)
  * (kva__cuda_context_force_splits; 0, the default, keeps the plan's choice;
  * -1 makes the former choice: four candidates by makespan alone),
  * to time split counts the plan does not pick; the line reports the split

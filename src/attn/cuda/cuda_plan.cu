@@ -62,7 +62,9 @@ static void gpu_params(const kva__cuda_state *st, int rows, int ctas_per_sm,
     pp->prefill_rows = rows;
     pp->split_align = 64;
     pp->min_split_keys = 256;
-    pp->max_splits = 32;
+    /* At most 32 chunks per unit; a count forced above that
+     * (kva__cuda_context_force_splits, benches and tests) is honoured. */
+    pp->max_splits = st->force_splits > 32 ? st->force_splits : 32;
     pp->items_per_thread = 1;
 }
 
