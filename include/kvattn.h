@@ -553,7 +553,15 @@ KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const in
  * score of -inf carries no weight (a row whose every visible key scores -inf
  * writes 0 and lse -inf, or the sink, as a row without keys; under a
  * soft-cap c a key whose scale * <q, k_j> is -inf scores c * tanh(-inf) = -c
- * and counts), and sinks should be finite.
+ * and counts), and sinks should be finite. An infinite element of q scores
+ * in IEEE arithmetic over the keys as the cache format defines them
+ * (kvattn_cache.h): -inf times a positive key element is -inf, times a
+ * negative one +inf, times 0 NaN; so a row whose every visible key has a
+ * positive element there writes 0 and lse -inf (or the sink). This holds on
+ * every backend and cache format, with one exception: over an INT8_CHANNEL
+ * cache, CUDA's quantized tensor-core kernels take the product's sign from
+ * the stored code c, not from c - offset (they differ only for a code
+ * between 0 and the channel's offset, both included).
  *
  * MLA plans and caches (kind KVA_ATTN_MLA): the absorbed call, FlashMLA's
  * flash_mla_with_kvcache: q [T, H, Dc + Dr] (q_nope already multiplied by
