@@ -17,7 +17,8 @@ ab() { local bin=$1 lab=$2 q=$3
   "$B/$bin" --mode decode --batch 64 --context 4095 --iters 100 --quant $q >$out/l/ab.txt 2>&1
   grep -a "^bench_cuda:" $out/l/ab.txt | sed "s/^/$lab /" >>$out/l/ab_all.txt; }
 for q in int8 fp8; do ab bench_cuda_base "r1-base $q" $q; ab bench_cuda "r1-new $q" $q; done
-for q in int8 fp8; do ab bench_cuda "r2-new $q" $q; ab bench_cuda_base "r2-base $q" $q; done
+[ "${ROUNDS:-2}" -ge 2 ] &&
+  for q in int8 fp8; do ab bench_cuda "r2-new $q" $q; ab bench_cuda_base "r2-base $q" $q; done
 T "A/B done"; cat $out/l/ab_all.txt >>"$L"
 # 2) tests in parallel
 export KVA_TEST_QUICK=1 KVA_TEST_TIMES=1 OMP_NUM_THREADS=4
