@@ -522,13 +522,14 @@ KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const in
  *          q_dtype and are dequantized inside the kernel); B must equal the plan's.
  *          Slots no row reads may hold anything, NaN and infinities included
  *          (a page's slots past seq_len, block-table entries past a request's
- *          pages, the blocks of q_len 0 requests): they never reach an output
- *          (CUDA MLA kernels: not yet tested on a GPU). A key inside seq_len
- *          that a row does not see under its mask (causal, window, chunk,
- *          tree) never reaches that row on the reference and CPU backends,
- *          whatever its value; on the CUDA backend such a key's value must
- *          be finite where other rows of the same request see it
- *          (docs/masks.md).
+ *          pages, the blocks of q_len 0 requests): they never reach an output.
+ *          A key inside seq_len that a row does not see under its mask
+ *          (causal, window, chunk, tree) never reaches that row on the
+ *          reference and CPU backends, whatever its value; on the CUDA
+ *          backend such a key's value must be finite where other rows of
+ *          the same request see it: every CUDA kernel weights it 0 for the
+ *          row and adds 0 * v, so a NaN or infinite value makes that row's
+ *          out NaN (its lse stays right; docs/masks.md).
  *   sinks: [H] float32 per-head sink logits, or NULL. A sink joins the softmax
  *          denominator only. They are a layer weight, hence a run argument.
  *   out:   [T, H, Dv] in q_dtype
