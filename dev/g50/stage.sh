@@ -3,7 +3,8 @@
 # runs on the H200 in one call, and stages it in /work/main/.dev/g50 (git-
 # ignored; carry [".dev/g50"]), xz-compressed:
 #   new:   test_cuda_graph, test_cuda_plan_update, test_cuda_nan,
-#          test_cuda_hidden, test_cuda_mla_nan, bench_cuda (this tree);
+#          test_cuda_hidden, test_cuda_mla_nan, the quantized kernels' tests
+#          (test_cuda_quant*, test_cuda_qmag), bench_cuda (this tree);
 #   base:  bench_cuda_base and test_cuda_nan_old: the same sources linked
 #          against main's quantized decode / prefill objects (main's
 #          quant_cvt.cuh: lo = inf - inf); test_cuda_nan_old must FAIL
@@ -17,7 +18,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd) b=${1:-build-cu}
-tests="test_cuda_graph test_cuda_plan_update test_cuda_nan test_cuda_hidden test_cuda_mla_nan"
+tests="test_cuda_graph test_cuda_plan_update test_cuda_nan test_cuda_hidden test_cuda_mla_nan
+       test_cuda_quant test_cuda_quant_attn test_cuda_quant_prefill test_cuda_qmag"
 nice -n 10 ninja -C "$b" -j2 kvattn_static $tests bench_cuda
 cd "$b"
 # ninja's compile command of object $1 with source $2 and output $3
@@ -25,7 +27,10 @@ obj_cmd() {
   local o=CMakeFiles/kvattn_obj.dir/$1.o cmd
   cmd=$(ninja -t commands "$o" | tail -1)
   cmd=${cmd//"$root/$1"/"$2"}
-  cmd=${cmd//" -o $o "/" -o $3 "}
+  cmd=${cmd//" -MF $o.d"/" -MF $3.d"}
+  cmd=${cmd//" -MT $o"/" -MT $3"}
+  cmd=${cmd//" -o $o"/" -o $3"}
+  [[ $cmd == *" -o $3"* && $cmd != *" $o"* ]] || { echo "obj_cmd: cannot redirect $o" >&2; exit 1; }
   echo "$cmd"
 }
 # base: main's quantized q staging
@@ -35,7 +40,8 @@ quant="decode_mma_quant decode_mma_quant_fp8 decode_mma_quant_i8 decode_mma_quan
 rm -rf g50_base && mkdir -p g50_base/src
 git -C "$root" archive main src/attn/cuda | tar -x -C g50_base
 for f in $quant; do
-  eval "nice -n 10 $(obj_cmd src/attn/cuda/$f.cu "$root/$b/g50_base/src/attn/cuda/$f.cu" g50_base/$f.cu.o)"
+  c=$(obj_cmd src/attn/cuda/$f.cu "$root/$b/g50_base/src/attn/cuda/$f.cu" g50_base/$f.cu.o)
+  eval "nice -n 10 $c"
 done
 cp libkvattn.a g50_base/libkvattn.a
 (cd g50_base && ar r libkvattn.a $(for f in $quant; do echo $f.cu.o; done))
@@ -51,13 +57,17 @@ relink test_cuda_nan g50_base/libkvattn.a g50_base/test_cuda_nan_old
 # faults
 rm -rf g50_fault && mkdir -p g50_fault && cp -r "$root/src" "$root/tests" g50_fault/
 (cd g50_fault && patch -s -p1 <"$root/dev/g50/faults.patch")
-eval "nice -n 10 $(obj_cmd src/attn/cuda/mla_sparse.cu "$root/$b/g50_fault/src/attn/cuda/mla_sparse.cu" g50_fault/mla_sparse.cu.o)"
+c=$(obj_cmd src/attn/cuda/mla_sparse.cu "$root/$b/g50_fault/src/attn/cuda/mla_sparse.cu" g50_fault/mla_sparse.cu.o)
+eval "nice -n 10 $c"
 cp libkvattn.a g50_fault/libkvattn.a && (cd g50_fault && ar r libkvattn.a mla_sparse.cu.o)
 relink test_cuda_hidden g50_fault/libkvattn.a g50_fault/test_cuda_hidden_fault
 t=CMakeFiles/test_cuda_graph.dir/tests/cuda/test_cuda_graph.c.o
 c=$(ninja -t commands "$t" | tail -1)
 c=${c//"$root/tests/cuda/test_cuda_graph.c"/"$root/$b/g50_fault/tests/cuda/test_cuda_graph.c -I$root/tests/cuda -I$root/tests"}
+c=${c//" -MF $t.d"/" -MF g50_fault/test_cuda_graph.c.o.d"}
+c=${c//" -MT $t"/" -MT g50_fault/test_cuda_graph.c.o"}
 c=${c//" -o $t "/" -o g50_fault/test_cuda_graph.c.o "}
+[[ $c != *" $t"* ]] || { echo "cannot redirect $t" >&2; exit 1; }
 eval "$c"
 l=$(ninja -t commands test_cuda_graph | tail -1)
 l=${l//" $t "/" g50_fault/test_cuda_graph.c.o "}
