@@ -522,13 +522,14 @@ KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const in
  *          q_dtype and are dequantized inside the kernel); B must equal the plan's.
  *          Slots no row reads may hold anything, NaN and infinities included
  *          (a page's slots past seq_len, block-table entries past a request's
- *          pages, the blocks of q_len 0 requests): they never reach an output
- *          (CUDA MLA kernels: not yet tested on a GPU). A key inside seq_len
- *          that a row does not see under its mask (causal, window, chunk,
- *          tree) never reaches that row on the reference and CPU backends,
- *          whatever its value; on the CUDA backend such a key's value must
- *          be finite where other rows of the same request see it
- *          (docs/masks.md).
+ *          pages, the blocks of q_len 0 requests): they never reach an output.
+ *          A key inside seq_len that a row does not see under its mask
+ *          (causal, window, chunk, tree) never reaches that row on the
+ *          reference and CPU backends, whatever its value; on the CUDA
+ *          backend such a key's value must be finite where other rows of
+ *          the same request see it: every CUDA kernel weights it 0 for the
+ *          row and adds 0 * v, so a NaN or infinite value makes that row's
+ *          out NaN (its lse stays right; docs/masks.md).
  *   sinks: [H] float32 per-head sink logits, or NULL. A sink joins the softmax
  *          denominator only. They are a layer weight, hence a run argument.
  *   out:   [T, H, Dv] in q_dtype
@@ -553,7 +554,15 @@ KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const in
  * score of -inf carries no weight (a row whose every visible key scores -inf
  * writes 0 and lse -inf, or the sink, as a row without keys; under a
  * soft-cap c a key whose scale * <q, k_j> is -inf scores c * tanh(-inf) = -c
- * and counts), and sinks should be finite.
+ * and counts), and sinks should be finite. An infinite element of q scores
+ * in IEEE arithmetic over the keys as the cache format defines them
+ * (kvattn_cache.h): -inf times a positive key element is -inf, times a
+ * negative one +inf, times 0 NaN; so a row whose every visible key has a
+ * positive element there writes 0 and lse -inf (or the sink). This holds on
+ * every backend and cache format, with one exception: over an INT8_CHANNEL
+ * cache, CUDA's quantized tensor-core kernels take the product's sign from
+ * the stored code c, not from c - offset (they differ only for a code
+ * between 0 and the channel's offset, both included).
  *
  * MLA plans and caches (kind KVA_ATTN_MLA): the absorbed call, FlashMLA's
  * flash_mla_with_kvcache: q [T, H, Dc + Dr] (q_nope already multiplied by

@@ -101,8 +101,10 @@ struct kva__partition {
  * order: worker b runs items b, b + slots, b + 2 slots, ... */
 typedef struct kva__partition_grid {
     int64_t slots;        /* workers (resident CTAs), >= 1 */
-    int32_t force_splits; /* > 0: cut every unit into this many chunks; < 0: the former
-                             choice (four candidates by makespan alone); benchmarks */
+    int32_t force_splits; /* > 0: cut every unit into this many chunks, at most its cap
+                             (keys / min_split_keys, max_splits: a unit of fewer than
+                             2 min_split_keys keys stays whole); < 0: the former choice
+                             (four candidates by makespan alone); benchmarks, tests */
     /* The grid's time model (all 0: the makespan alone): a worker runs
      * alpha_pct / 100 times faster while the grid is not saturated (>= 100),
      * every item costs item_overhead more, a partition with splits

@@ -8,8 +8,10 @@
  * Step A is decodes only; step B adds two prefills that run on the
  * tensor-core prefill kernel (its launch is in the graph with 0 tiles for A);
  * then A is planned again and the graph replayed a third time.
- * Every layer's output of every replay is compared with the reference.
+ * Every layer's output of every replay is compared with the reference
+ * (the layers' reference runs in parallel: OpenMP threads).
  * Then a capture on a stream other than the one the context planned on.
+ * Progress lines go to stdout, line-buffered.
  * Exits 77 without a GPU.
  */
 #include "batchgen.h"
@@ -28,28 +30,44 @@ typedef struct layer {
     void *dout;         /* [Tmax, H, D] */
 } layer;
 
-/* Compares every layer's device output with the reference for batch b. */
-static void compare_layers(kva_context *ref, layer *ly, int nl, const kva_test_batch *b,
-                           const char *label, int mma)
+/* Compares every layer's device output with the reference for batch b. The
+ * outputs come to the host first; then the layers' reference runs (scalar
+ * fp64, seconds per layer for step B's prefills) run in parallel, each on
+ * its own reference context and plan. */
+static void compare_layers(layer *ly, int nl, const kva_test_batch *b, const char *label, int mma)
 {
     /* Rows from prefill_mma or the tensor-core decode (the default for this
      * shape): P rounded to bf16 for P V, + 2^-8 * max|v|. */
     const double atol = kva_test_atol(DT) + (mma ? 0x1p-8 * 1.7320508 : 0.0);
-    kva_plan_desc pd = kva_test_batch_plan_desc(b, H, HKV, D, D, DT);
-    kva_plan *pr = NULL;
-    CHECK_OK(kva_plan_create(ref, &pd, &pr));
+    const kva_plan_desc pd = kva_test_batch_plan_desc(b, H, HKV, D, D, DT);
     const size_t n = (size_t)b->T * H * D, es = 2;
-    void *want = malloc(n * es), *got = malloc(n * es);
+    char *got = malloc(n * es * (size_t)nl);
+    for (int l = 0; l < nl; l++)
+        to_host(got + n * es * (size_t)l, ly[l].dout, n * es);
     size_t bad = 0;
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : bad, failed)
     for (int l = 0; l < nl; l++) {
-        CHECK_OK(kva_attention_run(ref, pr, ly[l].q, ly[l].hc, NULL, want, NULL));
-        to_host(got, ly[l].dout, n * es);
-        bad += kva_test_compare(label, got, want, DT, n, atol, kva_test_rtol(DT));
+        const kva_context_desc rd = {KVA_BACKEND_REF, 0, 0};
+        kva_context *ref = NULL;
+        kva_plan *pr = NULL;
+        void *want = malloc(n * es);
+        kva_test_poison(want, DT, n);
+        if (kva_context_create(&rd, &ref) == KVA_STATUS_OK &&
+            kva_plan_create(ref, &pd, &pr) == KVA_STATUS_OK &&
+            kva_attention_run(ref, pr, ly[l].q, ly[l].hc, NULL, want, NULL) == KVA_STATUS_OK)
+            bad += kva_test_compare(label, got + n * es * (size_t)l, want, DT, n, atol,
+                                    kva_test_rtol(DT));
+        else
+            failed++;
+        free(want);
+        kva_plan_destroy(pr);
+        kva_context_destroy(ref);
     }
+    CHECK_MSG(failed == 0, "%s: %d reference runs failed", label, failed);
     CHECK_MSG(bad == 0, "%s: %zu mismatches over %d layers", label, bad, nl);
-    free(want);
+    printf("%s: %d layers compared, %zu mismatches\n", label, nl, bad);
     free(got);
-    kva_plan_destroy(pr);
 }
 
 static void test_graph_replay(void)
@@ -109,6 +127,7 @@ static void test_graph_replay(void)
     CHECK_STATUS(kva_plan_create(gpu, &pa, &refused), KVA_STATUS_INVALID_ARGUMENT);
     CUDA_OK(cudaStreamEndCapture(stream, &graph));
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    printf("graph replay: %d layers captured\n", L);
 
     CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
@@ -116,7 +135,7 @@ static void test_graph_replay(void)
     const int mma_dec =
         plan_a && ((const kva__cuda_plan *)plan_a->device)->decode_kernel == KVA__CUDA_K_DECODE_MMA;
     CHECK(mma_dec);
-    compare_layers(ref, ly, L, &ba, "replay A", mma_dec);
+    compare_layers(ly, L, &ba, "replay A", mma_dec);
 
     /* New plan, same shape: the same graph now computes step B. */
     kva_plan_destroy(plan_a);
@@ -131,7 +150,7 @@ static void test_graph_replay(void)
         CUDA_OK(cudaMemsetAsync(ly[l].dout, 0xff, nq * 2, stream));
     CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
-    compare_layers(ref, ly, L, &bb, "replay B", 1);
+    compare_layers(ly, L, &bb, "replay B", 1);
 
     /* Back to decodes only: the prefill kernel's tile count returns to 0. */
     kva_plan_destroy(plan_b);
@@ -141,7 +160,7 @@ static void test_graph_replay(void)
         CUDA_OK(cudaMemsetAsync(ly[l].dout, 0xff, nq * 2, stream));
     CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
-    compare_layers(ref, ly, L, &ba, "replay A again", mma_dec);
+    compare_layers(ly, L, &ba, "replay A again", mma_dec);
 
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
@@ -214,10 +233,12 @@ static void test_capture_on_other_stream(void)
         CHECK_OK(kva_attention_run(gpu, plan, ly[l].dq, ly[l].dc, NULL, ly[l].dout, NULL));
     CUDA_OK(cudaStreamEndCapture(cap_s, &graph)); /* fails if the capture was invalidated */
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    printf("other-stream capture: captured and instantiated\n");
     CHECK_OK(kva_cuda_context_set_stream(gpu, main_s)); /* the deferred drain */
+    printf("other-stream capture: moved back (deferred drain)\n");
     CUDA_OK(cudaGraphLaunch(exec, main_s));
     CUDA_OK(cudaStreamSynchronize(main_s));
-    compare_layers(ref, ly, NL, &ba, "other-stream capture, A", 1);
+    compare_layers(ly, NL, &ba, "other-stream capture, A", 1);
     kva_plan_destroy(plan);
     plan = NULL;
     kva_plan_desc pb = kva_test_batch_plan_desc(&bb, H, HKV, D, D, DT);
@@ -226,7 +247,7 @@ static void test_capture_on_other_stream(void)
         CUDA_OK(cudaMemsetAsync(ly[l].dout, 0xff, nq * 2, main_s));
     CUDA_OK(cudaGraphLaunch(exec, main_s));
     CUDA_OK(cudaStreamSynchronize(main_s));
-    compare_layers(ref, ly, NL, &bb, "other-stream capture, B", 1);
+    compare_layers(ly, NL, &bb, "other-stream capture, B", 1);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     kva_plan_destroy(plan);
@@ -249,6 +270,7 @@ static void test_capture_on_other_stream(void)
 
 int main(void)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* progress lines reach a log before a time limit */
     int skip = cuda_test_skip();
     if (skip)
         return skip;

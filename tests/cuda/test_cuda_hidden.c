@@ -12,8 +12,10 @@
  * and lse. Kernels: the dispatcher's choice, then every registry kernel
  * that runs here forced in turn (KVA_TEST_QUICK: the dispatcher's only).
  * Cases the CUDA backend does not take (f32 caches, shapes outside its
- * range: KVA_STATUS_UNSUPPORTED at cache or plan creation) are skipped and
- * counted. The MLA cases use DeepSeek's latent rows (Dc 512, Dr 64, H 16).
+ * range: KVA_STATUS_UNSUPPORTED at cache or plan creation; the sparse MLA
+ * over a cache format it does not read, e.g. fp8_e4m3 latent rows:
+ * UNSUPPORTED from the clean run, which must leave the outputs as they
+ * were) are skipped and counted. The MLA cases use DeepSeek's latent rows (Dc 512, Dr 64, H 16).
  * kvattn.h promises every backend that slots no row reads never reach an
  * output; a key inside seq_len that one row's mask hides but another row of
  * the request sees may reach the first on CUDA (its kernels add 0 * v,
@@ -103,12 +105,26 @@ static int gpu_run(kva_context *gpu, kva_context *host, const hc_case *c, int pa
         const size_t lseb = (size_t)c->T * c->pd.num_heads * sizeof(float);
         void *dout = buf_poisoned(outb);
         float *dlse = buf_poisoned(lseb);
-        CHECK_OK(hc_call(gpu, c, plan, din, dc, dout, dlse));
+        const kva_status rs = hc_call(gpu, c, plan, din, dc, dout, dlse);
         buf_get(out, dout, outb);
         buf_get(lse, dlse, lseb);
         buf_free(dout);
         buf_free(dlse);
-        ran = 1;
+        if (pat < 0 && (rs == KVA_STATUS_UNSUPPORTED || rs == KVA_STATUS_DTYPE_MISMATCH)) {
+            /* Refused at the run (the CUDA sparse MLA: its cache formats):
+             * not taken, and the outputs as they were (0xff bytes). */
+            size_t touched = 0;
+            for (size_t i = 0; i < outb; i++)
+                touched += ((const unsigned char *)out)[i] != 0xff;
+            for (size_t i = 0; i < lseb; i++)
+                touched += ((const unsigned char *)lse)[i] != 0xff;
+            CHECK_MSG(touched == 0, "%s: a run refused with %s wrote %zu output bytes", c->name,
+                      kva_status_name(rs), touched);
+        } else {
+            CHECK_MSG(rs == KVA_STATUS_OK, "%s: run %s (%s)", c->name, kva_status_name(rs),
+                      kva_last_error());
+            ran = rs == KVA_STATUS_OK;
+        }
     }
     kva_plan_destroy(plan);
     kva_cache_destroy(dc);

@@ -25,8 +25,11 @@
  *     V element 9 of cached key 30, kv head 0 (every query sees it); r1 a
  *     fresh prefill of 64 with NaN in q (token 10, head 0) and in K of key
  *     40, kv head 0 (queries 40.. see it), and a -inf row (query 20, head
- *     H - 1); r2 a decode (1 / 500) with NaN in K of key 7,
- *     kv head 1; r3 a fresh 3-token prefill, clean.
+ *     H - 1); r2 a decode (1 / 1100) with NaN in K of key 7,
+ *     kv head 1; r3 a fresh 3-token prefill, clean. The prefills run as
+ *     prefill tiles, so r2 and r3 are the batch's only partition units: a
+ *     forced split count cuts a unit into at most keys / 256 chunks
+ *     (min_split_keys), so r2 has 1100 keys (up to 4 chunks).
  * A NaN value is planted only where every row of its request sees the key:
  * on CUDA a key a row does not see must still have a finite value where
  * other rows of its request see it (kvattn.h, docs/masks.md).
@@ -42,10 +45,11 @@
  * prefill_wgmma_tma_sm90 (where the build and device run them) and the
  * dispatcher's choice; forced splits (kva__cuda_context_force_splits: the
  * plan must have split tasks); GQA 4, MHA and MQA; sinks on some cases.
- * The -inf rows over quantized caches are left out unless
- * KVA_TEST_NAN_QINF=1: the quantized kernels split q * s into f16 hi + lo,
- * and lo = -inf - (-inf) is NaN (read in quant_cvt.cuh kva__q_hilo, not
- * run), a probe of whether q = -inf belongs to the rule there.
+ * The -inf rows run over the quantized caches too: the quantized kernels
+ * split q * s into f16 hi + lo (quant_cvt.cuh kva__q_hilo), where an
+ * infinite element once gave lo = -inf - (-inf) = NaN and with it NaN rows
+ * (and INT8_CHANNEL's offset sum -inf o_c with it); kvattn.h's rule for an
+ * infinite q element: the IEEE scores over the dequantized keys.
  * Outputs are poisoned (kva_test_poison) before every run, so an expected
  * NaN must be a written one; the reference's rows must show the same NaN /
  * -inf pattern. Finite rows: the harness's tolerances plus 2 u for the
@@ -200,8 +204,7 @@ static void plant_neginf(kva_cache *hc, const kva_test_batch *b, const ncfg *c, 
 
 /* Plants the batch's NaN and -inf inputs (header comment) into host cache
  * hc and q, and fills x. */
-static void plant_batch(kva_cache *hc, const kva_test_batch *b, const ncfg *c, void *q, expect *x,
-                        int neginf)
+static void plant_batch(kva_cache *hc, const kva_test_batch *b, const ncfg *c, void *q, expect *x)
 {
     const int32_t H = c->H, Hkv = c->Hkv, D = c->D, k1 = Hkv > 1 ? 1 : 0;
     if (!c->prefill) {
@@ -213,10 +216,8 @@ static void plant_batch(kva_cache *hc, const kva_test_batch *b, const ncfg *c, v
             mark(x, b, Hkv, 2, 2, k1, ROW_NAN, 0);
         set_q(q, c, row_of(b, H, 3, 0, 1) * D + 60, NAN);
         x->kind[row_of(b, H, 3, 0, 1)] = ROW_NAN;
-        if (neginf) {
-            plant_neginf(hc, b, c, q, x, 4, 1, 0);
-            plant_neginf(hc, b, c, q, x, 4, 0, H - 1);
-        }
+        plant_neginf(hc, b, c, q, x, 4, 1, 0);
+        plant_neginf(hc, b, c, q, x, 4, 0, H - 1);
     } else {
         if (plant(hc, b, 1, 0, 30, 0, 9, 0, 0))
             mark(x, b, Hkv, 0, 0, 0, ROW_VNAN, 9);
@@ -226,8 +227,7 @@ static void plant_batch(kva_cache *hc, const kva_test_batch *b, const ncfg *c, v
         x->kind[row_of(b, H, 1, 10, 0)] = ROW_NAN;
         if (plant(hc, b, 0, 1, 40, 0, 1, 1, 0))
             mark(x, b, Hkv, 1, 40, 0, ROW_NAN, 0);
-        if (neginf)
-            plant_neginf(hc, b, c, q, x, 1, 20, H - 1);
+        plant_neginf(hc, b, c, q, x, 1, 20, H - 1);
         if (plant(hc, b, 0, 2, 7, k1, 20, 0, 0))
             mark(x, b, Hkv, 2, 0, k1, ROW_NAN, 0);
     }
@@ -334,7 +334,7 @@ static void run_case(const ncfg *c, uint64_t seed)
     kva_rng rng = {seed};
     kva_test_batch b;
     static const int32_t bq[6] = {1, 1, 3, 1, 2, 1}, bs[6] = {700, 500, 400, 300, 260, 200};
-    static const int32_t pq[4] = {100, 64, 1, 3}, ps[4] = {300, 64, 500, 3};
+    static const int32_t pq[4] = {100, 64, 1, 3}, ps[4] = {300, 64, 1100, 3};
     kva_test_batch_init(&b, &rng, c->prefill ? 4 : 6, c->prefill ? pq : bq, c->prefill ? ps : bs,
                         16, 2, 0);
     const int32_t H = c->H, Hkv = c->Hkv, D = c->D, T = b.T;
@@ -366,8 +366,7 @@ static void run_case(const ncfg *c, uint64_t seed)
         CHECK_OK(kva_cache_write(href, hc, n, kf, 0, vf, 0, KVA_DTYPE_F32, slots));
         poison_unread(hc, &b);
         free(kf), free(vf), free(slots);
-        const char *qinf = getenv("KVA_TEST_NAN_QINF");
-        plant_batch(hc, &b, c, q, &x, quant == KVA_QUANT_NONE || (qinf && *qinf == '1'));
+        plant_batch(hc, &b, c, q, &x);
     }
     kva_plan_desc pd = kva_test_batch_plan_desc(&b, H, Hkv, D, D, c->dt);
     pd.causal = 1;

@@ -29,7 +29,8 @@
  * half (KVA__CUDA_STAGING_HOT), so uploads of both staging rings interleave
  * on the busy stream, and with the hot ring's half set by its hook (none;
  * 64 KiB with unpadded uploads: a change of half at nearly every upload).
- * Exits 77 without a GPU.
+ * Every case runs on its own, so KVA_TEST_ONLY can spread them over
+ * processes. Exits 77 without a GPU.
  */
 #include "batchgen.h"
 #include "cuda_util.h"
@@ -87,7 +88,10 @@ static void check_ref(kva_context *ref, const kva_plan_desc *pd, const kva_cache
     if (pr && T > 0)
         CHECK_OK(kva_attention_run(ref, pr, q, hc, NULL, want, NULL));
     /* Rows of the tensor-core decode and prefill (the defaults for this
-     * shape): P rounded to bf16 for P V, + 2^-8 * max|v|. */
+     * shape): P rounded to bf16 for P V, + 2^-8 * max|v|; the data are
+     * uniform in (-sqrt 3, sqrt 3) (kva_test_fill_uniform: a long step's
+     * cache holds ~10^8 elements, which Box-Muller normals took seconds
+     * to draw). */
     const double atol = kva_test_atol(DT) + 0x1p-8 * 1.7320508;
     CHECK_MSG(kva_test_compare("out", got, want, DT, n, atol, kva_test_rtol(DT)) == 0,
               "step %d: the updated plan's output is off the reference", step);
@@ -176,12 +180,12 @@ static void update_sequence(int reserved, int pad, int decode)
             void *k = NULL, *v = NULL;
             kva_cache_data(hc, &k, &v);
             const size_t nkv = (size_t)b.num_blocks * BS * HKV * D;
-            kva_test_fill(k, DT, nkv, &rng, 1.0);
-            kva_test_fill(v, DT, nkv, &rng, 1.0);
+            kva_test_fill_uniform(k, DT, nkv, &rng);
+            kva_test_fill_uniform(v, DT, nkv, &rng);
             cache_upload(dc, hc);
             const size_t nq = (size_t)(b.T > 0 ? b.T : 1) * H * D;
             uint16_t *q = malloc(nq * 2);
-            kva_test_fill(q, DT, nq, &rng, 1.0);
+            kva_test_fill_uniform(q, DT, nq, &rng);
             void *dq = dev_from(q, nq * 2);
             uint16_t *o1 = run_out(ctx, plan, dq, dc, b.T);
             uint16_t *o2 = run_out(fresh_ctx, fresh, dq, dc, b.T);
@@ -275,12 +279,12 @@ static void update_pipelined(int pad, int64_t hot)
         void *k = NULL, *v = NULL;
         kva_cache_data(p->hc, &k, &v);
         const size_t nkv = (size_t)p->b.num_blocks * BS * HKV * D;
-        kva_test_fill(k, DT, nkv, &rng, 1.0);
-        kva_test_fill(v, DT, nkv, &rng, 1.0);
+        kva_test_fill_uniform(k, DT, nkv, &rng);
+        kva_test_fill_uniform(v, DT, nkv, &rng);
         cache_upload(p->dc, p->hc);
         const size_t nq = (size_t)(p->b.T > 0 ? p->b.T : 1) * H * D;
         p->q = malloc(nq * 2);
-        kva_test_fill(p->q, DT, nq, &rng, 1.0);
+        kva_test_fill_uniform(p->q, DT, nq, &rng);
         p->dq = dev_from(p->q, nq * 2);
         p->dout = dev_poisoned(nq * 2);
     }
@@ -371,14 +375,25 @@ static void test_staging_hot(void)
     kva_context_destroy(ctx);
 }
 
-static void test_update_padding(void)
+/* The updated plan's uploads unpadded, padded to 256 KiB, and every third
+ * one padded past the hot ring's half (three cases, so that a GPU machine's
+ * quick set can run them in parallel processes: KVA_TEST_ONLY). */
+static void test_update_unpadded(void)
 {
     update_sequence(0, 0, 0);
     update_sequence(1, 0, 0);
     update_pipelined(0, -1);
+}
+
+static void test_update_padded(void)
+{
     update_sequence(0, PAD_BYTES, 0);
     update_sequence(1, PAD_BYTES, 0);
     update_pipelined(PAD_BYTES, -1);
+}
+
+static void test_update_mixed_pad(void)
+{
     update_pipelined(MIXED_PAD, -1);
 }
 
@@ -391,7 +406,9 @@ int main(void)
     RUN(test_update_sequence_reserved);
     RUN(test_update_decode_steps);
     RUN(test_update_pipelined);
-    RUN(test_update_padding);
+    RUN(test_update_unpadded);
+    RUN(test_update_padded);
+    RUN(test_update_mixed_pad);
     RUN(test_staging_hot);
     return kva_test_finish();
 }

@@ -80,12 +80,12 @@ static __device__ __forceinline__ float kva__exp2i(int k)
 
 /* Q' range: f16 holds |x| < 65504 and is exact only above 2^-14 (6.1e-5);
  * q * s can be far larger (bf16 q) or smaller (small q times key scales of
- * ~0.01: issue #22). Returns k such that a row whose largest |Q'| is mx has
- * mx * 2^k in [2^14, 2^15); Q' is stored times 2^k (exact) and the scores
- * times 2^-k after the offset or token-scale step (exact, before the softmax
- * scale), so the result does not depend on how the scale is split between
- * q, the key scales and the softmax scale. k = 0 for a zero row and for a
- * non-finite max (inf in q), which then propagates as in the reference. */
+ * ~0.01: issue #22). Returns k such that a row whose largest finite |Q'| is
+ * mx has mx * 2^k in [2^14, 2^15); Q' is stored times 2^k (exact) and the
+ * scores times 2^-k after the offset or token-scale step (exact, before the
+ * softmax scale), so the result does not depend on how the scale is split
+ * between q, the key scales and the softmax scale. k = 0 for a row without
+ * a finite nonzero element. */
 static __device__ __forceinline__ int kva__q_row_exp(float mx)
 {
     int k = 0;
@@ -107,15 +107,21 @@ static __device__ __forceinline__ void kva__ldg_f8(const float *p, float v[8])
 
 /* One chunk of 8 channels of a Q' row, v (q, times the key scales where
  * they are folded), whose row's C8 chunks lie in consecutive lanes of one
- * warp: k = kva__q_row_exp of the row's largest |v| (by shuffles), and
- * v 2^k as two f16, hi + lo (lo = rn(v 2^k - hi)). Returns k. */
+ * warp: k = kva__q_row_exp of the row's largest finite |v| (by shuffles),
+ * and v 2^k as two f16, hi + lo (lo = rn(v 2^k - hi)). An infinite element
+ * stays infinite in hi with lo 0 (not inf - inf = NaN), and the row's
+ * finite elements keep their scaling, so its scores are the IEEE results
+ * of kvattn.h's rule (-inf times a positive key element: -inf); a NaN
+ * element stays NaN in both. Returns k. */
 template <int C8>
 static __device__ __forceinline__ int kva__q_hilo(const float v[8], __half hi[8], __half lo[8])
 {
     float mx = 0.f;
 #pragma unroll
-    for (int j = 0; j < 8; j++)
-        mx = fmaxf(mx, fabsf(v[j]));
+    for (int j = 0; j < 8; j++) {
+        const float a = fabsf(v[j]);
+        mx = fmaxf(mx, a <= 3.4028235e38f ? a : 0.f); /* inf and NaN left out */
+    }
 #pragma unroll
     for (int o = C8 / 2; o >= 1; o >>= 1)
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -125,14 +131,18 @@ static __device__ __forceinline__ int kva__q_hilo(const float v[8], __half hi[8]
     for (int j = 0; j < 8; j++) {
         const float x = v[j] * up;
         hi[j] = __float2half_rn(x);
-        lo[j] = __float2half_rn(x - __half2float(hi[j]));
+        lo[j] = __float2half_rn(isinf(x) ? 0.f : x - __half2float(hi[j]));
     }
     return k;
 }
 
 /* The row's sum_c Q'_c o_c (INT8_CHANNEL key offsets; Q' = hi, plus lo
  * with LO) from this lane's chunk (o: its 8 offsets, 16-byte aligned), by
- * shuffles over the row's C8 lanes (kva__q_hilo). */
+ * shuffles over the row's C8 lanes (kva__q_hilo). Infinite Q'_c are left
+ * out: the scores subtract this sum from Q' C (C the codes), and -inf o_c
+ * there would make every score inf - inf = NaN; without it such a channel
+ * adds Q'_c c, whose sign is the code's (kvattn.h: the sign of c - o_c
+ * where the two differ). */
 template <int C8, bool LO>
 static __device__ __forceinline__ float kva__q_offset_dot(const __half hi[8], const __half lo[8],
                                                           const float *o)
@@ -140,8 +150,10 @@ static __device__ __forceinline__ float kva__q_offset_dot(const __half hi[8], co
     float ov[8], acc = 0.f;
     kva__ldg_f8(o, ov);
 #pragma unroll
-    for (int j = 0; j < 8; j++)
-        acc = fmaf(__half2float(hi[j]) + (LO ? __half2float(lo[j]) : 0.0f), ov[j], acc);
+    for (int j = 0; j < 8; j++) {
+        const float h = __half2float(hi[j]);
+        acc = fmaf(isinf(h) ? 0.f : h + (LO ? __half2float(lo[j]) : 0.0f), ov[j], acc);
+    }
 #pragma unroll
     for (int o = C8 / 2; o >= 1; o >>= 1)
         acc += __shfl_xor_sync(0xffffffffu, acc, o);
