@@ -174,7 +174,7 @@ template <typename Ty, bool FP8, bool TMA = false> struct mw_dense {
 #pragma unroll
         for (int i = 0; i < MW_FNB(PART); i++) {
             const int b = mw_fblk<S, PART>(i);
-            kva__tma_load2(stage + (uint32_t)(b * MW_BN * 128), &a.tm, 64 * b, row, bar);
+            mw_tma_load2(stage + (uint32_t)(b * MW_BN * 128), &a.tm, 64 * b, row, bar);
         }
     }
     __device__ __forceinline__ void finish(const args &a, float (*s_sum)[64], int wg, int r0,
