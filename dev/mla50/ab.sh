@@ -14,6 +14,9 @@
 #    request 0 of every non-base side against the reference;
 # 3. Nsight Compute metrics of one issue-row launch of new and c4, while time
 #    is left; memcheck of new's test_cuda_mla quick, while time is left.
+#   KVA_NEW the side with the tests and the other rows (default new);
+#   KVA_MEMCHECK=0 skips memcheck. Call 3 ran KVA_SIDES=perq KVA_NEW=perq
+#   KVA_MEMCHECK=0 (perq: kva__dmma_rows<true>, one step per query).
 #   usage (device): run(command="bash .dev/mla50/ab.sh", carry=[".dev/mla50"])
 set -u
 o=${OUT:-/tmp/out}
@@ -24,6 +27,7 @@ t0=$(date +%s)
 el() { echo $(($(date +%s) - t0)); }
 xz -dc bins.tar.xz | tar -x
 SIDES=${KVA_SIDES-ef pf new c2 c4}
+N=${KVA_NEW:-new} # the side that gets the tests and the other rows
 gpu=$(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | head -1)
 echo "gpu: $gpu; sides base $SIDES" | tee "$o/log.txt"
 tst() { # side, test, quick
@@ -31,8 +35,8 @@ tst() { # side, test, quick
   env $q timeout 90 bins/$1/$2 >"$o/l/${2}_$1.log" 2>&1
   echo "$2 $( [ "$3" = 1 ] && echo quick || echo whole) ($1) rc=$?: $(grep -E 'passed|FAILED|CHECK failed' "$o/l/${2}_$1.log" | tail -1 | cut -c1-140)"
 }
-(tst new test_cuda_mla 1 & tst new test_cuda_mla_run 1 & tst new test_cuda_mla_sparse 1 &
-  tst new test_cuda_mla_nan 0 &
+(tst $N test_cuda_mla 1 & tst $N test_cuda_mla_run 1 & tst $N test_cuda_mla_sparse 1 &
+  tst $N test_cuda_mla_nan 0 &
   for v in c2 c4; do [ -x bins/$v/test_cuda_mla ] && tst $v test_cuda_mla 1 & done
   wait) 2>&1 | tee -a "$o/log.txt"
 echo "== tests $(el) s" | tee -a "$o/log.txt"
@@ -51,7 +55,7 @@ bench1() { # row, sides...
 ALL="base $SIDES"
 RALL=$(echo $ALL | tr ' ' '\n' | tac | tr '\n' ' ')
 for r in $(seq 1 "${KVA_ROUNDS:-2}"); do
-  if [ $((r % 2)) = 1 ]; then S=$ALL; S2="base new"; else S=$RALL; S2="new base"; fi
+  if [ $((r % 2)) = 1 ]; then S=$ALL; S2="base $N"; else S=$RALL; S2="$N base"; fi
   bench1 "$IROW" $S
   for m in "${ROWS[@]}"; do bench1 "$m" $S2; done
   echo "== round $r $(el) s" >&2
@@ -61,16 +65,17 @@ Q2="--batch 128 --heads 128 --context 8192 --q-len 2 --block-size 64 --iters 2 -
 M="gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct"
 M="$M,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
 M="$M,launch__grid_size,launch__cluster_dim_x"
-for v in new c4; do
+for v in $N c4; do
+  [ -x bins/$v/bench_cuda_mla ] || continue
   [ "$(el)" -lt 80 ] || break
   timeout 40 ncu --clock-control none --metrics "$M" -k regex:mla_wgmma --launch-skip 1 \
     --launch-count 1 bins/$v/bench_cuda_mla $Q2 >"$o/l/ncu_$v.raw" 2>&1
   echo "== ncu q2 8k $v rc=$?"
   grep -E "__" "$o/l/ncu_$v.raw" | awk '{print $1, $(NF-1), $NF}'
 done 2>&1 | tee "$o/ncu.txt"
-if [ "$(el)" -lt 85 ]; then
-  KVA_TEST_QUICK=1 timeout 40 compute-sanitizer --tool memcheck bins/new/test_cuda_mla >"$o/l/memcheck.log" 2>&1
-  echo "memcheck test_cuda_mla quick (new) rc=$?: $(grep -E 'ERROR SUMMARY' "$o/l/memcheck.log" | tail -1)" | tee -a "$o/log.txt"
+if [ "${KVA_MEMCHECK:-1}" = 1 ] && [ "$(el)" -lt 85 ]; then
+  KVA_TEST_QUICK=1 timeout 40 compute-sanitizer --tool memcheck bins/$N/test_cuda_mla >"$o/l/memcheck.log" 2>&1
+  echo "memcheck test_cuda_mla quick ($N) rc=$?: $(grep -E 'ERROR SUMMARY' "$o/l/memcheck.log" | tail -1)" | tee -a "$o/log.txt"
 else
   echo "memcheck skipped at $(el) s" | tee -a "$o/log.txt"
 fi

@@ -93,7 +93,8 @@ template <typename Ty, bool FP8, bool TMA = false> struct mw_dense {
             kva__cp_async_commit();
             ml_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi.w, mi.nrows, mi.qs, q_gen);
         }
-        kva__dmma_rows(a, mi.w, mi.nrows, mi.s, mi.q_len, r0, lo, hi, pos, slope, lo_all, hi_all);
+        kva__dmma_rows<true>(a, mi.w, mi.nrows, mi.s, mi.q_len, r0, lo, hi, pos, slope, lo_all,
+                             hi_all);
     }
     /* 16-bit (MW_SCHED_SPLIT): the copies of tile kb; nothing lands later. */
     __device__ __forceinline__ void next(const args &a, int32_t kb, uint32_t stage, int)
@@ -163,12 +164,6 @@ template <typename Ty, bool FP8, bool TMA = false> struct mw_dense {
         const int32_t blk = (a.B & (a.B - 1)) ? kb / a.B : kb >> (__ffs(a.B) - 1);
         return __ldg(mi.bt_row + blk) * a.B + (kb - blk * a.B);
     }
-    /* TMA (one thread): the tile at cache row `row` (64 whole rows, contiguous
-     * in one cache block) prefetched into L2. */
-    __device__ __forceinline__ void tprefetch(const args &a, int32_t row) const
-    {
-        mw_prefetch_l2((const unsigned char *)a.k + (int64_t)row * ML_D * 2, MW_BN * ML_D * 2);
-    }
     /* TMA (one thread): part PART of the tile at cache row `row` into stage
      * S's ring slot at `stage`, the column blocks mw_fblk<S, PART> as
      * [64, 64] boxes completing on bar. */
@@ -180,7 +175,7 @@ template <typename Ty, bool FP8, bool TMA = false> struct mw_dense {
 #pragma unroll
         for (int i = 0; i < MW_FNB(PART); i++) {
             const int b = mw_fblk<S, PART>(i);
-            mw_tma_load2(stage + (uint32_t)(b * MW_BN * 128), &a.tm, 64 * b, row, bar);
+            kva__tma_load2(stage + (uint32_t)(b * MW_BN * 128), &a.tm, 64 * b, row, bar);
         }
     }
     __device__ __forceinline__ void finish(const args &a, float (*s_sum)[64], int wg, int r0,
@@ -255,13 +250,9 @@ static int mw_tma_args(const kva__cuda_attn_args *a, kva_dtype dt, mw_targs *t)
     return r == CUDA_SUCCESS;
 }
 
-#ifndef KVA_MW_CLUSTER
-#define KVA_MW_CLUSTER 0
-#endif
 /* Launches fn over `grid` persistent CTAs (for both argument types). */
 template <typename A>
-static kva_status mw_launch(void (*fn)(A), int smem, const A &args, int grid, void *stream,
-                            int cluster = 0)
+static kva_status mw_launch(void (*fn)(A), int smem, const A &args, int grid, void *stream)
 {
     KVA_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     cudaLaunchConfig_t cfg = {};
@@ -269,25 +260,6 @@ static kva_status mw_launch(void (*fn)(A), int smem, const A &args, int grid, vo
     cfg.blockDim = dim3(ML_NT);
     cfg.dynamicSmemBytes = (size_t)smem;
     cfg.stream = (cudaStream_t)stream;
-    cudaLaunchAttribute at[1];
-    if (cluster > 1) {
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = (unsigned)cluster;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, fn, &cfg) != cudaSuccess || n < 1) {
-            (void)cudaGetLastError();
-            cfg.numAttrs = 0;
-        } else {
-            const int g = grid < n * cluster ? grid : n * cluster;
-            cfg.gridDim = dim3((unsigned)(g - g % cluster));
-            if (g < cluster)
-                cfg.numAttrs = 0, cfg.gridDim = dim3((unsigned)grid);
-        }
-    }
     KVA_CUDA_TRY(cudaLaunchKernelEx(&cfg, fn, args));
     KVA_CUDA_LAUNCHED("mla_decode kernel");
     return KVA_STATUS_OK;
@@ -314,6 +286,6 @@ extern "C" kva_status kva__cuda_mla_wgmma_launch(const kva__cuda_attn_args *a, k
     mw_targs t;
     const mw_tma_fn tf = mw_pick_tma(dtype);
     if (tf && mw_tma_args(a, dtype, &t))
-        return mw_launch(tf, MW_SMEM_TMA, t, grid, stream, KVA_MW_CLUSTER);
+        return mw_launch(tf, MW_SMEM_TMA, t, grid, stream);
     return mw_launch(fn, a->kv_fp8 ? MW_SMEM_ALT : MW_SMEM, *a, grid, stream);
 }

@@ -114,10 +114,6 @@
 
 #include "mla_wgmma_ops.cuh"
 
-#ifndef KVA_MW_PF
-#define KVA_MW_PF 0
-#endif
-
 #include <math.h>
 #include <stdint.h>
 
@@ -357,7 +353,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
         /* TMA: the cache rows of the pair's two fills by the issuing thread
          * (its next tile's part 0, then part 1 of the other warpgroup's next
          * tile), looked up now so that the loads land during S. */
-        int32_t row_n = 0, row_o = 0, row_p = -1;
+        int32_t row_n = 0, row_o = 0;
         if constexpr (TMA) {
             if (elect) {
                 const int32_t ko = kb + (1 - WG) * MW_BN + 2 * MW_BN;
@@ -365,10 +361,6 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
                     row_n = wi.trow(a, kn);
                 if (ko < kend)
                     row_o = wi.trow(a, ko);
-#if KVA_MW_PF
-                if (kn + 2 * MW_BN < kend)
-                    row_p = wi.trow(a, kn + 2 * MW_BN);
-#endif
             }
         }
 
@@ -407,11 +399,6 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
                 mw_landed<WG, 0>();
             }
             mw_s64<Ty, WG, 4, 9>(sc, dq, dk);
-#if KVA_MW_PF
-            if constexpr (TMA)
-                if (elect && row_p >= 0)
-                    wi.tprefetch(a, row_p);
-#endif
             mw_s_done(sc);
             mul = wi.logits(sc, a, scale_log2, kt, t4, WG);
             if constexpr (TMA)
@@ -592,10 +579,6 @@ static __device__ __forceinline__ void mw_first(W &wi, const typename W::args &a
             const int32_t row = wi.trow(a, kt);
             wi.template tfill<WG, 0>(a, row, sK + WG * MW_KB, MW_TBAR(bars, WG, 0));
             wi.template tfill<WG, 1>(a, row, sK + WG * MW_KB, MW_TBAR(bars, WG, 1));
-#if KVA_MW_PF
-            if (kt + 2 * MW_BN < wi.kend)
-                wi.tprefetch(a, wi.trow(a, kt + 2 * MW_BN));
-#endif
         }
     } else {
         if (kt < wi.kend)

@@ -73,32 +73,6 @@
  * are visible. */
 enum { MW_BAR_SC0 = 1, MW_BAR_SC1, MW_BAR_P0, MW_BAR_P1, MW_BAR_FREE0, MW_BAR_FREE1, MW_BAR_WG0 };
 
-#ifndef KVA_MW_L2
-#define KVA_MW_L2 0
-#endif
-#ifdef KVA_MLA_WGMMA_BODY
-/* kva__tma_load2 under an L2 eviction policy (KVA_MW_L2 1: evict_first,
- * 2: evict_last; 0: the plain load). */
-static __device__ __forceinline__ void mw_tma_load2(uint32_t dst, const CUtensorMap *m, int c0,
-                                                    int c1, uint32_t bar)
-{
-#if KVA_MW_L2 == 0
-    kva__tma_load2(dst, m, c0, c1, bar);
-#else
-    uint64_t pol;
-#if KVA_MW_L2 == 1
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-#else
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
-#endif
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-                 "l"((uint64_t)(uintptr_t)m), "r"(c0), "r"(c1), "r"(bar), "l"(pol)
-                 : "memory");
-#endif
-}
-#endif
-
 #ifdef KVA_MLA_WGMMA_BODY
 /* Accumulator lists of the two wgmma shapes below: S [64, 32] is d[4][4]
  * (n8 tile j, element e: row 16 w + g + 8 (e / 2), column 8 j + 2 t + e % 2,
