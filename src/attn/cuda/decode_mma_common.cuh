@@ -27,7 +27,12 @@
 /* The thread's two rows g4 and g4 + 8 of item w (nrows rows, request of
  * s keys and q_len queries): visible keys [lo, hi), position, ALiBi slope
  * (log2 units); [lo_all, hi_all): the keys every row of the item sees (none
- * of a draft tree's keys, tree: the request's tree or NULL, tree_mask.cuh). */
+ * of a draft tree's keys, tree: the request's tree or NULL, tree_mask.cuh).
+ * Row r is query r / w.nh, head r % w.nh. PERQ: one step per query (its
+ * w.nh rows see the same keys) instead of one per row; the same results
+ * (the MLA wgmma decode's 64-row items: 64 dependent steps with a division
+ * each, before the item's first copies, became one or two). */
+template <bool PERQ = false>
 static __device__ __forceinline__ void
 kva__dmma_rows(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nrows, int32_t s,
                int32_t q_len, int g4, int32_t lo[2], int32_t hi[2], int32_t pos[2], float slope[2],
@@ -41,6 +46,31 @@ kva__dmma_rows(const kva__cuda_attn_args &a, const kva__cuda_item &w, int32_t nr
         hi[hf] = 0;
         pos[hf] = 0;
         slope[hf] = 0.f;
+    }
+    if constexpr (PERQ) {
+        /* rows r0 .. r0 + w.nh - 1 (below nrows) are query qi */
+        for (int32_t r0 = 0, qi = 0; r0 < nrows && w.nh > 0; r0 += w.nh, qi++) {
+            int32_t p, h_, l_;
+            kva__cuda_row_keys(a.meta, a.causal, a.window_left, a.chunk, w.req, s, q_len, w.i0 + qi,
+                               l_, h_, p);
+            const int32_t rlo = l_ > w.k0 ? l_ : w.k0, rhi = h_ < w.k1 ? h_ : w.k1;
+            lo_all = rlo > lo_all ? rlo : lo_all;
+            hi_all = rhi < hi_all ? rhi : hi_all;
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int32_t r = g4 + hf * 8, hh = r - r0;
+                if (hh >= 0 && hh < w.nh && r < nrows) {
+                    lo[hf] = rlo;
+                    hi[hf] = rhi;
+                    pos[hf] = p;
+                    if (a.has_alibi)
+                        slope[hf] = a.meta.alibi[w.kv_head * a.G + w.h0 + hh] * KVA__DMMA_LOG2E;
+                }
+            }
+        }
+        if (tree && hi_all > tree->t0)
+            hi_all = tree->t0;
+        return;
     }
     for (int r = 0; r < nrows; r++) {
         const int32_t qi = r / w.nh, hh = r - qi * w.nh;

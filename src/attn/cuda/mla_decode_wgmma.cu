@@ -93,7 +93,8 @@ template <typename Ty, bool FP8, bool TMA = false> struct mw_dense {
             kva__cp_async_commit();
             ml_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi.w, mi.nrows, mi.qs, q_gen);
         }
-        kva__dmma_rows(a, mi.w, mi.nrows, mi.s, mi.q_len, r0, lo, hi, pos, slope, lo_all, hi_all);
+        kva__dmma_rows<true>(a, mi.w, mi.nrows, mi.s, mi.q_len, r0, lo, hi, pos, slope, lo_all,
+                             hi_all);
     }
     /* 16-bit (MW_SCHED_SPLIT): the copies of tile kb; nothing lands later. */
     __device__ __forceinline__ void next(const args &a, int32_t kb, uint32_t stage, int)
