@@ -17,7 +17,7 @@ S=$(cd "$(dirname "$0")/../../.." && pwd)
 O=${OUT:-/tmp/out}; mkdir -p "$O"; L=$O/xeon16_probe.txt
 ROUNDS=${ROUNDS:-2}
 echo "# $(date -u) host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc)" > "$L"
-rm -rf "$S/magic" && cp -r "$S/new" "$S/magic" && (cd "$S/magic" && { patch -p1 < dev/cpu50/magic_cvt.patch || git apply dev/cpu50/magic_cvt.patch; } >> "$L" 2>&1)
+rm -rf "$S/magic" && cp -r "$S/new" "$S/magic" && rm -rf "$S/magic/build" && (cd "$S/magic" && { patch -p1 < dev/cpu50/magic_cvt.patch || git apply dev/cpu50/magic_cvt.patch; } >> "$L" 2>&1)
 t0=$(date +%s)
 for t in base new magic; do
   ( cd "$S/$t" && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=OFF \
