@@ -117,7 +117,8 @@ static int kq_prepare(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t M, c
             /* lrint without the library call (the file has no ISA flags, so
              * lrint is a call per element, 512 per GQA-4 item): adding and
              * removing 1.5 * 2^52 rounds |x| <= 2^22 to the nearest integer
-             * in the current rounding mode, as lrint does. */
+             * in the current rounding mode, as lrint does (this file has no
+             * FMA flags, so x is rounded before the addition, as before). */
             const double x = q[d] * inv;
             int32_t n = (int32_t)((x + 0x1.8p52) - 0x1.8p52);
             n = n > (1 << 22) ? 1 << 22 : n < -(1 << 22) ? -(1 << 22) : n;
