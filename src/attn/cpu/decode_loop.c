@@ -12,8 +12,8 @@
  * kva__cpu_load_row), and the step of the chunk's format pair, head size and
  * key order computes it while its loops prefetch the chunk PF_DIST ahead key
  * by key (spread over the compute the misses stay in flight; a burst of a
- * whole chunk fills the miss buffers). Decode groups (cpu_attn.h) run their items interleaved chunk by
- * chunk, each item's state in its own part of the scratch.
+ * whole chunk fills the miss buffers). Decode groups (cpu_attn.h) run their items interleaved chunk
+ * by chunk, each item's state in its own part of the scratch.
  */
 #include "cpu_attn.h"
 
@@ -43,20 +43,24 @@ static void load_chunk(const kva__cpu_run *run, const kva__cpu_decode_isa *isa,
     const int32_t D = run->plan->d.head_dim, Dv = run->plan->d.head_dim_v;
     const kva_dtype dt = run->kv_dt;
     const int direct = rows_in_place(run);
-    for (int32_t t = 0; t < n; t++) {
-        if (direct) {
-            /* Read in place: the rows were prefetched into L2 while the
-             * chunk PF_DIST before this one computed (pf_key_k/v). */
-            s->kp[t] = (const float *)cr->k[t];
-            s->vp[t] = (const float *)cr->v[t];
-        } else {
+    if (direct) {
+        /* Read in place: the rows were prefetched into L2 while the chunk
+         * PF_DIST before this one computed (pf_key_k/v). The restrict
+         * pointers let the copy run without reloads (it did two per key). */
+        const float **restrict kp = s->kp, **restrict vp = s->vp;
+        const unsigned char *const *restrict ck = cr->k, *const *restrict cv = cr->v;
+        for (int32_t t = 0; t < n; t++) {
+            kp[t] = (const float *)ck[t];
+            vp[t] = (const float *)cv[t];
+        }
+    } else
+        for (int32_t t = 0; t < n; t++) {
             float *kd = s->kbuf + (size_t)t * D, *vd = s->vbuf + (size_t)t * Dv;
             kva__cpu_load_row(kd, cr->k[t], dt, D);
             kva__cpu_load_row(vd, cr->v[t], dt, Dv);
             s->kp[t] = kd;
             s->vp[t] = vd;
         }
-    }
     for (int32_t t = n; t < KVA_CPU_KEY_CHUNK; t++) {
         s->kp[t] = s->kp[0];
         s->vp[t] = s->vp[0];
@@ -85,27 +89,42 @@ static void load_chunk(const kva__cpu_run *run, const kva__cpu_decode_isa *isa,
 static int kq_prepare(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t M, const fold_info *fi)
 {
     const int32_t D = run->plan->d.head_dim;
+    /* Each row's max |q'_d| (kept in s->qk[2m] until its step replaces it),
+     * in 4 independent partial maxima without branches (D % 4 == 0), and
+     * whether any element is inf or NaN (then the fp32 path keeps their
+     * semantics; without them the order of the maxima does not matter). */
+    int bad = 0;
     for (int32_t m = 0; m < M; m++) {
         const float *q = s->q + (size_t)m * D;
-        float amax = 0.0f;
-        for (int32_t d = 0; d < D; d++)
-            amax = fabsf(q[d]) > amax || q[d] != q[d] ? fabsf(q[d]) : amax;
-        if (!(amax <= 3.4e38f)) /* inf or NaN: the fp32 path keeps their semantics */
-            return 0;
+        float mx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int32_t d = 0; d < D; d += 4)
+            for (int i = 0; i < 4; i++) {
+                const float a = fabsf(q[d + i]);
+                mx[i] = a > mx[i] ? a : mx[i];
+                bad |= !(a <= 3.4e38f);
+            }
+        const float m01 = mx[0] > mx[1] ? mx[0] : mx[1], m23 = mx[2] > mx[3] ? mx[2] : mx[3];
+        s->qk[2 * m] = m01 > m23 ? m01 : m23;
     }
+    if (bad)
+        return 0;
     for (int32_t m = 0; m < M; m++) {
         const float *q = s->q + (size_t)m * D;
         int8_t *qi = s->qi + (size_t)m * 3 * D;
-        float amax = 0.0f;
-        for (int32_t d = 0; d < D; d++)
-            amax = fabsf(q[d]) > amax || q[d] != q[d] ? fabsf(q[d]) : amax;
+        const float amax = s->qk[2 * m];
         /* In double: 2^22 / amax overflows float for subnormal rows. */
         const float step = amax * 0x1p-22f;
         const double inv = amax > 0.0f ? 0x1p22 / amax : 0.0;
         int32_t sum[3] = {0, 0, 0};
         double off = 0.0;
         for (int32_t d = 0; d < D; d++) {
-            int32_t n = (int32_t)lrint(q[d] * inv);
+            /* lrint without the library call (the file has no ISA flags, so
+             * lrint is a call per element, 512 per GQA-4 item): adding and
+             * removing 1.5 * 2^52 rounds |x| <= 2^22 to the nearest integer
+             * in the current rounding mode, as lrint does (this file has no
+             * FMA flags, so x is rounded before the addition, as before). */
+            const double x = q[d] * inv;
+            int32_t n = (int32_t)((x + 0x1.8p52) - 0x1.8p52);
             n = n > (1 << 22) ? 1 << 22 : n < -(1 << 22) ? -(1 << 22) : n;
             const int32_t c = ((n + 128) & 255) - 128, n1 = (n - c) / 256;
             const int32_t b = ((n1 + 128) & 255) - 128, a = (n1 - b) / 256;
