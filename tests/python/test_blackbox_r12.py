@@ -303,3 +303,29 @@ def test_trtllm_functions_after_the_default_context_was_closed():
     after = both()
     for a, b in zip(before, after):
         np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------- the plan template's key
+
+@pytest.mark.parametrize("name,good,bad", [
+    ("q_dtype", 1, True), ("kind", 0, False), ("sparse_mode", 0, False),
+    ("index_q_quant", 0, False), ("attention_chunk", 1, True), ("dcp_size", 1, True),
+    ("dcp_interleave", 1, True), ("decode_threshold", 1, True), ("window_left", 1, True),
+    ("num_heads", 2, 2.0), ("head_dim", 8, np.float64(8.0)),
+])
+def test_plan_template_does_not_skip_argument_checks(name, good, bad):
+    """Plan keeps a per-context descriptor per option set; a value equal to
+    an earlier one but of another type (True == 1, 2.0 == 2 hash alike) is
+    checked as on a fresh context (refused), not let through by the earlier
+    plan's template."""
+    kw = dict(block_size=16, num_heads=2, num_kv_heads=1, head_dim=8, q_dtype="f32")
+
+    def plan(ctx, value):
+        return kvattn.Plan(ctx, [0, 1], [5], [[1]], **dict(kw, **{name: value}))
+
+    with pytest.raises(kvattn.KvaError):
+        plan(kvattn.Context("cpu", 1), bad)  # the rule, on a fresh context
+    ctx = kvattn.Context("cpu", 1)
+    plan(ctx, good).close()
+    with pytest.raises(kvattn.KvaError):
+        plan(ctx, bad)
