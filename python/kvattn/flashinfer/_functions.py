@@ -149,7 +149,7 @@ def trtllm_batch_decode_with_kv_cache(
     seen through a transpose, as vLLM passes its NHD cache permuted to HND
     shape, are read in place as that layout); block_tables [B, max_pages]
     (entries past a request's pages are not read), seq_lens [B] (any
-    integer dtype; at most max_seq_len); bmm1_scale the whole softmax scale
+    integer dtype; at most max_seq_len and 2**31 - 1); bmm1_scale the whole softmax scale
     (FlashInfer's q_scale * k_scale * sm_scale: no 1/sqrt(D) is added),
     bmm2_scale a factor on the output;
     window_left as the wrappers'; sinks the [H] (or xqa's [Hkv, H/Hkv])
@@ -288,7 +288,7 @@ def trtllm_batch_decode_with_kv_cache_mla(
     multiplied by W_UK, then q_pe), kv_cache [P, page, Dc + Dr] or
     [P, 1, page, Dc + Dr] latent rows [c_kv | k_pe] (used in place),
     block_tables [B, max_pages] (entries past a request's pages are not
-    read), seq_lens [B] (at most max_seq_len); bmm1_scale the whole softmax
+    read), seq_lens [B] (at most max_seq_len and 2**31 - 1); bmm1_scale the whole softmax
     scale (FlashInfer's fused BMM1 scale), bmm2_scale a factor on the output.
     Returns out [B, 1, H, Dc] in query's dtype (out= is written and
     returned), or (out, lse [B, H] float32) with return_lse (a given lse is
