@@ -5,8 +5,9 @@
  * reads may hold anything (NaN and infinities included). Each case (a mixed
  * batch, a sliding window, local chunks of B + 2 keys with a soft-cap, a
  * draft tree, ALiBi with a soft-cap, non-causal rows, a q_len 0 request,
- * a DCP rank, a cascade over two shared blocks) runs for every B over a
- * format and layout that rotate with B (the MHA formats of hidden_cases.h),
+ * a DCP rank, a cascade over two shared blocks; MLA's kernel-level call and
+ * kva_mla_run) runs for every B over a format and layout that rotate with B
+ * (the MHA and MLA formats of hidden_cases.h),
  * on the reference, the CPU backend as dispatched and at its portable ISA
  * level (and, without KVA_TEST_QUICK, at AVX2 / AVX-512 and with every CPU
  * kernel forced):
@@ -135,6 +136,35 @@ static int bb_cases(hc_case *cs)
                 for (int k = 0; k < 2; k++)
                     c->bt[r * HC_MAXBT + k] = c->bt[k];
         }
+        /* MLA (Dc 128, Dr 16, H 4): the kernel-level call and kva_mla_run, latent rows
+         * f32 / bf16 / FP8 rotating with B; each last key hidden from earlier rows. */
+        static const struct {
+            kva_dtype dt;
+            kva_quant q;
+            const char *name;
+        } kMla[3] = {{KVA_DTYPE_F32, KVA_QUANT_NONE, "f32"},
+                     {KVA_DTYPE_BF16, KVA_QUANT_NONE, "bf16"},
+                     {KVA_DTYPE_FP8_E4M3, KVA_QUANT_FP8_E4M3, "fp8"}};
+        for (int api = HC_ATTN; api <= HC_MLA_RUN; api++) {
+            const int f = (bi + api) % 3;
+            const int32_t ql[3] = {1, 2, 5}, sl[3] = {cap - 1, cap, cap - 2};
+            char nm[96];
+            snprintf(nm, sizeof nm, "%s B %d %s", api == HC_ATTN ? "mla kernel" : "mla_run", B,
+                     kMla[f].name);
+            c = &cs[n++];
+            hc_init(c, nm, 3, ql, sl, B, 1, 4, 128 + 16, 128, kMla[f].dt, KVA_LAYOUT_NHD, kMla[f].q,
+                    KVA_ATTN_MLA);
+            c->api = api;
+            c->pd.q_dtype = kMla[f].q == KVA_QUANT_NONE ? kMla[f].dt : KVA_DTYPE_BF16;
+            c->pd.scale = 0.08f;
+            c->pd.decode_threshold = 2;
+            if (api == HC_MLA_RUN)
+                c->pd.mla_qk_nope_head_dim = 16, c->pd.mla_v_head_dim = 16;
+            hc_hide(c, 1, sl[1] - 1);
+            hc_hide(c, 2, sl[2] - 1);
+            hc_hide(c, 2, sl[2] - 2);
+            hc_blocks(c);
+        }
     }
     return n;
 }
@@ -158,18 +188,28 @@ static int bb_variants(bb_variant *v)
     const char *names[KVA_TEST_MAX_KERNELS + 1];
     const int nk = kva_test_cpu_runnable(names);
     for (int i = 1; i < nk; i++)
-        if (strncmp(names[i], "mla", 3))
-            v[n++] = (bb_variant){KVA_BACKEND_CPU, names[i], NULL};
+        v[n++] = (bb_variant){KVA_BACKEND_CPU, names[i], NULL};
     return n;
 }
 
+/* Whether a forced kernel runs the case: the MLA item kernels run kva_mla_run's items only. */
+static int bb_kernel_fits(const hc_case *c, const char *kernel)
+{
+    return !kernel || strncmp(kernel, "mla", 3) || c->api == HC_MLA_RUN;
+}
+
 /* Rows of got that differ from want beyond 2x the dtype tolerances (out) or
- * 1e-5 relative (lse), or were left unwritten; prints the first. */
+ * 1e-5 relative (lse), MLA over 16-bit rows by bench/data.h's bf16-dot
+ * bounds, or were left unwritten; prints the first. */
 static int bb_compare(const hc_case *c, const char *who, const void *got, const float *glse,
                       const void *want, const float *wlse)
 {
     const kva_dtype dt = c->pd.q_dtype;
-    const int32_t H = c->pd.num_heads, dv = c->pd.head_dim_v;
+    const int32_t H = c->pd.num_heads, dv = hc_out_dim(c) / H;
+    /* MLA over 16-bit rows: the CPU's bf16 dot products round the absorbed
+     * queries and P (bench/data.h's bounds); else the dtype tolerances. */
+    const int lowp = c->cd.kind == KVA_ATTN_MLA && dt != KVA_DTYPE_F32;
+    const double oat = lowp ? KVA_TEST_MLA_BF16DOT_ATOL : kva_test_atol(dt);
     int bad = 0;
     for (int32_t t = 0; t < c->T; t++)
         for (int32_t h = 0; h < H; h++) {
@@ -178,10 +218,11 @@ static int bb_compare(const hc_case *c, const char *who, const void *got, const 
             for (int32_t e = 0; e < dv && ok; e++) {
                 const double g = kva_test_get(got, dt, o + e), w = kva_test_get(want, dt, o + e);
                 ok = !kva_test_poisoned(got, dt, o + e) &&
-                     fabs(g - w) <= 2 * (kva_test_atol(dt) + kva_test_rtol(dt) * fabs(w));
+                     fabs(g - w) <= 2 * (oat + kva_test_rtol(dt) * fabs(w));
             }
             const double gl = glse[t * H + h], wl = wlse[t * H + h];
-            ok &= gl == wl || fabs(gl - wl) <= 1e-5 * (1 + fabs(wl));
+            const double ltol = lowp ? KVA_TEST_MLA_BF16DOT_LSE_ATOL : 1e-5 * (1 + fabs(wl));
+            ok &= gl == wl || fabs(gl - wl) <= ltol;
             if (ok)
                 continue;
             if (!bad)
@@ -211,6 +252,8 @@ static void run_case(const hc_case *c, const bb_variant *vs, int nv)
     }
     kva_context_destroy(rctx);
     for (int vi = 0; vi < nv; vi++) {
+        if (!bb_kernel_fits(c, vs[vi].kernel))
+            continue;
         if (vs[vi].isa)
             setenv("KVA_CPU_ISA", vs[vi].isa, 1);
         kva_context *ctx = new_ctx(vs[vi].b, 2);
