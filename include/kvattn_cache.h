@@ -293,8 +293,11 @@ KVA_API kva_status kva_cache_read(kva_context *ctx, const kva_cache *cache, int3
 
 /* Copy whole blocks inside one cache: pairs [n, 2] int32 of (src, dst) block
  * ids (vLLM's copy_blocks, used for copy-on-write of shared blocks). All ids are
- * checked before anything is copied; a dst that appears twice is an error, and
- * so is a pairs array inside the cache's storage (Aliasing). */
+ * checked before anything is copied; a dst that appears twice is an error, so
+ * is a block that one pair writes and another reads (a chain or a swap,
+ * whose result would depend on the copy order; a pair (b, b) writes nothing
+ * and is allowed), and so is a pairs array inside the cache's storage
+ * (Aliasing); KVA_STATUS_INVALID_ARGUMENT, nothing copied. */
 KVA_API kva_status kva_cache_copy_blocks(kva_context *ctx, kva_cache *cache, const int32_t *pairs,
                                          int32_t num_pairs);
 

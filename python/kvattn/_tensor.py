@@ -34,6 +34,15 @@ _NP_NAMES = {"bfloat16": BF16, "float8_e4m3fn": FP8}
 _TORCH_DTYPES = {}  # filled on first torch tensor: torch.float16 -> F16, ...
 
 
+def _dense(shape):
+    """Row-major element strides of shape."""
+    st, s = [], 1
+    for n in reversed(shape):
+        st.insert(0, s)
+        s *= int(n)
+    return tuple(st)
+
+
 class View:
     """What kvattn needs of a tensor: address, kva dtype, shape, device.
     strides (in elements) and contiguous() are computed on demand."""
@@ -48,7 +57,12 @@ class View:
     def strides(self):
         if self._strides is None:
             x = self._x
-            if isinstance(x, np.ndarray):
+            if isinstance(x, np.ndarray) and x.size == 0:
+                # An empty array addresses nothing, and numpy gives it strides
+                # of 0 (checks of row layout would refuse it): dense strides,
+                # as torch gives an empty tensor.
+                self._strides = _dense(x.shape)
+            elif isinstance(x, np.ndarray):
                 isz = x.itemsize
                 self._strides = tuple(st // isz for st in x.strides)
             else:

@@ -257,10 +257,13 @@ class Plan:
         # A context's plans usually share their attention shape: the descriptor
         # is a per-context template whose batch fields are set here (contexts
         # are used from one thread at a time, so the template is too).
-        key = (block_size, num_heads, num_kv_heads, head_dim, head_dim_v, q_dtype, scale,
-               causal, window_left, softcap, decode_threshold, kind, mla_qk_nope_head_dim,
-               mla_v_head_dim, sparse_topk, sparse_mode, index_q_quant, attention_chunk, cascade,
-               dcp_size, dcp_rank, dcp_interleave)
+        # Each value with its type: True == 1 and 2.0 == 2 hash alike, and a
+        # template made for 1 must not let True (or 2.0) skip the checks below.
+        key = (block_size, num_heads, num_kv_heads, head_dim, head_dim_v, q_dtype, scale, causal,
+               window_left, softcap, decode_threshold, kind, mla_qk_nope_head_dim, mla_v_head_dim,
+               sparse_topk, sparse_mode, index_q_quant, attention_chunk, cascade, dcp_size,
+               dcp_rank, dcp_interleave)
+        key += tuple(map(type, key))
         try:
             tmpl = ctx._plan_descs.get(key)
         except TypeError:  # an unhashable argument (q_dtype=["f16"]): no template,

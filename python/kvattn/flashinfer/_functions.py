@@ -87,7 +87,10 @@ def _decode_wrapper(workspace_buffer, kv_layout, context):
         v = T.view(workspace_buffer, "workspace_buffer")
         key = (v.device, v.device_id, kv_layout)
     w = _WRAPPERS.get(key)
-    if w is None or (context is not None and w._ctx is not context):
+    # A wrapper kept over a context that was closed since (the default
+    # context, which a caller may close and default_context() then makes
+    # again) is made anew, not reused with its dead handle.
+    if w is None or not w._ctx._h or (context is not None and w._ctx is not context):
         if len(_WRAPPERS) > 16:
             _WRAPPERS.clear()
         w = BatchDecodeWithPagedKVCacheWrapper(
@@ -146,7 +149,7 @@ def trtllm_batch_decode_with_kv_cache(
     seen through a transpose, as vLLM passes its NHD cache permuted to HND
     shape, are read in place as that layout); block_tables [B, max_pages]
     (entries past a request's pages are not read), seq_lens [B] (any
-    integer dtype; at most max_seq_len); bmm1_scale the whole softmax scale
+    integer dtype; at most max_seq_len and 2**31 - 1); bmm1_scale the whole softmax scale
     (FlashInfer's q_scale * k_scale * sm_scale: no 1/sqrt(D) is added),
     bmm2_scale a factor on the output;
     window_left as the wrappers'; sinks the [H] (or xqa's [Hkv, H/Hkv])
@@ -236,13 +239,15 @@ def trtllm_batch_decode_with_kv_cache(
                                    "B = query's %d rows" % (bt.shape, sl.shape, b))
     if b and (sl.min() < 0 or sl.max() > int(max_seq_len)):
         raise InvalidArgumentError("seq_lens must lie in [0, max_seq_len = %d]" % max_seq_len)
+    # kvattn's lengths are int32: a longer one is refused, not wrapped.
+    sl = T.host_array(sl, np.int32, "seq_lens")
     if sinks is not None:
         if not hasattr(sinks, "reshape"):
             raise InvalidArgumentError("sinks: a float32 tensor of H (or [Hkv, H/Hkv]) sink "
                                        "logits, got %s" % type(sinks).__name__)
         sinks = sinks.reshape(-1)
     w = _decode_wrapper(workspace_buffer, kv_layout, context)
-    w._set_plan(np.arange(b + 1, dtype=np.int32), sl.astype(np.int32), bt, h, hkv, d,
+    w._set_plan(np.arange(b + 1, dtype=np.int32), sl, bt, h, hkv, d,
                 vshape[-1], page, bool(b == 0 or sl.min() >= 1), "NONE", window_left, None,
                 float(bmm1_scale), qv.dtype, None, None)
     return w._run(query, (kc, vc), v_scale=float(bmm2_scale), out=out, sinks=sinks)
@@ -260,7 +265,7 @@ def _mla_wrapper(workspace_buffer, context):
         v = T.view(workspace_buffer, "workspace_buffer")
         key = (v.device, v.device_id)
     w = _MLA_WRAPPERS.get(key)
-    if w is None or (context is not None and w._ctx is not context):
+    if w is None or not w._ctx._h or (context is not None and w._ctx is not context):
         if len(_MLA_WRAPPERS) > 16:
             _MLA_WRAPPERS.clear()
         w = BatchMLAPagedAttentionWrapper(None, context=_context_for(workspace_buffer, context))
@@ -283,7 +288,7 @@ def trtllm_batch_decode_with_kv_cache_mla(
     multiplied by W_UK, then q_pe), kv_cache [P, page, Dc + Dr] or
     [P, 1, page, Dc + Dr] latent rows [c_kv | k_pe] (used in place),
     block_tables [B, max_pages] (entries past a request's pages are not
-    read), seq_lens [B] (at most max_seq_len); bmm1_scale the whole softmax
+    read), seq_lens [B] (at most max_seq_len and 2**31 - 1); bmm1_scale the whole softmax
     scale (FlashInfer's fused BMM1 scale), bmm2_scale a factor on the output.
     Returns out [B, 1, H, Dc] in query's dtype (out= is written and
     returned), or (out, lse [B, H] float32) with return_lse (a given lse is
@@ -349,11 +354,12 @@ def trtllm_batch_decode_with_kv_cache_mla(
     if b and (sl.min() < 0 or sl.max() > int(max_seq_len)):
         raise InvalidArgumentError(what + "seq_lens must lie in [0, max_seq_len = %d]"
                                    % max_seq_len)
+    sl = T.host_array(sl, np.int32, "seq_lens")  # refused past int32, not wrapped
     w = _mla_wrapper(workspace_buffer, context)
     w.plan(num_heads=h, head_dim_ckv=dc, head_dim_kpe=dr, page_size=kvv.shape[1],
            causal=False, sm_scale=_sm_scale(float(bmm1_scale), dqk), q_data_type=qv.dtype,
            cum_seq_lens_q=np.arange(b + 1, dtype=np.int32), block_tables=block_tables,
-           seq_lens=sl.astype(np.int32))
+           seq_lens=sl)
     o = w.run(query=query[:, 0], kv_cache=kv_cache, out=None if out is None else out[:, 0],
               lse=lse, return_lse=return_lse, return_lse_base_on_e=return_lse_base == "basee")
     o, l = o if return_lse else (o, None)
