@@ -55,7 +55,7 @@ def _run(backend, quant, isa, monkeypatch):
 
 
 @pytest.mark.parametrize("quant", sorted(FORMATS))
-@pytest.mark.parametrize("isa", [None, "portable", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", [None, "portable", "avx2", "avx512", "avx512bf16"])
 def test_neg_inf_q_over_quantized_cache(quant, isa, monkeypatch):
     ro, rl = _run("ref", quant, None, monkeypatch)
     out, lse = _run("cpu", quant, isa, monkeypatch)
