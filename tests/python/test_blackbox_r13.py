@@ -239,3 +239,31 @@ def test_trtllm_max_seq_len_integer_types_accepted():
             np.testing.assert_array_equal(out, want)
         with pytest.raises(kvattn.InvalidArgumentError, match="max_seq_len"):
             f(0)  # seq_lens [1] > max_seq_len 0: the bound is still checked
+
+
+@pytest.mark.parametrize("arg", ["kv_lora_rank", "qk_rope_head_dim"])
+@pytest.mark.parametrize("bad", [64.5, 64.0, "64", None])
+def test_trtllm_mla_head_dims_not_integers_refused(arg, bad):
+    """kv_lora_rank and qk_rope_head_dim are FlashInfer's ints too: a float
+    (int(64.5) = 64 used to run as 64), a string or None is refused with the
+    argument's name, out untouched; the integer types still run."""
+    rng = np.random.default_rng(57)
+    kv = rng.standard_normal((3, 4, 80)).astype(np.float32)
+    qm = rng.standard_normal((1, 1, 4, 80)).astype(np.float32)
+    bt, sl = np.array([[0, 1, 2]], np.int32), np.array([1])
+    dims = {"kv_lora_rank": 64, "qk_rope_head_dim": 16}
+
+    def call(out=None, **kw):
+        d = dict(dims, **kw)
+        return fi_mla.trtllm_batch_decode_with_kv_cache_mla(
+            qm, kv, None, 128, d["kv_lora_rank"], d["qk_rope_head_dim"], bt, sl, 12, out=out)
+    want = call()
+    out = poisoned((1, 1, 4, 64))
+    with pytest.raises(TypeError, match=arg):
+        call(out=out, **{arg: bad})
+    with pytest.raises(kvattn.InvalidArgumentError, match=arg):
+        call(out=out, **{arg: bad})
+    assert untouched(out)
+    out = poisoned((1, 1, 4, 64))
+    call(out=out, **{arg: np.int64(dims[arg])})
+    np.testing.assert_array_equal(out, want)

@@ -30,19 +30,20 @@ def get_seq_lens(kv_indptr, kv_last_page_len, page_size):
 
 
 class NotAnIntegerError(InvalidArgumentError, TypeError):
-    """A non-integer max_seq_len: FlashInfer declares it int and its kernel
-    call raises TypeError for a float (2048.0 too); this is both that
-    TypeError and kvattn's InvalidArgumentError (a ValueError)."""
+    """A non-integer argument FlashInfer declares int (max_seq_len,
+    kv_lora_rank, qk_rope_head_dim): its kernel call raises TypeError for a
+    float (2048.0 too); this is both that TypeError and kvattn's
+    InvalidArgumentError (a ValueError)."""
 
 
-def _max_seq_len(x, what):
-    """max_seq_len as an int, never truncated: the types FlashInfer's int
-    argument takes (int, bool, numpy integers: what operator.index takes)."""
+def _int_arg(x, name, what):
+    """An int argument, never truncated: the types FlashInfer's int argument
+    takes (int, bool, numpy integers: what operator.index takes)."""
     try:
         return operator.index(x)
     except TypeError:
-        raise NotAnIntegerError("%smax_seq_len = %r is not an integer (FlashInfer declares int)"
-                                % (what, x)) from None
+        raise NotAnIntegerError("%s%s = %r is not an integer (FlashInfer declares int)"
+                                % (what, name, x)) from None
 
 
 def _on_host(x):
@@ -192,7 +193,7 @@ def trtllm_batch_decode_with_kv_cache(
     graph capture (UnsupportedError there), unlike FlashInfer's."""
     _check_name("backend", backend, ("auto", "xqa", "trtllm-gen"))
     _check_name("kv_layout", kv_layout, ("NHD", "HND"))
-    max_seq_len = _max_seq_len(max_seq_len, "trtllm_batch_decode_with_kv_cache: ")
+    max_seq_len = _int_arg(max_seq_len, "max_seq_len", "trtllm_batch_decode_with_kv_cache: ")
     _refuse_run_options(kv_cache_sf, skip_softmax_threshold_scale_factor)
     _unsupported_if(q_len_per_req != 1 or max_q_len is not None or cum_seq_lens_q is not None
                     or mask is not None,
@@ -330,7 +331,7 @@ def trtllm_batch_decode_with_kv_cache_mla(
     function on Blackwell GPUs only (its Hopper choice, xqa, needs SM120)."""
     what = "trtllm_batch_decode_with_kv_cache_mla: "
     _check_name("backend", backend, ("auto", "trtllm-gen", "cute-dsl", "xqa", "sparse", "cake"))
-    max_seq_len = _max_seq_len(max_seq_len, what)
+    max_seq_len = _int_arg(max_seq_len, "max_seq_len", what)
     _refuse_run_options(None, skip_softmax_threshold_scale_factor)
     _unsupported_if(_capturing(query), "called during CUDA graph capture: kvattn plans each "
                     "call on the host; capture BatchMLAPagedAttentionWrapper.run() instead")
@@ -356,7 +357,8 @@ def trtllm_batch_decode_with_kv_cache_mla(
     b, n, h, dqk = qv.shape
     _unsupported_if(n != 1, "q_len_per_request %d: the speculative-decoding mask is the "
                     "backends' own; use BatchMLAPagedAttentionWrapper (causal)" % n)
-    dc, dr = int(kv_lora_rank), int(qk_rope_head_dim)
+    dc = _int_arg(kv_lora_rank, "kv_lora_rank", what)
+    dr = _int_arg(qk_rope_head_dim, "qk_rope_head_dim", what)
     if dqk != dc + dr:
         raise InvalidArgumentError(what + "query's last dimension %d is not kv_lora_rank + "
                                    "qk_rope_head_dim = %d" % (dqk, dc + dr))
