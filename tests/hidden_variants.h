@@ -9,6 +9,8 @@
 #include "cpu_kernels.h"
 #include "hidden_cases.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* One way of running a case: backend, forced kernel (or NULL), ISA level (or NULL). */
@@ -64,6 +66,28 @@ static inline void hc_check_ran(const hc_case *c, const hc_variant *vs, int nv, 
     const int nd = hc_default_variants(vs, nv);
     CHECK_MSG(nd > 0 && ran == nd, "%s: ran on %d of the %d variants without a forced kernel",
               c->name, ran, nd);
+}
+
+/* Opens the context variant v runs on (KVA_CPU_ISA lowered to its ISA level,
+ * its kernel forced) and names the variant in who [n]; hc_variant_close ends
+ * it. */
+static inline kva_context *hc_variant_open(const hc_variant *v, char *who, size_t n)
+{
+    if (v->isa)
+        setenv("KVA_CPU_ISA", v->isa, 1);
+    kva_context *ctx = new_ctx(v->b, 2);
+    if (v->kernel)
+        CHECK_OK(kva__context_force_kernel(ctx, v->kernel));
+    snprintf(who, n, "%s%s%s%s%s", kva_backend_name(v->b), v->kernel ? " " : "",
+             v->kernel ? v->kernel : "", v->isa ? " isa " : "", v->isa ? v->isa : "");
+    return ctx;
+}
+
+static inline void hc_variant_close(const hc_variant *v, kva_context *ctx)
+{
+    kva_context_destroy(ctx);
+    if (v->isa)
+        unsetenv("KVA_CPU_ISA");
 }
 
 #endif

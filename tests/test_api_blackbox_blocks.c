@@ -227,24 +227,15 @@ static void run_case(const hc_case *c, const hc_variant *vs, int nv)
         if (!hc_kernel_fits(c, vs[vi].kernel))
             continue;
         ran += vs[vi].kernel == NULL;
-        if (vs[vi].isa)
-            setenv("KVA_CPU_ISA", vs[vi].isa, 1);
-        kva_context *ctx = new_ctx(vs[vi].b, 2);
-        if (vs[vi].kernel)
-            CHECK_OK(kva__context_force_kernel(ctx, vs[vi].kernel));
         char who[64];
-        snprintf(who, sizeof who, "cpu%s%s%s%s", vs[vi].kernel ? " " : "",
-                 vs[vi].kernel ? vs[vi].kernel : "", vs[vi].isa ? " isa " : "",
-                 vs[vi].isa ? vs[vi].isa : "");
+        kva_context *ctx = hc_variant_open(&vs[vi], who, sizeof who);
         hc_host_run(ctx, c, -1, &in, out_c, lse_c);
         bad_ref += bb_compare(c, who, out_c, lse_c, out_r, lse_r) > 0;
         for (int pat = 0; pat < HC_PATTERNS; pat++) {
             hc_host_run(ctx, c, pat, &in, out_g, lse_g);
             bad_hidden += hc_compare(c, who, pat, out_g, lse_g, out_c, lse_c) > 0;
         }
-        kva_context_destroy(ctx);
-        if (vs[vi].isa)
-            unsetenv("KVA_CPU_ISA");
+        hc_variant_close(&vs[vi], ctx);
     }
     hc_check_ran(c, vs, nv, ran);
     CHECK_MSG(bad_ref == 0, "%s: %d runs differ from the reference", c->name, bad_ref);

@@ -38,15 +38,8 @@ static void run_case(const hc_case *c, int ci, const hc_variant *vs, int nv)
         if (!hc_kernel_fits(c, vs[vi].kernel))
             continue;
         ran += vs[vi].kernel == NULL;
-        if (vs[vi].isa)
-            setenv("KVA_CPU_ISA", vs[vi].isa, 1);
-        kva_context *ctx = new_ctx(vs[vi].b, 2);
-        if (vs[vi].kernel)
-            CHECK_OK(kva__context_force_kernel(ctx, vs[vi].kernel));
         char who[64];
-        snprintf(who, sizeof who, "%s%s%s%s%s", kva_backend_name(vs[vi].b),
-                 vs[vi].kernel ? " " : "", vs[vi].kernel ? vs[vi].kernel : "",
-                 vs[vi].isa ? " isa " : "", vs[vi].isa ? vs[vi].isa : "");
+        kva_context *ctx = hc_variant_open(&vs[vi], who, sizeof who);
         hc_host_run(ctx, c, -1, &in, out_c, lse_c);
         for (int pat = 0; pat < HC_PATTERNS; pat++) {
             hc_host_run(ctx, c, pat, &in, out_g, lse_g);
@@ -56,9 +49,7 @@ static void run_case(const hc_case *c, int ci, const hc_variant *vs, int nv)
                 fprintf(stderr, "  -> %s: %s: %d rows differ\n", c->name, who, bad);
             }
         }
-        kva_context_destroy(ctx);
-        if (vs[vi].isa)
-            unsetenv("KVA_CPU_ISA");
+        hc_variant_close(&vs[vi], ctx);
     }
     hc_check_ran(c, vs, nv, ran);
     hc_inputs_free(&in);
