@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # dev/mla51/restage.sh [BASE_COMMIT]: rebuilds the staged call of dev/mla51/ab.sh on the dev VM
-# (no GPU; ~10 min on the 2-core VM, most of it xz): the sides base (BASE_COMMIT, default
+# (no GPU; ~5 min on the 2-core VM, most of it xz): the sides base (BASE_COMMIT, default
 # 2d5f8b2, main when mla51 branched), new (branch mla51), box (branch mla51-box) and fault (mla51
 # with every Q row of an item read from query 0's row: ml_stage_q's ASYNC row lookup with qi = 0),
 # each by dev/mla51/side.sh into build-cu/side_*, then dev/mla51/stage.sh into
