@@ -184,24 +184,39 @@ static __device__ __forceinline__ void ml_fp8_rows(const unsigned char *raw, uns
 }
 
 /* Q rows of item w ([M, 576], zeros past nrows) into shared memory at sq in
- * layout ROWS, by plain 16-byte stores. Row r is token i0 + r / nh, head
+ * layout ROWS, by the CTA's ML_NT threads. Row r is token i0 + r / nh, head
  * h0 + r % nh of the request starting at token qs (Hkv = 1, so the heads
- * are the query heads). */
-template <int M, int ROWS, typename elem>
+ * are the query heads). ASYNC = false: plain 16-byte loads and stores, done
+ * on return (each thread's load -> store pairs run one after another).
+ * ASYNC = true: 16-byte cp.async copies (rows past nrows zero-filled, reading
+ * nothing), not committed: all of a thread's copies are in flight at once,
+ * and the caller commits them and waits for the group before the wgmma
+ * operand reads. */
+template <int M, int ROWS, typename elem, bool ASYNC = false>
 static __device__ __forceinline__ void ml_stage_q(const kva__cuda_attn_args &a,
                                                   const kva__cuda_item &w, int32_t nrows,
                                                   int32_t qs, unsigned char *sq)
 {
     for (int x = threadIdx.x; x < M * ML_CH; x += ML_NT) {
         const int r = x / ML_CH, c = x - r * ML_CH;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r < nrows) {
-            const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+        if constexpr (ASYNC) {
+            /* Past nrows: row 0's address (valid), nothing read. */
+            const bool ok = r < nrows;
+            const int32_t qi = ok ? r / w.nh : 0, hh = ok ? r - qi * w.nh : 0;
             const elem *qrow =
                 (const elem *)a.q + ((int64_t)(qs + w.i0 + qi) * a.H + w.h0 + hh) * ML_D;
-            v = __ldg(reinterpret_cast<const uint4 *>(qrow) + c);
+            kva__cp_async16(kva__smem_u32(sq + ml_off<ROWS>(r, c)),
+                            reinterpret_cast<const uint4 *>(qrow) + c, ok ? 16 : 0);
+        } else {
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (r < nrows) {
+                const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+                const elem *qrow =
+                    (const elem *)a.q + ((int64_t)(qs + w.i0 + qi) * a.H + w.h0 + hh) * ML_D;
+                v = __ldg(reinterpret_cast<const uint4 *>(qrow) + c);
+            }
+            *reinterpret_cast<uint4 *>(sq + ml_off<ROWS>(r, c)) = v;
         }
-        *reinterpret_cast<uint4 *>(sq + ml_off<ROWS>(r, c)) = v;
     }
 }
 
