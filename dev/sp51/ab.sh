@@ -11,6 +11,8 @@
 #   base  main's mla_sparse.cu with main's headers (every other object of
 #         the CLI has main's SASS: VM log)
 #   p2    new with two copying producer warps (p2.patch)
+#   early new with a stage released after the row-max barrier of
+#         ml_st_tile instead of after P's barrier (early.patch)
 #   nan   new with the raw stages NaN-filled at the CTA's start (nan.patch):
 #         the control of nz, must pass
 #   nz    nan without the zero rows of unused keys (nz.patch): the planted
@@ -31,8 +33,8 @@ top=$(cd "$1" && pwd)
 o=${OUT:-/tmp/out}
 l=/tmp/sp51l
 END=${KVA_END:-210}
-KVA_VARS=${KVA_VARS-base=base p2=new:p2.patch nan=new:nan.patch nz=new:nz.patch}
-KVA_VTESTS=${KVA_VTESTS-p2 nan nz}
+KVA_VARS=${KVA_VARS-base=base p2=new:p2.patch early=new:early.patch nan=new:nan.patch nz=new:nz.patch}
+KVA_VTESTS=${KVA_VTESTS-p2 early nan nz}
 KVA_TARGETS=${KVA_TARGETS-test_cuda_mla_sparse test_cuda_mla_nan test_cuda_mla}
 KVA_TESTS=${KVA_TESTS-test_cuda_mla_sparse test_cuda_mla_nan test_cuda_mla:KVA_TEST_QUICK=1}
 KVA_NCU_SIDES=${KVA_NCU_SIDES-new}
@@ -139,7 +141,7 @@ for t in ${KVA_TESTS:-}; do
   log "test $tn ${env} rc=$rc ($(($(date +%s) - s)) s): $(grep -iE 'passed|failed' "$l/test_$tn.log" | tail -1 | cut -c1-150)"
   [ $rc = 0 ] || grep -hiE "FAIL|bad|error" "$l/test_$tn.log" | head -8 | tee -a "$o/run.txt"
 done
-# The variants' test_cuda_mla_sparse (quick), in parallel: p2 and nan must
+# The variants' test_cuda_mla_sparse (quick), in parallel: p2, early and nan must
 # pass, nz (the planted fault) must fail.
 for v in $VT; do
   [ "$(el)" -lt "$END" ] || { log "test variant $v skipped (time)"; continue; }
@@ -158,7 +160,7 @@ ROWS=("H16 8k|$D --batch 128 --context 8192 --heads 16|all"
   "H8 8k|$D --batch 128 --context 8192 --heads 8|pair"
   "H64 (H16 padded)|$D --batch 128 --context 8192 --heads 64|pair")
 BS=""
-for v in ${KVA_SIDES_AB-base new p2}; do case " $SIDES " in *" $v "*) BS="$BS $v" ;; esac; done
+for v in ${KVA_SIDES_AB-base new p2 early}; do case " $SIDES " in *" $v "*) BS="$BS $v" ;; esac; done
 for r in $(seq 1 "${KVA_ROUNDS:-2}"); do
   order=$BS
   [ $((r % 2)) = 0 ] && order=$(echo $SIDES | tr " " "\n" | tac | tr "\n" " ")
