@@ -134,11 +134,12 @@ template <typename Ty, typename SRC> struct sp_mma {
         }
         return true;
     }
-    /* The copies of k_next's row (zeros when unused) as key tid / TPK of tile
-     * kb (chunks tid % TPK + TPK i) and its flag; then the next keys ahead.
-     * C::BULK: the key's first thread copies the whole row with one bulk
-     * copy completing on bar (its arrival with the row's bytes), or, unused,
-     * the key's TPK threads store the zeros and the first arrives alone. */
+    /* The copies of the thread's keys of tile kb (sp_copiers: k_next[j]'s
+     * row, zeros when unused, as key i / TPK + (N / TPK) j, chunks i % TPK +
+     * TPK c) and their flags; then the next keys ahead. C::BULK: the key's
+     * first thread copies the whole row with one bulk copy completing on bar
+     * (its arrival with the row's bytes), or, unused, the key's TPK threads
+     * store the zeros and the first arrives alone. */
     template <typename C>
     __device__ __forceinline__ void issue(const args &a, int32_t kb, uint32_t stage, int *ok,
                                           uint32_t bar)
