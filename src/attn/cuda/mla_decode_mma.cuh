@@ -199,8 +199,8 @@ template <int MT, bool QR, typename R> struct ml_tiles {
      * host's shared-memory size; earlier device passes copy with cp.async). */
     static constexpr bool BULK = R::template BULK<MT> && ML_BULK_ARCH;
     static constexpr int NPW = ML_PROD_ARCH ? R::template PROD<MT> : 0; /* producer warps */
-    static constexpr int NTHR = ML_NT + (NPW ? 128 : 0); /* threads per CTA */
-    static constexpr bool PROD = NPW > 0 && BULK;    /* this pass copies by producer warps */
+    static constexpr int NTHR = ML_NT + (NPW ? 128 : 0);                /* threads per CTA */
+    static constexpr bool PROD = NPW > 0 && BULK; /* this pass copies by producer warps */
     static constexpr int P_STRIDE = BN * 2 + 16;
     static constexpr int P_BYTES = M * P_STRIDE;
     static constexpr int OFF_RING = QREG ? 0 : M * ML_D * 2; /* the 16-bit tile(s) */
@@ -221,8 +221,8 @@ template <int MT, bool QR, typename R> struct ml_tiles {
                   "with 4 tile scales, the mask in key flags");
     static_assert(NP == 1 || NP == ML_DV / 128, "P copies: none, or one per c_kv tile of 128");
     static_assert(!BULK || (RAW > 0 && R::FLAGS), "bulk copies: raw rows, the mask in key flags");
-    static_assert(NPW == 0 || (R::template BULK<MT> && ST && NPW <= 4 &&
-                               BN % (32 * (NPW ? NPW : 1)) == 0),
+    static_assert(NPW == 0 ||
+                      (R::template BULK<MT> && ST && NPW <= 4 && BN % (32 * (NPW ? NPW : 1)) == 0),
                   "producer warps: bulk rows, the transposed S, whole keys per lane");
     static_assert(SMEM <= 227 * 1024, "shared memory of one CTA");
 };
