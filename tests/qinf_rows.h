@@ -51,12 +51,12 @@ static const int32_t qi_slen[QI_R] = {300, 300, 300, 300, 32, 240};
 static const float qi_off[QI_HKV] = {3.0f, -3.0f};
 /* Channel QI_CH's codes per request and kv head (keys alternate the two). */
 static const int8_t qi_codes[QI_R][QI_HKV][2] = {
-    {{3, 3}, {-3, -3}},         /* codes equal to the offset */
-    {{0, 0}, {0, 0}},           /* code 0 */
-    {{1, 2}, {-1, -2}},         /* strictly between 0 and the offset */
-    {{100, 100}, {100, 100}},   /* beyond it: both rules agree */
-    {{3, 3}, {0, 0}},           /* prefill: code = offset, code 0 */
-    {{1, 2}, {100, 100}},       /* chunked prefill: between, beyond */
+    {{3, 3}, {-3, -3}},       /* codes equal to the offset */
+    {{0, 0}, {0, 0}},         /* code 0 */
+    {{1, 2}, {-1, -2}},       /* strictly between 0 and the offset */
+    {{100, 100}, {100, 100}}, /* beyond it: both rules agree */
+    {{3, 3}, {0, 0}},         /* prefill: code = offset, code 0 */
+    {{1, 2}, {100, 100}},     /* chunked prefill: between, beyond */
 };
 
 /* A marked row: request r's query i, head h (kv head h / 4), q's channel
@@ -68,22 +68,22 @@ typedef struct qi_row {
 } qi_row;
 
 static const qi_row qi_rows[] = {
-    {0, 0, 0, -1, QI_NAN, QI_ZERO},  /* (3 - 3) = 0: NaN; 3 > 0: -inf */
-    {0, 0, 5, +1, QI_NAN, QI_ZERO},  /* (-3 + 3) = 0: NaN; +inf * -3 = -inf */
-    {1, 0, 1, +1, QI_ZERO, QI_NAN},  /* +inf * (0 - 3) = -inf; inf * 0 */
-    {1, 0, 6, -1, QI_ZERO, QI_NAN},  /* -inf * (0 + 3) = -inf; inf * 0 */
-    {2, 0, 0, +1, QI_ZERO, QI_ANY},  /* +inf * (1 - 3) = -inf; +inf * 1 */
-    {2, 0, 2, -1, QI_ANY, QI_ZERO},  /* -inf * (1 - 3) = +inf; -inf * 1 */
-    {2, 0, 4, -1, QI_ZERO, QI_ANY},  /* -inf * (-1 + 3) = -inf; -inf * -1 */
-    {2, 0, 7, +1, QI_ANY, QI_ZERO},  /* +inf * (-1 + 3) = +inf; +inf * -1 */
-    {3, 0, 3, -1, QI_ZERO, QI_ZERO}, /* -inf * 97, -inf * 100 */
-    {3, 0, 4, -1, QI_ZERO, QI_ZERO}, /* -inf * 103, -inf * 100 */
-    {4, 31, 1, -1, QI_NAN, QI_ZERO}, /* prefill, code = offset */
-    {4, 0, 2, -1, QI_NAN, QI_ZERO},  /* its first row: key 0 only */
-    {4, 17, 6, -1, QI_ZERO, QI_NAN}, /* code 0 under offset -3 */
-    {5, 39, 0, +1, QI_ZERO, QI_ANY}, /* chunked prefill, between */
-    {5, 5, 3, -1, QI_ANY, QI_ZERO},
-    {5, 20, 4, -1, QI_ZERO, QI_ZERO},
+    {0, 0, 0, -1, QI_NAN, QI_ZERO},   /* (3 - 3) = 0: NaN; 3 > 0: -inf */
+    {0, 0, 5, +1, QI_NAN, QI_ZERO},   /* (-3 + 3) = 0: NaN; +inf * -3 = -inf */
+    {1, 0, 1, +1, QI_ZERO, QI_NAN},   /* +inf * (0 - 3) = -inf; inf * 0 */
+    {1, 0, 6, -1, QI_ZERO, QI_NAN},   /* -inf * (0 + 3) = -inf; inf * 0 */
+    {2, 0, 0, +1, QI_ZERO, QI_ANY},   /* +inf * (1 - 3) = -inf; +inf * 1 */
+    {2, 0, 2, -1, QI_ANY, QI_ZERO},   /* -inf * (1 - 3) = +inf; -inf * 1 */
+    {2, 0, 4, -1, QI_ZERO, QI_ANY},   /* -inf * (-1 + 3) = -inf; -inf * -1 */
+    {2, 0, 7, +1, QI_ANY, QI_ZERO},   /* +inf * (-1 + 3) = +inf; +inf * -1 */
+    {3, 0, 3, -1, QI_ZERO, QI_ZERO},  /* -inf * 97, -inf * 100 */
+    {3, 0, 4, -1, QI_ZERO, QI_ZERO},  /* -inf * 103, -inf * 100 */
+    {4, 31, 1, -1, QI_NAN, QI_ZERO},  /* prefill, code = offset */
+    {4, 0, 2, -1, QI_NAN, QI_ZERO},   /* its first row: key 0 only */
+    {4, 17, 6, -1, QI_ZERO, QI_NAN},  /* code 0 under offset -3 */
+    {5, 39, 0, +1, QI_ZERO, QI_ANY},  /* chunked prefill: +inf * (c - 3) */
+    {5, 5, 3, -1, QI_ANY, QI_ZERO},   /* -inf * (1 - 3); -inf * 1 */
+    {5, 20, 4, -1, QI_ZERO, QI_ZERO}, /* beyond the offset -3 */
 };
 enum { QI_NROWS = (int)(sizeof qi_rows / sizeof qi_rows[0]) };
 
@@ -121,9 +121,9 @@ static inline void qi_init(qi_problem *p, kva_context *ref, uint64_t seed)
         ko[g * QI_D + QI_CH] = qi_off[g];
     p->qp = (kva_quant_params){ks, QI_HKV * QI_D, ko, QI_HKV * QI_D,
                                vs, QI_HKV * QI_D, vo, QI_HKV * QI_D};
-    const kva_cache_desc cd = {p->b.num_blocks, QI_B,           QI_HKV,
-                               QI_D,            QI_D,           KVA_DTYPE_I8,
-                               KVA_LAYOUT_NHD,  KVA_QUANT_INT8_CHANNEL, KVA_ATTN_MHA};
+    const kva_cache_desc cd = {
+        p->b.num_blocks,        QI_B,        QI_HKV, QI_D, QI_D, KVA_DTYPE_I8, KVA_LAYOUT_NHD,
+        KVA_QUANT_INT8_CHANNEL, KVA_ATTN_MHA};
     CHECK_OK(kva_cache_create_quant(ref, &cd, &p->qp, &p->hc));
     const size_t nq = (size_t)p->b.T * QI_H * QI_D;
     p->q = malloc(nq * 2);
@@ -213,14 +213,16 @@ static inline size_t qi_check(const char *label, const qi_problem *p, const uint
         }
         if (!ok && bad[0] + bad[1] + bad[2] < 6) {
             static const char *names[3] = {"finite", "NaN", "0 / -inf"};
-            fprintf(stderr, "  %s: row %zu (token %zu, head %zu; %s expected): lse %.7g, out[0] %.7g\n",
+            fprintf(stderr,
+                    "  %s: row %zu (token %zu, head %zu; %s expected): lse %.7g, out[0] %.7g\n",
                     label, i, i / QI_H, i % QI_H, names[k], (double)lse[i],
                     kva_test_get(out, KVA_DTYPE_BF16, i * QI_D));
         }
         bad[k] += !ok;
     }
-    printf("  %s: rows finite %zu (%zu wrong), NaN %zu (%zu), 0 / -inf %zu (%zu), open %zu\n", label,
-           n[QI_FIN], bad[QI_FIN], n[QI_NAN], bad[QI_NAN], n[QI_ZERO], bad[QI_ZERO], n[QI_ANY]);
+    printf("  %s: rows finite %zu (%zu wrong), NaN %zu (%zu), 0 / -inf %zu (%zu), open %zu\n",
+           label, n[QI_FIN], bad[QI_FIN], n[QI_NAN], bad[QI_NAN], n[QI_ZERO], bad[QI_ZERO],
+           n[QI_ANY]);
     return bad[0] + bad[1] + bad[2];
 }
 

@@ -12,7 +12,8 @@
  * (KVA_CPU_ISA lowered: portable, avx2, avx512), 3 threads over a partition
  * forced into small unaligned key chunks (the NaN and -inf partials go
  * through the split merge), and every registry kernel that runs here
- * forced in turn (the MLA kernels left out: they run latent caches only). KVA_TEST_QUICK=1: the dispatcher's and portable only.
+ * forced in turn (the MLA kernels left out: they run latent caches only).
+ * KVA_TEST_QUICK=1: the dispatcher's and portable only.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "cpu_kernels.h"

@@ -89,8 +89,7 @@ static int g_skipped, g_ran, g_not_run;
  * refusal, or another status for these two, is a failure. */
 static int known_refusal(const hc_case *c, kva_status rs)
 {
-    return c->api == HC_SPARSE && c->cd.quant == KVA_QUANT_FP8_E4M3 &&
-           rs == KVA_STATUS_UNSUPPORTED;
+    return c->api == HC_SPARSE && c->cd.quant == KVA_QUANT_FP8_E4M3 && rs == KVA_STATUS_UNSUPPORTED;
 }
 
 /* What the CUDA plan runs (plan introspection: kva__cuda_plan's work-item
