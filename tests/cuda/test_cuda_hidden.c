@@ -132,8 +132,12 @@ static int plan_runs(const kva_plan *plan, const hc_case *c, const char *forced,
         return tiles && !quant && cp->prefill_kernel == KVA__CUDA_PREFILL_WGMMA_TMA &&
                cp->prefill_narrow == (k == KVA__CUDA_K_PREFILL_WGMMA_TMA_NARROW);
     case KVA__CUDA_K_PREFILL_ITEMS:
-        /* Prefills as items: a paged MHA batch with prefills and no tiles. */
-        return !tiles && cp->mma && plan->info.num_prefills > 0;
+        /* Prefills as work items: an MHA batch with prefills and no tiles
+         * (forced, the plan has cp->mma 0; where the shape never has tiles
+         * this repeats the default's run). */
+        return !tiles && plan->info.num_prefills > 0 &&
+               cp->decode_kernel != KVA__CUDA_K_MLA_DECODE_MMA &&
+               cp->decode_kernel != KVA__CUDA_K_MLA_DECODE_WGMMA;
     default:
         return 0;
     }
