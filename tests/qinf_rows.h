@@ -7,8 +7,8 @@
  * The rule (kva_attention_run): an infinite q element scores in IEEE
  * arithmetic over the keys as the format defines them, k = (c - o) s for a
  * code c, offset o and scale s > 0: -inf times a positive element is -inf,
- * times a negative one +inf, times 0 NaN. The exception (CUDA's quantized
- * tensor-core kernels): the product takes the code's sign, c, not c - o; the
+ * times a negative one +inf, times 0 NaN. The exception (CUDA's kernels
+ * over INT8_CHANNEL): the product takes the code's sign, c, not c - o; the
  * two differ only for a code between 0 and o, both included: strictly
  * between, the infinity takes c's sign; a code of 0 scores NaN where c - o
  * gives an infinity; a code equal to o scores an infinity where c - o = 0

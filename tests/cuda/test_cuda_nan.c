@@ -51,10 +51,10 @@
  * (and INT8_CHANNEL's offset sum -inf o_c with it); kvattn.h's rule for an
  * infinite q element: the IEEE scores over the dequantized keys.
  * test_qinf_channel: the same rule's one exception (kvattn.h: CUDA's
- * quantized tensor-core kernels over INT8_CHANNEL take the sign of the code
- * c, not of c - o) on qinf_rows.h's batch, whose marked rows differ between
- * the rule and the exception (codes 0, equal to the offset, between); which
- * rows a tensor-core kernel runs is read from the plan (qi_kernels).
+ * kernels over INT8_CHANNEL take the sign of the code c, not of c - o) on
+ * qinf_rows.h's batch, whose marked rows differ between the rule and the
+ * exception (codes 0, equal to the offset, between), on the tensor-core
+ * decode and prefill and on decode_simt (what runs is read from the plan).
  * Outputs are poisoned (kva_test_poison) before every run, so an expected
  * NaN must be a written one; the reference's rows must show the same NaN /
  * -inf pattern. Finite rows: the harness's tolerances plus 2 u for the
@@ -556,16 +556,14 @@ static void test_int8_refuse(void)
 
 /* ---- an infinite q element over INT8_CHANNEL (qinf_rows.h) ---- */
 
-/* exc [QI_R]: 1 for the requests plan pg runs on a quantized tensor-core
- * kernel (kvattn.h's exception), read from the plan as attn_quant.cu
- * chooses: the work items run on decode_mma_sm80's quantized variant when
- * it is the plan's item kernel with 16-row items and covers the shape, the
- * prefill tiles (the requests with q_len > 1 when the plan has tiles) on the
- * quantized prefill_mma_sm80 when kva__cuda_qprefill_usable; everything
- * else on the CUDA-core kernel (decode_simt's body), under the rule. What
- * runs is described in what [n]. */
+/* What plan pg runs (attn_quant.cu's choice), into what [n]: the work items
+ * on decode_mma_sm80's quantized variant when it is the plan's item kernel
+ * with 16-row items and covers the shape, else on the CUDA-core kernel
+ * (decode_simt's body); the prefill tiles on the quantized prefill_mma_sm80
+ * when kva__cuda_qprefill_usable, else on the CUDA-core kernel. Every one of
+ * them takes kvattn.h's INT8_CHANNEL exception. */
 static void qi_kernels(const kva_context *ctx, const kva_plan *pg, const void *dq,
-                       const kva_cache *dc, int *exc, char *what, size_t n)
+                       const kva_cache *dc, char *what, size_t n)
 {
     const kva__cuda_plan *cp = (const kva__cuda_plan *)pg->device;
     const int items = cp->decode_kernel == KVA__CUDA_K_DECODE_MMA &&
@@ -574,22 +572,17 @@ static void qi_kernels(const kva_context *ctx, const kva_plan *pg, const void *d
                                                            QI_D, QI_D, KVA_DTYPE_BF16);
     const int tiles = cp->num_ptiles > 0;
     const int tiles_tc = tiles && kva__cuda_qprefill_usable(ctx, pg, dq, dc);
-    for (int r = 0; r < QI_R; r++)
-        exc[r] = qi_qlen[r] > 1 && tiles ? tiles_tc : items;
     snprintf(what, n, "items on %s (%s cores), %d prefill tiles%s",
              kva__cuda_kernels[cp->decode_kernel].name, items ? "tensor" : "CUDA",
              (int)cp->num_ptiles, tiles ? (tiles_tc ? " on tensor cores" : " on CUDA cores") : "");
 }
 
 /* qinf_rows.h's batch on the run's backend: each marked row must show what
- * kvattn.h states for the kernel that runs it (the exception on the
- * quantized tensor-core kernels, the rule elsewhere), every other row the
- * reference's. Kernels: the dispatcher's (decodes on decode_mma_sm80, the
- * prefills as tiles), prefill_items (every request an item of the
- * tensor-core decode) and, without KVA_TEST_QUICK, decode_simt forced (the
- * decodes on CUDA cores: the rule, which it does not keep - its offset
- * constant takes -inf o_c: g53's note - so that run is left out of the
- * quick set the merged-tree check runs). */
+ * kvattn.h states (on CUDA the INT8_CHANNEL exception, on the CPU stand-in
+ * the rule), every other row the reference's. Kernels: the dispatcher's
+ * (decodes on decode_mma_sm80, the prefills as tiles), prefill_items (every
+ * request an item of the tensor-core decode) and decode_simt (the decodes
+ * on CUDA cores). */
 static void test_qinf_channel(void)
 {
     static const char *kernels[3] = {NULL, "prefill_items", "decode_simt"};
@@ -609,7 +602,7 @@ static void test_qinf_channel(void)
         qi_expect(&p, NULL, kind);
         CHECK_MSG(qi_check("reference", &p, kind, want, lw, want, lw) == 0,
                   "the reference breaks kvattn.h's rule");
-        for (int k = 0; k < (kva_test_quick() ? 2 : 3); k++) {
+        for (int k = 0; k < 3; k++) {
             char label[240], what[160] = "CPU backend: the rule";
             kva_context *ctx = run_ctx();
             if (g_gpu && kernels[k] &&
@@ -623,10 +616,12 @@ static void test_qinf_channel(void)
             CHECK_OK(kva_plan_create(ctx, &p.pd, &pg));
             void *dq = buf_from(p.q, nq * 2);
             if (dc && pg) {
-                int exc[QI_R] = {0};
+                int exc[QI_R];
+                for (int r = 0; r < QI_R; r++)
+                    exc[r] = g_gpu;
                 if (g_gpu) {
                     const kva__cuda_plan *cp = (const kva__cuda_plan *)pg->device;
-                    qi_kernels(ctx, pg, dq, dc, exc, what, sizeof what);
+                    qi_kernels(ctx, pg, dq, dc, what, sizeof what);
                     if (k == 1)
                         CHECK_MSG(cp->num_ptiles == 0, "prefill_items: %d tiles",
                                   (int)cp->num_ptiles);
