@@ -10,12 +10,17 @@
  * (cache_upload), and run twice on the same kernel: garbage and clean
  * (zeros); rows that see no overwritten key must agree up to rounding, out
  * and lse. Kernels: the dispatcher's choice, then every registry kernel
- * that runs here forced in turn (KVA_TEST_QUICK: the dispatcher's only).
+ * that runs here forced in turn (KVA_TEST_QUICK: the dispatcher's only);
+ * each clean run prints what its plan runs (kva__cuda_plan: the work items'
+ * kernel, the prefill tiles and their kernel), and a forced kernel the plan
+ * does not run (another family's, plan_runs) is skipped and counted, so the
+ * strict map below names kernels that ran, not kernels forced.
  * Cases the CUDA backend does not take (f32 caches, shapes outside its
  * range: KVA_STATUS_UNSUPPORTED at cache or plan creation; the sparse MLA
- * over a cache format it does not read, e.g. fp8_e4m3 latent rows:
- * UNSUPPORTED from the clean run, which must leave the outputs as they
- * were) are skipped and counted. The MLA cases use DeepSeek's latent rows (Dc 512, Dr 64, H 16).
+ * over an fp8_e4m3 latent cache, which it does not read: UNSUPPORTED from
+ * the clean run, which must leave the outputs as they were - the only
+ * refusal at the run that counts as not taken, known_refusal) are skipped
+ * and counted. The MLA cases use DeepSeek's latent rows (Dc 512, Dr 64, H 16).
  * kvattn.h promises every backend that slots no row reads never reach an
  * output; a key inside seq_len that one row's mask hides but another row of
  * the request sees may reach the first on CUDA (its kernels add 0 * v,
@@ -29,6 +34,7 @@
 #include "cuda_standin.h"
 #include "hidden_cases.h"
 #include "hidden_run.h"
+#include "../../src/attn/cuda/cuda_backend.h"
 
 #ifdef KVA_HAVE_CUDA
 
@@ -74,12 +80,74 @@ static int gpu_kernels(const char **v)
     return n;
 }
 
-static int g_skipped, g_ran;
+static int g_skipped, g_ran, g_not_run;
+
+/* The runs refused at kva_*_run that the test knows: the CUDA sparse MLA
+ * reads fp8_ds_mla and latent caches of q's dtype only (mla_sparse.cu,
+ * kva__cuda_mla_sparse), so the cases "sparse fp8 mixed" and "sparse fp8
+ * separate" (an FP8_E4M3 latent cache) get KVA_STATUS_UNSUPPORTED. Any other
+ * refusal, or another status for these two, is a failure. */
+static int known_refusal(const hc_case *c, kva_status rs)
+{
+    return c->api == HC_SPARSE && c->cd.quant == KVA_QUANT_FP8_E4M3 && rs == KVA_STATUS_UNSUPPORTED;
+}
+
+/* What the CUDA plan runs (plan introspection: kva__cuda_plan's work-item
+ * kernel and prefill tiles), into s [n]; returns whether registry kernel
+ * `forced` (NULL: the dispatcher's choice) is among them. A kernel forced on
+ * a case it does not run (one of another family: an MLA kernel on an MHA
+ * case, a prefill kernel on a batch without prefill tiles, a wgmma prefill
+ * over a quantized cache, whose tiles only prefill_mma_sm80 reads) leaves the
+ * plan's own kernels in place: that run would repeat the default's, so
+ * run_case skips it and the strict map lists the kernels that ran. */
+static int plan_runs(const kva_plan *plan, const hc_case *c, const char *forced, char *s, size_t n)
+{
+    const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
+    static const char *tile_names[4] = {"auto", "mma", "wgmma", "wgmma_tma"};
+    const int pk = (int)cp->prefill_kernel;
+    snprintf(s, n, "items %s, %d prefill tiles (%s%s)", kva__cuda_kernels[cp->decode_kernel].name,
+             (int)cp->num_ptiles, pk >= 0 && pk < 4 ? tile_names[pk] : "?",
+             cp->prefill_narrow ? ", narrow" : "");
+    if (!forced)
+        return 1;
+    int k = -1;
+    for (int i = 0; i < KVA__CUDA_KERNELS; i++)
+        if (!strcmp(kva__cuda_kernels[i].name, forced))
+            k = i;
+    const int tiles = cp->num_ptiles > 0, quant = c->cd.quant != KVA_QUANT_NONE;
+    switch (k) {
+    case KVA__CUDA_K_DECODE_MMA:
+    case KVA__CUDA_K_DECODE_SIMT:
+    case KVA__CUDA_K_MLA_DECODE_MMA:
+    case KVA__CUDA_K_MLA_DECODE_WGMMA:
+        return cp->decode_kernel == k;
+    case KVA__CUDA_K_PREFILL_MMA:
+        return tiles && cp->prefill_kernel == KVA__CUDA_PREFILL_MMA;
+    case KVA__CUDA_K_PREFILL_WGMMA:
+    case KVA__CUDA_K_PREFILL_WGMMA_NARROW:
+        return tiles && !quant && cp->prefill_kernel == KVA__CUDA_PREFILL_WGMMA &&
+               cp->prefill_narrow == (k == KVA__CUDA_K_PREFILL_WGMMA_NARROW);
+    case KVA__CUDA_K_PREFILL_WGMMA_TMA:
+    case KVA__CUDA_K_PREFILL_WGMMA_TMA_NARROW:
+        return tiles && !quant && cp->prefill_kernel == KVA__CUDA_PREFILL_WGMMA_TMA &&
+               cp->prefill_narrow == (k == KVA__CUDA_K_PREFILL_WGMMA_TMA_NARROW);
+    case KVA__CUDA_K_PREFILL_ITEMS:
+        /* Prefills as work items: an MHA batch with prefills and no tiles
+         * (forced, the plan has cp->mma 0; where the shape never has tiles
+         * this repeats the default's run). */
+        return !tiles && plan->info.num_prefills > 0 &&
+               cp->decode_kernel != KVA__CUDA_K_MLA_DECODE_MMA &&
+               cp->decode_kernel != KVA__CUDA_K_MLA_DECODE_WGMMA;
+    default:
+        return 0;
+    }
+}
 
 /* One device run of case c with storage pattern pat (or zeros): out, lse
- * on the host. Returns 0 when the backend does not take the case. */
+ * on the host. Returns 0 when the backend does not take the case, -1 (clean
+ * run, GPU) when the forced kernel (NULL: none) is not one the plan runs. */
 static int gpu_run(kva_context *gpu, kva_context *host, const hc_case *c, int pat,
-                   const hc_inputs *din, void *out, float *lse)
+                   const hc_inputs *din, void *out, float *lse, const char *forced)
 {
     kva_cache *hc = hc_host_cache(host, c, pat);
     if (!hc)
@@ -93,13 +161,18 @@ static int gpu_run(kva_context *gpu, kva_context *host, const hc_case *c, int pa
     kva_plan *plan = NULL;
     const kva_status ps = cs == KVA_STATUS_OK ? kva_plan_create(gpu, &c->pd, &plan) : cs;
     int ran = 0;
+    char what[160] = "";
     if (cs == KVA_STATUS_UNSUPPORTED || ps == KVA_STATUS_UNSUPPORTED ||
         cs == KVA_STATUS_DTYPE_MISMATCH || ps == KVA_STATUS_DTYPE_MISMATCH) {
         ran = 0;
     } else if (cs != KVA_STATUS_OK || ps != KVA_STATUS_OK) {
         CHECK_MSG(0, "%s: cache %s, plan %s (%s)", c->name, kva_status_name(cs),
                   kva_status_name(ps), kva_last_error());
+    } else if (g_gpu && pat < 0 && !plan_runs(plan, c, forced, what, sizeof what)) {
+        ran = -1;
     } else {
+        if (g_gpu && pat < 0)
+            printf("  %s: %s: %s\n", c->name, forced ? forced : "default", what);
         cache_copy(dc, hc);
         const size_t outb = (size_t)c->T * hc_out_dim(c) * kva_dtype_size(c->pd.q_dtype);
         const size_t lseb = (size_t)c->T * c->pd.num_heads * sizeof(float);
@@ -110,9 +183,9 @@ static int gpu_run(kva_context *gpu, kva_context *host, const hc_case *c, int pa
         buf_get(lse, dlse, lseb);
         buf_free(dout);
         buf_free(dlse);
-        if (pat < 0 && (rs == KVA_STATUS_UNSUPPORTED || rs == KVA_STATUS_DTYPE_MISMATCH)) {
-            /* Refused at the run (the CUDA sparse MLA: its cache formats):
-             * not taken, and the outputs as they were (0xff bytes). */
+        if (pat < 0 && known_refusal(c, rs)) {
+            /* Refused at the run (known_refusal): not taken, and the
+             * outputs as they were (0xff bytes). */
             size_t touched = 0;
             for (size_t i = 0; i < outb; i++)
                 touched += ((const unsigned char *)out)[i] != 0xff;
@@ -171,14 +244,20 @@ static void run_case(const hc_case *c, const char **kern, int nk)
             continue;
         }
         const char *who = kern[ki] ? kern[ki] : "default";
-        if (!gpu_run(gpu, host, c, -1, &din, out_c, lse_c)) {
+        const int taken = gpu_run(gpu, host, c, -1, &din, out_c, lse_c, kern[ki]);
+        if (taken < 0) { /* the forced kernel does not run this case (plan_runs) */
+            g_not_run++;
+            kva_context_destroy(gpu);
+            continue;
+        }
+        if (!taken) {
             g_skipped += ki == 0;
             kva_context_destroy(gpu);
             break;
         }
         g_ran += ki == 0;
         for (int pat = 0; pat < HC_PATTERNS; pat++) {
-            if (!gpu_run(gpu, host, c, pat, &din, out_g, lse_g))
+            if (gpu_run(gpu, host, c, pat, &din, out_g, lse_g, kern[ki]) <= 0)
                 continue;
             const int bad = hc_compare(c, who, pat, out_g, lse_g, out_c, lse_c);
             if (bad) {
@@ -232,8 +311,9 @@ int main(void)
         return skip;
 #ifdef KVA_HAVE_CUDA
     HC_CLASSES(HC_CLASS_RUN)
-    printf("cases run on the %s: %d, not taken by its backend: %d\n", g_gpu ? "GPU" : "CPU", g_ran,
-           g_skipped);
+    printf("cases run on the %s: %d, not taken by its backend: %d; forced kernels the plan "
+           "does not run (skipped): %d\n",
+           g_gpu ? "GPU" : "CPU", g_ran, g_skipped, g_not_run);
     CHECK_MSG(g_ran > 0, "no case ran");
 #endif
     return kva_test_finish();

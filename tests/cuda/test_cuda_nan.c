@@ -50,6 +50,11 @@
  * infinite element once gave lo = -inf - (-inf) = NaN and with it NaN rows
  * (and INT8_CHANNEL's offset sum -inf o_c with it); kvattn.h's rule for an
  * infinite q element: the IEEE scores over the dequantized keys.
+ * test_qinf_channel: the same rule's one exception (kvattn.h: CUDA's
+ * kernels over INT8_CHANNEL take the sign of the code c, not of c - o) on
+ * qinf_rows.h's batch, whose marked rows differ between the rule and the
+ * exception (codes 0, equal to the offset, between), on the tensor-core
+ * decode and prefill and on decode_simt (what runs is read from the plan).
  * Outputs are poisoned (kva_test_poison) before every run, so an expected
  * NaN must be a written one; the reference's rows must show the same NaN /
  * -inf pattern. Finite rows: the harness's tolerances plus 2 u for the
@@ -61,6 +66,7 @@
  */
 #include "cuda_quant_util.h"
 #include "cuda_standin.h"
+#include "qinf_rows.h"
 #include "../../src/plan/partition.h"
 #include "../../src/attn/cuda/cuda_backend.h"
 
@@ -548,6 +554,108 @@ static void test_int8_refuse(void)
     }
 }
 
+/* ---- an infinite q element over INT8_CHANNEL (qinf_rows.h) ---- */
+
+/* What plan pg runs (attn_quant.cu's choice), into what [n]: the work items
+ * on decode_mma_sm80's quantized variant when it is the plan's item kernel
+ * with 16-row items and covers the shape, else on the CUDA-core kernel
+ * (decode_simt's body); the prefill tiles on the quantized prefill_mma_sm80
+ * when kva__cuda_qprefill_usable, else on the CUDA-core kernel. Every one of
+ * them takes kvattn.h's INT8_CHANNEL exception. */
+static void qi_kernels(const kva_context *ctx, const kva_plan *pg, const void *dq,
+                       const kva_cache *dc, char *what, size_t n)
+{
+    const kva__cuda_plan *cp = (const kva__cuda_plan *)pg->device;
+    const int items = cp->decode_kernel == KVA__CUDA_K_DECODE_MMA &&
+                      cp->rows == KVA__CUDA_MMA_DECODE_ROWS &&
+                      kva__cuda_decode_mma_quant_supported(KVA_QUANT_INT8_CHANNEL, KVA_DTYPE_I8,
+                                                           QI_D, QI_D, KVA_DTYPE_BF16);
+    const int tiles = cp->num_ptiles > 0;
+    const int tiles_tc = tiles && kva__cuda_qprefill_usable(ctx, pg, dq, dc);
+    snprintf(what, n, "items on %s (%s cores), %d prefill tiles%s",
+             kva__cuda_kernels[cp->decode_kernel].name, items ? "tensor" : "CUDA",
+             (int)cp->num_ptiles, tiles ? (tiles_tc ? " on tensor cores" : " on CUDA cores") : "");
+}
+
+/* qinf_rows.h's batch on the run's backend: each marked row must show what
+ * kvattn.h states (on CUDA the INT8_CHANNEL exception, on the CPU stand-in
+ * the rule), every other row the reference's. Kernels: the dispatcher's
+ * (decodes on decode_mma_sm80, the prefills as tiles), prefill_items (every
+ * request an item of the tensor-core decode) and decode_simt (the decodes
+ * on CUDA cores). */
+static void test_qinf_channel(void)
+{
+    static const char *kernels[3] = {NULL, "prefill_items", "decode_simt"};
+    kva_context *href = make_ctx(KVA_BACKEND_REF);
+    qi_problem p;
+    qi_init(&p, href, 5700);
+    const size_t nq = (size_t)p.b.T * QI_H * QI_D, nl = (size_t)p.b.T * QI_H, no = nq;
+    void *want = malloc(no * 2), *got = malloc(no * 2);
+    float *lw = malloc(nl * 4), *lg = malloc(nl * 4);
+    uint8_t *kind = malloc(nl);
+    kva_plan *pr = NULL;
+    CHECK_OK(kva_plan_create(href, &p.pd, &pr));
+    if (p.hc && pr) {
+        kva_test_poison(want, KVA_DTYPE_BF16, no);
+        kva_test_poison(lw, KVA_DTYPE_F32, nl);
+        CHECK_OK(kva_attention_run(href, pr, p.q, p.hc, NULL, want, lw));
+        qi_expect(&p, NULL, kind);
+        CHECK_MSG(qi_check("reference", &p, kind, want, lw, want, lw) == 0,
+                  "the reference breaks kvattn.h's rule");
+        for (int k = 0; k < 3; k++) {
+            char label[240], what[160] = "CPU backend: the rule";
+            kva_context *ctx = run_ctx();
+            if (g_gpu && kernels[k] &&
+                kva__context_force_kernel(ctx, kernels[k]) != KVA_STATUS_OK) {
+                printf("  qinf %s: kernel not usable here, skipped\n", kernels[k]);
+                kva_context_destroy(ctx);
+                continue;
+            }
+            kva_cache *dc = cache_clone(ctx, p.hc, &p.qp);
+            kva_plan *pg = NULL;
+            CHECK_OK(kva_plan_create(ctx, &p.pd, &pg));
+            void *dq = buf_from(p.q, nq * 2);
+            if (dc && pg) {
+                int exc[QI_R];
+                for (int r = 0; r < QI_R; r++)
+                    exc[r] = g_gpu;
+                if (g_gpu) {
+                    const kva__cuda_plan *cp = (const kva__cuda_plan *)pg->device;
+                    qi_kernels(ctx, pg, dq, dc, what, sizeof what);
+                    if (k == 1)
+                        CHECK_MSG(cp->num_ptiles == 0, "prefill_items: %d tiles",
+                                  (int)cp->num_ptiles);
+                    if (k == 2)
+                        CHECK_MSG(cp->decode_kernel == KVA__CUDA_K_DECODE_SIMT,
+                                  "decode_simt: the plan runs %s",
+                                  kva__cuda_kernels[cp->decode_kernel].name);
+                }
+                snprintf(label, sizeof label, "qinf %s: %s", kernels[k] ? kernels[k] : "default",
+                         what);
+                kva_test_poison(got, KVA_DTYPE_BF16, no);
+                kva_test_poison(lg, KVA_DTYPE_F32, nl);
+                void *dout = buf_from(got, no * 2);
+                float *dl = buf_from(lg, nl * 4);
+                CHECK_OK(kva_attention_run(ctx, pg, dq, dc, NULL, dout, dl));
+                buf_get(got, dout, no * 2);
+                buf_get(lg, dl, nl * 4);
+                buf_free(dout), buf_free(dl);
+                qi_expect(&p, exc, kind);
+                const size_t bad = qi_check(label, &p, kind, got, lg, want, lw);
+                CHECK_MSG(bad == 0, "%s: %zu rows wrong", label, bad);
+            }
+            buf_free(dq);
+            kva_plan_destroy(pg);
+            kva_cache_destroy(dc);
+            kva_context_destroy(ctx);
+        }
+    }
+    kva_plan_destroy(pr);
+    free(want), free(got), free(lw), free(lg), free(kind);
+    qi_free(&p);
+    kva_context_destroy(href);
+}
+
 #endif
 
 int main(void)
@@ -560,6 +668,7 @@ int main(void)
     RUN(test_prefill);
     RUN(test_quant);
     RUN(test_int8_refuse);
+    RUN(test_qinf_channel);
     return kva_test_finish();
 #else
     return cuda_test_skip();

@@ -109,7 +109,11 @@ template <int FMT, int CB> struct qa_load {
     }
 
     /* q times the static K scales (unit scales for the per-token formats);
-     * o: this lane's share of qo. */
+     * o: this lane's share of qo, the row's sum of q'_c o_c (INT8_CHANNEL
+     * offsets). An infinite q'_c is left out of it, as kva__q_offset_dot
+     * does for the tensor-core kernels: -inf o_c there made every score of
+     * the row inf - inf = NaN; without it the channel adds q'_c c, whose
+     * sign is the code's (kvattn.h's INT8_CHANNEL exception). */
     template <int LK>
     static __device__ __forceinline__ void load_q(const Args &a, int64_t row, int32_t kvh, int li,
                                                   float (&q)[KE], float &o)
@@ -123,7 +127,7 @@ template <int FMT, int CB> struct qa_load {
                 const float x = ::load_q(a.q, a.qdt, qb + e) * a.ks[sb + e];
                 q[e] = x;
                 if constexpr (FMT == QF_I8)
-                    o = fmaf(x, a.ko[sb + e], o);
+                    o = fmaf(isinf(x) ? 0.f : x, a.ko[sb + e], o);
             }
         }
     }
