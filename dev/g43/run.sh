@@ -14,6 +14,8 @@ cmake -S new -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DCMAKE_CUD
   -DKVA_WITH_OPENSSL=OFF -DKVA_WITH_XXHASH=OFF -DKVA_WITH_CJSON=OFF >$out/cmake.log 2>&1 || { tail -20 $out/cmake.log; exit 1; }
 ninja -C $B -j$(nproc) >$out/build.log 2>&1 || { grep -m20 error $out/build.log; tail -5 $out/build.log; exit 1; }
 T build
+( timeout 200 $B/test_cuda_nan >$out/nan_full.log 2>&1
+  echo "test_cuda_nan (full) rc=$?: $(grep -aE "passed|FAIL" $out/nan_full.log | tail -2 | tr "\n" " ")" >>"$LOG" ) &
 ( for x in ${SAN:-test_cuda_mla_sparse test_cuda_mla test_cuda_reserve test_cuda_plan_update}; do
     KVA_TEST_QUICK=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/$x >$out/san_$x.log 2>&1
     echo "memcheck $x quick: rc=$? $(grep -E 'ERROR SUMMARY' $out/san_$x.log | tail -1)" >>"$LOG"; done ) &
