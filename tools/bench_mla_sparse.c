@@ -62,7 +62,8 @@ static void usage(void)
            "                       suite (decode B 128 / prefill 4k, H 128 / 16 / 64, fp8_ds_mla\n"
            "                       and bf16 caches, both modes); with them, one shape of\n"
            "                       --batch x --q-len tokens or one --prefill (bf16 q, cache\n"
-           "                       ds_mla or bf16; --context is the seq_len)\n"
+           "                       ds_mla or bf16, or f16 q over ds_mla; --context is the\n"
+           "                       seq_len)\n"
            "  --threads N          0 = all cores [0]\n"
            "  --variant NAME       force a registry kernel (mla_portable, mla_avx2, mla_avx512,\n"
            "                       mla_avx512bf16; cuda, with a shape option:\n"
@@ -171,10 +172,12 @@ static int parse(int argc, char **argv, sp_opts *o)
         return KVA_EXIT_USAGE;
     }
     if (o->backend == 2 && o->shape_set &&
-        ((o->batch > 0 && o->prefill > 0) || o->dt != KVA_DTYPE_BF16 ||
-         (o->cache != 0 && o->cache != 2) || o->Dc != 512 || o->Dr != 64 || o->B != 64)) {
+        ((o->batch > 0 && o->prefill > 0) || o->dt == KVA_DTYPE_F32 ||
+         (o->dt == KVA_DTYPE_F16 && o->cache != 0) || (o->cache != 0 && o->cache != 2) ||
+         o->Dc != 512 || o->Dr != 64 || o->B != 64)) {
         fprintf(stderr, "kvattn: bench --mla-sparse: --backend cuda times either --batch R "
-                        "decodes or one --prefill P (--batch 0), bf16 q, --cache ds_mla or bf16, "
+                        "decodes or one --prefill P (--batch 0), bf16 q (or f16 q over ds_mla), "
+                        "--cache ds_mla or bf16, "
                         "Dc 512, Dr 64, block size 64\n");
         return KVA_EXIT_USAGE;
     }
@@ -384,7 +387,8 @@ int kva_cli_bench_mla_sparse(int argc, char **argv)
                                     o.topk,
                                     o.cache == 0,
                                     o.mode == 1,
-                                    o.variant};
+                                    o.variant,
+                                    o.dt == KVA_DTYPE_F16};
         return bench_mla_sparse_cuda(o.shape_set ? &one : NULL, o.iters);
     }
     kva_context *ctx = NULL;

@@ -10,12 +10,14 @@
 /* One CUDA shape: R requests of Q query tokens, seq_len S, H heads, top-K
  * random positions per token; fp8: fp8_ds_mla rows (else bf16); separate:
  * KVA_SPARSE_SEPARATE (else MIXED); kernel: the MLA registry kernel forced
- * (NULL: the dispatcher's choice). q and out are bf16. */
+ * (NULL: the dispatcher's choice); f16: q and out are f16 (else bf16;
+ * fp8_ds_mla rows only: the CUDA kernel reads a 16-bit cache of q's dtype). */
 typedef struct bench_sp_shape {
     const char *name;
     int32_t R, Q, S, H, K;
     int fp8, separate;
     const char *kernel;
+    int f16;
 } bench_sp_shape;
 
 /* Times `one` (checked first against fp64 over the rows read back), or the

@@ -14,8 +14,10 @@
  * of 4k tokens (one request, seq_len 8k, H 128, top-2048) in both modes and
  * over a bf16 cache; then H 16 forced onto the wgmma body (64-row tiles) and
  * the shapes that moved to it with the mma.sync kernel forced (the previous
- * default: before / after in one run). Index lists are random positions of
- * the request (all valid), so every token gathers K scattered rows.
+ * default: before / after in one run); last the H 16 decode with f16 q
+ * (the fp8_ds_mla codes become f16 in one conversion per pair, bf16 in
+ * four). Index lists are random positions of the request (all valid), so
+ * every token gathers K scattered rows.
  * Counts: FLOPs as FlashMLA does, 2 * H * K * (576 + 512) per query token;
  * gathered bytes K * row bytes (656 fp8, 1152 bf16) per token (each head
  * tile's CTA reads them; H > 64 reads them twice). Before timing, one token's
@@ -46,10 +48,11 @@
 
 typedef bench_sp_shape shape;
 
-/* Checks token 0, heads 0 .. 3 against fp64 over the read-back rows; 1 if ok. */
+/* Checks token 0, heads 0 .. 3 against fp64 over the read-back rows; 1 if ok.
+ * q and out in dt (bf16 or f16). */
 static int check(kva_context *ctx, const kva_cache *cache, const shape *sh, const int32_t *bt,
                  int32_t stride, const uint16_t *q, const int32_t *idx, const void *d_out,
-                 float scale)
+                 float scale, kva_dtype dt)
 {
     const int32_t K = sh->K, B = cache->desc.block_size;
     int64_t *slots = malloc(sizeof(int64_t) * K);
@@ -73,7 +76,7 @@ static int check(kva_context *ctx, const kva_cache *cache, const shape *sh, cons
         for (int32_t j = 0; j < K; j++) {
             double a = 0;
             for (int c = 0; c < DL; c++)
-                a += (double)kva_bf16_to_f32(q[h * DL + c]) * rows[(size_t)j * DL + c];
+                a += (double)kva__load_f(q, dt, (size_t)h * DL + c) * rows[(size_t)j * DL + c];
             sc[j] = a * scale;
             m = sc[j] > m ? sc[j] : m;
         }
@@ -84,7 +87,7 @@ static int check(kva_context *ctx, const kva_cache *cache, const shape *sh, cons
             for (int32_t j = 0; j < K; j++)
                 o += exp(sc[j] - m) * rows[(size_t)j * DL + c];
             o /= l;
-            const double got = kva_bf16_to_f32(out[h * DC + c]);
+            const double got = kva__load_f(out, dt, (size_t)h * DC + c);
             bad += !(fabs(got - o) <= 1e-3 + 0x1p-8 * 1.7320508 + 2.0 / 128 * fabs(o));
         }
     }
@@ -99,6 +102,7 @@ static double run_shape(const shape *sh, int iters)
     kva_rng rng = {1234};
     const int32_t R = sh->R, Q = sh->Q, S = sh->S, H = sh->H, K = sh->K, B = 64;
     const int32_t T = R * Q, nbr = (S + B - 1) / B, NB = R * nbr;
+    const kva_dtype qdt = sh->f16 ? KVA_DTYPE_F16 : KVA_DTYPE_BF16; /* q and out */
     int32_t *qsl = malloc(sizeof(int32_t) * (R + 1)), *sl = malloc(sizeof(int32_t) * R);
     int32_t *bt = malloc(sizeof(int32_t) * (size_t)R * nbr), *perm = malloc(sizeof(int32_t) * NB);
     for (int32_t i = 0; i < NB; i++)
@@ -148,7 +152,7 @@ static double run_shape(const shape *sh, int iters)
                            KVA_DTYPE_BF16, d_sl));
     }
     uint16_t *q = malloc(2 * (size_t)T * H * DL);
-    kva_test_fill(q, KVA_DTYPE_BF16, (size_t)T * H * DL, &rng, 1.0);
+    kva_test_fill(q, qdt, (size_t)T * H * DL, &rng, 1.0);
     int32_t *idx = malloc(sizeof(int32_t) * (size_t)T * K);
     for (size_t i = 0; i < (size_t)T * K; i++)
         idx[i] = kva_rng_int(&rng, 0, S - 1);
@@ -161,14 +165,14 @@ static double run_shape(const shape *sh, int iters)
     CU(cudaMemcpy(d_q, q, 2 * (size_t)T * H * DL, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(d_idx, idx, sizeof(int32_t) * (size_t)T * K, cudaMemcpyHostToDevice));
     kva_plan_desc pd =
-        kva_test_mla_desc(R, qsl, sl, bt, nbr, B, H, DL, DC, KVA_DTYPE_BF16, 1.0 / sqrt(192.0), 0);
+        kva_test_mla_desc(R, qsl, sl, bt, nbr, B, H, DL, DC, qdt, 1.0 / sqrt(192.0), 0);
     pd.sparse_topk = K;
     pd.sparse_mode = sh->separate ? KVA_SPARSE_SEPARATE : KVA_SPARSE_MIXED;
     kva_plan *plan = NULL;
     KV(kva_plan_create(ctx, &pd, &plan));
     CU(cudaMemset(d_out, 0xff, 2 * (size_t)T * H * DC));
     KV(kva_mla_sparse_run(ctx, plan, d_q, cache, d_idx, K, NULL, NULL, d_out, d_lse));
-    const int ok = check(ctx, cache, sh, bt, nbr, q, idx, d_out, pd.scale);
+    const int ok = check(ctx, cache, sh, bt, nbr, q, idx, d_out, pd.scale, qdt);
     for (int w = 0; w < 3; w++)
         KV(kva_mla_sparse_run(ctx, plan, d_q, cache, d_idx, K, NULL, NULL, d_out, d_lse));
     float *ms = malloc(sizeof(float) * iters);
@@ -178,10 +182,11 @@ static double run_shape(const shape *sh, int iters)
     const double med = bench_median(ms, iters);
     const double flops = 2.0 * H * (double)K * (DL + DC) * T;
     const double bytes = (double)T * K * (sh->fp8 ? 656 : 1152);
-    printf("%-34s R=%-4d Q=%-5d S=%-5d H=%-3d K=%-4d %-4s %-8s %9.4f ms %7.1f TFLOP/s %6.2f TB/s "
+    printf("%-34s R=%-4d Q=%-5d S=%-5d H=%-3d K=%-4d %-4s %-8s%s %9.4f ms %7.1f TFLOP/s %6.2f TB/s "
            "gathered  check %s\n",
            sh->name, R, Q, S, H, K, sh->fp8 ? "fp8" : "bf16", sh->separate ? "separate" : "mixed",
-           med, flops / med * 1e-9, bytes / med * 1e-9, ok ? "ok" : "FAILED");
+           sh->f16 ? " f16q" : "", med, flops / med * 1e-9, bytes / med * 1e-9,
+           ok ? "ok" : "FAILED");
     fflush(stdout);
     kva_plan_destroy(plan);
     kva_cache_destroy(cache);
@@ -210,19 +215,20 @@ int bench_mla_sparse_cuda(const bench_sp_shape *one, int iters)
      * the wgmma body (its 64-row tile: the padding the H 64 row measures). */
     static const char *const mma = "mla_decode_mma_sm80", *const wg = "mla_decode_wgmma_sm90";
     const shape suite[] = {
-        {"decode H128 (target >= 350)", 128, 2, 8192, 128, 2048, 1, 0, NULL},
-        {"decode H128 bf16 cache", 128, 2, 8192, 128, 2048, 0, 0, NULL},
-        {"decode H16", 128, 2, 8192, 16, 2048, 1, 0, NULL},
-        {"decode H64 (H16 padded to 64)", 128, 2, 8192, 64, 2048, 1, 0, NULL},
-        {"prefill 4k (target >= 500)", 1, 4096, 8192, 128, 2048, 1, 0, NULL},
-        {"prefill 4k separate", 1, 4096, 8192, 128, 2048, 1, 1, NULL},
-        {"prefill 4k bf16 cache", 1, 4096, 8192, 128, 2048, 0, 0, NULL},
-        {"decode H16 on wgmma (64-row tile)", 128, 2, 8192, 16, 2048, 1, 0, wg},
-        {"decode H128 mma.sync", 128, 2, 8192, 128, 2048, 1, 0, mma},
-        {"decode H128 bf16 cache mma.sync", 128, 2, 8192, 128, 2048, 0, 0, mma},
-        {"decode H64 mma.sync", 128, 2, 8192, 64, 2048, 1, 0, mma},
-        {"prefill 4k mma.sync", 1, 4096, 8192, 128, 2048, 1, 0, mma},
-        {"prefill 4k separate mma.sync", 1, 4096, 8192, 128, 2048, 1, 1, mma},
+        {"decode H128 (target >= 350)", 128, 2, 8192, 128, 2048, 1, 0, NULL, 0},
+        {"decode H128 bf16 cache", 128, 2, 8192, 128, 2048, 0, 0, NULL, 0},
+        {"decode H16", 128, 2, 8192, 16, 2048, 1, 0, NULL, 0},
+        {"decode H64 (H16 padded to 64)", 128, 2, 8192, 64, 2048, 1, 0, NULL, 0},
+        {"prefill 4k (target >= 500)", 1, 4096, 8192, 128, 2048, 1, 0, NULL, 0},
+        {"prefill 4k separate", 1, 4096, 8192, 128, 2048, 1, 1, NULL, 0},
+        {"prefill 4k bf16 cache", 1, 4096, 8192, 128, 2048, 0, 0, NULL, 0},
+        {"decode H16 on wgmma (64-row tile)", 128, 2, 8192, 16, 2048, 1, 0, wg, 0},
+        {"decode H128 mma.sync", 128, 2, 8192, 128, 2048, 1, 0, mma, 0},
+        {"decode H128 bf16 cache mma.sync", 128, 2, 8192, 128, 2048, 0, 0, mma, 0},
+        {"decode H64 mma.sync", 128, 2, 8192, 64, 2048, 1, 0, mma, 0},
+        {"prefill 4k mma.sync", 1, 4096, 8192, 128, 2048, 1, 0, mma, 0},
+        {"prefill 4k separate mma.sync", 1, 4096, 8192, 128, 2048, 1, 1, mma, 0},
+        {"decode H16 f16 q", 128, 2, 8192, 16, 2048, 1, 0, NULL, 1},
     };
     const int n = (int)(sizeof suite / sizeof suite[0]);
     double t[sizeof suite / sizeof suite[0]];
@@ -233,6 +239,7 @@ int bench_mla_sparse_cuda(const bench_sp_shape *one, int iters)
         t[i] = fabs(t[i]);
     }
     printf("H16 vs H16 padded to 64: %.2fx faster (target >= 2x)\n", t[3] / t[2]);
+    printf("H16 f16 q vs bf16 q: %.2fx faster\n", t[2] / t[n - 1]);
     return fails != 0;
 }
 
