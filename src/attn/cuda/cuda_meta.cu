@@ -194,17 +194,19 @@ kva_status kva__cuda_reserve_meta(kva__cuda_state *st, const kva__cuda_caps *nee
     return KVA_STATUS_OK;
 }
 
-/* Grows the device workspace (split partials) to bytes. */
-extern "C" kva_status kva__cuda_workspace_reserve(kva_context *ctx, size_t bytes)
+/* Grows the device workspace (split partials) to bytes; headroom: with a
+ * quarter more, and at least half again the old size (plan builds: a
+ * workspace that grows step by step is reallocated a few times only), or
+ * exactly bytes (kva_cuda_context_reserve, whose bytes are already the upper
+ * bound of every plan within its capacity). */
+static kva_status workspace_grow(kva_context *ctx, size_t bytes, int headroom)
 {
     kva__cuda_state *st = state_of(ctx);
     if (bytes <= ctx->workspace_bytes)
         return KVA_STATUS_OK;
     KVA_TRY(kva__cuda_check_not_capturing("kva_plan_create", st));
-    /* A quarter of headroom, and at least half again the old size, so a
-     * workspace that grows step by step is reallocated a few times only. */
-    size_t rounded = align256(bytes + bytes / 4);
-    if (rounded < ctx->workspace_bytes + ctx->workspace_bytes / 2)
+    size_t rounded = align256(headroom ? bytes + bytes / 4 : bytes);
+    if (headroom && rounded < ctx->workspace_bytes + ctx->workspace_bytes / 2)
         rounded = align256(ctx->workspace_bytes + ctx->workspace_bytes / 2);
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, rounded);
@@ -219,6 +221,12 @@ extern "C" kva_status kva__cuda_workspace_reserve(kva_context *ctx, size_t bytes
     ctx->workspace = p;
     ctx->workspace_bytes = rounded;
     return KVA_STATUS_OK;
+}
+
+/* The memory table's workspace_reserve (plan builds): with headroom. */
+extern "C" kva_status kva__cuda_workspace_reserve(kva_context *ctx, size_t bytes)
+{
+    return workspace_grow(ctx, bytes, 1);
 }
 
 /* Upper bounds of the sections for a batch within cap (kva_cuda_context_reserve). */
@@ -277,7 +285,7 @@ extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_
     caps_for(st, cap, &c, &ws);
     KVA_TRY(kva__cuda_check_not_capturing(__func__, st));
     KVA_TRY(kva__cuda_reserve_meta(st, &c, 0));
-    return kva__cuda_workspace_reserve(ctx, ws);
+    return workspace_grow(ctx, ws, 0);
 }
 
 /*
