@@ -159,14 +159,16 @@ typedef struct kva__cuda_occ {
 #define KVA__CUDA_OCC_CACHE 16
 
 /* The staging rings of a context's plan uploads (cuda_meta.cu,
- * staging_acquire): pinned memory in two halves per ring; uploads are staged
- * one after another in a half, and when the next one does not fit in what is
- * left of it, an event on the stream marks that half (its copies) and the
- * upload moves to the other half, first waiting for that half's own event.
- * Ring 0 (hot) takes the uploads of up to kva__cuda_state.staging_hot bytes
- * (KVA__CUDA_STAGING_HOT unless a benchmark set it) in halves of that size, small enough to stay in
- * the host's caches between steps; ring 1 the larger ones, in halves of at least one metadata
- * buffer. */
+ * staging_acquire): pinned memory in two halves per ring; an upload stages
+ * the byte ranges it copies, packed; uploads are staged one after another in
+ * a half, and when the next one does not fit in what is left of it, an event
+ * on the stream marks that half (its copies) and the upload moves to the
+ * other half, first waiting for that half's own event. Ring 0 (hot) takes the
+ * uploads of up to kva__cuda_state.staging_hot bytes (KVA__CUDA_STAGING_HOT
+ * unless a benchmark set it) in halves of that size, small enough to stay in
+ * the host's caches between steps; ring 1 the larger ones, in halves sized by
+ * the largest upload so far (at most one metadata buffer), made by the first
+ * such upload. */
 #define KVA__CUDA_RINGS 2
 #define KVA__CUDA_STAGING_HOT ((size_t)128 << 10)
 typedef struct kva__cuda_ring {
@@ -202,8 +204,11 @@ typedef struct kva__cuda_state {
     double *probe;             /* benchmarks (kva__cuda_context_plan_probe): clock stamps of the
                                   plan build's phases, or NULL */
     void *meta_dev;            /* device metadata buffer */
-    void *meta_host;           /* pinned staging: the hot ring's two halves, then the other
-                                  ring's (kva__cuda_ring) */
+    void *meta_host;           /* pinned staging of the hot ring (kva__cuda_ring 0): its two
+                                  halves (256 bytes when it has none) */
+    void *stage_big;           /* pinned staging of ring 1: its two halves, or NULL before
+                                  the first upload larger than the hot ring's half */
+    size_t stage_big_half;     /* bytes of each half of stage_big (0 while NULL) */
     size_t meta_bytes;         /* size of the device buffer */
     kva__cuda_ring *ring;      /* [KVA__CUDA_RINGS] the staging rings' events and counters */
     int ring_slots;            /* 2 (the staging halves) once meta_host is allocated */
