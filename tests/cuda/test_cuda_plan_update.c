@@ -243,9 +243,9 @@ typedef struct pipe_step {
 
 static void update_pipelined(int pad, int64_t hot)
 {
-    /* Enough steps that their uploads (tens of KB each, the staged block
-     * table capacity included) change the staging ring's 512 KiB half
-     * several times (the later ones short, to keep the test quick); step 0
+    /* Enough steps that their uploads (tens of KB each, the unused block
+     * table capacity between their sections included) change the staging
+     * ring's half several times (the later ones short, to keep the test quick); step 0
      * runs often enough to keep the device busy while the host plans the
      * rest. */
     enum { STEPS = 48, RUNS0 = 64 };

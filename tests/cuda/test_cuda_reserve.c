@@ -97,6 +97,10 @@ static size_t plans_within(const shape *s, kva_rng *rng)
     CHECK_MSG(ws_bytes == ((bound + 255) & ~(size_t)255),
               "H %d Hkv %d D %d Dv %d: %zu bytes of workspace reserved for a bound of %zu",
               (int)s->H, (int)s->Hkv, (int)s->D, (int)s->Dv, ws_bytes, bound);
+    printf("H %d Hkv %d D %d Dv %d, R <= %d, T <= %d, longest %d: %.1f MiB reserved, the plans "
+           "asked for at most %.1f MiB\n",
+           (int)s->H, (int)s->Hkv, (int)s->D, (int)s->Dv, (int)s->max_r, (int)s->max_t,
+           (int)s->max_len, ws_bytes / 1048576.0, most / 1048576.0);
     CHECK_MSG(most > 0, "H %d Hkv %d D %d Dv %d: no plan split (the bound untested)", (int)s->H,
               (int)s->Hkv, (int)s->D, (int)s->Dv);
     kva_context_destroy(ctx);
