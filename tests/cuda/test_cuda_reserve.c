@@ -67,8 +67,9 @@ static size_t plans_within(const shape *s, kva_rng *rng)
             kva_test_batch_free(&b); /* beyond the capacity (a long prefill): another */
             continue;
         }
-        const kva_plan_desc pd =
-            kva_test_batch_plan_desc(&b, s->H, s->Hkv, s->D, s->Dv, KVA_DTYPE_BF16);
+        kva_plan_desc pd = kva_test_batch_plan_desc(&b, s->H, s->Hkv, s->D, s->Dv, KVA_DTYPE_BF16);
+        if (s->D == 576) /* the MLA decode (a kernel-level plan, as the MLA wrapper's) */
+            pd.kind = KVA_ATTN_MLA;
         kva_plan *plan = NULL;
         CHECK_OK(kva_plan_create(ctx, &pd, &plan));
         if (plan) {
