@@ -368,7 +368,7 @@ static void test_update_pipelined(void)
 }
 
 /* The hot staging ring's half set by the hook: none (every upload in the
- * buffer-sized ring), or 64 KiB with unpadded uploads (tens of KB), so nearly
+ * large ring), or 64 KiB with unpadded uploads (tens of KB), so nearly
  * every upload changes half and waits for an event while the stream is
  * busy. The hook refuses bad sizes, and any size once the context has its
  * staging, leaving the plan running. */

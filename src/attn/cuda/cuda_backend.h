@@ -453,7 +453,7 @@ kva_status kva__cuda_context_balanced(kva_context *ctx, int on);
 kva_status kva__cuda_context_upload_min(kva_context *ctx, int64_t bytes);
 
 /* Benchmarks and tests: the half of ctx's hot staging ring (uploads of up to
- * `bytes` are staged there; 0: none, every upload in the buffer-sized ring,
+ * `bytes` are staged there; 0: none, every upload in the large ring,
  * as before the hot ring), a multiple of 256 up to 64 MiB. Only before the
  * context has staging (its first plan or kva_cuda_context_reserve), else
  * KVA_STATUS_INVALID_ARGUMENT. */
