@@ -306,8 +306,8 @@ extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_
  * bytes (KVA__CUDA_STAGING_HOT: a decode step's) goes to the hot ring, whose
  * two halves of that size are small enough to stay in the host's caches from
  * step to step; a ring of halves of megabytes (a large upload's) would have
- * the fill write lines that left the caches since the ring last passed them. Larger uploads go to
- * ring 1.
+ * the fill write lines that left the caches since the ring last passed them.
+ * Larger uploads go to ring 1.
  */
 /*
  * Ring 1 is sized by the uploads, not by the metadata buffer: an upload
