@@ -560,9 +560,12 @@ KVA_API kva_status kva_batch_reorder_decode_first(int32_t num_requests, const in
  * negative one +inf, times 0 NaN; so a row whose every visible key has a
  * positive element there writes 0 and lse -inf (or the sink). This holds on
  * every backend and cache format, with one exception: over an INT8_CHANNEL
- * cache, CUDA's quantized tensor-core kernels take the product's sign from
- * the stored code c, not from c - offset (they differ only for a code
- * between 0 and the channel's offset, both included).
+ * cache, CUDA's quantized tensor-core kernels multiply the infinite element
+ * by the stored code c, not by c - offset. The two differ only for a code
+ * between 0 and the channel's offset, both included: strictly between, the
+ * infinity takes c's sign; a code of 0 scores NaN (inf times 0) where
+ * c - offset gives an infinity; a code equal to the offset scores an
+ * infinity where c - offset = 0 gives NaN.
  *
  * MLA plans and caches (kind KVA_ATTN_MLA): the absorbed call, FlashMLA's
  * flash_mla_with_kvcache: q [T, H, Dc + Dr] (q_nope already multiplied by

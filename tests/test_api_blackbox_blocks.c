@@ -22,7 +22,7 @@
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "hidden_cases.h"
 #include "hidden_run.h"
-#include "cpu_kernels.h"
+#include "hidden_variants.h"
 
 enum { BB_MAX_CASES = 48 };
 
@@ -169,35 +169,6 @@ static int bb_cases(hc_case *cs)
     return n;
 }
 
-/* One way of running a case: backend, forced kernel (or NULL), ISA level (or NULL). */
-typedef struct bb_variant {
-    kva_backend b;
-    const char *kernel;
-    const char *isa;
-} bb_variant;
-
-static int bb_variants(bb_variant *v)
-{
-    int n = 0;
-    v[n++] = (bb_variant){KVA_BACKEND_CPU, NULL, NULL};
-    v[n++] = (bb_variant){KVA_BACKEND_CPU, NULL, "portable"};
-    if (kva_test_quick())
-        return n;
-    v[n++] = (bb_variant){KVA_BACKEND_CPU, NULL, "avx2"};
-    v[n++] = (bb_variant){KVA_BACKEND_CPU, NULL, "avx512"};
-    const char *names[KVA_TEST_MAX_KERNELS + 1];
-    const int nk = kva_test_cpu_runnable(names);
-    for (int i = 1; i < nk; i++)
-        v[n++] = (bb_variant){KVA_BACKEND_CPU, names[i], NULL};
-    return n;
-}
-
-/* Whether a forced kernel runs the case: the MLA item kernels run kva_mla_run's items only. */
-static int bb_kernel_fits(const hc_case *c, const char *kernel)
-{
-    return !kernel || strncmp(kernel, "mla", 3) || c->api == HC_MLA_RUN;
-}
-
 /* Rows of got that differ from want beyond 2x the dtype tolerances (out) or
  * 1e-5 relative (lse), MLA over 16-bit rows by bench/data.h's bf16-dot
  * bounds, or were left unwritten; prints the first. */
@@ -234,7 +205,7 @@ static int bb_compare(const hc_case *c, const char *who, const void *got, const 
     return bad;
 }
 
-static void run_case(const hc_case *c, const bb_variant *vs, int nv)
+static void run_case(const hc_case *c, const hc_variant *vs, int nv)
 {
     const size_t outb = (size_t)c->T * hc_out_dim(c) * kva_dtype_size(c->pd.q_dtype);
     const size_t lseb = (size_t)c->T * c->pd.num_heads * sizeof(float);
@@ -251,28 +222,22 @@ static void run_case(const hc_case *c, const bb_variant *vs, int nv)
         bad_hidden += hc_compare(c, "ref", pat, out_g, lse_g, out_r, lse_r) > 0;
     }
     kva_context_destroy(rctx);
+    int ran = 0;
     for (int vi = 0; vi < nv; vi++) {
-        if (!bb_kernel_fits(c, vs[vi].kernel))
+        if (!hc_kernel_fits(c, vs[vi].kernel))
             continue;
-        if (vs[vi].isa)
-            setenv("KVA_CPU_ISA", vs[vi].isa, 1);
-        kva_context *ctx = new_ctx(vs[vi].b, 2);
-        if (vs[vi].kernel)
-            CHECK_OK(kva__context_force_kernel(ctx, vs[vi].kernel));
+        ran += vs[vi].kernel == NULL;
         char who[64];
-        snprintf(who, sizeof who, "cpu%s%s%s%s", vs[vi].kernel ? " " : "",
-                 vs[vi].kernel ? vs[vi].kernel : "", vs[vi].isa ? " isa " : "",
-                 vs[vi].isa ? vs[vi].isa : "");
+        kva_context *ctx = hc_variant_open(&vs[vi], who, sizeof who);
         hc_host_run(ctx, c, -1, &in, out_c, lse_c);
         bad_ref += bb_compare(c, who, out_c, lse_c, out_r, lse_r) > 0;
         for (int pat = 0; pat < HC_PATTERNS; pat++) {
             hc_host_run(ctx, c, pat, &in, out_g, lse_g);
             bad_hidden += hc_compare(c, who, pat, out_g, lse_g, out_c, lse_c) > 0;
         }
-        kva_context_destroy(ctx);
-        if (vs[vi].isa)
-            unsetenv("KVA_CPU_ISA");
+        hc_variant_close(&vs[vi], ctx);
     }
+    hc_check_ran(c, vs, nv, ran);
     CHECK_MSG(bad_ref == 0, "%s: %d runs differ from the reference", c->name, bad_ref);
     CHECK_MSG(bad_hidden == 0, "%s: %d runs (variant x pattern) leak hidden slots", c->name,
               bad_hidden);
@@ -290,8 +255,8 @@ static void test_block_sizes(void)
     static hc_case cs[BB_MAX_CASES];
     const int n = bb_cases(cs);
     CHECK(n <= BB_MAX_CASES);
-    bb_variant vs[8 + KVA_TEST_MAX_KERNELS];
-    const int nv = bb_variants(vs);
+    hc_variant vs[8 + KVA_TEST_MAX_KERNELS];
+    const int nv = hc_variants(vs, 0);
     for (int i = 0; i < n; i++)
         run_case(&cs[i], vs, nv);
 }

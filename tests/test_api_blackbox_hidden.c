@@ -21,40 +21,7 @@
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "hidden_cases.h"
 #include "hidden_run.h"
-#include "cpu_kernels.h"
-
-/* One way of running a case: backend, forced kernel (or NULL), ISA level (or NULL). */
-typedef struct hc_variant {
-    kva_backend b;
-    const char *kernel;
-    const char *isa;
-} hc_variant;
-
-static int hc_variants(hc_variant *v)
-{
-    int n = 0;
-    v[n++] = (hc_variant){KVA_BACKEND_REF, NULL, NULL};
-    v[n++] = (hc_variant){KVA_BACKEND_CPU, NULL, NULL};
-    v[n++] = (hc_variant){KVA_BACKEND_CPU, NULL, "portable"};
-    if (kva_test_quick())
-        return n;
-    v[n++] = (hc_variant){KVA_BACKEND_CPU, NULL, "avx2"};
-    v[n++] = (hc_variant){KVA_BACKEND_CPU, NULL, "avx512"};
-    const char *names[KVA_TEST_MAX_KERNELS + 1];
-    const int nk = kva_test_cpu_runnable(names);
-    for (int i = 1; i < nk; i++)
-        v[n++] = (hc_variant){KVA_BACKEND_CPU, names[i], NULL};
-    return n;
-}
-
-/* Whether a forced kernel's family can run the case (others would only repeat the default). */
-static int hc_kernel_fits(const hc_case *c, const char *kernel)
-{
-    if (!kernel)
-        return 1;
-    const int mla_item = !strncmp(kernel, "mla", 3);
-    return c->api == HC_MLA_RUN ? 1 : !mla_item;
-}
+#include "hidden_variants.h"
 
 static int g_bad_runs[HC_MAX_CASES];
 
@@ -66,18 +33,13 @@ static void run_case(const hc_case *c, int ci, const hc_variant *vs, int nv)
     float *lse_c = malloc(lseb), *lse_g = malloc(lseb);
     hc_inputs in;
     hc_inputs_make(c, &in);
+    int ran = 0;
     for (int vi = 0; vi < nv; vi++) {
         if (!hc_kernel_fits(c, vs[vi].kernel))
             continue;
-        if (vs[vi].isa)
-            setenv("KVA_CPU_ISA", vs[vi].isa, 1);
-        kva_context *ctx = new_ctx(vs[vi].b, 2);
-        if (vs[vi].kernel)
-            CHECK_OK(kva__context_force_kernel(ctx, vs[vi].kernel));
+        ran += vs[vi].kernel == NULL;
         char who[64];
-        snprintf(who, sizeof who, "%s%s%s%s%s", kva_backend_name(vs[vi].b),
-                 vs[vi].kernel ? " " : "", vs[vi].kernel ? vs[vi].kernel : "",
-                 vs[vi].isa ? " isa " : "", vs[vi].isa ? vs[vi].isa : "");
+        kva_context *ctx = hc_variant_open(&vs[vi], who, sizeof who);
         hc_host_run(ctx, c, -1, &in, out_c, lse_c);
         for (int pat = 0; pat < HC_PATTERNS; pat++) {
             hc_host_run(ctx, c, pat, &in, out_g, lse_g);
@@ -87,10 +49,9 @@ static void run_case(const hc_case *c, int ci, const hc_variant *vs, int nv)
                 fprintf(stderr, "  -> %s: %s: %d rows differ\n", c->name, who, bad);
             }
         }
-        kva_context_destroy(ctx);
-        if (vs[vi].isa)
-            unsetenv("KVA_CPU_ISA");
+        hc_variant_close(&vs[vi], ctx);
     }
+    hc_check_ran(c, vs, nv, ran);
     hc_inputs_free(&in);
     free(out_c);
     free(out_g);
@@ -104,7 +65,7 @@ static void run_class(const char *prefix)
     static hc_case cs[HC_MAX_CASES];
     const int n = hc_cases(cs, 0);
     hc_variant vs[8 + KVA_TEST_MAX_KERNELS];
-    const int nv = hc_variants(vs);
+    const int nv = hc_variants(vs, 1);
     for (int i = 0; i < n; i++) {
         if (strncmp(cs[i].name, prefix, strlen(prefix)))
             continue;

@@ -14,6 +14,7 @@ from ._errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
 
 LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
+INT32_MAX = 2 ** 31 - 1
 
 _DTYPE_ALIASES = {"float16": "f16", "half": "f16", "bfloat16": "bf16", "float32": "f32",
                   "float": "f32"}
@@ -68,8 +69,43 @@ def _context_for(workspace, context):
     return default_context(v.device, v.device_id)
 
 
-def _paged_metadata(indptr, indices, last_page_len, page_size):
-    """FlashInfer's CSR page table -> (seq_lens [R], block_table [R, max_pages])."""
+def _on_default(ctx, context):
+    """Whether a wrapper made with context= context holds ctx as the default
+    context of its device (no context= and no CUDA workspace): a caller may
+    close that one, and default_context() then makes it again."""
+    return context is None and ctx is default_context(ctx.device, ctx.device_id)
+
+
+def _plan_context(w):
+    """The context wrapper w plans on (at each plan(), and at a forward()
+    that replans): w._ctx; where a caller closed it and it was the default
+    context (w._default), the one default_context() makes again, which
+    becomes w's, with w's cache views over the old one dropped
+    (w._drop_views()). A closed context the caller gave is refused. A plan
+    made before stays on its closed context: run() refuses it
+    (_check_plan_context) rather than running it on the new one."""
+    ctx = w._ctx
+    if ctx._h:
+        return ctx
+    if not w._default:
+        raise InvalidArgumentError("the wrapper's context was closed: make the wrapper again "
+                                   "with an open context")
+    w._ctx = default_context(ctx.device, ctx.device_id)
+    w._drop_views()
+    return w._ctx
+
+
+def _check_plan_context(ctx, what="run()"):
+    """Refuses a run whose plan was made on a context closed since."""
+    if not ctx._h:
+        raise InvalidArgumentError("%s: the context the wrapper planned on was closed since; "
+                                   "plan() again (a wrapper over the default context then plans "
+                                   "on the new one)" % what)
+
+
+def _paged_metadata(indptr, indices, last_page_len, page_size, lens=True):
+    """FlashInfer's CSR page table -> (seq_lens [R], block_table [R, max_pages]);
+    lens False: the block table alone (seq_lens None, not computed)."""
     ip = T.host_array(indptr, np.int32, "paged_kv_indptr")
     lp = T.host_array(last_page_len, np.int32, "paged_kv_last_page_len")
     if ip.ndim != 1 or ip.shape[0] < 1 or lp.shape != (ip.shape[0] - 1,):
@@ -88,7 +124,16 @@ def _paged_metadata(indptr, indices, last_page_len, page_size):
     if r and (lp.min() < 0 or lp.max() > page_size):
         raise InvalidArgumentError("paged_kv_last_page_len must lie in [0, page_size = %d]"
                                    % page_size)
-    seq_lens = np.where(npages > 0, (npages - 1) * page_size + lp, 0).astype(np.int32)
+    seq_lens = None
+    if lens:
+        # In int64: (pages - 1) * page_size + last_page_len wraps in int32
+        # past 2**31 - 1 keys, which C would read as a shorter request.
+        n = np.where(npages > 0, (npages.astype(np.int64) - 1) * page_size + lp, 0)
+        if r and n.max() > INT32_MAX:
+            raise InvalidArgumentError("a request of %d keys ((pages - 1) * page_size + "
+                                       "last_page_len): kvattn's lengths are at most 2**31 - 1"
+                                       % n.max())
+        seq_lens = n.astype(np.int32)
     width = max(int(npages.max()) if r else 0, 1)
     bt = np.zeros((r, width), np.int32)
     if r and ip[-1] > ip[0]:

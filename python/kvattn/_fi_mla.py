@@ -10,7 +10,8 @@ from . import _tensor as T
 from . import _fi_graph as G
 from .core import Cache, Plan
 from ._errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
-from ._fi_common import _dtype, _context_for, _paged_metadata, _causal_for, _staged_outputs, \
+from ._fi_common import _dtype, _context_for, _on_default, _plan_context, \
+    _check_plan_context, _paged_metadata, _causal_for, _staged_outputs, \
     _unstage, _esize, _scale_lse, _check_name, _packed
 
 
@@ -42,9 +43,13 @@ class BatchMLAPagedAttentionWrapper:
                  kv_indptr=None, kv_indices=None, kv_len_arr=None, backend="auto", *,
                  context=None):
         self._ctx = _context_for(float_workspace_buffer, context)
+        self._default = _on_default(self._ctx, context)
         self._plan = None
         self._caches = {}
         self._graph = G.GraphMode.mla(qo_indptr, kv_indices) if use_cuda_graph else None
+
+    def _drop_views(self):
+        self._caches = {}  # latent caches wrapped over a closed context
 
     def plan(self, qo_indptr=None, kv_indptr=None, kv_indices=None, kv_len_arr=None,
              num_heads=None, head_dim_ckv=None, head_dim_kpe=None, page_size=None, causal=None,
@@ -107,6 +112,7 @@ class BatchMLAPagedAttentionWrapper:
         rows = int(qo[-1] - qo[0]) if len(qo) else 0
         if self._graph is not None:
             self._graph.check_plan(len(kl), len(csr[2]) if csr[2] is not None else 0, rows)
+        _plan_context(self)
         G.on_current_stream(self._ctx)
         causal = _causal_for(bool(causal), qo, kl)
         gkey = None
@@ -158,12 +164,13 @@ class BatchMLAPagedAttentionWrapper:
             raise ShapeMismatchError("kv_indptr %s must be [R+1] and kv_len_arr %s [R]"
                                      % (ip.shape, kl.shape))
         npages = np.diff(ip)
+        npages = npages.astype(np.int64)  # pages * page_size may pass int32
         if kl.size and (kl.min() < 0 or (kl > np.maximum(npages, 0) * page_size).any()):
             raise InvalidArgumentError("kv_len_arr[r] must lie in [0, pages of request r * "
                                        "page_size = %d * pages]" % page_size)
         # The page table only needs each request's page count; its keys are kv_len_arr.
         last = np.where(npages > 0, kl - (npages - 1) * page_size, 0).clip(0, page_size)
-        _, bt = _paged_metadata(ip, kv_indices, last.astype(np.int32), page_size)
+        _, bt = _paged_metadata(ip, kv_indices, last.astype(np.int32), page_size, lens=False)
         qo = T.host_array(qo_indptr, np.int32, "qo_indptr")
         if qo.shape != (kl.shape[0] + 1,):
             raise ShapeMismatchError("qo_indptr: shape %s, expected (%d,)"
@@ -217,6 +224,7 @@ class BatchMLAPagedAttentionWrapper:
         p = self._plan
         if p is None:
             raise InvalidArgumentError("%s before plan()" % what)
+        _check_plan_context(p.ctx, what)
         if G.capturing(self._ctx, q):
             if self._dims[3]:
                 # kva_mla_run's plan: its rounds, token maps and workspace

@@ -63,6 +63,9 @@ from .._fi_common import (  # noqa: F401 (get_alibi_slopes is public here)
     _dtype,
     get_alibi_slopes,
     _context_for,
+    _on_default,
+    _plan_context,
+    _check_plan_context,
     _paged_metadata,
     _KVCacheViews,
     _sm_scale,
@@ -105,11 +108,16 @@ class _PagedWrapper:
         self._graph = graph  # _fi_graph.GraphMode in FlashInfer's CUDA-graph mode
         self._layout = 0 if kv_layout == "NHD" else 1
         self._ctx = _context_for(float_workspace_buffer, context)
+        self._default = _on_default(self._ctx, context)
+        self._plan_ctx = None  # the context of the current plan
         self._views = _KVCacheViews()
         self._plans = {}
         self._args = None
         self._last_mult = 1  # block-id multiplier of the cache form run() saw last
         self._alibi_lse = None  # _alibi_lse_shift of the plan
+
+    def _drop_views(self):
+        self._views = _KVCacheViews()
 
     def _set_plan(self, qo_indptr, seq_lens, block_table, num_qo_heads, num_kv_heads, head_dim,
                   head_dim_vo, page_size, causal, pos_encoding_mode, window_left,
@@ -124,6 +132,7 @@ class _PagedWrapper:
             raise UnsupportedError("pos_encoding_mode %r: kvattn applies no RoPE inside attention"
                                    " (apply it to q and k before the call)" % (pos_encoding_mode,))
         qdt = _dtype(q_data_type)
+        _plan_context(self)
         old = (self._args, self._alibi_lse, self._plans)
         for name, x in (("kv_data_type", kv_data_type), ("o_data_type", o_data_type)):
             if x is not None and _dtype(x) != qdt:
@@ -150,6 +159,7 @@ class _PagedWrapper:
             self._args, self._alibi_lse, self._plans = old
             raise
         self._given = given
+        self._plan_ctx = self._ctx
 
     def _forward(self, q, paged_kv_cache, return_lse, q_scale, k_scale, v_scale, **mask):
         """FlashInfer's deprecated forward() / forward_return_lse(): their
@@ -197,6 +207,7 @@ class _PagedWrapper:
         a = self._args
         if a is None:
             raise InvalidArgumentError("run() before plan()")
+        _check_plan_context(self._plan_ctx)
         _refuse_run_options(kv_cache_sf, skip_softmax_threshold_scale_factor)
         if q_len_per_req is not None:
             n = _q_len_per_req(q_len_per_req)
@@ -445,9 +456,13 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             raise UnsupportedError("kv_layout %r: ragged K/V are [tokens, Hkv, D] (NHD)"
                                    % (kv_layout,))
         self._ctx = _context_for(float_workspace_buffer, context)
+        self._default = _on_default(self._ctx, context)
         self._plan = None
         self._alibi_lse = None
         self._given = None
+
+    def _drop_views(self):
+        pass  # ragged runs wrap no cache
 
     def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk,
              head_dim_vo=None, custom_mask=None, packed_custom_mask=None, causal=False,
@@ -485,8 +500,8 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         _check_name("pos_encoding_mode", pos_encoding_mode, ("NONE", "ROPE_LLAMA", "ALIBI"))
         if pos_encoding_mode not in ("NONE", "ALIBI"):
             raise UnsupportedError("pos_encoding_mode %r is not supported" % (pos_encoding_mode,))
-        self._kv_first = int(kv[0])
         slopes = _alibi_slopes(pos_encoding_mode, logits_soft_cap, num_qo_heads)
+        _plan_context(self)
         self._plan = Plan(
             self._ctx, qo_indptr, np.diff(kv).astype(np.int32), None,
             block_size=1, num_heads=num_qo_heads, num_kv_heads=num_kv_heads,
@@ -496,6 +511,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             softcap=logits_soft_cap or 0.0,
             alibi_slopes=slopes)
         self._alibi_lse = _alibi_lse_shift(qo_indptr, np.diff(kv), slopes)
+        self._kv_first = int(kv[0])
         self._given = given
 
     def run(self, q, k, v, *args, q_scale=None, k_scale=None, v_scale=None, o_scale=None,
@@ -513,6 +529,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         p = self._plan
         if p is None:
             raise InvalidArgumentError("run() before plan()")
+        _check_plan_context(p.ctx)
         _refuse_run_options(kv_cache_sf, None)
         for name, x in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale),
                         ("o_scale", o_scale)):

@@ -3,6 +3,8 @@ fast_decode_plan (SGLang / vLLM replan a decode wrapper under CUDA graphs
 with it), get_seq_lens (flashinfer.page) and trtllm_batch_decode_with_kv_cache
 (vLLM's FlashInfer backend decode call), each on kvattn's decode wrapper."""
 
+import operator
+
 import numpy as np
 
 from .. import _lib as L
@@ -25,6 +27,23 @@ def get_seq_lens(kv_indptr, kv_last_page_len, page_size):
             kv_last_page_len
     ip = np.asarray(kv_indptr)
     return np.maximum(ip[1:] - ip[:-1] - 1, 0) * page_size + np.asarray(kv_last_page_len)
+
+
+class NotAnIntegerError(InvalidArgumentError, TypeError):
+    """A non-integer argument FlashInfer declares int (max_seq_len,
+    kv_lora_rank, qk_rope_head_dim): its kernel call raises TypeError for a
+    float (2048.0 too); this is both that TypeError and kvattn's
+    InvalidArgumentError (a ValueError)."""
+
+
+def _int_arg(x, name, what):
+    """An int argument, never truncated: the types FlashInfer's int argument
+    takes (int, bool, numpy integers: what operator.index takes)."""
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise NotAnIntegerError("%s%s = %r is not an integer (FlashInfer declares int)"
+                                % (what, name, x)) from None
 
 
 def _on_host(x):
@@ -149,8 +168,9 @@ def trtllm_batch_decode_with_kv_cache(
     seen through a transpose, as vLLM passes its NHD cache permuted to HND
     shape, are read in place as that layout); block_tables [B, max_pages]
     (entries past a request's pages are not read), seq_lens [B] (any
-    integer dtype; at most max_seq_len and 2**31 - 1); bmm1_scale the whole softmax scale
-    (FlashInfer's q_scale * k_scale * sm_scale: no 1/sqrt(D) is added),
+    integer dtype; at most max_seq_len (an integer) and 2**31 - 1);
+    bmm1_scale the whole softmax scale (FlashInfer's q_scale * k_scale *
+    sm_scale: no 1/sqrt(D) is added),
     bmm2_scale a factor on the output;
     window_left as the wrappers'; sinks the [H] (or xqa's [Hkv, H/Hkv])
     float32 sink logits. Returns out [B, H, Dv] in query's dtype (out= is
@@ -173,6 +193,7 @@ def trtllm_batch_decode_with_kv_cache(
     graph capture (UnsupportedError there), unlike FlashInfer's."""
     _check_name("backend", backend, ("auto", "xqa", "trtllm-gen"))
     _check_name("kv_layout", kv_layout, ("NHD", "HND"))
+    max_seq_len = _int_arg(max_seq_len, "max_seq_len", "trtllm_batch_decode_with_kv_cache: ")
     _refuse_run_options(kv_cache_sf, skip_softmax_threshold_scale_factor)
     _unsupported_if(q_len_per_req != 1 or max_q_len is not None or cum_seq_lens_q is not None
                     or mask is not None,
@@ -237,7 +258,7 @@ def trtllm_batch_decode_with_kv_cache(
     if sl.shape != (b,) or bt.ndim != 2 or bt.shape[0] != b:
         raise InvalidArgumentError("block_tables %s must be [B, max_pages] and seq_lens %s [B], "
                                    "B = query's %d rows" % (bt.shape, sl.shape, b))
-    if b and (sl.min() < 0 or sl.max() > int(max_seq_len)):
+    if b and (sl.min() < 0 or sl.max() > max_seq_len):
         raise InvalidArgumentError("seq_lens must lie in [0, max_seq_len = %d]" % max_seq_len)
     # kvattn's lengths are int32: a longer one is refused, not wrapped.
     sl = T.host_array(sl, np.int32, "seq_lens")
@@ -288,8 +309,9 @@ def trtllm_batch_decode_with_kv_cache_mla(
     multiplied by W_UK, then q_pe), kv_cache [P, page, Dc + Dr] or
     [P, 1, page, Dc + Dr] latent rows [c_kv | k_pe] (used in place),
     block_tables [B, max_pages] (entries past a request's pages are not
-    read), seq_lens [B] (at most max_seq_len and 2**31 - 1); bmm1_scale the whole softmax
-    scale (FlashInfer's fused BMM1 scale), bmm2_scale a factor on the output.
+    read), seq_lens [B] (at most max_seq_len (an integer) and 2**31 - 1);
+    bmm1_scale the whole softmax scale (FlashInfer's fused BMM1 scale),
+    bmm2_scale a factor on the output.
     Returns out [B, 1, H, Dc] in query's dtype (out= is written and
     returned), or (out, lse [B, H] float32) with return_lse (a given lse is
     written either way), in the base return_lse_base names ("base2" or
@@ -309,6 +331,7 @@ def trtllm_batch_decode_with_kv_cache_mla(
     function on Blackwell GPUs only (its Hopper choice, xqa, needs SM120)."""
     what = "trtllm_batch_decode_with_kv_cache_mla: "
     _check_name("backend", backend, ("auto", "trtllm-gen", "cute-dsl", "xqa", "sparse", "cake"))
+    max_seq_len = _int_arg(max_seq_len, "max_seq_len", what)
     _refuse_run_options(None, skip_softmax_threshold_scale_factor)
     _unsupported_if(_capturing(query), "called during CUDA graph capture: kvattn plans each "
                     "call on the host; capture BatchMLAPagedAttentionWrapper.run() instead")
@@ -334,7 +357,8 @@ def trtllm_batch_decode_with_kv_cache_mla(
     b, n, h, dqk = qv.shape
     _unsupported_if(n != 1, "q_len_per_request %d: the speculative-decoding mask is the "
                     "backends' own; use BatchMLAPagedAttentionWrapper (causal)" % n)
-    dc, dr = int(kv_lora_rank), int(qk_rope_head_dim)
+    dc = _int_arg(kv_lora_rank, "kv_lora_rank", what)
+    dr = _int_arg(qk_rope_head_dim, "qk_rope_head_dim", what)
     if dqk != dc + dr:
         raise InvalidArgumentError(what + "query's last dimension %d is not kv_lora_rank + "
                                    "qk_rope_head_dim = %d" % (dqk, dc + dr))
@@ -351,7 +375,7 @@ def trtllm_batch_decode_with_kv_cache_mla(
     sl = T.host_array(seq_lens, np.int64, "seq_lens")
     if sl.shape != (b,):
         raise InvalidArgumentError(what + "seq_lens %s must be [B = %d]" % (sl.shape, b))
-    if b and (sl.min() < 0 or sl.max() > int(max_seq_len)):
+    if b and (sl.min() < 0 or sl.max() > max_seq_len):
         raise InvalidArgumentError(what + "seq_lens must lie in [0, max_seq_len = %d]"
                                    % max_seq_len)
     sl = T.host_array(sl, np.int32, "seq_lens")  # refused past int32, not wrapped
