@@ -330,6 +330,13 @@ int kva__cuda_rows_for_group(int32_t group);
 /* Rows of one item of the tensor-core decode kernel: one m16 tile. */
 #define KVA__CUDA_MMA_DECODE_ROWS 16
 
+/* The largest resident CTAs per SM x split-task rows of the kernels a plan
+ * within cap may run, and (*per_sm_max) the largest resident CTAs per SM
+ * alone (cuda_plan.cu; kva_cuda_context_reserve's workspace is 12 x SMs x
+ * the first x (Dv + 1) floats, cuda_meta.cu caps_for). Needs the device
+ * current; both at least 1. */
+int64_t kva__cuda_reserve_slot_rows(const kva_cuda_capacity *cap, int *per_sm_max);
+
 /* Kernel arguments of the attention kernels (fixed for a captured graph). */
 typedef struct kva__cuda_attn_args {
     kva__cuda_meta meta;

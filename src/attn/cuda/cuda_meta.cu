@@ -232,15 +232,23 @@ static void caps_for(const kva__cuda_state *st, const kva_cuda_capacity *cap, kv
     const int64_t G = cap->num_heads / (cap->num_kv_heads > 0 ? cap->num_kv_heads : 1);
     const int rows = kva__cuda_rows_for_group((int32_t)G);
     const int64_t slices = (G + rows - 1) / rows;
-    /* Resident CTAs per SM never exceed 8 for the attention kernels, and the
-     * partition asks for up to 4 items per CTA. */
-    const int64_t threads = 32 * (int64_t)(st->num_sms > 0 ? st->num_sms : 1);
-    /* Units: every request contributes at most q_len/nq + 1 tiles per slice and
-     * kv head; splitting adds at most one item per partition thread, and only
-     * units costlier than total/threads are split (fewer than threads of them). */
+    /*
+     * Split pieces. A plan's partition runs on a grid of slots = per_sm x SMs
+     * CTAs, and the chunks of all its split tasks number P < 12 x slots
+     * (argument below). So a plan has at most units + P items (a unit cut
+     * into n chunks adds n - 1) and at most P / 2 split tasks (2 chunks or
+     * more each), per_sm at most the largest of the kernels a plan within
+     * cap may run (kva__cuda_reserve_slot_rows).
+     */
+    int per_sm = 1;
+    const int64_t slot_rows = kva__cuda_reserve_slot_rows(cap, &per_sm);
+    const int64_t sms = st->num_sms > 0 ? st->num_sms : 1;
+    const int64_t pieces = 12 * sms * per_sm;
+    /* Units: every request contributes at most q_len/nq + 1 tiles per slice
+     * and kv head. */
     int64_t units = cap->num_kv_heads * slices * ((int64_t)cap->max_tokens + cap->max_requests);
-    c->items = units + 2 * threads + 64;
-    c->tasks = threads + 64;
+    c->items = units + pieces;
+    c->tasks = pieces / 2;
     c->reqs = cap->max_requests;
     c->bt = cap->max_block_table;
     c->heads = cap->num_heads;
@@ -252,12 +260,29 @@ static void caps_for(const kva__cuda_state *st, const kva_cuda_capacity *cap, kv
                     ? cap->num_kv_heads * ((int64_t)cap->max_tokens * G / KVA__CUDA_PREFILL_TILE_M +
                                            cap->max_requests)
                     : 0;
-    /* Split partials: the tensor-core decode's items hold up to 16 rows, the
-     * MLA decode's (the only kernel with Dv > 256) up to 64. */
-    const size_t ws_rows = cap->head_dim_v > 256              ? (size_t)64
-                           : rows > KVA__CUDA_MMA_DECODE_ROWS ? (size_t)rows
-                                                              : (size_t)KVA__CUDA_MMA_DECODE_ROWS;
-    *ws_bytes = (size_t)(3 * threads + 64) * ws_rows * ((size_t)cap->head_dim_v + 1) * 4u;
+    /*
+     * Split partials. A split task of nq x nh rows cut into n chunks takes
+     * n x nq x nh x (Dv + 1) floats (partition.c), so the workspace of a plan
+     * is at most P x its rows per task x (Dv + 1) floats, P the chunks of all
+     * its split tasks. P < 12 x slots: the grid build (partition_grid.c)
+     * splits, if at all, under a target t = max(1, floor(total / (slots x
+     * k))) for some k in 1..4 (total: the cost of every unit, kv heads
+     * included), and asks a unit of cost c > t for n < c / t + 1 <= 2c / t
+     * chunks (rounded up; n <= c / t rounded down); the chunks cut are at
+     * most the count asked (chunk keys rounded up to 64). So P < 2 total / t.
+     * A unit is split only when its cap (keys / 256) is at least 2, and n <=
+     * cap <= keys / 256 < c / 256 (c = nh x visible + keys + 32), so also P <
+     * total / 256. With x = total / (slots x k): for x < 2, P < total / 256 <
+     * slots x k / 128; for x >= 2, t = floor(x) >= 2 and x < t + 1, so P <
+     * 2 slots x k (t + 1) / t <= 3 slots x k. Either way P < 3 x slots x k
+     * <= 12 x slots. The rows per task are at most the plan's kernel's rows
+     * and G x max_tokens, and slot_rows is the largest per_sm x those rows
+     * over the kernels a plan within cap may run (cuda_plan.cu). A forced
+     * chunk count (kva__cuda_context_force_splits: benchmarks and tests) is
+     * outside this bound: such a plan grows the workspace as any plan beyond
+     * the capacity does.
+     */
+    *ws_bytes = (size_t)12 * (size_t)sms * (size_t)slot_rows * ((size_t)cap->head_dim_v + 1) * 4u;
 }
 
 extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_capacity *cap)
