@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# dev/ws51/ab.sh - one H200 call for ws51 (graph-mode memory: kva_cuda_context_reserve's exact
-# workspace; plan uploads staging only the bytes they copy, in a large staging ring sized by the
-# uploads instead of two metadata buffers). Base = main, new = branch ws51, source trees staged
-# side by side (git archive) in .dev/ws51/base and .dev/ws51/new; everything is built here.
+# dev/ws51/ab.sh - one H200 call for ws51, rerun by ws52 (which fixed what ws51's call found):
+# graph-mode memory (kva_cuda_context_reserve's exact workspace; plan uploads staging only the
+# bytes they copy, in a large staging ring sized by the uploads instead of two metadata buffers).
+# Base = main, new = the branch, source trees staged side by side (git archive) in
+# .dev/NAME/base and .dev/NAME/new; everything is built here.
 #   build  both trees in parallel (-j8 each; optional libraries off): base libkvattn.so, new
 #          libkvattn.so + test_cuda_reserve, test_cuda_plan_update, test_cuda_graph,
 #          test_cuda_cascade
@@ -17,22 +18,28 @@
 #          F2 the large ring's growth frees its old halves without waiting for their copies:
 #             test_update_grow_pad (passes if cudaFreeHost itself waits: then say so)
 #          F1 kva_cuda_context_reserve's workspace with headroom again: test_reserved_bound_mha
-# usage (device): run(command="bash .dev/ws51/new/dev/ws51/ab.sh", carry=[".dev/ws51"],
-#                     kind="nvidia-h200", timeout_s=300)
+#          F4 (ws52, cuda_plan.cu) the reserve bound ignores q_len > 1 (rows of a one-row item):
+#             test_reserved_bound_mla (its speculative-decode shape)
+#   probe  dev/ws52/freehost_probe.cu: does cudaFreeHost wait for a copy queued from its buffer?
+# Build folders: /tmp/<staging folder name>{b,n}, made afresh (a warm machine may hold another
+# call's, configured for other source paths). The library target is libkvattn.so ("kvattn" is
+# the CLI's file name, so `ninja kvattn` builds the CLI).
+# usage (device): run(command="bash .dev/NAME/new/dev/ws51/ab.sh", carry=[".dev/NAME"],
+#                     kind="nvidia-h200", timeout_s=300)   (NAME: ws51, ws52)
 set -uo pipefail
 out=${OUT:-/tmp/ws51_out}; mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd); NT=$(cd "$here/../.." && pwd); BT=$(cd "$NT/../base" && pwd)
-L=/tmp/ws51_l; mkdir -p $L; t0=$(date +%s)
+L=/tmp/ws51_l; rm -rf $L; mkdir -p $L; t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }
 log() { tee -a "$out/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader |
   sed 's/^/# gpu: /' | log
 TESTS="test_cuda_reserve test_cuda_plan_update test_cuda_graph test_cuda_cascade"
 F="-G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DKVA_BUILD_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DKVA_WITH_OPENSSL=OFF -DKVA_WITH_XXHASH=OFF -DKVA_WITH_CJSON=OFF -DKVA_WITH_MPI=OFF -DKVA_WITH_NCCL=OFF"
-BB=/tmp/ws51b; BN=/tmp/ws51n
-( cmake -S $BT -B $BB $F >$L/cfg_b.log 2>&1 && ninja -C $BB -j8 kvattn >$L/build_b.log 2>&1
+TAG=$(basename "$(cd "$NT/.." && pwd)"); BB=/tmp/${TAG}b; BN=/tmp/${TAG}n; rm -rf $BB $BN
+( cmake -S $BT -B $BB $F >$L/cfg_b.log 2>&1 && ninja -C $BB -j8 libkvattn.so >$L/build_b.log 2>&1
   echo "base build rc=$?" ) &
-( cmake -S $NT -B $BN $F >$L/cfg_n.log 2>&1 && ninja -C $BN -j8 kvattn $TESTS >$L/build_n.log 2>&1
+( cmake -S $NT -B $BN $F >$L/cfg_n.log 2>&1 && ninja -C $BN -j8 libkvattn.so $TESTS >$L/build_n.log 2>&1
   echo "new build rc=$?" ) &
 wait
 [ -f $BB/libkvattn.so ] && [ -f $BN/libkvattn.so ] && [ -x $BN/test_cuda_reserve ] ||
@@ -70,9 +77,9 @@ Q="KVA_TEST_QUICK=1"; TO="timeout ${WS_TEST_TIMEOUT:-60}"
 grep -ah "MiB reserved" $L/t_reserve.log | log
 echo "[$(el) s] tests" | log
 
-fault() { # tag, python edit of cuda_meta.cu, KVA_TEST_ONLY, binary
-  [ "$(el)" -lt ${WS_FAULT_MAX:-170} ] || { echo "fault $1: skipped (time)" | log; return; }
-  local f=$NT/src/attn/cuda/cuda_meta.cu
+fault() { # tag, python edit of cuda_meta.cu (or of $FF), KVA_TEST_ONLY, binary
+  [ "$(el)" -lt ${WS_FAULT_MAX:-150} ] || { echo "fault $1: skipped (time)" | log; return; }
+  local f=$NT/src/attn/cuda/${FF:-cuda_meta.cu}
   cp $f $L/meta.orig
   python3 -c "import sys; p=sys.argv[1]; s=open(p).read(); a,b=sys.argv[2].split('=>'); assert a in s, a; open(p,'w').write(s.replace(a,b,1))" $f "$2" ||
     { echo "fault $1: edit did not apply" | log; return; }
@@ -81,16 +88,20 @@ fault() { # tag, python edit of cuda_meta.cu, KVA_TEST_ONLY, binary
   else echo "fault $1: build failed" | log; fi
   cp $L/meta.orig $f
 }
+FF=cuda_plan.cu fault F4 "const int64_t q_max = cap->max_tokens > 1 ? cap->max_tokens : 1;=>const int64_t q_max = 1;" \
+  test_reserved_bound_mla test_cuda_reserve
+fault F1 "return workspace_grow(ctx, ws, 0);=>return workspace_grow(ctx, ws, 1);" \
+  test_reserved_bound_mha test_cuda_reserve
 fault F3 "need += align256(sr.hi[r] - sr.lo[r]);=>need += align256((sr.hi[r] - sr.lo[r]) / 2);" \
   test_update_sequence_reserved,test_update_pipelined test_cuda_plan_update
 fault F2 "e = cudaEventSynchronize((cudaEvent_t)r->events[i]);=>e = cudaSuccess;" \
   test_update_grow_pad test_cuda_plan_update
-fault F1 "return workspace_grow(ctx, ws, 0);=>return workspace_grow(ctx, ws, 1);" \
-  test_reserved_bound_mha test_cuda_reserve
 ninja -C $BN test_cuda_plan_update test_cuda_reserve >/dev/null 2>&1 # back to new
 echo "[$(el) s] faults" | log
+NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+( $NVCC -O2 -arch=sm_90a $NT/dev/ws52/freehost_probe.cu -o $L/fhp && timeout 20 $L/fhp ) 2>&1 | log
 
-if [ "$(el)" -lt ${WS_MEM2_MAX:-185} ]; then mem new; mem base; fi
+if [ "$(el)" -lt ${WS_MEM2_MAX:-160} ]; then mem new; mem base; fi
 echo "== mem.py (quote the n = 2 lines; columns: device MiB, pinned MiB after the first plan,"\
   "pinned MiB added by the steps, first plan ms, step plan us)" | log
 grep -aE "^(GPU|case|decode|MLA)|rc=" "$out/mem.txt" | log
