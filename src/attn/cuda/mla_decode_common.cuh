@@ -184,29 +184,58 @@ static __device__ __forceinline__ void ml_fp8_rows(const unsigned char *raw, uns
 }
 
 /* Q rows of item w ([M, 576], zeros past nrows) into shared memory at sq in
- * layout ROWS, by plain 16-byte stores. Row r is token i0 + r / nh, head
+ * layout ROWS, by the CTA's ML_NT threads. Row r is token i0 + r / nh, head
  * h0 + r % nh of the request starting at token qs (Hkv = 1, so the heads
- * are the query heads). */
-template <int M, int ROWS, typename elem>
+ * are the query heads). ASYNC = false: plain 16-byte loads and stores, done
+ * on return (each thread's load -> store pairs run one after another).
+ * ASYNC = true: 16-byte cp.async copies (rows past nrows zero-filled, reading
+ * nothing), not committed: all of a thread's copies are in flight at once,
+ * and the caller commits them and waits for the group before the wgmma
+ * operand reads. */
+template <int M, int ROWS, typename elem, bool ASYNC = false>
 static __device__ __forceinline__ void ml_stage_q(const kva__cuda_attn_args &a,
                                                   const kva__cuda_item &w, int32_t nrows,
                                                   int32_t qs, unsigned char *sq)
 {
     for (int x = threadIdx.x; x < M * ML_CH; x += ML_NT) {
         const int r = x / ML_CH, c = x - r * ML_CH;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r < nrows) {
-            const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+        if constexpr (ASYNC) {
+            /* Past nrows: row 0's address (valid), nothing read. */
+            const bool ok = r < nrows;
+            const int32_t qi = ok ? r / w.nh : 0, hh = ok ? r - qi * w.nh : 0;
             const elem *qrow =
                 (const elem *)a.q + ((int64_t)(qs + w.i0 + qi) * a.H + w.h0 + hh) * ML_D;
-            v = __ldg(reinterpret_cast<const uint4 *>(qrow) + c);
+            kva__cp_async16(kva__smem_u32(sq + ml_off<ROWS>(r, c)),
+                            reinterpret_cast<const uint4 *>(qrow) + c, ok ? 16 : 0);
+        } else {
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (r < nrows) {
+                const int32_t qi = r / w.nh, hh = r - qi * w.nh;
+                const elem *qrow =
+                    (const elem *)a.q + ((int64_t)(qs + w.i0 + qi) * a.H + w.h0 + hh) * ML_D;
+                v = __ldg(reinterpret_cast<const uint4 *>(qrow) + c);
+            }
+            *reinterpret_cast<uint4 *>(sq + ml_off<ROWS>(r, c)) = v;
         }
-        *reinterpret_cast<uint4 *>(sq + ml_off<ROWS>(r, c)) = v;
     }
 }
 
+/* The barrier of the threads that compute an item: the whole CTA
+ * (__syncthreads), or with CONS the ML_NT compute threads only (barrier 0
+ * counting ML_NT threads), for kernels whose CTA has producer warps past
+ * them that never take part (mla_decode_mma.cuh's ml_tiles::NPW). */
+template <bool CONS> static __device__ __forceinline__ void ml_sync()
+{
+    if constexpr (CONS)
+        asm volatile("bar.sync 0, %0;\n" ::"n"(ML_NT) : "memory");
+    else
+        __syncthreads();
+}
+
 /* The softmax sums of rows r0 and r0 + 8 (each thread's quad summed) into
- * s_sum[slice], then a barrier; ml_row_sum adds row r over the NS slices. */
+ * s_sum[slice], then a barrier (ml_sync<CONS>); ml_row_sum adds row r over
+ * the NS slices. */
+template <bool CONS = false>
 static __device__ __forceinline__ void ml_publish_sums(float (*s_sum)[64], int slice, int r0,
                                                        int t4, float l_run[2])
 {
@@ -215,7 +244,7 @@ static __device__ __forceinline__ void ml_publish_sums(float (*s_sum)[64], int s
         s_sum[slice][r0] = l_run[0];
         s_sum[slice][r0 + 8] = l_run[1];
     }
-    __syncthreads();
+    ml_sync<CONS>();
 }
 template <int NS>
 static __device__ __forceinline__ float ml_row_sum(const float (*s_sum)[64], int r)
@@ -282,14 +311,16 @@ struct ml_dst {
  * computed once and out is stored in pairs: written per element, this code
  * was over 12,000 instructions per kernel, fetched cold once per item. A row
  * without weight (m_run -inf) gives out 0 and lse -inf (or the sink's); a NaN
- * sum gives NaN. Ends with every thread past s_sum. */
-template <int NB, int NS, typename Ty, typename Dst>
+ * sum gives NaN. Ends with every thread past s_sum. Its two barriers are
+ * ml_sync<CONS>: CONS when the caller's CTA has producer warps that do not
+ * take part (the compute threads 0 .. ML_NT - 1 meet alone). */
+template <int NB, int NS, typename Ty, bool CONS = false, typename Dst>
 static __device__ __forceinline__ void ml_finish(const Dst &d, float (*s_sum)[64], int slice,
                                                  int r0, int col0, int t4, float l_run[2],
                                                  const float m_run[2], const float (*o)[4])
 {
     typedef typename Ty::elem elem;
-    ml_publish_sums(s_sum, slice, r0, t4, l_run);
+    ml_publish_sums<CONS>(s_sum, slice, r0, t4, l_run);
     const bool lead = col0 == 0 && t4 == 0; /* the thread holding column 0 writes lse */
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -346,7 +377,7 @@ static __device__ __forceinline__ void ml_finish(const Dst &d, float (*s_sum)[64
             d.a.lse[q.tok * d.a.H + q.head] =
                 pos ? (mt + log2f(Lt)) * KVA__DMMA_LN2 : (Lt == 0.f ? -INFINITY : Lt);
     }
-    __syncthreads(); /* s_sum, Q and the ring are rewritten by the next item */
+    ml_sync<CONS>(); /* s_sum, Q and the ring are rewritten by the next item */
 }
 
 /* mma.sync steps of the kernels with [rows, 576] tiles in layout ml_off<0>

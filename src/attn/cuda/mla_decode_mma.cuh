@@ -62,7 +62,8 @@
  * Raw rows of a row format with BULK (the sparse fp8_ds_mla rows of 16-row
  * items) land by one bulk copy per row instead (cp.async.bulk, sm_90), each
  * stage completing on its mbarrier, which the tile loop waits on instead of
- * a cp.async group.
+ * a cp.async group; with the row format's PROD (sm_90a) a producer warp
+ * issues them and the compute warps never copy (ml_tiles::NPW).
  * The tile loop is otherwise the same.
  * The 16-bit instantiations are in mla_decode_mma.cu (with the host side),
  * the FP8 ones in mla_decode_mma_fp8.cu.
@@ -87,6 +88,15 @@ extern "C" {
 #else
 #define ML_BULK_ARCH 1
 #endif
+/* Producer warps (ml_tiles::NPW) need setmaxnreg: sm_90a device passes and
+ * the host pass; other device passes build the kernels without them. */
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ML_PROD_ARCH 0
+#else
+#define ML_PROD_ARCH 1
+#endif
+#define ML_REG_P 40  /* setmaxnreg of the producer warpgroup */
+#define ML_REG_C 232 /* and of the compute warps: 256 x 232 + 128 x 40 <= 65,536 */
 
 /* The mbarrier of a stage of bulk row copies (ml_tiles::BULK; sm_90 device
  * passes only, elsewhere nothing): set up with `count` arrivals per phase;
@@ -107,19 +117,30 @@ static __device__ __forceinline__ void ml_bulk_wait(uint32_t bar, uint32_t parit
     (void)bar, (void)parity;
 #endif
 }
+/* One arrival on a stage's "free" mbarrier (ml_tiles::PROD). */
+static __device__ __forceinline__ void ml_bulk_arrive(uint32_t bar)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    kva__mbar_arrive(bar);
+#else
+    (void)bar;
+#endif
+}
 
 /* The dense policy's row format (the sparse ones: sp_rows16, sp_ds_mla):
  * RAW_ROW bytes per row of a raw ring (0: 16-bit rows land in the 16-bit
  * tiles), NP copies of P (one per value scale), FLAGS: per-stage key flags
  * in shared memory (none: the mask is positional), BULK: raw rows land by
  * one bulk copy per row (sm_90's cp.async.bulk, the copy engine's, not the
- * threads' 16-byte cp.async) completing on an mbarrier per stage, NST: ring
- * stages. */
+ * threads' 16-byte cp.async) completing on an mbarrier per stage, PROD:
+ * producer warps (0: none; else that many warps past the 8 compute warps do
+ * the row lookups and the bulk copies, ml_tiles::PROD), NST: ring stages. */
 template <bool FP8> struct ml_dense_rows {
     static constexpr int RAW_ROW = FP8 ? ML_D : 0;
     static constexpr int NP = 1;
     static constexpr bool FLAGS = false;
     template <int MT> static constexpr bool BULK = false;
+    template <int MT> static constexpr int PROD = 0;
     template <int MT, bool QR>
     static constexpr int NST = RAW_ROW && QR ? 4 : MT == 4 || QR ? 3 : 2;
     template <int MT> static constexpr bool ST = false;
@@ -136,13 +157,30 @@ template <bool FP8> struct ml_dense_rows {
  * copies of P [M, BN] (rows padded by 16 bytes against bank conflicts), the
  * row maxima and sums [8][64] fp32, (FLAGS) the key flags [NST][BN], (ST)
  * the exchange of S halves [8 warps][32 lanes][4] fp32, (BULK) the
- * stages' mbarriers [NST] (8 bytes each). No dense FP8
+ * stages' mbarriers [NST] (8 bytes each; with producer warps a second set
+ * [NST], the stages' "free" barriers). No dense FP8
  * configuration needs more than its 16-bit one. QR exists for the
  * memory-bound 16-row items (H <= 16 decodes): without the 18 KB of Q a
  * third 72 KB stage fits (227 KB on sm_90), so two tiles are in flight
  * while one is computed, and the ring never drains between tiles.
  * ST (the row format's ST<MT>; MT = 1, NP = 4, FLAGS, not QR): the
- * transposed S of ml_st_tile (below), Q^T in registers. */
+ * transposed S of ml_st_tile (below), Q^T in registers.
+ * NPW (the row format's PROD<MT>; BULK rows only): producer warps past the
+ * ML_NW compute warps, in a producer warpgroup of 4 warps (the others
+ * idle: the register file is split over 4 quarters, so a ninth warp alone
+ * would cap every warp at 168 registers), NTHR threads per CTA in all; the
+ * warpgroup gives its registers to the compute warps (setmaxnreg: ML_REG_P,
+ * ML_REG_C). The host launches the NTHR of the device's binary
+ * (sm_90a: NPW of the row format; other passes: none). They look up the rows
+ * and issue the bulk copies of every tile into the ring (all NST stages:
+ * NST - 1 tiles in flight while one is computed, as before), each stage
+ * behind two mbarriers: "full" (the rows landed: BN arrivals plus the
+ * bytes) and "free" (the compute threads are done with its raw rows, key
+ * flags and scales: one arrival, thread 0's after P's barrier). The
+ * compute threads then never copy, and meet on ml_sync<true> (ML_NT
+ * threads) instead of __syncthreads. Device passes without bulk copies
+ * (before sm_90) keep the threads' copies: their producer warps exit at
+ * once (PROD false). */
 template <int MT, bool QR, typename R> struct ml_tiles {
     static constexpr int M = 16 * MT;
     static constexpr int BN = MT == 4 ? 32 : 64;
@@ -160,6 +198,9 @@ template <int MT, bool QR, typename R> struct ml_tiles {
     /* Rows by bulk copies (the row format's BULK; sm_90 device passes and the
      * host's shared-memory size; earlier device passes copy with cp.async). */
     static constexpr bool BULK = R::template BULK<MT> && ML_BULK_ARCH;
+    static constexpr int NPW = ML_PROD_ARCH ? R::template PROD<MT> : 0; /* producer warps */
+    static constexpr int NTHR = ML_NT + (NPW ? 128 : 0);                /* threads per CTA */
+    static constexpr bool PROD = NPW > 0 && BULK; /* this pass copies by producer warps */
     static constexpr int P_STRIDE = BN * 2 + 16;
     static constexpr int P_BYTES = M * P_STRIDE;
     static constexpr int OFF_RING = QREG ? 0 : M * ML_D * 2; /* the 16-bit tile(s) */
@@ -170,7 +211,7 @@ template <int MT, bool QR, typename R> struct ml_tiles {
     static constexpr int OFF_OK = OFF_RED + 2 * ML_NW * 64 * 4;
     static constexpr int OFF_X = OFF_OK + (R::FLAGS ? NST * BN * 4 : 0);
     static constexpr int OFF_MB = OFF_X + (ST ? ML_NW * 32 * 16 : 0);
-    static constexpr int SMEM = OFF_MB + (BULK ? NST * 8 : 0);
+    static constexpr int SMEM = OFF_MB + (BULK ? (NPW ? 2 : 1) * NST * 8 : 0);
     static_assert(NBS >= 1 && KW % 8 == 0, "key slice of a warp");
     static_assert(!QR || (MT == 1 && NBS == 1 && NP == 1),
                   "Q in registers: one row tile, 8 keys a warp");
@@ -180,6 +221,9 @@ template <int MT, bool QR, typename R> struct ml_tiles {
                   "with 4 tile scales, the mask in key flags");
     static_assert(NP == 1 || NP == ML_DV / 128, "P copies: none, or one per c_kv tile of 128");
     static_assert(!BULK || (RAW > 0 && R::FLAGS), "bulk copies: raw rows, the mask in key flags");
+    static_assert(NPW == 0 ||
+                      (R::template BULK<MT> && ST && NPW <= 4 && BN % (32 * (NPW ? NPW : 1)) == 0),
+                  "producer warps: bulk rows, the transposed S, whole keys per lane");
     static_assert(SMEM <= 227 * 1024, "shared memory of one CTA");
 };
 /* The dense decode's shapes (host side: shared memory per kernel). */
@@ -205,8 +249,9 @@ static __device__ __forceinline__ void ml_qk_reg(const uint32_t (*qf)[4], uint32
 /* The MT warps of key slice kg meet after converting their rows of the
  * slice (convert<C>'s end, before S reads them): MT = 1 the warp alone,
  * else named barrier 1 + kg of MT * 32 threads (barrier 0 is the kernel's
- * __syncthreads; the only other named barriers, ml_st_tile's 1 + kq of 64
- * threads, come with ST, which is MT = 1 only). */
+ * ml_sync: __syncthreads, or the 256 compute threads' with producer warps;
+ * the only other named barriers, ml_st_tile's 1 + kq of 64 threads, come
+ * with ST, which is MT = 1 only). */
 template <int MT> static __device__ __forceinline__ void ml_slice_sync(int kg)
 {
     if constexpr (MT == 1)
@@ -357,7 +402,7 @@ ml_st_tile(const uint32_t (*qf)[4], uint32_t sk, const unsigned char *raw, const
         if (g4 == 0)
             s_max[kq][8 * hh + 2 * t4 + c] = mx;
     }
-    __syncthreads(); /* every group's maxima */
+    ml_sync<(C::NPW > 0)>(); /* every group's maxima */
     bool resc = false;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) { /* O rows: heads g4, g4 + 8 */
@@ -442,13 +487,19 @@ static __device__ __forceinline__ void ml_st_sums(float l_st[2], int hh, int lan
  * 1) reads the 4 c_kv tile scales of keys key0 + 8 nt + 2 t4 + e;
  * logits<C>(sc, a, scale_log2, kb, key0, t4, ok) makes S of keys kb + key0 +
  * 8 nt + 2 t4 + e log2-unit logits (masked: -inf); finish<C>(a, s_sum, slice,
- * r0, col0, t4, l_run, m_run, o) stores, every thread past s_sum at its end.
+ * r0, col0, t4, l_run, m_run, o) stores, every thread past s_sum at its end
+ * (C::NPW: every compute thread, ml_sync<true>).
  * Ty: kva__mma_bf16 or kva__mma_f16 (the q dtype; the 16-bit rows' too); MT:
  * row tiles of 16 per item; QR: Q in registers. Dynamic shared memory:
- * ml_tiles<MT, QR, W::rows>::SMEM.
+ * ml_tiles<MT, QR, W::rows>::SMEM; threads: its NTHR (ML_NT compute
+ * threads, then NPW producer warps). With producer warps (C::PROD), load and
+ * issue run in them as well: load<C> in every thread (the producer's own
+ * keys: W's business), issue<C> only in the producer warps, one tile per
+ * stage in order, after the stage's "free" barrier.
  */
 template <typename Ty, int MT, bool QR, typename W>
-__global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typename W::args a)
+__global__ void __launch_bounds__(ml_tiles<MT, QR, typename W::rows>::NTHR, 1)
+    mla_decode_mma_kernel(const typename W::args a)
 {
     typedef ml_tiles<MT, QR, typename W::rows> C;
     typedef typename Ty::elem elem;
@@ -475,13 +526,48 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typ
     const uint32_t ring = C::RAW ? s0 + C::OFF_RAW : sRing;
     constexpr uint32_t STAGE = C::RAW ? C::RAW : C::TILE;
     /* BULK: stage st's mbarrier at sMB + 8 st, one arrival per key of a tile
-     * (W::issue); bit st of ph: the parity of the stage's next phase. */
-    const uint32_t sMB = s0 + C::OFF_MB;
+     * (W::issue); bit st of ph: the parity of the stage's next phase. With
+     * producer warps, its "free" mbarrier at sFree + 8 st (one arrival). */
+    const uint32_t sMB = s0 + C::OFF_MB, sFree = sMB + 8 * NST;
     uint32_t ph = 0;
+    constexpr bool CONS = C::NPW > 0; /* the compute threads meet alone */
     if constexpr (C::BULK) {
         if (threadIdx.x < NST)
             ml_bulk_init(sMB + 8 * threadIdx.x, BN);
+        else if (C::NPW > 0 && threadIdx.x < 2 * NST)
+            ml_bulk_init(sMB + 8 * threadIdx.x, 1);
         __syncthreads();
+    }
+    if constexpr (C::NPW > 0) {
+        if (warp >= ML_NW) { /* the producer warpgroup: its first NPW warps copy */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(ML_REG_P) : "memory");
+#endif
+            if (C::PROD && warp < ML_NW + C::NPW) {
+                /* Stage st is free for its n-th tile once the compute threads
+                 * released its (n - 1)-th: bit st of fph is the parity to wait
+                 * for, 1 first (a fresh mbarrier's previous phase counts as
+                 * complete). The stages restart at 0 with every item, as the
+                 * compute threads' do. */
+                uint32_t fph = (1u << NST) - 1;
+                for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
+                    if (!wi.template load<C>(a, it))
+                        continue;
+                    int stage = 0;
+                    for (int32_t kb = wi.k0; kb < wi.kend; kb += BN) {
+                        ml_bulk_wait(sFree + 8 * stage, (fph >> stage) & 1u);
+                        fph ^= 1u << stage;
+                        wi.template issue<C>(a, kb, ring + stage * STAGE, s_ok + stage * BN,
+                                             sMB + 8 * stage);
+                        stage = stage == NST - 1 ? 0 : stage + 1;
+                    }
+                }
+            }
+            return;
+        }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ML_REG_C) : "memory");
+#endif
     }
 
     for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
@@ -489,26 +575,29 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typ
             continue;
         const int32_t kend = wi.kend;
 
-        /* The first NST - 1 key tiles, then Q [M, 576] (zeros past the item's rows). */
+        /* The first NST - 1 key tiles (not with producer warps: they do it),
+         * then Q [M, 576] (zeros past the item's rows). */
+        if constexpr (!C::PROD) {
 #pragma unroll
-        for (int st = 0; st < NST - 1; st++) {
-            const int32_t kb = wi.k0 + st * BN;
-            if (kb < kend)
-                wi.template issue<C>(a, kb, ring + st * STAGE, s_ok + st * BN, sMB + 8 * st);
-            kva__cp_async_commit();
+            for (int st = 0; st < NST - 1; st++) {
+                const int32_t kb = wi.k0 + st * BN;
+                if (kb < kend)
+                    wi.template issue<C>(a, kb, ring + st * STAGE, s_ok + st * BN, sMB + 8 * st);
+                kva__cp_async_commit();
+            }
         }
         wi.template stage_q<C, elem>(a, ml_smem + C::OFF_Q);
         /* QR: the A fragments of the 36 k-steps from the staged copy, which the
          * first tile's copies overwrite only after the loop's first barrier. */
         uint32_t qf[QR ? ML_D / 16 : ST ? ML_D / 32 : 1][4];
         if constexpr (QR) {
-            __syncthreads();
+            ml_sync<CONS>();
             const int q_r = (lane & 7) + ((lane >> 3) & 1) * 8, q_c = lane >> 4;
 #pragma unroll
             for (int kk = 0; kk < ML_D / 16; kk++)
                 kva__ldsm_x4(sQ + ml_off<0>(q_r, kk * 2 + q_c), qf[kk]);
         } else if constexpr (ST) { /* ST: Q^T of this warp's half */
-            __syncthreads();
+            ml_sync<CONS>();
             ml_st_load_q(sQ, hh, lane, qf);
         }
         wi.masks(a, row0 + g4);
@@ -525,9 +614,9 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typ
             } else {
                 kva__cp_async_wait<NST - 2>();
             }
-            __syncthreads(); /* tile kb (and Q) landed for every thread; the previous
+            ml_sync<CONS>(); /* tile kb (and Q) landed for every thread; the previous
                                 tile's stage, P and maxima are free */
-            {
+            if constexpr (!C::PROD) {
                 const int32_t kn = kb + (NST - 1) * BN;
                 const int ahead = stage == 0 ? NST - 1 : stage - 1;
                 if (kn < kend)
@@ -600,7 +689,11 @@ __global__ void __launch_bounds__(ML_NW * 32, 1) mla_decode_mma_kernel(const typ
                 if (resc)
                     ml_rescale<NBO>(o, alpha);
             }
-            __syncthreads(); /* P of every slice */
+            ml_sync<CONS>(); /* P of every slice */
+            if constexpr (C::PROD) { /* every compute thread is done with the raw stage */
+                if (threadIdx.x == 0)
+                    ml_bulk_arrive(sFree + 8 * stage);
+            }
 
             /* O += P V: P [16, BN] of the row tile, V = the tile's columns
              * kg * CW .. + CW - 1 (ldmatrix.trans of the latent rows); NP > 1:

@@ -75,8 +75,11 @@ template <typename Ty, bool FP8, bool TMA = false> struct mw_dense {
     {
         return ml_row<MW_BN, MW_WT>(a, mi.bt_row, kb, kend, threadIdx.x & (MW_WT - 1));
     }
-    /* Item it: 16-bit: its first tile's copies (committed) and Q; FP8: the
-     * row of the fill thread's first tile; the mask bounds. */
+    /* Item it: its Q copies (ml_stage_q's cp.async, a group of their own),
+     * behind the first tile's copies (16-bit split-key, both committed) or
+     * ahead of the first tile (FP8: then the row of the fill thread's first
+     * tile; TMA: the body's mw_first, after this), so that Q lands while the
+     * rest of the item's start runs; the mask bounds. */
     __device__ __forceinline__ mw_dense(const args &a, int32_t it, uint32_t sK,
                                         unsigned char *q_gen, int r0)
     {
@@ -84,15 +87,15 @@ template <typename Ty, bool FP8, bool TMA = false> struct mw_dense {
         skip = false;
         k0 = mi.w.k0;
         kend = mi.w.k1;
-        if constexpr (FP8) {
-            rown = key_row(a, k0 + (threadIdx.x >= MW_WT ? MW_BN : 0));
-        } else if constexpr (TMA) {
-        } else {
+        if constexpr (!FP8 && !TMA) {
             if (k0 < kend)
                 ml_issue<MW_BN, MW_BN>(a, mi.bt_row, k0, kend, sK);
             kva__cp_async_commit();
-            ml_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi.w, mi.nrows, mi.qs, q_gen);
         }
+        ml_stage_q<MW_M, MW_M, typename Ty::elem, true>(a, mi.w, mi.nrows, mi.qs, q_gen);
+        kva__cp_async_commit();
+        if constexpr (FP8)
+            rown = key_row(a, k0 + (threadIdx.x >= MW_WT ? MW_BN : 0));
         kva__dmma_rows<true>(a, mi.w, mi.nrows, mi.s, mi.q_len, r0, lo, hi, pos, slope, lo_all,
                              hi_all);
     }
@@ -109,13 +112,15 @@ template <typename Ty, bool FP8, bool TMA = false> struct mw_dense {
         kva__dmma_logits<32>(sc, a, scale_log2, kb + wg * 32, t4, lo_all, hi_all, lo, hi, pos,
                              slope);
     }
-    /* FP8 (MW_SCHED_ALT): Q, then part PART of tile kb loaded and converted
-     * exactly (thread half c: codes 64 b + 32 c .. + 31 of each block b);
-     * with part 0 the row of the warpgroup's next tile is looked up and
-     * prefetched into L2 (a pair of tiles ahead). */
-    __device__ __forceinline__ void stage_q(const args &a, unsigned char *q_gen) const
+    /* FP8 and TMA (MW_SCHED_ALT, MW_SCHED_ALT_TMA): the thread's Q copies,
+     * issued by the constructor, landed (the body's fence and CTA barrier
+     * follow; the FP8 fills' cp.async groups are empty). FP8: part PART of
+     * tile kb loaded and converted exactly (thread half c: codes 64 b + 32 c
+     * .. + 31 of each block b); with part 0 the row of the warpgroup's next
+     * tile is looked up and prefetched into L2 (a pair of tiles ahead). */
+    __device__ __forceinline__ void stage_q(const args &, unsigned char *) const
     {
-        ml_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi.w, mi.nrows, mi.qs, q_gen);
+        kva__cp_async_wait<0>();
     }
     template <int WG, int PART>
     __device__ __forceinline__ void fill(const args &a, int32_t kb, uint32_t stage, int)

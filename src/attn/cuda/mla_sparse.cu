@@ -44,6 +44,7 @@ extern "C" {
 #include "cuda_check.h"
 #include "mla_decode_mma.cuh"
 #include "mla_sparse_common.cuh"
+#include "wgmma_ptx.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -70,22 +71,42 @@ static __device__ __forceinline__ uint4 sp_pe8(kva__mma_f16, uint4 b)
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+/* Who copies a tile's rows (C: the kernel's ml_tiles): N threads, TPK per
+ * key, KPT keys each. Without producer warps the CTA's ML_NT threads (thread
+ * i = tid, key i / TPK); with them (C::PROD) the lanes of the NPW copying
+ * producer warps, one whole key each (i = tid - ML_NT, keys i + N j). */
+template <typename C> struct sp_copiers {
+    static constexpr unsigned N = C::PROD ? 32 * C::NPW : ML_NT;
+    static constexpr unsigned TPK = C::PROD ? 1 : ML_NT / C::BN;
+    static constexpr int KPT = C::PROD ? C::BN / N : 1;
+    static_assert(KPT <= 2 && C::BN % (N / TPK) == 0, "keys of the copying threads");
+    static __device__ __forceinline__ unsigned index()
+    {
+        return C::PROD ? threadIdx.x - ML_NT : threadIdx.x;
+    }
+    static __device__ __forceinline__ int key(unsigned i, int j)
+    {
+        return (int)(i / TPK + (N / TPK) * j);
+    }
+};
+
 /* The sparse key-source policy of mla_decode_mma_kernel (interface:
  * mla_decode_mma.cuh). Item = (token, head tile of C::M rows, key split),
  * one per CTA (the grid is the item count); its keys are the token's index
- * entries kbeg .. kend - 1. Thread tid copies key tid / TPK of every tile:
- * the position of its entry is read two tiles ahead and its cache row (the
- * block-table entry) one tile ahead of the copies, so the copies never wait
- * for either; unused entries are zeros with flag 0 (logits -inf); with
- * C::BULK the key's first thread copies the whole row (one bulk copy). SRC:
- * sp_rows16 or sp_ds_mla. */
+ * entries kbeg .. kend - 1. The copying threads (sp_copiers) copy their keys
+ * of every tile: the position of an entry is read two tiles ahead and its
+ * cache row (the block-table entry) one tile ahead of the copies, so the
+ * copies never wait for either; unused entries are zeros with flag 0 (logits
+ * -inf); with C::BULK the key's first thread copies the whole row (one bulk
+ * copy). With producer warps (C::PROD) the compute threads read no entry.
+ * SRC: sp_rows16 or sp_ds_mla. */
 template <typename Ty, typename SRC> struct sp_mma {
     typedef sp_args args;
     typedef SRC rows;
     sp_item mi;
     int32_t k0, kend;
-    sp_key k_next;  /* the thread's key in the next tile to issue */
-    int32_t p_next; /* the position of its entry in the tile after that */
+    sp_key k_next[2];  /* the thread's keys j in the next tile to issue */
+    int32_t p_next[2]; /* the positions of their entries in the tile after that */
 
     __device__ __forceinline__ explicit sp_mma(const args &) {}
     static __device__ __forceinline__ int32_t items(const args &a)
@@ -103,22 +124,42 @@ template <typename Ty, typename SRC> struct sp_mma {
             return false;
         k0 = mi.kbeg;
         kend = mi.kend;
-        const int key = threadIdx.x / (ML_NT / C::BN);
-        k_next = sp_locate(a, mi.bt_row, sp_pos(mi.idx_row, k0 + key, kend), mi.s);
-        p_next = sp_pos(mi.idx_row, k0 + C::BN + key, kend);
+        typedef sp_copiers<C> K;
+        if (C::PROD && threadIdx.x < ML_NT)
+            return true; /* a compute thread: no copies */
+#pragma unroll
+        for (int j = 0; j < K::KPT; j++) {
+            const int key = K::key(K::index(), j);
+            k_next[j] = sp_locate(a, mi.bt_row, sp_pos(mi.idx_row, k0 + key, kend), mi.s);
+            p_next[j] = sp_pos(mi.idx_row, k0 + C::BN + key, kend);
+        }
         return true;
     }
-    /* The copies of k_next's row (zeros when unused) as key tid / TPK of tile
-     * kb (chunks tid % TPK + TPK i) and its flag; then the next keys ahead.
-     * C::BULK: the key's first thread copies the whole row with one bulk
-     * copy completing on bar (its arrival with the row's bytes), or, unused,
-     * the key's TPK threads store the zeros and the first arrives alone. */
+    /* The copies of the thread's keys of tile kb (sp_copiers: k_next[j]'s
+     * row, zeros when unused, as key i / TPK + (N / TPK) j, chunks i % TPK +
+     * TPK c) and their flags; then the next keys ahead. C::BULK: the key's
+     * first thread copies the whole row with one bulk copy completing on bar
+     * (its arrival with the row's bytes), or, unused, the key's TPK threads
+     * store the zeros and the first arrives alone. */
     template <typename C>
     __device__ __forceinline__ void issue(const args &a, int32_t kb, uint32_t stage, int *ok,
                                           uint32_t bar)
     {
-        constexpr int TPK = ML_NT / C::BN;
-        const int key = threadIdx.x / TPK, c0 = threadIdx.x % TPK;
+        typedef sp_copiers<C> K;
+#pragma unroll
+        for (int j = 0; j < K::KPT; j++)
+            issue_key<C>(a, kb, K::key(K::index(), j), (int)(K::index() % K::TPK), k_next[j],
+                         p_next[j], stage, ok, bar);
+    }
+    /* issue's copies of one key (key of the tile kb, the thread's chunks c0 +
+     * TPK i) from kn, then kn and pn moved on a tile. */
+    template <typename C>
+    __device__ __forceinline__ void issue_key(const args &a, int32_t kb, int key, int c0,
+                                              sp_key &kn, int32_t &pn, uint32_t stage, int *ok,
+                                              uint32_t bar) const
+    {
+        constexpr int TPK = sp_copiers<C>::TPK;
+        const sp_key k_next = kn;
         const unsigned char *src =
             a.rows + (k_next.ok ? ((int64_t)k_next.blk * a.B + k_next.off) * SRC::ROW : 0);
         if (c0 == 0)
@@ -136,6 +177,8 @@ template <typename Ty, typename SRC> struct sp_mma {
                     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(d + 16 * c),
                                  "r"(0)
                                  : "memory");
+                /* a later bulk copy (async proxy) rewrites these bytes */
+                kva__fence_proxy_async();
                 if (c0 == 0)
                     kva__mbar_arrive(bar);
             }
@@ -152,8 +195,8 @@ template <typename Ty, typename SRC> struct sp_mma {
                 kva__cp_async16(stage + ml_off<0>(key, c), src + (k_next.ok ? c * 16 : 0),
                                 k_next.ok ? 16 : 0);
         }
-        k_next = sp_locate(a, mi.bt_row, p_next, mi.s);
-        p_next = sp_pos(mi.idx_row, kb + 2 * C::BN + key, kend);
+        kn = sp_locate(a, mi.bt_row, pn, mi.s);
+        pn = sp_pos(mi.idx_row, kb + 2 * C::BN + key, kend);
     }
     template <typename C, typename elem>
     __device__ __forceinline__ void stage_q(const args &a, unsigned char *dst) const
@@ -269,8 +312,8 @@ template <typename Ty, typename SRC> struct sp_mma {
                                            const float (*o)[4]) const
     {
         /* Ends with a barrier: s_sum, Q, the ring and the flags are rewritten by a next item. */
-        ml_finish<C::NBO, C::NS, Ty>(sp_dst{a, mi.t, mi.h0, mi.nrows, mi.split}, s_sum, slice, r0,
-                                     col0, t4, l_run, m_run, o);
+        ml_finish<C::NBO, C::NS, Ty, (C::NPW > 0)>(sp_dst{a, mi.t, mi.h0, mi.nrows, mi.split},
+                                                   s_sum, slice, r0, col0, t4, l_run, m_run, o);
     }
 };
 
@@ -332,14 +375,14 @@ typedef void (*sp_kernel_fn)(sp_args);
 
 typedef struct sp_pick {
     sp_kernel_fn fn, merge;
-    int smem, bn;
+    int smem, bn, threads; /* threads: the host pass's NTHR (sp_threads) */
 } sp_pick;
 
 template <typename Ty, typename SRC, int MT> static sp_pick sp_pick_at(void)
 {
     typedef ml_tiles<MT, false, SRC> C;
     const sp_pick k = {mla_decode_mma_kernel<Ty, MT, false, sp_mma<Ty, SRC>>, sp_merge_kernel<Ty>,
-                       C::SMEM, C::BN};
+                       C::SMEM, C::BN, C::NTHR};
     return k;
 }
 template <typename Ty, typename SRC> static sp_pick sp_pick_mt(int mt)
@@ -347,6 +390,18 @@ template <typename Ty, typename SRC> static sp_pick sp_pick_mt(int mt)
     return mt == 1   ? sp_pick_at<Ty, SRC, 1>()
            : mt == 2 ? sp_pick_at<Ty, SRC, 2>()
                      : sp_pick_at<Ty, SRC, 4>();
+}
+
+/* Threads per CTA of k's kernel on the current device: its NTHR where the
+ * binary loaded for the device was built for them (launch bound NTHR: an
+ * sm_90a pass with producer warps), else ML_NT (passes without them). */
+static kva_status sp_threads(sp_pick *k)
+{
+    cudaFuncAttributes fa;
+    KVA_CUDA_TRY(cudaFuncGetAttributes(&fa, k->fn));
+    if (k->threads > ML_NT && fa.maxThreadsPerBlock < k->threads)
+        k->threads = ML_NT;
+    return KVA_STATUS_OK;
 }
 
 static sp_pick sp_choose(kva_dtype q_dtype, int fp8, int mt)
@@ -545,7 +600,7 @@ extern "C" kva_status kva__cuda_mla_sparse(kva_context *ctx, const kva_plan *pla
     a.scale = d->scale;
     return sp_for_launches(plan, st->num_sms, [&](const sp_launch &l) -> kva_status {
         const int dense = l.r >= 0;
-        const sp_pick k = sp_choose(d->q_dtype, dense ? 0 : fp8, mt);
+        sp_pick k = sp_choose(d->q_dtype, dense ? 0 : fp8, mt);
         sp_args b = a;
         b.t0 = l.t0, b.nt = l.nt, b.side = l.side, b.dense = dense;
         b.nsplit = l.nsplit, b.split_keys = l.split_keys;
@@ -571,7 +626,8 @@ extern "C" kva_status kva__cuda_mla_sparse(kva_context *ctx, const kva_plan *pla
         } else {
             KVA_CUDA_TRY(
                 cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
-            k.fn<<<(unsigned)grid, ML_NT, (size_t)k.smem, stream>>>(b);
+            KVA_TRY(sp_threads(&k));
+            k.fn<<<(unsigned)grid, (unsigned)k.threads, (size_t)k.smem, stream>>>(b);
             KVA_CUDA_LAUNCHED("mla_decode_mma_kernel (sparse)");
         }
         if (l.nsplit > 1) {

@@ -24,6 +24,7 @@ struct sp_rows16 { /* latent rows in the q dtype: [c_kv 512 | k_pe 64] */
     static constexpr int NP = 1;
     static constexpr bool FLAGS = true;
     template <int MT> static constexpr bool BULK = false;
+    template <int MT> static constexpr int PROD = 0;
     template <int MT, bool> static constexpr int NST = MT == 4 ? 3 : 2;
     template <int MT> static constexpr bool ST = false;
 };
@@ -39,6 +40,13 @@ struct sp_ds_mla { /* 512 e4m3 codes, 4 float32 tile scales, 64 bf16 k_pe */
      * other in the load/store unit (MT 2 and 4 keep cp.async: no registers
      * to spare for the mbarrier's phases). */
     template <int MT> static constexpr bool BULK = MT == 1;
+    /* 16-row items: two producer warps look up the rows and issue their
+     * bulk copies (64 a tile, one per lane) while the 8 compute warps
+     * compute; the compute warps no longer wait on the copy engine's
+     * command queue (ml_tiles::NPW, mla_decode_mma.cuh). One producer warp
+     * (two keys per lane) was slower than the compute warps' own copies on
+     * the H200: the per-warp issue loop, not the copy engine, is the limit. */
+    template <int MT> static constexpr int PROD = MT == 1 ? 2 : 0;
     template <int MT, bool> static constexpr int NST = MT == 4 || MT == 1 ? 3 : 2;
     /* 16-row items: the transposed S (ml_st_tile, mla_decode_mma.cuh). */
     template <int MT> static constexpr bool ST = MT == 1;

@@ -179,7 +179,9 @@ template <typename W> struct mw_nt<W, decltype((void)W::SCHED)> {
  *                              log2-unit logits, masked keys -inf;
  * MW_SCHED_ALT(_EARLY, _TMA) policies
  *   stage_q(a, q_gen)          Q [64, 576] of the item (rows past it zero)
- *                              into shared memory at q_gen, all threads
+ *                              in shared memory at q_gen on return (stored
+ *                              here, or copies the constructor issued
+ *                              waited for), all threads
  *                              (MW_SCHED_ALT_PROD: the consumers' 256);
  *   fill<WG, PART>(a, kb, stage, st)  by the 128 threads of warpgroup WG:
  *                              column blocks mw_fblk<WG, PART> of the tile
@@ -669,7 +671,7 @@ __global__ void __launch_bounds__(mw_nt<W>::NT, 1)
                     mw_first<1>(wi, a, sK, bars);
             }
             wi.stage_q(a, q_gen);
-            kva__fence_proxy_async(); /* Q stores -> the wgmma operand reads */
+            kva__fence_proxy_async(); /* Q's stores or copies -> the wgmma operand reads */
             __syncthreads();
         }
 
