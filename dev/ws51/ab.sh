@@ -16,7 +16,8 @@
 #          F3 packed staging slots overlap (need advances by half a range):
 #             test_update_sequence_reserved, test_update_pipelined
 #          F2 the large ring's growth frees its old halves without waiting for their copies:
-#             test_update_grow_pad (passes if cudaFreeHost itself waits: then say so)
+#             test_update_grow_pad (passes if cudaFreeHost itself waits: it does on the H200,
+#             580.159.04, CUDA 13, which the probe below shows; ws51's and ws52's calls)
 #          F1 kva_cuda_context_reserve's workspace with headroom again: test_reserved_bound_mha
 #          F4 (ws52, cuda_plan.cu) the reserve bound ignores q_len > 1 (rows of a one-row item):
 #             test_reserved_bound_mla (its speculative-decode shape)

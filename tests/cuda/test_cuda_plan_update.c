@@ -31,7 +31,14 @@
  * 64 KiB with unpadded uploads: a change of half at nearly every upload),
  * and once with every third upload padded further each time (up to the
  * buffer), so the large staging ring, sized by its uploads, grows twice while
- * the stream still has its earlier uploads' copies queued.
+ * the stream still has its earlier uploads' copies queued. That case cannot
+ * catch a growth that frees the old halves without waiting for their copies
+ * on a driver whose cudaFreeHost synchronizes the device by itself, as the
+ * H200's (580.159.04, CUDA 13) does: dev/ws52/freehost_probe.cu measured the
+ * free of a pinned buffer return only when a 200 ms kernel queued before it
+ * had ended, with or without a copy from that buffer queued
+ * (bench/results/h200_2026-11-28_ws52.txt; the planted fault passes there).
+ * The CUDA reference documents no such wait, so the growth keeps its own.
  * Every case runs on its own, so KVA_TEST_ONLY can spread them over
  * processes. Exits 77 without a GPU.
  */

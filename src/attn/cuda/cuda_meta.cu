@@ -343,7 +343,14 @@ extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_
  * hot ring comes, and at least double, up to the buffer, whenever an upload
  * does not fit in one: a growth waits for ring 1's copies still queued (the
  * old halves are freed), a host wait that comes once per doubling, as the
- * metadata buffer's own growth does, never in the steady state.
+ * metadata buffer's own growth does, never in the steady state. The wait is
+ * on ring 1's events because the CUDA reference documents no wait of
+ * cudaFreeHost for copies still to read the buffer; on the drivers measured
+ * (H200, 580.159.04, CUDA 13: dev/ws52/freehost_probe.cu) cudaFreeHost
+ * synchronizes the whole device by itself, queued work of every stream, so
+ * there the events' wait is already done when it returns and a growth costs
+ * a device synchronize (test_update_grow_pad cannot catch a missing wait on
+ * such a driver).
  */
 static kva_status grow_big_ring(kva__cuda_state *st, size_t need)
 {
