@@ -64,7 +64,8 @@ typedef struct kva_cuda_capacity {
 } kva_cuda_capacity;
 
 /* Grows the context's device metadata and workspace to hold any plan within
- * cap (synchronizes the stream; refused while it is capturing). With
+ * cap, exactly (a plan beyond cap that grows them adds headroom of its own;
+ * synchronizes the stream; refused while it is capturing). With
  * max_tokens > max_requests it also reserves the tile list of the tensor-core
  * prefill kernel, whose (possibly empty) launch is then part of every run of
  * a shape it supports, so a graph captured over decodes replays prefills.

@@ -17,6 +17,8 @@
  *     kept one of those (pick 1..4), its items equal that build's item for
  *     item and its tasks equal up to numbering;
  *   - a forced split count cuts no unit into more chunks than asked;
+ *   - a build that splits under candidate k cuts fewer than 3 x slots x k
+ *     chunks (kva_cuda_context_reserve's workspace bound, cuda_meta.cu);
  *   - the candidates skipped by their lower bound change nothing: the build
  *     equals the one that evaluates every candidate (makespan and time
  *     model), also where decode steps take the decode path (items written
@@ -105,6 +107,35 @@ static int cmp_block(const void *a, const void *b)
 {
     const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
+}
+
+/*
+ * The bound kva_cuda_context_reserve sizes its workspace by (cuda_meta.cu,
+ * caps_for): a grid build that splits under candidate k (picks 1..4 and
+ * 5..8: k = 1..4; pick 0 splits nothing) cuts fewer than 3 x slots x k
+ * chunks in all, so fewer than 12 x slots, and its partials take at most
+ * that many chunks of max_rows rows of Dv + 1 floats. most_per_slot keeps
+ * the largest chunks per slot seen (printed: how close the batches come).
+ */
+static double most_per_slot;
+static void check_split_bound(const kva_plan *plan, const kva__partition_params *pp,
+                              const kva__partition *p, int64_t slots, int c)
+{
+    int64_t pieces = 0;
+    for (int32_t t = 0; t < p->num_tasks; t++)
+        pieces += p->tasks[t].num_splits;
+    const int64_t k = p->pick >= 1 && p->pick <= 4   ? p->pick
+                      : p->pick >= 5 && p->pick <= 8 ? p->pick - 4
+                                                     : 0;
+    CHECK_MSG(pieces == 0 || pieces < 3 * slots * k,
+              "case %d: %lld split chunks on %lld slots under candidate %d (the reservation's "
+              "bound: fewer than 3 x slots x k)",
+              c, (long long)pieces, (long long)slots, (int)p->pick);
+    CHECK_MSG(p->partial_floats <= pieces * pp->max_rows * (plan->d.head_dim_v + 1),
+              "case %d: %lld partial floats for %lld chunks of at most %d rows", c,
+              (long long)p->partial_floats, (long long)pieces, (int)pp->max_rows);
+    if ((double)pieces / (double)slots > most_per_slot)
+        most_per_slot = (double)pieces / (double)slots;
 }
 
 /* Structure and coverage of partition p of plan (skip [R] or NULL). */
@@ -250,6 +281,7 @@ static void test_grid_random(void)
         check_exhaustive(plan, &pp, &grid, skip, pg, c);
         if (pg) {
             check_partition(plan, pg, skip);
+            check_split_bound(plan, &pp, pg, slots, c);
             const int64_t sim = simulate(pg, slots);
             CHECK_MSG(pg->makespan == sim && kva__partition_makespan(pg, slots) == sim,
                       "case %d: makespan %lld stored, %lld simulated", c, (long long)pg->makespan,
@@ -291,6 +323,7 @@ static void test_grid_random(void)
             CHECK_OK(kva__partition_build_grid(plan, &pp, &gold, skip, NULL, &po));
             if (po) {
                 check_partition(plan, po, skip);
+                check_split_bound(plan, &pp, po, slots, c);
                 CHECK(po->pick >= 1 && po->pick <= 4 && po->makespan == best_old &&
                       simulate(po, slots) == best_old);
             }
@@ -303,6 +336,7 @@ static void test_grid_random(void)
             check_exhaustive(plan, &pp, &gm, skip, pm, c);
             if (pm) {
                 check_partition(plan, pm, skip);
+                check_split_bound(plan, &pp, pm, slots, c);
                 CHECK(pm->makespan == simulate(pm, slots) &&
                       pm->estimate >= pm->makespan * 100 / 176);
             }
@@ -378,6 +412,7 @@ static void test_grid_decodes(void)
         if (pm) {
             check_exhaustive(plan, &pp, &gm, skip, pm, c);
             check_partition(plan, pm, skip);
+            check_split_bound(plan, &pp, pm, slots, c);
             CHECK(pm->makespan == simulate(pm, slots));
             /* The path taken: the decode path builds unsplit items only. */
             CHECK(!pm->decode_path || pm->num_tasks == 0);
@@ -536,5 +571,7 @@ int main(void)
     RUN(test_grid_uniform);
     RUN(test_grid_decodes);
     RUN(test_grid_decode_steps);
+    printf("split chunks per slot: at most %.2f (the reservation's bound: below 12)\n",
+           most_per_slot);
     return kva_test_finish();
 }

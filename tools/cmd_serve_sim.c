@@ -82,7 +82,7 @@ void kva_cli_usage_serve_sim(void)
            "                           bytes (the copy's host cost by size)  [32K]\n"
            "  --cuda-staging-hot SIZE  benchmarks: the half of the CUDA context's hot\n"
            "                           staging ring (uploads up to SIZE); 0 = none\n"
-           "                           (every upload in the buffer-sized ring)  [128K]\n"
+           "                           (every upload in the large ring)     [128K]\n"
            "  --plan-probe MODE        benchmarks (cuda): split each decode-only step's\n"
            "                           plan time into its phases (medians printed); 2: a\n"
            "                           stream query before the plan, 3: the plan again\n"

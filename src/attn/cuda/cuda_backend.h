@@ -159,14 +159,16 @@ typedef struct kva__cuda_occ {
 #define KVA__CUDA_OCC_CACHE 16
 
 /* The staging rings of a context's plan uploads (cuda_meta.cu,
- * staging_acquire): pinned memory in two halves per ring; uploads are staged
- * one after another in a half, and when the next one does not fit in what is
- * left of it, an event on the stream marks that half (its copies) and the
- * upload moves to the other half, first waiting for that half's own event.
- * Ring 0 (hot) takes the uploads of up to kva__cuda_state.staging_hot bytes
- * (KVA__CUDA_STAGING_HOT unless a benchmark set it) in halves of that size, small enough to stay in
- * the host's caches between steps; ring 1 the larger ones, in halves of at least one metadata
- * buffer. */
+ * staging_acquire): pinned memory in two halves per ring; an upload stages
+ * the byte ranges it copies, packed; uploads are staged one after another in
+ * a half, and when the next one does not fit in what is left of it, an event
+ * on the stream marks that half (its copies) and the upload moves to the
+ * other half, first waiting for that half's own event. Ring 0 (hot) takes the
+ * uploads of up to kva__cuda_state.staging_hot bytes (KVA__CUDA_STAGING_HOT
+ * unless a benchmark set it) in halves of that size, small enough to stay in
+ * the host's caches between steps; ring 1 the larger ones, in halves sized by
+ * the largest upload so far (at most one metadata buffer), made by the first
+ * such upload. */
 #define KVA__CUDA_RINGS 2
 #define KVA__CUDA_STAGING_HOT ((size_t)128 << 10)
 typedef struct kva__cuda_ring {
@@ -202,8 +204,11 @@ typedef struct kva__cuda_state {
     double *probe;             /* benchmarks (kva__cuda_context_plan_probe): clock stamps of the
                                   plan build's phases, or NULL */
     void *meta_dev;            /* device metadata buffer */
-    void *meta_host;           /* pinned staging: the hot ring's two halves, then the other
-                                  ring's (kva__cuda_ring) */
+    void *meta_host;           /* pinned staging of the hot ring (kva__cuda_ring 0): its two
+                                  halves (256 bytes when it has none) */
+    void *stage_big;           /* pinned staging of ring 1: its two halves, or NULL before
+                                  the first upload larger than the hot ring's half */
+    size_t stage_big_half;     /* bytes of each half of stage_big (0 while NULL) */
     size_t meta_bytes;         /* size of the device buffer */
     kva__cuda_ring *ring;      /* [KVA__CUDA_RINGS] the staging rings' events and counters */
     int ring_slots;            /* 2 (the staging halves) once meta_host is allocated */
@@ -324,6 +329,13 @@ int kva__cuda_rows_for_group(int32_t group);
 
 /* Rows of one item of the tensor-core decode kernel: one m16 tile. */
 #define KVA__CUDA_MMA_DECODE_ROWS 16
+
+/* The largest resident CTAs per SM x split-task rows of the kernels a plan
+ * within cap may run, and (*per_sm_max) the largest resident CTAs per SM
+ * alone (cuda_plan.cu; kva_cuda_context_reserve's workspace is 12 x SMs x
+ * the first x (Dv + 1) floats, cuda_meta.cu caps_for). Needs the device
+ * current; both at least 1. */
+int64_t kva__cuda_reserve_slot_rows(const kva_cuda_capacity *cap, int *per_sm_max);
 
 /* Kernel arguments of the attention kernels (fixed for a captured graph). */
 typedef struct kva__cuda_attn_args {
@@ -448,7 +460,7 @@ kva_status kva__cuda_context_balanced(kva_context *ctx, int on);
 kva_status kva__cuda_context_upload_min(kva_context *ctx, int64_t bytes);
 
 /* Benchmarks and tests: the half of ctx's hot staging ring (uploads of up to
- * `bytes` are staged there; 0: none, every upload in the buffer-sized ring,
+ * `bytes` are staged there; 0: none, every upload in the large ring,
  * as before the hot ring), a multiple of 256 up to 64 MiB. Only before the
  * context has staging (its first plan or kva_cuda_context_reserve), else
  * KVA_STATUS_INVALID_ARGUMENT. */

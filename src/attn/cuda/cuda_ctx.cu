@@ -71,6 +71,7 @@ extern "C" void kva__cuda_context_free(kva_context *ctx)
         (void)cudaStreamSynchronize(STREAM(st));
     cudaFree(st->meta_dev);
     cudaFreeHost(st->meta_host);
+    cudaFreeHost(st->stage_big);
     for (int i = 0; i < 2 * KVA__CUDA_RINGS; i++)
         cudaEventDestroy((cudaEvent_t)st->ring[i / 2].events[i % 2]);
     free(st->ring);

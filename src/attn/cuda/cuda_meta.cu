@@ -34,9 +34,9 @@ static size_t align256(size_t x)
  * the gaps between them: the extra bytes cost the copy engine little, a
  * second cudaMemcpyAsync costs the host a runtime call. */
 #define KVA_CUDA_UPLOAD_SPAN ((size_t)128 << 10)
-/* Smallest half of the staging ring: a decode step's upload stages a few tens
- * of KB, so a half holds many and the event record and wait that come with
- * each change of half are rare. */
+/* Smallest half of the large staging ring (ring 1): uploads staged there are
+ * larger than the hot ring's half, so a half holds several and the event
+ * record and wait that come with each change of half are rare. */
 #define KVA_CUDA_STAGING_HALF_MIN ((size_t)512 << 10)
 
 /*
@@ -75,20 +75,13 @@ static size_t layout_sections(const kva__cuda_caps *c, size_t off[KVA_CUDA_SECTI
     return o;
 }
 
-/* Bytes of one half of the large staging ring (ring 1) of a metadata buffer
- * of meta_bytes: at least the whole buffer, so any upload fits in an empty
- * half. */
-static size_t staging_half(size_t meta_bytes)
+/* Where ring k's staging starts and the bytes of each of its halves: the hot
+ * ring in meta_host, the large one in stage_big (NULL, half 0, until an
+ * upload first needs it). */
+static void ring_span(const kva__cuda_state *st, int k, char **base, size_t *half)
 {
-    return meta_bytes > KVA_CUDA_STAGING_HALF_MIN ? meta_bytes : KVA_CUDA_STAGING_HALF_MIN;
-}
-
-/* Where ring k's staging starts in meta_host and the bytes of each of its
- * halves: the hot ring first, then the large one. */
-static void ring_span(const kva__cuda_state *st, int k, size_t *base, size_t *half)
-{
-    *base = k == 0 ? 0 : 2 * st->staging_hot;
-    *half = k == 0 ? st->staging_hot : staging_half(st->meta_bytes);
+    *base = (char *)(k == 0 ? st->meta_host : st->stage_big);
+    *half = k == 0 ? st->staging_hot : st->stage_big_half;
 }
 
 static int64_t max64(int64_t a, int64_t b)
@@ -148,8 +141,11 @@ kva_status kva__cuda_reserve_meta(kva__cuda_state *st, const kva__cuda_caps *nee
     KVA_TRY(kva__cuda_check_not_capturing("kva_plan_create", st));
     void *dev = NULL, *host = NULL;
     cudaError_t e = cudaMalloc(&dev, bytes);
+    /* The hot ring only (never empty: a non-NULL meta_host tells the staging
+     * hook that the context has its staging); the large ring is sized by the
+     * uploads, not the buffer (staging_acquire), and outlives this growth. */
     if (e == cudaSuccess)
-        e = cudaMallocHost(&host, 2 * st->staging_hot + 2 * staging_half(bytes));
+        e = cudaMallocHost(&host, st->staging_hot > 0 ? 2 * st->staging_hot : 256);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         cudaFree(dev);
@@ -194,17 +190,19 @@ kva_status kva__cuda_reserve_meta(kva__cuda_state *st, const kva__cuda_caps *nee
     return KVA_STATUS_OK;
 }
 
-/* Grows the device workspace (split partials) to bytes. */
-extern "C" kva_status kva__cuda_workspace_reserve(kva_context *ctx, size_t bytes)
+/* Grows the device workspace (split partials) to bytes; headroom: with a
+ * quarter more, and at least half again the old size (plan builds: a
+ * workspace that grows step by step is reallocated a few times only), or
+ * exactly bytes (kva_cuda_context_reserve, whose bytes are already the upper
+ * bound of every plan within its capacity). */
+static kva_status workspace_grow(kva_context *ctx, size_t bytes, int headroom)
 {
     kva__cuda_state *st = state_of(ctx);
     if (bytes <= ctx->workspace_bytes)
         return KVA_STATUS_OK;
     KVA_TRY(kva__cuda_check_not_capturing("kva_plan_create", st));
-    /* A quarter of headroom, and at least half again the old size, so a
-     * workspace that grows step by step is reallocated a few times only. */
-    size_t rounded = align256(bytes + bytes / 4);
-    if (rounded < ctx->workspace_bytes + ctx->workspace_bytes / 2)
+    size_t rounded = align256(headroom ? bytes + bytes / 4 : bytes);
+    if (headroom && rounded < ctx->workspace_bytes + ctx->workspace_bytes / 2)
         rounded = align256(ctx->workspace_bytes + ctx->workspace_bytes / 2);
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, rounded);
@@ -221,6 +219,12 @@ extern "C" kva_status kva__cuda_workspace_reserve(kva_context *ctx, size_t bytes
     return KVA_STATUS_OK;
 }
 
+/* The memory table's workspace_reserve (plan builds): with headroom. */
+extern "C" kva_status kva__cuda_workspace_reserve(kva_context *ctx, size_t bytes)
+{
+    return workspace_grow(ctx, bytes, 1);
+}
+
 /* Upper bounds of the sections for a batch within cap (kva_cuda_context_reserve). */
 static void caps_for(const kva__cuda_state *st, const kva_cuda_capacity *cap, kva__cuda_caps *c,
                      size_t *ws_bytes)
@@ -228,15 +232,23 @@ static void caps_for(const kva__cuda_state *st, const kva_cuda_capacity *cap, kv
     const int64_t G = cap->num_heads / (cap->num_kv_heads > 0 ? cap->num_kv_heads : 1);
     const int rows = kva__cuda_rows_for_group((int32_t)G);
     const int64_t slices = (G + rows - 1) / rows;
-    /* Resident CTAs per SM never exceed 8 for the attention kernels, and the
-     * partition asks for up to 4 items per CTA. */
-    const int64_t threads = 32 * (int64_t)(st->num_sms > 0 ? st->num_sms : 1);
-    /* Units: every request contributes at most q_len/nq + 1 tiles per slice and
-     * kv head; splitting adds at most one item per partition thread, and only
-     * units costlier than total/threads are split (fewer than threads of them). */
+    /*
+     * Split pieces. A plan's partition runs on a grid of slots = per_sm x SMs
+     * CTAs, and the chunks of all its split tasks number P < 12 x slots
+     * (argument below). So a plan has at most units + P items (a unit cut
+     * into n chunks adds n - 1) and at most P / 2 split tasks (2 chunks or
+     * more each), per_sm at most the largest of the kernels a plan within
+     * cap may run (kva__cuda_reserve_slot_rows).
+     */
+    int per_sm = 1;
+    const int64_t slot_rows = kva__cuda_reserve_slot_rows(cap, &per_sm);
+    const int64_t sms = st->num_sms > 0 ? st->num_sms : 1;
+    const int64_t pieces = 12 * sms * per_sm;
+    /* Units: every request contributes at most q_len/nq + 1 tiles per slice
+     * and kv head. */
     int64_t units = cap->num_kv_heads * slices * ((int64_t)cap->max_tokens + cap->max_requests);
-    c->items = units + 2 * threads + 64;
-    c->tasks = threads + 64;
+    c->items = units + pieces;
+    c->tasks = pieces / 2;
     c->reqs = cap->max_requests;
     c->bt = cap->max_block_table;
     c->heads = cap->num_heads;
@@ -248,12 +260,29 @@ static void caps_for(const kva__cuda_state *st, const kva_cuda_capacity *cap, kv
                     ? cap->num_kv_heads * ((int64_t)cap->max_tokens * G / KVA__CUDA_PREFILL_TILE_M +
                                            cap->max_requests)
                     : 0;
-    /* Split partials: the tensor-core decode's items hold up to 16 rows, the
-     * MLA decode's (the only kernel with Dv > 256) up to 64. */
-    const size_t ws_rows = cap->head_dim_v > 256              ? (size_t)64
-                           : rows > KVA__CUDA_MMA_DECODE_ROWS ? (size_t)rows
-                                                              : (size_t)KVA__CUDA_MMA_DECODE_ROWS;
-    *ws_bytes = (size_t)(3 * threads + 64) * ws_rows * ((size_t)cap->head_dim_v + 1) * 4u;
+    /*
+     * Split partials. A split task of nq x nh rows cut into n chunks takes
+     * n x nq x nh x (Dv + 1) floats (partition.c), so the workspace of a plan
+     * is at most P x its rows per task x (Dv + 1) floats, P the chunks of all
+     * its split tasks. P < 12 x slots: the grid build (partition_grid.c)
+     * splits, if at all, under a target t = max(1, floor(total / (slots x
+     * k))) for some k in 1..4 (total: the cost of every unit, kv heads
+     * included), and asks a unit of cost c > t for n < c / t + 1 <= 2c / t
+     * chunks (rounded up; n <= c / t rounded down); the chunks cut are at
+     * most the count asked (chunk keys rounded up to 64). So P < 2 total / t.
+     * A unit is split only when its cap (keys / 256) is at least 2, and n <=
+     * cap <= keys / 256 < c / 256 (c = nh x visible + keys + 32), so also P <
+     * total / 256. With x = total / (slots x k): for x < 2, P < total / 256 <
+     * slots x k / 128; for x >= 2, t = floor(x) >= 2 and x < t + 1, so P <
+     * 2 slots x k (t + 1) / t <= 3 slots x k. Either way P < 3 x slots x k
+     * <= 12 x slots. The rows per task are at most the plan's kernel's rows
+     * and G x max_tokens, and slot_rows is the largest per_sm x those rows
+     * over the kernels a plan within cap may run (cuda_plan.cu). A forced
+     * chunk count (kva__cuda_context_force_splits: benchmarks and tests) is
+     * outside this bound: such a plan grows the workspace as any plan beyond
+     * the capacity does.
+     */
+    *ws_bytes = (size_t)12 * (size_t)sms * (size_t)slot_rows * ((size_t)cap->head_dim_v + 1) * 4u;
 }
 
 extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_capacity *cap)
@@ -277,13 +306,21 @@ extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_
     caps_for(st, cap, &c, &ws);
     KVA_TRY(kva__cuda_check_not_capturing(__func__, st));
     KVA_TRY(kva__cuda_reserve_meta(st, &c, 0));
-    return kva__cuda_workspace_reserve(ctx, ws);
+    return workspace_grow(ctx, ws, 0);
 }
 
 /*
  * The staging rings. An upload fills its bytes of the pinned staging on the
  * host and copies them to the device buffer on the stream, so they stay in
- * use until the stream has run the copy. Uploads are staged one after
+ * use until the stream has run the copy. That copy is queued behind whatever
+ * the host enqueued before it (a serving engine's runs or graph replays of
+ * the previous steps), so the host is normally filling upload N + 1 while
+ * the stream has not yet run upload N's copy: a single staging buffer would
+ * have the fill overwrite bytes that copy has still to read, unless the host
+ * first waited for it, i.e. for the stream to catch up with the previous
+ * step (one host synchronization per upload, the host's run-ahead gone).
+ * Hence two halves per ring: the host waits only for the copies of the other
+ * half, staged a whole half of uploads ago. Uploads are staged one after
  * another in one half of a ring; only when the next one does not fit in what
  * is left of the half does the upload record an event for that half (after
  * all of its copies) and move to the other half, waiting on the host for
@@ -293,17 +330,81 @@ extern "C" kva_status kva_cuda_context_reserve(kva_context *ctx, const kva_cuda_
  * uploads instead of once per upload. An upload of up to st->staging_hot
  * bytes (KVA__CUDA_STAGING_HOT: a decode step's) goes to the hot ring, whose
  * two halves of that size are small enough to stay in the host's caches from
- * step to step; a ring of buffer-sized halves (megabytes
- * after kva_cuda_context_reserve) would have the fill write lines that left
- * the caches since the ring last passed them. Larger uploads go to ring 1.
+ * step to step; a ring of halves of megabytes (a large upload's) would have
+ * the fill write lines that left the caches since the ring last passed them.
+ * Larger uploads go to ring 1.
  */
+/*
+ * Ring 1 is sized by the uploads, not by the metadata buffer: an upload
+ * stages only the byte ranges it copies (kva__cuda_upload_plan), so a plan
+ * whose block table fills a small part of a large reservation (a graph-mode
+ * wrapper's, sized for its indices buffer) stages that part. Its halves
+ * start at KVA_CUDA_STAGING_HALF_MIN when the first upload too large for the
+ * hot ring comes, and at least double, up to the buffer, whenever an upload
+ * does not fit in one: a growth waits for ring 1's copies still queued (the
+ * old halves are freed), a host wait that comes once per doubling, as the
+ * metadata buffer's own growth does, never in the steady state. The wait is
+ * on ring 1's events because the CUDA reference documents no wait of
+ * cudaFreeHost for copies still to read the buffer; on the drivers measured
+ * (H200, 580.159.04, CUDA 13: dev/ws52/freehost_probe.cu) cudaFreeHost
+ * synchronizes the whole device by itself, queued work of every stream, so
+ * there the events' wait is already done when it returns and a growth costs
+ * a device synchronize (test_update_grow_pad cannot catch a missing wait on
+ * such a driver).
+ */
+static kva_status grow_big_ring(kva__cuda_state *st, size_t need)
+{
+    kva__cuda_ring *r = &st->ring[1];
+    size_t half = st->stage_big_half < st->meta_bytes / 2 ? 2 * st->stage_big_half : st->meta_bytes;
+    if (half < KVA_CUDA_STAGING_HALF_MIN)
+        half = KVA_CUDA_STAGING_HALF_MIN;
+    if (half < need)
+        half = need;
+    half = align256(half);
+    void *host = NULL;
+    cudaError_t e = cudaMallocHost(&host, 2 * half);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kva__fail(KVA_STATUS_OUT_OF_MEMORY,
+                         "kva_plan_create: cannot allocate %zu bytes of pinned staging: %s",
+                         2 * half, cudaGetErrorString(e));
+    }
+    if (st->stage_big) {
+        const int h = r->half;
+        if ((size_t)r->pos != (size_t)h * st->stage_big_half) { /* the current half has uploads */
+            e = cudaEventRecord((cudaEvent_t)r->events[h], STREAM(st));
+            if (e == cudaSuccess)
+                r->pending[h] = 1;
+        }
+        for (int i = 0; i < 2 && e == cudaSuccess; i++)
+            if (r->pending[i]) {
+                e = cudaEventSynchronize((cudaEvent_t)r->events[i]);
+                r->pending[i] = 0;
+            }
+        if (e != cudaSuccess) { /* the old halves may still be read: keep them */
+            cudaFreeHost(host);
+            return kva__fail(KVA_STATUS_DEVICE_ERROR, "kva_plan_create: %s", cudaGetErrorString(e));
+        }
+        cudaFreeHost(st->stage_big);
+    }
+    st->stage_big = host;
+    st->stage_big_half = half;
+    r->pending[0] = r->pending[1] = 0;
+    r->pos = 0;
+    r->half = 0;
+    return KVA_STATUS_OK;
+}
+
 static kva_status staging_acquire(kva__cuda_state *st, size_t need, char **slot)
 {
     if (st->drain_deferred)
         KVA_TRY(kva__cuda_upload_drain(st));
     const int k = need <= st->staging_hot ? 0 : 1;
+    if (k == 1 && need > st->stage_big_half)
+        KVA_TRY(grow_big_ring(st, need));
     kva__cuda_ring *r = &st->ring[k];
-    size_t base = 0, half = 0;
+    char *base = NULL;
+    size_t half = 0;
     ring_span(st, k, &base, &half);
     size_t pos = (size_t)r->pos;
     int h = r->half;
@@ -322,7 +423,7 @@ static kva_status staging_acquire(kva__cuda_state *st, size_t need, char **slot)
             r->pending[h] = 0;
         }
     }
-    *slot = (char *)st->meta_host + base + pos;
+    *slot = base + pos;
     r->half = h;
     r->pos = pos + align256(need); /* at most the half's end: the next upload moves on */
     return KVA_STATUS_OK;
@@ -345,9 +446,10 @@ extern "C" kva_status kva__cuda_upload_drain(kva__cuda_state *st)
     }
     for (int k = 0; k < KVA__CUDA_RINGS; k++) {
         kva__cuda_ring *r = &st->ring[k];
-        if (st->meta_host) {
-            size_t base = 0, half = 0;
-            ring_span(st, k, &base, &half);
+        char *base = NULL;
+        size_t half = 0;
+        ring_span(st, k, &base, &half);
+        if (base) {
             const int h = r->half;
             if ((size_t)r->pos != (size_t)h * half) { /* the current half has uploads */
                 KVA_CUDA_TRY(cudaEventRecord((cudaEvent_t)r->events[h], STREAM(st)));
@@ -365,12 +467,37 @@ extern "C" kva_status kva__cuda_upload_drain(kva__cuda_state *st)
     return KVA_STATUS_OK;
 }
 
-/* Copies bytes of the staged buffer image h at off to the device buffer on the stream. */
-static kva_status upload(kva__cuda_state *st, const char *h, size_t off, size_t bytes)
+/* The byte ranges of the metadata buffer one upload stages: at most one per
+ * section, packed one after another in its staging slot. */
+typedef struct staged_ranges {
+    int n;
+    size_t lo[KVA_CUDA_SECTIONS], hi[KVA_CUDA_SECTIONS]; /* buffer offsets */
+    size_t at[KVA_CUDA_SECTIONS];                        /* their offsets in the slot */
+    char *slot;
+} staged_ranges;
+
+/* Where buffer offset x is staged: inside the range that holds it, else NULL. */
+static char *staged_at(const staged_ranges *sr, size_t x)
+{
+    for (int r = 0; r < sr->n; r++)
+        if (x >= sr->lo[r] && x < sr->hi[r])
+            return sr->slot + sr->at[r] + (x - sr->lo[r]);
+    return NULL;
+}
+
+/* Copies bytes of the buffer at off from their staging to the device buffer
+ * on the stream. The copy's range lies in one staged range (see
+ * kva__cuda_upload_plan); a bug that broke that would copy other staging. */
+static kva_status upload(kva__cuda_state *st, const staged_ranges *sr, size_t off, size_t bytes)
 {
     if (bytes == 0)
         return KVA_STATUS_OK;
-    KVA_CUDA_TRY(cudaMemcpyAsync((char *)st->meta_dev + off, h + off, bytes, cudaMemcpyHostToDevice,
+    const char *src = staged_at(sr, off);
+    if (!src || staged_at(sr, off + bytes - 1) != src + bytes - 1)
+        return kva__fail(KVA_STATUS_INTERNAL,
+                         "kva_plan_create: upload of buffer bytes %zu..%zu is not staged", off,
+                         off + bytes);
+    KVA_CUDA_TRY(cudaMemcpyAsync((char *)st->meta_dev + off, src, bytes, cudaMemcpyHostToDevice,
                                  STREAM(st)));
     return KVA_STATUS_OK;
 }
@@ -399,48 +526,73 @@ kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
     len[8] = mma_req ? (size_t)st->caps.ptiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t) : 0;
     len[9] = dcp_global ? (size_t)R * sizeof(int32_t) : 0;
     len[10] = plan->tree_bits ? (size_t)T * sizeof(uint64_t) : 0;
-    /* The staged bytes mirror the device buffer from its start (the header,
-     * always uploaded, is its first section) to the end of the last used one. */
-    size_t need = 0;
-    for (int i = 0; i < KVA_CUDA_SECTIONS; i++)
-        if (len[i] > 0 && off[i] + len[i] > need)
-            need = off[i] + len[i];
     /* The copy's minimum span (KVA__CUDA_UPLOAD_MIN), within the buffer. */
     const size_t pad = st->upload_min < st->meta_bytes ? st->upload_min : st->meta_bytes;
-    if (need < pad)
-        need = pad;
-    char *h = NULL;
-    KVA_TRY(staging_acquire(st, need, &h));
+    /* What is staged: the used sections, those closer than the widest gap a
+     * copy spans (KVA_CUDA_UPLOAD_SPAN) in one range with the gap between
+     * them, the first range from the buffer's start (the header, always
+     * uploaded) at least pad bytes long; the ranges packed one after another
+     * in the staging slot. Every copy below (gaps of at most that span, the
+     * padded first copy, the prefill tiles trimmed to their count) lies in
+     * one staged range, so a large unused capacity (a reserved block table's)
+     * costs no staging. */
+    staged_ranges sr;
+    sr.n = 0;
+    sr.slot = NULL;
+    size_t need = 0;
+    for (int k = 0; k < KVA_CUDA_SECTIONS; k++) {
+        const int i = kva_cuda_section_order[k];
+        if (len[i] == 0)
+            continue;
+        if (sr.n > 0 && off[i] <= sr.hi[sr.n - 1] + KVA_CUDA_UPLOAD_SPAN) {
+            if (off[i] + len[i] > sr.hi[sr.n - 1])
+                sr.hi[sr.n - 1] = off[i] + len[i];
+            continue;
+        }
+        sr.lo[sr.n] = off[i];
+        sr.hi[sr.n] = off[i] + len[i];
+        if (sr.n == 0 && sr.hi[0] < pad)
+            sr.hi[0] = pad;
+        sr.n++;
+    }
+    for (int r = 0; r < sr.n; r++) {
+        sr.at[r] = need;
+        need += align256(sr.hi[r] - sr.lo[r]);
+    }
+    KVA_TRY(staging_acquire(st, need, &sr.slot));
     kva__cuda_probe(st, KVA__CUDA_PROBE_SLOT);
+    char *at[KVA_CUDA_SECTIONS]; /* each used section's staging (NULL: unused) */
+    for (int i = 0; i < KVA_CUDA_SECTIONS; i++)
+        at[i] = len[i] > 0 ? staged_at(&sr, off[i]) : NULL;
 
-    int32_t *hdr = (int32_t *)(h + off[0]);
+    int32_t *hdr = (int32_t *)at[0];
     memset(hdr, 0, KVA_CUDA_HDR_WORDS * sizeof(int32_t));
     hdr[KVA_CUDA_HDR_ITEMS] = part->num_items;
     hdr[KVA_CUDA_HDR_TASKS] = part->num_tasks;
     hdr[KVA_CUDA_HDR_REQS] = R;
     hdr[KVA_CUDA_HDR_BT_STRIDE] = plan->d.block_table_stride;
-    kva__cuda_item *it = (kva__cuda_item *)(h + off[1]);
+    kva__cuda_item *it = (kva__cuda_item *)at[1];
     for (int32_t i = 0; i < part->num_items; i++) {
         const kva__work_item *w = &part->items[i];
         kva__cuda_item x = {w->req, w->kv_head, w->h0, w->nh,   w->i0,
                             w->nq,  w->k0,      w->k1, w->task, w->split};
         it[i] = x;
     }
-    kva__cuda_task *tk = (kva__cuda_task *)(h + off[2]);
+    kva__cuda_task *tk = (kva__cuda_task *)at[2];
     for (int32_t i = 0; i < part->num_tasks; i++) {
         const kva__split_task *t = &part->tasks[i];
         kva__cuda_task x = {t->req, t->kv_head, t->h0, t->nh,    t->i0, t->nq,    t->num_splits,
                             0,      t->k0,      t->k1, t->chunk, 0,     t->ws_off};
         tk[i] = x;
     }
-    memcpy(h + off[3], plan->query_start_loc, ((size_t)R + 1) * sizeof(int32_t));
+    memcpy(at[3], plan->query_start_loc, ((size_t)R + 1) * sizeof(int32_t));
     if (R > 0)
-        memcpy(h + off[4], plan->kv_lens, (size_t)R * sizeof(int32_t)); /* see dcp_accept */
-    memcpy(h + off[5], plan->kv_start, ((size_t)R + 1) * sizeof(int64_t));
+        memcpy(at[4], plan->kv_lens, (size_t)R * sizeof(int32_t)); /* see dcp_accept */
+    memcpy(at[5], plan->kv_start, ((size_t)R + 1) * sizeof(int64_t));
     if (bt > 0)
-        memcpy(h + off[6], plan->block_table, (size_t)bt * sizeof(int32_t));
+        memcpy(at[6], plan->block_table, (size_t)bt * sizeof(int32_t));
     if (plan->alibi_slopes)
-        memcpy(h + off[7], plan->alibi_slopes, (size_t)plan->d.num_heads * sizeof(float));
+        memcpy(at[7], plan->alibi_slopes, (size_t)plan->d.num_heads * sizeof(float));
     int32_t ntiles = 0;
     if (mma_req)
         KVA_TRY(kva__cuda_prefill_tiles_build_sections(
@@ -448,18 +600,18 @@ kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
             plan->d.num_kv_heads, plan->d.causal, plan->d.window_left, plan->d.attention_chunk,
             KVA_CUDA_L2_SECTION_BYTES / ((int64_t)(plan->d.head_dim + plan->d.head_dim_v) *
                                          (int64_t)kva_dtype_size(plan->d.q_dtype)),
-            (int32_t *)(h + off[8]), (int32_t)st->caps.ptiles, &ntiles));
+            (int32_t *)at[8], (int32_t)st->caps.ptiles, &ntiles));
     hdr[KVA_CUDA_HDR_PTILES] = ntiles;
     len[8] = (size_t)ntiles * KVA__CUDA_PREFILL_TILE_INTS * sizeof(int32_t);
     if (dcp_global) { /* masks on global positions (dcp_pos.cuh) */
         hdr[KVA_CUDA_HDR_DCP_N] = plan->d.dcp_size;
         hdr[KVA_CUDA_HDR_DCP_RANK] = plan->d.dcp_rank;
         hdr[KVA_CUDA_HDR_DCP_I] = plan->d.dcp_interleave;
-        memcpy(h + off[9], plan->seq_lens, (size_t)R * sizeof(int32_t));
+        memcpy(at[9], plan->seq_lens, (size_t)R * sizeof(int32_t));
     }
     if (plan->tree_bits) { /* draft-tree words (tree_mask.cuh) */
         hdr[KVA_CUDA_HDR_TREE] = 1;
-        memcpy(h + off[10], plan->tree_bits, (size_t)T * sizeof(uint64_t));
+        memcpy(at[10], plan->tree_bits, (size_t)T * sizeof(uint64_t));
     }
 
     /* Sections closer than KVA_CUDA_UPLOAD_GAP bytes, or all of them when
@@ -482,7 +634,7 @@ kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
         if (len[i] == 0)
             continue;
         if (open && off[i] - hi > gap) {
-            KVA_TRY(upload(st, h, lo, hi - lo));
+            KVA_TRY(upload(st, &sr, lo, hi - lo));
             open = 0;
         }
         if (!open)
@@ -492,7 +644,7 @@ kva_status kva__cuda_upload_plan(kva__cuda_state *st, const kva_plan *plan,
     if (open && lo == 0 && hi < pad)
         hi = pad; /* one copy from the buffer's start: padded (a multi-copy upload is not) */
     if (open)
-        KVA_TRY(upload(st, h, lo, hi - lo));
+        KVA_TRY(upload(st, &sr, lo, hi - lo));
     kva__cuda_probe(st, KVA__CUDA_PROBE_COPY);
     return KVA_STATUS_OK;
 }

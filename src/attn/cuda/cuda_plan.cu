@@ -177,6 +177,14 @@ extern "C" kva_status kva__cuda_context_upload_min(kva_context *ctx, int64_t byt
  * occupancy query (with the shared-memory attribute it sets first) is a
  * runtime call that kva_plan_create would otherwise repeat every step, and its
  * answer is fixed per kernel and device. Failures are not cached. */
+static int ctas_per_sm_query(kva_dtype dt, int32_t dmax, int rows, int kernel)
+{
+    return kernel == KVA__CUDA_K_DECODE_MMA         ? kva__cuda_decode_mma_ctas_per_sm(dt, dmax)
+           : kernel == KVA__CUDA_K_MLA_DECODE_MMA   ? kva__cuda_mla_decode_ctas_per_sm(dt, rows)
+           : kernel == KVA__CUDA_K_MLA_DECODE_WGMMA ? kva__cuda_mla_wgmma_ctas_per_sm(dt)
+                                                    : kva__cuda_simt_ctas_per_sm(dt, dmax, rows);
+}
+
 static int ctas_per_sm_cached(kva__cuda_state *st, kva_dtype dt, int32_t dmax, int rows, int kernel)
 {
     for (int i = 0; i < st->num_occ; i++) {
@@ -184,11 +192,7 @@ static int ctas_per_sm_cached(kva__cuda_state *st, kva_dtype dt, int32_t dmax, i
         if (o->dtype == dt && o->dmax == dmax && o->rows == rows && o->kernel == kernel)
             return o->per_sm;
     }
-    const int n =
-        kernel == KVA__CUDA_K_DECODE_MMA         ? kva__cuda_decode_mma_ctas_per_sm(dt, dmax)
-        : kernel == KVA__CUDA_K_MLA_DECODE_MMA   ? kva__cuda_mla_decode_ctas_per_sm(dt, rows)
-        : kernel == KVA__CUDA_K_MLA_DECODE_WGMMA ? kva__cuda_mla_wgmma_ctas_per_sm(dt)
-                                                 : kva__cuda_simt_ctas_per_sm(dt, dmax, rows);
+    const int n = ctas_per_sm_query(dt, dmax, rows, kernel);
     if (n > 0 && st->num_occ < KVA__CUDA_OCC_CACHE) {
         kva__cuda_occ *o = &st->occ[st->num_occ++];
         o->dtype = dt, o->dmax = dmax, o->rows = rows, o->kernel = kernel, o->per_sm = n;
@@ -239,6 +243,76 @@ static void plan_kernels(const kva_context *ctx, const kva_plan *plan, int *deco
             fp == KVA__CUDA_K_PREFILL_WGMMA_TMA_NARROW || fp == KVA__CUDA_K_PREFILL_WGMMA_NARROW;
     *tiles = fp != KVA__CUDA_K_PREFILL_ITEMS && plan->block_table != NULL &&
              kva__cuda_prefill_supported(plan->d.head_dim, plan->d.head_dim_v, plan->d.q_dtype);
+}
+
+/* *best = max(*best, per_sm x min(rows, row_cap)); *most = max(*most, per_sm). */
+static void slot_rows(int64_t *best, int *most, int per_sm, int64_t rows, int64_t row_cap)
+{
+    const int64_t r = rows < row_cap ? rows : row_cap;
+    if ((int64_t)per_sm * r > *best)
+        *best = (int64_t)per_sm * r;
+    if (per_sm > *most)
+        *most = per_sm;
+}
+
+/*
+ * The largest slots x split rows of any plan within cap, for
+ * kva_cuda_context_reserve's workspace bound (cuda_meta.cu, caps_for): a
+ * plan's partition runs on a grid of per_sm x SMs slots (best_partition), and
+ * each of its split tasks holds nq x nh attention rows, at most the decode
+ * kernel's rows (partition.c: nh <= the rows, nq = rows / nh for a tile) and
+ * at most G x max_tokens (nh <= G = H / Hkv, nq <= q_len <= max_tokens).
+ * Returned here: max over every kernel a plan of the shape may run (forced
+ * kernels included) and every q dtype it takes of per_sm x min(rows,
+ * G x max_tokens), per SM:
+ *   - Dv > 256 (kind KVA_ATTN_MLA, D 576 / Dv 512, plan_kernels): the MLA
+ *     mma decode at each row count (16, 32, 64) that H x q_len selects for a
+ *     q_len of 1 .. max_tokens, and the wgmma decode (64 rows);
+ *   - else: the tensor-core decode (D = Dv in {64, 128, 256}, 16 rows) and the
+ *     CUDA-core decode (kva__cuda_rows_for_group(G) rows) at Dv and every head
+ *     size bucket above it (cap has no D: dmax = max(D, Dv) >= Dv, up to 256).
+ * *per_sm_max gets the largest per_sm alone (the item and task bounds).
+ * The occupancy queries are not cached (a reservation is rare; the plans'
+ * cache stays theirs). A kernel that cannot be resident (0) adds nothing.
+ */
+extern "C" int64_t kva__cuda_reserve_slot_rows(const kva_cuda_capacity *cap, int *per_sm_max)
+{
+    const int64_t G = cap->num_heads / (cap->num_kv_heads > 0 ? cap->num_kv_heads : 1);
+    const int64_t q_max = cap->max_tokens > 1 ? cap->max_tokens : 1;
+    const int64_t row_cap = G * q_max; /* nh x nq of any item */
+    int64_t best = 0;
+    int most = 0;
+    const kva_dtype half[2] = {KVA_DTYPE_F16, KVA_DTYPE_BF16};
+    if (cap->head_dim_v > 256) {
+        const int lo = kva__cuda_mla_decode_rows(cap->num_heads, 1);
+        const int hi = kva__cuda_mla_decode_rows(cap->num_heads, (int32_t)q_max);
+        for (int d = 0; d < 2; d++) {
+            for (int rows = lo; rows <= hi; rows *= 2)
+                slot_rows(&best, &most,
+                          ctas_per_sm_query(half[d], 576, rows, KVA__CUDA_K_MLA_DECODE_MMA), rows,
+                          row_cap);
+            slot_rows(&best, &most,
+                      ctas_per_sm_query(half[d], 576, 64, KVA__CUDA_K_MLA_DECODE_WGMMA), 64,
+                      row_cap);
+        }
+    } else {
+        const int32_t Dv = cap->head_dim_v;
+        if (kva__cuda_decode_mma_supported(Dv, Dv, KVA_DTYPE_BF16))
+            for (int d = 0; d < 2; d++)
+                slot_rows(&best, &most, ctas_per_sm_query(half[d], Dv, 0, KVA__CUDA_K_DECODE_MMA),
+                          KVA__CUDA_MMA_DECODE_ROWS, row_cap);
+        const kva_dtype all[3] = {KVA_DTYPE_F16, KVA_DTYPE_BF16, KVA_DTYPE_F32};
+        const int rows = kva__cuda_rows_for_group((int32_t)G);
+        const int32_t dmax[5] = {Dv, 32, 64, 128, 256}; /* attn_simt.cuh: buckets end there */
+        for (int d = 0; d < 3; d++)
+            for (int k = 0; k < 5; k++)
+                if (dmax[k] >= Dv)
+                    slot_rows(&best, &most,
+                              ctas_per_sm_query(all[d], dmax[k], rows, KVA__CUDA_K_DECODE_SIMT),
+                              rows, row_cap);
+    }
+    *per_sm_max = most > 0 ? most : 1;
+    return best > 0 ? best : 1;
 }
 
 /*
