@@ -20,7 +20,7 @@
 set -uo pipefail
 st=$(cd "$(dirname "$0")/../../.." && pwd) # the staged folder (.dev/fi53)
 res=${OUT:-$st/out}; mkdir -p "$res"; L=$res/peer.txt; tmp=/tmp/fi53_logs; mkdir -p "$tmp"
-B=/tmp/fb53; fs=/tmp/fi53_site; fj=/tmp/fi53_jit; mkdir -p $fs $fj; fi=${FI:-$st/fi}
+B=/tmp/fb53; fs=/tmp/fi53_site; fj=/tmp/fi53_jit; mkdir -p $fs $fj; fid=${FI:-$st/fi}
 steps=" ${STEPS:-mla decode prefill} "; has() { [[ "$steps" == *" $1 "* ]]; }
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }; T() { echo "## $1: $(el) s" >>"$L"; }
 late() { [ "$(el)" -le "${LATE:-165}" ] || { echo "## $1 skipped: $(el) s > LATE ${LATE:-165}" >>"$L"; return 1; }; }
@@ -31,10 +31,10 @@ echo "# python $pyv, torch $(python3 -c 'import torch; print(torch.__version__)'
 # FlashInfer's site beside the build: the tvm-ffi wheel, the package without its sources, the prebuilt modules;
 # then every module the three peer scripts load, loaded once (no GPU needed)
 # (the wheel holds only tvm_ffi/ and its dist-info: unzipping it installs it where pip is missing)
-whl=$(ls "$fi"/whl/apache_tvm_ffi-*-cp$pyv-cp$pyv-*.whl 2>/dev/null | head -1)
-( [ -n "$whl" ] || { echo "no tvm-ffi wheel for cp$pyv in $fi/whl"; exit 1; }
+whl=$(ls "$fid"/whl/apache_tvm_ffi-*-cp$pyv-cp$pyv-*.whl 2>/dev/null | head -1)
+( [ -n "$whl" ] || { echo "no tvm-ffi wheel for cp$pyv in $fid/whl"; exit 1; }
   python3 -m pip install -q --no-deps --target $fs "$whl" || python3 -m zipfile -e "$whl" $fs
-  tar -xzf "$fi/fi-slim.tgz" -C $fs && tar -xzf "$fi/fi-jit.tgz" -C $fj &&
+  tar -xzf "$fid/fi-slim.tgz" -C $fs && tar -xzf "$fid/fi-jit.tgz" -C $fj &&
   cd "$st/new" && PYTHONPATH=$fs KVA_FI_PREBUILT=$fj timeout 60 python3 bench/decode_fi_peer.py --modules
 ) >$tmp/fi_setup.log 2>&1 &
 fpid=$!
