@@ -11,7 +11,7 @@ set -euo pipefail
 repo=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 base=${1:-main}; br=${2:-fi53}
 dst=${DST:-/work/main/.dev/fi53}; fo=${FI_OUT:-/work/fi40/out}; fw=${FI_WHL:-/work/fi40/whl}
-tar -tzf "$fo/fi-jit.tgz" | grep -q '^batch_mla_attention_.*_sm90/' ||
+[ "$(tar -tzf "$fo/fi-jit.tgz" | grep -c '^batch_mla_attention_.*_sm90/')" -gt 0 ] ||
   { echo "stage.sh: $fo/fi-jit.tgz has no MLA module (bench/flashinfer_prebuild.sh, module mla)" >&2; exit 1; }
 if git -C "$repo" merge-base --is-ancestor "$br" "$base"; then
   tree=$base; what="$base $(git -C "$repo" rev-parse --short "$base") (holds $br)"
