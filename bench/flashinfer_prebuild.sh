@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# flashinfer_prebuild.sh - compile FlashInfer's paged-prefill and paged-decode JIT modules on a
+# flashinfer_prebuild.sh - compile FlashInfer's paged-prefill, paged-decode and MLA JIT modules on a
 # machine WITHOUT a GPU (the dev VM: nvcc 13, PyPI), so the GPU machine runs
-# the FlashInfer peer rows of bench/prefill_sdpa_peer.py and bench/decode_fi_peer.py without spending its
+# the FlashInfer peer rows of bench/prefill_sdpa_peer.py, bench/decode_fi_peer.py and bench/peer_mla.py without spending its
 # time on FlashInfer's JIT (~400 s there). Writes to OUTDIR:
 #   fi-slim.tgz  the flashinfer package without its data/ (sources, headers);
 #                the peer script generates nothing, so it needs none of them
@@ -17,11 +17,13 @@
 #   carry it beside (e.g. .whl/apache_tvm_ffi-*-cp312-*.whl).
 # On the GPU machine: pip install --no-deps --target SITE <tvm-ffi wheel>;
 # tar -xzf fi-slim.tgz -C SITE; tar -xzf fi-jit.tgz -C JIT;
-# PYTHONPATH=SITE KVA_FI_PREBUILT=JIT python3 bench/prefill_sdpa_peer.py short (and bench/decode_fi_peer.py)
+# PYTHONPATH=SITE KVA_FI_PREBUILT=JIT python3 bench/prefill_sdpa_peer.py short (and bench/decode_fi_peer.py,
+# bench/peer_mla.py); bench/decode_fi_peer.py --modules (no GPU) loads every one of them.
 # Usage: bench/flashinfer_prebuild.sh FLASHINFER_WHEEL OUTDIR [VENV]
 # (compiling took ~6 min with MAX_JOBS=2 on the 2-core dev VM on 2026-11-28, FlashInfer 0.7.2.post1, for the
-# prefill module, ~6 min more for the four decode modules, 25 s for the mla module with MAX_JOBS=1 on 2026-11-28; MAX_JOBS sets how many nvcc jobs run at once; built
-# modules are not compiled again). dev/final/run.sh takes the outputs in its ./fi folder.
+# prefill module, ~6 min more for the four decode modules, 25 s for the mla module (MAX_JOBS=1); MAX_JOBS sets how
+# many nvcc jobs run at once; built modules are not compiled again). dev/final/run.sh and dev/fi53/peer.sh take
+# the outputs in their ./fi folder.
 set -euo pipefail
 whl=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); out=$(mkdir -p "$2" && cd "$2" && pwd)
 venv=${3:-$out/venv}

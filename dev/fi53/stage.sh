@@ -28,4 +28,4 @@ cp "$fw"/apache_tvm_ffi-*-cp312-cp312-*.whl "$fw"/apache_tvm_ffi-*-cp313-cp313-*
 mib=$(( $(du -sk "$dst" | cut -f1) / 1024 ))
 echo "staged $dst: $what, $mib MiB"
 [ "$mib" -le 60 ] || { echo "stage.sh: $mib MiB > 60" >&2; exit 1; }
-echo 'run(command="bash .dev/fi53/new/dev/fi53/peer.sh", carry=[".dev/fi53"], kind="nvidia-h200", timeout_s=240)'
+echo 'run(command="bash .dev/fi53/new/dev/fi53/peer.sh", carry=[".dev/fi53"], kind="nvidia-h200", timeout_s=210)'
