@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # flashinfer_prebuild.sh - compile FlashInfer's paged-prefill, paged-decode and MLA JIT modules on a
-# machine WITHOUT a GPU (the dev VM: nvcc 13, PyPI), so the GPU machine runs
-# the FlashInfer peer rows of bench/prefill_sdpa_peer.py, bench/decode_fi_peer.py and bench/peer_mla.py without spending its
-# time on FlashInfer's JIT (~400 s there). Writes to OUTDIR:
+# machine WITHOUT a GPU (the dev VM: nvcc 13, PyPI), so the GPU machine runs the FlashInfer peer rows of
+# bench/prefill_sdpa_peer.py, bench/decode_fi_peer.py and bench/peer_mla.py without spending its time on
+# FlashInfer's JIT (~400 s there). Writes to OUTDIR:
 #   fi-slim.tgz  the flashinfer package without its data/ (sources, headers);
 #                the peer script generates nothing, so it needs none of them
 #   fi-jit.tgz   <uri>/<uri>.so for every module built so far in OUTDIR (bf16 q / o, int32 indices, D 128,
