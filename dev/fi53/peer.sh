@@ -83,7 +83,8 @@ fi
 if has cli && late cli; then # issue 16's "kvattn bench": the kernel-level absorbed decode through the CLI
   for s in "128 4096 1 16" "128 16384 1 16" "64 32768 1 16" "128 4096 1 128" "128 8192 2 128"; do set -- $s
     echo "cli R=$1 S=$2 Q=$3 H=$4: $(timeout 60 $B/kvattn bench --mla --backend cuda --kernel --batch $1 --context $2 \
-      --q-len $3 --heads $4 --block-size 64 --iters 20 2>&1 | grep -iE 'median|check|TFLOP' | tr -s ' ' | tr '\n' ';' |
+      --q-len $3 --heads $4 --block-size 64 --iters 20 --no-ceiling 2>&1 | grep -E 'median|check|FLOP/s|FAIL|rror' |
+      tr -s ' ' | tr '\n' ';' |
       cut -c1-400)" >>"$L"
   done; T cli
 fi
