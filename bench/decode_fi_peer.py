@@ -24,9 +24,10 @@ Line format (scripts/results.py final_rows, FI_DECODE_RE):
 Run it in the same device call as bench_cuda and compare within that call only.
 Usage: decode_fi_peer.py [--quick | --modules]
   --quick: 16 x 1023 bf16 only. --modules: no GPU needed: with KVA_FI_PREBUILT,
-  load every module these rows and bench/prefill_sdpa_peer.py short use (the
-  argument tuples FlashInfer's plan passes for them) and print "module NAME
-  loaded|failed ..." per module; exit status 1 if one failed."""
+  load every module these rows, bench/prefill_sdpa_peer.py short and
+  bench/peer_mla.py use (the argument tuples FlashInfer's plan passes for them)
+  and print "module NAME loaded|failed ..." per module; exit status 1 if one
+  failed."""
 import os
 import sys
 
@@ -43,22 +44,29 @@ TOL = {"bf16": 2e-2, "fp8": 6e-2}
 
 def use_prebuilt(pre):
     """Point FlashInfer's module generators at PRE/<uri>/<uri>.so: the decode
-    module (decode.py's get_batch_decode_module) and the prefill modules its
+    module (decode.py's get_batch_decode_module), the prefill modules its
     tensor-core path and the prefill wrapper load (prefill.py's
-    get_batch_prefill_module). Nothing is generated or compiled."""
+    get_batch_prefill_module) and the MLA module of
+    BatchMLAPagedAttentionWrapper's fa2 / fa3 backends (get_batch_mla_module in
+    mla/_batch_mla/_backends/_fa_common.py, wrapped as FlashInfer's own spec
+    wraps it: _BatchMLAModuleProxy stages the plan's metadata). Nothing is
+    generated or compiled."""
     import tvm_ffi
     import flashinfer.decode as fdec
     import flashinfer.prefill as fpre
     import flashinfer.jit.attention.modules as mods
+    import flashinfer.mla._batch_mla._backends._fa_common as fmla
 
     class Prebuilt:
-        def __init__(self, uri):
+        def __init__(self, uri, adapter=None):
             self.path = os.path.join(pre, uri, uri + ".so")
+            self.adapter = adapter
 
         def build_and_load(self):
             if not os.path.exists(self.path):
                 raise FileNotFoundError(f"not prebuilt: {os.path.basename(self.path)}")
-            return tvm_ffi.load_module(self.path)
+            m = tvm_ffi.load_module(self.path)
+            return self.adapter(m) if self.adapter else m
 
     def prefill_uri(mode, surface):
         return lambda backend, *a: Prebuilt(mods._get_batch_prefill_module_uri(
@@ -70,6 +78,9 @@ def use_prebuilt(pre):
     fpre.gen_batch_prefill_module = prefill_uri("runtime", "full")
     fpre._gen_batch_prefill_primary_module = prefill_uri("equal", "full")
     fpre._gen_batch_prefill_independent_paged_module = prefill_uri("independent", "paged")
+    # MLA: the backend name and the argument tuple of gen_batch_mla_module give the uri (fa3: suffix _sm90)
+    fmla.gen_batch_mla_module = lambda *a: Prebuilt(mods.get_batch_mla_uri(*a), mods._BatchMLAModuleProxy)
+    fmla.get_batch_mla_module.cache_clear()  # an lru_cache: nothing loaded before the patch is kept
 
 def case(fi, R, S, kv, tensor_cores):
     """The wrapper planned for R requests of S + 1 keys, its call, request 0's
@@ -105,11 +116,12 @@ def case(fi, R, S, kv, tensor_cores):
     return call, ref, nbytes
 
 
-def modules():
+def modules(only=()):
     """Loads the prebuilt modules (KVA_FI_PREBUILT) through FlashInfer's own
-    getters, as the wrappers' plan would, without a GPU."""
+    getters, as the wrappers' plan would, without a GPU (only: these names)."""
     import flashinfer.decode as fdec
     import flashinfer.prefill as fpre
+    import flashinfer.mla._batch_mla._backends._fa_common as fmla
     use_prebuilt(os.environ["KVA_FI_PREBUILT"])
     bf, e4, i32 = torch.bfloat16, torch.float8_e4m3fn, torch.int32
     getters = {"decode": lambda: fdec.get_batch_decode_module(bf, bf, bf, i32, D, D, 0, False, False),
@@ -119,12 +131,26 @@ def modules():
                "decode-tc-fp8": lambda: fpre.get_batch_prefill_module("fa2", bf, e4, bf, i32, D, D, 0, False,
                                                                       False, False),
                "prefill": lambda: fpre.get_batch_prefill_module("fa3", bf, bf, bf, i32, D, D, 0, False, False,
-                                                                False)}
+                                                                False),
+               # bench/peer_mla.py: BatchMLAPagedAttentionWrapper, backend "auto" = fa3 on SM90a, bf16,
+               # c_kv 512, k_pe 64, int32 indptr, no profiler (fa3_backend.py's plan)
+               "mla": lambda: fmla.get_batch_mla_module("fa3", bf, bf, bf, i32, 512, 64, False)}
+    # the functions each wrapper calls on its module (the prefill modules' run is paged_run)
+    need = {n: ("plan", "paged_run" if n.startswith(("prefill", "decode-tc")) else "run") for n in getters}
     bad = 0
     for name, get in getters.items():
+        if only and name not in only:
+            continue
         try:
             m = get()
-            print(f"module {name} loaded ({', '.join(sorted(k for k in vars(m) if not k.startswith('_')))})")
+            # the decode and prefill getters return a namespace of the module's functions, the MLA getter
+            # the module wrapped (_BatchMLAModuleProxy)
+            inner = getattr(m, "_module", m)
+            has = inner.implements_function if hasattr(inner, "implements_function") else vars(inner).__contains__
+            missing = [f for f in need[name] if not has(f)]
+            if missing:
+                raise LookupError(f"no {', '.join(missing)} in the module")
+            print(f"module {name} loaded ({', '.join(need[name])}){' as ' + type(m).__name__ if inner is not m else ''}")
         except Exception as e:
             bad += 1
             print(f"module {name} failed: {type(e).__name__}: {str(e)[:160]}")
