@@ -17,13 +17,13 @@
 #   cli      (not in the default) kvattn bench --mla --backend cuda --kernel on the mla step's shapes (builds kvattn)
 # Time (estimated from older H200 / H100 logs, not yet measured with this script): build ~60 s, mla ~30 s, decode
 # ~25 s, prefill ~25 s: ~150 s; the step timeouts (75 / 45 / 45 s) and LATE bound it near 200 s.
-# Knobs: STEPS (default "mla decode prefill"), MLA_HEADS (128,16), LATE (seconds: a step not started by then is
+# Knobs: STEPS (default "mla sparse decode prefill"; sparse: kvattn bench --mla-sparse, bf16 vs f16 q), MLA_HEADS (128,16), LATE (seconds: a step not started by then is
 # skipped and said so; default 150), J (ninja jobs, nproc), FI (the FlashInfer folder, default ./fi).
 set -uo pipefail
 st=$(cd "$(dirname "$0")/../../.." && pwd) # the staged folder (.dev/fi53)
 res=${OUT:-$st/out}; mkdir -p "$res"; L=$res/peer.txt; tmp=/tmp/fi53_logs; mkdir -p "$tmp"
 B=/tmp/fb53; fs=/tmp/fi53_site; fj=/tmp/fi53_jit; mkdir -p $fs $fj; fid=${FI:-$st/fi}
-steps=" ${STEPS:-mla decode prefill} "; has() { [[ "$steps" == *" $1 "* ]]; }
+steps=" ${STEPS:-mla sparse decode prefill} "; has() { [[ "$steps" == *" $1 "* ]]; }
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }; T() { echo "## $1: $(el) s" >>"$L"; }
 late() { [ "$(el)" -le "${LATE:-150}" ] || { echo "## $1 skipped: $(el) s > LATE ${LATE:-150}" >>"$L"; return 1; }; }
 echo "# fi53 peer call, $(date -u '+%F %T') UTC, tree $(cat "$st/rev.txt" 2>/dev/null)" >>"$L"
@@ -40,7 +40,7 @@ whl=$(ls "$fid"/whl/apache_tvm_ffi-*-cp$pyv-cp$pyv-*.whl 2>/dev/null | head -1)
   cd "$st/new" && PYTHONPATH=$fs KVA_FI_PREBUILT=$fj timeout 60 python3 bench/decode_fi_peer.py --modules
 ) >$tmp/fi_setup.log 2>&1 &
 fpid=$!
-tg="bench_cuda bench_cuda_mla"; has cli && tg="$tg kvattn_cli"
+tg="bench_cuda bench_cuda_mla"; { has cli || has sparse; } && tg="$tg kvattn_cli"
 cmake -S "$st/new" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
   -DKVA_WITH_OPENSSL=OFF -DKVA_WITH_XXHASH=OFF -DKVA_WITH_CJSON=OFF >$tmp/cmake.log 2>&1 &&
   ninja -C $B -j"${J:-$(nproc)}" $tg >$tmp/build.log 2>&1
@@ -63,6 +63,14 @@ if has mla && late mla; then
     tac "$res/mla.log" | sed '/copy ceiling/q' | tac >>"$L"
   else tail -4 "$res/mla.log" >>"$L"; fi
   T mla
+fi
+if has sparse && late sparse; then # issue 17: H <= 16 over fp8_ds_mla with bf16 and f16 q (the f16 tile is
+  # what a cheaper fp8 -> 16-bit conversion could reach), and the same call padded to H 64
+  for m in "H16 bf16|--heads 16" "H16 f16|--heads 16 --dtype f16" "H64 bf16 (H16 padded)|--heads 64" \
+    "H64 f16 (H16 padded)|--heads 64 --dtype f16"; do
+    echo "sparse ${m%%|*}: $(timeout 30 $B/kvattn bench --mla-sparse --backend cuda --iters 20 --batch 128 \
+      --q-len 2 --topk 2048 --context 8192 ${m#*|} 2>&1 | grep -E ' ms |FAIL|rror' | tail -1 | tr -s ' ')" >>"$L"
+  done; T sparse
 fi
 if has decode && late decode; then
   D="--mode decode"
