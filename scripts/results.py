@@ -179,6 +179,12 @@ FI_KV = {"bf16": "none", "fp8": "fp8_e4m3"}
 MLA_RE = re.compile(r"^(\S+) mla (\S+) bench_cuda_mla: (.*?): median ([0-9.]+) ms, ([0-9.]+) TB/s latent, "
                     r"([0-9.]+) TFLOP/s.*?kernel (\S+), check (\w+)")
 SPARSE1_RE = re.compile(r"^(\S+) sparse1 one (.*?) ([0-9.]+) ms ([0-9.]+) TFLOP/s .*check (\w+)")
+# dev/fi53/peer.sh's sparse rows: "sparse LABEL: one SHAPE ms TFLOP/s ... check ok" (the tree: "peer")
+SPARSE_PEER_RE = re.compile(r"^sparse ([^:]+): one (.*?) ([0-9.]+) ms ([0-9.]+) TFLOP/s .*check (\w+)")
+# bench/peer_mla.py's table: R S Q H | ours ms TB/s %copy TFLOP/s | FI ms TB/s TFLOP/s | FI / ours (FI path, check)
+MLA_PEER_RE = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+) \|\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)%\s+([0-9.]+) \|"
+                         r"\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+) \| ([0-9.]+)x \((.*)\)")
+MLA_PEER_CEIL_RE = re.compile(r"^(.*): copy ceiling ([0-9.]+) TB/s")
 # A line of one of those kinds (whatever follows) that its pattern above does not take: a failed run
 # (serve-sim rc != 0, an empty sparse1 / dcpg / mla line), said on stderr so that no row goes missing
 # from the page unnoticed.
@@ -193,11 +199,14 @@ DCP_EMU_RATIO = re.compile(r"^(.*?)\s+slowest rank / unsharded\s+([0-9.]+)")
 def final_rows(paths):
     """Tables of dev/final/run.sh's MLA, sparse, DCPG, serve-sim and SDPA peer lines in the raw logs (all
     trees: they are few and the page says which tree each row is)."""
-    dcpg, serve, sdpa, mla, sp1, fid = [], [], [], [], [], []
+    dcpg, serve, sdpa, mla, sp1, fid, mlap = [], [], [], [], [], [], []
+    mlap_ceil = None
     ours = {}  # (tree, R, S, H, Hkv, D, B, kv) -> bench_cuda decode per call ms, in log order
     for path in paths:
         with open(path) as f:
             for line in f:
+                if line.startswith("> "):  # a quoted log inside the raw log (dev/fi53's): not a row
+                    continue
                 b = BENCH_RE.search(line)
                 sh = re.match(r"R=(\d+) S=(\d+) Q=1 H=(\d+) Hkv=(\d+) D=(\d+) Dv=\d+ B=(\d+) bf16 kv (\S+)",
                               b.group(2)) if b and b.group(1) == "decode" else None
@@ -213,6 +222,15 @@ def final_rows(paths):
                     if m:
                         dst.append(m.groups())
                         taken = True
+                m = SPARSE_PEER_RE.search(line)
+                if m:
+                    sp1.append(("peer", f"{m.group(1)}: {m.group(2)}") + m.groups()[2:])
+                m = MLA_PEER_RE.search(line)
+                if m:
+                    mlap.append(m.groups())
+                m = MLA_PEER_CEIL_RE.search(line)
+                if m:
+                    mlap_ceil = m.group(2)
                 m = FI_DECODE_FAIL_RE.search(line)
                 if m:  # a FlashInfer row that did not run: its row says why
                     fid.append(m.groups()[:8] + ("–", "–", "–", "–", m.group(9).replace("|", "/")[:100]))
@@ -229,6 +247,16 @@ def final_rows(paths):
                 "|---|---|---|---|---|---|---|"]
         out += [f"| {t} | {q} {sh} | {ms} | {tb} | {tf} | {k} | {c} |" for t, q, sh, ms, tb, tf, k, c in mla]
         out += [f"| {t} | sparse {sh} | {ms} | – | {tf} | – | {c} |" for t, sh, ms, tf, c in sp1]
+        out.append("")
+    if mlap:
+        out += ["## MLA absorbed decode against FlashInfer's BatchMLAPagedAttentionWrapper (bench/peer_mla.py)", "",
+                "bf16 latent cache [c_kv 512, k_pe 64], page 64, the same batches in one run; %copy: latent bytes "
+                "per second over the device copy ceiling of the same run"
+                + (f" ({mlap_ceil} TB/s)" if mlap_ceil else "") + "; ratio: FlashInfer ms / kvattn ms "
+                "(issue 16: >= 1 on the memory-bound H 16 rows, >= 1.1 on the compute-bound H 128 rows).", "",
+                "| R | S | q_len | H | kvattn ms | TB/s | % copy | TFLOP/s | FlashInfer ms | TB/s | TFLOP/s "
+                "| ratio | FlashInfer path, check |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        out += ["| " + " | ".join(g) + " |" for g in mlap]
         out.append("")
     if dcpg:
         full = {(t, "call"): float(ms) for t, c, ms, _, g in dcpg if c == "131072"}
@@ -262,7 +290,8 @@ def final_rows(paths):
         out += [f"| {sh} {hd} | {impl} | {ms} | {tf} | {b2b} |" for sh, hd, impl, ms, tf, b2b in sdpa]
         out.append("")
     if fid:
-        trees = [t for t in ("new", "base", "") if any(k[0] == t for k in ours)][:1]
+        trees = [t for t in ("new", "base", "") if any(k[0] == t for k in ours)][:1] or \
+            [k[0] for k in ours][:1]  # another tag (dev/fi53/peer.sh's "ours")
         tree = trees[0] if trees else None
         out += ["## FlashInfer's paged decode in the same run (bench/decode_fi_peer.py)", "",
                 "BatchDecodeWithPagedKVCacheWrapper, paged NHD cache of page 16, bf16 q / o, one query "
