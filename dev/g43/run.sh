@@ -16,6 +16,9 @@ ninja -C $B -j$(nproc) >$out/build.log 2>&1 || { grep -m20 error $out/build.log;
 T build
 ( timeout 200 $B/test_cuda_nan >$out/nan_full.log 2>&1
   echo "test_cuda_nan (full) rc=$?: $(grep -aE "passed|FAIL" $out/nan_full.log | tail -2 | tr "\n" " ")" >>"$LOG" ) &
+( for x in test_cuda_mla test_cuda_mla_sparse test_cuda_mla_run test_cuda_reserve; do # whole, this session's kernels
+    timeout 150 $B/$x >$out/full_$x.log 2>&1
+    echo "$x (full) rc=$?: $(grep -aE "passed|FAIL" $out/full_$x.log | tail -2 | tr "\n" " " | cut -c1-200)" >>"$LOG"; done ) &
 ( for x in ${SAN:-test_cuda_mla_sparse test_cuda_mla test_cuda_reserve test_cuda_plan_update}; do
     KVA_TEST_QUICK=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/$x >$out/san_$x.log 2>&1
     echo "memcheck $x quick: rc=$? $(grep -E 'ERROR SUMMARY' $out/san_$x.log | tail -1)" >>"$LOG"; done ) &
@@ -42,6 +45,10 @@ for m in "H16 R128|--heads 16 --batch 128" "H16 R16|--heads 16 --batch 16" "H8 R
   "H64 R128 (H16 padded)|--heads 64 --batch 128" "H128 R128|--heads 128 --batch 128"; do
   x=$(timeout 30 $B/kvattn bench --mla-sparse --backend cuda --iters 20 --q-len 2 --topk 2048 --context 8192 ${m#*|} 2>&1 | grep -E ' ms ' | tail -1 | tr -s ' ')
   echo "sparse ${m%%|*}: $x" >>"$LOG"
-done; T bench
+done
+# Issue 16's compute-friendly prefill (4k causal, H 128, D 192 / Dv 128 after decompression) through kva_mla_run
+timeout 60 $B/kvattn bench --mla --backend cuda --mode prefill --q-len 4096 --heads 128 --iters 10 >$out/mla_prefill.log 2>&1
+echo "mla prefill 4k H128 rc=$?:" >>"$LOG"; grep -aE "ms|TFLOP|check|phase" $out/mla_prefill.log | head -12 >>"$LOG"
+T bench
 tar -czf "$res/logs.tgz" -C "$out" .
 cat "$LOG"
