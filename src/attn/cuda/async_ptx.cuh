@@ -16,6 +16,15 @@
 #include <stdint.h>
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* Sets up the mbarrier at bar for count arrivals per phase. Every caller
+ * initialises its mbarriers once, at the kernel's start, then runs a CTA
+ * barrier (__syncthreads, all of the CTA's threads) before any thread
+ * arrives on, waits on or issues a copy to them; that barrier is all the
+ * ordering the PTX ISA asks for here: the bulk and TMA copies access their
+ * mbarrier operand through the generic proxy (so no fence.proxy.async is
+ * needed for it), and fence.mbarrier_init.release.cluster only makes an init
+ * visible to other CTAs of a cluster, and no kernel of the library is
+ * launched with clusters. A cluster launch would need that fence. */
 static __device__ __forceinline__ void kva__mbar_init(uint32_t bar, int count)
 {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
