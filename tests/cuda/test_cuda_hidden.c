@@ -104,6 +104,13 @@ static int plan_runs(const kva_plan *plan, const hc_case *c, const char *forced,
 {
     const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
     static const char *tile_names[4] = {"auto", "mma", "wgmma", "wgmma_tma"};
+    if (!cp || cp->decode_kernel < 0 || cp->decode_kernel >= KVA__CUDA_KERNELS) {
+        /* No attention record to read (the plan keeps none, or another
+         * kind's): say so; only the dispatcher's own run is taken. */
+        snprintf(s, n, "no CUDA attention record (device %p, kernel %d)", (const void *)cp,
+                 cp ? cp->decode_kernel : -1);
+        return !forced;
+    }
     const int pk = (int)cp->prefill_kernel;
     snprintf(s, n, "items %s, %d prefill tiles (%s%s)", kva__cuda_kernels[cp->decode_kernel].name,
              (int)cp->num_ptiles, pk >= 0 && pk < 4 ? tile_names[pk] : "?",
