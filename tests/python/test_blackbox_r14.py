@@ -149,6 +149,41 @@ def test_expanded_out_refused_torch():
     assert torch_untouched(out)
 
 
+# ------------------------------------------------ defect: torch host arrays numpy lacks
+
+def test_host_arrays_from_torch_bf16_fp8_and_neg_bit():
+    """Host arrays (Plan's alibi_slopes and batch metadata) given as torch
+    bf16 / fp8 tensors, or with torch's negative bit, are read by value as
+    numpy arrays of any dtype are (torch's numpy() raised TypeError /
+    RuntimeError for them): the plans equal the float32 / int32 ones, and
+    fractional values for integer metadata are still refused."""
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("torch without float8_e4m3fn")
+    rng = np.random.default_rng(147)
+    ctx = kvattn.Context("cpu", 1)
+    cache = kvattn.Cache(ctx, 3, 4, 1, 8, dtype="f32")
+    cache.write(rng.standard_normal((7, 1, 8)).astype(np.float32),
+                rng.standard_normal((7, 1, 8)).astype(np.float32), np.arange(7) + 4)
+    q = rng.standard_normal((2, 2, 8)).astype(np.float32)
+    kw = dict(block_size=4, num_heads=2, num_kv_heads=1, head_dim=8, q_dtype="f32")
+    bt = [[1, 2]]
+
+    def run(qsl=(0, 2), slopes=None):
+        return kvattn.Plan(ctx, qsl, [7], bt, alibi_slopes=slopes, **kw).run(q, cache)
+    want = run(slopes=np.array([0.5, 0.25], np.float32))
+    lazy = torch.tensor([-0.5j, -0.25j]).conj().imag  # holds -0.5, -0.25 with the neg bit
+    assert lazy.is_neg()
+    for slopes in (torch.tensor([0.5, 0.25], dtype=torch.bfloat16),
+                   torch.tensor([0.5, 0.25]).to(torch.float8_e4m3fn), lazy):
+        np.testing.assert_array_equal(run(slopes=slopes), want)
+    plain = run()
+    np.testing.assert_array_equal(run(qsl=torch.tensor([0, 2], dtype=torch.bfloat16)), plain)
+    np.testing.assert_array_equal(run(qsl=torch.tensor([0, 2]).to(torch.float8_e4m3fn)), plain)
+    with pytest.raises(kvattn.InvalidArgumentError, match="query_start_loc"):
+        run(qsl=torch.tensor([0, 1.5], dtype=torch.bfloat16))
+
+
 # ------------------------------------------------ regression: closed default context
 
 def _close_default():
