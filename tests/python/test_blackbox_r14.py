@@ -14,6 +14,10 @@ Defects (each test fails on the code before its fix):
   expand(), numpy's writable as_strided) is staged like a strided output:
   torch then raised RuntimeError after the run, numpy silently kept one row
   for all. Now InvalidArgumentError before the run, nothing written.
+- Host arrays (Plan's alibi_slopes, batch metadata) given as torch bf16 / fp8
+  tensors or with torch's negative bit raised torch's TypeError /
+  RuntimeError (its numpy() has no such dtype / refuses the bit); now read by
+  value, as numpy arrays of any dtype are.
 Regression cases (pass on main since api53): every wrapper kind left over a
 closed default context (cascade, CPU graph mode, fast_decode_plan, the trtllm
 functions) replans on the new one; the MLA wrapper's CSR page count is int64.
