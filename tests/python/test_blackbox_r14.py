@@ -18,6 +18,12 @@ Defects (each test fails on the code before its fix):
   tensors or with torch's negative bit raised torch's TypeError /
   RuntimeError (its numpy() has no such dtype / refuses the bit); now read by
   value, as numpy arrays of any dtype are.
+- One context from several threads: the FlashInfer wrappers made without a
+  workspace all share the default CPU context (C: one thread at a time), and
+  ran wrong from two threads, silently; plans of one shape shared their
+  context's descriptor template, whose batch fields two threads overwrote.
+  Now every call through a context holds its lock, and each plan copies the
+  template.
 Regression cases (pass on main since api53): every wrapper kind left over a
 closed default context (cascade, CPU graph mode, fast_decode_plan, the trtllm
 functions) replans on the new one; the MLA wrapper's CSR page count is int64.
@@ -186,6 +192,82 @@ def test_host_arrays_from_torch_bf16_fp8_and_neg_bit():
     np.testing.assert_array_equal(run(qsl=torch.tensor([0, 2]).to(torch.float8_e4m3fn)), plain)
     with pytest.raises(kvattn.InvalidArgumentError, match="query_start_loc"):
         run(qsl=torch.tensor([0, 1.5], dtype=torch.bfloat16))
+
+
+# ------------------------------------------------ defect: one context from several threads
+
+def _two_threads(loop):
+    """Runs loop(0) and loop(1) in two daemon threads; fails if either is
+    still running after 120 s (the unlocked code could hang in a run over a
+    plan made from the other thread's batch)."""
+    import threading
+
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not any(th.is_alive() for th in threads), "a thread hangs"
+
+def test_wrappers_on_the_default_context_from_two_threads():
+    """Two FlashInfer wrappers made without a workspace share the default
+    CPU context, which C allows one thread at a time: run from two threads
+    (a caller cannot know they share it), every result equals the wrapper's
+    own single-threaded one (they raced on the context's workspace: about a
+    third of the runs were wrong, silently)."""
+    rng = np.random.default_rng(148)
+    jobs = []
+    for t in range(2):
+        paged, ip, ix, lp, _, _ = random_paged(rng, [3000 + 500 * t, 2000, 4000], 16, 2, 64,
+                                               "NHD", np.float32, False)
+        w = fi.BatchDecodeWithPagedKVCacheWrapper(None, "NHD")
+        w.plan(ip, ix, lp, 8, 2, 64, 16, q_data_type="float32")
+        q = rng.standard_normal((3, 8, 64)).astype(np.float32)
+        jobs.append((w, q, paged, w.run(q, paged)))
+    assert jobs[0][0]._ctx is jobs[1][0]._ctx
+    bad = [0, 0]
+
+    def loop(i):
+        w, q, paged, want = jobs[i]
+        for _ in range(150):
+            bad[i] += not np.array_equal(w.run(q, paged), want)
+    _two_threads(loop)
+    assert bad == [0, 0]
+
+
+def test_plans_of_one_shape_on_one_context_from_two_threads():
+    """Plans of one attention shape on one context share its checked
+    descriptor template: made (and run) from two threads with different
+    batches, each plan is its own batch's (the template's batch fields were
+    shared: a plan could be made from the other thread's batch)."""
+    rng = np.random.default_rng(149)
+    ctx = kvattn.Context("cpu", 2)
+    cache = kvattn.Cache(ctx, 80, 16, 2, 32, dtype="f32")
+    cache.write(rng.standard_normal((1280, 2, 32)).astype(np.float32),
+                rng.standard_normal((1280, 2, 32)).astype(np.float32), np.arange(1280))
+    kw = dict(block_size=16, num_heads=4, num_kv_heads=2, head_dim=32, q_dtype="f32")
+    batches = [([0, 1, 2], [300, 17], [np.arange(20), np.arange(20, 40)]),
+               ([0, 3, 4, 5], [40, 600, 5], [np.arange(40, 43), np.arange(43, 80), [0]])]
+    qs = [rng.standard_normal((2, 4, 32)).astype(np.float32),
+          rng.standard_normal((5, 4, 32)).astype(np.float32)]
+
+    def table(rows):
+        bt = np.zeros((len(rows), 40), np.int32)
+        for r, row in enumerate(rows):
+            bt[r, :len(row)] = row
+        return bt
+    wants = [kvattn.Plan(ctx, b[0], b[1], table(b[2]), **kw).run(q, cache)
+             for b, q in zip(batches, qs)]
+    bad = [0, 0]
+
+    def loop(i):
+        qsl, sl, rows = batches[i]
+        bt = table(rows)
+        for _ in range(150):
+            bad[i] += not np.array_equal(kvattn.Plan(ctx, qsl, sl, bt, **kw).run(qs[i], cache),
+                                         wants[i])
+    _two_threads(loop)
+    assert bad == [0, 0]
 
 
 # ------------------------------------------------ regression: closed default context
