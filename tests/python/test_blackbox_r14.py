@@ -23,7 +23,8 @@ Defects (each test fails on the code before its fix):
   ran wrong from two threads, silently; plans of one shape shared their
   context's descriptor template, whose batch fields two threads overwrote.
   Now every call through a context holds its lock, and each plan copies the
-  template.
+  template. The trtllm functions' kept wrapper (one per device) was planned
+  by one thread and run by another; it is now held from plan to run.
 Regression cases (pass on main since api53): every wrapper kind left over a
 closed default context (cascade, CPU graph mode, fast_decode_plan, the trtllm
 functions) replans on the new one; the MLA wrapper's CSR page count is int64.
@@ -200,13 +201,19 @@ def _two_threads(loop):
     """Runs loop(0) and loop(1) in two daemon threads; fails if either is
     still running after 120 s (the unlocked code could hang in a run over a
     plan made from the other thread's batch)."""
+    import sys
     import threading
 
     threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(2)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(120)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # frequent thread switches between Python steps too
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+    finally:
+        sys.setswitchinterval(interval)
     assert not any(th.is_alive() for th in threads), "a thread hangs"
 
 def test_wrappers_on_the_default_context_from_two_threads():
@@ -268,6 +275,43 @@ def test_plans_of_one_shape_on_one_context_from_two_threads():
                                          wants[i])
     _two_threads(loop)
     assert bad == [0, 0]
+
+
+def test_trtllm_functions_from_two_threads():
+    """The trtllm decode and MLA functions keep one wrapper per device, which
+    they plan and then run: called from two threads with batches of other
+    sizes, each call gets its own batch's result (one thread's run took the
+    other's plan: ShapeMismatchError, or a wrong result where shapes agree)."""
+    rng = np.random.default_rng(150)
+    calls = []
+    for t in range(2):
+        b = 2 + t
+        k = rng.standard_normal((200, 2, 16, 64)).astype(np.float32)
+        v = rng.standard_normal((200, 2, 16, 64)).astype(np.float32)
+        q = rng.standard_normal((b, 8, 64)).astype(np.float32)
+        bt = rng.permutation(200)[: b * 60].reshape(b, 60).astype(np.int32)
+        sl = np.full(b, 900 + 50 * t)
+        kv = rng.standard_normal((200, 16, 80)).astype(np.float32)
+        qm = rng.standard_normal((b, 1, 4, 80)).astype(np.float32)
+
+        def call(q=q, k=k, v=v, bt=bt, sl=sl, kv=kv, qm=qm):
+            return (fi_decode.trtllm_batch_decode_with_kv_cache(q, (k, v), None, bt, sl, 1000,
+                                                                bmm1_scale=0.1),
+                    fi_mla.trtllm_batch_decode_with_kv_cache_mla(qm, kv, None, 128, 64, 16, bt,
+                                                                 sl, 1000, bmm1_scale=0.1))
+        calls.append((call, call()))
+    bad, errors = [0, 0], []
+
+    def loop(i):
+        call, want = calls[i]
+        try:
+            for _ in range(300):
+                got = call()
+                bad[i] += not all(np.array_equal(a, b) for a, b in zip(got, want))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+    _two_threads(loop)
+    assert not errors and bad == [0, 0], (errors, bad)
 
 
 # ------------------------------------------------ regression: closed default context
