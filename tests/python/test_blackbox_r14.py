@@ -41,7 +41,7 @@ import kvattn
 from kvattn import flashinfer as fi
 from kvattn.flashinfer import decode as fi_decode
 from kvattn.flashinfer import mla as fi_mla
-from poison import fill, poisoned, untouched
+from poison import poisoned, untouched
 from reference import ancestors, attention
 from test_flashinfer import random_paged
 
@@ -528,18 +528,19 @@ def test_bad_outputs_refused_nothing_written(case):
 
 def test_strided_outputs_are_written_through_their_strides():
     """An out with token / head strides (a transposed view, every other row)
-    is written in place as FlashInfer writes it, the untouched rows in
-    between keep their poison."""
+    is written in place as FlashInfer writes it and returned; the untouched
+    rows in between keep their poison."""
     w, q, paged, keys, values = _prefill(np.random.default_rng(163))
     want, _ = attention(q, keys, values, [2, 3], causal=True)
     base = poisoned((10, 9, 24))
-    res = w.run(q, paged, out=base[::2])
-    assert res.base is base or res is not None
-    _close(base[::2], want, np.float32)
+    out = base[::2]
+    assert w.run(q, paged, out=out) is out
+    _close(out, want, np.float32)
     assert untouched(base[1::2])
     t = poisoned((9, 5, 24))
-    w.run(q, paged, out=t.transpose(1, 0, 2))
-    _close(t.transpose(1, 0, 2), want, np.float32)
+    out = t.transpose(1, 0, 2)
+    assert w.run(q, paged, out=out) is out
+    _close(out, want, np.float32)
 
 
 @pytest.mark.parametrize("mode,err", [("ROPE_LLAMA", kvattn.UnsupportedError),
