@@ -118,6 +118,7 @@ class Context:
     several threads: their calls take turns."""
 
     def __init__(self, backend="cpu", num_threads=0, device_id=0):
+        self._lock = threading.Lock()  # held by every C call through the context
         d = L.ContextDesc(_enum(L.BACKENDS, backend, "backend"), num_threads, device_id)
         h = ctypes.c_void_p()
         _check(L.kva_context_create(_byref(d), _byref(h)))
@@ -127,7 +128,6 @@ class Context:
         self.device_id = device_id if self.backend == "cuda" else 0
         self._stream = None
         self._plan_descs = {}  # kva_plan_desc templates by attention shape (Plan)
-        self._lock = threading.Lock()  # held by every C call through the context
 
     @property
     def num_threads(self):
