@@ -167,12 +167,17 @@ static inline kva_status hc_call(kva_context *ctx, const hc_case *c, const kva_p
  * the hidden keys overwritten (hc_write); NULL on failure. */
 static inline kva_cache *hc_host_cache(kva_context *ctx, const hc_case *c, int pat)
 {
-    float buf[2 * 2 * 2 * 576 + 8];
+    /* make_params fills k / v scales and offsets of every channel: 2 Hkv (D + Dv)
+     * (the cache copies them). */
+    const kva_cache_desc *d = &c->cd;
+    const int32_t dv = d->head_dim_v ? d->head_dim_v : d->head_dim;
+    float *buf = malloc(sizeof(float) * (2 * (size_t)d->num_kv_heads * (d->head_dim + dv) + 8));
     kva_quant_params qp;
     hc_params(&c->cd, buf, &qp);
     kva_cache *cache = NULL;
     CHECK_OK(
         kva_cache_create_quant(ctx, &c->cd, c->cd.quant == KVA_QUANT_NONE ? NULL : &qp, &cache));
+    free(buf);
     if (!cache)
         return NULL;
     void *k = NULL, *v = NULL;

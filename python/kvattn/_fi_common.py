@@ -423,6 +423,14 @@ def _staged(x, name, inputs):
         return x, None
     if isinstance(x, np.ndarray) and not x.flags.writeable:
         return x, None  # refused by the run: read-only
+    v = T.view(x, name)
+    if any(st == 0 and n > 1 for n, st in zip(v.shape, v.strides)):
+        # An expanded (broadcast) view: the copy back would write several
+        # rows to one address (torch refuses it after the run, numpy keeps
+        # the last row).
+        raise InvalidArgumentError("%s: stride 0 over a dimension of size > 1 (strides %s, "
+                                   "shape %s): its elements overlap each other (kvattn.h, "
+                                   "Aliasing)" % (name, tuple(v.strides), tuple(v.shape)))
     span = _bytes_covered(x, name)
     for nm, t in _flat_inputs(inputs):
         other = _bytes_covered(t, nm)

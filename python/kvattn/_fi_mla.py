@@ -196,7 +196,9 @@ class BatchMLAPagedAttentionWrapper:
                 "ckv_cache / kpe_cache: kvattn's latent cache keeps each token's [c_kv | k_pe] "
                 "in one row; pass kv[..., :%d] and kv[..., %d:] of one contiguous "
                 "[NP, B, %d] tensor" % (dc, dc, row))
-        key = (c.ptr, nb, b, c.dtype, c.device_id)
+        # With the row's split: pages of other dims at the same address (a
+        # freed buffer reused) are not the cache made for the earlier ones.
+        key = (c.ptr, nb, b, dc, dr, c.dtype, c.device_id)
         cache = self._caches.get(key)
         if cache is None:
             if c.device != ctx.device:

@@ -222,7 +222,13 @@ def host_array(x, dtype, name):
     if type(x) is np.ndarray and x.dtype == dtype and x.flags.c_contiguous:
         return x
     if is_torch(x):
-        x = x.detach().cpu().numpy()
+        x = x.detach().cpu()
+        if getattr(x, "is_neg", None) and x.is_neg():
+            x = x.resolve_neg()  # numpy() refuses a tensor whose memory holds -x
+        if x.dtype == sys.modules["torch"].bfloat16 or (x.is_floating_point() and
+                                                        x.element_size() == 1):
+            x = x.float()  # bf16 / fp8, which numpy lacks: exact in float32
+        x = x.numpy()
     elif not isinstance(x, np.ndarray) and hasattr(x, "__dlpack__"):
         x = np.from_dlpack(x)
     try:

@@ -49,7 +49,8 @@ class Cache:
                 fields += [_array_ptr(a), 0 if a is None else a.size]
             params = _byref(L.QuantParams(*fields))
         h = ctypes.c_void_p()
-        _check(L.kva_cache_create_quant(ctx._h, _byref(d), params, _byref(h)))
+        with ctx._lock:
+            _check(L.kva_cache_create_quant(ctx._h, _byref(d), params, _byref(h)))
         self._h, self._mem = h.value, _CacheMemory(h.value, ())
         self._load_desc()
 
@@ -132,11 +133,14 @@ class Cache:
         desc = L.CacheDesc(nb, bs, hkv, d, dv, dtype, layout, 0, kind)
         h = ctypes.c_void_p()
         if kind:
-            _check(L.kva_cache_create_from(ctx._h, _byref(desc), kptr, None, _byref(h)))
+            with ctx._lock:
+                _check(L.kva_cache_create_from(ctx._h, _byref(desc), kptr, None, _byref(h)))
         elif vptr is None:
-            _check(L.kva_cache_create_from_interleaved(ctx._h, _byref(desc), kptr, _byref(h)))
+            with ctx._lock:
+                _check(L.kva_cache_create_from_interleaved(ctx._h, _byref(desc), kptr, _byref(h)))
         else:
-            _check(L.kva_cache_create_from(ctx._h, _byref(desc), kptr, vptr, _byref(h)))
+            with ctx._lock:
+                _check(L.kva_cache_create_from(ctx._h, _byref(desc), kptr, vptr, _byref(h)))
         self._h, self._mem = h.value, _CacheMemory(h.value, owners)
         self._load_desc()
         return self
@@ -203,9 +207,10 @@ class Cache:
                 not T.is_torch(slot_mapping):  # a list: checked, not truncated ([2.7] -> 2)
             slot_mapping = T.host_array(slot_mapping, np.int64, "slot_mapping")
         sv = _tensor(slot_mapping, "slot_mapping", ctx, (n,), T.I64)
-        _check(L.kva_cache_write(ctx._h, self._h, n, kv.ptr, kv.strides[0] if n > 1 else 0,
-                                 vv.ptr if vv else None, vv.strides[0] if vv and n > 1 else 0,
-                                 kv.dtype, sv.ptr))
+        with ctx._lock:
+            _check(L.kva_cache_write(ctx._h, self._h, n, kv.ptr, kv.strides[0] if n > 1 else 0,
+                                     vv.ptr if vv else None, vv.strides[0] if vv and n > 1 else 0,
+                                     kv.dtype, sv.ptr))
 
     def _write_index(self, kv, v, slot_mapping):
         if v is not None:
@@ -238,7 +243,8 @@ class Cache:
         """Copies whole blocks inside this cache: pairs [n, 2] of (src, dst) ids
         (host array or list on every backend)."""
         p = _pairs(pairs)
-        _check(L.kva_cache_copy_blocks(self.ctx._h, self._h, _array_ptr(p), p.shape[0]))
+        with self.ctx._lock:
+            _check(L.kva_cache_copy_blocks(self.ctx._h, self._h, _array_ptr(p), p.shape[0]))
 
     def swap_blocks(self, dst, pairs, ctx=None):
         """Copies blocks of this cache into cache dst (same shape except NB),
@@ -247,7 +253,8 @@ class Cache:
         if ctx is None:
             ctx = dst.ctx if dst.ctx.backend == "cuda" else self.ctx
         p = _pairs(pairs)
-        _check(L.kva_cache_swap_blocks(ctx._h, self._h, dst._h, _array_ptr(p), p.shape[0]))
+        with ctx._lock:
+            _check(L.kva_cache_swap_blocks(ctx._h, self._h, dst._h, _array_ptr(p), p.shape[0]))
 
     def _host_view(self, which):
         if self.ctx.device != T.CPU:

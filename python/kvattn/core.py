@@ -10,6 +10,7 @@ with kva_last_error()'s message.
 import ctypes
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -110,9 +111,14 @@ def _dtype_name(code):
 
 class Context:
     """kva_context: a backend ("ref", "cpu" or "cuda"), its threads or device,
-    and its scratch workspace. Use from one thread at a time."""
+    and its scratch workspace. C allows one thread at a time on a context;
+    the package's calls through one hold its lock (_lock), so that objects
+    sharing a context without the caller's knowledge (the FlashInfer
+    wrappers and merge functions over default_context()) may run from
+    several threads: their calls take turns."""
 
     def __init__(self, backend="cpu", num_threads=0, device_id=0):
+        self._lock = threading.Lock()  # held by every C call through the context
         d = L.ContextDesc(_enum(L.BACKENDS, backend, "backend"), num_threads, device_id)
         h = ctypes.c_void_p()
         _check(L.kva_context_create(_byref(d), _byref(h)))
@@ -132,7 +138,8 @@ class Context:
         a cudaStream_t address as int; None = the legacy default stream)."""
         addr = getattr(stream, "cuda_stream", stream)
         if addr != self._stream:
-            _check(L.kva_cuda_context_set_stream(self._h, addr))
+            with self._lock:
+                _check(L.kva_cuda_context_set_stream(self._h, addr))
             self._stream = addr
 
     def reserve(self, max_requests, max_tokens, max_block_table, num_heads, num_kv_heads,
@@ -148,12 +155,14 @@ class Context:
             return
         cap = L.CudaCapacity(max_requests, max_tokens, max_block_table, num_heads,
                              num_kv_heads, head_dim_v)
-        _check(L.kva_cuda_context_reserve(self._h, _byref(cap)))
+        with self._lock:
+            _check(L.kva_cuda_context_reserve(self._h, _byref(cap)))
 
     def close(self):
         if getattr(self, "_h", None):
-            L.kva_context_destroy(self._h)
-            self._h = None
+            with self._lock:
+                L.kva_context_destroy(self._h)
+                self._h = None
 
     __del__ = close
 
@@ -254,9 +263,10 @@ class Plan:
             if al.shape != (num_heads,):
                 raise ShapeMismatchError("alibi_slopes: shape %s, expected (%d,)"
                                          % (al.shape, num_heads))
-        # A context's plans usually share their attention shape: the descriptor
-        # is a per-context template whose batch fields are set here (contexts
-        # are used from one thread at a time, so the template is too).
+        # A context's plans usually share their attention shape: the checked
+        # descriptor is a per-context template, which each plan copies and
+        # sets its batch fields in (a shared one would let two threads' plans
+        # on one context read each other's batches).
         # Each value with its type: True == 1 and 2.0 == 2 hash alike, and a
         # template made for 1 must not let True (or 2.0) skip the checks below.
         key = (block_size, num_heads, num_kv_heads, head_dim, head_dim_v, q_dtype, scale, causal,
@@ -292,7 +302,7 @@ class Plan:
             if key is not None:
                 ctx._plan_descs[key] = tmpl
         d, qdt, self._cache_sig = tmpl
-        self._desc, self._alibi = d, al
+        self._desc, self._alibi = type(d).from_buffer_copy(d), al
         self.ctx, self.q_dtype = ctx, qdt
         self.block_size, self.num_heads, self.num_kv_heads = block_size, num_heads, num_kv_heads
         self.head_dim, self.head_dim_v = head_dim, head_dim_v or head_dim
@@ -339,10 +349,12 @@ class Plan:
         d.num_cascade_groups = 0 if cpl is None else cpl.shape[0]
         if ctx is None:
             h = ctypes.c_void_p()
-            _check(L.kva_plan_create(self.ctx._h, _byref(d), _byref(h)))
+            with self.ctx._lock:
+                _check(L.kva_plan_create(self.ctx._h, _byref(d), _byref(h)))
             self._h = h.value
         else:
-            _check(L.kva_plan_update(ctx._h, self._h, _byref(d)))
+            with ctx._lock:
+                _check(L.kva_plan_update(ctx._h, self._h, _byref(d)))
             self.ctx = ctx
         self.num_requests = r
         t = self.num_tokens = int(qsl[r])
@@ -427,8 +439,9 @@ class Plan:
         uv = _tensor(w_uv, "w_uv", ctx, (h, dc, dv), self.q_dtype)
         self._check_cache(cache)
         out, ov, lse, lv = self._outputs(q, qv, out, lse, return_lse, ctx, (t, h, dv))
-        _check(L.kva_mla_run(ctx._h, self._h, qv.ptr, uk.ptr, uv.ptr, cache._h, ov.ptr,
-                             lv.ptr if lv else None))
+        with ctx._lock:
+            _check(L.kva_mla_run(ctx._h, self._h, qv.ptr, uk.ptr, uv.ptr, cache._h, ov.ptr,
+                                 lv.ptr if lv else None))
         return (out, lse) if lv else out
 
     def _index_rows(self, a, name, ctx, writable=False):
@@ -464,9 +477,10 @@ class Plan:
         if topk_length is not None:
             tv = _tensor(topk_length, "topk_length", ctx, (self.num_tokens,), T.I32)
         out, ov, lse, lv = self._outputs(q, qv, out, lse, return_lse, ctx)
-        _check(L.kva_mla_sparse_run(ctx._h, self._h, qv.ptr, cache._h, iv.ptr, istride,
-                                    tv.ptr if tv else None, self._sinks(sinks, ctx), ov.ptr,
-                                    lv.ptr if lv else None))
+        with ctx._lock:
+            _check(L.kva_mla_sparse_run(ctx._h, self._h, qv.ptr, cache._h, iv.ptr, istride,
+                                        tv.ptr if tv else None, self._sinks(sinks, ctx), ov.ptr,
+                                        lv.ptr if lv else None))
         return (out, lse) if lv else out
 
     def run_indexer(self, q, weights, cache, *, indices=None, topk_length=None,
@@ -495,8 +509,9 @@ class Plan:
         tv = None
         if topk_length is not None:
             tv = _tensor(topk_length, "topk_length", ctx, (t,), T.I32, writable=True)
-        _check(L.kva_indexer_run(ctx._h, self._h, qv.ptr, wv.ptr, cache._h, iv.ptr, istride,
-                                 tv.ptr if tv else None))
+        with ctx._lock:
+            _check(L.kva_indexer_run(ctx._h, self._h, qv.ptr, wv.ptr, cache._h, iv.ptr, istride,
+                                     tv.ptr if tv else None))
         return (indices, topk_length) if tv else indices
 
     def _sinks(self, sinks, ctx):
@@ -513,8 +528,9 @@ class Plan:
         qv = _tensor(q, "q", ctx, self._q_shape, self.q_dtype)
         self._check_cache(cache)
         out, ov, lse, lv = self._outputs(q, qv, out, lse, return_lse, ctx)
-        _check(L.kva_attention_run(ctx._h, self._h, qv.ptr, cache._h, self._sinks(sinks, ctx),
-                                   ov.ptr, lv.ptr if lv else None))
+        with ctx._lock:
+            _check(L.kva_attention_run(ctx._h, self._h, qv.ptr, cache._h, self._sinks(sinks, ctx),
+                                       ov.ptr, lv.ptr if lv else None))
         return (out, lse) if lv else out
 
     def run_ragged(self, q, k, v, *, out=None, lse=None, return_lse=False, sinks=None, ctx=None):
@@ -530,9 +546,10 @@ class Plan:
         kv = _tensor(k, "k", ctx, (n, self.num_kv_heads, self.head_dim), self.q_dtype)
         vv = _tensor(v, "v", ctx, (n, self.num_kv_heads, self.head_dim_v), self.q_dtype)
         out, ov, lse, lv = self._outputs(q, qv, out, lse, return_lse, ctx)
-        _check(L.kva_attention_run_ragged(ctx._h, self._h, qv.ptr, kv.ptr, vv.ptr,
-                                          self._sinks(sinks, ctx), ov.ptr,
-                                          lv.ptr if lv else None))
+        with ctx._lock:
+            _check(L.kva_attention_run_ragged(ctx._h, self._h, qv.ptr, kv.ptr, vv.ptr,
+                                              self._sinks(sinks, ctx), ov.ptr,
+                                              lv.ptr if lv else None))
         return (out, lse) if lv else out
 
     def close(self):
@@ -637,8 +654,9 @@ def merge_states(out_a, lse_a, out_b, lse_b, *, out=None, lse=None, ctx=None):
         lse = T.empty_like_device(out_a, shape[:2], T.F32, av.device, av.device_id)
     ov = _tensor(out, "out", ctx, shape, dt, writable=True)
     lv = _tensor(lse, "lse", ctx, shape[:2], T.F32, writable=True)
-    _check(L.kva_merge_states(ctx._h, shape[0], shape[1], shape[2], dt, av.ptr, la.ptr, bv.ptr,
-                              lb.ptr, ov.ptr, lv.ptr))
+    with ctx._lock:
+        _check(L.kva_merge_states(ctx._h, shape[0], shape[1], shape[2], dt, av.ptr, la.ptr, bv.ptr,
+                                  lb.ptr, ov.ptr, lv.ptr))
     return out, lse
 
 

@@ -125,8 +125,9 @@ def merge_states_n(outs, lses, *, out=None, lse=None, ctx=None):
         lse = T.empty_like_device(outs, (t, h), T.F32, av.device, av.device_id)
     rv = _tensor(out, "out", ctx, (t, h, dv), av.dtype, writable=True)
     rl = _tensor(lse, "lse", ctx, (t, h), T.F32, writable=True)
-    _check(L.kva_merge_states_n(ctx._h, p, t, h, dv, av.dtype, ov.ptr, ostride, lv.ptr, lstride,
-                                rv.ptr, rl.ptr))
+    with ctx._lock:
+        _check(L.kva_merge_states_n(ctx._h, p, t, h, dv, av.dtype, ov.ptr, ostride, lv.ptr, lstride,
+                                    rv.ptr, rl.ptr))
     return out, lse
 
 

@@ -4,6 +4,7 @@ with it), get_seq_lens (flashinfer.page) and trtllm_batch_decode_with_kv_cache
 (vLLM's FlashInfer backend decode call), each on kvattn's decode wrapper."""
 
 import operator
+import threading
 
 import numpy as np
 
@@ -114,6 +115,8 @@ def _decode_wrapper(workspace_buffer, kv_layout, context):
             _WRAPPERS.clear()
         w = BatchDecodeWithPagedKVCacheWrapper(
             None, kv_layout, context=_context_for(workspace_buffer, context))
+        # Held from plan to run: the kept wrapper is every thread's.
+        w._call_lock = threading.Lock()
         _WRAPPERS[key] = w
     return w
 
@@ -268,10 +271,11 @@ def trtllm_batch_decode_with_kv_cache(
                                        "logits, got %s" % type(sinks).__name__)
         sinks = sinks.reshape(-1)
     w = _decode_wrapper(workspace_buffer, kv_layout, context)
-    w._set_plan(np.arange(b + 1, dtype=np.int32), sl, bt, h, hkv, d,
-                vshape[-1], page, bool(b == 0 or sl.min() >= 1), "NONE", window_left, None,
-                float(bmm1_scale), qv.dtype, None, None)
-    return w._run(query, (kc, vc), v_scale=float(bmm2_scale), out=out, sinks=sinks)
+    with w._call_lock:
+        w._set_plan(np.arange(b + 1, dtype=np.int32), sl, bt, h, hkv, d,
+                    vshape[-1], page, bool(b == 0 or sl.min() >= 1), "NONE", window_left, None,
+                    float(bmm1_scale), qv.dtype, None, None)
+        return w._run(query, (kc, vc), v_scale=float(bmm2_scale), out=out, sinks=sinks)
 
 
 _MLA_WRAPPERS = {}  # one MLA wrapper per (context, device) for the function below
@@ -290,6 +294,7 @@ def _mla_wrapper(workspace_buffer, context):
         if len(_MLA_WRAPPERS) > 16:
             _MLA_WRAPPERS.clear()
         w = BatchMLAPagedAttentionWrapper(None, context=_context_for(workspace_buffer, context))
+        w._call_lock = threading.Lock()  # held from plan to run, as the decode one's
         _MLA_WRAPPERS[key] = w
     return w
 
@@ -380,12 +385,14 @@ def trtllm_batch_decode_with_kv_cache_mla(
                                    % max_seq_len)
     sl = T.host_array(sl, np.int32, "seq_lens")  # refused past int32, not wrapped
     w = _mla_wrapper(workspace_buffer, context)
-    w.plan(num_heads=h, head_dim_ckv=dc, head_dim_kpe=dr, page_size=kvv.shape[1],
-           causal=False, sm_scale=_sm_scale(float(bmm1_scale), dqk), q_data_type=qv.dtype,
-           cum_seq_lens_q=np.arange(b + 1, dtype=np.int32), block_tables=block_tables,
-           seq_lens=sl)
-    o = w.run(query=query[:, 0], kv_cache=kv_cache, out=None if out is None else out[:, 0],
-              lse=lse, return_lse=return_lse, return_lse_base_on_e=return_lse_base == "basee")
+    with w._call_lock:
+        w.plan(num_heads=h, head_dim_ckv=dc, head_dim_kpe=dr, page_size=kvv.shape[1],
+               causal=False, sm_scale=_sm_scale(float(bmm1_scale), dqk), q_data_type=qv.dtype,
+               cum_seq_lens_q=np.arange(b + 1, dtype=np.int32), block_tables=block_tables,
+               seq_lens=sl)
+        o = w.run(query=query[:, 0], kv_cache=kv_cache, out=None if out is None else out[:, 0],
+                  lse=lse, return_lse=return_lse,
+                  return_lse_base_on_e=return_lse_base == "basee")
     o, l = o if return_lse else (o, None)
     if float(bmm2_scale) != 1.0:
         o *= float(bmm2_scale)
