@@ -104,12 +104,16 @@ static int plan_runs(const kva_plan *plan, const hc_case *c, const char *forced,
 {
     const kva__cuda_plan *cp = (const kva__cuda_plan *)plan->device;
     static const char *tile_names[4] = {"auto", "mma", "wgmma", "wgmma_tma"};
-    if (!cp || cp->decode_kernel < 0 || cp->decode_kernel >= KVA__CUDA_KERNELS) {
-        /* No attention record to read (the plan keeps none, or another
-         * kind's): say so; only the dispatcher's own run is taken. */
-        snprintf(s, n, "no CUDA attention record (device %p, kernel %d)", (const void *)cp,
-                 cp ? cp->decode_kernel : -1);
-        return !forced;
+    if (!cp) {
+        /* A cascade plan keeps no record of its own (internal.h: its prefix
+         * and suffix plans run the forced kernel as any plan does; that crashed
+         * here first on the H200): every kernel is taken, as before the check. */
+        snprintf(s, n, "%s", plan->cascade ? "cascade: its prefix and suffix plans" : "no record");
+        return 1;
+    }
+    if (cp->decode_kernel < 0 || cp->decode_kernel >= KVA__CUDA_KERNELS) {
+        snprintf(s, n, "decode kernel %d outside the registry", cp->decode_kernel);
+        return 1;
     }
     const int pk = (int)cp->prefill_kernel;
     snprintf(s, n, "items %s, %d prefill tiles (%s%s)", kva__cuda_kernels[cp->decode_kernel].name,
