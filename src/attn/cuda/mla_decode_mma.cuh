@@ -62,8 +62,8 @@
  * Raw rows of a row format with BULK (the sparse fp8_ds_mla rows of 16-row
  * items) land by one bulk copy per row instead (cp.async.bulk, sm_90), each
  * stage completing on its mbarrier, which the tile loop waits on instead of
- * a cp.async group; with the row format's PROD (sm_90a) a producer warp
- * issues them and the compute warps never copy (ml_tiles::NPW).
+ * a cp.async group; with the row format's PROD (sm_90a) that many producer
+ * warps issue them and the compute warps never copy (ml_tiles::NPW).
  * The tile loop is otherwise the same.
  * The 16-bit instantiations are in mla_decode_mma.cu (with the host side),
  * the FP8 ones in mla_decode_mma_fp8.cu.
