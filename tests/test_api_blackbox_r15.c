@@ -355,10 +355,12 @@ static int64_t dcp_count(int64_t s, int64_t N, int64_t rank, int64_t I)
 
 static void test_dcp_wide(void)
 {
-    static const int32_t Ns[4] = {2, 3, 256, 7}, Is[4] = {1 << 30, 1 << 29, 1 << 24, 12345677};
+    static const int32_t Ns[5] = {2, 3, 3, 256, 7},
+                         Is[5] = {1 << 30, 1 << 29, 1 << 30, 1 << 24, 12345677};
     static const int32_t ss[5] = {0, 1, (1 << 30) - 1, 1 << 30, 987654321};
-    for (int k = 0; k < 4; k++)
-        for (int32_t rank = 0; rank<Ns[k]; rank += Ns[k]> 8 ? 37 : 1) {
+    for (int k = 0; k < 5; k++) {
+        const int32_t step = Ns[k] > 8 ? 37 : 1; /* N 256: every 37th rank */
+        for (int32_t rank = 0; rank < Ns[k]; rank += step) {
             int32_t sl[5], ll[5];
             memcpy(sl, ss, sizeof sl);
             for (int i = 0; i < 5; i++)
@@ -372,6 +374,7 @@ static void test_dcp_wide(void)
             CHECK_OK(kva_dcp_local_lens(5, sl, Ns[k], rank, Is[k], sl));
             CHECK(memcmp(sl, ll, sizeof ll) == 0);
         }
+    }
     /* Slots of positions near 2^30 through block ids whose slots pass 2^32:
      * local token k at slot row[k / B] * B + k % B (kvattn_dcp.h); with a
      * row of one entry the tokens past it are refused, nothing written. */
