@@ -21,7 +21,10 @@
  *   - kvattn.h's plan lifetimes through kva_plan_update: a failed update on
  *     another context leaves the plan its owner's (same bytes); a successful
  *     one moves a cascade plan to the new context, which runs it after the
- *     old context is destroyed.
+ *     old context is destroyed;
+ *   - kvattn.h's zero-size rule for plans of no request given without arrays
+ *     (the empty block table NULL): every run call returns OK, writes
+ *     nothing, and still checks the cache against the plan.
  */
 #include "blackbox_util.h"
 #include "sparse_util.h" /* includes mla_util.h */
@@ -506,6 +509,107 @@ static void test_plan_owner(void)
     kva_context_destroy(b);
 }
 
+/* ---- empty plans without arrays ---- */
+
+/* kvattn.h, Zero sizes: a plan of R = 0 may come without arrays (the empty
+ * block table NULL too), and every run call on it validates the rest and
+ * returns OK without touching a tensor. main refused the paged calls ("plan
+ * has no block_table"), so an empty step needed a dummy block-table pointer. */
+static void test_empty_plans(void)
+{
+    for (int b = 0; b < 2; b++) {
+        kva_context *ctx = new_ctx(kBk[b], 2);
+        kva_cache_desc md = make_desc(2, 4, 2, 16, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+        kva_cache_desc ld = {.num_blocks = 2,
+                             .block_size = 4,
+                             .num_kv_heads = 1,
+                             .head_dim = 80,
+                             .head_dim_v = 64,
+                             .dtype = KVA_DTYPE_BF16,
+                             .kind = KVA_ATTN_MLA};
+        kva_cache_desc id = {.num_blocks = 2,
+                             .block_size = 4,
+                             .num_kv_heads = 1,
+                             .head_dim = 32,
+                             .dtype = KVA_DTYPE_F32,
+                             .kind = KVA_ATTN_INDEX};
+        kva_cache_desc od = md;
+        od.block_size = 8;
+        kva_cache *mc = NULL, *lc = NULL, *ic = NULL, *oc = NULL;
+        CHECK_OK(kva_cache_create(ctx, &md, &mc));
+        CHECK_OK(kva_cache_create(ctx, &ld, &lc));
+        CHECK_OK(kva_cache_create(ctx, &id, &ic));
+        CHECK_OK(kva_cache_create(ctx, &od, &oc));
+        float out[64], lse[8];
+        int32_t idx[8];
+        kva_test_poison(out, KVA_DTYPE_F32, 64);
+        kva_test_poison(lse, KVA_DTYPE_F32, 8);
+        memset(idx, 0x5a, sizeof idx);
+        const uint64_t so = bb_sum(out, sizeof out), sl = bb_sum(lse, sizeof lse),
+                       si = bb_sum(idx, sizeof idx);
+        kva_plan_desc mha = {.num_heads = 4,
+                             .num_kv_heads = 2,
+                             .head_dim = 16,
+                             .block_size = 4,
+                             .q_dtype = KVA_DTYPE_F32,
+                             .causal = 1,
+                             .window_left = -1};
+        kva_plan_desc mla = {.num_heads = 3,
+                             .num_kv_heads = 1,
+                             .head_dim = 80,
+                             .head_dim_v = 64,
+                             .block_size = 4,
+                             .q_dtype = KVA_DTYPE_BF16,
+                             .scale = 0.1f,
+                             .causal = 1,
+                             .window_left = -1,
+                             .kind = KVA_ATTN_MLA,
+                             .mla_qk_nope_head_dim = 32,
+                             .mla_v_head_dim = 24};
+        kva_plan_desc sparse = mla;
+        sparse.mla_qk_nope_head_dim = sparse.mla_v_head_dim = 0;
+        sparse.sparse_topk = 8;
+        kva_plan_desc index = {.num_heads = 4,
+                               .num_kv_heads = 1,
+                               .head_dim = 32,
+                               .block_size = 4,
+                               .q_dtype = KVA_DTYPE_F32,
+                               .causal = 1,
+                               .window_left = -1,
+                               .kind = KVA_ATTN_INDEX,
+                               .sparse_topk = 8};
+        kva_plan *p[4] = {NULL, NULL, NULL, NULL};
+        CHECK_OK(kva_plan_create(ctx, &mha, &p[0]));
+        CHECK_OK(kva_plan_create(ctx, &mla, &p[1]));
+        CHECK_OK(kva_plan_create(ctx, &sparse, &p[2]));
+        CHECK_OK(kva_plan_create(ctx, &index, &p[3]));
+        if (p[0] && p[1] && p[2] && p[3]) {
+            CHECK_OK(kva_attention_run(ctx, p[0], NULL, mc, NULL, out, lse));
+            CHECK_OK(kva_attention_run_ragged(ctx, p[0], NULL, NULL, NULL, NULL, out, lse));
+            CHECK_OK(kva_attention_run(ctx, p[1], NULL, lc, NULL, out, lse));
+            CHECK_OK(kva_mla_run(ctx, p[1], NULL, NULL, NULL, lc, out, lse));
+            CHECK_OK(kva_mla_sparse_run(ctx, p[2], NULL, lc, NULL, 0, NULL, NULL, out, lse));
+            CHECK_OK(kva_indexer_run(ctx, p[3], NULL, NULL, ic, idx, 0, NULL));
+            /* The other arguments are still checked. */
+            BAD(kva_attention_run(ctx, p[0], NULL, oc, NULL, out, lse), KVA_STATUS_SHAPE_MISMATCH);
+            BAD(kva_attention_run(ctx, p[0], NULL, lc, NULL, out, lse), KVA_STATUS_SHAPE_MISMATCH);
+            BAD(kva_mla_run(ctx, p[1], NULL, NULL, NULL, mc, out, lse), KVA_STATUS_SHAPE_MISMATCH);
+            BAD(kva_indexer_run(ctx, p[3], NULL, NULL, mc, idx, 0, NULL),
+                KVA_STATUS_SHAPE_MISMATCH);
+        }
+        CHECK_MSG(bb_sum(out, sizeof out) == so && bb_sum(lse, sizeof lse) == sl &&
+                      bb_sum(idx, sizeof idx) == si,
+                  "%s: an empty run wrote its outputs", kva_backend_name(kBk[b]));
+        for (int i = 0; i < 4; i++)
+            kva_plan_destroy(p[i]);
+        kva_cache_destroy(mc);
+        kva_cache_destroy(lc);
+        kva_cache_destroy(ic);
+        kva_cache_destroy(oc);
+        kva_context_destroy(ctx);
+    }
+}
+
 int main(void)
 {
     RUN(test_merge_inf_lse);
@@ -514,5 +618,6 @@ int main(void)
     RUN(test_sparse_context_edges);
     RUN(test_dcp_wide);
     RUN(test_plan_owner);
+    RUN(test_empty_plans);
     return kva_test_finish();
 }
