@@ -266,7 +266,8 @@ typedef struct kva_plan_desc {
     const int32_t *seq_lens;        /* [R] context + new tokens of each request (kv length);
                                        >= q_len when causal */
     const int32_t *block_table;     /* [R, block_table_stride] int32 block ids; NULL for
-                                       plans used only with kva_attention_run_ragged. The
+                                       plans used only with kva_attention_run_ragged (or
+                                       of R = 0, which every run call takes). The
                                        whole R * stride array is copied into the plan, but
                                        only the first ceil(seq_len / B) entries of a row
                                        with q_len > 0 are used and must be >= 0; the rest

@@ -16,7 +16,9 @@ extern "C" {
  * Merge two partial attention results over disjoint key sets:
  *   out = (exp(lse_a) * out_a + exp(lse_b) * out_b) / (exp(lse_a) + exp(lse_b)),
  *   lse = log(exp(lse_a) + exp(lse_b)), computed stably; a side whose lse is
- *   -inf contributes nothing; both -inf gives out 0 and lse -inf.
+ *   -inf contributes nothing; both -inf gives out 0 and lse -inf; a NaN or
+ *   +inf lse (whose weight exp(+inf) / exp(+inf) is undefined) makes the
+ *   row's out and lse NaN, on every backend.
  *   out_a, out_b, out: [T, H, Dv] in dtype (F32, F16 or BF16); lse_*: [T, H] float32.
  *   T = num_tokens may be 0 (nothing to merge, tensors may be NULL); H =
  *   num_heads is 1..KVA_MAX_HEADS and Dv = head_dim_v a valid head size even then.
@@ -36,7 +38,7 @@ KVA_API kva_status kva_merge_states(kva_context *ctx, int32_t num_tokens, int32_
  *   out = sum_p exp(lse_p) * out_p / sum_p exp(lse_p), lse = log(sum_p exp(lse_p)),
  *   computed stably with one rounding to dtype; a part whose lse is -inf
  *   contributes nothing (its out rows are not read); all -inf gives out 0
- *   and lse -inf; a NaN lse makes the row NaN.
+ *   and lse -inf; a NaN or +inf lse makes the row NaN (out and lse).
  *   outs: P parts of [T, H, Dv] in dtype (F32, F16 or BF16), part p at
  *         element p * out_stride (0 means T*H*Dv: dense [P, T, H, Dv]);
  *   lses: P parts of [T, H] float32, part p at element p * lse_stride (0

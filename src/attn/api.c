@@ -48,7 +48,9 @@ static kva_status check_cache_for_plan(const char *fn, const kva_context *ctx, c
     const kva_cache_desc *c = &cache->desc;
     const kva_plan_desc *d = &plan->d;
     KVA_TRY(check_plan_for_context(fn, ctx, plan));
-    if (!plan->block_table)
+    /* A plan of no request may come without arrays (kvattn.h, Zero sizes:
+     * its empty block table may be NULL); it runs nothing either way. */
+    if (!plan->block_table && d->num_requests > 0)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "%s: plan has no block_table (it was built for kva_attention_run_ragged)",
                          fn);

@@ -139,6 +139,11 @@ kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst, kva_dtyp
         return KVA_STATUS_OK;
     KVA_CHECK_PTR(src);
     KVA_CHECK_PTR(dst);
+    /* n elements of up to 4 bytes must fit the address space, equal dtypes
+     * too (n * 4 would wrap, and memmove would run past both buffers). */
+    if (n > SIZE_MAX / 4)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_convert: n = %zu elements overflows the address space", n);
     if (src_dtype == dst_dtype) {
         if (src != dst)
             memmove(dst, src, n * kva_dtype_size(src_dtype));
@@ -150,9 +155,6 @@ kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst, kva_dtyp
      * before anything is written. */
     const uintptr_t s0 = (uintptr_t)src, d0 = (uintptr_t)dst;
     const size_t sb = kva_dtype_size(src_dtype), db = kva_dtype_size(dst_dtype);
-    if (n > SIZE_MAX / 4)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
-                         "kva_convert: n = %zu elements overflows the address space", n);
     if (s0 < d0 + n * db && d0 < s0 + n * sb)
         return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
                          "kva_convert: src %p (%zu bytes of %s) and dst %p (%zu bytes of %s) "

@@ -86,7 +86,11 @@ static void merge_row(kva_dtype dt, int32_t Dv, const void *a, float la, const v
                       void *out, float *lse_out)
 {
     float fa[KVA_MAX_HEAD_DIM], fb[KVA_MAX_HEAD_DIM];
-    const float top = kva__cpu_max_nan(la, lb); /* NaN if either is */
+    /* NaN if either is; a +inf lse makes the weights inf / inf, NaN too, as
+     * the reference computes them (kvattn_merge.h). */
+    float top = kva__cpu_max_nan(la, lb);
+    if (top == INFINITY)
+        top = NAN;
     if (top == -INFINITY) {
         for (int32_t x = 0; x < Dv; x++)
             fa[x] = 0.0f;
@@ -218,8 +222,10 @@ static void merge_rows_one(const merge_args *a, int64_t n)
     float m = -INFINITY;
     for (int32_t p = 0; p < num_parts; p++)
         m = kva__cpu_max_nan(a->lses[p * a->lse_stride + ls], m);
+    if (m == INFINITY) /* exp(+inf) overflows: the weights are NaN (the reference's) */
+        m = NAN;
     unsigned char *dst = a->out + (size_t)n * a->row_bytes;
-    if (m != m || m == -INFINITY) { /* a NaN part, or no key in any part */
+    if (m != m || m == -INFINITY) { /* a NaN or +inf part, or no key in any part */
         for (int32_t c = 0; c < Dv; c++)
             acc[c] = m != m ? m : 0.0f;
         kva__cpu_store_row(dst, dtype, acc, Dv);

@@ -161,8 +161,11 @@ unsigned kva__cpu_merge_weights8_avx2(int32_t num_parts, const float *l0, int64_
         nan = _mm256_or_ps(nan, _mm256_cmp_ps(l, l, _CMP_UNORD_Q));
         m = _mm256_max_ps(l, m); /* NaN lanes: the nan mask takes them */
     }
+    /* Rows with no key (max -inf) or a +inf lse (NaN weights) go the scalar way. */
     const __m256 empty = _mm256_cmp_ps(m, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ);
-    const unsigned special = (unsigned)_mm256_movemask_ps(_mm256_or_ps(nan, empty));
+    const __m256 pinf = _mm256_cmp_ps(m, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ);
+    const unsigned special =
+        (unsigned)_mm256_movemask_ps(_mm256_or_ps(nan, _mm256_or_ps(empty, pinf)));
     /* exp(l - m), exactly 1 for the largest part (and 0 for l = -inf). */
     const __m256 one = _mm256_set1_ps(1.0f);
     __m256 sum = _mm256_setzero_ps();
