@@ -46,7 +46,7 @@ sec() { # name deadline, env for levels.sh...
   grep -v '^== medians\|^   \|^B  \|^b[0-9]' "$O/sec_$n.txt" | grep -v '^$' >> "$L"
 }
 sec A $((END - 50)) BATCHES="1 4" FORMATS="int8 int8-token fp8 f16" GQAS="1 4 8"
-sec B $((END - 20)) BATCHES=16 FORMATS="int8 int8-token" GQAS="1 4"
+sec B $((END - 12)) BATCHES=16 FORMATS="int8 int8-token" GQAS="1 4"
 sec C "$END" BATCHES=16 CONTEXT=1024 ITERS=100 FORMATS="int8 f16" GQAS="4 8"
 echo "# total $(($(date +%s) - T0)) s" >> "$L"
 for n in A B C; do
