@@ -1,13 +1,15 @@
 /*
  * hidden_variants.h - the host runs of the hidden-slot cases (hidden_cases.h):
  * which backend, forced CPU kernel and ISA level each run uses, shared by
- * test_api_blackbox_hidden.c and test_api_blackbox_blocks.c.
+ * test_api_blackbox_hidden.c, test_api_blackbox_blocks.c and
+ * test_api_blackbox_heads.c.
  */
 #ifndef KVA_TEST_HIDDEN_VARIANTS_H
 #define KVA_TEST_HIDDEN_VARIANTS_H
 
 #include "cpu_kernels.h"
 #include "hidden_cases.h"
+#include "hidden_run.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,6 +90,63 @@ static inline void hc_variant_close(const hc_variant *v, kva_context *ctx)
     kva_context_destroy(ctx);
     if (v->isa)
         unsetenv("KVA_CPU_ISA");
+}
+
+/* Rows of got that differ from want, and the first printed (the test's own
+ * tolerances): hc_run_against_ref's comparison. */
+typedef int (*hc_ref_compare)(const hc_case *c, const char *who, const void *got,
+                              const float *glse, const void *want, const float *wlse);
+
+/* Case c on the reference, then on each variant of vs that fits it: every
+ * clean run against the reference's by cmp, and every run with garbage in
+ * the hidden slots (each pattern) against the same context's clean run
+ * (hc_compare); fails the test on any difference or when no default variant
+ * ran. */
+static inline void hc_run_against_ref(const hc_case *c, const hc_variant *vs, int nv,
+                                      hc_ref_compare cmp)
+{
+    const size_t outb = (size_t)c->T * hc_out_dim(c) * kva_dtype_size(c->pd.q_dtype);
+    const size_t lseb = (size_t)c->T * c->pd.num_heads * sizeof(float);
+    void *out_r = malloc(outb), *out_c = malloc(outb), *out_g = malloc(outb);
+    float *lse_r = (float *)malloc(lseb), *lse_c = (float *)malloc(lseb),
+          *lse_g = (float *)malloc(lseb);
+    hc_inputs in;
+    hc_inputs_make(c, &in);
+    kva_context *rctx = new_ctx(KVA_BACKEND_REF, 1);
+    hc_host_run(rctx, c, -1, &in, out_r, lse_r);
+    int bad_ref = cmp(c, "ref (itself)", out_r, lse_r, out_r, lse_r);
+    int bad_hidden = 0;
+    for (int pat = 0; pat < HC_PATTERNS; pat++) {
+        hc_host_run(rctx, c, pat, &in, out_g, lse_g);
+        bad_hidden += hc_compare(c, "ref", pat, out_g, lse_g, out_r, lse_r) > 0;
+    }
+    kva_context_destroy(rctx);
+    int ran = 0;
+    for (int vi = 0; vi < nv; vi++) {
+        if (!hc_kernel_fits(c, vs[vi].kernel))
+            continue;
+        ran += vs[vi].kernel == NULL;
+        char who[64];
+        kva_context *ctx = hc_variant_open(&vs[vi], who, sizeof who);
+        hc_host_run(ctx, c, -1, &in, out_c, lse_c);
+        bad_ref += cmp(c, who, out_c, lse_c, out_r, lse_r) > 0;
+        for (int pat = 0; pat < HC_PATTERNS; pat++) {
+            hc_host_run(ctx, c, pat, &in, out_g, lse_g);
+            bad_hidden += hc_compare(c, who, pat, out_g, lse_g, out_c, lse_c) > 0;
+        }
+        hc_variant_close(&vs[vi], ctx);
+    }
+    hc_check_ran(c, vs, nv, ran);
+    CHECK_MSG(bad_ref == 0, "%s: %d runs differ from the reference", c->name, bad_ref);
+    CHECK_MSG(bad_hidden == 0, "%s: %d runs (variant x pattern) leak hidden slots", c->name,
+              bad_hidden);
+    hc_inputs_free(&in);
+    free(out_r);
+    free(out_c);
+    free(out_g);
+    free(lse_r);
+    free(lse_c);
+    free(lse_g);
 }
 
 #endif

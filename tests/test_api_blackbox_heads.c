@@ -158,51 +158,6 @@ static int hd_compare(const hc_case *c, const char *who, const void *got, const 
     return bad;
 }
 
-static void run_case(const hc_case *c, const hc_variant *vs, int nv)
-{
-    const size_t outb = (size_t)c->T * hc_out_dim(c) * kva_dtype_size(c->pd.q_dtype);
-    const size_t lseb = (size_t)c->T * c->pd.num_heads * sizeof(float);
-    void *out_r = malloc(outb), *out_c = malloc(outb), *out_g = malloc(outb);
-    float *lse_r = malloc(lseb), *lse_c = malloc(lseb), *lse_g = malloc(lseb);
-    hc_inputs in;
-    hc_inputs_make(c, &in);
-    kva_context *rctx = new_ctx(KVA_BACKEND_REF, 1);
-    hc_host_run(rctx, c, -1, &in, out_r, lse_r);
-    int bad_ref = hd_compare(c, "ref (itself)", out_r, lse_r, out_r, lse_r);
-    int bad_hidden = 0;
-    for (int pat = 0; pat < HC_PATTERNS; pat++) {
-        hc_host_run(rctx, c, pat, &in, out_g, lse_g);
-        bad_hidden += hc_compare(c, "ref", pat, out_g, lse_g, out_r, lse_r) > 0;
-    }
-    kva_context_destroy(rctx);
-    int ran = 0;
-    for (int vi = 0; vi < nv; vi++) {
-        if (!hc_kernel_fits(c, vs[vi].kernel))
-            continue;
-        ran += vs[vi].kernel == NULL;
-        char who[64];
-        kva_context *ctx = hc_variant_open(&vs[vi], who, sizeof who);
-        hc_host_run(ctx, c, -1, &in, out_c, lse_c);
-        bad_ref += hd_compare(c, who, out_c, lse_c, out_r, lse_r) > 0;
-        for (int pat = 0; pat < HC_PATTERNS; pat++) {
-            hc_host_run(ctx, c, pat, &in, out_g, lse_g);
-            bad_hidden += hc_compare(c, who, pat, out_g, lse_g, out_c, lse_c) > 0;
-        }
-        hc_variant_close(&vs[vi], ctx);
-    }
-    hc_check_ran(c, vs, nv, ran);
-    CHECK_MSG(bad_ref == 0, "%s: %d runs differ from the reference", c->name, bad_ref);
-    CHECK_MSG(bad_hidden == 0, "%s: %d runs (variant x pattern) leak hidden slots", c->name,
-              bad_hidden);
-    hc_inputs_free(&in);
-    free(out_r);
-    free(out_c);
-    free(out_g);
-    free(lse_r);
-    free(lse_c);
-    free(lse_g);
-}
-
 static void test_odd_heads(void)
 {
     for (int h = 0; h < 64; h++)
@@ -213,7 +168,7 @@ static void test_odd_heads(void)
     hc_variant vs[8 + KVA_TEST_MAX_KERNELS];
     const int nv = hc_variants(vs, 0);
     for (int i = 0; i < n; i++)
-        run_case(&cs[i], vs, nv);
+        hc_run_against_ref(&cs[i], vs, nv, hd_compare);
 }
 
 int main(void)
