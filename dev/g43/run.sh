@@ -38,7 +38,7 @@ for m in "H128 q2 8k B64|--batch 128 --context 8192 --heads 128 --q-len 2 --bloc
   "H16 q1 16k B64|--batch 128 --heads 16 --context 16384 --block-size 64" \
   "H16 q1 4k B64|--batch 128 --heads 16 --context 4096 --block-size 64" \
   "H16 q1 32k R64 B64|--batch 64 --heads 16 --context 32768 --block-size 64"; do
-  j=$(timeout 60 $B/bench_cuda_mla ${m#*|} --iters 30 --check 1 2>>$out/bench.err | grep -v '^{' | tail -1)
+  j=$(timeout 60 $B/bench_cuda_mla ${m#*|} --iters 30 --check 1 2>&1 | tee -a $out/bench.err | grep -a '^bench_cuda_mla' | tail -1 | sed 's/^bench_cuda_mla: //')
   echo "mla ${m%%|*}: $j" >>"$LOG"
 done
 for m in "H16 R128|--heads 16 --batch 128" "H16 R16|--heads 16 --batch 16" "H8 R128|--heads 8 --batch 128" \
