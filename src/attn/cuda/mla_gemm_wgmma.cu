@@ -275,8 +275,12 @@ extern "C" kva_status kva__cuda_mla_gemm_wgmma(const kva__cuda_mla_gemm_args *g,
                           : gw_kernel<kva__mma_bf16, false, gw_a16>)
                : (g->b_kn ? gw_kernel<kva__mma_f16, true, gw_a16>
                           : gw_kernel<kva__mma_f16, false, gw_a16>);
-    /* Above the 48 KiB default: a host-side attribute, cheap to set again. */
+    /* Above the 48 KiB default, and all of the SM's unified memory as shared
+     * memory so that two CTAs fit (the driver's default carveout may hold
+     * one): host-side attributes, cheap to set again. */
     KVA_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, GW_SMEM));
+    KVA_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      (int)cudaSharedmemCarveoutMaxShared));
     k<<<grid, GW_THREADS, GW_SMEM, (cudaStream_t)stream>>>(p);
     KVA_CUDA_TRY(cudaGetLastError());
     return KVA_STATUS_OK;
