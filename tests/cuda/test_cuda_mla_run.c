@@ -15,7 +15,10 @@
  * the reference's cache; on the GPU the blocks no request uses and the slots
  * past each request's length are NaN, so a read of a wrong row fails. out and
  * lse are poisoned before every run. One case is also captured in a CUDA
- * graph and replayed (the same bits as the eager run).
+ * graph and replayed (the same bits as the eager run). On sm_90a the GEMMs
+ * (projections and decompression) run the wgmma form where the shape takes
+ * it (Dn 64's W_UK^T does not); four cases (two under KVA_TEST_QUICK) run
+ * again with the mma.sync form forced (kva__cuda_context_mla_gemm).
  *
  * Tolerances: the CUDA path rounds to the input dtype where the reference
  * does not (q_nope . W_UK and the latent output on the absorbed path, the
@@ -180,8 +183,11 @@ static void mla_graph_replay(const mla_case *c, const mla_data *m, gpu_case *g, 
 }
 
 /* Runs case c (chunk: forced context chunk in keys, 0 = the plan's; graph:
- * also replay the run from a captured CUDA graph). */
-static void run_case_g(const mla_case *c, int32_t chunk, int graph)
+ * also replay the run from a captured CUDA graph; both: run it a second
+ * time with kva_mla_run's GEMMs forced onto the mma.sync form, which the
+ * dispatch otherwise leaves to shapes and devices the sm_90a wgmma form
+ * does not take). */
+static void run_case_v(const mla_case *c, int32_t chunk, int graph, int both)
 {
     kva_context *ref = NULL;
     kva_context_desc rd = {KVA_BACKEND_REF, 1, 0};
@@ -203,46 +209,52 @@ static void run_case_g(const mla_case *c, int32_t chunk, int graph)
     CHECK_OK(kva_mla_run(ref, plan, m.q, m.w_uk, m.w_uv, m.cache, want, lse_want));
     kva_plan_destroy(plan);
 
-    gpu_case g;
-    if (gpu_make(c, &m, &g)) {
-        CHECK_OK(kva__cuda_context_mla_chunk(g.ctx, chunk));
-        plan = NULL;
-        CHECK_OK(kva_plan_create(g.ctx, &pd, &plan));
-        if (plan) {
-            CHECK_OK(kva_mla_run(g.ctx, plan, g.q, g.w_uk, g.w_uv, g.cache, g.out, g.lse));
-            to_host(got, g.out, n_out * es);
-            to_host(lse, g.lse, rows * 4);
-            const size_t bad = kva_test_compare("mla_run cuda", got, want, c->dt, n_out,
-                                                out_atol(c->dt), out_rtol(c->dt));
-            const size_t bad_lse = kva_test_compare_f32("mla_run cuda lse", lse, lse_want, rows,
-                                                        c->dt == KVA_DTYPE_BF16 ? 2e-2 : 3e-3, 0);
-            double emax = 0, lmax = 0;
-            for (size_t i = 0; i < n_out; i++) {
-                const double e = fabs(kva_test_get(got, c->dt, i) - kva_test_get(want, c->dt, i));
-                emax = e > emax || isnan(e) ? e : emax;
+    for (int mma = 0; mma <= both; mma++) {
+        gpu_case g;
+        if (gpu_make(c, &m, &g)) {
+            CHECK_OK(kva__cuda_context_mla_chunk(g.ctx, chunk));
+            CHECK_OK(kva__cuda_context_mla_gemm(g.ctx, mma));
+            plan = NULL;
+            CHECK_OK(kva_plan_create(g.ctx, &pd, &plan));
+            if (plan) {
+                CHECK_OK(kva_mla_run(g.ctx, plan, g.q, g.w_uk, g.w_uv, g.cache, g.out, g.lse));
+                to_host(got, g.out, n_out * es);
+                to_host(lse, g.lse, rows * 4);
+                const size_t bad = kva_test_compare("mla_run cuda", got, want, c->dt, n_out,
+                                                    out_atol(c->dt), out_rtol(c->dt));
+                const size_t bad_lse =
+                    kva_test_compare_f32("mla_run cuda lse", lse, lse_want, rows,
+                                         c->dt == KVA_DTYPE_BF16 ? 2e-2 : 3e-3, 0);
+                double emax = 0, lmax = 0;
+                for (size_t i = 0; i < n_out; i++) {
+                    const double e =
+                        fabs(kva_test_get(got, c->dt, i) - kva_test_get(want, c->dt, i));
+                    emax = e > emax || isnan(e) ? e : emax;
+                }
+                for (size_t i = 0; i < rows; i++) {
+                    const double e = isinf(lse_want[i]) && lse[i] == lse_want[i]
+                                         ? 0
+                                         : fabs((double)lse[i] - lse_want[i]);
+                    lmax = e > lmax || isnan(e) ? e : lmax;
+                }
+                const double cd = cos_dist(got, want, c->dt, n_out);
+                const double cd_max = c->dt == KVA_DTYPE_BF16 ? 2e-5 : 1e-6;
+                printf("  H %3d Dn %3d B %2d %s%s thr %d causal %d chunk %4d T %4d%s: max |dout| "
+                       "%.3g, max |dlse| %.3g, cos dist %.3g\n",
+                       (int)c->H, (int)c->Dn, (int)c->B, kva_dtype_name(c->dt),
+                       c->fp8 ? " fp8-cache" : "", (int)c->thr, (int)c->causal, (int)chunk,
+                       (int)m.T, mma ? " gemm mma" : "", emax, lmax, cd);
+                CHECK_MSG(bad == 0 && bad_lse == 0 && cd <= cd_max,
+                          "H %d B %d %s thr %d: %zu out and %zu lse mismatches, cos dist %.3g",
+                          (int)c->H, (int)c->B, kva_dtype_name(c->dt), (int)c->thr, bad, bad_lse,
+                          cd);
+                if (graph)
+                    mla_graph_replay(c, &m, &g, plan, got, lse);
             }
-            for (size_t i = 0; i < rows; i++) {
-                const double e = isinf(lse_want[i]) && lse[i] == lse_want[i]
-                                     ? 0
-                                     : fabs((double)lse[i] - lse_want[i]);
-                lmax = e > lmax || isnan(e) ? e : lmax;
-            }
-            const double cd = cos_dist(got, want, c->dt, n_out);
-            const double cd_max = c->dt == KVA_DTYPE_BF16 ? 2e-5 : 1e-6;
-            printf("  H %3d Dn %3d B %2d %s%s thr %d causal %d chunk %4d T %4d: max |dout| %.3g, "
-                   "max |dlse| %.3g, cos dist %.3g\n",
-                   (int)c->H, (int)c->Dn, (int)c->B, kva_dtype_name(c->dt),
-                   c->fp8 ? " fp8-cache" : "", (int)c->thr,
-                   (int)c->causal, (int)chunk, (int)m.T, emax, lmax, cd);
-            CHECK_MSG(bad == 0 && bad_lse == 0 && cd <= cd_max,
-                      "H %d B %d %s thr %d: %zu out and %zu lse mismatches, cos dist %.3g",
-                      (int)c->H, (int)c->B, kva_dtype_name(c->dt), (int)c->thr, bad, bad_lse, cd);
-            if (graph)
-                mla_graph_replay(c, &m, &g, plan, got, lse);
+            kva_plan_destroy(plan);
         }
-        kva_plan_destroy(plan);
+        gpu_free(&g);
     }
-    gpu_free(&g);
     free(want);
     free(got);
     free(lse_want);
@@ -251,6 +263,10 @@ static void run_case_g(const mla_case *c, int32_t chunk, int graph)
     kva_context_destroy(ref);
 }
 
+static void run_case_g(const mla_case *c, int32_t chunk, int graph)
+{
+    run_case_v(c, chunk, graph, 0);
+}
 static void run_case(const mla_case *c, int32_t chunk)
 {
     run_case_g(c, chunk, 0);
@@ -277,7 +293,7 @@ static void test_grid(void)
             c.seq_len[6] = 90;
             c.seq_len[5] = B + 20;
         }
-        run_case_g(&c, i % 3 == 0 ? 64 : i % 3 == 1 ? 0 : 128, i == 0);
+        run_case_v(&c, i % 3 == 0 ? 64 : i % 3 == 1 ? 0 : 128, i == 0, i == 1 || i == 3);
     }
     /* FP8 E4M3 latent caches (the first two also under KVA_TEST_QUICK; the
      * first is also replayed from a CUDA graph). */
@@ -290,7 +306,7 @@ static void test_grid(void)
             c.seq_len[6] = 90;
             c.seq_len[5] = Bf[i] + 20;
         }
-        run_case_g(&c, i == 3 ? 64 : 0, i == 0);
+        run_case_v(&c, i == 3 ? 64 : 0, i == 0, i == 1);
     }
 }
 
@@ -311,7 +327,7 @@ static void test_long(void)
     const int32_t ql[3] = {1, 40, 3}, sl[3] = {1500, 1500, 700};
     mla_case c = mla_case_of(3, 512, 64, 128, 128, 64, KVA_DTYPE_BF16, 1, 1, 3, ql, sl, 31);
     run_case(&c, 128);
-    run_case(&c, 0);
+    run_case_v(&c, 0, 0, 1);
 }
 
 /* Bad input: a status, a message, out unchanged. */

@@ -223,6 +223,8 @@ typedef struct kva__cuda_state {
     kva__cuda_prefill_host_cache prefill_host;
     /* ctx->workspace / ctx->workspace_bytes hold the device split partials. */
     int32_t mla_chunk_keys;    /* kva__cuda_context_mla_chunk: 0 = the plan's choice */
+    int mla_gemm_mma;          /* kva__cuda_context_mla_gemm: 1 = kva_mla_run's GEMMs run the
+                                  mma.sync form everywhere */
     int64_t index_pass_floats; /* kva__cuda_context_indexer_test: 0 = IDX_WS_FLOATS */
     int index_no_wgmma;        /* kva__cuda_context_indexer_test: flags bits 0, 2, 3 */
     int index_topk_full;       /* kva__cuda_context_indexer_test: 1 = full-row top-K passes */
@@ -489,6 +491,10 @@ kva_status kva__cuda_context_plan_probe(kva_context *ctx, double *stamps);
  * kva_mla_run's compute-friendly requests in chunks of `keys` keys per
  * request (a multiple of 64, at most 2^20); 0 restores the plan's choice. */
 kva_status kva__cuda_context_mla_chunk(kva_context *ctx, int32_t keys);
+/* Tests and benchmarks: kva_mla_run on ctx runs its GEMMs (projections and
+ * decompression, mla_gemm.cu) on the mma.sync form even where the sm_90a
+ * wgmma form takes the shape (mma = 1), or by the dispatch (mma = 0). */
+kva_status kva__cuda_context_mla_gemm(kva_context *ctx, int mma);
 /* Launches the attention kernel over every item of the uploaded plan, then
  * the split merge; kv is the paged cache or NULL with ragged k/v. */
 kva_status kva__cuda_attention(kva_context *ctx, const kva_plan *plan, const void *q,

@@ -3,8 +3,12 @@
  * layer-level MLA (kva_mla_run, mla_run.cu): the per-head projections
  * q_nope . W_UK and out_latent . W_UV of the absorbed path, and the
  * decompression c_kv . W_UK^T, c_kv . W_UV of the compute-friendly path.
+ * kva__cuda_mla_gemm runs the sm_90a wgmma form (mla_gemm_wgmma.cu) where
+ * the build, the device and the shape take it (K a multiple of 64, N of
+ * 128), and the mma.sync form below elsewhere (sm_80 / sm_89, other shapes,
+ * or forced: kva__cuda_context_mla_gemm).
  *
- * One kernel body: C[h][m, n] = sum_k A[h][m, k] B[h][k, n] for every head h
+ * The mma.sync form, one kernel body: C[h][m, n] = sum_k A[h][m, k] B[h][k, n] for every head h
  * (blockIdx.z), f16 or bf16 operands on mma.sync m16n8k16 with fp32
  * accumulation, the result rounded once to the element type. A's and C's rows
  * may be gathered / scattered through int32 row maps (a negative A row reads
@@ -251,6 +255,10 @@ extern "C" kva_status kva__cuda_mla_gemm(const kva__cuda_mla_gemm_args *g, void 
                          "kva_mla_run: GEMM operands M %d, N %d, K %d (%s) are not multiples of 8 "
                          "elements, aligned f16/bf16",
                          (int)g->M, (int)g->N, (int)g->K, kva_dtype_name(g->dtype));
+    /* The sm_90a wgmma form where the build, the device and the shape take
+     * it (mla_gemm_wgmma.cu), unless a test or benchmark forced this one. */
+    if (!g->mma_only && kva__cuda_mla_gemm_wgmma_fits(g))
+        return kva__cuda_mla_gemm_wgmma(g, stream);
     const gemm_p p = *g;
     const dim3 grid((unsigned)((g->M + BM - 1) / BM), (unsigned)((g->N + BN - 1) / BN),
                     (unsigned)g->heads);

@@ -225,6 +225,17 @@ extern "C" kva_status kva__cuda_context_mla_chunk(kva_context *ctx, int32_t keys
     return KVA_STATUS_OK;
 }
 
+extern "C" kva_status kva__cuda_context_mla_gemm(kva_context *ctx, int mma)
+{
+    kva__clear_error();
+    KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
+    if (mma != 0 && mma != 1)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva__cuda_context_mla_gemm: mma = %d (0, 1)",
+                         mma);
+    ((kva__cuda_state *)ctx->state)->mla_gemm_mma = mma;
+    return KVA_STATUS_OK;
+}
+
 /* Bump allocator of byte offsets (256-byte aligned). */
 static size_t take(size_t *o, size_t bytes)
 {
@@ -483,6 +494,7 @@ static kva_status run_absorbed(kva_context *ctx, const kva_plan *plan, const voi
     g.b = w_uk, g.ldb = e.Dc, g.b_head = (int64_t)e.Dn * e.Dc, g.b_kn = 1;
     g.c = qabs, g.ldc = (int64_t)e.H * e.Dl, g.c_head = e.Dl;
     g.M = e.mp->Td, g.N = e.Dc, g.K = e.Dn, g.heads = e.H, g.dtype = e.d->q_dtype;
+    g.mma_only = e.st->mla_gemm_mma;
     KVA_TRY(kva__cuda_mla_gemm(&g, e.stream));
     kva__cuda_mla_copy c;
     memset(&c, 0, sizeof c);
@@ -528,6 +540,7 @@ static kva_status run_absorbed(kva_context *ctx, const kva_plan *plan, const voi
     g.b = w_uv, g.ldb = e.Dv, g.b_head = (int64_t)e.Dc * e.Dv, g.b_kn = 1;
     g.c = out, g.c_rows = dtok, g.ldc = (int64_t)e.H * e.Dv, g.c_head = e.Dv;
     g.M = e.mp->Td, g.N = e.Dv, g.K = e.Dc, g.heads = e.H, g.dtype = e.d->q_dtype;
+    g.mma_only = e.st->mla_gemm_mma;
     KVA_TRY(kva__cuda_mla_gemm(&g, e.stream));
     if (lse) {
         const int64_t n = (int64_t)e.mp->Td * e.H;
@@ -559,7 +572,7 @@ static kva_status run_compute(kva_context *ctx, const kva_plan *plan, const void
         g.b = w_uk, g.ldb = e.Dc, g.b_head = (int64_t)e.Dn * e.Dc, g.b_kn = 0;
         g.c = kws, g.ldc = (int64_t)e.H * e.Dq, g.c_head = e.Dq;
         g.M = rd->keys, g.N = e.Dn, g.K = e.Dc, g.heads = e.H, g.dtype = e.d->q_dtype;
-        g.a_fp8 = fp8, g.c_scale = ks;
+        g.a_fp8 = fp8, g.c_scale = ks, g.mma_only = e.st->mla_gemm_mma;
         KVA_TRY(kva__cuda_mla_gemm(&g, e.stream));
         g.b = w_uv, g.ldb = e.Dv, g.b_head = (int64_t)e.Dc * e.Dv, g.b_kn = 1;
         g.c = vws, g.ldc = (int64_t)e.H * e.Dv, g.c_head = e.Dv, g.N = e.Dv;

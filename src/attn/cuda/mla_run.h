@@ -42,8 +42,15 @@ typedef struct kva__cuda_mla_gemm_args {
     kva_dtype dtype;
     int a_fp8;
     float c_scale;
+    int mma_only; /* run the mma.sync form even where the wgmma one fits */
 } kva__cuda_mla_gemm_args;
 kva_status kva__cuda_mla_gemm(const kva__cuda_mla_gemm_args *g, void *stream);
+/* The sm_90a wgmma form (mla_gemm_wgmma.cu): whether it takes g (an sm_90a
+ * build on a compute capability 9.0 device, K % 64 == 0, N % 128 == 0; the
+ * other requirements are kva__cuda_mla_gemm's, checked there), and its
+ * launch (called by kva__cuda_mla_gemm only). */
+int kva__cuda_mla_gemm_wgmma_fits(const kva__cuda_mla_gemm_args *g);
+kva_status kva__cuda_mla_gemm_wgmma(const kva__cuda_mla_gemm_args *g, void *stream);
 
 /* Row copy of 2-byte elements: dst[d_row(m) * ldd + h * dst_head + e] =
  * src[s_row(m) * lds + h * src_head + e] for m < M, h < heads, e < width

@@ -3,8 +3,8 @@
  * (wgmma.mma_async) used by prefill_wgmma.cu: shared-memory matrix
  * descriptors (128-byte swizzle), fences, commit / wait, and the
  * m64n128k16 and m64n64k16 forms with fp32 accumulation (A from shared memory, A from
- * registers), m64n128k32 e4m3 from shared memory (the indexer). Only compiled where the sm_90a
- * feature set is present
+ * registers; B K-major or MN-major), m64n128k32 e4m3 from shared memory (the indexer).
+ * Only compiled where the sm_90a feature set is present
  * (__CUDA_ARCH_FEAT_SM90_ALL); the including file guards its use.
  *
  * Accumulator fragment of m64nNk16 (fp32), per thread of the warpgroup
@@ -112,6 +112,22 @@ KVA__WGMMA_SS0(f16, 128, 16, ", 0, 0", KVA__WG_R64, KVA__WG_D64, 64, 65)
 KVA__WGMMA_SS0(e4m3, 128, 32, "", KVA__WG_R64, KVA__WG_D64, 64, 65)
 KVA__WGMMA_SS0(bf16, 64, 16, ", 0, 0", KVA__WG_R32 "}", KVA__WG_D32, 32, 33)
 KVA__WGMMA_SS0(f16, 64, 16, ", 0, 0", KVA__WG_R32 "}", KVA__WG_D32, 32, 33)
+
+/* Both from shared memory, A K-major, B MN-major (imm-trans-b = 1):
+ * kva__wgmma_ss_m64n128_{bf16,f16}_tb(d, da, db, scale_d), d[64] (the batched
+ * GEMM of kva_mla_run, mla_gemm_wgmma.cu, with B stored [K, N]). */
+#define KVA__WGMMA_SS_TB(ty)                                                                       \
+    static __device__ __forceinline__ void kva__wgmma_ss_m64n128_##ty##_tb(                        \
+        float d[64], uint64_t da, uint64_t db, int scale_d)                                        \
+    {                                                                                              \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                  \
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." #ty "." #ty " " KVA__WG_R64    \
+                     ", %64, %65, p, 1, 1, 0, 1;\n}\n"                                             \
+                     : KVA__WG_D64("+f")                                                           \
+                     : "l"(da), "l"(db), "r"(scale_d));                                            \
+    }
+KVA__WGMMA_SS_TB(bf16)
+KVA__WGMMA_SS_TB(f16)
 
 /* A from registers, B from shared memory MN-major (imm-trans-b = 1):
  * kva__wgmma_rs_m64n{N}_{bf16,f16}_tb(d, a, db, scale_d), d[N / 2]; RL: the
