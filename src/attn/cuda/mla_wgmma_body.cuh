@@ -150,6 +150,15 @@ template <typename W, typename = void> struct mw_nt {
 template <typename W> struct mw_nt<W, decltype((void)W::SCHED)> {
     static constexpr int NT = W::SCHED == MW_SCHED_ALT_PROD ? MW_NT_PROD : ML_NT;
 };
+/* Whether policy W runs in a cluster of two CTAs that fill each other's
+ * rings (W::XO, MW_SCHED_ALT_PROD only; see "The cluster of two" above);
+ * false for a policy without XO. */
+template <typename W, typename = void> struct mw_xo {
+    static constexpr bool XO = false;
+};
+template <typename W> struct mw_xo<W, decltype((void)W::XO)> {
+    static constexpr bool XO = W::XO;
+};
 
 /*
  * The work policy W of mla_wgmma_kernel<Ty, W>: a class, one object per item.
@@ -252,17 +261,55 @@ static __device__ __forceinline__ void mw_fill0(W &wi, const typename W::args &a
     }
 }
 
+/* MW_SCHED_ALT_PROD, by a consumer: wait for the "full" phase of parity
+ * `parity` of a ring part; XO (a cluster of two): acquire at cluster scope
+ * (the other CTA's st.async bytes complete on it), then the async-proxy
+ * fence that orders those bytes before this thread's wgmma reads (the
+ * writer cannot fence them). */
+template <bool XO> static __device__ __forceinline__ void mw_pfull_wait(uint32_t bar, uint32_t parity)
+{
+    if constexpr (XO) {
+        kva__mbar_wait_cl(bar, parity);
+        kva__fence_proxy_async();
+    } else {
+        kva__mbar_wait(bar, parity);
+    }
+}
+/* This CTA's rank in its cluster of two, and the other's. */
+static __device__ __forceinline__ uint32_t mw_peer()
+{
+    uint32_t r;
+    asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r ^ 1u;
+}
+/* MW_SCHED_ALT_PROD, by a consumer warpgroup: it read a ring part for the
+ * last time (the "empty" mbarrier bar): its 128 threads arrive; XO: the
+ * first lane of each warp arrives on bar and on the other CTA's copy of it
+ * (4 + 4 warps per phase), whose producer writes this CTA's ring too. */
+template <bool XO> static __device__ __forceinline__ void mw_pempty(uint32_t bar)
+{
+    if constexpr (XO) {
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) {
+            kva__mbar_arrive(bar);
+            kva__mbar_arrive_cl(kva__mapa(bar, mw_peer()));
+        }
+    } else {
+        kva__mbar_arrive(bar);
+    }
+}
+
 /* MW_SCHED_ALT_PROD: S part 0 of warpgroup WG's tile at dk, issued and
  * committed as a group of its own once the producer filled it (the "full"
  * phase of parity ph of its stage's part 0), or at once where the warpgroup
  * has no such tile (`fill` false: the result is unused; a wgmma on a path of
  * its own would serialize every wgmma of the kernel). */
-template <typename Ty, int WG>
+template <typename Ty, int WG, bool XO>
 static __device__ __forceinline__ void mw_s_part0_full(float (&sc)[8][4], uint64_t dq, uint64_t dk,
                                                        uint32_t bars, bool fill, uint32_t ph)
 {
     if (fill)
-        kva__mbar_wait(MW_PBAR(bars, 0, WG, 0), ph & 1u);
+        mw_pfull_wait<XO>(MW_PBAR(bars, 0, WG, 0), ph & 1u);
     kva__wgmma_fence();
     mw_s64<Ty, WG, 0, 4>(sc, dq, dk);
     kva__wgmma_commit();
@@ -274,17 +321,33 @@ static __device__ __forceinline__ void mw_s_part0_full(float (&sc)[8][4], uint64
  * (parity bit S of ph: the stage's next fill; a fresh mbarrier passes parity
  * 1 at once), the codes are converted into the stage (W::put), made visible
  * to the consumers' wgmmas, and the part's "full" mbarrier gets the
- * producer's 128 arrivals. */
+ * producer's 128 arrivals. XO (a cluster of two): "empty" counts both CTAs'
+ * readers (acquired at cluster scope), put also stores the CTA's keys into
+ * the other CTA's ring (st.async, completing on that CTA's "full"), and the
+ * producer's first thread arrives with the byte count the other CTA's
+ * producer sends here (W::tx(PART)). */
 template <int S, int PART, typename W>
 static __device__ __forceinline__ void mw_pfill(W &wi, const typename W::args &a, int32_t kt,
                                                 uint32_t sK, uint32_t bars, uint32_t ph)
 {
+    constexpr bool XO = mw_xo<W>::XO;
     typename W::raw r;
+    const uint32_t full = MW_PBAR(bars, 0, S, PART), empty = MW_PBAR(bars, 1, S, PART);
     wi.template fetch<S, PART>(a, kt, r);
-    kva__mbar_wait(MW_PBAR(bars, 1, S, PART), ((ph >> S) & 1u) ^ 1u);
-    wi.template put<S, PART>(a, kt, r, sK + S * MW_KB, S);
+    if constexpr (XO)
+        kva__mbar_wait_cl(empty, ((ph >> S) & 1u) ^ 1u);
+    else
+        kva__mbar_wait(empty, ((ph >> S) & 1u) ^ 1u);
+    wi.template put<S, PART>(a, kt, r, sK + S * MW_KB, S, full);
     kva__fence_proxy_async(); /* the stores -> the consumers' wgmma reads */
-    kva__mbar_arrive(MW_PBAR(bars, 0, S, PART));
+    if constexpr (XO) {
+        if ((threadIdx.x & (MW_WT - 1)) == 0)
+            kva__mbar_expect_tx(full, W::tx(PART));
+        else
+            kva__mbar_arrive(full);
+    } else {
+        kva__mbar_arrive(full);
+    }
 }
 
 /* MW_SCHED_ALT_PROD: the producer's fills of an item, pair by pair in the
@@ -332,6 +395,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
     constexpr bool PROD = SCHED == MW_SCHED_ALT_PROD;
     constexpr bool EARLY = SCHED == MW_SCHED_ALT_EARLY || PROD, TMA = SCHED == MW_SCHED_ALT_TMA;
     constexpr bool LEAN = mw_lean(SCHED);                /* the lean softmax (mla_wgmma_ops.cuh) */
+    constexpr bool XO = mw_xo<W>::XO;                    /* PROD in a cluster of two */
     const bool elect = (threadIdx.x & (MW_WT - 1)) == 0; /* TMA: the warpgroup's issuing thread */
     const uint32_t mine = sK + WG * MW_KB, other = sK + (1 - WG) * MW_KB;
     const uint64_t dq = kva__wgmma_desc(sQ, 16, 1024);
@@ -343,7 +407,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
     float sc[8][4];
 
     if constexpr (PROD) /* S part 0 of the first tile once the producer filled it */
-        mw_s_part0_full<Ty, WG>(sc, dq, dk, bars, k0 + WG * MW_BN < kend, ph);
+        mw_s_part0_full<Ty, WG, XO>(sc, dq, dk, bars, k0 + WG * MW_BN < kend, ph);
     else if constexpr (EARLY) /* S part 0 of the first tile (both parts are committed) */
         mw_s_part0<Ty, WG, 1>(sc, dq, dk);
     for (int32_t kb = k0; kb < kend; kb += 2 * MW_BN) {
@@ -373,7 +437,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
              * nothing and its S is unused). */
             if constexpr (PROD) {
                 if (have)
-                    kva__mbar_wait(MW_PBAR(bars, 0, WG, 1), ph & 1u);
+                    mw_pfull_wait<XO>(MW_PBAR(bars, 0, WG, 1), ph & 1u);
             } else {
                 mw_landed<WG, 0>();
             }
@@ -490,7 +554,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             mw_o_fence(o);
             mw_a_fence(pa);
             if constexpr (PROD) /* the local P V read part 0 of stage 0 last */
-                kva__mbar_arrive(MW_PBAR(bars, 1, 0, 0));
+                mw_pempty<XO>(MW_PBAR(bars, 1, 0, 0));
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const float m1 = s_ref[r0 + 8 * hf];
@@ -523,7 +587,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             mw_a_fence(pa);
             if constexpr (PROD) {
                 if (have) /* the local P V read part 0 of stage 1 last */
-                    kva__mbar_arrive(MW_PBAR(bars, 1, 1, 0));
+                    mw_pempty<XO>(MW_PBAR(bars, 1, 1, 0));
             } else {
                 mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect, row_n);
             }
@@ -534,7 +598,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
         if constexpr (PROD) {
             if (have)
                 ph ^= 1u; /* the parity of the stage's next fill */
-            mw_s_part0_full<Ty, WG>(sc, dq, dk, bars, kn < kend, ph);
+            mw_s_part0_full<Ty, WG, XO>(sc, dq, dk, bars, kn < kend, ph);
             kva__wgmma_wait<1>();
         } else if constexpr (EARLY) {
             mw_s_part0<Ty, WG, 0>(sc, dq, dk);
@@ -556,7 +620,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             /* The remote P V was the last read of part 1 of the other stage
              * (warpgroup 0 reads stage 1 only where it had a tile). */
             if (WG == 1 || have1)
-                kva__mbar_arrive(MW_PBAR(bars, 1, 1 - WG, 1));
+                mw_pempty<XO>(MW_PBAR(bars, 1, 1 - WG, 1));
         } else {
             kva__named_bar(false, WG == 0 ? MW_BAR_FREE1 : MW_BAR_FREE0, ML_NT);
             kva__named_bar(true, WG == 0 ? MW_BAR_FREE0 : MW_BAR_FREE1, ML_NT);
@@ -638,10 +702,19 @@ __global__ void __launch_bounds__(mw_nt<W>::NT, 1)
      * consumers' CTA barriers: the item's first, after Q, and ml_finish's
      * two), the others compute as in MW_SCHED_ALT_EARLY. ph: the parity of
      * each stage's next fill (producer: bit s; consumer: its own stage). */
+    /* XO (a cluster of two): the "empty" mbarriers count the first lanes of
+     * both CTAs' reading warps (8), the inits are published to the cluster
+     * and both CTAs run before any thread addresses the other's shared memory,
+     * and neither exits while the other may still arrive on or store into
+     * it (the cluster barriers at the start and the end). */
+    constexpr bool XO = mw_xo<W>::XO;
     if constexpr (W::SCHED == MW_SCHED_ALT_PROD) {
         if (tid < 8)
-            kva__mbar_init(bars + 8u * (uint32_t)tid, MW_WT);
-        __syncthreads();
+            kva__mbar_init(bars + 8u * (uint32_t)tid, XO && tid >= 4 ? 8 : MW_WT);
+        if constexpr (XO)
+            kva__cluster_sync();
+        else
+            __syncthreads();
         if (wg == 2) {
             asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(MW_REG_P) : "memory");
             for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
@@ -652,6 +725,8 @@ __global__ void __launch_bounds__(mw_nt<W>::NT, 1)
                 __syncthreads(); /* ml_finish: the row sums */
                 __syncthreads(); /* ml_finish: its end */
             }
+            if constexpr (XO)
+                kva__cluster_sync();
             return;
         }
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(MW_REG_C) : "memory");
@@ -782,6 +857,8 @@ __global__ void __launch_bounds__(mw_nt<W>::NT, 1)
         kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
         wi.finish(a, s_sum, wg, r0, t4, l_run, m_run, o);
     }
+    if constexpr (XO)
+        kva__cluster_sync();
 #endif
 }
 
