@@ -22,8 +22,16 @@
  *     producer threads into registers (all of a part's loads before the
  *     part is free) and written into the ring as q-dtype values code *
  *     scale (fp32 product, rounded once), as FlashMLA's sparse kernels and
- *     this backend's separate mode read them. Each row is converted once
- *     per head tile (H 128: twice per token).
+ *     this backend's separate mode read them. With one head tile per
+ *     token (H <= 64) each row is gathered and converted once. With an even
+ *     number of head tiles (H 65 .. 128: two) the two head tiles of a token
+ *     run in the two CTAs of a cluster, over the same keys in step (the
+ *     policy's XO trait, "the cluster of two" in mla_wgmma_body.cuh): the
+ *     producer of CTA rank r gathers and converts keys 32 r .. 32 r + 31 of
+ *     every tile (4 threads per key, a quarter row each) and stores them
+ *     into its own ring and, by st.async through distributed shared memory,
+ *     into the other CTA's, so each row is gathered and converted once per
+ *     token instead of once per head tile.
  * Split partials and their merge are mla_sparse.cu's (ml_finish with sp_dst,
  * sp_merge_kernel), so the launch geometry is the mma.sync kernel's with
  * 64-row head tiles.
@@ -91,6 +99,8 @@ template <typename Ty, bool FP8, bool CL = false> struct ms_sparse {
     int32_t pnext;           /* its entry's position in the tile after that */
     int64_t row[2], rown[2]; /* fp8, producer: the fill thread's key row in stage s's tile being
                                 filled, in its next */
+    int32_t pn[2]; /* XO, producer: its index entry in stage s's tile after that (the row
+                      lookup goes one tile ahead of the block-table lookup) */
 
     static __device__ __forceinline__ int32_t items(const args &a)
     {
@@ -163,6 +173,10 @@ template <typename Ty, bool FP8, bool CL = false> struct ms_sparse {
             if (threadIdx.x >= 2 * MW_WT) { /* the producer warpgroup */
                 rown[0] = key_row(a, k0);
                 rown[1] = key_row(a, k0 + MW_BN);
+                if constexpr (CL) {
+                    pn[0] = pos(k0 + 2 * MW_BN + fkey());
+                    pn[1] = pos(k0 + 3 * MW_BN + fkey());
+                }
             }
         } else {
             const int key = threadIdx.x >> 2;
@@ -209,11 +223,12 @@ template <typename Ty, bool FP8, bool CL = false> struct ms_sparse {
      * kt into stage S (flags of its keys with part 0) by the producer
      * warpgroup (mla_wgmma_body.cuh, mw_pfill) in two steps: fetch loads the
      * thread's codes of the part's 4 value blocks (half c: codes 64 b + 32 c
-     * .. + 31 of block b), their 2 tile scales and, in part 1, block 8 (k_pe
-     * values 32 c .. 32 c + 31) into registers, before the stage part is
-     * free; in part 0 it then looks up the row of the stage's next tile (kt
-     * + 128). put converts the codes (code * scale) into the stage once it
-     * is free, and in part 1 prefetches the next tile's rows into L2. */
+     * .. + 31 of block b; XO, quarter q: codes 64 b + 16 q .. + 15), their 2
+     * tile scales and, in part 1, its share of block 8 (k_pe) into
+     * registers, before the stage part is free; in part 0 it then looks up
+     * the row of the stage's next tile (kt + 128). put converts the codes
+     * (code * scale) into the stage once it is free (XO: into both CTAs'),
+     * and in part 1 prefetches the next tile's rows into L2. */
     __device__ __forceinline__ void stage_q(const args &a, unsigned char *q_gen) const
     {
         sp_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi, q_gen);
@@ -259,8 +274,14 @@ template <typename Ty, bool FP8, bool CL = false> struct ms_sparse {
                 r.pe[k] = rw >= 0
                               ? __ldg(reinterpret_cast<const uint4 *>(src + ML_DV + 16) + pe0 + k)
                               : make_uint4(0, 0, 0, 0);
-        if (PART == 0)
-            rown[S] = key_row(a, kt + 2 * MW_BN);
+        if (PART == 0) {
+            if constexpr (CL) { /* no load here waits for another */
+                rown[S] = ms_row(a, mi.bt_row, pn[S], mi.s);
+                pn[S] = pos(kt + 4 * MW_BN + fkey());
+            } else {
+                rown[S] = key_row(a, kt + 2 * MW_BN);
+            }
+        }
     }
     /* 8 bf16 k_pe values (raw bits) in the q dtype. */
     static __device__ __forceinline__ uint4 pe8(uint4 pe)
@@ -295,8 +316,8 @@ template <typename Ty, bool FP8, bool CL = false> struct ms_sparse {
                 const int b = mw_fblk<S, PART>(i);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    uint4 w;
-                    if (b < 8)
+                    uint4 w; /* i < 4: a value block (b < 8); i == 4: block 8, k_pe */
+                    if (i < 4)
                         w = cvt8(h ? make_uint2(r.v[i].z, r.v[i].w) : make_uint2(r.v[i].x, r.v[i].y),
                                  r.scl[i >> 1]);
                     else

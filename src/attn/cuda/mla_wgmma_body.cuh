@@ -83,6 +83,23 @@
  * so the gather runs while the consumers compute; setmaxnreg splits the
  * registers (MW_REG_C, MW_REG_P).
  *
+ * The cluster of two (MW_SCHED_ALT_PROD with the policy's trait W::XO; the
+ * sparse fp8_ds_mla rows of a token with two head tiles): the two CTAs of a
+ * cluster run items over the same keys in step (their head tiles differ),
+ * and each producer fills half of every tile part into both CTAs' rings
+ * (its own stores, and st.async into the other CTA's shared memory at the
+ * same offsets). So a part may be written only once the readers of both
+ * CTAs are done with it: "empty" counts the first lane of each reading warp
+ * of both CTAs (each arrives on its own CTA's mbarrier and, release at
+ * cluster scope, on the other's), and the producer acquires it at cluster
+ * scope. "full" gets the CTA's own producer's 128 arrivals, the first with
+ * the byte count the other CTA's st.async stores bring (W::tx); a consumer
+ * acquires it at cluster scope, then fences the async proxy (the other
+ * CTA's bytes cannot be fenced by their writer). The mbarrier inits are
+ * published by a cluster barrier at the start, and a cluster barrier at the
+ * end keeps either CTA from exiting while the other may still address its
+ * shared memory.
+ *
  * MW_SCHED_ALT_TMA (16-bit key rows of a paged cache whose tiles are whole
  * TMA boxes): the same alternating tiles, each fill part copied by TMA
  * (one thread issues the part's [64, 64] boxes, which land on the part's
@@ -218,11 +235,16 @@ template <typename W> struct mw_xo<W, decltype((void)W::XO)> {
  *   (MW_SCHED_ALT_PROD instead of fill, by the producer's 128 threads, thread
  *   t taking key t / 2 at mw_fill_at: type raw, the registers of one part;
  *   fetch<S, PART>(a, kt, r) its loads of part PART of tile kt (stage S),
- *   before the stage part is free; put<S, PART>(a, kt, r, stage, st) its
- *   stores into the stage; the fills of one stage come in tile order, part
- *   0 then part 1, its tiles kt 128 apart. The constructor runs in all 384
- *   threads; finish must hold exactly two CTA barriers, which the producer
- *   joins: ml_finish's.)
+ *   before the stage part is free; put<S, PART>(a, kt, r, stage, st, full)
+ *   its stores into the stage (full: the part's "full" mbarrier); the fills
+ *   of one stage come in tile order, part 0 then part 1, its tiles kt 128
+ *   apart. The constructor runs in all 384 threads; finish must hold exactly
+ *   two CTA barriers, which the producer joins: ml_finish's. Optional
+ *   static constexpr bool XO: the cluster of two (above); then items come in
+ *   pairs (item 2 p + rank for cluster rank `rank` of an even grid), put
+ *   also stores the CTA's share into the other CTA's ring by st.async
+ *   completing on its copy of `full`, and tx(PART) is the byte count those
+ *   stores bring per part.)
  *
  * The MW_SCHED_SPLIT tile loop, per 64-key tile (stage = its ring slot):
  *   1. wait for this thread's copies of the tile, barrier (the tile landed;
@@ -327,13 +349,12 @@ static __device__ __forceinline__ void mw_s_part0_full(float (&sc)[8][4], uint64
  * producer's first thread arrives with the byte count the other CTA's
  * producer sends here (W::tx(PART)). */
 template <int S, int PART, typename W>
-static __device__ __forceinline__ void mw_pfill(W &wi, const typename W::args &a, int32_t kt,
-                                                uint32_t sK, uint32_t bars, uint32_t ph)
+static __device__ __forceinline__ void mw_pput(W &wi, const typename W::args &a, int32_t kt,
+                                               const typename W::raw &r, uint32_t sK, uint32_t bars,
+                                               uint32_t ph)
 {
     constexpr bool XO = mw_xo<W>::XO;
-    typename W::raw r;
     const uint32_t full = MW_PBAR(bars, 0, S, PART), empty = MW_PBAR(bars, 1, S, PART);
-    wi.template fetch<S, PART>(a, kt, r);
     if constexpr (XO)
         kva__mbar_wait_cl(empty, ((ph >> S) & 1u) ^ 1u);
     else
@@ -349,6 +370,14 @@ static __device__ __forceinline__ void mw_pfill(W &wi, const typename W::args &a
         kva__mbar_arrive(full);
     }
 }
+template <int S, int PART, typename W>
+static __device__ __forceinline__ void mw_pfill(W &wi, const typename W::args &a, int32_t kt,
+                                                uint32_t sK, uint32_t bars, uint32_t ph)
+{
+    typename W::raw r;
+    wi.template fetch<S, PART>(a, kt, r);
+    mw_pput<S, PART>(wi, a, kt, r, sK, bars, ph);
+}
 
 /* MW_SCHED_ALT_PROD: the producer's fills of an item, pair by pair in the
  * order the consumers free the parts (part 0 of both stages after the local
@@ -362,6 +391,37 @@ static __device__ __forceinline__ void mw_produce(W &wi, const typename W::args 
                                                   uint32_t bars, uint32_t &ph)
 {
     const int32_t k0 = wi.k0, kend = wi.kend;
+    if constexpr (mw_xo<W>::XO) {
+        /* XO (half the rows per producer thread, so two parts' registers
+         * fit): each part's loads go out before the previous part's wait and
+         * conversion, in two register sets, ra for stage 0 and rb for stage
+         * 1 (the item's first barrier after the first part's stores). */
+        typename W::raw ra, rb;
+        if (k0 < kend)
+            wi.template fetch<0, 0>(a, k0, ra);
+        for (int32_t kb = k0; kb < kend; kb += 2 * MW_BN) {
+            const bool have1 = kb + MW_BN < kend, more = kb + 2 * MW_BN < kend; /* CTA-uniform */
+            if (have1)
+                wi.template fetch<1, 0>(a, kb + MW_BN, rb);
+            mw_pput<0, 0>(wi, a, kb, ra, sK, bars, ph);
+            if (kb == k0)
+                __syncthreads(); /* the item's first barrier (Q staged) */
+            wi.template fetch<0, 1>(a, kb, ra);
+            if (have1) {
+                mw_pput<1, 0>(wi, a, kb + MW_BN, rb, sK, bars, ph);
+                wi.template fetch<1, 1>(a, kb + MW_BN, rb);
+            }
+            mw_pput<0, 1>(wi, a, kb, ra, sK, bars, ph);
+            if (more)
+                wi.template fetch<0, 0>(a, kb + 2 * MW_BN, ra);
+            if (have1)
+                mw_pput<1, 1>(wi, a, kb + MW_BN, rb, sK, bars, ph);
+            ph ^= have1 ? 3u : 1u;
+        }
+        if (k0 >= kend)
+            __syncthreads();
+        return;
+    }
     for (int32_t kb = k0; kb < kend; kb += 2 * MW_BN) {
         const bool have1 = kb + MW_BN < kend; /* CTA-uniform */
         mw_pfill<0, 0>(wi, a, kb, sK, bars, ph);
