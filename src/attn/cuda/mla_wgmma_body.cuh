@@ -391,37 +391,6 @@ static __device__ __forceinline__ void mw_produce(W &wi, const typename W::args 
                                                   uint32_t bars, uint32_t &ph)
 {
     const int32_t k0 = wi.k0, kend = wi.kend;
-    if constexpr (mw_xo<W>::XO) {
-        /* XO (half the rows per producer thread, so two parts' registers
-         * fit): each part's loads go out before the previous part's wait and
-         * conversion, in two register sets, ra for stage 0 and rb for stage
-         * 1 (the item's first barrier after the first part's stores). */
-        typename W::raw ra, rb;
-        if (k0 < kend)
-            wi.template fetch<0, 0>(a, k0, ra);
-        for (int32_t kb = k0; kb < kend; kb += 2 * MW_BN) {
-            const bool have1 = kb + MW_BN < kend, more = kb + 2 * MW_BN < kend; /* CTA-uniform */
-            if (have1)
-                wi.template fetch<1, 0>(a, kb + MW_BN, rb);
-            mw_pput<0, 0>(wi, a, kb, ra, sK, bars, ph);
-            if (kb == k0)
-                __syncthreads(); /* the item's first barrier (Q staged) */
-            wi.template fetch<0, 1>(a, kb, ra);
-            if (have1) {
-                mw_pput<1, 0>(wi, a, kb + MW_BN, rb, sK, bars, ph);
-                wi.template fetch<1, 1>(a, kb + MW_BN, rb);
-            }
-            mw_pput<0, 1>(wi, a, kb, ra, sK, bars, ph);
-            if (more)
-                wi.template fetch<0, 0>(a, kb + 2 * MW_BN, ra);
-            if (have1)
-                mw_pput<1, 1>(wi, a, kb + MW_BN, rb, sK, bars, ph);
-            ph ^= have1 ? 3u : 1u;
-        }
-        if (k0 >= kend)
-            __syncthreads();
-        return;
-    }
     for (int32_t kb = k0; kb < kend; kb += 2 * MW_BN) {
         const bool have1 = kb + MW_BN < kend; /* CTA-uniform */
         mw_pfill<0, 0>(wi, a, kb, sK, bars, ph);
