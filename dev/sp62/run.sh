@@ -25,6 +25,8 @@ T built
 [ -x /tmp/sp62n/kvattn ] && [ -x /tmp/sp62b/kvattn ] || { grep -m10 -E "error" $L/build_*.log >>"$LOG"; cat "$LOG"; exit 1; }
 # the planted fault: new's sparse wgmma object with the remote 16-byte stores one chunk off,
 # compiled in the background from here on (one core), then put in place of the object and the test relinked
+# (as run on 2026-11-28 this did NOT plant the fault: ninja rebuilt the object from the unchanged
+# source before relinking; dev/sp62/fault.sh plants its fault in a copied tree instead)
 sed 's/kva__st_async16(rstage + off, w, rfull)/kva__st_async16(rstage + (off ^ 16u), w, rfull)/' \
   new/src/attn/cuda/mla_sparse_wgmma.cu >$L/fault.cu
 grep -q 'off ^ 16u' $L/fault.cu && echo "fault planted in source copy" >>"$LOG"

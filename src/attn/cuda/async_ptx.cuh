@@ -23,9 +23,8 @@
  * ordering the PTX ISA asks for here: the bulk and TMA copies access their
  * mbarrier operand through the generic proxy (so no fence.proxy.async is
  * needed for it), and fence.mbarrier_init.release.cluster only makes an init
- * visible to other CTAs of a cluster. The one cluster launch of the library
- * (the sparse MLA's two head tiles of a token, mla_sparse_wgmma.cu) runs
- * kva__cluster_sync, which has that fence, instead of the CTA barrier. */
+ * visible to other CTAs of a cluster, and no kernel of the library is
+ * launched with clusters. A cluster launch would need that fence. */
 static __device__ __forceinline__ void kva__mbar_init(uint32_t bar, int count)
 {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -60,60 +59,6 @@ static __device__ __forceinline__ void kva__named_bar(bool sync, int id, int n)
         asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
     else
         asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-/* Thread block clusters (sm_90). kva__mapa: the shared::cluster address of
- * this CTA's shared address a in the CTA of rank `rank` (offsets from it
- * address that CTA's bytes as they do here). kva__mbar_arrive_cl: an arrive
- * on an mbarrier at a shared::cluster address (another CTA's), release at
- * cluster scope, so this thread's earlier reads and writes happen before
- * whatever the waiter does next. kva__mbar_wait_cl: kva__mbar_wait with
- * acquire at cluster scope (arrivals and st.async bytes of the other CTA).
- * kva__cluster_sync: every thread of every CTA of the cluster, after the
- * mbarrier inits are made visible to the cluster (start) or before a CTA
- * whose shared memory others still address exits (end). kva__st_async16:
- * 16 bytes into another CTA's shared memory, their count completing on
- * that CTA's mbarrier cl_bar (no fence orders them before an arrive: the
- * bytes are the arrival); kva__st_async4: 4 bytes. */
-static __device__ __forceinline__ uint32_t kva__mapa(uint32_t a, uint32_t rank)
-{
-    uint32_t r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
-    return r;
-}
-static __device__ __forceinline__ void kva__mbar_arrive_cl(uint32_t cl_bar)
-{
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cl_bar)
-                 : "memory");
-}
-static __device__ __forceinline__ void kva__mbar_wait_cl(uint32_t bar, uint32_t parity)
-{
-    asm volatile("{\n.reg .pred p;\nKVA_MBAR_WAIT_CL:\n"
-                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
-                 "@p bra KVA_MBAR_DONE_CL;\nbra KVA_MBAR_WAIT_CL;\nKVA_MBAR_DONE_CL:\n}\n" ::"r"(
-                     bar),
-                 "r"(parity)
-                 : "memory");
-}
-static __device__ __forceinline__ void kva__cluster_sync()
-{
-    asm volatile("fence.mbarrier_init.release.cluster;\n"
-                 "barrier.cluster.arrive.release;\n"
-                 "barrier.cluster.wait.acquire;\n" ::
-                     : "memory");
-}
-static __device__ __forceinline__ void kva__st_async16(uint32_t cl_a, uint4 v, uint32_t cl_bar)
-{
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, "
-                 "%4}, [%5];\n" ::"r"(cl_a),
-                 "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(cl_bar)
-                 : "memory");
-}
-static __device__ __forceinline__ void kva__st_async4(uint32_t cl_a, uint32_t v, uint32_t cl_bar)
-{
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
-                     cl_a),
-                 "r"(v), "r"(cl_bar)
-                 : "memory");
 }
 /* One TMA box at coordinates (c0, c1[, c2]), innermost first, into shared
  * memory at dst; its bytes complete on bar. */

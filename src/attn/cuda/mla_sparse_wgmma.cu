@@ -22,16 +22,8 @@
  *     producer threads into registers (all of a part's loads before the
  *     part is free) and written into the ring as q-dtype values code *
  *     scale (fp32 product, rounded once), as FlashMLA's sparse kernels and
- *     this backend's separate mode read them. With one head tile per
- *     token (H <= 64) each row is gathered and converted once. With an even
- *     number of head tiles (H 65 .. 128: two) the two head tiles of a token
- *     run in the two CTAs of a cluster, over the same keys in step (the
- *     policy's XO trait, "the cluster of two" in mla_wgmma_body.cuh): the
- *     producer of CTA rank r gathers and converts keys 32 r .. 32 r + 31 of
- *     every tile (4 threads per key, a quarter row each) and stores them
- *     into its own ring and, by st.async through distributed shared memory,
- *     into the other CTA's, so each row is gathered and converted once per
- *     token instead of once per head tile.
+ *     this backend's separate mode read them. Each row is converted once
+ *     per head tile (H 128: twice per token).
  * Split partials and their merge are mla_sparse.cu's (ml_finish with sp_dst,
  * sp_merge_kernel), so the launch geometry is the mma.sync kernel's with
  * 64-row head tiles.
@@ -65,33 +57,12 @@ static __device__ __forceinline__ int64_t ms_row(const sp_args &a, const int32_t
     return k.ok ? (int64_t)k.blk * a.B + k.off : -1;
 }
 
-/* A producer thread's registers for one fill part (fetch, then put):
- * 2 threads per key: its half of the part's 4 value blocks (v[2 i], v[2 i + 1]
- * of block i), in part 1 its half of k_pe (pe); XO, 4 threads per key: its
- * quarter (v[i] of block i; pe: 2 chunks). scl: the scale of blocks 0, 1 and
- * of blocks 2, 3 of the part. */
-template <bool XO> struct ms_raw {
-    uint4 v[8];
-    uint4 pe[4];
-    float scl[2];
-};
-template <> struct ms_raw<true> {
-    uint4 v[4];
-    uint4 pe[2];
-    float scl[2];
-};
-
 /* The sparse work policy of mla_wgmma_kernel (interface: mla_wgmma_body.cuh).
  * 16-bit rows: thread tid copies key tid / 4 of every tile (part tid % 4);
- * fp8_ds_mla: the fill thread (2 per key) converts its half of its key;
- * CL (fp8_ds_mla, an even number of head tiles: the cluster of two, see the
- * file comment): the fill thread (4 per key, keys 32 rank .. 32 rank + 31
- * of every tile) converts its quarter of its key into both CTAs' rings. */
-template <typename Ty, bool FP8, bool CL = false> struct ms_sparse {
+ * fp8_ds_mla: the fill thread (2 per key) converts its half of its key. */
+template <typename Ty, bool FP8> struct ms_sparse {
     typedef sp_args args;
     static constexpr int SCHED = FP8 ? MW_SCHED_ALT_PROD : MW_SCHED_SPLIT;
-    static constexpr bool XO = CL; /* mw_xo<W> (mla_wgmma_body.cuh) */
-    typedef ms_raw<CL> raw;
     sp_item mi;
     bool skip;
     int32_t k0, kend;
@@ -99,8 +70,6 @@ template <typename Ty, bool FP8, bool CL = false> struct ms_sparse {
     int32_t pnext;           /* its entry's position in the tile after that */
     int64_t row[2], rown[2]; /* fp8, producer: the fill thread's key row in stage s's tile being
                                 filled, in its next */
-    int32_t pn[2]; /* XO, producer: its index entry in stage s's tile after that (the row
-                      lookup goes one tile ahead of the block-table lookup) */
 
     static __device__ __forceinline__ int32_t items(const args &a)
     {
@@ -110,31 +79,11 @@ template <typename Ty, bool FP8, bool CL = false> struct ms_sparse {
     {
         return j < kend ? __ldg(mi.idx_row + j) : -1;
     }
-    /* fp8_ds_mla: the fill thread's key in a tile (XO: 32 rank + t / 4 of
-     * producer thread t) and, XO, its quarter of the key's row (16-byte
-     * chunks 2 q, 2 q + 1 of every column block). */
-    static __device__ __forceinline__ int fkey()
-    {
-        if constexpr (CL)
-            return 32 * (int)(mw_peer() ^ 1u) + ((threadIdx.x & (MW_WT - 1)) >> 2);
-        else
-            return mw_fkey();
-    }
-    static __device__ __forceinline__ int fquarter()
-    {
-        return threadIdx.x & 3;
-    }
-    /* XO: bytes the other CTA's producer stores into a fill part here (its
-     * 32 keys' column blocks of the part; part 0 also their key flags). */
-    static __host__ __device__ constexpr uint32_t tx(int part)
-    {
-        return part == 0 ? 4 * 32 * 128 + 32 * 4 : 5 * 32 * 128;
-    }
     /* fp8_ds_mla: the fill thread's cache row in tile kb (-1: unused entry
      * or past kend). */
     __device__ __forceinline__ int64_t key_row(const args &a, int32_t kb) const
     {
-        const int32_t j = kb + fkey();
+        const int32_t j = kb + mw_fkey();
         return ms_row(a, mi.bt_row, j < kend ? __ldg(mi.idx_row + j) : -1, mi.s);
     }
     /* fp8_ds_mla: 8 codes (c) times the tile scale scl, in the q dtype. */
@@ -156,13 +105,6 @@ template <typename Ty, bool FP8, bool CL = false> struct ms_sparse {
     __device__ __forceinline__ ms_sparse(const args &a, int32_t it, uint32_t sK,
                                          unsigned char *q_gen, int)
     {
-        if constexpr (CL) {
-            /* Items in pairs: item 2 p + rank is head tile 2 (p's tile pair)
-             * + rank of pair p's (token, split), so the two CTAs of a
-             * cluster (ranks it % 2 of an even grid) run the same keys. */
-            const int32_t p = it >> 1, x = p / a.nsplit, half = a.tiles >> 1;
-            it = ((x / half) * a.tiles + 2 * (x % half) + (it & 1)) * a.nsplit + p % a.nsplit;
-        }
         mi = sp_item_load<MW_M>(a, it);
         skip = mi.skip;
         if (skip)
@@ -173,10 +115,6 @@ template <typename Ty, bool FP8, bool CL = false> struct ms_sparse {
             if (threadIdx.x >= 2 * MW_WT) { /* the producer warpgroup */
                 rown[0] = key_row(a, k0);
                 rown[1] = key_row(a, k0 + MW_BN);
-                if constexpr (CL) {
-                    pn[0] = pos(k0 + 2 * MW_BN + fkey());
-                    pn[1] = pos(k0 + 3 * MW_BN + fkey());
-                }
             }
         } else {
             const int key = threadIdx.x >> 2;
@@ -223,17 +161,20 @@ template <typename Ty, bool FP8, bool CL = false> struct ms_sparse {
      * kt into stage S (flags of its keys with part 0) by the producer
      * warpgroup (mla_wgmma_body.cuh, mw_pfill) in two steps: fetch loads the
      * thread's codes of the part's 4 value blocks (half c: codes 64 b + 32 c
-     * .. + 31 of block b; XO, quarter q: codes 64 b + 16 q .. + 15), their 2
-     * tile scales and, in part 1, its share of block 8 (k_pe) into
-     * registers, before the stage part is free; in part 0 it then looks up
-     * the row of the stage's next tile (kt + 128). put converts the codes
-     * (code * scale) into the stage once it is free (XO: into both CTAs'),
-     * and in part 1 prefetches the next tile's rows into L2. */
+     * .. + 31 of block b), their 2 tile scales and, in part 1, block 8 (k_pe
+     * values 32 c .. 32 c + 31) into registers, before the stage part is
+     * free; in part 0 it then looks up the row of the stage's next tile (kt
+     * + 128). put converts the codes (code * scale) into the stage once it
+     * is free, and in part 1 prefetches the next tile's rows into L2. */
     __device__ __forceinline__ void stage_q(const args &a, unsigned char *q_gen) const
     {
         sp_stage_q<MW_M, MW_M, typename Ty::elem>(a, mi, q_gen);
     }
-    /* Part PART of tile kt (stage S): the loads (see raw). */
+    struct raw {
+        uint4 v[8];   /* value block i of the part: v[2 i], v[2 i + 1] */
+        uint4 pe[4];  /* part 1: the thread's k_pe chunks */
+        float scl[2]; /* scale of blocks 0, 1 and of blocks 2, 3 of the part */
+    };
     template <int S, int PART>
     __device__ __forceinline__ void fetch(const args &a, int32_t kt, raw &r)
     {
@@ -241,98 +182,34 @@ template <typename Ty, bool FP8, bool CL = false> struct ms_sparse {
             row[S] = rown[S];
         const int64_t rw = row[S];
         const unsigned char *src = a.rows + (rw >= 0 ? rw : 0) * sp_ds_mla::ROW;
-        if constexpr (CL) {
-            const int q = fquarter();
+        const int c = mw_fhalf();
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                r.v[i] = rw >= 0 ? __ldg(reinterpret_cast<const uint4 *>(
-                                       src + 64 * mw_fblk<S, PART>(i) + 16 * q))
-                                 : make_uint4(0, 0, 0, 0);
-        } else {
-            const int c = mw_fhalf();
+        for (int i = 0; i < 4; i++) {
+            const int b = mw_fblk<S, PART>(i);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int b = mw_fblk<S, PART>(i);
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    r.v[2 * i + h] =
-                        rw >= 0 ? __ldg(reinterpret_cast<const uint4 *>(src + 64 * b + 32 * c) + h)
-                                : make_uint4(0, 0, 0, 0);
-            }
+            for (int h = 0; h < 2; h++)
+                r.v[2 * i + h] =
+                    rw >= 0 ? __ldg(reinterpret_cast<const uint4 *>(src + 64 * b + 32 * c) + h)
+                            : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int k = 0; k < 2; k++)
             r.scl[k] = rw >= 0 ? __ldg(reinterpret_cast<const float *>(src + ML_DV) +
                                        (mw_fblk<S, PART>(2 * k) >> 1))
                                : 0.f;
-        /* part 1: the thread's k_pe chunks (XO: 2 q, 2 q + 1; else 4 c .. 4 c + 3) */
-        constexpr int NPE = CL ? 2 : 4;
-        const int pe0 = CL ? 2 * fquarter() : 4 * mw_fhalf();
         if (PART == 1)
 #pragma unroll
-            for (int k = 0; k < NPE; k++)
+            for (int k = 0; k < 4; k++)
                 r.pe[k] = rw >= 0
-                              ? __ldg(reinterpret_cast<const uint4 *>(src + ML_DV + 16) + pe0 + k)
+                              ? __ldg(reinterpret_cast<const uint4 *>(src + ML_DV + 16) + 4 * c + k)
                               : make_uint4(0, 0, 0, 0);
-        if (PART == 0) {
-            if constexpr (CL) { /* no load here waits for another */
-                rown[S] = ms_row(a, mi.bt_row, pn[S], mi.s);
-                pn[S] = pos(kt + 4 * MW_BN + fkey());
-            } else {
-                rown[S] = key_row(a, kt + 2 * MW_BN);
-            }
-        }
+        if (PART == 0)
+            rown[S] = key_row(a, kt + 2 * MW_BN);
     }
-    /* 8 bf16 k_pe values (raw bits) in the q dtype. */
-    static __device__ __forceinline__ uint4 pe8(uint4 pe)
-    {
-        const uint32_t bw[4] = {pe.x, pe.y, pe.z, pe.w};
-        uint32_t w[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            w[e] = Ty::pack(__uint_as_float(bw[e] << 16), __uint_as_float(bw[e] & 0xffff0000u));
-        return make_uint4(w[0], w[1], w[2], w[3]);
-    }
-    /* Part PART of tile kt into stage S (ring slot st, shared address
-     * stage): the converted chunks (XO: also into the other CTA's ring at
-     * the same offsets by st.async, completing on its copy of `full`, the
-     * part's "full" mbarrier); part 0 first sets the keys' flags. */
     template <int S, int PART>
-    __device__ __forceinline__ void put(const args &a, int32_t, const raw &r, uint32_t stage, int st,
-                                        uint32_t full)
+    __device__ __forceinline__ void put(const args &a, int32_t, const raw &r, uint32_t stage,
+                                        int st)
     {
-        if constexpr (CL) {
-            const uint32_t peer = mw_peer();
-            const uint32_t rstage = kva__mapa(stage, peer), rfull = kva__mapa(full, peer);
-            const int key = fkey(), q = fquarter();
-            if (PART == 0 && q == 0) {
-                const int ok = row[S] >= 0;
-                ms_ok()[st][key] = ok;
-                kva__st_async4(kva__mapa(kva__smem_u32(&ms_ok()[st][key]), peer), (uint32_t)ok,
-                               rfull);
-            }
-#pragma unroll
-            for (int i = 0; i < MW_FNB(PART); i++) {
-                const int b = mw_fblk<S, PART>(i);
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    uint4 w; /* i < 4: a value block (b < 8); i == 4: block 8, k_pe */
-                    if (i < 4)
-                        w = cvt8(h ? make_uint2(r.v[i].z, r.v[i].w) : make_uint2(r.v[i].x, r.v[i].y),
-                                 r.scl[i >> 1]);
-                    else
-                        w = pe8(r.pe[h]);
-                    const uint32_t off =
-                        (uint32_t)(b * MW_BN * 128 + key * 128 + (((2 * q + h) ^ (key & 7)) << 4));
-                    mw_st16(stage + off, w);
-                    kva__st_async16(rstage + off, w, rfull);
-                }
-            }
-            /* the rows of the stage's next tile into L2 (this CTA's keys) */
-            if (PART == 1 && rown[S] >= 0 && q == 0)
-                mw_prefetch_l2(a.rows + rown[S] * sp_ds_mla::ROW, sp_ds_mla::ROW);
-            return;
-        }
         if (PART == 0 && mw_fhalf() == 0)
             ms_ok()[st][mw_fkey()] = row[S] >= 0;
 #pragma unroll
@@ -347,8 +224,15 @@ template <typename Ty, bool FP8, bool CL = false> struct ms_sparse {
         }
         if (PART == 1) {
 #pragma unroll
-            for (int k = 0; k < 4; k++)
-                mw_st16(mw_fill_at(stage, 8, k), pe8(r.pe[k]));
+            for (int k = 0; k < 4; k++) {
+                const uint32_t bw[4] = {r.pe[k].x, r.pe[k].y, r.pe[k].z, r.pe[k].w};
+                uint32_t w[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    w[e] = Ty::pack(__uint_as_float(bw[e] << 16),
+                                    __uint_as_float(bw[e] & 0xffff0000u));
+                mw_st16(mw_fill_at(stage, 8, k), make_uint4(w[0], w[1], w[2], w[3]));
+            }
             /* the rows of the stage's next tile into L2 */
             if (rown[S] >= 0 && mw_fhalf() == 0)
                 mw_prefetch_l2(a.rows + rown[S] * sp_ds_mla::ROW, sp_ds_mla::ROW);
@@ -377,7 +261,7 @@ template <typename Ty, bool FP8, bool CL = false> struct ms_sparse {
     }
 };
 #else
-template <typename Ty, bool FP8, bool CL = false> struct ms_sparse { /* other passes: empty */
+template <typename Ty, bool FP8> struct ms_sparse { /* other passes: the kernel is empty */
     typedef sp_args args;
     static constexpr int SCHED = FP8 ? MW_SCHED_ALT_PROD : MW_SCHED_SPLIT; /* its launch bound */
 };
@@ -385,28 +269,21 @@ template <typename Ty, bool FP8, bool CL = false> struct ms_sparse { /* other pa
 
 typedef void (*ms_kernel_fn)(sp_args);
 
-template <typename Ty> static ms_kernel_fn ms_pick_ty(int fp8, int xo)
-{
-    return !fp8 ? mla_wgmma_kernel<Ty, ms_sparse<Ty, false>>
-           : xo ? mla_wgmma_kernel<Ty, ms_sparse<Ty, true, true>>
-                : mla_wgmma_kernel<Ty, ms_sparse<Ty, true>>;
-}
-static ms_kernel_fn ms_pick(kva_dtype dt, int fp8, int xo)
+static ms_kernel_fn ms_pick(kva_dtype dt, int fp8)
 {
     if (dt == KVA_DTYPE_BF16)
-        return ms_pick_ty<kva__mma_bf16>(fp8, xo);
+        return fp8 ? mla_wgmma_kernel<kva__mma_bf16, ms_sparse<kva__mma_bf16, true>>
+                   : mla_wgmma_kernel<kva__mma_bf16, ms_sparse<kva__mma_bf16, false>>;
     if (dt == KVA_DTYPE_F16)
-        return ms_pick_ty<kva__mma_f16>(fp8, xo);
+        return fp8 ? mla_wgmma_kernel<kva__mma_f16, ms_sparse<kva__mma_f16, true>>
+                   : mla_wgmma_kernel<kva__mma_f16, ms_sparse<kva__mma_f16, false>>;
     return NULL;
 }
 
 kva_status kva__cuda_sparse_wgmma_launch(const sp_args *a, kva_dtype q_dtype, int fp8, int grid,
                                          void *stream)
 {
-    /* fp8_ds_mla rows with an even number of head tiles (H 65 .. 128: two):
-     * the cluster of two, on an even grid (the items come in pairs). */
-    const int xo = fp8 && a->tiles % 2 == 0;
-    const ms_kernel_fn fn = ms_pick(q_dtype, fp8, xo);
+    const ms_kernel_fn fn = ms_pick(q_dtype, fp8);
     if (!fn || !kva__cuda_prefill_wgmma_ready())
         return kva__fail(KVA_STATUS_UNSUPPORTED,
                          "kva_mla_sparse_run: mla_decode_wgmma_sm90 needs an sm_90a build and "
@@ -414,34 +291,7 @@ kva_status kva__cuda_sparse_wgmma_launch(const sp_args *a, kva_dtype q_dtype, in
                          kva_dtype_name(q_dtype));
     const int smem = fp8 ? MW_SMEM_PROD : MW_SMEM;
     KVA_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    if (!xo) {
-        fn<<<grid, fp8 ? MW_NT_PROD : ML_NT, (size_t)smem, (cudaStream_t)stream>>>(*a);
-        KVA_CUDA_LAUNCHED("mla_sparse wgmma kernel");
-        return KVA_STATUS_OK;
-    }
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 2;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.blockDim = dim3(MW_NT_PROD);
-    cfg.dynamicSmemBytes = (size_t)smem;
-    cfg.stream = (cudaStream_t)stream;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    /* An even grid (the caller's is at least the 2 items of a pair), at
-     * most the clusters resident at once: a persistent grid, so a cluster
-     * that waits for a free pair of SMs would only add a wave (without the
-     * answer, the grid as it is: the items need no co-residency). */
-    int n = grid > 2 ? grid & ~1 : 2, clusters = 0;
-    cfg.gridDim = dim3((unsigned)n);
-    if (cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg) != cudaSuccess)
-        (void)cudaGetLastError(); /* the query's error is not the launch's */
-    else if (clusters > 0 && n > 2 * clusters)
-        n = 2 * clusters;
-    cfg.gridDim = dim3((unsigned)n);
-    KVA_CUDA_TRY(cudaLaunchKernelEx(&cfg, fn, *a));
-    KVA_CUDA_LAUNCHED("mla_sparse wgmma kernel (cluster of two)");
+    fn<<<grid, fp8 ? MW_NT_PROD : ML_NT, (size_t)smem, (cudaStream_t)stream>>>(*a);
+    KVA_CUDA_LAUNCHED("mla_sparse wgmma kernel");
     return KVA_STATUS_OK;
 }

@@ -83,23 +83,6 @@
  * so the gather runs while the consumers compute; setmaxnreg splits the
  * registers (MW_REG_C, MW_REG_P).
  *
- * The cluster of two (MW_SCHED_ALT_PROD with the policy's trait W::XO; the
- * sparse fp8_ds_mla rows of a token with two head tiles): the two CTAs of a
- * cluster run items over the same keys in step (their head tiles differ),
- * and each producer fills half of every tile part into both CTAs' rings
- * (its own stores, and st.async into the other CTA's shared memory at the
- * same offsets). So a part may be written only once the readers of both
- * CTAs are done with it: "empty" counts the first lane of each reading warp
- * of both CTAs (each arrives on its own CTA's mbarrier and, release at
- * cluster scope, on the other's), and the producer acquires it at cluster
- * scope. "full" gets the CTA's own producer's 128 arrivals, the first with
- * the byte count the other CTA's st.async stores bring (W::tx); a consumer
- * acquires it at cluster scope, then fences the async proxy (the other
- * CTA's bytes cannot be fenced by their writer). The mbarrier inits are
- * published by a cluster barrier at the start, and a cluster barrier at the
- * end keeps either CTA from exiting while the other may still address its
- * shared memory.
- *
  * MW_SCHED_ALT_TMA (16-bit key rows of a paged cache whose tiles are whole
  * TMA boxes): the same alternating tiles, each fill part copied by TMA
  * (one thread issues the part's [64, 64] boxes, which land on the part's
@@ -167,15 +150,6 @@ template <typename W, typename = void> struct mw_nt {
 template <typename W> struct mw_nt<W, decltype((void)W::SCHED)> {
     static constexpr int NT = W::SCHED == MW_SCHED_ALT_PROD ? MW_NT_PROD : ML_NT;
 };
-/* Whether policy W runs in a cluster of two CTAs that fill each other's
- * rings (W::XO, MW_SCHED_ALT_PROD only; see "The cluster of two" above);
- * false for a policy without XO. */
-template <typename W, typename = void> struct mw_xo {
-    static constexpr bool XO = false;
-};
-template <typename W> struct mw_xo<W, decltype((void)W::XO)> {
-    static constexpr bool XO = W::XO;
-};
 
 /*
  * The work policy W of mla_wgmma_kernel<Ty, W>: a class, one object per item.
@@ -235,16 +209,11 @@ template <typename W> struct mw_xo<W, decltype((void)W::XO)> {
  *   (MW_SCHED_ALT_PROD instead of fill, by the producer's 128 threads, thread
  *   t taking key t / 2 at mw_fill_at: type raw, the registers of one part;
  *   fetch<S, PART>(a, kt, r) its loads of part PART of tile kt (stage S),
- *   before the stage part is free; put<S, PART>(a, kt, r, stage, st, full)
- *   its stores into the stage (full: the part's "full" mbarrier); the fills
- *   of one stage come in tile order, part 0 then part 1, its tiles kt 128
- *   apart. The constructor runs in all 384 threads; finish must hold exactly
- *   two CTA barriers, which the producer joins: ml_finish's. Optional
- *   static constexpr bool XO: the cluster of two (above); then items come in
- *   pairs (item 2 p + rank for cluster rank `rank` of an even grid), put
- *   also stores the CTA's share into the other CTA's ring by st.async
- *   completing on its copy of `full`, and tx(PART) is the byte count those
- *   stores bring per part.)
+ *   before the stage part is free; put<S, PART>(a, kt, r, stage, st) its
+ *   stores into the stage; the fills of one stage come in tile order, part
+ *   0 then part 1, its tiles kt 128 apart. The constructor runs in all 384
+ *   threads; finish must hold exactly two CTA barriers, which the producer
+ *   joins: ml_finish's.)
  *
  * The MW_SCHED_SPLIT tile loop, per 64-key tile (stage = its ring slot):
  *   1. wait for this thread's copies of the tile, barrier (the tile landed;
@@ -283,55 +252,17 @@ static __device__ __forceinline__ void mw_fill0(W &wi, const typename W::args &a
     }
 }
 
-/* MW_SCHED_ALT_PROD, by a consumer: wait for the "full" phase of parity
- * `parity` of a ring part; XO (a cluster of two): acquire at cluster scope
- * (the other CTA's st.async bytes complete on it), then the async-proxy
- * fence that orders those bytes before this thread's wgmma reads (the
- * writer cannot fence them). */
-template <bool XO> static __device__ __forceinline__ void mw_pfull_wait(uint32_t bar, uint32_t parity)
-{
-    if constexpr (XO) {
-        kva__mbar_wait_cl(bar, parity);
-        kva__fence_proxy_async();
-    } else {
-        kva__mbar_wait(bar, parity);
-    }
-}
-/* This CTA's rank in its cluster of two, and the other's. */
-static __device__ __forceinline__ uint32_t mw_peer()
-{
-    uint32_t r;
-    asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r ^ 1u;
-}
-/* MW_SCHED_ALT_PROD, by a consumer warpgroup: it read a ring part for the
- * last time (the "empty" mbarrier bar): its 128 threads arrive; XO: the
- * first lane of each warp arrives on bar and on the other CTA's copy of it
- * (4 + 4 warps per phase), whose producer writes this CTA's ring too. */
-template <bool XO> static __device__ __forceinline__ void mw_pempty(uint32_t bar)
-{
-    if constexpr (XO) {
-        __syncwarp();
-        if ((threadIdx.x & 31) == 0) {
-            kva__mbar_arrive(bar);
-            kva__mbar_arrive_cl(kva__mapa(bar, mw_peer()));
-        }
-    } else {
-        kva__mbar_arrive(bar);
-    }
-}
-
 /* MW_SCHED_ALT_PROD: S part 0 of warpgroup WG's tile at dk, issued and
  * committed as a group of its own once the producer filled it (the "full"
  * phase of parity ph of its stage's part 0), or at once where the warpgroup
  * has no such tile (`fill` false: the result is unused; a wgmma on a path of
  * its own would serialize every wgmma of the kernel). */
-template <typename Ty, int WG, bool XO>
+template <typename Ty, int WG>
 static __device__ __forceinline__ void mw_s_part0_full(float (&sc)[8][4], uint64_t dq, uint64_t dk,
                                                        uint32_t bars, bool fill, uint32_t ph)
 {
     if (fill)
-        mw_pfull_wait<XO>(MW_PBAR(bars, 0, WG, 0), ph & 1u);
+        kva__mbar_wait(MW_PBAR(bars, 0, WG, 0), ph & 1u);
     kva__wgmma_fence();
     mw_s64<Ty, WG, 0, 4>(sc, dq, dk);
     kva__wgmma_commit();
@@ -343,40 +274,17 @@ static __device__ __forceinline__ void mw_s_part0_full(float (&sc)[8][4], uint64
  * (parity bit S of ph: the stage's next fill; a fresh mbarrier passes parity
  * 1 at once), the codes are converted into the stage (W::put), made visible
  * to the consumers' wgmmas, and the part's "full" mbarrier gets the
- * producer's 128 arrivals. XO (a cluster of two): "empty" counts both CTAs'
- * readers (acquired at cluster scope), put also stores the CTA's keys into
- * the other CTA's ring (st.async, completing on that CTA's "full"), and the
- * producer's first thread arrives with the byte count the other CTA's
- * producer sends here (W::tx(PART)). */
-template <int S, int PART, typename W>
-static __device__ __forceinline__ void mw_pput(W &wi, const typename W::args &a, int32_t kt,
-                                               const typename W::raw &r, uint32_t sK, uint32_t bars,
-                                               uint32_t ph)
-{
-    constexpr bool XO = mw_xo<W>::XO;
-    const uint32_t full = MW_PBAR(bars, 0, S, PART), empty = MW_PBAR(bars, 1, S, PART);
-    if constexpr (XO)
-        kva__mbar_wait_cl(empty, ((ph >> S) & 1u) ^ 1u);
-    else
-        kva__mbar_wait(empty, ((ph >> S) & 1u) ^ 1u);
-    wi.template put<S, PART>(a, kt, r, sK + S * MW_KB, S, full);
-    kva__fence_proxy_async(); /* the stores -> the consumers' wgmma reads */
-    if constexpr (XO) {
-        if ((threadIdx.x & (MW_WT - 1)) == 0)
-            kva__mbar_expect_tx(full, W::tx(PART));
-        else
-            kva__mbar_arrive(full);
-    } else {
-        kva__mbar_arrive(full);
-    }
-}
+ * producer's 128 arrivals. */
 template <int S, int PART, typename W>
 static __device__ __forceinline__ void mw_pfill(W &wi, const typename W::args &a, int32_t kt,
                                                 uint32_t sK, uint32_t bars, uint32_t ph)
 {
     typename W::raw r;
     wi.template fetch<S, PART>(a, kt, r);
-    mw_pput<S, PART>(wi, a, kt, r, sK, bars, ph);
+    kva__mbar_wait(MW_PBAR(bars, 1, S, PART), ((ph >> S) & 1u) ^ 1u);
+    wi.template put<S, PART>(a, kt, r, sK + S * MW_KB, S);
+    kva__fence_proxy_async(); /* the stores -> the consumers' wgmma reads */
+    kva__mbar_arrive(MW_PBAR(bars, 0, S, PART));
 }
 
 /* MW_SCHED_ALT_PROD: the producer's fills of an item, pair by pair in the
@@ -424,7 +332,6 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
     constexpr bool PROD = SCHED == MW_SCHED_ALT_PROD;
     constexpr bool EARLY = SCHED == MW_SCHED_ALT_EARLY || PROD, TMA = SCHED == MW_SCHED_ALT_TMA;
     constexpr bool LEAN = mw_lean(SCHED);                /* the lean softmax (mla_wgmma_ops.cuh) */
-    constexpr bool XO = mw_xo<W>::XO;                    /* PROD in a cluster of two */
     const bool elect = (threadIdx.x & (MW_WT - 1)) == 0; /* TMA: the warpgroup's issuing thread */
     const uint32_t mine = sK + WG * MW_KB, other = sK + (1 - WG) * MW_KB;
     const uint64_t dq = kva__wgmma_desc(sQ, 16, 1024);
@@ -436,7 +343,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
     float sc[8][4];
 
     if constexpr (PROD) /* S part 0 of the first tile once the producer filled it */
-        mw_s_part0_full<Ty, WG, XO>(sc, dq, dk, bars, k0 + WG * MW_BN < kend, ph);
+        mw_s_part0_full<Ty, WG>(sc, dq, dk, bars, k0 + WG * MW_BN < kend, ph);
     else if constexpr (EARLY) /* S part 0 of the first tile (both parts are committed) */
         mw_s_part0<Ty, WG, 1>(sc, dq, dk);
     for (int32_t kb = k0; kb < kend; kb += 2 * MW_BN) {
@@ -466,7 +373,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
              * nothing and its S is unused). */
             if constexpr (PROD) {
                 if (have)
-                    mw_pfull_wait<XO>(MW_PBAR(bars, 0, WG, 1), ph & 1u);
+                    kva__mbar_wait(MW_PBAR(bars, 0, WG, 1), ph & 1u);
             } else {
                 mw_landed<WG, 0>();
             }
@@ -583,7 +490,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             mw_o_fence(o);
             mw_a_fence(pa);
             if constexpr (PROD) /* the local P V read part 0 of stage 0 last */
-                mw_pempty<XO>(MW_PBAR(bars, 1, 0, 0));
+                kva__mbar_arrive(MW_PBAR(bars, 1, 0, 0));
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const float m1 = s_ref[r0 + 8 * hf];
@@ -616,7 +523,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             mw_a_fence(pa);
             if constexpr (PROD) {
                 if (have) /* the local P V read part 0 of stage 1 last */
-                    mw_pempty<XO>(MW_PBAR(bars, 1, 1, 0));
+                    kva__mbar_arrive(MW_PBAR(bars, 1, 1, 0));
             } else {
                 mw_fill0<WG, TMA>(wi, a, kn, kend, mine, MW_TBAR(bars, WG, 0), elect, row_n);
             }
@@ -627,7 +534,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
         if constexpr (PROD) {
             if (have)
                 ph ^= 1u; /* the parity of the stage's next fill */
-            mw_s_part0_full<Ty, WG, XO>(sc, dq, dk, bars, kn < kend, ph);
+            mw_s_part0_full<Ty, WG>(sc, dq, dk, bars, kn < kend, ph);
             kva__wgmma_wait<1>();
         } else if constexpr (EARLY) {
             mw_s_part0<Ty, WG, 0>(sc, dq, dk);
@@ -649,7 +556,7 @@ mw_alt_loop(W &wi, const typename W::args &a, uint32_t sQ, uint32_t sK, float *s
             /* The remote P V was the last read of part 1 of the other stage
              * (warpgroup 0 reads stage 1 only where it had a tile). */
             if (WG == 1 || have1)
-                mw_pempty<XO>(MW_PBAR(bars, 1, 1 - WG, 1));
+                kva__mbar_arrive(MW_PBAR(bars, 1, 1 - WG, 1));
         } else {
             kva__named_bar(false, WG == 0 ? MW_BAR_FREE1 : MW_BAR_FREE0, ML_NT);
             kva__named_bar(true, WG == 0 ? MW_BAR_FREE0 : MW_BAR_FREE1, ML_NT);
@@ -731,19 +638,10 @@ __global__ void __launch_bounds__(mw_nt<W>::NT, 1)
      * consumers' CTA barriers: the item's first, after Q, and ml_finish's
      * two), the others compute as in MW_SCHED_ALT_EARLY. ph: the parity of
      * each stage's next fill (producer: bit s; consumer: its own stage). */
-    /* XO (a cluster of two): the "empty" mbarriers count the first lanes of
-     * both CTAs' reading warps (8), the inits are published to the cluster
-     * and both CTAs run before any thread addresses the other's shared memory,
-     * and neither exits while the other may still arrive on or store into
-     * it (the cluster barriers at the start and the end). */
-    constexpr bool XO = mw_xo<W>::XO;
     if constexpr (W::SCHED == MW_SCHED_ALT_PROD) {
         if (tid < 8)
-            kva__mbar_init(bars + 8u * (uint32_t)tid, XO && tid >= 4 ? 8 : MW_WT);
-        if constexpr (XO)
-            kva__cluster_sync();
-        else
-            __syncthreads();
+            kva__mbar_init(bars + 8u * (uint32_t)tid, MW_WT);
+        __syncthreads();
         if (wg == 2) {
             asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(MW_REG_P) : "memory");
             for (int32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
@@ -754,8 +652,6 @@ __global__ void __launch_bounds__(mw_nt<W>::NT, 1)
                 __syncthreads(); /* ml_finish: the row sums */
                 __syncthreads(); /* ml_finish: its end */
             }
-            if constexpr (XO)
-                kva__cluster_sync();
             return;
         }
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(MW_REG_C) : "memory");
@@ -886,8 +782,6 @@ __global__ void __launch_bounds__(mw_nt<W>::NT, 1)
         kva__cp_async_wait<0>(); /* nothing may land in the ring after the item */
         wi.finish(a, s_sum, wg, r0, t4, l_run, m_run, o);
     }
-    if constexpr (XO)
-        kva__cluster_sync();
 #endif
 }
 
