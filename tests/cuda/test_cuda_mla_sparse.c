@@ -27,10 +27,12 @@
  *     rows as code * s rounded to the q dtype (its reference: the rows so
  *     rounded; MIXED and SEPARATE then also equal each other); two head
  *     tiles per token, the second partly used, over fp8_ds_mla with splits
- *     (H 96) and H 128 with f16 q; block sizes 1, 16, 64 and 48 (not a
- *     power of two: the block-table lookup's division). The quick set (the
- *     first six) holds H 96 and H 24 (mma.sync's 32-row tiles over
- *     fp8_ds_mla).
+ *     (H 96) and H 128 with f16 q; more items than the wgmma kernel's
+ *     persistent CTAs (H 128 over 100 decode requests: 200 to 400 items,
+ *     so CTAs run more than one and carry the ring's mbarrier phases from
+ *     item to item); block sizes 1, 16, 64 and 48 (not a power of two: the
+ *     block-table lookup's division). The quick set (the first six) holds
+ *     H 96 and H 24 (mma.sync's 32-row tiles over fp8_ds_mla).
  * Tolerances (FlashMLA's, plus the rounding of P to the input dtype before
  * P V that every tensor-core kernel here does, as test_cuda_mla.c states):
  * out within 1e-3 + u max|v| + 2.01/128 |ref| (u = 2^-8 bf16, 2^-11 f16),
@@ -490,6 +492,7 @@ static void test_grid(void)
         {9, 16, 1, 1, 1, 1, 64, 3000, 6000, 64, 2048, 1, KVA_DTYPE_BF16, 1, 1},
         {11, 128, 2, 1, 4, 1, 5, 100, 1500, 16, 256, 1, KVA_DTYPE_F16, 0, 1},
         {13, 16, 6, 1, 2, 1, 10, 200, 2500, 48, 512, 1, KVA_DTYPE_BF16, 1, 1},
+        {14, 128, 100, 1, 2, 0, 0, 200, 900, 64, 128, 1, KVA_DTYPE_BF16, 1, 1},
     };
     const int n = (int)(sizeof cases / sizeof cases[0]);
     const int run = getenv("KVA_TEST_QUICK") != NULL ? 6 : n;
