@@ -27,7 +27,7 @@ bld() { # tree build-dir targets...
   { cmake -S "$st/$s" -B "$b" $CM && timeout 125 ninja -C "$b" -j"${J:-8}" "$@"; } >"$tmp/build_$s.log" 2>&1
 }
 bld base /tmp/mlapf63_base kvattn_cli & bp=$!
-bld new /tmp/mlapf63_new kvattn_cli test_cuda_mla_run; nrc=$?
+bld new /tmp/mlapf63_new kvattn_cli test_cuda_mla_run test_cuda_mla_gemm; nrc=$?
 wait $bp; brc=$?
 T "build base rc=$brc, new rc=$nrc"
 for s in base new; do
@@ -37,20 +37,25 @@ N=/tmp/mlapf63_new; B=/tmp/mlapf63_base
 if [ $nrc = 0 ]; then
   # new's tests from a copy of its binary, while the planted fault (the loader prefetches the current tile's A
   # row indices as the next tile's: a CTA's later tiles read other rows) is rebuilt into the build's own one
-  cp $N/test_cuda_mla_run $tmp/test_new
+  cp $N/test_cuda_mla_run $tmp/test_new; cp $N/test_cuda_mla_gemm $tmp/gemm_new
   ( KVA_TEST_QUICK=1 timeout 72 compute-sanitizer --tool memcheck --error-exitcode 9 $tmp/test_new \
       >"$tmp/san.log" 2>&1; echo "memcheck test_cuda_mla_run quick: rc=$? $(grep -E 'ERROR SUMMARY' "$tmp/san.log" | tail -1)" >"$tmp/san.txt" ) &
   sp=$!
   ( f="$st/new/src/attn/cuda/mla_gemm_wgmma.cu"
     sed -i 's/gw_rows(p, gw_tile_of(p, L.t + gridDim.x).m0, L.next);/gw_rows(p, gw_tile_of(p, L.t).m0, L.next); \/\/ FAULT/' "$f"
-    if grep -q "gw_rows(p, gw_tile_of(p, L.t).m0, L.next); // FAULT" "$f" && timeout 45 ninja -C $N test_cuda_mla_run >"$tmp/fault_build.log" 2>&1; then
+    if grep -q "gw_rows(p, gw_tile_of(p, L.t).m0, L.next); // FAULT" "$f" && timeout 45 ninja -C $N test_cuda_mla_run test_cuda_mla_gemm >"$tmp/fault_build.log" 2>&1; then
       KVA_TEST_QUICK=1 timeout 27 $N/test_cuda_mla_run >"$tmp/fault.log" 2>&1
       echo "planted fault (next tile's A rows = the current tile's), test_cuda_mla_run quick: rc=$? (must fail): $(grep -aE "passed" "$tmp/fault.log" | tail -1) $(grep -acE "FAIL" "$tmp/fault.log") FAIL lines" >"$tmp/fault.txt"
+      KVA_TEST_QUICK=1 timeout 20 $N/test_cuda_mla_gemm >"$tmp/fault_gemm.log" 2>&1
+      echo "planted fault, test_cuda_mla_gemm quick: rc=$? (must fail): $(grep -aE "passed" "$tmp/fault_gemm.log" | tail -1); $(grep -aE "mismatches" "$tmp/fault_gemm.log" | grep -v ": 0 mismatches" | grep -c "") runs with mismatches of $(grep -ac "mismatches$" "$tmp/fault_gemm.log")" >>"$tmp/fault.txt"
     else echo "planted fault: not applied / not built" >"$tmp/fault.txt"; fi ) &
   fp=$!
   timeout 72 $tmp/test_new >"$tmp/test.log" 2>&1
   echo "test_cuda_mla_run (whole) rc=$?: $(grep -aE "passed|FAIL" "$tmp/test.log" | tail -3 | tr '\n' ' ' | cut -c1-300)" >>"$L"
   grep -a "gemm" "$tmp/test.log" | head -8 >>"$L"
+  timeout 40 $tmp/gemm_new >"$tmp/gemm.log" 2>&1
+  echo "test_cuda_mla_gemm (whole) rc=$?: $(grep -aE "passed|FAIL" "$tmp/gemm.log" | tail -3 | tr '\n' ' ' | cut -c1-300)" >>"$L"
+  grep -aE "sm_90a|mismatches" "$tmp/gemm.log" | grep -aE "sm_90a|ctas 1|[1-9][0-9]* mismatches" | head -12 >>"$L"
   wait $sp; cat "$tmp/san.txt" >>"$L"; grep -aE "FAIL|========= (Invalid|Program|Error)" "$tmp/san.log" | head -5 >>"$L"
   wait $fp; cat "$tmp/fault.txt" >>"$L"; grep -a -m2 "FAIL" "$tmp/fault.log" | cut -c1-250 >>"$L"
   T tests
