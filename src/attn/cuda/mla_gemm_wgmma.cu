@@ -49,9 +49,10 @@
  *
  * The A format is the policy parameter of the one body: gw_a16 (16-bit
  * rows, cp.async) or gw_afp8<TR> (an FP8 E4M3 latent cache: 8 codes loaded
- * by plain loads, converted exactly to TR's 16-bit values and stored into
- * the same swizzled slot, the cache's scale applied to the fp32 result
- * before its one rounding, as the fallback does). Rows past M and negative
+ * by plain loads, held in registers for one step where copies run two
+ * ahead, then converted exactly to TR's 16-bit values and stored into the
+ * same swizzled slot, the cache's scale applied to the fp32 result before
+ * its one rounding, as the fallback does). Rows past M and negative
  * A rows read zeros; C rows past M and negative C rows are not written.
  * Shapes taken: K a multiple of 64, N a multiple of 128, C (and C2) 16-byte
  * aligned (and the contract's multiples of 8 and alignments); others take
