@@ -18,7 +18,9 @@
  * graph and replayed (the same bits as the eager run). On sm_90a the GEMMs
  * (projections and decompression) run the wgmma form where the shape takes
  * it (Dn 64's W_UK^T does not); four cases (two under KVA_TEST_QUICK) run
- * again with the mma.sync form forced (kva__cuda_context_mla_gemm).
+ * again with the mma.sync form forced and with the wgmma form's persistent
+ * grid capped at 5 CTAs, so that each CTA streams many tiles of other rows,
+ * column blocks and heads (kva__cuda_context_mla_gemm 1, 2).
  *
  * Tolerances: the CUDA path rounds to the input dtype where the reference
  * does not (q_nope . W_UK and the latent output on the absorbed path, the
@@ -183,10 +185,10 @@ static void mla_graph_replay(const mla_case *c, const mla_data *m, gpu_case *g, 
 }
 
 /* Runs case c (chunk: forced context chunk in keys, 0 = the plan's; graph:
- * also replay the run from a captured CUDA graph; both: run it a second
- * time with kva_mla_run's GEMMs forced onto the mma.sync form, which the
- * dispatch otherwise leaves to shapes and devices the sm_90a wgmma form
- * does not take). */
+ * also replay the run from a captured CUDA graph; both: run it again with
+ * kva_mla_run's GEMMs forced onto the mma.sync form, which the dispatch
+ * otherwise leaves to shapes and devices the sm_90a wgmma form does not
+ * take, and once more with the wgmma form on a grid of 5 CTAs). */
 static void run_case_v(const mla_case *c, int32_t chunk, int graph, int both)
 {
     kva_context *ref = NULL;
@@ -209,7 +211,7 @@ static void run_case_v(const mla_case *c, int32_t chunk, int graph, int both)
     CHECK_OK(kva_mla_run(ref, plan, m.q, m.w_uk, m.w_uv, m.cache, want, lse_want));
     kva_plan_destroy(plan);
 
-    for (int mma = 0; mma <= both; mma++) {
+    for (int mma = 0; mma <= 2 * both; mma++) {
         gpu_case g;
         if (gpu_make(c, &m, &g)) {
             CHECK_OK(kva__cuda_context_mla_chunk(g.ctx, chunk));
@@ -243,7 +245,11 @@ static void run_case_v(const mla_case *c, int32_t chunk, int graph, int both)
                        "%.3g, max |dlse| %.3g, cos dist %.3g\n",
                        (int)c->H, (int)c->Dn, (int)c->B, kva_dtype_name(c->dt),
                        c->fp8 ? " fp8-cache" : "", (int)c->thr, (int)c->causal, (int)chunk,
-                       (int)m.T, mma ? " gemm mma" : "", emax, lmax, cd);
+                       (int)m.T,
+                       mma == 1   ? " gemm mma"
+                       : mma == 2 ? " gemm 5 CTAs"
+                                  : "",
+                       emax, lmax, cd);
                 CHECK_MSG(bad == 0 && bad_lse == 0 && cd <= cd_max,
                           "H %d B %d %s thr %d: %zu out and %zu lse mismatches, cos dist %.3g",
                           (int)c->H, (int)c->B, kva_dtype_name(c->dt), (int)c->thr, bad, bad_lse,

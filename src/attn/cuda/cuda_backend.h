@@ -224,7 +224,8 @@ typedef struct kva__cuda_state {
     /* ctx->workspace / ctx->workspace_bytes hold the device split partials. */
     int32_t mla_chunk_keys;    /* kva__cuda_context_mla_chunk: 0 = the plan's choice */
     int mla_gemm_mma;          /* kva__cuda_context_mla_gemm: 1 = kva_mla_run's GEMMs run the
-                                  mma.sync form everywhere */
+                                  mma.sync form everywhere, 2 = the wgmma form on a grid of
+                                  5 CTAs */
     int64_t index_pass_floats; /* kva__cuda_context_indexer_test: 0 = IDX_WS_FLOATS */
     int index_no_wgmma;        /* kva__cuda_context_indexer_test: flags bits 0, 2, 3 */
     int index_topk_full;       /* kva__cuda_context_indexer_test: 1 = full-row top-K passes */
@@ -493,7 +494,9 @@ kva_status kva__cuda_context_plan_probe(kva_context *ctx, double *stamps);
 kva_status kva__cuda_context_mla_chunk(kva_context *ctx, int32_t keys);
 /* Tests and benchmarks: kva_mla_run on ctx runs its GEMMs (projections and
  * decompression, mla_gemm.cu) on the mma.sync form even where the sm_90a
- * wgmma form takes the shape (mma = 1), or by the dispatch (mma = 0). */
+ * wgmma form takes the shape (mma = 1), by the dispatch (mma = 0), or by the
+ * dispatch with the wgmma form's persistent grid capped at 5 CTAs (mma = 2:
+ * every CTA walks many tiles across rows, column blocks and heads). */
 kva_status kva__cuda_context_mla_gemm(kva_context *ctx, int mma);
 /* Launches the attention kernel over every item of the uploaded plan, then
  * the split merge; kv is the paged cache or NULL with ragged k/v. */

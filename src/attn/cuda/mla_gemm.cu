@@ -5,8 +5,9 @@
  * decompression c_kv . W_UK^T, c_kv . W_UV of the compute-friendly path.
  * kva__cuda_mla_gemm runs the sm_90a wgmma form (mla_gemm_wgmma.cu) where
  * the build, the device and the shape take it (K a multiple of 64, N of
- * 128), and the mma.sync form below elsewhere (sm_80 / sm_89, other shapes,
- * or forced: kva__cuda_context_mla_gemm).
+ * 128, C 16-byte aligned), and the mma.sync form below elsewhere (sm_80 /
+ * sm_89, other shapes, or forced: kva__cuda_context_mla_gemm); a product
+ * pair (b2) that the wgmma form does not take runs as two products here.
  *
  * The mma.sync form, one kernel body: C[h][m, n] = sum_k A[h][m, k] B[h][k, n] for every head h
  * (blockIdx.z), f16 or bf16 operands on mma.sync m16n8k16 with fp32
@@ -247,6 +248,11 @@ extern "C" kva_status kva__cuda_mla_gemm(const kva__cuda_mla_gemm_args *g, void 
 {
     if (g->M <= 0 || g->N <= 0 || g->heads <= 0)
         return KVA_STATUS_OK;
+    if (g->b2 && (g->ldb2 % 8 || g->b2_head % 8 || g->ldc2 % 8 || g->c2_head % 8 ||
+                  (uintptr_t)g->b2 % 16 || (uintptr_t)g->c2 % 4))
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva_mla_run: the second GEMM's operands are not multiples of 8 "
+                         "elements, aligned");
     if (g->K <= 0 || g->K % 8 || g->N % 8 || g->lda % 8 || g->ldb % 8 || g->ldc % 8 ||
         g->a_head % 8 || g->b_head % 8 || g->c_head % 8 || (uintptr_t)g->a % (g->a_fp8 ? 8 : 16) ||
         (uintptr_t)g->b % 16 || (uintptr_t)g->c % 4 ||
@@ -259,6 +265,14 @@ extern "C" kva_status kva__cuda_mla_gemm(const kva__cuda_mla_gemm_args *g, void 
      * it (mla_gemm_wgmma.cu), unless a test or benchmark forced this one. */
     if (!g->mma_only && kva__cuda_mla_gemm_wgmma_fits(g))
         return kva__cuda_mla_gemm_wgmma(g, stream);
+    if (g->b2) { /* here: the two products one after the other */
+        kva__cuda_mla_gemm_args one = *g;
+        one.b2 = NULL, one.c2 = NULL;
+        KVA_TRY(kva__cuda_mla_gemm(&one, stream));
+        one.b = g->b2, one.ldb = g->ldb2, one.b_head = g->b2_head, one.b_kn = g->b2_kn;
+        one.c = g->c2, one.ldc = g->ldc2, one.c_head = g->c2_head;
+        return kva__cuda_mla_gemm(&one, stream);
+    }
     const gemm_p p = *g;
     const dim3 grid((unsigned)((g->M + BM - 1) / BM), (unsigned)((g->N + BN - 1) / BN),
                     (unsigned)g->heads);

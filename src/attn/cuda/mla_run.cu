@@ -229,9 +229,9 @@ extern "C" kva_status kva__cuda_context_mla_gemm(kva_context *ctx, int mma)
 {
     kva__clear_error();
     KVA_TRY(kva__cuda_check_ctx(__func__, ctx));
-    if (mma != 0 && mma != 1)
-        return kva__fail(KVA_STATUS_INVALID_ARGUMENT, "kva__cuda_context_mla_gemm: mma = %d (0, 1)",
-                         mma);
+    if (mma < 0 || mma > 2)
+        return kva__fail(KVA_STATUS_INVALID_ARGUMENT,
+                         "kva__cuda_context_mla_gemm: mma = %d (0, 1, 2)", mma);
     ((kva__cuda_state *)ctx->state)->mla_gemm_mma = mma;
     return KVA_STATUS_OK;
 }
@@ -494,7 +494,8 @@ static kva_status run_absorbed(kva_context *ctx, const kva_plan *plan, const voi
     g.b = w_uk, g.ldb = e.Dc, g.b_head = (int64_t)e.Dn * e.Dc, g.b_kn = 1;
     g.c = qabs, g.ldc = (int64_t)e.H * e.Dl, g.c_head = e.Dl;
     g.M = e.mp->Td, g.N = e.Dc, g.K = e.Dn, g.heads = e.H, g.dtype = e.d->q_dtype;
-    g.mma_only = e.st->mla_gemm_mma;
+    g.mma_only = e.st->mla_gemm_mma == 1;
+    g.max_ctas = e.st->mla_gemm_mma == 2 ? 5 : 0;
     KVA_TRY(kva__cuda_mla_gemm(&g, e.stream));
     kva__cuda_mla_copy c;
     memset(&c, 0, sizeof c);
@@ -540,7 +541,8 @@ static kva_status run_absorbed(kva_context *ctx, const kva_plan *plan, const voi
     g.b = w_uv, g.ldb = e.Dv, g.b_head = (int64_t)e.Dc * e.Dv, g.b_kn = 1;
     g.c = out, g.c_rows = dtok, g.ldc = (int64_t)e.H * e.Dv, g.c_head = e.Dv;
     g.M = e.mp->Td, g.N = e.Dv, g.K = e.Dc, g.heads = e.H, g.dtype = e.d->q_dtype;
-    g.mma_only = e.st->mla_gemm_mma;
+    g.mma_only = e.st->mla_gemm_mma == 1;
+    g.max_ctas = e.st->mla_gemm_mma == 2 ? 5 : 0;
     KVA_TRY(kva__cuda_mla_gemm(&g, e.stream));
     if (lse) {
         const int64_t n = (int64_t)e.mp->Td * e.H;
@@ -572,11 +574,20 @@ static kva_status run_compute(kva_context *ctx, const kva_plan *plan, const void
         g.b = w_uk, g.ldb = e.Dc, g.b_head = (int64_t)e.Dn * e.Dc, g.b_kn = 0;
         g.c = kws, g.ldc = (int64_t)e.H * e.Dq, g.c_head = e.Dq;
         g.M = rd->keys, g.N = e.Dn, g.K = e.Dc, g.heads = e.H, g.dtype = e.d->q_dtype;
-        g.a_fp8 = fp8, g.c_scale = ks, g.mma_only = e.st->mla_gemm_mma;
+        g.a_fp8 = fp8, g.c_scale = ks, g.mma_only = e.st->mla_gemm_mma == 1;
+        g.max_ctas = e.st->mla_gemm_mma == 2 ? 5 : 0;
+        /* V = c_kv . W_UV: with Dn == Dv the pair's second product (one
+         * pass over the latent rows), else a GEMM of its own */
+        kva__cuda_mla_gemm_args gv = g;
+        gv.b = w_uv, gv.ldb = e.Dv, gv.b_head = (int64_t)e.Dc * e.Dv, gv.b_kn = 1;
+        gv.c = vws, gv.ldc = (int64_t)e.H * e.Dv, gv.c_head = e.Dv, gv.N = e.Dv;
+        if (e.Dn == e.Dv) {
+            g.b2 = gv.b, g.ldb2 = gv.ldb, g.b2_head = gv.b_head, g.b2_kn = gv.b_kn;
+            g.c2 = gv.c, g.ldc2 = gv.ldc, g.c2_head = gv.c_head;
+        }
         KVA_TRY(kva__cuda_mla_gemm(&g, e.stream));
-        g.b = w_uv, g.ldb = e.Dv, g.b_head = (int64_t)e.Dc * e.Dv, g.b_kn = 1;
-        g.c = vws, g.ldc = (int64_t)e.H * e.Dv, g.c_head = e.Dv, g.N = e.Dv;
-        KVA_TRY(kva__cuda_mla_gemm(&g, e.stream));
+        if (e.Dn != e.Dv)
+            KVA_TRY(kva__cuda_mla_gemm(&gv, e.stream));
         kva__cuda_mla_copy c;
         memset(&c, 0, sizeof c);
         c.src = (const char *)cache->k + ce * (size_t)e.Dc, c.src_rows = src, c.lds = e.Dl;

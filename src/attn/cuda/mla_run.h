@@ -27,7 +27,11 @@
  * Row maps are device arrays [M]. a_fp8: A holds FP8 E4M3 codes (1-byte
  * elements, converted exactly to the dtype in shared memory) and
  * C = c_scale * A B (in fp32, rounded once); otherwise c_scale is unused.
- * Never synchronizes. */
+ * b2 non-NULL: a second product on the same A rows, C2 = (c_scale) A B2 with
+ * B2, C2 laid out as B, C by ldb2, b2_head, b2_kn, ldc2, c2_head (same M, N,
+ * K, row maps; the decompression's K and V halves), run in one launch by the
+ * sm_90a form where it fits (B2 of the other majorness than B), else as two
+ * products. Never synchronizes. */
 typedef struct kva__cuda_mla_gemm_args {
     const void *a;
     const int32_t *a_rows;
@@ -42,13 +46,19 @@ typedef struct kva__cuda_mla_gemm_args {
     kva_dtype dtype;
     int a_fp8;
     float c_scale;
+    const void *b2; /* NULL: one product */
+    int64_t ldb2, b2_head;
+    int b2_kn;
+    void *c2;
+    int64_t ldc2, c2_head;
     int mma_only; /* run the mma.sync form even where the wgmma one fits */
+    int max_ctas; /* > 0: the wgmma form's persistent grid at most this many CTAs (tests) */
 } kva__cuda_mla_gemm_args;
 kva_status kva__cuda_mla_gemm(const kva__cuda_mla_gemm_args *g, void *stream);
 /* The sm_90a wgmma form (mla_gemm_wgmma.cu): whether it takes g (an sm_90a
- * build on a compute capability 9.0 device, K % 64 == 0, N % 128 == 0; the
- * other requirements are kva__cuda_mla_gemm's, checked there), and its
- * launch (called by kva__cuda_mla_gemm only). */
+ * build on a compute capability 9.0 device, K % 64 == 0, N % 128 == 0, C and
+ * C2 16-byte aligned; the other requirements are kva__cuda_mla_gemm's,
+ * checked there), and its launch (called by kva__cuda_mla_gemm only). */
 int kva__cuda_mla_gemm_wgmma_fits(const kva__cuda_mla_gemm_args *g);
 kva_status kva__cuda_mla_gemm_wgmma(const kva__cuda_mla_gemm_args *g, void *stream);
 
