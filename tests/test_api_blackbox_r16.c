@@ -1,0 +1,425 @@
+/*
+ * test_api_blackbox_r16.c - black-box round sixteen (session 44, task
+ * api56): promises of the public headers checked where no other test looks,
+ * on the reference and CPU backends, outputs poisoned before every run and
+ * compared with kvattn.h's formula in double (blackbox_oracle.h):
+ *   - several cascade plans alive on one context at once (kvattn.h: a
+ *     cascade plan runs on the context that created it), run in interleaved
+ *     orders, with plain plans of other shapes made in between, nested and
+ *     flat groups, Dv != D, sinks and a soft-cap;
+ *   - one plan run on contexts of other thread counts (kvattn.h, Threading:
+ *     a context that made a plan of the same descriptor runs it, or one
+ *     whose reservation is smaller refuses it and writes nothing), for
+ *     split decodes, prefills and kva_mla_run, before and after the plan is
+ *     updated (kva_plan_update) to a larger step on its own context;
+ *   - MLA (kva_mla_run and the absorbed kva_attention_run) at the head
+ *     sizes' edges: Dc or Dr of 8, Dc + Dr = 576, Dn + Dr = 576 with Dv
+ *     576 (the compute-friendly path's widest), Dv > Dc, odd H, both
+ *     paths, f32 / bf16 / FP8 rows, CPU at 1 and 3 threads against the
+ *     reference's naive fp64 math; Dn + Dr past 576 is refused
+ *     (KVA_STATUS_UNSUPPORTED, as kvattn.h now says);
+ */
+#include "blackbox_oracle.h"
+#include "mla_util.h"
+
+/* ---- shared helpers ---- */
+
+/* A batch over a paged cache whose requests' block-table rows are built from
+ * shared and own block ids: rows[r] lists request r's blocks. */
+typedef struct r16_batch {
+    int32_t R, T, stride, dthr;
+    int32_t qsl[33], sl[32];
+    int32_t bt[32 * 16];
+} r16_batch;
+
+/* Request r: q_len q, seq_len s, its first `nshared` blocks from shared[],
+ * the rest fresh ids taken from *next. */
+static void r16_add(r16_batch *b, int32_t B, int32_t q, int32_t s, const int32_t *shared,
+                    int32_t nshared, int32_t *next)
+{
+    const int32_t r = b->R++;
+    b->qsl[r + 1] = b->qsl[r] + q;
+    b->sl[r] = s;
+    const int32_t nb = (s + B - 1) / B;
+    for (int32_t i = 0; i < b->stride; i++)
+        b->bt[r * b->stride + i] = i < nb ? (i < nshared ? shared[i] : (*next)++) : -1;
+    b->T = b->qsl[r + 1];
+}
+
+static kva_plan_desc r16_desc(const r16_batch *b, int32_t B, int32_t H, int32_t Hkv, int32_t D,
+                              int32_t Dv, kva_dtype dt)
+{
+    return (kva_plan_desc){.num_requests = b->R,
+                           .query_start_loc = b->qsl,
+                           .seq_lens = b->sl,
+                           .block_table = b->bt,
+                           .block_table_stride = b->stride,
+                           .block_size = B,
+                           .decode_threshold = b->dthr,
+                           .num_heads = H,
+                           .num_kv_heads = Hkv,
+                           .head_dim = D,
+                           .head_dim_v = Dv,
+                           .q_dtype = dt,
+                           .causal = 1,
+                           .window_left = -1};
+}
+
+/* Runs plan p (desc pd) on ctx with fresh poison, checks out / lse against
+ * the oracle; returns the mismatches. */
+static size_t r16_run_check(kva_context *ctx, const kva_plan *p, const kva_plan_desc *pd,
+                            const kva_cache *c, const sz_sem *m, const void *q, const float *sinks,
+                            const char *label)
+{
+    const int32_t T = pd->query_start_loc[pd->num_requests], H = pd->num_heads;
+    const int32_t Dv = pd->head_dim_v ? pd->head_dim_v : pd->head_dim;
+    const size_t no = (size_t)T * H * Dv, es = kva_dtype_size(pd->q_dtype);
+    void *out = malloc(no * es + 1);
+    float *lse = malloc(sizeof(float) * ((size_t)T * H + 1));
+    kva_test_poison(out, pd->q_dtype, no);
+    kva_test_poison(lse, KVA_DTYPE_F32, (size_t)T * H);
+    kva_status st = kva_attention_run(ctx, p, q, c, sinks, out, lse);
+    CHECK_MSG(st == KVA_STATUS_OK, "%s: %s", label, kva_last_error());
+    /* A cascade's two passes round their outputs before the merge rounds
+     * again (harness.h's cascade tolerances). */
+    kva_plan_info info;
+    CHECK_OK(kva_plan_get_info(p, &info));
+    const kva_dtype dt = pd->q_dtype;
+    const int cas = info.num_cascade_groups > 0;
+    size_t bad = st == KVA_STATUS_OK
+                     ? sz_check_run_tol(ctx, c, pd, m, q, out, lse, dt,
+                                        cas ? kva_test_cascade_atol(dt) : kva_test_atol(dt),
+                                        cas ? kva_test_cascade_rtol(dt) : kva_test_rtol(dt), label)
+                     : 1;
+    CHECK_MSG(bad == 0, "%s: %zu mismatches", label, bad);
+    free(out);
+    free(lse);
+    return bad;
+}
+
+/* ---- cascade plans side by side on one context ---- */
+
+static void test_cascade_plans_coexist(void)
+{
+    enum { B = 4, HKV = 2, H = 6, D = 16, DV = 24, NB = 160 };
+    const kva_dtype dts[2] = {KVA_DTYPE_F32, KVA_DTYPE_BF16};
+    for (int be = 0; be < 2; be++)
+        for (int ti = 0; ti < 2; ti++) {
+            if (be == 0 && ti == 1)
+                continue;
+            const kva_dtype dt = dts[ti];
+            kva_context *ctx = new_ctx(kBk[be], ti == 0 ? 1 : 3);
+            kva_rng rng = {0x5160 + (uint64_t)(be * 7 + ti)};
+            kva_cache_desc cd = make_desc(NB, B, HKV, D, DV, dt, ti ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD);
+            kva_cache *c = NULL;
+            CHECK_OK(kva_cache_create(ctx, &cd, &c));
+            fill_cache(c, &rng);
+            int32_t next = 1;
+            const int32_t sharedA[8] = {100, 101, 102, 103, 104, 105, 106, 107};
+            const int32_t sharedB[6] = {110, 111, 112, 113, 114, 115};
+            const int32_t sharedC[6] = {120, 121, 122, 123, 124, 125};
+            const int32_t sharedC2[6] = {120, 121, 130, 131, 132, 133};
+            /* A: four decodes over a 5-block prefix, two unshared requests. */
+            r16_batch a = {.stride = 12, .dthr = 1};
+            for (int32_t i = 0; i < 4; i++)
+                r16_add(&a, B, 1, 5 * B + 1 + 3 * i, sharedA, 5, &next);
+            r16_add(&a, B, 1, 9, NULL, 0, &next);
+            r16_add(&a, B, 5, 13, NULL, 0, &next);
+            /* B: speculative decodes (q 3) over a 3-block prefix, one q_len 0 member. */
+            r16_batch bb = {.stride = 8, .dthr = 4};
+            for (int32_t i = 0; i < 3; i++)
+                r16_add(&bb, B, 3, 3 * B + 3 + i * 5, sharedB, 3, &next);
+            r16_add(&bb, B, 0, 3 * B + 2, sharedB, 3, &next);
+            r16_add(&bb, B, 2, 3 * B + 2, sharedB, 3, &next);
+            /* C: nested: 2 shared blocks, two members sharing 2 more, a prefill. */
+            r16_batch cc = {.stride = 10, .dthr = 1};
+            r16_add(&cc, B, 1, 2 * B + 3, sharedC, 2, &next);
+            r16_add(&cc, B, 1, 4 * B + 2, sharedC2, 6, &next);
+            r16_add(&cc, B, 1, 6 * B + 1, sharedC2, 6, &next);
+            r16_add(&cc, B, 6, 2 * B + 6, sharedC, 2, &next);
+            r16_add(&cc, B, 1, 5 * B, sharedC2, 5, &next);
+            CHECK(next < 100);
+            r16_batch *bs[3] = {&a, &bb, &cc};
+            kva_plan_desc pd[3];
+            kva_plan *p[3] = {NULL, NULL, NULL};
+            void *q[3];
+            float sinks[H];
+            for (int32_t h = 0; h < H; h++)
+                sinks[h] = (float)(kva_rng_unit(&rng) * 2.0 - 1.0);
+            for (int i = 0; i < 3; i++) {
+                pd[i] = r16_desc(bs[i], B, H, HKV, D, DV, dt);
+                pd[i].cascade = KVA_CASCADE_ON;
+                pd[i].softcap = i == 1 ? 3.0f : 0.0f;
+                CHECK_OK(kva_plan_create(ctx, &pd[i], &p[i]));
+                kva_plan_info info;
+                CHECK_OK(kva_plan_get_info(p[i], &info));
+                CHECK_MSG(info.num_cascade_groups > 0, "batch %d: no cascade groups", i);
+                const size_t nq = (size_t)bs[i]->T * H * D;
+                q[i] = malloc(nq * kva_dtype_size(dt));
+                kva_test_fill(q[i], dt, nq, &rng, 1.0);
+            }
+            /* A plain plan of another shape made on the same context in between. */
+            kva_cache_desc cd2 = make_desc(40, 16, 1, 64, 0, dt, KVA_LAYOUT_NHD);
+            kva_cache *c2 = NULL;
+            CHECK_OK(kva_cache_create(ctx, &cd2, &c2));
+            fill_cache(c2, &rng);
+            r16_batch big = {.stride = 8, .dthr = 1};
+            int32_t nx = 1;
+            r16_add(&big, 16, 40, 100, NULL, 0, &nx);
+            r16_add(&big, 16, 1, 120, NULL, 0, &nx);
+            kva_plan_desc pdb = r16_desc(&big, 16, 8, 1, 64, 0, dt);
+            pdb.cascade = KVA_CASCADE_OFF;
+            kva_plan *pb = NULL;
+            CHECK_OK(kva_plan_create(ctx, &pdb, &pb));
+            void *qb = malloc((size_t)big.T * 8 * 64 * kva_dtype_size(dt));
+            kva_test_fill(qb, dt, (size_t)big.T * 8 * 64, &rng, 1.0);
+            const sz_sem sem0 = {.scale = 1.0 / sqrt((double)D), .causal = 1, .window = -1};
+            const int order[] = {0, 2, 1, 3, 0, 1, 2, 3, 2, 0};
+            char label[96];
+            for (size_t k = 0; k < sizeof order / sizeof order[0]; k++) {
+                const int i = order[k];
+                if (i == 3) {
+                    const sz_sem semb = {.scale = 1.0 / 8.0, .causal = 1, .window = -1};
+                    snprintf(label, sizeof label, "%s/%s plain step %zu",
+                             kva_backend_name(kBk[be]), kva_dtype_name(dt), k);
+                    r16_run_check(ctx, pb, &pdb, c2, &semb, qb, NULL, label);
+                    continue;
+                }
+                sz_sem sem = sem0;
+                sem.softcap = pd[i].softcap;
+                sem.sinks = (k & 1) ? sinks : NULL;
+                snprintf(label, sizeof label, "%s/%s cascade %c step %zu",
+                         kva_backend_name(kBk[be]), kva_dtype_name(dt), 'A' + i, k);
+                r16_run_check(ctx, p[i], &pd[i], c, &sem, q[i], sem.sinks, label);
+            }
+            /* Destroying one cascade plan leaves the others running. */
+            kva_plan_destroy(p[1]);
+            p[1] = NULL;
+            for (int i = 0; i < 3; i += 2) {
+                sz_sem sem = sem0;
+                sem.softcap = pd[i].softcap;
+                snprintf(label, sizeof label, "%s/%s cascade %c after destroy",
+                         kva_backend_name(kBk[be]), kva_dtype_name(dt), 'A' + i);
+                r16_run_check(ctx, p[i], &pd[i], c, &sem, q[i], NULL, label);
+            }
+            for (int i = 0; i < 3; i++) {
+                kva_plan_destroy(p[i]);
+                free(q[i]);
+            }
+            kva_plan_destroy(pb);
+            free(qb);
+            kva_cache_destroy(c2);
+            kva_cache_destroy(c);
+            kva_context_destroy(ctx);
+        }
+}
+
+/* ---- one plan on contexts of other thread counts ---- */
+
+/* Runs plan p on ctx: OK and right, or INVALID_ARGUMENT with out / lse
+ * untouched (must_run: OK required). */
+static void r16_run_or_refuse(kva_context *ctx, const kva_plan *p, const kva_plan_desc *pd,
+                              const kva_cache *c, const void *q, int must_run, const char *label)
+{
+    const int32_t T = pd->query_start_loc[pd->num_requests], H = pd->num_heads;
+    const int32_t Dv = pd->head_dim_v ? pd->head_dim_v : pd->head_dim;
+    const size_t no = (size_t)T * H * Dv, es = kva_dtype_size(pd->q_dtype);
+    void *out = malloc(no * es);
+    float *lse = malloc(sizeof(float) * (size_t)T * H);
+    kva_test_poison(out, pd->q_dtype, no);
+    kva_test_poison(lse, KVA_DTYPE_F32, (size_t)T * H);
+    const uint64_t so = bb_sum(out, no * es), sl = bb_sum(lse, sizeof(float) * (size_t)T * H);
+    kva_status st = kva_attention_run(ctx, p, q, c, NULL, out, lse);
+    if (getenv("R16_VERBOSE"))
+        fprintf(stderr, "%s: %s %s\n", label, kva_status_name(st), kva_last_error());
+    if (st == KVA_STATUS_OK) {
+        const sz_sem m = {.scale = 1.0 / sqrt((double)pd->head_dim), .causal = 1, .window = -1};
+        size_t bad = sz_check_run(ctx, c, pd, &m, q, out, lse, pd->q_dtype, label);
+        CHECK_MSG(bad == 0, "%s: %zu mismatches", label, bad);
+    } else {
+        CHECK_MSG(!must_run && st == KVA_STATUS_INVALID_ARGUMENT, "%s: %s (%s)", label,
+                  kva_status_name(st), kva_last_error());
+        CHECK_MSG(bb_sum(out, no * es) == so && bb_sum(lse, sizeof(float) * (size_t)T * H) == sl,
+                  "%s: refused run wrote", label);
+    }
+    free(out);
+    free(lse);
+}
+
+static void test_shared_plan_threads(void)
+{
+    enum { B = 16, HKV = 2, H = 8, D = 64, NB = 400 };
+    const int32_t th[3] = {1, 2, 4};
+    kva_rng rng = {0x51616};
+    kva_context *cx = new_ctx(KVA_BACKEND_CPU, 1);
+    kva_cache_desc cd = make_desc(NB, B, HKV, D, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+    kva_cache *c = NULL;
+    CHECK_OK(kva_cache_create(cx, &cd, &c));
+    fill_cache(c, &rng);
+    /* small: two long decodes (split across threads) and a short prefill;
+     * large: more and longer requests, the plan's update. */
+    r16_batch sm = {.stride = 40, .dthr = 1}, lg = {.stride = 80, .dthr = 1};
+    int32_t next = 0;
+    r16_add(&sm, B, 1, 600, NULL, 0, &next);
+    r16_add(&sm, B, 1, 350, NULL, 0, &next);
+    r16_add(&sm, B, 7, 40, NULL, 0, &next);
+    next = 0;
+    for (int32_t i = 0; i < 4; i++)
+        r16_add(&lg, B, i == 3 ? 33 : 1, 1200 - 170 * i, NULL, 0, &next);
+    CHECK(next <= NB);
+    kva_plan_desc ps = r16_desc(&sm, B, H, HKV, D, 0, KVA_DTYPE_F32);
+    kva_plan_desc pl = r16_desc(&lg, B, H, HKV, D, 0, KVA_DTYPE_F32);
+    float *qs = malloc(sizeof(float) * (size_t)sm.T * H * D);
+    float *ql = malloc(sizeof(float) * (size_t)lg.T * H * D);
+    kva_test_fill(qs, KVA_DTYPE_F32, (size_t)sm.T * H * D, &rng, 1.0);
+    kva_test_fill(ql, KVA_DTYPE_F32, (size_t)lg.T * H * D, &rng, 1.0);
+    char label[96];
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            kva_context *ca = new_ctx(KVA_BACKEND_CPU, th[a]), *cb = new_ctx(KVA_BACKEND_CPU, th[b]);
+            kva_plan *pa = NULL, *pb = NULL;
+            CHECK_OK(kva_plan_create(ca, &ps, &pa));
+            CHECK_OK(kva_plan_create(cb, &ps, &pb)); /* cb's reservation */
+            snprintf(label, sizeof label, "plan of %d threads on %d", th[a], th[b]);
+            r16_run_or_refuse(cb, pa, &ps, c, qs, a == b, label);
+            /* The plan grows on its own context: cb's reservation (the
+             * small step's) may no longer hold it. */
+            CHECK_OK(kva_plan_update(ca, pa, &pl));
+            snprintf(label, sizeof label, "updated plan of %d threads on its own", th[a]);
+            r16_run_or_refuse(ca, pa, &pl, c, ql, 1, label);
+            snprintf(label, sizeof label, "updated plan of %d threads on %d", th[a], th[b]);
+            r16_run_or_refuse(cb, pa, &pl, c, ql, 0, label);
+            /* And back: cb's reservation holds the small step again. */
+            CHECK_OK(kva_plan_update(ca, pa, &ps));
+            snprintf(label, sizeof label, "re-updated plan of %d threads on %d", th[a], th[b]);
+            r16_run_or_refuse(cb, pa, &ps, c, qs, a == b, label);
+            kva_plan_destroy(pa);
+            kva_plan_destroy(pb);
+            kva_context_destroy(ca);
+            kva_context_destroy(cb);
+        }
+    free(qs);
+    free(ql);
+    kva_cache_destroy(c);
+    kva_context_destroy(cx);
+}
+
+/* ---- MLA at the head sizes' edges ---- */
+
+/* Runs case c on the reference and on the CPU backend (threads th), both
+ * calls, outputs poisoned, and compares the CPU's with the reference's. */
+static void r16_mla_case(const mla_case *c, int32_t th, const char *tag)
+{
+    kva_context *ctx[2] = {new_ctx(KVA_BACKEND_REF, 1), new_ctx(KVA_BACKEND_CPU, th)};
+    mla_data m[2];
+    void *out[2][2] = {{0}};
+    float *lse[2][2] = {{0}};
+    const size_t es = kva_dtype_size(c->dt);
+    int ok = 1;
+    for (int b = 0; b < 2 && ok; b++) {
+        ok = mla_data_make(ctx[b], c, &m[b]);
+        CHECK_MSG(ok, "%s: setup: %s", tag, kva_last_error());
+        if (!ok)
+            break;
+        const size_t T = (size_t)m[b].T, Da = (size_t)(c->Dc + c->Dr);
+        void *qa = malloc((T ? T : 1) * c->H * Da * es);
+        kva_rng r = {c->seed + 7};
+        kva_test_fill_uniform(qa, c->dt, T * c->H * Da, &r);
+        for (int layer = 0; layer < 2 && ok; layer++) {
+            kva_plan_desc pd = mla_plan_desc(c, &m[b], layer);
+            kva_plan *p = NULL;
+            const size_t dvo = (size_t)(layer ? c->Dv : c->Dc), n = T * c->H * dvo;
+            out[b][layer] = malloc(n * es + 16);
+            lse[b][layer] = malloc(T * c->H * sizeof(float) + 16);
+            kva_test_poison(out[b][layer], c->dt, n);
+            kva_test_poison(lse[b][layer], KVA_DTYPE_F32, T * c->H);
+            kva_status st = kva_plan_create(ctx[b], &pd, &p);
+            if (st == KVA_STATUS_OK)
+                st = layer ? kva_mla_run(ctx[b], p, m[b].q, m[b].w_uk, m[b].w_uv, m[b].cache,
+                                         out[b][layer], lse[b][layer])
+                           : kva_attention_run(ctx[b], p, qa, m[b].cache, NULL, out[b][layer],
+                                               lse[b][layer]);
+            CHECK_MSG(st == KVA_STATUS_OK, "%s %s %s: %s", tag, kva_backend_name(kBk[b]),
+                      layer ? "kva_mla_run" : "absorbed", kva_last_error());
+            ok = st == KVA_STATUS_OK;
+            kva_plan_destroy(p);
+        }
+        free(qa);
+    }
+    for (int layer = 0; layer < 2 && ok; layer++) {
+        const size_t T = (size_t)m[0].T, dvo = (size_t)(layer ? c->Dv : c->Dc);
+        const size_t rows = T * c->H, n = rows * dvo;
+        const int bf16dot = c->dt == KVA_DTYPE_BF16 && !c->fp8;
+        const double atol = bf16dot
+                                ? KVA_TEST_MLA_BF16DOT_ATOL
+                                : 2 * kva_test_atol(c->dt) + (c->dt != KVA_DTYPE_F32 ? 2e-3 : 0);
+        const double latol = bf16dot ? KVA_TEST_MLA_BF16DOT_LSE_ATOL : 1e-4;
+        char lab[200];
+        snprintf(lab, sizeof lab, "%s %s", tag, layer ? "kva_mla_run" : "absorbed");
+        const size_t bad =
+            kva_test_compare(lab, out[1][layer], out[0][layer], c->dt, n, atol,
+                             2 * kva_test_rtol(c->dt)) +
+            kva_test_compare_f32(lab, lse[1][layer], lse[0][layer], rows, latol, 1e-5);
+        CHECK_MSG(bad == 0, "%s: %zu elements differ from the reference", lab, bad);
+        CHECK_MSG(kva_test_count_poisoned(out[0][layer], c->dt, n) == 0, "%s: ref left rows", lab);
+    }
+    for (int b = 0; b < 2; b++) {
+        for (int layer = 0; layer < 2; layer++) {
+            free(out[b][layer]);
+            free(lse[b][layer]);
+        }
+        if (m[b].cache || m[b].bt)
+            mla_data_free(&m[b]);
+        kva_context_destroy(ctx[b]);
+    }
+}
+
+static void test_mla_head_size_edges(void)
+{
+    /* H, Dc, Dr, Dn, Dv */
+    static const int32_t dims[][5] = {
+        {3, 8, 8, 8, 8},     {5, 568, 8, 16, 24}, {2, 72, 24, 552, 576}, {1, 200, 56, 136, 8},
+        {4, 8, 568, 8, 16},  {3, 24, 8, 256, 512}, {7, 120, 40, 40, 120},
+    };
+    const int32_t ql[4] = {1, 5, 3, 1}, sl[4] = {9, 37, 3, 70};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        for (int v = 0; v < 4; v++) {
+            const kva_dtype dt = v == 1 ? KVA_DTYPE_BF16 : KVA_DTYPE_F32;
+            const int32_t thr = v & 1 ? 4 : 1, B = v == 2 ? 1 : v == 3 ? 16 : 5;
+            mla_case c = mla_case_of(dims[i][0], dims[i][1], dims[i][2], dims[i][3], dims[i][4], B,
+                                     dt, 1, thr, 4, ql, sl, 0x16a0 + i * 4 + (uint64_t)v);
+            c.fp8 = v == 3;
+            char tag[96];
+            snprintf(tag, sizeof tag, "MLA H %d Dc %d Dr %d Dn %d Dv %d %s%s thr %d B %d",
+                     dims[i][0], dims[i][1], dims[i][2], dims[i][3], dims[i][4],
+                     kva_dtype_name(dt), c.fp8 ? " fp8" : "", thr, B);
+            r16_mla_case(&c, v & 1 ? 3 : 1, tag);
+        }
+    /* The compute-friendly path attends with D = Dn + Dr: past 576 the plan
+     * is refused, on every backend, naming the field. */
+    for (int b = 0; b < 2; b++) {
+        kva_context *ctx = new_ctx(kBk[b], 1);
+        const int32_t qsl[2] = {0, 1}, seq[1] = {4}, bt[1] = {1};
+        kva_plan_desc pd = kva_test_mla_desc(1, qsl, seq, bt, 1, 16, 2, 96, 72, KVA_DTYPE_F32,
+                                             0.1, 1);
+        pd.mla_qk_nope_head_dim = 560;
+        pd.mla_v_head_dim = 64;
+        kva_plan *p = (kva_plan *)(uintptr_t)0x1;
+        BAD(kva_plan_create(ctx, &pd, &p), KVA_STATUS_UNSUPPORTED);
+        CHECK_ERROR_MENTIONS("mla_qk_nope_head_dim");
+        CHECK(p == (kva_plan *)(uintptr_t)0x1);
+        pd.mla_qk_nope_head_dim = 552; /* 552 + 24 = 576 */
+        p = NULL;
+        CHECK_OK(kva_plan_create(ctx, &pd, &p));
+        kva_plan_destroy(p);
+        kva_context_destroy(ctx);
+    }
+}
+
+int main(void)
+{
+    RUN(test_cascade_plans_coexist);
+    RUN(test_shared_plan_threads);
+    RUN(test_mla_head_size_edges);
+    return kva_test_finish();
+}
