@@ -24,9 +24,17 @@
  *     keys), allocated by the library past 4 GiB of K (untouched pages cost
  *     nothing): writes, reads and the run calls at block ids whose byte
  *     offsets pass 2^31 and 2^32 equal the same rows at small block ids;
+ *   - kva_plan_update across kinds (kvattn.h: "a plan of any kind ... may
+ *     be updated to any other"): one plan taken through MHA (plain, draft
+ *     tree, cascade), MLA (layer-level and absorbed), sparse MLA (SEPARATE,
+ *     over FP8_DS_MLA rows) and indexer steps in a shuffled order; after
+ *     each update the plan runs (the update reserved what its call needs)
+ *     and, once a fresh plan of the step is made on the same context, gives
+ *     the fresh plan's bytes.
  */
 #include "blackbox_oracle.h"
-#include "mla_util.h"
+#include "indexer_util.h"
+#include "sparse_util.h" /* includes mla_util.h */
 
 /* ---- shared helpers ---- */
 
@@ -35,7 +43,7 @@
 typedef struct r16_batch {
     int32_t R, T, stride, dthr;
     int32_t qsl[33], sl[32];
-    int32_t bt[32 * 16];
+    int32_t bt[2048];
 } r16_batch;
 
 /* Request r: q_len q, seq_len s, its first `nshared` blocks from shared[],
@@ -44,6 +52,7 @@ static void r16_add(r16_batch *b, int32_t B, int32_t q, int32_t s, const int32_t
                     int32_t nshared, int32_t *next)
 {
     const int32_t r = b->R++;
+    CHECK(b->R <= 32 && b->R * b->stride <= 2048);
     b->qsl[r + 1] = b->qsl[r] + q;
     b->sl[r] = s;
     const int32_t nb = (s + B - 1) / B;
@@ -590,11 +599,216 @@ static void test_big_quant_offsets(void)
             bq_run(kBk[b], &cases[i]);
 }
 
+/* ---- kva_plan_update across kinds ---- */
+
+enum {
+    UK_MHA,
+    UK_TREE,
+    UK_CASCADE,
+    UK_LONG,
+    UK_MLA_LAYER,
+    UK_MLA_ABS,
+    UK_SPARSE,
+    UK_INDEX,
+    UK_COUNT
+};
+
+typedef struct uk_work {
+    kva_plan_desc pd;
+    const kva_cache *cache;
+    const void *q, *w_uk, *w_uv;
+    const int32_t *idx;
+    const float *weights;
+    size_t out_bytes, lse_n; /* lse_n 0: the call has no lse */
+    int kind;
+} uk_work;
+
+/* Runs work w with plan p on ctx into out / lse (poisoned first). */
+static kva_status uk_run(kva_context *ctx, const kva_plan *p, const uk_work *w, void *out,
+                         float *lse)
+{
+    memset(out, 0xa5, w->out_bytes);
+    kva_test_poison(lse, KVA_DTYPE_F32, w->lse_n);
+    switch (w->kind) {
+    case UK_MLA_LAYER:
+        return kva_mla_run(ctx, p, w->q, w->w_uk, w->w_uv, w->cache, out, lse);
+    case UK_SPARSE:
+        return kva_mla_sparse_run(ctx, p, w->q, w->cache, w->idx, 0, NULL, NULL, out, lse);
+    case UK_INDEX:
+        return kva_indexer_run(ctx, p, w->q, w->weights, w->cache, out, 0, NULL);
+    default:
+        return kva_attention_run(ctx, p, w->q, w->cache, NULL, out, lse);
+    }
+}
+
+static void test_update_across_kinds(void)
+{
+    kva_context *ctx = new_ctx(KVA_BACKEND_CPU, 2);
+    kva_rng rng = {0x16e};
+    uk_work w[UK_COUNT];
+    memset(w, 0, sizeof w);
+    /* MHA: a mixed batch; a tree step; a shared-prefix step run as a
+     * cascade; long decodes whose split partials need more workspace than
+     * any step before them (the chain's third step, an update). */
+    enum { B = 8, HKV = 2, H = 6, D = 32, NB = 900 };
+    kva_cache_desc cd = make_desc(NB, B, HKV, D, 0, KVA_DTYPE_F32, KVA_LAYOUT_HND);
+    kva_cache *mc = NULL;
+    CHECK_OK(kva_cache_create(ctx, &cd, &mc));
+    fill_cache(mc, &rng);
+    static r16_batch mb, tb, cb;
+    int32_t next = 1;
+    mb = (r16_batch){.stride = 20, .dthr = 2};
+    r16_add(&mb, B, 1, 77, NULL, 0, &next);
+    r16_add(&mb, B, 2, 30, NULL, 0, &next);
+    r16_add(&mb, B, 9, 25, NULL, 0, &next);
+    next = 1;
+    tb = (r16_batch){.stride = 20, .dthr = 8};
+    r16_add(&tb, B, 5, 40, NULL, 0, &next);
+    r16_add(&tb, B, 3, 3, NULL, 0, &next);
+    static const int32_t parents[8] = {-1, 0, 0, 1, -1, -1, 0, 1};
+    next = 20;
+    cb = (r16_batch){.stride = 20, .dthr = 1};
+    const int32_t shared[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    for (int32_t i = 0; i < 6; i++)
+        r16_add(&cb, B, 1 + (i == 5) * 4, 12 * B + 3 + i, shared, 12, &next);
+    CHECK(next <= NB);
+    static r16_batch lb;
+    next = 100;
+    lb = (r16_batch){.stride = 300, .dthr = 1};
+    r16_add(&lb, B, 1, 2300, NULL, 0, &next);
+    r16_add(&lb, B, 1, 1900, NULL, 0, &next);
+    r16_add(&lb, B, 1, 1500, NULL, 0, &next);
+    CHECK(next <= NB);
+    r16_batch *mbs[4] = {&mb, &tb, &cb, &lb};
+    void *mq[4];
+    for (int i = 0; i < 4; i++) {
+        w[i].pd = r16_desc(mbs[i], B, H, HKV, D, 0, KVA_DTYPE_F32);
+        w[i].cache = mc;
+        w[i].kind = i;
+        w[i].out_bytes = (size_t)mbs[i]->T * H * D * 4;
+        w[i].lse_n = (size_t)mbs[i]->T * H;
+        mq[i] = malloc(w[i].out_bytes);
+        kva_test_fill(mq[i], KVA_DTYPE_F32, (size_t)mbs[i]->T * H * D, &rng, 1.0);
+        w[i].q = mq[i];
+    }
+    w[UK_TREE].pd.tree_parents = parents;
+    w[UK_CASCADE].pd.cascade = KVA_CASCADE_ON;
+    /* MLA: the layer-level and the absorbed call over one latent cache. */
+    const int32_t mql[3] = {1, 7, 2}, msl[3] = {40, 50, 9};
+    mla_case mcase = mla_case_of(16, 64, 16, 32, 24, 8, KVA_DTYPE_F32, 1, 1, 3, mql, msl, 0x16f);
+    mla_data md;
+    CHECK(mla_data_make(ctx, &mcase, &md));
+    w[UK_MLA_LAYER].pd = mla_plan_desc(&mcase, &md, 1);
+    w[UK_MLA_ABS].pd = mla_plan_desc(&mcase, &md, 0);
+    w[UK_MLA_LAYER].cache = w[UK_MLA_ABS].cache = md.cache;
+    w[UK_MLA_LAYER].q = md.q;
+    w[UK_MLA_LAYER].w_uk = md.w_uk;
+    w[UK_MLA_LAYER].w_uv = md.w_uv;
+    void *qabs = malloc((size_t)md.T * 16 * 80 * 4);
+    kva_test_fill(qabs, KVA_DTYPE_F32, (size_t)md.T * 16 * 80, &rng, 1.0);
+    w[UK_MLA_ABS].q = qabs;
+    w[UK_MLA_LAYER].out_bytes = (size_t)md.T * 16 * 24 * 4;
+    w[UK_MLA_ABS].out_bytes = (size_t)md.T * 16 * 64 * 4;
+    w[UK_MLA_LAYER].lse_n = w[UK_MLA_ABS].lse_n = (size_t)md.T * 16;
+    w[UK_MLA_LAYER].kind = UK_MLA_LAYER;
+    w[UK_MLA_ABS].kind = UK_MLA_ABS;
+    /* Sparse MLA, SEPARATE (its prefills gather their keys into the
+     * workspace), over FlashMLA's fp8 rows. */
+    sp_case sc = {.H = 8, .Dc = 128, .Dr = 16, .B = 16, .K = 24, .dt = KVA_DTYPE_F32,
+                  .quant = KVA_QUANT_FP8_DS_MLA, .mode = KVA_SPARSE_SEPARATE, .thr = 1, .R = 3,
+                  .q_len = {1, 20, 3}, .seq_len = {60, 200, 30}, .unused = 0.1, .dup = 0.1,
+                  .seed = 0x170};
+    sp_data sd;
+    CHECK(sp_data_make(ctx, &sc, &sd));
+    w[UK_SPARSE].pd = sp_plan_desc(&sc, &sd);
+    w[UK_SPARSE].cache = sd.cache;
+    w[UK_SPARSE].q = sd.q;
+    w[UK_SPARSE].idx = sd.idx;
+    w[UK_SPARSE].out_bytes = (size_t)sd.T * 8 * 128 * 4;
+    w[UK_SPARSE].lse_n = (size_t)sd.T * 8;
+    w[UK_SPARSE].kind = UK_SPARSE;
+    /* The indexer over FP8_TOKEN keys. */
+    const int32_t iql[2] = {2, 9}, isl[2] = {30, 70};
+    idx_case ic = idx_case_of(8, 32, 16, 16, KVA_DTYPE_F32, 1, 2, iql, isl, 0x171);
+    idx_data ix;
+    idx_build(&ic, &ix);
+    kva_cache_desc icd = idx_cache_desc(&ic, &ix);
+    kva_cache *icache = NULL;
+    CHECK_OK(kva_cache_create(ctx, &icd, &icache));
+    CHECK_OK(kva_cache_write(ctx, icache, ix.total, ix.keys, 0, NULL, 0, KVA_DTYPE_F32, ix.slots));
+    w[UK_INDEX].pd = idx_plan_desc(&ic, &ix);
+    w[UK_INDEX].cache = icache;
+    w[UK_INDEX].q = ix.q;
+    w[UK_INDEX].weights = ix.w;
+    w[UK_INDEX].out_bytes = (size_t)ix.T * 16 * 4;
+    w[UK_INDEX].kind = UK_INDEX;
+
+    static const int order[] = {UK_MHA,     UK_MLA_ABS, UK_LONG,      UK_SPARSE, UK_INDEX,
+                                UK_MLA_LAYER, UK_TREE,  UK_CASCADE,   UK_SPARSE, UK_MHA,
+                                UK_INDEX,   UK_LONG,    UK_MLA_LAYER, UK_CASCADE, UK_TREE,
+                                UK_MLA_ABS, UK_MHA};
+    static const char *const names[UK_COUNT] = {"MHA",       "tree",         "cascade",
+                                                "long MHA",  "MLA layer",    "MLA absorbed",
+                                                "sparse MLA", "indexer"};
+    kva_plan *p = NULL;
+    for (size_t k = 0; k < sizeof order / sizeof order[0]; k++) {
+        const uk_work *x = &w[order[k]];
+        char label[96];
+        snprintf(label, sizeof label, "step %zu (%s)", k, names[order[k]]);
+        kva_status st = p ? kva_plan_update(ctx, p, &x->pd) : kva_plan_create(ctx, &x->pd, &p);
+        CHECK_MSG(st == KVA_STATUS_OK, "%s: update: %s", label, kva_last_error());
+        if (st != KVA_STATUS_OK)
+            break;
+        unsigned char *o1 = malloc(x->out_bytes), *o2 = malloc(x->out_bytes);
+        unsigned char *of = malloc(x->out_bytes);
+        float *l1 = malloc(sizeof(float) * (x->lse_n + 1)), *l2 = malloc(sizeof(float) * (x->lse_n + 1));
+        float *lf = malloc(sizeof(float) * (x->lse_n + 1));
+        /* The updated plan runs before any fresh plan of this step exists. */
+        st = uk_run(ctx, p, x, o1, l1);
+        CHECK_MSG(st == KVA_STATUS_OK, "%s: run of the updated plan: %s", label, kva_last_error());
+        kva_plan *f = NULL;
+        CHECK_OK(kva_plan_create(ctx, &x->pd, &f));
+        kva_plan_info ia, ib;
+        CHECK_OK(kva_plan_get_info(p, &ia));
+        CHECK_OK(kva_plan_get_info(f, &ib));
+        CHECK_MSG(memcmp(&ia, &ib, sizeof ia) == 0, "%s: info differs from a fresh plan's", label);
+        CHECK_OK(uk_run(ctx, f, x, of, lf));
+        CHECK_OK(uk_run(ctx, p, x, o2, l2));
+        CHECK_MSG(memcmp(o2, of, x->out_bytes) == 0 &&
+                      memcmp(l2, lf, sizeof(float) * x->lse_n) == 0,
+                  "%s: the updated plan's output differs from a fresh plan's", label);
+        /* The first run (the context's workspace as the update left it) is
+         * right too: the same values up to the split of the keys. */
+        if (st == KVA_STATUS_OK) {
+            const size_t n = x->kind == UK_INDEX ? 0 : x->out_bytes / 4;
+            size_t bad = kva_test_compare_f32(label, (const float *)o1, (const float *)of, n,
+                                              2e-5, 2e-5) +
+                         kva_test_compare_f32(label, l1, lf, x->lse_n, 2e-5, 2e-5);
+            if (x->kind == UK_INDEX)
+                bad += memcmp(o1, of, x->out_bytes) != 0;
+            CHECK_MSG(bad == 0, "%s: the first run differs", label);
+        }
+        kva_plan_destroy(f);
+        free(o1), free(o2), free(of), free(l1), free(l2), free(lf);
+    }
+    kva_plan_destroy(p);
+    for (int i = 0; i < 4; i++)
+        free(mq[i]);
+    free(qabs);
+    mla_data_free(&md);
+    sp_data_free(&sd);
+    idx_free(&ix);
+    kva_cache_destroy(icache);
+    kva_cache_destroy(mc);
+    kva_context_destroy(ctx);
+}
+
 int main(void)
 {
     RUN(test_cascade_plans_coexist);
     RUN(test_shared_plan_threads);
     RUN(test_mla_head_size_edges);
     RUN(test_big_quant_offsets);
+    RUN(test_update_across_kinds);
     return kva_test_finish();
 }
