@@ -30,7 +30,10 @@
  *     over FP8_DS_MLA rows) and indexer steps in a shuffled order; after
  *     each update the plan runs (the update reserved what its call needs)
  *     and, once a fresh plan of the step is made on the same context, gives
- *     the fresh plan's bytes.
+ *     the fresh plan's bytes;
+ *   - a packed tree_mask whose padding bits (past each request's q * q
+ *     bits, to its byte's end) are all set runs as the clean mask and as
+ *     the same tree given by tree_parents (the padding is no row's).
  */
 #include "blackbox_oracle.h"
 #include "indexer_util.h"
@@ -803,6 +806,78 @@ static void test_update_across_kinds(void)
     kva_context_destroy(ctx);
 }
 
+/* ---- tree masks with their padding bits set ---- */
+
+static void test_tree_mask_padding(void)
+{
+    enum { B = 4, H = 3, HKV = 1, D = 16 };
+    /* Requests of 3, 1, 5 and 2 tree tokens (9, 1, 25 and 4 bits: padding
+     * of 7, 7, 7 and 4 bits), after contexts of 4, 0, 9 and 1 keys. */
+    const int32_t qsl[5] = {0, 3, 4, 9, 11}, sl[4] = {7, 1, 14, 3};
+    const int32_t parents[11] = {-1, 0, 0, -1, -1, 0, 1, 1, -1, -1, 0};
+    int32_t bt[4 * 4];
+    for (int i = 0; i < 16; i++)
+        bt[i] = i;
+    uint8_t clean[16], padded[16];
+    memset(clean, 0, sizeof clean);
+    int32_t byte = 0;
+    for (int r = 0; r < 4; r++) {
+        const int32_t q = qsl[r + 1] - qsl[r];
+        for (int32_t i = 0; i < q; i++)
+            for (int32_t k = i; k >= 0; k = parents[qsl[r] + k]) {
+                clean[byte + (i * q + k) / 8] |= (uint8_t)(1u << ((i * q + k) % 8));
+                if (parents[qsl[r] + k] < 0)
+                    break;
+            }
+        memcpy(padded + byte, clean + byte, (size_t)(q * q + 7) / 8);
+        for (int32_t e = q * q; e < (q * q + 7) / 8 * 8; e++)
+            padded[byte + e / 8] |= (uint8_t)(1u << (e % 8));
+        byte += (q * q + 7) / 8;
+    }
+    kva_rng rng = {0x1d};
+    for (int b = 0; b < 2; b++) {
+        kva_context *ctx = new_ctx(kBk[b], 2);
+        kva_cache_desc cd = make_desc(16, B, HKV, D, 0, KVA_DTYPE_F32, KVA_LAYOUT_NHD);
+        kva_cache *c = NULL;
+        CHECK_OK(kva_cache_create(ctx, &cd, &c));
+        fill_cache(c, &rng);
+        float q[11 * H * D], out[3][11 * H * D], lse[3][11 * H];
+        kva_test_fill(q, KVA_DTYPE_F32, 11 * H * D, &rng, 1.0);
+        for (int v = 0; v < 3; v++) {
+            kva_plan_desc pd = {.num_requests = 4,
+                                .query_start_loc = qsl,
+                                .seq_lens = sl,
+                                .block_table = bt,
+                                .block_table_stride = 4,
+                                .block_size = B,
+                                .decode_threshold = 8,
+                                .num_heads = H,
+                                .num_kv_heads = HKV,
+                                .head_dim = D,
+                                .q_dtype = KVA_DTYPE_F32,
+                                .causal = 1,
+                                .window_left = -1};
+            if (v == 0)
+                pd.tree_parents = parents;
+            else
+                pd.tree_mask = v == 1 ? clean : padded;
+            kva_plan *p = NULL;
+            CHECK_OK(kva_plan_create(ctx, &pd, &p));
+            kva_test_poison(out[v], KVA_DTYPE_F32, 11 * H * D);
+            kva_test_poison(lse[v], KVA_DTYPE_F32, 11 * H);
+            CHECK_OK(kva_attention_run(ctx, p, q, c, NULL, out[v], lse[v]));
+            kva_plan_destroy(p);
+        }
+        for (int v = 1; v < 3; v++)
+            CHECK_MSG(memcmp(out[v], out[0], sizeof out[0]) == 0 &&
+                          memcmp(lse[v], lse[0], sizeof lse[0]) == 0,
+                      "%s: the %s mask differs from tree_parents", kva_backend_name(kBk[b]),
+                      v == 1 ? "clean" : "padded");
+        kva_cache_destroy(c);
+        kva_context_destroy(ctx);
+    }
+}
+
 int main(void)
 {
     RUN(test_cascade_plans_coexist);
@@ -810,5 +885,6 @@ int main(void)
     RUN(test_mla_head_size_edges);
     RUN(test_big_quant_offsets);
     RUN(test_update_across_kinds);
+    RUN(test_tree_mask_padding);
     return kva_test_finish();
 }
