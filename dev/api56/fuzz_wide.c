@@ -5,7 +5,9 @@
  * the shapes it left out: D and Dv anywhere from 8 to 576 (SIMD tails),
  * up to 4 kv heads and GQA groups up to 16, with the CPU backend's decode
  * and prefill kernels forced at random per case (kva__context_force_kernel,
- * so linked against the static library).
+ * so linked against the static library), and batches of up to 8 requests
+ * whose leading blocks follow a binary trie (up to 4 levels) in half the
+ * cases: nested shared prefixes for the cascade's grouping.
  *   gcc -O2 -Iinclude dev/api56/fuzz_wide.c build/libkvattn.a -fopenmp -lcrypto -lxxhash \
  *       -lcjson -lm -o /tmp/api56_wide && /tmp/api56_wide CASES SEED
  */
@@ -33,7 +35,7 @@ static float rf(void)
     return (float)((rnd() >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
-#define MAXR 4
+#define MAXR 8
 #define MAXBT 128
 
 typedef struct cs {
@@ -166,8 +168,24 @@ static void gen(cs *c)
     }
     c->cascade = ri(2) && !c->tree && c->window < 0 && !c->chunk && !c->alibi ? KVA_CASCADE_ON
                                                                               : KVA_CASCADE_AUTO;
-    /* Shared prefix: P blocks common to every request (cascade finds them). */
-    int P = ri(3) ? 1 + ri(3) : 0;
+    /* Shared prefix: P leading blocks common to every request, or (trie)
+     * following each request's random path in a binary trie, so that
+     * requests share 1 .. P blocks (nested groups). */
+    int P = ri(3) ? 1 + ri(4) : 0;
+    int trie = ri(2);
+    if (getenv("FUZZ_CASCADE")) { /* cascade-heavy: nested prefixes, cascade on */
+        c->causal = 1;
+        c->tree = c->alibi = c->chunk = 0;
+        c->window = -1;
+        c->cascade = KVA_CASCADE_ON;
+        P = 2 + ri(3);
+        trie = 1;
+        if (c->R < 3)
+            c->R = 3 + ri(MAXR - 2);
+    }
+    int path[MAXR];
+    for (int r = 0; r < MAXR; r++)
+        path[r] = ri(16);
     const int big = ri(4) == 0; /* long contexts: split-KV, many key tiles */
     if (big)
         c->B = 16 * (1 + ri(2));
@@ -188,16 +206,20 @@ static void gen(cs *c)
     }
     c->T = T;
     c->stride = maxb ? maxb : 1;
-    c->NB = c->R * c->stride + 2;
+    /* Blocks 1 .. 31: the shared prefixes; the others from 32 on. */
+    const int own = c->R * c->stride + 2;
+    c->NB = own + 32;
     for (int r = 0; r < c->R; r++)
         for (int b = 0; b < c->stride; b++)
             c->bt[r * c->stride + b] =
-                (c->causal && b < P) ? 1 + b : (ri(4) == 0 ? -1 : (r * c->stride + b + 1) % c->NB);
+                (c->causal && b < P)
+                    ? (trie ? (1 << b) + (path[r] & ((1 << b) - 1)) : 1 + b)
+                    : (ri(4) == 0 ? -1 : 32 + (r * c->stride + b + 1) % own);
     for (int r = 0; r < c->R; r++) {
         int nb = (c->sl[r] + c->B - 1) / c->B;
         for (int b = 0; b < nb; b++)
             if (c->bt[r * c->stride + b] < 0)
-                c->bt[r * c->stride + b] = r * c->stride + b;
+                c->bt[r * c->stride + b] = 32 + r * c->stride + b;
     }
     for (int h = 0; h < c->H; h++) {
         c->slopes[h] = 0.1f * (h + 1);
@@ -253,6 +275,7 @@ static size_t ndiff(const float *oa, const float *la, const float *ob, const flo
 int main(int argc, char **argv)
 {
     int cases = argc > 1 ? atoi(argv[1]) : 300, bad = 0, ran = 0, nupd = 0, nrag = 0, ndcp = 0;
+    int ngrp = 0; /* CPU plans with two or more cascade groups */
     if (argc > 2)
         st += (uint64_t)atoll(argv[2]) * 0x9E3779B97F4A7C15ull;
     kva_context *cx[3];
@@ -342,6 +365,7 @@ int main(int argc, char **argv)
                 void *ob2 = malloc(no * es);
                 kva_plan_info ia, ib;
                 kva_plan_get_info(p, &ia);
+                ngrp += ia.num_cascade_groups >= 2;
                 kva_plan_get_info(upd, &ib);
                 kva_status s2 = kva_attention_run(cx[1], p, qb, caches[1], c.sinks ? c.sk : NULL, ob2, l[i]);
                 if (su || s2 || memcmp(ub, ob2, no * es) || memcmp(ul, l[i], nl * 4) ||
@@ -491,7 +515,7 @@ int main(int argc, char **argv)
         free(ob), free(kf), free(vf), free(slots), free(qf), free(qb);
     }
     kva_plan_destroy(upd);
-    printf("ran %d (updates %d, ragged %d, dcp %d), mismatches %d\n", ran, nupd, nrag, ndcp, bad);
+    printf("ran %d (updates %d, ragged %d, dcp %d, plans of 2+ cascade groups %d), mismatches %d\n", ran, nupd, nrag, ndcp, ngrp, bad);
     for (int i = 0; i < 3; i++)
         kva_context_destroy(cx[i]);
     return 0;
