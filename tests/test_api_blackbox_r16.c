@@ -579,8 +579,22 @@ static void bq_run(kva_backend be, const bq_case *c)
     kva_context_destroy(ctx);
 }
 
+/* AddressSanitizer writes the shadow of a freed chunk (1/8 of its size):
+ * the library-allocated caches of this case would cost GiBs there. */
+#if defined(__SANITIZE_ADDRESS__)
+#define R16_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define R16_ASAN 1
+#endif
+#endif
+
 static void test_big_quant_offsets(void)
 {
+#ifdef R16_ASAN
+    fprintf(stderr, "  (test_big_quant_offsets skipped under AddressSanitizer)\n");
+    return;
+#endif
     /* NB so that K passes 2^32 bytes (V alike where there is one). */
     static const bq_case cases[] = {
         {"INT8_CHANNEL", KVA_ATTN_MHA, KVA_QUANT_INT8_CHANNEL, KVA_DTYPE_I8, 16, 4, 128, 64,
