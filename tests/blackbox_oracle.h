@@ -84,10 +84,10 @@ static inline void sz_oracle(const sz_sem *m, const double *q, int32_t D, int32_
  * plan's block table (bt [R, stride]). q [T, H, D] in dt; out within
  * 2 * (atol + rtol * |want|). Returns the number of mismatches.
  */
-static inline size_t sz_check_run_tol(kva_context *ctx, const kva_cache *c,
-                                      const kva_plan_desc *pd, const sz_sem *m, const void *q,
-                                      const void *out, const float *lse, kva_dtype dt, double atol,
-                                      double rtol, const char *label)
+static inline size_t sz_check_run_tol(kva_context *ctx, const kva_cache *c, const kva_plan_desc *pd,
+                                      const sz_sem *m, const void *q, const void *out,
+                                      const float *lse, kva_dtype dt, double atol, double rtol,
+                                      const char *label)
 {
     const int32_t H = pd->num_heads, Hkv = pd->num_kv_heads, D = pd->head_dim;
     const int32_t Dv = pd->head_dim_v ? pd->head_dim_v : D, B = pd->block_size;

@@ -128,7 +128,8 @@ static void test_cascade_plans_coexist(void)
             const kva_dtype dt = dts[ti];
             kva_context *ctx = new_ctx(kBk[be], ti == 0 ? 1 : 3);
             kva_rng rng = {0x5160 + (uint64_t)(be * 7 + ti)};
-            kva_cache_desc cd = make_desc(NB, B, HKV, D, DV, dt, ti ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD);
+            kva_cache_desc cd =
+                make_desc(NB, B, HKV, D, DV, dt, ti ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD);
             kva_cache *c = NULL;
             CHECK_OK(kva_cache_create(ctx, &cd, &c));
             fill_cache(c, &rng);
@@ -198,8 +199,8 @@ static void test_cascade_plans_coexist(void)
                 const int i = order[k];
                 if (i == 3) {
                     const sz_sem semb = {.scale = 1.0 / 8.0, .causal = 1, .window = -1};
-                    snprintf(label, sizeof label, "%s/%s plain step %zu",
-                             kva_backend_name(kBk[be]), kva_dtype_name(dt), k);
+                    snprintf(label, sizeof label, "%s/%s plain step %zu", kva_backend_name(kBk[be]),
+                             kva_dtype_name(dt), k);
                     r16_run_check(ctx, pb, &pdb, c2, &semb, qb, NULL, label);
                     continue;
                 }
@@ -294,7 +295,8 @@ static void test_shared_plan_threads(void)
     char label[96];
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < 3; b++) {
-            kva_context *ca = new_ctx(KVA_BACKEND_CPU, th[a]), *cb = new_ctx(KVA_BACKEND_CPU, th[b]);
+            kva_context *ca = new_ctx(KVA_BACKEND_CPU, th[a]),
+                        *cb = new_ctx(KVA_BACKEND_CPU, th[b]);
             kva_plan *pa = NULL, *pb = NULL;
             CHECK_OK(kva_plan_create(ca, &ps, &pa));
             CHECK_OK(kva_plan_create(cb, &ps, &pb)); /* cb's reservation */
@@ -396,8 +398,8 @@ static void test_mla_head_size_edges(void)
 {
     /* H, Dc, Dr, Dn, Dv */
     static const int32_t dims[][5] = {
-        {3, 8, 8, 8, 8},     {5, 568, 8, 16, 24}, {2, 72, 24, 552, 576}, {1, 200, 56, 136, 8},
-        {4, 8, 568, 8, 16},  {3, 24, 8, 256, 512}, {7, 120, 40, 40, 120},
+        {3, 8, 8, 8, 8},    {5, 568, 8, 16, 24},  {2, 72, 24, 552, 576}, {1, 200, 56, 136, 8},
+        {4, 8, 568, 8, 16}, {3, 24, 8, 256, 512}, {7, 120, 40, 40, 120},
     };
     const int32_t ql[4] = {1, 5, 3, 1}, sl[4] = {9, 37, 3, 70};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
@@ -409,8 +411,8 @@ static void test_mla_head_size_edges(void)
             c.fp8 = v == 3;
             char tag[96];
             snprintf(tag, sizeof tag, "MLA H %d Dc %d Dr %d Dn %d Dv %d %s%s thr %d B %d",
-                     dims[i][0], dims[i][1], dims[i][2], dims[i][3], dims[i][4],
-                     kva_dtype_name(dt), c.fp8 ? " fp8" : "", thr, B);
+                     dims[i][0], dims[i][1], dims[i][2], dims[i][3], dims[i][4], kva_dtype_name(dt),
+                     c.fp8 ? " fp8" : "", thr, B);
             r16_mla_case(&c, v & 1 ? 3 : 1, tag);
         }
     /* The compute-friendly path attends with D = Dn + Dr: past 576 the plan
@@ -418,8 +420,8 @@ static void test_mla_head_size_edges(void)
     for (int b = 0; b < 2; b++) {
         kva_context *ctx = new_ctx(kBk[b], 1);
         const int32_t qsl[2] = {0, 1}, seq[1] = {4}, bt[1] = {1};
-        kva_plan_desc pd = kva_test_mla_desc(1, qsl, seq, bt, 1, 16, 2, 96, 72, KVA_DTYPE_F32,
-                                             0.1, 1);
+        kva_plan_desc pd =
+            kva_test_mla_desc(1, qsl, seq, bt, 1, 16, 2, 96, 72, KVA_DTYPE_F32, 0.1, 1);
         pd.mla_qk_nope_head_dim = 560;
         pd.mla_v_head_dim = 64;
         kva_plan *p = (kva_plan *)(uintptr_t)0x1;
@@ -453,8 +455,7 @@ static void bq_run(kva_backend be, const bq_case *c)
 {
     const int32_t B = c->B, T = BQ_NBLK * B, Hkv = c->Hkv, D = c->D, Dv = c->Dv;
     const int32_t ids[2][BQ_NBLK] = {
-        {c->NB - 1, c->NB - 2, c->NB / 2 + 1, c->NB - c->NB / 4, 5, c->NB - 7},
-        {0, 1, 2, 3, 4, 6}};
+        {c->NB - 1, c->NB - 2, c->NB / 2 + 1, c->NB - c->NB / 4, 5, c->NB - 7}, {0, 1, 2, 3, 4, 6}};
     kva_context *ctx = new_ctx(be, 2);
     kva_cache_desc cd = {c->NB, B, Hkv, D, Dv, c->cdt, KVA_LAYOUT_NHD, c->quant, c->kind};
     float scal[2 * 4 * 576 * 2];
@@ -487,7 +488,8 @@ static void bq_run(kva_backend be, const bq_case *c)
     /* Rows: MHA k [T, Hkv, D] / v [T, Hkv, Dv]; MLA c_kv [T, Dv] / k_pe
      * [T, D - Dv]; INDEX keys [T, D]. */
     const int mla = c->kind == KVA_ATTN_MLA, idx = c->kind == KVA_ATTN_INDEX;
-    const size_t kw = mla ? (size_t)Dv : (size_t)Hkv * D, vw = mla ? (size_t)(D - Dv) : (size_t)Hkv * Dv;
+    const size_t kw = mla ? (size_t)Dv : (size_t)Hkv * D,
+                 vw = mla ? (size_t)(D - Dv) : (size_t)Hkv * Dv;
     float *k = malloc(sizeof(float) * T * kw), *v = malloc(sizeof(float) * T * vw);
     float *kr[2], *vr[2];
     kva_test_fill_uniform(k, KVA_DTYPE_F32, (size_t)T * kw, &rng);
@@ -599,8 +601,7 @@ static void test_big_quant_offsets(void)
     static const bq_case cases[] = {
         {"INT8_CHANNEL", KVA_ATTN_MHA, KVA_QUANT_INT8_CHANNEL, KVA_DTYPE_I8, 16, 4, 128, 64,
          (1 << 19) + 3},
-        {"INT8_TOKEN_K", KVA_ATTN_MHA, KVA_QUANT_INT8_TOKEN_K, KVA_DTYPE_I8, 16, 1, 576, 8,
-         470000},
+        {"INT8_TOKEN_K", KVA_ATTN_MHA, KVA_QUANT_INT8_TOKEN_K, KVA_DTYPE_I8, 16, 1, 576, 8, 470000},
         {"FP8_E4M3", KVA_ATTN_MHA, KVA_QUANT_FP8_E4M3, KVA_DTYPE_FP8_E4M3, 16, 4, 128, 64,
          (1 << 19) + 3},
         {"MLA f16", KVA_ATTN_MLA, KVA_QUANT_NONE, KVA_DTYPE_F16, 64, 1, 576, 512, 60000},
@@ -731,9 +732,20 @@ static void test_update_across_kinds(void)
     w[UK_MLA_ABS].kind = UK_MLA_ABS;
     /* Sparse MLA, SEPARATE (its prefills gather their keys into the
      * workspace), over FlashMLA's fp8 rows. */
-    sp_case sc = {.H = 8, .Dc = 128, .Dr = 16, .B = 16, .K = 24, .dt = KVA_DTYPE_F32,
-                  .quant = KVA_QUANT_FP8_DS_MLA, .mode = KVA_SPARSE_SEPARATE, .thr = 1, .R = 3,
-                  .q_len = {1, 20, 3}, .seq_len = {60, 200, 30}, .unused = 0.1, .dup = 0.1,
+    sp_case sc = {.H = 8,
+                  .Dc = 128,
+                  .Dr = 16,
+                  .B = 16,
+                  .K = 24,
+                  .dt = KVA_DTYPE_F32,
+                  .quant = KVA_QUANT_FP8_DS_MLA,
+                  .mode = KVA_SPARSE_SEPARATE,
+                  .thr = 1,
+                  .R = 3,
+                  .q_len = {1, 20, 3},
+                  .seq_len = {60, 200, 30},
+                  .unused = 0.1,
+                  .dup = 0.1,
                   .seed = 0x170};
     sp_data sd;
     CHECK(sp_data_make(ctx, &sc, &sd));
@@ -760,13 +772,12 @@ static void test_update_across_kinds(void)
     w[UK_INDEX].out_bytes = (size_t)ix.T * 16 * 4;
     w[UK_INDEX].kind = UK_INDEX;
 
-    static const int order[] = {UK_MHA,     UK_MLA_ABS, UK_LONG,      UK_SPARSE, UK_INDEX,
-                                UK_MLA_LAYER, UK_TREE,  UK_CASCADE,   UK_SPARSE, UK_MHA,
-                                UK_INDEX,   UK_LONG,    UK_MLA_LAYER, UK_CASCADE, UK_TREE,
-                                UK_MLA_ABS, UK_MHA};
-    static const char *const names[UK_COUNT] = {"MHA",       "tree",         "cascade",
-                                                "long MHA",  "MLA layer",    "MLA absorbed",
-                                                "sparse MLA", "indexer"};
+    static const int order[] = {UK_MHA,       UK_MLA_ABS, UK_LONG,      UK_SPARSE,  UK_INDEX,
+                                UK_MLA_LAYER, UK_TREE,    UK_CASCADE,   UK_SPARSE,  UK_MHA,
+                                UK_INDEX,     UK_LONG,    UK_MLA_LAYER, UK_CASCADE, UK_TREE,
+                                UK_MLA_ABS,   UK_MHA};
+    static const char *const names[UK_COUNT] = {
+        "MHA", "tree", "cascade", "long MHA", "MLA layer", "MLA absorbed", "sparse MLA", "indexer"};
     kva_plan *p = NULL;
     for (size_t k = 0; k < sizeof order / sizeof order[0]; k++) {
         const uk_work *x = &w[order[k]];
@@ -778,7 +789,8 @@ static void test_update_across_kinds(void)
             break;
         unsigned char *o1 = malloc(x->out_bytes), *o2 = malloc(x->out_bytes);
         unsigned char *of = malloc(x->out_bytes);
-        float *l1 = malloc(sizeof(float) * (x->lse_n + 1)), *l2 = malloc(sizeof(float) * (x->lse_n + 1));
+        float *l1 = malloc(sizeof(float) * (x->lse_n + 1)),
+              *l2 = malloc(sizeof(float) * (x->lse_n + 1));
         float *lf = malloc(sizeof(float) * (x->lse_n + 1));
         /* The updated plan runs before any fresh plan of this step exists. */
         st = uk_run(ctx, p, x, o1, l1);
@@ -798,9 +810,9 @@ static void test_update_across_kinds(void)
          * right too: the same values up to the split of the keys. */
         if (st == KVA_STATUS_OK) {
             const size_t n = x->kind == UK_INDEX ? 0 : x->out_bytes / 4;
-            size_t bad = kva_test_compare_f32(label, (const float *)o1, (const float *)of, n,
-                                              2e-5, 2e-5) +
-                         kva_test_compare_f32(label, l1, lf, x->lse_n, 2e-5, 2e-5);
+            size_t bad =
+                kva_test_compare_f32(label, (const float *)o1, (const float *)of, n, 2e-5, 2e-5) +
+                kva_test_compare_f32(label, l1, lf, x->lse_n, 2e-5, 2e-5);
             if (x->kind == UK_INDEX)
                 bad += memcmp(o1, of, x->out_bytes) != 0;
             CHECK_MSG(bad == 0, "%s: the first run differs", label);

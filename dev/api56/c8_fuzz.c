@@ -68,9 +68,10 @@ static size_t make_st(unsigned char *buf, const char **names, const int *n, int 
                     data[at++] = (unsigned char)(u >> (8 * k));
             }
         }
-        hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl,
-                               ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[%zu,%zu]}",
-                               names[i], dt16 ? "BF16" : "F32", n[i] == 1 ? "" : "32", b, at);
+        hl +=
+            (size_t)snprintf(hdr + hl, sizeof hdr - hl,
+                             ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[%zu,%zu]}",
+                             names[i], dt16 ? "BF16" : "F32", n[i] == 1 ? "" : "32", b, at);
     }
     hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "}");
     for (int k = 0; k < 8; k++)
@@ -80,10 +81,34 @@ static size_t make_st(unsigned char *buf, const char **names, const int *n, int 
     return 8 + hl + at;
 }
 
-static const char *tokens[] = {"-1", "1e308", "1e999", "-0", "0.5", "9007199254740993", "[]", "{}",
-                               "\"", "\\", "\\u0000", "\\ud800", "null", "true", ",", ":", "[",
-                               "]", "{", "}", "\"F16\"", "\"I64\"", "18446744073709551615", " ",
-                               "\"__metadata__\"", "\"shape\"", "\"data_offsets\"", "[0,0]"};
+static const char *tokens[] = {"-1",
+                               "1e308",
+                               "1e999",
+                               "-0",
+                               "0.5",
+                               "9007199254740993",
+                               "[]",
+                               "{}",
+                               "\"",
+                               "\\",
+                               "\\u0000",
+                               "\\ud800",
+                               "null",
+                               "true",
+                               ",",
+                               ":",
+                               "[",
+                               "]",
+                               "{",
+                               "}",
+                               "\"F16\"",
+                               "\"I64\"",
+                               "18446744073709551615",
+                               " ",
+                               "\"__metadata__\"",
+                               "\"shape\"",
+                               "\"data_offsets\"",
+                               "[0,0]"};
 
 /* Mutates buf [*n] (capacity cap) in place. */
 static void mutate(unsigned char *buf, size_t *n, size_t cap, int is_st)

@@ -100,8 +100,9 @@ int main(int argc, char **argv)
             const size_t T = (size_t)m[0].T, dvo = (size_t)(layer ? c.Dv : c.Dc);
             const size_t rows = T * c.H, n = rows * dvo;
             const int bf16dot = c.dt == KVA_DTYPE_BF16 && !c.fp8;
-            const double atol = bf16dot ? KVA_TEST_MLA_BF16DOT_ATOL
-                                        : 2 * kva_test_atol(c.dt) + (c.dt != KVA_DTYPE_F32 ? 2e-3 : 0);
+            const double atol = bf16dot
+                                    ? KVA_TEST_MLA_BF16DOT_ATOL
+                                    : 2 * kva_test_atol(c.dt) + (c.dt != KVA_DTYPE_F32 ? 2e-3 : 0);
             const double latol = bf16dot ? KVA_TEST_MLA_BF16DOT_LSE_ATOL : 1e-4;
             char lab[256];
             snprintf(lab, sizeof lab,

@@ -31,8 +31,9 @@ int main(int argc, char **argv)
     for (int ci = 0; ci < cases; ci++) {
         sp_case c;
         memset(&c, 0, sizeof c);
-        c.quant = (kva_quant)(ri(3) == 0 ? KVA_QUANT_NONE : ri(2) ? KVA_QUANT_FP8_E4M3
-                                                                  : KVA_QUANT_FP8_DS_MLA);
+        c.quant = (kva_quant)(ri(3) == 0 ? KVA_QUANT_NONE
+                              : ri(2)    ? KVA_QUANT_FP8_E4M3
+                                         : KVA_QUANT_FP8_DS_MLA);
         c.H = 1 + ri(ri(3) ? 16 : 128);
         c.Dc = c.quant == KVA_QUANT_FP8_DS_MLA ? 128 * (1 + ri(4)) : 8 * (1 + ri(64));
         c.Dr = 8 * (1 + ri(8));
@@ -80,8 +81,8 @@ int main(int argc, char **argv)
             kva_test_poison(lse[b], KVA_DTYPE_F32, rows);
             kva_status s = kva_plan_create(ctx[b], &pd, &p);
             if (s == KVA_STATUS_OK)
-                s = kva_mla_sparse_run(ctx[b], p, m[b].q, m[b].cache, m[b].idx,
-                                       c.K + c.stride_pad, m[b].len, m[b].sinks, out[b], lse[b]);
+                s = kva_mla_sparse_run(ctx[b], p, m[b].q, m[b].cache, m[b].idx, c.K + c.stride_pad,
+                                       m[b].len, m[b].sinks, out[b], lse[b]);
             if (s != KVA_STATUS_OK) {
                 printf("case %d be %d: %s %s\n", ci, b, kva_status_name(s), kva_last_error());
                 ok = 0;
@@ -130,8 +131,8 @@ int main(int argc, char **argv)
                                            c.K + c.stride_pad, m[1].len, m[1].sinks, o,
                                            l) == KVA_STATUS_OK)
                         for (size_t i = 0; i < n; i++) {
-                            const double d = fabs(kva_test_get(o, c.dt, i) -
-                                                  kva_test_get(out[0], c.dt, i));
+                            const double d =
+                                fabs(kva_test_get(o, c.dt, i) - kva_test_get(out[0], c.dt, i));
                             e[mode] = d > e[mode] ? d : e[mode];
                             if (i < rows) {
                                 const double dl = fabs((double)l[i] - lse[0][i]);

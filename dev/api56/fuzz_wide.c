@@ -94,7 +94,8 @@ static kva_quant_params params_of(cs *c)
         p.v_scale = c->vscale;
         p.v_scale_len = c->sl_len[1];
     }
-    if (c->sl_len[2] && (c->quant == KVA_QUANT_INT8_CHANNEL || c->quant == KVA_QUANT_INT8_TOKEN_K)) {
+    if (c->sl_len[2] &&
+        (c->quant == KVA_QUANT_INT8_CHANNEL || c->quant == KVA_QUANT_INT8_TOKEN_K)) {
         if (c->quant == KVA_QUANT_INT8_CHANNEL) {
             p.k_offset = c->koff;
             p.k_offset_len = c->sl_len[2];
@@ -150,10 +151,10 @@ static void gen(cs *c)
     c->dt = (kva_dtype)ri(3);
     c->lay = (kva_layout)ri(2);
     c->quant = (kva_quant)ri(5);
-    c->cdt = c->quant == KVA_QUANT_NONE             ? c->dt
+    c->cdt = c->quant == KVA_QUANT_NONE               ? c->dt
              : c->quant == KVA_QUANT_INT8_TOKEN_K_V16 ? (kva_dtype)(1 + ri(2))
-             : c->quant == KVA_QUANT_FP8_E4M3       ? KVA_DTYPE_FP8_E4M3
-                                                    : KVA_DTYPE_I8;
+             : c->quant == KVA_QUANT_FP8_E4M3         ? KVA_DTYPE_FP8_E4M3
+                                                      : KVA_DTYPE_I8;
     if (c->quant == KVA_QUANT_INT8_TOKEN_K_V16 || c->quant == KVA_QUANT_FP8_E4M3)
         c->Dv = c->D; /* keep shapes simple for the per-channel arrays */
     const int lens_i8[3] = {1, c->hkv, c->hkv * c->D};
@@ -211,10 +212,9 @@ static void gen(cs *c)
     c->NB = own + 32;
     for (int r = 0; r < c->R; r++)
         for (int b = 0; b < c->stride; b++)
-            c->bt[r * c->stride + b] =
-                (c->causal && b < P)
-                    ? (trie ? (1 << b) + (path[r] & ((1 << b) - 1)) : 1 + b)
-                    : (ri(4) == 0 ? -1 : 32 + (r * c->stride + b + 1) % own);
+            c->bt[r * c->stride + b] = (c->causal && b < P)
+                                           ? (trie ? (1 << b) + (path[r] & ((1 << b) - 1)) : 1 + b)
+                                           : (ri(4) == 0 ? -1 : 32 + (r * c->stride + b + 1) % own);
     for (int r = 0; r < c->R; r++) {
         int nb = (c->sl[r] + c->B - 1) / c->B;
         for (int b = 0; b < nb; b++)
@@ -265,7 +265,7 @@ static size_t ndiff(const float *oa, const float *la, const float *ob, const flo
 }
 
 #define DESCR(c)                                                                                   \
-    "R %d B %d H %d/%d D %d/%d causal %d win %d chunk %d cap %g alibi %d sinks %d dt %d lay %d "  \
+    "R %d B %d H %d/%d D %d/%d causal %d win %d chunk %d cap %g alibi %d sinks %d dt %d lay %d "   \
     "thr %d quant %d cdt %d tree %d/%d cascade %d kernels %d/%d"
 #define ARGS(c)                                                                                    \
     (c)->R, (c)->B, (c)->H, (c)->hkv, (c)->D, (c)->Dv, (c)->causal, (c)->window, (c)->chunk,       \
@@ -356,18 +356,21 @@ int main(int argc, char **argv)
             kva_convert(ob, c.dt, o[i], 0, no);
             if (i == 1 && !s) {
                 /* the updated plan: the same bytes */
-                kva_status su = upd ? kva_plan_update(cx[1], upd, &di) : kva_plan_create(cx[1], &di, &upd);
+                kva_status su =
+                    upd ? kva_plan_update(cx[1], upd, &di) : kva_plan_create(cx[1], &di, &upd);
                 void *ub = malloc(no * es);
                 float *ul = malloc(nl * 4);
                 memset(ub, 0xfe, no * es);
                 if (!su)
-                    su = kva_attention_run(cx[1], upd, qb, caches[1], c.sinks ? c.sk : NULL, ub, ul);
+                    su =
+                        kva_attention_run(cx[1], upd, qb, caches[1], c.sinks ? c.sk : NULL, ub, ul);
                 void *ob2 = malloc(no * es);
                 kva_plan_info ia, ib;
                 kva_plan_get_info(p, &ia);
                 ngrp += ia.num_cascade_groups >= 2;
                 kva_plan_get_info(upd, &ib);
-                kva_status s2 = kva_attention_run(cx[1], p, qb, caches[1], c.sinks ? c.sk : NULL, ob2, l[i]);
+                kva_status s2 =
+                    kva_attention_run(cx[1], p, qb, caches[1], c.sinks ? c.sk : NULL, ob2, l[i]);
                 if (su || s2 || memcmp(ub, ob2, no * es) || memcmp(ul, l[i], nl * 4) ||
                     memcmp(&ia, &ib, sizeof ia)) {
                     bad++;
@@ -464,10 +467,8 @@ int main(int argc, char **argv)
                         memcpy(vv + (size_t)j * hkv * Dv, vf + (size_t)slot * hkv * Dv,
                                (size_t)hkv * Dv * 4);
                     }
-                    if (kva_dcp_slots(N, k, I, B, rbt + r * rstride, rstride, 0, c.sl[r],
-                                           sl2) ||
-                             kva_cache_write(cx[1], rc, c.sl[r], kk, 0, vv, 0, KVA_DTYPE_F32,
-                                             sl2)) {
+                    if (kva_dcp_slots(N, k, I, B, rbt + r * rstride, rstride, 0, c.sl[r], sl2) ||
+                        kva_cache_write(cx[1], rc, c.sl[r], kk, 0, vv, 0, KVA_DTYPE_F32, sl2)) {
                         printf("DCP setup case %d: %s\n", ci, kva_last_error());
                         dok = 0;
                     }
@@ -515,7 +516,8 @@ int main(int argc, char **argv)
         free(ob), free(kf), free(vf), free(slots), free(qf), free(qb);
     }
     kva_plan_destroy(upd);
-    printf("ran %d (updates %d, ragged %d, dcp %d, plans of 2+ cascade groups %d), mismatches %d\n", ran, nupd, nrag, ndcp, ngrp, bad);
+    printf("ran %d (updates %d, ragged %d, dcp %d, plans of 2+ cascade groups %d), mismatches %d\n",
+           ran, nupd, nrag, ndcp, ngrp, bad);
     for (int i = 0; i < 3; i++)
         kva_context_destroy(cx[i]);
     return 0;
