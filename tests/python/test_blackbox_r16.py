@@ -14,6 +14,11 @@ Defect (each test below marked so fails on the code before its fix):
   UnsupportedError for them, reads "float8_e4m3fn" as kvattn's fp8 dtype
   whether or not ml_dtypes is loaded, and a refused plan leaves the previous
   one standing.
+Found and documented (docs/python.md), not changed: a causal prefill batch
+mixing a multi-query request with a key-less single-query request (padding,
+which FlashInfer computes as 0 / LSE -inf) is refused at plan() with
+OutOfRangeError naming the request; the docs listed only the multi-query
+case.
 Coverage (passes on main): the CSR page table with indptr[0] > 0 (pages
 before the batch's), 5-D HND caches, soft-cap with the base-2 LSE, the
 ragged wrapper's kv_indptr[0] > 0, and a two-level cascade wrapper against
@@ -201,3 +206,25 @@ def test_cascade_two_levels_equal_whole_prefix():
     vals = [v[shared + own[r]].reshape(-1, 2, 16)[:8 + own_lens[r]] for r in range(3)]
     want, _ = attention(q, keys, vals, q_lens, causal=True)
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
+
+
+def test_causal_padding_beside_a_prefill_refused():
+    """A key-less single-query request (padding) in a causal batch with a
+    multi-query request: the batch is planned causal and kvattn's causal
+    plans need q_len <= kv_len, so plan() raises OutOfRangeError naming the
+    request (docs/python.md) and the previous plan stands; with single-query
+    requests only, the padding row is 0 / LSE -inf, as FlashInfer's."""
+    rng = np.random.default_rng(166)
+    cache, ip, ix, lp, keys, vals = _paged(rng, [6, 0], 4, 1, 8, "NHD")
+    q = rng.standard_normal((2, 2, 8)).astype(np.float32)
+    w = fi.BatchPrefillWithPagedKVCacheWrapper(None, "NHD")
+    w.plan(np.array([0, 1, 2], np.int32), ip, ix, lp, 2, 1, 8, 4, causal=True,
+           q_data_type="float32")
+    out, lse = w.run(q, cache, return_lse=True)
+    want, wl = attention(q, keys, vals, [1, 1], causal=False)
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
+    assert np.isneginf(lse[1]).all() and not out[1].any()
+    with pytest.raises(kvattn.OutOfRangeError, match="request 1"):
+        w.plan(np.array([0, 3, 4], np.int32), ip, ix, lp, 2, 1, 8, 4, causal=True,
+               q_data_type="float32")
+    np.testing.assert_allclose(w.run(q, cache), want, rtol=2e-5, atol=2e-5)
