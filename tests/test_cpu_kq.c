@@ -19,12 +19,13 @@
 #include "harness.h"
 #include "internal.h"
 #include "../src/attn/cpu/cpu_attn.h"
-#include "kq_scalar.h"
 
 #include <float.h>
 #include <math.h>
 
 #if KVA_X86_SIMD
+
+#include "kq_scalar.h"
 
 enum { MAXM = 17, MAXD = KVA_MAX_HEAD_DIM };
 
