@@ -312,7 +312,10 @@ typedef struct kva_plan_desc {
     int32_t dcp_interleave; /* I >= 1 consecutive tokens per rank in turn; 0 means 1 */
     /* kind KVA_ATTN_MLA only (must be 0 otherwise): the head sizes of the
      * layer-level call kva_mla_run, Dn = qk_nope_head_dim (DeepSeek 128) and
-     * Dv = v_head_dim (128), multiples of 8 from 8 to KVA_MAX_HEAD_DIM. Both 0:
+     * Dv = v_head_dim (128), multiples of 8 from 8 to KVA_MAX_HEAD_DIM, and
+     * Dn + Dr (Dr = head_dim - head_dim_v; the head size the compute-friendly
+     * path attends with) at most KVA_MAX_HEAD_DIM (else
+     * KVA_STATUS_UNSUPPORTED). Both 0:
      * the plan serves kva_attention_run only (kva_mla_run refuses it); both
      * given: it serves both, and kva_plan_create reserves the workspace of the
      * layer-level call. */

@@ -81,12 +81,13 @@ static inline void sz_oracle(const sz_sem *m, const double *q, int32_t D, int32_
 /*
  * Checks out [T, H, Dv] and lse [T, H] of a paged run against the oracle
  * over the keys kvattn.h makes visible, read back from the cache through the
- * plan's block table (bt [R, stride]). q [T, H, D] in dt. Returns the
- * number of mismatches.
+ * plan's block table (bt [R, stride]). q [T, H, D] in dt; out within
+ * 2 * (atol + rtol * |want|). Returns the number of mismatches.
  */
-static inline size_t sz_check_run(kva_context *ctx, const kva_cache *c, const kva_plan_desc *pd,
-                                  const sz_sem *m, const void *q, const void *out, const float *lse,
-                                  kva_dtype dt, const char *label)
+static inline size_t sz_check_run_tol(kva_context *ctx, const kva_cache *c, const kva_plan_desc *pd,
+                                      const sz_sem *m, const void *q, const void *out,
+                                      const float *lse, kva_dtype dt, double atol, double rtol,
+                                      const char *label)
 {
     const int32_t H = pd->num_heads, Hkv = pd->num_kv_heads, D = pd->head_dim;
     const int32_t Dv = pd->head_dim_v ? pd->head_dim_v : D, B = pd->block_size;
@@ -123,8 +124,7 @@ static inline size_t sz_check_run(kva_context *ctx, const kva_cache *c, const kv
                 sz_oracle(m, qd, D, Dv, Hkv, h / (H / Hkv), h, pos, n, posj, k, v, want, &wl);
                 for (int32_t x = 0; x < Dv; x++) {
                     const double a = kva_test_get(out, dt, ((size_t)t * H + h) * Dv + x);
-                    if (!(fabs(a - want[x]) <=
-                          2.0 * (kva_test_atol(dt) + kva_test_rtol(dt) * fabs(want[x])))) {
+                    if (!(fabs(a - want[x]) <= 2.0 * (atol + rtol * fabs(want[x])))) {
                         if (bad++ < 4)
                             fprintf(stderr, "  %s: r %d i %d h %d x %d: got %.8g want %.8g\n",
                                     label, (int)r, (int)i, (int)h, (int)x, a, want[x]);
@@ -146,6 +146,15 @@ static inline size_t sz_check_run(kva_context *ctx, const kva_cache *c, const kv
         }
     }
     return bad;
+}
+
+/* sz_check_run_tol with the dtype's tolerances (harness.h). */
+static inline size_t sz_check_run(kva_context *ctx, const kva_cache *c, const kva_plan_desc *pd,
+                                  const sz_sem *m, const void *q, const void *out, const float *lse,
+                                  kva_dtype dt, const char *label)
+{
+    return sz_check_run_tol(ctx, c, pd, m, q, out, lse, dt, kva_test_atol(dt), kva_test_rtol(dt),
+                            label);
 }
 
 #endif /* KVA_TEST_BLACKBOX_ORACLE_H */

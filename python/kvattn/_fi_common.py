@@ -16,8 +16,11 @@ LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
 INT32_MAX = 2 ** 31 - 1
 
+# FlashInfer's dtype strings are torch attribute names ("float16",
+# "torch.float8_e4m3fn"); those of kvattn's dtypes that numpy does not know
+# (float8_e4m3fn: only once ml_dtypes is loaded) are named here.
 _DTYPE_ALIASES = {"float16": "f16", "half": "f16", "bfloat16": "bf16", "float32": "f32",
-                  "float": "f32"}
+                  "float": "f32", "float8_e4m3fn": "fp8_e4m3"}
 
 
 def _dtype(x):
@@ -26,6 +29,21 @@ def _dtype(x):
     if isinstance(x, str):
         x = _DTYPE_ALIASES.get(x.replace("torch.", ""), x)
     return dtype_code(x)
+
+
+def _same_dtype(name, x, qdt, why):
+    """FlashInfer's kv / output dtype argument x (None: q's), which kvattn's
+    wrappers take only equal to the query dtype qdt: any other raises
+    UnsupportedError, also one kvattn has no code for (torch.float8_e5m2,
+    "float8_e5m2"), which FlashInfer accepts; why ends the message."""
+    if x is None:
+        return
+    try:
+        code = _dtype(x)
+    except InvalidArgumentError:
+        code = None
+    if code != qdt:
+        raise UnsupportedError("%s %s differs from q_data_type: %s" % (name, x, why))
 
 
 def get_alibi_slopes(n_heads, device=None):

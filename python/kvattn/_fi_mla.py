@@ -10,7 +10,7 @@ from . import _tensor as T
 from . import _fi_graph as G
 from .core import Cache, Plan
 from ._errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
-from ._fi_common import _dtype, _context_for, _on_default, _plan_context, \
+from ._fi_common import _dtype, _same_dtype, _context_for, _on_default, _plan_context, \
     _check_plan_context, _paged_metadata, _causal_for, _staged_outputs, \
     _unstage, _esize, _scale_lse, _check_name, _packed
 
@@ -89,9 +89,8 @@ class BatchMLAPagedAttentionWrapper:
                 raise InvalidArgumentError("plan(): %s is required" % name)
         qdt = _dtype(q_data_type)
         for name, x in (("kv_data_type", kv_data_type), ("output_dtype", output_dtype)):
-            if x is not None and _dtype(x) != qdt:
-                raise UnsupportedError("%s %s differs from q_data_type: kvattn's wrapped latent "
-                                       "caches and outputs use the query dtype" % (name, x))
+            _same_dtype(name, x, qdt,
+                        "kvattn's wrapped latent caches and outputs use the query dtype")
         csr = (qo_indptr, kv_indptr, kv_indices, kv_len_arr)
         dense = (cum_seq_lens_q, block_tables, seq_lens)
         if metadata is not None:

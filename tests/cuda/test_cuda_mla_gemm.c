@@ -12,7 +12,13 @@
  * multiple of the 128-row tile), a pair of the same B majorness (two
  * launches), single products of the absorbed path's shapes (N 512 / K 128,
  * one head's A per head), an FP8 A with its scale, and a shape the sm_90a
- * form does not take (N 64). Each runs on the dispatch's form with the
+ * form does not take (N 64); the pair form with two column blocks per
+ * product and one k step per tile (N 256, K 64: copies two steps ahead run
+ * two tiles ahead, held FP8 codes cross every tile boundary), and a pair
+ * whose C2 is 4- but not 16-byte aligned (the dispatch splits it: C on the
+ * sm_90a form, C2 on mma.sync). C2 has its own row stride and head stride
+ * (head gaps, poisoned), so a product that takes the other's strides
+ * fails. Each runs on the dispatch's form with the
  * persistent grid the device fits, capped at 5 and at 1 CTA (every CTA walks
  * tiles of other rows, column blocks and heads), and forced onto the
  * mma.sync form; on devices without the sm_90a form every run is mma.sync.
@@ -45,6 +51,7 @@ typedef struct gcase {
     int scatter; /* C rows through a map with negative entries */
     int fp8;     /* A as FP8 E4M3 codes, C = scale A B */
     kva_dtype dt;
+    int c2_off; /* C2 starts this many elements past its allocation (2: 4-byte aligned) */
 } gcase;
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -64,8 +71,9 @@ static float urand(void)
 typedef struct gdata {
     int32_t ra, rc; /* A rows stored, C rows stored */
     int64_t lda, a_hs, ldb, b_hs, ldc, ldb2, b2_hs;
-    void *ha, *hb, *hb2;            /* host A, B, B2 */
-    int32_t *arow, *crow;           /* host maps (NULL: identity) */
+    int64_t ldc2, c2_head; /* C2's strides: its own, and heads N + 8 apart (poisoned gaps) */
+    void *ha, *hb, *hb2;   /* host A, B, B2 */
+    int32_t *arow, *crow;  /* host maps (NULL: identity) */
     void *da, *db, *db2, *dc, *dc2; /* device */
     int32_t *darow, *dcrow;
     size_t ca_bytes, cb_bytes; /* C, C2 bytes */
@@ -124,7 +132,10 @@ static void gdata_make(const gcase *c, gdata *d)
         free(perm);
     }
     d->ldc = (int64_t)c->H * c->N + 16;
-    d->ca_bytes = d->cb_bytes = (size_t)d->rc * d->ldc * es;
+    d->c2_head = c->N + 8;
+    d->ldc2 = (int64_t)c->H * d->c2_head + 24;
+    d->ca_bytes = (size_t)d->rc * d->ldc * es;
+    d->cb_bytes = ((size_t)d->rc * d->ldc2 + (size_t)c->c2_off) * es;
     d->da = dev_from(d->ha, na * ae);
     d->db = dev_from(d->hb, nb * es);
     d->db2 = dev_from(d->hb2, nb2 * es);
@@ -152,7 +163,7 @@ static kva__cuda_mla_gemm_args gargs(const gcase *c, const gdata *d, float scale
     g.a_fp8 = c->fp8, g.c_scale = scale;
     if (c->pair) {
         g.b2 = d->db2, g.ldb2 = d->ldb2, g.b2_head = d->b2_hs, g.b2_kn = c->b2_kn;
-        g.c2 = d->dc2, g.ldc2 = d->ldc, g.c2_head = c->N;
+        g.c2 = (char *)d->dc2 + 2 * (size_t)c->c2_off, g.ldc2 = d->ldc2, g.c2_head = d->c2_head;
     }
     return g;
 }
@@ -204,13 +215,19 @@ static double *reference(const gcase *c, const gdata *d, int q, float scale)
     return ref;
 }
 
-/* Checks product q of one run (got: C or C2 on the host) against ref;
- * returns the mismatches. */
+/* Checks product q of one run (got: all of C or C2's allocation on the
+ * host) against ref; returns the mismatches. Product q's element (row r,
+ * head h, column n) is at off + r ldc + h ch + n; every other element of
+ * the allocation (rows not written, head gaps, row padding, C2's leading
+ * c2_off elements) must keep the poison. */
 static size_t check_product(const gcase *c, const gdata *d, int q, const void *got,
                             const double *ref, const char *what)
 {
     const double rt = c->dt == KVA_DTYPE_BF16 ? 1.0 / 128 : 1.0 / 1024;
     const double at = c->dt == KVA_DTYPE_BF16 ? 0.02 : 0.01;
+    const int64_t ldc = q ? d->ldc2 : d->ldc, ch = q ? d->c2_head : c->N;
+    const size_t off = q ? (size_t)c->c2_off : 0;
+    const size_t total = (q ? d->cb_bytes : d->ca_bytes) / 2;
     uint8_t *written = calloc((size_t)d->rc, 1);
     size_t bad = 0;
     for (int32_t m = 0; m < c->M; m++) {
@@ -222,7 +239,7 @@ static size_t check_product(const gcase *c, const gdata *d, int q, const void *g
             for (int n = 0; n < c->N; n++) {
                 const double want = ref[((size_t)m * c->H + h) * c->N + n];
                 const double v =
-                    kva__load_f(got, c->dt, (size_t)cr * d->ldc + (size_t)h * c->N + n);
+                    kva__load_f(got, c->dt, off + (size_t)cr * ldc + (size_t)h * ch + n);
                 if (!(fabs(v - want) <= rt * fabs(want) + at)) {
                     if (bad < 3)
                         printf("    %s %s product %d: row %d head %d col %d: %g, want %g\n",
@@ -231,17 +248,22 @@ static size_t check_product(const gcase *c, const gdata *d, int q, const void *g
                 }
             }
     }
-    /* rows not written, and every row's padding columns, keep the poison */
-    for (int32_t r = 0; r < d->rc; r++)
-        for (int64_t e = written[r] ? (int64_t)c->H * c->N : 0; e < d->ldc; e++) {
-            const uint16_t u = ((const uint16_t *)got)[(size_t)r * d->ldc + e];
-            if (u != 0xffffu) {
-                if (bad < 3)
-                    printf("    %s %s product %d: row %d element %d written (0x%04x)\n", c->name,
-                           what, q, (int)r, (int)e, u);
-                bad++;
-            }
+    /* everything else keeps the poison */
+    for (size_t i = 0; i < total; i++) {
+        if (i >= off) {
+            const int64_t r = (int64_t)((i - off) / (size_t)ldc),
+                          e = (int64_t)((i - off) % (size_t)ldc);
+            if (written[r] && e / ch < c->H && e % ch < c->N)
+                continue;
         }
+        const uint16_t u = ((const uint16_t *)got)[i];
+        if (u != 0xffffu) {
+            if (bad < 3)
+                printf("    %s %s product %d: element %zu written (0x%04x)\n", c->name, what, q, i,
+                       u);
+            bad++;
+        }
+    }
     free(written);
     return bad;
 }
@@ -254,7 +276,7 @@ static void run_gcase(const gcase *c)
     gdata_make(c, &d);
     const float scale = c->fp8 ? 0.05f : 1.f;
     double *ref[2] = {reference(c, &d, 0, scale), c->pair ? reference(c, &d, 1, scale) : NULL};
-    void *got = malloc(d.ca_bytes);
+    void *got = malloc(d.ca_bytes > d.cb_bytes ? d.ca_bytes : d.cb_bytes);
     const int caps[4] = {0, 5, 1, -1}; /* -1: mma.sync */
     for (int v = 0; v < 4; v++) {
         kva__cuda_mla_gemm_args g = gargs(c, &d, scale);
@@ -268,7 +290,7 @@ static void run_gcase(const gcase *c)
         CUDA_OK(cudaDeviceSynchronize());
         size_t bad = 0;
         for (int q = 0; q <= c->pair; q++) {
-            to_host(got, q ? d.dc2 : d.dc, d.ca_bytes);
+            to_host(got, q ? d.dc2 : d.dc, q ? d.cb_bytes : d.ca_bytes);
             bad += check_product(c, &d, q, got, ref[q], what);
         }
         if (!c->pair) { /* C2 untouched */
@@ -291,15 +313,18 @@ static void test_shapes(void)
     const int quick = getenv("KVA_TEST_QUICK") != NULL;
     printf("  sm_90a form: %s\n", kva__cuda_prefill_wgmma_ready() ? "yes" : "no (mma.sync only)");
     const gcase cs[] = {
-        /* name, M, N, K, H, pair, b_kn, b2_kn, a_head, gather, scatter, fp8, dt */
-        {"decompress pair", 700, 128, 512, 5, 1, 0, 1, 0, 1, 0, 0, KVA_DTYPE_BF16},
-        {"pair, V first", 260, 128, 512, 3, 1, 1, 0, 0, 1, 1, 0, KVA_DTYPE_F16},
-        {"pair fp8", 333, 128, 512, 3, 1, 0, 1, 0, 1, 0, 1, KVA_DTYPE_BF16},
-        {"q_nope . W_UK", 70, 512, 128, 4, 0, 1, 1, 1, 1, 0, 0, KVA_DTYPE_BF16},
-        {"o_lat . W_UV", 45, 128, 512, 6, 0, 1, 1, 1, 0, 1, 0, KVA_DTYPE_F16},
-        {"pair, same layout", 300, 256, 128, 3, 1, 1, 1, 0, 0, 1, 0, KVA_DTYPE_BF16},
-        {"single fp8 K-major", 130, 128, 256, 2, 0, 0, 0, 0, 1, 1, 1, KVA_DTYPE_F16},
-        {"pair N 64", 150, 64, 512, 2, 1, 0, 1, 0, 1, 0, 0, KVA_DTYPE_BF16},
+        /* name, M, N, K, H, pair, b_kn, b2_kn, a_head, gather, scatter, fp8, dt, c2_off */
+        {"decompress pair", 700, 128, 512, 5, 1, 0, 1, 0, 1, 0, 0, KVA_DTYPE_BF16, 0},
+        {"pair, V first", 260, 128, 512, 3, 1, 1, 0, 0, 1, 1, 0, KVA_DTYPE_F16, 0},
+        {"pair fp8", 333, 128, 512, 3, 1, 0, 1, 0, 1, 0, 1, KVA_DTYPE_BF16, 0},
+        {"q_nope . W_UK", 70, 512, 128, 4, 0, 1, 1, 1, 1, 0, 0, KVA_DTYPE_BF16, 0},
+        {"o_lat . W_UV", 45, 128, 512, 6, 0, 1, 1, 1, 0, 1, 0, KVA_DTYPE_F16, 0},
+        {"pair, same layout", 300, 256, 128, 3, 1, 1, 1, 0, 0, 1, 0, KVA_DTYPE_BF16, 0},
+        {"single fp8 K-major", 130, 128, 256, 2, 0, 0, 0, 0, 1, 1, 1, KVA_DTYPE_F16, 0},
+        {"pair N 64", 150, 64, 512, 2, 1, 0, 1, 0, 1, 0, 0, KVA_DTYPE_BF16, 0},
+        {"pair N 256 K 64", 300, 256, 64, 3, 1, 0, 1, 0, 1, 1, 0, KVA_DTYPE_F16, 0},
+        {"pair N 256 K 64 fp8", 200, 256, 64, 2, 1, 1, 0, 0, 1, 0, 1, KVA_DTYPE_BF16, 0},
+        {"pair, C2 4-aligned", 260, 128, 512, 2, 1, 0, 1, 0, 1, 1, 0, KVA_DTYPE_BF16, 2},
     };
     const int n = (int)(sizeof cs / sizeof cs[0]);
     for (int i = 0; i < (quick ? 3 : n); i++)
@@ -309,7 +334,7 @@ static void test_shapes(void)
 /* A second product with a misaligned stride: refused, C untouched. */
 static void test_errors(void)
 {
-    const gcase c = {"bad", 64, 128, 512, 1, 1, 0, 1, 0, 0, 0, 0, KVA_DTYPE_BF16};
+    const gcase c = {"bad", 64, 128, 512, 1, 1, 0, 1, 0, 0, 0, 0, KVA_DTYPE_BF16, 0};
     gdata d;
     gdata_make(&c, &d);
     kva__cuda_mla_gemm_args g = gargs(&c, &d, 1.f);

@@ -1,13 +1,14 @@
 """kvattn.h's rule for an infinite element of q over quantized caches, on the
 reference and CPU backends (every ISA level): the scores are the IEEE
 products over the keys as the format defines them, so a row whose q holds
--inf in a channel where every visible key is positive writes out 0 and
-lse -inf, and the item's other rows are unchanged. The CUDA test
-test_cuda_nan.c runs these rows too, but its CPU stand-in is built only
-with CUDA; here a plain CPU build runs them. Over int8 keys the CPU's VNNI
-scores (decode_loop.c kq_prepare) must hand such an item to the fp32
-scores: its other rows (heads of the same kv head) are compared with the
-reference, and a second request without -inf keeps the VNNI path."""
+-inf in a channel where every visible key is positive writes out 0 and lse
+-inf, and the item's other rows are unchanged. The CUDA test test_cuda_nan.c
+runs these rows too, but its CPU stand-in is built only with CUDA; here a
+plain CPU build runs them. Over int8 keys the CPU's VNNI scores
+(kva__cpu_kq_prepare_avx512, src/attn/cpu/cpu_attn.h) must hand such an item
+to the fp32 scores: its other rows (heads of the same kv head) are compared
+with the reference, and a second request without -inf keeps the VNNI
+path."""
 
 import numpy as np
 import pytest

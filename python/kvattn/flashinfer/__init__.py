@@ -61,6 +61,7 @@ from .._fi_mask import tree_from_mask
 from .._fi_common import (  # noqa: F401 (get_alibi_slopes is public here)
     LN2,
     _dtype,
+    _same_dtype,
     get_alibi_slopes,
     _context_for,
     _on_default,
@@ -135,9 +136,7 @@ class _PagedWrapper:
         _plan_context(self)
         old = (self._args, self._alibi_lse, self._plans)
         for name, x in (("kv_data_type", kv_data_type), ("o_data_type", o_data_type)):
-            if x is not None and _dtype(x) != qdt:
-                raise UnsupportedError("%s %s differs from q_data_type: kvattn's wrapped caches "
-                                       "and outputs use the query dtype" % (name, x))
+            _same_dtype(name, x, qdt, "kvattn's wrapped caches and outputs use the query dtype")
         self._args = dict(
             query_start_loc=qo_indptr, seq_lens=seq_lens, block_table=block_table,
             block_size=page_size, num_heads=num_qo_heads, num_kv_heads=num_kv_heads,
@@ -481,9 +480,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
                            max_item_len_ptr)
         qdt = _dtype(q_data_type)
         for name, x in (("kv_data_type", kv_data_type), ("o_data_type", o_data_type)):
-            if x is not None and _dtype(x) != qdt:
-                raise UnsupportedError("%s %s differs from q_data_type: kvattn's ragged k / v "
-                                       "and outputs use the query dtype" % (name, x))
+            _same_dtype(name, x, qdt, "kvattn's ragged k / v and outputs use the query dtype")
         kv = T.host_array(kv_indptr, np.int64, "kv_indptr")
         if kv.ndim != 1 or kv.shape[0] < 1 or (np.diff(kv) < 0).any():
             raise InvalidArgumentError("kv_indptr must be a non-decreasing [R+1] array")

@@ -226,7 +226,11 @@ def trtllm_batch_decode_with_kv_cache(
     qv = T.view(query, "query")
     if len(qv.shape) != 3:
         raise InvalidArgumentError("query must be [B, H, D], got %s" % (qv.shape,))
-    for name, dt in (("out_dtype", _dtype(out_dtype)),
+    try:  # a dtype kvattn has no code for ("nvfp4", torch.float8_e5m2) differs too
+        odt = _dtype(out_dtype)
+    except InvalidArgumentError:
+        odt = out_dtype
+    for name, dt in (("out_dtype", odt),
                      ("out", None if out is None else T.view(out, "out").dtype)):
         if dt is not None and dt != qv.dtype:
             raise UnsupportedError("trtllm_batch_decode_with_kv_cache: %s dtype %s differs from "

@@ -84,10 +84,11 @@ typedef struct kva__cpu_scratch {
     const float **kp; /* [KEY_CHUNK] fp32 key rows of the chunk */
     const float **vp; /* [KEY_CHUNK] fp32 value rows of the chunk */
     void *tile;       /* area of the tiled prefill kernels, see kva__cpu_tile */
-    /* Query rows for the int8 dot-product scores of decode_avx512bf16 (VNNI,
-     * kq_prepare in decode_loop.c): each row as 3 signed base-256 digits of a 23-bit
-     * integer, qi [max_rows, 3, D]; qk [max_rows, 2] its step and the key
-     * offsets' term; qc [max_rows, 4] 128 x the digit sums (the codes' bias). */
+    /* Query rows for the int8 dot-product scores of decode_avx512bf16
+     * (VNNI, kva__cpu_kq_prepare_avx512 below): each row as 3 signed
+     * base-256 digits of a 23-bit integer, qi [max_rows, 3, D]; qk
+     * [max_rows, 2] its step and the key offsets' term; qc [max_rows, 4]
+     * 128 x the digit sums (the codes' bias). */
     int8_t *qi;
     float *qk;
     int32_t *qc;
@@ -194,6 +195,26 @@ void kva__cpu_prefill_avx512(const kva__cpu_run *run, const kva__work_item *it,
                              kva__cpu_scratch *s);
 void kva__cpu_prefill_avx512bf16(const kva__cpu_run *run, const kva__work_item *it,
                                  kva__cpu_scratch *s);
+
+/*
+ * The query rows of a decode item over int8 keys for decode_avx512bf16's
+ * VNNI scores (scores_rows_i8dot in decode_avx512_step.inc), in AVX-512
+ * (decode_avx512.c; run only where the CPU has AVX-512 F/BW/VL/DQ). Row m
+ * of q [M, D] (key scales folded in) becomes qn = rint(q_d / step) with
+ * step = max_d |q_d| / 2^22, rounded in double (q_d * (2^22 / max|q|)) in
+ * the current rounding mode and held to |qn| <= 2^22, as 3 signed base-256
+ * digits qn = 2^16 a + 2^8 b + c (b, c in [-128, 127]): qi [M, 3, D] holds
+ * a, b, c of each dim; qk [M, 2] = {step, (float) sum_d qn_d koff_d summed
+ * in double in the order of d (0 where koff is NULL)}; qc [M, 4] = 128 x
+ * the sums of a, b, c, then 0. koff [D]: the kv head's key offsets
+ * (INT8_CHANNEL keys), or NULL. Returns 0, with qi, qk and qc unspecified,
+ * where any |q_d| is not <= 3.4e38f (inf, NaN, or within 0.3 % of FLT_MAX):
+ * the fp32 scores keep those rows' semantics.
+ * tests/kq_scalar.h holds the scalar definition it matches bit for bit
+ * (tests/test_cpu_kq.c).
+ */
+int kva__cpu_kq_prepare_avx512(const float *q, int32_t M, int32_t D, const float *koff, int8_t *qi,
+                               float *qk, int32_t *qc);
 
 /* Dispatch seam (docs/architecture.md, "Registry and dispatch"): a plan
  * carries the decode and the prefill kernel chosen at plan build

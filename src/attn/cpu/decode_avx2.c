@@ -64,7 +64,7 @@ static const kva__cpu_steps *const pair_steps[PAIR_COUNT] = {
 };
 
 /* No bf16 dot products, no NHD key order, no VNNI scores. */
-static const kva__cpu_decode_isa avx2 = {pair_steps,        NULL,           0, 0,
+static const kva__cpu_decode_isa avx2 = {pair_steps,        NULL,           0, NULL,
                                          chunk_has_nan_fp8, bf16_acc_unpair};
 
 void kva__cpu_decode_avx2(const kva__cpu_run *run, const kva__work_item *it, kva__cpu_scratch *s)

@@ -21,8 +21,6 @@
 
 #include "decode_loop.h"
 
-#include <math.h>
-
 /* Whether the loops read the cache rows in place, in their storage format
  * (f32, f16, bf16 and the 1-byte rows of a quantized cache); other storage
  * dtypes are converted to fp32 per chunk by load_chunk. */
@@ -78,72 +76,6 @@ static void load_chunk(const kva__cpu_run *run, const kva__cpu_decode_isa *isa,
         fi->kf = fi->vf = FMT_F32;
 }
 
-/*
- * The query rows of an item over int8 keys for the VNNI scores
- * (scores_rows_i8dot in decode_avx512_step.inc): row m of s->q [M, D] (scales
- * folded) becomes qn = rint(q' / step), step = max_d |q'_d| / 2^22, as 3
- * signed base-256 digits in s->qi [M, 3, D], with s->qk [M, 2] = {step,
- * sum_d qn_d o_d (FMT_I8 keys' offsets)} and s->qc [M, 4] = 128 x each
- * digit's sum. Returns 0 (fp32 scores) when a row holds a non-finite value.
- */
-static int kq_prepare(const kva__cpu_run *run, kva__cpu_scratch *s, int32_t M, const fold_info *fi)
-{
-    const int32_t D = run->plan->d.head_dim;
-    /* Each row's max |q'_d| (kept in s->qk[2m] until its step replaces it),
-     * in 4 independent partial maxima without branches (D % 4 == 0), and
-     * whether any element is inf or NaN (then the fp32 path keeps their
-     * semantics; without them the order of the maxima does not matter). */
-    int bad = 0;
-    for (int32_t m = 0; m < M; m++) {
-        const float *q = s->q + (size_t)m * D;
-        float mx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int32_t d = 0; d < D; d += 4)
-            for (int i = 0; i < 4; i++) {
-                const float a = fabsf(q[d + i]);
-                mx[i] = a > mx[i] ? a : mx[i];
-                bad |= !(a <= 3.4e38f);
-            }
-        const float m01 = mx[0] > mx[1] ? mx[0] : mx[1], m23 = mx[2] > mx[3] ? mx[2] : mx[3];
-        s->qk[2 * m] = m01 > m23 ? m01 : m23;
-    }
-    if (bad)
-        return 0;
-    for (int32_t m = 0; m < M; m++) {
-        const float *q = s->q + (size_t)m * D;
-        int8_t *qi = s->qi + (size_t)m * 3 * D;
-        const float amax = s->qk[2 * m];
-        /* In double: 2^22 / amax overflows float for subnormal rows. */
-        const float step = amax * 0x1p-22f;
-        const double inv = amax > 0.0f ? 0x1p22 / amax : 0.0;
-        int32_t sum[3] = {0, 0, 0};
-        double off = 0.0;
-        for (int32_t d = 0; d < D; d++) {
-            /* lrint without the library call (the file has no ISA flags, so
-             * lrint is a call per element, 512 per GQA-4 item): adding and
-             * removing 1.5 * 2^52 rounds |x| <= 2^22 to the nearest integer
-             * in the current rounding mode, as lrint does (this file has no
-             * FMA flags, so x is rounded before the addition, as before). */
-            const double x = q[d] * inv;
-            int32_t n = (int32_t)((x + 0x1.8p52) - 0x1.8p52);
-            n = n > (1 << 22) ? 1 << 22 : n < -(1 << 22) ? -(1 << 22) : n;
-            const int32_t c = ((n + 128) & 255) - 128, n1 = (n - c) / 256;
-            const int32_t b = ((n1 + 128) & 255) - 128, a = (n1 - b) / 256;
-            qi[d] = (int8_t)a;
-            qi[D + d] = (int8_t)b;
-            qi[2 * D + d] = (int8_t)c;
-            sum[0] += a, sum[1] += b, sum[2] += c;
-            if (fi->kf == FMT_I8)
-                off += (double)n * fi->koff[d];
-        }
-        s->qk[2 * m] = step;
-        s->qk[2 * m + 1] = (float)off;
-        for (int p = 0; p < 3; p++)
-            s->qc[4 * m + p] = 128 * sum[p];
-        s->qc[4 * m + 3] = 0;
-    }
-    return 1;
-}
-
 /* Chunks in flight per item: chunk c is computed while chunk c + PF_DIST is
  * prefetched (a ring of PF_DIST + 1 located chunks). */
 enum { PF_DIST = 2 };
@@ -186,8 +118,10 @@ static void item_open(const kva__cpu_run *run, const kva__cpu_decode_isa *isa,
     ir->fi.kf = f.kf, ir->fi.vf = f.vf, ir->fi.koff = f.koff, ir->fi.voff = f.voff;
     ir->fi.kq = 0;
     const int kf = ir->fi.kf;
-    if (isa->kq && run->vnni && D % 4 == 0 && (kf == FMT_I8 || kf == FMT_I8S || kf == FMT_I8T))
-        ir->fi.kq = kq_prepare(run, &ir->s, ir->g.M, &ir->fi);
+    if (isa->kq_prepare && run->vnni && D % 4 == 0 &&
+        (kf == FMT_I8 || kf == FMT_I8S || kf == FMT_I8T))
+        ir->fi.kq = isa->kq_prepare(ir->s.q, ir->g.M, D, kf == FMT_I8 ? ir->fi.koff : NULL,
+                                    ir->s.qi, ir->s.qk, ir->s.qc);
     /* Strided rows (NHD, Hkv > 1) read in place: key_at's order. */
     ir->fi.ko = isa->key_order && run->cache && run->cache->desc.layout == KVA_LAYOUT_NHD &&
                 run->cache->desc.num_kv_heads > 1 && rows_in_place(run);

@@ -129,7 +129,11 @@ typedef struct kva__cpu_decode_isa {
     const kva__cpu_steps *const *pairs; /* [PAIR_COUNT] (cpu_fold.h) */
     const kva__cpu_steps *bf16dot;      /* vdpbf16ps steps for bf16 q and K, or NULL */
     int key_order;                      /* the NHD key order (key_at) is in the steps */
-    int kq;                             /* int8 keys by VNNI where the CPU has AVX512_VNNI */
+    /* The query digits of the VNNI int8 key scores (run where the CPU has
+     * AVX512_VNNI), kva__cpu_kq_prepare_avx512's contract (cpu_attn.h); NULL:
+     * the level scores int8 keys in fp32. */
+    int (*kq_prepare)(const float *q, int32_t M, int32_t D, const float *koff, int8_t *qi,
+                      float *qk, int32_t *qc);
     /* Whether the n K rows (kbytes each) or V rows (vbytes) of a chunk of an
      * fp8 cache hold a NaN code (0x7f, 0xff). */
     int (*fp8_nan)(const kva__cpu_chunk_rows *cr, int32_t n, size_t kbytes, size_t vbytes);

@@ -15,9 +15,10 @@
  * each: 64 fp32 accumulators per product and thread), k steps of 64 (one
  * 128-byte swizzle atom wide). Each stage holds A [128, 64] and the NB
  * B tiles (16 KiB each); NB = 1: three stages, 97 KiB, two CTAs per SM;
- * NB = 2: four stages, 193 KiB, one CTA per SM. The pair reads 384 bytes of
- * operands per 64 KiFLOP where two single products read 512 (at ~300
- * TFLOP/s the single form moves ~5 TB/s of operands from L2, by count).
+ * NB = 2: four stages, 193 KiB, one CTA per SM. The pair reads 768 bytes of
+ * operands per 64 KiFLOP (48 KiB per 128 x 256 x 64 step) where two single
+ * products read 1024 (at ~300 TFLOP/s the single form moves ~5 TB/s of
+ * operands from L2, by count).
  *
  * Persistent CTAs: the grid is what fits on the device at once (occupancy x
  * SMs, at most the tile count), CTA b takes tiles b, b + grid, ... (rows
