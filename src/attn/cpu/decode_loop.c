@@ -126,6 +126,9 @@ static void item_open(const kva__cpu_run *run, const kva__cpu_decode_isa *isa,
     ir->fi.ko = isa->key_order && run->cache && run->cache->desc.layout == KVA_LAYOUT_NHD &&
                 run->cache->desc.num_kv_heads > 1 && rows_in_place(run);
     ir->slot = D != Dv ? -1 : D == 64 ? 0 : D == 128 ? 1 : D == 256 ? 2 : -1;
+    /* The VNNI P.V where the keys are scored by VNNI (the level and the CPU
+     * have it; the query rows are finite). */
+    ir->fi.vq = ir->fi.kq && (ir->fi.vf == FMT_I8 || ir->fi.vf == FMT_I8S) && Dv % 16 == 0;
     ir->dot =
         isa->bf16dot && run->dt == KVA_DTYPE_BF16 && run->kv_dt == KVA_DTYPE_BF16 && ir->slot >= 0
             ? isa->bf16dot

@@ -32,6 +32,10 @@ typedef struct fold_info {
     size_t pf_kbytes, pf_vbytes;
     size_t kesz; /* bytes of a K element as stored (key_at's L1 prefetch) */
     int kq;      /* int8 keys scored by VNNI dot products against s->qi */
+    /* int8 values (FMT_I8, FMT_I8S; Dv % 16 == 0) multiplied by VNNI dot
+     * products with P as 24-bit integers (decode_avx512_pv_i8.inc), set
+     * where kq is */
+    int vq;
     /* Key order of the loops (key_at): 1 where a kv head's rows are strided
      * inside a block (NHD cache with Hkv > 1, rows read in place). */
     int ko;
