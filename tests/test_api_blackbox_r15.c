@@ -27,6 +27,7 @@
  *     nothing, and still checks the cache against the plan.
  */
 #include "blackbox_util.h"
+#include "mla_vs_ref.h"
 #include "sparse_util.h" /* includes mla_util.h */
 
 /* ---- merges with +inf lse ---- */
@@ -135,73 +136,6 @@ static void test_convert_sizes(void)
 
 /* ---- MLA at q_len 1-4 and context edges ---- */
 
-/* Runs case c on the reference and the CPU backend (both layer-level and
- * absorbed calls, outputs poisoned) and compares them. */
-static void mla_edge_case(const mla_case *c, const char *tag)
-{
-    kva_context *ctx[2] = {new_ctx(KVA_BACKEND_REF, 1), new_ctx(KVA_BACKEND_CPU, 2)};
-    mla_data m[2];
-    void *out[2][2] = {{0}};
-    float *lse[2][2] = {{0}};
-    const size_t es = kva_dtype_size(c->dt);
-    int ok = 1;
-    for (int b = 0; b < 2 && ok; b++) {
-        ok = mla_data_make(ctx[b], c, &m[b]);
-        CHECK_MSG(ok, "%s: setup: %s", tag, kva_last_error());
-        const size_t T = (size_t)m[b].T, Da = (size_t)(c->Dc + c->Dr);
-        void *qa = malloc((T ? T : 1) * c->H * Da * es);
-        kva_rng r = {c->seed + 7};
-        kva_test_fill_uniform(qa, c->dt, T * c->H * Da, &r);
-        for (int layer = 0; layer < 2 && ok; layer++) {
-            kva_plan_desc pd = mla_plan_desc(c, &m[b], layer);
-            kva_plan *p = NULL;
-            const size_t dvo = (size_t)(layer ? c->Dv : c->Dc), n = T * c->H * dvo;
-            out[b][layer] = malloc(n * es + 16);
-            lse[b][layer] = malloc(T * c->H * sizeof(float) + 16);
-            kva_test_poison(out[b][layer], c->dt, n);
-            kva_test_poison(lse[b][layer], KVA_DTYPE_F32, T * c->H);
-            kva_status st = kva_plan_create(ctx[b], &pd, &p);
-            if (st == KVA_STATUS_OK)
-                st = layer ? kva_mla_run(ctx[b], p, m[b].q, m[b].w_uk, m[b].w_uv, m[b].cache,
-                                         out[b][layer], lse[b][layer])
-                           : kva_attention_run(ctx[b], p, qa, m[b].cache, NULL, out[b][layer],
-                                               lse[b][layer]);
-            CHECK_MSG(st == KVA_STATUS_OK, "%s %s: %s", tag, kva_backend_name(kBk[b]),
-                      kva_last_error());
-            ok = st == KVA_STATUS_OK;
-            kva_plan_destroy(p);
-        }
-        free(qa);
-    }
-    for (int layer = 0; layer < 2 && ok; layer++) {
-        const size_t T = (size_t)m[0].T, dvo = (size_t)(layer ? c->Dv : c->Dc);
-        const size_t rows = T * c->H, n = rows * dvo;
-        /* The CPU's bf16 dot products over a 16-bit latent cache (bench/data.h). */
-        const int bf16dot = c->dt == KVA_DTYPE_BF16 && !c->fp8;
-        const double atol = bf16dot
-                                ? KVA_TEST_MLA_BF16DOT_ATOL
-                                : 2 * kva_test_atol(c->dt) + (c->dt != KVA_DTYPE_F32 ? 2e-3 : 0);
-        const double latol = bf16dot ? KVA_TEST_MLA_BF16DOT_LSE_ATOL : 1e-4;
-        char lab[200];
-        snprintf(lab, sizeof lab, "%s %s", tag, layer ? "kva_mla_run" : "absorbed");
-        const size_t bad =
-            kva_test_compare(lab, out[1][layer], out[0][layer], c->dt, n, atol,
-                             2 * kva_test_rtol(c->dt)) +
-            kva_test_compare_f32(lab, lse[1][layer], lse[0][layer], rows, latol, 1e-5);
-        CHECK_MSG(bad == 0, "%s: %zu elements differ from the reference", lab, bad);
-        CHECK_MSG(kva_test_count_poisoned(out[0][layer], c->dt, n) == 0, "%s: ref left rows", lab);
-    }
-    for (int b = 0; b < 2; b++) {
-        for (int layer = 0; layer < 2; layer++) {
-            free(out[b][layer]);
-            free(lse[b][layer]);
-        }
-        if (m[b].cache || m[b].bt)
-            mla_data_free(&m[b]);
-        kva_context_destroy(ctx[b]);
-    }
-}
-
 static void test_mla_context_edges(void)
 {
     static const kva_dtype dts[3] = {KVA_DTYPE_F32, KVA_DTYPE_BF16, KVA_DTYPE_F16};
@@ -228,7 +162,7 @@ static void test_mla_context_edges(void)
                         char tag[160];
                         snprintf(tag, sizeof tag, "MLA B %d q_len %d context %d H %d %s%s thr %d",
                                  B, ql, cl, H, kva_dtype_name(dt), c.fp8 ? " fp8" : "", thr);
-                        mla_edge_case(&c, tag);
+                        mla_case_vs_ref(&c, 2, tag);
                     }
                 }
     /* Non-causal: seq_len 0 (rows without keys: 0 and lse -inf) and q_len > seq_len. */
@@ -239,7 +173,7 @@ static void test_mla_context_edges(void)
                                      sls, 1700 + (uint64_t)n++);
             char tag[160];
             snprintf(tag, sizeof tag, "MLA non-causal q_len %d seq_len %d", ql, sl);
-            mla_edge_case(&c, tag);
+            mla_case_vs_ref(&c, 2, tag);
         }
 }
 
